@@ -1,0 +1,75 @@
+# tern — build. `make` builds build/tern and build/libtern.a; `make test` runs the suite.
+# Sources are picked up by wildcard: adding a file needs no edit here.
+#   src/**/*_avx2.c    compiled with AVX2/FMA/F16C flags   (chosen at run time by cpuid)
+#   src/**/*_avx512.c  compiled with AVX-512 (F/BW/VL/BF16/VNNI) flags
+#   src/backend/cuda/  only when nvcc is found (TERN_CUDA=1); .cu for sm_90 + PTX
+#   tests/unit/test_*.c  one binary each, linked with libtern.a
+CC      ?= cc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+           -D_GNU_SOURCE -Iinclude -Isrc -fno-strict-aliasing -MMD -MP
+LDLIBS  := -lcjson -lpcre2-8 -lmicrohttpd -lutf8proc -lpthread -lm
+AVX2    := -mavx2 -mfma -mf16c
+AVX512  := $(AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni
+
+ifeq ($(strip $(NVCC)),)
+TERN_CUDA ?= 0
+else
+TERN_CUDA ?= 1
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+           -Iinclude -Isrc -Xcompiler -fPIC,-Wall -lineinfo
+
+C_SRC   := $(filter-out src/backend/cuda/%,$(wildcard src/*/*.c src/*/*/*.c))
+CU_SRC  :=
+ifeq ($(TERN_CUDA),1)
+C_SRC   += $(wildcard src/backend/cuda/*.c)
+CU_SRC  := $(wildcard src/backend/cuda/*.cu)
+CFLAGS  += -DTERN_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+endif
+
+OBJ     := $(C_SRC:%.c=build/obj/%.o) $(CU_SRC:%.cu=build/obj/%.o)
+TESTS   := $(patsubst tests/unit/%.c,build/tests/%,$(wildcard tests/unit/test_*.c))
+TOOLS   := build/tern
+
+all: build/libtern.a $(TOOLS) $(TESTS)
+
+build/obj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2) -c $< -o $@
+
+build/obj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512) -c $< -o $@
+
+build/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+build/libtern.a: $(OBJ)
+	@mkdir -p build
+	rm -f $@ && ar rcs $@ $^
+
+build/tern: tools/tern.c build/libtern.a
+	$(CC) $(CFLAGS) $< build/libtern.a -o $@ $(LDLIBS)
+
+build/tests/%: tests/unit/%.c tests/test.h build/libtern.a
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) -Itests $< build/libtern.a -o $@ $(LDLIBS)
+
+test: all
+	@bash tests/run.sh
+
+clean:
+	rm -rf build
+
+.PHONY: all test clean
+-include $(OBJ:.o=.d)

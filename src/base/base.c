@@ -1,0 +1,106 @@
+/*
+ * base.c — error formatting, logging, clock, aligned allocation.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "base.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *tern_status_str(tern_status s) {
+    switch (s) {
+    case TERN_OK: return "ok";
+    case TERN_EINVAL: return "invalid argument";
+    case TERN_EIO: return "i/o error";
+    case TERN_EFORMAT: return "malformed input";
+    case TERN_EUNSUPPORTED: return "unsupported";
+    case TERN_ENOMEM: return "out of memory";
+    case TERN_EDEVICE: return "device error";
+    case TERN_ECANCELLED: return "cancelled";
+    case TERN_ENOTFOUND: return "not found";
+    case TERN_EINTERNAL: return "internal error";
+    }
+    return "unknown error";
+}
+
+int tern_status_exit_code(tern_status s) {
+    switch (s) {
+    case TERN_OK: return 0;
+    case TERN_EINVAL: case TERN_EIO: case TERN_EFORMAT: case TERN_EUNSUPPORTED: case TERN_ENOTFOUND:
+        return 2;
+    default: return 1;
+    }
+}
+
+tern_status tern_err(tern_error *err, tern_status code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        err->code = code;
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+tern_status tern_err_wrap(tern_error *err, tern_status code, const char *fmt, ...) {
+    if (err) {
+        char prefix[TERN_ERROR_MSG_MAX], old[TERN_ERROR_MSG_MAX];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(prefix, sizeof prefix, fmt, ap);
+        va_end(ap);
+        memcpy(old, err->msg, sizeof old);
+        old[sizeof old - 1] = 0;
+        err->code = code;
+        snprintf(err->msg, sizeof err->msg, "%.200s: %.300s", prefix, old);
+    }
+    return code;
+}
+
+static int g_level = -1;
+
+void tern_log_set_level(tern_log_level lvl) { g_level = (int)lvl; }
+
+static int log_level(void) {
+    if (g_level < 0) {
+        const char *e = getenv("TERN_LOG");
+        g_level = TERN_LOG_WARN;
+        if (e) {
+            if (!strcmp(e, "error")) g_level = TERN_LOG_ERROR;
+            else if (!strcmp(e, "info")) g_level = TERN_LOG_INFO;
+            else if (!strcmp(e, "debug")) g_level = TERN_LOG_DEBUG;
+        }
+    }
+    return g_level;
+}
+
+void tern_log(tern_log_level lvl, const char *fmt, ...) {
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    if ((int)lvl > log_level()) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tern: %s: ", names[lvl]);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+double tern_time_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void *tern_aalloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 64;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes) return NULL;
+    if (posix_memalign(&p, 64, rounded) != 0) return NULL;
+    return p;
+}
+
+void tern_afree(void *p) { free(p); }

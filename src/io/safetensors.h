@@ -1,0 +1,39 @@
+/*
+ * safetensors.h — read-only, mmap'd access to .safetensors files, single or sharded.
+ *
+ * Format: u64 little-endian header length N, N bytes of JSON header
+ * {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}, then the data
+ * (offsets relative to the end of the header). Every tensor is validated when the file is
+ * opened: dtype known, shape*size == end-begin, offsets inside the file and not overlapping.
+ * Data is used in place (zero-copy); offsets need not be aligned (mlx writes unaligned ones),
+ * consumers must use memcpy-safe / unaligned loads or ask tern_st_aligned_copy.
+ */
+#ifndef TERN_SAFETENSORS_H
+#define TERN_SAFETENSORS_H
+
+#include "base/base.h"
+#include "ops/tensor.h"
+
+typedef struct tern_st_entry {
+    char *name;
+    tern_dtype dtype;
+    int ndim;
+    int64_t shape[TERN_MAX_DIMS];
+    const void *data;     /* inside the mapping */
+    size_t nbytes;
+    int file;             /* index into the set's files */
+} tern_st_entry;
+
+typedef struct tern_st_set tern_st_set;
+
+/* Open DIR/model.safetensors.index.json (sharded) or every DIR/\*.safetensors, or a single
+ * file path. Validates everything up front. */
+tern_status tern_st_open(tern_st_set **out, const char *path, tern_error *err);
+void tern_st_close(tern_st_set *s);
+
+int tern_st_count(const tern_st_set *s);
+const tern_st_entry *tern_st_at(const tern_st_set *s, int i);
+const tern_st_entry *tern_st_find(const tern_st_set *s, const char *name); /* NULL if absent */
+const char *tern_st_file_name(const tern_st_set *s, int file);
+
+#endif

@@ -1,0 +1,48 @@
+/*
+ * weights.h — tensor lookup by canonical name over a model directory's safetensors.
+ *
+ * Canonical names are the HF text-model suffixes without any prefix:
+ *   "embed_tokens", "norm", "layers.3.self_attn.q_proj", "layers.3.layer_scalar",
+ *   "layers.3.router.scale", "layers.3.experts.gate", ... (see below)
+ * The store detects the prefix in use ("model.", "model.language_model.",
+ * "language_model.model.", none) and resolves `<name>.weight` / `<name>` (no suffix for
+ * tensors such as layer_scalar), MLX quantized modules (`<name>.weight` u32 +
+ * `<name>.scales` + `<name>.biases` with bits/group from the config's quantization block),
+ * tied `lm_head`, and expert stacks in every stored form:
+ *   canonical "layers.L.experts.gate" / ".up" / ".down" → 3-D [E, out, in] tensors from
+ *     HF fused   experts.gate_up_proj [E, 2I, H] (views with mat_stride) + experts.down_proj,
+ *     mlx        experts.switch_glu.{gate,up,down}_proj.weight (Gemma 4),
+ *                mlp.switch_mlp.{gate,up,down}_proj.weight (GLM),
+ *     per-expert mlp.experts.{e}.{gate,up,down}_proj.weight (stacked by copying once).
+ * Vision/audio tower tensors are ignored. Tensors never requested are reported by
+ * tern_weights_unused() so a loader can name unexpected tensors.
+ */
+#ifndef TERN_WEIGHTS_H
+#define TERN_WEIGHTS_H
+
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "ops/tensor.h"
+
+typedef struct tern_weights tern_weights;
+
+tern_status tern_weights_open(tern_weights **out, const char *dir, const tern_model_config *cfg, tern_error *err);
+void tern_weights_close(tern_weights *w);
+
+/* Look up a canonical tensor. Fills *t (logical shape; dtype TERN_DT_Q for MLX-quantized).
+ * Returns TERN_ENOTFOUND (message names the canonical and the stored names tried).
+ * If `shape` is non-NULL (ndim entries), also checks the logical shape and returns
+ * TERN_EFORMAT naming the tensor, the file, the expected and the actual shape. */
+tern_status tern_weights_get(tern_weights *w, const char *name, int ndim, const int64_t *shape,
+                             tern_tensor *t, tern_error *err);
+/* Like get, but absence is not an error: returns 0 (and leaves *t zeroed) if missing, 1 if found,
+ * negative status on a shape/format mismatch. */
+int tern_weights_try(tern_weights *w, const char *name, int ndim, const int64_t *shape,
+                     tern_tensor *t, tern_error *err);
+
+/* Names of stored tensors that no get/try touched (excluding ignored towers and known-unused
+ * tensors marked with tern_weights_ignore). Returns count; fills up to max names. */
+int tern_weights_unused(const tern_weights *w, const char **names, int max);
+void tern_weights_ignore(tern_weights *w, const char *canonical_prefix);
+
+#endif
