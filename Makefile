@@ -58,8 +58,9 @@ build/libtern.a: $(OBJ)
 	@mkdir -p build
 	rm -f $@ && ar rcs $@ $^
 
-build/tern: tools/tern.c build/libtern.a
-	$(CC) $(CFLAGS) $< build/libtern.a -o $@ $(LDLIBS)
+TOOL_SRC := $(wildcard tools/*.c)
+build/tern: $(TOOL_SRC) tools/cli.h build/libtern.a
+	$(CC) $(CFLAGS) -Itools $(TOOL_SRC) build/libtern.a -o $@ $(LDLIBS)
 
 build/tests/%: tests/unit/%.c tests/test.h build/libtern.a
 	@mkdir -p build/tests
