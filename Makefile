@@ -66,11 +66,31 @@ build/tests/%: tests/unit/%.c tests/test.h build/libtern.a
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) -Itests $< build/libtern.a -o $@ $(LDLIBS)
 
+# `make bench`: kernel benchmarks (bench/*.c, one binary each), not part of `all`.
+BENCHES := $(patsubst bench/%.c,build/%,$(wildcard bench/*.c))
+bench: $(BENCHES)
+build/bench_%: bench/bench_%.c build/libtern.a
+	$(CC) $(CFLAGS) $< build/libtern.a -o $@ $(LDLIBS)
+
 test: all
 	@bash tests/run.sh
 
 clean:
 	rm -rf build
 
-.PHONY: all test clean
+.PHONY: all test clean bench
 -include $(OBJ:.o=.d)
+
+# GPU machine only (scripts/gpu_check.sh): the CUDA op tests and benchmarks. They link a small
+# archive of just base + tensor + backends, so the GPU image needs no cJSON/PCRE2/microhttpd.
+GPU_SRC  := src/base/base.c src/base/pool.c src/ops/tensor.c src/backend/backend.c \
+            $(wildcard src/backend/cpu/*.c) $(wildcard src/backend/cuda/*.c)
+GPU_OBJ  := $(GPU_SRC:%.c=build/obj/%.o) $(CU_SRC:%.cu=build/obj/%.o)
+GPU_PROG := build/test_cuda_ops build/bench_cuda
+GPU_LIBS := -lpthread -lm -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+build/libtern_gpu.a: $(GPU_OBJ)
+	rm -f $@ && ar rcs $@ $^
+$(GPU_PROG): build/%: tests/gpu/%.c $(wildcard tests/gpu/*.h) tests/test.h build/libtern_gpu.a
+	$(CC) $(CFLAGS) -Itests $< build/libtern_gpu.a -o $@ $(GPU_LIBS)
+gpu-test: $(GPU_PROG)
+.PHONY: gpu-test

@@ -46,6 +46,142 @@ const char *tern_status_str(tern_status s);
 /* Process exit code for a status per the CLI contract: 0 ok, 2 bad input, 1 otherwise. */
 int tern_status_exit_code(tern_status s);
 
+
+/* ======================================================================================
+ * Engine: a loaded model + tokenizer + chat template + KV pool + scheduler.
+ *
+ * Threading: one engine thread runs the scheduler (tern_engine_run, or tern_engine_step in a
+ * loop); any thread may submit and cancel requests. Events of a request are delivered by its
+ * callback ON THE ENGINE THREAD: keep callbacks short (copy the data into your own queue).
+ *
+ *   tern_engine *e; tern_engine_opts o = tern_engine_default_opts(); o.model = "path";
+ *   if (tern_engine_open(&e, &o, &err)) ... ;
+ *   tern_request r = tern_request_default(); r.prompt = ids; r.n_prompt = n; r.on_event = cb;
+ *   uint64_t id; tern_engine_submit(e, &r, &id, &err);
+ *   while (tern_engine_pending(e)) tern_engine_step(e, &err);     // or a thread: tern_engine_run
+ * ====================================================================================== */
+
+typedef struct tern_engine tern_engine;
+
+typedef struct tern_engine_opts {
+    const char *model;        /* model directory, or "demo" (the embedded tiny model); NULL = demo */
+    const char *device;       /* "cpu", "cuda", "auto" (default auto) */
+    int compute_bf16;         /* 0: exact f32 path; 1: bf16 compute where the backend has it */
+    int n_threads;            /* CPU threads, 0 = all cores */
+    int max_concurrency;      /* sequences decoded together (KV slots); default 8 */
+    int max_ctx;              /* longest sequence; 0 = min(model context, 8192) */
+    int max_batch_tokens;     /* rows per forward step (prefill chunk budget); default 512 */
+    double kv_memory_gb;      /* KV pool size; 0 = derived (max_concurrency * max_ctx) */
+    double memory_budget_gb;  /* everything; 0 = unlimited */
+    double prompt_cache_gb;   /* prefix-cache cap; 0 disables */
+    const char *kv_quant;     /* "off" (default), "8", "4", "turbo[:k,v]" */
+} tern_engine_opts;
+
+tern_engine_opts tern_engine_default_opts(void);
+tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, tern_error *err);
+void tern_engine_close(tern_engine *e);   /* cancels what is running; accepts NULL */
+
+/* Sampling parameters (the sampler chain order is documented in src/sample/sampler.h). */
+typedef struct tern_sampling {
+    float temperature;        /* 0 = greedy (default 1.0 via tern_request_default; generation_config may set) */
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1 = off */
+    float min_p;              /* 0 = off */
+    float repetition_penalty; /* 1 = off */
+    float presence_penalty, frequency_penalty; /* 0 = off */
+    int penalty_last_n;       /* window of past tokens for penalties; -1 = whole sequence */
+    uint64_t seed;            /* same seed -> same tokens, whatever else is in the batch */
+    const int32_t *bias_ids;  /* logit_bias: n_bias (id, value) pairs */
+    const float *bias_values;
+    int n_bias;
+    int n_logprobs;           /* 0 = none; >0: chosen token logprob + this many alternatives (<= 20) */
+} tern_sampling;
+
+typedef enum tern_event_kind {
+    TERN_EV_TOKEN = 1,        /* a generated token */
+    TERN_EV_DONE = 2,         /* request finished (finish_reason set); last event */
+    TERN_EV_ERROR = 3         /* request failed (message in err); last event */
+} tern_event_kind;
+
+typedef enum tern_finish_reason {
+    TERN_FINISH_NONE = 0,
+    TERN_FINISH_STOP = 1,     /* EOS or a stop token */
+    TERN_FINISH_LENGTH = 2,   /* max_tokens reached or the context is full */
+    TERN_FINISH_CANCELLED = 3 /* tern_engine_cancel or the callback asked to stop */
+} tern_finish_reason;
+
+typedef struct tern_event {
+    tern_event_kind kind;
+    uint64_t request_id;
+    int32_t token;            /* TOKEN */
+    float logprob;            /* TOKEN, when n_logprobs > 0 */
+    int n_top;                /* TOKEN: alternatives below */
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    tern_finish_reason finish; /* DONE */
+    int n_prompt, n_cached, n_generated; /* usage (DONE; n_cached = prompt tokens served from the prefix cache) */
+    double t_queue, t_first_token, t_total; /* seconds since submit (DONE) */
+    const tern_error *err;    /* ERROR */
+} tern_event;
+
+/* Return 0 to continue; 1 to end the request as cancelled (TERN_FINISH_CANCELLED); 2 to end it
+ * as stopped (TERN_FINISH_STOP, e.g. the caller matched a stop string in the text). */
+typedef int (*tern_event_fn)(void *ctx, const tern_event *ev);
+
+typedef struct tern_request {
+    const int32_t *prompt;    /* copied at submit */
+    int n_prompt;
+    int max_tokens;           /* default 256; clipped to the context */
+    tern_sampling sampling;
+    const int32_t *stop_ids;  /* extra stop tokens (EOS ids of the model are added unless ignore_eos) */
+    int n_stop_ids;
+    int ignore_eos;
+    int priority;             /* reserved */
+    tern_event_fn on_event;
+    void *ctx;
+} tern_request;
+
+tern_request tern_request_default(void);
+
+/* Thread-safe. Validates (prompt ids in range, lengths, sampling params) and queues the request. */
+tern_status tern_engine_submit(tern_engine *e, const tern_request *r, uint64_t *id, tern_error *err);
+/* Thread-safe. The request ends at the next step with TERN_FINISH_CANCELLED; its KV is freed. */
+void tern_engine_cancel(tern_engine *e, uint64_t id);
+/* Engine thread: one scheduler step (admit, one forward over the batch, sample, emit events).
+ * Returns TERN_OK also when idle. */
+tern_status tern_engine_step(tern_engine *e, tern_error *err);
+/* Number of requests queued or running. */
+int tern_engine_pending(tern_engine *e);
+/* Engine thread: step until tern_engine_stop is called (sleeps when idle). */
+void tern_engine_run(tern_engine *e);
+void tern_engine_stop(tern_engine *e);      /* thread-safe */
+
+/* Text side (NULL tokenizer: TERN_EUNSUPPORTED). Returned buffers are malloc'd: free(). */
+tern_status tern_engine_tokenize(tern_engine *e, const char *text, size_t len, int add_special,
+                                 int32_t **ids, int *n, tern_error *err);
+tern_status tern_engine_detokenize(tern_engine *e, const int32_t *ids, int n, char **text, tern_error *err);
+
+/* Model facts for servers and tools. */
+typedef struct tern_model_info {
+    const char *name;         /* directory base name or "demo" */
+    const char *arch;
+    int n_vocab, n_ctx, n_layer, n_embd;
+    int bos_id, eos_ids[8], n_eos;
+    int has_tokenizer, has_chat_template;
+} tern_model_info;
+void tern_engine_model_info(const tern_engine *e, tern_model_info *info);
+
+/* Counters for /metrics and /stats (thread-safe snapshot). */
+typedef struct tern_engine_stats {
+    int running, waiting;
+    long long requests_done, requests_cancelled, requests_failed;
+    long long prompt_tokens, cached_tokens, generated_tokens;
+    int kv_blocks_used, kv_blocks_total;
+    double prefix_hit_rate;
+    long long preemptions;    /* requests evicted from the KV pool to be recomputed later */
+} tern_engine_stats;
+void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st);
+
 #ifdef __cplusplus
 }
 #endif

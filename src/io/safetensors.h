@@ -35,5 +35,15 @@ int tern_st_count(const tern_st_set *s);
 const tern_st_entry *tern_st_at(const tern_st_set *s, int i);
 const tern_st_entry *tern_st_find(const tern_st_set *s, const char *name); /* NULL if absent */
 const char *tern_st_file_name(const tern_st_set *s, int file);
+int tern_st_file_count(const tern_st_set *s);
+/* String value of key in a file's "__metadata__" (first file that has it); NULL if absent. */
+const char *tern_st_metadata(const tern_st_set *s, const char *key);
+
+/* Internal (tests, fuzzing): validate one safetensors image held in memory (not copied;
+ * buf must outlive the set). `name` is used in messages. */
+tern_status tern__st_parse_buffer(tern_st_set **out, const void *buf, size_t len, const char *name,
+                                  tern_error *err);
+/* Largest header accepted (bytes); larger ones are reported as absurd. */
+#define TERN_ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
 
 #endif

@@ -45,4 +45,9 @@ int tern_weights_try(tern_weights *w, const char *name, int ndim, const int64_t 
 int tern_weights_unused(const tern_weights *w, const char **names, int max);
 void tern_weights_ignore(tern_weights *w, const char *canonical_prefix);
 
+/* The detected stored-name prefix ("model.", "model.language_model.", ... or ""). */
+const char *tern_weights_prefix(const tern_weights *w);
+/* The underlying safetensors set (for metadata / listing). */
+const tern_st_set *tern_weights_set(const tern_weights *w);
+
 #endif

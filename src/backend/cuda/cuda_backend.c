@@ -1,11 +1,355 @@
 /*
- * cuda_backend.c — the CUDA backend's C side (vtable, memory, streams). Placeholder until
- * the kernels land: reports that the backend is not available.
+ * cuda_backend.c — the CUDA backend's C side: open/close, memory, weight upload and the
+ * vtable that forwards each op of src/ops/ops.h to its launcher in a .cu file.
+ *
+ * One backend = one device + one stream. Every op is enqueued on that stream and returns at
+ * once; download() and sync() wait for it. Kernel launch errors cannot be returned by the
+ * void ops, so the first one is remembered ("sticky") and logged at the next sync/download.
+ *
+ * Weights: upload_weight copies the tensor's stored bytes (bf16 stays bf16, MLX packed stays
+ * packed with its scales/biases as stored) into one device allocation per tensor, repacking
+ * strided 3-D views (mat_stride != 0) into tight [E][out][row] order, and rewrites *t to point
+ * at the device copy (device = GPU index, mat_stride = 0).
+ *
+ * Compute modes: TERN_COMPUTE_F32 is exact f32 (no TF32 anywhere: cuBLASLt runs with
+ * CUBLAS_COMPUTE_32F_PEDANTIC); TERN_COMPUTE_BF16 lets the prefill GEMM (n > 8 rows) round
+ * activations and dequantized weights to bf16 and use tensor cores with f32 accumulation.
  */
-#include "ops/ops.h"
+#include "backend/cuda/cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static tern__cuda *C(tern_backend *be) { return (tern__cuda *)be->impl; }
+
+void tern__cuda_check(tern__cuda *c, const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess && c->sticky == cudaSuccess) {
+        c->sticky = e;
+        tern_log(TERN_LOG_ERROR, "cuda: %s: %s", what, cudaGetErrorString(e));
+    }
+}
+
+static void report(tern__cuda *c, cudaError_t e, const char *what) {
+    if (e != cudaSuccess && c->sticky == cudaSuccess) {
+        c->sticky = e;
+        tern_log(TERN_LOG_ERROR, "cuda: %s: %s", what, cudaGetErrorString(e));
+    }
+}
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* matrices, rows per matrix, stored bytes per matrix (data, scales) */
+static void geom(const tern_tensor *t, int64_t *nmat, int64_t *out, size_t *mb, size_t *mbs) {
+    int64_t in = t->ndim ? t->shape[t->ndim - 1] : 1;
+    *out = t->ndim >= 2 ? t->shape[t->ndim - 2] : 1;
+    *nmat = 1;
+    for (int i = 0; i + 2 < t->ndim; i++) *nmat *= t->shape[i];
+    *mb = (size_t)*out * tern_tensor_row_bytes(t);
+    *mbs = t->dtype == TERN_DT_Q ? (size_t)*out * (size_t)(in / t->group_size) * tern_dtype_size(t->sdtype) : 0;
+}
+
+void tern__cuda_wview(const tern_tensor *t, tern__cuda_w *w) {
+    int64_t nmat, out;
+    size_t mb, mbs;
+    geom(t, &nmat, &out, &mb, &mbs);
+    w->dtype = t->dtype;
+    w->sdtype = t->sdtype;
+    w->bits = t->bits;
+    w->group_size = t->group_size;
+    w->out = (int)out;
+    w->nmat = (int)nmat;
+    w->in = (int)(t->ndim ? t->shape[t->ndim - 1] : 1);
+    w->data = t->data;
+    w->scales = t->scales;
+    w->biases = t->biases;
+    w->mat_bytes = mb;
+    w->mat_bytes_s = mbs;
+}
+
+/* ---- memory ---- */
+
+static void *be_alloc(tern_backend *be, size_t bytes) {
+    void *p = NULL;
+    cudaSetDevice(C(be)->device);
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void be_free(tern_backend *be, void *p) {
+    if (!p) return;
+    cudaSetDevice(C(be)->device);
+    cudaFree(p);
+}
+
+static void be_upload(tern_backend *be, void *dst, const void *src, size_t bytes) {
+    tern__cuda *c = C(be);
+    cudaSetDevice(c->device);
+    /* synchronous with respect to the host buffer: the caller may reuse src at once */
+    report(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "upload");
+    report(c, cudaStreamSynchronize(c->stream), "upload sync");
+}
+
+static void be_download(tern_backend *be, void *dst, const void *src, size_t bytes) {
+    tern__cuda *c = C(be);
+    cudaSetDevice(c->device);
+    report(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "download");
+    report(c, cudaStreamSynchronize(c->stream), "download sync");
+}
+
+static void be_sync(tern_backend *be) {
+    tern__cuda *c = C(be);
+    cudaSetDevice(c->device);
+    report(c, cudaStreamSynchronize(c->stream), "sync");
+}
+
+static tern_status be_upload_weight(tern_backend *be, tern_tensor *t, tern_error *err) {
+    tern__cuda *c = C(be);
+    const char *nm = t->name ? t->name : "?";
+    if (t->device >= 0) return TERN_OK;
+    if (t->ndim < 1 || t->ndim > 3) return tern_err(err, TERN_EUNSUPPORTED, "cuda: weight '%s': %d dims", nm, t->ndim);
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] <= 0 || t->shape[i] > INT32_MAX)
+            return tern_err(err, TERN_EINVAL, "cuda: weight '%s': bad shape[%d] = %lld", nm, i, (long long)t->shape[i]);
+    int64_t in = t->shape[t->ndim - 1];
+    switch (t->dtype) {
+    case TERN_DT_F32: case TERN_DT_F16: case TERN_DT_BF16: break;
+    case TERN_DT_Q:
+        if (t->bits < 2 || t->bits > 8 || t->bits == 7)
+            return tern_err(err, TERN_EUNSUPPORTED, "cuda: weight '%s': %d-bit quantization", nm, t->bits);
+        if (t->group_size != 32 && t->group_size != 64 && t->group_size != 128)
+            return tern_err(err, TERN_EUNSUPPORTED, "cuda: weight '%s': group_size %d", nm, t->group_size);
+        if (in % t->group_size)
+            return tern_err(err, TERN_EINVAL, "cuda: weight '%s': in %lld not a multiple of group_size %d", nm,
+                            (long long)in, t->group_size);
+        if (t->sdtype != TERN_DT_F32 && t->sdtype != TERN_DT_F16 && t->sdtype != TERN_DT_BF16)
+            return tern_err(err, TERN_EUNSUPPORTED, "cuda: weight '%s': scales dtype %s", nm, tern_dtype_name(t->sdtype));
+        if (!t->scales || !t->biases)
+            return tern_err(err, TERN_EINVAL, "cuda: weight '%s': quantized without scales/biases", nm);
+        break;
+    default:
+        return tern_err(err, TERN_EUNSUPPORTED, "cuda: weight '%s': dtype %s", nm, tern_dtype_name(t->dtype));
+    }
+    if (!t->data) return tern_err(err, TERN_EINVAL, "cuda: weight '%s': no data", nm);
+    int64_t nmat, out;
+    size_t mb, mbs, total_d, total_s, total;
+    geom(t, &nmat, &out, &mb, &mbs);
+    if (!tern_mul_ok((size_t)nmat, mb, &total_d) || !tern_mul_ok((size_t)nmat, mbs, &total_s) ||
+        !tern_add_ok(align256(total_d), 2 * align256(total_s), &total))
+        return tern_err(err, TERN_EINVAL, "cuda: weight '%s': size overflows", nm);
+    cudaSetDevice(c->device);
+    uint8_t *d = NULL;
+    if (cudaMalloc((void **)&d, total ? total : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return tern_err(err, TERN_ENOMEM, "cuda: weight '%s': cannot allocate %zu bytes on GPU %d", nm, total,
+                        c->device);
+    }
+    uint8_t *ds = d + align256(total_d), *db = ds + align256(total_s);
+    cudaError_t e = cudaSuccess;
+    size_t sd = t->mat_stride ? t->mat_stride : mb, ss = t->mat_stride_s ? t->mat_stride_s : mbs;
+    for (int64_t m = 0; m < nmat && e == cudaSuccess; m++) {
+        e = cudaMemcpy(d + m * mb, (const uint8_t *)t->data + m * sd, mb, cudaMemcpyHostToDevice);
+        if (t->dtype == TERN_DT_Q && e == cudaSuccess) {
+            e = cudaMemcpy(ds + m * mbs, (const uint8_t *)t->scales + m * ss, mbs, cudaMemcpyHostToDevice);
+            if (e == cudaSuccess)
+                e = cudaMemcpy(db + m * mbs, (const uint8_t *)t->biases + m * ss, mbs, cudaMemcpyHostToDevice);
+        }
+    }
+    if (e != cudaSuccess) {
+        cudaFree(d);
+        return tern_err(err, TERN_EDEVICE, "cuda: weight '%s': copy to GPU failed: %s", nm, cudaGetErrorString(e));
+    }
+    t->data = d;
+    if (t->dtype == TERN_DT_Q) {
+        t->scales = ds;
+        t->biases = db;
+    }
+    t->mat_stride = t->mat_stride_s = 0;
+    t->device = c->device;
+    return TERN_OK;
+}
+
+static void be_free_weight(tern_backend *be, tern_tensor *t) {
+    if (!t || t->device < 0 || !t->data) return;
+    cudaSetDevice(C(be)->device);
+    cudaFree((void *)t->data);
+    t->data = t->scales = t->biases = NULL;
+    t->device = -1;
+}
+
+/* ---- ops: thin forwards ---- */
+
+static void be_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
+    tern__cuda_w v;
+    tern__cuda_wview(w, &v);
+    tern__cuda_matmul(C(be), y, x, n, &v, 0);
+}
+static void be_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e) {
+    tern__cuda_w v;
+    tern__cuda_wview(w, &v);
+    tern__cuda_matmul(C(be), y, x, n, &v, e);
+}
+static void be_embed(tern_backend *be, float *y, const int32_t *ids, int n, const tern_tensor *emb, float scale) {
+    tern__cuda_w v;
+    tern__cuda_wview(emb, &v);
+    tern__cuda_embed(C(be), y, ids, n, &v, scale);
+}
+static void be_rmsnorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps) {
+    tern__cuda_rmsnorm(C(be), y, x, rows, d, w, eps);
+}
+static void be_rope(tern_backend *be, float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq,
+                    float mscale) {
+    tern__cuda_rope(C(be), x, n, nh, d, pos, inv_freq, mscale);
+}
+static void be_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
+                        const float *v) {
+    tern__cuda_kv_write(C(be), kv, rows, k, v);
+}
+static void be_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
+                         const tern_kv_layer *kv, float scale, float softcap) {
+    tern__cuda_attention(C(be), out, q, rows, nh, kv, scale, softcap);
+}
+static void be_add(tern_backend *be, float *y, const float *a, const float *b, size_t n) {
+    tern__cuda_ew(C(be), TERN__EW_ADD, y, a, b, 0, n);
+}
+static void be_mul(tern_backend *be, float *y, const float *a, const float *b, size_t n) {
+    tern__cuda_ew(C(be), TERN__EW_MUL, y, a, b, 0, n);
+}
+static void be_scale(tern_backend *be, float *y, const float *x, float s, size_t n) {
+    tern__cuda_ew(C(be), TERN__EW_SCALE, y, x, NULL, s, n);
+}
+static void be_scale_dev(tern_backend *be, float *y, const float *x, const float *s, size_t n) {
+    tern__cuda_ew(C(be), TERN__EW_SCALE_DEV, y, x, s, 0, n);
+}
+static void be_gelu_tanh_mul(tern_backend *be, float *y, const float *gate, const float *up, size_t n) {
+    tern__cuda_ew(C(be), TERN__EW_GELU, y, gate, up, 0, n);
+}
+static void be_silu_mul(tern_backend *be, float *y, const float *gate, const float *up, size_t n) {
+    tern__cuda_ew(C(be), TERN__EW_SILU, y, gate, up, 0, n);
+}
+static void be_softcap(tern_backend *be, float *y, size_t n, float cap) {
+    tern__cuda_ew(C(be), TERN__EW_SOFTCAP, y, y, NULL, cap, n);
+}
+static void be_add_bias(tern_backend *be, float *y, const float *bias, int n, int d) {
+    tern__cuda_add_bias(C(be), y, bias, n, d);
+}
+static void be_copy_cols(tern_backend *be, float *dst, const float *src, int n, int w, int ss, int off) {
+    tern__cuda_copy_cols(C(be), dst, src, n, w, ss, off);
+}
+static void be_route_topk(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
+                          int mode, const float *per_expert_scale) {
+    tern__cuda_route_topk(C(be), idx, wts, logits, n, E, k, mode, per_expert_scale);
+}
+static void be_moe_mlp(tern_backend *be, float *y, const float *x, int n, int H, const int32_t *idx,
+                       const float *wts, int k, const tern_tensor *gate, const tern_tensor *up,
+                       const tern_tensor *down, int act, float *scratch) {
+    tern__cuda_w g, u, d;
+    tern__cuda_wview(gate, &g);
+    tern__cuda_wview(up, &u);
+    tern__cuda_wview(down, &d);
+    tern__cuda_moe_mlp(C(be), y, x, n, H, idx, wts, k, &g, &u, &d, act, scratch);
+}
+
+static void be_close(tern_backend *be) {
+    if (!be) return;
+    tern__cuda *c = C(be);
+    if (c) {
+        cudaSetDevice(c->device);
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        cudaFree(c->lt_ws);
+        cudaFree(c->part);
+        cudaFree(c->gemm_scratch);
+        if (c->lt) cublasLtDestroy(c->lt);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(be);
+}
+
+static const tern_backend_vt k_cuda_vt = {
+    .name = "cuda",
+    .close = be_close,
+    .alloc = be_alloc,
+    .free = be_free,
+    .upload = be_upload,
+    .download = be_download,
+    .sync = be_sync,
+    .upload_weight = be_upload_weight,
+    .free_weight = be_free_weight,
+    .matmul = be_matmul,
+    .matmul_expert = be_matmul_expert,
+    .embed = be_embed,
+    .rmsnorm = be_rmsnorm,
+    .rope = be_rope,
+    .kv_write = be_kv_write,
+    .attention = be_attention,
+    .add = be_add,
+    .mul = be_mul,
+    .scale = be_scale,
+    .scale_dev = be_scale_dev,
+    .gelu_tanh_mul = be_gelu_tanh_mul,
+    .silu_mul = be_silu_mul,
+    .softcap = be_softcap,
+    .add_bias = be_add_bias,
+    .copy_cols = be_copy_cols,
+    .route_topk = be_route_topk,
+    .moe_mlp = be_moe_mlp,
+};
 
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {
-    (void)opts;
-    if (out) *out = NULL;
-    return tern_err(err, TERN_EUNSUPPORTED, "CUDA backend not implemented yet");
+    if (!out) return tern_err(err, TERN_EINVAL, "cuda: open: out is NULL");
+    *out = NULL;
+    int count = 0, dev = opts ? opts->device : 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count <= 0) {
+        cudaGetLastError();
+        return tern_err(err, TERN_EUNSUPPORTED, "no CUDA GPU (cudaGetDeviceCount: %s, count %d)",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "ok", count);
+    }
+    if (dev < 0 || dev >= count)
+        return tern_err(err, TERN_EINVAL, "cuda: device %d out of range (%d GPUs)", dev, count);
+    struct cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, dev)) != cudaSuccess)
+        return tern_err(err, TERN_EDEVICE, "cuda: device %d: %s", dev, cudaGetErrorString(e));
+    if (prop.major < 9)
+        return tern_err(err, TERN_EUNSUPPORTED, "cuda: device %d (%s) is sm_%d%d; this build needs sm_90 or newer",
+                        dev, prop.name, prop.major, prop.minor);
+    tern_backend *be = calloc(1, sizeof *be);
+    tern__cuda *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return tern_err(err, TERN_ENOMEM, "cuda: out of host memory");
+    }
+    be->vt = &k_cuda_vt;
+    be->device = dev;
+    be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
+    be->impl = c;
+    c->device = dev;
+    c->compute = be->compute;
+    c->n_sm = prop.multiProcessorCount;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
+    const char *what = "cudaSetDevice";
+    if ((e = cudaSetDevice(dev)) != cudaSuccess) goto fail;
+    what = "cudaStreamCreate";
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) goto fail;
+    what = "cudaMalloc (scratch)";
+    if ((e = cudaMalloc(&c->lt_ws, TERN_CUDA_LT_WS_BYTES)) != cudaSuccess) goto fail;
+    if ((e = cudaMalloc((void **)&c->part, (size_t)TERN_CUDA_PART_FLOATS * sizeof(float))) != cudaSuccess) goto fail;
+    if ((e = cudaMalloc(&c->gemm_scratch, TERN_CUDA_GEMM_SCRATCH_BYTES)) != cudaSuccess) goto fail;
+    if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
+        c->lt = NULL;
+        be_close(be);
+        return tern_err(err, TERN_EDEVICE, "cuda: cublasLtCreate failed on device %d", dev);
+    }
+    *out = be;
+    return TERN_OK;
+fail:
+    cudaGetLastError();
+    be_close(be);
+    return tern_err(err, e == cudaErrorMemoryAllocation ? TERN_ENOMEM : TERN_EDEVICE, "cuda: device %d: %s: %s", dev,
+                    what, cudaGetErrorString(e));
 }

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh — build, check and time the CUDA backend on the GPU machine in one call.
+#
+#   1. env: GPU name, driver, clocks, nvcc version
+#   2. build: `make gpu-test` (sm_90 cubin + compute_90 PTX, see NVFLAGS in the Makefile):
+#      build/test_cuda_ops (op tests vs the scalar reference) and build/bench_cuda
+#   3. tests: every op vs cpu-ref (PASS/FAIL lines; per-format errors as "err" lines)
+#   4. benchmarks: build/bench_cuda, then any executable bench/gpu_*.sh that exists
+#   5. optional (GPU_CHECK_SANITIZE=1): compute-sanitizer memcheck over the op tests
+# Writes logs and summary.txt under $OUT (default build/gpu_check) and prints the summary last.
+# Every stage has its own timeout so the whole run stays well inside 10 minutes.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-build/gpu_check}"
+mkdir -p "$OUT"
+S="$OUT/summary.txt"
+: > "$S"
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$S"; }
+
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader 2>&1
+  nvcc --version 2>&1 | tail -1; } > "$OUT/env.txt"
+stamp "gpu: $(head -1 "$OUT/env.txt")"
+
+jobs=$(nproc 2>/dev/null || echo 4)
+if ! timeout 300 make -j"$jobs" gpu-test > "$OUT/build.log" 2>&1; then
+    stamp "BUILD FAILED (tail of build.log follows)"
+    tail -40 "$OUT/build.log"
+    exit 1
+fi
+stamp "build ok ($(grep -c -E 'warning' "$OUT/build.log") warnings)"
+
+timeout 240 ./build/test_cuda_ops > "$OUT/test.log" 2>&1
+trc=$?
+p=$(grep -c '^PASS: ' "$OUT/test.log"); f=$(grep -c '^FAIL: ' "$OUT/test.log"); s=$(grep -c '^SKIP: ' "$OUT/test.log")
+stamp "op tests: $p passed, $f failed, $s skipped (exit $trc)"
+grep -E '^(FAIL|SKIP): |check failed' "$OUT/test.log" | head -30 | tee -a "$S"
+# worst error per format family, for the report
+awk '/^  err /{k=$2" "$3; v=$NF+0; if(!(k in m)||v>m[k])m[k]=v} END{for(k in m)printf "  max err %-28s %.2e\n",k,m[k]}' \
+    "$OUT/test.log" | sort | tee -a "$S" > /dev/null
+
+timeout 200 ./build/bench_cuda > "$OUT/bench.log" 2>&1
+stamp "bench_cuda exit $?"
+grep -v '^csv,' "$OUT/bench.log" >> "$S"
+for b in bench/gpu_*.sh; do
+    [ -x "$b" ] || continue
+    timeout 120 "$b" > "$OUT/$(basename "$b" .sh).log" 2>&1
+    stamp "$b exit $?"
+done
+
+if [ "${GPU_CHECK_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer > /dev/null; then
+    timeout 100 compute-sanitizer --tool memcheck --print-limit 20 ./build/test_cuda_ops > "$OUT/memcheck.log" 2>&1
+    stamp "memcheck exit $? ($(grep -c -E 'Invalid|ERROR SUMMARY: [1-9]' "$OUT/memcheck.log") error lines)"
+    grep -E 'ERROR SUMMARY|Invalid' "$OUT/memcheck.log" | head -10 | tee -a "$S"
+fi
+
+echo "================ summary ================"
+cat "$S"
+[ "$trc" -eq 0 ]

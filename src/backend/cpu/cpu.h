@@ -1,0 +1,34 @@
+/*
+ * cpu.h — the CPU backends' extra entry points (the generic ones are in ops/ops.h).
+ *
+ * Two backends live in src/backend/cpu:
+ *   - "cpu-ref" (ref.c): the scalar reference of every op in tern_backend_vt — plain loops,
+ *     single-threaded, the spec that every SIMD and CUDA kernel is tested against.
+ *   - "cpu" (cpu_backend.c): the fast one — SIMD kernels chosen once at startup from cpuid
+ *     (AVX-512 > AVX2+FMA+F16C > portable C), work split over one persistent thread pool.
+ * Both take host pointers for "device" memory; upload_weight is zero-copy (a check only).
+ *
+ * Environment: TERN_CPU_ISA=avx512|avx2|scalar caps the kernel level (tests use it to
+ * exercise every path on one machine).
+ */
+#ifndef TERN_BACKEND_CPU_H
+#define TERN_BACKEND_CPU_H
+
+#include "ops/ops.h"
+
+/* The scalar reference backend (opts may be NULL; n_threads is ignored: it is serial). */
+tern_status tern_backend_cpu_ref_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err);
+
+/* Name of the kernel level the fast CPU backend uses on this machine/environment:
+ * "avx512", "avx2" or "scalar". */
+const char *tern_cpu_isa_name(void);
+
+/* Read bandwidth (GB/s, 1e9 bytes/s) of streaming `bytes` bytes of memory with all cores
+ * (one pool of tern_cpu_count() threads; best of a few passes). 0 on allocation failure. */
+double tern_cpu_membw_probe(size_t bytes);
+
+/* Check that a weight's dtype/quantization is one the CPU kernels handle (used by
+ * upload_weight of both CPU backends; message names the tensor). */
+tern_status tern_cpu_check_weight(const tern_tensor *t, tern_error *err);
+
+#endif

@@ -1,0 +1,252 @@
+/*
+ * cpu_backend.c — the fast CPU backend ("cpu"): constructor, vtable, memory, and the
+ * light ops (embed, rmsnorm, rope, kv_write, elementwise), plus the bandwidth probe.
+ *
+ * Heavy ops live next door: cpu_matmul.c (matmul, MoE), cpu_attn.c (attention). The
+ * kernel table (kern.h) is picked once at open from cpuid. "Device" memory is host memory;
+ * upload_weight only validates (weights stay zero-copy in their mmap). Elementwise ops are
+ * memory-bound one-pass loops and run on the calling thread; rmsnorm splits rows over the
+ * pool when there are several. Math matches ref.c op for op (same formulas, f32).
+ */
+#include "backend/cpu/cpu_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void cpu_close(tern_backend *be) {
+    if (!be) return;
+    cpu_impl *c = be->impl;
+    if (c) {
+        tern_pool_free(c->pool);
+        if (c->tbuf)
+            for (int i = 0; i < c->nth; i++) tern_afree(c->tbuf[i]);
+        free(c->tbuf);
+        tern_afree(c->moe_i);
+        free(c);
+    }
+    free(be);
+}
+
+static void *cpu_alloc(tern_backend *be, size_t bytes) { (void)be; return tern_aalloc(bytes ? bytes : 1); }
+static void cpu_free(tern_backend *be, void *p) { (void)be; tern_afree(p); }
+static void cpu_copy(tern_backend *be, void *dst, const void *src, size_t bytes) { (void)be; if (bytes) memmove(dst, src, bytes); }
+static void cpu_sync(tern_backend *be) { (void)be; }
+static tern_status cpu_upload_weight(tern_backend *be, tern_tensor *t, tern_error *err) {
+    (void)be;
+    tern_status s = tern_cpu_check_weight(t, err);
+    if (s == TERN_OK) t->device = -1;
+    return s;
+}
+static void cpu_free_weight(tern_backend *be, tern_tensor *t) { (void)be; (void)t; }
+
+static void cpu_embed(tern_backend *be, float *y, const int32_t *ids, int n, const tern_tensor *emb, float scale) {
+    cpu_impl *c = be->impl;
+    int64_t V = emb->shape[0], H = emb->shape[emb->ndim - 1];
+    for (int r = 0; r < n; r++) {
+        float *yr = y + (size_t)r * (size_t)H;
+        if (ids[r] < 0 || ids[r] >= V) { memset(yr, 0, (size_t)H * sizeof *yr); continue; }
+        if (emb->dtype == TERN_DT_F32 || emb->dtype == TERN_DT_Q || emb->dtype == TERN_DT_BF16 || emb->dtype == TERN_DT_F16) {
+            /* whole row through the fast decoder (Q: H is a multiple of the group size) */
+            size_t rb = tern_tensor_row_bytes(emb);
+            cpu_wrow w = {.data = (const uint8_t *)emb->data + (size_t)ids[r] * rb, .dtype = emb->dtype};
+            if (emb->dtype == TERN_DT_Q) {
+                size_t ss = tern_dtype_size(emb->sdtype), off = (size_t)ids[r] * (size_t)(H / emb->group_size) * ss;
+                w.scales = (const uint8_t *)emb->scales + off;
+                w.biases = (const uint8_t *)emb->biases + off;
+                w.sdtype = emb->sdtype;
+                w.bits = emb->bits;
+                w.gs = emb->group_size;
+            }
+            for (int j0 = 0; j0 < (int)H; j0 += CPU_CH) c->k->decode(&w, j0, TERN_MIN(CPU_CH, (int)H - j0), yr + j0);
+        } else {
+            tern_tensor_row_f32(emb, ids[r], yr);
+        }
+        for (int64_t j = 0; j < H; j++) yr[j] *= scale;
+    }
+}
+
+typedef struct norm_ctx {
+    const tern_cpu_kern *k;
+    float *y;
+    const float *x, *w;
+    int rows, d;
+    float eps;
+} norm_ctx;
+
+static void norm_task(void *arg, int ith, int nth) {
+    norm_ctx *a = arg;
+    int64_t lo, hi;
+    tern__cpu_split(a->rows, 1, ith, nth, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        const float *xr = a->x + (size_t)r * a->d;
+        float *yr = a->y + (size_t)r * a->d;
+        float inv = 1.0f / sqrtf(a->k->dot(xr, xr, a->d) / (float)a->d + a->eps);
+        if (a->w) for (int j = 0; j < a->d; j++) yr[j] = xr[j] * inv * a->w[j];
+        else for (int j = 0; j < a->d; j++) yr[j] = xr[j] * inv;
+    }
+}
+
+static void cpu_rmsnorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps) {
+    cpu_impl *c = be->impl;
+    norm_ctx a = {c->k, y, x, w, rows, d, eps};
+    if (rows >= 4 && c->nth > 1) tern_pool_run(c->pool, norm_task, &a);
+    else norm_task(&a, 0, 1);
+}
+
+static void cpu_rope(tern_backend *be, float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq, float mscale) {
+    (void)be;
+    int half = d / 2;
+    float cs[256], sn[256]; /* head_dim <= 512 */
+    for (int r = 0; r < n; r++) {
+        for (int i = 0; i < half && i < 256; i++) {
+            float th = (float)pos[r] * inv_freq[i];
+            cs[i] = cosf(th);
+            sn[i] = sinf(th);
+        }
+        for (int h = 0; h < nh; h++) {
+            float *v = x + ((size_t)r * nh + h) * d;
+            for (int i = 0; i < half; i++) {
+                float c = i < 256 ? cs[i] : cosf((float)pos[r] * inv_freq[i]);
+                float s = i < 256 ? sn[i] : sinf((float)pos[r] * inv_freq[i]);
+                float a = v[i], b = v[i + half];
+                v[i] = (a * c - b * s) * mscale;
+                v[i + half] = (b * c + a * s) * mscale;
+            }
+        }
+    }
+}
+
+static void cpu_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v) {
+    (void)be;
+    size_t hd = (size_t)kv->head_dim, nkv = (size_t)kv->n_head_kv;
+    for (int r = 0; r < rows->n; r++) {
+        int s = rows->slot[r], p = rows->pos[r];
+        if (s < 0 || p < 0 || p / kv->block_size >= kv->max_blocks) continue;
+        int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
+        if (blk < 0) continue;
+        size_t off = ((size_t)blk * kv->block_size + (size_t)(p % kv->block_size)) * nkv * hd;
+        memcpy((float *)kv->k + off, k + (size_t)r * nkv * hd, nkv * hd * sizeof(float));
+        memcpy((float *)kv->v + off, v + (size_t)r * nkv * hd, nkv * hd * sizeof(float));
+    }
+}
+
+static void cpu_add(tern_backend *be, float *y, const float *a, const float *b, size_t n) { (void)be; for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i]; }
+static void cpu_mul(tern_backend *be, float *y, const float *a, const float *b, size_t n) { (void)be; for (size_t i = 0; i < n; i++) y[i] = a[i] * b[i]; }
+static void cpu_scale(tern_backend *be, float *y, const float *x, float s, size_t n) { (void)be; for (size_t i = 0; i < n; i++) y[i] = x[i] * s; }
+static void cpu_scale_dev(tern_backend *be, float *y, const float *x, const float *s, size_t n) { (void)be; float v = s[0]; for (size_t i = 0; i < n; i++) y[i] = x[i] * v; }
+static void cpu_gelu_tanh_mul(tern_backend *be, float *y, const float *g, const float *u, size_t n) {
+    (void)be;
+    if (u) for (size_t i = 0; i < n; i++) y[i] = tern__gelu_tanh(g[i]) * u[i];
+    else for (size_t i = 0; i < n; i++) y[i] = tern__gelu_tanh(g[i]);
+}
+static void cpu_silu_mul(tern_backend *be, float *y, const float *g, const float *u, size_t n) {
+    (void)be;
+    if (u) for (size_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    else for (size_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i]));
+}
+static void cpu_softcap(tern_backend *be, float *y, size_t n, float cap) { (void)be; for (size_t i = 0; i < n; i++) y[i] = cap * tanhf(y[i] / cap); }
+static void cpu_add_bias(tern_backend *be, float *y, const float *bias, int n, int d) {
+    (void)be;
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < d; j++) y[(size_t)r * d + j] += bias[j];
+}
+static void cpu_copy_cols(tern_backend *be, float *dst, const float *src, int n, int w, int ss, int off) {
+    (void)be;
+    for (int r = 0; r < n; r++) memmove(dst + (size_t)r * w, src + (size_t)r * ss + off, (size_t)w * sizeof(float));
+}
+
+static const tern_backend_vt cpu_vt = {
+    .name = "cpu",
+    .close = cpu_close,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .upload_weight = cpu_upload_weight,
+    .free_weight = cpu_free_weight,
+    .matmul = tern__cpu_matmul,
+    .matmul_expert = tern__cpu_matmul_expert,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = tern__cpu_attention,
+    .add = cpu_add,
+    .mul = cpu_mul,
+    .scale = cpu_scale,
+    .scale_dev = cpu_scale_dev,
+    .gelu_tanh_mul = cpu_gelu_tanh_mul,
+    .silu_mul = cpu_silu_mul,
+    .softcap = cpu_softcap,
+    .add_bias = cpu_add_bias,
+    .copy_cols = cpu_copy_cols,
+    .route_topk = tern__cpu_route_topk,
+    .moe_mlp = tern__cpu_moe_mlp,
+};
+
+const char *tern_cpu_isa_name(void) { return tern__cpu_kern_pick()->name; }
+
+tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {
+    *out = NULL;
+    int nth = opts && opts->n_threads > 0 ? opts->n_threads : tern_cpu_count();
+    tern_backend *be = calloc(1, sizeof *be);
+    cpu_impl *c = calloc(1, sizeof *c);
+    if (!be || !c) { free(be); free(c); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
+    be->vt = &cpu_vt;
+    be->device = -1;
+    be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
+    be->impl = c;
+    c->k = tern__cpu_kern_pick();
+    c->pool = tern_pool_create(nth);
+    if (!c->pool) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: cannot start %d threads", nth); }
+    c->nth = tern_pool_size(c->pool);
+    c->tbuf = calloc((size_t)c->nth, sizeof *c->tbuf);
+    if (!c->tbuf) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
+    for (int i = 0; i < c->nth; i++) {
+        c->tbuf[i] = tern_aalloc((size_t)CPU_RT_MAX * CPU_CH * sizeof(float));
+        if (!c->tbuf[i]) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory (decode tiles)"); }
+    }
+    *out = be;
+    return TERN_OK;
+}
+
+/* ---- memory bandwidth probe ---- */
+
+typedef struct bw_ctx {
+    const tern_cpu_kern *k;
+    const float *p;
+    size_t n;
+    double sink[64];
+} bw_ctx;
+
+static void bw_task(void *arg, int ith, int nth) {
+    bw_ctx *b = arg;
+    int64_t lo, hi;
+    tern__cpu_split((int64_t)b->n, 4096, ith, nth, &lo, &hi);
+    if (lo < hi) b->sink[ith & 63] += b->k->readsum(b->p + lo, (size_t)(hi - lo));
+}
+
+double tern_cpu_membw_probe(size_t bytes) {
+    size_t n = bytes / sizeof(float);
+    if (n < 4096) n = 4096;
+    float *p = tern_aalloc(n * sizeof *p);
+    tern_pool *pool = tern_pool_create(0);
+    double best = 0.0;
+    if (p && pool) {
+        for (size_t i = 0; i < n; i++) p[i] = (float)(i & 1023);
+        bw_ctx b = {tern__cpu_kern_pick(), p, n, {0}};
+        tern_pool_run(pool, bw_task, &b); /* warm up (page faults, caches) */
+        for (int it = 0; it < 5; it++) {
+            double t0 = tern_time_s();
+            tern_pool_run(pool, bw_task, &b);
+            double dt = tern_time_s() - t0;
+            double gbs = dt > 0 ? (double)(n * sizeof *p) / dt / 1e9 : 0.0;
+            if (gbs > best) best = gbs;
+        }
+    }
+    tern_pool_free(pool);
+    tern_afree(p);
+    return best;
+}

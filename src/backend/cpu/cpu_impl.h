@@ -1,0 +1,62 @@
+/*
+ * cpu_impl.h — state and internal entry points shared by the fast CPU backend's files
+ * (cpu_backend.c: vtable + simple ops, cpu_matmul.c: matmul/MoE, cpu_attn.c: attention).
+ *
+ * All scratch is allocated at open (per-thread decode tiles) or grown on first use of a
+ * larger shape (MoE routing lists), never per call in steady state.
+ */
+#ifndef TERN_CPU_IMPL_H
+#define TERN_CPU_IMPL_H
+
+#include "backend/cpu/cpu.h"
+#include "backend/cpu/kern.h"
+#include "base/pool.h"
+
+#define CPU_CH 512     /* inputs per decoded slice: multiple of every group size, fits L1/L2 */
+#define CPU_RT_MAX 32  /* weight rows decoded per tile for batched (prefill) matmuls */
+
+typedef struct cpu_impl {
+    tern_pool *pool;
+    int nth;
+    const tern_cpu_kern *k;
+    float **tbuf;             /* [nth] decode tiles, CPU_RT_MAX * CPU_CH floats each */
+    int32_t *moe_i;           /* MoE routing lists (grown on demand) */
+    size_t moe_cap;           /* capacity of moe_i in int32 */
+} cpu_impl;
+
+/* A matmul over rows of x against one matrix of w, for output features [o0, o1).
+ * x row r is x + (xrow ? xrow[r] : r) * ldx; the result for (r, o) goes to
+ * y[(yrow ? yrow[r] : r) * ldy + o], stored (accum 0) or added times yscale[r] (accum 1). */
+typedef struct cpu_mm_job {
+    const tern_tensor *w;
+    int mat;
+    const float *x;
+    size_t ldx;
+    const int32_t *xrow;
+    float *y;
+    size_t ldy;
+    const int32_t *yrow;
+    const float *yscale;
+    int accum;
+    int n;
+} cpu_mm_job;
+
+void tern__cpu_mm(const tern_cpu_kern *k, const cpu_mm_job *jb, int64_t o0, int64_t o1, float *tile);
+/* Even split of [0, total) over nth threads in units of `unit`. */
+void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int64_t *hi);
+
+void tern__cpu_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
+void tern__cpu_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e);
+void tern__cpu_route_topk(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
+                          int mode, const float *pes);
+void tern__cpu_moe_mlp(tern_backend *be, float *y, const float *x, int n, int H, const int32_t *idx, const float *wts,
+                       int k, const tern_tensor *gate, const tern_tensor *up, const tern_tensor *down, int act,
+                       float *scratch);
+void tern__cpu_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
+                         const tern_kv_layer *kv, float scale, float softcap);
+
+/* Shared with ref.c (same math in both backends). */
+float tern__gelu_tanh(float x);
+void tern__route_topk_row(int32_t *idx, float *wts, const float *logits, int E, int k, const float *pes);
+
+#endif

@@ -1,0 +1,239 @@
+/*
+ * cpu_matmul.c — matmul, expert matmul and the MoE block of the fast CPU backend.
+ *
+ * One driver (tern__cpu_mm) serves every weight dtype: for a tile of weight rows it decodes
+ * CPU_CH inputs of each row into an f32 tile (F32 weights are used in place), then runs the
+ * 4x4 register-blocked microkernel over blocks of 4 activation rows, accumulating into y.
+ *   - decode (n <= 8): tiles of 4 rows, 8 KB — the tile stays in L1 and every weight byte is
+ *     read once per call; the work is memory-bound and the decoders are the hot loop.
+ *   - prefill (n > 8): tiles of 32 rows × 512 inputs (64 KB, L2), decoded once per call and
+ *     reused by all n activation rows (each weight row is read and decoded once).
+ * Threads split the output features (weight rows), so each thread streams its own slice of
+ * the weight and writes disjoint columns of y.
+ *
+ * MoE (moe_mlp): assignments (row, j) are grouped by expert with a counting sort, then two
+ * pool runs: (1) gate and up projections of every active expert for the thread's slice of
+ * I, followed by act(g)·u in place; (2) the down projection for the thread's slice of H,
+ * accumulated into y with the routing weight. Each expert's weights are read once per step.
+ */
+#include "backend/cpu/cpu_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int64_t *hi) {
+    int64_t units = (total + unit - 1) / unit;
+    int64_t a = units * ith / nth * unit, b = units * (ith + 1) / nth * unit;
+    *lo = a < total ? a : total;
+    *hi = b < total ? b : total;
+}
+
+static void wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
+    int64_t in = t->shape[t->ndim - 1], out = t->ndim >= 2 ? t->shape[t->ndim - 2] : 1;
+    size_t rb = tern_tensor_row_bytes(t);
+    size_t ms = t->mat_stride ? t->mat_stride : (size_t)out * rb;
+    r->data = (const uint8_t *)t->data + (size_t)mat * ms + (size_t)o * rb;
+    r->dtype = t->dtype;
+    r->scales = r->biases = NULL;
+    if (t->dtype == TERN_DT_Q) {
+        int64_t ng = in / t->group_size;
+        size_t ss = tern_dtype_size(t->sdtype);
+        size_t mss = t->mat_stride_s ? t->mat_stride_s : (size_t)(out * ng) * ss;
+        size_t off = (size_t)mat * mss + (size_t)(o * ng) * ss;
+        r->scales = (const uint8_t *)t->scales + off;
+        r->biases = (const uint8_t *)t->biases + off;
+        r->sdtype = t->sdtype;
+        r->bits = t->bits;
+        r->gs = t->group_size;
+    }
+}
+
+void tern__cpu_mm(const tern_cpu_kern *k, const cpu_mm_job *jb, int64_t o0, int64_t o1, float *tile) {
+    const tern_tensor *w = jb->w;
+    int in = (int)w->shape[w->ndim - 1];
+    int n = jb->n, rt = n <= 8 ? 4 : CPU_RT_MAX;
+    int f32 = w->dtype == TERN_DT_F32;
+    cpu_wrow rows[CPU_RT_MAX];
+    const float *wp[CPU_RT_MAX];
+    if (n == 1 && k->gemv_q4 && w->dtype == TERN_DT_Q && w->bits == 4 && in <= CPU_RT_MAX * CPU_CH) {
+        /* decode fast path: fused 4-bit GEMV, x permuted once into the thread's tile */
+        const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[0] : 0) * jb->ldx;
+        float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[0] : 0) * jb->ldy;
+        float s = jb->yscale ? jb->yscale[0] : 1.0f;
+        cpu_q4_permute(x, in, tile);
+        for (int64_t o = o0; o < o1; o++) {
+            wrow_at(w, jb->mat, o, &rows[0]);
+            float v = k->gemv_q4(&rows[0], in, tile);
+            if (jb->accum) y[o] += s * v;
+            else y[o] = v;
+        }
+        return;
+    }
+    for (int64_t ot = o0; ot < o1; ot += rt) {
+        int nt = (int)TERN_MIN((int64_t)rt, o1 - ot);
+        for (int i = 0; i < nt; i++) wrow_at(w, jb->mat, ot + i, &rows[i]);
+        for (int j0 = 0; j0 < in; j0 += CPU_CH) {
+            int len = TERN_MIN(CPU_CH, in - j0);
+            for (int i = 0; i < nt; i++) {
+                if (f32) { wp[i] = (const float *)rows[i].data + j0; continue; }
+                k->decode(&rows[i], j0, len, tile + (size_t)i * CPU_CH);
+                wp[i] = tile + (size_t)i * CPU_CH;
+            }
+            for (int r0 = 0; r0 < n; r0 += 4) {
+                int nx = TERN_MIN(4, n - r0);
+                const float *xp[4];
+                float *yp[4];
+                for (int j = 0; j < nx; j++) {
+                    int r = r0 + j;
+                    xp[j] = jb->x + (size_t)(jb->xrow ? jb->xrow[r] : r) * jb->ldx + j0;
+                    yp[j] = jb->y + (size_t)(jb->yrow ? jb->yrow[r] : r) * jb->ldy + ot;
+                }
+                for (int i0 = 0; i0 < nt; i0 += 4) {
+                    int nw = TERN_MIN(4, nt - i0);
+                    float acc[4][4];
+                    k->mk(wp + i0, nw, xp, nx, len, acc);
+                    for (int j = 0; j < nx; j++) {
+                        float *yr = yp[j] + i0;
+                        if (jb->accum) {
+                            float s = jb->yscale ? jb->yscale[r0 + j] : 1.0f;
+                            for (int i = 0; i < nw; i++) yr[i] += s * acc[i][j];
+                        } else if (j0 == 0) {
+                            for (int i = 0; i < nw; i++) yr[i] = acc[i][j];
+                        } else {
+                            for (int i = 0; i < nw; i++) yr[i] += acc[i][j];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---- matmul / matmul_expert ---- */
+
+typedef struct mm_ctx {
+    cpu_impl *c;
+    const cpu_mm_job *jb;
+    int64_t out;
+} mm_ctx;
+
+static void mm_task(void *arg, int ith, int nth) {
+    mm_ctx *m = arg;
+    int64_t lo, hi;
+    tern__cpu_split(m->out, 16, ith, nth, &lo, &hi);
+    if (lo < hi) tern__cpu_mm(m->c->k, m->jb, lo, hi, m->c->tbuf[ith]);
+}
+
+static void run_mm(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int mat) {
+    cpu_impl *c = be->impl;
+    int64_t in = w->shape[w->ndim - 1], out = w->ndim >= 2 ? w->shape[w->ndim - 2] : 1;
+    if (n <= 0) return;
+    cpu_mm_job jb = {.w = w, .mat = mat, .x = x, .ldx = (size_t)in, .y = y, .ldy = (size_t)out, .n = n};
+    mm_ctx m = {c, &jb, out};
+    tern_pool_run(c->pool, mm_task, &m);
+}
+
+void tern__cpu_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) { run_mm(be, y, x, n, w, 0); }
+void tern__cpu_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e) {
+    run_mm(be, y, x, n, w, e);
+}
+
+/* ---- routing ---- */
+
+void tern__cpu_route_topk(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
+                          int mode, const float *pes) {
+    (void)be; (void)mode;
+    for (int r = 0; r < n; r++) tern__route_topk_row(idx + (size_t)r * k, wts + (size_t)r * k, logits + (size_t)r * E, E, k, pes);
+}
+
+/* ---- MoE ---- */
+
+typedef struct moe_ctx {
+    cpu_impl *c;
+    float *y, *scratch, *wsorted;
+    const float *x;
+    int H, I, act, n_active;
+    const int32_t *active, *start, *cnt, *xrow; /* xrow[p]: token row of sorted assignment p */
+    const tern_tensor *gate, *up, *down;
+} moe_ctx;
+
+static void moe_gate_up(void *arg, int ith, int nth) {
+    moe_ctx *m = arg;
+    int64_t lo, hi;
+    tern__cpu_split(m->I, 16, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    size_t ld = 2 * (size_t)m->I;
+    for (int a = 0; a < m->n_active; a++) {
+        int e = m->active[a], p0 = m->start[e], ne = m->cnt[e];
+        float *g = m->scratch + (size_t)p0 * ld;
+        cpu_mm_job jb = {.w = m->gate, .mat = e, .x = m->x, .ldx = (size_t)m->H, .xrow = m->xrow + p0,
+                         .y = g, .ldy = ld, .n = ne};
+        tern__cpu_mm(m->c->k, &jb, lo, hi, m->c->tbuf[ith]);
+        jb.w = m->up;
+        jb.y = g + m->I;
+        tern__cpu_mm(m->c->k, &jb, lo, hi, m->c->tbuf[ith]);
+        for (int p = 0; p < ne; p++) {
+            float *gp = g + (size_t)p * ld, *up = gp + m->I;
+            for (int64_t i = lo; i < hi; i++) {
+                float v = gp[i];
+                float a = m->act == TERN_ACT_SILU ? v / (1.0f + expf(-v)) : tern__gelu_tanh(v);
+                gp[i] = a * up[i];
+            }
+        }
+    }
+}
+
+static void moe_down(void *arg, int ith, int nth) {
+    moe_ctx *m = arg;
+    int64_t lo, hi;
+    tern__cpu_split(m->H, 16, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    size_t ld = 2 * (size_t)m->I;
+    for (int a = 0; a < m->n_active; a++) {
+        int e = m->active[a], p0 = m->start[e];
+        cpu_mm_job jb = {.w = m->down, .mat = e, .x = m->scratch + (size_t)p0 * ld, .ldx = ld,
+                         .y = m->y, .ldy = (size_t)m->H, .yrow = m->xrow + p0, .yscale = m->wsorted + p0,
+                         .accum = 1, .n = m->cnt[e]};
+        tern__cpu_mm(m->c->k, &jb, lo, hi, m->c->tbuf[ith]);
+    }
+}
+
+void tern__cpu_moe_mlp(tern_backend *be, float *y, const float *x, int n, int H, const int32_t *idx, const float *wts,
+                       int k, const tern_tensor *gate, const tern_tensor *up, const tern_tensor *down, int act,
+                       float *scratch) {
+    cpu_impl *c = be->impl;
+    int E = (int)gate->shape[0], I = (int)gate->shape[1];
+    size_t na = (size_t)n * (size_t)k;
+    /* layout of moe_i: cnt[E] start[E] fill[E] active[E] xrow[na] wsorted[na] (floats as bits) */
+    size_t need = 4 * (size_t)E + 2 * na;
+    memset(y, 0, (size_t)n * H * sizeof *y);
+    if (need > c->moe_cap) {
+        int32_t *p = tern_aalloc(need * sizeof *p);
+        if (!p) { for (size_t i = 0; i < (size_t)n * H; i++) y[i] = NAN; return; }
+        tern_afree(c->moe_i);
+        c->moe_i = p;
+        c->moe_cap = need;
+    }
+    int32_t *cnt = c->moe_i, *start = cnt + E, *fill = start + E, *active = fill + E, *xrow = active + E;
+    float *wsorted = (float *)(xrow + na);
+    memset(cnt, 0, (size_t)E * sizeof *cnt);
+    for (size_t a = 0; a < na; a++)
+        if (idx[a] >= 0 && idx[a] < E) cnt[idx[a]]++;
+    int n_active = 0, acc = 0;
+    for (int e = 0; e < E; e++) {
+        start[e] = acc;
+        fill[e] = 0;
+        acc += cnt[e];
+        if (cnt[e]) active[n_active++] = e;
+    }
+    for (size_t a = 0; a < na; a++) {
+        int e = idx[a];
+        if (e < 0 || e >= E) continue;
+        int p = start[e] + fill[e]++;
+        xrow[p] = (int32_t)(a / (size_t)k);
+        wsorted[p] = wts[a];
+    }
+    moe_ctx m = {c, y, scratch, wsorted, x, H, I, act, n_active, active, start, cnt, xrow, gate, up, down};
+    tern_pool_run(c->pool, moe_gate_up, &m);
+    tern_pool_run(c->pool, moe_down, &m);
+}

@@ -1,0 +1,63 @@
+/*
+ * kern.h — the per-ISA kernel table of the fast CPU backend (internal to src/backend/cpu).
+ *
+ * Every weight format is handled by one thing only: a decoder that turns a slice of one
+ * weight row into f32 exactly as the reference decoder does (MLX affine: s·q + b, rounded
+ * the same way). Everything after decoding is f32 arithmetic in small register-blocked
+ * microkernels, so the "exact f32" contract holds by construction: only the summation order
+ * differs from the reference. Three tables exist — portable C, AVX2+FMA+F16C, AVX-512
+ * (F/BW/VL/VBMI) — and cpu_kern_pick() chooses one from cpuid (capped by TERN_CPU_ISA).
+ */
+#ifndef TERN_CPU_KERN_H
+#define TERN_CPU_KERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/tensor.h"
+
+/* Most groups a decode slice can span (slices are <= 512 inputs, groups >= 32). */
+#define CPU_MAX_GROUPS 64
+
+/* One weight row, located. For TERN_DT_Q, scales/biases point at the row's first group. */
+typedef struct cpu_wrow {
+    const uint8_t *data;
+    const uint8_t *scales, *biases;
+    tern_dtype dtype, sdtype;
+    int bits, gs;
+} cpu_wrow;
+
+typedef struct tern_cpu_kern {
+    const char *name;
+    /* dst[0..len) = W[row][j0 .. j0+len) as f32. For Q, j0 and len are multiples of gs and
+     * len <= CPU_MAX_GROUPS * gs; otherwise any j0/len. Reads only bytes that belong to the slice. */
+    void (*decode)(const cpu_wrow *w, int j0, int len, float *dst);
+    /* acc[i][j] = Σ_t w[i][t] · x[j][t] for i < nw, j < nx (1..4 each), t < len. */
+    void (*mk)(const float *const *w, int nw, const float *const *x, int nx, int len, float acc[4][4]);
+    float (*dot)(const float *a, const float *b, int n);
+    void (*axpy)(float *y, float a, const float *x, int n);       /* y += a·x */
+    void (*scal)(float *y, float a, int n);                        /* y *= a */
+    double (*readsum)(const float *p, size_t n);                   /* bandwidth probe body */
+    /* Optional (NULL if absent) fused GEMV for 4-bit MLX rows: returns Σ_j W[j]·x[j] over the
+     * whole row (in inputs, multiple of 32) with x given in q4 order (cpu_q4_permute). */
+    float (*gemv_q4)(const cpu_wrow *w, int in, const float *xq4);
+} tern_cpu_kern;
+
+extern const tern_cpu_kern tern__cpu_kern_scalar;
+extern const tern_cpu_kern tern__cpu_kern_avx2;
+extern const tern_cpu_kern tern__cpu_kern_avx512;
+
+const tern_cpu_kern *tern__cpu_kern_pick(void);
+
+/* q4 order: within each block of 32 inputs, the 16 even inputs then the 16 odd ones (the
+ * order in which 16 packed bytes unpack into low and high nibbles). */
+static inline void cpu_q4_permute(const float *x, int in, float *xq) {
+    for (int b = 0; b < in; b += 32)
+        for (int i = 0; i < 16; i++) { xq[b + i] = x[b + 2 * i]; xq[b + 16 + i] = x[b + 2 * i + 1]; }
+}
+
+/* Portable helpers shared by the ISA files (kern_scalar.c). */
+void tern__cpu_decode_scalar(const cpu_wrow *w, int j0, int len, float *dst);
+float tern__cpu_sload(const uint8_t *p, tern_dtype t, int i); /* scale/bias element i */
+
+#endif

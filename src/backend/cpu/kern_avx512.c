@@ -1,0 +1,252 @@
+/*
+ * kern_avx512.c — the AVX-512 kernel table (F/BW/VL + VBMI), compiled with -mavx512*.
+ *
+ * Decoders (the hot loop of memory-bound GEMV):
+ *   BF16: widen 16-bit to 32-bit and shift left 16.  F16: vcvtph2ps.
+ *   MLX affine, 16 codes at a time: a masked load of the 2·bits bytes that hold them,
+ *   vpermb to give each 32-bit lane the two bytes its code straddles, a per-lane variable
+ *   shift (vpsrlvd) to bring the code to bit 0, then per group either a table lookup —
+ *   vpermps (16-entry table, 2/3/4 bits; the table repeats so bits above the code are
+ *   ignored) or vpermt2ps (32 entries, 5 bits) of the group's values s·q + b — or, for 6/8
+ *   bits, mask + convert + s·q + b. Table entries are computed as (s·q) + b with two
+ *   roundings, exactly like the reference decoder, so decoded weights are bit-identical.
+ * Microkernel: up to 4 weight rows × 4 activation rows, 16 zmm accumulators, masked tail.
+ */
+/* vpermb needs VBMI, which the Makefile's AVX-512 flag set does not include. */
+#pragma GCC target("avx512vbmi")
+#include "backend/cpu/kern.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+/* vpermb index for 16 codes of b bits: lane t gets bytes o, o+1 (o = t·b/8) in its low half. */
+#define PB(b, t) (char)(((t) * (b)) >> 3), (char)((((t) * (b)) >> 3) + 1), (char)((((t) * (b)) >> 3) + 1), (char)((((t) * (b)) >> 3) + 1)
+#define PIDX(b) {PB(b, 0), PB(b, 1), PB(b, 2), PB(b, 3), PB(b, 4), PB(b, 5), PB(b, 6), PB(b, 7), \
+                  PB(b, 8), PB(b, 9), PB(b, 10), PB(b, 11), PB(b, 12), PB(b, 13), PB(b, 14), PB(b, 15)}
+#define SH(b, t) (((t) * (b)) & 7)
+#define PSH(b) {SH(b, 0), SH(b, 1), SH(b, 2), SH(b, 3), SH(b, 4), SH(b, 5), SH(b, 6), SH(b, 7), \
+                SH(b, 8), SH(b, 9), SH(b, 10), SH(b, 11), SH(b, 12), SH(b, 13), SH(b, 14), SH(b, 15)}
+
+static const char perm_idx[9][64] __attribute__((aligned(64))) = {
+    [2] = PIDX(2), [3] = PIDX(3), [4] = PIDX(4), [5] = PIDX(5), [6] = PIDX(6)};
+static const int perm_sh[9][16] __attribute__((aligned(64))) = {
+    [2] = PSH(2), [3] = PSH(3), [4] = PSH(4), [5] = PSH(5), [6] = PSH(6)};
+
+/* Scales and biases of groups [g0, g0+ng) as f32 (ng <= CPU_MAX_GROUPS), 16 at a time. */
+static void load_groups(const cpu_wrow *w, int g0, int ng, float *sc, float *bi) {
+    for (int i = 0; i < ng; i += 16) {
+        int m = ng - i < 16 ? ng - i : 16;
+        __mmask16 k = (__mmask16)((1u << m) - 1);
+        const uint8_t *ps[2] = {w->scales, w->biases};
+        float *dst[2] = {sc, bi};
+        for (int t = 0; t < 2; t++) {
+            __m512 v;
+            if (w->sdtype == TERN_DT_F32) v = _mm512_maskz_loadu_ps(k, (const float *)ps[t] + g0 + i);
+            else {
+                __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)ps[t] + g0 + i);
+                v = w->sdtype == TERN_DT_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            }
+            _mm512_mask_storeu_ps(dst[t] + i, k, v);
+        }
+    }
+}
+
+static void decode_q(const cpu_wrow *w, int j0, int len, float *dst) {
+    const int b = w->bits, gs = w->gs;
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 iota_hi = _mm512_add_ps(iota, _mm512_set1_ps(16.0f));
+    const __m512i idx = _mm512_load_si512(perm_idx[b]);
+    const __m512i sh = _mm512_load_si512(perm_sh[b]);
+    const __mmask64 lm = (__mmask64)((1ull << (2 * b)) - 1); /* 16 codes = 2·b bytes */
+    const __m512i cmask = _mm512_set1_epi32((1 << b) - 1);
+    const __m512 rep = b == 2 ? _mm512_set1_ps(4.0f) : _mm512_set1_ps(8.0f);
+    const uint8_t *src = w->data + (size_t)j0 * b / 8;
+    float sc[CPU_MAX_GROUPS], bi[CPU_MAX_GROUPS];
+    load_groups(w, j0 / gs, len / gs, sc, bi);
+    for (int g0 = 0, gi = 0; g0 < len; g0 += gs, gi++) {
+        __m512 vs = _mm512_set1_ps(sc[gi]);
+        __m512 vb = _mm512_set1_ps(bi[gi]);
+        float *d = dst + g0;
+        if (b == 8) {
+            for (int t = 0; t < gs; t += 16, src += 16) {
+                __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)src)));
+                _mm512_storeu_ps(d + t, _mm512_add_ps(_mm512_mul_ps(vs, q), vb));
+            }
+        } else if (b == 6) {
+            for (int t = 0; t < gs; t += 16, src += 12) {
+                __m512i v = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(lm, src));
+                v = _mm512_and_si512(_mm512_srlv_epi32(v, sh), cmask);
+                _mm512_storeu_ps(d + t, _mm512_add_ps(_mm512_mul_ps(vs, _mm512_cvtepi32_ps(v)), vb));
+            }
+        } else if (b == 5) {
+            __m512 lo = _mm512_add_ps(_mm512_mul_ps(vs, iota), vb), hi = _mm512_add_ps(_mm512_mul_ps(vs, iota_hi), vb);
+            for (int t = 0; t < gs; t += 16, src += 10) {
+                __m512i v = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(lm, src));
+                _mm512_storeu_ps(d + t, _mm512_permutex2var_ps(lo, _mm512_srlv_epi32(v, sh), hi));
+            }
+        } else { /* 2, 3, 4 bits: 16-entry table indexed by bits [3:0]; entry i holds code i mod 2^b */
+            __m512 qv = b == 4 ? iota : _mm512_sub_ps(iota, _mm512_mul_ps(rep, _mm512_roundscale_ps(_mm512_div_ps(iota, rep), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)));
+            __m512 lut = _mm512_add_ps(_mm512_mul_ps(vs, qv), vb);
+            for (int t = 0; t < gs; t += 16, src += 2 * b) {
+                __m512i v = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(lm, src));
+                _mm512_storeu_ps(d + t, _mm512_permutexvar_ps(_mm512_srlv_epi32(v, sh), lut));
+            }
+        }
+    }
+}
+
+static void decode(const cpu_wrow *w, int j0, int len, float *dst) {
+    int t = 0;
+    switch (w->dtype) {
+    case TERN_DT_Q: decode_q(w, j0, len, dst); return;
+    case TERN_DT_F32: memcpy(dst, (const float *)w->data + j0, (size_t)len * sizeof *dst); return;
+    case TERN_DT_BF16: {
+        const uint16_t *s = (const uint16_t *)w->data + j0;
+        for (; t + 16 <= len; t += 16)
+            _mm512_storeu_ps(dst + t, _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + t))), 16)));
+        break;
+    }
+    case TERN_DT_F16: {
+        const uint16_t *s = (const uint16_t *)w->data + j0;
+        for (; t + 16 <= len; t += 16) _mm512_storeu_ps(dst + t, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + t))));
+        break;
+    }
+    default: break;
+    }
+    if (t < len) {
+        cpu_wrow tail = *w;
+        tern__cpu_decode_scalar(&tail, j0 + t, len - t, dst + t);
+    }
+}
+
+/* ---- f32 microkernels ---- */
+
+static inline __attribute__((always_inline)) void mk_t(const float *const *w, const float *const *x, int len,
+                                                       float acc[4][4], const int NW, const int NX) {
+    __m512 a[4][4];
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NX; j++) a[i][j] = _mm512_setzero_ps();
+    int t = 0;
+    for (; t + 16 <= len; t += 16) {
+        __m512 xv[4];
+        for (int j = 0; j < NX; j++) xv[j] = _mm512_loadu_ps(x[j] + t);
+        for (int i = 0; i < NW; i++) {
+            __m512 wv = _mm512_loadu_ps(w[i] + t);
+            for (int j = 0; j < NX; j++) a[i][j] = _mm512_fmadd_ps(wv, xv[j], a[i][j]);
+        }
+    }
+    if (t < len) {
+        __mmask16 m = (__mmask16)((1u << (len - t)) - 1);
+        __m512 xv[4];
+        for (int j = 0; j < NX; j++) xv[j] = _mm512_maskz_loadu_ps(m, x[j] + t);
+        for (int i = 0; i < NW; i++) {
+            __m512 wv = _mm512_maskz_loadu_ps(m, w[i] + t);
+            for (int j = 0; j < NX; j++) a[i][j] = _mm512_fmadd_ps(wv, xv[j], a[i][j]);
+        }
+    }
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NX; j++) acc[i][j] = _mm512_reduce_add_ps(a[i][j]);
+}
+
+/* One weight row against one activation row: 4 independent accumulators hide FMA latency. */
+static float dot(const float *a, const float *b, int n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int t = 0;
+    for (; t + 64 <= n; t += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + t), _mm512_loadu_ps(b + t), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + t + 16), _mm512_loadu_ps(b + t + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + t + 32), _mm512_loadu_ps(b + t + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + t + 48), _mm512_loadu_ps(b + t + 48), s3);
+    }
+    for (; t + 16 <= n; t += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + t), _mm512_loadu_ps(b + t), s0);
+    if (t < n) {
+        __mmask16 m = (__mmask16)((1u << (n - t)) - 1);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + t), _mm512_maskz_loadu_ps(m, b + t), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+#define MK(NW, NX) case (NW) * 8 + (NX): mk_t(w, x, len, acc, NW, NX); return;
+static void mk(const float *const *w, int nw, const float *const *x, int nx, int len, float acc[4][4]) {
+    if (nw == 1 && nx == 1) { acc[0][0] = dot(w[0], x[0], len); return; }
+    switch (nw * 8 + nx) {
+        MK(1, 2) MK(1, 3) MK(1, 4)
+        MK(2, 1) MK(2, 2) MK(2, 3) MK(2, 4)
+        MK(3, 1) MK(3, 2) MK(3, 3) MK(3, 4)
+        MK(4, 1) MK(4, 2) MK(4, 3) MK(4, 4)
+    default: return;
+    }
+}
+
+static void axpy(float *y, float a, const float *x, int n) {
+    __m512 va = _mm512_set1_ps(a);
+    int t = 0;
+    for (; t + 16 <= n; t += 16) _mm512_storeu_ps(y + t, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + t), _mm512_loadu_ps(y + t)));
+    if (t < n) {
+        __mmask16 m = (__mmask16)((1u << (n - t)) - 1);
+        _mm512_mask_storeu_ps(y + t, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + t), _mm512_maskz_loadu_ps(m, y + t)));
+    }
+}
+
+static void scal(float *y, float a, int n) {
+    __m512 va = _mm512_set1_ps(a);
+    int t = 0;
+    for (; t + 16 <= n; t += 16) _mm512_storeu_ps(y + t, _mm512_mul_ps(va, _mm512_loadu_ps(y + t)));
+    for (; t < n; t++) y[t] *= a;
+}
+
+static double readsum(const float *p, size_t n) {
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+    size_t t = 0;
+    for (; t + 64 <= n; t += 64) {
+        s0 = _mm512_add_epi64(s0, _mm512_loadu_si512(p + t));
+        s1 = _mm512_add_epi64(s1, _mm512_loadu_si512(p + t + 16));
+        s2 = _mm512_add_epi64(s2, _mm512_loadu_si512(p + t + 32));
+        s3 = _mm512_add_epi64(s3, _mm512_loadu_si512(p + t + 48));
+    }
+    s0 = _mm512_xor_si512(_mm512_xor_si512(s0, s1), _mm512_xor_si512(s2, s3));
+    return (double)_mm512_reduce_add_epi64(s0);
+}
+
+/* Fused 4-bit GEMV row: per group a 16-entry table of s·q + b (the reference's rounding),
+ * per 32 inputs one byte-to-dword widen, one shift and two vpermps lookups feeding FMAs
+ * against x in q4 order (lanes = even inputs, then odd inputs). */
+static float gemv_q4(const cpu_wrow *w, int in, const float *xq) {
+    const int gs = w->gs;
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    float sc[CPU_MAX_GROUPS], bi[CPU_MAX_GROUPS];
+    const uint8_t *src = w->data;
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+        int len = in - j0 < ch ? in - j0 : ch;
+        load_groups(w, j0 / gs, len / gs, sc, bi);
+        for (int g0 = 0, gi = 0; g0 < len; g0 += gs, gi++) {
+            __m512 lut = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(sc[gi]), iota), _mm512_set1_ps(bi[gi]));
+            const float *x = xq + j0 + g0;
+            for (int t = 0; t < gs; t += 32, src += 16) { /* alternate accumulator pairs */
+                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)src));
+                __m512 lo = _mm512_permutexvar_ps(v, lut), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+                if (t & 32) {
+                    a2 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + t), a2);
+                    a3 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + t + 16), a3);
+                } else {
+                    a0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + t), a0);
+                    a1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + t + 16), a1);
+                }
+            }
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+const tern_cpu_kern tern__cpu_kern_avx512 = {
+    .gemv_q4 = gemv_q4,
+    .name = "avx512",
+    .decode = decode,
+    .mk = mk,
+    .dot = dot,
+    .axpy = axpy,
+    .scal = scal,
+    .readsum = readsum,
+};

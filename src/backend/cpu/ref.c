@@ -1,0 +1,328 @@
+/*
+ * ref.c — the scalar reference backend ("cpu-ref"): the readable spec of every op.
+ *
+ * Each op is the plainest loop that computes what ops.h says, in f32 (weights decoded with
+ * tern_tensor_row_f32, the reference row decoder). It is single-threaded and slow on
+ * purpose; the fast CPU backend and the CUDA kernels are tested against it. Conventions the
+ * fast kernels must share:
+ *   - matmul: y[r][o] = Σ_j x[r][j] · W[o][j] with W[o][j] exactly as tern_tensor_row_f32
+ *     decodes it (s·q + b for MLX affine).
+ *   - attention: keys of the row's slot at positions b with lo <= b <= pos (lo = pos-W+1 for
+ *     a window W, else 0); a block-table entry < 0 in that range is skipped (never read).
+ *     Three passes: scores, max, exp/sum, then Σ p·v / sum.
+ *   - route_topk: softmax over E, k times pick the largest unused probability (lower index
+ *     wins ties), renormalise over the chosen k, then multiply per_expert_scale[e].
+ *   - bad indices (token ids, expert ids, slots) are skipped / give zero rows, never crash.
+ * Scratch buffers here are malloc'd per call (the reference is not a hot path); on
+ * allocation failure an op writes NaN so the failure is visible instead of silent.
+ */
+#include "backend/cpu/cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- shared with the fast backend ---- */
+
+tern_status tern_cpu_check_weight(const tern_tensor *t, tern_error *err) {
+    const char *nm = t->name ? t->name : "(unnamed)";
+    if (t->ndim < 1 || t->ndim > 3) return tern_err(err, TERN_EUNSUPPORTED, "weight '%s': %d dims (1..3 supported)", nm, t->ndim);
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] <= 0) return tern_err(err, TERN_EFORMAT, "weight '%s': dim %d is %lld", nm, i, (long long)t->shape[i]);
+    switch (t->dtype) {
+    case TERN_DT_F32: case TERN_DT_F16: case TERN_DT_BF16: case TERN_DT_F8_E4M3: return TERN_OK;
+    case TERN_DT_Q: break;
+    default: return tern_err(err, TERN_EUNSUPPORTED, "weight '%s': dtype %s not supported by the CPU backend", nm, tern_dtype_name(t->dtype));
+    }
+    int b = t->bits, gs = t->group_size;
+    if (b != 2 && b != 3 && b != 4 && b != 5 && b != 6 && b != 8)
+        return tern_err(err, TERN_EUNSUPPORTED, "weight '%s': %d-bit quantization not supported (2,3,4,5,6,8)", nm, b);
+    if (gs != 32 && gs != 64 && gs != 128)
+        return tern_err(err, TERN_EUNSUPPORTED, "weight '%s': group_size %d not supported (32,64,128)", nm, gs);
+    if (t->shape[t->ndim - 1] % gs)
+        return tern_err(err, TERN_EFORMAT, "weight '%s': in=%lld not a multiple of group_size %d", nm, (long long)t->shape[t->ndim - 1], gs);
+    if (t->sdtype != TERN_DT_F32 && t->sdtype != TERN_DT_F16 && t->sdtype != TERN_DT_BF16)
+        return tern_err(err, TERN_EUNSUPPORTED, "weight '%s': scales dtype %s not supported", nm, tern_dtype_name(t->sdtype));
+    if (!t->scales || !t->biases) return tern_err(err, TERN_EFORMAT, "weight '%s': quantized without scales/biases", nm);
+    return TERN_OK;
+}
+
+/* ---- memory ---- */
+
+static void ref_close(tern_backend *be) { free(be); }
+static void *ref_alloc(tern_backend *be, size_t bytes) { (void)be; return tern_aalloc(bytes ? bytes : 1); }
+static void ref_free(tern_backend *be, void *p) { (void)be; tern_afree(p); }
+static void ref_copy(tern_backend *be, void *dst, const void *src, size_t bytes) { (void)be; if (bytes) memmove(dst, src, bytes); }
+static void ref_sync(tern_backend *be) { (void)be; }
+static tern_status ref_upload_weight(tern_backend *be, tern_tensor *t, tern_error *err) {
+    (void)be;
+    tern_status s = tern_cpu_check_weight(t, err);
+    if (s == TERN_OK) t->device = -1;
+    return s;
+}
+static void ref_free_weight(tern_backend *be, tern_tensor *t) { (void)be; (void)t; }
+
+static void fill_nan(float *y, size_t n) { for (size_t i = 0; i < n; i++) y[i] = NAN; }
+
+/* ---- linear algebra ---- */
+
+/* y[n, out] = x[n, in] · W[mat]ᵀ */
+static void ref_matmul_mat(float *y, const float *x, int n, const tern_tensor *w, int mat) {
+    int64_t in = w->shape[w->ndim - 1], out = w->ndim >= 2 ? w->shape[w->ndim - 2] : 1;
+    float *row = malloc((size_t)in * sizeof *row);
+    if (!row) { fill_nan(y, (size_t)n * (size_t)out); return; }
+    for (int64_t o = 0; o < out; o++) {
+        tern_tensor_row_f32(w, (int64_t)mat * out + o, row);
+        for (int r = 0; r < n; r++) {
+            const float *xr = x + (size_t)r * (size_t)in;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < in; j++) acc += xr[j] * row[j];
+            y[(size_t)r * (size_t)out + (size_t)o] = acc;
+        }
+    }
+    free(row);
+}
+
+static void ref_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
+    (void)be;
+    ref_matmul_mat(y, x, n, w, 0);
+}
+
+static void ref_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e) {
+    (void)be;
+    ref_matmul_mat(y, x, n, w, e);
+}
+
+static void ref_embed(tern_backend *be, float *y, const int32_t *ids, int n, const tern_tensor *emb, float scale) {
+    (void)be;
+    int64_t V = emb->shape[0], H = emb->shape[emb->ndim - 1];
+    for (int r = 0; r < n; r++) {
+        float *yr = y + (size_t)r * (size_t)H;
+        if (ids[r] < 0 || ids[r] >= V) { memset(yr, 0, (size_t)H * sizeof *yr); continue; }
+        tern_tensor_row_f32(emb, ids[r], yr);
+        for (int64_t j = 0; j < H; j++) yr[j] *= scale;
+    }
+}
+
+static void ref_rmsnorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps) {
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * d;
+        float *yr = y + (size_t)r * d;
+        float ss = 0.0f;
+        for (int j = 0; j < d; j++) ss += xr[j] * xr[j];
+        float inv = 1.0f / sqrtf(ss / (float)d + eps);
+        for (int j = 0; j < d; j++) yr[j] = xr[j] * inv * (w ? w[j] : 1.0f);
+    }
+}
+
+static void ref_rope(tern_backend *be, float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq, float mscale) {
+    (void)be;
+    int half = d / 2;
+    for (int r = 0; r < n; r++)
+        for (int h = 0; h < nh; h++) {
+            float *v = x + ((size_t)r * nh + h) * d;
+            for (int i = 0; i < half; i++) {
+                float th = (float)pos[r] * inv_freq[i];
+                float c = cosf(th), s = sinf(th);
+                float a = v[i], b = v[i + half];
+                v[i] = (a * c - b * s) * mscale;
+                v[i + half] = (b * c + a * s) * mscale;
+            }
+        }
+}
+
+/* ---- paged KV ---- */
+
+/* Address of the K (or V) vector of head kvh at position p of slot s, or NULL if the block
+ * is not resident. */
+static float *kv_at(const tern_kv_layer *kv, void *pool, int s, int p, int kvh) {
+    if (s < 0 || p < 0 || p / kv->block_size >= kv->max_blocks) return NULL;
+    int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
+    if (blk < 0) return NULL;
+    size_t tok = (size_t)blk * kv->block_size + (size_t)(p % kv->block_size);
+    return (float *)pool + (tok * kv->n_head_kv + kvh) * kv->head_dim;
+}
+
+static void ref_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v) {
+    (void)be;
+    size_t hd = (size_t)kv->head_dim, nkv = (size_t)kv->n_head_kv;
+    for (int r = 0; r < rows->n; r++) {
+        float *kd = kv_at(kv, kv->k, rows->slot[r], rows->pos[r], 0);
+        float *vd = kv_at(kv, kv->v, rows->slot[r], rows->pos[r], 0);
+        if (!kd || !vd) continue;
+        memcpy(kd, k + (size_t)r * nkv * hd, nkv * hd * sizeof(float));
+        memcpy(vd, v + (size_t)r * nkv * hd, nkv * hd * sizeof(float));
+    }
+}
+
+static void ref_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
+                          const tern_kv_layer *kv, float scale, float softcap) {
+    (void)be;
+    int d = kv->head_dim, group = nh / kv->n_head_kv;
+    for (int r = 0; r < rows->n; r++) {
+        int a = rows->pos[r], s = rows->slot[r];
+        int lo = kv->window > 0 ? a - kv->window + 1 : 0;
+        if (lo < 0) lo = 0;
+        int nk = a - lo + 1;
+        float *sc = malloc((size_t)(nk > 0 ? nk : 1) * sizeof *sc);
+        for (int h = 0; h < nh; h++) {
+            const float *qv = q + ((size_t)r * nh + h) * d;
+            float *o = out + ((size_t)r * nh + h) * d;
+            if (!sc) { fill_nan(o, (size_t)d); continue; }
+            int kvh = h / group;
+            float m = -INFINITY;
+            for (int b = lo; b <= a; b++) {
+                const float *kk = kv_at(kv, kv->k, s, b, kvh);
+                if (!kk) { sc[b - lo] = -INFINITY; continue; }
+                float dot = 0.0f;
+                for (int i = 0; i < d; i++) dot += qv[i] * kk[i];
+                dot *= scale;
+                if (softcap > 0.0f) dot = softcap * tanhf(dot / softcap);
+                sc[b - lo] = dot;
+                if (dot > m) m = dot;
+            }
+            float sum = 0.0f;
+            for (int b = lo; b <= a; b++) {
+                sc[b - lo] = sc[b - lo] == -INFINITY ? 0.0f : expf(sc[b - lo] - m);
+                sum += sc[b - lo];
+            }
+            for (int i = 0; i < d; i++) o[i] = 0.0f;
+            for (int b = lo; b <= a; b++) {
+                const float *vv = kv_at(kv, kv->v, s, b, kvh);
+                if (!vv || sc[b - lo] == 0.0f) continue;
+                for (int i = 0; i < d; i++) o[i] += sc[b - lo] * vv[i];
+            }
+            if (sum > 0.0f)
+                for (int i = 0; i < d; i++) o[i] /= sum;
+        }
+        free(sc);
+    }
+}
+
+/* ---- elementwise ---- */
+
+float tern__gelu_tanh(float x); /* shared with the fast backend */
+float tern__gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+static void ref_add(tern_backend *be, float *y, const float *a, const float *b, size_t n) { (void)be; for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i]; }
+static void ref_mul(tern_backend *be, float *y, const float *a, const float *b, size_t n) { (void)be; for (size_t i = 0; i < n; i++) y[i] = a[i] * b[i]; }
+static void ref_scale(tern_backend *be, float *y, const float *x, float s, size_t n) { (void)be; for (size_t i = 0; i < n; i++) y[i] = x[i] * s; }
+static void ref_scale_dev(tern_backend *be, float *y, const float *x, const float *s, size_t n) { (void)be; float v = s[0]; for (size_t i = 0; i < n; i++) y[i] = x[i] * v; }
+static void ref_gelu_tanh_mul(tern_backend *be, float *y, const float *g, const float *u, size_t n) {
+    (void)be;
+    for (size_t i = 0; i < n; i++) y[i] = tern__gelu_tanh(g[i]) * (u ? u[i] : 1.0f);
+}
+static void ref_silu_mul(tern_backend *be, float *y, const float *g, const float *u, size_t n) {
+    (void)be;
+    for (size_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * (u ? u[i] : 1.0f);
+}
+static void ref_softcap(tern_backend *be, float *y, size_t n, float cap) { (void)be; for (size_t i = 0; i < n; i++) y[i] = cap * tanhf(y[i] / cap); }
+static void ref_add_bias(tern_backend *be, float *y, const float *bias, int n, int d) {
+    (void)be;
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < d; j++) y[(size_t)r * d + j] += bias[j];
+}
+static void ref_copy_cols(tern_backend *be, float *dst, const float *src, int n, int w, int ss, int off) {
+    (void)be;
+    for (int r = 0; r < n; r++) memmove(dst + (size_t)r * w, src + (size_t)r * ss + off, (size_t)w * sizeof(float));
+}
+
+/* ---- MoE ---- */
+
+void tern__route_topk_row(int32_t *idx, float *wts, const float *logits, int E, int k, const float *pes); /* shared */
+void tern__route_topk_row(int32_t *idx, float *wts, const float *logits, int E, int k, const float *pes) {
+    float m = -INFINITY, sum = 0.0f, ksum = 0.0f;
+    for (int e = 0; e < E; e++) if (logits[e] > m) m = logits[e];
+    for (int e = 0; e < E; e++) sum += expf(logits[e] - m);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        float bp = 0.0f;
+        for (int e = 0; e < E; e++) {
+            int used = 0;
+            for (int t = 0; t < j; t++) used |= idx[t] == e;
+            if (used) continue;
+            float p = expf(logits[e] - m) / sum;
+            if (best < 0 || p > bp) { best = e; bp = p; } /* strict >: lower index wins ties */
+        }
+        idx[j] = best;
+        wts[j] = bp;
+        ksum += bp;
+    }
+    for (int j = 0; j < k; j++) {
+        wts[j] = ksum > 0.0f ? wts[j] / ksum : 0.0f;
+        if (pes && idx[j] >= 0) wts[j] *= pes[idx[j]];
+    }
+}
+
+static void ref_route_topk(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
+                           int mode, const float *pes) {
+    (void)be; (void)mode;
+    for (int r = 0; r < n; r++) tern__route_topk_row(idx + (size_t)r * k, wts + (size_t)r * k, logits + (size_t)r * E, E, k, pes);
+}
+
+static void ref_moe_mlp(tern_backend *be, float *y, const float *x, int n, int H, const int32_t *idx, const float *wts,
+                        int k, const tern_tensor *gate, const tern_tensor *up, const tern_tensor *down, int act,
+                        float *scratch) {
+    int E = (int)gate->shape[0], I = (int)gate->shape[1];
+    float *g = scratch, *u = scratch + I, *o = malloc((size_t)H * sizeof *o);
+    memset(y, 0, (size_t)n * H * sizeof *y);
+    if (!o) { fill_nan(y, (size_t)n * H); return; }
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < k; j++) {
+            int e = idx[(size_t)r * k + j];
+            if (e < 0 || e >= E) continue;
+            const float *xr = x + (size_t)r * H;
+            ref_matmul_expert(be, g, xr, 1, gate, e);
+            ref_matmul_expert(be, u, xr, 1, up, e);
+            if (act == TERN_ACT_SILU) ref_silu_mul(be, g, g, u, (size_t)I);
+            else ref_gelu_tanh_mul(be, g, g, u, (size_t)I);
+            ref_matmul_expert(be, o, g, 1, down, e);
+            float w = wts[(size_t)r * k + j];
+            for (int i = 0; i < H; i++) y[(size_t)r * H + i] += w * o[i];
+        }
+    free(o);
+}
+
+static const tern_backend_vt ref_vt = {
+    .name = "cpu-ref",
+    .close = ref_close,
+    .alloc = ref_alloc,
+    .free = ref_free,
+    .upload = ref_copy,
+    .download = ref_copy,
+    .sync = ref_sync,
+    .upload_weight = ref_upload_weight,
+    .free_weight = ref_free_weight,
+    .matmul = ref_matmul,
+    .matmul_expert = ref_matmul_expert,
+    .embed = ref_embed,
+    .rmsnorm = ref_rmsnorm,
+    .rope = ref_rope,
+    .kv_write = ref_kv_write,
+    .attention = ref_attention,
+    .add = ref_add,
+    .mul = ref_mul,
+    .scale = ref_scale,
+    .scale_dev = ref_scale_dev,
+    .gelu_tanh_mul = ref_gelu_tanh_mul,
+    .silu_mul = ref_silu_mul,
+    .softcap = ref_softcap,
+    .add_bias = ref_add_bias,
+    .copy_cols = ref_copy_cols,
+    .route_topk = ref_route_topk,
+    .moe_mlp = ref_moe_mlp,
+};
+
+tern_status tern_backend_cpu_ref_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {
+    tern_backend *be = calloc(1, sizeof *be);
+    if (!be) return tern_err(err, TERN_ENOMEM, "cpu-ref backend: out of memory");
+    be->vt = &ref_vt;
+    be->device = -1;
+    be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
+    *out = be;
+    return TERN_OK;
+}

@@ -1,0 +1,298 @@
+/*
+ * attention.cu — paged KV cache write and attention (ops.h: kv_write, attention).
+ *
+ * One kernel serves prefill and decode. A block owns a set of query vectors: R batch rows
+ * (consecutive rows of one KV slot, tiled only when the host copies of slot/pos show it) times
+ * HB query heads of one KV-head group (GQA: heads h with h / (nh/n_head_kv) == g share the
+ * group's K/V), so every K/V tile read from the paged pool serves R*HB queries. Key tiles of T
+ * positions are staged in shared memory; each query keeps an online softmax (running max M,
+ * sum L, accumulator acc[d] in shared memory) in exact f32 with expf/tanhf.
+ * Masking per query: key position p' is visible iff p' <= pos and (window == 0 or
+ * p' > pos - window); keys whose block-table entry is < 0 are never read.
+ *
+ * Split-K (flash-decoding): when the (tile, group) blocks cannot fill the GPU — decode — each
+ * block's key range is cut into `splits` pieces handled by separate blocks; partial (M, L, acc)
+ * go to the preallocated scratch `part` and a second kernel merges them. Head dims up to 512
+ * (d % 4 == 0); shared memory is sized per launch (up to ~140 KB at d = 512).
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <math.h>
+
+struct AttnArgs {
+    float *out;
+    const float *q;
+    const int32_t *pos, *slot;
+    int n, nh, nkv, d, G;
+    const float *kp, *vp;
+    const int32_t *bt;
+    int max_blocks, bs, window;
+    float scale, softcap;
+    int R, HB, T, splits, hsplit;
+    float *part; /* [splits][n][nh][d] accumulators, then [splits][n][nh][2] (M, L) */
+};
+
+__global__ void kv_write_kernel(float *kpool, float *vpool, const int32_t *bt, int max_blocks, int bs, int nkv,
+                                int d, const int32_t *pos, const int32_t *slot, int n, const float *k,
+                                const float *v) {
+    const size_t total = (size_t)n * nkv * d;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(t / ((size_t)nkv * d));
+        const size_t within = t % ((size_t)nkv * d);
+        const int p = pos[r], s = slot[r];
+        if (p < 0 || p / bs >= max_blocks) continue;
+        const int blk = bt[(size_t)s * max_blocks + p / bs];
+        if (blk < 0) continue;
+        const size_t dst = ((size_t)blk * bs + p % bs) * nkv * d + within;
+        kpool[dst] = k[t];
+        vpool[dst] = v[t];
+    }
+}
+
+extern "C" void tern__cuda_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
+                                    const float *v) {
+    const size_t total = (size_t)rows->n * kv->n_head_kv * kv->head_dim;
+    if (!total) return;
+    cudaSetDevice(c->device);
+    size_t b = (total + 255) / 256;
+    kv_write_kernel<<<(unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, c->stream>>>(
+        (float *)kv->k, (float *)kv->v, kv->block_table, kv->max_blocks, kv->block_size, kv->n_head_kv,
+        kv->head_dim, rows->pos, rows->slot, rows->n, k, v);
+    tern__cuda_check(c, "kv_write");
+}
+
+__global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
+    extern __shared__ float sm[];
+    const int QV = a.R * a.HB, d = a.d, T = a.T, tid = threadIdx.x, nt = blockDim.x;
+    float *qs = sm, *acc = qs + QV * d, *Ks = acc + QV * d, *Vs = Ks + T * (d + 1), *S = Vs + T * d;
+    float *M = S + QV * T, *L = M + QV, *AL = L + QV;
+    int *qpos = (int *)(AL + QV), *qlo = qpos + QV;
+    __shared__ int range[2];
+
+    const int row0 = blockIdx.x * a.R;
+    const int g = blockIdx.y / a.hsplit, h0 = (blockIdx.y % a.hsplit) * a.HB;
+    const int slot = a.slot[row0];
+    /* query vectors: qv = ri * HB + hi -> row row0 + ri, head g*G + h0 + hi */
+    for (int qv = tid; qv < QV; qv += nt) {
+        const int ri = qv / a.HB, hi = qv % a.HB, r = row0 + ri;
+        const bool ok = r < a.n && h0 + hi < a.G;
+        const int p = ok ? a.pos[r] : -1;
+        qpos[qv] = p;
+        qlo[qv] = a.window > 0 ? max(0, p - a.window + 1) : 0;
+        M[qv] = -INFINITY;
+        L[qv] = 0.0f;
+    }
+    for (int idx = tid; idx < QV * d; idx += nt) {
+        const int qv = idx / d, i = idx % d, ri = qv / a.HB, hi = qv % a.HB, r = row0 + ri;
+        const bool ok = r < a.n && h0 + hi < a.G;
+        qs[idx] = ok ? a.q[((size_t)r * a.nh + g * a.G + h0 + hi) * d + i] : 0.0f;
+        acc[idx] = 0.0f;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int lo = 0x7fffffff, hi = -1;
+        for (int qv = 0; qv < QV; qv++)
+            if (qpos[qv] >= 0) {
+                lo = min(lo, qlo[qv]);
+                hi = max(hi, qpos[qv]);
+            }
+        if (hi >= 0 && a.splits > 1) {
+            const int len = hi - lo + 1;
+            int chunk = (len + a.splits - 1) / a.splits;
+            chunk = (chunk + T - 1) / T * T;
+            const int s0 = lo + blockIdx.z * chunk;
+            lo = s0;
+            hi = min(hi, s0 + chunk - 1);
+        }
+        range[0] = lo;
+        range[1] = hi;
+    }
+    __syncthreads();
+    const int lo = range[0], hi = range[1];
+    const int d4 = d / 4, kvstride = a.nkv * d;
+    const int32_t *btrow = a.bt + (size_t)slot * a.max_blocks;
+
+    for (int kb = lo; kb <= hi; kb += T) {
+        __syncthreads(); /* previous tile's PV is done with Ks/Vs/S */
+        for (int idx = tid; idx < T * d4; idx += nt) {
+            const int t = idx / d4, i4 = idx % d4, kpos = kb + t;
+            float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
+            if (kpos <= hi && kpos / a.bs < a.max_blocks) {
+                const int blk = btrow[kpos / a.bs];
+                if (blk >= 0) {
+                    const size_t off = ((size_t)blk * a.bs + kpos % a.bs) * kvstride + (size_t)g * d;
+                    kv4 = __ldg((const float4 *)(a.kp + off) + i4);
+                    vv4 = __ldg((const float4 *)(a.vp + off) + i4);
+                }
+            }
+            float *kr = Ks + t * (d + 1) + 4 * i4;
+            kr[0] = kv4.x; kr[1] = kv4.y; kr[2] = kv4.z; kr[3] = kv4.w;
+            *(float4 *)(Vs + t * d + 4 * i4) = vv4;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < QV * T; idx += nt) {
+            const int qv = idx / T, t = idx % T, kpos = kb + t, p = qpos[qv];
+            bool vis = p >= 0 && kpos <= hi && kpos <= p && kpos >= qlo[qv] && kpos / a.bs < a.max_blocks;
+            float s = -INFINITY;
+            if (vis && btrow[kpos / a.bs] >= 0) {
+                const float *qr = qs + qv * d, *kr = Ks + t * (d + 1);
+                float dot = 0.0f;
+                for (int i = 0; i < d; i++) dot = fmaf(qr[i], kr[i], dot);
+                s = dot * a.scale;
+                if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
+            }
+            S[idx] = s;
+        }
+        __syncthreads();
+        for (int qv = tid >> 5; qv < QV; qv += nt >> 5) {
+            const int lane = tid & 31;
+            float m = -INFINITY;
+            for (int t = lane; t < T; t += 32) m = fmaxf(m, S[qv * T + t]);
+            m = warp_max(m);
+            const float mold = M[qv], mnew = fmaxf(mold, m);
+            float sum = 0.0f;
+            for (int t = lane; t < T; t += 32) {
+                const float s = S[qv * T + t];
+                const float pr = s == -INFINITY ? 0.0f : expf(s - mnew);
+                S[qv * T + t] = pr;
+                sum += pr;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float al = mnew == -INFINITY ? 1.0f : expf(mold - mnew);
+                AL[qv] = al;
+                L[qv] = L[qv] * al + sum;
+                M[qv] = mnew;
+            }
+        }
+        __syncthreads();
+        for (int idx = tid; idx < QV * d; idx += nt) {
+            const int qv = idx / d, i = idx % d;
+            const float *pr = S + qv * T;
+            float v = acc[idx] * AL[qv];
+            for (int t = 0; t < T; t++) v = fmaf(pr[t], Vs[t * d + i], v);
+            acc[idx] = v;
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < QV * d; idx += nt) {
+        const int qv = idx / d, i = idx % d, ri = qv / a.HB, hi2 = qv % a.HB, r = row0 + ri;
+        if (r >= a.n || h0 + hi2 >= a.G) continue;
+        const int head = g * a.G + h0 + hi2;
+        const size_t o = ((size_t)r * a.nh + head) * d + i;
+        if (a.splits == 1) {
+            a.out[o] = L[qv] > 0.0f ? acc[idx] / L[qv] : 0.0f;
+        } else {
+            const size_t nrow = (size_t)a.n * a.nh;
+            a.part[(size_t)blockIdx.z * nrow * d + o] = acc[idx];
+            if (i == 0) {
+                float *ml = a.part + (size_t)a.splits * nrow * d + ((size_t)blockIdx.z * nrow + (size_t)r * a.nh + head) * 2;
+                ml[0] = M[qv];
+                ml[1] = L[qv];
+            }
+        }
+    }
+}
+
+__global__ void attn_merge_kernel(float *out, const float *part, int nrow, int d, int splits) {
+    const int rh = blockIdx.x;
+    const float *ml = part + (size_t)splits * nrow * d;
+    float mx = -INFINITY;
+    for (int z = 0; z < splits; z++) mx = fmaxf(mx, ml[((size_t)z * nrow + rh) * 2]);
+    float den = 0.0f;
+    for (int z = 0; z < splits; z++) {
+        const float m = ml[((size_t)z * nrow + rh) * 2], l = ml[((size_t)z * nrow + rh) * 2 + 1];
+        if (m != -INFINITY) den += l * expf(m - mx);
+    }
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float num = 0.0f;
+        for (int z = 0; z < splits; z++) {
+            const float m = ml[((size_t)z * nrow + rh) * 2];
+            if (m != -INFINITY) num += part[((size_t)z * nrow + rh) * d + i] * expf(m - mx);
+        }
+        out[(size_t)rh * d + i] = den > 0.0f ? num / den : 0.0f;
+    }
+}
+
+extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                                     const tern_kv_layer *kv, float scale, float softcap) {
+    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    if (n <= 0 || nh <= 0 || nkv <= 0 || nh % nkv || d <= 0 || d % 4 || d > 512) {
+        if (n > 0) tern_log(TERN_LOG_ERROR, "cuda attention: unsupported shape nh %d nkv %d d %d", nh, nkv, d);
+        return;
+    }
+    cudaSetDevice(c->device);
+    AttnArgs a = {};
+    a.out = out;
+    a.q = q;
+    a.pos = rows->pos;
+    a.slot = rows->slot;
+    a.n = n;
+    a.nh = nh;
+    a.nkv = nkv;
+    a.d = d;
+    a.G = nh / nkv;
+    a.kp = (const float *)kv->k;
+    a.vp = (const float *)kv->v;
+    a.bt = kv->block_table;
+    a.max_blocks = kv->max_blocks;
+    a.bs = kv->block_size;
+    a.window = kv->window;
+    a.scale = scale;
+    a.softcap = softcap;
+    a.T = d <= 128 ? 64 : d <= 256 ? 32 : 16;
+    const int qvmax = 8192 / d < 8 ? 8 : 8192 / d;
+    a.HB = a.G < qvmax ? a.G : qvmax;
+    a.hsplit = (a.G + a.HB - 1) / a.HB;
+    /* tile rows only when the host copies prove each tile is one slot */
+    a.R = 1;
+    if (rows->slot_host && rows->pos_host && n > 1) {
+        int R = qvmax / a.HB;
+        if (R > n) R = n;
+        while (R > 1) {
+            bool same = true;
+            for (int r = 0; r < n && same; r++) same = rows->slot_host[r] == rows->slot_host[r - r % R];
+            if (same) break;
+            R /= 2;
+        }
+        a.R = R < 1 ? 1 : R;
+    }
+    const int tiles = (n + a.R - 1) / a.R;
+    const long blocks = (long)tiles * nkv * a.hsplit;
+    long maxlen = (long)kv->max_blocks * kv->block_size;
+    if (rows->pos_host) {
+        maxlen = 1;
+        for (int r = 0; r < n; r++) maxlen = rows->pos_host[r] + 1 > maxlen ? rows->pos_host[r] + 1 : maxlen;
+        if (kv->window > 0 && maxlen > kv->window + a.R) maxlen = kv->window + a.R;
+    }
+    a.splits = 1;
+    if (blocks < c->n_sm) {
+        long s = (2L * c->n_sm + blocks - 1) / blocks;
+        long byk = (maxlen + 2L * a.T - 1) / (2L * a.T);
+        if (s > byk) s = byk;
+        if (s > 64) s = 64;
+        while (s > 1 && (size_t)s * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS) s /= 2;
+        a.splits = s < 1 ? 1 : (int)s;
+    }
+    a.part = c->part;
+    const int QV = a.R * a.HB;
+    const size_t smem = sizeof(float) * ((size_t)2 * QV * d + (size_t)a.T * (d + 1) + (size_t)a.T * d +
+                                         (size_t)QV * a.T + 3 * QV) + sizeof(int) * 2 * QV;
+    if (smem + 1024 > c->smem_optin) {
+        tern_log(TERN_LOG_ERROR, "cuda attention: %zu bytes of shared memory needed (d %d)", smem, d);
+        return;
+    }
+    static size_t configured[64]; /* per device: dynamic smem limit already raised to this */
+    if (smem > 48 * 1024 && (c->device >= 64 || configured[c->device] < smem)) {
+        cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (c->device < 64) configured[c->device] = smem;
+    }
+    dim3 grid((unsigned)tiles, (unsigned)(nkv * a.hsplit), (unsigned)a.splits);
+    attn_kernel<<<grid, 256, smem, c->stream>>>(a);
+    tern__cuda_check(c, "attention");
+    if (a.splits > 1) {
+        attn_merge_kernel<<<n * nh, d < 128 ? 64 : 128, 0, c->stream>>>(out, c->part, n * nh, d, a.splits);
+        tern__cuda_check(c, "attention merge");
+    }
+}

@@ -1,0 +1,102 @@
+/*
+ * cuda_internal.h — what the CUDA backend's files share (never included outside
+ * src/backend/cuda/). cuda_backend.c owns the state and the vtable; each .cu file holds one op
+ * family and exports plain C launchers named tern__cuda_<op>, all enqueued on the backend's
+ * single stream (ops are asynchronous; download() synchronizes).
+ *
+ * Memory plan: everything the decode path needs is allocated at open —
+ *   - `part`: split-K attention partials (PART_FLOATS floats),
+ *   - `lt_ws`: cuBLASLt workspace.
+ * The prefill GEMM path (n > TERN_CUDA_GEMV_MAX_N rows) uses `gemm_scratch` for dequantized
+ * weight chunks and bf16 activations; it is sized at open too (GEMM_SCRATCH_BYTES) and the
+ * GEMM works through the weight in row chunks that fit.
+ *
+ * Weights after upload_weight: one device allocation per tensor holding the packed data, then
+ * scales, then biases (256-byte aligned), all tightly packed (mat_stride = 0): 3-D stacks that
+ * were strided views are repacked on upload.
+ */
+#ifndef TERN_CUDA_INTERNAL_H
+#define TERN_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <cublasLt.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "ops/ops.h"
+
+#define TERN_CUDA_GEMV_MAX_N 8              /* rows at or below this use the GEMV kernels */
+#define TERN_CUDA_PART_FLOATS (8u << 20)    /* split-K partials: 32 MiB */
+#define TERN_CUDA_LT_WS_BYTES (32u << 20)   /* cuBLASLt workspace */
+#define TERN_CUDA_GEMM_SCRATCH_BYTES (256u << 20)
+
+typedef struct tern__cuda {
+    int device;
+    tern_compute compute;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    float *part;                 /* split-K partials */
+    void *gemm_scratch;          /* dequantized weight chunks + bf16 activations */
+    int n_sm;
+    size_t smem_optin;           /* max dynamic shared memory per block */
+    cudaError_t sticky;          /* first asynchronous error seen (reported by sync/download) */
+} tern__cuda;
+
+/* Weight view the kernels take: element dtype, quant params, pointers of matrix e. */
+typedef struct tern__cuda_w {
+    tern_dtype dtype, sdtype;
+    int bits, group_size;
+    int out, in;                 /* logical rows / inputs of one matrix */
+    int nmat;                    /* matrices in the stack (1 for 2-D) */
+    const void *data, *scales, *biases; /* matrix 0 */
+    size_t mat_bytes, mat_bytes_s;      /* bytes between matrices (tight) */
+} tern__cuda_w;
+
+void tern__cuda_wview(const tern_tensor *t, tern__cuda_w *w);
+void tern__cuda_check(tern__cuda *c, const char *what); /* record launch errors */
+
+/* gemv.cu / gemm.c */
+void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+/* Expert GEMV over np output rows p (y row p at y + p*ystride); term j < ksum of row p is
+ * pair q = p*ksum + j, using matrix idx[q] (skipped unless 0 <= idx[q] < nmat), activation row
+ * x + (q / xdiv) * xstride and coefficient wts[q] (1 when wts is NULL):
+ *   gate/up: ksum 1, xdiv k (pair -> token);  down: ksum k, xdiv 1, wts = router weights. */
+void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, const float *x, int xdiv, int np,
+                            const int32_t *idx, const float *wts, int ksum, const tern__cuda_w *w, int nmat,
+                            int xstride);
+/* Dequantize rows [r0, r0+m) of matrix e to f32 (bf16 = 0) or bf16 (bf16 = 1). */
+void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *w, int e, int r0, int m);
+void tern__cuda_f32_to_bf16(tern__cuda *c, void *dst, const float *x, size_t n);
+tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+
+/* norm.cu (norm, rope, elementwise, embed) */
+void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const tern__cuda_w *w, float scale);
+void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps);
+void tern__cuda_rope(tern__cuda *c, float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq,
+                     float mscale);
+enum { TERN__EW_ADD, TERN__EW_MUL, TERN__EW_SCALE, TERN__EW_SCALE_DEV, TERN__EW_GELU, TERN__EW_SILU,
+       TERN__EW_SOFTCAP };
+void tern__cuda_ew(tern__cuda *c, int op, float *y, const float *a, const float *b, float s, size_t n);
+void tern__cuda_add_bias(tern__cuda *c, float *y, const float *bias, int n, int d);
+void tern__cuda_copy_cols(tern__cuda *c, float *dst, const float *src, int n, int w, int ss, int off);
+
+/* attention.cu */
+void tern__cuda_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
+                         const float *v);
+void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                          const tern_kv_layer *kv, float scale, float softcap);
+
+/* moe.cu */
+void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
+                           int mode, const float *per_expert_scale);
+void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
+                        const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
+                        const tern__cuda_w *down, int act, float *scratch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

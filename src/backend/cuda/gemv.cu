@@ -1,0 +1,385 @@
+/*
+ * gemv.cu — matrix-vector products for decode (n <= 8 rows) over every stored weight format:
+ * F32, F16, BF16 and MLX affine Q (bits 2,3,4,5,6,8; groups 32/64/128; scales F32/F16/BF16).
+ * Also the dequantizer the prefill GEMM uses, and the matmul dispatcher (GEMV vs GEMM).
+ *
+ * Memory-bound design: a warp owns R weight rows; lane l walks "chunks" l, l+32, ... of the
+ * row (a chunk is 16-32 bytes: 32 codes of a Q row = `bits` 32-bit words, 16 bf16/f16, 8 f32),
+ * loads them with the widest aligned vector loads, decodes in registers and multiplies with up
+ * to NX activation rows read through the read-only cache. Owning R rows per warp reuses each
+ * activation load R times (activations are 8x the bytes of a q4 row, so R = 4 for Q).
+ * The arithmetic is exact f32: w = s*q + b in f32, then fmaf(w, x, acc); codes become floats by
+ * the exact 2^23 trick (or'ing the code into the mantissa of 8388608.0f and subtracting it).
+ *
+ * The same kernel serves MoE experts (`idx` != NULL): blockIdx.y is a (row, expert) pair or a
+ * row whose k expert terms are summed with router weights (down projection), so no atomics and
+ * the result does not depend on the batch. Shapes whose rows are not chunk-aligned take a
+ * simple warp-per-row kernel with the generic element decoder (the spec's rule, bit by bit).
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+struct GemvArgs {
+    const uint8_t *data, *scales, *biases;
+    size_t mat_bytes, mat_bytes_s;
+    int out, in, gs, gs_shift, sdtype, nmat;
+    int e;                 /* dense: matrix index */
+    const int32_t *idx;    /* expert mode when non-NULL */
+    const float *wts;
+    int ksum;              /* terms summed per output row (expert down: k; else 1) */
+    const float *x;
+    int xstride, xdiv;
+    float *y;
+    int ystride;
+    int n;                 /* dense: activation rows (<= NX) */
+};
+
+/* chunk geometry per kind: KIND 2..8 = Q bits, 16 = F16, 17 = BF16, 32 = F32 */
+template <int KIND> struct Kind {
+    static constexpr bool Q = KIND <= 8;
+    static constexpr int CH = Q ? 32 : (KIND == 32 ? 8 : 16); /* elements per chunk */
+    static constexpr int WORDS = Q ? KIND : 8;                /* 32-bit words per chunk */
+    static constexpr int ROWS = Q ? 4 : 2;                    /* rows per warp */
+};
+
+template <int KIND> __device__ __forceinline__ void load_chunk(const uint8_t *row, int c, uint32_t *wd) {
+    constexpr int W = Kind<KIND>::WORDS;
+    const uint8_t *p = row + (size_t)c * (W * 4);
+    if constexpr ((W * 4) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < W / 4; i++) {
+            uint4 v = __ldg((const uint4 *)p + i);
+            wd[4 * i] = v.x; wd[4 * i + 1] = v.y; wd[4 * i + 2] = v.z; wd[4 * i + 3] = v.w;
+        }
+    } else if constexpr ((W * 4) % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < W / 2; i++) {
+            uint2 v = __ldg((const uint2 *)p + i);
+            wd[2 * i] = v.x; wd[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) wd[i] = __ldg((const uint32_t *)p + i);
+    }
+}
+
+/* Decode elements SW*k .. SW*k+SW-1 of a chunk into w[SW]. */
+template <int KIND, int SW>
+__device__ __forceinline__ void decode(const uint32_t *wd, int k, float s, float b, float *w) {
+    if constexpr (Kind<KIND>::Q) {
+        constexpr unsigned mask = (1u << KIND) - 1u;
+#pragma unroll
+        for (int i = 0; i < SW; i++) {
+            const int bit = (SW * k + i) * KIND, word = bit >> 5, sh = bit & 31;
+            uint32_t v = wd[word] >> sh;
+            if (sh + KIND > 32) v |= wd[word + 1] << (32 - sh);
+            float q = __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f; /* exact */
+            w[i] = fmaf(s, q, b);
+        }
+    } else if constexpr (KIND == 17) {
+#pragma unroll
+        for (int i = 0; i < SW; i++) {
+            uint32_t v = wd[(SW * k + i) / 2];
+            w[i] = __uint_as_float((i & 1) ? (v & 0xffff0000u) : (v << 16));
+        }
+    } else if constexpr (KIND == 16) {
+#pragma unroll
+        for (int i = 0; i < SW; i++) {
+            uint32_t v = wd[(SW * k + i) / 2];
+            w[i] = __half2float(__ushort_as_half((unsigned short)((i & 1) ? (v >> 16) : (v & 0xffffu))));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < SW; i++) w[i] = __uint_as_float(wd[SW * k + i]);
+    }
+}
+
+/* Weights of chunk c for the warp's R rows (+ the Q group's scale and bias). */
+template <int KIND, int R> struct Chunk {
+    uint32_t wd[R][Kind<KIND>::WORDS];
+    float s[R], b[R];
+};
+
+template <int KIND, int R>
+__device__ __forceinline__ void fetch(Chunk<KIND, R> &ch, const GemvArgs &a, const uint8_t *mat, const uint8_t *smat,
+                                      const uint8_t *bmat, int o0, size_t rb, int ng, int c) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int o = o0 + r < a.out ? o0 + r : o0; /* clamp: rows past the end recompute o0 */
+        load_chunk<KIND>(mat + (size_t)o * rb, c, ch.wd[r]);
+        if constexpr (Kind<KIND>::Q) {
+            const int gi = o * ng + ((c * 32) >> a.gs_shift);
+            ch.s[r] = load_s(smat, a.sdtype, (size_t)gi);
+            ch.b[r] = load_s(bmat, a.sdtype, (size_t)gi);
+        } else {
+            ch.s[r] = ch.b[r] = 0.0f;
+        }
+    }
+}
+
+template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(GemvArgs a) {
+    using K = Kind<KIND>;
+    constexpr int R = K::ROWS, SW = NX >= 4 ? 4 : 8; /* sub-step width: fewer live x registers at large NX */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int o0 = (blockIdx.x * 4 + warp) * R;
+    if (o0 >= a.out) return;
+    const int p = blockIdx.y, nch = a.in / K::CH;
+    const size_t rb = (size_t)a.in * (K::Q ? KIND : (KIND == 32 ? 4 : 2)) / (K::Q ? 8 : 1);
+    const int ng = K::Q ? a.in >> a.gs_shift : 0;
+    float acc[R][NX], eacc[R]; /* eacc: expert mode (NX == 1) sums coef * term over the k terms */
+#pragma unroll
+    for (int r = 0; r < R; r++) eacc[r] = 0.0f;
+
+    const int terms = a.idx ? a.ksum : 1;
+    for (int j = 0; j < terms; j++) {
+        int e = a.e;
+        float coef = 1.0f;
+        const float *xb = a.x;
+        if (a.idx) {
+            const int pair = p * a.ksum + j;
+            e = a.idx[pair];
+            if (e < 0 || e >= a.nmat) continue;
+            if (a.wts) coef = a.wts[pair];
+            xb = a.x + (size_t)(pair / a.xdiv) * a.xstride;
+        }
+        const uint8_t *mat = a.data + (size_t)e * a.mat_bytes;
+        const uint8_t *smat = a.scales + (size_t)e * a.mat_bytes_s, *bmat = a.biases + (size_t)e * a.mat_bytes_s;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NX; t++) acc[r][t] = 0.0f;
+        Chunk<KIND, R> cur, nxt;
+        if (lane < nch) fetch<KIND, R>(cur, a, mat, smat, bmat, o0, rb, ng, lane);
+        for (int c = lane; c < nch; c += 32) {
+            if (c + 32 < nch) fetch<KIND, R>(nxt, a, mat, smat, bmat, o0, rb, ng, c + 32); /* in flight during the math */
+#pragma unroll
+            for (int k = 0; k < K::CH / SW; k++) {
+                float xv[NX][SW];
+#pragma unroll
+                for (int t = 0; t < NX; t++) {
+                    if (t < a.n || a.idx) {
+                        const float4 *xp = (const float4 *)(xb + (size_t)t * a.xstride + c * K::CH + SW * k);
+#pragma unroll
+                        for (int q4 = 0; q4 < SW / 4; q4++) {
+                            float4 u = __ldg(xp + q4);
+                            xv[t][4 * q4] = u.x; xv[t][4 * q4 + 1] = u.y; xv[t][4 * q4 + 2] = u.z; xv[t][4 * q4 + 3] = u.w;
+                        }
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < SW; i++) xv[t][i] = 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float w[SW];
+                    decode<KIND, SW>(cur.wd[r], k, cur.s[r], cur.b[r], w);
+#pragma unroll
+                    for (int t = 0; t < NX; t++)
+#pragma unroll
+                        for (int i = 0; i < SW; i++) acc[r][t] = fmaf(w[i], xv[t][i], acc[r][t]);
+                }
+            }
+            cur = nxt;
+        }
+        if constexpr (NX == 1) {
+#pragma unroll
+            for (int r = 0; r < R; r++) eacc[r] = fmaf(coef, acc[r][0], eacc[r]); /* dense: 1*acc + 0, exact */
+        }
+    }
+    if constexpr (NX == 1) {
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r][0] = eacc[r];
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NX; t++) acc[r][t] = warp_sum(acc[r][t]);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (o0 + r >= a.out) break;
+#pragma unroll
+            for (int t = 0; t < NX; t++)
+                if (t < a.n || (a.idx && t == 0)) a.y[(size_t)(p + t) * a.ystride + o0 + r] = acc[r][t];
+        }
+    }
+}
+
+/* Fallback for rows that are not chunk-aligned: warp per output row, generic decoder. */
+__global__ void gemv_generic_kernel(GemvArgs a, WDesc wdsc) {
+    const int lane = threadIdx.x & 31;
+    const int o = blockIdx.x * 4 + (threadIdx.x >> 5), p = blockIdx.y;
+    if (o >= a.out) return;
+    const int terms = a.idx ? a.ksum : 1, nx = a.idx ? 1 : a.n;
+    for (int t = 0; t < nx; t++) {
+        float acc = 0.0f;
+        for (int j = 0; j < terms; j++) {
+            int e = a.e;
+            float coef = 1.0f;
+            const float *xb = a.x + (size_t)t * a.xstride;
+            if (a.idx) {
+                const int pair = p * a.ksum + j;
+                e = a.idx[pair];
+                if (e < 0 || e >= a.nmat) continue;
+                if (a.wts) coef = a.wts[pair];
+                xb = a.x + (size_t)(pair / a.xdiv) * a.xstride;
+            }
+            float part = 0.0f;
+            for (int i = lane; i < a.in; i += 32) part = fmaf(welem(wdsc, e, o, i), xb[i], part);
+            acc = fmaf(coef, part, acc);
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) a.y[(size_t)(p + t) * a.ystride + o] = acc;
+    }
+}
+
+static int kind_of(const tern__cuda_w *w) {
+    switch (w->dtype) {
+    case TERN_DT_Q: return w->bits;
+    case TERN_DT_F16: return 16;
+    case TERN_DT_BF16: return 17;
+    default: return 32;
+    }
+}
+
+static int chunk_of(int kind) { return kind <= 8 ? 32 : (kind == 32 ? 8 : 16); }
+static int rows_of(int kind) { return kind <= 8 ? 4 : 2; }
+
+template <int KIND> static void launch_kind(cudaStream_t st, dim3 grid, const GemvArgs &a, int nx) {
+    switch (nx) {
+    case 1: gemv_kernel<KIND, 1><<<grid, 128, 0, st>>>(a); break;
+    case 2: gemv_kernel<KIND, 2><<<grid, 128, 0, st>>>(a); break;
+    case 4: gemv_kernel<KIND, 4><<<grid, 128, 0, st>>>(a); break;
+    default: gemv_kernel<KIND, 8><<<grid, 128, 0, st>>>(a); break;
+    }
+}
+
+static void launch(tern__cuda *c, GemvArgs &a, const tern__cuda_w *w, int gy, int nx) {
+    const int kind = kind_of(w), ch = chunk_of(kind);
+    const bool aligned = a.in % ch == 0 && ((uintptr_t)a.x & 15) == 0 && a.xstride % 4 == 0;
+    if (!aligned) {
+        dim3 grid((unsigned)((a.out + 3) / 4), (unsigned)gy);
+        gemv_generic_kernel<<<grid, 128, 0, c->stream>>>(a, make_wdesc(w));
+        tern__cuda_check(c, "gemv_generic");
+        return;
+    }
+    const int rpb = 4 * rows_of(kind);
+    dim3 grid((unsigned)((a.out + rpb - 1) / rpb), (unsigned)gy);
+    switch (kind) {
+    case 2: launch_kind<2>(c->stream, grid, a, nx); break;
+    case 3: launch_kind<3>(c->stream, grid, a, nx); break;
+    case 4: launch_kind<4>(c->stream, grid, a, nx); break;
+    case 5: launch_kind<5>(c->stream, grid, a, nx); break;
+    case 6: launch_kind<6>(c->stream, grid, a, nx); break;
+    case 8: launch_kind<8>(c->stream, grid, a, nx); break;
+    case 16: launch_kind<16>(c->stream, grid, a, nx); break;
+    case 17: launch_kind<17>(c->stream, grid, a, nx); break;
+    default: launch_kind<32>(c->stream, grid, a, nx); break;
+    }
+    tern__cuda_check(c, "gemv");
+}
+
+static GemvArgs base_args(const tern__cuda_w *w) {
+    GemvArgs a = {};
+    a.data = (const uint8_t *)w->data;
+    a.scales = (const uint8_t *)w->scales;
+    a.biases = (const uint8_t *)w->biases;
+    a.mat_bytes = w->mat_bytes;
+    a.mat_bytes_s = w->mat_bytes_s;
+    a.out = w->out;
+    a.in = w->in;
+    a.gs = w->group_size;
+    a.gs_shift = w->group_size == 32 ? 5 : w->group_size == 64 ? 6 : 7;
+    a.sdtype = w->sdtype;
+    a.nmat = 0x7fffffff;
+    a.ksum = 1;
+    a.xdiv = 1;
+    return a;
+}
+
+extern "C" void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
+    for (int r0 = 0; r0 < n; r0 += TERN_CUDA_GEMV_MAX_N) {
+        const int m = n - r0 < TERN_CUDA_GEMV_MAX_N ? n - r0 : TERN_CUDA_GEMV_MAX_N;
+        GemvArgs a = base_args(w);
+        a.e = e;
+        a.x = x + (size_t)r0 * w->in;
+        a.xstride = w->in;
+        a.y = y + (size_t)r0 * w->out;
+        a.ystride = w->out;
+        a.n = m;
+        launch(c, a, w, 1, m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8);
+    }
+}
+
+extern "C" void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, const float *x, int xdiv, int np,
+                                       const int32_t *idx, const float *wts, int ksum, const tern__cuda_w *w,
+                                       int nmat, int xstride) {
+    if (np <= 0) return;
+    if (ksum < 1) ksum = 1;
+    if (xdiv < 1) xdiv = 1;
+    const int step = 65535 / xdiv * xdiv; /* grid.y limit; chunks start on a token boundary */
+    for (int p0 = 0; p0 < np; p0 += step) {
+        GemvArgs a = base_args(w);
+        a.idx = idx + (size_t)p0 * ksum;
+        a.wts = wts ? wts + (size_t)p0 * ksum : NULL;
+        a.ksum = ksum;
+        a.nmat = nmat;
+        a.x = x + (size_t)p0 * ksum / xdiv * xstride;
+        a.xstride = xstride;
+        a.xdiv = xdiv;
+        a.y = y + (size_t)p0 * ystride;
+        a.ystride = ystride;
+        a.n = 1;
+        launch(c, a, w, np - p0 < step ? np - p0 : step, 1);
+    }
+}
+
+/* ---- dequantize rows for the GEMM path ---- */
+
+__global__ void dequant_kernel(void *dst, int bf16, WDesc w, int e, int r0, int m) {
+    const size_t total = (size_t)m * w.in;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(i / w.in), j = (int)(i % w.in);
+        const float v = welem(w, e, r0 + r, j);
+        if (bf16) ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(v);
+        else ((float *)dst)[i] = v;
+    }
+}
+
+__global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(x[i]);
+}
+
+extern "C" void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *w, int e, int r0, int m) {
+    size_t total = (size_t)m * w->in;
+    unsigned blocks = (unsigned)((total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536);
+    dequant_kernel<<<blocks ? blocks : 1, 256, 0, c->stream>>>(dst, bf16, make_wdesc(w), e, r0, m);
+    tern__cuda_check(c, "dequant");
+}
+
+extern "C" void tern__cuda_f32_to_bf16(tern__cuda *c, void *dst, const float *x, size_t n) {
+    unsigned blocks = (unsigned)((n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536);
+    f32_to_bf16_kernel<<<blocks ? blocks : 1, 256, 0, c->stream>>>((__nv_bfloat16 *)dst, x, n);
+    tern__cuda_check(c, "f32_to_bf16");
+}
+
+/* GEMV (weights read once per 8 rows) vs GEMM (cuBLASLt; non-native weights are dequantized
+ * first, which costs a write + read of the expanded matrix): the GEMV wins below the row count
+ * where re-reading the packed weight every 8 rows costs more than one expansion. */
+static int gemv_limit(const tern__cuda *c, const tern__cuda_w *w) {
+    const bool f32 = c->compute == TERN_COMPUTE_F32;
+    switch (w->dtype) {
+    case TERN_DT_F32: return 8;
+    case TERN_DT_BF16: return f32 ? 16 : 8;
+    case TERN_DT_F16: return 16;
+    default: return f32 ? 64 : 32;
+    }
+}
+
+extern "C" void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
+    if (n <= 0) return;
+    cudaSetDevice(c->device);
+    if (n > gemv_limit(c, w) && tern__cuda_gemm(c, y, x, n, w, e) == TERN_OK) return;
+    tern__cuda_gemv(c, y, x, n, w, e);
+}

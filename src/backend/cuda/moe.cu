@@ -1,0 +1,106 @@
+/*
+ * moe.cu — mixture-of-experts: router top-k and the gated expert MLP.
+ *
+ * route_topk: one warp per token. Softmax over E in f32 (max-subtracted, expf), then k rounds
+ * of a warp arg-max over the not-yet-chosen experts with the contract's tie rule (higher
+ * probability first, then lower expert index), renormalised over the k chosen, then multiplied
+ * by per_expert_scale. E <= 2048 (each lane tracks its chosen experts in a 64-bit mask).
+ *
+ * moe_mlp: grouped by (token, expert) pair through the expert GEMV of gemv.cu, so each pair
+ * reads its expert's rows straight from the packed stack (any dtype, Q included):
+ *   1. h_gate[p] = gate_{e_p} · x_{p/k},  h_up[p] = up_{e_p} · x_{p/k}     (p < n·k pairs)
+ *   2. h[p] = act(h_gate[p]) * h_up[p]                        (in scratch, [n·k][2I])
+ *   3. y[r] = Σ_j wts[r][j] · down_{e_rj} · h[r·k + j]        (summed in-kernel: no atomics)
+ * Deterministic and batch-invariant; for long prefills a sorted grouped GEMM would read each
+ * expert once instead of once per pair (open: see the report in tests/gpu).
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <math.h>
+
+__global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int n, int E, int k,
+                             const float *pes) {
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= n) return;
+    const float *l = logits + (size_t)r * E;
+    float m = -INFINITY;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) sum += expf(l[e] - m);
+    sum = warp_sum(sum);
+    unsigned long long chosen = 0;
+    float tot = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float bp = -1.0f;
+        int be = 0x7fffffff;
+        for (int e = lane, b = 0; e < E; e += 32, b++) {
+            if (chosen >> b & 1ull) continue;
+            const float p = expf(l[e] - m) / sum;
+            if (p > bp || (p == bp && e < be)) { bp = p; be = e; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (op > bp || (op == bp && oe < be)) { bp = op; be = oe; }
+        }
+        if (be < E && (be & 31) == lane) chosen |= 1ull << (be >> 5);
+        if (lane == 0) {
+            idx[(size_t)r * k + j] = be < E ? be : 0;
+            wts[(size_t)r * k + j] = bp > 0.0f ? bp : 0.0f;
+        }
+        tot += bp > 0.0f ? bp : 0.0f;
+    }
+    __syncwarp();
+    if (lane == 0)
+        for (int j = 0; j < k; j++) {
+            float w = tot > 0.0f ? wts[(size_t)r * k + j] / tot : 0.0f;
+            if (pes) w *= pes[idx[(size_t)r * k + j]];
+            wts[(size_t)r * k + j] = w;
+        }
+}
+
+extern "C" void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, const float *logits, int n, int E,
+                                      int k, int mode, const float *per_expert_scale) {
+    if (n <= 0 || k <= 0) return;
+    if (E <= 0 || E > 2048 || k > E || mode != TERN_ROUTE_SOFTMAX_TOPK) {
+        tern_log(TERN_LOG_ERROR, "cuda route_topk: unsupported E %d k %d mode %d", E, k, mode);
+        return;
+    }
+    cudaSetDevice(c->device);
+    route_kernel<<<(n + 3) / 4, 128, 0, c->stream>>>(idx, wts, logits, n, E, k, per_expert_scale);
+    tern__cuda_check(c, "route_topk");
+}
+
+__global__ void act_mul_kernel(float *h, size_t np, int I, int act) {
+    const size_t total = np * I;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
+        float *row = h + (t / I) * 2 * I;
+        const int i = (int)(t % I);
+        const float g = row[i];
+        row[i] = (act == TERN_ACT_SILU ? silu(g) : gelu_tanh(g)) * row[I + i];
+    }
+}
+
+extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
+                                   const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
+                                   const tern__cuda_w *down, int act, float *scratch) {
+    if (n <= 0 || k <= 0) return;
+    const int I = gate->out, E = gate->nmat, np = n * k;
+    if (gate->in != H || up->in != H || up->out != I || down->out != H || down->in != I) {
+        tern_log(TERN_LOG_ERROR, "cuda moe_mlp: shape mismatch H %d gate [%d,%d] up [%d,%d] down [%d,%d]", H,
+                 gate->out, gate->in, up->out, up->in, down->out, down->in);
+        return;
+    }
+    cudaSetDevice(c->device);
+    tern__cuda_gemv_expert(c, scratch, 2 * I, x, k, np, idx, NULL, 1, gate, E, H);
+    tern__cuda_gemv_expert(c, scratch + I, 2 * I, x, k, np, idx, NULL, 1, up, up->nmat, H);
+    const size_t total = (size_t)np * I;
+    size_t b = (total + 255) / 256;
+    act_mul_kernel<<<(unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, c->stream>>>(scratch, (size_t)np, I, act);
+    tern__cuda_check(c, "moe act");
+    tern__cuda_gemv_expert(c, y, H, scratch, 1, n, idx, wts, k, down, down->nmat, 2 * I);
+}

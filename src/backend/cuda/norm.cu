@@ -1,0 +1,144 @@
+/*
+ * norm.cu — the small memory-bound ops: embedding lookup (any weight format), RMSNorm, rotary
+ * embedding (NeoX half-split), the elementwise family (add, mul, scale, gelu_tanh·up, silu·up,
+ * softcap), bias add and strided column copy.
+ *
+ * All f32 with the accurate libm-style device functions (sqrtf, tanhf, expf, sincosf: no
+ * --use_fast_math, no rsqrtf/__expf), so results match the scalar reference to a few ulp.
+ * RMSNorm: one block per row, sum of squares reduced in f32 through shared memory.
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+static unsigned nblocks(size_t n, int threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
+}
+
+__global__ void embed_kernel(float *y, const int32_t *ids, WDesc w, float scale) {
+    const int r = blockIdx.x, id = ids[r];
+    const bool ok = id >= 0 && id < w.out;
+    for (int j = threadIdx.x; j < w.in; j += blockDim.x)
+        y[(size_t)r * w.in + j] = ok ? welem(w, 0, id, j) * scale : 0.0f;
+}
+
+extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const tern__cuda_w *w,
+                                 float scale) {
+    if (n <= 0) return;
+    cudaSetDevice(c->device);
+    embed_kernel<<<n, 256, 0, c->stream>>>(y, ids, make_wdesc(w), scale);
+    tern__cuda_check(c, "embed");
+}
+
+__global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, float eps) {
+    __shared__ float red[32];
+    const float *xr = x + (size_t)blockIdx.x * d;
+    float *yr = y + (size_t)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) ss = fmaf(xr[j], xr[j], ss);
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(red[0] / (float)d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = w ? xr[j] * inv * w[j] : xr[j] * inv;
+}
+
+extern "C" void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w,
+                                   float eps) {
+    if (rows <= 0 || d <= 0) return;
+    cudaSetDevice(c->device);
+    const int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 128;
+    rmsnorm_kernel<<<rows, threads, 0, c->stream>>>(y, x, d, w, eps);
+    tern__cuda_check(c, "rmsnorm");
+}
+
+__global__ void rope_kernel(float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq,
+                            float mscale) {
+    const int half = d / 2;
+    const size_t total = (size_t)n * nh * half;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)(t % half);
+        const size_t rh = t / half;
+        const int r = (int)(rh / nh);
+        float *v = x + rh * d;
+        const float f = inv_freq[i];
+        float x0 = v[i], x1 = v[i + half];
+        if (f != 0.0f) {
+            const float th = (float)pos[r] * f;
+            float s, co;
+            sincosf(th, &s, &co);
+            const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
+            x0 = a;
+            x1 = b;
+        }
+        v[i] = x0 * mscale;
+        v[i + half] = x1 * mscale;
+    }
+}
+
+extern "C" void tern__cuda_rope(tern__cuda *c, float *x, int n, int nh, int d, const int32_t *pos,
+                                const float *inv_freq, float mscale) {
+    const size_t total = (size_t)n * nh * (d / 2);
+    if (!total) return;
+    cudaSetDevice(c->device);
+    rope_kernel<<<nblocks(total, 256), 256, 0, c->stream>>>(x, n, nh, d, pos, inv_freq, mscale);
+    tern__cuda_check(c, "rope");
+}
+
+__global__ void ew_kernel(int op, float *y, const float *a, const float *b, float s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float x = a[i];
+        float r;
+        switch (op) {
+        case TERN__EW_ADD: r = x + b[i]; break;
+        case TERN__EW_MUL: r = x * b[i]; break;
+        case TERN__EW_SCALE: r = x * s; break;
+        case TERN__EW_SCALE_DEV: r = x * b[0]; break;
+        case TERN__EW_GELU: r = b ? gelu_tanh(x) * b[i] : gelu_tanh(x); break;
+        case TERN__EW_SILU: r = b ? silu(x) * b[i] : silu(x); break;
+        default: r = s * tanhf(x / s); break; /* softcap */
+        }
+        y[i] = r;
+    }
+}
+
+extern "C" void tern__cuda_ew(tern__cuda *c, int op, float *y, const float *a, const float *b, float s, size_t n) {
+    if (!n) return;
+    cudaSetDevice(c->device);
+    ew_kernel<<<nblocks(n, 256), 256, 0, c->stream>>>(op, y, a, b, s, n);
+    tern__cuda_check(c, "elementwise");
+}
+
+__global__ void add_bias_kernel(float *y, const float *bias, int n, int d) {
+    const size_t total = (size_t)n * d;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % d];
+}
+
+extern "C" void tern__cuda_add_bias(tern__cuda *c, float *y, const float *bias, int n, int d) {
+    const size_t total = (size_t)n * d;
+    if (!total) return;
+    cudaSetDevice(c->device);
+    add_bias_kernel<<<nblocks(total, 256), 256, 0, c->stream>>>(y, bias, n, d);
+    tern__cuda_check(c, "add_bias");
+}
+
+__global__ void copy_cols_kernel(float *dst, const float *src, int n, int w, int ss, int off) {
+    const size_t total = (size_t)n * w;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[(i / w) * ss + off + i % w];
+}
+
+extern "C" void tern__cuda_copy_cols(tern__cuda *c, float *dst, const float *src, int n, int w, int ss, int off) {
+    const size_t total = (size_t)n * w;
+    if (!total) return;
+    cudaSetDevice(c->device);
+    copy_cols_kernel<<<nblocks(total, 256), 256, 0, c->stream>>>(dst, src, n, w, ss, off);
+    tern__cuda_check(c, "copy_cols");
+}

@@ -1,0 +1,70 @@
+/*
+ * presets.c — config.json strings of real geometries (see presets.h).
+ */
+#include "io/presets.h"
+
+#include <string.h>
+
+#define G4_ROPE "\"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0}," \
+    " \"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0}}"
+#define G4_COMMON "\"model_type\": \"gemma4_text\", \"vocab_size\": 262144, \"head_dim\": 256, \"global_head_dim\": 512," \
+    " \"rms_norm_eps\": 1e-06, \"final_logit_softcapping\": 30.0, \"tie_word_embeddings\": true," \
+    " \"hidden_activation\": \"gelu_pytorch_tanh\", \"bos_token_id\": 2, \"eos_token_id\": [1, 106], " G4_ROPE
+
+static const struct { const char *name, *json; } k_presets[] = {
+    {"gemma4-e2b", "{" G4_COMMON ", \"hidden_size\": 1536, \"num_hidden_layers\": 35, \"num_attention_heads\": 8,"
+                   " \"num_key_value_heads\": 1, \"intermediate_size\": 6144, \"sliding_window\": 512,"
+                   " \"num_kv_shared_layers\": 20, \"hidden_size_per_layer_input\": 256, \"vocab_size_per_layer_input\": 262144,"
+                   " \"use_double_wide_mlp\": true, \"sliding_window_pattern\": 5, \"max_position_embeddings\": 131072,"
+                   " \"layer_types\": [\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"full_attention\","
+                   "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"full_attention\","
+                   "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"full_attention\","
+                   "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"full_attention\","
+                   "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"full_attention\","
+                   "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"full_attention\","
+                   "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"full_attention\"]}"},
+    {"gemma4-e4b", "{" G4_COMMON ", \"hidden_size\": 2560, \"num_hidden_layers\": 42, \"num_attention_heads\": 8,"
+                   " \"num_key_value_heads\": 2, \"intermediate_size\": 10240, \"sliding_window\": 512,"
+                   " \"num_kv_shared_layers\": 18, \"hidden_size_per_layer_input\": 256, \"vocab_size_per_layer_input\": 262144,"
+                   " \"use_double_wide_mlp\": false, \"max_position_embeddings\": 131072}"},
+    {"gemma4-12b", "{" G4_COMMON ", \"hidden_size\": 3840, \"num_hidden_layers\": 48, \"num_attention_heads\": 16,"
+                   " \"num_key_value_heads\": 8, \"num_global_key_value_heads\": 1, \"attention_k_eq_v\": true,"
+                   " \"intermediate_size\": 15360, \"sliding_window\": 1024, \"num_kv_shared_layers\": 0,"
+                   " \"hidden_size_per_layer_input\": 0, \"max_position_embeddings\": 262144}"},
+    {"gemma4-26b-a4b", "{" G4_COMMON ", \"hidden_size\": 2816, \"num_hidden_layers\": 30, \"num_attention_heads\": 16,"
+                   " \"num_key_value_heads\": 8, \"num_global_key_value_heads\": 2, \"attention_k_eq_v\": true,"
+                   " \"intermediate_size\": 2112, \"sliding_window\": 1024, \"num_kv_shared_layers\": 0,"
+                   " \"hidden_size_per_layer_input\": 0, \"enable_moe_block\": true, \"num_experts\": 128,"
+                   " \"top_k_experts\": 8, \"moe_intermediate_size\": 704, \"max_position_embeddings\": 262144}"},
+    {"gemma4-31b", "{" G4_COMMON ", \"hidden_size\": 5376, \"num_hidden_layers\": 60, \"num_attention_heads\": 32,"
+                   " \"num_key_value_heads\": 16, \"num_global_key_value_heads\": 4, \"attention_k_eq_v\": true,"
+                   " \"intermediate_size\": 21504, \"sliding_window\": 1024, \"num_kv_shared_layers\": 0,"
+                   " \"hidden_size_per_layer_input\": 0, \"max_position_embeddings\": 262144}"},
+    {"llama3-8b", "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 128256,"
+                  " \"hidden_size\": 4096, \"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
+                  " \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, \"tie_word_embeddings\": false,"
+                  " \"max_position_embeddings\": 131072, \"bos_token_id\": 128000, \"eos_token_id\": 128001,"
+                  " \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+                  " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}"},
+    {"llama3-1b", "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 128256,"
+                  " \"hidden_size\": 2048, \"intermediate_size\": 8192, \"num_hidden_layers\": 16, \"num_attention_heads\": 32,"
+                  " \"num_key_value_heads\": 8, \"head_dim\": 64, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0,"
+                  " \"tie_word_embeddings\": true, \"max_position_embeddings\": 131072, \"bos_token_id\": 128000,"
+                  " \"eos_token_id\": 128001, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0,"
+                  " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}"},
+    {"qwen3-0.6b", "{\"model_type\": \"qwen3\", \"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 151936,"
+                   " \"hidden_size\": 1024, \"intermediate_size\": 3072, \"num_hidden_layers\": 28, \"num_attention_heads\": 16,"
+                   " \"num_key_value_heads\": 8, \"head_dim\": 128, \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0,"
+                   " \"tie_word_embeddings\": true, \"max_position_embeddings\": 40960, \"bos_token_id\": 151643,"
+                   " \"eos_token_id\": 151645}"},
+};
+
+const char *tern_preset_config(const char *name) {
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+        if (name && !strcmp(name, k_presets[i].name)) return k_presets[i].json;
+    return NULL;
+}
+
+const char *tern_preset_names(void) {
+    return "gemma4-e2b gemma4-e4b gemma4-12b gemma4-26b-a4b gemma4-31b llama3-8b llama3-1b qwen3-0.6b";
+}

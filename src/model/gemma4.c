@@ -1,0 +1,290 @@
+/*
+ * gemma4.c — Gemma 4 text decoder (gemma4, gemma4_text, gemma4_unified), written to read like
+ * reference/gemma4.md §4 / transformers' modeling_gemma4.py.
+ *
+ *   h = E[id]·√H                              (+ per-layer embeddings when P > 0)
+ *   per layer: h += norm(o_proj(attn(rope(norm_q(q)), rope(norm_k(k)), norm0(v))))
+ *              h += norm(mlp(norm(h)))         (MoE layers: dense MLP ∥ routed experts, 3 norms)
+ *              h += norm(W_p · (gelu(W_g · h) ⊙ ple[l]))   (P > 0)
+ *              h *= layer_scalar
+ *   logits = softcap(E · norm(h))
+ *
+ * Attention scale is 1.0; sliding layers see the last W positions; KV-shared layers (the last
+ * num_kv_shared_layers) compute only q and read the donor's cache; k_eq_v layers take V from
+ * the raw K projection. Every per-layer quantity comes from cfg->layers[l] (config.c derives it).
+ */
+#include "model/internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct g4_layer {
+    float *in_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [H] */
+    float *q_norm, *k_norm;                                       /* [D] */
+    float *layer_scalar;                                          /* [1] */
+    tern_tensor wq, wk, wv, wo, gate, up, down;
+    /* MoE */
+    float *router_scale, *per_expert_scale, *pre_ff2_norm, *post_ff1_norm, *post_ff2_norm;
+    tern_tensor router, egate, eup, edown;
+    /* PLE */
+    tern_tensor ple_gate, ple_proj;
+    float *post_ple_norm;
+} g4_layer;
+
+typedef struct g4 {
+    tern_tensor embed, head, ple_embed, ple_model_proj;
+    float *final_norm, *ple_proj_norm;
+    g4_layer *L;
+    float *inv_full, *inv_sliding;  /* device [D/2] */
+    float mscale_full, mscale_sliding;
+    /* scratch [max_batch, ...] */
+    float *x, *xn, *o, *q, *k, *v, *att, *g, *u, *x2, *m2, *lg, *wts, *moe_scratch;
+    int32_t *idx;
+    float *ple, *pa, *pg, *pt;
+    float *xs, *logits;
+    int logit_rows;
+} g4;
+
+#define NAME(buf, ...) (snprintf(buf, sizeof buf, __VA_ARGS__), buf)
+
+static tern_status load_layer(tern_model *m, tern_weights *ws, int l, g4_layer *L, tern_error *err) {
+    const tern_model_config *c = &m->cfg;
+    const tern_layer_config *lc = &c->layers[l];
+    int H = c->n_embd, D = lc->head_dim, nH = c->n_head, nKV = lc->n_head_kv, I = lc->n_ff;
+    int shared = lc->kv_src != l;
+    char n[160];
+    tern_status s;
+#define VEC(dst, len, ...) if ((s = tern__load_vec(m, ws, NAME(n, __VA_ARGS__), (len), 0, &(dst), err))) return s
+#define MAT(dst, o, i, ...) if ((s = tern__load_matrix(m, ws, NAME(n, __VA_ARGS__), (o), (i), &(dst), err))) return s
+#define STACK(dst, e, o, i, ...) if ((s = tern__load_stack(m, ws, NAME(n, __VA_ARGS__), (e), (o), (i), &(dst), err))) return s
+    VEC(L->in_norm, H, "layers.%d.input_layernorm", l);
+    VEC(L->post_attn_norm, H, "layers.%d.post_attention_layernorm", l);
+    VEC(L->pre_ff_norm, H, "layers.%d.pre_feedforward_layernorm", l);
+    VEC(L->post_ff_norm, H, "layers.%d.post_feedforward_layernorm", l);
+    VEC(L->q_norm, D, "layers.%d.self_attn.q_norm", l);
+    VEC(L->layer_scalar, 1, "layers.%d.layer_scalar", l);
+    MAT(L->wq, (int64_t)nH * D, H, "layers.%d.self_attn.q_proj", l);
+    MAT(L->wo, H, (int64_t)nH * D, "layers.%d.self_attn.o_proj", l);
+    if (!shared) {
+        VEC(L->k_norm, D, "layers.%d.self_attn.k_norm", l);
+        MAT(L->wk, (int64_t)nKV * D, H, "layers.%d.self_attn.k_proj", l);
+        if (!lc->k_eq_v) MAT(L->wv, (int64_t)nKV * D, H, "layers.%d.self_attn.v_proj", l);
+    } else {
+        /* checkpoints keep K/V projections of KV-shared layers; they are unused */
+        tern_weights_ignore(ws, NAME(n, "layers.%d.self_attn.k_", l));
+        tern_weights_ignore(ws, NAME(n, "layers.%d.self_attn.v_", l));
+    }
+    MAT(L->gate, I, H, "layers.%d.mlp.gate_proj", l);
+    MAT(L->up, I, H, "layers.%d.mlp.up_proj", l);
+    MAT(L->down, H, I, "layers.%d.mlp.down_proj", l);
+    if (lc->moe) {
+        int E = c->n_expert, Ie = c->n_ff_expert;
+        float *rs;
+        VEC(rs, H, "layers.%d.router.scale", l);
+        /* fold H^-1/2 into the router scale: z = norm0(r) · scale · H^-1/2 */
+        float *host = malloc(sizeof(float) * (size_t)H);
+        if (!host) return tern_err(err, TERN_ENOMEM, "out of memory");
+        m->be->vt->download(m->be, host, rs, sizeof(float) * (size_t)H);
+        float root = 1.0f / sqrtf((float)H);
+        for (int i = 0; i < H; i++) host[i] *= root;
+        m->be->vt->upload(m->be, rs, host, sizeof(float) * (size_t)H);
+        free(host);
+        L->router_scale = rs;
+        VEC(L->per_expert_scale, E, "layers.%d.router.per_expert_scale", l);
+        VEC(L->pre_ff2_norm, H, "layers.%d.pre_feedforward_layernorm_2", l);
+        VEC(L->post_ff1_norm, H, "layers.%d.post_feedforward_layernorm_1", l);
+        VEC(L->post_ff2_norm, H, "layers.%d.post_feedforward_layernorm_2", l);
+        MAT(L->router, E, H, "layers.%d.router.proj", l);
+        STACK(L->egate, E, Ie, H, "layers.%d.experts.gate", l);
+        STACK(L->eup, E, Ie, H, "layers.%d.experts.up", l);
+        STACK(L->edown, E, H, Ie, "layers.%d.experts.down", l);
+    }
+    if (c->ple_dim > 0) {
+        int P = c->ple_dim;
+        MAT(L->ple_gate, P, H, "layers.%d.per_layer_input_gate", l);
+        MAT(L->ple_proj, H, P, "layers.%d.per_layer_projection", l);
+        VEC(L->post_ple_norm, H, "layers.%d.post_per_layer_input_norm", l);
+    }
+    return TERN_OK;
+#undef VEC
+#undef MAT
+#undef STACK
+}
+
+static tern_status g4_load(tern_model *m, tern_weights *ws, tern_error *err) {
+    const tern_model_config *c = &m->cfg;
+    int H = c->n_embd, V = c->n_vocab, N = c->n_layer, B = m->max_batch, P = c->ple_dim;
+    g4 *g = calloc(1, sizeof *g);
+    if (!g) return tern_err(err, TERN_ENOMEM, "out of memory");
+    m->arch = g;
+    g->L = calloc((size_t)N, sizeof *g->L);
+    if (!g->L) return tern_err(err, TERN_ENOMEM, "out of memory");
+    tern_status s;
+    if ((s = tern__load_matrix(m, ws, "embed_tokens", V, H, &g->embed, err))) return s;
+    if ((s = tern__load_vec(m, ws, "norm", H, 0, &g->final_norm, err))) return s;
+    if ((s = tern__load_head(m, ws, &g->embed, &g->head, err))) return s;
+    if (P > 0) {
+        if ((s = tern__load_matrix(m, ws, "embed_tokens_per_layer", c->ple_vocab, (int64_t)N * P, &g->ple_embed, err))) return s;
+        if ((s = tern__load_matrix(m, ws, "per_layer_model_projection", (int64_t)N * P, H, &g->ple_model_proj, err))) return s;
+        if ((s = tern__load_vec(m, ws, "per_layer_projection_norm", P, 0, &g->ple_proj_norm, err))) return s;
+    }
+    int Dmax = 1, KVDmax = 1, Imax = 1;
+    for (int l = 0; l < N; l++) {
+        const tern_layer_config *lc = &c->layers[l];
+        if ((s = load_layer(m, ws, l, &g->L[l], err))) return s;
+        Dmax = TERN_MAX(Dmax, c->n_head * lc->head_dim);
+        KVDmax = TERN_MAX(KVDmax, lc->n_head_kv * lc->head_dim);
+        Imax = TERN_MAX(Imax, lc->n_ff);
+    }
+    /* rope tables: one per layer type (head dims are uniform within a type) */
+    int Df = 0, Ds = 0;
+    for (int l = 0; l < N; l++) {
+        if (c->layers[l].type == TERN_LAYER_FULL) Df = c->layers[l].head_dim;
+        else Ds = c->layers[l].head_dim;
+    }
+    float host[1024];
+    if (Df) {
+        if (Df / 2 > 1024) return tern_err(err, TERN_EUNSUPPORTED, "head_dim %d too large", Df);
+        if ((s = tern__rope_inv_freq(&c->rope_full, Df, 0, host, &g->mscale_full, err))) return s;
+        if (!(g->inv_full = tern__upload_f32(m, host, (size_t)Df / 2, err))) return TERN_ENOMEM;
+    }
+    if (Ds) {
+        if (Ds / 2 > 1024) return tern_err(err, TERN_EUNSUPPORTED, "head_dim %d too large", Ds);
+        if ((s = tern__rope_inv_freq(&c->rope_sliding, Ds, 0, host, &g->mscale_sliding, err))) return s;
+        if (!(g->inv_sliding = tern__upload_f32(m, host, (size_t)Ds / 2, err))) return TERN_ENOMEM;
+    }
+    /* scratch */
+    g->logit_rows = (int)TERN_MAX(1, TERN_MIN((int64_t)B, (int64_t)(64u << 20) / ((int64_t)V * 4)));
+#define SCR(p, cnt) if (!((p) = TERN_ALLOC_F(m, (size_t)(cnt), err))) return TERN_ENOMEM
+    SCR(g->x, (size_t)B * H); SCR(g->xn, (size_t)B * H); SCR(g->o, (size_t)B * H);
+    SCR(g->q, (size_t)B * Dmax); SCR(g->att, (size_t)B * Dmax);
+    SCR(g->k, (size_t)B * KVDmax); SCR(g->v, (size_t)B * KVDmax);
+    SCR(g->g, (size_t)B * Imax); SCR(g->u, (size_t)B * Imax);
+    SCR(g->xs, (size_t)g->logit_rows * H); SCR(g->logits, (size_t)g->logit_rows * V);
+    if (c->n_expert > 0) {
+        int E = c->n_expert, K = c->n_expert_used;
+        SCR(g->x2, (size_t)B * H); SCR(g->m2, (size_t)B * H); SCR(g->lg, (size_t)B * E); SCR(g->wts, (size_t)B * K);
+        SCR(g->moe_scratch, (size_t)B * K * 2 * c->n_ff_expert);
+        if (!(g->idx = tern__alloc(m, sizeof(int32_t) * (size_t)B * K, err))) return TERN_ENOMEM;
+    }
+    if (P > 0) {
+        SCR(g->ple, (size_t)B * N * P); SCR(g->pa, (size_t)B * N * P); SCR(g->pg, (size_t)B * P); SCR(g->pt, (size_t)B * P);
+    }
+#undef SCR
+    return TERN_OK;
+}
+
+static void g4_free(tern_model *m) {
+    g4 *g = m->arch;
+    if (!g) return;
+    free(g->L);
+    free(g);
+    m->arch = NULL;
+}
+
+static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, const int *want, int n_want,
+                              float *logits, tern_error *err) {
+    const tern_model_config *c = &m->cfg;
+    const tern_backend_vt *op = m->be->vt;
+    tern_backend *be = m->be;
+    g4 *g = m->arch;
+    int n = b->n, H = c->n_embd, N = c->n_layer, P = c->ple_dim, V = c->n_vocab;
+    float eps = (float)c->norm_eps;
+    tern_rows rows = {.n = n, .pos = m->d_pos, .slot = m->d_slot, .pos_host = b->pos, .slot_host = b->slot};
+
+    /* embeddings: h0 = E[id]·√H (f32 √H; bf16-rounded in the bf16 compute mode, as transformers) */
+    float es = (float)c->embed_scale;
+    if (be->compute == TERN_COMPUTE_BF16) es = tern_bf16_to_f32(tern_f32_to_bf16(es));
+    if (b->tokens) op->embed(be, g->x, m->d_tokens, n, &g->embed, es);
+    else op->scale(be, g->x, m->d_embd, 1.0f, (size_t)n * H);
+
+    if (P > 0) {
+        if (!b->tokens) return tern_err(err, TERN_EUNSUPPORTED, "gemma4: per-layer embeddings need token ids, not embedding rows");
+        /* ple[t, l] = (norm(W_plmp·h0 · H^-1/2)[l] + E_ple[id][l]·√P) · 2^-1/2 */
+        op->embed(be, g->pa, m->d_tokens, n, &g->ple_embed, sqrtf((float)P));
+        op->matmul(be, g->ple, g->x, n, &g->ple_model_proj);
+        op->scale(be, g->ple, g->ple, 1.0f / sqrtf((float)H), (size_t)n * N * P);
+        op->rmsnorm(be, g->ple, g->ple, n * N, P, g->ple_proj_norm, eps);
+        op->add(be, g->ple, g->ple, g->pa, (size_t)n * N * P);
+        op->scale(be, g->ple, g->ple, 1.0f / sqrtf(2.0f), (size_t)n * N * P);
+    }
+
+    for (int l = 0; l < N; l++) {
+        const tern_layer_config *lc = &c->layers[l];
+        g4_layer *L = &g->L[l];
+        int D = lc->head_dim, nH = c->n_head, nKV = lc->n_head_kv, I = lc->n_ff;
+        int full = lc->type == TERN_LAYER_FULL;
+        const float *inv = full ? g->inv_full : g->inv_sliding;
+        float ms = full ? g->mscale_full : g->mscale_sliding;
+        const tern_kv_layer *kvl = tern_kv_view(kv, l);
+
+        /* (a) attention */
+        op->rmsnorm(be, g->xn, g->x, n, H, L->in_norm, eps);
+        op->matmul(be, g->q, g->xn, n, &L->wq);
+        op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
+        op->rope(be, g->q, n, nH, D, m->d_pos, inv, ms);
+        if (lc->kv_src == l) {
+            op->matmul(be, g->k, g->xn, n, &L->wk);
+            if (lc->k_eq_v) op->scale(be, g->v, g->k, 1.0f, (size_t)n * nKV * D); /* V = raw K projection */
+            else op->matmul(be, g->v, g->xn, n, &L->wv);
+            op->rmsnorm(be, g->k, g->k, n * nKV, D, L->k_norm, eps);
+            op->rope(be, g->k, n, nKV, D, m->d_pos, inv, ms);
+            op->rmsnorm(be, g->v, g->v, n * nKV, D, NULL, eps);
+            op->kv_write(be, kvl, &rows, g->k, g->v);
+        }
+        float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
+        op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
+        op->matmul(be, g->o, g->att, n, &L->wo);
+        op->rmsnorm(be, g->o, g->o, n, H, L->post_attn_norm, eps);
+        op->add(be, g->x, g->x, g->o, (size_t)n * H);
+
+        /* (b) feed-forward: dense MLP, and in MoE layers the routed experts beside it */
+        op->rmsnorm(be, g->xn, g->x, n, H, L->pre_ff_norm, eps);
+        op->matmul(be, g->g, g->xn, n, &L->gate);
+        op->matmul(be, g->u, g->xn, n, &L->up);
+        op->gelu_tanh_mul(be, g->g, g->g, g->u, (size_t)n * I);
+        op->matmul(be, g->o, g->g, n, &L->down);
+        if (lc->moe) {
+            int E = c->n_expert, K = c->n_expert_used;
+            op->rmsnorm(be, g->o, g->o, n, H, L->post_ff1_norm, eps);
+            op->rmsnorm(be, g->x2, g->x, n, H, L->router_scale, eps); /* norm0(r)·scale·H^-1/2 */
+            op->matmul(be, g->lg, g->x2, n, &L->router);
+            op->route_topk(be, g->idx, g->wts, g->lg, n, E, K, TERN_ROUTE_SOFTMAX_TOPK, L->per_expert_scale);
+            op->rmsnorm(be, g->x2, g->x, n, H, L->pre_ff2_norm, eps);
+            op->moe_mlp(be, g->m2, g->x2, n, H, g->idx, g->wts, K, &L->egate, &L->eup, &L->edown,
+                        TERN_ACT_GELU_TANH, g->moe_scratch);
+            op->rmsnorm(be, g->m2, g->m2, n, H, L->post_ff2_norm, eps);
+            op->add(be, g->o, g->o, g->m2, (size_t)n * H);
+        }
+        op->rmsnorm(be, g->o, g->o, n, H, L->post_ff_norm, eps);
+        op->add(be, g->x, g->x, g->o, (size_t)n * H);
+
+        /* (c) per-layer input gate */
+        if (P > 0) {
+            op->matmul(be, g->pg, g->x, n, &L->ple_gate);
+            op->copy_cols(be, g->pt, g->ple, n, P, N * P, l * P);
+            op->gelu_tanh_mul(be, g->pg, g->pg, g->pt, (size_t)n * P);
+            op->matmul(be, g->o, g->pg, n, &L->ple_proj);
+            op->rmsnorm(be, g->o, g->o, n, H, L->post_ple_norm, eps);
+            op->add(be, g->x, g->x, g->o, (size_t)n * H);
+        }
+        /* (d) layer scalar on the whole residual stream */
+        op->scale_dev(be, g->x, g->x, L->layer_scalar, (size_t)n * H);
+    }
+
+    /* logits for the requested rows, a chunk of rows at a time */
+    const tern_tensor *head = &g->head;
+    for (int i0 = 0; i0 < n_want; i0 += g->logit_rows) {
+        int nr = TERN_MIN(g->logit_rows, n_want - i0);
+        for (int i = 0; i < nr; i++) op->copy_cols(be, g->xs + (size_t)i * H, g->x + (size_t)want[i0 + i] * H, 1, H, H, 0);
+        op->rmsnorm(be, g->xs, g->xs, nr, H, g->final_norm, eps);
+        op->matmul(be, g->logits, g->xs, nr, head);
+        if (c->final_logit_softcap > 0) op->softcap(be, g->logits, (size_t)nr * V, (float)c->final_logit_softcap);
+        if (logits) op->download(be, logits + (size_t)i0 * V, g->logits, sizeof(float) * (size_t)nr * V);
+    }
+    return TERN_OK;
+}
+
+const tern_arch_impl tern__gemma4_impl = {"gemma4", g4_load, g4_forward, g4_free};

@@ -1,0 +1,326 @@
+/*
+ * model.c — the architecture-independent part of a model: dispatch by arch, weight-loading
+ * helpers (shape/dtype validation, upload, stats), RoPE frequency tables, and the forward
+ * driver that splits a batch into max_batch pieces (in order, so later rows see earlier
+ * rows' K/V exactly as in one pass) and picks the rows that want logits.
+ */
+#include "model/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int track(void ***arr, int *n, int *cap, void *p) {
+    if (*n == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        void **na = realloc(*arr, sizeof(void *) * (size_t)nc);
+        if (!na) return 0;
+        *arr = na;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = p;
+    return 1;
+}
+
+void *tern__alloc(tern_model *m, size_t bytes, tern_error *err) {
+    void *p = m->be->vt->alloc(m->be, bytes ? bytes : 16);
+    if (!p || !track(&m->allocs, &m->n_allocs, &m->cap_allocs, p)) {
+        if (p) m->be->vt->free(m->be, p);
+        tern_err(err, TERN_ENOMEM, "cannot allocate %zu bytes on the %s backend", bytes, m->be->vt->name);
+        return NULL;
+    }
+    return p;
+}
+
+float *tern__upload_f32(tern_model *m, const float *host, size_t n, tern_error *err) {
+    float *d = TERN_ALLOC_F(m, n, err);
+    if (d) m->be->vt->upload(m->be, d, host, n * sizeof(float));
+    return d;
+}
+
+static tern_status check_dtype(const tern_tensor *t, const char *name, tern_error *err) {
+    switch (t->dtype) {
+    case TERN_DT_F32: case TERN_DT_F16: case TERN_DT_BF16: case TERN_DT_Q: return TERN_OK;
+    default:
+        return tern_err(err, TERN_EUNSUPPORTED, "tensor '%s' (%s): dtype %s is not supported for a weight matrix",
+                        name, t->name ? t->name : "?", tern_dtype_name(t->dtype));
+    }
+}
+
+static tern_status upload(tern_model *m, tern_tensor *t, const char *name, tern_error *err) {
+    tern_status s = check_dtype(t, name, err);
+    if (s) return s;
+    int64_t ne = tern_tensor_nelem(t);
+    m->stats.n_params += ne;
+    int64_t rows = ne / t->shape[t->ndim - 1];
+    size_t bytes = (size_t)rows * tern_tensor_row_bytes(t);
+    if (t->dtype == TERN_DT_Q) bytes += 2 * (size_t)(ne / t->group_size) * tern_dtype_size(t->sdtype);
+    m->stats.bytes_by_dtype[t->dtype] += bytes;
+    if (strstr(name, "experts."))
+        m->stats.bytes_per_token += (double)bytes * m->cfg.n_expert_used / (m->cfg.n_expert ? m->cfg.n_expert : 1);
+    else if (!strcmp(name, "embed_tokens_per_layer") || (!strcmp(name, "embed_tokens") && !m->cfg.tie_embeddings))
+        m->stats.bytes_per_token += (double)bytes / (double)t->shape[0]; /* one row per token */
+    else
+        m->stats.bytes_per_token += (double)bytes;
+    s = m->be->vt->upload_weight(m->be, t, err);
+    if (s) return tern_err_wrap(err, s, "uploading '%s'", name);
+    tern_tensor *keep = malloc(sizeof *keep);
+    if (!keep) return tern_err(err, TERN_ENOMEM, "out of memory");
+    *keep = *t;
+    if (!track((void ***)&m->weights, &m->n_weights, &m->cap_weights, keep)) { free(keep); return tern_err(err, TERN_ENOMEM, "out of memory"); }
+    return TERN_OK;
+}
+
+tern_status tern__load_matrix(tern_model *m, tern_weights *ws, const char *name, int64_t out, int64_t in,
+                              tern_tensor *t, tern_error *err) {
+    int64_t shape[2] = {out, in};
+    tern_status s = tern_weights_get(ws, name, 2, shape, t, err);
+    return s ? s : upload(m, t, name, err);
+}
+
+tern_status tern__load_stack(tern_model *m, tern_weights *ws, const char *name, int64_t E, int64_t out,
+                             int64_t in, tern_tensor *t, tern_error *err) {
+    int64_t shape[3] = {E, out, in};
+    tern_status s = tern_weights_get(ws, name, 3, shape, t, err);
+    return s ? s : upload(m, t, name, err);
+}
+
+tern_status tern__load_head(tern_model *m, tern_weights *ws, const tern_tensor *embed, tern_tensor *head,
+                            tern_error *err) {
+    int64_t shape[2] = {m->cfg.n_vocab, m->cfg.n_embd};
+    if (m->cfg.tie_embeddings) {
+        int has = tern_weights_try(ws, "lm_head", 2, shape, head, err);
+        if (has < 0) return (tern_status)has;
+        *head = *embed;
+        return TERN_OK;
+    }
+    return tern__load_matrix(m, ws, "lm_head", shape[0], shape[1], head, err);
+}
+
+tern_status tern__load_vec(tern_model *m, tern_weights *ws, const char *name, int64_t n, int optional,
+                           float **dev, tern_error *err) {
+    tern_tensor t;
+    int64_t shape[1] = {n};
+    *dev = NULL;
+    int found = tern_weights_try(ws, name, 1, shape, &t, err);
+    if (found < 0) return (tern_status)found;
+    if (!found) return optional ? TERN_OK : tern_err(err, TERN_ENOTFOUND, "missing tensor '%s'", name);
+    if (t.dtype != TERN_DT_F32 && t.dtype != TERN_DT_F16 && t.dtype != TERN_DT_BF16 && t.dtype != TERN_DT_F64)
+        return tern_err(err, TERN_EUNSUPPORTED, "tensor '%s': dtype %s not supported for a vector", name, tern_dtype_name(t.dtype));
+    float *host = malloc(sizeof(float) * (size_t)n);
+    if (!host) return tern_err(err, TERN_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++) host[i] = tern_load_f32(t.data, t.dtype, (size_t)i);
+    m->stats.n_params += n;
+    m->stats.bytes_by_dtype[t.dtype] += (size_t)n * tern_dtype_size(t.dtype);
+    *dev = tern__upload_f32(m, host, (size_t)n, err);
+    free(host);
+    return *dev ? TERN_OK : TERN_ENOMEM;
+}
+
+/* ---- RoPE ---------------------------------------------------------------------------- */
+
+static double yarn_find_dim(double n_rot, int D, double base, int orig) {
+    return (D * log((double)orig / (n_rot * 2.0 * M_PI))) / (2.0 * log(base));
+}
+
+tern_status tern__rope_inv_freq(const tern_rope_params *rp, int D, int max_pos, float *inv, float *mscale,
+                                tern_error *err) {
+    int half = D / 2;
+    *mscale = 1.0f;
+    double factor = rp->factor > 0 ? rp->factor : 1.0;
+    float base = (float)rp->theta;
+    switch (rp->type) {
+    case TERN_ROPE_NONE:
+        for (int i = 0; i < half; i++) inv[i] = 0.0f;
+        return TERN_OK;
+    case TERN_ROPE_DEFAULT:
+    case TERN_ROPE_LINEAR:
+    case TERN_ROPE_DYNAMIC:
+    case TERN_ROPE_LLAMA3:
+    case TERN_ROPE_YARN: {
+        double prf = rp->partial_rotary_factor > 0 ? rp->partial_rotary_factor : 1.0;
+        if (prf != 1.0)
+            return tern_err(err, TERN_EUNSUPPORTED, "rope: partial_rotary_factor %g is not supported for this rope type", prf);
+        if (rp->type == TERN_ROPE_DYNAMIC && rp->original_max_pos > 0 && max_pos + 1 > rp->original_max_pos) {
+            /* transformers' dynamic NTK: grow the base with the sequence length */
+            double seq = max_pos + 1;
+            double b = rp->theta * pow(factor * seq / rp->original_max_pos - (factor - 1), (double)D / (D - 2));
+            base = (float)b;
+        }
+        /* fp32 as transformers: 1 / base^(arange(0, D, 2) / D) */
+        for (int i = 0; i < half; i++) inv[i] = 1.0f / powf(base, (float)(2 * i) / (float)D);
+        if (rp->type == TERN_ROPE_LINEAR)
+            for (int i = 0; i < half; i++) inv[i] = (float)(inv[i] / factor);
+        if (rp->type == TERN_ROPE_LLAMA3) {
+            double lf = rp->low_freq_factor > 0 ? rp->low_freq_factor : 1.0;
+            double hf = rp->high_freq_factor > 0 ? rp->high_freq_factor : 4.0;
+            double old = rp->original_max_pos > 0 ? rp->original_max_pos : 8192;
+            double low_wl = old / lf, high_wl = old / hf;
+            for (int i = 0; i < half; i++) {
+                double f = inv[i], wl = 2 * M_PI / f, nf;
+                if (wl < high_wl) nf = f;
+                else if (wl > low_wl) nf = f / factor;
+                else {
+                    double smooth = (old / wl - lf) / (hf - lf);
+                    nf = (1 - smooth) * f / factor + smooth * f;
+                }
+                inv[i] = (float)nf;
+            }
+        }
+        if (rp->type == TERN_ROPE_YARN) {
+            int orig = rp->original_max_pos > 0 ? rp->original_max_pos : 4096;
+            double bf = rp->beta_fast > 0 ? rp->beta_fast : 32, bs = rp->beta_slow > 0 ? rp->beta_slow : 1;
+            double lo = floor(yarn_find_dim(bf, D, rp->theta, orig)), hi = ceil(yarn_find_dim(bs, D, rp->theta, orig));
+            if (lo < 0) lo = 0;
+            if (hi > D - 1) hi = D - 1;
+            if (lo == hi) hi += 0.001;
+            for (int i = 0; i < half; i++) {
+                double ramp = ((double)i - lo) / (hi - lo);
+                ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+                double extrap_mask = 1 - ramp;
+                double f = inv[i];
+                inv[i] = (float)(f / factor * (1 - extrap_mask) + f * extrap_mask);
+            }
+            double af = rp->attention_factor;
+            if (af <= 0) {
+                if (rp->mscale > 0 && rp->mscale_all_dim > 0) {
+                    double a = factor <= 1 ? 1 : 0.1 * rp->mscale * log(factor) + 1;
+                    double b2 = factor <= 1 ? 1 : 0.1 * rp->mscale_all_dim * log(factor) + 1;
+                    af = a / b2;
+                } else af = factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
+            }
+            *mscale = (float)af;
+        }
+        return TERN_OK;
+    }
+    case TERN_ROPE_PROPORTIONAL: {
+        double p = rp->partial_rotary_factor > 0 ? rp->partial_rotary_factor : 1.0;
+        int R = (int)(p * D / 2); /* rotated pairs; exponent over the full D (gemma4.md §3.3) */
+        for (int i = 0; i < half; i++)
+            inv[i] = i < R ? (float)((1.0f / powf(base, (float)(2 * i) / (float)D)) / factor) : 0.0f;
+        return TERN_OK;
+    }
+    }
+    return tern_err(err, TERN_EUNSUPPORTED, "rope type %d not supported", (int)rp->type);
+}
+
+/* ---- load / free / forward --------------------------------------------------------- */
+
+static const tern_arch_impl *impl_for(tern_arch a) {
+    switch (a) {
+    case TERN_ARCH_GEMMA4: return &tern__gemma4_impl;
+    case TERN_ARCH_LLAMA: case TERN_ARCH_QWEN2: case TERN_ARCH_QWEN3: return &tern__llama_impl;
+    default: return NULL;
+    }
+}
+
+tern_status tern_model_load_from(tern_model **out, const tern_model_config *cfg, tern_weights *ws,
+                                 tern_backend *be, const tern_model_opts *opts, tern_error *err) {
+    *out = NULL;
+    const tern_arch_impl *impl = impl_for(cfg->arch);
+    if (!impl) return tern_err(err, TERN_EUNSUPPORTED, "architecture '%s' (%s) is not supported yet", cfg->model_type, tern_arch_name(cfg->arch));
+    tern_model *m = calloc(1, sizeof *m);
+    if (!m) return tern_err(err, TERN_ENOMEM, "out of memory");
+    m->cfg = *cfg;
+    m->be = be;
+    m->impl = impl;
+    m->max_batch = opts && opts->max_batch > 0 ? opts->max_batch : 512;
+    tern_status s = TERN_OK;
+    if (!(m->d_tokens = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
+        !(m->d_pos = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
+        !(m->d_slot = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
+        !(m->d_embd = TERN_ALLOC_F(m, (size_t)m->max_batch * cfg->n_embd, err)))
+        s = TERN_ENOMEM;
+    if (!s) s = impl->load(m, ws, err);
+    if (!s) {
+        const char *names[16];
+        int nu = tern_weights_unused(ws, names, 16);
+        for (int i = 0; i < nu && i < 16; i++) tern_log(TERN_LOG_WARN, "unexpected tensor '%s' (not used by %s)", names[i], impl->name);
+        if (nu > 16) tern_log(TERN_LOG_WARN, "... and %d more unexpected tensors", nu - 16);
+    }
+    if (s) { tern_model_free(m); return s; }
+    *out = m;
+    return TERN_OK;
+}
+
+tern_status tern_model_load(tern_model **out, const char *dir, tern_backend *be, const tern_model_opts *opts,
+                            tern_error *err) {
+    *out = NULL;
+    tern_model_config *cfg = calloc(1, sizeof *cfg);
+    if (!cfg) return tern_err(err, TERN_ENOMEM, "out of memory");
+    tern_weights *ws = NULL;
+    tern_status s = tern_config_load(cfg, dir, err);
+    if (!s) s = tern_weights_open(&ws, dir, cfg, err);
+    if (!s) s = tern_model_load_from(out, cfg, ws, be, opts, err);
+    if (s) {
+        tern_weights_close(ws);
+        tern_config_free(cfg);
+        free(cfg);
+        return s;
+    }
+    (*out)->own_cfg = cfg;
+    (*out)->own_ws = ws;
+    return TERN_OK;
+}
+
+void tern_model_free(tern_model *m) {
+    if (!m) return;
+    if (m->impl && m->impl->free) m->impl->free(m);
+    for (int i = 0; i < m->n_weights; i++) {
+        if (m->be->vt->free_weight) m->be->vt->free_weight(m->be, m->weights[i]);
+        free(m->weights[i]);
+    }
+    for (int i = 0; i < m->n_allocs; i++) m->be->vt->free(m->be, m->allocs[i]);
+    free(m->weights);
+    free(m->allocs);
+    tern_weights_close(m->own_ws);
+    if (m->own_cfg) { tern_config_free(m->own_cfg); free(m->own_cfg); }
+    free(m);
+}
+
+const tern_model_config *tern_model_cfg(const tern_model *m) { return &m->cfg; }
+tern_backend *tern_model_backend(const tern_model *m) { return m->be; }
+void tern_model_get_stats(const tern_model *m, tern_model_stats *st) { *st = m->stats; }
+
+tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err) {
+    if (b->n <= 0) return TERN_OK;
+    if (b->span) return tern_err(err, TERN_EUNSUPPORTED, "bidirectional spans are not supported yet");
+    if (!b->tokens && !b->embd) return tern_err(err, TERN_EINVAL, "batch has neither tokens nor embeddings");
+    for (int r = 0; r < b->n; r++) {
+        if (b->tokens && (b->tokens[r] < 0 || b->tokens[r] >= m->cfg.n_vocab))
+            return tern_err(err, TERN_EINVAL, "token id %d at row %d is outside the vocabulary [0, %d)", b->tokens[r], r, m->cfg.n_vocab);
+        if (b->pos[r] < 0 || b->pos[r] >= tern_kv_max_ctx(kv))
+            return tern_err(err, TERN_EINVAL, "position %d at row %d is outside the context [0, %d)", b->pos[r], r, tern_kv_max_ctx(kv));
+        if (b->slot[r] < 0 || b->slot[r] >= tern_kv_n_slots(kv))
+            return tern_err(err, TERN_EINVAL, "slot %d at row %d is out of range", b->slot[r], r);
+    }
+    tern_kv_sync(kv);
+    int want_idx[1024];
+    size_t out_off = 0;
+    for (int r0 = 0; r0 < b->n; r0 += m->max_batch) {
+        int n = TERN_MIN(m->max_batch, b->n - r0);
+        tern_batch sub = *b;
+        sub.n = n;
+        sub.tokens = b->tokens ? b->tokens + r0 : NULL;
+        sub.embd = b->embd ? b->embd + (size_t)r0 * m->cfg.n_embd : NULL;
+        sub.pos = b->pos + r0;
+        sub.slot = b->slot + r0;
+        sub.want = b->want ? b->want + r0 : NULL;
+        if (sub.tokens) m->be->vt->upload(m->be, m->d_tokens, sub.tokens, sizeof(int32_t) * (size_t)n);
+        if (sub.embd) m->be->vt->upload(m->be, m->d_embd, sub.embd, sizeof(float) * (size_t)n * m->cfg.n_embd);
+        m->be->vt->upload(m->be, m->d_pos, sub.pos, sizeof(int32_t) * (size_t)n);
+        m->be->vt->upload(m->be, m->d_slot, sub.slot, sizeof(int32_t) * (size_t)n);
+        /* logits rows in chunks of at most 1024 */
+        int n_want = 0;
+        for (int r = 0; r < n; r++) if (!sub.want || sub.want[r]) n_want++;
+        int *wi = n_want <= (int)TERN_ARRAY_LEN(want_idx) ? want_idx : malloc(sizeof(int) * (size_t)n_want);
+        if (!wi) return tern_err(err, TERN_ENOMEM, "out of memory");
+        n_want = 0;
+        for (int r = 0; r < n; r++) if (!sub.want || sub.want[r]) wi[n_want++] = r;
+        tern_status s = m->impl->forward(m, &sub, kv, wi, n_want, logits ? logits + out_off : NULL, err);
+        if (wi != want_idx) free(wi);
+        if (s) return s;
+        out_off += (size_t)n_want * m->cfg.n_vocab;
+    }
+    return TERN_OK;
+}

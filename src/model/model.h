@@ -1,0 +1,61 @@
+/*
+ * model.h — a loaded model: config + weights on a backend + a forward pass over a batch.
+ *
+ * The forward pass takes a batch of rows from several sequences at once (row = token or an
+ * embedding row, absolute position, KV slot), writes each row's K/V into the paged cache
+ * (src/runtime/kv.h) and returns final logits (after softcap) for the rows that ask for them.
+ * Each architecture lives in its own file (gemma4.c, llama.c) behind tern_arch_impl;
+ * model.c holds what they share (loading helpers, scratch, rope tables).
+ */
+#ifndef TERN_MODEL_H
+#define TERN_MODEL_H
+
+#include "io/config.h"
+#include "io/weights.h"
+#include "ops/ops.h"
+#include "runtime/kv.h"
+
+typedef struct tern_batch {
+    int n;                    /* rows */
+    const int32_t *tokens;    /* [n] token ids, or NULL when embd is given */
+    const float *embd;        /* [n, n_embd] input embedding rows (host f32) or NULL */
+    const int32_t *pos;       /* [n] absolute positions */
+    const int32_t *slot;      /* [n] KV slots */
+    const uint8_t *want;      /* [n] 1 = return logits for this row; NULL = every row */
+    const int32_t *span;      /* reserved for bidirectional spans (image tokens); must be NULL */
+} tern_batch;
+
+typedef struct tern_model tern_model;
+
+typedef struct tern_model_opts {
+    int max_batch;            /* rows per forward the scratch is sized for (default 512) */
+} tern_model_opts;
+
+/* Load DIR (config.json + safetensors) onto backend `be`. Every expected tensor is checked
+ * for presence, shape and dtype before anything is computed. */
+tern_status tern_model_load(tern_model **out, const char *dir, tern_backend *be,
+                            const tern_model_opts *opts, tern_error *err);
+/* Same from an already-parsed config and weight store (used by the demo and random models;
+ * takes ownership of neither). */
+tern_status tern_model_load_from(tern_model **out, const tern_model_config *cfg, tern_weights *ws,
+                                 tern_backend *be, const tern_model_opts *opts, tern_error *err);
+void tern_model_free(tern_model *m);
+
+const tern_model_config *tern_model_cfg(const tern_model *m);
+tern_backend *tern_model_backend(const tern_model *m);
+
+/* One forward step. logits: host [n_want, n_vocab] (rows in batch order). The KV of every row is
+ * written; tern_kv_reserve must have been called for each slot's positions. On error the
+ * cache contents for these positions are unspecified but nothing else changes. */
+tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err);
+
+/* Parameter count and bytes by stored dtype, for `tern info`. */
+typedef struct tern_model_stats {
+    int64_t n_params;
+    size_t bytes_by_dtype[TERN_DT_COUNT];
+    double bytes_per_token;   /* weight bytes one decode step reads (experts: K/E of them;
+                                 embedding tables count once only when they are the tied head) */
+} tern_model_stats;
+void tern_model_get_stats(const tern_model *m, tern_model_stats *st);
+
+#endif

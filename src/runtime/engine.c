@@ -1,0 +1,261 @@
+/*
+ * engine.c — the public engine API of include/tern.h: backend + model + tokenizer + KV pool +
+ * scheduler + the queue that connects other threads to the engine thread.
+ *
+ * What runs where: tern_engine_submit / cancel / stop / pending / get_stats touch only the
+ * queue (queue.c, one mutex) and immutable facts, so any thread may call them. Everything
+ * else (step, run, close, tokenize's caller is free but cheap) runs on the engine thread: a
+ * step drains the queue into the scheduler, runs one scheduler step (sched.c) and publishes
+ * a statistics snapshot back into the queue. tern_engine_run sleeps on the queue's condition
+ * variable whenever the scheduler has nothing to do.
+ *
+ * Model names: a directory, or "demo" (NULL) which resolve_model() turns into the embedded
+ * demo model's directory; that is the one hook for names that are not paths.
+ */
+#include "tern.h"
+
+#include "base/base.h"
+#include "base/file.h"
+#include "io/demo.h"
+#include "model/model.h"
+#include "runtime/kv.h"
+#include "runtime/queue.h"
+#include "runtime/sched.h"
+#include "text/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CANCEL_BATCH 64
+
+struct tern_engine {
+    tern_backend *be;
+    tern_model *m;
+    tern_kv *kv;
+    tern_sched *s;
+    tern__queue q;
+    int q_ok;
+    tern_tokenizer *tok;
+    int has_template;
+    char dir[4096];
+    char name[256];
+    char arch[32];
+    uint64_t cancel_ids[CANCEL_BATCH];
+};
+
+tern_engine_opts tern_engine_default_opts(void) {
+    tern_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.device = "auto";
+    o.max_concurrency = 8;
+    o.max_batch_tokens = 512;
+    o.kv_quant = "off";
+    return o;
+}
+
+tern_request tern_request_default(void) {
+    tern_request r;
+    memset(&r, 0, sizeof r);
+    r.max_tokens = 256;
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_p = 1.0f;
+    r.sampling.repetition_penalty = 1.0f;
+    r.sampling.penalty_last_n = -1;
+    return r;
+}
+
+/* The one place that maps model names that are not directories ("demo", NULL). */
+static tern_status resolve_model(const char *model, char *dir, size_t n, tern_error *err) {
+    return tern_model_path_resolve(model, dir, n, err);
+}
+
+static tern_status open_backend(tern_engine *e, const tern_engine_opts *o, tern_error *err) {
+    const char *dev = o->device && *o->device ? o->device : "auto";
+    if (strcmp(dev, "cpu") && strcmp(dev, "cuda") && strcmp(dev, "auto"))
+        return tern_err(err, TERN_EINVAL, "engine opts.device: expected cpu, cuda or auto, got '%s'", dev);
+    tern_backend_opts bo = {.n_threads = o->n_threads, .device = 0,
+                            .compute = o->compute_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32};
+    if (strcmp(dev, "cpu")) {
+        tern_error ce = {0};
+        tern_status st = tern_backend_cuda_open(&e->be, &bo, &ce);
+        if (st && !strcmp(dev, "cuda")) { if (err) *err = ce; return st; }
+        if (!st) return TERN_OK;
+    }
+    return tern_backend_cpu_open(&e->be, &bo, err);
+}
+
+/* has_chat_template: a chat_template.jinja file, or a "chat_template" key in tokenizer_config.json. */
+static int find_template(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+    if (tern_is_file(p)) return 1;
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    char *txt = NULL;
+    size_t len = 0;
+    if (tern_file_read(p, (size_t)64 << 20, &txt, &len, NULL)) return 0;
+    int has = strstr(txt, "\"chat_template\"") != NULL;
+    free(txt);
+    return has;
+}
+
+static tern_status check_opts(const tern_engine_opts *o, tern_error *err) {
+    if (o->max_concurrency < 0 || o->max_concurrency > 4096)
+        return tern_err(err, TERN_EINVAL, "engine opts.max_concurrency: %d outside [1, 4096]", o->max_concurrency);
+    if (o->max_ctx < 0) return tern_err(err, TERN_EINVAL, "engine opts.max_ctx: %d is negative", o->max_ctx);
+    if (o->max_batch_tokens < 0 || o->max_batch_tokens > (1 << 20))
+        return tern_err(err, TERN_EINVAL, "engine opts.max_batch_tokens: %d outside [1, 1048576]", o->max_batch_tokens);
+    if (!(o->kv_memory_gb >= 0 && o->kv_memory_gb < 1e6))
+        return tern_err(err, TERN_EINVAL, "engine opts.kv_memory_gb: %g is not a size", o->kv_memory_gb);
+    if (o->n_threads < 0) return tern_err(err, TERN_EINVAL, "engine opts.n_threads: %d is negative", o->n_threads);
+    if (o->kv_quant && *o->kv_quant && strcmp(o->kv_quant, "off"))
+        return tern_err(err, TERN_EUNSUPPORTED, "engine opts.kv_quant: '%s' is not supported yet (only \"off\")", o->kv_quant);
+    return TERN_OK;
+}
+
+tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, tern_error *err) {
+    if (!out) return tern_err(err, TERN_EINVAL, "tern_engine_open: out is NULL");
+    *out = NULL;
+    tern_engine_opts o = opts ? *opts : tern_engine_default_opts();
+    tern_status st = check_opts(&o, err);
+    if (st) return st;
+    if (!o.max_concurrency) o.max_concurrency = 8;
+    if (!o.max_batch_tokens) o.max_batch_tokens = 512;
+    if (o.max_batch_tokens < o.max_concurrency) o.max_batch_tokens = o.max_concurrency;
+
+    tern_engine *e = calloc(1, sizeof *e);
+    if (!e) return tern_err(err, TERN_ENOMEM, "engine: out of memory");
+    if ((st = tern__queue_init(&e->q, err))) { free(e); return st; }
+    e->q_ok = 1;
+    if ((st = resolve_model(o.model, e->dir, sizeof e->dir, err))) goto fail;
+    snprintf(e->name, sizeof e->name, "%s", !o.model || !strcmp(o.model, "demo") ? "demo" : tern_path_base(e->dir));
+    if ((st = open_backend(e, &o, err))) goto fail;
+    tern_model_opts mo = {.max_batch = o.max_batch_tokens};
+    if ((st = tern_model_load(&e->m, e->dir, e->be, &mo, err))) goto fail;
+    const tern_model_config *c = tern_model_cfg(e->m);
+    snprintf(e->arch, sizeof e->arch, "%s", tern_arch_name(c->arch));
+    tern_kv_opts ko = {.n_slots = o.max_concurrency, .max_ctx = o.max_ctx,
+                       .memory = (size_t)(o.kv_memory_gb * 1073741824.0)};
+    if ((st = tern_kv_open(&e->kv, e->be, c, &ko, err))) goto fail;
+    tern_sched_opts so = {.max_concurrency = o.max_concurrency, .max_batch_tokens = o.max_batch_tokens};
+    if ((st = tern__sched_open(&e->s, e->m, e->kv, &so, err))) goto fail;
+    char tp[4200];
+    snprintf(tp, sizeof tp, "%s/tokenizer.json", e->dir);
+    if (tern_is_file(tp)) {
+        tern_error te = {0};
+        if (tern_tokenizer_load(&e->tok, e->dir, &te))
+            tern_log(TERN_LOG_WARN, "engine: tokenizer not loaded (%s); token ids only", te.msg);
+    }
+    e->has_template = find_template(e->dir);
+    tern_engine_stats st0;
+    tern__sched_stats(e->s, &st0);
+    tern__queue_publish(&e->q, &st0);
+    *out = e;
+    return TERN_OK;
+fail:
+    tern_engine_close(e);
+    return st;
+}
+
+void tern_engine_close(tern_engine *e) {
+    if (!e) return;
+    if (e->s && e->q_ok) {
+        int n = 0;
+        tern__qitem *list = tern__queue_drain(&e->q, e->cancel_ids, CANCEL_BATCH, &n);
+        tern__sched_add(e->s, list, NULL, 0);
+        tern__queue_done(&e->q, tern__sched_cancel_all(e->s));
+    }
+    tern__sched_close(e->s);
+    tern_kv_close(e->kv);
+    tern_model_free(e->m);
+    tern_backend_close(e->be);
+    tern_tokenizer_free(e->tok);
+    if (e->q_ok) tern__queue_free(&e->q);
+    free(e);
+}
+
+tern_status tern_engine_submit(tern_engine *e, const tern_request *r, uint64_t *id, tern_error *err) {
+    if (id) *id = 0;
+    if (!e) return tern_err(err, TERN_EINVAL, "tern_engine_submit: engine is NULL");
+    tern__req *q = NULL;
+    tern_status st = tern__req_new(e->s, r, &q, err);
+    if (st) return st;
+    uint64_t got = tern__queue_push(&e->q, &q->q);
+    if (id) *id = got;
+    return TERN_OK;
+}
+
+void tern_engine_cancel(tern_engine *e, uint64_t id) {
+    if (e) tern__queue_cancel(&e->q, id);
+}
+
+tern_status tern_engine_step(tern_engine *e, tern_error *err) {
+    if (!e) return tern_err(err, TERN_EINVAL, "tern_engine_step: engine is NULL");
+    int n_cancel = 0, n_done = 0;
+    tern__qitem *list = tern__queue_drain(&e->q, e->cancel_ids, CANCEL_BATCH, &n_cancel);
+    tern__sched_add(e->s, list, e->cancel_ids, n_cancel);
+    tern_status st = tern__sched_step(e->s, &n_done, err);
+    if (n_done) tern__queue_done(&e->q, n_done);
+    tern_engine_stats ss;
+    tern__sched_stats(e->s, &ss);
+    tern__queue_publish(&e->q, &ss);
+    return st;
+}
+
+int tern_engine_pending(tern_engine *e) { return e ? tern__queue_live(&e->q) : 0; }
+
+void tern_engine_run(tern_engine *e) {
+    if (!e) return;
+    while (!tern__queue_wait(&e->q, tern__sched_busy(e->s))) {
+        tern_error err = {0};
+        if (tern_engine_step(e, &err)) tern_log(TERN_LOG_ERROR, "engine step: %s", err.msg);
+    }
+}
+
+void tern_engine_stop(tern_engine *e) {
+    if (e) tern__queue_stop(&e->q);
+}
+
+tern_status tern_engine_tokenize(tern_engine *e, const char *text, size_t len, int add_special,
+                                 int32_t **ids, int *n, tern_error *err) {
+    if (ids) *ids = NULL;
+    if (n) *n = 0;
+    if (!e || !ids || !n || (!text && len)) return tern_err(err, TERN_EINVAL, "tern_engine_tokenize: NULL argument");
+    if (!e->tok) return tern_err(err, TERN_EUNSUPPORTED, "model '%s' has no tokenizer (tokenizer.json)", e->name);
+    size_t cnt = 0;
+    tern_status st = tern_tokenizer_encode(e->tok, text ? text : "", len, add_special, 1, ids, &cnt, err);
+    if (st) return st;
+    if (cnt > (size_t)0x7fffffff) { free(*ids); *ids = NULL; return tern_err(err, TERN_EINVAL, "tokenize: text too long"); }
+    *n = (int)cnt;
+    return TERN_OK;
+}
+
+tern_status tern_engine_detokenize(tern_engine *e, const int32_t *ids, int n, char **text, tern_error *err) {
+    if (text) *text = NULL;
+    if (!e || !text || n < 0 || (!ids && n)) return tern_err(err, TERN_EINVAL, "tern_engine_detokenize: bad argument");
+    if (!e->tok) return tern_err(err, TERN_EUNSUPPORTED, "model '%s' has no tokenizer (tokenizer.json)", e->name);
+    return tern_tokenizer_decode(e->tok, ids, (size_t)n, 0, text, NULL, err);
+}
+
+void tern_engine_model_info(const tern_engine *e, tern_model_info *info) {
+    if (!info) return;
+    memset(info, 0, sizeof *info);
+    if (!e) return;
+    const tern_model_config *c = tern_model_cfg(e->m);
+    info->name = e->name;
+    info->arch = e->arch;
+    info->n_vocab = c->n_vocab;
+    info->n_ctx = tern_kv_max_ctx(e->kv);
+    info->n_layer = c->n_layer;
+    info->n_embd = c->n_embd;
+    info->bos_id = c->bos_id;
+    for (int i = 0; i < c->n_eos && i < 8; i++) info->eos_ids[info->n_eos++] = c->eos_ids[i];
+    info->has_tokenizer = e->tok != NULL;
+    info->has_chat_template = e->has_template;
+}
+
+void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st) {
+    if (!st) return;
+    memset(st, 0, sizeof *st);
+    if (e) tern__queue_stats(&e->q, st);
+}

@@ -1,0 +1,439 @@
+/*
+ * sched.c — continuous batching (see sched.h for the policy).
+ *
+ * Per request the only state that matters is n_past (tokens whose K/V is cached) against
+ * n_tok = n_prompt + n_gen (tokens known). need = n_tok - n_past rows remain to be fed: 1 is
+ * a decode row, more is (re)prefill. The row that reaches n_tok asks for logits and the next
+ * token is sampled from it. A preempted request just drops to n_past = 0 (or its cached
+ * prefix) and is fed prompt + generated tokens again; its RNG counter is the token index, so
+ * the recomputation samples the very tokens it would have sampled anyway.
+ *
+ * Layout of a step: sweep cancellations -> admit (FCFS, free slots) -> build rows in admission
+ * order (decode rows always; prefill chunks from the budget left by the decode rows), reserving
+ * KV as we go and preempting from the newest end on TERN_ENOMEM -> one forward -> advance
+ * n_past, trim sliding windows -> sample and emit events for the rows that asked for logits.
+ * The sampler lives in sched_sample.c.
+ */
+#include "runtime/sched.h"
+#include "runtime/sched_sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tern_sched {
+    tern_model *m;
+    tern_kv *kv;
+    int V, n_slots, budget, max_ctx;
+    int eos[8], n_eos;
+    tern__req **run;           /* [n_slots] running, in admission order (newest last) */
+    int n_run;
+    tern__req *wait_head, *wait_tail;
+    int n_wait;
+    int *free_slots, n_free;
+    uint64_t admit_counter;
+    /* step buffers */
+    int32_t *b_tok, *b_pos, *b_slot;
+    uint8_t *b_want;
+    tern__req **b_req;         /* [n_slots] owner of each logits row */
+    float *logits;             /* [n_slots, V] */
+    tern__sampler *smp;
+    /* counters */
+    long long n_done, n_cancelled, n_failed, prompt_tokens, cached_tokens, gen_tokens, n_preempt;
+};
+
+/* ---- requests ---------------------------------------------------------------------- */
+
+void tern__req_free(tern__req *r) {
+    if (!r) return;
+    free(r->tok);
+    free(r->stop);
+    free((void *)r->sp.bias_ids);
+    free((void *)r->sp.bias_values);
+    free(r);
+}
+
+static int bad_float(float x, float lo, float hi) { return !(x >= lo && x <= hi); } /* NaN -> bad */
+
+tern_status tern__req_new(const tern_sched *s, const tern_request *q, tern__req **out, tern_error *err) {
+    *out = NULL;
+    if (!q) return tern_err(err, TERN_EINVAL, "request: NULL");
+    const tern_sampling *sp = &q->sampling;
+    int V = s->V;
+    if (!q->prompt || q->n_prompt <= 0) return tern_err(err, TERN_EINVAL, "request.prompt: empty (n_prompt = %d)", q->n_prompt);
+    if (q->n_prompt > s->max_ctx)
+        return tern_err(err, TERN_EINVAL, "request.n_prompt: %d tokens exceed the context limit %d", q->n_prompt, s->max_ctx);
+    for (int i = 0; i < q->n_prompt; i++)
+        if (q->prompt[i] < 0 || q->prompt[i] >= V)
+            return tern_err(err, TERN_EINVAL, "request.prompt[%d]: token id %d outside the vocabulary [0, %d)", i, q->prompt[i], V);
+    if (q->max_tokens < 0) return tern_err(err, TERN_EINVAL, "request.max_tokens: %d is negative", q->max_tokens);
+    if (bad_float(sp->temperature, 0.f, 100.f))
+        return tern_err(err, TERN_EINVAL, "sampling.temperature: %g outside [0, 100]", (double)sp->temperature);
+    if (sp->top_k < 0) return tern_err(err, TERN_EINVAL, "sampling.top_k: %d is negative", sp->top_k);
+    if (bad_float(sp->top_p, 0.f, 1.f) || sp->top_p == 0.f)
+        return tern_err(err, TERN_EINVAL, "sampling.top_p: %g outside (0, 1]", (double)sp->top_p);
+    if (bad_float(sp->min_p, 0.f, 1.f)) return tern_err(err, TERN_EINVAL, "sampling.min_p: %g outside [0, 1]", (double)sp->min_p);
+    if (bad_float(sp->repetition_penalty, 1e-3f, 1e3f))
+        return tern_err(err, TERN_EINVAL, "sampling.repetition_penalty: %g outside [0.001, 1000]", (double)sp->repetition_penalty);
+    if (bad_float(sp->presence_penalty, -100.f, 100.f))
+        return tern_err(err, TERN_EINVAL, "sampling.presence_penalty: %g outside [-100, 100]", (double)sp->presence_penalty);
+    if (bad_float(sp->frequency_penalty, -100.f, 100.f))
+        return tern_err(err, TERN_EINVAL, "sampling.frequency_penalty: %g outside [-100, 100]", (double)sp->frequency_penalty);
+    if (sp->penalty_last_n < -1) return tern_err(err, TERN_EINVAL, "sampling.penalty_last_n: %d (use -1 for the whole sequence)", sp->penalty_last_n);
+    if (sp->n_logprobs < 0 || sp->n_logprobs > TERN__MAX_TOP)
+        return tern_err(err, TERN_EINVAL, "sampling.n_logprobs: %d outside [0, %d]", sp->n_logprobs, TERN__MAX_TOP);
+    if (sp->n_bias < 0 || sp->n_bias > V || (sp->n_bias > 0 && (!sp->bias_ids || !sp->bias_values)))
+        return tern_err(err, TERN_EINVAL, "sampling.n_bias: %d (needs bias_ids and bias_values, at most n_vocab)", sp->n_bias);
+    for (int i = 0; i < sp->n_bias; i++) {
+        if (sp->bias_ids[i] < 0 || sp->bias_ids[i] >= V)
+            return tern_err(err, TERN_EINVAL, "sampling.bias_ids[%d]: token id %d outside the vocabulary [0, %d)", i, sp->bias_ids[i], V);
+        if (isnan(sp->bias_values[i]) || sp->bias_values[i] == INFINITY)
+            return tern_err(err, TERN_EINVAL, "sampling.bias_values[%d]: %g is not a usable bias", i, (double)sp->bias_values[i]);
+    }
+    if (q->n_stop_ids < 0 || q->n_stop_ids > 1024 || (q->n_stop_ids > 0 && !q->stop_ids))
+        return tern_err(err, TERN_EINVAL, "request.n_stop_ids: %d (at most 1024, needs stop_ids)", q->n_stop_ids);
+    for (int i = 0; i < q->n_stop_ids; i++)
+        if (q->stop_ids[i] < 0 || q->stop_ids[i] >= V)
+            return tern_err(err, TERN_EINVAL, "request.stop_ids[%d]: token id %d outside the vocabulary [0, %d)", i, q->stop_ids[i], V);
+
+    tern__req *r = calloc(1, sizeof *r);
+    if (!r) return tern_err(err, TERN_ENOMEM, "request: out of memory");
+    r->n_prompt = q->n_prompt;
+    r->max_new = TERN_MIN(q->max_tokens, s->max_ctx - q->n_prompt);
+    r->sp = *sp;
+    r->sp.bias_ids = NULL;
+    r->sp.bias_values = NULL;
+    r->on_event = q->on_event;
+    r->ctx = q->ctx;
+    r->slot = -1;
+    r->t_submit = tern_time_s();
+    int n_stop = q->n_stop_ids + (q->ignore_eos ? 0 : s->n_eos);
+    r->tok = malloc(sizeof(int32_t) * (size_t)(r->n_prompt + r->max_new));
+    r->stop = malloc(sizeof(int32_t) * (size_t)(n_stop + 1));
+    int32_t *bi = sp->n_bias ? malloc(sizeof(int32_t) * (size_t)sp->n_bias) : NULL;
+    float *bv = sp->n_bias ? malloc(sizeof(float) * (size_t)sp->n_bias) : NULL;
+    r->sp.bias_ids = bi;
+    r->sp.bias_values = bv;
+    if (!r->tok || !r->stop || (sp->n_bias && (!bi || !bv))) {
+        tern__req_free(r);
+        return tern_err(err, TERN_ENOMEM, "request: out of memory");
+    }
+    memcpy(r->tok, q->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    if (sp->n_bias) {
+        memcpy(bi, sp->bias_ids, sizeof(int32_t) * (size_t)sp->n_bias);
+        memcpy(bv, sp->bias_values, sizeof(float) * (size_t)sp->n_bias);
+    }
+    if (q->n_stop_ids) memcpy(r->stop, q->stop_ids, sizeof(int32_t) * (size_t)q->n_stop_ids);
+    r->n_stop = q->n_stop_ids;
+    for (int i = 0; !q->ignore_eos && i < s->n_eos; i++) r->stop[r->n_stop++] = s->eos[i];
+    *out = r;
+    return TERN_OK;
+}
+
+/* ---- open / close ------------------------------------------------------------------ */
+
+tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const tern_sched_opts *o, tern_error *err) {
+    *out = NULL;
+    const tern_model_config *c = tern_model_cfg(m);
+    tern_sched *s = calloc(1, sizeof *s);
+    if (!s) return tern_err(err, TERN_ENOMEM, "scheduler: out of memory");
+    s->m = m;
+    s->kv = kv;
+    s->V = c->n_vocab;
+    s->n_slots = tern_kv_n_slots(kv);
+    s->max_ctx = tern_kv_max_ctx(kv);
+    s->budget = TERN_MAX(o->max_batch_tokens, s->n_slots);
+    for (int i = 0; i < c->n_eos && i < 8; i++)
+        if (c->eos_ids[i] >= 0 && c->eos_ids[i] < s->V) s->eos[s->n_eos++] = c->eos_ids[i];
+    size_t B = (size_t)s->budget, S = (size_t)s->n_slots;
+    s->run = calloc(S, sizeof *s->run);
+    s->free_slots = malloc(sizeof(int) * S);
+    s->b_tok = malloc(sizeof(int32_t) * B);
+    s->b_pos = malloc(sizeof(int32_t) * B);
+    s->b_slot = malloc(sizeof(int32_t) * B);
+    s->b_want = malloc(B);
+    s->b_req = calloc(S, sizeof *s->b_req);
+    s->logits = malloc(sizeof(float) * S * (size_t)s->V);
+    tern_status st = TERN_OK;
+    if (!s->run || !s->free_slots || !s->b_tok || !s->b_pos || !s->b_slot || !s->b_want || !s->b_req || !s->logits)
+        st = tern_err(err, TERN_ENOMEM, "scheduler: out of memory for %d slots x %d rows (vocab %d)", s->n_slots, s->budget, s->V);
+    if (!st) st = tern__sampler_new(&s->smp, s->V, err);
+    if (st) { tern__sched_close(s); return st; }
+    for (int i = 0; i < s->n_slots; i++) s->free_slots[i] = s->n_slots - 1 - i;
+    s->n_free = s->n_slots;
+    *out = s;
+    return TERN_OK;
+}
+
+void tern__sched_close(tern_sched *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_run; i++) {
+        tern_kv_release(s->kv, s->run[i]->slot);
+        tern__req_free(s->run[i]);
+    }
+    for (tern__req *r = s->wait_head, *nx; r; r = nx) { nx = (tern__req *)r->q.next; tern__req_free(r); }
+    tern__sampler_free(s->smp);
+    free(s->run); free(s->free_slots);
+    free(s->b_tok); free(s->b_pos); free(s->b_slot); free(s->b_want); free(s->b_req);
+    free(s->logits);
+    free(s);
+}
+
+/* ---- lists ------------------------------------------------------------------------- */
+
+static void wait_push_back(tern_sched *s, tern__req *r) {
+    r->q.next = NULL;
+    if (s->wait_tail) s->wait_tail->q.next = &r->q;
+    else s->wait_head = r;
+    s->wait_tail = r;
+    s->n_wait++;
+}
+
+static void wait_push_front(tern_sched *s, tern__req *r) {
+    r->q.next = s->wait_head ? &s->wait_head->q : NULL;
+    if (!s->wait_head) s->wait_tail = r;
+    s->wait_head = r;
+    s->n_wait++;
+}
+
+static tern__req *wait_pop(tern_sched *s) {
+    tern__req *r = s->wait_head;
+    if (!r) return NULL;
+    s->wait_head = (tern__req *)r->q.next;
+    if (!s->wait_head) s->wait_tail = NULL;
+    r->q.next = NULL;
+    s->n_wait--;
+    return r;
+}
+
+static void run_remove(tern_sched *s, tern__req *r) {
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i] == r) {
+            memmove(s->run + i, s->run + i + 1, sizeof *s->run * (size_t)(s->n_run - i - 1));
+            s->n_run--;
+            return;
+        }
+}
+
+static void free_slot(tern_sched *s, tern__req *r) {
+    if (r->slot < 0) return;
+    tern_kv_release(s->kv, r->slot);
+    s->free_slots[s->n_free++] = r->slot;
+    r->slot = -1;
+}
+
+/* ---- events ------------------------------------------------------------------------ */
+
+static int emit(tern__req *r, const tern_event *ev) { return r->on_event ? r->on_event(r->ctx, ev) : 0; }
+
+/* End r (already removed from run / waiting): last event, counters, free. */
+static void finish(tern_sched *s, tern__req *r, tern_finish_reason why, const tern_error *e) {
+    free_slot(s, r);
+    double now = tern_time_s();
+    tern_event ev = {.request_id = r->q.id, .finish = why, .n_prompt = r->n_prompt, .n_cached = r->n_cached,
+                     .n_generated = r->n_gen, .t_total = now - r->t_submit};
+    ev.t_queue = (r->admitted ? r->t_admit : now) - r->t_submit;
+    ev.t_first_token = r->t_first > 0 ? r->t_first - r->t_submit : 0;
+    if (e) {
+        ev.kind = TERN_EV_ERROR;
+        ev.err = e;
+        s->n_failed++;
+    } else {
+        ev.kind = TERN_EV_DONE;
+        if (why == TERN_FINISH_CANCELLED) s->n_cancelled++;
+        else s->n_done++;
+    }
+    emit(r, &ev);
+    tern__req_free(r);
+}
+
+static void fail(tern_sched *s, tern__req *r, tern_status code, const char *msg) {
+    tern_error e = {.code = code};
+    tern_err(&e, code, "request %llu: %s", (unsigned long long)r->q.id, msg);
+    finish(s, r, TERN_FINISH_NONE, &e);
+}
+
+/* ---- admission, cancellation, preemption ------------------------------------------- */
+
+void tern__sched_add(tern_sched *s, tern__qitem *list, const uint64_t *cancel, int n_cancel) {
+    for (tern__qitem *it = list, *nx; it; it = nx) {
+        nx = it->next;
+        tern__req *r = (tern__req *)it;
+        r->cancel = it->cancelled;
+        wait_push_back(s, r);
+    }
+    for (int k = 0; k < n_cancel; k++) {
+        for (int i = 0; i < s->n_run; i++) if (s->run[i]->q.id == cancel[k]) s->run[i]->cancel = 1;
+        for (tern__req *r = s->wait_head; r; r = (tern__req *)r->q.next) if (r->q.id == cancel[k]) r->cancel = 1;
+    }
+}
+
+static int sweep_cancelled(tern_sched *s) {
+    int n = 0;
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i]->cancel) { tern__req *r = s->run[i]; run_remove(s, r); i--; finish(s, r, TERN_FINISH_CANCELLED, NULL); n++; }
+    tern__req *prev = NULL;
+    for (tern__req *r = s->wait_head, *nx; r; r = nx) {
+        nx = (tern__req *)r->q.next;
+        if (!r->cancel) { prev = r; continue; }
+        if (prev) prev->q.next = nx ? &nx->q : NULL;
+        else s->wait_head = nx;
+        if (!nx) s->wait_tail = prev;
+        s->n_wait--;
+        finish(s, r, TERN_FINISH_CANCELLED, NULL);
+        n++;
+    }
+    return n;
+}
+
+int tern__sched_cancel_all(tern_sched *s) {
+    for (int i = 0; i < s->n_run; i++) s->run[i]->cancel = 1;
+    for (tern__req *r = s->wait_head; r; r = (tern__req *)r->q.next) r->cancel = 1;
+    return sweep_cancelled(s);
+}
+
+static int admit(tern_sched *s) {
+    int n = 0;
+    while (s->n_free > 0 && s->wait_head) {
+        tern__req *r = wait_pop(s);
+        r->slot = s->free_slots[--s->n_free];
+        r->admit_seq = ++s->admit_counter;
+        r->n_past = 0;
+        if (!r->admitted) {
+            r->admitted = 1;
+            r->t_admit = tern_time_s();
+            s->prompt_tokens += r->n_prompt;
+            s->cached_tokens += r->n_cached;
+        }
+        if (r->max_new == 0) { finish(s, r, TERN_FINISH_LENGTH, NULL); n++; continue; }
+        s->run[s->n_run++] = r;
+    }
+    return n;
+}
+
+static void preempt(tern_sched *s, tern__req *r) {
+    run_remove(s, r);
+    free_slot(s, r);
+    r->n_past = 0;
+    r->rows = 0;
+    wait_push_front(s, r);
+    s->n_preempt++;
+    tern_log(TERN_LOG_INFO, "sched: preempted request %llu (%d tokens to recompute)", (unsigned long long)r->q.id,
+             r->n_prompt + r->n_gen);
+}
+
+/* ---- one step ---------------------------------------------------------------------- */
+
+/* Reserve KV for r's rows, preempting or shrinking as sched.h says. Returns the rows to run
+ * (0: r left the running set: preempted, or finished into *n_done). */
+static int reserve_rows(tern_sched *s, int i, int rows, int *n_done) {
+    tern__req *r = s->run[i];
+    for (;;) {
+        tern_error e = {0};
+        tern_status st = tern_kv_reserve(s->kv, r->slot, r->n_past + rows, &e);
+        if (!st) return rows;
+        if (st != TERN_ENOMEM) { run_remove(s, r); finish(s, r, TERN_FINISH_NONE, &e); (*n_done)++; return 0; }
+        if (s->n_run - 1 > i) { preempt(s, s->run[s->n_run - 1]); continue; }
+        if (rows > 1) { rows /= 2; continue; }
+        if (i > 0) { preempt(s, r); return 0; }
+        run_remove(s, r);
+        if (r->n_gen > 0) finish(s, r, TERN_FINISH_LENGTH, NULL);
+        else fail(s, r, TERN_ENOMEM, "the KV pool is too small for this prompt");
+        (*n_done)++;
+        return 0;
+    }
+}
+
+/* Sample r's next token from its logits row and emit; 1 if r finished. */
+static int advance(tern_sched *s, tern__req *r, float *logits) {
+    tern__sample_out so;
+    int tok = tern__sample(s->smp, &r->sp, r->tok, r->n_prompt + r->n_gen, r->n_gen, logits, &so);
+    if (r->t_first <= 0) r->t_first = tern_time_s();
+    for (int i = 0; i < r->n_stop; i++)
+        if (r->stop[i] == tok) { run_remove(s, r); finish(s, r, TERN_FINISH_STOP, NULL); return 1; }
+    r->tok[r->n_prompt + r->n_gen++] = tok;
+    s->gen_tokens++;
+    tern_event ev = {.kind = TERN_EV_TOKEN, .request_id = r->q.id, .token = tok, .logprob = so.logprob,
+                     .n_top = so.n_top, .top_ids = so.top_ids, .top_logprobs = so.top_logprobs};
+    int rc = emit(r, &ev);
+    tern_finish_reason why = rc == 1 ? TERN_FINISH_CANCELLED : rc == 2 ? TERN_FINISH_STOP
+                           : r->n_gen >= r->max_new ? TERN_FINISH_LENGTH : TERN_FINISH_NONE;
+    if (why == TERN_FINISH_NONE) return 0;
+    run_remove(s, r);
+    finish(s, r, why, NULL);
+    return 1;
+}
+
+tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
+    *n_done = sweep_cancelled(s);
+    *n_done += admit(s);
+    int n_dec = 0;
+    for (int i = 0; i < s->n_run; i++) n_dec += s->run[i]->n_prompt + s->run[i]->n_gen - s->run[i]->n_past == 1;
+    int pre_budget = s->budget - n_dec, nb = 0, nw = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        tern__req *r = s->run[i];
+        int n_tok = r->n_prompt + r->n_gen, need = n_tok - r->n_past;
+        int rows = need == 1 ? 1 : TERN_MIN(need, pre_budget);
+        r->rows = 0;
+        if (rows <= 0) continue;
+        rows = reserve_rows(s, i, rows, n_done);
+        if (!rows) { i--; continue; } /* r left the running set at index i */
+        for (int j = 0; j < rows; j++) {
+            int p = r->n_past + j;
+            s->b_tok[nb] = r->tok[p];
+            s->b_pos[nb] = p;
+            s->b_slot[nb] = r->slot;
+            s->b_want[nb] = p == n_tok - 1;
+            if (s->b_want[nb]) s->b_req[nw++] = r;
+            nb++;
+        }
+        r->rows = rows;
+        if (need > 1) pre_budget -= rows;
+    }
+    if (nb == 0) return TERN_OK;
+    tern_batch b = {.n = nb, .tokens = s->b_tok, .pos = s->b_pos, .slot = s->b_slot, .want = s->b_want};
+    tern_error fe = {0};
+    tern_status st = tern_model_forward(s->m, &b, s->kv, s->logits, &fe);
+    if (st) {
+        for (int i = s->n_run - 1; i >= 0; i--) {
+            tern__req *r = s->run[i];
+            if (!r->rows) continue;
+            run_remove(s, r);
+            finish(s, r, TERN_FINISH_NONE, &fe);
+            (*n_done)++;
+        }
+        if (err) *err = fe;
+        return st;
+    }
+    for (int i = 0; i < s->n_run; i++) {
+        tern__req *r = s->run[i];
+        if (!r->rows) continue;
+        r->n_past += r->rows;
+        r->rows = 0;
+        tern_kv_trim(s->kv, r->slot, r->n_past);
+    }
+    for (int w = 0; w < nw; w++) *n_done += advance(s, s->b_req[w], s->logits + (size_t)w * s->V);
+    return TERN_OK;
+}
+
+int tern__sched_busy(const tern_sched *s) { return s->n_run + s->n_wait > 0; }
+
+void tern__sched_stats(const tern_sched *s, tern_engine_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->running = s->n_run;
+    st->waiting = s->n_wait;
+    st->requests_done = s->n_done;
+    st->requests_cancelled = s->n_cancelled;
+    st->requests_failed = s->n_failed;
+    st->prompt_tokens = s->prompt_tokens;
+    st->cached_tokens = s->cached_tokens;
+    st->generated_tokens = s->gen_tokens;
+    for (int g = 0; g < 2; g++) {
+        int used = 0, total = 0;
+        tern_kv_usage(s->kv, g, &used, &total);
+        st->kv_blocks_used += used;
+        st->kv_blocks_total += total;
+    }
+    st->preemptions = s->n_preempt;
+    st->prefix_hit_rate = s->prompt_tokens ? (double)s->cached_tokens / (double)s->prompt_tokens : 0.0;
+}

@@ -1,0 +1,73 @@
+/*
+ * sched.h — the continuous-batching scheduler behind tern_engine (engine thread only).
+ *
+ * Requests wait in FCFS order and are admitted to free KV slots. Each step builds ONE batch:
+ * every request whose next row is a single token (decode) contributes that row; requests still
+ * prefilling contribute chunks from the remaining per-step token budget (chunked prefill,
+ * interleaved with decode), oldest admission first. One tern_model_forward runs the batch;
+ * each request whose last row asked for logits samples its next token with its own
+ * counter-based RNG (seed, token index), so its tokens do not depend on the company it keeps.
+ *
+ * KV pressure: when tern_kv_reserve says TERN_ENOMEM, the most recently admitted request is
+ * preempted (its blocks freed, it goes back to the front of the queue and later recomputes
+ * prompt + generated-so-far); a prefill chunk that is itself the newest shrinks first.
+ * Only a request that cannot fit even alone ends (LENGTH while decoding, ERROR in prefill).
+ *
+ * Every buffer a step needs is sized at creation (max_concurrency x budget rows, logits for
+ * max_concurrency rows, sampler scratch of n_vocab): a steady-state step allocates nothing.
+ */
+#ifndef TERN_RUNTIME_SCHED_H
+#define TERN_RUNTIME_SCHED_H
+
+#include "model/model.h"
+#include "runtime/kv.h"
+#include "runtime/queue.h"
+
+typedef struct tern__req {
+    tern__qitem q;            /* first member: queue link + id; reused as the waiting-list link */
+    int32_t *tok;             /* [n_prompt + max_new]: prompt, then generated tokens */
+    int n_prompt, n_gen, max_new; /* max_new = max_tokens clipped to the context */
+    tern_sampling sp;         /* bias arrays point at owned copies */
+    int32_t *stop;            /* stop ids + model EOS unless ignore_eos */
+    int n_stop;
+    tern_event_fn on_event;
+    void *ctx;
+    double t_submit, t_admit, t_first;
+    /* scheduler state */
+    int slot;                 /* KV slot, -1 while waiting */
+    int n_past;               /* tokens whose K/V is in the cache */
+    int n_cached;             /* prompt tokens served by the prefix cache (first admission) */
+    int admitted;             /* admitted at least once */
+    uint64_t admit_seq;       /* larger = admitted more recently */
+    int cancel;
+    int rows;                 /* rows in the batch being built */
+} tern__req;
+
+typedef struct tern_sched tern_sched;
+
+typedef struct tern_sched_opts {
+    int max_concurrency;      /* = KV slots */
+    int max_batch_tokens;     /* rows per step (>= max_concurrency) */
+} tern_sched_opts;
+
+/* The scheduler borrows the model and the KV pool (which must have max_concurrency slots). */
+tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const tern_sched_opts *o, tern_error *err);
+void tern__sched_close(tern_sched *s);   /* requests still held are freed without events */
+
+/* Validate a public request and build the internal one (thread-safe: reads only immutable
+ * facts). TERN_EINVAL with a message naming the field. */
+tern_status tern__req_new(const tern_sched *s, const tern_request *r, tern__req **out, tern_error *err);
+void tern__req_free(tern__req *r);
+
+/* Append drained submissions (FCFS list linked through q.next) and apply cancellations. */
+void tern__sched_add(tern_sched *s, tern__qitem *list, const uint64_t *cancel, int n_cancel);
+/* One step: finish cancelled, admit, build the batch, forward, sample, emit events.
+ * Returns the number of requests that finished in *n_done. */
+tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err);
+/* End every held request as cancelled (events delivered). Returns how many. */
+int tern__sched_cancel_all(tern_sched *s);
+int tern__sched_busy(const tern_sched *s);   /* running + waiting > 0 */
+/* Fill running/waiting, counters and KV usage (prefix_hit_rate too). */
+void tern__sched_stats(const tern_sched *s, tern_engine_stats *st);
+
+#endif

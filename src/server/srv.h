@@ -1,0 +1,229 @@
+/*
+ * srv.h — internals shared by the src/server files (not for other layers).
+ *
+ * Flow of one generation request:
+ *   http.c      accumulates the body, checks auth/limits, routes to a handler;
+ *   openai_*.c / anthropic.c parse + validate into srv_params (params.c), build the prompt
+ *               (prompt.c), tokenize, then srv_job_start (job.c) submits to the engine;
+ *   job.c       owns the per-request channel: the engine callback (engine thread) only copies
+ *               events into it; the HTTP thread drains it, detokenizes incrementally, matches
+ *               stop strings with hold-back and hands text pieces to the API formatter;
+ *   sse.c       turns a job into a chunked text/event-stream response (MHD callback) using
+ *               the family's start/piece/end formatters; non-streaming handlers just loop
+ *               srv_job_next until the end and write one JSON object.
+ * A client that goes away is noticed by polling its socket while waiting (and by MHD's
+ * response free callback); the job is then cancelled and the engine frees its KV.
+ */
+#ifndef TERN_SERVER_SRV_H
+#define TERN_SERVER_SRV_H
+
+#include "server/jsonw.h"
+#include "server/server.h"
+#include "base/base.h"
+#include "text/chat.h"
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* ---- engine table: the real engine (engine_real.c) or the fake one (fake_engine.c) ---- */
+typedef struct srv_engine_vt {
+    const char *name;
+    tern_status (*open)(void **out, const tern_engine_opts *o, tern_error *err);
+    void (*close)(void *e);
+    tern_status (*submit)(void *e, const tern_request *r, uint64_t *id, tern_error *err);
+    void (*cancel)(void *e, uint64_t id);
+    void (*run)(void *e);
+    void (*stop)(void *e);
+    tern_status (*tokenize)(void *e, const char *text, size_t len, int add_special, int32_t **ids, int *n,
+                            tern_error *err);
+    tern_status (*detokenize)(void *e, const int32_t *ids, int n, char **text, tern_error *err);
+    void (*model_info)(const void *e, tern_model_info *info);
+    void (*get_stats)(void *e, tern_engine_stats *st);
+} srv_engine_vt;
+
+/* NULL when this binary was linked without the engine. */
+const srv_engine_vt *tern__srv_real_engine(void);
+const srv_engine_vt *tern__srv_fake_engine(void);
+/* tern_request_default() / tern_engine_default_opts(), or equivalent values without the engine. */
+tern_request tern__srv_request_default(void);
+tern_engine_opts tern__srv_engine_default_opts(void);
+
+enum { SRV_LOADING = 0, SRV_READY = 1, SRV_FAILED = 2 };
+
+struct tern_server {
+    tern_server_opts o;
+    char host[256];
+    char api_key[512];
+    char served[256];          /* model id we report and accept */
+    int port;
+    int listen_fd;
+    struct MHD_Daemon *mhd;
+    const srv_engine_vt *vt;
+    void *eng;
+    tern_model_info info;
+    tern_chat_template *tmpl;  /* NULL: plain fallback format (prompt.c) */
+    pthread_t engine_thread;
+    int engine_thread_started;
+    pthread_mutex_t mu;        /* guards state/load_err, broadcasts on load */
+    pthread_cond_t cv;
+    int state;
+    tern_error load_err;
+    atomic_int stopping;
+    long long created;         /* unix time of start */
+    double t_start;
+    atomic_ullong next_id;
+    atomic_llong n_http, n_http_4xx, n_http_5xx, n_streams, n_disconnects;
+};
+
+/* ---- errors carried to the API formatter ---- */
+typedef struct srv_error {
+    int http;                  /* 400, 404, 413, 500, 503 ... */
+    const char *type;          /* "invalid_request_error", "server_error", ... */
+    char param[64];            /* offending field, "" if none */
+    const char *code;          /* optional machine code, NULL */
+    char msg[TERN_ERROR_MSG_MAX];
+} srv_error;
+
+/* Fill e; returns -1 so handlers can `return srv_fail(...)`. */
+int srv_fail(srv_error *e, int http, const char *param, const char *fmt, ...) TERN_PRINTF(4, 5);
+
+/* ---- generation parameters (params.c) ---- */
+typedef enum { SRV_API_OPENAI = 0, SRV_API_ANTHROPIC = 1 } srv_api;
+
+typedef struct srv_params {
+    tern_sampling s;           /* bias arrays point into bias_ids/bias_vals below */
+    int max_tokens;            /* 0 = server default */
+    int ignore_eos;
+    int stream, include_usage;
+    int logprobs, top_logprobs;
+    char **stop;               /* stop strings (owned) */
+    int n_stop;
+    int32_t *bias_ids;         /* owned */
+    float *bias_vals;
+    int n_bias;
+    int has_seed;
+} srv_params;
+
+/* Read the sampling/limit fields shared by the APIs from a request object. n_vocab bounds
+ * logit_bias ids; n_ctx bounds max_tokens. Returns 0 or -1 with e filled. */
+int srv_params_parse(srv_params *p, const cJSON *req, srv_api api, int n_vocab, int n_ctx, srv_error *e);
+void srv_params_free(srv_params *p);
+
+/* Typed field helpers (absent or null -> 0 and *out untouched). Return 1 present, 0 absent,
+ * -1 error (e filled naming the field). */
+int srv_get_num(const cJSON *o, const char *k, double lo, double hi, double *out, srv_error *e);
+int srv_get_int(const cJSON *o, const char *k, long long lo, long long hi, long long *out, srv_error *e);
+int srv_get_bool(const cJSON *o, const char *k, int *out, srv_error *e);
+int srv_get_str(const cJSON *o, const char *k, const char **out, srv_error *e);
+
+/* ---- prompt building (prompt.c) ---- */
+typedef struct srv_prompt {
+    int32_t *ids;
+    int n;
+    char *text;                /* the rendered prompt (debug; NULL for raw ids) */
+} srv_prompt;
+/* OpenAI-style messages array (system/developer/user/assistant/tool) -> token ids. `system`
+ * (Anthropic top-level) is prepended when non-NULL. anthropic=1 reads Anthropic content
+ * blocks. */
+int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, const cJSON *tools, int anthropic,
+                    srv_prompt *out, srv_error *e);
+/* Raw completion prompt: string, [string], [ids], [[ids]]. */
+int srv_prompt_raw(tern_server *s, const cJSON *prompt, srv_prompt *out, srv_error *e);
+void srv_prompt_free(srv_prompt *p);
+
+/* ---- jobs (job.c) ---- */
+typedef struct srv_job srv_job;
+
+typedef struct srv_tokinfo {   /* one generated token, for logprobs */
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_ids[20];
+    float top_lps[20];
+} srv_tokinfo;
+
+typedef struct srv_piece {
+    const char *text;          /* new text (may be empty); valid until the next call */
+    size_t len;
+    const srv_tokinfo *toks;   /* tokens consumed since the previous piece */
+    int n_toks;
+} srv_piece;
+
+typedef enum { SRV_END_STOP, SRV_END_LENGTH, SRV_END_STOP_STRING, SRV_END_CANCELLED } srv_end;
+
+typedef struct srv_result {    /* valid once srv_job_next returned 0 */
+    srv_end end;
+    int stop_index;            /* SRV_END_STOP_STRING: which stop string */
+    int n_prompt, n_cached, n_generated;
+} srv_result;
+
+int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, srv_job **out,
+                  srv_error *e);   /* p is moved into the job (zeroed) */
+/* Wait for the next piece: 1 = piece filled, 0 = finished (result filled), -1 = failed
+ * (e filled: engine error, client gone (http 499), server stopping). */
+int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e);
+void srv_job_free(srv_job *j);   /* cancels if still running; accepts NULL */
+const srv_params *srv_job_params(const srv_job *j);
+/* Token text for logprob entries (decode of the single id); malloc'd. */
+char *srv_token_text(tern_server *s, int32_t id);
+
+/* ---- SSE streaming (sse.c) ---- */
+typedef struct srv_stream_fmt {
+    void (*start)(void *ctx, tern_jw *out);
+    void (*piece)(void *ctx, const srv_piece *p, tern_jw *out);
+    void (*end)(void *ctx, const srv_result *r, tern_jw *out);
+    void (*error)(void *ctx, const srv_error *e, tern_jw *out);
+    void (*free_ctx)(void *ctx);
+} srv_stream_fmt;
+/* Queue a 200 text/event-stream response that drives job j; takes ownership of j and ctx. */
+enum MHD_Result srv_stream(tern_server *s, struct MHD_Connection *c, srv_job *j, const srv_stream_fmt *f, void *ctx);
+/* Append "data: <json>\n\n" / "event: NAME\ndata: <json>\n\n" framing around a jw value. */
+void srv_sse_data(tern_jw *out, const char *event, const char *json, size_t n);
+
+/* ---- HTTP helpers (http.c) ---- */
+typedef struct srv_req {
+    tern_server *s;
+    struct MHD_Connection *conn;
+    const char *url, *method;
+    const char *body;
+    size_t body_len;
+    int fd;                    /* client socket, for disconnect polling */
+} srv_req;
+
+enum MHD_Result srv_reply(srv_req *r, int status, const char *ctype, const char *body, size_t len);
+enum MHD_Result srv_reply_jw(srv_req *r, int status, tern_jw *w);   /* consumes w */
+enum MHD_Result srv_reply_openai_error(srv_req *r, const srv_error *e);
+enum MHD_Result srv_reply_anthropic_error(srv_req *r, const srv_error *e);
+void srv_add_common_headers(struct MHD_Response *resp);
+/* Parse the body as a JSON object (errors -> e, 400). */
+int srv_parse_body(srv_req *r, cJSON **out, srv_error *e);
+/* Wait until the model is loaded; -1 (503 in e) if loading failed or the server stops. */
+int srv_wait_ready(tern_server *s, srv_error *e);
+/* Check the request's "model" field against the served id (absent is fine). */
+int srv_check_model(tern_server *s, const cJSON *req, srv_error *e);
+/* "chatcmpl-" + 24 random characters */
+void srv_make_id(tern_server *s, const char *prefix, char *buf, size_t n);
+int srv_client_gone(int fd);
+
+/* ---- shared response pieces (openai_chat.c) ---- */
+const char *srv_finish_str(srv_end e);                       /* "stop" / "length" */
+void srv_write_usage(tern_jw *w, const srv_result *r);      /* "usage": {...} (OpenAI) */
+void srv_write_chat_logprobs(tern_server *s, tern_jw *w, const srv_tokinfo *t, int n, int top);
+/* Run a non-streaming job to its end: text (malloc'd), tokens (malloc'd, logprobs only). */
+int srv_collect(srv_job *j, char **text, size_t *len, srv_tokinfo **toks, int *n_toks, srv_result *res,
+                srv_error *e);
+
+/* ---- handlers ---- */
+enum MHD_Result srv_handle_chat(srv_req *r);
+enum MHD_Result srv_handle_completions(srv_req *r);
+enum MHD_Result srv_handle_messages(srv_req *r);
+enum MHD_Result srv_handle_health(srv_req *r);
+enum MHD_Result srv_handle_models(srv_req *r, const char *id);
+enum MHD_Result srv_handle_metrics(srv_req *r);
+enum MHD_Result srv_handle_stats(srv_req *r);
+enum MHD_Result srv_handle_tokenize(srv_req *r);
+enum MHD_Result srv_handle_detokenize(srv_req *r);
+
+#endif

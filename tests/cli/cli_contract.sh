@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# cli_contract.sh — the CLI contract of DESIGN.md §7: exit codes (0 ok, 2 bad input, 1 other),
+# one-line messages naming what is wrong, the demo model, logits/generate output formats.
+set -u
+cd "$(dirname "$0")/../.."
+T=build/tern
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export TERN_CACHE="$tmp/cache"
+ok() { echo "PASS: $1"; }
+bad() { echo "FAIL: $1"; }
+expect() { # name, wanted exit code, grep pattern for stderr (or ''), command...
+    local name=$1 want=$2 pat=$3; shift 3
+    "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+    if [ "$rc" -ne "$want" ]; then bad "$name (exit $rc, want $want): $(head -c 300 "$tmp/err")"; return; fi
+    if [ -n "$pat" ] && ! grep -q -- "$pat" "$tmp/err"; then bad "$name (stderr lacks '$pat'): $(head -c 300 "$tmp/err")"; return; fi
+    ok "$name"
+}
+
+expect help 0 '' $T --help
+expect unknown_command 2 "unknown command" $T frobnicate
+expect missing_dir 2 "nonexistent" $T logits "$tmp/nonexistent" --ids 1,2 --out "$tmp/l.f32"
+expect bad_ids 2 "bad token id" $T logits demo --ids 1,x,3 --out "$tmp/l.f32"
+expect ids_out_of_vocab 2 "outside the vocabulary" $T logits demo --ids 1,99999 --out "$tmp/l.f32"
+expect bad_threads 2 "threads" $T logits demo --threads -4 --ids 1 --out "$tmp/l.f32"
+expect bad_device 2 "device" $T logits demo --device tpu --ids 1 --out "$tmp/l.f32"
+mkdir -p "$tmp/m1" && echo '{not json' > "$tmp/m1/config.json"
+expect malformed_config 2 "config.json" $T logits "$tmp/m1" --ids 1 --out "$tmp/l.f32"
+mkdir -p "$tmp/m2" && echo '{"model_type": "frobnet", "architectures": ["FrobForCausalLM"]}' > "$tmp/m2/config.json"
+expect unsupported_arch 2 "frobnet" $T logits "$tmp/m2" --ids 1 --out "$tmp/l.f32"
+
+# demo model: logits size and generate output shape
+expect demo_logits 0 '' $T logits demo --ids 2,100,101,102 --out "$tmp/l.f32"
+sz=$(stat -c %s "$tmp/l.f32" 2>/dev/null || echo 0)
+[ "$sz" -eq $((4 * 264 * 4)) ] && ok demo_logits_size || bad "demo_logits_size ($sz bytes)"
+$T generate demo --ids 2,100,101 --max-tokens 5 --temperature 0 --ignore-eos --print-ids >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 0 ] && grep -Eq '^[0-9]+( [0-9]+){4}$' "$tmp/out"; then ok demo_generate_ids; else bad "demo_generate_ids: $(cat "$tmp/out" "$tmp/err" | head -c 300)"; fi
+# truncated safetensors: copy the demo and cut the weights file
+cp -r "$TERN_CACHE"/demo-v1 "$tmp/m3" 2>/dev/null && truncate -s 5000 "$tmp/m3/model.safetensors"
+expect truncated_safetensors 2 "model.safetensors" $T logits "$tmp/m3" --ids 1 --out "$tmp/l.f32"

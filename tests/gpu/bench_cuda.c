@@ -1,0 +1,253 @@
+/*
+ * bench_cuda.c — CUDA backend benchmarks for the GPU machine (built by `make gpu-test`, run by
+ * scripts/gpu_check.sh). Not a test: prints a table and CSV lines ("csv,<name>,<us>,<GB/s>").
+ *
+ * Floors: a decode GEMV must read every weight byte once, so time >= weight bytes / bandwidth;
+ * we report achieved GB/s = (packed weight + scales/biases bytes) / time. The bandwidth
+ * ceiling is measured in the same run with our own streaming `add` kernel (reads 8, writes 4
+ * bytes per element over 3 x 512 MiB). Weights rotate over enough copies (>= 1 GiB) that L2
+ * (60 MB) cannot serve them. Attention decode: bytes = K + V of the context read once.
+ * Timing: warm-up, then many asynchronous launches between two sync()s on the host clock.
+ */
+#include "backend/cpu/cpu.h"
+#include "ops/ops.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static tern_backend *g;
+static unsigned long long seed = 7;
+
+static float frand(void) {
+    seed ^= seed >> 12; seed ^= seed << 25; seed ^= seed >> 27;
+    return (float)((seed * 2685821657736338717ULL) >> 40) / 8388608.0f - 1.0f;
+}
+
+static void *dev_random(size_t bytes) {
+    uint8_t *h = malloc(bytes);
+    for (size_t i = 0; i < bytes; i += 4) {
+        float f = frand() * 0.05f;
+        memcpy(h + i, &f, bytes - i < 4 ? bytes - i : 4);
+    }
+    void *d = g->vt->alloc(g, bytes);
+    if (d) g->vt->upload(g, d, h, bytes);
+    free(h);
+    return d;
+}
+
+static double ceiling_gbs;
+
+static void row(const char *name, double sec, double bytes) {
+    double gbs = bytes / sec / 1e9;
+    printf("%-44s %10.1f us %9.1f GB/s %6.1f%% of stream-add, %5.1f%% of 4.8 TB/s\n", name, sec * 1e6, gbs,
+           ceiling_gbs > 0 ? 100.0 * gbs / ceiling_gbs : 0.0, 100.0 * gbs / 4800.0);
+    printf("csv,%s,%.2f,%.1f\n", name, sec * 1e6, gbs);
+    fflush(stdout);
+}
+
+static void bench_stream(void) {
+    size_t n = (512u << 20) / 4;
+    float *a = dev_random(n * 4), *b = dev_random(n * 4), *y = g->vt->alloc(g, n * 4);
+    if (!a || !b || !y) return;
+    for (int i = 0; i < 3; i++) g->vt->add(g, y, a, b, n);
+    g->vt->sync(g);
+    int reps = 20;
+    double t0 = tern_time_s();
+    for (int i = 0; i < reps; i++) g->vt->add(g, y, a, b, n);
+    g->vt->sync(g);
+    double sec = (tern_time_s() - t0) / reps;
+    ceiling_gbs = 12.0 * n / sec / 1e9;
+    row("stream add 512 MiB x3 (ceiling)", sec, 12.0 * n);
+    g->vt->free(g, a); g->vt->free(g, b); g->vt->free(g, y);
+}
+
+static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, int n) {
+    tern_tensor t = {0};
+    t.dtype = dt;
+    t.ndim = 2;
+    t.shape[0] = out;
+    t.shape[1] = in;
+    t.bits = bits;
+    t.group_size = gs;
+    t.sdtype = TERN_DT_BF16;
+    t.device = -1;
+    t.name = "bench";
+    size_t rb = tern_tensor_row_bytes(&t), wb = (size_t)out * rb;
+    size_t sb = dt == TERN_DT_Q ? (size_t)out * (in / gs) * 2 : 0, bytes = wb + 2 * sb;
+    int copies = (int)((1ull << 30) / bytes + 1);
+    if (copies > 64) copies = 64;
+    tern_tensor *w = calloc(copies, sizeof *w);
+    uint8_t *hd = malloc(wb);
+    uint16_t *hs = malloc(sb ? sb : 2), *hb = malloc(sb ? sb : 2);
+    for (size_t i = 0; i < wb; i++) hd[i] = (uint8_t)(frand() * 127 + 128);
+    if (dt == TERN_DT_BF16)
+        for (size_t i = 0; i < wb / 2; i++) ((uint16_t *)hd)[i] = tern_f32_to_bf16(frand() * 0.05f);
+    for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
+    tern_error err = {0};
+    for (int c = 0; c < copies; c++) {
+        w[c] = t;
+        w[c].data = hd;
+        w[c].scales = hs;
+        w[c].biases = hb;
+        if (g->vt->upload_weight(g, &w[c], &err) != TERN_OK) {
+            printf("upload: %s\n", err.msg);
+            copies = c;
+            break;
+        }
+    }
+    free(hd); free(hs); free(hb);
+    float *x = dev_random((size_t)n * in * 4), *y = g->vt->alloc(g, (size_t)n * out * 4);
+    if (copies > 0 && x && y) {
+        for (int i = 0; i < copies; i++) g->vt->matmul(g, y, x, n, &w[i]);
+        g->vt->sync(g);
+        int reps = copies * (bytes < (64u << 20) ? 8 : 3);
+        double t0 = tern_time_s();
+        for (int i = 0; i < reps; i++) g->vt->matmul(g, y, x, n, &w[i % copies]);
+        g->vt->sync(g);
+        double sec = (tern_time_s() - t0) / reps;
+        char name[96];
+        if (dt == TERN_DT_Q) snprintf(name, sizeof name, "gemv q%d/g%d %dx%d n=%d", bits, gs, out, in, n);
+        else snprintf(name, sizeof name, "gemv %s %dx%d n=%d", tern_dtype_name(dt), out, in, n);
+        row(name, sec, (double)bytes);
+    }
+    for (int c = 0; c < copies; c++) g->vt->free_weight(g, &w[c]);
+    free(w);
+    g->vt->free(g, x); g->vt->free(g, y);
+}
+
+static void bench_attn_decode(int nh, int nkv, int d, int ctx, int nseq) {
+    int bs = 16, mb = (ctx + bs - 1) / bs;
+    size_t tok = (size_t)nkv * d, pool = (size_t)nseq * mb * bs * tok;
+    float *k = dev_random(pool * 4), *v = dev_random(pool * 4);
+    int32_t *bt = malloc((size_t)nseq * mb * 4), *pos = malloc(nseq * 4), *slot = malloc(nseq * 4);
+    for (int i = 0; i < nseq * mb; i++) bt[i] = i;
+    for (int s = 0; s < nseq; s++) { pos[s] = ctx - 1; slot[s] = s; }
+    void *btd = g->vt->alloc(g, (size_t)nseq * mb * 4), *pd = g->vt->alloc(g, nseq * 4), *sd = g->vt->alloc(g, nseq * 4);
+    g->vt->upload(g, btd, bt, (size_t)nseq * mb * 4);
+    g->vt->upload(g, pd, pos, nseq * 4);
+    g->vt->upload(g, sd, slot, nseq * 4);
+    float *q = dev_random((size_t)nseq * nh * d * 4), *o = g->vt->alloc(g, (size_t)nseq * nh * d * 4);
+    if (k && v && q && o) {
+        tern_kv_layer kv = {TERN_DT_F32, nkv, d, bs, 0, k, v, btd, mb};
+        tern_rows rows = {nseq, pd, sd, pos, slot};
+        for (int i = 0; i < 3; i++) g->vt->attention(g, o, q, &rows, nh, &kv, 0.1f, 0.0f);
+        g->vt->sync(g);
+        int reps = 20;
+        double t0 = tern_time_s();
+        for (int i = 0; i < reps; i++) g->vt->attention(g, o, q, &rows, nh, &kv, 0.1f, 0.0f);
+        g->vt->sync(g);
+        char name[96];
+        snprintf(name, sizeof name, "attn decode nh%d kv%d d%d ctx%d x%d", nh, nkv, d, ctx, nseq);
+        row(name, (tern_time_s() - t0) / reps, 2.0 * pool * 4);
+    }
+    g->vt->free(g, k); g->vt->free(g, v); g->vt->free(g, btd); g->vt->free(g, pd); g->vt->free(g, sd);
+    g->vt->free(g, q); g->vt->free(g, o);
+    free(bt); free(pos); free(slot);
+}
+
+/* causal prefill of n tokens in one slot: FLOPs = 4 * nh * d * n(n+1)/2 */
+static void bench_attn_prefill(int nh, int nkv, int d, int n) {
+    int bs = 16, mb = (n + bs - 1) / bs;
+    size_t tok = (size_t)nkv * d, pool = (size_t)mb * bs * tok;
+    float *k = dev_random(pool * 4), *v = dev_random(pool * 4);
+    int32_t *bt = malloc((size_t)mb * 4), *pos = malloc(n * 4), *slot = malloc(n * 4);
+    for (int i = 0; i < mb; i++) bt[i] = i;
+    for (int r = 0; r < n; r++) { pos[r] = r; slot[r] = 0; }
+    void *btd = g->vt->alloc(g, (size_t)mb * 4), *pd = g->vt->alloc(g, n * 4), *sd = g->vt->alloc(g, n * 4);
+    g->vt->upload(g, btd, bt, (size_t)mb * 4);
+    g->vt->upload(g, pd, pos, n * 4);
+    g->vt->upload(g, sd, slot, n * 4);
+    float *q = dev_random((size_t)n * nh * d * 4), *o = g->vt->alloc(g, (size_t)n * nh * d * 4);
+    if (k && v && q && o) {
+        tern_kv_layer kv = {TERN_DT_F32, nkv, d, bs, 0, k, v, btd, mb};
+        tern_rows rows = {n, pd, sd, pos, slot};
+        g->vt->attention(g, o, q, &rows, nh, &kv, 0.1f, 0.0f);
+        g->vt->sync(g);
+        int reps = 3;
+        double t0 = tern_time_s();
+        for (int i = 0; i < reps; i++) g->vt->attention(g, o, q, &rows, nh, &kv, 0.1f, 0.0f);
+        g->vt->sync(g);
+        double sec = (tern_time_s() - t0) / reps, fl = 4.0 * nh * d * (double)n * (n + 1) / 2;
+        char name[96];
+        snprintf(name, sizeof name, "attn prefill nh%d kv%d d%d n%d", nh, nkv, d, n);
+        printf("%-44s %10.1f us %9.1f TFLOP/s\n", name, sec * 1e6, fl / sec / 1e12);
+        printf("csv,%s,%.2f,%.2f\n", name, sec * 1e6, fl / sec / 1e12);
+    }
+    g->vt->free(g, k); g->vt->free(g, v); g->vt->free(g, btd); g->vt->free(g, pd); g->vt->free(g, sd);
+    g->vt->free(g, q); g->vt->free(g, o);
+    free(bt); free(pos); free(slot);
+}
+
+static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_compute mode) {
+    tern_backend *keep = g, *b = NULL;
+    tern_backend_opts o = {0};
+    o.compute = mode;
+    tern_error err = {0};
+    if (tern_backend_cuda_open(&b, &o, &err) != TERN_OK) return;
+    g = b;
+    tern_tensor t = {0};
+    t.dtype = dt; t.ndim = 2; t.shape[0] = out; t.shape[1] = in; t.bits = bits; t.group_size = 64;
+    t.sdtype = TERN_DT_BF16; t.device = -1; t.name = "bench";
+    size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = dt == TERN_DT_Q ? (size_t)out * (in / 64) * 2 : 0;
+    uint8_t *hd = calloc(1, wb);
+    uint16_t *hs = calloc(1, sb + 2);
+    for (size_t i = 0; i < wb; i++) hd[i] = (uint8_t)(frand() * 127 + 128);
+    if (dt == TERN_DT_BF16)
+        for (size_t i = 0; i < wb / 2; i++) ((uint16_t *)hd)[i] = tern_f32_to_bf16(frand() * 0.05f);
+    for (size_t i = 0; i < sb / 2; i++) hs[i] = tern_f32_to_bf16(0.01f * (1.0f + frand()));
+    t.data = hd; t.scales = hs; t.biases = hs;
+    float *x = dev_random((size_t)n * in * 4), *y = g->vt->alloc(g, (size_t)n * out * 4);
+    if (g->vt->upload_weight(g, &t, &err) == TERN_OK && x && y) {
+        g->vt->matmul(g, y, x, n, &t);
+        g->vt->sync(g);
+        int reps = 5;
+        double t0 = tern_time_s();
+        for (int i = 0; i < reps; i++) g->vt->matmul(g, y, x, n, &t);
+        g->vt->sync(g);
+        double sec = (tern_time_s() - t0) / reps;
+        char name[96];
+        snprintf(name, sizeof name, "gemm %s%s %dx%d n=%d %s", dt == TERN_DT_Q ? "q" : tern_dtype_name(dt),
+                 dt == TERN_DT_Q ? (bits == 4 ? "4" : "8") : "", out, in, n, mode == TERN_COMPUTE_F32 ? "f32" : "bf16");
+        printf("%-44s %10.1f us %9.1f TFLOP/s\n", name, sec * 1e6, 2.0 * n * out * in / sec / 1e12);
+        printf("csv,%s,%.2f,%.2f\n", name, sec * 1e6, 2.0 * n * out * in / sec / 1e12);
+        g->vt->free_weight(g, &t);
+    }
+    g->vt->free(g, x); g->vt->free(g, y);
+    free(hd); free(hs);
+    tern_backend_close(b);
+    g = keep;
+}
+
+int main(void) {
+    tern_error err = {0};
+    tern_backend_opts o = {0};
+    if (tern_backend_cuda_open(&g, &o, &err) != TERN_OK) {
+        printf("SKIP: bench_cuda: %s\n", err.msg);
+        return 0;
+    }
+    bench_stream();
+    static const int shapes[][2] = {{8192, 8192}, {28672, 4096}, {4096, 14336}};
+    for (int s = 0; s < 3; s++)
+        for (int n = 1; n <= 8; n *= 8) {
+            bench_gemv(TERN_DT_BF16, 0, 0, shapes[s][0], shapes[s][1], n);
+            bench_gemv(TERN_DT_Q, 4, 64, shapes[s][0], shapes[s][1], n);
+            bench_gemv(TERN_DT_Q, 8, 64, shapes[s][0], shapes[s][1], n);
+        }
+    bench_gemv(TERN_DT_Q, 3, 64, 8192, 8192, 1);
+    bench_gemv(TERN_DT_Q, 6, 64, 8192, 8192, 1);
+    bench_gemv(TERN_DT_F32, 0, 0, 8192, 8192, 1);
+    bench_attn_decode(32, 8, 128, 8192, 1);
+    bench_attn_decode(32, 8, 128, 4096, 16);
+    bench_attn_decode(32, 4, 512, 4096, 4);
+    bench_attn_prefill(32, 8, 128, 2048);
+    bench_attn_prefill(16, 8, 256, 1024);
+    bench_attn_prefill(32, 4, 512, 1024);
+    bench_prefill(TERN_DT_BF16, 0, 8192, 8192, 2048, TERN_COMPUTE_BF16);
+    bench_prefill(TERN_DT_BF16, 0, 8192, 8192, 2048, TERN_COMPUTE_F32);
+    bench_prefill(TERN_DT_Q, 4, 8192, 8192, 2048, TERN_COMPUTE_BF16);
+    bench_prefill(TERN_DT_Q, 4, 8192, 8192, 2048, TERN_COMPUTE_F32);
+    tern_backend_close(g);
+    return 0;
+}

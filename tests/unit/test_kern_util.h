@@ -1,0 +1,102 @@
+/*
+ * test_kern_util.h — helpers for the CPU kernel tests (test_kern_*.c): random weights in
+ * every stored format, opening the reference and fast backends at a given ISA level.
+ */
+#ifndef TEST_KERN_UTIL_H
+#define TEST_KERN_UTIL_H
+
+#include "backend/cpu/cpu.h"
+#include "test.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+/* A weight with its own buffers: E matrices [out, in], optionally `pad` extra rows between
+ * matrices (exercises mat_stride views). */
+typedef struct kt_weight {
+    tern_tensor t;
+    void *data, *scales, *biases;
+} kt_weight;
+
+static inline void kt_store(void *p, tern_dtype dt, size_t i, float v) {
+    if (dt == TERN_DT_F32) ((float *)p)[i] = v;
+    else if (dt == TERN_DT_F16) ((uint16_t *)p)[i] = tern_f32_to_f16(v);
+    else ((uint16_t *)p)[i] = tern_f32_to_bf16(v);
+}
+
+static inline void kt_weight_make(kt_weight *w, tern_dtype dt, int bits, int gs, tern_dtype sdt, int E, int out,
+                                  int in, int pad, unsigned long long seed) {
+    unsigned long long s = seed * 0x9E3779B97F4A7C15ull + 1;
+    memset(w, 0, sizeof *w);
+    tern_tensor *t = &w->t;
+    t->dtype = dt;
+    t->ndim = E > 1 ? 3 : 2;
+    if (E > 1) { t->shape[0] = E; t->shape[1] = out; t->shape[2] = in; }
+    else { t->shape[0] = out; t->shape[1] = in; }
+    t->bits = bits;
+    t->group_size = gs;
+    t->sdtype = sdt;
+    t->device = -1;
+    t->name = "test";
+    size_t rows_per_mat = (size_t)out + (size_t)pad;
+    size_t rb = dt == TERN_DT_Q ? (size_t)in * bits / 8 : (size_t)in * tern_dtype_size(dt);
+    size_t total_rows = (size_t)E * rows_per_mat;
+    w->data = malloc(total_rows * rb + 64);
+    uint8_t *d = w->data;
+    if (dt == TERN_DT_Q) {
+        for (size_t i = 0; i < total_rows * rb; i++) d[i] = (uint8_t)test_rand_u64(&s);
+        size_t ng = (size_t)in / gs, ss = tern_dtype_size(sdt);
+        w->scales = malloc(total_rows * ng * ss + 8);
+        w->biases = malloc(total_rows * ng * ss + 8);
+        for (size_t i = 0; i < total_rows * ng; i++) {
+            kt_store(w->scales, sdt, i, 0.02f + 0.01f * test_randf(&s));
+            kt_store(w->biases, sdt, i, 0.1f * test_randf(&s));
+        }
+        t->scales = w->scales;
+        t->biases = w->biases;
+        if (pad) t->mat_stride_s = rows_per_mat * ng * ss;
+    } else {
+        size_t n = total_rows * (size_t)in;
+        for (size_t i = 0; i < n; i++) {
+            float v = test_randf(&s) * 0.1f;
+            if (dt == TERN_DT_F8_E4M3) d[i] = (uint8_t)(test_rand_u64(&s) & 0x77);
+            else kt_store(d, dt, i, v);
+        }
+    }
+    t->data = w->data;
+    if (pad) t->mat_stride = rows_per_mat * rb;
+}
+
+static inline void kt_weight_free(kt_weight *w) {
+    free(w->data);
+    free(w->scales);
+    free(w->biases);
+}
+
+static inline float *kt_randv(size_t n, unsigned long long seed, float scale) {
+    unsigned long long s = seed * 0x2545F4914F6CDD1Dull + 7;
+    float *v = malloc(n * sizeof *v + 64);
+    for (size_t i = 0; i < n; i++) v[i] = test_randf(&s) * scale;
+    return v;
+}
+
+/* Open the fast CPU backend with kernels capped at `isa` ("avx512", "avx2", "scalar"). */
+static inline tern_backend *kt_open_cpu(const char *isa, int nth) {
+    setenv("TERN_CPU_ISA", isa, 1);
+    tern_backend_opts o = {.n_threads = nth};
+    tern_backend *be = NULL;
+    tern_error e = {0};
+    if (tern_backend_cpu_open(&be, &o, &e) != TERN_OK) printf("  open cpu: %s\n", e.msg);
+    unsetenv("TERN_CPU_ISA");
+    return be;
+}
+
+static inline tern_backend *kt_open_ref(void) {
+    tern_backend *be = NULL;
+    tern_backend_cpu_ref_open(&be, NULL, NULL);
+    return be;
+}
+
+static const char *const kt_isas[] = {"scalar", "avx2", "avx512"};
+
+#endif

@@ -1,0 +1,127 @@
+/*
+ * cli_util.c — common CLI flags, model opening, id parsing, error reporting.
+ */
+#include "cli_util.h"
+#include "io/demo.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tern %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 2;
+}
+
+int cli_fail(const char *cmd, const tern_error *e) {
+    fprintf(stderr, "tern %s: %s\n", cmd, e->msg[0] ? e->msg : tern_status_str(e->code));
+    return tern_status_exit_code(e->code);
+}
+
+int cli_int(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || errno || x < lo || x > hi)
+        return cli_usage_error(cmd, "%s expects an integer in [%ld, %ld], got '%s'", flag, lo, hi, v ? v : "");
+    *out = x;
+    return 0;
+}
+
+int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    long x;
+    if (!strcmp(a, "--device")) {
+        if (!v || (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto"))) {
+            cli_usage_error(argv[0], "--device expects cpu, cuda or auto, got '%s'", v ? v : "");
+            return -1;
+        }
+        c->device = v;
+    } else if (!strcmp(a, "--compute")) {
+        if (v && !strcmp(v, "f32")) c->compute = TERN_COMPUTE_F32;
+        else if (v && !strcmp(v, "bf16")) c->compute = TERN_COMPUTE_BF16;
+        else { cli_usage_error(argv[0], "--compute expects f32 or bf16, got '%s'", v ? v : ""); return -1; }
+    } else if (!strcmp(a, "--threads")) {
+        if (cli_int(argv[0], a, v, 0, 1024, &x)) return -1;
+        c->threads = (int)x;
+    } else if (!strcmp(a, "--max-ctx")) {
+        if (cli_int(argv[0], a, v, 1, 1 << 24, &x)) return -1;
+        c->max_ctx = (int)x;
+    } else {
+        return 0;
+    }
+    (*i)++;
+    return 1;
+}
+
+int cli_open(const cli_common *c, int n_slots, cli_session *s) {
+    memset(s, 0, sizeof *s);
+    tern_error e = {0};
+    tern_backend_opts bo = {.n_threads = c->threads, .device = 0, .compute = c->compute};
+    const char *dev = c->device ? c->device : "auto";
+    tern_status st = TERN_OK;
+    if (!strcmp(dev, "cuda") || !strcmp(dev, "auto")) {
+        st = tern_backend_cuda_open(&s->be, &bo, &e);
+        if (st && !strcmp(dev, "cuda")) return cli_fail("open", &e);
+    }
+    if (!s->be) {
+        st = tern_backend_cpu_open(&s->be, &bo, &e);
+        if (st) return cli_fail("open", &e);
+    }
+    char dir[4096];
+    st = tern_model_path_resolve(c->model, dir, sizeof dir, &e);
+    if (!st) st = tern_model_load(&s->model, dir, s->be, NULL, &e);
+    if (st) {
+        tern_backend_close(s->be);
+        s->be = NULL;
+        return cli_fail("load", &e);
+    }
+    if (n_slots > 0) {
+        tern_kv_opts ko = {.n_slots = n_slots, .max_ctx = c->max_ctx};
+        st = tern_kv_open(&s->kv, s->be, tern_model_cfg(s->model), &ko, &e);
+        if (st) { cli_close(s); return cli_fail("kv", &e); }
+    }
+    return 0;
+}
+
+void cli_close(cli_session *s) {
+    tern_kv_close(s->kv);
+    tern_model_free(s->model);
+    tern_backend_close(s->be);
+    memset(s, 0, sizeof *s);
+}
+
+int cli_parse_ids(const char *s, int32_t **ids) {
+    *ids = NULL;
+    if (!s || !*s) { fprintf(stderr, "tern: --ids needs a comma-separated list of token ids\n"); return -1; }
+    size_t cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    int32_t *out = malloc(sizeof(int32_t) * cap);
+    if (!out) return -1;
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "tern: bad token id list at '%.20s' (expected e.g. 2,17,99)\n", p);
+            free(out);
+            return -1;
+        }
+        out[n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+        if (*end == ',' && !*p) { fprintf(stderr, "tern: token id list ends with ','\n"); free(out); return -1; }
+    }
+    *ids = out;
+    return n;
+}

@@ -1,0 +1,42 @@
+/*
+ * cli_util.h — what the subcommands share: the common flags of DESIGN.md §7, opening a
+ * backend + model from a directory (or `demo`), parsing id lists, reporting errors with the
+ * contract's exit codes (0 ok, 2 bad input, 1 other).
+ */
+#ifndef TERN_CLI_UTIL_H
+#define TERN_CLI_UTIL_H
+
+#include "model/model.h"
+#include "runtime/kv.h"
+
+typedef struct cli_common {
+    const char *model;       /* directory or "demo" */
+    const char *device;      /* cpu | cuda | auto */
+    tern_compute compute;
+    int threads;
+    int max_ctx;
+} cli_common;
+
+/* If argv[*i] is a common flag, consume it (and its value) and return 1; 0 if not a common
+ * flag; -1 on a bad value (message printed). */
+int cli_common_flag(cli_common *c, int argc, char **argv, int *i);
+
+typedef struct cli_session {
+    tern_backend *be;
+    tern_model *model;
+    tern_kv *kv;
+} cli_session;
+
+/* Open backend + model (+ a KV cache with n_slots slots when n_slots > 0). Prints the error. */
+int cli_open(const cli_common *c, int n_slots, cli_session *s);
+void cli_close(cli_session *s);
+
+/* "2,17,99" -> ids. Returns count, or -1 (message printed) on bad syntax. *ids malloc'd. */
+int cli_parse_ids(const char *s, int32_t **ids);
+/* Print "tern <cmd>: <msg>" and return the contract exit code for the status. */
+int cli_fail(const char *cmd, const tern_error *e);
+int cli_usage_error(const char *cmd, const char *fmt, ...);
+/* Parse an int flag value with range check. */
+int cli_int(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out);
+
+#endif

@@ -1,0 +1,66 @@
+/*
+ * cmd_bench.c — `tern bench MODEL [--prompt N] [--gen N] [--reps R]`: prefill and decode
+ * tokens/s, reported against the floor (weight bytes read per token / memory read bandwidth
+ * measured right before and after each timed run, since this machine's bandwidth moves).
+ * Prints a table and one CSV line (prefix "csv,").
+ */
+#include "backend/cpu/cpu.h"
+#include "cli.h"
+#include "cli_util.h"
+#include "runtime/generate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double probe(int on_cpu) { return on_cpu ? tern_cpu_membw_probe((size_t)256 << 20) : 0.0; }
+
+int tern_cmd_bench(int argc, char **argv) {
+    cli_common c = {0};
+    long n_prompt = 128, n_gen = 32, reps = 3;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_flag(&c, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--prompt") && v) { if (cli_int("bench", a, v, 1, 1 << 20, &n_prompt)) return 2; i++; }
+        else if (!strcmp(a, "--gen") && v) { if (cli_int("bench", a, v, 1, 1 << 20, &n_gen)) return 2; i++; }
+        else if (!strcmp(a, "--reps") && v) { if (cli_int("bench", a, v, 1, 1000, &reps)) return 2; i++; }
+        else if (a[0] != '-' && !c.model) c.model = a;
+        else return cli_usage_error("bench", "unknown or incomplete argument '%s'", a);
+    }
+    if (!c.model) c.model = "demo";
+    c.max_ctx = (int)(n_prompt + n_gen + 1);
+    cli_session s;
+    int rc = cli_open(&c, 1, &s);
+    if (rc) return rc;
+    const tern_model_config *cfg = tern_model_cfg(s.model);
+    tern_model_stats ms;
+    tern_model_get_stats(s.model, &ms);
+    int on_cpu = tern_model_backend(s.model)->device < 0;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    for (long i = 0; i < n_prompt; i++) ids[i] = (int32_t)((i * 7919 + 2) % cfg->n_vocab);
+    printf("model %s (%s), backend %s%s%s, weights read per token %.1f MB\n", c.model, tern_arch_name(cfg->arch),
+           tern_model_backend(s.model)->vt->name, on_cpu ? ", isa " : "", on_cpu ? tern_cpu_isa_name() : "",
+           ms.bytes_per_token / 1e6);
+    printf("%-4s %10s %10s %10s %10s %8s %8s\n", "rep", "pp tok/s", "tg tok/s", "bw GB/s", "floor t/s", "tg/floor", "ms/tok");
+    tern_error e = {0};
+    for (long r = 0; r < reps; r++) {
+        double bw0 = probe(on_cpu);
+        tern_gen_stats st = {0};
+        tern_status status = tern_generate(s.model, s.kv, 0, ids, (int)n_prompt, (int)n_gen + 1, 512, NULL, 0, NULL, NULL,
+                                           NULL, NULL, &st, &e);
+        tern_kv_release(s.kv, 0);
+        if (status) { free(ids); cli_close(&s); return cli_fail("bench", &e); }
+        double bw1 = probe(on_cpu), bw = (bw0 + bw1) / 2;
+        double pp = st.n_prompt / st.t_prefill, tg = st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0;
+        double floor_tps = bw > 0 ? bw * 1e9 / ms.bytes_per_token : 0;
+        printf("%-4ld %10.1f %10.2f %10.1f %10.2f %8.2f %8.2f\n", r, pp, tg, bw, floor_tps,
+               floor_tps > 0 ? tg / floor_tps : 0, tg > 0 ? 1e3 / tg : 0);
+        printf("csv,%s,%s,%ld,%ld,%.2f,%.3f,%.2f,%.3f,%.4f\n", c.model, tern_model_backend(s.model)->vt->name, n_prompt,
+               n_gen, pp, tg, bw, floor_tps, floor_tps > 0 ? tg / floor_tps : 0);
+    }
+    free(ids);
+    cli_close(&s);
+    return 0;
+}

@@ -1,0 +1,116 @@
+/*
+ * cmd_serve.c — `tern serve [MODEL] [flags]`: run the OpenAI/Anthropic-compatible server
+ * (src/server/server.h) until SIGINT/SIGTERM.
+ *
+ * Prints exactly `listening on http://HOST:PORT` on stdout once the socket accepts
+ * connections (with --port 0 the port the kernel picked); the model then loads in the
+ * background (/health answers 503 until it is ready). If the model fails to load the
+ * command prints the reason and exits with the contract's code (2 bad input, 1 other).
+ * `--fake-engine` serves the test engine of src/server/fake_engine.c (no model needed).
+ */
+#include "cli.h"
+#include "cli_util.h"
+#include "server/server.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: tern serve [MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--alias NAME]\n"
+            "                  [--device cpu|cuda|auto] [--compute f32|bf16] [--threads N] [--max-ctx N]\n"
+            "                  [--max-concurrency N] [--memory-budget GB] [--kv-memory GB] [--prompt-cache GB]\n"
+            "                  [--kv-quant off|8|4|turbo] [--max-tokens N] [--max-body MB] [--timeout S]\n"
+            "MODEL is a model directory or `demo` (default).\n");
+    return 2;
+}
+
+static int dbl(const char *flag, const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || !*v || *end || errno || !(x >= 0) || x > 1e6)
+        return cli_usage_error("serve", "%s expects a number >= 0, got '%s'", flag, v ? v : "");
+    *out = x;
+    return 0;
+}
+
+int tern_cmd_serve(int argc, char **argv) {
+    tern_server_opts o = tern_server_default_opts();
+    long x;
+    double d;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
+        else if (!strcmp(a, "--fake-engine")) { o.fake_engine = 1; takes = 0; }
+        else if (!v && a[0] == '-') return cli_usage_error("serve", "%s needs a value", a);
+        else if (!strcmp(a, "--host")) o.host = v;
+        else if (!strcmp(a, "--port")) { if (cli_int("serve", a, v, 0, 65535, &x)) return 2; o.port = (int)x; }
+        else if (!strcmp(a, "--api-key")) o.api_key = v;
+        else if (!strcmp(a, "--alias")) o.model_alias = v;
+        else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto"))
+                return cli_usage_error("serve", "--device expects cpu, cuda or auto, got '%s'", v);
+            o.engine.device = v;
+        } else if (!strcmp(a, "--compute")) {
+            if (strcmp(v, "f32") && strcmp(v, "bf16"))
+                return cli_usage_error("serve", "--compute expects f32 or bf16, got '%s'", v);
+            o.engine.compute_bf16 = !strcmp(v, "bf16");
+        } else if (!strcmp(a, "--threads")) { if (cli_int("serve", a, v, 0, 1024, &x)) return 2; o.engine.n_threads = (int)x; }
+        else if (!strcmp(a, "--max-ctx")) { if (cli_int("serve", a, v, 1, 1 << 24, &x)) return 2; o.engine.max_ctx = (int)x; }
+        else if (!strcmp(a, "--max-concurrency")) {
+            if (cli_int("serve", a, v, 1, 4096, &x)) return 2;
+            o.engine.max_concurrency = (int)x;
+        } else if (!strcmp(a, "--memory-budget")) { if (dbl(a, v, &d)) return 2; o.engine.memory_budget_gb = d; }
+        else if (!strcmp(a, "--kv-memory")) { if (dbl(a, v, &d)) return 2; o.engine.kv_memory_gb = d; }
+        else if (!strcmp(a, "--prompt-cache")) { if (dbl(a, v, &d)) return 2; o.engine.prompt_cache_gb = d; }
+        else if (!strcmp(a, "--kv-quant")) o.engine.kv_quant = v;
+        else if (!strcmp(a, "--max-tokens")) { if (cli_int("serve", a, v, 1, 1 << 24, &x)) return 2; o.default_max_tokens = (int)x; }
+        else if (!strcmp(a, "--max-body")) { if (dbl(a, v, &d) || d < 0.001) return 2; o.max_body = (size_t)(d * 1048576.0); }
+        else if (!strcmp(a, "--timeout")) { if (cli_int("serve", a, v, 1, 86400, &x)) return 2; o.timeout_s = (int)x; }
+        else if (a[0] == '-') return cli_usage_error("serve", "unknown flag '%s' (try tern serve --help)", a);
+        else if (!o.engine.model) { o.engine.model = a; takes = 0; }
+        else return cli_usage_error("serve", "unexpected argument '%s'", a);
+        i += takes;
+    }
+    if (!o.engine.model) o.engine.model = "demo";
+
+    /* Signals are taken synchronously by this thread; block them before any thread starts. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    tern_server *s = NULL;
+    tern_error err = {0};
+    if (tern_server_start(&s, &o, &err)) return cli_fail("serve", &err);
+    const char *h = tern_server_host(s);
+    printf(strchr(h, ':') ? "listening on http://[%s]:%d\n" : "listening on http://%s:%d\n", h, tern_server_port(s));
+    fflush(stdout);
+
+    int loaded = 0, rc = 0;
+    for (;;) {
+        struct timespec ts = {0, 100 * 1000000L};
+        int sig = sigtimedwait(&set, NULL, &ts);
+        if (sig == SIGINT || sig == SIGTERM) break;
+        if (!loaded) {
+            /* poll the load without blocking signals out: wait_loaded returns at once when done */
+            int st = tern__server_load_state(s);
+            if (st == 1) { loaded = 1; fprintf(stderr, "tern serve: model ready\n"); }
+            else if (st == 2) {
+                tern_server_wait_loaded(s, &err);
+                rc = cli_fail("serve", &err);
+                break;
+            }
+        }
+    }
+    tern_server_stop(s);
+    return rc;
+}
