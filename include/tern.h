@@ -179,6 +179,7 @@ typedef struct tern_engine_stats {
     int kv_blocks_used, kv_blocks_total;
     double prefix_hit_rate;
     long long preemptions;    /* requests evicted from the KV pool to be recomputed later */
+    int kv_blocks_cached;     /* blocks held by the prefix cache (counted in kv_blocks_used too) */
 } tern_engine_stats;
 void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st);
 

@@ -3,6 +3,7 @@
  */
 #include "cli_util.h"
 #include "io/demo.h"
+#include "io/presets.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -53,6 +54,22 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "--threads")) {
         if (cli_int(argv[0], a, v, 0, 1024, &x)) return -1;
         c->threads = (int)x;
+    } else if (!strcmp(a, "--random")) {
+        if (!v || !tern_preset_config(v)) {
+            cli_usage_error(argv[0], "--random expects one of: %s", tern_preset_names());
+            return -1;
+        }
+        c->random = v;
+    } else if (!strcmp(a, "--quant")) {
+        int b = 0;
+        if (v && !strcmp(v, "bf16")) b = 0;
+        else if (v && v[0] == 'q' && v[1] >= '2' && v[1] <= '8' && v[1] != '7' && !v[2]) b = v[1] - '0';
+        else { cli_usage_error(argv[0], "--quant expects bf16, q2, q3, q4, q5, q6 or q8, got '%s'", v ? v : ""); return -1; }
+        c->random_bits = b;
+    } else if (!strcmp(a, "--group")) {
+        if (cli_int(argv[0], a, v, 32, 128, &x)) return -1;
+        if (x != 32 && x != 64 && x != 128) { cli_usage_error(argv[0], "--group expects 32, 64 or 128"); return -1; }
+        c->random_group = (int)x;
     } else if (!strcmp(a, "--max-ctx")) {
         if (cli_int(argv[0], a, v, 1, 1 << 24, &x)) return -1;
         c->max_ctx = (int)x;
@@ -78,11 +95,19 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
         if (st) return cli_fail("open", &e);
     }
     char dir[4096];
-    st = tern_model_path_resolve(c->model, dir, sizeof dir, &e);
-    if (!st) st = tern_model_load(&s->model, dir, s->be, NULL, &e);
+    if (c->random) {
+        const char *js = tern_preset_config(c->random);
+        tern_synth_spec spec = {.bits = c->random_bits, .group_size = c->random_group ? c->random_group : 64};
+        if (!(s->cfg = calloc(1, sizeof *s->cfg))) st = tern_err(&e, TERN_ENOMEM, "out of memory");
+        if (!st) st = tern_config_parse(s->cfg, js, strlen(js), c->random, &e);
+        if (!st) st = tern_weights_open_synth(&s->ws, s->cfg, &spec, &e);
+        if (!st) st = tern_model_load_from(&s->model, s->cfg, s->ws, s->be, NULL, &e);
+    } else {
+        st = tern_model_path_resolve(c->model, dir, sizeof dir, &e);
+        if (!st) st = tern_model_load(&s->model, dir, s->be, NULL, &e);
+    }
     if (st) {
-        tern_backend_close(s->be);
-        s->be = NULL;
+        cli_close(s);
         return cli_fail("load", &e);
     }
     if (n_slots > 0) {
@@ -96,6 +121,8 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
 void cli_close(cli_session *s) {
     tern_kv_close(s->kv);
     tern_model_free(s->model);
+    tern_weights_close(s->ws);
+    if (s->cfg) { tern_config_free(s->cfg); free(s->cfg); }
     tern_backend_close(s->be);
     memset(s, 0, sizeof *s);
 }

@@ -15,6 +15,9 @@ typedef struct cli_common {
     tern_compute compute;
     int threads;
     int max_ctx;
+    const char *random;      /* --random NAME: synthesize weights of a preset geometry */
+    int random_bits;         /* --quant q4|q8|...: 0 = bf16 */
+    int random_group;        /* --group N */
 } cli_common;
 
 /* If argv[*i] is a common flag, consume it (and its value) and return 1; 0 if not a common
@@ -25,6 +28,8 @@ typedef struct cli_session {
     tern_backend *be;
     tern_model *model;
     tern_kv *kv;
+    tern_model_config *cfg;  /* owned for --random */
+    tern_weights *ws;
 } cli_session;
 
 /* Open backend + model (+ a KV cache with n_slots slots when n_slots > 0). Prints the error. */

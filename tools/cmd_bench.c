@@ -29,7 +29,7 @@ int tern_cmd_bench(int argc, char **argv) {
         else if (a[0] != '-' && !c.model) c.model = a;
         else return cli_usage_error("bench", "unknown or incomplete argument '%s'", a);
     }
-    if (!c.model) c.model = "demo";
+    if (!c.model) c.model = c.random ? c.random : "demo";
     c.max_ctx = (int)(n_prompt + n_gen + 1);
     cli_session s;
     int rc = cli_open(&c, 1, &s);

@@ -36,7 +36,19 @@ struct tern_weights {
     int n_ignores;
     stack *stacks;
     int n_stacks;
+    struct tern_synth *synth; /* synthetic store (weights_synth.c): tensors made on request */
 };
+
+tern_status tern_weights_open_synth(tern_weights **out, const tern_model_config *cfg, const tern_synth_spec *spec,
+                                    tern_error *err) {
+    *out = NULL;
+    tern_weights *w = calloc(1, sizeof *w);
+    if (!w) return tern_err(err, TERN_ENOMEM, "out of memory");
+    w->cfg = cfg;
+    if (!(w->synth = tern__synth_new(cfg, spec))) { free(w); return tern_err(err, TERN_ENOMEM, "out of memory"); }
+    *out = w;
+    return TERN_OK;
+}
 
 static const char *k_prefixes[] = {"model.language_model.", "language_model.model.", "model.", ""};
 static const char *k_towers[] = {"vision_tower", "vision_embedder", "audio_tower", "embed_vision", "embed_audio",
@@ -98,6 +110,7 @@ fail:
 
 void tern_weights_close(tern_weights *w) {
     if (!w) return;
+    tern__synth_free(w->synth);
     for (int i = 0; i < w->n_stacks; i++) {
         free(w->stacks[i].canon);
         free(w->stacks[i].name);
@@ -367,6 +380,7 @@ int tern_weights_try(tern_weights *w, const char *name, int ndim, const int64_t 
     tern_tensor tmp;
     memset(t, 0, sizeof *t);
     if (!w || !name) return tern_err(err, TERN_EINVAL, "weights: NULL store or name");
+    if (w->synth) return tern__synth_try(w->synth, name, ndim, shape, t, err);
     int r = resolve(w, name, &tmp, tried, sizeof tried, err);
     if (r <= 0) return r;
     if (shape) {
@@ -398,6 +412,7 @@ tern_status tern_weights_get(tern_weights *w, const char *name, int ndim, const 
 /* ---- bookkeeping ------------------------------------------------------------------ */
 
 void tern_weights_ignore(tern_weights *w, const char *canonical_prefix) {
+    if (!w || w->synth) return;
     if (!w || !canonical_prefix) return;
     char **ni = realloc(w->ignores, (size_t)(w->n_ignores + 1) * sizeof *ni);
     if (!ni) return;
@@ -418,7 +433,7 @@ static int ignored(const tern_weights *w, const char *name) {
 }
 
 int tern_weights_unused(const tern_weights *w, const char **names, int max) {
-    if (!w) return 0;
+    if (!w || w->synth) return 0;
     int n = 0;
     for (int i = 0; i < tern_st_count(w->st); i++) {
         const tern_st_entry *e = tern_st_at(w->st, i);

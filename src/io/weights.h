@@ -45,6 +45,23 @@ int tern_weights_try(tern_weights *w, const char *name, int ndim, const int64_t 
 int tern_weights_unused(const tern_weights *w, const char **names, int max);
 void tern_weights_ignore(tern_weights *w, const char *canonical_prefix);
 
+/* A synthetic store for benchmarks: every get/try of a shaped tensor returns fresh random
+ * data of that shape (no files), in the stored format of `spec`: bf16, or MLX affine Q with
+ * spec->bits / group_size for matrices (vectors stay f32 near 1). "lm_head" is absent when the
+ * config ties embeddings. Memory is owned by the store. */
+typedef struct tern_synth_spec {
+    int bits;          /* 0 = bf16; 2..8 = MLX affine */
+    int group_size;    /* default 64 */
+    uint64_t seed;
+} tern_synth_spec;
+tern_status tern_weights_open_synth(tern_weights **out, const tern_model_config *cfg, const tern_synth_spec *spec,
+                                    tern_error *err);
+/* internal (weights_synth.c) */
+struct tern_synth *tern__synth_new(const tern_model_config *cfg, const tern_synth_spec *spec);
+void tern__synth_free(struct tern_synth *s);
+int tern__synth_try(struct tern_synth *s, const char *name, int ndim, const int64_t *shape, tern_tensor *t,
+                    tern_error *err);
+
 /* The detected stored-name prefix ("model.", "model.language_model.", ... or ""). */
 const char *tern_weights_prefix(const tern_weights *w);
 /* The underlying safetensors set (for metadata / listing). */

@@ -71,12 +71,14 @@ float tern_f8e4m3_to_f32(uint8_t v) {
 }
 
 float tern_load_f32(const void *p, tern_dtype t, size_t i) {
+    /* memcpy: safetensors data may sit at unaligned offsets */
+    const uint8_t *b = (const uint8_t *)p;
     switch (t) {
-    case TERN_DT_F32: return ((const float *)p)[i];
-    case TERN_DT_F16: return tern_f16_to_f32(((const uint16_t *)p)[i]);
-    case TERN_DT_BF16: return tern_bf16_to_f32(((const uint16_t *)p)[i]);
-    case TERN_DT_F64: return (float)((const double *)p)[i];
-    case TERN_DT_F8_E4M3: return tern_f8e4m3_to_f32(((const uint8_t *)p)[i]);
+    case TERN_DT_F32: { float v; memcpy(&v, b + 4 * i, 4); return v; }
+    case TERN_DT_F16: { uint16_t v; memcpy(&v, b + 2 * i, 2); return tern_f16_to_f32(v); }
+    case TERN_DT_BF16: { uint16_t v; memcpy(&v, b + 2 * i, 2); return tern_bf16_to_f32(v); }
+    case TERN_DT_F64: { double v; memcpy(&v, b + 8 * i, 8); return (float)v; }
+    case TERN_DT_F8_E4M3: return tern_f8e4m3_to_f32(b[i]);
     default: return 0.0f;
     }
 }

@@ -105,6 +105,8 @@ static tern_status check_opts(const tern_engine_opts *o, tern_error *err) {
     if (o->max_ctx < 0) return tern_err(err, TERN_EINVAL, "engine opts.max_ctx: %d is negative", o->max_ctx);
     if (o->max_batch_tokens < 0 || o->max_batch_tokens > (1 << 20))
         return tern_err(err, TERN_EINVAL, "engine opts.max_batch_tokens: %d outside [1, 1048576]", o->max_batch_tokens);
+    if (!(o->prompt_cache_gb >= 0 && o->prompt_cache_gb < 1e6))
+        return tern_err(err, TERN_EINVAL, "engine opts.prompt_cache_gb: %g is not a size", o->prompt_cache_gb);
     if (!(o->kv_memory_gb >= 0 && o->kv_memory_gb < 1e6))
         return tern_err(err, TERN_EINVAL, "engine opts.kv_memory_gb: %g is not a size", o->kv_memory_gb);
     if (o->n_threads < 0) return tern_err(err, TERN_EINVAL, "engine opts.n_threads: %d is negative", o->n_threads);
@@ -138,6 +140,9 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
                        .memory = (size_t)(o.kv_memory_gb * 1073741824.0)};
     if ((st = tern_kv_open(&e->kv, e->be, c, &ko, err))) goto fail;
     tern_sched_opts so = {.max_concurrency = o.max_concurrency, .max_batch_tokens = o.max_batch_tokens};
+    size_t block_bytes = tern_kv_bytes_per_token(c) * (size_t)tern_kv_block_size(e->kv);
+    if (o.prompt_cache_gb > 0 && block_bytes)
+        so.prefix_blocks = (int)TERN_MIN(o.prompt_cache_gb * 1073741824.0 / (double)block_bytes, 1e9);
     if ((st = tern__sched_open(&e->s, e->m, e->kv, &so, err))) goto fail;
     char tp[4200];
     snprintf(tp, sizeof tp, "%s/tokenizer.json", e->dir);

@@ -38,6 +38,8 @@ struct tern_sched {
     tern__req **b_req;         /* [n_slots] owner of each logits row */
     float *logits;             /* [n_slots, V] */
     tern__sampler *smp;
+    tern_prefix *pc;           /* NULL: no prefix cache */
+    int32_t *match;            /* [max_ctx / block_size + 1] matched block ids */
     /* counters */
     long long n_done, n_cancelled, n_failed, prompt_tokens, cached_tokens, gen_tokens, n_preempt;
 };
@@ -158,6 +160,11 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
     if (!s->run || !s->free_slots || !s->b_tok || !s->b_pos || !s->b_slot || !s->b_want || !s->b_req || !s->logits)
         st = tern_err(err, TERN_ENOMEM, "scheduler: out of memory for %d slots x %d rows (vocab %d)", s->n_slots, s->budget, s->V);
     if (!st) st = tern__sampler_new(&s->smp, s->V, err);
+    if (!st) st = tern__prefix_open(&s->pc, kv, o->prefix_blocks, err);
+    if (!st && s->pc && !(s->match = malloc(sizeof(int32_t) * (size_t)(s->max_ctx / tern_kv_block_size(kv) + 1))))
+        st = tern_err(err, TERN_ENOMEM, "scheduler: out of memory");
+    if (!st && o->prefix_blocks > 0 && !s->pc)
+        tern_log(TERN_LOG_INFO, "sched: prefix cache off (the model has sliding-window layers)");
     if (st) { tern__sched_close(s); return st; }
     for (int i = 0; i < s->n_slots; i++) s->free_slots[i] = s->n_slots - 1 - i;
     s->n_free = s->n_slots;
@@ -173,6 +180,8 @@ void tern__sched_close(tern_sched *s) {
     }
     for (tern__req *r = s->wait_head, *nx; r; r = nx) { nx = (tern__req *)r->q.next; tern__req_free(r); }
     tern__sampler_free(s->smp);
+    tern__prefix_close(s->pc);
+    free(s->match);
     free(s->run); free(s->free_slots);
     free(s->b_tok); free(s->b_pos); free(s->b_slot); free(s->b_want); free(s->b_req);
     free(s->logits);
@@ -299,9 +308,23 @@ static int admit(tern_sched *s) {
         r->slot = s->free_slots[--s->n_free];
         r->admit_seq = ++s->admit_counter;
         r->n_past = 0;
+        r->n_reg = 0;
+        r->chain = tern__prefix_seed();
+        if (s->pc && r->max_new > 0) {
+            /* reuse whole cached blocks, but always recompute the last known token */
+            int n_tok = r->n_prompt + r->n_gen, bs = tern_kv_block_size(s->kv);
+            uint64_t chain;
+            int k = tern__prefix_match(s->pc, r->tok, n_tok, (n_tok - 1) / bs, s->match, &chain);
+            if (k > 0 && !tern_kv_share(s->kv, r->slot, s->match, k, NULL)) {
+                r->n_past = k * bs;
+                r->n_reg = k;
+                r->chain = chain;
+            }
+        }
         if (!r->admitted) {
             r->admitted = 1;
             r->t_admit = tern_time_s();
+            r->n_cached = TERN_MIN(r->n_past, r->n_prompt);
             s->prompt_tokens += r->n_prompt;
             s->cached_tokens += r->n_cached;
         }
@@ -316,6 +339,7 @@ static void preempt(tern_sched *s, tern__req *r) {
     free_slot(s, r);
     r->n_past = 0;
     r->rows = 0;
+    r->n_reg = 0;
     wait_push_front(s, r);
     s->n_preempt++;
     tern_log(TERN_LOG_INFO, "sched: preempted request %llu (%d tokens to recompute)", (unsigned long long)r->q.id,
@@ -333,6 +357,7 @@ static int reserve_rows(tern_sched *s, int i, int rows, int *n_done) {
         tern_status st = tern_kv_reserve(s->kv, r->slot, r->n_past + rows, &e);
         if (!st) return rows;
         if (st != TERN_ENOMEM) { run_remove(s, r); finish(s, r, TERN_FINISH_NONE, &e); (*n_done)++; return 0; }
+        if (tern__prefix_evict(s->pc, rows / tern_kv_block_size(s->kv) + 1) > 0) continue;
         if (s->n_run - 1 > i) { preempt(s, s->run[s->n_run - 1]); continue; }
         if (rows > 1) { rows /= 2; continue; }
         if (i > 0) { preempt(s, r); return 0; }
@@ -411,6 +436,7 @@ tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
         r->n_past += r->rows;
         r->rows = 0;
         tern_kv_trim(s->kv, r->slot, r->n_past);
+        tern__prefix_insert(s->pc, r->slot, r->tok, r->n_past, &r->n_reg, &r->chain);
     }
     for (int w = 0; w < nw; w++) *n_done += advance(s, s->b_req[w], s->logits + (size_t)w * s->V);
     return TERN_OK;
@@ -435,5 +461,6 @@ void tern__sched_stats(const tern_sched *s, tern_engine_stats *st) {
         st->kv_blocks_total += total;
     }
     st->preemptions = s->n_preempt;
+    st->kv_blocks_cached = tern__prefix_blocks(s->pc);
     st->prefix_hit_rate = s->prompt_tokens ? (double)s->cached_tokens / (double)s->prompt_tokens : 0.0;
 }

@@ -12,6 +12,9 @@
  * preempted (its blocks freed, it goes back to the front of the queue and later recomputes
  * prompt + generated-so-far); a prefill chunk that is itself the newest shrinks first.
  * Only a request that cannot fit even alone ends (LENGTH while decoding, ERROR in prefill).
+ * With a prefix cache (prefix.h), admission starts a request after its longest cached prefix,
+ * blocks that fill up are offered to the cache after each forward, and idle cached blocks are
+ * evicted before anyone is preempted.
  *
  * Every buffer a step needs is sized at creation (max_concurrency x budget rows, logits for
  * max_concurrency rows, sampler scratch of n_vocab): a steady-state step allocates nothing.
@@ -21,6 +24,7 @@
 
 #include "model/model.h"
 #include "runtime/kv.h"
+#include "runtime/prefix.h"
 #include "runtime/queue.h"
 
 typedef struct tern__req {
@@ -41,6 +45,8 @@ typedef struct tern__req {
     uint64_t admit_seq;       /* larger = admitted more recently */
     int cancel;
     int rows;                 /* rows in the batch being built */
+    int n_reg;                /* full blocks already offered to the prefix cache */
+    uint64_t chain;           /* prefix-cache hash chain through those blocks */
 } tern__req;
 
 typedef struct tern_sched tern_sched;
@@ -48,6 +54,7 @@ typedef struct tern_sched tern_sched;
 typedef struct tern_sched_opts {
     int max_concurrency;      /* = KV slots */
     int max_batch_tokens;     /* rows per step (>= max_concurrency) */
+    int prefix_blocks;        /* prefix-cache capacity in KV blocks; 0 = off */
 } tern_sched_opts;
 
 /* The scheduler borrows the model and the KV pool (which must have max_concurrency slots). */

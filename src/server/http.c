@@ -7,8 +7,9 @@
  * model and then runs the engine loop. The listening socket is ours (so `--port 0` can
  * report the port it got, and IPv6 hosts work); MHD gets it through MHD_OPTION_LISTEN_SOCKET.
  *
- * Per request: the body is collected up to max_body (a Content-Length above it is answered
- * 413 at once; a chunked body that grows past it is dropped and answered 413 at the end);
+ * Per request: the body is collected up to max_body; a larger one is read and dropped and
+ * answered 413 at the end (one announced as more than 64 MiB over the limit is answered
+ * at once and the connection closed);
  * then auth (`Authorization: Bearer KEY` or `x-api-key: KEY`; /health stays open), routing
  * (404 unknown path, 405 wrong method, OPTIONS preflight 204), and the handler.
  * Idle connections (a slow or stuck client) are closed after timeout_s.
@@ -26,6 +27,8 @@
 #include <unistd.h>
 
 tern_engine_opts tern__srv_engine_default_opts(void);
+
+#define DISCARD_MAX ((unsigned long long)64 << 20)
 
 typedef struct conn_ctx {
     char *body;
@@ -272,11 +275,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             char *end = NULL;
             unsigned long long v = strtoull(cl, &end, 10);
             if (end == cl || *end || v > s->o.max_body) cc->too_large = 1;
+            /* beyond DISCARD_MAX answer at once and let MHD close the connection; below it,
+             * read and drop the body first, so the client is not reset mid-send and sees 413 */
+            if (cc->too_large && (end == cl || *end || v - s->o.max_body > DISCARD_MAX)) cc->too_large = 2;
         }
-        if (!cc->too_large) return MHD_YES;
-        /* answer now: MHD closes the connection after it, without reading the body */
+        if (cc->too_large != 2) return MHD_YES;
     }
-    if (*upload_size) {
+    if (*upload_size && cc->too_large != 2) {
         if (!cc->too_large) {
             if (cc->len + *upload_size > s->o.max_body) {
                 cc->too_large = 1;

@@ -52,6 +52,7 @@ struct srv_job {
     srv_tokinfo *toks;
     int n_toks, cap_toks;
     int text_done, done, failed;
+    double t_check;              /* last client/stop check */
     srv_result res;
 };
 
@@ -279,6 +280,22 @@ static void cancel_job(srv_job *j) {
     j->s->vt->cancel(j->s->eng, j->id);
 }
 
+/* Client gone or server stopping: cancel the request and fail with 499 / 503. */
+static int check_gone(srv_job *j, srv_error *e) {
+    if (atomic_load(&j->s->stopping)) {
+        cancel_job(j);
+        j->failed = 1;
+        return srv_fail(e, 503, "", "the server is shutting down");
+    }
+    if (srv_client_gone(j->fd)) {
+        cancel_job(j);
+        j->failed = 1;
+        atomic_fetch_add(&j->s->n_disconnects, 1);
+        return srv_fail(e, 499, "", "client disconnected");
+    }
+    return 0;
+}
+
 int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
     memset(out, 0, sizeof *out);
     j->out_len = 0;
@@ -288,6 +305,11 @@ int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
     for (;;) {
         chan_ev batch[32];
         int nb = 0;
+        double now = tern_time_s();
+        if (now - j->t_check >= 0.05) {          /* also while tokens keep coming */
+            j->t_check = now;
+            if (check_gone(j, e)) return -1;
+        }
         pthread_mutex_lock(&j->mu);
         while (j->qlen == 0) {
             struct timespec ts;
@@ -297,17 +319,8 @@ int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
             pthread_cond_timedwait(&j->cv, &j->mu, &ts);
             if (j->qlen) break;
             pthread_mutex_unlock(&j->mu);
-            if (atomic_load(&j->s->stopping)) {
-                cancel_job(j);
-                j->failed = 1;
-                return srv_fail(e, 503, "", "the server is shutting down");
-            }
-            if (srv_client_gone(j->fd)) {
-                cancel_job(j);
-                j->failed = 1;
-                atomic_fetch_add(&j->s->n_disconnects, 1);
-                return srv_fail(e, 499, "", "client disconnected");
-            }
+            j->t_check = tern_time_s();
+            if (check_gone(j, e)) return -1;
             pthread_mutex_lock(&j->mu);
         }
         while (j->qlen && nb < 32) {

@@ -66,13 +66,14 @@ static void msort(jrender *r, skey *v, skey *tmp, size_t n, bool rev) {
 }
 static jv fold(jrender *r, jv k, bool cs) { return !cs && k.t == JV_STR ? jj_str_case(r, k, CASE_LOWER) : k; }
 
-/* Sort list `l` by key(item) (stable); returns a new list. */
-static jv sort_list(jrender *r, jlist *l, jv attr, bool by_value_of_pair, bool cs, bool rev) {
+/* Sort list `l` by key(item) (stable); returns a new list. pair: 0 the item itself, 1 its
+ * [0] (dictsort by key), 2 its [1] (by value). */
+static jv sort_list(jrender *r, jlist *l, jv attr, int pair, bool cs, bool rev) {
     skey *v = jj_alloc(A, (l->n + 1) * sizeof *v), *tmp = jj_alloc(A, (l->n + 1) * sizeof *tmp);
     for (size_t i = 0; i < l->n; i++) {
         jv k = l->v[i];
         if (attr.t != JV_UNDEF && attr.t != JV_NONE) k = attr_path(r, k, attr);
-        else if (by_value_of_pair) k = k.u.l->v[1];
+        else if (pair) k = k.u.l->v[pair - 1];
         v[i].key = fold(r, k, cs);
         v[i].idx = i;
     }
@@ -162,7 +163,7 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
         jv by = ARG("by", 1, jv_cstr("key"));
         bool rev = jv_truthy(ARG("reverse", 2, jv_bool(false)));
         bool by_val = by.t == JV_STR && by.u.s.n == 5 && !memcmp(by.u.s.p, "value", 5);
-        return sort_list(r, jj_dict_items(r, v.u.d).u.l, undef, by_val, cs, rev);
+        return sort_list(r, jj_dict_items(r, v.u.d).u.l, undef, by_val ? 2 : 1, cs, rev);
     }
     if (eqs(name, "first") || eqs(name, "last")) {
         jv l = jj_as_list(r, v);
@@ -239,7 +240,7 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
     }
     if (eqs(name, "sort")) {
         jv l = jj_as_list(r, v);
-        return sort_list(r, l.u.l, ARG("attribute", 2, undef), false,
+        return sort_list(r, l.u.l, ARG("attribute", 2, undef), 0,
                          jv_truthy(ARG("case_sensitive", 1, jv_bool(false))), jv_truthy(ARG("reverse", 0, jv_bool(false))));
     }
     if (eqs(name, "unique")) {

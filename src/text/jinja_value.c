@@ -21,6 +21,7 @@ void *jj_alloc(jj_arena *a, size_t n) {
     if (a->head && a->head->cap - a->head->used >= n) {
         void *p = (char *)(a->head + 1) + a->head->used;
         a->head->used += n;
+        memset(p, 0, n); /* callers rely on zeroed memory */
         return p;
     }
     size_t cap = n > 65536 ? n : 65536;
@@ -203,7 +204,7 @@ jv jv_from_cjson(jj_arena *a, const cJSON *j) {
     if (cJSON_IsBool(j)) return jv_bool(cJSON_IsTrue(j));
     if (cJSON_IsNumber(j)) {
         double d = j->valuedouble;
-        if (isfinite(d) && d == floor(d) && fabs(d) < 9007199254740992.0) return jv_int((int64_t)d);
+        if (isfinite(d) && d == floor(d) && fabs(d) < 9007199254740992.0 && !(d == 0 && signbit(d))) return jv_int((int64_t)d);
         return jv_float(d);
     }
     if (cJSON_IsString(j)) return jv_str_copy(a, j->valuestring, strlen(j->valuestring));

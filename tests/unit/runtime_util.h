@@ -167,8 +167,9 @@ static void rt_prompt(int32_t *p, int n, unsigned long long seed) {
     }
 }
 
-static tern_engine *rt_engine(int conc, int budget, double kv_gb, int max_ctx) {
+static tern_engine *rt_engine_pc(int conc, int budget, double kv_gb, int max_ctx, double cache_gb) {
     tern_engine_opts o = tern_engine_default_opts();
+    o.prompt_cache_gb = cache_gb;
     o.model = rt_model_dir();
     o.device = "cpu";
     o.n_threads = 2;
@@ -181,6 +182,13 @@ static tern_engine *rt_engine(int conc, int budget, double kv_gb, int max_ctx) {
     if (tern_engine_open(&e, &o, &err)) { printf("  engine_open: %s\n", err.msg); return NULL; }
     return e;
 }
+
+static tern_engine *rt_engine(int conc, int budget, double kv_gb, int max_ctx) {
+    return rt_engine_pc(conc, budget, kv_gb, max_ctx, 0);
+}
+
+/* Bytes of one 16-token KV block of the tiny model. */
+#define RT_BLOCK_BYTES ((size_t)RT_L * 2 * RT_NKV * RT_D * sizeof(float) * 16)
 
 static int rt_drain(tern_engine *e, int max_steps) {
     tern_error err = {0};

@@ -1,0 +1,173 @@
+/*
+ * test_runtime_prefix.c — reference-counted KV blocks (kv.c) and the prefix cache
+ * (prefix.c + its use in the scheduler) on the tiny random Llama.
+ *
+ * Oracle as in test_runtime_engine.c: a request served from cached blocks must produce the
+ * tokens tern_generate produces alone on a fresh cache. Checked: reuse of whole blocks only,
+ * the last prompt token always recomputed, several requests sharing one cached prefix at
+ * once, multi-turn reuse of generated tokens, eviction under a tiny pool, the cache's blocks
+ * accounted in the stats, and the cache off for a model with sliding-window layers.
+ */
+#include "runtime_util.h"
+#include "runtime/prefix.h"
+
+static rt_ref REF;
+
+static tern_request greedy(const int32_t *p, int n, int max_new, rt_col *c) {
+    tern_request r = tern_request_default();
+    r.prompt = p;
+    r.n_prompt = n;
+    r.max_tokens = max_new;
+    r.sampling.temperature = 0;
+    r.ignore_eos = 1;
+    r.on_event = rt_on_event;
+    r.ctx = c;
+    return r;
+}
+
+/* Run to completion and compare with the reference. */
+static void check_ref(const rt_col *c, const int32_t *p, int n, int max_new, const char *what) {
+    int32_t exp[64];
+    int ne = rt_ref_greedy(&REF, p, n, max_new, exp);
+    CHECK(c->done && c->last.kind == TERN_EV_DONE, "%s: not done (%s)", what, c->err_msg);
+    CHECK(c->n_tok == ne && !memcmp(c->toks, exp, sizeof(int32_t) * (size_t)ne), "%s: tokens differ from the reference", what);
+}
+
+TEST(kv_refcounts) {
+    tern_model_config cfg;
+    char json[600];
+    snprintf(json, sizeof json, "{\"model_type\": \"llama\", \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,"
+             " \"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d,"
+             " \"max_position_embeddings\": 256}", RT_V, RT_H, RT_FF, RT_L, RT_NH, RT_NKV, RT_D);
+    tern_error err = {0};
+    CHECK(tern_config_parse(&cfg, json, strlen(json), "test", &err) == TERN_OK, "config: %s", err.msg);
+    tern_kv *kv = NULL;
+    tern_kv_opts ko = {.n_slots = 2, .max_ctx = 64, .memory = RT_BLOCK_BYTES * 6};
+    CHECK(tern_kv_open(&kv, REF.be, &cfg, &ko, &err) == TERN_OK, "kv: %s", err.msg);
+    if (!kv) { tern_config_free(&cfg); return; }
+    int used, total;
+    tern_kv_usage(kv, 0, &used, &total);
+    CHECK(total == 6 && used == 0, "total %d used %d", total, used);
+    CHECK(tern_kv_reserve(kv, 0, 40, &err) == TERN_OK, "reserve");
+    int32_t b[3];
+    for (int i = 0; i < 3; i++) { b[i] = tern_kv_block(kv, 0, i); CHECK(b[i] >= 0 && tern_kv_refcount(kv, b[i]) == 1, "block %d", i); }
+    CHECK(tern_kv_block(kv, 0, 3) == -1, "no 4th block");
+    for (int i = 0; i < 2; i++) tern_kv_ref(kv, b[i]);              /* the "cache" keeps two */
+    CHECK(tern_kv_share(kv, 1, b, 2, &err) == TERN_OK, "share: %s", err.msg);
+    CHECK(tern_kv_refcount(kv, b[0]) == 3, "refcount %d", tern_kv_refcount(kv, b[0]));
+    CHECK(tern_kv_share(kv, 1, b, 1, &err) == TERN_EINVAL, "share into occupied entries refused");
+    CHECK(tern_kv_reserve(kv, 1, 40, &err) == TERN_OK, "reserve after share");
+    tern_kv_usage(kv, 0, &used, &total);
+    CHECK(used == 4, "used %d (3 + 1 private)", used);
+    tern_kv_release(kv, 0);
+    tern_kv_usage(kv, 0, &used, &total);
+    CHECK(used == 3 && tern_kv_refcount(kv, b[2]) == 0, "after release of slot 0: used %d", used);
+    tern_kv_release(kv, 1);
+    tern_kv_usage(kv, 0, &used, &total);
+    CHECK(used == 2, "cache references keep 2 blocks: %d", used);
+    tern_kv_unref(kv, b[0]); tern_kv_unref(kv, b[1]);
+    tern_kv_unref(kv, b[1]);                                          /* extra unref: ignored */
+    tern_kv_usage(kv, 0, &used, &total);
+    CHECK(used == 0, "all free: %d", used);
+    CHECK(tern_kv_reserve(kv, 0, 64, &err) == TERN_OK && tern_kv_reserve(kv, 1, 40, &err) == TERN_ENOMEM, "pool accounting intact");
+    tern_kv_close(kv);
+    tern_config_free(&cfg);
+}
+
+TEST(reuse_and_multiturn) {
+    tern_engine *e = rt_engine_pc(4, 32, 0, 256, 0.01);
+    if (!e) { CHECK(0, "engine"); return; }
+    int32_t p[200];
+    rt_prompt(p, 50, 77);
+    rt_col a = {0}, b = {0};
+    tern_request r = greedy(p, 50, 12, &a);
+    tern_error err = {0};
+    tern_engine_submit(e, &r, NULL, &err);
+    rt_drain(e, 1000);
+    check_ref(&a, p, 50, 12, "first");
+    CHECK(a.last.n_cached == 0, "cold cache: n_cached %d", a.last.n_cached);
+    tern_engine_stats st;
+    tern_engine_get_stats(e, &st);
+    CHECK(st.kv_blocks_cached == 3 && st.kv_blocks_used == 3, "blocks of 61 written tokens cached: %d (used %d)", st.kv_blocks_cached, st.kv_blocks_used);
+    r = greedy(p, 50, 12, &b);
+    tern_engine_submit(e, &r, NULL, &err);
+    rt_drain(e, 1000);
+    check_ref(&b, p, 50, 12, "repeat");
+    CHECK(b.last.n_cached == 48, "repeat: n_cached %d (3 whole blocks)", b.last.n_cached);
+    /* exactly two blocks: the last token is recomputed, so only one block is reused */
+    rt_col c = {0};
+    r = greedy(p, 32, 4, &c);
+    tern_engine_submit(e, &r, NULL, &err);
+    rt_drain(e, 1000);
+    check_ref(&c, p, 32, 4, "two blocks");
+    CHECK(c.last.n_cached == 16, "two-block prompt: n_cached %d", c.last.n_cached);
+    /* multi-turn: prompt + answer + a new turn reuses the answer's blocks too */
+    memcpy(p + 50, a.toks, sizeof(int32_t) * 12);
+    rt_prompt(p + 62, 20, 78);
+    rt_col d = {0};
+    r = greedy(p, 82, 12, &d);
+    tern_engine_submit(e, &r, NULL, &err);
+    rt_drain(e, 1000);
+    check_ref(&d, p, 82, 12, "multi-turn");
+    CHECK(d.last.n_cached == 48, "multi-turn: n_cached %d (61 tokens were written: 3 blocks)", d.last.n_cached);
+    tern_engine_get_stats(e, &st);
+    CHECK(st.cached_tokens == 48 + 16 + 48 && st.prefix_hit_rate > 0, "cached_tokens %lld", st.cached_tokens);
+    CHECK(st.kv_blocks_used == st.kv_blocks_cached && st.running == 0, "idle: used %d cached %d", st.kv_blocks_used, st.kv_blocks_cached);
+    tern_engine_close(e);
+}
+
+TEST(shared_concurrently) {
+    tern_engine *e = rt_engine_pc(4, 24, 0, 256, 0.01);
+    if (!e) { CHECK(0, "engine"); return; }
+    int32_t p[5][60];
+    rt_prompt(p[0], 60, 90);
+    for (int i = 1; i < 5; i++) { memcpy(p[i], p[0], sizeof(int32_t) * 40); rt_prompt(p[i] + 40, 20, 90 + (unsigned long long)i); }
+    rt_col c[5] = {0};
+    tern_error err = {0};
+    tern_request r = greedy(p[0], 60, 6, &c[0]);
+    tern_engine_submit(e, &r, NULL, &err);
+    rt_drain(e, 1000);
+    for (int i = 1; i < 5; i++) { r = greedy(p[i], 60, 10, &c[i]); tern_engine_submit(e, &r, NULL, &err); }
+    rt_drain(e, 1000);
+    check_ref(&c[0], p[0], 60, 6, "warm-up");
+    for (int i = 1; i < 5; i++) {
+        check_ref(&c[i], p[i], 60, 10, "sharer");
+        CHECK(c[i].last.n_cached == 32, "sharer %d: n_cached %d", i, c[i].last.n_cached);
+    }
+    tern_engine_close(e);
+}
+
+TEST(eviction_under_pressure) {
+    /* 8 blocks of KV for 3 slots, cache allowed to hold all of them */
+    tern_engine *e = rt_engine_pc(3, 16, (double)(RT_BLOCK_BYTES * 8) / 1073741824.0 * 1.0001, 256, 1.0);
+    if (!e) { CHECK(0, "engine"); return; }
+    enum { N = 10 };
+    int32_t p[N][50];
+    int len[N];
+    rt_col c[N] = {0};
+    tern_error err = {0};
+    for (int i = 0; i < N; i++) {
+        len[i] = 20 + 3 * i;
+        rt_prompt(p[i], len[i], 200 + (unsigned long long)(i % 4));   /* some repeat earlier prefixes */
+        tern_request r = greedy(p[i], len[i], 8, &c[i]);
+        tern_engine_submit(e, &r, NULL, &err);
+        if (i % 3 == 2) rt_drain(e, 2000);
+    }
+    rt_drain(e, 5000);
+    for (int i = 0; i < N; i++) check_ref(&c[i], p[i], len[i], 8, "pressure");
+    tern_engine_stats st;
+    tern_engine_get_stats(e, &st);
+    CHECK(st.kv_blocks_used == st.kv_blocks_cached && st.kv_blocks_cached <= 8, "used %d cached %d", st.kv_blocks_used, st.kv_blocks_cached);
+    CHECK(st.cached_tokens > 0, "some reuse: %lld", st.cached_tokens);
+    tern_engine_close(e);
+}
+
+int main(void) {
+    if (!rt_model_dir() || rt_ref_open(&REF)) { printf("FAIL: setup: tiny model\n"); return 1; }
+    RUN(kv_refcounts);
+    RUN(reuse_and_multiturn);
+    RUN(shared_concurrently);
+    RUN(eviction_under_pressure);
+    rt_ref_close(&REF);
+    return test_done();
+}
