@@ -36,7 +36,7 @@ p=$(grep -c '^PASS: ' "$OUT/test.log"); f=$(grep -c '^FAIL: ' "$OUT/test.log"); 
 stamp "op tests: $p passed, $f failed, $s skipped (exit $trc)"
 grep -E '^(FAIL|SKIP): |check failed' "$OUT/test.log" | head -30 | tee -a "$S"
 # worst error per format family, for the report
-awk '/^  err /{k=$2" "$3; v=$NF+0; if(!(k in m)||v>m[k])m[k]=v} END{for(k in m)printf "  max err %-28s %.2e\n",k,m[k]}' \
+awk '/^  err /{k=$2" "$3" "$4; v=$NF+0; if(!(k in m)||v>m[k])m[k]=v} END{for(k in m)printf "  max err %-28s %.2e\n",k,m[k]}' \
     "$OUT/test.log" | sort | tee -a "$S" > /dev/null
 
 timeout 200 ./build/bench_cuda > "$OUT/bench.log" 2>&1

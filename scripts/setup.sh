@@ -3,9 +3,12 @@
 # Safe to re-run. Needs root (or sudo) for apt-get when packages are missing.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev libutf8proc-dev nodejs npm"
+PKGS="build-essential pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libutf8proc-dev"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+# node/npm may come from elsewhere than Debian: only install them when absent
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 if [ -n "$missing" ]; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
     $SUDO apt-get update -qq

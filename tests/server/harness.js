@@ -9,7 +9,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
-export const TERN = path.join(ROOT, 'build', 'tern');
+export const TERN = process.env.TERN_BIN || path.join(ROOT, 'build', 'tern');  // TERN_BIN: e.g. a sanitizer build
 
 let nfail = 0;
 export function pass(name) { console.log(`PASS: ${name}`); }

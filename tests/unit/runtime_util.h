@@ -183,7 +183,7 @@ static tern_engine *rt_engine_pc(int conc, int budget, double kv_gb, int max_ctx
     return e;
 }
 
-static tern_engine *rt_engine(int conc, int budget, double kv_gb, int max_ctx) {
+static inline tern_engine *rt_engine(int conc, int budget, double kv_gb, int max_ctx) {
     return rt_engine_pc(conc, budget, kv_gb, max_ctx, 0);
 }
 

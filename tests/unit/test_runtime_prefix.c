@@ -162,12 +162,53 @@ TEST(eviction_under_pressure) {
     tern_engine_close(e);
 }
 
+TEST(sliding_model_cache_off) {
+    /* the demo model (Gemma 4 shape) has sliding-window layers: reuse is off, results still right */
+    char dir[] = "/tmp/tern_rtp_XXXXXX";
+    const char *pre = getenv("TERN_CACHE");
+    if (!pre || !*pre) { if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; } setenv("TERN_CACHE", dir, 1); }
+    tern_engine_opts o = tern_engine_default_opts();
+    o.model = "demo";
+    o.device = "cpu";
+    o.n_threads = 2;
+    o.max_concurrency = 2;
+    o.max_ctx = 128;
+    o.prompt_cache_gb = 0.01;
+    tern_engine *e = NULL;
+    tern_error err = {0};
+    CHECK(tern_engine_open(&e, &o, &err) == TERN_OK, "demo: %s", err.msg);
+    if (e) {
+        int32_t p[40];
+        for (int i = 0; i < 40; i++) p[i] = 10 + (i * 7) % 200;
+        rt_col a = {0}, b = {0};
+        tern_request r = greedy(p, 40, 6, &a);
+        tern_engine_submit(e, &r, NULL, &err);
+        rt_drain(e, 1000);
+        r = greedy(p, 40, 6, &b);
+        tern_engine_submit(e, &r, NULL, &err);
+        rt_drain(e, 1000);
+        tern_engine_stats st;
+        tern_engine_get_stats(e, &st);
+        CHECK(a.n_tok == 6 && b.n_tok == 6 && !memcmp(a.toks, b.toks, sizeof(int32_t) * 6), "demo runs: %d %d", a.n_tok, b.n_tok);
+        CHECK(b.last.n_cached == 0 && st.kv_blocks_cached == 0 && st.kv_blocks_used == 0, "cache off: n_cached %d blocks %d used %d",
+              b.last.n_cached, st.kv_blocks_cached, st.kv_blocks_used);
+        tern_engine_close(e);
+    }
+    if (!pre || !*pre) {
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd)) {}
+        unsetenv("TERN_CACHE");
+    }
+}
+
 int main(void) {
     if (!rt_model_dir() || rt_ref_open(&REF)) { printf("FAIL: setup: tiny model\n"); return 1; }
     RUN(kv_refcounts);
     RUN(reuse_and_multiturn);
     RUN(shared_concurrently);
     RUN(eviction_under_pressure);
+    RUN(sliding_model_cache_off);
     rt_ref_close(&REF);
     return test_done();
 }

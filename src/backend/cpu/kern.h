@@ -27,6 +27,18 @@ typedef struct cpu_wrow {
     int bits, gs;
 } cpu_wrow;
 
+/* x prepared once per call for the fused GEMV (kept in a per-thread buffer). */
+#define CPU_GX_MAX_IN 32768 /* longest row the fused GEMV takes; longer rows use decode + dot */
+#define CPU_GX_BUF (CPU_GX_MAX_IN * 4 + CPU_GX_MAX_IN / 32 * 4 + CPU_GX_MAX_IN + CPU_GX_MAX_IN / 4 * 4 + 256)
+enum { CPU_GX_BF16 = 1, CPU_GX_Q8, CPU_GX_Q4, CPU_GX_Q8_I8, CPU_GX_Q4_I8 };
+typedef struct cpu_gx {
+    int kind, in, gs;
+    const float *xp;    /* x in the kernel's order (exact kinds) */
+    const float *gsum;  /* [in/gs] Σ x over each weight group, f32 (Q kinds) */
+    const int8_t *xq;   /* int8 kinds: x quantized per 32 inputs, in the kernel's order */
+    const float *xd;    /* int8 kinds: per dword lane (4 inputs) the scale of its 32-block */
+} cpu_gx;
+
 typedef struct tern_cpu_kern {
     const char *name;
     /* dst[0..len) = W[row][j0 .. j0+len) as f32. For Q, j0 and len are multiples of gs and
@@ -41,6 +53,12 @@ typedef struct tern_cpu_kern {
     /* Optional (NULL if absent) fused GEMV for 4-bit MLX rows: returns Σ_j W[j]·x[j] over the
      * whole row (in inputs, multiple of 32) with x given in q4 order (cpu_q4_permute). */
     float (*gemv_q4)(const cpu_wrow *w, int in, const float *xq4);
+    /* Optional fused batch-1 GEMV (cpu_gemv_*.c). gemv_prep looks at one row of the weight
+     * and, when it has a fused kernel for that format and `in`, lays x out in the kernel's
+     * order in `buf` (CPU_GX_BUF bytes, 64-byte aligned) and returns 1; else 0. gemv then
+     * writes y[i] = Σ_j W_i[j]·x[j] for nr (1..4) rows that share the prepared x. */
+    int (*gemv_prep)(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
+    void (*gemv)(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
 } tern_cpu_kern;
 
 extern const tern_cpu_kern tern__cpu_kern_scalar;
