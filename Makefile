@@ -94,3 +94,24 @@ $(GPU_PROG): build/%: tests/gpu/%.c $(wildcard tests/gpu/*.h) tests/test.h build
 	$(CC) $(CFLAGS) -Itests $< build/libtern_gpu.a -o $@ $(GPU_LIBS)
 gpu-test: $(GPU_PROG)
 .PHONY: gpu-test
+
+# `make core`: build/tern-core (logits, generate --ids, info, bench) and build/tests/test_parity_core
+# from everything that needs only cJSON (no PCRE2/microhttpd/utf8proc) — what the GPU machine can
+# build with a carried libcjson (scripts/gpu_check.sh). CORE_CFLAGS/CORE_LDFLAGS point at it there.
+CORE_SRC := $(wildcard src/base/*.c src/io/*.c src/ops/*.c src/model/*.c) src/backend/backend.c \
+            $(wildcard src/backend/cpu/*.c) src/runtime/kv.c src/runtime/generate.c
+ifeq ($(TERN_CUDA),1)
+CORE_SRC += $(wildcard src/backend/cuda/*.c)
+endif
+CORE_OBJ := $(CORE_SRC:%.c=build/obj/%.o) $(CU_SRC:%.cu=build/obj/%.o)
+CORE_LIBS := -lcjson $(filter-out -lcjson -lpcre2-8 -lmicrohttpd -lutf8proc,$(LDLIBS))
+CORE_TOOLS := tools/tern.c tools/cli_util.c tools/cmd_logits.c tools/cmd_generate.c tools/cmd_info.c tools/cmd_bench.c
+build/libtern_core.a: $(CORE_OBJ)
+	rm -f $@ && ar rcs $@ $^
+build/tern-core: $(CORE_TOOLS) build/libtern_core.a
+	$(CC) $(CFLAGS) $(CORE_CFLAGS) -DTERN_CORE_ONLY -Itools $(CORE_TOOLS) build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
+build/tests/test_parity_core: tests/unit/test_parity.c build/libtern_core.a
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) $(CORE_CFLAGS) -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
+core: build/tern-core build/tests/test_parity_core
+.PHONY: core

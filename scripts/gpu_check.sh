@@ -48,6 +48,31 @@ for b in bench/gpu_*.sh; do
     stamp "$b exit $?"
 done
 
+# whole models on the GPU: build the core CLI + parity test with a carried libcjson (.gpudeps, made
+# here with `apt-get download libcjson1 libcjson-dev` + dpkg -x; pass `carry: [".gpudeps"]`)
+if [ -d .gpudeps/root ]; then
+    export CPATH="$PWD/.gpudeps/root/usr/include" LIBRARY_PATH="$PWD/.gpudeps/root/usr/lib/x86_64-linux-gnu"
+    export LD_LIBRARY_PATH="$LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    if timeout 300 make -j"$jobs" core > "$OUT/core_build.log" 2>&1; then
+        stamp "core build ok"
+        for comp in f32 bf16; do
+            TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 ./build/tests/test_parity_core > "$OUT/parity_$comp.log" 2>&1
+            stamp "model parity on cuda ($comp): $(grep -c '^PASS' "$OUT/parity_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity_$comp.log") failed"
+            grep -E '^FAIL|check failed|worst row' "$OUT/parity_$comp.log" | head -30 >> "$S"
+        done
+        : > "$OUT/model_bench.log"
+        for spec in ${GPU_BENCH_MODELS:-llama3-8b:bf16 llama3-8b:q4 gemma4-e4b:q4 gemma4-12b:bf16 gemma4-26b-a4b:q4}; do
+            m=${spec%%:*}; q=${spec##*:}
+            echo "== $m $q" >> "$OUT/model_bench.log"
+            timeout 150 ./build/tern-core bench --device cuda --random "$m" --quant "$q" --prompt 512 --gen 64 --reps 2 \
+                >> "$OUT/model_bench.log" 2>&1
+            stamp "bench $m $q exit $?: $(grep '^csv,' "$OUT/model_bench.log" | tail -1)"
+        done
+    else
+        stamp "CORE BUILD FAILED"; tail -30 "$OUT/core_build.log"
+    fi
+fi
+
 if [ "${GPU_CHECK_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer > /dev/null; then
     timeout 100 compute-sanitizer --tool memcheck --print-limit 20 ./build/test_cuda_ops > "$OUT/memcheck.log" 2>&1
     stamp "memcheck exit $? ($(grep -c -E 'Invalid|ERROR SUMMARY: [1-9]' "$OUT/memcheck.log") error lines)"

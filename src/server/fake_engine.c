@@ -85,12 +85,12 @@ static tern_status f_submit(void *p, const tern_request *r, uint64_t *id, tern_e
     q->t0 = tern_time_s();
     pthread_mutex_lock(&f->mu);
     q->id = f->next_id++;
+    if (id) *id = q->id;                 /* q may be finished and freed once we unlock */
     fake_req **tail = &f->head;
     while (*tail) tail = &(*tail)->next;
     *tail = q;
     pthread_cond_signal(&f->cv);
     pthread_mutex_unlock(&f->mu);
-    if (id) *id = q->id;
     return TERN_OK;
 }
 

@@ -18,6 +18,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#define MAX_ID (1 << 24) /* real vocabularies are < 300k; a larger id is a corrupt file, not a table to allocate */
+
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -79,7 +81,7 @@ static tern_status load_model(tern_tokenizer *tok, const cJSON *m, tern_error *e
         tk_merge_reserve(b, (size_t)cJSON_GetArraySize(merges)))
         return tern_err(err, TERN_ENOMEM, "%s: out of memory (vocab)", tok->name);
     cJSON_ArrayForEach(v, vocab) {
-        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > INT32_MAX - 1)
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= MAX_ID)
             return tern_err(err, TERN_EFORMAT, "%s: vocab entry '%.60s' has a bad id", tok->name, v->string);
         if (tk_strmap_put(&b->vocab, v->string, strlen(v->string), (int32_t)v->valuedouble))
             return tern_err(err, TERN_ENOMEM, "%s: out of memory (vocab)", tok->name);
@@ -140,7 +142,7 @@ static tern_status load_added(tern_tokenizer *tok, const cJSON *arr, tern_error 
     tk_buf nb = {0};
     cJSON_ArrayForEach(j, arr) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id"), *c = cJSON_GetObjectItemCaseSensitive(j, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > INT32_MAX - 1 || !cJSON_IsString(c))
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= MAX_ID || !cJSON_IsString(c))
             return tern_err(err, TERN_EFORMAT, "%s: added token %zu needs 'id' and 'content'", tok->name, tok->n_added);
         if (!c->valuestring[0]) continue; /* HF ignores empty added tokens */
         tk_added *a = &tok->added[tok->n_added];

@@ -247,6 +247,8 @@ static tern_status special_pair(tern_tokenizer *tok, const cJSON *j, const char 
     const cJSON *a = cJSON_GetArrayItem(j, 0), *b = cJSON_GetArrayItem(j, 1);
     if (!cJSON_IsArray(j) || !cJSON_IsString(a) || !cJSON_IsNumber(b))
         return tern_err(err, TERN_EFORMAT, "tokenizer.json: post_processor '%s' must be [token, id]", what);
+    if (b->valuedouble < 0 || b->valuedouble >= (double)(1 << 24))
+        return tern_err(err, TERN_EFORMAT, "tokenizer.json: post_processor '%s' id %g out of range", what, b->valuedouble);
     *id = (int32_t)b->valuedouble;
     return TERN_OK;
 }
@@ -298,6 +300,10 @@ static tern_status post1(tern_tokenizer *tok, const cJSON *j, int32_t **pre, siz
             break;
         }
         cJSON_ArrayForEach(x, v) {
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= (double)(1 << 24)) {
+                st = tern_err(err, TERN_EFORMAT, "tokenizer.json: TemplateProcessing id out of range");
+                break;
+            }
             int32_t id = (int32_t)x->valuedouble;
             if (append(seen_a ? &q : &p, seen_a ? &nq : &np, &id, 1, false)) { st = tern_err(err, TERN_ENOMEM, "out of memory"); break; }
         }

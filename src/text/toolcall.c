@@ -251,6 +251,7 @@ static tern_status parse_gemma4(const char *b, size_t n, const cJSON *tools, cha
     *args = o;
     return TERN_OK;
 }
+
 static tern_status parse_glm(const char *b, size_t n, const cJSON *tools, char **name, cJSON **args, tern_error *err) {
     const char *k = find(b, n, "<arg_key>");
     const char *ns = b;

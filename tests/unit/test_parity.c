@@ -42,7 +42,7 @@ static int json_ids(cJSON *root, const char *key, int32_t **out) {
     return n;
 }
 
-static int g_cases;
+static int g_cases, g_bf16;
 
 static void check_case(const char *name, tern_backend *be) {
     char dir[512], path[600];
@@ -55,7 +55,7 @@ static void check_case(const char *name, tern_backend *be) {
     int32_t *prompt, *all;
     int np = json_ids(ref, "prompt_ids", &prompt), na = json_ids(ref, "all_ids", &all);
     int quant = strstr(name, "_q") != NULL || strstr(name, "mixed") != NULL;
-    double bound = quant ? 1e-3 : 1e-4;
+    double bound = g_bf16 ? 2e-2 : quant ? 1e-3 : 1e-4;
     size_t nbytes;
     snprintf(path, sizeof path, "%s/ref_logits.f32", dir);
     float *want = (float *)slurp(path, &nbytes);
@@ -93,7 +93,7 @@ static void check_case(const char *name, tern_backend *be) {
     }
     printf("  %s: worst row rel L2 %.3g (row %d), argmax mismatches %d\n", name, worst, worst_row, argmax_bad);
     CHECK(worst <= bound, "%s: rel L2 %.3g at row %d > %.0e", name, worst, worst_row, bound);
-    CHECK(argmax_bad == 0, "%s: %d rows with a different argmax", name, argmax_bad);
+    if (!g_bf16) CHECK(argmax_bad == 0, "%s: %d rows with a different argmax", name, argmax_bad);
     tern_kv_release(kv, 0);
 
     /* 2. greedy continuation through prefill + decode (small prefill chunks exercise paging) */
@@ -104,7 +104,8 @@ static void check_case(const char *name, tern_backend *be) {
     s = tern_generate(m, kv, 1, prompt, np, na - np, 5, NULL, 0, NULL, NULL,
                       (tern_token_fn)on_tok, &acc, NULL, &e);
     CHECK(s == TERN_OK, "%s: generate: %s", name, e.msg);
-    CHECK(acc.n == na && !memcmp(gen, all, sizeof(int32_t) * (size_t)na), "%s: greedy continuation differs (%d tokens)", name, acc.n);
+    if (!g_bf16)
+        CHECK(acc.n == na && !memcmp(gen, all, sizeof(int32_t) * (size_t)na), "%s: greedy continuation differs (%d tokens)", name, acc.n);
     tern_kv_release(kv, 1);
 
     /* 3. batch invariance: all_ids in slot 0 and its first k tokens in slot 1, rows interleaved */
@@ -127,7 +128,7 @@ static void check_case(const char *name, tern_backend *be) {
         if (d > bw) bw = d;
     }
     printf("  %s: batch vs alone max rel L2 %.3g\n", name, bw);
-    CHECK(bw <= 1e-5, "%s: batched logits differ from alone by %.3g", name, bw);
+    CHECK(bw <= (g_bf16 ? 1e-2 : 1e-5), "%s: batched logits differ from alone by %.3g", name, bw);
     free(tok2); free(got2); free(src); free(gen); free(got); free(pos); free(slot);
     tern_kv_close(kv);
 out:
@@ -147,7 +148,13 @@ static void parity_fixtures(void) {
     tern_backend *be = NULL;
     tern_error e = {0};
     tern_backend_opts o = {.n_threads = 2};
-    if (tern_backend_cpu_open(&be, &o, &e)) { printf("FAIL: parity: cpu backend: %s\n", e.msg); t_fail_++; return; }
+    /* TERN_TEST_DEVICE=cuda runs the same fixtures on the GPU (scripts/gpu_check.sh);
+     * TERN_TEST_COMPUTE=bf16 selects the bf16 compute mode (bound 2e-2 then). */
+    const char *dev = getenv("TERN_TEST_DEVICE"), *comp = getenv("TERN_TEST_COMPUTE");
+    if (comp && !strcmp(comp, "bf16")) { o.compute = TERN_COMPUTE_BF16; g_bf16 = 1; }
+    tern_status bs = dev && !strcmp(dev, "cuda") ? tern_backend_cuda_open(&be, &o, &e) : tern_backend_cpu_open(&be, &o, &e);
+    if (bs) { printf("FAIL: parity: %s backend: %s\n", dev ? dev : "cpu", e.msg); t_fail_++; return; }
+    printf("  parity on backend %s (%s compute)\n", be->vt->name, g_bf16 ? "bf16" : "f32");
     DIR *d = opendir(FIXDIR);
     struct dirent *de;
     while (d && (de = readdir(d))) {

@@ -22,6 +22,9 @@ static void cpu_close(tern_backend *be) {
         if (c->tbuf)
             for (int i = 0; i < c->nth; i++) tern_afree(c->tbuf[i]);
         free(c->tbuf);
+        if (c->xbuf)
+            for (int i = 0; i < c->nth; i++) tern_afree(c->xbuf[i]);
+        free(c->xbuf);
         tern_afree(c->moe_i);
         free(c);
     }
@@ -203,10 +206,15 @@ tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *o
     if (!c->pool) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: cannot start %d threads", nth); }
     c->nth = tern_pool_size(c->pool);
     c->tbuf = calloc((size_t)c->nth, sizeof *c->tbuf);
-    if (!c->tbuf) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
+    c->xbuf = calloc((size_t)c->nth, sizeof *c->xbuf);
+    const char *i8 = getenv("TERN_CPU_INT8");
+    c->int8 = i8 && i8[0] == '1';
+    c->par_min = 1u << 15;
+    if (!c->tbuf || !c->xbuf) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
     for (int i = 0; i < c->nth; i++) {
         c->tbuf[i] = tern_aalloc((size_t)CPU_RT_MAX * CPU_CH * sizeof(float));
-        if (!c->tbuf[i]) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory (decode tiles)"); }
+        c->xbuf[i] = tern_aalloc(CPU_GX_BUF);
+        if (!c->tbuf[i] || !c->xbuf[i]) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory (decode tiles)"); }
     }
     *out = be;
     return TERN_OK;

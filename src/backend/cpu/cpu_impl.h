@@ -20,6 +20,9 @@ typedef struct cpu_impl {
     int nth;
     const tern_cpu_kern *k;
     float **tbuf;             /* [nth] decode tiles, CPU_RT_MAX * CPU_CH floats each */
+    void **xbuf;              /* [nth] x prepared for the fused GEMV, CPU_GX_BUF bytes each */
+    int int8;                 /* int8-activation GEMV for Q8/Q4 weights (TERN_CPU_INT8=1) */
+    size_t par_min;           /* elementwise ops split over the pool from this many elements */
     int32_t *moe_i;           /* MoE routing lists (grown on demand) */
     size_t moe_cap;           /* capacity of moe_i in int32 */
 } cpu_impl;
@@ -41,7 +44,7 @@ typedef struct cpu_mm_job {
     int n;
 } cpu_mm_job;
 
-void tern__cpu_mm(const tern_cpu_kern *k, const cpu_mm_job *jb, int64_t o0, int64_t o1, float *tile);
+void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1);
 /* Even split of [0, total) over nth threads in units of `unit`. */
 void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int64_t *hi);
 

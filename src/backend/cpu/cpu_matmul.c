@@ -48,13 +48,43 @@ static void wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
     }
 }
 
-void tern__cpu_mm(const tern_cpu_kern *k, const cpu_mm_job *jb, int64_t o0, int64_t o1, float *tile) {
+/* Batch 1 through the ISA's fused GEMV: x prepared once into the thread's buffer, then
+ * the weight rows 4 at a time. Returns 0 when the kernel table has no fused kernel for
+ * this format/shape (the caller then decodes tiles). */
+static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1) {
+    const tern_cpu_kern *k = c->k;
+    const tern_tensor *w = jb->w;
+    int in = (int)w->shape[w->ndim - 1];
+    if (!k->gemv_prep || o0 >= o1) return 0;
+    cpu_wrow rows[4];
+    cpu_gx gx;
+    const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[0] : 0) * jb->ldx;
+    wrow_at(w, jb->mat, o0, &rows[0]);
+    if (!k->gemv_prep(&rows[0], in, c->int8, x, c->xbuf[ith], &gx)) return 0;
+    float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[0] : 0) * jb->ldy;
+    float s = jb->yscale ? jb->yscale[0] : 1.0f, v[4];
+    for (int64_t o = o0; o < o1; o += 4) {
+        int nr = (int)TERN_MIN((int64_t)4, o1 - o);
+        for (int i = 0; i < nr; i++) wrow_at(w, jb->mat, o + i, &rows[i]);
+        k->gemv(&gx, rows, nr, v);
+        for (int i = 0; i < nr; i++) {
+            if (jb->accum) y[o + i] += s * v[i];
+            else y[o + i] = v[i];
+        }
+    }
+    return 1;
+}
+
+void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1) {
+    const tern_cpu_kern *k = c->k;
+    float *tile = c->tbuf[ith];
     const tern_tensor *w = jb->w;
     int in = (int)w->shape[w->ndim - 1];
     int n = jb->n, rt = n <= 8 ? 4 : CPU_RT_MAX;
     int f32 = w->dtype == TERN_DT_F32;
     cpu_wrow rows[CPU_RT_MAX];
     const float *wp[CPU_RT_MAX];
+    if (n == 1 && mm_gemv(c, ith, jb, o0, o1)) return;
     if (n == 1 && k->gemv_q4 && w->dtype == TERN_DT_Q && w->bits == 4 && in <= CPU_RT_MAX * CPU_CH) {
         /* decode fast path: fused 4-bit GEMV, x permuted once into the thread's tile */
         const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[0] : 0) * jb->ldx;
@@ -121,7 +151,7 @@ static void mm_task(void *arg, int ith, int nth) {
     mm_ctx *m = arg;
     int64_t lo, hi;
     tern__cpu_split(m->out, 16, ith, nth, &lo, &hi);
-    if (lo < hi) tern__cpu_mm(m->c->k, m->jb, lo, hi, m->c->tbuf[ith]);
+    if (lo < hi) tern__cpu_mm(m->c, ith, m->jb, lo, hi);
 }
 
 static void run_mm(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int mat) {
@@ -168,10 +198,10 @@ static void moe_gate_up(void *arg, int ith, int nth) {
         float *g = m->scratch + (size_t)p0 * ld;
         cpu_mm_job jb = {.w = m->gate, .mat = e, .x = m->x, .ldx = (size_t)m->H, .xrow = m->xrow + p0,
                          .y = g, .ldy = ld, .n = ne};
-        tern__cpu_mm(m->c->k, &jb, lo, hi, m->c->tbuf[ith]);
+        tern__cpu_mm(m->c, ith, &jb, lo, hi);
         jb.w = m->up;
         jb.y = g + m->I;
-        tern__cpu_mm(m->c->k, &jb, lo, hi, m->c->tbuf[ith]);
+        tern__cpu_mm(m->c, ith, &jb, lo, hi);
         for (int p = 0; p < ne; p++) {
             float *gp = g + (size_t)p * ld, *up = gp + m->I;
             for (int64_t i = lo; i < hi; i++) {
@@ -194,7 +224,7 @@ static void moe_down(void *arg, int ith, int nth) {
         cpu_mm_job jb = {.w = m->down, .mat = e, .x = m->scratch + (size_t)p0 * ld, .ldx = ld,
                          .y = m->y, .ldy = (size_t)m->H, .yrow = m->xrow + p0, .yscale = m->wsorted + p0,
                          .accum = 1, .n = m->cnt[e]};
-        tern__cpu_mm(m->c->k, &jb, lo, hi, m->c->tbuf[ith]);
+        tern__cpu_mm(m->c, ith, &jb, lo, hi);
     }
 }
 

@@ -74,6 +74,10 @@ static inline void cpu_q4_permute(const float *x, int in, float *xq) {
         for (int i = 0; i < 16; i++) { xq[b + i] = x[b + 2 * i]; xq[b + 16 + i] = x[b + 2 * i + 1]; }
 }
 
+/* Fused GEMV entry points of the ISA files (gemv_avx512.c, gemv_avx2.c). */
+int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
+void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
+
 /* Portable helpers shared by the ISA files (kern_scalar.c). */
 void tern__cpu_decode_scalar(const cpu_wrow *w, int j0, int len, float *dst);
 float tern__cpu_sload(const uint8_t *p, tern_dtype t, int i); /* scale/bias element i */

@@ -242,6 +242,8 @@ static float gemv_q4(const cpu_wrow *w, int in, const float *xq) {
 
 const tern_cpu_kern tern__cpu_kern_avx512 = {
     .gemv_q4 = gemv_q4,
+    .gemv_prep = tern__cpu_gemv_prep_avx512,
+    .gemv = tern__cpu_gemv_avx512,
     .name = "avx512",
     .decode = decode,
     .mk = mk,

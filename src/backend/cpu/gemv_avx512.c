@@ -1,0 +1,303 @@
+/*
+ * gemv_avx512.c — fused batch-1 GEMV (decode) kernels for AVX-512 (F/BW/VL/VBMI + VNNI).
+ *
+ * Decode is memory-bound only if the per-byte work is small, so these kernels never write
+ * decoded weights anywhere: each reads up to 4 weight rows once, against one x prepared per
+ * call (gemv_prep: reordered to match how packed weights unpack into lanes, Σx per group).
+ *   BF16: 32 weights = 16 dwords; even weights = dword << 16, odd = dword & 0xffff0000.
+ *   Q8 (exact): Σ_g s_g·Σ_t q_t·x_t + Σ_g b_g·Σx_g; q via vpmovzxbd + vcvtdq2ps.
+ *   Q4 (exact): 64 bytes (128 weights) per step, loaded at byte offsets 0..3 so that lane i
+ *     sees byte 4i+k in its low bits; vpermps on the identity table [0..15] turns the low
+ *     nibble into a float (vpermps ignores index bits above 3), a 4-bit shift gives the high
+ *     nibble. Per-lane group scales multiply each 128-weight partial sum.
+ * The exact kinds are f32 arithmetic on unrounded x; compared with the reference (which
+ * rounds s·q + b per weight) they differ by summation order and that per-weight rounding:
+ * |Δ| ≲ 2^-24 · (Σ|s·q·x| + Σ|b·x|) · small factor — the kernel tests hold them to 3e-6.
+ *   Q8_I8 / Q4_I8 (opt-in, TERN_CPU_INT8=1): x quantized per 32 inputs to int8 with
+ *     d = max|x|/127, vpdpbusd (u8 weights × s8 x); Σx per group stays exact f32, so
+ *     |y − y_exact| ≤ ½ Σ_blocks d_b · Σ_{t∈b} s_g(t)·q_t (+ f32 rounding); test_kern_gemv
+ *     checks every output against that bound.
+ */
+#include "backend/cpu/kern.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* Scales and biases of groups [g0, g0+ng) as f32 (ng <= CPU_MAX_GROUPS); 16 zero entries
+ * follow so per-lane loads past the last group read zeros. */
+static void grp_f32(const cpu_wrow *w, int g0, int ng, float *sc, float *bi) {
+    const uint8_t *ps[2] = {w->scales, w->biases};
+    float *dst[2] = {sc, bi};
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < ng; i += 16) {
+            int m = ng - i < 16 ? ng - i : 16;
+            __mmask16 k = (__mmask16)((1u << m) - 1);
+            __m512 v;
+            if (w->sdtype == TERN_DT_F32) v = _mm512_maskz_loadu_ps(k, (const float *)ps[t] + g0 + i);
+            else {
+                __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)ps[t] + g0 + i);
+                v = w->sdtype == TERN_DT_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            }
+            _mm512_storeu_ps(dst[t] + i, v); /* masked-off lanes store zeros */
+        }
+        _mm512_storeu_ps(dst[t] + ng, _mm512_setzero_ps());
+    }
+}
+
+/* Σ_g bi[g]·gsum[g] over ng groups (bi is zero-padded to a multiple of 16). */
+static inline __m512 bias_dot(const float *bi, const float *gsum, int ng) {
+    __m512 s = _mm512_setzero_ps();
+    for (int i = 0; i < ng; i += 16) {
+        __mmask16 k = (__mmask16)(ng - i >= 16 ? 0xffff : (1u << (ng - i)) - 1);
+        s = _mm512_fmadd_ps(_mm512_loadu_ps(bi + i), _mm512_maskz_loadu_ps(k, gsum + i), s);
+    }
+    return s;
+}
+
+/* ---- x preparation ---- */
+
+static void group_sums(const float *x, int in, int gs, float *gsum) {
+    for (int g = 0; g * gs < in; g++) {
+        __m512 s = _mm512_setzero_ps();
+        for (int t = 0; t < gs; t += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(x + g * gs + t));
+        gsum[g] = _mm512_reduce_add_ps(s);
+    }
+}
+
+/* Quantize 32 values to int8 (symmetric, d = max|v|/127); returns d. */
+static float quant32(const float *v, int8_t *q) {
+    __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    __m512 vi = _mm512_set1_ps(inv);
+    __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, vi));
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    qa = _mm512_min_epi32(_mm512_max_epi32(qa, lo), hi);
+    qb = _mm512_min_epi32(_mm512_max_epi32(qb, lo), hi);
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
+    return d;
+}
+
+static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx) {
+    if (in <= 0 || in > CPU_GX_MAX_IN || in % 64) return 0;
+    int kind = 0;
+    if (w->dtype == TERN_DT_BF16) kind = CPU_GX_BF16;
+    else if (w->dtype == TERN_DT_Q && w->bits == 8) kind = int8 ? CPU_GX_Q8_I8 : CPU_GX_Q8;
+    else if (w->dtype == TERN_DT_Q && w->bits == 4) kind = int8 ? CPU_GX_Q4_I8 : CPU_GX_Q4;
+    if (!kind) return 0;
+    if (kind >= CPU_GX_Q8_I8 && !__builtin_cpu_supports("avx512vnni")) kind -= 2; /* exact kinds instead */
+    int inr = (in + 127) / 128 * 128; /* q4 kinds lay x out in whole 128-input chunks */
+    float *xp = buf, *gsum = xp + inr, *xd = gsum + inr / 32;
+    int8_t *xq = (int8_t *)(xd + inr / 4);
+    memset(gx, 0, sizeof *gx);
+    gx->kind = kind;
+    gx->in = in;
+    gx->gs = w->gs;
+    gx->xp = xp;
+    if (kind == CPU_GX_BF16) { /* per 32 inputs: the 16 even ones, then the 16 odd ones */
+        cpu_q4_permute(x, in, xp);
+        return 1;
+    }
+    group_sums(x, in, w->gs, gsum);
+    gx->gsum = gsum;
+    if (kind == CPU_GX_Q8) { gx->xp = x; return 1; }
+    /* q4 order (exact): chunk c, vector v = 2k+h, lane i holds input 128c + 8i + v */
+    if (kind == CPU_GX_Q4) {
+        for (int c = 0; c < inr; c += 128)
+            for (int v = 0; v < 8; v++)
+                for (int i = 0; i < 16; i++) xp[c + v * 16 + i] = c + 8 * i + v < in ? x[c + 8 * i + v] : 0.0f;
+        return 1;
+    }
+    /* int8 kinds: q8 natural order; q4 per 128 inputs: the 64 even ones, then the 64 odd */
+    float tmp[128];
+    for (int c = 0; c < inr; c += 128) {
+        for (int j = 0; j < 128; j++) {
+            int src = kind == CPU_GX_Q8_I8 ? c + j : c + (j < 64 ? 2 * j : 2 * (j - 64) + 1);
+            tmp[j] = src < in ? x[src] : 0.0f;
+        }
+        for (int b = 0; b < 4; b++) {
+            float d = quant32(tmp + 32 * b, xq + c + 32 * b);
+            for (int l = 0; l < 8; l++) xd[(c + 32 * b) / 4 + l] = d;
+        }
+    }
+    gx->xq = xq;
+    gx->xd = xd;
+    return 1;
+}
+
+/* ---- kernels (NR = 1..4 rows sharing x) ---- */
+
+AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+    const float *xp = gx->xp;
+    const uint16_t *p[4];
+    __m512 ae[4], ao[4];
+    for (int r = 0; r < NR; r++) { p[r] = (const uint16_t *)rw[r].data; ae[r] = ao[r] = _mm512_setzero_ps(); }
+    for (int t = 0; t < gx->in; t += 32) {
+        __m512 xe = _mm512_loadu_ps(xp + t), xo = _mm512_loadu_ps(xp + t + 16);
+        for (int r = 0; r < NR; r++) {
+            __m512i v = _mm512_loadu_si512(p[r] + t);
+            ae[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, ae[r]);
+            ao[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hm)), xo, ao[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(ae[r], ao[r]));
+}
+
+AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const int gs = gx->gs, in = gx->in;
+    float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
+    __m512 tot[4], bs[4];
+    for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        for (int r = 0; r < NR; r++) {
+            grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
+            bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
+        }
+        for (int g = 0; g < ng; g++) {
+            const float *x = gx->xp + j0 + g * gs;
+            __m512 acc[4];
+            for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+            for (int t = 0; t < gs; t += 16) {
+                __m512 xv = _mm512_loadu_ps(x + t);
+                for (int r = 0; r < NR; r++) {
+                    const uint8_t *s = rw[r].data + j0 + g * gs + t;
+                    __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s)));
+                    acc[r] = _mm512_fmadd_ps(q, xv, acc[r]);
+                }
+            }
+            for (int r = 0; r < NR; r++) tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(sc[r][g]), acc[r], tot[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
+}
+
+/* lane i of a 16-lane vector that covers W consecutive inputs per lane -> its group, relative */
+static inline __m512i lane_groups(int W, int gs) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_srlv_epi32(_mm512_mullo_epi32(iota, _mm512_set1_epi32(W)), _mm512_set1_epi32(__builtin_ctz((unsigned)gs)));
+}
+
+static inline __mmask64 bytes_mask(int n) { return n >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << n) - 1; }
+
+AI void k_q4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const int gs = gx->gs, in = gx->in;
+    const __m512 qlut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i map = lane_groups(8, gs);
+    float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
+    __m512 tot[4], bs[4];
+    for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        for (int r = 0; r < NR; r++) {
+            grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
+            bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
+        }
+        for (int c = 0; c < len; c += 128) {
+            const float *x = gx->xp + j0 + c;
+            int nb = len - c >= 128 ? 64 : (len - c) / 2, last = j0 + c + 128 >= in;
+            __m512 alo[4], ahi[4];
+            for (int r = 0; r < NR; r++) alo[r] = ahi[r] = _mm512_setzero_ps();
+            for (int k = 0; k < 4; k++) {
+                __m512 xl = _mm512_loadu_ps(x + 32 * k), xh = _mm512_loadu_ps(x + 32 * k + 16);
+                __mmask64 m = bytes_mask(nb - k);
+                for (int r = 0; r < NR; r++) {
+                    const uint8_t *src = rw[r].data + (j0 + c) / 2 + k;
+                    /* the row's last chunk is loaded masked: never read past the row */
+                    __m512i raw = last ? _mm512_maskz_loadu_epi8(m, src) : _mm512_loadu_si512(src);
+                    alo[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(raw, qlut), xl, alo[r]);
+                    ahi[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), qlut), xh, ahi[r]);
+                }
+            }
+            for (int r = 0; r < NR; r++) {
+                __m512 sv = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
+                tot[r] = _mm512_fmadd_ps(_mm512_add_ps(alo[r], ahi[r]), sv, tot[r]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
+}
+
+AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const int gs = gx->gs, in = gx->in;
+    const __m512i map = lane_groups(4, gs);
+    float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
+    __m512 tot[4], bs[4];
+    for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        for (int r = 0; r < NR; r++) {
+            grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
+            bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
+        }
+        for (int c = 0; c < len; c += 64) {
+            __m512i xq = _mm512_loadu_si512(gx->xq + j0 + c);
+            __m512 xd = _mm512_loadu_ps(gx->xd + (j0 + c) / 4);
+            for (int r = 0; r < NR; r++) {
+                __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(rw[r].data + j0 + c), xq);
+                __m512 sv = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
+                tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(xd, sv), tot[r]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
+}
+
+AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const int gs = gx->gs, in = gx->in;
+    const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
+    float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
+    __m512 tot[4], bs[4];
+    for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        for (int r = 0; r < NR; r++) {
+            grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
+            bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
+        }
+        for (int c = 0; c < len; c += 128) {
+            __m512i xl = _mm512_loadu_si512(gx->xq + j0 + c), xh = _mm512_loadu_si512(gx->xq + j0 + c + 64);
+            __m512 dl = _mm512_loadu_ps(gx->xd + (j0 + c) / 4), dh = _mm512_loadu_ps(gx->xd + (j0 + c) / 4 + 16);
+            __mmask64 m = bytes_mask(len - c >= 128 ? 64 : (len - c) / 2);
+            for (int r = 0; r < NR; r++) {
+                __m512i raw = _mm512_maskz_loadu_epi8(m, rw[r].data + (j0 + c) / 2);
+                __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+                __m512i al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
+                __m512i ah = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, xh);
+                __m512 sv = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
+                tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(al), _mm512_mul_ps(dl, sv), tot[r]);
+                tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ah), _mm512_mul_ps(dh, sv), tot[r]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
+}
+
+#define KCASE(K, fn) \
+    case K: \
+        if (nr == 4) fn(gx, rows, y, 4); \
+        else if (nr == 3) fn(gx, rows, y, 3); \
+        else if (nr == 2) fn(gx, rows, y, 2); \
+        else fn(gx, rows, y, 1); \
+        return;
+
+static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
+    switch (gx->kind) {
+        KCASE(CPU_GX_BF16, k_bf16)
+        KCASE(CPU_GX_Q8, k_q8)
+        KCASE(CPU_GX_Q4, k_q4)
+        KCASE(CPU_GX_Q8_I8, k_q8i8)
+        KCASE(CPU_GX_Q4_I8, k_q4i8)
+    default: return;
+    }
+}
+
+int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx) {
+    return prep(w, in, int8, x, buf, gx);
+}
+void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) { gemv(gx, rows, nr, y); }
