@@ -119,7 +119,8 @@ typedef struct tern_event {
     const int32_t *top_ids;
     const float *top_logprobs;
     tern_finish_reason finish; /* DONE */
-    int n_prompt, n_cached, n_generated; /* usage (DONE; n_cached = prompt tokens served from the prefix cache) */
+    int n_prompt, n_cached, n_generated; /* usage (DONE; n_cached = prompt tokens served from the prefix cache;
+                                            n_generated = TOKEN events: a matched stop/EOS token is not emitted) */
     double t_queue, t_first_token, t_total; /* seconds since submit (DONE) */
     const tern_error *err;    /* ERROR */
 } tern_event;

@@ -29,6 +29,16 @@ static int usage(void) {
     return 2;
 }
 
+/* flags that take a value */
+static int value_flag(const char *a) {
+    static const char *k[] = {"--host", "--port", "--api-key", "--alias", "--device", "--compute", "--threads",
+                              "--max-ctx", "--max-concurrency", "--memory-budget", "--kv-memory", "--prompt-cache",
+                              "--kv-quant", "--max-tokens", "--max-body", "--timeout"};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (!strcmp(a, k[i])) return 1;
+    return 0;
+}
+
 static int dbl(const char *flag, const char *v, double *out) {
     char *end;
     errno = 0;
@@ -48,6 +58,7 @@ int tern_cmd_serve(int argc, char **argv) {
         int takes = 1;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "--fake-engine")) { o.fake_engine = 1; takes = 0; }
+        else if (a[0] == '-' && !value_flag(a)) return cli_usage_error("serve", "unknown flag '%s' (try tern serve --help)", a);
         else if (!v && a[0] == '-') return cli_usage_error("serve", "%s needs a value", a);
         else if (!strcmp(a, "--host")) o.host = v;
         else if (!strcmp(a, "--port")) { if (cli_int("serve", a, v, 0, 65535, &x)) return 2; o.port = (int)x; }

@@ -12,10 +12,11 @@
  * order (decode rows always; prefill chunks from the budget left by the decode rows), reserving
  * KV as we go and preempting from the newest end on TERN_ENOMEM -> one forward -> advance
  * n_past, trim sliding windows -> sample and emit events for the rows that asked for logits.
- * The sampler lives in sched_sample.c.
+ * Sampling: one tern_sampler (src/sample) per request, created at its first admission (so
+ * queued requests hold no vocab-sized scratch) and fed the prompt as penalty history; its RNG
+ * counter is the position of the token being drawn.
  */
 #include "runtime/sched.h"
-#include "runtime/sched_sample.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,7 +38,8 @@ struct tern_sched {
     uint8_t *b_want;
     tern__req **b_req;         /* [n_slots] owner of each logits row */
     float *logits;             /* [n_slots, V] */
-    tern__sampler *smp;
+    int32_t top_ids[TERN_MAX_LOGPROBS];   /* event views of the sampler's top list */
+    float top_lp[TERN_MAX_LOGPROBS];
     tern_prefix *pc;           /* NULL: no prefix cache */
     int32_t *match;            /* [max_ctx / block_size + 1] matched block ids */
     /* counters */
@@ -48,6 +50,7 @@ struct tern_sched {
 
 void tern__req_free(tern__req *r) {
     if (!r) return;
+    tern_sampler_free(r->smp);
     free(r->tok);
     free(r->stop);
     free((void *)r->sp.bias_ids);
@@ -75,15 +78,16 @@ tern_status tern__req_new(const tern_sched *s, const tern_request *q, tern__req 
     if (bad_float(sp->top_p, 0.f, 1.f) || sp->top_p == 0.f)
         return tern_err(err, TERN_EINVAL, "sampling.top_p: %g outside (0, 1]", (double)sp->top_p);
     if (bad_float(sp->min_p, 0.f, 1.f)) return tern_err(err, TERN_EINVAL, "sampling.min_p: %g outside [0, 1]", (double)sp->min_p);
-    if (bad_float(sp->repetition_penalty, 1e-3f, 1e3f))
-        return tern_err(err, TERN_EINVAL, "sampling.repetition_penalty: %g outside [0.001, 1000]", (double)sp->repetition_penalty);
-    if (bad_float(sp->presence_penalty, -100.f, 100.f))
-        return tern_err(err, TERN_EINVAL, "sampling.presence_penalty: %g outside [-100, 100]", (double)sp->presence_penalty);
-    if (bad_float(sp->frequency_penalty, -100.f, 100.f))
-        return tern_err(err, TERN_EINVAL, "sampling.frequency_penalty: %g outside [-100, 100]", (double)sp->frequency_penalty);
-    if (sp->penalty_last_n < -1) return tern_err(err, TERN_EINVAL, "sampling.penalty_last_n: %d (use -1 for the whole sequence)", sp->penalty_last_n);
-    if (sp->n_logprobs < 0 || sp->n_logprobs > TERN__MAX_TOP)
-        return tern_err(err, TERN_EINVAL, "sampling.n_logprobs: %d outside [0, %d]", sp->n_logprobs, TERN__MAX_TOP);
+    if (bad_float(sp->repetition_penalty, 0.f, 100.f) || sp->repetition_penalty == 0.f)
+        return tern_err(err, TERN_EINVAL, "sampling.repetition_penalty: %g outside (0, 100]", (double)sp->repetition_penalty);
+    if (bad_float(sp->presence_penalty, -2.f, 2.f))
+        return tern_err(err, TERN_EINVAL, "sampling.presence_penalty: %g outside [-2, 2]", (double)sp->presence_penalty);
+    if (bad_float(sp->frequency_penalty, -2.f, 2.f))
+        return tern_err(err, TERN_EINVAL, "sampling.frequency_penalty: %g outside [-2, 2]", (double)sp->frequency_penalty);
+    if (sp->penalty_last_n < -1 || sp->penalty_last_n > (1 << 20))
+        return tern_err(err, TERN_EINVAL, "sampling.penalty_last_n: %d outside [-1, 1048576] (-1 = whole sequence)", sp->penalty_last_n);
+    if (sp->n_logprobs < 0 || sp->n_logprobs > TERN_MAX_LOGPROBS)
+        return tern_err(err, TERN_EINVAL, "sampling.n_logprobs: %d outside [0, %d]", sp->n_logprobs, TERN_MAX_LOGPROBS);
     if (sp->n_bias < 0 || sp->n_bias > V || (sp->n_bias > 0 && (!sp->bias_ids || !sp->bias_values)))
         return tern_err(err, TERN_EINVAL, "sampling.n_bias: %d (needs bias_ids and bias_values, at most n_vocab)", sp->n_bias);
     for (int i = 0; i < sp->n_bias; i++) {
@@ -159,7 +163,6 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
     tern_status st = TERN_OK;
     if (!s->run || !s->free_slots || !s->b_tok || !s->b_pos || !s->b_slot || !s->b_want || !s->b_req || !s->logits)
         st = tern_err(err, TERN_ENOMEM, "scheduler: out of memory for %d slots x %d rows (vocab %d)", s->n_slots, s->budget, s->V);
-    if (!st) st = tern__sampler_new(&s->smp, s->V, err);
     if (!st) st = tern__prefix_open(&s->pc, kv, o->prefix_blocks, err);
     if (!st && s->pc && !(s->match = malloc(sizeof(int32_t) * (size_t)(s->max_ctx / tern_kv_block_size(kv) + 1))))
         st = tern_err(err, TERN_ENOMEM, "scheduler: out of memory");
@@ -179,7 +182,6 @@ void tern__sched_close(tern_sched *s) {
         tern__req_free(s->run[i]);
     }
     for (tern__req *r = s->wait_head, *nx; r; r = nx) { nx = (tern__req *)r->q.next; tern__req_free(r); }
-    tern__sampler_free(s->smp);
     tern__prefix_close(s->pc);
     free(s->match);
     free(s->run); free(s->free_slots);
@@ -305,6 +307,28 @@ static int admit(tern_sched *s) {
     int n = 0;
     while (s->n_free > 0 && s->wait_head) {
         tern__req *r = wait_pop(s);
+        if (!r->smp && r->max_new > 0) {
+            /* the sampler is created on first admission; the prompt is its penalty history */
+            tern_sampler_params sp = tern_sampler_defaults();
+            sp.temperature = r->sp.temperature;
+            sp.top_k = r->sp.top_k;
+            sp.top_p = r->sp.top_p;
+            sp.min_p = r->sp.min_p;
+            sp.repetition_penalty = r->sp.repetition_penalty;
+            sp.presence_penalty = r->sp.presence_penalty;
+            sp.frequency_penalty = r->sp.frequency_penalty;
+            sp.penalty_last_n = r->sp.penalty_last_n >= 0 ? r->sp.penalty_last_n
+                                                          : TERN_MIN(r->n_prompt + r->max_new, 1 << 20);
+            sp.seed = r->sp.seed;
+            sp.bias_ids = r->sp.bias_ids;
+            sp.bias_values = r->sp.bias_values;
+            sp.n_bias = r->sp.n_bias;
+            sp.logprobs = r->sp.n_logprobs > 0;
+            sp.top_logprobs = r->sp.n_logprobs;
+            tern_error e = {0};
+            if (tern_sampler_new(&sp, s->V, &r->smp, &e)) { finish(s, r, TERN_FINISH_NONE, &e); n++; continue; }
+            for (int i = 0; i < r->n_prompt; i++) tern_sampler_accept(r->smp, r->tok[i]);
+        }
         r->slot = s->free_slots[--s->n_free];
         r->admit_seq = ++s->admit_counter;
         r->n_past = 0;
@@ -335,13 +359,13 @@ static int admit(tern_sched *s) {
 }
 
 static void preempt(tern_sched *s, tern__req *r) {
+    if (r->n_past > 0) s->n_preempt++;   /* count only evictions that throw work away */
     run_remove(s, r);
     free_slot(s, r);
     r->n_past = 0;
     r->rows = 0;
     r->n_reg = 0;
     wait_push_front(s, r);
-    s->n_preempt++;
     tern_log(TERN_LOG_INFO, "sched: preempted request %llu (%d tokens to recompute)", (unsigned long long)r->q.id,
              r->n_prompt + r->n_gen);
 }
@@ -371,15 +395,23 @@ static int reserve_rows(tern_sched *s, int i, int rows, int *n_done) {
 
 /* Sample r's next token from its logits row and emit; 1 if r finished. */
 static int advance(tern_sched *s, tern__req *r, float *logits) {
-    tern__sample_out so;
-    int tok = tern__sample(s->smp, &r->sp, r->tok, r->n_prompt + r->n_gen, r->n_gen, logits, &so);
+    tern_sample_result so;
+    tern_error e = {0};
+    if (tern_sampler_sample(r->smp, logits, (uint64_t)(r->n_prompt + r->n_gen), &so, &e)) {
+        run_remove(s, r);
+        finish(s, r, TERN_FINISH_NONE, &e);
+        return 1;
+    }
+    int tok = so.id;
     if (r->t_first <= 0) r->t_first = tern_time_s();
     for (int i = 0; i < r->n_stop; i++)
         if (r->stop[i] == tok) { run_remove(s, r); finish(s, r, TERN_FINISH_STOP, NULL); return 1; }
     r->tok[r->n_prompt + r->n_gen++] = tok;
+    tern_sampler_accept(r->smp, tok);
     s->gen_tokens++;
+    for (int i = 0; i < so.n_top; i++) { s->top_ids[i] = so.top[i].id; s->top_lp[i] = so.top[i].logprob; }
     tern_event ev = {.kind = TERN_EV_TOKEN, .request_id = r->q.id, .token = tok, .logprob = so.logprob,
-                     .n_top = so.n_top, .top_ids = so.top_ids, .top_logprobs = so.top_logprobs};
+                     .n_top = so.n_top, .top_ids = s->top_ids, .top_logprobs = s->top_lp};
     int rc = emit(r, &ev);
     tern_finish_reason why = rc == 1 ? TERN_FINISH_CANCELLED : rc == 2 ? TERN_FINISH_STOP
                            : r->n_gen >= r->max_new ? TERN_FINISH_LENGTH : TERN_FINISH_NONE;

@@ -16,6 +16,10 @@
  * blocks that fill up are offered to the cache after each forward, and idle cached blocks are
  * evicted before anyone is preempted.
  *
+ * A token in the request's stop list (its stop ids + the model's EOS unless ignore_eos) ends
+ * it with TERN_FINISH_STOP and is neither emitted nor counted in n_generated. Callbacks must
+ * not call tern_engine_step (submit and cancel are fine).
+ *
  * Every buffer a step needs is sized at creation (max_concurrency x budget rows, logits for
  * max_concurrency rows, sampler scratch of n_vocab): a steady-state step allocates nothing.
  */
@@ -26,12 +30,14 @@
 #include "runtime/kv.h"
 #include "runtime/prefix.h"
 #include "runtime/queue.h"
+#include "sample/sampler.h"
 
 typedef struct tern__req {
     tern__qitem q;            /* first member: queue link + id; reused as the waiting-list link */
     int32_t *tok;             /* [n_prompt + max_new]: prompt, then generated tokens */
     int n_prompt, n_gen, max_new; /* max_new = max_tokens clipped to the context */
     tern_sampling sp;         /* bias arrays point at owned copies */
+    tern_sampler *smp;        /* created at first admission (vocab-sized scratch), kept until the end */
     int32_t *stop;            /* stop ids + model EOS unless ignore_eos */
     int n_stop;
     tern_event_fn on_event;

@@ -203,7 +203,7 @@ enum MHD_Result srv_handle_messages(srv_req *r) {
     if (read_system(req, &system, &e)) goto fail;
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
     if (!cJSON_IsArray(tools) || cJSON_GetArraySize(tools) == 0) tools = NULL;
-    if (srv_prompt_chat(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), system, tools, 1, &pr, &e)) goto fail;
+    if (srv_prompt_chat(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), system, tools, NULL, 1, &pr, &e)) goto fail;
     if (!(c = calloc(1, sizeof *c))) { srv_fail(&e, 500, "", "out of memory"); goto fail; }
     c->s = s;
     c->n_prompt = pr.n;

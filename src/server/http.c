@@ -18,6 +18,7 @@
 #include "io/demo.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -357,6 +358,16 @@ static int open_listener(const char *host, int port, int *out_port, tern_error *
     return fd;
 }
 
+/* MHD's own messages ("closing connection" after a client left, ...) at info level. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    char b[512];
+    (void)cls;
+    vsnprintf(b, sizeof b, fmt, ap);
+    size_t n = strlen(b);
+    while (n && b[n - 1] == '\n') b[--n] = 0;
+    tern_log(TERN_LOG_INFO, "http: %s", b);
+}
+
 static void *engine_main(void *arg) {
     tern_server *s = arg;
     tern_error err = {0};
@@ -383,7 +394,7 @@ static void *engine_main(void *arg) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (st) {
-        tern_log(TERN_LOG_ERROR, "serve: %s", err.msg);
+        tern_log(TERN_LOG_INFO, "serve: %s", err.msg);      /* the caller reports it */
         return NULL;
     }
     tern_log(TERN_LOG_INFO, "serve: model '%s' ready", s->served);
@@ -424,6 +435,7 @@ tern_status tern_server_start(tern_server **out, const tern_server_opts *opts, t
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.timeout_s,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                              MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                               MHD_OPTION_END);
     if (!s->mhd) {
         close(s->listen_fd);

@@ -3,7 +3,7 @@
  *
  * Request: messages (prompt.c), model (must be ours if given), the sampling fields of
  * params.c, tools (passed to the chat template unless tool_choice is "none"),
- * chat_template_kwargs is not forwarded yet, response_format "text" only (json_object /
+ * chat_template_kwargs (extra template variables, e.g. enable_thinking), response_format "text" only (json_object /
  * json_schema need constrained decoding: 400 until then).
  * Response: chat.completion {id, object, created, model, choices[{index, message{role,
  * content}, logprobs, finish_reason}], usage{prompt_tokens, completion_tokens, total_tokens,
@@ -264,7 +264,8 @@ enum MHD_Result srv_handle_chat(srv_req *r) {
     if (!cJSON_IsArray(tools) || cJSON_GetArraySize(tools) == 0 ||
         (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")))
         tools = NULL;
-    if (srv_prompt_chat(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), NULL, tools, 0, &pr, &e)) goto fail;
+    if (srv_prompt_chat(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), NULL, tools,
+                        cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs"), 0, &pr, &e)) goto fail;
     int stream = p.stream;
     chat_ctx c = {.s = s, .created = (long long)time(NULL), .include_usage = p.include_usage,
                   .logprobs = p.logprobs, .top_logprobs = p.top_logprobs};

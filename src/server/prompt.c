@@ -209,9 +209,12 @@ static int validate_messages(const cJSON *msgs, int anthropic, srv_error *e) {
     return 0;
 }
 
-int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, const cJSON *tools, int anthropic,
-                    srv_prompt *out, srv_error *e) {
+int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, const cJSON *tools,
+                    const cJSON *template_kwargs, int anthropic, srv_prompt *out, srv_error *e) {
     memset(out, 0, sizeof *out);
+    if (template_kwargs && !cJSON_IsNull(template_kwargs) && !cJSON_IsObject(template_kwargs))
+        return srv_fail(e, 400, "chat_template_kwargs", "chat_template_kwargs: expected an object");
+    if (!cJSON_IsObject(template_kwargs)) template_kwargs = NULL;
     if (validate_messages(messages, anthropic, e)) return -1;
     cJSON *conv = NULL;
     const cJSON *msgs = messages;
@@ -224,7 +227,7 @@ int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, c
     int add_special = 1, rc = 0;
     if (s->tmpl) {
         tern_chat_opts co = {.messages = msgs, .tools = tools, .add_generation_prompt = true, .enable_thinking = -1,
-                             .flatten_text_parts = true};
+                             .extra = template_kwargs, .flatten_text_parts = true};
         tern_error err = {0};
         tern_status st = tern_chat_render(s->tmpl, &co, &text, &len, NULL, &err);
         if (st) {

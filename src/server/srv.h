@@ -126,9 +126,9 @@ typedef struct srv_prompt {
 } srv_prompt;
 /* OpenAI-style messages array (system/developer/user/assistant/tool) -> token ids. `system`
  * (Anthropic top-level) is prepended when non-NULL. anthropic=1 reads Anthropic content
- * blocks. */
-int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, const cJSON *tools, int anthropic,
-                    srv_prompt *out, srv_error *e);
+ * blocks. template_kwargs: the request's chat_template_kwargs object (or NULL). */
+int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, const cJSON *tools,
+                    const cJSON *template_kwargs, int anthropic, srv_prompt *out, srv_error *e);
 /* Raw completion prompt: string, [string], [ids], [[ids]]. */
 int srv_prompt_raw(tern_server *s, const cJSON *prompt, srv_prompt *out, srv_error *e);
 void srv_prompt_free(srv_prompt *p);

@@ -65,6 +65,18 @@ async function suite(label, srv, exact) {
     assert(typeof final.choices[0].message.content === 'string', 'final content');
   });
 
+  await check(`${label}_openai_tools_and_template_kwargs_accepted`, async () => {
+    // tool definitions reach the chat template; tool-call parsing of the output is not done yet
+    const r = await oa.chat.completions.create({
+      model, max_tokens: 4, tool_choice: 'auto', chat_template_kwargs: { enable_thinking: false },
+      tools: [{ type: 'function', function: { name: 'get_weather', description: 'weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }],
+      messages: [{ role: 'user', content: 'weather?' },
+        { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } }] },
+        { role: 'tool', tool_call_id: 'call_1', content: 'sunny' }],
+    });
+    assert(typeof r.choices[0].message.content === 'string', 'content');
+  });
+
   await check(`${label}_openai_completions`, async () => {
     const r = await oa.completions.create({ model, prompt: 'Once upon a time', max_tokens: 6, temperature: 0 });
     eq(r.object, 'text_completion');

@@ -36,12 +36,18 @@ const corpus = makeCorpus(2000);
 const corpusFile = path.join(work, 'corpus.jsonl');
 fs.writeFileSync(corpusFile, corpus.map((s) => JSON.stringify(s)).join('\n') + '\n');
 
-// tern runs concurrently with the oracle: start it, await the result later
-function runTern(args) {
+// tern runs concurrently with the oracle: start it, await the result later. A binary that is
+// being relinked by a concurrent `make` (EACCES/ETXTBSY) is retried a few times.
+function runTern(args, tries = 4) {
   const t0 = Date.now();
   return new Promise((resolve) => {
     execFile(tern, args, { encoding: 'utf8', maxBuffer: 1 << 30 }, (e, out, err) => {
-      resolve({ out: out || '', err: err || '', status: e ? (e.code ?? e.signal) : 0, ms: Date.now() - t0 });
+      const code = e ? (e.code ?? e.signal) : 0;
+      if (tries > 1 && ['EACCES', 'ETXTBSY', 'ENOENT'].includes(code)) {
+        setTimeout(() => runTern(args, tries - 1).then(resolve), 1500);
+        return;
+      }
+      resolve({ out: out || '', err: err || '', status: code, ms: Date.now() - t0 });
     });
   });
 }

@@ -23,9 +23,24 @@ tern_status tern_backend_cpu_ref_open(tern_backend **out, const tern_backend_opt
  * "avx512", "avx2" or "scalar". */
 const char *tern_cpu_isa_name(void);
 
-/* Read bandwidth (GB/s, 1e9 bytes/s) of streaming `bytes` bytes of memory with all cores
- * (one pool of tern_cpu_count() threads; best of a few passes). 0 on allocation failure. */
+/* Read bandwidth (GB/s, 1e9 bytes/s) of streaming memory with all cores (one pool of
+ * tern_cpu_count() threads; best of 3 passes) over max(bytes, tern_membw_default_bytes())
+ * bytes, so the buffer never fits in the last-level cache. 0 on allocation failure. */
 double tern_cpu_membw_probe(size_t bytes);
+size_t tern_membw_default_bytes(void); /* 2 x L3 (sysconf), clamped to [64 MiB, 2 GiB] */
+
+/* The same probe as an object, for benchmarks that interleave probe and kernel passes:
+ * open allocates and faults in the buffer once; each run is one timed pass (GB/s). */
+typedef struct tern_membw tern_membw;
+tern_membw *tern_membw_open(size_t bytes);   /* NULL on allocation failure */
+double tern_membw_run(tern_membw *b);
+size_t tern_membw_bytes(const tern_membw *b);
+void tern_membw_close(tern_membw *b);        /* accepts NULL */
+
+/* Int8-activation GEMV for Q8/Q4 weights at batch 1 (AVX-512 VNNI only; also switched on
+ * at open by TERN_CPU_INT8=1). Not exact: error bound in gemv_avx512.c. No-op on other
+ * backends. TERN_CPU_GEMV=0 at open turns the fused batch-1 kernels off (benchmarks). */
+void tern_backend_cpu_set_int8(tern_backend *be, int on);
 
 /* Check that a weight's dtype/quantization is one the CPU kernels handle (used by
  * upload_weight of both CPU backends; message names the tensor). */

@@ -21,6 +21,7 @@ typedef struct cpu_impl {
     const tern_cpu_kern *k;
     float **tbuf;             /* [nth] decode tiles, CPU_RT_MAX * CPU_CH floats each */
     void **xbuf;              /* [nth] x prepared for the fused GEMV, CPU_GX_BUF bytes each */
+    int fused;                /* 0: fused GEMV off (TERN_CPU_GEMV=0; benchmarks the decode path) */
     int int8;                 /* int8-activation GEMV for Q8/Q4 weights (TERN_CPU_INT8=1) */
     size_t par_min;           /* elementwise ops split over the pool from this many elements */
     int32_t *moe_i;           /* MoE routing lists (grown on demand) */

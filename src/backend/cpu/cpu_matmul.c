@@ -55,7 +55,7 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     const tern_cpu_kern *k = c->k;
     const tern_tensor *w = jb->w;
     int in = (int)w->shape[w->ndim - 1];
-    if (!k->gemv_prep || o0 >= o1) return 0;
+    if (!c->fused || !k->gemv_prep || o0 >= o1) return 0;
     cpu_wrow rows[4];
     cpu_gx gx;
     const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[0] : 0) * jb->ldx;
