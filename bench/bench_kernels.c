@@ -1,13 +1,21 @@
 /*
- * bench_kernels.c — CPU GEMV (decode, batch 1) throughput vs a memory-read probe.
+ * bench_kernels.c — CPU GEMV (decode, batch 1) throughput as a ratio to measured DRAM read
+ * bandwidth.
  *
- * For each matrix (4096×4096, 2816×2112, ...) in bf16, q8 g64 and q4 g64 it alternates a
- * read-bandwidth probe over a buffer of the same size with timed matmul runs, because the
- * bandwidth of shared machines drifts by 2× within seconds: each (probe, kernel) pair gives
- * one ratio = kernel bytes/s ÷ probe bytes/s. It prints a table (median ratio over pairs)
- * and CSV lines ("csv,...") with every pair. Also a small prefill (n=64) point per format.
+ * Decode streams the whole model once per token, so every weight byte comes from DRAM. To
+ * measure that (and not the 480 MiB L3 of this machine), a kernel pass runs the GEMV over
+ * as many distinct copies of the matrix as fill 2 x L3, back to back; the probe pass reads a
+ * buffer of the same size (tern_membw_*). The bandwidth of shared machines drifts by ~2x
+ * within seconds, so passes alternate — probe, kernel (exact), kernel (int8 mode, Q
+ * formats) — and each (probe, kernel) pair gives one ratio = kernel bytes/s ÷ probe bytes/s.
+ * Prints a table (median ratio over pairs, min, max) and "csv," lines with every pair.
+ * --hot instead repeats one matrix (it stays in L3), the way llama.cpp's test-backend-ops
+ * perf mode times MUL_MAT; use it only for comparisons with that (the ratio column then
+ * shows the best kernel GB/s). --hot --threads 1 --shapes l2: one thread on an L2-resident
+ * matrix, i.e. the compute ceiling of a kernel per core (timed in thread CPU time).
  *
- *   make bench && build/bench_kernels [--threads N] [--pairs P]
+ *   make bench && build/bench_kernels [--threads N] [--pairs P] [--hot] [--shapes all|big]
+ *   TERN_CPU_GEMV=0 build/bench_kernels   # the tile-decode path (no fused GEMV), for before/after
  */
 #include "backend/cpu/cpu.h"
 #include "base/pool.h"
@@ -15,35 +23,37 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct cfg { const char *name; tern_dtype dt; int bits; } cfg;
 
-static void fill_weight(tern_tensor *t, tern_dtype dt, int bits, int out, int in, void **bufs) {
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t next_u64(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
+
+/* Arena of random weight bytes: bf16 words keep |w| in [2^-8, 2) (no NaN, inf or subnormal). */
+static void fill_bytes(uint8_t *d, size_t n) {
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t v = next_u64();
+        v = (v & 0x83ff83ff83ff83ffull) | 0x3c003c003c003c00ull; /* high byte of each word: 0x3c..0x3f | sign */
+        memcpy(d + i, &v, 8);
+    }
+}
+
+static void make_view(tern_tensor *t, const cfg *c, int out, int in, uint8_t *data, uint16_t *sc, uint16_t *bi) {
     memset(t, 0, sizeof *t);
-    t->dtype = dt;
+    t->dtype = c->dt;
     t->ndim = 2;
     t->shape[0] = out;
     t->shape[1] = in;
     t->device = -1;
     t->name = "bench";
-    size_t rb = dt == TERN_DT_Q ? (size_t)in * bits / 8 : (size_t)in * 2;
-    uint8_t *d = malloc((size_t)out * rb);
-    for (size_t i = 0; i < (size_t)out * rb; i++) d[i] = (uint8_t)(i * 2654435761u >> 13);
-    if (dt == TERN_DT_BF16)
-        for (size_t i = 0; i < (size_t)out * in; i++) ((uint16_t *)d)[i] = tern_f32_to_bf16((float)((i * 7919) % 2000) / 1000.0f - 1.0f);
-    t->data = d;
-    bufs[0] = d;
-    if (dt == TERN_DT_Q) {
-        size_t ng = (size_t)out * in / 64;
-        uint16_t *s = malloc(ng * 2), *b = malloc(ng * 2);
-        for (size_t i = 0; i < ng; i++) { s[i] = tern_f32_to_bf16(0.01f); b[i] = tern_f32_to_bf16(-0.05f); }
-        t->bits = bits;
+    t->data = data;
+    if (c->dt == TERN_DT_Q) {
+        t->bits = c->bits;
         t->group_size = 64;
         t->sdtype = TERN_DT_BF16;
-        t->scales = s;
-        t->biases = b;
-        bufs[1] = s;
-        bufs[2] = b;
+        t->scales = sc;
+        t->biases = bi;
     }
 }
 
@@ -53,71 +63,118 @@ static size_t weight_bytes(const tern_tensor *t) {
     return b;
 }
 
-static double time_mm(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int iters) {
-    double best = 1e30;
-    for (int i = 0; i < iters; i++) {
-        double t0 = tern_time_s();
-        be->vt->matmul(be, y, x, n, w);
-        double dt = tern_time_s() - t0;
-        if (dt < best) best = dt;
-    }
-    return best;
-}
-
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
+/* With one thread on a shared machine, time the thread's CPU time (other processes' time
+ * slices do not count): that is the per-core compute ceiling. Otherwise wall time. */
+static int use_cpu_time;
+static double now_s(void) {
+    if (!use_cpu_time) return tern_time_s();
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* one kernel pass over nv views; returns bytes/s in GB/s */
+static double kernel_pass(tern_backend *be, float *y, const float *x, const tern_tensor *v, int nv, size_t wb) {
+    double t0 = now_s();
+    for (int i = 0; i < nv; i++) be->vt->matmul(be, y, x, 1, &v[i]);
+    double dt = now_s() - t0;
+    return (double)wb * nv / dt / 1e9;
+}
+
+static void stats(double *v, int n, double out[3]) { /* median, min, max */
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    out[0] = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    out[1] = v[0];
+    out[2] = v[n - 1];
+}
+
 int main(int argc, char **argv) {
-    int nth = 0, pairs = 6;
-    for (int i = 1; i + 1 < argc; i++) {
-        if (!strcmp(argv[i], "--threads")) nth = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--pairs")) pairs = atoi(argv[++i]);
+    int nth = 0, pairs = 8, hot = 0, big = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) nth = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--hot")) hot = 1;
+        else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) { i++; big = !strcmp(argv[i], "big") ? 1 : !strcmp(argv[i], "l2") ? 2 : 0; }
     }
-    if (pairs < 1 || pairs > 64) pairs = 6;
+    if (pairs < 1 || pairs > 64) pairs = 8;
+    use_cpu_time = hot && nth == 1;
     tern_backend_opts o = {.n_threads = nth};
     tern_backend *be = NULL;
     tern_error err = {0};
     if (tern_backend_cpu_open(&be, &o, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
-    static const int shapes[][2] = {{4096, 4096}, {2816, 2112}, {2112, 2816}, {14336, 4096}};
+    tern_membw *bw = tern_membw_open(0);
+    size_t arena = tern_membw_bytes(bw);
+    uint8_t *data = tern_aalloc(arena);
+    uint16_t *sc = tern_aalloc(arena / 8), *bi = tern_aalloc(arena / 8);
+    if (!bw || !data || !sc || !bi) { fprintf(stderr, "bench: out of memory (%zu MB arena)\n", arena >> 20); return 1; }
+    fill_bytes(data, arena);
+    for (size_t i = 0; i < arena / 16; i++) { sc[i] = tern_f32_to_bf16(0.01f); bi[i] = tern_f32_to_bf16(-0.05f); }
+    static const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {2816, 2112}, {2112, 2816}};
     static const cfg cfgs[] = {{"bf16", TERN_DT_BF16, 0}, {"q8g64", TERN_DT_Q, 8}, {"q4g64", TERN_DT_Q, 4}};
-    printf("isa %s, threads %d (probe uses all %d cores)\n", tern_cpu_isa_name(), nth ? nth : tern_cpu_count(), tern_cpu_count());
-    printf("%-6s %-11s %8s %9s %9s %8s %8s %8s %10s\n", "fmt", "out x in", "MB", "kern GB/s", "probe GB/s", "ratio", "min", "max", "pf64 GF/s");
-    printf("csv,fmt,out,in,pair,weight_bytes,kernel_s,kernel_gbs,probe_gbs,ratio\n");
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    const char *fu = getenv("TERN_CPU_GEMV");
+    printf("isa %s, threads %d, cores %d, %s, fused gemv %s, %s pass = %zu MiB\n", tern_cpu_isa_name(),
+           nth ? nth : tern_cpu_count(), tern_cpu_count(), hot ? "HOT (one matrix, cache-resident)" : "cold (DRAM)",
+           fu && fu[0] == '0' ? "off" : "on", hot ? "kernel" : "probe/kernel", arena >> 20);
+    printf("%-6s %-11s %-5s %7s %9s %10s %6s %6s %6s %9s\n", "fmt", "out x in", "mode", "MB", "kern GB/s", "probe GB/s",
+           "ratio", "min", "max", "pf64 GF/s");
+    printf("csv,fmt,out,in,mode,pair,weight_bytes,views,kernel_gbs,probe_gbs,ratio\n");
+    static const int l2shapes[][2] = {{256, 4096}}; /* fits L2: compute ceiling of one thread (use --hot) */
+    int nshapes = big == 1 ? 2 : big == 2 ? 1 : (int)(sizeof shapes / sizeof shapes[0]);
+    for (int s = 0; s < nshapes; s++)
         for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
-            int out = shapes[s][0], in = shapes[s][1];
-            tern_tensor w;
-            void *bufs[3] = {0};
-            fill_weight(&w, cfgs[c].dt, cfgs[c].bits, out, in, bufs);
-            size_t wb = weight_bytes(&w);
+            int out = big == 2 ? l2shapes[s][0] : shapes[s][0], in = big == 2 ? l2shapes[s][1] : shapes[s][1];
+            tern_tensor v0;
+            make_view(&v0, &cfgs[c], out, in, data, sc, bi);
+            size_t wb = weight_bytes(&v0), db = (size_t)out * tern_tensor_row_bytes(&v0), sb = wb - db;
+            int nv = (int)(arena / db);
+            if (hot && nv > 64) nv = 64 + (int)(((size_t)64 << 20) / wb); /* ~64 MB of work per pass */
+            if (sb && (size_t)nv > arena / 8 / (sb / 2)) nv = (int)(arena / 8 / (sb / 2)); /* scales arena */
+            if (nv < 1) continue;
+            tern_tensor *views = calloc((size_t)nv, sizeof *views);
+            for (int i = 0; i < nv; i++) {
+                int k = hot ? 0 : i;
+                make_view(&views[i], &cfgs[c], out, in, data + (size_t)k * db, sc + (size_t)k * sb / 4, bi + (size_t)k * sb / 4);
+            }
             float *x = malloc(sizeof(float) * (size_t)in * 64), *y = malloc(sizeof(float) * (size_t)out * 64);
             for (size_t i = 0; i < (size_t)in * 64; i++) x[i] = (float)(i % 17) * 0.1f - 0.8f;
-            time_mm(be, y, x, 1, &w, 2); /* warm up */
-            double ratios[64], kg[64], pg[64];
+            int nmodes = cfgs[c].dt == TERN_DT_Q ? 2 : 1;
+            kernel_pass(be, y, x, views, nv < 4 ? nv : 4, wb); /* warm up */
+            double r[2][64], kg[2][64], pg[64];
             for (int p = 0; p < pairs; p++) {
-                pg[p] = tern_cpu_membw_probe(wb);
-                double dt = time_mm(be, y, x, 1, &w, 5);
-                kg[p] = (double)wb / dt / 1e9;
-                ratios[p] = kg[p] / pg[p];
-                printf("csv,%s,%d,%d,%d,%zu,%.6f,%.2f,%.2f,%.3f\n", cfgs[c].name, out, in, p, wb, dt, kg[p], pg[p], ratios[p]);
+                pg[p] = hot ? 1.0 : tern_membw_run(bw);
+                for (int m = 0; m < nmodes; m++) {
+                    tern_backend_cpu_set_int8(be, m);
+                    kg[m][p] = kernel_pass(be, y, x, views, nv, wb);
+                    r[m][p] = kg[m][p] / pg[p];
+                    printf("csv,%s,%d,%d,%s,%d,%zu,%d,%.2f,%.2f,%.3f\n", cfgs[c].name, out, in, m ? "int8" : "exact", p, wb, nv,
+                           kg[m][p], pg[p], r[m][p]);
+                }
+                tern_backend_cpu_set_int8(be, 0);
             }
-            double pf = time_mm(be, y, x, 64, &w, 2);
-            double gflops = 2.0 * 64 * out * (double)in / pf / 1e9;
-            double sr[64];
-            memcpy(sr, ratios, sizeof(double) * (size_t)pairs);
-            qsort(sr, (size_t)pairs, sizeof(double), cmp_d);
-            qsort(kg, (size_t)pairs, sizeof(double), cmp_d);
-            qsort(pg, (size_t)pairs, sizeof(double), cmp_d);
-            char dims[32];
-            snprintf(dims, sizeof dims, "%dx%d", out, in);
-            printf("%-6s %-11s %8.1f %9.1f %9.1f %8.2f %8.2f %8.2f %10.1f\n", cfgs[c].name, dims, wb / 1e6, kg[pairs / 2],
-                   pg[pairs / 2], sr[pairs / 2], sr[0], sr[pairs - 1], gflops);
+            double t0 = tern_time_s();
+            be->vt->matmul(be, y, x, 64, &views[0]);
+            double gflops = 2.0 * 64 * out * (double)in / (tern_time_s() - t0) / 1e9;
+            double ps[3];
+            stats(pg, pairs, ps);
+            for (int m = 0; m < nmodes; m++) {
+                double rs[3], ks[3];
+                stats(r[m], pairs, rs);
+                stats(kg[m], pairs, ks);
+                char dims[32];
+                snprintf(dims, sizeof dims, "%dx%d", out, in);
+                printf("%-6s %-11s %-5s %7.1f %9.1f %10.1f %6.2f %6.2f %6.2f %9.1f\n", cfgs[c].name, dims, m ? "int8" : "exact",
+                       wb / 1e6, ks[0], hot ? 0.0 : ps[0], hot ? ks[2] : rs[0], hot ? 0.0 : rs[1], hot ? 0.0 : rs[2], gflops);
+            }
             fflush(stdout);
-            free(x); free(y);
-            for (int i = 0; i < 3; i++) free(bufs[i]);
+            free(x); free(y); free(views);
         }
+    tern_membw_close(bw);
+    tern_afree(data); tern_afree(sc); tern_afree(bi);
     tern_backend_close(be);
     return 0;
 }

@@ -1,11 +1,17 @@
 /*
- * cmd_generate.c — `tern generate MODEL --ids 2,17,99 --max-tokens N --temperature 0
- * --ignore-eos --print-ids`: prefill + incremental decode through the paged KV cache; stdout
- * gets the new ids (space-separated, one line); a stats line goes to stderr.
+ * cmd_generate.c — two modes (DESIGN.md §7):
+ *   `tern generate MODEL --ids 2,17,99 --max-tokens N --temperature 0 --ignore-eos --print-ids`:
+ *     prefill + incremental decode through the paged KV cache (greedy); stdout gets the new ids
+ *     (space-separated, one line); a stats line goes to stderr.
+ *   `tern generate [MODEL] "prompt" [--raw] [--system S] [sampling flags]`: the model's chat
+ *     template is applied (unless --raw), text streams to stdout through the engine.
  */
 #include "cli.h"
 #include "cli_util.h"
 #include "runtime/generate.h"
+#ifndef TERN_CORE_ONLY
+#include "cli_text.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +28,70 @@ static int on_token(void *ctx, int tok) {
     return 0;
 }
 
+#ifdef TERN_CORE_ONLY
+static int generate_text(int argc, char **argv) {
+    (void)argc; (void)argv;
+    return cli_usage_error("generate", "text prompts need the full tern build; use --ids");
+}
+#else
+/* Text mode: re-parse the arguments for the text flags. */
+static int generate_text(int argc, char **argv) {
+    cli_text_flags f = {.temperature = -1, .top_p = -1, .min_p = -1, .seed = -1};
+    const char *prompt = NULL, *system = NULL, *pos[2];
+    int raw = 0, npos = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_text_flag(&f, "generate", argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        const char *a = argv[i];
+        if (!strcmp(a, "--raw")) raw = 1;
+        else if (!strcmp(a, "--system") && i + 1 < argc) system = argv[++i];
+        else if (!strcmp(a, "--print-ids")) ;
+        else if (a[0] != '-' && npos < 2) pos[npos++] = a;
+        else return cli_usage_error("generate", "unknown or incomplete argument '%s'", a);
+    }
+    if (npos == 2) { f.model = pos[0]; prompt = pos[1]; }  /* MODEL "prompt" */
+    else if (npos == 1) prompt = pos[0];                  /* "prompt" with the demo model */
+    if (!prompt) return cli_usage_error("generate", "usage: tern generate [MODEL] \"prompt\" | tern generate MODEL --ids 2,17,99");
+    cli_text t;
+    int rc = cli_text_open(&t, &f, "generate");
+    if (rc) return rc;
+    int32_t *ids = NULL;
+    int n = 0;
+    if (raw || !t.tpl) {
+        tern_error e = {0};
+        if (tern_engine_tokenize(t.eng, prompt, strlen(prompt), 1, &ids, &n, &e)) {
+            cli_text_close(&t);
+            return cli_usage_error("generate", "%s", e.msg);
+        }
+    } else {
+        cJSON *msgs = cJSON_CreateArray();
+        if (system) {
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", "system");
+            cJSON_AddStringToObject(m, "content", system);
+            cJSON_AddItemToArray(msgs, m);
+        }
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "user");
+        cJSON_AddStringToObject(m, "content", prompt);
+        cJSON_AddItemToArray(msgs, m);
+        rc = cli_text_chat_ids(&t, msgs, &ids, &n, "generate");
+        cJSON_Delete(msgs);
+        if (rc) { cli_text_close(&t); return rc; }
+    }
+    rc = cli_text_run(&t, ids, n, NULL, "generate");
+    printf("\n");
+    free(ids);
+    cli_text_close(&t);
+    return rc;
+}
+#endif
+
 int tern_cmd_generate(int argc, char **argv) {
+    int has_ids = 0;
+    for (int i = 1; i < argc; i++) has_ids |= !strcmp(argv[i], "--ids");
+    if (!has_ids) return generate_text(argc, argv);
     cli_common c = {0};
     const char *ids_s = NULL, *prompt = NULL;
     long max_tokens = 32, chunk = 512;
@@ -49,7 +118,6 @@ int tern_cmd_generate(int argc, char **argv) {
         else return cli_usage_error("generate", "unknown or incomplete argument '%s'", a);
     }
     if (!c.model) c.model = "demo";
-    if (!ids_s) return cli_usage_error("generate", "text prompts are not available in this build yet; use --ids");
     if (temperature > 0) return cli_usage_error("generate", "sampling (--temperature > 0) is not available in this build yet");
     int32_t *ids;
     int n = cli_parse_ids(ids_s, &ids);

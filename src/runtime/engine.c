@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "runtime/kv.h"
 #include "runtime/queue.h"
+#include "runtime/engine_int.h"
 #include "runtime/sched.h"
 #include "text/tokenizer.h"
 
@@ -264,3 +265,7 @@ void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st) {
     memset(st, 0, sizeof *st);
     if (e) tern__queue_stats(&e->q, st);
 }
+
+/* ---- internal accessors (engine_int.h) ---- */
+const tern_tokenizer *tern__engine_tokenizer(const tern_engine *e) { return e ? e->tok : NULL; }
+const char *tern__engine_dir(const tern_engine *e) { return e ? e->dir : ""; }

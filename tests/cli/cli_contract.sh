@@ -38,3 +38,13 @@ if [ $? -eq 0 ] && grep -Eq '^[0-9]+( [0-9]+){4}$' "$tmp/out"; then ok demo_gene
 # truncated safetensors: copy the demo and cut the weights file
 cp -r "$TERN_CACHE"/demo-v1 "$tmp/m3" 2>/dev/null && truncate -s 5000 "$tmp/m3/model.safetensors"
 expect truncated_safetensors 2 "model.safetensors" $T logits "$tmp/m3" --ids 1 --out "$tmp/l.f32"
+
+# text in, text out on the demo model (byte-level tokenizer + chat template)
+$T generate "Hello there" --max-tokens 8 --seed 3 >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 0 ] && grep -q "generated 8 tokens" "$tmp/err"; then ok demo_generate_text; else bad "demo_generate_text: $(head -c 300 "$tmp/err")"; fi
+$T generate demo "Hello" --raw --temperature 0 --max-tokens 4 >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 0 ] && ok demo_generate_raw || bad "demo_generate_raw: $(head -c 300 "$tmp/err")"
+printf 'hi\nsecond turn\n/exit\n' | $T chat --max-tokens 4 --temperature 0 >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 0 ] && [ "$(grep -c 'generated 4 tokens' "$tmp/err")" -eq 2 ] && grep -q "cached" "$tmp/err"; then ok demo_chat_two_turns; else bad "demo_chat_two_turns: $(head -c 300 "$tmp/err")"; fi
+expect generate_bad_temperature 2 "temperature" $T generate "x" --temperature -1
+expect generate_bad_top_p 2 "top-p" $T generate "x" --top-p 2

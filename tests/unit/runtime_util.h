@@ -171,7 +171,7 @@ static tern_engine *rt_engine_pc(int conc, int budget, double kv_gb, int max_ctx
     tern_engine_opts o = tern_engine_default_opts();
     o.prompt_cache_gb = cache_gb;
     o.model = rt_model_dir();
-    o.device = "cpu";
+    o.device = getenv("TERN_TEST_DEVICE") ? getenv("TERN_TEST_DEVICE") : "cpu";  /* cuda on a GPU machine */
     o.n_threads = 2;
     o.max_concurrency = conc;
     o.max_batch_tokens = budget;
