@@ -123,8 +123,8 @@ int main(int argc, char **argv) {
     printf("%-6s %-11s %-5s %7s %9s %10s %6s %6s %6s %9s\n", "fmt", "out x in", "mode", "MB", "kern GB/s", "probe GB/s",
            "ratio", "min", "max", "pf64 GF/s");
     printf("csv,fmt,out,in,mode,pair,weight_bytes,views,kernel_gbs,probe_gbs,ratio\n");
-    static const int l2shapes[][2] = {{256, 4096}}; /* fits L2: compute ceiling of one thread (use --hot) */
-    int nshapes = big == 1 ? 2 : big == 2 ? 1 : (int)(sizeof shapes / sizeof shapes[0]);
+    static const int l2shapes[][2] = {{256, 4096}, {64, 16384}}; /* fits L2: compute ceiling of one thread (use --hot) */
+    int nshapes = big == 1 ? 2 : big == 2 ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int s = 0; s < nshapes; s++)
         for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
             int out = big == 2 ? l2shapes[s][0] : shapes[s][0], in = big == 2 ? l2shapes[s][1] : shapes[s][1];

@@ -18,6 +18,8 @@
  *     |y − y_exact| ≤ ½ Σ_blocks d_b · Σ_{t∈b} s_g(t)·q_t (+ f32 rounding); test_kern_gemv
  *     checks every output against that bound.
  */
+/* gf2p8affineqb (GFNI) splits out high nibbles in one instruction; the int8 kinds need it. */
+#pragma GCC target("gfni")
 #include "backend/cpu/kern.h"
 
 #include <immintrin.h>
@@ -67,19 +69,11 @@ static void group_sums(const float *x, int in, int gs, float *gsum) {
     }
 }
 
-/* Quantize 32 values to int8 (symmetric, d = max|v|/127); returns d. */
-static float quant32(const float *v, int8_t *q) {
-    __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
-    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    __m512 vi = _mm512_set1_ps(inv);
-    __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, vi));
-    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-    qa = _mm512_min_epi32(_mm512_max_epi32(qa, lo), hi);
-    qb = _mm512_min_epi32(_mm512_max_epi32(qb, lo), hi);
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
-    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
-    return d;
+/* round(v·inv) clamped to [-127, 127] (round half to even, like lrintf), as 16 bytes */
+static inline __m128i quant16(__m512 v, __m512 inv) {
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
+    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+    return _mm512_cvtepi32_epi8(q);
 }
 
 static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx) {
@@ -89,7 +83,8 @@ static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, 
     else if (w->dtype == TERN_DT_Q && w->bits == 8) kind = int8 ? CPU_GX_Q8_I8 : CPU_GX_Q8;
     else if (w->dtype == TERN_DT_Q && w->bits == 4) kind = int8 ? CPU_GX_Q4_I8 : CPU_GX_Q4;
     if (!kind) return 0;
-    if (kind >= CPU_GX_Q8_I8 && !__builtin_cpu_supports("avx512vnni")) kind -= 2; /* exact kinds instead */
+    if (kind >= CPU_GX_Q8_I8 && !(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("gfni")))
+        kind -= 2; /* exact kinds instead */
     int inr = (in + 127) / 128 * 128; /* q4 kinds lay x out in whole 128-input chunks */
     float *xp = buf, *gsum = xp + inr, *xd = gsum + inr / 32;
     int8_t *xq = (int8_t *)(xd + inr / 4);
@@ -105,25 +100,36 @@ static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, 
     group_sums(x, in, w->gs, gsum);
     gx->gsum = gsum;
     if (kind == CPU_GX_Q8) { gx->xp = x; return 1; }
-    /* q4 order (exact): chunk c, vector v = 2k+h, lane i holds input 128c + 8i + v */
-    if (kind == CPU_GX_Q4) {
-        for (int c = 0; c < inr; c += 128)
-            for (int v = 0; v < 8; v++)
-                for (int i = 0; i < 16; i++) xp[c + v * 16 + i] = c + 8 * i + v < in ? x[c + 8 * i + v] : 0.0f;
+    if (kind == CPU_GX_Q4) { /* per 32 inputs: the 16 even ones, then the 16 odd ones */
+        cpu_q4_permute(x, in, xp);
         return 1;
     }
-    /* int8 kinds: q8 natural order; q4 per 128 inputs: the 64 even ones, then the 64 odd */
-    float tmp[128];
-    for (int c = 0; c < inr; c += 128) {
-        for (int j = 0; j < 128; j++) {
-            int src = kind == CPU_GX_Q8_I8 ? c + j : c + (j < 64 ? 2 * j : 2 * (j - 64) + 1);
-            tmp[j] = src < in ? x[src] : 0.0f;
-        }
-        for (int b = 0; b < 4; b++) {
-            float d = quant32(tmp + 32 * b, xq + c + 32 * b);
-            for (int l = 0; l < 8; l++) xd[(c + 32 * b) / 4 + l] = d;
-        }
+    /* int8 kinds: one scale per weight group, d_g = max|x|/127 over the group; q8 keeps the
+     * natural order, q4 per 128 inputs the 64 even ones, then the 64 odd ones */
+    int gs = w->gs;
+    for (int g = 0; g * gs < in; g++) {
+        __m512 m = _mm512_setzero_ps();
+        for (int t = 0; t < gs; t += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + g * gs + t)));
+        float amax = _mm512_reduce_max_ps(m);
+        xd[g] = amax / 127.0f;
+        xp[g] = amax > 0.0f ? 127.0f / amax : 0.0f; /* xp: scratch for 1/d */
     }
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    for (int c = 0; c < inr; c += 128)
+        for (int b = 0; b < 4; b++) { /* inputs c+32b .. c+32b+31: one group (gs >= 32) */
+            int base = c + 32 * b, live = base < in;
+            __m512 v0 = live ? _mm512_loadu_ps(x + base) : _mm512_setzero_ps();
+            __m512 v1 = live ? _mm512_loadu_ps(x + base + 16) : _mm512_setzero_ps();
+            __m512 iv = _mm512_set1_ps(live ? xp[base / gs] : 0.0f);
+            if (kind == CPU_GX_Q8_I8) {
+                _mm_storeu_si128((__m128i *)(xq + base), quant16(v0, iv));
+                _mm_storeu_si128((__m128i *)(xq + base + 16), quant16(v1, iv));
+            } else {
+                _mm_storeu_si128((__m128i *)(xq + c + 16 * b), quant16(_mm512_permutex2var_ps(v0, ev, v1), iv));
+                _mm_storeu_si128((__m128i *)(xq + c + 64 + 16 * b), quant16(_mm512_permutex2var_ps(v0, od, v1), iv));
+            }
+        }
     gx->xq = xq;
     gx->xd = xd;
     return 1;
@@ -136,15 +142,18 @@ AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const float *xp = gx->xp;
     const uint16_t *p[4];
     __m512 ae[4], ao[4];
+    _Pragma("GCC unroll 4")
     for (int r = 0; r < NR; r++) { p[r] = (const uint16_t *)rw[r].data; ae[r] = ao[r] = _mm512_setzero_ps(); }
     for (int t = 0; t < gx->in; t += 32) {
         __m512 xe = _mm512_loadu_ps(xp + t), xo = _mm512_loadu_ps(xp + t + 16);
+        _Pragma("GCC unroll 4")
         for (int r = 0; r < NR; r++) {
             __m512i v = _mm512_loadu_si512(p[r] + t);
             ae[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, ae[r]);
             ao[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hm)), xo, ao[r]);
         }
     }
+    _Pragma("GCC unroll 4")
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(ae[r], ao[r]));
 }
 
@@ -152,9 +161,11 @@ AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const int gs = gx->gs, in = gx->in;
     float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
     __m512 tot[4], bs[4];
+    _Pragma("GCC unroll 4")
     for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
     for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
         int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        _Pragma("GCC unroll 4")
         for (int r = 0; r < NR; r++) {
             grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
             bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
@@ -162,18 +173,22 @@ AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         for (int g = 0; g < ng; g++) {
             const float *x = gx->xp + j0 + g * gs;
             __m512 acc[4];
+            _Pragma("GCC unroll 4")
             for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
             for (int t = 0; t < gs; t += 16) {
                 __m512 xv = _mm512_loadu_ps(x + t);
+                _Pragma("GCC unroll 4")
                 for (int r = 0; r < NR; r++) {
                     const uint8_t *s = rw[r].data + j0 + g * gs + t;
                     __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s)));
                     acc[r] = _mm512_fmadd_ps(q, xv, acc[r]);
                 }
             }
+            _Pragma("GCC unroll 4")
             for (int r = 0; r < NR; r++) tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(sc[r][g]), acc[r], tot[r]);
         }
     }
+    _Pragma("GCC unroll 4")
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
 }
 
@@ -185,42 +200,47 @@ static inline __m512i lane_groups(int W, int gs) {
 
 static inline __mmask64 bytes_mask(int n) { return n >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << n) - 1; }
 
+/* Q4 exact: per group a 16-entry table of s·q + b (rounded as the reference decoder does),
+ * per 32 inputs one byte-to-dword widen, one shift and two vpermps lookups feeding FMAs
+ * against x in q4 order (16 even inputs, then 16 odd ones). */
 AI void k_q4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const int gs = gx->gs, in = gx->in;
-    const __m512 qlut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i map = lane_groups(8, gs);
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
-    __m512 tot[4], bs[4];
-    for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
+    __m512 a0[4], a1[4];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NR; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
         int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
-        for (int r = 0; r < NR; r++) {
-            grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
-            bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
-        }
-        for (int c = 0; c < len; c += 128) {
-            const float *x = gx->xp + j0 + c;
-            int nb = len - c >= 128 ? 64 : (len - c) / 2, last = j0 + c + 128 >= in;
-            __m512 alo[4], ahi[4];
-            for (int r = 0; r < NR; r++) alo[r] = ahi[r] = _mm512_setzero_ps();
-            for (int k = 0; k < 4; k++) {
-                __m512 xl = _mm512_loadu_ps(x + 32 * k), xh = _mm512_loadu_ps(x + 32 * k + 16);
-                __mmask64 m = bytes_mask(nb - k);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < NR; r++) grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
+        for (int g = 0; g < ng; g++) {
+            __m512 lut[4];
+            _Pragma("GCC unroll 4")
+            for (int r = 0; r < NR; r++)
+                lut[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(sc[r][g]), iota), _mm512_set1_ps(bi[r][g]));
+            const float *x = gx->xp + j0 + g * gs;
+            for (int t = 0; t < gs; t += 32) {
+                __m512 xl = _mm512_loadu_ps(x + t), xh = _mm512_loadu_ps(x + t + 16);
+                _Pragma("GCC unroll 4")
                 for (int r = 0; r < NR; r++) {
-                    const uint8_t *src = rw[r].data + (j0 + c) / 2 + k;
-                    /* the row's last chunk is loaded masked: never read past the row */
-                    __m512i raw = last ? _mm512_maskz_loadu_epi8(m, src) : _mm512_loadu_si512(src);
-                    alo[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(raw, qlut), xl, alo[r]);
-                    ahi[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), qlut), xh, ahi[r]);
+                    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rw[r].data + (j0 + g * gs + t) / 2)));
+                    a0[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, lut[r]), xl, a0[r]);
+                    a1[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut[r]), xh, a1[r]);
                 }
-            }
-            for (int r = 0; r < NR; r++) {
-                __m512 sv = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
-                tot[r] = _mm512_fmadd_ps(_mm512_add_ps(alo[r], ahi[r]), sv, tot[r]);
             }
         }
     }
-    for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+}
+
+/* Row scales times the x group scales: ds[g] = s_g · d_g (zeros past ng stay zeros). */
+static inline void scale_ds(float *sc, const float *xd, int ng) {
+    for (int i = 0; i < ng; i += 16) {
+        __mmask16 k = (__mmask16)(ng - i >= 16 ? 0xffff : (1u << (ng - i)) - 1);
+        _mm512_mask_storeu_ps(sc + i, k, _mm512_mul_ps(_mm512_loadu_ps(sc + i), _mm512_maskz_loadu_ps(k, xd + i)));
+    }
 }
 
 AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
@@ -228,53 +248,65 @@ AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const __m512i map = lane_groups(4, gs);
     float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
     __m512 tot[4], bs[4];
+    _Pragma("GCC unroll 4")
     for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
     for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
         int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        _Pragma("GCC unroll 4")
         for (int r = 0; r < NR; r++) {
             grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
             bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
+            scale_ds(sc[r], gx->xd + j0 / gs, ng);
         }
         for (int c = 0; c < len; c += 64) {
             __m512i xq = _mm512_loadu_si512(gx->xq + j0 + c);
-            __m512 xd = _mm512_loadu_ps(gx->xd + (j0 + c) / 4);
+            _Pragma("GCC unroll 4")
             for (int r = 0; r < NR; r++) {
                 __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(rw[r].data + j0 + c), xq);
-                __m512 sv = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
-                tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(xd, sv), tot[r]);
+                __m512 ds = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
+                tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), ds, tot[r]);
             }
         }
     }
+    _Pragma("GCC unroll 4")
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
 }
 
+/* Q4_I8: per 128 inputs, low nibbles (even inputs) and high nibbles (odd inputs) of the same
+ * 64 bytes go through two vpdpbusd into one int32 accumulator: lane i covers inputs
+ * 8i..8i+7 of the chunk, one weight group and one x group, so the sums share a scale. */
 AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const int gs = gx->gs, in = gx->in;
     const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
+    const __m512i hisel = _mm512_set1_epi64(0x1020408000000000ll); /* out bit i = in bit i+4 (i < 4) */
     float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
     __m512 tot[4], bs[4];
+    _Pragma("GCC unroll 4")
     for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
     for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
         int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        _Pragma("GCC unroll 4")
         for (int r = 0; r < NR; r++) {
             grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
             bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
+            scale_ds(sc[r], gx->xd + j0 / gs, ng);
         }
         for (int c = 0; c < len; c += 128) {
             __m512i xl = _mm512_loadu_si512(gx->xq + j0 + c), xh = _mm512_loadu_si512(gx->xq + j0 + c + 64);
-            __m512 dl = _mm512_loadu_ps(gx->xd + (j0 + c) / 4), dh = _mm512_loadu_ps(gx->xd + (j0 + c) / 4 + 16);
-            __mmask64 m = bytes_mask(len - c >= 128 ? 64 : (len - c) / 2);
+            int full = len - c >= 128;
+            _Pragma("GCC unroll 4")
             for (int r = 0; r < NR; r++) {
-                __m512i raw = _mm512_maskz_loadu_epi8(m, rw[r].data + (j0 + c) / 2);
-                __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
-                __m512i al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
-                __m512i ah = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, xh);
-                __m512 sv = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
-                tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(al), _mm512_mul_ps(dl, sv), tot[r]);
-                tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ah), _mm512_mul_ps(dh, sv), tot[r]);
+                const uint8_t *src = rw[r].data + (j0 + c) / 2;
+                __m512i raw = full ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(0xffffffffull, src);
+                /* high nibble to bits 0-3: the GF(2) affine map with matrix rows picking bits 4..7 */
+                __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_gf2p8affine_epi64_epi8(raw, hisel, 0);
+                __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
+                __m512 ds = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
+                tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), ds, tot[r]);
             }
         }
     }
+    _Pragma("GCC unroll 4")
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
 }
 

@@ -345,6 +345,7 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
         be_close(be);
         return tern_err(err, TERN_EDEVICE, "cuda: cublasLtCreate failed on device %d", dev);
     }
+    tern__cuda_gemv_init(c);
     *out = be;
     return TERN_OK;
 fail:

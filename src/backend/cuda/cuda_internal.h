@@ -26,7 +26,7 @@ extern "C" {
 #endif
 #include "ops/ops.h"
 
-#define TERN_CUDA_GEMV_MAX_N 8              /* rows at or below this use the GEMV kernels */
+#define TERN_CUDA_GEMV_MAX_N 16             /* rows per GEMV launch (x staged in shared memory) */
 #define TERN_CUDA_PART_FLOATS (8u << 20)    /* split-K partials: 32 MiB */
 #define TERN_CUDA_LT_WS_BYTES (32u << 20)   /* cuBLASLt workspace */
 #define TERN_CUDA_GEMM_SCRATCH_BYTES (256u << 20)
@@ -59,6 +59,7 @@ void tern__cuda_check(tern__cuda *c, const char *what); /* record launch errors 
 
 /* gemv.cu / gemm.c */
 void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+void tern__cuda_gemv_init(tern__cuda *c); /* at open: shared-memory limits of the big instances */
 void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 /* Expert GEMV over np output rows p (y row p at y + p*ystride); term j < ksum of row p is
  * pair q = p*ksum + j, using matrix idx[q] (skipped unless 0 <= idx[q] < nmat), activation row

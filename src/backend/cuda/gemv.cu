@@ -1,20 +1,27 @@
 /*
- * gemv.cu — matrix-vector products for decode (n <= 8 rows) over every stored weight format:
+ * gemv.cu — matrix-vector products for decode (n <= 16 rows) over every stored weight format:
  * F32, F16, BF16 and MLX affine Q (bits 2,3,4,5,6,8; groups 32/64/128; scales F32/F16/BF16).
  * Also the dequantizer the prefill GEMM uses, and the matmul dispatcher (GEMV vs GEMM).
  *
  * Memory-bound design: a warp owns R weight rows; lane l walks "chunks" l, l+32, ... of the
  * row (a chunk is 16-32 bytes: 32 codes of a Q row = `bits` 32-bit words, 16 bf16/f16, 8 f32),
- * loads them with the widest aligned vector loads, decodes in registers and multiplies with up
- * to NX activation rows read through the read-only cache. Owning R rows per warp reuses each
- * activation load R times (activations are 8x the bytes of a q4 row, so R = 4 for Q).
- * The arithmetic is exact f32: w = s*q + b in f32, then fmaf(w, x, acc); codes become floats by
- * the exact 2^23 trick (or'ing the code into the mantissa of 8388608.0f and subtracting it).
+ * loads them with the widest aligned vector loads (all R rows before any math), decodes in
+ * registers and multiplies with NX activation rows. One activation row (NX = 1) is read through
+ * L1 by every warp; with NX > 1 the block stages a tile of x (32 chunks x NX rows) in shared
+ * memory, laid out [row][float4 of the chunk][lane] so that every lane's 128-bit read is
+ * conflict-free, and each weight element is decoded once for all NX rows.
  *
- * The same kernel serves MoE experts (`idx` != NULL): blockIdx.y is a (row, expert) pair or a
- * row whose k expert terms are summed with router weights (down projection), so no atomics and
- * the result does not depend on the batch. Shapes whose rows are not chunk-aligned take a
- * simple warp-per-row kernel with the generic element decoder (the spec's rule, bit by bit).
+ * Arithmetic is f32 (no half/bf16 math). Q rows use the group factorisation: per chunk (32
+ * codes, inside one group) acc += s·Σ q·x + b·Σ x, so a code costs 2 instructions to decode
+ * plus one FMA per activation row. Decoding 4- and 8-bit codes: a code at bit 4p (8p) of a
+ * word is and-ed out in place and or-ed with the exponent 150 - 4p (150 - 8p); that float is
+ * exactly 2^(23-4p) + q, so one subtraction gives q exactly (LOP3 + FADD, no shift); the upper
+ * half-word is shifted down once. Other widths shift codes across word boundaries.
+ *
+ * The same kernel serves MoE experts (`idx` != NULL, NX = 1): blockIdx.y is a (row, expert)
+ * pair or a row whose k expert terms are summed with router weights (down projection), so no
+ * atomics and the result does not depend on the batch. Shapes whose rows are not chunk-aligned
+ * take a simple warp-per-row kernel with the generic element decoder (the spec's rule).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -39,8 +46,9 @@ template <int KIND> struct Kind {
     static constexpr bool Q = KIND <= 8;
     static constexpr int CH = Q ? 32 : (KIND == 32 ? 8 : 16); /* elements per chunk */
     static constexpr int WORDS = Q ? KIND : 8;                /* 32-bit words per chunk */
-    static constexpr int ROWS = Q ? 4 : 2;                    /* rows per warp */
 };
+/* rows per warp: Q reuses each x read over 4 rows while registers allow */
+template <int KIND, int NX> struct Rows { static constexpr int R = (KIND <= 8 && NX <= 4) ? 4 : 2; };
 
 template <int KIND> __device__ __forceinline__ void load_chunk(const uint8_t *row, int c, uint32_t *wd) {
     constexpr int W = Kind<KIND>::WORDS;
@@ -63,72 +71,50 @@ template <int KIND> __device__ __forceinline__ void load_chunk(const uint8_t *ro
     }
 }
 
-/* Decode elements SW*k .. SW*k+SW-1 of a chunk into w[SW]. */
-template <int KIND, int SW>
-__device__ __forceinline__ void decode(const uint32_t *wd, int k, float s, float b, float *w) {
-    if constexpr (Kind<KIND>::Q) {
+/* Element j (0 <= j < CH) of a chunk: the integer code q for Q kinds (exact), else the weight. */
+template <int KIND> __device__ __forceinline__ float elem(const uint32_t *wd, int j) {
+    if constexpr (KIND == 4 || KIND == 8) {
+        constexpr int PER = 32 / KIND, HALF = PER / 2;       /* codes per word, per half-word */
+        const int word = j / PER, p = j % PER % HALF;
+        const uint32_t v = (j % PER) >= HALF ? wd[word] >> 16 : wd[word];
+        const uint32_t mask = ((1u << KIND) - 1u) << (KIND * p);
+        const uint32_t ex = (uint32_t)(150 - KIND * p) << 23;
+        return __uint_as_float((v & mask) | ex) - __uint_as_float(ex); /* (2^(23-KIND p) + q) - 2^(23-KIND p) */
+    } else if constexpr (Kind<KIND>::Q) {
         constexpr unsigned mask = (1u << KIND) - 1u;
-#pragma unroll
-        for (int i = 0; i < SW; i++) {
-            const int bit = (SW * k + i) * KIND, word = bit >> 5, sh = bit & 31;
-            uint32_t v = wd[word] >> sh;
-            if (sh + KIND > 32) v |= wd[word + 1] << (32 - sh);
-            float q = __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f; /* exact */
-            w[i] = fmaf(s, q, b);
-        }
+        const int bit = j * KIND, word = bit >> 5, sh = bit & 31;
+        uint32_t v = wd[word] >> sh;
+        if (sh + KIND > 32) v |= wd[word + 1] << (32 - sh);
+        return __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f; /* exact */
     } else if constexpr (KIND == 17) {
-#pragma unroll
-        for (int i = 0; i < SW; i++) {
-            uint32_t v = wd[(SW * k + i) / 2];
-            w[i] = __uint_as_float((i & 1) ? (v & 0xffff0000u) : (v << 16));
-        }
+        const uint32_t v = wd[j / 2];
+        return __uint_as_float((j & 1) ? (v & 0xffff0000u) : (v << 16));
     } else if constexpr (KIND == 16) {
-#pragma unroll
-        for (int i = 0; i < SW; i++) {
-            uint32_t v = wd[(SW * k + i) / 2];
-            w[i] = __half2float(__ushort_as_half((unsigned short)((i & 1) ? (v >> 16) : (v & 0xffffu))));
-        }
+        const uint32_t v = wd[j / 2];
+        return __half2float(__ushort_as_half((unsigned short)((j & 1) ? (v >> 16) : (v & 0xffffu))));
     } else {
-#pragma unroll
-        for (int i = 0; i < SW; i++) w[i] = __uint_as_float(wd[SW * k + i]);
-    }
-}
-
-/* Weights of chunk c for the warp's R rows (+ the Q group's scale and bias). */
-template <int KIND, int R> struct Chunk {
-    uint32_t wd[R][Kind<KIND>::WORDS];
-    float s[R], b[R];
-};
-
-template <int KIND, int R>
-__device__ __forceinline__ void fetch(Chunk<KIND, R> &ch, const GemvArgs &a, const uint8_t *mat, const uint8_t *smat,
-                                      const uint8_t *bmat, int o0, size_t rb, int ng, int c) {
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int o = o0 + r < a.out ? o0 + r : o0; /* clamp: rows past the end recompute o0 */
-        load_chunk<KIND>(mat + (size_t)o * rb, c, ch.wd[r]);
-        if constexpr (Kind<KIND>::Q) {
-            const int gi = o * ng + ((c * 32) >> a.gs_shift);
-            ch.s[r] = load_s(smat, a.sdtype, (size_t)gi);
-            ch.b[r] = load_s(bmat, a.sdtype, (size_t)gi);
-        } else {
-            ch.s[r] = ch.b[r] = 0.0f;
-        }
+        return __uint_as_float(wd[j]);
     }
 }
 
 template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(GemvArgs a) {
     using K = Kind<KIND>;
-    constexpr int R = K::ROWS, SW = NX >= 4 ? 4 : 8; /* sub-step width: fewer live x registers at large NX */
+    constexpr int R = Rows<KIND, NX>::R, CH = K::CH, C4 = CH / 4;
+    constexpr bool STAGE = NX > 1;
+    extern __shared__ float4 xs4[]; /* STAGE: [NX][C4][32] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int o0 = (blockIdx.x * 4 + warp) * R;
-    if (o0 >= a.out) return;
-    const int p = blockIdx.y, nch = a.in / K::CH;
+    const bool active = o0 < a.out;
+    if (!STAGE && !active) return;
+    const int p = blockIdx.y, nch = a.in / CH;
     const size_t rb = (size_t)a.in * (K::Q ? KIND : (KIND == 32 ? 4 : 2)) / (K::Q ? 8 : 1);
     const int ng = K::Q ? a.in >> a.gs_shift : 0;
     float acc[R][NX], eacc[R]; /* eacc: expert mode (NX == 1) sums coef * term over the k terms */
 #pragma unroll
     for (int r = 0; r < R; r++) eacc[r] = 0.0f;
+    int orow[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) orow[r] = o0 + r < a.out ? o0 + r : (active ? o0 : 0); /* clamp: recompute */
 
     const int terms = a.idx ? a.ksum : 1;
     for (int j = 0; j < terms; j++) {
@@ -148,44 +134,75 @@ template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(G
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < NX; t++) acc[r][t] = 0.0f;
-        for (int c = lane; c < nch; c += 32) {
-            /* (a register double-buffered prefetch of the next chunk measured 10-35% slower on H200:
-             * more registers, fewer resident warps; plain loads + occupancy hide latency better) */
-            Chunk<KIND, R> cur;
-            fetch<KIND, R>(cur, a, mat, smat, bmat, o0, rb, ng, c);
-#pragma unroll
-            for (int k = 0; k < K::CH / SW; k++) {
-                float xv[NX][SW];
-#pragma unroll
-                for (int t = 0; t < NX; t++) {
-                    if (t < a.n || a.idx) {
-                        const float4 *xp = (const float4 *)(xb + (size_t)t * a.xstride + c * K::CH + SW * k);
-#pragma unroll
-                        for (int q4 = 0; q4 < SW / 4; q4++) {
-                            float4 u = __ldg(xp + q4);
-                            xv[t][4 * q4] = u.x; xv[t][4 * q4 + 1] = u.y; xv[t][4 * q4 + 2] = u.z; xv[t][4 * q4 + 3] = u.w;
-                        }
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < SW; i++) xv[t][i] = 0.0f;
-                    }
-                }
+        for (int c0 = 0; c0 < nch; c0 += 32) {
+            const int c = c0 + lane;
+            const bool ok = active && c < nch;
+            uint32_t wd[R][K::WORDS];
+            float s[R], b[R];
+            if (ok) {
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    float w[SW];
-                    decode<KIND, SW>(cur.wd[r], k, cur.s[r], cur.b[r], w);
-#pragma unroll
-                    for (int t = 0; t < NX; t++)
-#pragma unroll
-                        for (int i = 0; i < SW; i++) acc[r][t] = fmaf(w[i], xv[t][i], acc[r][t]);
+                    load_chunk<KIND>(mat + (size_t)orow[r] * rb, c, wd[r]);
+                    if constexpr (K::Q) {
+                        const int gi = orow[r] * ng + ((c * 32) >> a.gs_shift);
+                        s[r] = load_s(smat, a.sdtype, (size_t)gi);
+                        b[r] = load_s(bmat, a.sdtype, (size_t)gi);
+                    }
                 }
             }
+            if constexpr (STAGE) { /* x tile: chunks c0 .. c0+31 of every activation row */
+                __syncthreads();
+                const int nf = (nch - c0 < 32 ? nch - c0 : 32) * C4;
+                for (int i = threadIdx.x; i < NX * 32 * C4; i += blockDim.x) {
+                    const int t = i / (32 * C4), f = i % (32 * C4);
+                    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if (t < a.n && f < nf) v = __ldg((const float4 *)(xb + (size_t)t * a.xstride + (size_t)c0 * CH) + f);
+                    xs4[(t * C4 + f % C4) * 32 + f / C4] = v;
+                }
+                __syncthreads();
+            }
+            if (!ok) continue;
+            float qa[R][NX], xsum[NX];
+#pragma unroll
+            for (int t = 0; t < NX; t++) {
+                xsum[t] = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; r++) qa[r][t] = 0.0f;
+            }
+#pragma unroll
+            for (int k4 = 0; k4 < C4; k4++) {
+                float xv[NX][4];
+#pragma unroll
+                for (int t = 0; t < NX; t++) {
+                    float4 u;
+                    if constexpr (STAGE) u = xs4[(t * C4 + k4) * 32 + lane];
+                    else u = __ldg((const float4 *)(xb + (size_t)c * CH) + k4);
+                    xv[t][0] = u.x; xv[t][1] = u.y; xv[t][2] = u.z; xv[t][3] = u.w;
+                    if constexpr (K::Q) xsum[t] += (u.x + u.y) + (u.z + u.w);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float w = elem<KIND>(wd[r], 4 * k4 + i);
+#pragma unroll
+                        for (int t = 0; t < NX; t++) qa[r][t] = fmaf(w, xv[t][i], qa[r][t]);
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NX; t++) {
+                    if constexpr (K::Q) acc[r][t] += fmaf(s[r], qa[r][t], b[r] * xsum[t]);
+                    else acc[r][t] += qa[r][t];
+                }
         }
         if constexpr (NX == 1) {
 #pragma unroll
             for (int r = 0; r < R; r++) eacc[r] = fmaf(coef, acc[r][0], eacc[r]); /* dense: 1*acc + 0, exact */
         }
     }
+    if (!active) return;
     if constexpr (NX == 1) {
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r][0] = eacc[r];
@@ -243,15 +260,35 @@ static int kind_of(const tern__cuda_w *w) {
 }
 
 static int chunk_of(int kind) { return kind <= 8 ? 32 : (kind == 32 ? 8 : 16); }
-static int rows_of(int kind) { return kind <= 8 ? 4 : 2; }
+
+/* rows per block and shared bytes of gemv_kernel<KIND, NX> (host mirror of Rows/Kind) */
+static int rows_of(int kind, int nx) { return (kind <= 8 && nx <= 4) ? 4 : 2; }
+static size_t smem_of(int kind, int nx) { return nx > 1 ? (size_t)nx * 32 * chunk_of(kind) * sizeof(float) : 0; }
+
+template <int KIND, int NX> static void go(cudaStream_t st, dim3 grid, const GemvArgs &a) {
+    gemv_kernel<KIND, NX><<<grid, 128, smem_of(KIND, NX), st>>>(a);
+}
 
 template <int KIND> static void launch_kind(cudaStream_t st, dim3 grid, const GemvArgs &a, int nx) {
     switch (nx) {
-    case 1: gemv_kernel<KIND, 1><<<grid, 128, 0, st>>>(a); break;
-    case 2: gemv_kernel<KIND, 2><<<grid, 128, 0, st>>>(a); break;
-    case 4: gemv_kernel<KIND, 4><<<grid, 128, 0, st>>>(a); break;
-    default: gemv_kernel<KIND, 8><<<grid, 128, 0, st>>>(a); break;
+    case 1: go<KIND, 1>(st, grid, a); break;
+    case 2: go<KIND, 2>(st, grid, a); break;
+    case 4: go<KIND, 4>(st, grid, a); break;
+    case 8: go<KIND, 8>(st, grid, a); break;
+    default: go<KIND, 16>(st, grid, a); break;
     }
+}
+
+/* Raise the dynamic shared-memory limit of the instances that stage more than 48 KB (done
+ * once at backend open, never inside a graph capture). */
+template <int KIND> static void allow_smem() {
+    cudaFuncSetAttribute(gemv_kernel<KIND, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_of(KIND, 16));
+}
+extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
+    (void)c;
+    allow_smem<2>(); allow_smem<3>(); allow_smem<4>(); allow_smem<5>(); allow_smem<6>(); allow_smem<8>();
+    allow_smem<16>(); allow_smem<17>(); allow_smem<32>();
+    cudaGetLastError();
 }
 
 static void launch(tern__cuda *c, GemvArgs &a, const tern__cuda_w *w, int gy, int nx) {
@@ -263,7 +300,7 @@ static void launch(tern__cuda *c, GemvArgs &a, const tern__cuda_w *w, int gy, in
         tern__cuda_check(c, "gemv_generic");
         return;
     }
-    const int rpb = 4 * rows_of(kind);
+    const int rpb = 4 * rows_of(kind, nx);
     dim3 grid((unsigned)((a.out + rpb - 1) / rpb), (unsigned)gy);
     switch (kind) {
     case 2: launch_kind<2>(c->stream, grid, a, nx); break;
@@ -307,7 +344,7 @@ extern "C" void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, 
         a.y = y + (size_t)r0 * w->out;
         a.ystride = w->out;
         a.n = m;
-        launch(c, a, w, 1, m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8);
+        launch(c, a, w, 1, m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : 16);
     }
 }
 
