@@ -189,3 +189,78 @@ CASES = [
                "split into experts.switch_glu.{gate,up,down}_proj; default 4-bit g32, per-module "
                "overrides with 2/3/5/6/8 bits and one module stored unquantized (false)"),
 ]
+
+# ---------------------------------------------------------------- GLM-5 (glm_moe_dsa) --------
+# Tiny GLM-5 geometries (glm5.md; fixtures_glm.py). Sequences are longer than index_topk so the
+# DSA selection is active on the later rows; 8 indexer heads and 1/sqrt(fan_in) weights keep
+# the index scores tie-free. Every quantized input dim divides by 32 (d_n = 32 for embed_q).
+GLM5 = dict(
+    vocab_size=V, hidden_size=H, intermediate_size=96, moe_intermediate_size=32,
+    num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=4,
+    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=3, n_group=2, topk_group=1,
+    kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=16,
+    first_k_dense_replace=2, index_topk=8, index_head_dim=32, index_n_heads=8,
+    indexer_types=["full", "shared", "full", "shared", "shared"],
+    max_position_embeddings=512, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+    routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-5,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+)
+
+# GLM-5.2-like derived lists (index_topk_freq 2, offset 2 -> [F, F, S, F]), yarn RoPE, no
+# normalization of the routed weights, two shared experts, one group, the other eps.
+GLM5_YARN = dict(
+    GLM5, num_hidden_layers=4, first_k_dense_replace=1, indexer_types=None,
+    index_topk_freq=2, index_skip_topk_offset=2, index_topk=10,
+    n_group=1, topk_group=1, num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=16,
+    norm_topk_prob=False, routed_scaling_factor=1.5, rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                     "original_max_position_embeddings": 128, "mscale": 1.0,
+                     "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0},
+)
+
+# index_topk >= every sequence length: DSA is a no-op (pure dense MLA); GLM-5 style all-full.
+GLM5_DENSE = dict(
+    GLM5, num_hidden_layers=3, first_k_dense_replace=1, indexer_types=None, index_topk=64,
+    n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, moe_intermediate_size=16,
+    rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
+)
+
+GLM5_Q_RULES = [
+    (r"indexer\.weights_proj$", (8, 64)),
+    (r"layers\.0\.self_attn\.embed_q$", (6, 32)),
+    (r"layers\.3\.self_attn\.unembed_out$", (8, 32)),
+    (r"layers\.2\.mlp\.switch_mlp\.down_proj$", (8, 32)),
+    (r"^lm_head$", (6, 64)),
+    (r"layers\.1\.self_attn\.kv_a_proj_with_mqa$", False),
+]
+
+CASES += [
+    dict(name="glm5_dsa", seed=2101, cls="GlmMoeDsaForCausalLM", cfg_cls="GlmMoeDsaConfig",
+         text=GLM5, storage="bf16", config_form="as_saved", glm=True, prompt_len=24,
+         notes="GLM-5.2-like glm_moe_dsa: MLA (q_lora 64, kv_lora 32, nope 32, rope 16, v 16, "
+               "4 heads), DSA indexer 8 heads x 32, index_topk 8 < 32 tokens, indexer_types "
+               "[full, shared, full, shared, shared], 2 dense layers then MoE (8 experts, "
+               "2 groups, topk_group 1, top-3, correction bias randomized, 1 shared expert, "
+               "routed_scaling_factor 2.5)"),
+    dict(name="glm5_yarn", seed=2202, cls="GlmMoeDsaForCausalLM", cfg_cls="GlmMoeDsaConfig",
+         text=GLM5_YARN, storage="bf16", config_form="glm_hub", glm=True, prompt_len=20,
+         notes="glm_moe_dsa with yarn RoPE (factor 4, original 128, mscale 1, mscale_all_dim "
+               "0.8), index_topk 10 < 28 tokens, indexer_types derived from index_topk_freq 2 / "
+               "index_skip_topk_offset 2 = [full, full, shared, full], first_k_dense_replace 1, "
+               "1 group top-2, norm_topk_prob false, routed_scaling_factor 1.5, 2 shared "
+               "experts, rms_norm_eps 1e-6"),
+    dict(name="glm5_dense", seed=2303, cls="GlmMoeDsaForCausalLM", cfg_cls="GlmMoeDsaConfig",
+         text=GLM5_DENSE, storage="bf16", config_form="as_saved", glm=True, prompt_len=16,
+         notes="glm_moe_dsa with index_topk 64 >= every sequence (DSA is a no-op: dense MLA), "
+               "all layers full (GLM-5 default), 8 experts in 4 groups, topk_group 2, top-2, "
+               "rope_theta 1e6"),
+    dict(name="glm5_dsa_q4", seed=2404, cls="GlmMoeDsaForCausalLM", cfg_cls="GlmMoeDsaConfig",
+         text=GLM5, storage="bf16", config_form="as_saved", glm=True, prompt_len=24,
+         mlx=dict(bits=4, group_size=32, rules=GLM5_Q_RULES),
+         notes="MLX (mlx-lm sanitize layout) copy of a glm5_dsa-like model: experts stacked as "
+               "mlp.switch_mlp.{gate,up,down}_proj, kv_b_proj split into self_attn.embed_q "
+               "[H, kv_lora, nope] and self_attn.unembed_out [H, v, kv_lora]; default 4-bit g32, "
+               "overrides 8/6-bit and one module unquantized (false); router gate and norms bf16, "
+               "correction bias F32"),
+]

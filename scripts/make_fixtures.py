@@ -40,6 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fixtures_mlx as fm  # noqa: E402
 import fixtures_cases as fc  # noqa: E402
+import fixtures_glm as fg  # noqa: E402
 
 TOP_GAP = 0.003
 ROUTER_GAP = 1e-3
@@ -101,6 +102,8 @@ def explore(out_root):
                 obj = getattr(obj, part)
             return inspect.getsource(obj)[:5000]
         attempt("source:" + fn_name, src)
+    glm_info = fg.explore(T, log)
+    info.update({k: v for k, v in glm_info.items() if not k.startswith("source:")})
     for k, v in info.items():
         log(f"[explore] {k}: {v if isinstance(v, str) else json.dumps(v, default=str)[:5000]}")
     with open(os.path.join(out_root, "_oracle.json"), "w") as f:
@@ -280,7 +283,8 @@ def config_hub_rope_scaling(d, text):
 
 
 CONFIG_FORMS = {"hub_flat": config_hub_flat, "per_layer": config_per_layer,
-                "hub_rope_scaling": config_hub_rope_scaling, "as_saved": None}
+                "hub_rope_scaling": config_hub_rope_scaling, "as_saved": None,
+                "glm_hub": fg.config_hub}
 
 
 # ------------------------------------------------------------ reference ------
@@ -350,9 +354,9 @@ def greedy_reference(model, prompt, top_k):
     return ids, logits, top_gap, router_gap
 
 
-def make_prompt(seed, vocab, bos):
+def make_prompt(seed, vocab, bos, n=None):
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(12, 17))
+    n = n or int(rng.integers(12, 17))
     return [int(bos)] + [int(x) for x in rng.integers(3, vocab, size=n - 1)]
 
 
@@ -443,6 +447,8 @@ def run_case(case, out_root):
             model, cls_name = make_model(case, text)
             force_eager_experts(model)
             randomize(model, seed)
+            if case.get("glm"):
+                fg.randomize_extra(model, seed, torch)
             inmem = copy.deepcopy(model)
             round_like_storage(inmem, storage)
             inmem = inmem.to(torch.float64).eval()
@@ -457,6 +463,8 @@ def run_case(case, out_root):
             cfg_note = form(cfg, text) if form else "config.json as written by save_pretrained"
             with open(cpath, "w") as f:
                 json.dump(cfg, f, indent=2)
+            if case.get("glm"):
+                fg.fix_bias_dtype(os.path.join(work, "model.safetensors"))
             if case.get("add_shared_kv"):
                 added = add_shared_kv_tensors(os.path.join(work, "model.safetensors"), text, seed)
                 cfg_note += (". transformers 5.17 writes no k_proj/v_proj/k_norm for KV-shared "
@@ -464,7 +472,7 @@ def run_case(case, out_root):
                              "Google's released checkpoints carry them: " + ", ".join(added))
             ref = load_ref(cls_name, work)
             ver = verify_loaded(ref, os.path.join(work, "model.safetensors"))
-            prompt = make_prompt(seed, tc_vocab, text["bos_token_id"])
+            prompt = make_prompt(seed, tc_vocab, text["bos_token_id"], case.get("prompt_len"))
             a, b = forward(inmem, prompt), forward(ref, prompt)
             inmem_diff = float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30))
             if inmem_diff > 1e-3 and form is not None:
@@ -482,13 +490,16 @@ def run_case(case, out_root):
             extra = {}
             if "mlx" in case:
                 tensors, _ = fm.read_safetensors(os.path.join(work, "model.safetensors"))
-                mt, qcfg, deq = mlx_convert(tensors, "text_config" in cfg, case["mlx"])
                 before = forward(ref, prompt)
-                params = dict(ref.named_parameters(remove_duplicate=False))
-                params.update(dict(ref.named_buffers()))
-                with torch.no_grad():
-                    for n, d in deq.items():
-                        params[n].copy_(torch.from_numpy(d).to(params[n].dtype))
+                if case.get("glm"):
+                    mt, qcfg = fg.quantize_copy(ref, tensors, case["mlx"], torch)
+                else:
+                    mt, qcfg, deq = mlx_convert(tensors, "text_config" in cfg, case["mlx"])
+                    params = dict(ref.named_parameters(remove_duplicate=False))
+                    params.update(dict(ref.named_buffers()))
+                    with torch.no_grad():
+                        for n, d in deq.items():
+                            params[n].copy_(torch.from_numpy(d).to(params[n].dtype))
                 after = forward(ref, prompt)
                 extra["quantization_effect_rel_diff"] = float(
                     np.linalg.norm(after - before) / np.linalg.norm(before))
@@ -509,6 +520,19 @@ def run_case(case, out_root):
                                               "scales/biases; other tensors as stored (bf16)")
             ids, logits, top_gap, router_gap = greedy_reference(ref, prompt, top_k)
             ok = top_gap >= TOP_GAP and (router_gap is None or router_gap >= ROUTER_GAP)
+            if case.get("glm"):
+                try:
+                    ok_g, gi = fg.check(ref, ids, torch)
+                except Exception:
+                    ok_g, gi = True, {"glm_check_error": traceback.format_exc()[-1500:]}
+                try:
+                    gi["hf_incremental_vs_full_rel"] = fg.hf_incremental_rel(ref, ids, len(prompt), torch)
+                except Exception as e:
+                    gi["hf_incremental_vs_full_rel"] = "ERROR " + repr(e)[:300]
+                log(f"[{name}] glm check ok={ok_g}: " + json.dumps(
+                    {k: v for k, v in gi.items() if k != "oracle_rope"}, default=str)[:3000])
+                extra.update(gi)
+                ok = ok and ok_g
             # prefer non-degenerate references: a varied continuation, and rows that do not
             # simply predict their own input token (checked on the first attempts only)
             n_distinct = len(set(ids[len(prompt):]))

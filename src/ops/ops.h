@@ -121,6 +121,22 @@ typedef struct tern_backend_vt {
     void (*moe_mlp)(tern_backend *be, float *y, const float *x, int n, int H, const int32_t *idx,
                     const float *wts, int k, const tern_tensor *gate, const tern_tensor *up,
                     const tern_tensor *down, int act, float *scratch);
+
+    /* Optional step graphs (NULL on backends without them; the forward driver then runs every
+     * op eagerly). `key` names everything a step's op sequence depends on (the driver hashes
+     * model, KV views, rows, input kind); the graph reads its inputs from device buffers the
+     * driver uploads before each replay.
+     *   graph_replay: a graph for key exists -> run it, wait, copy the downloads it recorded
+     *                 into out[0, out_bytes) (host) and return 1; otherwise return 0.
+     *   graph_begin:  record (not run) the ops that follow; downloads made while recording must
+     *                 land in [out, out + out_bytes). Returns 1 when recording started.
+     *   graph_end:    stop recording; ok = 0 discards. Returns 1 when the graph was kept (the
+     *                 caller then replays it), 0 when it was not (the caller runs eagerly).
+     *   graph_reset:  drop every graph (buffers they use are about to be freed). */
+    int (*graph_replay)(tern_backend *be, uint64_t key, void *out, size_t out_bytes);
+    int (*graph_begin)(tern_backend *be, uint64_t key, void *out, size_t out_bytes);
+    int (*graph_end)(tern_backend *be, int ok);
+    void (*graph_reset)(tern_backend *be);
 } tern_backend_vt;
 
 enum { TERN_ROUTE_SOFTMAX_TOPK = 0 };
