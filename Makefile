@@ -71,6 +71,8 @@ BENCHES := $(patsubst bench/%.c,build/%,$(wildcard bench/*.c))
 bench: $(BENCHES)
 build/bench_%: bench/bench_%.c build/libtern.a
 	$(CC) $(CFLAGS) $< build/libtern.a -o $@ $(LDLIBS)
+build/concurrency: bench/concurrency.c build/libtern.a
+	$(CC) $(CFLAGS) $< build/libtern.a -o $@ $(LDLIBS)
 
 test: all
 	@bash tests/run.sh
@@ -83,7 +85,7 @@ clean:
 
 # GPU machine only (scripts/gpu_check.sh): the CUDA op tests and benchmarks. They link a small
 # archive of just base + tensor + backends, so the GPU image needs no cJSON/PCRE2/microhttpd.
-GPU_SRC  := src/base/base.c src/base/pool.c src/ops/tensor.c src/backend/backend.c \
+GPU_SRC  := src/base/base.c src/base/pool.c $(wildcard src/ops/*.c) src/backend/backend.c \
             $(wildcard src/backend/cpu/*.c) $(wildcard src/backend/cuda/*.c)
 GPU_OBJ  := $(GPU_SRC:%.c=build/obj/%.o) $(CU_SRC:%.cu=build/obj/%.o)
 GPU_PROG := build/test_cuda_ops build/bench_cuda

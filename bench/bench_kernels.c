@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
     if (!bw || !data || !sc || !bi) { fprintf(stderr, "bench: out of memory (%zu MB arena)\n", arena >> 20); return 1; }
     fill_bytes(data, arena);
     for (size_t i = 0; i < arena / 16; i++) { sc[i] = tern_f32_to_bf16(0.01f); bi[i] = tern_f32_to_bf16(-0.05f); }
-    static const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {2816, 2112}, {2112, 2816}};
+    static const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {2816, 2112}, {2112, 2816}};
     static const cfg cfgs[] = {{"bf16", TERN_DT_BF16, 0}, {"q8g64", TERN_DT_Q, 8}, {"q4g64", TERN_DT_Q, 4}};
     const char *fu = getenv("TERN_CPU_GEMV");
     printf("isa %s, threads %d, cores %d, %s, fused gemv %s, %s pass = %zu MiB\n", tern_cpu_isa_name(),
@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
            "ratio", "min", "max", "pf64 GF/s");
     printf("csv,fmt,out,in,mode,pair,weight_bytes,views,kernel_gbs,probe_gbs,ratio\n");
     static const int l2shapes[][2] = {{256, 4096}, {64, 16384}}; /* fits L2: compute ceiling of one thread (use --hot) */
-    int nshapes = big == 1 ? 2 : big == 2 ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
+    int nshapes = big == 1 ? 3 : big == 2 ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int s = 0; s < nshapes; s++)
         for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
             int out = big == 2 ? l2shapes[s][0] : shapes[s][0], in = big == 2 ? l2shapes[s][1] : shapes[s][1];

@@ -74,7 +74,8 @@ typedef struct tern_engine_opts {
     double kv_memory_gb;      /* KV pool size; 0 = derived (max_concurrency * max_ctx) */
     double memory_budget_gb;  /* everything; 0 = unlimited */
     double prompt_cache_gb;   /* prefix-cache cap; 0 disables */
-    const char *kv_quant;     /* "off" (default), "8", "4", "turbo[:k,v]" */
+    const char *kv_quant;     /* "auto" (default: kv_config.json if present, else off), "off", "f16",
+                                 "bf16", "8", "4", "8:32", "turbo[:k,v]", "config" (io/kv_config.h) */
 } tern_engine_opts;
 
 tern_engine_opts tern_engine_default_opts(void);
@@ -140,6 +141,12 @@ typedef struct tern_request {
     int priority;             /* reserved */
     tern_event_fn on_event;
     void *ctx;
+    /* Optional constrained decoding: called on the engine thread before each token is sampled
+     * (after bias and penalties); may set logits to -INFINITY. Nonzero return fails the request.
+     * The callee tracks its own state (e.g. from on_event TOKEN events, which arrive before
+     * the next call). */
+    int (*mask)(void *mask_ctx, float *logits, int n_vocab);
+    void *mask_ctx;
 } tern_request;
 
 tern_request tern_request_default(void);

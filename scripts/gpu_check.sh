@@ -7,6 +7,8 @@
 #   3. tests: every op vs cpu-ref (PASS/FAIL lines; per-format errors as "err" lines)
 #   4. benchmarks: build/bench_cuda, then any executable bench/gpu_*.sh that exists
 #   5. optional (GPU_CHECK_SANITIZE=1): compute-sanitizer memcheck over the op tests
+# Knobs: GPU_BENCH_KERNELS=0 skips bench_cuda; GPU_BENCH_MODELS="model:quant ..." (whole-model benches), GPU_BENCH_REPS (default 2),
+# GPU_BENCH_NOGRAPH="model:quant ..." (the same bench again with TERN_GRAPHS=0, for comparison).
 # Writes logs and summary.txt under $OUT (default build/gpu_check) and prints the summary last.
 # Every stage has its own timeout so the whole run stays well inside 10 minutes.
 set -u
@@ -39,9 +41,11 @@ grep -E '^(FAIL|SKIP): |check failed' "$OUT/test.log" | head -30 | tee -a "$S"
 awk '/^  err /{k=$2" "$3" "$4; v=$NF+0; if(!(k in m)||v>m[k])m[k]=v} END{for(k in m)printf "  max err %-28s %.2e\n",k,m[k]}' \
     "$OUT/test.log" | sort | tee -a "$S" > /dev/null
 
-timeout 200 ./build/bench_cuda > "$OUT/bench.log" 2>&1
-stamp "bench_cuda exit $?"
-grep -v '^csv,' "$OUT/bench.log" >> "$S"
+if [ "${GPU_BENCH_KERNELS:-1}" = 1 ]; then
+    timeout 200 ./build/bench_cuda > "$OUT/bench.log" 2>&1
+    stamp "bench_cuda exit $?"
+    grep -v '^csv,' "$OUT/bench.log" >> "$S"
+fi
 for b in bench/gpu_*.sh; do
     [ -x "$b" ] || continue
     timeout 120 "$b" > "$OUT/$(basename "$b" .sh).log" 2>&1
@@ -64,9 +68,16 @@ if [ -d .gpudeps/root ]; then
         for spec in ${GPU_BENCH_MODELS:-llama3-8b:bf16 llama3-8b:q4 gemma4-e4b:q4 gemma4-12b:bf16 gemma4-26b-a4b:q4}; do
             m=${spec%%:*}; q=${spec##*:}
             echo "== $m $q" >> "$OUT/model_bench.log"
-            timeout 150 ./build/tern-core bench --device cuda --random "$m" --quant "$q" --prompt 512 --gen 64 --reps 2 \
+            timeout 150 ./build/tern-core bench --device cuda --random "$m" --quant "$q" --prompt 512 --gen 64 --reps "${GPU_BENCH_REPS:-2}" \
                 >> "$OUT/model_bench.log" 2>&1
             stamp "bench $m $q exit $?: $(grep '^csv,' "$OUT/model_bench.log" | tail -1)"
+        done
+        for spec in ${GPU_BENCH_NOGRAPH:-}; do
+            m=${spec%%:*}; q=${spec##*:}
+            echo "== $m $q TERN_GRAPHS=0" >> "$OUT/model_bench.log"
+            TERN_GRAPHS=0 timeout 150 ./build/tern-core bench --device cuda --random "$m" --quant "$q" --prompt 512 --gen 64 \
+                --reps "${GPU_BENCH_REPS:-2}" >> "$OUT/model_bench.log" 2>&1
+            stamp "bench $m $q (no graphs) exit $?: $(grep '^csv,' "$OUT/model_bench.log" | tail -1)"
         done
     else
         stamp "CORE BUILD FAILED"; tail -30 "$OUT/core_build.log"

@@ -19,6 +19,9 @@ reference itself is computed on the CPU in float64. For every case in fixtures_c
      (k+1)-th router logit of every MoE decision; otherwise re-seed (seed + 1009*attempt).
 MLX cases additionally quantize the bf16 checkpoint with fixtures_mlx (MLX names, packing,
 per-module overrides) and take as reference the model with the dequantized weights.
+GLM-5 cases (glm=True) also go through fixtures_glm.py: router correction bias randomized and
+stored F32, the Hub config form, an independent numpy forward that must agree with transformers
+and whose DSA top-k / routing gaps decide whether the seed is tie-free, and the mlx-lm layout.
 
 usage: python3 scripts/make_fixtures.py --out DIR [--only a,b] [--budget-s 240]
        python3 scripts/make_fixtures.py --out X --f32-check tests/parity/fixtures

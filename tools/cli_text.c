@@ -41,6 +41,9 @@ int cli_text_flag(cli_text_flags *f, const char *cmd, int argc, char **argv, int
     } else if (!strcmp(a, "--compute")) {
         if (!v || (strcmp(v, "f32") && strcmp(v, "bf16"))) { cli_usage_error(cmd, "--compute expects f32 or bf16"); return -1; }
         f->compute_bf16 = !strcmp(v, "bf16");
+    } else if (!strcmp(a, "--kv-quant")) {
+        if (!v) { cli_usage_error(cmd, "--kv-quant expects a value"); return -1; }
+        f->kv_quant = v; /* checked by tern_engine_open (exit 2 with the spec named) */
     } else if (!strcmp(a, "--ignore-eos")) { f->ignore_eos = 1; return 1; }
     else return 0;
     (*i)++;
@@ -56,6 +59,7 @@ int cli_text_open(cli_text *t, const cli_text_flags *f, const char *cmd) {
     o.n_threads = f->threads;
     o.max_ctx = f->max_ctx;
     o.compute_bf16 = f->compute_bf16;
+    if (f->kv_quant) o.kv_quant = f->kv_quant;
     o.max_concurrency = 1;
     o.prompt_cache_gb = 0.25; /* chat turns share their prefix */
     if (tern_engine_open(&t->eng, &o, &e)) {
@@ -100,17 +104,22 @@ int cli_text_chat_ids(cli_text *t, const cJSON *messages, int32_t **ids, int *n,
         fprintf(stderr, "tern %s: the model has no chat template (use --raw)\n", cmd);
         return 2;
     }
-    tern_chat_opts co = {.messages = messages, .add_generation_prompt = true, .enable_thinking = -1};
+    /* the injection guard (tokenizer.h): messages are escaped, the prompt is encoded with
+     * TERN_ENC_ESCAPED, so special-token text the user types stays text */
+    const tern_tokenizer *tok = tern__engine_tokenizer(t->eng);
+    tern_chat_opts co = {.messages = messages, .add_generation_prompt = true, .enable_thinking = -1, .escape_tok = tok};
     char *text = NULL;
-    size_t len = 0;
+    size_t len = 0, cnt = 0;
     if (tern_chat_render(t->tpl, &co, &text, &len, NULL, &e)) {
         fprintf(stderr, "tern %s: chat template: %s\n", cmd, e.msg);
         return 2;
     }
     /* the template writes its own specials (chat.h: BOS rule) */
-    tern_status s = tern_engine_tokenize(t->eng, text, len, 0, ids, n, &e);
+    tern_status s = tern_tokenizer_encode_ex(tok, text, len, TERN_ENC_PARSE_SPECIAL | TERN_ENC_ESCAPED, ids, &cnt, &e);
     free(text);
+    if (!s && cnt > 0x7fffffff) { free(*ids); *ids = NULL; s = tern_err(&e, TERN_EINVAL, "prompt too long"); }
     if (s) { fprintf(stderr, "tern %s: %s\n", cmd, e.msg); return tern_status_exit_code(s); }
+    *n = (int)cnt;
     return 0;
 }
 

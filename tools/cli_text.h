@@ -23,6 +23,7 @@ typedef struct cli_text_flags {
     double temperature, top_p, min_p;   /* < 0: the model's generation_config / defaults */
     int top_k, max_tokens, ignore_eos;
     long long seed;                     /* < 0: random */
+    const char *kv_quant;               /* --kv-quant SPEC; NULL = auto (io/kv_config.h) */
 } cli_text_flags;
 
 /* Parse a sampling/text flag at argv[*i] (consuming its value). 1 consumed, 0 not ours, -1 bad. */

@@ -3,6 +3,7 @@
  */
 #include "cli_util.h"
 #include "io/demo.h"
+#include "io/kv_config.h"
 #include "io/presets.h"
 
 #include <errno.h>
@@ -70,6 +71,14 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
         if (cli_int(argv[0], a, v, 32, 128, &x)) return -1;
         if (x != 32 && x != 64 && x != 128) { cli_usage_error(argv[0], "--group expects 32, 64 or 128"); return -1; }
         c->random_group = (int)x;
+    } else if (!strcmp(a, "--kv-quant")) {
+        tern_kv_fmt f[2];
+        tern_error e = {0};
+        if (!v || (strcmp(v, "auto") && strcmp(v, "config") && tern_kv_quant_parse(v, f, &e))) {
+            cli_usage_error(argv[0], "%s", v ? e.msg : "--kv-quant expects a value");
+            return -1;
+        }
+        c->kv_quant = v;
     } else if (!strcmp(a, "--max-ctx")) {
         if (cli_int(argv[0], a, v, 1, 1 << 24, &x)) return -1;
         c->max_ctx = (int)x;
@@ -111,8 +120,13 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
         return cli_fail("load", &e);
     }
     if (n_slots > 0) {
-        tern_kv_opts ko = {.n_slots = n_slots, .max_ctx = c->max_ctx};
-        st = tern_kv_open(&s->kv, s->be, tern_model_cfg(s->model), &ko, &e);
+        tern_kv_fmt *formats = NULL;
+        const char *kvq = c->kv_quant; /* compressed pages are CPU-only: auto means off elsewhere */
+        if (s->be->device >= 0 && (!kvq || !strcmp(kvq, "auto"))) kvq = "off";
+        st = tern_kv_quant_plan(kvq, c->random ? NULL : dir, tern_model_cfg(s->model), &formats, NULL, &e);
+        tern_kv_opts ko = {.n_slots = n_slots, .max_ctx = c->max_ctx, .formats = formats};
+        if (!st) st = tern_kv_open(&s->kv, s->be, tern_model_cfg(s->model), &ko, &e);
+        free(formats);
         if (st) { cli_close(s); return cli_fail("kv", &e); }
     }
     return 0;

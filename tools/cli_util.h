@@ -18,6 +18,7 @@ typedef struct cli_common {
     const char *random;      /* --random NAME: synthesize weights of a preset geometry */
     int random_bits;         /* --quant q4|q8|...: 0 = bf16 */
     int random_group;        /* --group N */
+    const char *kv_quant;    /* --kv-quant SPEC (io/kv_config.h); NULL = auto */
 } cli_common;
 
 /* If argv[*i] is a common flag, consume it (and its value) and return 1; 0 if not a common

@@ -2,10 +2,13 @@
  * cmd_serve.c — `tern serve [MODEL] [flags]`: run the OpenAI/Anthropic-compatible server
  * (src/server/server.h) until SIGINT/SIGTERM.
  *
- * Prints exactly `listening on http://HOST:PORT` on stdout once the socket accepts
- * connections (with --port 0 the port the kernel picked); the model then loads in the
- * background (/health answers 503 until it is ready). If the model fails to load the
- * command prints the reason and exits with the contract's code (2 bad input, 1 other).
+ * The socket is bound first and the model loads in the background (/health answers 503 until
+ * it is ready); once it is ready the command prints what was loaded and the memory plan, then
+ * exactly `listening on http://HOST:PORT` on stdout (with --port 0 the port the kernel
+ * picked). If the model fails to load the command prints the reason and exits with the
+ * contract's code (2 bad input, 1 other). --temperature/--top-p/--top-k/--min-p/--seed set
+ * the sampling a request gets for the fields it omits; --max-queue bounds the requests that
+ * wait for a slot (beyond it: 429 with Retry-After). --ctx is --max-ctx.
  * `--fake-engine` serves the test engine of src/server/fake_engine.c (no model needed).
  */
 #include "cli.h"
@@ -22,9 +25,10 @@
 static int usage(void) {
     fprintf(stderr,
             "usage: tern serve [MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--alias NAME]\n"
-            "                  [--device cpu|cuda|auto] [--compute f32|bf16] [--threads N] [--max-ctx N]\n"
-            "                  [--max-concurrency N] [--memory-budget GB] [--kv-memory GB] [--prompt-cache GB]\n"
-            "                  [--kv-quant off|8|4|turbo] [--max-tokens N] [--max-body MB] [--timeout S]\n"
+            "                  [--device cpu|cuda|auto] [--compute f32|bf16] [--threads N] [--ctx|--max-ctx N]\n"
+            "                  [--max-concurrency N] [--max-queue N] [--memory-budget GB] [--kv-memory GB]\n"
+            "                  [--prompt-cache GB] [--kv-quant off|8|4|turbo] [--max-tokens N] [--max-body MB]\n"
+            "                  [--timeout S] [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N]\n"
             "MODEL is a model directory or `demo` (default).\n");
     return 2;
 }
@@ -33,7 +37,8 @@ static int usage(void) {
 static int value_flag(const char *a) {
     static const char *k[] = {"--host", "--port", "--api-key", "--alias", "--device", "--compute", "--threads",
                               "--max-ctx", "--max-concurrency", "--memory-budget", "--kv-memory", "--prompt-cache",
-                              "--kv-quant", "--max-tokens", "--max-body", "--timeout"};
+                              "--kv-quant", "--max-tokens", "--max-body", "--timeout", "--ctx", "--max-queue",
+                              "--temperature", "--top-p", "--top-k", "--min-p", "--seed"};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (!strcmp(a, k[i])) return 1;
     return 0;
@@ -73,7 +78,7 @@ int tern_cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--compute expects f32 or bf16, got '%s'", v);
             o.engine.compute_bf16 = !strcmp(v, "bf16");
         } else if (!strcmp(a, "--threads")) { if (cli_int("serve", a, v, 0, 1024, &x)) return 2; o.engine.n_threads = (int)x; }
-        else if (!strcmp(a, "--max-ctx")) { if (cli_int("serve", a, v, 1, 1 << 24, &x)) return 2; o.engine.max_ctx = (int)x; }
+        else if (!strcmp(a, "--max-ctx") || !strcmp(a, "--ctx")) { if (cli_int("serve", a, v, 1, 1 << 24, &x)) return 2; o.engine.max_ctx = (int)x; }
         else if (!strcmp(a, "--max-concurrency")) {
             if (cli_int("serve", a, v, 1, 4096, &x)) return 2;
             o.engine.max_concurrency = (int)x;
@@ -84,6 +89,25 @@ int tern_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-tokens")) { if (cli_int("serve", a, v, 1, 1 << 24, &x)) return 2; o.default_max_tokens = (int)x; }
         else if (!strcmp(a, "--max-body")) { if (dbl(a, v, &d) || d < 0.001) return 2; o.max_body = (size_t)(d * 1048576.0); }
         else if (!strcmp(a, "--timeout")) { if (cli_int("serve", a, v, 1, 86400, &x)) return 2; o.timeout_s = (int)x; }
+        else if (!strcmp(a, "--max-queue")) { if (cli_int("serve", a, v, 0, 1 << 20, &x)) return 2; o.max_queue = (int)x; }
+        else if (!strcmp(a, "--temperature")) {
+            if (dbl(a, v, &d) || d > 100) return d > 100 ? cli_usage_error("serve", "--temperature: %g outside [0, 100]", d) : 2;
+            o.sampling.temperature = (float)d;
+        } else if (!strcmp(a, "--top-p")) {
+            if (dbl(a, v, &d) || d <= 0 || d > 1) return cli_usage_error("serve", "--top-p expects a number in (0, 1], got '%s'", v);
+            o.sampling.top_p = (float)d;
+        } else if (!strcmp(a, "--min-p")) {
+            if (dbl(a, v, &d) || d > 1) return cli_usage_error("serve", "--min-p expects a number in [0, 1], got '%s'", v);
+            o.sampling.min_p = (float)d;
+        } else if (!strcmp(a, "--top-k")) { if (cli_int("serve", a, v, 0, 1 << 24, &x)) return 2; o.sampling.top_k = (int)x; }
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long sv = strtoull(v, &end, 10);
+            if (!*v || *end || errno || v[0] == '-') return cli_usage_error("serve", "--seed expects an integer >= 0, got '%s'", v);
+            o.sampling.seed = sv;
+            o.has_seed = 1;
+        }
         else if (a[0] == '-') return cli_usage_error("serve", "unknown flag '%s' (try tern serve --help)", a);
         else if (!o.engine.model) { o.engine.model = a; takes = 0; }
         else return cli_usage_error("serve", "unexpected argument '%s'", a);
@@ -103,19 +127,22 @@ int tern_cmd_serve(int argc, char **argv) {
     tern_error err = {0};
     if (tern_server_start(&s, &o, &err)) return cli_fail("serve", &err);
     const char *h = tern_server_host(s);
-    printf(strchr(h, ':') ? "listening on http://[%s]:%d\n" : "listening on http://%s:%d\n", h, tern_server_port(s));
-    fflush(stdout);
 
     int loaded = 0, rc = 0;
     for (;;) {
-        struct timespec ts = {0, 100 * 1000000L};
+        /* poll the load without blocking signals out (short naps: the demo loads in ms) */
+        struct timespec ts = {0, (loaded ? 100 : 2) * 1000000L};
         int sig = sigtimedwait(&set, NULL, &ts);
         if (sig == SIGINT || sig == SIGTERM) break;
         if (!loaded) {
-            /* poll the load without blocking signals out: wait_loaded returns at once when done */
             int st = tern__server_load_state(s);
-            if (st == 1) { loaded = 1; fprintf(stderr, "tern serve: model ready\n"); }
-            else if (st == 2) {
+            if (st == 1) {
+                loaded = 1;
+                fputs(tern_server_summary(s), stdout);
+                printf(strchr(h, ':') ? "listening on http://[%s]:%d\n" : "listening on http://%s:%d\n", h,
+                       tern_server_port(s));
+                fflush(stdout);
+            } else if (st == 2) {
                 tern_server_wait_loaded(s, &err);
                 rc = cli_fail("serve", &err);
                 break;

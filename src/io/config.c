@@ -390,9 +390,15 @@ static tern_status llama_config(const cJSON *o, const char *where, const char *m
     return check_heads(cfg, where, err);
 }
 
+/* for config_glm.c: the same rope_theta / rope_scaling / rope_parameters reading */
+tern_status tern__config_llama_rope(const cJSON *o, const char *where, tern_model_config *cfg, tern_error *err) {
+    return llama_rope(o, where, cfg, err);
+}
+
 /* ---- entry points ---------------------------------------------------------------- */
 
-static const char *k_supported = "gemma4, gemma4_text, gemma4_unified, gemma4_unified_text, llama, mistral, qwen2, qwen3";
+static const char *k_supported =
+    "gemma4, gemma4_text, gemma4_unified, gemma4_unified_text, llama, mistral, qwen2, qwen3, glm_moe_dsa";
 
 static tern_status parse_root(tern_model_config *cfg, const cJSON *root, const char *name, tern_error *err) {
     char where[200], got[64], mt[64];
@@ -422,8 +428,7 @@ static tern_status parse_root(tern_model_config *cfg, const cJSON *root, const c
     } else if (!strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3")) {
         TRY(llama_config(root, where, mt, cfg, err));
     } else if (!strcmp(mt, "glm_moe_dsa")) {
-        cfg->arch = TERN_ARCH_GLM5;
-        return tern_err(err, TERN_EUNSUPPORTED, "%smodel_type \"glm_moe_dsa\" (GLM-5) is not yet supported", where);
+        TRY(tern__config_glm5(root, where, cfg, err));
     } else {
         return tern_err(err, TERN_EUNSUPPORTED, "%smodel_type \"%s\" is not supported (supported: %s)", where, mt,
                         k_supported);

@@ -59,6 +59,11 @@ typedef struct tern_layer_config {
     int k_eq_v;          /* Gemma 4: V comes from the K projection (no v_proj) */
     int kv_src;          /* layer whose KV this layer reads (== own index unless KV-shared) */
     int moe;             /* layer has a routed-expert block */
+    /* GLM-5 (appended): KV page geometry of the MLA latent kind and the DSA indexer mode */
+    int kv_latent;       /* 1: K pool = one record of head_dim floats per token (latent + rope key,
+                            n_head_kv = 1), V pool = kv_v_dim floats per token (indexer key) */
+    int kv_v_dim;        /* latent kind: V floats per token; 0 = no V pool (shared-indexer layer) */
+    int dsa_full;        /* GLM-5: 1 = own indexer ("full"), 0 = reuses the last full layer's top-k */
 } tern_layer_config;
 
 /* One MLX quantization override: module path (as stored) -> bits/group_size or disabled. */
@@ -111,6 +116,21 @@ typedef struct tern_model_config {
     tern_layer_config *layers;     /* [n_layer], owned */
 
     tern_quant_config quant;
+
+    /* GLM-5 glm_moe_dsa (appended; reference/glm5.md §2). The KV geometry of its layers is in
+     * layers[l].kv_latent / head_dim (= kv_lora_rank + qk_rope_head_dim) / kv_v_dim. */
+    int q_lora_rank, kv_lora_rank;
+    int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int index_n_heads, index_head_dim, index_topk;
+    int n_group, topk_group;       /* group-limited routing: E/n_group experts per group */
+    int norm_topk_prob;            /* renormalise the chosen sigmoid weights */
+    double routed_scaling_factor;  /* multiplies the routed weights (shared expert unscaled) */
+    int n_shared_experts;          /* shared MLP width = n_ff_expert * n_shared_experts */
+    int first_k_dense_replace;
+    double mla_norm_eps;           /* q_a/kv_a RMSNorm eps: 1e-6, hard-wired in transformers */
+    double index_norm_eps;         /* indexer k_norm LayerNorm eps: 1e-6 */
+    double rope_mscale;            /* yarn attention factor on cos/sin (1 otherwise); attn_scale
+                                      already holds d_qk^-1/2 times yarn's mscale_all_dim^2 */
 
     /* generation_config.json / config special ids (-1 when absent) */
     int bos_id, pad_id;

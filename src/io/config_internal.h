@@ -15,6 +15,9 @@
 
 tern_status tern__config_ids(tern_model_config *cfg, const cJSON *o, const char *where, tern_error *err);
 tern_status tern__config_quant(tern_model_config *cfg, const cJSON *root, const char *where, tern_error *err);
+/* GLM-5 glm_moe_dsa (config_glm.c) and the RoPE reader it shares with the llama family. */
+tern_status tern__config_glm5(const cJSON *o, const char *where, tern_model_config *cfg, tern_error *err);
+tern_status tern__config_llama_rope(const cJSON *o, const char *where, tern_model_config *cfg, tern_error *err);
 tern_status tern__config_generation(tern_model_config *cfg, const char *json, size_t len, const char *name,
                                     tern_error *err);
 

@@ -21,6 +21,7 @@ typedef struct tern_arch_impl {
 
 extern const tern_arch_impl tern__gemma4_impl;
 extern const tern_arch_impl tern__llama_impl;
+extern const tern_arch_impl tern__glm5_impl;
 
 struct tern_model {
     tern_model_config cfg;     /* shallow copy; layers/quant owned by the caller's config */

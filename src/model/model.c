@@ -3,6 +3,14 @@
  * helpers (shape/dtype validation, upload, stats), RoPE frequency tables, and the forward
  * driver that splits a batch into max_batch pieces (in order, so later rows see earlier
  * rows' K/V exactly as in one pass) and picks the rows that want logits.
+ *
+ * Step graphs: on backends that offer them (vt->graph_*), a decode-sized step (n <= 32 rows,
+ * every row wants logits) is recorded once per shape and replayed afterwards. The key covers
+ * what the recorded op sequence depends on: the model, the KV views (pools, block tables),
+ * the row count and the input kind; positions, slots and tokens are device inputs uploaded
+ * before each replay. The architectures' forward functions have no host-dependent control
+ * flow for such steps, except dynamic RoPE (its table follows the longest position), which
+ * therefore always runs eagerly. TERN_GRAPHS=0 in the environment turns graphs off.
  */
 #include "model/internal.h"
 
@@ -210,6 +218,7 @@ static const tern_arch_impl *impl_for(tern_arch a) {
     switch (a) {
     case TERN_ARCH_GEMMA4: return &tern__gemma4_impl;
     case TERN_ARCH_LLAMA: case TERN_ARCH_QWEN2: case TERN_ARCH_QWEN3: return &tern__llama_impl;
+    case TERN_ARCH_GLM5: return &tern__glm5_impl;
     default: return NULL;
     }
 }
@@ -265,6 +274,7 @@ tern_status tern_model_load(tern_model **out, const char *dir, tern_backend *be,
 
 void tern_model_free(tern_model *m) {
     if (!m) return;
+    if (m->be && m->be->vt->graph_reset) m->be->vt->graph_reset(m->be); /* graphs hold our buffers */
     if (m->impl && m->impl->free) m->impl->free(m);
     for (int i = 0; i < m->n_weights; i++) {
         if (m->be->vt->free_weight) m->be->vt->free_weight(m->be, m->weights[i]);
@@ -281,6 +291,60 @@ void tern_model_free(tern_model *m) {
 const tern_model_config *tern_model_cfg(const tern_model *m) { return &m->cfg; }
 tern_backend *tern_model_backend(const tern_model *m) { return m->be; }
 void tern_model_get_stats(const tern_model *m, tern_model_stats *st) { *st = m->stats; }
+
+/* ---- step graphs ---------------------------------------------------------------------- */
+
+#define GRAPH_MAX_ROWS 32
+
+static int graphs_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TERN_GRAPHS");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 31);
+}
+
+static uint64_t step_key(const tern_model *m, const tern_kv *kv, const tern_batch *b, int n_want, int has_out) {
+    uint64_t h = mix(0, (uint64_t)(uintptr_t)m);
+    h = mix(h, (uint64_t)(uintptr_t)kv);
+    h = mix(h, (uint64_t)b->n);
+    h = mix(h, b->tokens ? 1 : 2);
+    h = mix(h, (uint64_t)n_want);
+    h = mix(h, (uint64_t)has_out);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const tern_kv_layer *v = tern_kv_view(kv, l);
+        h = mix(h, (uint64_t)(uintptr_t)v->k);
+        h = mix(h, (uint64_t)(uintptr_t)v->v);
+        h = mix(h, (uint64_t)(uintptr_t)v->block_table);
+        h = mix(h, ((uint64_t)v->max_blocks << 32) ^ ((uint64_t)v->block_size << 16) ^ (uint64_t)v->window);
+        h = mix(h, ((uint64_t)v->n_head_kv << 32) ^ ((uint64_t)v->head_dim << 8) ^ (uint64_t)v->dtype);
+    }
+    return h;
+}
+
+/* Run one sub-batch through a step graph; 1 when done that way, 0 when the caller must run
+ * it eagerly. */
+static int forward_graph(tern_model *m, const tern_batch *sub, tern_kv *kv, const int *wi, int n_want,
+                         float *out) {
+    const tern_backend_vt *vt = m->be->vt;
+    if (!vt->graph_replay || !vt->graph_begin || !vt->graph_end || !graphs_enabled()) return 0;
+    if (sub->n > GRAPH_MAX_ROWS || n_want != sub->n || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC) return 0;
+    size_t bytes = out ? sizeof(float) * (size_t)n_want * m->cfg.n_vocab : 0;
+    uint64_t key = step_key(m, kv, sub, n_want, out != NULL);
+    if (vt->graph_replay(m->be, key, out, bytes)) return 1;
+    if (!vt->graph_begin(m->be, key, out, bytes)) return 0;
+    tern_error scratch = {0};
+    tern_status s = m->impl->forward(m, sub, kv, wi, n_want, out, &scratch);
+    if (!vt->graph_end(m->be, s == TERN_OK)) return 0;
+    return vt->graph_replay(m->be, key, out, bytes);
+}
 
 tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err) {
     if (b->n <= 0) return TERN_OK;
@@ -317,7 +381,9 @@ tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
         if (!wi) return tern_err(err, TERN_ENOMEM, "out of memory");
         n_want = 0;
         for (int r = 0; r < n; r++) if (!sub.want || sub.want[r]) wi[n_want++] = r;
-        tern_status s = m->impl->forward(m, &sub, kv, wi, n_want, logits ? logits + out_off : NULL, err);
+        float *out = logits ? logits + out_off : NULL;
+        tern_status s = forward_graph(m, &sub, kv, wi, n_want, out) ? TERN_OK
+                                                                         : m->impl->forward(m, &sub, kv, wi, n_want, out, err);
         if (wi != want_idx) free(wi);
         if (s) return s;
         out_off += (size_t)n_want * m->cfg.n_vocab;

@@ -30,14 +30,41 @@
  * Token at position p of slot s lives in block block_table[s*max_blocks + p/block_size],
  * offset p%block_size. A table entry < 0 means "not resident" (e.g. freed because it fell
  * out of a sliding window) and must never be read. */
+/* Page formats of one layer's K or V cache (src/ops/kvq.h has the byte layout and the
+ * reference codec). Zero-initialised = F32, the format of every existing view. */
+enum {
+    TERN_KV_F32 = 0,
+    TERN_KV_F16 = 1,
+    TERN_KV_BF16 = 2,
+    TERN_KV_AFFINE = 3,        /* bits 4|8, groups of `group` along head_dim: f16 scale + f16 min each */
+    TERN_KV_TURBO = 4,         /* bits 2|3|4: random Hadamard rotation, Lloyd-Max codes, f32 scale */
+};
+typedef struct tern_kv_fmt {
+    int kind;                  /* TERN_KV_* */
+    int bits;                  /* AFFINE / TURBO code bits */
+    int group;                 /* AFFINE group size (divides head_dim) */
+} tern_kv_fmt;
+
 typedef struct tern_kv_layer {
-    tern_dtype dtype;          /* TERN_DT_F32 for now (F16/BF16/quantized kinds later) */
+    tern_dtype dtype;          /* F32 / F16 / BF16 when K and V share that float kind, else TERN_DT_Q */
     int n_head_kv, head_dim;
     int block_size;
     int window;                /* 0: full attention; W > 0: key b visible to query a iff a-W < b <= a */
     void *k, *v;               /* device pools */
     const int32_t *block_table;/* device array [n_slots * max_blocks] */
     int max_blocks;
+    /* Compressed kinds: the pools hold one record of tern_kvq_vec_bytes(fmt, head_dim) bytes
+     * per (token, kv head) instead of head_dim floats. TURBO keys are stored rotated (queries
+     * are rotated by the same R before the dot product); TURBO values are stored rotated and
+     * the attention output is un-rotated once per head. */
+    tern_kv_fmt kf, vf;        /* K and V formats (zero = F32) */
+    int rot_dim;               /* P = smallest power of two >= head_dim (TURBO only) */
+    const float *rot;          /* device [rot_dim] ±1 signs of the layer's rotation R (TURBO only) */
+    /* MLA latent kind (GLM-5; appended): k holds one f32 record of head_dim floats per token
+     * (n_head_kv = 1: normalized latent then roped key), v holds v_dim f32 per token (the DSA
+     * indexer key) or is NULL when v_dim == 0. Same block table / positions as the other kinds. */
+    int latent;
+    int v_dim;
 } tern_kv_layer;
 
 typedef struct tern_rows {
@@ -49,6 +76,8 @@ typedef struct tern_rows {
 } tern_rows;
 
 typedef struct tern_backend tern_backend;
+
+typedef struct tern_glm_ops tern_glm_ops; /* GLM-5 op table, defined below */
 
 typedef struct tern_backend_vt {
     const char *name;
@@ -137,7 +166,58 @@ typedef struct tern_backend_vt {
     int (*graph_begin)(tern_backend *be, uint64_t key, void *out, size_t out_bytes);
     int (*graph_end)(tern_backend *be, int ok);
     void (*graph_reset)(tern_backend *be);
+
+    /* GLM-5 ops (appended; NULL when the backend has none) */
+    const tern_glm_ops *glm;
 } tern_backend_vt;
+
+/* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----
+ * Backends without them leave the entries NULL; glm5.c then refuses to load (TERN_EUNSUPPORTED). */
+typedef struct tern_route_group {
+    int n_group, topk_group;   /* E/n_group contiguous experts per group; keep the best topk_group */
+    int norm;                  /* renormalise the chosen weights: w / (Σw + 1e-20) */
+    float scaling;             /* routed_scaling_factor, applied last */
+    const float *bias;         /* device f32 [E]: e_score_correction_bias (choice only) or NULL */
+} tern_route_group;
+
+typedef struct tern_glm_ops {
+    /* Strided block copy: dst[r*ldd + j] = src[r*lds + j] for r < n, j < w (gather/scatter
+     * of column blocks; pointers already offset). */
+    void (*copy_2d)(tern_backend *be, float *dst, int ldd, const float *src, int lds, int n, int w);
+    /* LayerNorm with bias over rows of d: y = (x-μ)/sqrt(var+eps)·w + b (biased variance). y may alias x. */
+    void (*layernorm)(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, const float *b,
+                      float eps);
+    /* Interleaved RoPE in place on a slice of every head: for row r, head h < nh (head stride
+     * hs floats, row stride nh*hs), i < d/2: the pair (x[off+2i], x[off+2i+1]) is rotated by
+     * θ = pos[r]·inv_freq[i], then both scaled by mscale. Pairs stay adjacent; transformers
+     * writes the rotated evens then odds, a permutation that q and k share, so dot products
+     * are identical (reference/glm5.md §3.3). */
+    void (*rope_interleaved)(tern_backend *be, float *x, int n, int nh, int hs, int off, int d, const int32_t *pos,
+                             const float *inv_freq, float mscale);
+    /* Latent cache write: k [n, kv->head_dim] and (kv->v_dim > 0) v [n, kv->v_dim] of each row at
+     * (slot, pos). v may be NULL only when kv->v_dim == 0. */
+    void (*kv_write_latent)(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
+                            const float *v);
+    /* DSA lightning indexer + top-k. For row r with keys b = 0..pos[r] of its slot (kI_b = the
+     * v record of b):  I[b] = Σ_j w[r][j] · relu(scale · q[r][j]·kI_b),  j < nh, q [n, nh, v_dim].
+     * When pos[r] + 1 > k: sel[r][0..k) = the k positions with the largest I (ties: lower
+     * position first), sorted ascending; otherwise sel[r] = 0..pos[r] then -1 padding.
+     * min_gap (NULL or host) receives the smallest I[k-th] - I[(k+1)-th] seen (diagnostics). */
+    void (*dsa_topk)(tern_backend *be, int32_t *sel, const float *q, const float *w, const tern_rows *rows, int nh,
+                     const tern_kv_layer *kv, float scale, int k, float *min_gap);
+    /* Attention over a latent view (absorbed MLA): keys of the row's slot with position <= pos
+     * (and, when sel != NULL, listed in sel[r][0..k_sel), entries < 0 ignored); for head h:
+     * s_b = scale · q[r][h]·K_b over the whole record (head_dim floats), p = softmax(s),
+     * out[r][h][0..dv) = Σ_b p_b · K_b[0..dv). q [n, nh, head_dim], out [n, nh, dv]. */
+    void (*attention_latent)(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
+                             const tern_kv_layer *kv, int dv, float scale, const int32_t *sel, int k_sel);
+    /* Sigmoid routing with correction bias and group limits (DeepSeek-V3 / GLM-5 noaux_tc):
+     * σ = sigmoid(logits); χ = σ + bias; group score = sum of the top-2 χ of its experts; keep
+     * the topk_group best groups (ties: lower group); the k best χ among kept experts (ties:
+     * lower expert) -> idx; wts = σ[idx] (normalised if norm) · scaling. */
+    void (*route_group)(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
+                        const tern_route_group *p);
+} tern_glm_ops;
 
 enum { TERN_ROUTE_SOFTMAX_TOPK = 0 };
 enum { TERN_ACT_GELU_TANH = 0, TERN_ACT_SILU = 1 };

@@ -10,14 +10,19 @@
  * variable whenever the scheduler has nothing to do.
  *
  * Model names: a directory, or "demo" (NULL) which resolve_model() turns into the embedded
- * demo model's directory; that is the one hook for names that are not paths.
+ * demo model's directory; that is the one hook for names that are not paths. Benchmarks may
+ * also name "random:PRESET[:qB]" (io/presets.h): random weights of a real geometry, made in
+ * memory (no tokenizer), as `tern bench --random` does.
  */
 #include "tern.h"
 
 #include "base/base.h"
 #include "base/file.h"
 #include "io/demo.h"
+#include "io/kv_config.h"
+#include "io/presets.h"
 #include "model/model.h"
+#include "runtime/fit.h"
 #include "runtime/kv.h"
 #include "runtime/queue.h"
 #include "runtime/engine_int.h"
@@ -39,7 +44,9 @@ struct tern_engine {
     int q_ok;
     tern_tokenizer *tok;
     int has_template;
-    char dir[4096];
+    char dir[4096];           /* "" for random:PRESET models */
+    tern_model_config *rcfg;  /* random:PRESET: owned config + synthetic weights */
+    tern_weights *rws;
     char name[256];
     char arch[32];
     uint64_t cancel_ids[CANCEL_BATCH];
@@ -51,7 +58,7 @@ tern_engine_opts tern_engine_default_opts(void) {
     o.device = "auto";
     o.max_concurrency = 8;
     o.max_batch_tokens = 512;
-    o.kv_quant = "off";
+    o.kv_quant = "auto";
     return o;
 }
 
@@ -108,11 +115,67 @@ static tern_status check_opts(const tern_engine_opts *o, tern_error *err) {
         return tern_err(err, TERN_EINVAL, "engine opts.max_batch_tokens: %d outside [1, 1048576]", o->max_batch_tokens);
     if (!(o->prompt_cache_gb >= 0 && o->prompt_cache_gb < 1e6))
         return tern_err(err, TERN_EINVAL, "engine opts.prompt_cache_gb: %g is not a size", o->prompt_cache_gb);
+    if (!(o->memory_budget_gb >= 0 && o->memory_budget_gb < 1e6))
+        return tern_err(err, TERN_EINVAL, "engine opts.memory_budget_gb: %g is not a size", o->memory_budget_gb);
     if (!(o->kv_memory_gb >= 0 && o->kv_memory_gb < 1e6))
         return tern_err(err, TERN_EINVAL, "engine opts.kv_memory_gb: %g is not a size", o->kv_memory_gb);
     if (o->n_threads < 0) return tern_err(err, TERN_EINVAL, "engine opts.n_threads: %d is negative", o->n_threads);
-    if (o->kv_quant && *o->kv_quant && strcmp(o->kv_quant, "off"))
-        return tern_err(err, TERN_EUNSUPPORTED, "engine opts.kv_quant: '%s' is not supported yet (only \"off\")", o->kv_quant);
+    tern_kv_fmt kvf[2];
+    if (o->kv_quant && *o->kv_quant && strcmp(o->kv_quant, "auto") && strcmp(o->kv_quant, "config") &&
+        tern_kv_quant_parse(o->kv_quant, kvf, err))
+        return TERN_EINVAL;
+    return TERN_OK;
+}
+
+/* "random:PRESET[:qB]": a preset geometry with synthetic weights (bf16, or MLX affine B bits). */
+static tern_status load_random(tern_engine *e, const char *spec, const tern_model_opts *mo, tern_error *err) {
+    char name[64];
+    snprintf(name, sizeof name, "%s", spec);
+    char *colon = strchr(name, ':');
+    int bits = 0;
+    if (colon) {
+        *colon = 0;
+        if (colon[1] != 'q' || colon[2] < '2' || colon[2] > '8' || colon[3])
+            return tern_err(err, TERN_EINVAL, "engine opts.model: 'random:%s': expected random:PRESET[:q2..q8]", spec);
+        bits = colon[2] - '0';
+    }
+    const char *js = tern_preset_config(name);
+    if (!js) return tern_err(err, TERN_ENOTFOUND, "engine opts.model: unknown preset '%s' (known: %s)", name, tern_preset_names());
+    if (!(e->rcfg = calloc(1, sizeof *e->rcfg))) return tern_err(err, TERN_ENOMEM, "engine: out of memory");
+    tern_synth_spec sp = {.bits = bits, .group_size = 64};
+    tern_status st = tern_config_parse(e->rcfg, js, strlen(js), name, err);
+    if (!st) st = tern_weights_open_synth(&e->rws, e->rcfg, &sp, err);
+    if (!st) st = tern_model_load_from(&e->m, e->rcfg, e->rws, e->be, mo, err);
+    return st;
+}
+
+/* --memory-budget: the KV pool gets what the weights (as loaded) and the forward scratch leave
+ * (runtime/fit.c), capped at what max_concurrency sequences of max_ctx need. */
+static tern_status size_kv(tern_engine *e, const tern_engine_opts *o, const tern_kv_fmt *fmt, size_t *memory, tern_error *err) {
+    if (o->memory_budget_gb <= 0) return TERN_OK;
+    const tern_model_config *c = tern_model_cfg(e->m);
+    tern_model_stats ms;
+    tern_model_get_stats(e->m, &ms);
+    size_t w = 0;
+    for (int i = 0; i < TERN_DT_COUNT; i++) w += ms.bytes_by_dtype[i];
+    tern_fit_opts fo = {.ctx = o->max_ctx, .max_concurrency = o->max_concurrency, .max_batch_tokens = o->max_batch_tokens,
+                        .budget_gb = o->memory_budget_gb};
+    tern_fit f;
+    tern_status st = tern_fit_plan(c, fmt, w, &fo, &f, err);
+    if (st) return st;
+    double gbf = 1073741824.0;
+    if (f.kv_avail < tern_fit_seq_kv(c, fmt, TERN_MIN(f.ctx, f.max_batch_tokens), f.max_batch_tokens, 16))
+        return tern_err(err, TERN_ENOMEM, "memory budget %.3f GB is too small: weights %.3f GB + scratch %.3f GB leave "
+                        "%.3f GB for the KV cache, less than one sequence of %d tokens (see `tern fit`)",
+                        o->memory_budget_gb, w / gbf, f.scratch / gbf, f.kv_avail / gbf, TERN_MIN(f.ctx, f.max_batch_tokens));
+    if (*memory > f.kv_avail)
+        return tern_err(err, TERN_EINVAL, "kv memory %.3f GB does not fit the memory budget %.3f GB (weights %.3f GB + "
+                        "scratch %.3f GB leave %.3f GB)", *memory / gbf, o->memory_budget_gb, w / gbf, f.scratch / gbf,
+                        f.kv_avail / gbf);
+    if (!*memory) *memory = TERN_MIN(f.kv_total, f.kv_avail);
+    if (f.kv_total > f.kv_avail)
+        tern_log(TERN_LOG_INFO, "engine: memory budget %.2f GB: KV pool %.3f GB (%d x %d tokens would need %.3f GB; "
+                 "requests wait for room)", o->memory_budget_gb, *memory / gbf, f.max_concurrency, f.ctx, f.kv_total / gbf);
     return TERN_OK;
 }
 
@@ -130,29 +193,39 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     if (!e) return tern_err(err, TERN_ENOMEM, "engine: out of memory");
     if ((st = tern__queue_init(&e->q, err))) { free(e); return st; }
     e->q_ok = 1;
-    if ((st = resolve_model(o.model, e->dir, sizeof e->dir, err))) goto fail;
-    snprintf(e->name, sizeof e->name, "%s", !o.model || !strcmp(o.model, "demo") ? "demo" : tern_path_base(e->dir));
+    int is_random = o.model && !strncmp(o.model, "random:", 7);
+    if (!is_random && (st = resolve_model(o.model, e->dir, sizeof e->dir, err))) goto fail;
+    snprintf(e->name, sizeof e->name, "%s", !o.model || !strcmp(o.model, "demo") ? "demo" : is_random ? o.model + 7 : tern_path_base(e->dir));
     if ((st = open_backend(e, &o, err))) goto fail;
     tern_model_opts mo = {.max_batch = o.max_batch_tokens};
-    if ((st = tern_model_load(&e->m, e->dir, e->be, &mo, err))) goto fail;
+    if (is_random) st = load_random(e, o.model + 7, &mo, err);
+    else st = tern_model_load(&e->m, e->dir, e->be, &mo, err);
+    if (st) goto fail;
     const tern_model_config *c = tern_model_cfg(e->m);
     snprintf(e->arch, sizeof e->arch, "%s", tern_arch_name(c->arch));
+    tern_kv_fmt *kv_formats = NULL; /* per-layer page formats: --kv-quant or kv_config.json */
+    const char *kvq = o.kv_quant; /* compressed pages are CPU-only for now: auto means off elsewhere */
+    if (e->be->device >= 0 && (!kvq || !*kvq || !strcmp(kvq, "auto"))) kvq = "off";
+    if ((st = tern_kv_quant_plan(kvq, is_random ? NULL : e->dir, c, &kv_formats, NULL, err))) goto fail;
     tern_kv_opts ko = {.n_slots = o.max_concurrency, .max_ctx = o.max_ctx,
-                       .memory = (size_t)(o.kv_memory_gb * 1073741824.0)};
-    if ((st = tern_kv_open(&e->kv, e->be, c, &ko, err))) goto fail;
+                       .memory = (size_t)(o.kv_memory_gb * 1073741824.0), .formats = kv_formats};
+    st = size_kv(e, &o, kv_formats, &ko.memory, err);
+    if (!st) st = tern_kv_open(&e->kv, e->be, c, &ko, err);
+    free(kv_formats);
+    if (st) goto fail;
     tern_sched_opts so = {.max_concurrency = o.max_concurrency, .max_batch_tokens = o.max_batch_tokens};
-    size_t block_bytes = tern_kv_bytes_per_token(c) * (size_t)tern_kv_block_size(e->kv);
+    size_t block_bytes = tern_kv_token_bytes(e->kv) * (size_t)tern_kv_block_size(e->kv);
     if (o.prompt_cache_gb > 0 && block_bytes)
         so.prefix_blocks = (int)TERN_MIN(o.prompt_cache_gb * 1073741824.0 / (double)block_bytes, 1e9);
     if ((st = tern__sched_open(&e->s, e->m, e->kv, &so, err))) goto fail;
     char tp[4200];
     snprintf(tp, sizeof tp, "%s/tokenizer.json", e->dir);
-    if (tern_is_file(tp)) {
+    if (e->dir[0] && tern_is_file(tp)) {
         tern_error te = {0};
         if (tern_tokenizer_load(&e->tok, e->dir, &te))
             tern_log(TERN_LOG_WARN, "engine: tokenizer not loaded (%s); token ids only", te.msg);
     }
-    e->has_template = find_template(e->dir);
+    e->has_template = e->dir[0] && find_template(e->dir);
     tern_engine_stats st0;
     tern__sched_stats(e->s, &st0);
     tern__queue_publish(&e->q, &st0);
@@ -174,6 +247,8 @@ void tern_engine_close(tern_engine *e) {
     tern__sched_close(e->s);
     tern_kv_close(e->kv);
     tern_model_free(e->m);
+    tern_weights_close(e->rws);
+    if (e->rcfg) { tern_config_free(e->rcfg); free(e->rcfg); }
     tern_backend_close(e->be);
     tern_tokenizer_free(e->tok);
     if (e->q_ok) tern__queue_free(&e->q);

@@ -5,7 +5,9 @@
  * may hold more (tern_kv_share / tern_kv_ref); a block returns to the free list at zero.
  */
 #include "runtime/kv.h"
+#include "ops/kvq.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,17 +29,67 @@ struct tern_kv {
     kv_group g[2];
     tern_kv_layer *views;  /* [n_layer] */
     void **pools;          /* [n_layer * 2] owned device pools */
+    void **rots;           /* [n_layer] owned device rotation signs (TURBO layers) */
+    size_t *rec;           /* [n_layer * 2] bytes of one (token, kv head) record of K / V */
 };
 
 static int layer_group(const tern_model_config *cfg, int l) {
     return cfg->layers[l].type == TERN_LAYER_SLIDING && cfg->sliding_window > 0 ? 1 : 0;
 }
 
-size_t tern_kv_bytes_per_token(const tern_model_config *cfg) {
+/* ---- page formats (per layer, per K/V): record sizes from ops/kvq.h ---- */
+
+static const tern_kv_fmt k_f32_fmt;
+
+static const tern_kv_fmt *layer_fmt(const tern_kv_fmt *formats, int l, int is_v) {
+    return formats ? &formats[2 * l + is_v] : &k_f32_fmt;
+}
+
+size_t tern_kv_layer_bytes_per_token(const tern_model_config *cfg, const tern_kv_fmt *formats, int l) {
+    if (l < 0 || l >= cfg->n_layer || cfg->layers[l].kv_src != l) return 0;
+    int d = cfg->layers[l].head_dim;
+    /* MLA latent kind (GLM-5): an f32 K record of head_dim floats, an f32 V record of kv_v_dim */
+    if (cfg->layers[l].kv_latent) return ((size_t)d + (size_t)cfg->layers[l].kv_v_dim) * sizeof(float);
+    return (size_t)cfg->layers[l].n_head_kv *
+           (tern_kvq_vec_bytes(layer_fmt(formats, l, 0), d) + tern_kvq_vec_bytes(layer_fmt(formats, l, 1), d));
+}
+
+size_t tern_kv_bytes_per_token_fmt(const tern_model_config *cfg, const tern_kv_fmt *formats) {
     size_t b = 0;
-    for (int l = 0; l < cfg->n_layer; l++)
-        if (cfg->layers[l].kv_src == l) b += 2u * (size_t)cfg->layers[l].n_head_kv * (size_t)cfg->layers[l].head_dim * sizeof(float);
+    for (int l = 0; l < cfg->n_layer; l++) b += tern_kv_layer_bytes_per_token(cfg, formats, l);
     return b;
+}
+
+size_t tern_kv_bytes_per_token(const tern_model_config *cfg) { return tern_kv_bytes_per_token_fmt(cfg, NULL); }
+
+size_t tern_kv_token_bytes(const tern_kv *kv) {
+    size_t b = 0;
+    for (int l = 0; kv && l < kv->n_layer; l++)
+        if (kv->pools[2 * l]) b += (size_t)kv->views[l].n_head_kv * (kv->rec[2 * l] + kv->rec[2 * l + 1]);
+    return b;
+}
+
+/* Validate the formats of owning layers (and that the backend can run them). */
+static tern_status check_formats(const tern_backend *be, const tern_model_config *cfg, const tern_kv_fmt *formats,
+                                 tern_error *err) {
+    if (!formats) return TERN_OK;
+    for (int l = 0; l < cfg->n_layer; l++) {
+        if (cfg->layers[l].kv_src != l) continue;
+        for (int w = 0; w < 2; w++) {
+            const tern_kv_fmt *f = layer_fmt(formats, l, w);
+            char what[48];
+            snprintf(what, sizeof what, "layer %d %s", l, w ? "V" : "K");
+            if (cfg->layers[l].kv_latent && f->kind != TERN_KV_F32)
+                return tern_err(err, TERN_EUNSUPPORTED, "kv %s: the MLA latent cache (GLM-5) supports only f32 pages "
+                                "for now (use --kv-quant off)", what);
+            tern_status st = tern_kvq_check(f, cfg->layers[l].head_dim, what, err);
+            if (st) return st;
+            if (f->kind != TERN_KV_F32 && be->device >= 0)
+                return tern_err(err, TERN_EUNSUPPORTED, "kv %s: compressed KV cache kinds run on the CPU backend only "
+                                "(the %s backend supports --kv-quant off)", what, be->vt->name);
+        }
+    }
+    return TERN_OK;
 }
 
 tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_config *cfg,
@@ -53,9 +105,14 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
     if (!(opts && opts->max_ctx > 0) && ctx > 8192) ctx = 8192;
     kv->max_ctx = ctx;
     kv->max_blocks = (ctx + kv->block_size - 1) / kv->block_size;
+    const tern_kv_fmt *formats = opts ? opts->formats : NULL;
+    tern_status fst = check_formats(be, cfg, formats, err);
+    if (fst) { free(kv); return fst; }
     kv->views = calloc((size_t)cfg->n_layer, sizeof *kv->views);
     kv->pools = calloc((size_t)cfg->n_layer * 2, sizeof *kv->pools);
-    if (!kv->views || !kv->pools) { tern_kv_close(kv); return tern_err(err, TERN_ENOMEM, "kv: out of memory"); }
+    kv->rots = calloc((size_t)cfg->n_layer, sizeof *kv->rots);
+    kv->rec = calloc((size_t)cfg->n_layer * 2, sizeof *kv->rec);
+    if (!kv->views || !kv->pools || !kv->rots || !kv->rec) { tern_kv_close(kv); return tern_err(err, TERN_ENOMEM, "kv: out of memory"); }
 
     /* bytes per block per group (sum over owning layers) */
     size_t per_block[2] = {0, 0};
@@ -63,7 +120,7 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
         if (cfg->layers[l].kv_src != l) continue;
         int gi = layer_group(cfg, l);
         kv->g[gi].used_by_layers++;
-        per_block[gi] += 2u * (size_t)kv->block_size * (size_t)cfg->layers[l].n_head_kv * (size_t)cfg->layers[l].head_dim * sizeof(float);
+        per_block[gi] += (size_t)kv->block_size * tern_kv_layer_bytes_per_token(cfg, formats, l);
     }
     kv->g[1].window = cfg->sliding_window;
     /* blocks each slot can need: full = max_blocks; sliding = window blocks + one chunk's worth */
@@ -101,12 +158,36 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
         v->block_size = kv->block_size;
         v->window = gi ? cfg->sliding_window : 0;
         v->max_blocks = kv->max_blocks;
-        size_t bytes = (size_t)kv->g[gi].n_blocks * kv->block_size * (size_t)v->n_head_kv * (size_t)v->head_dim * sizeof(float);
-        kv->pools[2 * l] = be->vt->alloc(be, bytes);
-        kv->pools[2 * l + 1] = be->vt->alloc(be, bytes);
-        if (!kv->pools[2 * l] || !kv->pools[2 * l + 1]) {
+        v->kf = *layer_fmt(formats, l, 0);
+        v->vf = *layer_fmt(formats, l, 1);
+        v->dtype = v->kf.kind != v->vf.kind ? TERN_DT_Q : v->kf.kind == TERN_KV_F32 ? TERN_DT_F32
+                 : v->kf.kind == TERN_KV_F16 ? TERN_DT_F16 : v->kf.kind == TERN_KV_BF16 ? TERN_DT_BF16 : TERN_DT_Q;
+        kv->rec[2 * l] = tern_kvq_vec_bytes(&v->kf, v->head_dim);
+        kv->rec[2 * l + 1] = tern_kvq_vec_bytes(&v->vf, v->head_dim);
+        if (cfg->layers[l].kv_latent) { /* V pool: the indexer key, or none on shared-indexer layers */
+            v->latent = 1;
+            v->v_dim = cfg->layers[l].kv_v_dim;
+            kv->rec[2 * l + 1] = (size_t)v->v_dim * sizeof(float);
+        }
+        size_t slots = (size_t)kv->g[gi].n_blocks * kv->block_size * (size_t)v->n_head_kv;
+        kv->pools[2 * l] = be->vt->alloc(be, slots * kv->rec[2 * l]);
+        kv->pools[2 * l + 1] = kv->rec[2 * l + 1] ? be->vt->alloc(be, slots * kv->rec[2 * l + 1]) : NULL;
+        if (!kv->pools[2 * l] || (!kv->pools[2 * l + 1] && kv->rec[2 * l + 1])) {
             tern_kv_close(kv);
-            return tern_err(err, TERN_ENOMEM, "kv: cannot allocate %zu bytes for layer %d", 2 * bytes, l);
+            return tern_err(err, TERN_ENOMEM, "kv: cannot allocate %zu bytes for layer %d",
+                            slots * (kv->rec[2 * l] + kv->rec[2 * l + 1]), l);
+        }
+        if (v->kf.kind == TERN_KV_TURBO || v->vf.kind == TERN_KV_TURBO) {
+            /* the layer's fixed rotation: seeded by the layer index, so a saved cache restores */
+            float signs[TERN_KVQ_MAX_ROT];
+            v->rot_dim = tern_kvq_rot_dim(v->head_dim);
+            tern_kvq_signs(0x7e2b5eedull + (uint64_t)l * 0x9e3779b97f4a7c15ull, signs, v->rot_dim);
+            if (!(kv->rots[l] = be->vt->alloc(be, sizeof(float) * (size_t)v->rot_dim))) {
+                tern_kv_close(kv);
+                return tern_err(err, TERN_ENOMEM, "kv: cannot allocate the rotation of layer %d", l);
+            }
+            be->vt->upload(be, kv->rots[l], signs, sizeof(float) * (size_t)v->rot_dim);
+            v->rot = kv->rots[l];
         }
         v->k = kv->pools[2 * l];
         v->v = kv->pools[2 * l + 1];
@@ -123,6 +204,9 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
 void tern_kv_close(tern_kv *kv) {
     if (!kv) return;
     for (int i = 0; kv->pools && i < kv->n_layer * 2; i++) kv->be->vt->free(kv->be, kv->pools[i]);
+    for (int i = 0; kv->rots && i < kv->n_layer; i++) kv->be->vt->free(kv->be, kv->rots[i]);
+    free(kv->rots);
+    free(kv->rec);
     for (int gi = 0; gi < 2; gi++) {
         free(kv->g[gi].free_list);
         free(kv->g[gi].table);
@@ -251,3 +335,161 @@ int tern_kv_refcount(const tern_kv *kv, int block) {
     const kv_group *g = &kv->g[0];
     return block >= 0 && block < g->n_blocks ? g->ref[block] : 0;
 }
+
+/* ---- appended: group-aware sharing (sliding prefix cache), rollback, block I/O --------
+ * These work on block tables and reference counts only, plus whole-block byte copies for
+ * persistence, so they do not depend on what a page holds (f32 today, quantized kinds later),
+ * as long as a position's K/V is stored within its own block and a write of position p
+ * fully replaces what p held (true of per-token formats). */
+
+static int group_ok(const tern_kv *kv, int group) {
+    return group >= 0 && group < 2 && kv->g[group].used_by_layers > 0;
+}
+
+int tern_kv_has_group(const tern_kv *kv, int group) { return kv && group_ok(kv, group); }
+
+int tern_kv_window(const tern_kv *kv) { return group_ok(kv, 1) ? kv->g[1].window : 0; }
+
+int tern_kv_window_first(const tern_kv *kv, int n_tokens) {
+    int w = tern_kv_window(kv);
+    if (w <= 0) return 0;
+    int lo = n_tokens - w + 1;
+    return lo > 0 ? lo / kv->block_size : 0;
+}
+
+int tern_kv_group_block(const tern_kv *kv, int group, int slot, int index) {
+    if (!group_ok(kv, group) || slot < 0 || slot >= kv->n_slots || index < 0 || index >= kv->max_blocks) return -1;
+    return kv->g[group].table[(size_t)slot * kv->max_blocks + index];
+}
+
+void tern_kv_group_ref(tern_kv *kv, int group, int block) {
+    if (!group_ok(kv, group)) return;
+    kv_group *g = &kv->g[group];
+    if (block >= 0 && block < g->n_blocks && g->ref[block] > 0) g->ref[block]++;
+}
+
+void tern_kv_group_unref(tern_kv *kv, int group, int block) {
+    if (!group_ok(kv, group)) return;
+    kv_group *g = &kv->g[group];
+    if (block >= 0 && block < g->n_blocks && g->ref[block] > 0) block_unref(g, block);
+}
+
+int tern_kv_group_refcount(const tern_kv *kv, int group, int block) {
+    if (!group_ok(kv, group)) return 0;
+    const kv_group *g = &kv->g[group];
+    return block >= 0 && block < g->n_blocks ? g->ref[block] : 0;
+}
+
+int tern_kv_free_blocks(const tern_kv *kv, int group) { return group_ok(kv, group) ? kv->g[group].n_free : 0; }
+
+int tern_kv_slot_blocks(const tern_kv *kv, int group, int slot) {
+    if (!group_ok(kv, group) || slot < 0 || slot >= kv->n_slots) return 0;
+    const int32_t *row = kv->g[group].table + (size_t)slot * kv->max_blocks;
+    int n = 0;
+    for (int b = 0; b < kv->max_blocks; b++) n += row[b] >= 0;
+    return n;
+}
+
+int tern_kv_blocks_needed(const tern_kv *kv, int group, int n_tokens, int chunk) {
+    if (!group_ok(kv, group) || n_tokens <= 0) return 0;
+    int last = (n_tokens + kv->block_size - 1) / kv->block_size;
+    if (group == 0) return last;
+    /* a sliding sequence holds the window before its oldest row plus the rows of one step */
+    int w = (kv->g[1].window + kv->block_size - 1) / kv->block_size + 1;
+    int c = (TERN_MAX(chunk, 1) + kv->block_size - 1) / kv->block_size;
+    return TERN_MIN(last, w + c);
+}
+
+tern_status tern_kv_share_prefix(tern_kv *kv, int slot, const int32_t *full, const int32_t *sliding, int n,
+                                 tern_error *err) {
+    if (slot < 0 || slot >= kv->n_slots || n < 0 || n > kv->max_blocks)
+        return tern_err(err, TERN_EINVAL, "kv: share of %d blocks into slot %d out of range", n, slot);
+    int lo = tern_kv_window_first(kv, n * kv->block_size);
+    for (int gi = 0; gi < 2; gi++) {
+        if (!group_ok(kv, gi)) continue;
+        const kv_group *g = &kv->g[gi];
+        const int32_t *src = gi ? sliding : full;
+        const int32_t *row = g->table + (size_t)slot * kv->max_blocks;
+        for (int b = 0; b < kv->max_blocks; b++)
+            if (row[b] >= 0) return tern_err(err, TERN_EINVAL, "kv: slot %d is not empty (block index %d)", slot, b);
+        for (int b = gi ? lo : 0; b < n; b++)
+            if (!src || src[b] < 0 || src[b] >= g->n_blocks || g->ref[src[b]] <= 0)
+                return tern_err(err, TERN_EINVAL, "kv: %s block at index %d is not live", gi ? "sliding" : "full", b);
+    }
+    for (int gi = 0; gi < 2; gi++) {
+        if (!group_ok(kv, gi)) continue;
+        kv_group *g = &kv->g[gi];
+        const int32_t *src = gi ? sliding : full;
+        int32_t *row = g->table + (size_t)slot * kv->max_blocks;
+        for (int b = gi ? lo : 0; b < n; b++) { row[b] = src[b]; g->ref[src[b]]++; }
+        if (gi) g->trimmed[slot] = lo;
+        g->dirty = 1;
+    }
+    return TERN_OK;
+}
+
+tern_status tern_kv_truncate(tern_kv *kv, int slot, int new_len, tern_error *err) {
+    if (!kv || slot < 0 || slot >= kv->n_slots) return tern_err(err, TERN_EINVAL, "kv_truncate: slot %d out of range", slot);
+    if (new_len < 0 || new_len > kv->max_ctx)
+        return tern_err(err, TERN_EINVAL, "kv_truncate: length %d outside [0, %d]", new_len, kv->max_ctx);
+    int bs = kv->block_size, keep = (new_len + bs - 1) / bs;
+    if (new_len > 0 && group_ok(kv, 1) && kv->g[1].trimmed[slot] > tern_kv_window_first(kv, new_len))
+        return tern_err(err, TERN_EINVAL, "kv_truncate: slot %d cannot go back to %d tokens: its sliding blocks below "
+                        "index %d were trimmed (during a speculative round trim only to the committed length)",
+                        slot, new_len, kv->g[1].trimmed[slot]);
+    for (int gi = 0; gi < 2 && new_len % bs; gi++) {
+        if (!group_ok(kv, gi)) continue;
+        int b = kv->g[gi].table[(size_t)slot * kv->max_blocks + new_len / bs];
+        if (b >= 0 && kv->g[gi].ref[b] > 1)
+            return tern_err(err, TERN_EINVAL, "kv_truncate: slot %d: %d tokens ends inside a shared block (index %d)",
+                            slot, new_len, new_len / bs);
+    }
+    for (int gi = 0; gi < 2; gi++) {
+        kv_group *g = &kv->g[gi];
+        if (!group_ok(kv, gi)) continue;
+        group_free_slot_range(g, g->table + (size_t)slot * kv->max_blocks, keep, kv->max_blocks);
+        if (new_len == 0 && g->trimmed) g->trimmed[slot] = 0;
+    }
+    return TERN_OK;
+}
+
+tern_status tern_kv_reserve_resume(tern_kv *kv, int slot, int n_tokens, tern_error *err) {
+    if (!kv || slot < 0 || slot >= kv->n_slots) return tern_err(err, TERN_EINVAL, "kv: slot %d out of range", slot);
+    for (int gi = 0; gi < 2; gi++)
+        if (tern_kv_slot_blocks(kv, gi, slot)) return tern_err(err, TERN_EINVAL, "kv: slot %d is not empty", slot);
+    if (group_ok(kv, 1)) kv->g[1].trimmed[slot] = tern_kv_window_first(kv, n_tokens);
+    tern_status st = tern_kv_reserve(kv, slot, n_tokens, err);
+    if (st && group_ok(kv, 1)) kv->g[1].trimmed[slot] = 0;
+    return st;
+}
+
+int tern_kv_layer_group(const tern_kv *kv, int layer) {
+    if (!kv || layer < 0 || layer >= kv->n_layer || !kv->pools[2 * layer]) return -1;
+    return kv->views[layer].window > 0 ? 1 : 0;
+}
+
+size_t tern_kv_layer_block_bytes(const tern_kv *kv, int layer) {
+    if (tern_kv_layer_group(kv, layer) < 0) return 0;
+    /* the larger of the K and V pages (they differ for e.g. turbo:4,3); tern_kv_block_copy
+     * moves each pool's exact page size, so a buffer of this size fits either */
+    return (size_t)kv->block_size * (size_t)kv->views[layer].n_head_kv * TERN_MAX(kv->rec[2 * layer], kv->rec[2 * layer + 1]);
+}
+
+size_t tern_kv_layer_page_bytes(const tern_kv *kv, int layer, int is_v) {
+    if (tern_kv_layer_group(kv, layer) < 0) return 0;
+    return (size_t)kv->block_size * (size_t)kv->views[layer].n_head_kv * kv->rec[2 * layer + (is_v ? 1 : 0)];
+}
+
+tern_status tern_kv_block_copy(tern_kv *kv, int layer, int block, void *k, void *v, int to_device, tern_error *err) {
+    int gi = tern_kv_layer_group(kv, layer);
+    if (gi < 0 || block < 0 || block >= kv->g[gi].n_blocks)
+        return tern_err(err, TERN_EINVAL, "kv: layer %d block %d has no page", layer, block);
+    size_t bk = tern_kv_layer_page_bytes(kv, layer, 0), bv = tern_kv_layer_page_bytes(kv, layer, 1);
+    char *pk = (char *)kv->pools[2 * layer] + (size_t)block * bk;
+    char *pv = bv ? (char *)kv->pools[2 * layer + 1] + (size_t)block * bv : NULL; /* latent layers may have no V */
+    if (to_device) { kv->be->vt->upload(kv->be, pk, k, bk); if (pv) kv->be->vt->upload(kv->be, pv, v, bv); }
+    else { kv->be->vt->download(kv->be, k, pk, bk); if (pv) kv->be->vt->download(kv->be, v, pv, bv); }
+    return TERN_OK;
+}
+
+int tern_kv_n_layer(const tern_kv *kv) { return kv ? kv->n_layer : 0; }

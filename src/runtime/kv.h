@@ -25,6 +25,11 @@ typedef struct tern_kv_opts {
     int n_slots;         /* concurrent sequences (default 1) */
     int max_ctx;         /* longest sequence (default: config n_ctx_train capped at 8192) */
     size_t memory;       /* bytes for all pools; 0 = enough for n_slots * max_ctx */
+    /* Page formats: NULL = every layer F32; else [n_layer * 2], K of layer l at [2l] and V at
+     * [2l+1] (entries of layers that read another layer's cache are ignored). See
+     * io/kv_config.h for building it from --kv-quant / kv_config.json. Compressed kinds
+     * are CPU-only for now (TERN_EUNSUPPORTED on other backends). */
+    const tern_kv_fmt *formats;
 } tern_kv_opts;
 
 tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_config *cfg,
@@ -44,8 +49,13 @@ void tern_kv_sync(tern_kv *kv);
 const tern_kv_layer *tern_kv_view(const tern_kv *kv, int layer);
 int tern_kv_n_slots(const tern_kv *kv);
 int tern_kv_max_ctx(const tern_kv *kv);
-/* Bytes of KV per token summed over layers that own a cache (full-attention accounting). */
+/* Bytes of KV per token summed over layers that own a cache (full-attention accounting),
+ * for F32 pages / for the given formats (as in tern_kv_opts) / for one layer (0 if it owns
+ * no cache) / of an open cache. */
 size_t tern_kv_bytes_per_token(const tern_model_config *cfg);
+size_t tern_kv_bytes_per_token_fmt(const tern_model_config *cfg, const tern_kv_fmt *formats);
+size_t tern_kv_layer_bytes_per_token(const tern_model_config *cfg, const tern_kv_fmt *formats, int layer);
+size_t tern_kv_token_bytes(const tern_kv *kv);
 /* Blocks in use / total, per group (0 full, 1 sliding). */
 void tern_kv_usage(const tern_kv *kv, int group, int *used, int *total);
 
@@ -62,5 +72,45 @@ tern_status tern_kv_share(tern_kv *kv, int slot, const int32_t *blocks, int n, t
 void tern_kv_ref(tern_kv *kv, int block);
 void tern_kv_unref(tern_kv *kv, int block);
 int tern_kv_refcount(const tern_kv *kv, int block);
+
+
+/* ---- appended (runtime policy): sliding-aware sharing, rollback, block I/O -------------
+ * Groups: 0 = full, 1 = sliding. Block ids are per group. */
+int tern_kv_has_group(const tern_kv *kv, int group);
+int tern_kv_window(const tern_kv *kv);               /* sliding window W; 0 without a sliding group */
+/* First sliding block index a sequence of n_tokens still needs to continue (0 without sliding). */
+int tern_kv_window_first(const tern_kv *kv, int n_tokens);
+int tern_kv_group_block(const tern_kv *kv, int group, int slot, int index);
+void tern_kv_group_ref(tern_kv *kv, int group, int block);
+void tern_kv_group_unref(tern_kv *kv, int group, int block);
+int tern_kv_group_refcount(const tern_kv *kv, int group, int block);
+int tern_kv_free_blocks(const tern_kv *kv, int group);
+int tern_kv_slot_blocks(const tern_kv *kv, int group, int slot);   /* blocks the slot's table holds */
+/* Blocks of `group` a sequence of n_tokens holds at most while fed in steps of `chunk` rows. */
+int tern_kv_blocks_needed(const tern_kv *kv, int group, int n_tokens, int chunk);
+/* Make the first n blocks of an empty slot shared copies: full[0..n) in the full group and,
+ * for a sliding group, sliding[lo..n) with lo = tern_kv_window_first(n * block_size) (entries
+ * below lo are ignored). One more reference each; nothing changes on error. */
+tern_status tern_kv_share_prefix(tern_kv *kv, int slot, const int32_t *full, const int32_t *sliding, int n,
+                                 tern_error *err);
+/* Speculative rollback: forget positions >= new_len (blocks past it are released; stale
+ * positions inside the last kept block are overwritten by the next writes). Rounds: with n
+ * committed tokens, reserve n + k, forward the k tentative rows, do NOT trim past n; then
+ * truncate to the accepted length and trim to it (= commit). TERN_EINVAL (nothing changed)
+ * if trim already dropped sliding blocks new_len needs, or new_len ends inside a shared block. */
+tern_status tern_kv_truncate(tern_kv *kv, int slot, int new_len, tern_error *err);
+/* Reserve an empty slot for a restored sequence of n_tokens: full blocks [0, n) and only the
+ * sliding blocks its window needs. */
+tern_status tern_kv_reserve_resume(tern_kv *kv, int slot, int n_tokens, tern_error *err);
+int tern_kv_n_layer(const tern_kv *kv);
+/* Owning layer's group (-1: the layer reads another layer's cache). */
+int tern_kv_layer_group(const tern_kv *kv, int layer);
+/* Bytes of one block page of K (and of V) of an owning layer; 0 otherwise. With compressed
+ * kinds K and V pages can differ: this is the larger one (a buffer that fits either), and
+ * tern_kv_layer_page_bytes gives the exact size of K (is_v 0) or V (is_v 1). */
+size_t tern_kv_layer_block_bytes(const tern_kv *kv, int layer);
+size_t tern_kv_layer_page_bytes(const tern_kv *kv, int layer, int is_v);
+/* Copy one block's K and V pages between host buffers and the pool (to_device 1: upload). */
+tern_status tern_kv_block_copy(tern_kv *kv, int layer, int block, void *k, void *v, int to_device, tern_error *err);
 
 #endif

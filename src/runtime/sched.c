@@ -40,8 +40,9 @@ struct tern_sched {
     float *logits;             /* [n_slots, V] */
     int32_t top_ids[TERN_MAX_LOGPROBS];   /* event views of the sampler's top list */
     float top_lp[TERN_MAX_LOGPROBS];
+    int cap_blocks[2];         /* KV blocks of each group (0 full, 1 sliding; 0 = group absent) */
     tern_prefix *pc;           /* NULL: no prefix cache */
-    int32_t *match;            /* [max_ctx / block_size + 1] matched block ids */
+    int32_t *match, *smatch;   /* [max_ctx / block_size + 1] matched block ids (full, sliding) */
     /* counters */
     long long n_done, n_cancelled, n_failed, prompt_tokens, cached_tokens, gen_tokens, n_preempt;
 };
@@ -102,15 +103,27 @@ tern_status tern__req_new(const tern_sched *s, const tern_request *q, tern__req 
         if (q->stop_ids[i] < 0 || q->stop_ids[i] >= V)
             return tern_err(err, TERN_EINVAL, "request.stop_ids[%d]: token id %d outside the vocabulary [0, %d)", i, q->stop_ids[i], V);
 
+    /* memory honesty: a prompt the whole KV pool cannot hold is refused now, not after a wait */
+    for (int g = 0; g < 2; g++) {
+        int need = tern_kv_blocks_needed(s->kv, g, q->n_prompt + 1, s->budget);
+        if (s->cap_blocks[g] && need > s->cap_blocks[g])
+            return tern_err(err, TERN_ENOMEM, "request.n_prompt: %d tokens need %d KV blocks (%s layers), the pool holds %d "
+                            "in all (raise --kv-memory / --memory-budget or shorten the prompt)", q->n_prompt, need,
+                            g ? "sliding" : "full", s->cap_blocks[g]);
+    }
     tern__req *r = calloc(1, sizeof *r);
     if (!r) return tern_err(err, TERN_ENOMEM, "request: out of memory");
     r->n_prompt = q->n_prompt;
     r->max_new = TERN_MIN(q->max_tokens, s->max_ctx - q->n_prompt);
+    /* ... and generation stops (LENGTH) where the whole pool would be full */
+    if (s->cap_blocks[0]) r->max_new = TERN_MIN(r->max_new, s->cap_blocks[0] * tern_kv_block_size(s->kv) - q->n_prompt);
     r->sp = *sp;
     r->sp.bias_ids = NULL;
     r->sp.bias_values = NULL;
     r->on_event = q->on_event;
     r->ctx = q->ctx;
+    r->mask = q->mask;
+    r->mask_ctx = q->mask_ctx;
     r->slot = -1;
     r->t_submit = tern_time_s();
     int n_stop = q->n_stop_ids + (q->ignore_eos ? 0 : s->n_eos);
@@ -151,6 +164,10 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
     s->budget = TERN_MAX(o->max_batch_tokens, s->n_slots);
     for (int i = 0; i < c->n_eos && i < 8; i++)
         if (c->eos_ids[i] >= 0 && c->eos_ids[i] < s->V) s->eos[s->n_eos++] = c->eos_ids[i];
+    for (int g = 0; g < 2; g++) {
+        int used = 0;
+        if (tern_kv_has_group(kv, g)) tern_kv_usage(kv, g, &used, &s->cap_blocks[g]);
+    }
     size_t B = (size_t)s->budget, S = (size_t)s->n_slots;
     s->run = calloc(S, sizeof *s->run);
     s->free_slots = malloc(sizeof(int) * S);
@@ -164,10 +181,9 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
     if (!s->run || !s->free_slots || !s->b_tok || !s->b_pos || !s->b_slot || !s->b_want || !s->b_req || !s->logits)
         st = tern_err(err, TERN_ENOMEM, "scheduler: out of memory for %d slots x %d rows (vocab %d)", s->n_slots, s->budget, s->V);
     if (!st) st = tern__prefix_open(&s->pc, kv, o->prefix_blocks, err);
-    if (!st && s->pc && !(s->match = malloc(sizeof(int32_t) * (size_t)(s->max_ctx / tern_kv_block_size(kv) + 1))))
+    size_t nm = (size_t)(s->max_ctx / tern_kv_block_size(kv) + 1);
+    if (!st && s->pc && (!(s->match = malloc(sizeof(int32_t) * nm)) || !(s->smatch = malloc(sizeof(int32_t) * nm))))
         st = tern_err(err, TERN_ENOMEM, "scheduler: out of memory");
-    if (!st && o->prefix_blocks > 0 && !s->pc)
-        tern_log(TERN_LOG_INFO, "sched: prefix cache off (the model has sliding-window layers)");
     if (st) { tern__sched_close(s); return st; }
     for (int i = 0; i < s->n_slots; i++) s->free_slots[i] = s->n_slots - 1 - i;
     s->n_free = s->n_slots;
@@ -184,6 +200,7 @@ void tern__sched_close(tern_sched *s) {
     for (tern__req *r = s->wait_head, *nx; r; r = nx) { nx = (tern__req *)r->q.next; tern__req_free(r); }
     tern__prefix_close(s->pc);
     free(s->match);
+    free(s->smatch);
     free(s->run); free(s->free_slots);
     free(s->b_tok); free(s->b_pos); free(s->b_slot); free(s->b_want); free(s->b_req);
     free(s->logits);
@@ -303,6 +320,36 @@ int tern__sched_cancel_all(tern_sched *s) {
     return sweep_cancelled(s);
 }
 
+/* Sampler mask hook -> the request's own constrained-decoding callback. */
+static bool req_mask(void *user, float *logits, int n_vocab) {
+    tern__req *r = user;
+    return r->mask(r->mask_ctx, logits, n_vocab) == 0;
+}
+
+/* Blocks of group g that r still needs to run its next step, beyond what its slot holds. */
+static int growth(const tern_sched *s, const tern__req *r, int g) {
+    int n_tok = r->n_prompt + r->n_gen, rows = TERN_MAX(1, TERN_MIN(n_tok - r->n_past, s->budget));
+    int need = tern_kv_blocks_needed(s->kv, g, n_tok + 1, rows);
+    int held = tern_kv_slot_blocks(s->kv, g, r->slot);
+    return need > held ? need - held : 0;
+}
+
+/* Admission by aggregate KV: r (slot assigned, cached prefix shared) starts only if the free
+ * blocks cover its next step plus the next step of everything running; idle prefix-cache
+ * blocks are evicted to make room. Alone it always starts (submit refused what never fits). */
+static int fits(tern_sched *s, const tern__req *r) {
+    for (int g = 0; g < 2; g++) {
+        if (!s->cap_blocks[g]) continue;
+        int want = growth(s, r, g);
+        for (int i = 0; i < s->n_run; i++) want += growth(s, s->run[i], g);
+        int avail = tern_kv_free_blocks(s->kv, g);
+        while (want > avail && g == 1 && tern__prefix_drop_sliding(s->pc, want - avail) > 0) avail = tern_kv_free_blocks(s->kv, g);
+        while (want > avail && tern__prefix_evict(s->pc, want - avail) > 0) avail = tern_kv_free_blocks(s->kv, g);
+        if (want > avail && s->n_run > 0) return 0;
+    }
+    return 1;
+}
+
 static int admit(tern_sched *s) {
     int n = 0;
     while (s->n_free > 0 && s->wait_head) {
@@ -328,6 +375,7 @@ static int admit(tern_sched *s) {
             tern_error e = {0};
             if (tern_sampler_new(&sp, s->V, &r->smp, &e)) { finish(s, r, TERN_FINISH_NONE, &e); n++; continue; }
             for (int i = 0; i < r->n_prompt; i++) tern_sampler_accept(r->smp, r->tok[i]);
+            if (r->mask) tern_sampler_set_mask(r->smp, req_mask, r);
         }
         r->slot = s->free_slots[--s->n_free];
         r->admit_seq = ++s->admit_counter;
@@ -338,12 +386,18 @@ static int admit(tern_sched *s) {
             /* reuse whole cached blocks, but always recompute the last known token */
             int n_tok = r->n_prompt + r->n_gen, bs = tern_kv_block_size(s->kv);
             uint64_t chain;
-            int k = tern__prefix_match(s->pc, r->tok, n_tok, (n_tok - 1) / bs, s->match, &chain);
-            if (k > 0 && !tern_kv_share(s->kv, r->slot, s->match, k, NULL)) {
+            int k = tern__prefix_match(s->pc, r->tok, n_tok, (n_tok - 1) / bs, s->match, s->smatch, &chain);
+            if (k > 0 && !tern_kv_share_prefix(s->kv, r->slot, s->match, s->smatch, k, NULL)) {
                 r->n_past = k * bs;
                 r->n_reg = k;
                 r->chain = chain;
             }
+        }
+        if (r->max_new > 0 && !fits(s, r)) {   /* wait at the head of the queue (FCFS) */
+            free_slot(s, r);
+            r->n_past = 0;
+            wait_push_front(s, r);
+            break;
         }
         if (!r->admitted) {
             r->admitted = 1;
@@ -381,6 +435,8 @@ static int reserve_rows(tern_sched *s, int i, int rows, int *n_done) {
         tern_status st = tern_kv_reserve(s->kv, r->slot, r->n_past + rows, &e);
         if (!st) return rows;
         if (st != TERN_ENOMEM) { run_remove(s, r); finish(s, r, TERN_FINISH_NONE, &e); (*n_done)++; return 0; }
+        int ws = tern_kv_blocks_needed(s->kv, 1, r->n_past + rows, rows) - tern_kv_slot_blocks(s->kv, 1, r->slot);
+        if (ws > tern_kv_free_blocks(s->kv, 1) && tern__prefix_drop_sliding(s->pc, ws - tern_kv_free_blocks(s->kv, 1)) > 0) continue;
         if (tern__prefix_evict(s->pc, rows / tern_kv_block_size(s->kv) + 1) > 0) continue;
         if (s->n_run - 1 > i) { preempt(s, s->run[s->n_run - 1]); continue; }
         if (rows > 1) { rows /= 2; continue; }
@@ -467,8 +523,9 @@ tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
         if (!r->rows) continue;
         r->n_past += r->rows;
         r->rows = 0;
-        tern_kv_trim(s->kv, r->slot, r->n_past);
+        /* offer full blocks to the cache before trim drops the sliding blocks it keeps too */
         tern__prefix_insert(s->pc, r->slot, r->tok, r->n_past, &r->n_reg, &r->chain);
+        tern_kv_trim(s->kv, r->slot, r->n_past);
     }
     for (int w = 0; w < nw; w++) *n_done += advance(s, s->b_req[w], s->logits + (size_t)w * s->V);
     return TERN_OK;

@@ -8,13 +8,20 @@
  * each request whose last row asked for logits samples its next token with its own
  * counter-based RNG (seed, token index), so its tokens do not depend on the company it keeps.
  *
+ * Admission by aggregate KV (memory honesty): submit refuses a prompt the whole pool cannot
+ * hold (TERN_ENOMEM naming the blocks) and clips max_tokens to what the pool can hold; a
+ * waiting request is admitted only when the free blocks (after evicting idle prefix-cache
+ * blocks) cover its next step plus the next step of everything running, else it waits at the
+ * head of the queue. Memory is allocated at open, so a step never dies of OOM; a failed
+ * allocation (sampler scratch) ends only its request, with an error event.
  * KV pressure: when tern_kv_reserve says TERN_ENOMEM, the most recently admitted request is
  * preempted (its blocks freed, it goes back to the front of the queue and later recomputes
  * prompt + generated-so-far); a prefill chunk that is itself the newest shrinks first.
  * Only a request that cannot fit even alone ends (LENGTH while decoding, ERROR in prefill).
- * With a prefix cache (prefix.h), admission starts a request after its longest cached prefix,
- * blocks that fill up are offered to the cache after each forward, and idle cached blocks are
- * evicted before anyone is preempted.
+ * With a prefix cache (prefix.h), admission starts a request after its longest cached prefix
+ * (sliding-window models too: the window's sliding blocks are shared as well), blocks that
+ * fill up are offered to the cache after each forward (before trim), and idle cached blocks
+ * are evicted before anyone is preempted.
  *
  * A token in the request's stop list (its stop ids + the model's EOS unless ignore_eos) ends
  * it with TERN_FINISH_STOP and is neither emitted nor counted in n_generated. Callbacks must
@@ -42,6 +49,8 @@ typedef struct tern__req {
     int n_stop;
     tern_event_fn on_event;
     void *ctx;
+    int (*mask)(void *mask_ctx, float *logits, int n_vocab); /* tern_request.mask (optional) */
+    void *mask_ctx;
     double t_submit, t_admit, t_first;
     /* scheduler state */
     int slot;                 /* KV slot, -1 while waiting */

@@ -7,17 +7,28 @@
  * Response: {id "msg_...", type "message", role, model, content[{type "text", text}],
  * stop_reason end_turn | max_tokens | stop_sequence, stop_sequence, usage{input_tokens,
  * output_tokens, cache_read_input_tokens, cache_creation_input_tokens}}.
+ * Tools: Anthropic tool definitions {name, description, input_schema} are converted to the
+ * OpenAI form for the template; tool_choice {"type": "auto"|"none"} ("any"/"tool": 400, as
+ * in the chat API). Output blocks: "thinking" (reasoning), "text", then one "tool_use"
+ * {id "toolu_...", name, input} per call; stop_reason "tool_use" when calls were made.
  * Streaming events, in this exact order: message_start, content_block_start, ping,
- * content_block_delta (text_delta)*, content_block_stop, message_delta (stop_reason +
- * usage.output_tokens), message_stop. Errors use {"type":"error","error":{type, message}}.
+ * content_block_delta*, content_block_stop (a start/delta/stop group per block: thinking
+ * blocks with thinking_delta, text with text_delta, tool_use with one input_json_delta),
+ * message_delta (stop_reason + usage.output_tokens), message_stop. Errors use
+ * {"type":"error","error":{type, message}}. POST /v1/messages/count_tokens answers
+ * {"input_tokens": n} for the same body (no generation).
  */
 #include "server/srv.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct msg_ctx {
     tern_server *s;
+    srv_job *job;
+    int block;                 /* open block: 0 none, 1 thinking, 2 text */
+    int n_blocks, pinged;
     char id[64];
     int n_prompt;
     char **stop;               /* copy of the stop strings, to report which matched */
@@ -41,7 +52,113 @@ static void event(tern_jw *out, const char *name, tern_jw *v) {
 }
 
 static const char *stop_reason(const srv_result *r) {
-    return r->end == SRV_END_LENGTH ? "max_tokens" : r->end == SRV_END_STOP_STRING ? "stop_sequence" : "end_turn";
+    return r->end == SRV_END_LENGTH ? "max_tokens" : r->end == SRV_END_STOP_STRING ? "stop_sequence"
+           : r->n_calls > 0 ? "tool_use" : "end_turn";
+}
+
+/* The tool_use block of call i (its "input" is the arguments object). */
+static void tool_use(srv_job *j, int i, tern_jw *w, int empty_input) {
+    const char *id = NULL;
+    const tern_tool_call *tc = srv_job_call(j, i, &id);
+    char tid[48];
+    snprintf(tid, sizeof tid, "toolu_%s", id && !strncmp(id, "call_", 5) ? id + 5 : "0");
+    tern_jw_obj(w);
+    tern_jw_kstr(w, "type", "tool_use");
+    tern_jw_kstr(w, "id", tid);
+    tern_jw_kstr(w, "name", tc && tc->name ? tc->name : "");
+    tern_jw_key(w, "input");
+    if (empty_input || !tc || !tc->arguments) { tern_jw_obj(w); tern_jw_end(w); }
+    else tern_jw_raw(w, tc->arguments, strlen(tc->arguments));
+    tern_jw_end(w);
+}
+
+static void block_stop(msg_ctx *c, tern_jw *out) {
+    if (!c->block) return;
+    tern_jw w;
+    tern_jw_init(&w);
+    tern_jw_obj(&w);
+    tern_jw_kstr(&w, "type", "content_block_stop");
+    tern_jw_kint(&w, "index", c->n_blocks - 1);
+    tern_jw_end(&w);
+    event(out, "content_block_stop", &w);
+    c->block = 0;
+}
+
+static void ping(msg_ctx *c, tern_jw *out) {
+    if (c->pinged) return;
+    c->pinged = 1;
+    tern_jw w;
+    tern_jw_init(&w);
+    tern_jw_obj(&w);
+    tern_jw_kstr(&w, "type", "ping");
+    tern_jw_end(&w);
+    event(out, "ping", &w);
+}
+
+/* Open a thinking (1) or text (2) block unless it is the open one. */
+static void block_open(msg_ctx *c, int kind, tern_jw *out) {
+    if (c->block == kind) return;
+    block_stop(c, out);
+    tern_jw w;
+    tern_jw_init(&w);
+    tern_jw_obj(&w);
+    tern_jw_kstr(&w, "type", "content_block_start");
+    tern_jw_kint(&w, "index", c->n_blocks++);
+    tern_jw_key(&w, "content_block");
+    tern_jw_obj(&w);
+    tern_jw_kstr(&w, "type", kind == 1 ? "thinking" : "text");
+    if (kind == 1) { tern_jw_kstr(&w, "thinking", ""); tern_jw_kstr(&w, "signature", ""); }
+    else tern_jw_kstr(&w, "text", "");
+    tern_jw_end(&w);
+    tern_jw_end(&w);
+    event(out, "content_block_start", &w);
+    c->block = kind;
+    ping(c, out);
+}
+
+static void block_delta(msg_ctx *c, int kind, const char *t, size_t n, tern_jw *out) {
+    if (!n) return;
+    block_open(c, kind, out);
+    tern_jw w;
+    tern_jw_init(&w);
+    tern_jw_obj(&w);
+    tern_jw_kstr(&w, "type", "content_block_delta");
+    tern_jw_kint(&w, "index", c->n_blocks - 1);
+    tern_jw_key(&w, "delta");
+    tern_jw_obj(&w);
+    tern_jw_kstr(&w, "type", kind == 1 ? "thinking_delta" : "text_delta");
+    tern_jw_kstrn(&w, kind == 1 ? "thinking" : "text", t, n);
+    tern_jw_end(&w);
+    tern_jw_end(&w);
+    event(out, "content_block_delta", &w);
+}
+
+static void stream_call(msg_ctx *c, int i, tern_jw *out) {
+    block_stop(c, out);
+    const tern_tool_call *tc = srv_job_call(c->job, i, NULL);
+    tern_jw w;
+    tern_jw_init(&w);
+    tern_jw_obj(&w);
+    tern_jw_kstr(&w, "type", "content_block_start");
+    tern_jw_kint(&w, "index", c->n_blocks++);
+    tern_jw_key(&w, "content_block");
+    tool_use(c->job, i, &w, 1);
+    tern_jw_end(&w);
+    event(out, "content_block_start", &w);
+    ping(c, out);
+    c->block = 3;
+    tern_jw_init(&w);
+    tern_jw_obj(&w);
+    tern_jw_kstr(&w, "type", "content_block_delta");
+    tern_jw_kint(&w, "index", c->n_blocks - 1);
+    tern_jw_key(&w, "delta");
+    tern_jw_obj(&w);
+    tern_jw_kstr(&w, "type", "input_json_delta");
+    tern_jw_kstr(&w, "partial_json", tc && tc->arguments ? tc->arguments : "{}");
+    tern_jw_end(&w);
+    tern_jw_end(&w);
+    event(out, "content_block_delta", &w);
+    block_stop(c, out);
 }
 
 static void write_stop(msg_ctx *c, tern_jw *w, const srv_result *r) {
@@ -76,52 +193,20 @@ static void s_start(void *ctx, tern_jw *out) {
     tern_jw_end(&w);
     tern_jw_end(&w);
     event(out, "message_start", &w);
-
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "content_block_start");
-    tern_jw_kint(&w, "index", 0);
-    tern_jw_key(&w, "content_block");
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "text");
-    tern_jw_kstr(&w, "text", "");
-    tern_jw_end(&w);
-    tern_jw_end(&w);
-    event(out, "content_block_start", &w);
-
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "ping");
-    tern_jw_end(&w);
-    event(out, "ping", &w);
 }
 
 static void s_piece(void *ctx, const srv_piece *p, tern_jw *out) {
-    (void)ctx;
-    if (!p->len) return;
-    tern_jw w;
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "content_block_delta");
-    tern_jw_kint(&w, "index", 0);
-    tern_jw_key(&w, "delta");
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "text_delta");
-    tern_jw_kstrn(&w, "text", p->text, p->len);
-    tern_jw_end(&w);
-    tern_jw_end(&w);
-    event(out, "content_block_delta", &w);
+    msg_ctx *c = ctx;
+    block_delta(c, 1, p->reasoning, p->reasoning_len, out);
+    block_delta(c, 2, p->text, p->len, out);
+    for (int i = p->call_lo; i < p->call_hi; i++) stream_call(c, i, out);
 }
 
 static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
     msg_ctx *c = ctx;
+    if (!c->n_blocks) block_open(c, 2, out);       /* an empty answer still has one text block */
+    block_stop(c, out);
     tern_jw w;
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "content_block_stop");
-    tern_jw_kint(&w, "index", 0);
-    tern_jw_end(&w);
-    event(out, "content_block_stop", &w);
 
     tern_jw_init(&w);
     tern_jw_obj(&w);
@@ -183,6 +268,75 @@ static int read_system(const cJSON *req, char **out, srv_error *e) {
     return 0;
 }
 
+/* Anthropic tools [{name, description, input_schema}] -> OpenAI form (new array) in *out;
+ * tool_choice {"type": auto|none|any|tool}. *out NULL when no tools apply. */
+static int read_tools(const cJSON *req, cJSON **out, srv_error *e) {
+    *out = NULL;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(req, "tools");
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
+    if (tc && !cJSON_IsNull(tc)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
+        if (!cJSON_IsObject(tc) || !cJSON_IsString(ty))
+            return srv_fail(e, 400, "tool_choice", "tool_choice: expected an object with a \"type\"");
+        if (!strcmp(ty->valuestring, "none")) return 0;
+        if (strcmp(ty->valuestring, "auto"))
+            return srv_fail(e, 400, "tool_choice", "tool_choice: only \"auto\" and \"none\" are supported, got \"%.40s\"",
+                            ty->valuestring);
+    }
+    if (!t || cJSON_IsNull(t)) return 0;
+    if (!cJSON_IsArray(t)) return srv_fail(e, 400, "tools", "tools: expected a list");
+    if (!cJSON_GetArraySize(t)) return 0;
+    cJSON *o = cJSON_CreateArray();
+    if (!o) return srv_fail(e, 500, "", "out of memory");
+    const cJSON *x;
+    int i = 0;
+    cJSON_ArrayForEach(x, t) {
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
+        if (!cJSON_IsObject(x) || !cJSON_IsString(nm)) {
+            cJSON_Delete(o);
+            return srv_fail(e, 400, "tools", "tools[%d]: expected an object with a \"name\"", i);
+        }
+        cJSON *d = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "type", "function");
+        cJSON_AddStringToObject(fn, "name", nm->valuestring);
+        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(x, "description");
+        if (cJSON_IsString(desc)) cJSON_AddStringToObject(fn, "description", desc->valuestring);
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(x, "input_schema");
+        cJSON_AddItemToObject(fn, "parameters", sc ? cJSON_Duplicate(sc, 1) : cJSON_CreateObject());
+        cJSON_AddItemToObject(d, "function", fn);
+        cJSON_AddItemToArray(o, d);
+        i++;
+    }
+    *out = o;
+    return 0;
+}
+
+enum MHD_Result srv_handle_count_tokens(srv_req *r) {
+    tern_server *s = r->s;
+    srv_error e = {0};
+    cJSON *req = NULL, *tools = NULL;
+    char *system = NULL;
+    srv_prompt pr = {0};
+    enum MHD_Result ret;
+    if (srv_parse_body(r, &req, &e) || srv_wait_ready(s, &e) || srv_check_model(s, req, &e) ||
+        read_system(req, &system, &e) || read_tools(req, &tools, &e) ||
+        srv_prompt_chat(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), system, tools, NULL, 1, &pr, &e)) {
+        ret = srv_reply_anthropic_error(r, &e);
+    } else {
+        tern_jw w;
+        tern_jw_init(&w);
+        tern_jw_obj(&w);
+        tern_jw_kint(&w, "input_tokens", pr.n);
+        tern_jw_end(&w);
+        ret = srv_reply_jw(r, 200, &w);
+    }
+    srv_prompt_free(&pr);
+    free(system);
+    cJSON_Delete(tools);
+    cJSON_Delete(req);
+    return ret;
+}
+
 enum MHD_Result srv_handle_messages(srv_req *r) {
     tern_server *s = r->s;
     srv_error e = {0};
@@ -196,14 +350,21 @@ enum MHD_Result srv_handle_messages(srv_req *r) {
     size_t len = 0;
     srv_result res = {0};
     msg_ctx *c = NULL;
+    cJSON *tools = NULL;
+    char *rtext = NULL;
+    size_t rlen = 0;
     enum MHD_Result ret;
 
     if (srv_parse_body(r, &req, &e) || srv_wait_ready(s, &e) || srv_check_model(s, req, &e)) goto fail;
-    if (srv_params_parse(&p, req, SRV_API_ANTHROPIC, s->info.n_vocab, s->info.n_ctx, &e)) goto fail;
-    if (read_system(req, &system, &e)) goto fail;
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
-    if (!cJSON_IsArray(tools) || cJSON_GetArraySize(tools) == 0) tools = NULL;
-    if (srv_prompt_chat(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), system, tools, NULL, 1, &pr, &e)) goto fail;
+    if (srv_params_parse_s(&p, req, SRV_API_ANTHROPIC, s, &e)) goto fail;
+    if (read_system(req, &system, &e) || read_tools(req, &tools, &e)) goto fail;
+    int think = -1;
+    const cJSON *th = cJSON_GetObjectItemCaseSensitive(req, "thinking");   /* {"type": "enabled"|"disabled"} */
+    const cJSON *tht = cJSON_GetObjectItemCaseSensitive(th, "type");
+    if (cJSON_IsString(tht)) think = !strcmp(tht->valuestring, "enabled");
+    if (srv_prompt_chat2(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), system, tools, NULL, 1, think, &pr, &e) ||
+        srv_output_setup(s, &p, &pr, tools, tools != NULL, &e))
+        goto fail;
     if (!(c = calloc(1, sizeof *c))) { srv_fail(&e, 500, "", "out of memory"); goto fail; }
     c->s = s;
     c->n_prompt = pr.n;
@@ -219,10 +380,10 @@ enum MHD_Result srv_handle_messages(srv_req *r) {
     system = NULL;
     cJSON_Delete(req);
     req = NULL;
-    if (stream) return srv_stream(s, r->conn, job, &k_msg_stream, c);
-    if (srv_collect(job, &text, &len, &toks, &n_toks, &res, &e)) goto fail;
-    srv_job_free(job);
-    job = NULL;
+    cJSON_Delete(tools);
+    tools = NULL;
+    if (stream) { c->job = job; return srv_stream(s, r->conn, job, &k_msg_stream, c); }
+    if (srv_collect2(job, &text, &len, &rtext, &rlen, &toks, &n_toks, &res, &e)) goto fail;
 
     tern_jw w;
     tern_jw_init(&w);
@@ -233,11 +394,23 @@ enum MHD_Result srv_handle_messages(srv_req *r) {
     tern_jw_kstr(&w, "model", s->served);
     tern_jw_key(&w, "content");
     tern_jw_arr(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "text");
-    tern_jw_kstrn(&w, "text", text, len);
+    if (rlen) {
+        tern_jw_obj(&w);
+        tern_jw_kstr(&w, "type", "thinking");
+        tern_jw_kstrn(&w, "thinking", rtext, rlen);
+        tern_jw_kstr(&w, "signature", "");
+        tern_jw_end(&w);
+    }
+    if (len || !res.n_calls) {
+        tern_jw_obj(&w);
+        tern_jw_kstr(&w, "type", "text");
+        tern_jw_kstrn(&w, "text", text, len);
+        tern_jw_end(&w);
+    }
+    for (int i = 0; i < res.n_calls; i++) tool_use(job, i, &w, 0);
     tern_jw_end(&w);
-    tern_jw_end(&w);
+    srv_job_free(job);
+    job = NULL;
     write_stop(c, &w, &res);
     tern_jw_key(&w, "usage");
     tern_jw_obj(&w);
@@ -248,6 +421,7 @@ enum MHD_Result srv_handle_messages(srv_req *r) {
     tern_jw_end(&w);
     tern_jw_end(&w);
     free(text);
+    free(rtext);
     free(toks);
     ctx_free(c);
     return srv_reply_jw(r, 200, &w);
@@ -256,6 +430,8 @@ fail:
     ret = e.http == 499 ? MHD_NO : srv_reply_anthropic_error(r, &e);
     srv_job_free(job);
     free(text);
+    free(rtext);
+    cJSON_Delete(tools);
     free(toks);
     free(system);
     ctx_free(c);

@@ -5,6 +5,7 @@
  * or the fake engine of fake_engine.c with the same code.
  */
 #include "server/srv.h"
+#include "runtime/engine_int.h"
 
 static tern_status r_open(void **out, const tern_engine_opts *o, tern_error *err) {
     tern_engine *e = NULL;
@@ -29,8 +30,11 @@ static tern_status r_detokenize(void *e, const int32_t *ids, int n, char **text,
 static void r_info(const void *e, tern_model_info *info) { tern_engine_model_info(e, info); }
 static void r_stats(void *e, tern_engine_stats *st) { tern_engine_get_stats(e, st); }
 
+static const tern_tokenizer *r_tok(void *e) { return tern__engine_tokenizer(e); }
+static const char *r_dir(void *e) { return tern__engine_dir(e); }
+
 static const srv_engine_vt k_real = {
-    "engine", r_open, r_close, r_submit, r_cancel, r_run, r_stop, r_tokenize, r_detokenize, r_info, r_stats,
+    "engine", r_open, r_close, r_submit, r_cancel, r_run, r_stop, r_tokenize, r_detokenize, r_info, r_stats, r_tok, r_dir,
 };
 
 const srv_engine_vt *tern__srv_real_engine(void) {

@@ -5,14 +5,22 @@
  * 0 = pad; ids >= 3 + 256 are "special" and decode to nothing. Decoding is lossy UTF-8 like
  * real tokenizers (a cut multi-byte character becomes U+FFFD), so the server's incremental
  * detokenizer sees the same hazards as with a real model.
+ * A real tern_tokenizer with the same ids (byte-level BPE without merges) backs the streaming
+ * detokenizer and the JSON masks.
  * Generation: every request answers the fixed reply below byte by byte (it contains
- * multi-byte characters), then EOS (finish STOP); with ignore_eos the reply repeats until
+ * multi-byte characters) — or, when the prompt contains "@@reply:TEXT@@", TEXT (the last
+ * such script; tests use it to script tool calls and reasoning) — then EOS (finish STOP); with ignore_eos the reply repeats until
  * max_tokens (finish LENGTH). Logprobs: -0.5 for the chosen token, alternatives id+1.. with
  * -1, -2, ... One step emits one token for each running request (up to max_concurrency), then
- * sleeps TERN_FAKE_DELAY_MS (default 2) milliseconds, so cancellation and concurrency behave
+ * sleeps TERN_FAKE_DELAY_MS (default 2) milliseconds. A request with a mask callback gets
+ * logits preferring its next scripted byte; when the mask forbids it, EOS if allowed, else
+ * the smallest allowed id. Sleeps so cancellation and concurrency behave
  * like a real engine. Events are delivered on the engine thread like the real engine does.
  */
 #include "server/srv.h"
+#include "text/tokenizer.h"
+
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +31,8 @@ static const char k_reply[] = "Hello from tern! The quick brown fox jumps over t
 
 typedef struct fake_req {
     struct fake_req *next;
+    char *reply;                  /* scripted reply, NULL = k_reply */
+    int reply_len;
     uint64_t id;
     tern_request r;
     int n_prompt, n_gen, pos;
@@ -38,7 +48,69 @@ typedef struct fake {
     uint64_t next_id;
     int delay_ms, max_conc;
     tern_engine_stats st;
+    tern_tokenizer *tok;
+    float logits[FAKE_VOCAB];
 } fake;
+
+/* GPT-2 byte-level alphabet: printable bytes map to themselves, the rest to U+0100.. in order. */
+static int byte_cp(int b) {
+    int pr = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    if (pr) return b;
+    int n = 0;
+    for (int x = 0; x < b; x++) n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255));
+    return 256 + n;
+}
+
+static void add_special(cJSON *added, cJSON *vocab, int id, const char *content) {
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddNumberToObject(a, "id", id);
+    cJSON_AddStringToObject(a, "content", content);
+    cJSON_AddBoolToObject(a, "single_word", 0);
+    cJSON_AddBoolToObject(a, "lstrip", 0);
+    cJSON_AddBoolToObject(a, "rstrip", 0);
+    cJSON_AddBoolToObject(a, "normalized", 0);
+    cJSON_AddBoolToObject(a, "special", 1);
+    cJSON_AddItemToArray(added, a);
+    cJSON_AddNumberToObject(vocab, content, id);
+}
+
+/* tokenizer.json text for the fake ids: 0 pad, 1 bos, 2 eos, 3.. bytes, 259.. specials. */
+static char *fake_tokenizer_json(void) {
+    cJSON *t = cJSON_CreateObject();
+    cJSON *added = cJSON_AddArrayToObject(t, "added_tokens");
+    cJSON *pre = cJSON_AddObjectToObject(t, "pre_tokenizer");
+    cJSON_AddStringToObject(pre, "type", "ByteLevel");
+    cJSON_AddBoolToObject(pre, "add_prefix_space", 0);
+    cJSON_AddBoolToObject(pre, "trim_offsets", 1);
+    cJSON_AddBoolToObject(pre, "use_regex", 0);
+    cJSON *dec = cJSON_AddObjectToObject(t, "decoder");
+    cJSON_AddStringToObject(dec, "type", "ByteLevel");
+    cJSON_AddBoolToObject(dec, "add_prefix_space", 0);
+    cJSON_AddBoolToObject(dec, "trim_offsets", 1);
+    cJSON_AddBoolToObject(dec, "use_regex", 0);
+    cJSON *model = cJSON_AddObjectToObject(t, "model");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+    cJSON_AddArrayToObject(model, "merges");
+    add_special(added, vocab, 0, "<pad>");
+    add_special(added, vocab, 1, "<bos>");
+    add_special(added, vocab, 2, "<eos>");
+    for (int b = 0; b < 256; b++) {
+        char u[4] = {0};
+        int cp = byte_cp(b);
+        if (cp < 0x80) u[0] = (char)cp;
+        else { u[0] = (char)(0xC0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3F)); }
+        cJSON_AddNumberToObject(vocab, u, 3 + b);
+    }
+    for (int i = 259; i < FAKE_VOCAB; i++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "<|x%d|>", i);
+        add_special(added, vocab, i, nm);
+    }
+    char *js = cJSON_PrintUnformatted(t);
+    cJSON_Delete(t);
+    return js;
+}
 
 static tern_status f_open(void **out, const tern_engine_opts *o, tern_error *err) {
     fake *f = calloc(1, sizeof *f);
@@ -50,6 +122,11 @@ static tern_status f_open(void **out, const tern_engine_opts *o, tern_error *err
     f->max_conc = o && o->max_concurrency > 0 ? o->max_concurrency : 8;
     f->next_id = 1;
     f->st.kv_blocks_total = 1024;
+    char *tj = fake_tokenizer_json();
+    tern_status st = tj ? tern_tokenizer_load_json(&f->tok, tj, strlen(tj), NULL, "fake", err)
+                        : tern_err(err, TERN_ENOMEM, "fake engine: out of memory");
+    free(tj);
+    if (st) { pthread_mutex_destroy(&f->mu); pthread_cond_destroy(&f->cv); free(f); return st; }
     *out = f;
     return TERN_OK;
 }
@@ -61,8 +138,10 @@ static void f_close(void *p) {
         fake_req *q = f->head;
         f->head = q->next;
         free((void *)q->r.prompt);
+        free(q->reply);
         free(q);
     }
+    tern_tokenizer_free(f->tok);
     pthread_mutex_destroy(&f->mu);
     pthread_cond_destroy(&f->cv);
     free(f);
@@ -83,6 +162,22 @@ static tern_status f_submit(void *p, const tern_request *r, uint64_t *id, tern_e
     q->r.prompt = ids;
     q->n_prompt = r->n_prompt;
     q->t0 = tern_time_s();
+    /* "@@reply:TEXT@@" in the prompt bytes scripts the answer (the last one wins) */
+    char *raw = malloc((size_t)r->n_prompt + 1);
+    if (raw) {
+        int m = 0;
+        for (int i = 0; i < r->n_prompt; i++) if (ids[i] >= 3 && ids[i] < 259) raw[m++] = (char)(ids[i] - 3);
+        raw[m] = 0;
+        char *at = NULL;
+        for (char *p = raw; (p = strstr(p, "@@reply:")); p++) at = p;
+        char *end = at ? strstr(at + 8, "@@") : NULL;
+        if (end && (q->reply = malloc((size_t)(end - at - 8) + 1))) {
+            q->reply_len = (int)(end - at - 8);
+            memcpy(q->reply, at + 8, (size_t)q->reply_len);
+            q->reply[q->reply_len] = 0;
+        }
+        free(raw);
+    }
     pthread_mutex_lock(&f->mu);
     q->id = f->next_id++;
     if (id) *id = q->id;                 /* q may be finished and freed once we unlock */
@@ -120,7 +215,8 @@ static void finish(fake *f, fake_req *q, tern_finish_reason why) {
 static int step_one(fake *f, fake_req *q) {
     if (q->cancelled) { finish(f, q, TERN_FINISH_CANCELLED); return 1; }
     if (q->n_gen >= q->r.max_tokens) { finish(f, q, TERN_FINISH_LENGTH); return 1; }
-    int len = (int)sizeof k_reply - 1;
+    const char *reply = q->reply ? q->reply : k_reply;
+    int len = q->reply ? q->reply_len : (int)sizeof k_reply - 1;
     if (q->pos >= len) {
         if (!q->r.ignore_eos) { finish(f, q, TERN_FINISH_STOP); return 1; }
         q->pos = 0;
@@ -128,7 +224,19 @@ static int step_one(fake *f, fake_req *q) {
     tern_event ev = {0};
     ev.kind = TERN_EV_TOKEN;
     ev.request_id = q->id;
-    ev.token = (unsigned char)k_reply[q->pos++] + 3;
+    ev.token = (unsigned char)reply[q->pos++] + 3;
+    if (q->r.mask) {
+        for (int i = 0; i < FAKE_VOCAB; i++) f->logits[i] = 0;
+        f->logits[ev.token] = 1;
+        if (q->r.mask(q->r.mask_ctx, f->logits, FAKE_VOCAB)) { finish(f, q, TERN_FINISH_CANCELLED); return 1; }
+        if (f->logits[ev.token] != 1) {
+            if (f->logits[2] == 0) { finish(f, q, TERN_FINISH_STOP); return 1; }
+            int k = 0;
+            while (k < FAKE_VOCAB && f->logits[k] != 0) k++;
+            if (k == FAKE_VOCAB) { finish(f, q, TERN_FINISH_CANCELLED); return 1; }
+            ev.token = k;
+        }
+    }
     int32_t tops[20];
     float tlp[20];
     int nt = q->r.sampling.n_logprobs;
@@ -160,6 +268,7 @@ static void f_run(void *p) {
             if (step_one(f, q)) {
                 *pp = q->next;
                 free((void *)q->r.prompt);
+                free(q->reply);
                 free(q);
             } else pp = &q->next;
         }
@@ -182,6 +291,7 @@ static void f_run(void *p) {
         f->head = q->next;
         finish(f, q, TERN_FINISH_CANCELLED);
         free((void *)q->r.prompt);
+        free(q->reply);
         free(q);
     }
     pthread_mutex_unlock(&f->mu);
@@ -252,8 +362,10 @@ static void f_stats(void *p, tern_engine_stats *st) {
     pthread_mutex_unlock(&f->mu);
 }
 
+static const tern_tokenizer *f_tok(void *p) { return ((fake *)p)->tok; }
+
 static const srv_engine_vt k_fake = {
-    "fake", f_open, f_close, f_submit, f_cancel, f_run, f_stop, f_tokenize, f_detokenize, f_info, f_stats,
+    "fake", f_open, f_close, f_submit, f_cancel, f_run, f_stop, f_tokenize, f_detokenize, f_info, f_stats, f_tok,
 };
 
 const srv_engine_vt *tern__srv_fake_engine(void) { return &k_fake; }

@@ -46,25 +46,34 @@ tern_server_opts tern_server_default_opts(void) {
     o.timeout_s = 600;
     o.max_connections = 256;
     o.default_max_tokens = 4096;
+    o.max_queue = 256;
+    o.sampling = tern__srv_request_default().sampling;
     o.engine = tern__srv_engine_default_opts();
     return o;
 }
 
-void srv_add_common_headers(struct MHD_Response *resp) {
+void srv_add_common_headers(tern_server *s, struct MHD_Response *resp) {
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
     MHD_add_response_header(resp, "Server", "tern");
+    /* tell keep-alive clients when we close idle connections, so that they do not reuse a
+     * socket at the moment the server closes it (undici subtracts a second from this) */
+    char ka[32];
+    snprintf(ka, sizeof ka, "timeout=%d", s->o.timeout_s);
+    MHD_add_response_header(resp, "Keep-Alive", ka);
 }
 
 enum MHD_Result srv_reply(srv_req *r, int status, const char *ctype, const char *body, size_t len) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!resp) return MHD_NO;
     if (ctype) MHD_add_response_header(resp, "Content-Type", ctype);
-    srv_add_common_headers(resp);
+    srv_add_common_headers(r->s, resp);
     if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     if (status >= 500) atomic_fetch_add(&r->s->n_http_5xx, 1);
     else if (status >= 400) atomic_fetch_add(&r->s->n_http_4xx, 1);
+    srv_metrics_http(r->s, status);
     return ret;
 }
 
@@ -98,7 +107,8 @@ enum MHD_Result srv_reply_openai_error(srv_req *r, const srv_error *e) {
 
 enum MHD_Result srv_reply_anthropic_error(srv_req *r, const srv_error *e) {
     const char *t = e->http == 401 ? "authentication_error" : e->http == 404 ? "not_found_error"
-                    : e->http == 413 ? "request_too_large" : e->http == 503 ? "overloaded_error"
+                    : e->http == 413 ? "request_too_large" : e->http == 429 ? "rate_limit_error"
+                    : e->http == 503 ? "overloaded_error"
                     : e->http >= 500 ? "api_error" : "invalid_request_error";
     tern_jw w;
     tern_jw_init(&w);
@@ -125,6 +135,11 @@ int srv_parse_body(srv_req *r, cJSON **out, srv_error *e) {
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return srv_fail(e, 400, "", "the request body must be a JSON object");
+    }
+    char path[128];
+    if (srv_json_bad_utf8(j, path, sizeof path)) {
+        cJSON_Delete(j);
+        return srv_fail(e, 400, path, "%s: the string is not valid UTF-8", path);
     }
     *out = j;
     return 0;
@@ -191,13 +206,13 @@ typedef enum { R_NONE, R_GET, R_POST } route_m;
 static enum MHD_Result route(srv_req *r) {
     tern_server *s = r->s;
     const char *u = r->url;
-    int anth = !strcmp(u, "/v1/messages");
+    int anth = !strcmp(u, "/v1/messages") || !strcmp(u, "/v1/messages/count_tokens");
     int is_get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD");
     int is_post = !strcmp(r->method, "POST");
     srv_error e = {0};
     if (!strcmp(r->method, "OPTIONS")) {
         struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-        srv_add_common_headers(resp);
+        srv_add_common_headers(s, resp);
         MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
         MHD_add_response_header(resp, "Access-Control-Allow-Headers",
                                 "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta");
@@ -210,6 +225,8 @@ static enum MHD_Result route(srv_req *r) {
         {"/health", R_GET}, {"/v1/health", R_GET}, {"/v1/models", R_GET}, {"/metrics", R_GET}, {"/stats", R_GET},
         {"/v1/chat/completions", R_POST}, {"/chat/completions", R_POST}, {"/v1/completions", R_POST},
         {"/completions", R_POST}, {"/v1/messages", R_POST}, {"/tokenize", R_POST}, {"/detokenize", R_POST},
+        {"/v1/responses", R_POST}, {"/responses", R_POST}, {"/v1/embeddings", R_POST}, {"/embeddings", R_POST},
+        {"/v1/messages/count_tokens", R_POST},
     };
     route_m want = R_NONE;
     for (size_t i = 0; i < TERN_ARRAY_LEN(k_routes); i++)
@@ -239,7 +256,7 @@ static enum MHD_Result route(srv_req *r) {
         char *b = tern_jw_take(&w, &n);
         resp = MHD_create_response_from_buffer(b ? n : 0, b ? b : (void *)"", MHD_RESPMEM_MUST_COPY);
         free(b);
-        srv_add_common_headers(resp);
+        srv_add_common_headers(s, resp);
         MHD_add_response_header(resp, "Content-Type", "application/json");
         MHD_add_response_header(resp, "Allow", want == R_GET ? "GET, HEAD, OPTIONS" : "POST, OPTIONS");
         enum MHD_Result ret = MHD_queue_response(r->conn, 405, resp);
@@ -258,7 +275,10 @@ static enum MHD_Result route(srv_req *r) {
     if (!strcmp(u, "/stats")) return srv_handle_stats(r);
     if (!strcmp(u, "/v1/chat/completions") || !strcmp(u, "/chat/completions")) return srv_handle_chat(r);
     if (!strcmp(u, "/v1/completions") || !strcmp(u, "/completions")) return srv_handle_completions(r);
+    if (!strcmp(u, "/v1/messages/count_tokens")) return srv_handle_count_tokens(r);
     if (anth) return srv_handle_messages(r);
+    if (!strcmp(u, "/v1/responses") || !strcmp(u, "/responses")) return srv_handle_responses(r);
+    if (!strcmp(u, "/v1/embeddings") || !strcmp(u, "/embeddings")) return srv_handle_embeddings(r);
     if (!strcmp(u, "/tokenize")) return srv_handle_tokenize(r);
     return srv_handle_detokenize(r);
 }
@@ -372,21 +392,28 @@ static void *engine_main(void *arg) {
     tern_server *s = arg;
     tern_error err = {0};
     void *eng = NULL;
+    double t0 = tern_time_s();
     tern_status st = s->vt->open(&eng, &s->o.engine, &err);
+    double t_opened = tern_time_s(), t_open = t_opened - t0;
     if (st == TERN_OK) {
         s->eng = eng;
         s->vt->model_info(eng, &s->info);
+        s->tools_fmt = TERN_TOOLS_JSON;          /* no template (fake engine, fallback format): Hermes markup */
+        s->reason_fmt = TERN_REASON_THINK;
         if (!s->o.fake_engine && s->info.has_chat_template) {
             char dir[4096];
             tern_error te = {0};
             if (!tern_model_path_resolve(s->o.engine.model, dir, sizeof dir, &te) &&
                 tern_chat_template_load(dir, &s->tmpl, &te))
                 tern_log(TERN_LOG_WARN, "serve: chat template not loaded (%s); using the plain fallback format", te.msg);
+            if (s->tmpl) tern_output_formats_detect(tern_chat_template_source(s->tmpl), &s->tools_fmt, &s->reason_fmt);
         }
         if (!s->info.has_tokenizer && !s->o.fake_engine)
             tern_log(TERN_LOG_WARN, "serve: model has no tokenizer; only token-id prompts will work");
         snprintf(s->served, sizeof s->served, "%s", s->o.model_alias ? s->o.model_alias
                                                      : s->info.name ? s->info.name : "model");
+        s->t_loaded = tern_time_s() - s->t_start;
+        srv_plan_summary(s, t_open, t_opened);
     }
     pthread_mutex_lock(&s->mu);
     s->state = st == TERN_OK ? SRV_READY : SRV_FAILED;
@@ -419,6 +446,8 @@ tern_status tern_server_start(tern_server **out, const tern_server_opts *opts, t
     if (!s->vt) { free(s); return tern_err(err, TERN_EUNSUPPORTED, "serve: this binary has no engine"); }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->vocab_mu, NULL);
+    if (srv_metrics_init(s)) { free(s); return tern_err(err, TERN_ENOMEM, "serve: out of memory"); }
     s->created = (long long)time(NULL);
     s->t_start = tern_time_s();
     snprintf(s->served, sizeof s->served, "%s", s->o.model_alias ? s->o.model_alias : "loading");
@@ -460,6 +489,7 @@ int tern__server_load_state(tern_server *s) {
 }
 
 int tern_server_port(const tern_server *s) { return s ? s->port : 0; }
+const char *tern_server_summary(const tern_server *s) { return s ? s->summary : ""; }
 const char *tern_server_host(const tern_server *s) { return s ? s->host : ""; }
 
 tern_status tern_server_wait_loaded(tern_server *s, tern_error *err) {
@@ -486,6 +516,10 @@ void tern_server_stop(tern_server *s) {
     else if (s->listen_fd > 0) close(s->listen_fd);
     if (s->eng) s->vt->close(s->eng);
     tern_chat_template_free(s->tmpl);
+    srv_jvocab_free(s->jvocab);
+    srv_metrics_free(s);
+    srv_responses_free(s);
+    pthread_mutex_destroy(&s->vocab_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

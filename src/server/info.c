@@ -119,7 +119,24 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
         (long long)atomic_load(&s->n_http), (long long)atomic_load(&s->n_http_4xx),
         (long long)atomic_load(&s->n_http_5xx), (long long)atomic_load(&s->n_streams),
         (long long)atomic_load(&s->n_disconnects), tern_time_s() - s->t_start);
-    return srv_reply(r, 200, "text/plain; version=0.0.4; charset=utf-8", b, (size_t)(n < (int)sizeof b ? n : (int)sizeof b - 1));
+    tern_jw w;
+    tern_jw_init(&w);
+    tern_jw_text(&w, b, (size_t)(n < (int)sizeof b ? n : (int)sizeof b - 1));
+    n = snprintf(b, sizeof b,
+        "# HELP tern_kv_blocks_free KV blocks free.\n# TYPE tern_kv_blocks_free gauge\ntern_kv_blocks_free %d\n"
+        "# HELP tern_kv_blocks_cached KV blocks held by the prefix cache.\n# TYPE tern_kv_blocks_cached gauge\n"
+        "tern_kv_blocks_cached %d\n"
+        "# HELP tern_preemptions_total Requests evicted from the KV pool to be recomputed.\n"
+        "# TYPE tern_preemptions_total counter\ntern_preemptions_total %lld\n",
+        st.kv_blocks_total - st.kv_blocks_used, st.kv_blocks_cached, st.preemptions);
+    tern_jw_text(&w, b, (size_t)(n < (int)sizeof b ? n : (int)sizeof b - 1));
+    srv_metrics_write(s, &w);
+    size_t len = 0;
+    char *txt = tern_jw_take(&w, &len);
+    if (!txt) return srv_reply(r, 500, "text/plain", "out of memory\n", 14);
+    enum MHD_Result ret = srv_reply(r, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len);
+    free(txt);
+    return ret;
 }
 
 enum MHD_Result srv_handle_stats(srv_req *r) {

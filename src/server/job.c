@@ -5,15 +5,19 @@
  * job's mutex and returns at once: 1 (cancel) once the client is gone, 2 (stop) once a stop
  * string matched. The job is reference-counted (HTTP side + engine side) because either may
  * finish first: the engine keeps calling back until its DONE/ERROR event even after the
- * client left.
+ * client left. With response_format the engine thread also runs the JSON matcher: the
+ * request's mask callback masks the logits, and each TOKEN event advances the matcher
+ * before the next mask (both on the engine thread, so the matcher needs no lock).
  *
- * Text: decode-and-diff incremental detokenization over a sliding window (prefix_off,
- * read_off — the window start keeps SentencePiece-style leading spaces right), holding
- * back output that ends in U+FFFD (a character cut between tokens). Stop strings are
- * matched on the text with hold-back: text that could be the start of a stop string is
- * not sent until the next token decides; on a match only the text before it is sent.
+ * Text (HTTP thread), per token, O(new text): the incremental detokenizer (text/detok.h,
+ * special tokens decoded so tool/reasoning markers are seen) -> the output parser
+ * (text/toolcall.h: content / reasoning / completed tool calls) when the request has one ->
+ * the stop-string matcher (text/stop.h) on the content, which holds back a suffix that could
+ * still become a stop string and ends the request (want_stop) on a match.
  */
 #include "server/srv.h"
+#include "text/detok.h"
+#include "text/stop.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -42,13 +46,19 @@ struct srv_job {
     uint64_t id;
     srv_params p;
     int fd, n_prompt;
+    /* engine-thread state */
+    srv_jmatch *jm;              /* response_format matcher, NULL = free text */
+    double t_submit, t_last;     /* for TTFT / inter-token latency */
+    int n_tok_ev;
     /* text state (HTTP thread only) */
-    int32_t *ids;
-    int n_ids, cap_ids, prefix_off, read_off;
-    char *pend;
-    size_t pend_len, pend_cap;
-    char *out;
-    size_t out_len, out_cap;
+    tern_detok *dt;
+    tern_out_parser *op;
+    tern_stop *stop;
+    char *out, *rout;            /* this piece's content / reasoning */
+    size_t out_len, out_cap, rout_len, rout_cap;
+    int call_lo;                 /* calls reported before this piece */
+    char (*call_ids)[40];
+    int n_call_ids;
     srv_tokinfo *toks;
     int n_toks, cap_toks;
     int text_done, done, failed;
@@ -64,10 +74,14 @@ static void unref(srv_job *j) {
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     srv_params_free(&j->p);
+    srv_jmatch_free(j->jm);
+    tern_detok_free(j->dt);
+    tern_out_parser_free(j->op);
+    tern_stop_free(j->stop);
+    free(j->call_ids);
     free(j->q);
-    free(j->ids);
-    free(j->pend);
     free(j->out);
+    free(j->rout);
     free(j->toks);
     free(j);
 }
@@ -85,7 +99,10 @@ static int on_event(void *ctx, const tern_event *ev) {
             if (!nq) {                         /* cannot queue: end the request */
                 j->want_cancel = 1;
                 pthread_mutex_unlock(&j->mu);
-                if (last) unref(j);
+                if (last) {
+                    atomic_fetch_sub(&j->s->n_live, 1);
+                    unref(j);
+                }
                 return 1;
             }
             j->q = nq;
@@ -96,6 +113,11 @@ static int on_event(void *ctx, const tern_event *ev) {
     memset(c, 0, offsetof(chan_ev, msg) + 1);
     c->kind = ev->kind;
     if (ev->kind == TERN_EV_TOKEN) {
+        double now = tern_time_s();
+        if (j->n_tok_ev++ == 0) srv_metrics_ttft(j->s, now - j->t_submit);
+        else srv_metrics_itl(j->s, now - j->t_last);
+        j->t_last = now;
+        if (j->jm && srv_jmatch_accept(j->jm, ev->token)) j->want_cancel = 1;   /* cannot happen when masked */
         c->t.id = ev->token;
         c->t.logprob = ev->logprob;
         int nt = ev->n_top < 0 ? 0 : ev->n_top > 20 ? 20 : ev->n_top;
@@ -113,7 +135,10 @@ static int on_event(void *ctx, const tern_event *ev) {
     int rc = j->want_cancel ? 1 : j->want_stop ? 2 : 0;
     pthread_cond_signal(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    if (last) unref(j);
+    if (last) {
+        atomic_fetch_sub(&j->s->n_live, 1);
+        unref(j);
+    }
     return rc;
 }
 
@@ -124,16 +149,54 @@ int srv_client_gone(int fd) {
     return (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+static int job_mask(void *ctx, float *logits, int n_vocab) {
+    srv_job *j = ctx;
+    return srv_jmatch_mask(j->jm, logits, n_vocab);
+}
+
 int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, srv_job **out, srv_error *e) {
     *out = NULL;
     int n_ctx = s->info.n_ctx > 0 ? s->info.n_ctx : 1 << 30;
     if (pr->n <= 0) { srv_params_free(p); return srv_fail(e, 400, "messages", "the prompt is empty"); }
     if (pr->n >= n_ctx) {
         srv_params_free(p);
-        return srv_fail(e, 400, "messages", "the prompt has %d tokens; the context holds %d", pr->n, n_ctx);
+        srv_fail(e, 400, "messages", "the prompt has %d tokens; the context holds %d", pr->n, n_ctx);
+        e->code = "context_length_exceeded";
+        return -1;
     }
-    srv_job *j = calloc(1, sizeof *j);
-    if (!j) { srv_params_free(p); return srv_fail(e, 500, "", "out of memory"); }
+    /* an explicit max_tokens that cannot fit after the prompt is refused before generation
+     * (as OpenAI and vLLM do); the server default is clipped to the context instead */
+    if (p->max_tokens > 0 && (long long)pr->n + p->max_tokens > n_ctx) {
+        int mt = p->max_tokens;
+        srv_params_free(p);
+        srv_fail(e, 400, "max_tokens", "this model's maximum context length is %d tokens, but %lld were requested "
+                 "(%d in the prompt, %d for the completion); reduce the prompt or max_tokens", n_ctx,
+                 (long long)pr->n + mt, pr->n, mt);
+        e->code = "context_length_exceeded";
+        return -1;
+    }
+    /* admission: at most max_concurrency running + max_queue waiting; beyond that 429 now
+     * rather than an unbounded wait (clients retry after Retry-After) */
+    int conc = s->o.engine.max_concurrency > 0 ? s->o.engine.max_concurrency : 8;
+    int cap = conc + (s->o.max_queue > 0 ? s->o.max_queue : 0);
+    if (atomic_fetch_add(&s->n_live, 1) >= cap) {
+        atomic_fetch_sub(&s->n_live, 1);
+        atomic_fetch_add(&s->n_rejected, 1);
+        srv_params_free(p);
+        srv_fail(e, 429, "", "the server is busy: %d requests running or waiting (max concurrency %d + max queue %d); "
+                 "retry later", cap, conc, s->o.max_queue);
+        e->type = "rate_limit_error";
+        e->code = "queue_full";
+        return -1;
+    }
+    const tern_tokenizer *tok = s->vt->tokenizer ? s->vt->tokenizer(s->eng) : NULL;
+    srv_job *j = tok ? calloc(1, sizeof *j) : NULL;
+    if (!j) {
+        atomic_fetch_sub(&s->n_live, 1);
+        srv_params_free(p);
+        return tok ? srv_fail(e, 500, "", "out of memory")
+                   : srv_fail(e, 400, "", "the model has no tokenizer: text output is not available");
+    }
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->s = s;
@@ -141,7 +204,29 @@ int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, s
     memset(p, 0, sizeof *p);
     j->fd = fd;
     j->n_prompt = pr->n;
+    j->refs = 1;
+    j->res.stop_index = -1;
+    tern_error ie = {0};
+    int bad = tern_detok_new(&j->dt, tok, 0, &ie) != TERN_OK;
+    if (!bad && j->p.parse_output && !j->p.gram) {
+        bad = tern_out_parser_new(j->p.tools ? s->tools_fmt : TERN_TOOLS_NONE, s->reason_fmt, j->p.start_in_reasoning, &j->op, &ie) != TERN_OK;
+        if (!bad && j->p.tools) tern_out_parser_set_tools(j->op, j->p.tools);
+    }
+    if (!bad && j->p.n_stop) bad = tern_stop_new(&j->stop, (const char *const *)j->p.stop, (size_t)j->p.n_stop, &ie) != TERN_OK;
+    if (!bad && j->p.gram) {
+        pthread_mutex_lock(&s->vocab_mu);
+        srv_jvocab *v = s->jvocab;
+        pthread_mutex_unlock(&s->vocab_mu);
+        bad = !v || srv_jmatch_new(j->p.gram, v, &j->jm, &ie) != TERN_OK;
+        if (!v) snprintf(ie.msg, sizeof ie.msg, "response_format: no token table");
+    }
+    if (bad) {
+        atomic_fetch_sub(&s->n_live, 1);
+        unref(j);
+        return srv_fail(e, 500, "", "output setup: %s", ie.msg);
+    }
     j->refs = 2;
+    j->t_submit = tern_time_s();
 
     tern_request r = tern__srv_request_default();
     r.prompt = pr->ids;
@@ -158,12 +243,17 @@ int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, s
     r.ignore_eos = j->p.ignore_eos;
     r.on_event = on_event;
     r.ctx = j;
+    if (j->jm) { r.mask = job_mask; r.mask_ctx = j; }
     tern_error err = {0};
     tern_status st = s->vt->submit(s->eng, &r, &j->id, &err);
     if (st != TERN_OK) {
         j->refs = 1;
+        atomic_fetch_sub(&s->n_live, 1);
         unref(j);
-        return srv_fail(e, st == TERN_EINVAL ? 400 : 500, "", "%s", err.msg[0] ? err.msg : tern_status_str(st));
+        /* EINVAL: a bad value; ENOMEM at submit: the prompt can never fit in the KV pool */
+        srv_fail(e, st == TERN_EINVAL || st == TERN_ENOMEM ? 400 : 500, "", "%s", err.msg[0] ? err.msg : tern_status_str(st));
+        if (st == TERN_ENOMEM) e->code = "context_length_exceeded";
+        return -1;
     }
     *out = j;
     return 0;
@@ -182,84 +272,85 @@ static int grow(char **b, size_t *cap, size_t need) {
     return 1;
 }
 
-static int emit(srv_job *j, const char *t, size_t n) {
-    if (!grow(&j->out, &j->out_cap, j->out_len + n + 1)) return 0;
-    memcpy(j->out + j->out_len, t, n);
-    j->out_len += n;
-    j->out[j->out_len] = 0;
+static int append(char **b, size_t *len, size_t *cap, const char *t, size_t n) {
+    if (!n) return 1;
+    if (!grow(b, cap, *len + n + 1)) return 0;
+    memcpy(*b + *len, t, n);
+    *len += n;
+    (*b)[*len] = 0;
     return 1;
 }
 
-/* Push decoded text through the stop matcher. at_end: no more text will come. */
-static int push_text(srv_job *j, const char *t, size_t n, int at_end) {
+/* Content -> stop matcher -> this piece's text. */
+static int put_content(srv_job *j, const char *t, size_t n, int at_end) {
     if (j->text_done) return 1;
-    if (!grow(&j->pend, &j->pend_cap, j->pend_len + n + 1)) return 0;
-    memcpy(j->pend + j->pend_len, t, n);
-    j->pend_len += n;
-    size_t best = (size_t)-1;
-    int which = -1;
-    for (int i = 0; i < j->p.n_stop; i++) {
-        const char *hit = memmem(j->pend, j->pend_len, j->p.stop[i], strlen(j->p.stop[i]));
-        if (hit && (size_t)(hit - j->pend) < best) { best = (size_t)(hit - j->pend); which = i; }
-    }
-    if (which >= 0) {
-        if (!emit(j, j->pend, best)) return 0;
-        j->pend_len = 0;
+    if (!j->stop) return append(&j->out, &j->out_len, &j->out_cap, t, n);
+    const char *o;
+    size_t ol;
+    int r = tern_stop_feed(j->stop, t, n, &o, &ol);
+    if (r < 0) return 0;
+    if (!append(&j->out, &j->out_len, &j->out_cap, o, ol)) return 0;
+    if (r == 1) {
         j->text_done = 1;
         j->res.end = SRV_END_STOP_STRING;
-        j->res.stop_index = which;
+        j->res.stop_index = tern_stop_which(j->stop);
         pthread_mutex_lock(&j->mu);
         j->want_stop = 1;
         pthread_mutex_unlock(&j->mu);
         return 1;
     }
-    size_t hold = 0;
-    if (!at_end)
-        for (int i = 0; i < j->p.n_stop; i++) {
-            size_t sl = strlen(j->p.stop[i]);
-            for (size_t k = TERN_MIN(sl - 1, j->pend_len); k > hold; k--)
-                if (!memcmp(j->pend + j->pend_len - k, j->p.stop[i], k)) { hold = k; break; }
-        }
-    if (!emit(j, j->pend, j->pend_len - hold)) return 0;
-    memmove(j->pend, j->pend + j->pend_len - hold, hold);
-    j->pend_len = hold;
+    if (at_end) {
+        tern_stop_flush(j->stop, &o, &ol);
+        return append(&j->out, &j->out_len, &j->out_cap, o, ol);
+    }
     return 1;
 }
 
-static int ends_with_fffd(const char *t, size_t n) { return n >= 3 && !memcmp(t + n - 3, "\xEF\xBF\xBD", 3); }
-
-/* Decode-and-diff: emit the text the new tokens added. */
-static int detok_step(srv_job *j, int at_end, srv_error *e) {
-    tern_error err = {0};
-    char *pre = NULL, *full = NULL;
-    if (j->s->vt->detokenize(j->s->eng, j->ids + j->prefix_off, j->read_off - j->prefix_off, &pre, &err) ||
-        j->s->vt->detokenize(j->s->eng, j->ids + j->prefix_off, j->n_ids - j->prefix_off, &full, &err)) {
-        free(pre);
-        free(full);
-        return srv_fail(e, 500, "", "detokenize: %s", err.msg);
+static int note_calls(srv_job *j, size_t n_calls) {
+    while (j->n_call_ids < (int)n_calls) {
+        char (*v)[40] = realloc(j->call_ids, sizeof *v * (size_t)(j->n_call_ids + 1));
+        if (!v) return 0;
+        j->call_ids = v;
+        srv_make_id(j->s, "call_", v[j->n_call_ids], sizeof v[0]);
+        j->n_call_ids++;
     }
-    size_t lp = strlen(pre), lf = strlen(full);
-    int ok = 1;
-    if (lf > lp && (at_end || !ends_with_fffd(full, lf))) {
-        ok = push_text(j, full + lp, lf - lp, at_end);
-        j->prefix_off = j->read_off;
-        j->read_off = j->n_ids;
-    } else if (at_end) ok = push_text(j, "", 0, 1);
-    free(pre);
-    free(full);
-    return ok ? 0 : srv_fail(e, 500, "", "out of memory");
+    j->res.n_calls = j->n_call_ids;
+    return 1;
+}
+
+/* Decoded text -> output parser (when on) -> content / reasoning / calls. */
+static int put_text(srv_job *j, const char *t, size_t n, int at_end) {
+    if (j->text_done) return 1;
+    if (!j->op) return put_content(j, t, n, at_end);
+    tern_out_delta d;
+    tern_error err = {0};
+    if (tern_out_parser_feed(j->op, t, n, &d, &err)) return 0;
+    if (!append(&j->rout, &j->rout_len, &j->rout_cap, d.reasoning, d.reasoning_len) ||
+        !put_content(j, d.content, d.content_len, 0) || !note_calls(j, d.calls_after))
+        return 0;
+    if (!at_end) return 1;
+    if (tern_out_parser_finish(j->op, &d, &err)) return 0;
+    return append(&j->rout, &j->rout_len, &j->rout_cap, d.reasoning, d.reasoning_len) &&
+           put_content(j, d.content, d.content_len, 1) && note_calls(j, d.calls_after);
+}
+
+static int detok_step(srv_job *j, const int32_t *id, srv_error *e) {
+    const char *t = NULL;
+    size_t n = 0;
+    tern_error err = {0};
+    tern_status st = id ? tern_detok_step(j->dt, *id, &t, &n, &err) : tern_detok_flush(j->dt, &t, &n, &err);
+    if (st) return srv_fail(e, 500, "", "detokenize: %s", err.msg);
+    return put_text(j, t, n, id == NULL) ? 0 : srv_fail(e, 500, "", "out of memory");
+}
+
+const tern_tool_call *srv_job_call(const srv_job *j, int i, const char **id) {
+    if (!j->op || i < 0 || i >= j->n_call_ids) return NULL;
+    if (id) *id = j->call_ids[i];
+    return tern_out_parser_call(j->op, (size_t)i);
 }
 
 static int take_token(srv_job *j, const srv_tokinfo *t, srv_error *e) {
     if (j->text_done) return 0;
-    if (j->n_ids == j->cap_ids) {
-        int nc = j->cap_ids ? j->cap_ids * 2 : 64;
-        int32_t *v = realloc(j->ids, sizeof(int32_t) * (size_t)nc);
-        if (!v) return srv_fail(e, 500, "", "out of memory");
-        j->ids = v;
-        j->cap_ids = nc;
-    }
-    j->ids[j->n_ids++] = t->id;
     if (j->p.logprobs) {
         if (j->n_toks == j->cap_toks) {
             int nc = j->cap_toks ? j->cap_toks * 2 : 16;
@@ -270,7 +361,7 @@ static int take_token(srv_job *j, const srv_tokinfo *t, srv_error *e) {
         }
         j->toks[j->n_toks++] = *t;
     }
-    return detok_step(j, 0, e);
+    return detok_step(j, &t->id, e);
 }
 
 static void cancel_job(srv_job *j) {
@@ -299,7 +390,9 @@ static int check_gone(srv_job *j, srv_error *e) {
 int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
     memset(out, 0, sizeof *out);
     j->out_len = 0;
+    j->rout_len = 0;
     j->n_toks = 0;
+    j->call_lo = j->n_call_ids;
     if (j->failed) return srv_fail(e, 500, "", "request already failed");
     if (j->done) { *res = j->res; return 0; }
     for (;;) {
@@ -337,7 +430,7 @@ int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
                 j->failed = 1;
                 return srv_fail(e, 500, "", "%s", c->msg);
             } else {
-                if (!j->text_done && detok_step(j, 1, e)) { j->failed = 1; return -1; }
+                if (!j->text_done && detok_step(j, NULL, e)) { j->failed = 1; return -1; }
                 if (!j->text_done)
                     j->res.end = c->fin == TERN_FINISH_LENGTH ? SRV_END_LENGTH
                                  : c->fin == TERN_FINISH_CANCELLED ? SRV_END_CANCELLED : SRV_END_STOP;
@@ -349,13 +442,17 @@ int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
                 break;
             }
         }
-        if (j->out_len || j->n_toks || j->done) break;
+        if (j->out_len || j->rout_len || j->n_call_ids > j->call_lo || j->n_toks || j->done) break;
     }
     out->text = j->out ? j->out : "";
     out->len = j->out_len;
+    out->reasoning = j->rout ? j->rout : "";
+    out->reasoning_len = j->rout_len;
+    out->call_lo = j->call_lo;
+    out->call_hi = j->n_call_ids;
     out->toks = j->toks;
     out->n_toks = j->n_toks;
-    if (j->done && !j->out_len && !j->n_toks) { *res = j->res; return 0; }
+    if (j->done && !j->out_len && !j->rout_len && out->call_hi == out->call_lo && !j->n_toks) { *res = j->res; return 0; }
     return 1;
 }
 

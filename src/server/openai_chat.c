@@ -2,9 +2,17 @@
  * openai_chat.c — POST /v1/chat/completions (OpenAI Chat Completions).
  *
  * Request: messages (prompt.c), model (must be ours if given), the sampling fields of
- * params.c, tools (passed to the chat template unless tool_choice is "none"),
- * chat_template_kwargs (extra template variables, e.g. enable_thinking), response_format "text" only (json_object /
- * json_schema need constrained decoding: 400 until then).
+ * params.c, tools (passed to the chat template unless tool_choice is "none"), tool_choice
+ * "none" | "auto" ("required" and a named function are refused with 400: nothing forces the
+ * model to call, and silently not calling would be worse), chat_template_kwargs (extra
+ * template variables, e.g. enable_thinking), reasoning_effort ("none" -> enable_thinking
+ * false, other levels -> true), response_format text / json_object / json_schema
+ * (constrained decoding, output.c + jsonfsm.c).
+ * Output: the text is split by the model's markup (output.c) into content, reasoning
+ * (message.reasoning_content and .reasoning) and tool_calls [{id, type, function{name,
+ * arguments}}]; finish_reason "tool_calls" when calls were made. Streamed: reasoning and
+ * content deltas as they come; each tool call as one delta {index, id, type, function{name,
+ * arguments}} when its markup closes.
  * Response: chat.completion {id, object, created, model, choices[{index, message{role,
  * content}, logprobs, finish_reason}], usage{prompt_tokens, completion_tokens, total_tokens,
  * prompt_tokens_details{cached_tokens}}}. Streaming: chat.completion.chunk events — first
@@ -18,15 +26,19 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct chat_ctx {
+struct chat_ctx {
     tern_server *s;
+    srv_job *job;
     char id[64];
     long long created;
     int include_usage, logprobs, top_logprobs;
     int completions;           /* 1: legacy text_completion shapes (openai_completions.c) */
-} chat_ctx;
+};
 
 const char *srv_finish_str(srv_end e) { return e == SRV_END_LENGTH ? "length" : "stop"; }
+
+typedef struct chat_ctx chat_ctx;
+static void write_calls(srv_job *j, tern_jw *w, int lo, int hi, int stream);
 
 static void write_bytes(tern_jw *w, const char *t) {
     tern_jw_key(w, "bytes");
@@ -115,7 +127,7 @@ static void s_start(void *ctx, tern_jw *out) {
 
 static void s_piece(void *ctx, const srv_piece *p, tern_jw *out) {
     chat_ctx *c = ctx;
-    if (!p->len && !(c->logprobs && p->n_toks)) return;
+    if (!p->len && !p->reasoning_len && p->call_hi == p->call_lo && !(c->logprobs && p->n_toks)) return;
     tern_jw w;
     tern_jw_init(&w);
     chunk_head(c, &w);
@@ -123,7 +135,12 @@ static void s_piece(void *ctx, const srv_piece *p, tern_jw *out) {
     tern_jw_kint(&w, "index", 0);
     tern_jw_key(&w, "delta");
     tern_jw_obj(&w);
-    tern_jw_kstrn(&w, "content", p->text, p->len);
+    if (p->len || !p->reasoning_len) tern_jw_kstrn(&w, "content", p->text, p->len);
+    if (p->reasoning_len) {
+        tern_jw_kstrn(&w, "reasoning_content", p->reasoning, p->reasoning_len);
+        tern_jw_kstrn(&w, "reasoning", p->reasoning, p->reasoning_len);
+    }
+    if (p->call_hi > p->call_lo) write_calls(c->job, &w, p->call_lo, p->call_hi, 1);
     tern_jw_end(&w);
     if (c->logprobs) {
         tern_jw_key(&w, "logprobs");
@@ -152,7 +169,7 @@ static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
     tern_jw_obj(&w);
     tern_jw_end(&w);
     tern_jw_knull(&w, "logprobs");
-    tern_jw_kstr(&w, "finish_reason", srv_finish_str(r->end));
+    tern_jw_kstr(&w, "finish_reason", srv_finish_str_r(r));
     tern_jw_end(&w);
     tern_jw_end(&w);
     tern_jw_end(&w);
@@ -185,14 +202,72 @@ static void s_error(void *ctx, const srv_error *e, tern_jw *out) {
     (void)ctx;
 }
 
+/* "tool_calls": [...] for calls [lo, hi) of job j; stream: with "index". */
+static void write_calls(srv_job *j, tern_jw *w, int lo, int hi, int stream) {
+    tern_jw_key(w, "tool_calls");
+    tern_jw_arr(w);
+    for (int i = lo; i < hi; i++) {
+        const char *id = NULL;
+        const tern_tool_call *tc = srv_job_call(j, i, &id);
+        if (!tc) continue;
+        tern_jw_obj(w);
+        if (stream) tern_jw_kint(w, "index", i);
+        tern_jw_kstr(w, "id", id);
+        tern_jw_kstr(w, "type", "function");
+        tern_jw_key(w, "function");
+        tern_jw_obj(w);
+        tern_jw_kstr(w, "name", tc->name ? tc->name : "");
+        tern_jw_kstr(w, "arguments", tc->arguments ? tc->arguments : "{}");
+        tern_jw_end(w);
+        tern_jw_end(w);
+    }
+    tern_jw_end(w);
+}
+
+/* tools / tool_choice -> (tools to render, parser on). Returns 0 or -1 (e). */
+static int tool_choice(const cJSON *req, const cJSON **tools, srv_error *e) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(req, "tools");
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
+    *tools = NULL;
+    if (t && !cJSON_IsNull(t) && !cJSON_IsArray(t)) return srv_fail(e, 400, "tools", "tools: expected a list");
+    const cJSON *x;
+    int i = 0;
+    cJSON_ArrayForEach(x, t) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(x, "function");
+        if (!cJSON_IsObject(x) || !cJSON_IsObject(fn) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(fn, "name")))
+            return srv_fail(e, 400, "tools", "tools[%d]: expected {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+        i++;
+    }
+    if (tc && !cJSON_IsNull(tc)) {
+        if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) return 0;
+        if (!(cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto"))) {
+            if ((cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) || cJSON_IsObject(tc))
+                return srv_fail(e, 400, "tool_choice",
+                                "tool_choice: only \"auto\" and \"none\" are supported (forcing a tool call is not)");
+            return srv_fail(e, 400, "tool_choice", "tool_choice: expected \"none\", \"auto\", \"required\" or an object");
+        }
+    }
+    if (cJSON_IsArray(t) && cJSON_GetArraySize(t) > 0) *tools = t;
+    return 0;
+}
+
 static const srv_stream_fmt k_chat_stream = {s_start, s_piece, s_end, s_error, free};
 
-/* Run a job to its end, collecting text (+ tokens when logprobs). Returns 0 or -1 (e). */
 int srv_collect(srv_job *j, char **text, size_t *len, srv_tokinfo **toks, int *n_toks, srv_result *res,
                 srv_error *e) {
-    size_t cap = 0;
+    char *r = NULL;
+    size_t rl = 0;
+    int rc = srv_collect2(j, text, len, &r, &rl, toks, n_toks, res, e);
+    free(r);
+    return rc;
+}
+
+/* Run a job to its end, collecting content, reasoning (+ tokens when logprobs). 0 or -1 (e). */
+int srv_collect2(srv_job *j, char **text, size_t *len, char **rtext, size_t *rlen, srv_tokinfo **toks, int *n_toks,
+                 srv_result *res, srv_error *e) {
+    size_t cap = 0, rcap = 0;
     int tcap = 0;
-    *text = NULL; *len = 0; *toks = NULL; *n_toks = 0;
+    *text = NULL; *len = 0; *toks = NULL; *n_toks = 0; *rtext = NULL; *rlen = 0;
     for (;;) {
         srv_piece p;
         int rc = srv_job_next(j, &p, res, e);
@@ -209,6 +284,19 @@ int srv_collect(srv_job *j, char **text, size_t *len, srv_tokinfo **toks, int *n
         memcpy(*text + *len, p.text, p.len);
         *len += p.len;
         (*text)[*len] = 0;
+        if (p.reasoning_len) {
+            if (*rlen + p.reasoning_len + 1 > rcap) {
+                size_t nc = rcap ? rcap * 2 : 1024;
+                while (nc < *rlen + p.reasoning_len + 1) nc *= 2;
+                char *b = realloc(*rtext, nc);
+                if (!b) return srv_fail(e, 500, "", "out of memory");
+                *rtext = b;
+                rcap = nc;
+            }
+            memcpy(*rtext + *rlen, p.reasoning, p.reasoning_len);
+            *rlen += p.reasoning_len;
+            (*rtext)[*rlen] = 0;
+        }
         if (p.n_toks) {
             if (*n_toks + p.n_toks > tcap) {
                 int nc = tcap ? tcap * 2 : 64;
@@ -241,31 +329,16 @@ enum MHD_Result srv_handle_chat(srv_req *r) {
     enum MHD_Result ret;
 
     if (srv_parse_body(r, &req, &e) || srv_wait_ready(s, &e) || srv_check_model(s, req, &e)) goto fail;
-    if (srv_params_parse(&p, req, SRV_API_OPENAI, s->info.n_vocab, s->info.n_ctx, &e)) goto fail;
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(req, "response_format");
-    if (rf && !cJSON_IsNull(rf)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsObject(rf) || !cJSON_IsString(t)) {
-            srv_fail(&e, 400, "response_format", "response_format: expected an object with a \"type\"");
-            goto fail;
-        }
-        if (strcmp(t->valuestring, "text")) {
-            srv_fail(&e, 400, "response_format", "response_format: type \"%.40s\" is not supported yet (only \"text\")",
-                     t->valuestring);
-            goto fail;
-        }
-    }
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
-    if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools)) {
-        srv_fail(&e, 400, "tools", "tools: expected a list");
+    if (srv_params_parse_s(&p, req, SRV_API_OPENAI, s, &e)) goto fail;
+    if (srv_response_format(s, &p, cJSON_GetObjectItemCaseSensitive(req, "response_format"), "response_format", &e))
         goto fail;
-    }
-    if (!cJSON_IsArray(tools) || cJSON_GetArraySize(tools) == 0 ||
-        (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")))
-        tools = NULL;
-    if (srv_prompt_chat(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), NULL, tools,
-                        cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs"), 0, &pr, &e)) goto fail;
+    const cJSON *tools = NULL;
+    int think = -1;
+    if (tool_choice(req, &tools, &e) || srv_reasoning_effort(req, &think, &e)) goto fail;
+    if (srv_prompt_chat2(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), NULL, tools,
+                         cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs"), 0, think, &pr, &e) ||
+        srv_output_setup(s, &p, &pr, tools, tools != NULL, &e))
+        goto fail;
     int stream = p.stream;
     chat_ctx c = {.s = s, .created = (long long)time(NULL), .include_usage = p.include_usage,
                   .logprobs = p.logprobs, .top_logprobs = p.top_logprobs};
@@ -277,12 +350,13 @@ enum MHD_Result srv_handle_chat(srv_req *r) {
     if (stream) {
         chat_ctx *hc = malloc(sizeof *hc);
         if (!hc) { srv_job_free(job); return MHD_NO; }
+        c.job = job;
         *hc = c;
         return srv_stream(s, r->conn, job, &k_chat_stream, hc);
     }
-    if (srv_collect(job, &text, &len, &toks, &n_toks, &res, &e)) goto fail;
-    srv_job_free(job);
-    job = NULL;
+    char *rtext = NULL;
+    size_t rlen = 0;
+    if (srv_collect2(job, &text, &len, &rtext, &rlen, &toks, &n_toks, &res, &e)) { free(rtext); goto fail; }
 
     tern_jw w;
     tern_jw_init(&w);
@@ -299,8 +373,17 @@ enum MHD_Result srv_handle_chat(srv_req *r) {
     tern_jw_key(&w, "message");
     tern_jw_obj(&w);
     tern_jw_kstr(&w, "role", "assistant");
-    tern_jw_kstrn(&w, "content", text, len);
+    if (len || !res.n_calls) tern_jw_kstrn(&w, "content", text, len);
+    else tern_jw_knull(&w, "content");
+    if (rlen) {
+        tern_jw_kstrn(&w, "reasoning_content", rtext, rlen);
+        tern_jw_kstrn(&w, "reasoning", rtext, rlen);
+    }
+    if (res.n_calls) write_calls(job, &w, 0, res.n_calls, 0);
     tern_jw_end(&w);
+    free(rtext);
+    srv_job_free(job);
+    job = NULL;
     if (c.logprobs) {
         tern_jw_key(&w, "logprobs");
         tern_jw_obj(&w);
@@ -310,7 +393,7 @@ enum MHD_Result srv_handle_chat(srv_req *r) {
         tern_jw_end(&w);
         tern_jw_end(&w);
     } else tern_jw_knull(&w, "logprobs");
-    tern_jw_kstr(&w, "finish_reason", srv_finish_str(res.end));
+    tern_jw_kstr(&w, "finish_reason", srv_finish_str_r(&res));
     tern_jw_end(&w);
     tern_jw_end(&w);
     srv_write_usage(&w, &res);

@@ -154,7 +154,7 @@ enum MHD_Result srv_handle_completions(srv_req *r) {
     enum MHD_Result ret;
 
     if (srv_parse_body(r, &req, &e) || srv_wait_ready(s, &e) || srv_check_model(s, req, &e)) goto fail;
-    if (srv_params_parse(&p, req, SRV_API_OPENAI, s->info.n_vocab, s->info.n_ctx, &e)) goto fail;
+    if (srv_params_parse_s(&p, req, SRV_API_OPENAI, s, &e)) goto fail;
     if (srv_get_bool(req, "echo", &b, &e) < 0) goto fail;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "echo"))) {
         srv_fail(&e, 400, "echo", "echo: not supported");

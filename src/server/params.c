@@ -148,10 +148,24 @@ static int parse_bias(srv_params *p, const cJSON *req, int n_vocab, srv_error *e
     return 0;
 }
 
+static int parse(srv_params *p, const cJSON *req, srv_api api, int n_vocab, int n_ctx, const tern_sampling *dflt,
+                 int dflt_seed, srv_error *e);
+
 int srv_params_parse(srv_params *p, const cJSON *req, srv_api api, int n_vocab, int n_ctx, srv_error *e) {
-    memset(p, 0, sizeof *p);
     tern_request d = tern__srv_request_default();
-    p->s = d.sampling;
+    return parse(p, req, api, n_vocab, n_ctx, &d.sampling, 0, e);
+}
+
+/* With the server's default sampling (tern serve --temperature/--top-p/--top-k/--min-p/--seed). */
+int srv_params_parse_s(srv_params *p, const cJSON *req, srv_api api, const tern_server *s, srv_error *e) {
+    return parse(p, req, api, s->info.n_vocab, s->info.n_ctx, &s->o.sampling, s->o.has_seed, e);
+}
+
+static int parse(srv_params *p, const cJSON *req, srv_api api, int n_vocab, int n_ctx, const tern_sampling *dflt,
+                 int dflt_seed, srv_error *e) {
+    memset(p, 0, sizeof *p);
+    p->s = *dflt;
+    p->has_seed = dflt_seed;
     p->s.bias_ids = NULL;
     p->s.bias_values = NULL;
     p->s.n_bias = 0;
@@ -242,8 +256,24 @@ int srv_params_parse(srv_params *p, const cJSON *req, srv_api api, int n_vocab, 
     return 0;
 }
 
+int srv_reasoning_effort(const cJSON *req, int *enable, srv_error *e) {
+    const char *v = NULL;
+    *enable = -1;
+    const cJSON *r = item(req, "reasoning");          /* Responses API: {"effort": ...} */
+    if (r && cJSON_IsObject(r) && srv_get_str(r, "effort", &v, e) < 0) return -1;
+    if (!v && srv_get_str(req, "reasoning_effort", &v, e) < 0) return -1;
+    if (!v) return 0;
+    if (!strcmp(v, "none")) *enable = 0;
+    else if (!strcmp(v, "minimal") || !strcmp(v, "low") || !strcmp(v, "medium") || !strcmp(v, "high")) *enable = 1;
+    else return srv_fail(e, 400, "reasoning_effort",
+                         "reasoning_effort: expected none, minimal, low, medium or high, got \"%.40s\"", v);
+    return 0;
+}
+
 void srv_params_free(srv_params *p) {
     if (!p) return;
+    cJSON_Delete(p->tools);
+    srv_jgram_free(p->gram);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     free(p->stop);
     free(p->bias_ids);

@@ -33,6 +33,27 @@ static int tokenize(tern_server *s, const char *text, size_t len, int add_specia
     return 0;
 }
 
+/* The prompt-injection guard (text/tokenizer.h, docs/TEXT.md): with the real engine's
+ * tokenizer, a template prompt is rendered from escaped messages (tern_chat_opts.escape_tok)
+ * and encoded with TERN_ENC_ESCAPED, and the fallback transcript without parsing specials,
+ * so special-token text typed in a message stays text. The fake engine keeps its byte ids. */
+static const tern_tokenizer *guard_tok(tern_server *s) {
+    return !s->o.fake_engine && s->vt->tokenizer ? s->vt->tokenizer(s->eng) : NULL;
+}
+
+static int tokenize_guarded(tern_server *s, const char *text, size_t len, int templated, srv_prompt *out, srv_error *e) {
+    const tern_tokenizer *tok = guard_tok(s);
+    if (!tok) return tokenize(s, text, len, !templated, out, e);
+    unsigned flags = templated ? TERN_ENC_PARSE_SPECIAL | TERN_ENC_ESCAPED : TERN_ENC_ADD_SPECIAL;
+    tern_error err = {0};
+    size_t n = 0;
+    tern_status st = tern_tokenizer_encode_ex(tok, text, len, flags, &out->ids, &n, &err);
+    if (st) return srv_fail(e, 500, "", "tokenize: %s", err.msg);
+    if (n > (size_t)0x7fffffff) { free(out->ids); out->ids = NULL; return srv_fail(e, 400, "messages", "prompt too long"); }
+    out->n = (int)n;
+    return 0;
+}
+
 /* Content parts: only text is supported. Returns 0 ok. */
 static int check_content(const cJSON *c, const char *where, int anthropic, srv_error *e) {
     if (!c || cJSON_IsNull(c) || cJSON_IsString(c)) return 0;
@@ -211,6 +232,12 @@ static int validate_messages(const cJSON *msgs, int anthropic, srv_error *e) {
 
 int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, const cJSON *tools,
                     const cJSON *template_kwargs, int anthropic, srv_prompt *out, srv_error *e) {
+    return srv_prompt_chat2(s, messages, system, tools, template_kwargs, anthropic, -1, out, e);
+}
+
+int srv_prompt_chat2(tern_server *s, const cJSON *messages, const char *system, const cJSON *tools,
+                     const cJSON *template_kwargs, int anthropic, int enable_thinking, srv_prompt *out,
+                     srv_error *e) {
     memset(out, 0, sizeof *out);
     if (template_kwargs && !cJSON_IsNull(template_kwargs) && !cJSON_IsObject(template_kwargs))
         return srv_fail(e, 400, "chat_template_kwargs", "chat_template_kwargs: expected an object");
@@ -226,8 +253,8 @@ int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, c
     size_t len = 0;
     int add_special = 1, rc = 0;
     if (s->tmpl) {
-        tern_chat_opts co = {.messages = msgs, .tools = tools, .add_generation_prompt = true, .enable_thinking = -1,
-                             .extra = template_kwargs, .flatten_text_parts = true};
+        tern_chat_opts co = {.messages = msgs, .tools = tools, .add_generation_prompt = true, .enable_thinking = enable_thinking,
+                             .extra = template_kwargs, .flatten_text_parts = true, .escape_tok = guard_tok(s)};
         tern_error err = {0};
         tern_status st = tern_chat_render(s->tmpl, &co, &text, &len, NULL, &err);
         if (st) {
@@ -240,7 +267,7 @@ int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, c
         return srv_fail(e, 500, "", "out of memory");
     }
     cJSON_Delete(conv);
-    rc = tokenize(s, text, len, add_special, out, e);
+    rc = tokenize_guarded(s, text, len, !add_special, out, e);
     out->text = text;
     if (rc) srv_prompt_free(out);
     return rc;

@@ -27,6 +27,9 @@ typedef struct tern_server_opts {
     int max_connections;       /* default 256 */
     int default_max_tokens;    /* when a request gives none (default 4096, clipped to context) */
     int fake_engine;           /* tests: serve the fake engine instead of a model */
+    int max_queue;             /* requests waiting for a slot beyond max_concurrency before 429 (default 256) */
+    tern_sampling sampling;    /* defaults for fields a request omits (temperature, top_p, top_k, min_p) */
+    int has_seed;              /* sampling.seed is a default seed (else each request gets a fresh one) */
     tern_engine_opts engine;
 } tern_server_opts;
 
@@ -38,6 +41,9 @@ int tern_server_port(const tern_server *s);
 const char *tern_server_host(const tern_server *s);
 /* Block until the model is loaded (TERN_OK) or failed to load (its error). */
 tern_status tern_server_wait_loaded(tern_server *s, tern_error *err);
+/* What was loaded and the memory plan, several lines of text (empty until loaded). Valid
+ * until tern_server_stop. */
+const char *tern_server_summary(const tern_server *s);
 /* 0 loading, 1 ready, 2 failed (non-blocking). */
 int tern__server_load_state(tern_server *s);
 /* Stop accepting, end running requests, stop the engine, free everything. Accepts NULL. */

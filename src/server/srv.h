@@ -21,6 +21,8 @@
 #include "server/server.h"
 #include "base/base.h"
 #include "text/chat.h"
+#include "text/toolcall.h"
+#include "server/jsonfsm.h"
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
@@ -41,6 +43,8 @@ typedef struct srv_engine_vt {
     tern_status (*detokenize)(void *e, const int32_t *ids, int n, char **text, tern_error *err);
     void (*model_info)(const void *e, tern_model_info *info);
     void (*get_stats)(void *e, tern_engine_stats *st);
+    const tern_tokenizer *(*tokenizer)(void *e);   /* for streaming detok + JSON masks */
+    const char *(*dir)(void *e);                  /* model directory (start-up report); NULL: none */
 } srv_engine_vt;
 
 /* NULL when this binary was linked without the engine. */
@@ -75,6 +79,16 @@ struct tern_server {
     double t_start;
     atomic_ullong next_id;
     atomic_llong n_http, n_http_4xx, n_http_5xx, n_streams, n_disconnects;
+    tern_tools_format tools_fmt;   /* output markup of the model's template (toolcall.h) */
+    tern_reason_format reason_fmt;
+    pthread_mutex_t vocab_mu;
+    srv_jvocab *jvocab;            /* token bytes for JSON masks, built on first use */
+    struct srv_metrics *metrics;   /* metrics.c */
+    struct srv_store *store;       /* responses.c: previous_response_id store */
+    atomic_int n_live;             /* jobs submitted and not yet ended (admission, job.c) */
+    atomic_llong n_rejected;       /* 429s: the wait queue was full */
+    char summary[2048];            /* start-up report: model + memory plan (plan.c) */
+    double t_loaded;               /* seconds from start to ready */
 };
 
 /* ---- errors carried to the API formatter ---- */
@@ -104,11 +118,18 @@ typedef struct srv_params {
     float *bias_vals;
     int n_bias;
     int has_seed;
+    /* output handling (set by the handlers after the prompt is built) */
+    int parse_output;          /* run the tool-call / reasoning parser (toolcall.h) */
+    int start_in_reasoning;    /* the prompt ends inside an open reasoning block */
+    cJSON *tools;              /* owned copy of the request's tools (schema-aware parsing) */
+    srv_jgram *gram;           /* owned: response_format grammar, NULL = free text */
 } srv_params;
 
 /* Read the sampling/limit fields shared by the APIs from a request object. n_vocab bounds
- * logit_bias ids; n_ctx bounds max_tokens. Returns 0 or -1 with e filled. */
+ * logit_bias ids; n_ctx bounds max_tokens. Returns 0 or -1 with e filled. Omitted fields take
+ * the engine's request defaults; srv_params_parse_s takes the server's (--temperature ...). */
 int srv_params_parse(srv_params *p, const cJSON *req, srv_api api, int n_vocab, int n_ctx, srv_error *e);
+int srv_params_parse_s(srv_params *p, const cJSON *req, srv_api api, const tern_server *s, srv_error *e);
 void srv_params_free(srv_params *p);
 
 /* Typed field helpers (absent or null -> 0 and *out untouched). Return 1 present, 0 absent,
@@ -129,6 +150,10 @@ typedef struct srv_prompt {
  * blocks. template_kwargs: the request's chat_template_kwargs object (or NULL). */
 int srv_prompt_chat(tern_server *s, const cJSON *messages, const char *system, const cJSON *tools,
                     const cJSON *template_kwargs, int anthropic, srv_prompt *out, srv_error *e);
+/* Same, with enable_thinking (-1 = not passed). */
+int srv_prompt_chat2(tern_server *s, const cJSON *messages, const char *system, const cJSON *tools,
+                     const cJSON *template_kwargs, int anthropic, int enable_thinking, srv_prompt *out,
+                     srv_error *e);
 /* Raw completion prompt: string, [string], [ids], [[ids]]. */
 int srv_prompt_raw(tern_server *s, const cJSON *prompt, srv_prompt *out, srv_error *e);
 void srv_prompt_free(srv_prompt *p);
@@ -145,8 +170,11 @@ typedef struct srv_tokinfo {   /* one generated token, for logprobs */
 } srv_tokinfo;
 
 typedef struct srv_piece {
-    const char *text;          /* new text (may be empty); valid until the next call */
+    const char *text;          /* new content text (may be empty); valid until the next call */
     size_t len;
+    const char *reasoning;     /* new reasoning text (may be empty) */
+    size_t reasoning_len;
+    int call_lo, call_hi;      /* tool calls [call_lo, call_hi) completed in this piece */
     const srv_tokinfo *toks;   /* tokens consumed since the previous piece */
     int n_toks;
 } srv_piece;
@@ -157,6 +185,7 @@ typedef struct srv_result {    /* valid once srv_job_next returned 0 */
     srv_end end;
     int stop_index;            /* SRV_END_STOP_STRING: which stop string */
     int n_prompt, n_cached, n_generated;
+    int n_calls;               /* tool calls parsed (finish_reason tool_calls when > 0) */
 } srv_result;
 
 int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, srv_job **out,
@@ -166,6 +195,16 @@ int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, s
 int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e);
 void srv_job_free(srv_job *j);   /* cancels if still running; accepts NULL */
 const srv_params *srv_job_params(const srv_job *j);
+/* Tool call i of a job (name, arguments JSON, id "call_..."); NULL if out of range. */
+const tern_tool_call *srv_job_call(const srv_job *j, int i, const char **id);
+/* Configure output parsing for a chat request: formats from the server, start_in_reasoning
+ * from the rendered prompt, tools copied. tools_on: the request may produce tool calls. */
+int srv_output_setup(tern_server *s, srv_params *p, const srv_prompt *pr, const cJSON *tools, int tools_on,
+                     srv_error *e);
+/* response_format / text.format: {"type": "text" | "json_object" | "json_schema", ...}. The
+ * json_schema form is {"json_schema": {"schema": {...}}} (chat) or {"schema": {...}}
+ * (responses). Compiles p->gram. param names the field for errors. */
+int srv_response_format(tern_server *s, srv_params *p, const cJSON *rf, const char *param, srv_error *e);
 /* Token text for logprob entries (decode of the single id); malloc'd. */
 char *srv_token_text(tern_server *s, int32_t id);
 
@@ -196,8 +235,9 @@ enum MHD_Result srv_reply(srv_req *r, int status, const char *ctype, const char 
 enum MHD_Result srv_reply_jw(srv_req *r, int status, tern_jw *w);   /* consumes w */
 enum MHD_Result srv_reply_openai_error(srv_req *r, const srv_error *e);
 enum MHD_Result srv_reply_anthropic_error(srv_req *r, const srv_error *e);
-void srv_add_common_headers(struct MHD_Response *resp);
-/* Parse the body as a JSON object (errors -> e, 400). */
+void srv_add_common_headers(tern_server *s, struct MHD_Response *resp);
+/* Parse the body as a JSON object (errors -> e, 400; a string or key that is not valid UTF-8
+ * -> 400 naming its path, e.g. messages[0].content). */
 int srv_parse_body(srv_req *r, cJSON **out, srv_error *e);
 /* Wait until the model is loaded; -1 (503 in e) if loading failed or the server stops. */
 int srv_wait_ready(tern_server *s, srv_error *e);
@@ -209,11 +249,16 @@ int srv_client_gone(int fd);
 
 /* ---- shared response pieces (openai_chat.c) ---- */
 const char *srv_finish_str(srv_end e);                       /* "stop" / "length" */
+const char *srv_finish_str_r(const srv_result *r);          /* + "tool_calls" */
 void srv_write_usage(tern_jw *w, const srv_result *r);      /* "usage": {...} (OpenAI) */
 void srv_write_chat_logprobs(tern_server *s, tern_jw *w, const srv_tokinfo *t, int n, int top);
 /* Run a non-streaming job to its end: text (malloc'd), tokens (malloc'd, logprobs only). */
 int srv_collect(srv_job *j, char **text, size_t *len, srv_tokinfo **toks, int *n_toks, srv_result *res,
                 srv_error *e);
+/* Same, also collecting reasoning text (malloc'd, may be NULL when none). The job stays
+ * valid (its tool calls can be read) until srv_job_free. */
+int srv_collect2(srv_job *j, char **text, size_t *len, char **rtext, size_t *rlen, srv_tokinfo **toks, int *n_toks,
+                 srv_result *res, srv_error *e);
 
 /* ---- handlers ---- */
 enum MHD_Result srv_handle_chat(srv_req *r);
@@ -225,5 +270,31 @@ enum MHD_Result srv_handle_metrics(srv_req *r);
 enum MHD_Result srv_handle_stats(srv_req *r);
 enum MHD_Result srv_handle_tokenize(srv_req *r);
 enum MHD_Result srv_handle_detokenize(srv_req *r);
+enum MHD_Result srv_handle_responses(srv_req *r);
+enum MHD_Result srv_handle_embeddings(srv_req *r);
+enum MHD_Result srv_handle_count_tokens(srv_req *r);
+
+/* ---- metrics (metrics.c) ---- */
+int srv_metrics_init(tern_server *s);
+void srv_metrics_free(tern_server *s);
+void srv_metrics_http(tern_server *s, int status);           /* one HTTP answer */
+void srv_metrics_ttft(tern_server *s, double seconds);
+void srv_metrics_itl(tern_server *s, double seconds);
+/* Prometheus text for the request/latency metrics (appended to /metrics). */
+void srv_metrics_write(tern_server *s, tern_jw *out);
+
+void srv_responses_free(tern_server *s);                   /* responses.c: the store */
+
+/* ---- start-up report (plan.c) ---- */
+/* Fill s->summary after the model loaded: model facts, weights bytes, KV pool bytes/blocks,
+ * KV bytes per token; t_open = seconds the engine took to open, t_opened = when it returned
+ * (tern_time_s), so the report also says how long the rest of the start-up took. */
+void srv_plan_summary(tern_server *s, double t_open, double t_opened);
+/* Path of the first string or key in v that is not valid UTF-8 ("" if all are); 1 if found. */
+int srv_json_bad_utf8(const cJSON *v, char *path, size_t n);
+
+/* ---- reasoning switch (params.c) ---- */
+/* reasoning_effort ("none" -> off; minimal/low/medium/high -> on) -> -1 unset, 0, 1. */
+int srv_reasoning_effort(const cJSON *req, int *enable, srv_error *e);
 
 #endif

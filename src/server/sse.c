@@ -93,7 +93,7 @@ enum MHD_Result srv_stream(tern_server *s, struct MHD_Connection *c, srv_job *j,
     MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    srv_add_common_headers(resp);
+    srv_add_common_headers(s, resp);
     atomic_fetch_add(&s->n_streams, 1);
     enum MHD_Result ret = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);

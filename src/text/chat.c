@@ -156,6 +156,29 @@ static void normalize_message(cJSON *m, const tern_chat_opts *o) {
     }
 }
 
+/* Replace a malloc'd string by its escaped form (NULL-safe; keys flagged const are left). */
+static tern_status escape_str(char **s, const tern_tokenizer *tok, tern_error *err) {
+    if (!*s) return TERN_OK;
+    char *e = NULL;
+    size_t n = strlen(*s);
+    tern_status st = tern_tokenizer_escape(tok, *s, n, &e, NULL, err);
+    if (st) return st;
+    free(*s);
+    *s = e;
+    return TERN_OK;
+}
+
+tern_status tern_chat_escape_json(cJSON *j, const tern_tokenizer *tok, tern_error *err) {
+    if (!tok) return TERN_OK;
+    tern_status st = TERN_OK;
+    for (; j && !st; j = j->next) { /* siblings iteratively, children recursively */
+        if (j->string && !(j->type & cJSON_StringIsConst)) st = escape_str(&j->string, tok, err);
+        if (!st && cJSON_IsString(j) && !(j->type & cJSON_IsReference)) st = escape_str(&j->valuestring, tok, err);
+        if (!st && (cJSON_IsArray(j) || cJSON_IsObject(j)) && j->child) st = tern_chat_escape_json(j->child, tok, err);
+    }
+    return st;
+}
+
 static void add_str(cJSON *ctx, const char *k, const char *v) {
     if (v) cJSON_AddItemToObject(ctx, k, cJSON_CreateString(v));
 }
@@ -175,7 +198,13 @@ tern_status tern_chat_render(const tern_chat_template *t, const tern_chat_opts *
     if (!ctx || !msgs) { cJSON_Delete(ctx); cJSON_Delete(msgs); return tern_err(err, TERN_ENOMEM, "chat render: out of memory"); }
     for (cJSON *m = msgs->child; m; m = m->next) normalize_message(m, o);
     cJSON_AddItemToObject(ctx, "messages", msgs);
-    if (o->tools && cJSON_IsArray(o->tools)) cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(o->tools, 1));
+    cJSON *tools = o->tools && cJSON_IsArray(o->tools) ? cJSON_Duplicate(o->tools, 1) : NULL;
+    if (tools) cJSON_AddItemToObject(ctx, "tools", tools);
+    if (o->escape_tok) { /* after normalization: parsed arguments and joined parts are escaped too */
+        tern_status est = tern_chat_escape_json(msgs->child, o->escape_tok, err);
+        if (!est) est = tern_chat_escape_json(tools ? tools->child : NULL, o->escape_tok, err);
+        if (est) { cJSON_Delete(ctx); return est; }
+    }
     cJSON_AddItemToObject(ctx, "add_generation_prompt", cJSON_CreateBool(o->add_generation_prompt));
     add_str(ctx, "bos_token", t->bos);
     add_str(ctx, "eos_token", t->eos);

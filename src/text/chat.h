@@ -29,6 +29,7 @@
 #define TERN_CHAT_H
 
 #include "base/base.h"
+#include "text/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
@@ -53,7 +54,16 @@ typedef struct tern_chat_opts {
     const cJSON *extra;         /* object of extra template variables, or NULL */
     bool keep_string_args;      /* do not parse string tool-call arguments into objects */
     bool flatten_text_parts;    /* text-only content part lists -> one string */
+    /* The prompt-injection guard (tokenizer.h): non-NULL = after normalization, every string
+     * in messages and tools (values and object keys) is escaped with tern_tokenizer_escape, so
+     * special-token text typed by a user stays text. Encode the result with
+     * TERN_ENC_PARSE_SPECIAL | TERN_ENC_ESCAPED. NULL: no escaping (the output is as before). */
+    const tern_tokenizer *escape_tok;
 } tern_chat_opts;
+
+/* Escape every string inside j in place (values and object keys, recursively) with
+ * tern_tokenizer_escape: what tern_chat_render does with escape_tok set. */
+tern_status tern_chat_escape_json(cJSON *j, const tern_tokenizer *tok, tern_error *err);
 
 /* Render. *out is malloc'd (free()); *starts_with_bos may be NULL. Template errors (including
  * raise_exception) are TERN_EINVAL with the template's message: answer them as HTTP 400. */

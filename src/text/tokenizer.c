@@ -2,9 +2,10 @@
  * tokenizer.c — loading a tokenizer.json (+ tokenizer_config.json, special_tokens_map.json)
  * into the tables the pipeline uses, lookups, and free.
  *
- * Load steps: cJSON parse (the 33 MB Gemma file parses in ~0.15 s), model (must be BPE:
- * vocab object, merges as "a b" strings or ["a","b"] pairs; each merge needs a, b and a+b
- * in the vocab, else the file is malformed — HF refuses it too), added tokens (ids may lie
+ * Load steps: the streaming scanner (tokenizer_json.c) reads model.vocab and model.merges
+ * straight from the bytes and cJSON parses the small rest; model (must be BPE: vocab object,
+ * merges as "a b" strings or ["a","b"] pairs; each merge needs a, b and a+b in the vocab,
+ * else the file is malformed — HF refuses it too), added tokens (ids may lie
  * outside the model vocab), normalizer / pre-tokenizer / post-processor / decoder (each
  * parsed into a small tree; unknown types → TERN_EUNSUPPORTED naming them).
  * The id → string table prefers an added token's content (its normalized form for
@@ -12,6 +13,8 @@
  * (strings or {"content": ...} objects), else special_tokens_map.json.
  */
 #include "text/tokenizer_int.h"
+
+#include "base/file.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +28,11 @@ static char *read_file(const char *path, size_t *len) {
     if (!f) return NULL;
     char *buf = NULL;
     size_t cap = 0, n = 0;
+    struct stat sb;
+    if (!fstat(fileno(f), &sb) && S_ISREG(sb.st_mode) && sb.st_size > 0 && (uint64_t)sb.st_size < SIZE_MAX / 2) {
+        cap = (size_t)sb.st_size + 65536 + 2; /* one read, no regrowth (the loop still handles a growing file) */
+        if (!(buf = malloc(cap))) { fclose(f); return NULL; }
+    }
     for (;;) {
         if (n + 65536 + 1 > cap) {
             size_t c = cap ? cap * 2 : 1 << 20;
@@ -56,14 +64,13 @@ static int get_flag(const cJSON *j, const char *k) {
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : -1;
 }
 
-static tern_status load_model(tern_tokenizer *tok, const cJSON *m, tern_error *err) {
+static tern_status load_model(tern_tokenizer *tok, const cJSON *m, const char *js, const tk_jspan *vs,
+                              const tk_jspan *ms, tern_error *err) {
     tk_bpe *b = &tok->bpe;
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(m, "type");
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
     if (cJSON_IsString(ty) && strcmp(ty->valuestring, "BPE"))
         return tern_err(err, TERN_EUNSUPPORTED, "%s: model type '%s' not supported (only BPE)", tok->name, ty->valuestring);
-    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
+    if (!cJSON_IsObject(m) || !vs->len || !ms->len)
         return tern_err(err, TERN_EFORMAT, "%s: model needs a 'vocab' object and a 'merges' array", tok->name);
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(m, "dropout");
     if (cJSON_IsNumber(dropout) && dropout->valuedouble > 0)
@@ -76,48 +83,8 @@ static tern_status load_model(tern_tokenizer *tok, const cJSON *m, tern_error *e
     if (cJSON_IsString(cp) && cp->valuestring[0]) { b->cont_prefix = strdup(cp->valuestring); b->cont_len = strlen(cp->valuestring); }
     if (cJSON_IsString(ew) && ew->valuestring[0]) { b->eow_suffix = strdup(ew->valuestring); b->eow_len = strlen(ew->valuestring); }
     if ((b->cont_len && !b->cont_prefix) || (b->eow_len && !b->eow_suffix)) return tern_err(err, TERN_ENOMEM, "out of memory");
-    const cJSON *v;
-    if (tk_strmap_reserve(&b->vocab, (size_t)cJSON_GetArraySize(vocab)) ||
-        tk_merge_reserve(b, (size_t)cJSON_GetArraySize(merges)))
-        return tern_err(err, TERN_ENOMEM, "%s: out of memory (vocab)", tok->name);
-    cJSON_ArrayForEach(v, vocab) {
-        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= MAX_ID)
-            return tern_err(err, TERN_EFORMAT, "%s: vocab entry '%.60s' has a bad id", tok->name, v->string);
-        if (tk_strmap_put(&b->vocab, v->string, strlen(v->string), (int32_t)v->valuedouble))
-            return tern_err(err, TERN_ENOMEM, "%s: out of memory (vocab)", tok->name);
-    }
-    uint32_t rank = 0;
-    tk_buf cat = {0};
-    tern_status st = TERN_OK;
-    cJSON_ArrayForEach(v, merges) {
-        const char *a, *c;
-        size_t al, cl;
-        if (cJSON_IsString(v)) {
-            if (v->valuestring[0] == '#' && !strncmp(v->valuestring, "#version", 8)) continue;
-            const char *sp = strchr(v->valuestring, ' ');
-            if (!sp || strchr(sp + 1, ' ')) { st = tern_err(err, TERN_EFORMAT, "%s: merge %u '%.60s' is not 'a b'", tok->name, rank + 1, v->valuestring); break; }
-            a = v->valuestring; al = (size_t)(sp - a); c = sp + 1; cl = strlen(c);
-        } else {
-            const cJSON *x = cJSON_GetArrayItem(v, 0), *y = cJSON_GetArrayItem(v, 1);
-            if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 2 || !cJSON_IsString(x) || !cJSON_IsString(y)) {
-                st = tern_err(err, TERN_EFORMAT, "%s: merge %u is neither \"a b\" nor [\"a\", \"b\"]", tok->name, rank + 1);
-                break;
-            }
-            a = x->valuestring; al = strlen(a); c = y->valuestring; cl = strlen(c);
-        }
-        int32_t ia = tk_strmap_get(&b->vocab, a, al), ic = tk_strmap_get(&b->vocab, c, cl);
-        if (b->cont_len && cl >= b->cont_len && !memcmp(c, b->cont_prefix, b->cont_len)) { c += b->cont_len; cl -= b->cont_len; }
-        cat.n = 0;
-        if (tk_buf_put(&cat, a, al) || tk_buf_put(&cat, c, cl)) { st = tern_err(err, TERN_ENOMEM, "out of memory"); break; }
-        int32_t in = tk_strmap_get(&b->vocab, cat.p, cat.n);
-        if (ia < 0 || ic < 0 || in < 0) {
-            st = tern_err(err, TERN_EFORMAT, "%s: merge %u ('%.*s' + '%.*s') uses a token missing from the vocab", tok->name,
-                          rank + 1, (int)TERN_MIN(al, 40), a, (int)TERN_MIN(cl, 40), c);
-            break;
-        }
-        if (tk_merge_put(b, ia, ic, rank++, in)) { st = tern_err(err, TERN_ENOMEM, "out of memory (merges)"); break; }
-    }
-    tk_buf_free(&cat);
+    tern_status st = tk_json_vocab(tok, js + vs->off, vs->len, err);
+    if (!st) st = tk_json_merges(tok, js + ms->off, ms->len, err);
     if (st) return st;
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(m, "unk_token");
     b->unk_id = -1;
@@ -170,6 +137,11 @@ static tern_status load_added(tern_tokenizer *tok, const cJSON *arr, tern_error 
         tk_added *a = &tok->added[i];
         int rc = a->normalized ? tk_trie_add(&tok->trie_norm, a->norm ? a->norm : a->content, a->norm ? a->norm_len : a->len, (int32_t)i)
                                : tk_trie_add(&tok->trie_raw, a->content, a->len, (int32_t)i);
+        if (a->special) { /* the injection guard escapes these (tokenizer_guard.c) */
+            unsigned char c0 = (unsigned char)a->content[0];
+            tok->esc_first[c0 >> 3] |= (uint8_t)(1u << (c0 & 7));
+            rc = rc || tk_trie_add(&tok->trie_esc, a->content, a->len, (int32_t)i);
+        }
         if (rc) return tern_err(err, TERN_ENOMEM, "out of memory");
     }
     return TERN_OK;
@@ -232,12 +204,22 @@ tern_status tern_tokenizer_load_json(tern_tokenizer **out, const char *json, siz
     tok->bos_id = tok->eos_id = -1;
     tok->add_bos = tok->add_eos = -1;
     tok->name = strdup(name ? name : "tokenizer.json");
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    /* model.vocab / model.merges are read by the streaming scanner (tokenizer_json.c);
+     * cJSON parses the rest of the file with those two values emptied */
+    tk_jspan vs, ms;
+    char *rest = NULL;
+    size_t rest_n = 0;
+    cJSON *root = NULL;
     tern_status st = TERN_OK;
     if (!tok->name) st = tern_err(err, TERN_ENOMEM, "out of memory");
-    else if (!cJSON_IsObject(root)) st = tern_err(err, TERN_EFORMAT, "%s: not a JSON object", tok->name);
+    else st = tk_json_split(json, len, &vs, &ms, &rest, &rest_n, tok->name, err);
+    if (!st) {
+        root = cJSON_ParseWithLength(rest, rest_n);
+        free(rest);
+        if (!cJSON_IsObject(root)) st = tern_err(err, TERN_EFORMAT, "%s: not a JSON object", tok->name);
+    }
     const cJSON *j;
-    if (!st) st = load_model(tok, cJSON_GetObjectItemCaseSensitive(root, "model"), err);
+    if (!st) st = load_model(tok, cJSON_GetObjectItemCaseSensitive(root, "model"), json, &vs, &ms, err);
     if (!st && (j = cJSON_GetObjectItemCaseSensitive(root, "normalizer")) && !cJSON_IsNull(j)) {
         tok->has_norm = true;
         st = tk_norm_parse(&tok->norm, j, err);
@@ -287,10 +269,11 @@ tern_status tern_tokenizer_load(tern_tokenizer **out, const char *path, tern_err
         char *sl = strrchr(dir, '/');
         if (sl) *sl = 0; else snprintf(dir, pl + 64, ".");
     }
-    size_t len = 0, cl = 0, ml = 0;
-    char *json = read_file(file, &len);
-    tern_status st = TERN_OK;
-    if (!json) st = tern_err(err, TERN_EIO, "%s: cannot read (a model folder needs tokenizer.json)", file);
+    size_t cl = 0, ml = 0;
+    tern_map jm = {0}; /* mapped, not read: the scanner and cJSON take lengths, and no 33 MB copy */
+    tern_error me = {0};
+    tern_status st = tern_map_open(&jm, file, &me);
+    if (st) st = tern_err(err, TERN_EIO, "%s (a model folder needs tokenizer.json)", me.msg);
     char *cfgpath = malloc(pl + 64);
     char *cfg = NULL, *map = NULL;
     if (!st && cfgpath) {
@@ -299,13 +282,13 @@ tern_status tern_tokenizer_load(tern_tokenizer **out, const char *path, tern_err
         snprintf(cfgpath, pl + 64, "%s/special_tokens_map.json", dir);
         map = read_file(cfgpath, &ml);
     }
-    if (!st) st = tern_tokenizer_load_json(out, json, len, cfg, file, err);
+    if (!st) st = tern_tokenizer_load_json(out, jm.data ? jm.data : "", jm.size, cfg, file, err);
     if (!st && map) {
         cJSON *m = cJSON_Parse(map);
         load_config(*out, m, true); /* fills bos/eos only where the config left them unset */
         cJSON_Delete(m);
     }
-    free(json);
+    tern_map_close(&jm);
     free(cfg);
     free(map);
     free(cfgpath);
@@ -326,6 +309,7 @@ void tern_tokenizer_free(tern_tokenizer *tok) {
     tk_strmap_free(&tok->added_map);
     tk_trie_free(&tok->trie_raw);
     tk_trie_free(&tok->trie_norm);
+    tk_trie_free(&tok->trie_esc);
     if (tok->has_norm) tk_norm_free(&tok->norm);
     if (tok->has_pretok) tk_pretok_free(&tok->pretok);
     if (tok->has_dec) tk_dec_free(&tok->dec);

@@ -45,6 +45,41 @@ tern_status tern_tokenizer_encode(const tern_tokenizer *tok, const char *text, s
                                   int add_special, int parse_special, int32_t **ids, size_t *n,
                                   tern_error *err);
 
+/* ---- the prompt-injection guard (docs/TEXT.md) ----
+ * Special-token text typed by a user must not become a special token; only the chat
+ * template may write those. So untrusted strings (message content, tool results, tool-call
+ * arguments) are ESCAPED before rendering, and the rendered prompt is encoded with
+ * TERN_ENC_ESCAPED:
+ *   escape: every U+FDD0 (a Unicode noncharacter) in the text is doubled, and one U+FDD0
+ *           (a "break mark") is inserted before every occurrence of a special added token's
+ *           content (all occurrences, overlapping ones too);
+ *   encode: a run of 2k U+FDD0 is k literal U+FDD0, an odd run is k literal + one break
+ *           mark; an added-token match whose span [start, end) holds a break mark is
+ *           not a special token (it is tokenized as text, exactly like HF with
+ *           split_special_tokens=True); non-special added tokens (Qwen `<think>`) still match,
+ *           as in HF. Break marks vanish; the text is tokenized as if they were never there.
+ * Text without U+FDD0 and without special-token text is unchanged by escape and encodes
+ * identically in both modes. Limits: a special token that is normalized:true (none in the
+ * Gemma/Qwen/Llama files) is only matched, in a segment holding a break mark, as text; a
+ * special token spanning the boundary between template text and user text is not caught. */
+#define TERN_TOK_ESC "\xEF\xB7\x90" /* U+FDD0, the escape character */
+
+/* Escape s[0..n) as described above. *out is malloc'd and NUL-terminated (free());
+ * *out_len optional. Never fails on bad input (bytes are copied as they are). */
+tern_status tern_tokenizer_escape(const tern_tokenizer *tok, const char *s, size_t n, char **out, size_t *out_len,
+                                  tern_error *err);
+
+enum {
+    TERN_ENC_ADD_SPECIAL = 1,   /* run the post-processor (BOS, ...) */
+    TERN_ENC_PARSE_SPECIAL = 2, /* special-token text becomes special ids (HF default) */
+    TERN_ENC_ESCAPED = 4,       /* the text was built from tern_tokenizer_escape'd parts */
+};
+/* tern_tokenizer_encode with TERN_ENC_* flags. A rendered chat prompt whose messages were
+ * escaped (tern_chat_opts.escape_tok) is encoded with TERN_ENC_PARSE_SPECIAL | TERN_ENC_ESCAPED
+ * (no ADD_SPECIAL: the template writes its own BOS, see chat.h). */
+tern_status tern_tokenizer_encode_ex(const tern_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                     int32_t **ids, size_t *n, tern_error *err);
+
 /* Decode ids to text like HF decode(ids, skip_special_tokens). Unknown ids are dropped (as
  * HF does). *str is malloc'd, NUL-terminated (free()); *len (optional) gets its length. */
 tern_status tern_tokenizer_decode(const tern_tokenizer *tok, const int32_t *ids, size_t n,

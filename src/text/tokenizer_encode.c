@@ -28,7 +28,7 @@ static inline size_t edge_slot(uint64_t k, size_t cap) {
     return (size_t)k & (cap - 1);
 }
 
-static int32_t trie_child(const tk_trie *t, int32_t node, unsigned char c) {
+int32_t tk_trie_child(const tk_trie *t, int32_t node, unsigned char c) {
     if (!t->cap) return -1;
     uint64_t k = (uint64_t)node << 8 | c;
     for (size_t j = edge_slot(k, t->cap);; j = (j + 1) & (t->cap - 1)) {
@@ -75,7 +75,7 @@ int tk_trie_add(tk_trie *t, const char *s, size_t n, int32_t value) {
     int32_t node = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        int32_t ch = trie_child(t, node, c);
+        int32_t ch = tk_trie_child(t, node, c);
         if (ch < 0) {
             if ((t->n_edges + 1) * 2 > t->cap && trie_grow(t)) return -1;
             if ((ch = trie_new_node(t)) < 0) return -1;
@@ -110,15 +110,17 @@ static int32_t last_cp(const char *s, size_t end) {
     return cp;
 }
 
+/* brk (NULL: none): break marks of an escaped text (tokenizer_guard.c); a match holding one
+ * is user text and is not taken as a special token. */
 static int split_added(const tern_tokenizer *tok, const tk_trie *tr, const char *s, size_t n, bool at_origin,
-                       int parse_special, tk_list *out) {
+                       int parse_special, const uint8_t *brk, tk_list *out) {
     if (!tr->n_nodes) return n ? tk_list_push(out, s, n, -1, at_origin) : 0;
     size_t start_offset = 0, i = 0;
     while (i < n) {
         int32_t node = 0, best = -1;
         size_t best_len = 0;
         for (size_t j = i; j < n; j++) {
-            node = trie_child(tr, node, (unsigned char)s[j]);
+            node = tk_trie_child(tr, node, (unsigned char)s[j]);
             if (node < 0) break;
             if (tr->term[node] >= 0) { best = tr->term[node]; best_len = j + 1 - i; }
         }
@@ -126,7 +128,7 @@ static int split_added(const tern_tokenizer *tok, const tk_trie *tr, const char 
         size_t start = i, stop = i + best_len;
         i = stop;
         const tk_added *a = &tok->added[best];
-        if (!parse_special && a->special) continue;
+        if (a->special && (!parse_special || (brk && memchr(brk + start, 1, stop - start)))) continue;
         if (a->single_word) {
             bool start_space = start == 0 || !tk_is_word(last_cp(s, start));
             int32_t cp = 0;
@@ -179,33 +181,50 @@ static int push_ids(int32_t **ids, size_t *n, size_t *cap, const int32_t *src, s
 
 tern_status tern_tokenizer_encode(const tern_tokenizer *tok, const char *text, size_t len, int add_special,
                                   int parse_special, int32_t **ids_out, size_t *n_out, tern_error *err) {
+    return tern_tokenizer_encode_ex(tok, text, len, (add_special ? TERN_ENC_ADD_SPECIAL : 0u) |
+                                    (parse_special ? TERN_ENC_PARSE_SPECIAL : 0u), ids_out, n_out, err);
+}
+
+tern_status tern_tokenizer_encode_ex(const tern_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                     int32_t **ids_out, size_t *n_out, tern_error *err) {
     *ids_out = NULL;
     *n_out = 0;
     if (!tok || (!text && len)) return tern_err(err, TERN_EINVAL, "tokenizer encode: bad arguments");
     tern_tokenizer *mt = (tern_tokenizer *)tok; /* only the mutex-guarded BPE cache is written */
-    tk_buf clean = {0}, nb = {0};
+    int add_special = (flags & TERN_ENC_ADD_SPECIAL) != 0, parse_special = (flags & TERN_ENC_PARSE_SPECIAL) != 0;
+    tk_buf clean = {0}, unesc = {0}, nb = {0};
     tk_list l0 = {0}, l1 = {0}, tmp = {0};
+    uint8_t *brk = NULL;
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
     tern_status st = TERN_OK;
     int rc = 0;
-    if (!tk_utf8_valid(text ? text : "", len)) {
+    if (!text) text = "";
+    if (!tk_utf8_valid(text, len)) {
         if (tk_utf8_lossy(&clean, text, len)) goto oom;
         text = clean.p;
         len = clean.n;
     }
-    if (split_added(tok, &tok->trie_raw, text ? text : "", len, true, parse_special, &l0)) goto oom;
+    if (flags & TERN_ENC_ESCAPED) { /* the guard: decode the escapes, keep where the breaks were */
+        if (tk_unescape(text, len, &unesc, &brk)) goto oom;
+        text = unesc.p;
+        len = unesc.n;
+    }
+    if (split_added(tok, &tok->trie_raw, text, len, true, parse_special, brk, &l0)) goto oom;
     for (size_t i = 0; i < l0.n; i++) {
         const tk_piece *pc = &l0.v[i];
         const char *s = tk_piece_str(&l0, i);
         if (pc->id >= 0) { if (tk_list_push(&l1, s, pc->len, pc->id, pc->at_origin)) goto oom; continue; }
         size_t sl = pc->len;
+        /* l0 covers the text contiguously, so a piece's offset in l0 is its offset in text;
+         * a piece holding user text (a break) matches normalized specials as text */
+        int ps = parse_special && !(brk && memchr(brk + pc->off, 1, pc->len));
         if (tok->has_norm) {
             if (tk_norm_apply(&tok->norm, s, sl, &nb)) goto oom;
             s = nb.p;
             sl = nb.n;
         }
-        if (split_added(tok, &tok->trie_norm, s, sl, pc->at_origin, parse_special, &l1)) goto oom;
+        if (split_added(tok, &tok->trie_norm, s, sl, pc->at_origin, ps, NULL, &l1)) goto oom;
     }
     if (tok->has_pretok && tk_pretok_apply(&tok->pretok, &l1, &tmp)) goto oom;
     if (add_special && push_ids(&ids, &n, &cap, tok->post_pre, tok->n_post_pre)) goto oom;
@@ -219,7 +238,9 @@ oom:
     st = tern_err(err, TERN_ENOMEM, "tokenizer encode: out of memory");
 done:
     tk_buf_free(&clean);
+    tk_buf_free(&unesc);
     tk_buf_free(&nb);
+    free(brk);
     tk_list_free(&l0);
     tk_list_free(&l1);
     tk_list_free(&tmp);

@@ -5,6 +5,7 @@
  *                       regex or literal) with HF/onig find_iter semantics, split behaviors
  *   tokenizer_bpe.c     string→id map, merge map, the BPE word algorithm, the word cache
  *   tokenizer.c         loading tokenizer.json / configs, lookups, free
+ *   tokenizer_json.c    streaming reader of the big model.vocab / model.merges members
  *   tokenizer_encode.c  added-token splitting, the encode pipeline, post-processors
  *   tokenizer_decode.c  decoders and decode
  *   normalize.c         normalizers        pretok.c   pre-tokenizers
@@ -72,9 +73,15 @@ int tk_split_apply(const char *s, size_t n, const size_t *m, size_t n_m, int inv
 
 /* ---- string → int32 map (open addressing; keys copied into an arena) ---- */
 typedef struct tk_sment { uint32_t koff, klen; int32_t val; } tk_sment;
-typedef struct tk_strmap { uint64_t *slot; size_t cap, n; tk_buf keys; tk_sment *e; size_t ecap; } tk_strmap;
+typedef struct tk_slot { uint32_t tag, koff, klen; int32_t val; } tk_slot;
+typedef struct tk_strmap { tk_slot *slot; size_t cap, n; tk_buf keys; tk_sment *e; size_t ecap; } tk_strmap;
 int tk_strmap_put(tk_strmap *m, const char *s, size_t n, int32_t v); /* overwrites */
 int32_t tk_strmap_get(const tk_strmap *m, const char *s, size_t n);  /* -1 if absent */
+/* The same with h = tk_hash(s, n) already computed; prefetch: warm the slot for a later get
+ * (the loader batches lookups so that their cache misses overlap). */
+int32_t tk_strmap_get_h(const tk_strmap *m, const char *s, size_t n, uint64_t h);
+void tk_strmap_prefetch(const tk_strmap *m, uint64_t h);
+int tk_strmap_put_h(tk_strmap *m, const char *s, size_t n, int32_t v, uint64_t h);
 int tk_strmap_reserve(tk_strmap *m, size_t n);
 void tk_strmap_free(tk_strmap *m);
 
@@ -92,6 +99,7 @@ typedef struct tk_bpe {
 } tk_bpe;
 int tk_merge_reserve(tk_bpe *b, size_t n);
 int tk_merge_put(tk_bpe *b, int32_t a, int32_t c, uint32_t rank, int32_t new_id);
+void tk_merge_prefetch(const tk_bpe *b, int32_t a, int32_t c);
 /* Tokenize one word (valid UTF-8), appending ids to *ids. */
 tern_status tk_bpe_word(tk_bpe *b, const char *w, size_t n, int32_t **ids, size_t *n_ids, size_t *cap,
                         tern_error *err);
@@ -137,6 +145,7 @@ typedef struct tk_added {
 /* Byte trie for leftmost-longest matching of added tokens. */
 typedef struct tk_trie { uint64_t *key; int32_t *child; size_t cap, n_edges; int32_t *term; size_t n_nodes, node_cap; } tk_trie;
 int tk_trie_add(tk_trie *t, const char *s, size_t n, int32_t value);
+int32_t tk_trie_child(const tk_trie *t, int32_t node, unsigned char c); /* -1: none */
 void tk_trie_free(tk_trie *t);
 
 struct tern_tokenizer {
@@ -148,14 +157,27 @@ struct tern_tokenizer {
     tk_added *added; size_t n_added;
     tk_strmap added_map;              /* content → id */
     tk_trie trie_raw, trie_norm;      /* values: index into added[] */
+    tk_trie trie_esc;                 /* contents of the special tokens (the injection guard) */
+    uint8_t esc_first[32];            /* bitset: first bytes of those contents */
     bool has_norm, has_pretok, has_dec;
     tk_norm norm; tk_pretok pretok; tk_dec dec;
     int32_t *post_pre, *post_suf; size_t n_post_pre, n_post_suf; /* add_special wrap */
     int32_t bos_id, eos_id; int add_bos, add_eos;
 };
 
+/* tokenizer_json.c: the streaming reader of model.vocab / model.merges. */
+typedef struct tk_jspan { size_t off, len; } tk_jspan; /* byte range of a JSON value; len 0: absent */
+tern_status tk_json_split(const char *js, size_t n, tk_jspan *vocab, tk_jspan *merges, char **rest, size_t *rest_n,
+                          const char *name, tern_error *err);
+tern_status tk_json_vocab(tern_tokenizer *tok, const char *s, size_t n, tern_error *err);
+tern_status tk_json_merges(tern_tokenizer *tok, const char *s, size_t n, tern_error *err);
+
 /* tokenizer_decode.c: decode token strings (ptr/len arrays) into *out (reset first). */
 int tk_decode_tokens(const tern_tokenizer *tok, const char **s, const size_t *n, size_t count, tk_buf *out);
+/* tokenizer_guard.c: decode escaped text (tokenizer.h, TERN_ENC_ESCAPED): *out gets the text
+ * with break marks removed and doubled U+FDD0 collapsed; *brk (malloc'd, out->n + 1 bytes,
+ * NULL when the text holds no U+FDD0) marks "a break precedes byte i". 0 or -1 (OOM). */
+int tk_unescape(const char *s, size_t n, tk_buf *out, uint8_t **brk);
 /* tokenizer_encode.c */
 tern_status tk_post_parse(tern_tokenizer *tok, const cJSON *j, tern_error *err);
 

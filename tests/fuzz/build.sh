@@ -17,7 +17,7 @@ targets="${*:-fuzz_safetensors fuzz_config}"
 command -v clang >/dev/null || { echo "SKIP: fuzz: clang not found"; exit 0; }
 out=build/fuzz
 mkdir -p "$out/artifacts"
-SRC="src/io/safetensors.c src/io/config.c src/io/config_quant.c src/base/base.c src/base/file.c src/base/json.c src/ops/tensor.c"
+SRC="src/io/safetensors.c src/io/config.c src/io/config_quant.c src/io/config_glm.c src/base/base.c src/base/file.c src/base/json.c src/ops/tensor.c"
 for t in $targets; do
     clang -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -fsanitize=fuzzer,address,undefined \
         -fno-sanitize=alignment -fno-sanitize-recover=undefined \

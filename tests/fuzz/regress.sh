@@ -8,7 +8,7 @@ out=build/fuzz
 mkdir -p "$out"
 cc=${CC:-cc}
 command -v clang >/dev/null && cc=clang
-SRC="src/io/safetensors.c src/io/config.c src/io/config_quant.c src/base/base.c src/base/file.c src/base/json.c src/ops/tensor.c"
+SRC="src/io/safetensors.c src/io/config.c src/io/config_quant.c src/io/config_glm.c src/base/base.c src/base/file.c src/base/json.c src/ops/tensor.c"
 SAN="-fsanitize=address,undefined -fno-sanitize=alignment -fno-sanitize-recover=undefined"
 for t in fuzz_safetensors fuzz_config; do
     files=(tests/fuzz/corpus/$t/*)

@@ -38,6 +38,7 @@ static void *dev_random(size_t bytes) {
 }
 
 static double ceiling_gbs;
+extern int tern__cuda_gemv_q1_variant; /* gemv.cu: kernel choice for Q weights at n = 1 */
 
 static void row(const char *name, double sec, double bytes) {
     double gbs = bytes / sec / 1e9;
@@ -63,7 +64,10 @@ static void bench_stream(void) {
     g->vt->free(g, a); g->vt->free(g, b); g->vt->free(g, y);
 }
 
-static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, int n) {
+/* one weight format and shape, timed at each row count of ns[] (0-terminated) */
+static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, const int *ns) {
+    int n = 0;
+    for (int i = 0; ns[i]; i++) n = ns[i] > n ? ns[i] : n;
     tern_tensor t = {0};
     t.dtype = dt;
     t.ndim = 2;
@@ -99,7 +103,10 @@ static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, int n) 
     }
     free(hd); free(hs); free(hb);
     float *x = dev_random((size_t)n * in * 4), *y = g->vt->alloc(g, (size_t)n * out * 4);
-    if (copies > 0 && x && y) {
+    const int keep_variant = tern__cuda_gemv_q1_variant;
+    for (int k = 0, var = 0; copies > 0 && x && y && ns[k]; k += !(dt == TERN_DT_Q && ns[k] == 1 && var < 4 && ++var)) {
+        n = ns[k];
+        if (dt == TERN_DT_Q && n == 1) tern__cuda_gemv_q1_variant = var;
         for (int i = 0; i < copies; i++) g->vt->matmul(g, y, x, n, &w[i]);
         g->vt->sync(g);
         int reps = copies * (bytes < (64u << 20) ? 8 : 3);
@@ -108,10 +115,13 @@ static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, int n) 
         g->vt->sync(g);
         double sec = (tern_time_s() - t0) / reps;
         char name[96];
-        if (dt == TERN_DT_Q) snprintf(name, sizeof name, "gemv q%d/g%d %dx%d n=%d", bits, gs, out, in, n);
+        if (dt == TERN_DT_Q && n == 1)
+            snprintf(name, sizeof name, "gemv q%d/g%d %dx%d n=1 v%d", bits, gs, out, in, tern__cuda_gemv_q1_variant);
+        else if (dt == TERN_DT_Q) snprintf(name, sizeof name, "gemv q%d/g%d %dx%d n=%d", bits, gs, out, in, n);
         else snprintf(name, sizeof name, "gemv %s %dx%d n=%d", tern_dtype_name(dt), out, in, n);
         row(name, sec, (double)bytes);
     }
+    tern__cuda_gemv_q1_variant = keep_variant;
     for (int c = 0; c < copies; c++) g->vt->free_weight(g, &w[c]);
     free(w);
     g->vt->free(g, x); g->vt->free(g, y);
@@ -228,16 +238,17 @@ int main(void) {
         return 0;
     }
     bench_stream();
-    static const int shapes[][2] = {{8192, 8192}, {28672, 4096}, {4096, 14336}};
-    for (int s = 0; s < 3; s++)
-        for (int n = 1; n <= 8; n *= 8) {
-            bench_gemv(TERN_DT_BF16, 0, 0, shapes[s][0], shapes[s][1], n);
-            bench_gemv(TERN_DT_Q, 4, 64, shapes[s][0], shapes[s][1], n);
-            bench_gemv(TERN_DT_Q, 8, 64, shapes[s][0], shapes[s][1], n);
-        }
-    bench_gemv(TERN_DT_Q, 3, 64, 8192, 8192, 1);
-    bench_gemv(TERN_DT_Q, 6, 64, 8192, 8192, 1);
-    bench_gemv(TERN_DT_F32, 0, 0, 8192, 8192, 1);
+    static const int shapes[][2] = {{8192, 8192}, {28672, 4096}, {4096, 14336}, {1024, 4096}};
+    static const int n_all[] = {1, 2, 4, 8, 16, 0}, n_1_8[] = {1, 8, 0}, n_1[] = {1, 0};
+    for (int s = 0; s < 4; s++) {
+        const int *ns = s == 0 ? n_all : s == 3 ? n_1 : n_1_8;
+        bench_gemv(TERN_DT_BF16, 0, 0, shapes[s][0], shapes[s][1], ns);
+        bench_gemv(TERN_DT_Q, 4, 64, shapes[s][0], shapes[s][1], ns);
+        bench_gemv(TERN_DT_Q, 8, 64, shapes[s][0], shapes[s][1], ns);
+    }
+    bench_gemv(TERN_DT_Q, 3, 64, 8192, 8192, n_1);
+    bench_gemv(TERN_DT_Q, 6, 64, 8192, 8192, n_1);
+    bench_gemv(TERN_DT_F32, 0, 0, 8192, 8192, n_1);
     bench_attn_decode(32, 8, 128, 8192, 1);
     bench_attn_decode(32, 8, 128, 4096, 16);
     bench_attn_decode(32, 4, 512, 4096, 4);

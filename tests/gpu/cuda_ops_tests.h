@@ -6,7 +6,7 @@
  *
  * Metric: rel L2 = ||gpu - ref|| / ||ref|| per op call. Bounds: f32 compute mode 2e-6 for
  * elementwise/norm ops and 1e-5 for reductions (matmul, attention, MoE) — exact f32 arithmetic
- * in a different summation order; bf16 compute mode (prefill GEMM only) 1e-2.
+ * in a different summation order; bf16 compute mode (prefill GEMM only, split-bf16) 1e-4.
  * Outputs are poisoned with NaN before each GPU call, so an unwritten element fails the test.
  * Each matmul check prints one "  err <format> n=<rows> <rel>" line for the report table.
  */
@@ -173,7 +173,7 @@ TEST(cuda_matmul_formats) {
             if (NS[i] >= 40 && g_gpu16) {
                 rel = check_matmul(g_gpu16, &h, NS[i], -1);
                 printf("  err %-16s n=%-4d bf16 %.2e\n", nm, NS[i], rel);
-                CHECK(rel <= 1e-2, "%s n=%d bf16 mode rel %.3e", nm, NS[i], rel);
+                CHECK(rel <= 1e-4, "%s n=%d bf16 mode rel %.3e", nm, NS[i], rel);
             }
         }
         free_w(&h);
@@ -304,6 +304,7 @@ TEST(cuda_norm_rope_elementwise) {
 }
 
 #include "gpu/cuda_ops_tests_attn.h"
+#include "gpu/cuda_ops_tests_graph.h"
 
 static int cuda_ops_run_all(void) {
     RUN(cuda_upload_weight_rejects);
@@ -315,6 +316,7 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_attention_prefill_decode);
     RUN(cuda_route_topk);
     RUN(cuda_moe_mlp);
+    RUN(cuda_graph_replay);
     return test_done();
 }
 

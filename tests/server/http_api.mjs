@@ -213,7 +213,7 @@ await check('errors_absurd_numbers', async () => {
     [{ n: 2 }, 'n'], [{ presence_penalty: 9 }, 'presence_penalty'], [{ logit_bias: { abc: 1 } }, 'logit_bias'],
     [{ logit_bias: { 5: 1000 } }, 'logit_bias'], [{ logit_bias: { 99999999: 1 } }, 'logit_bias'],
     [{ stop: 5 }, 'stop'], [{ stop: [''] }, 'stop'], [{ top_logprobs: 50, logprobs: true }, 'top_logprobs'],
-    [{ stream: 'yes' }, 'stream'], [{ response_format: { type: 'json_object' } }, 'response_format'],
+    [{ stream: 'yes' }, 'stream'], [{ response_format: { type: 'xml' } }, 'response_format'],
     [{ seed: 1.5 }, 'seed'],
   ];
   for (const [extra, param] of cases) openaiErr(await postJSON(`${U}/v1/chat/completions`, { ...user('hi'), ...extra }), 400, param);

@@ -2,7 +2,8 @@
  * test_io_config.c — config.json parsing: Gemma 4 (E2B-like flat, 26B-like nested with
  * k_eq_v + MoE, per_layer_config overrides, defaults), the llama family (llama3 rope
  * scaling, mistral sliding window, qwen2 biases, qwen3 qk-norm, rope_parameters form), the
- * MLX quantization block, generation_config.json merging, and bad-input messages.
+ * MLX quantization block, GLM-5 glm_moe_dsa (defaults, derived indexer/MLP layer lists, yarn),
+ * generation_config.json merging, and bad-input messages.
  */
 #include "io/config.h"
 #include "io_util.h"
@@ -227,6 +228,92 @@ TEST(cfg_quantization) {
               "quant_method", "gptq"), "gptq");
 }
 
+/* GLM-5 (glm_moe_dsa): class defaults, the GLM-5.2 derived indexer pattern, explicit lists,
+ * yarn (values from the glm5_yarn fixture's transformers model), bad inputs */
+TEST(cfg_glm5) {
+    tern_model_config c;
+    CHECK(parse(&c, "{\"model_type\":\"glm_moe_dsa\"}") == TERN_OK, "%s", e.msg);
+    if (c.layers) {
+        CHECK(c.arch == TERN_ARCH_GLM5 && c.n_layer == 78 && c.n_embd == 6144 && c.n_vocab == 154880 && c.n_head == 64,
+              "glm5 dims");
+        CHECK(c.q_lora_rank == 2048 && c.kv_lora_rank == 512 && c.qk_nope_head_dim == 192 && c.qk_rope_head_dim == 64 &&
+              c.v_head_dim == 256 && c.head_dim == 256, "mla dims");
+        CHECK(c.n_expert == 256 && c.n_expert_used == 8 && c.n_ff_expert == 2048 && c.n_shared_experts == 1 &&
+              c.n_group == 1 && c.topk_group == 1 && c.norm_topk_prob && c.routed_scaling_factor == 2.5, "moe");
+        CHECK(c.index_topk == 2048 && c.index_n_heads == 32 && c.index_head_dim == 128, "indexer");
+        CHECK(c.norm_eps == 1e-5 && c.mla_norm_eps == 1e-6 && c.index_norm_eps == 1e-6 && !c.tie_embeddings, "eps");
+        CHECK(fabs(c.attn_scale - 1.0 / 16) < 1e-12 && c.rope_mscale == 1.0 && c.rope_full.theta == 10000.0, "scale");
+        int full = 0, moe = 0;
+        for (int l = 0; l < 78; l++) full += c.layers[l].dsa_full, moe += c.layers[l].moe;
+        CHECK(full == 78 && moe == 75 && !c.layers[2].moe && c.layers[3].moe, "all full, 3 dense");
+        CHECK(c.layers[5].kv_latent && c.layers[5].head_dim == 576 && c.layers[5].n_head_kv == 1 &&
+              c.layers[5].kv_v_dim == 128 && c.layers[5].kv_src == 5, "latent kv geometry");
+    }
+    tern_config_free(&c);
+    /* GLM-5.2: freq 4, offset 3 -> full = {0, 1, 2, 6, 10, ..., 74}; head_dim 192 ignored */
+    CHECK(parse(&c, "{\"model_type\":\"glm_moe_dsa\",\"index_topk_freq\":4,\"index_skip_topk_offset\":3,"
+                    "\"head_dim\":192,\"rope_parameters\":{\"rope_theta\":8000000,\"rope_type\":\"default\"},"
+                    "\"rope_interleave\":true,\"indexer_rope_interleave\":true,\"num_nextn_predict_layers\":1}") == TERN_OK,
+          "%s", e.msg);
+    if (c.layers) {
+        int full = 0, ok = 1;
+        for (int l = 0; l < 78; l++) {
+            int want = l <= 2 || (l - 2) % 4 == 0;
+            full += c.layers[l].dsa_full;
+            ok &= c.layers[l].dsa_full == want && c.layers[l].kv_v_dim == (want ? 128 : 0);
+        }
+        CHECK(ok && full == 21, "glm-5.2 pattern: %d full", full);
+        CHECK(c.head_dim == 256 && c.rope_full.theta == 8e6, "head_dim ignored, theta");
+    }
+    tern_config_free(&c);
+#define GBASE "{\"model_type\":\"glm_moe_dsa\",\"num_hidden_layers\":4,\"n_routed_experts\":8,\"n_group\":2," \
+              "\"topk_group\":1,\"num_experts_per_tok\":3,"
+    CHECK(parse(&c, GBASE "\"mlp_layer_types\":[\"dense\",\"sparse\",\"dense\",\"sparse\"],"
+                    "\"index_topk_pattern\":\"FSFS\",\"first_k_dense_replace\":0}") == TERN_OK, "%s", e.msg);
+    if (c.layers)
+        CHECK(!c.layers[0].moe && c.layers[1].moe && !c.layers[2].moe && c.layers[1].dsa_full == 0 &&
+              c.layers[2].dsa_full == 1, "explicit lists");
+    tern_config_free(&c);
+    CHECK(parse(&c, GBASE "\"indexer_types\":[\"full\",\"full\",\"shared\",\"full\"],\"index_topk_pattern\":\"FSSS\","
+                    "\"first_k_dense_replace\":1}") == TERN_OK, "%s", e.msg);
+    if (c.layers) CHECK(c.layers[1].dsa_full && !c.layers[2].dsa_full && !c.layers[0].moe && c.layers[1].moe,
+                        "indexer_types wins");
+    tern_config_free(&c);
+    /* yarn, Hub form (glm5_yarn fixture: transformers 5.17 built attention_scaling 1.0249579607969668 and a
+     * softmax scale of 0.1781279581324309 for d_qk = 48) */
+    CHECK(parse(&c, "{\"model_type\":\"glm_moe_dsa\",\"num_hidden_layers\":2,\"qk_nope_head_dim\":32,"
+                    "\"qk_rope_head_dim\":16,\"rope_theta\":10000.0,\"rope_scaling\":{\"rope_type\":\"yarn\","
+                    "\"factor\":4.0,\"original_max_position_embeddings\":128,\"mscale\":1.0,\"mscale_all_dim\":0.8}}") == TERN_OK,
+          "%s", e.msg);
+    CHECK(c.rope_full.type == TERN_ROPE_YARN && fabs(c.rope_mscale - 1.0249579607969668) < 1e-12 &&
+              fabs(c.attn_scale - 0.1781279581324309) < 1e-12, "yarn: %.17g %.17g", c.rope_mscale, c.attn_scale);
+    tern_config_free(&c);
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"num_key_value_heads\":8}", TERN_EFORMAT,
+              "num_key_value_heads: 8", "64"), "kv heads");
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"n_group\":3}", TERN_EFORMAT, "n_group: 3", NULL), "groups");
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"n_routed_experts\":8,\"n_group\":4,\"topk_group\":1}",
+              TERN_EFORMAT, "num_experts_per_tok: 8", NULL), "too few kept experts");
+    CHECK(bad(GBASE "\"indexer_types\":[\"shared\",\"full\",\"full\",\"full\"]}", TERN_EFORMAT, "indexer_types[0]",
+              "full"), "layer 0 shared");
+    CHECK(bad(GBASE "\"mlp_layer_types\":[\"dense\",\"moe\",\"dense\",\"dense\"]}", TERN_EFORMAT,
+              "mlp_layer_types[1]", "\"moe\""), "mlp type");
+    CHECK(bad(GBASE "\"index_topk_pattern\":\"FS\"}", TERN_EFORMAT, "index_topk_pattern", "2 letters"), "pattern");
+    CHECK(bad(GBASE "\"indexer_types\":[\"full\"]}", TERN_EFORMAT, "indexer_types", "1 entries"), "types length");
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"q_lora_rank\":null}", TERN_EUNSUPPORTED, "q_lora_rank", NULL),
+          "no q lora");
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"qk_rope_head_dim\":7}", TERN_EFORMAT, "qk_rope_head_dim: 7",
+              "even"), "odd rope");
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"hidden_act\":\"gelu\"}", TERN_EUNSUPPORTED, "hidden_act", "gelu"),
+          "act");
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"rope_scaling\":{\"type\":\"llama3\",\"factor\":8}}",
+              TERN_EUNSUPPORTED, "only default and yarn", NULL), "rope kind");
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"attention_bias\":true}", TERN_EUNSUPPORTED, "attention_bias",
+              NULL), "bias");
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"index_head_dim\":32}", TERN_EFORMAT, "index_head_dim: 32",
+              "qk_rope_head_dim 64"), "index dim");
+#undef GBASE
+}
+
 TEST(cfg_bad_inputs) {
     CHECK(bad("{\"model_type\":\"gemma4\",\"text_config\":{\"num_hidden_layers\":-3}}", TERN_EFORMAT,
               "config.json: text_config.num_hidden_layers: expected a positive integer, got -3", NULL), "neg layers");
@@ -256,7 +343,8 @@ TEST(cfg_bad_inputs) {
               "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"eos_token_id\":[1,\"x\"]}",
               TERN_EFORMAT, "eos_token_id[1]", NULL), "eos");
     CHECK(bad("{\"model_type\":\"falcon\"}", TERN_EUNSUPPORTED, "falcon", "gemma4_text"), "unknown type");
-    CHECK(bad("{\"model_type\":\"glm_moe_dsa\"}", TERN_EUNSUPPORTED, "not yet supported", NULL), "glm");
+    CHECK(bad("{\"model_type\":\"glm_moe_dsa\",\"kv_lora_rank\":0}", TERN_EFORMAT, "config.json: kv_lora_rank",
+              NULL), "glm");
     CHECK(bad("{\"hidden_size\":3}", TERN_EFORMAT, "model_type", "missing"), "no model_type");
     CHECK(bad("{\"model_type\": \"llama\",\n \"x\": [1,}", TERN_EFORMAT, "not valid JSON", "line 2"), "not json");
     CHECK(bad("[1]", TERN_EFORMAT, "expected a JSON object", NULL), "array");
@@ -289,6 +377,7 @@ int main(void) {
     RUN(cfg_gemma4_per_layer_and_defaults);
     RUN(cfg_llama_family);
     RUN(cfg_quantization);
+    RUN(cfg_glm5);
     RUN(cfg_bad_inputs);
     RUN(cfg_load_dir_generation);
     io_cleanup();

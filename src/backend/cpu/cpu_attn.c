@@ -72,6 +72,10 @@ static void attn_task(void *arg, int ith, int nth) {
 
 void tern__cpu_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                          const tern_kv_layer *kv, float scale, float softcap) {
+    if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) { /* compressed pages: cpu_kvq.c */
+        tern__cpu_attention_q(be, out, q, rows, nh, kv, scale, softcap);
+        return;
+    }
     cpu_impl *c = be->impl;
     attn_ctx a = {c->k, out, q, rows, nh, kv, scale, softcap};
     tern_pool_run(c->pool, attn_task, &a);

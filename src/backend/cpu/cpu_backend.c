@@ -4,11 +4,14 @@
  *
  * Heavy ops live next door: cpu_matmul.c (matmul, MoE), cpu_attn.c (attention). The
  * kernel table (kern.h) is picked once at open from cpuid. "Device" memory is host memory;
- * upload_weight only validates (weights stay zero-copy in their mmap). Elementwise ops are
- * memory-bound one-pass loops and run on the calling thread; rmsnorm splits rows over the
- * pool when there are several. Math matches ref.c op for op (same formulas, f32).
+ * upload_weight only validates (weights stay zero-copy in their mmap). Elementwise ops,
+ * rope, rmsnorm, add_bias and copy_cols are one-pass loops: on the calling thread for
+ * decode-sized inputs, split over the pool from par_min elements (prefill), where the
+ * pool's ~µs dispatch is small next to the pass. Math matches ref.c op for op (same
+ * formulas, f32), so results do not depend on the split.
  */
 #include "backend/cpu/cpu_impl.h"
+#include "backend/cpu/cpu_glm.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -94,34 +97,63 @@ static void norm_task(void *arg, int ith, int nth) {
 static void cpu_rmsnorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps) {
     cpu_impl *c = be->impl;
     norm_ctx a = {c->k, y, x, w, rows, d, eps};
-    if (rows >= 4 && c->nth > 1) tern_pool_run(c->pool, norm_task, &a);
+    if (rows >= 2 && (size_t)rows * (size_t)d >= 8192 && c->nth > 1) tern_pool_run(c->pool, norm_task, &a);
     else norm_task(&a, 0, 1);
 }
 
-static void cpu_rope(tern_backend *be, float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq, float mscale) {
-    (void)be;
-    int half = d / 2;
+/* ---- rope: rows split over the pool (or heads, for one long row) ---- */
+
+typedef struct rope_ctx {
+    float *x;
+    int n, nh, d;
+    const int32_t *pos;
+    const float *inv_freq;
+    float mscale;
+} rope_ctx;
+
+static void rope_rows(const rope_ctx *a, int r, int h0, int h1) {
+    int half = a->d / 2;
     float cs[256], sn[256]; /* head_dim <= 512 */
-    for (int r = 0; r < n; r++) {
-        for (int i = 0; i < half && i < 256; i++) {
-            float th = (float)pos[r] * inv_freq[i];
-            cs[i] = cosf(th);
-            sn[i] = sinf(th);
-        }
-        for (int h = 0; h < nh; h++) {
-            float *v = x + ((size_t)r * nh + h) * d;
-            for (int i = 0; i < half; i++) {
-                float c = i < 256 ? cs[i] : cosf((float)pos[r] * inv_freq[i]);
-                float s = i < 256 ? sn[i] : sinf((float)pos[r] * inv_freq[i]);
-                float a = v[i], b = v[i + half];
-                v[i] = (a * c - b * s) * mscale;
-                v[i + half] = (b * c + a * s) * mscale;
-            }
+    for (int i = 0; i < half && i < 256; i++) {
+        float th = (float)a->pos[r] * a->inv_freq[i];
+        cs[i] = cosf(th);
+        sn[i] = sinf(th);
+    }
+    for (int h = h0; h < h1; h++) {
+        float *v = a->x + ((size_t)r * a->nh + h) * a->d;
+        for (int i = 0; i < half; i++) {
+            float c = i < 256 ? cs[i] : cosf((float)a->pos[r] * a->inv_freq[i]);
+            float s = i < 256 ? sn[i] : sinf((float)a->pos[r] * a->inv_freq[i]);
+            float p = v[i], q = v[i + half];
+            v[i] = (p * c - q * s) * a->mscale;
+            v[i + half] = (q * c + p * s) * a->mscale;
         }
     }
 }
 
+static void rope_task(void *arg, int ith, int nth) {
+    rope_ctx *a = arg;
+    int64_t lo, hi;
+    if (a->n >= nth) {
+        tern__cpu_split(a->n, 1, ith, nth, &lo, &hi);
+        for (int64_t r = lo; r < hi; r++) rope_rows(a, (int)r, 0, a->nh);
+    } else {
+        for (int r = 0; r < a->n; r++) {
+            tern__cpu_split(a->nh, 1, ith, nth, &lo, &hi);
+            if (lo < hi) rope_rows(a, r, (int)lo, (int)hi);
+        }
+    }
+}
+
+static void cpu_rope(tern_backend *be, float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq, float mscale) {
+    cpu_impl *c = be->impl;
+    rope_ctx a = {x, n, nh, d, pos, inv_freq, mscale};
+    if ((size_t)n * nh * d >= c->par_min / 4 && c->nth > 1) tern_pool_run(c->pool, rope_task, &a);
+    else rope_task(&a, 0, 1);
+}
+
 static void cpu_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v) {
+    if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) { tern__cpu_kv_write_q(be, kv, rows, k, v); return; }
     (void)be;
     size_t hd = (size_t)kv->head_dim, nkv = (size_t)kv->n_head_kv;
     for (int r = 0; r < rows->n; r++) {
@@ -135,29 +167,90 @@ static void cpu_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_r
     }
 }
 
-static void cpu_add(tern_backend *be, float *y, const float *a, const float *b, size_t n) { (void)be; for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i]; }
-static void cpu_mul(tern_backend *be, float *y, const float *a, const float *b, size_t n) { (void)be; for (size_t i = 0; i < n; i++) y[i] = a[i] * b[i]; }
-static void cpu_scale(tern_backend *be, float *y, const float *x, float s, size_t n) { (void)be; for (size_t i = 0; i < n; i++) y[i] = x[i] * s; }
-static void cpu_scale_dev(tern_backend *be, float *y, const float *x, const float *s, size_t n) { (void)be; float v = s[0]; for (size_t i = 0; i < n; i++) y[i] = x[i] * v; }
-static void cpu_gelu_tanh_mul(tern_backend *be, float *y, const float *g, const float *u, size_t n) {
-    (void)be;
-    if (u) for (size_t i = 0; i < n; i++) y[i] = tern__gelu_tanh(g[i]) * u[i];
-    else for (size_t i = 0; i < n; i++) y[i] = tern__gelu_tanh(g[i]);
+/* ---- elementwise: one pass, split in cache-line units over the pool when n is large
+ * (prefill); every element is computed by the same formula as ref.c either way. ---- */
+
+enum { EW_ADD, EW_MUL, EW_SCALE, EW_GELU, EW_SILU, EW_SOFTCAP };
+
+typedef struct ew_ctx {
+    int op;
+    float *y;
+    const float *a, *b;
+    float s;
+    size_t n;
+} ew_ctx;
+
+static void ew_task(void *arg, int ith, int nth) {
+    ew_ctx *e = arg;
+    int64_t lo, hi;
+    tern__cpu_split((int64_t)e->n, 16, ith, nth, &lo, &hi);
+    float *y = e->y, s = e->s;
+    const float *a = e->a, *b = e->b;
+    switch (e->op) {
+    case EW_ADD: for (int64_t i = lo; i < hi; i++) y[i] = a[i] + b[i]; break;
+    case EW_MUL: for (int64_t i = lo; i < hi; i++) y[i] = a[i] * b[i]; break;
+    case EW_SCALE: for (int64_t i = lo; i < hi; i++) y[i] = a[i] * s; break;
+    case EW_GELU:
+        if (b) for (int64_t i = lo; i < hi; i++) y[i] = tern__gelu_tanh(a[i]) * b[i];
+        else for (int64_t i = lo; i < hi; i++) y[i] = tern__gelu_tanh(a[i]);
+        break;
+    case EW_SILU:
+        if (b) for (int64_t i = lo; i < hi; i++) y[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+        else for (int64_t i = lo; i < hi; i++) y[i] = a[i] / (1.0f + expf(-a[i]));
+        break;
+    case EW_SOFTCAP: for (int64_t i = lo; i < hi; i++) y[i] = s * tanhf(y[i] / s); break;
+    default: break;
+    }
 }
-static void cpu_silu_mul(tern_backend *be, float *y, const float *g, const float *u, size_t n) {
-    (void)be;
-    if (u) for (size_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    else for (size_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i]));
+
+static void ew_run(tern_backend *be, int op, float *y, const float *a, const float *b, float s, size_t n) {
+    cpu_impl *c = be->impl;
+    ew_ctx e = {op, y, a, b, s, n};
+    /* transcendental ops are ~10x the work per element: split them earlier */
+    size_t min = op >= EW_GELU ? c->par_min / 8 : c->par_min;
+    if (n >= min && c->nth > 1) tern_pool_run(c->pool, ew_task, &e);
+    else ew_task(&e, 0, 1);
 }
-static void cpu_softcap(tern_backend *be, float *y, size_t n, float cap) { (void)be; for (size_t i = 0; i < n; i++) y[i] = cap * tanhf(y[i] / cap); }
+
+static void cpu_add(tern_backend *be, float *y, const float *a, const float *b, size_t n) { ew_run(be, EW_ADD, y, a, b, 0.0f, n); }
+static void cpu_mul(tern_backend *be, float *y, const float *a, const float *b, size_t n) { ew_run(be, EW_MUL, y, a, b, 0.0f, n); }
+static void cpu_scale(tern_backend *be, float *y, const float *x, float s, size_t n) { ew_run(be, EW_SCALE, y, x, NULL, s, n); }
+static void cpu_scale_dev(tern_backend *be, float *y, const float *x, const float *s, size_t n) { ew_run(be, EW_SCALE, y, x, NULL, s[0], n); }
+static void cpu_gelu_tanh_mul(tern_backend *be, float *y, const float *g, const float *u, size_t n) { ew_run(be, EW_GELU, y, g, u, 0.0f, n); }
+static void cpu_silu_mul(tern_backend *be, float *y, const float *g, const float *u, size_t n) { ew_run(be, EW_SILU, y, g, u, 0.0f, n); }
+static void cpu_softcap(tern_backend *be, float *y, size_t n, float cap) { ew_run(be, EW_SOFTCAP, y, NULL, NULL, cap, n); }
+
+typedef struct rowop_ctx { float *dst; const float *src; int n, w, ss, off; } rowop_ctx;
+
+static void add_bias_task(void *arg, int ith, int nth) {
+    rowop_ctx *a = arg;
+    int64_t lo, hi;
+    tern__cpu_split(a->n, 1, ith, nth, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++)
+        for (int j = 0; j < a->w; j++) a->dst[(size_t)r * a->w + j] += a->src[j];
+}
+
+static void copy_cols_task(void *arg, int ith, int nth) {
+    rowop_ctx *a = arg;
+    int64_t lo, hi;
+    tern__cpu_split(a->n, 1, ith, nth, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) memmove(a->dst + (size_t)r * a->w, a->src + (size_t)r * a->ss + a->off, (size_t)a->w * sizeof(float));
+}
+
 static void cpu_add_bias(tern_backend *be, float *y, const float *bias, int n, int d) {
-    (void)be;
-    for (int r = 0; r < n; r++)
-        for (int j = 0; j < d; j++) y[(size_t)r * d + j] += bias[j];
+    cpu_impl *c = be->impl;
+    rowop_ctx a = {y, bias, n, d, 0, 0};
+    if (n >= 2 && (size_t)n * d >= c->par_min && c->nth > 1) tern_pool_run(c->pool, add_bias_task, &a);
+    else add_bias_task(&a, 0, 1);
 }
+
 static void cpu_copy_cols(tern_backend *be, float *dst, const float *src, int n, int w, int ss, int off) {
-    (void)be;
-    for (int r = 0; r < n; r++) memmove(dst + (size_t)r * w, src + (size_t)r * ss + off, (size_t)w * sizeof(float));
+    cpu_impl *c = be->impl;
+    rowop_ctx a = {dst, src, n, w, ss, off};
+    /* rows of dst and src may overlap only when dst == src (in-place narrowing): keep that serial */
+    int disjoint = dst + (size_t)n * w <= src || src + (size_t)(n - 1) * ss + off + w <= dst;
+    if (n >= 2 && (size_t)n * w >= c->par_min && c->nth > 1 && disjoint) tern_pool_run(c->pool, copy_cols_task, &a);
+    else copy_cols_task(&a, 0, 1);
 }
 
 static const tern_backend_vt cpu_vt = {
@@ -188,6 +281,7 @@ static const tern_backend_vt cpu_vt = {
     .copy_cols = cpu_copy_cols,
     .route_topk = tern__cpu_route_topk,
     .moe_mlp = tern__cpu_moe_mlp,
+    .glm = &tern__cpu_glm_ops, /* GLM-5 ops (cpu_glm.c, scalar) */
 };
 
 void tern_backend_cpu_set_int8(tern_backend *be, int on) {

@@ -58,6 +58,10 @@ void tern__cpu_moe_mlp(tern_backend *be, float *y, const float *x, int n, int H,
                        float *scratch);
 void tern__cpu_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                          const tern_kv_layer *kv, float scale, float softcap);
+/* Compressed KV pages (kv->kf / kv->vf not F32): cpu_kvq.c. */
+void tern__cpu_kv_write_q(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v);
+void tern__cpu_attention_q(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
+                           const tern_kv_layer *kv, float scale, float softcap);
 
 /* Shared with ref.c (same math in both backends). */
 float tern__gelu_tanh(float x);

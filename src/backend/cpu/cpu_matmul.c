@@ -1,11 +1,16 @@
 /*
  * cpu_matmul.c — matmul, expert matmul and the MoE block of the fast CPU backend.
  *
- * One driver (tern__cpu_mm) serves every weight dtype: for a tile of weight rows it decodes
- * CPU_CH inputs of each row into an f32 tile (F32 weights are used in place), then runs the
- * 4x4 register-blocked microkernel over blocks of 4 activation rows, accumulating into y.
+ * One driver (tern__cpu_mm) serves every weight dtype:
+ *   - batch 1 (decode) of BF16/Q8/Q4 rows with in % 64 == 0: the ISA's fused GEMV
+ *     (gemv_avx512.c / gemv_avx2.c): x is laid out once per call in the thread's buffer
+ *     (plus Σx per group, or int8 x in TERN_CPU_INT8 mode), then 4 weight rows per pass
+ *     are read once and never written out decoded.
+ * Otherwise, for a tile of weight rows it decodes CPU_CH inputs of each row into an f32
+ * tile (F32 weights are used in place), then runs the 4x4 register-blocked microkernel over
+ * blocks of 4 activation rows, accumulating into y.
  *   - decode (n <= 8): tiles of 4 rows, 8 KB — the tile stays in L1 and every weight byte is
- *     read once per call; the work is memory-bound and the decoders are the hot loop.
+ *     read once per call.
  *   - prefill (n > 8): tiles of 32 rows × 512 inputs (64 KB, L2), decoded once per call and
  *     reused by all n activation rows (each weight row is read and decoded once).
  * Threads split the output features (weight rows), so each thread streams its own slice of

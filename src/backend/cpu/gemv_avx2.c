@@ -8,7 +8,7 @@
  *   Q4: 8 bytes -> 8 dwords (vpmovzxbd), low nibble = & 15, high nibble = >> 4, both
  *     converted and FMA'd against x in the same even/odd order; same s/b split as Q8.
  * Exact f32 arithmetic on unrounded x (summation order and the reference's per-weight
- * rounding of s·q + b differ; the kernel tests hold them to 3e-6). No int8 mode here:
+ * rounding of s·q + b differ; test_kern_gemv holds them to 1e-6·Σ|w·x|). No int8 mode here:
  * a request for it gets the exact kernels.
  */
 #include "backend/cpu/kern.h"

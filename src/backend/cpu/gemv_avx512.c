@@ -1,25 +1,25 @@
 /*
- * gemv_avx512.c — fused batch-1 GEMV (decode) kernels for AVX-512 (F/BW/VL/VBMI + VNNI).
+ * gemv_avx512.c — fused batch-1 GEMV (decode) kernels for AVX-512 (F/BW/VL, + VNNI for int8).
  *
- * Decode is memory-bound only if the per-byte work is small, so these kernels never write
- * decoded weights anywhere: each reads up to 4 weight rows once, against one x prepared per
- * call (gemv_prep: reordered to match how packed weights unpack into lanes, Σx per group).
+ * Decode is memory-bound only if the work per weight byte is small, so these kernels never
+ * write decoded weights anywhere: each pass reads up to 4 weight rows once against one x
+ * prepared per call (gemv_prep: reordered to match how packed weights unpack into lanes,
+ * Σx per group). Per-core ceilings (L2-resident, GB/s of weights) are in bench/NOTES.md.
  *   BF16: 32 weights = 16 dwords; even weights = dword << 16, odd = dword & 0xffff0000.
- *   Q8 (exact): Σ_g s_g·Σ_t q_t·x_t + Σ_g b_g·Σx_g; q via vpmovzxbd + vcvtdq2ps.
- *   Q4 (exact): 64 bytes (128 weights) per step, loaded at byte offsets 0..3 so that lane i
- *     sees byte 4i+k in its low bits; vpermps on the identity table [0..15] turns the low
- *     nibble into a float (vpermps ignores index bits above 3), a 4-bit shift gives the high
- *     nibble. Per-lane group scales multiply each 128-weight partial sum.
- * The exact kinds are f32 arithmetic on unrounded x; compared with the reference (which
- * rounds s·q + b per weight) they differ by summation order and that per-weight rounding:
- * |Δ| ≲ 2^-24 · (Σ|s·q·x| + Σ|b·x|) · small factor — the kernel tests hold them to 3e-6.
- *   Q8_I8 / Q4_I8 (opt-in, TERN_CPU_INT8=1): x quantized per 32 inputs to int8 with
- *     d = max|x|/127, vpdpbusd (u8 weights × s8 x); Σx per group stays exact f32, so
- *     |y − y_exact| ≤ ½ Σ_blocks d_b · Σ_{t∈b} s_g(t)·q_t (+ f32 rounding); test_kern_gemv
- *     checks every output against that bound.
+ *   Q8 (exact): Σ_g s_g·Σ_t q_t·x_t + Σ_g b_g·Σx_g; q via vpmovzxbd + vcvtdq2ps + FMA.
+ *   Q4 (exact): per group a 16-entry table of s·q + b (the reference's rounding), per 32
+ *     weights one widen, one shift, two vpermps lookups. Three vector ops per 16 weights
+ *     on two ports is this kernel's floor (~13 GB/s per core), below DRAM speed.
+ * The exact kinds are f32 arithmetic on unrounded x; they differ from the reference by
+ * summation order and (Q8) the reference's per-weight rounding of s·q + b: test_kern_gemv
+ * holds |y − y_ref| ≤ 1e-6·Σ|w·x| (observed ~2e-7).
+ *   Q8_I8 / Q4_I8 (opt-in, TERN_CPU_INT8=1): x quantized per weight group g to int8,
+ *     x̂ = d_g·xq with d_g = max_g|x|/127, and vpdpbusd (u8 weights × s8 x). The result is
+ *     Σ_g s_g·Σ(q−C)·x̂ + Σ_g (b_g + C·s_g)·Σx_g with exact f32 group sums Σx_g and the
+ *     code midpoint C (8 or 128), computed as s·d·Σq·xq + b·Σx + C·s·Σ(x − x̂). So
+ *     |y − y_exact| ≤ ½ Σ_g d_g · Σ_{t∈g} |s_g|·|q_t − C| (+ f32 rounding); ~0.1% relative
+ *     L2 on random data. test_kern_gemv checks every output against that bound.
  */
-/* gf2p8affineqb (GFNI) splits out high nibbles in one instruction; the int8 kinds need it. */
-#pragma GCC target("gfni")
 #include "backend/cpu/kern.h"
 
 #include <immintrin.h>
@@ -69,11 +69,12 @@ static void group_sums(const float *x, int in, int gs, float *gsum) {
     }
 }
 
-/* round(v·inv) clamped to [-127, 127] (round half to even, like lrintf), as 16 bytes */
-static inline __m128i quant16(__m512 v, __m512 inv) {
+/* dst[0..16) = round(v·inv) clamped to [-127, 127] (round half to even); returns the ints */
+static inline __m512i quant16(__m512 v, __m512 inv, int8_t *dst) {
     __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
     q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
-    return _mm512_cvtepi32_epi8(q);
+    _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(q));
+    return q;
 }
 
 static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx) {
@@ -83,8 +84,7 @@ static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, 
     else if (w->dtype == TERN_DT_Q && w->bits == 8) kind = int8 ? CPU_GX_Q8_I8 : CPU_GX_Q8;
     else if (w->dtype == TERN_DT_Q && w->bits == 4) kind = int8 ? CPU_GX_Q4_I8 : CPU_GX_Q4;
     if (!kind) return 0;
-    if (kind >= CPU_GX_Q8_I8 && !(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("gfni")))
-        kind -= 2; /* exact kinds instead */
+    if (kind >= CPU_GX_Q8_I8 && !__builtin_cpu_supports("avx512vnni")) kind -= 2; /* exact kinds instead */
     int inr = (in + 127) / 128 * 128; /* q4 kinds lay x out in whole 128-input chunks */
     float *xp = buf, *gsum = xp + inr, *xd = gsum + inr / 32;
     int8_t *xq = (int8_t *)(xd + inr / 4);
@@ -116,22 +116,34 @@ static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, 
     }
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    /* centring term rq[g] = C·Σ_g (x − x̂), C = 8 (q4) or 128 (q8), see the top comment */
+    float *rq = xd + inr / 32, cq = kind == CPU_GX_Q4_I8 ? 8.0f : 128.0f;
+    int32_t sq = 0;
     for (int c = 0; c < inr; c += 128)
         for (int b = 0; b < 4; b++) { /* inputs c+32b .. c+32b+31: one group (gs >= 32) */
             int base = c + 32 * b, live = base < in;
             __m512 v0 = live ? _mm512_loadu_ps(x + base) : _mm512_setzero_ps();
             __m512 v1 = live ? _mm512_loadu_ps(x + base + 16) : _mm512_setzero_ps();
             __m512 iv = _mm512_set1_ps(live ? xp[base / gs] : 0.0f);
+            __m512i q0, q1;
             if (kind == CPU_GX_Q8_I8) {
-                _mm_storeu_si128((__m128i *)(xq + base), quant16(v0, iv));
-                _mm_storeu_si128((__m128i *)(xq + base + 16), quant16(v1, iv));
+                q0 = quant16(v0, iv, xq + base);
+                q1 = quant16(v1, iv, xq + base + 16);
             } else {
-                _mm_storeu_si128((__m128i *)(xq + c + 16 * b), quant16(_mm512_permutex2var_ps(v0, ev, v1), iv));
-                _mm_storeu_si128((__m128i *)(xq + c + 64 + 16 * b), quant16(_mm512_permutex2var_ps(v0, od, v1), iv));
+                q0 = quant16(_mm512_permutex2var_ps(v0, ev, v1), iv, xq + c + 16 * b);
+                q1 = quant16(_mm512_permutex2var_ps(v0, od, v1), iv, xq + c + 64 + 16 * b);
+            }
+            if (!live) continue;
+            sq += _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            if ((base + 32) % gs == 0) { /* last block of group g */
+                int g = base / gs;
+                rq[g] = cq * (gsum[g] - xd[g] * (float)sq);
+                sq = 0;
             }
         }
     gx->xq = xq;
     gx->xd = xd;
+    gx->rq = rq;
     return 1;
 }
 
@@ -256,6 +268,7 @@ AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         for (int r = 0; r < NR; r++) {
             grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
             bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
+            bs[r] = _mm512_add_ps(bs[r], bias_dot(sc[r], gx->rq + j0 / gs, ng));
             scale_ds(sc[r], gx->xd + j0 / gs, ng);
         }
         for (int c = 0; c < len; c += 64) {
@@ -278,7 +291,6 @@ AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
 AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const int gs = gx->gs, in = gx->in;
     const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
-    const __m512i hisel = _mm512_set1_epi64(0x1020408000000000ll); /* out bit i = in bit i+4 (i < 4) */
     float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
     __m512 tot[4], bs[4];
     _Pragma("GCC unroll 4")
@@ -289,6 +301,7 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         for (int r = 0; r < NR; r++) {
             grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
             bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
+            bs[r] = _mm512_add_ps(bs[r], bias_dot(sc[r], gx->rq + j0 / gs, ng));
             scale_ds(sc[r], gx->xd + j0 / gs, ng);
         }
         for (int c = 0; c < len; c += 128) {
@@ -298,8 +311,7 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
             for (int r = 0; r < NR; r++) {
                 const uint8_t *src = rw[r].data + (j0 + c) / 2;
                 __m512i raw = full ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(0xffffffffull, src);
-                /* high nibble to bits 0-3: the GF(2) affine map with matrix rows picking bits 4..7 */
-                __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_gf2p8affine_epi64_epi8(raw, hisel, 0);
+                __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
                 __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
                 __m512 ds = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
                 tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), ds, tot[r]);

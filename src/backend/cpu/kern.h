@@ -1,11 +1,12 @@
 /*
  * kern.h — the per-ISA kernel table of the fast CPU backend (internal to src/backend/cpu).
  *
- * Every weight format is handled by one thing only: a decoder that turns a slice of one
- * weight row into f32 exactly as the reference decoder does (MLX affine: s·q + b, rounded
- * the same way). Everything after decoding is f32 arithmetic in small register-blocked
- * microkernels, so the "exact f32" contract holds by construction: only the summation order
- * differs from the reference. Three tables exist — portable C, AVX2+FMA+F16C, AVX-512
+ * Every weight format has a decoder that turns a slice of one weight row into f32 exactly
+ * as the reference decoder does (MLX affine: s·q + b, rounded the same way); everything
+ * after decoding is f32 arithmetic in small register-blocked microkernels. Batch-1 GEMV of
+ * the common formats (BF16, Q8, Q4) skips the decode through fused kernels (gemv_*.c) that
+ * stay exact f32 arithmetic on unrounded x (Q: s·Σq·x + b·Σx, a reordering); their
+ * int8-activation variant is opt-in and has its own error bound. Three tables exist — portable C, AVX2+FMA+F16C, AVX-512
  * (F/BW/VL/VBMI) — and cpu_kern_pick() chooses one from cpuid (capped by TERN_CPU_ISA).
  */
 #ifndef TERN_CPU_KERN_H
@@ -36,7 +37,8 @@ typedef struct cpu_gx {
     const float *xp;    /* x in the kernel's order (exact kinds) */
     const float *gsum;  /* [in/gs] Σ x over each weight group, f32 (Q kinds) */
     const int8_t *xq;   /* int8 kinds: x quantized per 32 inputs, in the kernel's order */
-    const float *xd;    /* int8 kinds: per dword lane (4 inputs) the scale of its 32-block */
+    const float *xd;    /* int8 kinds: [in/gs] x scale d_g of each weight group */
+    const float *rq;    /* int8 kinds: [in/gs] C·Σ_g (x − d_g·xq), the centring correction */
 } cpu_gx;
 
 typedef struct tern_cpu_kern {
@@ -77,6 +79,8 @@ static inline void cpu_q4_permute(const float *x, int in, float *xq) {
 /* Fused GEMV entry points of the ISA files (gemv_avx512.c, gemv_avx2.c). */
 int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
+int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
+void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
 
 /* Portable helpers shared by the ISA files (kern_scalar.c). */
 void tern__cpu_decode_scalar(const cpu_wrow *w, int j0, int len, float *dst);

@@ -180,6 +180,8 @@ static double readsum(const float *p, size_t n) {
 
 const tern_cpu_kern tern__cpu_kern_avx2 = {
     .name = "avx2",
+    .gemv_prep = tern__cpu_gemv_prep_avx2,
+    .gemv = tern__cpu_gemv_avx2,
     .decode = decode,
     .mk = mk,
     .dot = dot,

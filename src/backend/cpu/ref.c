@@ -12,11 +12,17 @@
  *     Three passes: scores, max, exp/sum, then Σ p·v / sum.
  *   - route_topk: softmax over E, k times pick the largest unused probability (lower index
  *     wins ties), renormalise over the chosen k, then multiply per_expert_scale[e].
+ *   - compressed KV pages (kv->kf / kv->vf not F32, layout in ops/kvq.h): kv_write encodes
+ *     each (token, head) vector with tern_kvq_encode; attention is the same three passes
+ *     over keys and values decoded with tern_kvq_decode — i.e. exact attention over the
+ *     dequantized cache. Fast kernels may reorder (rotate q, un-rotate the output once).
  *   - bad indices (token ids, expert ids, slots) are skipped / give zero rows, never crash.
  * Scratch buffers here are malloc'd per call (the reference is not a hot path); on
  * allocation failure an op writes NaN so the failure is visible instead of silent.
  */
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/cpu_glm.h"
+#include "ops/kvq.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -144,8 +150,31 @@ static float *kv_at(const tern_kv_layer *kv, void *pool, int s, int p, int kvh) 
     return (float *)pool + (tok * kv->n_head_kv + kvh) * kv->head_dim;
 }
 
+/* Record of head kvh at position p of slot s in a pool of format f (NULL if not resident). */
+static uint8_t *kv_rec(const tern_kv_layer *kv, void *pool, const tern_kv_fmt *f, int s, int p, int kvh) {
+    if (s < 0 || p < 0 || p / kv->block_size >= kv->max_blocks) return NULL;
+    int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
+    if (blk < 0) return NULL;
+    size_t tok = (size_t)blk * kv->block_size + (size_t)(p % kv->block_size);
+    return (uint8_t *)pool + (tok * kv->n_head_kv + kvh) * tern_kvq_vec_bytes(f, kv->head_dim);
+}
+
+static void ref_kv_write_q(const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v) {
+    float scratch[TERN_KVQ_MAX_ROT];
+    size_t hd = (size_t)kv->head_dim, nkv = (size_t)kv->n_head_kv;
+    for (int r = 0; r < rows->n; r++)
+        for (int h = 0; h < kv->n_head_kv; h++) {
+            uint8_t *kd = kv_rec(kv, kv->k, &kv->kf, rows->slot[r], rows->pos[r], h);
+            uint8_t *vd = kv_rec(kv, kv->v, &kv->vf, rows->slot[r], rows->pos[r], h);
+            if (!kd || !vd) continue;
+            tern_kvq_encode(&kv->kf, kv->head_dim, kv->rot, k + ((size_t)r * nkv + h) * hd, kd, scratch);
+            tern_kvq_encode(&kv->vf, kv->head_dim, kv->rot, v + ((size_t)r * nkv + h) * hd, vd, scratch);
+        }
+}
+
 static void ref_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v) {
     (void)be;
+    if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) { ref_kv_write_q(kv, rows, k, v); return; }
     size_t hd = (size_t)kv->head_dim, nkv = (size_t)kv->n_head_kv;
     for (int r = 0; r < rows->n; r++) {
         float *kd = kv_at(kv, kv->k, rows->slot[r], rows->pos[r], 0);
@@ -156,9 +185,60 @@ static void ref_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_r
     }
 }
 
+/* Attention over the dequantized cache: the spec for compressed pages. */
+static void ref_attention_q(float *out, const float *q, const tern_rows *rows, int nh, const tern_kv_layer *kv,
+                            float scale, float softcap) {
+    int d = kv->head_dim, group = nh / kv->n_head_kv;
+    float x[TERN_KVQ_MAX_ROT], scratch[TERN_KVQ_MAX_ROT];
+    for (int r = 0; r < rows->n; r++) {
+        int a = rows->pos[r], s = rows->slot[r];
+        int lo = kv->window > 0 ? a - kv->window + 1 : 0;
+        if (lo < 0) lo = 0;
+        int nk = a - lo + 1;
+        float *sc = malloc((size_t)(nk > 0 ? nk : 1) * sizeof *sc);
+        for (int h = 0; h < nh; h++) {
+            const float *qv = q + ((size_t)r * nh + h) * d;
+            float *o = out + ((size_t)r * nh + h) * d;
+            if (!sc) { fill_nan(o, (size_t)d); continue; }
+            int kvh = h / group;
+            float m = -INFINITY;
+            for (int b = lo; b <= a; b++) {
+                const uint8_t *kr = kv_rec(kv, kv->k, &kv->kf, s, b, kvh);
+                if (!kr) { sc[b - lo] = -INFINITY; continue; }
+                tern_kvq_decode(&kv->kf, d, kv->rot, kr, x, scratch);
+                float dot = 0.0f;
+                for (int i = 0; i < d; i++) dot += qv[i] * x[i];
+                dot *= scale;
+                if (softcap > 0.0f) dot = softcap * tanhf(dot / softcap);
+                sc[b - lo] = dot;
+                if (dot > m) m = dot;
+            }
+            float sum = 0.0f;
+            for (int b = lo; b <= a; b++) {
+                sc[b - lo] = sc[b - lo] == -INFINITY ? 0.0f : expf(sc[b - lo] - m);
+                sum += sc[b - lo];
+            }
+            for (int i = 0; i < d; i++) o[i] = 0.0f;
+            for (int b = lo; b <= a; b++) {
+                const uint8_t *vr = kv_rec(kv, kv->v, &kv->vf, s, b, kvh);
+                if (!vr || sc[b - lo] == 0.0f) continue;
+                tern_kvq_decode(&kv->vf, d, kv->rot, vr, x, scratch);
+                for (int i = 0; i < d; i++) o[i] += sc[b - lo] * x[i];
+            }
+            if (sum > 0.0f)
+                for (int i = 0; i < d; i++) o[i] /= sum;
+        }
+        free(sc);
+    }
+}
+
 static void ref_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                           const tern_kv_layer *kv, float scale, float softcap) {
     (void)be;
+    if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) {
+        ref_attention_q(out, q, rows, nh, kv, scale, softcap);
+        return;
+    }
     int d = kv->head_dim, group = nh / kv->n_head_kv;
     for (int r = 0; r < rows->n; r++) {
         int a = rows->pos[r], s = rows->slot[r];
@@ -315,6 +395,7 @@ static const tern_backend_vt ref_vt = {
     .copy_cols = ref_copy_cols,
     .route_topk = ref_route_topk,
     .moe_mlp = ref_moe_mlp,
+    .glm = &tern__cpu_glm_ops, /* GLM-5 ops: one scalar spec for both CPU backends */
 };
 
 tern_status tern_backend_cpu_ref_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {

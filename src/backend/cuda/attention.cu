@@ -215,6 +215,13 @@ __global__ void attn_merge_kernel(float *out, const float *part, int nrow, int d
     }
 }
 
+/* The kernel's dynamic shared-memory limit is raised once, at backend open (never while a
+ * graph is being recorded). */
+extern "C" void tern__cuda_attn_init(tern__cuda *c) {
+    cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(c->smem_optin - 1024));
+    cudaGetLastError();
+}
+
 extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                      const tern_kv_layer *kv, float scale, float softcap) {
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
@@ -245,14 +252,19 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
     const int qvmax = 8192 / d < 8 ? 8 : 8192 / d;
     a.HB = a.G < qvmax ? a.G : qvmax;
     a.hsplit = (a.G + a.HB - 1) / a.HB;
-    /* tile rows only when the host copies prove each tile is one slot */
+    /* Host copies of slot/pos plan the work (row tiles, split count) for this call only; a step
+     * being recorded into a graph is replayed with other positions, so it plans without them:
+     * one row per tile and a split count sized for the whole context (blocks past a row's
+     * last key exit at once). */
+    const int32_t *slot_host = c->capturing ? NULL : rows->slot_host;
+    const int32_t *pos_host = c->capturing ? NULL : rows->pos_host;
     a.R = 1;
-    if (rows->slot_host && rows->pos_host && n > 1) {
+    if (slot_host && pos_host && n > 1) {
         int R = qvmax / a.HB;
         if (R > n) R = n;
         while (R > 1) {
             bool same = true;
-            for (int r = 0; r < n && same; r++) same = rows->slot_host[r] == rows->slot_host[r - r % R];
+            for (int r = 0; r < n && same; r++) same = slot_host[r] == slot_host[r - r % R];
             if (same) break;
             R /= 2;
         }
@@ -261,11 +273,11 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
     const int tiles = (n + a.R - 1) / a.R;
     const long blocks = (long)tiles * nkv * a.hsplit;
     long maxlen = (long)kv->max_blocks * kv->block_size;
-    if (rows->pos_host) {
+    if (pos_host) {
         maxlen = 1;
-        for (int r = 0; r < n; r++) maxlen = rows->pos_host[r] + 1 > maxlen ? rows->pos_host[r] + 1 : maxlen;
-        if (kv->window > 0 && maxlen > kv->window + a.R) maxlen = kv->window + a.R;
+        for (int r = 0; r < n; r++) maxlen = pos_host[r] + 1 > maxlen ? pos_host[r] + 1 : maxlen;
     }
+    if (kv->window > 0 && maxlen > kv->window + a.R) maxlen = kv->window + a.R;
     a.splits = 1;
     if (blocks < c->n_sm) {
         long s = (2L * c->n_sm + blocks - 1) / blocks;
@@ -282,11 +294,6 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
     if (smem + 1024 > c->smem_optin) {
         tern_log(TERN_LOG_ERROR, "cuda attention: %zu bytes of shared memory needed (d %d)", smem, d);
         return;
-    }
-    static size_t configured[64]; /* per device: dynamic smem limit already raised to this */
-    if (smem > 48 * 1024 && (c->device >= 64 || configured[c->device] < smem)) {
-        cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (c->device < 64) configured[c->device] = smem;
     }
     dim3 grid((unsigned)tiles, (unsigned)(nkv * a.hsplit), (unsigned)a.splits);
     attn_kernel<<<grid, 256, smem, c->stream>>>(a);

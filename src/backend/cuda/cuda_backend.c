@@ -12,8 +12,9 @@
  * at the device copy (device = GPU index, mat_stride = 0).
  *
  * Compute modes: TERN_COMPUTE_F32 is exact f32 (no TF32 anywhere: cuBLASLt runs with
- * CUBLAS_COMPUTE_32F_PEDANTIC); TERN_COMPUTE_BF16 lets the prefill GEMM (n > 8 rows) round
- * activations and dequantized weights to bf16 and use tensor cores with f32 accumulation.
+ * CUBLAS_COMPUTE_32F_PEDANTIC); TERN_COMPUTE_BF16 lets the prefill GEMM run on tensor cores
+ * as split-bf16 (hi + lo pairs, f32 accumulation, f32-like bound; see gemm.c).
+ * Step graphs and the asynchronous small-upload ring live in graph.c (vt->graph_*).
  */
 #include "backend/cuda/cuda_internal.h"
 
@@ -88,7 +89,8 @@ static void be_free(tern_backend *be, void *p) {
 static void be_upload(tern_backend *be, void *dst, const void *src, size_t bytes) {
     tern__cuda *c = C(be);
     cudaSetDevice(c->device);
-    /* synchronous with respect to the host buffer: the caller may reuse src at once */
+    /* the caller may reuse src at once: small copies go through the pinned ring (graph.c) */
+    if (tern__cuda_upload_async(c, dst, src, bytes)) return;
     report(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "upload");
     report(c, cudaStreamSynchronize(c->stream), "upload sync");
 }
@@ -96,12 +98,14 @@ static void be_upload(tern_backend *be, void *dst, const void *src, size_t bytes
 static void be_download(tern_backend *be, void *dst, const void *src, size_t bytes) {
     tern__cuda *c = C(be);
     cudaSetDevice(c->device);
+    if (tern__cuda_download_recorded(c, dst, src, bytes)) return; /* recording a step graph */
     report(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "download");
     report(c, cudaStreamSynchronize(c->stream), "download sync");
 }
 
 static void be_sync(tern_backend *be) {
     tern__cuda *c = C(be);
+    if (c->capturing) return; /* nothing runs while a step is recorded */
     cudaSetDevice(c->device);
     report(c, cudaStreamSynchronize(c->stream), "sync");
 }
@@ -253,12 +257,22 @@ static void be_moe_mlp(tern_backend *be, float *y, const float *x, int n, int H,
     tern__cuda_moe_mlp(C(be), y, x, n, H, idx, wts, k, &g, &u, &d, act, scratch);
 }
 
+static int be_graph_replay(tern_backend *be, uint64_t key, void *out, size_t out_bytes) {
+    return tern__cuda_graph_replay(C(be), key, out, out_bytes);
+}
+static int be_graph_begin(tern_backend *be, uint64_t key, void *out, size_t out_bytes) {
+    return tern__cuda_graph_begin(C(be), key, out, out_bytes);
+}
+static int be_graph_end(tern_backend *be, int ok) { return tern__cuda_graph_end(C(be), ok); }
+static void be_graph_reset(tern_backend *be) { tern__cuda_graph_reset(C(be)); }
+
 static void be_close(tern_backend *be) {
     if (!be) return;
     tern__cuda *c = C(be);
     if (c) {
         cudaSetDevice(c->device);
         if (c->stream) cudaStreamSynchronize(c->stream);
+        tern__cuda_graph_close(c);
         cudaFree(c->lt_ws);
         cudaFree(c->part);
         cudaFree(c->gemm_scratch);
@@ -297,6 +311,10 @@ static const tern_backend_vt k_cuda_vt = {
     .copy_cols = be_copy_cols,
     .route_topk = be_route_topk,
     .moe_mlp = be_moe_mlp,
+    .graph_replay = be_graph_replay,
+    .graph_begin = be_graph_begin,
+    .graph_end = be_graph_end,
+    .graph_reset = be_graph_reset,
 };
 
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {
@@ -345,7 +363,13 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
         be_close(be);
         return tern_err(err, TERN_EDEVICE, "cuda: cublasLtCreate failed on device %d", dev);
     }
+    tern_status gs = tern__cuda_graph_open(c, err);
+    if (gs) {
+        be_close(be);
+        return gs;
+    }
     tern__cuda_gemv_init(c);
+    tern__cuda_attn_init(c);
     *out = be;
     return TERN_OK;
 fail:

@@ -42,7 +42,33 @@ typedef struct tern__cuda {
     int n_sm;
     size_t smem_optin;           /* max dynamic shared memory per block */
     cudaError_t sticky;          /* first asynchronous error seen (reported by sync/download) */
+    /* small uploads go through a pinned ring and return at once (graph.c) */
+    uint8_t *up_ring;
+    size_t up_off;
+    /* step graphs (graph.c): while `capturing`, ops are recorded, not run */
+    int capturing, capture_bad;
+    uint64_t cap_key;
+    uint8_t *cap_out;            /* caller's host output range of the step being recorded */
+    size_t cap_out_bytes;
+    struct tern__cuda_graph *graphs; /* [TERN_CUDA_MAX_GRAPHS] */
+    struct tern__cuda_graph *cap;    /* entry being recorded */
+    uint64_t use_clock;
 } tern__cuda;
+
+#define TERN_CUDA_MAX_GRAPHS 16
+#define TERN_CUDA_UP_RING (1u << 20)   /* pinned upload ring bytes; uploads up to 1/16 of it are async */
+
+/* graph.c: graph hooks of the vtable, the async upload path and their setup / teardown */
+tern_status tern__cuda_graph_open(tern__cuda *c, tern_error *err);
+void tern__cuda_graph_close(tern__cuda *c);
+int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_bytes);
+int tern__cuda_graph_begin(tern__cuda *c, uint64_t key, void *out, size_t out_bytes);
+int tern__cuda_graph_end(tern__cuda *c, int ok);
+void tern__cuda_graph_reset(tern__cuda *c);
+/* upload: async through the ring when small (returns 1), else 0 (caller copies synchronously);
+ * download while recording: records a copy into the graph's staging (returns 1), else 0 */
+int tern__cuda_upload_async(tern__cuda *c, void *dst, const void *src, size_t bytes);
+int tern__cuda_download_recorded(tern__cuda *c, void *dst, const void *src, size_t bytes);
 
 /* Weight view the kernels take: element dtype, quant params, pointers of matrix e. */
 typedef struct tern__cuda_w {
@@ -68,9 +94,11 @@ void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, const tern_
 void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, const float *x, int xdiv, int np,
                             const int32_t *idx, const float *wts, int ksum, const tern__cuda_w *w, int nmat,
                             int xstride);
-/* Dequantize rows [r0, r0+m) of matrix e to f32 (bf16 = 0) or bf16 (bf16 = 1). */
+/* Dequantize rows [r0, r0+m) of matrix e to f32 (bf16 = 0), bf16 (bf16 = 1) or a bf16 pair
+ * (bf16 = 2: hi at dst, lo = bf16(v - hi) after it, at m*in*2 bytes rounded up to 256). */
 void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *w, int e, int r0, int m);
-void tern__cuda_f32_to_bf16(tern__cuda *c, void *dst, const float *x, size_t n);
+/* hi = bf16(x), and lo = bf16(x - hi) when lo != NULL */
+void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, size_t n);
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 
 /* norm.cu (norm, rope, elementwise, embed) */
@@ -87,6 +115,7 @@ void tern__cuda_copy_cols(tern__cuda *c, float *dst, const float *src, int n, in
 /* attention.cu */
 void tern__cuda_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
                          const float *v);
+void tern__cuda_attn_init(tern__cuda *c); /* at open: shared-memory limit */
 void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                           const tern_kv_layer *kv, float scale, float softcap);
 

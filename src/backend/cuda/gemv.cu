@@ -18,6 +18,11 @@
  * exactly 2^(23-4p) + q, so one subtraction gives q exactly (LOP3 + FADD, no shift); the upper
  * half-word is shifted down once. Other widths shift codes across word boundaries.
  *
+ * One activation row of Q weights takes gemv_q1_kernel instead: x staged per block in shared
+ * memory with a swizzle (the L1 path above reads 128 contiguous bytes per lane, 32 cache lines
+ * per warp instruction), 2 chunks of 2 rows in flight per lane. Measured on the H200 it is
+ * still far from the bandwidth floor (q4 8192x8192: 31 us vs ~8 us of bytes): see bench/NOTES.md.
+ *
  * The same kernel serves MoE experts (`idx` != NULL, NX = 1): blockIdx.y is a (row, expert)
  * pair or a row whose k expert terms are summed with router weights (down projection), so no
  * atomics and the result does not depend on the batch. Shapes whose rows are not chunk-aligned
@@ -222,6 +227,83 @@ template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(G
     }
 }
 
+/* Single activation row, Q weights: the block stages x for U*32 chunks at a time in shared
+ * memory (coalesced 128-bit loads; float4 f of a 32-chunk tile is stored at f with its low 3
+ * bits xor-ed by bits 3..5, so that both the stores and each lane's reads of its own chunk are
+ * conflict-free), and every lane keeps U chunks of each of its R rows in flight. */
+__device__ __forceinline__ int swz(int f) { return (f & ~7) | ((f & 7) ^ ((f >> 3) & 7)); }
+
+template <int KIND, int U, int R> __global__ void __launch_bounds__(128) gemv_q1_kernel(GemvArgs a) {
+    constexpr int W = KIND, C4 = 8;
+    __shared__ float4 xs[U][32 * C4];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int o0 = (blockIdx.x * 4 + warp) * R;
+    const bool active = o0 < a.out;
+    const int nch = a.in / 32, ng = a.in >> a.gs_shift;
+    const size_t rb = (size_t)a.in * KIND / 8;
+    const uint8_t *mat = a.data + (size_t)a.e * a.mat_bytes;
+    const uint8_t *smat = a.scales + (size_t)a.e * a.mat_bytes_s, *bmat = a.biases + (size_t)a.e * a.mat_bytes_s;
+    int orow[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) orow[r] = o0 + r < a.out ? o0 + r : (active ? o0 : 0);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int c0 = 0; c0 < nch; c0 += 32 * U) {
+        uint32_t wd[U][R][W];
+        float s[U][R], b[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * 32 + lane;
+            if (active && c < nch) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    load_chunk<KIND>(mat + (size_t)orow[r] * rb, c, wd[u][r]);
+                    const int gi = orow[r] * ng + ((c * 32) >> a.gs_shift);
+                    s[u][r] = load_s(smat, a.sdtype, (size_t)gi);
+                    b[u][r] = load_s(bmat, a.sdtype, (size_t)gi);
+                }
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < U * 32 * C4; i += blockDim.x) {
+            const int u = i / (32 * C4), f = i % (32 * C4);
+            const size_t el = (size_t)(c0 + u * 32) * 32 + (size_t)f * 4;
+            xs[u][swz(f)] = el < (size_t)a.in ? __ldg((const float4 *)(a.x + el)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * 32 + lane;
+            if (!active || c >= nch) continue;
+            float qa[R], xsum = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) qa[r] = 0.0f;
+#pragma unroll
+            for (int k4 = 0; k4 < C4; k4++) {
+                const float4 xv = xs[u][swz(lane * C4 + k4)];
+                xsum += (xv.x + xv.y) + (xv.z + xv.w);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4), xv.x, qa[r]);
+                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 1), xv.y, qa[r]);
+                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 2), xv.z, qa[r]);
+                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 3), xv.w, qa[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] += fmaf(s[u][r], qa[r], b[u][r] * xsum);
+        }
+    }
+    if (!active) return;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (o0 + r < a.out) a.y[o0 + r] = acc[r];
+}
+
 /* Fallback for rows that are not chunk-aligned: warp per output row, generic decoder. */
 __global__ void gemv_generic_kernel(GemvArgs a, WDesc wdsc) {
     const int lane = threadIdx.x & 31;
@@ -291,9 +373,40 @@ extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
+/* Kernel choice for one dense activation row of Q weights (bench_cuda sets it to compare):
+ * 0 = gemv_kernel, 1..4 = gemv_q1_kernel with (U, R) = (1,4), (2,4), (4,4), (2,2).
+ * H200, 8192x8192 q4: 41.1 / 39.8 / 41.0 / 68.7 / 31.4 us; 4 is best on every shape measured
+ * (more warps beat more rows or chunks per warp), so it is the default. */
+extern "C" int tern__cuda_gemv_q1_variant;
+int tern__cuda_gemv_q1_variant = 4;
+
+template <int KIND> static void launch_q1(cudaStream_t st, const GemvArgs &a, int v) {
+    const int R = v == 4 ? 2 : 4;
+    const dim3 grid((unsigned)((a.out + 4 * R - 1) / (4 * R)));
+    switch (v) {
+    case 1: gemv_q1_kernel<KIND, 1, 4><<<grid, 128, 0, st>>>(a); break;
+    case 3: gemv_q1_kernel<KIND, 4, 4><<<grid, 128, 0, st>>>(a); break;
+    case 4: gemv_q1_kernel<KIND, 2, 2><<<grid, 128, 0, st>>>(a); break;
+    default: gemv_q1_kernel<KIND, 2, 4><<<grid, 128, 0, st>>>(a); break;
+    }
+}
+
 static void launch(tern__cuda *c, GemvArgs &a, const tern__cuda_w *w, int gy, int nx) {
     const int kind = kind_of(w), ch = chunk_of(kind);
     const bool aligned = a.in % ch == 0 && ((uintptr_t)a.x & 15) == 0 && a.xstride % 4 == 0;
+    const int v = tern__cuda_gemv_q1_variant;
+    if (aligned && nx == 1 && !a.idx && kind <= 8 && v > 0) {
+        switch (kind) {
+        case 2: launch_q1<2>(c->stream, a, v); break;
+        case 3: launch_q1<3>(c->stream, a, v); break;
+        case 4: launch_q1<4>(c->stream, a, v); break;
+        case 5: launch_q1<5>(c->stream, a, v); break;
+        case 6: launch_q1<6>(c->stream, a, v); break;
+        default: launch_q1<8>(c->stream, a, v); break;
+        }
+        tern__cuda_check(c, "gemv_q1");
+        return;
+    }
     if (!aligned) {
         dim3 grid((unsigned)((a.out + 3) / 4), (unsigned)gy);
         gemv_generic_kernel<<<grid, 128, 0, c->stream>>>(a, make_wdesc(w));
@@ -373,19 +486,32 @@ extern "C" void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, con
 
 /* ---- dequantize rows for the GEMM path ---- */
 
+/* bf16 == 0: f32; 1: bf16; 2: bf16 pair hi = bf16(v), lo = bf16(v - hi) at dst and at dst plus
+ * m*in elements rounded up to 256 bytes */
 __global__ void dequant_kernel(void *dst, int bf16, WDesc w, int e, int r0, int m) {
     const size_t total = (size_t)m * w.in;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const int r = (int)(i / w.in), j = (int)(i % w.in);
         const float v = welem(w, e, r0 + r, j);
-        if (bf16) ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(v);
-        else ((float *)dst)[i] = v;
+        if (bf16) {
+            const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+            ((__nv_bfloat16 *)dst)[i] = hi;
+            if (bf16 == 2)
+                ((__nv_bfloat16 *)dst)[((total * 2 + 255) & ~(size_t)255) / 2 + i] =
+                    __float2bfloat16_rn(v - __bfloat162float(hi));
+        } else {
+            ((float *)dst)[i] = v;
+        }
     }
 }
 
-__global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *x, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16_rn(x[i]);
+/* hi = bf16(x); lo (when non-NULL) = bf16(x - hi): x = hi + lo within 2^-16 |x| */
+__global__ void f32_to_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
+        hi[i] = h;
+        if (lo) lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
+    }
 }
 
 extern "C" void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *w, int e, int r0, int m) {
@@ -395,9 +521,9 @@ extern "C" void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const ter
     tern__cuda_check(c, "dequant");
 }
 
-extern "C" void tern__cuda_f32_to_bf16(tern__cuda *c, void *dst, const float *x, size_t n) {
+extern "C" void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, size_t n) {
     unsigned blocks = (unsigned)((n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536);
-    f32_to_bf16_kernel<<<blocks ? blocks : 1, 256, 0, c->stream>>>((__nv_bfloat16 *)dst, x, n);
+    f32_to_bf16_kernel<<<blocks ? blocks : 1, 256, 0, c->stream>>>((__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, n);
     tern__cuda_check(c, "f32_to_bf16");
 }
 

@@ -1,0 +1,205 @@
+/*
+ * graph.c — CUDA graphs for whole forward steps, and asynchronous small uploads.
+ *
+ * A decode step is hundreds of small kernels; launching them one by one costs more than the
+ * kernels themselves. The forward driver (src/model/model.c) asks for a graph per step shape
+ * (`key`: model, KV views, row count, input kind); the first time, the step's ops are recorded
+ * by stream capture (nothing runs), instantiated, and from then on each step is one
+ * cudaGraphLaunch. Every kernel of the step reads positions, slots and tokens from device
+ * buffers the driver uploads before the launch, so one graph serves every step of that shape;
+ * while recording, attention ignores the host copies of positions (it sizes its grid for the
+ * whole context and lets the blocks past a row's last key exit early).
+ *
+ * Downloads made while recording become copies into pinned staging owned by the graph (at the
+ * same offset as in the caller's output range); replay copies them out after the launch.
+ * An upload or a download outside the output range while recording marks the recording bad:
+ * graph_end then drops it and the driver runs the step eagerly. At most TERN_CUDA_MAX_GRAPHS
+ * graphs are kept (least recently used goes first).
+ *
+ * Uploads of up to 1/16 of the pinned ring are copied into the ring and enqueued without a
+ * wait (the caller may reuse its buffer at once); when the ring wraps, the stream is drained
+ * first so that no pending copy still reads the part being overwritten.
+ */
+#include "backend/cuda/cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_COPIES 8
+
+typedef struct tern__cuda_graph {
+    uint64_t key;
+    int used;
+    cudaGraphExec_t exec;
+    uint8_t *pin;            /* pinned staging for the step's downloads */
+    size_t pin_bytes;
+    int n_copies;
+    size_t off[MAX_COPIES], bytes[MAX_COPIES];
+    uint64_t last_use;
+} tern__cuda_graph;
+
+static void drop(tern__cuda_graph *g) {
+    if (!g->used) return;
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    if (g->pin) cudaFreeHost(g->pin);
+    memset(g, 0, sizeof *g);
+}
+
+tern_status tern__cuda_graph_open(tern__cuda *c, tern_error *err) {
+    c->graphs = calloc(TERN_CUDA_MAX_GRAPHS, sizeof *c->graphs);
+    if (!c->graphs) return tern_err(err, TERN_ENOMEM, "cuda: out of host memory");
+    if (cudaHostAlloc((void **)&c->up_ring, TERN_CUDA_UP_RING, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        c->up_ring = NULL; /* uploads stay synchronous */
+    }
+    return TERN_OK;
+}
+
+void tern__cuda_graph_close(tern__cuda *c) {
+    if (!c) return;
+    if (c->graphs) {
+        for (int i = 0; i < TERN_CUDA_MAX_GRAPHS; i++) drop(&c->graphs[i]);
+        free(c->graphs);
+        c->graphs = NULL;
+    }
+    if (c->up_ring) cudaFreeHost(c->up_ring);
+    c->up_ring = NULL;
+}
+
+void tern__cuda_graph_reset(tern__cuda *c) {
+    if (!c->graphs) return;
+    cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < TERN_CUDA_MAX_GRAPHS; i++) drop(&c->graphs[i]);
+}
+
+int tern__cuda_upload_async(tern__cuda *c, void *dst, const void *src, size_t bytes) {
+    if (c->capturing) {
+        c->capture_bad = 1; /* the recorded step would miss this data */
+        return 1;
+    }
+    if (!c->up_ring || bytes > TERN_CUDA_UP_RING / 16) return 0;
+    size_t need = (bytes + 255) & ~(size_t)255;
+    if (c->up_off + need > TERN_CUDA_UP_RING) {
+        cudaStreamSynchronize(c->stream);
+        c->up_off = 0;
+    }
+    uint8_t *p = c->up_ring + c->up_off;
+    memcpy(p, src, bytes);
+    c->up_off += need;
+    cudaError_t e = cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess && c->sticky == cudaSuccess) {
+        c->sticky = e;
+        tern_log(TERN_LOG_ERROR, "cuda: upload: %s", cudaGetErrorString(e));
+    }
+    return 1;
+}
+
+int tern__cuda_download_recorded(tern__cuda *c, void *dst, const void *src, size_t bytes) {
+    if (!c->capturing) return 0;
+    tern__cuda_graph *g = c->cap;
+    const uint8_t *d = dst;
+    if (!g || !c->cap_out || d < c->cap_out || bytes > c->cap_out_bytes ||
+        (size_t)(d - c->cap_out) > c->cap_out_bytes - bytes || g->n_copies == MAX_COPIES) {
+        c->capture_bad = 1;
+        return 1;
+    }
+    size_t off = (size_t)(d - c->cap_out);
+    if (cudaMemcpyAsync(g->pin + off, src, bytes, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess) {
+        c->capture_bad = 1;
+        return 1;
+    }
+    g->off[g->n_copies] = off;
+    g->bytes[g->n_copies++] = bytes;
+    return 1;
+}
+
+static tern__cuda_graph *find(tern__cuda *c, uint64_t key) {
+    if (!c->graphs) return NULL;
+    for (int i = 0; i < TERN_CUDA_MAX_GRAPHS; i++)
+        if (c->graphs[i].used && c->graphs[i].exec && c->graphs[i].key == key) return &c->graphs[i];
+    return NULL;
+}
+
+int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_bytes) {
+    tern__cuda_graph *g = find(c, key);
+    if (!g || c->capturing || (g->n_copies && (!out || out_bytes < g->pin_bytes))) return 0;
+    cudaSetDevice(c->device);
+    cudaError_t e = cudaGraphLaunch(g->exec, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        if (c->sticky == cudaSuccess) {
+            c->sticky = e;
+            tern_log(TERN_LOG_ERROR, "cuda: graph launch: %s", cudaGetErrorString(e));
+        }
+        drop(g);
+        return 0;
+    }
+    for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin + g->off[i], g->bytes[i]);
+    g->last_use = ++c->use_clock;
+    return 1;
+}
+
+int tern__cuda_graph_begin(tern__cuda *c, uint64_t key, void *out, size_t out_bytes) {
+    if (!c->graphs || c->capturing) return 0;
+    tern__cuda_graph *g = find(c, key);
+    if (g) drop(g);
+    g = NULL;
+    for (int i = 0; i < TERN_CUDA_MAX_GRAPHS && !g; i++)
+        if (!c->graphs[i].used) g = &c->graphs[i];
+    if (!g) { /* evict the least recently used */
+        g = &c->graphs[0];
+        for (int i = 1; i < TERN_CUDA_MAX_GRAPHS; i++)
+            if (c->graphs[i].last_use < g->last_use) g = &c->graphs[i];
+        cudaStreamSynchronize(c->stream);
+        drop(g);
+    }
+    cudaSetDevice(c->device);
+    g->used = 1;
+    g->key = key;
+    if (out && out_bytes) {
+        if (cudaHostAlloc((void **)&g->pin, out_bytes, cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();
+            drop(g);
+            return 0;
+        }
+        g->pin_bytes = out_bytes;
+    }
+    cudaStreamSynchronize(c->stream); /* earlier async uploads are done before recording */
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+        cudaGetLastError();
+        drop(g);
+        return 0;
+    }
+    c->capturing = 1;
+    c->capture_bad = 0;
+    c->cap_key = key;
+    c->cap_out = out;
+    c->cap_out_bytes = out ? out_bytes : 0;
+    c->cap = g;
+    return 1;
+}
+
+int tern__cuda_graph_end(tern__cuda *c, int ok) {
+    if (!c->capturing) return 0;
+    tern__cuda_graph *g = c->cap;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    c->capturing = 0;
+    c->cap = NULL;
+    c->cap_out = NULL;
+    int keep = ok && !c->capture_bad && e == cudaSuccess && graph;
+    if (keep && cudaGraphInstantiate(&g->exec, graph, 0) != cudaSuccess) {
+        g->exec = NULL;
+        keep = 0;
+    }
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError(); /* a failed recording leaves no sticky error behind */
+    if (!keep) {
+        if (e != cudaSuccess) tern_log(TERN_LOG_DEBUG, "cuda: graph capture failed: %s", cudaGetErrorString(e));
+        drop(g);
+        return 0;
+    }
+    g->last_use = ++c->use_clock;
+    return 1;
+}

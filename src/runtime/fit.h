@@ -1,0 +1,53 @@
+/*
+ * fit.h — memory honesty: what a model costs before it is loaded, and how much context and
+ * concurrency a memory budget allows. Used by `tern fit` and by tern_engine_open (sizing the
+ * KV pool from --memory-budget) so both quote the same numbers.
+ *
+ * Accounting (bytes): weights (as stored: safetensors sizes, or an estimate for --random);
+ * KV per token per owning layer in its page format (kv.h: tern_kv_layer_bytes_per_token);
+ * one sequence of ctx tokens holds every full-layer block up to ctx, but a sliding layer
+ * only the blocks of its window plus one prefill chunk (what kv.c reserves); forward scratch
+ * for max_batch_tokens rows (the model's activation buffers, an estimate from the geometry)
+ * plus the scheduler's logits rows. KV-shared layers own nothing.
+ */
+#ifndef TERN_RUNTIME_FIT_H
+#define TERN_RUNTIME_FIT_H
+
+#include "io/config.h"
+#include "ops/ops.h"
+
+typedef struct tern_fit_opts {
+    int ctx;                 /* tokens per sequence (0: min(n_ctx_train, 8192)) */
+    int max_concurrency;     /* sequences (0: 8) */
+    int max_batch_tokens;    /* rows per forward / prefill chunk (0: 512) */
+    int block_size;          /* KV block (0: 16) */
+    double budget_gb;        /* everything; 0 = no budget */
+} tern_fit_opts;
+
+typedef struct tern_fit {
+    int ctx, max_concurrency, max_batch_tokens, block_size;
+    int n_full, n_sliding, n_shared, window;
+    size_t weight_bytes;
+    size_t kv_token_full, kv_token_sliding; /* bytes per token, summed over owning layers */
+    size_t kv_seq;           /* KV of one sequence of ctx tokens */
+    size_t kv_total;         /* max_concurrency sequences */
+    size_t scratch;          /* forward scratch + scheduler logits */
+    size_t total;            /* weights + scratch + kv_total */
+    /* with a budget */
+    size_t kv_avail;         /* budget - weights - scratch (0 when negative) */
+    int fits;                /* total <= budget (1 without a budget) */
+    int max_ctx;             /* longest ctx at max_concurrency within the budget (0: none) */
+    int max_conc;            /* most sequences of ctx within the budget */
+} tern_fit;
+
+/* KV bytes of one sequence of n tokens (sliding layers capped as above). */
+size_t tern_fit_seq_kv(const tern_model_config *cfg, const tern_kv_fmt *formats, int n, int chunk, int block_size);
+/* Forward scratch estimate for max_batch rows and n_slots logits rows. */
+size_t tern_fit_scratch(const tern_model_config *cfg, int max_batch, int n_slots);
+/* Stored weight bytes estimated from the geometry (bits 0 = bf16 matrices, else MLX affine
+ * with group g: bits/8 + 4/g bytes per weight); vectors f32. For --random presets. */
+size_t tern_fit_weight_estimate(const tern_model_config *cfg, int bits, int group);
+tern_status tern_fit_plan(const tern_model_config *cfg, const tern_kv_fmt *formats, size_t weight_bytes,
+                          const tern_fit_opts *o, tern_fit *f, tern_error *err);
+
+#endif

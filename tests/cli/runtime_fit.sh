@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# runtime_fit.sh — `tern fit`: exit codes, the numbers it prints for the demo (whose KV per
+# token is known: 1 full + 3 sliding layers), a random preset, and a budget verdict.
+set -u
+cd "$(dirname "$0")/../.."
+T=build/tern
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export TERN_CACHE="$tmp/cache"
+ok() { echo "PASS: $1"; }
+bad() { echo "FAIL: $1"; }
+[ -x "$T" ] || { echo "SKIP: fit (build/tern absent)"; exit 0; }
+
+$T fit demo --ctx 1024 --max-concurrency 4 --memory-budget 1 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+csv=$(grep '^csv,' "$tmp/out")
+# csv,name,spec,ctx,conc,weights,kv_full_tok,kv_sliding_tok,kv_seq,kv_total,scratch,total,budget,fits,max_ctx,max_conc
+IFS=, read -r _ name spec ctx conc w kf ks seq tot scr all bud fits mctx mconc <<<"$csv"
+if [ $rc -eq 0 ] && [ "$ctx" = 1024 ] && [ "$conc" = 4 ] && [ "$fits" = 1 ] && [ "$w" -gt 0 ] && [ "$kf" -gt 0 ] &&
+   [ "$ks" = $((3 * kf / 2)) ] && [ "$tot" = $((4 * seq)) ]; then ok fit_demo; else bad "fit_demo (rc $rc): $csv $(head -c 300 "$tmp/err")"; fi
+grep -q "sliding" "$tmp/out" && grep -q "turbo" "$tmp/out" && grep -q "max safe context" "$tmp/out" && ok fit_demo_table || bad fit_demo_table
+
+$T fit --random qwen3-0.6b --ctx 8192 --max-concurrency 8 --memory-budget 4 >"$tmp/out" 2>"$tmp/err"
+csv=$(grep '^csv,' "$tmp/out")
+IFS=, read -r _ name spec ctx conc w kf ks seq tot scr all bud fits mctx mconc <<<"$csv"
+# 28 layers x 8 kv heads x 128 x 2 (K, V) x 4 bytes = 229376 bytes per token in f32 pages
+if [ "$kf" = 229376 ] && [ "$fits" = 0 ] && [ "$mctx" -gt 0 ] && [ "$mctx" -lt 8192 ] && [ "$mconc" -ge 1 ]; then ok fit_random_budget
+else bad "fit_random_budget: $csv"; fi
+
+$T fit demo --kv-quant 4 >"$tmp/out" 2>&1 && grep -q "selected KV mode   4" "$tmp/out" && ok fit_kv_quant || bad "fit_kv_quant: $(head -c 300 "$tmp/out")"
+$T fit demo --memory-budget -3 >/dev/null 2>"$tmp/err"; [ $? -eq 2 ] && ok fit_bad_budget || bad fit_bad_budget
+$T fit "$tmp/none" >/dev/null 2>"$tmp/err"; [ $? -eq 2 ] && grep -q none "$tmp/err" && ok fit_missing_model || bad "fit_missing_model: $(cat "$tmp/err")"

@@ -1,0 +1,341 @@
+/*
+ * test_kern_glm.c — the GLM-5 ops (ops.h tern_glm_ops) against direct computations, on both
+ * CPU backends, over a real paged latent KV cache (src/runtime/kv.c latent kind):
+ *   copy_2d, layernorm, rope_interleaved (only the slice moves), kv_write_latent +
+ *   attention_latent (dense, with a selection incl. padding / out-of-range entries, and with a
+ *   non-resident block), dsa_topk (scores in double, order = score desc then position asc,
+ *   dense rows, exact ties, min_gap), route_group (groups, bias for choice only, ties,
+ *   normalisation and scaling), and the latent pool geometry (bytes, missing V pool, block copy).
+ */
+#include "backend/cpu/cpu.h"
+#include "runtime/kv.h"
+#include "test.h"
+
+#define T 37   /* tokens in the cache */
+#define BS 4   /* block size */
+#define WD 20  /* latent record: 16 latent + 4 rope */
+#define DV 12  /* indexer key */
+
+static tern_backend *g_be[2];
+static unsigned long long g_seed = 0x5eed1234ull;
+
+static void fill(float *x, size_t n, float amp) {
+    for (size_t i = 0; i < n; i++) x[i] = amp * test_randf(&g_seed);
+}
+
+static void latent_cfg(tern_model_config *c, tern_layer_config *L, int vdim) {
+    memset(c, 0, sizeof *c);
+    memset(L, 0, 2 * sizeof *L);
+    c->n_layer = 2;
+    c->n_ctx_train = 64;
+    c->layers = L;
+    for (int l = 0; l < 2; l++) {
+        L[l].kv_latent = 1;
+        L[l].n_head_kv = 1;
+        L[l].head_dim = WD;
+        L[l].kv_v_dim = l == 0 ? vdim : 0;
+        L[l].kv_src = l;
+    }
+}
+
+/* a cache with T positions of slot 0 written from K[T][WD], V[T][DV] */
+static tern_kv *make_cache(tern_backend *be, float *K, float *V) {
+    tern_model_config c;
+    static tern_layer_config L[2];
+    latent_cfg(&c, L, DV);
+    tern_kv *kv = NULL;
+    tern_error e = {0};
+    tern_kv_opts o = {.block_size = BS, .n_slots = 2, .max_ctx = 64};
+    if (tern_kv_open(&kv, be, &c, &o, &e)) { printf("  kv_open: %s\n", e.msg); return NULL; }
+    tern_kv_reserve(kv, 0, T, &e);
+    tern_kv_sync(kv);
+    fill(K, (size_t)T * WD, 1.0f);
+    fill(V, (size_t)T * DV, 1.0f);
+    int32_t pos[T], slot[T];
+    for (int i = 0; i < T; i++) pos[i] = i, slot[i] = 0;
+    tern_rows rows = {.n = T, .pos = pos, .slot = slot, .pos_host = pos, .slot_host = slot};
+    be->vt->glm->kv_write_latent(be, tern_kv_view(kv, 0), &rows, K, V);
+    return kv;
+}
+
+TEST(glm_copy_norm_rope) {
+    for (int bi = 0; bi < 2; bi++) {
+        tern_backend *be = g_be[bi];
+        const tern_glm_ops *go = be->vt->glm;
+        CHECK(go != NULL, "%s has no glm ops", be->vt->name);
+        if (!go) continue;
+        float src[6 * 7], dst[6 * 9];
+        fill(src, 42, 1.0f);
+        for (int i = 0; i < 54; i++) dst[i] = 99.0f;
+        go->copy_2d(be, dst + 2, 9, src + 1, 7, 6, 5);
+        int ok = 1;
+        for (int r = 0; r < 6; r++)
+            for (int j = 0; j < 9; j++) ok &= dst[r * 9 + j] == (j >= 2 && j < 7 ? src[r * 7 + 1 + j - 2] : 99.0f);
+        CHECK(ok, "%s copy_2d", be->vt->name);
+
+        float x[3 * 10], y[3 * 10], w[10], b[10];
+        fill(x, 30, 3.0f); fill(w, 10, 1.0f); fill(b, 10, 1.0f);
+        go->layernorm(be, y, x, 3, 10, w, b, 1e-6f);
+        double worst = 0;
+        for (int r = 0; r < 3; r++) {
+            double mu = 0, var = 0;
+            for (int j = 0; j < 10; j++) mu += x[r * 10 + j] / 10.0;
+            for (int j = 0; j < 10; j++) var += (x[r * 10 + j] - mu) * (x[r * 10 + j] - mu) / 10.0;
+            for (int j = 0; j < 10; j++)
+                worst = fmax(worst, fabs(y[r * 10 + j] - ((x[r * 10 + j] - mu) / sqrt(var + 1e-6) * w[j] + b[j])));
+        }
+        CHECK(worst < 1e-5, "%s layernorm err %g", be->vt->name, worst);
+
+        /* rope on the slice [4, 10) of heads of stride 10: pairs (4,5), (6,7), (8,9) */
+        float q[2 * 3 * 10], q0[2 * 3 * 10], inv[3] = {1.0f, 0.1f, 0.01f};
+        int32_t pos[2] = {3, 17};
+        fill(q, 60, 1.0f);
+        memcpy(q0, q, sizeof q);
+        go->rope_interleaved(be, q, 2, 3, 10, 4, 6, pos, inv, 1.5f);
+        worst = 0;
+        for (int r = 0; r < 2; r++)
+            for (int h = 0; h < 3; h++) {
+                const float *a = q0 + (r * 3 + h) * 10;
+                const float *o = q + (r * 3 + h) * 10;
+                for (int j = 0; j < 4; j++) worst = fmax(worst, fabs(o[j] - a[j]) * 1e6); /* untouched */
+                for (int i = 0; i < 3; i++) {
+                    double th = (double)(float)((float)pos[r] * inv[i]);
+                    double e0 = (a[4 + 2 * i] * cos(th) - a[5 + 2 * i] * sin(th)) * 1.5;
+                    double e1 = (a[5 + 2 * i] * cos(th) + a[4 + 2 * i] * sin(th)) * 1.5;
+                    worst = fmax(worst, fmax(fabs(o[4 + 2 * i] - e0), fabs(o[5 + 2 * i] - e1)));
+                }
+            }
+        CHECK(worst < 1e-5, "%s rope_interleaved err %g", be->vt->name, worst);
+    }
+}
+
+/* direct attention of one row/head over the listed positions */
+static void attend(const float *K, const float *q, const int *ps, int np, float scale, int dv, double *out) {
+    double s[T], m = -1e300, sum = 0;
+    for (int c = 0; c < np; c++) {
+        double d = 0;
+        for (int j = 0; j < WD; j++) d += (double)q[j] * K[ps[c] * WD + j];
+        s[c] = d * scale;
+        m = fmax(m, s[c]);
+    }
+    for (int j = 0; j < dv; j++) out[j] = 0;
+    for (int c = 0; c < np; c++) {
+        double p = exp(s[c] - m);
+        sum += p;
+        for (int j = 0; j < dv; j++) out[j] += p * K[ps[c] * WD + j];
+    }
+    for (int j = 0; j < dv; j++) out[j] /= sum;
+}
+
+TEST(glm_attention_latent) {
+    for (int bi = 0; bi < 2; bi++) {
+        tern_backend *be = g_be[bi];
+        const tern_glm_ops *go = be->vt->glm;
+        static float K[T * WD], V[T * DV];
+        tern_kv *kv = make_cache(be, K, V);
+        CHECK(kv != NULL, "cache");
+        if (!kv) continue;
+        const tern_kv_layer *kvl = tern_kv_view(kv, 0);
+        CHECK(kvl->latent == 1 && kvl->v_dim == DV && kvl->head_dim == WD && kvl->n_head_kv == 1 && kvl->v, "view");
+        CHECK(tern_kv_view(kv, 1)->v == NULL && tern_kv_view(kv, 1)->v_dim == 0, "no V pool on layer 1");
+        enum { N = 3, NH = 2, DVO = 16, KS = 6 };
+        int32_t pos[N] = {5, 20, 36}, slot[N] = {0, 0, 0};
+        tern_rows rows = {.n = N, .pos = pos, .slot = slot, .pos_host = pos, .slot_host = slot};
+        float q[N * NH * WD], out[N * NH * DVO];
+        fill(q, sizeof q / sizeof *q, 1.0f);
+        int32_t sel[N * KS] = {0, 5, 2, 9, -1, 3,  /* 9 > pos 5: ignored */
+                               1, 4, 7, 11, 19, 20, 30, 31, 32, 33, 35, 36};
+        double worst = 0;
+        for (int mode = 0; mode < 2; mode++) {
+            go->attention_latent(be, out, q, &rows, NH, kvl, DVO, 0.3f, mode ? sel : NULL, KS);
+            for (int r = 0; r < N; r++) {
+                int ps[T], np = 0;
+                if (mode) {
+                    for (int c = 0; c < KS; c++)
+                        if (sel[r * KS + c] >= 0 && sel[r * KS + c] <= pos[r]) ps[np++] = sel[r * KS + c];
+                } else {
+                    for (int b = 0; b <= pos[r]; b++) ps[np++] = b;
+                }
+                for (int h = 0; h < NH; h++) {
+                    double want[DVO];
+                    attend(K, q + (r * NH + h) * WD, ps, np, 0.3f, DVO, want);
+                    for (int j = 0; j < DVO; j++) worst = fmax(worst, fabs(out[(r * NH + h) * DVO + j] - want[j]));
+                }
+            }
+        }
+        CHECK(worst < 1e-5, "%s attention_latent err %g", be->vt->name, worst);
+        /* a non-resident block is never read: drop block 1 (positions 4..7) from a copy of the view */
+        tern_kv_layer hole = *kvl;
+        int32_t table[64];
+        memcpy(table, kvl->block_table, sizeof(int32_t) * (size_t)kvl->max_blocks);
+        table[1] = -1;
+        hole.block_table = table;
+        int32_t p1[1] = {10}, s1[1] = {0};
+        tern_rows r1 = {.n = 1, .pos = p1, .slot = s1, .pos_host = p1, .slot_host = s1};
+        go->attention_latent(be, out, q, &r1, 1, &hole, DVO, 0.3f, NULL, 0);
+        int ps[8] = {0, 1, 2, 3, 8, 9, 10}, np = 7;
+        double want[DVO], w2 = 0;
+        attend(K, q, ps, np, 0.3f, DVO, want);
+        for (int j = 0; j < DVO; j++) w2 = fmax(w2, fabs(out[j] - want[j]));
+        CHECK(w2 < 1e-5, "%s non-resident block err %g", be->vt->name, w2);
+        tern_kv_close(kv);
+    }
+}
+
+TEST(glm_dsa_topk) {
+    for (int bi = 0; bi < 2; bi++) {
+        tern_backend *be = g_be[bi];
+        const tern_glm_ops *go = be->vt->glm;
+        static float K[T * WD], V[T * DV];
+        tern_kv *kv = make_cache(be, K, V);
+        if (!kv) { CHECK(0, "cache"); continue; }
+        const tern_kv_layer *kvl = tern_kv_view(kv, 0);
+        enum { N = 4, NI = 3, KS = 8 };
+        int32_t pos[N] = {3, 7, 21, 36}, slot[N] = {0, 0, 0, 0}, sel[N * KS];
+        tern_rows rows = {.n = N, .pos = pos, .slot = slot, .pos_host = pos, .slot_host = slot};
+        float q[N * NI * DV], w[N * NI], gap = NAN;
+        fill(q, sizeof q / sizeof *q, 1.0f);
+        fill(w, sizeof w / sizeof *w, 1.0f); /* negative weights too */
+        go->dsa_topk(be, sel, q, w, &rows, NI, kvl, 0.25f, KS, &gap);
+        int ok = 1;
+        double min_gap = 1e300;
+        for (int r = 0; r < N; r++) {
+            const int32_t *sr = sel + r * KS;
+            if (pos[r] + 1 <= KS) { /* dense row: 0..pos then -1 */
+                for (int i = 0; i < KS; i++) ok &= sr[i] == (i <= pos[r] ? i : -1);
+                continue;
+            }
+            double I[T];
+            int ord[T];
+            for (int b = 0; b <= pos[r]; b++) {
+                I[b] = 0;
+                for (int j = 0; j < NI; j++) {
+                    double d = 0;
+                    for (int c = 0; c < DV; c++) d += (double)q[(r * NI + j) * DV + c] * V[b * DV + c];
+                    d *= 0.25;
+                    if (d > 0) I[b] += w[r * NI + j] * d;
+                }
+                ord[b] = b;
+            }
+            for (int i = 1; i <= pos[r]; i++) /* insertion sort: score desc, position asc */
+                for (int j = i; j > 0 && (I[ord[j]] > I[ord[j - 1]] ||
+                                          (I[ord[j]] == I[ord[j - 1]] && ord[j] < ord[j - 1])); j--) {
+                    int t = ord[j]; ord[j] = ord[j - 1]; ord[j - 1] = t;
+                }
+            min_gap = fmin(min_gap, I[ord[KS - 1]] - I[ord[KS]]);
+            int want[KS];
+            memcpy(want, ord, sizeof want);
+            for (int i = 1; i < KS; i++) /* ascending positions */
+                for (int j = i; j > 0 && want[j] < want[j - 1]; j--) { int t = want[j]; want[j] = want[j - 1]; want[j - 1] = t; }
+            for (int i = 0; i < KS; i++) ok &= sr[i] == want[i];
+        }
+        CHECK(ok, "%s dsa_topk selection", be->vt->name);
+        CHECK(fabs(gap - min_gap) < 1e-5, "%s min_gap %g vs %g", be->vt->name, gap, min_gap);
+        /* exact ties (zero queries: every score 0): the lowest positions win */
+        memset(q, 0, sizeof q);
+        go->dsa_topk(be, sel, q, w, &rows, NI, kvl, 0.25f, KS, NULL);
+        ok = 1;
+        for (int i = 0; i < KS; i++) ok &= sel[3 * KS + i] == i;
+        CHECK(ok, "%s ties -> lowest positions", be->vt->name);
+        tern_kv_close(kv);
+    }
+}
+
+TEST(glm_route_group) {
+    enum { N = 6, E = 16, G = 4, GK = 2, KE = 4 };
+    for (int bi = 0; bi < 2; bi++) {
+        tern_backend *be = g_be[bi];
+        const tern_glm_ops *go = be->vt->glm;
+        float lg[N * E], bias[E], wts[N * KE];
+        int32_t idx[N * KE];
+        fill(lg, N * E, 3.0f);
+        fill(bias, E, 0.5f);
+        for (int norm = 0; norm < 2; norm++) {
+            tern_route_group p = {.n_group = G, .topk_group = GK, .norm = norm, .scaling = 2.5f, .bias = bias};
+            go->route_group(be, idx, wts, lg, N, E, KE, &p);
+            int ok = 1;
+            double worst = 0;
+            for (int r = 0; r < N; r++) {
+                double sg[E], ch[E], gs[G];
+                for (int e = 0; e < E; e++) sg[e] = 1 / (1 + exp(-lg[r * E + e])), ch[e] = sg[e] + bias[e];
+                for (int g = 0; g < G; g++) { /* top-2 sum of 4 */
+                    double a = -1e9, b = -1e9;
+                    for (int e = g * 4; e < g * 4 + 4; e++) { if (ch[e] > a) { b = a; a = ch[e]; } else if (ch[e] > b) b = ch[e]; }
+                    gs[g] = a + b;
+                }
+                int kept[G] = {0};
+                for (int t = 0; t < GK; t++) {
+                    int bg = -1;
+                    for (int g = 0; g < G; g++) if (!kept[g] && (bg < 0 || gs[g] > gs[bg])) bg = g;
+                    kept[bg] = 1;
+                }
+                int used[E] = {0}, want[KE];
+                double sum = 0;
+                for (int j = 0; j < KE; j++) {
+                    int be_ = -1;
+                    for (int e = 0; e < E; e++) if (kept[e / 4] && !used[e] && (be_ < 0 || ch[e] > ch[be_])) be_ = e;
+                    used[be_] = 1;
+                    want[j] = be_;
+                    sum += sg[be_];
+                }
+                for (int j = 0; j < KE; j++) {
+                    ok &= idx[r * KE + j] == want[j];
+                    double ww = sg[want[j]] / (norm ? sum + 1e-20 : 1.0) * 2.5;
+                    worst = fmax(worst, fabs(wts[r * KE + j] - ww));
+                }
+            }
+            CHECK(ok, "%s route_group experts (norm %d)", be->vt->name, norm);
+            CHECK(worst < 1e-5, "%s route_group weights err %g", be->vt->name, worst);
+        }
+        /* ties everywhere: lower groups, then lower experts; weights from sigmoid only */
+        memset(lg, 0, sizeof lg);
+        tern_route_group p = {.n_group = G, .topk_group = GK, .norm = 1, .scaling = 1.0f, .bias = NULL};
+        go->route_group(be, idx, wts, lg, 1, E, KE, &p);
+        CHECK(idx[0] == 0 && idx[1] == 1 && idx[2] == 2 && idx[3] == 3 && fabsf(wts[0] - 0.25f) < 1e-6f, "%s ties",
+              be->vt->name);
+    }
+}
+
+TEST(glm_latent_pool) {
+    tern_model_config c;
+    tern_layer_config L[2];
+    latent_cfg(&c, L, DV);
+    CHECK(tern_kv_bytes_per_token(&c) == (size_t)(2 * WD + DV) * 4, "bytes/token %zu", tern_kv_bytes_per_token(&c));
+    tern_kv *kv = NULL;
+    tern_error e = {0};
+    tern_kv_opts o = {.block_size = BS, .n_slots = 1, .max_ctx = 16};
+    CHECK(tern_kv_open(&kv, g_be[1], &c, &o, &e) == TERN_OK, "%s", e.msg);
+    if (!kv) return;
+    CHECK(tern_kv_layer_page_bytes(kv, 0, 0) == BS * WD * 4 && tern_kv_layer_page_bytes(kv, 0, 1) == BS * DV * 4 &&
+              tern_kv_layer_page_bytes(kv, 1, 1) == 0, "page bytes");
+    CHECK(tern_kv_reserve(kv, 0, 8, &e) == TERN_OK, "%s", e.msg);
+    float kp[BS * WD], vp[BS * DV], kq[BS * WD], vq[BS * DV];
+    fill(kp, BS * WD, 1.0f);
+    fill(vp, BS * DV, 1.0f);
+    int blk = tern_kv_block(kv, 0, 1);
+    CHECK(tern_kv_block_copy(kv, 0, blk, kp, vp, 1, &e) == TERN_OK && tern_kv_block_copy(kv, 0, blk, kq, vq, 0, &e) == TERN_OK &&
+              !memcmp(kp, kq, sizeof kp) && !memcmp(vp, vq, sizeof vp), "block copy with V");
+    CHECK(tern_kv_block_copy(kv, 1, blk, kp, NULL, 1, &e) == TERN_OK && tern_kv_block_copy(kv, 1, blk, kq, NULL, 0, &e) == TERN_OK &&
+              !memcmp(kp, kq, sizeof kp), "block copy without V");
+    tern_kv_close(kv);
+    tern_kv_fmt f[4] = {{.kind = TERN_KV_AFFINE, .bits = 8, .group = 4}};
+    o.formats = f;
+    CHECK(tern_kv_open(&kv, g_be[1], &c, &o, &e) == TERN_EUNSUPPORTED && strstr(e.msg, "latent"), "%s", e.msg);
+}
+
+int main(void) {
+    tern_error e = {0};
+    tern_backend_opts o = {.n_threads = 2};
+    if (tern_backend_cpu_ref_open(&g_be[0], &o, &e) || tern_backend_cpu_open(&g_be[1], &o, &e)) {
+        printf("FAIL: glm ops: backend: %s\n", e.msg);
+        return 1;
+    }
+    RUN(glm_copy_norm_rope);
+    RUN(glm_attention_latent);
+    RUN(glm_dsa_topk);
+    RUN(glm_route_group);
+    RUN(glm_latent_pool);
+    tern_backend_close(g_be[0]);
+    tern_backend_close(g_be[1]);
+    return test_done();
+}

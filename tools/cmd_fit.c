@@ -1,0 +1,127 @@
+/*
+ * cmd_fit.c — `tern fit MODEL [--ctx N] [--max-concurrency N] [--memory-budget GB]
+ * [--kv-quant SPEC] [--max-batch-tokens N] [--random NAME [--quant qB --group G]]`:
+ * memory honesty before anything is loaded. Prints the weight bytes (safetensors sizes of
+ * the text model, or a geometry estimate for --random), KV bytes per token for each layer
+ * kind (full / sliding / KV-shared) in every page mode, the prefill scratch, the total for
+ * the requested context and concurrency, and, with a budget, the longest safe context at
+ * that concurrency and the most sequences at that context. Numbers come from
+ * src/runtime/fit.c, which tern_engine_open uses to size the KV pool from --memory-budget.
+ * Ends with one CSV line (prefix "csv,"). Exit 0 (also when it does not fit: the verdict
+ * line says so), 2 on bad arguments or an unreadable model.
+ */
+#include "cli.h"
+#include "cli_util.h"
+#include "io/demo.h"
+#include "io/kv_config.h"
+#include "io/presets.h"
+#include "io/safetensors.h"
+#include "runtime/fit.h"
+#include "runtime/kv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double gb(size_t b) { return (double)b / 1073741824.0; }
+
+/* Text-model weight bytes of a directory (vision / audio towers are never loaded). */
+static tern_status dir_weights(const char *dir, size_t *out, size_t *skipped, tern_error *err) {
+    tern_st_set *set = NULL;
+    tern_status st = tern_st_open(&set, dir, err);
+    if (st) return st;
+    *out = *skipped = 0;
+    for (int i = 0; i < tern_st_count(set); i++) {
+        const tern_st_entry *e = tern_st_at(set, i);
+        if (strstr(e->name, "vision") || strstr(e->name, "audio")) *skipped += e->nbytes;
+        else *out += e->nbytes;
+    }
+    tern_st_close(set);
+    return TERN_OK;
+}
+
+static int parse_gb(const char *flag, const char *v, double *out) {
+    char *end;
+    double d = v ? strtod(v, &end) : -1;
+    if (!v || end == v || *end || !(d >= 0 && d < 1e6)) return cli_usage_error("fit", "%s expects gigabytes >= 0, got '%s'", flag, v ? v : "");
+    *out = d;
+    return 0;
+}
+
+int tern_cmd_fit(int argc, char **argv) {
+    cli_common c = {0};
+    long ctx = 0, conc = 8, mbt = 512;
+    double budget = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_flag(&c, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--ctx")) { if (cli_int("fit", a, v, 1, 1 << 24, &ctx)) return 2; i++; }
+        else if (!strcmp(a, "--max-concurrency")) { if (cli_int("fit", a, v, 1, 4096, &conc)) return 2; i++; }
+        else if (!strcmp(a, "--max-batch-tokens")) { if (cli_int("fit", a, v, 1, 1 << 20, &mbt)) return 2; i++; }
+        else if (!strcmp(a, "--memory-budget")) { if (parse_gb(a, v, &budget)) return 2; i++; }
+        else if (a[0] != '-' && !c.model) c.model = a;
+        else return cli_usage_error("fit", "unknown or incomplete argument '%s'", a);
+    }
+    if (!ctx && c.max_ctx) ctx = c.max_ctx;
+    tern_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    tern_error e = {0};
+    tern_status st;
+    char dir[4096] = "";
+    size_t wbytes = 0, skipped = 0;
+    const char *name = c.random ? c.random : c.model ? c.model : "demo";
+    if (c.random) {
+        const char *js = tern_preset_config(c.random);
+        st = tern_config_parse(&cfg, js, strlen(js), c.random, &e);
+        if (!st) wbytes = tern_fit_weight_estimate(&cfg, c.random_bits, c.random_group ? c.random_group : 64);
+    } else {
+        st = tern_model_path_resolve(name, dir, sizeof dir, &e);
+        if (!st) st = tern_config_load(&cfg, dir, &e);
+        if (!st) st = dir_weights(dir, &wbytes, &skipped, &e);
+    }
+    if (st) { tern_config_free(&cfg); return cli_fail("fit", &e); }
+    tern_kv_fmt *fmt = NULL;
+    const char *src = NULL, *spec = c.kv_quant ? c.kv_quant : "auto";
+    if ((st = tern_kv_quant_plan(spec, c.random ? NULL : dir, &cfg, &fmt, &src, &e))) { tern_config_free(&cfg); return cli_fail("fit", &e); }
+    tern_fit_opts fo = {.ctx = (int)ctx, .max_concurrency = (int)conc, .max_batch_tokens = (int)mbt, .budget_gb = budget};
+    tern_fit f;
+    if ((st = tern_fit_plan(&cfg, fmt, wbytes, &fo, &f, &e))) { free(fmt); tern_config_free(&cfg); return cli_fail("fit", &e); }
+
+    printf("model %s (%s): %d layers = %d full + %d sliding (window %d) + %d KV-shared\n", name, tern_arch_name(cfg.arch),
+           cfg.n_layer, f.n_full, f.n_sliding, f.window, f.n_shared);
+    printf("weights        %10.3f GB%s", gb(wbytes), c.random ? " (estimate from the geometry)" : " (safetensors, text model)");
+    if (skipped) printf(", +%.3f GB vision/audio not loaded", gb(skipped));
+    printf("\n\nKV bytes per token (per sequence, summed over the layers of each kind):\n");
+    printf("  %-12s %12s %12s %12s\n", "mode", "full", "sliding", "shared");
+    const char *modes[] = {"off", "bf16", "8", "4", "turbo:4,4", "turbo:4,3", "turbo:3,3", "turbo:3,2"};
+    for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+        tern_kv_fmt *mf = NULL;
+        if (tern_kv_quant_plan(modes[m], NULL, &cfg, &mf, NULL, NULL)) continue;
+        tern_fit fm;
+        tern_fit_opts o2 = fo;
+        o2.budget_gb = 0;
+        if (!tern_fit_plan(&cfg, mf, wbytes, &o2, &fm, NULL))
+            printf("  %-12s %12zu %12zu %12d\n", modes[m], fm.kv_token_full, fm.kv_token_sliding, 0);
+        free(mf);
+    }
+    printf("  (sliding layers keep only window + one prefill chunk per sequence: at most %d tokens)\n\n",
+           f.window > 0 ? ((f.window + 15) / 16 + 1 + (f.max_batch_tokens + 15) / 16) * 16 : 0);
+    printf("selected KV mode   %s (%s): %zu B/token full, %zu B/token sliding\n", spec, src ? src : "?", f.kv_token_full, f.kv_token_sliding);
+    printf("KV per sequence    %10.3f GB at ctx %d\n", gb(f.kv_seq), f.ctx);
+    printf("KV total           %10.3f GB for %d sequences\n", gb(f.kv_total), f.max_concurrency);
+    printf("prefill scratch    %10.3f GB (%d rows per step; estimate)\n", gb(f.scratch), f.max_batch_tokens);
+    printf("total              %10.3f GB\n", gb(f.total));
+    if (budget > 0) {
+        printf("budget             %10.3f GB: %s; %.3f GB left for KV\n", budget, f.fits ? "FITS" : "DOES NOT FIT", gb(f.kv_avail));
+        printf("max safe context   %d tokens at %d concurrent sequences\n", f.max_ctx, f.max_concurrency);
+        printf("max concurrency    %d sequences of %d tokens\n", f.max_conc, f.ctx);
+    }
+    printf("csv,%s,%s,%d,%d,%.0f,%zu,%zu,%zu,%zu,%zu,%zu,%.3f,%d,%d,%d\n", name, spec, f.ctx, f.max_concurrency,
+           (double)wbytes, f.kv_token_full, f.kv_token_sliding, f.kv_seq, f.kv_total, f.scratch, f.total, budget, f.fits,
+           f.max_ctx, f.max_conc);
+    free(fmt);
+    tern_config_free(&cfg);
+    return 0;
+}
