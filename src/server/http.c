@@ -136,6 +136,12 @@ int srv_parse_body(srv_req *r, cJSON **out, srv_error *e) {
         cJSON_Delete(j);
         return srv_fail(e, 400, "", "the request body must be a JSON object");
     }
+    for (const char *p = end; p && p < r->body + r->body_len; p++)      /* one value, then only space */
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+            size_t off = (size_t)(p - r->body);
+            cJSON_Delete(j);
+            return srv_fail(e, 400, "", "the request body has data after the JSON object (at byte %zu)", off);
+        }
     char path[128];
     if (srv_json_bad_utf8(j, path, sizeof path)) {
         cJSON_Delete(j);

@@ -164,7 +164,7 @@ static int walk(const cJSON *v, char *path, size_t n, size_t len) {
         if (cJSON_IsArray(v)) k = (size_t)snprintf(path + len, n - len, "[%d]", i);
         else {
             if (c->string && !utf8_ok((const unsigned char *)c->string)) {
-                snprintf(path + len, n - len, "%s(key)", len ? "." : "");
+                snprintf(path + len, n - len, "%s", len ? " (a key)" : "a key of the body");
                 return 1;
             }
             k = (size_t)snprintf(path + len, n - len, "%s%.40s", len ? "." : "", c->string ? c->string : "");

@@ -53,7 +53,8 @@ export function makeFixture() {
   const cfg = JSON.parse(readFileSync(path.join(SRC, 'config.json'), 'utf8'));
   const old = cfg.vocab_size;
   if (nVocab !== old + N_SPECIAL) throw new Error(`unexpected vocab sizes ${old} / ${nVocab}`);
-  Object.assign(cfg, { vocab_size: nVocab, bos_token_id: 2, eos_token_id: [1, 4], pad_token_id: 0 });
+  // a 4096-token context (the fixture says 512) so that a long generation can be aborted mid-way
+  Object.assign(cfg, { vocab_size: nVocab, bos_token_id: 2, eos_token_id: [1, 4], pad_token_id: 0, max_position_embeddings: 4096 });
   writeFileSync(path.join(dir, 'config.json'), JSON.stringify(cfg, null, 2));
 
   const { header, data } = readSafetensors(path.join(SRC, 'model.safetensors'));
