@@ -89,6 +89,24 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
     return 1;
 }
 
+static tern_status load_model(const cli_common *c, cli_session *s, char *dir, size_t n, tern_error *e) {
+    tern_status st = TERN_OK;
+    if (c->random) {
+        const char *js = tern_preset_config(c->random);
+        tern_synth_spec spec = {.bits = c->random_bits, .group_size = c->random_group ? c->random_group : 64};
+        if (!s->cfg && !(s->cfg = calloc(1, sizeof *s->cfg))) return tern_err(e, TERN_ENOMEM, "out of memory");
+        if (!s->ws) {
+            st = tern_config_parse(s->cfg, js, strlen(js), c->random, e);
+            if (!st) st = tern_weights_open_synth(&s->ws, s->cfg, &spec, e);
+        }
+        if (!st) st = tern_model_load_from(&s->model, s->cfg, s->ws, s->be, NULL, e);
+        return st;
+    }
+    st = tern_model_path_resolve(c->model, dir, n, e);
+    if (!st) st = tern_model_load(&s->model, dir, s->be, NULL, e);
+    return st;
+}
+
 int cli_open(const cli_common *c, int n_slots, cli_session *s) {
     memset(s, 0, sizeof *s);
     tern_error e = {0};
@@ -103,17 +121,17 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
         st = tern_backend_cpu_open(&s->be, &bo, &e);
         if (st) return cli_fail("open", &e);
     }
-    char dir[4096];
-    if (c->random) {
-        const char *js = tern_preset_config(c->random);
-        tern_synth_spec spec = {.bits = c->random_bits, .group_size = c->random_group ? c->random_group : 64};
-        if (!(s->cfg = calloc(1, sizeof *s->cfg))) st = tern_err(&e, TERN_ENOMEM, "out of memory");
-        if (!st) st = tern_config_parse(s->cfg, js, strlen(js), c->random, &e);
-        if (!st) st = tern_weights_open_synth(&s->ws, s->cfg, &spec, &e);
-        if (!st) st = tern_model_load_from(&s->model, s->cfg, s->ws, s->be, NULL, &e);
-    } else {
-        st = tern_model_path_resolve(c->model, dir, sizeof dir, &e);
-        if (!st) st = tern_model_load(&s->model, dir, s->be, NULL, &e);
+    char dir[4096] = "";
+    st = load_model(c, s, dir, sizeof dir, &e);
+    if (st == TERN_EUNSUPPORTED && !strcmp(dev, "auto") && s->be->device >= 0) {
+        /* --device auto: a model the GPU backend cannot run yet goes to the CPU */
+        tern_log(TERN_LOG_INFO, "%s; using the CPU", e.msg);
+        tern_model_free(s->model);
+        s->model = NULL;
+        tern_backend_close(s->be);
+        s->be = NULL;
+        st = tern_backend_cpu_open(&s->be, &bo, &e);
+        if (!st) st = load_model(c, s, dir, sizeof dir, &e);
     }
     if (st) {
         cli_close(s);
