@@ -70,7 +70,7 @@ static void res_add(res *r, double ttft, const double *gaps, int n_gaps, int tok
     pthread_mutex_lock(&r->mu);
     r->done++;
     if (err) {
-        if (!r->errors++) snprintf(r->first_err, sizeof r->first_err, "%s", err);
+        if (!r->errors++) snprintf(r->first_err, sizeof r->first_err, "%.190s", err);
     } else {
         r->ttft[r->n_ttft++] = ttft;
         r->tokens += tokens;
@@ -291,7 +291,7 @@ static int on_ev(void *ctx, const tern_event *ev) {
         else if (d->ng < d->cap) d->gaps[d->ng++] = t - d->t_last;
         d->t_last = t;
     } else {
-        if (ev->kind == TERN_EV_ERROR) snprintf(d->err, sizeof d->err, "%s", ev->err ? ev->err->msg : "error");
+        if (ev->kind == TERN_EV_ERROR) snprintf(d->err, sizeof d->err, "%.190s", ev->err ? ev->err->msg : "error");
         d->n = ev->n_generated;
         d->done = 1;
         pthread_cond_signal(&d->cv);

@@ -43,8 +43,7 @@ typedef struct g4 {
     float *x, *xn, *o, *q, *k, *v, *att, *g, *u, *x2, *m2, *lg, *wts, *moe_scratch;
     int32_t *idx;
     float *ple, *pa, *pg, *pt;
-    float *xs, *logits;
-    int logit_rows;
+    tern_out_head out;
 } g4;
 
 #define NAME(buf, ...) (snprintf(buf, sizeof buf, __VA_ARGS__), buf)
@@ -156,13 +155,13 @@ static tern_status g4_load(tern_model *m, tern_weights *ws, tern_error *err) {
         if (!(g->inv_sliding = tern__upload_f32(m, host, (size_t)Ds / 2, err))) return TERN_ENOMEM;
     }
     /* scratch */
-    g->logit_rows = (int)TERN_MAX(1, TERN_MIN((int64_t)B, (int64_t)(64u << 20) / ((int64_t)V * 4)));
+    if ((s = tern__out_head_init(m, &g->out, err))) return s;
 #define SCR(p, cnt) if (!((p) = TERN_ALLOC_F(m, (size_t)(cnt), err))) return TERN_ENOMEM
     SCR(g->x, (size_t)B * H); SCR(g->xn, (size_t)B * H); SCR(g->o, (size_t)B * H);
     SCR(g->q, (size_t)B * Dmax); SCR(g->att, (size_t)B * Dmax);
     SCR(g->k, (size_t)B * KVDmax); SCR(g->v, (size_t)B * KVDmax);
     SCR(g->g, (size_t)B * Imax); SCR(g->u, (size_t)B * Imax);
-    SCR(g->xs, (size_t)g->logit_rows * H); SCR(g->logits, (size_t)g->logit_rows * V);
+   
     if (c->n_expert > 0) {
         int E = c->n_expert, K = c->n_expert_used;
         SCR(g->x2, (size_t)B * H); SCR(g->m2, (size_t)B * H); SCR(g->lg, (size_t)B * E); SCR(g->wts, (size_t)B * K);
@@ -190,7 +189,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     const tern_backend_vt *op = m->be->vt;
     tern_backend *be = m->be;
     g4 *g = m->arch;
-    int n = b->n, H = c->n_embd, N = c->n_layer, P = c->ple_dim, V = c->n_vocab;
+    int n = b->n, H = c->n_embd, N = c->n_layer, P = c->ple_dim;
     float eps = (float)c->norm_eps;
     tern_rows rows = {.n = n, .pos = m->d_pos, .slot = m->d_slot, .pos_host = b->pos, .slot_host = b->slot};
 
@@ -275,15 +274,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     }
 
     /* logits for the requested rows, a chunk of rows at a time */
-    const tern_tensor *head = &g->head;
-    for (int i0 = 0; i0 < n_want; i0 += g->logit_rows) {
-        int nr = TERN_MIN(g->logit_rows, n_want - i0);
-        for (int i = 0; i < nr; i++) op->copy_cols(be, g->xs + (size_t)i * H, g->x + (size_t)want[i0 + i] * H, 1, H, H, 0);
-        op->rmsnorm(be, g->xs, g->xs, nr, H, g->final_norm, eps);
-        op->matmul(be, g->logits, g->xs, nr, head);
-        if (c->final_logit_softcap > 0) op->softcap(be, g->logits, (size_t)nr * V, (float)c->final_logit_softcap);
-        if (logits) op->download(be, logits + (size_t)i0 * V, g->logits, sizeof(float) * (size_t)nr * V);
-    }
+    tern__out_head_logits(m, &g->out, g->x, want, n_want, g->final_norm, &g->head, logits);
     return TERN_OK;
 }
 

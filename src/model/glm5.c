@@ -30,7 +30,7 @@ static tern_status glm_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
     const tern_glm_ops *go = op->glm;
     tern_backend *be = m->be;
     glm *g = m->arch;
-    int n = b->n, D = c->n_embd, V = c->n_vocab, H = c->n_head;
+    int n = b->n, D = c->n_embd, H = c->n_head;
     int dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim, rkv = c->kv_lora_rank;
     int rq = c->q_lora_rank, dq = dn + dr, W = rkv + dr, ni = c->index_n_heads, di = c->index_head_dim;
     int K = c->index_topk, E = c->n_expert, k = c->n_expert_used;
@@ -115,13 +115,7 @@ static tern_status glm_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
             op->add(be, g->x, g->x, g->o, (size_t)n * D);
         }
     }
-    for (int i0 = 0; i0 < n_want; i0 += g->logit_rows) {
-        int nr = TERN_MIN(g->logit_rows, n_want - i0);
-        for (int i = 0; i < nr; i++) op->copy_cols(be, g->xs + (size_t)i * D, g->x + (size_t)want[i0 + i] * D, 1, D, D, 0);
-        op->rmsnorm(be, g->xs, g->xs, nr, D, g->final_norm, eps);
-        op->matmul(be, g->logits, g->xs, nr, &g->head);
-        if (logits) op->download(be, logits + (size_t)i0 * V, g->logits, sizeof(float) * (size_t)nr * V);
-    }
+    tern__out_head_logits(m, &g->out, g->x, want, n_want, g->final_norm, &g->head, logits);
     return TERN_OK;
 }
 

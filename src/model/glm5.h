@@ -33,9 +33,9 @@ typedef struct glm {
     float *inv;                 /* device [d_r/2] RoPE inverse frequencies */
     /* scratch [max_batch, ...] */
     float *x, *xn, *o, *cq, *q, *ckv, *lat, *ik, *iq, *iw, *qc, *ol, *ta, *tb, *att;
-    float *gt, *up, *rl, *wts, *moe_scr, *xs, *logits;
+    float *gt, *up, *rl, *wts, *moe_scr;
     int32_t *idx, *sel;
-    int logit_rows;
+    tern_out_head out;
 } glm;
 
 tern_status tern__glm5_load(tern_model *m, tern_weights *ws, tern_error *err);

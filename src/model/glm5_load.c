@@ -145,15 +145,14 @@ tern_status tern__glm5_load(tern_model *m, tern_weights *ws, tern_error *err) {
     if (dr / 2 > (int)TERN_ARRAY_LEN(inv)) return tern_err(err, TERN_EUNSUPPORTED, "qk_rope_head_dim %d too large", dr);
     if ((s = tern__rope_inv_freq(&c->rope_full, dr, 0, inv, &mscale, err))) return s;
     if (!(g->inv = tern__upload_f32(m, inv, (size_t)dr / 2, err))) return TERN_ENOMEM;
-    g->logit_rows = (int)TERN_MAX(1, TERN_MIN((int64_t)B, (int64_t)(64u << 20) / ((int64_t)V * 4)));
+    if ((s = tern__out_head_init(m, &g->out, err))) return s;
     size_t b = (size_t)B;
 #define SCR(p, cnt) if (!((p) = TERN_ALLOC_F(m, (size_t)(cnt), err))) return TERN_ENOMEM
     SCR(g->x, b * D); SCR(g->xn, b * D); SCR(g->o, b * D); SCR(g->cq, b * rq); SCR(g->q, b * H * dq);
     SCR(g->ckv, b * W); SCR(g->lat, b * rkv); SCR(g->ik, b * di); SCR(g->iq, b * ni * di); SCR(g->iw, b * ni);
     SCR(g->qc, b * H * W); SCR(g->ol, b * H * rkv); SCR(g->ta, b * TERN_MAX(dn, rkv)); SCR(g->tb, b * TERN_MAX(rkv, dv));
     SCR(g->att, b * H * dv); SCR(g->gt, b * Imax); SCR(g->up, b * Imax); SCR(g->rl, b * E); SCR(g->wts, b * k);
-    SCR(g->moe_scr, b * k * 2 * (size_t)Im); SCR(g->xs, (size_t)g->logit_rows * D);
-    SCR(g->logits, (size_t)g->logit_rows * V);
+    SCR(g->moe_scr, b * k * 2 * (size_t)Im);
 #undef SCR
     if (!(g->idx = tern__alloc(m, sizeof(int32_t) * b * k, err))) return TERN_ENOMEM;
     if (!(g->sel = tern__alloc(m, sizeof(int32_t) * b * (size_t)c->index_topk, err))) return TERN_ENOMEM;

@@ -60,6 +60,17 @@ tern_status tern__load_head(tern_model *m, tern_weights *ws, const tern_tensor *
 tern_status tern__load_vec(tern_model *m, tern_weights *ws, const char *name, int64_t n, int optional,
                            float **dev, tern_error *err);
 
+/* The output head shared by every architecture: for the rows in want[], logits =
+ * softcap(head · norm(x[row])) written to host `out` ([n_want, V]), a chunk of rows at a time
+ * (the device scratch is capped at 64 MB of logits). */
+typedef struct tern_out_head {
+    float *xs, *logits;  /* device scratch [rows, H], [rows, V] */
+    int rows;
+} tern_out_head;
+tern_status tern__out_head_init(tern_model *m, tern_out_head *h, tern_error *err);
+void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x, const int *want, int n_want,
+                           const float *norm, const tern_tensor *head, float *out);
+
 /* RoPE inverse frequencies for one rope kind over head dim D: fills inv[D/2] (host) and
  * *mscale (yarn attention factor, else 1). max_pos: largest position in the step (dynamic). */
 tern_status tern__rope_inv_freq(const tern_rope_params *rp, int D, int max_pos, float *inv, float *mscale,

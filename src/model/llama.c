@@ -27,8 +27,8 @@ typedef struct ll {
     float *inv_host;
     float mscale;
     int inv_max_pos;    /* dynamic rope: largest position the table was built for */
-    float *x, *xn, *o, *q, *k, *v, *att, *g, *u, *xs, *logits;
-    int logit_rows;
+    float *x, *xn, *o, *q, *k, *v, *att, *g, *u;
+    tern_out_head out;
 } ll;
 
 #define NAME(buf, ...) (snprintf(buf, sizeof buf, __VA_ARGS__), buf)
@@ -81,13 +81,13 @@ static tern_status ll_load(tern_model *m, tern_weights *ws, tern_error *err) {
     if (!(g->inv_host = malloc(sizeof(float) * (size_t)(D / 2 + 1)))) return tern_err(err, TERN_ENOMEM, "out of memory");
     if ((s = tern__rope_inv_freq(&c->rope_full, D, 0, g->inv_host, &g->mscale, err))) return s;
     if (!(g->inv = tern__upload_f32(m, g->inv_host, (size_t)D / 2, err))) return TERN_ENOMEM;
-    g->logit_rows = (int)TERN_MAX(1, TERN_MIN((int64_t)B, (int64_t)(64u << 20) / ((int64_t)V * 4)));
+    if ((s = tern__out_head_init(m, &g->out, err))) return s;
 #define SCR(p, cnt) if (!((p) = TERN_ALLOC_F(m, (size_t)(cnt), err))) return TERN_ENOMEM
     SCR(g->x, (size_t)B * H); SCR(g->xn, (size_t)B * H); SCR(g->o, (size_t)B * H);
     SCR(g->q, (size_t)B * Dmax); SCR(g->att, (size_t)B * Dmax);
     SCR(g->k, (size_t)B * KVmax); SCR(g->v, (size_t)B * KVmax);
     SCR(g->g, (size_t)B * Imax); SCR(g->u, (size_t)B * Imax);
-    SCR(g->xs, (size_t)g->logit_rows * H); SCR(g->logits, (size_t)g->logit_rows * V);
+   
 #undef SCR
     return TERN_OK;
 }
@@ -107,7 +107,7 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     const tern_backend_vt *op = m->be->vt;
     tern_backend *be = m->be;
     ll *g = m->arch;
-    int n = b->n, H = c->n_embd, N = c->n_layer, V = c->n_vocab, nH = c->n_head;
+    int n = b->n, H = c->n_embd, N = c->n_layer, nH = c->n_head;
     float eps = (float)c->norm_eps;
     tern_rows rows = {.n = n, .pos = m->d_pos, .slot = m->d_slot, .pos_host = b->pos, .slot_host = b->slot};
 
@@ -158,15 +158,7 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         op->matmul(be, g->o, g->g, n, &L->down);
         op->add(be, g->x, g->x, g->o, (size_t)n * H);
     }
-    const tern_tensor *head = &g->head;
-    for (int i0 = 0; i0 < n_want; i0 += g->logit_rows) {
-        int nr = TERN_MIN(g->logit_rows, n_want - i0);
-        for (int i = 0; i < nr; i++) op->copy_cols(be, g->xs + (size_t)i * H, g->x + (size_t)want[i0 + i] * H, 1, H, H, 0);
-        op->rmsnorm(be, g->xs, g->xs, nr, H, g->final_norm, eps);
-        op->matmul(be, g->logits, g->xs, nr, head);
-        if (c->final_logit_softcap > 0) op->softcap(be, g->logits, (size_t)nr * V, (float)c->final_logit_softcap);
-        if (logits) op->download(be, logits + (size_t)i0 * V, g->logits, sizeof(float) * (size_t)nr * V);
-    }
+    tern__out_head_logits(m, &g->out, g->x, want, n_want, g->final_norm, &g->head, logits);
     return TERN_OK;
 }
 

@@ -125,6 +125,31 @@ tern_status tern__load_vec(tern_model *m, tern_weights *ws, const char *name, in
     return *dev ? TERN_OK : TERN_ENOMEM;
 }
 
+/* ---- output head ---------------------------------------------------------------------- */
+
+tern_status tern__out_head_init(tern_model *m, tern_out_head *h, tern_error *err) {
+    int64_t V = m->cfg.n_vocab;
+    h->rows = (int)TERN_MAX(1, TERN_MIN((int64_t)m->max_batch, (int64_t)(64u << 20) / (V * 4)));
+    if (!(h->xs = TERN_ALLOC_F(m, (size_t)h->rows * m->cfg.n_embd, err))) return TERN_ENOMEM;
+    if (!(h->logits = TERN_ALLOC_F(m, (size_t)h->rows * V, err))) return TERN_ENOMEM;
+    return TERN_OK;
+}
+
+void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x, const int *want, int n_want,
+                           const float *norm, const tern_tensor *head, float *out) {
+    const tern_backend_vt *op = m->be->vt;
+    tern_backend *be = m->be;
+    int H = m->cfg.n_embd, V = m->cfg.n_vocab;
+    for (int i0 = 0; i0 < n_want; i0 += h->rows) {
+        int nr = TERN_MIN(h->rows, n_want - i0);
+        for (int i = 0; i < nr; i++) op->copy_cols(be, h->xs + (size_t)i * H, x + (size_t)want[i0 + i] * H, 1, H, H, 0);
+        op->rmsnorm(be, h->xs, h->xs, nr, H, norm, (float)m->cfg.norm_eps);
+        op->matmul(be, h->logits, h->xs, nr, head);
+        if (m->cfg.final_logit_softcap > 0) op->softcap(be, h->logits, (size_t)nr * V, (float)m->cfg.final_logit_softcap);
+        if (out) op->download(be, out + (size_t)i0 * V, h->logits, sizeof(float) * (size_t)nr * V);
+    }
+}
+
 /* ---- RoPE ---------------------------------------------------------------------------- */
 
 static double yarn_find_dim(double n_rot, int D, double base, int orig) {

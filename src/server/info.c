@@ -127,8 +127,11 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
         "# HELP tern_kv_blocks_cached KV blocks held by the prefix cache.\n# TYPE tern_kv_blocks_cached gauge\n"
         "tern_kv_blocks_cached %d\n"
         "# HELP tern_preemptions_total Requests evicted from the KV pool to be recomputed.\n"
-        "# TYPE tern_preemptions_total counter\ntern_preemptions_total %lld\n",
-        st.kv_blocks_total - st.kv_blocks_used, st.kv_blocks_cached, st.preemptions);
+        "# TYPE tern_preemptions_total counter\ntern_preemptions_total %lld\n"
+        "# HELP tern_http_rejected_total Requests refused with 429 because the wait queue was full.\n"
+        "# TYPE tern_http_rejected_total counter\ntern_http_rejected_total %lld\n",
+        st.kv_blocks_total - st.kv_blocks_used, st.kv_blocks_cached, st.preemptions,
+        (long long)atomic_load(&s->n_rejected));
     tern_jw_text(&w, b, (size_t)(n < (int)sizeof b ? n : (int)sizeof b - 1));
     srv_metrics_write(s, &w);
     size_t len = 0;
@@ -183,6 +186,8 @@ enum MHD_Result srv_handle_stats(srv_req *r) {
     tern_jw_kint(&w, "errors_5xx", atomic_load(&s->n_http_5xx));
     tern_jw_kint(&w, "streams", atomic_load(&s->n_streams));
     tern_jw_kint(&w, "disconnects", atomic_load(&s->n_disconnects));
+    tern_jw_kint(&w, "rejected_queue_full", atomic_load(&s->n_rejected));
+    tern_jw_kint(&w, "live_requests", atomic_load(&s->n_live));
     tern_jw_end(&w);
     tern_jw_end(&w);
     return srv_reply_jw(r, 200, &w);

@@ -7,6 +7,7 @@
  *   tokenizer.c         loading tokenizer.json / configs, lookups, free
  *   tokenizer_json.c    streaming reader of the big model.vocab / model.merges members
  *   tokenizer_encode.c  added-token splitting, the encode pipeline, post-processors
+ *   tokenizer_guard.c   the prompt-injection guard: escape, and decoding escaped text
  *   tokenizer_decode.c  decoders and decode
  *   normalize.c         normalizers        pretok.c   pre-tokenizers
  *

@@ -202,6 +202,9 @@ await check('queue_full_429', async () => {
   eq(errs.length, 1, 'one anthropic request refused');
   eq(errs[0].status, 429);
   eq(errs[0].error?.error?.type, 'rate_limit_error');
+  const h = (await (await fetch(`${srv2.url}/stats`)).json()).http;
+  eq(h.rejected_queue_full, 2, '/stats http.rejected_queue_full');
+  assert(/tern_http_rejected_total 2\n/.test(await (await fetch(`${srv2.url}/metrics`)).text()), '/metrics');
 });
 
 await check('clean_shutdown', async () => {
