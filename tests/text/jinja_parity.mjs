@@ -22,8 +22,10 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const tern = path.join(root, "build/tern");
-const tmp = path.join(root, "build/jinja_parity");
-fs.mkdirSync(tmp, { recursive: true });
+// a private scratch folder: several runs of this test may overlap
+fs.mkdirSync(path.join(root, "build"), { recursive: true });
+const tmp = fs.mkdtempSync(path.join(root, "build/jinja_parity-"));
+process.on("exit", () => fs.rmSync(tmp, { recursive: true, force: true }));
 
 function skip(name, why) { console.log(`SKIP: ${name}: ${why}`); }
 
