@@ -7,7 +7,8 @@
 #   3. tests: every op vs cpu-ref (PASS/FAIL lines; per-format errors as "err" lines)
 #   4. benchmarks: build/bench_cuda, then any executable bench/gpu_*.sh that exists
 #   5. optional (GPU_CHECK_SANITIZE=1): compute-sanitizer memcheck over the op tests
-# Knobs: GPU_BENCH_KERNELS=0 skips bench_cuda; GPU_BENCH_MODELS="model:quant ..." (whole-model benches), GPU_BENCH_REPS (default 2),
+# Knobs: GPU_BENCH_KERNELS=0 skips bench_cuda; GPU_BENCH_MODELS="model:quant ..." (whole-model benches; set but
+# empty: none), GPU_BENCH_REPS (default 2),
 # GPU_BENCH_NOGRAPH="model:quant ..." (the same bench again with TERN_GRAPHS=0, for comparison).
 # Writes logs and summary.txt under $OUT (default build/gpu_check) and prints the summary last.
 # Every stage has its own timeout so the whole run stays well inside 10 minutes.
@@ -65,7 +66,7 @@ if [ -d .gpudeps/root ]; then
             grep -E '^FAIL|check failed|worst row' "$OUT/parity_$comp.log" | head -30 >> "$S"
         done
         : > "$OUT/model_bench.log"
-        for spec in ${GPU_BENCH_MODELS:-llama3-8b:bf16 llama3-8b:q4 gemma4-e4b:q4 gemma4-12b:bf16 gemma4-26b-a4b:q4}; do
+        for spec in ${GPU_BENCH_MODELS-llama3-8b:bf16 llama3-8b:q4 gemma4-e4b:q4 gemma4-12b:bf16 gemma4-26b-a4b:q4}; do
             m=${spec%%:*}; q=${spec##*:}
             echo "== $m $q" >> "$OUT/model_bench.log"
             timeout 150 ./build/tern-core bench --device cuda --random "$m" --quant "$q" --prompt 512 --gen 64 --reps "${GPU_BENCH_REPS:-2}" \

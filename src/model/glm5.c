@@ -38,7 +38,10 @@ static tern_status glm_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
     tern_rows rows = {.n = n, .pos = m->d_pos, .slot = m->d_slot, .pos_host = b->pos, .slot_host = b->slot};
     int maxp = 0;
     for (int r = 0; r < n; r++) maxp = TERN_MAX(maxp, b->pos[r]);
-    int sparse = maxp + 1 > K, have_sel = 0; /* any row beyond index_topk keys: DSA selects */
+    /* Any row beyond index_topk keys: DSA selects. Backends that record decode steps as graphs
+     * always select once the cache can exceed K, so a recorded step stays valid as the context
+     * grows (with <= K keys the selection is every key, in order: identical to dense). */
+    int sparse = maxp + 1 > K || (op->graph_begin && tern_kv_max_ctx(kv) > K), have_sel = 0;
     tern_route_group rg = {.n_group = c->n_group, .topk_group = c->topk_group, .norm = c->norm_topk_prob,
                            .scaling = (float)c->routed_scaling_factor};
 

@@ -305,6 +305,7 @@ TEST(cuda_norm_rope_elementwise) {
 
 #include "gpu/cuda_ops_tests_attn.h"
 #include "gpu/cuda_ops_tests_graph.h"
+#include "gpu/cuda_ops_tests_glm.h"
 
 static int cuda_ops_run_all(void) {
     RUN(cuda_upload_weight_rejects);
@@ -317,6 +318,7 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_route_topk);
     RUN(cuda_moe_mlp);
     RUN(cuda_graph_replay);
+    cuda_glm_tests();
     return test_done();
 }
 

@@ -266,6 +266,10 @@ static int be_graph_begin(tern_backend *be, uint64_t key, void *out, size_t out_
 static int be_graph_end(tern_backend *be, int ok) { return tern__cuda_graph_end(C(be), ok); }
 static void be_graph_reset(tern_backend *be) { tern__cuda_graph_reset(C(be)); }
 
+/* GLM-5 ops (glm.cu, glm_attn.cu) */
+extern const tern_glm_ops tern__cuda_glm_ops;
+void tern__cuda_glm_init(tern__cuda *c);
+
 static void be_close(tern_backend *be) {
     if (!be) return;
     tern__cuda *c = C(be);
@@ -315,6 +319,7 @@ static const tern_backend_vt k_cuda_vt = {
     .graph_begin = be_graph_begin,
     .graph_end = be_graph_end,
     .graph_reset = be_graph_reset,
+    .glm = &tern__cuda_glm_ops,
 };
 
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {
@@ -370,6 +375,7 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     }
     tern__cuda_gemv_init(c);
     tern__cuda_attn_init(c);
+    tern__cuda_glm_init(c);
     *out = be;
     return TERN_OK;
 fail:
