@@ -63,7 +63,7 @@ static void check_case(const char *name, tern_backend *be) {
     tern_model *m = NULL;
     tern_error e = {0};
     tern_status s = tern_model_load(&m, dir, be, NULL, &e);
-    if (s == TERN_EUNSUPPORTED && be->device >= 0) { /* e.g. GLM-5 has no CUDA kernels yet */
+    if (s == TERN_EUNSUPPORTED && be->device >= 0) { /* a model this backend has no kernels for */
         printf("SKIP: parity_%s: %s\n", name, e.msg);
         g_skipped = 1;
         goto out;
