@@ -6,6 +6,12 @@
  *   non-resident block), dsa_topk (scores in double, order = score desc then position asc,
  *   dense rows, exact ties, min_gap), route_group (groups, bias for choice only, ties,
  *   normalisation and scaling), and the latent pool geometry (bytes, missing V pool, block copy).
+ * Then the fast table against the scalar spec over a grid (hand-built views: permuted blocks,
+ * a non-resident block, two slots; head counts that do not fill a head block, records whose
+ * length is no multiple of the SIMD width, rows longer than a key tile, selections with padding
+ * and out-of-range entries, k at and around pos+1, exact score ties, NaN weights), on every ISA
+ * level and 1-3 threads: light ops and routing bit-identical, attention within 2e-5, identical
+ * selections; and bit-identical results across thread counts and alone vs in a batch.
  */
 #include "backend/cpu/cpu.h"
 #include "runtime/kv.h"
@@ -323,6 +329,209 @@ TEST(glm_latent_pool) {
     CHECK(tern_kv_open(&kv, g_be[1], &c, &o, &e) == TERN_EUNSUPPORTED && strstr(e.msg, "latent"), "%s", e.msg);
 }
 
+/* ---- fast table vs the spec over a grid ---------------------------------------------------- */
+
+enum { NBE = 6 };
+static tern_backend *g_fast[NBE]; /* [0] ref, then fast: default ISA x 1/2/3 threads, avx2, scalar */
+static const char *g_fast_name[NBE] = {"ref", "fast/1", "fast/2", "fast/3", "avx2/2", "scalar/2"};
+
+typedef struct gview {
+    tern_kv_layer kv;
+    float *K, *V;
+    int32_t *table;
+} gview;
+
+/* Two slots of up to max_pos+1 positions, blocks assigned in a shuffled order; block 2 of
+ * slot 1 is not resident. ints: small integer values (exact dot products). */
+static void make_view(gview *g, int wd, int dv, int bs, int max_pos, int ints) {
+    int mb = max_pos / bs + 1, nb = 2 * mb;
+    memset(g, 0, sizeof *g);
+    g->K = malloc(sizeof(float) * (size_t)nb * bs * wd);
+    g->V = dv ? malloc(sizeof(float) * (size_t)nb * bs * dv) : NULL;
+    g->table = malloc(sizeof(int32_t) * (size_t)nb);
+    for (int i = 0; i < nb; i++) g->table[i] = i;
+    for (int i = nb - 1; i > 0; i--) { /* shuffle */
+        int j = (int)(test_rand_u64(&g_seed) % (unsigned long long)(i + 1)), t = g->table[i];
+        g->table[i] = g->table[j];
+        g->table[j] = t;
+    }
+    if (mb > 2) g->table[mb + 2] = -1;
+    for (size_t i = 0; i < (size_t)nb * bs * wd; i++)
+        g->K[i] = ints ? (float)(int)(test_rand_u64(&g_seed) % 7) - 3.0f : test_randf(&g_seed);
+    for (size_t i = 0; g->V && i < (size_t)nb * bs * dv; i++)
+        g->V[i] = ints ? (float)(int)(test_rand_u64(&g_seed) % 7) - 3.0f : test_randf(&g_seed);
+    g->kv = (tern_kv_layer){.dtype = TERN_DT_F32, .n_head_kv = 1, .head_dim = wd, .block_size = bs, .k = g->K,
+                            .v = g->V, .block_table = g->table, .max_blocks = mb, .latent = 1, .v_dim = dv};
+}
+
+static void free_view(gview *g) { free(g->K); free(g->V); free(g->table); }
+
+static int bits_eq(const void *a, const void *b, size_t n) { return !memcmp(a, b, n); }
+
+TEST(glm_fast_attention_grid) {
+    static const int geo[3][4] = {{20, 16, 4, 0}, {72, 64, 16, 0}, {37, 37, 8, 0}}; /* wd, dv out, block */
+    static const int heads[4] = {1, 5, 16, 19};
+    enum { N = 7, KS = 40 };
+    int32_t pos[N] = {0, 31, 32, 33, 100, 150, 199}, slot[N] = {0, 1, 0, 1, 0, 1, 0}, sel[N * KS];
+    tern_rows rows = {.n = N, .pos = pos, .slot = slot, .pos_host = pos, .slot_host = slot};
+    for (int r = 0; r < N; r++) /* ascending sample, some -1, one entry past pos */
+        for (int c = 0; c < KS; c++) {
+            int b = (int)((long)c * (pos[r] + 1) / KS);
+            sel[r * KS + c] = c % 9 == 4 ? -1 : c == KS - 1 ? pos[r] + 2 : b;
+        }
+    double worst = 0;
+    int thr_ok = 1, batch_ok = 1;
+    for (int gi = 0; gi < 3; gi++) {
+        gview v;
+        make_view(&v, geo[gi][0], 0, geo[gi][2], 199, 0);
+        int wd = geo[gi][0], dvo = geo[gi][1];
+        for (int hi = 0; hi < 4; hi++)
+            for (int mode = 0; mode < 2; mode++) {
+                int nh = heads[hi];
+                size_t nq = (size_t)N * nh * wd, no = (size_t)N * nh * dvo;
+                float *q = malloc(sizeof(float) * nq), *out[NBE], *one = malloc(sizeof(float) * no);
+                fill(q, nq, 1.0f);
+                for (int b = 0; b < NBE; b++) {
+                    out[b] = malloc(sizeof(float) * no);
+                    g_fast[b]->vt->glm->attention_latent(g_fast[b], out[b], q, &rows, nh, &v.kv, dvo, 0.2f,
+                                                         mode ? sel : NULL, KS);
+                    for (size_t i = 0; b > 0 && i < no; i++) worst = fmax(worst, fabs(out[b][i] - out[0][i]));
+                }
+                thr_ok &= bits_eq(out[1], out[2], no * 4) && bits_eq(out[1], out[3], no * 4);
+                for (int r = 0; r < N; r++) { /* each row alone gives the same bits */
+                    tern_rows r1 = {.n = 1, .pos = pos + r, .slot = slot + r, .pos_host = pos + r, .slot_host = slot + r};
+                    g_fast[2]->vt->glm->attention_latent(g_fast[2], one, q + (size_t)r * nh * wd, &r1, nh, &v.kv, dvo,
+                                                         0.2f, mode ? sel + r * KS : NULL, KS);
+                    batch_ok &= bits_eq(one, out[2] + (size_t)r * nh * dvo, sizeof(float) * (size_t)nh * dvo);
+                }
+                for (int b = 0; b < NBE; b++) free(out[b]);
+                free(q);
+                free(one);
+            }
+        free_view(&v);
+    }
+    CHECK(worst < 2e-5, "attention fast vs ref err %g", worst);
+    CHECK(thr_ok, "attention differs across thread counts");
+    CHECK(batch_ok, "attention of a row alone differs from the row in a batch");
+}
+
+/* one dsa_topk call on every backend; returns 1 when all selections (and gaps, if exact) agree */
+static int topk_all(const gview *v, const float *q, const float *w, const tern_rows *rows, int nh, int k, int exact,
+                    double *gap_err, int *thr_ok) {
+    size_t ns = (size_t)rows->n * k;
+    int32_t *sel[NBE];
+    float gap[NBE];
+    int ok = 1;
+    for (int b = 0; b < NBE; b++) {
+        sel[b] = malloc(sizeof(int32_t) * ns);
+        gap[b] = NAN;
+        g_fast[b]->vt->glm->dsa_topk(g_fast[b], sel[b], q, w, rows, nh, &v->kv, 0.25f, k, &gap[b]);
+        if (b == 0) continue;
+        ok &= bits_eq(sel[b], sel[0], ns * 4);
+        if (exact) ok &= isnan(gap[b]) ? isnan(gap[0]) : gap[b] == gap[0];
+        else if (!isnan(gap[0])) *gap_err = fmax(*gap_err, fabs(gap[b] - gap[0]));
+    }
+    *thr_ok &= isnan(gap[1]) ? isnan(gap[2]) && isnan(gap[3]) : gap[1] == gap[2] && gap[1] == gap[3];
+    for (int b = 0; b < NBE; b++) free(sel[b]);
+    return ok;
+}
+
+TEST(glm_fast_topk_grid) {
+    static const int ks[4] = {1, 8, 32, 100};
+    enum { N = 8, NI = 5, DVI = 33 };
+    int32_t pos[N] = {0, 7, 8, 31, 32, 100, 101, 199}, slot[N] = {0, 1, 0, 1, 0, 1, 0, 1};
+    tern_rows rows = {.n = N, .pos = pos, .slot = slot, .pos_host = pos, .slot_host = slot};
+    double gap_err = 0;
+    int thr_ok = 1;
+    for (int ints = 0; ints < 2; ints++) {
+        gview v;
+        make_view(&v, 8, DVI, 8, 1500, ints);
+        float q[N * NI * DVI], w[N * NI];
+        for (int i = 0; i < N * NI * DVI; i++) q[i] = ints ? (float)(int)(test_rand_u64(&g_seed) % 5) - 2.0f : test_randf(&g_seed);
+        for (int i = 0; i < N * NI; i++) w[i] = ints ? (float)(int)(test_rand_u64(&g_seed) % 5) - 2.0f : test_randf(&g_seed);
+        for (int ki = 0; ki < 4; ki++) {
+            int k = ks[ki];
+            CHECK(topk_all(&v, q, w, &rows, NI, k, ints, &gap_err, &thr_ok), "dsa_topk selections differ (ints %d, k %d)", ints, k);
+        }
+        /* one long row alone: its keys are split over the threads */
+        int32_t p1[1] = {1500}, s1[1] = {1};
+        tern_rows r1 = {.n = 1, .pos = p1, .slot = s1, .pos_host = p1, .slot_host = s1};
+        CHECK(topk_all(&v, q, w, &r1, NI, 64, ints, &gap_err, &thr_ok), "dsa_topk long row (ints %d)", ints);
+        /* ties everywhere (zero queries) and a NaN weight: lowest positions, NaN scores last */
+        float qz[N * NI * DVI], wn[N * NI];
+        memset(qz, 0, sizeof qz);
+        memcpy(wn, w, sizeof w);
+        wn[NI * 7 + 2] = NAN;
+        CHECK(topk_all(&v, qz, w, &rows, NI, 8, 1, &gap_err, &thr_ok), "dsa_topk ties (ints %d)", ints);
+        CHECK(topk_all(&v, q, wn, &rows, NI, 8, ints, &gap_err, &thr_ok), "dsa_topk NaN weight (ints %d)", ints);
+        free_view(&v);
+    }
+    CHECK(gap_err < 1e-5, "min_gap fast vs ref err %g", gap_err);
+    CHECK(thr_ok, "min_gap differs across thread counts");
+}
+
+TEST(glm_fast_light_ops) {
+    enum { N = 300, D = 128, NH = 3, HS = 40 };
+    static float x[N * D], y[NBE][N * D], xr[NBE][N * NH * HS], cp[NBE][N * 40];
+    static int32_t pos[N], slot[N];
+    float w[D], b[D], inv[8];
+    fill(x, N * D, 3.0f); fill(w, D, 1.0f); fill(b, D, 1.0f);
+    for (int i = 0; i < 8; i++) inv[i] = powf(0.3f, (float)i);
+    for (int i = 0; i < N; i++) pos[i] = i * 37 % 1000, slot[i] = i % 2;
+    int ok = 1;
+    for (int n = 1; n <= N; n += N - 1) { /* one row (serial) and many (pool) */
+        for (int be = 0; be < NBE; be++) {
+            const tern_glm_ops *go = g_fast[be]->vt->glm;
+            go->layernorm(g_fast[be], y[be], x, n, D, w, b, 1e-6f);
+            memcpy(xr[be], x, sizeof(float) * (size_t)n * NH * HS);
+            go->rope_interleaved(g_fast[be], xr[be], n, NH, HS, 24, 16, pos, inv, 1.25f);
+            ok &= bits_eq(y[be], y[0], sizeof(float) * (size_t)n * D) && bits_eq(xr[be], xr[0], sizeof(float) * (size_t)n * NH * HS);
+            memset(cp[be], 0, sizeof cp[be]);
+            go->copy_2d(g_fast[be], cp[be] + 3, 40, x + 1, D, n, 30);
+            ok &= bits_eq(cp[be], cp[0], sizeof cp[be]);
+        }
+    }
+    CHECK(ok, "layernorm / rope / copy_2d differ from the spec");
+    /* cache writes: the same records land in the same places */
+    gview v[2];
+    unsigned long long sd = g_seed;
+    for (int i = 0; i < 2; i++) { g_seed = sd; make_view(&v[i], 20, 12, 4, N, 0); }
+    fill(x, N * D, 1.0f);
+    float *vv = x + (size_t)N * 20;
+    g_fast[0]->vt->glm->kv_write_latent(g_fast[0], &v[0].kv, &(tern_rows){.n = N, .pos = pos, .slot = slot}, x, vv);
+    g_fast[2]->vt->glm->kv_write_latent(g_fast[2], &v[1].kv, &(tern_rows){.n = N, .pos = pos, .slot = slot}, x, vv);
+    size_t nrec = (size_t)2 * v[0].kv.max_blocks * 4;
+    CHECK(bits_eq(v[0].K, v[1].K, nrec * 20 * 4) && bits_eq(v[0].V, v[1].V, nrec * 12 * 4), "kv_write_latent differs");
+    free_view(&v[0]);
+    free_view(&v[1]);
+}
+
+TEST(glm_fast_route_grid) {
+    static const int cfg[4][5] = {{64, 8, 3, 6, 100}, {16, 1, 1, 4, 2}, {2048, 16, 4, 8, 3}, {256, 1, 1, 8, 40}};
+    int ok = 1;
+    for (int ci = 0; ci < 4; ci++) {
+        int E = cfg[ci][0], n = cfg[ci][4], k = cfg[ci][3];
+        float *lg = malloc(sizeof(float) * (size_t)n * E), *bias = malloc(sizeof(float) * (size_t)E);
+        fill(lg, (size_t)n * E, 3.0f);
+        fill(bias, (size_t)E, 0.5f);
+        if (ci == 3) memset(lg, 0, sizeof(float) * (size_t)n * E); /* ties */
+        tern_route_group p = {.n_group = cfg[ci][1], .topk_group = cfg[ci][2], .norm = ci != 1, .scaling = 2.5f,
+                              .bias = ci == 3 ? NULL : bias};
+        int32_t *idx[NBE];
+        float *wts[NBE];
+        for (int b = 0; b < NBE; b++) {
+            idx[b] = malloc(sizeof(int32_t) * (size_t)n * k);
+            wts[b] = malloc(sizeof(float) * (size_t)n * k);
+            g_fast[b]->vt->glm->route_group(g_fast[b], idx[b], wts[b], lg, n, E, k, &p);
+            ok &= bits_eq(idx[b], idx[0], sizeof(int32_t) * (size_t)n * k) && bits_eq(wts[b], wts[0], sizeof(float) * (size_t)n * k);
+        }
+        for (int b = 0; b < NBE; b++) { free(idx[b]); free(wts[b]); }
+        free(lg);
+        free(bias);
+    }
+    CHECK(ok, "route_group differs from the spec");
+}
+
 int main(void) {
     tern_error e = {0};
     tern_backend_opts o = {.n_threads = 2};
@@ -335,6 +544,19 @@ int main(void) {
     RUN(glm_dsa_topk);
     RUN(glm_route_group);
     RUN(glm_latent_pool);
+    g_fast[0] = g_be[0];
+    for (int b = 1; b < NBE; b++) {
+        tern_backend_opts fo = {.n_threads = b <= 3 ? b : 2};
+        if (b >= 4) setenv("TERN_CPU_ISA", b == 4 ? "avx2" : "scalar", 1);
+        if (tern_backend_cpu_open(&g_fast[b], &fo, &e)) { printf("FAIL: glm fast grid: %s\n", e.msg); return 1; }
+        printf("  %s: kernels of isa %s\n", g_fast_name[b], tern_cpu_isa_name());
+        unsetenv("TERN_CPU_ISA");
+    }
+    RUN(glm_fast_attention_grid);
+    RUN(glm_fast_topk_grid);
+    RUN(glm_fast_light_ops);
+    RUN(glm_fast_route_grid);
+    for (int b = 1; b < NBE; b++) tern_backend_close(g_fast[b]);
     tern_backend_close(g_be[0]);
     tern_backend_close(g_be[1]);
     return test_done();

@@ -30,6 +30,7 @@ static void cpu_close(tern_backend *be) {
             for (int i = 0; i < c->nth; i++) tern_afree(c->xbuf[i]);
         free(c->xbuf);
         tern_afree(c->moe_i);
+        tern__cpu_glm_free(c->glm);
         free(c);
     }
     free(be);
@@ -281,7 +282,7 @@ static const tern_backend_vt cpu_vt = {
     .copy_cols = cpu_copy_cols,
     .route_topk = tern__cpu_route_topk,
     .moe_mlp = tern__cpu_moe_mlp,
-    .glm = &tern__cpu_glm_ops, /* GLM-5 ops (cpu_glm.c, scalar) */
+    .glm = &tern__cpu_glm_fast_ops, /* GLM-5 ops (glm_fast.c, glm_attn.c) */
 };
 
 void tern_backend_cpu_set_int8(tern_backend *be, int on) {

@@ -12,6 +12,8 @@
  *   - a non-resident key (block-table entry < 0) is never read: it is neither scored by
  *     the indexer nor attended.
  *   - NaN index scores rank below every number.
+ * This table serves "cpu-ref" and is the spec; the fast backend's table (glm_fast.c) shares
+ * the row helpers below (tern__glm_*_row) and re-implements attention and the indexer.
  * Scratch: the indexer heap (k entries) and the attention scores (longest row) are
  * malloc'd once per call; on allocation failure outputs are NaN / -1 so it is visible.
  */
@@ -26,55 +28,71 @@ static void copy_2d(tern_backend *be, float *dst, int ldd, const float *src, int
     for (int r = 0; r < n; r++) memcpy(dst + (size_t)r * ldd, src + (size_t)r * lds, sizeof(float) * (size_t)w);
 }
 
+void tern__glm_layernorm_row(float *yr, const float *xr, int d, const float *w, const float *b, float eps) {
+    double mu = 0, var = 0;
+    for (int j = 0; j < d; j++) mu += xr[j];
+    mu /= d;
+    for (int j = 0; j < d; j++) var += ((double)xr[j] - mu) * ((double)xr[j] - mu);
+    float inv = (float)(1.0 / sqrt(var / d + (double)eps));
+    for (int j = 0; j < d; j++) yr[j] = ((float)(xr[j] - mu) * inv) * (w ? w[j] : 1.0f) + (b ? b[j] : 0.0f);
+}
+
 static void layernorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, const float *b,
                       float eps) {
     (void)be;
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * d;
-        float *yr = y + (size_t)r * d;
-        double mu = 0, var = 0;
-        for (int j = 0; j < d; j++) mu += xr[j];
-        mu /= d;
-        for (int j = 0; j < d; j++) var += ((double)xr[j] - mu) * ((double)xr[j] - mu);
-        float inv = (float)(1.0 / sqrt(var / d + (double)eps));
-        for (int j = 0; j < d; j++)
-            yr[j] = ((float)(xr[j] - mu) * inv) * (w ? w[j] : 1.0f) + (b ? b[j] : 0.0f);
+    for (int r = 0; r < rows; r++) tern__glm_layernorm_row(y + (size_t)r * d, x + (size_t)r * d, d, w, b, eps);
+}
+
+/* cos/sin of one row's angles are computed once and shared by its heads (same values) */
+void tern__glm_rope_row(float *x, int h0, int h1, int hs, int off, int d, int32_t pos, const float *inv_freq,
+                        float mscale) {
+    float cs[256], sn[256];
+    int half = d / 2, nt = TERN_MIN(half, 256);
+    for (int i = 0; i < nt; i++) {
+        float th = (float)pos * inv_freq[i]; /* f32 angle, as transformers */
+        cs[i] = (float)cos((double)th);
+        sn[i] = (float)sin((double)th);
+    }
+    for (int h = h0; h < h1; h++) {
+        float *v = x + (size_t)h * hs + off;
+        for (int i = 0; i < half; i++) {
+            float th = (float)pos * inv_freq[i];
+            float c = i < nt ? cs[i] : (float)cos((double)th), s = i < nt ? sn[i] : (float)sin((double)th);
+            float a = v[2 * i], b = v[2 * i + 1];
+            v[2 * i] = (a * c - b * s) * mscale;
+            v[2 * i + 1] = (b * c + a * s) * mscale;
+        }
     }
 }
 
 static void rope_interleaved(tern_backend *be, float *x, int n, int nh, int hs, int off, int d, const int32_t *pos,
                              const float *inv_freq, float mscale) {
     (void)be;
-    for (int r = 0; r < n; r++)
-        for (int h = 0; h < nh; h++) {
-            float *v = x + ((size_t)r * nh + h) * hs + off;
-            for (int i = 0; i < d / 2; i++) {
-                float th = (float)pos[r] * inv_freq[i]; /* f32 angle, as transformers */
-                float c = (float)cos((double)th), s = (float)sin((double)th);
-                float a = v[2 * i], b = v[2 * i + 1];
-                v[2 * i] = (a * c - b * s) * mscale;
-                v[2 * i + 1] = (b * c + a * s) * mscale;
-            }
-        }
+    for (int r = 0; r < n; r++) tern__glm_rope_row(x + (size_t)r * nh * hs, 0, nh, hs, off, d, pos[r], inv_freq, mscale);
 }
 
 /* Record index (block * block_size + offset) of (slot, pos), or -1 when not resident. */
-static long rec(const tern_kv_layer *kv, int slot, int pos) {
+long tern__glm_rec(const tern_kv_layer *kv, int slot, int pos) {
     if (slot < 0 || pos < 0 || pos / kv->block_size >= kv->max_blocks) return -1;
     int32_t blk = kv->block_table[(size_t)slot * kv->max_blocks + pos / kv->block_size];
     return blk < 0 ? -1 : (long)blk * kv->block_size + pos % kv->block_size;
+}
+#define rec tern__glm_rec
+
+void tern__glm_kv_write_row(const tern_kv_layer *kv, int slot, int pos, const float *k, const float *v) {
+    long i = rec(kv, slot, pos);
+    if (i < 0) return;
+    size_t D = (size_t)kv->head_dim, Dv = (size_t)kv->v_dim;
+    memcpy((float *)kv->k + (size_t)i * D, k, D * sizeof(float));
+    if (Dv && v && kv->v) memcpy((float *)kv->v + (size_t)i * Dv, v, Dv * sizeof(float));
 }
 
 static void kv_write_latent(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
                             const float *v) {
     (void)be;
     size_t D = (size_t)kv->head_dim, Dv = (size_t)kv->v_dim;
-    for (int r = 0; r < rows->n; r++) {
-        long i = rec(kv, rows->slot[r], rows->pos[r]);
-        if (i < 0) continue;
-        memcpy((float *)kv->k + (size_t)i * D, k + (size_t)r * D, D * sizeof(float));
-        if (Dv && v && kv->v) memcpy((float *)kv->v + (size_t)i * Dv, v + (size_t)r * Dv, Dv * sizeof(float));
-    }
+    for (int r = 0; r < rows->n; r++)
+        tern__glm_kv_write_row(kv, rows->slot[r], rows->pos[r], k + (size_t)r * D, v ? v + (size_t)r * Dv : NULL);
 }
 
 /* ---- DSA indexer ----------------------------------------------------------------------- */
@@ -216,58 +234,62 @@ static void attention_latent(tern_backend *be, float *out, const float *q, const
 
 /* ---- grouped sigmoid router ------------------------------------------------------------ */
 
+void tern__glm_route_row(int32_t *ir, float *wr, const float *z, int E, int k, const tern_route_group *p, float *sg,
+                         unsigned char *keep) {
+    int G = p->n_group > 0 ? p->n_group : 1, per = E / G, Gk = p->topk_group > 0 ? p->topk_group : G;
+    float *ch = sg + E;
+    for (int e = 0; e < E; e++) {
+        sg[e] = 1.0f / (1.0f + expf(-z[e]));
+        ch[e] = sg[e] + (p->bias ? p->bias[e] : 0.0f);
+    }
+    unsigned char *gk = keep + E; /* chosen groups */
+    memset(gk, 0, (size_t)G);
+    for (int t = 0; t < Gk && G > 1; t++) {
+        int bg = -1;
+        float bs = 0;
+        for (int g = 0; g < G; g++) {
+            if (gk[g]) continue;
+            float m1 = -INFINITY, m2 = -INFINITY; /* top-2 of the group */
+            for (int e = g * per; e < (g + 1) * per; e++) {
+                if (ch[e] > m1) { m2 = m1; m1 = ch[e]; }
+                else if (ch[e] > m2) m2 = ch[e];
+            }
+            float gs = m1 + m2;
+            if (bg < 0 || gs > bs) { bg = g; bs = gs; }
+        }
+        gk[bg] = 1;
+    }
+    for (int e = 0; e < E; e++) keep[e] = G > 1 ? gk[e / per] : 1;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int be_ = -1;
+        for (int e = 0; e < E; e++)
+            if (keep[e] && (be_ < 0 || ch[e] > ch[be_])) be_ = e;
+        if (be_ < 0) { ir[j] = 0; wr[j] = 0.0f; continue; }
+        keep[be_] = 0;
+        ir[j] = be_;
+        wr[j] = sg[be_];
+        sum += sg[be_];
+    }
+    for (int j = 0; j < k; j++) {
+        if (p->norm) wr[j] /= sum + 1e-20f;
+        wr[j] *= p->scaling;
+    }
+}
+
 static void route_group(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
                         const tern_route_group *p) {
     (void)be;
     float sbuf[2 * 1024];
     unsigned char kbuf[2 * 1024];
-    int big = E > 1024;
+    int G = p->n_group > 0 ? p->n_group : 1, big = E + G > 1024;
     float *sg = big ? malloc(sizeof(float) * 2 * (size_t)E) : sbuf;
-    unsigned char *keep = big ? malloc((size_t)E + (size_t)p->n_group) : kbuf;
-    int G = p->n_group > 0 ? p->n_group : 1, per = E / G, Gk = p->topk_group > 0 ? p->topk_group : G;
+    unsigned char *keep = big ? malloc((size_t)E + (size_t)G) : kbuf;
     for (int r = 0; r < n; r++) {
         int32_t *ir = idx + (size_t)r * k;
         float *wr = wts + (size_t)r * k;
         if (!sg || !keep) { for (int j = 0; j < k; j++) { ir[j] = 0; wr[j] = NAN; } continue; }
-        float *ch = sg + E;
-        const float *z = logits + (size_t)r * E;
-        for (int e = 0; e < E; e++) {
-            sg[e] = 1.0f / (1.0f + expf(-z[e]));
-            ch[e] = sg[e] + (p->bias ? p->bias[e] : 0.0f);
-        }
-        unsigned char *gk = keep + E; /* chosen groups */
-        memset(gk, 0, (size_t)G);
-        for (int t = 0; t < Gk && G > 1; t++) {
-            int bg = -1;
-            float bs = 0;
-            for (int g = 0; g < G; g++) {
-                if (gk[g]) continue;
-                float m1 = -INFINITY, m2 = -INFINITY; /* top-2 of the group */
-                for (int e = g * per; e < (g + 1) * per; e++) {
-                    if (ch[e] > m1) { m2 = m1; m1 = ch[e]; }
-                    else if (ch[e] > m2) m2 = ch[e];
-                }
-                float gs = m1 + m2;
-                if (bg < 0 || gs > bs) { bg = g; bs = gs; }
-            }
-            gk[bg] = 1;
-        }
-        for (int e = 0; e < E; e++) keep[e] = G > 1 ? gk[e / per] : 1;
-        float sum = 0.0f;
-        for (int j = 0; j < k; j++) {
-            int be_ = -1;
-            for (int e = 0; e < E; e++)
-                if (keep[e] && (be_ < 0 || ch[e] > ch[be_])) be_ = e;
-            if (be_ < 0) { ir[j] = 0; wr[j] = 0.0f; continue; }
-            keep[be_] = 0;
-            ir[j] = be_;
-            wr[j] = sg[be_];
-            sum += sg[be_];
-        }
-        for (int j = 0; j < k; j++) {
-            if (p->norm) wr[j] /= sum + 1e-20f;
-            wr[j] *= p->scaling;
-        }
+        tern__glm_route_row(ir, wr, logits + (size_t)r * E, E, k, p, sg, keep);
     }
     if (big) { free(sg); free(keep); }
 }

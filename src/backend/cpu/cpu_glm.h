@@ -1,9 +1,15 @@
 /*
- * cpu_glm.h — the GLM-5 op table of both CPU backends (ops.h tern_glm_ops; cpu_glm.c).
+ * cpu_glm.h — the GLM-5 op tables of the CPU backends (ops.h tern_glm_ops) and what their
+ * files share. Internal to src/backend/cpu.
  *
- * One scalar implementation serves "cpu-ref" and "cpu": it is the spec the CUDA kernels
- * will be tested against, and at the sizes of the parity fixtures it is fast enough. The
- * fast backend can replace entries with threaded versions later without changing callers.
+ *   tern__cpu_glm_ops       cpu_glm.c: the scalar spec ("cpu-ref"), single-threaded loops.
+ *   tern__cpu_glm_fast_ops  glm_fast.c (+ glm_attn.c, glm_avx2.c, glm_avx512.c): the fast
+ *                           backend's ("cpu"): threaded over the pool, SIMD inner products,
+ *                           scratch kept per backend (cpu_impl.glm) and never allocated per
+ *                           decode step.
+ * The light ops (layernorm, RoPE, routing, cache writes) are one row function each, used by
+ * both tables, so their results are bit-identical; the attention and the indexer scores of the
+ * fast table sum in a different (fixed) order and are tested against the spec.
  */
 #ifndef TERN_CPU_GLM_H
 #define TERN_CPU_GLM_H
@@ -11,5 +17,40 @@
 #include "ops/ops.h"
 
 extern const tern_glm_ops tern__cpu_glm_ops;
+extern const tern_glm_ops tern__cpu_glm_fast_ops;
+
+/* The fast table's per-backend scratch (stored in cpu_impl.glm, made on first use); accepts NULL. */
+void tern__cpu_glm_free(void *state);
+
+/* ---- row helpers shared by both tables (cpu_glm.c) ---- */
+
+/* Record index (block * block_size + offset) of (slot, pos) in a latent view, -1 when not resident. */
+long tern__glm_rec(const tern_kv_layer *kv, int slot, int pos);
+/* One row of layernorm (double statistics, f32 output; y may alias x). */
+void tern__glm_layernorm_row(float *y, const float *x, int d, const float *w, const float *b, float eps);
+/* Interleaved RoPE of heads [h0, h1) of one row (ops.h rope_interleaved; x = the row). */
+void tern__glm_rope_row(float *x, int h0, int h1, int hs, int off, int d, int32_t pos, const float *inv_freq,
+                        float mscale);
+/* One row of kv_write_latent. */
+void tern__glm_kv_write_row(const tern_kv_layer *kv, int slot, int pos, const float *k, const float *v);
+/* One row of route_group; scratch sg holds 2*E floats, keep E + n_group bytes. */
+void tern__glm_route_row(int32_t *idx, float *wts, const float *z, int E, int k, const tern_route_group *p, float *sg,
+                         unsigned char *keep);
+
+/* ---- inner-product kernels of the fast table, one per ISA (glm_avx512.c, glm_avx2.c, glm_fast.c) ----
+ * Both are exact f32 arithmetic whose order per output element is fixed by the ISA alone:
+ * a result never depends on how many other rows/keys a call handles, so the fast ops are
+ * deterministic for any thread count and batch composition. */
+typedef struct tern_glm_kern {
+    const char *name;
+    /* out[i*ldo + j] = Σ_t a[i][t]·b[j][t] for i < na, j < nb (1..4 each), t < len. */
+    void (*dots)(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo);
+    /* o[i][0..n) += Σ_c p[i*ldp + c] · v[c][0..n) for i < no (1..4), c < nv (in c order). */
+    void (*pv)(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n);
+} tern_glm_kern;
+
+extern const tern_glm_kern tern__glm_kern_scalar;
+extern const tern_glm_kern tern__glm_kern_avx2;
+extern const tern_glm_kern tern__glm_kern_avx512;
 
 #endif

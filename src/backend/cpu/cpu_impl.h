@@ -26,6 +26,7 @@ typedef struct cpu_impl {
     size_t par_min;           /* elementwise ops split over the pool from this many elements */
     int32_t *moe_i;           /* MoE routing lists (grown on demand) */
     size_t moe_cap;           /* capacity of moe_i in int32 */
+    void *glm;                /* GLM-5 op scratch (glm_state.h), made on first use */
 } cpu_impl;
 
 /* A matmul over rows of x against one matrix of w, for output features [o0, o1).

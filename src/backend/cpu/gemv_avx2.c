@@ -17,6 +17,7 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
+#define PF(p) _mm_prefetch((const char *)(p) + 1024, _MM_HINT_T0) /* see gemv_avx512.c */
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -76,6 +77,7 @@ AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         __m256 xe = _mm256_loadu_ps(gx->xp + t), xo = _mm256_loadu_ps(gx->xp + t + 8);
         _Pragma("GCC unroll 4")
         for (int r = 0; r < NR; r++) {
+            if (!(t & 31)) PF((const uint16_t *)rw[r].data + t);
             __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)rw[r].data + t));
             ae[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, ae[r]);
             ao[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), xo, ao[r]);
@@ -101,7 +103,7 @@ AI void k_q(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const 
             const float *x = gx->xp + j0 + g * gs;
             __m256 acc[4];
             _Pragma("GCC unroll 4")
-            for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+            for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); PF(rw[r].data + (size_t)(j0 + g * gs) * BITS / 8); }
             for (int t = 0; t < gs; t += 16) {
                 __m256 x0 = _mm256_loadu_ps(x + t), x1 = _mm256_loadu_ps(x + t + 8);
                 _Pragma("GCC unroll 4")

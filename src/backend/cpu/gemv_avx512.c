@@ -28,6 +28,11 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* Software prefetch 1 KB ahead in each weight row: with 4 rows in flight and ~20 vector ops
+ * per 64 bytes (q4), the out-of-order window alone keeps too few cache misses outstanding
+ * when DRAM latency is high; measured +10-25% paired ratio for q4/q8 on the shared box. */
+#define PF(p) _mm_prefetch((const char *)(p) + 1024, _MM_HINT_T0)
+
 /* Scales and biases of groups [g0, g0+ng) as f32 (ng <= CPU_MAX_GROUPS); 16 zero entries
  * follow so per-lane loads past the last group read zeros. */
 static void grp_f32(const cpu_wrow *w, int g0, int ng, float *sc, float *bi) {
@@ -160,6 +165,7 @@ AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         __m512 xe = _mm512_loadu_ps(xp + t), xo = _mm512_loadu_ps(xp + t + 16);
         _Pragma("GCC unroll 4")
         for (int r = 0; r < NR; r++) {
+            PF(p[r] + t);
             __m512i v = _mm512_loadu_si512(p[r] + t);
             ae[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, ae[r]);
             ao[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hm)), xo, ao[r]);
@@ -186,7 +192,7 @@ AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
             const float *x = gx->xp + j0 + g * gs;
             __m512 acc[4];
             _Pragma("GCC unroll 4")
-            for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+            for (int r = 0; r < NR; r++) { acc[r] = _mm512_setzero_ps(); PF(rw[r].data + j0 + g * gs); }
             for (int t = 0; t < gs; t += 16) {
                 __m512 xv = _mm512_loadu_ps(x + t);
                 _Pragma("GCC unroll 4")
@@ -229,8 +235,10 @@ AI void k_q4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         for (int g = 0; g < ng; g++) {
             __m512 lut[4];
             _Pragma("GCC unroll 4")
-            for (int r = 0; r < NR; r++)
+            for (int r = 0; r < NR; r++) {
+                PF(rw[r].data + (j0 + g * gs) / 2);
                 lut[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(sc[r][g]), iota), _mm512_set1_ps(bi[r][g]));
+            }
             const float *x = gx->xp + j0 + g * gs;
             for (int t = 0; t < gs; t += 32) {
                 __m512 xl = _mm512_loadu_ps(x + t), xh = _mm512_loadu_ps(x + t + 16);
@@ -275,6 +283,7 @@ AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
             __m512i xq = _mm512_loadu_si512(gx->xq + j0 + c);
             _Pragma("GCC unroll 4")
             for (int r = 0; r < NR; r++) {
+                PF(rw[r].data + j0 + c);
                 __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(rw[r].data + j0 + c), xq);
                 __m512 ds = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + c / gs));
                 tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), ds, tot[r]);
@@ -310,6 +319,7 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
             _Pragma("GCC unroll 4")
             for (int r = 0; r < NR; r++) {
                 const uint8_t *src = rw[r].data + (j0 + c) / 2;
+                PF(src);
                 __m512i raw = full ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(0xffffffffull, src);
                 __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
                 __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);

@@ -1,0 +1,43 @@
+/*
+ * glm_state.h — what the fast GLM-5 op files share (glm_fast.c: table, scratch, light ops;
+ * glm_attn.c: latent attention and the DSA indexer). Internal to src/backend/cpu.
+ *
+ * One tern_glm_state per fast CPU backend, in cpu_impl.glm, made by the first GLM op and
+ * freed by the backend's close. Buffers only grow, and only when a larger shape appears.
+ */
+#ifndef TERN_GLM_STATE_H
+#define TERN_GLM_STATE_H
+
+#include "backend/cpu/cpu_glm.h"
+#include "backend/cpu/cpu_impl.h"
+
+typedef struct tern_glm_state {
+    const tern_glm_kern *gk;   /* inner products of the backend's ISA level */
+    tern_pool *pool;
+    int nth;
+    size_t par_min;            /* light ops go over the pool from this much work */
+    /* dsa_topk: per thread `cap` candidates (score, position, rank key) */
+    size_t cap;
+    float *sc;
+    int32_t *cpos;
+    uint64_t *key;
+    float *gap;                /* [gap_cap] per-row gaps (NaN: none) */
+    int gap_cap;
+    /* route_group: per thread 2*route_e floats and route_e + route_g bytes */
+    int route_e, route_g;
+    float *rsg;
+    unsigned char *rkeep;
+} tern_glm_state;
+
+/* The backend's state, made on first use; NULL when out of memory. */
+tern_glm_state *tern__glm_state(tern_backend *be);
+/* Grow the per-thread candidate buffers to `cap` keys / the per-row arrays to n rows; 0 on failure. */
+int tern__glm_reserve_keys(tern_glm_state *g, size_t cap);
+int tern__glm_reserve_rows(tern_glm_state *g, int n);
+
+void tern__glm_dsa_topk(tern_backend *be, int32_t *sel, const float *q, const float *w, const tern_rows *rows, int nh,
+                        const tern_kv_layer *kv, float scale, int k, float *min_gap);
+void tern__glm_attention_latent(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
+                                const tern_kv_layer *kv, int dv, float scale, const int32_t *sel, int k_sel);
+
+#endif
