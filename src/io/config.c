@@ -491,4 +491,8 @@ void tern_config_free(tern_model_config *cfg) {
     free(cfg->quant.overrides);
     cfg->quant.overrides = NULL;
     cfg->quant.n_overrides = 0;
+    for (int i = 0; i < cfg->quant.n_fp8_skip; i++) free(cfg->quant.fp8_skip[i]);
+    free(cfg->quant.fp8_skip);
+    cfg->quant.fp8_skip = NULL;
+    cfg->quant.n_fp8_skip = 0;
 }

@@ -79,6 +79,14 @@ typedef struct tern_quant_config {
     char mode[16];       /* "affine" (others rejected as unsupported at load) */
     tern_quant_override *overrides;
     int n_overrides;
+    /* FP8 block quantization (appended; DeepSeek-V3 / GLM-5-FP8 `quantization_config` with
+     * quant_method "fp8", fmt "e4m3", weight_block_size [rows, cols], activation_scheme
+     * "dynamic"). Modules are FP8 where a `<module>.weight_scale_inv` is stored; the rest
+     * (norms, router gate, embeddings, lm_head, modules_to_not_convert) stay as stored. */
+    int fp8;             /* 1: such a block exists (enabled stays 0: no MLX scales expected) */
+    int fp8_block[2];    /* weight_block_size: rows, cols */
+    char **fp8_skip;     /* modules_to_not_convert (informational; owned) */
+    int n_fp8_skip;
 } tern_quant_config;
 
 typedef struct tern_model_config {

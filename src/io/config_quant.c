@@ -8,8 +8,12 @@
  * paths in stored-tensor naming; an override object with missing fields takes the global
  * values; `false` means the module is stored unquantized. Only affine mode, bits in
  * {2,3,4,5,6,8} and group sizes {32,64,128} are accepted (others: TERN_EUNSUPPORTED).
- * A `quantization_config` carrying a `quant_method` (GPTQ, AWQ, FP8 ...) is not MLX and is
- * rejected rather than misread.
+ * A `quantization_config` with `quant_method: "fp8"` is the DeepSeek-V3 / GLM-5-FP8 block
+ * format (reference: transformers' finegrained_fp8 integration): `fmt` "e4m3" (default),
+ * `weight_block_size` [rows, cols] (required, each 1..4096), `activation_scheme` "dynamic"
+ * (activations are not quantized here either way: the reference is the dequantized model),
+ * optional `modules_to_not_convert` [names]. Any other `quant_method` (GPTQ, AWQ,
+ * compressed-tensors ...) is rejected rather than misread.
  */
 #include "io/config_internal.h"
 
@@ -40,6 +44,50 @@ static tern_status check_mode(const cJSON *o, const char *where, char *mode, siz
     return TERN_OK;
 }
 
+static tern_status config_fp8(tern_quant_config *q, const cJSON *qc, const char *where, tern_error *err) {
+    char w[300], got[64], fmt[16], act[16];
+    snprintf(w, sizeof w, "%squantization_config.", where);
+    TRY(tern_json_str(qc, "fmt", w, "e4m3", fmt, sizeof fmt, err));
+    if (strcmp(fmt, "e4m3"))
+        return tern_err(err, TERN_EUNSUPPORTED, "%sfmt: \"%s\" is not supported (only e4m3)", w, fmt);
+    TRY(tern_json_str(qc, "activation_scheme", w, "dynamic", act, sizeof act, err));
+    if (strcmp(act, "dynamic"))
+        return tern_err(err, TERN_EUNSUPPORTED, "%sactivation_scheme: \"%s\" is not supported (only dynamic)", w, act);
+    const cJSON *bs = tern_json_item(qc, "weight_block_size");
+    if (!bs)
+        return tern_err(err, TERN_EUNSUPPORTED,
+                        "%sweight_block_size: missing (per-tensor FP8 scales are not supported, only block scales)", w);
+    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2)
+        return tern_err(err, TERN_EFORMAT, "%sweight_block_size: expected [rows, cols], got %s", w,
+                        tern_json_describe(bs, got, sizeof got));
+    for (int i = 0; i < 2; i++) {
+        int64_t v;
+        char what[320];
+        snprintf(what, sizeof what, "%sweight_block_size[%d]", w, i);
+        TRY(tern_json_value_int(cJSON_GetArrayItem(bs, i), what, 1, 4096, &v, err));
+        q->fp8_block[i] = (int)v;
+    }
+    const cJSON *nc = tern_json_item(qc, "modules_to_not_convert");
+    if (nc && !cJSON_IsNull(nc)) {
+        if (!cJSON_IsArray(nc))
+            return tern_err(err, TERN_EFORMAT, "%smodules_to_not_convert: expected a list of names, got %s", w,
+                            tern_json_describe(nc, got, sizeof got));
+        int n = cJSON_GetArraySize(nc);
+        if (n > 0 && !(q->fp8_skip = calloc((size_t)n, sizeof *q->fp8_skip)))
+            return tern_err(err, TERN_ENOMEM, "quantization_config: out of memory");
+        for (const cJSON *c = nc->child; c; c = c->next) {
+            if (!cJSON_IsString(c))
+                return tern_err(err, TERN_EFORMAT, "%smodules_to_not_convert[%d]: expected a string, got %s", w,
+                                q->n_fp8_skip, tern_json_describe(c, got, sizeof got));
+            if (!(q->fp8_skip[q->n_fp8_skip] = strdup(c->valuestring)))
+                return tern_err(err, TERN_ENOMEM, "quantization_config: out of memory");
+            q->n_fp8_skip++;
+        }
+    }
+    q->fp8 = 1;
+    return TERN_OK;
+}
+
 tern_status tern__config_quant(tern_model_config *cfg, const cJSON *root, const char *where, tern_error *err) {
     tern_quant_config *q = &cfg->quant;
     const char *key = "quantization";
@@ -53,6 +101,7 @@ tern_status tern__config_quant(tern_model_config *cfg, const cJSON *root, const 
             return tern_err(err, TERN_EFORMAT, "%squantization_config: expected an object, got %s", where,
                             tern_json_describe(qc, got, sizeof got));
         const cJSON *qm = tern_json_item(qc, "quant_method");
+        if (qm && cJSON_IsString(qm) && !strcmp(qm->valuestring, "fp8")) return config_fp8(q, qc, where, err);
         if (qm)
             return tern_err(err, TERN_EUNSUPPORTED,
                             "%squantization_config.quant_method: %s is not supported (only MLX affine quantization)",

@@ -7,7 +7,8 @@
  *       "<base>.scales" companion is MLX-quantized: the weight must be U32, biases present,
  *       bits/group_size come from the config's quantization block (tern_quant_lookup on the
  *       stored module path), and the logical input width is packed_cols*32/bits, which must
- *       agree with the scales' columns * group_size.
+ *       agree with the scales' columns * group_size. An F8_E4M3 weight takes its block scales
+ *       from "<base>.weight_scale_inv" (DeepSeek-V3 / GLM-5-FP8; block size from the config).
  * Expert stacks ("layers.L.experts.gate|up|down", [E, out, in]) are found in four stored
  * forms: HF fused gate_up_proj (gate/up become strided views, no copy), mlx switch_glu,
  * GLM mlx switch_mlp, and per-expert matrices (copied once into one owned buffer, cached).
@@ -128,6 +129,51 @@ void tern_weights_close(tern_weights *w) {
 
 /* ---- one module (plain or MLX-quantized) ------------------------------------------ */
 
+/* Block-scaled FP8 (tensor.h): attach "<base>.weight_scale_inv" (or, for a bare fused tensor
+ * such as experts.gate_up_proj, "<base>_scale_inv" / "<base>_scales_inv") to the F8_E4M3
+ * entry e. The block size comes from the config's fp8 quantization_config; the scale grid
+ * must be F32 [.., ceil(out/rows), ceil(in/cols)]. Returns 1 or a negative status. */
+static int resolve_fp8(tern_weights *w, const char *base, const tern_st_entry *e, int bare, tern_tensor *t,
+                       tern_error *err) {
+    char n[512];
+    const char *file = tern_st_file_name(w->st, e->file);
+    const tern_st_entry *sc = NULL;
+    if (bare) {
+        snprintf(n, sizeof n, "%s_scale_inv", base);
+        if (!(sc = find(w, n))) snprintf(n, sizeof n, "%s_scales_inv", base), sc = find(w, n);
+    } else {
+        snprintf(n, sizeof n, "%s.weight_scale_inv", base);
+        sc = find(w, n);
+    }
+    const tern_quant_config *q = w->cfg ? &w->cfg->quant : NULL;
+    if (!sc)
+        return tern_err(err, TERN_EFORMAT, "%s: F8_E4M3 tensor '%.200s' has no block scales '%.200s'", file, e->name, n);
+    mark(w, sc);
+    if (!q || !q->fp8)
+        return tern_err(err, TERN_EFORMAT,
+                        "%s: tensor '%.200s' has FP8 block scales but config.json has no quantization_config with "
+                        "quant_method \"fp8\"", file, e->name);
+    if (sc->dtype != TERN_DT_F32)
+        return tern_err(err, TERN_EFORMAT, "%s: FP8 scales '%.200s' have dtype %s (want F32)", file, sc->name,
+                        tern_dtype_name(sc->dtype));
+    int nd = e->ndim, br = q->fp8_block[0], bc = q->fp8_block[1], ok = nd >= 2 && sc->ndim == nd;
+    for (int i = 0; ok && i < nd - 2; i++) ok = sc->shape[i] == e->shape[i];
+    if (ok) ok = sc->shape[nd - 2] == (e->shape[nd - 2] + br - 1) / br && sc->shape[nd - 1] == (e->shape[nd - 1] + bc - 1) / bc;
+    if (!ok) {
+        char a[96], b[96];
+        shape_str(a, sizeof a, nd, e->shape);
+        shape_str(b, sizeof b, sc->ndim, sc->shape);
+        return tern_err(err, TERN_EFORMAT,
+                        "%s: FP8 tensor '%.200s' %s: scales '%.200s' are %s, want ceil(out/%d) x ceil(in/%d) "
+                        "(weight_block_size [%d, %d])", file, e->name, a, sc->name, b, br, bc, br, bc);
+    }
+    t->scales = sc->data;
+    t->sdtype = TERN_DT_F32;
+    t->group_size = bc;
+    t->blk_rows = br;
+    return 1;
+}
+
 /* Resolve stored module `base` ("<base>.weight", or "<base>" itself when bare is set).
  * Returns 1 found (t filled), 0 absent, negative status on a format error. */
 static int resolve_module(tern_weights *w, const char *base, int bare, tern_tensor *t, tern_error *err) {
@@ -144,6 +190,7 @@ static int resolve_module(tern_weights *w, const char *base, int bare, tern_tens
     memcpy(t->shape, e->shape, sizeof t->shape);
     t->data = e->data;
     mark(w, e);
+    if (e->dtype == TERN_DT_F8_E4M3) return resolve_fp8(w, base, e, bare && !strcmp(e->name, base), t, err);
     snprintf(n, sizeof n, "%s.scales", base);
     const tern_st_entry *sc = find(w, n);
     if (!sc) return 1;
@@ -217,7 +264,7 @@ static int parse_expert(const char *name, int *layer, int *kind) {
 
 static int same_layout(const tern_tensor *a, const tern_tensor *b) {
     if (a->dtype != b->dtype || a->ndim != b->ndim || a->bits != b->bits || a->group_size != b->group_size ||
-        a->sdtype != b->sdtype)
+        a->sdtype != b->sdtype || a->blk_rows != b->blk_rows || !a->scales != !b->scales)
         return 0;
     for (int i = 0; i < a->ndim; i++)
         if (a->shape[i] != b->shape[i]) return 0;
@@ -242,7 +289,9 @@ static int stack_experts(tern_weights *w, const char *canon, const char *base, c
             if (!find(w, n)) break;
         }
     size_t wb = tern_tensor_row_bytes(&t0) * (size_t)t0.shape[0], sb = 0;
-    if (t0.dtype == TERN_DT_Q) sb = (size_t)(t0.shape[0] * (t0.shape[1] / t0.group_size)) * tern_dtype_size(t0.sdtype);
+    int qb = t0.dtype == TERN_DT_Q; /* MLX: scales + biases; block FP8: scales only */
+    if (qb) sb = (size_t)(t0.shape[0] * (t0.shape[1] / t0.group_size)) * tern_dtype_size(t0.sdtype);
+    else if (tern_tensor_is_fp8_block(&t0)) sb = tern_tensor_fp8_scale_bytes(&t0);
     stack *ns = realloc(w->stacks, (size_t)(w->n_stacks + 1) * sizeof *ns);
     if (!ns) return tern_err(err, TERN_ENOMEM, "weights: out of memory");
     w->stacks = ns;
@@ -250,7 +299,7 @@ static int stack_experts(tern_weights *w, const char *canon, const char *base, c
     memset(s, 0, sizeof *s);
     size_t total;
     if (!tern_mul_ok(wb, (size_t)E, &total) || !(s->w = tern_aalloc(total)) ||
-        (sb && (!(s->s = tern_aalloc(sb * (size_t)E)) || !(s->b = tern_aalloc(sb * (size_t)E))))) {
+        (sb && (!(s->s = tern_aalloc(sb * (size_t)E)) || (qb && !(s->b = tern_aalloc(sb * (size_t)E)))))) {
         tern_afree(s->w);
         tern_afree(s->s);
         return tern_err(err, TERN_ENOMEM, "weights: cannot allocate %d stacked experts for %s", E, canon);
@@ -273,7 +322,7 @@ static int stack_experts(tern_weights *w, const char *canon, const char *base, c
         memcpy((uint8_t *)s->w + (size_t)e * wb, te.data, wb);
         if (sb) {
             memcpy((uint8_t *)s->s + (size_t)e * sb, te.scales, sb);
-            memcpy((uint8_t *)s->b + (size_t)e * sb, te.biases, sb);
+            if (qb) memcpy((uint8_t *)s->b + (size_t)e * sb, te.biases, sb);
         }
     }
     snprintf(n, sizeof n, "%s.*.%s.weight", base, kname);
@@ -294,8 +343,8 @@ static int stack_experts(tern_weights *w, const char *canon, const char *base, c
     s->t.shape[1] = t0.shape[0];
     s->t.shape[2] = t0.shape[1];
     s->t.data = s->w;
-    s->t.scales = s->s;
-    s->t.biases = s->b;
+    s->t.scales = sb ? s->s : NULL;
+    s->t.biases = qb ? s->b : NULL;
     s->t.name = s->name;
     w->n_stacks++;
     *t = s->t;
@@ -321,6 +370,21 @@ static int resolve_experts(tern_weights *w, const char *canon, int layer, int ki
         int64_t I = t->shape[1] / 2;
         size_t rb = tern_tensor_row_bytes(t);
         size_t ss = t->dtype == TERN_DT_Q ? (size_t)(t->shape[2] / t->group_size) * tern_dtype_size(t->sdtype) : 0;
+        if (tern_tensor_is_fp8_block(t)) { /* gate/up views over the scale grid: whole row blocks each */
+            if (I % t->blk_rows)
+                return tern_err(err, TERN_EUNSUPPORTED, "%s: FP8 '%.200s': I = %lld is not a multiple of the %d-row "
+                                "scale block, so gate and up cannot be split", fname(w, t->name), t->name,
+                                (long long)I, t->blk_rows);
+            size_t srow = (size_t)tern_tensor_fp8_scale_cols(t) * 4;
+            t->mat_stride = (size_t)(2 * I) * rb;
+            t->mat_stride_s = (size_t)(2 * I / t->blk_rows) * srow;
+            t->shape[1] = I;
+            if (kind == 1) {
+                t->data = (const uint8_t *)t->data + (size_t)I * rb;
+                t->scales = (const uint8_t *)t->scales + (size_t)(I / t->blk_rows) * srow;
+            }
+            return 1;
+        }
         t->mat_stride = (size_t)(2 * I) * rb;
         t->mat_stride_s = (size_t)(2 * I) * ss;
         t->shape[1] = I;

@@ -26,7 +26,7 @@ static int ops_complete(const tern_glm_ops *g) {
 static tern_status split_kv_b(tern_model *m, const tern_tensor *w, glm_layer *L, tern_error *err) {
     const tern_model_config *c = &m->cfg;
     int H = c->n_head, dn = c->qk_nope_head_dim, dv = c->v_head_dim, rkv = c->kv_lora_rank;
-    int q = w->dtype == TERN_DT_Q;
+    int q = w->dtype == TERN_DT_Q || tern_tensor_is_fp8_block(w); /* quantized: split dequantized, f32 */
     tern_dtype dt = q ? TERN_DT_F32 : w->dtype;
     size_t es = tern_dtype_size(dt), rb = tern_tensor_row_bytes(w);
     L->uk_buf = malloc((size_t)H * rkv * dn * es);

@@ -49,6 +49,9 @@ float *tern__upload_f32(tern_model *m, const float *host, size_t n, tern_error *
 static tern_status check_dtype(const tern_tensor *t, const char *name, tern_error *err) {
     switch (t->dtype) {
     case TERN_DT_F32: case TERN_DT_F16: case TERN_DT_BF16: case TERN_DT_Q: return TERN_OK;
+    case TERN_DT_F8_E4M3: /* block-scaled FP8 only (a bare e4m3 matrix has no known scale) */
+        if (tern_tensor_is_fp8_block(t)) return TERN_OK;
+        /* fall through */
     default:
         return tern_err(err, TERN_EUNSUPPORTED, "tensor '%s' (%s): dtype %s is not supported for a weight matrix",
                         name, t->name ? t->name : "?", tern_dtype_name(t->dtype));
@@ -63,6 +66,7 @@ static tern_status upload(tern_model *m, tern_tensor *t, const char *name, tern_
     int64_t rows = ne / t->shape[t->ndim - 1];
     size_t bytes = (size_t)rows * tern_tensor_row_bytes(t);
     if (t->dtype == TERN_DT_Q) bytes += 2 * (size_t)(ne / t->group_size) * tern_dtype_size(t->sdtype);
+    if (tern_tensor_is_fp8_block(t)) bytes += (size_t)(ne / (t->shape[t->ndim - 1] * (t->ndim >= 2 ? t->shape[t->ndim - 2] : 1))) * tern_tensor_fp8_scale_bytes(t);
     m->stats.bytes_by_dtype[t->dtype] += bytes;
     if (strstr(name, "experts."))
         m->stats.bytes_per_token += (double)bytes * m->cfg.n_expert_used / (m->cfg.n_expert ? m->cfg.n_expert : 1);

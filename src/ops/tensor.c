@@ -83,6 +83,18 @@ float tern_load_f32(const void *p, tern_dtype t, size_t i) {
     }
 }
 
+int64_t tern_tensor_fp8_scale_cols(const tern_tensor *t) {
+    if (!tern_tensor_is_fp8_block(t) || t->group_size <= 0) return 0;
+    int64_t in = t->shape[t->ndim - 1];
+    return (in + t->group_size - 1) / t->group_size;
+}
+
+size_t tern_tensor_fp8_scale_bytes(const tern_tensor *t) {
+    if (!tern_tensor_is_fp8_block(t) || t->blk_rows <= 0) return 0;
+    int64_t out = t->ndim >= 2 ? t->shape[t->ndim - 2] : 1;
+    return (size_t)((out + t->blk_rows - 1) / t->blk_rows) * (size_t)tern_tensor_fp8_scale_cols(t) * 4;
+}
+
 void tern_tensor_row_f32(const tern_tensor *t, int64_t row, float *dst) {
     int64_t in = t->shape[t->ndim - 1];
     int64_t out = t->ndim >= 2 ? t->shape[t->ndim - 2] : 1;
@@ -90,6 +102,15 @@ void tern_tensor_row_f32(const tern_tensor *t, int64_t row, float *dst) {
     size_t rb = tern_tensor_row_bytes(t);
     size_t mstride = t->mat_stride ? t->mat_stride : (size_t)out * rb;
     const uint8_t *base = (const uint8_t *)t->data + (size_t)mat * mstride + (size_t)r * rb;
+    if (tern_tensor_is_fp8_block(t)) {
+        /* e4m3 value times the f32 scale of its (row block, column block): one rounding */
+        size_t ms = t->mat_stride_s ? t->mat_stride_s : tern_tensor_fp8_scale_bytes(t);
+        const uint8_t *sc = (const uint8_t *)t->scales + (size_t)mat * ms +
+                            (size_t)(r / t->blk_rows) * (size_t)tern_tensor_fp8_scale_cols(t) * 4;
+        for (int64_t j = 0; j < in; j++)
+            dst[j] = tern_f8e4m3_to_f32(base[j]) * tern_load_f32(sc, TERN_DT_F32, (size_t)(j / t->group_size));
+        return;
+    }
     if (t->dtype != TERN_DT_Q) {
         for (int64_t j = 0; j < in; j++) dst[j] = tern_load_f32(base, t->dtype, (size_t)j);
         return;

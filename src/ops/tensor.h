@@ -13,6 +13,13 @@
  *   W[o][j] = scales[o][j/gs] * q[o][j] + biases[o][j/gs].
  * shape[] is always the LOGICAL shape (unpacked `in`).
  *
+ * Block-scaled FP8 (dtype TERN_DT_F8_E4M3 with scales != NULL; DeepSeek-V3 / GLM-5-FP8
+ * checkpoints, `<module>.weight_scale_inv`): `data` holds one e4m3 byte per weight; `scales`
+ * is F32 [.., ceil(out/blk_rows), ceil(in/group_size)] (sdtype F32, biases NULL) and
+ *   W[o][j] = e4m3(w[o][j]) * scales[o/blk_rows][j/group_size]
+ * (the stored "scale_inv" multiplies: it is the inverse of the quantizer's 448/amax).
+ * An F8_E4M3 tensor without scales is plain (scale 1).
+ *
  * For 3-D stacks that are views into a fused tensor (HF `experts.gate_up_proj` [E, 2I, H]
  * split into gate [E, I, H] and up [E, I, H]) consecutive matrices are `mat_stride` bytes
  * apart (`mat_stride_s` for scales/biases) instead of out*row_bytes. 0 means packed.
@@ -55,6 +62,8 @@ typedef struct tern_tensor {
     const void *biases;
     /* 3-D stacks: bytes between consecutive matrices (0 = tightly packed) */
     size_t mat_stride, mat_stride_s;
+    /* block-scaled FP8 (appended): rows per scale block (0 unless dtype F8_E4M3 with scales) */
+    int blk_rows;
     /* where it came from, for messages */
     const char *name;
     int device;               /* -1: host memory; >= 0: device index of the backend */
@@ -89,8 +98,17 @@ float tern_f8e4m3_to_f32(uint8_t v);
 /* Read element i of a float-like array of dtype t (F32/F16/BF16/F64) as f32. */
 float tern_load_f32(const void *p, tern_dtype t, size_t i);
 
+/* Block-scaled FP8: columns of the scale grid (ceil(in/group_size)) and bytes of one matrix's
+ * scales (ceil(out/blk_rows) * that * 4). 0 for other tensors. */
+int64_t tern_tensor_fp8_scale_cols(const tern_tensor *t);
+size_t tern_tensor_fp8_scale_bytes(const tern_tensor *t);
+static inline int tern_tensor_is_fp8_block(const tern_tensor *t) {
+    return t->dtype == TERN_DT_F8_E4M3 && t->scales != NULL;
+}
+
 /* Decode row `row` (of a 2-D view; for 3-D use matrix index*out + row) of any weight
- * tensor into f32 dst[in]. Handles F32/F16/BF16/F8_E4M3 and TERN_DT_Q. Reference path. */
+ * tensor into f32 dst[in]. Handles F32/F16/BF16/F8_E4M3 (plain or block-scaled) and TERN_DT_Q.
+ * Reference path. */
 void tern_tensor_row_f32(const tern_tensor *t, int64_t row, float *dst);
 
 #endif

@@ -12,7 +12,10 @@
  * at once and the connection closed);
  * then auth (`Authorization: Bearer KEY` or `x-api-key: KEY`; /health stays open), routing
  * (404 unknown path, 405 wrong method, OPTIONS preflight 204), and the handler.
- * Idle connections (a slow or stuck client) are closed after timeout_s.
+ * Idle connections (a slow or stuck client) are closed after timeout_s, and every response
+ * says so (`Keep-Alive: timeout=N`) so keep-alive clients do not reuse a socket as it closes;
+ * 429/503 carry `Retry-After`. A JSON body must be one object, nothing after it, with every
+ * string and key valid UTF-8 (else 400 naming the path: plan.c).
  */
 #include "server/srv.h"
 #include "io/demo.h"
@@ -20,6 +23,8 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -369,6 +374,9 @@ static int open_listener(const char *host, int port, int *out_port, tern_error *
         if (fd < 0) continue;
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        /* accepted sockets inherit it: SSE events are small writes, and Nagle would hold each
+         * one back until the client's (delayed) ACK of the previous one */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         if (!bind(fd, a->ai_addr, a->ai_addrlen) && !listen(fd, 128)) break;
         snprintf(why, sizeof why, "%s", strerror(errno));
         close(fd);

@@ -9,6 +9,12 @@
  * request's mask callback masks the logits, and each TOKEN event advances the matcher
  * before the next mask (both on the engine thread, so the matcher needs no lock).
  *
+ * Admission (srv_job_start, before anything reaches the engine): a prompt that leaves no room
+ * in the context, or an explicit max_tokens that does not fit after it, is a 400
+ * (context_length_exceeded); at most max_concurrency + max_queue jobs are live (s->n_live,
+ * dropped on the engine's last event), beyond that a 429 (rate_limit_error, queue_full); a
+ * prompt the KV pool can never hold is refused by tern_engine_submit (TERN_ENOMEM) -> 400.
+ *
  * Text (HTTP thread), per token, O(new text): the incremental detokenizer (text/detok.h,
  * special tokens decoded so tool/reasoning markers are seen) -> the output parser
  * (text/toolcall.h: content / reasoning / completed tool calls) when the request has one ->

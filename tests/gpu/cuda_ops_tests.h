@@ -118,6 +118,8 @@ static void free_w(hw *h) {
 static const char *fmt_name(const tern_tensor *t, char *buf, size_t n) {
     if (t->dtype == TERN_DT_Q)
         snprintf(buf, n, "q%d/g%d/%s", t->bits, t->group_size, tern_dtype_name(t->sdtype));
+    else if (tern_tensor_is_fp8_block(t))
+        snprintf(buf, n, "fp8/%dx%d", t->blk_rows, t->group_size);
     else
         snprintf(buf, n, "%s", tern_dtype_name(t->dtype));
     return buf;
@@ -306,6 +308,7 @@ TEST(cuda_norm_rope_elementwise) {
 #include "gpu/cuda_ops_tests_attn.h"
 #include "gpu/cuda_ops_tests_graph.h"
 #include "gpu/cuda_ops_tests_glm.h"
+#include "gpu/cuda_ops_tests_fp8.h"
 
 static int cuda_ops_run_all(void) {
     RUN(cuda_upload_weight_rejects);
@@ -319,6 +322,7 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_moe_mlp);
     RUN(cuda_graph_replay);
     cuda_glm_tests();
+    cuda_fp8_tests();
     return test_done();
 }
 

@@ -73,5 +73,7 @@ export function makeFixture() {
   }
   writeSafetensors(path.join(dir, 'model.safetensors'), tensors);
   rmSync(cache, { recursive: true, force: true });
-  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+  const cleanup = () => rmSync(dir, { recursive: true, force: true });
+  process.on('exit', cleanup);       // also when a test throws before its own cleanup
+  return { dir, cleanup };
 }

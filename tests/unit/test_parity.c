@@ -54,7 +54,7 @@ static void check_case(const char *name, tern_backend *be) {
     cJSON *ref = cJSON_Parse(js);
     int32_t *prompt, *all;
     int np = json_ids(ref, "prompt_ids", &prompt), na = json_ids(ref, "all_ids", &all);
-    int quant = strstr(name, "_q") != NULL || strstr(name, "mixed") != NULL;
+    int quant = strstr(name, "_q") != NULL || strstr(name, "mixed") != NULL || strstr(name, "_fp8") != NULL;
     double bound = g_bf16 ? 2e-2 : quant ? 1e-3 : 1e-4;
     size_t nbytes;
     snprintf(path, sizeof path, "%s/ref_logits.f32", dir);

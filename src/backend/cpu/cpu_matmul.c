@@ -11,8 +11,15 @@
  * blocks of 4 activation rows, accumulating into y.
  *   - decode (n <= 8): tiles of 4 rows, 8 KB — the tile stays in L1 and every weight byte is
  *     read once per call.
- *   - prefill (n > 8): tiles of 32 rows × 512 inputs (64 KB, L2), decoded once per call and
- *     reused by all n activation rows (each weight row is read and decoded once).
+ *   - n > 8 without a GEMM in the ISA table (scalar, or TERN_CPU_GEMM=0): tiles of 32 rows ×
+ *     512 inputs (64 KB, L2), decoded once per call and reused by all n activation rows.
+ * Prefill (n > 8) on AVX2/AVX-512 runs the blocked GEMM instead (mm_gemm; kernels in
+ * gemm_avx512.c / gemm_avx2.c): per block of GEMM_KC inputs, the thread packs up to nb rows of
+ * x (its xbuf, blocks of gemm_mr rows, input-major); then for each strip of gemm_nr weight
+ * rows of its slice it decodes the strip once into f32, transposes it input-major (its tbuf:
+ * 2 × nr·KC floats = 64 KB) and runs the nr × mr outer-product microkernel over all packed
+ * rows. Each weight byte is decoded once per nb (≈190) activation rows; y gets one block
+ * of inputs at a time (stored on the first block unless the job accumulates, then added).
  * Threads split the output features (weight rows), so each thread streams its own slice of
  * the weight and writes disjoint columns of y.
  *
@@ -24,6 +31,7 @@
 #include "backend/cpu/cpu_impl.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int64_t *hi) {
@@ -49,6 +57,12 @@ static void wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
         r->biases = (const uint8_t *)t->biases + off;
         r->sdtype = t->sdtype;
         r->bits = t->bits;
+        r->gs = t->group_size;
+    } else if (tern_tensor_is_fp8_block(t)) { /* the scale row of o's row block */
+        size_t srow = (size_t)tern_tensor_fp8_scale_cols(t) * 4;
+        size_t mss = t->mat_stride_s ? t->mat_stride_s : tern_tensor_fp8_scale_bytes(t);
+        r->scales = (const uint8_t *)t->scales + (size_t)mat * mss + (size_t)(o / t->blk_rows) * srow;
+        r->sdtype = TERN_DT_F32;
         r->gs = t->group_size;
     }
 }
@@ -80,6 +94,78 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     return 1;
 }
 
+/* ---- blocked GEMM (n > 8) ---- */
+
+#define GEMM_KC 256 /* inputs per block: a 32-row strip is 32 KB of f32 (L1), nb·KC of x fits L2 */
+
+static int gemm_enabled(void) {
+    static _Atomic int on = -1; /* TERN_CPU_GEMM=0: the tile-decode path (before/after benchmarks) */
+    int v = on;
+    if (v < 0) {
+        const char *e = getenv("TERN_CPU_GEMM");
+        v = !(e && !strcmp(e, "0"));
+        on = v;
+    }
+    return v;
+}
+
+/* x rows [r0, r0+nbk), inputs [t0, t0+len) into blocks of mr rows: xp[b·len + t·mr + r]. */
+static void gemm_pack_x(const cpu_mm_job *jb, int r0, int nbk, int t0, int len, int MR, float *xp) {
+    for (int b0 = 0; b0 < nbk; b0 += MR) {
+        int mr = TERN_MIN(MR, nbk - b0);
+        float *dst = xp + (size_t)b0 * len;
+        for (int r = 0; r < mr; r++) {
+            int rr = r0 + b0 + r;
+            const float *src = jb->x + (size_t)(jb->xrow ? jb->xrow[rr] : rr) * jb->ldx + t0;
+            for (int t = 0; t < len; t++) dst[(size_t)t * mr + r] = src[t];
+        }
+    }
+}
+
+/* Returns 0 when the ISA table has no GEMM or the format does not fit its blocking. */
+static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1) {
+    const tern_cpu_kern *k = c->k;
+    const tern_tensor *w = jb->w;
+    const int NR = k->gemm_nr, MR = k->gemm_mr;
+    int in = (int)w->shape[w->ndim - 1], n = jb->n, kc = GEMM_KC;
+    if (!k->gemm_mk || !gemm_enabled() || NR > 32 || MR > 16) return 0;
+    if (w->dtype == TERN_DT_Q) {
+        if (w->group_size <= 0 || w->group_size > kc) return 0;
+        kc = kc / w->group_size * w->group_size; /* decode slices start on a group */
+    }
+    float *tmp = c->tbuf[ith], *wp = tmp + (size_t)NR * GEMM_KC; /* both within CPU_RT_MAX·CPU_CH */
+    float *xp = c->xbuf[ith];
+    int nb = (int)(CPU_GX_BUF / sizeof(float) / (size_t)kc) / MR * MR;
+    float *yp[16], ys[16];
+    cpu_wrow row;
+    for (int r0 = 0; r0 < n; r0 += nb) {
+        int nbk = TERN_MIN(nb, n - r0);
+        for (int t0 = 0; t0 < in; t0 += kc) {
+            int len = TERN_MIN(kc, in - t0), add = jb->accum || t0 > 0;
+            gemm_pack_x(jb, r0, nbk, t0, len, MR, xp);
+            for (int64_t s0 = o0; s0 < o1; s0 += NR) {
+                int ns = (int)TERN_MIN((int64_t)NR, o1 - s0);
+                for (int i = 0; i < ns; i++) {
+                    wrow_at(w, jb->mat, s0 + i, &row);
+                    k->decode(&row, t0, len, tmp + (size_t)i * kc);
+                }
+                for (int i = ns; i < NR; i++) memset(tmp + (size_t)i * kc, 0, (size_t)len * sizeof *tmp);
+                k->gemm_pack(tmp, kc, len, wp);
+                for (int b0 = 0; b0 < nbk; b0 += MR) {
+                    int mr = TERN_MIN(MR, nbk - b0);
+                    for (int r = 0; r < mr; r++) {
+                        int rr = r0 + b0 + r;
+                        yp[r] = jb->y + (size_t)(jb->yrow ? jb->yrow[rr] : rr) * jb->ldy + s0;
+                        ys[r] = jb->yscale ? jb->yscale[rr] : 1.0f;
+                    }
+                    k->gemm_mk(len, xp + (size_t)b0 * len, mr, wp, yp, jb->accum && jb->yscale ? ys : NULL, add, ns);
+                }
+            }
+        }
+    }
+    return 1;
+}
+
 void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1) {
     const tern_cpu_kern *k = c->k;
     float *tile = c->tbuf[ith];
@@ -90,6 +176,7 @@ void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, 
     cpu_wrow rows[CPU_RT_MAX];
     const float *wp[CPU_RT_MAX];
     if (n == 1 && mm_gemv(c, ith, jb, o0, o1)) return;
+    if (n > 8 && mm_gemm(c, ith, jb, o0, o1)) return;
     if (n == 1 && k->gemv_q4 && w->dtype == TERN_DT_Q && w->bits == 4 && in <= CPU_RT_MAX * CPU_CH) {
         /* decode fast path: fused 4-bit GEMV, x permuted once into the thread's tile */
         const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[0] : 0) * jb->ldx;
@@ -155,7 +242,7 @@ typedef struct mm_ctx {
 static void mm_task(void *arg, int ith, int nth) {
     mm_ctx *m = arg;
     int64_t lo, hi;
-    tern__cpu_split(m->out, 16, ith, nth, &lo, &hi);
+    tern__cpu_split(m->out, m->jb->n > 8 ? 32 : 16, ith, nth, &lo, &hi); /* 32: whole GEMM strips */
     if (lo < hi) tern__cpu_mm(m->c, ith, m->jb, lo, hi);
 }
 

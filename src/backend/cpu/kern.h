@@ -20,7 +20,9 @@
 /* Most groups a decode slice can span (slices are <= 512 inputs, groups >= 32). */
 #define CPU_MAX_GROUPS 64
 
-/* One weight row, located. For TERN_DT_Q, scales/biases point at the row's first group. */
+/* One weight row, located. For TERN_DT_Q, scales/biases point at the row's first group. For
+ * block-scaled FP8 (dtype F8_E4M3, scales != NULL): scales points at the row block's F32 scale
+ * row, gs = columns per block, biases NULL; W[j] = e4m3(data[j]) · scales[j/gs]. */
 typedef struct cpu_wrow {
     const uint8_t *data;
     const uint8_t *scales, *biases;
@@ -61,6 +63,16 @@ typedef struct tern_cpu_kern {
      * writes y[i] = Σ_j W_i[j]·x[j] for nr (1..4) rows that share the prepared x. */
     int (*gemv_prep)(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
     void (*gemv)(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
+    /* Optional blocked GEMM for batched matmuls (gemm_*.c; driver in cpu_matmul.c). A strip
+     * of gemm_nr weight rows × len inputs, decoded to f32 rows tmp[i·ld + t], is packed
+     * transposed: wp[t·gemm_nr + i] (64-byte aligned). gemm_mk then computes, for mr (1..gemm_mr)
+     * activation rows packed as xp[t·mr + r] and the first ns (1..gemm_nr) features of the
+     * strip, acc[r][i] = Σ_t xp[t·mr + r]·wp[t·gemm_nr + i] and writes yp[r][i] = acc (add 0),
+     * yp[r][i] += acc (add 1, ys NULL) or yp[r][i] += ys[r]·acc (add 1). */
+    int gemm_nr, gemm_mr;
+    void (*gemm_pack)(const float *tmp, int ld, int len, float *wp);
+    void (*gemm_mk)(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys, int add,
+                    int ns);
 } tern_cpu_kern;
 
 extern const tern_cpu_kern tern__cpu_kern_scalar;
@@ -81,6 +93,14 @@ int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float 
 void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
 int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
+
+/* Blocked GEMM entry points of the ISA files (gemm_avx512.c: nr 32, mr 12; gemm_avx2.c: 16, 6). */
+void tern__cpu_gemm_pack_avx512(const float *tmp, int ld, int len, float *wp);
+void tern__cpu_gemm_mk_avx512(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
+                              int add, int ns);
+void tern__cpu_gemm_pack_avx2(const float *tmp, int ld, int len, float *wp);
+void tern__cpu_gemm_mk_avx2(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
+                            int add, int ns);
 
 /* Portable helpers shared by the ISA files (kern_scalar.c). */
 void tern__cpu_decode_scalar(const cpu_wrow *w, int j0, int len, float *dst);

@@ -2,7 +2,8 @@
  * kern_avx2.c — the AVX2 + FMA + F16C kernel table (machines without AVX-512).
  *
  * Same structure as kern_avx512.c at 8 lanes:
- *   BF16: widen + shift; F16: vcvtph2ps.
+ *   BF16: widen + shift; F16: vcvtph2ps; block FP8: bit move + one exact multiply, times the
+ *   block scale (one rounding, as the reference).
  *   MLX affine, 16 codes (2·bits bytes) at a time: the bytes are broadcast to both 128-bit
  *   lanes, vpshufb gives each 32-bit lane the two bytes its code straddles, vpsrlvd brings
  *   the code to bit 0, then mask, convert and (s·q) + b — two roundings, as the reference.
@@ -60,10 +61,36 @@ static void decode_q(const cpu_wrow *w, int j0, int len, float *dst) {
     }
 }
 
+/* 8 e4m3 bytes -> f32, exact (see kern_avx512.c f8x16). */
+static inline __m256 f8x8(const uint8_t *p) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i mag = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
+    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)), _mm256_set1_ps(0x1p120f));
+    f = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(f), _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24)));
+    __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f)));
+    return _mm256_blendv_ps(f, _mm256_set1_ps(__builtin_nanf("")), nan);
+}
+
+static int decode_f8(const cpu_wrow *w, int j0, int len, float *dst) {
+    int t = 0;
+    while (t < len) {
+        int j = j0 + t, end = w->scales ? (j / w->gs + 1) * w->gs - j0 : len;
+        if (end > len) end = len;
+        __m256 s = _mm256_set1_ps(w->scales ? ((const float *)(const void *)w->scales)[j / w->gs] : 1.0f);
+        for (; t + 8 <= end; t += 8) _mm256_storeu_ps(dst + t, _mm256_mul_ps(f8x8(w->data + j0 + t), s));
+        if (t < end) {
+            tern__cpu_decode_scalar(w, j0 + t, end - t, dst + t);
+            t = end;
+        }
+    }
+    return t;
+}
+
 static void decode(const cpu_wrow *w, int j0, int len, float *dst) {
     int t = 0;
     switch (w->dtype) {
     case TERN_DT_Q: decode_q(w, j0, len, dst); return;
+    case TERN_DT_F8_E4M3: t = decode_f8(w, j0, len, dst); break;
     case TERN_DT_F32: memcpy(dst, (const float *)w->data + j0, (size_t)len * sizeof *dst); return;
     case TERN_DT_BF16: {
         const uint16_t *s = (const uint16_t *)w->data + j0;
@@ -188,4 +215,8 @@ const tern_cpu_kern tern__cpu_kern_avx2 = {
     .axpy = axpy,
     .scal = scal,
     .readsum = readsum,
+    .gemm_nr = 16,
+    .gemm_mr = 6,
+    .gemm_pack = tern__cpu_gemm_pack_avx2,
+    .gemm_mk = tern__cpu_gemm_mk_avx2,
 };

@@ -3,6 +3,7 @@
  *
  * Decoders (the hot loop of memory-bound GEMV):
  *   BF16: widen 16-bit to 32-bit and shift left 16.  F16: vcvtph2ps.
+ *   Block FP8 (e4m3 + f32 scale per 128x128 block): bit move + exact ·2^120, times the scale.
  *   MLX affine, 16 codes at a time: a masked load of the 2·bits bytes that hold them,
  *   vpermb to give each 32-bit lane the two bytes its code straddles, a per-lane variable
  *   shift (vpsrlvd) to bring the code to bit 0, then per group either a table lookup —
@@ -95,10 +96,40 @@ static void decode_q(const cpu_wrow *w, int j0, int len, float *dst) {
     }
 }
 
+/* 16 e4m3 bytes -> f32, exact: the 7 magnitude bits moved to f32 bits 20..26 read as a float
+ * equal value·2^-120 (normals and subnormals alike), so one multiply by 2^120 restores it; the
+ * sign bit goes to bit 31; 0x7f/0xff are NaN as in the reference. */
+static inline __m512 f8x16(const uint8_t *p) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m512i mag = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
+    __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 20)), _mm512_set1_ps(0x1p120f));
+    f = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24)));
+    return _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f)), _mm512_set1_ps(__builtin_nanf("")));
+}
+
+/* Block FP8 slice: per column block, 16 codes at a time times the block's scale; returns how
+ * many leading elements were done (the rest of the last block goes to the scalar decoder). */
+static int decode_f8(const cpu_wrow *w, int j0, int len, float *dst) {
+    int t = 0;
+    while (t < len) {
+        int j = j0 + t, end = w->scales ? (j / w->gs + 1) * w->gs - j0 : len;
+        if (end > len) end = len;
+        __m512 s = _mm512_set1_ps(w->scales ? ((const float *)(const void *)w->scales)[j / w->gs] : 1.0f);
+        for (; t + 16 <= end; t += 16) _mm512_storeu_ps(dst + t, _mm512_mul_ps(f8x16(w->data + j0 + t), s));
+        if (t < end) {
+            cpu_wrow one = *w;
+            tern__cpu_decode_scalar(&one, j0 + t, end - t, dst + t);
+            t = end;
+        }
+    }
+    return t;
+}
+
 static void decode(const cpu_wrow *w, int j0, int len, float *dst) {
     int t = 0;
     switch (w->dtype) {
     case TERN_DT_Q: decode_q(w, j0, len, dst); return;
+    case TERN_DT_F8_E4M3: t = decode_f8(w, j0, len, dst); break;
     case TERN_DT_F32: memcpy(dst, (const float *)w->data + j0, (size_t)len * sizeof *dst); return;
     case TERN_DT_BF16: {
         const uint16_t *s = (const uint16_t *)w->data + j0;
@@ -251,4 +282,8 @@ const tern_cpu_kern tern__cpu_kern_avx512 = {
     .axpy = axpy,
     .scal = scal,
     .readsum = readsum,
+    .gemm_nr = 32,
+    .gemm_mr = 12,
+    .gemm_pack = tern__cpu_gemm_pack_avx512,
+    .gemm_mk = tern__cpu_gemm_mk_avx512,
 };

@@ -2,7 +2,7 @@
  * kern_scalar.c — the portable kernel table (plain C) and the cpuid-based choice between
  * it and the SIMD tables. The decoder here is the reference bit-stream decode applied to a
  * slice; it is also the fallback the SIMD decoders call for formats they do not special-case
- * (F8_E4M3) and for tails.
+ * and for tails.
  */
 #include "backend/cpu/kern.h"
 
@@ -12,6 +12,11 @@
 float tern__cpu_sload(const uint8_t *p, tern_dtype t, int i) { return tern_load_f32(p, t, (size_t)i); }
 
 void tern__cpu_decode_scalar(const cpu_wrow *w, int j0, int len, float *dst) {
+    if (w->dtype == TERN_DT_F8_E4M3 && w->scales) { /* block FP8: e4m3 · the f32 scale of its column block */
+        for (int j = 0; j < len; j++)
+            dst[j] = tern_f8e4m3_to_f32(w->data[j0 + j]) * tern__cpu_sload(w->scales, TERN_DT_F32, (j0 + j) / w->gs);
+        return;
+    }
     if (w->dtype != TERN_DT_Q) {
         for (int j = 0; j < len; j++) dst[j] = tern_load_f32(w->data, w->dtype, (size_t)(j0 + j));
         return;

@@ -36,7 +36,13 @@ tern_status tern_cpu_check_weight(const tern_tensor *t, tern_error *err) {
     for (int i = 0; i < t->ndim; i++)
         if (t->shape[i] <= 0) return tern_err(err, TERN_EFORMAT, "weight '%s': dim %d is %lld", nm, i, (long long)t->shape[i]);
     switch (t->dtype) {
-    case TERN_DT_F32: case TERN_DT_F16: case TERN_DT_BF16: case TERN_DT_F8_E4M3: return TERN_OK;
+    case TERN_DT_F32: case TERN_DT_F16: case TERN_DT_BF16: return TERN_OK;
+    case TERN_DT_F8_E4M3:
+        if (!t->scales) return TERN_OK;
+        if (t->sdtype != TERN_DT_F32 || t->blk_rows <= 0 || t->group_size <= 0 || t->ndim < 2)
+            return tern_err(err, TERN_EUNSUPPORTED, "weight '%s': FP8 block scales must be F32 with a positive block "
+                            "size (got %s, %d x %d)", nm, tern_dtype_name(t->sdtype), t->blk_rows, t->group_size);
+        return TERN_OK;
     case TERN_DT_Q: break;
     default: return tern_err(err, TERN_EUNSUPPORTED, "weight '%s': dtype %s not supported by the CPU backend", nm, tern_dtype_name(t->dtype));
     }

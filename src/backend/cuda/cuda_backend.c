@@ -7,7 +7,8 @@
  * void ops, so the first one is remembered ("sticky") and logged at the next sync/download.
  *
  * Weights: upload_weight copies the tensor's stored bytes (bf16 stays bf16, MLX packed stays
- * packed with its scales/biases as stored) into one device allocation per tensor, repacking
+ * packed with its scales/biases as stored, block FP8 stays e4m3 bytes + F32 block scales) into one
+ * device allocation per tensor, repacking
  * strided 3-D views (mat_stride != 0) into tight [E][out][row] order, and rewrites *t to point
  * at the device copy (device = GPU index, mat_stride = 0).
  *
@@ -47,7 +48,8 @@ static void geom(const tern_tensor *t, int64_t *nmat, int64_t *out, size_t *mb, 
     *nmat = 1;
     for (int i = 0; i + 2 < t->ndim; i++) *nmat *= t->shape[i];
     *mb = (size_t)*out * tern_tensor_row_bytes(t);
-    *mbs = t->dtype == TERN_DT_Q ? (size_t)*out * (size_t)(in / t->group_size) * tern_dtype_size(t->sdtype) : 0;
+    *mbs = t->dtype == TERN_DT_Q ? (size_t)*out * (size_t)(in / t->group_size) * tern_dtype_size(t->sdtype)
+                                 : tern_tensor_fp8_scale_bytes(t);
 }
 
 void tern__cuda_wview(const tern_tensor *t, tern__cuda_w *w) {
@@ -66,6 +68,7 @@ void tern__cuda_wview(const tern_tensor *t, tern__cuda_w *w) {
     w->biases = t->biases;
     w->mat_bytes = mb;
     w->mat_bytes_s = mbs;
+    w->blk_rows = tern_tensor_is_fp8_block(t) ? t->blk_rows : 0;
 }
 
 /* ---- memory ---- */
@@ -134,9 +137,14 @@ static tern_status be_upload_weight(tern_backend *be, tern_tensor *t, tern_error
         if (!t->scales || !t->biases)
             return tern_err(err, TERN_EINVAL, "cuda: weight '%s': quantized without scales/biases", nm);
         break;
+    case TERN_DT_F8_E4M3: /* block-scaled only (tensor.h) */
+        if (!t->scales || t->sdtype != TERN_DT_F32 || t->blk_rows <= 0 || t->group_size <= 0 || t->ndim < 2)
+            return tern_err(err, TERN_EUNSUPPORTED, "cuda: weight '%s': F8_E4M3 needs F32 block scales", nm);
+        break;
     default:
         return tern_err(err, TERN_EUNSUPPORTED, "cuda: weight '%s': dtype %s", nm, tern_dtype_name(t->dtype));
     }
+    int scaled = t->dtype == TERN_DT_Q || t->dtype == TERN_DT_F8_E4M3;
     if (!t->data) return tern_err(err, TERN_EINVAL, "cuda: weight '%s': no data", nm);
     int64_t nmat, out;
     size_t mb, mbs, total_d, total_s, total;
@@ -156,9 +164,9 @@ static tern_status be_upload_weight(tern_backend *be, tern_tensor *t, tern_error
     size_t sd = t->mat_stride ? t->mat_stride : mb, ss = t->mat_stride_s ? t->mat_stride_s : mbs;
     for (int64_t m = 0; m < nmat && e == cudaSuccess; m++) {
         e = cudaMemcpy(d + m * mb, (const uint8_t *)t->data + m * sd, mb, cudaMemcpyHostToDevice);
-        if (t->dtype == TERN_DT_Q && e == cudaSuccess) {
+        if (scaled && e == cudaSuccess) {
             e = cudaMemcpy(ds + m * mbs, (const uint8_t *)t->scales + m * ss, mbs, cudaMemcpyHostToDevice);
-            if (e == cudaSuccess)
+            if (e == cudaSuccess && t->dtype == TERN_DT_Q)
                 e = cudaMemcpy(db + m * mbs, (const uint8_t *)t->biases + m * ss, mbs, cudaMemcpyHostToDevice);
         }
     }
@@ -167,10 +175,8 @@ static tern_status be_upload_weight(tern_backend *be, tern_tensor *t, tern_error
         return tern_err(err, TERN_EDEVICE, "cuda: weight '%s': copy to GPU failed: %s", nm, cudaGetErrorString(e));
     }
     t->data = d;
-    if (t->dtype == TERN_DT_Q) {
-        t->scales = ds;
-        t->biases = db;
-    }
+    if (scaled) t->scales = ds;
+    if (t->dtype == TERN_DT_Q) t->biases = db;
     t->mat_stride = t->mat_stride_s = 0;
     t->device = c->device;
     return TERN_OK;

@@ -40,7 +40,16 @@ struct WDesc {
     const uint8_t *data, *scales, *biases;
     size_t mat_bytes, mat_bytes_s, row_bytes;
     int in, out, bits, gs, dtype, sdtype;
+    int br, ncs;        /* block FP8: rows per scale block, scale columns (0 otherwise) */
 };
+
+/* e4m3 byte -> f32, exact: the magnitude bits moved to f32 bits 20..26 are value * 2^-120 for
+ * normals and subnormals alike; 0x7f / 0xff are NaN as in the reference decoder. */
+__device__ __forceinline__ float f8e4m3(uint32_t v) {
+    const uint32_t mag = v & 0x7fu;
+    const float f = __uint_as_float((mag << 20) | ((v & 0x80u) << 24)) * 0x1p120f;
+    return mag == 0x7fu ? __int_as_float(0x7fc00000) : f;
+}
 
 static inline WDesc make_wdesc(const tern__cuda_w *w) {
     WDesc d;
@@ -56,13 +65,22 @@ static inline WDesc make_wdesc(const tern__cuda_w *w) {
     d.dtype = w->dtype;
     d.sdtype = w->sdtype;
     d.row_bytes = w->dtype == TERN_DT_Q ? (size_t)w->in * w->bits / 8
+                  : w->dtype == TERN_DT_F8_E4M3 ? (size_t)w->in
                                         : (size_t)w->in * (w->dtype == TERN_DT_F32 ? 4 : 2);
+    d.br = w->dtype == TERN_DT_F8_E4M3 && w->scales ? w->blk_rows : 0;
+    d.ncs = d.br ? (w->in + w->group_size - 1) / w->group_size : 0;
     return d;
 }
 
 /* W[e][r][j] as f32 */
 __device__ __forceinline__ float welem(const WDesc &w, int e, int r, int j) {
     const uint8_t *row = w.data + (size_t)e * w.mat_bytes + (size_t)r * w.row_bytes;
+    if (w.dtype == TERN_DT_F8_E4M3) { /* e4m3 times its block's f32 scale: one rounding, as the reference */
+        const float v = f8e4m3(row[j]);
+        if (!w.br) return v;
+        const float *sc = (const float *)(w.scales + (size_t)e * w.mat_bytes_s);
+        return v * sc[(size_t)(r / w.br) * w.ncs + (size_t)(j / w.gs)];
+    }
     if (w.dtype != TERN_DT_Q) {
         if (w.dtype == TERN_DT_F32 || w.dtype == TERN_DT_F16 || w.dtype == TERN_DT_BF16) return load_s(row, w.dtype, j);
         return 0.0f;

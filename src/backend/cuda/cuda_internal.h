@@ -78,6 +78,9 @@ typedef struct tern__cuda_w {
     int nmat;                    /* matrices in the stack (1 for 2-D) */
     const void *data, *scales, *biases; /* matrix 0 */
     size_t mat_bytes, mat_bytes_s;      /* bytes between matrices (tight) */
+    int blk_rows;                /* block-scaled FP8 (dtype F8_E4M3, scales != NULL): rows per scale
+                                    block; group_size = columns per block; F32 scales
+                                    [ceil(out/blk_rows), ceil(in/group_size)] per matrix */
 } tern__cuda_w;
 
 void tern__cuda_wview(const tern_tensor *t, tern__cuda_w *w);

@@ -1,6 +1,8 @@
 /*
  * gemv.cu — matrix-vector products for decode (n <= 16 rows) over every stored weight format:
- * F32, F16, BF16 and MLX affine Q (bits 2,3,4,5,6,8; groups 32/64/128; scales F32/F16/BF16).
+ * F32, F16, BF16, MLX affine Q (bits 2,3,4,5,6,8; groups 32/64/128; scales F32/F16/BF16) and
+ * block-scaled FP8 (e4m3 bytes, one F32 scale per block of rows x columns; per chunk of 32
+ * codes acc += s·Σ e4m3·x, exact e4m3 decode by a bit move and one multiply by 2^120).
  * Also the dequantizer the prefill GEMM uses, and the matmul dispatcher (GEMV vs GEMM).
  *
  * Memory-bound design: a warp owns R weight rows; lane l walks "chunks" l, l+32, ... of the
@@ -44,13 +46,17 @@ struct GemvArgs {
     float *y;
     int ystride;
     int n;                 /* dense: activation rows (<= NX) */
+    int br, ncs;           /* block FP8: rows per scale block, scale columns per matrix row block */
 };
 
-/* chunk geometry per kind: KIND 2..8 = Q bits, 16 = F16, 17 = BF16, 32 = F32 */
+/* chunk geometry per kind: KIND 2..8 = Q bits, 9 = block FP8 (e4m3 bytes, one f32 scale per
+ * chunk: block columns are a multiple of 32), 16 = F16, 17 = BF16, 32 = F32 */
 template <int KIND> struct Kind {
     static constexpr bool Q = KIND <= 8;
-    static constexpr int CH = Q ? 32 : (KIND == 32 ? 8 : 16); /* elements per chunk */
+    static constexpr bool F8 = KIND == 9;
+    static constexpr int CH = (Q || F8) ? 32 : (KIND == 32 ? 8 : 16); /* elements per chunk */
     static constexpr int WORDS = Q ? KIND : 8;                /* 32-bit words per chunk */
+    static constexpr int EB = F8 ? 1 : (KIND == 32 ? 4 : 2);  /* bytes per element (not Q) */
 };
 /* rows per warp: Q reuses each x read over 4 rows while registers allow */
 template <int KIND, int NX> struct Rows { static constexpr int R = (KIND <= 8 && NX <= 4) ? 4 : 2; };
@@ -91,6 +97,8 @@ template <int KIND> __device__ __forceinline__ float elem(const uint32_t *wd, in
         uint32_t v = wd[word] >> sh;
         if (sh + KIND > 32) v |= wd[word + 1] << (32 - sh);
         return __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f; /* exact */
+    } else if constexpr (KIND == 9) {
+        return f8e4m3((wd[j >> 2] >> (8 * (j & 3))) & 0xffu);
     } else if constexpr (KIND == 17) {
         const uint32_t v = wd[j / 2];
         return __uint_as_float((j & 1) ? (v & 0xffff0000u) : (v << 16));
@@ -112,7 +120,7 @@ template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(G
     const bool active = o0 < a.out;
     if (!STAGE && !active) return;
     const int p = blockIdx.y, nch = a.in / CH;
-    const size_t rb = (size_t)a.in * (K::Q ? KIND : (KIND == 32 ? 4 : 2)) / (K::Q ? 8 : 1);
+    const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
     const int ng = K::Q ? a.in >> a.gs_shift : 0;
     float acc[R][NX], eacc[R]; /* eacc: expert mode (NX == 1) sums coef * term over the k terms */
 #pragma unroll
@@ -152,6 +160,8 @@ template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(G
                         const int gi = orow[r] * ng + ((c * 32) >> a.gs_shift);
                         s[r] = load_s(smat, a.sdtype, (size_t)gi);
                         b[r] = load_s(bmat, a.sdtype, (size_t)gi);
+                    } else if constexpr (K::F8) {
+                        s[r] = ((const float *)smat)[(size_t)(orow[r] / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
                     }
                 }
             }
@@ -199,6 +209,7 @@ template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(G
 #pragma unroll
                 for (int t = 0; t < NX; t++) {
                     if constexpr (K::Q) acc[r][t] += fmaf(s[r], qa[r][t], b[r] * xsum[t]);
+                    else if constexpr (K::F8) acc[r][t] = fmaf(s[r], qa[r][t], acc[r][t]);
                     else acc[r][t] += qa[r][t];
                 }
         }
@@ -335,13 +346,14 @@ __global__ void gemv_generic_kernel(GemvArgs a, WDesc wdsc) {
 static int kind_of(const tern__cuda_w *w) {
     switch (w->dtype) {
     case TERN_DT_Q: return w->bits;
+    case TERN_DT_F8_E4M3: return 9;
     case TERN_DT_F16: return 16;
     case TERN_DT_BF16: return 17;
     default: return 32;
     }
 }
 
-static int chunk_of(int kind) { return kind <= 8 ? 32 : (kind == 32 ? 8 : 16); }
+static int chunk_of(int kind) { return kind <= 9 ? 32 : (kind == 32 ? 8 : 16); }
 
 /* rows per block and shared bytes of gemv_kernel<KIND, NX> (host mirror of Rows/Kind) */
 static int rows_of(int kind, int nx) { return (kind <= 8 && nx <= 4) ? 4 : 2; }
@@ -369,7 +381,7 @@ template <int KIND> static void allow_smem() {
 extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     (void)c;
     allow_smem<2>(); allow_smem<3>(); allow_smem<4>(); allow_smem<5>(); allow_smem<6>(); allow_smem<8>();
-    allow_smem<16>(); allow_smem<17>(); allow_smem<32>();
+    allow_smem<9>(); allow_smem<16>(); allow_smem<17>(); allow_smem<32>();
     cudaGetLastError();
 }
 
@@ -393,7 +405,8 @@ template <int KIND> static void launch_q1(cudaStream_t st, const GemvArgs &a, in
 
 static void launch(tern__cuda *c, GemvArgs &a, const tern__cuda_w *w, int gy, int nx) {
     const int kind = kind_of(w), ch = chunk_of(kind);
-    const bool aligned = a.in % ch == 0 && ((uintptr_t)a.x & 15) == 0 && a.xstride % 4 == 0;
+    const bool aligned = a.in % ch == 0 && ((uintptr_t)a.x & 15) == 0 && a.xstride % 4 == 0 &&
+                         (kind != 9 || a.gs % 32 == 0); /* FP8: a chunk must sit in one scale block */
     const int v = tern__cuda_gemv_q1_variant;
     if (aligned && nx == 1 && !a.idx && kind <= 8 && v > 0) {
         switch (kind) {
@@ -422,6 +435,7 @@ static void launch(tern__cuda *c, GemvArgs &a, const tern__cuda_w *w, int gy, in
     case 5: launch_kind<5>(c->stream, grid, a, nx); break;
     case 6: launch_kind<6>(c->stream, grid, a, nx); break;
     case 8: launch_kind<8>(c->stream, grid, a, nx); break;
+    case 9: launch_kind<9>(c->stream, grid, a, nx); break;
     case 16: launch_kind<16>(c->stream, grid, a, nx); break;
     case 17: launch_kind<17>(c->stream, grid, a, nx); break;
     default: launch_kind<32>(c->stream, grid, a, nx); break;
@@ -440,6 +454,8 @@ static GemvArgs base_args(const tern__cuda_w *w) {
     a.in = w->in;
     a.gs = w->group_size;
     a.gs_shift = w->group_size == 32 ? 5 : w->group_size == 64 ? 6 : 7;
+    a.br = w->dtype == TERN_DT_F8_E4M3 ? w->blk_rows : 0;
+    a.ncs = a.br ? (w->in + w->group_size - 1) / w->group_size : 0;
     a.sdtype = w->sdtype;
     a.nmat = 0x7fffffff;
     a.ksum = 1;

@@ -1,0 +1,87 @@
+/*
+ * gemm_avx2.c — the AVX2/FMA pieces of the blocked prefill GEMM (driver: cpu_matmul.c).
+ *
+ * Same scheme as gemm_avx512.c at half the width: strips of 16 output features packed
+ * input-major (wp[t·16 + i], 8×8 in-register transposes), and a 6×16 microkernel — 12 ymm
+ * accumulators, per input 2 weight loads, 6 broadcasts and 12 FMAs (15 of the 16 ymm
+ * registers). Each y element is a sequential f32 FMA chain over the block's inputs.
+ */
+#include "backend/cpu/kern.h"
+
+#include <immintrin.h>
+
+#define NR 16
+#define MR 6
+
+/* 8 rows (src + i·ld, 8 floats each) to 8 columns: dst + j·NR holds column j. */
+static inline void tr8(const float *src, int ld, float *dst) {
+    __m256 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (size_t)i * ld);
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    /* u[4k+m], 128-bit lane L: column 4L+m of rows 4k..4k+3 */
+    for (int k = 0; k < 2; k++) {
+        u[4 * k + 0] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+        u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+        u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+        u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+    }
+    for (int m = 0; m < 4; m++) {
+        _mm256_store_ps(dst + (size_t)m * NR, _mm256_permute2f128_ps(u[m], u[4 + m], 0x20));
+        _mm256_store_ps(dst + (size_t)(4 + m) * NR, _mm256_permute2f128_ps(u[m], u[4 + m], 0x31));
+    }
+}
+
+void tern__cpu_gemm_pack_avx2(const float *tmp, int ld, int len, float *wp) {
+    int t = 0;
+    for (; t + 8 <= len; t += 8)
+        for (int i0 = 0; i0 < NR; i0 += 8) tr8(tmp + (size_t)i0 * ld + t, ld, wp + (size_t)t * NR + i0);
+    for (; t < len; t++)
+        for (int i = 0; i < NR; i++) wp[(size_t)t * NR + i] = tmp[(size_t)i * ld + t];
+}
+
+static inline __attribute__((always_inline)) void mk_t(int len, const float *xp, const float *wp, float *const *yp,
+                                                       const float *ys, int add, int ns, const int M) {
+    __m256 c0[MR], c1[MR];
+#pragma GCC unroll 6
+    for (int r = 0; r < M; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+    for (int t = 0; t < len; t++, wp += NR, xp += M) {
+        __m256 w0 = _mm256_load_ps(wp), w1 = _mm256_load_ps(wp + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < M; r++) {
+            __m256 xb = _mm256_broadcast_ss(xp + r);
+            c0[r] = _mm256_fmadd_ps(w0, xb, c0[r]);
+            c1[r] = _mm256_fmadd_ps(w1, xb, c1[r]);
+        }
+    }
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(ns), iota);
+    __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(ns - 8), iota);
+#pragma GCC unroll 6
+    for (int r = 0; r < M; r++) {
+        float *y = yp[r];
+        __m256 a0 = c0[r], a1 = c1[r];
+        if (add) {
+            if (ys) {
+                __m256 s = _mm256_set1_ps(ys[r]);
+                a0 = _mm256_mul_ps(s, a0);
+                a1 = _mm256_mul_ps(s, a1);
+            }
+            a0 = _mm256_add_ps(_mm256_maskload_ps(y, m0), a0);
+            a1 = _mm256_add_ps(_mm256_maskload_ps(y + 8, m1), a1);
+        }
+        _mm256_maskstore_ps(y, m0, a0);
+        _mm256_maskstore_ps(y + 8, m1, a1);
+    }
+}
+
+#define MK(M) case M: mk_t(len, xp, wp, yp, ys, add, ns, M); return;
+void tern__cpu_gemm_mk_avx2(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
+                            int add, int ns) {
+    switch (mr) {
+        MK(1) MK(2) MK(3) MK(4) MK(5) MK(6)
+    default: return;
+    }
+}
