@@ -1,5 +1,7 @@
 /*
- * fit.c — memory accounting for `tern fit` and the engine's pool sizing (see fit.h).
+ * fit.c — memory accounting for `tern fit` and the engine's pool sizing (see fit.h), and the
+ * GLM-5 geometry arithmetic (latent cache, routed-expert bytes per token per format) that
+ * `tern fit` and `tern info` print; checked against reference/glm5.md §9 by test_runtime_glm.
  */
 #include "runtime/fit.h"
 
@@ -39,10 +41,85 @@ size_t tern_fit_scratch(const tern_model_config *c, int B, int n_slots) {
     if (c->n_expert > 0)
         f += rows * (2 * H + (size_t)c->n_expert + 2 * (size_t)c->n_expert_used * (1 + (size_t)c->n_ff_expert));
     if (c->ple_dim > 0) f += rows * ((size_t)c->n_layer * (size_t)c->ple_dim * 2 + 2 * (size_t)c->ple_dim);
+    if (c->arch == TERN_ARCH_GLM5) { /* glm5_load.c scratch: q, latent queries/outputs, indexer, MoE */
+        size_t Hh = (size_t)c->n_head, rkv = (size_t)c->kv_lora_rank, dr = (size_t)c->qk_rope_head_dim;
+        f += rows * ((size_t)c->q_lora_rank + Hh * ((size_t)c->qk_nope_head_dim + dr) + 2 * (rkv + dr) +
+                     Hh * (rkv + dr) + Hh * rkv + Hh * (size_t)c->v_head_dim + (size_t)c->index_n_heads *
+                     ((size_t)c->index_head_dim + 1) + (size_t)c->index_head_dim + (size_t)c->index_topk +
+                     2 * (size_t)c->n_ff_expert * (size_t)TERN_MAX(c->n_shared_experts, 1));
+    }
     return f * sizeof(float) + (size_t)TERN_MAX(n_slots, 1) * V * sizeof(float) + rows * 16;
 }
 
+double tern_fit_bytes_per_weight(int q) {
+    switch (q) {
+    case TERN_FIT_Q8: return 1.0 + 4.0 / 64;
+    case TERN_FIT_Q4: return 0.5 + 4.0 / 64;
+    case TERN_FIT_FP8: return 1.0 + 4.0 / (128.0 * 128.0);
+    default: return 2.0;
+    }
+}
+
+const char *tern_fit_quant_name(int q) {
+    static const char *n[TERN_FIT_NQ] = {"bf16", "mlx-q8g64", "mlx-q4g64", "fp8-b128"};
+    return q >= 0 && q < TERN_FIT_NQ ? n[q] : "?";
+}
+
+/* GLM-5 matrices: *lin = linear weights (quantizable), *emb = embed + head + routers (stay bf16 in FP8
+ * checkpoints), *vec = norm vectors / biases; *act = weights read per token. */
+static void glm_params(const tern_model_config *c, double *lin, double *emb, double *vec, double *act) {
+    double D = c->n_embd, V = c->n_vocab, H = c->n_head, rq = c->q_lora_rank, rkv = c->kv_lora_rank;
+    double dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim;
+    double ni = c->index_n_heads, di = c->index_head_dim, E = c->n_expert, k = c->n_expert_used;
+    double Im = c->n_ff_expert, Is = Im * c->n_shared_experts;
+    *lin = 0, *emb = V * D * (c->tie_embeddings ? 1 : 2), *vec = D, *act = V * D;
+    for (int l = 0; l < c->n_layer; l++) {
+        double at = D * rq + rq * H * (dn + dr) + D * (rkv + dr) + rkv * H * (dn + dv) + H * dv * D;
+        if (c->layers[l].dsa_full) at += rq * ni * di + D * di + D * ni, *vec += 2 * di;
+        *vec += 2 * D + rq + rkv;
+        *lin += at;
+        *act += at;
+        if (c->layers[l].moe) {
+            *lin += (E + c->n_shared_experts) * 3 * D * Im;
+            *emb += D * E;
+            *vec += E;
+            *act += (k * 3 * D * Im) + 3 * D * Is + D * E;
+        } else {
+            *lin += 3 * D * c->n_ff;
+            *act += 3 * D * c->n_ff;
+        }
+    }
+}
+
+int tern_fit_glm_geometry(const tern_model_config *c, tern_fit_glm *g) {
+    memset(g, 0, sizeof *g);
+    if (c->arch != TERN_ARCH_GLM5) return 0;
+    g->n_layer = c->n_layer;
+    for (int l = 0; l < c->n_layer; l++) {
+        g->n_full_indexer += c->layers[l].dsa_full;
+        g->n_moe += c->layers[l].moe;
+        g->latent_token += (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(float);
+        if (c->layers[l].dsa_full) g->indexer_token += (size_t)c->index_head_dim * sizeof(float);
+    }
+    g->expert_params = 3.0 * c->n_embd * c->n_ff_expert;
+    for (int q = 0; q < TERN_FIT_NQ; q++)
+        g->expert_token[q] = (double)g->n_moe * c->n_expert_used * g->expert_params * tern_fit_bytes_per_weight(q);
+    double lin, emb, vec, act;
+    glm_params(c, &lin, &emb, &vec, &act);
+    g->params_total = lin + emb + vec;
+    g->params_active = act;
+    return 1;
+}
+
 size_t tern_fit_weight_estimate(const tern_model_config *c, int bits, int group) {
+    if (c->arch == TERN_ARCH_GLM5) {
+        double lin, emb, vec, act;
+        glm_params(c, &lin, &emb, &vec, &act);
+        if (bits < 0) return (size_t)(lin * tern_fit_bytes_per_weight(TERN_FIT_FP8) + emb * 2 + vec * 4);
+        double per = bits ? bits / 8.0 + 4.0 / (group > 0 ? group : 64) : 2.0;
+        return (size_t)((lin + emb) * per + vec * 4);
+    }
+    if (bits < 0) bits = 8, group = 128 * 128 * 2; /* FP8 elsewhere: ~1 byte per weight */
     double per = bits ? bits / 8.0 + 4.0 / (group > 0 ? group : 64) : 2.0; /* bytes per matrix weight */
     double H = c->n_embd, V = c->n_vocab, w = 0, vec = 0;
     w += V * H;                                           /* embed_tokens */

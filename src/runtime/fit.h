@@ -45,8 +45,30 @@ size_t tern_fit_seq_kv(const tern_model_config *cfg, const tern_kv_fmt *formats,
 /* Forward scratch estimate for max_batch rows and n_slots logits rows. */
 size_t tern_fit_scratch(const tern_model_config *cfg, int max_batch, int n_slots);
 /* Stored weight bytes estimated from the geometry (bits 0 = bf16 matrices, else MLX affine
- * with group g: bits/8 + 4/g bytes per weight); vectors f32. For --random presets. */
+ * with group g: bits/8 + 4/g bytes per weight; bits < 0: FP8 block-128 for the linear layers,
+ * bf16 embeddings / head / router); vectors f32. For --random presets. GLM-5 configs are
+ * counted with their MLA / indexer / MoE shapes. */
 size_t tern_fit_weight_estimate(const tern_model_config *cfg, int bits, int group);
+/* GLM-5 (glm_moe_dsa) geometry, reference/glm5.md §9. Cache bytes are for this engine's f32 latent
+ * pages (tern_kv_layer_bytes_per_token): per layer kv_lora_rank + qk_rope_head_dim floats (normalized
+ * latent + roped key), plus index_head_dim floats of indexer key on each "full" indexer layer.
+ * Routed-expert bytes per token = MoE layers x experts per token x one expert's stored bytes
+ * (3 matrices of hidden x moe_intermediate) in each format: bf16 (2 B/weight), MLX affine q8 / q4
+ * at group 64 (bits/8 + 4/64: bf16 scale + bias per group), FP8 e4m3 with 128x128 F32 block
+ * scales (1 + 4/16384). Returns 0 (and zeroes *g) for other architectures. */
+enum { TERN_FIT_BF16 = 0, TERN_FIT_Q8 = 1, TERN_FIT_Q4 = 2, TERN_FIT_FP8 = 3, TERN_FIT_NQ = 4 };
+typedef struct tern_fit_glm {
+    int n_layer, n_full_indexer, n_moe;
+    size_t latent_token;     /* Σ layers (kv_lora_rank + qk_rope_head_dim) * 4 */
+    size_t indexer_token;    /* Σ full layers index_head_dim * 4 */
+    double expert_params;    /* one routed expert: 3 * hidden * moe_intermediate */
+    double expert_token[TERN_FIT_NQ]; /* routed-expert bytes read per token, by format */
+    double params_total, params_active; /* whole model (no MTP layer); active per token */
+} tern_fit_glm;
+int tern_fit_glm_geometry(const tern_model_config *cfg, tern_fit_glm *g);
+const char *tern_fit_quant_name(int q);   /* "bf16", "mlx-q8g64", "mlx-q4g64", "fp8-b128" */
+double tern_fit_bytes_per_weight(int q);  /* stored bytes per matrix weight of format q */
+
 tern_status tern_fit_plan(const tern_model_config *cfg, const tern_kv_fmt *formats, size_t weight_bytes,
                           const tern_fit_opts *o, tern_fit *f, tern_error *err);
 

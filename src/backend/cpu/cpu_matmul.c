@@ -97,6 +97,7 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
 /* ---- blocked GEMM (n > 8) ---- */
 
 #define GEMM_KC 256 /* inputs per block: a 32-row strip is 32 KB of f32 (L1), nb·KC of x fits L2 */
+_Static_assert(2 * 32 * GEMM_KC <= CPU_RT_MAX * CPU_CH, "tbuf holds a decoded strip and its packed copy");
 
 static int gemm_enabled(void) {
     static _Atomic int on = -1; /* TERN_CPU_GEMM=0: the tile-decode path (before/after benchmarks) */
@@ -252,7 +253,10 @@ static void run_mm(tern_backend *be, float *y, const float *x, int n, const tern
     if (n <= 0) return;
     cpu_mm_job jb = {.w = w, .mat = mat, .x = x, .ldx = (size_t)in, .y = y, .ldy = (size_t)out, .n = n};
     mm_ctx m = {c, &jb, out};
-    tern_pool_run(c->pool, mm_task, &m);
+    /* small products run on the calling thread: waking the pool costs more than they do
+     * (each output row is computed by one thread either way, so results are identical) */
+    if ((double)n * (double)out * (double)in < 65536.0) mm_task(&m, 0, 1);
+    else tern_pool_run(c->pool, mm_task, &m);
 }
 
 void tern__cpu_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) { run_mm(be, y, x, n, w, 0); }
