@@ -101,7 +101,7 @@ gpu-test: $(GPU_PROG)
 # from everything that needs only cJSON (no PCRE2/microhttpd/utf8proc) — what the GPU machine can
 # build with a carried libcjson (scripts/gpu_check.sh). CORE_CFLAGS/CORE_LDFLAGS point at it there.
 CORE_SRC := $(wildcard src/base/*.c src/io/*.c src/ops/*.c src/model/*.c) src/backend/backend.c \
-            $(wildcard src/backend/cpu/*.c) src/runtime/kv.c src/runtime/generate.c
+            $(wildcard src/backend/cpu/*.c) src/runtime/kv.c src/runtime/kvfile.c src/runtime/fit.c src/runtime/generate.c
 ifeq ($(TERN_CUDA),1)
 CORE_SRC += $(wildcard src/backend/cuda/*.c)
 endif

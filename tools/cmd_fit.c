@@ -5,7 +5,8 @@
  * the text model, or a geometry estimate for --random), KV bytes per token for each layer
  * kind (full / sliding / KV-shared) in every page mode, the prefill scratch, the total for
  * the requested context and concurrency, and, with a budget, the longest safe context at
- * that concurrency and the most sequences at that context. Numbers come from
+ * that concurrency and the most sequences at that context; for GLM-5 also the latent-cache and
+ * indexer bytes per token and the routed-expert bytes per token in each weight format. Numbers come from
  * src/runtime/fit.c, which tern_engine_open uses to size the KV pool from --memory-budget.
  * Ends with one CSV line (prefix "csv,"). Exit 0 (also when it does not fit: the verdict
  * line says so), 2 on bad arguments or an unreadable model.
@@ -93,7 +94,22 @@ int tern_cmd_fit(int argc, char **argv) {
            cfg.n_layer, f.n_full, f.n_sliding, f.window, f.n_shared);
     printf("weights        %10.3f GB%s", gb(wbytes), c.random ? " (estimate from the geometry)" : " (safetensors, text model)");
     if (skipped) printf(", +%.3f GB vision/audio not loaded", gb(skipped));
-    printf("\n\nKV bytes per token (per sequence, summed over the layers of each kind):\n");
+    printf("\n");
+    tern_fit_glm g;
+    if (tern_fit_glm_geometry(&cfg, &g)) { /* MLA latent cache: one page format (f32) for now */
+        printf("\nGLM-5 geometry: %.1f B parameters, %.1f B active per token; %d MoE layers, %d of %d with a full indexer\n",
+               g.params_total / 1e9, g.params_active / 1e9, g.n_moe, g.n_full_indexer, g.n_layer);
+        printf("  latent cache     %zu B/token (%d layers x (kv_lora %d + rope %d) x 4 B, f32 pages)\n", g.latent_token,
+               g.n_layer, cfg.kv_lora_rank, cfg.qk_rope_head_dim);
+        printf("  indexer keys     %zu B/token (%d full layers x %d x 4 B)\n", g.indexer_token, g.n_full_indexer,
+               cfg.index_head_dim);
+        printf("  routed experts read per token (%d layers x %d experts x %.2f M weights):\n", g.n_moe, cfg.n_expert_used,
+               g.expert_params / 1e6);
+        for (int q = 0; q < TERN_FIT_NQ; q++)
+            printf("    %-10s %8.3f GB (1e9 B)  %.4f B/weight\n", tern_fit_quant_name(q), g.expert_token[q] / 1e9,
+                   tern_fit_bytes_per_weight(q));
+    }
+    printf("\nKV bytes per token (per sequence, summed over the layers of each kind):\n");
     printf("  %-12s %12s %12s %12s\n", "mode", "full", "sliding", "shared");
     const char *modes[] = {"off", "bf16", "8", "4", "turbo:4,4", "turbo:4,3", "turbo:3,3", "turbo:3,2"};
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {

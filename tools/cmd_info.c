@@ -1,9 +1,13 @@
 /*
  * cmd_info.c — `tern info MODEL`: architecture, geometry, parameters, bytes per stored dtype,
- * quantization, KV bytes per token. Loads the model on the CPU backend (weights stay mmap'd).
+ * quantization (MLX affine or FP8 blocks), KV bytes per token; for GLM-5 the MLA / indexer
+ * geometry, latent-cache bytes and routed-expert bytes per token in each format. Loads the model
+ * on the CPU backend (weights stay mmap'd).
  */
 #include "cli.h"
 #include "cli_util.h"
+#include "runtime/fit.h"
+#include "runtime/kv.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -50,9 +54,24 @@ int tern_cmd_info(int argc, char **argv) {
     if (cfg->quant.enabled)
         printf("quantization  MLX %s, %d bits, group %d, %d per-module overrides\n", cfg->quant.mode, cfg->quant.bits,
                cfg->quant.group_size, cfg->quant.n_overrides);
+    else if (cfg->quant.fp8)
+        printf("quantization  FP8 e4m3, weight blocks %dx%d with F32 scales, %d modules not converted\n",
+               cfg->quant.fp8_block[0], cfg->quant.fp8_block[1], cfg->quant.n_fp8_skip);
     else
         printf("quantization  none\n");
     printf("KV per token  %zu bytes (f32 cache, layers that own a cache)\n", tern_kv_bytes_per_token(cfg));
+    tern_fit_glm g;
+    if (tern_fit_glm_geometry(cfg, &g)) {
+        printf("GLM-5 MLA     q_lora %d, kv_lora %d, nope %d, rope %d, v %d; indexer %d heads x %d, top-%d on %d of %d "
+               "layers\n", cfg->q_lora_rank, cfg->kv_lora_rank, cfg->qk_nope_head_dim, cfg->qk_rope_head_dim,
+               cfg->v_head_dim, cfg->index_n_heads, cfg->index_head_dim, cfg->index_topk, g.n_full_indexer, g.n_layer);
+        printf("latent cache  %zu B/token + indexer keys %zu B/token (f32 pages)\n", g.latent_token, g.indexer_token);
+        printf("experts/token");
+        for (int q = 0; q < TERN_FIT_NQ; q++)
+            printf(" %s %.3f GB%s", tern_fit_quant_name(q), g.expert_token[q] / 1e9, q + 1 < TERN_FIT_NQ ? "," : "");
+        printf(" (%d MoE layers x %d routed experts read per token)\n", g.n_moe, cfg->n_expert_used);
+        printf("active        %.3f M of %.3f M parameters per token\n", g.params_active / 1e6, g.params_total / 1e6);
+    }
     printf("context       %d (max_position_embeddings)\n", cfg->n_ctx_train);
     cli_close(&s);
     return 0;

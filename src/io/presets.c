@@ -17,6 +17,16 @@
     " \"hidden_act\": \"silu\", \"max_position_embeddings\": 202752, \"bos_token_id\": 0, \"eos_token_id\": 1," \
     " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0}"
 
+#define GLM5_COMMON_NOROPE "\"model_type\": \"glm_moe_dsa\", \"architectures\": [\"GlmMoeDsaForCausalLM\"]," \
+    " \"n_shared_experts\": 1, \"n_group\": 1, \"topk_group\": 1, \"norm_topk_prob\": true," \
+    " \"routed_scaling_factor\": 2.5, \"rms_norm_eps\": 1e-05, \"tie_word_embeddings\": false," \
+    " \"hidden_act\": \"silu\", \"bos_token_id\": 0, \"eos_token_id\": [154820, 154827, 154829]"
+#define GLM5_GEOM " \"hidden_size\": 6144, \"vocab_size\": 154880, \"num_attention_heads\": 64," \
+    " \"num_key_value_heads\": 64, \"q_lora_rank\": 2048, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 192," \
+    " \"qk_rope_head_dim\": 64, \"v_head_dim\": 256, \"intermediate_size\": 12288, \"moe_intermediate_size\": 2048," \
+    " \"n_routed_experts\": 256, \"num_experts_per_tok\": 8, \"index_topk\": 2048, \"index_head_dim\": 128," \
+    " \"index_n_heads\": 32"
+
 static const struct { const char *name, *json; } k_presets[] = {
     {"gemma4-e2b", "{" G4_COMMON ", \"hidden_size\": 1536, \"num_hidden_layers\": 35, \"num_attention_heads\": 8,"
                    " \"num_key_value_heads\": 1, \"intermediate_size\": 6144, \"sliding_window\": 512,"
@@ -63,6 +73,14 @@ static const struct { const char *name, *json; } k_presets[] = {
                    " \"num_key_value_heads\": 8, \"head_dim\": 128, \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0,"
                    " \"tie_word_embeddings\": true, \"max_position_embeddings\": 40960, \"bos_token_id\": 151643,"
                    " \"eos_token_id\": 151645}"},
+    /* GLM-5 / GLM-5.1 full geometry (reference/glm5.md §9.1): 78 layers, 3 dense, indexer on every
+     * layer. For `tern fit` / `tern info --random` arithmetic (743.9 B parameters: not for bench). */
+    {"glm5", "{" GLM5_COMMON_NOROPE ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0},"
+             " \"max_position_embeddings\": 202752," GLM5_GEOM ", \"num_hidden_layers\": 78, \"first_k_dense_replace\": 3}"},
+    /* GLM-5.2: the same plus IndexCache (21 full / 57 shared indexer layers) and rope_theta 8e6 */
+    {"glm5.2", "{" GLM5_COMMON_NOROPE ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 8000000.0},"
+               " \"max_position_embeddings\": 1048576," GLM5_GEOM ", \"num_hidden_layers\": 78, \"first_k_dense_replace\": 3,"
+               " \"index_topk_freq\": 4, \"index_skip_topk_offset\": 3}"},
     /* GLM-5 (reference/glm5.md §9.1) cut to 3 layers: one dense, two MoE (256 experts, top-8),
      * indexer full / shared / full (GLM-5.2 style). 2 × 5.4 GB of experts at --quant q4. */
     {"glm5-mini", "{" GLM5_COMMON ", \"hidden_size\": 6144, \"vocab_size\": 154880, \"num_hidden_layers\": 3,"
@@ -88,5 +106,5 @@ const char *tern_preset_config(const char *name) {
 }
 
 const char *tern_preset_names(void) {
-    return "gemma4-e2b gemma4-e4b gemma4-12b gemma4-26b-a4b gemma4-31b llama3-8b llama3-1b qwen3-0.6b glm5-mini glm5-tiny";
+    return "gemma4-e2b gemma4-e4b gemma4-12b gemma4-26b-a4b gemma4-31b llama3-8b llama3-1b qwen3-0.6b glm5 glm5.2 glm5-mini glm5-tiny";
 }

@@ -123,6 +123,28 @@ static void gemm_pack_x(const cpu_mm_job *jb, int r0, int nbk, int t0, int len, 
     }
 }
 
+/* Prefetch (into L2) rows [i0, i1) of the strip at s0, inputs [t0, t0+len): the decode of
+ * each strip otherwise waits on a cache miss per 64 bytes of every one of its rows. */
+static void gemm_prefetch(const tern_tensor *w, int mat, int64_t s0, int i0, int i1, int t0, int len) {
+    cpu_wrow row;
+    for (int i = i0; i < i1; i++) {
+        wrow_at(w, mat, s0 + i, &row);
+        size_t b0, b1;
+        if (w->dtype == TERN_DT_Q) {
+            b0 = (size_t)t0 * (size_t)w->bits / 8;
+            b1 = (size_t)(t0 + len) * (size_t)w->bits / 8;
+            size_t ss = tern_dtype_size(w->sdtype), g0 = (size_t)(t0 / w->group_size) * ss;
+            __builtin_prefetch(row.scales + g0, 0, 2);
+            __builtin_prefetch(row.biases + g0, 0, 2);
+        } else {
+            size_t es = tern_dtype_size(w->dtype);
+            b0 = (size_t)t0 * es;
+            b1 = (size_t)(t0 + len) * es;
+        }
+        for (size_t b = b0 & ~(size_t)63; b < b1; b += 64) __builtin_prefetch(row.data + b, 0, 2);
+    }
+}
+
 /* Returns 0 when the ISA table has no GEMM or the format does not fit its blocking. */
 static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1) {
     const tern_cpu_kern *k = c->k;
@@ -152,8 +174,10 @@ static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
                 }
                 for (int i = ns; i < NR; i++) memset(tmp + (size_t)i * kc, 0, (size_t)len * sizeof *tmp);
                 k->gemm_pack(tmp, kc, len, wp);
+                int nxt = (int)TERN_MIN((int64_t)NR, o1 - s0 - NR), nblk = (nbk + MR - 1) / MR;
                 for (int b0 = 0; b0 < nbk; b0 += MR) {
-                    int mr = TERN_MIN(MR, nbk - b0);
+                    int mr = TERN_MIN(MR, nbk - b0), bi = b0 / MR;
+                    if (nxt > 0) gemm_prefetch(w, jb->mat, s0 + NR, nxt * bi / nblk, nxt * (bi + 1) / nblk, t0, len);
                     for (int r = 0; r < mr; r++) {
                         int rr = r0 + b0 + r;
                         yp[r] = jb->y + (size_t)(jb->yrow ? jb->yrow[rr] : rr) * jb->ldy + s0;

@@ -53,17 +53,22 @@ void tern__cpu_gemm_pack_avx512(const float *tmp, int ld, int len, float *wp) {
 }
 
 static inline __attribute__((always_inline)) void mk_t(int len, const float *xp, const float *wp, float *const *yp,
-                                                       const float *ys, int add, int ns, const int M) {
+                                                       const float *ys, int add, int ns, const uint8_t *const *pf,
+                                                       int npf, const int M) {
     __m512 c0[MR], c1[MR];
 #pragma GCC unroll 12
     for (int r = 0; r < M; r++) c0[r] = c1[r] = _mm512_setzero_ps();
-    for (int t = 0; t < len; t++, wp += NR, xp += M) {
-        __m512 w0 = _mm512_load_ps(wp), w1 = _mm512_load_ps(wp + 16);
+    for (int t0 = 0; t0 < len; t0 += 8) {
+        if (npf > 0) { _mm_prefetch((const char *)*pf++, _MM_HINT_T1); npf--; }
+        int t1 = t0 + 8 < len ? t0 + 8 : len;
+        for (int t = t0; t < t1; t++, wp += NR, xp += M) {
+            __m512 w0 = _mm512_load_ps(wp), w1 = _mm512_load_ps(wp + 16);
 #pragma GCC unroll 12
-        for (int r = 0; r < M; r++) {
-            __m512 xb = _mm512_set1_ps(xp[r]);
-            c0[r] = _mm512_fmadd_ps(w0, xb, c0[r]);
-            c1[r] = _mm512_fmadd_ps(w1, xb, c1[r]);
+            for (int r = 0; r < M; r++) {
+                __m512 xb = _mm512_set1_ps(xp[r]);
+                c0[r] = _mm512_fmadd_ps(w0, xb, c0[r]);
+                c1[r] = _mm512_fmadd_ps(w1, xb, c1[r]);
+            }
         }
     }
     __mmask16 m0 = ns >= 16 ? 0xFFFF : (__mmask16)((1u << ns) - 1);
@@ -86,9 +91,9 @@ static inline __attribute__((always_inline)) void mk_t(int len, const float *xp,
     }
 }
 
-#define MK(M) case M: mk_t(len, xp, wp, yp, ys, add, ns, M); return;
+#define MK(M) case M: mk_t(len, xp, wp, yp, ys, add, ns, pf, npf, M); return;
 void tern__cpu_gemm_mk_avx512(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
-                              int add, int ns) {
+                              int add, int ns, const uint8_t *const *pf, int npf) {
     switch (mr) {
         MK(1) MK(2) MK(3) MK(4) MK(5) MK(6) MK(7) MK(8) MK(9) MK(10) MK(11) MK(12)
     default: return;

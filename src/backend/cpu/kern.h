@@ -68,11 +68,12 @@ typedef struct tern_cpu_kern {
      * transposed: wp[t·gemm_nr + i] (64-byte aligned). gemm_mk then computes, for mr (1..gemm_mr)
      * activation rows packed as xp[t·mr + r] and the first ns (1..gemm_nr) features of the
      * strip, acc[r][i] = Σ_t xp[t·mr + r]·wp[t·gemm_nr + i] and writes yp[r][i] = acc (add 0),
-     * yp[r][i] += acc (add 1, ys NULL) or yp[r][i] += ys[r]·acc (add 1). */
+     * yp[r][i] += acc (add 1, ys NULL) or yp[r][i] += ys[r]·acc (add 1). Meanwhile it prefetches
+     * the npf (<= len/8) cache lines pf[] into L2, one per 8 inputs (the driver's next strip). */
     int gemm_nr, gemm_mr;
     void (*gemm_pack)(const float *tmp, int ld, int len, float *wp);
     void (*gemm_mk)(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys, int add,
-                    int ns);
+                    int ns, const uint8_t *const *pf, int npf);
 } tern_cpu_kern;
 
 extern const tern_cpu_kern tern__cpu_kern_scalar;
@@ -97,10 +98,10 @@ void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *
 /* Blocked GEMM entry points of the ISA files (gemm_avx512.c: nr 32, mr 12; gemm_avx2.c: 16, 6). */
 void tern__cpu_gemm_pack_avx512(const float *tmp, int ld, int len, float *wp);
 void tern__cpu_gemm_mk_avx512(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
-                              int add, int ns);
+                              int add, int ns, const uint8_t *const *pf, int npf);
 void tern__cpu_gemm_pack_avx2(const float *tmp, int ld, int len, float *wp);
 void tern__cpu_gemm_mk_avx2(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
-                            int add, int ns);
+                            int add, int ns, const uint8_t *const *pf, int npf);
 
 /* Portable helpers shared by the ISA files (kern_scalar.c). */
 void tern__cpu_decode_scalar(const cpu_wrow *w, int j0, int len, float *dst);
