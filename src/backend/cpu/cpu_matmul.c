@@ -123,26 +123,29 @@ static void gemm_pack_x(const cpu_mm_job *jb, int r0, int nbk, int t0, int len, 
     }
 }
 
-/* Prefetch (into L2) rows [i0, i1) of the strip at s0, inputs [t0, t0+len): the decode of
- * each strip otherwise waits on a cache miss per 64 bytes of every one of its rows. */
-static void gemm_prefetch(const tern_tensor *w, int mat, int64_t s0, int i0, int i1, int t0, int len) {
+/* The cache lines of strip rows [s0, s0+ns), inputs [t0, t0+len) (plus their scales and
+ * biases) into pf[<= cap]. The microkernel prefetches them, spread over its inner loop, while
+ * it works on the previous strip: otherwise every row of every strip starts with a miss. */
+#define GEMM_PF_CAP 640
+static int gemm_pf_list(const tern_tensor *w, int mat, int64_t s0, int ns, int t0, int len, const uint8_t **pf) {
     cpu_wrow row;
-    for (int i = i0; i < i1; i++) {
+    int np = 0;
+    for (int i = 0; i < ns; i++) {
         wrow_at(w, mat, s0 + i, &row);
         size_t b0, b1;
         if (w->dtype == TERN_DT_Q) {
             b0 = (size_t)t0 * (size_t)w->bits / 8;
             b1 = (size_t)(t0 + len) * (size_t)w->bits / 8;
-            size_t ss = tern_dtype_size(w->sdtype), g0 = (size_t)(t0 / w->group_size) * ss;
-            __builtin_prefetch(row.scales + g0, 0, 2);
-            __builtin_prefetch(row.biases + g0, 0, 2);
+            size_t g0 = (size_t)(t0 / w->group_size) * tern_dtype_size(w->sdtype);
+            if (np + 2 <= GEMM_PF_CAP) { pf[np++] = row.scales + g0; pf[np++] = row.biases + g0; }
         } else {
             size_t es = tern_dtype_size(w->dtype);
             b0 = (size_t)t0 * es;
             b1 = (size_t)(t0 + len) * es;
         }
-        for (size_t b = b0 & ~(size_t)63; b < b1; b += 64) __builtin_prefetch(row.data + b, 0, 2);
+        for (size_t b = b0 & ~(size_t)63; b < b1 && np < GEMM_PF_CAP; b += 64) pf[np++] = row.data + b;
     }
+    return np;
 }
 
 /* Returns 0 when the ISA table has no GEMM or the format does not fit its blocking. */
@@ -160,6 +163,7 @@ static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     float *xp = c->xbuf[ith];
     int nb = (int)(CPU_GX_BUF / sizeof(float) / (size_t)kc) / MR * MR;
     float *yp[16], ys[16];
+    const uint8_t *pf[GEMM_PF_CAP];
     cpu_wrow row;
     for (int r0 = 0; r0 < n; r0 += nb) {
         int nbk = TERN_MIN(nb, n - r0);
@@ -174,16 +178,20 @@ static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
                 }
                 for (int i = ns; i < NR; i++) memset(tmp + (size_t)i * kc, 0, (size_t)len * sizeof *tmp);
                 k->gemm_pack(tmp, kc, len, wp);
-                int nxt = (int)TERN_MIN((int64_t)NR, o1 - s0 - NR), nblk = (nbk + MR - 1) / MR;
-                for (int b0 = 0; b0 < nbk; b0 += MR) {
-                    int mr = TERN_MIN(MR, nbk - b0), bi = b0 / MR;
-                    if (nxt > 0) gemm_prefetch(w, jb->mat, s0 + NR, nxt * bi / nblk, nxt * (bi + 1) / nblk, t0, len);
+                /* the next strip: the following one, or the first one of the next block of inputs */
+                int np = 0, nblk = (nbk + MR - 1) / MR, per;
+                if (s0 + NR < o1) np = gemm_pf_list(w, jb->mat, s0 + NR, (int)TERN_MIN((int64_t)NR, o1 - s0 - NR), t0, len, pf);
+                else if (t0 + kc < in) np = gemm_pf_list(w, jb->mat, o0, (int)TERN_MIN((int64_t)NR, o1 - o0), t0 + kc, TERN_MIN(kc, in - t0 - kc), pf);
+                per = TERN_MIN((np + nblk - 1) / nblk, (len + 7) / 8);
+                for (int b0 = 0, p0 = 0; b0 < nbk; b0 += MR, p0 += per) {
+                    int mr = TERN_MIN(MR, nbk - b0), npf = TERN_MAX(0, TERN_MIN(per, np - p0));
                     for (int r = 0; r < mr; r++) {
                         int rr = r0 + b0 + r;
                         yp[r] = jb->y + (size_t)(jb->yrow ? jb->yrow[rr] : rr) * jb->ldy + s0;
                         ys[r] = jb->yscale ? jb->yscale[rr] : 1.0f;
                     }
-                    k->gemm_mk(len, xp + (size_t)b0 * len, mr, wp, yp, jb->accum && jb->yscale ? ys : NULL, add, ns);
+                    k->gemm_mk(len, xp + (size_t)b0 * len, mr, wp, yp, jb->accum && jb->yscale ? ys : NULL, add, ns,
+                               pf + TERN_MIN(p0, np), npf);
                 }
             }
         }

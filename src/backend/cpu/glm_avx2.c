@@ -2,7 +2,7 @@
  * glm_avx2.c — AVX2+FMA inner products of the fast GLM-5 ops (cpu_glm.h tern_glm_kern).
  *
  * Same contract as glm_avx512.c with 8-float chunks. With 16 ymm registers the 4×4 block is
- * done as two 4×2 halves (8 accumulators + 4 + 2 loads). Each pair's sum is one lane-wise FMA
+ * done as two 4×2 halves (8 accumulators + 4 + 2 loads), pv as 4 rows × 16 floats. Each pair's sum is one lane-wise FMA
  * per chunk in t order (the tail chunk through a masked load, zeros add nothing) and then the
  * fixed reduction hsum8 — so a result never depends on na/nb or on the call it was part of.
  * This file is compiled with AVX2/FMA flags (Makefile) and used only when cpuid says so.
@@ -23,48 +23,85 @@ static inline __m256i tail_mask(int rem) {
     return _mm256_loadu_si256((const __m256i *)(m + 8 - rem));
 }
 
-/* queries a[0..na) (na <= 4) against keys b[0..nb) (nb <= 2) */
-static void dots_4x2(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo) {
-    __m256 acc[4][2];
-    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+/* one query × one key: the per-pair sequence every path below follows */
+static float dot1(const float *a, const float *b, int len) {
+    __m256 acc = _mm256_setzero_ps();
     int t = 0;
-    for (; t + 8 <= len; t += 8) {
-        __m256 vb[2];
-        for (int j = 0; j < nb; j++) vb[j] = _mm256_loadu_ps(b[j] + t);
-        for (int i = 0; i < na; i++) {
-            __m256 va = _mm256_loadu_ps(a[i] + t);
-            for (int j = 0; j < nb; j++) acc[i][j] = _mm256_fmadd_ps(va, vb[j], acc[i][j]);
-        }
-    }
+    for (; t + 8 <= len; t += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + t), _mm256_loadu_ps(b + t), acc);
     if (t < len) {
         __m256i m = tail_mask(len - t);
-        __m256 vb[2];
-        for (int j = 0; j < nb; j++) vb[j] = _mm256_maskload_ps(b[j] + t, m);
-        for (int i = 0; i < na; i++) {
-            __m256 va = _mm256_maskload_ps(a[i] + t, m);
-            for (int j = 0; j < nb; j++) acc[i][j] = _mm256_fmadd_ps(va, vb[j], acc[i][j]);
-        }
+        acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + t, m), _mm256_maskload_ps(b + t, m), acc);
     }
-    for (int i = 0; i < na; i++)
-        for (int j = 0; j < nb; j++) out[i * ldo + j] = hsum8(acc[i][j]);
+    return hsum8(acc);
+}
+
+/* 4 queries × 2 keys: 8 accumulators spelled out so they stay in registers */
+#define STEP(LOAD)                                                                                                 \
+    do {                                                                                                           \
+        __m256 b0 = LOAD(b[0]), b1 = LOAD(b[1]), a0 = LOAD(a[0]), a1 = LOAD(a[1]);                                  \
+        c00 = _mm256_fmadd_ps(a0, b0, c00); c01 = _mm256_fmadd_ps(a0, b1, c01);                                     \
+        c10 = _mm256_fmadd_ps(a1, b0, c10); c11 = _mm256_fmadd_ps(a1, b1, c11);                                     \
+        __m256 a2 = LOAD(a[2]), a3 = LOAD(a[3]);                                                                   \
+        c20 = _mm256_fmadd_ps(a2, b0, c20); c21 = _mm256_fmadd_ps(a2, b1, c21);                                     \
+        c30 = _mm256_fmadd_ps(a3, b0, c30); c31 = _mm256_fmadd_ps(a3, b1, c31);                                     \
+    } while (0)
+
+static void dots_4x2(const float *const *a, const float *const *b, int len, float *out, int ldo) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+    int t = 0;
+#define LD(p) _mm256_loadu_ps((p) + t)
+    for (; t + 8 <= len; t += 8) STEP(LD);
+#undef LD
+    if (t < len) {
+        __m256i m = tail_mask(len - t);
+#define LD(p) _mm256_maskload_ps((p) + t, m)
+        STEP(LD);
+#undef LD
+    }
+    out[0] = hsum8(c00); out[1] = hsum8(c01);
+    out[ldo] = hsum8(c10); out[ldo + 1] = hsum8(c11);
+    out[2 * ldo] = hsum8(c20); out[2 * ldo + 1] = hsum8(c21);
+    out[3 * ldo] = hsum8(c30); out[3 * ldo + 1] = hsum8(c31);
 }
 
 static void dots_avx2(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo) {
-    for (int j = 0; j < nb; j += 2) dots_4x2(a, na, b + j, nb - j < 2 ? nb - j : 2, len, out + j, ldo);
+    int j = 0;
+    if (na == 4)
+        for (; j + 2 <= nb; j += 2) dots_4x2(a, b + j, len, out + j, ldo);
+    for (; j < nb; j++)
+        for (int i = 0; i < na; i++) out[i * ldo + j] = dot1(a[i], b[j], len);
+}
+
+/* 4 output rows × 16 floats per pass: 8 accumulators, 2 value loads + 4 broadcasts per key */
+static void pv_4x16(float *const *o, const float *p, int ldp, const float *const *v, int nv, int t) {
+    __m256 a00 = _mm256_loadu_ps(o[0] + t), a01 = _mm256_loadu_ps(o[0] + t + 8);
+    __m256 a10 = _mm256_loadu_ps(o[1] + t), a11 = _mm256_loadu_ps(o[1] + t + 8);
+    __m256 a20 = _mm256_loadu_ps(o[2] + t), a21 = _mm256_loadu_ps(o[2] + t + 8);
+    __m256 a30 = _mm256_loadu_ps(o[3] + t), a31 = _mm256_loadu_ps(o[3] + t + 8);
+    for (int c = 0; c < nv; c++) {
+        __m256 v0 = _mm256_loadu_ps(v[c] + t), v1 = _mm256_loadu_ps(v[c] + t + 8), pp;
+        pp = _mm256_set1_ps(p[c]); a00 = _mm256_fmadd_ps(pp, v0, a00); a01 = _mm256_fmadd_ps(pp, v1, a01);
+        pp = _mm256_set1_ps(p[ldp + c]); a10 = _mm256_fmadd_ps(pp, v0, a10); a11 = _mm256_fmadd_ps(pp, v1, a11);
+        pp = _mm256_set1_ps(p[2 * ldp + c]); a20 = _mm256_fmadd_ps(pp, v0, a20); a21 = _mm256_fmadd_ps(pp, v1, a21);
+        pp = _mm256_set1_ps(p[3 * ldp + c]); a30 = _mm256_fmadd_ps(pp, v0, a30); a31 = _mm256_fmadd_ps(pp, v1, a31);
+    }
+    _mm256_storeu_ps(o[0] + t, a00); _mm256_storeu_ps(o[0] + t + 8, a01);
+    _mm256_storeu_ps(o[1] + t, a10); _mm256_storeu_ps(o[1] + t + 8, a11);
+    _mm256_storeu_ps(o[2] + t, a20); _mm256_storeu_ps(o[2] + t + 8, a21);
+    _mm256_storeu_ps(o[3] + t, a30); _mm256_storeu_ps(o[3] + t + 8, a31);
 }
 
 static void pv_avx2(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n) {
     int t = 0;
-    for (; t + 8 <= n; t += 8) {
-        __m256 acc[4];
-        for (int i = 0; i < no; i++) acc[i] = _mm256_loadu_ps(o[i] + t);
-        for (int c = 0; c < nv; c++) {
-            __m256 vv = _mm256_loadu_ps(v[c] + t);
-            for (int i = 0; i < no; i++) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(p[i * ldp + c]), vv, acc[i]);
+    if (no == 4)
+        for (; t + 16 <= n; t += 16) pv_4x16(o, p, ldp, v, nv, t);
+    for (; t + 8 <= n; t += 8) /* the rest: one row and 8 floats at a time, the same FMA sequence */
+        for (int i = 0; i < no; i++) {
+            __m256 acc = _mm256_loadu_ps(o[i] + t);
+            for (int c = 0; c < nv; c++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[i * ldp + c]), _mm256_loadu_ps(v[c] + t), acc);
+            _mm256_storeu_ps(o[i] + t, acc);
         }
-        for (int i = 0; i < no; i++) _mm256_storeu_ps(o[i] + t, acc[i]);
-    }
-    for (; t < n; t++) /* tail: the same FMA per element, one lane at a time */
+    for (; t < n; t++) /* tail: one lane at a time */
         for (int i = 0; i < no; i++) {
             float s = o[i][t];
             for (int c = 0; c < nv; c++) s = __builtin_fmaf(p[i * ldp + c], v[c][t], s);
