@@ -192,11 +192,17 @@ int cli_text_run(cli_text *t, const int32_t *ids, int n, char **reply, const cha
     }
     if (r.failed) { fprintf(stderr, "\ntern %s: %s\n", cmd, r.errmsg); free(r.buf); return 1; }
     t->sp.seed++; /* a new draw next turn */
+    /* stats: TTFT is submit -> first token (queue + prefill of the uncached part + one
+     * sample); decode rate counts every token sampled after the first, the stop token too */
     const tern_event *d = &r.last;
     double tg = d->t_total - d->t_first_token;
-    fprintf(stderr, "\n[prompt %d tokens (%d cached), generated %d tokens, first token %.2f s, %.1f tok/s, %s]\n",
+    int n_sampled = d->n_generated + (d->finish == TERN_FINISH_STOP ? 1 : 0);
+    int n_prefill = d->n_prompt - d->n_cached;
+    fprintf(stderr, "\n[prompt %d tokens (%d cached), generated %d tokens, TTFT %.3f s, prefill %.1f tok/s, "
+                    "decode %.1f tok/s, %s]\n",
             d->n_prompt, d->n_cached, d->n_generated, d->t_first_token,
-            d->n_generated > 1 && tg > 0 ? (d->n_generated - 1) / tg : 0.0,
+            d->t_first_token > 0 ? n_prefill / d->t_first_token : 0.0,
+            n_sampled > 1 && tg > 0 ? (n_sampled - 1) / tg : 0.0,
             d->finish == TERN_FINISH_STOP ? "stop" : d->finish == TERN_FINISH_LENGTH ? "length" : "cancelled");
     if (reply) *reply = r.buf;
     else free(r.buf);

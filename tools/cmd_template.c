@@ -1,8 +1,9 @@
 /*
  * cmd_template.c — `tern template`: render a chat template, for tests and debugging.
  *
- *   tern template MODEL_DIR --messages FILE [options]
- *   tern template --template-file T.jinja [--bos S] [--eos S] --messages FILE [options]
+ *   tern template MODEL_DIR --messages-file FILE [--tools FILE] [--add-generation-prompt] [options]
+ *   tern template --template-file T.jinja [--bos S] [--eos S] --messages-file FILE [options]
+ * (--messages FILE is the same as --messages-file FILE.)
  * FILE holds a JSON array of messages, or an object {"messages": [...], "tools": [...],
  * "add_generation_prompt": bool, "enable_thinking": bool, ...} whose other members are
  * passed as extra template variables. Options: --tools FILE, --add-generation-prompt,
@@ -51,7 +52,7 @@ int tern_cmd_template(int argc, char **argv) {
         if (!strcmp(a, "--template-file") && has) tfile = argv[++i];
         else if (!strcmp(a, "--bos") && has) bos = argv[++i];
         else if (!strcmp(a, "--eos") && has) eos = argv[++i];
-        else if (!strcmp(a, "--messages") && has) msgs_path = argv[++i];
+        else if ((!strcmp(a, "--messages-file") || !strcmp(a, "--messages")) && has) msgs_path = argv[++i];
         else if (!strcmp(a, "--tools") && has) tools_path = argv[++i];
         else if (!strcmp(a, "--kwargs") && has) kwargs = argv[++i];
         else if (!strcmp(a, "--enable-thinking") && has) o.enable_thinking = atoi(argv[++i]) != 0;
@@ -63,12 +64,13 @@ int tern_cmd_template(int argc, char **argv) {
         else if (a[0] != '-' && !dir) dir = a;
         else {
             fprintf(stderr, "tern template: unknown or incomplete option '%s'\n"
-                            "usage: tern template MODEL_DIR|--template-file F --messages FILE [options]\n", a);
+                            "usage: tern template MODEL_DIR|--template-file F --messages-file FILE [--tools FILE] "
+                            "[--add-generation-prompt] [options]\n", a);
             return 2;
         }
     }
     if ((!dir && !tfile) || !msgs_path) {
-        fprintf(stderr, "tern template: need MODEL_DIR or --template-file, and --messages FILE\n");
+        fprintf(stderr, "tern template: need MODEL_DIR or --template-file, and --messages-file FILE\n");
         return 2;
     }
     tern_error e = {0};

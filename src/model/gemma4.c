@@ -191,7 +191,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     g4 *g = m->arch;
     int n = b->n, H = c->n_embd, N = c->n_layer, P = c->ple_dim;
     float eps = (float)c->norm_eps;
-    tern_rows rows = {.n = n, .pos = m->d_pos, .slot = m->d_slot, .pos_host = b->pos, .slot_host = b->slot};
+    tern_rows rows = tern__step_rows(m, b);
 
     /* embeddings: h0 = E[id]·√H (f32 √H; bf16-rounded in the bf16 compute mode, as transformers) */
     float es = (float)c->embed_scale;
@@ -278,4 +278,4 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     return TERN_OK;
 }
 
-const tern_arch_impl tern__gemma4_impl = {"gemma4", g4_load, g4_forward, g4_free};
+const tern_arch_impl tern__gemma4_impl = {"gemma4", g4_load, g4_forward, g4_free, 1};

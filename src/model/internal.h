@@ -17,6 +17,7 @@ typedef struct tern_arch_impl {
     tern_status (*forward)(tern_model *m, const tern_batch *b, tern_kv *kv, const int *want_idx,
                            int n_want, float *logits, tern_error *err);
     void (*free)(tern_model *m);
+    int spans;   /* 1: forward builds rows with tern__step_rows (bidirectional spans work) */
 } tern_arch_impl;
 
 extern const tern_arch_impl tern__gemma4_impl;
@@ -32,6 +33,15 @@ struct tern_model {
     /* device copies of the step's rows */
     int32_t *d_tokens, *d_pos, *d_slot;
     float *d_embd;             /* [max_batch, n_embd] for embedding-row input */
+    /* bidirectional spans of the current sub-batch (model.c): vis_on = this step has spans */
+    int vis_on;
+    int32_t *d_vis_lo, *d_vis_hi;  /* device [max_batch] */
+    int32_t *h_vis_lo, *h_vis_hi;  /* host [max_batch] */
+    /* per slot: the span id that ended the previous call at position span_end (0 = none),
+     * to refuse a span that continues across calls; grown to the cache's slot count */
+    const void *span_kv;
+    int32_t *span_id, *span_end;
+    int span_slots;
     /* bookkeeping */
     void **allocs; int n_allocs, cap_allocs;           /* device buffers to free */
     tern_tensor **weights; int n_weights, cap_weights; /* uploaded weights to free */
@@ -40,6 +50,19 @@ struct tern_model {
     tern_model_config *own_cfg;
     tern_weights *own_ws;
 };
+
+/* The step's rows as ops see them: the driver's device copies of positions / slots and, when
+ * the step has bidirectional spans, the per-row visible ranges (ops.h tern_rows.vis_*). */
+static inline tern_rows tern__step_rows(const tern_model *m, const tern_batch *b) {
+    tern_rows r = {.n = b->n, .pos = m->d_pos, .slot = m->d_slot, .pos_host = b->pos, .slot_host = b->slot};
+    if (m->vis_on) {
+        r.vis_lo = m->d_vis_lo;
+        r.vis_hi = m->d_vis_hi;
+        r.vis_lo_host = m->h_vis_lo;
+        r.vis_hi_host = m->h_vis_hi;
+    }
+    return r;
+}
 
 /* Device allocation owned by the model (freed with it). NULL + err on failure. */
 void *tern__alloc(tern_model *m, size_t bytes, tern_error *err);

@@ -109,7 +109,7 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     ll *g = m->arch;
     int n = b->n, H = c->n_embd, N = c->n_layer, nH = c->n_head;
     float eps = (float)c->norm_eps;
-    tern_rows rows = {.n = n, .pos = m->d_pos, .slot = m->d_slot, .pos_host = b->pos, .slot_host = b->slot};
+    tern_rows rows = tern__step_rows(m, b);
 
     if (c->rope_full.type == TERN_ROPE_DYNAMIC) { /* the table depends on the sequence length */
         int maxp = 0;
@@ -162,4 +162,4 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     return TERN_OK;
 }
 
-const tern_arch_impl tern__llama_impl = {"llama", ll_load, ll_forward, ll_free};
+const tern_arch_impl tern__llama_impl = {"llama", ll_load, ll_forward, ll_free, 1};

@@ -11,6 +11,11 @@
  * before each replay. The architectures' forward functions have no host-dependent control
  * flow for such steps, except dynamic RoPE (its table follows the longest position), which
  * therefore always runs eagerly. TERN_GRAPHS=0 in the environment turns graphs off.
+ *
+ * Bidirectional spans (model.h): the driver validates tern_batch.span, never cuts a span
+ * between two sub-batches, and turns it into per-row visible key ranges (tern_rows.vis_lo/hi,
+ * uploaded to d_vis_*; the architectures pick them up through tern__step_rows). Steps with
+ * spans always run eagerly (the recorded op sequence of a graph has no span ranges).
  */
 #include "model/internal.h"
 
@@ -267,8 +272,13 @@ tern_status tern_model_load_from(tern_model **out, const tern_model_config *cfg,
     if (!(m->d_tokens = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
         !(m->d_pos = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
         !(m->d_slot = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
+        !(m->d_vis_lo = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
+        !(m->d_vis_hi = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
         !(m->d_embd = TERN_ALLOC_F(m, (size_t)m->max_batch * cfg->n_embd, err)))
         s = TERN_ENOMEM;
+    if (!s && (!(m->h_vis_lo = malloc(sizeof(int32_t) * (size_t)m->max_batch)) ||
+               !(m->h_vis_hi = malloc(sizeof(int32_t) * (size_t)m->max_batch))))
+        s = tern_err(err, TERN_ENOMEM, "out of memory");
     if (!s) s = impl->load(m, ws, err);
     if (!s) {
         const char *names[16];
@@ -312,6 +322,10 @@ void tern_model_free(tern_model *m) {
     for (int i = 0; i < m->n_allocs; i++) m->be->vt->free(m->be, m->allocs[i]);
     free(m->weights);
     free(m->allocs);
+    free(m->h_vis_lo);
+    free(m->h_vis_hi);
+    free(m->span_id);
+    free(m->span_end);
     tern_weights_close(m->own_ws);
     if (m->own_cfg) { tern_config_free(m->own_cfg); free(m->own_cfg); }
     free(m);
@@ -365,6 +379,7 @@ static int forward_graph(tern_model *m, const tern_batch *sub, tern_kv *kv, cons
     const tern_backend_vt *vt = m->be->vt;
     if (!vt->graph_replay || !vt->graph_begin || !vt->graph_end || !graphs_enabled()) return 0;
     if (sub->n > GRAPH_MAX_ROWS || n_want != sub->n || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC) return 0;
+    if (m->vis_on) return 0; /* span ranges are host-side control flow: never recorded */
     size_t bytes = out ? sizeof(float) * (size_t)n_want * m->cfg.n_vocab : 0;
     uint64_t key = step_key(m, kv, sub, n_want, out != NULL);
     if (vt->graph_replay(m->be, key, out, bytes)) return 1;
@@ -375,9 +390,125 @@ static int forward_graph(tern_model *m, const tern_batch *sub, tern_kv *kv, cons
     return vt->graph_replay(m->be, key, out, bytes);
 }
 
+/* ---- bidirectional spans ------------------------------------------------------------ */
+
+typedef struct span_group { int32_t id; int row; } span_group;
+
+static int group_cmp(const void *a, const void *b) {
+    const span_group *x = a, *y = b;
+    if (x->id != y->id) return x->id < y->id ? -1 : 1;
+    return x->row < y->row ? -1 : x->row > y->row;
+}
+
+/* Validate b->span (model.h); *has = 1 when some row is in a span. */
+static tern_status spans_check(const tern_model *m, const tern_batch *b, const tern_kv *kv, int *has,
+                               tern_error *err) {
+    *has = 0;
+    if (!b->span) return TERN_OK;
+    int ng = 0;
+    for (int r = 0; r < b->n; r++)
+        if (b->span[r] && (r == 0 || b->span[r - 1] != b->span[r])) ng++;
+    if (!ng) return TERN_OK;
+    *has = 1;
+    if (!m->impl->spans)
+        return tern_err(err, TERN_EUNSUPPORTED, "bidirectional spans (batch.span) are not supported by the %s (%s) attention",
+                        m->impl->name, m->cfg.model_type);
+    int track = m->span_id && m->span_kv == (const void *)kv;
+    span_group *g = malloc(sizeof *g * (size_t)ng);
+    if (!g) return tern_err(err, TERN_ENOMEM, "out of memory");
+    tern_status s = TERN_OK;
+    ng = 0;
+    for (int r = 0; r < b->n && !s; r++) {
+        int32_t id = b->span[r];
+        if (!id) continue;
+        if (r > 0 && b->span[r - 1] == id) { /* continues the span started at g[ng-1].row */
+            int r0 = g[ng - 1].row;
+            if (b->slot[r] != b->slot[r0])
+                s = tern_err(err, TERN_EINVAL, "span %d mixes slots: row %d is in slot %d, row %d in slot %d", id, r0,
+                             b->slot[r0], r, b->slot[r]);
+            else if (b->pos[r] != b->pos[r - 1] + 1)
+                s = tern_err(err, TERN_EINVAL, "span %d is not contiguous: row %d has position %d after position %d "
+                             "(a span's rows are consecutive positions in order)", id, r, b->pos[r], b->pos[r - 1]);
+            else if (r - r0 + 1 > m->max_batch)
+                s = tern_err(err, TERN_EINVAL, "span %d (from row %d) has more than %d rows, the most one forward step "
+                             "holds (max_batch)", id, r0, m->max_batch);
+            continue;
+        }
+        int sl = b->slot[r];
+        if (track && sl < m->span_slots && m->span_id[sl] == id && m->span_end[sl] + 1 == b->pos[r])
+            s = tern_err(err, TERN_EINVAL, "span %d at row %d (slot %d, position %d) continues the span that ended the "
+                         "previous step at position %d: a span must lie entirely inside one step", id, r, sl,
+                         b->pos[r], m->span_end[sl]);
+        g[ng].id = id;
+        g[ng++].row = r;
+    }
+    if (!s) {
+        qsort(g, (size_t)ng, sizeof *g, group_cmp);
+        for (int i = 1; i < ng && !s; i++)
+            if (g[i].id == g[i - 1].id)
+                s = tern_err(err, TERN_EINVAL, "span %d is split: rows %d and %d start separate runs (a span's rows "
+                             "must be adjacent in the batch and lie inside this step)", g[i].id, g[i - 1].row, g[i].row);
+    }
+    free(g);
+    return s;
+}
+
+/* After a successful step: remember, per slot, the span that ended it (to refuse its
+ * continuation in the next step). Nothing to do until the first step with spans. */
+static void spans_commit(tern_model *m, const tern_batch *b, const tern_kv *kv, int has) {
+    int ns = tern_kv_n_slots(kv);
+    if (!has && (!m->span_id || m->span_kv != (const void *)kv)) return;
+    if (m->span_kv != (const void *)kv || m->span_slots < ns) {
+        int32_t *id = calloc((size_t)ns, sizeof *id), *end = calloc((size_t)ns, sizeof *end);
+        if (!id || !end) { free(id); free(end); return; } /* the check is a diagnostic: skip it */
+        if (m->span_kv == (const void *)kv && m->span_id) {
+            memcpy(id, m->span_id, sizeof *id * (size_t)m->span_slots);
+            memcpy(end, m->span_end, sizeof *end * (size_t)m->span_slots);
+        }
+        free(m->span_id);
+        free(m->span_end);
+        m->span_id = id;
+        m->span_end = end;
+        m->span_slots = ns;
+        m->span_kv = kv;
+    }
+    for (int r = 0; r < b->n; r++) { /* a slot's last row in the batch decides */
+        int sl = b->slot[r];
+        m->span_id[sl] = b->span ? b->span[r] : 0;
+        m->span_end[sl] = b->pos[r];
+    }
+}
+
+/* Rows of the next sub-batch starting at r0: at most max_batch, never cutting a span. */
+static int sub_rows(const tern_model *m, const tern_batch *b, int r0) {
+    int n = TERN_MIN(m->max_batch, b->n - r0);
+    if (b->span && r0 + n < b->n) {
+        int cut = r0 + n; /* first row of the next piece */
+        while (cut > r0 && b->span[cut] && b->span[cut - 1] == b->span[cut]) cut--;
+        if (cut > r0) n = cut - r0; /* (spans_check bounds a span by max_batch rows) */
+    }
+    return n;
+}
+
+/* Visible ranges of the sub-batch's rows: the whole span for span rows, pos..pos otherwise. */
+static void spans_fill(tern_model *m, const tern_batch *sub) {
+    for (int r = 0; r < sub->n;) {
+        int r1 = r + 1;
+        if (sub->span[r])
+            while (r1 < sub->n && sub->span[r1] == sub->span[r]) r1++;
+        else r1 = r + 1;
+        for (int i = r; i < r1; i++) {
+            m->h_vis_lo[i] = sub->span[r] ? sub->pos[r] : sub->pos[i];
+            m->h_vis_hi[i] = sub->span[r] ? sub->pos[r1 - 1] : sub->pos[i];
+        }
+        r = r1;
+    }
+    m->be->vt->upload(m->be, m->d_vis_lo, m->h_vis_lo, sizeof(int32_t) * (size_t)sub->n);
+    m->be->vt->upload(m->be, m->d_vis_hi, m->h_vis_hi, sizeof(int32_t) * (size_t)sub->n);
+}
+
 tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err) {
     if (b->n <= 0) return TERN_OK;
-    if (b->span) return tern_err(err, TERN_EUNSUPPORTED, "bidirectional spans are not supported yet");
     if (!b->tokens && !b->embd) return tern_err(err, TERN_EINVAL, "batch has neither tokens nor embeddings");
     for (int r = 0; r < b->n; r++) {
         if (b->tokens && (b->tokens[r] < 0 || b->tokens[r] >= m->cfg.n_vocab))
@@ -387,11 +518,14 @@ tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
         if (b->slot[r] < 0 || b->slot[r] >= tern_kv_n_slots(kv))
             return tern_err(err, TERN_EINVAL, "slot %d at row %d is out of range", b->slot[r], r);
     }
+    int has_spans;
+    tern_status s = spans_check(m, b, kv, &has_spans, err);
+    if (s) return s;
     tern_kv_sync(kv);
     int want_idx[1024];
     size_t out_off = 0;
-    for (int r0 = 0; r0 < b->n; r0 += m->max_batch) {
-        int n = TERN_MIN(m->max_batch, b->n - r0);
+    for (int r0 = 0, n; r0 < b->n; r0 += n) {
+        n = sub_rows(m, b, r0);
         tern_batch sub = *b;
         sub.n = n;
         sub.tokens = b->tokens ? b->tokens + r0 : NULL;
@@ -399,23 +533,29 @@ tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
         sub.pos = b->pos + r0;
         sub.slot = b->slot + r0;
         sub.want = b->want ? b->want + r0 : NULL;
+        sub.span = has_spans ? b->span + r0 : NULL;
         if (sub.tokens) m->be->vt->upload(m->be, m->d_tokens, sub.tokens, sizeof(int32_t) * (size_t)n);
         if (sub.embd) m->be->vt->upload(m->be, m->d_embd, sub.embd, sizeof(float) * (size_t)n * m->cfg.n_embd);
         m->be->vt->upload(m->be, m->d_pos, sub.pos, sizeof(int32_t) * (size_t)n);
         m->be->vt->upload(m->be, m->d_slot, sub.slot, sizeof(int32_t) * (size_t)n);
+        m->vis_on = 0;
+        if (sub.span)
+            for (int r = 0; r < n && !m->vis_on; r++) m->vis_on = sub.span[r] != 0;
+        if (m->vis_on) spans_fill(m, &sub);
         /* logits rows in chunks of at most 1024 */
         int n_want = 0;
         for (int r = 0; r < n; r++) if (!sub.want || sub.want[r]) n_want++;
         int *wi = n_want <= (int)TERN_ARRAY_LEN(want_idx) ? want_idx : malloc(sizeof(int) * (size_t)n_want);
-        if (!wi) return tern_err(err, TERN_ENOMEM, "out of memory");
+        if (!wi) { m->vis_on = 0; return tern_err(err, TERN_ENOMEM, "out of memory"); }
         n_want = 0;
         for (int r = 0; r < n; r++) if (!sub.want || sub.want[r]) wi[n_want++] = r;
         float *out = logits ? logits + out_off : NULL;
-        tern_status s = forward_graph(m, &sub, kv, wi, n_want, out) ? TERN_OK
-                                                                         : m->impl->forward(m, &sub, kv, wi, n_want, out, err);
+        s = forward_graph(m, &sub, kv, wi, n_want, out) ? TERN_OK : m->impl->forward(m, &sub, kv, wi, n_want, out, err);
+        m->vis_on = 0;
         if (wi != want_idx) free(wi);
         if (s) return s;
         out_off += (size_t)n_want * m->cfg.n_vocab;
     }
+    spans_commit(m, b, kv, has_spans);
     return TERN_OK;
 }

@@ -22,8 +22,19 @@ typedef struct tern_batch {
     const int32_t *pos;       /* [n] absolute positions */
     const int32_t *slot;      /* [n] KV slots */
     const uint8_t *want;      /* [n] 1 = return logits for this row; NULL = every row */
-    const int32_t *span;      /* reserved for bidirectional spans (image tokens); must be NULL */
+    const int32_t *span;      /* [n] bidirectional span id per row, or NULL (see below) */
 } tern_batch;
+
+/* Bidirectional spans (image / audio soft tokens; Gemma 4 use_bidirectional_attention "vision").
+ * span[r] = 0: an ordinary causal row. Rows with the same nonzero id form one span: they must
+ * be adjacent rows of the batch, of one slot, at consecutive positions, all inside this call
+ * (a span never continues into the next call: give the next span of a sequence another id),
+ * and at most max_batch rows. Every row of a span attends to every position of the span —
+ * later ones and ones below a sliding window's lower bound included — in addition to its
+ * causal (windowed) keys; rows outside the span attend causally as always, so rows before it
+ * are unaffected and rows after it see its K/V. A span of one row is exactly the causal row.
+ * Violations: TERN_EINVAL naming the span, row and position; models whose attention cannot
+ * take spans (GLM-5 MLA): TERN_EUNSUPPORTED. Steps with spans never use step graphs. */
 
 typedef struct tern_model tern_model;
 

@@ -73,7 +73,46 @@ typedef struct tern_rows {
     const int32_t *slot;       /* [n] device array: KV slot (block-table row) */
     /* host copies of the same (backends may use them to plan work) */
     const int32_t *pos_host, *slot_host;
+    /* Bidirectional spans (appended; NULL = none, the plain causal step). Row r additionally
+     * sees the keys of its slot at positions vis_lo[r] <= b <= vis_hi[r] (vis_lo > vis_hi: no
+     * extra keys): later positions and positions below the window's lower bound included. The
+     * forward driver sets them for the rows of a span (tern_batch.span: the whole span) and to
+     * pos..pos for the other rows of such a step. Extra keys must be resident and written (this
+     * step's kv_write or earlier). The host copies may be NULL (planning only). */
+    const int32_t *vis_lo, *vis_hi;            /* [n] device arrays */
+    const int32_t *vis_lo_host, *vis_hi_host;  /* [n] host copies or NULL */
 } tern_rows;
+
+/* The attention mask of row r, host side (CPU backends; the CUDA kernel computes the same):
+ * key b is visible iff lo <= b <= hi (causal, window) or vlo <= b <= vhi (span); every
+ * visible key lies in [first, last]. Scanning b = first..last in order with
+ * tern_key_visible() is the reference order; a row without a span scans lo..hi exactly as
+ * before spans existed (bit-identical results). */
+typedef struct tern_key_range { int lo, hi, vlo, vhi, first, last; } tern_key_range;
+
+static inline tern_key_range tern_key_range_of(const tern_kv_layer *kv, const tern_rows *rows, int r) {
+    tern_key_range k;
+    k.hi = rows->pos[r];
+    k.lo = kv->window > 0 ? k.hi - kv->window + 1 : 0;
+    if (k.lo < 0) k.lo = 0;
+    k.vlo = 0;
+    k.vhi = -1;
+    if (rows->vis_lo && rows->vis_hi) {
+        k.vlo = rows->vis_lo[r] < 0 ? 0 : rows->vis_lo[r];
+        k.vhi = rows->vis_hi[r];
+    }
+    k.first = k.lo;
+    k.last = k.hi;
+    if (k.vlo <= k.vhi) {
+        if (k.vlo < k.first) k.first = k.vlo;
+        if (k.vhi > k.last) k.last = k.vhi;
+    }
+    return k;
+}
+
+static inline int tern_key_visible(const tern_key_range *k, int b) {
+    return (b >= k->lo && b <= k->hi) || (b >= k->vlo && b <= k->vhi);
+}
 
 typedef struct tern_backend tern_backend;
 
@@ -118,7 +157,8 @@ typedef struct tern_backend_vt {
     void (*kv_write)(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v);
 
     /* out[n, nh, d] = softmax(scale · q·Kᵀ + mask) · V over the keys of each row's slot with
-     * positions allowed by the layer's window and causality (key pos <= row pos). GQA: head h
+     * positions allowed by the layer's window and causality (key pos <= row pos), or inside the
+     * row's span range when rows->vis_lo is set (the union of both sets). GQA: head h
      * uses kv head h / (nh / n_head_kv). softcap > 0: scores = softcap·tanh(scores/softcap). */
     void (*attention)(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                       const tern_kv_layer *kv, float scale, float softcap);

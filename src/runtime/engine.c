@@ -27,6 +27,7 @@
 #include "runtime/queue.h"
 #include "runtime/engine_int.h"
 #include "runtime/sched.h"
+#include "text/stops.h"
 #include "text/tokenizer.h"
 
 #include <stdio.h>
@@ -43,6 +44,8 @@ struct tern_engine {
     tern__queue q;
     int q_ok;
     tern_tokenizer *tok;
+    int32_t stop[TERN_STOP_IDS_MAX]; /* EOS + turn-end tokens (text/stops.h), every request */
+    int n_stop;
     int has_template;
     char dir[4096];           /* "" for random:PRESET models */
     tern_model_config *rcfg;  /* random:PRESET: owned config + synthetic weights */
@@ -217,7 +220,6 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     size_t block_bytes = tern_kv_token_bytes(e->kv) * (size_t)tern_kv_block_size(e->kv);
     if (o.prompt_cache_gb > 0 && block_bytes)
         so.prefix_blocks = (int)TERN_MIN(o.prompt_cache_gb * 1073741824.0 / (double)block_bytes, 1e9);
-    if ((st = tern__sched_open(&e->s, e->m, e->kv, &so, err))) goto fail;
     char tp[4200];
     snprintf(tp, sizeof tp, "%s/tokenizer.json", e->dir);
     if (e->dir[0] && tern_is_file(tp)) {
@@ -225,6 +227,11 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
         if (tern_tokenizer_load(&e->tok, e->dir, &te))
             tern_log(TERN_LOG_WARN, "engine: tokenizer not loaded (%s); token ids only", te.msg);
     }
+    /* the stop set of every request (unless ignore_eos): config + tokenizer EOS + turn ends */
+    tern_stop_ids_build(c->eos_ids, c->n_eos, e->tok, c->n_vocab, e->stop, &e->n_stop);
+    so.eos = e->stop;
+    so.n_eos = e->n_stop;
+    if ((st = tern__sched_open(&e->s, e->m, e->kv, &so, err))) goto fail;
     e->has_template = e->dir[0] && find_template(e->dir);
     tern_engine_stats st0;
     tern__sched_stats(e->s, &st0);
@@ -330,7 +337,7 @@ void tern_engine_model_info(const tern_engine *e, tern_model_info *info) {
     info->n_layer = c->n_layer;
     info->n_embd = c->n_embd;
     info->bos_id = c->bos_id;
-    for (int i = 0; i < c->n_eos && i < 8; i++) info->eos_ids[info->n_eos++] = c->eos_ids[i];
+    for (int i = 0; i < e->n_stop && i < 8; i++) info->eos_ids[info->n_eos++] = e->stop[i]; /* the stop set */
     info->has_tokenizer = e->tok != NULL;
     info->has_chat_template = e->has_template;
 }

@@ -69,7 +69,7 @@ size_t tern_kv_token_bytes(const tern_kv *kv) {
     return b;
 }
 
-/* Validate the formats of owning layers (and that the backend can run them). */
+/* Validate the formats of owning layers (every backend runs every kind: CPU, CUDA). */
 static tern_status check_formats(const tern_backend *be, const tern_model_config *cfg, const tern_kv_fmt *formats,
                                  tern_error *err) {
     if (!formats) return TERN_OK;
@@ -84,9 +84,6 @@ static tern_status check_formats(const tern_backend *be, const tern_model_config
                                 "for now (use --kv-quant off)", what);
             tern_status st = tern_kvq_check(f, cfg->layers[l].head_dim, what, err);
             if (st) return st;
-            if (f->kind != TERN_KV_F32 && be->device >= 0)
-                return tern_err(err, TERN_EUNSUPPORTED, "kv %s: compressed KV cache kinds run on the CPU backend only "
-                                "(the %s backend supports --kv-quant off)", what, be->vt->name);
         }
     }
     return TERN_OK;

@@ -26,7 +26,7 @@ struct tern_sched {
     tern_model *m;
     tern_kv *kv;
     int V, n_slots, budget, max_ctx;
-    int eos[8], n_eos;
+    int eos[32], n_eos;        /* tern_sched_opts.eos, else the config's EOS */
     tern__req **run;           /* [n_slots] running, in admission order (newest last) */
     int n_run;
     tern__req *wait_head, *wait_tail;
@@ -162,7 +162,9 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
     s->n_slots = tern_kv_n_slots(kv);
     s->max_ctx = tern_kv_max_ctx(kv);
     s->budget = TERN_MAX(o->max_batch_tokens, s->n_slots);
-    for (int i = 0; i < c->n_eos && i < 8; i++)
+    for (int i = 0; i < o->n_eos && i < 32; i++)
+        if (o->eos[i] >= 0 && o->eos[i] < s->V) s->eos[s->n_eos++] = o->eos[i];
+    for (int i = 0; !o->n_eos && i < c->n_eos && i < 8; i++)
         if (c->eos_ids[i] >= 0 && c->eos_ids[i] < s->V) s->eos[s->n_eos++] = c->eos_ids[i];
     for (int g = 0; g < 2; g++) {
         int used = 0;

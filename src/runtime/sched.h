@@ -70,6 +70,8 @@ typedef struct tern_sched_opts {
     int max_concurrency;      /* = KV slots */
     int max_batch_tokens;     /* rows per step (>= max_concurrency) */
     int prefix_blocks;        /* prefix-cache capacity in KV blocks; 0 = off */
+    const int32_t *eos;       /* the engine's stop set (text/stops.h), at most 32 ids; */
+    int n_eos;                /* n_eos == 0: the config's EOS ids */
 } tern_sched_opts;
 
 /* The scheduler borrows the model and the KV pool (which must have max_concurrency slots). */

@@ -120,7 +120,7 @@ static int on_event(void *ctx, const tern_event *ev) {
     c->kind = ev->kind;
     if (ev->kind == TERN_EV_TOKEN) {
         double now = tern_time_s();
-        if (j->n_tok_ev++ == 0) srv_metrics_ttft(j->s, now - j->t_submit);
+        if (j->n_tok_ev++ == 0) { srv_metrics_ttft(j->s, now - j->t_submit); fprintf(stderr, "T first_ev %.6f\n", now); }
         else srv_metrics_itl(j->s, now - j->t_last);
         j->t_last = now;
         if (j->jm && srv_jmatch_accept(j->jm, ev->token)) j->want_cancel = 1;   /* cannot happen when masked */

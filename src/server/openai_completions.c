@@ -11,6 +11,7 @@
  */
 #include "server/srv.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -153,6 +154,7 @@ enum MHD_Result srv_handle_completions(srv_req *r) {
     srv_result res = {0};
     enum MHD_Result ret;
 
+    fprintf(stderr, "T handler %.6f\n", tern_time_s());
     if (srv_parse_body(r, &req, &e) || srv_wait_ready(s, &e) || srv_check_model(s, req, &e)) goto fail;
     if (srv_params_parse_s(&p, req, SRV_API_OPENAI, s, &e)) goto fail;
     if (srv_get_bool(req, "echo", &b, &e) < 0) goto fail;
@@ -174,6 +176,7 @@ enum MHD_Result srv_handle_completions(srv_req *r) {
     int stream = p.stream;
     srv_make_id(s, "cmpl-", c.id, sizeof c.id);
     if (srv_job_start(s, &pr, &p, r->fd, &job, &e)) goto fail;
+    fprintf(stderr, "T submitted %.6f\n", tern_time_s());
     srv_prompt_free(&pr);
     cJSON_Delete(req);
     req = NULL;

@@ -12,6 +12,7 @@
  */
 #include "server/srv.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,7 +23,7 @@ typedef struct sse {
     void *ctx;
     tern_jw out;
     size_t sent;
-    int started, finished;
+    int started, finished, npiece;
 } sse;
 
 void srv_sse_data(tern_jw *out, const char *event, const char *json, size_t n) {
@@ -52,7 +53,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
         srv_result res;
         srv_error e = {0};
         int rc = srv_job_next(x->job, &p, &res, &e);
-        if (rc > 0) x->f->piece(x->ctx, &p, &x->out);
+        if (rc > 0) { if (!x->npiece++) fprintf(stderr, "T first_piece %.6f\n", tern_time_s()); x->f->piece(x->ctx, &p, &x->out); }
         else if (rc == 0) { x->f->end(x->ctx, &res, &x->out); x->finished = 1; }
         else {
             if (e.http == 499) { x->finished = 1; return MHD_CONTENT_READER_END_WITH_ERROR; } /* nobody to tell */

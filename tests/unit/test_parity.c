@@ -6,9 +6,9 @@
  *   - greedy generation from prompt_ids reproduces all_ids exactly (prefill + decode path);
  *   - batch invariance: the sequence and a shorter prefix of it in one batch (two slots, rows
  *     interleaved) give the same logits as alone.
- * Bound: 1e-4 for float checkpoints (f32 path is exact arithmetic); MLX-quantized fixtures are
- * compared with their dequantized reference at 1e-3 (the kernels sum scale·Σxq + bias·Σx per group,
- * a different rounding order than dequantize-then-dot).
+ * Bound: 1e-4 for float checkpoints (f32 path is exact arithmetic); MLX-quantized and FP8 (`_fp8`)
+ * fixtures are compared with their dequantized reference at 1e-3 (the kernels sum scale·Σxq + bias·Σx
+ * per group, a different rounding order than dequantize-then-dot; FP8 measures ~1e-6).
  */
 #include "model/model.h"
 #include "runtime/generate.h"

@@ -2,7 +2,8 @@
  * cpu_attn.c — paged attention for the fast CPU backend.
  *
  * Work items are (row, query head) pairs split evenly over the pool. Each item walks the
- * visible keys of its row (lo..pos, lo = pos-W+1 with a window) through the block table and
+ * visible keys of its row (lo..pos, lo = pos-W+1 with a window; with bidirectional spans the
+ * union with the row's span range, tern_key_range_of in ops.h) through the block table and
  * keeps an online softmax in f32: running max m, running sum l, and the unnormalised output
  * o (rescaled by exp(m_old - m_new) when the max grows). Dot products and the p·v updates
  * are the ISA kernel table's dot/axpy, so head_dim is any size (64..512 in practice) and no
@@ -42,15 +43,14 @@ static void attn_task(void *arg, int ith, int nth) {
     tern__cpu_split((int64_t)a->rows->n * nh, 1, ith, nth, &lo_i, &hi_i);
     for (int64_t it = lo_i; it < hi_i; it++) {
         int r = (int)(it / nh), h = (int)(it % nh), kvh = h / group;
-        int pos = a->rows->pos[r], s = a->rows->slot[r];
-        int lo = kv->window > 0 ? pos - kv->window + 1 : 0;
-        if (lo < 0) lo = 0;
+        int s = a->rows->slot[r];
+        tern_key_range kr = tern_key_range_of(kv, a->rows, r);
         const float *qv = a->q + (size_t)it * d;
         float *o = a->out + (size_t)it * d;
         memset(o, 0, (size_t)d * sizeof *o);
         float m = -INFINITY, l = 0.0f;
-        for (int b = lo; b <= pos; b++) {
-            const float *kk = kv_vec(kv, kv->k, s, b, kvh);
+        for (int b = kr.first; b <= kr.last; b++) {
+            const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
             if (!kk) continue;
             float sc = k->dot(qv, kk, d) * a->scale;
             if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);

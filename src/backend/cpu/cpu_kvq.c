@@ -149,9 +149,8 @@ static void attq_task(void *arg, int ith, int nth) {
         int kvh = rem / a->nchunk, h0 = kvh * group + (rem % a->nchunk) * a->hc;
         int h1 = TERN_MIN(h0 + a->hc, (kvh + 1) * group), nhc = h1 - h0;
         if (nhc <= 0) continue;
-        int pos = a->rows->pos[r], s = a->rows->slot[r];
-        int lo = kv->window > 0 ? pos - kv->window + 1 : 0;
-        if (lo < 0) lo = 0;
+        int s = a->rows->slot[r];
+        tern_key_range kr = tern_key_range_of(kv, a->rows, r); /* causal/window ∪ span (ops.h) */
         const float *qh[HC_MAX];
         float *oh[HC_MAX];
         for (int j = 0; j < nhc; j++) {
@@ -163,10 +162,10 @@ static void attq_task(void *arg, int ith, int nth) {
             m[j] = -INFINITY;
             l[j] = 0.0f;
         }
-        for (int b = lo; b <= pos; b++) {
-            const uint8_t *kr = rec_at(kv, kv->k, a->kb, s, b, kvh);
-            if (!kr) continue;
-            dec_rec(k, &kv->kf, d, P, kr, kx);
+        for (int b = kr.first; b <= kr.last; b++) {
+            const uint8_t *krec = tern_key_visible(&kr, b) ? rec_at(kv, kv->k, a->kb, s, b, kvh) : NULL;
+            if (!krec) continue;
+            dec_rec(k, &kv->kf, d, P, krec, kx);
             for (int j = 0; j < nhc; j++) {
                 float sc = k->dot(qh[j], kx, dk) * a->scale;
                 if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);

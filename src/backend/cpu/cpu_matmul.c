@@ -97,6 +97,7 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
 /* ---- blocked GEMM (n > 8) ---- */
 
 #define GEMM_KC 256 /* inputs per block: a 32-row strip is 32 KB of f32 (L1), nb·KC of x fits L2 */
+#define GEMM_YBLOCK (256 << 10) /* bytes of y one thread revisits per block of inputs (L2) */
 _Static_assert(2 * 32 * GEMM_KC <= CPU_RT_MAX * CPU_CH, "tbuf holds a decoded strip and its packed copy");
 
 static int gemm_enabled(void) {
@@ -111,15 +112,15 @@ static int gemm_enabled(void) {
 }
 
 /* x rows [r0, r0+nbk), inputs [t0, t0+len) into blocks of mr rows: xp[b·len + t·mr + r]. */
-static void gemm_pack_x(const cpu_mm_job *jb, int r0, int nbk, int t0, int len, int MR, float *xp) {
-    for (int b0 = 0; b0 < nbk; b0 += MR) {
-        int mr = TERN_MIN(MR, nbk - b0);
-        float *dst = xp + (size_t)b0 * len;
+static void gemm_pack_x(const tern_cpu_kern *k, const cpu_mm_job *jb, int r0, int nbk, int t0, int len, float *xp) {
+    const float *xr[16];
+    for (int b0 = 0; b0 < nbk; b0 += k->gemm_mr) {
+        int mr = TERN_MIN(k->gemm_mr, nbk - b0);
         for (int r = 0; r < mr; r++) {
             int rr = r0 + b0 + r;
-            const float *src = jb->x + (size_t)(jb->xrow ? jb->xrow[rr] : rr) * jb->ldx + t0;
-            for (int t = 0; t < len; t++) dst[(size_t)t * mr + r] = src[t];
+            xr[r] = jb->x + (size_t)(jb->xrow ? jb->xrow[rr] : rr) * jb->ldx + t0;
         }
+        k->gemm_pack_x(xr, mr, len, xp + (size_t)b0 * len);
     }
 }
 
@@ -164,34 +165,36 @@ static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     int nb = (int)(CPU_GX_BUF / sizeof(float) / (size_t)kc) / MR * MR;
     float *yp[16], ys[16];
     const uint8_t *pf[GEMM_PF_CAP];
-    cpu_wrow row;
+    cpu_wrow rows[32];
     for (int r0 = 0; r0 < n; r0 += nb) {
         int nbk = TERN_MIN(nb, n - r0);
-        for (int t0 = 0; t0 < in; t0 += kc) {
-            int len = TERN_MIN(kc, in - t0), add = jb->accum || t0 > 0;
-            gemm_pack_x(jb, r0, nbk, t0, len, MR, xp);
-            for (int64_t s0 = o0; s0 < o1; s0 += NR) {
-                int ns = (int)TERN_MIN((int64_t)NR, o1 - s0);
-                for (int i = 0; i < ns; i++) {
-                    wrow_at(w, jb->mat, s0 + i, &row);
-                    k->decode(&row, t0, len, tmp + (size_t)i * kc);
-                }
-                for (int i = ns; i < NR; i++) memset(tmp + (size_t)i * kc, 0, (size_t)len * sizeof *tmp);
-                k->gemm_pack(tmp, kc, len, wp);
-                /* the next strip: the following one, or the first one of the next block of inputs */
-                int np = 0, nblk = (nbk + MR - 1) / MR, per;
-                if (s0 + NR < o1) np = gemm_pf_list(w, jb->mat, s0 + NR, (int)TERN_MIN((int64_t)NR, o1 - s0 - NR), t0, len, pf);
-                else if (t0 + kc < in) np = gemm_pf_list(w, jb->mat, o0, (int)TERN_MIN((int64_t)NR, o1 - o0), t0 + kc, TERN_MIN(kc, in - t0 - kc), pf);
-                per = TERN_MIN((np + nblk - 1) / nblk, (len + 7) / 8);
-                for (int b0 = 0, p0 = 0; b0 < nbk; b0 += MR, p0 += per) {
-                    int mr = TERN_MIN(MR, nbk - b0), npf = TERN_MAX(0, TERN_MIN(per, np - p0));
-                    for (int r = 0; r < mr; r++) {
-                        int rr = r0 + b0 + r;
-                        yp[r] = jb->y + (size_t)(jb->yrow ? jb->yrow[rr] : rr) * jb->ldy + s0;
-                        ys[r] = jb->yscale ? jb->yscale[rr] : 1.0f;
+        /* chunks of features whose y block (nbk × nc) stays in L2 across the input blocks */
+        int64_t nc = TERN_MAX((int64_t)NR, (int64_t)(GEMM_YBLOCK / sizeof(float) / (size_t)nbk) / NR * NR);
+        for (int64_t c0 = o0; c0 < o1; c0 += nc) {
+            int64_t c1 = TERN_MIN(o1, c0 + nc);
+            for (int t0 = 0; t0 < in; t0 += kc) {
+                int len = TERN_MIN(kc, in - t0), add = jb->accum || t0 > 0;
+                gemm_pack_x(k, jb, r0, nbk, t0, len, xp);
+                for (int64_t s0 = c0; s0 < c1; s0 += NR) {
+                    int ns = (int)TERN_MIN((int64_t)NR, c1 - s0);
+                    for (int i = 0; i < ns; i++) wrow_at(w, jb->mat, s0 + i, &rows[i]);
+                    k->gemm_pack(rows, ns, t0, len, tmp, kc, wp, k->decode);
+                    /* prefetch the next strip: the following one, else the chunk's first of the next inputs */
+                    int np = 0, nblk = (nbk + MR - 1) / MR, per;
+                    if (s0 + NR < c1) np = gemm_pf_list(w, jb->mat, s0 + NR, (int)TERN_MIN((int64_t)NR, c1 - s0 - NR), t0, len, pf);
+                    else if (t0 + kc < in)
+                        np = gemm_pf_list(w, jb->mat, c0, (int)TERN_MIN((int64_t)NR, c1 - c0), t0 + kc, TERN_MIN(kc, in - t0 - kc), pf);
+                    per = TERN_MIN((np + nblk - 1) / nblk, (len + 7) / 8);
+                    for (int b0 = 0, p0 = 0; b0 < nbk; b0 += MR, p0 += per) {
+                        int mr = TERN_MIN(MR, nbk - b0), npf = TERN_MAX(0, TERN_MIN(per, np - p0));
+                        for (int r = 0; r < mr; r++) {
+                            int rr = r0 + b0 + r;
+                            yp[r] = jb->y + (size_t)(jb->yrow ? jb->yrow[rr] : rr) * jb->ldy + s0;
+                            ys[r] = jb->yscale ? jb->yscale[rr] : 1.0f;
+                        }
+                        k->gemm_mk(len, xp + (size_t)b0 * len, mr, wp, yp, jb->accum && jb->yscale ? ys : NULL, add,
+                                   ns, pf + TERN_MIN(p0, np), npf);
                     }
-                    k->gemm_mk(len, xp + (size_t)b0 * len, mr, wp, yp, jb->accum && jb->yscale ? ys : NULL, add, ns,
-                               pf + TERN_MIN(p0, np), npf);
                 }
             }
         }

@@ -3,10 +3,10 @@
  *
  * y[r][o] = Σ_t x[r][t]·W[o][t] is computed as outer products: for every input t, one
  * broadcast of x[r][t] times a vector of 16 consecutive output features o. The weight strip
- * therefore has to be laid out input-major, wp[t·32 + i] for 32 features i: the driver
- * decodes 32 weight rows into f32 rows (the ISA decoder, bit-identical to the reference)
- * and gemm_pack transposes them with 16×16 in-register transposes (64 shuffles per 256
- * floats). The microkernel holds a 12×32 block of y in 24 zmm accumulators; per input it
+ * therefore has to be laid out input-major, wp[t·32 + i] for 32 features i: gemm_pack
+ * converts BF16/F32 rows in registers (others through the ISA decoder, bit-identical to the
+ * reference) and transposes 16×16 blocks in registers (64 shuffles per 256 floats); x rows
+ * are packed the same way, 12 rows per block, input-major. The microkernel holds a 12×32 block of y in 24 zmm accumulators; per input it
  * does 2 aligned weight loads, 12 broadcasts and 24 FMAs, so it is FMA-bound as long as the
  * strip (len·128 bytes) and the packed x block stay in L1/L2. Every y element is one
  * sequential f32 FMA chain over the inputs of a block (exact f32 arithmetic, no reduction
@@ -19,15 +19,14 @@
 #define NR 32
 #define MR 12
 
-/* 16 rows (src + i·ld, 16 floats each) to 16 columns: dst + j·NR holds column j. */
-static inline void tr16(const float *src, int ld, float *dst) {
-    __m512 r[16], t[16], u[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)i * ld);
+/* In-place 16×16 transpose: afterwards r[j] lane i holds what r[i] lane j held. */
+static inline __attribute__((always_inline)) void tr16(__m512 r[16]) {
+    __m512 t[16], u[16];
     for (int k = 0; k < 8; k++) {
         t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
         t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
     }
-    /* u[4k+m], 128-bit lane L: column 4L+m of rows 4k..4k+3 */
+    /* u[4k+m], 128-bit lane L: element 4L+m of rows 4k..4k+3 */
     for (int k = 0; k < 4; k++) {
         u[4 * k + 0] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
         u[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
@@ -37,19 +36,51 @@ static inline void tr16(const float *src, int ld, float *dst) {
     for (int m = 0; m < 4; m++) {
         __m512 a = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44), b = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
         __m512 c = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44), d = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
-        _mm512_store_ps(dst + (size_t)(0 + m) * NR, _mm512_shuffle_f32x4(a, c, 0x88));
-        _mm512_store_ps(dst + (size_t)(4 + m) * NR, _mm512_shuffle_f32x4(a, c, 0xDD));
-        _mm512_store_ps(dst + (size_t)(8 + m) * NR, _mm512_shuffle_f32x4(b, d, 0x88));
-        _mm512_store_ps(dst + (size_t)(12 + m) * NR, _mm512_shuffle_f32x4(b, d, 0xDD));
+        r[0 + m] = _mm512_shuffle_f32x4(a, c, 0x88);
+        r[4 + m] = _mm512_shuffle_f32x4(a, c, 0xDD);
+        r[8 + m] = _mm512_shuffle_f32x4(b, d, 0x88);
+        r[12 + m] = _mm512_shuffle_f32x4(b, d, 0xDD);
     }
 }
 
-void tern__cpu_gemm_pack_avx512(const float *tmp, int ld, int len, float *wp) {
-    int t = 0;
-    for (; t + 16 <= len; t += 16)
-        for (int i0 = 0; i0 < NR; i0 += 16) tr16(tmp + (size_t)i0 * ld + t, ld, wp + (size_t)t * NR + i0);
-    for (; t < len; t++)
-        for (int i = 0; i < NR; i++) wp[(size_t)t * NR + i] = tmp[(size_t)i * ld + t];
+/* 16 inputs (m: the valid ones) of row i as f32: BF16/F32 straight from the weight, else
+ * from the decoded copy in tmp. */
+static inline __m512 wload(const cpu_wrow *w, int t0, int t, __mmask16 m, const float *tmp) {
+    if (w->dtype == TERN_DT_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w->data + t0 + t)), 16));
+    if (w->dtype == TERN_DT_F32) return _mm512_maskz_loadu_ps(m, (const float *)w->data + t0 + t);
+    return _mm512_maskz_loadu_ps(m, tmp + t);
+}
+
+void tern__cpu_gemm_pack_avx512(const cpu_wrow *rows, int nrows, int t0, int len, float *tmp, int ld, float *wp,
+                                void (*decode)(const cpu_wrow *w, int j0, int len, float *dst)) {
+    int direct = rows[0].dtype == TERN_DT_BF16 || rows[0].dtype == TERN_DT_F32;
+    if (!direct)
+        for (int i = 0; i < nrows; i++) decode(&rows[i], t0, len, tmp + (size_t)i * ld);
+    for (int t = 0; t < len; t += 16) {
+        int nt = len - t < 16 ? len - t : 16;
+        __mmask16 m = (__mmask16)((1u << nt) - 1);
+        for (int i0 = 0; i0 < NR; i0 += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i0 + i < nrows ? wload(&rows[i0 + i], t0, t, m, tmp + (size_t)(i0 + i) * ld) : _mm512_setzero_ps();
+            tr16(r);
+            for (int j = 0; j < nt; j++) _mm512_store_ps(wp + (size_t)(t + j) * NR + i0, r[j]);
+        }
+    }
+}
+
+void tern__cpu_gemm_pack_x_avx512(const float *const *xr, int mr, int len, float *xp) {
+    __mmask16 sm = (__mmask16)((1u << mr) - 1);
+    for (int t = 0; t < len; t += 16) {
+        int nt = len - t < 16 ? len - t : 16;
+        __mmask16 m = (__mmask16)((1u << nt) - 1);
+        __m512 r[16];
+        for (int i = 0; i < 16; i++) r[i] = i < mr ? _mm512_maskz_loadu_ps(m, xr[i] + t) : _mm512_setzero_ps();
+        tr16(r);
+        for (int j = 0; j < nt; j++) _mm512_mask_storeu_ps(xp + (size_t)(t + j) * mr, sm, r[j]);
+    }
 }
 
 static inline __attribute__((always_inline)) void mk_t(int len, const float *xp, const float *wp, float *const *yp,

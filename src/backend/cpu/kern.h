@@ -63,15 +63,20 @@ typedef struct tern_cpu_kern {
      * writes y[i] = Σ_j W_i[j]·x[j] for nr (1..4) rows that share the prepared x. */
     int (*gemv_prep)(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
     void (*gemv)(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
-    /* Optional blocked GEMM for batched matmuls (gemm_*.c; driver in cpu_matmul.c). A strip
-     * of gemm_nr weight rows × len inputs, decoded to f32 rows tmp[i·ld + t], is packed
-     * transposed: wp[t·gemm_nr + i] (64-byte aligned). gemm_mk then computes, for mr (1..gemm_mr)
-     * activation rows packed as xp[t·mr + r] and the first ns (1..gemm_nr) features of the
-     * strip, acc[r][i] = Σ_t xp[t·mr + r]·wp[t·gemm_nr + i] and writes yp[r][i] = acc (add 0),
-     * yp[r][i] += acc (add 1, ys NULL) or yp[r][i] += ys[r]·acc (add 1). Meanwhile it prefetches
-     * the npf (<= len/8) cache lines pf[] into L2, one per 8 inputs (the driver's next strip). */
+    /* Optional blocked GEMM for batched matmuls (gemm_*.c; driver in cpu_matmul.c).
+     * gemm_pack: a strip of nrows (<= gemm_nr) weight rows, inputs [t0, t0+len), to f32 packed
+     * input-major, wp[t·gemm_nr + i] (64-byte aligned; features i >= nrows are 0). BF16/F32 rows
+     * are converted in registers; other formats go through `decode` into tmp (gemm_nr rows of
+     * ld floats) first. gemm_pack_x: mr activation rows xr[r][0..len) to xp[t·mr + r].
+     * gemm_mk: for mr (1..gemm_mr) packed activation rows and the first ns (1..gemm_nr)
+     * features of a strip, acc[r][i] = Σ_t xp[t·mr + r]·wp[t·gemm_nr + i] (one sequential f32
+     * FMA chain per element), then yp[r][i] = acc (add 0), yp[r][i] += acc (add 1, ys NULL) or
+     * yp[r][i] += ys[r]·acc (add 1). Meanwhile it prefetches the npf (<= len/8) cache lines
+     * pf[] into L2, one per 8 inputs (the driver's next strip). */
     int gemm_nr, gemm_mr;
-    void (*gemm_pack)(const float *tmp, int ld, int len, float *wp);
+    void (*gemm_pack)(const cpu_wrow *rows, int nrows, int t0, int len, float *tmp, int ld, float *wp,
+                      void (*decode)(const cpu_wrow *w, int j0, int len, float *dst));
+    void (*gemm_pack_x)(const float *const *xr, int mr, int len, float *xp);
     void (*gemm_mk)(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys, int add,
                     int ns, const uint8_t *const *pf, int npf);
 } tern_cpu_kern;
@@ -96,12 +101,14 @@ int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int int8, const float *x
 void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
 
 /* Blocked GEMM entry points of the ISA files (gemm_avx512.c: nr 32, mr 12; gemm_avx2.c: 16, 6). */
-void tern__cpu_gemm_pack_avx512(const float *tmp, int ld, int len, float *wp);
-void tern__cpu_gemm_mk_avx512(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
-                              int add, int ns, const uint8_t *const *pf, int npf);
-void tern__cpu_gemm_pack_avx2(const float *tmp, int ld, int len, float *wp);
-void tern__cpu_gemm_mk_avx2(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
-                            int add, int ns, const uint8_t *const *pf, int npf);
+#define CPU_GEMM_DECL(isa)                                                                                       \
+    void tern__cpu_gemm_pack_##isa(const cpu_wrow *rows, int nrows, int t0, int len, float *tmp, int ld, float *wp, \
+                                   void (*decode)(const cpu_wrow *w, int j0, int len, float *dst));              \
+    void tern__cpu_gemm_pack_x_##isa(const float *const *xr, int mr, int len, float *xp);                         \
+    void tern__cpu_gemm_mk_##isa(int len, const float *xp, int mr, const float *wp, float *const *yp,             \
+                                 const float *ys, int add, int ns, const uint8_t *const *pf, int npf);
+CPU_GEMM_DECL(avx512)
+CPU_GEMM_DECL(avx2)
 
 /* Portable helpers shared by the ISA files (kern_scalar.c). */
 void tern__cpu_decode_scalar(const cpu_wrow *w, int j0, int len, float *dst);

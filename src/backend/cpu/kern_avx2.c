@@ -218,5 +218,6 @@ const tern_cpu_kern tern__cpu_kern_avx2 = {
     .gemm_nr = 16,
     .gemm_mr = 6,
     .gemm_pack = tern__cpu_gemm_pack_avx2,
+    .gemm_pack_x = tern__cpu_gemm_pack_x_avx2,
     .gemm_mk = tern__cpu_gemm_mk_avx2,
 };

@@ -285,5 +285,6 @@ const tern_cpu_kern tern__cpu_kern_avx512 = {
     .gemm_nr = 32,
     .gemm_mr = 12,
     .gemm_pack = tern__cpu_gemm_pack_avx512,
+    .gemm_pack_x = tern__cpu_gemm_pack_x_avx512,
     .gemm_mk = tern__cpu_gemm_mk_avx512,
 };

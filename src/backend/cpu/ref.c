@@ -8,7 +8,9 @@
  *   - matmul: y[r][o] = Σ_j x[r][j] · W[o][j] with W[o][j] exactly as tern_tensor_row_f32
  *     decodes it (s·q + b for MLX affine).
  *   - attention: keys of the row's slot at positions b with lo <= b <= pos (lo = pos-W+1 for
- *     a window W, else 0); a block-table entry < 0 in that range is skipped (never read).
+ *     a window W, else 0), plus the row's span range [vis_lo, vis_hi] when rows->vis_lo is
+ *     set (tern_key_range_of in ops.h; scanned first..last in position order); a block-table
+ *     entry < 0 in that range is skipped (never read).
  *     Three passes: scores, max, exp/sum, then Σ p·v / sum.
  *   - route_topk: softmax over E, k times pick the largest unused probability (lower index
  *     wins ties), renormalise over the chosen k, then multiply per_expert_scale[e].
@@ -197,10 +199,9 @@ static void ref_attention_q(float *out, const float *q, const tern_rows *rows, i
     int d = kv->head_dim, group = nh / kv->n_head_kv;
     float x[TERN_KVQ_MAX_ROT], scratch[TERN_KVQ_MAX_ROT];
     for (int r = 0; r < rows->n; r++) {
-        int a = rows->pos[r], s = rows->slot[r];
-        int lo = kv->window > 0 ? a - kv->window + 1 : 0;
-        if (lo < 0) lo = 0;
-        int nk = a - lo + 1;
+        int s = rows->slot[r];
+        tern_key_range kr = tern_key_range_of(kv, rows, r);
+        int lo = kr.first, a = kr.last, nk = a - lo + 1;
         float *sc = malloc((size_t)(nk > 0 ? nk : 1) * sizeof *sc);
         for (int h = 0; h < nh; h++) {
             const float *qv = q + ((size_t)r * nh + h) * d;
@@ -209,9 +210,9 @@ static void ref_attention_q(float *out, const float *q, const tern_rows *rows, i
             int kvh = h / group;
             float m = -INFINITY;
             for (int b = lo; b <= a; b++) {
-                const uint8_t *kr = kv_rec(kv, kv->k, &kv->kf, s, b, kvh);
-                if (!kr) { sc[b - lo] = -INFINITY; continue; }
-                tern_kvq_decode(&kv->kf, d, kv->rot, kr, x, scratch);
+                const uint8_t *kp = tern_key_visible(&kr, b) ? kv_rec(kv, kv->k, &kv->kf, s, b, kvh) : NULL;
+                if (!kp) { sc[b - lo] = -INFINITY; continue; }
+                tern_kvq_decode(&kv->kf, d, kv->rot, kp, x, scratch);
                 float dot = 0.0f;
                 for (int i = 0; i < d; i++) dot += qv[i] * x[i];
                 dot *= scale;
@@ -226,8 +227,9 @@ static void ref_attention_q(float *out, const float *q, const tern_rows *rows, i
             }
             for (int i = 0; i < d; i++) o[i] = 0.0f;
             for (int b = lo; b <= a; b++) {
+                if (sc[b - lo] == 0.0f) continue;
                 const uint8_t *vr = kv_rec(kv, kv->v, &kv->vf, s, b, kvh);
-                if (!vr || sc[b - lo] == 0.0f) continue;
+                if (!vr) continue;
                 tern_kvq_decode(&kv->vf, d, kv->rot, vr, x, scratch);
                 for (int i = 0; i < d; i++) o[i] += sc[b - lo] * x[i];
             }
@@ -247,10 +249,9 @@ static void ref_attention(tern_backend *be, float *out, const float *q, const te
     }
     int d = kv->head_dim, group = nh / kv->n_head_kv;
     for (int r = 0; r < rows->n; r++) {
-        int a = rows->pos[r], s = rows->slot[r];
-        int lo = kv->window > 0 ? a - kv->window + 1 : 0;
-        if (lo < 0) lo = 0;
-        int nk = a - lo + 1;
+        int s = rows->slot[r];
+        tern_key_range kr = tern_key_range_of(kv, rows, r);
+        int lo = kr.first, a = kr.last, nk = a - lo + 1;
         float *sc = malloc((size_t)(nk > 0 ? nk : 1) * sizeof *sc);
         for (int h = 0; h < nh; h++) {
             const float *qv = q + ((size_t)r * nh + h) * d;
@@ -259,7 +260,7 @@ static void ref_attention(tern_backend *be, float *out, const float *q, const te
             int kvh = h / group;
             float m = -INFINITY;
             for (int b = lo; b <= a; b++) {
-                const float *kk = kv_at(kv, kv->k, s, b, kvh);
+                const float *kk = tern_key_visible(&kr, b) ? kv_at(kv, kv->k, s, b, kvh) : NULL;
                 if (!kk) { sc[b - lo] = -INFINITY; continue; }
                 float dot = 0.0f;
                 for (int i = 0; i < d; i++) dot += qv[i] * kk[i];
@@ -275,8 +276,9 @@ static void ref_attention(tern_backend *be, float *out, const float *q, const te
             }
             for (int i = 0; i < d; i++) o[i] = 0.0f;
             for (int b = lo; b <= a; b++) {
+                if (sc[b - lo] == 0.0f) continue;
                 const float *vv = kv_at(kv, kv->v, s, b, kvh);
-                if (!vv || sc[b - lo] == 0.0f) continue;
+                if (!vv) continue;
                 for (int i = 0; i < d; i++) o[i] += sc[b - lo] * vv[i];
             }
             if (sum > 0.0f)

@@ -8,7 +8,10 @@
  * positions are staged in shared memory; each query keeps an online softmax (running max M,
  * sum L, accumulator acc[d] in shared memory) in exact f32 with expf/tanhf.
  * Masking per query: key position p' is visible iff p' <= pos and (window == 0 or
- * p' > pos - window); keys whose block-table entry is < 0 are never read.
+ * p' > pos - window), or (bidirectional spans, rows->vis_lo set) vis_lo <= p' <= vis_hi —
+ * the union, as tern_key_range_of in ops.h; keys whose block-table entry is < 0 are never
+ * read. A span step is never recorded into a graph (the driver runs it eagerly; recording one
+ * here marks the capture bad).
  *
  * Split-K (flash-decoding): when the (tile, group) blocks cannot fill the GPU — decode — each
  * block's key range is cut into `splits` pieces handled by separate blocks; partial (M, L, acc)
@@ -24,6 +27,7 @@ struct AttnArgs {
     float *out;
     const float *q;
     const int32_t *pos, *slot;
+    const int32_t *vlo, *vhi; /* span ranges [n] or NULL */
     int n, nh, nkv, d, G;
     const float *kp, *vp;
     const int32_t *bt;
@@ -67,7 +71,7 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
     const int QV = a.R * a.HB, d = a.d, T = a.T, tid = threadIdx.x, nt = blockDim.x;
     float *qs = sm, *acc = qs + QV * d, *Ks = acc + QV * d, *Vs = Ks + T * (d + 1), *S = Vs + T * d;
     float *M = S + QV * T, *L = M + QV, *AL = L + QV;
-    int *qpos = (int *)(AL + QV), *qlo = qpos + QV;
+    int *qpos = (int *)(AL + QV), *qlo = qpos + QV, *qvlo = qlo + QV, *qvhi = qvlo + QV;
     __shared__ int range[2];
 
     const int row0 = blockIdx.x * a.R;
@@ -80,6 +84,8 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
         const int p = ok ? a.pos[r] : -1;
         qpos[qv] = p;
         qlo[qv] = a.window > 0 ? max(0, p - a.window + 1) : 0;
+        qvlo[qv] = ok && a.vlo ? max(0, a.vlo[r]) : 0;
+        qvhi[qv] = ok && a.vlo ? a.vhi[r] : -1;
         M[qv] = -INFINITY;
         L[qv] = 0.0f;
     }
@@ -96,6 +102,10 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
             if (qpos[qv] >= 0) {
                 lo = min(lo, qlo[qv]);
                 hi = max(hi, qpos[qv]);
+                if (qvlo[qv] <= qvhi[qv]) {
+                    lo = min(lo, qvlo[qv]);
+                    hi = max(hi, qvhi[qv]);
+                }
             }
         if (hi >= 0 && a.splits > 1) {
             const int len = hi - lo + 1;
@@ -133,7 +143,8 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
         __syncthreads();
         for (int idx = tid; idx < QV * T; idx += nt) {
             const int qv = idx / T, t = idx % T, kpos = kb + t, p = qpos[qv];
-            bool vis = p >= 0 && kpos <= hi && kpos <= p && kpos >= qlo[qv] && kpos / a.bs < a.max_blocks;
+            bool vis = p >= 0 && kpos <= hi && kpos / a.bs < a.max_blocks &&
+                       ((kpos <= p && kpos >= qlo[qv]) || (kpos >= qvlo[qv] && kpos <= qvhi[qv]));
             float s = -INFINITY;
             if (vis && btrow[kpos / a.bs] >= 0) {
                 const float *qr = qs + qv * d, *kr = Ks + t * (d + 1);
@@ -235,6 +246,9 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
     a.q = q;
     a.pos = rows->pos;
     a.slot = rows->slot;
+    a.vlo = rows->vis_lo && rows->vis_hi ? rows->vis_lo : NULL;
+    a.vhi = a.vlo ? rows->vis_hi : NULL;
+    if (a.vlo && c->capturing) c->capture_bad = 1; /* span steps run eagerly, never from a graph */
     a.n = n;
     a.nh = nh;
     a.nkv = nkv;
@@ -278,6 +292,16 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
         for (int r = 0; r < n; r++) maxlen = pos_host[r] + 1 > maxlen ? pos_host[r] + 1 : maxlen;
     }
     if (kv->window > 0 && maxlen > kv->window + a.R) maxlen = kv->window + a.R;
+    if (a.vlo) { /* spans reach past the window and past pos: bound by the farthest key */
+        maxlen = (long)kv->max_blocks * kv->block_size;
+        if (pos_host && rows->vis_hi_host) {
+            maxlen = 1;
+            for (int r = 0; r < n; r++) {
+                long last = pos_host[r] > rows->vis_hi_host[r] ? pos_host[r] : rows->vis_hi_host[r];
+                maxlen = last + 1 > maxlen ? last + 1 : maxlen;
+            }
+        }
+    }
     a.splits = 1;
     if (blocks < c->n_sm) {
         long s = (2L * c->n_sm + blocks - 1) / blocks;
@@ -290,7 +314,7 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
     a.part = c->part;
     const int QV = a.R * a.HB;
     const size_t smem = sizeof(float) * ((size_t)2 * QV * d + (size_t)a.T * (d + 1) + (size_t)a.T * d +
-                                         (size_t)QV * a.T + 3 * QV) + sizeof(int) * 2 * QV;
+                                         (size_t)QV * a.T + 3 * QV) + sizeof(int) * 4 * QV;
     if (smem + 1024 > c->smem_optin) {
         tern_log(TERN_LOG_ERROR, "cuda attention: %zu bytes of shared memory needed (d %d)", smem, d);
         return;

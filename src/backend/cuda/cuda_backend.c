@@ -192,6 +192,13 @@ static void be_free_weight(tern_backend *be, tern_tensor *t) {
 
 /* ---- ops: thin forwards ---- */
 
+/* compressed KV pages (kvq_write.cu, kvq_attn.cu; formats in ops/kvq.h) */
+void tern__cuda_kv_write_q(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
+                           const float *v);
+void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                            const tern_kv_layer *kv, float scale, float softcap);
+void tern__cuda_kvq_init(tern__cuda *c); /* at open: shared-memory limit */
+
 static void be_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
     tern__cuda_w v;
     tern__cuda_wview(w, &v);
@@ -216,11 +223,13 @@ static void be_rope(tern_backend *be, float *x, int n, int nh, int d, const int3
 }
 static void be_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
                         const float *v) {
-    tern__cuda_kv_write(C(be), kv, rows, k, v);
+    if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) tern__cuda_kv_write_q(C(be), kv, rows, k, v);
+    else tern__cuda_kv_write(C(be), kv, rows, k, v);
 }
 static void be_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                          const tern_kv_layer *kv, float scale, float softcap) {
-    tern__cuda_attention(C(be), out, q, rows, nh, kv, scale, softcap);
+    if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) tern__cuda_attention_q(C(be), out, q, rows, nh, kv, scale, softcap);
+    else tern__cuda_attention(C(be), out, q, rows, nh, kv, scale, softcap);
 }
 static void be_add(tern_backend *be, float *y, const float *a, const float *b, size_t n) {
     tern__cuda_ew(C(be), TERN__EW_ADD, y, a, b, 0, n);
@@ -381,6 +390,7 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     }
     tern__cuda_gemv_init(c);
     tern__cuda_attn_init(c);
+    tern__cuda_kvq_init(c);
     tern__cuda_glm_init(c);
     *out = be;
     return TERN_OK;
