@@ -19,8 +19,9 @@
  * Build: bench/load.sh (it also starts a server and runs both paths on the CPU).
  */
 #include "tern.h"
+#include "runtime/engine_int.h"
+#include "text/detok.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -106,7 +107,7 @@ static void make_prompt(const cfg *c, int i, int32_t *ids) {
 }
 
 /* ---- server path: HTTP/1.1 over a keep-alive socket ---- */
-typedef struct conn { int fd; char buf[65536]; size_t len, off; } conn;
+typedef struct conn { int fd; char buf[65536]; size_t len, off; char *ev; size_t evcap; } conn;
 
 static int conn_open(conn *k, const cfg *c) {
     struct addrinfo h = {0}, *ai = NULL;
@@ -207,44 +208,42 @@ static int http_one(level_ctx *L, conn *k, int idx, double *gaps, char *why, siz
         res_add(L->r, 0, NULL, 0, 0, msg);
         return 0;
     }
-    /* chunked SSE: "data: {...}" events; a chunk carrying text is one token's arrival */
+    /* chunked SSE: "data: {...}" events; an event whose "text" is not empty is a token
+     * arrival. Scanned, not parsed (the client must cost far less than the server it
+     * measures): the server writes "text":"..." and "completion_tokens":N itself. */
     double t_first = 0, t_last = 0;
     int ng = 0, usage_tokens = -1, events = 0;
-    char *ev = NULL;
     size_t evn = 0;
     for (;;) {
-        if (read_line(k, line, sizeof line) < 0) { free(ev); snprintf(why, wn, "stream cut"); return -1; }
+        if (read_line(k, line, sizeof line) < 0) { snprintf(why, wn, "stream cut"); return -1; }
         long sz = strtol(line, NULL, 16);
         if (sz == 0) { read_line(k, line, sizeof line); break; }
-        char *d = malloc((size_t)sz + 2);
-        if (read_n(k, d, (size_t)sz + 2)) { free(d); free(ev); snprintf(why, wn, "stream cut"); return -1; }
-        ev = realloc(ev, evn + (size_t)sz + 1);
-        memcpy(ev + evn, d, (size_t)sz);
-        evn += (size_t)sz;
-        ev[evn] = 0;
-        free(d);
-        char *p;
+        if (k->evcap < evn + (size_t)sz + 3) {
+            k->evcap = (evn + (size_t)sz + 3) * 2;
+            k->ev = realloc(k->ev, k->evcap);
+        }
+        if (read_n(k, k->ev + evn, (size_t)sz + 2)) { snprintf(why, wn, "stream cut"); return -1; }
+        evn += (size_t)sz;                       /* drop the chunk's CRLF */
+        k->ev[evn] = 0;
+        char *ev = k->ev, *p;
         while ((p = strstr(ev, "\n\n"))) {     /* complete events */
             *p = 0;
-            double t = now_s();
             if (!strncmp(ev, "data: ", 6) && strcmp(ev + 6, "[DONE]")) {
-                cJSON *j = cJSON_Parse(ev + 6);
-                cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
-                cJSON *u = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens");
-                if (cJSON_IsNumber(u)) usage_tokens = u->valueint;
-                if (ch && cJSON_IsString(cJSON_GetObjectItem(ch, "text"))) {
+                const char *u = strstr(ev, "\"completion_tokens\":");
+                if (u) usage_tokens = atoi(u + 20);
+                const char *tx = strstr(ev, "\"text\":\"");
+                if (tx && tx[8] != '"') {
+                    double t = now_s();
                     if (!events++) t_first = t;
                     else if (ng < c->max_tokens * 2) gaps[ng++] = t - t_last;
                     t_last = t;
                 }
-                cJSON_Delete(j);
             }
-            size_t used = (size_t)(p + 2 - ev);
-            memmove(ev, p + 2, evn - used + 1);
-            evn -= used;
+            ev = p + 2;
         }
+        evn -= (size_t)(ev - k->ev);
+        memmove(k->ev, ev, evn + 1);
     }
-    free(ev);
     if (status != 200 || !events) { res_add(L->r, 0, NULL, 0, 0, "stream without tokens"); return 0; }
     res_add(L->r, t_first - t0, gaps, ng, usage_tokens >= 0 ? usage_tokens : events, NULL);
     return 0;
@@ -267,37 +266,68 @@ static void *http_client(void *arg) {
         if (why[0]) res_add(L->r, 0, NULL, 0, 0, why);
     }
     if (k.fd >= 0) close(k.fd);
+    free(k.ev);
     free(gaps);
     return NULL;
 }
 
 /* ---- direct path: the engine in this process ---- */
+/* The callback (engine thread) only records each token's id and arrival time. Afterwards
+ * the client thread runs the streaming detokenizer over the ids, so that TTFT and ITL count
+ * the tokens that made text appear, as the server path does (a token that ends inside a
+ * UTF-8 sequence, common with random weights, shows up only with a later one). */
 typedef struct dreq {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int done, n, events;
-    double t_first, t_last;
-    double *gaps;
-    int ng, cap;
+    int done, n, events, cap;
+    int32_t *ids;
+    double *t;
     char err[200];
 } dreq;
 
 static int on_ev(void *ctx, const tern_event *ev) {
     dreq *d = ctx;
-    double t = now_s();
-    pthread_mutex_lock(&d->mu);
-    if (ev->kind == TERN_EV_TOKEN) {
-        if (!d->events++) d->t_first = t;
-        else if (d->ng < d->cap) d->gaps[d->ng++] = t - d->t_last;
-        d->t_last = t;
-    } else {
-        if (ev->kind == TERN_EV_ERROR) snprintf(d->err, sizeof d->err, "%.190s", ev->err ? ev->err->msg : "error");
-        d->n = ev->n_generated;
-        d->done = 1;
-        pthread_cond_signal(&d->cv);
+    if (ev->kind == TERN_EV_TOKEN) {             /* nothing else touches these until done */
+        if (d->events < d->cap) {
+            d->ids[d->events] = ev->token;
+            d->t[d->events] = now_s();
+        }
+        d->events++;
+        return 0;
     }
+    pthread_mutex_lock(&d->mu);
+    if (ev->kind == TERN_EV_ERROR) snprintf(d->err, sizeof d->err, "%.190s", ev->err ? ev->err->msg : "error");
+    d->n = ev->n_generated;
+    d->done = 1;
+    pthread_cond_signal(&d->cv);
     pthread_mutex_unlock(&d->mu);
     return 0;
+}
+
+/* Arrival times of the text-producing tokens -> first (TTFT) and gaps; returns the gap count. */
+static int text_times(tern_detok *dt, const dreq *d, double t0, double *ttft, double *gaps, int max_gaps) {
+    int n = d->events < d->cap ? d->events : d->cap, ng = 0, seen = 0;
+    double last = 0;
+    *ttft = n ? d->t[0] - t0 : 0;
+    if (dt) tern_detok_reset(dt);
+    for (int i = 0; i < n; i++) {
+        const char *tx = NULL;
+        size_t len = 1;                          /* no tokenizer: every token counts */
+        tern_error err = {0};
+        if (dt && tern_detok_step(dt, d->ids[i], &tx, &len, &err)) len = 1;
+        if (!len) continue;
+        if (!seen++) *ttft = d->t[i] - t0;
+        else if (ng < max_gaps) gaps[ng++] = d->t[i] - last;
+        last = d->t[i];
+    }
+    const char *tx = NULL;                       /* held-back text comes out at the end */
+    size_t len = 0;
+    tern_error err = {0};
+    if (dt && n && !tern_detok_flush(dt, &tx, &len, &err) && len) {
+        if (!seen++) *ttft = d->t[n - 1] - t0;
+        else if (ng < max_gaps && d->t[n - 1] > last) gaps[ng++] = d->t[n - 1] - last;
+    }
+    return ng;
 }
 
 static void *direct_client(void *arg) {
@@ -305,15 +335,21 @@ static void *direct_client(void *arg) {
     const cfg *c = L->c;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)c->prompt_tokens);
     dreq d;
-    d.cap = c->max_tokens * 2 + 4;
-    d.gaps = malloc(sizeof(double) * (size_t)d.cap);
+    d.cap = c->max_tokens + 4;
+    d.ids = malloc(sizeof(int32_t) * (size_t)d.cap);
+    d.t = malloc(sizeof(double) * (size_t)d.cap);
+    double *gaps = malloc(sizeof(double) * (size_t)d.cap);
+    tern_detok *dt = NULL;
+    const tern_tokenizer *tok = tern__engine_tokenizer(L->eng);
+    tern_error derr = {0};
+    if (tok && tern_detok_new(&dt, tok, 0, &derr)) dt = NULL;
     pthread_mutex_init(&d.mu, NULL);
     pthread_cond_init(&d.cv, NULL);
     for (;;) {
         int i = atomic_fetch_add(&L->next, 1);
         if (i >= c->requests) break;
         make_prompt(c, i, ids);
-        d.done = d.n = d.events = d.ng = 0;
+        d.done = d.n = d.events = 0;
         d.err[0] = 0;
         tern_request r = tern_request_default();
         r.prompt = ids;
@@ -329,35 +365,70 @@ static void *direct_client(void *arg) {
         pthread_mutex_lock(&d.mu);
         while (!d.done) pthread_cond_wait(&d.cv, &d.mu);
         pthread_mutex_unlock(&d.mu);
-        if (d.err[0] || !d.events) res_add(L->r, 0, NULL, 0, 0, d.err[0] ? d.err : "no tokens");
-        else res_add(L->r, d.t_first - t0, d.gaps, d.ng, d.n, NULL);
+        if (d.err[0] || !d.events) { res_add(L->r, 0, NULL, 0, 0, d.err[0] ? d.err : "no tokens"); continue; }
+        double ttft;
+        int ng = text_times(dt, &d, t0, &ttft, gaps, d.cap);
+        res_add(L->r, ttft, gaps, ng, d.n, NULL);
     }
+    tern_detok_free(dt);
     pthread_mutex_destroy(&d.mu);
     pthread_cond_destroy(&d.cv);
-    free(d.gaps);
+    free(d.ids);
+    free(d.t);
+    free(gaps);
     free(ids);
     return NULL;
 }
 
 static void *engine_thread(void *e) { tern_engine_run(e); return NULL; }
 
-/* ---- driver ---- */
-typedef struct row { double ttft50, ttft99, itl50, itl99, tps, err_rate, wall; } row;
+/* ---- engine-thread CPU time ---- */
+/* On a machine with spare cores the engine thread is the bottleneck, so its CPU time per
+ * generated token, server minus direct, is the server's cost that shows up as lost
+ * throughput there (on a 2-core box the HTTP side's own CPU counts too). Server: the
+ * tern_engine_thread_cpu_seconds_total line of GET /metrics; direct: the thread's clock. */
+static double metrics_engine_cpu(const cfg *c) {
+    conn k = {.fd = -1};
+    if (conn_open(&k, c)) return -1;
+    char req[300];
+    int n = snprintf(req, sizeof req, "GET /metrics HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n\r\n", c->host, c->port);
+    double v = -1;
+    if (send(k.fd, req, (size_t)n, MSG_NOSIGNAL) == n) {
+        char line[1024];
+        while (read_line(&k, line, sizeof line) >= 0)
+            if (!strncmp(line, "tern_engine_thread_cpu_seconds_total ", 37)) v = atof(line + 37);
+    }
+    close(k.fd);
+    return v;
+}
 
-static row run_level(const cfg *c, int conc, tern_engine *eng) {
+static double thread_cpu(pthread_t t) {
+    clockid_t cid;
+    struct timespec ts;
+    if (pthread_getcpuclockid(t, &cid) || clock_gettime(cid, &ts)) return -1;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- driver ---- */
+typedef struct row { double ttft50, ttft99, itl50, itl99, tps, err_rate, wall, eng_us; } row;
+
+static row run_level(const cfg *c, int conc, tern_engine *eng, pthread_t et) {
     res r;
     res_init(&r, c->requests);
     level_ctx L = {.c = c, .r = &r, .eng = eng};
     atomic_init(&L.next, 0);
     pthread_t *th = malloc(sizeof(pthread_t) * (size_t)conc);
+    double cpu0 = eng ? thread_cpu(et) : metrics_engine_cpu(c);
     double t0 = now_s();
     for (int i = 0; i < conc; i++) pthread_create(&th[i], NULL, eng ? direct_client : http_client, &L);
     for (int i = 0; i < conc; i++) pthread_join(th[i], NULL);
     double wall = now_s() - t0;
+    double cpu1 = eng ? thread_cpu(et) : metrics_engine_cpu(c);
     free(th);
     row w = {.ttft50 = pct(r.ttft, r.n_ttft, 0.5), .ttft99 = pct(r.ttft, r.n_ttft, 0.99), .itl50 = pct(r.itl, r.n_itl, 0.5),
              .itl99 = pct(r.itl, r.n_itl, 0.99), .tps = wall > 0 ? (double)r.tokens / wall : 0,
-             .err_rate = r.done ? (double)r.errors / r.done : 0, .wall = wall};
+             .err_rate = r.done ? (double)r.errors / r.done : 0, .wall = wall,
+             .eng_us = cpu0 >= 0 && cpu1 >= 0 && r.tokens ? (cpu1 - cpu0) * 1e6 / (double)r.tokens : -1};
     if (r.errors) fprintf(stderr, "load: %d of %d requests failed; first: %s\n", r.errors, r.done, r.first_err);
     res_free(&r);
     return w;
@@ -401,7 +472,7 @@ int main(int argc, char **argv) {
         snprintf(c.port, sizeof c.port, "%.*s", colon ? (int)strcspn(colon + 1, "/") : 2, colon ? colon + 1 : "80");
     }
     tern_engine *eng = NULL;
-    pthread_t et;
+    pthread_t et = pthread_self();
     if (direct) {
         eo.model = direct;
         tern_error err = {0};
@@ -413,28 +484,31 @@ int main(int argc, char **argv) {
     }
     if (!c.n_vocab) c.n_vocab = 256;        /* server only: ids below 256 exist in every vocabulary */
     FILE *cf = csv ? fopen(csv, "w") : NULL;
-    if (cf) fprintf(cf, "path,concurrency,requests,prompt_tokens,max_tokens,ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,tok_s,error_rate\n");
-    printf("%-7s %5s %6s %10s %10s %9s %9s %10s %7s %9s\n", "path", "conc", "reqs", "ttft_p50", "ttft_p99", "itl_p50",
-           "itl_p99", "tok/s", "errors", "overhead");
+    if (cf) fprintf(cf, "path,concurrency,requests,prompt_tokens,max_tokens,ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,tok_s,error_rate,"
+                        "engine_cpu_us_per_tok\n");
+    printf("%-7s %5s %6s %10s %10s %9s %9s %10s %7s %9s %8s\n", "path", "conc", "reqs", "ttft_p50", "ttft_p99", "itl_p50",
+           "itl_p99", "tok/s", "errors", "overhead", "eng_us");
     char *list = strdup(conc_s);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         int conc = atoi(tok);
         if (conc < 1) continue;
         c.requests = requests > 0 ? requests : conc * 4 > 16 ? conc * 4 : 16;
         row rs = {0}, rd = {0};
-        if (url) rs = run_level(&c, conc, NULL);
-        if (eng) rd = run_level(&c, conc, eng);
+        if (url) rs = run_level(&c, conc, NULL, et);
+        if (eng) rd = run_level(&c, conc, eng, et);
         for (int p = 0; p < 2; p++) {
             if ((p == 0 && !url) || (p == 1 && !eng)) continue;
             row *w = p ? &rd : &rs;
             char ov[32] = "";
             if (!p && eng && rd.tps > 0) snprintf(ov, sizeof ov, "%+.1f%%", 100.0 * (1.0 - rs.tps / rd.tps));
-            printf("%-7s %5d %6d %8.1fms %8.1fms %7.2fms %7.2fms %10.1f %6.1f%% %9s\n", p ? "direct" : "server", conc,
+            char eu[32] = "-";
+            if (w->eng_us >= 0) snprintf(eu, sizeof eu, "%.1f", w->eng_us);
+            printf("%-7s %5d %6d %8.1fms %8.1fms %7.2fms %7.2fms %10.1f %6.1f%% %9s %8s\n", p ? "direct" : "server", conc,
                    c.requests, w->ttft50 * 1e3, w->ttft99 * 1e3, w->itl50 * 1e3, w->itl99 * 1e3, w->tps,
-                   100 * w->err_rate, ov);
-            if (cf) fprintf(cf, "%s,%d,%d,%d,%d,%.3f,%.3f,%.4f,%.4f,%.2f,%.4f\n", p ? "direct" : "server", conc, c.requests,
+                   100 * w->err_rate, ov, eu);
+            if (cf) fprintf(cf, "%s,%d,%d,%d,%d,%.3f,%.3f,%.4f,%.4f,%.2f,%.4f,%.2f\n", p ? "direct" : "server", conc, c.requests,
                             c.prompt_tokens, c.max_tokens, w->ttft50 * 1e3, w->ttft99 * 1e3, w->itl50 * 1e3,
-                            w->itl99 * 1e3, w->tps, w->err_rate);
+                            w->itl99 * 1e3, w->tps, w->err_rate, w->eng_us);
         }
         fflush(stdout);
     }

@@ -19,6 +19,7 @@ int tern_cmd_bench(int argc, char **argv) {
     cli_common c = {0};
     long n_prompt = 128, n_gen = 32, reps = 3;
     double bw_given = 0; /* --bw GB/s: the floor's bandwidth when it cannot be probed (GPU) */
+    int probe_only = 0;  /* --probe: print the memory read bandwidth and exit (peer benchmarks) */
     for (int i = 1; i < argc; i++) {
         int r = cli_common_flag(&c, argc, argv, &i);
         if (r < 0) return 2;
@@ -28,8 +29,13 @@ int tern_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--gen") && v) { if (cli_int("bench", a, v, 1, 1 << 20, &n_gen)) return 2; i++; }
         else if (!strcmp(a, "--bw") && v) { bw_given = atof(v); if (bw_given <= 0) return cli_usage_error("bench", "--bw expects GB/s > 0"); i++; }
         else if (!strcmp(a, "--reps") && v) { if (cli_int("bench", a, v, 1, 1000, &reps)) return 2; i++; }
+        else if (!strcmp(a, "--probe")) probe_only = 1;
         else if (a[0] != '-' && !c.model) c.model = a;
         else return cli_usage_error("bench", "unknown or incomplete argument '%s'", a);
+    }
+    if (probe_only) {
+        printf("membw %.2f GB/s\n", probe(1));
+        return 0;
     }
     if (!c.model) c.model = c.random ? c.random : "demo";
     c.max_ctx = (int)(n_prompt + n_gen + 1);

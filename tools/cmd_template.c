@@ -17,6 +17,7 @@
 
 #include "base/base.h"
 #include "base/file.h"
+#include "io/demo.h"
 #include "text/chat.h"
 #include "text/jinja.h"
 
@@ -86,7 +87,11 @@ int tern_cmd_template(int argc, char **argv) {
         if ((st = tern_file_read(tfile, (size_t)16 << 20, &src, &len, &e))) return fail(st, &e);
         st = tern_chat_template_from_string(src, len, bos, eos, &t, &e);
         free(src);
-    } else st = tern_chat_template_load(dir, &t, &e);
+    } else {
+        char mdir[4096]; /* MODEL may be the word `demo` */
+        st = tern_model_path_resolve(dir, mdir, sizeof mdir, &e);
+        if (!st) st = tern_chat_template_load(mdir, &t, &e);
+    }
     if (st) return fail(st, &e);
     if (!(spec = read_json(msgs_path, &e, &st))) { rc = fail(st, &e); goto done; }
     if (raw) {

@@ -16,6 +16,7 @@
  */
 #include "cli.h"
 #include "base/base.h"
+#include "io/demo.h"
 #include "text/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -26,6 +27,13 @@
 static int fail(tern_status st, const char *cmd, const tern_error *e) {
     fprintf(stderr, "tern %s: %s\n", cmd, e->msg);
     return tern_status_exit_code(st);
+}
+
+/* MODEL: a directory, a tokenizer.json, or the word `demo` */
+static tern_status load(tern_tokenizer **tok, const char *model, tern_error *e) {
+    char dir[4096];
+    tern_status st = tern_model_path_resolve(model, dir, sizeof dir, e);
+    return st ? st : tern_tokenizer_load(tok, dir, e);
 }
 
 static int usage(const char *cmd) {
@@ -107,7 +115,7 @@ int tern_cmd_tokenize(int argc, char **argv) {
     tern_error e = {0};
     tern_tokenizer *tok = NULL;
     double t0 = tern_time_s();
-    tern_status st = tern_tokenizer_load(&tok, model, &e);
+    tern_status st = load(&tok, model, &e);
     if (st) return fail(st, "tokenize", &e);
     double t_load = tern_time_s() - t0, t_enc = 0;
     size_t n_in = 0, n_tok = 0, n_bytes = 0;
@@ -205,7 +213,7 @@ int tern_cmd_detokenize(int argc, char **argv) {
     }
     tern_error e = {0};
     tern_tokenizer *tok = NULL;
-    tern_status st = tern_tokenizer_load(&tok, model, &e);
+    tern_status st = load(&tok, model, &e);
     if (st) { free(ids); return fail(st, "detokenize", &e); }
     int rc = 0;
     char *s;

@@ -26,13 +26,16 @@ typedef struct tern_batch {
 } tern_batch;
 
 /* Bidirectional spans (image / audio soft tokens; Gemma 4 use_bidirectional_attention "vision").
- * span[r] = 0: an ordinary causal row. Rows with the same nonzero id form one span: they must
- * be adjacent rows of the batch, of one slot, at consecutive positions, all inside this call
- * (a span never continues into the next call: give the next span of a sequence another id),
- * and at most max_batch rows. Every row of a span attends to every position of the span —
- * later ones and ones below a sliding window's lower bound included — in addition to its
- * causal (windowed) keys; rows outside the span attend causally as always, so rows before it
- * are unaffected and rows after it see its K/V. A span of one row is exactly the causal row.
+ * span[r] = 0: an ordinary causal row. Rows with the same nonzero id form one span (an id names
+ * one span of the whole call, whatever the slot): they must be adjacent rows of the batch, of
+ * one slot, at consecutive positions in order, all inside this call, and at most max_batch
+ * rows. A span never continues into the next call: a span whose first position follows, in the
+ * same slot, a span with the same id that ended the previous call is refused (give the next
+ * span of a sequence another id, e.g. a running image index). Every row of a span attends to
+ * every position of the span — later ones and ones below a sliding window's lower bound
+ * included — in addition to its causal (windowed) keys; rows outside the span attend causally
+ * as always, so rows before it are unaffected and rows after it see its K/V. A span of one
+ * row is exactly the causal row.
  * Violations: TERN_EINVAL naming the span, row and position; models whose attention cannot
  * take spans (GLM-5 MLA): TERN_EUNSUPPORTED. Steps with spans never use step graphs. */
 

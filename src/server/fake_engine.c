@@ -256,7 +256,7 @@ static int step_one(fake *f, fake_req *q) {
     return 0;
 }
 
-static void f_run(void *p) {
+static void f_run(void *p, void (*after_step)(void *), void *arg) {
     fake *f = p;
     pthread_mutex_lock(&f->mu);
     while (!f->stop) {
@@ -278,6 +278,7 @@ static void f_run(void *p) {
         f->st.waiting = total - f->st.running;
         f->st.kv_blocks_used = f->st.running;
         pthread_mutex_unlock(&f->mu);
+        if (after_step) after_step(arg);
         if (f->delay_ms > 0) {
             struct timespec ts = {f->delay_ms / 1000, (long)(f->delay_ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);

@@ -406,6 +406,7 @@ static void *engine_main(void *arg) {
     tern_server *s = arg;
     tern_error err = {0};
     void *eng = NULL;
+    if (!pthread_getcpuclockid(pthread_self(), &s->engine_clock)) atomic_store(&s->has_engine_clock, 1);
     double t0 = tern_time_s();
     tern_status st = s->vt->open(&eng, &s->o.engine, &err);
     double t_opened = tern_time_s(), t_open = t_opened - t0;
@@ -439,7 +440,9 @@ static void *engine_main(void *arg) {
         return NULL;
     }
     tern_log(TERN_LOG_INFO, "serve: model '%s' ready", s->served);
-    s->vt->run(eng);
+    s->vt->run(eng, srv_jobs_after_step, s);
+    atomic_store(&s->has_engine_clock, 0);
+    srv_jobs_after_step(s);                      /* wake-ups queued by a last partial step */
     return NULL;
 }
 
@@ -533,6 +536,7 @@ void tern_server_stop(tern_server *s) {
     srv_jvocab_free(s->jvocab);
     srv_metrics_free(s);
     srv_responses_free(s);
+    free(s->wake);
     pthread_mutex_destroy(&s->vocab_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -35,10 +35,9 @@
 
 typedef struct chan_ev {
     tern_event_kind kind;
-    srv_tokinfo t;
-    tern_finish_reason fin;
-    int np, nc, ng;
-    char msg[TERN_ERROR_MSG_MAX];
+    tern_finish_reason fin;       /* DONE */
+    int np, nc, ng;               /* DONE: usage */
+    srv_tokinfo t;                /* TOKEN (top_* filled only up to t.n_top) */
 } chan_ev;
 
 struct srv_job {
@@ -46,8 +45,13 @@ struct srv_job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int refs;
-    chan_ev *q;
-    int qhead, qlen, qcap;
+    chan_ev *q;                  /* engine side appends here (under mu) */
+    int qlen, qcap;
+    chan_ev *rq;                 /* HTTP side: the batch taken from q (buffers are swapped) */
+    int rlen, rpos, rcap;
+    int waiting;                 /* the HTTP thread sleeps on cv (under mu) */
+    int wake_queued;             /* in s->wake until the end of the engine step (under mu) */
+    char err_msg[TERN_ERROR_MSG_MAX];   /* the ERROR event's message */
     int want_cancel, want_stop;
     uint64_t id;
     srv_params p;
@@ -86,43 +90,57 @@ static void unref(srv_job *j) {
     tern_stop_free(j->stop);
     free(j->call_ids);
     free(j->q);
+    free(j->rq);
     free(j->out);
     free(j->rout);
     free(j->toks);
     free(j);
 }
 
+/* Engine thread: s->wake gets j (with a reference) so that srv_jobs_after_step wakes it. */
+static int wake_later(tern_server *s, srv_job *j) {
+    if (s->n_wake == s->cap_wake) {
+        int nc = s->cap_wake ? s->cap_wake * 2 : 64;
+        srv_job **v = realloc(s->wake, sizeof *v * (size_t)nc);
+        if (!v) return 0;
+        s->wake = v;
+        s->cap_wake = nc;
+    }
+    s->wake[s->n_wake++] = j;
+    return 1;
+}
+
+/* The engine callback: append the event; wake-ups are left to the end of the step
+ * (srv_jobs_after_step), except for the last event of a request, which wakes at once. Only
+ * a sleeping HTTP thread is woken; a busy one drains the queue before it sleeps again. */
 static int on_event(void *ctx, const tern_event *ev) {
     srv_job *j = ctx;
     int last = ev->kind != TERN_EV_TOKEN;
-    pthread_mutex_lock(&j->mu);
-    if (j->qlen == j->qcap || j->qhead + j->qlen == j->qcap) {
-        /* compact, then grow */
-        if (j->qhead) { memmove(j->q, j->q + j->qhead, sizeof(chan_ev) * (size_t)j->qlen); j->qhead = 0; }
-        if (j->qlen == j->qcap) {
-            int nc = j->qcap ? j->qcap * 2 : 16;
-            chan_ev *nq = realloc(j->q, sizeof(chan_ev) * (size_t)nc);
-            if (!nq) {                         /* cannot queue: end the request */
-                j->want_cancel = 1;
-                pthread_mutex_unlock(&j->mu);
-                if (last) {
-                    atomic_fetch_sub(&j->s->n_live, 1);
-                    unref(j);
-                }
-                return 1;
-            }
-            j->q = nq;
-            j->qcap = nc;
-        }
-    }
-    chan_ev *c = &j->q[j->qhead + j->qlen++];
-    memset(c, 0, offsetof(chan_ev, msg) + 1);
-    c->kind = ev->kind;
-    if (ev->kind == TERN_EV_TOKEN) {
-        double now = tern_time_s();
-        if (j->n_tok_ev++ == 0) { srv_metrics_ttft(j->s, now - j->t_submit); fprintf(stderr, "T first_ev %.6f\n", now); }
+    double now = tern_time_s();
+    if (ev->kind == TERN_EV_TOKEN) {             /* engine-thread state: no lock needed */
+        if (j->n_tok_ev++ == 0) srv_metrics_ttft(j->s, now - j->t_submit);
         else srv_metrics_itl(j->s, now - j->t_last);
         j->t_last = now;
+    }
+    pthread_mutex_lock(&j->mu);
+    if (j->qlen == j->qcap) {
+        int nc = j->qcap ? j->qcap * 2 : 16;
+        chan_ev *nq = realloc(j->q, sizeof(chan_ev) * (size_t)nc);
+        if (!nq) {                             /* cannot queue: end the request */
+            j->want_cancel = 1;
+            pthread_mutex_unlock(&j->mu);
+            if (last) {
+                atomic_fetch_sub(&j->s->n_live, 1);
+                unref(j);
+            }
+            return 1;
+        }
+        j->q = nq;
+        j->qcap = nc;
+    }
+    chan_ev *c = &j->q[j->qlen++];
+    c->kind = ev->kind;
+    if (ev->kind == TERN_EV_TOKEN) {
         if (j->jm && srv_jmatch_accept(j->jm, ev->token)) j->want_cancel = 1;   /* cannot happen when masked */
         c->t.id = ev->token;
         c->t.logprob = ev->logprob;
@@ -136,16 +154,37 @@ static int on_event(void *ctx, const tern_event *ev) {
         c->nc = ev->n_cached;
         c->ng = ev->n_generated;
     } else {
-        snprintf(c->msg, sizeof c->msg, "%s", ev->err && ev->err->msg[0] ? ev->err->msg : "generation failed");
+        snprintf(j->err_msg, sizeof j->err_msg, "%s", ev->err && ev->err->msg[0] ? ev->err->msg : "generation failed");
     }
     int rc = j->want_cancel ? 1 : j->want_stop ? 2 : 0;
-    pthread_cond_signal(&j->cv);
+    int wake_now = 0;
+    if (j->waiting && !j->wake_queued) {
+        if (!last && wake_later(j->s, j)) {
+            j->wake_queued = 1;
+            j->refs++;
+        } else wake_now = 1;
+    }
     pthread_mutex_unlock(&j->mu);
+    if (wake_now) pthread_cond_signal(&j->cv);   /* after unlocking: the woken thread needs mu */
     if (last) {
         atomic_fetch_sub(&j->s->n_live, 1);
         unref(j);
     }
     return rc;
+}
+
+void srv_jobs_after_step(void *server) {
+    tern_server *s = server;
+    for (int i = 0; i < s->n_wake; i++) {
+        srv_job *j = s->wake[i];
+        pthread_mutex_lock(&j->mu);
+        j->wake_queued = 0;
+        int w = j->waiting;
+        pthread_mutex_unlock(&j->mu);
+        if (w) pthread_cond_signal(&j->cv);
+        unref(j);
+    }
+    s->n_wake = 0;
 }
 
 int srv_client_gone(int fd) {
@@ -402,39 +441,45 @@ int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
     if (j->failed) return srv_fail(e, 500, "", "request already failed");
     if (j->done) { *res = j->res; return 0; }
     for (;;) {
-        chan_ev batch[32];
-        int nb = 0;
         double now = tern_time_s();
         if (now - j->t_check >= 0.05) {          /* also while tokens keep coming */
             j->t_check = now;
             if (check_gone(j, e)) return -1;
         }
-        pthread_mutex_lock(&j->mu);
-        while (j->qlen == 0) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 50 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-            pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-            if (j->qlen) break;
-            pthread_mutex_unlock(&j->mu);
-            j->t_check = tern_time_s();
-            if (check_gone(j, e)) return -1;
+        if (j->rpos == j->rlen) {                /* take everything queued: swap the buffers */
             pthread_mutex_lock(&j->mu);
+            while (j->qlen == 0) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 50 * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+                j->waiting = 1;
+                pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+                j->waiting = 0;
+                if (j->qlen) break;
+                pthread_mutex_unlock(&j->mu);
+                j->t_check = tern_time_s();
+                if (check_gone(j, e)) return -1;
+                pthread_mutex_lock(&j->mu);
+            }
+            chan_ev *t = j->rq;
+            int tc = j->rcap;
+            j->rq = j->q;
+            j->rcap = j->qcap;
+            j->rlen = j->qlen;
+            j->q = t;
+            j->qcap = tc;
+            j->qlen = 0;
+            pthread_mutex_unlock(&j->mu);
+            j->rpos = 0;
         }
-        while (j->qlen && nb < 32) {
-            batch[nb++] = j->q[j->qhead++];
-            j->qlen--;
-        }
-        if (!j->qlen) j->qhead = 0;
-        pthread_mutex_unlock(&j->mu);
-        for (int i = 0; i < nb; i++) {
-            chan_ev *c = &batch[i];
+        while (j->rpos < j->rlen && !j->done) {
+            chan_ev *c = &j->rq[j->rpos++];
             if (c->kind == TERN_EV_TOKEN) {
                 if (take_token(j, &c->t, e)) { cancel_job(j); j->failed = 1; return -1; }
             } else if (c->kind == TERN_EV_ERROR) {
                 j->failed = 1;
-                return srv_fail(e, 500, "", "%s", c->msg);
+                return srv_fail(e, 500, "", "%s", j->err_msg);
             } else {
                 if (!j->text_done && detok_step(j, NULL, e)) { j->failed = 1; return -1; }
                 if (!j->text_done)
@@ -445,7 +490,6 @@ int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
                 j->res.n_cached = c->nc;
                 j->res.n_generated = c->ng;
                 j->done = 1;
-                break;
             }
         }
         if (j->out_len || j->rout_len || j->n_call_ids > j->call_lo || j->n_toks || j->done) break;

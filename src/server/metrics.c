@@ -97,6 +97,11 @@ void srv_metrics_write(tern_server *s, tern_jw *o) {
             "# TYPE tern_http_responses_total counter\n");
     for (int i = 100; i < 600; i++)
         if (c.by_code[i]) text(o, "tern_http_responses_total{code=\"%d\"} %lld\n", i, c.by_code[i]);
+    struct timespec ts;
+    if (atomic_load(&s->has_engine_clock) && !clock_gettime(s->engine_clock, &ts))
+        text(o, "# HELP tern_engine_thread_cpu_seconds_total CPU time of the engine thread (model, scheduler and "
+                "event callbacks).\n# TYPE tern_engine_thread_cpu_seconds_total counter\n"
+                "tern_engine_thread_cpu_seconds_total %.6f\n", (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec);
     write_hist(o, "tern_time_to_first_token_seconds", "Time from submit to the first generated token.", &c.ttft);
     write_hist(o, "tern_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.", &c.itl);
 }

@@ -128,34 +128,34 @@ static void s_start(void *ctx, tern_jw *out) {
 static void s_piece(void *ctx, const srv_piece *p, tern_jw *out) {
     chat_ctx *c = ctx;
     if (!p->len && !p->reasoning_len && p->call_hi == p->call_lo && !(c->logprobs && p->n_toks)) return;
-    tern_jw w;
-    tern_jw_init(&w);
-    chunk_head(c, &w);
-    tern_jw_obj(&w);
-    tern_jw_kint(&w, "index", 0);
-    tern_jw_key(&w, "delta");
-    tern_jw_obj(&w);
-    if (p->len || !p->reasoning_len) tern_jw_kstrn(&w, "content", p->text, p->len);
+    tern_jw *w = out;                            /* per token: written in place, no copies */
+    srv_sse_begin(out, NULL);
+    chunk_head(c, w);
+    tern_jw_obj(w);
+    tern_jw_kint(w, "index", 0);
+    tern_jw_key(w, "delta");
+    tern_jw_obj(w);
+    if (p->len || !p->reasoning_len) tern_jw_kstrn(w, "content", p->text, p->len);
     if (p->reasoning_len) {
-        tern_jw_kstrn(&w, "reasoning_content", p->reasoning, p->reasoning_len);
-        tern_jw_kstrn(&w, "reasoning", p->reasoning, p->reasoning_len);
+        tern_jw_kstrn(w, "reasoning_content", p->reasoning, p->reasoning_len);
+        tern_jw_kstrn(w, "reasoning", p->reasoning, p->reasoning_len);
     }
-    if (p->call_hi > p->call_lo) write_calls(c->job, &w, p->call_lo, p->call_hi, 1);
-    tern_jw_end(&w);
+    if (p->call_hi > p->call_lo) write_calls(c->job, w, p->call_lo, p->call_hi, 1);
+    tern_jw_end(w);
     if (c->logprobs) {
-        tern_jw_key(&w, "logprobs");
-        tern_jw_obj(&w);
-        tern_jw_key(&w, "content");
-        tern_jw_arr(&w);
-        srv_write_chat_logprobs(c->s, &w, p->toks, p->n_toks, c->top_logprobs);
-        tern_jw_end(&w);
-        tern_jw_end(&w);
-    } else tern_jw_knull(&w, "logprobs");
-    tern_jw_knull(&w, "finish_reason");
-    tern_jw_end(&w);
-    tern_jw_end(&w);
-    tern_jw_end(&w);
-    flush_event(&w, out);
+        tern_jw_key(w, "logprobs");
+        tern_jw_obj(w);
+        tern_jw_key(w, "content");
+        tern_jw_arr(w);
+        srv_write_chat_logprobs(c->s, w, p->toks, p->n_toks, c->top_logprobs);
+        tern_jw_end(w);
+        tern_jw_end(w);
+    } else tern_jw_knull(w, "logprobs");
+    tern_jw_knull(w, "finish_reason");
+    tern_jw_end(w);
+    tern_jw_end(w);
+    tern_jw_end(w);
+    srv_sse_end(out);
 }
 
 static void s_end(void *ctx, const srv_result *r, tern_jw *out) {

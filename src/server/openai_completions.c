@@ -11,7 +11,6 @@
  */
 #include "server/srv.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -97,13 +96,12 @@ static void s_start(void *ctx, tern_jw *out) { (void)ctx; (void)out; }
 static void s_piece(void *ctx, const srv_piece *p, tern_jw *out) {
     cmpl_ctx *c = ctx;
     if (!p->len && !(c->logprobs && p->n_toks)) return;
-    tern_jw w;
-    tern_jw_init(&w);
-    head(c, &w);
-    choice(c, &w, p->text, p->len, p->toks, p->n_toks, NULL);
-    tern_jw_end(&w);
-    tern_jw_end(&w);
-    emit(&w, out);
+    srv_sse_begin(out, NULL);                    /* per token: written in place, no copies */
+    head(c, out);
+    choice(c, out, p->text, p->len, p->toks, p->n_toks, NULL);
+    tern_jw_end(out);
+    tern_jw_end(out);
+    srv_sse_end(out);
 }
 
 static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
@@ -154,7 +152,6 @@ enum MHD_Result srv_handle_completions(srv_req *r) {
     srv_result res = {0};
     enum MHD_Result ret;
 
-    fprintf(stderr, "T handler %.6f\n", tern_time_s());
     if (srv_parse_body(r, &req, &e) || srv_wait_ready(s, &e) || srv_check_model(s, req, &e)) goto fail;
     if (srv_params_parse_s(&p, req, SRV_API_OPENAI, s, &e)) goto fail;
     if (srv_get_bool(req, "echo", &b, &e) < 0) goto fail;
@@ -176,7 +173,6 @@ enum MHD_Result srv_handle_completions(srv_req *r) {
     int stream = p.stream;
     srv_make_id(s, "cmpl-", c.id, sizeof c.id);
     if (srv_job_start(s, &pr, &p, r->fd, &job, &e)) goto fail;
-    fprintf(stderr, "T submitted %.6f\n", tern_time_s());
     srv_prompt_free(&pr);
     cJSON_Delete(req);
     req = NULL;

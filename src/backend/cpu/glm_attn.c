@@ -124,6 +124,7 @@ static void att_task(void *arg, int ith, int nth) {
 void tern__glm_attention_latent(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                                 const tern_kv_layer *kv, int dv, float scale, const int32_t *sel, int k_sel) {
     tern_glm_state *g = tern__glm_state(be);
+    if (g && g->spec) { tern__cpu_glm_ops.attention_latent(be, out, q, rows, nh, kv, dv, scale, sel, k_sel); return; }
     if (!g) {
         for (size_t j = 0; j < (size_t)rows->n * nh * dv; j++) out[j] = NAN;
         return;
@@ -292,6 +293,7 @@ static void dsa_task(void *arg, int ith, int nth) {
 void tern__glm_dsa_topk(tern_backend *be, int32_t *sel, const float *q, const float *w, const tern_rows *rows, int nh,
                         const tern_kv_layer *kv, float scale, int k, float *min_gap) {
     tern_glm_state *g = tern__glm_state(be);
+    if (g && g->spec) { tern__cpu_glm_ops.dsa_topk(be, sel, q, w, rows, nh, kv, scale, k, min_gap); return; }
     size_t cap = (size_t)kv->max_blocks * (size_t)kv->block_size;
     if (!g || !tern__glm_reserve_keys(g, cap) || !tern__glm_reserve_rows(g, rows->n)) {
         for (size_t i = 0; i < (size_t)rows->n * k; i++) sel[i] = -1;

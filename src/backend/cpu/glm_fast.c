@@ -12,7 +12,8 @@
  * view (max_blocks × block_size keys per thread), so a growing context never reallocates;
  * per-row diagnostics and router scratch grow with the batch size / expert count, which are
  * fixed for a model. On allocation failure an op writes NaN / -1 outputs (visible), as the
- * spec does.
+ * spec does. TERN_CPU_GLM=ref in the environment makes the table call the spec's ops instead
+ * (before/after benchmarks in one binary).
  */
 #include "backend/cpu/glm_state.h"
 
@@ -64,6 +65,8 @@ tern_glm_state *tern__glm_state(tern_backend *be) {
     g->nth = c->nth;
     g->pool = c->pool;
     g->par_min = c->par_min;
+    const char *sp = getenv("TERN_CPU_GLM");
+    g->spec = sp && !strcmp(sp, "ref");
     const char *isa = c->k->name;
     g->gk = !strcmp(isa, "avx512") ? &tern__glm_kern_avx512
             : !strcmp(isa, "avx2") ? &tern__glm_kern_avx2
@@ -112,6 +115,9 @@ static int reserve_route(tern_glm_state *g, int E, int G) {
     }
     return 1;
 }
+
+/* TERN_CPU_GLM=ref (read once, at the first GLM op): run the spec's table instead (benchmarks) */
+#define SPEC(be) (tern__glm_state(be) && tern__glm_state(be)->spec)
 
 /* ---- light ops: one row function (the spec's), rows split over the pool when large ---- */
 
@@ -162,11 +168,9 @@ static void row_task(void *arg, int ith, int nth) {
             break;
         case OP_ROUTE: {
             tern_glm_state *g = a->g;
-            int G = a->rg->n_group > 0 ? a->rg->n_group : 1;
             tern__glm_route_row(a->idx + (size_t)r * a->kk, a->wts + (size_t)r * a->kk, a->x + (size_t)r * a->E, a->E,
                                 a->kk, a->rg, g->rsg + (size_t)ith * 2 * g->route_e,
                                 g->rkeep + (size_t)ith * ((size_t)g->route_e + (size_t)g->route_g));
-            (void)G;
             break;
         }
         default: break;
@@ -181,6 +185,7 @@ static void run_rows(tern_glm_state *g, row_ctx *a, size_t work) {
 }
 
 static void copy_2d(tern_backend *be, float *dst, int ldd, const float *src, int lds, int n, int w) {
+    if (SPEC(be)) { tern__cpu_glm_ops.copy_2d(be, dst, ldd, src, lds, n, w); return; }
     row_ctx a = {.op = OP_COPY, .n = n, .dst = dst, .ldd = ldd, .src = src, .lds = lds, .w = w};
     /* rows may overlap only in place-like copies: those stay serial, in row order */
     int disjoint = n < 1 || dst + (size_t)(n - 1) * ldd + w <= src || src + (size_t)(n - 1) * lds + w <= dst;
@@ -189,12 +194,14 @@ static void copy_2d(tern_backend *be, float *dst, int ldd, const float *src, int
 
 static void layernorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, const float *b,
                       float eps) {
+    if (SPEC(be)) { tern__cpu_glm_ops.layernorm(be, y, x, rows, d, w, b, eps); return; }
     row_ctx a = {.op = OP_LN, .n = rows, .y = y, .x = x, .d = d, .lw = w, .lb = b, .eps = eps};
     run_rows(tern__glm_state(be), &a, (size_t)rows * d * 4);
 }
 
 static void rope_interleaved(tern_backend *be, float *x, int n, int nh, int hs, int off, int d, const int32_t *pos,
                              const float *inv_freq, float mscale) {
+    if (SPEC(be)) { tern__cpu_glm_ops.rope_interleaved(be, x, n, nh, hs, off, d, pos, inv_freq, mscale); return; }
     row_ctx a = {.op = OP_ROPE, .n = n, .y = x, .nh = nh, .hs = hs, .off = off, .d = d, .pos = pos, .inv = inv_freq,
                  .ms = mscale};
     run_rows(tern__glm_state(be), &a, (size_t)n * nh * d * 4);
@@ -202,12 +209,14 @@ static void rope_interleaved(tern_backend *be, float *x, int n, int nh, int hs, 
 
 static void kv_write_latent(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
                             const float *v) {
+    if (SPEC(be)) { tern__cpu_glm_ops.kv_write_latent(be, kv, rows, k, v); return; }
     row_ctx a = {.op = OP_KVW, .n = rows->n, .kv = kv, .rows = rows, .k = k, .v = v};
     run_rows(tern__glm_state(be), &a, (size_t)rows->n * (kv->head_dim + kv->v_dim));
 }
 
 static void route_group(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
                         const tern_route_group *p) {
+    if (SPEC(be)) { tern__cpu_glm_ops.route_group(be, idx, wts, logits, n, E, k, p); return; }
     tern_glm_state *g = tern__glm_state(be);
     int G = p->n_group > 0 ? p->n_group : 1;
     if (!g || !reserve_route(g, E, G)) {

@@ -16,6 +16,7 @@ typedef struct tern_glm_state {
     tern_pool *pool;
     int nth;
     size_t par_min;            /* light ops go over the pool from this much work */
+    int spec;                  /* TERN_CPU_GLM=ref: every op runs the scalar spec (benchmarks) */
     /* dsa_topk: per thread `cap` candidates (score, position, rank key) */
     size_t cap;
     float *sc;

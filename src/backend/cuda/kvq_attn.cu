@@ -19,6 +19,8 @@
  *
  * CUDA graphs: while a step is recorded the grid is planned without host positions (one row
  * per tile, split count for the whole context), exactly like attention.cu.
+ * Bidirectional spans (rows->vis_lo/vis_hi): the same union mask as attention.cu; a span step
+ * is never recorded (recording one marks the capture bad).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -34,6 +36,7 @@ struct QAttnArgs {
     float *out;
     const float *q;
     const int32_t *pos, *slot;
+    const int32_t *vlo, *vhi;      /* span ranges [n] or NULL */
     int n, nh, nkv, d, G, dk, dv;
     const uint8_t *kp, *vp;
     size_t kb, vb;                 /* record bytes */
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
     const int QV = a.R * a.HB, d = a.d, dk = a.dk, dv = a.dv, T = a.T, tid = threadIdx.x, nt = blockDim.x;
     float *qs = sm, *acc = qs + QV * dk, *Ks = acc + QV * dv, *Vs = Ks + T * (dk + 1), *S = Vs + T * dv;
     float *M = S + QV * T, *L = M + QV, *AL = L + QV, *cbk = AL + QV, *cbv = cbk + 16;
-    int *qpos = (int *)(cbv + 16), *qlo = qpos + QV;
+    int *qpos = (int *)(cbv + 16), *qlo = qpos + QV, *qvlo = qlo + QV, *qvhi = qvlo + QV;
     __shared__ int range[2];
     const bool kt = a.kkind == TERN_KV_TURBO, vt = a.vkind == TERN_KV_TURBO;
 
@@ -117,6 +120,8 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
         const int p = ok ? a.pos[r] : -1;
         qpos[qv] = p;
         qlo[qv] = a.window > 0 ? max(0, p - a.window + 1) : 0;
+        qvlo[qv] = ok && a.vlo ? max(0, a.vlo[r]) : 0;
+        qvhi[qv] = ok && a.vlo ? a.vhi[r] : -1;
         M[qv] = -INFINITY;
         L[qv] = 0.0f;
     }
@@ -139,6 +144,10 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
             if (qpos[qv] >= 0) {
                 lo = min(lo, qlo[qv]);
                 hi = max(hi, qpos[qv]);
+                if (qvlo[qv] <= qvhi[qv]) {
+                    lo = min(lo, qvlo[qv]);
+                    hi = max(hi, qvhi[qv]);
+                }
             }
         if (hi >= 0 && a.splits > 1) {
             const int len = hi - lo + 1;
@@ -177,7 +186,8 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
         __syncthreads();
         for (int idx = tid; idx < QV * T; idx += nt) {
             const int qv = idx / T, t = idx % T, kpos = kb + t, p = qpos[qv];
-            bool vis = p >= 0 && kpos <= hi && kpos <= p && kpos >= qlo[qv] && kpos / a.bs < a.max_blocks;
+            bool vis = p >= 0 && kpos <= hi && kpos / a.bs < a.max_blocks &&
+                       ((kpos <= p && kpos >= qlo[qv]) || (kpos >= qvlo[qv] && kpos <= qvhi[qv]));
             float s = -INFINITY;
             if (vis && btrow[kpos / a.bs] >= 0) {
                 const float *qr = qs + qv * dk, *kr = Ks + t * (dk + 1);
@@ -286,6 +296,9 @@ extern "C" void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q
     a.q = q;
     a.pos = rows->pos;
     a.slot = rows->slot;
+    a.vlo = rows->vis_lo && rows->vis_hi ? rows->vis_lo : NULL;
+    a.vhi = a.vlo ? rows->vis_hi : NULL;
+    if (a.vlo && c->capturing) c->capture_bad = 1; /* span steps run eagerly, never from a graph */
     a.n = n;
     a.nh = nh;
     a.nkv = nkv;
@@ -338,6 +351,16 @@ extern "C" void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q
         for (int r = 0; r < n; r++) maxlen = pos_host[r] + 1 > maxlen ? pos_host[r] + 1 : maxlen;
     }
     if (kv->window > 0 && maxlen > kv->window + a.R) maxlen = kv->window + a.R;
+    if (a.vlo) { /* spans reach past the window and past pos: bound by the farthest key */
+        maxlen = (long)kv->max_blocks * kv->block_size;
+        if (pos_host && rows->vis_hi_host) {
+            maxlen = 1;
+            for (int r = 0; r < n; r++) {
+                long last = pos_host[r] > rows->vis_hi_host[r] ? pos_host[r] : rows->vis_hi_host[r];
+                maxlen = last + 1 > maxlen ? last + 1 : maxlen;
+            }
+        }
+    }
     a.splits = 1;
     if (blocks < c->n_sm) {
         long s = (2L * c->n_sm + blocks - 1) / blocks;
@@ -351,7 +374,7 @@ extern "C" void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q
     const int QV = a.R * a.HB;
     const size_t smem = sizeof(float) * ((size_t)QV * a.dk + (size_t)QV * a.dv + (size_t)a.T * (a.dk + 1) +
                                          (size_t)a.T * a.dv + (size_t)QV * a.T + 3 * (size_t)QV + 32) +
-                        sizeof(int) * 2 * QV;
+                        sizeof(int) * 4 * QV;
     if (smem + 1024 > c->smem_optin) {
         tern_log(TERN_LOG_ERROR, "cuda attention (compressed KV): %zu bytes of shared memory needed (d %d)", smem, d);
         return;

@@ -34,6 +34,14 @@ const SPECIAL = [
   '<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>', '<|reserved_special_token_5|>', '<s>', '</s>', '<s> [INST] hi [/INST]',
   '<｜begin▁of▁sentence｜>', '<｜User｜>hi<｜Assistant｜>', '<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>',
   '<0x41><0x0A>', '<0xZZ> <0x>', '<|im_start', 'im_end|>', '<<bos>>', '<bos><bos>', ' <eos> ', '\n<think>\n', '<unused0><unused1>',
+  // Gemma 4
+  '<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n', '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:2}<tool_call|>',
+  '<|tool_response>response:get_weather{value:<|"|>{"temp": 21}<|"|>}<tool_response|>', '<|channel>thought\nhmm<channel|>Hi',
+  '<|turn>system\n<|think|>\n<|tool>declaration:f{}<tool|><turn|>', '<|image|><|audio|><|video|>', '<|"|><|"|>"', '<|turn|><turn|>>',
+  // GLM-4 / GLM-5
+  '[gMASK]<sop><|system|>\nYou are helpful.<|user|>\nHi<|assistant|>\n<think></think>\nHello!',
+  '<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call><|observation|>\n<tool_response>\n{"temp": 21}\n</tool_response><|assistant|>',
+  '/nothink [MASK][sMASK]<eop><|endoftext|>', '<|user|><|user|> <|observation|>',
 ];
 
 const SPACES = [' ', '  ', '   ', '\t', '\n', '\n\n', '\n\n\n', '\r\n', ' \n ', '\u00a0', '\u3000', '\u2003', '\t\t\n  \n'];
