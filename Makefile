@@ -81,7 +81,7 @@ clean:
 	rm -rf build
 
 .PHONY: all test clean bench
--include $(OBJ:.o=.d)
+-include $(OBJ:.o=.d) $(TESTS:=.d)
 
 # GPU machine only (scripts/gpu_check.sh): the CUDA op tests and benchmarks. They link a small
 # archive of just base + tensor + backends, so the GPU image needs no cJSON/PCRE2/microhttpd.

@@ -15,7 +15,12 @@
  * (tern_engine_run) and the same client threads submitting and waiting on their callbacks.
  * For each concurrency level C, C clients run until the level's requests are done (default
  * max(4 C, 16)); reported: TTFT p50/p99, inter-token latency p50/p99, aggregate generated
- * tokens/s, error rate, and with --direct the overhead 1 - server tok/s / direct tok/s.
+ * tokens/s, error rate, with --direct the overhead 1 - server tok/s / direct tok/s, and the
+ * engine thread's CPU time per generated token (eng_us; server: from its /metrics).
+ * Both paths time text, not tokens: TTFT is the arrival of the first token that made text
+ * appear (a server sends nothing for a token that ends inside a UTF-8 sequence; random
+ * weights produce many), ITL the gaps between such arrivals; the direct path runs the same
+ * streaming detokenizer over its tokens afterwards to find them.
  * Build: bench/load.sh (it also starts a server and runs both paths on the CPU).
  */
 #include "tern.h"

@@ -11,8 +11,9 @@
  * multi-byte characters) — or, when the prompt contains "@@reply:TEXT@@", TEXT (the last
  * such script; tests use it to script tool calls and reasoning) — then EOS (finish STOP); with ignore_eos the reply repeats until
  * max_tokens (finish LENGTH). Logprobs: -0.5 for the chosen token, alternatives id+1.. with
- * -1, -2, ... One step emits one token for each running request (up to max_concurrency), then
- * sleeps TERN_FAKE_DELAY_MS (default 2) milliseconds. A request with a mask callback gets
+ * -1, -2, ... One step emits one token for each running request (up to max_concurrency), runs
+ * the server's after_step, then sleeps TERN_FAKE_DELAY_MS (default 2) milliseconds (0: no
+ * sleep; 1 gives GPU-like step rates for measuring the server's own per-token cost). A request with a mask callback gets
  * logits preferring its next scripted byte; when the mask forbids it, EOS if allowed, else
  * the smallest allowed id. Sleeps so cancellation and concurrency behave
  * like a real engine. Events are delivered on the engine thread like the real engine does.

@@ -4,7 +4,10 @@
  *
  * Threads: MHD runs one thread per connection (so a handler may block waiting for tokens,
  * and a streaming response's content callback may block too); one more thread loads the
- * model and then runs the engine loop. The listening socket is ours (so `--port 0` can
+ * model and then runs the engine loop (the vt's run, which calls srv_jobs_after_step after
+ * every step); a waker thread (job.c) wakes the HTTP threads after steps with many tokens.
+ * Accepted sockets have TCP_NODELAY (inherited, and MHD sets it too): one SSE event per
+ * write, never held back by Nagle. The listening socket is ours (so `--port 0` can
  * report the port it got, and IPv6 hosts work); MHD gets it through MHD_OPTION_LISTEN_SOCKET.
  *
  * Per request: the body is collected up to max_body; a larger one is read and dropped and
@@ -489,6 +492,7 @@ tern_status tern_server_start(tern_server **out, const tern_server_opts *opts, t
         tern_server_stop(s);
         return tern_err(err, TERN_EIO, "serve: could not start the HTTP daemon");
     }
+    if (srv_waker_start(s)) tern_log(TERN_LOG_WARN, "serve: no waker thread; the engine thread wakes the HTTP threads");
     if (pthread_create(&s->engine_thread, NULL, engine_main, s)) {
         tern_server_stop(s);
         return tern_err(err, TERN_EINTERNAL, "serve: could not start the engine thread");
@@ -529,6 +533,7 @@ void tern_server_stop(tern_server *s) {
         if (s->eng) s->vt->stop(s->eng);
         pthread_join(s->engine_thread, NULL);
     }
+    srv_waker_stop(s);                            /* after the engine's last step; before MHD */
     if (s->mhd) MHD_stop_daemon(s->mhd);          /* handlers see `stopping`; MHD closes the socket */
     else if (s->listen_fd > 0) close(s->listen_fd);
     if (s->eng) s->vt->close(s->eng);

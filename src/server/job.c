@@ -3,9 +3,15 @@
  *
  * The engine callback (engine thread) copies each event into the job's queue under the
  * job's mutex and returns at once: 1 (cancel) once the client is gone, 2 (stop) once a stop
- * string matched. The job is reference-counted (HTTP side + engine side) because either may
- * finish first: the engine keeps calling back until its DONE/ERROR event even after the
- * client left. With response_format the engine thread also runs the JSON matcher: the
+ * string matched. It does not wake the HTTP thread itself: a job whose HTTP thread sleeps
+ * goes on the server's wake list, and after the engine step (srv_jobs_after_step) each
+ * listed thread is woken once — by the engine thread when there are at most WAKE_INLINE,
+ * else by the waker thread, so that many futex wake-ups do not hold up the next step. The
+ * last event of a request wakes at once. The HTTP thread takes everything queued in one go
+ * (swapping the queue's buffers), so the tokens of several steps become one SSE event when
+ * it falls behind. The job is reference-counted (HTTP side + engine side + the wake list)
+ * because either may finish first: the engine keeps calling back until its DONE/ERROR
+ * event even after the client left. With response_format the engine thread also runs the JSON matcher: the
  * request's mask callback masks the logits, and each TOKEN event advances the matcher
  * before the next mask (both on the engine thread, so the matcher needs no lock).
  *
@@ -173,10 +179,10 @@ static int on_event(void *ctx, const tern_event *ev) {
     return rc;
 }
 
-void srv_jobs_after_step(void *server) {
-    tern_server *s = server;
-    for (int i = 0; i < s->n_wake; i++) {
-        srv_job *j = s->wake[i];
+/* Wake the HTTP threads of jobs taken off a wake list; drops the list's references. */
+static void wake_jobs(srv_job **v, int n) {
+    for (int i = 0; i < n; i++) {
+        srv_job *j = v[i];
         pthread_mutex_lock(&j->mu);
         j->wake_queued = 0;
         int w = j->waiting;
@@ -184,6 +190,108 @@ void srv_jobs_after_step(void *server) {
         if (w) pthread_cond_signal(&j->cv);
         unref(j);
     }
+}
+
+/* The waker thread: wake-ups are system calls (a futex wake, often an IPI to another core),
+ * a few microseconds each; with many requests per step they would add up on the engine
+ * thread, which is the bottleneck when there are spare cores. So a step's wake list goes to
+ * this thread, which wakes them while the engine runs the next step. */
+typedef struct srv_waker {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_job **v;                 /* handed over by the engine thread, not yet woken */
+    int n, cap;
+    int busy, stop;
+    pthread_t th;
+} srv_waker;
+
+/* Up to this many wake-ups per step are done on the engine thread: one more thread hop
+ * costs about as much as a wake-up, and with few requests the engine thread is not busy. */
+#define WAKE_INLINE 2
+
+static void *waker_main(void *arg) {
+    srv_waker *w = arg;
+    srv_job **mine = NULL;
+    int cap = 0;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->n && !w->stop) {
+            w->busy = 0;
+            pthread_cond_wait(&w->cv, &w->mu);
+        }
+        if (!w->n) break;                        /* stopping and nothing left */
+        w->busy = 1;
+        srv_job **t = mine;                      /* take the list: swap the arrays */
+        int tc = cap, n = w->n;
+        mine = w->v;
+        cap = w->cap;
+        w->v = t;
+        w->cap = tc;
+        w->n = 0;
+        pthread_mutex_unlock(&w->mu);
+        wake_jobs(mine, n);
+        pthread_mutex_lock(&w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+    free(mine);
+    return NULL;
+}
+
+int srv_waker_start(tern_server *s) {
+    srv_waker *w = calloc(1, sizeof *w);
+    if (!w) return -1;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->busy = 1;
+    if (pthread_create(&w->th, NULL, waker_main, w)) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+        return -1;
+    }
+    s->waker = w;
+    return 0;
+}
+
+void srv_waker_stop(tern_server *s) {
+    srv_waker *w = s ? s->waker : NULL;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->th, NULL);                   /* it wakes what was left first */
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w->v);
+    free(w);
+    s->waker = NULL;
+}
+
+void srv_jobs_after_step(void *server) {
+    tern_server *s = server;
+    srv_waker *w = s->waker;
+    if (!s->n_wake) return;
+    if (w && s->n_wake > WAKE_INLINE) {
+        pthread_mutex_lock(&w->mu);
+        int room = w->n + s->n_wake <= w->cap;
+        if (!room) {
+            int nc = (w->n + s->n_wake) * 2;
+            srv_job **v = realloc(w->v, sizeof *v * (size_t)nc);
+            if (v) { w->v = v; w->cap = nc; room = 1; }
+        }
+        int sig = 0;
+        if (room) {
+            memcpy(w->v + w->n, s->wake, sizeof *s->wake * (size_t)s->n_wake);
+            w->n += s->n_wake;
+            s->n_wake = 0;
+            sig = !w->busy;
+        }
+        pthread_mutex_unlock(&w->mu);
+        if (sig) pthread_cond_signal(&w->cv);
+        if (!s->n_wake) return;
+    }
+    wake_jobs(s->wake, s->n_wake);
     s->n_wake = 0;
 }
 

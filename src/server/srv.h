@@ -93,6 +93,7 @@ struct tern_server {
     atomic_int has_engine_clock;
     struct srv_job **wake;         /* engine thread only: jobs to wake after this step (job.c) */
     int n_wake, cap_wake;
+    struct srv_waker *waker;       /* job.c: wakes HTTP threads off the engine thread */
     atomic_llong n_rejected;       /* 429s: the wait queue was full */
     char summary[2048];            /* start-up report: model + memory plan (plan.c) */
     double t_loaded;               /* seconds from start to ready */
@@ -200,6 +201,10 @@ int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, s
 /* Engine thread, after every engine step (the vt's after_step): wake the HTTP threads waiting
  * on jobs that received events during the step — one wake per request per step. */
 void srv_jobs_after_step(void *server);
+/* The thread that does those wake-ups when a step has many (job.c); without it (start
+ * failed) the engine thread does them. stop wakes what is left, then joins. */
+int srv_waker_start(tern_server *s);
+void srv_waker_stop(tern_server *s);
 /* Wait for the next piece: 1 = piece filled, 0 = finished (result filled), -1 = failed
  * (e filled: engine error, client gone (http 499), server stopping). */
 int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e);

@@ -4,8 +4,11 @@
  * The response is created with MHD_create_response_from_callback and an unknown size, so
  * MHD sends it with chunked transfer encoding. The content callback runs on the
  * connection's own thread (thread-per-connection mode), so it may block in srv_job_next
- * until the next text piece; each piece is formatted by the API family (start / piece /
- * end / error) into a buffer that is handed out in as many callback calls as needed. Every
+ * until the next text piece (a piece holds everything that arrived since the last one, so
+ * one wake-up makes one write); each piece is formatted by the API family (start / piece /
+ * end / error) straight into one reusable buffer (srv_sse_begin/end around the JSON writer,
+ * no per-token allocation once it has grown) that is handed out in as many callback calls
+ * as needed. Every
  * call returns at least one byte until the end, so MHD writes (and flushes) each event as
  * it is produced. When the client goes away, either srv_job_next sees the closed socket or
  * MHD fails a write and calls the free callback; both cancel the job.

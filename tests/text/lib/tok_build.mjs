@@ -32,6 +32,7 @@ const GLM_PLAIN = ['<think>', '</think>', '<tool_call>', '</tool_call>', '<arg_k
 export const GLM_REGEX = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 // bump when buildGlmStyle changes (the trained file is cached under build/ with this stamp)
+const GEMMA4_RECIPE = `gemma4_style v1: gemma3 + ${GEMMA4_ADDED.join(' ')}\n`;
 const GLM_RECIPE = 'glm_style v1: makeCorpus(6000, 777), HF default BPE trainer\n';
 
 function save(tok, dir, config) {
@@ -46,11 +47,14 @@ export function buildGemma4Style(hf, root, base = null) {
   if (!fs.existsSync(path.join(src, 'tokenizer.json'))) return { dir, tok: null };
   const tok = base || hf.Tokenizer.fromFile(path.join(src, 'tokenizer.json'));
   tok.addAddedTokens(GEMMA4_ADDED.map((s) => new hf.AddedToken(s, true, { normalized: false })));
+  const stamp = path.join(dir, 'RECIPE'); // the source file is sha-pinned: a saved copy stays valid
+  if (fs.existsSync(stamp) && fs.readFileSync(stamp, 'utf8') === GEMMA4_RECIPE) return { dir, tok };
   const cfg = JSON.parse(fs.readFileSync(path.join(src, 'tokenizer_config.json'), 'utf8'));
   delete cfg.added_tokens_decoder;
   delete cfg.chat_template;
   cfg.eos_token = '<eos>';
   save(tok, dir, cfg);
+  fs.writeFileSync(stamp, GEMMA4_RECIPE);
   return { dir, tok };
 }
 

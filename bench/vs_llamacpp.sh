@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# vs_llamacpp.sh — whole-model CPU benchmark, tern vs llama.cpp, interleaved on one machine.
+#
+# Usage: bench/vs_llamacpp.sh LLAMA_BENCH GGUF_DIR [ROUNDS] [PRESET]
+#   LLAMA_BENCH  a llama-bench binary built from source (CPU only; see bench/NOTES.md)
+#   GGUF_DIR     holds $PRESET-bf16.gguf, $PRESET-q8_0.gguf, $PRESET-q4_0.gguf: random weights of
+#                the same geometry as tern's `--random $PRESET` (made with llama.cpp's gguf-py and
+#                llama-quantize --pure; none of it is part of this repository)
+# Env: TERN (default build/tern), THREADS (2), PP (128), TG (32), FORMATS (default
+#      "bf16:bf16 q8:q8_0 q4:q4_0", tern quant:gguf suffix pairs), BEFORE=1 adds a third engine,
+#      tern with TERN_CPU_GEMM=0 (the tile-decode prefill path), for before/after numbers.
+#
+# Each round runs, per format: bandwidth probe, llama-bench (1 rep), probe, tern bench (1 rep),
+# probe — so every engine's floor (weight bytes per token / bandwidth) uses the bandwidth of
+# the same minute (mean of the probes around its run). Prints one "csv," line per run and a
+# table of medians over rounds, including tern/llama.cpp ratios computed per round.
+set -u
+LB=${1:?usage: vs_llamacpp.sh LLAMA_BENCH GGUF_DIR [ROUNDS] [PRESET]}
+DIR=${2:?usage: vs_llamacpp.sh LLAMA_BENCH GGUF_DIR [ROUNDS] [PRESET]}
+ROUNDS=${3:-3}
+PRESET=${4:-llama3-1b}
+TERN=${TERN:-build/tern}
+THREADS=${THREADS:-2}
+PP=${PP:-128}
+TG=${TG:-32}
+OUT=$(mktemp)
+trap 'rm -f "$OUT"' EXIT
+
+probe() { "$TERN" bench --probe | awk '{print $2}'; }
+
+# llama-bench, one repetition each of pp and tg; prints "pp tg model_bytes"
+run_llama() {
+    "$LB" -m "$1" -p "$PP" -n "$TG" -t "$THREADS" -r 1 -lm none -o jsonl 2>/dev/null |
+        awk '{ ts = $0; sub(/.*"avg_ts": */, "", ts); sub(/[,}].*/, "", ts);
+               sz = $0; sub(/.*"model_size": */, "", sz); sub(/[,}].*/, "", sz);
+               if ($0 ~ /"n_prompt": 0,/) tg = ts; else pp = ts }
+             END { print pp, tg, sz }'
+}
+
+# tern bench, one rep; prints "pp tg weight_bytes_per_token"
+run_tern() {
+    "$TERN" bench --random "$PRESET" --quant "$1" --prompt "$PP" --gen "$TG" --threads "$THREADS" --reps 1 2>/dev/null |
+        awk '/weights read per token/ { for (i = 1; i <= NF; i++) if ($i == "token") mb = $(i + 1) }
+             /^csv,/ { split($0, f, ","); pp = f[5]; tg = f[6] }
+             END { print pp, tg, mb * 1e6 }'
+}
+
+fmts=${FORMATS:-"bf16:bf16 q8:q8_0 q4:q4_0"}
+echo "csv,round,format,engine,pp_tps,tg_tps,bw_gbs,weight_bytes,floor_tps,tg_over_floor"
+for r in $(seq 1 "$ROUNDS"); do
+    for pair in $fmts; do
+        tq=${pair%%:*}
+        gq=${pair##*:}
+        b0=$(probe)
+        read -r lpp ltg lsz < <(run_llama "$DIR/$PRESET-$gq.gguf")
+        b1=$(probe)
+        read -r tpp ttg tsz < <(run_tern "$tq")
+        b2=$(probe)
+        engines="llama.cpp:$lpp:$ltg:$lsz:$b0:$b1 tern:$tpp:$ttg:$tsz:$b1:$b2"
+        if [ "${BEFORE:-0}" = 1 ]; then
+            read -r opp otg osz < <(TERN_CPU_GEMM=0 run_tern "$tq")
+            b3=$(probe)
+            engines="$engines tern-tile:$opp:$otg:$osz:$b2:$b3"
+        fi
+        for e in $engines; do
+            IFS=: read -r name pp tg sz ba bb <<<"$e"
+            awk -v r="$r" -v f="$tq" -v n="$name" -v pp="$pp" -v tg="$tg" -v sz="$sz" -v ba="$ba" -v bb="$bb" 'BEGIN {
+                bw = (ba + bb) / 2; fl = sz > 0 ? bw * 1e9 / sz : 0
+                printf "csv,%d,%s,%s,%.2f,%.3f,%.2f,%.0f,%.3f,%.3f\n", r, f, n, pp, tg, bw, sz, fl, fl > 0 ? tg / fl : 0 }'
+        done | tee -a "$OUT"
+    done
+done
+
+# medians over rounds; tern/llama.cpp ratios per round, then their median
+awk -F, '
+function med(a, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+                                 return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+{ k = $3 SUBSEP $4; n[k]++; PP[k, n[k]] = $5; TGv[k, n[k]] = $6; BW[k, n[k]] = $7; RF[k, n[k]] = $10
+  v[$2, $3, $4, "pp"] = $5; v[$2, $3, $4, "tg"] = $6; v[$2, $3, $4, "rf"] = $10; rounds[$2] = 1; fm[$3] = 1; en[$4] = 1 }
+END {
+  printf "\n%-6s %-10s %9s %9s %9s %9s   %s\n", "format", "engine", "pp tok/s", "tg tok/s", "bw GB/s", "tg/floor", "(medians over rounds)"
+  split("bf16 q8 q4", F, " "); split("llama.cpp tern tern-tile", E, " ")
+  for (i = 1; i <= 3; i++) for (j = 1; j <= 3; j++) { k = F[i] SUBSEP E[j]; if (!(k in n)) continue
+      for (m = 1; m <= n[k]; m++) { a[m] = PP[k, m]; b[m] = TGv[k, m]; c[m] = BW[k, m]; d[m] = RF[k, m] }
+      x1 = med(a, n[k]); x2 = med(b, n[k]); x3 = med(c, n[k]); x4 = med(d, n[k])
+      printf "%-6s %-10s %9.2f %9.3f %9.2f %9.3f\n", F[i], E[j], x1, x2, x3, x4 }
+  printf "\n%-6s %14s %14s %18s\n", "format", "pp tern/llama", "tg tern/llama", "tg/floor tern/llama"
+  for (i = 1; i <= 3; i++) { q = 0
+      for (r in rounds) if (v[r, F[i], "llama.cpp", "pp"] > 0 && v[r, F[i], "tern", "pp"] > 0) { q++
+          a[q] = v[r, F[i], "tern", "pp"] / v[r, F[i], "llama.cpp", "pp"]
+          b[q] = v[r, F[i], "llama.cpp", "tg"] > 0 ? v[r, F[i], "tern", "tg"] / v[r, F[i], "llama.cpp", "tg"] : 0
+          c[q] = v[r, F[i], "llama.cpp", "rf"] > 0 ? v[r, F[i], "tern", "rf"] / v[r, F[i], "llama.cpp", "rf"] : 0 }
+      if (q) printf "%-6s %14.2f %14.2f %18.2f\n", F[i], med(a, q), med(b, q), med(c, q) }
+}' "$OUT"
