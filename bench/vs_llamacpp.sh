@@ -12,7 +12,9 @@
 #
 # Each round runs, per format: bandwidth probe, llama-bench (1 rep), probe, tern bench (1 rep),
 # probe — so every engine's floor (weight bytes per token / bandwidth) uses the bandwidth of
-# the same minute (mean of the probes around its run). Prints one "csv," line per run and a
+# the same minute (mean of the probes around its run). Weight bytes per token are tern's count
+# for both engines (same geometry and bits per weight; llama.cpp's file size would also count
+# tables read one row per token, such as Gemma 4's per-layer embeddings). Prints one "csv," line per run and a
 # table of medians over rounds, including tern/llama.cpp ratios computed per round.
 set -u
 LB=${1:?usage: vs_llamacpp.sh LLAMA_BENCH GGUF_DIR [ROUNDS] [PRESET]}
@@ -41,7 +43,7 @@ run_llama() {
 run_tern() {
     "$TERN" bench --random "$PRESET" --quant "$1" --prompt "$PP" --gen "$TG" --threads "$THREADS" --reps 1 2>/dev/null |
         awk '/weights read per token/ { for (i = 1; i <= NF; i++) if ($i == "token") mb = $(i + 1) }
-             /^csv,/ { split($0, f, ","); pp = f[5]; tg = f[6] }
+             /^csv,/ { split($0, f, ","); pp = f[6]; tg = f[7] }
              END { print pp, tg, mb * 1e6 }'
 }
 
@@ -56,7 +58,7 @@ for r in $(seq 1 "$ROUNDS"); do
         b1=$(probe)
         read -r tpp ttg tsz < <(run_tern "$tq")
         b2=$(probe)
-        engines="llama.cpp:$lpp:$ltg:$lsz:$b0:$b1 tern:$tpp:$ttg:$tsz:$b1:$b2"
+        engines="llama.cpp:$lpp:$ltg:$tsz:$b0:$b1 tern:$tpp:$ttg:$tsz:$b1:$b2" # one floor: same geometry and bits
         if [ "${BEFORE:-0}" = 1 ]; then
             read -r opp otg osz < <(TERN_CPU_GEMM=0 run_tern "$tq")
             b3=$(probe)
@@ -66,7 +68,7 @@ for r in $(seq 1 "$ROUNDS"); do
             IFS=: read -r name pp tg sz ba bb <<<"$e"
             awk -v r="$r" -v f="$tq" -v n="$name" -v pp="$pp" -v tg="$tg" -v sz="$sz" -v ba="$ba" -v bb="$bb" 'BEGIN {
                 bw = (ba + bb) / 2; fl = sz > 0 ? bw * 1e9 / sz : 0
-                printf "csv,%d,%s,%s,%.2f,%.3f,%.2f,%.0f,%.3f,%.3f\n", r, f, n, pp, tg, bw, sz, fl, fl > 0 ? tg / fl : 0 }'
+                printf "csv,%d,%s,%s,%.2f,%.3f,%.2f,%.0f,%.3f,%.3f\n", r, f, n, pp, tg, bw, sz, fl, (fl > 0 ? tg / fl : 0) }'
         done | tee -a "$OUT"
     done
 done

@@ -81,14 +81,15 @@ static const struct { const char *name, *json; } k_presets[] = {
     {"glm5.2", "{" GLM5_COMMON_NOROPE ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 8000000.0},"
                " \"max_position_embeddings\": 1048576," GLM5_GEOM ", \"num_hidden_layers\": 78, \"first_k_dense_replace\": 3,"
                " \"index_topk_freq\": 4, \"index_skip_topk_offset\": 3}"},
-    /* GLM-5 (reference/glm5.md §9.1) cut to 3 layers: one dense, two MoE (256 experts, top-8),
-     * indexer full / shared / full (GLM-5.2 style). 2 × 5.4 GB of experts at --quant q4. */
-    {"glm5-mini", "{" GLM5_COMMON ", \"hidden_size\": 6144, \"vocab_size\": 154880, \"num_hidden_layers\": 3,"
+    /* GLM-5 (reference/glm5.md §9.1) cut to 2 layers: one dense with a full indexer, one MoE
+     * (256 experts, top-8) sharing its selection (GLM-5.2 style). About 7 GB at --quant q4
+     * (the experts alone are 19 GB in bf16, the --random default). */
+    {"glm5-mini", "{" GLM5_COMMON ", \"hidden_size\": 6144, \"vocab_size\": 154880, \"num_hidden_layers\": 2,"
                   " \"num_attention_heads\": 64, \"num_key_value_heads\": 64, \"q_lora_rank\": 2048,"
                   " \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 192, \"qk_rope_head_dim\": 64, \"v_head_dim\": 256,"
                   " \"intermediate_size\": 12288, \"moe_intermediate_size\": 2048, \"n_routed_experts\": 256,"
                   " \"num_experts_per_tok\": 8, \"first_k_dense_replace\": 1, \"index_topk\": 2048,"
-                  " \"index_head_dim\": 128, \"index_n_heads\": 32, \"indexer_types\": [\"full\", \"shared\", \"full\"]}"},
+                  " \"index_head_dim\": 128, \"index_n_heads\": 32, \"indexer_types\": [\"full\", \"shared\"]}"},
     /* the same structure at toy widths; index_topk 64 so DSA selects from the 65th token on */
     {"glm5-tiny", "{" GLM5_COMMON ", \"hidden_size\": 256, \"vocab_size\": 4096, \"num_hidden_layers\": 4,"
                   " \"num_attention_heads\": 8, \"num_key_value_heads\": 8, \"q_lora_rank\": 128,"
