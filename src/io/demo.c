@@ -53,80 +53,76 @@ static int byte_to_cp(int b) {
     return 256 + n;
 }
 
-static void put_utf8(char *out, int cp) {
-    if (cp < 0x80) { out[0] = (char)cp; out[1] = 0; }
-    else { out[0] = (char)(0xc0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3f)); out[2] = 0; }
+static void add_special(cJSON *added, cJSON *vocab, int id, const char *content) {
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddNumberToObject(a, "id", id);
+    cJSON_AddStringToObject(a, "content", content);
+    cJSON_AddBoolToObject(a, "single_word", 0);
+    cJSON_AddBoolToObject(a, "lstrip", 0);
+    cJSON_AddBoolToObject(a, "rstrip", 0);
+    cJSON_AddBoolToObject(a, "normalized", 0);
+    cJSON_AddBoolToObject(a, "special", 1);
+    cJSON_AddItemToArray(added, a);
+    cJSON_AddNumberToObject(vocab, content, id);
 }
 
-static char *tokenizer_json(void) {
+static cJSON *byte_level(cJSON *parent, const char *key) {
+    cJSON *o = cJSON_AddObjectToObject(parent, key);
+    cJSON_AddStringToObject(o, "type", "ByteLevel");
+    cJSON_AddBoolToObject(o, "add_prefix_space", 0);
+    cJSON_AddBoolToObject(o, "trim_offsets", 1);
+    cJSON_AddBoolToObject(o, "use_regex", 0);
+    return o;
+}
+
+static void template_piece(cJSON *arr, const char *kind, const char *id, int type_id) {
+    cJSON *o = cJSON_CreateObject(), *in = cJSON_AddObjectToObject(o, kind);
+    cJSON_AddStringToObject(in, "id", id);
+    cJSON_AddNumberToObject(in, "type_id", type_id);
+    cJSON_AddItemToArray(arr, o);
+}
+
+char *tern_bytelevel_tokenizer_json(const char *const *head, int n_head, const char *const *tail, int n_tail,
+                                    const char *bos) {
     cJSON *t = cJSON_CreateObject();
     cJSON_AddStringToObject(t, "version", "1.0");
-    cJSON_AddNullToObject(t, "truncation");
-    cJSON_AddNullToObject(t, "padding");
     cJSON *added = cJSON_AddArrayToObject(t, "added_tokens");
-    for (int i = 0; i < 8; i++) {
-        cJSON *a = cJSON_CreateObject();
-        cJSON_AddNumberToObject(a, "id", i);
-        cJSON_AddStringToObject(a, "content", k_specials[i]);
-        cJSON_AddBoolToObject(a, "single_word", 0);
-        cJSON_AddBoolToObject(a, "lstrip", 0);
-        cJSON_AddBoolToObject(a, "rstrip", 0);
-        cJSON_AddBoolToObject(a, "normalized", 0);
-        cJSON_AddBoolToObject(a, "special", 1);
-        cJSON_AddItemToArray(added, a);
-    }
     cJSON_AddNullToObject(t, "normalizer");
-    cJSON *pre = cJSON_AddObjectToObject(t, "pre_tokenizer");
-    cJSON_AddStringToObject(pre, "type", "ByteLevel");
-    cJSON_AddBoolToObject(pre, "add_prefix_space", 0);
-    cJSON_AddBoolToObject(pre, "trim_offsets", 1);
-    cJSON_AddBoolToObject(pre, "use_regex", 0);
-    cJSON *post = cJSON_AddObjectToObject(t, "post_processor");
-    cJSON_AddStringToObject(post, "type", "TemplateProcessing");
-    cJSON *single = cJSON_AddArrayToObject(post, "single");
-    cJSON *st = cJSON_CreateObject(), *sti = cJSON_AddObjectToObject(st, "SpecialToken");
-    cJSON_AddStringToObject(sti, "id", "<bos>");
-    cJSON_AddNumberToObject(sti, "type_id", 0);
-    cJSON_AddItemToArray(single, st);
-    cJSON *sq = cJSON_CreateObject(), *sqi = cJSON_AddObjectToObject(sq, "Sequence");
-    cJSON_AddStringToObject(sqi, "id", "A");
-    cJSON_AddNumberToObject(sqi, "type_id", 0);
-    cJSON_AddItemToArray(single, sq);
-    cJSON *pair = cJSON_AddArrayToObject(post, "pair");
-    cJSON_AddItemToArray(pair, cJSON_Duplicate(st, 1));
-    cJSON_AddItemToArray(pair, cJSON_Duplicate(sq, 1));
-    cJSON *sqb = cJSON_CreateObject(), *sqbi = cJSON_AddObjectToObject(sqb, "Sequence");
-    cJSON_AddStringToObject(sqbi, "id", "B");
-    cJSON_AddNumberToObject(sqbi, "type_id", 1);
-    cJSON_AddItemToArray(pair, sqb);
-    cJSON *sp = cJSON_AddObjectToObject(post, "special_tokens"), *bos = cJSON_AddObjectToObject(sp, "<bos>");
-    cJSON_AddStringToObject(bos, "id", "<bos>");
-    cJSON *ids = cJSON_AddArrayToObject(bos, "ids");
-    cJSON_AddItemToArray(ids, cJSON_CreateNumber(2));
-    cJSON *toks = cJSON_AddArrayToObject(bos, "tokens");
-    cJSON_AddItemToArray(toks, cJSON_CreateString("<bos>"));
-    cJSON *dec = cJSON_AddObjectToObject(t, "decoder");
-    cJSON_AddStringToObject(dec, "type", "ByteLevel");
-    cJSON_AddBoolToObject(dec, "add_prefix_space", 0);
-    cJSON_AddBoolToObject(dec, "trim_offsets", 1);
-    cJSON_AddBoolToObject(dec, "use_regex", 0);
+    byte_level(t, "pre_tokenizer");
+    if (bos) { /* TemplateProcessing: BOS before each sequence */
+        cJSON *post = cJSON_AddObjectToObject(t, "post_processor");
+        cJSON_AddStringToObject(post, "type", "TemplateProcessing");
+        cJSON *single = cJSON_AddArrayToObject(post, "single"), *pair = cJSON_AddArrayToObject(post, "pair");
+        template_piece(single, "SpecialToken", bos, 0);
+        template_piece(single, "Sequence", "A", 0);
+        template_piece(pair, "SpecialToken", bos, 0);
+        template_piece(pair, "Sequence", "A", 0);
+        template_piece(pair, "Sequence", "B", 1);
+        cJSON *sp = cJSON_AddObjectToObject(post, "special_tokens"), *b = cJSON_AddObjectToObject(sp, bos);
+        cJSON_AddStringToObject(b, "id", bos);
+        int bos_id = 0;
+        for (int i = 0; i < n_head; i++) if (!strcmp(head[i], bos)) bos_id = i;
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(b, "ids"), cJSON_CreateNumber(bos_id));
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(b, "tokens"), cJSON_CreateString(bos));
+    }
+    byte_level(t, "decoder");
     cJSON *model = cJSON_AddObjectToObject(t, "model");
     cJSON_AddStringToObject(model, "type", "BPE");
     cJSON_AddNullToObject(model, "dropout");
     cJSON_AddNullToObject(model, "unk_token");
-    cJSON_AddNullToObject(model, "continuing_subword_prefix");
-    cJSON_AddNullToObject(model, "end_of_word_suffix");
     cJSON_AddBoolToObject(model, "fuse_unk", 0);
     cJSON_AddBoolToObject(model, "byte_fallback", 0);
-    cJSON_AddBoolToObject(model, "ignore_merges", 0);
     cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
-    for (int i = 0; i < 8; i++) cJSON_AddNumberToObject(vocab, k_specials[i], i);
-    for (int b = 0; b < 256; b++) {
-        char s[4];
-        put_utf8(s, byte_to_cp(b));
-        cJSON_AddNumberToObject(vocab, s, 8 + b);
-    }
     cJSON_AddArrayToObject(model, "merges");
+    for (int i = 0; i < n_head; i++) add_special(added, vocab, i, head[i]);
+    for (int b = 0; b < 256; b++) {
+        char u[4] = {0};
+        int cp = byte_to_cp(b);
+        if (cp < 0x80) u[0] = (char)cp;
+        else { u[0] = (char)(0xc0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3f)); }
+        cJSON_AddNumberToObject(vocab, u, n_head + b);
+    }
+    for (int i = 0; i < n_tail; i++) add_special(added, vocab, n_head + 256 + i, tail[i]);
     char *js = cJSON_Print(t);
     cJSON_Delete(t);
     return js;
@@ -232,7 +228,7 @@ static tern_status materialize(const char *dir, tern_error *err) {
     struct stat st;
     if (stat(marker, &st) == 0) return TERN_OK; /* written last: its presence means complete */
     if (mkdirs(dir) != 0) return tern_err(err, TERN_EIO, "cannot create the demo model directory '%s': %s", dir, strerror(errno));
-    char *tj = tokenizer_json(), *tc = tokenizer_config_json();
+    char *tj = tern_bytelevel_tokenizer_json(k_specials, 8, NULL, 0, "<bos>"), *tc = tokenizer_config_json();
     tern_status s = (!tj || !tc) ? tern_err(err, TERN_ENOMEM, "out of memory") : TERN_OK;
     if (!s) s = write_text(dir, "config.json", k_config, err);
     if (!s) s = write_text(dir, "generation_config.json", k_gen_config, err);

@@ -15,4 +15,11 @@
  * otherwise copy `model` into buf. */
 tern_status tern_model_path_resolve(const char *model, char *buf, size_t n, tern_error *err);
 
+/* tokenizer.json text of a byte-level BPE with no merges: special tokens `head` (ids 0..),
+ * the 256 bytes (GPT-2 byte alphabet), then special tokens `tail`; `bos` (one of head, or NULL)
+ * is added by a TemplateProcessing post-processor. malloc'd; NULL on allocation failure.
+ * Used by the demo model and the server's fake engine. */
+char *tern_bytelevel_tokenizer_json(const char *const *head, int n_head, const char *const *tail, int n_tail,
+                                    const char *bos);
+
 #endif

@@ -18,6 +18,7 @@
  * the smallest allowed id. Sleeps so cancellation and concurrency behave
  * like a real engine. Events are delivered on the engine thread like the real engine does.
  */
+#include "io/demo.h"
 #include "server/srv.h"
 #include "text/tokenizer.h"
 
@@ -53,64 +54,16 @@ typedef struct fake {
     float logits[FAKE_VOCAB];
 } fake;
 
-/* GPT-2 byte-level alphabet: printable bytes map to themselves, the rest to U+0100.. in order. */
-static int byte_cp(int b) {
-    int pr = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    if (pr) return b;
-    int n = 0;
-    for (int x = 0; x < b; x++) n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255));
-    return 256 + n;
-}
-
-static void add_special(cJSON *added, cJSON *vocab, int id, const char *content) {
-    cJSON *a = cJSON_CreateObject();
-    cJSON_AddNumberToObject(a, "id", id);
-    cJSON_AddStringToObject(a, "content", content);
-    cJSON_AddBoolToObject(a, "single_word", 0);
-    cJSON_AddBoolToObject(a, "lstrip", 0);
-    cJSON_AddBoolToObject(a, "rstrip", 0);
-    cJSON_AddBoolToObject(a, "normalized", 0);
-    cJSON_AddBoolToObject(a, "special", 1);
-    cJSON_AddItemToArray(added, a);
-    cJSON_AddNumberToObject(vocab, content, id);
-}
-
 /* tokenizer.json text for the fake ids: 0 pad, 1 bos, 2 eos, 3.. bytes, 259.. specials. */
 static char *fake_tokenizer_json(void) {
-    cJSON *t = cJSON_CreateObject();
-    cJSON *added = cJSON_AddArrayToObject(t, "added_tokens");
-    cJSON *pre = cJSON_AddObjectToObject(t, "pre_tokenizer");
-    cJSON_AddStringToObject(pre, "type", "ByteLevel");
-    cJSON_AddBoolToObject(pre, "add_prefix_space", 0);
-    cJSON_AddBoolToObject(pre, "trim_offsets", 1);
-    cJSON_AddBoolToObject(pre, "use_regex", 0);
-    cJSON *dec = cJSON_AddObjectToObject(t, "decoder");
-    cJSON_AddStringToObject(dec, "type", "ByteLevel");
-    cJSON_AddBoolToObject(dec, "add_prefix_space", 0);
-    cJSON_AddBoolToObject(dec, "trim_offsets", 1);
-    cJSON_AddBoolToObject(dec, "use_regex", 0);
-    cJSON *model = cJSON_AddObjectToObject(t, "model");
-    cJSON_AddStringToObject(model, "type", "BPE");
-    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
-    cJSON_AddArrayToObject(model, "merges");
-    add_special(added, vocab, 0, "<pad>");
-    add_special(added, vocab, 1, "<bos>");
-    add_special(added, vocab, 2, "<eos>");
-    for (int b = 0; b < 256; b++) {
-        char u[4] = {0};
-        int cp = byte_cp(b);
-        if (cp < 0x80) u[0] = (char)cp;
-        else { u[0] = (char)(0xC0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3F)); }
-        cJSON_AddNumberToObject(vocab, u, 3 + b);
-    }
+    static const char *const head[] = {"<pad>", "<bos>", "<eos>"};
+    char names[FAKE_VOCAB - 259][16];
+    const char *tail[FAKE_VOCAB - 259];
     for (int i = 259; i < FAKE_VOCAB; i++) {
-        char nm[32];
-        snprintf(nm, sizeof nm, "<|x%d|>", i);
-        add_special(added, vocab, i, nm);
+        snprintf(names[i - 259], sizeof names[0], "<|x%d|>", i);
+        tail[i - 259] = names[i - 259];
     }
-    char *js = cJSON_PrintUnformatted(t);
-    cJSON_Delete(t);
-    return js;
+    return tern_bytelevel_tokenizer_json(head, 3, tail, FAKE_VOCAB - 259, NULL);
 }
 
 static tern_status f_open(void **out, const tern_engine_opts *o, tern_error *err) {
