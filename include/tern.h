@@ -76,6 +76,8 @@ typedef struct tern_engine_opts {
     double prompt_cache_gb;   /* prefix-cache cap; 0 disables */
     const char *kv_quant;     /* "auto" (default: kv_config.json if present, else off), "off", "f16",
                                  "bf16", "8", "4", "8:32", "turbo[:k,v]", "config" (io/kv_config.h) */
+    int speculative_k;        /* default draft length of requests that ask for the engine default
+                                 (tern_request.speculative_k < 0); 0 = off, at most TERN_SPEC_MAX_K */
 } tern_engine_opts;
 
 tern_engine_opts tern_engine_default_opts(void);
@@ -147,7 +149,14 @@ typedef struct tern_request {
      * the next call). */
     int (*mask)(void *mask_ctx, float *logits, int n_vocab);
     void *mask_ctx;
+    /* Speculative decoding by prompt lookup (n-gram drafts from the request's own tokens):
+     * up to this many drafted tokens are verified per step. 0 = off, < 0 = the engine's
+     * default (tern_request_default sets -1), at most TERN_SPEC_MAX_K. Output is the same as
+     * without speculation: greedy tokens identical, sampled tokens identical for a seed. */
+    int speculative_k;
 } tern_request;
+
+#define TERN_SPEC_MAX_K 16
 
 tern_request tern_request_default(void);
 
@@ -188,6 +197,8 @@ typedef struct tern_engine_stats {
     double prefix_hit_rate;
     long long preemptions;    /* requests evicted from the KV pool to be recomputed later */
     int kv_blocks_cached;     /* blocks held by the prefix cache (counted in kv_blocks_used too) */
+    long long spec_drafted;   /* speculative draft tokens verified */
+    long long spec_accepted;  /* ... of which accepted (each saved one decode step) */
 } tern_engine_stats;
 void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st);
 

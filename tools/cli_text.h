@@ -24,6 +24,7 @@ typedef struct cli_text_flags {
     int top_k, max_tokens, ignore_eos;
     long long seed;                     /* < 0: random */
     const char *kv_quant;               /* --kv-quant SPEC; NULL = auto (io/kv_config.h) */
+    int speculative;                    /* --speculative K: prompt-lookup draft length; 0 = off */
 } cli_text_flags;
 
 /* Parse a sampling/text flag at argv[*i] (consuming its value). 1 consumed, 0 not ours, -1 bad. */

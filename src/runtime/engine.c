@@ -73,6 +73,7 @@ tern_request tern_request_default(void) {
     r.sampling.top_p = 1.0f;
     r.sampling.repetition_penalty = 1.0f;
     r.sampling.penalty_last_n = -1;
+    r.speculative_k = -1;     /* the engine's default (off unless tern_engine_opts.speculative_k) */
     return r;
 }
 
@@ -123,6 +124,8 @@ static tern_status check_opts(const tern_engine_opts *o, tern_error *err) {
     if (!(o->kv_memory_gb >= 0 && o->kv_memory_gb < 1e6))
         return tern_err(err, TERN_EINVAL, "engine opts.kv_memory_gb: %g is not a size", o->kv_memory_gb);
     if (o->n_threads < 0) return tern_err(err, TERN_EINVAL, "engine opts.n_threads: %d is negative", o->n_threads);
+    if (o->speculative_k < 0 || o->speculative_k > TERN_SPEC_MAX_K)
+        return tern_err(err, TERN_EINVAL, "engine opts.speculative_k: %d outside [0, %d]", o->speculative_k, TERN_SPEC_MAX_K);
     tern_kv_fmt kvf[2];
     if (o->kv_quant && *o->kv_quant && strcmp(o->kv_quant, "auto") && strcmp(o->kv_quant, "config") &&
         tern_kv_quant_parse(o->kv_quant, kvf, err))
@@ -216,7 +219,8 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     if (!st) st = tern_kv_open(&e->kv, e->be, c, &ko, err);
     free(kv_formats);
     if (st) goto fail;
-    tern_sched_opts so = {.max_concurrency = o.max_concurrency, .max_batch_tokens = o.max_batch_tokens};
+    tern_sched_opts so = {.max_concurrency = o.max_concurrency, .max_batch_tokens = o.max_batch_tokens,
+                          .spec_k = o.speculative_k};
     size_t block_bytes = tern_kv_token_bytes(e->kv) * (size_t)tern_kv_block_size(e->kv);
     if (o.prompt_cache_gb > 0 && block_bytes)
         so.prefix_blocks = (int)TERN_MIN(o.prompt_cache_gb * 1073741824.0 / (double)block_bytes, 1e9);

@@ -26,6 +26,7 @@ struct tern_sched {
     tern_model *m;
     tern_kv *kv;
     int V, n_slots, budget, max_ctx;
+    int spec_default;          /* tern_sched_opts.spec_k */
     int eos[32], n_eos;        /* tern_sched_opts.eos, else the config's EOS */
     tern__req **run;           /* [n_slots] running, in admission order (newest last) */
     int n_run;
@@ -36,8 +37,10 @@ struct tern_sched {
     /* step buffers */
     int32_t *b_tok, *b_pos, *b_slot;
     uint8_t *b_want;
-    tern__req **b_req;         /* [n_slots] owner of each logits row */
-    float *logits;             /* [n_slots, V] */
+    tern__req **b_req;         /* [n_slots] requests that asked for logits, in row order */
+    float *logits;             /* [logit_cap, V] */
+    int logit_cap;             /* n_slots; grown once (to n_slots * (1 + max k)) by speculation */
+    int spec_max;              /* largest speculative_k of any request seen */
     int32_t top_ids[TERN_MAX_LOGPROBS];   /* event views of the sampler's top list */
     float top_lp[TERN_MAX_LOGPROBS];
     int cap_blocks[2];         /* KV blocks of each group (0 full, 1 sliding; 0 = group absent) */
@@ -45,6 +48,7 @@ struct tern_sched {
     int32_t *match, *smatch;   /* [max_ctx / block_size + 1] matched block ids (full, sliding) */
     /* counters */
     long long n_done, n_cancelled, n_failed, prompt_tokens, cached_tokens, gen_tokens, n_preempt;
+    long long spec_drafted, spec_accepted;
 };
 
 /* ---- requests ---------------------------------------------------------------------- */
@@ -97,6 +101,8 @@ tern_status tern__req_new(const tern_sched *s, const tern_request *q, tern__req 
         if (isnan(sp->bias_values[i]) || sp->bias_values[i] == INFINITY)
             return tern_err(err, TERN_EINVAL, "sampling.bias_values[%d]: %g is not a usable bias", i, (double)sp->bias_values[i]);
     }
+    if (q->speculative_k > TERN_SPEC_MAX_K)
+        return tern_err(err, TERN_EINVAL, "request.speculative_k: %d above the maximum %d", q->speculative_k, TERN_SPEC_MAX_K);
     if (q->n_stop_ids < 0 || q->n_stop_ids > 1024 || (q->n_stop_ids > 0 && !q->stop_ids))
         return tern_err(err, TERN_EINVAL, "request.n_stop_ids: %d (at most 1024, needs stop_ids)", q->n_stop_ids);
     for (int i = 0; i < q->n_stop_ids; i++)
@@ -125,6 +131,7 @@ tern_status tern__req_new(const tern_sched *s, const tern_request *q, tern__req 
     r->mask = q->mask;
     r->mask_ctx = q->mask_ctx;
     r->slot = -1;
+    r->spec_k = q->speculative_k < 0 ? s->spec_default : q->speculative_k;
     r->t_submit = tern_time_s();
     int n_stop = q->n_stop_ids + (q->ignore_eos ? 0 : s->n_eos);
     r->tok = malloc(sizeof(int32_t) * (size_t)(r->n_prompt + r->max_new));
@@ -162,6 +169,8 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
     s->n_slots = tern_kv_n_slots(kv);
     s->max_ctx = tern_kv_max_ctx(kv);
     s->budget = TERN_MAX(o->max_batch_tokens, s->n_slots);
+    s->spec_default = TERN_MAX(0, TERN_MIN(o->spec_k, TERN_SPEC_MAX_K));
+    s->logit_cap = s->n_slots;
     for (int i = 0; i < o->n_eos && i < 32; i++)
         if (o->eos[i] >= 0 && o->eos[i] < s->V) s->eos[s->n_eos++] = o->eos[i];
     for (int i = 0; !o->n_eos && i < c->n_eos && i < 8; i++)
@@ -451,8 +460,9 @@ static int reserve_rows(tern_sched *s, int i, int rows, int *n_done) {
     }
 }
 
-/* Sample r's next token from its logits row and emit; 1 if r finished. */
-static int advance(tern_sched *s, tern__req *r, float *logits) {
+/* Sample r's next token from its logits row and emit; 1 if r finished (r is freed then).
+ * *tok_out: the token drawn. */
+static int advance(tern_sched *s, tern__req *r, float *logits, int *tok_out) {
     tern_sample_result so;
     tern_error e = {0};
     if (tern_sampler_sample(r->smp, logits, (uint64_t)(r->n_prompt + r->n_gen), &so, &e)) {
@@ -461,6 +471,7 @@ static int advance(tern_sched *s, tern__req *r, float *logits) {
         return 1;
     }
     int tok = so.id;
+    *tok_out = tok;
     if (r->t_first <= 0) r->t_first = tern_time_s();
     for (int i = 0; i < r->n_stop; i++)
         if (r->stop[i] == tok) { run_remove(s, r); finish(s, r, TERN_FINISH_STOP, NULL); return 1; }
@@ -479,31 +490,91 @@ static int advance(tern_sched *s, tern__req *r, float *logits) {
     return 1;
 }
 
+/* Draw from r's rows [last token, draft...] in order (sched.h): accept draft[j] while the
+ * draw equals it; then roll the KV back to the accepted length and commit. 1 if r finished. */
+static int verify(tern_sched *s, tern__req *r, float *rows) {
+    int d = r->spec_d, a = 0, tok = -1;
+    r->spec_d = 0;
+    s->spec_drafted += d;
+    for (int j = 0; j <= d; j++) {
+        if (advance(s, r, rows + (size_t)j * s->V, &tok)) { s->spec_accepted += a; return 1; }
+        if (j == d || tok != r->draft[j]) break;
+        a++;
+    }
+    s->spec_accepted += a;
+    /* K/V of positions < n_past + a hold exactly the accepted tokens; the rest is forgotten */
+    tern_error e = {0};
+    if (tern_kv_truncate(s->kv, r->slot, r->n_past + a, &e)) {
+        run_remove(s, r);
+        finish(s, r, TERN_FINISH_NONE, &e);
+        return 1;
+    }
+    r->n_past += a;
+    tern__prefix_insert(s->pc, r->slot, r->tok, r->n_past, &r->n_reg, &r->chain);
+    tern_kv_trim(s->kv, r->slot, r->n_past);
+    return 0;
+}
+
+/* Give decode rows of speculating requests a draft from the budget left (rows are already
+ * reserved for everything else; a draft that does not fit in the KV pool is dropped). */
+static void plan_drafts(tern_sched *s, int budget_left, int n_want) {
+    for (int i = 0; i < s->n_run && budget_left > 0; i++) {
+        tern__req *r = s->run[i];
+        int n_tok = r->n_prompt + r->n_gen;
+        r->spec_d = 0;
+        if (!r->spec_k || r->rows != 1 || n_tok - r->n_past != 1) continue;
+        if (r->spec_k > s->spec_max) s->spec_max = r->spec_k;
+        if (s->logit_cap < s->n_slots * (1 + s->spec_max)) {   /* once per new max k, never in steady state */
+            int cap = s->n_slots * (1 + s->spec_max);
+            float *nl = realloc(s->logits, sizeof(float) * (size_t)cap * (size_t)s->V);
+            if (nl) { s->logits = nl; s->logit_cap = cap; }
+        }
+        int k = TERN_MIN(r->spec_k, r->max_new - r->n_gen - 1);   /* d accepted + 1 drawn <= what is left */
+        k = TERN_MIN(k, TERN_MIN(budget_left, s->logit_cap - n_want));
+        int d = tern__spec_draft(r->tok, n_tok, k, r->draft);
+        if (d <= 0 || tern_kv_reserve(s->kv, r->slot, n_tok + d, NULL)) continue;
+        r->spec_d = d;
+        r->rows += d;
+        budget_left -= d;
+        n_want += d;
+    }
+}
+
 tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
     *n_done = sweep_cancelled(s);
     *n_done += admit(s);
     int n_dec = 0;
     for (int i = 0; i < s->n_run; i++) n_dec += s->run[i]->n_prompt + s->run[i]->n_gen - s->run[i]->n_past == 1;
-    int pre_budget = s->budget - n_dec, nb = 0, nw = 0;
-    for (int i = 0; i < s->n_run; i++) {
+    int pre_budget = s->budget - n_dec, n_rows = 0, n_want = 0;
+    for (int i = 0; i < s->n_run; i++) {   /* reserve decode rows and prefill chunks */
         tern__req *r = s->run[i];
         int n_tok = r->n_prompt + r->n_gen, need = n_tok - r->n_past;
         int rows = need == 1 ? 1 : TERN_MIN(need, pre_budget);
         r->rows = 0;
+        r->spec_d = 0;
         if (rows <= 0) continue;
         rows = reserve_rows(s, i, rows, n_done);
         if (!rows) { i--; continue; } /* r left the running set at index i */
-        for (int j = 0; j < rows; j++) {
+        r->rows = rows;
+        n_rows += rows;
+        n_want += r->n_past + rows == n_tok;
+        if (need > 1) pre_budget -= rows;
+    }
+    plan_drafts(s, s->budget - n_rows, n_want);
+    int nb = 0, nw = 0, nl = 0;
+    for (int i = 0; i < s->n_run; i++) {   /* lay out the batch in admission order */
+        tern__req *r = s->run[i];
+        int n_tok = r->n_prompt + r->n_gen;
+        for (int j = 0; j < r->rows; j++) {
             int p = r->n_past + j;
-            s->b_tok[nb] = r->tok[p];
+            s->b_tok[nb] = p < n_tok ? r->tok[p] : r->draft[p - n_tok];
             s->b_pos[nb] = p;
             s->b_slot[nb] = r->slot;
-            s->b_want[nb] = p == n_tok - 1;
-            if (s->b_want[nb]) s->b_req[nw++] = r;
+            s->b_want[nb] = p >= n_tok - 1;
+            if (p == n_tok - 1) { s->b_req[nw++] = r; r->logit_row = nl; }
+            nl += s->b_want[nb];
             nb++;
         }
-        r->rows = rows;
-        if (need > 1) pre_budget -= rows;
     }
     if (nb == 0) return TERN_OK;
     tern_batch b = {.n = nb, .tokens = s->b_tok, .pos = s->b_pos, .slot = s->b_slot, .want = s->b_want};
@@ -523,13 +594,18 @@ tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
     for (int i = 0; i < s->n_run; i++) {
         tern__req *r = s->run[i];
         if (!r->rows) continue;
-        r->n_past += r->rows;
+        r->n_past += r->rows - r->spec_d;   /* draft rows are tentative until verified */
         r->rows = 0;
         /* offer full blocks to the cache before trim drops the sliding blocks it keeps too */
         tern__prefix_insert(s->pc, r->slot, r->tok, r->n_past, &r->n_reg, &r->chain);
         tern_kv_trim(s->kv, r->slot, r->n_past);
     }
-    for (int w = 0; w < nw; w++) *n_done += advance(s, s->b_req[w], s->logits + (size_t)w * s->V);
+    for (int w = 0; w < nw; w++) {
+        tern__req *r = s->b_req[w];
+        float *row = s->logits + (size_t)r->logit_row * s->V;
+        int tok;
+        *n_done += r->spec_d ? verify(s, r, row) : advance(s, r, row, &tok);
+    }
     return TERN_OK;
 }
 
@@ -553,5 +629,7 @@ void tern__sched_stats(const tern_sched *s, tern_engine_stats *st) {
     }
     st->preemptions = s->n_preempt;
     st->kv_blocks_cached = tern__prefix_blocks(s->pc);
+    st->spec_drafted = s->spec_drafted;
+    st->spec_accepted = s->spec_accepted;
     st->prefix_hit_rate = s->prompt_tokens ? (double)s->cached_tokens / (double)s->prompt_tokens : 0.0;
 }

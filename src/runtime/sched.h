@@ -27,6 +27,21 @@
  * it with TERN_FINISH_STOP and is neither emitted nor counted in n_generated. Callbacks must
  * not call tern_engine_step (submit and cancel are fine).
  *
+ * Speculative decoding (tern_request.speculative_k > 0): a request whose next row is a decode
+ * row gets a prompt-lookup draft (spec.h) of up to k tokens from the budget left after decode
+ * and prefill rows, its KV reserved for n + 1 + d positions (no draft when that does not fit:
+ * drafts never preempt anyone). Rows [last token, draft...] all return logits. Verification
+ * draws from row j exactly as plain decoding would for that position (same penalty history,
+ * same mask callback state, RNG counter = position): if the draw equals draft[j] the draft
+ * token is accepted and row j+1 is examined, else the drawn token is taken and the round
+ * ends (after an all-accepted draft the last row gives one more token). Because row j's
+ * logits are those of the sequence prefix [.., accepted tokens], and every emitted token is
+ * the very token the sampler would draw at that position without speculation, greedy output
+ * is identical and seeded sampling is identical token for token (draw-and-compare keeps the
+ * distribution and the per-position RNG; it accepts less often than rejection sampling
+ * against a draft distribution, but a lookup draft has none). The KV is then truncated to
+ * the accepted length (tern_kv_truncate) before sliding windows are trimmed.
+ *
  * Every buffer a step needs is sized at creation (max_concurrency x budget rows, logits for
  * max_concurrency rows, sampler scratch of n_vocab): a steady-state step allocates nothing.
  */
@@ -37,6 +52,7 @@
 #include "runtime/kv.h"
 #include "runtime/prefix.h"
 #include "runtime/queue.h"
+#include "runtime/spec.h"
 #include "sample/sampler.h"
 
 typedef struct tern__req {
@@ -62,6 +78,11 @@ typedef struct tern__req {
     int rows;                 /* rows in the batch being built */
     int n_reg;                /* full blocks already offered to the prefix cache */
     uint64_t chain;           /* prefix-cache hash chain through those blocks */
+    /* speculative decoding (prompt lookup, spec.h) */
+    int spec_k;               /* max draft tokens per step; 0 = off */
+    int spec_d;               /* draft tokens in the batch being built (rows = 1 + spec_d) */
+    int logit_row;            /* first logits row of this request in the step */
+    int32_t draft[TERN_SPEC_MAX_K];
 } tern__req;
 
 typedef struct tern_sched tern_sched;
@@ -72,6 +93,7 @@ typedef struct tern_sched_opts {
     int prefix_blocks;        /* prefix-cache capacity in KV blocks; 0 = off */
     const int32_t *eos;       /* the engine's stop set (text/stops.h), at most 32 ids; */
     int n_eos;                /* n_eos == 0: the config's EOS ids */
+    int spec_k;               /* default speculative_k of requests that ask for it (< 0) */
 } tern_sched_opts;
 
 /* The scheduler borrows the model and the KV pool (which must have max_concurrency slots). */
