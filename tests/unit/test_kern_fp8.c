@@ -12,7 +12,7 @@
 
 #include <math.h>
 
-#define REQUIRE(cond, ...) do { CHECK(cond, __VA_ARGS__); if (!(cond)) return; } while (0)
+#define REQUIRE(cond, ...) do { int ok_ = !!(cond); CHECK(ok_, __VA_ARGS__); if (!ok_) return; } while (0) /* evaluates cond once */
 
 static int isa_ok(const char *isa) {
     setenv("TERN_CPU_ISA", isa, 1);
