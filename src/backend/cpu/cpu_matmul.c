@@ -14,12 +14,15 @@
  *   - n > 8 without a GEMM in the ISA table (scalar, or TERN_CPU_GEMM=0): tiles of 32 rows ×
  *     512 inputs (64 KB, L2), decoded once per call and reused by all n activation rows.
  * Prefill (n > 8) on AVX2/AVX-512 runs the blocked GEMM instead (mm_gemm; kernels in
- * gemm_avx512.c / gemm_avx2.c): per block of GEMM_KC inputs, the thread packs up to nb rows of
+ * gemm_avx512.c / gemm_avx2.c). The thread's features are cut into chunks whose y block
+ * (rows × chunk) stays in L2; per chunk and block of GEMM_KC inputs it packs up to nb rows of
  * x (its xbuf, blocks of gemm_mr rows, input-major); then for each strip of gemm_nr weight
- * rows of its slice it decodes the strip once into f32, transposes it input-major (its tbuf:
- * 2 × nr·KC floats = 64 KB) and runs the nr × mr outer-product microkernel over all packed
- * rows. Each weight byte is decoded once per nb (≈190) activation rows; y gets one block
- * of inputs at a time (stored on the first block unless the job accumulates, then added).
+ * rows it decodes the strip once into f32, packed input-major (its tbuf: 2 × nr·KC floats =
+ * 64 KB), and runs the mr × nr outer-product microkernel over all packed rows, which also
+ * prefetches the next strip's weight bytes (a miss per row and strip otherwise). Each weight
+ * byte is decoded once per nb (≈190) activation rows; y gets one block of inputs at a time
+ * (stored on the first block unless the job accumulates, then added). TERN_CPU_GEMM=0 keeps
+ * the tile path (before/after benchmarks). Measured: bench/NOTES.md (2026-11-30, prefill).
  * Threads split the output features (weight rows), so each thread streams its own slice of
  * the weight and writes disjoint columns of y.
  *
