@@ -20,21 +20,34 @@ WEAK int tern_cmd_chat(int, char **);
 WEAK int tern_cmd_serve(int, char **);
 WEAK int tern_cmd_fit(int, char **);
 
+#define COMMON "[--device cpu|cuda|auto] [--compute f32|bf16] [--threads N] [--max-ctx N] [--kv-quant SPEC]"
+#define SAMPLING "[--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N] [--max-tokens N] [--speculative K]"
+
 static const struct {
     const char *name;
     int (*fn)(int, char **);
     const char *help;
+    const char *usage; /* NULL: the command prints its own (serve) */
 } k_cmds[] = {
-    {"generate", tern_cmd_generate, "generate text or ids from a prompt"},
-    {"chat", tern_cmd_chat, "interactive chat"},
-    {"serve", tern_cmd_serve, "OpenAI/Anthropic-compatible HTTP server"},
-    {"logits", tern_cmd_logits, "write final logits of one forward pass"},
-    {"tokenize", tern_cmd_tokenize, "text -> token ids"},
-    {"detokenize", tern_cmd_detokenize, "token ids -> text"},
-    {"template", tern_cmd_template, "render the model's chat template"},
-    {"info", tern_cmd_info, "describe a model directory"},
-    {"fit", tern_cmd_fit, "memory plan for a model"},
-    {"bench", tern_cmd_bench, "prefill/decode speed"},
+    {"generate", tern_cmd_generate, "generate text or ids from a prompt",
+     "tern generate [MODEL] \"prompt\" [--raw] [--system S] " SAMPLING " " COMMON "\n"
+     "       tern generate MODEL --ids 2,17,99 --max-tokens N --temperature 0 [--ignore-eos] [--print-ids] " COMMON},
+    {"chat", tern_cmd_chat, "interactive chat", "tern chat [MODEL] [--system S] " SAMPLING " " COMMON
+     "\n       (one user turn per stdin line; /reset clears the history, /exit ends)"},
+    {"serve", tern_cmd_serve, "OpenAI/Anthropic-compatible HTTP server", NULL},
+    {"logits", tern_cmd_logits, "write final logits of one forward pass",
+     "tern logits MODEL --ids 2,17,99 --out FILE " COMMON "\n       (FILE: float32 LE [n_ids, vocab], after softcap)"},
+    {"tokenize", tern_cmd_tokenize, "text -> token ids",
+     "tern tokenize MODEL (--text-file F | --jsonl F | --text STR) [--no-special] [--no-parse-special] [--tokens] [--stats]"},
+    {"detokenize", tern_cmd_detokenize, "token ids -> text", "tern detokenize MODEL (--ids 1,2,3 | --jsonl F) [--skip-special]"},
+    {"template", tern_cmd_template, "render the model's chat template",
+     "tern template MODEL --messages-file F.json [--tools F.json] [--add-generation-prompt]"},
+    {"info", tern_cmd_info, "describe a model directory", "tern info [MODEL]"},
+    {"fit", tern_cmd_fit, "memory plan for a model",
+     "tern fit MODEL|--random PRESET [--ctx N] [--max-concurrency N] [--memory-budget GB] [--kv-quant SPEC]"},
+    {"bench", tern_cmd_bench, "prefill/decode speed",
+     "tern bench [MODEL | --random PRESET [--quant bf16|q8|q4|...] [--group 32|64|128]] [--prompt N] [--gen N] [--reps R] "
+     "[--bw GB/s] [--probe] " COMMON},
 };
 
 static int usage(FILE *f) {
@@ -50,6 +63,10 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) return usage(stdout);
     for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++) {
         if (strcmp(argv[1], k_cmds[i].name)) continue;
+        if (argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) && k_cmds[i].usage) {
+            printf("%s: %s\nusage: %s\nMODEL is a model directory or `demo`.\n", k_cmds[i].name, k_cmds[i].help, k_cmds[i].usage);
+            return 0;
+        }
         if (!k_cmds[i].fn) {
             fprintf(stderr, "tern: command '%s' is not available in this build\n", argv[1]);
             return 1;

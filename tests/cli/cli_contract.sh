@@ -48,3 +48,9 @@ printf 'hi\nsecond turn\n/exit\n' | $T chat --max-tokens 4 --temperature 0 >"$tm
 if [ $? -eq 0 ] && [ "$(grep -c 'generated 4 tokens' "$tmp/err")" -eq 2 ] && grep -q "cached" "$tmp/err"; then ok demo_chat_two_turns; else bad "demo_chat_two_turns: $(head -c 300 "$tmp/err")"; fi
 expect generate_bad_temperature 2 "temperature" $T generate "x" --temperature -1
 expect generate_bad_top_p 2 "top-p" $T generate "x" --top-p 2
+
+# every subcommand answers --help with its usage and exit 0
+for c in generate chat serve logits tokenize detokenize template info fit bench; do
+    $T $c --help >"$tmp/out" 2>&1
+    if [ $? -eq 0 ] && grep -q "usage: tern $c" "$tmp/out"; then ok "help_$c"; else bad "help_$c: $(head -c 200 "$tmp/out")"; fi
+done
