@@ -27,7 +27,7 @@ static int usage(void) {
             "usage: tern serve [MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--alias NAME]\n"
             "                  [--device cpu|cuda|auto] [--compute f32|bf16] [--threads N] [--ctx|--max-ctx N]\n"
             "                  [--max-concurrency N] [--max-queue N] [--memory-budget GB] [--kv-memory GB]\n"
-            "                  [--prompt-cache GB] [--kv-quant off|8|4|turbo] [--max-tokens N] [--max-body MB]\n"
+            "                  [--prompt-cache GB] [--kv-quant off|8|4|turbo] [--speculative K] [--max-tokens N] [--max-body MB]\n"
             "                  [--timeout S] [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N]\n"
             "MODEL is a model directory or `demo` (default).\n");
     return 2;
@@ -38,7 +38,7 @@ static int value_flag(const char *a) {
     static const char *k[] = {"--host", "--port", "--api-key", "--alias", "--device", "--compute", "--threads",
                               "--max-ctx", "--max-concurrency", "--memory-budget", "--kv-memory", "--prompt-cache",
                               "--kv-quant", "--max-tokens", "--max-body", "--timeout", "--ctx", "--max-queue",
-                              "--temperature", "--top-p", "--top-k", "--min-p", "--seed"};
+                              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--speculative"};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (!strcmp(a, k[i])) return 1;
     return 0;
@@ -86,6 +86,10 @@ int tern_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--kv-memory")) { if (dbl(a, v, &d)) return 2; o.engine.kv_memory_gb = d; }
         else if (!strcmp(a, "--prompt-cache")) { if (dbl(a, v, &d)) return 2; o.engine.prompt_cache_gb = d; }
         else if (!strcmp(a, "--kv-quant")) o.engine.kv_quant = v;
+        else if (!strcmp(a, "--speculative")) {
+            if (cli_int("serve", a, v, 0, TERN_SPEC_MAX_K, &x)) return 2;
+            o.engine.speculative_k = (int)x;
+        }
         else if (!strcmp(a, "--max-tokens")) { if (cli_int("serve", a, v, 1, 1 << 24, &x)) return 2; o.default_max_tokens = (int)x; }
         else if (!strcmp(a, "--max-body")) { if (dbl(a, v, &d) || d < 0.001) return 2; o.max_body = (size_t)(d * 1048576.0); }
         else if (!strcmp(a, "--timeout")) { if (cli_int("serve", a, v, 1, 86400, &x)) return 2; o.timeout_s = (int)x; }

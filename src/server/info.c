@@ -129,9 +129,13 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
         "# HELP tern_preemptions_total Requests evicted from the KV pool to be recomputed.\n"
         "# TYPE tern_preemptions_total counter\ntern_preemptions_total %lld\n"
         "# HELP tern_http_rejected_total Requests refused with 429 because the wait queue was full.\n"
-        "# TYPE tern_http_rejected_total counter\ntern_http_rejected_total %lld\n",
+        "# TYPE tern_http_rejected_total counter\ntern_http_rejected_total %lld\n"
+        "# HELP tern_spec_drafted_total Speculative draft tokens checked.\n"
+        "# TYPE tern_spec_drafted_total counter\ntern_spec_drafted_total %lld\n"
+        "# HELP tern_spec_accepted_total Speculative draft tokens accepted.\n"
+        "# TYPE tern_spec_accepted_total counter\ntern_spec_accepted_total %lld\n",
         st.kv_blocks_total - st.kv_blocks_used, st.kv_blocks_cached, st.preemptions,
-        (long long)atomic_load(&s->n_rejected));
+        (long long)atomic_load(&s->n_rejected), (long long)st.spec_drafted, (long long)st.spec_accepted);
     tern_jw_text(&w, b, (size_t)(n < (int)sizeof b ? n : (int)sizeof b - 1));
     srv_metrics_write(s, &w);
     size_t len = 0;

@@ -394,6 +394,7 @@ int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, s
         r.sampling.seed = x * 0xBF58476D1CE4E5B9ull;
     }
     r.ignore_eos = j->p.ignore_eos;
+    r.speculative_k = j->p.speculative_k;
     r.on_event = on_event;
     r.ctx = j;
     if (j->jm) { r.mask = job_mask; r.mask_ctx = j; }

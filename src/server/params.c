@@ -7,7 +7,7 @@
  * top_k >= 0 (-1 = off), min_p [0,1], seed, stop (string | [string], <= 16), presence_ and
  * frequency_penalty [-2,2], repetition_penalty (0,10], logit_bias {"id": [-100,100]},
  * logprobs (bool) + top_logprobs [0,20], n (only 1), stream, stream_options.include_usage,
- * ignore_eos (extension). Anthropic: max_tokens (required), temperature [0,1], top_p,
+ * ignore_eos and speculative_k (extensions). Anthropic: max_tokens (required), temperature [0,1], top_p,
  * top_k, stop_sequences, stream. Unknown fields are ignored, as the real APIs do.
  */
 #include "server/srv.h"
@@ -164,6 +164,7 @@ int srv_params_parse_s(srv_params *p, const cJSON *req, srv_api api, const tern_
 static int parse(srv_params *p, const cJSON *req, srv_api api, int n_vocab, int n_ctx, const tern_sampling *dflt,
                  int dflt_seed, srv_error *e) {
     memset(p, 0, sizeof *p);
+    p->speculative_k = -1; /* the engine's default */
     p->s = *dflt;
     p->has_seed = dflt_seed;
     p->s.bias_ids = NULL;
@@ -203,6 +204,8 @@ static int parse(srv_params *p, const cJSON *req, srv_api api, int n_vocab, int 
     if (r) p->stream = bv;
     if ((r = srv_get_bool(req, "ignore_eos", &bv, e)) < 0) return -1;
     if (r) p->ignore_eos = bv;
+    if ((r = srv_get_int(req, "speculative_k", 0, TERN_SPEC_MAX_K, &i, e)) < 0) return -1;
+    if (r) p->speculative_k = (int)i;
 
     if (api == SRV_API_ANTHROPIC) {
         if (parse_stop(p, req, "stop_sequences", 0, e)) return -1;

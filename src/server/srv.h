@@ -118,6 +118,7 @@ typedef struct srv_params {
     tern_sampling s;           /* bias arrays point into bias_ids/bias_vals below */
     int max_tokens;            /* 0 = server default */
     int ignore_eos;
+    int speculative_k;          /* extension: -1 = server default, 0 = off, 1..16 */
     int stream, include_usage;
     int logprobs, top_logprobs;
     char **stop;               /* stop strings (owned) */
