@@ -185,6 +185,9 @@ typedef struct tern_model_info {
     int n_vocab, n_ctx, n_layer, n_embd;
     int bos_id, eos_ids[8], n_eos;
     int has_tokenizer, has_chat_template;
+    /* sampling defaults from generation_config.json; < 0 when the file does not set them */
+    float gen_temperature, gen_top_p;
+    int gen_top_k;
 } tern_model_info;
 void tern_engine_model_info(const tern_engine *e, tern_model_info *info);
 

@@ -82,10 +82,12 @@ int cli_text_open(cli_text *t, const cli_text_flags *f, const char *cmd) {
     tern_status s = tern_chat_template_load(tern__engine_dir(t->eng), &t->tpl, &e);
     if (s && s != TERN_ENOTFOUND) tern_log(TERN_LOG_WARN, "chat template not loaded: %s", e.msg);
     /* sampling: flags, else the model's generation_config.json, else greedy-safe defaults */
-    t->sp.temperature = f->temperature >= 0 ? (float)f->temperature : 0.8f;
-    t->sp.top_p = f->top_p > 0 ? (float)f->top_p : 0.95f;
+    tern_model_info mi;
+    tern_engine_model_info(t->eng, &mi);
+    t->sp.temperature = f->temperature >= 0 ? (float)f->temperature : mi.gen_temperature >= 0 ? mi.gen_temperature : 0.8f;
+    t->sp.top_p = f->top_p > 0 ? (float)f->top_p : mi.gen_top_p > 0 ? mi.gen_top_p : 0.95f;
     t->sp.min_p = f->min_p > 0 ? (float)f->min_p : 0.0f;
-    t->sp.top_k = f->top_k;
+    t->sp.top_k = f->top_k > 0 ? f->top_k : mi.gen_top_k > 0 ? mi.gen_top_k : 0;
     t->sp.repetition_penalty = 1.0f;
     t->sp.seed = f->seed >= 0 ? (uint64_t)f->seed : (uint64_t)time(NULL);
     t->max_tokens = f->max_tokens > 0 ? f->max_tokens : 256;

@@ -97,13 +97,15 @@ int tern_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--temperature")) {
             if (dbl(a, v, &d) || d > 100) return d > 100 ? cli_usage_error("serve", "--temperature: %g outside [0, 100]", d) : 2;
             o.sampling.temperature = (float)d;
+            o.sampling_set |= TERN_SRV_SET_TEMPERATURE;
         } else if (!strcmp(a, "--top-p")) {
             if (dbl(a, v, &d) || d <= 0 || d > 1) return cli_usage_error("serve", "--top-p expects a number in (0, 1], got '%s'", v);
             o.sampling.top_p = (float)d;
+            o.sampling_set |= TERN_SRV_SET_TOP_P;
         } else if (!strcmp(a, "--min-p")) {
             if (dbl(a, v, &d) || d > 1) return cli_usage_error("serve", "--min-p expects a number in [0, 1], got '%s'", v);
             o.sampling.min_p = (float)d;
-        } else if (!strcmp(a, "--top-k")) { if (cli_int("serve", a, v, 0, 1 << 24, &x)) return 2; o.sampling.top_k = (int)x; }
+        } else if (!strcmp(a, "--top-k")) { if (cli_int("serve", a, v, 0, 1 << 24, &x)) return 2; o.sampling.top_k = (int)x; o.sampling_set |= TERN_SRV_SET_TOP_K; }
         else if (!strcmp(a, "--seed")) {
             char *end;
             errno = 0;

@@ -332,6 +332,8 @@ tern_status tern_engine_detokenize(tern_engine *e, const int32_t *ids, int n, ch
 void tern_engine_model_info(const tern_engine *e, tern_model_info *info) {
     if (!info) return;
     memset(info, 0, sizeof *info);
+    info->gen_temperature = info->gen_top_p = -1.0f;
+    info->gen_top_k = -1;
     if (!e) return;
     const tern_model_config *c = tern_model_cfg(e->m);
     info->name = e->name;
@@ -344,6 +346,9 @@ void tern_engine_model_info(const tern_engine *e, tern_model_info *info) {
     for (int i = 0; i < e->n_stop && i < 8; i++) info->eos_ids[info->n_eos++] = e->stop[i]; /* the stop set */
     info->has_tokenizer = e->tok != NULL;
     info->has_chat_template = e->has_template;
+    info->gen_temperature = (float)c->gen_temperature;
+    info->gen_top_p = (float)c->gen_top_p;
+    info->gen_top_k = c->gen_top_k;
 }
 
 void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st) {

@@ -307,6 +307,8 @@ static void f_info(const void *p, tern_model_info *info) {
     info->bos_id = 1;
     info->eos_ids[0] = 2;
     info->n_eos = 1;
+    info->gen_temperature = info->gen_top_p = -1.0f; /* no generation_config.json */
+    info->gen_top_k = -1;
     info->has_tokenizer = 1;
 }
 

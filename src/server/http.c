@@ -416,6 +416,11 @@ static void *engine_main(void *arg) {
     if (st == TERN_OK) {
         s->eng = eng;
         s->vt->model_info(eng, &s->info);
+        /* sampling defaults: request fields, then flags, then generation_config.json */
+        if (!(s->o.sampling_set & TERN_SRV_SET_TEMPERATURE) && s->info.gen_temperature >= 0)
+            s->o.sampling.temperature = s->info.gen_temperature;
+        if (!(s->o.sampling_set & TERN_SRV_SET_TOP_P) && s->info.gen_top_p > 0) s->o.sampling.top_p = s->info.gen_top_p;
+        if (!(s->o.sampling_set & TERN_SRV_SET_TOP_K) && s->info.gen_top_k >= 0) s->o.sampling.top_k = s->info.gen_top_k;
         s->tools_fmt = TERN_TOOLS_JSON;          /* no template (fake engine, fallback format): Hermes markup */
         s->reason_fmt = TERN_REASON_THINK;
         if (!s->o.fake_engine && s->info.has_chat_template) {

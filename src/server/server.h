@@ -30,6 +30,8 @@ typedef struct tern_server_opts {
     int max_queue;             /* requests waiting for a slot beyond max_concurrency before 429 (default 256) */
     tern_sampling sampling;    /* defaults for fields a request omits (temperature, top_p, top_k, min_p) */
     int has_seed;              /* sampling.seed is a default seed (else each request gets a fresh one) */
+    int sampling_set;          /* TERN_SRV_SET_* bits: defaults given by flags; the others come from the
+                                  model's generation_config.json when it sets them */
     tern_engine_opts engine;
 } tern_server_opts;
 
@@ -48,5 +50,7 @@ const char *tern_server_summary(const tern_server *s);
 int tern__server_load_state(tern_server *s);
 /* Stop accepting, end running requests, stop the engine, free everything. Accepts NULL. */
 void tern_server_stop(tern_server *s);
+
+enum { TERN_SRV_SET_TEMPERATURE = 1, TERN_SRV_SET_TOP_P = 2, TERN_SRV_SET_TOP_K = 4 };
 
 #endif
