@@ -350,26 +350,7 @@ def quantize_copy(model, tensors, plan, torch):
     qcfg = {"group_size": gs0, "bits": bits0, "mode": "affine"}
     out, deq, experts = {}, {}, {}
 
-    def choice(path):
-        for rx, val in rules:
-            if re.search(rx, path):
-                return val
-        return (bits0, gs0)
-
-    def emit(path, w):
-        ch = choice(path)
-        if ch is False:
-            qcfg[path] = False
-            out[path + ".weight"] = ("BF16", fm.f32_to_bf16_bits(w))
-            return w.astype(np.float64)
-        bits, gs = ch
-        p, s, b = fm.mlx_affine_quantize(w, bits, gs)
-        out[path + ".weight"] = ("U32", p)
-        out[path + ".scales"] = ("BF16", s)
-        out[path + ".biases"] = ("BF16", b)
-        if (bits, gs) != (bits0, gs0):
-            qcfg[path] = {"group_size": gs, "bits": bits}
-        return fm.mlx_dequantize(p, s, b, bits, gs)
+    emit = fm.mlx_emitter(bits0, gs0, rules, out, qcfg)
 
     for n, (dt, arr) in tensors.items():
         f32 = fm.to_f64(dt, arr).astype(np.float32)

@@ -19,6 +19,8 @@ Nothing here imports torch, so it can be tested on any machine with numpy.
 import json
 import struct
 
+import re
+
 import numpy as np
 
 # ---------------------------------------------------------------- bf16 -------
@@ -168,6 +170,37 @@ def self_test():
     p = pack_bits(np.array([[1, 2, 3, 4]], dtype=np.uint32), 8)
     assert p[0, 0] == 0x04030201
     return True
+
+
+def mlx_emitter(bits0, gs0, rules, out, qcfg):
+    """Quantize modules by a plan, the way mlx-lm's converter writes them.
+
+    rules: [(regex, (bits, group) | False)], first match wins; no match = (bits0, gs0).
+    The returned emit(path, w) writes "<path>.weight" (+ ".scales"/".biases" when quantized)
+    into `out`, records per-module overrides (or False) in `qcfg`, and returns the float64
+    weights the reference model must use (dequantized, or the bf16-rounded original)."""
+    def choice(path):
+        for rx, val in rules:
+            if re.search(rx, path):
+                return val
+        return (bits0, gs0)
+
+    def emit(path, w):
+        c = choice(path)
+        if c is False:
+            qcfg[path] = False
+            out[path + ".weight"] = ("BF16", f32_to_bf16_bits(w))
+            return w.astype(np.float64)
+        bits, gs = c
+        p, s, b = mlx_affine_quantize(w, bits, gs)
+        out[path + ".weight"] = ("U32", p)
+        out[path + ".scales"] = ("BF16", s)
+        out[path + ".biases"] = ("BF16", b)
+        if (bits, gs) != (bits0, gs0):
+            qcfg[path] = {"group_size": gs, "bits": bits}
+        return mlx_dequantize(p, s, b, bits, gs)
+
+    return emit
 
 
 if __name__ == "__main__":

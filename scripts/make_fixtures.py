@@ -381,26 +381,7 @@ def mlx_convert(tensors, multimodal, plan):
     qcfg = {"group_size": gs0, "bits": bits0, "mode": "affine"}
     out, deq = {}, {}
 
-    def choice(path):
-        for rx, val in rules:
-            if re.search(rx, path):
-                return val
-        return (bits0, gs0)
-
-    def emit(path, w):
-        c = choice(path)
-        if c is False:
-            qcfg[path] = False
-            out[path + ".weight"] = ("BF16", fm.f32_to_bf16_bits(w))
-            return w.astype(np.float64)
-        bits, gs = c
-        p, s, b = fm.mlx_affine_quantize(w, bits, gs)
-        out[path + ".weight"] = ("U32", p)
-        out[path + ".scales"] = ("BF16", s)
-        out[path + ".biases"] = ("BF16", b)
-        if (bits, gs) != (bits0, gs0):
-            qcfg[path] = {"group_size": gs, "bits": bits}
-        return fm.mlx_dequantize(p, s, b, bits, gs)
+    emit = fm.mlx_emitter(bits0, gs0, rules, out, qcfg)
 
     for n, (dt, arr) in tensors.items():
         if multimodal:
