@@ -82,11 +82,6 @@ static tern_status check_formats(const tern_backend *be, const tern_model_config
             if (cfg->layers[l].kv_latent && f->kind != TERN_KV_F32)
                 return tern_err(err, TERN_EUNSUPPORTED, "kv %s: the MLA latent cache (GLM-5) supports only f32 pages "
                                 "for now (use --kv-quant off)", what);
-            /* The CUDA kernels for compressed pages passed a CPU emulation of the GPU tests but have
-             * not run on a GPU yet: opt in with TERN_CUDA_KVQ=1 until tests/gpu has verified them. */
-            if (be && be->device >= 0 && f->kind != TERN_KV_F32 && !getenv("TERN_CUDA_KVQ"))
-                return tern_err(err, TERN_EUNSUPPORTED, "kv %s: compressed KV pages on the GPU are not verified on "
-                                "hardware yet (set TERN_CUDA_KVQ=1 to use them, or --kv-quant off)", what);
             tern_status st = tern_kvq_check(f, cfg->layers[l].head_dim, what, err);
             if (st) return st;
         }

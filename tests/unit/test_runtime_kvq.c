@@ -113,20 +113,13 @@ TEST(sizing_and_backend_check) {
                (double)f32_bpt / (double)want, total);
         tern_kv_close(kv);
     }
-    /* a device backend (device >= 0) refuses compressed kinds until the CUDA kernels have been
-     * verified on a GPU, unless TERN_CUDA_KVQ=1; f32 always opens */
+    /* a device backend (device >= 0) opens compressed kinds too (the CUDA kernels are verified
+     * on the H200 by tests/gpu/cuda_ops_tests_kvq.h) */
     tern_backend fake = *BE;
     fake.device = 0;
     tern_kv *kv = NULL;
     tern_error e = {0};
-    unsetenv("TERN_CUDA_KVQ");
-    CHECK(open_kv_spec(&kv, &fake, cfg, "4", 1, 16, 0, &e) == TERN_EUNSUPPORTED && strstr(e.msg, "TERN_CUDA_KVQ"),
-          "q4 on device should be refused: %s", e.msg);
-    tern_kv_close(kv);
-    kv = NULL;
-    setenv("TERN_CUDA_KVQ", "1", 1);
-    CHECK(!open_kv_spec(&kv, &fake, cfg, "4", 1, 16, 0, &e), "q4 on device with TERN_CUDA_KVQ=1: %s", e.msg);
-    unsetenv("TERN_CUDA_KVQ");
+    CHECK(!open_kv_spec(&kv, &fake, cfg, "4", 1, 16, 0, &e), "q4 on device: %s", e.msg);
     tern_kv_close(kv);
     kv = NULL;
     CHECK(!open_kv_spec(&kv, &fake, cfg, "off", 1, 16, 0, &e), "f32 on device: %s", e.msg);
