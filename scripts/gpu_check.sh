@@ -66,6 +66,22 @@ if [ -d .gpudeps/root ]; then
             stamp "model parity on cuda ($comp): $(grep -c '^PASS' "$OUT/parity_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity_$comp.log") failed"
             grep -E '^FAIL|check failed|worst row' "$OUT/parity_$comp.log" | head -30 >> "$S"
         done
+        # compressed KV pages end to end: greedy ids on cuda vs cpu for every --kv-quant kind
+        F=tests/parity/fixtures
+        for m in llama3 gemma4_e2b_like; do
+            for q in off 8 4 turbo; do
+                a=$(timeout 30 ./build/tern-core generate "$F/$m" --ids 2,17,99,45,20,12 --max-tokens 40 --temperature 0 \
+                    --ignore-eos --print-ids --kv-quant "$q" --device cpu 2>/dev/null | head -1)
+                b=$(timeout 30 ./build/tern-core generate "$F/$m" --ids 2,17,99,45,20,12 --max-tokens 40 --temperature 0 \
+                    --ignore-eos --print-ids --kv-quant "$q" --device cuda 2>/dev/null | head -1)
+                same=$(python3 -c 'import sys;a,b=sys.argv[1].split(),sys.argv[2].split();n=0
+for x,y in zip(a,b):
+    if x!=y: break
+    n+=1
+print(n,len(a),len(b))' "$a" "$b" 2>/dev/null)
+                stamp "kv-quant $q $m: cuda vs cpu greedy, first mismatch at / cpu / cuda tokens: $same"
+            done
+        done
         : > "$OUT/model_bench.log"
         for spec in ${GPU_BENCH_MODELS-llama3-8b:bf16 llama3-8b:q4 gemma4-e4b:q4 gemma4-12b:bf16 gemma4-26b-a4b:q4}; do
             m=${spec%%:*}; q=${spec##*:}
