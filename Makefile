@@ -29,7 +29,7 @@ ifeq ($(TERN_CUDA),1)
 C_SRC   += $(wildcard src/backend/cuda/*.c)
 CU_SRC  := $(wildcard src/backend/cuda/*.cu)
 CFLAGS  += -DTERN_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lnccl -lstdc++
 endif
 
 OBJ     := $(C_SRC:%.c=build/obj/%.o) $(CU_SRC:%.cu=build/obj/%.o)
@@ -85,11 +85,11 @@ clean:
 
 # GPU machine only (scripts/gpu_check.sh): the CUDA op tests and benchmarks. They link a small
 # archive of just base + tensor + backends, so the GPU image needs no cJSON/PCRE2/microhttpd.
-GPU_SRC  := src/base/base.c src/base/pool.c $(wildcard src/ops/*.c) src/backend/backend.c \
+GPU_SRC  := src/base/base.c src/base/pool.c $(wildcard src/ops/*.c src/sample/*.c) src/backend/backend.c \
             $(wildcard src/backend/cpu/*.c) $(wildcard src/backend/cuda/*.c)
 GPU_OBJ  := $(GPU_SRC:%.c=build/obj/%.o) $(CU_SRC:%.cu=build/obj/%.o)
 GPU_PROG := build/test_cuda_ops build/bench_cuda
-GPU_LIBS := -lpthread -lm -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+GPU_LIBS := -lpthread -lm -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lnccl -lstdc++
 build/libtern_gpu.a: $(GPU_OBJ)
 	rm -f $@ && ar rcs $@ $^
 $(GPU_PROG): build/%: tests/gpu/%.c $(wildcard tests/gpu/*.h) tests/test.h build/libtern_gpu.a
@@ -100,8 +100,9 @@ gpu-test: $(GPU_PROG)
 # `make core`: build/tern-core (logits, generate --ids, info, bench) and build/tests/test_parity_core
 # from everything that needs only cJSON (no PCRE2/microhttpd/utf8proc) — what the GPU machine can
 # build with a carried libcjson (scripts/gpu_check.sh). CORE_CFLAGS/CORE_LDFLAGS point at it there.
-CORE_SRC := $(wildcard src/base/*.c src/io/*.c src/ops/*.c src/model/*.c) src/backend/backend.c \
-            $(wildcard src/backend/cpu/*.c) src/runtime/kv.c src/runtime/kvfile.c src/runtime/fit.c src/runtime/generate.c
+CORE_SRC := $(wildcard src/base/*.c src/io/*.c src/ops/*.c src/model/*.c src/sample/*.c) src/backend/backend.c \
+            $(wildcard src/backend/cpu/*.c) src/runtime/kv.c src/runtime/kvfile.c src/runtime/fit.c src/runtime/generate.c \
+            $(wildcard src/runtime/experts.c)
 ifeq ($(TERN_CUDA),1)
 CORE_SRC += $(wildcard src/backend/cuda/*.c)
 endif
@@ -115,5 +116,15 @@ build/tern-core: $(CORE_TOOLS) build/libtern_core.a
 build/tests/test_parity_core: tests/unit/test_parity.c build/libtern_core.a
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) $(CORE_CFLAGS) -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
-core: build/tern-core build/tests/test_parity_core
+build/tests/test_model_tp_core: tests/unit/test_model_tp.c build/libtern_core.a
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) $(CORE_CFLAGS) -DTERN_CORE_ONLY -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
+core: build/tern-core build/tests/test_parity_core build/tests/test_model_tp_core
 .PHONY: core
+
+# `make bench-glm`: build/bench_glm_gpu (GLM-5 per layer + latent attention, cpu or cuda) from the
+# core archive, so the GPU machine builds it with the carried libcjson like `make core`.
+build/bench_glm_gpu: bench/bench_glm_gpu.c build/libtern_core.a
+	$(CC) $(CFLAGS) $(CORE_CFLAGS) $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
+bench-glm: build/bench_glm_gpu
+.PHONY: bench-glm

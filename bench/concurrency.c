@@ -4,7 +4,7 @@
  *
  *   build/concurrency [MODEL | --random PRESET[:qB]] [--device cpu|cuda] [--threads N]
  *       [--conc 1,4,16,64] [--prompt N] [--gen N] [--system N] [--requests N]
- *       [--max-batch-tokens N] [--kv-quant SPEC]
+ *       [--max-batch-tokens N] [--kv-quant SPEC] [--compute f32|bf16]
  *
  * For each concurrency C: an engine with C slots gets C requests at once (distinct random
  * prompts of --prompt tokens, greedy, --gen tokens, EOS ignored) and is stepped until all are
@@ -50,6 +50,7 @@ typedef struct args {
     const char *model, *device, *kv_quant;
     int threads, prompt, gen, system, requests, mbt;
     int conc[16], n_conc;
+    int bf16; /* --compute bf16 */
 } args;
 
 static tern_engine *open_engine(const args *a, int conc, int ctx, double cache_gb) {
@@ -60,6 +61,7 @@ static tern_engine *open_engine(const args *a, int conc, int ctx, double cache_g
     o.max_concurrency = conc;
     o.max_ctx = ctx;
     o.max_batch_tokens = a->mbt;
+    o.compute_bf16 = a->bf16;
     o.prompt_cache_gb = cache_gb;
     if (a->kv_quant) o.kv_quant = a->kv_quant;
     tern_engine *e = NULL;
@@ -187,6 +189,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--requests") && has) { a.requests = atoi(v); i++; }
         else if (!strcmp(f, "--max-batch-tokens") && has) { a.mbt = atoi(v); i++; }
         else if (!strcmp(f, "--kv-quant") && has) { a.kv_quant = v; i++; }
+        else if (!strcmp(f, "--compute") && has) { a.bf16 = !strcmp(v, "bf16"); i++; }
         else if (!strcmp(f, "--conc") && has) {
             a.n_conc = 0;
             for (const char *s = v; *s && a.n_conc < 16;) {

@@ -441,7 +441,8 @@ static row run_level(const cfg *c, int conc, tern_engine *eng, pthread_t et) {
 
 static int usage(void) {
     fprintf(stderr, "usage: load --url http://HOST:PORT [--direct MODEL] [--conc 1,4,16,64] [--requests N] "
-                    "[--prompt-tokens N] [--max-tokens N] [--threads N] [--device D] [--max-concurrency N] [--csv FILE]\n");
+                    "[--prompt-tokens N] [--max-tokens N] [--threads N] [--device D] [--max-concurrency N] [--max-ctx N] "
+                    "[--compute f32|bf16] [--kv-quant SPEC] [--csv FILE]\n");
     return 2;
 }
 
@@ -462,6 +463,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) eo.n_threads = atoi(v);
         else if (!strcmp(a, "--device")) eo.device = v;
         else if (!strcmp(a, "--max-concurrency")) eo.max_concurrency = atoi(v);
+        else if (!strcmp(a, "--max-ctx")) eo.max_ctx = atoi(v);
+        else if (!strcmp(a, "--compute")) eo.compute_bf16 = !strcmp(v, "bf16");
+        else if (!strcmp(a, "--kv-quant")) eo.kv_quant = v;
         else if (!strcmp(a, "--csv")) csv = v;
         else return usage();
         i++;

@@ -7,8 +7,10 @@
 #                the same geometry as tern's `--random $PRESET` (made with llama.cpp's gguf-py and
 #                llama-quantize --pure; none of it is part of this repository)
 # Env: TERN (default build/tern), THREADS (2), PP (128), TG (32), FORMATS (default
-#      "bf16:bf16 q8:q8_0 q4:q4_0", tern quant:gguf suffix pairs), BEFORE=1 adds a third engine,
-#      tern with TERN_CPU_GEMM=0 (the tile-decode prefill path), for before/after numbers.
+#      "bf16:bf16 q8:q8_0 q4:q4_0", tern quant:gguf suffix pairs), INT8 (default 1) adds the engine
+#      tern-int8 (`--compute int8`: x quantized to int8 per weight group for Q8/Q4 matmuls, as
+#      llama.cpp's Q8_0/Q4_0 paths do) for the q formats, BEFORE=1 adds tern with TERN_CPU_GEMM=0
+#      (the tile-decode prefill path), for before/after numbers.
 #
 # Each round runs, per format: bandwidth probe, llama-bench (1 rep), probe, tern bench (1 rep),
 # probe — so every engine's floor (weight bytes per token / bandwidth) uses the bandwidth of
@@ -39,9 +41,10 @@ run_llama() {
              END { print pp, tg, sz }'
 }
 
-# tern bench, one rep; prints "pp tg weight_bytes_per_token"
+# tern bench, one rep; prints "pp tg weight_bytes_per_token"; $2: extra flags (e.g. --compute int8)
 run_tern() {
-    "$TERN" bench --random "$PRESET" --quant "$1" --prompt "$PP" --gen "$TG" --threads "$THREADS" --reps 1 2>/dev/null |
+    # shellcheck disable=SC2086
+    "$TERN" bench --random "$PRESET" --quant "$1" --prompt "$PP" --gen "$TG" --threads "$THREADS" --reps 1 ${2:-} 2>/dev/null |
         awk '/weights read per token/ { for (i = 1; i <= NF; i++) if ($i == "token") mb = $(i + 1) }
              /^csv,/ { split($0, f, ","); pp = f[6]; tg = f[7] }
              END { print pp, tg, mb * 1e6 }'
@@ -59,6 +62,12 @@ for r in $(seq 1 "$ROUNDS"); do
         read -r tpp ttg tsz < <(run_tern "$tq")
         b2=$(probe)
         engines="llama.cpp:$lpp:$ltg:$tsz:$b0:$b1 tern:$tpp:$ttg:$tsz:$b1:$b2" # one floor: same geometry and bits
+        if [ "${INT8:-1}" = 1 ] && [ "$tq" != bf16 ]; then
+            read -r ipp itg isz < <(run_tern "$tq" "--compute int8")
+            b4=$(probe)
+            engines="$engines tern-int8:$ipp:$itg:$isz:$b2:$b4"
+            b2=$b4 # the next engine's floor starts from this probe
+        fi
         if [ "${BEFORE:-0}" = 1 ]; then
             read -r opp otg osz < <(TERN_CPU_GEMM=0 run_tern "$tq")
             b3=$(probe)
@@ -81,16 +90,17 @@ function med(a, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n;
   v[$2, $3, $4, "pp"] = $5; v[$2, $3, $4, "tg"] = $6; v[$2, $3, $4, "rf"] = $10; rounds[$2] = 1; fm[$3] = 1; en[$4] = 1 }
 END {
   printf "\n%-6s %-10s %9s %9s %9s %9s   %s\n", "format", "engine", "pp tok/s", "tg tok/s", "bw GB/s", "tg/floor", "(medians over rounds)"
-  split("bf16 q8 q4", F, " "); split("llama.cpp tern tern-tile", E, " ")
-  for (i = 1; i <= 3; i++) for (j = 1; j <= 3; j++) { k = F[i] SUBSEP E[j]; if (!(k in n)) continue
+  split("bf16 q8 q4", F, " "); split("llama.cpp tern tern-int8 tern-tile", E, " ")
+  for (i = 1; i <= 3; i++) for (j = 1; j <= 4; j++) { k = F[i] SUBSEP E[j]; if (!(k in n)) continue
       for (m = 1; m <= n[k]; m++) { a[m] = PP[k, m]; b[m] = TGv[k, m]; c[m] = BW[k, m]; d[m] = RF[k, m] }
       x1 = med(a, n[k]); x2 = med(b, n[k]); x3 = med(c, n[k]); x4 = med(d, n[k])
       printf "%-6s %-10s %9.2f %9.3f %9.2f %9.3f\n", F[i], E[j], x1, x2, x3, x4 }
-  printf "\n%-6s %14s %14s %18s\n", "format", "pp tern/llama", "tg tern/llama", "tg/floor tern/llama"
-  for (i = 1; i <= 3; i++) { q = 0
-      for (r in rounds) if (v[r, F[i], "llama.cpp", "pp"] > 0 && v[r, F[i], "tern", "pp"] > 0) { q++
-          a[q] = v[r, F[i], "tern", "pp"] / v[r, F[i], "llama.cpp", "pp"]
-          b[q] = v[r, F[i], "llama.cpp", "tg"] > 0 ? v[r, F[i], "tern", "tg"] / v[r, F[i], "llama.cpp", "tg"] : 0
-          c[q] = v[r, F[i], "llama.cpp", "rf"] > 0 ? v[r, F[i], "tern", "rf"] / v[r, F[i], "llama.cpp", "rf"] : 0 }
-      if (q) printf "%-6s %14.2f %14.2f %18.2f\n", F[i], med(a, q), med(b, q), med(c, q) }
+  printf "\n%-6s %-10s %14s %14s %18s\n", "format", "engine", "pp x/llama", "tg x/llama", "tg/floor x/llama"
+  split("tern tern-int8", T, " ")
+  for (i = 1; i <= 3; i++) for (j = 1; j <= 2; j++) { q = 0
+      for (r in rounds) if (v[r, F[i], "llama.cpp", "pp"] > 0 && v[r, F[i], T[j], "pp"] > 0) { q++
+          a[q] = v[r, F[i], T[j], "pp"] / v[r, F[i], "llama.cpp", "pp"]
+          b[q] = v[r, F[i], "llama.cpp", "tg"] > 0 ? v[r, F[i], T[j], "tg"] / v[r, F[i], "llama.cpp", "tg"] : 0
+          c[q] = v[r, F[i], "llama.cpp", "rf"] > 0 ? v[r, F[i], T[j], "rf"] / v[r, F[i], "llama.cpp", "rf"] : 0 }
+      if (q) printf "%-6s %-10s %14.2f %14.2f %18.2f\n", F[i], T[j], med(a, q), med(b, q), med(c, q) }
 }' "$OUT"

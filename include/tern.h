@@ -78,6 +78,11 @@ typedef struct tern_engine_opts {
                                  "bf16", "8", "4", "8:32", "turbo[:k,v]", "config" (io/kv_config.h) */
     int speculative_k;        /* default draft length of requests that ask for the engine default
                                  (tern_request.speculative_k < 0); 0 = off, at most TERN_SPEC_MAX_K */
+    int gpus;                 /* (appended) tensor-parallel ranks: GPUs 0..gpus-1 with device cuda/auto, CPU
+                                 ranks with device cpu (tests); 0 = TERN_TP from the environment, else 1 */
+    double expert_cache_gb;   /* (appended) MoE expert offload: slot cache over every MoE layer (RAM on the
+                                 CPU, VRAM on CUDA); experts stay in their stored bytes; 0 = off (docs/OFFLOAD.md) */
+    const char *expert_trace; /* (appended) routing trace: one JSON line per MoE layer call, or NULL */
 } tern_engine_opts;
 
 tern_engine_opts tern_engine_default_opts(void);

@@ -36,6 +36,9 @@ int cli_text_flag(cli_text_flags *f, const char *cmd, int argc, char **argv, int
     else if (!strcmp(a, "--threads")) { if (num_flag(cmd, a, v, 0, 1024, &x)) return -1; f->threads = (int)x; }
     else if (!strcmp(a, "--speculative")) { if (num_flag(cmd, a, v, 0, TERN_SPEC_MAX_K, &x)) return -1; f->speculative = (int)x; }
     else if (!strcmp(a, "--max-ctx")) { if (num_flag(cmd, a, v, 1, 1 << 24, &x)) return -1; f->max_ctx = (int)x; }
+    else if (!strcmp(a, "--gpus") || !strcmp(a, "--tp")) { if (num_flag(cmd, a, v, 1, 16, &x)) return -1; f->gpus = (int)x; }
+    else if (!strcmp(a, "--expert-cache")) { if (num_flag(cmd, a, v, 0, 1e6, &f->expert_cache_gb)) return -1; }
+    else if (!strcmp(a, "--expert-trace")) { if (!v) { cli_usage_error(cmd, "--expert-trace expects a file"); return -1; } f->expert_trace = v; }
     else if (!strcmp(a, "--device")) {
         if (!v || (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto"))) { cli_usage_error(cmd, "--device expects cpu, cuda or auto"); return -1; }
         f->device = v;
@@ -62,6 +65,9 @@ int cli_text_open(cli_text *t, const cli_text_flags *f, const char *cmd) {
     o.compute_bf16 = f->compute_bf16;
     if (f->kv_quant) o.kv_quant = f->kv_quant;
     o.speculative_k = f->speculative;
+    o.gpus = f->gpus;
+    o.expert_cache_gb = f->expert_cache_gb;
+    o.expert_trace = f->expert_trace;
     o.max_concurrency = 1;
     o.prompt_cache_gb = 0.25; /* chat turns share their prefix */
     if (tern_engine_open(&t->eng, &o, &e)) {

@@ -25,6 +25,9 @@ typedef struct cli_text_flags {
     long long seed;                     /* < 0: random */
     const char *kv_quant;               /* --kv-quant SPEC; NULL = auto (io/kv_config.h) */
     int speculative;                    /* --speculative K: prompt-lookup draft length; 0 = off */
+    int gpus;                           /* --gpus N (--tp N): tensor-parallel ranks (model/tp.h); 0 = TERN_TP */
+    double expert_cache_gb;             /* --expert-cache GB: MoE expert offload (0 = off) */
+    const char *expert_trace;           /* --expert-trace FILE */
 } cli_text_flags;
 
 /* Parse a sampling/text flag at argv[*i] (consuming its value). 1 consumed, 0 not ours, -1 bad. */

@@ -5,6 +5,7 @@
 #include "io/demo.h"
 #include "io/kv_config.h"
 #include "io/presets.h"
+#include "model/tp.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -51,7 +52,8 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "--compute")) {
         if (v && !strcmp(v, "f32")) c->compute = TERN_COMPUTE_F32;
         else if (v && !strcmp(v, "bf16")) c->compute = TERN_COMPUTE_BF16;
-        else { cli_usage_error(argv[0], "--compute expects f32 or bf16, got '%s'", v ? v : ""); return -1; }
+        else if (v && !strcmp(v, "int8")) c->compute = TERN_COMPUTE_INT8; /* CPU: int8 x for Q8/Q4 matmuls */
+        else { cli_usage_error(argv[0], "--compute expects f32, bf16 or int8, got '%s'", v ? v : ""); return -1; }
     } else if (!strcmp(a, "--threads")) {
         if (cli_int(argv[0], a, v, 0, 1024, &x)) return -1;
         c->threads = (int)x;
@@ -82,6 +84,20 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "--max-ctx")) {
         if (cli_int(argv[0], a, v, 1, 1 << 24, &x)) return -1;
         c->max_ctx = (int)x;
+    } else if (!strcmp(a, "--gpus") || !strcmp(a, "--tp")) {
+        if (cli_int(argv[0], a, v, 1, TERN_TP_MAX, &x)) return -1;
+        c->gpus = (int)x;
+    } else if (!strcmp(a, "--expert-cache")) { /* MoE expert offload (runtime/experts.h); 0 = off */
+        char *end;
+        double d = v ? strtod(v, &end) : -1;
+        if (!v || end == v || *end || !(d >= 0 && d < 1e6)) {
+            cli_usage_error(argv[0], "--expert-cache expects gigabytes >= 0, got '%s'", v ? v : "");
+            return -1;
+        }
+        c->expert_cache_gb = d;
+    } else if (!strcmp(a, "--expert-trace")) {
+        if (!v) { cli_usage_error(argv[0], "--expert-trace expects a file"); return -1; }
+        c->expert_trace = v;
     } else {
         return 0;
     }
@@ -91,6 +107,11 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
 
 static tern_status load_model(const cli_common *c, cli_session *s, char *dir, size_t n, tern_error *e) {
     tern_status st = TERN_OK;
+    /* expert offload (runtime/experts.h): single-device models only for now */
+    tern_model_opts mo = {.expert_cache_bytes = (size_t)(c->expert_cache_gb * 1073741824.0),
+                          .expert_trace = c->expert_trace};
+    if (s->tp && c->expert_cache_gb > 0)
+        return tern_err(e, TERN_EUNSUPPORTED, "expert offload (--expert-cache) with --gpus N is not supported yet");
     if (c->random) {
         const char *js = tern_preset_config(c->random);
         tern_synth_spec spec = {.bits = c->random_bits, .group_size = c->random_group ? c->random_group : 64};
@@ -99,11 +120,13 @@ static tern_status load_model(const cli_common *c, cli_session *s, char *dir, si
             st = tern_config_parse(s->cfg, js, strlen(js), c->random, e);
             if (!st) st = tern_weights_open_synth(&s->ws, s->cfg, &spec, e);
         }
-        if (!st) st = tern_model_load_from(&s->model, s->cfg, s->ws, s->be, NULL, e);
+        if (!st && s->tp) st = tern_tp_load(s->tp, s->cfg, s->ws, NULL, &s->model, e);
+        else if (!st) st = tern_model_load_from(&s->model, s->cfg, s->ws, s->be, &mo, e);
         return st;
     }
     st = tern_model_path_resolve(c->model, dir, n, e);
-    if (!st) st = tern_model_load(&s->model, dir, s->be, NULL, e);
+    if (!st && s->tp) st = tern_tp_load_dir(s->tp, dir, NULL, &s->model, e);
+    else if (!st) st = tern_model_load(&s->model, dir, s->be, &mo, e);
     return st;
 }
 
@@ -113,8 +136,27 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
     tern_backend_opts bo = {.n_threads = c->threads, .device = 0, .compute = c->compute};
     const char *dev = c->device ? c->device : "auto";
     tern_status st = TERN_OK;
-    if (!strcmp(dev, "cuda") || !strcmp(dev, "auto")) {
-        st = tern_backend_cuda_open(&s->be, &bo, &e);
+    int ranks = c->gpus > 0 ? c->gpus : tern_tp_env();
+    if (ranks > 1) { /* tensor parallel (model/tp.h): GPUs 0..ranks-1, or CPU ranks with --device cpu */
+        tern_tp_opts to = {.n = ranks, .cuda = strcmp(dev, "cpu") != 0, .n_threads = c->threads, .compute = c->compute};
+        if (to.cuda && to.compute == TERN_COMPUTE_INT8) to.compute = TERN_COMPUTE_BF16;
+        st = tern_tp_open(&s->tp, &to, &e);
+        if (st && !strcmp(dev, "auto")) {
+            tern_log(TERN_LOG_INFO, "%s; %d CPU ranks instead", e.msg, ranks);
+            to.cuda = 0;
+            to.compute = c->compute;
+            st = tern_tp_open(&s->tp, &to, &e);
+        }
+        if (st) return cli_fail("open", &e);
+        s->be = tern_tp_backend(s->tp, 0);
+    }
+    if (!s->be && (!strcmp(dev, "cuda") || !strcmp(dev, "auto"))) {
+        tern_backend_opts go = bo;
+        if (go.compute == TERN_COMPUTE_INT8) { /* a CPU mode; its GPU counterpart is bf16 */
+            go.compute = TERN_COMPUTE_BF16;
+            if (!strcmp(dev, "cuda")) tern_log(TERN_LOG_INFO, "--compute int8 is a CPU mode; CUDA runs bf16");
+        }
+        st = tern_backend_cuda_open(&s->be, &go, &e);
         if (st && !strcmp(dev, "cuda")) return cli_fail("open", &e);
     }
     if (!s->be) {
@@ -123,7 +165,7 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
     }
     char dir[4096] = "";
     st = load_model(c, s, dir, sizeof dir, &e);
-    if (st == TERN_EUNSUPPORTED && !strcmp(dev, "auto") && s->be->device >= 0) {
+    if (st == TERN_EUNSUPPORTED && !strcmp(dev, "auto") && s->be->device >= 0 && !s->tp) {
         /* --device auto: a model the GPU backend cannot run yet goes to the CPU */
         tern_log(TERN_LOG_INFO, "%s; using the CPU", e.msg);
         tern_model_free(s->model);
@@ -143,7 +185,7 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
         if (s->be->device >= 0 && (!kvq || !strcmp(kvq, "auto"))) kvq = "off";
         st = tern_kv_quant_plan(kvq, c->random ? NULL : dir, tern_model_cfg(s->model), &formats, NULL, &e);
         tern_kv_opts ko = {.n_slots = n_slots, .max_ctx = c->max_ctx, .formats = formats};
-        if (!st) st = tern_kv_open(&s->kv, s->be, tern_model_cfg(s->model), &ko, &e);
+        if (!st) st = s->tp ? tern_tp_kv_open(s->tp, &ko, &s->kv, &e) : tern_kv_open(&s->kv, s->be, tern_model_cfg(s->model), &ko, &e);
         free(formats);
         if (st) { cli_close(s); return cli_fail("kv", &e); }
     }
@@ -151,6 +193,12 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
 }
 
 void cli_close(cli_session *s) {
+    if (s->tp) { /* the group owns every rank's cache, model and backend */
+        tern_tp_close(s->tp);
+        s->kv = NULL;
+        s->model = NULL;
+        s->be = NULL;
+    }
     tern_kv_close(s->kv);
     tern_model_free(s->model);
     tern_weights_close(s->ws);

@@ -19,6 +19,9 @@ typedef struct cli_common {
     int random_bits;         /* --quant q4|q8|...: 0 = bf16 */
     int random_group;        /* --group N */
     const char *kv_quant;    /* --kv-quant SPEC (io/kv_config.h); NULL = auto */
+    double expert_cache_gb;  /* --expert-cache GB: MoE expert offload slot cache (0 = off) */
+    const char *expert_trace;/* --expert-trace FILE: one JSON line per MoE layer call */
+    int gpus;                /* --gpus N (alias --tp N): tensor-parallel ranks (model/tp.h); 0 = TERN_TP */
 } cli_common;
 
 /* If argv[*i] is a common flag, consume it (and its value) and return 1; 0 if not a common
@@ -31,6 +34,7 @@ typedef struct cli_session {
     tern_kv *kv;
     tern_model_config *cfg;  /* owned for --random */
     tern_weights *ws;
+    struct tern_tp *tp;      /* --gpus N > 1: the group owns be, model and kv */
 } cli_session;
 
 /* Open backend + model (+ a KV cache with n_slots slots when n_slots > 0). Prints the error. */

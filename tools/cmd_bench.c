@@ -7,6 +7,7 @@
 #include "backend/cpu/cpu.h"
 #include "cli.h"
 #include "cli_util.h"
+#include "runtime/experts.h"
 #include "runtime/generate.h"
 
 #include <stdio.h>
@@ -70,6 +71,14 @@ int tern_cmd_bench(int argc, char **argv) {
                floor_tps > 0 ? tg / floor_tps : 0, tg > 0 ? 1e3 / tg : 0);
         printf("csv,%s,%s,%ld,%ld,%.2f,%.3f,%.2f,%.3f,%.4f\n", c.model, tern_model_backend(s.model)->vt->name, n_prompt,
                n_gen, pp, tg, bw, floor_tps, floor_tps > 0 ? tg / floor_tps : 0);
+    }
+    if (tern_model_experts(s.model)) { /* --expert-cache: what the slot cache did over every rep */
+        tern_experts_stats xs;
+        tern_experts_get_stats(tern_model_experts(s.model), &xs);
+        double n = (double)(xs.hits + xs.misses);
+        printf("expert cache: %d of %d experts per layer resident, %.1f MB of slots; hit rate %.3f, %.1f MB read, "
+               "%lld calls (%lld read in place)\n", xs.slots, xs.n_expert, xs.slot_bytes / 1e6, n > 0 ? xs.hits / n : 0,
+               xs.bytes_read / 1e6, (long long)xs.calls, (long long)xs.direct);
     }
     free(ids);
     cli_close(&s);

@@ -18,6 +18,7 @@
 #include "io/presets.h"
 #include "io/safetensors.h"
 #include "runtime/fit.h"
+#include "runtime/experts.h"
 #include "runtime/kv.h"
 
 #include <stdio.h>
@@ -39,6 +40,50 @@ static tern_status dir_weights(const char *dir, size_t *out, size_t *skipped, te
     }
     tern_st_close(set);
     return TERN_OK;
+}
+
+/* Routed-expert stacks as stored (HF fused / per-expert, mlx switch_glu / switch_mlp), not the
+ * shared experts: bytes of the text model's expert tensors in DIR. */
+static int expert_name(const char *n) {
+    return (strstr(n, "experts.") && !strstr(n, "shared_experts")) || strstr(n, "switch_mlp") || strstr(n, "switch_glu");
+}
+
+static size_t dir_expert_bytes(const char *dir) {
+    tern_st_set *set = NULL;
+    size_t b = 0;
+    if (tern_st_open(&set, dir, NULL)) return 0;
+    for (int i = 0; i < tern_st_count(set); i++) {
+        const tern_st_entry *e = tern_st_at(set, i);
+        if (expert_name(e->name) && !strstr(e->name, "vision") && !strstr(e->name, "audio")) b += e->nbytes;
+    }
+    tern_st_close(set);
+    return b;
+}
+
+/* `--expert-cache GB`: the resident set and the expected expert bytes read per decode token. */
+static void print_experts(const tern_model_config *cfg, const char *dir, int bits, int group, double cache_gb) {
+    int nl = 0;
+    for (int l = 0; l < cfg->n_layer; l++) nl += cfg->layers[l].moe != 0;
+    if (cfg->n_expert <= 0 || !nl) return;
+    size_t b;
+    if (dir && *dir) b = dir_expert_bytes(dir) / ((size_t)nl * (size_t)cfg->n_expert);
+    else { /* --random: one expert = 3 matrices of hidden x expert intermediate */
+        double w = 3.0 * cfg->n_embd * (double)cfg->n_ff_expert;
+        b = (size_t)(w * (bits > 0 ? bits / 8.0 + 4.0 / (group > 0 ? group : 64) : 2.0));
+    }
+    if (!b) return;
+    tern_experts_fit f;
+    tern_experts_fit_plan(b, cfg->n_expert, nl, cfg->n_expert_used, (size_t)(cache_gb * 1073741824.0), &f);
+    printf("\nexperts        %d MoE layers x %d experts x %.3f MB = %.3f GB; %d routed per token (%.3f GB read per "
+           "token when streamed)\n", nl, cfg->n_expert, b / 1e6, gb((size_t)nl * cfg->n_expert * b), cfg->n_expert_used,
+           (double)nl * cfg->n_expert_used * b / 1e9);
+    if (cache_gb > 0)
+        printf("expert cache   %.3f GB: %d of %d experts per layer resident (%.1f%%), %.3f GB of slots; expected "
+               "%.3f GB read per decode token (uniform routing, LRU hit rate = resident share)\n",
+               cache_gb, f.slots, cfg->n_expert, 100.0 * f.resident_frac, gb(f.resident_bytes), f.bytes_per_token / 1e9);
+    else printf("expert cache   off (--expert-cache GB offloads): every expert resident\n");
+    printf("csv-experts,%d,%d,%d,%zu,%.3f,%d,%zu,%.0f\n", nl, cfg->n_expert, cfg->n_expert_used, b, cache_gb, f.slots,
+           f.resident_bytes, f.bytes_per_token);
 }
 
 static int parse_gb(const char *flag, const char *v, double *out) {
@@ -109,6 +154,7 @@ int tern_cmd_fit(int argc, char **argv) {
             printf("    %-10s %8.3f GB (1e9 B)  %.4f B/weight\n", tern_fit_quant_name(q), g.expert_token[q] / 1e9,
                    tern_fit_bytes_per_weight(q));
     }
+    print_experts(&cfg, c.random ? NULL : dir, c.random_bits, c.random_group, c.expert_cache_gb);
     printf("\nKV bytes per token (per sequence, summed over the layers of each kind):\n");
     printf("  %-12s %12s %12s %12s\n", "mode", "full", "sliding", "shared");
     const char *modes[] = {"off", "bf16", "8", "4", "turbo:4,4", "turbo:4,3", "turbo:3,3", "turbo:3,2"};

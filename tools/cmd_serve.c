@@ -25,7 +25,7 @@
 static int usage(void) {
     fprintf(stderr,
             "usage: tern serve [MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--alias NAME]\n"
-            "                  [--device cpu|cuda|auto] [--compute f32|bf16] [--threads N] [--ctx|--max-ctx N]\n"
+            "                  [--device cpu|cuda|auto] [--compute f32|bf16] [--threads N] [--ctx|--max-ctx N] [--gpus N]\n"
             "                  [--max-concurrency N] [--max-queue N] [--memory-budget GB] [--kv-memory GB]\n"
             "                  [--prompt-cache GB] [--kv-quant off|8|4|turbo] [--speculative K] [--max-tokens N] [--max-body MB]\n"
             "                  [--timeout S] [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N]\n"
@@ -35,10 +35,11 @@ static int usage(void) {
 
 /* flags that take a value */
 static int value_flag(const char *a) {
-    static const char *k[] = {"--host", "--port", "--api-key", "--alias", "--device", "--compute", "--threads",
+    static const char *k[] = {"--host", "--port", "--api-key", "--alias", "--device", "--compute", "--threads", "--gpus", "--tp",
                               "--max-ctx", "--max-concurrency", "--memory-budget", "--kv-memory", "--prompt-cache",
                               "--kv-quant", "--max-tokens", "--max-body", "--timeout", "--ctx", "--max-queue",
-                              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--speculative"};
+                              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--speculative",
+                              "--expert-cache", "--expert-trace"};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (!strcmp(a, k[i])) return 1;
     return 0;
@@ -78,6 +79,7 @@ int tern_cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--compute expects f32 or bf16, got '%s'", v);
             o.engine.compute_bf16 = !strcmp(v, "bf16");
         } else if (!strcmp(a, "--threads")) { if (cli_int("serve", a, v, 0, 1024, &x)) return 2; o.engine.n_threads = (int)x; }
+        else if (!strcmp(a, "--gpus") || !strcmp(a, "--tp")) { if (cli_int("serve", a, v, 1, 16, &x)) return 2; o.engine.gpus = (int)x; }
         else if (!strcmp(a, "--max-ctx") || !strcmp(a, "--ctx")) { if (cli_int("serve", a, v, 1, 1 << 24, &x)) return 2; o.engine.max_ctx = (int)x; }
         else if (!strcmp(a, "--max-concurrency")) {
             if (cli_int("serve", a, v, 1, 4096, &x)) return 2;
@@ -86,6 +88,8 @@ int tern_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--kv-memory")) { if (dbl(a, v, &d)) return 2; o.engine.kv_memory_gb = d; }
         else if (!strcmp(a, "--prompt-cache")) { if (dbl(a, v, &d)) return 2; o.engine.prompt_cache_gb = d; }
         else if (!strcmp(a, "--kv-quant")) o.engine.kv_quant = v;
+        else if (!strcmp(a, "--expert-cache")) { if (dbl(a, v, &d)) return 2; o.engine.expert_cache_gb = d; }
+        else if (!strcmp(a, "--expert-trace")) o.engine.expert_trace = v;
         else if (!strcmp(a, "--speculative")) {
             if (cli_int("serve", a, v, 0, TERN_SPEC_MAX_K, &x)) return 2;
             o.engine.speculative_k = (int)x;

@@ -38,6 +38,8 @@ struct tern_weights {
     stack *stacks;
     int n_stacks;
     struct tern_synth *synth; /* synthetic store (weights_synth.c): tensors made on request */
+    tern_weights_shard_fn shard; /* tensor-parallel hook (weights.h), NULL = none */
+    void *shard_ctx;
 };
 
 tern_status tern_weights_open_synth(tern_weights **out, const tern_model_config *cfg, const tern_synth_spec *spec,
@@ -444,9 +446,21 @@ int tern_weights_try(tern_weights *w, const char *name, int ndim, const int64_t 
     tern_tensor tmp;
     memset(t, 0, sizeof *t);
     if (!w || !name) return tern_err(err, TERN_EINVAL, "weights: NULL store or name");
+    int r;
+    if (w->synth && w->shard) { /* synthetic tensors are made in the shape asked for; experts still split */
+        if ((r = tern__synth_try(w->synth, name, ndim, shape, &tmp, err)) <= 0) return r;
+        if ((r = w->shard(w->shard_ctx, name, ndim, shape, &tmp, err)) < 0) return r;
+        *t = tmp;
+        return 1;
+    }
     if (w->synth) return tern__synth_try(w->synth, name, ndim, shape, t, err);
-    int r = resolve(w, name, &tmp, tried, sizeof tried, err);
+    r = resolve(w, name, &tmp, tried, sizeof tried, err);
     if (r <= 0) return r;
+    if (w->shard && (r = w->shard(w->shard_ctx, name, ndim, shape, &tmp, err)) != 0) {
+        if (r < 0) return r;
+        *t = tmp;
+        return 1;
+    }
     if (shape) {
         int ok = tmp.ndim == ndim;
         for (int i = 0; ok && i < ndim; i++) ok = tmp.shape[i] == shape[i];
@@ -506,6 +520,12 @@ int tern_weights_unused(const tern_weights *w, const char **names, int max) {
         n++;
     }
     return n;
+}
+
+void tern_weights_set_shard(tern_weights *w, tern_weights_shard_fn fn, void *ctx) {
+    if (!w) return;
+    w->shard = fn;
+    w->shard_ctx = ctx;
 }
 
 const char *tern_weights_prefix(const tern_weights *w) { return w ? w->prefix : ""; }

@@ -62,6 +62,15 @@ void tern__synth_free(struct tern_synth *s);
 int tern__synth_try(struct tern_synth *s, const char *name, int ndim, const int64_t *shape, tern_tensor *t,
                     tern_error *err);
 
+/* Shard hook (appended; tensor parallelism, src/model/tp.c). When set, every get/try passes the
+ * found tensor through fn before the shape check: fn may replace *t by its rank's part (a view,
+ * or a copy it owns) and returns 1 when it did (it has then checked the shape itself against the
+ * requested local `shape`), 0 to leave *t to the ordinary check, or a negative status with
+ * *err filled. fn NULL removes the hook. The store never frees what fn made. */
+typedef int (*tern_weights_shard_fn)(void *ctx, const char *name, int ndim, const int64_t *shape, tern_tensor *t,
+                                     tern_error *err);
+void tern_weights_set_shard(tern_weights *w, tern_weights_shard_fn fn, void *ctx);
+
 /* The detected stored-name prefix ("model.", "model.language_model.", ... or ""). */
 const char *tern_weights_prefix(const tern_weights *w);
 /* The underlying safetensors set (for metadata / listing). */

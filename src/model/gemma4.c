@@ -213,7 +213,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     for (int l = 0; l < N; l++) {
         const tern_layer_config *lc = &c->layers[l];
         g4_layer *L = &g->L[l];
-        int D = lc->head_dim, nH = c->n_head, nKV = lc->n_head_kv, I = lc->n_ff;
+        int D = lc->head_dim, nH = c->n_head, nKV = lc->n_head_kv;
         int full = lc->type == TERN_LAYER_FULL;
         const float *inv = full ? g->inv_full : g->inv_sliding;
         float ms = full ? g->mscale_full : g->mscale_sliding;
@@ -221,13 +221,16 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
 
         /* (a) attention */
         op->rmsnorm(be, g->xn, g->x, n, H, L->in_norm, eps);
-        op->matmul(be, g->q, g->xn, n, &L->wq);
+        int qkv = lc->kv_src == l && !lc->k_eq_v; /* q, k, v projections in one call */
+        if (qkv) tern__matmul_qkv(m, g->q, g->k, g->v, g->xn, n, &L->wq, &L->wk, &L->wv);
+        else op->matmul(be, g->q, g->xn, n, &L->wq);
         op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
         op->rope(be, g->q, n, nH, D, m->d_pos, inv, ms);
         if (lc->kv_src == l) {
-            op->matmul(be, g->k, g->xn, n, &L->wk);
-            if (lc->k_eq_v) op->scale(be, g->v, g->k, 1.0f, (size_t)n * nKV * D); /* V = raw K projection */
-            else op->matmul(be, g->v, g->xn, n, &L->wv);
+            if (lc->k_eq_v) { /* V = raw K projection */
+                op->matmul(be, g->k, g->xn, n, &L->wk);
+                op->scale(be, g->v, g->k, 1.0f, (size_t)n * nKV * D);
+            }
             op->rmsnorm(be, g->k, g->k, n * nKV, D, L->k_norm, eps);
             op->rope(be, g->k, n, nKV, D, m->d_pos, inv, ms);
             op->rmsnorm(be, g->v, g->v, n * nKV, D, NULL, eps);
@@ -236,15 +239,15 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
         op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
         op->matmul(be, g->o, g->att, n, &L->wo);
+        tern_allreduce_sum(be, g->o, (size_t)n * H); /* tensor parallel: sum the ranks' heads */
         op->rmsnorm(be, g->o, g->o, n, H, L->post_attn_norm, eps);
         op->add(be, g->x, g->x, g->o, (size_t)n * H);
 
         /* (b) feed-forward: dense MLP, and in MoE layers the routed experts beside it */
         op->rmsnorm(be, g->xn, g->x, n, H, L->pre_ff_norm, eps);
-        op->matmul(be, g->g, g->xn, n, &L->gate);
-        op->matmul(be, g->u, g->xn, n, &L->up);
-        op->gelu_tanh_mul(be, g->g, g->g, g->u, (size_t)n * I);
+        tern__matmul_glu(m, g->g, g->u, g->xn, n, &L->gate, &L->up, TERN_ACT_GELU_TANH); /* gelu(gate)·up */
         op->matmul(be, g->o, g->g, n, &L->down);
+        tern_allreduce_sum(be, g->o, (size_t)n * H);
         if (lc->moe) {
             int E = c->n_expert, K = c->n_expert_used;
             op->rmsnorm(be, g->o, g->o, n, H, L->post_ff1_norm, eps);
@@ -252,8 +255,9 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             op->matmul(be, g->lg, g->x2, n, &L->router);
             op->route_topk(be, g->idx, g->wts, g->lg, n, E, K, TERN_ROUTE_SOFTMAX_TOPK, L->per_expert_scale);
             op->rmsnorm(be, g->x2, g->x, n, H, L->pre_ff2_norm, eps);
-            op->moe_mlp(be, g->m2, g->x2, n, H, g->idx, g->wts, K, &L->egate, &L->eup, &L->edown,
+            tern__moe_mlp(m, l, g->m2, g->x2, n, H, g->idx, g->wts, K, &L->egate, &L->eup, &L->edown,
                         TERN_ACT_GELU_TANH, g->moe_scratch);
+            tern_allreduce_sum(be, g->m2, (size_t)n * H); /* expert parallel: each rank ran its experts */
             op->rmsnorm(be, g->m2, g->m2, n, H, L->post_ff2_norm, eps);
             op->add(be, g->o, g->o, g->m2, (size_t)n * H);
         }

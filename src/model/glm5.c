@@ -84,19 +84,24 @@ static tern_status glm_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
             }
         }
 
-        /* absorbed query [n, H, q̃ (rkv) | qR (dr)] */
-        for (int h = 0; h < H; h++) {
-            go->copy_2d(be, g->ta, dn, g->q + (size_t)h * dq, H * dq, n, dn);
-            op->matmul_expert(be, g->tb, g->ta, n, &L->uk, h);
-            go->copy_2d(be, g->qc + (size_t)h * W, H * W, g->tb, rkv, n, rkv);
-        }
+        /* absorbed query [n, H, q̃ (rkv) | qR (dr)]; per-head products in one call when the
+         * backend has matmul_heads, else one matmul_expert per head */
+        if (go->matmul_heads) go->matmul_heads(be, g->qc, H * W, W, g->q, H * dq, dq, n, H, &L->uk);
+        else
+            for (int h = 0; h < H; h++) {
+                go->copy_2d(be, g->ta, dn, g->q + (size_t)h * dq, H * dq, n, dn);
+                op->matmul_expert(be, g->tb, g->ta, n, &L->uk, h);
+                go->copy_2d(be, g->qc + (size_t)h * W, H * W, g->tb, rkv, n, rkv);
+            }
         go->copy_2d(be, g->qc + rkv, W, g->q + dn, dq, n * H, dr);
         go->attention_latent(be, g->ol, g->qc, &rows, H, kvl, rkv, (float)c->attn_scale, have_sel ? g->sel : NULL, K);
-        for (int h = 0; h < H; h++) {
-            go->copy_2d(be, g->ta, rkv, g->ol + (size_t)h * rkv, H * rkv, n, rkv);
-            op->matmul_expert(be, g->tb, g->ta, n, &L->uv, h);
-            go->copy_2d(be, g->att + (size_t)h * dv, H * dv, g->tb, dv, n, dv);
-        }
+        if (go->matmul_heads) go->matmul_heads(be, g->att, H * dv, dv, g->ol, H * rkv, rkv, n, H, &L->uv);
+        else
+            for (int h = 0; h < H; h++) {
+                go->copy_2d(be, g->ta, rkv, g->ol + (size_t)h * rkv, H * rkv, n, rkv);
+                op->matmul_expert(be, g->tb, g->ta, n, &L->uv, h);
+                go->copy_2d(be, g->att + (size_t)h * dv, H * dv, g->tb, dv, n, dv);
+            }
         op->matmul(be, g->o, g->att, n, &L->o);
         op->add(be, g->x, g->x, g->o, (size_t)n * D);
 
@@ -107,7 +112,7 @@ static tern_status glm_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
             op->matmul(be, g->rl, g->xn, n, &L->router);
             rg.bias = L->bias;
             go->route_group(be, g->idx, g->wts, g->rl, n, E, k, &rg);
-            op->moe_mlp(be, g->o, g->xn, n, D, g->idx, g->wts, k, &L->eg, &L->eu, &L->ed, TERN_ACT_SILU, g->moe_scr);
+            tern__moe_mlp(m, l, g->o, g->xn, n, D, g->idx, g->wts, k, &L->eg, &L->eu, &L->ed, TERN_ACT_SILU, g->moe_scr);
             op->add(be, g->x, g->x, g->o, (size_t)n * D);
         }
         if (I > 0) {

@@ -3,7 +3,7 @@
  * and scratch layout. Internal to src/model.
  *
  * Per layer the attention keeps W_UK as uk [H, kv_lora, nope] (so q̃_h = uk[h]·qN_h is one
- * matmul_expert) and W_UV as uv [H, v, kv_lora]; both are mlx's embed_q / unembed_out as
+ * matmul_expert, or all heads at once through vt->glm->matmul_heads) and W_UV as uv [H, v, kv_lora]; both are mlx's embed_q / unembed_out as
  * stored, or are built once at load from HF's kv_b_proj [H·(nope+v), kv_lora] (exact copies
  * for float dtypes, dequantized to f32 for MLX-quantized ones) and owned here.
  */

@@ -49,7 +49,28 @@ struct tern_model {
     /* owned when loaded from a directory */
     tern_model_config *own_cfg;
     tern_weights *own_ws;
+    /* tensor parallelism (appended; tp.c): set on rank 0's model of a group, whose forward then
+     * runs every rank's model in lockstep (tern__tp_forward); NULL otherwise and on ranks > 0 */
+    struct tern_tp *tp;
+    /* expert offload (appended; src/runtime/experts.h): NULL = every expert uploaded */
+    struct tern_experts *experts;
+    tern_weights *load_ws;     /* the store being loaded (expert stacks check their file backing) */
+    /* on-device sampling (appended; model.c): buffers made at load when the backend has
+     * vt->sample; during tern_model_forward_sample, samp = the request, and for the current
+     * sub-batch samp_base = index of its first wanted row, samp_any / samp_all = some / every
+     * wanted row is drawn on the device (d_srows holds the sub-batch's descriptors) */
+    const tern_batch_sample *samp;
+    int samp_base, samp_any, samp_all;
+    tern_sample_row *d_srows;  /* [max_batch] */
+    tern_sample_pair *d_pairs; /* [TERN_MODEL_SAMPLE_PAIRS] */
+    int32_t *d_ids;            /* [max_batch] */
+    void *d_sscratch;          /* tern_sample_scratch_bytes(n_vocab) */
 };
+
+/* One forward over this model alone (what tern_model_forward does outside a TP group). */
+tern_status tern__model_forward_local(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err);
+/* tp.c: run b on every rank of the group (rank 0 = the caller's model and kv). */
+tern_status tern__tp_forward(struct tern_tp *tp, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err);
 
 /* The step's rows as ops see them: the driver's device copies of positions / slots and, when
  * the step has bidirectional spans, the per-row visible ranges (ops.h tern_rows.vis_*). */
@@ -63,6 +84,18 @@ static inline tern_rows tern__step_rows(const tern_model *m, const tern_batch *b
     }
     return r;
 }
+
+/* MoE block of layer l: vt->moe_mlp, or over the expert store's slots when offload is on
+ * (src/model/moe.c; identical results). gate/up/down: the layer's stacks as loaded. */
+void tern__moe_mlp(tern_model *m, int l, float *y, const float *x, int n, int H, const int32_t *idx,
+                   const float *wts, int k, const tern_tensor *gate, const tern_tensor *up,
+                   const tern_tensor *down, int act, float *scratch);
+/* tern__load_stack with offload on: register the stored stack with the expert store instead
+ * of uploading it (moe.c). */
+tern_status tern__experts_register(tern_model *m, const char *name, tern_tensor *t, tern_error *err);
+/* With offload on: hand an uploaded MoE router (layers.L.router.proj, layers.L.mlp.gate) to the
+ * expert store for read-ahead; other names are ignored. */
+void tern__experts_router(tern_model *m, const char *name, const tern_tensor *t);
 
 /* Device allocation owned by the model (freed with it). NULL + err on failure. */
 void *tern__alloc(tern_model *m, size_t bytes, tern_error *err);
@@ -101,5 +134,43 @@ tern_status tern__rope_inv_freq(const tern_rope_params *rp, int D, int max_pos, 
 
 /* Upload host floats into a model-owned device array. */
 float *tern__upload_f32(tern_model *m, const float *host, size_t n, tern_error *err);
+
+/* Fused decode ops (ops.h, appended): one call each in model code; when the backend does not
+ * fuse the case (NULL op or a 0 return) the separate ops run, with bitwise the same result. */
+static inline void tern__matmul_qkv(tern_model *m, float *q, float *k, float *v, const float *x, int n,
+                                    const tern_tensor *wq, const tern_tensor *wk, const tern_tensor *wv) {
+    const tern_backend_vt *op = m->be->vt;
+    float *const ys[3] = {q, k, v};
+    const tern_tensor *const ws[3] = {wq, wk, wv};
+    if (op->matmul_n && op->matmul_n(m->be, 3, ys, x, n, ws)) return;
+    for (int i = 0; i < 3; i++) op->matmul(m->be, ys[i], x, n, ws[i]);
+}
+/* y = act(x·gateᵀ) ⊙ (x·upᵀ); tmp [n, I] is scratch for the unfused path */
+static inline void tern__matmul_glu(tern_model *m, float *y, float *tmp, const float *x, int n,
+                                    const tern_tensor *gate, const tern_tensor *up, int act) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->matmul_glu && op->matmul_glu(m->be, y, x, n, gate, up, act)) return;
+    size_t cnt = (size_t)n * (size_t)gate->shape[gate->ndim - 2];
+    op->matmul(m->be, y, x, n, gate);
+    op->matmul(m->be, tmp, x, n, up);
+    if (act == TERN_ACT_SILU) op->silu_mul(m->be, y, y, tmp, cnt);
+    else op->gelu_tanh_mul(m->be, y, y, tmp, cnt);
+}
+/* y += x·Wᵀ in one launch when the backend can (never in a tensor-parallel group, whose
+ * partial products are summed between the matmul and the add). Returns 0 when the caller
+ * must run matmul + allreduce + add itself. */
+static inline int tern__matmul_add(tern_model *m, float *y, const float *x, int n, const tern_tensor *w) {
+    const tern_backend_vt *op = m->be->vt;
+    return !op->allreduce_sum && op->matmul_add && op->matmul_add(m->be, y, x, n, w);
+}
+/* rope(q), rope(k) at rows->pos, then kv_write(k, v) */
+static inline void tern__rope_kv_write(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q,
+                                       float *k, const float *v, int nh, const float *inv_freq, float mscale) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->rope_kv_write && op->rope_kv_write(m->be, kv, rows, q, k, v, nh, inv_freq, mscale)) return;
+    op->rope(m->be, q, rows->n, nh, kv->head_dim, rows->pos, inv_freq, mscale);
+    op->rope(m->be, k, rows->n, kv->n_head_kv, kv->head_dim, rows->pos, inv_freq, mscale);
+    op->kv_write(m->be, kv, rows, k, v);
+}
 
 #endif

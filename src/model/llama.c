@@ -128,12 +128,10 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     for (int l = 0; l < N; l++) {
         const tern_layer_config *lc = &c->layers[l];
         ll_layer *L = &g->L[l];
-        int D = lc->head_dim, nKV = lc->n_head_kv, I = lc->n_ff;
+        int D = lc->head_dim, nKV = lc->n_head_kv;
         const tern_kv_layer *kvl = tern_kv_view(kv, l);
         op->rmsnorm(be, g->xn, g->x, n, H, L->in_norm, eps);
-        op->matmul(be, g->q, g->xn, n, &L->wq);
-        op->matmul(be, g->k, g->xn, n, &L->wk);
-        op->matmul(be, g->v, g->xn, n, &L->wv);
+        tern__matmul_qkv(m, g->q, g->k, g->v, g->xn, n, &L->wq, &L->wk, &L->wv);
         if (L->bq) {
             op->add_bias(be, g->q, L->bq, n, nH * D);
             op->add_bias(be, g->k, L->bk, n, nKV * D);
@@ -143,20 +141,22 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
             op->rmsnorm(be, g->k, g->k, n * nKV, D, L->k_norm, eps);
         }
-        op->rope(be, g->q, n, nH, D, m->d_pos, g->inv, g->mscale);
-        op->rope(be, g->k, n, nKV, D, m->d_pos, g->inv, g->mscale);
-        op->kv_write(be, kvl, &rows, g->k, g->v);
+        tern__rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, g->inv, g->mscale); /* rope q, k; cache k, v */
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
         op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
-        op->matmul(be, g->o, g->att, n, &L->wo);
-        op->add(be, g->x, g->x, g->o, (size_t)n * H);
+        if (!tern__matmul_add(m, g->x, g->att, n, &L->wo)) { /* x += o_proj(att) */
+            op->matmul(be, g->o, g->att, n, &L->wo);
+            tern_allreduce_sum(be, g->o, (size_t)n * H); /* tensor parallel: sum the ranks' heads */
+            op->add(be, g->x, g->x, g->o, (size_t)n * H);
+        }
 
         op->rmsnorm(be, g->xn, g->x, n, H, L->post_norm, eps);
-        op->matmul(be, g->g, g->xn, n, &L->gate);
-        op->matmul(be, g->u, g->xn, n, &L->up);
-        op->silu_mul(be, g->g, g->g, g->u, (size_t)n * I);
-        op->matmul(be, g->o, g->g, n, &L->down);
-        op->add(be, g->x, g->x, g->o, (size_t)n * H);
+        tern__matmul_glu(m, g->g, g->u, g->xn, n, &L->gate, &L->up, TERN_ACT_SILU); /* silu(gate)·up */
+        if (!tern__matmul_add(m, g->x, g->g, n, &L->down)) { /* x += down(...) */
+            op->matmul(be, g->o, g->g, n, &L->down);
+            tern_allreduce_sum(be, g->o, (size_t)n * H);
+            op->add(be, g->x, g->x, g->o, (size_t)n * H);
+        }
     }
     tern__out_head_logits(m, &g->out, g->x, want, n_want, g->final_norm, &g->head, logits);
     return TERN_OK;

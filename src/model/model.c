@@ -18,6 +18,7 @@
  * spans always run eagerly (the recorded op sequence of a graph has no span ranges).
  */
 #include "model/internal.h"
+#include "runtime/experts.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -79,8 +80,11 @@ static tern_status upload(tern_model *m, tern_tensor *t, const char *name, tern_
         m->stats.bytes_per_token += (double)bytes / (double)t->shape[0]; /* one row per token */
     else
         m->stats.bytes_per_token += (double)bytes;
+    if (m->experts && t->ndim == 3 && strstr(name, ".experts.")) /* offload: stays stored (moe.c) */
+        return tern__experts_register(m, name, t, err);
     s = m->be->vt->upload_weight(m->be, t, err);
     if (s) return tern_err_wrap(err, s, "uploading '%s'", name);
+    if (m->experts) tern__experts_router(m, name, t); /* offload read-ahead uses the routers (moe.c) */
     tern_tensor *keep = malloc(sizeof *keep);
     if (!keep) return tern_err(err, TERN_ENOMEM, "out of memory");
     *keep = *t;
@@ -149,13 +153,18 @@ void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x
     const tern_backend_vt *op = m->be->vt;
     tern_backend *be = m->be;
     int H = m->cfg.n_embd, V = m->cfg.n_vocab;
+    if (!out && !m->samp_any) return; /* nobody reads them (e.g. ranks > 0 of a tensor-parallel group) */
     for (int i0 = 0; i0 < n_want; i0 += h->rows) {
         int nr = TERN_MIN(h->rows, n_want - i0);
         for (int i = 0; i < nr; i++) op->copy_cols(be, h->xs + (size_t)i * H, x + (size_t)want[i0 + i] * H, 1, H, H, 0);
         op->rmsnorm(be, h->xs, h->xs, nr, H, norm, (float)m->cfg.norm_eps);
         op->matmul(be, h->logits, h->xs, nr, head);
         if (m->cfg.final_logit_softcap > 0) op->softcap(be, h->logits, (size_t)nr * V, (float)m->cfg.final_logit_softcap);
-        if (out) op->download(be, out + (size_t)i0 * V, h->logits, sizeof(float) * (size_t)nr * V);
+        if (out && !m->samp_all) op->download(be, out + (size_t)i0 * V, h->logits, sizeof(float) * (size_t)nr * V);
+        if (m->samp_any) { /* on-device sampling: one int32 per drawn row comes back */
+            op->sample(be, m->d_ids + i0, h->logits, nr, V, m->d_srows + i0, m->d_pairs, m->d_sscratch);
+            op->download(be, m->samp->ids + m->samp_base + i0, m->d_ids + i0, sizeof(int32_t) * (size_t)nr);
+        }
     }
 }
 
@@ -276,10 +285,24 @@ tern_status tern_model_load_from(tern_model **out, const tern_model_config *cfg,
         !(m->d_vis_hi = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
         !(m->d_embd = TERN_ALLOC_F(m, (size_t)m->max_batch * cfg->n_embd, err)))
         s = TERN_ENOMEM;
+    if (!s && be->vt->sample && /* on-device sampling buffers (tern_model_forward_sample) */
+        (!(m->d_srows = tern__alloc(m, sizeof(tern_sample_row) * (size_t)m->max_batch, err)) ||
+         !(m->d_pairs = tern__alloc(m, sizeof(tern_sample_pair) * TERN_MODEL_SAMPLE_PAIRS, err)) ||
+         !(m->d_ids = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
+         !(m->d_sscratch = tern__alloc(m, tern_sample_scratch_bytes(cfg->n_vocab), err))))
+        s = TERN_ENOMEM;
     if (!s && (!(m->h_vis_lo = malloc(sizeof(int32_t) * (size_t)m->max_batch)) ||
                !(m->h_vis_hi = malloc(sizeof(int32_t) * (size_t)m->max_batch))))
         s = tern_err(err, TERN_ENOMEM, "out of memory");
+    if (!s && opts && (opts->expert_cache_bytes || opts->expert_slots) && cfg->n_expert > 0) {
+        tern_experts_opts xo = {.cap_bytes = opts->expert_cache_bytes, .slots = opts->expert_slots,
+                                .trace = opts->expert_trace};
+        s = tern_experts_open(&m->experts, be, cfg->n_layer, &xo, err);
+        m->load_ws = ws;
+    }
     if (!s) s = impl->load(m, ws, err);
+    if (!s && m->experts) s = tern_experts_plan(m->experts, cfg->n_expert_used, err);
+    m->load_ws = NULL;
     if (!s) {
         const char *names[16];
         int nu = tern_weights_unused(ws, names, 16);
@@ -315,6 +338,7 @@ void tern_model_free(tern_model *m) {
     if (!m) return;
     if (m->be && m->be->vt->graph_reset) m->be->vt->graph_reset(m->be); /* graphs hold our buffers */
     if (m->impl && m->impl->free) m->impl->free(m);
+    tern_experts_close(m->experts);
     for (int i = 0; i < m->n_weights; i++) {
         if (m->be->vt->free_weight) m->be->vt->free_weight(m->be, m->weights[i]);
         free(m->weights[i]);
@@ -380,14 +404,21 @@ static int forward_graph(tern_model *m, const tern_batch *sub, tern_kv *kv, cons
     if (!vt->graph_replay || !vt->graph_begin || !vt->graph_end || !graphs_enabled()) return 0;
     if (sub->n > GRAPH_MAX_ROWS || n_want != sub->n || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC) return 0;
     if (m->vis_on) return 0; /* span ranges are host-side control flow: never recorded */
+    if (m->experts) return 0; /* expert offload decides on the host after routing */
+    if (m->samp_any && !m->samp_all) return 0; /* mixed host / device rows: eager */
     size_t bytes = out ? sizeof(float) * (size_t)n_want * m->cfg.n_vocab : 0;
-    uint64_t key = step_key(m, kv, sub, n_want, out != NULL);
-    if (vt->graph_replay(m->be, key, out, bytes)) return 1;
-    if (!vt->graph_begin(m->be, key, out, bytes)) return 0;
+    void *gout = out; /* where the recorded downloads land: logits, or the drawn ids */
+    if (m->samp_all) {
+        gout = m->samp->ids + m->samp_base;
+        bytes = sizeof(int32_t) * (size_t)n_want;
+    }
+    uint64_t key = step_key(m, kv, sub, n_want, m->samp_all ? 2 : out != NULL);
+    if (vt->graph_replay(m->be, key, gout, bytes)) return 1;
+    if (!vt->graph_begin(m->be, key, gout, bytes)) return 0;
     tern_error scratch = {0};
     tern_status s = m->impl->forward(m, sub, kv, wi, n_want, out, &scratch);
     if (!vt->graph_end(m->be, s == TERN_OK)) return 0;
-    return vt->graph_replay(m->be, key, out, bytes);
+    return vt->graph_replay(m->be, key, gout, bytes);
 }
 
 /* ---- bidirectional spans ------------------------------------------------------------ */
@@ -507,7 +538,54 @@ static void spans_fill(tern_model *m, const tern_batch *sub) {
     m->be->vt->upload(m->be, m->d_vis_hi, m->h_vis_hi, sizeof(int32_t) * (size_t)sub->n);
 }
 
+/* ---- on-device sampling ------------------------------------------------------------- */
+
+int tern_model_can_sample(const tern_model *m) { return m && !m->tp && m->be->vt->sample && m->d_srows; }
+
+/* The sub-batch's wanted rows are samp->rows[k0, k0 + n_want): note which are drawn on the
+ * device and upload their descriptors (before any graph replays or records). */
+static void samp_sub(tern_model *m, int k0, int n_want) {
+    int dev = 0;
+    for (int k = 0; k < n_want; k++) dev += m->samp->rows[k0 + k].mode == TERN_SAMPLE_DRAW;
+    m->samp_base = k0;
+    m->samp_any = dev > 0;
+    m->samp_all = dev > 0 && dev == n_want;
+    if (dev) m->be->vt->upload(m->be, m->d_srows, m->samp->rows + k0, sizeof(tern_sample_row) * (size_t)n_want);
+}
+
+tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits,
+                                      const tern_batch_sample *smp, tern_error *err) {
+    if (!smp) return tern_model_forward(m, b, kv, logits, err);
+    if (!tern_model_can_sample(m))
+        return tern_err(err, TERN_EUNSUPPORTED, "device sampling: not available on the %s backend%s", m->be->vt->name,
+                        m->tp ? " with tensor parallelism" : "");
+    if (!smp->rows || !smp->ids || smp->n_pairs < 0 || smp->n_pairs > TERN_MODEL_SAMPLE_PAIRS ||
+        (smp->n_pairs && !smp->pairs))
+        return tern_err(err, TERN_EINVAL, "device sampling: bad request (n_pairs %d, at most %d)", smp->n_pairs,
+                        TERN_MODEL_SAMPLE_PAIRS);
+    int n_want = 0;
+    for (int r = 0; r < b->n; r++) n_want += !b->want || b->want[r];
+    for (int k = 0; k < n_want; k++) {
+        const tern_sample_row *p = &smp->rows[k];
+        if (p->mode != TERN_SAMPLE_DRAW) continue;
+        if (p->n_bias < 0 || p->n_hist < 0 || p->bias_off < 0 || p->hist_off < 0 ||
+            p->bias_off > smp->n_pairs - p->n_bias || p->hist_off > smp->n_pairs - p->n_hist)
+            return tern_err(err, TERN_EINVAL, "device sampling: row %d: lists outside the %d pairs", k, smp->n_pairs);
+    }
+    if (smp->n_pairs) m->be->vt->upload(m->be, m->d_pairs, smp->pairs, sizeof(tern_sample_pair) * (size_t)smp->n_pairs);
+    m->samp = smp;
+    tern_status s = tern__model_forward_local(m, b, kv, logits, err);
+    m->samp = NULL;
+    m->samp_any = m->samp_all = 0;
+    return s;
+}
+
 tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err) {
+    if (m->tp) return tern__tp_forward(m->tp, b, kv, logits, err); /* tensor parallel: every rank (tp.c) */
+    return tern__model_forward_local(m, b, kv, logits, err);
+}
+
+tern_status tern__model_forward_local(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err) {
     if (b->n <= 0) return TERN_OK;
     if (!b->tokens && !b->embd) return tern_err(err, TERN_EINVAL, "batch has neither tokens nor embeddings");
     for (int r = 0; r < b->n; r++) {
@@ -550,8 +628,10 @@ tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
         n_want = 0;
         for (int r = 0; r < n; r++) if (!sub.want || sub.want[r]) wi[n_want++] = r;
         float *out = logits ? logits + out_off : NULL;
+        if (m->samp) samp_sub(m, (int)(out_off / (size_t)m->cfg.n_vocab), n_want);
         s = forward_graph(m, &sub, kv, wi, n_want, out) ? TERN_OK : m->impl->forward(m, &sub, kv, wi, n_want, out, err);
         m->vis_on = 0;
+        m->samp_any = m->samp_all = 0;
         if (wi != want_idx) free(wi);
         if (s) return s;
         out_off += (size_t)n_want * m->cfg.n_vocab;

@@ -43,6 +43,11 @@ typedef struct tern_model tern_model;
 
 typedef struct tern_model_opts {
     int max_batch;            /* rows per forward the scratch is sized for (default 512) */
+    /* expert offload (appended; src/runtime/experts.h, docs/OFFLOAD.md): MoE expert stacks stay
+     * in their stored bytes and a bounded slot cache holds the hot ones. Off when both are 0. */
+    size_t expert_cache_bytes;/* slot memory over every MoE layer */
+    int expert_slots;         /* > 0: slots per MoE layer (overrides the bytes; tests) */
+    const char *expert_trace; /* JSON-lines routing trace path, or NULL */
 } tern_model_opts;
 
 /* Load DIR (config.json + safetensors) onto backend `be`. Every expected tensor is checked
@@ -71,5 +76,27 @@ typedef struct tern_model_stats {
                                  embedding tables count once only when they are the tied head) */
 } tern_model_stats;
 void tern_model_get_stats(const tern_model *m, tern_model_stats *st);
+
+/* On-device sampling (appended). The rows that ask for logits may ask for a token instead,
+ * drawn by the backend (ops.h vt->sample) so that one int32 per row comes back instead of
+ * n_vocab floats. smp->rows[k] describes the k-th wanted row of the batch: mode
+ * TERN_SAMPLE_DRAW -> smp->ids[k] = its token (or a TERN_SAMPLE_ERR_*); TERN_SAMPLE_SKIP ->
+ * its logits land at logits + k*V as with tern_model_forward (the logits rows of drawn tokens
+ * and the ids of logits rows are unspecified). pairs: the lists the rows point into (at most TERN_MODEL_SAMPLE_PAIRS).
+ * A step whose wanted rows are all drawn on the device runs as a step graph that downloads
+ * only the ids; mixed steps run eagerly. smp == NULL: tern_model_forward. */
+#define TERN_MODEL_SAMPLE_PAIRS (1 << 16)
+typedef struct tern_batch_sample {
+    const tern_sample_row *rows;  /* [n_want] */
+    const tern_sample_pair *pairs;
+    int n_pairs;
+    int32_t *ids;                 /* [n_want] out */
+} tern_batch_sample;
+/* 1 when this model can draw on its device (the backend has vt->sample; not tensor-parallel). */
+int tern_model_can_sample(const tern_model *m);
+tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits,
+                                      const tern_batch_sample *smp, tern_error *err);
+/* The expert store when offload is on, else NULL (stats: tern_experts_get_stats). */
+const struct tern_experts *tern_model_experts(const tern_model *m);
 
 #endif

@@ -118,6 +118,28 @@ typedef struct tern_backend tern_backend;
 
 typedef struct tern_glm_ops tern_glm_ops; /* GLM-5 op table, defined below */
 
+/* ---- on-device sampling (appended; the chain and why it is exact: src/sample/) ---------- */
+enum { TERN_SAMPLE_SKIP = 0, TERN_SAMPLE_DRAW = 1 };
+enum { TERN_SAMPLE_ERR_MASKED = -1, TERN_SAMPLE_ERR_NAN = -2, TERN_SAMPLE_ERR_INF = -3 };
+
+typedef struct tern_sample_pair { int32_t id; float v; } tern_sample_pair;
+
+/* One row's sampling parameters, built on the host by tern_sampler_device_row(). */
+typedef struct tern_sample_row {
+    int32_t mode;              /* TERN_SAMPLE_SKIP / TERN_SAMPLE_DRAW */
+    int32_t top_k;             /* 0 = off */
+    float temperature;         /* 0 = greedy: argmax, lowest id on ties */
+    float top_p;               /* 1 = off */
+    float min_p_log;           /* logf(min_p); -INFINITY = off */
+    float rep, presence, frequency; /* penalties (1, 0, 0 = off) over the history list */
+    int32_t bias_off, n_bias;  /* pairs[bias_off ..): (id, bias), added in list order */
+    int32_t hist_off, n_hist;  /* pairs[hist_off ..): (distinct id, count) of the penalty window */
+    double inv_t;              /* 1.0 / temperature (computed on the host) */
+    uint64_t seed, step;       /* RNG counter: (seed, step) */
+} tern_sample_row;
+
+static inline size_t tern_sample_scratch_bytes(int V) { return (size_t)(V > 0 ? V : 1) * 16; }
+
 typedef struct tern_backend_vt {
     const char *name;
     void (*close)(tern_backend *be);
@@ -209,6 +231,39 @@ typedef struct tern_backend_vt {
 
     /* GLM-5 ops (appended; NULL when the backend has none) */
     const tern_glm_ops *glm;
+
+    /* Tensor parallelism (appended; src/model/tp.h): y[0, count) = the element-wise sum of y
+     * over every rank of the backend's TP group, identical on every rank afterwards. Model code
+     * calls it through tern_allreduce_sum() after each row-parallel matmul (o_proj, down_proj,
+     * the MoE combine). NULL outside a group: then the call is a no-op. */
+    void (*allreduce_sum)(tern_backend *be, float *y, size_t count);
+
+    /* Fused decode ops (appended). Optional: NULL, or a return of 0 (shapes/formats the
+     * backend does not fuse), means "not done" and the model runs the separate ops instead
+     * (src/model/internal.h: tern__matmul_n & co.). When done, the results are bitwise those
+     * of the separate ops on the same backend.
+     *   matmul_n:      y[i][n, out_i] = x · W_iᵀ for i < k (k <= 3; the W_i share `in` and format)
+     *   matmul_glu:    y[n, I] = act(x · gateᵀ) ⊙ (x · upᵀ), act TERN_ACT_SILU / TERN_ACT_GELU_TANH
+     *   matmul_add:    y[n, out] = y + x · Wᵀ  (add after matmul)
+     *   rope_kv_write: rope(q [n, nh, d]) and rope(k [n, n_head_kv, d]) in place (as rope, at
+     *                  rows->pos), then kv_write(kv, rows, k, v) */
+    int (*matmul_n)(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w);
+    int (*matmul_glu)(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,
+                      const tern_tensor *up, int act);
+    int (*matmul_add)(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
+    int (*rope_kv_write)(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
+                         const float *v, int nh, const float *inv_freq, float mscale);
+
+    /* On-device sampling (appended; NULL when the backend has none: callers download logits).
+     * For each row r < n of logits [n, V] (device; modified in place by bias and penalties)
+     * with rows[r].mode == TERN_SAMPLE_DRAW: ids[r] = the token the CPU sampler chain
+     * (src/sample/sampler.h) draws from that row with the same parameters, history, seed and
+     * step — exactly the same token (src/sample/sample_math.h says how), or a negative
+     * TERN_SAMPLE_ERR_*. Rows with mode TERN_SAMPLE_SKIP are not touched (ids[r] neither).
+     * rows [n], pairs (the lists the rows point into) and ids [n]: backend memory; scratch:
+     * tern_sample_scratch_bytes(V) bytes of backend memory (used by the CPU backends). */
+    void (*sample)(tern_backend *be, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
+                   const tern_sample_pair *pairs, void *scratch);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----
@@ -257,12 +312,21 @@ typedef struct tern_glm_ops {
      * lower expert) -> idx; wts = σ[idx] (normalised if norm) · scaling. */
     void (*route_group)(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
                         const tern_route_group *p);
+    /* (appended; NULL = the model loops matmul_expert over heads) One matmul per head of a 3-D
+     * stack W [nh, out, in] in one call: for r < n, h < nh, o < out
+     *   y[r*ldy + h*hy + o] = Σ_i W[h][o][i] · x[r*ldx + h*hx + i]
+     * with the arithmetic contract of matmul_expert (f32 mode: exact f32 products and sums). */
+    void (*matmul_heads)(tern_backend *be, float *y, int ldy, int hy, const float *x, int ldx, int hx, int n, int nh,
+                         const tern_tensor *w);
 } tern_glm_ops;
 
 enum { TERN_ROUTE_SOFTMAX_TOPK = 0 };
 enum { TERN_ACT_GELU_TANH = 0, TERN_ACT_SILU = 1 };
 
-typedef enum { TERN_COMPUTE_F32 = 0, TERN_COMPUTE_BF16 = 1 } tern_compute;
+/* INT8 (CPU only): f32 like TERN_COMPUTE_F32 except that Q8/Q4 matmuls quantize x per weight
+ * group to int8 (VNNI dot products; bound in src/backend/cpu/gemv_avx512.c). The CUDA
+ * backend has no such mode: the CLI runs it there as BF16. */
+typedef enum { TERN_COMPUTE_F32 = 0, TERN_COMPUTE_BF16 = 1, TERN_COMPUTE_INT8 = 2 } tern_compute;
 
 struct tern_backend {
     const tern_backend_vt *vt;
@@ -277,6 +341,11 @@ typedef struct tern_backend_opts {
     int device;               /* GPU index */
     tern_compute compute;
 } tern_backend_opts;
+
+/* Sum y over the ranks of be's tensor-parallel group (no-op without one; see allreduce_sum). */
+static inline void tern_allreduce_sum(tern_backend *be, float *y, size_t count) {
+    if (be->vt->allreduce_sum) be->vt->allreduce_sum(be, y, count);
+}
 
 tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err);
 /* Returns TERN_EUNSUPPORTED with a message when built without CUDA or no GPU is present. */

@@ -99,6 +99,7 @@ void tern_tensor_row_f32(const tern_tensor *t, int64_t row, float *dst) {
     int64_t in = t->shape[t->ndim - 1];
     int64_t out = t->ndim >= 2 ? t->shape[t->ndim - 2] : 1;
     int64_t mat = row / out, r = row % out;
+    if (t->mat_map) mat = t->mat_map[mat];
     size_t rb = tern_tensor_row_bytes(t);
     size_t mstride = t->mat_stride ? t->mat_stride : (size_t)out * rb;
     const uint8_t *base = (const uint8_t *)t->data + (size_t)mat * mstride + (size_t)r * rb;

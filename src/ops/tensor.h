@@ -67,6 +67,11 @@ typedef struct tern_tensor {
     /* where it came from, for messages */
     const char *name;
     int device;               /* -1: host memory; >= 0: device index of the backend */
+    /* Expert slot view (appended; src/runtime/experts.h): NULL, or an int32 array [shape[0]] in
+     * the backend's memory such that logical matrix e of this 3-D stack is stored matrix
+     * mat_map[e] (its data/scales/biases at mat_map[e] strides). shape[0] stays the logical E.
+     * Honoured by the CPU backends everywhere and by CUDA moe_mlp. */
+    const int32_t *mat_map;
 } tern_tensor;
 
 /* Name ("F32", "BF16", "Q"...) and element size in bytes (0 for TERN_DT_Q). */

@@ -22,6 +22,8 @@
 #include "io/kv_config.h"
 #include "io/presets.h"
 #include "model/model.h"
+#include "model/tp.h"
+#include "runtime/experts.h"
 #include "runtime/fit.h"
 #include "runtime/kv.h"
 #include "runtime/queue.h"
@@ -53,6 +55,7 @@ struct tern_engine {
     char name[256];
     char arch[32];
     uint64_t cancel_ids[CANCEL_BATCH];
+    tern_tp *tp;              /* tensor-parallel group (gpus > 1): owns be, m, kv */
 };
 
 tern_engine_opts tern_engine_default_opts(void) {
@@ -88,6 +91,18 @@ static tern_status open_backend(tern_engine *e, const tern_engine_opts *o, tern_
         return tern_err(err, TERN_EINVAL, "engine opts.device: expected cpu, cuda or auto, got '%s'", dev);
     tern_backend_opts bo = {.n_threads = o->n_threads, .device = 0,
                             .compute = o->compute_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32};
+    int ranks = o->gpus > 0 ? o->gpus : tern_tp_env();
+    if (ranks > 1) { /* tensor parallel: GPUs 0..ranks-1, or CPU ranks with device cpu */
+        tern_tp_opts to = {.n = ranks, .cuda = strcmp(dev, "cpu") != 0, .n_threads = o->n_threads, .compute = bo.compute};
+        tern_status st = tern_tp_open(&e->tp, &to, err);
+        if (st && !strcmp(dev, "auto")) {
+            tern_log(TERN_LOG_INFO, "engine: %s; %d CPU ranks instead", err ? err->msg : "no GPUs", ranks);
+            to.cuda = 0;
+            st = tern_tp_open(&e->tp, &to, err);
+        }
+        if (!st) e->be = tern_tp_backend(e->tp, 0);
+        return st;
+    }
     if (strcmp(dev, "cpu")) {
         tern_error ce = {0};
         tern_status st = tern_backend_cuda_open(&e->be, &bo, &ce);
@@ -121,6 +136,8 @@ static tern_status check_opts(const tern_engine_opts *o, tern_error *err) {
         return tern_err(err, TERN_EINVAL, "engine opts.prompt_cache_gb: %g is not a size", o->prompt_cache_gb);
     if (!(o->memory_budget_gb >= 0 && o->memory_budget_gb < 1e6))
         return tern_err(err, TERN_EINVAL, "engine opts.memory_budget_gb: %g is not a size", o->memory_budget_gb);
+    if (!(o->expert_cache_gb >= 0 && o->expert_cache_gb < 1e6))
+        return tern_err(err, TERN_EINVAL, "engine opts.expert_cache_gb: %g is not a size", o->expert_cache_gb);
     if (!(o->kv_memory_gb >= 0 && o->kv_memory_gb < 1e6))
         return tern_err(err, TERN_EINVAL, "engine opts.kv_memory_gb: %g is not a size", o->kv_memory_gb);
     if (o->n_threads < 0) return tern_err(err, TERN_EINVAL, "engine opts.n_threads: %d is negative", o->n_threads);
@@ -151,7 +168,8 @@ static tern_status load_random(tern_engine *e, const char *spec, const tern_mode
     tern_synth_spec sp = {.bits = bits, .group_size = 64};
     tern_status st = tern_config_parse(e->rcfg, js, strlen(js), name, err);
     if (!st) st = tern_weights_open_synth(&e->rws, e->rcfg, &sp, err);
-    if (!st) st = tern_model_load_from(&e->m, e->rcfg, e->rws, e->be, mo, err);
+    if (!st && e->tp) st = tern_tp_load(e->tp, e->rcfg, e->rws, mo, &e->m, err);
+    else if (!st) st = tern_model_load_from(&e->m, e->rcfg, e->rws, e->be, mo, err);
     return st;
 }
 
@@ -164,6 +182,10 @@ static tern_status size_kv(tern_engine *e, const tern_engine_opts *o, const tern
     tern_model_get_stats(e->m, &ms);
     size_t w = 0;
     for (int i = 0; i < TERN_DT_COUNT; i++) w += ms.bytes_by_dtype[i];
+    tern_experts_stats xs; /* expert offload: the slots are resident, the stored experts are not */
+    tern_experts_get_stats(tern_model_experts(e->m), &xs);
+    size_t stored = (size_t)xs.n_layers * (size_t)xs.n_expert * xs.expert_bytes;
+    if (xs.n_layers) w = (w > stored ? w - stored : 0) + xs.slot_bytes;
     tern_fit_opts fo = {.ctx = o->max_ctx, .max_concurrency = o->max_concurrency, .max_batch_tokens = o->max_batch_tokens,
                         .budget_gb = o->memory_budget_gb};
     tern_fit f;
@@ -203,8 +225,15 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     if (!is_random && (st = resolve_model(o.model, e->dir, sizeof e->dir, err))) goto fail;
     snprintf(e->name, sizeof e->name, "%s", !o.model || !strcmp(o.model, "demo") ? "demo" : is_random ? o.model + 7 : tern_path_base(e->dir));
     if ((st = open_backend(e, &o, err))) goto fail;
-    tern_model_opts mo = {.max_batch = o.max_batch_tokens};
+    tern_model_opts mo = {.max_batch = o.max_batch_tokens, .expert_trace = o.expert_trace,
+                          .expert_cache_bytes = (size_t)(o.expert_cache_gb * 1073741824.0)};
+    if (e->tp && o.expert_cache_gb > 0) { /* not combined yet (docs/OFFLOAD.md) */
+        st = tern_err(err, TERN_EUNSUPPORTED, "expert offload (--expert-cache) with tensor parallelism (--gpus N) is not "
+                      "supported yet");
+        goto fail;
+    }
     if (is_random) st = load_random(e, o.model + 7, &mo, err);
+    else if (e->tp) st = tern_tp_load_dir(e->tp, e->dir, &mo, &e->m, err);
     else st = tern_model_load(&e->m, e->dir, e->be, &mo, err);
     if (st) goto fail;
     const tern_model_config *c = tern_model_cfg(e->m);
@@ -216,7 +245,7 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     tern_kv_opts ko = {.n_slots = o.max_concurrency, .max_ctx = o.max_ctx,
                        .memory = (size_t)(o.kv_memory_gb * 1073741824.0), .formats = kv_formats};
     st = size_kv(e, &o, kv_formats, &ko.memory, err);
-    if (!st) st = tern_kv_open(&e->kv, e->be, c, &ko, err);
+    if (!st) st = e->tp ? tern_tp_kv_open(e->tp, &ko, &e->kv, err) : tern_kv_open(&e->kv, e->be, c, &ko, err);
     free(kv_formats);
     if (st) goto fail;
     tern_sched_opts so = {.max_concurrency = o.max_concurrency, .max_batch_tokens = o.max_batch_tokens,
@@ -256,6 +285,12 @@ void tern_engine_close(tern_engine *e) {
         tern__queue_done(&e->q, tern__sched_cancel_all(e->s));
     }
     tern__sched_close(e->s);
+    if (e->tp) { /* the group owns every rank's cache, model and backend */
+        tern_tp_close(e->tp);
+        e->kv = NULL;
+        e->m = NULL;
+        e->be = NULL;
+    }
     tern_kv_close(e->kv);
     tern_model_free(e->m);
     tern_weights_close(e->rws);

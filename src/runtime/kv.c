@@ -490,3 +490,23 @@ tern_status tern_kv_block_copy(tern_kv *kv, int layer, int block, void *k, void 
 }
 
 int tern_kv_n_layer(const tern_kv *kv) { return kv ? kv->n_layer : 0; }
+
+tern_status tern_kv_mirror(tern_kv *dst, const tern_kv *src, tern_error *err) {
+    if (!dst || !src) return tern_err(err, TERN_EINVAL, "kv mirror: NULL cache");
+    if (dst->n_slots != src->n_slots || dst->max_blocks != src->max_blocks || dst->block_size != src->block_size)
+        return tern_err(err, TERN_EINVAL, "kv mirror: caches differ (slots %d/%d, blocks per slot %d/%d)", dst->n_slots,
+                        src->n_slots, dst->max_blocks, src->max_blocks);
+    for (int gi = 0; gi < 2; gi++)
+        if (!dst->g[gi].used_by_layers != !src->g[gi].used_by_layers || dst->g[gi].n_blocks != src->g[gi].n_blocks)
+            return tern_err(err, TERN_EINVAL, "kv mirror: group %d differs (%d vs %d blocks)", gi, dst->g[gi].n_blocks,
+                            src->g[gi].n_blocks);
+    size_t bytes = sizeof(int32_t) * (size_t)src->n_slots * src->max_blocks;
+    for (int gi = 0; gi < 2; gi++) {
+        kv_group *d = &dst->g[gi];
+        const kv_group *s = &src->g[gi];
+        if (!d->used_by_layers || !memcmp(d->table, s->table, bytes)) continue;
+        memcpy(d->table, s->table, bytes);
+        d->dirty = 1;
+    }
+    return TERN_OK;
+}

@@ -113,4 +113,10 @@ size_t tern_kv_layer_page_bytes(const tern_kv *kv, int layer, int is_v);
 /* Copy one block's K and V pages between host buffers and the pool (to_device 1: upload). */
 tern_status tern_kv_block_copy(tern_kv *kv, int layer, int block, void *k, void *v, int to_device, tern_error *err);
 
+/* Tensor parallelism (appended; src/model/tp.c): make dst's block tables equal to src's (host
+ * copies; uploaded by dst's next tern_kv_sync). Both caches must have the same slots, blocks per
+ * slot, block counts and groups (rank caches opened with the same options); their pools and
+ * head counts may differ. TERN_EINVAL (nothing changed) otherwise. */
+tern_status tern_kv_mirror(tern_kv *dst, const tern_kv *src, tern_error *err);
+
 #endif

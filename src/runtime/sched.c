@@ -15,6 +15,11 @@
  * Sampling: one tern_sampler (src/sample) per request, created at its first admission (so
  * queued requests hold no vocab-sized scratch) and fed the prompt as penalty history; its RNG
  * counter is the position of the token being drawn.
+ * On-device sampling: when the model's backend can draw (tern_model_can_sample), every logits
+ * row whose sampler allows it (no mask hook, no logprobs; draft rows only without penalty
+ * history) is described by tern_sampler_device_row() and drawn on the device: the forward
+ * returns its token instead of its logits, the very token tern_sampler_sample() would draw.
+ * The other rows keep the logits path. TERN_DEVICE_SAMPLE=0 in the environment turns it off.
  */
 #include "runtime/sched.h"
 
@@ -41,6 +46,10 @@ struct tern_sched {
     float *logits;             /* [logit_cap, V] */
     int logit_cap;             /* n_slots; grown once (to n_slots * (1 + max k)) by speculation */
     int spec_max;              /* largest speculative_k of any request seen */
+    int dev_on;                /* on-device sampling (see the top of this file) */
+    tern_sample_row *srows;    /* [n_slots * (1 + TERN_SPEC_MAX_K)] one per logits row */
+    tern_sample_pair *spairs;  /* [TERN_MODEL_SAMPLE_PAIRS] their lists */
+    int32_t *sids;             /* [n_slots * (1 + TERN_SPEC_MAX_K)] tokens drawn on the device */
     int32_t top_ids[TERN_MAX_LOGPROBS];   /* event views of the sampler's top list */
     float top_lp[TERN_MAX_LOGPROBS];
     int cap_blocks[2];         /* KV blocks of each group (0 full, 1 sliding; 0 = group absent) */
@@ -188,6 +197,14 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
     s->b_want = malloc(B);
     s->b_req = calloc(S, sizeof *s->b_req);
     s->logits = malloc(sizeof(float) * S * (size_t)s->V);
+    const char *ds = getenv("TERN_DEVICE_SAMPLE");
+    if (tern_model_can_sample(m) && !(ds && ds[0] == '0')) {
+        size_t nr = S * (1 + TERN_SPEC_MAX_K);
+        s->srows = calloc(nr, sizeof *s->srows);
+        s->sids = calloc(nr, sizeof *s->sids);
+        s->spairs = malloc(sizeof *s->spairs * TERN_MODEL_SAMPLE_PAIRS);
+        s->dev_on = s->srows && s->sids && s->spairs; /* without them: the logits path */
+    }
     tern_status st = TERN_OK;
     if (!s->run || !s->free_slots || !s->b_tok || !s->b_pos || !s->b_slot || !s->b_want || !s->b_req || !s->logits)
         st = tern_err(err, TERN_ENOMEM, "scheduler: out of memory for %d slots x %d rows (vocab %d)", s->n_slots, s->budget, s->V);
@@ -215,6 +232,7 @@ void tern__sched_close(tern_sched *s) {
     free(s->run); free(s->free_slots);
     free(s->b_tok); free(s->b_pos); free(s->b_slot); free(s->b_want); free(s->b_req);
     free(s->logits);
+    free(s->srows); free(s->sids); free(s->spairs);
     free(s);
 }
 
@@ -460,12 +478,13 @@ static int reserve_rows(tern_sched *s, int i, int rows, int *n_done) {
     }
 }
 
-/* Sample r's next token from its logits row and emit; 1 if r finished (r is freed then).
- * *tok_out: the token drawn. */
-static int advance(tern_sched *s, tern__req *r, float *logits, int *tok_out) {
+/* Sample r's next token from its logits row (or take the token the device drew: logits NULL,
+ * dev_id) and emit; 1 if r finished (r is freed then). *tok_out: the token drawn. */
+static int advance(tern_sched *s, tern__req *r, float *logits, int32_t dev_id, int *tok_out) {
     tern_sample_result so;
     tern_error e = {0};
-    if (tern_sampler_sample(r->smp, logits, (uint64_t)(r->n_prompt + r->n_gen), &so, &e)) {
+    if (logits ? tern_sampler_sample(r->smp, logits, (uint64_t)(r->n_prompt + r->n_gen), &so, &e)
+               : tern_sampler_device_result(r->smp, dev_id, &so, &e)) {
         run_remove(s, r);
         finish(s, r, TERN_FINISH_NONE, &e);
         return 1;
@@ -492,12 +511,15 @@ static int advance(tern_sched *s, tern__req *r, float *logits, int *tok_out) {
 
 /* Draw from r's rows [last token, draft...] in order (sched.h): accept draft[j] while the
  * draw equals it; then roll the KV back to the accepted length and commit. 1 if r finished. */
-static int verify(tern_sched *s, tern__req *r, float *rows) {
+static int verify(tern_sched *s, tern__req *r, float *rows, const int32_t *ids) {
     int d = r->spec_d, a = 0, tok = -1;
     r->spec_d = 0;
     s->spec_drafted += d;
     for (int j = 0; j <= d; j++) {
-        if (advance(s, r, rows + (size_t)j * s->V, &tok)) { s->spec_accepted += a; return 1; }
+        if (advance(s, r, ids ? NULL : rows + (size_t)j * s->V, ids ? ids[j] : 0, &tok)) {
+            s->spec_accepted += a;
+            return 1;
+        }
         if (j == d || tok != r->draft[j]) break;
         a++;
     }
@@ -540,6 +562,30 @@ static void plan_drafts(tern_sched *s, int budget_left, int n_want) {
     }
 }
 
+/* Describe the step's logits rows for on-device sampling: a request's rows [last token,
+ * draft...] are all drawn on the device or none is. Returns 1 when some row is. */
+static int device_rows(tern_sched *s, int nw, int nl, int *n_pairs) {
+    *n_pairs = 0;
+    if (!s->dev_on) return 0;
+    int any = 0;
+    for (int k = 0; k < nl; k++) s->srows[k].mode = TERN_SAMPLE_SKIP;
+    for (int w = 0; w < nw; w++) {
+        tern__req *r = s->b_req[w];
+        int d = r->spec_d, np0 = *n_pairs, ok = 1;
+        if (d && tern_sampler_uses_history(r->smp)) continue; /* draft j+1 needs token j accepted first */
+        for (int j = 0; j <= d && ok; j++)
+            ok = tern_sampler_device_row(r->smp, (uint64_t)(r->n_prompt + r->n_gen + j), &s->srows[r->logit_row + j],
+                                         s->spairs, n_pairs, TERN_MODEL_SAMPLE_PAIRS);
+        if (!ok) {
+            for (int j = 0; j <= d; j++) s->srows[r->logit_row + j].mode = TERN_SAMPLE_SKIP;
+            *n_pairs = np0;
+            continue;
+        }
+        any = 1;
+    }
+    return any;
+}
+
 tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
     *n_done = sweep_cancelled(s);
     *n_done += admit(s);
@@ -579,7 +625,10 @@ tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
     if (nb == 0) return TERN_OK;
     tern_batch b = {.n = nb, .tokens = s->b_tok, .pos = s->b_pos, .slot = s->b_slot, .want = s->b_want};
     tern_error fe = {0};
-    tern_status st = tern_model_forward(s->m, &b, s->kv, s->logits, &fe);
+    tern_batch_sample smp = {.rows = s->srows, .pairs = s->spairs, .ids = s->sids};
+    int dev = device_rows(s, nw, nl, &smp.n_pairs);
+    tern_status st = dev ? tern_model_forward_sample(s->m, &b, s->kv, s->logits, &smp, &fe)
+                         : tern_model_forward(s->m, &b, s->kv, s->logits, &fe);
     if (st) {
         for (int i = s->n_run - 1; i >= 0; i--) {
             tern__req *r = s->run[i];
@@ -603,8 +652,9 @@ tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
     for (int w = 0; w < nw; w++) {
         tern__req *r = s->b_req[w];
         float *row = s->logits + (size_t)r->logit_row * s->V;
+        const int32_t *ids = dev && s->srows[r->logit_row].mode == TERN_SAMPLE_DRAW ? s->sids + r->logit_row : NULL;
         int tok;
-        *n_done += r->spec_d ? verify(s, r, row) : advance(s, r, row, &tok);
+        *n_done += r->spec_d ? verify(s, r, row, ids) : advance(s, r, ids ? NULL : row, ids ? ids[0] : 0, &tok);
     }
     return TERN_OK;
 }

@@ -1,19 +1,21 @@
 /*
  * sampler.c — the sampling chain of sampler.h.
  *
+ * Steps 1-3 (bias, penalties, mask hook) and logprobs live here; steps 4-9 are the reference
+ * draw of sample_ref.c (integer weights and sums, sample_math.h), which the device op
+ * reproduces token for token. The penalty history is a ring of the last penalty_last_n
+ * accepted tokens with per-id counts; tern_sampler_device_row() hands the distinct ids of
+ * that ring and their counts to the device as a short list.
  * Cost per token is O(n_vocab) for the passes over the logits; sorting happens only for
- * top-p, and only over the candidates within 40 nats of the best logit (the rest carry less
- * than n_vocab * e^-40 of the temperature-1 mass, so they can never be inside the nucleus).
- * Without top-k / top-p the draw walks the candidates in id order, so no sort is needed.
- * Sums are in double. Ties are broken by the lower id everywhere, for determinism.
+ * top-p, and only over the tokens that can carry weight. Ties go to the lower id everywhere.
  */
 #include "sample/sampler.h"
+#include "sample/sample_math.h"
+#include "sample/sample_ref.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct cand { float logit; int32_t id; } cand;
 
 struct tern_sampler {
     tern_sampler_params p;
@@ -25,8 +27,7 @@ struct tern_sampler {
     int32_t *counts;    /* occurrences of each id inside the ring */
     uint32_t *stamp;    /* distinct-token marker for the current step */
     uint32_t stamp_gen;
-    cand *c;            /* candidates scratch [n_vocab] */
-    double *prob;       /* [n_vocab] */
+    void *scratch;      /* tern_sample_scratch_bytes(n_vocab) for the draw */
     tern_sampler_mask_fn mask;
     void *mask_user;
 };
@@ -41,7 +42,8 @@ tern_sampler_params tern_sampler_defaults(void) {
 }
 
 static tern_status validate(const tern_sampler_params *p, int n_vocab, tern_error *err) {
-    if (n_vocab <= 0) return tern_err(err, TERN_EINVAL, "sampler: n_vocab must be positive, got %d", n_vocab);
+    if (n_vocab <= 0 || n_vocab > TERN_SAMPLE_MAX_VOCAB)
+        return tern_err(err, TERN_EINVAL, "sampler: n_vocab must be in [1, %d], got %d", TERN_SAMPLE_MAX_VOCAB, n_vocab);
     if (!isfinite(p->temperature) || p->temperature < 0)
         return tern_err(err, TERN_EINVAL, "sampler: temperature must be >= 0, got %g", p->temperature);
     if (p->top_k < 0) return tern_err(err, TERN_EINVAL, "sampler: top_k must be >= 0, got %d", p->top_k);
@@ -82,14 +84,13 @@ tern_status tern_sampler_new(const tern_sampler_params *p, int n_vocab, tern_sam
     size_t V = (size_t)n_vocab;
     s->counts = calloc(V, sizeof *s->counts);
     s->stamp = calloc(V, sizeof *s->stamp);
-    s->c = malloc(V * sizeof *s->c);
-    s->prob = malloc(V * sizeof *s->prob);
+    s->scratch = malloc(tern_sample_scratch_bytes(n_vocab));
     s->ring = malloc((size_t)(p->penalty_last_n ? p->penalty_last_n : 1) * sizeof *s->ring);
     if (p->n_bias) {
         s->bias_ids = malloc((size_t)p->n_bias * sizeof *s->bias_ids);
         s->bias_vals = malloc((size_t)p->n_bias * sizeof *s->bias_vals);
     }
-    if (!s->counts || !s->stamp || !s->c || !s->prob || !s->ring || (p->n_bias && (!s->bias_ids || !s->bias_vals))) {
+    if (!s->counts || !s->stamp || !s->scratch || !s->ring || (p->n_bias && (!s->bias_ids || !s->bias_vals))) {
         tern_sampler_free(s);
         return tern_err(err, TERN_ENOMEM, "sampler: out of memory for a vocabulary of %d", n_vocab);
     }
@@ -105,7 +106,7 @@ tern_status tern_sampler_new(const tern_sampler_params *p, int n_vocab, tern_sam
 
 void tern_sampler_free(tern_sampler *s) {
     if (!s) return;
-    free(s->bias_ids); free(s->bias_vals); free(s->ring); free(s->counts); free(s->stamp); free(s->c); free(s->prob);
+    free(s->bias_ids); free(s->bias_vals); free(s->ring); free(s->counts); free(s->stamp); free(s->scratch);
     free(s);
 }
 
@@ -134,50 +135,24 @@ void tern_sampler_reset(tern_sampler *s) {
 
 /* splitmix64 finalizer over (seed, step): a counter-based generator, no state. */
 double tern_sampler_uniform(uint64_t seed, uint64_t step) {
-    uint64_t z = seed ^ ((step + 1) * 0x9E3779B97F4A7C15ULL);
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+    return (double)tern_sample_u53(seed, step) * (1.0 / 9007199254740992.0);
 }
 
-static int cand_cmp(const void *a, const void *b) { /* logit desc, id asc */
-    const cand *x = a, *y = b;
-    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-static bool better(const cand *x, const cand *y) { return x->logit > y->logit || (x->logit == y->logit && x->id < y->id); }
-
-/* Move the k best candidates to c[0..k) (unordered): quickselect. */
-static void select_top(cand *c, int n, int k) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        cand piv = c[(lo + hi) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (better(&c[i], &piv)) i++;
-            while (better(&piv, &c[j])) j--;
-            if (i <= j) { cand t = c[i]; c[i] = c[j]; c[j] = t; i++; j--; }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
-    }
+static bool penalties_on(const tern_sampler *s) {
+    const tern_sampler_params *p = &s->p;
+    return s->ring_n && (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0);
 }
 
 static void apply_penalties(tern_sampler *s, float *logits) {
     const tern_sampler_params *p = &s->p;
-    if (!s->ring_n || (p->repetition_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0)) return;
+    if (!penalties_on(s)) return;
     if (++s->stamp_gen == 0) { memset(s->stamp, 0, (size_t)s->n_vocab * sizeof *s->stamp); s->stamp_gen = 1; }
     for (int i = 0; i < s->ring_n; i++) {
         int32_t id = s->ring[i];
         if (s->stamp[id] == s->stamp_gen) continue;
         s->stamp[id] = s->stamp_gen;
-        float l = logits[id];
-        if (p->repetition_penalty != 1.0f) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
-        l -= p->presence_penalty + p->frequency_penalty * (float)s->counts[id];
-        logits[id] = l;
+        logits[id] = tern_sample_penalize(logits[id], p->repetition_penalty, p->presence_penalty,
+                                          p->frequency_penalty, (float)s->counts[id]);
     }
 }
 
@@ -201,6 +176,23 @@ static void fill_logprobs(tern_sampler *s, const float *logits, tern_sample_resu
     res->logprob = (float)(logits[res->id] - lse);
 }
 
+/* The draw parameters of one step (lists are attached by tern_sampler_device_row). */
+static void fill_row(const tern_sampler *s, uint64_t step, tern_sample_row *row) {
+    const tern_sampler_params *p = &s->p;
+    memset(row, 0, sizeof *row);
+    row->mode = TERN_SAMPLE_DRAW;
+    row->top_k = p->top_k;
+    row->temperature = p->temperature;
+    row->top_p = p->top_p;
+    row->min_p_log = p->min_p > 0 ? logf(p->min_p) : -INFINITY;
+    row->rep = p->repetition_penalty;
+    row->presence = p->presence_penalty;
+    row->frequency = p->frequency_penalty;
+    row->inv_t = p->temperature > 0 ? 1.0 / (double)p->temperature : 0.0;
+    row->seed = p->seed;
+    row->step = step;
+}
+
 tern_status tern_sampler_sample(tern_sampler *s, float *logits, uint64_t step, tern_sample_result *res,
                                 tern_error *err) {
     if (!s || !logits || !res) return tern_err(err, TERN_EINVAL, "sampler: NULL argument");
@@ -211,58 +203,54 @@ tern_status tern_sampler_sample(tern_sampler *s, float *logits, uint64_t step, t
     apply_penalties(s, logits);
     if (s->mask && !s->mask(s->mask_user, logits, V)) return tern_err(err, TERN_EINVAL, "sampler: mask hook failed");
 
-    /* candidates: finite logits */
-    cand *c = s->c;
-    int n = 0, best = 0;
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        float l = logits[i];
-        if (isnan(l)) return tern_err(err, TERN_EINVAL, "sampler: logit %d is NaN", i);
-        if (l == -INFINITY) continue;
-        if (l == INFINITY) return tern_err(err, TERN_EINVAL, "sampler: logit %d is +inf", i);
-        c[n].logit = l;
-        c[n].id = i;
-        if (l > mx) { mx = l; best = n; } /* strict: the lowest id wins ties */
-        n++;
-    }
-    if (!n) return tern_err(err, TERN_EINVAL, "sampler: every token is masked");
-    if (p->temperature == 0) {
-        res->id = c[best].id;
-    } else {
-        if (p->top_k > 0 && p->top_k < n) { select_top(c, n, p->top_k); n = p->top_k; }
-        if (p->top_p < 1) {
-            int m = 0;
-            for (int i = 0; i < n; i++)
-                if (c[i].logit >= mx - 40.0f) c[m++] = c[i];
-            n = m;
-            qsort(c, (size_t)n, sizeof *c, cand_cmp);
-            double sum = 0;
-            for (int i = 0; i < n; i++) sum += (s->prob[i] = exp((double)c[i].logit - mx));
-            double cum = 0, target = (double)p->top_p * sum;
-            int keep = n;
-            for (int i = 0; i < n; i++) {
-                cum += s->prob[i];
-                if (cum >= target) { keep = i + 1; break; }
-            }
-            n = keep;
-        }
-        if (p->min_p > 0) {
-            float thr = mx + logf(p->min_p);
-            int m = 0;
-            for (int i = 0; i < n; i++)
-                if (c[i].logit >= thr) c[m++] = c[i];
-            n = m;
-        }
-        double inv_t = 1.0 / p->temperature, sum = 0;
-        for (int i = 0; i < n; i++) sum += (s->prob[i] = exp(((double)c[i].logit - mx) * inv_t));
-        double u = tern_sampler_uniform(p->seed, step) * sum, cum = 0;
-        int pick = n - 1;
-        for (int i = 0; i < n; i++) {
-            cum += s->prob[i];
-            if (u < cum) { pick = i; break; }
-        }
-        res->id = c[pick].id;
-    }
+    tern_sample_row row;
+    fill_row(s, step, &row);
+    int bad;
+    int32_t id = tern__sample_draw(logits, V, &row, s->scratch, &bad);
+    if (id == TERN_SAMPLE_ERR_NAN) return tern_err(err, TERN_EINVAL, "sampler: logit %d is NaN", bad);
+    if (id == TERN_SAMPLE_ERR_INF) return tern_err(err, TERN_EINVAL, "sampler: logit %d is +inf", bad);
+    if (id < 0) return tern_err(err, TERN_EINVAL, "sampler: every token is masked");
+    res->id = id;
     if (p->logprobs || p->top_logprobs) fill_logprobs(s, logits, res);
+    return TERN_OK;
+}
+
+/* ---- device sampling ------------------------------------------------------------------ */
+
+bool tern_sampler_uses_history(const tern_sampler *s) { return s && penalties_on(s); }
+
+bool tern_sampler_device_row(tern_sampler *s, uint64_t step, tern_sample_row *row, tern_sample_pair *pairs,
+                             int *n_pairs, int cap) {
+    if (!s || s->mask || s->p.logprobs || s->p.top_logprobs) return false;
+    int n0 = *n_pairs, n = n0;
+    if (s->p.n_bias > cap - n) return false;
+    fill_row(s, step, row);
+    row->bias_off = n;
+    row->n_bias = s->p.n_bias;
+    for (int i = 0; i < s->p.n_bias; i++) pairs[n++] = (tern_sample_pair){s->bias_ids[i], s->bias_vals[i]};
+    row->hist_off = n;
+    if (penalties_on(s)) {
+        if (s->ring_n > cap - n) return false; /* distinct ids <= ring entries */
+        if (++s->stamp_gen == 0) { memset(s->stamp, 0, (size_t)s->n_vocab * sizeof *s->stamp); s->stamp_gen = 1; }
+        for (int i = 0; i < s->ring_n; i++) {
+            int32_t id = s->ring[i];
+            if (s->stamp[id] == s->stamp_gen) continue;
+            s->stamp[id] = s->stamp_gen;
+            pairs[n++] = (tern_sample_pair){id, (float)s->counts[id]};
+        }
+    }
+    row->n_hist = n - row->hist_off;
+    *n_pairs = n;
+    return true;
+}
+
+tern_status tern_sampler_device_result(const tern_sampler *s, int32_t id, tern_sample_result *res, tern_error *err) {
+    memset(res, 0, sizeof *res);
+    if (id == TERN_SAMPLE_ERR_NAN) return tern_err(err, TERN_EINVAL, "sampler: a logit is NaN (device sampling)");
+    if (id == TERN_SAMPLE_ERR_INF) return tern_err(err, TERN_EINVAL, "sampler: a logit is +inf (device sampling)");
+    if (id == TERN_SAMPLE_ERR_MASKED) return tern_err(err, TERN_EINVAL, "sampler: every token is masked");
+    if (!s || id < 0 || id >= s->n_vocab)
+        return tern_err(err, TERN_EINTERNAL, "sampler: the device returned token %d outside [0, %d)", id, s ? s->n_vocab : 0);
+    res->id = id;
     return TERN_OK;
 }

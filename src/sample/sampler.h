@@ -16,6 +16,10 @@
  *   9. draw                  inverse CDF with u = counter-based RNG(seed, step): the same
  *                            (seed, step, logits) always gives the same token, whatever else
  *                            runs in the batch.
+ * Steps 4-9 are defined exactly in sample_ref.h (integer weights and sums, the order of the
+ * candidates, which set is walked in which order), so that a backend can run them on the
+ * device and draw the very same tokens (ops.h vt->sample): tern_sampler_device_row() turns
+ * one step of a sampler into the row descriptor that op takes.
  * Logits are modified in place. All scratch is allocated at creation (sized to the vocab):
  * sampling allocates nothing. A sampler serves one sequence (it owns the penalty history).
  */
@@ -23,6 +27,7 @@
 #define TERN_SAMPLER_H
 
 #include "base/base.h"
+#include "ops/ops.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -75,5 +80,17 @@ tern_status tern_sampler_sample(tern_sampler *s, float *logits, uint64_t step, t
                                 tern_error *err);
 /* The RNG: uniform double in [0, 1) from (seed, step). */
 double tern_sampler_uniform(uint64_t seed, uint64_t step);
+
+/* Device sampling. Fill *row for drawing step `step` on the device and append the row's lists
+ * (its logit bias, then the distinct tokens of its penalty window with their counts) to
+ * pairs[*n_pairs .. cap), advancing *n_pairs. Returns false, changing nothing, when the step
+ * needs the host: a mask hook, logprobs, or lists that do not fit. After the device drew
+ * `id` (or a TERN_SAMPLE_ERR_*), tern_sampler_device_result() fills res (id only) or err. */
+bool tern_sampler_device_row(tern_sampler *s, uint64_t step, tern_sample_row *row, tern_sample_pair *pairs,
+                             int *n_pairs, int cap);
+tern_status tern_sampler_device_result(const tern_sampler *s, int32_t id, tern_sample_result *res, tern_error *err);
+/* True when draws depend on the penalty history (penalties on, window non-empty): then
+ * consecutive steps cannot be drawn in one device call before the earlier token is accepted. */
+bool tern_sampler_uses_history(const tern_sampler *s);
 
 #endif

@@ -2,7 +2,8 @@
  * engine_real.c — the engine table (srv.h) backed by the real engine of include/tern.h.
  *
  * A thin adapter (void * <-> tern_engine *) so the HTTP layer can run against either this
- * or the fake engine of fake_engine.c with the same code.
+ * or the fake engine of fake_engine.c with the same code. A model without a tokenizer
+ * (random:PRESET) detokenizes to "<ID>" per id, the text its requests stream (job.c).
  *
  * The loop is ours rather than tern_engine_run, for one reason: after every step the server
  * wakes the HTTP threads of all requests that got tokens (srv_jobs_after_step), instead of
@@ -97,8 +98,17 @@ static tern_status r_tokenize(void *p, const char *t, size_t len, int add_specia
                               tern_error *err) {
     return tern_engine_tokenize(((real_eng *)p)->e, t, len, add_special, ids, n, err);
 }
+/* Without a tokenizer (random:PRESET models) ids read as "<ID><ID>...", as they stream (job.c). */
 static tern_status r_detokenize(void *p, const int32_t *ids, int n, char **text, tern_error *err) {
-    return tern_engine_detokenize(((real_eng *)p)->e, ids, n, text, err);
+    real_eng *r = p;
+    if (tern__engine_tokenizer(r->e) || n < 0 || (n && !ids)) return tern_engine_detokenize(r->e, ids, n, text, err);
+    char *t = malloc((size_t)n * SRV_ID_TEXT_MAX + 1);
+    if (!t) return tern_err(err, TERN_ENOMEM, "detokenize: out of memory");
+    size_t len = 0;
+    for (int i = 0; i < n; i++) len += (size_t)srv_id_text(ids[i], t + len);
+    t[len] = 0;
+    *text = t;
+    return TERN_OK;
 }
 static void r_info(const void *p, tern_model_info *info) { tern_engine_model_info(((const real_eng *)p)->e, info); }
 static void r_stats(void *p, tern_engine_stats *st) { tern_engine_get_stats(((real_eng *)p)->e, st); }

@@ -482,6 +482,7 @@ tern_status tern_server_start(tern_server **out, const tern_server_opts *opts, t
     }
     s->listen_fd = open_listener(s->host, s->o.port, &s->port, err);
     if (s->listen_fd < 0) { s->listen_fd = 0; tern_server_stop(s); return err ? err->code : TERN_EIO; }
+    if (srv_writer_start(s)) tern_log(TERN_LOG_WARN, "serve: no stream writer; each HTTP thread writes its own stream");
     s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                                   MHD_USE_ERROR_LOG,
                               0, NULL, NULL, on_request, s,
@@ -541,6 +542,7 @@ void tern_server_stop(tern_server *s) {
     srv_waker_stop(s);                            /* after the engine's last step; before MHD */
     if (s->mhd) MHD_stop_daemon(s->mhd);          /* handlers see `stopping`; MHD closes the socket */
     else if (s->listen_fd > 0) close(s->listen_fd);
+    srv_writer_stop(s);                           /* after MHD: its streams' threads have returned */
     if (s->eng) s->vt->close(s->eng);
     tern_chat_template_free(s->tmpl);
     srv_jvocab_free(s->jvocab);

@@ -21,6 +21,9 @@
  * dropped on the engine's last event), beyond that a 429 (rate_limit_error, queue_full); a
  * prompt the KV pool can never hold is refused by tern_engine_submit (TERN_ENOMEM) -> 400.
  *
+ * A model without a tokenizer (`random:PRESET`) still serves token-id prompts: each generated
+ * id is written as the text "<ID>" (srv_id_text), so the output stays visible and reversible.
+ *
  * Text (HTTP thread), per token, O(new text): the incremental detokenizer (text/detok.h,
  * special tokens decoded so tool/reasoning markers are seen) -> the output parser
  * (text/toolcall.h: content / reasoning / completed tool calls) when the request has one ->
@@ -56,6 +59,7 @@ struct srv_job {
     chan_ev *rq;                 /* HTTP side: the batch taken from q (buffers are swapped) */
     int rlen, rpos, rcap;
     int waiting;                 /* the HTTP thread sleeps on cv (under mu) */
+    int notify;                  /* the stream writer drains this job (sse.c): kick it, no cv */
     int wake_queued;             /* in s->wake until the end of the engine step (under mu) */
     char err_msg[TERN_ERROR_MSG_MAX];   /* the ERROR event's message */
     int want_cancel, want_stop;
@@ -163,8 +167,11 @@ static int on_event(void *ctx, const tern_event *ev) {
         snprintf(j->err_msg, sizeof j->err_msg, "%s", ev->err && ev->err->msg[0] ? ev->err->msg : "generation failed");
     }
     int rc = j->want_cancel ? 1 : j->want_stop ? 2 : 0;
-    int wake_now = 0;
-    if (j->waiting && !j->wake_queued) {
+    int wake_now = 0, kick = j->notify;
+    if (kick && !last) {
+        j->s->kick_after_step = 1;               /* engine thread only: one kick per step */
+        kick = 0;
+    } else if (j->waiting && !j->wake_queued) {
         if (!last && wake_later(j->s, j)) {
             j->wake_queued = 1;
             j->refs++;
@@ -172,6 +179,7 @@ static int on_event(void *ctx, const tern_event *ev) {
     }
     pthread_mutex_unlock(&j->mu);
     if (wake_now) pthread_cond_signal(&j->cv);   /* after unlocking: the woken thread needs mu */
+    if (kick) srv_writer_kick(j->s);            /* the last event may come outside a step */
     if (last) {
         atomic_fetch_sub(&j->s->n_live, 1);
         unref(j);
@@ -271,6 +279,10 @@ void srv_waker_stop(tern_server *s) {
 void srv_jobs_after_step(void *server) {
     tern_server *s = server;
     srv_waker *w = s->waker;
+    if (s->kick_after_step) {
+        s->kick_after_step = 0;
+        srv_writer_kick(s);
+    }
     if (!s->n_wake) return;
     if (w && s->n_wake > WAKE_INLINE) {
         pthread_mutex_lock(&w->mu);
@@ -343,12 +355,11 @@ int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, s
         return -1;
     }
     const tern_tokenizer *tok = s->vt->tokenizer ? s->vt->tokenizer(s->eng) : NULL;
-    srv_job *j = tok ? calloc(1, sizeof *j) : NULL;
+    srv_job *j = calloc(1, sizeof *j);
     if (!j) {
         atomic_fetch_sub(&s->n_live, 1);
         srv_params_free(p);
-        return tok ? srv_fail(e, 500, "", "out of memory")
-                   : srv_fail(e, 400, "", "the model has no tokenizer: text output is not available");
+        return srv_fail(e, 500, "", "out of memory");
     }
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
@@ -360,7 +371,7 @@ int srv_job_start(tern_server *s, const srv_prompt *pr, srv_params *p, int fd, s
     j->refs = 1;
     j->res.stop_index = -1;
     tern_error ie = {0};
-    int bad = tern_detok_new(&j->dt, tok, 0, &ie) != TERN_OK;
+    int bad = tok && tern_detok_new(&j->dt, tok, 0, &ie) != TERN_OK;   /* no tokenizer: ids as text */
     if (!bad && j->p.parse_output && !j->p.gram) {
         bad = tern_out_parser_new(j->p.tools ? s->tools_fmt : TERN_TOOLS_NONE, s->reason_fmt, j->p.start_in_reasoning, &j->op, &ie) != TERN_OK;
         if (!bad && j->p.tools) tern_out_parser_set_tools(j->op, j->p.tools);
@@ -488,10 +499,19 @@ static int put_text(srv_job *j, const char *t, size_t n, int at_end) {
            put_content(j, d.content, d.content_len, 1) && note_calls(j, d.calls_after);
 }
 
+int srv_id_text(int32_t id, char buf[SRV_ID_TEXT_MAX]) {
+    return snprintf(buf, SRV_ID_TEXT_MAX, "<%d>", (int)id);
+}
+
 static int detok_step(srv_job *j, const int32_t *id, srv_error *e) {
     const char *t = NULL;
     size_t n = 0;
     tern_error err = {0};
+    char idt[SRV_ID_TEXT_MAX];
+    if (!j->dt) {                                /* a model without a tokenizer: "<id>" per token */
+        if (id) n = (size_t)srv_id_text(*id, idt);
+        return put_text(j, id ? idt : "", n, id == NULL) ? 0 : srv_fail(e, 500, "", "out of memory");
+    }
     tern_status st = id ? tern_detok_step(j->dt, *id, &t, &n, &err) : tern_detok_flush(j->dt, &t, &n, &err);
     if (st) return srv_fail(e, 500, "", "detokenize: %s", err.msg);
     return put_text(j, t, n, id == NULL) ? 0 : srv_fail(e, 500, "", "out of memory");
@@ -541,7 +561,25 @@ static int check_gone(srv_job *j, srv_error *e) {
     return 0;
 }
 
-int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
+void srv_job_set_notify(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->notify = 1;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void srv_job_client_gone(srv_job *j) {
+    if (j->failed || j->done) return;
+    cancel_job(j);
+    j->failed = 1;
+    atomic_fetch_add(&j->s->n_disconnects, 1);
+}
+
+static int job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e, int nowait);
+
+int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) { return job_next(j, out, res, e, 0); }
+int srv_job_next_nowait(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) { return job_next(j, out, res, e, 1); }
+
+static int job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e, int nowait) {
     memset(out, 0, sizeof *out);
     j->out_len = 0;
     j->rout_len = 0;
@@ -557,6 +595,11 @@ int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e) {
         }
         if (j->rpos == j->rlen) {                /* take everything queued: swap the buffers */
             pthread_mutex_lock(&j->mu);
+            if (nowait && j->qlen == 0) {
+                pthread_mutex_unlock(&j->mu);
+                if (j->out_len || j->rout_len || j->n_call_ids > j->call_lo || j->n_toks) break;   /* a piece */
+                return 2;
+            }
             while (j->qlen == 0) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
@@ -624,6 +667,11 @@ void srv_job_free(srv_job *j) {
 char *srv_token_text(tern_server *s, int32_t id) {
     char *t = NULL;
     tern_error err;
+    if (!s->vt->tokenizer || !s->vt->tokenizer(s->eng)) {
+        char b[SRV_ID_TEXT_MAX];
+        srv_id_text(id, b);
+        return strdup(b);
+    }
     if (s->vt->detokenize(s->eng, &id, 1, &t, &err) != TERN_OK) return strdup("");
     return t;
 }

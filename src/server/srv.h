@@ -94,6 +94,8 @@ struct tern_server {
     struct srv_job **wake;         /* engine thread only: jobs to wake after this step (job.c) */
     int n_wake, cap_wake;
     struct srv_waker *waker;       /* job.c: wakes HTTP threads off the engine thread */
+    struct srv_writer *writer;     /* sse.c: writes every SSE stream; NULL: each HTTP thread writes its own */
+    int kick_after_step;           /* engine thread only: a writer-owned job got events this step */
     atomic_llong n_rejected;       /* 429s: the wait queue was full */
     char summary[2048];            /* start-up report: model + memory plan (plan.c) */
     double t_loaded;               /* seconds from start to ready */
@@ -209,6 +211,13 @@ void srv_waker_stop(tern_server *s);
 /* Wait for the next piece: 1 = piece filled, 0 = finished (result filled), -1 = failed
  * (e filled: engine error, client gone (http 499), server stopping). */
 int srv_job_next(srv_job *j, srv_piece *out, srv_result *res, srv_error *e);
+/* The same without waiting: 2 = nothing new yet. */
+int srv_job_next_nowait(srv_job *j, srv_piece *out, srv_result *res, srv_error *e);
+/* From now on the job's events kick the stream writer (srv_writer_kick, once per engine step)
+ * instead of waking a thread waiting in srv_job_next. */
+void srv_job_set_notify(srv_job *j);
+/* The client went away (seen by the stream writer): cancel, count the disconnect. */
+void srv_job_client_gone(srv_job *j);
 void srv_job_free(srv_job *j);   /* cancels if still running; accepts NULL */
 const srv_params *srv_job_params(const srv_job *j);
 /* Tool call i of a job (name, arguments JSON, id "call_..."); NULL if out of range. */
@@ -221,6 +230,10 @@ int srv_output_setup(tern_server *s, srv_params *p, const srv_prompt *pr, const 
  * json_schema form is {"json_schema": {"schema": {...}}} (chat) or {"schema": {...}}
  * (responses). Compiles p->gram. param names the field for errors. */
 int srv_response_format(tern_server *s, srv_params *p, const cJSON *rf, const char *param, srv_error *e);
+/* A model without a tokenizer: token id -> "<ID>" (the text it streams, /detokenize and
+ * logprob entries show); returns the length. */
+#define SRV_ID_TEXT_MAX 16
+int srv_id_text(int32_t id, char buf[SRV_ID_TEXT_MAX]);
 /* Token text for logprob entries (decode of the single id); malloc'd. */
 char *srv_token_text(tern_server *s, int32_t id);
 
@@ -234,6 +247,13 @@ typedef struct srv_stream_fmt {
 } srv_stream_fmt;
 /* Queue a 200 text/event-stream response that drives job j; takes ownership of j and ctx. */
 enum MHD_Result srv_stream(tern_server *s, struct MHD_Connection *c, srv_job *j, const srv_stream_fmt *f, void *ctx);
+/* The stream writer (sse.c): one thread that formats and sends the SSE events of every
+ * stream, woken at most once per engine step; the HTTP thread of a stream only hands its
+ * socket over and waits for the end. start/stop: server start-up and shut-down (stop after
+ * MHD has stopped); kick: new events for writer-owned jobs (any thread; no-op without one). */
+int srv_writer_start(tern_server *s);
+void srv_writer_stop(tern_server *s);
+void srv_writer_kick(tern_server *s);
 /* Append "data: <json>\n\n" / "event: NAME\ndata: <json>\n\n" framing around a jw value. */
 void srv_sse_data(tern_jw *out, const char *event, const char *json, size_t n);
 /* The same framing around a value written straight into out (no copy): begin, one complete

@@ -39,6 +39,8 @@ static void *dev_random(size_t bytes) {
 
 static double ceiling_gbs;
 extern int tern__cuda_gemv_q1_variant; /* gemv.cu: kernel choice for Q weights at n = 1 */
+extern int tern__cuda_gemv1_on;        /* gemv.cu: 0 = the older n = 1 kernels for every format */
+static int g_only_var = -1;            /* >= 0: time only this Q n = 1 variant */
 
 static void row(const char *name, double sec, double bytes) {
     double gbs = bytes / sec / 1e9;
@@ -104,7 +106,8 @@ static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, const i
     free(hd); free(hs); free(hb);
     float *x = dev_random((size_t)n * in * 4), *y = g->vt->alloc(g, (size_t)n * out * 4);
     const int keep_variant = tern__cuda_gemv_q1_variant;
-    for (int k = 0, var = 0; copies > 0 && x && y && ns[k]; k += !(dt == TERN_DT_Q && ns[k] == 1 && var < 4 && ++var)) {
+    const int v0 = g_only_var >= 0 ? g_only_var : 0, v1 = g_only_var >= 0 ? g_only_var : 5;
+    for (int k = 0, var = v0; copies > 0 && x && y && ns[k]; k += !(dt == TERN_DT_Q && ns[k] == 1 && var < v1 && ++var)) {
         n = ns[k];
         if (dt == TERN_DT_Q && n == 1) tern__cuda_gemv_q1_variant = var;
         for (int i = 0; i < copies; i++) g->vt->matmul(g, y, x, n, &w[i]);
@@ -230,7 +233,79 @@ static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_
     g = keep;
 }
 
-int main(void) {
+/* Batched matmul in the bf16 compute mode (decode of n sequences at once, short prefills): the
+ * tensor-core kernel (qgemm.cu) vs the paths before it (GEMV / dequantize + cuBLASLt), chosen by
+ * the row limits qgemm.cu exports. Floor = max(weight bytes / stream-add ceiling, useful FLOPs
+ * 2·n·out·in / 989 TFLOP/s dense bf16): "floor" = floor time / measured time. */
+extern int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16, tern__cuda_qgemm_split_mul;
+
+static int split_sweep; /* BENCH_SPLIT=1: also time qgemm's K-split targets 1, 4, 8 x SMs */
+
+static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *ns) {
+    tern_backend *keep = g, *b = NULL;
+    tern_backend_opts o = {0};
+    o.compute = TERN_COMPUTE_BF16;
+    tern_error err = {0};
+    if (tern_backend_cuda_open(&b, &o, &err) != TERN_OK) return;
+    g = b;
+    tern_tensor t = {0};
+    t.dtype = dt; t.ndim = 2; t.shape[0] = out; t.shape[1] = in; t.bits = bits; t.group_size = 64;
+    t.sdtype = TERN_DT_BF16; t.device = -1; t.name = "bench";
+    size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = dt == TERN_DT_Q ? (size_t)out * (in / 64) * 2 : 0;
+    size_t bytes = wb + 2 * sb;
+    int copies = (int)((1ull << 30) / bytes + 1), nmax = 0;
+    if (copies > 32) copies = 32;
+    for (int i = 0; ns[i]; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
+    tern_tensor *w = calloc(copies, sizeof *w);
+    uint8_t *hd = malloc(wb);
+    uint16_t *hs = malloc(sb + 2), *hb = malloc(sb + 2);
+    for (size_t i = 0; i < wb; i++) hd[i] = (uint8_t)(frand() * 127 + 128);
+    if (dt == TERN_DT_BF16)
+        for (size_t i = 0; i < wb / 2; i++) ((uint16_t *)hd)[i] = tern_f32_to_bf16(frand() * 0.05f);
+    for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
+    for (int c = 0; c < copies; c++) {
+        w[c] = t;
+        w[c].data = hd; w[c].scales = hs; w[c].biases = hb;
+        if (g->vt->upload_weight(g, &w[c], &err) != TERN_OK) { copies = c; break; }
+    }
+    free(hd); free(hs); free(hb);
+    float *x = dev_random((size_t)nmax * in * 4), *y = g->vt->alloc(g, (size_t)nmax * out * 4);
+    const int kq = tern__cuda_qgemm_max_n_q, kb = tern__cuda_qgemm_max_n_bf16;
+    for (int k = 0; copies > 0 && x && y && ns[k]; k++)
+        for (int path = 0; path < 2 + 3 * split_sweep; path++) { /* 0: before (qgemm off), 1: qgemm, 2..4: split x1/x4/x8 */
+            const int n = ns[k], sm[5] = {2, 2, 1, 4, 8};
+            if ((path >= 1 && n == 1) || (path >= 2 && (dt != TERN_DT_Q || out != in))) continue;
+            tern__cuda_qgemm_max_n_q = path ? 1 << 30 : 0;
+            tern__cuda_qgemm_max_n_bf16 = path ? 1 << 30 : 0;
+            tern__cuda_qgemm_split_mul = sm[path];
+            for (int i = 0; i < copies; i++) g->vt->matmul(g, y, x, n, &w[i]);
+            g->vt->sync(g);
+            int reps = copies * (n >= 64 ? 2 : 4);
+            double t0 = tern_time_s();
+            for (int i = 0; i < reps; i++) g->vt->matmul(g, y, x, n, &w[i % copies]);
+            g->vt->sync(g);
+            double sec = (tern_time_s() - t0) / reps, fl = 2.0 * n * out * (double)in;
+            double fb = ceiling_gbs > 0 ? bytes / (ceiling_gbs * 1e9) : bytes / 3.3e12, ff = fl / 989e12;
+            char name[96];
+            snprintf(name, sizeof name, "bmm %s %dx%d n=%d %s%s", dt == TERN_DT_Q ? "q4/g64" : "BF16", out, in, n,
+                     path ? "qgemm" : "before", path >= 2 ? (path == 2 ? " split1" : path == 3 ? " split4" : " split8") : "");
+            printf("%-44s %10.1f us %8.1f GB/s %7.1f TFLOP/s  floor %.2f\n", name, sec * 1e6, bytes / sec / 1e9,
+                   fl / sec / 1e12, (fb > ff ? fb : ff) / sec);
+            printf("csv,%s,%.2f,%.1f,%.2f\n", name, sec * 1e6, bytes / sec / 1e9, fl / sec / 1e12);
+            fflush(stdout);
+        }
+    tern__cuda_qgemm_max_n_q = kq;
+    tern__cuda_qgemm_max_n_bf16 = kb;
+    tern__cuda_qgemm_split_mul = 2;
+    for (int c = 0; c < copies; c++) g->vt->free_weight(g, &w[c]);
+    free(w);
+    g->vt->free(g, x); g->vt->free(g, y);
+    tern_backend_close(b);
+    g = keep;
+}
+
+int main(int argc, char **argv) {
+
     tern_error err = {0};
     tern_backend_opts o = {0};
     if (tern_backend_cuda_open(&g, &o, &err) != TERN_OK) {
@@ -238,6 +313,40 @@ int main(void) {
         return 0;
     }
     bench_stream();
+    if (getenv("BENCH_GEMV1")) { /* n = 1 on the llama3-8b shapes, every format: new (v5) vs old kernel */
+        static const int ls[][2] = {{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}};
+        static const struct { tern_dtype dt; int bits, gs; } fm[] = {
+            {TERN_DT_BF16, 0, 0}, {TERN_DT_Q, 4, 64}, {TERN_DT_Q, 8, 64}, {TERN_DT_Q, 2, 64}, {TERN_DT_Q, 3, 64},
+            {TERN_DT_Q, 5, 64}, {TERN_DT_Q, 6, 64}, {TERN_DT_Q, 4, 32}, {TERN_DT_Q, 4, 128}};
+        static const int one[] = {1, 0};
+        for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++)
+            for (int s = 0; s < 5; s++) {
+                if (f >= 3 && s != 0 && s != 3) continue; /* other formats: one square, one wide shape */
+                for (int old = 0; old < (s == 4 ? 1 : 2); old++) {
+                    tern__cuda_gemv1_on = !old;
+                    g_only_var = old ? 4 : 5;
+                    if (fm[f].dt == TERN_DT_BF16) printf("[%s] ", old ? "old" : "gemv1");
+                    bench_gemv(fm[f].dt, fm[f].bits, fm[f].gs, ls[s][0], ls[s][1], one);
+                }
+            }
+        tern__cuda_gemv1_on = 1;
+        g_only_var = -1;
+        tern_backend_close(g);
+        return 0;
+    }
+    { /* llama3-8b shapes, bf16 compute mode: qgemm vs before; `bench_cuda --batched` stops here */
+        split_sweep = getenv("BENCH_SPLIT") && getenv("BENCH_SPLIT")[0] == '1';
+        static const int shp[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+        static const int nb[] = {1, 8, 16, 32, 64, 128, 0}, nq[] = {1, 8, 16, 32, 64, 128, 256, 512, 0};
+        for (int s = 0; s < 3; s++) {
+            bench_batched(TERN_DT_BF16, 0, shp[s][0], shp[s][1], nb);
+            bench_batched(TERN_DT_Q, 4, shp[s][0], shp[s][1], nq);
+        }
+        if (argc > 1 && !strcmp(argv[1], "--batched")) {
+            tern_backend_close(g);
+            return 0;
+        }
+    }
     static const int shapes[][2] = {{8192, 8192}, {28672, 4096}, {4096, 14336}, {1024, 4096}};
     static const int n_all[] = {1, 2, 4, 8, 16, 0}, n_1_8[] = {1, 8, 0}, n_1[] = {1, 0};
     for (int s = 0; s < 4; s++) {

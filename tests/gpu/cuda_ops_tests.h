@@ -310,6 +310,9 @@ TEST(cuda_norm_rope_elementwise) {
 #include "gpu/cuda_ops_tests_glm.h"
 #include "gpu/cuda_ops_tests_fp8.h"
 #include "gpu/cuda_ops_tests_kvq.h"
+#include "gpu/cuda_ops_tests_fused.h"
+#include "gpu/cuda_ops_tests_qgemm.h"
+#include "gpu/cuda_ops_tests_sample.h"
 
 static int cuda_ops_run_all(void) {
     RUN(cuda_upload_weight_rejects);
@@ -326,6 +329,9 @@ static int cuda_ops_run_all(void) {
     cuda_glm_tests();
     cuda_fp8_tests();
     cuda_kvq_tests();
+    cuda_fused_tests();
+    cuda_qgemm_tests();
+    cuda_sample_tests();
     return test_done();
 }
 

@@ -4,11 +4,13 @@
  *   - copy_2d, layernorm (with / without weight and bias, in place), rope_interleaved;
  *   - kv_write_latent (pools compared exactly, incl. a row outside the context) and
  *     attention_latent: decode rows (split-K), prefill + decode batches without host copies,
- *     DSA selections with -1 padding, out-of-range and evicted entries, GLM-5 sizes (576/512);
+ *     DSA selections with -1 padding, out-of-range and evicted entries, GLM-5 sizes (576/512, 64
+ *     heads; the register-tiled kernel) and an unaligned D (the reference kernel);
  *   - dsa_topk: the same selection as the CPU, exactly, incl. exact ties (duplicated keys,
  *     all-zero scores), NaN scores, evicted blocks, dense rows and min_gap; plus an independent
  *     check of the order rule (higher score first, then lower position) on recomputed scores;
  *   - route_group: groups / no groups, bias, ties (quantized logits), norm and scaling;
+ *   - matmul_heads (one call for all heads) vs matmul_expert per head, every weight format;
  *   - step graphs: dsa_topk + attention_latent recorded once, replayed at other positions =
  *     eager; a dense-only recording (sel NULL below index_topk) is refused.
  * Part of cuda_ops_tests.h (uses its helpers); not a standalone header.
@@ -166,6 +168,9 @@ TEST(cuda_glm_latent_attention) {
         {20, 16, 3, 4, {50, 1, 17}, 20, 16},
         {576, 512, 16, 16, {300, 40, 7}, 9, 64},
         {96, 64, 40, 8, {260, 100, 33}, 5, 32},
+        {576, 512, 64, 16, {700, 20, 3}, 6, 256},  /* GLM-5: 4 head blocks (register-tiled kernel) */
+        {576, 256, 20, 16, {90, 33, 2}, 7, 48},    /* a partial head block, half the P·V threads */
+        {22, 14, 5, 4, {40, 11, 3}, 9, 16},        /* D % 4 != 0: the reference kernel */
     };
     for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++) {
         lcache c;
@@ -403,7 +408,77 @@ TEST(cuda_glm_graph) {
     free(q); free(iq); free(iw);
 }
 
+/* matmul_heads vs cpu-ref's matmul_expert per head on gathered rows (what glm5.c did before):
+ * the GLM-5 shapes (W_UK 512x192 from q [n, H, 256], W_UV 256x512 from ō [n, H, 512]) and odd
+ * ones (generic decoder, in not a multiple of 8), decode and prefill row counts, both modes. */
+static void check_heads(const hw *h, int n, int nh, int ldx, int hx, int ldy, int hy, double rel[2]) {
+    tern_tensor tr = h->t;
+    tern_error err = {0};
+    rel[0] = rel[1] = INFINITY;
+    if (g_ref->vt->upload_weight(g_ref, &tr, &err)) { printf("  upload_weight: %s\n", err.msg); return; }
+    int out = (int)h->t.shape[1], in = (int)h->t.shape[2];
+    size_t nx = (size_t)n * ldx, ny = (size_t)n * ldy, nc = (size_t)n * nh * out;
+    float *x = rnd(nx, 1.0f), *yr = malloc(nc * 4), *xa = malloc((size_t)n * in * 4), *ya = malloc((size_t)n * out * 4);
+    float *yc = malloc(nc * 4);
+    for (int e = 0; e < nh; e++) {
+        for (int r = 0; r < n; r++) memcpy(xa + (size_t)r * in, x + (size_t)r * ldx + (size_t)e * hx, (size_t)in * 4);
+        g_ref->vt->matmul_expert(g_ref, ya, xa, n, &tr, e);
+        for (int r = 0; r < n; r++) memcpy(yr + ((size_t)r * nh + e) * out, ya + (size_t)r * out, (size_t)out * 4);
+    }
+    tern_backend *gb[2] = {g_gpu, g_gpu16};
+    for (int m = 0; m < 2; m++) {
+        tern_backend *gpu = gb[m];
+        tern_tensor tg = h->t;
+        if (!gpu || gpu->vt->upload_weight(gpu, &tg, &err)) continue;
+        void *xd = to_gpu(x, nx * 4), *yd = nan_buf(gpu, ny);
+        gpu->vt->glm->matmul_heads(gpu, yd, ldy, hy, xd, ldx, hx, n, nh, &tg);
+        float *yg = from_gpu(gpu, yd, ny);
+        for (int r = 0; r < n; r++) /* the heads' columns only (the rest stays NaN) */
+            for (int e = 0; e < nh; e++)
+                memcpy(yc + ((size_t)r * nh + e) * out, yg + (size_t)r * ldy + (size_t)e * hy, (size_t)out * 4);
+        rel[m] = rel_or_nan(yc, yr, nc);
+        gpu->vt->free_weight(gpu, &tg);
+        gpu->vt->free(gpu, xd); gpu->vt->free(gpu, yd);
+        free(yg);
+    }
+    free(x); free(yr); free(xa); free(ya); free(yc);
+}
+
+TEST(cuda_glm_matmul_heads) {
+    CHECK(g_gpu->vt->glm && g_gpu->vt->glm->matmul_heads, "cuda backend has no matmul_heads");
+    if (!g_gpu->vt->glm || !g_gpu->vt->glm->matmul_heads) return;
+    static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } F[] = {
+        {TERN_DT_BF16, 0, 0, 0}, {TERN_DT_Q, 4, 64, TERN_DT_BF16}, {TERN_DT_F32, 0, 0, 0}, {TERN_DT_F16, 0, 0, 0},
+        {TERN_DT_Q, 8, 32, TERN_DT_F16}, {TERN_DT_Q, 3, 64, TERN_DT_BF16},
+    };
+    /* nh, out, in, ldx, hx, ldy, hy */
+    static const int S[][7] = {{64, 512, 192, 64 * 256, 256, 64 * 576, 576}, {64, 256, 512, 64 * 512, 512, 64 * 256, 256},
+                               {3, 40, 24, 3 * 24, 24, 3 * 40, 40}, {5, 17, 36, 5 * 40 + 3, 40, 5 * 20, 20}};
+    static const int NS[] = {1, 2, 5, 8, 13, 40, 100};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(S); s++) {
+            if (F[f].dt == TERN_DT_Q && S[s][2] % F[f].gs) continue;
+            hw h = make_w(F[f].dt, F[f].bits, F[f].gs, F[f].sdt, S[s][0], S[s][1], S[s][2], 0);
+            char nm[64];
+            fmt_name(&h.t, nm, sizeof nm);
+            for (size_t i = 0; i < TERN_ARRAY_LEN(NS); i++) {
+                int n = NS[i];
+                if (S[s][0] == 64 && (n == 2 || n == 8 || (n == 100 && f > 1))) continue; /* keep the test short */
+                double rel[2];
+                check_heads(&h, n, S[s][0], S[s][3], S[s][4], S[s][5], S[s][6], rel);
+                printf("  err glm matmul_heads %-14s %dx%dx%d n=%-3d f32 %.2e bf16 %.2e\n", nm, S[s][0], S[s][1],
+                       S[s][2], n, rel[0], rel[1]);
+                CHECK(rel[0] <= 1e-5, "matmul_heads %s shape %zu n=%d rel %.3e", nm, s, n, rel[0]);
+                if (g_gpu16)  /* GEMV rows (<= 16; packed <= 32) are exact f32 in both modes; more: split-bf16 GEMM */
+                    CHECK(rel[1] <= (n > 16 ? 1e-4 : 1e-5), "matmul_heads %s shape %zu n=%d bf16 mode rel %.3e", nm, s,
+                          n, rel[1]);
+            }
+            free_w(&h);
+        }
+}
+
 static void cuda_glm_tests(void) {
+    RUN(cuda_glm_matmul_heads);
     RUN(cuda_glm_small_ops);
     RUN(cuda_glm_latent_attention);
     RUN(cuda_glm_dsa_topk);

@@ -9,6 +9,10 @@
  * Bound: 1e-4 for float checkpoints (f32 path is exact arithmetic); MLX-quantized and FP8 (`_fp8`)
  * fixtures are compared with their dequantized reference at 1e-3 (the kernels sum scale·Σxq + bias·Σx
  * per group, a different rounding order than dequantize-then-dot; FP8 measures ~1e-6).
+ * The int8 compute mode (CPU, TERN_COMPUTE_INT8: x quantized per weight group for Q8/Q4 matmuls)
+ * runs as a second pass: over the MLX-quantized fixtures (batch invariance ≤ 1e-4; their error vs
+ * the reference is printed, not bounded: these tiny random models are chaotic, see int8_synth),
+ * and its logits bound on a well-conditioned synthetic llama (TERN_TEST_COMPUTE=int8: only this).
  */
 #include "model/model.h"
 #include "runtime/generate.h"
@@ -42,7 +46,12 @@ static int json_ids(cJSON *root, const char *key, int32_t **out) {
     return n;
 }
 
-static int g_cases, g_bf16, g_skipped;
+static int g_cases, g_bf16, g_int8, g_skipped;
+
+/* The int8 pass covers the MLX-quantized fixtures (Q8/Q4 matmuls; others run exact). */
+static int int8_case(const char *name) {
+    return (strstr(name, "_q") != NULL || strstr(name, "mixed") != NULL) && !strstr(name, "_fp8");
+}
 
 static void check_case(const char *name, tern_backend *be) {
     char dir[512], path[600];
@@ -97,8 +106,9 @@ static void check_case(const char *name, tern_backend *be) {
         if (tern_argmax(got + (size_t)t * V, V) != tern_argmax(want + (size_t)t * V, V)) argmax_bad++;
     }
     printf("  %s: worst row rel L2 %.3g (row %d), argmax mismatches %d\n", name, worst, worst_row, argmax_bad);
-    CHECK(worst <= bound, "%s: rel L2 %.3g at row %d > %.0e", name, worst, worst_row, bound);
-    if (!g_bf16) CHECK(argmax_bad == 0, "%s: %d rows with a different argmax", name, argmax_bad);
+    if (g_int8) CHECK(worst < 10.0, "%s: int8 logits not finite/bounded (rel L2 %.3g)", name, worst); /* chaotic: see int8_synth */
+    else CHECK(worst <= bound, "%s: rel L2 %.3g at row %d > %.0e", name, worst, worst_row, bound);
+    if (!g_bf16 && !g_int8) CHECK(argmax_bad == 0, "%s: %d rows with a different argmax", name, argmax_bad);
     tern_kv_release(kv, 0);
 
     /* 2. greedy continuation through prefill + decode (small prefill chunks exercise paging) */
@@ -109,7 +119,7 @@ static void check_case(const char *name, tern_backend *be) {
     s = tern_generate(m, kv, 1, prompt, np, na - np, 5, NULL, 0, NULL, NULL,
                       (tern_token_fn)on_tok, &acc, NULL, &e);
     CHECK(s == TERN_OK, "%s: generate: %s", name, e.msg);
-    if (!g_bf16)
+    if (!g_bf16 && !g_int8)
         CHECK(acc.n == na && !memcmp(gen, all, sizeof(int32_t) * (size_t)na), "%s: greedy continuation differs (%d tokens)", name, acc.n);
     tern_kv_release(kv, 1);
 
@@ -133,7 +143,7 @@ static void check_case(const char *name, tern_backend *be) {
         if (d > bw) bw = d;
     }
     printf("  %s: batch vs alone max rel L2 %.3g\n", name, bw);
-    CHECK(bw <= (g_bf16 ? 1e-2 : 1e-5), "%s: batched logits differ from alone by %.3g", name, bw);
+    CHECK(bw <= (g_bf16 ? 1e-2 : g_int8 ? 1e-4 : 1e-5), "%s: batched logits differ from alone by %.3g", name, bw);
     free(tok2); free(got2); free(src); free(gen); free(got); free(pos); free(slot);
     tern_kv_close(kv);
 out:
@@ -149,7 +159,7 @@ int on_tok(void *ctx, int tok) {
     return 0;
 }
 
-static void parity_fixtures(void) {
+static void parity_fixtures(int int8) {
     tern_backend *be = NULL;
     tern_error e = {0};
     tern_backend_opts o = {.n_threads = 2};
@@ -157,9 +167,11 @@ static void parity_fixtures(void) {
      * TERN_TEST_COMPUTE=bf16 selects the bf16 compute mode (bound 2e-2 then). */
     const char *dev = getenv("TERN_TEST_DEVICE"), *comp = getenv("TERN_TEST_COMPUTE");
     if (comp && !strcmp(comp, "bf16")) { o.compute = TERN_COMPUTE_BF16; g_bf16 = 1; }
+    if (int8) { o.compute = TERN_COMPUTE_INT8; g_int8 = 1; }
+    g_cases = 0;
     tern_status bs = dev && !strcmp(dev, "cuda") ? tern_backend_cuda_open(&be, &o, &e) : tern_backend_cpu_open(&be, &o, &e);
     if (bs) { printf("FAIL: parity: %s backend: %s\n", dev ? dev : "cpu", e.msg); t_fail_++; return; }
-    printf("  parity on backend %s (%s compute)\n", be->vt->name, g_bf16 ? "bf16" : "f32");
+    printf("  parity on backend %s (%s compute)\n", be->vt->name, g_bf16 ? "bf16" : g_int8 ? "int8" : "f32");
     DIR *d = opendir(FIXDIR);
     struct dirent *de;
     while (d && (de = readdir(d))) {
@@ -167,12 +179,14 @@ static void parity_fixtures(void) {
         struct stat sb;
         snprintf(refp, sizeof refp, FIXDIR "/%s/ref.json", de->d_name);
         if (de->d_name[0] == '.' || stat(refp, &sb) != 0) continue;
+        if (g_int8 && !int8_case(de->d_name)) continue;
         t_cur_fail_ = 0;
         g_skipped = 0;
         check_case(de->d_name, be);
         if (g_skipped) continue;
-        if (t_cur_fail_) { printf("FAIL: parity_%s\n", de->d_name); t_fail_++; }
-        else { printf("PASS: parity_%s\n", de->d_name); t_pass_++; }
+        const char *sfx = g_int8 ? "_int8" : "";
+        if (t_cur_fail_) { printf("FAIL: parity_%s%s\n", de->d_name, sfx); t_fail_++; }
+        else { printf("PASS: parity_%s%s\n", de->d_name, sfx); t_pass_++; }
         fflush(stdout);
     }
     if (d) closedir(d);
@@ -180,7 +194,99 @@ static void parity_fixtures(void) {
     tern_backend_close(be);
 }
 
+/* ---- the int8 mode on a well-conditioned model ----
+ * The quantized fixtures above are chaotic (random norm weights, softcaps): rounding x to bf16
+ * before every matmul of the exact path already moves their logits by 0.1–0.8 rel L2, so there
+ * the int8 pass checks batch invariance and reports the error. Its bound is checked here: a
+ * small llama with synthetic MLX q4/q8 g64 weights (tern_weights_open_synth; norms ≈ 1), int8
+ * mode vs the exact path on the same weights (itself held to the HF reference above), through
+ * the prefill GEMM (one forward of all rows) and the decode GEMV (one row per step). */
+#define SYNTH_LLAMA "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 2048," \
+    " \"hidden_size\": 512, \"intermediate_size\": 1536, \"num_hidden_layers\": 2, \"num_attention_heads\": 8," \
+    " \"num_key_value_heads\": 2, \"head_dim\": 64, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0," \
+    " \"tie_word_embeddings\": true, \"max_position_embeddings\": 256}"
+/* Measured (2026-11-30): q4 1.5e-3 (rounding x to bf16 instead: 7e-4); the synthetic q8
+ * weights (256-level codes, the same small scales) are ill-conditioned: 0.13 (bf16 x: 0.045). */
+#define INT8_SYNTH_BOUND_Q4 5e-3
+#define INT8_SYNTH_BOUND_Q8 0.3
+
+static int forward_rows(tern_model *m, tern_kv *kv, const int32_t *ids, int n, int step, float *logits, tern_error *e) {
+    int V = tern_model_cfg(m)->n_vocab;
+    if (tern_kv_reserve(kv, 0, n, e)) return -1;
+    for (int i = 0; i < n; i += step) {
+        int k = n - i < step ? n - i : step;
+        int32_t pos[64], slot[64] = {0};
+        for (int j = 0; j < k; j++) pos[j] = i + j;
+        tern_batch b = {.n = k, .tokens = ids + i, .pos = pos, .slot = slot};
+        if (tern_model_forward(m, &b, kv, logits + (size_t)i * V, e)) return -1;
+    }
+    tern_kv_release(kv, 0);
+    return 0;
+}
+
+static void int8_synth(int bits) {
+    tern_model_config cfg = {0};
+    tern_weights *ws[2] = {NULL, NULL}; /* one store per model: synthetic tensors are made on request */
+    tern_backend *be[2] = {NULL, NULL};
+    tern_model *m[2] = {NULL, NULL};
+    tern_kv *kv[2] = {NULL, NULL};
+    tern_error e = {0};
+    enum { N = 24 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (int32_t)((i * 7919 + 13) % 2048);
+    tern_synth_spec spec = {.bits = bits, .group_size = 64, .seed = 77};
+    tern_status s = tern_config_parse(&cfg, SYNTH_LLAMA, strlen(SYNTH_LLAMA), "synth-llama", &e);
+    for (int k = 0; k < 2 && !s; k++) {
+        tern_backend_opts o = {.n_threads = 2, .compute = k ? TERN_COMPUTE_INT8 : TERN_COMPUTE_F32};
+        tern_kv_opts ko = {.n_slots = 1, .max_ctx = N + 8, .block_size = 8};
+        s = tern_weights_open_synth(&ws[k], &cfg, &spec, &e);
+        if (!s) s = tern_backend_cpu_open(&be[k], &o, &e);
+        if (!s) s = tern_model_load_from(&m[k], &cfg, ws[k], be[k], NULL, &e);
+        if (!s) s = tern_kv_open(&kv[k], be[k], &cfg, &ko, &e);
+    }
+    CHECK(s == TERN_OK, "synth q%d: %s", bits, e.msg);
+    if (s) goto out;
+    int V = cfg.n_vocab;
+    float *ref = malloc(sizeof(float) * N * V), *got = malloc(sizeof(float) * N * V);
+    CHECK(forward_rows(m[0], kv[0], ids, N, N, ref, &e) == 0, "synth q%d exact: %s", bits, e.msg);
+    for (int step = N; step >= 1; step = step == N ? 1 : 0) { /* prefill GEMM, then decode GEMV */
+        CHECK(forward_rows(m[1], kv[1], ids, N, step, got, &e) == 0, "synth q%d int8: %s", bits, e.msg);
+        double worst = 0;
+        int amx = 0;
+        for (int t = 0; t < N; t++) {
+            double r = test_rel_l2(got + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
+            if (!(r <= worst)) worst = r;
+            amx += tern_argmax(got + (size_t)t * V, V) != tern_argmax(ref + (size_t)t * V, V);
+        }
+        printf("  synth llama q%d int8 %s: worst row rel L2 vs exact %.3g, argmax mismatches %d of %d\n", bits,
+               step > 1 ? "prefill" : "decode", worst, amx, N);
+        double bound = bits == 4 ? INT8_SYNTH_BOUND_Q4 : INT8_SYNTH_BOUND_Q8;
+        CHECK(worst <= bound, "synth q%d int8 %s: rel L2 %.3g > %.1e", bits, step > 1 ? "prefill" : "decode", worst, bound);
+        if (bits == 4) CHECK(amx == 0, "synth q4 int8: %d rows with a different argmax", amx);
+    }
+    free(ref);
+    free(got);
+out:
+    for (int k = 0; k < 2; k++) {
+        tern_kv_close(kv[k]);
+        tern_model_free(m[k]);
+        tern_backend_close(be[k]);
+        tern_weights_close(ws[k]);
+    }
+    tern_config_free(&cfg);
+}
+
+TEST(parity_int8_synth_q4) { int8_synth(4); }
+TEST(parity_int8_synth_q8) { int8_synth(8); }
+
 int main(void) {
-    parity_fixtures();
+    const char *dev = getenv("TERN_TEST_DEVICE"), *comp = getenv("TERN_TEST_COMPUTE");
+    int cpu = !(dev && !strcmp(dev, "cuda"));
+    if (!(comp && !strcmp(comp, "int8"))) parity_fixtures(0);
+    if (cpu && !(comp && !strcmp(comp, "bf16"))) { /* the int8 mode is a CPU mode */
+        parity_fixtures(1);
+        RUN(parity_int8_synth_q4);
+        RUN(parity_int8_synth_q8);
+    }
     return test_done();
 }

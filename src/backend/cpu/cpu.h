@@ -37,9 +37,11 @@ double tern_membw_run(tern_membw *b);
 size_t tern_membw_bytes(const tern_membw *b);
 void tern_membw_close(tern_membw *b);        /* accepts NULL */
 
-/* Int8-activation GEMV for Q8/Q4 weights at batch 1 (AVX-512 VNNI only; also switched on
- * at open by TERN_CPU_INT8=1). Not exact: error bound in gemv_avx512.c. No-op on other
- * backends. TERN_CPU_GEMV=0 at open turns the fused batch-1 kernels off (benchmarks). */
+/* The int8 mode: Q8/Q4 matmuls with x quantized per weight group to int8 — the batch-1 GEMV
+ * and the prefill GEMM (n > 8) on AVX-512 VNNI; elsewhere the exact kernels run. On at open
+ * with opts->compute == TERN_COMPUTE_INT8 (`--compute int8`) or TERN_CPU_INT8=1; this call
+ * switches it later. Not exact: error bound in gemv_avx512.c / gemm_i8_avx512.c. No-op on
+ * other backends. TERN_CPU_GEMV=0 at open turns the fused batch-1 kernels off (benchmarks). */
 void tern_backend_cpu_set_int8(tern_backend *be, int on);
 
 /* Check that a weight's dtype/quantization is one the CPU kernels handle (used by

@@ -12,6 +12,7 @@
  */
 #include "backend/cpu/cpu_impl.h"
 #include "backend/cpu/cpu_glm.h"
+#include "sample/sample_ref.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@ static void cpu_close(tern_backend *be) {
             for (int i = 0; i < c->nth; i++) tern_afree(c->xbuf[i]);
         free(c->xbuf);
         tern_afree(c->moe_i);
+        tern_afree(c->xq8);
         tern__cpu_glm_free(c->glm);
         free(c);
     }
@@ -283,6 +285,7 @@ static const tern_backend_vt cpu_vt = {
     .route_topk = tern__cpu_route_topk,
     .moe_mlp = tern__cpu_moe_mlp,
     .glm = &tern__cpu_glm_fast_ops, /* GLM-5 ops (glm_fast.c, glm_attn.c) */
+    .sample = tern_sample_op_host, /* the CPU sampler's draw (src/sample/sample_ref.c) */
 };
 
 void tern_backend_cpu_set_int8(tern_backend *be, int on) {
@@ -302,13 +305,15 @@ tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *o
     be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
     be->impl = c;
     c->k = tern__cpu_kern_pick();
+    const char *g8 = getenv("TERN_CPU_GEMM_I8"); /* =0: the int8 mode's prefill runs the f32 GEMM */
+    c->gemm_i8 = c->k == &tern__cpu_kern_avx512 && __builtin_cpu_supports("avx512vnni") && !(g8 && g8[0] == '0');
     c->pool = tern_pool_create(nth);
     if (!c->pool) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: cannot start %d threads", nth); }
     c->nth = tern_pool_size(c->pool);
     c->tbuf = calloc((size_t)c->nth, sizeof *c->tbuf);
     c->xbuf = calloc((size_t)c->nth, sizeof *c->xbuf);
     const char *i8 = getenv("TERN_CPU_INT8");
-    c->int8 = i8 && i8[0] == '1';
+    c->int8 = (i8 && i8[0] == '1') || be->compute == TERN_COMPUTE_INT8; /* --compute int8 */
     const char *fu = getenv("TERN_CPU_GEMV");
     c->fused = !(fu && fu[0] == '0');
     c->par_min = 1u << 15;

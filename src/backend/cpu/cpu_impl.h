@@ -22,12 +22,25 @@ typedef struct cpu_impl {
     float **tbuf;             /* [nth] decode tiles, CPU_RT_MAX * CPU_CH floats each */
     void **xbuf;              /* [nth] x prepared for the fused GEMV, CPU_GX_BUF bytes each */
     int fused;                /* 0: fused GEMV off (TERN_CPU_GEMV=0; benchmarks the decode path) */
-    int int8;                 /* int8-activation GEMV for Q8/Q4 weights (TERN_CPU_INT8=1) */
+    int int8;                 /* int8 mode for Q8/Q4 matmuls (--compute int8, TERN_CPU_INT8=1) */
+    int gemm_i8;              /* the int8 prefill GEMM can run: AVX-512 table + VNNI */
     size_t par_min;           /* elementwise ops split over the pool from this many elements */
     int32_t *moe_i;           /* MoE routing lists (grown on demand) */
     size_t moe_cap;           /* capacity of moe_i in int32 */
     void *glm;                /* GLM-5 op scratch (glm_state.h), made on first use */
+    void *xq8;                /* int8 mode: x quantized once per matmul (grown on demand) */
+    size_t xq8_cap;           /* bytes */
 } cpu_impl;
+
+/* x quantized for the int8 GEMM once per matmul (all rows, shared by the threads): row r's
+ * codes at q + r·in (Q4: per 32 inputs the even ones, then the odd ones), its per-group x
+ * scale, centring term and Σx at d/rq/sum + r·ng. Valid for weights of group size gs and
+ * order q4 only. */
+typedef struct cpu_xq {
+    const int8_t *q;
+    const float *d, *rq, *sum;
+    int in, ng, gs, q4;
+} cpu_xq;
 
 /* A matmul over rows of x against one matrix of w, for output features [o0, o1).
  * x row r is x + (xrow ? xrow[r] : r) * ldx; the result for (r, o) goes to
@@ -44,9 +57,19 @@ typedef struct cpu_mm_job {
     const float *yscale;
     int accum;
     int n;
+    const cpu_xq *xq;         /* int8 mode: x already quantized (NULL: per block, per thread) */
 } cpu_mm_job;
 
 void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1);
+/* Row o of matrix `mat` of t, located (cpu_matmul.c). */
+void tern__cpu_wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r);
+/* The int8 mode's prefill GEMM (gemm_i8_avx512.c; only when c->gemm_i8): features [o0, o1)
+ * of a job with Q8/Q4 weights; returns 0 (nothing done) for other formats/group sizes. */
+int tern__cpu_gemm_i8(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1);
+/* Whether tern__cpu_gemm_i8 takes weight w; and one row of x (in inputs) quantized for it,
+ * into q[in], d/rq/sum[in/gs] (the cpu_xq layout). */
+int tern__cpu_gemm_i8_fits(const tern_tensor *w);
+void tern__cpu_quant_x_i8(const float *x, int in, int gs, int q4, int8_t *q, float *d, float *rq, float *sum);
 /* Even split of [0, total) over nth threads in units of `unit`. */
 void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int64_t *hi);
 

@@ -25,6 +25,10 @@
  * the tile path (before/after benchmarks). Measured: bench/NOTES.md (2026-11-30, prefill).
  * Threads split the output features (weight rows), so each thread streams its own slice of
  * the weight and writes disjoint columns of y.
+ * The int8 mode (--compute int8 / TERN_CPU_INT8=1) sends every Q8/Q4 matmul the fused GEMV
+ * does not take (n > 1, or rows it has no kernel for) to the VNNI GEMM of gemm_i8_avx512.c,
+ * with x quantized once per call for all threads (run_mm); both quantize a row of x the same
+ * way, so a row's result does not depend on the batch beyond f32 summation order.
  *
  * MoE (moe_mlp): assignments (row, j) are grouped by expert with a counting sort, then two
  * pool runs: (1) gate and up projections of every active expert for the thread's slice of
@@ -44,10 +48,11 @@ void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int
     *hi = b < total ? b : total;
 }
 
-static void wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
+void tern__cpu_wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
     int64_t in = t->shape[t->ndim - 1], out = t->ndim >= 2 ? t->shape[t->ndim - 2] : 1;
     size_t rb = tern_tensor_row_bytes(t);
     size_t ms = t->mat_stride ? t->mat_stride : (size_t)out * rb;
+    if (t->mat_map) mat = t->mat_map[mat]; /* expert slot view (tensor.h) */
     r->data = (const uint8_t *)t->data + (size_t)mat * ms + (size_t)o * rb;
     r->dtype = t->dtype;
     r->scales = r->biases = NULL;
@@ -81,13 +86,13 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     cpu_wrow rows[4];
     cpu_gx gx;
     const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[0] : 0) * jb->ldx;
-    wrow_at(w, jb->mat, o0, &rows[0]);
+    tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
     if (!k->gemv_prep(&rows[0], in, c->int8, x, c->xbuf[ith], &gx)) return 0;
     float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[0] : 0) * jb->ldy;
     float s = jb->yscale ? jb->yscale[0] : 1.0f, v[4];
     for (int64_t o = o0; o < o1; o += 4) {
         int nr = (int)TERN_MIN((int64_t)4, o1 - o);
-        for (int i = 0; i < nr; i++) wrow_at(w, jb->mat, o + i, &rows[i]);
+        for (int i = 0; i < nr; i++) tern__cpu_wrow_at(w, jb->mat, o + i, &rows[i]);
         k->gemv(&gx, rows, nr, v);
         for (int i = 0; i < nr; i++) {
             if (jb->accum) y[o + i] += s * v[i];
@@ -135,7 +140,7 @@ static int gemm_pf_list(const tern_tensor *w, int mat, int64_t s0, int ns, int t
     cpu_wrow row;
     int np = 0;
     for (int i = 0; i < ns; i++) {
-        wrow_at(w, mat, s0 + i, &row);
+        tern__cpu_wrow_at(w, mat, s0 + i, &row);
         size_t b0, b1;
         if (w->dtype == TERN_DT_Q) {
             b0 = (size_t)t0 * (size_t)w->bits / 8;
@@ -180,7 +185,7 @@ static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
                 gemm_pack_x(k, jb, r0, nbk, t0, len, xp);
                 for (int64_t s0 = c0; s0 < c1; s0 += NR) {
                     int ns = (int)TERN_MIN((int64_t)NR, c1 - s0);
-                    for (int i = 0; i < ns; i++) wrow_at(w, jb->mat, s0 + i, &rows[i]);
+                    for (int i = 0; i < ns; i++) tern__cpu_wrow_at(w, jb->mat, s0 + i, &rows[i]);
                     k->gemm_pack(rows, ns, t0, len, tmp, kc, wp, k->decode);
                     /* prefetch the next strip: the following one, else the chunk's first of the next inputs */
                     int np = 0, nblk = (nbk + MR - 1) / MR, per;
@@ -215,6 +220,8 @@ void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, 
     cpu_wrow rows[CPU_RT_MAX];
     const float *wp[CPU_RT_MAX];
     if (n == 1 && mm_gemv(c, ith, jb, o0, o1)) return;
+    /* int8 mode: every n the fused GEMV does not take (the same quantization of x either way) */
+    if (c->int8 && c->gemm_i8 && tern__cpu_gemm_i8(c, ith, jb, o0, o1)) return;
     if (n > 8 && mm_gemm(c, ith, jb, o0, o1)) return;
     if (n == 1 && k->gemv_q4 && w->dtype == TERN_DT_Q && w->bits == 4 && in <= CPU_RT_MAX * CPU_CH) {
         /* decode fast path: fused 4-bit GEMV, x permuted once into the thread's tile */
@@ -223,7 +230,7 @@ void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, 
         float s = jb->yscale ? jb->yscale[0] : 1.0f;
         cpu_q4_permute(x, in, tile);
         for (int64_t o = o0; o < o1; o++) {
-            wrow_at(w, jb->mat, o, &rows[0]);
+            tern__cpu_wrow_at(w, jb->mat, o, &rows[0]);
             float v = k->gemv_q4(&rows[0], in, tile);
             if (jb->accum) y[o] += s * v;
             else y[o] = v;
@@ -232,7 +239,7 @@ void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, 
     }
     for (int64_t ot = o0; ot < o1; ot += rt) {
         int nt = (int)TERN_MIN((int64_t)rt, o1 - ot);
-        for (int i = 0; i < nt; i++) wrow_at(w, jb->mat, ot + i, &rows[i]);
+        for (int i = 0; i < nt; i++) tern__cpu_wrow_at(w, jb->mat, ot + i, &rows[i]);
         for (int j0 = 0; j0 < in; j0 += CPU_CH) {
             int len = TERN_MIN(CPU_CH, in - j0);
             for (int i = 0; i < nt; i++) {
@@ -285,11 +292,49 @@ static void mm_task(void *arg, int ith, int nth) {
     if (lo < hi) tern__cpu_mm(m->c, ith, m->jb, lo, hi);
 }
 
+/* Int8 mode, n > 8: quantize x once for all threads (rows split over the pool). */
+typedef struct xq_ctx {
+    const float *x;
+    cpu_xq *v;
+    int n;
+} xq_ctx;
+
+static void xq_task(void *arg, int ith, int nth) {
+    xq_ctx *a = arg;
+    cpu_xq *v = a->v;
+    int64_t lo, hi;
+    tern__cpu_split(a->n, 1, ith, nth, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++)
+        tern__cpu_quant_x_i8(a->x + (size_t)r * v->in, v->in, v->gs, v->q4, (int8_t *)v->q + (size_t)r * v->in,
+                             (float *)v->d + (size_t)r * v->ng, (float *)v->rq + (size_t)r * v->ng,
+                             (float *)v->sum + (size_t)r * v->ng);
+}
+
+static const cpu_xq *quant_x_shared(cpu_impl *c, const float *x, int n, const tern_tensor *w, cpu_xq *v) {
+    int in = (int)w->shape[w->ndim - 1], ng = in / w->group_size;
+    size_t qb = ((size_t)n * (size_t)in + 63) / 64 * 64, need = qb + 3 * (size_t)n * (size_t)ng * sizeof(float);
+    if (need > c->xq8_cap) {
+        void *p = tern_aalloc(need);
+        if (!p) return NULL; /* the GEMM quantizes per block instead */
+        tern_afree(c->xq8);
+        c->xq8 = p;
+        c->xq8_cap = need;
+    }
+    float *f = (float *)((uint8_t *)c->xq8 + qb);
+    *v = (cpu_xq){.q = c->xq8, .d = f, .rq = f + (size_t)n * ng, .sum = f + 2 * (size_t)n * ng,
+                  .in = in, .ng = ng, .gs = w->group_size, .q4 = w->bits == 4};
+    xq_ctx a = {x, v, n};
+    tern_pool_run(c->pool, xq_task, &a);
+    return v;
+}
+
 static void run_mm(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int mat) {
     cpu_impl *c = be->impl;
     int64_t in = w->shape[w->ndim - 1], out = w->ndim >= 2 ? w->shape[w->ndim - 2] : 1;
     if (n <= 0) return;
     cpu_mm_job jb = {.w = w, .mat = mat, .x = x, .ldx = (size_t)in, .y = y, .ldy = (size_t)out, .n = n};
+    cpu_xq xq;
+    if (n > 1 && c->int8 && c->gemm_i8 && tern__cpu_gemm_i8_fits(w)) jb.xq = quant_x_shared(c, x, n, w, &xq);
     mm_ctx m = {c, &jb, out};
     /* small products run on the calling thread: waking the pool costs more than they do
      * (each output row is computed by one thread either way, so results are identical) */

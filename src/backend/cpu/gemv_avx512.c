@@ -13,7 +13,7 @@
  * The exact kinds are f32 arithmetic on unrounded x; they differ from the reference by
  * summation order and (Q8) the reference's per-weight rounding of s·q + b: test_kern_gemv
  * holds |y − y_ref| ≤ 1e-6·Σ|w·x| (observed ~2e-7).
- *   Q8_I8 / Q4_I8 (opt-in, TERN_CPU_INT8=1): x quantized per weight group g to int8,
+ *   Q8_I8 / Q4_I8 (the int8 mode: --compute int8 or TERN_CPU_INT8=1): x quantized per weight group g to int8,
  *     x̂ = d_g·xq with d_g = max_g|x|/127, and vpdpbusd (u8 weights × s8 x). The result is
  *     Σ_g s_g·Σ(q−C)·x̂ + Σ_g (b_g + C·s_g)·Σx_g with exact f32 group sums Σx_g and the
  *     code midpoint C (8 or 128), computed as s·d·Σq·xq + b·Σx + C·s·Σ(x − x̂). So

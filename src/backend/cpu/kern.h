@@ -6,7 +6,8 @@
  * after decoding is f32 arithmetic in small register-blocked microkernels. Batch-1 GEMV of
  * the common formats (BF16, Q8, Q4) skips the decode through fused kernels (gemv_*.c) that
  * stay exact f32 arithmetic on unrounded x (Q: s·Σq·x + b·Σx, a reordering); their
- * int8-activation variant is opt-in and has its own error bound. Three tables exist — portable C, AVX2+FMA+F16C, AVX-512
+ * int8-activation variant (the int8 compute mode, with the prefill GEMM of gemm_i8_avx512.c)
+ * is opt-in and has its own error bound. Three tables exist — portable C, AVX2+FMA+F16C, AVX-512
  * (F/BW/VL/VBMI) — and cpu_kern_pick() chooses one from cpuid (capped by TERN_CPU_ISA).
  */
 #ifndef TERN_CPU_KERN_H

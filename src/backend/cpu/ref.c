@@ -24,6 +24,7 @@
  */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/cpu_glm.h"
+#include "sample/sample_ref.h"
 #include "ops/kvq.h"
 
 #include <math.h>
@@ -404,6 +405,7 @@ static const tern_backend_vt ref_vt = {
     .route_topk = ref_route_topk,
     .moe_mlp = ref_moe_mlp,
     .glm = &tern__cpu_glm_ops, /* GLM-5 ops: one scalar spec for both CPU backends */
+    .sample = tern_sample_op_host, /* the CPU sampler's draw (src/sample/sample_ref.c) */
 };
 
 tern_status tern_backend_cpu_ref_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {

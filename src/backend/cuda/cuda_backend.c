@@ -269,6 +269,10 @@ static void be_moe_mlp(tern_backend *be, float *y, const float *x, int n, int H,
     tern__cuda_wview(gate, &g);
     tern__cuda_wview(up, &u);
     tern__cuda_wview(down, &d);
+    if (gate->mat_map) { /* expert slot views (tensor.h): one map for the three stacks */
+        idx = tern__cuda_moe_remap(C(be), idx, gate->mat_map, n * k);
+        if (!idx) { tern_log(TERN_LOG_ERROR, "cuda moe_mlp: cannot allocate the slot id buffer"); return; }
+    }
     tern__cuda_moe_mlp(C(be), y, x, n, H, idx, wts, k, &g, &u, &d, act, scratch);
 }
 
@@ -281,6 +285,37 @@ static int be_graph_begin(tern_backend *be, uint64_t key, void *out, size_t out_
 static int be_graph_end(tern_backend *be, int ok) { return tern__cuda_graph_end(C(be), ok); }
 static void be_graph_reset(tern_backend *be) { tern__cuda_graph_reset(C(be)); }
 
+/* fused decode ops (gemv.cu, fused.cu); 0 = not fused here, the model runs the separate ops */
+static int be_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
+    tern__cuda_w v[3];
+    const tern__cuda_w *pv[3];
+    if (k < 1 || k > 3) return 0;
+    for (int i = 0; i < k; i++) {
+        if (w[i]->ndim != 2) return 0;
+        tern__cuda_wview(w[i], &v[i]);
+        pv[i] = &v[i];
+    }
+    return tern__cuda_matmul_n(C(be), k, y, x, n, pv);
+}
+static int be_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,
+                         const tern_tensor *up, int act) {
+    tern__cuda_w g, u;
+    if (gate->ndim != 2 || up->ndim != 2) return 0;
+    tern__cuda_wview(gate, &g);
+    tern__cuda_wview(up, &u);
+    return tern__cuda_matmul_glu(C(be), y, x, n, &g, &u, act);
+}
+static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
+    tern__cuda_w v;
+    if (w->ndim != 2) return 0;
+    tern__cuda_wview(w, &v);
+    return tern__cuda_matmul_add(C(be), y, x, n, &v);
+}
+static int be_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
+                            const float *v, int nh, const float *inv_freq, float mscale) {
+    return tern__cuda_rope_kv_write(C(be), kv, rows, q, k, v, nh, rows->pos, inv_freq, mscale);
+}
+
 /* GLM-5 ops (glm.cu, glm_attn.cu) */
 extern const tern_glm_ops tern__cuda_glm_ops;
 void tern__cuda_glm_init(tern__cuda *c);
@@ -292,14 +327,22 @@ static void be_close(tern_backend *be) {
         cudaSetDevice(c->device);
         if (c->stream) cudaStreamSynchronize(c->stream);
         tern__cuda_graph_close(c);
+        tern__cuda_prof_report(); /* TERN_CUDA_PROFILE=1: the per-op table (prof.c) */
         cudaFree(c->lt_ws);
         cudaFree(c->part);
         cudaFree(c->gemm_scratch);
+        cudaFree(c->moe_idx);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
     free(be);
+}
+
+static void be_sample(tern_backend *be, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
+                      const tern_sample_pair *pairs, void *scratch) {
+    (void)scratch;
+    tern__cuda_sample(C(be), ids, logits, n, V, rows, pairs);
 }
 
 static const tern_backend_vt k_cuda_vt = {
@@ -335,6 +378,11 @@ static const tern_backend_vt k_cuda_vt = {
     .graph_end = be_graph_end,
     .graph_reset = be_graph_reset,
     .glm = &tern__cuda_glm_ops,
+    .matmul_n = be_matmul_n,
+    .matmul_glu = be_matmul_glu,
+    .matmul_add = be_matmul_add,
+    .rope_kv_write = be_rope_kv_write,
+    .sample = be_sample,
 };
 
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {
@@ -362,7 +410,7 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
         free(c);
         return tern_err(err, TERN_ENOMEM, "cuda: out of host memory");
     }
-    be->vt = &k_cuda_vt;
+    be->vt = tern__cuda_vt_select(&k_cuda_vt); /* TERN_CUDA_FUSED=0 / TERN_CUDA_PROFILE=1 (prof.c) */
     be->device = dev;
     be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
     be->impl = c;

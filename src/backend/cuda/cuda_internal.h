@@ -53,6 +53,9 @@ typedef struct tern__cuda {
     struct tern__cuda_graph *graphs; /* [TERN_CUDA_MAX_GRAPHS] */
     struct tern__cuda_graph *cap;    /* entry being recorded */
     uint64_t use_clock;
+    /* moe_mlp over expert slot views (tensor.h mat_map): the ids remapped to slots (moe.cu) */
+    int32_t *moe_idx;
+    size_t moe_idx_cap;
 } tern__cuda;
 
 #define TERN_CUDA_MAX_GRAPHS 16
@@ -103,6 +106,9 @@ void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *
 /* hi = bf16(x), and lo = bf16(x - hi) when lo != NULL */
 void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, size_t n);
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+/* qgemm.cu: tensor-core matmul for n >= 2 rows in the bf16 mode reading each weight once;
+ * returns 1 when it handled the call, 0 when the caller must take another path */
+int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 
 /* norm.cu (norm, rope, elementwise, embed) */
 void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const tern__cuda_w *w, float scale);
@@ -122,12 +128,35 @@ void tern__cuda_attn_init(tern__cuda *c); /* at open: shared-memory limit */
 void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                           const tern_kv_layer *kv, float scale, float softcap);
 
+/* fused decode ops (gemv.cu, fused.cu): return 1 when done, 0 when the caller must run the
+ * separate ops (ops.h: matmul_n, matmul_glu, matmul_add, rope_kv_write) */
+int tern__cuda_matmul_n(tern__cuda *c, int k, float *const *y, const float *x, int n, const tern__cuda_w *const *w);
+int tern__cuda_matmul_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
+                          const tern__cuda_w *up, int act);
+int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w);
+int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
+                             const float *v, int nh, const int32_t *pos, const float *inv_freq, float mscale);
+
+/* prof.c: the vtable a backend gets at open — `base` itself, or (TERN_CUDA_FUSED=0) a copy
+ * without the fused ops, or (TERN_CUDA_PROFILE=1) a copy whose ops time themselves with
+ * events in eager mode (no graphs); the per-op table is printed by tern__cuda_prof_report at
+ * close. */
+const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base);
+void tern__cuda_prof_report(void);
+
+/* moe.cu: ids of routed pairs sent through an expert slot map (tensor.h mat_map): returns a device
+ * array [np] of map[idx[p]] (c->moe_idx, grown on demand), or NULL when it cannot allocate. */
+const int32_t *tern__cuda_moe_remap(tern__cuda *c, const int32_t *idx, const int32_t *map, int np);
 /* moe.cu */
 void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
                            int mode, const float *per_expert_scale);
 void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                         const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                         const tern__cuda_w *down, int act, float *scratch);
+
+/* sample.cu: ops.h vt->sample (one block per row; no scratch) */
+void tern__cuda_sample(tern__cuda *c, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
+                       const tern_sample_pair *pairs);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,9 @@
  *     exact GEMV). The split keeps tensor-core speed and brings both effects down to f32 noise.
  * Returns an error (and the caller falls back to the GEMV kernels) when cuBLASLt finds no
  * algorithm or the scratch is too small for even one chunk.
+ * In the bf16 mode most batched calls never get here: qgemm.cu (tried first by the dispatcher
+ * in gemv.cu) multiplies BF16/F16/Q weights in their stored format on tensor cores with the same
+ * split-bf16 contract, up to the row counts where this path's cuBLASLt GEMMs win (its header).
  */
 #include "backend/cuda/cuda_internal.h"
 

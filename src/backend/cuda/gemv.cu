@@ -33,6 +33,8 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 
+#include <stdlib.h>
+
 struct GemvArgs {
     const uint8_t *data, *scales, *biases;
     size_t mat_bytes, mat_bytes_s;
@@ -355,6 +357,232 @@ static int kind_of(const tern__cuda_w *w) {
 
 static int chunk_of(int kind) { return kind <= 9 ? 32 : (kind == 32 ? 8 : 16); }
 
+/* ---- one activation row, every chunked format: gemv1_kernel ----
+ * The block (8 warps) stages the whole activation row in shared memory once (float4 F of x at
+ * F ^ ((F >> 3) & (C4 - 1)): a warp reading float4 k4 of 32 consecutive chunks hits every bank
+ * pair once per 8 lanes, for 8-, 4- and 2-float4 chunks alike), then each warp streams R rows
+ * with U chunks per lane in flight (a 4096-wide q4 row is one round of loads). Lane l handles
+ * chunks l, l+32, ... in order with the same f32 operations as gemv_kernel<KIND, 1>, so the
+ * result is bitwise that of the multi-row kernels (batch invariance holds). Rows come from up
+ * to three matrices sharing `in` and the format (q|k|v in one launch); pair modes give a warp
+ * row o of matrix 0 and of matrix 1 and write act(g)·u (gate/up); RES adds the old y[o]. */
+enum { G1_PLAIN = 0, G1_SILU = 1, G1_GELU = 2, G1_RES = 3 };
+#define G1_MAX_IN 16384 /* floats of x staged (64 KB of shared memory) */
+
+struct Gemv1Args {
+    const uint8_t *data[3], *scales[3], *biases[3];
+    float *y[3];
+    int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2], pair = out[0] */
+    int in, gs, gs_shift, sdtype, br, ncs, mode;
+    const float *x;
+};
+
+__device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
+
+template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
+    using K = Kind<KIND>;
+    constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
+    extern __shared__ float4 xs1[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
+    const int g0 = (blockIdx.x * 8 + warp) * (pair ? 1 : R);
+    const int nch = a.in / CH, ng = K::Q ? a.in >> a.gs_shift : 0;
+    const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
+    int mrow[R], orow[R];
+    bool live[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        int g = pair ? g0 : g0 + r, m = pair ? r : 0;
+        live[r] = g < a.rows;
+        if (!live[r]) g = 0; /* clamp: recompute row 0, never written */
+        if (!pair)
+            while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
+        mrow[r] = m;
+        orow[r] = g;
+    }
+    const uint8_t *rowp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rowp[r] = a.data[mrow[r]] + (size_t)orow[r] * rb;
+    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)a.x + f);
+    __syncthreads();
+    if (!live[0]) return;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int c0 = 0; c0 < nch; c0 += 32 * U) {
+        uint32_t wd[U][R][W];
+        float s[U][R], b[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * 32 + lane;
+            if (c < nch) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    load_chunk<KIND>(rowp[r], c, wd[u][r]);
+                    if constexpr (K::Q) {
+                        const size_t gi = (size_t)orow[r] * ng + ((c * 32) >> a.gs_shift);
+                        s[u][r] = load_s(a.scales[mrow[r]], a.sdtype, gi);
+                        b[u][r] = load_s(a.biases[mrow[r]], a.sdtype, gi);
+                    } else if constexpr (K::F8) {
+                        s[u][r] = ((const float *)a.scales[mrow[r]])[(size_t)(orow[r] / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * 32 + lane;
+            if (c >= nch) continue;
+            float qa[R], xsum = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) qa[r] = 0.0f;
+#pragma unroll
+            for (int k4 = 0; k4 < C4; k4++) {
+                const float4 xv = xs1[g1swz(c * C4 + k4, C4)];
+                if constexpr (K::Q) xsum += (xv.x + xv.y) + (xv.z + xv.w);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4), xv.x, qa[r]);
+                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 1), xv.y, qa[r]);
+                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 2), xv.z, qa[r]);
+                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 3), xv.w, qa[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if constexpr (K::Q) acc[r] += fmaf(s[u][r], qa[r], b[u][r] * xsum);
+                else if constexpr (K::F8) acc[r] = fmaf(s[u][r], qa[r], acc[r]);
+                else acc[r] += qa[r];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+    if (lane) return;
+    if (pair) {
+        const float gv = acc[0];
+        a.y[0][orow[0]] = (a.mode == G1_SILU ? silu(gv) : gelu_tanh(gv)) * acc[1]; /* as ew_kernel */
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (!live[r]) break;
+        float *yp = a.y[mrow[r]] + orow[r];
+        *yp = a.mode == G1_RES ? *yp + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
+    }
+}
+
+/* Rows per warp and chunks in flight per lane: pair modes need R = 2; U = 4 keeps a whole
+ * 4096-wide q4 row (128 chunks) in flight in one round. */
+#define G1_R 2
+#define G1_U 4
+
+template <int KIND> static void g1_go(cudaStream_t st, const Gemv1Args &a) {
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
+    const int rpb = 8 * (pair ? 1 : G1_R);
+    const unsigned blocks = (unsigned)((a.rows + rpb - 1) / rpb);
+    const size_t smem = (size_t)a.in * sizeof(float);
+    gemv1_kernel<KIND, G1_R, G1_U><<<blocks, 256, smem, st>>>(a);
+}
+
+template <int KIND> static void g1_allow() {
+    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)(G1_MAX_IN * sizeof(float)));
+}
+
+/* TERN_CUDA_GEMV1=0 in the environment keeps the older n = 1 kernels (for comparisons). */
+extern "C" int tern__cuda_gemv1_on;
+int tern__cuda_gemv1_on = -1;
+static bool g1_enabled() {
+    if (tern__cuda_gemv1_on < 0) {
+        const char *e = getenv("TERN_CUDA_GEMV1");
+        tern__cuda_gemv1_on = !(e && e[0] == '0');
+    }
+    return tern__cuda_gemv1_on != 0;
+}
+
+/* Can matrices w[0..k) (2-D views, matrix index e) run through gemv1 for one row x? */
+static bool g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
+    if (!g1_enabled() || k < 1 || k > 3 || ((uintptr_t)x & 15)) return false;
+    const tern__cuda_w *w0 = w[0];
+    const int kind = kind_of(w0), ch = chunk_of(kind);
+    if (w0->in % ch || w0->in > G1_MAX_IN || w0->in <= 0) return false;
+    if (kind == 9 && (!w0->blk_rows || w0->group_size % 32)) return false;
+    for (int i = 1; i < k; i++)
+        if (w[i]->dtype != w0->dtype || w[i]->in != w0->in || w[i]->bits != w0->bits ||
+            w[i]->group_size != w0->group_size || w[i]->sdtype != w0->sdtype || w[i]->blk_rows != w0->blk_rows)
+            return false;
+    return true;
+}
+
+static void g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
+                      const float *x, int mode) {
+    Gemv1Args a = {};
+    const tern__cuda_w *w0 = w[0];
+    for (int i = 0; i < k; i++) {
+        a.data[i] = (const uint8_t *)w[i]->data + (size_t)e[i] * w[i]->mat_bytes;
+        a.scales[i] = (const uint8_t *)w[i]->scales + (size_t)e[i] * w[i]->mat_bytes_s;
+        a.biases[i] = (const uint8_t *)w[i]->biases + (size_t)e[i] * w[i]->mat_bytes_s;
+        a.y[i] = y[i];
+        a.out[i] = w[i]->out;
+        a.rows += w[i]->out;
+    }
+    a.nm = k;
+    if (mode == G1_SILU || mode == G1_GELU) a.rows = w0->out;
+    a.in = w0->in;
+    a.gs = w0->group_size;
+    a.gs_shift = w0->group_size == 32 ? 5 : w0->group_size == 64 ? 6 : 7;
+    a.sdtype = w0->sdtype;
+    a.br = w0->dtype == TERN_DT_F8_E4M3 ? w0->blk_rows : 0;
+    a.ncs = a.br ? (w0->in + w0->group_size - 1) / w0->group_size : 0;
+    a.mode = mode;
+    a.x = x;
+    if (a.rows <= 0) return;
+    switch (kind_of(w0)) {
+    case 2: g1_go<2>(c->stream, a); break;
+    case 3: g1_go<3>(c->stream, a); break;
+    case 4: g1_go<4>(c->stream, a); break;
+    case 5: g1_go<5>(c->stream, a); break;
+    case 6: g1_go<6>(c->stream, a); break;
+    case 8: g1_go<8>(c->stream, a); break;
+    case 9: g1_go<9>(c->stream, a); break;
+    case 16: g1_go<16>(c->stream, a); break;
+    case 17: g1_go<17>(c->stream, a); break;
+    default: g1_go<32>(c->stream, a); break;
+    }
+    tern__cuda_check(c, "gemv1");
+}
+
+/* Fused entry points (cuda_internal.h). Each returns 1 when it ran the op, 0 when the shapes
+ * or formats do not fit (the caller then runs the separate ops). */
+extern "C" int tern__cuda_matmul_n(tern__cuda *c, int k, float *const *y, const float *x, int n,
+                                   const tern__cuda_w *const *w) {
+    if (n != 1 || !g1_fits(w, k, x)) return 0;
+    const int e[3] = {0, 0, 0};
+    cudaSetDevice(c->device);
+    g1_launch(c, y, w, e, k, x, G1_PLAIN);
+    return 1;
+}
+
+extern "C" int tern__cuda_matmul_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
+                                     const tern__cuda_w *up, int act) {
+    const tern__cuda_w *w[2] = {gate, up};
+    if (n != 1 || gate->out != up->out || !g1_fits(w, 2, x)) return 0;
+    const int e[2] = {0, 0};
+    float *ys[2] = {y, y};
+    cudaSetDevice(c->device);
+    g1_launch(c, ys, w, e, 2, x, act == TERN_ACT_SILU ? G1_SILU : G1_GELU);
+    return 1;
+}
+
+extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {
+    if (n != 1 || !g1_fits(&w, 1, x)) return 0;
+    const int e[1] = {0};
+    cudaSetDevice(c->device);
+    g1_launch(c, &y, &w, e, 1, x, G1_RES);
+    return 1;
+}
+
 /* rows per block and shared bytes of gemv_kernel<KIND, NX> (host mirror of Rows/Kind) */
 static int rows_of(int kind, int nx) { return (kind <= 8 && nx <= 4) ? 4 : 2; }
 static size_t smem_of(int kind, int nx) { return nx > 1 ? (size_t)nx * 32 * chunk_of(kind) * sizeof(float) : 0; }
@@ -382,23 +610,26 @@ extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     (void)c;
     allow_smem<2>(); allow_smem<3>(); allow_smem<4>(); allow_smem<5>(); allow_smem<6>(); allow_smem<8>();
     allow_smem<9>(); allow_smem<16>(); allow_smem<17>(); allow_smem<32>();
+    g1_allow<2>(); g1_allow<3>(); g1_allow<4>(); g1_allow<5>(); g1_allow<6>(); g1_allow<8>();
+    g1_allow<9>(); g1_allow<16>(); g1_allow<17>(); g1_allow<32>();
     cudaGetLastError();
 }
 
 /* Kernel choice for one dense activation row of Q weights (bench_cuda sets it to compare):
  * 0 = gemv_kernel, 1..4 = gemv_q1_kernel with (U, R) = (1,4), (2,4), (4,4), (2,2).
  * H200, 8192x8192 q4: 41.1 / 39.8 / 41.0 / 68.7 / 31.4 us; 4 is best on every shape measured
- * (more warps beat more rows or chunks per warp), so it is the default. */
+ * (more warps beat more rows or chunks per warp). 5 = gemv1_kernel (x staged once per block,
+ * 4 chunks of 2 rows in flight per lane), the default for every format. */
 extern "C" int tern__cuda_gemv_q1_variant;
-int tern__cuda_gemv_q1_variant = 4;
+int tern__cuda_gemv_q1_variant = 5;
 
 template <int KIND> static void launch_q1(cudaStream_t st, const GemvArgs &a, int v) {
-    const int R = v == 4 ? 2 : 4;
+    const int R = v >= 4 ? 2 : 4;
     const dim3 grid((unsigned)((a.out + 4 * R - 1) / (4 * R)));
     switch (v) {
     case 1: gemv_q1_kernel<KIND, 1, 4><<<grid, 128, 0, st>>>(a); break;
     case 3: gemv_q1_kernel<KIND, 4, 4><<<grid, 128, 0, st>>>(a); break;
-    case 4: gemv_q1_kernel<KIND, 2, 2><<<grid, 128, 0, st>>>(a); break;
+    case 4: case 5: gemv_q1_kernel<KIND, 2, 2><<<grid, 128, 0, st>>>(a); break;
     default: gemv_q1_kernel<KIND, 2, 4><<<grid, 128, 0, st>>>(a); break;
     }
 }
@@ -408,7 +639,7 @@ static void launch(tern__cuda *c, GemvArgs &a, const tern__cuda_w *w, int gy, in
     const bool aligned = a.in % ch == 0 && ((uintptr_t)a.x & 15) == 0 && a.xstride % 4 == 0 &&
                          (kind != 9 || a.gs % 32 == 0); /* FP8: a chunk must sit in one scale block */
     const int v = tern__cuda_gemv_q1_variant;
-    if (aligned && nx == 1 && !a.idx && kind <= 8 && v > 0) {
+    if (aligned && nx == 1 && !a.idx && kind <= 8 && v > 0) { /* 5 here: gemv1 did not fit */
         switch (kind) {
         case 2: launch_q1<2>(c->stream, a, v); break;
         case 3: launch_q1<3>(c->stream, a, v); break;
@@ -464,6 +695,13 @@ static GemvArgs base_args(const tern__cuda_w *w) {
 }
 
 extern "C" void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
+    /* Q rows much longer than wide (out >= 3 in: 14336x4096, the lm head) measured faster on the
+     * older gemv_q1 (q4 27.7 vs 34.2 us, q8 31.3 vs 42.6 us on the H200); same bits either way */
+    const bool tall_q = w->dtype == TERN_DT_Q && w->out >= 3 * w->in;
+    if (n == 1 && tern__cuda_gemv_q1_variant == 5 && !tall_q && g1_fits(&w, 1, x)) {
+        g1_launch(c, &y, &w, &e, 1, x, G1_PLAIN);
+        return;
+    }
     for (int r0 = 0; r0 < n; r0 += TERN_CUDA_GEMV_MAX_N) {
         const int m = n - r0 < TERN_CUDA_GEMV_MAX_N ? n - r0 : TERN_CUDA_GEMV_MAX_N;
         GemvArgs a = base_args(w);
@@ -559,6 +797,7 @@ static int gemv_limit(const tern__cuda *c, const tern__cuda_w *w) {
 extern "C" void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     if (n <= 0) return;
     cudaSetDevice(c->device);
+    if (tern__cuda_qgemm(c, y, x, n, w, e)) return;
     if (n > gemv_limit(c, w) && tern__cuda_gemm(c, y, x, n, w, e) == TERN_OK) return;
     tern__cuda_gemv(c, y, x, n, w, e);
 }

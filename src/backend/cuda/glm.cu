@@ -236,6 +236,264 @@ static void op_route_group(tern_backend *be, int32_t *idx, float *wts, const flo
     tern__cuda_check(c, "glm route_group");
 }
 
+/* ---- matmul_heads: one matmul per head of a stack W [nh, out, in], one launch ----
+ * Decode (n <= 16 rows; packed Q / FP8 stacks: <= 32 in bf16 mode, 64 in f32): heads_gemv_kernel, grid (out tiles, heads); the head's x rows (<= 8
+ * per launch) are staged in shared memory; a warp owns 2 output rows and its lanes walk the
+ * row in chunks of 8 elements (one 16-byte load of bf16/f16, 2 of f32, one 4-byte word of 4-bit
+ * codes, 8 bytes of 8-bit codes); other formats / unaligned rows decode element by element
+ * (welem). f32 math, products summed per lane then across the warp.
+ * Prefill: the stack (dequantized into gemm_scratch unless F32 / BF16-in-bf16-mode) times the
+ * strided rows of x as ONE cuBLASLt strided-batched GEMM per term (batch = heads): exact f32
+ * (pedantic) in the f32 mode; split-bf16 on tensor cores in the bf16 mode (as gemm.c). */
+
+enum { HK_GEN = 0, HK_BF16 = 1, HK_F16 = 2, HK_F32 = 3, HK_Q4 = 4, HK_Q8 = 5 };
+#define HG_ROWS 8 /* output rows per block: 4 warps x 2 */
+#define HG_NX 8   /* activation rows per launch */
+
+struct HeadsArgs {
+    float *y;
+    const float *x;
+    int ldy, hy, ldx, hx, n, out, in;
+};
+
+template <int KIND> __device__ __forceinline__ void heads_chunk(const WDesc &w, int h, int o, int c, float *v) {
+    const uint8_t *row = w.data + (size_t)h * w.mat_bytes + (size_t)o * w.row_bytes;
+    if constexpr (KIND == HK_BF16 || KIND == HK_F16) {
+        const uint4 u = __ldg((const uint4 *)row + c);
+        const uint32_t wd[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (KIND == HK_BF16) {
+                v[2 * i] = __uint_as_float(wd[i] << 16);
+                v[2 * i + 1] = __uint_as_float(wd[i] & 0xffff0000u);
+            } else {
+                v[2 * i] = __half2float(__ushort_as_half((unsigned short)(wd[i] & 0xffffu)));
+                v[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(wd[i] >> 16)));
+            }
+        }
+    } else if constexpr (KIND == HK_F32) {
+        const float4 a = __ldg((const float4 *)row + 2 * c), b = __ldg((const float4 *)row + 2 * c + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else { /* Q4 / Q8: 8 codes inside one group (group sizes are multiples of 8) */
+        const size_t gi = (size_t)o * (w.in / w.gs) + (size_t)(8 * c / w.gs);
+        const float s = load_s(w.scales + (size_t)h * w.mat_bytes_s, w.sdtype, gi);
+        const float b = load_s(w.biases + (size_t)h * w.mat_bytes_s, w.sdtype, gi);
+        if constexpr (KIND == HK_Q4) {
+            const uint32_t q = __ldg((const uint32_t *)row + c);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = fmaf(s, (float)((q >> (4 * i)) & 15u), b);
+        } else {
+            const uint2 q = __ldg((const uint2 *)row + c);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = fmaf(s, (float)(((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 255u), b);
+        }
+    }
+}
+
+template <int KIND, int NX> __global__ void __launch_bounds__(128) heads_gemv_kernel(HeadsArgs a, WDesc w) {
+    extern __shared__ float hxs[]; /* [NX][in] */
+    const int h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, in = a.in;
+    for (int i = tid; i < NX * in; i += blockDim.x) {
+        const int r = i / in;
+        hxs[i] = r < a.n ? a.x[(size_t)r * a.ldx + (size_t)h * a.hx + i % in] : 0.0f;
+    }
+    __syncthreads();
+    const int o0 = blockIdx.x * HG_ROWS + warp * 2;
+    float acc[2][NX];
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int r = 0; r < NX; r++) acc[k][r] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int o = o0 + k;
+        if (o >= a.out) break;
+        if constexpr (KIND == HK_GEN) {
+            for (int j = lane; j < in; j += 32) {
+                const float v = welem(w, h, o, j);
+#pragma unroll
+                for (int r = 0; r < NX; r++) acc[k][r] = fmaf(v, hxs[r * in + j], acc[k][r]);
+            }
+        } else {
+            for (int c = lane; c < in / 8; c += 32) {
+                float v[8];
+                heads_chunk<KIND>(w, h, o, c, v);
+#pragma unroll
+                for (int r = 0; r < NX; r++) {
+                    const float4 x0 = *(const float4 *)(hxs + r * in + 8 * c), x1 = *(const float4 *)(hxs + r * in + 8 * c + 4);
+                    float s = acc[k][r];
+                    s = fmaf(v[0], x0.x, s); s = fmaf(v[1], x0.y, s); s = fmaf(v[2], x0.z, s); s = fmaf(v[3], x0.w, s);
+                    s = fmaf(v[4], x1.x, s); s = fmaf(v[5], x1.y, s); s = fmaf(v[6], x1.z, s); s = fmaf(v[7], x1.w, s);
+                    acc[k][r] = s;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int r = 0; r < NX; r++) {
+            const float s = warp_sum(acc[k][r]);
+            if (lane == 0 && o0 + k < a.out && r < a.n) a.y[(size_t)r * a.ldy + (size_t)h * a.hy + o0 + k] = s;
+        }
+}
+
+static int heads_kind(const tern__cuda_w *w) {
+    if (w->in % 8) return HK_GEN;
+    switch (w->dtype) {
+    case TERN_DT_BF16: return HK_BF16;
+    case TERN_DT_F16: return HK_F16;
+    case TERN_DT_F32: return HK_F32;
+    case TERN_DT_Q: return w->group_size % 8 ? HK_GEN : w->bits == 4 ? HK_Q4 : w->bits == 8 ? HK_Q8 : HK_GEN;
+    default: return HK_GEN;
+    }
+}
+
+template <int NX> static void heads_launch(tern__cuda *c, int kind, dim3 grid, size_t smem, const HeadsArgs &a,
+                                           const WDesc &w) {
+    switch (kind) {
+    case HK_BF16: heads_gemv_kernel<HK_BF16, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
+    case HK_F16: heads_gemv_kernel<HK_F16, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
+    case HK_F32: heads_gemv_kernel<HK_F32, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
+    case HK_Q4: heads_gemv_kernel<HK_Q4, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
+    case HK_Q8: heads_gemv_kernel<HK_Q8, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
+    default: heads_gemv_kernel<HK_GEN, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
+    }
+}
+
+static void heads_gemv(tern__cuda *c, float *y, int ldy, int hy, const float *x, int ldx, int hx, int n, int nh,
+                       const tern__cuda_w *w) {
+    const WDesc wd = make_wdesc(w);
+    int kind = heads_kind(w);
+    /* vector loads: every row start aligned to the chunk's load width (in % 8 == 0 already) */
+    const size_t algn = kind == HK_Q4 ? 4 : kind == HK_Q8 ? 8 : 16;
+    if (kind != HK_GEN && (((uintptr_t)w->data % algn) || w->mat_bytes % algn)) kind = HK_GEN;
+    int per = (48 << 10) / (int)(sizeof(float) * (size_t)(w->in > 0 ? w->in : 1)); /* x rows that fit in 48 KiB */
+    per = per >= HG_NX ? HG_NX : per >= 4 ? 4 : per >= 2 ? 2 : per;
+    if (per < 1) {
+        tern_log(TERN_LOG_ERROR, "cuda matmul_heads: in %d too wide", w->in);
+        return;
+    }
+    for (int r0 = 0; r0 < n; r0 += per) {
+        const int m = n - r0 < per ? n - r0 : per, nx = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
+        const size_t smem = sizeof(float) * (size_t)nx * w->in;
+        HeadsArgs a = {y + (size_t)r0 * ldy, x + (size_t)r0 * ldx, ldy, hy, ldx, hx, m, w->out, w->in};
+        dim3 grid((unsigned)((w->out + HG_ROWS - 1) / HG_ROWS), (unsigned)nh);
+        switch (nx) {
+        case 1: heads_launch<1>(c, kind, grid, smem, a, wd); break;
+        case 2: heads_launch<2>(c, kind, grid, smem, a, wd); break;
+        case 4: heads_launch<4>(c, kind, grid, smem, a, wd); break;
+        default: heads_launch<8>(c, kind, grid, smem, a, wd); break;
+        }
+        tern__cuda_check(c, "glm matmul_heads gemv");
+    }
+}
+
+/* C_b (m x n, ld ldc) = A_bᵀ B_b for batch b < nb: A_b (k x m, ld k) at a + b*sa, B_b (k x n, ld ldb)
+ * at bm + b*sb, C_b at y + b*sc (element offsets); beta 0 or 1 */
+static tern_status lt_batched(tern__cuda *c, float *y, int ldc, long long sc, const void *a, long long sa,
+                              const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
+                              cublasComputeType_t ct, float beta) {
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    tern_status st = TERN_EDEVICE;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    size_t ws = TERN_CUDA_LT_WS_BYTES;
+    float alpha = 1.0f;
+    cublasLtMatmulHeuristicResult_t hr;
+    int got = 0;
+    if (cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto done;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k, (uint64_t)m, k) != CUBLAS_STATUS_SUCCESS) goto done;
+    if (cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k, (uint64_t)n, ldb) != CUBLAS_STATUS_SUCCESS) goto done;
+    if (cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc) != CUBLAS_STATUS_SUCCESS) goto done;
+    {
+        cublasLtMatrixLayout_t L[3] = {la, lb, lc};
+        long long S[3] = {sa, sb, sc};
+        for (int i = 0; i < 3; i++) {
+            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
+            int64_t s64 = S[i];
+            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s64, sizeof s64);
+        }
+    }
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &hr, &got) != CUBLAS_STATUS_SUCCESS ||
+        got < 1)
+        goto done;
+    if (cublasLtMatmul(c->lt, op, &alpha, a, la, bm, lb, &beta, y, lc, y, lc, &hr.algo, c->lt_ws, ws, c->stream) ==
+        CUBLAS_STATUS_SUCCESS)
+        st = TERN_OK;
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return st;
+}
+
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static tern_status heads_gemm(tern__cuda *c, float *y, int ldy, int hy, const float *x, int ldx, int hx, int n, int nh,
+                              const tern__cuda_w *w) {
+    const int out = w->out, in = w->in, bf = c->compute == TERN_COMPUTE_BF16;
+    const cublasComputeType_t exact = CUBLAS_COMPUTE_32F_PEDANTIC, tc = CUBLAS_COMPUTE_32F;
+    const long long mat = (long long)out * in;
+    if (w->dtype == TERN_DT_F32 && !bf)
+        return lt_batched(c, y, ldy, hy, w->data, mat, x, ldx, hx, out, n, in, nh, CUDA_R_32F, exact, 0.0f);
+    uint8_t *scr = (uint8_t *)c->gemm_scratch;
+    size_t avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
+    /* the stack, expanded: f32 per head, or a bf16 pair per head (hi, then lo at al256(mat*2)) */
+    const int native = bf && w->dtype == TERN_DT_BF16;
+    const size_t hb = bf ? 2 * al256((size_t)mat * 2) : (size_t)mat * 4, wbytes = native ? 0 : hb * nh;
+    if (wbytes + 4096 > avail) return TERN_ENOMEM;
+    for (int h = 0; !native && h < nh; h++) tern__cuda_dequant(c, scr + h * hb, bf ? 2 : 0, w, h, 0, out);
+    if (!bf) return lt_batched(c, y, ldy, hy, scr, mat, x, ldx, hx, out, n, in, nh, CUDA_R_32F, exact, 0.0f);
+    const uint8_t *wh = native ? (const uint8_t *)w->data : scr, *wl = wh + al256((size_t)mat * 2);
+    const long long sa = native ? mat : (long long)(hb / 2);
+    scr += al256(wbytes);
+    avail -= al256(wbytes);
+    /* activations to a bf16 pair, in row chunks that fit */
+    const size_t span_row = (size_t)ldx * 2;
+    int rows = (int)((avail / 2 - 512) / span_row);
+    if (rows < 1) return TERN_ENOMEM;
+    for (int r0 = 0; r0 < n; r0 += rows) {
+        const int m = n - r0 < rows ? n - r0 : rows;
+        const size_t span = (size_t)(m - 1) * ldx + (size_t)(nh - 1) * hx + in, xb = al256(span * 2);
+        if (2 * xb > avail) return TERN_ENOMEM; /* heads wider than the row stride: GEMV instead */
+        uint8_t *xh = scr, *xl = scr + xb;
+        tern__cuda_f32_to_bf16(c, xh, xl, x + (size_t)r0 * ldx, span);
+        float *yr = y + (size_t)r0 * ldy;
+        tern_status st = lt_batched(c, yr, ldy, hy, wh, sa, xh, ldx, hx, out, m, in, nh, CUDA_R_16BF, tc, 0.0f);
+        if (!st) st = lt_batched(c, yr, ldy, hy, wh, sa, xl, ldx, hx, out, m, in, nh, CUDA_R_16BF, tc, 1.0f);
+        if (!st && !native) st = lt_batched(c, yr, ldy, hy, wl, sa, xh, ldx, hx, out, m, in, nh, CUDA_R_16BF, tc, 1.0f);
+        if (st) return st;
+    }
+    return TERN_OK;
+}
+
+static void op_matmul_heads(tern_backend *be, float *y, int ldy, int hy, const float *x, int ldx, int hx, int n, int nh,
+                            const tern_tensor *t) {
+    tern__cuda *c = C(be);
+    if (n <= 0 || nh <= 0) return;
+    tern__cuda_w w;
+    tern__cuda_wview(t, &w);
+    if (nh > w.nmat || nh > 65535) {
+        tern_log(TERN_LOG_ERROR, "cuda matmul_heads: %d heads, stack of %d", nh, w.nmat);
+        return;
+    }
+    cudaSetDevice(c->device);
+    /* GEMM from this many rows: packed (Q / FP8) stacks are expanded first, so they stay on the GEMV
+     * longer (gemv.cu's matmul uses the same limits) */
+    const int packed = w.dtype == TERN_DT_Q || w.dtype == TERN_DT_F8_E4M3;
+    const int limit = packed ? (c->compute == TERN_COMPUTE_F32 ? 64 : 32) : TERN_CUDA_GEMV_MAX_N;
+    if (n > limit && heads_gemm(c, y, ldy, hy, x, ldx, hx, n, nh, &w) == TERN_OK) return;
+    heads_gemv(c, y, ldy, hy, x, ldx, hx, n, nh, &w);
+}
+
 /* ---- forwards to glm_attn.cu ---- */
 
 static void op_kv_write_latent(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
@@ -251,10 +509,11 @@ static void op_attention_latent(tern_backend *be, float *out, const float *q, co
     tern__cuda_attention_latent(C(be), out, q, rows, nh, kv, dv, scale, sel, k_sel);
 }
 
-/* positional: copy_2d, layernorm, rope_interleaved, kv_write_latent, dsa_topk, attention_latent, route_group */
+/* positional: copy_2d, layernorm, rope_interleaved, kv_write_latent, dsa_topk, attention_latent, route_group,
+ * matmul_heads */
 extern "C" const tern_glm_ops tern__cuda_glm_ops = {
     op_copy_2d, op_layernorm, op_rope_interleaved, op_kv_write_latent, op_dsa_topk, op_attention_latent,
-    op_route_group,
+    op_route_group, op_matmul_heads,
 };
 
 /* at backend open: shared-memory limits of the attention / indexer kernels */

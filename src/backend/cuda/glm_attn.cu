@@ -8,6 +8,7 @@
  * entries skipped); tiles of T records are staged in shared memory and serve all HB heads;
  * online softmax in exact f32 (expf), accumulators in shared memory. Split-K for decode: the
  * key list is cut into `splits` pieces; partials (acc, M, L) go to c->part and are merged.
+ * Aligned shapes (GLM-5's) take a register-tiled variant of the same kernel (see below).
  *
  * dsa_topk: (1) a score kernel, one block per (row, tile of 32 keys): I[b] = Σ_j w_j ·
  * relu(scale·q_j·kI_b) summed in exactly the CPU's order (one sequential f32 dot per (key,
@@ -30,6 +31,8 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* record index of (slot, b), or -1 when not resident */
 __device__ __forceinline__ long long lat_rec(const int32_t *bt, int max_blocks, int bs, int slot, int b) {
@@ -188,6 +191,148 @@ __global__ void __launch_bounds__(256) latent_attn_kernel(LatArgs a) {
     }
 }
 
+/* Register-tiled variant (D % 4 == 0, dv % 4 == 0, dv <= 512; GLM-5's 576 / 512): 16 heads x 16
+ * keys per tile, records padded to D + 4 floats so 128-bit shared loads are conflict-free.
+ * Scores: one (head, key) per thread, float4 loads, 4 partial sums (fixed order). P·V: a thread
+ * owns 4 consecutive value columns of 8 heads in registers (32 accumulators), so per key it
+ * reads one float4 of V and two of P (stored [key][head]) for 32 FMAs; the reference kernel
+ * above reads 2 shared floats per FMA. Same split-K partials and merge. */
+#define LRT_HB 16
+#define LRT_T 16
+
+static size_t lat_rt_smem(int D) {
+    const size_t ld = (size_t)D + 4;
+    return sizeof(long long) * LRT_T + sizeof(float) * (LRT_HB * ld + LRT_T * ld + LRT_T * LRT_HB + 3 * LRT_HB);
+}
+
+__global__ void __launch_bounds__(256, 2) latent_attn_rt_kernel(LatArgs a) {
+    extern __shared__ long long rsm[];
+    const int D = a.D, dv = a.dv, ld = D + 4, D4 = D / 4, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    long long *kr = rsm;
+    float *qs = (float *)(kr + LRT_T), *Ks = qs + LRT_HB * ld, *P = Ks + LRT_T * ld;
+    float *M = P + LRT_T * LRT_HB, *L = M + LRT_HB, *AL = L + LRT_HB;
+    const int r = blockIdx.x, h0 = blockIdx.y * LRT_HB, nhb = min(LRT_HB, a.nh - h0);
+    const int p = a.pos[r], slot = a.slot[r];
+    const int len = p < 0 ? 0 : a.sel ? a.k_sel : p + 1;
+    int lo = 0, hi = len;
+    if (a.splits > 1) {
+        int chunk = (len + a.splits - 1) / a.splits;
+        chunk = (chunk + LRT_T - 1) / LRT_T * LRT_T;
+        lo = min(len, (int)blockIdx.z * chunk);
+        hi = min(len, lo + chunk);
+    }
+    if (tid < LRT_HB) {
+        M[tid] = -INFINITY;
+        L[tid] = 0.0f;
+    }
+    for (int i = tid; i < LRT_HB * D; i += blockDim.x) {
+        const int h = i / D, c = i % D;
+        qs[h * ld + c] = h < nhb ? a.q[((size_t)r * a.nh + h0 + h) * D + c] : 0.0f;
+    }
+    const int ng = dv / 4, cg = tid % ng, hg = tid / ng; /* P·V ownership: columns 4cg.., heads 8hg.. */
+    const bool pv = hg < LRT_HB / 8;
+    float acc[8][4];
+#pragma unroll
+    for (int hh = 0; hh < 8; hh++) acc[hh][0] = acc[hh][1] = acc[hh][2] = acc[hh][3] = 0.0f;
+    const int32_t *selr = a.sel ? a.sel + (size_t)r * a.k_sel : NULL;
+
+    for (int c0 = lo; c0 < hi; c0 += LRT_T) {
+        __syncthreads(); /* the previous tile is done with kr / Ks / P */
+        if (tid < LRT_T) {
+            const int cc = c0 + tid;
+            long long rec = -1;
+            if (cc < hi) {
+                const int b = selr ? selr[cc] : cc;
+                if (b >= 0 && b <= p) rec = lat_rec(a.bt, a.max_blocks, a.bs, slot, b);
+            }
+            kr[tid] = rec;
+        }
+        __syncthreads();
+        for (int i = tid; i < LRT_T * D4; i += blockDim.x) {
+            const int t = i / D4, c = i % D4;
+            const float4 v = kr[t] >= 0 ? __ldg((const float4 *)(a.kp + (size_t)kr[t] * D) + c) : make_float4(0, 0, 0, 0);
+            *(float4 *)(Ks + t * ld + 4 * c) = v;
+        }
+        __syncthreads();
+        { /* scores: thread -> (head tid / T, key tid % T) */
+            const int h = tid / LRT_T, t = tid % LRT_T;
+            float sc = -INFINITY;
+            if (h < nhb && kr[t] >= 0) {
+                const float4 *qv = (const float4 *)(qs + h * ld), *kv = (const float4 *)(Ks + t * ld);
+                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+                for (int c = 0; c < D4; c++) {
+                    const float4 x = qv[c], y = kv[c];
+                    d0 = fmaf(x.x, y.x, d0);
+                    d1 = fmaf(x.y, y.y, d1);
+                    d2 = fmaf(x.z, y.z, d2);
+                    d3 = fmaf(x.w, y.w, d3);
+                }
+                sc = ((d0 + d1) + (d2 + d3)) * a.scale;
+            }
+            P[t * LRT_HB + h] = sc;
+        }
+        __syncthreads();
+        for (int h = warp; h < LRT_HB; h += blockDim.x >> 5) { /* online softmax, a warp per head */
+            const float sv = lane < LRT_T ? P[lane * LRT_HB + h] : -INFINITY;
+            const float mold = M[h], mnew = fmaxf(mold, warp_max(sv));
+            const float pr = sv == -INFINITY ? 0.0f : expf(sv - mnew);
+            if (lane < LRT_T) P[lane * LRT_HB + h] = pr;
+            const float sum = warp_sum(pr);
+            if (lane == 0) {
+                const float al = mnew == -INFINITY ? 1.0f : expf(mold - mnew);
+                AL[h] = al;
+                L[h] = L[h] * al + sum;
+                M[h] = mnew;
+            }
+        }
+        __syncthreads();
+        if (pv) {
+#pragma unroll
+            for (int hh = 0; hh < 8; hh++) {
+                const float al = AL[8 * hg + hh];
+                acc[hh][0] *= al; acc[hh][1] *= al; acc[hh][2] *= al; acc[hh][3] *= al;
+            }
+#pragma unroll 4
+            for (int t = 0; t < LRT_T; t++) {
+                const float4 v = *(const float4 *)(Ks + t * ld + 4 * cg);
+                const float4 pa = *(const float4 *)(P + t * LRT_HB + 8 * hg), pb = *(const float4 *)(P + t * LRT_HB + 8 * hg + 4);
+                const float pp[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+                for (int hh = 0; hh < 8; hh++) {
+                    acc[hh][0] = fmaf(pp[hh], v.x, acc[hh][0]);
+                    acc[hh][1] = fmaf(pp[hh], v.y, acc[hh][1]);
+                    acc[hh][2] = fmaf(pp[hh], v.z, acc[hh][2]);
+                    acc[hh][3] = fmaf(pp[hh], v.w, acc[hh][3]);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    if (!pv) return;
+    const size_t nrow = (size_t)a.n * a.nh;
+#pragma unroll
+    for (int hh = 0; hh < 8; hh++) {
+        const int h = 8 * hg + hh;
+        if (h >= nhb) continue;
+        const size_t rh = (size_t)r * a.nh + h0 + h;
+        if (a.splits == 1) {
+            const float l = L[h];
+            float4 o = l > 0.0f ? make_float4(acc[hh][0] / l, acc[hh][1] / l, acc[hh][2] / l, acc[hh][3] / l)
+                                : make_float4(0, 0, 0, 0);
+            float *op = a.out + rh * dv + 4 * cg;
+            op[0] = o.x; op[1] = o.y; op[2] = o.z; op[3] = o.w;
+        } else {
+            float *pp = a.part + ((size_t)blockIdx.z * nrow + rh) * dv + 4 * cg;
+            pp[0] = acc[hh][0]; pp[1] = acc[hh][1]; pp[2] = acc[hh][2]; pp[3] = acc[hh][3];
+            if (cg == 0) {
+                float *ml = a.part + (size_t)a.splits * nrow * dv + ((size_t)blockIdx.z * nrow + rh) * 2;
+                ml[0] = M[h];
+                ml[1] = L[h];
+            }
+        }
+    }
+}
+
 __global__ void latent_merge_kernel(float *out, const float *part, int nrow, int dv, int splits) {
     const size_t rh = blockIdx.x;
     const float *ml = part + (size_t)splits * nrow * dv;
@@ -228,12 +373,20 @@ extern "C" void tern__cuda_attention_latent(tern__cuda *c, float *out, const flo
         tern_log(TERN_LOG_ERROR, "cuda attention_latent: unsupported head_dim %d dv %d k_sel %d", D, dv, k_sel);
         return;
     }
-    int HB = nh < 16 ? nh : 16, T = D <= 256 ? 32 : 16;
-    while (lat_smem(HB, T, D, dv) + 1024 > c->smem_optin && (HB > 1 || T > 4)) {
+    /* the register-tiled kernel for aligned shapes (TERN_GLM_ATTN=ref keeps the reference one) */
+    static int ref_only = -1;
+    if (ref_only < 0) {
+        const char *e = getenv("TERN_GLM_ATTN");
+        ref_only = e && !strcmp(e, "ref");
+    }
+    const int rt = !ref_only && D % 4 == 0 && dv % 4 == 0 && dv <= 512 && ((uintptr_t)kv->k & 15) == 0 &&
+                   lat_rt_smem(D) + 1024 <= c->smem_optin;
+    int HB = rt ? LRT_HB : nh < 16 ? nh : 16, T = rt ? LRT_T : D <= 256 ? 32 : 16;
+    while (!rt && lat_smem(HB, T, D, dv) + 1024 > c->smem_optin && (HB > 1 || T > 4)) {
         if (HB > 1) HB /= 2;
         else T /= 2;
     }
-    const size_t smem = lat_smem(HB, T, D, dv);
+    const size_t smem = rt ? lat_rt_smem(D) : lat_smem(HB, T, D, dv);
     if (smem + 1024 > c->smem_optin) {
         tern_log(TERN_LOG_ERROR, "cuda attention_latent: %zu bytes of shared memory needed (head_dim %d)", smem, D);
         return;
@@ -270,7 +423,8 @@ extern "C" void tern__cuda_attention_latent(tern__cuda *c, float *out, const flo
         a.splits = s < 1 ? 1 : (int)s;
     }
     dim3 grid((unsigned)n, (unsigned)hsplit, (unsigned)a.splits);
-    latent_attn_kernel<<<grid, 256, smem, c->stream>>>(a);
+    if (rt) latent_attn_rt_kernel<<<grid, 256, smem, c->stream>>>(a);
+    else latent_attn_kernel<<<grid, 256, smem, c->stream>>>(a);
     tern__cuda_check(c, "glm attention_latent");
     if (a.splits > 1) {
         latent_merge_kernel<<<(unsigned)(n * nh), dv < 128 ? 64 : 128, 0, c->stream>>>(out, c->part, n * nh, dv,
@@ -507,6 +661,7 @@ extern "C" void tern__cuda_dsa_topk(tern__cuda *c, int32_t *sel, const float *q,
  * graph is being recorded). */
 extern "C" void tern__cuda_glm_attn_init(tern__cuda *c) {
     cudaFuncSetAttribute(latent_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(c->smem_optin - 1024));
+    cudaFuncSetAttribute(latent_attn_rt_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(c->smem_optin - 1024));
     cudaFuncSetAttribute(dsa_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(c->smem_optin - 1024));
     cudaGetLastError();
 }

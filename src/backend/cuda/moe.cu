@@ -85,6 +85,27 @@ __global__ void act_mul_kernel(float *h, size_t np, int I, int act) {
     }
 }
 
+__global__ void remap_kernel(int32_t *out, const int32_t *idx, const int32_t *map, int np) {
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p < np) out[p] = idx[p] >= 0 ? map[idx[p]] : idx[p];
+}
+
+extern "C" const int32_t *tern__cuda_moe_remap(tern__cuda *c, const int32_t *idx, const int32_t *map, int np) {
+    cudaSetDevice(c->device);
+    if ((size_t)np > c->moe_idx_cap) { /* grows to the largest step once (not while recording a graph) */
+        if (c->capturing) return NULL;
+        cudaStreamSynchronize(c->stream);
+        cudaFree(c->moe_idx);
+        c->moe_idx = NULL;
+        c->moe_idx_cap = 0;
+        if (cudaMalloc(&c->moe_idx, sizeof(int32_t) * (size_t)np) != cudaSuccess) { cudaGetLastError(); return NULL; }
+        c->moe_idx_cap = (size_t)np;
+    }
+    remap_kernel<<<(np + 255) / 256, 256, 0, c->stream>>>(c->moe_idx, idx, map, np);
+    tern__cuda_check(c, "moe remap");
+    return c->moe_idx;
+}
+
 extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                                    const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                                    const tern__cuda_w *down, int act, float *scratch) {

@@ -1,0 +1,70 @@
+/*
+ * fused.cu — decode-step fusions that cut kernel launches (ops.h: rope_kv_write).
+ *
+ * rope_kv_write = rope(q) + rope(k) + kv_write(k, v) in one launch: one thread per rotated
+ * pair (i, i + d/2) of every q head and k head of every row; k threads also store the roped
+ * pair and the matching v pair into the paged F32 cache. The arithmetic is rope_kernel's
+ * (sincosf, x0·co − x1·s, then · mscale) and the cache writes are plain copies, so results are
+ * bitwise those of the three separate ops. Compressed or latent pages return 0 (the caller
+ * runs the separate ops).
+ *
+ * The GEMV fusions (q|k|v in one launch, gate/up with the activation product in the epilogue,
+ * residual add in the epilogue) live beside their kernel in gemv.cu.
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+__global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh, int nkv, int d,
+                               const int32_t *pos, const int32_t *slot, const float *inv_freq, float mscale,
+                               float *kpool, float *vpool, const int32_t *bt, int max_blocks, int bs) {
+    const int half = d / 2, nt = nh + nkv;
+    const size_t total = (size_t)n * nt * half;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)(t % half);
+        const size_t rh = t / half;
+        const int r = (int)(rh / nt), h = (int)(rh % nt);
+        const bool isk = h >= nh;
+        float *x = isk ? k + ((size_t)r * nkv + (h - nh)) * d : q + ((size_t)r * nh + h) * d;
+        const float f = inv_freq[i];
+        float x0 = x[i], x1 = x[i + half];
+        if (f != 0.0f) {
+            const float th = (float)pos[r] * f;
+            float s, co;
+            sincosf(th, &s, &co);
+            const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
+            x0 = a;
+            x1 = b;
+        }
+        x0 *= mscale;
+        x1 *= mscale;
+        x[i] = x0;
+        x[i + half] = x1;
+        if (!isk) continue;
+        const int p = pos[r], sl = slot[r];
+        if (p < 0 || p / bs >= max_blocks) continue;
+        const int blk = bt[(size_t)sl * max_blocks + p / bs];
+        if (blk < 0) continue;
+        const size_t within = (size_t)(h - nh) * d, dst = ((size_t)blk * bs + p % bs) * nkv * d + within;
+        const float *vr = v + (size_t)r * nkv * d + within;
+        kpool[dst + i] = x0;
+        kpool[dst + i + half] = x1;
+        vpool[dst + i] = vr[i];
+        vpool[dst + i + half] = vr[i + half];
+    }
+}
+
+extern "C" int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
+                                        float *k, const float *v, int nh, const int32_t *pos, const float *inv_freq,
+                                        float mscale) {
+    if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32 || kv->latent || kv->head_dim % 2) return 0;
+    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    const size_t total = (size_t)n * (nh + nkv) * (d / 2);
+    if (!total) return 1;
+    cudaSetDevice(c->device);
+    size_t b = (total + 255) / 256;
+    rope_kv_kernel<<<(unsigned)(b > 65535 * 8 ? 65535 * 8 : b), 256, 0, c->stream>>>(
+        q, k, v, n, nh, nkv, d, pos, rows->slot, inv_freq, mscale, (float *)kv->k, (float *)kv->v, kv->block_table,
+        kv->max_blocks, kv->block_size);
+    tern__cuda_check(c, "rope_kv_write");
+    return 1;
+}

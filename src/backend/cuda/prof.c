@@ -1,0 +1,197 @@
+/*
+ * prof.c — which vtable a CUDA backend gets, and the per-op profiler (TERN_CUDA_PROFILE=1).
+ *
+ * TERN_CUDA_FUSED=0: the fused decode ops (matmul_n, matmul_glu, matmul_add, rope_kv_write)
+ * are left out, so models run the separate ops (before/after comparisons in one build).
+ *
+ * TERN_CUDA_PROFILE=1: every op is wrapped so that it records a CUDA event before and after
+ * itself; graphs are off (the graph hooks are NULL), so a step runs eagerly and each op's
+ * GPU time is measured alone (launch gaps between ops are not counted; the table's total vs
+ * the wall time of a step shows them). Events are resolved at each download/sync, summed per
+ * op kind — matmuls per weight shape and format — and printed as a table to stderr when the
+ * backend closes (tern__cuda_prof_report). One profiled backend per process.
+ */
+#include "backend/cuda/cuda_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROF_EV 8192
+#define PROF_KINDS 96
+
+static tern_backend_vt g_vt;           /* the selected copy */
+static const tern_backend_vt *g_base;  /* the real ops */
+static int g_prof;
+static cudaEvent_t g_ev[PROF_EV];
+static int g_kind_of[PROF_EV / 2], g_pending;
+static struct { char name[64]; double ms; long count; } g_kinds[PROF_KINDS];
+static int g_nkinds;
+
+static int kind_id(const char *name) {
+    for (int i = 0; i < g_nkinds; i++)
+        if (!strcmp(g_kinds[i].name, name)) return i;
+    if (g_nkinds == PROF_KINDS) return PROF_KINDS - 1; /* overflow bucket */
+    snprintf(g_kinds[g_nkinds].name, sizeof g_kinds[0].name, "%s", name);
+    return g_nkinds++;
+}
+
+static void resolve(tern_backend *be) {
+    if (!g_pending) return;
+    cudaStream_t st = ((tern__cuda *)be->impl)->stream;
+    cudaStreamSynchronize(st);
+    for (int i = 0; i < g_pending; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, g_ev[2 * i], g_ev[2 * i + 1]) == cudaSuccess) {
+            g_kinds[g_kind_of[i]].ms += ms;
+            g_kinds[g_kind_of[i]].count++;
+        }
+    }
+    cudaGetLastError();
+    g_pending = 0;
+}
+
+static void begin(tern_backend *be) {
+    if (g_pending == PROF_EV / 2) resolve(be);
+    cudaEventRecord(g_ev[2 * g_pending], ((tern__cuda *)be->impl)->stream);
+}
+static void end(tern_backend *be, const char *name) {
+    cudaEventRecord(g_ev[2 * g_pending + 1], ((tern__cuda *)be->impl)->stream);
+    g_kind_of[g_pending++] = kind_id(name);
+}
+static const char *wname(const char *op, const tern_tensor *w, char *buf, size_t n) {
+    int nd = w->ndim;
+    long out = nd >= 2 ? (long)w->shape[nd - 2] : 1, in = nd ? (long)w->shape[nd - 1] : 1;
+    if (w->dtype == TERN_DT_Q) snprintf(buf, n, "%s %ldx%ld q%d/g%d", op, out, in, w->bits, w->group_size);
+    else snprintf(buf, n, "%s %ldx%ld %s", op, out, in, tern_dtype_name(w->dtype));
+    return buf;
+}
+
+#define WRAP0(nm, params, args)                                                                                 \
+    static void p_##nm params {                                                                                 \
+        begin(be);                                                                                              \
+        g_base->nm args;                                                                                        \
+        end(be, #nm);                                                                                           \
+    }
+WRAP0(rmsnorm, (tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps),
+      (be, y, x, rows, d, w, eps))
+WRAP0(rope, (tern_backend *be, float *x, int n, int nh, int d, const int32_t *pos, const float *f, float ms),
+      (be, x, n, nh, d, pos, f, ms))
+WRAP0(kv_write, (tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v),
+      (be, kv, rows, k, v))
+WRAP0(attention, (tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh, const tern_kv_layer *kv,
+                  float scale, float softcap), (be, out, q, rows, nh, kv, scale, softcap))
+WRAP0(add, (tern_backend *be, float *y, const float *a, const float *b, size_t n), (be, y, a, b, n))
+WRAP0(mul, (tern_backend *be, float *y, const float *a, const float *b, size_t n), (be, y, a, b, n))
+WRAP0(scale, (tern_backend *be, float *y, const float *x, float s, size_t n), (be, y, x, s, n))
+WRAP0(scale_dev, (tern_backend *be, float *y, const float *x, const float *s, size_t n), (be, y, x, s, n))
+WRAP0(gelu_tanh_mul, (tern_backend *be, float *y, const float *g, const float *u, size_t n), (be, y, g, u, n))
+WRAP0(silu_mul, (tern_backend *be, float *y, const float *g, const float *u, size_t n), (be, y, g, u, n))
+WRAP0(softcap, (tern_backend *be, float *y, size_t n, float cap), (be, y, n, cap))
+WRAP0(add_bias, (tern_backend *be, float *y, const float *bias, int n, int d), (be, y, bias, n, d))
+WRAP0(copy_cols, (tern_backend *be, float *dst, const float *src, int n, int w, int ss, int off),
+      (be, dst, src, n, w, ss, off))
+WRAP0(embed, (tern_backend *be, float *y, const int32_t *ids, int n, const tern_tensor *e, float s), (be, y, ids, n, e, s))
+WRAP0(route_topk, (tern_backend *be, int32_t *idx, float *wts, const float *lg, int n, int E, int k, int mode,
+                   const float *pes), (be, idx, wts, lg, n, E, k, mode, pes))
+WRAP0(moe_mlp, (tern_backend *be, float *y, const float *x, int n, int H, const int32_t *idx, const float *wts, int k,
+                const tern_tensor *g, const tern_tensor *u, const tern_tensor *d, int act, float *scr),
+      (be, y, x, n, H, idx, wts, k, g, u, d, act, scr))
+
+static void p_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
+    char nm[64];
+    begin(be);
+    g_base->matmul(be, y, x, n, w);
+    end(be, wname(n == 1 ? "matmul n=1" : "matmul n>1", w, nm, sizeof nm));
+}
+static void p_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e) {
+    char nm[64];
+    begin(be);
+    g_base->matmul_expert(be, y, x, n, w, e);
+    end(be, wname("matmul_expert", w, nm, sizeof nm));
+}
+static int p_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
+    char nm[64];
+    begin(be);
+    int r = g_base->matmul_n(be, k, y, x, n, w);
+    end(be, r ? wname("matmul_n (first)", w[0], nm, sizeof nm) : "(matmul_n refused)");
+    return r;
+}
+static int p_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *g, const tern_tensor *u,
+                        int act) {
+    char nm[64];
+    begin(be);
+    int r = g_base->matmul_glu(be, y, x, n, g, u, act);
+    end(be, r ? wname("matmul_glu (gate)", g, nm, sizeof nm) : "(matmul_glu refused)");
+    return r;
+}
+static int p_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
+    char nm[64];
+    begin(be);
+    int r = g_base->matmul_add(be, y, x, n, w);
+    end(be, r ? wname("matmul_add", w, nm, sizeof nm) : "(matmul_add refused)");
+    return r;
+}
+static int p_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
+                           const float *v, int nh, const float *f, float ms) {
+    begin(be);
+    int r = g_base->rope_kv_write(be, kv, rows, q, k, v, nh, f, ms);
+    end(be, r ? "rope_kv_write" : "(rope_kv_write refused)");
+    return r;
+}
+static void p_download(tern_backend *be, void *dst, const void *src, size_t bytes) {
+    begin(be);
+    g_base->download(be, dst, src, bytes);
+    end(be, "download");
+    resolve(be);
+}
+static void p_sync(tern_backend *be) {
+    g_base->sync(be);
+    resolve(be);
+}
+
+const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
+    const char *f = getenv("TERN_CUDA_FUSED"), *p = getenv("TERN_CUDA_PROFILE");
+    int nofuse = f && f[0] == '0', prof = p && p[0] && p[0] != '0';
+    if (!nofuse && !prof) return base;
+    if (prof && g_prof) return base; /* one profiled backend per process */
+    g_vt = *base;
+    g_base = base;
+    if (nofuse) g_vt.matmul_n = NULL, g_vt.matmul_glu = NULL, g_vt.matmul_add = NULL, g_vt.rope_kv_write = NULL;
+    if (prof) {
+        for (int i = 0; i < PROF_EV; i++)
+            if (cudaEventCreate(&g_ev[i]) != cudaSuccess) return cudaGetLastError(), base;
+        g_prof = 1;
+        g_vt.graph_replay = NULL, g_vt.graph_begin = NULL, g_vt.graph_end = NULL, g_vt.graph_reset = NULL;
+#define SET(nm) g_vt.nm = g_vt.nm ? p_##nm : NULL
+        SET(rmsnorm); SET(rope); SET(kv_write); SET(attention); SET(add); SET(mul); SET(scale); SET(scale_dev);
+        SET(gelu_tanh_mul); SET(silu_mul); SET(softcap); SET(add_bias); SET(copy_cols); SET(embed);
+        SET(route_topk); SET(moe_mlp); SET(matmul); SET(matmul_expert); SET(matmul_n); SET(matmul_glu);
+        SET(matmul_add); SET(rope_kv_write); SET(download); SET(sync);
+#undef SET
+    }
+    return &g_vt;
+}
+
+static int by_ms(const void *a, const void *b) {
+    const int *x = a, *y = b;
+    double d = g_kinds[*y].ms - g_kinds[*x].ms;
+    return d > 0 ? 1 : d < 0 ? -1 : 0;
+}
+
+void tern__cuda_prof_report(void) {
+    if (!g_prof || !g_nkinds) return;
+    int ord[PROF_KINDS];
+    double total = 0;
+    for (int i = 0; i < g_nkinds; i++) ord[i] = i, total += g_kinds[i].ms;
+    qsort(ord, (size_t)g_nkinds, sizeof ord[0], by_ms);
+    fprintf(stderr, "cuda profile (eager, event-timed GPU time per op kind; total %.3f ms)\n", total);
+    fprintf(stderr, "%-44s %9s %10s %9s %6s\n", "op", "calls", "total ms", "avg us", "%");
+    for (int j = 0; j < g_nkinds; j++) {
+        int i = ord[j];
+        fprintf(stderr, "%-44s %9ld %10.3f %9.2f %6.1f\n", g_kinds[i].name, g_kinds[i].count, g_kinds[i].ms,
+                g_kinds[i].count ? 1e3 * g_kinds[i].ms / g_kinds[i].count : 0.0,
+                total > 0 ? 100.0 * g_kinds[i].ms / total : 0.0);
+    }
+    g_nkinds = 0;
+}

@@ -1,0 +1,353 @@
+/*
+ * qgemm.cu — batched matmul (n >= 2 rows) on tensor cores that reads every weight tile once,
+ * in its stored format: BF16, F16 and MLX affine Q (bits 2,3,4,5,6,8; groups 32/64/128; F32/F16/
+ * BF16 scales and biases). bf16 compute mode only; the f32 mode never comes here.
+ *
+ * y[n, out] = x[n, in] · W[out, in]ᵀ with mma.sync m16n8k16 (bf16 in, f32 accumulate): the MMA's
+ * M = weight rows, N = activation rows, K = inputs. A block of 8 warps owns 128 weight rows and
+ * BN = 8·NT activation rows; each warp owns 16 weight rows and all BN columns (NT f32 fragments).
+ * K advances in blocks of 128. Inside a K block, lane (g = lane/4, t = lane%4) decodes the 32
+ * consecutive inputs [32t, 32t+32) of weight rows g and g+8: one contiguous vector load per row
+ * (bits words for Q, 64 bytes for F16/BF16; a run of 32 never crosses a scale group). The MMA's
+ * k-slots are a permutation of the inputs (any permutation works if A and B agree): at step s
+ * (0..7) slots 2t,2t+1 hold inputs 32t+4s+{0,1} and slots 2t+8,2t+9 inputs 32t+4s+{2,3}, so the
+ * B fragment of step pair (s, s+1) is one 16-byte read of x from shared memory.
+ *
+ * Accuracy = the bf16 compute mode's contract (gemm.c): x = xh + xl, W = Wh + Wl (Wl = 0 for BF16,
+ * exact for F16), y = Wh·xh + Wh·xl + Wl·xh with f32 accumulation — an f32-like bound.
+ * x is converted to the (hi, lo) pair while the block stages it (double-buffered shared memory,
+ * 16-byte chunks xor-swizzled so both the stores and the fragment reads are conflict-free);
+ * weight words sit in a register ring of 2-3 K blocks, so 1-2 blocks of loads are in flight while
+ * one is multiplied (three only for n <= 16 and narrow codes, where bytes per block are few).
+ * Too few blocks for the GPU (small out) -> split K over grid.y into the backend's `part`
+ * scratch and a fixed-order reduction (deterministic). Other shapes/dtypes return 0 and the
+ * caller takes the GEMV / cuBLASLt paths.
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <stdlib.h>
+
+#define QG_KB 128   /* inputs per K block */
+#define QG_WARPS 8
+#define QG_BM (QG_WARPS * 16)
+
+/* Row-count limits (set by bench_cuda to compare paths): above them cuBLASLt (gemm.c) is faster. */
+extern "C" int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16;
+int tern__cuda_qgemm_max_n_q = 256;
+int tern__cuda_qgemm_max_n_bf16 = 16;
+/* K is split until the grid has about split_mul x SM-count blocks (bench_cuda sweeps it) */
+extern "C" int tern__cuda_qgemm_split_mul;
+int tern__cuda_qgemm_split_mul = 2;
+
+struct QgArgs {
+    const uint8_t *w, *s, *b; /* matrix e */
+    size_t rb;                /* bytes per weight row */
+    int out, in, gs_shift, sdtype;
+    const float *x;
+    int n;
+    float *y;                 /* y, or partials [S][n][out] when S > 1 */
+    int kb_per, nkb;
+};
+
+/* 32-bit words one lane loads per weight row and K block: 32 codes of KIND bits, or 32 halves */
+template <int KIND> struct QgKind {
+    static constexpr bool Q = KIND <= 8;
+    static constexpr int W = Q ? KIND : 16;
+};
+
+template <int W> __device__ __forceinline__ void ld_words(const uint8_t *p, uint32_t *wd) {
+    if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < W / 4; i++) {
+            const uint4 v = __ldg((const uint4 *)p + i);
+            wd[4 * i] = v.x; wd[4 * i + 1] = v.y; wd[4 * i + 2] = v.z; wd[4 * i + 3] = v.w;
+        }
+    } else if constexpr (W % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < W / 2; i++) {
+            const uint2 v = __ldg((const uint2 *)p + i);
+            wd[2 * i] = v.x; wd[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) wd[i] = __ldg((const uint32_t *)p + i);
+    }
+}
+
+/* code j (0..31) of a 32-code run as an exact float */
+template <int B> __device__ __forceinline__ float qcode(const uint32_t *wd, int j) {
+    constexpr uint32_t mask = (1u << B) - 1u;
+    const int bit = j * B, word = bit >> 5, sh = bit & 31;
+    uint32_t v = wd[word] >> sh;
+    if (sh + B > 32) v |= wd[word + 1] << (32 - sh);
+    return __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f; /* (2^23 + q) - 2^23 */
+}
+
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 h) { return *(uint32_t *)&h; }
+
+/* (v0, v1) -> hi = bf16 pair, lo = bf16 pair of the remainders (low half = v0) */
+__device__ __forceinline__ void split2(float v0, float v1, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+    const float2 hf = __bfloat1622float2(h);
+    hi = bf2_bits(h);
+    lo = bf2_bits(__floats2bfloat162_rn(v0 - hf.x, v1 - hf.y));
+}
+
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* physical 16-byte chunk of logical chunk c (0..15) in x tile row r: see the header */
+__device__ __forceinline__ int swz(int c, int r) { return c ^ (((c >> 3) & 1) << 1) ^ (r & 1); }
+
+/* A fragments (hi, lo) of step s from the words of rows g (w0) and g+8 (w1) */
+template <int KIND>
+__device__ __forceinline__ void frag_a(const uint32_t *w0, const uint32_t *w1, float s0, float b0, float s1, float b1,
+                                       int s, uint32_t *ah, uint32_t *al) {
+    if constexpr (KIND == 17) { /* BF16: the stored words are the fragment */
+        ah[0] = w0[2 * s]; ah[2] = w0[2 * s + 1];
+        ah[1] = w1[2 * s]; ah[3] = w1[2 * s + 1];
+    } else if constexpr (KIND == 16) { /* F16: hi + lo is exact (11 -> 8 + 3 mantissa bits) */
+        const float2 p0 = __half22float2(*(const __half2 *)&w0[2 * s]), p1 = __half22float2(*(const __half2 *)&w0[2 * s + 1]);
+        const float2 q0 = __half22float2(*(const __half2 *)&w1[2 * s]), q1 = __half22float2(*(const __half2 *)&w1[2 * s + 1]);
+        split2(p0.x, p0.y, ah[0], al[0]); split2(p1.x, p1.y, ah[2], al[2]);
+        split2(q0.x, q0.y, ah[1], al[1]); split2(q1.x, q1.y, ah[3], al[3]);
+    } else {
+        float v[4], u[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[i] = fmaf(s0, qcode<KIND>(w0, 4 * s + i), b0);
+            u[i] = fmaf(s1, qcode<KIND>(w1, 4 * s + i), b1);
+        }
+        split2(v[0], v[1], ah[0], al[0]); split2(v[2], v[3], ah[2], al[2]);
+        split2(u[0], u[1], ah[1], al[1]); split2(u[2], u[3], ah[3], al[3]);
+    }
+}
+
+template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) qgemm_kernel(QgArgs a) {
+    constexpr int W = QgKind<KIND>::W, BN = NT * 8, XT = BN * 16 / 256; /* x chunks per thread */
+    constexpr bool Q = QgKind<KIND>::Q, LO = KIND != 17;
+    extern __shared__ uint4 xs[]; /* [2 buffers][hi, lo][BN rows][16 chunks] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * QG_BM + warp * 16, n0 = blockIdx.z * BN;
+    const int kb0 = blockIdx.y * a.kb_per, kb1 = min(kb0 + a.kb_per, a.nkb);
+    const int r0 = min(row0 + g, a.out - 1), r1 = min(row0 + g + 8, a.out - 1);
+    const size_t kstep = (size_t)W * 16; /* bytes per row per K block */
+    const uint8_t *p0 = a.w + (size_t)r0 * a.rb + (size_t)t * W * 4, *p1 = a.w + (size_t)r1 * a.rb + (size_t)t * W * 4;
+    const int ng = Q ? a.in >> a.gs_shift : 0;
+
+    /* acc: Wh·xh; cor: the correction terms Wh·xl + Wl·xh in their own accumulators when
+     * registers allow (NT = 2), so that consecutive MMAs do not wait on one another */
+    constexpr int NC = NT <= 2 ? NT : 1;
+    float acc[NT][4], cor[NC][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NC; i++) cor[i][0] = cor[i][1] = cor[i][2] = cor[i][3] = 0.0f;
+
+    /* x staging: task i -> row i/16, chunk i%16 (8 inputs) */
+    float4 xr[XT][2];
+    auto load_x = [&](int kb) {
+#pragma unroll
+        for (int j = 0; j < XT; j++) {
+            const int i = threadIdx.x + j * 256, r = i >> 4, c = i & 15;
+            if (n0 + r < a.n) {
+                const float4 *src = (const float4 *)(a.x + (size_t)(n0 + r) * a.in + (size_t)kb * QG_KB + c * 8);
+                xr[j][0] = __ldg(src);
+                xr[j][1] = __ldg(src + 1);
+            } else {
+                xr[j][0] = xr[j][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+    };
+    auto store_x = [&](int buf) {
+#pragma unroll
+        for (int j = 0; j < XT; j++) {
+            const int i = threadIdx.x + j * 256, r = i >> 4, c = i & 15;
+            uint4 h, l;
+            split2(xr[j][0].x, xr[j][0].y, h.x, l.x);
+            split2(xr[j][0].z, xr[j][0].w, h.y, l.y);
+            split2(xr[j][1].x, xr[j][1].y, h.z, l.z);
+            split2(xr[j][1].z, xr[j][1].w, h.w, l.w);
+            xs[((buf * 2 + 0) * BN + r) * 16 + swz(c, r)] = h;
+            xs[((buf * 2 + 1) * BN + r) * 16 + swz(c, r)] = l;
+        }
+    };
+    /* weight ring: slot u % D holds K block base + u; D - 1 blocks are in flight while one is
+     * multiplied (more for narrow codes, whose blocks are few bytes) */
+    constexpr int D = NT <= 2 && W <= 6 ? 3 : 2; /* slots; NT = 8 is bound by the MMAs, not by loads */
+    uint32_t w0[D][W], w1[D][W];
+    float s0[D], b0[D], s1[D], b1[D];
+    auto load_w = [&](int kb, int u) {
+        ld_words<W>(p0 + (size_t)kb * kstep, w0[u]);
+        ld_words<W>(p1 + (size_t)kb * kstep, w1[u]);
+        if constexpr (Q) {
+            const int gc = (kb * QG_KB + 32 * t) >> a.gs_shift;
+            s0[u] = load_s(a.s, a.sdtype, (size_t)r0 * ng + gc);
+            b0[u] = load_s(a.b, a.sdtype, (size_t)r0 * ng + gc);
+            s1[u] = load_s(a.s, a.sdtype, (size_t)r1 * ng + gc);
+            b1[u] = load_s(a.b, a.sdtype, (size_t)r1 * ng + gc);
+        } else {
+            s0[u] = b0[u] = s1[u] = b1[u] = 0.0f;
+        }
+    };
+
+    if (kb0 < kb1) {
+        load_x(kb0);
+        store_x(0);
+    }
+#pragma unroll
+    for (int u = 0; u < D - 1; u++)
+        if (kb0 + u < kb1) load_w(kb0 + u, u);
+    __syncthreads();
+    for (int base = kb0; base < kb1; base += D) {
+#pragma unroll
+        for (int u = 0; u < D; u++) {
+            const int kb = base + u; /* the same for the whole block: barriers stay uniform */
+            if (kb >= kb1) break;
+            const int buf = (kb - kb0) & 1;
+            const bool more = kb + 1 < kb1;
+            if (kb + D - 1 < kb1) load_w(kb + D - 1, (u + D - 1) % D);
+            if (more) load_x(kb + 1);
+            const uint4 *xh = xs + (size_t)(buf * 2) * BN * 16, *xl = xh + BN * 16;
+#pragma unroll
+            for (int sp = 0; sp < 4; sp++) { /* step pair (2sp, 2sp+1): one 16-byte x read */
+                uint32_t ah[2][4], al[2][4];
+                frag_a<KIND>(w0[u], w1[u], s0[u], b0[u], s1[u], b1[u], 2 * sp, ah[0], al[0]);
+                frag_a<KIND>(w0[u], w1[u], s0[u], b0[u], s1[u], b1[u], 2 * sp + 1, ah[1], al[1]);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int r = nt * 8 + g, ph = swz(4 * t + sp, r);
+                    const uint4 h = xh[r * 16 + ph], l = xl[r * 16 + ph];
+                    float *cc = NT <= 2 ? cor[nt % NC] : acc[nt];
+                    mma16816(acc[nt], ah[0], h.x, h.y);
+                    mma16816(cc, ah[0], l.x, l.y);
+                    mma16816(acc[nt], ah[1], h.z, h.w);
+                    mma16816(cc, ah[1], l.z, l.w);
+                    if constexpr (LO) {
+                        mma16816(cc, al[0], h.x, h.y);
+                        mma16816(cc, al[1], h.z, h.w);
+                    }
+                }
+            }
+            if (more) store_x(buf ^ 1);
+            __syncthreads();
+        }
+    }
+
+    if constexpr (NT <= 2) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][i] += cor[nt][i];
+    }
+    float *dst = a.y + (size_t)blockIdx.y * a.n * a.out; /* blockIdx.y = 0 when not split */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = row0 + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
+            if (row < a.out && col < a.n) dst[(size_t)col * a.out + row] = acc[nt][i];
+        }
+}
+
+__global__ void qgemm_reduce(float *y, const float *part, size_t m, int S) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m; i += (size_t)gridDim.x * blockDim.x) {
+        float s = part[i];
+        for (int k = 1; k < S; k++) s += part[(size_t)k * m + i];
+        y[i] = s;
+    }
+}
+
+static size_t smem_bytes(int nt) { return (size_t)2 * 2 * nt * 8 * 16 * 16; }
+
+template <int KIND> static void launch(cudaStream_t st, dim3 grid, int nt, const QgArgs &a) {
+    if (nt == 2) qgemm_kernel<KIND, 2><<<grid, 256, smem_bytes(2), st>>>(a);
+    else qgemm_kernel<KIND, 8><<<grid, 256, smem_bytes(8), st>>>(a);
+}
+
+template <int KIND> static void allow() {
+    cudaFuncSetAttribute(qgemm_kernel<KIND, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes(8));
+}
+
+static unsigned g_smem_ready; /* bit d: the NT = 8 instances may use > 48 KB on device d */
+
+static int ensure_smem(tern__cuda *c) {
+    const unsigned bit = c->device >= 0 && c->device < 32 ? 1u << c->device : 0;
+    if (!bit) return 0;
+    if (g_smem_ready & bit) return 1;
+    if (c->capturing) return 0; /* never set attributes while a step is recorded */
+    allow<2>(); allow<3>(); allow<4>(); allow<5>(); allow<6>(); allow<8>(); allow<16>(); allow<17>();
+    if (cudaGetLastError() != cudaSuccess) return 0;
+    g_smem_ready |= bit;
+    return 1;
+}
+
+extern "C" int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
+    static int off = -1; /* TERN_QGEMM=0: the paths before this kernel (whole-model comparisons) */
+    if (off < 0) {
+        const char *v = getenv("TERN_QGEMM");
+        off = v && v[0] == '0';
+    }
+    if (off || c->compute != TERN_COMPUTE_BF16 || n < 2 || w->in % QG_KB != 0 || w->out < 1 || ((uintptr_t)x & 15)) return 0;
+    int kind;
+    switch (w->dtype) {
+    case TERN_DT_Q:
+        if (w->bits < 2 || w->bits > 8 || w->bits == 7) return 0;
+        if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) return 0;
+        if (n > tern__cuda_qgemm_max_n_q) return 0;
+        kind = w->bits;
+        break;
+    case TERN_DT_F16: if (n > tern__cuda_qgemm_max_n_q) return 0; kind = 16; break;
+    case TERN_DT_BF16: if (n > tern__cuda_qgemm_max_n_bf16) return 0; kind = 17; break;
+    default: return 0;
+    }
+    const int nt = n <= 16 ? 2 : 8;
+    if (nt == 8 && !ensure_smem(c)) return 0;
+    QgArgs a;
+    a.w = (const uint8_t *)w->data + (size_t)e * w->mat_bytes;
+    a.s = w->scales ? (const uint8_t *)w->scales + (size_t)e * w->mat_bytes_s : NULL;
+    a.b = w->biases ? (const uint8_t *)w->biases + (size_t)e * w->mat_bytes_s : NULL;
+    a.rb = kind <= 8 ? (size_t)w->in * w->bits / 8 : (size_t)w->in * 2;
+    a.out = w->out;
+    a.in = w->in;
+    a.gs_shift = w->group_size == 32 ? 5 : w->group_size == 64 ? 6 : 7;
+    a.sdtype = w->sdtype;
+    a.x = x;
+    a.n = n;
+    a.nkb = w->in / QG_KB;
+    /* split K until the grid covers the GPU about twice (partials must fit `part`) */
+    const int mb = (w->out + QG_BM - 1) / QG_BM, nb = (n + nt * 8 - 1) / (nt * 8);
+    const int mul = tern__cuda_qgemm_split_mul > 0 ? tern__cuda_qgemm_split_mul : 1;
+    const long base = (long)mb * nb, target = (long)mul * (c->n_sm > 0 ? c->n_sm : 132);
+    int S = base < target ? (int)((target + base - 1) / base) : 1;
+    if (S > a.nkb / 2) S = a.nkb / 2;
+    while (S > 1 && (size_t)S * n * w->out > TERN_CUDA_PART_FLOATS) S--;
+    if (S < 1) S = 1;
+    a.kb_per = (a.nkb + S - 1) / S;
+    S = (a.nkb + a.kb_per - 1) / a.kb_per;
+    a.y = S > 1 ? c->part : y;
+    const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
+    switch (kind) {
+    case 2: launch<2>(c->stream, grid, nt, a); break;
+    case 3: launch<3>(c->stream, grid, nt, a); break;
+    case 4: launch<4>(c->stream, grid, nt, a); break;
+    case 5: launch<5>(c->stream, grid, nt, a); break;
+    case 6: launch<6>(c->stream, grid, nt, a); break;
+    case 8: launch<8>(c->stream, grid, nt, a); break;
+    case 16: launch<16>(c->stream, grid, nt, a); break;
+    default: launch<17>(c->stream, grid, nt, a); break;
+    }
+    tern__cuda_check(c, "qgemm");
+    if (S > 1) {
+        const size_t m = (size_t)n * w->out;
+        const size_t blocks = (m + 255) / 256;
+        qgemm_reduce<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, c->stream>>>(y, c->part, m, S);
+        tern__cuda_check(c, "qgemm_reduce");
+    }
+    return 1;
+}

@@ -1,0 +1,504 @@
+/*
+ * tp.c — the tensor/expert-parallel group of tp.h: ranks, lockstep threads, the shard hook
+ * that cuts each rank's weights out of the store, and the CPU communicator.
+ *
+ * Ranks' backends: each rank wraps the real backend (CPU or CUDA device r) in a copy of its
+ * vtable with three changes: allreduce_sum is set (NCCL, or the host sum below), the step-graph
+ * entries are NULL (eager ops in a group; graphs per rank are future work), and, for MoE
+ * models, route_topk is followed by a remap of the chosen expert ids to the rank's local stack
+ * (id - e0 for its experts, -1 for the others, which moe_mlp skips). The real backend keeps
+ * its impl, so every op runs unchanged.
+ *
+ * Lockstep: rank 0 runs on the caller's thread (the engine thread); ranks 1..N-1 each have a
+ * thread that waits on the `start` barrier, runs the same batch through its own model and cache
+ * (block tables copied from rank 0's cache first: tern_kv_mirror) and meets at `done`. Every
+ * rank validates the same batch identically, so an invalid batch fails on all ranks before any
+ * collective. CPU allreduce: every rank publishes its buffer; rank r sums chunk r over the ranks
+ * in rank order and writes the sum back to every buffer (two barriers) — the same bits on all
+ * ranks, deterministic.
+ */
+#include "model/tp.h"
+#include "model/internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct tp_rank {
+    tern_backend be;          /* first: the rank's backend as model code sees it */
+    tern_backend_vt vt;       /* copy of the real vtable with allreduce / remap / no graphs */
+    tern_backend *real;
+    struct tern_tp *tp;
+    int rank;
+    int e0, e1;               /* local experts [e0, e1) (MoE) */
+    tern_model_config cfg;    /* rank-local config (layers owned) */
+    tern_model *m;
+    tern_kv *kv;
+    pthread_t thread;
+    int has_thread;
+    tern_status st;
+    tern_error err;
+} tp_rank;
+
+struct tern_tp {
+    int n, cuda;
+    tp_rank r[TERN_TP_MAX];
+    tern__nccl *nccl;
+    /* lockstep */
+    pthread_barrier_t start, done, ar;
+    int barriers;
+    int quit;
+    const tern_batch *job;
+    /* CPU allreduce */
+    float *ar_ptr[TERN_TP_MAX];
+    /* gathered weight columns (o_proj / down_proj), freed at close */
+    void **bufs;
+    int n_bufs, cap_bufs;
+    const tern_model_config *gcfg; /* the global config while loading */
+    tern_model_config *own_cfg;
+    tern_weights *own_ws;
+};
+
+int tern_tp_env(void) {
+    const char *e = getenv("TERN_TP");
+    int n = e ? atoi(e) : 1;
+    return n >= 1 && n <= TERN_TP_MAX ? n : 1;
+}
+
+int tern_tp_size(const tern_tp *tp) { return tp ? tp->n : 1; }
+tern_backend *tern_tp_backend(const tern_tp *tp, int rank) {
+    return tp && rank >= 0 && rank < tp->n ? (tern_backend *)&tp->r[rank].be : NULL;
+}
+
+/* ---- communication --------------------------------------------------------------------- */
+
+static void cpu_allreduce(tern_backend *be, float *y, size_t count) {
+    tp_rank *rk = (tp_rank *)be;
+    tern_tp *tp = rk->tp;
+    int n = tp->n, r = rk->rank;
+    tp->ar_ptr[r] = y;
+    pthread_barrier_wait(&tp->ar);
+    size_t lo = count * (size_t)r / (size_t)n, hi = count * (size_t)(r + 1) / (size_t)n;
+    for (size_t i = lo; i < hi; i++) {
+        float s = tp->ar_ptr[0][i];
+        for (int q = 1; q < n; q++) s += tp->ar_ptr[q][i];
+        for (int q = 0; q < n; q++) tp->ar_ptr[q][i] = s;
+    }
+    pthread_barrier_wait(&tp->ar);
+}
+
+#ifdef TERN_HAVE_CUDA
+static void cuda_allreduce(tern_backend *be, float *y, size_t count) {
+    tp_rank *rk = (tp_rank *)be;
+    tern__nccl_allreduce(rk->tp->nccl, rk->rank, rk->real, y, count);
+}
+#endif
+
+/* route_topk, then the chosen ids mapped to this rank's expert stack (-1: not here). */
+static void route_local(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
+                        int mode, const float *pes) {
+    tp_rank *rk = (tp_rank *)be;
+    rk->real->vt->route_topk(be, idx, wts, logits, n, E, k, mode, pes);
+#ifdef TERN_HAVE_CUDA
+    if (rk->real->device >= 0) { tern__cuda_expert_remap(rk->real, idx, n * k, rk->e0, rk->e1); return; }
+#endif
+    for (int i = 0; i < n * k; i++) idx[i] = idx[i] >= rk->e0 && idx[i] < rk->e1 ? idx[i] - rk->e0 : -1;
+}
+
+/* ---- open / close ---------------------------------------------------------------------- */
+
+/* The calling thread's current GPU := rank's (CUDA ops that do not set it use the current one). */
+static void bind(const tp_rank *rk) {
+#ifdef TERN_HAVE_CUDA
+    if (rk->real && rk->real->device >= 0) tern__cuda_bind(rk->real);
+#else
+    (void)rk;
+#endif
+}
+
+static void *rank_main(void *arg) {
+    tp_rank *rk = arg;
+    tern_tp *tp = rk->tp;
+    bind(rk);
+    for (;;) {
+        pthread_barrier_wait(&tp->start);
+        if (tp->quit) break;
+        memset(&rk->err, 0, sizeof rk->err);
+        rk->st = tern__model_forward_local(rk->m, tp->job, rk->kv, NULL, &rk->err);
+        pthread_barrier_wait(&tp->done);
+    }
+    return NULL;
+}
+
+tern_status tern_tp_open(tern_tp **out, const tern_tp_opts *o, tern_error *err) {
+    *out = NULL;
+    if (!o || o->n < 1 || o->n > TERN_TP_MAX)
+        return tern_err(err, TERN_EINVAL, "tensor parallel: %d ranks requested, expected 1..%d", o ? o->n : 0, TERN_TP_MAX);
+    tern_tp *tp = calloc(1, sizeof *tp);
+    if (!tp) return tern_err(err, TERN_ENOMEM, "out of memory");
+    tp->n = o->n;
+    tp->cuda = o->cuda;
+    tern_status st = TERN_OK;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = o->n_threads > 0 ? o->n_threads : (int)(ncpu > 0 ? ncpu : 1);
+    for (int r = 0; r < tp->n && !st; r++) {
+        tern_backend_opts bo = {.n_threads = TERN_MAX(1, threads / tp->n), .device = r, .compute = o->compute};
+        tp_rank *rk = &tp->r[r];
+        rk->tp = tp;
+        rk->rank = r;
+        st = o->cuda ? tern_backend_cuda_open(&rk->real, &bo, err) : tern_backend_cpu_open(&rk->real, &bo, err);
+        if (st) { st = tern_err_wrap(err, st, "tensor parallel: rank %d (%s %d)", r, o->cuda ? "GPU" : "CPU", r); break; }
+        rk->vt = *rk->real->vt;
+        rk->vt.graph_replay = NULL; rk->vt.graph_begin = NULL; rk->vt.graph_end = NULL; rk->vt.graph_reset = NULL;
+        rk->vt.close = NULL; /* the real backend is closed by tern_tp_close */
+        rk->vt.allreduce_sum = tp->n > 1 ? cpu_allreduce : NULL;
+        rk->be = *rk->real;
+        rk->be.vt = &rk->vt;
+    }
+#ifdef TERN_HAVE_CUDA
+    if (!st && o->cuda && tp->n > 1) {
+        tern_backend *bes[TERN_TP_MAX];
+        for (int r = 0; r < tp->n; r++) bes[r] = tp->r[r].real;
+        st = tern__nccl_open(&tp->nccl, bes, tp->n, err);
+        for (int r = 0; r < tp->n && !st; r++) tp->r[r].vt.allreduce_sum = cuda_allreduce;
+    }
+#else
+    if (!st && o->cuda) st = tern_err(err, TERN_EUNSUPPORTED, "tensor parallel on GPUs needs a CUDA build");
+#endif
+    if (!st) {
+        unsigned n = (unsigned)tp->n;
+        if (pthread_barrier_init(&tp->start, NULL, n) || pthread_barrier_init(&tp->done, NULL, n) ||
+            pthread_barrier_init(&tp->ar, NULL, n))
+            st = tern_err(err, TERN_EINTERNAL, "tensor parallel: cannot create barriers");
+        else tp->barriers = 1;
+    }
+    for (int r = 1; r < tp->n && !st; r++) {
+        if (pthread_create(&tp->r[r].thread, NULL, rank_main, &tp->r[r]))
+            st = tern_err(err, TERN_EINTERNAL, "tensor parallel: cannot start the thread of rank %d", r);
+        else tp->r[r].has_thread = 1;
+    }
+    if (st) { tern_tp_close(tp); return st; }
+    *out = tp;
+    return TERN_OK;
+}
+
+void tern_tp_close(tern_tp *tp) {
+    if (!tp) return;
+    int running = 1, stuck = 0;
+    for (int r = 1; r < tp->n; r++) running &= tp->r[r].has_thread;
+    for (int r = 1; r < tp->n; r++) stuck |= !running && tp->r[r].has_thread;
+    if (tp->barriers && running && tp->n > 1) {
+        tp->quit = 1;
+        pthread_barrier_wait(&tp->start);
+    }
+    for (int r = 1; r < tp->n; r++) { /* threads left waiting by a failed open cannot be woken: let them be */
+        if (tp->r[r].has_thread && running) pthread_join(tp->r[r].thread, NULL);
+        else if (tp->r[r].has_thread) pthread_detach(tp->r[r].thread);
+    }
+    for (int r = 0; r < tp->n; r++) {
+        tp_rank *rk = &tp->r[r];
+        bind(rk);
+        tern_kv_close(rk->kv);
+        tern_model_free(rk->m);
+        free(rk->cfg.layers);
+    }
+#ifdef TERN_HAVE_CUDA
+    tern__nccl_close(tp->nccl);
+#endif
+    for (int r = 0; r < tp->n; r++) tern_backend_close(tp->r[r].real);
+    if (stuck) return; /* a thread still waits on tp->start: keep the barriers and the struct (leaked) */
+    if (tp->barriers) {
+        pthread_barrier_destroy(&tp->start);
+        pthread_barrier_destroy(&tp->done);
+        pthread_barrier_destroy(&tp->ar);
+    }
+    for (int i = 0; i < tp->n_bufs; i++) tern_afree(tp->bufs[i]);
+    free(tp->bufs);
+    tern_weights_close(tp->own_ws);
+    if (tp->own_cfg) { tern_config_free(tp->own_cfg); free(tp->own_cfg); }
+    free(tp);
+}
+
+/* ---- geometry: what each rank holds ----------------------------------------------------- */
+
+/* KV heads of rank r in layer l: [*kv0, *kv0 + *nkv). Split with their q heads, or one
+ * replicated head per rank when the layer has fewer kv heads than ranks. */
+static void kv_heads(const tern_model_config *c, int N, int r, int l, int *kv0, int *nkv) {
+    int nKV = c->layers[l].n_head_kv, nHl = c->n_head / N;
+    if (nKV % N == 0) { *nkv = nKV / N; *kv0 = r * *nkv; return; }
+    *nkv = 1;
+    *kv0 = r * nHl / (c->n_head / nKV);
+}
+
+static tern_status check_geometry(const tern_model_config *c, int N, tern_error *err) {
+    if (c->arch == TERN_ARCH_GLM5)
+        return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: %s (MLA attention) is not split yet; use one rank",
+                        c->model_type);
+    if (c->n_head % N)
+        return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: num_attention_heads %d is not a multiple of %d ranks",
+                        c->n_head, N);
+    for (int l = 0; l < c->n_layer; l++) {
+        const tern_layer_config *lc = &c->layers[l];
+        int nKV = lc->n_head_kv, g = nKV > 0 ? c->n_head / nKV : 0;
+        if (nKV <= 0 || c->n_head % nKV)
+            return tern_err(err, TERN_EFORMAT, "tensor parallel: layer %d has %d kv heads for %d heads", l, nKV, c->n_head);
+        if (nKV % N && (N % nKV || g % (c->n_head / N)))
+            return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: layer %d: %d kv heads (%d q heads each) cannot be "
+                            "split or replicated over %d ranks", l, nKV, g, N);
+        if (lc->n_ff % N)
+            return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: layer %d: intermediate_size %d is not a multiple of "
+                            "%d ranks", l, lc->n_ff, N);
+    }
+    if (c->n_expert > 0 && c->n_expert % N)
+        return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: %d experts do not split over %d ranks", c->n_expert, N);
+    return TERN_OK;
+}
+
+/* ---- the shard hook (weights.h) --------------------------------------------------------- */
+
+enum { CUT_NONE, CUT_ROWS, CUT_COLS, CUT_EXPERTS };
+
+static void *keep_buf(tern_tp *tp, size_t bytes) {
+    if (tp->n_bufs == tp->cap_bufs) {
+        int nc = tp->cap_bufs ? 2 * tp->cap_bufs : 64;
+        void **nb = realloc(tp->bufs, sizeof *nb * (size_t)nc);
+        if (!nb) return NULL;
+        tp->bufs = nb;
+        tp->cap_bufs = nc;
+    }
+    void *p = tern_aalloc(bytes ? bytes : 64);
+    if (p) tp->bufs[tp->n_bufs++] = p;
+    return p;
+}
+
+/* Which cut applies to `name` for rank r, and the slice [*lo, *lo + *cnt) of *full. */
+static int plan_cut(const tern_tp *tp, int r, const char *name, int *lo, int *cnt, int64_t *full, int *bias) {
+    const tern_model_config *c = tp->gcfg;
+    int N = tp->n, l = -1, off = 0;
+    if (sscanf(name, "layers.%d.%n", &l, &off) != 1 || !off || l < 0 || l >= c->n_layer) return CUT_NONE;
+    const char *rest = name + off;
+    const tern_layer_config *lc = &c->layers[l];
+    int D = lc->head_dim, nHl = c->n_head / N, kv0, nkv, Il = lc->n_ff / N;
+    kv_heads(c, N, r, l, &kv0, &nkv);
+    size_t rl = strlen(rest);
+    *bias = rl > 5 && !strcmp(rest + rl - 5, ".bias");
+    char base[64];
+    snprintf(base, sizeof base, "%.*s", (int)(*bias ? rl - 5 : rl), rest);
+    if (!strcmp(base, "self_attn.q_proj")) { *lo = r * nHl * D; *cnt = nHl * D; *full = (int64_t)c->n_head * D; return CUT_ROWS; }
+    if (!strcmp(base, "self_attn.k_proj") || !strcmp(base, "self_attn.v_proj")) {
+        *lo = kv0 * D; *cnt = nkv * D; *full = (int64_t)lc->n_head_kv * D; return CUT_ROWS;
+    }
+    if (*bias) return CUT_NONE;
+    if (!strcmp(base, "mlp.gate_proj") || !strcmp(base, "mlp.up_proj")) { *lo = r * Il; *cnt = Il; *full = lc->n_ff; return CUT_ROWS; }
+    if (!strcmp(base, "self_attn.o_proj")) { *lo = r * nHl * D; *cnt = nHl * D; *full = (int64_t)c->n_head * D; return CUT_COLS; }
+    if (!strcmp(base, "mlp.down_proj")) { *lo = r * Il; *cnt = Il; *full = lc->n_ff; return CUT_COLS; }
+    if (c->n_expert > 0 && (!strcmp(base, "experts.gate") || !strcmp(base, "experts.up") || !strcmp(base, "experts.down"))) {
+        int El = c->n_expert / N;
+        *lo = r * El; *cnt = El; *full = c->n_expert; return CUT_EXPERTS;
+    }
+    return CUT_NONE;
+}
+
+static size_t scale_row_bytes(const tern_tensor *t) { /* scales (or biases) of one weight row */
+    return (size_t)(t->shape[t->ndim - 1] / t->group_size) * tern_dtype_size(t->sdtype);
+}
+
+static int cut_rows(tern_tensor *t, int lo, int cnt, const char *name, tern_error *err) {
+    if (t->ndim == 1) {
+        size_t es = tern_dtype_size(t->dtype);
+        if (!es || t->dtype == TERN_DT_Q) return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: '%s': cannot split dtype %s", name, tern_dtype_name(t->dtype));
+        t->data = (const uint8_t *)t->data + (size_t)lo * es;
+        t->shape[0] = cnt;
+        return 1;
+    }
+    size_t rb = tern_tensor_row_bytes(t);
+    if (tern_tensor_is_fp8_block(t)) {
+        if (lo % t->blk_rows || (cnt % t->blk_rows && lo + cnt != t->shape[0]))
+            return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: '%s': rows [%d, %d) do not align with its FP8 scale "
+                            "blocks of %d rows", name, lo, lo + cnt, t->blk_rows);
+        t->scales = (const uint8_t *)t->scales + (size_t)(lo / t->blk_rows) * (size_t)tern_tensor_fp8_scale_cols(t) * 4;
+    } else if (t->dtype == TERN_DT_Q) {
+        t->scales = (const uint8_t *)t->scales + (size_t)lo * scale_row_bytes(t);
+        t->biases = (const uint8_t *)t->biases + (size_t)lo * scale_row_bytes(t);
+    }
+    t->data = (const uint8_t *)t->data + (size_t)lo * rb;
+    t->shape[0] = cnt;
+    return 1;
+}
+
+static int cut_experts(tern_tensor *t, int lo, int cnt) {
+    size_t mb = t->mat_stride ? t->mat_stride : (size_t)t->shape[1] * tern_tensor_row_bytes(t);
+    size_t ms = t->mat_stride_s;
+    if (!ms && t->dtype == TERN_DT_Q) ms = (size_t)t->shape[1] * scale_row_bytes(t);
+    if (!ms && tern_tensor_is_fp8_block(t)) ms = tern_tensor_fp8_scale_bytes(t);
+    t->data = (const uint8_t *)t->data + (size_t)lo * mb;
+    if (t->scales) t->scales = (const uint8_t *)t->scales + (size_t)lo * ms;
+    if (t->biases) t->biases = (const uint8_t *)t->biases + (size_t)lo * ms;
+    t->shape[0] = cnt;
+    return 1;
+}
+
+/* Copy columns [c0, c0+w) of rows [0, rows) (row stride `ld` bytes, element `es` bytes or, for
+ * packed codes, `bits`) into a new buffer. */
+static const void *gather(tern_tp *tp, const void *src, int64_t rows, size_t ld, size_t off, size_t wb) {
+    uint8_t *dst = keep_buf(tp, (size_t)rows * wb);
+    if (!dst) return NULL;
+    for (int64_t i = 0; i < rows; i++) memcpy(dst + (size_t)i * wb, (const uint8_t *)src + (size_t)i * ld + off, wb);
+    return dst;
+}
+
+static int cut_cols(tern_tp *tp, tern_tensor *t, int c0, int w, const char *name, tern_error *err) {
+    int64_t rows = t->shape[0], in = t->shape[1];
+    size_t rb = tern_tensor_row_bytes(t);
+    const void *d, *s = NULL, *b = NULL;
+    if (t->dtype == TERN_DT_Q || tern_tensor_is_fp8_block(t)) {
+        int gs = t->group_size;
+        if (c0 % gs || w % gs)
+            return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: '%s' (%s, groups of %d inputs): its %lld input "
+                            "columns split into %d per rank, not a multiple of the group size; use fewer ranks",
+                            name, t->dtype == TERN_DT_Q ? "MLX affine" : "FP8 block", gs, (long long)in, w);
+    }
+    if (t->dtype == TERN_DT_Q) {
+        size_t sb = tern_dtype_size(t->sdtype), ng = (size_t)(in / t->group_size);
+        d = gather(tp, t->data, rows, rb, (size_t)c0 * t->bits / 8, (size_t)w * t->bits / 8);
+        s = gather(tp, t->scales, rows, ng * sb, (size_t)(c0 / t->group_size) * sb, (size_t)(w / t->group_size) * sb);
+        b = gather(tp, t->biases, rows, ng * sb, (size_t)(c0 / t->group_size) * sb, (size_t)(w / t->group_size) * sb);
+    } else if (tern_tensor_is_fp8_block(t)) {
+        int64_t sc = tern_tensor_fp8_scale_cols(t), srows = (rows + t->blk_rows - 1) / t->blk_rows;
+        d = gather(tp, t->data, rows, rb, (size_t)c0, (size_t)w);
+        s = gather(tp, t->scales, srows, (size_t)sc * 4, (size_t)(c0 / t->group_size) * 4, (size_t)(w / t->group_size) * 4);
+    } else {
+        size_t es = tern_dtype_size(t->dtype);
+        if (!es) return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: '%s': cannot split dtype %s", name, tern_dtype_name(t->dtype));
+        d = gather(tp, t->data, rows, rb, (size_t)c0 * es, (size_t)w * es);
+    }
+    if (!d || (t->scales && !s) || (t->biases && !b)) return tern_err(err, TERN_ENOMEM, "tensor parallel: out of memory splitting '%s'", name);
+    t->data = d;
+    t->scales = s;
+    t->biases = b;
+    t->shape[1] = w;
+    return 1;
+}
+
+typedef struct hook_ctx { tern_tp *tp; int rank; } hook_ctx;
+
+static int shard_hook(void *ctx, const char *name, int ndim, const int64_t *shape, tern_tensor *t, tern_error *err) {
+    hook_ctx *h = ctx;
+    tern_tp *tp = h->tp;
+    int lo = 0, cnt = 0, bias = 0;
+    int64_t full = 0;
+    int cut = plan_cut(tp, h->rank, name, &lo, &cnt, &full, &bias);
+    if (cut == CUT_NONE || !shape || t->ndim != ndim) return 0;
+    if (cut == CUT_EXPERTS) {
+        if (ndim != 3 || t->shape[0] != full) return 0;
+        for (int i = 1; i < 3; i++) if (t->shape[i] != shape[i]) return 0;
+        return cut_experts(t, lo, cnt);
+    }
+    int ax = cut == CUT_COLS ? 1 : 0;
+    if (ndim != (bias ? 1 : 2) || t->shape[ax] == shape[ax]) return 0; /* already local (synthetic, 1 kv head) */
+    if (t->shape[ax] != full || shape[ax] != cnt || (ndim == 2 && t->shape[1 - ax] != shape[1 - ax])) return 0;
+    return cut == CUT_COLS ? cut_cols(tp, t, lo, cnt, name, err) : cut_rows(t, lo, cnt, name, err);
+}
+
+/* ---- load ------------------------------------------------------------------------------ */
+
+static tern_status local_config(const tern_model_config *c, int N, int r, tern_model_config *out, tern_error *err) {
+    *out = *c;
+    out->layers = malloc(sizeof *out->layers * (size_t)c->n_layer);
+    if (!out->layers) return tern_err(err, TERN_ENOMEM, "out of memory");
+    memcpy(out->layers, c->layers, sizeof *out->layers * (size_t)c->n_layer);
+    out->n_head = c->n_head / N;
+    out->n_ff = c->n_ff / N;
+    for (int l = 0; l < c->n_layer; l++) {
+        int kv0, nkv;
+        kv_heads(c, N, r, l, &kv0, &nkv);
+        out->layers[l].n_head_kv = nkv;
+        out->layers[l].n_ff = c->layers[l].n_ff / N;
+    }
+    out->n_head_kv = c->n_layer > 0 ? out->layers[0].n_head_kv : c->n_head_kv / N;
+    return TERN_OK;
+}
+
+tern_status tern_tp_load(tern_tp *tp, const tern_model_config *cfg, tern_weights *ws, const tern_model_opts *mo,
+                         tern_model **out, tern_error *err) {
+    *out = NULL;
+    if (!tp || !cfg || !ws) return tern_err(err, TERN_EINVAL, "tern_tp_load: NULL argument");
+    if (tp->r[0].m) return tern_err(err, TERN_EINVAL, "tern_tp_load: the group already holds a model");
+    int N = tp->n;
+    tern_status st = check_geometry(cfg, N, err);
+    if (st) return st;
+    tp->gcfg = cfg;
+    hook_ctx h[TERN_TP_MAX];
+    for (int r = 0; r < N && !st; r++) {
+        tp_rank *rk = &tp->r[r];
+        if ((st = local_config(cfg, N, r, &rk->cfg, err))) break;
+        if (cfg->n_expert > 0 && N > 1) {
+            rk->e0 = r * (cfg->n_expert / N);
+            rk->e1 = rk->e0 + cfg->n_expert / N;
+            rk->vt.route_topk = route_local;
+        }
+        h[r] = (hook_ctx){tp, r};
+        bind(rk);
+        tern_weights_set_shard(ws, N > 1 ? shard_hook : NULL, &h[r]);
+        st = tern_model_load_from(&rk->m, &rk->cfg, ws, &rk->be, mo, err);
+        if (st) st = tern_err_wrap(err, st, "rank %d of %d", r, N);
+    }
+    tern_weights_set_shard(ws, NULL, NULL);
+    tp->gcfg = NULL;
+    bind(&tp->r[0]);
+    if (st) return st;
+    tp->r[0].m->tp = N > 1 ? tp : NULL;
+    *out = tp->r[0].m;
+    return TERN_OK;
+}
+
+tern_status tern_tp_load_dir(tern_tp *tp, const char *dir, const tern_model_opts *mo, tern_model **out,
+                             tern_error *err) {
+    *out = NULL;
+    if (!tp || tp->own_cfg) return tern_err(err, TERN_EINVAL, "tern_tp_load_dir: bad group");
+    if (!(tp->own_cfg = calloc(1, sizeof *tp->own_cfg))) return tern_err(err, TERN_ENOMEM, "out of memory");
+    tern_status st = tern_config_load(tp->own_cfg, dir, err);
+    if (!st) st = tern_weights_open(&tp->own_ws, dir, tp->own_cfg, err);
+    if (!st) st = tern_tp_load(tp, tp->own_cfg, tp->own_ws, mo, out, err);
+    return st;
+}
+
+tern_status tern_tp_kv_open(tern_tp *tp, const tern_kv_opts *ko, tern_kv **out, tern_error *err) {
+    *out = NULL;
+    if (!tp || !tp->r[0].m) return tern_err(err, TERN_EINVAL, "tern_tp_kv_open: load the model first");
+    if (tp->r[0].kv) return tern_err(err, TERN_EINVAL, "tern_tp_kv_open: the group already has its caches");
+    for (int r = 0; r < tp->n; r++) {
+        tp_rank *rk = &tp->r[r];
+        bind(rk);
+        tern_status st = tern_kv_open(&rk->kv, &rk->be, &rk->cfg, ko, err);
+        if (st) return tern_err_wrap(err, st, "tensor parallel rank %d KV cache", r);
+    }
+    bind(&tp->r[0]);
+    *out = tp->r[0].kv;
+    return TERN_OK;
+}
+
+/* ---- forward ----------------------------------------------------------------------------- */
+
+tern_status tern__tp_forward(tern_tp *tp, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err) {
+    if (kv != tp->r[0].kv)
+        return tern_err(err, TERN_EINVAL, "tensor parallel: forward needs the group's own cache (tern_tp_kv_open)");
+    for (int r = 1; r < tp->n; r++) {
+        tern_status st = tern_kv_mirror(tp->r[r].kv, kv, err);
+        if (st) return st;
+    }
+    tp->job = b;
+    bind(&tp->r[0]); /* the engine thread may not be the one that loaded the group */
+    pthread_barrier_wait(&tp->start);
+    tern_status st = tern__model_forward_local(tp->r[0].m, b, kv, logits, err);
+    pthread_barrier_wait(&tp->done);
+    tp->job = NULL;
+    for (int r = 1; r < tp->n && !st; r++)
+        if (tp->r[r].st) {
+            if (err) *err = tp->r[r].err;
+            st = tern_err_wrap(err, tp->r[r].st, "tensor parallel rank %d", r);
+        }
+    return st;
+}

@@ -1,0 +1,72 @@
+/*
+ * tp.h — tensor + expert parallelism over the GPUs of one host (or CPU ranks, for tests).
+ *
+ * A TP group of N ranks: each rank has its own backend (CUDA device i, or a CPU backend with
+ * 1/N of the threads), its own rank-local model (its shard of the weights, a config with the
+ * local head / intermediate counts) and its own KV cache (its kv heads). A forward on rank 0's
+ * model runs every rank's forward in lockstep on one host thread per rank; the model code is the
+ * single-device code plus tern_allreduce_sum() after each row-parallel matmul (ops.h). Rank 0's
+ * model, cache and backend are what the engine / CLI see; the group owns all of them.
+ *
+ * Sharding (docs/OFFLOAD.md "Multi-GPU"): q/k/v and gate/up split by output rows (heads /
+ * intermediate: views), o_proj/down_proj by input columns (gathered once into new buffers; MLX
+ * affine weights need in/N to be a multiple of the group size), kv heads with their q heads
+ * (replicated when n_head_kv < N), routed experts by expert id (expert parallelism: every rank
+ * routes every row with the replicated router and runs only its own experts); embeddings,
+ * norms, router and lm_head are replicated. Communication: NCCL on CUDA ranks, an in-process
+ * barrier + host sum on CPU ranks. Step graphs are off in a group (eager ops). GLM-5 (MLA) is
+ * not split yet (TERN_EUNSUPPORTED).
+ */
+#ifndef TERN_TP_H
+#define TERN_TP_H
+
+#include "model/model.h"
+
+typedef struct tern_tp tern_tp;
+
+#define TERN_TP_MAX 16
+
+typedef struct tern_tp_opts {
+    int n;                /* ranks, 1..TERN_TP_MAX */
+    int cuda;             /* 1: rank i on GPU i (NCCL); 0: CPU ranks */
+    int n_threads;        /* CPU: threads over all ranks (0 = all cores), split evenly */
+    tern_compute compute;
+} tern_tp_opts;
+
+/* Open the ranks' backends and the communicator. */
+tern_status tern_tp_open(tern_tp **out, const tern_tp_opts *opts, tern_error *err);
+/* Frees every rank's cache, model, backend and thread; accepts NULL. */
+void tern_tp_close(tern_tp *tp);
+
+int tern_tp_size(const tern_tp *tp);
+tern_backend *tern_tp_backend(const tern_tp *tp, int rank);
+
+/* Shard cfg + ws over the ranks and load the rank-local models (one after another; the store's
+ * shard hook is set meanwhile). *out = rank 0's model: tern_model_forward on it runs the group.
+ * cfg and ws must outlive the group. Refuses geometries that do not split, naming the field. */
+tern_status tern_tp_load(tern_tp *tp, const tern_model_config *cfg, tern_weights *ws, const tern_model_opts *mo,
+                         tern_model **out, tern_error *err);
+/* Same from a model directory (config and weights owned by the group). */
+tern_status tern_tp_load_dir(tern_tp *tp, const char *dir, const tern_model_opts *mo, tern_model **out,
+                             tern_error *err);
+/* One KV cache per rank with the same options; *out = rank 0's (the one to pass to forward).
+ * Block tables follow rank 0's: its allocation decisions are copied to the ranks each step. */
+tern_status tern_tp_kv_open(tern_tp *tp, const tern_kv_opts *ko, tern_kv **out, tern_error *err);
+
+/* Ranks asked for by the environment: TERN_TP=N (tests, CPU), else 1. */
+int tern_tp_env(void);
+
+/* ---- CUDA side (src/backend/cuda/nccl.c, tp_remap.cu; only in CUDA builds) ---- */
+typedef struct tern__nccl tern__nccl;
+/* One communicator per rank (ncclCommInitAll over the ranks' devices); sets NCCL_NVLS_ENABLE=0
+ * in the environment first unless it is set. */
+tern_status tern__nccl_open(tern__nccl **out, tern_backend *const *bes, int n, tern_error *err);
+void tern__nccl_close(tern__nccl *c);
+/* In-place sum of y[count] over the ranks, enqueued on rank's backend stream. */
+void tern__nccl_allreduce(tern__nccl *c, int rank, tern_backend *be, float *y, size_t count);
+/* Make be's GPU the calling thread's current device (ops that do not set it themselves). */
+void tern__cuda_bind(tern_backend *be);
+/* idx[i] = idx[i] - e0 when e0 <= idx[i] < e1, else -1 (on be's stream). */
+void tern__cuda_expert_remap(tern_backend *be, int32_t *idx, int n, int e0, int e1);
+
+#endif

@@ -1,0 +1,468 @@
+/*
+ * experts.c — the expert store of experts.h: slot pools, LRU per layer, miss loading, the
+ * routing trace, and the `tern fit` estimate.
+ *
+ * Layout of one layer's pool (one backend allocation): for each stack (gate, up, down) the data
+ * of S experts, then (MLX affine) their scales and biases, or (block FP8) their scales, each
+ * region 256-byte aligned and tightly packed per expert, so a slot view is a 3-D stack with
+ * mat_stride = one expert's data bytes exactly like an uploaded stack (the CUDA kernels assume
+ * tight matrices). The view's mat_map (backend memory [E]) sends logical expert e to its slot;
+ * entries of experts that are not resident are 0 and never read (only routed ids are).
+ *
+ * A call: download ids -> unique experts (stamp per call) -> hits stamped first (pinned), then
+ * each miss takes the least recently used slot not stamped by this call -> copy its stored bytes
+ * (vt->upload: memcpy on the CPU, stream-ordered copy on CUDA) -> upload the map when it changed
+ * -> vt->moe_mlp over the views. Loads happen on the engine thread before the kernels (no
+ * overlap or prefetch yet: docs/OFFLOAD.md lists that as open).
+ */
+#include "runtime/experts.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define ALIGN_UP(v) (((v) + 255) & ~(size_t)255)
+
+typedef struct xstack {
+    tern_tensor src;          /* the stored stack (host) */
+    size_t dlen, slen;        /* one expert's data bytes; scales bytes (biases too when Q) */
+    size_t dstride, sstride;  /* stored bytes between experts */
+    int nreg;                 /* 1 data, 2 + scales (FP8), 3 + biases (Q) */
+    size_t off[3];            /* region offsets inside the layer's pool */
+    tern_tensor view;
+} xstack;
+
+typedef struct xlayer {
+    int have;                 /* bit per registered stack */
+    int file_backed;
+    xstack st[3];
+    size_t expert_bytes;
+    uint8_t *pool;
+    int32_t *slot_of;         /* host [E]: slot or -1 */
+    int32_t *map_host, *map_dev; /* [E] */
+    int32_t *owner;           /* [S]: expert or -1 */
+    uint64_t *stamp;          /* [S]: last call that used the slot (0 = never) */
+    tern_tensor router;       /* uploaded [E, H] (data NULL: none registered) */
+    uint8_t *ahead;           /* [E]: read ahead by the previous layer, not loaded since */
+} xlayer;
+
+#define PRED_ROWS 8           /* read-ahead only for decode-sized steps */
+
+struct tern_experts {
+    tern_backend *be;
+    int n_layer, E, S, k;
+    size_t cap;
+    int slots_req;
+    xlayer *L;
+    int32_t *ids;             /* host copy of the routed ids */
+    size_t ids_cap;
+    int32_t *uniq;            /* [E] */
+    uint64_t *seen;           /* [E]: call stamp */
+    uint64_t clock;
+    FILE *trace;
+    tern_experts_stats st;
+    float *d_lg, *h_lg;       /* read-ahead router logits [PRED_ROWS, E]: backend / host */
+    int64_t ahead_call;       /* misses of the current call that had been read ahead */
+};
+
+tern_status tern_experts_open(tern_experts **out, tern_backend *be, int n_layer, const tern_experts_opts *o,
+                              tern_error *err) {
+    *out = NULL;
+    tern_experts *x = calloc(1, sizeof *x);
+    if (!x || !(x->L = calloc((size_t)(n_layer > 0 ? n_layer : 1), sizeof *x->L))) {
+        free(x);
+        return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
+    }
+    x->be = be;
+    x->n_layer = n_layer;
+    x->cap = o ? o->cap_bytes : 0;
+    x->slots_req = o ? o->slots : 0;
+    if (o && o->trace && *o->trace && !(x->trace = fopen(o->trace, "w"))) {
+        free(x->L);
+        free(x);
+        return tern_err(err, TERN_EIO, "expert trace '%s': cannot open for writing", o->trace);
+    }
+    *out = x;
+    return TERN_OK;
+}
+
+void tern_experts_close(tern_experts *x) {
+    if (!x) return;
+    for (int l = 0; l < x->n_layer; l++) {
+        xlayer *L = &x->L[l];
+        if (L->pool) x->be->vt->free(x->be, L->pool);
+        if (L->map_dev) x->be->vt->free(x->be, L->map_dev);
+        free(L->slot_of);
+        free(L->map_host);
+        free(L->owner);
+        free(L->stamp);
+        free(L->ahead);
+    }
+    if (x->d_lg) x->be->vt->free(x->be, x->d_lg);
+    free(x->h_lg);
+    if (x->trace) fclose(x->trace);
+    free(x->L);
+    free(x->ids);
+    free(x->uniq);
+    free(x->seen);
+    free(x);
+}
+
+tern_status tern_experts_add(tern_experts *x, int layer, int which, const tern_tensor *t, int file_backed,
+                             tern_error *err) {
+    const char *nm = t->name ? t->name : "?";
+    if (layer < 0 || layer >= x->n_layer || which < 0 || which > 2)
+        return tern_err(err, TERN_EINVAL, "expert store: '%s': layer %d / stack %d out of range", nm, layer, which);
+    if (t->ndim != 3 || t->shape[0] <= 0 || t->shape[0] > (1 << 20))
+        return tern_err(err, TERN_EINVAL, "expert store: '%s' is not an expert stack [E, out, in]", nm);
+    if (x->E && t->shape[0] != x->E)
+        return tern_err(err, TERN_EINVAL, "expert store: '%s' has %lld experts, other layers %d", nm,
+                        (long long)t->shape[0], x->E);
+    x->E = (int)t->shape[0];
+    xlayer *L = &x->L[layer];
+    xstack *s = &L->st[which];
+    memset(s, 0, sizeof *s);
+    s->src = *t;
+    int64_t out = t->shape[1], in = t->shape[2];
+    s->dlen = (size_t)out * tern_tensor_row_bytes(t);
+    s->dstride = t->mat_stride ? t->mat_stride : s->dlen;
+    s->nreg = 1;
+    if (t->dtype == TERN_DT_Q) {
+        if (t->group_size <= 0 || in % t->group_size || !t->scales || !t->biases)
+            return tern_err(err, TERN_EINVAL, "expert store: '%s': bad quantization (group %d)", nm, t->group_size);
+        s->slen = (size_t)(out * (in / t->group_size)) * tern_dtype_size(t->sdtype);
+        s->sstride = t->mat_stride_s ? t->mat_stride_s : s->slen;
+        s->nreg = 3;
+    } else if (tern_tensor_is_fp8_block(t)) {
+        s->slen = tern_tensor_fp8_scale_bytes(t);
+        s->sstride = t->mat_stride_s ? t->mat_stride_s : s->slen;
+        s->nreg = 2;
+    }
+    L->have |= 1 << which;
+    L->file_backed = file_backed;
+    return TERN_OK;
+}
+
+/* Pool bytes of one layer with S slots (regions 256-byte aligned), and of every layer. */
+static size_t pool_bytes(const xlayer *L, int S) {
+    size_t off = 0;
+    for (int w = 0; w < 3; w++)
+        for (int r = 0; r < L->st[w].nreg; r++) off += ALIGN_UP((r ? L->st[w].slen : L->st[w].dlen) * (size_t)S);
+    return off;
+}
+
+static size_t total_bytes(const tern_experts *x, int S) {
+    size_t t = 0;
+    for (int l = 0; l < x->n_layer; l++)
+        if (x->L[l].have) t += pool_bytes(&x->L[l], S);
+    return t;
+}
+
+tern_status tern_experts_add_router(tern_experts *x, int layer, const tern_tensor *router, tern_error *err) {
+    if (layer < 0 || layer >= x->n_layer || router->ndim != 2)
+        return tern_err(err, TERN_EINVAL, "expert store: router '%s' of layer %d is not a [E, H] matrix",
+                        router->name ? router->name : "?", layer);
+    x->L[layer].router = *router;
+    return TERN_OK;
+}
+
+tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
+    const tern_backend_vt *vt = x->be->vt;
+    int nl = 0;
+    size_t bmax = 0;
+    for (int l = 0; l < x->n_layer; l++) {
+        xlayer *L = &x->L[l];
+        if (!L->have) continue;
+        if (L->have != 7) return tern_err(err, TERN_EINVAL, "expert store: layer %d lacks gate, up or down", l);
+        nl++;
+        L->expert_bytes = 0;
+        for (int w = 0; w < 3; w++) L->expert_bytes += L->st[w].dlen + (size_t)(L->st[w].nreg - 1) * L->st[w].slen;
+        if (L->expert_bytes > bmax) bmax = L->expert_bytes;
+    }
+    x->k = k;
+    if (!nl) return TERN_OK;
+    int E = x->E, S = x->slots_req;
+    if (S <= 0) S = (int)TERN_MIN((double)E, (double)x->cap / ((double)nl * (double)bmax));
+    if (S < k) {
+        tern_log(TERN_LOG_WARN, "expert cache: %d slots per layer is below the %d experts one token routes to; using %d "
+                 "(%.3f GB)", S, k, k, (double)nl * k * bmax / 1073741824.0);
+        S = k;
+    }
+    if (S > E) S = E;
+    while (x->slots_req <= 0 && S > k && total_bytes(x, S) > x->cap) S--; /* alignment padding */
+    x->S = S;
+    if (!(x->uniq = malloc(sizeof(int32_t) * (size_t)E)) || !(x->seen = calloc((size_t)E, sizeof(uint64_t))))
+        return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
+    for (int l = 0; l < x->n_layer; l++) {
+        xlayer *L = &x->L[l];
+        if (!L->have) continue;
+        size_t off = 0;
+        for (int w = 0; w < 3; w++) {
+            xstack *s = &L->st[w];
+            for (int r = 0; r < s->nreg; r++) {
+                s->off[r] = off;
+                off += ALIGN_UP((r ? s->slen : s->dlen) * (size_t)S);
+            }
+        }
+        L->slot_of = malloc(sizeof(int32_t) * (size_t)E);
+        L->map_host = calloc((size_t)E, sizeof(int32_t));
+        L->owner = malloc(sizeof(int32_t) * (size_t)S);
+        L->stamp = calloc((size_t)S, sizeof(uint64_t));
+        L->ahead = calloc((size_t)E, 1);
+        if (L->router.data && L->router.shape[0] != E) L->router.data = NULL; /* not this store's routing */
+        if (L->router.data && L->file_backed && !x->d_lg) {
+            x->d_lg = vt->alloc(x->be, sizeof(float) * PRED_ROWS * (size_t)E);
+            x->h_lg = malloc(sizeof(float) * PRED_ROWS * (size_t)E);
+            if (!x->d_lg || !x->h_lg) return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
+        }
+        L->pool = vt->alloc(x->be, off);
+        L->map_dev = vt->alloc(x->be, sizeof(int32_t) * (size_t)E);
+        if (!L->slot_of || !L->map_host || !L->owner || !L->stamp || !L->ahead || !L->pool || !L->map_dev)
+            return tern_err(err, TERN_ENOMEM, "expert store: cannot allocate %d slots of %zu bytes for layer %d on the %s "
+                            "backend", S, L->expert_bytes, l, vt->name);
+        x->st.slot_bytes += off;
+        for (int e = 0; e < E; e++) L->slot_of[e] = -1;
+        for (int s = 0; s < S; s++) L->owner[s] = -1;
+        vt->upload(x->be, L->map_dev, L->map_host, sizeof(int32_t) * (size_t)E);
+        for (int w = 0; w < 3; w++) {
+            xstack *s = &L->st[w];
+            s->view = s->src;
+            s->view.data = L->pool + s->off[0];
+            s->view.scales = s->nreg > 1 ? L->pool + s->off[1] : NULL;
+            s->view.biases = s->nreg > 2 ? L->pool + s->off[2] : NULL;
+            s->view.mat_stride = s->dlen;
+            s->view.mat_stride_s = s->slen;
+            s->view.device = x->be->device;
+            s->view.mat_map = L->map_dev;
+        }
+    }
+    x->st.n_layers = nl;
+    x->st.n_expert = E;
+    x->st.slots = S;
+    x->st.expert_bytes = bmax;
+    x->st.cap_bytes = x->slots_req > 0 ? 0 : x->cap;
+    tern_log(TERN_LOG_INFO, "expert cache: %d of %d experts per layer resident (%d MoE layers, %.3f GB of slots)", S, E,
+             nl, (double)x->st.slot_bytes / 1073741824.0);
+    return TERN_OK;
+}
+
+/* Drop the whole pages of [p, p+len) from the process (file pages stay in the page cache). */
+static void drop_pages(const void *p, size_t len) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p, lo = (a + pg - 1) & ~(uintptr_t)(pg - 1), hi = (a + len) & ~(uintptr_t)(pg - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+static const uint8_t *src_region(const xstack *s, int r, int e) {
+    const uint8_t *b = r == 0 ? s->src.data : r == 1 ? s->src.scales : s->src.biases;
+    return b + (size_t)e * (r ? s->sstride : s->dstride);
+}
+
+static void drop_expert(const xlayer *L, int e) {
+    for (int w = 0; w < 3; w++)
+        for (int r = 0; r < L->st[w].nreg; r++)
+            drop_pages(src_region(&L->st[w], r, e), r ? L->st[w].slen : L->st[w].dlen);
+}
+
+/* Copy expert e's stored bytes into slot s. */
+static void load(tern_experts *x, xlayer *L, int e, int s) {
+    for (int w = 0; w < 3; w++) {
+        const xstack *st = &L->st[w];
+        for (int r = 0; r < st->nreg; r++) {
+            size_t len = r ? st->slen : st->dlen;
+            x->be->vt->upload(x->be, L->pool + st->off[r] + (size_t)s * len, src_region(st, r, e), len);
+        }
+    }
+    if (L->file_backed) drop_expert(L, e);
+}
+
+/* Make the unique experts uniq[0..U) (U <= S) resident; returns the misses. */
+static int prepare(tern_experts *x, xlayer *L, int U) {
+    uint64_t now = ++x->clock;
+    int miss = 0, changed = 0;
+    for (int i = 0; i < U; i++) {
+        int s = L->slot_of[x->uniq[i]];
+        if (s >= 0) L->stamp[s] = now;
+    }
+    for (int i = 0; i < U; i++) {
+        int e = x->uniq[i];
+        if (L->slot_of[e] >= 0) continue;
+        int v = -1;
+        for (int s = 0; s < x->S; s++) /* least recently used slot not pinned by this call */
+            if (L->stamp[s] != now && (v < 0 || L->stamp[s] < L->stamp[v])) v = s;
+        if (v < 0) break; /* cannot happen: U <= S */
+        if (L->owner[v] >= 0) {
+            L->slot_of[L->owner[v]] = -1;
+            L->map_host[L->owner[v]] = 0;
+        }
+        load(x, L, e, v);
+        if (L->ahead[e]) { x->ahead_call++; x->st.pred_used++; }
+        L->ahead[e] = 0;
+        L->owner[v] = e;
+        L->slot_of[e] = v;
+        L->map_host[e] = v;
+        L->stamp[v] = now;
+        miss++;
+        changed = 1;
+    }
+    if (changed) x->be->vt->upload(x->be, L->map_dev, L->map_host, sizeof(int32_t) * (size_t)x->E);
+    x->st.hits += U - miss;
+    x->st.misses += miss;
+    x->st.bytes_read += (uint64_t)miss * L->expert_bytes;
+    return miss;
+}
+
+/* Read ahead for the next MoE layer after `layer` (experts.h): its router on this call's input
+ * xin [n, H], the top-k of each row, madvise(WILLNEED) on the stored bytes of those that are
+ * not resident. Ordering on a device: the download waits for the router product only (queued
+ * after this layer's routing), before this layer's experts are launched. */
+static void read_ahead(tern_experts *x, int layer, const float *xin, int n) {
+    int nx = layer + 1;
+    while (nx < x->n_layer && !x->L[nx].have) nx++;
+    if (nx >= x->n_layer || n > PRED_ROWS || !x->d_lg) return;
+    xlayer *N = &x->L[nx];
+    if (!N->router.data || !N->file_backed || !N->pool || N->router.shape[1] <= 0) return;
+    int E = x->E, k = x->k;
+    x->be->vt->matmul(x->be, x->d_lg, xin, n, &N->router);
+    x->be->vt->download(x->be, x->h_lg, x->d_lg, sizeof(float) * (size_t)n * E);
+    for (int r = 0; r < n; r++) {
+        const float *lg = x->h_lg + (size_t)r * E;
+        for (int j = 0; j < k; j++) { /* the j-th largest logit (k is small) */
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!(N->ahead[e] & 2) && (best < 0 || lg[e] > lg[best])) best = e;
+            if (best < 0) break;
+            N->ahead[best] |= 2; /* chosen in this pass */
+            if (N->slot_of[best] >= 0 || (N->ahead[best] & 1)) continue;
+            N->ahead[best] |= 1;
+            x->st.predicted++;
+            for (int w = 0; w < 3; w++)
+                for (int rg = 0; rg < N->st[w].nreg; rg++) {
+                    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = rg ? N->st[w].slen : N->st[w].dlen;
+                    uintptr_t a = (uintptr_t)src_region(&N->st[w], rg, best), lo = a & ~(uintptr_t)(pg - 1);
+                    madvise((void *)lo, a + len - lo, MADV_WILLNEED);
+                }
+        }
+        for (int e = 0; e < E; e++) N->ahead[e] &= 1;
+    }
+}
+
+/* Unique experts of ids[0..cnt) into x->uniq (stamped with a fresh clock); returns U. */
+static int collect(tern_experts *x, const int32_t *ids, size_t cnt) {
+    uint64_t now = ++x->clock;
+    int U = 0;
+    for (size_t a = 0; a < cnt; a++) {
+        int e = ids[a];
+        if (e < 0 || e >= x->E || x->seen[e] == now) continue;
+        x->seen[e] = now;
+        x->uniq[U++] = e;
+    }
+    return U;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void tern_experts_moe_mlp(tern_experts *x, int layer, float *y, const float *xin, int n, int H, const int32_t *idx,
+                          const float *wts, int k, int act, float *scratch) {
+    tern_backend *be = x->be;
+    const tern_backend_vt *vt = be->vt;
+    xlayer *L = layer >= 0 && layer < x->n_layer ? &x->L[layer] : NULL;
+    if (n <= 0 || !L || L->have != 7 || !L->pool) { /* never registered: nothing to run over */
+        tern_log(TERN_LOG_ERROR, "expert store: layer %d has no registered experts", layer);
+        return;
+    }
+    size_t nk = (size_t)n * (size_t)k;
+    if (nk > x->ids_cap) { /* grows to the largest step once */
+        int32_t *p = realloc(x->ids, sizeof(int32_t) * nk);
+        if (!p) { tern_log(TERN_LOG_ERROR, "expert store: out of memory"); return; }
+        x->ids = p;
+        x->ids_cap = nk;
+    }
+    vt->download(be, x->ids, idx, sizeof(int32_t) * nk);
+    int64_t h0 = x->st.hits, m0 = x->st.misses;
+    uint64_t b0 = x->st.bytes_read;
+    int U = collect(x, x->ids, nk), direct = 0, chunks = 0;
+    x->st.calls++;
+    x->ahead_call = 0;
+    read_ahead(x, layer, xin, n);
+    if (U <= x->S) {
+        prepare(x, L, U);
+        vt->moe_mlp(be, y, xin, n, H, idx, wts, k, &L->st[0].view, &L->st[1].view, &L->st[2].view, act, scratch);
+        chunks = 1;
+    } else if (be->device < 0) {
+        /* more experts than slots: host memory is the backend's memory, read them in place */
+        vt->moe_mlp(be, y, xin, n, H, idx, wts, k, &L->st[0].src, &L->st[1].src, &L->st[2].src, act, scratch);
+        x->st.direct++;
+        x->st.misses += U;
+        x->st.bytes_read += (uint64_t)U * L->expert_bytes;
+        if (L->file_backed)
+            for (int i = 0; i < U; i++) drop_expert(L, x->uniq[i]);
+        direct = 1;
+    } else {
+        /* device: row chunks whose unique experts fit the slots (rows are independent there) */
+        for (int r0 = 0, r1; r0 < n; r0 = r1) {
+            int cnt = 0;
+            uint64_t now = ++x->clock;
+            for (r1 = r0; r1 < n; r1++) {
+                int add = 0;
+                for (int j = 0; j < k; j++) {
+                    int e = x->ids[(size_t)r1 * k + j];
+                    if (e >= 0 && e < x->E && x->seen[e] != now) add++;
+                }
+                if (r1 > r0 && cnt + add > x->S) break;
+                for (int j = 0; j < k; j++) {
+                    int e = x->ids[(size_t)r1 * k + j];
+                    if (e >= 0 && e < x->E && x->seen[e] != now) x->seen[e] = now;
+                }
+                cnt += add;
+            }
+            int Uc = collect(x, x->ids + (size_t)r0 * k, (size_t)(r1 - r0) * k);
+            prepare(x, L, Uc);
+            vt->moe_mlp(be, y + (size_t)r0 * H, xin + (size_t)r0 * H, r1 - r0, H, idx + (size_t)r0 * k,
+                        wts + (size_t)r0 * k, k, &L->st[0].view, &L->st[1].view, &L->st[2].view, act, scratch);
+            chunks++;
+        }
+        x->st.chunks += chunks;
+    }
+    if (x->trace) {
+        U = collect(x, x->ids, nk); /* the call's experts again (chunks reused uniq) */
+        qsort(x->uniq, (size_t)U, sizeof *x->uniq, cmp_i32);
+        fprintf(x->trace, "{\"layer\":%d,\"rows\":%d,\"unique\":%d,\"hits\":%lld,\"misses\":%lld,\"bytes\":%llu,"
+                "\"direct\":%d,\"chunks\":%d,\"ahead\":%lld,\"ids\":[", layer, n, U, (long long)(x->st.hits - h0),
+                (long long)(x->st.misses - m0), (unsigned long long)(x->st.bytes_read - b0), direct, chunks,
+                (long long)x->ahead_call);
+        for (int i = 0; i < U; i++) fprintf(x->trace, i ? ",%d" : "%d", x->uniq[i]);
+        fputs("]}\n", x->trace);
+    }
+}
+
+void tern_experts_get_stats(const tern_experts *x, tern_experts_stats *st) {
+    if (!st) return;
+    memset(st, 0, sizeof *st);
+    if (x) *st = x->st;
+    if (x && x->trace) fflush(x->trace);
+}
+
+void tern_experts_fit_plan(size_t b, int E, int nl, int k, size_t cap, tern_experts_fit *f) {
+    memset(f, 0, sizeof *f);
+    if (E <= 0 || nl <= 0 || !b) return;
+    double full = (double)nl * k * (double)b;
+    if (!cap) { /* offload off: every expert resident */
+        f->slots = E;
+        f->resident_frac = 1.0;
+        f->resident_bytes = (size_t)nl * (size_t)E * b;
+        return;
+    }
+    int S = (int)TERN_MIN((double)E, (double)cap / ((double)nl * (double)b));
+    if (S < k) S = k;
+    if (S > E) S = E;
+    f->slots = S;
+    f->resident_frac = (double)S / E;
+    f->resident_bytes = (size_t)nl * (size_t)S * b;
+    f->bytes_per_token = full * (1.0 - f->resident_frac);
+}

@@ -1,0 +1,152 @@
+/*
+ * cuda_ops_tests_fused.h — the n = 1 GEMV (gemv1) and the fused decode ops (ops.h: matmul_n,
+ * matmul_glu, matmul_add, rope_kv_write). The fused ops promise bitwise the result of the
+ * separate ops on the same backend, and one activation row must give bitwise the row of a
+ * multi-row call (batch invariance), so these checks compare bits, not tolerances; the
+ * separate ops themselves are checked against cpu-ref elsewhere (cuda_matmul_formats). Shapes
+ * include out not a multiple of the rows per block and in = 14336 (llama3-8b down_proj).
+ * Part of cuda_ops_tests.h.
+ */
+
+static int same_bits(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
+
+static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } k_fused_fmt[] = {
+    {TERN_DT_BF16, 0, 0, 0}, {TERN_DT_F16, 0, 0, 0}, {TERN_DT_F32, 0, 0, 0}, {TERN_DT_Q, 4, 64, TERN_DT_BF16},
+    {TERN_DT_Q, 2, 32, TERN_DT_BF16}, {TERN_DT_Q, 3, 128, TERN_DT_F16}, {TERN_DT_Q, 5, 64, TERN_DT_F32},
+    {TERN_DT_Q, 6, 32, TERN_DT_BF16}, {TERN_DT_Q, 8, 128, TERN_DT_BF16},
+};
+
+/* one row alone vs the same row inside n = 3 (multi-row kernel): bitwise */
+TEST(cuda_gemv1_batch_invariant) {
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            int out = shapes[s][0], in = shapes[s][1];
+            hw h = make_w(k_fused_fmt[f].dt, k_fused_fmt[f].bits, k_fused_fmt[f].gs, k_fused_fmt[f].sdt, 1, out, in, 0);
+            tern_error err = {0};
+            tern_tensor t = h.t;
+            if (g_gpu->vt->upload_weight(g_gpu, &t, &err)) { CHECK(0, "upload %s", err.msg); free_w(&h); continue; }
+            float *x = rnd((size_t)3 * in, 1.0f);
+            void *xd = to_gpu(x, (size_t)3 * in * 4), *y1 = nan_buf(g_gpu, out), *y3 = nan_buf(g_gpu, (size_t)3 * out);
+            g_gpu->vt->matmul(g_gpu, y1, xd, 1, &t);
+            g_gpu->vt->matmul(g_gpu, y3, xd, 3, &t);
+            float *a = from_gpu(g_gpu, y1, out), *b = from_gpu(g_gpu, y3, out);
+            char nm[64];
+            CHECK(same_bits(a, b, out), "%s %dx%d: n=1 row differs from n=3 row 0", fmt_name(&h.t, nm, sizeof nm), out, in);
+            g_gpu->vt->free_weight(g_gpu, &t);
+            g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, y1); g_gpu->vt->free(g_gpu, y3);
+            free(x); free(a); free(b); free_w(&h);
+        }
+}
+
+/* fused matmul_n / matmul_glu / matmul_add vs the separate ops: bitwise */
+TEST(cuda_fused_matmuls) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_fused_matmuls", "not built"); return; }
+    static const int outs[3] = {300, 77, 64}, ins[] = {384, 4096};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(ins); s++) {
+            int in = ins[s];
+            hw h[3];
+            tern_tensor t[3];
+            tern_error err = {0};
+            for (int i = 0; i < 3; i++) {
+                int o = i == 1 ? outs[0] : outs[i]; /* gate/up pair: t[0], t[1] share out */
+                h[i] = make_w(k_fused_fmt[f].dt, k_fused_fmt[f].bits, k_fused_fmt[f].gs, k_fused_fmt[f].sdt, 1, o, in, 0);
+                t[i] = h[i].t;
+                CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+            }
+            int tot = 2 * outs[0] + outs[2];
+            float *x = rnd(in, 1.0f), *r = rnd(outs[0], 1.0f);
+            void *xd = to_gpu(x, (size_t)in * 4), *ya = nan_buf(g, tot), *yb = nan_buf(g, tot);
+            float *pa = ya, *pb = yb;
+            char nm[64];
+            fmt_name(&h[0].t, nm, sizeof nm);
+            /* q|k|v */
+            float *ys[3] = {pa, pa + outs[0], pa + 2 * outs[0]};
+            const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+            CHECK(g->vt->matmul_n(g, 3, ys, xd, 1, ws) == 1, "%s matmul_n refused", nm);
+            for (int i = 0; i < 3; i++) g->vt->matmul(g, pb + (ys[i] - pa), xd, 1, ws[i]);
+            float *a = from_gpu(g, ya, tot), *b = from_gpu(g, yb, tot);
+            CHECK(same_bits(a, b, tot), "%s in %d: matmul_n differs", nm, in);
+            free(a); free(b);
+            /* gate/up with silu and gelu */
+            for (int act = 0; act < 2; act++) {
+                CHECK(g->vt->matmul_glu(g, pa, xd, 1, &t[0], &t[1], act) == 1, "%s matmul_glu refused", nm);
+                g->vt->matmul(g, pb, xd, 1, &t[0]);
+                g->vt->matmul(g, pb + outs[0], xd, 1, &t[1]);
+                if (act == TERN_ACT_SILU) g->vt->silu_mul(g, pb, pb, pb + outs[0], outs[0]);
+                else g->vt->gelu_tanh_mul(g, pb, pb, pb + outs[0], outs[0]);
+                a = from_gpu(g, ya, outs[0]);
+                b = from_gpu(g, yb, outs[0]);
+                CHECK(same_bits(a, b, outs[0]), "%s in %d: matmul_glu act %d differs", nm, in, act);
+                free(a); free(b);
+            }
+            /* residual */
+            g->vt->upload(g, ya, r, outs[0] * 4);
+            g->vt->upload(g, yb, r, outs[0] * 4);
+            CHECK(g->vt->matmul_add(g, pa, xd, 1, &t[0]) == 1, "%s matmul_add refused", nm);
+            g->vt->matmul(g, pb + outs[0], xd, 1, &t[0]);
+            g->vt->add(g, pb, pb, pb + outs[0], outs[0]);
+            a = from_gpu(g, ya, outs[0]);
+            b = from_gpu(g, yb, outs[0]);
+            CHECK(same_bits(a, b, outs[0]), "%s in %d: matmul_add differs", nm, in);
+            free(a); free(b);
+            /* n > 1 is not fused: the op says so and the model runs the separate ops */
+            CHECK(g->vt->matmul_add(g, pa, xd, 2, &t[0]) == 0, "matmul_add n=2 should refuse");
+            for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+            g->vt->free(g, xd); g->vt->free(g, ya); g->vt->free(g, yb);
+            free(x); free(r);
+        }
+}
+
+/* rope_kv_write vs rope + rope + kv_write: q, k and both pools bitwise */
+TEST(cuda_fused_rope_kv_write) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->rope_kv_write) { SKIP("cuda_fused_rope_kv_write", "not built"); return; }
+    const int nh = 8, nkv = 2, d = 128, bs = 16, mb = 8, n = 3, ctx = mb * bs;
+    size_t pool = (size_t)mb * bs * nkv * d;
+    float *kh = rnd(pool, 1.0f), *q = rnd((size_t)n * nh * d, 1.0f), *k = rnd((size_t)n * nkv * d, 1.0f);
+    float *v = rnd((size_t)n * nkv * d, 1.0f), *inv = rnd(d / 2, 0.5f);
+    inv[3] = 0.0f; /* identity pair */
+    int32_t bt[16], pos[3] = {5, 77, ctx - 1}, slot[3] = {0, 0, 0};
+    for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
+    bt[1] = -1; /* not resident: never written */
+    pos[0] = bs + 2;
+    void *btd = to_gpu(bt, sizeof bt), *pd = to_gpu(pos, sizeof pos), *sd = to_gpu(slot, sizeof slot);
+    void *invd = to_gpu(inv, d / 2 * 4);
+    tern_kv_layer kv[2];
+    void *qd[2], *kd[2], *vd = to_gpu(v, (size_t)n * nkv * d * 4);
+    for (int i = 0; i < 2; i++) {
+        kv[i] = (tern_kv_layer){TERN_DT_F32, nkv, d, bs, 0, to_gpu(kh, pool * 4), to_gpu(kh, pool * 4), btd, mb};
+        qd[i] = to_gpu(q, (size_t)n * nh * d * 4);
+        kd[i] = to_gpu(k, (size_t)n * nkv * d * 4);
+    }
+    tern_rows rows = {n, pd, sd, pos, slot};
+    CHECK(g->vt->rope_kv_write(g, &kv[0], &rows, qd[0], kd[0], vd, nh, invd, 1.25f) == 1, "rope_kv_write refused");
+    g->vt->rope(g, qd[1], n, nh, d, pd, invd, 1.25f);
+    g->vt->rope(g, kd[1], n, nkv, d, pd, invd, 1.25f);
+    g->vt->kv_write(g, &kv[1], &rows, kd[1], vd);
+    const struct { void *a, *b; size_t cnt; const char *what; } cmp[] = {
+        {qd[0], qd[1], (size_t)n * nh * d, "q"}, {kd[0], kd[1], (size_t)n * nkv * d, "k"},
+        {kv[0].k, kv[1].k, pool, "k pool"}, {kv[0].v, kv[1].v, pool, "v pool"}};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
+        float *a = from_gpu(g, cmp[i].a, cmp[i].cnt), *b = from_gpu(g, cmp[i].b, cmp[i].cnt);
+        CHECK(same_bits(a, b, cmp[i].cnt), "rope_kv_write: %s differs", cmp[i].what);
+        free(a); free(b);
+    }
+    tern_kv_layer kq = kv[0];
+    kq.kf.kind = TERN_KV_AFFINE;
+    CHECK(g->vt->rope_kv_write(g, &kq, &rows, qd[0], kd[0], vd, nh, invd, 1.0f) == 0, "compressed pages must refuse");
+    for (int i = 0; i < 2; i++) {
+        g->vt->free(g, kv[i].k); g->vt->free(g, kv[i].v); g->vt->free(g, qd[i]); g->vt->free(g, kd[i]);
+    }
+    g->vt->free(g, vd); g->vt->free(g, btd); g->vt->free(g, pd); g->vt->free(g, sd); g->vt->free(g, invd);
+    free(kh); free(q); free(k); free(v); free(inv);
+}
+
+static void cuda_fused_tests(void) {
+    RUN(cuda_gemv1_batch_invariant);
+    RUN(cuda_fused_matmuls);
+    RUN(cuda_fused_rope_kv_write);
+}
