@@ -15,8 +15,11 @@
  * (tern_engine_run) and the same client threads submitting and waiting on their callbacks.
  * For each concurrency level C, C clients run until the level's requests are done (default
  * max(4 C, 16)); reported: TTFT p50/p99, inter-token latency p50/p99, aggregate generated
- * tokens/s, error rate, with --direct the overhead 1 - server tok/s / direct tok/s, and the
- * engine thread's CPU time per generated token (eng_us; server: from its /metrics).
+ * tokens/s, error rate, with --direct the overhead 1 - server tok/s / direct tok/s, the
+ * engine thread's CPU time per generated token (eng_us; server: from its /metrics) and the
+ * whole server process's CPU time per generated token (srv_us: HTTP threads, SSE writer,
+ * engine; /metrics process_cpu_seconds_total).
+ * A model without a tokenizer (random:PRESET) works too: the server streams "<id>" per token.
  * Both paths time text, not tokens: TTFT is the arrival of the first token that made text
  * appear (a server sends nothing for a token that ends inside a UTF-8 sequence; random
  * weights produce many), ITL the gaps between such arrivals; the direct path runs the same
@@ -392,8 +395,9 @@ static void *engine_thread(void *e) { tern_engine_run(e); return NULL; }
  * generated token, server minus direct, is the server's cost that shows up as lost
  * throughput there (on a 2-core box the HTTP side's own CPU counts too). Server: the
  * tern_engine_thread_cpu_seconds_total line of GET /metrics; direct: the thread's clock. */
-static double metrics_engine_cpu(const cfg *c) {
+static double metrics_engine_cpu(const cfg *c, double *proc) {
     conn k = {.fd = -1};
+    *proc = -1;
     if (conn_open(&k, c)) return -1;
     char req[300];
     int n = snprintf(req, sizeof req, "GET /metrics HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n\r\n", c->host, c->port);
@@ -402,6 +406,7 @@ static double metrics_engine_cpu(const cfg *c) {
         char line[1024];
         while (read_line(&k, line, sizeof line) >= 0)
             if (!strncmp(line, "tern_engine_thread_cpu_seconds_total ", 37)) v = atof(line + 37);
+            else if (!strncmp(line, "process_cpu_seconds_total ", 26)) *proc = atof(line + 26);
     }
     close(k.fd);
     return v;
@@ -415,7 +420,7 @@ static double thread_cpu(pthread_t t) {
 }
 
 /* ---- driver ---- */
-typedef struct row { double ttft50, ttft99, itl50, itl99, tps, err_rate, wall, eng_us; } row;
+typedef struct row { double ttft50, ttft99, itl50, itl99, tps, err_rate, wall, eng_us, srv_us; } row;
 
 static row run_level(const cfg *c, int conc, tern_engine *eng, pthread_t et) {
     res r;
@@ -423,17 +428,19 @@ static row run_level(const cfg *c, int conc, tern_engine *eng, pthread_t et) {
     level_ctx L = {.c = c, .r = &r, .eng = eng};
     atomic_init(&L.next, 0);
     pthread_t *th = malloc(sizeof(pthread_t) * (size_t)conc);
-    double cpu0 = eng ? thread_cpu(et) : metrics_engine_cpu(c);
+    double p0 = -1, p1 = -1;
+    double cpu0 = eng ? thread_cpu(et) : metrics_engine_cpu(c, &p0);
     double t0 = now_s();
     for (int i = 0; i < conc; i++) pthread_create(&th[i], NULL, eng ? direct_client : http_client, &L);
     for (int i = 0; i < conc; i++) pthread_join(th[i], NULL);
     double wall = now_s() - t0;
-    double cpu1 = eng ? thread_cpu(et) : metrics_engine_cpu(c);
+    double cpu1 = eng ? thread_cpu(et) : metrics_engine_cpu(c, &p1);
     free(th);
     row w = {.ttft50 = pct(r.ttft, r.n_ttft, 0.5), .ttft99 = pct(r.ttft, r.n_ttft, 0.99), .itl50 = pct(r.itl, r.n_itl, 0.5),
              .itl99 = pct(r.itl, r.n_itl, 0.99), .tps = wall > 0 ? (double)r.tokens / wall : 0,
              .err_rate = r.done ? (double)r.errors / r.done : 0, .wall = wall,
-             .eng_us = cpu0 >= 0 && cpu1 >= 0 && r.tokens ? (cpu1 - cpu0) * 1e6 / (double)r.tokens : -1};
+             .eng_us = cpu0 >= 0 && cpu1 >= 0 && r.tokens ? (cpu1 - cpu0) * 1e6 / (double)r.tokens : -1,
+             .srv_us = p0 >= 0 && p1 >= 0 && r.tokens ? (p1 - p0) * 1e6 / (double)r.tokens : -1};
     if (r.errors) fprintf(stderr, "load: %d of %d requests failed; first: %s\n", r.errors, r.done, r.first_err);
     res_free(&r);
     return w;
@@ -494,9 +501,9 @@ int main(int argc, char **argv) {
     if (!c.n_vocab) c.n_vocab = 256;        /* server only: ids below 256 exist in every vocabulary */
     FILE *cf = csv ? fopen(csv, "w") : NULL;
     if (cf) fprintf(cf, "path,concurrency,requests,prompt_tokens,max_tokens,ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,tok_s,error_rate,"
-                        "engine_cpu_us_per_tok\n");
-    printf("%-7s %5s %6s %10s %10s %9s %9s %10s %7s %9s %8s\n", "path", "conc", "reqs", "ttft_p50", "ttft_p99", "itl_p50",
-           "itl_p99", "tok/s", "errors", "overhead", "eng_us");
+                        "engine_cpu_us_per_tok,server_cpu_us_per_tok\n");
+    printf("%-7s %5s %6s %10s %10s %9s %9s %10s %7s %9s %8s %8s\n", "path", "conc", "reqs", "ttft_p50", "ttft_p99", "itl_p50",
+           "itl_p99", "tok/s", "errors", "overhead", "eng_us", "srv_us");
     char *list = strdup(conc_s);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         int conc = atoi(tok);
@@ -512,12 +519,14 @@ int main(int argc, char **argv) {
             if (!p && eng && rd.tps > 0) snprintf(ov, sizeof ov, "%+.1f%%", 100.0 * (1.0 - rs.tps / rd.tps));
             char eu[32] = "-";
             if (w->eng_us >= 0) snprintf(eu, sizeof eu, "%.1f", w->eng_us);
-            printf("%-7s %5d %6d %8.1fms %8.1fms %7.2fms %7.2fms %10.1f %6.1f%% %9s %8s\n", p ? "direct" : "server", conc,
+            char su[32] = "-";
+            if (w->srv_us >= 0) snprintf(su, sizeof su, "%.1f", w->srv_us);
+            printf("%-7s %5d %6d %8.1fms %8.1fms %7.2fms %7.2fms %10.1f %6.1f%% %9s %8s %8s\n", p ? "direct" : "server", conc,
                    c.requests, w->ttft50 * 1e3, w->ttft99 * 1e3, w->itl50 * 1e3, w->itl99 * 1e3, w->tps,
-                   100 * w->err_rate, ov, eu);
-            if (cf) fprintf(cf, "%s,%d,%d,%d,%d,%.3f,%.3f,%.4f,%.4f,%.2f,%.4f,%.2f\n", p ? "direct" : "server", conc, c.requests,
+                   100 * w->err_rate, ov, eu, su);
+            if (cf) fprintf(cf, "%s,%d,%d,%d,%d,%.3f,%.3f,%.4f,%.4f,%.2f,%.4f,%.2f,%.2f\n", p ? "direct" : "server", conc, c.requests,
                             c.prompt_tokens, c.max_tokens, w->ttft50 * 1e3, w->ttft99 * 1e3, w->itl50 * 1e3,
-                            w->itl99 * 1e3, w->tps, w->err_rate, w->eng_us);
+                            w->itl99 * 1e3, w->tps, w->err_rate, w->eng_us, p ? -1.0 : w->srv_us);
         }
         fflush(stdout);
     }

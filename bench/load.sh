@@ -39,3 +39,10 @@ while [ $# -gt 0 ]; do
 done
 build/load --url "$url" --direct "$model" --conc "${CONC:-1,4,16,64}" --requests "${REQUESTS:-0}" \
     --prompt-tokens "${PROMPT:-128}" --max-tokens "${MAXTOK:-64}" ${CSV:+--csv "$CSV"} "${direct_flags[@]}"
+# the whole server process over all levels (also for servers without process_cpu_seconds_total)
+if [ -r /proc/$pid/stat ]; then
+    ticks=$(awk '{print $14 + $15}' /proc/$pid/stat)
+    gen=$(curl -s "$url/metrics" 2>/dev/null | sed -n 's/^tern_generated_tokens_total //p')
+    [ -n "$gen" ] && [ "$gen" -gt 0 ] && awk -v t="$ticks" -v g="$gen" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { printf "# server process: %.2f s CPU for %d generated tokens = %.1f us/token (all levels)\n", t / hz, g, t / hz * 1e6 / g }'
+fi

@@ -28,7 +28,9 @@ THREADS=${THREADS:-2}
 PP=${PP:-128}
 TG=${TG:-32}
 OUT=$(mktemp)
-trap 'rm -f "$OUT"' EXIT
+TBIN=$(mktemp) # a private copy: a rebuild of $TERN mid-run (shared trees) must not break the run
+trap 'rm -f "$OUT" "$TBIN"' EXIT
+cp "$TERN" "$TBIN" && chmod +x "$TBIN" && TERN=$TBIN || exit 1
 
 probe() { "$TERN" bench --probe | awk '{print $2}'; }
 

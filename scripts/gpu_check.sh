@@ -7,7 +7,7 @@
 #   3. tests: every op vs cpu-ref (PASS/FAIL lines; per-format errors as "err" lines)
 #   4. benchmarks: build/bench_cuda, then any executable bench/gpu_*.sh that exists
 #   5. optional (GPU_CHECK_SANITIZE=1): compute-sanitizer memcheck over the op tests
-# Knobs: GPU_BENCH_KERNELS=0 skips bench_cuda; GPU_BENCH_MODELS="model:quant ..." (whole-model benches; set but
+# Knobs: GPU_BENCH_KERNELS=0 skips bench_cuda; GPU_BENCH_MODELS="model:quant[:compute[:VAR=V,..]] ..." (whole-model benches; set but
 # empty: none), GPU_BENCH_REPS (default 2),
 # GPU_BENCH_NOGRAPH="model:quant ..." (the same bench again with TERN_GRAPHS=0, for comparison).
 # Writes logs and summary.txt under $OUT (default build/gpu_check) and prints the summary last.
@@ -42,6 +42,17 @@ grep -E '^(FAIL|SKIP): |check failed' "$OUT/test.log" | head -30 | tee -a "$S"
 awk '/^  err /{k=$2" "$3" "$4; v=$NF+0; if(!(k in m)||v>m[k])m[k]=v} END{for(k in m)printf "  max err %-28s %.2e\n",k,m[k]}' \
     "$OUT/test.log" | sort | tee -a "$S" > /dev/null
 
+# GPU_CHECK_EXTRA="cmd1;cmd2": extra commands after the op tests (each logged to extra_N.log, summary gets its tail)
+if [ -n "${GPU_CHECK_EXTRA:-}" ]; then
+    i=0
+    IFS=';' read -ra xs <<< "$GPU_CHECK_EXTRA"
+    for x in "${xs[@]}"; do
+        i=$((i + 1))
+        timeout 120 bash -c "$x" > "$OUT/extra_$i.log" 2>&1
+        stamp "extra $i ($x) exit $?"
+        grep -E '^(FAIL|csv)|passed|failed' "$OUT/extra_$i.log" | tail -12 | tee -a "$S" > /dev/null
+    done
+fi
 if [ "${GPU_BENCH_KERNELS:-1}" = 1 ]; then
     timeout 200 ./build/bench_cuda > "$OUT/bench.log" 2>&1
     stamp "bench_cuda exit $?"
@@ -83,12 +94,13 @@ print(n,len(a),len(b))' "$a" "$b" 2>/dev/null)
             done
         done
         : > "$OUT/model_bench.log"
+        # spec: model:quant[:compute[:VAR=V,VAR=V]]  (compute f32|bf16, default f32; env for that run only)
         for spec in ${GPU_BENCH_MODELS-llama3-8b:bf16 llama3-8b:q4 gemma4-e4b:q4 gemma4-12b:bf16 gemma4-26b-a4b:q4}; do
-            m=${spec%%:*}; q=${spec##*:}
-            echo "== $m $q" >> "$OUT/model_bench.log"
-            timeout 150 ./build/tern-core bench --device cuda --random "$m" --quant "$q" --prompt 512 --gen 64 --reps "${GPU_BENCH_REPS:-2}" \
-                >> "$OUT/model_bench.log" 2>&1
-            stamp "bench $m $q exit $?: $(grep '^csv,' "$OUT/model_bench.log" | tail -1)"
+            IFS=: read -r m q comp envs <<< "$spec"
+            echo "== $spec" >> "$OUT/model_bench.log"
+            env ${envs//,/ } timeout 150 ./build/tern-core bench --device cuda --random "$m" --quant "$q" \
+                --compute "${comp:-f32}" --prompt 512 --gen 64 --reps "${GPU_BENCH_REPS:-2}" >> "$OUT/model_bench.log" 2>&1
+            stamp "bench $spec exit $?: $(grep '^csv,' "$OUT/model_bench.log" | tail -1)"
         done
         for spec in ${GPU_BENCH_NOGRAPH:-}; do
             m=${spec%%:*}; q=${spec##*:}

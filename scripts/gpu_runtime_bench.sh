@@ -3,7 +3,10 @@
 # full tern with the carried Debian libraries (.gpudeps: cJSON, PCRE2, libmicrohttpd + GnuTLS,
 # utf8proc, extracted with `apt-get download` + `dpkg -x`; pass carry [".gpudeps"]), then
 #   1. bench/concurrency on CUDA: throughput/latency vs concurrency + prefix-cache speed-up
-#   2. bench/load.sh: the HTTP server vs the engine driven directly (server overhead)
+#   2. bench/load.sh demo: the HTTP server vs the engine driven directly (server overhead; a toy
+#      model, so the server's per-token cost is exposed: the worst case)
+#   3. bench/load.sh random:llama3-8b:q4 (no tokenizer: token-id prompts, "<id>" text): the
+#      same with realistic step times (LOAD_REAL_MODEL, LOAD_REAL_CONC, LOAD_REAL_MAXTOK)
 # Logs under $OUT; a summary is printed last.
 set -u
 cd "$(dirname "$0")/.."
@@ -27,3 +30,9 @@ CONC="${LOAD_CONC:-1,4,16,64}" timeout "${LOAD_TIMEOUT:-120}" bash bench/load.sh
     > "$OUT/load.log" 2>&1
 stamp "load (demo on cuda) exit $?"
 grep -v '^csv,' "$OUT/load.log" | tail -20 | tee -a "$OUT/summary.txt"
+RM="${LOAD_REAL_MODEL:-random:llama3-8b:q4}"
+CONC="${LOAD_REAL_CONC:-1,4,16,64}" PROMPT="${LOAD_REAL_PROMPT:-128}" MAXTOK="${LOAD_REAL_MAXTOK:-32}" \
+    timeout "${LOAD_REAL_TIMEOUT:-420}" bash bench/load.sh "$RM" --device cuda --max-concurrency 64 --max-ctx 1024 \
+    > "$OUT/load_real.log" 2>&1
+stamp "load ($RM on cuda) exit $?"
+grep -v '^csv,' "$OUT/load_real.log" | tail -20 | tee -a "$OUT/summary.txt"

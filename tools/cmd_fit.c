@@ -1,12 +1,14 @@
 /*
  * cmd_fit.c — `tern fit MODEL [--ctx N] [--max-concurrency N] [--memory-budget GB]
- * [--kv-quant SPEC] [--max-batch-tokens N] [--random NAME [--quant qB --group G]]`:
+ * [--kv-quant SPEC] [--max-batch-tokens N] [--random NAME [--quant qB --group G]] [--expert-cache GB]`:
  * memory honesty before anything is loaded. Prints the weight bytes (safetensors sizes of
  * the text model, or a geometry estimate for --random), KV bytes per token for each layer
  * kind (full / sliding / KV-shared) in every page mode, the prefill scratch, the total for
  * the requested context and concurrency, and, with a budget, the longest safe context at
  * that concurrency and the most sequences at that context; for GLM-5 also the latent-cache and
- * indexer bytes per token and the routed-expert bytes per token in each weight format. Numbers come from
+ * indexer bytes per token and the routed-expert bytes per token in each weight format; for MoE models the
+ * expert geometry and, with --expert-cache GB, the resident set and the expected expert bytes read per decode
+ * token (runtime/experts.h tern_experts_fit_plan; "csv-experts," line). Numbers come from
  * src/runtime/fit.c, which tern_engine_open uses to size the KV pool from --memory-budget.
  * Ends with one CSV line (prefix "csv,"). Exit 0 (also when it does not fit: the verdict
  * line says so), 2 on bad arguments or an unreadable model.

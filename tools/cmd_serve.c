@@ -29,6 +29,7 @@ static int usage(void) {
             "                  [--max-concurrency N] [--max-queue N] [--memory-budget GB] [--kv-memory GB]\n"
             "                  [--prompt-cache GB] [--kv-quant off|8|4|turbo] [--speculative K] [--max-tokens N] [--max-body MB]\n"
             "                  [--timeout S] [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N]\n"
+            "                  [--expert-cache GB] [--expert-trace FILE]   (MoE expert offload; 0 = off)\n"
             "MODEL is a model directory or `demo` (default).\n");
     return 2;
 }

@@ -20,7 +20,8 @@ WEAK int tern_cmd_chat(int, char **);
 WEAK int tern_cmd_serve(int, char **);
 WEAK int tern_cmd_fit(int, char **);
 
-#define COMMON "[--device cpu|cuda|auto] [--compute f32|bf16|int8] [--threads N] [--max-ctx N] [--kv-quant SPEC]"
+#define COMMON "[--device cpu|cuda|auto] [--compute f32|bf16|int8] [--threads N] [--max-ctx N] [--kv-quant SPEC]" \
+    " [--expert-cache GB] [--expert-trace FILE]"
 #define SAMPLING "[--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N] [--max-tokens N] [--speculative K]"
 
 static const struct {
@@ -44,7 +45,8 @@ static const struct {
      "tern template MODEL --messages-file F.json [--tools F.json] [--add-generation-prompt]"},
     {"info", tern_cmd_info, "describe a model directory", "tern info [MODEL]"},
     {"fit", tern_cmd_fit, "memory plan for a model",
-     "tern fit MODEL|--random PRESET [--ctx N] [--max-concurrency N] [--memory-budget GB] [--kv-quant SPEC]"},
+     "tern fit MODEL|--random PRESET [--ctx N] [--max-concurrency N] [--memory-budget GB] [--kv-quant SPEC] "
+     "[--expert-cache GB]"},
     {"bench", tern_cmd_bench, "prefill/decode speed",
      "tern bench [MODEL | --random PRESET [--quant bf16|q8|q4|...] [--group 32|64|128]] [--prompt N] [--gen N] [--reps R] "
      "[--bw GB/s] [--probe] " COMMON},

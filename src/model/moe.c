@@ -18,7 +18,8 @@
 void tern__moe_mlp(tern_model *m, int l, float *y, const float *x, int n, int H, const int32_t *idx,
                    const float *wts, int k, const tern_tensor *gate, const tern_tensor *up,
                    const tern_tensor *down, int act, float *scratch) {
-    if (!m->experts) m->be->vt->moe_mlp(m->be, y, x, n, H, idx, wts, k, gate, up, down, act, scratch);
+    if (!tern_experts_layer(m->experts, l)) /* no offload, or stacks this store does not hold (uploaded) */
+        m->be->vt->moe_mlp(m->be, y, x, n, H, idx, wts, k, gate, up, down, act, scratch);
     else tern_experts_moe_mlp(m->experts, l, y, x, n, H, idx, wts, k, act, scratch);
 }
 

@@ -12,8 +12,10 @@
  * A call: download ids -> unique experts (stamp per call) -> hits stamped first (pinned), then
  * each miss takes the least recently used slot not stamped by this call -> copy its stored bytes
  * (vt->upload: memcpy on the CPU, stream-ordered copy on CUDA) -> upload the map when it changed
- * -> vt->moe_mlp over the views. Loads happen on the engine thread before the kernels (no
- * overlap or prefetch yet: docs/OFFLOAD.md lists that as open).
+ * -> vt->moe_mlp over the views. The copies run on the engine thread before the kernels; what
+ * overlaps compute is the disk read: read_ahead() predicts the next MoE layer's experts with its
+ * router and asks the kernel to page them in (madvise WILLNEED) while this layer computes.
+ * Copying into slots on an I/O thread / a CUDA copy stream is open (docs/OFFLOAD.md).
  */
 #include "runtime/experts.h"
 
@@ -56,6 +58,7 @@ struct tern_experts {
     size_t cap;
     int slots_req;
     xlayer *L;
+    int chunk_on_host;        /* TERN_EXPERTS_CHUNKS=1: host backends take the device path (tests) */
     int32_t *ids;             /* host copy of the routed ids */
     size_t ids_cap;
     int32_t *uniq;            /* [E] */
@@ -79,6 +82,8 @@ tern_status tern_experts_open(tern_experts **out, tern_backend *be, int n_layer,
     x->n_layer = n_layer;
     x->cap = o ? o->cap_bytes : 0;
     x->slots_req = o ? o->slots : 0;
+    const char *ch = getenv("TERN_EXPERTS_CHUNKS");
+    x->chunk_on_host = ch && ch[0] == '1';
     if (o && o->trace && *o->trace && !(x->trace = fopen(o->trace, "w"))) {
         free(x->L);
         free(x);
@@ -394,7 +399,7 @@ void tern_experts_moe_mlp(tern_experts *x, int layer, float *y, const float *xin
         prepare(x, L, U);
         vt->moe_mlp(be, y, xin, n, H, idx, wts, k, &L->st[0].view, &L->st[1].view, &L->st[2].view, act, scratch);
         chunks = 1;
-    } else if (be->device < 0) {
+    } else if (be->device < 0 && !x->chunk_on_host) {
         /* more experts than slots: host memory is the backend's memory, read them in place */
         vt->moe_mlp(be, y, xin, n, H, idx, wts, k, &L->st[0].src, &L->st[1].src, &L->st[2].src, act, scratch);
         x->st.direct++;
@@ -438,7 +443,12 @@ void tern_experts_moe_mlp(tern_experts *x, int layer, float *y, const float *xin
                 (long long)x->ahead_call);
         for (int i = 0; i < U; i++) fprintf(x->trace, i ? ",%d" : "%d", x->uniq[i]);
         fputs("]}\n", x->trace);
+        fflush(x->trace); /* a diagnostic: complete lines even if the process is killed */
     }
+}
+
+int tern_experts_layer(const tern_experts *x, int layer) {
+    return x && layer >= 0 && layer < x->n_layer && x->L[layer].have == 7 && x->L[layer].pool;
 }
 
 void tern_experts_get_stats(const tern_experts *x, tern_experts_stats *st) {

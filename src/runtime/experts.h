@@ -13,6 +13,8 @@
  * A step whose unique experts exceed S: on the CPU it reads the stored stacks in place (zero
  * copy, identical); on a device it runs in row chunks whose unique experts fit (the CUDA moe is
  * per-row deterministic, so identical too). Minimum useful S: k (one row's experts).
+ * TERN_EXPERTS_CHUNKS=1 in the environment makes CPU backends take the chunked path too (tests
+ * exercise it there; the CPU moe is not bitwise batch-invariant, so it is close, not identical).
  *
  * Sizing: opts.slots (> 0) per layer, else opts.cap_bytes / (MoE layers x one expert's bytes),
  * at least k and at most E. Trace: one JSON line per MoE call:
@@ -63,6 +65,8 @@ tern_status tern_experts_add_router(tern_experts *x, int layer, const tern_tenso
 /* After every add: size and allocate the slot pools. k = experts per row. */
 tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err);
 
+/* 1 when `layer`'s experts are in the store (registered and planned), else 0. */
+int tern_experts_layer(const tern_experts *x, int layer);
 /* The MoE block of `layer` over its slots: same arguments and result as vt->moe_mlp. */
 void tern_experts_moe_mlp(tern_experts *x, int layer, float *y, const float *xin, int n, int H, const int32_t *idx,
                           const float *wts, int k, int act, float *scratch);

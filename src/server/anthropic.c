@@ -382,7 +382,7 @@ enum MHD_Result srv_handle_messages(srv_req *r) {
     req = NULL;
     cJSON_Delete(tools);
     tools = NULL;
-    if (stream) { c->job = job; return srv_stream(s, r->conn, job, &k_msg_stream, c); }
+    if (stream) { c->job = job; return srv_stream(r, job, &k_msg_stream, c); }
     if (srv_collect2(job, &text, &len, &rtext, &rlen, &toks, &n_toks, &res, &e)) goto fail;
 
     tern_jw w;

@@ -340,10 +340,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0;
         return MHD_YES;
     }
-    srv_req r = {.s = s, .conn = conn, .url = url, .method = method, .body = cc->body, .body_len = cc->len, .fd = -1};
+    srv_req r = {.s = s, .conn = conn, .url = url, .method = method, .body = cc->body, .body_len = cc->len, .fd = -1,
+                 .http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1)};
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) r.fd = ci->connect_fd;
-    (void)version;
     if (cc->too_large) {
         srv_error e = {0};
         srv_fail(&e, 413, "", "request body larger than the limit of %zu bytes", s->o.max_body);
@@ -432,7 +432,7 @@ static void *engine_main(void *arg) {
             if (s->tmpl) tern_output_formats_detect(tern_chat_template_source(s->tmpl), &s->tools_fmt, &s->reason_fmt);
         }
         if (!s->info.has_tokenizer && !s->o.fake_engine)
-            tern_log(TERN_LOG_WARN, "serve: model has no tokenizer; only token-id prompts will work");
+            tern_log(TERN_LOG_WARN, "serve: model has no tokenizer; only token-id prompts (/v1/completions) work, and the text of each generated id is \"<ID>\"");
         snprintf(s->served, sizeof s->served, "%s", s->o.model_alias ? s->o.model_alias
                                                      : s->info.name ? s->info.name : "model");
         s->t_loaded = tern_time_s() - s->t_start;

@@ -102,6 +102,10 @@ void srv_metrics_write(tern_server *s, tern_jw *o) {
         text(o, "# HELP tern_engine_thread_cpu_seconds_total CPU time of the engine thread (model, scheduler and "
                 "event callbacks).\n# TYPE tern_engine_thread_cpu_seconds_total counter\n"
                 "tern_engine_thread_cpu_seconds_total %.6f\n", (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec);
+    if (!clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts))   /* all threads: the server's total cost */
+        text(o, "# HELP process_cpu_seconds_total Total user and system CPU time of the server process.\n"
+                "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.6f\n",
+             (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec);
     write_hist(o, "tern_time_to_first_token_seconds", "Time from submit to the first generated token.", &c.ttft);
     write_hist(o, "tern_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.", &c.itl);
 }

@@ -352,7 +352,7 @@ enum MHD_Result srv_handle_chat(srv_req *r) {
         if (!hc) { srv_job_free(job); return MHD_NO; }
         c.job = job;
         *hc = c;
-        return srv_stream(s, r->conn, job, &k_chat_stream, hc);
+        return srv_stream(r, job, &k_chat_stream, hc);
     }
     char *rtext = NULL;
     size_t rlen = 0;

@@ -180,7 +180,7 @@ enum MHD_Result srv_handle_completions(srv_req *r) {
         cmpl_ctx *hc = malloc(sizeof *hc);
         if (!hc) { srv_job_free(job); return MHD_NO; }
         *hc = c;
-        return srv_stream(s, r->conn, job, &k_cmpl_stream, hc);
+        return srv_stream(r, job, &k_cmpl_stream, hc);
     }
     if (srv_collect(job, &text, &len, &toks, &n_toks, &res, &e)) goto fail;
     srv_job_free(job);

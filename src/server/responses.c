@@ -591,7 +591,7 @@ enum MHD_Result srv_handle_responses(srv_req *r) {
     cJSON_Delete(msgs);
     cJSON_Delete(tools);
     req = msgs = tools = NULL;
-    if (stream) return srv_stream(s, r->conn, job, &k_resp_stream, c);
+    if (stream) return srv_stream(r, job, &k_resp_stream, c);
     if (srv_collect2(job, &c->text, &c->len, &c->rtext, &c->rlen, &toks, &n_toks, &res, &e)) goto fail;
     tern_jw w;
     tern_jw_init(&w);

@@ -8,9 +8,11 @@
  *   job.c       owns the per-request channel: the engine callback (engine thread) only copies
  *               events into it; the HTTP thread drains it, detokenizes incrementally, matches
  *               stop strings with hold-back and hands text pieces to the API formatter;
- *   sse.c       turns a job into a chunked text/event-stream response (MHD callback) using
- *               the family's start/piece/end formatters; non-streaming handlers just loop
- *               srv_job_next until the end and write one JSON object.
+ *   sse.c       turns a job into a chunked text/event-stream response using the family's
+ *               start/piece/end formatters: the stream writer thread formats and sends the
+ *               events of all streams (woken once per engine step) while the stream's MHD
+ *               thread waits; non-streaming handlers just loop srv_job_next until the end
+ *               and write one JSON object.
  * A client that goes away is noticed by polling its socket while waiting (and by MHD's
  * response free callback); the job is then cancelled and the engine frees its KV.
  */
@@ -238,6 +240,7 @@ int srv_id_text(int32_t id, char buf[SRV_ID_TEXT_MAX]);
 char *srv_token_text(tern_server *s, int32_t id);
 
 /* ---- SSE streaming (sse.c) ---- */
+typedef struct srv_req srv_req;   /* http.c, below */
 typedef struct srv_stream_fmt {
     void (*start)(void *ctx, tern_jw *out);
     void (*piece)(void *ctx, const srv_piece *p, tern_jw *out);
@@ -246,7 +249,7 @@ typedef struct srv_stream_fmt {
     void (*free_ctx)(void *ctx);
 } srv_stream_fmt;
 /* Queue a 200 text/event-stream response that drives job j; takes ownership of j and ctx. */
-enum MHD_Result srv_stream(tern_server *s, struct MHD_Connection *c, srv_job *j, const srv_stream_fmt *f, void *ctx);
+enum MHD_Result srv_stream(srv_req *r, srv_job *j, const srv_stream_fmt *f, void *ctx);
 /* The stream writer (sse.c): one thread that formats and sends the SSE events of every
  * stream, woken at most once per engine step; the HTTP thread of a stream only hands its
  * socket over and waits for the end. start/stop: server start-up and shut-down (stop after
@@ -262,14 +265,15 @@ void srv_sse_begin(tern_jw *out, const char *event);
 void srv_sse_end(tern_jw *out);
 
 /* ---- HTTP helpers (http.c) ---- */
-typedef struct srv_req {
+struct srv_req {
     tern_server *s;
     struct MHD_Connection *conn;
     const char *url, *method;
     const char *body;
     size_t body_len;
     int fd;                    /* client socket, for disconnect polling */
-} srv_req;
+    int http11;                /* HTTP/1.1: streams are chunked (the stream writer frames them) */
+};
 
 enum MHD_Result srv_reply(srv_req *r, int status, const char *ctype, const char *body, size_t len);
 enum MHD_Result srv_reply_jw(srv_req *r, int status, tern_jw *w);   /* consumes w */

@@ -18,8 +18,9 @@
  * only thread for the connection is the one waiting in our callback, and the headers have
  * been sent before the first callback. A client that goes away is seen by epoll (RDHUP,
  * errors) or by the job's periodic check; the job is cancelled and the callback returns an
- * error so MHD closes the connection. Without the writer (it could not start) each callback
- * blocks in srv_job_next and returns each piece to MHD, the previous design.
+ * error so MHD closes the connection. Many-core machines get up to 4 writer shards (streams
+ * round-robin). Without the writer (it could not start) and for HTTP/1.0 clients (no chunked
+ * encoding) each callback blocks in srv_job_next and returns each piece to MHD itself.
  */
 #include "server/srv.h"
 
@@ -50,11 +51,12 @@ typedef struct sse {
     pthread_cond_t cv;           /* the HTTP thread waits here until wstate leaves W_OWNED */
     char *wb;                    /* framed bytes not yet sent */
     size_t wlen, wsent, wcap;
-    int want_out, gone;          /* EPOLLOUT registered; the socket failed or closed */
+    int want_out, can_write;     /* EPOLLOUT registered / reported since the last send */
+    int gone;                    /* the socket failed or closed */
     double t_blocked;            /* when sends started to block */
 } sse;
 
-typedef struct srv_writer {
+typedef struct wshard {
     pthread_mutex_t mu;
     int efd, ep;                 /* eventfd (kicks), epoll (sockets + efd) */
     sse **add;                   /* handed over, not yet taken (under mu) */
@@ -62,7 +64,19 @@ typedef struct srv_writer {
     int signaled, stop;          /* under mu */
     sse **own;                   /* writer thread only */
     int n_own, cap_own;
+    atomic_int active;           /* streams handed to this shard and not yet given back */
+    int ok;                      /* thread started */
     pthread_t th;
+} wshard;
+
+/* Streams are spread over a few shards (one thread each) so that on a many-core machine the
+ * sends (on loopback they also run the receiver's TCP path) do not all queue on one core. */
+#define MAX_SHARDS 4
+typedef struct srv_writer {
+    wshard sh[MAX_SHARDS];
+    int n;
+    atomic_uint next;            /* round-robin shard of the next stream */
+    int sndbuf;                  /* TERN_SSE_SNDBUF: tests shrink the send buffer to reach EAGAIN */
 } srv_writer;
 
 void srv_sse_data(tern_jw *out, const char *event, const char *json, size_t n) {
@@ -89,9 +103,7 @@ void srv_sse_end(tern_jw *out) { tern_jw_text(out, "\n\n", 2); }
 
 /* ---- the stream writer ---- */
 
-void srv_writer_kick(tern_server *s) {
-    srv_writer *w = s ? s->writer : NULL;
-    if (!w) return;
+static void kick_shard(wshard *w) {
     pthread_mutex_lock(&w->mu);
     int sig = !w->signaled;
     w->signaled = 1;
@@ -101,6 +113,13 @@ void srv_writer_kick(tern_server *s) {
         ssize_t r = write(w->efd, &one, sizeof one);
         (void)r;                                 /* a full counter still wakes the writer */
     }
+}
+
+void srv_writer_kick(tern_server *s) {
+    srv_writer *wr = s ? s->writer : NULL;
+    if (!wr) return;
+    for (int i = 0; i < wr->n; i++)
+        if (atomic_load(&wr->sh[i].active)) kick_shard(&wr->sh[i]);
 }
 
 static int grow_list(sse ***v, int *cap, int n) {
@@ -113,14 +132,14 @@ static int grow_list(sse ***v, int *cap, int n) {
     return 1;
 }
 
-static void watch(srv_writer *w, sse *x, int op, int out) {
+static void watch(wshard *w, sse *x, int op, int out) {
     struct epoll_event ev = {.events = EPOLLRDHUP | (out ? EPOLLOUT : 0), .data.ptr = x};
     if (epoll_ctl(w->ep, op, x->fd, &ev) && op != EPOLL_CTL_DEL) x->gone = 1;
     x->want_out = out;
 }
 
 /* Send what is framed; 1 = all sent, 0 = the socket is full (EPOLLOUT armed), -1 = failed. */
-static int flush_out(srv_writer *w, sse *x) {
+static int flush_out(wshard *w, sse *x) {
     while (x->wsent < x->wlen) {
         ssize_t n = send(x->fd, x->wb + x->wsent, x->wlen - x->wsent, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) { x->wsent += (size_t)n; continue; }
@@ -161,12 +180,14 @@ static int frame(sse *x) {
 }
 
 /* Format whatever the job has and send it. Returns W_OWNED (more to come), W_DONE, W_GONE. */
-static int pump(srv_writer *w, sse *x) {
+static int pump(wshard *w, sse *x) {
     tern_server *s = x->s;
     if (x->gone) { srv_job_client_gone(x->job); return W_GONE; }
     if (x->wsent < x->wlen) {                   /* a full socket: wait for EPOLLOUT */
         int stalled = atomic_load(&s->stopping) || tern_time_s() - x->t_blocked > (s->o.timeout_s > 0 ? s->o.timeout_s : 600);
         if (stalled) { srv_job_client_gone(x->job); return W_GONE; }
+        if (!x->can_write) return W_OWNED;       /* no EPOLLOUT yet: do not retry the send */
+        x->can_write = 0;
         int r = flush_out(w, x);
         if (r < 0) { srv_job_client_gone(x->job); return W_GONE; }
         if (!r) return W_OWNED;
@@ -194,8 +215,7 @@ static int pump(srv_writer *w, sse *x) {
 }
 
 static void *writer_main(void *arg) {
-    tern_server *s = arg;
-    srv_writer *w = s->writer;
+    wshard *w = arg;
     struct epoll_event evs[64];
     sse **ret = NULL;                            /* streams to give back after this round */
     int *ret_st = NULL, n_ret = 0, cap_ret = 0;
@@ -206,7 +226,12 @@ static void *writer_main(void *arg) {
         w->signaled = 0;
         for (int i = 0; i < w->n_add; i++) {
             sse *x = w->add[i];
-            if (!grow_list(&w->own, &w->cap_own, w->n_own)) { x->wstate = W_GONE; pthread_cond_signal(&x->cv); continue; }
+            if (!grow_list(&w->own, &w->cap_own, w->n_own)) {
+                x->wstate = W_GONE;
+                pthread_cond_signal(&x->cv);
+                atomic_fetch_sub(&w->active, 1);
+                continue;
+            }
             w->own[w->n_own++] = x;
             watch(w, x, EPOLL_CTL_ADD, 0);
         }
@@ -221,6 +246,7 @@ static void *writer_main(void *arg) {
             }
             sse *x = evs[i].data.ptr;
             if (evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) x->gone = 1;
+            if (evs[i].events & EPOLLOUT) x->can_write = 1;
         }
         for (int i = 0; i < w->n_own;) {        /* a round over every stream: cheap */
             sse *x = w->own[i];
@@ -245,6 +271,7 @@ static void *writer_main(void *arg) {
             for (int i = 0; i < n_ret; i++) {
                 ret[i]->wstate = ret_st[i];
                 pthread_cond_signal(&ret[i]->cv);
+                atomic_fetch_sub(&w->active, 1);
             }
             pthread_mutex_unlock(&w->mu);
             n_ret = 0;
@@ -261,54 +288,72 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
-int srv_writer_start(tern_server *s) {
-    srv_writer *w = calloc(1, sizeof *w);
-    if (!w) return -1;
+static int shard_open(wshard *w) {
     w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     w->ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = w};
-    if (w->efd < 0 || w->ep < 0 || epoll_ctl(w->ep, EPOLL_CTL_ADD, w->efd, &ev)) goto fail;
+    if (w->efd < 0 || w->ep < 0 || epoll_ctl(w->ep, EPOLL_CTL_ADD, w->efd, &ev)) return -1;
     pthread_mutex_init(&w->mu, NULL);
-    s->writer = w;
-    if (pthread_create(&w->th, NULL, writer_main, s)) {
-        s->writer = NULL;
-        pthread_mutex_destroy(&w->mu);
-        goto fail;
-    }
+    if (pthread_create(&w->th, NULL, writer_main, w)) { pthread_mutex_destroy(&w->mu); return -1; }
+    w->ok = 1;
     return 0;
-fail:
+}
+
+static void shard_close(wshard *w) {
+    if (w->ok) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_mutex_unlock(&w->mu);
+        kick_shard(w);
+        pthread_join(w->th, NULL);
+        pthread_mutex_destroy(&w->mu);
+    }
     if (w->efd >= 0) close(w->efd);
     if (w->ep >= 0) close(w->ep);
-    free(w);
-    return -1;
+    free(w->add);
+    free(w->own);
+}
+
+int srv_writer_start(tern_server *s) {
+    srv_writer *wr = calloc(1, sizeof *wr);
+    if (!wr) return -1;
+    const char *sb = getenv("TERN_SSE_SNDBUF");
+    wr->sndbuf = sb ? atoi(sb) : 0;
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = nc >= 8 ? (int)(nc / 8) : 1;         /* 1 shard up to 15 cores, 2 at 16, 4 from 32 */
+    const char *ns = getenv("TERN_SSE_WRITERS");  /* tests / benchmarks: force the count */
+    if (ns && atoi(ns) > 0) n = atoi(ns);
+    wr->n = n > MAX_SHARDS ? MAX_SHARDS : n;
+    for (int i = 0; i < wr->n; i++) wr->sh[i].efd = wr->sh[i].ep = -1;
+    for (int i = 0; i < wr->n; i++)
+        if (shard_open(&wr->sh[i])) {
+            for (int k = 0; k < wr->n; k++) shard_close(&wr->sh[k]);
+            free(wr);
+            return -1;
+        }
+    s->writer = wr;
+    return 0;
 }
 
 /* After MHD stopped: every stream has been given back (their HTTP threads are gone). */
 void srv_writer_stop(tern_server *s) {
-    srv_writer *w = s ? s->writer : NULL;
-    if (!w) return;
-    pthread_mutex_lock(&w->mu);
-    w->stop = 1;
-    pthread_mutex_unlock(&w->mu);
-    srv_writer_kick(s);
-    pthread_join(w->th, NULL);
+    srv_writer *wr = s ? s->writer : NULL;
+    if (!wr) return;
+    for (int i = 0; i < wr->n; i++) shard_close(&wr->sh[i]);
     s->writer = NULL;                            /* later job events (engine close) kick nothing */
-    pthread_mutex_destroy(&w->mu);
-    close(w->efd);
-    close(w->ep);
-    free(w->add);
-    free(w->own);
-    free(w);
+    free(wr);
 }
 
 /* HTTP thread: hand the stream to the writer and wait until it gives it back. Returns
  * W_DONE / W_GONE, or W_NONE when the writer did not take it. */
 static int hand_over(sse *x) {
-    srv_writer *w = x->s->writer;
-    if (!w || x->fd < 0) return W_NONE;
+    srv_writer *wr = x->s->writer;
+    if (!wr || x->fd < 0) return W_NONE;
+    wshard *w = &wr->sh[atomic_fetch_add(&wr->next, 1) % (unsigned)wr->n];
     int zero = 0, one = 1;                       /* our sends go out at once */
     setsockopt(x->fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
     setsockopt(x->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (wr->sndbuf > 0) setsockopt(x->fd, SOL_SOCKET, SO_SNDBUF, &wr->sndbuf, sizeof wr->sndbuf);
     pthread_cond_init(&x->cv, NULL);
     pthread_mutex_lock(&w->mu);
     if (w->stop || !grow_list(&w->add, &w->cap_add, w->n_add)) {
@@ -318,9 +363,10 @@ static int hand_over(sse *x) {
     }
     x->wstate = W_OWNED;
     w->add[w->n_add++] = x;
+    atomic_fetch_add(&w->active, 1);
     pthread_mutex_unlock(&w->mu);
     srv_job_set_notify(x->job);                  /* then kick: events before it are drained too */
-    srv_writer_kick(x->s);
+    kick_shard(w);
     pthread_mutex_lock(&w->mu);
     while (x->wstate == W_OWNED) pthread_cond_wait(&x->cv, &w->mu);
     int st = x->wstate;
@@ -376,7 +422,9 @@ static void release(void *cls) {
     free(x);
 }
 
-enum MHD_Result srv_stream(tern_server *s, struct MHD_Connection *c, srv_job *j, const srv_stream_fmt *f, void *ctx) {
+enum MHD_Result srv_stream(srv_req *r, srv_job *j, const srv_stream_fmt *f, void *ctx) {
+    tern_server *s = r->s;
+    struct MHD_Connection *c = r->conn;
     sse *x = calloc(1, sizeof *x);
     if (!x) {
         srv_job_free(j);
@@ -387,8 +435,7 @@ enum MHD_Result srv_stream(tern_server *s, struct MHD_Connection *c, srv_job *j,
     x->job = j;
     x->f = f;
     x->ctx = ctx;
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    x->fd = ci ? ci->connect_fd : -1;
+    x->fd = r->http11 ? r->fd : -1;              /* HTTP/1.0: no chunks, MHD writes it itself */
     tern_jw_init(&x->out);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, x, release);
     if (!resp) { release(x); return MHD_NO; }

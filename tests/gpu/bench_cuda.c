@@ -8,6 +8,7 @@
  * bytes per element over 3 x 512 MiB). Weights rotate over enough copies (>= 1 GiB) that L2
  * (60 MB) cannot serve them. Attention decode: bytes = K + V of the context read once.
  * Timing: warm-up, then many asynchronous launches between two sync()s on the host clock.
+ * `bench_cuda --qmma`: the MLX Q matmul of qmma.cu vs the older kernels (n = 1..64), then stop.
  */
 #include "backend/cpu/cpu.h"
 #include "ops/ops.h"
@@ -304,6 +305,66 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     g = keep;
 }
 
+/* `bench_cuda --qmma`: MLX Q matmul at n = 1, 8, 32, 64 on the llama3-8b shapes, the older kernels
+ * (GEMV for n = 1, qgemm.cu for n >= 2 in the bf16 mode; GEMV / cuBLASLt in the f32 mode) vs
+ * qmma.cu (tern__cuda_qmma_mode 1 in the bf16 mode, 2 in the f32 mode). "floor" = time at the
+ * stream-add ceiling measured in this run / measured time (weights + scales + biases read once). */
+extern int tern__cuda_qmma_mode;
+
+static void bench_qmma(int bits, int out, int in, tern_compute mode) {
+    static const int ns[] = {1, 8, 32, 64};
+    tern_backend *keep = g, *b = NULL;
+    tern_backend_opts o = {0};
+    o.compute = mode;
+    tern_error err = {0};
+    if (tern_backend_cuda_open(&b, &o, &err) != TERN_OK) return;
+    g = b;
+    tern_tensor t = {0};
+    t.dtype = TERN_DT_Q; t.ndim = 2; t.shape[0] = out; t.shape[1] = in; t.bits = bits; t.group_size = 64;
+    t.sdtype = TERN_DT_BF16; t.device = -1; t.name = "bench";
+    size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = (size_t)out * (in / 64) * 2, bytes = wb + 2 * sb;
+    int copies = (int)((1ull << 30) / bytes + 1);
+    if (copies > 32) copies = 32;
+    tern_tensor *w = calloc(copies, sizeof *w);
+    uint8_t *hd = malloc(wb);
+    uint16_t *hs = malloc(sb), *hb = malloc(sb);
+    for (size_t i = 0; i < wb; i++) hd[i] = (uint8_t)(frand() * 127 + 128);
+    for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
+    for (int c = 0; c < copies; c++) {
+        w[c] = t;
+        w[c].data = hd; w[c].scales = hs; w[c].biases = hb;
+        if (g->vt->upload_weight(g, &w[c], &err) != TERN_OK) { copies = c; break; }
+    }
+    free(hd); free(hs); free(hb);
+    float *x = dev_random((size_t)64 * in * 4), *y = g->vt->alloc(g, (size_t)64 * out * 4);
+    const int keep_mode = tern__cuda_qmma_mode;
+    for (int k = 0; copies > 0 && x && y && k < 4; k++)
+        for (int path = 0; path < 2; path++) {
+            const int n = ns[k];
+            tern__cuda_qmma_mode = path ? (mode == TERN_COMPUTE_F32 ? 2 : 1) : 0;
+            for (int i = 0; i < copies; i++) g->vt->matmul(g, y, x, n, &w[i]);
+            g->vt->sync(g);
+            int reps = copies * 4;
+            double t0 = tern_time_s();
+            for (int i = 0; i < reps; i++) g->vt->matmul(g, y, x, n, &w[i % copies]);
+            g->vt->sync(g);
+            double sec = (tern_time_s() - t0) / reps, gbs = bytes / sec / 1e9;
+            double fb = ceiling_gbs > 0 ? bytes / (ceiling_gbs * 1e9) : bytes / 3.3e12;
+            char name[96];
+            snprintf(name, sizeof name, "qmm q%d/g64 %dx%d n=%d %s %s", bits, out, in, n,
+                     mode == TERN_COMPUTE_F32 ? "f32" : "bf16", path ? "qmma" : "old");
+            printf("%-44s %10.2f us %8.1f GB/s  floor %.2f\n", name, sec * 1e6, gbs, fb / sec);
+            printf("csv,%s,%.2f,%.1f,%.3f\n", name, sec * 1e6, gbs, fb / sec);
+            fflush(stdout);
+        }
+    tern__cuda_qmma_mode = keep_mode;
+    for (int c = 0; c < copies; c++) g->vt->free_weight(g, &w[c]);
+    free(w);
+    g->vt->free(g, x); g->vt->free(g, y);
+    tern_backend_close(b);
+    g = keep;
+}
+
 int main(int argc, char **argv) {
 
     tern_error err = {0};
@@ -313,6 +374,16 @@ int main(int argc, char **argv) {
         return 0;
     }
     bench_stream();
+    if (argc > 1 && !strcmp(argv[1], "--qmma")) { /* llama3-8b shapes, q4 and q8: older kernels vs qmma.cu */
+        static const int shp[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+        for (int m = 0; m < 2; m++)
+            for (int s = 0; s < 3; s++) {
+                bench_qmma(4, shp[s][0], shp[s][1], m ? TERN_COMPUTE_F32 : TERN_COMPUTE_BF16);
+                bench_qmma(8, shp[s][0], shp[s][1], m ? TERN_COMPUTE_F32 : TERN_COMPUTE_BF16);
+            }
+        tern_backend_close(g);
+        return 0;
+    }
     if (getenv("BENCH_GEMV1")) { /* n = 1 on the llama3-8b shapes, every format: new (v5) vs old kernel */
         static const int ls[][2] = {{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}};
         static const struct { tern_dtype dt; int bits, gs; } fm[] = {

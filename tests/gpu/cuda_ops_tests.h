@@ -312,6 +312,7 @@ TEST(cuda_norm_rope_elementwise) {
 #include "gpu/cuda_ops_tests_kvq.h"
 #include "gpu/cuda_ops_tests_fused.h"
 #include "gpu/cuda_ops_tests_qgemm.h"
+#include "gpu/cuda_ops_tests_qmma.h"
 #include "gpu/cuda_ops_tests_sample.h"
 
 static int cuda_ops_run_all(void) {
@@ -331,6 +332,7 @@ static int cuda_ops_run_all(void) {
     cuda_kvq_tests();
     cuda_fused_tests();
     cuda_qgemm_tests();
+    cuda_qmma_tests();
     cuda_sample_tests();
     return test_done();
 }

@@ -3,7 +3,7 @@
 #   ASan + UBSan (build/asan/tern): every tests/server/*.mjs;
 #   TSan (build/tsan/tern): the concurrency-heavy ones (model_e2e: 32 concurrent clients, queue,
 #   abort; abuse: 2000 bad requests on 4 connections + a good client + vanishing clients;
-#   http_api: concurrent streams, disconnects).
+#   http_api: concurrent streams, disconnects; stream_writer: the SSE writer thread).
 # The builds are CPU-only (no CUDA), -O1 -g, into build/asan and build/tsan (not the normal
 # build). A sanitizer report makes the server exit non-zero (the tests' clean_shutdown check
 # fails) and is also found in the report files, which this script prints as FAIL lines.
@@ -77,7 +77,7 @@ fi
 if [ "$which" = tsan ] || [ "$which" = all ]; then
     if build tsan "-fsanitize=thread"; then
         export TSAN_OPTIONS="log_path=$PWD/build/tsan/logs/tsan:halt_on_error=0:second_deadlock_stack=1"
-        run tsan tests/server/model_e2e.mjs tests/server/abuse.mjs tests/server/http_api.mjs
+        run tsan tests/server/model_e2e.mjs tests/server/abuse.mjs tests/server/http_api.mjs tests/server/stream_writer.mjs
         unset TSAN_OPTIONS
     else nfail=$((nfail + 1)); fi
 fi

@@ -41,7 +41,8 @@ void tern_membw_close(tern_membw *b);        /* accepts NULL */
  * and the prefill GEMM (n > 8) on AVX-512 VNNI; elsewhere the exact kernels run. On at open
  * with opts->compute == TERN_COMPUTE_INT8 (`--compute int8`) or TERN_CPU_INT8=1; this call
  * switches it later. Not exact: error bound in gemv_avx512.c / gemm_i8_avx512.c. No-op on
- * other backends. TERN_CPU_GEMV=0 at open turns the fused batch-1 kernels off (benchmarks). */
+ * other backends. TERN_CPU_GEMV=0 at open turns the fused batch-1 kernels off (benchmarks);
+ * TERN_CPU_GEMM_I8=0 keeps the int8 mode's n > 1 matmuls on the exact f32 GEMM (before/after). */
 void tern_backend_cpu_set_int8(tern_backend *be, int on);
 
 /* Check that a weight's dtype/quantization is one the CPU kernels handle (used by

@@ -174,7 +174,9 @@ AI void mk_t(int ng, int gs, const uint8_t *wq, const float *sp, const float *bp
             __m512i w0 = _mm512_load_si512(w), w1 = _mm512_load_si512(w + 64);
 #pragma GCC unroll 6
             for (int r = 0; r < M; r++) {
-                __m512i xb = _mm512_set1_epi32(*(const int32_t *)(const void *)(x + r * ldx + t));
+                int32_t v;
+                memcpy(&v, x + r * ldx + t, 4);
+                __m512i xb = _mm512_set1_epi32(v);
                 a0[r] = dpbusd(a0[r], w0, xb);
                 a1[r] = dpbusd(a1[r], w1, xb);
             }

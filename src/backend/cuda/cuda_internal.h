@@ -109,6 +109,10 @@ tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, cons
 /* qgemm.cu: tensor-core matmul for n >= 2 rows in the bf16 mode reading each weight once;
  * returns 1 when it handled the call, 0 when the caller must take another path */
 int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+/* qmma.cu: MLX Q bits 4/8 for n = 1..64 on tensor cores with the codes fed unconverted (bf16 mode with
+ * TERN_CUDA_QMMA=1, also the f32 mode with =2); returns 1 when it handled the call, else 0 */
+int tern__cuda_qmma(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+void tern__cuda_qmma_init(tern__cuda *c); /* at open (from tern__cuda_gemv_init): shared-memory limits */
 
 /* norm.cu (norm, rope, elementwise, embed) */
 void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const tern__cuda_w *w, float scale);

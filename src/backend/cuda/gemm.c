@@ -21,6 +21,7 @@
  *     error there moves softmax weights by several percent, and the fixtures drifted by
  *     0.03-0.3 rel L2 (and rows > 8, which took this path, disagreed with rows <= 8 taking the
  *     exact GEMV). The split keeps tensor-core speed and brings both effects down to f32 noise.
+ * Long bf16-mode prefills run in row chunks whose bf16 activation pair fits the scratch (below).
  * Returns an error (and the caller falls back to the GEMV kernels) when cuBLASLt finds no
  * algorithm or the scratch is too small for even one chunk.
  * In the bf16 mode most batched calls never get here: qgemm.cu (tried first by the dispatcher
@@ -63,7 +64,7 @@ done:
     return st;
 }
 
-tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
+static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     const int in = w->in, out = w->out;
     const uint8_t *mat = (const uint8_t *)w->data + (size_t)e * w->mat_bytes;
     const cublasComputeType_t exact = CUBLAS_COMPUTE_32F_PEDANTIC, tc = CUBLAS_COMPUTE_32F;
@@ -104,6 +105,25 @@ tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, cons
             st = lt_gemm(c, y + r0, out, scr, x, m, n, in, CUDA_R_32F, exact, 0.0f);
         }
         if (st != TERN_OK) return st; /* fallback redoes every column: harmless */
+    }
+    return TERN_OK;
+}
+
+/* The bf16 mode stages the activations as a bf16 pair (n·in·4 bytes) in less than half of the
+ * scratch: long prefills (GLM-5's o_proj from 2048 rows, in-6144 projections from 5462) run in row
+ * chunks that fit, each a complete GEMM over the weight (re-expanded per chunk; >= 2000 rows each
+ * for in <= 16384). Before, they fell back to the 16-row GEMV. */
+tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
+    if (c->compute != TERN_COMPUTE_BF16 || w->dtype == TERN_DT_F32 || n <= 0 || w->in <= 0)
+        return gemm_rows(c, y, x, n, w, e);
+    const size_t per_row = (size_t)w->in * 4, cap = TERN_CUDA_GEMM_SCRATCH_BYTES / 2 - 1024;
+    size_t rows = cap / per_row;
+    if (rows < 1) return TERN_ENOMEM;
+    if (rows > 16) rows &= ~(size_t)15;
+    for (int r0 = 0; r0 < n; r0 += (int)rows) {
+        const int m = n - r0 < (int)rows ? n - r0 : (int)rows;
+        tern_status st = gemm_rows(c, y + (size_t)r0 * w->out, x + (size_t)r0 * w->in, m, w, e);
+        if (st != TERN_OK) return st;
     }
     return TERN_OK;
 }

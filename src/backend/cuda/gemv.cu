@@ -612,6 +612,7 @@ extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     allow_smem<9>(); allow_smem<16>(); allow_smem<17>(); allow_smem<32>();
     g1_allow<2>(); g1_allow<3>(); g1_allow<4>(); g1_allow<5>(); g1_allow<6>(); g1_allow<8>();
     g1_allow<9>(); g1_allow<16>(); g1_allow<17>(); g1_allow<32>();
+    tern__cuda_qmma_init(c);
     cudaGetLastError();
 }
 
@@ -797,6 +798,7 @@ static int gemv_limit(const tern__cuda *c, const tern__cuda_w *w) {
 extern "C" void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     if (n <= 0) return;
     cudaSetDevice(c->device);
+    if (tern__cuda_qmma(c, y, x, n, w, e)) return;
     if (tern__cuda_qgemm(c, y, x, n, w, e)) return;
     if (n > gemv_limit(c, w) && tern__cuda_gemm(c, y, x, n, w, e) == TERN_OK) return;
     tern__cuda_gemv(c, y, x, n, w, e);

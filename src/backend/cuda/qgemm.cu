@@ -21,7 +21,8 @@
  * one is multiplied (three only for n <= 16 and narrow codes, where bytes per block are few).
  * Too few blocks for the GPU (small out) -> split K over grid.y into the backend's `part`
  * scratch and a fixed-order reduction (deterministic). Other shapes/dtypes return 0 and the
- * caller takes the GEMV / cuBLASLt paths.
+ * caller takes the GEMV / cuBLASLt paths. TERN_QGEMM=0 in the environment turns the kernel off
+ * (before/after comparisons of whole models). Measured on the H200: bench/NOTES.md.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -32,7 +33,9 @@
 #define QG_WARPS 8
 #define QG_BM (QG_WARPS * 16)
 
-/* Row-count limits (set by bench_cuda to compare paths): above them cuBLASLt (gemm.c) is faster. */
+/* Row-count limits (bench_cuda sets them to compare paths): above them gemm.c (cuBLASLt) is
+ * faster on the H200 — BF16 weights from n = 32 (x split in two GEMMs at cuBLASLt's rate), Q
+ * weights between n = 256 (qgemm 7-18% faster) and 512 (13-35% slower). */
 extern "C" int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16;
 int tern__cuda_qgemm_max_n_q = 256;
 int tern__cuda_qgemm_max_n_bf16 = 16;
