@@ -44,6 +44,11 @@ TEST(cuda_fused_matmuls) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_fused_matmuls", "not built"); return; }
     static const int outs[3] = {300, 77, 64}, ins[] = {384, 4096};
+    /* the fused n = 1 ops use the GEMV; keep the separate ops on it too when qmma is switched on
+     * from the environment (TERN_CUDA_QMMA), else the bitwise comparison compares two kernels */
+    extern int tern__cuda_qmma_mode;
+    const int keep_qmma = tern__cuda_qmma_mode;
+    tern__cuda_qmma_mode = 0;
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(ins); s++) {
             int in = ins[s];
@@ -98,6 +103,7 @@ TEST(cuda_fused_matmuls) {
             g->vt->free(g, xd); g->vt->free(g, ya); g->vt->free(g, yb);
             free(x); free(r);
         }
+    tern__cuda_qmma_mode = keep_qmma;
 }
 
 /* rope_kv_write vs rope + rope + kv_write: q, k and both pools bitwise */
