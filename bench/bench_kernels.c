@@ -16,12 +16,20 @@
  *
  *   make bench && build/bench_kernels [--threads N] [--pairs P] [--hot] [--shapes all|big]
  *   TERN_CPU_GEMV=0 build/bench_kernels   # the tile-decode path (no fused GEMV), for before/after
+ * --pf B1,B2,..: A/B of the fused GEMV's prefetch distance (bytes; 0 = the old fixed 1 KB):
+ * every pair then runs each distance once, right after the probe, in a rotating order.
+ * --fmt bf16|q8g64|q4g64 and --mode exact|int8 restrict the table (shorter runs).
+ * --thp: madvise(MADV_HUGEPAGE) on the weight arenas before they are written (2 MB pages
+ * where the kernel allows transparent huge pages), for A/B against 4 KB pages.
  */
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/kern.h"
 #include "base/pool.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 
@@ -94,14 +102,28 @@ static void stats(double *v, int n, double out[3]) { /* median, min, max */
 }
 
 int main(int argc, char **argv) {
-    int nth = 0, pairs = 8, hot = 0, big = 0;
+    int nth = 0, pairs = 8, hot = 0, big = 0, npf = 0, only_mode = -1, thp = 0;
+    long pfs[8];
+    const char *only_fmt = NULL;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--pf") && i + 1 < argc) {
+            for (char *q = argv[++i]; *q && npf < 8;) {
+                pfs[npf++] = strtol(q, &q, 10);
+                if (*q == ',') q++;
+                else break;
+            }
+            continue;
+        }
+        if (!strcmp(argv[i], "--thp")) { thp = 1; continue; }
+        if (!strcmp(argv[i], "--fmt") && i + 1 < argc) { only_fmt = argv[++i]; continue; }
+        if (!strcmp(argv[i], "--mode") && i + 1 < argc) { only_mode = !strcmp(argv[++i], "int8"); continue; }
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) nth = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--hot")) hot = 1;
         else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) { i++; big = !strcmp(argv[i], "big") ? 1 : !strcmp(argv[i], "l2") ? 2 : 0; }
     }
     if (pairs < 1 || pairs > 64) pairs = 8;
+    if (!npf) pfs[npf++] = -1; /* TERN_CPU_PF or the default */
     use_cpu_time = hot && nth == 1;
     tern_backend_opts o = {.n_threads = nth};
     tern_backend *be = NULL;
@@ -112,17 +134,25 @@ int main(int argc, char **argv) {
     uint8_t *data = tern_aalloc(arena);
     uint16_t *sc = tern_aalloc(arena / 8), *bi = tern_aalloc(arena / 8);
     if (!bw || !data || !sc || !bi) { fprintf(stderr, "bench: out of memory (%zu MB arena)\n", arena >> 20); return 1; }
+    if (thp) {
+        void *bufs[3] = {data, sc, bi};
+        size_t lens[3] = {arena, arena / 8, arena / 8};
+        for (int i = 0; i < 3; i++) { /* the whole 4 KB pages inside each buffer */
+            uintptr_t a = ((uintptr_t)bufs[i] + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)bufs[i] + lens[i]) & ~(uintptr_t)4095;
+            if (e > a && madvise((void *)a, e - a, MADV_HUGEPAGE)) perror("bench: madvise");
+        }
+    }
     fill_bytes(data, arena);
     for (size_t i = 0; i < arena / 16; i++) { sc[i] = tern_f32_to_bf16(0.01f); bi[i] = tern_f32_to_bf16(-0.05f); }
     static const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {2816, 2112}, {2112, 2816}};
     static const cfg cfgs[] = {{"bf16", TERN_DT_BF16, 0}, {"q8g64", TERN_DT_Q, 8}, {"q4g64", TERN_DT_Q, 4}};
     const char *fu = getenv("TERN_CPU_GEMV");
-    printf("isa %s, threads %d, cores %d, %s, fused gemv %s, %s pass = %zu MiB\n", tern_cpu_isa_name(),
+    printf("isa %s, threads %d, cores %d, %s, fused gemv %s, %s, %s pass = %zu MiB\n", tern_cpu_isa_name(),
            nth ? nth : tern_cpu_count(), tern_cpu_count(), hot ? "HOT (one matrix, cache-resident)" : "cold (DRAM)",
-           fu && fu[0] == '0' ? "off" : "on", hot ? "kernel" : "probe/kernel", arena >> 20);
-    printf("%-6s %-11s %-5s %7s %9s %10s %6s %6s %6s %9s\n", "fmt", "out x in", "mode", "MB", "kern GB/s", "probe GB/s",
+           fu && fu[0] == '0' ? "off" : "on", thp ? "THP advised" : "4 KB pages", hot ? "kernel" : "probe/kernel", arena >> 20);
+    printf("%-6s %-11s %-10s %7s %9s %10s %6s %6s %6s %9s\n", "fmt", "out x in", "mode", "MB", "kern GB/s", "probe GB/s",
            "ratio", "min", "max", "pf64 GF/s");
-    printf("csv,fmt,out,in,mode,pair,weight_bytes,views,kernel_gbs,probe_gbs,ratio\n");
+    printf("csv,fmt,out,in,mode,pf,pair,weight_bytes,views,kernel_gbs,probe_gbs,ratio\n");
     static const int l2shapes[][2] = {{256, 4096}, {64, 16384}}; /* fits L2: compute ceiling of one thread (use --hot) */
     int nshapes = big == 1 ? 3 : big == 2 ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int s = 0; s < nshapes; s++)
@@ -142,32 +172,41 @@ int main(int argc, char **argv) {
             }
             float *x = malloc(sizeof(float) * (size_t)in * 64), *y = malloc(sizeof(float) * (size_t)out * 64);
             for (size_t i = 0; i < (size_t)in * 64; i++) x[i] = (float)(i % 17) * 0.1f - 0.8f;
-            int nmodes = cfgs[c].dt == TERN_DT_Q ? 2 : 1;
+            int nmodes = cfgs[c].dt == TERN_DT_Q ? 2 : 1, nvar = nmodes * npf;
+            if (only_fmt && strcmp(only_fmt, cfgs[c].name)) { free(x); free(y); free(views); continue; }
             kernel_pass(be, y, x, views, nv < 4 ? nv : 4, wb); /* warm up */
-            double r[2][64], kg[2][64], pg[64];
+            double r[16][64], kg[16][64], pg[64];
             for (int p = 0; p < pairs; p++) {
                 pg[p] = hot ? 1.0 : tern_membw_run(bw);
-                for (int m = 0; m < nmodes; m++) {
+                for (int q = 0; q < nvar; q++) {
+                    int vi = (q + p) % nvar, m = vi % nmodes; /* variant vi: pf vi / nmodes, mode m */
+                    if (only_mode >= 0 && nmodes == 2 && m != only_mode) continue;
                     tern_backend_cpu_set_int8(be, m);
-                    kg[m][p] = kernel_pass(be, y, x, views, nv, wb);
-                    r[m][p] = kg[m][p] / pg[p];
-                    printf("csv,%s,%d,%d,%s,%d,%zu,%d,%.2f,%.2f,%.3f\n", cfgs[c].name, out, in, m ? "int8" : "exact", p, wb, nv,
-                           kg[m][p], pg[p], r[m][p]);
+                    tern__cpu_gemv_pf_set(pfs[vi / nmodes]);
+                    kg[vi][p] = kernel_pass(be, y, x, views, nv, wb);
+                    r[vi][p] = kg[vi][p] / pg[p];
+                    printf("csv,%s,%d,%d,%s,%ld,%d,%zu,%d,%.2f,%.2f,%.3f\n", cfgs[c].name, out, in, m ? "int8" : "exact",
+                           pfs[vi / nmodes], p, wb, nv, kg[vi][p], pg[p], r[vi][p]);
                 }
                 tern_backend_cpu_set_int8(be, 0);
+                tern__cpu_gemv_pf_set(-1);
             }
             double t0 = tern_time_s();
             be->vt->matmul(be, y, x, 64, &views[0]);
             double gflops = 2.0 * 64 * out * (double)in / (tern_time_s() - t0) / 1e9;
             double ps[3];
             stats(pg, pairs, ps);
-            for (int m = 0; m < nmodes; m++) {
+            for (int vi = 0; vi < nvar; vi++) {
+                int m = vi % nmodes;
+                if (only_mode >= 0 && nmodes == 2 && m != only_mode) continue;
                 double rs[3], ks[3];
-                stats(r[m], pairs, rs);
-                stats(kg[m], pairs, ks);
-                char dims[32];
+                stats(r[vi], pairs, rs);
+                stats(kg[vi], pairs, ks);
+                char dims[32], mode[48];
                 snprintf(dims, sizeof dims, "%dx%d", out, in);
-                printf("%-6s %-11s %-5s %7.1f %9.1f %10.1f %6.2f %6.2f %6.2f %9.1f\n", cfgs[c].name, dims, m ? "int8" : "exact",
+                if (pfs[vi / nmodes] >= 0) snprintf(mode, sizeof mode, "%s/%ld", m ? "int8" : "exact", pfs[vi / nmodes]);
+                else snprintf(mode, sizeof mode, "%s", m ? "int8" : "exact");
+                printf("%-6s %-11s %-10s %7.1f %9.1f %10.1f %6.2f %6.2f %6.2f %9.1f\n", cfgs[c].name, dims, mode,
                        wb / 1e6, ks[0], hot ? 0.0 : ps[0], hot ? ks[2] : rs[0], hot ? 0.0 : rs[1], hot ? 0.0 : rs[2], gflops);
             }
             fflush(stdout);

@@ -67,20 +67,42 @@ static void bench_stream(void) {
     g->vt->free(g, a); g->vt->free(g, b); g->vt->free(g, y);
 }
 
+/* The header of a bench weight [out, in] (host data to be set by the caller; Q: bf16 scales). */
+static void bench_tensor(tern_tensor *t, tern_dtype dt, int bits, int gs, int out, int in) {
+    memset(t, 0, sizeof *t);
+    t->dtype = dt;
+    t->ndim = 2;
+    t->shape[0] = out;
+    t->shape[1] = in;
+    t->bits = bits;
+    t->group_size = gs;
+    t->sdtype = TERN_DT_BF16;
+    t->device = -1;
+    t->name = "bench";
+}
+
+/* wb bytes of random codes; BF16 weights: random values in [-0.05, 0.05] instead. */
+static void fill_weight(uint8_t *hd, size_t wb, tern_dtype dt) {
+    for (size_t i = 0; i < wb; i++) hd[i] = (uint8_t)(frand() * 127 + 128);
+    if (dt == TERN_DT_BF16)
+        for (size_t i = 0; i < wb / 2; i++) ((uint16_t *)hd)[i] = tern_f32_to_bf16(frand() * 0.05f);
+}
+
+/* A second CUDA backend in compute mode `mode`; NULL when it cannot be opened. */
+static tern_backend *open_mode(tern_compute mode) {
+    tern_backend *b = NULL;
+    tern_backend_opts o = {0};
+    o.compute = mode;
+    tern_error err = {0};
+    return tern_backend_cuda_open(&b, &o, &err) == TERN_OK ? b : NULL;
+}
+
 /* one weight format and shape, timed at each row count of ns[] (0-terminated) */
 static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, const int *ns) {
     int n = 0;
     for (int i = 0; ns[i]; i++) n = ns[i] > n ? ns[i] : n;
-    tern_tensor t = {0};
-    t.dtype = dt;
-    t.ndim = 2;
-    t.shape[0] = out;
-    t.shape[1] = in;
-    t.bits = bits;
-    t.group_size = gs;
-    t.sdtype = TERN_DT_BF16;
-    t.device = -1;
-    t.name = "bench";
+    tern_tensor t;
+    bench_tensor(&t, dt, bits, gs, out, in);
     size_t rb = tern_tensor_row_bytes(&t), wb = (size_t)out * rb;
     size_t sb = dt == TERN_DT_Q ? (size_t)out * (in / gs) * 2 : 0, bytes = wb + 2 * sb;
     int copies = (int)((1ull << 30) / bytes + 1);
@@ -88,9 +110,7 @@ static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, const i
     tern_tensor *w = calloc(copies, sizeof *w);
     uint8_t *hd = malloc(wb);
     uint16_t *hs = malloc(sb ? sb : 2), *hb = malloc(sb ? sb : 2);
-    for (size_t i = 0; i < wb; i++) hd[i] = (uint8_t)(frand() * 127 + 128);
-    if (dt == TERN_DT_BF16)
-        for (size_t i = 0; i < wb / 2; i++) ((uint16_t *)hd)[i] = tern_f32_to_bf16(frand() * 0.05f);
+    fill_weight(hd, wb, dt);
     for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
     tern_error err = {0};
     for (int c = 0; c < copies; c++) {
@@ -195,21 +215,16 @@ static void bench_attn_prefill(int nh, int nkv, int d, int n) {
 }
 
 static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_compute mode) {
-    tern_backend *keep = g, *b = NULL;
-    tern_backend_opts o = {0};
-    o.compute = mode;
-    tern_error err = {0};
-    if (tern_backend_cuda_open(&b, &o, &err) != TERN_OK) return;
+    tern_backend *keep = g, *b = open_mode(mode);
+    if (!b) return;
     g = b;
-    tern_tensor t = {0};
-    t.dtype = dt; t.ndim = 2; t.shape[0] = out; t.shape[1] = in; t.bits = bits; t.group_size = 64;
-    t.sdtype = TERN_DT_BF16; t.device = -1; t.name = "bench";
+    tern_error err = {0};
+    tern_tensor t;
+    bench_tensor(&t, dt, bits, 64, out, in);
     size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = dt == TERN_DT_Q ? (size_t)out * (in / 64) * 2 : 0;
     uint8_t *hd = calloc(1, wb);
     uint16_t *hs = calloc(1, sb + 2);
-    for (size_t i = 0; i < wb; i++) hd[i] = (uint8_t)(frand() * 127 + 128);
-    if (dt == TERN_DT_BF16)
-        for (size_t i = 0; i < wb / 2; i++) ((uint16_t *)hd)[i] = tern_f32_to_bf16(frand() * 0.05f);
+    fill_weight(hd, wb, dt);
     for (size_t i = 0; i < sb / 2; i++) hs[i] = tern_f32_to_bf16(0.01f * (1.0f + frand()));
     t.data = hd; t.scales = hs; t.biases = hs;
     float *x = dev_random((size_t)n * in * 4), *y = g->vt->alloc(g, (size_t)n * out * 4);
@@ -243,15 +258,12 @@ extern int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16, tern__cuda_qge
 static int split_sweep; /* BENCH_SPLIT=1: also time qgemm's K-split targets 1, 4, 8 x SMs */
 
 static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *ns) {
-    tern_backend *keep = g, *b = NULL;
-    tern_backend_opts o = {0};
-    o.compute = TERN_COMPUTE_BF16;
-    tern_error err = {0};
-    if (tern_backend_cuda_open(&b, &o, &err) != TERN_OK) return;
+    tern_backend *keep = g, *b = open_mode(TERN_COMPUTE_BF16);
+    if (!b) return;
     g = b;
-    tern_tensor t = {0};
-    t.dtype = dt; t.ndim = 2; t.shape[0] = out; t.shape[1] = in; t.bits = bits; t.group_size = 64;
-    t.sdtype = TERN_DT_BF16; t.device = -1; t.name = "bench";
+    tern_error err = {0};
+    tern_tensor t;
+    bench_tensor(&t, dt, bits, 64, out, in);
     size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = dt == TERN_DT_Q ? (size_t)out * (in / 64) * 2 : 0;
     size_t bytes = wb + 2 * sb;
     int copies = (int)((1ull << 30) / bytes + 1), nmax = 0;
@@ -260,9 +272,7 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     tern_tensor *w = calloc(copies, sizeof *w);
     uint8_t *hd = malloc(wb);
     uint16_t *hs = malloc(sb + 2), *hb = malloc(sb + 2);
-    for (size_t i = 0; i < wb; i++) hd[i] = (uint8_t)(frand() * 127 + 128);
-    if (dt == TERN_DT_BF16)
-        for (size_t i = 0; i < wb / 2; i++) ((uint16_t *)hd)[i] = tern_f32_to_bf16(frand() * 0.05f);
+    fill_weight(hd, wb, dt);
     for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
     for (int c = 0; c < copies; c++) {
         w[c] = t;
@@ -313,22 +323,19 @@ extern int tern__cuda_qmma_mode;
 
 static void bench_qmma(int bits, int out, int in, tern_compute mode) {
     static const int ns[] = {1, 8, 32, 64};
-    tern_backend *keep = g, *b = NULL;
-    tern_backend_opts o = {0};
-    o.compute = mode;
-    tern_error err = {0};
-    if (tern_backend_cuda_open(&b, &o, &err) != TERN_OK) return;
+    tern_backend *keep = g, *b = open_mode(mode);
+    if (!b) return;
     g = b;
-    tern_tensor t = {0};
-    t.dtype = TERN_DT_Q; t.ndim = 2; t.shape[0] = out; t.shape[1] = in; t.bits = bits; t.group_size = 64;
-    t.sdtype = TERN_DT_BF16; t.device = -1; t.name = "bench";
+    tern_error err = {0};
+    tern_tensor t;
+    bench_tensor(&t, TERN_DT_Q, bits, 64, out, in);
     size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = (size_t)out * (in / 64) * 2, bytes = wb + 2 * sb;
     int copies = (int)((1ull << 30) / bytes + 1);
     if (copies > 32) copies = 32;
     tern_tensor *w = calloc(copies, sizeof *w);
     uint8_t *hd = malloc(wb);
     uint16_t *hs = malloc(sb), *hb = malloc(sb);
-    for (size_t i = 0; i < wb; i++) hd[i] = (uint8_t)(frand() * 127 + 128);
+    fill_weight(hd, wb, TERN_DT_Q);
     for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
     for (int c = 0; c < copies; c++) {
         w[c] = t;

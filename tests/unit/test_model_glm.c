@@ -10,25 +10,12 @@
  */
 #include "backend/cpu/cpu.h"
 #include "model/model.h"
+#include "parity_util.h"
 #include "test.h"
 
 #include <cjson/cJSON.h>
 
 #define FIX "tests/parity/fixtures/glm5_dsa"
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    if (b) b[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
-}
 
 typedef struct fixture {
     int32_t ids[64];
@@ -37,7 +24,7 @@ typedef struct fixture {
 } fixture;
 
 static int load_fixture(fixture *fx) {
-    char *js = slurp(FIX "/ref.json", NULL);
+    char *js = pu_slurp(FIX "/ref.json", NULL);
     if (!js) return 0;
     cJSON *r = cJSON_Parse(js);
     cJSON *a = cJSON_GetObjectItem(r, "all_ids"), *sh = cJSON_GetObjectItem(r, "logits_shape");
@@ -47,7 +34,7 @@ static int load_fixture(fixture *fx) {
     cJSON_Delete(r);
     free(js);
     size_t nb = 0;
-    fx->ref = (float *)slurp(FIX "/ref_logits.f32", &nb);
+    fx->ref = (float *)pu_slurp(FIX "/ref_logits.f32", &nb);
     return fx->ref && nb == (size_t)fx->n * fx->V * 4 && fx->n <= 64;
 }
 

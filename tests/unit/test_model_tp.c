@@ -11,6 +11,7 @@
  * puts rank i on GPU i (NCCL) and skips when fewer GPUs exist; TERN_TEST_TP="2,4" picks the sizes.
  */
 #include "model/tp.h"
+#include "parity_util.h"
 #include "tern.h"
 #include "runtime/generate.h"
 #include "test.h"
@@ -28,34 +29,6 @@ static const char *k_cases[] = {"llama3", "qwen2", "qwen3", "llama3_fp8", "gemma
                                 "gemma4_moe_mixed", "gemma4_dense_q4g64", "gemma4_e2b_q8g32"};
 
 static int g_cuda;
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    if (b) b[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
-}
-
-static int json_ids(cJSON *root, const char *key, int32_t **out) {
-    cJSON *a = cJSON_GetObjectItem(root, key);
-    int n = cJSON_GetArraySize(a);
-    *out = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    for (int i = 0; i < n; i++) (*out)[i] = cJSON_GetArrayItem(a, i)->valueint;
-    return n;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* What one group size produces for a fixture. */
 typedef struct run_out {
@@ -128,14 +101,14 @@ static void check_case(const char *name) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, FIXDIR "/%s", name);
     snprintf(path, sizeof path, "%s/ref.json", dir);
-    char *js = slurp(path, NULL);
+    char *js = pu_slurp(path, NULL);
     if (!js) { printf("  %s: no fixture\n", name); return; }
     cJSON *ref = cJSON_Parse(js);
     int32_t *prompt, *all;
-    int np = json_ids(ref, "prompt_ids", &prompt), na = json_ids(ref, "all_ids", &all);
+    int np = pu_json_ids(ref, "prompt_ids", &prompt), na = pu_json_ids(ref, "all_ids", &all);
     size_t nbytes = 0;
     snprintf(path, sizeof path, "%s/ref_logits.f32", dir);
-    float *oracle = (float *)slurp(path, &nbytes);
+    float *oracle = (float *)pu_slurp(path, &nbytes);
     int quant = strstr(name, "_q") || strstr(name, "mixed") || strstr(name, "_fp8");
     double bound = quant ? 1e-3 : 1e-4;
     run_out one;
@@ -168,7 +141,7 @@ static void check_case(const char *name) {
                 double rr = test_rel_l2(a, oracle + (size_t)t * V, (size_t)V);
                 if (rr > worst_ref) worst_ref = rr;
             }
-            if (argmax(a, V) != argmax(b, V) && bad_arg < 0) bad_arg = t;
+            if (tern_argmax(a, V) != tern_argmax(b, V) && bad_arg < 0) bad_arg = t;
         }
         CHECK(worst <= TP_BOUND, "%s N=%d: logits differ from N=1 by %.3g rel", name, N, worst);
         CHECK(bad_arg < 0, "%s N=%d: argmax differs at row %d", name, N, bad_arg);
@@ -214,11 +187,11 @@ static void engine_case(const char *name, int N) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, FIXDIR "/%s", name);
     snprintf(path, sizeof path, "%s/ref.json", dir);
-    char *js = slurp(path, NULL);
+    char *js = pu_slurp(path, NULL);
     if (!js) return;
     cJSON *ref = cJSON_Parse(js);
     int32_t *prompt, *all;
-    int np = json_ids(ref, "prompt_ids", &prompt), na = json_ids(ref, "all_ids", &all);
+    int np = pu_json_ids(ref, "prompt_ids", &prompt), na = pu_json_ids(ref, "all_ids", &all);
     tern_engine_opts o = tern_engine_default_opts();
     o.model = dir;
     o.device = g_cuda ? "cuda" : "cpu";

@@ -15,6 +15,7 @@
  * and its logits bound on a well-conditioned synthetic llama (TERN_TEST_COMPUTE=int8: only this).
  */
 #include "model/model.h"
+#include "parity_util.h"
 #include "runtime/generate.h"
 #include "test.h"
 
@@ -23,28 +24,6 @@
 #include <sys/stat.h>
 
 #define FIXDIR "tests/parity/fixtures"
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    if (b) b[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
-}
-
-static int json_ids(cJSON *root, const char *key, int32_t **out) {
-    cJSON *a = cJSON_GetObjectItem(root, key);
-    int n = cJSON_GetArraySize(a);
-    *out = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    for (int i = 0; i < n; i++) (*out)[i] = cJSON_GetArrayItem(a, i)->valueint;
-    return n;
-}
 
 static int g_cases, g_bf16, g_int8, g_skipped;
 
@@ -57,17 +36,17 @@ static void check_case(const char *name, tern_backend *be) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, FIXDIR "/%s", name);
     snprintf(path, sizeof path, "%s/ref.json", dir);
-    char *js = slurp(path, NULL);
+    char *js = pu_slurp(path, NULL);
     if (!js) return;
     g_cases++;
     cJSON *ref = cJSON_Parse(js);
     int32_t *prompt, *all;
-    int np = json_ids(ref, "prompt_ids", &prompt), na = json_ids(ref, "all_ids", &all);
+    int np = pu_json_ids(ref, "prompt_ids", &prompt), na = pu_json_ids(ref, "all_ids", &all);
     int quant = strstr(name, "_q") != NULL || strstr(name, "mixed") != NULL || strstr(name, "_fp8") != NULL;
     double bound = g_bf16 ? 2e-2 : quant ? 1e-3 : 1e-4;
     size_t nbytes;
     snprintf(path, sizeof path, "%s/ref_logits.f32", dir);
-    float *want = (float *)slurp(path, &nbytes);
+    float *want = (float *)pu_slurp(path, &nbytes);
 
     tern_model *m = NULL;
     tern_error e = {0};

@@ -13,6 +13,7 @@
  */
 #include "io/presets.h"
 #include "model/model.h"
+#include "parity_util.h"
 #include "runtime/experts.h"
 #include "runtime/generate.h"
 #include "test.h"
@@ -82,19 +83,6 @@ out:
     return rc;
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 /* Every line a JSON object with the documented keys; hits + misses == unique on slot lines.
  * Returns the number of lines (-1 on a bad one). */
 static int check_trace(const char *path, int E) {
@@ -152,13 +140,11 @@ static void check_fixture(const char *name) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, FIXDIR "/%s", name);
     snprintf(path, sizeof path, "%s/ref.json", dir);
-    char *js = slurp(path);
+    char *js = pu_slurp(path, NULL);
     if (!js) { printf("SKIP: experts_%s: no fixture\n", name); return; }
     cJSON *ref = cJSON_Parse(js);
-    cJSON *a = cJSON_GetObjectItem(ref, "all_ids");
-    int na = cJSON_GetArraySize(a), np = cJSON_GetArraySize(cJSON_GetObjectItem(ref, "prompt_ids"));
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)na);
-    for (int i = 0; i < na; i++) ids[i] = cJSON_GetArrayItem(a, i)->valueint;
+    int32_t *ids = NULL;
+    int na = pu_json_ids(ref, "all_ids", &ids), np = cJSON_GetArraySize(cJSON_GetObjectItem(ref, "prompt_ids"));
     t_cur_fail_ = 0;
     tern_error e = {0};
     tern_model *m = NULL;

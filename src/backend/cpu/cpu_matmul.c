@@ -75,6 +75,34 @@ void tern__cpu_wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
     }
 }
 
+/* Prefetch distance of the fused GEMV (TERN_CPU_PF=bytes, 0 = the kernels' old fixed 1 KB):
+ * the rows of one matrix are contiguous, so a pass over rows o..o+3 prefetches the same
+ * offsets in the rows `ahead` later (whole passes, >= pf bytes of weight data ahead) and their
+ * scales/biases; each thread thereby runs one deep sequential stream over its slice. */
+static _Atomic long pf_bytes = -1;
+static long gemv_pf_bytes(void) {
+    long b = pf_bytes;
+    if (b < 0) {
+        const char *e = getenv("TERN_CPU_PF");
+        b = e && *e ? strtol(e, NULL, 10) : 8192;
+        if (b < 0 || b > (64l << 20)) b = 8192;
+        pf_bytes = b;
+    }
+    return b;
+}
+
+void tern__cpu_gemv_pf_set(long bytes) { pf_bytes = bytes < 0 ? -1 : bytes; } /* benchmarks; -1: env/default */
+
+static void gemv_pf(const tern_tensor *w, cpu_gx *gx) {
+    long want = gemv_pf_bytes();
+    size_t rb = tern_tensor_row_bytes(w);
+    if (!want || !rb) return;
+    int64_t ahead = ((int64_t)((size_t)want + rb - 1) / (int64_t)rb + 3) / 4 * 4;
+    gx->pf_data = (ptrdiff_t)(ahead * (int64_t)rb);
+    if (w->dtype == TERN_DT_Q)
+        gx->pf_sb = (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
+}
+
 /* Batch 1 through the ISA's fused GEMV: x prepared once into the thread's buffer, then
  * the weight rows 4 at a time. Returns 0 when the kernel table has no fused kernel for
  * this format/shape (the caller then decodes tiles). */
@@ -88,6 +116,7 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[0] : 0) * jb->ldx;
     tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
     if (!k->gemv_prep(&rows[0], in, c->int8, x, c->xbuf[ith], &gx)) return 0;
+    gemv_pf(w, &gx);
     float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[0] : 0) * jb->ldy;
     float s = jb->yscale ? jb->yscale[0] : 1.0f, v[4];
     for (int64_t o = o0; o < o1; o += 4) {

@@ -102,24 +102,10 @@ static inline __attribute__((always_inline)) void mk_t(int len, const float *xp,
             }
         }
     }
-    __mmask16 m0 = ns >= 16 ? 0xFFFF : (__mmask16)((1u << ns) - 1);
-    __mmask16 m1 = ns >= 32 ? 0xFFFF : ns > 16 ? (__mmask16)((1u << (ns - 16)) - 1) : 0;
+    __mmask16 m0, m1;
+    cpu_strip_masks(ns, &m0, &m1);
 #pragma GCC unroll 12
-    for (int r = 0; r < M; r++) {
-        float *y = yp[r];
-        __m512 a0 = c0[r], a1 = c1[r];
-        if (add) {
-            if (ys) {
-                __m512 s = _mm512_set1_ps(ys[r]);
-                a0 = _mm512_mul_ps(s, a0);
-                a1 = _mm512_mul_ps(s, a1);
-            }
-            a0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y), a0);
-            a1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + 16), a1);
-        }
-        _mm512_mask_storeu_ps(y, m0, a0);
-        _mm512_mask_storeu_ps(y + 16, m1, a1);
-    }
+    for (int r = 0; r < M; r++) cpu_strip_store(yp[r], c0[r], c1[r], ys ? ys + r : NULL, add, m0, m1);
 }
 
 #define MK(M) case M: mk_t(len, xp, wp, yp, ys, add, ns, pf, npf, M); return;

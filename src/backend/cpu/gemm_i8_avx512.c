@@ -192,24 +192,10 @@ AI void mk_t(int ng, int gs, const uint8_t *wq, const float *sp, const float *bp
             c1[r] = _mm512_fmadd_ps(b1, gx, _mm512_fmadd_ps(f1, s1, c1[r]));
         }
     }
-    __mmask16 m0 = ns >= 16 ? 0xFFFF : (__mmask16)((1u << ns) - 1);
-    __mmask16 m1 = ns >= 32 ? 0xFFFF : ns > 16 ? (__mmask16)((1u << (ns - 16)) - 1) : 0;
+    __mmask16 m0, m1;
+    cpu_strip_masks(ns, &m0, &m1);
 #pragma GCC unroll 6
-    for (int r = 0; r < M; r++) {
-        float *y = yp[r];
-        __m512 v0 = c0[r], v1 = c1[r];
-        if (add) {
-            if (ys) {
-                __m512 s = _mm512_set1_ps(ys[r]);
-                v0 = _mm512_mul_ps(s, v0);
-                v1 = _mm512_mul_ps(s, v1);
-            }
-            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y), v0);
-            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + 16), v1);
-        }
-        _mm512_mask_storeu_ps(y, m0, v0);
-        _mm512_mask_storeu_ps(y + 16, m1, v1);
-    }
+    for (int r = 0; r < M; r++) cpu_strip_store(yp[r], c0[r], c1[r], ys ? ys + r : NULL, add, m0, m1);
 }
 
 #define MK(M) \

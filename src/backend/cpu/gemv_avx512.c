@@ -28,10 +28,21 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* Software prefetch 1 KB ahead in each weight row: with 4 rows in flight and ~20 vector ops
- * per 64 bytes (q4), the out-of-order window alone keeps too few cache misses outstanding
- * when DRAM latency is high; measured +10-25% paired ratio for q4/q8 on the shared box. */
-#define PF(p) _mm_prefetch((const char *)(p) + 1024, _MM_HINT_T0)
+/* Software prefetch of the weight stream, gx->pf_data bytes ahead of each read (prep: 1 KB;
+ * the driver sets a distance of a few whole passes of rows, see cpu_matmul.c). With ~20
+ * vector ops per 64 bytes (q4) the out-of-order window alone keeps too few cache misses
+ * outstanding, and the hardware prefetcher falls behind; measured in bench/NOTES.md. */
+#define PF(p) _mm_prefetch((const char *)(p) + pfd, _MM_HINT_T0)
+
+/* Once per pass: prefetch the scales and biases (nb bytes per row) of the rows pf_sb ahead. */
+AI void pf_groups(const cpu_gx *gx, const cpu_wrow *rw, int NR, size_t nb) {
+    if (!gx->pf_sb) return;
+    for (int r = 0; r < NR; r++)
+        for (size_t o = 0; o < nb; o += 64) {
+            _mm_prefetch((const char *)rw[r].scales + gx->pf_sb + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)rw[r].biases + gx->pf_sb + o, _MM_HINT_T0);
+        }
+}
 
 /* Scales and biases of groups [g0, g0+ng) as f32 (ng <= CPU_MAX_GROUPS); 16 zero entries
  * follow so per-lane loads past the last group read zeros. */
@@ -94,6 +105,7 @@ static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, 
     float *xp = buf, *gsum = xp + inr, *xd = gsum + inr / 32;
     int8_t *xq = (int8_t *)(xd + inr / 4);
     memset(gx, 0, sizeof *gx);
+    gx->pf_data = 1024;
     gx->kind = kind;
     gx->in = in;
     gx->gs = w->gs;
@@ -155,6 +167,7 @@ static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, 
 /* ---- kernels (NR = 1..4 rows sharing x) ---- */
 
 AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const ptrdiff_t pfd = gx->pf_data;
     const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
     const float *xp = gx->xp;
     const uint16_t *p[4];
@@ -176,6 +189,8 @@ AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
 }
 
 AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const ptrdiff_t pfd = gx->pf_data;
+    pf_groups(gx, rw, NR, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
     const int gs = gx->gs, in = gx->in;
     float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
     __m512 tot[4], bs[4];
@@ -222,6 +237,8 @@ static inline __mmask64 bytes_mask(int n) { return n >= 64 ? ~(__mmask64)0 : ((_
  * per 32 inputs one byte-to-dword widen, one shift and two vpermps lookups feeding FMAs
  * against x in q4 order (16 even inputs, then 16 odd ones). */
 AI void k_q4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const ptrdiff_t pfd = gx->pf_data;
+    pf_groups(gx, rw, NR, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
     const int gs = gx->gs, in = gx->in;
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
@@ -284,6 +301,8 @@ AI __m512 grp_i8(const cpu_wrow *w, int g0, int ng, const cpu_gx *gx, float *ds)
 }
 
 AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const ptrdiff_t pfd = gx->pf_data;
+    pf_groups(gx, rw, NR, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
     const int gs = gx->gs, in = gx->in;
     const __m512i map = lane_groups(4, gs);
     const int gsh = __builtin_ctz((unsigned)gs);
@@ -314,6 +333,8 @@ AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
  * 64 bytes go through two vpdpbusd into one int32 accumulator: lane i covers inputs
  * 8i..8i+7 of the chunk, one weight group and one x group, so the sums share a scale. */
 AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const ptrdiff_t pfd = gx->pf_data;
+    pf_groups(gx, rw, NR, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
     const int gs = gx->gs, in = gx->in;
     const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
     const int gsh = __builtin_ctz((unsigned)gs); /* c / gs without a division per chunk */

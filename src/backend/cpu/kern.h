@@ -42,6 +42,11 @@ typedef struct cpu_gx {
     const int8_t *xq;   /* int8 kinds: x quantized per 32 inputs, in the kernel's order */
     const float *xd;    /* int8 kinds: [in/gs] x scale d_g of each weight group */
     const float *rq;    /* int8 kinds: [in/gs] C·Σ_g (x − d_g·xq), the centring correction */
+    /* Software prefetch, set by the driver after gemv_prep (prep sets the defaults): while a
+     * pass reads byte b of row r it prefetches byte b + pf_data of the weight data (the same
+     * offset in a row a few passes ahead, rows being contiguous), and once per pass the
+     * scales/biases at + pf_sb (0: none). Only the access order changes, never the sums. */
+    ptrdiff_t pf_data, pf_sb;
 } cpu_gx;
 
 typedef struct tern_cpu_kern {
@@ -95,6 +100,10 @@ static inline void cpu_q4_permute(const float *x, int in, float *xq) {
         for (int i = 0; i < 16; i++) { xq[b + i] = x[b + 2 * i]; xq[b + 16 + i] = x[b + 2 * i + 1]; }
 }
 
+/* Fused GEMV prefetch distance in bytes (cpu_matmul.c; 0: fixed 1 KB; -1: TERN_CPU_PF or the
+ * default). For A/B benchmarks (bench_kernels --pf); not thread-safe against running matmuls. */
+void tern__cpu_gemv_pf_set(long bytes);
+
 /* Fused GEMV entry points of the ISA files (gemv_avx512.c, gemv_avx2.c). */
 int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
@@ -110,6 +119,33 @@ void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *
                                  const float *ys, int add, int ns, const uint8_t *const *pf, int npf);
 CPU_GEMM_DECL(avx512)
 CPU_GEMM_DECL(avx2)
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+/* The GEMM microkernels' epilogue (gemm_avx512.c, gemm_i8_avx512.c): a 32-feature strip row
+ * (v0: features 0-15, v1: 16-31) goes to y[0, ns) (masks from cpu_strip_masks); with add the
+ * result is added to y, scaled first by *s when s != NULL (MoE routing weight). */
+static inline __attribute__((always_inline)) void cpu_strip_masks(int ns, __mmask16 *m0, __mmask16 *m1) {
+    *m0 = ns >= 16 ? 0xFFFF : (__mmask16)((1u << ns) - 1);
+    *m1 = ns >= 32 ? 0xFFFF : ns > 16 ? (__mmask16)((1u << (ns - 16)) - 1) : 0;
+}
+
+static inline __attribute__((always_inline)) void cpu_strip_store(float *y, __m512 v0, __m512 v1, const float *s,
+                                                                  int add, __mmask16 m0, __mmask16 m1) {
+    if (add) {
+        if (s) {
+            __m512 sv = _mm512_set1_ps(*s);
+            v0 = _mm512_mul_ps(sv, v0);
+            v1 = _mm512_mul_ps(sv, v1);
+        }
+        v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y), v0);
+        v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + 16), v1);
+    }
+    _mm512_mask_storeu_ps(y, m0, v0);
+    _mm512_mask_storeu_ps(y + 16, m1, v1);
+}
+#endif
 
 /* Portable helpers shared by the ISA files (kern_scalar.c). */
 void tern__cpu_decode_scalar(const cpu_wrow *w, int j0, int len, float *dst);

@@ -36,6 +36,19 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* RoPE: rotates the pair (x0, x1) by pos·f (sincosf; f = 0 leaves it as is). The caller applies
+ * mscale after. Shared by rope_kernel (norm.cu) and the fused rope + KV write (fused.cu). */
+__device__ __forceinline__ void rope_pair(float &x0, float &x1, int pos, float f) {
+    if (f != 0.0f) {
+        const float th = (float)pos * f;
+        float s, co;
+        sincosf(th, &s, &co);
+        const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
+        x0 = a;
+        x1 = b;
+    }
+}
+
 struct WDesc {
     const uint8_t *data, *scales, *biases;
     size_t mat_bytes, mat_bytes_s, row_bytes;

@@ -27,14 +27,7 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh
         float *x = isk ? k + ((size_t)r * nkv + (h - nh)) * d : q + ((size_t)r * nh + h) * d;
         const float f = inv_freq[i];
         float x0 = x[i], x1 = x[i + half];
-        if (f != 0.0f) {
-            const float th = (float)pos[r] * f;
-            float s, co;
-            sincosf(th, &s, &co);
-            const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
-            x0 = a;
-            x1 = b;
-        }
+        rope_pair(x0, x1, pos[r], f);
         x0 *= mscale;
         x1 *= mscale;
         x[i] = x0;

@@ -30,8 +30,12 @@
  */
 #include "backend/cuda/cuda_internal.h"
 
-static tern_status lt_gemm(tern__cuda *c, float *y, int ldy, const void *w, const void *x, int m, int n, int k,
-                           cudaDataType_t ab, cublasComputeType_t ct, float beta) {
+/* C_b (m x n, ld ldc) = A_bᵀ·B_b: A_b (k x m, ld k), B_b (k x n, ld ldb), f32 C. nb = 0: one plain
+ * GEMM; nb >= 1: a strided batch of nb (A_b at a + b·sa, B_b at bm + b·sb, C_b at y + b·sc,
+ * element offsets). beta 0 or 1. Shared with glm.cu (matmul_heads). */
+tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, const void *a, long long sa,
+                               const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
+                               cublasComputeType_t ct, float beta) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -39,20 +43,29 @@ static tern_status lt_gemm(tern__cuda *c, float *y, int ldy, const void *w, cons
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     size_t ws = TERN_CUDA_LT_WS_BYTES;
     float alpha = 1.0f;
+    cublasLtMatmulHeuristicResult_t h;
+    int got = 0;
     if (cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto done;
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
     if (cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k, (uint64_t)m, k) != CUBLAS_STATUS_SUCCESS) goto done;
-    if (cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k, (uint64_t)n, k) != CUBLAS_STATUS_SUCCESS) goto done;
-    if (cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldy) != CUBLAS_STATUS_SUCCESS) goto done;
+    if (cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k, (uint64_t)n, ldb) != CUBLAS_STATUS_SUCCESS) goto done;
+    if (cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc) != CUBLAS_STATUS_SUCCESS) goto done;
+    if (nb >= 1) {
+        cublasLtMatrixLayout_t L[3] = {la, lb, lc};
+        long long S[3] = {sa, sb, sc};
+        for (int i = 0; i < 3; i++) {
+            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
+            int64_t s64 = S[i];
+            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s64, sizeof s64);
+        }
+    }
     if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasLtMatmulHeuristicResult_t h;
-    int got = 0;
     if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &h, &got) != CUBLAS_STATUS_SUCCESS ||
         got < 1)
         goto done;
-    if (cublasLtMatmul(c->lt, op, &alpha, w, la, x, lb, &beta, y, lc, y, lc, &h.algo, c->lt_ws, ws, c->stream) ==
+    if (cublasLtMatmul(c->lt, op, &alpha, a, la, bm, lb, &beta, y, lc, y, lc, &h.algo, c->lt_ws, ws, c->stream) ==
         CUBLAS_STATUS_SUCCESS)
         st = TERN_OK;
 done:
@@ -62,6 +75,12 @@ done:
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (op) cublasLtMatmulDescDestroy(op);
     return st;
+}
+
+/* One GEMM: y (m x n, ld ldy) = Wᵀ·X with W (k x m, ld k) and X (k x n, ld k). */
+static tern_status lt_gemm(tern__cuda *c, float *y, int ldy, const void *w, const void *x, int m, int n, int k,
+                           cudaDataType_t ab, cublasComputeType_t ct, float beta) {
+    return tern__cuda_lt_gemm(c, y, ldy, 0, w, 0, x, k, 0, m, n, k, 0, ab, ct, beta);
 }
 
 static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {

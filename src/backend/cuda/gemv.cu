@@ -112,6 +112,27 @@ template <int KIND> __device__ __forceinline__ float elem(const uint32_t *wd, in
     }
 }
 
+/* One lane's chunk of R weight rows (wd[r]) against C4 float4 of x, xat(k4) giving the k4-th:
+ * qa[r] = Σ_j elem(j)·x[j] as one fmaf chain in element order; SUMX: xsum += (x+y)+(z+w) per
+ * float4 (the Σx of the Q kinds' b·Σx term). Shared by gemv_q1_kernel and gemv1_kernel. */
+template <int KIND, int R, int C4, bool SUMX, int W, class XAt>
+__device__ __forceinline__ void chunk_dot(const uint32_t (&wd)[R][W], XAt xat, float (&qa)[R], float &xsum) {
+#pragma unroll
+    for (int r = 0; r < R; r++) qa[r] = 0.0f;
+#pragma unroll
+    for (int k4 = 0; k4 < C4; k4++) {
+        const float4 xv = xat(k4);
+        if constexpr (SUMX) xsum += (xv.x + xv.y) + (xv.z + xv.w);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            qa[r] = fmaf(elem<KIND>(wd[r], 4 * k4), xv.x, qa[r]);
+            qa[r] = fmaf(elem<KIND>(wd[r], 4 * k4 + 1), xv.y, qa[r]);
+            qa[r] = fmaf(elem<KIND>(wd[r], 4 * k4 + 2), xv.z, qa[r]);
+            qa[r] = fmaf(elem<KIND>(wd[r], 4 * k4 + 3), xv.w, qa[r]);
+        }
+    }
+}
+
 template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(GemvArgs a) {
     using K = Kind<KIND>;
     constexpr int R = Rows<KIND, NX>::R, CH = K::CH, C4 = CH / 4;
@@ -290,20 +311,7 @@ template <int KIND, int U, int R> __global__ void __launch_bounds__(128) gemv_q1
             const int c = c0 + u * 32 + lane;
             if (!active || c >= nch) continue;
             float qa[R], xsum = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; r++) qa[r] = 0.0f;
-#pragma unroll
-            for (int k4 = 0; k4 < C4; k4++) {
-                const float4 xv = xs[u][swz(lane * C4 + k4)];
-                xsum += (xv.x + xv.y) + (xv.z + xv.w);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4), xv.x, qa[r]);
-                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 1), xv.y, qa[r]);
-                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 2), xv.z, qa[r]);
-                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 3), xv.w, qa[r]);
-                }
-            }
+            chunk_dot<KIND, R, C4, true>(wd[u], [&](int k4) { return xs[u][swz(lane * C4 + k4)]; }, qa, xsum);
 #pragma unroll
             for (int r = 0; r < R; r++) acc[r] += fmaf(s[u][r], qa[r], b[u][r] * xsum);
         }
@@ -434,20 +442,7 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
             const int c = c0 + u * 32 + lane;
             if (c >= nch) continue;
             float qa[R], xsum = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; r++) qa[r] = 0.0f;
-#pragma unroll
-            for (int k4 = 0; k4 < C4; k4++) {
-                const float4 xv = xs1[g1swz(c * C4 + k4, C4)];
-                if constexpr (K::Q) xsum += (xv.x + xv.y) + (xv.z + xv.w);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4), xv.x, qa[r]);
-                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 1), xv.y, qa[r]);
-                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 2), xv.z, qa[r]);
-                    qa[r] = fmaf(elem<KIND>(wd[u][r], 4 * k4 + 3), xv.w, qa[r]);
-                }
-            }
+            chunk_dot<KIND, R, C4, K::Q>(wd[u], [&](int k4) { return xs1[g1swz(c * C4 + k4, C4)]; }, qa, xsum);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if constexpr (K::Q) acc[r] += fmaf(s[u][r], qa[r], b[u][r] * xsum);

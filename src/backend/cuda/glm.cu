@@ -389,52 +389,6 @@ static void heads_gemv(tern__cuda *c, float *y, int ldy, int hy, const float *x,
     }
 }
 
-/* C_b (m x n, ld ldc) = A_bᵀ B_b for batch b < nb: A_b (k x m, ld k) at a + b*sa, B_b (k x n, ld ldb)
- * at bm + b*sb, C_b at y + b*sc (element offsets); beta 0 or 1 */
-static tern_status lt_batched(tern__cuda *c, float *y, int ldc, long long sc, const void *a, long long sa,
-                              const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
-                              cublasComputeType_t ct, float beta) {
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    tern_status st = TERN_EDEVICE;
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    size_t ws = TERN_CUDA_LT_WS_BYTES;
-    float alpha = 1.0f;
-    cublasLtMatmulHeuristicResult_t hr;
-    int got = 0;
-    if (cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto done;
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    if (cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k, (uint64_t)m, k) != CUBLAS_STATUS_SUCCESS) goto done;
-    if (cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k, (uint64_t)n, ldb) != CUBLAS_STATUS_SUCCESS) goto done;
-    if (cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc) != CUBLAS_STATUS_SUCCESS) goto done;
-    {
-        cublasLtMatrixLayout_t L[3] = {la, lb, lc};
-        long long S[3] = {sa, sb, sc};
-        for (int i = 0; i < 3; i++) {
-            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
-            int64_t s64 = S[i];
-            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s64, sizeof s64);
-        }
-    }
-    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &hr, &got) != CUBLAS_STATUS_SUCCESS ||
-        got < 1)
-        goto done;
-    if (cublasLtMatmul(c->lt, op, &alpha, a, la, bm, lb, &beta, y, lc, y, lc, &hr.algo, c->lt_ws, ws, c->stream) ==
-        CUBLAS_STATUS_SUCCESS)
-        st = TERN_OK;
-done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
-    return st;
-}
-
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 static tern_status heads_gemm(tern__cuda *c, float *y, int ldy, int hy, const float *x, int ldx, int hx, int n, int nh,
@@ -443,7 +397,7 @@ static tern_status heads_gemm(tern__cuda *c, float *y, int ldy, int hy, const fl
     const cublasComputeType_t exact = CUBLAS_COMPUTE_32F_PEDANTIC, tc = CUBLAS_COMPUTE_32F;
     const long long mat = (long long)out * in;
     if (w->dtype == TERN_DT_F32 && !bf)
-        return lt_batched(c, y, ldy, hy, w->data, mat, x, ldx, hx, out, n, in, nh, CUDA_R_32F, exact, 0.0f);
+        return tern__cuda_lt_gemm(c, y, ldy, hy, w->data, mat, x, ldx, hx, out, n, in, nh, CUDA_R_32F, exact, 0.0f);
     uint8_t *scr = (uint8_t *)c->gemm_scratch;
     size_t avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
     /* the stack, expanded: f32 per head, or a bf16 pair per head (hi, then lo at al256(mat*2)) */
@@ -451,7 +405,7 @@ static tern_status heads_gemm(tern__cuda *c, float *y, int ldy, int hy, const fl
     const size_t hb = bf ? 2 * al256((size_t)mat * 2) : (size_t)mat * 4, wbytes = native ? 0 : hb * nh;
     if (wbytes + 4096 > avail) return TERN_ENOMEM;
     for (int h = 0; !native && h < nh; h++) tern__cuda_dequant(c, scr + h * hb, bf ? 2 : 0, w, h, 0, out);
-    if (!bf) return lt_batched(c, y, ldy, hy, scr, mat, x, ldx, hx, out, n, in, nh, CUDA_R_32F, exact, 0.0f);
+    if (!bf) return tern__cuda_lt_gemm(c, y, ldy, hy, scr, mat, x, ldx, hx, out, n, in, nh, CUDA_R_32F, exact, 0.0f);
     const uint8_t *wh = native ? (const uint8_t *)w->data : scr, *wl = wh + al256((size_t)mat * 2);
     const long long sa = native ? mat : (long long)(hb / 2);
     scr += al256(wbytes);
@@ -467,9 +421,10 @@ static tern_status heads_gemm(tern__cuda *c, float *y, int ldy, int hy, const fl
         uint8_t *xh = scr, *xl = scr + xb;
         tern__cuda_f32_to_bf16(c, xh, xl, x + (size_t)r0 * ldx, span);
         float *yr = y + (size_t)r0 * ldy;
-        tern_status st = lt_batched(c, yr, ldy, hy, wh, sa, xh, ldx, hx, out, m, in, nh, CUDA_R_16BF, tc, 0.0f);
-        if (!st) st = lt_batched(c, yr, ldy, hy, wh, sa, xl, ldx, hx, out, m, in, nh, CUDA_R_16BF, tc, 1.0f);
-        if (!st && !native) st = lt_batched(c, yr, ldy, hy, wl, sa, xh, ldx, hx, out, m, in, nh, CUDA_R_16BF, tc, 1.0f);
+        tern_status st = tern__cuda_lt_gemm(c, yr, ldy, hy, wh, sa, xh, ldx, hx, out, m, in, nh, CUDA_R_16BF, tc, 0.0f);
+        if (!st) st = tern__cuda_lt_gemm(c, yr, ldy, hy, wh, sa, xl, ldx, hx, out, m, in, nh, CUDA_R_16BF, tc, 1.0f);
+        if (!st && !native)
+            st = tern__cuda_lt_gemm(c, yr, ldy, hy, wl, sa, xh, ldx, hx, out, m, in, nh, CUDA_R_16BF, tc, 1.0f);
         if (st) return st;
     }
     return TERN_OK;

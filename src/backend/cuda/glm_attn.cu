@@ -82,6 +82,38 @@ struct LatArgs {
     float *part; /* [splits][n][nh][dv] accumulators, then [splits][n][nh][2] (M, L) */
 };
 
+/* Keys [lo, hi) of this block's split (blockIdx.z of a.splits, T-aligned chunks) of len keys. */
+__device__ __forceinline__ void lat_split(const LatArgs &a, int T, int len, int *lo, int *hi) {
+    *lo = 0;
+    *hi = len;
+    if (a.splits > 1) {
+        int chunk = (len + a.splits - 1) / a.splits;
+        chunk = (chunk + T - 1) / T * T;
+        *lo = min(len, (int)blockIdx.z * chunk);
+        *hi = min(len, *lo + chunk);
+    }
+}
+
+/* Heads [h0, h0+nhb) of row r's query into qs[h·ld + c] for HB heads (zeros past nhb). */
+__device__ __forceinline__ void lat_stage_q(const LatArgs &a, float *qs, int ld, int HB, int r, int h0, int nhb) {
+    const int D = a.D;
+    for (int i = threadIdx.x; i < HB * D; i += blockDim.x) {
+        const int h = i / D, c = i % D;
+        qs[h * ld + c] = h < nhb ? a.q[((size_t)r * a.nh + h0 + h) * D + c] : 0.0f;
+    }
+}
+
+/* Cache record of key cc of the row at position p (through the DSA selection selr when set);
+ * -1 past hi, for a negative / future selection or an unmapped block. */
+__device__ __forceinline__ long long lat_key(const LatArgs &a, const int32_t *selr, int cc, int hi, int p, int slot) {
+    long long rec = -1;
+    if (cc < hi) {
+        const int b = selr ? selr[cc] : cc;
+        if (b >= 0 && b <= p) rec = lat_rec(a.bt, a.max_blocks, a.bs, slot, b);
+    }
+    return rec;
+}
+
 static size_t lat_smem(int HB, int T, int D, int dv) {
     return sizeof(long long) * (size_t)T +
            sizeof(float) * ((size_t)HB * D + (size_t)T * (D + 1) + (size_t)HB * dv + (size_t)HB * T + 3 * (size_t)HB);
@@ -96,35 +128,19 @@ __global__ void __launch_bounds__(256) latent_attn_kernel(LatArgs a) {
     const int r = blockIdx.x, h0 = blockIdx.y * HB, nhb = min(HB, a.nh - h0);
     const int p = a.pos[r], slot = a.slot[r];
     const int len = p < 0 ? 0 : a.sel ? a.k_sel : p + 1;
-    int lo = 0, hi = len; /* this block's part [lo, hi) of the key list */
-    if (a.splits > 1) {
-        int chunk = (len + a.splits - 1) / a.splits;
-        chunk = (chunk + T - 1) / T * T;
-        lo = min(len, (int)blockIdx.z * chunk);
-        hi = min(len, lo + chunk);
-    }
+    int lo, hi; /* this block's part [lo, hi) of the key list */
+    lat_split(a, T, len, &lo, &hi);
     for (int h = tid; h < HB; h += nt) {
         M[h] = -INFINITY;
         L[h] = 0.0f;
     }
-    for (int i = tid; i < HB * D; i += nt) {
-        const int h = i / D;
-        qs[i] = h < nhb ? a.q[((size_t)r * a.nh + h0 + h) * D + i % D] : 0.0f;
-    }
+    lat_stage_q(a, qs, D, HB, r, h0, nhb);
     for (int i = tid; i < HB * dv; i += nt) acc[i] = 0.0f;
     const int32_t *selr = a.sel ? a.sel + (size_t)r * a.k_sel : NULL;
 
     for (int c0 = lo; c0 < hi; c0 += T) {
         __syncthreads(); /* the previous tile is done with kr / Ks / S */
-        for (int t = tid; t < T; t += nt) {
-            const int cc = c0 + t;
-            long long rec = -1;
-            if (cc < hi) {
-                const int b = selr ? selr[cc] : cc;
-                if (b >= 0 && b <= p) rec = lat_rec(a.bt, a.max_blocks, a.bs, slot, b);
-            }
-            kr[t] = rec;
-        }
+        for (int t = tid; t < T; t += nt) kr[t] = lat_key(a, selr, c0 + t, hi, p, slot);
         __syncthreads();
         for (int i = tid; i < T * D; i += nt) {
             const int t = i / D, j = i % D;
@@ -214,21 +230,13 @@ __global__ void __launch_bounds__(256, 2) latent_attn_rt_kernel(LatArgs a) {
     const int r = blockIdx.x, h0 = blockIdx.y * LRT_HB, nhb = min(LRT_HB, a.nh - h0);
     const int p = a.pos[r], slot = a.slot[r];
     const int len = p < 0 ? 0 : a.sel ? a.k_sel : p + 1;
-    int lo = 0, hi = len;
-    if (a.splits > 1) {
-        int chunk = (len + a.splits - 1) / a.splits;
-        chunk = (chunk + LRT_T - 1) / LRT_T * LRT_T;
-        lo = min(len, (int)blockIdx.z * chunk);
-        hi = min(len, lo + chunk);
-    }
+    int lo, hi;
+    lat_split(a, LRT_T, len, &lo, &hi);
     if (tid < LRT_HB) {
         M[tid] = -INFINITY;
         L[tid] = 0.0f;
     }
-    for (int i = tid; i < LRT_HB * D; i += blockDim.x) {
-        const int h = i / D, c = i % D;
-        qs[h * ld + c] = h < nhb ? a.q[((size_t)r * a.nh + h0 + h) * D + c] : 0.0f;
-    }
+    lat_stage_q(a, qs, ld, LRT_HB, r, h0, nhb);
     const int ng = dv / 4, cg = tid % ng, hg = tid / ng; /* P·V ownership: columns 4cg.., heads 8hg.. */
     const bool pv = hg < LRT_HB / 8;
     float acc[8][4];
@@ -238,15 +246,7 @@ __global__ void __launch_bounds__(256, 2) latent_attn_rt_kernel(LatArgs a) {
 
     for (int c0 = lo; c0 < hi; c0 += LRT_T) {
         __syncthreads(); /* the previous tile is done with kr / Ks / P */
-        if (tid < LRT_T) {
-            const int cc = c0 + tid;
-            long long rec = -1;
-            if (cc < hi) {
-                const int b = selr ? selr[cc] : cc;
-                if (b >= 0 && b <= p) rec = lat_rec(a.bt, a.max_blocks, a.bs, slot, b);
-            }
-            kr[tid] = rec;
-        }
+        if (tid < LRT_T) kr[tid] = lat_key(a, selr, c0 + tid, hi, p, slot);
         __syncthreads();
         for (int i = tid; i < LRT_T * D4; i += blockDim.x) {
             const int t = i / D4, c = i % D4;

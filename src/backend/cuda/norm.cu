@@ -69,14 +69,7 @@ __global__ void rope_kernel(float *x, int n, int nh, int d, const int32_t *pos, 
         float *v = x + rh * d;
         const float f = inv_freq[i];
         float x0 = v[i], x1 = v[i + half];
-        if (f != 0.0f) {
-            const float th = (float)pos[r] * f;
-            float s, co;
-            sincosf(th, &s, &co);
-            const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
-            x0 = a;
-            x1 = b;
-        }
+        rope_pair(x0, x1, pos[r], f);
         v[i] = x0 * mscale;
         v[i + half] = x1 * mscale;
     }

@@ -1,0 +1,43 @@
+/*
+ * parity_util.h — helpers for the tests that read the parity fixtures (tests/parity/fixtures:
+ * config + safetensors + ref.json + ref_logits.f32, made by scripts/make_fixtures.py):
+ *   - pu_slurp: a whole file into a NUL-terminated malloc'd buffer (ref.json as text, the
+ *     reference logits as raw f32), NULL when it cannot be read;
+ *   - pu_json_ids: an integer array of ref.json ("prompt_ids", "all_ids") as int32 tokens.
+ * Header-only; included by tests/unit/test_parity.c, test_model_tp.c, test_model_glm.c and
+ * test_runtime_experts.c.
+ */
+#ifndef TERN_PARITY_UTIL_H
+#define TERN_PARITY_UTIL_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The file's bytes + a trailing NUL; *len (optional) gets the byte count (0 on failure). Caller frees. */
+static inline char *pu_slurp(const char *path, size_t *len) {
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    if (b) b[n] = 0;
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return b;
+}
+
+/* root[key] (an array of integers) into a malloc'd *out (at least one element); its length. */
+static inline int pu_json_ids(cJSON *root, const char *key, int32_t **out) {
+    cJSON *a = cJSON_GetObjectItem(root, key);
+    int n = cJSON_GetArraySize(a);
+    *out = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) (*out)[i] = cJSON_GetArrayItem(a, i)->valueint;
+    return n;
+}
+
+#endif
