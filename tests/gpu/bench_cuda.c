@@ -88,6 +88,25 @@ static void fill_weight(uint8_t *hd, size_t wb, tern_dtype dt) {
         for (size_t i = 0; i < wb / 2; i++) ((uint16_t *)hd)[i] = tern_f32_to_bf16(frand() * 0.05f);
 }
 
+/* w[0..copies) = t sharing the host codes hd, scales hs (0.01) and biases hb (-0.05; sb bytes
+ * each), uploaded; returns how many made it (say: print the first failure). */
+static int upload_copies(tern_tensor *w, int copies, const tern_tensor *t, uint8_t *hd, uint16_t *hs, uint16_t *hb,
+                         size_t sb, int say) {
+    for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
+    tern_error err = {0};
+    for (int c = 0; c < copies; c++) {
+        w[c] = *t;
+        w[c].data = hd;
+        w[c].scales = hs;
+        w[c].biases = hb;
+        if (g->vt->upload_weight(g, &w[c], &err) != TERN_OK) {
+            if (say) printf("upload: %s\n", err.msg);
+            return c;
+        }
+    }
+    return copies;
+}
+
 /* A second CUDA backend in compute mode `mode`; NULL when it cannot be opened. */
 static tern_backend *open_mode(tern_compute mode) {
     tern_backend *b = NULL;
@@ -111,19 +130,7 @@ static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, const i
     uint8_t *hd = malloc(wb);
     uint16_t *hs = malloc(sb ? sb : 2), *hb = malloc(sb ? sb : 2);
     fill_weight(hd, wb, dt);
-    for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
-    tern_error err = {0};
-    for (int c = 0; c < copies; c++) {
-        w[c] = t;
-        w[c].data = hd;
-        w[c].scales = hs;
-        w[c].biases = hb;
-        if (g->vt->upload_weight(g, &w[c], &err) != TERN_OK) {
-            printf("upload: %s\n", err.msg);
-            copies = c;
-            break;
-        }
-    }
+    copies = upload_copies(w, copies, &t, hd, hs, hb, sb, 1);
     free(hd); free(hs); free(hb);
     float *x = dev_random((size_t)n * in * 4), *y = g->vt->alloc(g, (size_t)n * out * 4);
     const int keep_variant = tern__cuda_gemv_q1_variant;
@@ -261,7 +268,6 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     tern_backend *keep = g, *b = open_mode(TERN_COMPUTE_BF16);
     if (!b) return;
     g = b;
-    tern_error err = {0};
     tern_tensor t;
     bench_tensor(&t, dt, bits, 64, out, in);
     size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = dt == TERN_DT_Q ? (size_t)out * (in / 64) * 2 : 0;
@@ -273,12 +279,7 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     uint8_t *hd = malloc(wb);
     uint16_t *hs = malloc(sb + 2), *hb = malloc(sb + 2);
     fill_weight(hd, wb, dt);
-    for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
-    for (int c = 0; c < copies; c++) {
-        w[c] = t;
-        w[c].data = hd; w[c].scales = hs; w[c].biases = hb;
-        if (g->vt->upload_weight(g, &w[c], &err) != TERN_OK) { copies = c; break; }
-    }
+    copies = upload_copies(w, copies, &t, hd, hs, hb, sb, 0);
     free(hd); free(hs); free(hb);
     float *x = dev_random((size_t)nmax * in * 4), *y = g->vt->alloc(g, (size_t)nmax * out * 4);
     const int kq = tern__cuda_qgemm_max_n_q, kb = tern__cuda_qgemm_max_n_bf16;
@@ -326,7 +327,6 @@ static void bench_qmma(int bits, int out, int in, tern_compute mode) {
     tern_backend *keep = g, *b = open_mode(mode);
     if (!b) return;
     g = b;
-    tern_error err = {0};
     tern_tensor t;
     bench_tensor(&t, TERN_DT_Q, bits, 64, out, in);
     size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = (size_t)out * (in / 64) * 2, bytes = wb + 2 * sb;
@@ -336,12 +336,7 @@ static void bench_qmma(int bits, int out, int in, tern_compute mode) {
     uint8_t *hd = malloc(wb);
     uint16_t *hs = malloc(sb), *hb = malloc(sb);
     fill_weight(hd, wb, TERN_DT_Q);
-    for (size_t i = 0; i < sb / 2; i++) { hs[i] = tern_f32_to_bf16(0.01f); hb[i] = tern_f32_to_bf16(-0.05f); }
-    for (int c = 0; c < copies; c++) {
-        w[c] = t;
-        w[c].data = hd; w[c].scales = hs; w[c].biases = hb;
-        if (g->vt->upload_weight(g, &w[c], &err) != TERN_OK) { copies = c; break; }
-    }
+    copies = upload_copies(w, copies, &t, hd, hs, hb, sb, 0);
     free(hd); free(hs); free(hb);
     float *x = dev_random((size_t)64 * in * 4), *y = g->vt->alloc(g, (size_t)64 * out * 4);
     const int keep_mode = tern__cuda_qmma_mode;

@@ -99,4 +99,37 @@ static inline tern_backend *kt_open_ref(void) {
 
 static const char *const kt_isas[] = {"scalar", "avx2", "avx512"};
 
+/* A routed MoE case (test_kern_gemm*.c): x [n, H] (seed sx) and router logits [n, E] (seed sl,
+ * scale 3) routed top-k by the reference backend, whose SiLU moe_mlp output is y0; kt_moe_run
+ * writes a backend's output to y1 and returns its rel L2 error vs y0. */
+typedef struct kt_moe {
+    int n, H, k;
+    const tern_tensor *g, *u, *d;
+    float *x, *logits, *wts, *scratch, *y0, *y1;
+    int32_t *idx;
+} kt_moe;
+
+static inline void kt_moe_make(kt_moe *m, tern_backend *ref, int n, int H, int I, int E, int k, const kt_weight *g,
+                               const kt_weight *u, const kt_weight *d, unsigned long long sx, unsigned long long sl) {
+    *m = (kt_moe){.n = n, .H = H, .k = k, .g = &g->t, .u = &u->t, .d = &d->t};
+    m->x = kt_randv((size_t)n * H, sx, 1.0f);
+    m->logits = kt_randv((size_t)n * E, sl, 3.0f);
+    m->idx = malloc(sizeof(int32_t) * (size_t)n * k);
+    m->wts = malloc(sizeof(float) * (size_t)n * k);
+    m->scratch = malloc(sizeof(float) * (size_t)n * k * 2 * I);
+    m->y0 = malloc(sizeof(float) * (size_t)n * H);
+    m->y1 = malloc(sizeof(float) * (size_t)n * H);
+    ref->vt->route_topk(ref, m->idx, m->wts, m->logits, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, NULL);
+    ref->vt->moe_mlp(ref, m->y0, m->x, n, H, m->idx, m->wts, k, m->g, m->u, m->d, TERN_ACT_SILU, m->scratch);
+}
+
+static inline double kt_moe_run(kt_moe *m, tern_backend *be) {
+    be->vt->moe_mlp(be, m->y1, m->x, m->n, m->H, m->idx, m->wts, m->k, m->g, m->u, m->d, TERN_ACT_SILU, m->scratch);
+    return test_rel_l2(m->y1, m->y0, (size_t)m->n * m->H);
+}
+
+static inline void kt_moe_free(kt_moe *m) {
+    free(m->x); free(m->logits); free(m->idx); free(m->wts); free(m->scratch); free(m->y0); free(m->y1);
+}
+
 #endif

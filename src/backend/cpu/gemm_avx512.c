@@ -105,7 +105,7 @@ static inline __attribute__((always_inline)) void mk_t(int len, const float *xp,
     __mmask16 m0, m1;
     cpu_strip_masks(ns, &m0, &m1);
 #pragma GCC unroll 12
-    for (int r = 0; r < M; r++) cpu_strip_store(yp[r], c0[r], c1[r], ys ? ys + r : NULL, add, m0, m1);
+    for (int r = 0; r < M; r++) cpu_strip_store(yp[r], c0[r], c1[r], ys, r, add, m0, m1);
 }
 
 #define MK(M) case M: mk_t(len, xp, wp, yp, ys, add, ns, pf, npf, M); return;

@@ -195,7 +195,7 @@ AI void mk_t(int ng, int gs, const uint8_t *wq, const float *sp, const float *bp
     __mmask16 m0, m1;
     cpu_strip_masks(ns, &m0, &m1);
 #pragma GCC unroll 6
-    for (int r = 0; r < M; r++) cpu_strip_store(yp[r], c0[r], c1[r], ys ? ys + r : NULL, add, m0, m1);
+    for (int r = 0; r < M; r++) cpu_strip_store(yp[r], c0[r], c1[r], ys, r, add, m0, m1);
 }
 
 #define MK(M) \

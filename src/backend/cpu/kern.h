@@ -124,18 +124,18 @@ CPU_GEMM_DECL(avx2)
 #include <immintrin.h>
 
 /* The GEMM microkernels' epilogue (gemm_avx512.c, gemm_i8_avx512.c): a 32-feature strip row
- * (v0: features 0-15, v1: 16-31) goes to y[0, ns) (masks from cpu_strip_masks); with add the
- * result is added to y, scaled first by *s when s != NULL (MoE routing weight). */
+ * r (v0: features 0-15, v1: 16-31) goes to y[0, ns) (masks from cpu_strip_masks); with add
+ * the result is added to y, scaled first by ys[r] when ys != NULL (MoE routing weights). */
 static inline __attribute__((always_inline)) void cpu_strip_masks(int ns, __mmask16 *m0, __mmask16 *m1) {
     *m0 = ns >= 16 ? 0xFFFF : (__mmask16)((1u << ns) - 1);
     *m1 = ns >= 32 ? 0xFFFF : ns > 16 ? (__mmask16)((1u << (ns - 16)) - 1) : 0;
 }
 
-static inline __attribute__((always_inline)) void cpu_strip_store(float *y, __m512 v0, __m512 v1, const float *s,
-                                                                  int add, __mmask16 m0, __mmask16 m1) {
+static inline __attribute__((always_inline)) void cpu_strip_store(float *y, __m512 v0, __m512 v1, const float *ys,
+                                                                  int r, int add, __mmask16 m0, __mmask16 m1) {
     if (add) {
-        if (s) {
-            __m512 sv = _mm512_set1_ps(*s);
+        if (ys) {
+            __m512 sv = _mm512_set1_ps(ys[r]);
             v0 = _mm512_mul_ps(sv, v0);
             v1 = _mm512_mul_ps(sv, v1);
         }

@@ -94,15 +94,6 @@ __device__ __forceinline__ void lat_split(const LatArgs &a, int T, int len, int 
     }
 }
 
-/* Heads [h0, h0+nhb) of row r's query into qs[h·ld + c] for HB heads (zeros past nhb). */
-__device__ __forceinline__ void lat_stage_q(const LatArgs &a, float *qs, int ld, int HB, int r, int h0, int nhb) {
-    const int D = a.D;
-    for (int i = threadIdx.x; i < HB * D; i += blockDim.x) {
-        const int h = i / D, c = i % D;
-        qs[h * ld + c] = h < nhb ? a.q[((size_t)r * a.nh + h0 + h) * D + c] : 0.0f;
-    }
-}
-
 /* Cache record of key cc of the row at position p (through the DSA selection selr when set);
  * -1 past hi, for a negative / future selection or an unmapped block. */
 __device__ __forceinline__ long long lat_key(const LatArgs &a, const int32_t *selr, int cc, int hi, int p, int slot) {
@@ -134,7 +125,10 @@ __global__ void __launch_bounds__(256) latent_attn_kernel(LatArgs a) {
         M[h] = -INFINITY;
         L[h] = 0.0f;
     }
-    lat_stage_q(a, qs, D, HB, r, h0, nhb);
+    for (int i = tid; i < HB * D; i += nt) {
+        const int h = i / D;
+        qs[i] = h < nhb ? a.q[((size_t)r * a.nh + h0 + h) * D + i % D] : 0.0f;
+    }
     for (int i = tid; i < HB * dv; i += nt) acc[i] = 0.0f;
     const int32_t *selr = a.sel ? a.sel + (size_t)r * a.k_sel : NULL;
 
@@ -236,7 +230,10 @@ __global__ void __launch_bounds__(256, 2) latent_attn_rt_kernel(LatArgs a) {
         M[tid] = -INFINITY;
         L[tid] = 0.0f;
     }
-    lat_stage_q(a, qs, ld, LRT_HB, r, h0, nhb);
+    for (int i = tid; i < LRT_HB * D; i += blockDim.x) {
+        const int h = i / D, c = i % D;
+        qs[h * ld + c] = h < nhb ? a.q[((size_t)r * a.nh + h0 + h) * D + c] : 0.0f;
+    }
     const int ng = dv / 4, cg = tid % ng, hg = tid / ng; /* P·V ownership: columns 4cg.., heads 8hg.. */
     const bool pv = hg < LRT_HB / 8;
     float acc[8][4];
