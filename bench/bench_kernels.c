@@ -20,7 +20,8 @@
  * every pair then runs each distance once, right after the probe, in a rotating order.
  * --fmt bf16|q8g64|q4g64 and --mode exact|int8 restrict the table (shorter runs).
  * --thp: madvise(MADV_HUGEPAGE) on the weight arenas before they are written (2 MB pages
- * where the kernel allows transparent huge pages), for A/B against 4 KB pages.
+ * where the kernel allows transparent huge pages), for A/B against 4 KB pages; each pair then
+ * also reads the weight arena itself as a probe and the ratio is against that one.
  */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/kern.h"
@@ -86,6 +87,20 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* --thp: the bandwidth probe's read pass over the (huge-page) weight arena itself, so the
+ * floor and the kernels see the same page size (the library probe's buffer has 4 KB pages). */
+typedef struct arena_rd { const float *p; size_t n; const tern_cpu_kern *k; double sink[64]; } arena_rd;
+static void arena_task(void *arg, int ith, int nth) {
+    arena_rd *a = arg;
+    size_t lo = a->n / 4096 * (size_t)ith / (size_t)nth * 4096, hi = a->n / 4096 * (size_t)(ith + 1) / (size_t)nth * 4096;
+    if (lo < hi) a->sink[ith & 63] += a->k->readsum(a->p + lo, hi - lo);
+}
+static double arena_probe(tern_pool *pool, arena_rd *a) {
+    double t0 = tern_time_s();
+    tern_pool_run(pool, arena_task, a);
+    return (double)(a->n * sizeof(float)) / (tern_time_s() - t0) / 1e9;
+}
+
 /* one kernel pass over nv views; returns bytes/s in GB/s */
 static double kernel_pass(tern_backend *be, float *y, const float *x, const tern_tensor *v, int nv, size_t wb) {
     double t0 = now_s();
@@ -143,6 +158,8 @@ int main(int argc, char **argv) {
         }
     }
     fill_bytes(data, arena);
+    tern_pool *apool = thp && !hot ? tern_pool_create(nth) : NULL;
+    arena_rd ard = {(const float *)data, arena / sizeof(float), tern__cpu_kern_pick(), {0}};
     for (size_t i = 0; i < arena / 16; i++) { sc[i] = tern_f32_to_bf16(0.01f); bi[i] = tern_f32_to_bf16(-0.05f); }
     static const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {2816, 2112}, {2112, 2816}};
     static const cfg cfgs[] = {{"bf16", TERN_DT_BF16, 0}, {"q8g64", TERN_DT_Q, 8}, {"q4g64", TERN_DT_Q, 4}};
@@ -175,16 +192,17 @@ int main(int argc, char **argv) {
             int nmodes = cfgs[c].dt == TERN_DT_Q ? 2 : 1, nvar = nmodes * npf;
             if (only_fmt && strcmp(only_fmt, cfgs[c].name)) { free(x); free(y); free(views); continue; }
             kernel_pass(be, y, x, views, nv < 4 ? nv : 4, wb); /* warm up */
-            double r[16][64], kg[16][64], pg[64];
+            double r[16][64], kg[16][64], pg[64], pt[64];
             for (int p = 0; p < pairs; p++) {
                 pg[p] = hot ? 1.0 : tern_membw_run(bw);
+                if (apool) pt[p] = arena_probe(apool, &ard);
                 for (int q = 0; q < nvar; q++) {
                     int vi = (q + p) % nvar, m = vi % nmodes; /* variant vi: pf vi / nmodes, mode m */
                     if (only_mode >= 0 && nmodes == 2 && m != only_mode) continue;
                     tern_backend_cpu_set_int8(be, m);
                     tern__cpu_gemv_pf_set(pfs[vi / nmodes]);
                     kg[vi][p] = kernel_pass(be, y, x, views, nv, wb);
-                    r[vi][p] = kg[vi][p] / pg[p];
+                    r[vi][p] = kg[vi][p] / (apool ? pt[p] : pg[p]); /* --thp: against the same page size */
                     printf("csv,%s,%d,%d,%s,%ld,%d,%zu,%d,%.2f,%.2f,%.3f\n", cfgs[c].name, out, in, m ? "int8" : "exact",
                            pfs[vi / nmodes], p, wb, nv, kg[vi][p], pg[p], r[vi][p]);
                 }
@@ -196,6 +214,12 @@ int main(int argc, char **argv) {
             double gflops = 2.0 * 64 * out * (double)in / (tern_time_s() - t0) / 1e9;
             double ps[3];
             stats(pg, pairs, ps);
+            if (apool) {
+                double ts[3];
+                stats(pt, pairs, ts);
+                printf("%-6s probe on the THP arena: %.1f GB/s median (%.1f-%.1f); 4 KB-page probe %.1f\n", cfgs[c].name, ts[0], ts[1],
+                       ts[2], ps[0]);
+            }
             for (int vi = 0; vi < nvar; vi++) {
                 int m = vi % nmodes;
                 if (only_mode >= 0 && nmodes == 2 && m != only_mode) continue;
@@ -213,6 +237,7 @@ int main(int argc, char **argv) {
             free(x); free(y); free(views);
         }
     tern_membw_close(bw);
+    tern_pool_free(apool);
     tern_afree(data); tern_afree(sc); tern_afree(bi);
     tern_backend_close(be);
     return 0;

@@ -145,6 +145,10 @@ typedef struct tern_model_config {
     int eos_ids[8];
     int n_eos;
     double gen_temperature, gen_top_p; int gen_top_k; /* < 0 when absent */
+
+    /* GLM-5 (appended; tensor parallelism): shared-expert MLP width of a rank-local config (its
+     * slice); 0 = the whole n_ff_expert * n_shared_experts. Never read from config.json. */
+    int n_ff_shared;
 } tern_model_config;
 
 /* Parse DIR/config.json (+ DIR/generation_config.json if present). */

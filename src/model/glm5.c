@@ -13,6 +13,9 @@
  *       o_h = W_UV[h] Σ softmax(s)·c;   x += W_o concat(o_h)
  *     x += dense SwiGLU (first layers) or Σ routed experts (sigmoid + bias routing) + shared
  *   logits = lm_head(rms(x))
+ * Tensor parallel (tp.c): a rank holds H/N heads (q_b rows, W_UK/W_UV, o_proj columns), its
+ * experts and a slice of the dense / shared MLP; latent cache, DSA indexer and router are
+ * replicated. Two all-reduces per layer: after o_proj, and after routed + shared are summed.
  * RoPE pairs adjacent elements (interleaved), in q, kR and the indexer alike. W_UK/W_UV come
  * from mlx's embed_q / unembed_out or are cut out of HF's kv_b_proj at load (glm5_load.c).
  * The latent form is used for prefill and decode alike (one code path, same sums).
@@ -103,23 +106,28 @@ static tern_status glm_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
                 go->copy_2d(be, g->att + (size_t)h * dv, H * dv, g->tb, dv, n, dv);
             }
         op->matmul(be, g->o, g->att, n, &L->o);
+        tern_allreduce_sum(be, g->o, (size_t)n * D); /* tensor parallel: sum the ranks' heads */
         op->add(be, g->x, g->x, g->o, (size_t)n * D);
 
-        /* MLP: dense SwiGLU, or routed experts + shared experts */
+        /* MLP: dense SwiGLU, or routed experts + shared experts, summed into o before the one
+         * all-reduce (tensor parallel: each rank ran its experts and its slice of the MLP) */
         op->rmsnorm(be, g->xn, g->x, n, D, L->post_norm, eps);
-        int I = L->moe ? c->n_ff_expert * c->n_shared_experts : c->n_ff;
+        int I = L->moe ? tern__glm5_shared_width(c) : c->n_ff;
         if (L->moe) {
             op->matmul(be, g->rl, g->xn, n, &L->router);
             rg.bias = L->bias;
             go->route_group(be, g->idx, g->wts, g->rl, n, E, k, &rg);
             tern__moe_mlp(m, l, g->o, g->xn, n, D, g->idx, g->wts, k, &L->eg, &L->eu, &L->ed, TERN_ACT_SILU, g->moe_scr);
-            op->add(be, g->x, g->x, g->o, (size_t)n * D);
         }
         if (I > 0) {
             op->matmul(be, g->gt, g->xn, n, &L->gate);
             op->matmul(be, g->up, g->xn, n, &L->up);
             op->silu_mul(be, g->gt, g->gt, g->up, (size_t)n * I);
-            op->matmul(be, g->o, g->gt, n, &L->down);
+            op->matmul(be, L->moe ? g->xn : g->o, g->gt, n, &L->down); /* xn is free once gate/up ran */
+            if (L->moe) op->add(be, g->o, g->o, g->xn, (size_t)n * D);
+        }
+        if (L->moe || I > 0) {
+            tern_allreduce_sum(be, g->o, (size_t)n * D);
             op->add(be, g->x, g->x, g->o, (size_t)n * D);
         }
     }

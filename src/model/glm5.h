@@ -38,6 +38,12 @@ typedef struct glm {
     tern_out_head out;
 } glm;
 
+/* Shared-expert MLP width: the whole n_ff_expert * n_shared_experts, or a tensor-parallel
+ * rank's slice of it (config n_ff_shared, set by tp.c). */
+static inline int tern__glm5_shared_width(const tern_model_config *c) {
+    return c->n_ff_shared > 0 ? c->n_ff_shared : c->n_ff_expert * c->n_shared_experts;
+}
+
 tern_status tern__glm5_load(tern_model *m, tern_weights *ws, tern_error *err);
 void tern__glm5_free(tern_model *m);
 

@@ -71,7 +71,7 @@ tern_status tern__glm5_load(tern_model *m, tern_weights *ws, tern_error *err) {
     int D = c->n_embd, V = c->n_vocab, H = c->n_head, B = m->max_batch;
     int dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim, rkv = c->kv_lora_rank;
     int rq = c->q_lora_rank, dq = dn + dr, W = rkv + dr, ni = c->index_n_heads, di = c->index_head_dim;
-    int E = c->n_expert, k = c->n_expert_used, Im = c->n_ff_expert, Is = Im * c->n_shared_experts;
+    int E = c->n_expert, k = c->n_expert_used, Im = c->n_ff_expert, Is = tern__glm5_shared_width(c);
     glm *g = calloc(1, sizeof *g);
     if (!g) return tern_err(err, TERN_ENOMEM, "out of memory");
     m->arch = g;

@@ -5,9 +5,9 @@
  * Ranks' backends: each rank wraps the real backend (CPU or CUDA device r) in a copy of its
  * vtable with three changes: allreduce_sum is set (NCCL, or the host sum below), the step-graph
  * entries are NULL (eager ops in a group; graphs per rank are future work), and, for MoE
- * models, route_topk is followed by a remap of the chosen expert ids to the rank's local stack
- * (id - e0 for its experts, -1 for the others, which moe_mlp skips). The real backend keeps
- * its impl, so every op runs unchanged.
+ * models, route_topk (GLM-5: route_group, through a copy of the GLM op table) is followed by a
+ * remap of the chosen expert ids to the rank's local stack (id - e0 for its experts, -1 for the
+ * others, which moe_mlp skips). The real backend keeps its impl, so every op runs unchanged.
  *
  * Lockstep: rank 0 runs on the caller's thread (the engine thread); ranks 1..N-1 each have a
  * thread that waits on the `start` barrier, runs the same batch through its own model and cache
@@ -29,6 +29,7 @@
 typedef struct tp_rank {
     tern_backend be;          /* first: the rank's backend as model code sees it */
     tern_backend_vt vt;       /* copy of the real vtable with allreduce / remap / no graphs */
+    tern_glm_ops glm;         /* copy of the real GLM op table with route_group remapped (GLM-5) */
     tern_backend *real;
     struct tern_tp *tp;
     int rank;
@@ -101,6 +102,18 @@ static void route_local(tern_backend *be, int32_t *idx, float *wts, const float 
                         int mode, const float *pes) {
     tp_rank *rk = (tp_rank *)be;
     rk->real->vt->route_topk(be, idx, wts, logits, n, E, k, mode, pes);
+#ifdef TERN_HAVE_CUDA
+    if (rk->real->device >= 0) { tern__cuda_expert_remap(rk->real, idx, n * k, rk->e0, rk->e1); return; }
+#endif
+    for (int i = 0; i < n * k; i++) idx[i] = idx[i] >= rk->e0 && idx[i] < rk->e1 ? idx[i] - rk->e0 : -1;
+}
+
+/* GLM-5: the grouped sigmoid routing (replicated: every rank routes every row), then the same
+ * remap to this rank's expert stack. */
+static void route_group_local(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
+                              const tern_route_group *p) {
+    tp_rank *rk = (tp_rank *)be;
+    rk->real->vt->glm->route_group(be, idx, wts, logits, n, E, k, p);
 #ifdef TERN_HAVE_CUDA
     if (rk->real->device >= 0) { tern__cuda_expert_remap(rk->real, idx, n * k, rk->e0, rk->e1); return; }
 #endif
@@ -232,10 +245,27 @@ static void kv_heads(const tern_model_config *c, int N, int r, int l, int *kv0, 
     *kv0 = r * nHl / (c->n_head / nKV);
 }
 
+/* GLM-5: heads, the dense width, the experts and the shared-expert width must divide by N
+ * (the latent cache, indexer and router are replicated: no constraint from them). */
+static tern_status check_geometry_glm(const tern_model_config *c, int N, tern_error *err) {
+    int dense = 0, moe = 0, Is = c->n_ff_expert * c->n_shared_experts;
+    for (int l = 0; l < c->n_layer; l++) moe |= c->layers[l].moe, dense |= !c->layers[l].moe;
+    if (c->n_head % N)
+        return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: num_attention_heads %d is not a multiple of %d ranks",
+                        c->n_head, N);
+    if (dense && c->n_ff % N)
+        return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: intermediate_size %d (dense layers) is not a multiple "
+                        "of %d ranks", c->n_ff, N);
+    if (moe && c->n_expert % N)
+        return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: %d experts do not split over %d ranks", c->n_expert, N);
+    if (moe && Is % N)
+        return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: shared experts' width %d (moe_intermediate_size x "
+                        "n_shared_experts) is not a multiple of %d ranks", Is, N);
+    return TERN_OK;
+}
+
 static tern_status check_geometry(const tern_model_config *c, int N, tern_error *err) {
-    if (c->arch == TERN_ARCH_GLM5)
-        return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: %s (MLA attention) is not split yet; use one rank",
-                        c->model_type);
+    if (c->arch == TERN_ARCH_GLM5) return check_geometry_glm(c, N, err);
     if (c->n_head % N)
         return tern_err(err, TERN_EUNSUPPORTED, "tensor parallel: num_attention_heads %d is not a multiple of %d ranks",
                         c->n_head, N);
@@ -273,6 +303,32 @@ static void *keep_buf(tern_tp *tp, size_t bytes) {
     return p;
 }
 
+/* GLM-5's cuts (rank r of N, layer l, name after "layers.L."): heads of q_b_proj (rows of
+ * nope+rope), kv_b_proj (rows of nope+v per head), embed_q / unembed_out (stacks by head) and
+ * o_proj (input columns of v per head); dense and shared-expert MLPs like a dense MLP; routed
+ * experts by id. Everything else (q_a, kv_a, norms, indexer, router) is replicated. */
+static int plan_cut_glm(const tern_model_config *c, int N, int r, const char *rest, int bias, int *lo, int *cnt,
+                        int64_t *full) {
+    int H = c->n_head, Hl = H / N, dq = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    int dkv = c->qk_nope_head_dim + c->v_head_dim, dv = c->v_head_dim;
+    int Is = c->n_ff_expert * c->n_shared_experts, Il = c->n_ff / N;
+    if (bias) return CUT_NONE;
+#define CUT(unit, total, kind) do { *lo = r * (unit); *cnt = (unit); *full = (total); return (kind); } while (0)
+    if (!strcmp(rest, "self_attn.q_b_proj")) CUT(Hl * dq, (int64_t)H * dq, CUT_ROWS);
+    if (!strcmp(rest, "self_attn.kv_b_proj")) CUT(Hl * dkv, (int64_t)H * dkv, CUT_ROWS);
+    if (!strcmp(rest, "self_attn.embed_q") || !strcmp(rest, "self_attn.unembed_out")) CUT(Hl, H, CUT_EXPERTS);
+    if (!strcmp(rest, "self_attn.o_proj")) CUT(Hl * dv, (int64_t)H * dv, CUT_COLS);
+    if (!strcmp(rest, "mlp.gate_proj") || !strcmp(rest, "mlp.up_proj")) CUT(Il, c->n_ff, CUT_ROWS);
+    if (!strcmp(rest, "mlp.down_proj")) CUT(Il, c->n_ff, CUT_COLS);
+    if (!strcmp(rest, "mlp.shared_experts.gate_proj") || !strcmp(rest, "mlp.shared_experts.up_proj"))
+        CUT(Is / N, Is, CUT_ROWS);
+    if (!strcmp(rest, "mlp.shared_experts.down_proj")) CUT(Is / N, Is, CUT_COLS);
+    if (!strcmp(rest, "experts.gate") || !strcmp(rest, "experts.up") || !strcmp(rest, "experts.down"))
+        CUT(c->n_expert / N, c->n_expert, CUT_EXPERTS);
+#undef CUT
+    return CUT_NONE;
+}
+
 /* Which cut applies to `name` for rank r, and the slice [*lo, *lo + *cnt) of *full. */
 static int plan_cut(const tern_tp *tp, int r, const char *name, int *lo, int *cnt, int64_t *full, int *bias) {
     const tern_model_config *c = tp->gcfg;
@@ -286,6 +342,7 @@ static int plan_cut(const tern_tp *tp, int r, const char *name, int *lo, int *cn
     *bias = rl > 5 && !strcmp(rest + rl - 5, ".bias");
     char base[64];
     snprintf(base, sizeof base, "%.*s", (int)(*bias ? rl - 5 : rl), rest);
+    if (c->arch == TERN_ARCH_GLM5) return plan_cut_glm(c, N, r, base, *bias, lo, cnt, full);
     if (!strcmp(base, "self_attn.q_proj")) { *lo = r * nHl * D; *cnt = nHl * D; *full = (int64_t)c->n_head * D; return CUT_ROWS; }
     if (!strcmp(base, "self_attn.k_proj") || !strcmp(base, "self_attn.v_proj")) {
         *lo = kv0 * D; *cnt = nkv * D; *full = (int64_t)lc->n_head_kv * D; return CUT_ROWS;
@@ -418,6 +475,10 @@ static tern_status local_config(const tern_model_config *c, int N, int r, tern_m
         out->layers[l].n_ff = c->layers[l].n_ff / N;
     }
     out->n_head_kv = c->n_layer > 0 ? out->layers[0].n_head_kv : c->n_head_kv / N;
+    if (c->arch == TERN_ARCH_GLM5) { /* latent cache: one replicated record per token (n_head_kv 1 per layer) */
+        out->n_head_kv = c->n_head_kv / N;
+        out->n_ff_shared = c->n_ff_expert * c->n_shared_experts / N;
+    }
     return TERN_OK;
 }
 
@@ -438,6 +499,11 @@ tern_status tern_tp_load(tern_tp *tp, const tern_model_config *cfg, tern_weights
             rk->e0 = r * (cfg->n_expert / N);
             rk->e1 = rk->e0 + cfg->n_expert / N;
             rk->vt.route_topk = route_local;
+            if (cfg->arch == TERN_ARCH_GLM5 && rk->real->vt->glm) {
+                rk->glm = *rk->real->vt->glm;
+                rk->glm.route_group = route_group_local;
+                rk->vt.glm = &rk->glm;
+            }
         }
         h[r] = (hook_ctx){tp, r};
         bind(rk);

@@ -13,9 +13,10 @@
  * affine weights need in/N to be a multiple of the group size), kv heads with their q heads
  * (replicated when n_head_kv < N), routed experts by expert id (expert parallelism: every rank
  * routes every row with the replicated router and runs only its own experts); embeddings,
- * norms, router and lm_head are replicated. Communication: NCCL on CUDA ranks, an in-process
- * barrier + host sum on CPU ranks. Step graphs are off in a group (eager ops). GLM-5 (MLA) is
- * not split yet (TERN_EUNSUPPORTED).
+ * norms, router and lm_head are replicated. GLM-5: heads split (q_b_proj rows, W_UK/W_UV by
+ * head, o_proj columns), latent cache / DSA indexer / route_group replicated, experts by id,
+ * shared experts and dense layers like a dense MLP. Communication: NCCL on CUDA ranks, an
+ * in-process barrier + host sum on CPU ranks. Step graphs are off in a group (eager ops).
  */
 #ifndef TERN_TP_H
 #define TERN_TP_H

@@ -1,14 +1,16 @@
 /*
  * test_model_tp.c — tensor + expert parallelism (src/model/tp.h) against one rank.
  *
- * For every Llama-family and Gemma 4 fixture in tests/parity/fixtures: the logits of one
+ * For every Llama-family, Gemma 4 and GLM-5 fixture in tests/parity/fixtures: the logits of one
  * forward over all_ids with N = 2 and 4 ranks equal N = 1 within 1e-5 rel L2 per row (the
  * all-reduce sums in another order) with the same argmax on every row, stay within the parity
  * bound of the transformers reference, and greedy decoding (prefill + incremental steps through
  * the ranks' mirrored KV caches) reproduces all_ids exactly. A two-sequence batch checks that
  * every rank follows rank 0's block tables. Geometries that cannot split are refused with a
- * message (MLX q4 with 64-wide groups over 4 ranks). CPU ranks by default; TERN_TEST_DEVICE=cuda
- * puts rank i on GPU i (NCCL) and skips when fewer GPUs exist; TERN_TEST_TP="2,4" picks the sizes.
+ * message (MLX q4 with 64-wide groups over 4 ranks; the small quantized GLM-5 fixtures, whose
+ * quantized splits tests/parity/tp_glm_quant.mjs covers on partly dequantized copies). CPU
+ * ranks by default; TERN_TEST_DEVICE=cuda puts rank i on GPU i (NCCL) and skips when fewer
+ * GPUs exist; TERN_TEST_TP="2,4" picks the sizes.
  */
 #include "model/tp.h"
 #include "parity_util.h"
@@ -26,7 +28,10 @@
 
 static const char *k_cases[] = {"llama3", "qwen2", "qwen3", "llama3_fp8", "gemma4_dense", "gemma4_f32",
                                 "gemma4_e2b_like", "gemma4_perlayer", "gemma4_unified", "gemma4_moe_like",
-                                "gemma4_moe_mixed", "gemma4_dense_q4g64", "gemma4_e2b_q8g32"};
+                                "gemma4_moe_mixed", "gemma4_dense_q4g64", "gemma4_e2b_q8g32",
+                                /* GLM-5 from here (k_first_glm) */
+                                "glm5_dense", "glm5_dsa", "glm5_yarn", "glm5_dsa_q4", "glm5_dsa_fp8"};
+enum { k_first_glm = 13 };
 
 static int g_cuda;
 
@@ -168,13 +173,22 @@ TEST(tp_parity_llama) {
 }
 
 TEST(tp_parity_gemma4) {
-    for (size_t i = 4; i < TERN_ARRAY_LEN(k_cases); i++) check_case(k_cases[i]);
+    for (size_t i = 4; i < k_first_glm; i++) check_case(k_cases[i]);
+}
+
+/* GLM-5: heads split (MLA), latent cache + DSA indexer + router replicated, experts by id,
+ * shared experts and dense first layers like a dense MLP. The quantized fixtures are too small
+ * to split (FP8 blocks of 128, MLX groups of 32 against 16..48 columns per rank): refused,
+ * naming the tensor. */
+TEST(tp_parity_glm5) {
+    for (size_t i = k_first_glm; i < TERN_ARRAY_LEN(k_cases); i++) check_case(k_cases[i]);
 }
 
 #ifndef TERN_CORE_ONLY
 /* The engine (scheduler, prefix cache, speculative rollback) over a 2-rank group: three requests
- * at once reproduce the reference continuation; the second and third share the first's prompt
- * blocks through the prefix cache and the third verifies drafts (tables rolled back). */
+ * one after another reproduce the reference continuation; the second and third share the first's
+ * full prompt blocks through the prefix cache (when the prompt fills one) and the third verifies
+ * drafts (tables rolled back). */
 typedef struct ereq { int32_t toks[64]; int n, done, failed; } ereq;
 static int on_ev(void *ctx, const tern_event *ev) {
     ereq *r = ctx;
@@ -183,7 +197,7 @@ static int on_ev(void *ctx, const tern_event *ev) {
     return 0;
 }
 
-static void engine_case(const char *name, int N) {
+static void engine_case(const char *name, int N, int expect_cached) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, FIXDIR "/%s", name);
     snprintf(path, sizeof path, "%s/ref.json", dir);
@@ -222,6 +236,13 @@ static void engine_case(const char *name, int N) {
         for (int t = 0; same && t < rq[i].n; t++) same = rq[i].toks[t] == all[np + t];
         CHECK(same, "%s gpus=%d request %d: tokens differ from the reference (%d generated)", name, N, i, rq[i].n);
     }
+    if (eng) { /* the later requests really took the prefix cache and the speculative path */
+        tern_engine_stats es;
+        tern_engine_get_stats(eng, &es);
+        printf("  %s gpus=%d: %lld prompt tokens from the prefix cache, %lld drafted (%lld accepted)\n", name, N,
+               es.cached_tokens, es.spec_drafted, es.spec_accepted);
+        CHECK(!expect_cached || es.cached_tokens > 0, "%s gpus=%d: no prompt token came from the prefix cache", name, N);
+    }
     tern_engine_close(eng);
     free(prompt);
     free(all);
@@ -230,8 +251,11 @@ static void engine_case(const char *name, int N) {
 }
 
 TEST(tp_engine) {
-    engine_case("llama3", g_sizes[0]);
-    engine_case("gemma4_moe_like", g_sizes[0]);
+    /* llama3 / gemma4_moe_like prompts (13, 14 tokens) are shorter than one KV block: nothing to
+     * share; glm5_dsa's 24 share one block of 16 (latent cache + DSA past index_topk = 8 keys) */
+    engine_case("llama3", g_sizes[0], 0);
+    engine_case("gemma4_moe_like", g_sizes[0], 0);
+    engine_case("glm5_dsa", g_sizes[0], 1);
 }
 #endif
 
@@ -252,6 +276,18 @@ TEST(tp_refuses_unsplittable_groups) {
     s = tern_tp_open(&tp, &to, &e);
     if (!s) s = tern_tp_load_dir(tp, FIXDIR "/llama3", NULL, &m, &e);
     CHECK(s == TERN_EUNSUPPORTED && strstr(e.msg, "num_attention_heads"), "status %d: %s", (int)s, e.msg);
+    tern_tp_close(tp);
+    /* GLM-5: 4 MLA heads over 3 ranks; FP8 q_b_proj rows below one scale block, named */
+    tp = NULL;
+    s = tern_tp_open(&tp, &to, &e);
+    if (!s) s = tern_tp_load_dir(tp, FIXDIR "/glm5_dsa", NULL, &m, &e);
+    CHECK(s == TERN_EUNSUPPORTED && strstr(e.msg, "num_attention_heads"), "status %d: %s", (int)s, e.msg);
+    tern_tp_close(tp);
+    tp = NULL;
+    to.n = 2;
+    s = tern_tp_open(&tp, &to, &e);
+    if (!s) s = tern_tp_load_dir(tp, FIXDIR "/glm5_dsa_fp8", NULL, &m, &e);
+    CHECK(s == TERN_EUNSUPPORTED && strstr(e.msg, "q_b_proj") && strstr(e.msg, "FP8"), "status %d: %s", (int)s, e.msg);
     tern_tp_close(tp);
 }
 
@@ -281,6 +317,7 @@ int main(void) {
     }
     RUN(tp_parity_llama);
     RUN(tp_parity_gemma4);
+    RUN(tp_parity_glm5);
     if (!g_cuda) RUN(tp_refuses_unsplittable_groups);
 #ifndef TERN_CORE_ONLY
     RUN(tp_engine);
