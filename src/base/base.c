@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <stdint.h>
+#include <sys/mman.h>
 
 const char *tern_status_str(tern_status s) {
     switch (s) {
@@ -104,3 +106,10 @@ void *tern_aalloc(size_t bytes) {
 }
 
 void tern_afree(void *p) { free(p); }
+
+void tern_advise_huge(void *p, size_t bytes) {
+    const char *e = getenv("TERN_THP");
+    if (!p || bytes < (2u << 20) || (e && !strcmp(e, "0"))) return;
+    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, z = ((uintptr_t)p + bytes) & ~(uintptr_t)4095;
+    if (z > a) (void)madvise((void *)a, z - a, MADV_HUGEPAGE); /* advice only: failure is harmless */
+}

@@ -49,11 +49,7 @@ static void *buf(tern_synth *s, size_t bytes) {
     }
     void *p = tern_aalloc(bytes);
     if (p) s->bufs[s->n++] = p;
-    const char *e = getenv("TERN_THP");
-    if (p && bytes >= (2u << 20) && !(e && !strcmp(e, "0"))) { /* whole 4 KB pages inside the buffer */
-        uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, z = ((uintptr_t)p + bytes) & ~(uintptr_t)4095;
-        if (z > a) (void)madvise((void *)a, z - a, MADV_HUGEPAGE); /* advice only: failure is harmless */
-    }
+    tern_advise_huge(p, bytes);
     return p;
 }
 

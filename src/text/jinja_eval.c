@@ -634,7 +634,7 @@ void tern_jinja_free(tern_jinja_template *t) {
 }
 
 tern_status tern_jinja_render(const tern_jinja_template *t, const cJSON *ctx, const tern_jinja_limits *limits,
-                              char **out, size_t *out_len, tern_error *err) {
+                              char **out, size_t *out_len, tern_error *volatile err) { /* volatile: live across setjmp */
     *out = NULL;
     if (out_len) *out_len = 0;
     if (!t) return tern_err(err, TERN_EINVAL, "template: NULL template");
@@ -687,7 +687,7 @@ done:
 }
 
 char *tern_jinja_tojson(const cJSON *v) {
-    jrender *r = calloc(1, sizeof *r);
+    jrender *volatile r = calloc(1, sizeof *r);
     if (!r) return NULL;
     tern_error e;
     jbuf b = {0};
@@ -697,7 +697,7 @@ char *tern_jinja_tojson(const cJSON *v) {
     r->arena.cap = (size_t)1 << 30;
     r->arena.jb = &r->jb;
     r->arena.err = &e;
-    char *res = NULL;
+    char *volatile res = NULL; /* set after setjmp, read after a possible longjmp */
     if (!setjmp(r->jb)) {
         jjson_opt o = {false, false, -1, ", ", ": "};
         jv_write_json(r, &b, jv_from_cjson(&r->arena, v), &o, 0);

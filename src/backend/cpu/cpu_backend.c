@@ -362,6 +362,7 @@ tern_membw *tern_membw_open(size_t bytes) {
     b->n = bytes / sizeof(float) / 4096 * 4096;
     b->k = tern__cpu_kern_pick();
     b->p = tern_aalloc(b->n * sizeof *b->p);
+    tern_advise_huge(b->p, b->n * sizeof *b->p); /* the same pages as the weights it is compared with */
     b->pool = tern_pool_create(0);
     if (!b->p || !b->pool) { tern_membw_close(b); return NULL; }
     for (size_t i = 0; i < b->n; i++) b->p[i] = (float)(i & 1023);
