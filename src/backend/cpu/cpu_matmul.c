@@ -5,7 +5,8 @@
  *   - batch 1 (decode) of BF16/Q8/Q4 rows with in % 64 == 0: the ISA's fused GEMV
  *     (gemv_avx512.c / gemv_avx2.c): x is laid out once per call in the thread's buffer
  *     (plus Σx per group, or int8 x in TERN_CPU_INT8 mode), then 4 weight rows per pass
- *     are read once and never written out decoded.
+ *     are read once and never written out decoded. For Q8/Q4 the kernels prefetch the same
+ *     offsets a few passes of rows ahead (gemv_pf, TERN_CPU_PF; bench/NOTES.md 2026-11-30 (f)).
  * Otherwise, for a tile of weight rows it decodes CPU_CH inputs of each row into an f32
  * tile (F32 weights are used in place), then runs the 4x4 register-blocked microkernel over
  * blocks of 4 activation rows, accumulating into y.
@@ -75,7 +76,7 @@ void tern__cpu_wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
     }
 }
 
-/* Prefetch distance of the fused GEMV (TERN_CPU_PF=bytes, 0 = the kernels' old fixed 1 KB):
+/* Prefetch distance of the fused Q8/Q4 GEMV (TERN_CPU_PF=bytes, 0 = the kernels' old 1 KB):
  * the rows of one matrix are contiguous, so a pass over rows o..o+3 prefetches the same
  * offsets in the rows `ahead` later (whole passes, >= pf bytes of weight data ahead) and their
  * scales/biases; each thread thereby runs one deep sequential stream over its slice. */
@@ -96,11 +97,10 @@ void tern__cpu_gemv_pf_set(long bytes) { pf_bytes = bytes < 0 ? -1 : bytes; } /*
 static void gemv_pf(const tern_tensor *w, cpu_gx *gx) {
     long want = gemv_pf_bytes();
     size_t rb = tern_tensor_row_bytes(w);
-    if (!want || !rb) return;
+    if (!want || !rb || w->dtype != TERN_DT_Q) return; /* bf16 keeps 1 KB in-row: at the floor already */
     int64_t ahead = ((int64_t)((size_t)want + rb - 1) / (int64_t)rb + 3) / 4 * 4;
     gx->pf_data = (ptrdiff_t)(ahead * (int64_t)rb);
-    if (w->dtype == TERN_DT_Q)
-        gx->pf_sb = (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
+    gx->pf_sb = (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
 }
 
 /* Batch 1 through the ISA's fused GEMV: x prepared once into the thread's buffer, then
