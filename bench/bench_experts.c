@@ -4,6 +4,7 @@
  *
  *   build/bench_experts [--preset gemma4-26b-a4b] [--layers N] [--bits 4] [--device cpu|cuda]
  *                       [--tokens N] [--threads N] [--cold] [--fracs 0,25,50,100] [--trace FILE]
+ *                       [--per-expert]
  *
  * Writes a random-weight Gemma 4 model of the preset's geometry (N layers; MLX affine q`bits`,
  * group 64, mlx expert names) as config.json + model.safetensors into a temporary directory
@@ -12,7 +13,12 @@
  * then `--warmup` (32) untimed and N timed decode steps one row at a time, and prints decode tok/s, hits, bytes read per
  * token, slot bytes and the process RSS; finally the same with offload off (every expert
  * uploaded / mapped). --cold drops the file from the page cache before each run (reads then
- * come from the disk). Prints a table and CSV lines ("csv,").
+ * come from the disk). Prints a table and CSV lines ("csv,"). --per-expert stores the experts as
+ * HF per-expert tensors (experts.{e}.{gate,up,down}_proj.*: the weight store copies them into
+ * stacks without offload, and leaves them in the file with it). The last two columns: experts
+ * copied ahead by the I/O thread per token and how many of them the next layer used
+ * (TERN_EXPERTS_PREFETCH=0 turns the thread off; --ab runs every share twice, thread off then
+ * on, labelled "N%/no" and "N%/io": the before/after comparison in the same minute).
  */
 #include "io/config.h"
 #include "io/presets.h"
@@ -38,7 +44,7 @@ typedef struct ent {
 } ent;
 
 static ent *g_e;
-static int g_n, g_cap, g_bits = 4;
+static int g_n, g_cap, g_bits = 4, g_per_expert;
 
 static void add(const char *name, tern_dtype dt, int kind, int ndim, int64_t a, int64_t b, int64_t c) {
     if (g_n == g_cap) {
@@ -109,9 +115,17 @@ static void gemma4_tensors(const tern_model_config *c) {
             const char *v2[] = {"pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"};
             for (int i = 0; i < 3; i++) { snprintf(n, sizeof n, "layers.%d.%s", l, v2[i]); vec(n, H); }
             snprintf(n, sizeof n, "layers.%d.router.proj", l); qmat(n, 0, E, H);
-            snprintf(n, sizeof n, "layers.%d.experts.switch_glu.gate_proj", l); qmat(n, E, I, H);
-            snprintf(n, sizeof n, "layers.%d.experts.switch_glu.up_proj", l); qmat(n, E, I, H);
-            snprintf(n, sizeof n, "layers.%d.experts.switch_glu.down_proj", l); qmat(n, E, H, I);
+            if (g_per_expert)
+                for (int64_t x = 0; x < E; x++) {
+                    snprintf(n, sizeof n, "layers.%d.experts.%lld.gate_proj", l, (long long)x); qmat(n, 0, I, H);
+                    snprintf(n, sizeof n, "layers.%d.experts.%lld.up_proj", l, (long long)x); qmat(n, 0, I, H);
+                    snprintf(n, sizeof n, "layers.%d.experts.%lld.down_proj", l, (long long)x); qmat(n, 0, H, I);
+                }
+            else {
+                snprintf(n, sizeof n, "layers.%d.experts.switch_glu.gate_proj", l); qmat(n, E, I, H);
+                snprintf(n, sizeof n, "layers.%d.experts.switch_glu.up_proj", l); qmat(n, E, I, H);
+                snprintf(n, sizeof n, "layers.%d.experts.switch_glu.down_proj", l); qmat(n, E, H, I);
+            }
         }
     }
 }
@@ -200,11 +214,13 @@ static void drop_cache(const char *dir) {
 
 int main(int argc, char **argv) {
     const char *preset = "gemma4-26b-a4b", *device = "cpu", *fracs = "0,25,50,100";
-    int layers = 4, tokens = 32, threads = 0, cold = 0, warmup = 32;
+    int layers = 4, tokens = 32, threads = 0, cold = 0, warmup = 32, ab_mode = 0;
     const char *trace = NULL; /* --trace FILE: the routing trace of the last offloaded run */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--cold")) { cold = 1; continue; }
+        if (!strcmp(a, "--per-expert")) { g_per_expert = 1; continue; }
+        if (!strcmp(a, "--ab")) { ab_mode = 1; continue; }
         if (!v) { fprintf(stderr, "bench_experts: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--preset")) preset = v;
         else if (!strcmp(a, "--layers")) layers = atoi(v);
@@ -247,12 +263,15 @@ int main(int argc, char **argv) {
     int E = cfg.n_expert, k = cfg.n_expert_used, rc = 0;
     printf("decode with experts on disk: %s, %d of %d layers, q%d, device %s, %d decode tokens%s\n", preset, layers,
            full_layers, g_bits, device, tokens, cold ? ", page cache dropped before each run" : "");
-    printf("%-8s %7s %10s %9s %9s %12s %11s %11s %10s\n", "resident", "slots", "decode t/s", "hit rate", "MB/token",
-           "slot MB", "RSS load MB", "RSS end MB", "prefill s");
+    printf("%-8s %7s %10s %9s %9s %12s %11s %11s %10s %9s %9s\n", "resident", "slots", "decode t/s", "hit rate",
+           "MB/token", "slot MB", "RSS load MB", "RSS end MB", "prefill s", "ahead/tok", "used/tok");
     char list[256];
     snprintf(list, sizeof list, "%s,off", fracs);
-    for (char *tok = strtok(wr ? NULL : list, ","); tok; tok = strtok(NULL, ",")) {
+    for (char *tok = strtok(wr ? NULL : list, ","); tok; tok = strtok(NULL, ","))
+      for (int ab = ab_mode ? 0 : -1; ab < 2; ab++) { /* --ab: each share with the I/O thread off, then on */
         int off = !strcmp(tok, "off"), pct = off ? 100 : atoi(tok);
+        if (off && ab == 1) break;
+        if (ab >= 0) setenv("TERN_EXPERTS_PREFETCH", ab ? "1" : "0", 1);
         int slots = (int)((double)E * pct / 100.0 + 0.5);
         if (slots < k) slots = k;
         if (cold) drop_cache(dir);
@@ -300,11 +319,12 @@ int main(int argc, char **argv) {
         long rss = rss_kb();
         if (s) { fprintf(stderr, "bench_experts: forward: %s\n", e.msg); rc = 1; }
         char lab[16];
-        snprintf(lab, sizeof lab, off ? "off" : "%d%%", pct);
-        printf("%-8s %7d %10.2f %9.3f %9.2f %12.1f %11.1f %11.1f %10.3f\n", lab, off ? E : slots, tokens / dt, hit, mbt,
-               x1.slot_bytes / 1e6, rss_load / 1024.0, rss / 1024.0, pf);
-        printf("csv,%s,%s,%d,%s,%d,%.3f,%.4f,%.3f,%.1f,%.1f,%.1f,%.4f\n", preset, device, layers, lab, off ? E : slots,
-               tokens / dt, hit, mbt, x1.slot_bytes / 1e6, rss_load / 1024.0, rss / 1024.0, pf);
+        snprintf(lab, sizeof lab, off ? "off" : ab < 0 ? "%d%%" : ab ? "%d%%/io" : "%d%%/no", pct);
+        double pre = (double)(x1.prefetched - x0.prefetched) / tokens, used = (double)(x1.prefetch_hits - x0.prefetch_hits) / tokens;
+        printf("%-8s %7d %10.2f %9.3f %9.2f %12.1f %11.1f %11.1f %10.3f %9.1f %9.1f\n", lab, off ? E : slots, tokens / dt,
+               hit, mbt, x1.slot_bytes / 1e6, rss_load / 1024.0, rss / 1024.0, pf, pre, used);
+        printf("csv,%s,%s,%d,%s,%d,%.3f,%.4f,%.3f,%.1f,%.1f,%.1f,%.4f,%.2f,%.2f\n", preset, device, layers, lab,
+               off ? E : slots, tokens / dt, hit, mbt, x1.slot_bytes / 1e6, rss_load / 1024.0, rss / 1024.0, pf, pre, used);
         fflush(stdout);
         free(lg);
         tern_kv_close(kv);

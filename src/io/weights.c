@@ -11,7 +11,8 @@
  *       from "<base>.weight_scale_inv" (DeepSeek-V3 / GLM-5-FP8; block size from the config).
  * Expert stacks ("layers.L.experts.gate|up|down", [E, out, in]) are found in four stored
  * forms: HF fused gate_up_proj (gate/up become strided views, no copy), mlx switch_glu,
- * GLM mlx switch_mlp, and per-expert matrices (copied once into one owned buffer, cached).
+ * GLM mlx switch_mlp, and per-expert matrices (a table of each expert's stored bytes, then
+ * copied once into one owned buffer, cached; with expert views on (offload) never copied).
  * Every stored tensor touched by a lookup is marked used, so tern_weights_unused can name
  * leftovers; vision/audio towers and rotary buffers never count as leftovers.
  * The config passed to open must outlive the store (its quantization block is read lazily).
@@ -25,7 +26,9 @@
 typedef struct stack {
     char *canon, *name;
     tern_tensor t;
-    void *w, *s, *b; /* owned buffers */
+    void *w, *s, *b; /* owned buffers (NULL while only viewed) */
+    tern_expert_src *src; /* [E]: each expert's stored bytes */
+    size_t wb, sb;   /* one expert's data bytes; scales bytes (biases too when Q) */
 } stack;
 
 struct tern_weights {
@@ -40,6 +43,8 @@ struct tern_weights {
     struct tern_synth *synth; /* synthetic store (weights_synth.c): tensors made on request */
     tern_weights_shard_fn shard; /* tensor-parallel hook (weights.h), NULL = none */
     void *shard_ctx;
+    int views;              /* per-expert stacks: source tables only, no copy (weights.h) */
+    size_t stacked_bytes;   /* bytes copied into per-expert stacks */
 };
 
 tern_status tern_weights_open_synth(tern_weights **out, const tern_model_config *cfg, const tern_synth_spec *spec,
@@ -120,6 +125,7 @@ void tern_weights_close(tern_weights *w) {
         tern_afree(w->stacks[i].w);
         tern_afree(w->stacks[i].s);
         tern_afree(w->stacks[i].b);
+        free(w->stacks[i].src);
     }
     free(w->stacks);
     for (int i = 0; i < w->n_ignores; i++) free(w->ignores[i]);
@@ -273,7 +279,34 @@ static int same_layout(const tern_tensor *a, const tern_tensor *b) {
     return 1;
 }
 
-/* per-expert matrices "<base>.{e}.<kind>_proj" for e in [0, E) copied into one [E, out, in] stack */
+/* Copy a views stack's experts into owned buffers (s->w/s/b) and point s->t at them. */
+static int materialize(tern_weights *w, stack *s, tern_error *err) {
+    int E = (int)s->t.shape[0];
+    size_t wb = s->wb, sb = s->sb, total;
+    int qb = s->t.dtype == TERN_DT_Q;
+    if (!tern_mul_ok(wb, (size_t)E, &total) || !(s->w = tern_aalloc(total)) ||
+        (sb && (!(s->s = tern_aalloc(sb * (size_t)E)) || (qb && !(s->b = tern_aalloc(sb * (size_t)E)))))) {
+        tern_afree(s->w);
+        tern_afree(s->s);
+        s->w = s->s = NULL;
+        return tern_err(err, TERN_ENOMEM, "weights: cannot allocate %d stacked experts for %s", E, s->canon);
+    }
+    for (int e = 0; e < E; e++) {
+        memcpy((uint8_t *)s->w + (size_t)e * wb, s->src[e].data, wb);
+        if (sb) {
+            memcpy((uint8_t *)s->s + (size_t)e * sb, s->src[e].scales, sb);
+            if (qb) memcpy((uint8_t *)s->b + (size_t)e * sb, s->src[e].biases, sb);
+        }
+    }
+    w->stacked_bytes += total + (sb ? sb * (size_t)E * (qb ? 2 : 1) : 0);
+    s->t.data = s->w;
+    s->t.scales = sb ? s->s : NULL;
+    s->t.biases = qb ? s->b : NULL;
+    return 1;
+}
+
+/* per-expert matrices "<base>.{e}.<kind>_proj" for e in [0, E): a source table of each expert's
+ * stored bytes, then (views off) copied into one [E, out, in] stack */
 static int stack_experts(tern_weights *w, const char *canon, const char *base, const char *kname, tern_tensor *t,
                          tern_error *err) {
     char n[512];
@@ -290,24 +323,17 @@ static int stack_experts(tern_weights *w, const char *canon, const char *base, c
             snprintf(n, sizeof n, "%s.%d.%s.weight", base, E, kname);
             if (!find(w, n)) break;
         }
-    size_t wb = tern_tensor_row_bytes(&t0) * (size_t)t0.shape[0], sb = 0;
-    int qb = t0.dtype == TERN_DT_Q; /* MLX: scales + biases; block FP8: scales only */
-    if (qb) sb = (size_t)(t0.shape[0] * (t0.shape[1] / t0.group_size)) * tern_dtype_size(t0.sdtype);
-    else if (tern_tensor_is_fp8_block(&t0)) sb = tern_tensor_fp8_scale_bytes(&t0);
     stack *ns = realloc(w->stacks, (size_t)(w->n_stacks + 1) * sizeof *ns);
     if (!ns) return tern_err(err, TERN_ENOMEM, "weights: out of memory");
     w->stacks = ns;
     stack *s = &w->stacks[w->n_stacks];
     memset(s, 0, sizeof *s);
-    size_t total;
-    if (!tern_mul_ok(wb, (size_t)E, &total) || !(s->w = tern_aalloc(total)) ||
-        (sb && (!(s->s = tern_aalloc(sb * (size_t)E)) || (qb && !(s->b = tern_aalloc(sb * (size_t)E)))))) {
-        tern_afree(s->w);
-        tern_afree(s->s);
-        return tern_err(err, TERN_ENOMEM, "weights: cannot allocate %d stacked experts for %s", E, canon);
-    }
+    s->wb = tern_tensor_row_bytes(&t0) * (size_t)t0.shape[0];
+    if (t0.dtype == TERN_DT_Q) s->sb = (size_t)(t0.shape[0] * (t0.shape[1] / t0.group_size)) * tern_dtype_size(t0.sdtype);
+    else if (tern_tensor_is_fp8_block(&t0)) s->sb = tern_tensor_fp8_scale_bytes(&t0);
+    if (!(s->src = calloc((size_t)E, sizeof *s->src))) return tern_err(err, TERN_ENOMEM, "weights: out of memory");
     int rc = 1;
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < E && rc > 0; e++) {
         tern_tensor te;
         snprintf(n, sizeof n, "%s.%d.%s", base, e, kname);
         int re = resolve_module(w, n, 0, &te, err);
@@ -319,35 +345,29 @@ static int stack_experts(tern_weights *w, const char *canon, const char *base, c
             shape_str(b, sizeof b, t0.ndim, t0.shape);
             rc = tern_err(err, TERN_EFORMAT, "%s: expert tensor '%.200s' is %s %s but expert 0 is %s %s",
                           fname(w, te.name), te.name, tern_dtype_name(te.dtype), a, tern_dtype_name(t0.dtype), b);
-        }
-        if (rc < 0) break;
-        memcpy((uint8_t *)s->w + (size_t)e * wb, te.data, wb);
-        if (sb) {
-            memcpy((uint8_t *)s->s + (size_t)e * sb, te.scales, sb);
-            if (qb) memcpy((uint8_t *)s->b + (size_t)e * sb, te.biases, sb);
+        } else {
+            s->src[e].data = te.data;
+            s->src[e].scales = te.scales;
+            s->src[e].biases = te.biases;
         }
     }
     snprintf(n, sizeof n, "%s.*.%s.weight", base, kname);
     s->canon = strdup(canon);
     s->name = strdup(n);
     if (rc > 0 && (!s->canon || !s->name)) rc = tern_err(err, TERN_ENOMEM, "weights: out of memory");
-    if (rc < 0) {
-        free(s->canon);
-        free(s->name);
-        tern_afree(s->w);
-        tern_afree(s->s);
-        tern_afree(s->b);
-        return rc;
-    }
     s->t = t0;
     s->t.ndim = 3;
     s->t.shape[0] = E;
     s->t.shape[1] = t0.shape[0];
     s->t.shape[2] = t0.shape[1];
-    s->t.data = s->w;
-    s->t.scales = sb ? s->s : NULL;
-    s->t.biases = qb ? s->b : NULL;
     s->t.name = s->name;
+    if (rc > 0 && !w->views) rc = materialize(w, s, err);
+    if (rc < 0) {
+        free(s->canon);
+        free(s->name);
+        free(s->src);
+        return rc;
+    }
     w->n_stacks++;
     *t = s->t;
     return 1;
@@ -359,6 +379,7 @@ static int resolve_experts(tern_weights *w, const char *canon, int layer, int ki
     int r;
     for (int i = 0; i < w->n_stacks; i++)
         if (!strcmp(w->stacks[i].canon, canon)) {
+            if (!w->views && !w->stacks[i].w && (r = materialize(w, &w->stacks[i], err)) < 0) return r;
             *t = w->stacks[i].t;
             return 1;
         }
@@ -531,3 +552,17 @@ void tern_weights_set_shard(tern_weights *w, tern_weights_shard_fn fn, void *ctx
 const char *tern_weights_prefix(const tern_weights *w) { return w ? w->prefix : ""; }
 
 const tern_st_set *tern_weights_set(const tern_weights *w) { return w ? w->st : NULL; }
+
+void tern_weights_set_expert_views(tern_weights *w, int on) {
+    if (w) w->views = on != 0;
+}
+
+const tern_expert_src *tern_weights_expert_views(const tern_weights *w, const tern_tensor *stack) {
+    if (!w || !stack || !stack->name || stack->ndim != 3) return NULL;
+    for (int i = 0; i < w->n_stacks; i++)
+        if (!strcmp(w->stacks[i].name, stack->name) && stack->shape[0] == w->stacks[i].t.shape[0])
+            return w->stacks[i].src;
+    return NULL;
+}
+
+size_t tern_weights_stacked_bytes(const tern_weights *w) { return w ? w->stacked_bytes : 0; }

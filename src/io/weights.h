@@ -13,7 +13,8 @@
  *     HF fused   experts.gate_up_proj [E, 2I, H] (views with mat_stride) + experts.down_proj,
  *     mlx        experts.switch_glu.{gate,up,down}_proj.weight (Gemma 4),
  *                mlp.switch_mlp.{gate,up,down}_proj.weight (GLM),
- *     per-expert mlp.experts.{e}.{gate,up,down}_proj.weight (stacked by copying once).
+ *     per-expert mlp.experts.{e}.{gate,up,down}_proj.weight (stacked by copying once; with
+ *                expert views on, not copied: a per-expert source table, see below).
  * Vision/audio tower tensors are ignored. Tensors never requested are reported by
  * tern_weights_unused() so a loader can name unexpected tensors.
  */
@@ -75,5 +76,22 @@ void tern_weights_set_shard(tern_weights *w, tern_weights_shard_fn fn, void *ctx
 const char *tern_weights_prefix(const tern_weights *w);
 /* The underlying safetensors set (for metadata / listing). */
 const tern_st_set *tern_weights_set(const tern_weights *w);
+
+/* Per-expert sources (appended; expert offload, docs/OFFLOAD.md). With views on, a stack built
+ * from per-expert tensors ("mlp.experts.{e}.*") is NOT copied: get/try return a [E, out, in]
+ * tensor whose data/scales/biases are expert 0's stored bytes (the other experts are elsewhere:
+ * only tern_weights_expert_views tells where), and the table below gives every expert's stored
+ * bytes (inside the file mapping). Only the expert store may use such a tensor. A views stack
+ * requested again with views off is copied then. Default off. */
+typedef struct tern_expert_src {
+    const void *data, *scales, *biases; /* expert e's matrix; MLX scales + biases, or FP8 block scales */
+} tern_expert_src;
+void tern_weights_set_expert_views(tern_weights *w, int on);
+/* The E-entry source table of a per-expert stack returned by get/try (matched by its name), or
+ * NULL for a stack stored contiguously (fused / mlx). Also given when the stack was copied too
+ * (views off earlier): the store may read either. Owned by the store. */
+const tern_expert_src *tern_weights_expert_views(const tern_weights *w, const tern_tensor *stack);
+/* Bytes copied so far into stacks built from per-expert tensors (0 = none copied). */
+size_t tern_weights_stacked_bytes(const tern_weights *w);
 
 #endif

@@ -299,9 +299,11 @@ tern_status tern_model_load_from(tern_model **out, const tern_model_config *cfg,
                                 .trace = opts->expert_trace};
         s = tern_experts_open(&m->experts, be, cfg->n_layer, &xo, err);
         m->load_ws = ws;
+        tern_weights_set_expert_views(ws, 1); /* per-expert stacks: not copied, read from the file (moe.c) */
     }
     if (!s) s = impl->load(m, ws, err);
     if (!s && m->experts) s = tern_experts_plan(m->experts, cfg->n_expert_used, err);
+    if (m->load_ws) tern_weights_set_expert_views(ws, 0);
     m->load_ws = NULL;
     if (!s) {
         const char *names[16];

@@ -4,8 +4,9 @@
  *
  * Without offload (m->experts NULL) tern__moe_mlp is vt->moe_mlp and stacks are uploaded like
  * any weight: today's path, unchanged. With offload, tern__load_stack hands the stored stack
- * (mmap'd safetensors bytes, or host RAM for synthetic / per-expert stacked weights) to the
- * expert store without uploading it, and tern__moe_mlp runs the layer over the store's slots.
+ * (mmap'd safetensors bytes, or host RAM for synthetic weights; per-expert HF tensors as a table
+ * of each expert's bytes in the file, never copied into a stack) to the expert store without
+ * uploading it, and tern__moe_mlp runs the layer over the store's slots.
  * Names are canonical ("layers.L.experts.gate|up|down"): the layer index and the stack come
  * from the name, so the architectures need no other change than calling tern__moe_mlp.
  */
@@ -39,6 +40,8 @@ tern_status tern__experts_register(tern_model *m, const char *name, tern_tensor 
         return tern_err(err, TERN_EINVAL, "expert offload: '%s' is not a layers.L.experts.{gate,up,down} stack", name);
     int w = !strcmp(which, "gate") ? 0 : !strcmp(which, "up") ? 1 : !strcmp(which, "down") ? 2 : -1;
     if (w < 0) return tern_err(err, TERN_EINVAL, "expert offload: '%s': unknown stack '%s'", name, which);
+    const tern_expert_src *src = tern_weights_expert_views(m->load_ws, t); /* per-expert: stored bytes */
+    if (src) return tern_experts_add_src(m->experts, l, w, t, src, 1, err);
     return tern_experts_add(m->experts, l, w, t, file_backed(m->load_ws, t), err);
 }
 

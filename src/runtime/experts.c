@@ -12,13 +12,19 @@
  * A call: download ids -> unique experts (stamp per call) -> hits stamped first (pinned), then
  * each miss takes the least recently used slot not stamped by this call -> copy its stored bytes
  * (vt->upload: memcpy on the CPU, stream-ordered copy on CUDA) -> upload the map when it changed
- * -> vt->moe_mlp over the views. The copies run on the engine thread before the kernels; what
- * overlaps compute is the disk read: read_ahead() predicts the next MoE layer's experts with its
- * router and asks the kernel to page them in (madvise WILLNEED) while this layer computes.
- * Copying into slots on an I/O thread / a CUDA copy stream is open (docs/OFFLOAD.md).
+ * -> vt->moe_mlp over the views. read_ahead() predicts the next MoE layer's experts with its
+ * router and asks the kernel to page them in (madvise WILLNEED); on CPU backends it also gives
+ * them slots of that layer (evicting its LRU, never a predicted expert) and queues the copies to
+ * one I/O thread, which runs them while this layer computes. Only the engine thread touches the
+ * tables; the thread only copies bytes into slots of the next layer, and every call waits for
+ * the queue to be empty before it touches any slot, so a slot being filled is never used.
+ * Per-expert sources (esrc, from weights.c expert views): each expert's stored bytes apart; a
+ * call with more experts than slots copies them into a temporary pool for that call.
+ * A CUDA copy stream / pinned staging is open (docs/OFFLOAD.md).
  */
 #include "runtime/experts.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +40,7 @@ typedef struct xstack {
     int nreg;                 /* 1 data, 2 + scales (FP8), 3 + biases (Q) */
     size_t off[3];            /* region offsets inside the layer's pool */
     tern_tensor view;
+    tern_expert_src *esrc;    /* [E] per-expert stored bytes (owned), or NULL: src is one stack */
 } xstack;
 
 typedef struct xlayer {
@@ -48,7 +55,11 @@ typedef struct xlayer {
     uint64_t *stamp;          /* [S]: last call that used the slot (0 = never) */
     tern_tensor router;       /* uploaded [E, H] (data NULL: none registered) */
     uint8_t *ahead;           /* [E]: read ahead by the previous layer, not loaded since */
+    uint8_t *pre;             /* [S]: filled by the I/O thread, not used since */
+    int map_dirty;            /* map_host changed by a prefetch, map_dev not yet uploaded */
 } xlayer;
+
+typedef struct xjob { xlayer *L; int e, s; } xjob;
 
 #define PRED_ROWS 8           /* read-ahead only for decode-sized steps */
 
@@ -68,6 +79,15 @@ struct tern_experts {
     tern_experts_stats st;
     float *d_lg, *h_lg;       /* read-ahead router logits [PRED_ROWS, E]: backend / host */
     int64_t ahead_call;       /* misses of the current call that had been read ahead */
+    /* I/O thread (CPU backends): a queue of slot copies for the next MoE layer */
+    int io_on;
+    int skew;                 /* TERN_EXPERTS_PREFETCH=skew (tests): prefetch expert id + 1 (mostly wrong) */
+    pthread_t io;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_idle;
+    xjob *q;                  /* [S]: at most one layer's slots are queued at a time */
+    int qn, qi, busy, stop;
+    int32_t *pred;            /* [PRED_ROWS * k] predicted experts of one pass */
 };
 
 tern_status tern_experts_open(tern_experts **out, tern_backend *be, int n_layer, const tern_experts_opts *o,
@@ -93,8 +113,11 @@ tern_status tern_experts_open(tern_experts **out, tern_backend *be, int n_layer,
     return TERN_OK;
 }
 
+static void io_stop(tern_experts *x);
+
 void tern_experts_close(tern_experts *x) {
     if (!x) return;
+    io_stop(x);
     for (int l = 0; l < x->n_layer; l++) {
         xlayer *L = &x->L[l];
         if (L->pool) x->be->vt->free(x->be, L->pool);
@@ -104,7 +127,11 @@ void tern_experts_close(tern_experts *x) {
         free(L->owner);
         free(L->stamp);
         free(L->ahead);
+        free(L->pre);
+        for (int w = 0; w < 3; w++) free(L->st[w].esrc);
     }
+    free(x->q);
+    free(x->pred);
     if (x->d_lg) x->be->vt->free(x->be, x->d_lg);
     free(x->h_lg);
     if (x->trace) fclose(x->trace);
@@ -117,6 +144,11 @@ void tern_experts_close(tern_experts *x) {
 
 tern_status tern_experts_add(tern_experts *x, int layer, int which, const tern_tensor *t, int file_backed,
                              tern_error *err) {
+    return tern_experts_add_src(x, layer, which, t, NULL, file_backed, err);
+}
+
+tern_status tern_experts_add_src(tern_experts *x, int layer, int which, const tern_tensor *t,
+                                 const tern_expert_src *src, int file_backed, tern_error *err) {
     const char *nm = t->name ? t->name : "?";
     if (layer < 0 || layer >= x->n_layer || which < 0 || which > 2)
         return tern_err(err, TERN_EINVAL, "expert store: '%s': layer %d / stack %d out of range", nm, layer, which);
@@ -128,8 +160,14 @@ tern_status tern_experts_add(tern_experts *x, int layer, int which, const tern_t
     x->E = (int)t->shape[0];
     xlayer *L = &x->L[layer];
     xstack *s = &L->st[which];
+    free(s->esrc);
     memset(s, 0, sizeof *s);
     s->src = *t;
+    if (src) {
+        if (!(s->esrc = malloc(sizeof *s->esrc * (size_t)x->E)))
+            return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
+        memcpy(s->esrc, src, sizeof *s->esrc * (size_t)x->E);
+    }
     int64_t out = t->shape[1], in = t->shape[2];
     s->dlen = (size_t)out * tern_tensor_row_bytes(t);
     s->dstride = t->mat_stride ? t->mat_stride : s->dlen;
@@ -173,6 +211,70 @@ tern_status tern_experts_add_router(tern_experts *x, int layer, const tern_tenso
     return TERN_OK;
 }
 
+/* ---- the I/O thread: copies queued by read_ahead into slots of the next MoE layer ---- */
+
+static void copy_expert(xlayer *L, uint8_t *pool, const size_t off[3][3], int e, int slot);
+
+static void *io_main(void *arg) {
+    tern_experts *x = arg;
+    pthread_mutex_lock(&x->mu);
+    for (;;) {
+        while (!x->stop && x->qi == x->qn) pthread_cond_wait(&x->cv_job, &x->mu);
+        if (x->qi == x->qn) break; /* stop, queue drained */
+        xjob j = x->q[x->qi++];
+        x->busy = 1;
+        pthread_mutex_unlock(&x->mu);
+        size_t off[3][3];
+        for (int w = 0; w < 3; w++) memcpy(off[w], j.L->st[w].off, sizeof off[w]);
+        copy_expert(j.L, j.L->pool, (const size_t(*)[3])off, j.e, j.s);
+        pthread_mutex_lock(&x->mu);
+        x->busy = 0;
+        if (x->qi == x->qn) pthread_cond_broadcast(&x->cv_idle);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return NULL;
+}
+
+static int io_start(tern_experts *x) {
+    if (pthread_mutex_init(&x->mu, NULL)) return -1;
+    if (pthread_cond_init(&x->cv_job, NULL) || pthread_cond_init(&x->cv_idle, NULL) ||
+        pthread_create(&x->io, NULL, io_main, x)) {
+        pthread_mutex_destroy(&x->mu);
+        return -1;
+    }
+    x->io_on = 1;
+    return 0;
+}
+
+/* Wait until every queued copy is done (the engine thread, before it touches any slot). */
+static void io_wait(tern_experts *x) {
+    if (!x->io_on) return;
+    pthread_mutex_lock(&x->mu);
+    while (x->qi < x->qn || x->busy) pthread_cond_wait(&x->cv_idle, &x->mu);
+    x->qi = x->qn = 0;
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void io_push(tern_experts *x, xlayer *L, int e, int s) {
+    pthread_mutex_lock(&x->mu);
+    x->q[x->qn++] = (xjob){L, e, s};
+    pthread_cond_signal(&x->cv_job);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void io_stop(tern_experts *x) {
+    if (!x->io_on) return;
+    pthread_mutex_lock(&x->mu);
+    x->stop = 1;
+    pthread_cond_broadcast(&x->cv_job);
+    pthread_mutex_unlock(&x->mu);
+    pthread_join(x->io, NULL);
+    pthread_cond_destroy(&x->cv_job);
+    pthread_cond_destroy(&x->cv_idle);
+    pthread_mutex_destroy(&x->mu);
+    x->io_on = 0;
+}
+
 tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
     const tern_backend_vt *vt = x->be->vt;
     int nl = 0;
@@ -200,6 +302,12 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
     x->S = S;
     if (!(x->uniq = malloc(sizeof(int32_t) * (size_t)E)) || !(x->seen = calloc((size_t)E, sizeof(uint64_t))))
         return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
+    const char *pf = getenv("TERN_EXPERTS_PREFETCH");
+    /* opt-in (=1): on a box without a spare core the copies compete with the compute threads
+     * (bench/NOTES.md: 4.06 -> 2.98 tok/s at k slots on 2 cores) */
+    int want_io = x->be->device < 0 && pf && pf[0] && pf[0] != '0', routed = 0;
+    x->skew = pf && !strcmp(pf, "skew");
+    for (int l = 0; l < x->n_layer; l++) routed |= x->L[l].have && x->L[l].router.data && x->L[l].router.shape[0] == E;
     for (int l = 0; l < x->n_layer; l++) {
         xlayer *L = &x->L[l];
         if (!L->have) continue;
@@ -216,15 +324,16 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
         L->owner = malloc(sizeof(int32_t) * (size_t)S);
         L->stamp = calloc((size_t)S, sizeof(uint64_t));
         L->ahead = calloc((size_t)E, 1);
+        L->pre = calloc((size_t)S, 1);
         if (L->router.data && L->router.shape[0] != E) L->router.data = NULL; /* not this store's routing */
-        if (L->router.data && L->file_backed && !x->d_lg) {
+        if (L->router.data && (L->file_backed || (want_io && routed)) && !x->d_lg) {
             x->d_lg = vt->alloc(x->be, sizeof(float) * PRED_ROWS * (size_t)E);
             x->h_lg = malloc(sizeof(float) * PRED_ROWS * (size_t)E);
             if (!x->d_lg || !x->h_lg) return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
         }
         L->pool = vt->alloc(x->be, off);
         L->map_dev = vt->alloc(x->be, sizeof(int32_t) * (size_t)E);
-        if (!L->slot_of || !L->map_host || !L->owner || !L->stamp || !L->ahead || !L->pool || !L->map_dev)
+        if (!L->slot_of || !L->map_host || !L->owner || !L->stamp || !L->ahead || !L->pre || !L->pool || !L->map_dev)
             return tern_err(err, TERN_ENOMEM, "expert store: cannot allocate %d slots of %zu bytes for layer %d on the %s "
                             "backend", S, L->expert_bytes, l, vt->name);
         x->st.slot_bytes += off;
@@ -243,6 +352,12 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
             s->view.mat_map = L->map_dev;
         }
     }
+    if (want_io && routed && x->d_lg) {
+        if (!(x->q = malloc(sizeof *x->q * (size_t)S)) || !(x->pred = malloc(sizeof(int32_t) * PRED_ROWS * (size_t)k)))
+            return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
+        if (io_start(x)) tern_log(TERN_LOG_WARN, "expert cache: cannot start the I/O thread; copies stay on the engine thread");
+    }
+    x->st.prefetch_on = x->io_on;
     x->st.n_layers = nl;
     x->st.n_expert = E;
     x->st.slots = S;
@@ -261,6 +376,7 @@ static void drop_pages(const void *p, size_t len) {
 }
 
 static const uint8_t *src_region(const xstack *s, int r, int e) {
+    if (s->esrc) return r == 0 ? s->esrc[e].data : r == 1 ? s->esrc[e].scales : s->esrc[e].biases;
     const uint8_t *b = r == 0 ? s->src.data : r == 1 ? s->src.scales : s->src.biases;
     return b + (size_t)e * (r ? s->sstride : s->dstride);
 }
@@ -271,7 +387,20 @@ static void drop_expert(const xlayer *L, int e) {
             drop_pages(src_region(&L->st[w], r, e), r ? L->st[w].slen : L->st[w].dlen);
 }
 
-/* Copy expert e's stored bytes into slot s. */
+/* Copy expert e's stored bytes into slot `slot` of a host pool laid out by off (the I/O thread,
+ * and temporary pools; CPU backends only: their memory is host memory). */
+static void copy_expert(xlayer *L, uint8_t *pool, const size_t off[3][3], int e, int slot) {
+    for (int w = 0; w < 3; w++) {
+        const xstack *st = &L->st[w];
+        for (int r = 0; r < st->nreg; r++) {
+            size_t len = r ? st->slen : st->dlen;
+            memcpy(pool + off[w][r] + (size_t)slot * len, src_region(st, r, e), len);
+        }
+    }
+    if (L->file_backed) drop_expert(L, e);
+}
+
+/* Copy expert e's stored bytes into slot s (vt->upload: memcpy on the CPU, a copy on CUDA). */
 static void load(tern_experts *x, xlayer *L, int e, int s) {
     for (int w = 0; w < 3; w++) {
         const xstack *st = &L->st[w];
@@ -283,53 +412,77 @@ static void load(tern_experts *x, xlayer *L, int e, int s) {
     if (L->file_backed) drop_expert(L, e);
 }
 
-/* Make the unique experts uniq[0..U) (U <= S) resident; returns the misses. */
+/* Give expert e slot v of L (tables only; the caller copies the bytes). */
+static void assign(xlayer *L, int e, int v) {
+    if (L->owner[v] >= 0) {
+        L->slot_of[L->owner[v]] = -1;
+        L->map_host[L->owner[v]] = 0;
+    }
+    L->owner[v] = e;
+    L->slot_of[e] = v;
+    L->map_host[e] = v;
+    L->pre[v] = 0;
+}
+
+/* Least recently used slot of L not stamped `now`, or -1. */
+static int victim(const tern_experts *x, const xlayer *L, uint64_t now) {
+    int v = -1;
+    for (int s = 0; s < x->S; s++)
+        if (L->stamp[s] != now && (v < 0 || L->stamp[s] < L->stamp[v])) v = s;
+    return v;
+}
+
+/* Make the unique experts uniq[0..U) (U <= S) resident; returns the misses (copied now, or
+ * ahead by the I/O thread: those count as misses read ahead). */
 static int prepare(tern_experts *x, xlayer *L, int U) {
     uint64_t now = ++x->clock;
-    int miss = 0, changed = 0;
+    int miss = 0, changed = L->map_dirty;
     for (int i = 0; i < U; i++) {
-        int s = L->slot_of[x->uniq[i]];
-        if (s >= 0) L->stamp[s] = now;
+        int e = x->uniq[i], s = L->slot_of[e];
+        if (s < 0) continue;
+        L->stamp[s] = now;
+        if (L->pre[s]) { /* copied ahead for this call */
+            L->pre[s] = 0;
+            L->ahead[e] = 0;
+            miss++;
+            x->ahead_call++;
+            x->st.pred_used++;
+            x->st.prefetch_hits++;
+        }
     }
     for (int i = 0; i < U; i++) {
         int e = x->uniq[i];
         if (L->slot_of[e] >= 0) continue;
-        int v = -1;
-        for (int s = 0; s < x->S; s++) /* least recently used slot not pinned by this call */
-            if (L->stamp[s] != now && (v < 0 || L->stamp[s] < L->stamp[v])) v = s;
-        if (v < 0) break; /* cannot happen: U <= S */
-        if (L->owner[v] >= 0) {
-            L->slot_of[L->owner[v]] = -1;
-            L->map_host[L->owner[v]] = 0;
-        }
+        int v = victim(x, L, now); /* never a slot pinned by this call */
+        if (v < 0) break;          /* cannot happen: U <= S */
+        assign(L, e, v);
         load(x, L, e, v);
+        x->st.bytes_read += L->expert_bytes;
         if (L->ahead[e]) { x->ahead_call++; x->st.pred_used++; }
         L->ahead[e] = 0;
-        L->owner[v] = e;
-        L->slot_of[e] = v;
-        L->map_host[e] = v;
         L->stamp[v] = now;
         miss++;
         changed = 1;
     }
     if (changed) x->be->vt->upload(x->be, L->map_dev, L->map_host, sizeof(int32_t) * (size_t)x->E);
+    L->map_dirty = 0;
     x->st.hits += U - miss;
     x->st.misses += miss;
-    x->st.bytes_read += (uint64_t)miss * L->expert_bytes;
     return miss;
 }
 
 /* Read ahead for the next MoE layer after `layer` (experts.h): its router on this call's input
- * xin [n, H], the top-k of each row, madvise(WILLNEED) on the stored bytes of those that are
- * not resident. Ordering on a device: the download waits for the router product only (queued
- * after this layer's routing), before this layer's experts are launched. */
+ * xin [n, H], the top-k of each row; madvise(WILLNEED) on the stored bytes of those that are
+ * not resident (file-backed), and with the I/O thread, slots for them (LRU of that layer, never
+ * a predicted expert) filled on the thread. Ordering on a device: the download waits for the
+ * router product only (queued after this layer's routing), before this layer's experts run. */
 static void read_ahead(tern_experts *x, int layer, const float *xin, int n) {
     int nx = layer + 1;
     while (nx < x->n_layer && !x->L[nx].have) nx++;
     if (nx >= x->n_layer || n > PRED_ROWS || !x->d_lg) return;
     xlayer *N = &x->L[nx];
-    if (!N->router.data || !N->file_backed || !N->pool || N->router.shape[1] <= 0) return;
-    int E = x->E, k = x->k;
+    if (!N->router.data || !(N->file_backed || x->io_on) || !N->pool || N->router.shape[1] <= 0) return;
+    int E = x->E, k = x->k, np = 0;
     x->be->vt->matmul(x->be, x->d_lg, xin, n, &N->router);
     x->be->vt->download(x->be, x->h_lg, x->d_lg, sizeof(float) * (size_t)n * E);
     for (int r = 0; r < n; r++) {
@@ -339,10 +492,13 @@ static void read_ahead(tern_experts *x, int layer, const float *xin, int n) {
             for (int e = 0; e < E; e++)
                 if (!(N->ahead[e] & 2) && (best < 0 || lg[e] > lg[best])) best = e;
             if (best < 0) break;
-            N->ahead[best] |= 2; /* chosen in this pass */
+            N->ahead[best] |= 2; /* chosen in this row */
+            if (!(N->ahead[best] & 4) && x->pred) x->pred[np++] = (best + x->skew) % E;
+            N->ahead[best] |= 4; /* chosen in this pass */
             if (N->slot_of[best] >= 0 || (N->ahead[best] & 1)) continue;
             N->ahead[best] |= 1;
             x->st.predicted++;
+            if (!N->file_backed) continue;
             for (int w = 0; w < 3; w++)
                 for (int rg = 0; rg < N->st[w].nreg; rg++) {
                     size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = rg ? N->st[w].slen : N->st[w].dlen;
@@ -350,7 +506,25 @@ static void read_ahead(tern_experts *x, int layer, const float *xin, int n) {
                     madvise((void *)lo, a + len - lo, MADV_WILLNEED);
                 }
         }
-        for (int e = 0; e < E; e++) N->ahead[e] &= 1;
+        for (int e = 0; e < E; e++) N->ahead[e] &= 5;
+    }
+    for (int e = 0; e < E; e++) N->ahead[e] &= 1;
+    if (!x->io_on) return;
+    uint64_t now = ++x->clock; /* the predicted experts: kept (stamped), the missing ones copied */
+    for (int i = 0; i < np; i++)
+        if (N->slot_of[x->pred[i]] >= 0) N->stamp[N->slot_of[x->pred[i]]] = now;
+    for (int i = 0; i < np; i++) {
+        int e = x->pred[i];
+        if (N->slot_of[e] >= 0) continue;
+        int v = victim(x, N, now);
+        if (v < 0) break; /* every slot holds a predicted expert */
+        assign(N, e, v);
+        N->stamp[v] = now;
+        N->pre[v] = 1;
+        N->map_dirty = 1;
+        x->st.prefetched++;
+        x->st.bytes_read += N->expert_bytes;
+        io_push(x, N, e, v);
     }
 }
 
@@ -372,6 +546,43 @@ static int cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* More experts than slots on a host backend, per-expert sources (no stack to read in place):
+ * copy the call's U experts into a temporary pool of U slots with its own map, run, free. */
+static int run_spill(tern_experts *x, xlayer *L, int U, float *y, const float *xin, int n, int H,
+                     const int32_t *idx, const float *wts, int k, int act, float *scratch) {
+    const tern_backend_vt *vt = x->be->vt;
+    size_t off[3][3] = {{0}}, tot = 0;
+    for (int w = 0; w < 3; w++)
+        for (int r = 0; r < L->st[w].nreg; r++) {
+            off[w][r] = tot;
+            tot += ALIGN_UP((r ? L->st[w].slen : L->st[w].dlen) * (size_t)U);
+        }
+    uint8_t *pool = vt->alloc(x->be, tot);
+    int32_t *map = vt->alloc(x->be, sizeof(int32_t) * (size_t)x->E);
+    if (!pool || !map) {
+        if (pool) vt->free(x->be, pool);
+        if (map) vt->free(x->be, map);
+        return -1;
+    }
+    memset(map, 0, sizeof(int32_t) * (size_t)x->E);
+    for (int i = 0; i < U; i++) {
+        copy_expert(L, pool, (const size_t(*)[3])off, x->uniq[i], i);
+        map[x->uniq[i]] = i;
+    }
+    tern_tensor v[3];
+    for (int w = 0; w < 3; w++) {
+        v[w] = L->st[w].view;
+        v[w].data = pool + off[w][0];
+        v[w].scales = L->st[w].nreg > 1 ? pool + off[w][1] : NULL;
+        v[w].biases = L->st[w].nreg > 2 ? pool + off[w][2] : NULL;
+        v[w].mat_map = map;
+    }
+    vt->moe_mlp(x->be, y, xin, n, H, idx, wts, k, &v[0], &v[1], &v[2], act, scratch);
+    vt->free(x->be, pool);
+    vt->free(x->be, map);
+    return 0;
+}
+
 void tern_experts_moe_mlp(tern_experts *x, int layer, float *y, const float *xin, int n, int H, const int32_t *idx,
                           const float *wts, int k, int act, float *scratch) {
     tern_backend *be = x->be;
@@ -388,25 +599,31 @@ void tern_experts_moe_mlp(tern_experts *x, int layer, float *y, const float *xin
         x->ids = p;
         x->ids_cap = nk;
     }
+    io_wait(x); /* the copies queued by the previous call are done before any slot is used */
     vt->download(be, x->ids, idx, sizeof(int32_t) * nk);
     int64_t h0 = x->st.hits, m0 = x->st.misses;
-    uint64_t b0 = x->st.bytes_read;
-    int U = collect(x, x->ids, nk), direct = 0, chunks = 0;
+    int U = collect(x, x->ids, nk), direct = 0, chunks = 0, per_expert = 0;
+    for (int w = 0; w < 3; w++) per_expert |= L->st[w].esrc != NULL;
     x->st.calls++;
     x->ahead_call = 0;
-    read_ahead(x, layer, xin, n);
+    if (U > x->S) read_ahead(x, layer, xin, n);
     if (U <= x->S) {
         prepare(x, L, U);
+        read_ahead(x, layer, xin, n); /* the next layer's copies run while this one computes */
         vt->moe_mlp(be, y, xin, n, H, idx, wts, k, &L->st[0].view, &L->st[1].view, &L->st[2].view, act, scratch);
         chunks = 1;
-    } else if (be->device < 0 && !x->chunk_on_host) {
-        /* more experts than slots: host memory is the backend's memory, read them in place */
-        vt->moe_mlp(be, y, xin, n, H, idx, wts, k, &L->st[0].src, &L->st[1].src, &L->st[2].src, act, scratch);
+    } else if (be->device < 0 && !x->chunk_on_host &&
+               (!per_expert || !run_spill(x, L, U, y, xin, n, H, idx, wts, k, act, scratch))) {
+        /* more experts than slots: host memory is the backend's memory, read them in place
+         * (a contiguous stack) or from a temporary pool (per-expert sources, run_spill) */
+        if (!per_expert) {
+            vt->moe_mlp(be, y, xin, n, H, idx, wts, k, &L->st[0].src, &L->st[1].src, &L->st[2].src, act, scratch);
+            if (L->file_backed)
+                for (int i = 0; i < U; i++) drop_expert(L, x->uniq[i]);
+        }
         x->st.direct++;
         x->st.misses += U;
         x->st.bytes_read += (uint64_t)U * L->expert_bytes;
-        if (L->file_backed)
-            for (int i = 0; i < U; i++) drop_expert(L, x->uniq[i]);
         direct = 1;
     } else {
         /* device: row chunks whose unique experts fit the slots (rows are independent there) */
@@ -435,12 +652,12 @@ void tern_experts_moe_mlp(tern_experts *x, int layer, float *y, const float *xin
         x->st.chunks += chunks;
     }
     if (x->trace) {
+        int64_t mc = x->st.misses - m0;
         U = collect(x, x->ids, nk); /* the call's experts again (chunks reused uniq) */
         qsort(x->uniq, (size_t)U, sizeof *x->uniq, cmp_i32);
         fprintf(x->trace, "{\"layer\":%d,\"rows\":%d,\"unique\":%d,\"hits\":%lld,\"misses\":%lld,\"bytes\":%llu,"
                 "\"direct\":%d,\"chunks\":%d,\"ahead\":%lld,\"ids\":[", layer, n, U, (long long)(x->st.hits - h0),
-                (long long)(x->st.misses - m0), (unsigned long long)(x->st.bytes_read - b0), direct, chunks,
-                (long long)x->ahead_call);
+                (long long)mc, (unsigned long long)mc * L->expert_bytes, direct, chunks, (long long)x->ahead_call);
         for (int i = 0; i < U; i++) fprintf(x->trace, i ? ",%d" : "%d", x->uniq[i]);
         fputs("]}\n", x->trace);
         fflush(x->trace); /* a diagnostic: complete lines even if the process is killed */

@@ -19,12 +19,15 @@
  * Sizing: opts.slots (> 0) per layer, else opts.cap_bytes / (MoE layers x one expert's bytes),
  * at least k and at most E. Trace: one JSON line per MoE call:
  *   {"layer":L,"rows":n,"unique":U,"hits":h,"misses":m,"bytes":b,"direct":0|1,"chunks":c,
- *    "ahead":a,"ids":[..]}      (ahead: this call's misses that the previous layer read ahead)
+ *    "ahead":a,"ids":[..]}      (misses: experts copied for this call, now or ahead by the I/O
+ *    thread; ahead: of those, the ones the previous layer predicted (copied ahead or madvised);
+ *    bytes: the misses' bytes)
  */
 #ifndef TERN_RUNTIME_EXPERTS_H
 #define TERN_RUNTIME_EXPERTS_H
 
 #include "io/config.h"
+#include "io/weights.h"
 #include "ops/ops.h"
 
 typedef struct tern_experts tern_experts;
@@ -45,6 +48,10 @@ typedef struct tern_experts_stats {
     uint64_t bytes_read;      /* bytes copied into slots (+ read in place by direct calls) */
     int64_t predicted;        /* experts read ahead for the next layer (not resident when predicted) */
     int64_t pred_used;        /* of the slot loads, how many had been read ahead */
+    /* appended: the I/O thread (CPU backends; TERN_EXPERTS_PREFETCH=0 turns it off) */
+    int64_t prefetched;       /* experts copied into slots ahead of their layer by the I/O thread */
+    int64_t prefetch_hits;    /* of those, used by the next call of their layer */
+    int prefetch_on;          /* 1 when the I/O thread runs */
 } tern_experts_stats;
 
 tern_status tern_experts_open(tern_experts **out, tern_backend *be, int n_layer, const tern_experts_opts *o,
@@ -56,11 +63,20 @@ void tern_experts_close(tern_experts *x); /* accepts NULL */
  * (their pages are dropped from the process after each copy). */
 tern_status tern_experts_add(tern_experts *x, int layer, int which, const tern_tensor *t, int file_backed,
                              tern_error *err);
+/* Same for a stack built from per-expert tensors that were not copied (weights.h expert views):
+ * src[e] gives expert e's stored bytes (E entries, copied into the store); t gives the layout
+ * (t's data is expert 0's). Slot loads copy from src; a call with more experts than slots on
+ * the CPU copies them into a temporary pool for that call (no contiguous stack to read in place). */
+tern_status tern_experts_add_src(tern_experts *x, int layer, int which, const tern_tensor *t,
+                                 const tern_expert_src *src, int file_backed, tern_error *err);
 /* At load (optional): the router [E, H] of MoE layer `layer`, as uploaded. With routers, each
  * MoE call of a decode-sized step (<= 8 rows) predicts the next MoE layer's experts as the top-k
  * of that layer's router applied to this call's input, and asks the kernel to read the
  * non-resident ones ahead (madvise WILLNEED on their stored bytes, file-backed stores only), so
- * disk reads overlap this layer's compute. A wrong guess costs only bandwidth. */
+ * disk reads overlap this layer's compute. On CPU backends an I/O thread also copies the
+ * predicted experts into free (least recently used, not predicted) slots of the next layer while
+ * this layer computes; that layer's call waits for the copies before it uses any slot. A wrong
+ * guess costs only bandwidth (and maybe an evicted expert): results never depend on it. */
 tern_status tern_experts_add_router(tern_experts *x, int layer, const tern_tensor *router, tern_error *err);
 /* After every add: size and allocate the slot pools. k = experts per row. */
 tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err);

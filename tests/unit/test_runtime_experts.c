@@ -10,6 +10,11 @@
  * equal (memcmp) and tokens identical. A random-weight glm5-tiny model (synthetic host-RAM
  * stacks, q4) checks the same for the non-file source. TERN_TEST_DEVICE=cuda runs it on the
  * GPU (the lead's H200 run; scripts/gpu_check.sh style).
+ * The I/O thread (CPU): on by default (its prefetches must be used), and the k-slot runs are
+ * repeated with it off (TERN_EXPERTS_PREFETCH=0; the thread is opt-in, =1, and on in the main runs) and with deliberately wrong predictions
+ * (=skew): bitwise identical either way. Per-expert HF stacks (glm5_dsa, glm5_dsa_fp8, and a
+ * per-expert copy of gemma4_moe_like written to a temporary directory) are not copied at load
+ * with offload (tern_weights_stacked_bytes == 0) and give the same logits.
  */
 #include "io/presets.h"
 #include "model/model.h"
@@ -20,6 +25,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define FIXDIR "tests/parity/fixtures"
@@ -131,14 +137,25 @@ static void check_config(const char *name, const char *what, tern_model *m, cons
                "%lld read ahead (%lld used)\n", name, what, o.xs.slots, o.xs.slot_bytes / 1024.0, (long long)o.xs.calls,
                (long long)o.xs.hits, (long long)o.xs.misses, (long long)o.xs.direct, (unsigned long long)o.xs.bytes_read,
                (long long)o.xs.predicted, (long long)o.xs.pred_used);
+        printf("    I/O thread %s: %lld copied ahead, %lld used\n", o.xs.prefetch_on ? "on" : "off",
+               (long long)o.xs.prefetched, (long long)o.xs.prefetch_hits);
+        const char *pf = getenv("TERN_EXPERTS_PREFETCH");
+        if (g_be->device < 0 && !strcmp(what, "min") && pf && !strcmp(pf, "1"))
+            CHECK(o.xs.prefetch_on && o.xs.prefetched > 0 && o.xs.prefetch_hits > 0, "%s %s: no prefetch used", name, what);
         CHECK(o.xs.calls > 0 && o.xs.misses > 0, "%s %s: the expert store was not used", name, what);
     }
     run_free(&o);
 }
 
+static void check_fixture_dir(const char *name, const char *dir);
 static void check_fixture(const char *name) {
-    char dir[512], path[600];
+    char dir[512];
     snprintf(dir, sizeof dir, FIXDIR "/%s", name);
+    check_fixture_dir(name, dir);
+}
+
+static void check_fixture_dir(const char *name, const char *dir) {
+    char path[600];
     snprintf(path, sizeof path, "%s/ref.json", dir);
     char *js = pu_slurp(path, NULL);
     if (!js) { printf("SKIP: experts_%s: no fixture\n", name); return; }
@@ -162,12 +179,26 @@ static void check_fixture(const char *name) {
     m = NULL;
     int slots[3] = {k, E / 2 > k ? E / 2 : k, E};
     const char *what[3] = {"min", "half", "all"};
+    setenv("TERN_EXPERTS_PREFETCH", "1", 1); /* the I/O thread is opt-in: test it on here */
     for (int i = 0; i < 3; i++) {
         tern_model_opts mo = {.expert_slots = slots[i]};
         if ((s = tern_model_load(&m, dir, g_be, &mo, &e))) { CHECK(0, "%s: load (%d slots): %s", name, slots[i], e.msg); break; }
         check_config(name, what[i], m, ids, na, np, &r, V);
         tern_model_free(m);
         m = NULL;
+    }
+    /* the I/O thread off, and prefetching wrong experts: same bits */
+    const char *pf_modes[2] = {"0", "skew"};
+    for (int i = 0; i < 2 && g_be->device < 0; i++) {
+        setenv("TERN_EXPERTS_PREFETCH", pf_modes[i], 1);
+        tern_model_opts mo = {.expert_slots = k};
+        char what_pf[32];
+        snprintf(what_pf, sizeof what_pf, "min prefetch=%s", pf_modes[i]);
+        if ((s = tern_model_load(&m, dir, g_be, &mo, &e))) CHECK(0, "%s: load (%s): %s", name, what_pf, e.msg);
+        else check_config(name, what_pf, m, ids, na, np, &r, V);
+        tern_model_free(m);
+        m = NULL;
+        unsetenv("TERN_EXPERTS_PREFETCH");
     }
     /* the device path (row chunks whose experts fit k slots) on the CPU: close, not bitwise (the
      * CPU moe groups rows per expert, so chunking changes its batch shapes) */
@@ -267,6 +298,168 @@ TEST(experts_synthetic_glm5_tiny) {
     tern_config_free(&cfg);
 }
 
+/* Write src/{config.json,ref.json,model.safetensors} into dst with the HF fused expert stacks
+ * (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]) split into per-expert
+ * matrices "experts.{e}.{gate,up,down}_proj.weight". 0 on success. */
+static int copy_file(const char *from, const char *to) {
+    size_t n = 0;
+    char *d = pu_slurp(from, &n);
+    if (!d) return -1;
+    FILE *f = fopen(to, "wb");
+    int rc = f && fwrite(d, 1, n, f) == n ? 0 : -1;
+    if (f) fclose(f);
+    free(d);
+    return rc;
+}
+
+static int write_per_expert(const char *src, const char *dst) {
+    char a[700], b[700];
+    const char *files[] = {"config.json", "ref.json"};
+    if (mkdir(dst, 0700)) return -1;
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dst, files[i]);
+        if (copy_file(a, b)) return -1;
+    }
+    snprintf(a, sizeof a, "%s/model.safetensors", src);
+    size_t len = 0;
+    uint8_t *st = (uint8_t *)pu_slurp(a, &len);
+    if (!st || len < 8) { free(st); return -1; }
+    uint64_t hl = 0;
+    memcpy(&hl, st, 8);
+    cJSON *h = cJSON_ParseWithLength((const char *)st + 8, (size_t)hl), *out = cJSON_CreateObject();
+    const uint8_t *base = st + 8 + hl;
+    uint8_t *data = malloc(len), *p = data;
+    int rc = h && data ? 0 : -1;
+    for (cJSON *t = h ? h->child : NULL; t && !rc; t = t->next) {
+        if (!strcmp(t->string, "__metadata__")) continue;
+        cJSON *sh = cJSON_GetObjectItem(t, "shape"), *of = cJSON_GetObjectItem(t, "data_offsets");
+        const char *dt = cJSON_GetObjectItem(t, "dtype")->valuestring;
+        size_t o0 = (size_t)cJSON_GetArrayItem(of, 0)->valuedouble, o1 = (size_t)cJSON_GetArrayItem(of, 1)->valuedouble;
+        const char *nm = t->string, *gu = strstr(nm, "experts.gate_up_proj"), *dn = strstr(nm, "experts.down_proj");
+        int parts = gu ? 2 : dn ? 1 : 0;
+        if (!parts || cJSON_GetArraySize(sh) != 3) { /* copied as is */
+            memcpy(p, base + o0, o1 - o0);
+            cJSON *nt = cJSON_Duplicate(t, 1);
+            cJSON_ReplaceItemInArray(cJSON_GetObjectItem(nt, "data_offsets"), 0, cJSON_CreateNumber((double)(p - data)));
+            cJSON_ReplaceItemInArray(cJSON_GetObjectItem(nt, "data_offsets"), 1,
+                                     cJSON_CreateNumber((double)(p - data + (o1 - o0))));
+            cJSON_AddItemToObject(out, nm, nt);
+            p += o1 - o0;
+            continue;
+        }
+        int E = cJSON_GetArrayItem(sh, 0)->valueint, R = cJSON_GetArrayItem(sh, 1)->valueint / parts,
+            C = cJSON_GetArrayItem(sh, 2)->valueint;
+        size_t mb = (o1 - o0) / (size_t)E / (size_t)parts; /* one matrix's bytes */
+        int pre = (int)((gu ? gu : dn) - nm) + 8;        /* "...experts." */
+        for (int e = 0; e < E; e++)
+            for (int q = 0; q < parts; q++) {
+                char n2[300];
+                snprintf(n2, sizeof n2, "%.*s%d.%s_proj.weight", pre, nm, e, dn ? "down" : q ? "up" : "gate");
+                memcpy(p, base + o0 + ((size_t)e * parts + q) * mb, mb);
+                cJSON *nt = cJSON_CreateObject();
+                int shp[2] = {R, C};
+                double offs[2] = {(double)(p - data), (double)(p - data + mb)};
+                cJSON_AddStringToObject(nt, "dtype", dt);
+                cJSON_AddItemToObject(nt, "shape", cJSON_CreateIntArray(shp, 2));
+                cJSON_AddItemToObject(nt, "data_offsets", cJSON_CreateDoubleArray(offs, 2));
+                cJSON_AddItemToObject(out, n2, nt);
+                p += mb;
+            }
+    }
+    char *hj = rc ? NULL : cJSON_PrintUnformatted(out);
+    snprintf(b, sizeof b, "%s/model.safetensors", dst);
+    FILE *f = hj ? fopen(b, "wb") : NULL;
+    if (f) {
+        uint64_t nl = strlen(hj);
+        rc = fwrite(&nl, 8, 1, f) == 1 && fwrite(hj, 1, nl, f) == nl && fwrite(data, 1, (size_t)(p - data), f) ==
+             (size_t)(p - data) ? 0 : -1;
+        fclose(f);
+    } else rc = -1;
+    free(hj);
+    cJSON_Delete(h);
+    cJSON_Delete(out);
+    free(data);
+    free(st);
+    return rc;
+}
+
+static void rm_dir(const char *dst) {
+    const char *files[] = {"config.json", "ref.json", "model.safetensors"};
+    char b[700];
+    for (int i = 0; i < 3; i++) {
+        snprintf(b, sizeof b, "%s/%s", dst, files[i]);
+        unlink(b);
+    }
+    rmdir(dst);
+}
+
+/* Per-expert stacks with offload are not copied at load (tern_weights_stacked_bytes), without
+ * offload they are (also on a store that served views first), and all three give the same logits. */
+static void check_no_copy(const char *name, const char *dir) {
+    tern_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    tern_error e = {0};
+    tern_weights *w1 = NULL, *w2 = NULL;
+    tern_model *m = NULL;
+    int32_t ids[6] = {1, 2, 3, 4, 5, 6};
+    float *lg[3] = {0};
+    size_t copied[3] = {0};
+    t_cur_fail_ = 0;
+    tern_status s = tern_config_load(&cfg, dir, &e);
+    if (!s) s = tern_weights_open(&w1, dir, &cfg, &e);
+    if (!s) s = tern_weights_open(&w2, dir, &cfg, &e);
+    CHECK(!s, "%s: open: %s", name, e.msg);
+    int V = cfg.n_vocab;
+    for (int i = 0; i < 3 && !s; i++) {
+        tern_weights *ws = i == 0 ? w1 : w2; /* resident; offload; resident again on the views store */
+        tern_model_opts mo = {.max_batch = 8, .expert_slots = i == 1 ? cfg.n_expert_used : 0};
+        tern_kv *kv = NULL;
+        tern_kv_opts ko = {.n_slots = 1, .max_ctx = 16, .block_size = 4};
+        int32_t pos[6] = {0, 1, 2, 3, 4, 5}, slot[6] = {0};
+        tern_batch b = {.n = 6, .tokens = ids, .pos = pos, .slot = slot};
+        lg[i] = malloc(sizeof(float) * 6 * (size_t)V);
+        if ((s = tern_model_load_from(&m, &cfg, ws, g_be, &mo, &e)) || (s = tern_kv_open(&kv, g_be, &cfg, &ko, &e)) ||
+            (s = tern_kv_reserve(kv, 0, 6, &e)) || (s = tern_model_forward(m, &b, kv, lg[i], &e)))
+            CHECK(0, "%s: run %d: %s", name, i, e.msg);
+        copied[i] = tern_weights_stacked_bytes(ws);
+        tern_kv_close(kv);
+        tern_model_free(m);
+        m = NULL;
+    }
+    if (!s) {
+        printf("  %s: bytes copied into expert stacks at load: resident %zu, offload %zu, resident after %zu\n", name,
+               copied[0], copied[1], copied[2]);
+        CHECK(copied[0] > 0 && copied[1] == 0 && copied[2] == copied[0], "%s: stacked bytes %zu / %zu / %zu", name,
+              copied[0], copied[1], copied[2]);
+        CHECK(!memcmp(lg[0], lg[1], sizeof(float) * 6 * (size_t)V) && !memcmp(lg[0], lg[2], sizeof(float) * 6 * (size_t)V),
+              "%s: logits differ", name);
+    }
+    for (int i = 0; i < 3; i++) free(lg[i]);
+    tern_weights_close(w1);
+    tern_weights_close(w2);
+    tern_config_free(&cfg);
+    if (t_cur_fail_) { printf("FAIL: experts_no_copy_%s\n", name); t_fail_++; }
+    else { printf("PASS: experts_no_copy_%s\n", name); t_pass_++; }
+}
+
+/* gemma4_moe_like with per-expert tensors (a temporary copy): the whole check, then no copy. */
+static void check_gemma_per_expert(void) {
+    char dst[512];
+    snprintf(dst, sizeof dst, "%s/tern_pe_%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    if (access(FIXDIR "/gemma4_moe_like/model.safetensors", R_OK)) { printf("SKIP: experts_gemma_per_expert: no fixture\n"); return; }
+    if (write_per_expert(FIXDIR "/gemma4_moe_like", dst)) {
+        rm_dir(dst);
+        CHECK(0, "cannot write the per-expert copy in %s", dst);
+        printf("FAIL: experts_gemma_per_expert\n");
+        t_fail_++;
+        return;
+    }
+    check_fixture_dir("gemma4_moe_like_per_expert", dst);
+    check_no_copy("gemma4_moe_like_per_expert", dst);
+    rm_dir(dst);
+}
+
 int main(void) {
     tern_error e = {0};
     tern_backend_opts o = {.n_threads = 2};
@@ -276,6 +469,11 @@ int main(void) {
     printf("  expert offload on backend %s\n", g_be->vt->name);
     const char *fx[] = {"gemma4_moe_like", "gemma4_moe_mixed", "glm5_dsa", "glm5_dsa_q4", "glm5_dsa_fp8"};
     for (size_t i = 0; i < sizeof fx / sizeof *fx; i++) check_fixture(fx[i]);
+    if (g_be->device < 0) { /* load-time checks: the backend does not matter */
+        check_no_copy("glm5_dsa", FIXDIR "/glm5_dsa");
+        check_no_copy("glm5_dsa_fp8", FIXDIR "/glm5_dsa_fp8");
+    }
+    check_gemma_per_expert();
     RUN(experts_synthetic_glm5_tiny);
     tern_backend_close(g_be);
     return test_done();
