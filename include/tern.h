@@ -83,6 +83,8 @@ typedef struct tern_engine_opts {
     double expert_cache_gb;   /* (appended) MoE expert offload: slot cache over every MoE layer (RAM on the
                                  CPU, VRAM on CUDA); experts stay in their stored bytes; 0 = off (docs/OFFLOAD.md) */
     const char *expert_trace; /* (appended) routing trace: one JSON line per MoE layer call, or NULL */
+    int no_mmap;              /* (appended) 1: read the weights into anonymous memory (2 MB pages) instead
+                                 of mapping the files (default 0: mmap); offloaded experts stay in the file */
 } tern_engine_opts;
 
 tern_engine_opts tern_engine_default_opts(void);

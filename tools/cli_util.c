@@ -43,6 +43,10 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     long x;
+    if (!strcmp(a, "--no-mmap")) { /* takes no value */
+        c->no_mmap = 1;
+        return 1;
+    }
     if (!strcmp(a, "--device")) {
         if (!v || (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto"))) {
             cli_usage_error(argv[0], "--device expects cpu, cuda or auto, got '%s'", v ? v : "");
@@ -109,7 +113,7 @@ static tern_status load_model(const cli_common *c, cli_session *s, char *dir, si
     tern_status st = TERN_OK;
     /* expert offload (runtime/experts.h): single-device models only for now */
     tern_model_opts mo = {.expert_cache_bytes = (size_t)(c->expert_cache_gb * 1073741824.0),
-                          .expert_trace = c->expert_trace};
+                          .expert_trace = c->expert_trace, .no_mmap = c->no_mmap};
     if (s->tp && c->expert_cache_gb > 0)
         return tern_err(e, TERN_EUNSUPPORTED, "expert offload (--expert-cache) with --gpus N is not supported yet");
     if (c->random) {
@@ -127,6 +131,9 @@ static tern_status load_model(const cli_common *c, cli_session *s, char *dir, si
     st = tern_model_path_resolve(c->model, dir, n, e);
     if (!st && s->tp) st = tern_tp_load_dir(s->tp, dir, NULL, &s->model, e);
     else if (!st) st = tern_model_load(&s->model, dir, s->be, &mo, e);
+    if (!st && c->no_mmap) /* start-up line (only when asked: default output unchanged) */
+        fprintf(stderr, "tern: weights read into memory (--no-mmap, 2 MB pages)%s\n",
+                s->tp ? "; not with --gpus N yet: mapped" : "");
     return st;
 }
 

@@ -22,6 +22,7 @@ typedef struct cli_common {
     double expert_cache_gb;  /* --expert-cache GB: MoE expert offload slot cache (0 = off) */
     const char *expert_trace;/* --expert-trace FILE: one JSON line per MoE layer call */
     int gpus;                /* --gpus N (alias --tp N): tensor-parallel ranks (model/tp.h); 0 = TERN_TP */
+    int no_mmap;             /* --no-mmap: read weights into anonymous 2 MB-page memory (default: mmap) */
 } cli_common;
 
 /* If argv[*i] is a common flag, consume it (and its value) and return 1; 0 if not a common

@@ -36,6 +36,8 @@ int tern_cmd_info(int argc, char **argv) {
         if (cfg->layers[l].moe) n_moe++;
     }
     printf("model         %s\n", c.model);
+    printf("weights       %s\n", c.random ? "synthetic (anonymous memory)" : c.no_mmap ? "read into memory (--no-mmap, 2 MB pages)"
+                                                                                     : "mmap of the files (--no-mmap reads them in)");
     printf("architecture  %s (model_type %s, %s)\n", tern_arch_name(cfg->arch), cfg->model_type, cfg->architecture);
     printf("layers        %d (%d full, %d sliding window %d, %d KV-shared, %d MoE)\n", cfg->n_layer, n_full, n_sliding,
            cfg->sliding_window, n_shared, n_moe);

@@ -30,6 +30,7 @@ static int usage(void) {
             "                  [--prompt-cache GB] [--kv-quant off|8|4|turbo] [--speculative K] [--max-tokens N] [--max-body MB]\n"
             "                  [--timeout S] [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N]\n"
             "                  [--expert-cache GB] [--expert-trace FILE]   (MoE expert offload; 0 = off)\n"
+            "                  [--no-mmap]   (read the weights into memory instead of mapping the files)\n"
             "MODEL is a model directory or `demo` (default).\n");
     return 2;
 }
@@ -65,6 +66,7 @@ int tern_cmd_serve(int argc, char **argv) {
         int takes = 1;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "--fake-engine")) { o.fake_engine = 1; takes = 0; }
+        else if (!strcmp(a, "--no-mmap")) { o.engine.no_mmap = 1; takes = 0; } /* weights into 2 MB-page memory */
         else if (a[0] == '-' && !value_flag(a)) return cli_usage_error("serve", "unknown flag '%s' (try tern serve --help)", a);
         else if (!v && a[0] == '-') return cli_usage_error("serve", "%s needs a value", a);
         else if (!strcmp(a, "--host")) o.host = v;

@@ -21,7 +21,7 @@ WEAK int tern_cmd_serve(int, char **);
 WEAK int tern_cmd_fit(int, char **);
 
 #define COMMON "[--device cpu|cuda|auto] [--compute f32|bf16|int8] [--threads N] [--max-ctx N] [--kv-quant SPEC]" \
-    " [--gpus N] [--expert-cache GB] [--expert-trace FILE]"
+    " [--gpus N] [--expert-cache GB] [--expert-trace FILE] [--no-mmap]"
 #define SAMPLING "[--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N] [--max-tokens N] [--speculative K]"
 
 static const struct {

@@ -13,6 +13,10 @@
  * names) or else as every *.safetensors file in it, in sorted order.
  * Names are found through an open-addressing hash table (FNV-1a).
  * Messages always carry the file path and, where there is one, the tensor name.
+ * --no-mmap (load_copy): once a file is validated, its tensors (minus those the keep_mapped rule
+ * names) are packed in offset order into one anonymous 2 MB-aligned buffer advised for huge
+ * pages (runs of tensors separated by < 64 KB are read as one pread; each run keeps its file
+ * offset modulo 64), and the entries are re-pointed there; a file with nothing kept is unmapped.
  */
 #include "io/safetensors.h"
 
@@ -20,15 +24,21 @@
 #include "base/json.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef struct st_file {
     char *path;
     tern_map map;
     int mapped; /* we own the map (0 for tern__st_parse_buffer) */
+    void *copy; /* --no-mmap: the anonymous mapping (copy_len bytes) holding this file's tensors */
+    size_t copy_len;
 } st_file;
 
 typedef struct st_meta {
@@ -44,6 +54,8 @@ struct tern_st_set {
     size_t hcap;
     st_meta *meta;
     int n_meta;
+    tern_st_opts opts;
+    size_t copied; /* bytes read into anonymous memory over every file */
 };
 
 /* ---- dtype table ---------------------------------------------------------------- */
@@ -280,6 +292,114 @@ done:
     return st;
 }
 
+/* ---- --no-mmap: tensor bytes into anonymous memory -------------------------------------- */
+
+#define RUN_GAP ((uint64_t)64 << 10) /* read across holes smaller than this */
+#define HUGE_2M ((size_t)2 << 20)
+
+int tern_st_is_routed_expert(const char *name, void *ctx) {
+    (void)ctx;
+    return name && (strstr(name, ".experts.") || strstr(name, ".switch_mlp.") || strstr(name, ".switch_glu."));
+}
+
+static tern_status pread_all(int fd, uint8_t *dst, size_t n, uint64_t off, const char *path, tern_error *err) {
+    while (n) {
+        size_t want = n < ((size_t)64 << 20) ? n : ((size_t)64 << 20);
+        ssize_t r = pread(fd, dst, want, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return tern_err(err, TERN_EIO, "%s: reading %zu bytes at offset %llu (--no-mmap): %s", path, want,
+                            (unsigned long long)off, strerror(errno));
+        if (r == 0)
+            return tern_err(err, TERN_EFORMAT, "%s: file ended at byte %llu while reading tensor bytes (--no-mmap; "
+                            "truncated while open?)", path, (unsigned long long)off);
+        dst += r;
+        off += (uint64_t)r;
+        n -= (size_t)r;
+    }
+    return TERN_OK;
+}
+
+/* Physical memory in bytes (0 if unknown). */
+static uint64_t phys_bytes(void) {
+    long pg = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
+    return pg > 0 && ps > 0 ? (uint64_t)pg * (uint64_t)ps : 0;
+}
+
+/* Copy the tensors of file `file` (entries [first, s->n)) out of its mapping (see the top). */
+static tern_status load_copy(tern_st_set *s, int file, int first, tern_error *err) {
+    if (!s->opts.no_mmap) return TERN_OK;
+    st_file *f = &s->files[file];
+    const uint8_t *base = f->map.data;
+    range *rg = malloc((size_t)(s->n - first + 1) * sizeof *rg);
+    if (!rg) return tern_err(err, TERN_ENOMEM, "%s: out of memory", f->path);
+    int nr = 0, kept = 0;
+    for (int i = first; i < s->n; i++) {
+        if (!s->ent[i].nbytes) continue;
+        if (s->opts.keep_mapped && s->opts.keep_mapped(s->ent[i].name, s->opts.ctx)) { kept++; continue; }
+        uint64_t b = (uint64_t)((const uint8_t *)s->ent[i].data - base);
+        rg[nr++] = (range){b, b + s->ent[i].nbytes, i};
+    }
+    qsort(rg, (size_t)nr, sizeof *rg, cmp_range);
+    /* pass 1: size of the packed image (runs start at their file offset modulo 64) */
+    size_t total = 0;
+    for (int i = 0; i < nr;) {
+        int j = i + 1;
+        uint64_t end = rg[i].end;
+        while (j < nr && rg[j].begin - end < RUN_GAP) end = rg[j].end > end ? rg[j].end : end, j++;
+        total = ((total + 63) & ~(size_t)63) + (size_t)(rg[i].begin & 63) + (size_t)(end - rg[i].begin);
+        i = j;
+    }
+    tern_status st = TERN_OK;
+    if (!total) goto out;
+    uint64_t phys = phys_bytes();
+    if (phys && (uint64_t)s->copied + total > phys) {
+        st = tern_err(err, TERN_ENOMEM, "%s: --no-mmap needs %.1f MB of memory for this file's tensors (%.1f MB already "
+                      "read), more than this machine's %.1f MB; use the default (mmap) mode", f->path, total / 1e6,
+                      s->copied / 1e6, phys / 1e6);
+        goto out;
+    }
+    size_t len = ((total + HUGE_2M - 1) & ~(HUGE_2M - 1)) + HUGE_2M;
+    void *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        st = tern_err(err, TERN_ENOMEM, "%s: --no-mmap: out of memory allocating %.1f MB for the tensors (%s); use the "
+                      "default (mmap) mode", f->path, total / 1e6, strerror(errno));
+        goto out;
+    }
+    f->copy = mem;
+    f->copy_len = len;
+    uint8_t *dst0 = (uint8_t *)(((uintptr_t)mem + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1));
+    tern_advise_huge(dst0, total);
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        st = tern_err(err, TERN_EIO, "%s: cannot open for reading (--no-mmap): %s", f->path, strerror(errno));
+        goto out;
+    }
+    size_t at = 0;
+    for (int i = 0; i < nr && !st;) {
+        int j = i + 1;
+        uint64_t end = rg[i].end;
+        while (j < nr && rg[j].begin - end < RUN_GAP) end = rg[j].end > end ? rg[j].end : end, j++;
+        at = ((at + 63) & ~(size_t)63) + (size_t)(rg[i].begin & 63);
+        st = pread_all(fd, dst0 + at, (size_t)(end - rg[i].begin), rg[i].begin, f->path, err);
+        for (int k = i; k < j && !st; k++) s->ent[rg[k].idx].data = dst0 + at + (rg[k].begin - rg[i].begin);
+        at += (size_t)(end - rg[i].begin);
+        i = j;
+    }
+    close(fd);
+    if (st) goto out;
+    s->copied += total;
+    if (!kept) { /* nothing reads the mapping any more; empty tensors point at the copy */
+        for (int i = first; i < s->n; i++)
+            if (!s->ent[i].nbytes) s->ent[i].data = dst0;
+        tern_map_close(&f->map);
+        f->mapped = 0;
+    }
+out:
+    free(rg);
+    return st;
+}
+
 static tern_status add_file(tern_st_set *s, const char *path, tern_error *err) {
     st_file *f = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *f);
     if (!f) return tern_err(err, TERN_ENOMEM, "%s: out of memory", path);
@@ -297,7 +417,9 @@ static tern_status open_file(tern_st_set *s, const char *path, tern_error *err) 
     tern_status st = tern_map_open(&f->map, path, err);
     if (st) return st;
     f->mapped = 1;
-    return parse_file(s, s->n_files - 1, f->map.data, f->map.size, err);
+    int first = s->n;
+    st = parse_file(s, s->n_files - 1, f->map.data, f->map.size, err);
+    return st ? st : load_copy(s, s->n_files - 1, first, err);
 }
 
 /* ---- sets ----------------------------------------------------------------------- */
@@ -353,7 +475,9 @@ static tern_status open_index(tern_st_set *s, const char *dir, const char *ipath
         st_file *f = &s->files[i];
         if ((st = tern_map_open(&f->map, f->path, err))) goto done;
         f->mapped = 1;
+        int first = s->n;
         if ((st = parse_file(s, i, f->map.data, f->map.size, err))) goto done;
+        if ((st = load_copy(s, i, first, err))) goto done;
     }
     k = 0;
     for (const cJSON *c = wm->child; c; c = c->next, k++) {
@@ -413,10 +537,15 @@ static tern_status open_dir(tern_st_set *s, const char *dir, tern_error *err) {
 }
 
 tern_status tern_st_open(tern_st_set **out, const char *path, tern_error *err) {
+    return tern_st_open_opts(out, path, NULL, err);
+}
+
+tern_status tern_st_open_opts(tern_st_set **out, const char *path, const tern_st_opts *opts, tern_error *err) {
     *out = NULL;
     if (!path || !*path) return tern_err(err, TERN_EINVAL, "safetensors: empty path");
     tern_st_set *s = calloc(1, sizeof *s);
     if (!s) return tern_err(err, TERN_ENOMEM, "safetensors: out of memory");
+    if (opts) s->opts = *opts;
     tern_status st;
     char ipath[4096];
     if (tern_is_dir(path)) {
@@ -458,6 +587,7 @@ void tern_st_close(tern_st_set *s) {
     if (!s) return;
     for (int i = 0; i < s->n_files; i++) {
         if (s->files[i].mapped) tern_map_close(&s->files[i].map);
+        if (s->files[i].copy) munmap(s->files[i].copy, s->files[i].copy_len);
         free(s->files[i].path);
     }
     for (int i = 0; i < s->n; i++) free(s->ent[i].name);
@@ -489,6 +619,8 @@ const char *tern_st_file_name(const tern_st_set *s, int file) {
 }
 
 int tern_st_file_count(const tern_st_set *s) { return s ? s->n_files : 0; }
+
+size_t tern_st_copied_bytes(const tern_st_set *s) { return s ? s->copied : 0; }
 
 const char *tern_st_metadata(const tern_st_set *s, const char *key) {
     if (!s || !key) return NULL;

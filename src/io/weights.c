@@ -82,11 +82,16 @@ static void shape_str(char *buf, size_t n, int nd, const int64_t *sh) {
 /* ---- open / close ---------------------------------------------------------------- */
 
 tern_status tern_weights_open(tern_weights **out, const char *dir, const tern_model_config *cfg, tern_error *err) {
+    return tern_weights_open_opts(out, dir, cfg, NULL, err);
+}
+
+tern_status tern_weights_open_opts(tern_weights **out, const char *dir, const tern_model_config *cfg,
+                                   const tern_st_opts *sto, tern_error *err) {
     *out = NULL;
     tern_weights *w = calloc(1, sizeof *w);
     if (!w) return tern_err(err, TERN_ENOMEM, "weights: out of memory");
     w->cfg = cfg;
-    tern_status st = tern_st_open(&w->st, dir, err);
+    tern_status st = tern_st_open_opts(&w->st, dir, sto, err);
     if (st) goto fail;
     w->used = calloc((size_t)tern_st_count(w->st) + 1, 1);
     if (!w->used) {

@@ -29,6 +29,9 @@ typedef struct tern_weights tern_weights;
 
 tern_status tern_weights_open(tern_weights **out, const char *dir, const tern_model_config *cfg, tern_error *err);
 void tern_weights_close(tern_weights *w);
+/* Same with safetensors open options (appended; --no-mmap, io/safetensors.h). NULL = mmap. */
+tern_status tern_weights_open_opts(tern_weights **out, const char *dir, const tern_model_config *cfg,
+                                   const tern_st_opts *sto, tern_error *err);
 
 /* Look up a canonical tensor. Fills *t (logical shape; dtype TERN_DT_Q for MLX-quantized).
  * Returns TERN_ENOTFOUND (message names the canonical and the stored names tried).

@@ -323,7 +323,15 @@ tern_status tern_model_load(tern_model **out, const char *dir, tern_backend *be,
     if (!cfg) return tern_err(err, TERN_ENOMEM, "out of memory");
     tern_weights *ws = NULL;
     tern_status s = tern_config_load(cfg, dir, err);
-    if (!s) s = tern_weights_open(&ws, dir, cfg, err);
+    if (!s) {
+        tern_st_opts sto = {.no_mmap = opts && opts->no_mmap};
+        if (sto.no_mmap && (opts->expert_cache_bytes || opts->expert_slots) && cfg->n_expert > 0)
+            sto.keep_mapped = tern_st_is_routed_expert; /* offload reads the experts from the file */
+        s = tern_weights_open_opts(&ws, dir, cfg, &sto, err);
+        if (!s && sto.no_mmap)
+            tern_log(TERN_LOG_INFO, "%s: --no-mmap: %.1f MB of tensors read into anonymous memory", dir,
+                     tern_st_copied_bytes(tern_weights_set(ws)) / 1e6);
+    }
     if (!s) s = tern_model_load_from(out, cfg, ws, be, opts, err);
     if (s) {
         tern_weights_close(ws);

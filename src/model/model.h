@@ -48,6 +48,9 @@ typedef struct tern_model_opts {
     size_t expert_cache_bytes;/* slot memory over every MoE layer */
     int expert_slots;         /* > 0: slots per MoE layer (overrides the bytes; tests) */
     const char *expert_trace; /* JSON-lines routing trace path, or NULL */
+    int no_mmap;              /* (appended) tern_model_load: read tensor bytes into anonymous 2 MB-page
+                                 memory instead of using the file mapping; offloaded experts stay
+                                 in the file (io/safetensors.h tern_st_opts) */
 } tern_model_opts;
 
 /* Load DIR (config.json + safetensors) onto backend `be`. Every expected tensor is checked

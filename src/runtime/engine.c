@@ -226,7 +226,9 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     snprintf(e->name, sizeof e->name, "%s", !o.model || !strcmp(o.model, "demo") ? "demo" : is_random ? o.model + 7 : tern_path_base(e->dir));
     if ((st = open_backend(e, &o, err))) goto fail;
     tern_model_opts mo = {.max_batch = o.max_batch_tokens, .expert_trace = o.expert_trace,
-                          .expert_cache_bytes = (size_t)(o.expert_cache_gb * 1073741824.0)};
+                          .expert_cache_bytes = (size_t)(o.expert_cache_gb * 1073741824.0), .no_mmap = o.no_mmap};
+    if (!is_random && o.model && strcmp(o.model, "demo"))
+        tern_log(TERN_LOG_INFO, "weights: %s", o.no_mmap ? "read into memory (--no-mmap, 2 MB pages)" : "mmap of the files");
     if (e->tp && o.expert_cache_gb > 0) { /* not combined yet (docs/OFFLOAD.md) */
         st = tern_err(err, TERN_EUNSUPPORTED, "expert offload (--expert-cache) with tensor parallelism (--gpus N) is not "
                       "supported yet");
