@@ -14,21 +14,7 @@ static double check_one(tern_backend *fast, tern_backend *ref, tern_dtype dt, in
                         int E, int out, int in, int n, int pad, unsigned long long seed) {
     kt_weight w;
     kt_weight_make(&w, dt, bits, gs, sdt, E, out, in, pad, seed);
-    float *x = kt_randv((size_t)n * in, seed + 1, 1.0f);
-    float *y0 = calloc((size_t)n * out, sizeof *y0), *y1 = calloc((size_t)n * out, sizeof *y1);
-    double worst = 0;
-    for (int e = 0; e < E; e++) {
-        if (E > 1) {
-            ref->vt->matmul_expert(ref, y0, x, n, &w.t, e);
-            fast->vt->matmul_expert(fast, y1, x, n, &w.t, e);
-        } else {
-            ref->vt->matmul(ref, y0, x, n, &w.t);
-            fast->vt->matmul(fast, y1, x, n, &w.t);
-        }
-        double err = test_rel_l2(y1, y0, (size_t)n * out);
-        if (!(err <= worst)) worst = err; /* NaN-propagating max */
-    }
-    free(x); free(y0); free(y1);
+    double worst = kt_matmul_worst(fast, ref, &w.t, E, out, in, n, seed + 1);
     kt_weight_free(&w);
     return worst;
 }

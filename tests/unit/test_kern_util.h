@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu.h"
 #include "test.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -98,6 +99,30 @@ static inline tern_backend *kt_open_ref(void) {
 }
 
 static const char *const kt_isas[] = {"scalar", "avx2", "avx512"};
+
+/* Worst rel L2 error of `fast` vs `ref` for y[n, out] = x[n, in]·Wᵀ with weight t: matmul when
+ * E == 1, else matmul_expert for every expert e < E. x is kt_randv(n·in, seed, 1). y1 is filled
+ * with NaN before each call, so an element the fast backend does not write fails the check. */
+static inline double kt_matmul_worst(tern_backend *fast, tern_backend *ref, const tern_tensor *t, int E, int out,
+                                     int in, int n, unsigned long long seed) {
+    float *x = kt_randv((size_t)n * in, seed, 1.0f);
+    float *y0 = calloc((size_t)n * out, sizeof *y0), *y1 = calloc((size_t)n * out, sizeof *y1);
+    double worst = 0;
+    for (int e = 0; e < E; e++) {
+        for (size_t i = 0; i < (size_t)n * out; i++) y1[i] = NAN;
+        if (E > 1) {
+            ref->vt->matmul_expert(ref, y0, x, n, t, e);
+            fast->vt->matmul_expert(fast, y1, x, n, t, e);
+        } else {
+            ref->vt->matmul(ref, y0, x, n, t);
+            fast->vt->matmul(fast, y1, x, n, t);
+        }
+        double err = test_rel_l2(y1, y0, (size_t)n * out);
+        if (!(err <= worst)) worst = err; /* NaN-propagating max */
+    }
+    free(x); free(y0); free(y1);
+    return worst;
+}
 
 /* A routed MoE case (test_kern_gemm*.c): x [n, H] (seed sx) and router logits [n, E] (seed sl,
  * scale 3) routed top-k by the reference backend, whose SiLU moe_mlp output is y0; kt_moe_run
