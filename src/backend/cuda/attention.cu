@@ -226,6 +226,68 @@ __global__ void attn_merge_kernel(float *out, const float *part, int nrow, int d
     }
 }
 
+/* Split-K plan of one attention call, shared by attention.cu and kvq_attn.cu: R rows per tile
+ * (rows of one slot share key loads) and the number of key splits (enough blocks to fill the SMs,
+ * bounded by the longest key range, 64, and the partials buffer). T = keys per tile, HB = query
+ * heads per block, hsplit = blocks per kv head, span = the step has bidirectional spans. */
+extern "C" void tern__cuda_attn_plan(tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv, int n, int nh,
+                                     int d, int T, int qvmax, int HB, int hsplit, int span, int *R_out,
+                                     int *splits_out) {
+    /* Host copies of slot/pos plan the work (row tiles, split count) for this call only; a step
+     * being recorded into a graph is replayed with other positions, so it plans without them:
+     * one row per tile and a split count sized for the whole context (blocks past a row's
+     * last key exit at once). */
+    const int32_t *slot_host = c->capturing ? NULL : rows->slot_host;
+    const int32_t *pos_host = c->capturing ? NULL : rows->pos_host;
+    *R_out = 1;
+    if (slot_host && pos_host && n > 1) {
+        int R = qvmax / HB;
+        if (R > n) R = n;
+        while (R > 1) {
+            bool same = true;
+            for (int r = 0; r < n && same; r++) same = slot_host[r] == slot_host[r - r % R];
+            if (same) break;
+            R /= 2;
+        }
+        *R_out = R < 1 ? 1 : R;
+    }
+    const int tiles = (n + *R_out - 1) / *R_out;
+    const long blocks = (long)tiles * kv->n_head_kv * hsplit;
+    long maxlen = (long)kv->max_blocks * kv->block_size;
+    if (pos_host) {
+        maxlen = 1;
+        for (int r = 0; r < n; r++) maxlen = pos_host[r] + 1 > maxlen ? pos_host[r] + 1 : maxlen;
+    }
+    if (kv->window > 0 && maxlen > kv->window + *R_out) maxlen = kv->window + *R_out;
+    if (span) { /* spans reach past the window and past pos: bound by the farthest key */
+        maxlen = (long)kv->max_blocks * kv->block_size;
+        if (pos_host && rows->vis_hi_host) {
+            maxlen = 1;
+            for (int r = 0; r < n; r++) {
+                long last = pos_host[r] > rows->vis_hi_host[r] ? pos_host[r] : rows->vis_hi_host[r];
+                maxlen = last + 1 > maxlen ? last + 1 : maxlen;
+            }
+        }
+    }
+    *splits_out = 1;
+    if (blocks < c->n_sm) {
+        long s = (2L * c->n_sm + blocks - 1) / blocks;
+        long byk = (maxlen + 2L * T - 1) / (2L * T);
+        if (s > byk) s = byk;
+        if (s > 64) s = 64;
+        while (s > 1 && (size_t)s * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS) s /= 2;
+        *splits_out = s < 1 ? 1 : (int)s;
+    }
+}
+
+/* The split-K merge: out[rh] = Σ_z part_z · e^{M_z - M} / Σ_z L_z · e^{M_z - M} over the splits
+ * (partials [splits][nrow][d], then (M, L) pairs [splits][nrow]); every split-K attention kernel
+ * (paged, compressed pages, GLM latent) writes this layout. */
+extern "C" void tern__cuda_attn_merge(tern__cuda *c, float *out, int nrow, int d, int splits, const char *what) {
+    attn_merge_kernel<<<nrow, d < 128 ? 64 : 128, 0, c->stream>>>(out, c->part, nrow, d, splits);
+    tern__cuda_check(c, what);
+}
+
 /* The kernel's dynamic shared-memory limit is raised once, at backend open (never while a
  * graph is being recorded). */
 extern "C" void tern__cuda_attn_init(tern__cuda *c) {
@@ -266,51 +328,8 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
     const int qvmax = 8192 / d < 8 ? 8 : 8192 / d;
     a.HB = a.G < qvmax ? a.G : qvmax;
     a.hsplit = (a.G + a.HB - 1) / a.HB;
-    /* Host copies of slot/pos plan the work (row tiles, split count) for this call only; a step
-     * being recorded into a graph is replayed with other positions, so it plans without them:
-     * one row per tile and a split count sized for the whole context (blocks past a row's
-     * last key exit at once). */
-    const int32_t *slot_host = c->capturing ? NULL : rows->slot_host;
-    const int32_t *pos_host = c->capturing ? NULL : rows->pos_host;
-    a.R = 1;
-    if (slot_host && pos_host && n > 1) {
-        int R = qvmax / a.HB;
-        if (R > n) R = n;
-        while (R > 1) {
-            bool same = true;
-            for (int r = 0; r < n && same; r++) same = slot_host[r] == slot_host[r - r % R];
-            if (same) break;
-            R /= 2;
-        }
-        a.R = R < 1 ? 1 : R;
-    }
+    tern__cuda_attn_plan(c, rows, kv, n, nh, d, a.T, qvmax, a.HB, a.hsplit, a.vlo != NULL, &a.R, &a.splits);
     const int tiles = (n + a.R - 1) / a.R;
-    const long blocks = (long)tiles * nkv * a.hsplit;
-    long maxlen = (long)kv->max_blocks * kv->block_size;
-    if (pos_host) {
-        maxlen = 1;
-        for (int r = 0; r < n; r++) maxlen = pos_host[r] + 1 > maxlen ? pos_host[r] + 1 : maxlen;
-    }
-    if (kv->window > 0 && maxlen > kv->window + a.R) maxlen = kv->window + a.R;
-    if (a.vlo) { /* spans reach past the window and past pos: bound by the farthest key */
-        maxlen = (long)kv->max_blocks * kv->block_size;
-        if (pos_host && rows->vis_hi_host) {
-            maxlen = 1;
-            for (int r = 0; r < n; r++) {
-                long last = pos_host[r] > rows->vis_hi_host[r] ? pos_host[r] : rows->vis_hi_host[r];
-                maxlen = last + 1 > maxlen ? last + 1 : maxlen;
-            }
-        }
-    }
-    a.splits = 1;
-    if (blocks < c->n_sm) {
-        long s = (2L * c->n_sm + blocks - 1) / blocks;
-        long byk = (maxlen + 2L * a.T - 1) / (2L * a.T);
-        if (s > byk) s = byk;
-        if (s > 64) s = 64;
-        while (s > 1 && (size_t)s * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS) s /= 2;
-        a.splits = s < 1 ? 1 : (int)s;
-    }
     a.part = c->part;
     const int QV = a.R * a.HB;
     const size_t smem = sizeof(float) * ((size_t)2 * QV * d + (size_t)a.T * (d + 1) + (size_t)a.T * d +
@@ -323,7 +342,6 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
     attn_kernel<<<grid, 256, smem, c->stream>>>(a);
     tern__cuda_check(c, "attention");
     if (a.splits > 1) {
-        attn_merge_kernel<<<n * nh, d < 128 ? 64 : 128, 0, c->stream>>>(out, c->part, n * nh, d, a.splits);
-        tern__cuda_check(c, "attention merge");
+        tern__cuda_attn_merge(c, out, n * nh, d, a.splits, "attention merge");
     }
 }

@@ -135,6 +135,10 @@ void tern__cuda_copy_cols(tern__cuda *c, float *dst, const float *src, int n, in
 void tern__cuda_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
                          const float *v);
 void tern__cuda_attn_init(tern__cuda *c); /* at open: shared-memory limit */
+/* split-K planning and merge shared by the attention kernels (attention.cu) */
+void tern__cuda_attn_plan(tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv, int n, int nh, int d, int T,
+                          int qvmax, int HB, int hsplit, int span, int *R_out, int *splits_out);
+void tern__cuda_attn_merge(tern__cuda *c, float *out, int nrow, int d, int splits, const char *what);
 void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                           const tern_kv_layer *kv, float scale, float softcap);
 

@@ -330,26 +330,6 @@ __global__ void __launch_bounds__(256, 2) latent_attn_rt_kernel(LatArgs a) {
     }
 }
 
-__global__ void latent_merge_kernel(float *out, const float *part, int nrow, int dv, int splits) {
-    const size_t rh = blockIdx.x;
-    const float *ml = part + (size_t)splits * nrow * dv;
-    float mx = -INFINITY;
-    for (int z = 0; z < splits; z++) mx = fmaxf(mx, ml[((size_t)z * nrow + rh) * 2]);
-    float den = 0.0f;
-    for (int z = 0; z < splits; z++) {
-        const float m = ml[((size_t)z * nrow + rh) * 2], l = ml[((size_t)z * nrow + rh) * 2 + 1];
-        if (m != -INFINITY) den += l * expf(m - mx);
-    }
-    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
-        float num = 0.0f;
-        for (int z = 0; z < splits; z++) {
-            const float m = ml[((size_t)z * nrow + rh) * 2];
-            if (m != -INFINITY) num += part[((size_t)z * nrow + rh) * dv + j] * expf(m - mx);
-        }
-        out[rh * dv + j] = den > 0.0f ? num / den : 0.0f;
-    }
-}
-
 /* longest key list any row of this call can have (graph-safe while recording) */
 static long max_keys(const tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv) {
     long cap = (long)kv->max_blocks * kv->block_size;
@@ -424,9 +404,7 @@ extern "C" void tern__cuda_attention_latent(tern__cuda *c, float *out, const flo
     else latent_attn_kernel<<<grid, 256, smem, c->stream>>>(a);
     tern__cuda_check(c, "glm attention_latent");
     if (a.splits > 1) {
-        latent_merge_kernel<<<(unsigned)(n * nh), dv < 128 ? 64 : 128, 0, c->stream>>>(out, c->part, n * nh, dv,
-                                                                                        a.splits);
-        tern__cuda_check(c, "glm attention_latent merge");
+        tern__cuda_attn_merge(c, out, n * nh, dv, a.splits, "glm attention_latent merge");
     }
 }
 

@@ -253,26 +253,6 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
     }
 }
 
-__global__ void kvq_attn_merge_kernel(float *out, const float *part, int nrow, int d, int splits) {
-    const int rh = blockIdx.x;
-    const float *ml = part + (size_t)splits * nrow * d;
-    float mx = -INFINITY;
-    for (int z = 0; z < splits; z++) mx = fmaxf(mx, ml[((size_t)z * nrow + rh) * 2]);
-    float den = 0.0f;
-    for (int z = 0; z < splits; z++) {
-        const float m = ml[((size_t)z * nrow + rh) * 2], l = ml[((size_t)z * nrow + rh) * 2 + 1];
-        if (m != -INFINITY) den += l * expf(m - mx);
-    }
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float num = 0.0f;
-        for (int z = 0; z < splits; z++) {
-            const float m = ml[((size_t)z * nrow + rh) * 2];
-            if (m != -INFINITY) num += part[((size_t)z * nrow + rh) * d + i] * expf(m - mx);
-        }
-        out[(size_t)rh * d + i] = den > 0.0f ? num / den : 0.0f;
-    }
-}
-
 extern "C" void tern__cuda_kvq_init(tern__cuda *c) {
     cudaFuncSetAttribute(kvq_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(c->smem_optin - 1024));
     cudaGetLastError();
@@ -328,48 +308,8 @@ extern "C" void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q
     const int qvmax = 8192 / dm < 8 ? 8 : 8192 / dm;
     a.HB = a.G < qvmax ? a.G : qvmax;
     a.hsplit = (a.G + a.HB - 1) / a.HB;
-    /* planning from host copies: as attention.cu (none while a step graph is recorded) */
-    const int32_t *slot_host = c->capturing ? NULL : rows->slot_host;
-    const int32_t *pos_host = c->capturing ? NULL : rows->pos_host;
-    a.R = 1;
-    if (slot_host && pos_host && n > 1) {
-        int R = qvmax / a.HB;
-        if (R > n) R = n;
-        while (R > 1) {
-            bool same = true;
-            for (int r = 0; r < n && same; r++) same = slot_host[r] == slot_host[r - r % R];
-            if (same) break;
-            R /= 2;
-        }
-        a.R = R < 1 ? 1 : R;
-    }
+    tern__cuda_attn_plan(c, rows, kv, n, nh, d, a.T, qvmax, a.HB, a.hsplit, a.vlo != NULL, &a.R, &a.splits);
     const int tiles = (n + a.R - 1) / a.R;
-    const long blocks = (long)tiles * nkv * a.hsplit;
-    long maxlen = (long)kv->max_blocks * kv->block_size;
-    if (pos_host) {
-        maxlen = 1;
-        for (int r = 0; r < n; r++) maxlen = pos_host[r] + 1 > maxlen ? pos_host[r] + 1 : maxlen;
-    }
-    if (kv->window > 0 && maxlen > kv->window + a.R) maxlen = kv->window + a.R;
-    if (a.vlo) { /* spans reach past the window and past pos: bound by the farthest key */
-        maxlen = (long)kv->max_blocks * kv->block_size;
-        if (pos_host && rows->vis_hi_host) {
-            maxlen = 1;
-            for (int r = 0; r < n; r++) {
-                long last = pos_host[r] > rows->vis_hi_host[r] ? pos_host[r] : rows->vis_hi_host[r];
-                maxlen = last + 1 > maxlen ? last + 1 : maxlen;
-            }
-        }
-    }
-    a.splits = 1;
-    if (blocks < c->n_sm) {
-        long s = (2L * c->n_sm + blocks - 1) / blocks;
-        long byk = (maxlen + 2L * a.T - 1) / (2L * a.T);
-        if (s > byk) s = byk;
-        if (s > 64) s = 64;
-        while (s > 1 && (size_t)s * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS) s /= 2;
-        a.splits = s < 1 ? 1 : (int)s;
-    }
     a.part = c->part;
     const int QV = a.R * a.HB;
     const size_t smem = sizeof(float) * ((size_t)QV * a.dk + (size_t)QV * a.dv + (size_t)a.T * (a.dk + 1) +
@@ -383,7 +323,6 @@ extern "C" void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q
     kvq_attn_kernel<<<grid, 256, smem, c->stream>>>(a);
     tern__cuda_check(c, "attention (compressed KV)");
     if (a.splits > 1) {
-        kvq_attn_merge_kernel<<<n * nh, d < 128 ? 64 : 128, 0, c->stream>>>(out, c->part, n * nh, d, a.splits);
-        tern__cuda_check(c, "attention merge (compressed KV)");
+        tern__cuda_attn_merge(c, out, n * nh, d, a.splits, "attention merge (compressed KV)");
     }
 }
