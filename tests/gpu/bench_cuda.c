@@ -367,12 +367,50 @@ static void bench_qmma(int bits, int out, int in, tern_compute mode) {
     g = keep;
 }
 
+/* `bench_cuda --prof`: one launch of each n = 1 matmul of interest (for ncu -k regex:gemv|qmma),
+ * no ceiling run: q4/q8/bf16 4096x14336 (gemv1), q4 14336x4096 (gemv_q1), q4 via qmma (f32 mode). */
+static void prof_one(tern_dtype dt, int bits, int out, int in) {
+    tern_tensor t, w;
+    bench_tensor(&t, dt, bits, 64, out, in);
+    size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = dt == TERN_DT_Q ? (size_t)out * (in / 64) * 2 : 0;
+    uint8_t *hd = malloc(wb);
+    uint16_t *hs = malloc(sb + 2), *hb = malloc(sb + 2);
+    fill_weight(hd, wb, dt);
+    int ok = upload_copies(&w, 1, &t, hd, hs, hb, sb, 1);
+    free(hd); free(hs); free(hb);
+    float *x = dev_random((size_t)in * 4), *y = g->vt->alloc(g, (size_t)out * 4);
+    if (ok && x && y) {
+        g->vt->matmul(g, y, x, 1, &w);
+        g->vt->sync(g);
+        printf("prof: %s q%d %dx%d launched\n", tern_dtype_name(dt), bits, out, in);
+        g->vt->free_weight(g, &w);
+    }
+    g->vt->free(g, x); g->vt->free(g, y);
+}
+
 int main(int argc, char **argv) {
 
     tern_error err = {0};
     tern_backend_opts o = {0};
     if (tern_backend_cuda_open(&g, &o, &err) != TERN_OK) {
         printf("SKIP: bench_cuda: %s\n", err.msg);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--prof")) {
+        prof_one(TERN_DT_Q, 4, 4096, 14336);
+        prof_one(TERN_DT_Q, 8, 4096, 14336);
+        prof_one(TERN_DT_BF16, 0, 4096, 14336);
+        prof_one(TERN_DT_Q, 4, 14336, 4096);
+        prof_one(TERN_DT_Q, 4, 128256, 4096);
+        prof_one(TERN_DT_BF16, 0, 128256, 4096);
+        tern_backend *keep = g;
+        tern__cuda_qmma_mode = 2;
+        if ((g = open_mode(TERN_COMPUTE_F32))) {
+            prof_one(TERN_DT_Q, 4, 4096, 14336);
+            tern_backend_close(g);
+        }
+        g = keep;
+        tern_backend_close(g);
         return 0;
     }
     bench_stream();
