@@ -41,6 +41,7 @@ static void *dev_random(size_t bytes) {
 static double ceiling_gbs;
 extern int tern__cuda_gemv_q1_variant; /* gemv.cu: kernel choice for Q weights at n = 1 */
 extern int tern__cuda_gemv1_on;        /* gemv.cu: 0 = the older n = 1 kernels for every format */
+extern int tern__cuda_gemv_mma_on;     /* gemv_mma.cu: 0 off, 1 Q4, 2 Q4 and Q8 at n = 1 */
 static int g_only_var = -1;            /* >= 0: time only this Q n = 1 variant */
 
 static void row(const char *name, double sec, double bytes) {
@@ -188,7 +189,8 @@ static void bench_attn_decode(int nh, int nkv, int d, int ctx, int nseq) {
     free(bt); free(pos); free(slot);
 }
 
-/* causal prefill of n tokens in one slot: FLOPs = 4 * nh * d * n(n+1)/2 */
+/* causal prefill of n tokens in one slot: FLOPs = 4 * nh * d * n(n+1)/2; `tag` names the kernel */
+static const char *attn_tag = "";
 static void bench_attn_prefill(int nh, int nkv, int d, int n) {
     int bs = 16, mb = (n + bs - 1) / bs;
     size_t tok = (size_t)nkv * d, pool = (size_t)mb * bs * tok;
@@ -212,13 +214,43 @@ static void bench_attn_prefill(int nh, int nkv, int d, int n) {
         g->vt->sync(g);
         double sec = (tern_time_s() - t0) / reps, fl = 4.0 * nh * d * (double)n * (n + 1) / 2;
         char name[96];
-        snprintf(name, sizeof name, "attn prefill nh%d kv%d d%d n%d", nh, nkv, d, n);
-        printf("%-44s %10.1f us %9.1f TFLOP/s\n", name, sec * 1e6, fl / sec / 1e12);
+        snprintf(name, sizeof name, "attn prefill nh%d kv%d d%d n%d%s", nh, nkv, d, n, attn_tag);
+        printf("%-52s %10.1f us %9.1f TFLOP/s\n", name, sec * 1e6, fl / sec / 1e12);
         printf("csv,%s,%.2f,%.2f\n", name, sec * 1e6, fl / sec / 1e12);
     }
     g->vt->free(g, k); g->vt->free(g, v); g->vt->free(g, btd); g->vt->free(g, pd); g->vt->free(g, sd);
     g->vt->free(g, q); g->vt->free(g, o);
     free(bt); free(pos); free(slot);
+}
+
+/* The prefill attention kernels on one shape: attention.cu's CUDA-core kernel (f32 mode, flash
+ * off), the flash kernel in bf16 mode (tile shapes 0..cfgs-1, attn_prefill.cu) and with the
+ * split operands in f32 mode (tern__cuda_fa_f32). Back to the defaults after. */
+extern int tern__cuda_fa_on, tern__cuda_fa_f32, tern__cuda_fa_cfg;
+static void bench_attn_prefill_all(int nh, int nkv, int d, int n, int cfgs) {
+    const int on = tern__cuda_fa_on, f32 = tern__cuda_fa_f32, cfg = tern__cuda_fa_cfg;
+    tern__cuda_fa_on = 0;
+    attn_tag = " cores-f32";
+    bench_attn_prefill(nh, nkv, d, n);
+    tern__cuda_fa_on = 1;
+    tern__cuda_fa_f32 = 1;
+    attn_tag = " fa-f32split";
+    bench_attn_prefill(nh, nkv, d, n);
+    tern__cuda_fa_f32 = f32;
+    tern_backend *keep = g;
+    if ((g = open_mode(TERN_COMPUTE_BF16))) {
+        static const char *tags[] = {" fa-bf16", " fa-bf16 cfg1", " fa-bf16 cfg2", " fa-bf16 cfg3"};
+        for (int c = 0; c < cfgs && c < 4; c++) {
+            tern__cuda_fa_cfg = c;
+            attn_tag = tags[c];
+            bench_attn_prefill(nh, nkv, d, n);
+        }
+        tern_backend_close(g);
+    }
+    g = keep;
+    tern__cuda_fa_on = on;
+    tern__cuda_fa_cfg = cfg;
+    attn_tag = "";
 }
 
 static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_compute mode) {
@@ -388,6 +420,32 @@ static void prof_one(tern_dtype dt, int bits, int out, int in) {
     g->vt->free(g, x); g->vt->free(g, y);
 }
 
+/* `bench_cuda --pattern`: gemv_mma.cu's load pattern alone vs contiguous ones (GB/s of useful bytes) */
+typedef struct tern__cuda tern__cuda;
+void tern__cuda_mm_probe(tern__cuda *c, const void *w, int rows, int rb, int mode, void *sink);
+static void bench_pattern(int rows, int rb) {
+    size_t bytes = (size_t)rows * rb;
+    int copies = (int)((2ull << 30) / bytes + 1);
+    if (copies > 32) copies = 32;
+    void *w[32] = {0}, *sink = g->vt->alloc(g, 64u << 20);
+    for (int i = 0; i < copies; i++) w[i] = dev_random(bytes);
+    tern__cuda *c = (tern__cuda *)g->impl;
+    static const char *nm[4] = {"mma slices", "mma rows", "2 rows x 512B", "flat stream"};
+    for (int mode = 0; mode < 4; mode++) {
+        for (int i = 0; i < copies; i++) tern__cuda_mm_probe(c, w[i], rows, rb, mode, sink);
+        g->vt->sync(g);
+        int reps = copies * 4;
+        double t0 = tern_time_s();
+        for (int i = 0; i < reps; i++) tern__cuda_mm_probe(c, w[i % copies], rows, rb, mode, sink);
+        g->vt->sync(g);
+        char name[96];
+        snprintf(name, sizeof name, "pattern %s %dx%dB", nm[mode], rows, rb);
+        row(name, (tern_time_s() - t0) / reps, (double)bytes);
+    }
+    for (int i = 0; i < copies; i++) g->vt->free(g, w[i]);
+    g->vt->free(g, sink);
+}
+
 int main(int argc, char **argv) {
 
     tern_error err = {0};
@@ -413,7 +471,24 @@ int main(int argc, char **argv) {
         tern_backend_close(g);
         return 0;
     }
+    if (argc > 1 && !strcmp(argv[1], "--attn")) { /* prefill attention only: every kernel and tile shape */
+        bench_attn_prefill_all(32, 8, 128, 2048, 4);
+        bench_attn_prefill_all(32, 8, 128, 8192, 4);
+        bench_attn_prefill_all(16, 8, 256, 2048, 4);
+        bench_attn_prefill_all(16, 8, 256, 8192, 4);
+        bench_attn_prefill_all(8, 8, 64, 8192, 4);
+        tern_backend_close(g);
+        return 0;
+    }
     bench_stream();
+    if (argc > 1 && !strcmp(argv[1], "--pattern")) {
+        bench_pattern(14336, 2048);
+        bench_pattern(4096, 7168);
+        bench_pattern(128256, 2048);
+        bench_pattern(4096, 8192);
+        tern_backend_close(g);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "--qmma")) { /* llama3-8b shapes, q4 and q8: older kernels vs qmma.cu */
         static const int shp[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
         for (int m = 0; m < 2; m++)
@@ -433,14 +508,18 @@ int main(int argc, char **argv) {
         for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++)
             for (int s = 0; s < 5; s++) {
                 if (f >= 3 && s != 0 && s != 3) continue; /* other formats: one square, one wide shape */
-                for (int old = 0; old < (s == 4 ? 1 : 2); old++) {
-                    tern__cuda_gemv1_on = !old;
-                    g_only_var = old ? 4 : 5;
-                    if (fm[f].dt == TERN_DT_BF16) printf("[%s] ", old ? "old" : "gemv1");
+                /* 0: tensor-core gemv_mma (Q4/Q8 only), 1: gemv1, 2: the older kernel */
+                const int mma_ok = fm[f].dt == TERN_DT_Q && (fm[f].bits == 4 || fm[f].bits == 8);
+                for (int v = mma_ok ? 0 : 1; v < (s == 4 ? 2 : 3); v++) {
+                    tern__cuda_gemv_mma_on = v == 0 ? 2 : 0;
+                    tern__cuda_gemv1_on = v <= 1;
+                    g_only_var = v == 2 ? 4 : 5;
+                    printf("[%s] ", v == 0 ? "mma" : v == 1 ? "gemv1" : "old");
                     bench_gemv(fm[f].dt, fm[f].bits, fm[f].gs, ls[s][0], ls[s][1], one);
                 }
             }
         tern__cuda_gemv1_on = 1;
+        tern__cuda_gemv_mma_on = 1;
         g_only_var = -1;
         tern_backend_close(g);
         return 0;
@@ -472,8 +551,10 @@ int main(int argc, char **argv) {
     bench_attn_decode(32, 8, 128, 8192, 1);
     bench_attn_decode(32, 8, 128, 4096, 16);
     bench_attn_decode(32, 4, 512, 4096, 4);
-    bench_attn_prefill(32, 8, 128, 2048);
-    bench_attn_prefill(16, 8, 256, 1024);
+    bench_attn_prefill_all(32, 8, 128, 2048, 1);
+    bench_attn_prefill_all(32, 8, 128, 8192, 1);
+    bench_attn_prefill_all(16, 8, 256, 2048, 1);
+    bench_attn_prefill_all(16, 8, 256, 8192, 1);
     bench_attn_prefill(32, 4, 512, 1024);
     bench_prefill(TERN_DT_BF16, 0, 8192, 8192, 2048, TERN_COMPUTE_BF16);
     bench_prefill(TERN_DT_BF16, 0, 8192, 8192, 2048, TERN_COMPUTE_F32);

@@ -314,6 +314,7 @@ TEST(cuda_norm_rope_elementwise) {
 #include "gpu/cuda_ops_tests_qgemm.h"
 #include "gpu/cuda_ops_tests_qmma.h"
 #include "gpu/cuda_ops_tests_sample.h"
+#include "gpu/cuda_ops_tests_mma.h"
 
 static int cuda_ops_run_all(void) {
     RUN(cuda_upload_weight_rejects);
@@ -324,6 +325,7 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_norm_rope_elementwise);
     RUN(cuda_attention_prefill_decode);
     RUN(cuda_attention_spans);
+    RUN(cuda_attention_flash);
     RUN(cuda_route_topk);
     RUN(cuda_moe_mlp);
     RUN(cuda_graph_replay);
@@ -334,6 +336,7 @@ static int cuda_ops_run_all(void) {
     cuda_qgemm_tests();
     cuda_qmma_tests();
     cuda_sample_tests();
+    cuda_mma_tests();
     return test_done();
 }
 

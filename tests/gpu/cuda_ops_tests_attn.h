@@ -7,7 +7,10 @@
  */
 
 /* One attention scenario. variant 0: prefill rows of slot 0 (host copies given: row tiling);
- * 1: one decode row per slot (split-K); 2: both in one batch without host copies. */
+ * 1: one decode row per slot (split-K); 2: both in one batch without host copies; 3: both with
+ * host copies (a prefill run for the tensor-core kernel next to decode rows). Runs on g_attn
+ * (g_gpu when NULL). */
+static tern_backend *g_attn;
 static double attn_case(int nh, int nkv, int d, int window, float softcap, int bs, int nslots, const int *lens, int P,
                         int variant) {
     int maxlen = 0;
@@ -47,7 +50,7 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
     if (variant != 1)
         for (int r = 0; r < P; r++) { pos[n] = lens[0] - P + r; slot[n++] = 0; }
     if (variant != 0)
-        for (int s = 0; s < nslots; s++) { pos[n] = lens[s] - 1; slot[n++] = s; }
+        for (int s = variant == 3 ? 1 : 0; s < nslots; s++) { pos[n] = lens[s] - 1; slot[n++] = s; }
     /* sliding window: evict blocks no query of the slot can see */
     if (window > 0)
         for (int s = 0; s < nslots; s++) {
@@ -64,8 +67,10 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
     tern_rows rr = {n, pos, slot, pos, slot}, rg = {n, pd, sd, variant == 2 ? NULL : pos, variant == 2 ? NULL : slot};
     float scale = 3.0f / sqrtf((float)d);
     g_ref->vt->attention(g_ref, or_, q, &rr, nh, &kr, scale, softcap);
-    g_gpu->vt->attention(g_gpu, od, qd, &rg, nh, &kg, scale, softcap);
-    float *og = from_gpu(g_gpu, od, qn);
+    tern_backend *be = g_attn ? g_attn : g_gpu;
+    g_gpu->vt->sync(g_gpu); /* uploads went through g_gpu's stream */
+    be->vt->attention(be, od, qd, &rg, nh, &kg, scale, softcap);
+    float *og = from_gpu(be, od, qn);
     double rel = rel_or_nan(og, or_, qn);
     g_gpu->vt->free(g_gpu, kd); g_gpu->vt->free(g_gpu, vd); g_gpu->vt->free(g_gpu, btd); g_gpu->vt->free(g_gpu, qd);
     g_gpu->vt->free(g_gpu, od); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd);
@@ -277,8 +282,10 @@ static double attn_span_case(tern_kv_fmt kf, tern_kv_fmt vf, int nh, int nkv, in
     tern_rows rg = {n, pd, sd, host ? pos : NULL, host ? slot : NULL, lod, hid, host ? vlo : NULL, host ? vhi : NULL};
     float scale = 3.0f / sqrtf((float)d);
     g_ref->vt->attention(g_ref, or_, q, &rr, nh, &kr, scale, softcap);
-    g_gpu->vt->attention(g_gpu, od, qd, &rg, nh, &kg, scale, softcap);
-    float *og = from_gpu(g_gpu, od, qn);
+    tern_backend *be = g_attn ? g_attn : g_gpu;
+    g_gpu->vt->sync(g_gpu);
+    be->vt->attention(be, od, qd, &rg, nh, &kg, scale, softcap);
+    float *og = from_gpu(be, od, qn);
     double rel = rel_or_nan(og, or_, qn);
     g_gpu->vt->free(g_gpu, kd); g_gpu->vt->free(g_gpu, vd); g_gpu->vt->free(g_gpu, btd); g_gpu->vt->free(g_gpu, qd);
     g_gpu->vt->free(g_gpu, od); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd);
@@ -340,4 +347,65 @@ TEST(cuda_attention_spans) {
         void *bufs[] = {pd, sd, lod, hid, k, v, btd, qd, od};
         for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g_gpu->vt->free(g_gpu, bufs[i]);
     }
+}
+
+/* The tensor-core prefill kernel (attn_prefill.cu): prefill runs from position 0 and
+ * continuation chunks (split-K), odd row counts, GQA group sizes 1..32 (6: a block's vectors
+ * not a multiple of the group), window + evicted blocks, softcap, d = 64..512 (512 stays on
+ * the CUDA-core kernel), spans; variant 0 (the run alone) and 3 (next to decode rows).
+ * Modes: bf16 (plain bf16 operands) and f32 with the split kernel forced on (tern__cuda_fa_f32;
+ * its default is measured here and stated in attn_prefill.cu). */
+extern int tern__cuda_fa_f32, tern__cuda_fa_cfg;
+TEST(cuda_attention_flash) {
+    static const struct { int nh, nkv, d, window; float cap; int bs; int lens[3]; int P; } C[] = {
+        {8, 2, 128, 0, 0.0f, 16, {300, 37, 1}, 300},
+        {8, 8, 64, 0, 0.0f, 32, {517, 500, 3}, 517},
+        {4, 1, 256, 24, 50.0f, 16, {400, 90, 10}, 257},
+        {12, 2, 128, 100, 30.0f, 8, {700, 5, 300}, 333},
+        {16, 4, 256, 0, 0.0f, 64, {1000, 2, 700}, 65},
+        {32, 1, 128, 0, 0.0f, 16, {200, 20, 9}, 161},
+        {8, 2, 512, 0, 0.0f, 16, {150, 64, 17}, 100},
+        {8, 4, 64, 50, 0.0f, 4, {600, 30, 30}, 35},
+    };
+    const int keep_f32 = tern__cuda_fa_f32, keep_cfg = tern__cuda_fa_cfg;
+    for (int mode = 0; mode < 2; mode++) {
+        g_attn = mode == 0 ? g_gpu16 : g_gpu;
+        if (!g_attn) continue;
+        tern__cuda_fa_f32 = 1;
+        const double bound = mode == 0 ? 1e-2 : 1e-5;
+        double worst = 0;
+        for (int cfg = 0; cfg < (mode == 0 ? 4 : 1); cfg++) {
+            tern__cuda_fa_cfg = cfg;
+            for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
+                for (int v = 0; v < (cfg ? 1 : 4); v += 3) {
+                    double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens,
+                                           C[c].P, v);
+                    printf("  err attention flash %s cfg %d nh=%d nkv=%d d=%d W=%d P=%d variant %d  %.2e\n",
+                           mode ? "f32" : "bf16", cfg, C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].P, v, rel);
+                    CHECK(rel <= bound, "%s cfg %d case %zu variant %d rel %.2e", mode ? "f32" : "bf16", cfg, c, v, rel);
+                    worst = rel > worst ? rel : worst;
+                }
+        }
+        static const struct { int nh, nkv, d, window; float cap; int bs; int lens[3]; int P; } S[] = {
+            {8, 2, 128, 0, 0.0f, 16, {300, 37, 1}, 70},
+            {4, 1, 256, 24, 50.0f, 16, {200, 90, 10}, 45},
+            {8, 8, 64, 8, 0.0f, 4, {129, 500, 3}, 40},
+            {16, 4, 256, 6, 30.0f, 64, {1000, 20, 700}, 125},
+        };
+        const tern_kv_fmt f32 = {0};
+        tern__cuda_fa_cfg = 0;
+        for (size_t c = 0; c < TERN_ARRAY_LEN(S); c++)
+            for (int v = 0; v < 2; v++) {
+                double rel = attn_span_case(f32, f32, S[c].nh, S[c].nkv, S[c].d, S[c].window, S[c].cap, S[c].bs,
+                                            S[c].lens, S[c].P, v);
+                printf("  err attention flash spans %s nh=%d d=%d W=%d variant %d  %.2e\n", mode ? "f32" : "bf16",
+                       S[c].nh, S[c].d, S[c].window, v, rel);
+                CHECK(rel <= bound, "%s spans case %zu variant %d rel %.2e", mode ? "f32" : "bf16", c, v, rel);
+                worst = rel > worst ? rel : worst;
+            }
+        printf("  err attention flash %s worst %.2e\n", mode ? "f32-split" : "bf16", worst);
+    }
+    g_attn = NULL;
+    tern__cuda_fa_f32 = keep_f32;
+    tern__cuda_fa_cfg = keep_cfg;
 }

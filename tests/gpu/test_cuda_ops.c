@@ -5,6 +5,7 @@
  * "  err ..." lines with the measured error per format for the report.
  */
 #include "gpu/cuda_ops_tests.h"
+#include "gpu/cuda_ops_tests_moe.h"
 
 int main(void) {
     char why[TERN_ERROR_MSG_MAX + 32];
@@ -14,6 +15,8 @@ int main(void) {
         return 0;
     }
     int rc = cuda_ops_run_all();
+    cuda_moe_tests();
+    rc |= test_done();
     cuda_ops_close();
     return rc;
 }

@@ -17,11 +17,15 @@
  * block's key range is cut into `splits` pieces handled by separate blocks; partial (M, L, acc)
  * go to the preallocated scratch `part` and a second kernel merges them. Head dims up to 512
  * (d % 4 == 0); shared memory is sized per launch (up to ~140 KB at d = 512).
+ * Prefill runs (>= 32 rows of one slot, host copies given) go to the
+ * tensor-core flash kernel of attn_prefill.cu when it takes them (d 64/128/256; compute mode
+ * bf16, or f32 with tern__cuda_fa_f32); this kernel is the exact path and the fallback.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 
 struct AttnArgs {
     float *out;
@@ -288,15 +292,28 @@ extern "C" void tern__cuda_attn_merge(tern__cuda *c, float *out, int nrow, int d
     tern__cuda_check(c, what);
 }
 
+/* attn_prefill.cu: tensor-core flash attention over one run of rows of one slot (host copies
+ * set); returns 0 when it does not take the call (head dim, compute mode, TERN_CUDA_FA). */
+extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c);
+extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                                       const tern_kv_layer *kv, float scale, float softcap);
+/* Shorter runs (decode, small verify chunks) stay on attn_cores; TERN_CUDA_FA_MIN=k lowers the
+ * bar (k = 1: every run with host copies, so the tiny parity fixtures reach the kernel). */
+static int fa_min_rows = 32;
+
 /* The kernel's dynamic shared-memory limit is raised once, at backend open (never while a
  * graph is being recorded). */
 extern "C" void tern__cuda_attn_init(tern__cuda *c) {
     cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(c->smem_optin - 1024));
     cudaGetLastError();
+    tern__cuda_attn_prefill_init(c);
+    const char *e = getenv("TERN_CUDA_FA_MIN");
+    if (e && atoi(e) >= 1) fa_min_rows = atoi(e);
 }
 
-extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
-                                     const tern_kv_layer *kv, float scale, float softcap) {
+/* The CUDA-core kernel over any rows (the reference-exact path and the fallback). */
+static void attn_cores(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                       const tern_kv_layer *kv, float scale, float softcap) {
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
     if (n <= 0 || nh <= 0 || nkv <= 0 || nh % nkv || d <= 0 || d % 4 || d > 512) {
         if (n > 0) tern_log(TERN_LOG_ERROR, "cuda attention: unsupported shape nh %d nkv %d d %d", nh, nkv, d);
@@ -343,5 +360,53 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
     tern__cuda_check(c, "attention");
     if (a.splits > 1) {
         tern__cuda_attn_merge(c, out, n * nh, d, a.splits, "attention merge");
+    }
+}
+
+/* rows [r0, r0 + n) of `rows` as a batch of their own */
+static tern_rows rows_sub(const tern_rows *rows, int r0, int n) {
+    tern_rows s = *rows;
+    s.n = n;
+    s.pos += r0;
+    s.slot += r0;
+    s.pos_host += r0;
+    s.slot_host += r0;
+    if (s.vis_lo) s.vis_lo += r0;
+    if (s.vis_hi) s.vis_hi += r0;
+    if (s.vis_lo_host) s.vis_lo_host += r0;
+    if (s.vis_hi_host) s.vis_hi_host += r0;
+    return s;
+}
+
+/* Runs of >= fa_min_rows consecutive rows of one slot go to the tensor-core kernel
+ * (attn_prefill.cu) when it takes them; the rows between runs go to attn_cores in contiguous
+ * pieces. Without host copies (graph recording) everything stays on attn_cores. */
+extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                                     const tern_kv_layer *kv, float scale, float softcap) {
+    const int n = rows->n;
+    if (c->capturing || !rows->slot_host || !rows->pos_host || n < fa_min_rows || nh <= 0 ||
+        kv->n_head_kv <= 0 || nh % kv->n_head_kv) {
+        attn_cores(c, out, q, rows, nh, kv, scale, softcap);
+        return;
+    }
+    cudaSetDevice(c->device);
+    const size_t rs = (size_t)nh * kv->head_dim;
+    int pend = 0;
+    for (int r = 0, e; r < n; r = e) {
+        for (e = r + 1; e < n && rows->slot_host[e] == rows->slot_host[r];) e++;
+        if (e - r < fa_min_rows) continue;
+        tern_rows run = rows_sub(rows, r, e - r);
+        if (!tern__cuda_attn_prefill(c, out + r * rs, q + r * rs, &run, nh, kv, scale, softcap)) continue;
+        if (pend < r) {
+            tern_rows rest = rows_sub(rows, pend, r - pend);
+            attn_cores(c, out + pend * rs, q + pend * rs, &rest, nh, kv, scale, softcap);
+        }
+        pend = e;
+    }
+    if (pend == 0) {
+        attn_cores(c, out, q, rows, nh, kv, scale, softcap);
+    } else if (pend < n) {
+        tern_rows rest = rows_sub(rows, pend, n - pend);
+        attn_cores(c, out + pend * rs, q + pend * rs, &rest, nh, kv, scale, softcap);
     }
 }

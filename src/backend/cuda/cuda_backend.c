@@ -332,6 +332,7 @@ static void be_close(tern_backend *be) {
         cudaFree(c->part);
         cudaFree(c->gemm_scratch);
         cudaFree(c->moe_idx);
+        cudaFree(c->mm_cnt);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);

@@ -56,6 +56,7 @@ typedef struct tern__cuda {
     /* moe_mlp over expert slot views (tensor.h mat_map): the ids remapped to slots (moe.cu) */
     int32_t *moe_idx;
     size_t moe_idx_cap;
+    int *mm_cnt;                 /* gemv_mma.cu: split-K counters per row block (zero between launches) */
 } tern__cuda;
 
 #define TERN_CUDA_MAX_GRAPHS 16
@@ -93,6 +94,12 @@ void tern__cuda_check(tern__cuda *c, const char *what); /* record launch errors 
 void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 void tern__cuda_gemv_init(tern__cuda *c); /* at open: shared-memory limits of the big instances */
 void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+/* gemv_mma.cu: one activation row times Q4/Q8 weights on tensor cores; k <= 3 matrices sharing
+ * `in` and the format; mode 0 plain, 1/2 act(gate)*up (SiLU/GELU-tanh, k = 2), 3 y += W x.
+ * Returns 0 when the format or shape is not served (then use gemv.cu's kernels). */
+int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
+                        const float *x, int mode);
+void tern__cuda_gemv_mma_init(tern__cuda *c);
 /* Expert GEMV over np output rows p (y row p at y + p*ystride); term j < ksum of row p is
  * pair q = p*ksum + j, using matrix idx[q] (skipped unless 0 <= idx[q] < nmat), activation row
  * x + (q / xdiv) * xstride and coefficient wts[q] (1 when wts is NULL):
@@ -167,6 +174,13 @@ void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, const float 
 void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                         const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                         const tern__cuda_w *down, int act, float *scratch);
+/* moe.cu: h[p][0:I] = act(h[p][0:I]) * h[p][I:2I] for rows p < np of a [np][2I] scratch */
+void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int act);
+/* moe_gemm.cu: moe_mlp through the sorted, grouped expert GEMM (bf16 mode, many pairs; uses
+ * gemm_scratch); returns 1 when it handled the call, 0 when the caller must take the pair path */
+int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
+                           const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
+                           const tern__cuda_w *down, int act, float *scratch);
 
 /* sample.cu: ops.h vt->sample (one block per row; no scratch) */
 void tern__cuda_sample(tern__cuda *c, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,

@@ -552,8 +552,9 @@ static void g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const 
  * or formats do not fit (the caller then runs the separate ops). */
 extern "C" int tern__cuda_matmul_n(tern__cuda *c, int k, float *const *y, const float *x, int n,
                                    const tern__cuda_w *const *w) {
-    if (n != 1 || !g1_fits(w, k, x)) return 0;
     const int e[3] = {0, 0, 0};
+    if (n == 1 && tern__cuda_gemv_mma(c, y, w, e, k, x, G1_PLAIN)) return 1;
+    if (n != 1 || !g1_fits(w, k, x)) return 0;
     cudaSetDevice(c->device);
     g1_launch(c, y, w, e, k, x, G1_PLAIN);
     return 1;
@@ -562,17 +563,20 @@ extern "C" int tern__cuda_matmul_n(tern__cuda *c, int k, float *const *y, const 
 extern "C" int tern__cuda_matmul_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
                                      const tern__cuda_w *up, int act) {
     const tern__cuda_w *w[2] = {gate, up};
-    if (n != 1 || gate->out != up->out || !g1_fits(w, 2, x)) return 0;
     const int e[2] = {0, 0};
     float *ys[2] = {y, y};
+    const int mode = act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
+    if (n == 1 && gate->out == up->out && tern__cuda_gemv_mma(c, ys, w, e, 2, x, mode)) return 1;
+    if (n != 1 || gate->out != up->out || !g1_fits(w, 2, x)) return 0;
     cudaSetDevice(c->device);
     g1_launch(c, ys, w, e, 2, x, act == TERN_ACT_SILU ? G1_SILU : G1_GELU);
     return 1;
 }
 
 extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {
-    if (n != 1 || !g1_fits(&w, 1, x)) return 0;
     const int e[1] = {0};
+    if (n == 1 && tern__cuda_gemv_mma(c, &y, &w, e, 1, x, G1_RES)) return 1;
+    if (n != 1 || !g1_fits(&w, 1, x)) return 0;
     cudaSetDevice(c->device);
     g1_launch(c, &y, &w, e, 1, x, G1_RES);
     return 1;
@@ -608,6 +612,7 @@ extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     g1_allow<2>(); g1_allow<3>(); g1_allow<4>(); g1_allow<5>(); g1_allow<6>(); g1_allow<8>();
     g1_allow<9>(); g1_allow<16>(); g1_allow<17>(); g1_allow<32>();
     tern__cuda_qmma_init(c);
+    tern__cuda_gemv_mma_init(c);
     cudaGetLastError();
 }
 
@@ -694,6 +699,7 @@ extern "C" void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, 
     /* Q rows much longer than wide (out >= 3 in: 14336x4096, the lm head) measured faster on the
      * older gemv_q1 (q4 27.7 vs 34.2 us, q8 31.3 vs 42.6 us on the H200); same bits either way */
     const bool tall_q = w->dtype == TERN_DT_Q && w->out >= 3 * w->in;
+    if (n == 1 && tern__cuda_gemv_mma(c, &y, &w, &e, 1, x, G1_PLAIN)) return;
     if (n == 1 && tern__cuda_gemv_q1_variant == 5 && !tall_q && g1_fits(&w, 1, x)) {
         g1_launch(c, &y, &w, &e, 1, x, G1_PLAIN);
         return;

@@ -11,8 +11,9 @@
  *   1. h_gate[p] = gate_{e_p} · x_{p/k},  h_up[p] = up_{e_p} · x_{p/k}     (p < n·k pairs)
  *   2. h[p] = act(h_gate[p]) * h_up[p]                        (in scratch, [n·k][2I])
  *   3. y[r] = Σ_j wts[r][j] · down_{e_rj} · h[r·k + j]        (summed in-kernel: no atomics)
- * Deterministic and batch-invariant; for long prefills a sorted grouped GEMM would read each
- * expert once instead of once per pair (open: see the report in tests/gpu).
+ * Deterministic and batch-invariant. In the bf16 mode, from TERN_MOE_GROUPED_MIN routed pairs on,
+ * moe_gemm.cu takes the call instead: pairs sorted by expert and one grouped tensor-core GEMM per
+ * projection, reading each expert once per tile of pairs (prefill, batched decode).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -106,6 +107,13 @@ extern "C" const int32_t *tern__cuda_moe_remap(tern__cuda *c, const int32_t *idx
     return c->moe_idx;
 }
 
+extern "C" void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int act) {
+    const size_t total = (size_t)np * I;
+    size_t b = (total + 255) / 256;
+    act_mul_kernel<<<(unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, c->stream>>>(h, (size_t)np, I, act);
+    tern__cuda_check(c, "moe act");
+}
+
 extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                                    const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                                    const tern__cuda_w *down, int act, float *scratch) {
@@ -117,11 +125,9 @@ extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int 
         return;
     }
     cudaSetDevice(c->device);
+    if (tern__cuda_moe_grouped(c, y, x, n, H, idx, wts, k, gate, up, down, act, scratch)) return;
     tern__cuda_gemv_expert(c, scratch, 2 * I, x, k, np, idx, NULL, 1, gate, E, H);
     tern__cuda_gemv_expert(c, scratch + I, 2 * I, x, k, np, idx, NULL, 1, up, up->nmat, H);
-    const size_t total = (size_t)np * I;
-    size_t b = (total + 255) / 256;
-    act_mul_kernel<<<(unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, c->stream>>>(scratch, (size_t)np, I, act);
-    tern__cuda_check(c, "moe act");
+    tern__cuda_moe_act(c, scratch, np, I, act);
     tern__cuda_gemv_expert(c, y, H, scratch, 1, n, idx, wts, k, down, down->nmat, 2 * I);
 }

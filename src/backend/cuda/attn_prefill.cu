@@ -1,0 +1,423 @@
+/*
+ * attn_prefill.cu — flash attention for prefill on tensor cores (ops.h: attention, f32 pages).
+ *
+ * attention.cu hands us runs of >= 32 (TERN_CUDA_FA_MIN) consecutive rows of one KV slot. A
+ * block owns BM = 16·NW query vectors (R rows × HB heads of one KV-head group, so GQA heads
+ * share every staged K/V tile); warp w owns vectors 16w..16w+15. Per key tile of BN keys:
+ * K and V are read from the paged f32 pool and converted to bf16 while staging in shared
+ * memory, S = Q·Kᵀ (mma.sync m16n8k16, f32 accumulators, fragments via ldmatrix) stays in
+ * registers, the online softmax (running max m and sum l per vector) runs in f32, P is packed
+ * to bf16 as the A operand of P·V into the O accumulators (registers). Warps with no visible
+ * key in a tile skip it; tiles fully visible to a warp skip the per-element mask. Mask per
+ * (query pos p, key b): lo <= b <= p (lo = p-W+1 with a window) or vlo <= b <= vhi (span),
+ * exactly as tern_key_range_of; keys whose block-table entry is < 0 are never read.
+ * Precision: compute mode bf16 uses plain bf16 Q, K, P, V (op tests: rel L2 <= 2.9e-3). SPLIT
+ * writes every operand as hi + lo bf16 and sums hi·hi + hi·lo + lo·hi (three MMAs): ~16
+ * significant bits per product (op tests 5.4e-6, model parity worst row 1.7e-5), but not exact
+ * f32 (DESIGN §5) and not batch-invariant to 1e-5 (8.6e-5 when a run is cut differently), so the
+ * f32 mode stays on attention.cu unless TERN_CUDA_FA=2 (about 10x faster, 52 TFLOP/s at 8k).
+ * Split-K over keys (partials into c->part, merged by tern__cuda_attn_merge) when the blocks
+ * cannot fill the GPU. Head dims 64 / 128 / 256; anything else stays on attention.cu.
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdlib.h>
+
+extern "C" {
+int tern__cuda_fa_on = 1;  /* 0: every call stays on attention.cu (TERN_CUDA_FA=0) */
+int tern__cuda_fa_f32 = 0; /* 1: the f32 compute mode uses the split kernel too (TERN_CUDA_FA=2) */
+int tern__cuda_fa_cfg = 0; /* tile shape of the bf16 kernel: 0 the default, 1..3 alternatives (bench_cuda) */
+}
+
+struct FaArgs {
+    float *out;
+    const float *q;
+    const int32_t *pos, *vlo, *vhi; /* this run's rows; vlo/vhi NULL without spans */
+    int n, nh, nkv, G, HB, R, hsplit;
+    const float *kp, *vp;
+    const int32_t *btrow; /* block-table row of the run's slot */
+    int max_blocks, bs, window;
+    float scale, softcap;
+    int splits;
+    float *part;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+/* c[4] += a (16x16 bf16, row) · b (16x8 bf16, col) */
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float x, float y) { /* x -> low half (lower column) */
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *(uint32_t *)&h;
+}
+
+/* hi = bf16(x), lo = bf16(x - hi), for the two halves of a pair */
+__device__ __forceinline__ void split_bf16(float x, float y, uint32_t &hi, uint32_t &lo) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    hi = *(uint32_t *)&h;
+    lo = pack_bf16(x - __low2float(h), y - __high2float(h));
+}
+
+/* 4 floats -> 4 bf16 at dst (8 bytes), and their residuals at dst_lo when SPLIT */
+template <bool SPLIT>
+__device__ __forceinline__ void store4(__nv_bfloat16 *dst, __nv_bfloat16 *dst_lo, float4 v) {
+    uint32_t h0, h1, l0, l1;
+    if (SPLIT) {
+        split_bf16(v.x, v.y, h0, l0);
+        split_bf16(v.z, v.w, h1, l1);
+        *(uint2 *)dst_lo = make_uint2(l0, l1);
+    } else {
+        h0 = pack_bf16(v.x, v.y);
+        h1 = pack_bf16(v.z, v.w);
+    }
+    *(uint2 *)dst = make_uint2(h0, h1);
+}
+
+template <int D, int BN, int NW, bool SPLIT, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
+    constexpr int BM = 16 * NW, LD = D + 8, NT = 32 * NW, D4 = D / 4, NJ = BN / 8, ND = D / 8;
+    constexpr int NB = SPLIT ? 2 : 1;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem;           /* [NB][BM][LD] */
+    __nv_bfloat16 *Ks = Qs + NB * BM * LD;                     /* [NB][BN][LD] */
+    __nv_bfloat16 *Vs = Ks + NB * BN * LD;                     /* [NB][BN][LD] */
+    int *kval = (int *)(Vs + NB * BN * LD);                    /* [BN] key readable */
+    __shared__ int range[2];
+
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * a.R; /* last rows (most keys) first: a shorter tail */
+    const int g = blockIdx.y / a.hsplit, h0 = (blockIdx.y % a.hsplit) * a.HB;
+
+    /* Q tile: vector m -> row row0 + m / HB, head g·G + h0 + m % HB */
+    for (int idx = tid; idx < BM * D4; idx += NT) {
+        const int m = idx / D4, i4 = idx % D4, ri = m / a.HB, hi = m % a.HB, r = row0 + ri;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (ri < a.R && r < a.n && h0 + hi < a.G)
+            x = __ldg((const float4 *)(a.q + ((size_t)r * a.nh + g * a.G + h0 + hi) * D) + i4);
+        store4<SPLIT>(Qs + m * LD + 4 * i4, Qs + BM * LD + m * LD + 4 * i4, x);
+    }
+    /* this thread's two vectors: rows gq and gq + 8 of the warp's 16 */
+    int qp[2], qlo[2], qvl[2], qvh[2];
+    for (int k = 0; k < 2; k++) {
+        const int m = 16 * w + gq + 8 * k, ri = m / a.HB, hi = m % a.HB, r = row0 + ri;
+        const bool ok = ri < a.R && r < a.n && h0 + hi < a.G;
+        qp[k] = ok ? a.pos[r] : -1;
+        qlo[k] = ok ? (a.window > 0 ? max(0, qp[k] - a.window + 1) : 0) : 1;
+        qvl[k] = ok && a.vlo ? max(0, a.vlo[r]) : 1;
+        qvh[k] = ok && a.vlo ? a.vhi[r] : 0;
+    }
+    if (tid == 0) {
+        range[0] = 0x7fffffff;
+        range[1] = -1;
+    }
+    __syncthreads();
+    for (int k = 0; k < 2; k++) {
+        if (qp[k] < 0) continue;
+        int f = qlo[k], l = qp[k];
+        if (qvl[k] <= qvh[k]) {
+            f = min(f, qvl[k]);
+            l = max(l, qvh[k]);
+        }
+        atomicMin(&range[0], f);
+        atomicMax(&range[1], l);
+    }
+    __syncthreads();
+    int lo = range[0], hi = range[1];
+    if (hi >= 0 && a.splits > 1) {
+        int chunk = (hi - lo + 1 + a.splits - 1) / a.splits;
+        chunk = (chunk + BN - 1) / BN * BN;
+        lo += blockIdx.z * chunk;
+        hi = min(hi, lo + chunk - 1);
+    }
+
+    float o[ND][4], s[NJ][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    const int kvstride = a.nkv * D;
+
+    for (int kb = lo; kb <= hi; kb += BN) {
+        __syncthreads(); /* every warp is done with the previous tile */
+        int allv = 1;
+        for (int idx = tid; idx < BN * D4; idx += NT) {
+            const int t = idx / D4, i4 = idx % D4, kpos = kb + t;
+            float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
+            bool ok = kpos <= hi && kpos / a.bs < a.max_blocks;
+            const int blk = ok ? a.btrow[kpos / a.bs] : -1;
+            ok = ok && blk >= 0;
+            if (ok) {
+                const size_t off = ((size_t)blk * a.bs + kpos % a.bs) * kvstride + (size_t)g * D;
+                kv4 = __ldg((const float4 *)(a.kp + off) + i4);
+                vv4 = __ldg((const float4 *)(a.vp + off) + i4);
+            }
+            store4<SPLIT>(Ks + t * LD + 4 * i4, Ks + BN * LD + t * LD + 4 * i4, kv4);
+            store4<SPLIT>(Vs + t * LD + 4 * i4, Vs + BN * LD + t * LD + 4 * i4, vv4);
+            if (i4 == 0) kval[t] = ok;
+            allv &= ok;
+        }
+        allv = __syncthreads_and(allv);
+
+        /* which of this warp's vectors see keys of [kb, kb+BN) at all, and fully */
+        const int ke = kb + BN - 1;
+        bool any = false, full = true;
+        for (int k = 0; k < 2; k++) {
+            const bool c1 = qp[k] >= 0 && kb <= qp[k] && ke >= qlo[k];
+            const bool c2 = qvl[k] <= qvh[k] && kb <= qvh[k] && ke >= qvl[k];
+            any |= c1 || c2;
+            full &= (qlo[k] <= kb && ke <= qp[k]) || (qvl[k] <= kb && ke <= qvh[k]);
+        }
+        if (!__any_sync(0xffffffffu, any)) continue;
+        full = __all_sync(0xffffffffu, full) && allv;
+
+        /* S = Q·Kᵀ */
+#pragma unroll
+        for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        const uint32_t qa = smem_u32(Qs + (16 * w + (lane & 15)) * LD + (lane >> 4) * 8);
+        const uint32_t ka = smem_u32(Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) {
+            uint32_t af[4], al[4];
+            ldsm_x4(af, qa + kc * 32);
+            if (SPLIT) ldsm_x4(al, qa + (BM * LD + kc * 16) * 2);
+#pragma unroll
+            for (int j = 0; j < NJ; j += 2) {
+                uint32_t b[4];
+                ldsm_x4(b, ka + (j * 8 * LD + kc * 16) * 2);
+                mma16816(s[j], af, b[0], b[1]);
+                mma16816(s[j + 1], af, b[2], b[3]);
+                if (SPLIT) {
+                    uint32_t bl[4];
+                    ldsm_x4(bl, ka + ((BN + j * 8) * LD + kc * 16) * 2);
+                    mma16816(s[j], af, bl[0], bl[1]);
+                    mma16816(s[j + 1], af, bl[2], bl[3]);
+                    mma16816(s[j], al, b[0], b[1]);
+                    mma16816(s[j + 1], al, b[2], b[3]);
+                }
+            }
+        }
+        /* scale, softcap, mask; online softmax per vector (4 lanes of a quad share a row) */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int k = e >> 1, kpos = kb + 8 * j + 2 * tq + (e & 1);
+                float v = s[j][e] * a.scale;
+                if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+                if (!full) {
+                    const bool vis = kval[kpos - kb] && ((kpos >= qlo[k] && kpos <= qp[k]) ||
+                                                         (kpos >= qvl[k] && kpos <= qvh[k]));
+                    if (!vis) v = -INFINITY;
+                }
+                s[j][e] = v;
+                mx[k] = fmaxf(mx[k], v);
+            }
+        float al2[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 1));
+            mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 2));
+            const float mn = fmaxf(mrow[k], mx[k]);
+            al2[k] = mn == -INFINITY ? 1.0f : expf(mrow[k] - mn);
+            mrow[k] = mn;
+            lrow[k] *= al2[k];
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int k = e >> 1;
+                const float p = s[j][e] == -INFINITY ? 0.0f : (SPLIT ? expf(s[j][e] - mrow[k]) : __expf(s[j][e] - mrow[k]));
+                s[j][e] = p;
+                lrow[k] += p;
+            }
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            o[j][0] *= al2[0];
+            o[j][1] *= al2[0];
+            o[j][2] *= al2[1];
+            o[j][3] *= al2[1];
+        }
+        /* O += P·V: the S accumulators of key tiles 2kk, 2kk+1 are the A fragment of keys 16kk.. */
+        const uint32_t va = smem_u32(Vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t pf[4], pl[4];
+            if (SPLIT) {
+                split_bf16(s[2 * kk][0], s[2 * kk][1], pf[0], pl[0]);
+                split_bf16(s[2 * kk][2], s[2 * kk][3], pf[1], pl[1]);
+                split_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1], pf[2], pl[2]);
+                split_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3], pf[3], pl[3]);
+            } else {
+                pf[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                pf[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                pf[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pf[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int n = 0; n < ND; n += 2) {
+                uint32_t b[4];
+                ldsm_x4_t(b, va + (kk * 16 * LD + n * 8) * 2);
+                mma16816(o[n], pf, b[0], b[1]);
+                mma16816(o[n + 1], pf, b[2], b[3]);
+                if (SPLIT) {
+                    uint32_t bl[4];
+                    ldsm_x4_t(bl, va + ((BN + kk * 16) * LD + n * 8) * 2);
+                    mma16816(o[n], pf, bl[0], bl[1]);
+                    mma16816(o[n + 1], pf, bl[2], bl[3]);
+                    mma16816(o[n], pl, b[0], b[1]);
+                    mma16816(o[n + 1], pl, b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    /* epilogue: finish the row sums over the quad, write O / l (or the split-K partials) */
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 1);
+        lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 2);
+    }
+    const size_t nrow = (size_t)a.n * a.nh;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int m = 16 * w + gq + 8 * k, ri = m / a.HB, hi2 = m % a.HB, r = row0 + ri;
+        if (ri >= a.R || r >= a.n || h0 + hi2 >= a.G) continue;
+        const size_t rh = (size_t)r * a.nh + g * a.G + h0 + hi2;
+        if (a.splits == 1) {
+            const float inv = lrow[k] > 0.0f ? 1.0f / lrow[k] : 0.0f;
+            float *dst = a.out + rh * D + 2 * tq;
+#pragma unroll
+            for (int j = 0; j < ND; j++)
+                *(float2 *)(dst + 8 * j) = make_float2(o[j][2 * k] * inv, o[j][2 * k + 1] * inv);
+        } else {
+            float *dst = a.part + ((size_t)blockIdx.z * nrow + rh) * D + 2 * tq;
+#pragma unroll
+            for (int j = 0; j < ND; j++) *(float2 *)(dst + 8 * j) = make_float2(o[j][2 * k], o[j][2 * k + 1]);
+            if (tq == 0) {
+                float *ml = a.part + (size_t)a.splits * nrow * D + ((size_t)blockIdx.z * nrow + rh) * 2;
+                ml[0] = mrow[k];
+                ml[1] = lrow[k];
+            }
+        }
+    }
+}
+
+template <int D, int BN, int NW, bool SPLIT>
+static size_t fa_smem_bytes() {
+    return sizeof(__nv_bfloat16) * (SPLIT ? 2 : 1) * (16 * NW + 2 * BN) * (D + 8) + sizeof(int) * BN;
+}
+
+template <int D, int BN, int NW, bool SPLIT, int MINB>
+static void fa_init_one(tern__cuda *c) {
+    cudaFuncSetAttribute(fa_kernel<D, BN, NW, SPLIT, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)fa_smem_bytes<D, BN, NW, SPLIT>());
+}
+
+/* Launch one run with the tile shape of D; returns 0 when it cannot (shared memory). */
+template <int D, int BN, int NW, bool SPLIT, int MINB>
+static int fa_launch(tern__cuda *c, FaArgs a, long keylen) {
+    const size_t smem = fa_smem_bytes<D, BN, NW, SPLIT>();
+    if (smem + 1024 > c->smem_optin) return 0;
+    const int BM = 16 * NW;
+    a.HB = a.G < BM ? a.G : BM;
+    a.hsplit = (a.G + a.HB - 1) / a.HB;
+    a.R = BM / a.HB;
+    const int tiles = (a.n + a.R - 1) / a.R;
+    const long blocks = (long)tiles * a.nkv * a.hsplit;
+    a.splits = 1;
+    if (blocks < c->n_sm) { /* split the keys so that the blocks fill the GPU (merged after) */
+        long s = (2L * c->n_sm + blocks - 1) / blocks, byk = (keylen + 2L * BN - 1) / (2L * BN);
+        if (s > byk) s = byk;
+        if (s > 64) s = 64;
+        while (s > 1 && (size_t)s * a.n * a.nh * (D + 2) > TERN_CUDA_PART_FLOATS) s /= 2;
+        a.splits = s < 1 ? 1 : (int)s;
+    }
+    a.part = c->part;
+    dim3 grid((unsigned)tiles, (unsigned)(a.nkv * a.hsplit), (unsigned)a.splits);
+    fa_kernel<D, BN, NW, SPLIT, MINB><<<grid, NW * 32, smem, c->stream>>>(a);
+    tern__cuda_check(c, "attention (flash prefill)");
+    if (a.splits > 1) tern__cuda_attn_merge(c, a.out, a.n * a.nh, D, a.splits, "attention (flash prefill) merge");
+    return 1;
+}
+
+/* The tile shapes: <D, BN, NW, SPLIT, min blocks per SM>. Row 0 of each head dim is the
+ * default; rows 1..3 are alternatives for bench_cuda (tern__cuda_fa_cfg). */
+#define FA_SHAPES(X)                                                                                    \
+    X(64, 0, 64, 64, 8, false, 2) X(64, 1, 64, 64, 4, false, 3) X(64, 2, 64, 32, 8, false, 2)           \
+    X(64, 3, 64, 64, 8, false, 1) X(128, 0, 128, 32, 8, false, 2) X(128, 1, 128, 64, 8, false, 2)       \
+    X(128, 2, 128, 64, 4, false, 3) X(128, 3, 128, 64, 8, false, 1) X(256, 0, 256, 32, 8, false, 1)     \
+    X(256, 1, 256, 64, 4, false, 1) X(256, 2, 256, 32, 4, false, 1) X(256, 3, 256, 16, 4, false, 2)     \
+    X(64, 4, 64, 64, 8, true, 1) X(128, 4, 128, 64, 8, true, 1) X(256, 4, 256, 32, 4, true, 1)
+
+extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c) {
+    const char *e = getenv("TERN_CUDA_FA");
+    if (e && e[0] == '0') tern__cuda_fa_on = 0;
+    if (e && e[0] == '2') tern__cuda_fa_f32 = 1;
+#define FA_INIT(dd, v, D, BN, NW, SP, MB) fa_init_one<D, BN, NW, SP, MB>(c);
+    FA_SHAPES(FA_INIT)
+#undef FA_INIT
+    cudaGetLastError();
+}
+
+/* rows: consecutive rows of one slot with host copies (attention.cu checks); 1 = done */
+extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                                       const tern_kv_layer *kv, float scale, float softcap) {
+    const int d = kv->head_dim, n = rows->n, split = c->compute != TERN_COMPUTE_BF16;
+    if (!tern__cuda_fa_on || (split && !tern__cuda_fa_f32) || (d != 64 && d != 128 && d != 256)) return 0;
+    const int slot = rows->slot_host[0];
+    long first = 0x7fffffff, last = -1; /* the run's key range, for the split-K plan */
+    for (int r = 0; r < n; r++) {
+        long p = rows->pos_host[r], l = kv->window > 0 ? p - kv->window + 1 : 0;
+        if (l < 0) l = 0;
+        if (rows->vis_lo_host && rows->vis_hi_host && rows->vis_lo_host[r] <= rows->vis_hi_host[r]) {
+            l = rows->vis_lo_host[r] < l ? (rows->vis_lo_host[r] < 0 ? 0 : rows->vis_lo_host[r]) : l;
+            p = rows->vis_hi_host[r] > p ? rows->vis_hi_host[r] : p;
+        }
+        first = l < first ? l : first;
+        last = p > last ? p : last;
+    }
+    FaArgs a = {};
+    a.out = out;
+    a.q = q;
+    a.pos = rows->pos;
+    a.vlo = rows->vis_lo && rows->vis_hi ? rows->vis_lo : NULL;
+    a.vhi = a.vlo ? rows->vis_hi : NULL;
+    a.n = n;
+    a.nh = nh;
+    a.nkv = kv->n_head_kv;
+    a.G = nh / kv->n_head_kv;
+    a.kp = (const float *)kv->k;
+    a.vp = (const float *)kv->v;
+    a.btrow = kv->block_table + (size_t)slot * kv->max_blocks;
+    a.max_blocks = kv->max_blocks;
+    a.bs = kv->block_size;
+    a.window = kv->window;
+    a.scale = scale;
+    a.softcap = softcap;
+    const long keylen = last >= first ? last - first + 1 : 1;
+    const int v = split ? 4 : tern__cuda_fa_cfg >= 0 && tern__cuda_fa_cfg < 4 ? tern__cuda_fa_cfg : 0;
+#define FA_GO(dd, vv, D, BN, NW, SP, MB) \
+    if (d == dd && v == vv) return fa_launch<D, BN, NW, SP, MB>(c, a, keylen);
+    FA_SHAPES(FA_GO)
+#undef FA_GO
+    return 0;
+}

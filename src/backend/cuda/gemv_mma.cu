@@ -1,0 +1,455 @@
+/*
+ * gemv_mma.cu — one activation row (decode, n = 1) times MLX affine Q weights (bits 4 and 8; groups
+ * 32/64/128; BF16/F16 scales) on tensor cores, exact in f32 terms, with the integer codes fed to
+ * mma.sync unconverted. The CUDA-core GEMVs of gemv.cu spend 6.5-8 instructions per code (ncu:
+ * issue- and latency-bound); this one about 2.
+ *
+ *   y[r] = Σ_G s[r,G]·(Σ_{k∈G} q[r,k]·x[k]) + b[r,G]·Σ_{k∈G} x[k]
+ *
+ * Codes: a 32-bit word holds 8 nibbles; ((w >> 4j) & 0x000F000F) | 0x43004300 is the bf16 pair
+ * (128 + nibble j, 128 + nibble j+4) and one exact bf16x2 subtraction leaves the nibbles. A q4 code
+ * is one nibble; a q8 code is two (low, high): its x sits in two k-slots, the high one times 16.
+ * x is split exactly into three bf16 parts x = hi + mid + lo (8 significant bits each) that become
+ * MMA columns (B operand, n = 8), so products code·part are exact and accumulate in f32.
+ *
+ * Layout: warp = 16 weight rows (the MMA's M); lane (g, t) owns rows g and g+8 and reads 16 bytes
+ * of each per 64-byte "step" (one 128-bit load per row). A step holds GPS = 64/GB scale groups (GB
+ * bytes per group; 128-byte q8 groups span two steps); group γ uses columns 3γ..3γ+2 and only the
+ * k-slots of the lanes holding its bytes, so each column is one group's Σ q·x_part, folded with that
+ * group's scale: acc += s·D + b·Σx. The k-slot order of a lane's codes is a fixed permutation; the
+ * block stages x in it (one 8-byte shared load per lane and MMA) with Σx per group and step.
+ * Block = 8 warps = 128 rows (pair mode: 64 outputs, gate rows g and up rows g+8 in one warp) x
+ * a K slice of 4 steps, all of whose loads are issued before x is staged; slices (blockIdx.y, a
+ * function of `in` only, so fused and separate calls give the same bits) are summed by the last
+ * block of a row block in fixed order (counter per row block, reset by that block): deterministic
+ * and graph-capturable. Modes as gemv.cu's gemv1: up to three matrices sharing `in` (q|k|v),
+ * act(gate)·up, y += W·x. A probe kernel at the end times the load pattern alone (bench_cuda).
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <stdlib.h>
+
+enum { MM_PLAIN = 0, MM_SILU = 1, MM_GELU = 2, MM_RES = 3 }; /* = gemv.cu's G1_* */
+#define MM_WARPS 8
+#define MM_CNT 65536 /* row-block counters */
+
+struct MmArgs {
+    const uint8_t *data[3], *scales[3], *biases[3];
+    float *y[3];
+    int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2]; pair = out[0] (outputs) */
+    int in, ng, gs, mode, ks; /* ng groups per row, ks K slices (blockIdx.y) of 4 steps */
+    const float *x;
+    float *part; /* [ks][units] partials (pair: 2 per output) */
+    int *cnt;
+    int hint;    /* weight load flavour (mm_ld4) */
+};
+
+__device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* the word's 4 bf16 pairs (nibble j, nibble j+4), j = 0..3, as exact small integers */
+__device__ __forceinline__ void mm_decode(uint32_t w, uint32_t *r) {
+    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t p = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+        __nv_bfloat162 h = __hsub2(*(__nv_bfloat162 *)&p, k128);
+        r[j] = *(uint32_t *)&h;
+    }
+}
+
+/* part p (0 hi, 1 mid, 2 lo) of v0, v1 packed as a bf16 pair (low half = v0); x = hi + mid + lo */
+__device__ __forceinline__ void mm_split(float v0, float v1, uint32_t *o) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+    float2 f = __bfloat1622float2(h);
+    const float r0 = v0 - f.x, r1 = v1 - f.y; /* exact */
+    o[0] = *(uint32_t *)&h;
+    h = __floats2bfloat162_rn(r0, r1);
+    o[1] = *(uint32_t *)&h;
+    f = __bfloat1622float2(h);
+    h = __floats2bfloat162_rn(r0 - f.x, r1 - f.y); /* <= 8 significant bits left: exact */
+    o[2] = *(uint32_t *)&h;
+}
+
+template <bool F16S> __device__ __forceinline__ float mm_scale(uint32_t u) {
+    if constexpr (F16S) return __half2float(__ushort_as_half((unsigned short)u));
+    else return __uint_as_float(u << 16);
+}
+
+/* weight words are read once: hint 1 = no L1 allocation, 2 = that plus a 128-byte L2 fetch (the
+ * next step of the row); 0 = plain __ldg (TERN_MM_LD picks; default 1) */
+__device__ __forceinline__ uint4 mm_ld4(const uint8_t *p, int hint) {
+    uint4 v;
+    if (hint == 2)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    else if (hint == 1)
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    else
+        v = __ldg((const uint4 *)p);
+    return v;
+}
+
+/* the final value of one output unit (row of the concatenated matrices, or a pair output) */
+__device__ __forceinline__ void mm_store(const MmArgs &a, int unit, float v, float up) {
+    if (a.mode == MM_SILU || a.mode == MM_GELU) {
+        a.y[0][unit] = (a.mode == MM_SILU ? silu(v) : gelu_tanh(v)) * up; /* as gemv1 */
+        return;
+    }
+    int m = 0;
+    while (m < a.nm - 1 && unit >= a.out[m]) unit -= a.out[m++];
+    float *yp = a.y[m] + unit;
+    *yp = a.mode == MM_RES ? *yp + v : v;
+}
+
+/* packed scales of the groups of one step: GPS = 1, 2, 4 bf16/f16 values */
+template <int GPS> struct SVec { using T = uint32_t; };
+template <> struct SVec<4> { using T = uint2; };
+template <int GPS> __device__ __forceinline__ typename SVec<GPS>::T mm_lds(const uint16_t *p) {
+    if constexpr (GPS == 4) return __ldg((const uint2 *)p);
+    else if constexpr (GPS == 2) return __ldg((const uint32_t *)p);
+    else return (uint32_t)__ldg(p);
+}
+template <int GPS, bool F16S> __device__ __forceinline__ float mm_sget(typename SVec<GPS>::T v, int gi) {
+    uint32_t u;
+    if constexpr (GPS == 4) u = (gi & 2) ? v.y : v.x;
+    else u = v;
+    if constexpr (GPS > 1) u = (gi & 1) ? u >> 16 : u & 0xffffu;
+    return mm_scale<F16S>(u);
+}
+
+/* Step = 64 bytes of each of the warp's 16 rows (lane t: bytes 16t..16t+15, one 128-bit load per
+ * row); a block slice = S steps (all of a warp's loads are issued before x is staged). A step holds
+ * GPS scale groups (GB bytes each; GB = 128: a group spans two steps); group γ of the step uses MMA
+ * columns 3γ..3γ+2 (its three x parts) and only the k-slots of the lanes t that hold its bytes, so
+ * every column is one group's Σ q·x_part and is folded with that group's scale. */
+template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
+    constexpr int S = 4;                          /* steps per block slice */
+    constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
+    constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
+    constexpr int CPS = 512 / BITS;               /* inputs per step */
+    constexpr int CPW = 32 / BITS;                /* codes per word */
+    using SV = typename SVec<GPS>::T;
+    extern __shared__ uint2 mm_sm[];
+    uint2 *bsm = mm_sm;                           /* [S][8 MMAs][4 t][3 parts] */
+    float *xs = (float *)(mm_sm + S * 8 * 4 * 3); /* [S][GPS] Σx per group and step */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool pair = a.mode == MM_SILU || a.mode == MM_GELU;
+    const int nst = a.in / CPS, st0 = blockIdx.y * S, ns = min(S, nst - st0);
+
+    const int tile = blockIdx.x * MM_WARPS + warp;
+    int unit[2], mat[2], lrow[2];
+    bool live[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int u = pair ? tile * 8 + g : tile * 16 + g + 8 * h, m = pair ? h : 0;
+        live[h] = u < a.rows;
+        unit[h] = u;
+        if (!live[h]) u = 0, m = 0;
+        if (!pair)
+            while (m < a.nm - 1 && u >= a.out[m]) u -= a.out[m++];
+        mat[h] = m;
+        lrow[h] = u;
+    }
+    const size_t rb = (size_t)a.in * BITS / 8;
+    const uint8_t *wp0 = a.data[mat[0]] + (size_t)lrow[0] * rb + t * 16;
+    const uint8_t *wp1 = a.data[mat[1]] + (size_t)lrow[1] * rb + t * 16;
+    const size_t so0 = (size_t)lrow[0] * a.ng, so1 = (size_t)lrow[1] * a.ng;
+    const uint16_t *sp0 = (const uint16_t *)a.scales[mat[0]] + so0, *bp0 = (const uint16_t *)a.biases[mat[0]] + so0;
+    const uint16_t *sp1 = (const uint16_t *)a.scales[mat[1]] + so1, *bp1 = (const uint16_t *)a.biases[mat[1]] + so1;
+
+    /* every weight and scale load of the slice first */
+    uint4 w0[S], w1[S];
+    SV s0[S], b0[S], s1[S], b1[S];
+#pragma unroll
+    for (int i = 0; i < S; i++) {
+        if (i >= ns) break;
+        const int st = st0 + i, G = GB > 64 ? st * 64 / GB : st * GPS;
+        w0[i] = mm_ld4(wp0 + (size_t)st * 64, a.hint);
+        w1[i] = mm_ld4(wp1 + (size_t)st * 64, a.hint);
+        s0[i] = mm_lds<GPS>(sp0 + G); b0[i] = mm_lds<GPS>(bp0 + G);
+        s1[i] = mm_lds<GPS>(sp1 + G); b1[i] = mm_lds<GPS>(bp1 + G);
+    }
+
+    /* stage x: B fragments (three parts) in the lanes' k-slot permutation, and Σx per step group */
+    for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
+        const int sl = it >> 5, m = (it >> 2) & 7, tt = it & 3;
+        const int i = m >> 1, j = 2 * (m & 1);
+        const float *xw = a.x + (size_t)(st0 + sl) * CPS + (tt * 4 + i) * CPW;
+        float v0, v1, v2, v3; /* nibbles j, j+4 (register 2m) and j+1, j+5 (register 2m+1) */
+        if constexpr (BITS == 4) {
+            v0 = xw[j]; v1 = xw[j + 4]; v2 = xw[j + 1]; v3 = xw[j + 5];
+        } else {
+            v0 = xw[j >> 1]; v1 = xw[2 + (j >> 1)]; v2 = 16.0f * v0; v3 = 16.0f * v1;
+        }
+        uint32_t pa[3], pb[3];
+        mm_split(v0, v1, pa);
+        mm_split(v2, v3, pb);
+#pragma unroll
+        for (int p = 0; p < 3; p++) bsm[(size_t)it * 3 + p] = make_uint2(pa[p], pb[p]);
+    }
+    { /* Σx of each (step, group): one float4 per thread, then a fixed xor tree over the CG/4
+       * consecutive lanes of a group (CG/4 = 8, 16 or 32 divides the warp) */
+        constexpr int CG = CPS / GPS, L = CG / 4;
+        const int f = threadIdx.x;
+        float e = 0.0f;
+        if (f < ns * CPS / 4) {
+            const float4 v = __ldg((const float4 *)(a.x + (size_t)st0 * CPS) + f);
+            e = (v.x + v.y) + (v.z + v.w);
+        }
+        if (f < S * CPS / 4) { /* whole warps (S·CPS/4 is a multiple of 32) */
+#pragma unroll
+            for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
+            if ((f & (L - 1)) == 0 && f < ns * CPS / 4) xs[f / L] = e;
+        }
+    }
+    __syncthreads();
+
+    /* the lane's B columns: column c = 8·nt + g carries part c % 3 of group c / 3, nonzero only
+     * in the k-slots of the lanes t that hold that group's bytes */
+    const int gt = GPS == 1 ? 0 : t * 16 / GB; /* group (within the step) of lane t's bytes */
+    int boff[NT];
+    bool bok[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int c = nt * 8 + g;
+        bok[nt] = c < NCOL && c / 3 == gt;
+        boff[nt] = t * 3 + c % 3;
+    }
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+    for (int sl = 0; sl < S; sl++) {
+        if (sl >= ns) break;
+        float dw[4][NT][4]; /* one accumulator chain per word: 2 dependent MMAs, not 8 */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) dw[i][nt][0] = dw[i][nt][1] = dw[i][nt][2] = dw[i][nt][3] = 0.0f;
+        const uint32_t wa[4] = {w0[sl].x, w0[sl].y, w0[sl].z, w0[sl].w}, wc[4] = {w1[sl].x, w1[sl].y, w1[sl].z, w1[sl].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t ra[4], rc[4];
+            mm_decode(wa[i], ra);
+            mm_decode(wc[i], rc);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint2 *bp = bsm + (size_t)(sl * 8 + 2 * i + h) * 12;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    uint2 bv = make_uint2(0u, 0u);
+                    if (bok[nt]) bv = bp[boff[nt]];
+                    mm_mma(dw[i][nt], ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
+                }
+            }
+        }
+        float d[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) d[nt][r] = (dw[0][nt][r] + dw[1][nt][r]) + (dw[2][nt][r] + dw[3][nt][r]);
+        /* fold: D[row][c] is group c/3's Σ q·x_part; zero columns take any scale */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                const int gi = min((nt * 8 + 2 * t + q) / 3, GPS - 1);
+                acc0 = fmaf(mm_sget<GPS, F16S>(s0[sl], gi), d[nt][q], acc0);
+                acc1 = fmaf(mm_sget<GPS, F16S>(s1[sl], gi), d[nt][2 + q], acc1);
+            }
+        if (t < GPS) { /* b·Σx once per row and group */
+            const float xg = xs[sl * GPS + t];
+            acc0 = fmaf(mm_sget<GPS, F16S>(b0[sl], t), xg, acc0);
+            acc1 = fmaf(mm_sget<GPS, F16S>(b1[sl], t), xg, acc1);
+        }
+    }
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+
+    if (a.ks == 1) {
+        if (t != 0) return;
+        if (pair) {
+            if (live[0]) mm_store(a, unit[0], acc0, acc1);
+        } else {
+            if (live[0]) mm_store(a, unit[0], acc0, 0.f);
+            if (live[1]) mm_store(a, unit[1], acc1, 0.f);
+        }
+        return;
+    }
+    /* split K: partials, then the last block of this row block sums the slices in order */
+    const int units = pair ? 2 * a.rows : a.rows;
+    float *pp = a.part + (size_t)blockIdx.y * units;
+    if (t == 0) {
+        if (pair) {
+            if (live[0]) { pp[2 * unit[0]] = acc0; pp[2 * unit[0] + 1] = acc1; }
+        } else {
+            if (live[0]) pp[unit[0]] = acc0;
+            if (live[1]) pp[unit[1]] = acc1;
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(a.cnt + blockIdx.x, 1) == a.ks - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int per = pair ? 64 : 128, u0 = blockIdx.x * per;
+    for (int i = threadIdx.x; i < per; i += blockDim.x) {
+        const int u = u0 + i;
+        if (u >= a.rows) break;
+        float v = 0.f, up = 0.f;
+        for (int s = 0; s < a.ks; s++) {
+            const volatile float *q = a.part + (size_t)s * units;
+            if (pair) { v += q[2 * u]; up += q[2 * u + 1]; }
+            else v += q[u];
+        }
+        mm_store(a, u, v, up);
+    }
+    if (threadIdx.x == 0) a.cnt[blockIdx.x] = 0;
+}
+
+template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
+    if (f16) gemv_mma_kernel<BITS, GB, true><<<grid, 256, smem, st>>>(a);
+    else gemv_mma_kernel<BITS, GB, false><<<grid, 256, smem, st>>>(a);
+}
+
+/* TERN_CUDA_GEMV_MMA: 1 (default) Q4 only, 2 Q4 and Q8, 0 gemv.cu's kernels for both. Q8 stays on
+ * gemv1 by default: measured slower here (14336x4096 q8 g64: 43.9 vs 31.3 us; a q8 code takes two
+ * k-slots, so twice the MMAs and B loads per byte) — bench/NOTES.md (i). */
+extern "C" int tern__cuda_gemv_mma_on;
+int tern__cuda_gemv_mma_on = -1;
+extern "C" unsigned long long tern__cuda_gemv_mma_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_gemv_mma_calls = 0;
+
+extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
+    if (!c->mm_cnt && cudaMalloc((void **)&c->mm_cnt, MM_CNT * sizeof(int)) == cudaSuccess)
+        cudaMemset(c->mm_cnt, 0, MM_CNT * sizeof(int));
+    cudaGetLastError();
+}
+
+/* y[i] (op) W_i·x for matrices w[0..k) sharing `in` and the format (mode: MM_*). Returns 1 when it
+ * ran, 0 when the format or shape is not served here (the caller runs gemv.cu's kernels). */
+extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
+                                   const float *x, int mode) {
+    if (tern__cuda_gemv_mma_on < 0) {
+        const char *v = getenv("TERN_CUDA_GEMV_MMA");
+        tern__cuda_gemv_mma_on = v && v[0] ? atoi(v) : 1;
+    }
+    if (!tern__cuda_gemv_mma_on || !c->mm_cnt || k < 1 || k > 3 || ((uintptr_t)x & 15)) return 0;
+    const tern__cuda_w *w0 = w[0];
+    if (w0->dtype != TERN_DT_Q || (w0->bits != 4 && (w0->bits != 8 || tern__cuda_gemv_mma_on < 2))) return 0;
+    if (w0->sdtype != TERN_DT_BF16 && w0->sdtype != TERN_DT_F16) return 0;
+    const int gs = w0->group_size;
+    if ((gs != 32 && gs != 64 && gs != 128) || w0->in <= 0 || w0->in % gs) return 0;
+    for (int i = 1; i < k; i++)
+        if (w[i]->dtype != w0->dtype || w[i]->in != w0->in || w[i]->bits != w0->bits ||
+            w[i]->group_size != gs || w[i]->sdtype != w0->sdtype)
+            return 0;
+    const bool pair = mode == MM_SILU || mode == MM_GELU;
+    if (pair && (k != 2 || w[1]->out != w0->out)) return 0;
+    MmArgs a = {};
+    for (int i = 0; i < k; i++) {
+        a.data[i] = (const uint8_t *)w[i]->data + (size_t)e[i] * w[i]->mat_bytes;
+        a.scales[i] = (const uint8_t *)w[i]->scales + (size_t)e[i] * w[i]->mat_bytes_s;
+        a.biases[i] = (const uint8_t *)w[i]->biases + (size_t)e[i] * w[i]->mat_bytes_s;
+        a.y[i] = y[i];
+        a.out[i] = w[i]->out;
+        a.rows += w[i]->out;
+    }
+    for (int i = k; i < 3; i++) { a.data[i] = a.data[0]; a.scales[i] = a.scales[0]; a.biases[i] = a.biases[0]; }
+    if (pair) a.rows = w0->out; /* gate = matrix 0, up = matrix 1 */
+    a.nm = k;
+    a.in = w0->in;
+    a.gs = gs;
+    a.ng = w0->in / gs;
+    a.mode = mode;
+    a.x = x;
+    a.part = c->part;
+    a.cnt = c->mm_cnt;
+    static int hint = -1;
+    if (hint < 0) {
+        const char *v = getenv("TERN_MM_LD");
+        hint = v && v[0] ? atoi(v) : 1;
+    }
+    a.hint = hint;
+    if (a.rows <= 0) return 1;
+    const int cps = 512 / w0->bits; /* inputs per 64-byte step */
+    if (a.in % cps) return 0;
+    const int rblocks = (a.rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
+    /* K slices of 4 steps: a function of `in` and the format only, so a row's bits do not depend on
+     * how many rows or matrices share the launch (fused == separate ops, tensor-parallel row splits
+     * == one GPU) */
+    a.ks = (a.in / cps + 3) / 4;
+    const size_t units = pair ? 2 * (size_t)a.rows : (size_t)a.rows;
+    if (a.ks > 65535 || (a.ks > 1 && ((size_t)a.ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT))) return 0;
+    const size_t smem = 4 * 8 * 4 * 3 * sizeof(uint2) + 4 * 4 * sizeof(float);
+    const dim3 grid((unsigned)rblocks, (unsigned)a.ks);
+    cudaSetDevice(c->device);
+    const bool f16 = w0->sdtype == TERN_DT_F16;
+    const int gb = gs * w0->bits / 8;
+    if (w0->bits == 4) {
+        if (gb == 16) mm_go<4, 16>(c->stream, grid, smem, a, f16);
+        else if (gb == 32) mm_go<4, 32>(c->stream, grid, smem, a, f16);
+        else mm_go<4, 64>(c->stream, grid, smem, a, f16);
+    } else {
+        if (gb == 32) mm_go<8, 32>(c->stream, grid, smem, a, f16);
+        else if (gb == 64) mm_go<8, 64>(c->stream, grid, smem, a, f16);
+        else mm_go<8, 128>(c->stream, grid, smem, a, f16);
+    }
+    tern__cuda_check(c, "gemv_mma");
+    tern__cuda_gemv_mma_calls++;
+    return 1;
+}
+
+/* ---- bench probe (bench_cuda --pattern): the load pattern alone, to separate memory from math ----
+ * mode 0: this kernel's pattern (warp = 16 rows, lane (g, t) 16 bytes at 64·step + 16·t of rows g and
+ * g+8, blocks of 8 warps x 4 steps, K slices on blockIdx.y); 1: the same, one warp walks all steps of
+ * its rows (no K slices); 2: warp = 2 rows read 512 contiguous bytes per instruction (gemv1's
+ * pattern); 3: the matrix as one flat stream. Each lane XORs what it read; one word per warp out. */
+__global__ void mm_probe_kernel(const uint8_t *w, int rows, int rb, int mode, uint32_t *sink) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint32_t acc = 0;
+    if (mode <= 1) {
+        const int r0 = min((blockIdx.x * 8 + warp) * 16 + g, rows - 1), r1 = min(r0 + 8, rows - 1);
+        const int nst = rb / 64, s0 = mode == 0 ? blockIdx.y * 4 : 0, s1 = mode == 0 ? min(s0 + 4, nst) : nst;
+        for (int s = s0; s < s1; s++) {
+            const uint4 a = __ldg((const uint4 *)(w + (size_t)r0 * rb + s * 64 + t * 16));
+            const uint4 b = __ldg((const uint4 *)(w + (size_t)r1 * rb + s * 64 + t * 16));
+            acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+        }
+    } else if (mode == 2) {
+        const int r0 = (blockIdx.x * 8 + warp) * 2;
+        for (int r = r0; r < min(r0 + 2, rows); r++)
+            for (int o = lane * 16; o < rb; o += 512) {
+                const uint4 a = __ldg((const uint4 *)(w + (size_t)r * rb + o));
+                acc ^= a.x ^ a.y ^ a.z ^ a.w;
+            }
+    } else {
+        const size_t n = (size_t)rows * rb / 16;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+            const uint4 a = __ldg((const uint4 *)w + i);
+            acc ^= a.x ^ a.y ^ a.z ^ a.w;
+        }
+    }
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if (lane == 0) sink[(blockIdx.y * gridDim.x + blockIdx.x) * 8 + warp] = acc;
+}
+
+extern "C" void tern__cuda_mm_probe(tern__cuda *c, const void *w, int rows, int rb, int mode, void *sink) {
+    dim3 grid;
+    if (mode == 0) grid = dim3((unsigned)((rows + 127) / 128), (unsigned)((rb / 64 + 3) / 4));
+    else if (mode == 1) grid = dim3((unsigned)((rows + 127) / 128));
+    else if (mode == 2) grid = dim3((unsigned)((rows + 15) / 16));
+    else grid = dim3((unsigned)(c->n_sm * 8));
+    mm_probe_kernel<<<grid, 256, 0, c->stream>>>((const uint8_t *)w, rows, rb, mode, (uint32_t *)sink);
+    tern__cuda_check(c, "mm_probe");
+}

@@ -1,0 +1,213 @@
+/*
+ * cuda_ops_tests_moe.h — the sorted, grouped expert GEMM of moe_mlp (src/backend/cuda/moe_gemm.cu)
+ * against cpu-ref in the bf16 compute mode. Tokens are routed unevenly on purpose (a skewed
+ * expert choice, so one expert gets several 16/64-row tiles, and the last two experts get no
+ * rows at all), over several n, E, k, widths with a K tail (I = 96, 160, 192: inputs not a
+ * multiple of 128), Q bits 4/8 (groups 32/64/128, F32/F16/BF16 scales), BF16 and F16 weights,
+ * both tile heights (TERN_MOE_NT=2/8), the pair path in the same mode (TERN_MOE_GROUPED=0) and a
+ * format the grouped GEMM declines (Q3: falls back to the pair path). Bound: the bf16 mode's
+ * split-bf16 contract, rel L2 <= 1e-4. Also checked: two runs give the same bits, and a token's
+ * row is the same bits alone in a smaller batch (same tile height): the grouped path is
+ * batch-invariant for a fixed tile height.
+ * TERN_MOE_BENCH=1 in the environment adds a timing table at the gemma4-26b-a4b geometry (H 2816,
+ * I 704, 128 experts, top-8, MLX q4 g64): pair path vs grouped (16- and 64-row tiles) per n.
+ */
+#ifndef TERN_CUDA_OPS_TESTS_MOE_H
+#define TERN_CUDA_OPS_TESTS_MOE_H
+
+#include <time.h>
+
+static void *moe_to(tern_backend *be, const void *h, size_t bytes) {
+    void *d = be->vt->alloc(be, bytes ? bytes : 4);
+    if (d && bytes) be->vt->upload(be, d, h, bytes);
+    return d;
+}
+
+/* k distinct experts per token among the first E - 2, skewed toward expert 0 (u^3); weights > 0 */
+static void moe_route_uneven(int32_t *idx, float *wts, int n, int E, int k) {
+    const int eu = E - 2;
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < k; j++) {
+            int e, dup;
+            do {
+                const float u = 0.5f + 0.5f * test_randf(&g_seed);
+                e = (int)(eu * u * u * u);
+                if (e >= eu) e = eu - 1;
+                dup = 0;
+                for (int q = 0; q < j; q++) dup |= idx[r * k + q] == e;
+            } while (dup);
+            idx[r * k + j] = e;
+            wts[r * k + j] = 0.2f + 0.4f * (1.0f + test_randf(&g_seed));
+        }
+}
+
+typedef struct moe_w { /* one expert MLP: host stacks, cpu-ref and gpu views */
+    hw g, u, d;
+    tern_tensor gr, ur, dr, gg, ug, dg;
+} moe_w;
+
+static int moe_w_make(moe_w *m, tern_backend *gpu, tern_dtype dt, int bits, int gs, tern_dtype sdt, int E, int H,
+                      int I, int with_ref) {
+    tern_error err = {0};
+    m->g = make_w(dt, bits, gs, sdt, E, I, H, 0);
+    m->u = make_w(dt, bits, gs, sdt, E, I, H, 0);
+    m->d = make_w(dt, bits, gs, sdt, E, H, I, 0);
+    m->gr = m->gg = m->g.t;
+    m->ur = m->ug = m->u.t;
+    m->dr = m->dg = m->d.t;
+    if (gpu->vt->upload_weight(gpu, &m->gg, &err) || gpu->vt->upload_weight(gpu, &m->ug, &err) ||
+        gpu->vt->upload_weight(gpu, &m->dg, &err)) {
+        printf("  upload_weight: %s\n", err.msg);
+        return 0;
+    }
+    if (with_ref && (g_ref->vt->upload_weight(g_ref, &m->gr, &err) || g_ref->vt->upload_weight(g_ref, &m->ur, &err) ||
+                     g_ref->vt->upload_weight(g_ref, &m->dr, &err))) {
+        printf("  upload_weight (ref): %s\n", err.msg);
+        return 0;
+    }
+    return 1;
+}
+
+static void moe_w_free(moe_w *m, tern_backend *gpu) {
+    gpu->vt->free_weight(gpu, &m->gg);
+    gpu->vt->free_weight(gpu, &m->ug);
+    gpu->vt->free_weight(gpu, &m->dg);
+    free_w(&m->g); free_w(&m->u); free_w(&m->d);
+}
+
+/* y = moe_mlp on the gpu backend (host result, caller frees) */
+static float *moe_run(tern_backend *gpu, moe_w *m, const float *x, const int32_t *idx, const float *wts, int n, int H,
+                      int I, int k, int act) {
+    void *xd = moe_to(gpu, x, (size_t)n * H * 4), *id = moe_to(gpu, idx, (size_t)n * k * 4);
+    void *wd = moe_to(gpu, wts, (size_t)n * k * 4);
+    void *yd = nan_buf(gpu, (size_t)n * H), *sd = nan_buf(gpu, (size_t)n * k * 2 * I);
+    gpu->vt->moe_mlp(gpu, yd, xd, n, H, id, wd, k, &m->gg, &m->ug, &m->dg, act, sd);
+    float *y = from_gpu(gpu, yd, (size_t)n * H);
+    gpu->vt->free(gpu, xd); gpu->vt->free(gpu, id); gpu->vt->free(gpu, wd);
+    gpu->vt->free(gpu, yd); gpu->vt->free(gpu, sd);
+    return y;
+}
+
+TEST(cuda_moe_grouped) {
+    if (!g_gpu16) { SKIP("cuda_moe_grouped", "no bf16-mode backend"); return; }
+    static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; int act, H, I, E, k, ns[3]; } C[] = {
+        {TERN_DT_Q, 4, 64, TERN_DT_BF16, TERN_ACT_GELU_TANH, 256, 192, 16, 4, {9, 40, 130}},
+        {TERN_DT_Q, 8, 32, TERN_DT_F16, TERN_ACT_SILU, 384, 160, 8, 2, {3, 64, 300}},
+        {TERN_DT_BF16, 0, 0, 0, TERN_ACT_SILU, 256, 128, 32, 8, {1, 5, 50}},
+        {TERN_DT_F16, 0, 0, 0, TERN_ACT_GELU_TANH, 128, 96, 12, 3, {17, 100, 0}},
+        {TERN_DT_Q, 4, 128, TERN_DT_F32, TERN_ACT_SILU, 256, 256, 64, 6, {2, 33, 0}},
+        {TERN_DT_Q, 3, 64, TERN_DT_BF16, TERN_ACT_GELU_TANH, 256, 128, 8, 2, {20, 0, 0}}, /* declined -> pairs */
+    };
+    /* path: TERN_MOE_GROUPED, TERN_MOE_NT */
+    static const char *P[][2] = {{"1", "2"}, {"1", "8"}, {"0", "2"}};
+    for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
+        const int H = C[c].H, I = C[c].I, E = C[c].E, k = C[c].k;
+        moe_w m;
+        int ok = moe_w_make(&m, g_gpu16, C[c].dt, C[c].bits, C[c].gs, C[c].sdt, E, H, I, 1);
+        CHECK(ok, "upload case %zu", c);
+        char nm[64];
+        fmt_name(&m.g.t, nm, sizeof nm);
+        for (int i = 0; ok && i < 3 && C[c].ns[i]; i++) {
+            const int n = C[c].ns[i];
+            float *x = rnd((size_t)n * H, 1.0f), *wts = malloc((size_t)n * k * sizeof *wts);
+            int32_t *idx = malloc((size_t)n * k * sizeof *idx);
+            moe_route_uneven(idx, wts, n, E, k);
+            float *yr = malloc((size_t)n * H * sizeof *yr), *scr = malloc((size_t)n * k * 2 * I * sizeof *scr);
+            g_ref->vt->moe_mlp(g_ref, yr, x, n, H, idx, wts, k, &m.gr, &m.ur, &m.dr, C[c].act, scr);
+            for (size_t p = 0; p < TERN_ARRAY_LEN(P); p++) {
+                setenv("TERN_MOE_GROUPED", P[p][0], 1);
+                setenv("TERN_MOE_NT", P[p][1], 1);
+                float *yg = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
+                const double rel = rel_or_nan(yg, yr, (size_t)n * H);
+                printf("  err moe-grouped %-14s E=%-3d k=%d n=%-3d %s %.2e\n", nm, E, k, n,
+                       P[p][0][0] == '0' ? "pairs" : P[p][1][0] == '2' ? "nt2  " : "nt8  ", rel);
+                CHECK(rel <= 1e-4, "%s E %d k %d n %d path %s/%s rel %.2e", nm, E, k, n, P[p][0], P[p][1], rel);
+                if (P[p][0][0] == '1') { /* same bits twice; a token alone in a smaller batch */
+                    float *y2 = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
+                    CHECK(!memcmp(y2, yg, (size_t)n * H * 4), "%s n %d: two runs differ", nm, n);
+                    const int h = n / 2 > 0 ? n / 2 : 1;
+                    float *y3 = moe_run(g_gpu16, &m, x, idx, wts, h, H, I, k, C[c].act);
+                    CHECK(!memcmp(y3, yg, (size_t)h * H * 4), "%s n %d: first %d rows differ alone", nm, n, h);
+                    free(y2); free(y3);
+                }
+                free(yg);
+            }
+            unsetenv("TERN_MOE_GROUPED");
+            unsetenv("TERN_MOE_NT");
+            /* the default choice (pair count threshold) */
+            float *yd = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
+            const double rel = rel_or_nan(yd, yr, (size_t)n * H);
+            CHECK(rel <= 1e-4, "%s E %d k %d n %d default path rel %.2e", nm, E, k, n, rel);
+            free(yd); free(x); free(wts); free(idx); free(yr); free(scr);
+        }
+        moe_w_free(&m, g_gpu16);
+    }
+}
+
+static double moe_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* TERN_MOE_BENCH=1: µs per moe_mlp call at the gemma4-26b-a4b geometry, uniform random routing,
+ * for a range of n; TERN_MOE_BENCH=N (> 1): that n only (e.g. under a profiler) */
+static void cuda_moe_bench(void) {
+    const char *v = getenv("TERN_MOE_BENCH");
+    const int only = v ? atoi(v) : 0;
+    if (only < 1 || !g_gpu16) return;
+    const int H = 2816, I = 704, E = 128, k = 8, act = TERN_ACT_GELU_TANH;
+    static const int NS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048};
+    static const char *P[][2] = {{"0", "2"}, {"1", "2"}, {"1", "8"}};
+    moe_w m;
+    if (!moe_w_make(&m, g_gpu16, TERN_DT_Q, 4, 64, TERN_DT_BF16, E, H, I, 0)) return;
+    tern_backend *b = g_gpu16;
+    printf("  bench moe gemma4-26b-a4b q4 g64 (H %d, I %d, E %d, k %d), us per call: pairs / grouped nt2 / nt8\n",
+           H, I, E, k);
+    for (size_t i = 0; i < TERN_ARRAY_LEN(NS); i++) {
+        const int n = only > 1 ? only : NS[i];
+        if (only > 1 && i > 0) break;
+        float *x = rnd((size_t)n * H, 1.0f), *wts = malloc((size_t)n * k * sizeof *wts);
+        int32_t *idx = malloc((size_t)n * k * sizeof *idx);
+        for (int r = 0; r < n; r++)
+            for (int j = 0; j < k; j++) {
+                int e, dup;
+                do {
+                    e = (int)(test_rand_u64(&g_seed) % E);
+                    dup = 0;
+                    for (int q = 0; q < j; q++) dup |= idx[r * k + q] == e;
+                } while (dup);
+                idx[r * k + j] = e;
+                wts[r * k + j] = 1.0f / k;
+            }
+        void *xd = moe_to(b, x, (size_t)n * H * 4), *id = moe_to(b, idx, (size_t)n * k * 4);
+        void *wd = moe_to(b, wts, (size_t)n * k * 4);
+        void *yd = b->vt->alloc(b, (size_t)n * H * 4), *sd = b->vt->alloc(b, (size_t)n * k * 2 * I * 4);
+        double us[3];
+        for (int p = 0; p < 3; p++) {
+            setenv("TERN_MOE_GROUPED", P[p][0], 1);
+            setenv("TERN_MOE_NT", P[p][1], 1);
+            const int reps = n >= 512 ? 5 : 20;
+            for (int r = 0; r < 2; r++) b->vt->moe_mlp(b, yd, xd, n, H, id, wd, k, &m.gg, &m.ug, &m.dg, act, sd);
+            b->vt->sync(b);
+            const double t0 = moe_now();
+            for (int r = 0; r < reps; r++) b->vt->moe_mlp(b, yd, xd, n, H, id, wd, k, &m.gg, &m.ug, &m.dg, act, sd);
+            b->vt->sync(b);
+            us[p] = (moe_now() - t0) / reps * 1e6;
+        }
+        unsetenv("TERN_MOE_GROUPED");
+        unsetenv("TERN_MOE_NT");
+        printf("  bench moe n=%-5d pairs=%-6d %9.1f %9.1f %9.1f\n", n, n * k, us[0], us[1], us[2]);
+        printf("csv,moe,%d,%.1f,%.1f,%.1f\n", n, us[0], us[1], us[2]);
+        b->vt->free(b, xd); b->vt->free(b, id); b->vt->free(b, wd); b->vt->free(b, yd); b->vt->free(b, sd);
+        free(x); free(wts); free(idx);
+    }
+    moe_w_free(&m, g_gpu16);
+}
+
+static void cuda_moe_tests(void) {
+    RUN(cuda_moe_grouped);
+    cuda_moe_bench();
+}
+
+#endif
