@@ -505,8 +505,10 @@ int main(int argc, char **argv) {
             {TERN_DT_BF16, 0, 0}, {TERN_DT_Q, 4, 64}, {TERN_DT_Q, 8, 64}, {TERN_DT_Q, 2, 64}, {TERN_DT_Q, 3, 64},
             {TERN_DT_Q, 5, 64}, {TERN_DT_Q, 6, 64}, {TERN_DT_Q, 4, 32}, {TERN_DT_Q, 4, 128}};
         static const int one[] = {1, 0};
+        const int only_q4 = !strcmp(getenv("BENCH_GEMV1"), "q4"); /* BENCH_GEMV1=q4: q4 g64 only */
         for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++)
             for (int s = 0; s < 5; s++) {
+                if (only_q4 && f != 1) continue;
                 if (f >= 3 && s != 0 && s != 3) continue; /* other formats: one square, one wide shape */
                 /* 0: tensor-core gemv_mma (Q4/Q8 only), 1: gemv1, 2: the older kernel */
                 const int mma_ok = fm[f].dt == TERN_DT_Q && (fm[f].bits == 4 || fm[f].bits == 8);

@@ -4,7 +4,8 @@
  * the last block of a row block reduces the slices), row counts that are not multiples of the
  * 16-row warp tile or the 128-row block, and a second launch of the same shape (the split-K
  * counters must have been reset). The fused modes (q|k|v, gate/up, residual add) are compared
- * bitwise with the separate ops in cuda_ops_tests_fused.h. Part of cuda_ops_tests.h.
+ * bitwise with the separate ops in cuda_ops_tests_fused.h (small shapes); cuda_gemv_mma_glu_walk
+ * checks act(gate)·up when blocks walk several row blocks. Part of cuda_ops_tests.h.
  */
 
 extern unsigned long long tern__cuda_gemv_mma_calls;
@@ -17,7 +18,9 @@ TEST(cuda_gemv_mma) {
         {4, 64, TERN_DT_BF16}, {4, 32, TERN_DT_BF16}, {4, 128, TERN_DT_F16}, {8, 64, TERN_DT_BF16},
         {8, 32, TERN_DT_F16}, {8, 128, TERN_DT_BF16}, {4, 64, TERN_DT_F16},
     };
-    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}};
+    /* {20000, 4096}, {40000, 384}: more row blocks than launched blocks (each block walks several,
+     * split K and not); the others one row block per block */
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {20000, 4096}, {40000, 384}};
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
             hw h = make_w(TERN_DT_Q, F[f].bits, F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
@@ -36,4 +39,41 @@ TEST(cuda_gemv_mma) {
     tern__cuda_gemv_mma_on = keep;
 }
 
-static void cuda_mma_tests(void) { RUN(cuda_gemv_mma); }
+/* gate/up with 20000 outputs (blocks walk several row blocks, K split): matmul_glu vs the two separate
+ * matmuls and act() on the host */
+TEST(cuda_gemv_mma_glu_walk) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->matmul_glu) { SKIP("cuda_gemv_mma_glu_walk", "not built"); return; }
+    const int out = 20000, in = 4096;
+    hw h0 = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, out, in, 0), h1 = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, out, in, 0);
+    tern_tensor t0 = h0.t, t1 = h1.t;
+    tern_error err = {0};
+    CHECK(!g->vt->upload_weight(g, &t0, &err) && !g->vt->upload_weight(g, &t1, &err), "upload %s", err.msg);
+    float *x = rnd(in, 1.0f);
+    void *xd = to_gpu(x, (size_t)in * 4), *yf = nan_buf(g, out), *yg = nan_buf(g, out), *yu = nan_buf(g, out);
+    for (int act = 0; act < 2; act++) {
+        const unsigned long long calls = tern__cuda_gemv_mma_calls;
+        CHECK(g->vt->matmul_glu(g, yf, xd, 1, &t0, &t1, act) == 1, "matmul_glu refused");
+        CHECK(tern__cuda_gemv_mma_calls > calls, "the tensor-core GEMV did not run");
+        g->vt->matmul(g, yg, xd, 1, &t0);
+        g->vt->matmul(g, yu, xd, 1, &t1);
+        float *f = from_gpu(g, yf, out), *a = from_gpu(g, yg, out), *b = from_gpu(g, yu, out);
+        double worst = 0;
+        for (int i = 0; i < out; i++) {
+            const double gv = a[i], want = (act == TERN_ACT_SILU ? gv / (1.0 + exp(-gv)) : 0.5 * gv * (1.0 + tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)))) * b[i];
+            const double e = fabs(f[i] - want) / (fabs(want) + 1e-3);
+            if (!(e <= worst)) worst = e; /* NaN-safe */
+        }
+        printf("  err glu walk act %d: %.2e\n", act, worst);
+        CHECK(worst <= 1e-5, "act %d: worst rel %.3e", act, worst);
+        free(f); free(a); free(b);
+    }
+    g->vt->free_weight(g, &t0); g->vt->free_weight(g, &t1);
+    g->vt->free(g, xd); g->vt->free(g, yf); g->vt->free(g, yg); g->vt->free(g, yu);
+    free(x); free_w(&h0); free_w(&h1);
+}
+
+static void cuda_mma_tests(void) {
+    RUN(cuda_gemv_mma);
+    RUN(cuda_gemv_mma_glu_walk);
+}

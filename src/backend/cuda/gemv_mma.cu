@@ -18,11 +18,12 @@
  * k-slots of the lanes holding its bytes, so each column is one group's Σ q·x_part, folded with that
  * group's scale: acc += s·D + b·Σx. The k-slot order of a lane's codes is a fixed permutation; the
  * block stages x in it (one 8-byte shared load per lane and MMA) with Σx per group and step.
- * Block = 8 warps = 128 rows (pair mode: 64 outputs, gate rows g and up rows g+8 in one warp) x
- * a K slice of 4 steps, all of whose loads are issued before x is staged; slices (blockIdx.y, a
- * function of `in` only, so fused and separate calls give the same bits) are summed by the last
- * block of a row block in fixed order (counter per row block, reset by that block): deterministic
- * and graph-capturable. Modes as gemv.cu's gemv1: up to three matrices sharing `in` (q|k|v),
+ * Block = 8 warps x a K slice of S = 4 steps (q4 g32: 2) that walks row blocks of 128 rows (pair
+ * mode: 64 outputs, gate rows g and up rows g+8 in one warp) blockIdx.x, +gridDim.x, ...: x is
+ * staged once, and the next row block's loads are issued as soon as a step's words are in registers.
+ * Slices (blockIdx.y, a function of `in` only, so fused and separate calls give the same bits) are
+ * summed by the last slice block of a row block in fixed order (counter per row block, reset by that
+ * block; one fence per block): deterministic and graph-capturable. Modes as gemv.cu's gemv1: up to three matrices sharing `in` (q|k|v),
  * act(gate)·up, y += W·x. A probe kernel at the end times the load pattern alone (bench_cuda).
  */
 #include "backend/cuda/cuda_internal.h"
@@ -33,12 +34,14 @@
 enum { MM_PLAIN = 0, MM_SILU = 1, MM_GELU = 2, MM_RES = 3 }; /* = gemv.cu's G1_* */
 #define MM_WARPS 8
 #define MM_CNT 65536 /* row-block counters */
+#define MM_MINE 64   /* row blocks one block may walk (split K: it may have to reduce each) */
 
 struct MmArgs {
     const uint8_t *data[3], *scales[3], *biases[3];
     float *y[3];
     int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2]; pair = out[0] (outputs) */
-    int in, ng, gs, mode, ks; /* ng groups per row, ks K slices (blockIdx.y) of 4 steps */
+    int in, ng, gs, mode, ks; /* ng groups per row, ks K slices (blockIdx.y) of S steps */
+    int rblocks;              /* row blocks (128 rows; pair: 64 outputs); gridDim.x <= rblocks walk them */
     const float *x;
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
@@ -125,13 +128,48 @@ template <int GPS, bool F16S> __device__ __forceinline__ float mm_sget(typename 
     return mm_scale<F16S>(u);
 }
 
+/* a lane's two rows of warp tile `tile`: units (row of the concatenated matrices, or pair output),
+ * liveness, and the addresses of its bytes, scales and biases */
+struct MmRows {
+    const uint8_t *w0, *w1;
+    const uint16_t *s0, *b0, *s1, *b1;
+    int unit0, unit1;
+    bool live0, live1;
+};
+
+__device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t, size_t rb, bool pair, MmRows &r) {
+    int unit[2], mat[2], lrow[2];
+    bool live[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int u = pair ? tile * 8 + g : tile * 16 + g + 8 * h, m = pair ? h : 0;
+        live[h] = u < a.rows;
+        unit[h] = u;
+        if (!live[h]) u = 0, m = 0; /* clamp: recompute a valid row, never written */
+        if (!pair)
+            while (m < a.nm - 1 && u >= a.out[m]) u -= a.out[m++];
+        mat[h] = m;
+        lrow[h] = u;
+    }
+    r.w0 = a.data[mat[0]] + (size_t)lrow[0] * rb + t * 16;
+    r.w1 = a.data[mat[1]] + (size_t)lrow[1] * rb + t * 16;
+    r.s0 = (const uint16_t *)a.scales[mat[0]] + (size_t)lrow[0] * a.ng;
+    r.b0 = (const uint16_t *)a.biases[mat[0]] + (size_t)lrow[0] * a.ng;
+    r.s1 = (const uint16_t *)a.scales[mat[1]] + (size_t)lrow[1] * a.ng;
+    r.b1 = (const uint16_t *)a.biases[mat[1]] + (size_t)lrow[1] * a.ng;
+    r.unit0 = unit[0]; r.unit1 = unit[1];
+    r.live0 = live[0]; r.live1 = live[1];
+}
+
 /* Step = 64 bytes of each of the warp's 16 rows (lane t: bytes 16t..16t+15, one 128-bit load per
- * row); a block slice = S steps (all of a warp's loads are issued before x is staged). A step holds
- * GPS scale groups (GB bytes each; GB = 128: a group spans two steps); group γ of the step uses MMA
- * columns 3γ..3γ+2 (its three x parts) and only the k-slots of the lanes t that hold its bytes, so
- * every column is one group's Σ q·x_part and is folded with that group's scale. */
+ * row); a K slice = S steps. A step holds GPS scale groups (GB bytes each; GB = 128: a group spans two
+ * steps); group γ of the step uses MMA columns 3γ..3γ+2 (its three x parts) and only the k-slots of
+ * the lanes t that hold its bytes, so every column is one group's Σ q·x_part, folded with that
+ * group's scale. A block stages x for its slice once and then walks row blocks blockIdx.x,
+ * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
+ * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
 template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
-    constexpr int S = 4;                          /* steps per block slice */
+    constexpr int S = GB == 16 ? 2 : 4;           /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
     constexpr int CPS = 512 / BITS;               /* inputs per step */
@@ -140,43 +178,27 @@ template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2)
     extern __shared__ uint2 mm_sm[];
     uint2 *bsm = mm_sm;                           /* [S][8 MMAs][4 t][3 parts] */
     float *xs = (float *)(mm_sm + S * 8 * 4 * 3); /* [S][GPS] Σx per group and step */
+    __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool pair = a.mode == MM_SILU || a.mode == MM_GELU;
     const int nst = a.in / CPS, st0 = blockIdx.y * S, ns = min(S, nst - st0);
-
-    const int tile = blockIdx.x * MM_WARPS + warp;
-    int unit[2], mat[2], lrow[2];
-    bool live[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int u = pair ? tile * 8 + g : tile * 16 + g + 8 * h, m = pair ? h : 0;
-        live[h] = u < a.rows;
-        unit[h] = u;
-        if (!live[h]) u = 0, m = 0;
-        if (!pair)
-            while (m < a.nm - 1 && u >= a.out[m]) u -= a.out[m++];
-        mat[h] = m;
-        lrow[h] = u;
-    }
     const size_t rb = (size_t)a.in * BITS / 8;
-    const uint8_t *wp0 = a.data[mat[0]] + (size_t)lrow[0] * rb + t * 16;
-    const uint8_t *wp1 = a.data[mat[1]] + (size_t)lrow[1] * rb + t * 16;
-    const size_t so0 = (size_t)lrow[0] * a.ng, so1 = (size_t)lrow[1] * a.ng;
-    const uint16_t *sp0 = (const uint16_t *)a.scales[mat[0]] + so0, *bp0 = (const uint16_t *)a.biases[mat[0]] + so0;
-    const uint16_t *sp1 = (const uint16_t *)a.scales[mat[1]] + so1, *bp1 = (const uint16_t *)a.biases[mat[1]] + so1;
 
-    /* every weight and scale load of the slice first */
     uint4 w0[S], w1[S];
     SV s0[S], b0[S], s1[S], b1[S];
-#pragma unroll
-    for (int i = 0; i < S; i++) {
-        if (i >= ns) break;
+    MmRows r;
+    auto load_step = [&](int i) {
         const int st = st0 + i, G = GB > 64 ? st * 64 / GB : st * GPS;
-        w0[i] = mm_ld4(wp0 + (size_t)st * 64, a.hint);
-        w1[i] = mm_ld4(wp1 + (size_t)st * 64, a.hint);
-        s0[i] = mm_lds<GPS>(sp0 + G); b0[i] = mm_lds<GPS>(bp0 + G);
-        s1[i] = mm_lds<GPS>(sp1 + G); b1[i] = mm_lds<GPS>(bp1 + G);
-    }
+        w0[i] = mm_ld4(r.w0 + (size_t)st * 64, a.hint);
+        w1[i] = mm_ld4(r.w1 + (size_t)st * 64, a.hint);
+        s0[i] = mm_lds<GPS>(r.s0 + G); b0[i] = mm_lds<GPS>(r.b0 + G);
+        s1[i] = mm_lds<GPS>(r.s1 + G); b1[i] = mm_lds<GPS>(r.b1 + G);
+    };
+    int rbk = blockIdx.x;
+    mm_rows(a, rbk * MM_WARPS + warp, g, t, rb, pair, r);
+#pragma unroll
+    for (int i = 0; i < S; i++)
+        if (i < ns) load_step(i);
 
     /* stage x: B fragments (three parts) in the lanes' k-slot permutation, and Σx per step group */
     for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
@@ -223,98 +245,105 @@ template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2)
         bok[nt] = c < NCOL && c / 3 == gt;
         boff[nt] = t * 3 + c % 3;
     }
-    float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll
-    for (int sl = 0; sl < S; sl++) {
-        if (sl >= ns) break;
-        float dw[4][NT][4]; /* one accumulator chain per word: 2 dependent MMAs, not 8 */
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) dw[i][nt][0] = dw[i][nt][1] = dw[i][nt][2] = dw[i][nt][3] = 0.0f;
-        const uint32_t wa[4] = {w0[sl].x, w0[sl].y, w0[sl].z, w0[sl].w}, wc[4] = {w1[sl].x, w1[sl].y, w1[sl].z, w1[sl].w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint32_t ra[4], rc[4];
-            mm_decode(wa[i], ra);
-            mm_decode(wc[i], rc);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint2 *bp = bsm + (size_t)(sl * 8 + 2 * i + h) * 12;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    uint2 bv = make_uint2(0u, 0u);
-                    if (bok[nt]) bv = bp[boff[nt]];
-                    mm_mma(dw[i][nt], ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
-                }
-            }
-        }
-        float d[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) d[nt][r] = (dw[0][nt][r] + dw[1][nt][r]) + (dw[2][nt][r] + dw[3][nt][r]);
-        /* fold: D[row][c] is group c/3's Σ q·x_part; zero columns take any scale */
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-                const int gi = min((nt * 8 + 2 * t + q) / 3, GPS - 1);
-                acc0 = fmaf(mm_sget<GPS, F16S>(s0[sl], gi), d[nt][q], acc0);
-                acc1 = fmaf(mm_sget<GPS, F16S>(s1[sl], gi), d[nt][2 + q], acc1);
-            }
-        if (t < GPS) { /* b·Σx once per row and group */
-            const float xg = xs[sl * GPS + t];
-            acc0 = fmaf(mm_sget<GPS, F16S>(b0[sl], t), xg, acc0);
-            acc1 = fmaf(mm_sget<GPS, F16S>(b1[sl], t), xg, acc1);
-        }
-    }
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
-
-    if (a.ks == 1) {
-        if (t != 0) return;
-        if (pair) {
-            if (live[0]) mm_store(a, unit[0], acc0, acc1);
-        } else {
-            if (live[0]) mm_store(a, unit[0], acc0, 0.f);
-            if (live[1]) mm_store(a, unit[1], acc1, 0.f);
-        }
-        return;
-    }
-    /* split K: partials, then the last block of this row block sums the slices in order */
     const int units = pair ? 2 * a.rows : a.rows;
     float *pp = a.part + (size_t)blockIdx.y * units;
-    if (t == 0) {
-        if (pair) {
-            if (live[0]) { pp[2 * unit[0]] = acc0; pp[2 * unit[0] + 1] = acc1; }
-        } else {
-            if (live[0]) pp[unit[0]] = acc0;
-            if (live[1]) pp[unit[1]] = acc1;
+    for (;;) {
+        const int unit0 = r.unit0, unit1 = r.unit1;
+        const bool live0 = r.live0, live1 = r.live1;
+        const int nrbk = rbk + gridDim.x;
+        const bool more = nrbk < a.rblocks;
+        if (more) mm_rows(a, nrbk * MM_WARPS + warp, g, t, rb, pair, r);
+        float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+        for (int sl = 0; sl < S; sl++) {
+            if (sl >= ns) break;
+            const uint32_t wa[4] = {w0[sl].x, w0[sl].y, w0[sl].z, w0[sl].w};
+            const uint32_t wc[4] = {w1[sl].x, w1[sl].y, w1[sl].z, w1[sl].w};
+            const SV cs0 = s0[sl], cb0 = b0[sl], cs1 = s1[sl], cb1 = b1[sl];
+            if (more) load_step(sl); /* the next row block's step, while this one is multiplied */
+            float d[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint32_t ra[4], rc[4];
+                mm_decode(wa[i], ra);
+                mm_decode(wc[i], rc);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint2 *bp = bsm + (size_t)(sl * 8 + 2 * i + h) * 12;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        uint2 bv = make_uint2(0u, 0u);
+                        if (bok[nt]) bv = bp[boff[nt]];
+                        mm_mma(d[nt], ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
+                    }
+                }
+            }
+            /* fold: D[row][c] is group c/3's Σ q·x_part; zero columns take any scale */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const int gi = min((nt * 8 + 2 * t + q) / 3, GPS - 1);
+                    acc0 = fmaf(mm_sget<GPS, F16S>(cs0, gi), d[nt][q], acc0);
+                    acc1 = fmaf(mm_sget<GPS, F16S>(cs1, gi), d[nt][2 + q], acc1);
+                }
+            if (t < GPS) { /* b·Σx once per row and group */
+                const float xg = xs[sl * GPS + t];
+                acc0 = fmaf(mm_sget<GPS, F16S>(cb0, t), xg, acc0);
+                acc1 = fmaf(mm_sget<GPS, F16S>(cb1, t), xg, acc1);
+            }
         }
-    }
-    __threadfence();
-    __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(a.cnt + blockIdx.x, 1) == a.ks - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int per = pair ? 64 : 128, u0 = blockIdx.x * per;
-    for (int i = threadIdx.x; i < per; i += blockDim.x) {
-        const int u = u0 + i;
-        if (u >= a.rows) break;
-        float v = 0.f, up = 0.f;
-        for (int s = 0; s < a.ks; s++) {
-            const volatile float *q = a.part + (size_t)s * units;
-            if (pair) { v += q[2 * u]; up += q[2 * u + 1]; }
-            else v += q[u];
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+        if (t == 0) {
+            if (a.ks == 1) {
+                if (pair) {
+                    if (live0) mm_store(a, unit0, acc0, acc1);
+                } else {
+                    if (live0) mm_store(a, unit0, acc0, 0.f);
+                    if (live1) mm_store(a, unit1, acc1, 0.f);
+                }
+            } else if (pair) {
+                if (live0) { pp[2 * unit0] = acc0; pp[2 * unit0 + 1] = acc1; }
+            } else {
+                if (live0) pp[unit0] = acc0;
+                if (live1) pp[unit1] = acc1;
+            }
         }
-        mm_store(a, u, v, up);
+        if (!more) break;
+        rbk = nrbk;
     }
-    if (threadIdx.x == 0) a.cnt[blockIdx.x] = 0;
+    if (a.ks == 1) return;
+
+    /* split K: the block's partials are out (one fence); the last slice block of a row block sums
+     * its slices in order */
+    __threadfence();
+    if (threadIdx.x == 0) nmine = 0;
+    __syncthreads();
+    for (int q = blockIdx.x + threadIdx.x * gridDim.x; q < a.rblocks; q += blockDim.x * gridDim.x)
+        if (atomicAdd(a.cnt + q, 1) == a.ks - 1) mine[atomicAdd(&nmine, 1)] = q;
+    __syncthreads();
+    __threadfence();
+    const int per = pair ? 64 : 128;
+    for (int k = 0; k < nmine; k++) {
+        const int q = mine[k], u0 = q * per;
+        for (int i = threadIdx.x; i < per; i += blockDim.x) {
+            const int u = u0 + i;
+            if (u >= a.rows) break;
+            float v = 0.f, up = 0.f;
+            for (int s = 0; s < a.ks; s++) {
+                const volatile float *qq = a.part + (size_t)s * units;
+                if (pair) { v += qq[2 * u]; up += qq[2 * u + 1]; }
+                else v += qq[u];
+            }
+            mm_store(a, u, v, up);
+        }
+        if (threadIdx.x == 0) a.cnt[q] = 0;
+    }
 }
 
 template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
@@ -385,17 +414,35 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     const int cps = 512 / w0->bits; /* inputs per 64-byte step */
     if (a.in % cps) return 0;
     const int rblocks = (a.rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
-    /* K slices of 4 steps: a function of `in` and the format only, so a row's bits do not depend on
+    /* K slices of S steps: a function of `in` and the format only, so a row's bits do not depend on
      * how many rows or matrices share the launch (fused == separate ops, tensor-parallel row splits
      * == one GPU) */
-    a.ks = (a.in / cps + 3) / 4;
+    const int gb = gs * w0->bits / 8, steps = gb == 16 ? 2 : 4; /* = the kernel's S */
+    a.ks = (a.in / cps + steps - 1) / steps;
     const size_t units = pair ? 2 * (size_t)a.rows : (size_t)a.rows;
     if (a.ks > 65535 || (a.ks > 1 && ((size_t)a.ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT))) return 0;
     const size_t smem = 4 * 8 * 4 * 3 * sizeof(uint2) + 4 * 4 * sizeof(float);
-    const dim3 grid((unsigned)rblocks, (unsigned)a.ks);
+    /* persistent over row blocks: about two resident blocks per SM in all (TERN_MM_GRID=0: one block
+     * per row block); which block walks a row block never changes its bits */
+    static int grid_mode = -1;
+    if (grid_mode < 0) {
+        const char *v = getenv("TERN_MM_GRID");
+        grid_mode = v && v[0] ? atoi(v) : 1;
+    }
+    int gx = rblocks;
+    if (grid_mode > 0 && a.ks <= 8) { /* with many slices the walk's serial tail reductions cost more
+                                       * (4096x14336 q4: 38.5 us walking vs 30.8 not; 14336x4096 26.6
+                                       * vs 30.2; lm head 167.5 vs 219.2) */
+        const int want = (grid_mode * 2 * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;
+        gx = want < rblocks ? want : rblocks;
+        const int lo = (rblocks + MM_MINE - 1) / MM_MINE;
+        if (gx < lo) gx = lo;
+    }
+    if (a.ks > 1 && (rblocks + gx - 1) / gx > MM_MINE) gx = (rblocks + MM_MINE - 1) / MM_MINE;
+    a.rblocks = rblocks;
+    const dim3 grid((unsigned)gx, (unsigned)a.ks);
     cudaSetDevice(c->device);
     const bool f16 = w0->sdtype == TERN_DT_F16;
-    const int gb = gs * w0->bits / 8;
     if (w0->bits == 4) {
         if (gb == 16) mm_go<4, 16>(c->stream, grid, smem, a, f16);
         else if (gb == 32) mm_go<4, 32>(c->stream, grid, smem, a, f16);
