@@ -550,7 +550,9 @@ static void spans_fill(tern_model *m, const tern_batch *sub) {
 
 /* ---- on-device sampling ------------------------------------------------------------- */
 
-int tern_model_can_sample(const tern_model *m) { return m && !m->tp && m->be->vt->sample && m->d_srows; }
+/* Tensor parallel: rank 0 draws (its logits are the group's; tp.c keeps the ranks' graph
+ * decisions in step). */
+int tern_model_can_sample(const tern_model *m) { return m && m->be->vt->sample && m->d_srows; }
 
 /* The sub-batch's wanted rows are samp->rows[k0, k0 + n_want): note which are drawn on the
  * device and upload their descriptors (before any graph replays or records). */
@@ -584,7 +586,7 @@ tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_k
     }
     if (smp->n_pairs) m->be->vt->upload(m->be, m->d_pairs, smp->pairs, sizeof(tern_sample_pair) * (size_t)smp->n_pairs);
     m->samp = smp;
-    tern_status s = tern__model_forward_local(m, b, kv, logits, err);
+    tern_status s = tern_model_forward(m, b, kv, logits, err);
     m->samp = NULL;
     m->samp_any = m->samp_all = 0;
     return s;

@@ -95,7 +95,7 @@ typedef struct tern_batch_sample {
     int n_pairs;
     int32_t *ids;                 /* [n_want] out */
 } tern_batch_sample;
-/* 1 when this model can draw on its device (the backend has vt->sample; not tensor-parallel). */
+/* 1 when this model can draw on its device (the backend has vt->sample; tensor parallel: rank 0 draws). */
 int tern_model_can_sample(const tern_model *m);
 tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits,
                                       const tern_batch_sample *smp, tern_error *err);

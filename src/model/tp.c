@@ -4,10 +4,10 @@
  *
  * Ranks' backends: each rank wraps the real backend (CPU or CUDA device r) in a copy of its
  * vtable with three changes: allreduce_sum is set (NCCL, or the host sum below), the step-graph
- * entries are NULL (eager ops in a group; graphs per rank are future work), and, for MoE
- * models, route_topk (GLM-5: route_group, through a copy of the GLM op table) is followed by a
- * remap of the chosen expert ids to the rank's local stack (id - e0 for its experts, -1 for the
- * others, which moe_mlp skips). The real backend keeps its impl, so every op runs unchanged.
+ * entries go through the group (below), and, for MoE models, route_topk (GLM-5: route_group,
+ * through a copy of the GLM op table) is followed by a remap of the chosen expert ids to the
+ * rank's local stack (id - e0 for its experts, -1 for the others, which moe_mlp skips). The
+ * real backend keeps its impl, so every op runs unchanged.
  *
  * Lockstep: rank 0 runs on the caller's thread (the engine thread); ranks 1..N-1 each have a
  * thread that waits on the `start` barrier, runs the same batch through its own model and cache
@@ -16,11 +16,24 @@
  * collective. CPU allreduce: every rank publishes its buffer; rank r sums chunk r over the ranks
  * in rank order and writes the sum back to every buffer (two barriers) — the same bits on all
  * ranks, deterministic.
+ *
+ * Step graphs per rank (CUDA): every rank records its own decode-step graph, NCCL calls
+ * included (each rank captures the same collective sequence on its own stream), and replays it
+ * from its own thread. A rank that replays while another runs eagerly or records would wait in
+ * its all-reduce forever, so every graph decision is the group's: the graph key is the mix of
+ * all ranks' keys (exchanged at a spin barrier, one per replay/begin/end), recording starts
+ * only where it started on every rank, and a graph is kept only where every rank kept it (else
+ * all ranks drop their graphs and the key is never tried again). The rank caches then stay
+ * identical, so a lookup hits or misses on all ranks alike. Steps whose wanted rows mix host
+ * and device sampling (rank 0 alone would run them eagerly) run eagerly on every rank.
+ * TERN_TP_GRAPHS=0 (or TERN_GRAPHS=0) keeps groups eager.
  */
 #include "model/tp.h"
 #include "model/internal.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +41,8 @@
 
 typedef struct tp_rank {
     tern_backend be;          /* first: the rank's backend as model code sees it */
-    tern_backend_vt vt;       /* copy of the real vtable with allreduce / remap / no graphs */
+    tern_backend_vt vt;       /* copy of the real vtable with allreduce / remap / group graphs */
+    tern_backend_vt test_vt;  /* tern__tp_test_graphs: the real vtable plus the test's graph ops */
     tern_glm_ops glm;         /* copy of the real GLM op table with route_group remapped (GLM-5) */
     tern_backend *real;
     struct tern_tp *tp;
@@ -41,7 +55,17 @@ typedef struct tp_rank {
     int has_thread;
     tern_status st;
     tern_error err;
+    unsigned xround;          /* exchanges done (the slot parity of the next one) */
+    uint64_t cap_g;           /* group key of the graph being recorded */
 } tp_rank;
+
+/* A barrier that spins (then yields): for the few short waits inside a step. */
+typedef struct spin_bar {
+    atomic_int count;
+    atomic_uint gen;
+} spin_bar;
+
+#define TP_MAX_BAD 32
 
 struct tern_tp {
     int n, cuda;
@@ -54,6 +78,13 @@ struct tern_tp {
     const tern_batch *job;
     /* CPU allreduce */
     float *ar_ptr[TERN_TP_MAX];
+    /* step graphs: exchanged values (two slots: one barrier per exchange), keys never to retry */
+    spin_bar xbar;
+    uint64_t xval[2][TERN_TP_MAX];
+    uint64_t bad[TP_MAX_BAD];
+    int n_bad;
+    int step_eager;           /* this step runs eagerly on every rank (set before the ranks start) */
+    int graphs_off;           /* TERN_TP_GRAPHS=0 */
     /* gathered weight columns (o_proj / down_proj), freed at close */
     void **bufs;
     int n_bufs, cap_bufs;
@@ -120,6 +151,126 @@ static void route_group_local(tern_backend *be, int32_t *idx, float *wts, const 
     for (int i = 0; i < n * k; i++) idx[i] = idx[i] >= rk->e0 && idx[i] < rk->e1 ? idx[i] - rk->e0 : -1;
 }
 
+/* ---- step graphs of the group ------------------------------------------------------------ */
+
+static void spin_wait(spin_bar *b, int n) {
+    unsigned g = atomic_load(&b->gen);
+    if (atomic_fetch_add(&b->count, 1) == n - 1) { /* last in: release the others */
+        atomic_store(&b->count, 0);
+        atomic_fetch_add(&b->gen, 1);
+        return;
+    }
+    for (unsigned i = 0; atomic_load(&b->gen) == g; i++)
+        if (i > 4096) sched_yield();
+}
+
+/* Every rank puts v in, every rank gets all ranks' values out (same order on all ranks). Two
+ * slots used alternately: a rank can only reuse a slot after every rank passed the barrier of
+ * the exchange in between, i.e. after every rank read it. */
+static void exchange(tp_rank *rk, uint64_t v, uint64_t *all) {
+    tern_tp *tp = rk->tp;
+    unsigned p = rk->xround++ & 1;
+    tp->xval[p][rk->rank] = v;
+    spin_wait(&tp->xbar, tp->n);
+    for (int q = 0; q < tp->n; q++) all[q] = tp->xval[p][q];
+}
+
+/* The group's key: the ranks' keys mixed in rank order (the same value on every rank). */
+static uint64_t group_key(tp_rank *rk, uint64_t key) {
+    uint64_t all[TERN_TP_MAX], h = 0x243f6a8885a308d3ULL;
+    exchange(rk, key, all);
+    for (int q = 0; q < rk->tp->n; q++) {
+        h ^= all[q] + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+        h *= 0xbf58476d1ce4e5b9ULL;
+    }
+    return h ^ (h >> 31);
+}
+
+static int all_true(tp_rank *rk, int v) {
+    uint64_t all[TERN_TP_MAX];
+    exchange(rk, (uint64_t)(v != 0), all);
+    for (int q = 0; q < rk->tp->n; q++)
+        if (!all[q]) return 0;
+    return 1;
+}
+
+static int is_bad(const tern_tp *tp, uint64_t g) {
+    for (int i = 0; i < tp->n_bad; i++)
+        if (tp->bad[i] == g) return 1;
+    return 0;
+}
+
+static int tp_graph_replay(tern_backend *be, uint64_t key, void *out, size_t out_bytes) {
+    tp_rank *rk = (tp_rank *)be;
+    if (rk->tp->step_eager || rk->tp->graphs_off) return 0;
+    uint64_t g = group_key(rk, key);
+    if (is_bad(rk->tp, g)) return 0;
+    return rk->real->vt->graph_replay(rk->real, g, out, out_bytes);
+}
+
+static int tp_graph_begin(tern_backend *be, uint64_t key, void *out, size_t out_bytes) {
+    tp_rank *rk = (tp_rank *)be;
+    if (rk->tp->step_eager || rk->tp->graphs_off) return 0;
+    uint64_t g = group_key(rk, key);
+    int ok = !is_bad(rk->tp, g) && rk->real->vt->graph_begin(rk->real, g, out, out_bytes);
+    rk->cap_g = g;
+    if (all_true(rk, ok)) return 1;
+    if (ok) rk->real->vt->graph_end(rk->real, 0); /* another rank could not start: drop ours */
+    return 0;
+}
+
+static int tp_graph_end(tern_backend *be, int ok) {
+    tp_rank *rk = (tp_rank *)be;
+    tern_tp *tp = rk->tp;
+    int kept = rk->real->vt->graph_end(rk->real, ok);
+    if (all_true(rk, kept)) return 1;
+    /* not kept everywhere: every rank drops every graph (the caches stay the same on all ranks)
+     * and rank 0 notes the key, read by the others only after the next exchange */
+    rk->real->vt->graph_reset(rk->real);
+    if (rk->rank == 0 && tp->n_bad < TP_MAX_BAD) {
+        tp->bad[tp->n_bad++] = rk->cap_g;
+        tern_log(TERN_LOG_WARN, "tensor parallel: a step graph was not kept on every rank: that step shape runs eagerly");
+    }
+    return 0;
+}
+
+static void tp_graph_reset(tern_backend *be) {
+    tp_rank *rk = (tp_rank *)be;
+    rk->real->vt->graph_reset(rk->real);
+}
+
+static int tp_graphs_enabled(void) {
+    const char *e = getenv("TERN_TP_GRAPHS");
+    return !(e && e[0] == '0');
+}
+
+/* A step is eager on every rank when rank 0 samples some wanted rows on the device and others
+ * on the host (its driver runs such steps eagerly: model.c forward_graph). */
+static int mixed_sampling(const tern_model *m, const tern_batch *b) {
+    if (!m->samp) return 0;
+    int n_want = 0, dev = 0;
+    for (int r = 0; r < b->n; r++) n_want += !b->want || b->want[r];
+    for (int k = 0; k < n_want; k++) dev += m->samp->rows[k].mode == TERN_SAMPLE_DRAW;
+    return dev > 0 && dev < n_want;
+}
+
+void tern__tp_test_graphs(tern_tp *tp, const tern_tp_graph_ops *ops) {
+    if (!tp || !ops || tp->n < 2) return;
+    for (int r = 0; r < tp->n; r++) {
+        tp_rank *rk = &tp->r[r];
+        rk->test_vt = *rk->real->vt;
+        rk->test_vt.graph_replay = ops->replay;
+        rk->test_vt.graph_begin = ops->begin;
+        rk->test_vt.graph_end = ops->end;
+        rk->test_vt.graph_reset = ops->reset;
+        rk->real->vt = &rk->test_vt;
+        rk->vt.graph_replay = tp_graph_replay;
+        rk->vt.graph_begin = tp_graph_begin;
+        rk->vt.graph_end = tp_graph_end;
+        rk->vt.graph_reset = tp_graph_reset;
+    }
+}
+
 /* ---- open / close ---------------------------------------------------------------------- */
 
 /* The calling thread's current GPU := rank's (CUDA ops that do not set it use the current one). */
@@ -153,6 +304,7 @@ tern_status tern_tp_open(tern_tp **out, const tern_tp_opts *o, tern_error *err) 
     if (!tp) return tern_err(err, TERN_ENOMEM, "out of memory");
     tp->n = o->n;
     tp->cuda = o->cuda;
+    tp->graphs_off = !tp_graphs_enabled();
     tern_status st = TERN_OK;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = o->n_threads > 0 ? o->n_threads : (int)(ncpu > 0 ? ncpu : 1);
@@ -164,7 +316,13 @@ tern_status tern_tp_open(tern_tp **out, const tern_tp_opts *o, tern_error *err) 
         st = o->cuda ? tern_backend_cuda_open(&rk->real, &bo, err) : tern_backend_cpu_open(&rk->real, &bo, err);
         if (st) { st = tern_err_wrap(err, st, "tensor parallel: rank %d (%s %d)", r, o->cuda ? "GPU" : "CPU", r); break; }
         rk->vt = *rk->real->vt;
-        rk->vt.graph_replay = NULL; rk->vt.graph_begin = NULL; rk->vt.graph_end = NULL; rk->vt.graph_reset = NULL;
+        if (tp->n > 1) { /* graphs go through the group (CUDA ranks; CPU backends have none) */
+            int has = rk->vt.graph_replay && rk->vt.graph_begin && rk->vt.graph_end && rk->vt.graph_reset;
+            rk->vt.graph_replay = has ? tp_graph_replay : NULL;
+            rk->vt.graph_begin = has ? tp_graph_begin : NULL;
+            rk->vt.graph_end = has ? tp_graph_end : NULL;
+            rk->vt.graph_reset = has ? tp_graph_reset : NULL;
+        }
         rk->vt.close = NULL; /* the real backend is closed by tern_tp_close */
         rk->vt.allreduce_sum = tp->n > 1 ? cpu_allreduce : NULL;
         rk->be = *rk->real;
@@ -556,6 +714,7 @@ tern_status tern__tp_forward(tern_tp *tp, const tern_batch *b, tern_kv *kv, floa
         if (st) return st;
     }
     tp->job = b;
+    tp->step_eager = mixed_sampling(tp->r[0].m, b);
     bind(&tp->r[0]); /* the engine thread may not be the one that loaded the group */
     pthread_barrier_wait(&tp->start);
     tern_status st = tern__model_forward_local(tp->r[0].m, b, kv, logits, err);

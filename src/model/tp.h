@@ -16,7 +16,9 @@
  * norms, router and lm_head are replicated. GLM-5: heads split (q_b_proj rows, W_UK/W_UV by
  * head, o_proj columns), latent cache / DSA indexer / route_group replicated, experts by id,
  * shared experts and dense layers like a dense MLP. Communication: NCCL on CUDA ranks, an
- * in-process barrier + host sum on CPU ranks. Step graphs are off in a group (eager ops).
+ * in-process barrier + host sum on CPU ranks (f32), NCCL in f32 or (bf16 compute) bf16 on CUDA
+ * ranks. Each CUDA rank records and replays its own step graphs, all-reduces included, with
+ * every graph decision taken by the whole group (tp.c).
  */
 #ifndef TERN_TP_H
 #define TERN_TP_H
@@ -57,17 +59,39 @@ tern_status tern_tp_kv_open(tern_tp *tp, const tern_kv_opts *ko, tern_kv **out, 
 /* Ranks asked for by the environment: TERN_TP=N (tests, CPU), else 1. */
 int tern_tp_env(void);
 
+/* Tests (CPU ranks have no step graphs): give every rank's real backend these graph entries
+ * (vtable ops.h semantics, called with the real backend) and route them through the group as
+ * on CUDA ranks. Call after tern_tp_open, before the first forward. */
+typedef struct tern_tp_graph_ops {
+    int (*replay)(tern_backend *be, uint64_t key, void *out, size_t out_bytes);
+    int (*begin)(tern_backend *be, uint64_t key, void *out, size_t out_bytes);
+    int (*end)(tern_backend *be, int ok);
+    void (*reset)(tern_backend *be);
+} tern_tp_graph_ops;
+void tern__tp_test_graphs(tern_tp *tp, const tern_tp_graph_ops *ops);
+
 /* ---- CUDA side (src/backend/cuda/nccl.c, tp_remap.cu; only in CUDA builds) ---- */
 typedef struct tern__nccl tern__nccl;
 /* One communicator per rank (ncclCommInitAll over the ranks' devices); sets NCCL_NVLS_ENABLE=0
  * in the environment first unless it is set. */
 tern_status tern__nccl_open(tern__nccl **out, tern_backend *const *bes, int n, tern_error *err);
 void tern__nccl_close(tern__nccl *c);
-/* In-place sum of y[count] over the ranks, enqueued on rank's backend stream. */
+/* In-place sum of y[count] over the ranks, enqueued on rank's backend stream (capturable);
+ * bf16 on the wire when the ranks compute in bf16 (TERN_TP_ALLREDUCE=f32: always f32). */
 void tern__nccl_allreduce(tern__nccl *c, int rank, tern_backend *be, float *y, size_t count);
 /* Make be's GPU the calling thread's current device (ops that do not set it themselves). */
 void tern__cuda_bind(tern_backend *be);
 /* idx[i] = idx[i] - e0 when e0 <= idx[i] < e1, else -1 (on be's stream). */
 void tern__cuda_expert_remap(tern_backend *be, int32_t *idx, int n, int e0, int e1);
+/* One-shot all-reduce over peer memory (tp_remap.cu), for n <= cap floats: every rank calls it
+ * with the same n in the same order; bufs[q] = rank q's staging [2][cap] floats, flags[q] rank
+ * q's flags [TERN_TP_P2P_BLOCKS][TERN_TP_P2P_MAXR] (zeroed), cnt this rank's epochs
+ * [TERN_TP_P2P_BLOCKS] (zeroed); peers' memory must be accessible (peer access enabled). */
+#define TERN_TP_P2P_MAXR 8
+#define TERN_TP_P2P_BLOCKS 32
+void tern__cuda_tp_p2p_allreduce(tern_backend *be, float *y, size_t n, float *const *bufs, unsigned *const *flags,
+                                 unsigned *cnt, size_t cap, int nr, int rank);
+/* to_bf16: dst bf16[n] = src f32[n] (nearest even); else dst f32[n] = src bf16[n] (be's stream). */
+void tern__cuda_tp_convert(tern_backend *be, void *dst, const void *src, size_t n, int to_bf16);
 
 #endif

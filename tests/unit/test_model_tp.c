@@ -10,7 +10,9 @@
  * message (MLX q4 with 64-wide groups over 4 ranks; the small quantized GLM-5 fixtures, whose
  * quantized splits tests/parity/tp_glm_quant.mjs covers on partly dequantized copies). CPU
  * ranks by default; TERN_TEST_DEVICE=cuda puts rank i on GPU i (NCCL) and skips when fewer
- * GPUs exist; TERN_TEST_TP="2,4" picks the sizes.
+ * GPUs exist; TERN_TEST_TP="2,4" picks the sizes. TERN_TEST_COMPUTE=bf16 runs every rank in the
+ * bf16 compute mode (on CUDA ranks the all-reduce then sums in bf16): logits within BF16_BOUND
+ * of one rank and of the reference; argmax and greedy tokens are reported, not required.
  */
 #include "model/tp.h"
 #include "parity_util.h"
@@ -25,6 +27,8 @@
  * measure <= 1.2e-6; Gemma 4 up to 2.6e-5 (its extra norms after o_proj / down_proj amplify the
  * last-bit differences; one rank is itself ~2e-5 from the transformers reference there). */
 #define TP_BOUND 5e-5
+/* bf16 compute mode: the bound of test_parity's bf16 mode (one device vs the reference) */
+#define BF16_BOUND 2e-2
 
 static const char *k_cases[] = {"llama3", "qwen2", "qwen3", "llama3_fp8", "gemma4_dense", "gemma4_f32",
                                 "gemma4_e2b_like", "gemma4_perlayer", "gemma4_unified", "gemma4_moe_like",
@@ -33,7 +37,7 @@ static const char *k_cases[] = {"llama3", "qwen2", "qwen3", "llama3_fp8", "gemma
                                 "glm5_dense", "glm5_dsa", "glm5_yarn", "glm5_dsa_q4", "glm5_dsa_fp8"};
 enum { k_first_glm = 13 };
 
-static int g_cuda;
+static int g_cuda, g_bf16;
 
 /* What one group size produces for a fixture. */
 typedef struct run_out {
@@ -55,7 +59,7 @@ static void run(const char *dir, int N, const int32_t *all, int na, int np, run_
     tern_tp *tp = NULL;
     tern_model *m = NULL;
     tern_kv *kv = NULL;
-    tern_tp_opts to = {.n = N, .cuda = g_cuda, .n_threads = 0};
+    tern_tp_opts to = {.n = N, .cuda = g_cuda, .n_threads = 0, .compute = g_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32};
     tern_status s = tern_tp_open(&tp, &to, &e);
     if (!s) s = tern_tp_load_dir(tp, dir, NULL, &m, &e);
     tern_kv_opts ko = {.n_slots = 2, .max_ctx = na + 8, .block_size = 4};
@@ -115,7 +119,7 @@ static void check_case(const char *name) {
     snprintf(path, sizeof path, "%s/ref_logits.f32", dir);
     float *oracle = (float *)pu_slurp(path, &nbytes);
     int quant = strstr(name, "_q") || strstr(name, "mixed") || strstr(name, "_fp8");
-    double bound = quant ? 1e-3 : 1e-4;
+    double bound = g_bf16 ? BF16_BOUND : quant ? 1e-3 : 1e-4, tp_bound = g_bf16 ? BF16_BOUND : TP_BOUND;
     run_out one;
     run(dir, 1, all, na, np, &one);
     CHECK(one.st == TERN_OK, "%s N=1: %s", name, one.msg);
@@ -148,14 +152,14 @@ static void check_case(const char *name) {
             }
             if (tern_argmax(a, V) != tern_argmax(b, V) && bad_arg < 0) bad_arg = t;
         }
-        CHECK(worst <= TP_BOUND, "%s N=%d: logits differ from N=1 by %.3g rel", name, N, worst);
-        CHECK(bad_arg < 0, "%s N=%d: argmax differs at row %d", name, N, bad_arg);
+        CHECK(worst <= tp_bound, "%s N=%d: logits differ from N=1 by %.3g rel", name, N, worst);
+        CHECK(g_bf16 || bad_arg < 0, "%s N=%d: argmax differs at row %d", name, N, bad_arg);
         CHECK(!oracle || worst_ref <= bound, "%s N=%d: %.3g rel from the reference (bound %.0e)", name, N, worst_ref, bound);
         double pr = test_rel_l2(o.pair, one.pair, 2 * (size_t)V);
-        CHECK(pr <= TP_BOUND, "%s N=%d: two-sequence batch differs by %.3g rel", name, N, pr);
+        CHECK(pr <= tp_bound, "%s N=%d: two-sequence batch differs by %.3g rel", name, N, pr);
         int same = o.n_gen == na - np;
         for (int i = 0; same && i < o.n_gen; i++) same = o.gen[i] == all[np + i];
-        CHECK(same, "%s N=%d: greedy tokens differ (%d generated)", name, N, o.n_gen);
+        CHECK(g_bf16 || same, "%s N=%d: greedy tokens differ (%d generated)", name, N, o.n_gen);
         printf("  %s N=%d: max rel vs N=1 %.2e, vs reference %.2e (N=1: %.2e), greedy %s\n", name, N, worst, worst_ref, one_ref,
                same ? "identical" : "DIFFERENT");
         free_out(&o);
@@ -294,6 +298,8 @@ TEST(tp_refuses_unsplittable_groups) {
 int main(void) {
     const char *dev = getenv("TERN_TEST_DEVICE"), *sz = getenv("TERN_TEST_TP");
     g_cuda = dev && !strcmp(dev, "cuda");
+    const char *comp = getenv("TERN_TEST_COMPUTE");
+    g_bf16 = comp && !strcmp(comp, "bf16");
     if (sz && *sz) {
         g_n_sizes = 0;
         for (const char *p = sz; *p && g_n_sizes < 4;) {

@@ -1,9 +1,21 @@
 /*
- * tp_remap.cu — expert parallelism (src/model/tp.h): after routing, map the chosen global
- * expert ids to this rank's local expert stack: id - e0 for e0 <= id < e1, else -1 (moe_mlp
- * skips ids outside its stack). n·k int32 entries, one thread each, on the backend's stream.
+ * tp_remap.cu — the small kernels of tensor / expert parallelism (src/model/tp.h):
+ *   - expert remap: after routing, map the chosen global expert ids to this rank's local
+ *     expert stack: id - e0 for e0 <= id < e1, else -1 (moe_mlp skips ids outside its stack);
+ *     n·k int32 entries, one thread each;
+ *   - bf16 all-reduce staging (nccl.c, bf16 compute mode): f32 -> bf16 (round to nearest even)
+ *     before ncclAllReduce in bf16, and bf16 -> f32 back into the caller's buffer after it;
+ *   - the one-shot all-reduce over peer memory (below) that nccl.c uses for small vectors.
+ * All on the backend's stream (capturable into a step graph).
  */
 #include "backend/cuda/cuda_internal.h"
+
+#include <cuda_bf16.h>
+#include <string.h>
+
+extern "C" {
+#include "model/tp.h"
+}
 
 __global__ void expert_remap_kernel(int32_t *idx, int n, int e0, int e1) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -18,4 +30,123 @@ extern "C" void tern__cuda_expert_remap(tern_backend *be, int32_t *idx, int n, i
     cudaSetDevice(c->device);
     expert_remap_kernel<<<(n + 255) / 256, 256, 0, c->stream>>>(idx, n, e0, e1);
     tern__cuda_check(c, "expert_remap");
+}
+
+/* two elements per thread (n even in practice; the odd tail is handled) */
+__global__ void pack_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    if (i + 1 < n) {
+        const float2 v = *(const float2 *)(src + i);
+        *(__nv_bfloat162 *)(dst + i) = __floats2bfloat162_rn(v.x, v.y);
+    } else if (i < n) {
+        dst[i] = __float2bfloat16_rn(src[i]);
+    }
+}
+
+__global__ void unpack_bf16_kernel(float *dst, const __nv_bfloat16 *src, size_t n) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    if (i + 1 < n) {
+        const float2 v = __bfloat1622float2(*(const __nv_bfloat162 *)(src + i));
+        *(float2 *)(dst + i) = v;
+    } else if (i < n) {
+        dst[i] = __bfloat162float(src[i]);
+    }
+}
+
+/* dst (bf16) = src (f32) when to_bf16, else dst (f32) = src (bf16); n elements, src and dst
+ * 8-byte aligned (device allocations and offsets of even element counts). */
+extern "C" void tern__cuda_tp_convert(tern_backend *be, void *dst, const void *src, size_t n, int to_bf16) {
+    tern__cuda *c = (tern__cuda *)be->impl;
+    if (!n) return;
+    const size_t threads = (n + 1) / 2;
+    const unsigned blocks = (unsigned)((threads + 255) / 256);
+    if (to_bf16) pack_bf16_kernel<<<blocks, 256, 0, c->stream>>>((__nv_bfloat16 *)dst, (const float *)src, n);
+    else unpack_bf16_kernel<<<blocks, 256, 0, c->stream>>>((float *)dst, (const __nv_bfloat16 *)src, n);
+    tern__cuda_check(c, "tp_convert");
+}
+
+/* ---- one-shot all-reduce over peer memory (nccl.c: small vectors, N <= TERN_TP_P2P_MAXR) ----
+ * Every rank runs the same kernel with the same fixed grid (TERN_TP_P2P_BLOCKS blocks): block b
+ * copies its slice of y into this rank's staging buffer (parity = epoch & 1), tells every peer
+ * "epoch reached for block b" by a store into the peer's flag array, waits until every peer's
+ * flag for block b has reached the epoch, then sums its slice over the ranks' buffers in rank
+ * order (read through NVLink) into y — the same bits on every rank. The epoch lives in device
+ * memory (one counter per block, advanced by that block at its end), so a captured graph replays
+ * correctly. Two parities: a peer can only write a parity again after passing the barrier of the
+ * call in between, which needs this rank's signal, given after this rank's reads (stream order).
+ * A barrier that never completes (a peer that died) gives up after ~20 s, leaving y unreduced,
+ * instead of hanging the process. */
+struct tp_ar_args {
+    float *y;
+    size_t n;
+    float *buf[TERN_TP_P2P_MAXR];        /* rank q's staging: [2][cap] floats */
+    unsigned *flag[TERN_TP_P2P_MAXR];    /* rank q's flags: [blocks][MAXR] */
+    unsigned *cnt;                       /* this rank's epochs: [blocks] */
+    size_t cap;
+    int nr, rank;
+};
+
+__global__ void __launch_bounds__(512) tp_ar_kernel(tp_ar_args a) {
+    const int b = blockIdx.x, t = threadIdx.x;
+    const unsigned ep = a.cnt[b] + 1;
+    const size_t off = (ep & 1) ? a.cap : 0;
+    /* slices of whole float4s, block b: [lo, hi) */
+    const size_t n4 = (a.n + 3) / 4, per = (n4 + gridDim.x - 1) / gridDim.x;
+    const size_t lo = b * per * 4, hi = min(a.n, (b + 1) * per * 4);
+    float *mine = a.buf[a.rank] + off;
+    const bool vec = ((a.n & 3) == 0) && (((uintptr_t)a.y & 15) == 0);
+    if (vec) {
+        for (size_t i = lo + (size_t)t * 4; i < hi; i += (size_t)blockDim.x * 4)
+            *(float4 *)(mine + i) = *(const float4 *)(a.y + i);
+    } else {
+        for (size_t i = lo + t; i < hi; i += blockDim.x) mine[i] = a.y[i];
+    }
+    __threadfence_system();
+    __syncthreads();
+    if (t < a.nr && t != a.rank) {
+        volatile unsigned *f = a.flag[t] + (size_t)b * TERN_TP_P2P_MAXR + a.rank;
+        *f = ep;
+    }
+    if (t < a.nr && t != a.rank) {
+        volatile unsigned *f = a.flag[a.rank] + (size_t)b * TERN_TP_P2P_MAXR + t;
+        const long long t0 = clock64();
+        while (*f < ep)
+            if (clock64() - t0 > 40000000000LL) break; /* ~20 s: a peer is gone */
+    }
+    __syncthreads();
+    __threadfence_system();
+    if (vec) {
+        for (size_t i = lo + (size_t)t * 4; i < hi; i += (size_t)blockDim.x * 4) {
+            float4 s = __ldcg((const float4 *)(a.buf[0] + off + i));
+            for (int q = 1; q < a.nr; q++) {
+                const float4 v = __ldcg((const float4 *)(a.buf[q] + off + i));
+                s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+            }
+            *(float4 *)(a.y + i) = s;
+        }
+    } else {
+        for (size_t i = lo + t; i < hi; i += blockDim.x) {
+            float s = __ldcg(a.buf[0] + off + i);
+            for (int q = 1; q < a.nr; q++) s += __ldcg(a.buf[q] + off + i);
+            a.y[i] = s;
+        }
+    }
+    if (t == 0) a.cnt[b] = ep;
+}
+
+extern "C" void tern__cuda_tp_p2p_allreduce(tern_backend *be, float *y, size_t n, float *const *bufs,
+                                            unsigned *const *flags, unsigned *cnt, size_t cap, int nr, int rank) {
+    tern__cuda *c = (tern__cuda *)be->impl;
+    if (!n || nr < 2 || nr > TERN_TP_P2P_MAXR || n > cap) return;
+    tp_ar_args a;
+    memset(&a, 0, sizeof a);
+    a.y = y;
+    a.n = n;
+    for (int q = 0; q < nr; q++) { a.buf[q] = bufs[q]; a.flag[q] = flags[q]; }
+    a.cnt = cnt;
+    a.cap = cap;
+    a.nr = nr;
+    a.rank = rank;
+    tp_ar_kernel<<<TERN_TP_P2P_BLOCKS, 512, 0, c->stream>>>(a);
+    tern__cuda_check(c, "tp_p2p_allreduce");
 }
