@@ -65,6 +65,8 @@ struct tern_model {
     tern_sample_pair *d_pairs; /* [TERN_MODEL_SAMPLE_PAIRS] */
     int32_t *d_ids;            /* [max_batch] */
     void *d_sscratch;          /* tern_sample_scratch_bytes(n_vocab) */
+    /* step graphs (appended; model.c): key of the last big step run eagerly (recorded when it repeats) */
+    uint64_t graph_seen;
 };
 
 /* One forward over this model alone (what tern_model_forward does outside a TP group). */

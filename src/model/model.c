@@ -5,7 +5,10 @@
  * rows' K/V exactly as in one pass) and picks the rows that want logits.
  *
  * Step graphs: on backends that offer them (vt->graph_*), a decode-sized step (n <= 32 rows,
- * every row wants logits) is recorded once per shape and replayed afterwards. The key covers
+ * every row wants logits) is recorded once per shape and replayed afterwards; bigger decode steps
+ * (up to TERN_GRAPH_MAX_ROWS, default 32 until measured on a GPU; 128 covers batch-64/128 serving)
+ * are recorded when the same shape comes twice in a row, so batches whose size changes every step
+ * do not re-record. The key covers
  * what the recorded op sequence depends on: the model, the KV views (pools, block tables),
  * the row count and the input kind; positions, slots and tokens are device inputs uploaded
  * before each replay. The architectures' forward functions have no host-dependent control
@@ -371,7 +374,17 @@ void tern_model_get_stats(const tern_model *m, tern_model_stats *st) { *st = m->
 
 /* ---- step graphs ---------------------------------------------------------------------- */
 
-#define GRAPH_MAX_ROWS 32
+#define GRAPH_EAGER_ROWS 32 /* recorded at first sight; bigger steps when they repeat */
+
+static int graph_max_rows(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TERN_GRAPH_MAX_ROWS");
+        v = e && e[0] ? atoi(e) : GRAPH_EAGER_ROWS; /* 128: opt-in, not yet measured on the H200 */
+        if (v < 0) v = 0;
+    }
+    return v;
+}
 
 static int graphs_enabled(void) {
     static int on = -1;
@@ -412,7 +425,7 @@ static int forward_graph(tern_model *m, const tern_batch *sub, tern_kv *kv, cons
                          float *out) {
     const tern_backend_vt *vt = m->be->vt;
     if (!vt->graph_replay || !vt->graph_begin || !vt->graph_end || !graphs_enabled()) return 0;
-    if (sub->n > GRAPH_MAX_ROWS || n_want != sub->n || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC) return 0;
+    if (sub->n > graph_max_rows() || n_want != sub->n || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC) return 0;
     if (m->vis_on) return 0; /* span ranges are host-side control flow: never recorded */
     if (m->experts) return 0; /* expert offload decides on the host after routing */
     if (m->samp_any && !m->samp_all) return 0; /* mixed host / device rows: eager */
@@ -424,6 +437,10 @@ static int forward_graph(tern_model *m, const tern_batch *sub, tern_kv *kv, cons
     }
     uint64_t key = step_key(m, kv, sub, n_want, m->samp_all ? 2 : out != NULL);
     if (vt->graph_replay(m->be, key, gout, bytes)) return 1;
+    if (sub->n > GRAPH_EAGER_ROWS && m->graph_seen != key) { /* big step: record when it repeats */
+        m->graph_seen = key;
+        return 0;
+    }
     if (!vt->graph_begin(m->be, key, gout, bytes)) return 0;
     tern_error scratch = {0};
     tern_status s = m->impl->forward(m, sub, kv, wi, n_want, out, &scratch);
