@@ -64,6 +64,22 @@ __device__ __forceinline__ float f8e4m3(uint32_t v) {
     return mag == 0x7fu ? __int_as_float(0x7fc00000) : f;
 }
 
+/* The n = 1 GEMVs' launches over up to three matrices (q|k|v, gate/up): matrix e[i] of w[i] for
+ * i < k into the argument arrays; returns the rows of all k (gemv.cu's gemv1, gemv_mma.cu) */
+static inline int mat_ptrs(const uint8_t **data, const uint8_t **scales, const uint8_t **biases, float **ys,
+                           int *out, float *const *y, const tern__cuda_w *const *w, const int *e, int k) {
+    int rows = 0;
+    for (int i = 0; i < k; i++) {
+        data[i] = (const uint8_t *)w[i]->data + (size_t)e[i] * w[i]->mat_bytes;
+        scales[i] = (const uint8_t *)w[i]->scales + (size_t)e[i] * w[i]->mat_bytes_s;
+        biases[i] = (const uint8_t *)w[i]->biases + (size_t)e[i] * w[i]->mat_bytes_s;
+        ys[i] = y[i];
+        out[i] = w[i]->out;
+        rows += w[i]->out;
+    }
+    return rows;
+}
+
 static inline WDesc make_wdesc(const tern__cuda_w *w) {
     WDesc d;
     d.data = (const uint8_t *)w->data;

@@ -514,14 +514,7 @@ static void g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const 
                       const float *x, int mode) {
     Gemv1Args a = {};
     const tern__cuda_w *w0 = w[0];
-    for (int i = 0; i < k; i++) {
-        a.data[i] = (const uint8_t *)w[i]->data + (size_t)e[i] * w[i]->mat_bytes;
-        a.scales[i] = (const uint8_t *)w[i]->scales + (size_t)e[i] * w[i]->mat_bytes_s;
-        a.biases[i] = (const uint8_t *)w[i]->biases + (size_t)e[i] * w[i]->mat_bytes_s;
-        a.y[i] = y[i];
-        a.out[i] = w[i]->out;
-        a.rows += w[i]->out;
-    }
+    a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
     a.nm = k;
     if (mode == G1_SILU || mode == G1_GELU) a.rows = w0->out;
     a.in = w0->in;

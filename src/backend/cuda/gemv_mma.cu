@@ -386,14 +386,7 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     const bool pair = mode == MM_SILU || mode == MM_GELU;
     if (pair && (k != 2 || w[1]->out != w0->out)) return 0;
     MmArgs a = {};
-    for (int i = 0; i < k; i++) {
-        a.data[i] = (const uint8_t *)w[i]->data + (size_t)e[i] * w[i]->mat_bytes;
-        a.scales[i] = (const uint8_t *)w[i]->scales + (size_t)e[i] * w[i]->mat_bytes_s;
-        a.biases[i] = (const uint8_t *)w[i]->biases + (size_t)e[i] * w[i]->mat_bytes_s;
-        a.y[i] = y[i];
-        a.out[i] = w[i]->out;
-        a.rows += w[i]->out;
-    }
+    a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
     for (int i = k; i < 3; i++) { a.data[i] = a.data[0]; a.scales[i] = a.scales[0]; a.biases[i] = a.biases[0]; }
     if (pair) a.rows = w0->out; /* gate = matrix 0, up = matrix 1 */
     a.nm = k;
