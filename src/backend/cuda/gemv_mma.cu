@@ -45,7 +45,6 @@ struct MmArgs {
     const float *x;
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
-    int hint;    /* weight load flavour (mm_ld4) */
 };
 
 __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -58,7 +57,8 @@ __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint3
 
 /* the word's 4 bf16 pairs (nibble j, nibble j+4), j = 0..3, as exact small integers */
 __device__ __forceinline__ void mm_decode(uint32_t w, uint32_t *r) {
-    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
+    const uint32_t k128u = 0x43004300u; /* bf16 pair (128, 128): a bit pattern, no conversion */
+    const __nv_bfloat162 k128 = *(const __nv_bfloat162 *)&k128u;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         uint32_t p = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
@@ -85,18 +85,12 @@ template <bool F16S> __device__ __forceinline__ float mm_scale(uint32_t u) {
     else return __uint_as_float(u << 16);
 }
 
-/* weight words are read once: hint 1 = no L1 allocation, 2 = that plus a 128-byte L2 fetch (the
- * next step of the row); 0 = plain __ldg (TERN_MM_LD picks; default 1) */
-__device__ __forceinline__ uint4 mm_ld4(const uint8_t *p, int hint) {
+/* weight words are read once: no L1 allocation (plain __ldg and an L2::128B prefetch hint measured
+ * the same on the H200) */
+__device__ __forceinline__ uint4 mm_ld4(const uint8_t *p) {
     uint4 v;
-    if (hint == 2)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    else if (hint == 1)
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    else
-        v = __ldg((const uint4 *)p);
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
 
@@ -189,8 +183,8 @@ template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2)
     MmRows r;
     auto load_step = [&](int i) {
         const int st = st0 + i, G = GB > 64 ? st * 64 / GB : st * GPS;
-        w0[i] = mm_ld4(r.w0 + (size_t)st * 64, a.hint);
-        w1[i] = mm_ld4(r.w1 + (size_t)st * 64, a.hint);
+        w0[i] = mm_ld4(r.w0 + (size_t)st * 64);
+        w1[i] = mm_ld4(r.w1 + (size_t)st * 64);
         s0[i] = mm_lds<GPS>(r.s0 + G); b0[i] = mm_lds<GPS>(r.b0 + G);
         s1[i] = mm_lds<GPS>(r.s1 + G); b1[i] = mm_lds<GPS>(r.b1 + G);
     };
@@ -397,12 +391,6 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     a.x = x;
     a.part = c->part;
     a.cnt = c->mm_cnt;
-    static int hint = -1;
-    if (hint < 0) {
-        const char *v = getenv("TERN_MM_LD");
-        hint = v && v[0] ? atoi(v) : 1;
-    }
-    a.hint = hint;
     if (a.rows <= 0) return 1;
     const int cps = 512 / w0->bits; /* inputs per 64-byte step */
     if (a.in % cps) return 0;
