@@ -149,6 +149,10 @@ typedef struct tern_model_config {
     /* GLM-5 (appended; tensor parallelism): shared-expert MLP width of a rank-local config (its
      * slice); 0 = the whole n_ff_expert * n_shared_experts. Never read from config.json. */
     int n_ff_shared;
+    /* Tensor parallelism (appended): the vocabulary-parallel output head of a rank-local config
+     * holds rows [head_v0, head_v0 + head_vn) of the head (lm_head, or the tied embedding, which
+     * stays whole for the lookup); head_vn 0 = all n_vocab rows. Never read from config.json. */
+    int head_v0, head_vn;
 } tern_model_config;
 
 /* Parse DIR/config.json (+ DIR/generation_config.json if present). */

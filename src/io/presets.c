@@ -90,6 +90,11 @@ static const struct { const char *name, *json; } k_presets[] = {
                   " \"intermediate_size\": 12288, \"moe_intermediate_size\": 2048, \"n_routed_experts\": 256,"
                   " \"num_experts_per_tok\": 8, \"first_k_dense_replace\": 1, \"index_topk\": 2048,"
                   " \"index_head_dim\": 128, \"index_n_heads\": 32, \"indexer_types\": [\"full\", \"shared\"]}"},
+    /* GLM-5 (reference/glm5.md §9.1) cut to its first 8 layers: 3 dense (first_k_dense_replace)
+     * and 5 MoE (256 experts, top-8, one shared expert), MLA heads and a DSA indexer on every
+     * layer as in "glm5". The multi-GPU slice: ~52 B parameters, ~29 GB at --quant q4 (fits one
+     * H200, so --gpus 2 compares against --gpus 1 on the same geometry). */
+    {"glm5-slice8", "{" GLM5_COMMON ", " GLM5_GEOM ", \"num_hidden_layers\": 8, \"first_k_dense_replace\": 3}"},
     /* the same structure at toy widths; index_topk 64 so DSA selects from the 65th token on */
     {"glm5-tiny", "{" GLM5_COMMON ", \"hidden_size\": 256, \"vocab_size\": 4096, \"num_hidden_layers\": 4,"
                   " \"num_attention_heads\": 8, \"num_key_value_heads\": 8, \"q_lora_rank\": 128,"
@@ -107,5 +112,5 @@ const char *tern_preset_config(const char *name) {
 }
 
 const char *tern_preset_names(void) {
-    return "gemma4-e2b gemma4-e4b gemma4-12b gemma4-26b-a4b gemma4-31b llama3-8b llama3-1b qwen3-0.6b glm5 glm5.2 glm5-mini glm5-tiny";
+    return "gemma4-e2b gemma4-e4b gemma4-12b gemma4-26b-a4b gemma4-31b llama3-8b llama3-1b qwen3-0.6b glm5 glm5.2 glm5-mini glm5-slice8 glm5-tiny";
 }

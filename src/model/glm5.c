@@ -106,8 +106,7 @@ static tern_status glm_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
                 go->copy_2d(be, g->att + (size_t)h * dv, H * dv, g->tb, dv, n, dv);
             }
         op->matmul(be, g->o, g->att, n, &L->o);
-        tern_allreduce_sum(be, g->o, (size_t)n * D); /* tensor parallel: sum the ranks' heads */
-        op->add(be, g->x, g->x, g->o, (size_t)n * D);
+        tern_allreduce_add(be, g->x, g->o, (size_t)n * D); /* tensor parallel: x += sum of the ranks' heads */
 
         /* MLP: dense SwiGLU, or routed experts + shared experts, summed into o before the one
          * all-reduce (tensor parallel: each rank ran its experts and its slice of the MLP) */
@@ -127,8 +126,7 @@ static tern_status glm_forward(tern_model *m, const tern_batch *b, tern_kv *kv, 
             if (L->moe) op->add(be, g->o, g->o, g->xn, (size_t)n * D);
         }
         if (L->moe || I > 0) {
-            tern_allreduce_sum(be, g->o, (size_t)n * D);
-            op->add(be, g->x, g->x, g->o, (size_t)n * D);
+            tern_allreduce_add(be, g->x, g->o, (size_t)n * D);
         }
     }
     tern__out_head_logits(m, &g->out, g->x, want, n_want, g->final_norm, &g->head, logits);

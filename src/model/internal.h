@@ -67,6 +67,10 @@ struct tern_model {
     void *d_sscratch;          /* tern_sample_scratch_bytes(n_vocab) */
     /* step graphs (appended; model.c): key of the last big step run eagerly (recorded when it repeats) */
     uint64_t graph_seen;
+    /* vocabulary-parallel head (appended; tp.c sets it on every rank before each step): the
+     * group's step computes logits (rank 0 got a logits buffer or samples on the device), so
+     * every rank computes its vocabulary slice and gathers it to rank 0 */
+    int head_need;
 };
 
 /* One forward over this model alone (what tern_model_forward does outside a TP group). */
@@ -120,10 +124,13 @@ tern_status tern__load_vec(tern_model *m, tern_weights *ws, const char *name, in
 
 /* The output head shared by every architecture: for the rows in want[], logits =
  * softcap(head · norm(x[row])) written to host `out` ([n_want, V]), a chunk of rows at a time
- * (the device scratch is capped at 64 MB of logits). */
+ * (the device scratch is capped at 64 MB of logits). Vocabulary-parallel (cfg.head_vn > 0, tp.c):
+ * every rank computes softcap(head_slice · norm(x)) into `part` and gathers it into rank 0's
+ * `logits` (vt->gather_cols): each logit is the same dot product as with the whole head. */
 typedef struct tern_out_head {
-    float *xs, *logits;  /* device scratch [rows, H], [rows, V] */
+    float *xs, *logits;  /* device scratch [rows, H], [rows, V] (vocabulary-parallel: rank 0 only) */
     int rows;
+    float *part;         /* (appended) vocabulary-parallel: [rows, head_vn], else NULL */
 } tern_out_head;
 tern_status tern__out_head_init(tern_model *m, tern_out_head *h, tern_error *err);
 void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x, const int *want, int n_want,

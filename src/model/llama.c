@@ -146,16 +146,14 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
         if (!tern__matmul_add(m, g->x, g->att, n, &L->wo)) { /* x += o_proj(att) */
             op->matmul(be, g->o, g->att, n, &L->wo);
-            tern_allreduce_sum(be, g->o, (size_t)n * H); /* tensor parallel: sum the ranks' heads */
-            op->add(be, g->x, g->x, g->o, (size_t)n * H);
+            tern_allreduce_add(be, g->x, g->o, (size_t)n * H); /* tensor parallel: x += sum of the ranks' heads */
         }
 
         op->rmsnorm(be, g->xn, g->x, n, H, L->post_norm, eps);
         tern__matmul_glu(m, g->g, g->u, g->xn, n, &L->gate, &L->up, TERN_ACT_SILU); /* silu(gate)·up */
         if (!tern__matmul_add(m, g->x, g->g, n, &L->down)) { /* x += down(...) */
             op->matmul(be, g->o, g->g, n, &L->down);
-            tern_allreduce_sum(be, g->o, (size_t)n * H);
-            op->add(be, g->x, g->x, g->o, (size_t)n * H);
+            tern_allreduce_add(be, g->x, g->o, (size_t)n * H);
         }
     }
     tern__out_head_logits(m, &g->out, g->x, want, n_want, g->final_norm, &g->head, logits);

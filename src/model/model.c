@@ -109,14 +109,42 @@ tern_status tern__load_stack(tern_model *m, tern_weights *ws, const char *name, 
     return s ? s : upload(m, t, name, err);
 }
 
+/* Rows [v0, v0 + vn) of a 2-D matrix as a view (same storage: the tied head of a vocabulary-
+ * parallel rank). Backends keep the stored row layout on upload, so offsets work on both sides. */
+static tern_status head_rows(tern_tensor *t, int64_t v0, int64_t vn, tern_error *err) {
+    if (t->ndim != 2 || t->mat_map)
+        return tern_err(err, TERN_EUNSUPPORTED, "vocabulary-parallel head: '%s' is not a plain matrix", t->name ? t->name : "?");
+    if (tern_tensor_is_fp8_block(t)) {
+        if (v0 % t->blk_rows)
+            return tern_err(err, TERN_EUNSUPPORTED, "vocabulary-parallel head: row %lld is not on an FP8 block of %d rows",
+                            (long long)v0, t->blk_rows);
+        t->scales = (const uint8_t *)t->scales + (size_t)(v0 / t->blk_rows) * (size_t)tern_tensor_fp8_scale_cols(t) * 4;
+    } else if (t->dtype == TERN_DT_Q) {
+        size_t sr = (size_t)(t->shape[1] / t->group_size) * tern_dtype_size(t->sdtype);
+        t->scales = (const uint8_t *)t->scales + (size_t)v0 * sr;
+        t->biases = (const uint8_t *)t->biases + (size_t)v0 * sr;
+    }
+    t->data = (const uint8_t *)t->data + (size_t)v0 * tern_tensor_row_bytes(t);
+    t->shape[0] = vn;
+    return TERN_OK;
+}
+
 tern_status tern__load_head(tern_model *m, tern_weights *ws, const tern_tensor *embed, tern_tensor *head,
                             tern_error *err) {
-    int64_t shape[2] = {m->cfg.n_vocab, m->cfg.n_embd};
+    int64_t V = m->cfg.n_vocab, v0 = 0, vn = V;
+    if (m->cfg.head_vn > 0) { /* vocabulary-parallel rank (tp.c): its slice of the head */
+        v0 = m->cfg.head_v0;
+        vn = m->cfg.head_vn;
+        if (v0 < 0 || v0 + vn > V)
+            return tern_err(err, TERN_EINVAL, "vocabulary-parallel head: rows [%lld, %lld) outside the vocabulary of %lld",
+                            (long long)v0, (long long)(v0 + vn), (long long)V);
+    }
+    int64_t shape[2] = {vn, m->cfg.n_embd};
     if (m->cfg.tie_embeddings) {
         int has = tern_weights_try(ws, "lm_head", 2, shape, head, err);
         if (has < 0) return (tern_status)has;
         *head = *embed;
-        return TERN_OK;
+        return vn == V ? TERN_OK : head_rows(head, v0, vn, err);
     }
     return tern__load_matrix(m, ws, "lm_head", shape[0], shape[1], head, err);
 }
@@ -147,6 +175,13 @@ tern_status tern__out_head_init(tern_model *m, tern_out_head *h, tern_error *err
     int64_t V = m->cfg.n_vocab;
     h->rows = (int)TERN_MAX(1, TERN_MIN((int64_t)m->max_batch, (int64_t)(64u << 20) / (V * 4)));
     if (!(h->xs = TERN_ALLOC_F(m, (size_t)h->rows * m->cfg.n_embd, err))) return TERN_ENOMEM;
+    h->part = NULL;
+    if (m->cfg.head_vn > 0) { /* vocabulary-parallel: the slice here, the whole rows on rank 0 only */
+        if (!(h->part = TERN_ALLOC_F(m, (size_t)h->rows * m->cfg.head_vn, err))) return TERN_ENOMEM;
+        h->logits = NULL;
+        if (m->cfg.head_v0 == 0 && !(h->logits = TERN_ALLOC_F(m, (size_t)h->rows * V, err))) return TERN_ENOMEM;
+        return TERN_OK;
+    }
     if (!(h->logits = TERN_ALLOC_F(m, (size_t)h->rows * V, err))) return TERN_ENOMEM;
     return TERN_OK;
 }
@@ -155,14 +190,22 @@ void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x
                            const float *norm, const tern_tensor *head, float *out) {
     const tern_backend_vt *op = m->be->vt;
     tern_backend *be = m->be;
-    int H = m->cfg.n_embd, V = m->cfg.n_vocab;
-    if (!out && !m->samp_any) return; /* nobody reads them (e.g. ranks > 0 of a tensor-parallel group) */
+    int H = m->cfg.n_embd, V = m->cfg.n_vocab, vn = m->cfg.head_vn;
+    /* nobody reads them (e.g. ranks > 0 of a tensor-parallel group, without a vocabulary split) */
+    if (vn > 0 ? !m->head_need || !op->gather_cols : !out && !m->samp_any) return;
     for (int i0 = 0; i0 < n_want; i0 += h->rows) {
         int nr = TERN_MIN(h->rows, n_want - i0);
         for (int i = 0; i < nr; i++) op->copy_cols(be, h->xs + (size_t)i * H, x + (size_t)want[i0 + i] * H, 1, H, H, 0);
         op->rmsnorm(be, h->xs, h->xs, nr, H, norm, (float)m->cfg.norm_eps);
-        op->matmul(be, h->logits, h->xs, nr, head);
-        if (m->cfg.final_logit_softcap > 0) op->softcap(be, h->logits, (size_t)nr * V, (float)m->cfg.final_logit_softcap);
+        if (vn > 0) { /* this rank's slice (softcap is per element), gathered into rank 0's rows */
+            op->matmul(be, h->part, h->xs, nr, head);
+            if (m->cfg.final_logit_softcap > 0) op->softcap(be, h->part, (size_t)nr * vn, (float)m->cfg.final_logit_softcap);
+            op->gather_cols(be, h->logits, h->part, nr, V, m->cfg.head_v0, vn);
+            if (!h->logits) continue; /* ranks > 0: nothing to download or draw */
+        } else {
+            op->matmul(be, h->logits, h->xs, nr, head);
+            if (m->cfg.final_logit_softcap > 0) op->softcap(be, h->logits, (size_t)nr * V, (float)m->cfg.final_logit_softcap);
+        }
         if (out && !m->samp_all) op->download(be, out + (size_t)i0 * V, h->logits, sizeof(float) * (size_t)nr * V);
         if (m->samp_any) { /* on-device sampling: one int32 per drawn row comes back */
             op->sample(be, m->d_ids + i0, h->logits, nr, V, m->d_srows + i0, m->d_pairs, m->d_sscratch);
@@ -408,6 +451,7 @@ static uint64_t step_key(const tern_model *m, const tern_kv *kv, const tern_batc
     h = mix(h, b->tokens ? 1 : 2);
     h = mix(h, (uint64_t)n_want);
     h = mix(h, (uint64_t)has_out);
+    h = mix(h, (uint64_t)m->head_need); /* vocabulary-parallel ranks > 0: the head runs or not */
     for (int l = 0; l < m->cfg.n_layer; l++) {
         const tern_kv_layer *v = tern_kv_view(kv, l);
         h = mix(h, (uint64_t)(uintptr_t)v->k);

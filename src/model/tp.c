@@ -27,6 +27,15 @@
  * identical, so a lookup hits or misses on all ranks alike. Steps whose wanted rows mix host
  * and device sampling (rank 0 alone would run them eagerly) run eagerly on every rank.
  * TERN_TP_GRAPHS=0 (or TERN_GRAPHS=0) keeps groups eager.
+ *
+ * Output head, vocabulary-parallel: rank r holds rows [hv0[r], hv0[r] + hvn[r]) of the head
+ * (the shard hook cuts lm_head; a tied embedding stays whole for the lookup and model.c takes a
+ * row view of it), computes softcap(slice · norm(x)) and gathers it into rank 0's rows
+ * (gather_cols) whenever rank 0 wants logits or draws (head_need, set on every rank per step).
+ * Each logit is the same dot product as with the whole head: bitwise the replicated layout
+ * (TERN_TP_VOCAB=0). Residual adds after o_proj / down_proj go through allreduce_add (the add in
+ * the all-reduce: bitwise allreduce + add; TERN_TP_FUSED_ADD=0 separates them). On GPUs both stay
+ * off unless TERN_TP_VOCAB=1 / TERN_TP_FUSED_ADD=1 until their CUDA paths have run on 2 GPUs.
  */
 #include "model/tp.h"
 #include "model/internal.h"
@@ -76,8 +85,11 @@ struct tern_tp {
     int barriers;
     int quit;
     const tern_batch *job;
-    /* CPU allreduce */
-    float *ar_ptr[TERN_TP_MAX];
+    /* CPU allreduce (+ the residual of allreduce_add), CPU gather (rank 0's destination) */
+    float *ar_ptr[TERN_TP_MAX], *ax_ptr[TERN_TP_MAX], *gdst;
+    /* vocabulary-parallel head: rank r's rows [hv0[r], hv0[r] + hvn[r]) (hvn[0] 0: replicated) */
+    int hv0[TERN_TP_MAX], hvn[TERN_TP_MAX];
+    int vocab_off, add_off;   /* TERN_TP_VOCAB=0, TERN_TP_FUSED_ADD=0 (read at open) */
     /* step graphs: exchanged values (two slots: one barrier per exchange), keys never to retry */
     spin_bar xbar;
     uint64_t xval[2][TERN_TP_MAX];
@@ -121,10 +133,52 @@ static void cpu_allreduce(tern_backend *be, float *y, size_t count) {
     pthread_barrier_wait(&tp->ar);
 }
 
+/* x += the rank-order sum of y: the same two barriers, the add done by the rank that sums the
+ * chunk (bitwise allreduce then add: one rounding per add, float addition commutes). */
+static void cpu_allreduce_add(tern_backend *be, float *x, float *y, size_t count) {
+    tp_rank *rk = (tp_rank *)be;
+    tern_tp *tp = rk->tp;
+    int n = tp->n, r = rk->rank;
+    tp->ar_ptr[r] = y;
+    tp->ax_ptr[r] = x;
+    pthread_barrier_wait(&tp->ar);
+    size_t lo = count * (size_t)r / (size_t)n, hi = count * (size_t)(r + 1) / (size_t)n;
+    for (size_t i = lo; i < hi; i++) {
+        float s = tp->ar_ptr[0][i];
+        for (int q = 1; q < n; q++) s += tp->ar_ptr[q][i];
+        for (int q = 0; q < n; q++) tp->ax_ptr[q][i] = tp->ax_ptr[q][i] + s;
+    }
+    pthread_barrier_wait(&tp->ar);
+}
+
+/* Every rank copies its logits slice into rank 0's rows (rank 0 publishes them first). */
+static void cpu_gather_cols(tern_backend *be, float *dst, const float *src, int rows, int ld, int c0, int w) {
+    tp_rank *rk = (tp_rank *)be;
+    tern_tp *tp = rk->tp;
+    if (rk->rank == 0) tp->gdst = dst;
+    pthread_barrier_wait(&tp->ar);
+    for (int i = 0; i < rows && tp->gdst; i++)
+        memcpy(tp->gdst + (size_t)i * ld + c0, src + (size_t)i * w, sizeof(float) * (size_t)w);
+    pthread_barrier_wait(&tp->ar);
+}
+
 #ifdef TERN_HAVE_CUDA
 static void cuda_allreduce(tern_backend *be, float *y, size_t count) {
     tp_rank *rk = (tp_rank *)be;
     tern__nccl_allreduce(rk->tp->nccl, rk->rank, rk->real, y, count);
+}
+
+static void cuda_allreduce_add(tern_backend *be, float *x, float *y, size_t count) {
+    tp_rank *rk = (tp_rank *)be;
+    if (tern__nccl_allreduce_add(rk->tp->nccl, rk->rank, rk->real, x, y, count)) return;
+    tern__nccl_allreduce(rk->tp->nccl, rk->rank, rk->real, y, count); /* NCCL sizes: then one add */
+    rk->real->vt->add(rk->real, x, x, y, count);
+}
+
+static void cuda_gather_cols(tern_backend *be, float *dst, const float *src, int rows, int ld, int c0, int w) {
+    tp_rank *rk = (tp_rank *)be;
+    (void)c0; (void)w; /* the group's table says where every rank's slice goes */
+    tern__nccl_gather_cols(rk->tp->nccl, rk->rank, rk->real, dst, src, rows, ld, rk->tp->hv0, rk->tp->hvn);
 }
 #endif
 
@@ -305,6 +359,11 @@ tern_status tern_tp_open(tern_tp **out, const tern_tp_opts *o, tern_error *err) 
     tp->n = o->n;
     tp->cuda = o->cuda;
     tp->graphs_off = !tp_graphs_enabled();
+    /* on CPU ranks both are on unless set to 0; on GPUs both are off unless set to 1 until their
+     * CUDA kernels (tp_remap.cu gather / fused add) have run on a multi-GPU machine */
+    const char *ev = getenv("TERN_TP_VOCAB"), *ea = getenv("TERN_TP_FUSED_ADD");
+    tp->vocab_off = o->cuda ? !(ev && ev[0] == '1') : (ev && ev[0] == '0');
+    tp->add_off = o->cuda ? !(ea && ea[0] == '1') : (ea && ea[0] == '0');
     tern_status st = TERN_OK;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = o->n_threads > 0 ? o->n_threads : (int)(ncpu > 0 ? ncpu : 1);
@@ -325,6 +384,8 @@ tern_status tern_tp_open(tern_tp **out, const tern_tp_opts *o, tern_error *err) 
         }
         rk->vt.close = NULL; /* the real backend is closed by tern_tp_close */
         rk->vt.allreduce_sum = tp->n > 1 ? cpu_allreduce : NULL;
+        rk->vt.allreduce_add = tp->n > 1 && !tp->add_off ? cpu_allreduce_add : NULL;
+        rk->vt.gather_cols = tp->n > 1 ? cpu_gather_cols : NULL;
         rk->be = *rk->real;
         rk->be.vt = &rk->vt;
     }
@@ -333,7 +394,11 @@ tern_status tern_tp_open(tern_tp **out, const tern_tp_opts *o, tern_error *err) 
         tern_backend *bes[TERN_TP_MAX];
         for (int r = 0; r < tp->n; r++) bes[r] = tp->r[r].real;
         st = tern__nccl_open(&tp->nccl, bes, tp->n, err);
-        for (int r = 0; r < tp->n && !st; r++) tp->r[r].vt.allreduce_sum = cuda_allreduce;
+        for (int r = 0; r < tp->n && !st; r++) {
+            tp->r[r].vt.allreduce_sum = cuda_allreduce;
+            tp->r[r].vt.allreduce_add = tp->add_off ? NULL : cuda_allreduce_add;
+            tp->r[r].vt.gather_cols = cuda_gather_cols;
+        }
     }
 #else
     if (!st && o->cuda) st = tern_err(err, TERN_EUNSUPPORTED, "tensor parallel on GPUs needs a CUDA build");
@@ -491,6 +556,11 @@ static int plan_cut_glm(const tern_model_config *c, int N, int r, const char *re
 static int plan_cut(const tern_tp *tp, int r, const char *name, int *lo, int *cnt, int64_t *full, int *bias) {
     const tern_model_config *c = tp->gcfg;
     int N = tp->n, l = -1, off = 0;
+    *bias = 0;
+    if (!strcmp(name, "lm_head")) { /* vocabulary-parallel head (a stored tied copy too: ignored) */
+        if (!tp->hvn[r]) return CUT_NONE;
+        *lo = tp->hv0[r]; *cnt = tp->hvn[r]; *full = c->n_vocab; return CUT_ROWS;
+    }
     if (sscanf(name, "layers.%d.%n", &l, &off) != 1 || !off || l < 0 || l >= c->n_layer) return CUT_NONE;
     const char *rest = name + off;
     const tern_layer_config *lc = &c->layers[l];
@@ -619,7 +689,8 @@ static int shard_hook(void *ctx, const char *name, int ndim, const int64_t *shap
 
 /* ---- load ------------------------------------------------------------------------------ */
 
-static tern_status local_config(const tern_model_config *c, int N, int r, tern_model_config *out, tern_error *err) {
+static tern_status local_config(const tern_model_config *c, int N, int r, int hv0, int hvn, tern_model_config *out,
+                                tern_error *err) {
     *out = *c;
     out->layers = malloc(sizeof *out->layers * (size_t)c->n_layer);
     if (!out->layers) return tern_err(err, TERN_ENOMEM, "out of memory");
@@ -637,7 +708,24 @@ static tern_status local_config(const tern_model_config *c, int N, int r, tern_m
         out->n_head_kv = c->n_head_kv / N;
         out->n_ff_shared = c->n_ff_expert * c->n_shared_experts / N;
     }
+    out->head_v0 = hv0;
+    out->head_vn = hvn;
     return TERN_OK;
+}
+
+/* The vocabulary split: contiguous row ranges, boundaries on multiples of 128 rows for real
+ * vocabularies (FP8 blocks, aligned device rows), of 1 for tiny ones; none (every rank holds
+ * the whole head, rank 0 alone computes it) when a rank would get no rows or TERN_TP_VOCAB=0. */
+static void vocab_split(tern_tp *tp, int V) {
+    int N = tp->n, unit = V >= 256 * N ? 128 : 1;
+    for (int r = 0; r < N; r++) {
+        int64_t a = (int64_t)V * r / N / unit * unit, b = r + 1 == N ? V : (int64_t)V * (r + 1) / N / unit * unit;
+        tp->hv0[r] = (int)a;
+        tp->hvn[r] = (int)(b - a);
+    }
+    int ok = N > 1 && !tp->vocab_off;
+    for (int r = 0; r < N; r++) ok &= tp->hvn[r] > 0;
+    for (int r = 0; r < N && !ok; r++) tp->hv0[r] = tp->hvn[r] = 0;
 }
 
 tern_status tern_tp_load(tern_tp *tp, const tern_model_config *cfg, tern_weights *ws, const tern_model_opts *mo,
@@ -649,10 +737,11 @@ tern_status tern_tp_load(tern_tp *tp, const tern_model_config *cfg, tern_weights
     tern_status st = check_geometry(cfg, N, err);
     if (st) return st;
     tp->gcfg = cfg;
+    vocab_split(tp, cfg->n_vocab);
     hook_ctx h[TERN_TP_MAX];
     for (int r = 0; r < N && !st; r++) {
         tp_rank *rk = &tp->r[r];
-        if ((st = local_config(cfg, N, r, &rk->cfg, err))) break;
+        if ((st = local_config(cfg, N, r, tp->hv0[r], tp->hvn[r], &rk->cfg, err))) break;
         if (cfg->n_expert > 0 && N > 1) {
             rk->e0 = r * (cfg->n_expert / N);
             rk->e1 = rk->e0 + cfg->n_expert / N;
@@ -715,6 +804,7 @@ tern_status tern__tp_forward(tern_tp *tp, const tern_batch *b, tern_kv *kv, floa
     }
     tp->job = b;
     tp->step_eager = mixed_sampling(tp->r[0].m, b);
+    for (int r = 0; r < tp->n; r++) tp->r[r].m->head_need = logits != NULL || tp->r[0].m->samp != NULL;
     bind(&tp->r[0]); /* the engine thread may not be the one that loaded the group */
     pthread_barrier_wait(&tp->start);
     tern_status st = tern__model_forward_local(tp->r[0].m, b, kv, logits, err);

@@ -13,7 +13,9 @@
  * affine weights need in/N to be a multiple of the group size), kv heads with their q heads
  * (replicated when n_head_kv < N), routed experts by expert id (expert parallelism: every rank
  * routes every row with the replicated router and runs only its own experts); embeddings,
- * norms, router and lm_head are replicated. GLM-5: heads split (q_b_proj rows, W_UK/W_UV by
+ * norms and router are replicated; the output head is vocabulary-parallel (rank r computes the
+ * logits of its contiguous vocabulary rows — lm_head rows, or a row view of the whole tied
+ * embedding — and gathers them into rank 0's logits, where device sampling draws). GLM-5: heads split (q_b_proj rows, W_UK/W_UV by
  * head, o_proj columns), latent cache / DSA indexer / route_group replicated, experts by id,
  * shared experts and dense layers like a dense MLP. Communication: NCCL on CUDA ranks, an
  * in-process barrier + host sum on CPU ranks (f32), NCCL in f32 or (bf16 compute) bf16 on CUDA
@@ -79,6 +81,13 @@ void tern__nccl_close(tern__nccl *c);
 /* In-place sum of y[count] over the ranks, enqueued on rank's backend stream (capturable);
  * bf16 on the wire when the ranks compute in bf16 (TERN_TP_ALLREDUCE=f32: always f32). */
 void tern__nccl_allreduce(tern__nccl *c, int rank, tern_backend *be, float *y, size_t count);
+/* x[count] += the rank-order sum of y in one kernel (the one-shot peer path, f32 wire); returns
+ * 0 without enqueueing anything when that path does not apply (then: allreduce + add). */
+int tern__nccl_allreduce_add(tern__nccl *c, int rank, tern_backend *be, float *x, float *y, size_t count);
+/* Vocabulary-parallel head: rank q's src [rows, w[q]] goes to columns [c0[q], c0[q] + w[q]) of
+ * rank 0's dst [rows, ld] (peer reads, else NCCL send/recv + 2-D copies); every rank calls it. */
+void tern__nccl_gather_cols(tern__nccl *c, int rank, tern_backend *be, float *dst, const float *src, int rows,
+                            int ld, const int *c0, const int *w);
 /* Make be's GPU the calling thread's current device (ops that do not set it themselves). */
 void tern__cuda_bind(tern_backend *be);
 /* idx[i] = idx[i] - e0 when e0 <= idx[i] < e1, else -1 (on be's stream). */
@@ -91,6 +100,14 @@ void tern__cuda_expert_remap(tern_backend *be, int32_t *idx, int n, int e0, int 
 #define TERN_TP_P2P_BLOCKS 32
 void tern__cuda_tp_p2p_allreduce(tern_backend *be, float *y, size_t n, float *const *bufs, unsigned *const *flags,
                                  unsigned *cnt, size_t cap, int nr, int rank);
+/* The same kernel with the residual add fused: x[i] += (rank-order sum) instead of y[i] = sum. */
+void tern__cuda_tp_p2p_allreduce_add(tern_backend *be, float *x, float *y, size_t n, float *const *bufs,
+                                     unsigned *const *flags, unsigned *cnt, size_t cap, int nr, int rank);
+/* Gather over the same staging and barrier: rank q stages src [rows, w[q]] (rows * max w <= cap),
+ * rank 0 copies every rank's block into dst [rows, ld] at columns c0[q]. */
+void tern__cuda_tp_p2p_gather(tern_backend *be, float *dst, const float *src, int rows, int ld, const int *c0,
+                              const int *w, float *const *bufs, unsigned *const *flags, unsigned *cnt, size_t cap,
+                              int nr, int rank);
 /* to_bf16: dst bf16[n] = src f32[n] (nearest even); else dst f32[n] = src bf16[n] (be's stream). */
 void tern__cuda_tp_convert(tern_backend *be, void *dst, const void *src, size_t n, int to_bf16);
 

@@ -264,6 +264,16 @@ typedef struct tern_backend_vt {
      * tern_sample_scratch_bytes(V) bytes of backend memory (used by the CPU backends). */
     void (*sample)(tern_backend *be, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
                    const tern_sample_pair *pairs, void *scratch);
+
+    /* Tensor parallelism, continued (appended; src/model/tp.h; NULL outside a group).
+     *   allreduce_add: x[0, count) += the element-wise sum of y over the ranks (summed in rank
+     *                  order, then one add: bitwise allreduce_sum(y) followed by add(x, x, y));
+     *                  y is scratch afterwards. Model code calls tern_allreduce_add().
+     *   gather_cols:   the vocabulary-parallel output head: this rank's src [rows, w] lands in
+     *                  columns [c0, c0 + w) of rank 0's dst [rows, ld] (every rank calls it with
+     *                  its own slice; dst is only written on rank 0, may be NULL elsewhere). */
+    void (*allreduce_add)(tern_backend *be, float *x, float *y, size_t count);
+    void (*gather_cols)(tern_backend *be, float *dst, const float *src, int rows, int ld, int c0, int w);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----
@@ -345,6 +355,13 @@ typedef struct tern_backend_opts {
 /* Sum y over the ranks of be's tensor-parallel group (no-op without one; see allreduce_sum). */
 static inline void tern_allreduce_sum(tern_backend *be, float *y, size_t count) {
     if (be->vt->allreduce_sum) be->vt->allreduce_sum(be, y, count);
+}
+
+/* x += the sum of y over the ranks of be's group (x += y alone without one); y is scratch. */
+static inline void tern_allreduce_add(tern_backend *be, float *x, float *y, size_t count) {
+    if (be->vt->allreduce_add) { be->vt->allreduce_add(be, x, y, count); return; }
+    tern_allreduce_sum(be, y, count);
+    be->vt->add(be, x, x, y, count);
 }
 
 tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err);

@@ -21,6 +21,12 @@
  * rounds every row-parallel output, measured 6.6e-3 (llama3) to 0.18 (gemma4_dense, whose
  * random norms amplify it) rel L2 of the logits against one GPU in the parity fixtures, past the
  * bf16 mode's 2e-2 bound, and at decode sizes the wire is latency-bound anyway.
+ * Fused residual add (tern__nccl_allreduce_add): on the one-shot path the kernel writes
+ * x + sum instead of sum (one launch less per row-parallel matmul; the bits of allreduce + add).
+ * Vocabulary-parallel head (tern__nccl_gather_cols): rank 0 collects every rank's logits slice
+ * into its rows — through the one-shot kernel's staging and barrier (rows chunked to fit it),
+ * or without peer access through ncclSend / ncclRecv into a staging buffer on rank 0 and 2-D
+ * copies into place.
  * Errors are logged and made sticky on the backend (the next sync/download reports them) —
  * the op contract has no status for collectives.
  */
@@ -33,6 +39,7 @@
 
 #define AR_STAGE ((size_t)4 << 20) /* bf16 elements of staging per rank (8 MiB) */
 #define P2P_CAP ((size_t)1 << 20)   /* floats per parity of the one-shot staging (2 x 4 MiB per rank) */
+#define GATHER_STAGE ((size_t)4 << 20) /* floats of rank 0's NCCL gather staging (16 MiB; no peer access) */
 
 struct tern__nccl {
     int n;
@@ -41,6 +48,7 @@ struct tern__nccl {
     int p2p;                       /* the one-shot kernel for count <= P2P_CAP */
     float *pbuf[TERN_TP_P2P_MAXR]; /* rank r's [2][P2P_CAP] staging, then its flags and epochs */
     unsigned *pflag[TERN_TP_P2P_MAXR], *pcnt[TERN_TP_P2P_MAXR];
+    float *gstage;                 /* rank 0's gather staging (NCCL path only) */
 };
 
 /* the bf16 wire: ranks computing in bf16 and TERN_TP_ALLREDUCE=bf16 */
@@ -110,6 +118,15 @@ tern_status tern__nccl_open(tern__nccl **out, tern_backend *const *bes, int n, t
     }
     c->p2p = p2p_open(c, devs);
     if (!c->p2p) p2p_free(c, devs);
+    if (!c->p2p && n > 1) {
+        cudaSetDevice(devs[0]);
+        if (cudaMalloc((void **)&c->gstage, GATHER_STAGE * sizeof(float)) != cudaSuccess) {
+            cudaGetLastError();
+            tern__nccl_close(c);
+            return tern_err(err, TERN_ENOMEM, "nccl: cannot allocate %zu MiB of gather staging on GPU %d",
+                            GATHER_STAGE * sizeof(float) >> 20, devs[0]);
+        }
+    }
     tern_log(TERN_LOG_INFO, "nccl: %d ranks, small all-reduces %s", n, c->p2p ? "one-shot over peer memory" : "through NCCL");
     /* every rank on one wire format (a group of mixed compute modes sums in f32) */
     int all = 1;
@@ -135,6 +152,7 @@ void tern__nccl_close(tern__nccl *c) {
             ncclCommCuDevice(c->comm[r], &dev);
             cudaSetDevice(dev);
             if (c->stage[r]) cudaFree(c->stage[r]);
+            if (r == 0 && c->gstage) cudaFree(c->gstage);
             ncclCommDestroy(c->comm[r]);
         }
     }
@@ -170,5 +188,62 @@ void tern__nccl_allreduce(tern__nccl *c, int rank, tern_backend *be, float *y, s
         ncclResult_t rc = ncclAllReduce(st, st, m, ncclBfloat16, ncclSum, c->comm[rank], cu->stream);
         if (rc != ncclSuccess) { fail(cu, rank, count, rc); return; }
         tern__cuda_tp_convert(be, y + off, st, m, 0);
+    }
+}
+
+int tern__nccl_allreduce_add(tern__nccl *c, int rank, tern_backend *be, float *x, float *y, size_t count) {
+    if (!c || rank < 0 || rank >= c->n) return 0;
+    if (!count) return 1;
+    if (c->stage[rank] || !c->p2p || count > P2P_CAP) return 0;
+    cudaSetDevice(((tern__cuda *)be->impl)->device);
+    tern__cuda_tp_p2p_allreduce_add(be, x, y, count, c->pbuf, c->pflag, c->pcnt[rank], P2P_CAP, c->n, rank);
+    return 1;
+}
+
+void tern__nccl_gather_cols(tern__nccl *c, int rank, tern_backend *be, float *dst, const float *src, int rows,
+                            int ld, const int *c0, const int *w) {
+    tern__cuda *cu = (tern__cuda *)be->impl;
+    if (!c || rank < 0 || rank >= c->n || rows <= 0) return;
+    int n = c->n, wmax = 0;
+    for (int q = 0; q < n; q++) wmax = w[q] > wmax ? w[q] : wmax;
+    if (wmax <= 0) return;
+    cudaSetDevice(cu->device);
+    if (c->p2p && (size_t)wmax <= P2P_CAP) { /* rows in chunks that fit the one-shot staging */
+        int step = (int)(P2P_CAP / (size_t)wmax < (size_t)rows ? P2P_CAP / (size_t)wmax : (size_t)rows);
+        for (int r0 = 0; r0 < rows; r0 += step) {
+            int m = rows - r0 < step ? rows - r0 : step;
+            tern__cuda_tp_p2p_gather(be, dst ? dst + (size_t)r0 * ld : NULL, src + (size_t)r0 * w[rank], m, ld, c0, w,
+                                     c->pbuf, c->pflag, c->pcnt[rank], P2P_CAP, n, rank);
+        }
+        return;
+    }
+    size_t per = GATHER_STAGE / ((size_t)wmax * (size_t)(n - 1));
+    int step = per < (size_t)rows ? (int)per : rows;
+    if (step < 1 || !c->gstage) {
+        tern_log(TERN_LOG_ERROR, "nccl: gather of %d columns per rank does not fit the staging", wmax);
+        if (cu->sticky == cudaSuccess) cu->sticky = cudaErrorUnknown;
+        return;
+    }
+    for (int r0 = 0; r0 < rows; r0 += step) {
+        int m = rows - r0 < step ? rows - r0 : step;
+        ncclResult_t rc = ncclGroupStart();
+        for (int q = 1; q < n && rc == ncclSuccess; q++) {
+            if (rank == 0)
+                rc = ncclRecv(c->gstage + (size_t)(q - 1) * step * wmax, (size_t)m * w[q], ncclFloat32, q, c->comm[0],
+                              cu->stream);
+            else if (q == rank)
+                rc = ncclSend(src + (size_t)r0 * w[rank], (size_t)m * w[rank], ncclFloat32, 0, c->comm[rank], cu->stream);
+        }
+        ncclResult_t re = ncclGroupEnd();
+        if (rc == ncclSuccess) rc = re;
+        if (rc != ncclSuccess) { fail(cu, rank, (size_t)m * wmax, rc); return; }
+        if (rank != 0 || !dst) continue;
+        for (int q = 0; q < n; q++) {
+            const float *from = q == 0 ? src + (size_t)r0 * w[0] : c->gstage + (size_t)(q - 1) * step * wmax;
+            cudaError_t e = cudaMemcpy2DAsync(dst + (size_t)r0 * ld + c0[q], sizeof(float) * (size_t)ld, from,
+                                              sizeof(float) * (size_t)w[q], sizeof(float) * (size_t)w[q], (size_t)m,
+                                              cudaMemcpyDeviceToDevice, cu->stream);
+            if (e != cudaSuccess && cu->sticky == cudaSuccess) cu->sticky = e;
+        }
     }
 }
