@@ -10,7 +10,12 @@
 #      "bf16:bf16 q8:q8_0 q4:q4_0", tern quant:gguf suffix pairs), INT8 (default 1) adds the engine
 #      tern-int8 (`--compute int8`: x quantized to int8 per weight group for Q8/Q4 matmuls, as
 #      llama.cpp's Q8_0/Q4_0 paths do) for the q formats, BEFORE=1 adds tern with TERN_CPU_GEMM=0
-#      (the tile-decode prefill path), for before/after numbers.
+#      (the tile-decode prefill path), for before/after numbers. TERN_MODELS=DIR: tern reads real
+#      files instead of --random: DIR/bf16, DIR/q8, DIR/q4 are model dirs of the same geometry
+#      (random weights written once as safetensors; bench/NOTES.md (j)), loaded with --no-mmap
+#      (2 MB pages; NO_MMAP=0 keeps the file mapping). DEC0=1 adds the engines tern-dec0 /
+#      tern-int8-dec0 (TERN_CPU_DEC=0: the batch-1 driver of cpu_decode.c off), for before/after.
+#      llama.cpp always runs with -lm none (weights read into memory, no mmap).
 #
 # Each round runs, per format: bandwidth probe, llama-bench (1 rep), probe, tern bench (1 rep),
 # probe — so every engine's floor (weight bytes per token / bandwidth) uses the bandwidth of
@@ -45,8 +50,13 @@ run_llama() {
 
 # tern bench, one rep; prints "pp tg weight_bytes_per_token"; $2: extra flags (e.g. --compute int8)
 run_tern() {
+    local src="--random $PRESET --quant $1"
+    if [ -n "${TERN_MODELS:-}" ]; then
+        src="$TERN_MODELS/$1 --device cpu"
+        [ "${NO_MMAP:-1}" = 1 ] && src="$src --no-mmap"
+    fi
     # shellcheck disable=SC2086
-    "$TERN" bench --random "$PRESET" --quant "$1" --prompt "$PP" --gen "$TG" --threads "$THREADS" --reps 1 ${2:-} 2>/dev/null |
+    "$TERN" bench $src --prompt "$PP" --gen "$TG" --threads "$THREADS" --reps 1 ${2:-} 2>/dev/null |
         awk '/weights read per token/ { for (i = 1; i <= NF; i++) if ($i == "token") mb = $(i + 1) }
              /^csv,/ { split($0, f, ","); pp = f[6]; tg = f[7] }
              END { print pp, tg, mb * 1e6 }'
@@ -70,6 +80,18 @@ for r in $(seq 1 "$ROUNDS"); do
             engines="$engines tern-int8:$ipp:$itg:$isz:$b2:$b4"
             b2=$b4 # the next engine's floor starts from this probe
         fi
+        if [ "${DEC0:-0}" = 1 ]; then
+            read -r dpp dtg dsz < <(TERN_CPU_DEC=0 run_tern "$tq")
+            b5=$(probe)
+            engines="$engines tern-dec0:$dpp:$dtg:$dsz:$b2:$b5"
+            b2=$b5
+            if [ "${INT8:-1}" = 1 ] && [ "$tq" != bf16 ]; then
+                read -r epp etg esz < <(TERN_CPU_DEC=0 run_tern "$tq" "--compute int8")
+                b6=$(probe)
+                engines="$engines tern-int8-dec0:$epp:$etg:$esz:$b2:$b6"
+                b2=$b6
+            fi
+        fi
         if [ "${BEFORE:-0}" = 1 ]; then
             read -r opp otg osz < <(TERN_CPU_GEMM=0 run_tern "$tq")
             b3=$(probe)
@@ -92,14 +114,14 @@ function med(a, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n;
   v[$2, $3, $4, "pp"] = $5; v[$2, $3, $4, "tg"] = $6; v[$2, $3, $4, "rf"] = $10; rounds[$2] = 1; fm[$3] = 1; en[$4] = 1 }
 END {
   printf "\n%-6s %-10s %9s %9s %9s %9s   %s\n", "format", "engine", "pp tok/s", "tg tok/s", "bw GB/s", "tg/floor", "(medians over rounds)"
-  split("bf16 q8 q4", F, " "); split("llama.cpp tern tern-int8 tern-tile", E, " ")
-  for (i = 1; i <= 3; i++) for (j = 1; j <= 4; j++) { k = F[i] SUBSEP E[j]; if (!(k in n)) continue
+  split("bf16 q8 q4", F, " "); split("llama.cpp tern tern-int8 tern-dec0 tern-int8-dec0 tern-tile", E, " ")
+  for (i = 1; i <= 3; i++) for (j = 1; j <= 6; j++) { k = F[i] SUBSEP E[j]; if (!(k in n)) continue
       for (m = 1; m <= n[k]; m++) { a[m] = PP[k, m]; b[m] = TGv[k, m]; c[m] = BW[k, m]; d[m] = RF[k, m] }
       x1 = med(a, n[k]); x2 = med(b, n[k]); x3 = med(c, n[k]); x4 = med(d, n[k])
       printf "%-6s %-10s %9.2f %9.3f %9.2f %9.3f\n", F[i], E[j], x1, x2, x3, x4 }
   printf "\n%-6s %-10s %14s %14s %18s\n", "format", "engine", "pp x/llama", "tg x/llama", "tg/floor x/llama"
-  split("tern tern-int8", T, " ")
-  for (i = 1; i <= 3; i++) for (j = 1; j <= 2; j++) { q = 0
+  split("tern tern-int8 tern-dec0 tern-int8-dec0", T, " ")
+  for (i = 1; i <= 3; i++) for (j = 1; j <= 4; j++) { q = 0
       for (r in rounds) if (v[r, F[i], "llama.cpp", "pp"] > 0 && v[r, F[i], T[j], "pp"] > 0) { q++
           a[q] = v[r, F[i], T[j], "pp"] / v[r, F[i], "llama.cpp", "pp"]
           b[q] = v[r, F[i], "llama.cpp", "tg"] > 0 ? v[r, F[i], T[j], "tg"] / v[r, F[i], "llama.cpp", "tg"] : 0

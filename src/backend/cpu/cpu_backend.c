@@ -32,6 +32,7 @@ static void cpu_close(tern_backend *be) {
         free(c->xbuf);
         tern_afree(c->moe_i);
         tern_afree(c->xq8);
+        tern_afree(c->dec_part);
         tern__cpu_glm_free(c->glm);
         free(c);
     }
@@ -286,6 +287,9 @@ static const tern_backend_vt cpu_vt = {
     .moe_mlp = tern__cpu_moe_mlp,
     .glm = &tern__cpu_glm_fast_ops, /* GLM-5 ops (glm_fast.c, glm_attn.c) */
     .sample = tern_sample_op_host, /* the CPU sampler's draw (src/sample/sample_ref.c) */
+    .matmul_n = tern__cpu_matmul_n, /* batch-1 fused ops (cpu_decode.c) */
+    .matmul_glu = tern__cpu_matmul_glu,
+    .matmul_add = tern__cpu_matmul_add,
 };
 
 void tern_backend_cpu_set_int8(tern_backend *be, int on) {
@@ -317,7 +321,8 @@ tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *o
     const char *fu = getenv("TERN_CPU_GEMV");
     c->fused = !(fu && fu[0] == '0');
     c->par_min = 1u << 15;
-    if (!c->tbuf || !c->xbuf) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
+    c->dec_part = tern_aalloc((size_t)c->nth * sizeof *c->dec_part);
+    if (!c->tbuf || !c->xbuf || !c->dec_part) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
     for (int i = 0; i < c->nth; i++) {
         c->tbuf[i] = tern_aalloc((size_t)CPU_RT_MAX * CPU_CH * sizeof(float));
         c->xbuf[i] = tern_aalloc(CPU_GX_BUF);

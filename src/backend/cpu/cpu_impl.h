@@ -15,6 +15,12 @@
 #define CPU_CH 512     /* inputs per decoded slice: multiple of every group size, fits L1/L2 */
 #define CPU_RT_MAX 32  /* weight rows decoded per tile for batched (prefill) matmuls */
 
+/* One thread's range of decode chunks, (front << 32 | back), on its own cache line (cpu_decode.c). */
+typedef struct cpu_dec_part {
+    _Atomic uint64_t fb;
+    char pad[56];
+} cpu_dec_part;
+
 typedef struct cpu_impl {
     tern_pool *pool;
     int nth;
@@ -30,6 +36,7 @@ typedef struct cpu_impl {
     void *glm;                /* GLM-5 op scratch (glm_state.h), made on first use */
     void *xq8;                /* int8 mode: x quantized once per matmul (grown on demand) */
     size_t xq8_cap;           /* bytes */
+    cpu_dec_part *dec_part;   /* [nth] work-stealing ranges of the batch-1 driver (cpu_decode.c) */
 } cpu_impl;
 
 /* x quantized for the int8 GEMM once per matmul (all rows, shared by the threads): row r's
@@ -72,6 +79,18 @@ int tern__cpu_gemm_i8_fits(const tern_tensor *w);
 void tern__cpu_quant_x_i8(const float *x, int in, int gs, int q4, int8_t *q, float *d, float *rq, float *sum);
 /* Even split of [0, total) over nth threads in units of `unit`. */
 void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int64_t *hi);
+
+/* Batch-1 driver (cpu_decode.c): one pool run for up to 3 matrices sharing x, fused epilogue,
+ * work stealing. Each returns 0 (nothing done) when the fused GEMV does not take the format
+ * (or n != 1); the ops.h fused-op contract: results bitwise those of the separate ops. */
+int tern__cpu_gemv1(tern_backend *be, float *y, const float *x, const tern_tensor *w);
+int tern__cpu_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w);
+int tern__cpu_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,
+                         const tern_tensor *up, int act);
+int tern__cpu_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
+void tern__cpu_dec_set(int on); /* A/B: 0 off, 1 on, -1 back to TERN_CPU_DEC (default on) */
+/* Sets gx's prefetch distances for matrix w (cpu_matmul.c; TERN_CPU_PF). */
+void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx);
 
 void tern__cpu_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
 void tern__cpu_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e);

@@ -1,7 +1,9 @@
 /*
  * cpu_matmul.c — matmul, expert matmul and the MoE block of the fast CPU backend.
  *
- * One driver (tern__cpu_mm) serves every weight dtype:
+ * A plain batch-1 matmul goes first to the decode driver of cpu_decode.c (one pool run, x
+ * prepared once, work stealing; also matmul_n / matmul_glu / matmul_add); what it declines,
+ * expert matmuls and every n > 1 come here. One driver (tern__cpu_mm) serves every weight dtype:
  *   - batch 1 (decode) of BF16/Q8/Q4 rows with in % 64 == 0: the ISA's fused GEMV
  *     (gemv_avx512.c / gemv_avx2.c): x is laid out once per call in the thread's buffer
  *     (plus Σx per group, or int8 x in TERN_CPU_INT8 mode), then 4 weight rows per pass
@@ -94,7 +96,7 @@ static long gemv_pf_bytes(void) {
 
 void tern__cpu_gemv_pf_set(long bytes) { pf_bytes = bytes < 0 ? -1 : bytes; } /* benchmarks; -1: env/default */
 
-static void gemv_pf(const tern_tensor *w, cpu_gx *gx) {
+void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx) {
     long want = gemv_pf_bytes();
     size_t rb = tern_tensor_row_bytes(w);
     if (!want || !rb || w->dtype != TERN_DT_Q) return; /* bf16 keeps 1 KB in-row: at the floor already */
@@ -116,7 +118,7 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[0] : 0) * jb->ldx;
     tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
     if (!k->gemv_prep(&rows[0], in, c->int8, x, c->xbuf[ith], &gx)) return 0;
-    gemv_pf(w, &gx);
+    tern__cpu_gemv_pf(w, &gx);
     float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[0] : 0) * jb->ldy;
     float s = jb->yscale ? jb->yscale[0] : 1.0f, v[4];
     for (int64_t o = o0; o < o1; o += 4) {
@@ -361,6 +363,7 @@ static void run_mm(tern_backend *be, float *y, const float *x, int n, const tern
     cpu_impl *c = be->impl;
     int64_t in = w->shape[w->ndim - 1], out = w->ndim >= 2 ? w->shape[w->ndim - 2] : 1;
     if (n <= 0) return;
+    if (n == 1 && mat == 0 && tern__cpu_gemv1(be, y, x, w)) return; /* cpu_decode.c */
     cpu_mm_job jb = {.w = w, .mat = mat, .x = x, .ldx = (size_t)in, .y = y, .ldy = (size_t)out, .n = n};
     cpu_xq xq;
     if (n > 1 && c->int8 && c->gemm_i8 && tern__cpu_gemm_i8_fits(w)) jb.xq = quant_x_shared(c, x, n, w, &xq);

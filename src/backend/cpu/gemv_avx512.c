@@ -31,8 +31,11 @@
 /* Software prefetch of the weight stream, gx->pf_data bytes ahead of each read (prep: 1 KB;
  * the driver sets a distance of a few whole passes of rows, see cpu_matmul.c). With ~20
  * vector ops per 64 bytes (q4) the out-of-order window alone keeps too few cache misses
- * outstanding, and the hardware prefetcher falls behind; measured in bench/NOTES.md. */
-#define PF(p) _mm_prefetch((const char *)(p) + pfd, _MM_HINT_T0)
+ * outstanding, and the hardware prefetcher falls behind; measured in bench/NOTES.md. Into L2
+ * (T1), not L1: an L1 prefetch holds one of the core's few fill buffers until the line
+ * arrives, an L2 one queues in the L2's deeper miss queue (q4 decode +6-7 %, q8 and bf16
+ * unchanged; bench/NOTES.md (j)); the demand loads then hit L2. */
+#define PF(p) _mm_prefetch((const char *)(p) + pfd, _MM_HINT_T1)
 
 /* Once per pass: prefetch the scales and biases (nb bytes per row) of the rows pf_sb ahead. */
 AI void pf_groups(const cpu_gx *gx, const cpu_wrow *rw, int NR, size_t nb) {

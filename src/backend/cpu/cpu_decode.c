@@ -1,0 +1,190 @@
+/*
+ * cpu_decode.c — the batch-1 (decode) matmul driver of the fast CPU backend: one pool run
+ * per call for up to 3 matrices that share x, with work stealing between the threads.
+ *
+ * Decode streams every weight byte once per token, so what matters is that every core keeps
+ * its memory stream busy from the first to the last byte of each call. Per call:
+ *   - x is prepared once, on the calling thread (gemv_prep into its buffer), and shared
+ *     read-only by all threads (the fused kernels only read the cpu_gx);
+ *   - the rows of the k matrices are cut into chunks of CHUNK rows, numbered across the
+ *     matrices in order; thread i owns a contiguous range of chunks and walks it forward (one
+ *     sequential stream: the kernels' rows-ahead prefetch lands in the rows it reads next);
+ *     a thread that runs out takes chunks from the END of the range with the most left (a
+ *     compare-and-swap on a (front, back) pair per thread), so a thread slowed by another
+ *     process no longer holds the whole step back;
+ *   - the epilogue is fused: y = v, y += v (matmul_add: the residual) or y = act(g)·u (gate and
+ *     up chunks of the same rows; matmul_glu), so no elementwise pass follows.
+ * Every output row is computed by the same kernel call sequence whichever thread takes it, and
+ * the epilogues use the formulas of the separate ops (cpu_backend.c ew_task): results are
+ * bitwise those of matmul + add / silu_mul / gelu_tanh_mul (test_kern_decode).
+ */
+#include "backend/cpu/cpu_impl.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK 16 /* rows per claim: 16 KB of q4 rows at in = 2048; a multiple of the kernels' 4 */
+
+enum { EP_STORE, EP_ADD, EP_SILU, EP_GELU };
+
+typedef struct dec_job {
+    cpu_impl *c;
+    int k, ep, nm;             /* matrices; chunk spaces (GLU: gate and up share one, nm = 1) */
+    const tern_tensor *w[3];
+    float *y[3];
+    int64_t c0[4];             /* first chunk of matrix i; c0[k] = total */
+    cpu_gx gx;                 /* x prepared once (thread 0's buffer), shared read-only */
+} dec_job;
+
+/* (front, back) chunk indices of each thread's range, packed front << 32 | back. */
+static inline uint64_t fb_pack(int64_t f, int64_t b) { return (uint64_t)f << 32 | (uint64_t)b; }
+
+/* Claim one chunk: the owner takes the front of its own range, a thief the back of the range
+ * with the most chunks left. Returns the chunk index, or -1 when every range is empty. */
+static int64_t claim(cpu_impl *c, int ith, int nth) {
+    _Atomic uint64_t *own = &c->dec_part[ith].fb;
+    uint64_t v = atomic_load_explicit(own, memory_order_relaxed);
+    for (;;) {
+        int64_t f = (int64_t)(v >> 32), b = (int64_t)(v & 0xffffffffu);
+        if (f >= b) break;
+        if (atomic_compare_exchange_weak(own, &v, fb_pack(f + 1, b))) return f;
+    }
+    for (;;) {
+        int best = -1;
+        int64_t most = 0;
+        for (int t = 0; t < nth; t++) {
+            if (t == ith) continue;
+            uint64_t u = atomic_load_explicit(&c->dec_part[t].fb, memory_order_relaxed);
+            int64_t left = (int64_t)(u & 0xffffffffu) - (int64_t)(u >> 32);
+            if (left > most) { most = left; best = t; }
+        }
+        if (best < 0) return -1;
+        _Atomic uint64_t *vp = &c->dec_part[best].fb;
+        uint64_t u = atomic_load(vp);
+        int64_t f = (int64_t)(u >> 32), b = (int64_t)(u & 0xffffffffu);
+        if (f < b && atomic_compare_exchange_strong(vp, &u, fb_pack(f, b - 1))) return b - 1;
+    }
+}
+
+/* Rows [o0, o1) of matrix w through the fused kernel, 4 per pass; v[i] = row o0 + i. */
+static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, const tern_tensor *w, int64_t o0, int64_t o1, float *v) {
+    cpu_wrow rows[4];
+    tern__cpu_wrow_at(w, 0, o0, &rows[0]);
+    size_t rb = tern_tensor_row_bytes(w), sb = 0;
+    if (w->dtype == TERN_DT_Q) sb = (size_t)(w->shape[w->ndim - 1] / w->group_size) * tern_dtype_size(w->sdtype);
+    for (int i = 1; i < 4; i++) {
+        rows[i] = rows[i - 1];
+        rows[i].data += rb;
+        if (sb) { rows[i].scales += sb; rows[i].biases += sb; }
+    }
+    for (int64_t o = o0; o < o1; o += 4) {
+        int nr = (int)TERN_MIN((int64_t)4, o1 - o);
+        k->gemv(gx, rows, nr, v + (o - o0));
+        for (int i = 0; i < 4; i++) {
+            rows[i].data += 4 * rb;
+            if (sb) { rows[i].scales += 4 * sb; rows[i].biases += 4 * sb; }
+        }
+    }
+}
+
+static void dec_task(void *arg, int ith, int nth) {
+    dec_job *j = arg;
+    const tern_cpu_kern *k = j->c->k;
+    cpu_gx gx = j->gx; /* private copy: the prefetch distances are set per matrix */
+    float g[CHUNK], u[CHUNK];
+    int64_t ch;
+    while ((ch = claim(j->c, ith, nth)) >= 0) {
+        int i = 0;
+        while (i + 1 < j->nm && ch >= j->c0[i + 1]) i++;
+        const tern_tensor *w = j->w[i];
+        int64_t out = w->shape[w->ndim - 2], o0 = (ch - j->c0[i]) * CHUNK, o1 = TERN_MIN(out, o0 + CHUNK);
+        tern__cpu_gemv_pf(w, &gx);
+        rows_gemv(k, &gx, w, o0, o1, g);
+        float *y = j->y[i] + o0;
+        int n = (int)(o1 - o0);
+        switch (j->ep) {
+        case EP_STORE: memcpy(y, g, (size_t)n * sizeof *y); break;
+        case EP_ADD: for (int r = 0; r < n; r++) y[r] = y[r] + g[r]; break; /* = add(y, y, o) */
+        default:
+            rows_gemv(k, &gx, j->w[1], o0, o1, u);
+            if (j->ep == EP_SILU) for (int r = 0; r < n; r++) y[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+            else for (int r = 0; r < n; r++) y[r] = tern__gelu_tanh(g[r]) * u[r];
+            break;
+        }
+    }
+}
+
+/* TERN_CPU_DEC=0: this driver off (the per-matrix path of cpu_matmul.c and the separate ops
+ * run instead; before/after benchmarks); tern__cpu_dec_set switches it in-process (A/B). */
+static _Atomic int dec_on = -1;
+static int dec_enabled(void) {
+    int v = dec_on;
+    if (v < 0) {
+        const char *e = getenv("TERN_CPU_DEC");
+        v = !(e && !strcmp(e, "0"));
+        dec_on = v;
+    }
+    return v;
+}
+void tern__cpu_dec_set(int on) { dec_on = on < 0 ? -1 : on != 0; }
+
+/* Whether one prepared x serves every matrix: same input length, format and grouping. */
+static int same_x(const tern_tensor *a, const tern_tensor *b) {
+    if (a->dtype != b->dtype || a->shape[a->ndim - 1] != b->shape[b->ndim - 1]) return 0;
+    return a->dtype != TERN_DT_Q || (a->bits == b->bits && a->group_size == b->group_size);
+}
+
+/* Runs the job (k matrices, epilogue ep) when the fused GEMV takes the format; 0 otherwise
+ * (nothing written). */
+static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w, float *const *y, const float *x) {
+    cpu_impl *c = be->impl;
+    const tern_cpu_kern *k = c->k;
+    if (!c->fused || !k->gemv_prep || !c->dec_part || kk < 1 || kk > 3 || !dec_enabled()) return 0;
+    for (int i = 0; i < kk; i++) {
+        if (w[i]->ndim < 2 || w[i]->mat_map || !same_x(w[0], w[i])) return 0;
+        if (w[i]->shape[w[i]->ndim - 2] >= (int64_t)CHUNK << 30) return 0; /* chunk indices fit 32 bits */
+    }
+    if ((ep == EP_SILU || ep == EP_GELU) && w[0]->shape[w[0]->ndim - 2] != w[1]->shape[w[1]->ndim - 2]) return 0;
+    int in = (int)w[0]->shape[w[0]->ndim - 1];
+    dec_job j = {.c = c, .k = kk, .ep = ep, .nm = ep == EP_SILU || ep == EP_GELU ? 1 : kk};
+    cpu_wrow r0;
+    tern__cpu_wrow_at(w[0], 0, 0, &r0);
+    if (!k->gemv_prep(&r0, in, c->int8, x, c->xbuf[0], &j.gx)) return 0;
+    int nm = j.nm;
+    for (int i = 0; i < kk; i++) { j.w[i] = w[i]; j.y[i] = y[i]; }
+    j.c0[0] = 0;
+    for (int i = 0; i < nm; i++) j.c0[i + 1] = j.c0[i] + (w[i]->shape[w[i]->ndim - 2] + CHUNK - 1) / CHUNK;
+    int64_t total = j.c0[nm];
+    double work = (double)total * CHUNK * in * (nm < kk ? 2 : 1);
+    int nth = work < 65536.0 ? 1 : c->nth; /* as run_mm: waking the pool costs more than that */
+    for (int t = 0; t < c->nth; t++) {
+        int64_t lo = total * t / nth, hi = total * (t + 1) / nth;
+        if (t >= nth) lo = hi = 0;
+        atomic_store(&c->dec_part[t].fb, fb_pack(lo, hi));
+    }
+    if (nth == 1) dec_task(&j, 0, 1);
+    else tern_pool_run(c->pool, dec_task, &j);
+    return 1;
+}
+
+int tern__cpu_gemv1(tern_backend *be, float *y, const float *x, const tern_tensor *w) {
+    return dec_run(be, 1, EP_STORE, &w, &y, x);
+}
+
+int tern__cpu_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
+    return n == 1 && dec_run(be, k, EP_STORE, w, y, x);
+}
+
+int tern__cpu_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,
+                         const tern_tensor *up, int act) {
+    if (n != 1 || (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH)) return 0;
+    const tern_tensor *w[2] = {gate, up};
+    float *ys[2] = {y, NULL};
+    return dec_run(be, 2, act == TERN_ACT_SILU ? EP_SILU : EP_GELU, w, ys, x);
+}
+
+int tern__cpu_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
+    return n == 1 && dec_run(be, 1, EP_ADD, &w, &y, x);
+}

@@ -1,0 +1,161 @@
+/* test_kern_decode.c — the batch-1 driver of the fast CPU backend (cpu_decode.c): matmul,
+ * matmul_n, matmul_glu and matmul_add at n = 1 must be bitwise the separate ops of the same
+ * backend with the driver off (tern__cpu_dec_set(0): per-matrix pool runs, then add /
+ * silu_mul / gelu_tanh_mul), for every fused format, exact and int8 mode, at 1-3 threads
+ * (3 threads on a 2-core machine makes the work stealing run), and must decline (return 0,
+ * write nothing) what it does not take. */
+#include "backend/cpu/cpu_impl.h"
+#include "test_kern_util.h"
+
+#include <string.h>
+
+typedef struct fmt { tern_dtype dt; int bits, gs; tern_dtype sdt; const char *name; } fmt;
+
+static const fmt fmts[] = {
+    {TERN_DT_BF16, 0, 0, 0, "bf16"},
+    {TERN_DT_Q, 8, 64, TERN_DT_BF16, "q8g64"},
+    {TERN_DT_Q, 4, 64, TERN_DT_BF16, "q4g64"},
+    {TERN_DT_Q, 4, 32, TERN_DT_F16, "q4g32f16"},
+    {TERN_DT_Q, 8, 128, TERN_DT_F32, "q8g128f32"},
+};
+
+static int same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof *a); }
+
+static float *nanv(size_t n) {
+    float *v = malloc(n * sizeof *v + 64);
+    for (size_t i = 0; i < n; i++) v[i] = NAN;
+    return v;
+}
+
+/* One format, shape and mode on backend be: every fused op vs the separate ops. */
+static void check_ops(tern_backend *be, const fmt *f, int in, const int *outs, int int8, unsigned long long seed,
+                      const char *tag) {
+    const tern_backend_vt *op = be->vt;
+    kt_weight w[3];
+    for (int i = 0; i < 3; i++) kt_weight_make(&w[i], f->dt, f->bits, f->gs, f->sdt, 1, outs[i], in, 0, seed + (unsigned)i);
+    float *x = kt_randv((size_t)in, seed + 7, 1.0f);
+    tern_backend_cpu_set_int8(be, int8);
+    const char *m = int8 ? "int8" : "exact";
+    /* matmul */
+    float *a = nanv((size_t)outs[0]), *b = nanv((size_t)outs[0]);
+    tern__cpu_dec_set(0);
+    op->matmul(be, a, x, 1, &w[0].t);
+    tern__cpu_dec_set(1);
+    op->matmul(be, b, x, 1, &w[0].t);
+    CHECK(same(a, b, (size_t)outs[0]), "%s %s %s in=%d out=%d: matmul differs from the per-matrix path", tag, f->name, m, in, outs[0]);
+    /* matmul_n, k = 1..3 */
+    for (int k = 1; k <= 3; k++) {
+        float *ys0[3], *ys1[3];
+        const tern_tensor *ws[3] = {&w[0].t, &w[1].t, &w[2].t};
+        tern__cpu_dec_set(0);
+        for (int i = 0; i < k; i++) { ys0[i] = nanv((size_t)outs[i]); ys1[i] = nanv((size_t)outs[i]); op->matmul(be, ys0[i], x, 1, ws[i]); }
+        tern__cpu_dec_set(1);
+        int done = op->matmul_n(be, k, ys1, x, 1, ws);
+        CHECK(done == 1, "%s %s %s: matmul_n k=%d not taken", tag, f->name, m, k);
+        for (int i = 0; i < k; i++) {
+            CHECK(same(ys0[i], ys1[i], (size_t)outs[i]), "%s %s %s in=%d: matmul_n k=%d matrix %d (out=%d) differs", tag, f->name, m,
+                  in, k, i, outs[i]);
+            free(ys0[i]);
+            free(ys1[i]);
+        }
+    }
+    /* matmul_add: y = y + x·Wᵀ */
+    float *y0 = kt_randv((size_t)outs[0], seed + 9, 1.0f), *y1 = malloc((size_t)outs[0] * sizeof *y1), *o = nanv((size_t)outs[0]);
+    memcpy(y1, y0, (size_t)outs[0] * sizeof *y1);
+    tern__cpu_dec_set(0);
+    op->matmul(be, o, x, 1, &w[0].t);
+    op->add(be, y0, y0, o, (size_t)outs[0]);
+    tern__cpu_dec_set(1);
+    CHECK(op->matmul_add(be, y1, x, 1, &w[0].t) == 1, "%s %s %s: matmul_add not taken", tag, f->name, m);
+    CHECK(same(y0, y1, (size_t)outs[0]), "%s %s %s in=%d out=%d: matmul_add differs from matmul + add", tag, f->name, m, in, outs[0]);
+    /* matmul_glu (gate = w[0], up = a copy of the shape of w[0] with w[1]'s seed) */
+    kt_weight up;
+    kt_weight_make(&up, f->dt, f->bits, f->gs, f->sdt, 1, outs[0], in, 0, seed + 11);
+    for (int act = 0; act < 2; act++) {
+        int a_id = act ? TERN_ACT_GELU_TANH : TERN_ACT_SILU;
+        float *g0 = nanv((size_t)outs[0]), *u0 = nanv((size_t)outs[0]), *g1 = nanv((size_t)outs[0]);
+        tern__cpu_dec_set(0);
+        op->matmul(be, g0, x, 1, &w[0].t);
+        op->matmul(be, u0, x, 1, &up.t);
+        if (act) op->gelu_tanh_mul(be, g0, g0, u0, (size_t)outs[0]);
+        else op->silu_mul(be, g0, g0, u0, (size_t)outs[0]);
+        tern__cpu_dec_set(1);
+        CHECK(op->matmul_glu(be, g1, x, 1, &w[0].t, &up.t, a_id) == 1, "%s %s %s: matmul_glu not taken", tag, f->name, m);
+        CHECK(same(g0, g1, (size_t)outs[0]), "%s %s %s in=%d out=%d: matmul_glu (%s) differs from matmul + %s", tag, f->name, m, in,
+              outs[0], act ? "gelu" : "silu", act ? "gelu_tanh_mul" : "silu_mul");
+        free(g0); free(u0); free(g1);
+    }
+    tern__cpu_dec_set(-1);
+    tern_backend_cpu_set_int8(be, 0);
+    kt_weight_free(&up);
+    free(y0); free(y1); free(o); free(a); free(b); free(x);
+    for (int i = 0; i < 3; i++) kt_weight_free(&w[i]);
+}
+
+static int isa_ok(const char *isa) {
+    setenv("TERN_CPU_ISA", isa, 1);
+    int ok = !strcmp(tern_cpu_isa_name(), isa);
+    unsetenv("TERN_CPU_ISA");
+    return ok;
+}
+
+TEST(decode_fused_ops_bitwise) {
+    static const char *isas[] = {"avx512", "avx2"};
+    /* out: not multiples of the 16-row chunk; in·out from below to above the pool threshold */
+    static const int outs_small[3] = {5, 3, 9}, outs_big[3] = {301, 37, 70}, outs_wide[3] = {64, 17, 130};
+    for (size_t s = 0; s < TERN_ARRAY_LEN(isas); s++) {
+        if (!isa_ok(isas[s])) continue;
+        for (int nth = 1; nth <= 3; nth++) {
+            tern_backend *be = kt_open_cpu(isas[s], nth);
+            CHECK(be != NULL, "open %s", isas[s]);
+            if (!be) continue;
+            char tag[32];
+            snprintf(tag, sizeof tag, "%s/%dt", isas[s], nth);
+            for (size_t f = 0; f < TERN_ARRAY_LEN(fmts); f++)
+                for (int int8 = 0; int8 < 2; int8++) {
+                    unsigned long long seed = 1000 * f + 10 * (unsigned)nth + (unsigned)int8;
+                    check_ops(be, &fmts[f], 256, outs_small, int8, seed, tag);
+                    check_ops(be, &fmts[f], 512, outs_big, int8, seed + 1, tag);
+                    check_ops(be, &fmts[f], 2048, outs_wide, int8, seed + 2, tag);
+                }
+            tern_backend_close(be);
+        }
+    }
+}
+
+TEST(decode_declines) {
+    tern_backend *be = kt_open_cpu("avx512", 2);
+    if (!be) be = kt_open_cpu("avx2", 2);
+    CHECK(be != NULL, "open cpu");
+    if (!be) return;
+    const tern_backend_vt *op = be->vt;
+    kt_weight q4, q8, f32, odd;
+    kt_weight_make(&q4, TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 40, 256, 0, 1);
+    kt_weight_make(&q8, TERN_DT_Q, 8, 64, TERN_DT_BF16, 1, 40, 256, 0, 2);
+    kt_weight_make(&f32, TERN_DT_F32, 0, 0, 0, 1, 40, 256, 0, 3);
+    kt_weight_make(&odd, TERN_DT_BF16, 0, 0, 0, 1, 40, 100, 0, 4); /* in % 64 != 0 */
+    float *x = kt_randv(512, 5, 1.0f), *y = nanv(80), *ys[3] = {y, y + 40, y + 40};
+    const tern_tensor *mixed[2] = {&q4.t, &q8.t}, *one[1] = {&f32.t}, *two[2] = {&odd.t, &odd.t};
+    CHECK(op->matmul_n(be, 2, ys, x, 1, mixed) == 0, "matmul_n took q4 and q8 together");
+    CHECK(op->matmul_n(be, 1, ys, x, 1, one) == 0, "matmul_n took an F32 weight");
+    CHECK(op->matmul_n(be, 2, ys, x, 1, two) == 0, "matmul_n took in = 100");
+    CHECK(op->matmul_n(be, 1, ys, x, 2, (const tern_tensor *const[]){&q4.t}) == 0, "matmul_n took n = 2");
+    CHECK(op->matmul_glu(be, y, x, 1, &q4.t, &q8.t, TERN_ACT_SILU) == 0, "matmul_glu took mixed formats");
+    CHECK(op->matmul_add(be, y, x, 2, &q4.t) == 0, "matmul_add took n = 2");
+    int untouched = 1;
+    for (int i = 0; i < 80; i++) untouched &= isnan(y[i]) != 0;
+    CHECK(untouched, "a declined call wrote y");
+    free(x); free(y);
+    kt_weight_free(&q4); kt_weight_free(&q8); kt_weight_free(&f32); kt_weight_free(&odd);
+    tern_backend_close(be);
+}
+
+int main(void) {
+    if (!isa_ok("avx2") && !isa_ok("avx512")) {
+        SKIP("decode_fused_ops_bitwise", "CPU lacks AVX2/FMA/F16C: no fused GEMV");
+        return test_done();
+    }
+    RUN(decode_fused_ops_bitwise);
+    RUN(decode_declines);
+    return test_done();
+}
