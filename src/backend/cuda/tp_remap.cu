@@ -201,31 +201,29 @@ static void fill_sync(tp_sync *s, float *const *bufs, unsigned *const *flags, un
     s->rank = rank;
 }
 
-extern "C" void tern__cuda_tp_p2p_allreduce(tern_backend *be, float *y, size_t n, float *const *bufs,
-                                            unsigned *const *flags, unsigned *cnt, size_t cap, int nr, int rank) {
+/* y = the rank-order sum of every rank's y (res == NULL), or res += that sum */
+static void p2p_launch(tern_backend *be, float *res, float *y, size_t n, float *const *bufs, unsigned *const *flags,
+                       unsigned *cnt, size_t cap, int nr, int rank) {
     tern__cuda *c = (tern__cuda *)be->impl;
     if (!n || nr < 2 || nr > TERN_TP_P2P_MAXR || n > cap) return;
     tp_ar_args a;
     memset(&a, 0, sizeof a);
     a.y = y;
+    a.res = res;
     a.n = n;
     fill_sync(&a.s, bufs, flags, cnt, cap, nr, rank);
     tp_ar_kernel<<<TERN_TP_P2P_BLOCKS, 512, 0, c->stream>>>(a);
-    tern__cuda_check(c, "tp_p2p_allreduce");
+    tern__cuda_check(c, res ? "tp_p2p_allreduce_add" : "tp_p2p_allreduce");
+}
+
+extern "C" void tern__cuda_tp_p2p_allreduce(tern_backend *be, float *y, size_t n, float *const *bufs,
+                                            unsigned *const *flags, unsigned *cnt, size_t cap, int nr, int rank) {
+    p2p_launch(be, NULL, y, n, bufs, flags, cnt, cap, nr, rank);
 }
 
 extern "C" void tern__cuda_tp_p2p_allreduce_add(tern_backend *be, float *x, float *y, size_t n, float *const *bufs,
                                                 unsigned *const *flags, unsigned *cnt, size_t cap, int nr, int rank) {
-    tern__cuda *c = (tern__cuda *)be->impl;
-    if (!n || nr < 2 || nr > TERN_TP_P2P_MAXR || n > cap) return;
-    tp_ar_args a;
-    memset(&a, 0, sizeof a);
-    a.y = y;
-    a.res = x;
-    a.n = n;
-    fill_sync(&a.s, bufs, flags, cnt, cap, nr, rank);
-    tp_ar_kernel<<<TERN_TP_P2P_BLOCKS, 512, 0, c->stream>>>(a);
-    tern__cuda_check(c, "tp_p2p_allreduce_add");
+    p2p_launch(be, x, y, n, bufs, flags, cnt, cap, nr, rank);
 }
 
 extern "C" void tern__cuda_tp_p2p_gather(tern_backend *be, float *dst, const float *src, int rows, int ld,
