@@ -18,11 +18,16 @@
 #      llama.cpp always runs with -lm none (weights read into memory, no mmap).
 #
 # Each round runs, per format: bandwidth probe, llama-bench (1 rep), probe, tern bench (1 rep),
-# probe — so every engine's floor (weight bytes per token / bandwidth) uses the bandwidth of
-# the same minute (mean of the probes around its run). Weight bytes per token are tern's count
-# for both engines (same geometry and bits per weight; llama.cpp's file size would also count
-# tables read one row per token, such as Gemma 4's per-layer embeddings). Prints one "csv," line per run and a
-# table of medians over rounds, including tern/llama.cpp ratios computed per round.
+# probe — so every engine's floor (bytes per token / bandwidth) uses the bandwidth of the same
+# minute (mean of the probes around its run). Bytes per token = weights + KV cache read at the
+# mean decode context (PP + (TG+1)/2 keys per layer): weights are tern's count for both engines
+# (same geometry and bits per weight; llama.cpp's file size would also count tables read one
+# row per token, such as Gemma 4's per-layer embeddings); the KV part is each engine's own
+# cache format: tern f32 (4 bytes per element, its default), llama.cpp f16 (2). Its size per
+# position and byte comes from config.json (layers x 2 x kv heads x head dim; TERN_MODELS dir,
+# else KV_ELEMS=<elements per position> must be given, or the KV part is 0 and a note says so).
+# Prints one "csv," line per run and a table of medians over rounds, including tern/llama.cpp
+# ratios computed per round.
 set -u
 LB=${1:?usage: vs_llamacpp.sh LLAMA_BENCH GGUF_DIR [ROUNDS] [PRESET]}
 DIR=${2:?usage: vs_llamacpp.sh LLAMA_BENCH GGUF_DIR [ROUNDS] [PRESET]}
@@ -62,8 +67,27 @@ run_tern() {
              END { print pp, tg, mb * 1e6 }'
 }
 
+# KV elements per position (all layers, K and V) from the model's config.json
+kv_elems() {
+    local cf=$1/config.json
+    [ -f "$cf" ] || { echo 0; return; }
+    tr -d ' \n' <"$cf" | awk '{
+        n = split("num_hidden_layers num_key_value_heads head_dim hidden_size num_attention_heads", k, " ")
+        for (i = 1; i <= n; i++) { v[k[i]] = 0; if (match($0, "\"" k[i] "\":[0-9]+")) { s = substr($0, RSTART, RLENGTH); sub(/.*:/, "", s); v[k[i]] = s } }
+        hd = v["head_dim"] > 0 ? v["head_dim"] : (v["num_attention_heads"] > 0 ? v["hidden_size"] / v["num_attention_heads"] : 0)
+        print v["num_hidden_layers"] * 2 * v["num_key_value_heads"] * hd }'
+}
+KVE=${KV_ELEMS:-0}
+[ "$KVE" = 0 ] && [ -n "${TERN_MODELS:-}" ] && for d in "$TERN_MODELS"/*/; do KVE=$(kv_elems "$d"); [ "$KVE" != 0 ] && break; done
+KVCTX=$(awk -v p="$PP" -v t="$TG" 'BEGIN { print p + (t + 1) / 2 }')
+[ "$KVE" = 0 ] && echo "note: KV elements per position unknown (set KV_ELEMS): floors count weights only" >&2
+kvb() { awk -v e="$KVE" -v c="$KVCTX" -v b="$1" 'BEGIN { printf "%.0f", e * c * b }'; } # KV bytes per token, $1 bytes/elem
+KV_TERN=$(kvb 4)
+KV_LLAMA=$(kvb 2)
+
 fmts=${FORMATS:-"bf16:bf16 q8:q8_0 q4:q4_0"}
-echo "csv,round,format,engine,pp_tps,tg_tps,bw_gbs,weight_bytes,floor_tps,tg_over_floor"
+echo "# floor bytes per token = weights + KV at mean decode context $KVCTX: tern +$KV_TERN B (f32), llama.cpp +$KV_LLAMA B (f16)"
+echo "csv,round,format,engine,pp_tps,tg_tps,bw_gbs,floor_bytes,floor_tps,tg_over_floor"
 for r in $(seq 1 "$ROUNDS"); do
     for pair in $fmts; do
         tq=${pair%%:*}
@@ -99,8 +123,10 @@ for r in $(seq 1 "$ROUNDS"); do
         fi
         for e in $engines; do
             IFS=: read -r name pp tg sz ba bb <<<"$e"
-            awk -v r="$r" -v f="$tq" -v n="$name" -v pp="$pp" -v tg="$tg" -v sz="$sz" -v ba="$ba" -v bb="$bb" 'BEGIN {
-                bw = (ba + bb) / 2; fl = sz > 0 ? bw * 1e9 / sz : 0
+            kvx=$KV_TERN
+            [ "$name" = llama.cpp ] && kvx=$KV_LLAMA
+            awk -v r="$r" -v f="$tq" -v n="$name" -v pp="$pp" -v tg="$tg" -v sz="$sz" -v kv="$kvx" -v ba="$ba" -v bb="$bb" 'BEGIN {
+                bw = (ba + bb) / 2; sz = sz > 0 ? sz + kv : 0; fl = sz > 0 ? bw * 1e9 / sz : 0
                 printf "csv,%d,%s,%s,%.2f,%.3f,%.2f,%.0f,%.3f,%.3f\n", r, f, n, pp, tg, bw, sz, fl, (fl > 0 ? tg / fl : 0) }'
         done | tee -a "$OUT"
     done

@@ -6,6 +6,9 @@
  * Filling is multi-GB for large models: a 64-bit xorshift writes 8 bytes per step.
  * Buffers of >= 2 MB are advised MADV_HUGEPAGE before the first write (2 MB pages where the
  * kernel allows THP: fewer TLB misses when decode streams them; TERN_THP=0 keeps 4 KB pages).
+ * Smaller ones (MLX scales/biases, norms: 2 KB-1 MB each) are carved from 4 MB slabs whose
+ * 2 MB-aligned part is advised the same way, so the Q formats' scale streams stop walking
+ * 4 KB page tables next to weights on 2 MB pages (bench/NOTES.md (j), (k)).
  */
 #include "io/weights.h"
 
@@ -20,7 +23,12 @@ typedef struct tern_synth {
     uint64_t rng;
     void **bufs;
     int n, cap;
+    uint8_t *slab; /* small buffers: bump allocation in [slab, slab_end) */
+    uint8_t *slab_end;
 } tern_synth;
+
+#define SLAB_HUGE ((size_t)2 << 20)
+#define SLAB_BYTES (2 * SLAB_HUGE)
 
 tern_synth *tern__synth_new(const tern_model_config *cfg, const tern_synth_spec *spec) {
     tern_synth *s = calloc(1, sizeof *s);
@@ -39,7 +47,26 @@ void tern__synth_free(tern_synth *s) {
     free(s);
 }
 
+static void *buf(tern_synth *s, size_t bytes);
+
+/* A buffer of < 1 MB from the current slab (a new 4 MB one, 2 MB-aligned and advised, when
+ * it is full); NULL when out of memory. 64-byte aligned like tern_aalloc. */
+static void *small(tern_synth *s, size_t bytes) {
+    bytes = (bytes + 63) & ~(size_t)63;
+    if (!s->slab || (size_t)(s->slab_end - s->slab) < bytes) {
+        uint8_t *raw = buf(s, SLAB_BYTES + SLAB_HUGE); /* tracked (freed) like any buffer */
+        if (!raw) return NULL;
+        uintptr_t a = ((uintptr_t)raw + SLAB_HUGE - 1) & ~(uintptr_t)(SLAB_HUGE - 1);
+        s->slab = (uint8_t *)a;
+        s->slab_end = s->slab + SLAB_BYTES;
+    }
+    void *p = s->slab;
+    s->slab += bytes;
+    return p;
+}
+
 static void *buf(tern_synth *s, size_t bytes) {
+    if (bytes < SLAB_HUGE / 2) return small(s, bytes);
     if (s->n == s->cap) {
         int nc = s->cap ? 2 * s->cap : 256;
         void **nb = realloc(s->bufs, sizeof(void *) * (size_t)nc);

@@ -123,6 +123,38 @@ TEST(decode_fused_ops_bitwise) {
     }
 }
 
+/* Rows per kernel pass (tern__cpu_dec_nr_set, up to the table's gemv_nr: 8 for AVX-512): a
+ * row's result does not depend on how many rows share the pass, so 5..8 rows per pass are
+ * bitwise the default 4, for every format (Q8_I8 runs 8 rows in one kernel call, the others
+ * split the pass), exact and int8, row counts not multiples of 8. */
+TEST(decode_rows_per_pass) {
+    tern_backend *be = kt_open_cpu("avx512", 2);
+    if (!be) { SKIP("decode_rows_per_pass", "needs AVX-512"); return; }
+    static const int outs[] = {13, 301, 64};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(fmts); f++)
+        for (int int8 = 0; int8 < 2; int8++)
+            for (size_t o = 0; o < TERN_ARRAY_LEN(outs); o++) {
+                int in = o == 2 ? 2048 : 512;
+                kt_weight w;
+                kt_weight_make(&w, fmts[f].dt, fmts[f].bits, fmts[f].gs, fmts[f].sdt, 1, outs[o], in, 0, 77 + f * 10 + o);
+                float *x = kt_randv((size_t)in, 5 + o, 1.0f), *a = nanv((size_t)outs[o]), *b = nanv((size_t)outs[o]);
+                tern_backend_cpu_set_int8(be, int8);
+                tern__cpu_dec_nr_set(0);
+                be->vt->matmul(be, a, x, 1, &w.t);
+                for (int nr = 5; nr <= 8; nr++) {
+                    tern__cpu_dec_nr_set(nr);
+                    be->vt->matmul(be, b, x, 1, &w.t);
+                    CHECK(same(a, b, (size_t)outs[o]), "%s %s out=%d: %d rows per pass differ from 4", fmts[f].name,
+                          int8 ? "int8" : "exact", outs[o], nr);
+                }
+                tern__cpu_dec_nr_set(0);
+                free(x); free(a); free(b);
+                kt_weight_free(&w);
+            }
+    tern_backend_cpu_set_int8(be, 0);
+    tern_backend_close(be);
+}
+
 TEST(decode_declines) {
     tern_backend *be = kt_open_cpu("avx512", 2);
     if (!be) be = kt_open_cpu("avx2", 2);
@@ -156,6 +188,7 @@ int main(void) {
         return test_done();
     }
     RUN(decode_fused_ops_bitwise);
+    RUN(decode_rows_per_pass);
     RUN(decode_declines);
     return test_done();
 }

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHUNK 16 /* rows per claim: 16 KB of q4 rows at in = 2048; a multiple of the kernels' 4 */
+#define CHUNK 16 /* rows per claim: 16 KB of q4 rows at in = 2048; a multiple of the kernels' 4 and 8 */
 
 enum { EP_STORE, EP_ADD, EP_SILU, EP_GELU };
 
@@ -68,23 +68,30 @@ static int64_t claim(cpu_impl *c, int ith, int nth) {
     }
 }
 
-/* Rows [o0, o1) of matrix w through the fused kernel, 4 per pass; v[i] = row o0 + i. */
+/* Rows per kernel pass (0: 4; up to the table's gemv_nr); tern__cpu_dec_nr_set, for in-process A/B. */
+static _Atomic int dec_nr = 0;
+void tern__cpu_dec_nr_set(int nr) { dec_nr = nr < 0 ? 0 : nr; }
+
+/* Rows [o0, o1) of matrix w through the fused kernel, np (4, or up to gemv_nr) per pass; v[i] = row o0 + i. */
 static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, const tern_tensor *w, int64_t o0, int64_t o1, float *v) {
-    cpu_wrow rows[4];
+    enum { MAXR = 8 };
+    int most = k->gemv_nr > 0 && k->gemv_nr <= MAXR ? k->gemv_nr : 4;
+    int np = dec_nr > 0 && dec_nr <= most ? dec_nr : 4; /* 8 (Q8_I8) measured neutral: NOTES (k) */
+    cpu_wrow rows[MAXR];
     tern__cpu_wrow_at(w, 0, o0, &rows[0]);
     size_t rb = tern_tensor_row_bytes(w), sb = 0;
     if (w->dtype == TERN_DT_Q) sb = (size_t)(w->shape[w->ndim - 1] / w->group_size) * tern_dtype_size(w->sdtype);
-    for (int i = 1; i < 4; i++) {
+    for (int i = 1; i < np; i++) {
         rows[i] = rows[i - 1];
         rows[i].data += rb;
         if (sb) { rows[i].scales += sb; rows[i].biases += sb; }
     }
-    for (int64_t o = o0; o < o1; o += 4) {
-        int nr = (int)TERN_MIN((int64_t)4, o1 - o);
+    for (int64_t o = o0; o < o1; o += np) {
+        int nr = (int)TERN_MIN((int64_t)np, o1 - o);
         k->gemv(gx, rows, nr, v + (o - o0));
-        for (int i = 0; i < 4; i++) {
-            rows[i].data += 4 * rb;
-            if (sb) { rows[i].scales += 4 * sb; rows[i].biases += 4 * sb; }
+        for (int i = 0; i < np; i++) {
+            rows[i].data += (size_t)np * rb;
+            if (sb) { rows[i].scales += (size_t)np * sb; rows[i].biases += (size_t)np * sb; }
         }
     }
 }

@@ -303,32 +303,36 @@ AI __m512 grp_i8(const cpu_wrow *w, int g0, int ng, const cpu_gx *gx, float *ds)
     return bs;
 }
 
-AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+/* Q8_I8, up to 8 rows per pass (more weight streams in flight per x load; rows are summed
+ * independently, so a row's result does not depend on NR). BC (gs a multiple of 64): every
+ * 64-byte chunk lies in one group, its scale s·d is a broadcast load instead of a lane
+ * permute. */
+AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int BC) {
     const ptrdiff_t pfd = gx->pf_data;
     pf_groups(gx, rw, NR, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
     const int gs = gx->gs, in = gx->in;
     const __m512i map = lane_groups(4, gs);
     const int gsh = __builtin_ctz((unsigned)gs);
-    float sc[4][CPU_MAX_GROUPS + 16]; /* ds = s·d per group */
-    __m512 tot[4], bs[4];
-    _Pragma("GCC unroll 4")
+    float sc[8][CPU_MAX_GROUPS + 16]; /* ds = s·d per group */
+    __m512 tot[8], bs[8];
+    _Pragma("GCC unroll 8")
     for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
     for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
         int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
-        _Pragma("GCC unroll 4")
+        _Pragma("GCC unroll 8")
         for (int r = 0; r < NR; r++) bs[r] = _mm512_add_ps(bs[r], grp_i8(&rw[r], j0 / gs, ng, gx, sc[r]));
         for (int c = 0; c < len; c += 64) {
             __m512i xq = _mm512_loadu_si512(gx->xq + j0 + c);
-            _Pragma("GCC unroll 4")
+            _Pragma("GCC unroll 8")
             for (int r = 0; r < NR; r++) {
                 PF(rw[r].data + j0 + c);
                 __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(rw[r].data + j0 + c), xq);
-                __m512 ds = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + (c >> gsh)));
+                __m512 ds = BC ? _mm512_set1_ps(sc[r][c >> gsh]) : _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc[r] + (c >> gsh)));
                 tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), ds, tot[r]);
             }
         }
     }
-    _Pragma("GCC unroll 4")
+    _Pragma("GCC unroll 8")
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
 }
 
@@ -376,12 +380,31 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         else fn(gx, rows, y, 1); \
         return;
 
+#define Q8I8(n) (bc ? k_q8i8(gx, rows, y, n, 1) : k_q8i8(gx, rows, y, n, 0))
+
+/* nr 1..8 (the table's gemv_nr): Q8_I8 takes up to 8 rows per pass, the other kinds 4 */
 static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
+    if (gx->kind == CPU_GX_Q8_I8) {
+        int bc = gx->gs % 64 == 0;
+        switch (nr) {
+        case 8: Q8I8(8); return;
+        case 7: Q8I8(7); return;
+        case 6: Q8I8(6); return;
+        case 5: Q8I8(5); return;
+        case 4: Q8I8(4); return;
+        case 3: Q8I8(3); return;
+        case 2: Q8I8(2); return;
+        default: Q8I8(1); return;
+        }
+    }
+    if (nr > 4) { /* rows are independent: two calls give the same results */
+        gemv(gx, rows, 4, y);
+        rows += 4, y += 4, nr -= 4;
+    }
     switch (gx->kind) {
         KCASE(CPU_GX_BF16, k_bf16)
         KCASE(CPU_GX_Q8, k_q8)
         KCASE(CPU_GX_Q4, k_q4)
-        KCASE(CPU_GX_Q8_I8, k_q8i8)
         KCASE(CPU_GX_Q4_I8, k_q4i8)
     default: return;
     }

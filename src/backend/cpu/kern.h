@@ -66,9 +66,11 @@ typedef struct tern_cpu_kern {
     /* Optional fused batch-1 GEMV (cpu_gemv_*.c). gemv_prep looks at one row of the weight
      * and, when it has a fused kernel for that format and `in`, lays x out in the kernel's
      * order in `buf` (CPU_GX_BUF bytes, 64-byte aligned) and returns 1; else 0. gemv then
-     * writes y[i] = Σ_j W_i[j]·x[j] for nr (1..4) rows that share the prepared x. */
+     * writes y[i] = Σ_j W_i[j]·x[j] for nr (1..gemv_nr, or 1..4 when gemv_nr is 0) rows that
+     * share the prepared x; a row's result does not depend on nr or on the other rows. */
     int (*gemv_prep)(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
     void (*gemv)(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
+    int gemv_nr;
     /* Optional blocked GEMM for batched matmuls (gemm_*.c; driver in cpu_matmul.c).
      * gemm_pack: a strip of nrows (<= gemm_nr) weight rows, inputs [t0, t0+len), to f32 packed
      * input-major, wp[t·gemm_nr + i] (64-byte aligned; features i >= nrows are 0). BF16/F32 rows
