@@ -118,25 +118,9 @@ tern_backend *tern_tp_backend(const tern_tp *tp, int rank) {
 
 /* ---- communication --------------------------------------------------------------------- */
 
-static void cpu_allreduce(tern_backend *be, float *y, size_t count) {
-    tp_rank *rk = (tp_rank *)be;
-    tern_tp *tp = rk->tp;
-    int n = tp->n, r = rk->rank;
-    tp->ar_ptr[r] = y;
-    pthread_barrier_wait(&tp->ar);
-    size_t lo = count * (size_t)r / (size_t)n, hi = count * (size_t)(r + 1) / (size_t)n;
-    for (size_t i = lo; i < hi; i++) {
-        float s = tp->ar_ptr[0][i];
-        for (int q = 1; q < n; q++) s += tp->ar_ptr[q][i];
-        for (int q = 0; q < n; q++) tp->ar_ptr[q][i] = s;
-    }
-    pthread_barrier_wait(&tp->ar);
-}
-
-/* x += the rank-order sum of y: the same two barriers, the add done by the rank that sums the
- * chunk (bitwise allreduce then add: one rounding per add, float addition commutes). */
-static void cpu_allreduce_add(tern_backend *be, float *x, float *y, size_t count) {
-    tp_rank *rk = (tp_rank *)be;
+/* y = the rank-order sum of every rank's y (x == NULL), or x += that sum: two barriers, each rank
+ * sums one chunk for all (bitwise allreduce then add: one rounding per add, addition commutes) */
+static void cpu_sum(tp_rank *rk, float *x, float *y, size_t count) {
     tern_tp *tp = rk->tp;
     int n = tp->n, r = rk->rank;
     tp->ar_ptr[r] = y;
@@ -146,9 +130,18 @@ static void cpu_allreduce_add(tern_backend *be, float *x, float *y, size_t count
     for (size_t i = lo; i < hi; i++) {
         float s = tp->ar_ptr[0][i];
         for (int q = 1; q < n; q++) s += tp->ar_ptr[q][i];
-        for (int q = 0; q < n; q++) tp->ax_ptr[q][i] = tp->ax_ptr[q][i] + s;
+        if (x)
+            for (int q = 0; q < n; q++) tp->ax_ptr[q][i] = tp->ax_ptr[q][i] + s;
+        else
+            for (int q = 0; q < n; q++) tp->ar_ptr[q][i] = s;
     }
     pthread_barrier_wait(&tp->ar);
+}
+
+static void cpu_allreduce(tern_backend *be, float *y, size_t count) { cpu_sum((tp_rank *)be, NULL, y, count); }
+
+static void cpu_allreduce_add(tern_backend *be, float *x, float *y, size_t count) {
+    cpu_sum((tp_rank *)be, x, y, count);
 }
 
 /* Every rank copies its logits slice into rank 0's rows (rank 0 publishes them first). */
