@@ -273,15 +273,19 @@ extern "C" void tern__cuda_attn_plan(tern__cuda *c, const tern_rows *rows, const
             }
         }
     }
-    *splits_out = 1;
-    if (blocks < c->n_sm) {
-        long s = (2L * c->n_sm + blocks - 1) / blocks;
-        long byk = (maxlen + 2L * T - 1) / (2L * T);
-        if (s > byk) s = byk;
-        if (s > 64) s = 64;
-        while (s > 1 && (size_t)s * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS) s /= 2;
-        *splits_out = s < 1 ? 1 : (int)s;
-    }
+    *splits_out = tern__cuda_attn_splits(c, blocks, maxlen, T, n, nh, d);
+}
+
+/* Split count when `blocks` blocks cannot fill the GPU: about two blocks per SM, at least two key
+ * tiles of T per split, at most 64, partials ([splits][n][nh][d + 2]) within `part`. */
+extern "C" int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long keys, int T, int n, int nh, int d) {
+    if (blocks >= c->n_sm) return 1;
+    long s = (2L * c->n_sm + blocks - 1) / blocks;
+    long byk = (keys + 2L * T - 1) / (2L * T);
+    if (s > byk) s = byk;
+    if (s > 64) s = 64;
+    while (s > 1 && (size_t)s * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS) s /= 2;
+    return s < 1 ? 1 : (int)s;
 }
 
 /* The split-K merge: out[rh] = Σ_z part_z · e^{M_z - M} / Σ_z L_z · e^{M_z - M} over the splits

@@ -40,7 +40,7 @@ struct MmArgs {
     const uint8_t *data[3], *scales[3], *biases[3];
     float *y[3];
     int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2]; pair = out[0] (outputs) */
-    int in, ng, gs, mode, ks; /* ng groups per row, ks K slices (blockIdx.y) of S steps */
+    int in, ng, mode, ks;     /* ng groups per row, ks K slices (blockIdx.y) of S steps */
     int rblocks;              /* row blocks (128 rows; pair: 64 outputs); gridDim.x <= rblocks walk them */
     const float *x;
     float *part; /* [ks][units] partials (pair: 2 per output) */
@@ -385,7 +385,6 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     if (pair) a.rows = w0->out; /* gate = matrix 0, up = matrix 1 */
     a.nm = k;
     a.in = w0->in;
-    a.gs = gs;
     a.ng = w0->in / gs;
     a.mode = mode;
     a.x = x;

@@ -390,15 +390,7 @@ extern "C" void tern__cuda_attention_latent(tern__cuda *c, float *out, const flo
     a.part = c->part;
     const int hsplit = (nh + HB - 1) / HB;
     const long blocks = (long)n * hsplit, keys = sel ? k_sel : max_keys(c, rows, kv);
-    a.splits = 1;
-    if (blocks < c->n_sm) {
-        long s = (2L * c->n_sm + blocks - 1) / blocks;
-        long byk = (keys + 2L * T - 1) / (2L * T);
-        if (s > byk) s = byk;
-        if (s > 64) s = 64;
-        while (s > 1 && (size_t)s * n * nh * (dv + 2) > TERN_CUDA_PART_FLOATS) s /= 2;
-        a.splits = s < 1 ? 1 : (int)s;
-    }
+    a.splits = tern__cuda_attn_splits(c, blocks, keys, T, n, nh, dv);
     dim3 grid((unsigned)n, (unsigned)hsplit, (unsigned)a.splits);
     if (rt) latent_attn_rt_kernel<<<grid, 256, smem, c->stream>>>(a);
     else latent_attn_kernel<<<grid, 256, smem, c->stream>>>(a);
