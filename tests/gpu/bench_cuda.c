@@ -471,6 +471,16 @@ int main(int argc, char **argv) {
         tern_backend_close(g);
         return 0;
     }
+    if (argc > 1 && !strcmp(argv[1], "--attn-dec")) { /* decode attention: run with TERN_CUDA_ATTN_DEC=0/1 */
+        static const int ctxs[] = {192, 1024, 8192};
+        for (int i = 0; i < 3; i++) {
+            bench_attn_decode(32, 8, 128, ctxs[i], 1);
+            bench_attn_decode(32, 8, 128, ctxs[i], 64);
+            bench_attn_decode(16, 8, 256, ctxs[i], 1);
+        }
+        tern_backend_close(g);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "--attn")) { /* prefill attention only: every kernel and tile shape */
         bench_attn_prefill_all(32, 8, 128, 2048, 4);
         bench_attn_prefill_all(32, 8, 128, 8192, 4);

@@ -87,12 +87,18 @@ TEST(cuda_attention_prefill_decode) {
         {32, 1, 512, 40, 0.0f, 8, {120, 41, 2}, 20},   /* G = 32 > heads per block: head split */
         {16, 4, 256, 0, 30.0f, 64, {1000, 2, 700}, 9},
     };
+    extern unsigned long long tern__cuda_attn_decode_calls;
     for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
         for (int v = 0; v < 3; v++) {
+            const unsigned long long dc = tern__cuda_attn_decode_calls;
             double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens, C[c].P, v);
             printf("  err attention nh=%d nkv=%d d=%d W=%d variant %d  %.2e\n", C[c].nh, C[c].nkv, C[c].d,
                    C[c].window, v, rel);
             CHECK(rel <= 1e-5, "case %zu variant %d rel %.2e", c, v, rel);
+            /* one decode row per slot goes to attn_decode.cu where its lane registers hold G·d/32 <= 32 */
+            const int G = C[c].nh / C[c].nkv, dec = v == 1 && G * C[c].d / 32 <= 32;
+            CHECK((tern__cuda_attn_decode_calls > dc) == dec, "case %zu variant %d: decode kernel ran %d, expected %d", c, v,
+                  tern__cuda_attn_decode_calls > dc, dec);
         }
 }
 

@@ -388,6 +388,14 @@ static tern_rows rows_sub(const tern_rows *rows, int r0, int n) {
 extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                      const tern_kv_layer *kv, float scale, float softcap) {
     const int n = rows->n;
+    /* decode rows (a recorded step, or at most two rows per sequence): attn_decode.cu */
+    bool dec = c->capturing;
+    if (!dec && rows->slot_host) {
+        int runs = n > 0;
+        for (int r = 1; r < n; r++) runs += rows->slot_host[r] != rows->slot_host[r - 1];
+        dec = n <= 2 * runs;
+    }
+    if (dec && tern__cuda_attn_decode(c, out, q, rows, nh, kv, scale, softcap)) return;
     if (c->capturing || !rows->slot_host || !rows->pos_host || n < fa_min_rows || nh <= 0 ||
         kv->n_head_kv <= 0 || nh % kv->n_head_kv) {
         attn_cores(c, out, q, rows, nh, kv, scale, softcap);

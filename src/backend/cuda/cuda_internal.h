@@ -149,6 +149,9 @@ void tern__cuda_attn_merge(tern__cuda *c, float *out, int nrow, int d, int split
 int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long keys, int T, int n, int nh, int d);
 void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                           const tern_kv_layer *kv, float scale, float softcap);
+/* attn_decode.cu: decode rows without spans over f32 pages; 0 when the shape is not served there */
+int tern__cuda_attn_decode(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                           const tern_kv_layer *kv, float scale, float softcap);
 
 /* fused decode ops (gemv.cu, fused.cu): return 1 when done, 0 when the caller must run the
  * separate ops (ops.h: matmul_n, matmul_glu, matmul_add, rope_kv_write) */

@@ -2,7 +2,9 @@
  * gemv_mma.cu — one activation row (decode, n = 1) times MLX affine Q weights (bits 4 and 8; groups
  * 32/64/128; BF16/F16 scales) on tensor cores, exact in f32 terms, with the integer codes fed to
  * mma.sync unconverted. The CUDA-core GEMVs of gemv.cu spend 6.5-8 instructions per code (ncu:
- * issue- and latency-bound); this one about 2.
+ * issue- and latency-bound). This one: 4.2 per code in its SASS (ncu source counters, 14336x4096,
+ * bench/NOTES.md (m)): per 8 codes 4 LOP3 + 3 SHF + 4 HADD2 of decoding, and ~200 register moves per
+ * row block and warp where the next row block's words are copied into the current ones.
  *
  *   y[r] = Σ_G s[r,G]·(Σ_{k∈G} q[r,k]·x[k]) + b[r,G]·Σ_{k∈G} x[k]
  *
@@ -45,6 +47,7 @@ struct MmArgs {
     const float *x;
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
+    uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
 };
 
 __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -55,14 +58,15 @@ __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint3
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* the word's 4 bf16 pairs (nibble j, nibble j+4), j = 0..3, as exact small integers */
-__device__ __forceinline__ void mm_decode(uint32_t w, uint32_t *r) {
-    const uint32_t k128u = 0x43004300u; /* bf16 pair (128, 128): a bit pattern, no conversion */
-    const __nv_bfloat162 k128 = *(const __nv_bfloat162 *)&k128u;
+/* the word's 4 bf16 pairs (nibble j, nibble j+4), j = 0..3, as exact small integers. The and-or is one
+ * LOP3 only when its second constant sits in a register: `magic` (= 0x43004300) comes from the kernel
+ * arguments so the compiler cannot fold it back into an immediate (two immediates: two LOP3s) */
+__device__ __forceinline__ void mm_decode(uint32_t w, uint32_t magic, uint32_t *r) {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        uint32_t p = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
-        __nv_bfloat162 h = __hsub2(*(__nv_bfloat162 *)&p, k128);
+        uint32_t p;
+        asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(p) : "r"(w >> (4 * j)), "r"(magic)); /* (a & b) | c */
+        __nv_bfloat162 h = __hsub2(*(__nv_bfloat162 *)&p, *(const __nv_bfloat162 *)&magic);
         r[j] = *(uint32_t *)&h;
     }
 }
@@ -153,6 +157,34 @@ __device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t,
     r.b1 = (const uint16_t *)a.biases[mat[1]] + (size_t)lrow[1] * a.ng;
     r.unit0 = unit[0]; r.unit1 = unit[1];
     r.live0 = live[0]; r.live1 = live[1];
+}
+
+/* split K: the block's partials are out (one fence); the last slice block of a row block sums its
+ * slices in order */
+__device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int units, int *mine, int *nmine) {
+    __threadfence();
+    if (threadIdx.x == 0) *nmine = 0;
+    __syncthreads();
+    for (int q = blockIdx.x + threadIdx.x * gridDim.x; q < a.rblocks; q += blockDim.x * gridDim.x)
+        if (atomicAdd(a.cnt + q, 1) == a.ks - 1) mine[atomicAdd(nmine, 1)] = q;
+    __syncthreads();
+    __threadfence();
+    const int per = pair ? 64 : 128;
+    for (int k = 0; k < *nmine; k++) {
+        const int q = mine[k], u0 = q * per;
+        for (int i = threadIdx.x; i < per; i += blockDim.x) {
+            const int u = u0 + i;
+            if (u >= a.rows) break;
+            float v = 0.f, up = 0.f;
+            for (int s = 0; s < a.ks; s++) {
+                const volatile float *qq = a.part + (size_t)s * units;
+                if (pair) { v += qq[2 * u]; up += qq[2 * u + 1]; }
+                else v += qq[u];
+            }
+            mm_store(a, u, v, up);
+        }
+        if (threadIdx.x == 0) a.cnt[q] = 0;
+    }
 }
 
 /* Step = 64 bytes of each of the warp's 16 rows (lane t: bytes 16t..16t+15, one 128-bit load per
@@ -261,8 +293,8 @@ template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 uint32_t ra[4], rc[4];
-                mm_decode(wa[i], ra);
-                mm_decode(wc[i], rc);
+                mm_decode(wa[i], a.magic, ra);
+                mm_decode(wc[i], a.magic, rc);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const uint2 *bp = bsm + (size_t)(sl * 8 + 2 * i + h) * 12;
@@ -313,31 +345,7 @@ template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2)
     }
     if (a.ks == 1) return;
 
-    /* split K: the block's partials are out (one fence); the last slice block of a row block sums
-     * its slices in order */
-    __threadfence();
-    if (threadIdx.x == 0) nmine = 0;
-    __syncthreads();
-    for (int q = blockIdx.x + threadIdx.x * gridDim.x; q < a.rblocks; q += blockDim.x * gridDim.x)
-        if (atomicAdd(a.cnt + q, 1) == a.ks - 1) mine[atomicAdd(&nmine, 1)] = q;
-    __syncthreads();
-    __threadfence();
-    const int per = pair ? 64 : 128;
-    for (int k = 0; k < nmine; k++) {
-        const int q = mine[k], u0 = q * per;
-        for (int i = threadIdx.x; i < per; i += blockDim.x) {
-            const int u = u0 + i;
-            if (u >= a.rows) break;
-            float v = 0.f, up = 0.f;
-            for (int s = 0; s < a.ks; s++) {
-                const volatile float *qq = a.part + (size_t)s * units;
-                if (pair) { v += qq[2 * u]; up += qq[2 * u + 1]; }
-                else v += qq[u];
-            }
-            mm_store(a, u, v, up);
-        }
-        if (threadIdx.x == 0) a.cnt[q] = 0;
-    }
+    mm_reduce_slices(a, pair, units, mine, &nmine);
 }
 
 template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
@@ -390,6 +398,7 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     a.x = x;
     a.part = c->part;
     a.cnt = c->mm_cnt;
+    a.magic = 0x43004300u;
     if (a.rows <= 0) return 1;
     const int cps = 512 / w0->bits; /* inputs per 64-byte step */
     if (a.in % cps) return 0;
@@ -410,9 +419,9 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
         grid_mode = v && v[0] ? atoi(v) : 1;
     }
     int gx = rblocks;
-    if (grid_mode > 0 && a.ks <= 8) { /* with many slices the walk's serial tail reductions cost more
-                                       * (4096x14336 q4: 38.5 us walking vs 30.8 not; 14336x4096 26.6
-                                       * vs 30.2; lm head 167.5 vs 219.2) */
+    /* with many slices the walk's serial tail reductions cost more (4096x14336 q4: 38.5 us walking
+     * vs 30.8 not; 14336x4096 26.6 vs 30.2; lm head 167.5 vs 219.2) */
+    if (grid_mode > 0 && a.ks <= 8) {
         const int want = (grid_mode * 2 * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;
         gx = want < rblocks ? want : rblocks;
         const int lo = (rblocks + MM_MINE - 1) / MM_MINE;
