@@ -2,9 +2,10 @@
  * gemv_mma.cu — one activation row (decode, n = 1) times MLX affine Q weights (bits 4 and 8; groups
  * 32/64/128; BF16/F16 scales) on tensor cores, exact in f32 terms, with the integer codes fed to
  * mma.sync unconverted. The CUDA-core GEMVs of gemv.cu spend 6.5-8 instructions per code (ncu:
- * issue- and latency-bound). This one: 4.2 per code in its SASS (ncu source counters, 14336x4096,
- * bench/NOTES.md (m)): per 8 codes 4 LOP3 + 3 SHF + 4 HADD2 of decoding, and ~200 register moves per
- * row block and warp where the next row block's words are copied into the current ones.
+ * issue- and latency-bound). This one's SASS (ncu source counters, 14336x4096, bench/NOTES.md (m)) ran
+ * 1072 instructions per row block and warp, 4.2 per code: the decode's and-or took two LOP3s (now
+ * one: 4 LOP3 + 3 SHF + 4 HADD2 per 8 codes) and ~200 register moves copy the next row block's words
+ * into the current ones (open).
  *
  *   y[r] = Σ_G s[r,G]·(Σ_{k∈G} q[r,k]·x[k]) + b[r,G]·Σ_{k∈G} x[k]
  *
