@@ -26,13 +26,17 @@
 
 typedef struct req {
     double t_submit, t_tok[MAX_GEN];
+    uint64_t digest; /* FNV-1a over the generated ids (greedy runs compare across settings) */
     int n;
     int done, failed, n_cached;
 } req;
 
 static int on_event(void *ctx, const tern_event *ev) {
     req *r = ctx;
-    if (ev->kind == TERN_EV_TOKEN) { if (r->n < MAX_GEN) r->t_tok[r->n++] = tern_time_s(); }
+    if (ev->kind == TERN_EV_TOKEN) {
+        if (r->n < MAX_GEN) r->t_tok[r->n++] = tern_time_s();
+        r->digest = (r->digest ^ (uint32_t)ev->token) * 1099511628211ULL;
+    }
     else { r->done = 1; r->n_cached = ev->n_cached; r->failed = ev->kind == TERN_EV_ERROR; if (r->failed && ev->err) fprintf(stderr, "request: %s\n", ev->err->msg); }
     return 0;
 }
@@ -105,6 +109,7 @@ static int run_conc(const args *a, int C) {
     tern_model_info mi;
     tern_engine_model_info(e, &mi);
     req *rs = calloc((size_t)C, sizeof *rs);
+    for (int i = 0; i < C; i++) rs[i].digest = 14695981039346656037ULL;
     int32_t *p = malloc(sizeof(int32_t) * (size_t)a->prompt * (size_t)C);
     double *ttft = malloc(sizeof(double) * (size_t)C), *itl = malloc(sizeof(double) * (size_t)C * (size_t)a->gen);
     if (!rs || !p || !ttft || !itl) { fprintf(stderr, "out of memory\n"); return -1; }
@@ -130,6 +135,9 @@ static int run_conc(const args *a, int C) {
            it99 * 1e3, t1 - t0);
     printf("csv,conc,%s,%s,%d,%d,%d,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f\n", a->model, a->device, C, a->prompt, a->gen, out_tps,
            dec_tps, tt50 * 1e3, tt99 * 1e3, it50 * 1e3, it99 * 1e3);
+    uint64_t dg = 14695981039346656037ULL; /* the requests' digests in submit order */
+    for (int i = 0; i < C; i++) dg = (dg ^ rs[i].digest) * 1099511628211ULL;
+    printf("ids digest %d requests: %016llx\n", C, (unsigned long long)dg);
     fflush(stdout);
     free(rs); free(p); free(ttft); free(itl);
     tern_engine_close(e);

@@ -111,11 +111,9 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
 
 static tern_status load_model(const cli_common *c, cli_session *s, char *dir, size_t n, tern_error *e) {
     tern_status st = TERN_OK;
-    /* expert offload (runtime/experts.h): single-device models only for now */
+    /* expert offload (runtime/experts.h); with --gpus N each rank caches its own experts */
     tern_model_opts mo = {.expert_cache_bytes = (size_t)(c->expert_cache_gb * 1073741824.0),
                           .expert_trace = c->expert_trace, .no_mmap = c->no_mmap};
-    if (s->tp && c->expert_cache_gb > 0)
-        return tern_err(e, TERN_EUNSUPPORTED, "expert offload (--expert-cache) with --gpus N is not supported yet");
     if (c->random) {
         const char *js = tern_preset_config(c->random);
         tern_synth_spec spec = {.bits = c->random_bits, .group_size = c->random_group ? c->random_group : 64};
@@ -124,12 +122,12 @@ static tern_status load_model(const cli_common *c, cli_session *s, char *dir, si
             st = tern_config_parse(s->cfg, js, strlen(js), c->random, e);
             if (!st) st = tern_weights_open_synth(&s->ws, s->cfg, &spec, e);
         }
-        if (!st && s->tp) st = tern_tp_load(s->tp, s->cfg, s->ws, NULL, &s->model, e);
+        if (!st && s->tp) st = tern_tp_load(s->tp, s->cfg, s->ws, &mo, &s->model, e);
         else if (!st) st = tern_model_load_from(&s->model, s->cfg, s->ws, s->be, &mo, e);
         return st;
     }
     st = tern_model_path_resolve(c->model, dir, n, e);
-    if (!st && s->tp) st = tern_tp_load_dir(s->tp, dir, NULL, &s->model, e);
+    if (!st && s->tp) st = tern_tp_load_dir(s->tp, dir, &mo, &s->model, e);
     else if (!st) st = tern_model_load(&s->model, dir, s->be, &mo, e);
     if (!st && c->no_mmap) /* start-up line (only when asked: default output unchanged) */
         fprintf(stderr, "tern: weights read into memory (--no-mmap, 2 MB pages)%s\n",

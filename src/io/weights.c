@@ -562,11 +562,11 @@ void tern_weights_set_expert_views(tern_weights *w, int on) {
     if (w) w->views = on != 0;
 }
 
-const tern_expert_src *tern_weights_expert_views(const tern_weights *w, const tern_tensor *stack) {
-    if (!w || !stack || !stack->name || stack->ndim != 3) return NULL;
+const tern_expert_src *tern_weights_expert_views(const tern_weights *w, const tern_tensor *stack, int e0) {
+    if (!w || !stack || !stack->name || stack->ndim != 3 || e0 < 0) return NULL;
     for (int i = 0; i < w->n_stacks; i++)
-        if (!strcmp(w->stacks[i].name, stack->name) && stack->shape[0] == w->stacks[i].t.shape[0])
-            return w->stacks[i].src;
+        if (!strcmp(w->stacks[i].name, stack->name) && e0 + stack->shape[0] <= w->stacks[i].t.shape[0])
+            return w->stacks[i].src + e0;
     return NULL;
 }
 

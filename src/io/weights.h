@@ -93,7 +93,9 @@ void tern_weights_set_expert_views(tern_weights *w, int on);
 /* The E-entry source table of a per-expert stack returned by get/try (matched by its name), or
  * NULL for a stack stored contiguously (fused / mlx). Also given when the stack was copied too
  * (views off earlier): the store may read either. Owned by the store. */
-const tern_expert_src *tern_weights_expert_views(const tern_weights *w, const tern_tensor *stack);
+/* e0: the stack holds experts [e0, e0 + stack->shape[0]) of the stored ones (an expert-parallel
+ * rank's cut); the table returned starts at expert e0 */
+const tern_expert_src *tern_weights_expert_views(const tern_weights *w, const tern_tensor *stack, int e0);
 /* Bytes copied so far into stacks built from per-expert tensors (0 = none copied). */
 size_t tern_weights_stacked_bytes(const tern_weights *w);
 

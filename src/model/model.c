@@ -6,8 +6,9 @@
  *
  * Step graphs: on backends that offer them (vt->graph_*), a decode-sized step (n <= 32 rows,
  * every row wants logits) is recorded once per shape and replayed afterwards; bigger decode steps
- * (up to TERN_GRAPH_MAX_ROWS, default 32 until measured on a GPU; 128 covers batch-64/128 serving)
- * are recorded when the same shape comes twice in a row, so batches whose size changes every step
+ * (up to TERN_GRAPH_MAX_ROWS, default 128: batch-64 decode on the H200 +6 % with one GPU, +7 % with
+ * two, greedy ids of 64 requests identical to eager and to the CPU, bench/NOTES.md (m)) are recorded
+ * when the same shape comes twice in a row, so batches whose size changes every step
  * do not re-record. The key covers
  * what the recorded op sequence depends on: the model, the KV views (pools, block tables),
  * the row count and the input kind; positions, slots and tokens are device inputs uploaded
@@ -342,7 +343,7 @@ tern_status tern_model_load_from(tern_model **out, const tern_model_config *cfg,
         s = tern_err(err, TERN_ENOMEM, "out of memory");
     if (!s && opts && (opts->expert_cache_bytes || opts->expert_slots) && cfg->n_expert > 0) {
         tern_experts_opts xo = {.cap_bytes = opts->expert_cache_bytes, .slots = opts->expert_slots,
-                                .trace = opts->expert_trace};
+                                .trace = opts->expert_trace, .e0 = opts->expert_e0};
         s = tern_experts_open(&m->experts, be, cfg->n_layer, &xo, err);
         m->load_ws = ws;
         tern_weights_set_expert_views(ws, 1); /* per-expert stacks: not copied, read from the file (moe.c) */
@@ -418,12 +419,13 @@ void tern_model_get_stats(const tern_model *m, tern_model_stats *st) { *st = m->
 /* ---- step graphs ---------------------------------------------------------------------- */
 
 #define GRAPH_EAGER_ROWS 32 /* recorded at first sight; bigger steps when they repeat */
+#define GRAPH_MAX_ROWS 128
 
 static int graph_max_rows(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("TERN_GRAPH_MAX_ROWS");
-        v = e && e[0] ? atoi(e) : GRAPH_EAGER_ROWS; /* 128: opt-in, not yet measured on the H200 */
+        v = e && e[0] ? atoi(e) : GRAPH_MAX_ROWS;
         if (v < 0) v = 0;
     }
     return v;

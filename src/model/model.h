@@ -51,6 +51,8 @@ typedef struct tern_model_opts {
     int no_mmap;              /* (appended) tern_model_load: read tensor bytes into anonymous 2 MB-page
                                  memory instead of using the file mapping; offloaded experts stay
                                  in the file (io/safetensors.h tern_st_opts) */
+    int expert_e0;            /* (appended) expert offload on an expert-parallel rank: the global id of
+                                 its first expert (model/tp.c sets it per rank) */
 } tern_model_opts;
 
 /* Load DIR (config.json + safetensors) onto backend `be`. Every expected tensor is checked

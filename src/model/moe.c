@@ -40,7 +40,8 @@ tern_status tern__experts_register(tern_model *m, const char *name, tern_tensor 
         return tern_err(err, TERN_EINVAL, "expert offload: '%s' is not a layers.L.experts.{gate,up,down} stack", name);
     int w = !strcmp(which, "gate") ? 0 : !strcmp(which, "up") ? 1 : !strcmp(which, "down") ? 2 : -1;
     if (w < 0) return tern_err(err, TERN_EINVAL, "expert offload: '%s': unknown stack '%s'", name, which);
-    const tern_expert_src *src = tern_weights_expert_views(m->load_ws, t); /* per-expert: stored bytes */
+    /* per-expert: stored bytes (an expert-parallel rank's stack starts at its first expert) */
+    const tern_expert_src *src = tern_weights_expert_views(m->load_ws, t, tern_experts_e0(m->experts));
     if (src) return tern_experts_add_src(m->experts, l, w, t, src, 1, err);
     return tern_experts_add(m->experts, l, w, t, file_backed(m->load_ws, t), err);
 }

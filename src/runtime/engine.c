@@ -229,11 +229,6 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
                           .expert_cache_bytes = (size_t)(o.expert_cache_gb * 1073741824.0), .no_mmap = o.no_mmap};
     if (!is_random && o.model && strcmp(o.model, "demo"))
         tern_log(TERN_LOG_INFO, "weights: %s", o.no_mmap ? "read into memory (--no-mmap, 2 MB pages)" : "mmap of the files");
-    if (e->tp && o.expert_cache_gb > 0) { /* not combined yet (docs/OFFLOAD.md) */
-        st = tern_err(err, TERN_EUNSUPPORTED, "expert offload (--expert-cache) with tensor parallelism (--gpus N) is not "
-                      "supported yet");
-        goto fail;
-    }
     if (is_random) st = load_random(e, o.model + 7, &mo, err);
     else if (e->tp) st = tern_tp_load_dir(e->tp, e->dir, &mo, &e->m, err);
     else st = tern_model_load(&e->m, e->dir, e->be, &mo, err);

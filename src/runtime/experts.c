@@ -77,7 +77,10 @@ struct tern_experts {
     uint64_t clock;
     FILE *trace;
     tern_experts_stats st;
-    float *d_lg, *h_lg;       /* read-ahead router logits [PRED_ROWS, E]: backend / host */
+    int e0;                   /* global id of local expert 0 (expert-parallel rank; 0 alone) */
+    int RE;                   /* router rows (global experts) of the read-ahead, >= e0 + E */
+    float *d_lg, *h_lg;       /* read-ahead router logits [PRED_ROWS, RE]: backend / host */
+    uint8_t *gsel;            /* [RE]: read-ahead selection marks (2: this row, 4: this pass) */
     int64_t ahead_call;       /* misses of the current call that had been read ahead */
     /* I/O thread (CPU backends): a queue of slot copies for the next MoE layer */
     int io_on;
@@ -102,6 +105,7 @@ tern_status tern_experts_open(tern_experts **out, tern_backend *be, int n_layer,
     x->n_layer = n_layer;
     x->cap = o ? o->cap_bytes : 0;
     x->slots_req = o ? o->slots : 0;
+    x->e0 = o && o->e0 > 0 ? o->e0 : 0;
     const char *ch = getenv("TERN_EXPERTS_CHUNKS");
     x->chunk_on_host = ch && ch[0] == '1';
     if (o && o->trace && *o->trace && !(x->trace = fopen(o->trace, "w"))) {
@@ -134,6 +138,7 @@ void tern_experts_close(tern_experts *x) {
     free(x->pred);
     if (x->d_lg) x->be->vt->free(x->be, x->d_lg);
     free(x->h_lg);
+    free(x->gsel);
     if (x->trace) fclose(x->trace);
     free(x->L);
     free(x->ids);
@@ -141,6 +146,8 @@ void tern_experts_close(tern_experts *x) {
     free(x->seen);
     free(x);
 }
+
+int tern_experts_e0(const tern_experts *x) { return x ? x->e0 : 0; }
 
 tern_status tern_experts_add(tern_experts *x, int layer, int which, const tern_tensor *t, int file_backed,
                              tern_error *err) {
@@ -307,7 +314,16 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
      * (bench/NOTES.md: 4.06 -> 2.98 tok/s at k slots on 2 cores) */
     int want_io = x->be->device < 0 && pf && pf[0] && pf[0] != '0', routed = 0;
     x->skew = pf && !strcmp(pf, "skew");
-    for (int l = 0; l < x->n_layer; l++) routed |= x->L[l].have && x->L[l].router.data && x->L[l].router.shape[0] == E;
+    /* a router reads ahead for this store when its rows cover the store's experts [e0, e0 + E) */
+    x->RE = 0;
+    for (int l = 0; l < x->n_layer; l++) {
+        xlayer *L = &x->L[l];
+        if (L->router.data && L->router.shape[0] < (int64_t)x->e0 + E) L->router.data = NULL; /* not this store's routing */
+        if (L->have && L->router.data) {
+            routed = 1;
+            if (L->router.shape[0] > x->RE) x->RE = (int)L->router.shape[0];
+        }
+    }
     for (int l = 0; l < x->n_layer; l++) {
         xlayer *L = &x->L[l];
         if (!L->have) continue;
@@ -325,11 +341,11 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
         L->stamp = calloc((size_t)S, sizeof(uint64_t));
         L->ahead = calloc((size_t)E, 1);
         L->pre = calloc((size_t)S, 1);
-        if (L->router.data && L->router.shape[0] != E) L->router.data = NULL; /* not this store's routing */
         if (L->router.data && (L->file_backed || (want_io && routed)) && !x->d_lg) {
-            x->d_lg = vt->alloc(x->be, sizeof(float) * PRED_ROWS * (size_t)E);
-            x->h_lg = malloc(sizeof(float) * PRED_ROWS * (size_t)E);
-            if (!x->d_lg || !x->h_lg) return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
+            x->d_lg = vt->alloc(x->be, sizeof(float) * PRED_ROWS * (size_t)x->RE);
+            x->h_lg = malloc(sizeof(float) * PRED_ROWS * (size_t)x->RE);
+            x->gsel = calloc((size_t)x->RE, 1);
+            if (!x->d_lg || !x->h_lg || !x->gsel) return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
         }
         L->pool = vt->alloc(x->be, off);
         L->map_dev = vt->alloc(x->be, sizeof(int32_t) * (size_t)E);
@@ -482,33 +498,36 @@ static void read_ahead(tern_experts *x, int layer, const float *xin, int n) {
     if (nx >= x->n_layer || n > PRED_ROWS || !x->d_lg) return;
     xlayer *N = &x->L[nx];
     if (!N->router.data || !(N->file_backed || x->io_on) || !N->pool || N->router.shape[1] <= 0) return;
-    int E = x->E, k = x->k, np = 0;
+    int E = x->E, k = x->k, np = 0, RE = (int)N->router.shape[0];
     x->be->vt->matmul(x->be, x->d_lg, xin, n, &N->router);
-    x->be->vt->download(x->be, x->h_lg, x->d_lg, sizeof(float) * (size_t)n * E);
+    x->be->vt->download(x->be, x->h_lg, x->d_lg, sizeof(float) * (size_t)n * RE);
+    uint8_t *sel = x->gsel;
     for (int r = 0; r < n; r++) {
-        const float *lg = x->h_lg + (size_t)r * E;
-        for (int j = 0; j < k; j++) { /* the j-th largest logit (k is small) */
+        const float *lg = x->h_lg + (size_t)r * RE;
+        for (int j = 0; j < k; j++) { /* the j-th largest logit over every expert (k is small) */
             int best = -1;
-            for (int e = 0; e < E; e++)
-                if (!(N->ahead[e] & 2) && (best < 0 || lg[e] > lg[best])) best = e;
+            for (int g = 0; g < RE; g++)
+                if (!(sel[g] & 2) && (best < 0 || lg[g] > lg[best])) best = g;
             if (best < 0) break;
-            N->ahead[best] |= 2; /* chosen in this row */
-            if (!(N->ahead[best] & 4) && x->pred) x->pred[np++] = (best + x->skew) % E;
-            N->ahead[best] |= 4; /* chosen in this pass */
-            if (N->slot_of[best] >= 0 || (N->ahead[best] & 1)) continue;
-            N->ahead[best] |= 1;
+            sel[best] |= 2; /* chosen in this row */
+            const int e = best - x->e0; /* this store's expert, or another rank's */
+            if (e < 0 || e >= E) continue;
+            if (!(sel[best] & 4) && x->pred) x->pred[np++] = (e + x->skew) % E;
+            sel[best] |= 4; /* chosen in this pass */
+            if (N->slot_of[e] >= 0 || (N->ahead[e] & 1)) continue;
+            N->ahead[e] |= 1;
             x->st.predicted++;
             if (!N->file_backed) continue;
             for (int w = 0; w < 3; w++)
                 for (int rg = 0; rg < N->st[w].nreg; rg++) {
                     size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = rg ? N->st[w].slen : N->st[w].dlen;
-                    uintptr_t a = (uintptr_t)src_region(&N->st[w], rg, best), lo = a & ~(uintptr_t)(pg - 1);
+                    uintptr_t a = (uintptr_t)src_region(&N->st[w], rg, e), lo = a & ~(uintptr_t)(pg - 1);
                     madvise((void *)lo, a + len - lo, MADV_WILLNEED);
                 }
         }
-        for (int e = 0; e < E; e++) N->ahead[e] &= 5;
+        for (int g = 0; g < RE; g++) sel[g] &= 4;
     }
-    for (int e = 0; e < E; e++) N->ahead[e] &= 1;
+    memset(sel, 0, (size_t)RE);
     if (!x->io_on) return;
     uint64_t now = ++x->clock; /* the predicted experts: kept (stamped), the missing ones copied */
     for (int i = 0; i < np; i++)

@@ -36,7 +36,13 @@ typedef struct tern_experts_opts {
     size_t cap_bytes;         /* slot memory over every MoE layer (used when slots == 0) */
     int slots;                /* > 0: slots per MoE layer (overrides cap_bytes) */
     const char *trace;        /* path of the JSON-lines routing trace (appended), or NULL */
+    int e0;                   /* (appended) global id of the stacks' expert 0: an expert-parallel rank
+                                 holds experts [e0, e0 + E) and routes (and reads ahead) with the
+                                 global router; 0 on a single device */
 } tern_experts_opts;
+
+/* the global id of the store's expert 0 (tern_experts_opts.e0); 0 for NULL */
+int tern_experts_e0(const tern_experts *x);
 
 typedef struct tern_experts_stats {
     int n_layers;             /* MoE layers registered */

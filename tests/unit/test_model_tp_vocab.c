@@ -16,6 +16,9 @@
  * gemma4_dense (tied embedding: a row view of the whole table; gemma4: final softcap), a q4
  * tied embedding (scales / biases follow the rows) and gemma4_moe_like. Device sampling on
  * rank 0 draws from the gathered rows: greedy and seeded draws equal those of the old layout.
+ * TERN_TEST_DEVICE=cuda puts rank i on GPU i (N up to the GPUs present, 2 by default via
+ * TERN_TEST_TP): there the three layouts must agree within the bound (a cuBLAS GEMM over fewer
+ * rows may pick another reduction order), and whether they are bitwise is printed.
  */
 #include "model/tp.h"
 #include "parity_util.h"
@@ -29,6 +32,8 @@
 
 #define FIXDIR "tests/parity/fixtures"
 #define TP_BOUND 5e-5
+
+static int g_cuda, g_max_n = 4; /* TERN_TEST_DEVICE=cuda: GPU ranks, at most TERN_TEST_TP (default 2) */
 
 typedef struct fixture { int32_t *prompt, *all; int np, na; } fixture;
 
@@ -69,7 +74,7 @@ static tern_status open_group(const char *name, int N, int ctx, tern_tp **tp, te
                               tern_error *e) {
     char dir[512];
     snprintf(dir, sizeof dir, FIXDIR "/%s", name);
-    tern_tp_opts to = {.n = N, .cuda = 0, .n_threads = N, .compute = TERN_COMPUTE_F32};
+    tern_tp_opts to = {.n = N, .cuda = g_cuda, .n_threads = g_cuda ? 0 : N, .compute = TERN_COMPUTE_F32};
     tern_status s = tern_tp_open(tp, &to, e);
     if (!s) s = tern_tp_load_dir(*tp, dir, NULL, m, e);
     tern_kv_opts ko = {.n_slots = 2, .max_ctx = ctx, .block_size = 4};
@@ -137,7 +142,16 @@ static int same_bits(const out *a, const out *b, int na) {
            !memcmp(a->step, b->step, sizeof(float) * V);
 }
 
+/* worst rel L2 per row between two runs' full logits */
+static double worst_rel(const out *a, const out *b, int na) {
+    double w = 0;
+    for (int t = 0; t < na; t++)
+        w = fmax(w, test_rel_l2(a->full + (size_t)t * a->V, b->full + (size_t)t * a->V, (size_t)a->V));
+    return w;
+}
+
 static void check_case(const char *name, int max_n) {
+    if (max_n > g_max_n) max_n = g_max_n;
     fixture f;
     if (!fix_load(name, &f)) { printf("  %s: no fixture\n", name); fix_free(&f); return; }
     out one;
@@ -151,8 +165,16 @@ static void check_case(const char *name, int max_n) {
         }
         if (!o[0].st && !o[1].st && !o[2].st) {
             int V = one.V;
-            CHECK(same_bits(&o[0], &o[1], f.na), "%s N=%d: the vocabulary-split head changed logits", name, N);
-            CHECK(same_bits(&o[1], &o[2], f.na), "%s N=%d: the fused residual all-reduce changed logits", name, N);
+            if (g_cuda) {
+                const double w01 = worst_rel(&o[0], &o[1], f.na), w12 = worst_rel(&o[1], &o[2], f.na);
+                printf("  %s N=%d cuda: split head %s (%.2e), fused add %s (%.2e)\n", name, N,
+                       same_bits(&o[0], &o[1], f.na) ? "bitwise" : "not bitwise", w01,
+                       same_bits(&o[1], &o[2], f.na) ? "bitwise" : "not bitwise", w12);
+                CHECK(w01 <= TP_BOUND && w12 <= TP_BOUND, "%s N=%d: layouts differ by %.3g / %.3g", name, N, w01, w12);
+            } else {
+                CHECK(same_bits(&o[0], &o[1], f.na), "%s N=%d: the vocabulary-split head changed logits", name, N);
+                CHECK(same_bits(&o[1], &o[2], f.na), "%s N=%d: the fused residual all-reduce changed logits", name, N);
+            }
             double worst = 0;
             int bad = -1;
             for (int t = 0; t < f.na; t++) {
@@ -199,7 +221,7 @@ static void draws(const char *name, int mode, const fixture *f, int32_t *greedy,
     tern_model *m = NULL;
     tern_kv *kv = NULL;
     tern_error e = {0};
-    tern_status s = open_group(name, 4, f->na + 8, &tp, &m, &kv, &e);
+    tern_status s = open_group(name, g_max_n < 4 ? g_max_n : 4, f->na + 8, &tp, &m, &kv, &e);
     if (!s && !tern_model_can_sample(m)) s = tern_err(&e, TERN_EUNSUPPORTED, "no device sampling in the group");
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)f->na), *slot = calloc((size_t)f->na, sizeof(int32_t));
     for (int i = 0; i < f->na; i++) pos[i] = i;
@@ -241,19 +263,32 @@ TEST(tp_vocab_device_sampling) {
         tern_status s0, s2;
         draws(names[i], 0, &f, g0, h0, &s0);
         draws(names[i], 2, &f, g2, h2, &s2);
-        CHECK(s0 == TERN_OK && s2 == TERN_OK, "%s: device sampling in a 4-rank group failed", names[i]);
+        CHECK(s0 == TERN_OK && s2 == TERN_OK, "%s: device sampling in a group failed", names[i]);
         int greedy_ok = 1, same = 1;
         for (int t = 0; t < n && !s2; t++) greedy_ok &= g2[t] == f.all[f.np + t + 1];
         for (int t = 0; t < n && !s0 && !s2; t++) same &= g0[t] == g2[t] && h0[t] == h2[t];
         CHECK(greedy_ok, "%s: greedy draws from the gathered rows differ from the reference", names[i]);
-        CHECK(same, "%s: draws differ between the split and the replicated head", names[i]);
-        printf("  %s: %d device draws per row on 4 ranks, greedy %s, seeded draws %s\n", names[i], n,
+        CHECK(same || g_cuda, "%s: draws differ between the split and the replicated head", names[i]); /* cuda: not bitwise */
+        printf("  %s: %d device draws per row on %d ranks, greedy %s, seeded draws %s\n", names[i], n, g_max_n < 4 ? g_max_n : 4,
                greedy_ok ? "= reference" : "DIFFER", same ? "= replicated head" : "DIFFER");
         fix_free(&f);
     }
 }
 
 int main(void) {
+    const char *dev = getenv("TERN_TEST_DEVICE"), *sz = getenv("TERN_TEST_TP");
+    if (dev && !strcmp(dev, "cuda")) {
+        g_cuda = 1;
+        g_max_n = sz && atoi(sz) >= 2 ? atoi(sz) : 2;
+        tern_tp *tp = NULL;
+        tern_error e = {0};
+        tern_tp_opts to = {.n = g_max_n, .cuda = 1};
+        if (tern_tp_open(&tp, &to, &e)) {
+            printf("SKIP: tp_vocab on cuda: %s\n", e.msg);
+            return 0;
+        }
+        tern_tp_close(tp);
+    }
     RUN(tp_vocab_llama);
     RUN(tp_vocab_gemma4);
     RUN(tp_vocab_glm5);
