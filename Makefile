@@ -122,7 +122,11 @@ build/tests/test_model_tp_core: tests/unit/test_model_tp.c build/libtern_core.a
 build/tests/test_model_tp_vocab_core: tests/unit/test_model_tp_vocab.c build/libtern_core.a
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) $(CORE_CFLAGS) -DTERN_CORE_ONLY -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
-core: build/tern-core build/tests/test_parity_core build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core
+build/tests/test_model_tp_offload_core: tests/unit/test_model_tp_offload.c build/libtern_core.a
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) $(CORE_CFLAGS) -DTERN_CORE_ONLY -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
+core: build/tern-core build/tests/test_parity_core build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core \
+      build/tests/test_model_tp_offload_core
 .PHONY: core
 
 # `make bench-glm`: build/bench_glm_gpu (GLM-5 per layer + latent attention, cpu or cuda) from the

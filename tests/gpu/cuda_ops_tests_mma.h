@@ -9,7 +9,7 @@
  */
 
 extern unsigned long long tern__cuda_gemv_mma_calls;
-extern int tern__cuda_gemv_mma_on;
+extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp;
 
 TEST(cuda_gemv_mma) {
     const int keep = tern__cuda_gemv_mma_on;
@@ -73,7 +73,61 @@ TEST(cuda_gemv_mma_glu_walk) {
     free(x); free_w(&h0); free_w(&h1);
 }
 
+/* TERN_CUDA_GEMV_PP (two register sets for the walk, Q4) does the same arithmetic in the same
+ * order: plain, q|k|v, gate/up (silu, gelu) and residual results must be the same bits as the
+ * one-set walk, walking several row blocks or not, split K or not */
+TEST(cuda_gemv_mma_pp_bits) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_pp_bits", "not built"); return; }
+    const int keep = tern__cuda_gemv_mma_pp;
+    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16}};
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
+            hw h[3] = {make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, out, in, 0), make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, out, in, 0),
+                       make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, o2, in, 0)};
+            tern_tensor t[3];
+            tern_error err = {0};
+            for (int i = 0; i < 3; i++) {
+                t[i] = h[i].t;
+                CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+            }
+            char nm[64];
+            fmt_name(&h[0].t, nm, sizeof nm);
+            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[2][5];
+            void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
+            for (int v = 0; v < 2; v++) {
+                tern__cuda_gemv_mma_pp = v;
+                float *ys[3] = {(float *)yd, (float *)yd + out, (float *)yd + 2 * out};
+                const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+                g->vt->matmul(g, yd, xd, 1, &t[0]);
+                res[v][0] = from_gpu(g, yd, out);
+                CHECK(g->vt->matmul_n(g, 3, ys, xd, 1, ws) == 1, "%s matmul_n refused", nm);
+                res[v][1] = from_gpu(g, yd, tot);
+                for (int act = 0; act < 2; act++) {
+                    CHECK(g->vt->matmul_glu(g, yd, xd, 1, &t[0], &t[1], act) == 1, "%s matmul_glu refused", nm);
+                    res[v][2 + act] = from_gpu(g, yd, out);
+                }
+                g->vt->upload(g, yd, r, (size_t)out * 4);
+                CHECK(g->vt->matmul_add(g, yd, xd, 1, &t[0]) == 1, "%s matmul_add refused", nm);
+                res[v][4] = from_gpu(g, yd, out);
+            }
+            static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
+            for (int k = 0; k < 5; k++) {
+                CHECK(same_bits(res[0][k], res[1][k], k == 1 ? tot : out), "%s %dx%d %s: two-set walk != one-set walk", nm,
+                      out, in, what[k]);
+                free(res[0][k]); free(res[1][k]);
+            }
+            for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+            g->vt->free(g, xd); g->vt->free(g, yd);
+            free(x); free(r);
+        }
+    tern__cuda_gemv_mma_pp = keep;
+}
+
 static void cuda_mma_tests(void) {
+    RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);
 }

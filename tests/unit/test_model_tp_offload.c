@@ -10,6 +10,7 @@
  * routed experts miss) and at E/N, with the I/O thread and read-ahead off and on
  * (TERN_EXPERTS_PREFETCH=1). Fixtures cover the stored layouts: HF fused 3-D (gemma4_moe_like),
  * per-expert tensors (glm5_dsa: the views path), mlx switch_glu stacks (gemma4_moe_mixed).
+ * TERN_TEST_DEVICE=cuda puts rank i on GPU i (skips with fewer than 2 GPUs).
  */
 #include "model/tp.h"
 #include "parity_util.h"
@@ -22,6 +23,8 @@
 #include <string.h>
 
 #define FIXDIR "tests/parity/fixtures"
+
+static int g_cuda;
 
 typedef struct run_out {
     tern_status st;
@@ -43,7 +46,7 @@ static void run(const char *name, int N, int slots, const int32_t *all, int np, 
     tern_tp *tp = NULL;
     tern_model *m = NULL;
     tern_kv *kv = NULL;
-    tern_tp_opts to = {.n = N, .n_threads = N, .compute = TERN_COMPUTE_F32};
+    tern_tp_opts to = {.n = N, .cuda = g_cuda, .n_threads = g_cuda ? 0 : N, .compute = TERN_COMPUTE_F32};
     tern_model_opts mo = {.expert_slots = slots};
     tern_status s = tern_tp_open(&tp, &to, &e);
     if (!s) s = tern_tp_load_dir(tp, dir, slots ? &mo : NULL, &m, &e);
@@ -144,6 +147,18 @@ TEST(tp_offload_layouts) {
 }
 
 int main(void) {
+    const char *dev = getenv("TERN_TEST_DEVICE");
+    if (dev && !strcmp(dev, "cuda")) {
+        g_cuda = 1;
+        tern_tp *tp = NULL;
+        tern_error e = {0};
+        tern_tp_opts to = {.n = 2, .cuda = 1};
+        if (tern_tp_open(&tp, &to, &e)) {
+            printf("SKIP: tp_offload on cuda: %s\n", e.msg);
+            return 0;
+        }
+        tern_tp_close(tp);
+    }
     RUN(tp_offload_layouts);
     return test_done();
 }

@@ -195,7 +195,7 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
  * group's scale. A block stages x for its slice once and then walks row blocks blockIdx.x,
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
-template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
+template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     constexpr int S = GB == 16 ? 2 : 4;           /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
@@ -211,21 +211,26 @@ template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2)
     const int nst = a.in / CPS, st0 = blockIdx.y * S, ns = min(S, nst - st0);
     const size_t rb = (size_t)a.in * BITS / 8;
 
-    uint4 w0[S], w1[S];
-    SV s0[S], b0[S], s1[S], b1[S];
+    /* a row block's words and scales in registers; PP: two sets, the next row block loads into the
+     * other one (no copies), else one set whose step is copied out before it is reloaded */
+    struct MmSet {
+        uint4 w0[S], w1[S];
+        SV s0[S], b0[S], s1[S], b1[S];
+    };
+    MmSet A, B;
     MmRows r;
-    auto load_step = [&](int i) {
+    auto load_step = [&](MmSet &o, int i) {
         const int st = st0 + i, G = GB > 64 ? st * 64 / GB : st * GPS;
-        w0[i] = mm_ld4(r.w0 + (size_t)st * 64);
-        w1[i] = mm_ld4(r.w1 + (size_t)st * 64);
-        s0[i] = mm_lds<GPS>(r.s0 + G); b0[i] = mm_lds<GPS>(r.b0 + G);
-        s1[i] = mm_lds<GPS>(r.s1 + G); b1[i] = mm_lds<GPS>(r.b1 + G);
+        o.w0[i] = mm_ld4(r.w0 + (size_t)st * 64);
+        o.w1[i] = mm_ld4(r.w1 + (size_t)st * 64);
+        o.s0[i] = mm_lds<GPS>(r.s0 + G); o.b0[i] = mm_lds<GPS>(r.b0 + G);
+        o.s1[i] = mm_lds<GPS>(r.s1 + G); o.b1[i] = mm_lds<GPS>(r.b1 + G);
     };
     int rbk = blockIdx.x;
     mm_rows(a, rbk * MM_WARPS + warp, g, t, rb, pair, r);
 #pragma unroll
     for (int i = 0; i < S; i++)
-        if (i < ns) load_step(i);
+        if (i < ns) load_step(A, i);
 
     /* stage x: B fragments (three parts) in the lanes' k-slot permutation, and Σx per step group */
     for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
@@ -274,7 +279,8 @@ template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2)
     }
     const int units = pair ? 2 * a.rows : a.rows;
     float *pp = a.part + (size_t)blockIdx.y * units;
-    for (;;) {
+    /* one row block from `cur` while the next one's steps load into `nxt`; false after the last */
+    auto block = [&](MmSet &cur, MmSet &nxt) -> bool {
         const int unit0 = r.unit0, unit1 = r.unit1;
         const bool live0 = r.live0, live1 = r.live1;
         const int nrbk = rbk + gridDim.x;
@@ -284,10 +290,10 @@ template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int sl = 0; sl < S; sl++) {
             if (sl >= ns) break;
-            const uint32_t wa[4] = {w0[sl].x, w0[sl].y, w0[sl].z, w0[sl].w};
-            const uint32_t wc[4] = {w1[sl].x, w1[sl].y, w1[sl].z, w1[sl].w};
-            const SV cs0 = s0[sl], cb0 = b0[sl], cs1 = s1[sl], cb1 = b1[sl];
-            if (more) load_step(sl); /* the next row block's step, while this one is multiplied */
+            const uint32_t wa[4] = {cur.w0[sl].x, cur.w0[sl].y, cur.w0[sl].z, cur.w0[sl].w};
+            const uint32_t wc[4] = {cur.w1[sl].x, cur.w1[sl].y, cur.w1[sl].z, cur.w1[sl].w};
+            const SV cs0 = cur.s0[sl], cb0 = cur.b0[sl], cs1 = cur.s1[sl], cb1 = cur.b1[sl];
+            if (more) load_step(nxt, sl); /* the next row block's step, while this one is multiplied */
             float d[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
@@ -341,17 +347,37 @@ template <int BITS, int GB, bool F16S> __global__ void __launch_bounds__(256, 2)
                 if (live1) pp[unit1] = acc1;
             }
         }
-        if (!more) break;
         rbk = nrbk;
+        return more;
+    };
+    if constexpr (PP) {
+        while (block(A, B) && block(B, A)) {}
+    } else {
+        while (block(A, A)) {}
     }
     if (a.ks == 1) return;
 
     mm_reduce_slices(a, pair, units, mine, &nmine);
 }
 
+/* TERN_CUDA_GEMV_PP=1: the two-register-set walk for Q4 (same bits; not yet timed on a GPU) */
+extern "C" int tern__cuda_gemv_mma_pp;
+int tern__cuda_gemv_mma_pp = -1;
+
 template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
-    if (f16) gemv_mma_kernel<BITS, GB, true><<<grid, 256, smem, st>>>(a);
-    else gemv_mma_kernel<BITS, GB, false><<<grid, 256, smem, st>>>(a);
+    if (tern__cuda_gemv_mma_pp < 0) {
+        const char *v = getenv("TERN_CUDA_GEMV_PP");
+        tern__cuda_gemv_mma_pp = v && v[0] == '1';
+    }
+    if constexpr (BITS == 4) {
+        if (tern__cuda_gemv_mma_pp > 0) {
+            if (f16) gemv_mma_kernel<BITS, GB, true, true><<<grid, 256, smem, st>>>(a);
+            else gemv_mma_kernel<BITS, GB, false, true><<<grid, 256, smem, st>>>(a);
+            return;
+        }
+    }
+    if (f16) gemv_mma_kernel<BITS, GB, true, false><<<grid, 256, smem, st>>>(a);
+    else gemv_mma_kernel<BITS, GB, false, false><<<grid, 256, smem, st>>>(a);
 }
 
 /* TERN_CUDA_GEMV_MMA: 1 (default) Q4 only, 2 Q4 and Q8, 0 gemv.cu's kernels for both. Q8 stays on
