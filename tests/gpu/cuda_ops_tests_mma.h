@@ -9,7 +9,7 @@
  */
 
 extern unsigned long long tern__cuda_gemv_mma_calls;
-extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp;
+extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_pdl;
 
 TEST(cuda_gemv_mma) {
     const int keep = tern__cuda_gemv_mma_on;
@@ -73,13 +73,14 @@ TEST(cuda_gemv_mma_glu_walk) {
     free(x); free_w(&h0); free_w(&h1);
 }
 
-/* TERN_CUDA_GEMV_PP (two register sets for the walk, Q4) does the same arithmetic in the same
- * order: plain, q|k|v, gate/up (silu, gelu) and residual results must be the same bits as the
- * one-set walk, walking several row blocks or not, split K or not */
+/* TERN_CUDA_GEMV_PP (two register sets for the walk, Q4) and TERN_CUDA_PDL (programmatic dependent
+ * launch) do the same arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual
+ * results must be the same bits as the plain one-set walk, walking several row blocks or not, split
+ * K or not */
 TEST(cuda_gemv_mma_pp_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_pp_bits", "not built"); return; }
-    const int keep = tern__cuda_gemv_mma_pp;
+    const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_gemv_mma_pdl;
     static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16}};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}};
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
@@ -95,10 +96,11 @@ TEST(cuda_gemv_mma_pp_bits) {
             }
             char nm[64];
             fmt_name(&h[0].t, nm, sizeof nm);
-            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[2][5];
+            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[3][5];
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
-            for (int v = 0; v < 2; v++) {
-                tern__cuda_gemv_mma_pp = v;
+            for (int v = 0; v < 3; v++) { /* 0 plain, 1 two sets, 2 programmatic launch */
+                tern__cuda_gemv_mma_pp = v == 1;
+                tern__cuda_gemv_mma_pdl = v == 2;
                 float *ys[3] = {(float *)yd, (float *)yd + out, (float *)yd + 2 * out};
                 const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
                 g->vt->matmul(g, yd, xd, 1, &t[0]);
@@ -115,15 +117,17 @@ TEST(cuda_gemv_mma_pp_bits) {
             }
             static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
             for (int k = 0; k < 5; k++) {
-                CHECK(same_bits(res[0][k], res[1][k], k == 1 ? tot : out), "%s %dx%d %s: two-set walk != one-set walk", nm,
-                      out, in, what[k]);
-                free(res[0][k]); free(res[1][k]);
+                for (int v = 1; v < 3; v++)
+                    CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s: %s != plain launch", nm, out,
+                          in, what[k], v == 1 ? "two-set walk" : "programmatic launch");
+                free(res[0][k]); free(res[1][k]); free(res[2][k]);
             }
             for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
             g->vt->free(g, xd); g->vt->free(g, yd);
             free(x); free(r);
         }
     tern__cuda_gemv_mma_pp = keep;
+    tern__cuda_gemv_mma_pdl = keep_pdl;
 }
 
 static void cuda_mma_tests(void) {

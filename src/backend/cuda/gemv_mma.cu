@@ -231,6 +231,10 @@ template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds_
 #pragma unroll
     for (int i = 0; i < S; i++)
         if (i < ns) load_step(A, i);
+    /* launched as a programmatic dependent (TERN_CUDA_PDL=1): everything above reads only weights;
+     * x, y, the partials and the counters are touched after the previous kernel has finished and
+     * flushed. Without a programmatic launch this returns at once. */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 
     /* stage x: B fragments (three parts) in the lanes' k-slot permutation, and Σx per step group */
     for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
@@ -364,20 +368,48 @@ template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds_
 extern "C" int tern__cuda_gemv_mma_pp;
 int tern__cuda_gemv_mma_pp = -1;
 
+/* TERN_CUDA_PDL=1: launch as a programmatic dependent of the previous kernel in the stream (its
+ * blocks start, and issue their weight loads, while that kernel drains; not yet timed on a GPU) */
+extern "C" int tern__cuda_gemv_mma_pdl;
+int tern__cuda_gemv_mma_pdl = -1;
+
+template <int BITS, int GB, bool F16S, bool PP>
+static void mm_launch(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a) {
+    if (tern__cuda_gemv_mma_pdl > 0) {
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(256);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        cudaLaunchKernelEx(&cfg, gemv_mma_kernel<BITS, GB, F16S, PP>, a);
+        return;
+    }
+    gemv_mma_kernel<BITS, GB, F16S, PP><<<grid, 256, smem, st>>>(a);
+}
+
 template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
     if (tern__cuda_gemv_mma_pp < 0) {
         const char *v = getenv("TERN_CUDA_GEMV_PP");
         tern__cuda_gemv_mma_pp = v && v[0] == '1';
     }
+    if (tern__cuda_gemv_mma_pdl < 0) {
+        const char *v = getenv("TERN_CUDA_PDL");
+        tern__cuda_gemv_mma_pdl = v && v[0] == '1';
+    }
     if constexpr (BITS == 4) {
         if (tern__cuda_gemv_mma_pp > 0) {
-            if (f16) gemv_mma_kernel<BITS, GB, true, true><<<grid, 256, smem, st>>>(a);
-            else gemv_mma_kernel<BITS, GB, false, true><<<grid, 256, smem, st>>>(a);
+            if (f16) mm_launch<BITS, GB, true, true>(st, grid, smem, a);
+            else mm_launch<BITS, GB, false, true>(st, grid, smem, a);
             return;
         }
     }
-    if (f16) gemv_mma_kernel<BITS, GB, true, false><<<grid, 256, smem, st>>>(a);
-    else gemv_mma_kernel<BITS, GB, false, false><<<grid, 256, smem, st>>>(a);
+    if (f16) mm_launch<BITS, GB, true, false>(st, grid, smem, a);
+    else mm_launch<BITS, GB, false, false>(st, grid, smem, a);
 }
 
 /* TERN_CUDA_GEMV_MMA: 1 (default) Q4 only, 2 Q4 and Q8, 0 gemv.cu's kernels for both. Q8 stays on
