@@ -12,8 +12,29 @@
 # GPU_BENCH_NOGRAPH="model:quant ..." (the same bench again with TERN_GRAPHS=0, for comparison).
 # Writes logs and summary.txt under $OUT (default build/gpu_check) and prints the summary last.
 # Every stage has its own timeout so the whole run stays well inside 10 minutes.
+#
+# Prebuilt binaries (saves the device's build minutes; nvcc here and there is the same 13.0):
+#   bash scripts/gpu_check.sh pack        # here: make, strip, xz -9: build/gpu_prebuilt/bin.tar.xz (~7 MB:
+#                                         # the op tests, bench_cuda, tern-core, parity, concurrency, TP tests)
+#   GPU_PREBUILT=build/gpu_prebuilt/bin.tar.xz bash scripts/gpu_check.sh   # device, carry
+#       [".gpudeps", "build/gpu_prebuilt"]: unpacks into build/ and skips both builds
 set -u
 cd "$(dirname "$0")/.."
+PACK_BINS="build/test_cuda_ops build/bench_cuda build/tern-core build/tests/test_parity_core build/concurrency \
+build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core build/tests/test_model_tp_offload_core"
+if [ "${1:-}" = pack ]; then
+    make -j"$(nproc)" gpu-test core build/concurrency > /dev/null || { echo "pack: build failed"; exit 1; }
+    rm -rf build/gpu_prebuilt && mkdir -p build/gpu_prebuilt/stage
+    for b in $PACK_BINS; do mkdir -p "build/gpu_prebuilt/stage/$(dirname "$b")" && strip -o "build/gpu_prebuilt/stage/$b" "$b"; done
+    XZ_OPT="-9 -T0" tar cJf build/gpu_prebuilt/bin.tar.xz -C build/gpu_prebuilt/stage build && rm -rf build/gpu_prebuilt/stage
+    ls -la build/gpu_prebuilt/bin.tar.xz
+    exit 0
+fi
+PREBUILT=0
+if [ -n "${GPU_PREBUILT:-}" ]; then
+    tar xJf "$GPU_PREBUILT" || { echo "cannot unpack $GPU_PREBUILT"; exit 1; }
+    PREBUILT=1
+fi
 OUT="${OUT:-build/gpu_check}"
 mkdir -p "$OUT"
 S="$OUT/summary.txt"
@@ -26,7 +47,9 @@ stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$S"; }
 stamp "gpu: $(head -1 "$OUT/env.txt")"
 
 jobs=$(nproc 2>/dev/null || echo 4)
-if ! timeout 300 make -j"$jobs" gpu-test > "$OUT/build.log" 2>&1; then
+if [ $PREBUILT = 1 ]; then
+    echo "prebuilt binaries from $GPU_PREBUILT" > "$OUT/build.log"
+elif ! timeout 300 make -j"$jobs" gpu-test > "$OUT/build.log" 2>&1; then
     stamp "BUILD FAILED (tail of build.log follows)"
     tail -40 "$OUT/build.log"
     exit 1
@@ -69,8 +92,8 @@ done
 if [ -d .gpudeps/root ]; then
     export CPATH="$PWD/.gpudeps/root/usr/include" LIBRARY_PATH="$PWD/.gpudeps/root/usr/lib/x86_64-linux-gnu"
     export LD_LIBRARY_PATH="$LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    rm -f build/libtern_core.a  # its member list depends on the Makefile
-    if timeout 300 make -j"$jobs" core > "$OUT/core_build.log" 2>&1; then
+    [ $PREBUILT = 1 ] || rm -f build/libtern_core.a  # its member list depends on the Makefile
+    if [ $PREBUILT = 1 ] || timeout 300 make -j"$jobs" core > "$OUT/core_build.log" 2>&1; then
         stamp "core build ok"
         for comp in f32 bf16; do
             TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 ./build/tests/test_parity_core > "$OUT/parity_$comp.log" 2>&1
