@@ -1,8 +1,10 @@
 /*
- * cmd_bench.c — `tern bench MODEL [--prompt N] [--gen N] [--reps R]`: prefill and decode
- * tokens/s, reported against the floor (weight bytes read per token / memory read bandwidth
- * measured right before and after each timed run, since this machine's bandwidth moves).
- * Prints a table and one CSV line (prefix "csv,").
+ * cmd_bench.c — `tern bench MODEL [--prompt N[,N..]] [--gen N] [--reps R]`: prefill and decode
+ * tokens/s, reported against the floor: bytes one decode step reads (weights + the KV cache at the
+ * mean decode context, sliding layers at their window) over the memory read bandwidth measured
+ * right before and after each timed run (this machine's bandwidth moves; GPU: --bw or 4300 GB/s).
+ * Several prompt lengths run on one loaded model. Prints a table and one CSV line per run (prefix
+ * "csv,"; the last field is the KV MB of the floor).
  */
 #include "backend/cpu/cpu.h"
 #include "cli.h"
@@ -19,6 +21,8 @@ static double probe(int on_cpu) { return on_cpu ? tern_cpu_membw_probe((size_t)1
 int tern_cmd_bench(int argc, char **argv) {
     cli_common c = {0};
     long n_prompt = 128, n_gen = 32, reps = 3;
+    long prompts[16];
+    int n_prompts = 0;
     double bw_given = 0; /* --bw GB/s: the floor's bandwidth when it cannot be probed (GPU) */
     int probe_only = 0;  /* --probe: print the memory read bandwidth and exit (peer benchmarks) */
     for (int i = 1; i < argc; i++) {
@@ -26,7 +30,18 @@ int tern_cmd_bench(int argc, char **argv) {
         if (r < 0) return 2;
         if (r) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--prompt") && v) { if (cli_int("bench", a, v, 1, 1 << 20, &n_prompt)) return 2; i++; }
+        if (!strcmp(a, "--prompt") && v) { /* N or a comma list */
+            n_prompts = 0;
+            for (const char *p = v; *p && n_prompts < 16;) {
+                char tok[32];
+                size_t len = strcspn(p, ",");
+                snprintf(tok, sizeof tok, "%.*s", (int)(len < sizeof tok ? len : sizeof tok - 1), p);
+                if (cli_int("bench", a, tok, 1, 1 << 20, &prompts[n_prompts])) return 2;
+                n_prompts++;
+                p += len + (p[len] == ',');
+            }
+            i++;
+        }
         else if (!strcmp(a, "--gen") && v) { if (cli_int("bench", a, v, 1, 1 << 20, &n_gen)) return 2; i++; }
         else if (!strcmp(a, "--bw") && v) { bw_given = atof(v); if (bw_given <= 0) return cli_usage_error("bench", "--bw expects GB/s > 0"); i++; }
         else if (!strcmp(a, "--reps") && v) { if (cli_int("bench", a, v, 1, 1000, &reps)) return 2; i++; }
@@ -39,7 +54,9 @@ int tern_cmd_bench(int argc, char **argv) {
         return 0;
     }
     if (!c.model) c.model = c.random ? c.random : "demo";
-    c.max_ctx = (int)(n_prompt + n_gen + 1);
+    if (!n_prompts) prompts[n_prompts++] = n_prompt;
+    for (int k = 0; k < n_prompts; k++) n_prompt = prompts[k] > n_prompt || k == 0 ? prompts[k] : n_prompt;
+    c.max_ctx = (int)(n_prompt + n_gen + 1); /* the longest */
     cli_session s;
     int rc = cli_open(&c, 1, &s);
     if (rc) return rc;
@@ -54,24 +71,28 @@ int tern_cmd_bench(int argc, char **argv) {
            ms.bytes_per_token / 1e6);
     printf("%-4s %10s %10s %10s %10s %8s %8s\n", "rep", "pp tok/s", "tg tok/s", "bw GB/s", "floor t/s", "tg/floor", "ms/tok");
     tern_error e = {0};
-    for (long r = 0; r < reps; r++) {
-        double bw0 = probe(on_cpu);
-        tern_gen_stats st = {0};
-        tern_status status = tern_generate(s.model, s.kv, 0, ids, (int)n_prompt, (int)n_gen + 1, 512, NULL, 0, NULL, NULL,
-                                           NULL, NULL, &st, &e);
-        tern_kv_release(s.kv, 0);
-        if (status) { free(ids); cli_close(&s); return cli_fail("bench", &e); }
-        double bw1 = probe(on_cpu), bw = (bw0 + bw1) / 2;
-        /* GPU: no probe here; 4300 GB/s is the device-to-device copy rate measured on the H200 */
-        if (bw_given > 0) bw = bw_given;
-        else if (!on_cpu) bw = 4300;
-        double pp = st.n_prompt / st.t_prefill, tg = st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0;
-        double floor_tps = bw > 0 ? bw * 1e9 / ms.bytes_per_token : 0;
-        printf("%-4ld %10.1f %10.2f %10.1f %10.2f %8.2f %8.2f\n", r, pp, tg, bw, floor_tps,
-               floor_tps > 0 ? tg / floor_tps : 0, tg > 0 ? 1e3 / tg : 0);
-        printf("csv,%s,%s,%ld,%ld,%.2f,%.3f,%.2f,%.3f,%.4f\n", c.model, tern_model_backend(s.model)->vt->name, n_prompt,
-               n_gen, pp, tg, bw, floor_tps, floor_tps > 0 ? tg / floor_tps : 0);
-    }
+    for (int k = 0; k < n_prompts; k++)
+        for (long r = 0; r < reps; r++) {
+            const long np = prompts[k];
+            double bw0 = probe(on_cpu);
+            tern_gen_stats st = {0};
+            tern_status status = tern_generate(s.model, s.kv, 0, ids, (int)np, (int)n_gen + 1, 512, NULL, 0, NULL, NULL,
+                                               NULL, NULL, &st, &e);
+            tern_kv_release(s.kv, 0);
+            if (status) { free(ids); cli_close(&s); return cli_fail("bench", &e); }
+            double bw1 = probe(on_cpu), bw = (bw0 + bw1) / 2;
+            /* GPU: no probe here; 4300 GB/s is the device-to-device copy rate measured on the H200 */
+            if (bw_given > 0) bw = bw_given;
+            else if (!on_cpu) bw = 4300;
+            double pp = st.n_prompt / st.t_prefill, tg = st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0;
+            const size_t kvb = tern_kv_read_bytes(s.kv, np + n_gen / 2); /* mean decode context */
+            double floor_tps = bw > 0 ? bw * 1e9 / ((double)ms.bytes_per_token + (double)kvb) : 0;
+            if (n_prompts > 1 && r == 0) printf("prompt %ld (KV read per step at the mean decode context: %.1f MB)\n", np, kvb / 1e6);
+            printf("%-4ld %10.1f %10.2f %10.1f %10.2f %8.2f %8.2f\n", r, pp, tg, bw, floor_tps,
+                   floor_tps > 0 ? tg / floor_tps : 0, tg > 0 ? 1e3 / tg : 0);
+            printf("csv,%s,%s,%ld,%ld,%.2f,%.3f,%.2f,%.3f,%.4f,%.1f\n", c.model, tern_model_backend(s.model)->vt->name, np,
+                   n_gen, pp, tg, bw, floor_tps, floor_tps > 0 ? tg / floor_tps : 0, kvb / 1e6);
+        }
     if (tern_model_experts(s.model)) { /* --expert-cache: what the slot cache did over every rep */
         tern_experts_stats xs;
         tern_experts_get_stats(tern_model_experts(s.model), &xs);

@@ -69,6 +69,16 @@ size_t tern_kv_token_bytes(const tern_kv *kv) {
     return b;
 }
 
+size_t tern_kv_read_bytes(const tern_kv *kv, long ctx) {
+    size_t b = 0;
+    for (int l = 0; kv && l < kv->n_layer; l++)
+        if (kv->pools[2 * l]) {
+            const long w = kv->views[l].window, n = w > 0 && w < ctx ? w : ctx;
+            b += (size_t)n * (size_t)kv->views[l].n_head_kv * (kv->rec[2 * l] + kv->rec[2 * l + 1]);
+        }
+    return b;
+}
+
 /* Validate the formats of owning layers (every backend runs every kind: CPU, CUDA). */
 static tern_status check_formats(const tern_backend *be, const tern_model_config *cfg, const tern_kv_fmt *formats,
                                  tern_error *err) {

@@ -56,6 +56,9 @@ size_t tern_kv_bytes_per_token(const tern_model_config *cfg);
 size_t tern_kv_bytes_per_token_fmt(const tern_model_config *cfg, const tern_kv_fmt *formats);
 size_t tern_kv_layer_bytes_per_token(const tern_model_config *cfg, const tern_kv_fmt *formats, int layer);
 size_t tern_kv_token_bytes(const tern_kv *kv);
+/* Bytes one query at context `ctx` reads from an open cache (sliding layers: their window) — the
+ * KV part of a decode step's floor */
+size_t tern_kv_read_bytes(const tern_kv *kv, long ctx);
 /* Blocks in use / total, per group (0 full, 1 sliding). */
 void tern_kv_usage(const tern_kv *kv, int group, int *used, int *total);
 

@@ -49,6 +49,13 @@ if [ $? -eq 0 ] && [ "$(grep -c 'generated 4 tokens' "$tmp/err")" -eq 2 ] && gre
 expect generate_bad_temperature 2 "temperature" $T generate "x" --temperature -1
 expect generate_bad_top_p 2 "top-p" $T generate "x" --top-p 2
 
+# bench: a prompt list runs on one loaded model, one csv line per (prompt, rep); the floor counts
+# the KV read at the mean decode context (last field, MB), so it grows with the prompt
+$T bench demo --prompt 16,200 --gen 4 --reps 1 >"$tmp/out" 2>"$tmp/err"
+n=$(grep -c '^csv,demo,cpu,' "$tmp/out"); k1=$(grep '^csv,demo,cpu,16,' "$tmp/out" | cut -d, -f11); k2=$(grep '^csv,demo,cpu,200,' "$tmp/out" | cut -d, -f11)
+if [ "$n" -eq 2 ] && awk -v a="$k1" -v b="$k2" 'BEGIN{exit !(b > a)}'; then ok bench_prompt_list; else bad "bench_prompt_list: $(head -c 300 "$tmp/out")"; fi
+expect bench_bad_prompt_list 2 "prompt" $T bench demo --prompt 16,x
+
 # every subcommand answers --help with its usage and exit 0
 for c in generate chat serve logits tokenize detokenize template info fit bench; do
     $T $c --help >"$tmp/out" 2>&1
