@@ -9,7 +9,7 @@
  */
 
 extern unsigned long long tern__cuda_gemv_mma_calls;
-extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_pdl;
+extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_pdl_on;
 
 TEST(cuda_gemv_mma) {
     const int keep = tern__cuda_gemv_mma_on;
@@ -80,7 +80,7 @@ TEST(cuda_gemv_mma_glu_walk) {
 TEST(cuda_gemv_mma_pp_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_pp_bits", "not built"); return; }
-    const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_gemv_mma_pdl;
+    const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_pdl_on;
     static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16}};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}};
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
@@ -100,7 +100,7 @@ TEST(cuda_gemv_mma_pp_bits) {
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
             for (int v = 0; v < 3; v++) { /* 0 plain, 1 two sets, 2 programmatic launch */
                 tern__cuda_gemv_mma_pp = v == 1;
-                tern__cuda_gemv_mma_pdl = v == 2;
+                tern__cuda_pdl_on = v == 2;
                 float *ys[3] = {(float *)yd, (float *)yd + out, (float *)yd + 2 * out};
                 const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
                 g->vt->matmul(g, yd, xd, 1, &t[0]);
@@ -127,7 +127,7 @@ TEST(cuda_gemv_mma_pp_bits) {
             free(x); free(r);
         }
     tern__cuda_gemv_mma_pp = keep;
-    tern__cuda_gemv_mma_pdl = keep_pdl;
+    tern__cuda_pdl_on = keep_pdl;
 }
 
 static void cuda_mma_tests(void) {

@@ -44,6 +44,7 @@ struct AttnArgs {
 __global__ void kv_write_kernel(float *kpool, float *vpool, const int32_t *bt, int max_blocks, int bs, int nkv,
                                 int d, const int32_t *pos, const int32_t *slot, int n, const float *k,
                                 const float *v) {
+    pdl_start();
     const size_t total = (size_t)n * nkv * d;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
         const int r = (int)(t / ((size_t)nkv * d));
@@ -64,13 +65,14 @@ extern "C" void tern__cuda_kv_write(tern__cuda *c, const tern_kv_layer *kv, cons
     if (!total) return;
     cudaSetDevice(c->device);
     size_t b = (total + 255) / 256;
-    kv_write_kernel<<<(unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, c->stream>>>(
+    tern_launch(c->stream, kv_write_kernel, (unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, 
         (float *)kv->k, (float *)kv->v, kv->block_table, kv->max_blocks, kv->block_size, kv->n_head_kv,
         kv->head_dim, rows->pos, rows->slot, rows->n, k, v);
     tern__cuda_check(c, "kv_write");
 }
 
 __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
+    pdl_start();
     extern __shared__ float sm[];
     const int QV = a.R * a.HB, d = a.d, T = a.T, tid = threadIdx.x, nt = blockDim.x;
     float *qs = sm, *acc = qs + QV * d, *Ks = acc + QV * d, *Vs = Ks + T * (d + 1), *S = Vs + T * d;
@@ -211,6 +213,7 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
 }
 
 __global__ void attn_merge_kernel(float *out, const float *part, int nrow, int d, int splits) {
+    pdl_start();
     const int rh = blockIdx.x;
     const float *ml = part + (size_t)splits * nrow * d;
     float mx = -INFINITY;
@@ -292,7 +295,7 @@ extern "C" int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long key
  * (partials [splits][nrow][d], then (M, L) pairs [splits][nrow]); every split-K attention kernel
  * (paged, compressed pages, GLM latent) writes this layout. */
 extern "C" void tern__cuda_attn_merge(tern__cuda *c, float *out, int nrow, int d, int splits, const char *what) {
-    attn_merge_kernel<<<nrow, d < 128 ? 64 : 128, 0, c->stream>>>(out, c->part, nrow, d, splits);
+    tern_launch(c->stream, attn_merge_kernel, nrow, d < 128 ? 64 : 128, 0, out, c->part, nrow, d, splits);
     tern__cuda_check(c, what);
 }
 
@@ -360,7 +363,7 @@ static void attn_cores(tern__cuda *c, float *out, const float *q, const tern_row
         return;
     }
     dim3 grid((unsigned)tiles, (unsigned)(nkv * a.hsplit), (unsigned)a.splits);
-    attn_kernel<<<grid, 256, smem, c->stream>>>(a);
+    tern_launch(c->stream, attn_kernel, grid, 256, smem, a);
     tern__cuda_check(c, "attention");
     if (a.splits > 1) {
         tern__cuda_attn_merge(c, out, n * nh, d, a.splits, "attention merge");

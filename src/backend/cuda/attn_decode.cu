@@ -47,6 +47,7 @@ template <int E> __device__ __forceinline__ void ad_load(float *dst, const float
 
 /* E elements per lane (d = 32·E), up to GM query heads per KV head, U keys per iteration */
 template <int E, int GM> __global__ void __launch_bounds__(128) attn_dec_kernel(AdArgs a) {
+    pdl_start();
     constexpr int D = 32 * E, UE = GM * E <= 16 ? 16 : 8, U = UE / E < 1 ? 1 : UE / E; /* U·E floats of K and of V per lane, twice */
     __shared__ float sml[4][GM][2];
     extern __shared__ float sacc[]; /* [4 warps][GM][D] */
@@ -168,7 +169,7 @@ template <int E, int GM> static void ad_go(tern__cuda *c, dim3 grid, const AdArg
         cudaFuncSetAttribute(attn_dec_kernel<E, GM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attr = true;
     }
-    attn_dec_kernel<E, GM><<<grid, 128, smem, c->stream>>>(a);
+    tern_launch(c->stream, attn_dec_kernel<E, GM>, grid, 128, smem, a);
 }
 
 static int ad_on = -1;

@@ -94,6 +94,7 @@ __device__ __forceinline__ void store4(__nv_bfloat16 *dst, __nv_bfloat16 *dst_lo
 
 template <int D, int BN, int NW, bool SPLIT, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
+    pdl_start();
     constexpr int BM = 16 * NW, LD = D + 8, NT = 32 * NW, D4 = D / 4, NJ = BN / 8, ND = D / 8;
     constexpr int NB = SPLIT ? 2 : 1;
     extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -353,7 +354,7 @@ static int fa_launch(tern__cuda *c, FaArgs a, long keylen) {
     }
     a.part = c->part;
     dim3 grid((unsigned)tiles, (unsigned)(a.nkv * a.hsplit), (unsigned)a.splits);
-    fa_kernel<D, BN, NW, SPLIT, MINB><<<grid, NW * 32, smem, c->stream>>>(a);
+    tern_launch(c->stream, fa_kernel<D, BN, NW, SPLIT, MINB>, grid, NW * 32, smem, a);
     tern__cuda_check(c, "attention (flash prefill)");
     if (a.splits > 1) tern__cuda_attn_merge(c, a.out, a.n * a.nh, D, a.splits, "attention (flash prefill) merge");
     return 1;

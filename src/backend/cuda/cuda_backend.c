@@ -22,6 +22,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* TERN_CUDA_PDL=1: kernels launched as programmatic dependents (cuda_common.cuh tern_launch) */
+int tern__cuda_pdl_on = -1; /* tests set it */
+int tern__cuda_pdl(void) {
+    if (tern__cuda_pdl_on < 0) {
+        const char *v = getenv("TERN_CUDA_PDL");
+        tern__cuda_pdl_on = v && v[0] == '1';
+    }
+    return tern__cuda_pdl_on;
+}
+
 static tern__cuda *C(tern_backend *be) { return (tern__cuda *)be->impl; }
 
 void tern__cuda_check(tern__cuda *c, const char *what) {

@@ -17,6 +17,7 @@
 __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh, int nkv, int d,
                                const int32_t *pos, const int32_t *slot, const float *inv_freq, float mscale,
                                float *kpool, float *vpool, const int32_t *bt, int max_blocks, int bs) {
+    pdl_start();
     const int half = d / 2, nt = nh + nkv;
     const size_t total = (size_t)n * nt * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
@@ -55,7 +56,7 @@ extern "C" int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, 
     if (!total) return 1;
     cudaSetDevice(c->device);
     size_t b = (total + 255) / 256;
-    rope_kv_kernel<<<(unsigned)(b > 65535 * 8 ? 65535 * 8 : b), 256, 0, c->stream>>>(
+    tern_launch(c->stream, rope_kv_kernel, (unsigned)(b > 65535 * 8 ? 65535 * 8 : b), 256, 0, 
         q, k, v, n, nh, nkv, d, pos, rows->slot, inv_freq, mscale, (float *)kv->k, (float *)kv->v, kv->block_table,
         kv->max_blocks, kv->block_size);
     tern__cuda_check(c, "rope_kv_write");

@@ -134,6 +134,7 @@ __device__ __forceinline__ void chunk_dot(const uint32_t (&wd)[R][W], XAt xat, f
 }
 
 template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(GemvArgs a) {
+    pdl_start();
     using K = Kind<KIND>;
     constexpr int R = Rows<KIND, NX>::R, CH = K::CH, C4 = CH / 4;
     constexpr bool STAGE = NX > 1;
@@ -268,6 +269,7 @@ template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(G
 __device__ __forceinline__ int swz(int f) { return (f & ~7) | ((f & 7) ^ ((f >> 3) & 7)); }
 
 template <int KIND, int U, int R> __global__ void __launch_bounds__(128) gemv_q1_kernel(GemvArgs a) {
+    pdl_start();
     constexpr int W = KIND, C4 = 8;
     __shared__ float4 xs[U][32 * C4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -327,6 +329,7 @@ template <int KIND, int U, int R> __global__ void __launch_bounds__(128) gemv_q1
 
 /* Fallback for rows that are not chunk-aligned: warp per output row, generic decoder. */
 __global__ void gemv_generic_kernel(GemvArgs a, WDesc wdsc) {
+    pdl_start();
     const int lane = threadIdx.x & 31;
     const int o = blockIdx.x * 4 + (threadIdx.x >> 5), p = blockIdx.y;
     if (o >= a.out) return;
@@ -388,6 +391,7 @@ struct Gemv1Args {
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
 
 template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
+    pdl_start();
     using K = Kind<KIND>;
     constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
     extern __shared__ float4 xs1[];
@@ -477,7 +481,7 @@ template <int KIND> static void g1_go(cudaStream_t st, const Gemv1Args &a) {
     const int rpb = 8 * (pair ? 1 : G1_R);
     const unsigned blocks = (unsigned)((a.rows + rpb - 1) / rpb);
     const size_t smem = (size_t)a.in * sizeof(float);
-    gemv1_kernel<KIND, G1_R, G1_U><<<blocks, 256, smem, st>>>(a);
+    tern_launch(st, gemv1_kernel<KIND, G1_R, G1_U>, blocks, 256, smem, a);
 }
 
 template <int KIND> static void g1_allow() {
@@ -580,7 +584,7 @@ static int rows_of(int kind, int nx) { return (kind <= 8 && nx <= 4) ? 4 : 2; }
 static size_t smem_of(int kind, int nx) { return nx > 1 ? (size_t)nx * 32 * chunk_of(kind) * sizeof(float) : 0; }
 
 template <int KIND, int NX> static void go(cudaStream_t st, dim3 grid, const GemvArgs &a) {
-    gemv_kernel<KIND, NX><<<grid, 128, smem_of(KIND, NX), st>>>(a);
+    tern_launch(st, gemv_kernel<KIND, NX>, grid, 128, smem_of(KIND, NX), a);
 }
 
 template <int KIND> static void launch_kind(cudaStream_t st, dim3 grid, const GemvArgs &a, int nx) {
@@ -621,10 +625,10 @@ template <int KIND> static void launch_q1(cudaStream_t st, const GemvArgs &a, in
     const int R = v >= 4 ? 2 : 4;
     const dim3 grid((unsigned)((a.out + 4 * R - 1) / (4 * R)));
     switch (v) {
-    case 1: gemv_q1_kernel<KIND, 1, 4><<<grid, 128, 0, st>>>(a); break;
-    case 3: gemv_q1_kernel<KIND, 4, 4><<<grid, 128, 0, st>>>(a); break;
-    case 4: case 5: gemv_q1_kernel<KIND, 2, 2><<<grid, 128, 0, st>>>(a); break;
-    default: gemv_q1_kernel<KIND, 2, 4><<<grid, 128, 0, st>>>(a); break;
+    case 1: tern_launch(st, gemv_q1_kernel<KIND, 1, 4>, grid, 128, 0, a); break;
+    case 3: tern_launch(st, gemv_q1_kernel<KIND, 4, 4>, grid, 128, 0, a); break;
+    case 4: case 5: tern_launch(st, gemv_q1_kernel<KIND, 2, 2>, grid, 128, 0, a); break;
+    default: tern_launch(st, gemv_q1_kernel<KIND, 2, 4>, grid, 128, 0, a); break;
     }
 }
 
@@ -647,7 +651,7 @@ static void launch(tern__cuda *c, GemvArgs &a, const tern__cuda_w *w, int gy, in
     }
     if (!aligned) {
         dim3 grid((unsigned)((a.out + 3) / 4), (unsigned)gy);
-        gemv_generic_kernel<<<grid, 128, 0, c->stream>>>(a, make_wdesc(w));
+        tern_launch(c->stream, gemv_generic_kernel, grid, 128, 0, a, make_wdesc(w));
         tern__cuda_check(c, "gemv_generic");
         return;
     }
@@ -738,6 +742,7 @@ extern "C" void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, con
 /* bf16 == 0: f32; 1: bf16; 2: bf16 pair hi = bf16(v), lo = bf16(v - hi) at dst and at dst plus
  * m*in elements rounded up to 256 bytes */
 __global__ void dequant_kernel(void *dst, int bf16, WDesc w, int e, int r0, int m) {
+    pdl_start();
     const size_t total = (size_t)m * w.in;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const int r = (int)(i / w.in), j = (int)(i % w.in);
@@ -756,6 +761,7 @@ __global__ void dequant_kernel(void *dst, int bf16, WDesc w, int e, int r0, int 
 
 /* hi = bf16(x); lo (when non-NULL) = bf16(x - hi): x = hi + lo within 2^-16 |x| */
 __global__ void f32_to_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, size_t n) {
+    pdl_start();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
         hi[i] = h;
@@ -766,13 +772,13 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const f
 extern "C" void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *w, int e, int r0, int m) {
     size_t total = (size_t)m * w->in;
     unsigned blocks = (unsigned)((total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536);
-    dequant_kernel<<<blocks ? blocks : 1, 256, 0, c->stream>>>(dst, bf16, make_wdesc(w), e, r0, m);
+    tern_launch(c->stream, dequant_kernel, blocks ? blocks : 1, 256, 0, dst, bf16, make_wdesc(w), e, r0, m);
     tern__cuda_check(c, "dequant");
 }
 
 extern "C" void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, size_t n) {
     unsigned blocks = (unsigned)((n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536);
-    f32_to_bf16_kernel<<<blocks ? blocks : 1, 256, 0, c->stream>>>((__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, n);
+    tern_launch(c->stream, f32_to_bf16_kernel, blocks ? blocks : 1, 256, 0, (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, n);
     tern__cuda_check(c, "f32_to_bf16");
 }
 

@@ -196,6 +196,7 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
 template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
+    pdl_trigger();
     constexpr int S = GB == 16 ? 2 : 4;           /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
@@ -231,10 +232,10 @@ template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds_
 #pragma unroll
     for (int i = 0; i < S; i++)
         if (i < ns) load_step(A, i);
-    /* launched as a programmatic dependent (TERN_CUDA_PDL=1): everything above reads only weights;
-     * x, y, the partials and the counters are touched after the previous kernel has finished and
-     * flushed. Without a programmatic launch this returns at once. */
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    /* programmatic dependent launch (TERN_CUDA_PDL=1, cuda_common.cuh): everything above reads only
+     * weights; x, y, the partials and the counters are touched after the previous kernel has
+     * finished and flushed */
+    pdl_wait();
 
     /* stage x: B fragments (three parts) in the lanes' k-slot permutation, and Σx per step group */
     for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
@@ -368,48 +369,20 @@ template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds_
 extern "C" int tern__cuda_gemv_mma_pp;
 int tern__cuda_gemv_mma_pp = -1;
 
-/* TERN_CUDA_PDL=1: launch as a programmatic dependent of the previous kernel in the stream (its
- * blocks start, and issue their weight loads, while that kernel drains; not yet timed on a GPU) */
-extern "C" int tern__cuda_gemv_mma_pdl;
-int tern__cuda_gemv_mma_pdl = -1;
-
-template <int BITS, int GB, bool F16S, bool PP>
-static void mm_launch(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a) {
-    if (tern__cuda_gemv_mma_pdl > 0) {
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = dim3(256);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        cudaLaunchKernelEx(&cfg, gemv_mma_kernel<BITS, GB, F16S, PP>, a);
-        return;
-    }
-    gemv_mma_kernel<BITS, GB, F16S, PP><<<grid, 256, smem, st>>>(a);
-}
-
 template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
     if (tern__cuda_gemv_mma_pp < 0) {
         const char *v = getenv("TERN_CUDA_GEMV_PP");
         tern__cuda_gemv_mma_pp = v && v[0] == '1';
     }
-    if (tern__cuda_gemv_mma_pdl < 0) {
-        const char *v = getenv("TERN_CUDA_PDL");
-        tern__cuda_gemv_mma_pdl = v && v[0] == '1';
-    }
     if constexpr (BITS == 4) {
         if (tern__cuda_gemv_mma_pp > 0) {
-            if (f16) mm_launch<BITS, GB, true, true>(st, grid, smem, a);
-            else mm_launch<BITS, GB, false, true>(st, grid, smem, a);
+            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, true>, grid, 256, smem, a);
+            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true>, grid, 256, smem, a);
             return;
         }
     }
-    if (f16) mm_launch<BITS, GB, true, false>(st, grid, smem, a);
-    else mm_launch<BITS, GB, false, false>(st, grid, smem, a);
+    if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false>, grid, 256, smem, a);
+    else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false>, grid, 256, smem, a);
 }
 
 /* TERN_CUDA_GEMV_MMA: 1 (default) Q4 only, 2 Q4 and Q8, 0 gemv.cu's kernels for both. Q8 stays on
@@ -511,6 +484,7 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
  * its rows (no K slices); 2: warp = 2 rows read 512 contiguous bytes per instruction (gemv1's
  * pattern); 3: the matrix as one flat stream. Each lane XORs what it read; one word per warp out. */
 __global__ void mm_probe_kernel(const uint8_t *w, int rows, int rb, int mode, uint32_t *sink) {
+    pdl_start();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t acc = 0;
     if (mode <= 1) {
@@ -545,6 +519,6 @@ extern "C" void tern__cuda_mm_probe(tern__cuda *c, const void *w, int rows, int 
     else if (mode == 1) grid = dim3((unsigned)((rows + 127) / 128));
     else if (mode == 2) grid = dim3((unsigned)((rows + 15) / 16));
     else grid = dim3((unsigned)(c->n_sm * 8));
-    mm_probe_kernel<<<grid, 256, 0, c->stream>>>((const uint8_t *)w, rows, rb, mode, (uint32_t *)sink);
+    tern_launch(c->stream, mm_probe_kernel, grid, 256, 0, (const uint8_t *)w, rows, rb, mode, (uint32_t *)sink);
     tern__cuda_check(c, "mm_probe");
 }

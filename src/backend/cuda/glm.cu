@@ -41,6 +41,7 @@ static unsigned grid_for(size_t total, unsigned bs) {
 /* ---- copy_2d ---- */
 
 __global__ void copy2d_kernel(float *dst, int ldd, const float *src, int lds, int n, int w) {
+    pdl_start();
     const size_t total = (size_t)n * w;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
         const size_t r = t / w, j = t % w;
@@ -52,7 +53,7 @@ static void op_copy_2d(tern_backend *be, float *dst, int ldd, const float *src, 
     tern__cuda *c = C(be);
     if (n <= 0 || w <= 0) return;
     cudaSetDevice(c->device);
-    copy2d_kernel<<<grid_for((size_t)n * w, 256), 256, 0, c->stream>>>(dst, ldd, src, lds, n, w);
+    tern_launch(c->stream, copy2d_kernel, grid_for((size_t)n * w, 256), 256, 0, dst, ldd, src, lds, n, w);
     tern__cuda_check(c, "glm copy_2d");
 }
 
@@ -77,6 +78,7 @@ __device__ double block_sum_d(double v, double *sh) {
 
 __global__ void __launch_bounds__(256) layernorm_kernel(float *y, const float *x, int d, const float *w,
                                                         const float *b, float eps) {
+    pdl_start();
     __shared__ double sh[33];
     const float *xr = x + (size_t)blockIdx.x * d;
     float *yr = y + (size_t)blockIdx.x * d;
@@ -102,7 +104,7 @@ static void op_layernorm(tern_backend *be, float *y, const float *x, int rows, i
     tern__cuda *c = C(be);
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    layernorm_kernel<<<(unsigned)rows, d < 256 ? 64 : 256, 0, c->stream>>>(y, x, d, w, b, eps);
+    tern_launch(c->stream, layernorm_kernel, (unsigned)rows, d < 256 ? 64 : 256, 0, y, x, d, w, b, eps);
     tern__cuda_check(c, "glm layernorm");
 }
 
@@ -110,6 +112,7 @@ static void op_layernorm(tern_backend *be, float *y, const float *x, int rows, i
 
 __global__ void rope_il_kernel(float *x, int n, int nh, int hs, int off, int half, const int32_t *pos,
                                const float *inv, float mscale) {
+    pdl_start();
     const size_t total = (size_t)n * nh * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
         const int i = (int)(t % half);
@@ -130,7 +133,7 @@ static void op_rope_interleaved(tern_backend *be, float *x, int n, int nh, int h
     if (n <= 0 || nh <= 0 || d < 2) return;
     cudaSetDevice(c->device);
     const size_t total = (size_t)n * nh * (d / 2);
-    rope_il_kernel<<<grid_for(total, 256), 256, 0, c->stream>>>(x, n, nh, hs, off, d / 2, pos, inv_freq, mscale);
+    tern_launch(c->stream, rope_il_kernel, grid_for(total, 256), 256, 0, x, n, nh, hs, off, d / 2, pos, inv_freq, mscale);
     tern__cuda_check(c, "glm rope_interleaved");
 }
 
@@ -147,6 +150,7 @@ __device__ __forceinline__ bool ranks_above(float va, int ia, float vb, int ib) 
 
 __global__ void __launch_bounds__(32) route_group_kernel(int32_t *idx, float *wts, const float *logits, int E, int k,
                                                          int G, int Gk, int norm, float scaling, const float *bias) {
+    pdl_start();
     extern __shared__ float rsm[];
     float *sg = rsm, *ch = sg + E, *gs = ch + E;
     unsigned char *keep = (unsigned char *)(gs + G), *gk = keep + E;
@@ -232,7 +236,7 @@ static void op_route_group(tern_backend *be, int32_t *idx, float *wts, const flo
     }
     cudaSetDevice(c->device);
     const size_t smem = sizeof(float) * (2 * (size_t)E + G) + (size_t)E + G;
-    route_group_kernel<<<(unsigned)n, 32, smem, c->stream>>>(idx, wts, logits, E, k, G, Gk, p->norm, p->scaling, p->bias);
+    tern_launch(c->stream, route_group_kernel, (unsigned)n, 32, smem, idx, wts, logits, E, k, G, Gk, p->norm, p->scaling, p->bias);
     tern__cuda_check(c, "glm route_group");
 }
 
@@ -291,6 +295,7 @@ template <int KIND> __device__ __forceinline__ void heads_chunk(const WDesc &w, 
 }
 
 template <int KIND, int NX> __global__ void __launch_bounds__(128) heads_gemv_kernel(HeadsArgs a, WDesc w) {
+    pdl_start();
     extern __shared__ float hxs[]; /* [NX][in] */
     const int h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, in = a.in;
     for (int i = tid; i < NX * in; i += blockDim.x) {
@@ -352,12 +357,12 @@ static int heads_kind(const tern__cuda_w *w) {
 template <int NX> static void heads_launch(tern__cuda *c, int kind, dim3 grid, size_t smem, const HeadsArgs &a,
                                            const WDesc &w) {
     switch (kind) {
-    case HK_BF16: heads_gemv_kernel<HK_BF16, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
-    case HK_F16: heads_gemv_kernel<HK_F16, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
-    case HK_F32: heads_gemv_kernel<HK_F32, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
-    case HK_Q4: heads_gemv_kernel<HK_Q4, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
-    case HK_Q8: heads_gemv_kernel<HK_Q8, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
-    default: heads_gemv_kernel<HK_GEN, NX><<<grid, 128, smem, c->stream>>>(a, w); break;
+    case HK_BF16: tern_launch(c->stream, heads_gemv_kernel<HK_BF16, NX>, grid, 128, smem, a, w); break;
+    case HK_F16: tern_launch(c->stream, heads_gemv_kernel<HK_F16, NX>, grid, 128, smem, a, w); break;
+    case HK_F32: tern_launch(c->stream, heads_gemv_kernel<HK_F32, NX>, grid, 128, smem, a, w); break;
+    case HK_Q4: tern_launch(c->stream, heads_gemv_kernel<HK_Q4, NX>, grid, 128, smem, a, w); break;
+    case HK_Q8: tern_launch(c->stream, heads_gemv_kernel<HK_Q8, NX>, grid, 128, smem, a, w); break;
+    default: tern_launch(c->stream, heads_gemv_kernel<HK_GEN, NX>, grid, 128, smem, a, w); break;
     }
 }
 

@@ -45,6 +45,7 @@ __device__ __forceinline__ long long lat_rec(const int32_t *bt, int max_blocks, 
 
 __global__ void kv_write_latent_kernel(float *kp, float *vp, const int32_t *bt, int max_blocks, int bs, int D, int Dv,
                                        const int32_t *pos, const int32_t *slot, int n, const float *k, const float *v) {
+    pdl_start();
     const int W = D + Dv;
     const size_t total = (size_t)n * W;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
@@ -64,7 +65,7 @@ extern "C" void tern__cuda_kv_write_latent(tern__cuda *c, const tern_kv_layer *k
     cudaSetDevice(c->device);
     const size_t total = (size_t)n * (D + Dv);
     size_t b = (total + 255) / 256;
-    kv_write_latent_kernel<<<(unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, c->stream>>>(
+    tern_launch(c->stream, kv_write_latent_kernel, (unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, 
         (float *)kv->k, (float *)kv->v, kv->block_table, kv->max_blocks, kv->block_size, D, Dv, rows->pos, rows->slot,
         n, k, v);
     tern__cuda_check(c, "glm kv_write_latent");
@@ -111,6 +112,7 @@ static size_t lat_smem(int HB, int T, int D, int dv) {
 }
 
 __global__ void __launch_bounds__(256) latent_attn_kernel(LatArgs a) {
+    pdl_start();
     extern __shared__ long long lsm[];
     const int HB = a.HB, T = a.T, D = a.D, dv = a.dv, tid = threadIdx.x, nt = blockDim.x;
     long long *kr = lsm;
@@ -216,6 +218,7 @@ static size_t lat_rt_smem(int D) {
 }
 
 __global__ void __launch_bounds__(256, 2) latent_attn_rt_kernel(LatArgs a) {
+    pdl_start();
     extern __shared__ long long rsm[];
     const int D = a.D, dv = a.dv, ld = D + 4, D4 = D / 4, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     long long *kr = rsm;
@@ -392,8 +395,8 @@ extern "C" void tern__cuda_attention_latent(tern__cuda *c, float *out, const flo
     const long blocks = (long)n * hsplit, keys = sel ? k_sel : max_keys(c, rows, kv);
     a.splits = tern__cuda_attn_splits(c, blocks, keys, T, n, nh, dv);
     dim3 grid((unsigned)n, (unsigned)hsplit, (unsigned)a.splits);
-    if (rt) latent_attn_rt_kernel<<<grid, 256, smem, c->stream>>>(a);
-    else latent_attn_kernel<<<grid, 256, smem, c->stream>>>(a);
+    if (rt) tern_launch(c->stream, latent_attn_rt_kernel, grid, 256, smem, a);
+    else tern_launch(c->stream, latent_attn_kernel, grid, 256, smem, a);
     tern__cuda_check(c, "glm attention_latent");
     if (a.splits > 1) {
         tern__cuda_attn_merge(c, out, n * nh, dv, a.splits, "glm attention_latent merge");
@@ -426,6 +429,7 @@ __global__ void __launch_bounds__(256) dsa_score_kernel(uint32_t *ord, size_t ld
                                                         const float *w, const int32_t *pos, const int32_t *slot,
                                                         int r0, int nh, int Dv, const float *vp, const int32_t *bt,
                                                         int max_blocks, int bs, float scale, int k) {
+    pdl_start();
     extern __shared__ long long dsm[];
     const int lr = blockIdx.y, r = r0 + lr, t0 = blockIdx.x * DSA_TK, tid = threadIdx.x, nt = blockDim.x;
     const int a = pos[r], s = slot[r];
@@ -500,6 +504,7 @@ __device__ unsigned block_excl_scan(unsigned v, unsigned *sh, unsigned *total) {
 __global__ void __launch_bounds__(DSA_SEL_NT) dsa_select_kernel(int32_t *sel, const uint32_t *ord, size_t ld,
                                                                 int lenmax, const int32_t *pos, int r0, int k,
                                                                 int have_v, float *gap) {
+    pdl_start();
     __shared__ unsigned hist[256], sh[33], cnt, pfx, rem, best;
     const int lr = blockIdx.x, r = r0 + lr, tid = threadIdx.x, nt = blockDim.x;
     const int a = pos[r];
@@ -603,12 +608,12 @@ extern "C" void tern__cuda_dsa_topk(tern__cuda *c, int32_t *sel, const float *q,
         const int np = n - r0 < (int)piece ? n - r0 : (int)piece;
         if (have_v) {
             dim3 grid((unsigned)((lenmax + DSA_TK - 1) / DSA_TK), (unsigned)np);
-            dsa_score_kernel<<<grid, 256, smem, c->stream>>>(ord, ld, (int)lenmax, q, w, rows->pos, rows->slot, r0, nh,
+            tern_launch(c->stream, dsa_score_kernel, grid, 256, smem, ord, ld, (int)lenmax, q, w, rows->pos, rows->slot, r0, nh,
                                                              Dv, (const float *)kv->v, kv->block_table,
                                                              kv->max_blocks, kv->block_size, scale, k);
             tern__cuda_check(c, "glm dsa scores");
         }
-        dsa_select_kernel<<<(unsigned)np, DSA_SEL_NT, 0, c->stream>>>(sel, ord, ld, (int)lenmax, rows->pos, r0, k,
+        tern_launch(c->stream, dsa_select_kernel, (unsigned)np, DSA_SEL_NT, 0, sel, ord, ld, (int)lenmax, rows->pos, r0, k,
                                                                       have_v, gap);
         tern__cuda_check(c, "glm dsa select");
     }

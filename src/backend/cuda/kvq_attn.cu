@@ -99,6 +99,7 @@ __device__ __forceinline__ void dec_chunk(int kind, int bits, int group, int d, 
 }
 
 __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
+    pdl_start();
     extern __shared__ float sm[];
     const int QV = a.R * a.HB, d = a.d, dk = a.dk, dv = a.dv, T = a.T, tid = threadIdx.x, nt = blockDim.x;
     float *qs = sm, *acc = qs + QV * dk, *Ks = acc + QV * dv, *Vs = Ks + T * (dk + 1), *S = Vs + T * dv;
@@ -320,7 +321,7 @@ extern "C" void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q
         return;
     }
     dim3 grid((unsigned)tiles, (unsigned)(nkv * a.hsplit), (unsigned)a.splits);
-    kvq_attn_kernel<<<grid, 256, smem, c->stream>>>(a);
+    tern_launch(c->stream, kvq_attn_kernel, grid, 256, smem, a);
     tern__cuda_check(c, "attention (compressed KV)");
     if (a.splits > 1) {
         tern__cuda_attn_merge(c, out, n * nh, d, a.splits, "attention merge (compressed KV)");

@@ -17,6 +17,7 @@
  *     double adds (P <= 512 at the head dims the attention supports), a few microseconds.
  */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kvq_common.cuh"
 
 extern "C" {
@@ -142,6 +143,7 @@ __device__ void encode_turbo(KvwShared &sh, const float *x, uint8_t *rec, int d,
 }
 
 __global__ void __launch_bounds__(128) kvq_write_kernel(KvwArgs a) {
+    pdl_start();
     __shared__ KvwShared sh;
     const int it = blockIdx.x, w = blockIdx.y, r = it / a.nkv, h = it % a.nkv;
     const int p = a.pos[r], s = a.slot[r];
@@ -206,6 +208,6 @@ extern "C" void tern__cuda_kv_write_q(tern__cuda *c, const tern_kv_layer *kv, co
     a.P = turbo ? kv->rot_dim : 0;
     a.rot = kv->rot;
     dim3 grid((unsigned)((long)n * nkv), 2);
-    kvq_write_kernel<<<grid, 128, 0, c->stream>>>(a);
+    tern_launch(c->stream, kvq_write_kernel, grid, 128, 0, a);
     tern__cuda_check(c, "kv_write (compressed)");
 }

@@ -22,6 +22,7 @@
 
 __global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int n, int E, int k,
                              const float *pes) {
+    pdl_start();
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= n) return;
@@ -72,11 +73,12 @@ extern "C" void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, c
         return;
     }
     cudaSetDevice(c->device);
-    route_kernel<<<(n + 3) / 4, 128, 0, c->stream>>>(idx, wts, logits, n, E, k, per_expert_scale);
+    tern_launch(c->stream, route_kernel, (n + 3) / 4, 128, 0, idx, wts, logits, n, E, k, per_expert_scale);
     tern__cuda_check(c, "route_topk");
 }
 
 __global__ void act_mul_kernel(float *h, size_t np, int I, int act) {
+    pdl_start();
     const size_t total = np * I;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
         float *row = h + (t / I) * 2 * I;
@@ -87,6 +89,7 @@ __global__ void act_mul_kernel(float *h, size_t np, int I, int act) {
 }
 
 __global__ void remap_kernel(int32_t *out, const int32_t *idx, const int32_t *map, int np) {
+    pdl_start();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p < np) out[p] = idx[p] >= 0 ? map[idx[p]] : idx[p];
 }
@@ -102,7 +105,7 @@ extern "C" const int32_t *tern__cuda_moe_remap(tern__cuda *c, const int32_t *idx
         if (cudaMalloc(&c->moe_idx, sizeof(int32_t) * (size_t)np) != cudaSuccess) { cudaGetLastError(); return NULL; }
         c->moe_idx_cap = (size_t)np;
     }
-    remap_kernel<<<(np + 255) / 256, 256, 0, c->stream>>>(c->moe_idx, idx, map, np);
+    tern_launch(c->stream, remap_kernel, (np + 255) / 256, 256, 0, c->moe_idx, idx, map, np);
     tern__cuda_check(c, "moe remap");
     return c->moe_idx;
 }
@@ -110,7 +113,7 @@ extern "C" const int32_t *tern__cuda_moe_remap(tern__cuda *c, const int32_t *idx
 extern "C" void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int act) {
     const size_t total = (size_t)np * I;
     size_t b = (total + 255) / 256;
-    act_mul_kernel<<<(unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, c->stream>>>(h, (size_t)np, I, act);
+    tern_launch(c->stream, act_mul_kernel, (unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, h, (size_t)np, I, act);
     tern__cuda_check(c, "moe act");
 }
 

@@ -51,6 +51,7 @@ struct MgArgs {
 
 __global__ void mg_plan(const int32_t *idx, int np, int E, int BN, int *off, int4 *tiles, int *ntiles,
                         int32_t *ipos) {
+    pdl_start();
     __shared__ int cnt[MG_EMAX], so[MG_EMAX], ts[MG_EMAX];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -83,6 +84,7 @@ __global__ void mg_plan(const int32_t *idx, int np, int E, int BN, int *off, int
 }
 
 __global__ void mg_scatter(const int32_t *idx, int np, const int *off, int32_t *perm, int32_t *ipos) {
+    pdl_start();
     __shared__ int wsum[32];
     const int e = blockIdx.x, end = off[e + 1], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nw = blockDim.x >> 5;
@@ -112,6 +114,7 @@ __global__ void mg_scatter(const int32_t *idx, int np, const int *off, int32_t *
 /* ---- the grouped GEMM (the K loop of qgemm_kernel, per work item) ---- */
 
 template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) mg_kernel(MgArgs a) {
+    pdl_start();
     constexpr int W = QgKind<KIND>::W, BN = NT * 8, XT = BN * 16 / 256;
     constexpr bool Q = QgKind<KIND>::Q, LO = KIND != 17;
     extern __shared__ uint4 xs[]; /* [2 buffers][hi, lo][BN rows][16 chunks] */
@@ -261,6 +264,7 @@ template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 :
 
 /* y[r] = Σ_j wts[r·k + j] · o[ipos[r·k + j]] over the pairs that were routed, j in order */
 __global__ void mg_combine(float *y, const float *o, const int32_t *ipos, const float *wts, int n, int k, int H) {
+    pdl_start();
     const int H4 = H >> 2;
     const size_t total = (size_t)n * H4;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
@@ -282,8 +286,8 @@ __global__ void mg_combine(float *y, const float *o, const int32_t *ipos, const 
 static size_t mg_smem(int nt) { return (size_t)2 * 2 * nt * 8 * 16 * 16; }
 
 template <int KIND> static void mg_launch(cudaStream_t st, dim3 grid, int nt, const MgArgs &a) {
-    if (nt == 2) mg_kernel<KIND, 2><<<grid, 256, mg_smem(2), st>>>(a);
-    else mg_kernel<KIND, 8><<<grid, 256, mg_smem(8), st>>>(a);
+    if (nt == 2) tern_launch(st, mg_kernel<KIND, 2>, grid, 256, mg_smem(2), a);
+    else tern_launch(st, mg_kernel<KIND, 8>, grid, 256, mg_smem(8), a);
 }
 
 static unsigned g_mg_smem; /* bit d: the NT = 8 instances may use > 48 KB on device d */
@@ -401,8 +405,8 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
         const int m = n - t0 < nc ? n - t0 : nc, mp = m * k;
         const int32_t *id = idx + (size_t)t0 * k;
         mg_bytes(m, k, E, H, BN, &tmax);
-        mg_plan<<<1, 1024, 0, c->stream>>>(id, mp, E, BN, off, tiles, ntiles, ipos);
-        mg_scatter<<<E, 1024, 0, c->stream>>>(id, mp, off, perm, ipos);
+        tern_launch(c->stream, mg_plan, 1, 1024, 0, id, mp, E, BN, off, tiles, ntiles, ipos);
+        tern_launch(c->stream, mg_scatter, E, 1024, 0, id, mp, off, perm, ipos);
         tern__cuda_check(c, "moe sort");
         MgArgs a;
         a.w[0] = mg_w(gate, 0);
@@ -430,7 +434,7 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
         a.ystride = H;
         mg_gemm(c, kd, nt, tmax, 1, a, H);
         const size_t tot = (size_t)m * (H / 4), b = (tot + 255) / 256;
-        mg_combine<<<(unsigned)(b < 8192 ? b : 8192), 256, 0, c->stream>>>(y + (size_t)t0 * H, o, ipos,
+        tern_launch(c->stream, mg_combine, (unsigned)(b < 8192 ? b : 8192), 256, 0, y + (size_t)t0 * H, o, ipos,
                                                                             wts + (size_t)t0 * k, m, k, H);
         tern__cuda_check(c, "moe combine");
     }

@@ -16,6 +16,7 @@ static unsigned nblocks(size_t n, int threads) {
 }
 
 __global__ void embed_kernel(float *y, const int32_t *ids, WDesc w, float scale) {
+    pdl_start();
     const int r = blockIdx.x, id = ids[r];
     const bool ok = id >= 0 && id < w.out;
     for (int j = threadIdx.x; j < w.in; j += blockDim.x)
@@ -26,11 +27,12 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
                                  float scale) {
     if (n <= 0) return;
     cudaSetDevice(c->device);
-    embed_kernel<<<n, 256, 0, c->stream>>>(y, ids, make_wdesc(w), scale);
+    tern_launch(c->stream, embed_kernel, n, 256, 0, y, ids, make_wdesc(w), scale);
     tern__cuda_check(c, "embed");
 }
 
 __global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, float eps) {
+    pdl_start();
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * d;
     float *yr = y + (size_t)blockIdx.x * d;
@@ -54,12 +56,13 @@ extern "C" void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int 
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
     const int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 128;
-    rmsnorm_kernel<<<rows, threads, 0, c->stream>>>(y, x, d, w, eps);
+    tern_launch(c->stream, rmsnorm_kernel, rows, threads, 0, y, x, d, w, eps);
     tern__cuda_check(c, "rmsnorm");
 }
 
 __global__ void rope_kernel(float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq,
                             float mscale) {
+    pdl_start();
     const int half = d / 2;
     const size_t total = (size_t)n * nh * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
@@ -80,11 +83,12 @@ extern "C" void tern__cuda_rope(tern__cuda *c, float *x, int n, int nh, int d, c
     const size_t total = (size_t)n * nh * (d / 2);
     if (!total) return;
     cudaSetDevice(c->device);
-    rope_kernel<<<nblocks(total, 256), 256, 0, c->stream>>>(x, n, nh, d, pos, inv_freq, mscale);
+    tern_launch(c->stream, rope_kernel, nblocks(total, 256), 256, 0, x, n, nh, d, pos, inv_freq, mscale);
     tern__cuda_check(c, "rope");
 }
 
 __global__ void ew_kernel(int op, float *y, const float *a, const float *b, float s, size_t n) {
+    pdl_start();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float x = a[i];
         float r;
@@ -104,11 +108,12 @@ __global__ void ew_kernel(int op, float *y, const float *a, const float *b, floa
 extern "C" void tern__cuda_ew(tern__cuda *c, int op, float *y, const float *a, const float *b, float s, size_t n) {
     if (!n) return;
     cudaSetDevice(c->device);
-    ew_kernel<<<nblocks(n, 256), 256, 0, c->stream>>>(op, y, a, b, s, n);
+    tern_launch(c->stream, ew_kernel, nblocks(n, 256), 256, 0, op, y, a, b, s, n);
     tern__cuda_check(c, "elementwise");
 }
 
 __global__ void add_bias_kernel(float *y, const float *bias, int n, int d) {
+    pdl_start();
     const size_t total = (size_t)n * d;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
         y[i] += bias[i % d];
@@ -118,11 +123,12 @@ extern "C" void tern__cuda_add_bias(tern__cuda *c, float *y, const float *bias, 
     const size_t total = (size_t)n * d;
     if (!total) return;
     cudaSetDevice(c->device);
-    add_bias_kernel<<<nblocks(total, 256), 256, 0, c->stream>>>(y, bias, n, d);
+    tern_launch(c->stream, add_bias_kernel, nblocks(total, 256), 256, 0, y, bias, n, d);
     tern__cuda_check(c, "add_bias");
 }
 
 __global__ void copy_cols_kernel(float *dst, const float *src, int n, int w, int ss, int off) {
+    pdl_start();
     const size_t total = (size_t)n * w;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = src[(i / w) * ss + off + i % w];
@@ -132,6 +138,6 @@ extern "C" void tern__cuda_copy_cols(tern__cuda *c, float *dst, const float *src
     const size_t total = (size_t)n * w;
     if (!total) return;
     cudaSetDevice(c->device);
-    copy_cols_kernel<<<nblocks(total, 256), 256, 0, c->stream>>>(dst, src, n, w, ss, off);
+    tern_launch(c->stream, copy_cols_kernel, nblocks(total, 256), 256, 0, dst, src, n, w, ss, off);
     tern__cuda_check(c, "copy_cols");
 }

@@ -51,6 +51,7 @@ struct QgArgs {
 };
 
 template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) qgemm_kernel(QgArgs a) {
+    pdl_start();
     constexpr int W = QgKind<KIND>::W, BN = NT * 8, XT = BN * 16 / 256; /* x chunks per thread */
     constexpr bool Q = QgKind<KIND>::Q, LO = KIND != 17;
     extern __shared__ uint4 xs[]; /* [2 buffers][hi, lo][BN rows][16 chunks] */
@@ -178,6 +179,7 @@ template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 :
 }
 
 __global__ void qgemm_reduce(float *y, const float *part, size_t m, int S) {
+    pdl_start();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m; i += (size_t)gridDim.x * blockDim.x) {
         float s = part[i];
         for (int k = 1; k < S; k++) s += part[(size_t)k * m + i];
@@ -188,8 +190,8 @@ __global__ void qgemm_reduce(float *y, const float *part, size_t m, int S) {
 static size_t smem_bytes(int nt) { return (size_t)2 * 2 * nt * 8 * 16 * 16; }
 
 template <int KIND> static void launch(cudaStream_t st, dim3 grid, int nt, const QgArgs &a) {
-    if (nt == 2) qgemm_kernel<KIND, 2><<<grid, 256, smem_bytes(2), st>>>(a);
-    else qgemm_kernel<KIND, 8><<<grid, 256, smem_bytes(8), st>>>(a);
+    if (nt == 2) tern_launch(st, qgemm_kernel<KIND, 2>, grid, 256, smem_bytes(2), a);
+    else tern_launch(st, qgemm_kernel<KIND, 8>, grid, 256, smem_bytes(8), a);
 }
 
 template <int KIND> static void allow() {
@@ -268,7 +270,7 @@ extern "C" int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, 
     if (S > 1) {
         const size_t m = (size_t)n * w->out;
         const size_t blocks = (m + 255) / 256;
-        qgemm_reduce<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, c->stream>>>(y, c->part, m, S);
+        tern_launch(c->stream, qgemm_reduce, (unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, y, c->part, m, S);
         tern__cuda_check(c, "qgemm_reduce");
     }
     return 1;

@@ -116,6 +116,7 @@ template <int BITS, int NT, int NP> struct QmCfg {
 };
 
 template <int BITS, int NT, int NP> __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) qmma_kernel(QmArgs a) {
+    pdl_start();
     using C = QmCfg<BITS, NT, NP>;
     constexpr int BN = C::BN, WW = C::WW, WT = C::WT, D = C::D, XT = C::XT;
     extern __shared__ uint4 qm_sm[];
@@ -278,6 +279,7 @@ template <int BITS, int NT, int NP> __global__ void __launch_bounds__(256, NT <=
 }
 
 __global__ void qmma_reduce(float *y, const float *part, size_t m, int S) {
+    pdl_start();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m; i += (size_t)gridDim.x * blockDim.x) {
         float s = part[i];
         for (int k = 1; k < S; k++) s += part[(size_t)k * m + i];
@@ -286,7 +288,7 @@ __global__ void qmma_reduce(float *y, const float *part, size_t m, int S) {
 }
 
 template <int BITS, int NT, int NP> static void qm_go(cudaStream_t st, dim3 grid, const QmArgs &a) {
-    qmma_kernel<BITS, NT, NP><<<grid, 256, QmCfg<BITS, NT, NP>::SMEM, st>>>(a);
+    tern_launch(st, qmma_kernel<BITS, NT, NP>, grid, 256, QmCfg<BITS, NT, NP>::SMEM, a);
 }
 
 template <int BITS, int NP> static void qm_launch(cudaStream_t st, dim3 grid, int nt, const QmArgs &a) {
@@ -375,7 +377,7 @@ extern "C" int tern__cuda_qmma(tern__cuda *c, float *y, const float *x, int n, c
     tern__cuda_check(c, "qmma");
     if (S > 1) {
         const size_t m = (size_t)n * w->out, blocks = (m + 255) / 256;
-        qmma_reduce<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, c->stream>>>(y, c->part, m, S);
+        tern_launch(c->stream, qmma_reduce, (unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, y, c->part, m, S);
         tern__cuda_check(c, "qmma_reduce");
     }
     tern__cuda_qmma_calls++;

@@ -169,6 +169,7 @@ __device__ int nth_tied(const float *L, int V, float key, const Cut &prev, u64 m
 
 __global__ void __launch_bounds__(ST) sample_kernel(int32_t *ids, float *logits, int V, const tern_sample_row *rows,
                                                     const tern_sample_pair *pairs) {
+    pdl_start();
     __shared__ Smem s;
     const tern_sample_row p = rows[blockIdx.x];
     if (p.mode != TERN_SAMPLE_DRAW) return;
@@ -291,6 +292,6 @@ extern "C" void tern__cuda_sample(tern__cuda *c, int32_t *ids, float *logits, in
                                   const tern_sample_row *rows, const tern_sample_pair *pairs) {
     if (n <= 0 || V <= 0) return;
     cudaSetDevice(c->device);
-    sample_kernel<<<n, ST, 0, c->stream>>>(ids, logits, V, rows, pairs);
+    tern_launch(c->stream, sample_kernel, n, ST, 0, ids, logits, V, rows, pairs);
     tern__cuda_check(c, "sample");
 }

@@ -12,6 +12,7 @@
  * All on the backend's stream (capturable into a step graph).
  */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
 
 #include <cuda_bf16.h>
 #include <string.h>
@@ -21,6 +22,7 @@ extern "C" {
 }
 
 __global__ void expert_remap_kernel(int32_t *idx, int n, int e0, int e1) {
+    pdl_start();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int e = idx[i];
@@ -31,12 +33,13 @@ extern "C" void tern__cuda_expert_remap(tern_backend *be, int32_t *idx, int n, i
     tern__cuda *c = (tern__cuda *)be->impl;
     if (n <= 0) return;
     cudaSetDevice(c->device);
-    expert_remap_kernel<<<(n + 255) / 256, 256, 0, c->stream>>>(idx, n, e0, e1);
+    tern_launch(c->stream, expert_remap_kernel, (n + 255) / 256, 256, 0, idx, n, e0, e1);
     tern__cuda_check(c, "expert_remap");
 }
 
 /* two elements per thread (n even in practice; the odd tail is handled) */
 __global__ void pack_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
+    pdl_start();
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
     if (i + 1 < n) {
         const float2 v = *(const float2 *)(src + i);
@@ -47,6 +50,7 @@ __global__ void pack_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
 }
 
 __global__ void unpack_bf16_kernel(float *dst, const __nv_bfloat16 *src, size_t n) {
+    pdl_start();
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
     if (i + 1 < n) {
         const float2 v = __bfloat1622float2(*(const __nv_bfloat162 *)(src + i));
@@ -63,8 +67,8 @@ extern "C" void tern__cuda_tp_convert(tern_backend *be, void *dst, const void *s
     if (!n) return;
     const size_t threads = (n + 1) / 2;
     const unsigned blocks = (unsigned)((threads + 255) / 256);
-    if (to_bf16) pack_bf16_kernel<<<blocks, 256, 0, c->stream>>>((__nv_bfloat16 *)dst, (const float *)src, n);
-    else unpack_bf16_kernel<<<blocks, 256, 0, c->stream>>>((float *)dst, (const __nv_bfloat16 *)src, n);
+    if (to_bf16) tern_launch(c->stream, pack_bf16_kernel, blocks, 256, 0, (__nv_bfloat16 *)dst, (const float *)src, n);
+    else tern_launch(c->stream, unpack_bf16_kernel, blocks, 256, 0, (float *)dst, (const __nv_bfloat16 *)src, n);
     tern__cuda_check(c, "tp_convert");
 }
 
@@ -115,6 +119,7 @@ __device__ __forceinline__ void sync_peers(const tp_sync &s, int b, unsigned ep)
 }
 
 __global__ void __launch_bounds__(512) tp_ar_kernel(tp_ar_args a) {
+    pdl_start();
     const int b = blockIdx.x, t = threadIdx.x;
     const unsigned ep = a.s.cnt[b] + 1;
     const size_t off = (ep & 1) ? a.s.cap : 0;
@@ -167,6 +172,7 @@ struct tp_ga_args {
 };
 
 __global__ void __launch_bounds__(512) tp_ga_kernel(tp_ga_args a) {
+    pdl_start();
     const int b = blockIdx.x, t = threadIdx.x;
     const unsigned ep = a.s.cnt[b] + 1;
     const size_t off = (ep & 1) ? a.s.cap : 0;
@@ -212,7 +218,7 @@ static void p2p_launch(tern_backend *be, float *res, float *y, size_t n, float *
     a.res = res;
     a.n = n;
     fill_sync(&a.s, bufs, flags, cnt, cap, nr, rank);
-    tp_ar_kernel<<<TERN_TP_P2P_BLOCKS, 512, 0, c->stream>>>(a);
+    tern_launch(c->stream, tp_ar_kernel, TERN_TP_P2P_BLOCKS, 512, 0, a);
     tern__cuda_check(c, res ? "tp_p2p_allreduce_add" : "tp_p2p_allreduce");
 }
 
@@ -243,6 +249,6 @@ extern "C" void tern__cuda_tp_p2p_gather(tern_backend *be, float *dst, const flo
         a.w[q] = w[q];
     }
     fill_sync(&a.s, bufs, flags, cnt, cap, nr, rank);
-    tp_ga_kernel<<<TERN_TP_P2P_BLOCKS, 512, 0, c->stream>>>(a);
+    tern_launch(c->stream, tp_ga_kernel, TERN_TP_P2P_BLOCKS, 512, 0, a);
     tern__cuda_check(c, "tp_p2p_gather");
 }
