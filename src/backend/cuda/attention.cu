@@ -212,22 +212,42 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
     }
 }
 
+#define MERGE_MAX 128 /* splits: attention plans <= 64, attn_decode.cu <= 128 */
 __global__ void attn_merge_kernel(float *out, const float *part, int nrow, int d, int splits) {
     pdl_start();
+    /* the (M, L) of every split in one parallel load, then per element a sum over the splits with
+     * its loads batched (a loop of dependent global loads cost ~0.5 us per split). Same terms in the
+     * same order as a serial merge: out = Σ_z part_z·e^{M_z - M} / Σ_z L_z·e^{M_z - M}, empty splits
+     * (M_z = -inf) skipped. */
+    __shared__ float sm_m[MERGE_MAX], sm_w[MERGE_MAX], sm_l[MERGE_MAX];
+    __shared__ float s_den;
     const int rh = blockIdx.x;
     const float *ml = part + (size_t)splits * nrow * d;
-    float mx = -INFINITY;
-    for (int z = 0; z < splits; z++) mx = fmaxf(mx, ml[((size_t)z * nrow + rh) * 2]);
-    float den = 0.0f;
-    for (int z = 0; z < splits; z++) {
-        const float m = ml[((size_t)z * nrow + rh) * 2], l = ml[((size_t)z * nrow + rh) * 2 + 1];
-        if (m != -INFINITY) den += l * expf(m - mx);
+    for (int z = threadIdx.x; z < splits; z += blockDim.x) {
+        sm_m[z] = ml[((size_t)z * nrow + rh) * 2];
+        sm_l[z] = ml[((size_t)z * nrow + rh) * 2 + 1];
     }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int z = 0; z < splits; z++) mx = fmaxf(mx, sm_m[z]);
+    for (int z = threadIdx.x; z < splits; z += blockDim.x) sm_w[z] = sm_m[z] != -INFINITY ? expf(sm_m[z] - mx) : 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float den = 0.0f;
+        for (int z = 0; z < splits; z++)
+            if (sm_m[z] != -INFINITY) den += sm_l[z] * sm_w[z];
+        s_den = den;
+    }
+    __syncthreads();
+    const float den = s_den;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float *pz = part + (size_t)rh * d + i;
+        const size_t stride = (size_t)nrow * d;
         float num = 0.0f;
+#pragma unroll 8
         for (int z = 0; z < splits; z++) {
-            const float m = ml[((size_t)z * nrow + rh) * 2];
-            if (m != -INFINITY) num += part[((size_t)z * nrow + rh) * d + i] * expf(m - mx);
+            const float v = pz[(size_t)z * stride];
+            if (sm_m[z] != -INFINITY) num += v * sm_w[z];
         }
         out[(size_t)rh * d + i] = den > 0.0f ? num / den : 0.0f;
     }
@@ -295,6 +315,10 @@ extern "C" int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long key
  * (partials [splits][nrow][d], then (M, L) pairs [splits][nrow]); every split-K attention kernel
  * (paged, compressed pages, GLM latent) writes this layout. */
 extern "C" void tern__cuda_attn_merge(tern__cuda *c, float *out, int nrow, int d, int splits, const char *what) {
+    if (splits > MERGE_MAX) { /* cannot happen: every plan caps its splits */
+        tern_log(TERN_LOG_ERROR, "cuda %s: %d splits (at most %d)", what, splits, MERGE_MAX);
+        return;
+    }
     tern_launch(c->stream, attn_merge_kernel, nrow, d < 128 ? 64 : 128, 0, out, c->part, nrow, d, splits);
     tern__cuda_check(c, what);
 }
