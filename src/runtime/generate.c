@@ -1,9 +1,13 @@
 /*
  * generate.c — prefill + decode loop for one sequence (see generate.h). The logits buffer
  * and the per-step arrays are allocated once per call; the decode loop allocates nothing.
+ * Greedy without a pick callback draws on the model's device when it can (argmax, lowest id on
+ * ties: tern_argmax's rule), so only the id crosses back per step — as the engine's scheduler
+ * does; TERN_DEVICE_SAMPLE=0 downloads the logits instead.
  */
 #include "runtime/generate.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 int tern_argmax(const float *x, int n) {
@@ -29,6 +33,11 @@ tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *p
     if (!logits || !pos || !slots || !want) { s = tern_err(err, TERN_ENOMEM, "out of memory"); goto done; }
     for (int i = 0; i < chunk; i++) slots[i] = slot;
     tern_gen_stats st = {.n_prompt = n_prompt};
+    const char *ds = getenv("TERN_DEVICE_SAMPLE");
+    const int dev = !pick && tern_model_can_sample(m) && !(ds && ds[0] == '0');
+    tern_sample_row row = {.mode = TERN_SAMPLE_DRAW, .top_p = 1.0f, .min_p_log = -INFINITY, .rep = 1.0f};
+    int32_t did = -1;
+    tern_batch_sample smp = {.rows = &row, .ids = &did};
     double t0 = tern_time_s();
     /* prefill in chunks; logits only for the last prompt row */
     for (int p0 = 0; p0 < n_prompt; p0 += chunk) {
@@ -36,14 +45,16 @@ tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *p
         if ((s = tern_kv_reserve(kv, slot, p0 + nr, err))) goto done;
         for (int i = 0; i < nr; i++) { pos[i] = p0 + i; want[i] = (p0 + i == n_prompt - 1); }
         tern_batch b = {.n = nr, .tokens = prompt + p0, .pos = pos, .slot = slots, .want = want};
-        if ((s = tern_model_forward(m, &b, kv, logits, err))) goto done;
+        const int last = p0 + nr == n_prompt;
+        if ((s = dev && last ? tern_model_forward_sample(m, &b, kv, NULL, &smp, err) : tern_model_forward(m, &b, kv, last ? logits : NULL, err)))
+            goto done;
         tern_kv_trim(kv, slot, p0 + nr);
     }
     st.t_prefill = tern_time_s() - t0;
     t0 = tern_time_s();
     int cur = n_prompt;
     for (int g = 0; g < max_new; g++) {
-        int tok = pick ? pick(pick_ctx, logits, V) : tern_argmax(logits, V);
+        int tok = dev ? did : pick ? pick(pick_ctx, logits, V) : tern_argmax(logits, V);
         if (tok < 0 || tok >= V) { s = tern_err(err, TERN_EINTERNAL, "sampler returned token %d", tok); goto done; }
         int stop = 0;
         for (int i = 0; i < n_stop; i++) if (stop_ids[i] == tok) stop = 1;
@@ -56,7 +67,8 @@ tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *p
         int32_t t32 = tok, p = cur, sl = slot;
         uint8_t w = 1;
         tern_batch b = {.n = 1, .tokens = &t32, .pos = &p, .slot = &sl, .want = &w};
-        if ((s = tern_model_forward(m, &b, kv, logits, err))) goto done;
+        if ((s = dev ? tern_model_forward_sample(m, &b, kv, NULL, &smp, err) : tern_model_forward(m, &b, kv, logits, err)))
+            goto done;
         cur++;
         tern_kv_trim(kv, slot, cur);
     }
