@@ -6,6 +6,7 @@
 # Knobs:
 #   TP (default 2)            ranks
 #   TP_PREBUILT=F.tar.xz      binaries tern-core, concurrency, test_model_tp_core made elsewhere (no build here)
+#   GPU_PREBUILT=F.tar.xz     the pack of `scripts/gpu_check.sh pack` (build/... paths; no build here)
 #   TP_TESTS=0                skip the parity tests and greedy checks; TP_TEST_COMPUTE (default "f32 bf16")
 #   TP_GREEDY="fixture:compute .." greedy --gpus 1 vs N (default: five fixtures f32, two bf16)
 #   TP_BENCH="preset:quant .."  batch-1 benches (default "llama3-8b:bf16"); quant bf16 | q4 | q8
@@ -32,7 +33,10 @@ nvidia-smi -L > "$OUT/env.txt" 2>&1
 nvidia-smi topo -m >> "$OUT/env.txt" 2>&1
 stamp "gpus: $(grep -c '^GPU' "$OUT/env.txt")"
 
-if [ -n "${TP_PREBUILT:-}" ]; then
+if [ -n "${GPU_PREBUILT:-}" ]; then
+    tar xJf "$GPU_PREBUILT" || { stamp "cannot unpack $GPU_PREBUILT"; exit 1; }
+    TERN=build/tern-core CONC=build/concurrency TEST=build/tests/test_model_tp_core
+elif [ -n "${TP_PREBUILT:-}" ]; then
     B=build/tpb
     mkdir -p "$B" && tar xJf "$TP_PREBUILT" -C "$B" || { stamp "cannot unpack $TP_PREBUILT"; exit 1; }
     TERN=$B/tern-core CONC=$B/concurrency TEST=$B/test_model_tp_core
