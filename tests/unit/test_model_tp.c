@@ -15,6 +15,7 @@
  * of one rank and of the reference; argmax and greedy tokens are reported, not required.
  */
 #include "model/tp.h"
+#include "tp_util.h"
 #include "parity_util.h"
 #include "tern.h"
 #include "runtime/generate.h"
@@ -312,14 +313,7 @@ int main(void) {
     if (g_cuda) { /* enough GPUs for the largest size? */
         int need = 1;
         for (int i = 0; i < g_n_sizes; i++) need = TERN_MAX(need, g_sizes[i]);
-        tern_tp *tp = NULL;
-        tern_error e = {0};
-        tern_tp_opts to = {.n = need, .cuda = 1};
-        if (tern_tp_open(&tp, &to, &e)) {
-            printf("SKIP: tp_parity: %s\n", e.msg);
-            return 0;
-        }
-        tern_tp_close(tp);
+        if (!tp_gpus_ok(need, "tp_parity")) return 0;
     }
     RUN(tp_parity_llama);
     RUN(tp_parity_gemma4);

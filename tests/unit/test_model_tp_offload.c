@@ -13,6 +13,7 @@
  * TERN_TEST_DEVICE=cuda puts rank i on GPU i (skips with fewer than 2 GPUs).
  */
 #include "model/tp.h"
+#include "tp_util.h"
 #include "parity_util.h"
 #include "runtime/experts.h"
 #include "runtime/generate.h"
@@ -150,14 +151,7 @@ int main(void) {
     const char *dev = getenv("TERN_TEST_DEVICE");
     if (dev && !strcmp(dev, "cuda")) {
         g_cuda = 1;
-        tern_tp *tp = NULL;
-        tern_error e = {0};
-        tern_tp_opts to = {.n = 2, .cuda = 1};
-        if (tern_tp_open(&tp, &to, &e)) {
-            printf("SKIP: tp_offload on cuda: %s\n", e.msg);
-            return 0;
-        }
-        tern_tp_close(tp);
+        if (!tp_gpus_ok(2, "tp_offload on cuda")) return 0;
     }
     RUN(tp_offload_layouts);
     return test_done();

@@ -21,6 +21,7 @@
  * rows may pick another reduction order), and whether they are bitwise is printed.
  */
 #include "model/tp.h"
+#include "tp_util.h"
 #include "parity_util.h"
 #include "runtime/generate.h"
 #include "test.h"
@@ -280,14 +281,7 @@ int main(void) {
     if (dev && !strcmp(dev, "cuda")) {
         g_cuda = 1;
         g_max_n = sz && atoi(sz) >= 2 ? atoi(sz) : 2;
-        tern_tp *tp = NULL;
-        tern_error e = {0};
-        tern_tp_opts to = {.n = g_max_n, .cuda = 1};
-        if (tern_tp_open(&tp, &to, &e)) {
-            printf("SKIP: tp_vocab on cuda: %s\n", e.msg);
-            return 0;
-        }
-        tern_tp_close(tp);
+        if (!tp_gpus_ok(g_max_n, "tp_vocab on cuda")) return 0;
     }
     RUN(tp_vocab_llama);
     RUN(tp_vocab_gemma4);
