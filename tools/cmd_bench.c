@@ -32,7 +32,8 @@ int tern_cmd_bench(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--prompt") && v) { /* N or a comma list */
             n_prompts = 0;
-            for (const char *p = v; *p && n_prompts < 16;) {
+            for (const char *p = v; *p;) {
+                if (n_prompts == 16) return cli_usage_error("bench", "--prompt takes at most 16 lengths");
                 char tok[32];
                 size_t len = strcspn(p, ",");
                 snprintf(tok, sizeof tok, "%.*s", (int)(len < sizeof tok ? len : sizeof tok - 1), p);
