@@ -8,7 +8,8 @@
  * that concurrency and the most sequences at that context; for GLM-5 also the latent-cache and
  * indexer bytes per token and the routed-expert bytes per token in each weight format; for MoE models the
  * expert geometry and, with --expert-cache GB, the resident set and the expected expert bytes read per decode
- * token (runtime/experts.h tern_experts_fit_plan; "csv-experts," line). Numbers come from
+ * token (runtime/experts.h tern_experts_fit_plan; "csv-experts," line); with --gpus N every rank's
+ * weights, KV, scratch and total ("csv-rank," lines: N, rank, bytes). Numbers come from
  * src/runtime/fit.c, which tern_engine_open uses to size the KV pool from --memory-budget.
  * Ends with one CSV line (prefix "csv,"). Exit 0 (also when it does not fit: the verdict
  * line says so), 2 on bad arguments or an unreadable model.
@@ -19,6 +20,7 @@
 #include "io/kv_config.h"
 #include "io/presets.h"
 #include "io/safetensors.h"
+#include "model/tp.h"
 #include "runtime/fit.h"
 #include "runtime/experts.h"
 #include "runtime/kv.h"
@@ -86,6 +88,64 @@ static void print_experts(const tern_model_config *cfg, const char *dir, int bit
     else printf("expert cache   off (--expert-cache GB offloads): every expert resident\n");
     printf("csv-experts,%d,%d,%d,%zu,%.3f,%d,%zu,%.0f\n", nl, cfg->n_expert, cfg->n_expert_used, b, cache_gb, f.slots,
            f.resident_bytes, f.bytes_per_token);
+}
+
+/* Embedding tables (replicated on every rank: lookups) and the untied output head (split by
+ * vocabulary rows) of the stored text model, or of the --random geometry's estimate. */
+static void embed_head_bytes(const char *dir, const tern_model_config *c, int bits, int group, size_t *emb, size_t *head) {
+    *emb = *head = 0;
+    if (dir && *dir) {
+        tern_st_set *set = NULL;
+        if (tern_st_open(&set, dir, NULL)) return;
+        for (int i = 0; i < tern_st_count(set); i++) {
+            const tern_st_entry *e = tern_st_at(set, i);
+            if (strstr(e->name, "vision") || strstr(e->name, "audio")) continue;
+            if (strstr(e->name, "embed")) *emb += e->nbytes;
+            else if (strstr(e->name, "lm_head")) *head += e->nbytes;
+        }
+        tern_st_close(set);
+        return;
+    }
+    const double per = bits > 0 ? bits / 8.0 + 4.0 / (group > 0 ? group : 64) : 2.0, VH = (double)c->n_vocab * c->n_embd;
+    double e = VH;
+    if (c->ple_dim > 0) e += (double)(c->ple_vocab > 0 ? c->ple_vocab : c->n_vocab) * c->n_layer * c->ple_dim;
+    *emb = (size_t)(e * per);
+    *head = c->tie_embeddings ? 0 : (size_t)(VH * per);
+}
+
+/* --gpus N: every rank's share — its local configuration (heads, kv heads, widths, experts,
+ * head rows) from model/tp.c, the embeddings whole, everything else split N ways (an estimate:
+ * norms and routers, replicated, are counted split; they are small) */
+static int print_ranks(const tern_model_config *cfg, const char *dir, int bits, int group, const tern_kv_fmt *fmt,
+                       size_t wbytes, const tern_fit_opts *fo, int N) {
+    size_t emb, head;
+    embed_head_bytes(dir, cfg, bits, group, &emb, &head);
+    const size_t rest = wbytes > emb + head ? wbytes - emb - head : 0;
+    printf("\nper GPU (--gpus %d: attention heads, MLP widths and experts split, embeddings on every rank%s):\n", N,
+           head ? ", output head split by vocabulary rows" : "");
+    printf("  %-5s %12s %12s %12s %12s %s\n", "rank", "weights GB", "KV GB", "scratch GB", "total GB", fo->budget_gb > 0 ? "budget" : "");
+    char csv[TERN_TP_MAX][160];
+    int nr = 0;
+    for (int r = 0; r < N; r++) {
+        tern_model_config lc;
+        tern_error e = {0};
+        if (tern_tp_rank_config(cfg, N, r, &lc, &e)) {
+            printf("  --gpus %d does not split this model: %s\n", N, e.msg);
+            return 1;
+        }
+        double hshare = lc.head_vn > 0 ? (double)lc.head_vn / cfg->n_vocab : 1.0;
+        size_t w = emb + rest / (size_t)N + (size_t)(head * hshare);
+        tern_fit fr;
+        if (!tern_fit_plan(&lc, fmt, w, fo, &fr, &e)) {
+            printf("  %-5d %12.3f %12.3f %12.3f %12.3f %s\n", r, gb(w), gb(fr.kv_total), gb(fr.scratch), gb(fr.total),
+                   fo->budget_gb > 0 ? (fr.fits ? "fits" : "DOES NOT FIT") : "");
+            snprintf(csv[nr++], sizeof csv[0], "csv-rank,%d,%d,%zu,%zu,%zu,%zu,%d", N, r, w, fr.kv_total, fr.scratch,
+                     fr.total, fr.fits);
+        }
+        free(lc.layers);
+    }
+    for (int r = 0; r < nr; r++) printf("%s\n", csv[r]);
+    return 0;
 }
 
 static int parse_gb(const char *flag, const char *v, double *out) {
@@ -182,6 +242,7 @@ int tern_cmd_fit(int argc, char **argv) {
         printf("max safe context   %d tokens at %d concurrent sequences\n", f.max_ctx, f.max_concurrency);
         printf("max concurrency    %d sequences of %d tokens\n", f.max_conc, f.ctx);
     }
+    if (c.gpus > 1) print_ranks(&cfg, c.random ? NULL : dir, c.random_bits, c.random_group, fmt, wbytes, &fo, c.gpus);
     printf("csv,%s,%s,%d,%d,%.0f,%zu,%zu,%zu,%zu,%zu,%zu,%.3f,%d,%d,%d\n", name, spec, f.ctx, f.max_concurrency,
            (double)wbytes, f.kv_token_full, f.kv_token_sliding, f.kv_seq, f.kv_total, f.scratch, f.total, budget, f.fits,
            f.max_ctx, f.max_conc);

@@ -709,16 +709,38 @@ static tern_status local_config(const tern_model_config *c, int N, int r, int hv
 /* The vocabulary split: contiguous row ranges, boundaries on multiples of 128 rows for real
  * vocabularies (FP8 blocks, aligned device rows), of 1 for tiny ones; none (every rank holds
  * the whole head, rank 0 alone computes it) when a rank would get no rows or TERN_TP_VOCAB=0. */
+static void vocab_rows(int V, int N, int r, int *v0, int *vn) {
+    const int unit = V >= 256 * N ? 128 : 1;
+    const int64_t a = (int64_t)V * r / N / unit * unit, b = r + 1 == N ? V : (int64_t)V * (r + 1) / N / unit * unit;
+    *v0 = (int)a;
+    *vn = (int)(b - a);
+}
+
 static void vocab_split(tern_tp *tp, int V) {
-    int N = tp->n, unit = V >= 256 * N ? 128 : 1;
-    for (int r = 0; r < N; r++) {
-        int64_t a = (int64_t)V * r / N / unit * unit, b = r + 1 == N ? V : (int64_t)V * (r + 1) / N / unit * unit;
-        tp->hv0[r] = (int)a;
-        tp->hvn[r] = (int)(b - a);
-    }
+    int N = tp->n;
+    for (int r = 0; r < N; r++) vocab_rows(V, N, r, &tp->hv0[r], &tp->hvn[r]);
     int ok = N > 1 && !tp->vocab_off;
     for (int r = 0; r < N; r++) ok &= tp->hvn[r] > 0;
     for (int r = 0; r < N && !ok; r++) tp->hv0[r] = tp->hvn[r] = 0;
+}
+
+tern_status tern_tp_rank_config(const tern_model_config *cfg, int N, int r, tern_model_config *out, tern_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!cfg || N < 1 || N > TERN_TP_MAX || r < 0 || r >= N) return tern_err(err, TERN_EINVAL, "tern_tp_rank_config: bad arguments");
+    tern_status st = check_geometry(cfg, N, err);
+    if (st) return st;
+    int v0 = 0, vn = 0;
+    if (N > 1) {
+        vocab_rows(cfg->n_vocab, N, r, &v0, &vn);
+        for (int k = 0; k < N; k++) { /* no split when some rank would get no rows (as vocab_split) */
+            int a, b;
+            vocab_rows(cfg->n_vocab, N, k, &a, &b);
+            if (b <= 0) v0 = vn = 0;
+        }
+        const char *ev = getenv("TERN_TP_VOCAB");
+        if (ev && ev[0] == '0') v0 = vn = 0;
+    }
+    return local_config(cfg, N, r, v0, vn, out, err);
 }
 
 tern_status tern_tp_load(tern_tp *tp, const tern_model_config *cfg, tern_weights *ws, const tern_model_opts *mo,

@@ -38,6 +38,11 @@ typedef struct tern_tp_opts {
     tern_compute compute;
 } tern_tp_opts;
 
+/* Rank r's local configuration in a group of N (heads, kv heads, widths, the head's vocabulary rows
+ * head_v0/head_vn) as tern_tp_load makes it, for planning (tern fit --gpus N); refuses geometries
+ * that do not split. out->layers is malloc'd (free it; the other arrays are cfg's). */
+tern_status tern_tp_rank_config(const tern_model_config *cfg, int N, int r, tern_model_config *out, tern_error *err);
+
 /* Open the ranks' backends and the communicator. */
 tern_status tern_tp_open(tern_tp **out, const tern_tp_opts *opts, tern_error *err);
 /* Frees every rank's cache, model, backend and thread; accepts NULL. */

@@ -56,6 +56,17 @@ n=$(grep -c '^csv,demo,cpu,' "$tmp/out"); k1=$(grep '^csv,demo,cpu,16,' "$tmp/ou
 if [ "$n" -eq 2 ] && awk -v a="$k1" -v b="$k2" 'BEGIN{exit !(b > a)}'; then ok bench_prompt_list; else bad "bench_prompt_list: $(head -c 300 "$tmp/out")"; fi
 expect bench_bad_prompt_list 2 "prompt" $T bench demo --prompt 16,x
 
+# fit --gpus N: one csv-rank line per rank; a rank holds more than 1/N of the weights (embeddings
+# whole) and less than all, and half the KV of one device at N = 2; a split that does not divide
+# the heads says so
+$T fit --random llama3-8b --quant q4 --ctx 4096 --gpus 2 >"$tmp/out" 2>"$tmp/err"
+w1=$(grep '^csv,' "$tmp/out" | cut -d, -f6); kv1=$(grep '^csv,' "$tmp/out" | cut -d, -f10)
+wr=$(grep '^csv-rank,2,0,' "$tmp/out" | cut -d, -f4); kvr=$(grep '^csv-rank,2,0,' "$tmp/out" | cut -d, -f5)
+if [ "$(grep -c '^csv-rank,2,' "$tmp/out")" -eq 2 ] && awk -v w="$w1" -v r="$wr" -v k="$kv1" -v q="$kvr" \
+    'BEGIN{exit !(r > w / 2 && r < w && q * 2 == k)}'; then ok fit_gpus_ranks; else bad "fit_gpus_ranks: $(tail -c 400 "$tmp/out")"; fi
+$T fit --random llama3-8b --quant q4 --gpus 3 >"$tmp/out" 2>&1
+grep -q "does not split this model: .*num_attention_heads 32" "$tmp/out" && ok fit_gpus_refuses || bad "fit_gpus_refuses: $(tail -c 300 "$tmp/out")"
+
 # every subcommand answers --help with its usage and exit 0
 for c in generate chat serve logits tokenize detokenize template info fit bench; do
     $T $c --help >"$tmp/out" 2>&1
