@@ -357,11 +357,13 @@ TEST(cuda_attention_spans) {
 
 /* The tensor-core prefill kernel (attn_prefill.cu): prefill runs from position 0 and
  * continuation chunks (split-K), odd row counts, GQA group sizes 1..32 (6: a block's vectors
- * not a multiple of the group), window + evicted blocks, softcap, d = 64..512 (512 stays on
- * the CUDA-core kernel), spans; variant 0 (the run alone) and 3 (next to decode rows).
+ * not a multiple of the group), window + evicted blocks, softcap, d = 64..512 (512: two passes
+ * over the V columns, bf16 mode, switched on here; the f32 mode keeps the CUDA-core kernel), spans;
+ * variant 0 (the run alone) and 3 (next to decode rows).
  * Modes: bf16 (plain bf16 operands) and f32 with the split kernel forced on (tern__cuda_fa_f32;
  * its default is measured here and stated in attn_prefill.cu). */
-extern int tern__cuda_fa_f32, tern__cuda_fa_cfg;
+extern int tern__cuda_fa_f32, tern__cuda_fa_cfg, tern__cuda_fa512;
+extern unsigned long long tern__cuda_fa512_calls;
 TEST(cuda_attention_flash) {
     static const struct { int nh, nkv, d, window; float cap; int bs; int lens[3]; int P; } C[] = {
         {8, 2, 128, 0, 0.0f, 16, {300, 37, 1}, 300},
@@ -373,7 +375,8 @@ TEST(cuda_attention_flash) {
         {8, 2, 512, 0, 0.0f, 16, {150, 64, 17}, 100},
         {8, 4, 64, 50, 0.0f, 4, {600, 30, 30}, 35},
     };
-    const int keep_f32 = tern__cuda_fa_f32, keep_cfg = tern__cuda_fa_cfg;
+    const int keep_f32 = tern__cuda_fa_f32, keep_cfg = tern__cuda_fa_cfg, keep_512 = tern__cuda_fa512;
+    tern__cuda_fa512 = 1;
     for (int mode = 0; mode < 2; mode++) {
         g_attn = mode == 0 ? g_gpu16 : g_gpu;
         if (!g_attn) continue;
@@ -384,8 +387,11 @@ TEST(cuda_attention_flash) {
             tern__cuda_fa_cfg = cfg;
             for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
                 for (int v = 0; v < (cfg ? 1 : 4); v += 3) {
+                    const unsigned long long c512 = tern__cuda_fa512_calls;
                     double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens,
                                            C[c].P, v);
+                    if (mode == 0 && cfg == 0 && C[c].d == 512)
+                        CHECK(tern__cuda_fa512_calls > c512, "d 512 variant %d: the two-pass flash kernel did not run", v);
                     printf("  err attention flash %s cfg %d nh=%d nkv=%d d=%d W=%d P=%d variant %d  %.2e\n",
                            mode ? "f32" : "bf16", cfg, C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].P, v, rel);
                     CHECK(rel <= bound, "%s cfg %d case %zu variant %d rel %.2e", mode ? "f32" : "bf16", cfg, c, v, rel);
@@ -414,4 +420,5 @@ TEST(cuda_attention_flash) {
     g_attn = NULL;
     tern__cuda_fa_f32 = keep_f32;
     tern__cuda_fa_cfg = keep_cfg;
+    tern__cuda_fa512 = keep_512;
 }

@@ -17,7 +17,9 @@
  * f32 (DESIGN §5) and not batch-invariant to 1e-5 (8.6e-5 when a run is cut differently), so the
  * f32 mode stays on attention.cu unless TERN_CUDA_FA=2 (about 10x faster, 52 TFLOP/s at 8k).
  * Split-K over keys (partials into c->part, merged by tern__cuda_attn_merge) when the blocks
- * cannot fill the GPU. Head dims 64 / 128 / 256; anything else stays on attention.cu.
+ * cannot fill the GPU. Head dims 64 / 128 / 256, and 512 in two passes over the V columns (S
+ * computed twice: 1.5x the MMAs; bf16 mode, TERN_CUDA_FA512=1 until it has run on a GPU); anything
+ * else stays on attention.cu.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -30,6 +32,8 @@ extern "C" {
 int tern__cuda_fa_on = 1;  /* 0: every call stays on attention.cu (TERN_CUDA_FA=0) */
 int tern__cuda_fa_f32 = 0; /* 1: the f32 compute mode uses the split kernel too (TERN_CUDA_FA=2) */
 int tern__cuda_fa_cfg = 0; /* tile shape of the bf16 kernel: 0 the default, 1..3 alternatives (bench_cuda) */
+int tern__cuda_fa512 = 0;  /* 1: d 512 in two passes (TERN_CUDA_FA512=1; not yet run on a GPU) */
+unsigned long long tern__cuda_fa512_calls = 0;
 }
 
 struct FaArgs {
@@ -43,6 +47,7 @@ struct FaArgs {
     float scale, softcap;
     int splits;
     float *part;
+    int voff; /* first V / output column of this pass (head dims above 256 run in passes of DV) */
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -92,16 +97,19 @@ __device__ __forceinline__ void store4(__nv_bfloat16 *dst, __nv_bfloat16 *dst_lo
     *(uint2 *)dst = make_uint2(h0, h1);
 }
 
-template <int D, int BN, int NW, bool SPLIT, int MINB>
+/* D: the head dim (Q·Kᵀ); DV: the V / output columns of one pass (D, or 256 when D = 512: the O
+ * accumulators of 512 columns would not fit the registers, so S is computed once per pass) */
+template <int D, int DV, int BN, int NW, bool SPLIT, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
     pdl_start();
-    constexpr int BM = 16 * NW, LD = D + 8, NT = 32 * NW, D4 = D / 4, NJ = BN / 8, ND = D / 8;
+    constexpr int BM = 16 * NW, LD = D + 8, LDV = DV + 8, NT = 32 * NW, D4 = D / 4, DV4 = DV / 4, NJ = BN / 8,
+                  ND = DV / 8;
     constexpr int NB = SPLIT ? 2 : 1;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem;           /* [NB][BM][LD] */
     __nv_bfloat16 *Ks = Qs + NB * BM * LD;                     /* [NB][BN][LD] */
-    __nv_bfloat16 *Vs = Ks + NB * BN * LD;                     /* [NB][BN][LD] */
-    int *kval = (int *)(Vs + NB * BN * LD);                    /* [BN] key readable */
+    __nv_bfloat16 *Vs = Ks + NB * BN * LD;                     /* [NB][BN][LDV] */
+    int *kval = (int *)(Vs + NB * BN * LDV);                   /* [BN] key readable */
     __shared__ int range[2];
 
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -167,10 +175,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
             if (ok) {
                 const size_t off = ((size_t)blk * a.bs + kpos % a.bs) * kvstride + (size_t)g * D;
                 kv4 = __ldg((const float4 *)(a.kp + off) + i4);
-                vv4 = __ldg((const float4 *)(a.vp + off) + i4);
+                if (i4 < DV4) vv4 = __ldg((const float4 *)(a.vp + off + a.voff) + i4);
             }
             store4<SPLIT>(Ks + t * LD + 4 * i4, Ks + BN * LD + t * LD + 4 * i4, kv4);
-            store4<SPLIT>(Vs + t * LD + 4 * i4, Vs + BN * LD + t * LD + 4 * i4, vv4);
+            if (i4 < DV4) store4<SPLIT>(Vs + t * LDV + 4 * i4, Vs + BN * LDV + t * LDV + 4 * i4, vv4);
             if (i4 == 0) kval[t] = ok;
             allv &= ok;
         }
@@ -258,7 +266,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
             o[j][3] *= al2[1];
         }
         /* O += P·V: the S accumulators of key tiles 2kk, 2kk+1 are the A fragment of keys 16kk.. */
-        const uint32_t va = smem_u32(Vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8);
+        const uint32_t va = smem_u32(Vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + (lane >> 4) * 8);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pf[4], pl[4];
@@ -276,12 +284,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
 #pragma unroll
             for (int n = 0; n < ND; n += 2) {
                 uint32_t b[4];
-                ldsm_x4_t(b, va + (kk * 16 * LD + n * 8) * 2);
+                ldsm_x4_t(b, va + (kk * 16 * LDV + n * 8) * 2);
                 mma16816(o[n], pf, b[0], b[1]);
                 mma16816(o[n + 1], pf, b[2], b[3]);
                 if (SPLIT) {
                     uint32_t bl[4];
-                    ldsm_x4_t(bl, va + ((BN + kk * 16) * LD + n * 8) * 2);
+                    ldsm_x4_t(bl, va + ((BN + kk * 16) * LDV + n * 8) * 2);
                     mma16816(o[n], pf, bl[0], bl[1]);
                     mma16816(o[n + 1], pf, bl[2], bl[3]);
                     mma16816(o[n], pl, b[0], b[1]);
@@ -305,12 +313,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
         const size_t rh = (size_t)r * a.nh + g * a.G + h0 + hi2;
         if (a.splits == 1) {
             const float inv = lrow[k] > 0.0f ? 1.0f / lrow[k] : 0.0f;
-            float *dst = a.out + rh * D + 2 * tq;
+            float *dst = a.out + rh * D + a.voff + 2 * tq;
 #pragma unroll
             for (int j = 0; j < ND; j++)
                 *(float2 *)(dst + 8 * j) = make_float2(o[j][2 * k] * inv, o[j][2 * k + 1] * inv);
         } else {
-            float *dst = a.part + ((size_t)blockIdx.z * nrow + rh) * D + 2 * tq;
+            float *dst = a.part + ((size_t)blockIdx.z * nrow + rh) * D + a.voff + 2 * tq;
 #pragma unroll
             for (int j = 0; j < ND; j++) *(float2 *)(dst + 8 * j) = make_float2(o[j][2 * k], o[j][2 * k + 1]);
             if (tq == 0) {
@@ -322,21 +330,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
     }
 }
 
-template <int D, int BN, int NW, bool SPLIT>
+template <int D, int DV, int BN, int NW, bool SPLIT>
 static size_t fa_smem_bytes() {
-    return sizeof(__nv_bfloat16) * (SPLIT ? 2 : 1) * (16 * NW + 2 * BN) * (D + 8) + sizeof(int) * BN;
+    return sizeof(__nv_bfloat16) * (SPLIT ? 2 : 1) * ((16 * NW + BN) * (D + 8) + BN * (DV + 8)) + sizeof(int) * BN;
 }
 
-template <int D, int BN, int NW, bool SPLIT, int MINB>
+template <int D, int DV, int BN, int NW, bool SPLIT, int MINB>
 static void fa_init_one(tern__cuda *c) {
-    cudaFuncSetAttribute(fa_kernel<D, BN, NW, SPLIT, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)fa_smem_bytes<D, BN, NW, SPLIT>());
+    cudaFuncSetAttribute(fa_kernel<D, DV, BN, NW, SPLIT, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)fa_smem_bytes<D, DV, BN, NW, SPLIT>());
 }
 
 /* Launch one run with the tile shape of D; returns 0 when it cannot (shared memory). */
-template <int D, int BN, int NW, bool SPLIT, int MINB>
+template <int D, int DV, int BN, int NW, bool SPLIT, int MINB>
 static int fa_launch(tern__cuda *c, FaArgs a, long keylen) {
-    const size_t smem = fa_smem_bytes<D, BN, NW, SPLIT>();
+    const size_t smem = fa_smem_bytes<D, DV, BN, NW, SPLIT>();
     if (smem + 1024 > c->smem_optin) return 0;
     const int BM = 16 * NW;
     a.HB = a.G < BM ? a.G : BM;
@@ -354,26 +362,34 @@ static int fa_launch(tern__cuda *c, FaArgs a, long keylen) {
     }
     a.part = c->part;
     dim3 grid((unsigned)tiles, (unsigned)(a.nkv * a.hsplit), (unsigned)a.splits);
-    tern_launch(c->stream, fa_kernel<D, BN, NW, SPLIT, MINB>, grid, NW * 32, smem, a);
-    tern__cuda_check(c, "attention (flash prefill)");
+    for (a.voff = 0; a.voff < D; a.voff += DV) { /* passes over the V columns (one unless D > 256) */
+        tern_launch(c->stream, fa_kernel<D, DV, BN, NW, SPLIT, MINB>, grid, NW * 32, smem, a);
+        tern__cuda_check(c, "attention (flash prefill)");
+    }
+    if (D > DV) tern__cuda_fa512_calls++;
     if (a.splits > 1) tern__cuda_attn_merge(c, a.out, a.n * a.nh, D, a.splits, "attention (flash prefill) merge");
     return 1;
 }
 
-/* The tile shapes: <D, BN, NW, SPLIT, min blocks per SM>. Row 0 of each head dim is the
- * default; rows 1..3 are alternatives for bench_cuda (tern__cuda_fa_cfg). */
-#define FA_SHAPES(X)                                                                                    \
-    X(64, 0, 64, 64, 8, false, 2) X(64, 1, 64, 64, 4, false, 3) X(64, 2, 64, 32, 8, false, 2)           \
-    X(64, 3, 64, 64, 8, false, 1) X(128, 0, 128, 32, 8, false, 2) X(128, 1, 128, 64, 8, false, 2)       \
-    X(128, 2, 128, 64, 4, false, 3) X(128, 3, 128, 64, 8, false, 1) X(256, 0, 256, 32, 8, false, 1)     \
-    X(256, 1, 256, 64, 4, false, 1) X(256, 2, 256, 32, 4, false, 1) X(256, 3, 256, 16, 4, false, 2)     \
-    X(64, 4, 64, 64, 8, true, 1) X(128, 4, 128, 64, 8, true, 1) X(256, 4, 256, 32, 4, true, 1)
+/* The tile shapes: <D, DV, BN, NW, SPLIT, min blocks per SM>. Row 0 of each head dim is the
+ * default; rows 1..3 are alternatives for bench_cuda (tern__cuda_fa_cfg). d 512 (Gemma 4's global
+ * layers): two passes of 256 V columns, bf16 mode only (split operands would need 233 KB). */
+#define FA_SHAPES(X)                                                                                              \
+    X(64, 0, 64, 64, 64, 8, false, 2) X(64, 1, 64, 64, 64, 4, false, 3) X(64, 2, 64, 64, 32, 8, false, 2)         \
+    X(64, 3, 64, 64, 64, 8, false, 1) X(128, 0, 128, 128, 32, 8, false, 2) X(128, 1, 128, 128, 64, 8, false, 2)   \
+    X(128, 2, 128, 128, 64, 4, false, 3) X(128, 3, 128, 128, 64, 8, false, 1)                                     \
+    X(256, 0, 256, 256, 32, 8, false, 1) X(256, 1, 256, 256, 64, 4, false, 1)                                     \
+    X(256, 2, 256, 256, 32, 4, false, 1) X(256, 3, 256, 256, 16, 4, false, 2)                                     \
+    X(512, 0, 512, 256, 32, 4, false, 1)                                                                          \
+    X(64, 4, 64, 64, 64, 8, true, 1) X(128, 4, 128, 128, 64, 8, true, 1) X(256, 4, 256, 256, 32, 4, true, 1)
 
 extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c) {
     const char *e = getenv("TERN_CUDA_FA");
     if (e && e[0] == '0') tern__cuda_fa_on = 0;
     if (e && e[0] == '2') tern__cuda_fa_f32 = 1;
-#define FA_INIT(dd, v, D, BN, NW, SP, MB) fa_init_one<D, BN, NW, SP, MB>(c);
+    const char *e5 = getenv("TERN_CUDA_FA512");
+    if (e5 && e5[0] == '1') tern__cuda_fa512 = 1;
+#define FA_INIT(dd, v, D, DV, BN, NW, SP, MB) fa_init_one<D, DV, BN, NW, SP, MB>(c);
     FA_SHAPES(FA_INIT)
 #undef FA_INIT
     cudaGetLastError();
@@ -383,7 +399,9 @@ extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c) {
 extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                        const tern_kv_layer *kv, float scale, float softcap) {
     const int d = kv->head_dim, n = rows->n, split = c->compute != TERN_COMPUTE_BF16;
-    if (!tern__cuda_fa_on || (split && !tern__cuda_fa_f32) || (d != 64 && d != 128 && d != 256)) return 0;
+    if (!tern__cuda_fa_on || (split && !tern__cuda_fa_f32) || (d != 64 && d != 128 && d != 256 && d != 512) ||
+        (d == 512 && (split || !tern__cuda_fa512)))
+        return 0;
     const int slot = rows->slot_host[0];
     long first = 0x7fffffff, last = -1; /* the run's key range, for the split-K plan */
     for (int r = 0; r < n; r++) {
@@ -416,8 +434,8 @@ extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q
     a.softcap = softcap;
     const long keylen = last >= first ? last - first + 1 : 1;
     const int v = split ? 4 : tern__cuda_fa_cfg >= 0 && tern__cuda_fa_cfg < 4 ? tern__cuda_fa_cfg : 0;
-#define FA_GO(dd, vv, D, BN, NW, SP, MB) \
-    if (d == dd && v == vv) return fa_launch<D, BN, NW, SP, MB>(c, a, keylen);
+#define FA_GO(dd, vv, D, DV, BN, NW, SP, MB) \
+    if (d == dd && v == vv) return fa_launch<D, DV, BN, NW, SP, MB>(c, a, keylen);
     FA_SHAPES(FA_GO)
 #undef FA_GO
     return 0;
