@@ -487,6 +487,14 @@ int main(int argc, char **argv) {
         bench_attn_prefill_all(16, 8, 256, 2048, 4);
         bench_attn_prefill_all(16, 8, 256, 8192, 4);
         bench_attn_prefill_all(8, 8, 64, 8192, 4);
+        { /* d 512 (Gemma 4 global layers): the two-pass flash kernel (bf16 rows) vs the CUDA cores */
+            extern int tern__cuda_fa512;
+            const int keep512 = tern__cuda_fa512;
+            tern__cuda_fa512 = 1;
+            bench_attn_prefill_all(16, 4, 512, 2048, 1);
+            bench_attn_prefill_all(16, 4, 512, 8192, 1);
+            tern__cuda_fa512 = keep512;
+        }
         tern_backend_close(g);
         return 0;
     }
