@@ -9,7 +9,7 @@
  */
 
 extern unsigned long long tern__cuda_gemv_mma_calls;
-extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_pdl_on;
+extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold, tern__cuda_pdl_on;
 
 TEST(cuda_gemv_mma) {
     const int keep = tern__cuda_gemv_mma_on;
@@ -130,7 +130,32 @@ TEST(cuda_gemv_mma_pp_bits) {
     tern__cuda_pdl_on = keep_pdl;
 }
 
+/* TERN_CUDA_GEMV_FOLD (Q4: pairs left at 128 + nibble, 128 folded into the bias): not the same bits,
+ * so against cpu-ref; its error is printed next to the default's and bounded by 1e-4 (the model
+ * parity bound per row; the default kernel stays within 1e-5) */
+TEST(cuda_gemv_mma_fold) {
+    const int keep = tern__cuda_gemv_mma_fold;
+    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16}};
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            hw h = make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
+            char nm[64];
+            fmt_name(&h.t, nm, sizeof nm);
+            double rel[2];
+            for (int v = 0; v < 2; v++) {
+                tern__cuda_gemv_mma_fold = v;
+                rel[v] = check_matmul(g_gpu, &h, 1, -1);
+            }
+            printf("  err %-16s %dx%d n=1 mma %.2e fold %.2e\n", nm, shapes[s][0], shapes[s][1], rel[0], rel[1]);
+            CHECK(rel[1] <= 1e-4, "%s %dx%d: folded rel %.3e", nm, shapes[s][0], shapes[s][1], rel[1]);
+            free_w(&h);
+        }
+    tern__cuda_gemv_mma_fold = keep;
+}
+
 static void cuda_mma_tests(void) {
+    RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);

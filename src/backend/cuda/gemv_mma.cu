@@ -62,13 +62,20 @@ __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint3
 /* the word's 4 bf16 pairs (nibble j, nibble j+4), j = 0..3, as exact small integers. The and-or is one
  * LOP3 only when its second constant sits in a register: `magic` (= 0x43004300) comes from the kernel
  * arguments so the compiler cannot fold it back into an immediate (two immediates: two LOP3s) */
-__device__ __forceinline__ void mm_decode(uint32_t w, uint32_t magic, uint32_t *r) {
+/* FOLD (TERN_CUDA_GEMV_FOLD=1, Q4): leave the pairs at 128 + nibble (no subtraction) and fold the
+ * 128 into the group's bias, y = s·Σ(128+q)·x + (b - 128·s)·Σx: 4 fewer instructions per word; the
+ * f32 sums carry 128·x, so the error grows ~16x (opt-in until measured against the bounds) */
+template <bool FOLD = false> __device__ __forceinline__ void mm_decode(uint32_t w, uint32_t magic, uint32_t *r) {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         uint32_t p;
         asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(p) : "r"(w >> (4 * j)), "r"(magic)); /* (a & b) | c */
-        __nv_bfloat162 h = __hsub2(*(__nv_bfloat162 *)&p, *(const __nv_bfloat162 *)&magic);
-        r[j] = *(uint32_t *)&h;
+        if constexpr (FOLD) {
+            r[j] = p;
+        } else {
+            __nv_bfloat162 h = __hsub2(*(__nv_bfloat162 *)&p, *(const __nv_bfloat162 *)&magic);
+            r[j] = *(uint32_t *)&h;
+        }
     }
 }
 
@@ -198,7 +205,8 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
  * group's scale. A block stages x for its slice once and then walks row blocks blockIdx.x,
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
-template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
+template <int BITS, int GB, bool F16S, bool PP, bool FOLD>
+__global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     pdl_trigger();
     constexpr int S = GB == 16 ? 2 : 4;           /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
@@ -308,8 +316,8 @@ template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds_
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 uint32_t ra[4], rc[4];
-                mm_decode(wa[i], a.magic, ra);
-                mm_decode(wc[i], a.magic, rc);
+                mm_decode<FOLD>(wa[i], a.magic, ra);
+                mm_decode<FOLD>(wc[i], a.magic, rc);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const uint2 *bp = bsm + (size_t)(sl * 8 + 2 * i + h) * 12;
@@ -332,8 +340,13 @@ template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds_
                 }
             if (t < GPS) { /* b·Σx once per row and group */
                 const float xg = xs[sl * GPS + t];
-                acc0 = fmaf(mm_sget<GPS, F16S>(cb0, t), xg, acc0);
-                acc1 = fmaf(mm_sget<GPS, F16S>(cb1, t), xg, acc1);
+                if constexpr (FOLD) {
+                    acc0 = fmaf(fmaf(-128.0f, mm_sget<GPS, F16S>(cs0, t), mm_sget<GPS, F16S>(cb0, t)), xg, acc0);
+                    acc1 = fmaf(fmaf(-128.0f, mm_sget<GPS, F16S>(cs1, t), mm_sget<GPS, F16S>(cb1, t)), xg, acc1);
+                } else {
+                    acc0 = fmaf(mm_sget<GPS, F16S>(cb0, t), xg, acc0);
+                    acc1 = fmaf(mm_sget<GPS, F16S>(cb1, t), xg, acc1);
+                }
             }
         }
         acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
@@ -368,24 +381,34 @@ template <int BITS, int GB, bool F16S, bool PP> __global__ void __launch_bounds_
     mm_reduce_slices(a, pair, units, mine, &nmine);
 }
 
-/* TERN_CUDA_GEMV_PP=1: the two-register-set walk for Q4 (same bits; not yet timed on a GPU) */
-extern "C" int tern__cuda_gemv_mma_pp;
-int tern__cuda_gemv_mma_pp = -1;
+/* TERN_CUDA_GEMV_PP=1: the two-register-set walk for Q4 (same bits); TERN_CUDA_GEMV_FOLD=1: the
+ * 128 folded into the bias (Q4; not the same bits). Neither timed on a GPU yet. */
+extern "C" int tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold;
+int tern__cuda_gemv_mma_pp = -1, tern__cuda_gemv_mma_fold = -1;
 
 template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
     if (tern__cuda_gemv_mma_pp < 0) {
         const char *v = getenv("TERN_CUDA_GEMV_PP");
         tern__cuda_gemv_mma_pp = v && v[0] == '1';
     }
+    if (tern__cuda_gemv_mma_fold < 0) {
+        const char *v = getenv("TERN_CUDA_GEMV_FOLD");
+        tern__cuda_gemv_mma_fold = v && v[0] == '1';
+    }
     if constexpr (BITS == 4) {
+        if (tern__cuda_gemv_mma_fold > 0) {
+            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true>, grid, 256, smem, a);
+            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true>, grid, 256, smem, a);
+            return;
+        }
         if (tern__cuda_gemv_mma_pp > 0) {
-            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, true>, grid, 256, smem, a);
-            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true>, grid, 256, smem, a);
+            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, true, false>, grid, 256, smem, a);
+            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, false>, grid, 256, smem, a);
             return;
         }
     }
-    if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false>, grid, 256, smem, a);
-    else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false>, grid, 256, smem, a);
+    if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, false>, grid, 256, smem, a);
+    else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, false>, grid, 256, smem, a);
 }
 
 /* TERN_CUDA_GEMV_MMA: 1 (default) Q4 only, 2 Q4 and Q8, 0 gemv.cu's kernels for both. Q8 stays on
