@@ -14,14 +14,16 @@
 # Every stage has its own timeout so the whole run stays well inside 10 minutes.
 #
 # Prebuilt binaries (saves the device's build minutes; nvcc here and there is the same 13.0):
-#   bash scripts/gpu_check.sh pack        # here: make, strip, xz -9: build/gpu_prebuilt/bin.tar.xz (~7 MB:
-#                                         # the op tests, bench_cuda, tern-core, parity, concurrency, TP tests)
+#   bash scripts/gpu_check.sh pack [small] # here: make, strip, xz -9: build/gpu_prebuilt/bin.tar.xz (~12 MB:
+#                                         # op tests, bench_cuda, tern-core, parity, concurrency, TP tests;
+#                                         # small: tern-core and concurrency only)
 #   GPU_PREBUILT=build/gpu_prebuilt/bin.tar.xz bash scripts/gpu_check.sh   # device, carry
 #       [".gpudeps", "build/gpu_prebuilt"]: unpacks into build/ and skips both builds
 set -u
 cd "$(dirname "$0")/.."
 PACK_BINS="build/test_cuda_ops build/bench_cuda build/tern-core build/tests/test_parity_core build/concurrency \
 build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core build/tests/test_model_tp_offload_core"
+[ "${2:-}" = small ] && PACK_BINS="build/tern-core build/concurrency" # next to a peer's binaries (64 MiB carry)
 if [ "${1:-}" = pack ]; then
     make -j"$(nproc)" gpu-test core build/concurrency > /dev/null || { echo "pack: build failed"; exit 1; }
     rm -rf build/gpu_prebuilt && mkdir -p build/gpu_prebuilt/stage
