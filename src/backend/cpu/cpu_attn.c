@@ -1,7 +1,9 @@
 /*
  * cpu_attn.c — paged attention for the fast CPU backend.
  *
- * Work items are (row, query head) pairs split evenly over the pool. Each item walks the
+ * Work items are (row, query head) pairs split evenly over the pool — or, for GQA when there are
+ * at least as many (row, KV head) pairs as threads, (row, KV head) pairs whose query heads walk
+ * the keys together (one load of each K/V row for the group; the same bits). Each item walks the
  * visible keys of its row (lo..pos, lo = pos-W+1 with a window; with bidirectional spans the
  * union with the row's span range, tern_key_range_of in ops.h) through the block table and
  * keeps an online softmax in f32: running max m, running sum l, and the unnormalised output
@@ -34,6 +36,7 @@ static const float *kv_vec(const tern_kv_layer *kv, const void *pool, int s, int
     return (const float *)pool + (tok * kv->n_head_kv + kvh) * kv->head_dim;
 }
 
+/* one (row, query head) item: the per-head walk */
 static void attn_task(void *arg, int ith, int nth) {
     attn_ctx *a = arg;
     const tern_kv_layer *kv = a->kv;
@@ -70,6 +73,55 @@ static void attn_task(void *arg, int ith, int nth) {
     }
 }
 
+/* one (row, KV head) item: the group's query heads walk the keys together, so each K and V row is
+ * loaded once for all of them (from L1) and the heads' independent chains overlap. Per head the
+ * operations and their order are attn_task's, so the results are the same bits. */
+#define ATTN_GMAX 16
+static void attn_task_grouped(void *arg, int ith, int nth) {
+    attn_ctx *a = arg;
+    const tern_kv_layer *kv = a->kv;
+    const tern_cpu_kern *k = a->k;
+    const int d = kv->head_dim, nh = a->nh, nkv = kv->n_head_kv, G = nh / nkv;
+    int64_t lo_i, hi_i;
+    tern__cpu_split((int64_t)a->rows->n * nkv, 1, ith, nth, &lo_i, &hi_i);
+    for (int64_t it = lo_i; it < hi_i; it++) {
+        const int r = (int)(it / nkv), kvh = (int)(it % nkv), s = a->rows->slot[r];
+        tern_key_range kr = tern_key_range_of(kv, a->rows, r);
+        const float *qv[ATTN_GMAX];
+        float *o[ATTN_GMAX], m[ATTN_GMAX], l[ATTN_GMAX];
+        for (int j = 0; j < G; j++) {
+            const size_t row = (size_t)r * nh + (size_t)kvh * G + j;
+            qv[j] = a->q + row * d;
+            o[j] = a->out + row * d;
+            memset(o[j], 0, (size_t)d * sizeof *o[j]);
+            m[j] = -INFINITY;
+            l[j] = 0.0f;
+        }
+        for (int b = kr.first; b <= kr.last; b++) {
+            const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
+            if (!kk) continue;
+            const float *vv = kv_vec(kv, kv->v, s, b, kvh);
+            for (int j = 0; j < G; j++) {
+                float sc = k->dot(qv[j], kk, d) * a->scale;
+                if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
+                if (sc > m[j]) {
+                    if (l[j] > 0.0f) {
+                        float corr = expf(m[j] - sc);
+                        k->scal(o[j], corr, d);
+                        l[j] *= corr;
+                    }
+                    m[j] = sc;
+                }
+                float p = expf(sc - m[j]);
+                l[j] += p;
+                k->axpy(o[j], p, vv, d);
+            }
+        }
+        for (int j = 0; j < G; j++)
+            if (l[j] > 0.0f) k->scal(o[j], 1.0f / l[j], d);
+    }
+}
+
 void tern__cpu_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                          const tern_kv_layer *kv, float scale, float softcap) {
     if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) { /* compressed pages: cpu_kvq.c */
@@ -80,5 +132,7 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
     attn_ctx a = {c->k, out, q, rows, nh, kv, scale, softcap};
     /* one decode row of a tiny model: not worth waking the pool (same per-(row, head) results) */
     if (rows->pos_host && rows->n * nh <= 4 && (int64_t)rows->pos_host[0] * kv->head_dim < 16384) attn_task(&a, 0, 1);
+    else if (nh / kv->n_head_kv > 1 && nh / kv->n_head_kv <= ATTN_GMAX && rows->n * kv->n_head_kv >= tern_pool_size(c->pool))
+        tern_pool_run(c->pool, attn_task_grouped, &a); /* GQA with enough (row, KV head) items for the pool */
     else tern_pool_run(c->pool, attn_task, &a);
 }
