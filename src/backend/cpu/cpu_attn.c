@@ -36,89 +36,70 @@ static const float *kv_vec(const tern_kv_layer *kv, const void *pool, int s, int
     return (const float *)pool + (tok * kv->n_head_kv + kvh) * kv->head_dim;
 }
 
-/* one (row, query head) item: the per-head walk */
-static void attn_task(void *arg, int ith, int nth) {
-    attn_ctx *a = arg;
+/* Query heads h0 .. h0+nq-1 of row r (all of KV head kvh) walk the row's visible keys together:
+ * each K and V row is loaded once for them; per head the operations and their order do not depend
+ * on nq, so any grouping gives the same bits. */
+#define ATTN_GMAX 16
+static void walk_keys(const attn_ctx *a, int r, int kvh, int h0, int nq) {
     const tern_kv_layer *kv = a->kv;
     const tern_cpu_kern *k = a->k;
-    int d = kv->head_dim, nh = a->nh, group = nh / kv->n_head_kv;
+    const int d = kv->head_dim, nh = a->nh, s = a->rows->slot[r];
+    tern_key_range kr = tern_key_range_of(kv, a->rows, r);
+    const float *qv[ATTN_GMAX];
+    float *o[ATTN_GMAX], m[ATTN_GMAX], l[ATTN_GMAX];
+    for (int j = 0; j < nq; j++) {
+        const size_t row = (size_t)r * nh + (size_t)h0 + j;
+        qv[j] = a->q + row * d;
+        o[j] = a->out + row * d;
+        memset(o[j], 0, (size_t)d * sizeof *o[j]);
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+    }
+    for (int b = kr.first; b <= kr.last; b++) {
+        const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
+        if (!kk) continue;
+        const float *vv = kv_vec(kv, kv->v, s, b, kvh);
+        for (int j = 0; j < nq; j++) {
+            float sc = k->dot(qv[j], kk, d) * a->scale;
+            if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
+            if (sc > m[j]) {
+                if (l[j] > 0.0f) {
+                    float corr = expf(m[j] - sc);
+                    k->scal(o[j], corr, d);
+                    l[j] *= corr;
+                }
+                m[j] = sc;
+            }
+            float p = expf(sc - m[j]);
+            l[j] += p;
+            k->axpy(o[j], p, vv, d);
+        }
+    }
+    for (int j = 0; j < nq; j++)
+        if (l[j] > 0.0f) k->scal(o[j], 1.0f / l[j], d);
+}
+
+/* items (row, query head) */
+static void attn_task(void *arg, int ith, int nth) {
+    attn_ctx *a = arg;
+    const int nh = a->nh, group = nh / a->kv->n_head_kv;
     int64_t lo_i, hi_i;
     tern__cpu_split((int64_t)a->rows->n * nh, 1, ith, nth, &lo_i, &hi_i);
     for (int64_t it = lo_i; it < hi_i; it++) {
-        int r = (int)(it / nh), h = (int)(it % nh), kvh = h / group;
-        int s = a->rows->slot[r];
-        tern_key_range kr = tern_key_range_of(kv, a->rows, r);
-        const float *qv = a->q + (size_t)it * d;
-        float *o = a->out + (size_t)it * d;
-        memset(o, 0, (size_t)d * sizeof *o);
-        float m = -INFINITY, l = 0.0f;
-        for (int b = kr.first; b <= kr.last; b++) {
-            const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
-            if (!kk) continue;
-            float sc = k->dot(qv, kk, d) * a->scale;
-            if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
-            if (sc > m) {
-                if (l > 0.0f) {
-                    float corr = expf(m - sc);
-                    k->scal(o, corr, d);
-                    l *= corr;
-                }
-                m = sc;
-            }
-            float p = expf(sc - m);
-            l += p;
-            k->axpy(o, p, kv_vec(kv, kv->v, s, b, kvh), d);
-        }
-        if (l > 0.0f) k->scal(o, 1.0f / l, d);
+        const int r = (int)(it / nh), h = (int)(it % nh);
+        walk_keys(a, r, h / group, h, 1);
     }
 }
 
-/* one (row, KV head) item: the group's query heads walk the keys together, so each K and V row is
- * loaded once for all of them (from L1) and the heads' independent chains overlap. Per head the
- * operations and their order are attn_task's, so the results are the same bits. */
-#define ATTN_GMAX 16
+/* items (row, KV head): the group's query heads together */
 static void attn_task_grouped(void *arg, int ith, int nth) {
     attn_ctx *a = arg;
-    const tern_kv_layer *kv = a->kv;
-    const tern_cpu_kern *k = a->k;
-    const int d = kv->head_dim, nh = a->nh, nkv = kv->n_head_kv, G = nh / nkv;
+    const int nkv = a->kv->n_head_kv, G = a->nh / nkv;
     int64_t lo_i, hi_i;
     tern__cpu_split((int64_t)a->rows->n * nkv, 1, ith, nth, &lo_i, &hi_i);
     for (int64_t it = lo_i; it < hi_i; it++) {
-        const int r = (int)(it / nkv), kvh = (int)(it % nkv), s = a->rows->slot[r];
-        tern_key_range kr = tern_key_range_of(kv, a->rows, r);
-        const float *qv[ATTN_GMAX];
-        float *o[ATTN_GMAX], m[ATTN_GMAX], l[ATTN_GMAX];
-        for (int j = 0; j < G; j++) {
-            const size_t row = (size_t)r * nh + (size_t)kvh * G + j;
-            qv[j] = a->q + row * d;
-            o[j] = a->out + row * d;
-            memset(o[j], 0, (size_t)d * sizeof *o[j]);
-            m[j] = -INFINITY;
-            l[j] = 0.0f;
-        }
-        for (int b = kr.first; b <= kr.last; b++) {
-            const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
-            if (!kk) continue;
-            const float *vv = kv_vec(kv, kv->v, s, b, kvh);
-            for (int j = 0; j < G; j++) {
-                float sc = k->dot(qv[j], kk, d) * a->scale;
-                if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
-                if (sc > m[j]) {
-                    if (l[j] > 0.0f) {
-                        float corr = expf(m[j] - sc);
-                        k->scal(o[j], corr, d);
-                        l[j] *= corr;
-                    }
-                    m[j] = sc;
-                }
-                float p = expf(sc - m[j]);
-                l[j] += p;
-                k->axpy(o[j], p, vv, d);
-            }
-        }
-        for (int j = 0; j < G; j++)
-            if (l[j] > 0.0f) k->scal(o[j], 1.0f / l[j], d);
+        const int r = (int)(it / nkv), kvh = (int)(it % nkv);
+        walk_keys(a, r, kvh, kvh * G, G);
     }
 }
 
