@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     constexpr int CPW = 32 / BITS;                /* codes per word */
     using SV = typename SVec<GPS>::T;
     extern __shared__ uint2 mm_sm[];
-    uint2 *bsm = mm_sm;                           /* [S][8 MMAs][4 t][3 parts] */
-    float *xs = (float *)(mm_sm + S * 8 * 4 * 3); /* [S][GPS] Σx per group and step */
+    uint2 *tbl = mm_sm;                           /* [S][8 MMAs][NT][32 lanes] B fragments */
+    float *xs = (float *)(mm_sm + S * 8 * NT * 32); /* [S][GPS] Σx per group and step */
     __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool pair = a.mode == MM_SILU || a.mode == MM_GELU;
@@ -248,7 +248,10 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    /* stage x: B fragments (three parts) in the lanes' k-slot permutation, and Σx per step group */
+    /* stage x: the B fragments — entry (step, MMA, column tile, lane (g', t')) is part c % 3 of the
+     * x pair of (step, MMA, t') when column c = 8·tile + g' belongs to the group of lane t''s bytes
+     * (groups use columns 3γ..3γ+2), else 0, so every MMA's B load is one unconditional 8-byte load
+     * per lane — and Σx per step group */
     for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
         const int sl = it >> 5, m = (it >> 2) & 7, tt = it & 3;
         const int i = m >> 1, j = 2 * (m & 1);
@@ -262,8 +265,17 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
         uint32_t pa[3], pb[3];
         mm_split(v0, v1, pa);
         mm_split(v2, v3, pb);
+        const int gt = GPS == 1 ? 0 : tt * 16 / GB, sm = sl * 8 + m;
 #pragma unroll
-        for (int p = 0; p < 3; p++) bsm[(size_t)it * 3 + p] = make_uint2(pa[p], pb[p]);
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int gg = 0; gg < 8; gg++) {
+                const int c = nt * 8 + gg, p = c % 3;
+                const bool on = c < NCOL && c / 3 == gt;
+                tbl[(sm * NT + nt) * 32 + gg * 4 + tt] =
+                    on ? make_uint2(p == 0 ? pa[0] : p == 1 ? pa[1] : pa[2], p == 0 ? pb[0] : p == 1 ? pb[1] : pb[2])
+                       : make_uint2(0u, 0u);
+            }
     }
     { /* Σx of each (step, group): one float4 per thread, then a fixed xor tree over the CG/4
        * consecutive lanes of a group (CG/4 = 8, 16 or 32 divides the warp) */
@@ -282,17 +294,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     }
     __syncthreads();
 
-    /* the lane's B columns: column c = 8·nt + g carries part c % 3 of group c / 3, nonzero only
-     * in the k-slots of the lanes t that hold that group's bytes */
-    const int gt = GPS == 1 ? 0 : t * 16 / GB; /* group (within the step) of lane t's bytes */
-    int boff[NT];
-    bool bok[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int c = nt * 8 + g;
-        bok[nt] = c < NCOL && c / 3 == gt;
-        boff[nt] = t * 3 + c % 3;
-    }
+    const uint2 *tl = tbl + lane;
     const int units = pair ? 2 * a.rows : a.rows;
     float *pp = a.part + (size_t)blockIdx.y * units;
     /* one row block from `cur` while the next one's steps load into `nxt`; false after the last */
@@ -319,15 +321,12 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
                 mm_decode<FOLD>(wa[i], a.magic, ra);
                 mm_decode<FOLD>(wc[i], a.magic, rc);
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint2 *bp = bsm + (size_t)(sl * 8 + 2 * i + h) * 12;
+                for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
-                        uint2 bv = make_uint2(0u, 0u);
-                        if (bok[nt]) bv = bp[boff[nt]];
+                        const uint2 bv = tl[((sl * 8 + 2 * i + h) * NT + nt) * 32];
                         mm_mma(d[nt], ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
                     }
-                }
             }
             /* fold: D[row][c] is group c/3's Σ q·x_part; zero columns take any scale */
 #pragma unroll
@@ -468,7 +467,7 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     a.ks = (a.in / cps + steps - 1) / steps;
     const size_t units = pair ? 2 * (size_t)a.rows : (size_t)a.rows;
     if (a.ks > 65535 || (a.ks > 1 && ((size_t)a.ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT))) return 0;
-    const size_t smem = 4 * 8 * 4 * 3 * sizeof(uint2) + 4 * 4 * sizeof(float);
+    const size_t smem = 4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float); /* B table (S·NT <= 4) + Σx */
     /* persistent over row blocks: about two resident blocks per SM in all (TERN_MM_GRID=0: one block
      * per row block); which block walks a row block never changes its bits */
     static int grid_mode = -1;
