@@ -32,6 +32,9 @@ if [ "${1:-}" = pack ]; then
     ls -la build/gpu_prebuilt/bin.tar.xz
     exit 0
 fi
+if [ -d .gpudeps/root ]; then # the carried Debian libraries (cJSON, ...) for tern-core and the parity tests
+    export LD_LIBRARY_PATH="$PWD/.gpudeps/root/usr/lib/x86_64-linux-gnu:$PWD/.gpudeps/root/gnutls${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 PREBUILT=0
 if [ -n "${GPU_PREBUILT:-}" ]; then
     tar xJf "$GPU_PREBUILT" || { echo "cannot unpack $GPU_PREBUILT"; exit 1; }
