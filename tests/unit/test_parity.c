@@ -122,7 +122,13 @@ static void check_case(const char *name, tern_backend *be) {
         if (d > bw) bw = d;
     }
     printf("  %s: batch vs alone max rel L2 %.3g\n", name, bw);
-    CHECK(bw <= (g_bf16 ? 1e-2 : g_int8 ? 1e-4 : 1e-5), "%s: batched logits differ from alone by %.3g", name, bw);
+    /* int8 mode: activations rounded to int8 per group turn any difference into whole steps of the
+     * grid. MoE layers on the CPU group a batch's rows by expert, so their f32 sums already differ
+     * from the row alone by ~2e-6 (the f32 bound below); in int8 mode such a row can move by
+     * ~4e-3 (gemma4_moe_mixed), so MoE gets the bf16 mode's bound there */
+    const int moe = tern_model_cfg(m)->n_expert > 0;
+    CHECK(bw <= (g_bf16 || (g_int8 && moe) ? 1e-2 : g_int8 ? 1e-4 : 1e-5), "%s: batched logits differ from alone by %.3g",
+          name, bw);
     free(tok2); free(got2); free(src); free(gen); free(got); free(pos); free(slot);
     tern_kv_close(kv);
 out:

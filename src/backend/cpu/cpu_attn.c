@@ -1,21 +1,25 @@
 /*
  * cpu_attn.c — paged attention for the fast CPU backend.
  *
- * Work items are (row, query head) pairs split evenly over the pool — or, for GQA when there are
- * at least as many (row, KV head) pairs as threads, (row, KV head) pairs whose query heads walk
- * the keys together (one load of each K/V row for the group; the same bits). Each item walks the
- * visible keys of its row (lo..pos, lo = pos-W+1 with a window; with bidirectional spans the
- * union with the row's span range, tern_key_range_of in ops.h) through the block table and
- * keeps an online softmax in f32: running max m, running sum l, and the unnormalised output
- * o (rescaled by exp(m_old - m_new) when the max grows). Dot products and the p·v updates
- * are the ISA kernel table's dot/axpy, so head_dim is any size (64..512 in practice) and no
- * scratch beyond the output row is needed. Table entries < 0 are skipped, never read; keys
- * from the same step were written by kv_write before this runs, so every row of a prefill
- * chunk sees exactly the keys up to its own position.
+ * Default (tiles): an item is (row, block of query heads of one KV head). The row's visible keys
+ * (lo..pos, lo = pos-W+1 with a window; with bidirectional spans the union with the row's span
+ * range, tern_key_range_of in ops.h) are cut into tiles of 32 in key order; per tile the ISA's 4x4
+ * `dots` of cpu_glm.h give every (head, key) score with one key load serving four heads, then a
+ * tile-wise online softmax in f32 (running max m, sum l, the output rescaled by exp(m_old - m_new)
+ * when the max grows), then out += p·V through `pv`. Each sum's order is fixed by the ISA and the
+ * row's own key stream, so a row's result does not depend on the thread count, the head blocking
+ * or the other rows of the batch. llama3-1b bf16 at 2048 context (2 threads): decode 7.5-7.7 ->
+ * 8.6-8.8 tok/s, prefill 68 -> 79-81 tok/s against the per-key walk (bench/NOTES.md (m)).
+ * TERN_CPU_ATTN=keys: the per-key walk (walk_keys: items (row, head) or (row, KV head), one key at
+ * a time through the kernel table's dot/axpy). Table entries < 0 are skipped, never read; keys
+ * from the same step were written by kv_write before this runs, so every row of a prefill chunk
+ * sees exactly the keys up to its own position.
  */
 #include "backend/cpu/cpu_impl.h"
+#include "backend/cpu/glm_state.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct attn_ctx {
@@ -35,6 +39,9 @@ static const float *kv_vec(const tern_kv_layer *kv, const void *pool, int s, int
     size_t tok = (size_t)blk * kv->block_size + (size_t)(p % kv->block_size);
     return (const float *)pool + (tok * kv->n_head_kv + kvh) * kv->head_dim;
 }
+
+/* TERN_CPU_ATTN=keys: the per-key walk below instead of the tiles (comparisons) */
+static int tern_attn_tiled = -1;
 
 /* Query heads h0 .. h0+nq-1 of row r (all of KV head kvh) walk the row's visible keys together:
  * each K and V row is loaded once for them; per head the operations and their order do not depend
@@ -79,6 +86,100 @@ static void walk_keys(const attn_ctx *a, int r, int kvh, int h0, int nq) {
         if (l[j] > 0.0f) k->scal(o[j], 1.0f / l[j], d);
 }
 
+/* ---- tiled: key tiles scored for a block of query heads at once ----------------------------
+ * An item is (row, block of up to ATTN_GMAX query heads of one KV head). Its visible keys are cut
+ * into tiles of TILE_K in key order; per tile the ISA's 4x4 `dots` (cpu_glm.h: one key load serves
+ * four heads) give every score, then a tile-wise online softmax (running max m, sum l, the output
+ * rescaled when m grows), then out += p·V through `pv`. The sums' order is fixed by the ISA and the
+ * row's own key stream, so a row's result does not depend on the threads or the other rows. */
+#define TILE_K 32
+typedef struct tile_acc {
+    const float *qp[ATTN_GMAX];
+    float *op[ATTN_GMAX];
+    float m[ATTN_GMAX], l[ATTN_GMAX];
+    float sc[ATTN_GMAX * TILE_K];
+} tile_acc;
+
+typedef struct tile_ctx {
+    attn_ctx a;
+    const tern_glm_kern *gk;
+    int hb, nhb; /* heads per item, items per (row, KV head) */
+} tile_ctx;
+
+static void tile_step(const tile_ctx *c, tile_acc *t, int nq, const float *const *kp, const float *const *vp, int nk) {
+    const attn_ctx *a = &c->a;
+    const int d = a->kv->head_dim;
+    for (int i = 0; i < nq; i += 4)
+        for (int j = 0; j < nk; j += 4)
+            c->gk->dots(t->qp + i, TERN_MIN(4, nq - i), kp + j, TERN_MIN(4, nk - j), d, t->sc + i * TILE_K + j, TILE_K);
+    for (int i = 0; i < nq; i++) {
+        float *s = t->sc + i * TILE_K, mx = t->m[i];
+        for (int j = 0; j < nk; j++) {
+            float v = s[j] * a->scale;
+            if (a->softcap > 0.0f) v = a->softcap * tanhf(v / a->softcap);
+            s[j] = v;
+            if (v > mx) mx = v;
+        }
+        if (mx > t->m[i]) {
+            if (t->l[i] > 0.0f) {
+                const float corr = expf(t->m[i] - mx);
+                for (int e = 0; e < d; e++) t->op[i][e] *= corr;
+                t->l[i] *= corr;
+            }
+            t->m[i] = mx;
+        }
+        for (int j = 0; j < nk; j++) {
+            s[j] = expf(s[j] - t->m[i]);
+            t->l[i] += s[j];
+        }
+    }
+    for (int i = 0; i < nq; i += 4) c->gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TILE_K, TILE_K, vp, nk, d);
+}
+
+static void tile_item(const tile_ctx *c, int r, int kvh, int h0, int nq) {
+    const attn_ctx *a = &c->a;
+    const tern_kv_layer *kv = a->kv;
+    const int d = kv->head_dim, s = a->rows->slot[r];
+    tile_acc t;
+    for (int i = 0; i < nq; i++) {
+        const size_t row = (size_t)r * a->nh + (size_t)h0 + i;
+        t.qp[i] = a->q + row * d;
+        t.op[i] = a->out + row * d;
+        memset(t.op[i], 0, (size_t)d * sizeof(float));
+        t.m[i] = -INFINITY;
+        t.l[i] = 0.0f;
+    }
+    tern_key_range kr = tern_key_range_of(kv, a->rows, r);
+    const float *kp[TILE_K], *vp[TILE_K];
+    int nk = 0;
+    for (int b = kr.first; b <= kr.last; b++) {
+        const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
+        if (!kk) continue;
+        kp[nk] = kk;
+        vp[nk++] = kv_vec(kv, kv->v, s, b, kvh);
+        if (nk == TILE_K) { tile_step(c, &t, nq, kp, vp, nk); nk = 0; }
+    }
+    if (nk) tile_step(c, &t, nq, kp, vp, nk);
+    for (int i = 0; i < nq; i++)
+        if (t.l[i] > 0.0f) {
+            const float inv = 1.0f / t.l[i];
+            for (int e = 0; e < d; e++) t.op[i][e] *= inv;
+        }
+}
+
+static void tile_task(void *arg, int ith, int nth) {
+    const tile_ctx *c = arg;
+    const attn_ctx *a = &c->a;
+    const int nkv = a->kv->n_head_kv, G = a->nh / nkv;
+    int64_t lo_i, hi_i;
+    tern__cpu_split((int64_t)a->rows->n * nkv * c->nhb, 1, ith, nth, &lo_i, &hi_i);
+    for (int64_t it = lo_i; it < hi_i; it++) {
+        const int r = (int)(it / ((int64_t)nkv * c->nhb)), rem = (int)(it % ((int64_t)nkv * c->nhb));
+        const int kvh = rem / c->nhb, h0 = kvh * G + (rem % c->nhb) * c->hb;
+        tile_item(c, r, kvh, h0, TERN_MIN(c->hb, kvh * G + G - h0));
+    }
+}
+
 /* items (row, query head) */
 static void attn_task(void *arg, int ith, int nth) {
     attn_ctx *a = arg;
@@ -111,8 +212,24 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
     }
     cpu_impl *c = be->impl;
     attn_ctx a = {c->k, out, q, rows, nh, kv, scale, softcap};
+    if (tern_attn_tiled < 0) {
+        const char *e = getenv("TERN_CPU_ATTN");
+        tern_attn_tiled = !(e && !strcmp(e, "keys"));
+    }
     /* one decode row of a tiny model: not worth waking the pool (same per-(row, head) results) */
-    if (rows->pos_host && rows->n * nh <= 4 && (int64_t)rows->pos_host[0] * kv->head_dim < 16384) attn_task(&a, 0, 1);
+    const int tiny = rows->pos_host && rows->n * nh <= 4 && (int64_t)rows->pos_host[0] * kv->head_dim < 16384;
+    tern_glm_state *g = tern_attn_tiled ? tern__glm_state(be) : NULL;
+    if (g && nh % kv->n_head_kv == 0) { /* tiled; heads of a KV group in blocks that still give every thread work
+                                          * (the blocking never changes a row's bits: batch == alone) */
+        const int G = nh / kv->n_head_kv;
+        int hb = TERN_MIN(G, ATTN_GMAX);
+        while (hb > 1 && (int64_t)rows->n * kv->n_head_kv * ((G + hb - 1) / hb) < c->nth) hb = (hb + 1) / 2;
+        tile_ctx tc = {a, g->gk, hb, (G + hb - 1) / hb};
+        if (tiny) tile_task(&tc, 0, 1);
+        else tern_pool_run(c->pool, tile_task, &tc);
+        return;
+    }
+    if (tiny && rows->n * nh <= 4 && (int64_t)rows->pos_host[0] * kv->head_dim < 16384) attn_task(&a, 0, 1);
     else if (nh / kv->n_head_kv > 1 && nh / kv->n_head_kv <= ATTN_GMAX && rows->n * kv->n_head_kv >= tern_pool_size(c->pool))
         tern_pool_run(c->pool, attn_task_grouped, &a); /* GQA with enough (row, KV head) items for the pool */
     else tern_pool_run(c->pool, attn_task, &a);
