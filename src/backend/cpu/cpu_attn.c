@@ -113,25 +113,13 @@ static void tile_step(const tile_ctx *c, tile_acc *t, int nq, const float *const
         for (int j = 0; j < nk; j += 4)
             c->gk->dots(t->qp + i, TERN_MIN(4, nq - i), kp + j, TERN_MIN(4, nk - j), d, t->sc + i * TILE_K + j, TILE_K);
     for (int i = 0; i < nq; i++) {
-        float *s = t->sc + i * TILE_K, mx = t->m[i];
+        float *s = t->sc + i * TILE_K;
         for (int j = 0; j < nk; j++) {
             float v = s[j] * a->scale;
             if (a->softcap > 0.0f) v = a->softcap * tanhf(v / a->softcap);
             s[j] = v;
-            if (v > mx) mx = v;
         }
-        if (mx > t->m[i]) {
-            if (t->l[i] > 0.0f) {
-                const float corr = expf(t->m[i] - mx);
-                for (int e = 0; e < d; e++) t->op[i][e] *= corr;
-                t->l[i] *= corr;
-            }
-            t->m[i] = mx;
-        }
-        for (int j = 0; j < nk; j++) {
-            s[j] = expf(s[j] - t->m[i]);
-            t->l[i] += s[j];
-        }
+        tern__softmax_tile(s, nk, &t->m[i], &t->l[i], t->op[i], d);
     }
     for (int i = 0; i < nq; i += 4) c->gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TILE_K, TILE_K, vp, nk, d);
 }

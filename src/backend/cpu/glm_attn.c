@@ -60,23 +60,9 @@ static void att_tile(const att_ctx *a, att_acc *t, int nq, const float *const *k
         for (int c = 0; c < nk; c += 4)
             gk->dots(t->qp + i, TERN_MIN(4, nq - i), kp + c, TERN_MIN(4, nk - c), D, t->sc + i * TK + c, TK);
     for (int i = 0; i < nq; i++) {
-        float *s = t->sc + i * TK, mx = t->m[i];
-        for (int c = 0; c < nk; c++) {
-            s[c] *= a->scale;
-            if (s[c] > mx) mx = s[c];
-        }
-        if (mx > t->m[i]) {
-            if (t->l[i] > 0.0f) {
-                float corr = expf(t->m[i] - mx);
-                for (int j = 0; j < dv; j++) t->op[i][j] *= corr;
-                t->l[i] *= corr;
-            }
-            t->m[i] = mx;
-        }
-        for (int c = 0; c < nk; c++) {
-            s[c] = expf(s[c] - t->m[i]);
-            t->l[i] += s[c];
-        }
+        float *s = t->sc + i * TK;
+        for (int c = 0; c < nk; c++) s[c] *= a->scale;
+        tern__softmax_tile(s, nk, &t->m[i], &t->l[i], t->op[i], dv);
     }
     for (int i = 0; i < nq; i += 4) gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TK, TK, kp, nk, dv);
 }
