@@ -10,8 +10,8 @@
  * row's own key stream, so a row's result does not depend on the thread count, the head blocking
  * or the other rows of the batch. llama3-1b bf16 at 2048 context (2 threads): decode 7.5-7.7 ->
  * 8.6-8.8 tok/s, prefill 68 -> 79-81 tok/s against the per-key walk (bench/NOTES.md (m)).
- * TERN_CPU_ATTN=keys: the per-key walk (walk_keys: items (row, head) or (row, KV head), one key at
- * a time through the kernel table's dot/axpy). Table entries < 0 are skipped, never read; keys
+ * TERN_CPU_ATTN=keys: the per-key walk (attn_task: items (row, head), one key at a time through the
+ * kernel table's dot/axpy; also the fallback). Table entries < 0 are skipped, never read; keys
  * from the same step were written by kv_write before this runs, so every row of a prefill chunk
  * sees exactly the keys up to its own position.
  */
@@ -40,51 +40,10 @@ static const float *kv_vec(const tern_kv_layer *kv, const void *pool, int s, int
     return (const float *)pool + (tok * kv->n_head_kv + kvh) * kv->head_dim;
 }
 
-/* TERN_CPU_ATTN=keys: the per-key walk below instead of the tiles (comparisons) */
+/* TERN_CPU_ATTN=keys: the per-key walk instead of the tiles (comparisons) */
 static int tern_attn_tiled = -1;
 
-/* Query heads h0 .. h0+nq-1 of row r (all of KV head kvh) walk the row's visible keys together:
- * each K and V row is loaded once for them; per head the operations and their order do not depend
- * on nq, so any grouping gives the same bits. */
-#define ATTN_GMAX 16
-static void walk_keys(const attn_ctx *a, int r, int kvh, int h0, int nq) {
-    const tern_kv_layer *kv = a->kv;
-    const tern_cpu_kern *k = a->k;
-    const int d = kv->head_dim, nh = a->nh, s = a->rows->slot[r];
-    tern_key_range kr = tern_key_range_of(kv, a->rows, r);
-    const float *qv[ATTN_GMAX];
-    float *o[ATTN_GMAX], m[ATTN_GMAX], l[ATTN_GMAX];
-    for (int j = 0; j < nq; j++) {
-        const size_t row = (size_t)r * nh + (size_t)h0 + j;
-        qv[j] = a->q + row * d;
-        o[j] = a->out + row * d;
-        memset(o[j], 0, (size_t)d * sizeof *o[j]);
-        m[j] = -INFINITY;
-        l[j] = 0.0f;
-    }
-    for (int b = kr.first; b <= kr.last; b++) {
-        const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
-        if (!kk) continue;
-        const float *vv = kv_vec(kv, kv->v, s, b, kvh);
-        for (int j = 0; j < nq; j++) {
-            float sc = k->dot(qv[j], kk, d) * a->scale;
-            if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
-            if (sc > m[j]) {
-                if (l[j] > 0.0f) {
-                    float corr = expf(m[j] - sc);
-                    k->scal(o[j], corr, d);
-                    l[j] *= corr;
-                }
-                m[j] = sc;
-            }
-            float p = expf(sc - m[j]);
-            l[j] += p;
-            k->axpy(o[j], p, vv, d);
-        }
-    }
-    for (int j = 0; j < nq; j++)
-        if (l[j] > 0.0f) k->scal(o[j], 1.0f / l[j], d);
-}
+#define ATTN_GMAX 16 /* query heads per tiled item */
 
 /* ---- tiled: key tiles scored for a block of query heads at once ----------------------------
  * An item is (row, block of up to ATTN_GMAX query heads of one KV head). Its visible keys are cut
@@ -149,10 +108,7 @@ static void tile_item(const tile_ctx *c, int r, int kvh, int h0, int nq) {
     }
     if (nk) tile_step(c, &t, nq, kp, vp, nk);
     for (int i = 0; i < nq; i++)
-        if (t.l[i] > 0.0f) {
-            const float inv = 1.0f / t.l[i];
-            for (int e = 0; e < d; e++) t.op[i][e] *= inv;
-        }
+        if (t.l[i] > 0.0f) a->k->scal(t.op[i], 1.0f / t.l[i], d);
 }
 
 static void tile_task(void *arg, int ith, int nth) {
@@ -168,27 +124,40 @@ static void tile_task(void *arg, int ith, int nth) {
     }
 }
 
-/* items (row, query head) */
+/* per key: items (row, query head), one key at a time through the kernel table's dot/axpy */
 static void attn_task(void *arg, int ith, int nth) {
     attn_ctx *a = arg;
-    const int nh = a->nh, group = nh / a->kv->n_head_kv;
+    const tern_kv_layer *kv = a->kv;
+    const tern_cpu_kern *k = a->k;
+    int d = kv->head_dim, nh = a->nh, group = nh / kv->n_head_kv;
     int64_t lo_i, hi_i;
     tern__cpu_split((int64_t)a->rows->n * nh, 1, ith, nth, &lo_i, &hi_i);
     for (int64_t it = lo_i; it < hi_i; it++) {
-        const int r = (int)(it / nh), h = (int)(it % nh);
-        walk_keys(a, r, h / group, h, 1);
-    }
-}
-
-/* items (row, KV head): the group's query heads together */
-static void attn_task_grouped(void *arg, int ith, int nth) {
-    attn_ctx *a = arg;
-    const int nkv = a->kv->n_head_kv, G = a->nh / nkv;
-    int64_t lo_i, hi_i;
-    tern__cpu_split((int64_t)a->rows->n * nkv, 1, ith, nth, &lo_i, &hi_i);
-    for (int64_t it = lo_i; it < hi_i; it++) {
-        const int r = (int)(it / nkv), kvh = (int)(it % nkv);
-        walk_keys(a, r, kvh, kvh * G, G);
+        int r = (int)(it / nh), h = (int)(it % nh), kvh = h / group;
+        int s = a->rows->slot[r];
+        tern_key_range kr = tern_key_range_of(kv, a->rows, r);
+        const float *qv = a->q + (size_t)it * d;
+        float *o = a->out + (size_t)it * d;
+        memset(o, 0, (size_t)d * sizeof *o);
+        float m = -INFINITY, l = 0.0f;
+        for (int b = kr.first; b <= kr.last; b++) {
+            const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
+            if (!kk) continue;
+            float sc = k->dot(qv, kk, d) * a->scale;
+            if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
+            if (sc > m) {
+                if (l > 0.0f) {
+                    float corr = expf(m - sc);
+                    k->scal(o, corr, d);
+                    l *= corr;
+                }
+                m = sc;
+            }
+            float p = expf(sc - m);
+            l += p;
+            k->axpy(o, p, kv_vec(kv, kv->v, s, b, kvh), d);
+        }
+        if (l > 0.0f) k->scal(o, 1.0f / l, d);
     }
 }
 
@@ -217,8 +186,6 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
         else tern_pool_run(c->pool, tile_task, &tc);
         return;
     }
-    if (tiny && rows->n * nh <= 4 && (int64_t)rows->pos_host[0] * kv->head_dim < 16384) attn_task(&a, 0, 1);
-    else if (nh / kv->n_head_kv > 1 && nh / kv->n_head_kv <= ATTN_GMAX && rows->n * kv->n_head_kv >= tern_pool_size(c->pool))
-        tern_pool_run(c->pool, attn_task_grouped, &a); /* GQA with enough (row, KV head) items for the pool */
+    if (tiny) attn_task(&a, 0, 1);
     else tern_pool_run(c->pool, attn_task, &a);
 }
