@@ -253,6 +253,17 @@ __global__ void attn_merge_kernel(float *out, const float *part, int nrow, int d
     }
 }
 
+/* The longest key list any row of this call can have: the rows' largest position + 1 from the host
+ * copies, or the whole table while a step is recorded into a graph (replays see other positions),
+ * at most the table. Every split-K attention plan sizes its splits from it. */
+extern "C" long tern__cuda_attn_max_keys(const tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv) {
+    const long cap = (long)kv->max_blocks * kv->block_size;
+    if (c->capturing || !rows->pos_host) return cap;
+    long m = 1;
+    for (int r = 0; r < rows->n; r++) m = rows->pos_host[r] + 1L > m ? rows->pos_host[r] + 1L : m;
+    return m < cap ? m : cap;
+}
+
 /* Split-K plan of one attention call, shared by attention.cu and kvq_attn.cu: R rows per tile
  * (rows of one slot share key loads) and the number of key splits (enough blocks to fill the SMs,
  * bounded by the longest key range, 64, and the partials buffer). T = keys per tile, HB = query
@@ -280,11 +291,7 @@ extern "C" void tern__cuda_attn_plan(tern__cuda *c, const tern_rows *rows, const
     }
     const int tiles = (n + *R_out - 1) / *R_out;
     const long blocks = (long)tiles * kv->n_head_kv * hsplit;
-    long maxlen = (long)kv->max_blocks * kv->block_size;
-    if (pos_host) {
-        maxlen = 1;
-        for (int r = 0; r < n; r++) maxlen = pos_host[r] + 1 > maxlen ? pos_host[r] + 1 : maxlen;
-    }
+    long maxlen = tern__cuda_attn_max_keys(c, rows, kv);
     if (kv->window > 0 && maxlen > kv->window + *R_out) maxlen = kv->window + *R_out;
     if (span) { /* spans reach past the window and past pos: bound by the farthest key */
         maxlen = (long)kv->max_blocks * kv->block_size;

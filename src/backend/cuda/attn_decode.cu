@@ -163,13 +163,8 @@ template <int E, int GM> __global__ void __launch_bounds__(128) attn_dec_kernel(
 }
 
 template <int E, int GM> static void ad_go(tern__cuda *c, dim3 grid, const AdArgs &a) {
-    const size_t smem = (size_t)4 * GM * 32 * E * sizeof(float);
-    static bool attr = false;
-    if (!attr) {
-        cudaFuncSetAttribute(attn_dec_kernel<E, GM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attr = true;
-    }
-    tern_launch(c->stream, attn_dec_kernel<E, GM>, grid, 128, smem, a);
+    /* the four warps' accumulators: GM·E <= 32 floats per lane, so at most 16 KB */
+    tern_launch(c->stream, attn_dec_kernel<E, GM>, grid, 128, (size_t)4 * GM * 32 * E * sizeof(float), a);
 }
 
 static int ad_on = -1;
@@ -206,13 +201,9 @@ extern "C" int tern__cuda_attn_decode(tern__cuda *c, float *out, const float *q,
     a.window = kv->window;
     a.scale = scale;
     a.softcap = softcap;
-    /* splits: the longest key range of the call (host copies), or the whole context while a graph
-     * is recorded (replays see other positions; splits past a row's keys exit at once) */
-    long keys = (long)kv->max_blocks * kv->block_size;
-    if (!c->capturing && rows->pos_host) {
-        keys = 1;
-        for (int r = 0; r < n; r++) keys = rows->pos_host[r] + 1 > keys ? rows->pos_host[r] + 1 : keys;
-    }
+    /* splits: from the longest key range of the call (the whole context while a graph is recorded;
+     * splits past a row's keys exit at once) */
+    long keys = tern__cuda_attn_max_keys(c, rows, kv);
     if (kv->window > 0 && keys > kv->window) keys = kv->window;
     /* Where it wins (H200, bench/NOTES.md (m)): batches of >= 8 rows at any context (x64: 1.10-1.14x
      * attention.cu), and short contexts; one row over thousands of keys is a serial walk per warp

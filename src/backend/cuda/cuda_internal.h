@@ -147,6 +147,7 @@ void tern__cuda_attn_plan(tern__cuda *c, const tern_rows *rows, const tern_kv_la
                           int qvmax, int HB, int hsplit, int span, int *R_out, int *splits_out);
 void tern__cuda_attn_merge(tern__cuda *c, float *out, int nrow, int d, int splits, const char *what);
 int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long keys, int T, int n, int nh, int d);
+long tern__cuda_attn_max_keys(const tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv);
 void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                           const tern_kv_layer *kv, float scale, float softcap);
 /* attn_decode.cu: decode rows without spans over f32 pages; 0 when the shape is not served there */

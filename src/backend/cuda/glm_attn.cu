@@ -333,15 +333,6 @@ __global__ void __launch_bounds__(256, 2) latent_attn_rt_kernel(LatArgs a) {
     }
 }
 
-/* longest key list any row of this call can have (graph-safe while recording) */
-static long max_keys(const tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv) {
-    long cap = (long)kv->max_blocks * kv->block_size;
-    if (c->capturing || !rows->pos_host) return cap;
-    long m = 1;
-    for (int r = 0; r < rows->n; r++) m = rows->pos_host[r] + 1L > m ? rows->pos_host[r] + 1L : m;
-    return m < cap ? m : cap;
-}
-
 extern "C" void tern__cuda_attention_latent(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                             const tern_kv_layer *kv, int dv, float scale, const int32_t *sel,
                                             int k_sel) {
@@ -392,7 +383,7 @@ extern "C" void tern__cuda_attention_latent(tern__cuda *c, float *out, const flo
     a.T = T;
     a.part = c->part;
     const int hsplit = (nh + HB - 1) / HB;
-    const long blocks = (long)n * hsplit, keys = sel ? k_sel : max_keys(c, rows, kv);
+    const long blocks = (long)n * hsplit, keys = sel ? k_sel : tern__cuda_attn_max_keys(c, rows, kv);
     a.splits = tern__cuda_attn_splits(c, blocks, keys, T, n, nh, dv);
     dim3 grid((unsigned)n, (unsigned)hsplit, (unsigned)a.splits);
     if (rt) tern_launch(c->stream, latent_attn_rt_kernel, grid, 256, smem, a);
@@ -585,7 +576,7 @@ extern "C" void tern__cuda_dsa_topk(tern__cuda *c, int32_t *sel, const float *q,
     const int n = rows->n, Dv = kv->v_dim;
     if (n <= 0 || k <= 0) return;
     const int have_v = kv->v && Dv > 0 && nh > 0;
-    const long lenmax = max_keys(c, rows, kv);
+    const long lenmax = tern__cuda_attn_max_keys(c, rows, kv);
     const size_t ld = ((size_t)lenmax + 3) & ~(size_t)3;
     size_t piece = ld ? TERN_CUDA_PART_FLOATS / ld : 0;
     if (piece > 65535) piece = 65535;
