@@ -5,7 +5,8 @@
  * issue- and latency-bound). This one's SASS (ncu source counters, 14336x4096, bench/NOTES.md (m)) ran
  * 1072 instructions per row block and warp, 4.2 per code: the decode's and-or took two LOP3s (now
  * one: 4 LOP3 + 3 SHF + 4 HADD2 per 8 codes) and ~200 register moves copy the next row block's words
- * into the current ones (open).
+ * into the current ones (TERN_CUDA_GEMV_PP=1 walks with two register sets instead; opt-in, it
+ * spills at 128 registers). TERN_CUDA_GEMV_FOLD=1 skips the subtraction (see mm_decode).
  *
  *   y[r] = Σ_G s[r,G]·(Σ_{k∈G} q[r,k]·x[k]) + b[r,G]·Σ_{k∈G} x[k]
  *
@@ -20,7 +21,8 @@
  * bytes per group; 128-byte q8 groups span two steps); group γ uses columns 3γ..3γ+2 and only the
  * k-slots of the lanes holding its bytes, so each column is one group's Σ q·x_part, folded with that
  * group's scale: acc += s·D + b·Σx. The k-slot order of a lane's codes is a fixed permutation; the
- * block stages x in it (one 8-byte shared load per lane and MMA) with Σx per group and step.
+ * block stages x in it as a table of B fragments with zeros in the columns a lane does not feed
+ * (one unconditional 8-byte shared load per lane and MMA), and Σx per group and step.
  * Block = 8 warps x a K slice of S = 4 steps (q4 g32: 2) that walks row blocks of 128 rows (pair
  * mode: 64 outputs, gate rows g and up rows g+8 in one warp) blockIdx.x, +gridDim.x, ...: x is
  * staged once, and the next row block's loads are issued as soon as a step's words are in registers.
