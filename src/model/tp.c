@@ -287,6 +287,12 @@ static void tp_graph_reset(tern_backend *be) {
     rk->real->vt->graph_reset(rk->real);
 }
 
+/* TERN_TP_VOCAB=0 / TERN_TP_FUSED_ADD=0: the replicated head / the separate add (both on otherwise) */
+static int env_off(const char *name) {
+    const char *e = getenv(name);
+    return e && e[0] == '0';
+}
+
 static int tp_graphs_enabled(void) {
     const char *e = getenv("TERN_TP_GRAPHS");
     return !(e && e[0] == '0');
@@ -353,10 +359,8 @@ tern_status tern_tp_open(tern_tp **out, const tern_tp_opts *o, tern_error *err) 
     tp->n = o->n;
     tp->cuda = o->cuda;
     tp->graphs_off = !tp_graphs_enabled();
-    /* both on unless set to 0 */
-    const char *ev = getenv("TERN_TP_VOCAB"), *ea = getenv("TERN_TP_FUSED_ADD");
-    tp->vocab_off = ev && ev[0] == '0';
-    tp->add_off = ea && ea[0] == '0';
+    tp->vocab_off = env_off("TERN_TP_VOCAB");
+    tp->add_off = env_off("TERN_TP_FUSED_ADD");
     tern_status st = TERN_OK;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = o->n_threads > 0 ? o->n_threads : (int)(ncpu > 0 ? ncpu : 1);
@@ -709,38 +713,29 @@ static tern_status local_config(const tern_model_config *c, int N, int r, int hv
 /* The vocabulary split: contiguous row ranges, boundaries on multiples of 128 rows for real
  * vocabularies (FP8 blocks, aligned device rows), of 1 for tiny ones; none (every rank holds
  * the whole head, rank 0 alone computes it) when a rank would get no rows or TERN_TP_VOCAB=0. */
-static void vocab_rows(int V, int N, int r, int *v0, int *vn) {
+static void vocab_table(int V, int N, int off, int *hv0, int *hvn) {
     const int unit = V >= 256 * N ? 128 : 1;
-    const int64_t a = (int64_t)V * r / N / unit * unit, b = r + 1 == N ? V : (int64_t)V * (r + 1) / N / unit * unit;
-    *v0 = (int)a;
-    *vn = (int)(b - a);
+    int ok = N > 1 && !off;
+    for (int r = 0; r < N; r++) {
+        const int64_t a = (int64_t)V * r / N / unit * unit, b = r + 1 == N ? V : (int64_t)V * (r + 1) / N / unit * unit;
+        hv0[r] = (int)a;
+        hvn[r] = (int)(b - a);
+        ok &= hvn[r] > 0;
+    }
+    for (int r = 0; r < N && !ok; r++) hv0[r] = hvn[r] = 0;
 }
 
-static void vocab_split(tern_tp *tp, int V) {
-    int N = tp->n;
-    for (int r = 0; r < N; r++) vocab_rows(V, N, r, &tp->hv0[r], &tp->hvn[r]);
-    int ok = N > 1 && !tp->vocab_off;
-    for (int r = 0; r < N; r++) ok &= tp->hvn[r] > 0;
-    for (int r = 0; r < N && !ok; r++) tp->hv0[r] = tp->hvn[r] = 0;
-}
+static void vocab_split(tern_tp *tp, int V) { vocab_table(V, tp->n, tp->vocab_off, tp->hv0, tp->hvn); }
+
 
 tern_status tern_tp_rank_config(const tern_model_config *cfg, int N, int r, tern_model_config *out, tern_error *err) {
     memset(out, 0, sizeof *out);
     if (!cfg || N < 1 || N > TERN_TP_MAX || r < 0 || r >= N) return tern_err(err, TERN_EINVAL, "tern_tp_rank_config: bad arguments");
     tern_status st = check_geometry(cfg, N, err);
     if (st) return st;
-    int v0 = 0, vn = 0;
-    if (N > 1) {
-        vocab_rows(cfg->n_vocab, N, r, &v0, &vn);
-        for (int k = 0; k < N; k++) { /* no split when some rank would get no rows (as vocab_split) */
-            int a, b;
-            vocab_rows(cfg->n_vocab, N, k, &a, &b);
-            if (b <= 0) v0 = vn = 0;
-        }
-        const char *ev = getenv("TERN_TP_VOCAB");
-        if (ev && ev[0] == '0') v0 = vn = 0;
-    }
-    return local_config(cfg, N, r, v0, vn, out, err);
+    int hv0[TERN_TP_MAX], hvn[TERN_TP_MAX];
+    vocab_table(cfg->n_vocab, N, env_off("TERN_TP_VOCAB"), hv0, hvn);
+    return local_config(cfg, N, r, hv0[r], hvn[r], out, err);
 }
 
 tern_status tern_tp_load(tern_tp *tp, const tern_model_config *cfg, tern_weights *ws, const tern_model_opts *mo,
