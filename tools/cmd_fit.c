@@ -46,23 +46,27 @@ static tern_status dir_weights(const char *dir, size_t *out, size_t *skipped, te
     return TERN_OK;
 }
 
-/* Routed-expert stacks as stored (HF fused / per-expert, mlx switch_glu / switch_mlp), not the
- * shared experts: bytes of the text model's expert tensors in DIR. */
-static int expert_name(const char *n) {
-    return (strstr(n, "experts.") && !strstr(n, "shared_experts")) || strstr(n, "switch_mlp") || strstr(n, "switch_glu");
-}
-
-static size_t dir_expert_bytes(const char *dir) {
+/* Bytes of the text model's tensors in DIR whose name `pick` accepts (vision / audio towers never
+ * count); 0 when the directory cannot be read. */
+static size_t dir_bytes(const char *dir, int (*pick)(const char *name)) {
     tern_st_set *set = NULL;
     size_t b = 0;
     if (tern_st_open(&set, dir, NULL)) return 0;
     for (int i = 0; i < tern_st_count(set); i++) {
         const tern_st_entry *e = tern_st_at(set, i);
-        if (expert_name(e->name) && !strstr(e->name, "vision") && !strstr(e->name, "audio")) b += e->nbytes;
+        if (pick(e->name) && !strstr(e->name, "vision") && !strstr(e->name, "audio")) b += e->nbytes;
     }
     tern_st_close(set);
     return b;
 }
+
+/* Routed-expert stacks as stored (HF fused / per-expert, mlx switch_glu / switch_mlp), not the
+ * shared experts. */
+static int expert_name(const char *n) {
+    return (strstr(n, "experts.") && !strstr(n, "shared_experts")) || strstr(n, "switch_mlp") || strstr(n, "switch_glu");
+}
+static int embed_name(const char *n) { return strstr(n, "embed") != NULL; }
+static int head_name(const char *n) { return strstr(n, "lm_head") != NULL; }
 
 /* `--expert-cache GB`: the resident set and the expected expert bytes read per decode token. */
 static void print_experts(const tern_model_config *cfg, const char *dir, int bits, int group, double cache_gb) {
@@ -70,7 +74,7 @@ static void print_experts(const tern_model_config *cfg, const char *dir, int bit
     for (int l = 0; l < cfg->n_layer; l++) nl += cfg->layers[l].moe != 0;
     if (cfg->n_expert <= 0 || !nl) return;
     size_t b;
-    if (dir && *dir) b = dir_expert_bytes(dir) / ((size_t)nl * (size_t)cfg->n_expert);
+    if (dir && *dir) b = dir_bytes(dir, expert_name) / ((size_t)nl * (size_t)cfg->n_expert);
     else { /* --random: one expert = 3 matrices of hidden x expert intermediate */
         double w = 3.0 * cfg->n_embd * (double)cfg->n_ff_expert;
         b = (size_t)(w * (bits > 0 ? bits / 8.0 + 4.0 / (group > 0 ? group : 64) : 2.0));
@@ -93,24 +97,12 @@ static void print_experts(const tern_model_config *cfg, const char *dir, int bit
 /* Embedding tables (replicated on every rank: lookups) and the untied output head (split by
  * vocabulary rows) of the stored text model, or of the --random geometry's estimate. */
 static void embed_head_bytes(const char *dir, const tern_model_config *c, int bits, int group, size_t *emb, size_t *head) {
-    *emb = *head = 0;
     if (dir && *dir) {
-        tern_st_set *set = NULL;
-        if (tern_st_open(&set, dir, NULL)) return;
-        for (int i = 0; i < tern_st_count(set); i++) {
-            const tern_st_entry *e = tern_st_at(set, i);
-            if (strstr(e->name, "vision") || strstr(e->name, "audio")) continue;
-            if (strstr(e->name, "embed")) *emb += e->nbytes;
-            else if (strstr(e->name, "lm_head")) *head += e->nbytes;
-        }
-        tern_st_close(set);
-        return;
+        *emb = dir_bytes(dir, embed_name);
+        *head = dir_bytes(dir, head_name);
+    } else {
+        tern_fit_embed_estimate(c, bits, group, emb, head);
     }
-    const double per = bits > 0 ? bits / 8.0 + 4.0 / (group > 0 ? group : 64) : 2.0, VH = (double)c->n_vocab * c->n_embd;
-    double e = VH;
-    if (c->ple_dim > 0) e += (double)(c->ple_vocab > 0 ? c->ple_vocab : c->n_vocab) * c->n_layer * c->ple_dim;
-    *emb = (size_t)(e * per);
-    *head = c->tie_embeddings ? 0 : (size_t)(VH * per);
 }
 
 /* --gpus N: every rank's share — its local configuration (heads, kv heads, widths, experts,

@@ -111,6 +111,19 @@ int tern_fit_glm_geometry(const tern_model_config *c, tern_fit_glm *g) {
     return 1;
 }
 
+/* weights in embedding tables: the token embedding and Gemma 4's per-layer input table */
+static double embed_weights(const tern_model_config *c) {
+    double e = (double)c->n_vocab * c->n_embd;
+    if (c->ple_dim > 0) e += (double)(c->ple_vocab > 0 ? c->ple_vocab : c->n_vocab) * c->n_layer * c->ple_dim;
+    return e;
+}
+
+void tern_fit_embed_estimate(const tern_model_config *c, int bits, int group, size_t *emb, size_t *head) {
+    const double per = bits > 0 ? bits / 8.0 + 4.0 / (group > 0 ? group : 64) : 2.0;
+    *emb = (size_t)(embed_weights(c) * per);
+    *head = c->tie_embeddings ? 0 : (size_t)((double)c->n_vocab * c->n_embd * per);
+}
+
 size_t tern_fit_weight_estimate(const tern_model_config *c, int bits, int group) {
     if (c->arch == TERN_ARCH_GLM5) {
         double lin, emb, vec, act;
@@ -122,12 +135,11 @@ size_t tern_fit_weight_estimate(const tern_model_config *c, int bits, int group)
     if (bits < 0) bits = 8, group = 128 * 128 * 2; /* FP8 elsewhere: ~1 byte per weight */
     double per = bits ? bits / 8.0 + 4.0 / (group > 0 ? group : 64) : 2.0; /* bytes per matrix weight */
     double H = c->n_embd, V = c->n_vocab, w = 0, vec = 0;
-    w += V * H;                                           /* embed_tokens */
-    if (!c->tie_embeddings) w += V * H;                   /* lm_head */
+    w += embed_weights(c) + (c->tie_embeddings ? 0 : V * H); /* embeddings, lm_head */
     vec += H;                                             /* final norm */
-    if (c->ple_dim > 0) {                                 /* Gemma 4 per-layer inputs */
+    if (c->ple_dim > 0) {                                 /* Gemma 4 per-layer input projections */
         double P = c->ple_dim, L = c->n_layer;
-        w += (c->ple_vocab > 0 ? c->ple_vocab : V) * L * P + H * L * P + L * 2 * H * P;
+        w += H * L * P + L * 2 * H * P;
     }
     for (int l = 0; l < c->n_layer; l++) {
         const tern_layer_config *lc = &c->layers[l];

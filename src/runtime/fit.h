@@ -49,6 +49,9 @@ size_t tern_fit_scratch(const tern_model_config *cfg, int max_batch, int n_slots
  * bf16 embeddings / head / router); vectors f32. For --random presets. GLM-5 configs are
  * counted with their MLA / indexer / MoE shapes. */
 size_t tern_fit_weight_estimate(const tern_model_config *cfg, int bits, int group);
+/* The part of that estimate in embedding tables (token embedding, Gemma 4 per-layer inputs) and in
+ * an untied output head (0 when tied), for per-rank plans (tern fit --gpus N); dense models. */
+void tern_fit_embed_estimate(const tern_model_config *cfg, int bits, int group, size_t *emb, size_t *head);
 /* GLM-5 (glm_moe_dsa) geometry, reference/glm5.md §9. Cache bytes are for this engine's f32 latent
  * pages (tern_kv_layer_bytes_per_token): per layer kv_lora_rank + qk_rope_head_dim floats (normalized
  * latent + roped key), plus index_head_dim floats of indexer key on each "full" indexer layer.
