@@ -35,11 +35,8 @@ typedef struct run_out {
     int32_t gen[256];
 } run_out;
 
-typedef struct gctx { int32_t *out; int n; } gctx;
-static int on_tok(void *ctx, int tok) { gctx *g = ctx; if (g->n < 256) g->out[g->n++] = tok; return 0; }
-
 /* slots: 0 no offload, else slots per MoE layer on every rank */
-static void run(const char *name, int N, int slots, const int32_t *all, int np, int na, run_out *o) {
+static void run(const char *name, int N, int slots, const tp_fixture *f, run_out *o) {
     memset(o, 0, sizeof *o);
     char dir[512];
     snprintf(dir, sizeof dir, FIXDIR "/%s", name);
@@ -51,6 +48,7 @@ static void run(const char *name, int N, int slots, const int32_t *all, int np, 
     tern_model_opts mo = {.expert_slots = slots};
     tern_status s = tern_tp_open(&tp, &to, &e);
     if (!s) s = tern_tp_load_dir(tp, dir, slots ? &mo : NULL, &m, &e);
+    const int na = f->na;
     tern_kv_opts ko = {.n_slots = 2, .max_ctx = na + 8, .block_size = 4};
     if (!s) s = tern_tp_kv_open(tp, &ko, &kv, &e);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)na), *slot = calloc((size_t)na, sizeof(int32_t));
@@ -58,24 +56,9 @@ static void run(const char *name, int N, int slots, const int32_t *all, int np, 
     int V = o->V = tern_model_cfg(m)->n_vocab;
     o->full = malloc(sizeof(float) * (size_t)na * V);
     o->step = malloc(sizeof(float) * (size_t)V);
-    for (int i = 0; i < na; i++) pos[i] = i;
-    if (!(s = tern_kv_reserve(kv, 0, na, &e))) {
-        tern_batch b = {.n = na, .tokens = all, .pos = pos, .slot = slot};
-        s = tern_model_forward(m, &b, kv, o->full, &e);
-    }
-    tern_kv_release(kv, 0);
-    if (!s && !(s = tern_kv_reserve(kv, 0, np + 1, &e))) { /* prefill without logits, one decode step */
-        tern_batch b = {.n = np, .tokens = all, .pos = pos, .slot = slot};
-        s = tern_model_forward(m, &b, kv, NULL, &e);
-        tern_batch b1 = {.n = 1, .tokens = all + np, .pos = pos + np, .slot = slot};
-        if (!s) s = tern_model_forward(m, &b1, kv, o->step, &e);
-    }
-    tern_kv_release(kv, 0);
-    if (!s) {
-        gctx g = {o->gen, 0};
-        s = tern_generate(m, kv, 1, all, np, na - np, 3, NULL, 0, NULL, NULL, on_tok, &g, NULL, &e);
-        o->n_gen = g.n;
-    }
+    s = tp_full(m, kv, f, pos, slot, o->full, &e);
+    if (!s) s = tp_step(m, kv, f, pos, slot, o->step, &e); /* prefill without logits, one decode step */
+    if (!s) s = tp_greedy(m, kv, f, o->gen, &o->n_gen, &e);
     if (!s && slots) {
         const struct tern_experts *x = tern_model_experts(m);
         tern_experts_stats xs = {0};
@@ -94,15 +77,9 @@ done:
 static void out_free(run_out *o) { free(o->full); free(o->step); }
 
 static void check_fixture(const char *name, int N) {
-    char path[600];
-    snprintf(path, sizeof path, FIXDIR "/%s/ref.json", name);
-    char *js = pu_slurp(path, NULL);
-    if (!js) { printf("  %s: no fixture\n", name); return; }
-    cJSON *ref = cJSON_Parse(js);
-    int32_t *prompt = NULL, *all = NULL;
-    int np = pu_json_ids(ref, "prompt_ids", &prompt), na = pu_json_ids(ref, "all_ids", &all);
-    cJSON_Delete(ref);
-    free(js);
+    tp_fixture fx;
+    if (!tp_fix_load(FIXDIR, name, &fx)) { printf("  %s: no fixture\n", name); tp_fix_free(&fx); return; }
+    const int na = fx.na;
     char cfgp[600];
     snprintf(cfgp, sizeof cfgp, FIXDIR "/%s", name);
     tern_model_config cfg;
@@ -110,14 +87,14 @@ static void check_fixture(const char *name, int N) {
     CHECK(tern_config_load(&cfg, cfgp, &e) == TERN_OK, "%s: %s", name, e.msg);
     const int El = cfg.n_expert / N, k = cfg.n_expert_used;
     run_out base;
-    run(name, N, 0, all, np, na, &base);
+    run(name, N, 0, &fx, &base);
     CHECK(base.st == TERN_OK, "%s N=%d without offload: %s", name, N, base.msg);
     const int slot_counts[2] = {k, El};
     for (int pf = 0; pf < 2 && !base.st; pf++) {
         if (pf) setenv("TERN_EXPERTS_PREFETCH", "1", 1);
         for (int i = 0; i < 2; i++) {
             run_out o;
-            run(name, N, slot_counts[i], all, np, na, &o);
+            run(name, N, slot_counts[i], &fx, &o);
             CHECK(o.st == TERN_OK, "%s N=%d slots %d: %s", name, N, slot_counts[i], o.msg);
             if (!o.st) {
                 const size_t V = (size_t)base.V;
@@ -137,8 +114,7 @@ static void check_fixture(const char *name, int N) {
     }
     out_free(&base);
     tern_config_free(&cfg);
-    free(prompt);
-    free(all);
+    tp_fix_free(&fx);
 }
 
 TEST(tp_offload_layouts) {

@@ -36,23 +36,9 @@
 
 static int g_cuda, g_max_n = 4; /* TERN_TEST_DEVICE=cuda: GPU ranks, at most TERN_TEST_TP (default 2) */
 
-typedef struct fixture { int32_t *prompt, *all; int np, na; } fixture;
-
-static int fix_load(const char *name, fixture *f) {
-    char path[600];
-    memset(f, 0, sizeof *f);
-    snprintf(path, sizeof path, FIXDIR "/%s/ref.json", name);
-    char *js = pu_slurp(path, NULL);
-    if (!js) return 0;
-    cJSON *ref = cJSON_Parse(js);
-    f->np = pu_json_ids(ref, "prompt_ids", &f->prompt);
-    f->na = pu_json_ids(ref, "all_ids", &f->all);
-    cJSON_Delete(ref);
-    free(js);
-    return f->np > 0 && f->na > f->np + 1;
-}
-
-static void fix_free(fixture *f) { free(f->prompt); free(f->all); }
+typedef tp_fixture fixture;
+static int fix_load(const char *name, fixture *f) { return tp_fix_load(FIXDIR, name, f); }
+static void fix_free(fixture *f) { tp_fix_free(f); }
 
 typedef struct out {
     tern_status st;
@@ -61,9 +47,6 @@ typedef struct out {
     float *full, *pair, *step; /* [na, V], [2, V], [1, V] */
     int32_t gen[256];
 } out;
-
-typedef struct gen_ctx { int32_t *out; int n; } gen_ctx;
-static int on_tok(void *ctx, int tok) { gen_ctx *g = ctx; if (g->n < 256) g->out[g->n++] = tok; return 0; }
 
 /* mode: 0 old, 1 vocabulary split only, 2 split + fused add */
 static void set_mode(int mode) {
@@ -100,12 +83,7 @@ static void run(const char *name, int N, int mode, const fixture *f, out *o) {
     o->full = malloc(sizeof(float) * (size_t)na * V);
     o->pair = malloc(sizeof(float) * 2 * (size_t)V);
     o->step = malloc(sizeof(float) * (size_t)V);
-    for (int i = 0; i < na; i++) { pos[i] = i; slot[i] = 0; }
-    if (!(s = tern_kv_reserve(kv, 0, na, &e))) { /* every row wants logits */
-        tern_batch b = {.n = na, .tokens = f->all, .pos = pos, .slot = slot};
-        s = tern_model_forward(m, &b, kv, o->full, &e);
-    }
-    tern_kv_release(kv, 0);
+    s = tp_full(m, kv, f, pos, slot, o->full, &e); /* every row wants logits */
     if (!s && !(s = tern_kv_reserve(kv, 1, np, &e)) && !(s = tern_kv_reserve(kv, 0, na, &e))) {
         int n = 0; /* two sequences, the last row of each wants logits */
         for (int i = 0; i < np; i++, n++) { tok[n] = f->all[i]; pos[n] = i; slot[n] = 1; want[n] = i == np - 1; }
@@ -115,19 +93,8 @@ static void run(const char *name, int N, int mode, const fixture *f, out *o) {
     }
     tern_kv_release(kv, 0);
     tern_kv_release(kv, 1);
-    if (!s && !(s = tern_kv_reserve(kv, 0, np + 1, &e))) { /* prefill without logits, then one step */
-        for (int i = 0; i <= np; i++) { pos[i] = i; slot[i] = 0; }
-        tern_batch b = {.n = np, .tokens = f->all, .pos = pos, .slot = slot};
-        s = tern_model_forward(m, &b, kv, NULL, &e);
-        tern_batch b1 = {.n = 1, .tokens = f->all + np, .pos = pos + np, .slot = slot};
-        if (!s) s = tern_model_forward(m, &b1, kv, o->step, &e);
-    }
-    tern_kv_release(kv, 0);
-    if (!s) {
-        gen_ctx g = {o->gen, 0};
-        s = tern_generate(m, kv, 1, f->all, np, na - np, 3, NULL, 0, NULL, NULL, on_tok, &g, NULL, &e);
-        o->n_gen = g.n;
-    }
+    if (!s) s = tp_step(m, kv, f, pos, slot, o->step, &e); /* prefill without logits, then one step */
+    if (!s) s = tp_greedy(m, kv, f, o->gen, &o->n_gen, &e);
 done:
     free(pos); free(slot); free(tok); free(want);
     o->st = s;
