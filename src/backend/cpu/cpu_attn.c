@@ -43,51 +43,20 @@ static const float *kv_vec(const tern_kv_layer *kv, const void *pool, int s, int
 /* TERN_CPU_ATTN=keys: the per-key walk instead of the tiles (comparisons) */
 static int tern_attn_tiled = -1;
 
-#define ATTN_GMAX 16 /* query heads per tiled item */
-
-/* ---- tiled: key tiles scored for a block of query heads at once ----------------------------
- * An item is (row, block of up to ATTN_GMAX query heads of one KV head). Its visible keys are cut
- * into tiles of TILE_K in key order; per tile the ISA's 4x4 `dots` (cpu_glm.h: one key load serves
- * four heads) give every score, then a tile-wise online softmax (running max m, sum l, the output
- * rescaled when m grows), then out += p·V through `pv`. The sums' order is fixed by the ISA and the
- * row's own key stream, so a row's result does not depend on the threads or the other rows. */
-#define TILE_K 32
-typedef struct tile_acc {
-    const float *qp[ATTN_GMAX];
-    float *op[ATTN_GMAX];
-    float m[ATTN_GMAX], l[ATTN_GMAX];
-    float sc[ATTN_GMAX * TILE_K];
-} tile_acc;
-
+/* ---- tiled: an item is (row, block of up to TERN_TILE_HB query heads of one KV head); its visible
+ * keys go in tiles of TERN_TILE_K, in key order, through tern__tile_attend (glm_state.h: the GLM
+ * latent attention's tile step, with V apart from K here and the softcap). */
 typedef struct tile_ctx {
     attn_ctx a;
     const tern_glm_kern *gk;
     int hb, nhb; /* heads per item, items per (row, KV head) */
 } tile_ctx;
 
-static void tile_step(const tile_ctx *c, tile_acc *t, int nq, const float *const *kp, const float *const *vp, int nk) {
-    const attn_ctx *a = &c->a;
-    const int d = a->kv->head_dim;
-    for (int i = 0; i < nq; i += 4)
-        for (int j = 0; j < nk; j += 4)
-            c->gk->dots(t->qp + i, TERN_MIN(4, nq - i), kp + j, TERN_MIN(4, nk - j), d, t->sc + i * TILE_K + j, TILE_K);
-    for (int i = 0; i < nq; i++) {
-        float *s = t->sc + i * TILE_K;
-        for (int j = 0; j < nk; j++) {
-            float v = s[j] * a->scale;
-            if (a->softcap > 0.0f) v = a->softcap * tanhf(v / a->softcap);
-            s[j] = v;
-        }
-        tern__softmax_tile(s, nk, &t->m[i], &t->l[i], t->op[i], d);
-    }
-    for (int i = 0; i < nq; i += 4) c->gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TILE_K, TILE_K, vp, nk, d);
-}
-
 static void tile_item(const tile_ctx *c, int r, int kvh, int h0, int nq) {
     const attn_ctx *a = &c->a;
     const tern_kv_layer *kv = a->kv;
     const int d = kv->head_dim, s = a->rows->slot[r];
-    tile_acc t;
+    tern_tile_acc t;
     for (int i = 0; i < nq; i++) {
         const size_t row = (size_t)r * a->nh + (size_t)h0 + i;
         t.qp[i] = a->q + row * d;
@@ -97,16 +66,16 @@ static void tile_item(const tile_ctx *c, int r, int kvh, int h0, int nq) {
         t.l[i] = 0.0f;
     }
     tern_key_range kr = tern_key_range_of(kv, a->rows, r);
-    const float *kp[TILE_K], *vp[TILE_K];
+    const float *kp[TERN_TILE_K], *vp[TERN_TILE_K];
     int nk = 0;
     for (int b = kr.first; b <= kr.last; b++) {
         const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
         if (!kk) continue;
         kp[nk] = kk;
         vp[nk++] = kv_vec(kv, kv->v, s, b, kvh);
-        if (nk == TILE_K) { tile_step(c, &t, nq, kp, vp, nk); nk = 0; }
+        if (nk == TERN_TILE_K) { tern__tile_attend(c->gk, &t, nq, kp, vp, nk, d, d, a->scale, a->softcap); nk = 0; }
     }
-    if (nk) tile_step(c, &t, nq, kp, vp, nk);
+    if (nk) tern__tile_attend(c->gk, &t, nq, kp, vp, nk, d, d, a->scale, a->softcap);
     for (int i = 0; i < nq; i++)
         if (t.l[i] > 0.0f) a->k->scal(t.op[i], 1.0f / t.l[i], d);
 }
@@ -179,7 +148,7 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
     if (g && nh % kv->n_head_kv == 0) { /* tiled; heads of a KV group in blocks that still give every thread work
                                           * (the blocking never changes a row's bits: batch == alone) */
         const int G = nh / kv->n_head_kv;
-        int hb = TERN_MIN(G, ATTN_GMAX);
+        int hb = TERN_MIN(G, TERN_TILE_HB);
         while (hb > 1 && (int64_t)rows->n * kv->n_head_kv * ((G + hb - 1) / hb) < c->nth) hb = (hb + 1) / 2;
         tile_ctx tc = {a, g->gk, hb, (G + hb - 1) / hb};
         if (tiny) tile_task(&tc, 0, 1);

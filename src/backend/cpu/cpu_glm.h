@@ -55,26 +55,4 @@ extern const tern_glm_kern tern__glm_kern_scalar;
 extern const tern_glm_kern tern__glm_kern_avx2;
 extern const tern_glm_kern tern__glm_kern_avx512;
 
-/* One tile of an online softmax over scores s[0..nk) (already scaled): the running max *m and sum
- * *l of a query, its unnormalised output o[0..dv) rescaled by exp(m_old - m_new) when the max
- * grows; s becomes the tile's weights exp(s - m). Shared by the GLM latent attention and the
- * paged attention of the fast CPU backend (cpu_attn.c). */
-static inline void tern__softmax_tile(float *s, int nk, float *m, float *l, float *o, int dv) {
-    float mx = *m;
-    for (int c = 0; c < nk; c++)
-        if (s[c] > mx) mx = s[c];
-    if (mx > *m) {
-        if (*l > 0.0f) {
-            const float corr = expf(*m - mx);
-            for (int j = 0; j < dv; j++) o[j] *= corr;
-            *l *= corr;
-        }
-        *m = mx;
-    }
-    for (int c = 0; c < nk; c++) {
-        s[c] = expf(s[c] - *m);
-        *l += s[c];
-    }
-}
-
 #endif

@@ -26,8 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TK 32     /* keys per tile */
-#define HB_MAX 16 /* heads per attention work item */
+#define TK TERN_TILE_K     /* keys per tile */
+#define HB_MAX TERN_TILE_HB /* heads per attention work item */
 
 /* ---- attention ------------------------------------------------------------------------- */
 
@@ -46,31 +46,39 @@ typedef struct att_ctx {
     atomic_llong next;
 } att_ctx;
 
-typedef struct att_acc {
-    const float *qp[HB_MAX];
-    float *op[HB_MAX];
-    float m[HB_MAX], l[HB_MAX];
-    float sc[HB_MAX * TK];
-} att_acc;
-
-static void att_tile(const att_ctx *a, att_acc *t, int nq, const float *const *kp, int nk) {
-    const tern_glm_kern *gk = a->gk;
-    int D = a->kv->head_dim, dv = a->dv;
+void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const float *const *kp, const float *const *vp,
+                       int nk, int d, int dv, float scale, float softcap) {
     for (int i = 0; i < nq; i += 4)
         for (int c = 0; c < nk; c += 4)
-            gk->dots(t->qp + i, TERN_MIN(4, nq - i), kp + c, TERN_MIN(4, nk - c), D, t->sc + i * TK + c, TK);
+            gk->dots(t->qp + i, TERN_MIN(4, nq - i), kp + c, TERN_MIN(4, nk - c), d, t->sc + i * TK + c, TK);
     for (int i = 0; i < nq; i++) {
-        float *s = t->sc + i * TK;
-        for (int c = 0; c < nk; c++) s[c] *= a->scale;
-        tern__softmax_tile(s, nk, &t->m[i], &t->l[i], t->op[i], dv);
+        float *s = t->sc + i * TK, mx = t->m[i];
+        for (int c = 0; c < nk; c++) {
+            float v = s[c] * scale;
+            if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
+            s[c] = v;
+            if (v > mx) mx = v;
+        }
+        if (mx > t->m[i]) {
+            if (t->l[i] > 0.0f) {
+                const float corr = expf(t->m[i] - mx);
+                for (int j = 0; j < dv; j++) t->op[i][j] *= corr;
+                t->l[i] *= corr;
+            }
+            t->m[i] = mx;
+        }
+        for (int c = 0; c < nk; c++) {
+            s[c] = expf(s[c] - t->m[i]);
+            t->l[i] += s[c];
+        }
     }
-    for (int i = 0; i < nq; i += 4) gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TK, TK, kp, nk, dv);
+    for (int i = 0; i < nq; i += 4) gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TK, TK, vp, nk, dv);
 }
 
 static void att_item(const att_ctx *a, int r, int h0, int h1) {
     const tern_kv_layer *kv = a->kv;
     int D = kv->head_dim, nq = h1 - h0, pos = a->rows->pos[r], s = a->rows->slot[r];
-    att_acc t;
+    tern_tile_acc t;
     for (int i = 0; i < nq; i++) {
         t.qp[i] = a->q + ((size_t)r * a->nh + h0 + i) * D;
         t.op[i] = a->out + ((size_t)r * a->nh + h0 + i) * a->dv;
@@ -87,9 +95,9 @@ static void att_item(const att_ctx *a, int r, int h0, int h1) {
         long i = tern__glm_rec(kv, s, b);
         if (i < 0) continue;
         kp[nk++] = (const float *)kv->k + (size_t)i * D;
-        if (nk == TK) { att_tile(a, &t, nq, kp, nk); nk = 0; }
+        if (nk == TK) { tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f); nk = 0; }
     }
-    if (nk) att_tile(a, &t, nq, kp, nk);
+    if (nk) tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f); /* V = K[0:dv] */
     for (int i = 0; i < nq; i++)
         if (t.l[i] > 0.0f)
             for (int j = 0; j < a->dv; j++) t.op[i][j] /= t.l[i];

@@ -36,6 +36,22 @@ tern_glm_state *tern__glm_state(tern_backend *be);
 int tern__glm_reserve_keys(tern_glm_state *g, size_t cap);
 int tern__glm_reserve_rows(tern_glm_state *g, int n);
 
+/* One tile of flash-style attention for up to TERN_TILE_HB queries that share their keys (the GLM
+ * latent attention's heads; cpu_attn.c's query heads of one KV head): scores q·k over d through
+ * the ISA's 4x4 `dots`, times scale (then softcap when > 0), a tile-wise online softmax (running
+ * max m, sum l; the output rescaled by exp(m_old - m_new) when the max grows), o += p·v over dv
+ * through `pv`. The order of every sum is fixed by the ISA and the key stream. */
+#define TERN_TILE_K 32  /* keys per tile */
+#define TERN_TILE_HB 16 /* queries per tile */
+typedef struct tern_tile_acc {
+    const float *qp[TERN_TILE_HB];
+    float *op[TERN_TILE_HB];
+    float m[TERN_TILE_HB], l[TERN_TILE_HB];
+    float sc[TERN_TILE_HB * TERN_TILE_K];
+} tern_tile_acc;
+void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const float *const *kp, const float *const *vp,
+                       int nk, int d, int dv, float scale, float softcap);
+
 void tern__glm_dsa_topk(tern_backend *be, int32_t *sel, const float *q, const float *w, const tern_rows *rows, int nh,
                         const tern_kv_layer *kv, float scale, int k, float *min_gap);
 void tern__glm_attention_latent(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
