@@ -17,6 +17,11 @@ int tern_argmax(const float *x, int n) {
     return best;
 }
 
+int tern_device_sampling(const tern_model *m) {
+    const char *ds = getenv("TERN_DEVICE_SAMPLE");
+    return tern_model_can_sample(m) && !(ds && ds[0] == '0');
+}
+
 tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *prompt, int n_prompt,
                           int max_new, int chunk, const int32_t *stop_ids, int n_stop,
                           tern_pick_fn pick, void *pick_ctx, tern_token_fn on_token, void *tok_ctx,
@@ -33,8 +38,7 @@ tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *p
     if (!logits || !pos || !slots || !want) { s = tern_err(err, TERN_ENOMEM, "out of memory"); goto done; }
     for (int i = 0; i < chunk; i++) slots[i] = slot;
     tern_gen_stats st = {.n_prompt = n_prompt};
-    const char *ds = getenv("TERN_DEVICE_SAMPLE");
-    const int dev = !pick && tern_model_can_sample(m) && !(ds && ds[0] == '0');
+    const int dev = !pick && tern_device_sampling(m);
     tern_sample_row row = {.mode = TERN_SAMPLE_DRAW, .top_p = 1.0f, .min_p_log = -INFINITY, .rep = 1.0f};
     int32_t did = -1;
     tern_batch_sample smp = {.rows = &row, .ids = &did};

@@ -27,5 +27,8 @@ tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *p
                           tern_gen_stats *stats, tern_error *err);
 
 int tern_argmax(const float *x, int n);
+/* 1 when the model draws on its device and TERN_DEVICE_SAMPLE=0 does not turn that off (the
+ * scheduler and tern_generate both ask) */
+int tern_device_sampling(const tern_model *m);
 
 #endif

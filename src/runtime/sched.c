@@ -22,6 +22,7 @@
  * The other rows keep the logits path. TERN_DEVICE_SAMPLE=0 in the environment turns it off.
  */
 #include "runtime/sched.h"
+#include "runtime/generate.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -197,8 +198,7 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
     s->b_want = malloc(B);
     s->b_req = calloc(S, sizeof *s->b_req);
     s->logits = malloc(sizeof(float) * S * (size_t)s->V);
-    const char *ds = getenv("TERN_DEVICE_SAMPLE");
-    if (tern_model_can_sample(m) && !(ds && ds[0] == '0')) {
+    if (tern_device_sampling(m)) {
         size_t nr = S * (1 + TERN_SPEC_MAX_K);
         s->srows = calloc(nr, sizeof *s->srows);
         s->sids = calloc(nr, sizeof *s->sids);
