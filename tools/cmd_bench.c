@@ -56,8 +56,9 @@ int tern_cmd_bench(int argc, char **argv) {
     }
     if (!c.model) c.model = c.random ? c.random : "demo";
     if (!n_prompts) prompts[n_prompts++] = n_prompt;
-    for (int k = 0; k < n_prompts; k++) n_prompt = prompts[k] > n_prompt || k == 0 ? prompts[k] : n_prompt;
-    c.max_ctx = (int)(n_prompt + n_gen + 1); /* the longest */
+    n_prompt = prompts[0]; /* the longest sizes the cache and the ids */
+    for (int k = 1; k < n_prompts; k++) n_prompt = TERN_MAX(n_prompt, prompts[k]);
+    c.max_ctx = (int)(n_prompt + n_gen + 1);
     cli_session s;
     int rc = cli_open(&c, 1, &s);
     if (rc) return rc;
