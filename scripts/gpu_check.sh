@@ -11,6 +11,8 @@
 # empty: none), GPU_BENCH_REPS (default 2),
 # GPU_BENCH_NOGRAPH="model:quant ..." (the same bench again with TERN_GRAPHS=0, for comparison).
 # Writes logs and summary.txt under $OUT (default build/gpu_check) and prints the summary last.
+# The device returns at most 8 files from its $OUT: run as `OUT=/tmp/g bash scripts/gpu_check.sh;
+# tar cJf "$OUT/logs.tar.xz" -C /tmp/g .` so that every log comes back.
 # Every stage has its own timeout so the whole run stays well inside 10 minutes.
 #
 # Prebuilt binaries (saves the device's build minutes; nvcc here and there is the same 13.0):
@@ -86,8 +88,8 @@ if [ "${GPU_BENCH_KERNELS:-1}" = 1 ]; then
     stamp "bench_cuda exit $?"
     grep -v '^csv,' "$OUT/bench.log" >> "$S"
 fi
-for b in bench/gpu_*.sh; do
-    [ -x "$b" ] || continue
+for b in bench/gpu_*.sh; do   # GPU_BENCH_SCRIPTS=1: also every bench/gpu_*.sh (gpu_table.sh: ~2 min)
+    [ -x "$b" ] && [ "${GPU_BENCH_SCRIPTS:-0}" = 1 ] || continue
     timeout 120 "$b" > "$OUT/$(basename "$b" .sh).log" 2>&1
     stamp "$b exit $?"
 done

@@ -15,8 +15,8 @@
  * Visibility: keys lo..pos of the row (lo = pos - window + 1 for sliding layers), skipping
  * block-table entries < 0 — attention.cu's rule without spans (span steps stay there). f32 math with
  * expf/tanhf; the summation order differs from attention.cu (within the f32 parity bound).
- * Taken for batches of >= 8 rows and for contexts of <= 2048 keys (see the split rule below).
- * TERN_CUDA_ATTN_DEC=0 turns it off.
+ * Taken for every decode call it can serve; TERN_CUDA_ATTN_DEC=0 turns it off; TERN_CUDA_AD_OCC sets
+ * the split rule's target blocks per SM (default 4; 8..32 measured slower).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -205,14 +205,18 @@ extern "C" int tern__cuda_attn_decode(tern__cuda *c, float *out, const float *q,
      * splits past a row's keys exit at once) */
     long keys = tern__cuda_attn_max_keys(c, rows, kv);
     if (kv->window > 0 && keys > kv->window) keys = kv->window;
-    /* Where it wins (H200, bench/NOTES.md (m)): batches of >= 8 rows at any context (x64: 1.10-1.14x
-     * attention.cu), and short contexts; one row over thousands of keys is a serial walk per warp
-     * (8k keys: 68.8 vs 65.4 us), so such calls stay on attention.cu */
+    /* H200 (bench/NOTES.md (m), (n)): batches of >= 8 rows at any context (x64: 1.10-1.14x attention.cu),
+     * short contexts (1.4x), and since the parallel split merge one row over 8k keys too (d 128 57 vs
+     * 60 us, d 256 58 vs 101 us) */
     const long blocks = (long)n * nkv, nsm = c->n_sm > 0 ? c->n_sm : 132;
-    if (n < 8 && keys > 2048) return 0;
+    static int occ = -1; /* TERN_CUDA_AD_OCC: target blocks per SM (default 4), for split sweeps */
+    if (occ < 0) {
+        const char *v = getenv("TERN_CUDA_AD_OCC");
+        occ = v && atoi(v) > 0 ? atoi(v) : 4;
+    }
     /* about four resident blocks per SM (each warp walks its keys with U rows in flight and one
      * more group prefetched: more blocks, not longer walks, hide the latency), >= 32 keys per split */
-    long sp = blocks >= 4 * nsm ? 1 : (4 * nsm + blocks - 1) / blocks;
+    long sp = blocks >= occ * nsm ? 1 : (occ * nsm + blocks - 1) / blocks;
     if (sp > (keys + 31) / 32) sp = (keys + 31) / 32;
     if (sp > 128) sp = 128;
     while (sp > 1 && (size_t)sp * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS) sp /= 2;

@@ -22,12 +22,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* TERN_CUDA_PDL=1: kernels launched as programmatic dependents (cuda_common.cuh tern_launch) */
+/* kernels launched as programmatic dependents (cuda_common.cuh tern_launch); TERN_CUDA_PDL=0 off.
+ * Default since session 5: op tests, parity and the 64-row graph ids digest unchanged on the H200,
+ * llama3-8b q4 decode +6 % (bench/NOTES.md (n)) */
 int tern__cuda_pdl_on = -1; /* tests set it */
 int tern__cuda_pdl(void) {
     if (tern__cuda_pdl_on < 0) {
         const char *v = getenv("TERN_CUDA_PDL");
-        tern__cuda_pdl_on = v && v[0] == '1';
+        tern__cuda_pdl_on = !(v && v[0] == '0');
     }
     return tern__cuda_pdl_on;
 }

@@ -12,11 +12,11 @@
 #include <stdint.h>
 #include <utility>
 
-/* Programmatic dependent launch (TERN_CUDA_PDL=1; cuda_backend.c reads it once). Every kernel
+/* Programmatic dependent launch (default; TERN_CUDA_PDL=0 off; cuda_backend.c reads it once). Every kernel
  * starts with pdl_start(): it lets the next kernel in the stream be launched now (its blocks then
  * wait in their own pdl_wait, taking only free SM slots) and waits until the previous kernel has
  * finished and its writes are visible. Both are no-ops for a kernel launched the ordinary way, so
- * without the flag nothing changes. A kernel may do input-independent work (gemv_mma.cu: its
+ * with TERN_CUDA_PDL=0 nothing changes. A kernel may do input-independent work (gemv_mma.cu: its
  * first weight loads) between pdl_trigger() and pdl_wait(). */
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -25,10 +25,10 @@ __device__ __forceinline__ void pdl_start() {
     pdl_wait();
 }
 
-extern "C" int tern__cuda_pdl(void); /* TERN_CUDA_PDL=1 */
+extern "C" int tern__cuda_pdl(void); /* 1 unless TERN_CUDA_PDL=0 */
 
 /* k<<<grid, block, smem, st>>>(args...), launched as a programmatic dependent of the stream's
- * previous kernel when TERN_CUDA_PDL=1 (captured into graphs as programmatic edges) */
+ * previous kernel unless TERN_CUDA_PDL=0 (captured into graphs as programmatic edges) */
 template <typename... K, typename... A>
 static inline void tern_launch(cudaStream_t st, void (*k)(K...), dim3 grid, dim3 block, size_t smem, A &&...args) {
     if (tern__cuda_pdl()) {

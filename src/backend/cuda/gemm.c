@@ -14,6 +14,7 @@
  *       BF16 weights (exact in bf16):  y = W·xh + W·xl                      (2 GEMMs)
  *       F16/Q weights, expanded in chunks to W = Wh + Wl the same way:
  *                                      y = Wh·xh + Wh·xl + Wl·xh            (3 GEMMs)
+ *     (BF16 weights at n <= 256: one GEMM over the 2n columns [xh | xl], halves summed after)
  *     Bound: |y - y_exact| <= ~(2^-15 + in·2^-24)·Σ|w||x| per output, i.e. f32-like (observed
  *     rel L2 ~1e-6 on random data) at 1/2..1/3 of the plain bf16 GEMM's rate.
  *     Why not plain bf16 (x rounded to 2^-8, as this path did before): Gemma 4's attention runs
@@ -29,6 +30,8 @@
  * split-bf16 contract, up to the row counts where this path's cuBLASLt GEMMs win (its header).
  */
 #include "backend/cuda/cuda_internal.h"
+
+#include <stdlib.h>
 
 /* C_b (m x n, ld ldc) = A_bᵀ·B_b: A_b (k x m, ld k), B_b (k x n, ld ldb), f32 C. nb = 0: one plain
  * GEMM; nb >= 1: a strided batch of nb (A_b at a + b·sa, B_b at bm + b·sb, C_b at y + b·sc,
@@ -83,6 +86,16 @@ static tern_status lt_gemm(tern__cuda *c, float *y, int ldy, const void *w, cons
     return tern__cuda_lt_gemm(c, y, ldy, 0, w, 0, x, k, 0, m, n, k, 0, ab, ct, beta);
 }
 
+/* the merged split GEMM (BF16 weights, bf16 mode) up to this many rows; TERN_GEMM_MERGE=N, 0 off */
+int tern__cuda_gemm_merge_max(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TERN_GEMM_MERGE");
+        v = e && e[0] ? atoi(e) : 256;
+    }
+    return v;
+}
+
 static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     const int in = w->in, out = w->out;
     const uint8_t *mat = (const uint8_t *)w->data + (size_t)e * w->mat_bytes;
@@ -93,13 +106,25 @@ static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, con
     size_t avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
     const void *xh = x, *xl = NULL;
     if (bf) { /* activations to a bf16 pair first */
-        size_t xbytes = ((size_t)n * in * 2 + 255) & ~(size_t)255;
+        /* BF16 weights, few rows: xl right behind xh, so [xh | xl] is one B of 2n columns and the
+         * weight is read once (the two-GEMM form reads it twice: at n = 64 the GEMMs are bound by
+         * the weight bytes); C = [W·xh | W·xl] goes to scratch and y = the sum of its halves */
+        const size_t cbytes = (size_t)2 * n * out * sizeof(float);
+        const int merge = w->dtype == TERN_DT_BF16 && n <= tern__cuda_gemm_merge_max() && ((size_t)n * in) % 8 == 0 &&
+                          2 * ((size_t)n * in * 2) + cbytes + 512 <= avail;
+        size_t xbytes = merge ? (size_t)n * in * 2 : ((size_t)n * in * 2 + 255) & ~(size_t)255;
         if (2 * xbytes >= avail / 2) return TERN_ENOMEM;
         tern__cuda_f32_to_bf16(c, scr, scr + xbytes, x, (size_t)n * in);
         xh = scr;
         xl = scr + xbytes;
-        scr += 2 * xbytes;
-        avail -= 2 * xbytes;
+        scr += (2 * xbytes + 255) & ~(size_t)255;
+        avail -= (2 * xbytes + 255) & ~(size_t)255;
+        if (merge) {
+            float *cs = (float *)scr;
+            tern_status st = lt_gemm(c, cs, out, mat, xh, out, 2 * n, in, CUDA_R_16BF, tc, 0.0f);
+            if (!st) tern__cuda_ew(c, TERN__EW_ADD, y, cs, cs + (size_t)n * out, 0, (size_t)n * out);
+            return st;
+        }
         if (w->dtype == TERN_DT_BF16) {
             tern_status st = lt_gemm(c, y, out, mat, xh, out, n, in, CUDA_R_16BF, tc, 0.0f);
             return st ? st : lt_gemm(c, y, out, mat, xl, out, n, in, CUDA_R_16BF, tc, 1.0f);
