@@ -65,10 +65,12 @@ static tern_status load_layer(tern_model *m, tern_weights *ws, int l, g4_layer *
     VEC(L->q_norm, D, "layers.%d.self_attn.q_norm", l);
     VEC(L->layer_scalar, 1, "layers.%d.layer_scalar", l);
     MAT(L->wq, (int64_t)nH * D, H, "layers.%d.self_attn.q_proj", l);
+    L->wq.precise = 1; /* feeds the scale-1 attention logits (gemm.c) */
     MAT(L->wo, H, (int64_t)nH * D, "layers.%d.self_attn.o_proj", l);
     if (!shared) {
         VEC(L->k_norm, D, "layers.%d.self_attn.k_norm", l);
         MAT(L->wk, (int64_t)nKV * D, H, "layers.%d.self_attn.k_proj", l);
+        L->wk.precise = 1;
         if (!lc->k_eq_v) MAT(L->wv, (int64_t)nKV * D, H, "layers.%d.self_attn.v_proj", l);
     } else {
         /* checkpoints keep K/V projections of KV-shared layers; they are unused */
@@ -225,23 +227,22 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         if (qkv) tern__matmul_qkv(m, g->q, g->k, g->v, g->xn, n, &L->wq, &L->wk, &L->wv);
         else op->matmul(be, g->q, g->xn, n, &L->wq);
         op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
-        op->rope(be, g->q, n, nH, D, m->d_pos, inv, ms);
         if (lc->kv_src == l) {
             if (lc->k_eq_v) { /* V = raw K projection */
                 op->matmul(be, g->k, g->xn, n, &L->wk);
                 op->scale(be, g->v, g->k, 1.0f, (size_t)n * nKV * D);
             }
             op->rmsnorm(be, g->k, g->k, n * nKV, D, L->k_norm, eps);
-            op->rope(be, g->k, n, nKV, D, m->d_pos, inv, ms);
             op->rmsnorm(be, g->v, g->v, n * nKV, D, NULL, eps);
-            op->kv_write(be, kvl, &rows, g->k, g->v);
+            tern__rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, inv, ms); /* rope q, k; cache k, v */
+        } else {
+            op->rope(be, g->q, n, nH, D, m->d_pos, inv, ms);
         }
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
         op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
         op->matmul(be, g->o, g->att, n, &L->wo);
         tern_allreduce_sum(be, g->o, (size_t)n * H); /* tensor parallel: sum the ranks' heads */
-        op->rmsnorm(be, g->o, g->o, n, H, L->post_attn_norm, eps);
-        op->add(be, g->x, g->x, g->o, (size_t)n * H);
+        tern__rmsnorm_add(m, g->x, g->o, n, H, L->post_attn_norm, eps, NULL);
 
         /* (b) feed-forward: dense MLP, and in MoE layers the routed experts beside it */
         op->rmsnorm(be, g->xn, g->x, n, H, L->pre_ff_norm, eps);
@@ -258,11 +259,10 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             tern__moe_mlp(m, l, g->m2, g->x2, n, H, g->idx, g->wts, K, &L->egate, &L->eup, &L->edown,
                         TERN_ACT_GELU_TANH, g->moe_scratch);
             tern_allreduce_sum(be, g->m2, (size_t)n * H); /* expert parallel: each rank ran its experts */
-            op->rmsnorm(be, g->m2, g->m2, n, H, L->post_ff2_norm, eps);
-            op->add(be, g->o, g->o, g->m2, (size_t)n * H);
+            tern__rmsnorm_add(m, g->o, g->m2, n, H, L->post_ff2_norm, eps, NULL);
         }
-        op->rmsnorm(be, g->o, g->o, n, H, L->post_ff_norm, eps);
-        op->add(be, g->x, g->x, g->o, (size_t)n * H);
+        /* the layer scalar (h *= layer_scalar) rides on the layer's last residual add */
+        tern__rmsnorm_add(m, g->x, g->o, n, H, L->post_ff_norm, eps, P > 0 ? NULL : L->layer_scalar);
 
         /* (c) per-layer input gate */
         if (P > 0) {
@@ -270,11 +270,8 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             op->copy_cols(be, g->pt, g->ple, n, P, N * P, l * P);
             op->gelu_tanh_mul(be, g->pg, g->pg, g->pt, (size_t)n * P);
             op->matmul(be, g->o, g->pg, n, &L->ple_proj);
-            op->rmsnorm(be, g->o, g->o, n, H, L->post_ple_norm, eps);
-            op->add(be, g->x, g->x, g->o, (size_t)n * H);
+            tern__rmsnorm_add(m, g->x, g->o, n, H, L->post_ple_norm, eps, L->layer_scalar);
         }
-        /* (d) layer scalar on the whole residual stream */
-        op->scale_dev(be, g->x, g->x, L->layer_scalar, (size_t)n * H);
     }
 
     /* logits for the requested rows, a chunk of rows at a time */

@@ -96,6 +96,7 @@ tern_status tern__glm5_load(tern_model *m, tern_weights *ws, tern_error *err) {
         VEC(L->q_a_norm, rq, "layers.%d.self_attn.q_a_layernorm", l);
         MAT(L->q_b, (int64_t)H * dq, rq, "layers.%d.self_attn.q_b_proj", l);
         MAT(L->kv_a, W, D, "layers.%d.self_attn.kv_a_proj_with_mqa", l);
+        L->q_a.precise = L->q_b.precise = L->kv_a.precise = 1; /* feed the attention logits (gemm.c) */
         VEC(L->kv_a_norm, rkv, "layers.%d.self_attn.kv_a_layernorm", l);
         MAT(L->o, D, (int64_t)H * dv, "layers.%d.self_attn.o_proj", l);
         int64_t shk[3] = {H, rkv, dn};
@@ -114,6 +115,7 @@ tern_status tern__glm5_load(tern_model *m, tern_weights *ws, tern_error *err) {
             MAT(L->idx_q, (int64_t)ni * di, rq, "layers.%d.self_attn.indexer.wq_b", l);
             MAT(L->idx_k, di, D, "layers.%d.self_attn.indexer.wk", l);
             MAT(L->idx_w, ni, D, "layers.%d.self_attn.indexer.weights_proj", l);
+            L->idx_q.precise = L->idx_k.precise = L->idx_w.precise = 1;
             VEC(L->idx_norm_w, di, "layers.%d.self_attn.indexer.k_norm", l);
             VEC(L->idx_norm_b, di, "layers.%d.self_attn.indexer.k_norm.bias", l);
         } else {

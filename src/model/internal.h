@@ -172,6 +172,16 @@ static inline int tern__matmul_add(tern_model *m, float *y, const float *x, int 
     const tern_backend_vt *op = m->be->vt;
     return !op->allreduce_sum && op->matmul_add && op->matmul_add(m->be, y, x, n, w);
 }
+/* x = (x + rmsnorm(h)·w) · (s ? s[0] : 1): the post-norm residual add (and Gemma 4's layer scalar) in
+ * one launch when the backend can; h is scratch afterwards */
+static inline void tern__rmsnorm_add(tern_model *m, float *x, float *h, int rows, int d, const float *w, float eps,
+                                     const float *s) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->rmsnorm_add && op->rmsnorm_add(m->be, x, h, rows, d, w, eps, s)) return;
+    op->rmsnorm(m->be, h, h, rows, d, w, eps);
+    op->add(m->be, x, x, h, (size_t)rows * d);
+    if (s) op->scale_dev(m->be, x, x, s, (size_t)rows * d);
+}
 /* rope(q), rope(k) at rows->pos, then kv_write(k, v) */
 static inline void tern__rope_kv_write(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                        float *k, const float *v, int nh, const float *inv_freq, float mscale) {

@@ -274,6 +274,13 @@ typedef struct tern_backend_vt {
      *                  its own slice; dst is only written on rank 0, may be NULL elsewhere). */
     void (*allreduce_add)(tern_backend *be, float *x, float *y, size_t count);
     void (*gather_cols)(tern_backend *be, float *dst, const float *src, int rows, int ld, int c0, int w);
+
+    /* Fused residual norm (appended; optional like the fused decode ops above): for rows r < rows
+     * of d, x[r] = (x[r] + rmsnorm(h[r])·w) · (s ? s[0] : 1) (s: device scalar, the Gemma 4 layer
+     * scalar). h is left as is here; the unfused path (src/model/internal.h tern__rmsnorm_add)
+     * normalises h in place, so h is scratch afterwards either way. Bitwise the separate ops. */
+    int (*rmsnorm_add)(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
+                       const float *s);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -72,6 +72,10 @@ typedef struct tern_tensor {
      * mat_map[e] (its data/scales/biases at mat_map[e] strides). shape[0] stays the logical E.
      * Honoured by the CPU backends everywhere and by CUDA moe_mlp. */
     const int32_t *mat_map;
+    /* (appended) 1: a projection whose outputs feed attention logits (q, k; GLM's q_a/q_b/kv_a and
+     * indexer). The CUDA bf16 mode keeps these f32-accurate (x split in hi + lo) when the others
+     * run plain bf16 (TERN_BF16_SPLIT=attn, src/backend/cuda/gemm.c); 0 everywhere else */
+    int precise;
 } tern_tensor;
 
 /* Name ("F32", "BF16", "Q"...) and element size in bytes (0 for TERN_DT_Q). */

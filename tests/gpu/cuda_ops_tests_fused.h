@@ -1,6 +1,6 @@
 /*
  * cuda_ops_tests_fused.h — the n = 1 GEMV (gemv1) and the fused decode ops (ops.h: matmul_n,
- * matmul_glu, matmul_add, rope_kv_write). The fused ops promise bitwise the result of the
+ * matmul_glu, matmul_add, rope_kv_write, rmsnorm_add). The fused ops promise bitwise the result of the
  * separate ops on the same backend, and one activation row must give bitwise the row of a
  * multi-row call (batch invariance), so these checks compare bits, not tolerances; the
  * separate ops themselves are checked against cpu-ref elsewhere (cuda_matmul_formats). Shapes
@@ -157,7 +157,36 @@ TEST(cuda_fused_rope_kv_write) {
     free(kh); free(q); free(k); free(v); free(inv);
 }
 
+/* rmsnorm_add vs rmsnorm + add (+ scale_dev): bitwise, with and without w and the scalar, at the
+ * norm's three block sizes (d < 256, < 1024, >= 1024) */
+TEST(cuda_fused_rmsnorm_add) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->rmsnorm_add) { SKIP("cuda_fused_rmsnorm_add", "not built"); return; }
+    static const int ds[] = {96, 640, 2816, 5376};
+    const int rows = 5;
+    for (size_t i = 0; i < TERN_ARRAY_LEN(ds); i++)
+        for (int mode = 0; mode < 4; mode++) { /* bit 0: weight, bit 1: device scalar */
+            const int d = ds[i];
+            const size_t cnt = (size_t)rows * d;
+            float *x = rnd(cnt, 3.0f), *h = rnd(cnt, 20.0f), *w = rnd((size_t)d, 1.0f), sc = 0.37f;
+            void *xa = to_gpu(x, cnt * 4), *xb = to_gpu(x, cnt * 4), *ha = to_gpu(h, cnt * 4), *hb = to_gpu(h, cnt * 4);
+            void *wd = to_gpu(w, (size_t)d * 4), *sd = to_gpu(&sc, 4);
+            const float *wp = (mode & 1) ? wd : NULL, *sp = (mode & 2) ? sd : NULL;
+            CHECK(g->vt->rmsnorm_add(g, xa, ha, rows, d, wp, 1e-6f, sp) == 1, "rmsnorm_add refused d %d", d);
+            g->vt->rmsnorm(g, hb, hb, rows, d, wp, 1e-6f);
+            g->vt->add(g, xb, xb, hb, cnt);
+            if (sp) g->vt->scale_dev(g, xb, xb, sp, cnt);
+            float *a = from_gpu(g, xa, cnt), *b = from_gpu(g, xb, cnt), *hh = from_gpu(g, ha, cnt);
+            CHECK(same_bits(a, b, cnt), "rmsnorm_add d %d mode %d differs from rmsnorm + add (+ scale_dev)", d, mode);
+            CHECK(same_bits(hh, h, cnt), "rmsnorm_add d %d wrote h", d);
+            void *bufs[] = {xa, xb, ha, hb, wd, sd};
+            for (size_t k = 0; k < TERN_ARRAY_LEN(bufs); k++) g->vt->free(g, bufs[k]);
+            free(x); free(h); free(w); free(a); free(b); free(hh);
+        }
+}
+
 static void cuda_fused_tests(void) {
+    RUN(cuda_fused_rmsnorm_add);
     RUN(cuda_gemv1_batch_invariant);
     RUN(cuda_fused_matmuls);
     RUN(cuda_fused_rope_kv_write);

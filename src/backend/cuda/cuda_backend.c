@@ -81,6 +81,7 @@ void tern__cuda_wview(const tern_tensor *t, tern__cuda_w *w) {
     w->mat_bytes = mb;
     w->mat_bytes_s = mbs;
     w->blk_rows = tern_tensor_is_fp8_block(t) ? t->blk_rows : 0;
+    w->precise = t->precise;
 }
 
 /* ---- memory ---- */
@@ -228,6 +229,11 @@ static void be_embed(tern_backend *be, float *y, const int32_t *ids, int n, cons
 }
 static void be_rmsnorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps) {
     tern__cuda_rmsnorm(C(be), y, x, rows, d, w, eps);
+}
+static int be_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
+                          const float *s) {
+    tern__cuda_rmsnorm_add(C(be), x, h, rows, d, w, eps, s);
+    return 1;
 }
 static void be_rope(tern_backend *be, float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq,
                     float mscale) {
@@ -396,6 +402,7 @@ static const tern_backend_vt k_cuda_vt = {
     .matmul_add = be_matmul_add,
     .rope_kv_write = be_rope_kv_write,
     .sample = be_sample,
+    .rmsnorm_add = be_rmsnorm_add,
 };
 
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {

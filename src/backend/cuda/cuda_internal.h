@@ -82,6 +82,7 @@ typedef struct tern__cuda_w {
     int nmat;                    /* matrices in the stack (1 for 2-D) */
     const void *data, *scales, *biases; /* matrix 0 */
     size_t mat_bytes, mat_bytes_s;      /* bytes between matrices (tight) */
+    int precise;                 /* tern_tensor.precise */
     int blk_rows;                /* block-scaled FP8 (dtype F8_E4M3, scales != NULL): rows per scale
                                     block; group_size = columns per block; F32 scales
                                     [ceil(out/blk_rows), ceil(in/group_size)] per matrix */
@@ -114,6 +115,7 @@ void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *
 void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, size_t n);
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 int tern__cuda_gemm_merge_max(void); /* gemm.c: rows up to which BF16 weights take one [xh | xl] GEMM */
+int tern__cuda_bf16_split_all(void); /* gemm.c: 0 when TERN_BF16_SPLIT=attn (plain bf16 but for precise weights) */
 /* gemm.c: cuBLASLt C_b (m x n, ld ldc, f32) = A_bᵀ·B_b with A_b (k x m, ld k), B_b (k x n, ld ldb) of
  * type ab; nb = 0 one GEMM (strides unused), nb >= 1 a strided batch (A_b at a + b·sa, B_b at
  * bm + b·sb, C_b at y + b·sc, element offsets); beta 0 or 1; TERN_EDEVICE when no algorithm */
@@ -131,6 +133,8 @@ void tern__cuda_qmma_init(tern__cuda *c); /* at open (from tern__cuda_gemv_init)
 /* norm.cu (norm, rope, elementwise, embed) */
 void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const tern__cuda_w *w, float scale);
 void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps);
+void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps,
+                            const float *s);
 void tern__cuda_rope(tern__cuda *c, float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq,
                      float mscale);
 enum { TERN__EW_ADD, TERN__EW_MUL, TERN__EW_SCALE, TERN__EW_SCALE_DEV, TERN__EW_GELU, TERN__EW_SILU,

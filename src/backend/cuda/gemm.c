@@ -32,6 +32,7 @@
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* C_b (m x n, ld ldc) = A_bᵀ·B_b: A_b (k x m, ld k), B_b (k x n, ld ldb), f32 C. nb = 0: one plain
  * GEMM; nb >= 1: a strided batch of nb (A_b at a + b·sa, B_b at bm + b·sb, C_b at y + b·sc,
@@ -96,6 +97,19 @@ int tern__cuda_gemm_merge_max(void) {
     return v;
 }
 
+/* TERN_BF16_SPLIT: all (default) keeps every bf16-mode GEMM f32-accurate (the split above); attn splits
+ * only the weights flagged precise (tern_tensor.precise: q/k projections) and runs the rest as plain
+ * bf16 GEMMs, x rounded to 2^-8 like every other engine's bf16 mode (half the MMA work for BF16
+ * weights, a third for dequantized ones). Opt-in until its bounds are in the op tests. */
+int tern__cuda_bf16_split_all(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TERN_BF16_SPLIT");
+        v = !(e && !strcmp(e, "attn"));
+    }
+    return v;
+}
+
 static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     const int in = w->in, out = w->out;
     const uint8_t *mat = (const uint8_t *)w->data + (size_t)e * w->mat_bytes;
@@ -105,7 +119,16 @@ static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, con
     uint8_t *scr = (uint8_t *)c->gemm_scratch;
     size_t avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
     const void *xh = x, *xl = NULL;
-    if (bf) { /* activations to a bf16 pair first */
+    const int plain = bf && !w->precise && !tern__cuda_bf16_split_all();
+    if (plain) { /* TERN_BF16_SPLIT=attn: x rounded to bf16 once, W in bf16, one GEMM (f32 accumulation) */
+        const size_t xbytes = ((size_t)n * in * 2 + 255) & ~(size_t)255;
+        if (xbytes >= avail / 2) return TERN_ENOMEM;
+        tern__cuda_f32_to_bf16(c, scr, NULL, x, (size_t)n * in);
+        if (w->dtype == TERN_DT_BF16) return lt_gemm(c, y, out, mat, scr, out, n, in, CUDA_R_16BF, tc, 0.0f);
+        xh = scr;
+        scr += xbytes;
+        avail -= xbytes;
+    } else if (bf) { /* activations to a bf16 pair first */
         /* BF16 weights, few rows: xl right behind xh, so [xh | xl] is one B of 2n columns and the
          * weight is read once (the two-GEMM form reads it twice: at n = 64 the GEMMs are bound by
          * the weight bytes); C = [W·xh | W·xl] goes to scratch and y = the sum of its halves */
@@ -130,17 +153,19 @@ static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, con
             return st ? st : lt_gemm(c, y, out, mat, xl, out, n, in, CUDA_R_16BF, tc, 1.0f);
         }
     }
-    /* expanded weight rows: f32 (4 bytes per element) or a bf16 pair (2 + 2) */
-    size_t rows = (avail - 512) / ((size_t)in * 4);
+    /* expanded weight rows: f32 (4 bytes per element), a bf16 pair (2 + 2) or plain bf16 (2) */
+    size_t rows = (avail - 512) / ((size_t)in * (plain ? 2 : 4));
     if (rows < 64) return TERN_ENOMEM;
     if (rows > (size_t)out) rows = (size_t)out;
     rows &= ~(size_t)15; /* keep chunks multiples of 16 rows for aligned column offsets */
     if (rows == 0) rows = (size_t)out;
     for (int r0 = 0; r0 < out; r0 += (int)rows) {
         const int m = out - r0 < (int)rows ? out - r0 : (int)rows;
-        tern__cuda_dequant(c, scr, bf ? 2 : 0, w, e, r0, m);
+        tern__cuda_dequant(c, scr, plain ? 1 : bf ? 2 : 0, w, e, r0, m);
         tern_status st;
-        if (bf) {
+        if (plain) {
+            st = lt_gemm(c, y + r0, out, scr, xh, m, n, in, CUDA_R_16BF, tc, 0.0f);
+        } else if (bf) {
             const uint8_t *wh = scr, *wl = scr + (((size_t)m * in * 2 + 255) & ~(size_t)255);
             st = lt_gemm(c, y + r0, out, wh, xh, m, n, in, CUDA_R_16BF, tc, 0.0f);
             if (!st) st = lt_gemm(c, y + r0, out, wh, xl, m, n, in, CUDA_R_16BF, tc, 1.0f);

@@ -5,7 +5,8 @@
  *
  * All f32 with the accurate libm-style device functions (sqrtf, tanhf, expf, sincosf: no
  * --use_fast_math, no rsqrtf/__expf), so results match the scalar reference to a few ulp.
- * RMSNorm: one block per row, sum of squares reduced in f32 through shared memory.
+ * RMSNorm: one block per row, sum of squares reduced in f32 through shared memory; rmsnorm_add is
+ * the same kernel adding the normalised row into the residual (and scaling it by a device scalar).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -31,7 +32,10 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
     tern__cuda_check(c, "embed");
 }
 
-__global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, float eps) {
+/* ADD: y = (y + x·inv·w) · (s ? s[0] : 1) (rmsnorm_add), with explicit rounding so that no FMA
+ * contraction makes it differ from rmsnorm + add + scale_dev */
+template <bool ADD>
+__global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, float eps, const float *s) {
     pdl_start();
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * d;
@@ -48,7 +52,15 @@ __global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, 
     }
     __syncthreads();
     const float inv = 1.0f / sqrtf(red[0] / (float)d + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = w ? xr[j] * inv * w[j] : xr[j] * inv;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const float v = w ? xr[j] * inv * w[j] : xr[j] * inv;
+        if constexpr (ADD) {
+            const float t = __fadd_rn(yr[j], v);
+            yr[j] = s ? __fmul_rn(t, s[0]) : t;
+        } else {
+            yr[j] = v;
+        }
+    }
 }
 
 extern "C" void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w,
@@ -56,8 +68,17 @@ extern "C" void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int 
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
     const int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 128;
-    tern_launch(c->stream, rmsnorm_kernel, rows, threads, 0, y, x, d, w, eps);
+    tern_launch(c->stream, rmsnorm_kernel<false>, rows, threads, 0, y, x, d, w, eps, (const float *)NULL);
     tern__cuda_check(c, "rmsnorm");
+}
+
+extern "C" void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w,
+                                       float eps, const float *s) {
+    if (rows <= 0 || d <= 0) return;
+    cudaSetDevice(c->device);
+    const int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 128; /* = rmsnorm's: same reduction order */
+    tern_launch(c->stream, rmsnorm_kernel<true>, rows, threads, 0, y, x, d, w, eps, s);
+    tern__cuda_check(c, "rmsnorm_add");
 }
 
 __global__ void rope_kernel(float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq,

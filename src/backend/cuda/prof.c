@@ -1,7 +1,7 @@
 /*
  * prof.c — which vtable a CUDA backend gets, and the per-op profiler (TERN_CUDA_PROFILE=1).
  *
- * TERN_CUDA_FUSED=0: the fused decode ops (matmul_n, matmul_glu, matmul_add, rope_kv_write)
+ * TERN_CUDA_FUSED=0: the fused decode ops (matmul_n, matmul_glu, matmul_add, rope_kv_write, rmsnorm_add)
  * are left out, so models run the separate ops (before/after comparisons in one build).
  *
  * TERN_CUDA_PROFILE=1: every op is wrapped so that it records a CUDA event before and after
@@ -139,6 +139,13 @@ static int p_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern
     end(be, r ? "rope_kv_write" : "(rope_kv_write refused)");
     return r;
 }
+static int p_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
+                         const float *sc) {
+    begin(be);
+    int r = g_base->rmsnorm_add(be, x, h, rows, d, w, eps, sc);
+    end(be, "rmsnorm_add");
+    return r;
+}
 static void p_download(tern_backend *be, void *dst, const void *src, size_t bytes) {
     begin(be);
     g_base->download(be, dst, src, bytes);
@@ -157,7 +164,7 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
     if (prof && g_prof) return base; /* one profiled backend per process */
     g_vt = *base;
     g_base = base;
-    if (nofuse) g_vt.matmul_n = NULL, g_vt.matmul_glu = NULL, g_vt.matmul_add = NULL, g_vt.rope_kv_write = NULL;
+    if (nofuse) g_vt.matmul_n = NULL, g_vt.matmul_glu = NULL, g_vt.matmul_add = NULL, g_vt.rope_kv_write = NULL, g_vt.rmsnorm_add = NULL;
     if (prof) {
         for (int i = 0; i < PROF_EV; i++)
             if (cudaEventCreate(&g_ev[i]) != cudaSuccess) return cudaGetLastError(), base;
@@ -167,7 +174,7 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
         SET(rmsnorm); SET(rope); SET(kv_write); SET(attention); SET(add); SET(mul); SET(scale); SET(scale_dev);
         SET(gelu_tanh_mul); SET(silu_mul); SET(softcap); SET(add_bias); SET(copy_cols); SET(embed);
         SET(route_topk); SET(moe_mlp); SET(matmul); SET(matmul_expert); SET(matmul_n); SET(matmul_glu);
-        SET(matmul_add); SET(rope_kv_write); SET(download); SET(sync);
+        SET(matmul_add); SET(rope_kv_write); SET(rmsnorm_add); SET(download); SET(sync);
 #undef SET
     }
     return &g_vt;
