@@ -101,13 +101,13 @@ int tern__cuda_gemm_merge_max(void) {
  * only the weights flagged precise (tern_tensor.precise: q/k projections) and runs the rest as plain
  * bf16 GEMMs, x rounded to 2^-8 like every other engine's bf16 mode (half the MMA work for BF16
  * weights, a third for dequantized ones). Opt-in until its bounds are in the op tests. */
+int tern__cuda_bf16_split = -1; /* -1: from the environment; 1 all, 0 attn (tests set it) */
 int tern__cuda_bf16_split_all(void) {
-    static int v = -1;
-    if (v < 0) {
+    if (tern__cuda_bf16_split < 0) {
         const char *e = getenv("TERN_BF16_SPLIT");
-        v = !(e && !strcmp(e, "attn"));
+        tern__cuda_bf16_split = !(e && !strcmp(e, "attn"));
     }
-    return v;
+    return tern__cuda_bf16_split;
 }
 
 static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
