@@ -232,6 +232,12 @@ static void be_rmsnorm(tern_backend *be, float *y, const float *x, int rows, int
 }
 static int be_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
                           const float *s) {
+    static int on = -1; /* TERN_CUDA_NORM_ADD=0: the separate ops (A/B) */
+    if (on < 0) {
+        const char *v = getenv("TERN_CUDA_NORM_ADD");
+        on = !(v && v[0] == '0');
+    }
+    if (!on) return 0;
     tern__cuda_rmsnorm_add(C(be), x, h, rows, d, w, eps, s);
     return 1;
 }
