@@ -3,8 +3,8 @@
  * tokens/s, reported against the floor: bytes one decode step reads (weights + the KV cache at the
  * mean decode context, sliding layers at their window) over the memory read bandwidth measured
  * right before and after each timed run (this machine's bandwidth moves). On a GPU the probe is the
- * backend's own copy rate (a 512 MiB y = 1·x pass, bytes read plus written, best of 3 timed rounds),
- * the issue-4 definition of the floor's bandwidth; --bw GB/s overrides it.
+ * backend's device-to-device copy rate (vt->copy_rate: 512 MiB copies, bytes read plus written, best
+ * of 3 timed rounds), the issue-4 definition of the floor's bandwidth; --bw GB/s overrides it.
  * Several prompt lengths run on one loaded model. Prints a table and one CSV line per run (prefix
  * "csv,"; the last field is the KV MB of the floor).
  */
@@ -18,29 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* device copy rate in GB/s (read + written): 512 MiB scaled by 1 into a second buffer, 8 passes per
- * round between two syncs, best of 3 rounds; 0 when the buffers cannot be had */
-static double device_probe(tern_backend *be) {
-    const size_t n = (size_t)128 << 20; /* floats: 512 MiB per buffer */
-    float *a = be->vt->alloc(be, n * sizeof(float)), *b = a ? be->vt->alloc(be, n * sizeof(float)) : NULL;
-    double best = 0;
-    if (a && b) {
-        be->vt->scale(be, b, a, 1.0f, n); /* warm-up (contents do not matter) */
-        be->vt->sync(be);
-        for (int round = 0; round < 3; round++) {
-            double t0 = tern_time_s();
-            for (int k = 0; k < 8; k++) be->vt->scale(be, (k & 1) ? a : b, (k & 1) ? b : a, 1.0f, n);
-            be->vt->sync(be);
-            double dt = tern_time_s() - t0, gbs = dt > 0 ? 8.0 * 2 * n * sizeof(float) / dt / 1e9 : 0;
-            if (gbs > best) best = gbs;
-        }
-    }
-    if (be->vt->free) { be->vt->free(be, a); be->vt->free(be, b); }
-    return best;
-}
-
 static double probe(int on_cpu, tern_backend *be) {
-    return on_cpu ? tern_cpu_membw_probe((size_t)1 << 30) : device_probe(be);
+    if (on_cpu) return tern_cpu_membw_probe((size_t)1 << 30);
+    return be && be->vt->copy_rate ? be->vt->copy_rate(be, (size_t)512 << 20) : 0.0;
 }
 
 int tern_cmd_bench(int argc, char **argv) {

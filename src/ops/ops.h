@@ -281,6 +281,11 @@ typedef struct tern_backend_vt {
      * normalises h in place, so h is scratch afterwards either way. Bitwise the separate ops. */
     int (*rmsnorm_add)(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
                        const float *s);
+
+    /* (appended, optional) the device's copy rate in GB/s, bytes read plus written (device-to-device
+     * copies of `bytes`, best of a few timed rounds): the bandwidth of tern bench's floor. 0 when it
+     * cannot be measured (no memory for the buffers). */
+    double (*copy_rate)(tern_backend *be, size_t bytes);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

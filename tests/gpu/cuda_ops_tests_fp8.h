@@ -81,6 +81,13 @@ TEST(cuda_matmul_fp8_experts) {
     g_ref->vt->embed(g_ref, yr, ids, 4, &tr, 1.0f);
     g_gpu->vt->embed(g_gpu, yd, idd, 4, &tg, 1.0f);
     float *yg = from_gpu(g_gpu, yd, 4 * 256);
+    for (int i = 0; i < 4 * 256; i++)
+        if (memcmp(yg + i, yr + i, sizeof *yr)) { /* the first differing element, for the log */
+            const int r = i / 256, j = i % 256, id = ids[r];
+            printf("  fp8 embed: row %d (id %d) col %d: cuda %a ref %a code 0x%02x\n", r, id, j, yg[i], yr[i],
+                   id >= 0 && id < 50 ? ((const uint8_t *)em.data)[(size_t)id * 256 + j] : 0);
+            break;
+        }
     CHECK(!memcmp(yg, yr, 4 * 256 * sizeof *yr), "fp8 embed differs from the reference");
     g_gpu->vt->free_weight(g_gpu, &tg);
     g_gpu->vt->free(g_gpu, idd); g_gpu->vt->free(g_gpu, yd);

@@ -230,6 +230,34 @@ static void be_embed(tern_backend *be, float *y, const int32_t *ids, int n, cons
 static void be_rmsnorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps) {
     tern__cuda_rmsnorm(C(be), y, x, rows, d, w, eps);
 }
+static double be_copy_rate(tern_backend *be, size_t bytes) {
+    tern__cuda *c = C(be);
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double best = 0;
+    cudaSetDevice(c->device);
+    if (cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess &&
+        cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c->stream); /* warm-up */
+        for (int round = 0; round < 3; round++) {
+            cudaEventRecord(e0, c->stream);
+            for (int k = 0; k < 8; k++)
+                cudaMemcpyAsync((k & 1) ? a : b, (k & 1) ? b : a, bytes, cudaMemcpyDeviceToDevice, c->stream);
+            cudaEventRecord(e1, c->stream);
+            float ms = 0;
+            if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0) {
+                const double gbs = 8.0 * 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
+                if (gbs > best) best = gbs;
+            }
+        }
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    cudaGetLastError();
+    return best;
+}
 static int be_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
                           const float *s) {
     static int on = -1; /* TERN_CUDA_NORM_ADD=0: the separate ops (A/B) */
@@ -409,6 +437,7 @@ static const tern_backend_vt k_cuda_vt = {
     .rope_kv_write = be_rope_kv_write,
     .sample = be_sample,
     .rmsnorm_add = be_rmsnorm_add,
+    .copy_rate = be_copy_rate,
 };
 
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {

@@ -184,6 +184,14 @@ void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, const float 
 void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                         const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                         const tern__cuda_w *down, int act, float *scratch);
+/* gemv.cu: the gate/up/act step of moe_mlp in one launch: h[p][0:I] (row p at h + p*hstride) =
+ * act(gate_e · x_t) * (up_e · x_t) for the pairs p = t*k + j, e = idx[p], t < n (e out of range:
+ * act(0)*0); bitwise what gemv_expert (gate, up) + moe_act give. Returns 1 when it ran, 0 when the
+ * format or shape is not served (gate/up formats differ, rows not chunk-aligned, in > 16384). */
+int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const float *x, int n, const int32_t *idx, int k,
+                          const tern__cuda_w *gate, const tern__cuda_w *up, int act);
+/* moe.cu: calls of moe_mlp that took tern__cuda_moe_gateup (TERN_CUDA_MOE_FUSED=0: never) */
+extern unsigned long long tern__cuda_moe_fused_calls;
 /* moe.cu: h[p][0:I] = act(h[p][0:I]) * h[p][I:2I] for rows p < np of a [np][2I] scratch */
 void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int act);
 /* moe_gemm.cu: moe_mlp through the sorted, grouped expert GEMM (bf16 mode, many pairs; uses

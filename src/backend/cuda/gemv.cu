@@ -29,6 +29,8 @@
  * pair or a row whose k expert terms are summed with router weights (down projection), so no
  * atomics and the result does not depend on the batch. Shapes whose rows are not chunk-aligned
  * take a simple warp-per-row kernel with the generic element decoder (the spec's rule).
+ * moe_gateup_kernel fuses an MoE layer's gate, up and act(gate)·up (x staged once per token
+ * and row tile, a warp per (pair, row) computing both products), bitwise the separate path.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -579,6 +581,223 @@ extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, in
     return 1;
 }
 
+/* ---- MoE gate/up/act of routed pairs in one launch: moe_gateup_kernel ----
+ * A block (8 warps) owns one token t and a tile of rt rows: it stages x_t in shared memory once
+ * (gemv1's swizzled layout), so the k pairs of the token and the rt rows all share one read of
+ * x. The k·rt items (pair j, row o) go to the warps round-robin; a warp computes row o of
+ * gate_e and of up_e (e = idx[t·k + j]) with U chunks of both rows in flight per lane, and
+ * lane 0 writes act(g)·u to h[t·k + j][o]. A warp's first loads are issued before x is
+ * staged. Per row the f32 operations are those of gemv_kernel<KIND, 1> in expert mode (lane l:
+ * chunks l, l+32, ... in order, per chunk s·Σq·x + b·Σx; its term sum fmaf(1, acc, 0); the same
+ * warp_sum), and act(g)·u is moe_act's expression, so h is bitwise the 3-kernel path's. */
+struct MoeGuArgs {
+    const uint8_t *data[2], *scales[2], *biases[2]; /* gate, up: matrix 0 of each stack */
+    size_t mat_bytes[2], mat_bytes_s[2];
+    int I, in, gs, gs_shift, sdtype, br, ncs, nmat, k, rt, act, hstride;
+    const int32_t *idx; /* [n][k] expert ids */
+    const float *x;     /* [n][in] */
+    float *h;           /* pair p's row at h + p * hstride */
+};
+
+template <int KIND, int U> __global__ void __launch_bounds__(256) moe_gateup_kernel(MoeGuArgs a) {
+    pdl_start();
+    using K = Kind<KIND>;
+    constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
+    extern __shared__ float4 xs1[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
+    const int nch = a.in / CH, ng = K::Q ? a.in >> a.gs_shift : 0, items = a.k * a.rt;
+    const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
+    uint32_t wd[U][2][W];
+    float s[U][2], b[U][2];
+    const uint8_t *rowp[2], *sp[2], *bp[2];
+    int o = 0, p = 0, st = 0; /* st: 0 no row, 1 expert id out of range (h = act(0)·0), 2 compute */
+    auto setup = [&](int it) {
+        o = blockIdx.x * a.rt + it % a.rt;
+        p = t * a.k + it / a.rt;
+        st = 0;
+        if (o >= a.I) return;
+        const int e = a.idx[p];
+        st = e >= 0 && e < a.nmat ? 2 : 1;
+        if (st == 1) return;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            rowp[r] = a.data[r] + (size_t)e * a.mat_bytes[r] + (size_t)o * rb;
+            sp[r] = a.scales[r] + (size_t)e * a.mat_bytes_s[r];
+            bp[r] = a.biases[r] + (size_t)e * a.mat_bytes_s[r];
+        }
+    };
+    auto load = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * 32 + lane;
+            if (c < nch) {
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    load_chunk<KIND>(rowp[r], c, wd[u][r]);
+                    if constexpr (K::Q) {
+                        const size_t gi = (size_t)o * ng + ((c * 32) >> a.gs_shift);
+                        s[u][r] = load_s(sp[r], a.sdtype, gi);
+                        b[u][r] = load_s(bp[r], a.sdtype, gi);
+                    } else if constexpr (K::F8) {
+                        s[u][r] = ((const float *)sp[r])[(size_t)(o / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
+                    }
+                }
+            }
+        }
+    };
+    if (warp < items) {
+        setup(warp);
+        if (st == 2) load(0);
+    }
+    const float4 *xt = (const float4 *)(a.x + (size_t)t * a.in);
+    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg(xt + f);
+    __syncthreads();
+    for (int it = warp; it < items; it += 8) {
+        if (it != warp) {
+            setup(it);
+            if (st == 2) load(0);
+        }
+        if (st == 0) continue;
+        float acc[2] = {0.0f, 0.0f};
+        for (int c0 = 0; st == 2 && c0 < nch; c0 += 32 * U) {
+            if (c0) load(c0);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + u * 32 + lane;
+                if (c >= nch) continue;
+                float qa[2], xsum = 0.0f;
+                chunk_dot<KIND, 2, C4, K::Q>(wd[u], [&](int k4) { return xs1[g1swz(c * C4 + k4, C4)]; }, qa, xsum);
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    if constexpr (K::Q) acc[r] += fmaf(s[u][r], qa[r], b[u][r] * xsum);
+                    else if constexpr (K::F8) acc[r] = fmaf(s[u][r], qa[r], acc[r]);
+                    else acc[r] += qa[r];
+                }
+            }
+        }
+        const float g = warp_sum(fmaf(1.0f, acc[0], 0.0f)), v = warp_sum(fmaf(1.0f, acc[1], 0.0f));
+        if (lane == 0) a.h[(size_t)p * a.hstride + o] = (a.act == TERN_ACT_SILU ? silu(g) : gelu_tanh(g)) * v;
+    }
+}
+
+template <int KIND> static void gu_go(cudaStream_t st, dim3 grid, const MoeGuArgs &a) {
+    tern_launch(st, moe_gateup_kernel<KIND, G1_U>, grid, 256, (size_t)a.in * sizeof(float), a);
+}
+
+template <int KIND> static void gu_allow() {
+    cudaFuncSetAttribute(moe_gateup_kernel<KIND, G1_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)(G1_MAX_IN * sizeof(float)));
+}
+
+/* Resident blocks per SM of moe_gateup_kernel<KIND> (occupancy query, cached per kind and width) */
+template <int KIND> static int gu_blocks_per_sm(int in) {
+    static int nb, nb_in = -1;
+    if (nb_in != in) {
+        int v = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, moe_gateup_kernel<KIND, G1_U>, 256,
+                                                          (size_t)in * sizeof(float)) != cudaSuccess || v < 1) {
+            cudaGetLastError();
+            v = 1;
+        }
+        nb = v;
+        nb_in = in;
+    }
+    return nb;
+}
+
+static int gu_occupancy(int kind, int in) {
+    switch (kind) {
+    case 2: return gu_blocks_per_sm<2>(in);
+    case 3: return gu_blocks_per_sm<3>(in);
+    case 4: return gu_blocks_per_sm<4>(in);
+    case 5: return gu_blocks_per_sm<5>(in);
+    case 6: return gu_blocks_per_sm<6>(in);
+    case 8: return gu_blocks_per_sm<8>(in);
+    case 9: return gu_blocks_per_sm<9>(in);
+    case 16: return gu_blocks_per_sm<16>(in);
+    case 17: return gu_blocks_per_sm<17>(in);
+    default: return gu_blocks_per_sm<32>(in);
+    }
+}
+
+/* Rows per block tile: at least one item per warp (k·rt >= 8), and enough that the grid fits in
+ * one wave of resident blocks (fewer x stagings per weight byte, no tail wave), at most 16;
+ * TERN_CUDA_MOE_RT=N forces N (1..64). n = 1, gemma4-26b-a4b (I 704, k 8), 2 blocks/SM on 132
+ * SMs: rt 3, 235 blocks of 24 items. */
+static int gu_rows(const tern__cuda *c, int kind, int n, int I, int in, int k) {
+    const char *e = getenv("TERN_CUDA_MOE_RT");
+    const int force = e ? atoi(e) : 0;
+    if (force >= 1) return force < 64 ? force : 64;
+    const long slots = (long)gu_occupancy(kind, in) * (c->n_sm > 0 ? c->n_sm : 1);
+    long rt = ((long)n * I + slots - 1) / slots;
+    if (rt * k < 8) rt = (8 + k - 1) / k;
+    return rt < 16 ? (int)rt : 16;
+}
+
+extern "C" int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const float *x, int n,
+                                     const int32_t *idx, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
+                                     int act) {
+    const tern__cuda_w *g = gate, *u = up;
+    if (n <= 0 || k <= 0) return 1;
+    if (g->dtype != u->dtype || g->bits != u->bits || g->group_size != u->group_size || g->sdtype != u->sdtype ||
+        g->blk_rows != u->blk_rows || g->in != u->in || g->out != u->out || g->nmat != u->nmat)
+        return 0;
+    const tern_dtype dt = g->dtype;
+    if (dt != TERN_DT_Q && dt != TERN_DT_F8_E4M3 && dt != TERN_DT_F16 && dt != TERN_DT_BF16 && dt != TERN_DT_F32)
+        return 0;
+    if (dt == TERN_DT_Q && (g->bits < 2 || g->bits > 8 || g->bits == 7 ||
+                            (g->group_size != 32 && g->group_size != 64 && g->group_size != 128)))
+        return 0;
+    if (dt == TERN_DT_F8_E4M3 && (!g->scales || !g->blk_rows || g->group_size % 32)) return 0;
+    const int kind = kind_of(g);
+    if (g->in <= 0 || g->in % chunk_of(kind) || g->in > G1_MAX_IN || g->out <= 0 || ((uintptr_t)x & 15)) return 0;
+    MoeGuArgs a = {};
+    const tern__cuda_w *w[2] = {g, u};
+    for (int r = 0; r < 2; r++) {
+        a.data[r] = (const uint8_t *)w[r]->data;
+        a.scales[r] = (const uint8_t *)w[r]->scales;
+        a.biases[r] = (const uint8_t *)w[r]->biases;
+        a.mat_bytes[r] = w[r]->mat_bytes;
+        a.mat_bytes_s[r] = w[r]->mat_bytes_s;
+    }
+    a.I = g->out;
+    a.in = g->in;
+    a.gs = g->group_size;
+    a.gs_shift = g->group_size == 32 ? 5 : g->group_size == 64 ? 6 : 7;
+    a.sdtype = g->sdtype;
+    a.br = dt == TERN_DT_F8_E4M3 ? g->blk_rows : 0;
+    a.ncs = a.br ? (g->in + g->group_size - 1) / g->group_size : 0;
+    a.nmat = g->nmat;
+    a.k = k;
+    cudaSetDevice(c->device);
+    a.rt = gu_rows(c, kind, n, a.I, a.in, k);
+    a.act = act;
+    a.hstride = hstride;
+    const dim3 blk0((unsigned)((a.I + a.rt - 1) / a.rt));
+    for (int t0 = 0; t0 < n; t0 += 65535) { /* grid.y limit */
+        const int m = n - t0 < 65535 ? n - t0 : 65535;
+        MoeGuArgs b = a;
+        b.idx = idx + (size_t)t0 * k;
+        b.x = x + (size_t)t0 * g->in;
+        b.h = h + (size_t)t0 * k * hstride;
+        const dim3 grid(blk0.x, (unsigned)m);
+        switch (kind) {
+        case 2: gu_go<2>(c->stream, grid, b); break;
+        case 3: gu_go<3>(c->stream, grid, b); break;
+        case 4: gu_go<4>(c->stream, grid, b); break;
+        case 5: gu_go<5>(c->stream, grid, b); break;
+        case 6: gu_go<6>(c->stream, grid, b); break;
+        case 8: gu_go<8>(c->stream, grid, b); break;
+        case 9: gu_go<9>(c->stream, grid, b); break;
+        case 16: gu_go<16>(c->stream, grid, b); break;
+        case 17: gu_go<17>(c->stream, grid, b); break;
+        default: gu_go<32>(c->stream, grid, b); break;
+        }
+    }
+    tern__cuda_check(c, "moe gate/up");
+    return 1;
+}
+
 /* rows per block and shared bytes of gemv_kernel<KIND, NX> (host mirror of Rows/Kind) */
 static int rows_of(int kind, int nx) { return (kind <= 8 && nx <= 4) ? 4 : 2; }
 static size_t smem_of(int kind, int nx) { return nx > 1 ? (size_t)nx * 32 * chunk_of(kind) * sizeof(float) : 0; }
@@ -608,6 +827,8 @@ extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     allow_smem<9>(); allow_smem<16>(); allow_smem<17>(); allow_smem<32>();
     g1_allow<2>(); g1_allow<3>(); g1_allow<4>(); g1_allow<5>(); g1_allow<6>(); g1_allow<8>();
     g1_allow<9>(); g1_allow<16>(); g1_allow<17>(); g1_allow<32>();
+    gu_allow<2>(); gu_allow<3>(); gu_allow<4>(); gu_allow<5>(); gu_allow<6>(); gu_allow<8>();
+    gu_allow<9>(); gu_allow<16>(); gu_allow<17>(); gu_allow<32>();
     tern__cuda_qmma_init(c);
     tern__cuda_gemv_mma_init(c);
     cudaGetLastError();

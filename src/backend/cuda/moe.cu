@@ -11,6 +11,9 @@
  *   1. h_gate[p] = gate_{e_p} · x_{p/k},  h_up[p] = up_{e_p} · x_{p/k}     (p < n·k pairs)
  *   2. h[p] = act(h_gate[p]) * h_up[p]                        (in scratch, [n·k][2I])
  *   3. y[r] = Σ_j wts[r][j] · down_{e_rj} · h[r·k + j]        (summed in-kernel: no atomics)
+ * Steps 1-2 are one launch (gemv.cu's moe_gateup_kernel: x of a token staged once per block,
+ * a warp computes row o of gate and up together) with the same bits; TERN_CUDA_MOE_FUSED=0, or
+ * a format it does not serve, runs them as three launches (tern__cuda_moe_fused_calls counts).
  * Deterministic and batch-invariant. In the bf16 mode, from TERN_MOE_GROUPED_MIN routed pairs on,
  * moe_gemm.cu takes the call instead: pairs sorted by expert and one grouped tensor-core GEMM per
  * projection, reading each expert once per tile of pairs (prefill, batched decode).
@@ -19,6 +22,7 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 
 __global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int n, int E, int k,
                              const float *pes) {
@@ -117,6 +121,8 @@ extern "C" void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int a
     tern__cuda_check(c, "moe act");
 }
 
+unsigned long long tern__cuda_moe_fused_calls = 0;
+
 extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                                    const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                                    const tern__cuda_w *down, int act, float *scratch) {
@@ -129,8 +135,13 @@ extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int 
     }
     cudaSetDevice(c->device);
     if (tern__cuda_moe_grouped(c, y, x, n, H, idx, wts, k, gate, up, down, act, scratch)) return;
-    tern__cuda_gemv_expert(c, scratch, 2 * I, x, k, np, idx, NULL, 1, gate, E, H);
-    tern__cuda_gemv_expert(c, scratch + I, 2 * I, x, k, np, idx, NULL, 1, up, up->nmat, H);
-    tern__cuda_moe_act(c, scratch, np, I, act);
+    const char *fe = getenv("TERN_CUDA_MOE_FUSED");
+    if (!(fe && fe[0] == '0') && tern__cuda_moe_gateup(c, scratch, 2 * I, x, n, idx, k, gate, up, act)) {
+        tern__cuda_moe_fused_calls++;
+    } else {
+        tern__cuda_gemv_expert(c, scratch, 2 * I, x, k, np, idx, NULL, 1, gate, E, H);
+        tern__cuda_gemv_expert(c, scratch + I, 2 * I, x, k, np, idx, NULL, 1, up, up->nmat, H);
+        tern__cuda_moe_act(c, scratch, np, I, act);
+    }
     tern__cuda_gemv_expert(c, y, H, scratch, 1, n, idx, wts, k, down, down->nmat, 2 * I);
 }
