@@ -1,0 +1,443 @@
+/*
+ * gemv1.cu — one activation row through every chunked weight format (gemv1_kernel: x staged once per
+ * block, q|k|v, act(gate)·up and residual modes; the fused decode ops of ops.h), and the fused MoE
+ * gate/up/act of routed pairs (moe_gateup_kernel). Both run gemv.cu's per-chunk f32 operations
+ * (gemv_chunk.cuh) in the same order, so their rows are bitwise those of the multi-row and expert
+ * kernels. Split out of gemv.cu; the design notes of each kernel sit above it.
+ */
+#include "backend/cuda/gemv_chunk.cuh"
+
+#include <stdlib.h>
+/* ---- one activation row, every chunked format: gemv1_kernel ----
+ * The block (8 warps) stages the whole activation row in shared memory once (float4 F of x at
+ * F ^ ((F >> 3) & (C4 - 1)): a warp reading float4 k4 of 32 consecutive chunks hits every bank
+ * pair once per 8 lanes, for 8-, 4- and 2-float4 chunks alike), then each warp streams R rows
+ * with U chunks per lane in flight (a 4096-wide q4 row is one round of loads). Lane l handles
+ * chunks l, l+32, ... in order with the same f32 operations as gemv_kernel<KIND, 1>, so the
+ * result is bitwise that of the multi-row kernels (batch invariance holds). Rows come from up
+ * to three matrices sharing `in` and the format (q|k|v in one launch); pair modes give a warp
+ * row o of matrix 0 and of matrix 1 and write act(g)·u (gate/up); RES adds the old y[o]. */
+#define G1_MAX_IN 16384 /* floats of x staged (64 KB of shared memory) */
+
+struct Gemv1Args {
+    const uint8_t *data[3], *scales[3], *biases[3];
+    float *y[3];
+    int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2], pair = out[0] */
+    int in, gs, gs_shift, sdtype, br, ncs, mode;
+    const float *x;
+};
+
+__device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
+
+template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
+    pdl_start();
+    using K = Kind<KIND>;
+    constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
+    extern __shared__ float4 xs1[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
+    const int g0 = (blockIdx.x * 8 + warp) * (pair ? 1 : R);
+    const int nch = a.in / CH, ng = K::Q ? a.in >> a.gs_shift : 0;
+    const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
+    int mrow[R], orow[R];
+    bool live[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        int g = pair ? g0 : g0 + r, m = pair ? r : 0;
+        live[r] = g < a.rows;
+        if (!live[r]) g = 0; /* clamp: recompute row 0, never written */
+        if (!pair)
+            while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
+        mrow[r] = m;
+        orow[r] = g;
+    }
+    const uint8_t *rowp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rowp[r] = a.data[mrow[r]] + (size_t)orow[r] * rb;
+    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)a.x + f);
+    __syncthreads();
+    if (!live[0]) return;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int c0 = 0; c0 < nch; c0 += 32 * U) {
+        uint32_t wd[U][R][W];
+        float s[U][R], b[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * 32 + lane;
+            if (c < nch) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    load_chunk<KIND>(rowp[r], c, wd[u][r]);
+                    if constexpr (K::Q) {
+                        const size_t gi = (size_t)orow[r] * ng + ((c * 32) >> a.gs_shift);
+                        s[u][r] = load_s(a.scales[mrow[r]], a.sdtype, gi);
+                        b[u][r] = load_s(a.biases[mrow[r]], a.sdtype, gi);
+                    } else if constexpr (K::F8) {
+                        s[u][r] = ((const float *)a.scales[mrow[r]])[(size_t)(orow[r] / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * 32 + lane;
+            if (c >= nch) continue;
+            float qa[R], xsum = 0.0f;
+            chunk_dot<KIND, R, C4, K::Q>(wd[u], [&](int k4) { return xs1[g1swz(c * C4 + k4, C4)]; }, qa, xsum);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if constexpr (K::Q) acc[r] += fmaf(s[u][r], qa[r], b[u][r] * xsum);
+                else if constexpr (K::F8) acc[r] = fmaf(s[u][r], qa[r], acc[r]);
+                else acc[r] += qa[r];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+    if (lane) return;
+    if (pair) {
+        const float gv = acc[0];
+        a.y[0][orow[0]] = (a.mode == G1_SILU ? silu(gv) : gelu_tanh(gv)) * acc[1]; /* as ew_kernel */
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (!live[r]) break;
+        float *yp = a.y[mrow[r]] + orow[r];
+        *yp = a.mode == G1_RES ? *yp + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
+    }
+}
+
+/* Rows per warp and chunks in flight per lane: pair modes need R = 2; U = 4 keeps a whole
+ * 4096-wide q4 row (128 chunks) in flight in one round. */
+#define G1_R 2
+#define G1_U 4
+
+template <int KIND> static void g1_go(cudaStream_t st, const Gemv1Args &a) {
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
+    const int rpb = 8 * (pair ? 1 : G1_R);
+    const unsigned blocks = (unsigned)((a.rows + rpb - 1) / rpb);
+    const size_t smem = (size_t)a.in * sizeof(float);
+    tern_launch(st, gemv1_kernel<KIND, G1_R, G1_U>, blocks, 256, smem, a);
+}
+
+template <int KIND> static void g1_allow() {
+    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)(G1_MAX_IN * sizeof(float)));
+}
+
+/* TERN_CUDA_GEMV1=0 in the environment keeps the older n = 1 kernels (for comparisons). */
+extern "C" int tern__cuda_gemv1_on;
+int tern__cuda_gemv1_on = -1;
+static bool g1_enabled() {
+    if (tern__cuda_gemv1_on < 0) {
+        const char *e = getenv("TERN_CUDA_GEMV1");
+        tern__cuda_gemv1_on = !(e && e[0] == '0');
+    }
+    return tern__cuda_gemv1_on != 0;
+}
+
+/* Can matrices w[0..k) (2-D views, matrix index e) run through gemv1 for one row x? */
+bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
+    if (!g1_enabled() || k < 1 || k > 3 || ((uintptr_t)x & 15)) return false;
+    const tern__cuda_w *w0 = w[0];
+    const int kind = kind_of(w0), ch = chunk_of(kind);
+    if (w0->in % ch || w0->in > G1_MAX_IN || w0->in <= 0) return false;
+    if (kind == 9 && (!w0->blk_rows || w0->group_size % 32)) return false;
+    for (int i = 1; i < k; i++)
+        if (w[i]->dtype != w0->dtype || w[i]->in != w0->in || w[i]->bits != w0->bits ||
+            w[i]->group_size != w0->group_size || w[i]->sdtype != w0->sdtype || w[i]->blk_rows != w0->blk_rows)
+            return false;
+    return true;
+}
+
+void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
+                          const float *x, int mode) {
+    Gemv1Args a = {};
+    const tern__cuda_w *w0 = w[0];
+    a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
+    a.nm = k;
+    if (mode == G1_SILU || mode == G1_GELU) a.rows = w0->out;
+    a.in = w0->in;
+    a.gs = w0->group_size;
+    a.gs_shift = w0->group_size == 32 ? 5 : w0->group_size == 64 ? 6 : 7;
+    a.sdtype = w0->sdtype;
+    a.br = w0->dtype == TERN_DT_F8_E4M3 ? w0->blk_rows : 0;
+    a.ncs = a.br ? (w0->in + w0->group_size - 1) / w0->group_size : 0;
+    a.mode = mode;
+    a.x = x;
+    if (a.rows <= 0) return;
+    switch (kind_of(w0)) {
+    case 2: g1_go<2>(c->stream, a); break;
+    case 3: g1_go<3>(c->stream, a); break;
+    case 4: g1_go<4>(c->stream, a); break;
+    case 5: g1_go<5>(c->stream, a); break;
+    case 6: g1_go<6>(c->stream, a); break;
+    case 8: g1_go<8>(c->stream, a); break;
+    case 9: g1_go<9>(c->stream, a); break;
+    case 16: g1_go<16>(c->stream, a); break;
+    case 17: g1_go<17>(c->stream, a); break;
+    default: g1_go<32>(c->stream, a); break;
+    }
+    tern__cuda_check(c, "gemv1");
+}
+
+/* Fused entry points (cuda_internal.h). Each returns 1 when it ran the op, 0 when the shapes
+ * or formats do not fit (the caller then runs the separate ops). */
+extern "C" int tern__cuda_matmul_n(tern__cuda *c, int k, float *const *y, const float *x, int n,
+                                   const tern__cuda_w *const *w) {
+    const int e[3] = {0, 0, 0};
+    if (n == 1 && tern__cuda_gemv_mma(c, y, w, e, k, x, G1_PLAIN)) return 1;
+    if (n != 1 || !tern__cuda_g1_fits(w, k, x)) return 0;
+    cudaSetDevice(c->device);
+    tern__cuda_g1_launch(c, y, w, e, k, x, G1_PLAIN);
+    return 1;
+}
+
+extern "C" int tern__cuda_matmul_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
+                                     const tern__cuda_w *up, int act) {
+    const tern__cuda_w *w[2] = {gate, up};
+    const int e[2] = {0, 0};
+    float *ys[2] = {y, y};
+    const int mode = act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
+    if (n == 1 && gate->out == up->out && tern__cuda_gemv_mma(c, ys, w, e, 2, x, mode)) return 1;
+    if (n != 1 || gate->out != up->out || !tern__cuda_g1_fits(w, 2, x)) return 0;
+    cudaSetDevice(c->device);
+    tern__cuda_g1_launch(c, ys, w, e, 2, x, act == TERN_ACT_SILU ? G1_SILU : G1_GELU);
+    return 1;
+}
+
+extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {
+    const int e[1] = {0};
+    if (n == 1 && tern__cuda_gemv_mma(c, &y, &w, e, 1, x, G1_RES)) return 1;
+    if (n != 1 || !tern__cuda_g1_fits(&w, 1, x)) return 0;
+    cudaSetDevice(c->device);
+    tern__cuda_g1_launch(c, &y, &w, e, 1, x, G1_RES);
+    return 1;
+}
+
+/* ---- MoE gate/up/act of routed pairs in one launch: moe_gateup_kernel ----
+ * A block (8 warps) owns one token t and a tile of rt rows: it stages x_t in shared memory once
+ * (gemv1's swizzled layout), so the k pairs of the token and the rt rows all share one read of
+ * x. The k·rt items (pair j, row o) go to the warps round-robin; a warp computes row o of
+ * gate_e and of up_e (e = idx[t·k + j]) with U chunks of both rows in flight per lane, and
+ * lane 0 writes act(g)·u to h[t·k + j][o]. A warp's first loads are issued before x is
+ * staged. Per row the f32 operations are those of gemv_kernel<KIND, 1> in expert mode (lane l:
+ * chunks l, l+32, ... in order, per chunk s·Σq·x + b·Σx; its term sum fmaf(1, acc, 0); the same
+ * warp_sum), and act(g)·u is moe_act's expression, so h is bitwise the 3-kernel path's. */
+struct MoeGuArgs {
+    const uint8_t *data[2], *scales[2], *biases[2]; /* gate, up: matrix 0 of each stack */
+    size_t mat_bytes[2], mat_bytes_s[2];
+    int I, in, gs, gs_shift, sdtype, br, ncs, nmat, k, rt, act, hstride;
+    const int32_t *idx; /* [n][k] expert ids */
+    const float *x;     /* [n][in] */
+    float *h;           /* pair p's row at h + p * hstride */
+};
+
+template <int KIND, int U> __global__ void __launch_bounds__(256) moe_gateup_kernel(MoeGuArgs a) {
+    pdl_start();
+    using K = Kind<KIND>;
+    constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
+    extern __shared__ float4 xs1[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
+    const int nch = a.in / CH, ng = K::Q ? a.in >> a.gs_shift : 0, items = a.k * a.rt;
+    const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
+    uint32_t wd[U][2][W];
+    float s[U][2], b[U][2];
+    const uint8_t *rowp[2], *sp[2], *bp[2];
+    int o = 0, p = 0, st = 0; /* st: 0 no row, 1 expert id out of range (h = act(0)·0), 2 compute */
+    auto setup = [&](int it) {
+        o = blockIdx.x * a.rt + it % a.rt;
+        p = t * a.k + it / a.rt;
+        st = 0;
+        if (o >= a.I) return;
+        const int e = a.idx[p];
+        st = e >= 0 && e < a.nmat ? 2 : 1;
+        if (st == 1) return;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            rowp[r] = a.data[r] + (size_t)e * a.mat_bytes[r] + (size_t)o * rb;
+            sp[r] = a.scales[r] + (size_t)e * a.mat_bytes_s[r];
+            bp[r] = a.biases[r] + (size_t)e * a.mat_bytes_s[r];
+        }
+    };
+    auto load = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * 32 + lane;
+            if (c < nch) {
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    load_chunk<KIND>(rowp[r], c, wd[u][r]);
+                    if constexpr (K::Q) {
+                        const size_t gi = (size_t)o * ng + ((c * 32) >> a.gs_shift);
+                        s[u][r] = load_s(sp[r], a.sdtype, gi);
+                        b[u][r] = load_s(bp[r], a.sdtype, gi);
+                    } else if constexpr (K::F8) {
+                        s[u][r] = ((const float *)sp[r])[(size_t)(o / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
+                    }
+                }
+            }
+        }
+    };
+    if (warp < items) {
+        setup(warp);
+        if (st == 2) load(0);
+    }
+    const float4 *xt = (const float4 *)(a.x + (size_t)t * a.in);
+    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg(xt + f);
+    __syncthreads();
+    for (int it = warp; it < items; it += 8) {
+        if (it != warp) {
+            setup(it);
+            if (st == 2) load(0);
+        }
+        if (st == 0) continue;
+        float acc[2] = {0.0f, 0.0f};
+        for (int c0 = 0; st == 2 && c0 < nch; c0 += 32 * U) {
+            if (c0) load(c0);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + u * 32 + lane;
+                if (c >= nch) continue;
+                float qa[2], xsum = 0.0f;
+                chunk_dot<KIND, 2, C4, K::Q>(wd[u], [&](int k4) { return xs1[g1swz(c * C4 + k4, C4)]; }, qa, xsum);
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    if constexpr (K::Q) acc[r] += fmaf(s[u][r], qa[r], b[u][r] * xsum);
+                    else if constexpr (K::F8) acc[r] = fmaf(s[u][r], qa[r], acc[r]);
+                    else acc[r] += qa[r];
+                }
+            }
+        }
+        const float g = warp_sum(fmaf(1.0f, acc[0], 0.0f)), v = warp_sum(fmaf(1.0f, acc[1], 0.0f));
+        if (lane == 0) a.h[(size_t)p * a.hstride + o] = (a.act == TERN_ACT_SILU ? silu(g) : gelu_tanh(g)) * v;
+    }
+}
+
+template <int KIND> static void gu_go(cudaStream_t st, dim3 grid, const MoeGuArgs &a) {
+    tern_launch(st, moe_gateup_kernel<KIND, G1_U>, grid, 256, (size_t)a.in * sizeof(float), a);
+}
+
+template <int KIND> static void gu_allow() {
+    cudaFuncSetAttribute(moe_gateup_kernel<KIND, G1_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)(G1_MAX_IN * sizeof(float)));
+}
+
+/* Resident blocks per SM of moe_gateup_kernel<KIND> (occupancy query, cached per kind and width) */
+template <int KIND> static int gu_blocks_per_sm(int in) {
+    static int nb, nb_in = -1;
+    if (nb_in != in) {
+        int v = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, moe_gateup_kernel<KIND, G1_U>, 256,
+                                                          (size_t)in * sizeof(float)) != cudaSuccess || v < 1) {
+            cudaGetLastError();
+            v = 1;
+        }
+        nb = v;
+        nb_in = in;
+    }
+    return nb;
+}
+
+static int gu_occupancy(int kind, int in) {
+    switch (kind) {
+    case 2: return gu_blocks_per_sm<2>(in);
+    case 3: return gu_blocks_per_sm<3>(in);
+    case 4: return gu_blocks_per_sm<4>(in);
+    case 5: return gu_blocks_per_sm<5>(in);
+    case 6: return gu_blocks_per_sm<6>(in);
+    case 8: return gu_blocks_per_sm<8>(in);
+    case 9: return gu_blocks_per_sm<9>(in);
+    case 16: return gu_blocks_per_sm<16>(in);
+    case 17: return gu_blocks_per_sm<17>(in);
+    default: return gu_blocks_per_sm<32>(in);
+    }
+}
+
+/* Rows per block tile: at least one item per warp (k·rt >= 8), and enough that the grid fits in
+ * one wave of resident blocks (fewer x stagings per weight byte, no tail wave), at most 16;
+ * TERN_CUDA_MOE_RT=N forces N (1..64). n = 1, gemma4-26b-a4b (I 704, k 8), 2 blocks/SM on 132
+ * SMs: rt 3, 235 blocks of 24 items. */
+static int gu_rows(const tern__cuda *c, int kind, int n, int I, int in, int k) {
+    const char *e = getenv("TERN_CUDA_MOE_RT");
+    const int force = e ? atoi(e) : 0;
+    if (force >= 1) return force < 64 ? force : 64;
+    const long slots = (long)gu_occupancy(kind, in) * (c->n_sm > 0 ? c->n_sm : 1);
+    long rt = ((long)n * I + slots - 1) / slots;
+    if (rt * k < 8) rt = (8 + k - 1) / k;
+    return rt < 16 ? (int)rt : 16;
+}
+
+extern "C" int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const float *x, int n,
+                                     const int32_t *idx, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
+                                     int act) {
+    const tern__cuda_w *g = gate, *u = up;
+    if (n <= 0 || k <= 0) return 1;
+    if (g->dtype != u->dtype || g->bits != u->bits || g->group_size != u->group_size || g->sdtype != u->sdtype ||
+        g->blk_rows != u->blk_rows || g->in != u->in || g->out != u->out || g->nmat != u->nmat)
+        return 0;
+    const tern_dtype dt = g->dtype;
+    if (dt != TERN_DT_Q && dt != TERN_DT_F8_E4M3 && dt != TERN_DT_F16 && dt != TERN_DT_BF16 && dt != TERN_DT_F32)
+        return 0;
+    if (dt == TERN_DT_Q && (g->bits < 2 || g->bits > 8 || g->bits == 7 ||
+                            (g->group_size != 32 && g->group_size != 64 && g->group_size != 128)))
+        return 0;
+    if (dt == TERN_DT_F8_E4M3 && (!g->scales || !g->blk_rows || g->group_size % 32)) return 0;
+    const int kind = kind_of(g);
+    if (g->in <= 0 || g->in % chunk_of(kind) || g->in > G1_MAX_IN || g->out <= 0 || ((uintptr_t)x & 15)) return 0;
+    MoeGuArgs a = {};
+    const tern__cuda_w *w[2] = {g, u};
+    for (int r = 0; r < 2; r++) {
+        a.data[r] = (const uint8_t *)w[r]->data;
+        a.scales[r] = (const uint8_t *)w[r]->scales;
+        a.biases[r] = (const uint8_t *)w[r]->biases;
+        a.mat_bytes[r] = w[r]->mat_bytes;
+        a.mat_bytes_s[r] = w[r]->mat_bytes_s;
+    }
+    a.I = g->out;
+    a.in = g->in;
+    a.gs = g->group_size;
+    a.gs_shift = g->group_size == 32 ? 5 : g->group_size == 64 ? 6 : 7;
+    a.sdtype = g->sdtype;
+    a.br = dt == TERN_DT_F8_E4M3 ? g->blk_rows : 0;
+    a.ncs = a.br ? (g->in + g->group_size - 1) / g->group_size : 0;
+    a.nmat = g->nmat;
+    a.k = k;
+    cudaSetDevice(c->device);
+    a.rt = gu_rows(c, kind, n, a.I, a.in, k);
+    a.act = act;
+    a.hstride = hstride;
+    const dim3 blk0((unsigned)((a.I + a.rt - 1) / a.rt));
+    for (int t0 = 0; t0 < n; t0 += 65535) { /* grid.y limit */
+        const int m = n - t0 < 65535 ? n - t0 : 65535;
+        MoeGuArgs b = a;
+        b.idx = idx + (size_t)t0 * k;
+        b.x = x + (size_t)t0 * g->in;
+        b.h = h + (size_t)t0 * k * hstride;
+        const dim3 grid(blk0.x, (unsigned)m);
+        switch (kind) {
+        case 2: gu_go<2>(c->stream, grid, b); break;
+        case 3: gu_go<3>(c->stream, grid, b); break;
+        case 4: gu_go<4>(c->stream, grid, b); break;
+        case 5: gu_go<5>(c->stream, grid, b); break;
+        case 6: gu_go<6>(c->stream, grid, b); break;
+        case 8: gu_go<8>(c->stream, grid, b); break;
+        case 9: gu_go<9>(c->stream, grid, b); break;
+        case 16: gu_go<16>(c->stream, grid, b); break;
+        case 17: gu_go<17>(c->stream, grid, b); break;
+        default: gu_go<32>(c->stream, grid, b); break;
+        }
+    }
+    tern__cuda_check(c, "moe gate/up");
+    return 1;
+}
+
+void tern__cuda_gemv1_init(void) { /* shared-memory limits of the big instances, at backend open */
+    g1_allow<2>(); g1_allow<3>(); g1_allow<4>(); g1_allow<5>(); g1_allow<6>(); g1_allow<8>();
+    g1_allow<9>(); g1_allow<16>(); g1_allow<17>(); g1_allow<32>();
+    gu_allow<2>(); gu_allow<3>(); gu_allow<4>(); gu_allow<5>(); gu_allow<6>(); gu_allow<8>();
+    gu_allow<9>(); gu_allow<16>(); gu_allow<17>(); gu_allow<32>();
+}

@@ -1,0 +1,111 @@
+/*
+ * gemv_chunk.cuh — the chunk decoding shared by gemv.cu (multi-row and expert GEMVs) and gemv1.cu
+ * (the one-row GEMV and the fused MoE gate/up): chunk geometry per weight kind, the vector loads of
+ * a chunk, element decode and the per-chunk dot product (s·Σq·x + b·Σx for Q rows), so every kernel
+ * runs the same f32 operations per chunk and their results stay bitwise comparable.
+ */
+#pragma once
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+enum { G1_PLAIN = 0, G1_SILU = 1, G1_GELU = 2, G1_RES = 3 }; /* gemv1 modes (= gemv_mma.cu's MM_*) */
+
+/* chunk geometry per kind: KIND 2..8 = Q bits, 9 = block FP8 (e4m3 bytes, one f32 scale per
+ * chunk: block columns are a multiple of 32), 16 = F16, 17 = BF16, 32 = F32 */
+template <int KIND> struct Kind {
+    static constexpr bool Q = KIND <= 8;
+    static constexpr bool F8 = KIND == 9;
+    static constexpr int CH = (Q || F8) ? 32 : (KIND == 32 ? 8 : 16); /* elements per chunk */
+    static constexpr int WORDS = Q ? KIND : 8;                /* 32-bit words per chunk */
+    static constexpr int EB = F8 ? 1 : (KIND == 32 ? 4 : 2);  /* bytes per element (not Q) */
+};
+/* rows per warp: Q reuses each x read over 4 rows while registers allow */
+template <int KIND, int NX> struct Rows { static constexpr int R = (KIND <= 8 && NX <= 4) ? 4 : 2; };
+
+template <int KIND> __device__ __forceinline__ void load_chunk(const uint8_t *row, int c, uint32_t *wd) {
+    constexpr int W = Kind<KIND>::WORDS;
+    const uint8_t *p = row + (size_t)c * (W * 4);
+    if constexpr ((W * 4) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < W / 4; i++) {
+            uint4 v = __ldg((const uint4 *)p + i);
+            wd[4 * i] = v.x; wd[4 * i + 1] = v.y; wd[4 * i + 2] = v.z; wd[4 * i + 3] = v.w;
+        }
+    } else if constexpr ((W * 4) % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < W / 2; i++) {
+            uint2 v = __ldg((const uint2 *)p + i);
+            wd[2 * i] = v.x; wd[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) wd[i] = __ldg((const uint32_t *)p + i);
+    }
+}
+
+/* Element j (0 <= j < CH) of a chunk: the integer code q for Q kinds (exact), else the weight. */
+template <int KIND> __device__ __forceinline__ float elem(const uint32_t *wd, int j) {
+    if constexpr (KIND == 4 || KIND == 8) {
+        constexpr int PER = 32 / KIND, HALF = PER / 2;       /* codes per word, per half-word */
+        const int word = j / PER, p = j % PER % HALF;
+        const uint32_t v = (j % PER) >= HALF ? wd[word] >> 16 : wd[word];
+        const uint32_t mask = ((1u << KIND) - 1u) << (KIND * p);
+        const uint32_t ex = (uint32_t)(150 - KIND * p) << 23;
+        return __uint_as_float((v & mask) | ex) - __uint_as_float(ex); /* (2^(23-KIND p) + q) - 2^(23-KIND p) */
+    } else if constexpr (Kind<KIND>::Q) {
+        constexpr unsigned mask = (1u << KIND) - 1u;
+        const int bit = j * KIND, word = bit >> 5, sh = bit & 31;
+        uint32_t v = wd[word] >> sh;
+        if (sh + KIND > 32) v |= wd[word + 1] << (32 - sh);
+        return __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f; /* exact */
+    } else if constexpr (KIND == 9) {
+        return f8e4m3((wd[j >> 2] >> (8 * (j & 3))) & 0xffu);
+    } else if constexpr (KIND == 17) {
+        const uint32_t v = wd[j / 2];
+        return __uint_as_float((j & 1) ? (v & 0xffff0000u) : (v << 16));
+    } else if constexpr (KIND == 16) {
+        const uint32_t v = wd[j / 2];
+        return __half2float(__ushort_as_half((unsigned short)((j & 1) ? (v >> 16) : (v & 0xffffu))));
+    } else {
+        return __uint_as_float(wd[j]);
+    }
+}
+
+/* One lane's chunk of R weight rows (wd[r]) against C4 float4 of x, xat(k4) giving the k4-th:
+ * qa[r] = Σ_j elem(j)·x[j] as one fmaf chain in element order; SUMX: xsum += (x+y)+(z+w) per
+ * float4 (the Σx of the Q kinds' b·Σx term). Shared by gemv_q1_kernel and gemv1_kernel. */
+template <int KIND, int R, int C4, bool SUMX, int W, class XAt>
+__device__ __forceinline__ void chunk_dot(const uint32_t (&wd)[R][W], XAt xat, float (&qa)[R], float &xsum) {
+#pragma unroll
+    for (int r = 0; r < R; r++) qa[r] = 0.0f;
+#pragma unroll
+    for (int k4 = 0; k4 < C4; k4++) {
+        const float4 xv = xat(k4);
+        if constexpr (SUMX) xsum += (xv.x + xv.y) + (xv.z + xv.w);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            qa[r] = fmaf(elem<KIND>(wd[r], 4 * k4), xv.x, qa[r]);
+            qa[r] = fmaf(elem<KIND>(wd[r], 4 * k4 + 1), xv.y, qa[r]);
+            qa[r] = fmaf(elem<KIND>(wd[r], 4 * k4 + 2), xv.z, qa[r]);
+            qa[r] = fmaf(elem<KIND>(wd[r], 4 * k4 + 3), xv.w, qa[r]);
+        }
+    }
+}
+
+static inline int kind_of(const tern__cuda_w *w) {
+    switch (w->dtype) {
+    case TERN_DT_Q: return w->bits;
+    case TERN_DT_F8_E4M3: return 9;
+    case TERN_DT_F16: return 16;
+    case TERN_DT_BF16: return 17;
+    default: return 32;
+    }
+}
+
+static inline int chunk_of(int kind) { return kind <= 9 ? 32 : (kind == 32 ? 8 : 16); }
+
+/* gemv1.cu: can matrices w[0..k) (2-D views) run through gemv1 for one row x; launch it; its init */
+bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x);
+void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
+                          const float *x, int mode);
+void tern__cuda_gemv1_init(void);
