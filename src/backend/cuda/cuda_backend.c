@@ -175,14 +175,20 @@ static tern_status be_upload_weight(tern_backend *be, tern_tensor *t, tern_error
     uint8_t *ds = d + align256(total_d), *db = ds + align256(total_s);
     cudaError_t e = cudaSuccess;
     size_t sd = t->mat_stride ? t->mat_stride : mb, ss = t->mat_stride_s ? t->mat_stride_s : mbs;
+    /* on the backend's stream, then wait: cudaMemcpy from pageable memory runs on the legacy stream,
+     * which our non-blocking stream does not wait for, and may return before its DMA has landed — a
+     * kernel launched next could read the old bytes (seen as a flaky fp8 embedding test) */
     for (int64_t m = 0; m < nmat && e == cudaSuccess; m++) {
-        e = cudaMemcpy(d + m * mb, (const uint8_t *)t->data + m * sd, mb, cudaMemcpyHostToDevice);
+        e = cudaMemcpyAsync(d + m * mb, (const uint8_t *)t->data + m * sd, mb, cudaMemcpyHostToDevice, c->stream);
         if (scaled && e == cudaSuccess) {
-            e = cudaMemcpy(ds + m * mbs, (const uint8_t *)t->scales + m * ss, mbs, cudaMemcpyHostToDevice);
+            e = cudaMemcpyAsync(ds + m * mbs, (const uint8_t *)t->scales + m * ss, mbs, cudaMemcpyHostToDevice,
+                                c->stream);
             if (e == cudaSuccess && t->dtype == TERN_DT_Q)
-                e = cudaMemcpy(db + m * mbs, (const uint8_t *)t->biases + m * ss, mbs, cudaMemcpyHostToDevice);
+                e = cudaMemcpyAsync(db + m * mbs, (const uint8_t *)t->biases + m * ss, mbs, cudaMemcpyHostToDevice,
+                                    c->stream);
         }
     }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
         cudaFree(d);
         return tern_err(err, TERN_EDEVICE, "cuda: weight '%s': copy to GPU failed: %s", nm, cudaGetErrorString(e));

@@ -422,7 +422,7 @@ unsigned long long tern__cuda_gemv_mma_calls = 0;
 
 extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
     if (!c->mm_cnt && cudaMalloc((void **)&c->mm_cnt, MM_CNT * sizeof(int)) == cudaSuccess)
-        cudaMemset(c->mm_cnt, 0, MM_CNT * sizeof(int));
+        cudaMemsetAsync(c->mm_cnt, 0, MM_CNT * sizeof(int), c->stream); /* ordered before our kernels */
     cudaGetLastError();
 }
 
