@@ -371,6 +371,18 @@ static int gu_rows(const tern__cuda *c, int kind, int n, int I, int in, int k) {
     return rt < 16 ? (int)rt : 16;
 }
 
+/* A stack the chunked expert kernels serve: every chunked format, rows a whole number of chunks */
+static bool moe_fmt_ok(const tern__cuda_w *g) {
+    const tern_dtype dt = g->dtype;
+    if (dt != TERN_DT_Q && dt != TERN_DT_F8_E4M3 && dt != TERN_DT_F16 && dt != TERN_DT_BF16 && dt != TERN_DT_F32)
+        return false;
+    if (dt == TERN_DT_Q && (g->bits < 2 || g->bits > 8 || g->bits == 7 ||
+                            (g->group_size != 32 && g->group_size != 64 && g->group_size != 128)))
+        return false;
+    if (dt == TERN_DT_F8_E4M3 && (!g->scales || !g->blk_rows || g->group_size % 32)) return false;
+    return g->in > 0 && g->in % chunk_of(kind_of(g)) == 0 && g->out > 0;
+}
+
 extern "C" int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const float *x, int n,
                                      const int32_t *idx, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                                      int act) {
@@ -379,15 +391,9 @@ extern "C" int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const
     if (g->dtype != u->dtype || g->bits != u->bits || g->group_size != u->group_size || g->sdtype != u->sdtype ||
         g->blk_rows != u->blk_rows || g->in != u->in || g->out != u->out || g->nmat != u->nmat)
         return 0;
+    if (!moe_fmt_ok(g) || g->in > G1_MAX_IN || ((uintptr_t)x & 15)) return 0;
     const tern_dtype dt = g->dtype;
-    if (dt != TERN_DT_Q && dt != TERN_DT_F8_E4M3 && dt != TERN_DT_F16 && dt != TERN_DT_BF16 && dt != TERN_DT_F32)
-        return 0;
-    if (dt == TERN_DT_Q && (g->bits < 2 || g->bits > 8 || g->bits == 7 ||
-                            (g->group_size != 32 && g->group_size != 64 && g->group_size != 128)))
-        return 0;
-    if (dt == TERN_DT_F8_E4M3 && (!g->scales || !g->blk_rows || g->group_size % 32)) return 0;
     const int kind = kind_of(g);
-    if (g->in <= 0 || g->in % chunk_of(kind) || g->in > G1_MAX_IN || g->out <= 0 || ((uintptr_t)x & 15)) return 0;
     MoeGuArgs a = {};
     const tern__cuda_w *w[2] = {g, u};
     for (int r = 0; r < 2; r++) {
@@ -432,6 +438,137 @@ extern "C" int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const
         }
     }
     tern__cuda_check(c, "moe gate/up");
+    return 1;
+}
+
+/* ---- MoE down projection with the k terms' loads in flight together: moe_down_kernel ----
+ * gemv_kernel's expert mode walks a token's k terms one after another (each term: load its chunk,
+ * multiply, next term), so a warp waits for k memory round trips while only I / 32 of its lanes
+ * (22 at I = 704) have a chunk. Here a warp owns one output row o of token t; per 32-chunk step it
+ * issues the chunk loads of up to KT terms at once, then multiplies them in term order. Per term
+ * the f32 operations are gemv_kernel's (per chunk s·Σq·x + b·Σx into the term's accumulator, chunks
+ * in order), and the terms are folded in order as eacc = fmaf(wts_j, acc_j, eacc) before the same
+ * warp_sum: y is bitwise the expert GEMV's. TERN_CUDA_MOE_DOWN=1 (opt-in until measured). */
+#define MD_KT 8 /* terms in registers at once */
+struct MoeDnArgs {
+    const uint8_t *data, *scales, *biases; /* matrix 0 of the down stack */
+    size_t mat_bytes, mat_bytes_s;
+    int out, in, gs, gs_shift, sdtype, br, ncs, nmat, k, xstride, ystride;
+    const int32_t *idx; /* [n][k] */
+    const float *wts;   /* [n][k] */
+    const float *x;     /* pair p's activation row at x + p * xstride */
+    float *y;           /* token t's output row at y + t * ystride */
+};
+
+template <int KIND> __global__ void __launch_bounds__(128) moe_down_kernel(MoeDnArgs a) {
+    pdl_start();
+    using K = Kind<KIND>;
+    constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
+    const int lane = threadIdx.x & 31, o = blockIdx.x * 4 + (threadIdx.x >> 5), t = blockIdx.y;
+    if (o >= a.out) return;
+    const int nch = a.in / CH, ng = K::Q ? a.in >> a.gs_shift : 0;
+    const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
+    float eacc = 0.0f;
+    for (int j0 = 0; j0 < a.k; j0 += MD_KT) {
+        const int kt = min(MD_KT, a.k - j0);
+        int e[MD_KT];
+        float acc[MD_KT];
+#pragma unroll
+        for (int jj = 0; jj < MD_KT; jj++) {
+            e[jj] = jj < kt ? a.idx[(size_t)t * a.k + j0 + jj] : -1;
+            if (e[jj] >= a.nmat) e[jj] = -1;
+            acc[jj] = 0.0f;
+        }
+        for (int c0 = 0; c0 < nch; c0 += 32) {
+            const int c = c0 + lane;
+            if (c >= nch) continue; /* lanes without a chunk keep 0 partials; warp_sum below has all */
+            uint32_t wd[MD_KT][1][W];
+            float s[MD_KT], b[MD_KT];
+#pragma unroll
+            for (int jj = 0; jj < MD_KT; jj++) { /* every term's chunk in flight before any math */
+                if (e[jj] < 0) continue;
+                load_chunk<KIND>(a.data + (size_t)e[jj] * a.mat_bytes + (size_t)o * rb, c, wd[jj][0]);
+                const uint8_t *sp = a.scales + (size_t)e[jj] * a.mat_bytes_s;
+                if constexpr (K::Q) {
+                    const size_t gi = (size_t)o * ng + ((c * 32) >> a.gs_shift);
+                    s[jj] = load_s(sp, a.sdtype, gi);
+                    b[jj] = load_s(a.biases + (size_t)e[jj] * a.mat_bytes_s, a.sdtype, gi);
+                } else if constexpr (K::F8) {
+                    s[jj] = ((const float *)sp)[(size_t)(o / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
+                }
+            }
+#pragma unroll
+            for (int jj = 0; jj < MD_KT; jj++) {
+                if (e[jj] < 0) continue;
+                const float4 *xr = (const float4 *)(a.x + (size_t)(t * a.k + j0 + jj) * a.xstride) + (size_t)c * C4;
+                float qa[1], xsum = 0.0f;
+                chunk_dot<KIND, 1, C4, K::Q>(wd[jj], [&](int k4) { return __ldg(xr + k4); }, qa, xsum);
+                if constexpr (K::Q) acc[jj] += fmaf(s[jj], qa[0], b[jj] * xsum);
+                else if constexpr (K::F8) acc[jj] = fmaf(s[jj], qa[0], acc[jj]);
+                else acc[jj] += qa[0];
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < MD_KT; jj++)
+            if (e[jj] >= 0) eacc = fmaf(a.wts ? a.wts[(size_t)t * a.k + j0 + jj] : 1.0f, acc[jj], eacc);
+    }
+    eacc = warp_sum(eacc);
+    if (lane == 0) a.y[(size_t)t * a.ystride + o] = eacc;
+}
+
+unsigned long long tern__cuda_moe_down_calls = 0;
+int tern__cuda_moe_down_on = -1; /* -1: from TERN_CUDA_MOE_DOWN; tests set it */
+
+/* y[t] = Σ_j wts[t][j] · down_{idx[t][j]} · x[t·k + j] for tokens t < n; 1 when it ran, 0 when the
+ * format/shape is not served or TERN_CUDA_MOE_DOWN is not 1 (the caller runs the expert GEMV) */
+extern "C" int tern__cuda_moe_down(tern__cuda *c, float *y, int ystride, const float *x, int xstride, int n,
+                                   const int32_t *idx, const float *wts, int k, const tern__cuda_w *d) {
+    if (tern__cuda_moe_down_on < 0) {
+        const char *v = getenv("TERN_CUDA_MOE_DOWN");
+        tern__cuda_moe_down_on = v && v[0] == '1';
+    }
+    if (!tern__cuda_moe_down_on || n <= 0 || k <= 0 || !moe_fmt_ok(d) || ((uintptr_t)x & 15) || xstride % 4) return 0;
+    MoeDnArgs a = {};
+    a.data = (const uint8_t *)d->data;
+    a.scales = (const uint8_t *)d->scales;
+    a.biases = (const uint8_t *)d->biases;
+    a.mat_bytes = d->mat_bytes;
+    a.mat_bytes_s = d->mat_bytes_s;
+    a.out = d->out;
+    a.in = d->in;
+    a.gs = d->group_size;
+    a.gs_shift = d->group_size == 32 ? 5 : d->group_size == 64 ? 6 : 7;
+    a.sdtype = d->sdtype;
+    a.br = d->dtype == TERN_DT_F8_E4M3 ? d->blk_rows : 0;
+    a.ncs = a.br ? (d->in + d->group_size - 1) / d->group_size : 0;
+    a.nmat = d->nmat;
+    a.k = k;
+    a.xstride = xstride;
+    a.ystride = ystride;
+    cudaSetDevice(c->device);
+    for (int t0 = 0; t0 < n; t0 += 65535) { /* grid.y limit */
+        const int m = n - t0 < 65535 ? n - t0 : 65535;
+        MoeDnArgs b = a;
+        b.idx = idx + (size_t)t0 * k;
+        b.wts = wts ? wts + (size_t)t0 * k : NULL;
+        b.x = x + (size_t)t0 * k * xstride;
+        b.y = y + (size_t)t0 * ystride;
+        const dim3 grid((unsigned)((a.out + 3) / 4), (unsigned)m);
+        switch (kind_of(d)) {
+        case 2: tern_launch(c->stream, moe_down_kernel<2>, grid, 128, 0, b); break;
+        case 3: tern_launch(c->stream, moe_down_kernel<3>, grid, 128, 0, b); break;
+        case 4: tern_launch(c->stream, moe_down_kernel<4>, grid, 128, 0, b); break;
+        case 5: tern_launch(c->stream, moe_down_kernel<5>, grid, 128, 0, b); break;
+        case 6: tern_launch(c->stream, moe_down_kernel<6>, grid, 128, 0, b); break;
+        case 8: tern_launch(c->stream, moe_down_kernel<8>, grid, 128, 0, b); break;
+        case 9: tern_launch(c->stream, moe_down_kernel<9>, grid, 128, 0, b); break;
+        case 16: tern_launch(c->stream, moe_down_kernel<16>, grid, 128, 0, b); break;
+        case 17: tern_launch(c->stream, moe_down_kernel<17>, grid, 128, 0, b); break;
+        default: tern_launch(c->stream, moe_down_kernel<32>, grid, 128, 0, b); break;
+        }
+    }
+    tern__cuda_check(c, "moe down");
+    tern__cuda_moe_down_calls++;
     return 1;
 }
 
