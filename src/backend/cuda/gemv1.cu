@@ -451,9 +451,8 @@ extern "C" int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const
  * warp_sum: y is bitwise the expert GEMV's. TERN_CUDA_MOE_DOWN=1 (opt-in until measured). */
 #define MD_KT 8 /* terms in registers at once */
 struct MoeDnArgs {
-    const uint8_t *data, *scales, *biases; /* matrix 0 of the down stack */
-    size_t mat_bytes, mat_bytes_s;
-    int out, in, gs, gs_shift, sdtype, br, ncs, nmat, k, xstride, ystride;
+    WDesc w;            /* the down stack (matrix 0), make_wdesc */
+    int gs_shift, nmat, k, xstride, ystride;
     const int32_t *idx; /* [n][k] */
     const float *wts;   /* [n][k] */
     const float *x;     /* pair p's activation row at x + p * xstride */
@@ -464,10 +463,11 @@ template <int KIND> __global__ void __launch_bounds__(128) moe_down_kernel(MoeDn
     pdl_start();
     using K = Kind<KIND>;
     constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
+    const WDesc &w = a.w;
     const int lane = threadIdx.x & 31, o = blockIdx.x * 4 + (threadIdx.x >> 5), t = blockIdx.y;
-    if (o >= a.out) return;
-    const int nch = a.in / CH, ng = K::Q ? a.in >> a.gs_shift : 0;
-    const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
+    if (o >= w.out) return;
+    const int nch = w.in / CH, ng = K::Q ? w.in >> a.gs_shift : 0;
+    const size_t rb = w.row_bytes;
     float eacc = 0.0f;
     for (int j0 = 0; j0 < a.k; j0 += MD_KT) {
         const int kt = min(MD_KT, a.k - j0);
@@ -487,14 +487,14 @@ template <int KIND> __global__ void __launch_bounds__(128) moe_down_kernel(MoeDn
 #pragma unroll
             for (int jj = 0; jj < MD_KT; jj++) { /* every term's chunk in flight before any math */
                 if (e[jj] < 0) continue;
-                load_chunk<KIND>(a.data + (size_t)e[jj] * a.mat_bytes + (size_t)o * rb, c, wd[jj][0]);
-                const uint8_t *sp = a.scales + (size_t)e[jj] * a.mat_bytes_s;
+                load_chunk<KIND>(w.data + (size_t)e[jj] * w.mat_bytes + (size_t)o * rb, c, wd[jj][0]);
+                const uint8_t *sp = w.scales + (size_t)e[jj] * w.mat_bytes_s;
                 if constexpr (K::Q) {
                     const size_t gi = (size_t)o * ng + ((c * 32) >> a.gs_shift);
-                    s[jj] = load_s(sp, a.sdtype, gi);
-                    b[jj] = load_s(a.biases + (size_t)e[jj] * a.mat_bytes_s, a.sdtype, gi);
+                    s[jj] = load_s(sp, w.sdtype, gi);
+                    b[jj] = load_s(w.biases + (size_t)e[jj] * w.mat_bytes_s, w.sdtype, gi);
                 } else if constexpr (K::F8) {
-                    s[jj] = ((const float *)sp)[(size_t)(o / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
+                    s[jj] = ((const float *)sp)[(size_t)(o / w.br) * w.ncs + (size_t)(c * 32 / w.gs)];
                 }
             }
 #pragma unroll
@@ -529,18 +529,8 @@ extern "C" int tern__cuda_moe_down(tern__cuda *c, float *y, int ystride, const f
     }
     if (!tern__cuda_moe_down_on || n <= 0 || k <= 0 || !moe_fmt_ok(d) || ((uintptr_t)x & 15) || xstride % 4) return 0;
     MoeDnArgs a = {};
-    a.data = (const uint8_t *)d->data;
-    a.scales = (const uint8_t *)d->scales;
-    a.biases = (const uint8_t *)d->biases;
-    a.mat_bytes = d->mat_bytes;
-    a.mat_bytes_s = d->mat_bytes_s;
-    a.out = d->out;
-    a.in = d->in;
-    a.gs = d->group_size;
+    a.w = make_wdesc(d);
     a.gs_shift = d->group_size == 32 ? 5 : d->group_size == 64 ? 6 : 7;
-    a.sdtype = d->sdtype;
-    a.br = d->dtype == TERN_DT_F8_E4M3 ? d->blk_rows : 0;
-    a.ncs = a.br ? (d->in + d->group_size - 1) / d->group_size : 0;
     a.nmat = d->nmat;
     a.k = k;
     a.xstride = xstride;
@@ -553,7 +543,7 @@ extern "C" int tern__cuda_moe_down(tern__cuda *c, float *y, int ystride, const f
         b.wts = wts ? wts + (size_t)t0 * k : NULL;
         b.x = x + (size_t)t0 * k * xstride;
         b.y = y + (size_t)t0 * ystride;
-        const dim3 grid((unsigned)((a.out + 3) / 4), (unsigned)m);
+        const dim3 grid((unsigned)((d->out + 3) / 4), (unsigned)m);
         switch (kind_of(d)) {
         case 2: tern_launch(c->stream, moe_down_kernel<2>, grid, 128, 0, b); break;
         case 3: tern_launch(c->stream, moe_down_kernel<3>, grid, 128, 0, b); break;
