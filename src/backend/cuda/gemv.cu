@@ -352,18 +352,7 @@ static void launch(tern__cuda *c, GemvArgs &a, const tern__cuda_w *w, int gy, in
     }
     const int rpb = 4 * rows_of(kind, nx);
     dim3 grid((unsigned)((a.out + rpb - 1) / rpb), (unsigned)gy);
-    switch (kind) {
-    case 2: launch_kind<2>(c->stream, grid, a, nx); break;
-    case 3: launch_kind<3>(c->stream, grid, a, nx); break;
-    case 4: launch_kind<4>(c->stream, grid, a, nx); break;
-    case 5: launch_kind<5>(c->stream, grid, a, nx); break;
-    case 6: launch_kind<6>(c->stream, grid, a, nx); break;
-    case 8: launch_kind<8>(c->stream, grid, a, nx); break;
-    case 9: launch_kind<9>(c->stream, grid, a, nx); break;
-    case 16: launch_kind<16>(c->stream, grid, a, nx); break;
-    case 17: launch_kind<17>(c->stream, grid, a, nx); break;
-    default: launch_kind<32>(c->stream, grid, a, nx); break;
-    }
+    by_kind(kind, [&](auto K) { launch_kind<K.value>(c->stream, grid, a, nx); });
     tern__cuda_check(c, "gemv");
 }
 

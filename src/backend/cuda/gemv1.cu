@@ -169,18 +169,7 @@ void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *co
     a.mode = mode;
     a.x = x;
     if (a.rows <= 0) return;
-    switch (kind_of(w0)) {
-    case 2: g1_go<2>(c->stream, a); break;
-    case 3: g1_go<3>(c->stream, a); break;
-    case 4: g1_go<4>(c->stream, a); break;
-    case 5: g1_go<5>(c->stream, a); break;
-    case 6: g1_go<6>(c->stream, a); break;
-    case 8: g1_go<8>(c->stream, a); break;
-    case 9: g1_go<9>(c->stream, a); break;
-    case 16: g1_go<16>(c->stream, a); break;
-    case 17: g1_go<17>(c->stream, a); break;
-    default: g1_go<32>(c->stream, a); break;
-    }
+    by_kind(kind_of(w0), [&](auto K) { g1_go<K.value>(c->stream, a); });
     tern__cuda_check(c, "gemv1");
 }
 
@@ -343,18 +332,7 @@ template <int KIND> static int gu_blocks_per_sm(int in) {
 }
 
 static int gu_occupancy(int kind, int in) {
-    switch (kind) {
-    case 2: return gu_blocks_per_sm<2>(in);
-    case 3: return gu_blocks_per_sm<3>(in);
-    case 4: return gu_blocks_per_sm<4>(in);
-    case 5: return gu_blocks_per_sm<5>(in);
-    case 6: return gu_blocks_per_sm<6>(in);
-    case 8: return gu_blocks_per_sm<8>(in);
-    case 9: return gu_blocks_per_sm<9>(in);
-    case 16: return gu_blocks_per_sm<16>(in);
-    case 17: return gu_blocks_per_sm<17>(in);
-    default: return gu_blocks_per_sm<32>(in);
-    }
+    return by_kind(kind, [&](auto K) { return gu_blocks_per_sm<K.value>(in); });
 }
 
 /* Rows per block tile: at least one item per warp (k·rt >= 8), and enough that the grid fits in
@@ -424,18 +402,7 @@ extern "C" int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const
         b.x = x + (size_t)t0 * g->in;
         b.h = h + (size_t)t0 * k * hstride;
         const dim3 grid(blk0.x, (unsigned)m);
-        switch (kind) {
-        case 2: gu_go<2>(c->stream, grid, b); break;
-        case 3: gu_go<3>(c->stream, grid, b); break;
-        case 4: gu_go<4>(c->stream, grid, b); break;
-        case 5: gu_go<5>(c->stream, grid, b); break;
-        case 6: gu_go<6>(c->stream, grid, b); break;
-        case 8: gu_go<8>(c->stream, grid, b); break;
-        case 9: gu_go<9>(c->stream, grid, b); break;
-        case 16: gu_go<16>(c->stream, grid, b); break;
-        case 17: gu_go<17>(c->stream, grid, b); break;
-        default: gu_go<32>(c->stream, grid, b); break;
-        }
+        by_kind(kind, [&](auto K) { gu_go<K.value>(c->stream, grid, b); });
     }
     tern__cuda_check(c, "moe gate/up");
     return 1;
@@ -544,18 +511,7 @@ extern "C" int tern__cuda_moe_down(tern__cuda *c, float *y, int ystride, const f
         b.x = x + (size_t)t0 * k * xstride;
         b.y = y + (size_t)t0 * ystride;
         const dim3 grid((unsigned)((d->out + 3) / 4), (unsigned)m);
-        switch (kind_of(d)) {
-        case 2: tern_launch(c->stream, moe_down_kernel<2>, grid, 128, 0, b); break;
-        case 3: tern_launch(c->stream, moe_down_kernel<3>, grid, 128, 0, b); break;
-        case 4: tern_launch(c->stream, moe_down_kernel<4>, grid, 128, 0, b); break;
-        case 5: tern_launch(c->stream, moe_down_kernel<5>, grid, 128, 0, b); break;
-        case 6: tern_launch(c->stream, moe_down_kernel<6>, grid, 128, 0, b); break;
-        case 8: tern_launch(c->stream, moe_down_kernel<8>, grid, 128, 0, b); break;
-        case 9: tern_launch(c->stream, moe_down_kernel<9>, grid, 128, 0, b); break;
-        case 16: tern_launch(c->stream, moe_down_kernel<16>, grid, 128, 0, b); break;
-        case 17: tern_launch(c->stream, moe_down_kernel<17>, grid, 128, 0, b); break;
-        default: tern_launch(c->stream, moe_down_kernel<32>, grid, 128, 0, b); break;
-        }
+        by_kind(kind_of(d), [&](auto K) { tern_launch(c->stream, moe_down_kernel<K.value>, grid, 128, 0, b); });
     }
     tern__cuda_check(c, "moe down");
     tern__cuda_moe_down_calls++;

@@ -5,6 +5,7 @@
  * runs the same f32 operations per chunk and their results stay bitwise comparable.
  */
 #pragma once
+#include <type_traits>
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -103,6 +104,23 @@ static inline int kind_of(const tern__cuda_w *w) {
 }
 
 static inline int chunk_of(int kind) { return kind <= 9 ? 32 : (kind == 32 ? 8 : 16); }
+
+/* f(std::integral_constant<int, KIND>{}) for a runtime kind (kind_of): one switch for every launch
+ * site that instantiates a kernel per chunked format */
+template <class F> static inline auto by_kind(int kind, F &&f) {
+    switch (kind) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 9: return f(std::integral_constant<int, 9>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 17: return f(std::integral_constant<int, 17>{});
+    default: return f(std::integral_constant<int, 32>{});
+    }
+}
 
 /* gemv1.cu: can matrices w[0..k) (2-D views) run through gemv1 for one row x; launch it; its init */
 bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x);
