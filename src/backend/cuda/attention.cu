@@ -306,16 +306,25 @@ extern "C" void tern__cuda_attn_plan(tern__cuda *c, const tern_rows *rows, const
     *splits_out = tern__cuda_attn_splits(c, blocks, maxlen, T, n, nh, d);
 }
 
-/* Split count when `blocks` blocks cannot fill the GPU: about two blocks per SM, at least two key
- * tiles of T per split, at most 64, partials ([splits][n][nh][d + 2]) within `part`. */
-extern "C" int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long keys, int T, int n, int nh, int d) {
-    if (blocks >= c->n_sm) return 1;
-    long s = (2L * c->n_sm + blocks - 1) / blocks;
-    long byk = (keys + 2L * T - 1) / (2L * T);
+/* Split count of a split-K attention plan whose `blocks` blocks (before splitting) may not fill the
+ * GPU: 1 once they reach `full` blocks per SM, else enough splits for `want` blocks per SM, with at
+ * least `min_keys` keys per split, at most `cap` (<= MERGE_MAX), partials ([splits][n][nh][d + 2])
+ * within `part`. */
+extern "C" int tern__cuda_split_count(const tern__cuda *c, long blocks, int full, int want, long keys, long min_keys,
+                                      int cap, int n, int nh, int d) {
+    if (blocks >= (long)full * c->n_sm) return 1;
+    long s = ((long)want * c->n_sm + blocks - 1) / blocks;
+    const long byk = (keys + min_keys - 1) / min_keys;
     if (s > byk) s = byk;
-    if (s > 64) s = 64;
+    if (s > cap) s = cap;
     while (s > 1 && (size_t)s * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS) s /= 2;
     return s < 1 ? 1 : (int)s;
+}
+
+/* The paged and GLM latent plans: about two blocks per SM, at least two key tiles of T per split,
+ * at most 64 */
+extern "C" int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long keys, int T, int n, int nh, int d) {
+    return tern__cuda_split_count(c, blocks, 1, 2, keys, 2L * T, 64, n, nh, d);
 }
 
 /* The split-K merge: out[rh] = Σ_z part_z · e^{M_z - M} / Σ_z L_z · e^{M_z - M} over the splits

@@ -208,19 +208,15 @@ extern "C" int tern__cuda_attn_decode(tern__cuda *c, float *out, const float *q,
     /* H200 (bench/NOTES.md (m), (n)): batches of >= 8 rows at any context (x64: 1.10-1.14x attention.cu),
      * short contexts (1.4x), and since the parallel split merge one row over 8k keys too (d 128 57 vs
      * 60 us, d 256 58 vs 101 us) */
-    const long blocks = (long)n * nkv, nsm = c->n_sm > 0 ? c->n_sm : 132;
     static int occ = -1; /* TERN_CUDA_AD_OCC: target blocks per SM (default 4), for split sweeps */
     if (occ < 0) {
         const char *v = getenv("TERN_CUDA_AD_OCC");
         occ = v && atoi(v) > 0 ? atoi(v) : 4;
     }
     /* about four resident blocks per SM (each warp walks its keys with U rows in flight and one
-     * more group prefetched: more blocks, not longer walks, hide the latency), >= 32 keys per split */
-    long sp = blocks >= occ * nsm ? 1 : (occ * nsm + blocks - 1) / blocks;
-    if (sp > (keys + 31) / 32) sp = (keys + 31) / 32;
-    if (sp > 128) sp = 128;
-    while (sp > 1 && (size_t)sp * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS) sp /= 2;
-    a.splits = sp < 1 ? 1 : (int)sp;
+     * more group prefetched: more blocks, not longer walks, hide the latency), >= 32 keys per split,
+     * at most 128 */
+    a.splits = tern__cuda_split_count(c, (long)n * nkv, occ, occ, keys, 32, 128, n, nh, d);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)nkv, (unsigned)a.splits, (unsigned)n);
     /* GM = G rounded up to a power of two: the lane arrays hold what the group needs */

@@ -151,6 +151,8 @@ void tern__cuda_attn_init(tern__cuda *c); /* at open: shared-memory limit */
 void tern__cuda_attn_plan(tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv, int n, int nh, int d, int T,
                           int qvmax, int HB, int hsplit, int span, int *R_out, int *splits_out);
 void tern__cuda_attn_merge(tern__cuda *c, float *out, int nrow, int d, int splits, const char *what);
+int tern__cuda_split_count(const tern__cuda *c, long blocks, int full, int want, long keys, long min_keys, int cap,
+                           int n, int nh, int d);
 int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long keys, int T, int n, int nh, int d);
 long tern__cuda_attn_max_keys(const tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv);
 void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
