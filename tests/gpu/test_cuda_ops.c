@@ -14,7 +14,7 @@
  * served formats and stay put for the last case (BF16 rows of 200: not chunk-aligned, fallback).
  * The opt-in down kernel (TERN_CUDA_MOE_DOWN=1, gemv1.cu moe_down_kernel) must give the same bits. */
 extern unsigned long long tern__cuda_moe_fused_calls, tern__cuda_moe_down_calls;
-extern int tern__cuda_moe_down_on;
+extern int tern__cuda_moe_down_on, tern__cuda_moe_fused_on, tern__cuda_moe_rt;
 
 TEST(cuda_moe_fused) {
     static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; int act, H, I, fused; } C[] = {
@@ -26,7 +26,7 @@ TEST(cuda_moe_fused) {
         {TERN_DT_BF16, 0, 0, 0, TERN_ACT_GELU_TANH, 200, 96, 0},
     };
     const int E = 16, k = 4;
-    static const char *RT[] = {"1", "5", "64"};
+    static const int RT[] = {1, 5, 64};
     for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
         const int H = C[c].H, I = C[c].I;
         moe_w m;
@@ -53,7 +53,7 @@ TEST(cuda_moe_fused) {
             moe_route_uneven(idx, wts, n, E, k);
             float *yr = malloc((size_t)n * H * sizeof *yr), *scr = malloc((size_t)n * k * 2 * I * sizeof *scr);
             g_ref->vt->moe_mlp(g_ref, yr, x, n, H, idx, wts, k, &m.gr, &m.ur, &m.dr, C[c].act, scr);
-            unsetenv("TERN_CUDA_MOE_FUSED");
+            tern__cuda_moe_fused_on = 1;
             unsigned long long c0 = tern__cuda_moe_fused_calls;
             float *yf = moe_run(g_gpu, &m, x, idx, wts, n, H, I, k, C[c].act);
             const double rel = rel_or_nan(yf, yr, (size_t)n * H);
@@ -61,10 +61,10 @@ TEST(cuda_moe_fused) {
             CHECK(rel <= 1e-5, "%s n %d fused rel %.2e", nm, n, rel);
             CHECK(tern__cuda_moe_fused_calls - c0 == (unsigned long long)C[c].fused, "%s n %d: fused calls %llu",
                   nm, n, tern__cuda_moe_fused_calls - c0);
-            setenv("TERN_CUDA_MOE_FUSED", "0", 1);
+            tern__cuda_moe_fused_on = 0;
             c0 = tern__cuda_moe_fused_calls;
             float *yo = moe_run(g_gpu, &m, x, idx, wts, n, H, I, k, C[c].act);
-            unsetenv("TERN_CUDA_MOE_FUSED");
+            tern__cuda_moe_fused_on = 1;
             CHECK(tern__cuda_moe_fused_calls == c0, "%s n %d: TERN_CUDA_MOE_FUSED=0 still fused", nm, n);
             double dmax = 0.0;
             for (size_t i = 0; i < (size_t)n * H; i++) dmax = fmax(dmax, fabs((double)yf[i] - yo[i]));
@@ -85,12 +85,12 @@ TEST(cuda_moe_fused) {
                 free(yd);
             }
             for (size_t r = 0; r < TERN_ARRAY_LEN(RT); r++) {
-                setenv("TERN_CUDA_MOE_RT", RT[r], 1);
+                tern__cuda_moe_rt = RT[r];
                 float *yt = moe_run(g_gpu, &m, x, idx, wts, n, H, I, k, C[c].act);
-                CHECK(!memcmp(yf, yt, (size_t)n * H * 4), "%s n %d: row tile %s changes bits", nm, n, RT[r]);
+                CHECK(!memcmp(yf, yt, (size_t)n * H * 4), "%s n %d: row tile %d changes bits", nm, n, RT[r]);
                 free(yt);
             }
-            unsetenv("TERN_CUDA_MOE_RT");
+            tern__cuda_moe_rt = 0;
             if (g_gpu16) { /* bf16 mode, few pairs: the same pair path, the same bits */
                 moe_w m16 = m;
                 m16.gg = m.g.t; m16.ug = m.u.t; m16.dg = m.d.t;

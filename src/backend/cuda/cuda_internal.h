@@ -194,6 +194,7 @@ int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const float *x, 
                           const tern__cuda_w *gate, const tern__cuda_w *up, int act);
 /* moe.cu: calls of moe_mlp that took tern__cuda_moe_gateup (TERN_CUDA_MOE_FUSED=0: never) */
 extern unsigned long long tern__cuda_moe_fused_calls;
+extern int tern__cuda_moe_fused_on, tern__cuda_moe_rt; /* moe.cu / gemv1.cu switches, -1 = from the environment */
 /* gemv1.cu: the down projection with the k terms' loads in flight together (bitwise the expert GEMV);
  * 1 when it ran. Opt-in: TERN_CUDA_MOE_DOWN=1 (tern__cuda_moe_down_on, -1 = from the environment) */
 int tern__cuda_moe_down(tern__cuda *c, float *y, int ystride, const float *x, int xstride, int n,

@@ -339,9 +339,13 @@ static int gu_occupancy(int kind, int in) {
  * one wave of resident blocks (fewer x stagings per weight byte, no tail wave), at most 16;
  * TERN_CUDA_MOE_RT=N forces N (1..64). n = 1, gemma4-26b-a4b (I 704, k 8), 2 blocks/SM on 132
  * SMs: rt 3, 235 blocks of 24 items. */
+int tern__cuda_moe_rt = -1; /* TERN_CUDA_MOE_RT, read once (-1); 0: the rule below; tests set it */
 static int gu_rows(const tern__cuda *c, int kind, int n, int I, int in, int k) {
-    const char *e = getenv("TERN_CUDA_MOE_RT");
-    const int force = e ? atoi(e) : 0;
+    if (tern__cuda_moe_rt < 0) {
+        const char *e = getenv("TERN_CUDA_MOE_RT");
+        tern__cuda_moe_rt = e && atoi(e) > 0 ? atoi(e) : 0;
+    }
+    const int force = tern__cuda_moe_rt;
     if (force >= 1) return force < 64 ? force : 64;
     const long slots = (long)gu_occupancy(kind, in) * (c->n_sm > 0 ? c->n_sm : 1);
     long rt = ((long)n * I + slots - 1) / slots;

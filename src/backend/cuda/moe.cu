@@ -122,6 +122,7 @@ extern "C" void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int a
 }
 
 unsigned long long tern__cuda_moe_fused_calls = 0;
+int tern__cuda_moe_fused_on = -1; /* TERN_CUDA_MOE_FUSED=0: off; read once (-1); tests set it */
 
 extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                                    const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
@@ -135,8 +136,11 @@ extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int 
     }
     cudaSetDevice(c->device);
     if (tern__cuda_moe_grouped(c, y, x, n, H, idx, wts, k, gate, up, down, act, scratch)) return;
-    const char *fe = getenv("TERN_CUDA_MOE_FUSED");
-    if (!(fe && fe[0] == '0') && tern__cuda_moe_gateup(c, scratch, 2 * I, x, n, idx, k, gate, up, act)) {
+    if (tern__cuda_moe_fused_on < 0) {
+        const char *fe = getenv("TERN_CUDA_MOE_FUSED");
+        tern__cuda_moe_fused_on = !(fe && fe[0] == '0');
+    }
+    if (tern__cuda_moe_fused_on && tern__cuda_moe_gateup(c, scratch, 2 * I, x, n, idx, k, gate, up, act)) {
         tern__cuda_moe_fused_calls++;
     } else {
         tern__cuda_gemv_expert(c, scratch, 2 * I, x, k, np, idx, NULL, 1, gate, E, H);
