@@ -150,7 +150,7 @@ static rates measure_rates(tern_backend *be, int on_gpu) {
             double dt = tern_time_s() - t0;
             if (i && dt < best) best = dt;
         }
-        int gemms = on_gpu && be->compute == TERN_COMPUTE_BF16 ? 2 : 1; /* split-bf16: W·xh + W·xl */
+        const int gemms = 1; /* --compute bf16: one plain bf16 GEMM (bf16x2 would run two) */
         r.flops = gemms * 2.0 * M * (double)N * N / best;
         if (be->vt->free_weight) be->vt->free_weight(be, &t);
         be->vt->free(be, x);

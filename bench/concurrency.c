@@ -4,7 +4,7 @@
  *
  *   build/concurrency [MODEL | --random PRESET[:qB]] [--device cpu|cuda] [--threads N]
  *       [--conc 1,4,16,64] [--prompt N] [--gen N] [--system N] [--requests N]
- *       [--max-batch-tokens N] [--kv-quant SPEC] [--compute f32|bf16]
+ *       [--max-batch-tokens N] [--kv-quant SPEC] [--compute f32|bf16|bf16x2]
  *
  * For each concurrency C: an engine with C slots gets C requests at once (distinct random
  * prompts of --prompt tokens, greedy, --gen tokens, EOS ignored) and is stepped until all are
@@ -197,7 +197,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--requests") && has) { a.requests = atoi(v); i++; }
         else if (!strcmp(f, "--max-batch-tokens") && has) { a.mbt = atoi(v); i++; }
         else if (!strcmp(f, "--kv-quant") && has) { a.kv_quant = v; i++; }
-        else if (!strcmp(f, "--compute") && has) { a.bf16 = !strcmp(v, "bf16"); i++; }
+        else if (!strcmp(f, "--compute") && has) { a.bf16 = !strcmp(v, "bf16x2") ? 2 : !strcmp(v, "bf16"); i++; }
         else if (!strcmp(f, "--conc") && has) {
             a.n_conc = 0;
             for (const char *s = v; *s && a.n_conc < 16;) {

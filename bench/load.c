@@ -471,7 +471,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--device")) eo.device = v;
         else if (!strcmp(a, "--max-concurrency")) eo.max_concurrency = atoi(v);
         else if (!strcmp(a, "--max-ctx")) eo.max_ctx = atoi(v);
-        else if (!strcmp(a, "--compute")) eo.compute_bf16 = !strcmp(v, "bf16");
+        else if (!strcmp(a, "--compute")) eo.compute_bf16 = !strcmp(v, "bf16x2") ? 2 : !strcmp(v, "bf16");
         else if (!strcmp(a, "--kv-quant")) eo.kv_quant = v;
         else if (!strcmp(a, "--csv")) csv = v;
         else return usage();

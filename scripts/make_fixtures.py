@@ -576,23 +576,34 @@ def run_case(case, out_root):
     return {"status": "error", "error": f"no tie-free seed in {MAX_ATTEMPTS} attempts"}
 
 
-def f32_check(root):
-    """Load every HF-layout fixture under root in float32 and report its distance to the
-    float64 reference (what transformers itself achieves in f32; for the docs)."""
+def dtype_check(root, dt_name, out_json=""):
+    """Load every HF-layout fixture under root in float32 or bfloat16 and report its distance to the
+    float64 reference: what transformers itself achieves in that dtype (the bf16 figure states the
+    bound of tern's bf16 compute mode, tests/unit/test_parity.c). out_json: the per-case figures."""
+    dt = {"f32": torch.float32, "bf16": torch.bfloat16}[dt_name]
+    res = {}
     for case in fc.CASES:
         d = os.path.join(root, case["name"])
         if "mlx" in case or not os.path.isfile(os.path.join(d, "ref.json")):
             continue
         with open(os.path.join(d, "ref.json")) as f:
             r = json.load(f)
+        if r.get("model_class") is None or not hasattr(T, r["model_class"]):
+            continue
         cls = getattr(T, r["model_class"])
-        m = force_eager_experts(cls.from_pretrained(d, dtype=torch.float32,
-                                                    attn_implementation="eager").eval())
+        m = force_eager_experts(cls.from_pretrained(d, dtype=dt, attn_implementation="eager").eval())
         x = forward(m, r["all_ids"])
         ref = np.fromfile(os.path.join(d, "ref_logits.f32"), dtype="<f4").reshape(r["logits_shape"])
         rel = np.linalg.norm(x - ref, axis=1) / np.linalg.norm(ref, axis=1)
-        log(f"[f32-check] {case['name']}: transformers float32 vs reference: max rel_L2 "
-            f"{rel.max():.2e}, argmax equal {int((x.argmax(1) == ref.argmax(1)).sum())}/{len(rel)}")
+        same = int((x.argmax(1) == ref.argmax(1)).sum())
+        res[case["name"]] = {"max_rel_l2": float(rel.max()), "mean_rel_l2": float(rel.mean()),
+                             "argmax_equal": same, "rows": len(rel)}
+        log(f"[{dt_name}-check] {case['name']}: transformers {dt_name} vs reference: max rel_L2 "
+            f"{rel.max():.2e} (mean {rel.mean():.2e}), argmax equal {same}/{len(rel)}")
+    if out_json:
+        with open(out_json, "w") as f:
+            json.dump({"transformers": T.__version__, "torch": torch.__version__, "dtype": dt_name,
+                       "cases": res}, f, indent=1)
 
 
 def dir_bytes(d):
@@ -606,6 +617,8 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--f32-check", default="", help="fixtures dir: compare transformers f32 with it")
+    ap.add_argument("--bf16-check", default="", help="fixtures dir: compare transformers bf16 with it")
+    ap.add_argument("--check-json", default="", help="with --f32-check/--bf16-check: write the figures here")
     args = ap.parse_args()
     t0 = time.time()
     import torch as _torch
@@ -616,8 +629,8 @@ def main():
         T.logging.set_verbosity_error()
     except Exception:
         pass
-    if args.f32_check:
-        f32_check(args.f32_check)
+    if args.f32_check or args.bf16_check:
+        dtype_check(args.f32_check or args.bf16_check, "f32" if args.f32_check else "bf16", args.check_json)
         return
     os.makedirs(args.out, exist_ok=True)
     explore(args.out)

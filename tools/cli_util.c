@@ -56,8 +56,9 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "--compute")) {
         if (v && !strcmp(v, "f32")) c->compute = TERN_COMPUTE_F32;
         else if (v && !strcmp(v, "bf16")) c->compute = TERN_COMPUTE_BF16;
+        else if (v && !strcmp(v, "bf16x2")) c->compute = TERN_COMPUTE_BF16X2; /* CUDA: f32-accurate GEMM inputs */
         else if (v && !strcmp(v, "int8")) c->compute = TERN_COMPUTE_INT8; /* CPU: int8 x for Q8/Q4 matmuls */
-        else { cli_usage_error(argv[0], "--compute expects f32, bf16 or int8, got '%s'", v ? v : ""); return -1; }
+        else { cli_usage_error(argv[0], "--compute expects f32, bf16, bf16x2 or int8, got '%s'", v ? v : ""); return -1; }
     } else if (!strcmp(a, "--threads")) {
         if (cli_int(argv[0], a, v, 0, 1024, &x)) return -1;
         c->threads = (int)x;

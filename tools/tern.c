@@ -20,7 +20,7 @@ WEAK int tern_cmd_chat(int, char **);
 WEAK int tern_cmd_serve(int, char **);
 WEAK int tern_cmd_fit(int, char **);
 
-#define COMMON "[--device cpu|cuda|auto] [--compute f32|bf16|int8] [--threads N] [--max-ctx N] [--kv-quant SPEC]" \
+#define COMMON "[--device cpu|cuda|auto] [--compute f32|bf16|bf16x2|int8] [--threads N] [--max-ctx N] [--kv-quant SPEC]" \
     " [--gpus N] [--expert-cache GB] [--expert-trace FILE] [--no-mmap]"
 #define SAMPLING "[--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N] [--max-tokens N] [--speculative K]"
 
@@ -48,7 +48,7 @@ static const struct {
      "tern fit MODEL|--random PRESET [--ctx N] [--max-concurrency N] [--memory-budget GB] [--kv-quant SPEC] "
      "[--expert-cache GB]"},
     {"bench", tern_cmd_bench, "prefill/decode speed",
-     "tern bench [MODEL | --random PRESET [--quant bf16|q8|q4|...] [--group 32|64|128]] [--prompt N[,N..]] [--gen N] [--reps R] "
+     "tern bench [MODEL | --random PRESET [--quant bf16|q8|q4|...] [--group 32|64|128]] [--prompt N[,N..]] [--gen N] [--reps R] [--warmup W] "
      "[--bw GB/s] [--probe] " COMMON},
 };
 

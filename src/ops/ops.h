@@ -347,8 +347,14 @@ enum { TERN_ACT_GELU_TANH = 0, TERN_ACT_SILU = 1 };
 
 /* INT8 (CPU only): f32 like TERN_COMPUTE_F32 except that Q8/Q4 matmuls quantize x per weight
  * group to int8 (VNNI dot products; bound in src/backend/cpu/gemv_avx512.c). The CUDA
- * backend has no such mode: the CLI runs it there as BF16. */
-typedef enum { TERN_COMPUTE_F32 = 0, TERN_COMPUTE_BF16 = 1, TERN_COMPUTE_INT8 = 2 } tern_compute;
+ * backend has no such mode: the CLI runs it there as BF16.
+ * BF16 (CUDA): the matmuls' tensor-core GEMMs take x rounded to bf16, like every engine's bf16
+ * mode (weights flagged tern_tensor.precise excepted); residual stream, norms, softmax in f32.
+ * BF16X2 (CUDA, `--compute bf16x2`): x enters those GEMMs as a pair of bf16 (x = hi + lo), so the
+ * products stay f32-accurate (2-3x the tensor-core work; batch-invariant to ~1e-6). A backend
+ * opened with BF16X2 reports be->compute == BF16 (the model code sees one bf16 mode); the CPU
+ * backend runs both as BF16. Bounds per mode: tests/unit/test_parity.c. */
+typedef enum { TERN_COMPUTE_F32 = 0, TERN_COMPUTE_BF16 = 1, TERN_COMPUTE_INT8 = 2, TERN_COMPUTE_BF16X2 = 3 } tern_compute;
 
 struct tern_backend {
     const tern_backend_vt *vt;

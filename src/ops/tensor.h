@@ -74,7 +74,7 @@ typedef struct tern_tensor {
     const int32_t *mat_map;
     /* (appended) 1: a projection whose outputs feed attention logits (q, k; GLM's q_a/q_b/kv_a and
      * indexer). The CUDA bf16 mode keeps these f32-accurate (x split in hi + lo) when the others
-     * run plain bf16 (TERN_BF16_SPLIT=attn, src/backend/cuda/gemm.c); 0 everywhere else */
+     * run plain bf16 (`--compute bf16`, src/backend/cuda/gemm.c); 0 everywhere else */
     int precise;
 } tern_tensor;
 

@@ -90,7 +90,8 @@ static tern_status open_backend(tern_engine *e, const tern_engine_opts *o, tern_
     if (strcmp(dev, "cpu") && strcmp(dev, "cuda") && strcmp(dev, "auto"))
         return tern_err(err, TERN_EINVAL, "engine opts.device: expected cpu, cuda or auto, got '%s'", dev);
     tern_backend_opts bo = {.n_threads = o->n_threads, .device = 0,
-                            .compute = o->compute_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32};
+                            .compute = o->compute_bf16 == 2 ? TERN_COMPUTE_BF16X2
+                                       : o->compute_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32};
     int ranks = o->gpus > 0 ? o->gpus : tern_tp_env();
     if (ranks > 1) { /* tensor parallel: GPUs 0..ranks-1, or CPU ranks with device cpu */
         tern_tp_opts to = {.n = ranks, .cuda = strcmp(dev, "cpu") != 0, .n_threads = o->n_threads, .compute = bo.compute};

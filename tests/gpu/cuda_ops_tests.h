@@ -18,7 +18,7 @@
 #include "test.h"
 
 static tern_backend *g_ref, *g_gpu, *g_gpu16;
-extern int tern__cuda_bf16_split; /* gemm.c: 1 all bf16-mode GEMMs split, 0 only precise weights */
+extern int tern__cuda_bf16_split; /* gemm.c: 1 all bf16-mode GEMMs split (bf16x2), 0 only precise weights (bf16) */
 static unsigned long long g_seed = 0x9e3779b97f4a7c15ULL;
 
 /* ---- helpers ---- */
@@ -177,7 +177,7 @@ TEST(cuda_matmul_formats) {
                 rel = check_matmul(g_gpu16, &h, NS[i], -1);
                 printf("  err %-16s n=%-4d bf16 %.2e\n", nm, NS[i], rel);
                 CHECK(rel <= 1e-4, "%s n=%d bf16 mode rel %.3e", nm, NS[i], rel);
-                /* TERN_BF16_SPLIT=attn: plain bf16 GEMMs (x and W rounded to 2^-8: ~2e-3 rel on random
+                /* --compute bf16: plain bf16 GEMMs (x and W rounded to 2^-8: ~2e-3 rel on random
                  * data), except weights flagged precise, which keep the split's bound */
                 tern__cuda_bf16_split = 0;
                 double plain = check_matmul(g_gpu16, &h, NS[i], -1);
@@ -186,7 +186,7 @@ TEST(cuda_matmul_formats) {
                 h.t.precise = 0;
                 tern__cuda_bf16_split = 1;
                 printf("  err %-16s n=%-4d bf16 plain %.2e precise %.2e\n", nm, NS[i], plain, prec);
-                CHECK(plain <= 1e-2 && prec <= 1e-4, "%s n=%d bf16 split=attn: plain rel %.3e, precise %.3e", nm,
+                CHECK(plain <= 1e-2 && prec <= 1e-4, "%s n=%d bf16 (plain): plain rel %.3e, precise %.3e", nm,
                       NS[i], plain, prec);
             }
         }
@@ -362,7 +362,7 @@ static int cuda_ops_open(char *why, size_t n) {
     }
     o.compute = TERN_COMPUTE_BF16;
     if (tern_backend_cuda_open(&g_gpu16, &o, &err) != TERN_OK) g_gpu16 = NULL;
-    tern__cuda_bf16_split = 1; /* the bounds below are the split contract's; cuda_matmul_formats checks attn */
+    tern__cuda_bf16_split = 1; /* the bounds below are bf16x2's (the split); cuda_matmul_formats checks plain */
     if (tern_backend_cpu_ref_open(&g_ref, NULL, &err) != TERN_OK) {
         snprintf(why, n, "cpu-ref: %s", err.msg);
         return 0;

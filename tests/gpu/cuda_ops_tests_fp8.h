@@ -86,6 +86,14 @@ TEST(cuda_matmul_fp8_experts) {
             const int r = i / 256, j = i % 256, id = ids[r];
             printf("  fp8 embed: row %d (id %d) col %d: cuda %a ref %a code 0x%02x\n", r, id, j, yg[i], yr[i],
                    id >= 0 && id < 50 ? ((const uint8_t *)em.data)[(size_t)id * 256 + j] : 0);
+            /* what the kernel saw: the tensor's block geometry, the scales on the device, a few ratios */
+            float sd[2] = {0, 0};
+            g_gpu->vt->download(g_gpu, sd, tg.scales, sizeof sd);
+            printf("  fp8 embed: tensor blk_rows %d group %d fp8-block %d device %d; device scales %a %a host %a %a\n",
+                   tg.blk_rows, tg.group_size, tern_tensor_is_fp8_block(&tg), tg.device, sd[0], sd[1],
+                   ((const float *)em.scales)[0], ((const float *)em.scales)[1]);
+            for (int q = 0; q < 4; q++)
+                printf("  fp8 embed: col %d cuda/ref %.6g (row 1 %.6g)\n", q, yg[q] / yr[q], yg[256 + q] / yr[256 + q]);
             break;
         }
     CHECK(!memcmp(yg, yr, 4 * 256 * sizeof *yr), "fp8 embed differs from the reference");

@@ -307,6 +307,7 @@ tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *o
     be->vt = &cpu_vt;
     be->device = -1;
     be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
+    if (be->compute == TERN_COMPUTE_BF16X2) be->compute = TERN_COMPUTE_BF16; /* one bf16 mode on the CPU */
     be->impl = c;
     c->k = tern__cpu_kern_pick();
     const char *g8 = getenv("TERN_CPU_GEMM_I8"); /* =0: the int8 mode's prefill runs the f32 GEMM */

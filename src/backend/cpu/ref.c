@@ -414,6 +414,7 @@ tern_status tern_backend_cpu_ref_open(tern_backend **out, const tern_backend_opt
     be->vt = &ref_vt;
     be->device = -1;
     be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
+    if (be->compute == TERN_COMPUTE_BF16X2) be->compute = TERN_COMPUTE_BF16; /* one bf16 mode on the CPU */
     *out = be;
     return TERN_OK;
 }

@@ -474,6 +474,8 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     be->vt = tern__cuda_vt_select(&k_cuda_vt); /* TERN_CUDA_FUSED=0 / TERN_CUDA_PROFILE=1 (prof.c) */
     be->device = dev;
     be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
+    c->bf16_x2 = be->compute == TERN_COMPUTE_BF16X2; /* the model and the kernels see one bf16 mode */
+    if (c->bf16_x2) be->compute = TERN_COMPUTE_BF16;
     be->impl = c;
     c->device = dev;
     c->compute = be->compute;

@@ -34,6 +34,7 @@ extern "C" {
 typedef struct tern__cuda {
     int device;
     tern_compute compute;
+    int bf16_x2;                 /* opened with TERN_COMPUTE_BF16X2 (compute is then BF16): GEMM x as a bf16 pair */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *lt_ws;
@@ -115,7 +116,7 @@ void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *
 void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, size_t n);
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 int tern__cuda_gemm_merge_max(void); /* gemm.c: rows up to which BF16 weights take one [xh | xl] GEMM */
-int tern__cuda_bf16_split_all(void); /* gemm.c: 0 when TERN_BF16_SPLIT=attn (plain bf16 but for precise weights) */
+int tern__cuda_bf16_split_all(const tern__cuda *c); /* gemm.c: 1 bf16x2 (every GEMM splits x), 0 bf16 (precise weights only) */
 /* gemm.c: cuBLASLt C_b (m x n, ld ldc, f32) = A_bᵀ·B_b with A_b (k x m, ld k), B_b (k x n, ld ldb) of
  * type ab; nb = 0 one GEMM (strides unused), nb >= 1 a strided batch (A_b at a + b·sa, B_b at
  * bm + b·sb, C_b at y + b·sc, element offsets); beta 0 or 1; TERN_EDEVICE when no algorithm */

@@ -97,17 +97,13 @@ int tern__cuda_gemm_merge_max(void) {
     return v;
 }
 
-/* TERN_BF16_SPLIT: all (default) keeps every bf16-mode GEMM f32-accurate (the split above); attn splits
- * only the weights flagged precise (tern_tensor.precise: q/k projections) and runs the rest as plain
- * bf16 GEMMs, x rounded to 2^-8 like every other engine's bf16 mode (half the MMA work for BF16
- * weights, a third for dequantized ones). Opt-in until its bounds are in the op tests. */
-int tern__cuda_bf16_split = -1; /* -1: from the environment; 1 all, 0 attn (tests set it) */
-int tern__cuda_bf16_split_all(void) {
-    if (tern__cuda_bf16_split < 0) {
-        const char *e = getenv("TERN_BF16_SPLIT");
-        tern__cuda_bf16_split = !(e && !strcmp(e, "attn"));
-    }
-    return tern__cuda_bf16_split;
+/* Which bf16-mode GEMMs split x: every one under `--compute bf16x2` (c->bf16_x2: f32-accurate); under
+ * `--compute bf16` only the weights flagged precise (tern_tensor.precise: q/k projections), the rest
+ * run as plain bf16 GEMMs, x rounded to 2^-8 like every other engine's bf16 mode (half the MMA work
+ * for BF16 weights, a third for dequantized ones). The GEMVs (few rows) keep f32 x in both modes. */
+int tern__cuda_bf16_split = -1; /* -1: the backend's mode; 1 all, 0 precise only (tests set it) */
+int tern__cuda_bf16_split_all(const tern__cuda *c) {
+    return tern__cuda_bf16_split >= 0 ? tern__cuda_bf16_split : c->bf16_x2;
 }
 
 static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
@@ -119,8 +115,8 @@ static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, con
     uint8_t *scr = (uint8_t *)c->gemm_scratch;
     size_t avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
     const void *xh = x, *xl = NULL;
-    const int plain = bf && !w->precise && !tern__cuda_bf16_split_all();
-    if (plain) { /* TERN_BF16_SPLIT=attn: x rounded to bf16 once, W in bf16, one GEMM (f32 accumulation) */
+    const int plain = bf && !w->precise && !tern__cuda_bf16_split_all(c);
+    if (plain) { /* --compute bf16: x rounded to bf16 once, W in bf16, one GEMM (f32 accumulation) */
         const size_t xbytes = ((size_t)n * in * 2 + 255) & ~(size_t)255;
         if (xbytes >= avail / 2) return TERN_ENOMEM;
         tern__cuda_f32_to_bf16(c, scr, NULL, x, (size_t)n * in);

@@ -13,9 +13,9 @@
  * (0..7) slots 2t,2t+1 hold inputs 32t+4s+{0,1} and slots 2t+8,2t+9 inputs 32t+4s+{2,3}, so the
  * B fragment of step pair (s, s+1) is one 16-byte read of x from shared memory.
  *
- * Accuracy = the bf16 compute mode's contract (gemm.c): x = xh + xl, W = Wh + Wl (Wl = 0 for BF16,
- * exact for F16), y = Wh·xh + Wh·xl + Wl·xh with f32 accumulation — an f32-like bound; with
- * TERN_BF16_SPLIT=attn, weights not flagged precise take Wh·xh only (a third of the MMAs).
+ * Accuracy = the bf16x2 compute mode's contract (gemm.c): x = xh + xl, W = Wh + Wl (Wl = 0 for
+ * BF16, exact for F16), y = Wh·xh + Wh·xl + Wl·xh with f32 accumulation — an f32-like bound; in
+ * the bf16 mode, weights not flagged precise take Wh·xh only (a third of the MMAs).
  * x is converted to the (hi, lo) pair while the block stages it (double-buffered shared memory,
  * 16-byte chunks xor-swizzled so both the stores and the fragment reads are conflict-free);
  * weight words sit in a register ring of 2-3 K blocks, so 1-2 blocks of loads are in flight while
@@ -49,7 +49,7 @@ struct QgArgs {
     int n;
     float *y;                 /* y, or partials [S][n][out] when S > 1 */
     int kb_per, nkb;
-    int plain; /* TERN_BF16_SPLIT=attn and the weight is not precise: Wh·xh only (gemm.c) */
+    int plain; /* bf16 mode (not bf16x2) and the weight is not precise: Wh·xh only (gemm.c) */
 };
 
 template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) qgemm_kernel(QgArgs a) {
@@ -251,7 +251,7 @@ extern "C" int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, 
     a.x = x;
     a.n = n;
     a.nkb = w->in / QG_KB;
-    a.plain = !w->precise && !tern__cuda_bf16_split_all();
+    a.plain = !w->precise && !tern__cuda_bf16_split_all(c);
     /* split K until the grid covers the GPU about twice (partials must fit `part`) */
     const int mb = (w->out + QG_BM - 1) / QG_BM, nb = (n + nt * 8 - 1) / (nt * 8);
     const int mul = tern__cuda_qgemm_split_mul > 0 ? tern__cuda_qgemm_split_mul : 1;
