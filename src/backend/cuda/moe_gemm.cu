@@ -16,8 +16,9 @@
  *   4. down the same way over the sorted h rows into o[sorted row][H] (gemm_scratch).
  *   5. combine: y[r] = Σ_j wts[r][j] · o[ipos[r·k + j]], j = 0..k-1 in order (no atomics).
  * Deterministic, and batch-invariant for a fixed tile height (a row's bits do not depend on its
- * tile position). Not bitwise the pair path (MMA vs GEMV summation); bound = the bf16 mode's
- * split-bf16 contract (rel L2 <= 1e-4 vs cpu-ref, observed <= 8e-6). The f32 mode never comes here
+ * tile position). Not bitwise the pair path (MMA vs GEMV summation); bound = the bf16x2 mode's
+ * split-bf16 contract (rel L2 <= 1e-4 vs cpu-ref, observed <= 8e-6); under `--compute bf16` the
+ * products are Wh·xh only (plain, like qgemm.cu: ~2e-3 on random data). The f32 mode never comes here
  * (exact f32 stays on the pair path). Formats: MLX Q bits 4/8 (groups 32/64/128), BF16, F16;
  * others take the pair path. H200: gemma4-26b-a4b q4 bf16 pp512 1455 -> 3578 tok/s.
  */
@@ -45,6 +46,7 @@ struct MgArgs {
     const int *ntiles;
     float *y;                /* y[sorted row * ystride + ycol + weight row] */
     int ystride;
+    int plain;               /* --compute bf16 (not bf16x2): Wh·xh only, as qgemm.cu's plain GEMMs */
 };
 
 /* ---- sorting ---- */
@@ -232,6 +234,11 @@ template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 :
                     const int r = nt * 8 + g, ph = swz(4 * t + sp, r);
                     const uint4 h = xh[r * 16 + ph], l = xl[r * 16 + ph];
                     float *cc = NT <= 2 ? cor[nt % NC] : acc[nt];
+                    if (a.plain) { /* uniform branch: Wh·xh only */
+                        mma16816(acc[nt], ah[0], h.x, h.y);
+                        mma16816(acc[nt], ah[1], h.z, h.w);
+                        continue;
+                    }
                     mma16816(acc[nt], ah[0], h.x, h.y);
                     mma16816(cc, ah[0], l.x, l.y);
                     mma16816(acc[nt], ah[1], h.z, h.w);
@@ -409,6 +416,7 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
         tern_launch(c->stream, mg_scatter, E, 1024, 0, id, mp, off, perm, ipos);
         tern__cuda_check(c, "moe sort");
         MgArgs a;
+        a.plain = !tern__cuda_bf16_split_all(c); /* expert weights are never precise */
         a.w[0] = mg_w(gate, 0);
         a.w[1] = mg_w(up, I);
         a.in = H;
