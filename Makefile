@@ -52,7 +52,7 @@ build/obj/%.o: %.c
 
 build/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
 build/libtern.a: $(OBJ)
 	@mkdir -p build

@@ -196,12 +196,6 @@ int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const float *x, 
 /* moe.cu: calls of moe_mlp that took tern__cuda_moe_gateup (TERN_CUDA_MOE_FUSED=0: never) */
 extern unsigned long long tern__cuda_moe_fused_calls;
 extern int tern__cuda_moe_fused_on, tern__cuda_moe_rt; /* moe.cu / gemv1.cu switches, -1 = from the environment */
-/* gemv1.cu: the down projection with the k terms' loads in flight together (bitwise the expert GEMV);
- * 1 when it ran. Opt-in: TERN_CUDA_MOE_DOWN=1 (tern__cuda_moe_down_on, -1 = from the environment) */
-int tern__cuda_moe_down(tern__cuda *c, float *y, int ystride, const float *x, int xstride, int n,
-                        const int32_t *idx, const float *wts, int k, const tern__cuda_w *d);
-extern int tern__cuda_moe_down_on;
-extern unsigned long long tern__cuda_moe_down_calls;
 /* moe.cu: h[p][0:I] = act(h[p][0:I]) * h[p][I:2I] for rows p < np of a [np][2I] scratch */
 void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int act);
 /* moe_gemm.cu: moe_mlp through the sorted, grouped expert GEMM (bf16 mode, many pairs; uses

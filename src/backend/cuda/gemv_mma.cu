@@ -207,12 +207,10 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
  * group's scale. A block stages x for its slice once and then walks row blocks blockIdx.x,
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
-template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool S2 = false>
-__global__ void __launch_bounds__(256, S2 ? 3 : 2) gemv_mma_kernel(MmArgs a) {
+template <int BITS, int GB, bool F16S, bool PP, bool FOLD>
+__global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     pdl_trigger();
-    /* steps per K slice (q4 g32: two MMA tiles, fewer registers; S2: two for every group size, at
-     * most 85 registers so that 3 blocks fit per SM) */
-    constexpr int S = GB == 16 || S2 ? 2 : 4;
+    constexpr int S = GB == 16 ? 2 : 4; /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
     constexpr int CPS = 512 / BITS;               /* inputs per step */
@@ -386,10 +384,9 @@ __global__ void __launch_bounds__(256, S2 ? 3 : 2) gemv_mma_kernel(MmArgs a) {
 
 /* TERN_CUDA_GEMV_PP=1: the two-register-set walk for Q4 (same bits; H200: 25.0 vs 24.5 us on
  * 14336x4096, it spills); TERN_CUDA_GEMV_FOLD=1: the 128 folded into the bias (Q4; not the same bits;
- * noise-level gain); TERN_CUDA_GEMV_S2=1: Q4 slices of 2 steps at 3 blocks per SM (other bits: the
- * slices are summed at other boundaries; not yet timed). bench/NOTES.md (n). */
-extern "C" int tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold, tern__cuda_gemv_mma_s2;
-int tern__cuda_gemv_mma_pp = -1, tern__cuda_gemv_mma_fold = -1, tern__cuda_gemv_mma_s2 = -1;
+ * noise-level gain). bench/NOTES.md (n). */
+extern "C" int tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold;
+int tern__cuda_gemv_mma_pp = -1, tern__cuda_gemv_mma_fold = -1;
 
 template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
     if (tern__cuda_gemv_mma_pp < 0) {
@@ -399,13 +396,6 @@ template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t
     if (tern__cuda_gemv_mma_fold < 0) {
         const char *v = getenv("TERN_CUDA_GEMV_FOLD");
         tern__cuda_gemv_mma_fold = v && v[0] == '1';
-    }
-    if constexpr (BITS == 4 && GB != 16) { /* q4 g32 already walks two-step slices */
-        if (tern__cuda_gemv_mma_s2 > 0) {
-            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, false, true>, grid, 256, smem, a);
-            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, false, true>, grid, 256, smem, a);
-            return;
-        }
     }
     if constexpr (BITS == 4) {
         if (tern__cuda_gemv_mma_fold > 0) {
@@ -476,13 +466,8 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     /* K slices of S steps: a function of `in` and the format only, so a row's bits do not depend on
      * how many rows or matrices share the launch (fused == separate ops, tensor-parallel row splits
      * == one GPU) */
-    if (tern__cuda_gemv_mma_s2 < 0) {
-        const char *v = getenv("TERN_CUDA_GEMV_S2");
-        tern__cuda_gemv_mma_s2 = v && v[0] == '1';
-    }
     const int gb = gs * w0->bits / 8;
-    const bool s2 = tern__cuda_gemv_mma_s2 > 0 && w0->bits == 4 && gb != 16;
-    const int steps = gb == 16 || s2 ? 2 : 4; /* = the kernel's S */
+    const int steps = gb == 16 ? 2 : 4; /* = the kernel's S */
     a.ks = (a.in / cps + steps - 1) / steps;
     const size_t units = pair ? 2 * (size_t)a.rows : (size_t)a.rows;
     if (a.ks > 65535 || (a.ks > 1 && ((size_t)a.ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT))) return 0;
@@ -498,7 +483,7 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     /* with many slices the walk's serial tail reductions cost more (4096x14336 q4: 38.5 us walking
      * vs 30.8 not; 14336x4096 26.6 vs 30.2; lm head 167.5 vs 219.2) */
     if (grid_mode > 0 && a.ks <= 8) {
-        const int want = (grid_mode * (s2 ? 3 : 2) * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;
+        const int want = (grid_mode * 2 * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;
         gx = want < rblocks ? want : rblocks;
         const int lo = (rblocks + MM_MINE - 1) / MM_MINE;
         if (gx < lo) gx = lo;

@@ -147,6 +147,5 @@ extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int 
         tern__cuda_gemv_expert(c, scratch + I, 2 * I, x, k, np, idx, NULL, 1, up, up->nmat, H);
         tern__cuda_moe_act(c, scratch, np, I, act);
     }
-    if (tern__cuda_moe_down(c, y, H, scratch, 2 * I, n, idx, wts, k, down)) return;
     tern__cuda_gemv_expert(c, y, H, scratch, 1, n, idx, wts, k, down, down->nmat, 2 * I);
 }
