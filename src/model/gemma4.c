@@ -98,6 +98,7 @@ static tern_status load_layer(tern_model *m, tern_weights *ws, int l, g4_layer *
         VEC(L->post_ff1_norm, H, "layers.%d.post_feedforward_layernorm_1", l);
         VEC(L->post_ff2_norm, H, "layers.%d.post_feedforward_layernorm_2", l);
         MAT(L->router, E, H, "layers.%d.router.proj", l);
+        L->router.precise = 1; /* its logits pick the top-k experts (gemm.c): tiny, kept f32-accurate */
         STACK(L->egate, E, Ie, H, "layers.%d.experts.gate", l);
         STACK(L->eup, E, Ie, H, "layers.%d.experts.up", l);
         STACK(L->edown, E, H, Ie, "layers.%d.experts.down", l);

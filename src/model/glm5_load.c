@@ -123,6 +123,7 @@ tern_status tern__glm5_load(tern_model *m, tern_weights *ws, tern_error *err) {
         }
         if (L->moe) {
             MAT(L->router, E, D, "layers.%d.mlp.gate", l);
+            L->router.precise = 1; /* its logits pick the top-k experts (gemm.c) */
             VEC(L->bias, E, "layers.%d.mlp.gate.e_score_correction_bias", l);
             STK(L->eg, Im, D, "layers.%d.experts.gate", l);
             STK(L->eu, Im, D, "layers.%d.experts.up", l);

@@ -17,11 +17,13 @@
  *   - bf16x2 (GEMM inputs as a bf16 pair, f32-accurate): every row within 2e-2, batch ≤ 1e-2;
  *   - bf16 (GEMM inputs rounded to bf16, as in every engine's bf16 mode): every row within
  *     max(2e-2, what transformers itself reaches in bfloat16 on that fixture) — the figures are in
- *     fixtures/_hf_bf16.json (`make_fixtures.py --bf16-check`; a case without its own figure, an
- *     MLX/FP8 copy, takes the smallest of its family). Batch ≤ 1e-2, except with a DSA indexer:
- *     rounding moves its scores off the reference's tie-free gaps, so the order of a sum (which
- *     depends on the batch) can flip a top-k choice; there each batched row is held to the
- *     reference bound instead, and the batch-vs-alone difference is printed.
+ *     fixtures/_hf_bf16.json (`make_fixtures.py --bf16-check`; a case without its own figure takes
+ *     that of the case it copies — glm5_dsa_q4 → glm5_dsa — else the smallest of its family).
+ *     Batch ≤ 1e-2. With a DSA indexer, bf16 rounding moves its scores off the fixture's tie-free
+ *     gaps, so top-k choices flip (transformers' own bf16 run: 1.03 on glm5_dsa) and a flip's row
+ *     depends on the order of sums, i.e. on the batch: there only the rows before index_topk
+ *     (every key selected, so nothing can flip) are held to the bound, alone and batched; the
+ *     rest are printed.
  */
 #include "model/model.h"
 #include "parity_util.h"
@@ -46,11 +48,17 @@ static double bf16_bound(const char *name) {
     }
     const cJSON *hf = cJSON_GetObjectItem(g_hf_bf16, "cases");
     double fig = 0, fam = 0;
+    size_t best = 0;
     const size_t pre = strcspn(name, "_");
     for (cJSON *c = hf ? hf->child : NULL; c; c = c->next) {
         const cJSON *v = cJSON_GetObjectItem(c, "max_rel_l2");
         if (!cJSON_IsNumber(v)) continue;
-        if (!strcmp(c->string, name)) fig = v->valuedouble;
+        const size_t len = strlen(c->string);
+        /* the case itself, or the longest case it copies (name = that case + "_...") */
+        if (len > best && !strncmp(c->string, name, len) && (name[len] == 0 || name[len] == '_')) {
+            fig = v->valuedouble;
+            best = len;
+        }
         if (!strncmp(c->string, name, pre) && strcspn(c->string, "_") == pre && (fam == 0 || v->valuedouble < fam))
             fam = v->valuedouble;
     }
@@ -108,9 +116,17 @@ static void check_case(const char *name, tern_backend *be) {
     tern_batch b = {.n = na, .tokens = all, .pos = pos, .slot = slot};
     s = tern_model_forward(m, &b, kv, got, &e);
     CHECK(s == TERN_OK, "%s: forward: %s", name, e.msg);
-    double worst = 0;
+    /* bf16 mode with a DSA indexer: the rows before index_topk (see the top of the file) */
+    const int nchk = g_bf16 == 1 && cfg->index_topk > 0 && cfg->index_topk < na ? cfg->index_topk : na;
+    if (nchk < na) printf("  %s: DSA in the bf16 mode: rows 0..%d bounded, the rest printed\n", name, nchk - 1);
+    double worst = 0, rest = 0;
     int worst_row = -1, argmax_bad = 0;
-    for (int t = 0; t < na && !s; t++) {
+    for (int t = nchk; t < na && !s; t++) {
+        double r = test_rel_l2(got + (size_t)t * V, want + (size_t)t * V, (size_t)V);
+        if (r > rest) rest = r;
+    }
+    if (nchk < na) printf("  %s: rows %d..%d: worst rel L2 %.3g\n", name, nchk, na - 1, rest);
+    for (int t = 0; t < nchk && !s; t++) {
         double r = test_rel_l2(got + (size_t)t * V, want + (size_t)t * V, (size_t)V);
         if (r > worst) { worst = r; worst_row = t; }
         if (tern_argmax(got + (size_t)t * V, V) != tern_argmax(want + (size_t)t * V, V)) argmax_bad++;
@@ -151,14 +167,12 @@ static void check_case(const char *name, tern_backend *be) {
     for (int i = 0; i < nb && !s; i++) {
         double d = test_rel_l2(got2 + (size_t)i * V, got + (size_t)src[i] * V, (size_t)V);
         double r = test_rel_l2(got2 + (size_t)i * V, want + (size_t)src[i] * V, (size_t)V);
+        if (src[i] >= nchk) continue; /* DSA rows past index_topk in the bf16 mode (top of the file) */
         if (d > bw) bw = d;
         if (r > bref) bref = r;
     }
     printf("  %s: batch vs alone max rel L2 %.3g (batched vs reference %.3g)\n", name, bw, bref);
-    if (g_bf16 == 1 && cfg->index_topk > 0) { /* DSA in the bf16 mode: see the top of the file */
-        CHECK(bref <= bound, "%s: batched rows rel L2 %.3g vs reference > %.0e", name, bref, bound);
-        bw = 0;
-    }
+    if (!g_int8) CHECK(bref <= bound, "%s: batched rows rel L2 %.3g vs reference > %.0e", name, bref, bound);
     /* int8 mode: activations rounded to int8 per group turn any difference into whole steps of the
      * grid. MoE layers on the CPU group a batch's rows by expert, so their f32 sums already differ
      * from the row alone by ~2e-6 (the f32 bound below); in int8 mode such a row can move by

@@ -114,6 +114,9 @@ void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, const float *x
 void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *w, int e, int r0, int m);
 /* hi = bf16(x), and lo = bf16(x - hi) when lo != NULL */
 void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, size_t n);
+void tern__cuda_round_bf16(tern__cuda *c, float *y, const float *x, size_t n); /* y = bf16(x) as f32; y may be x */
+/* 1 when n rows times w multiply bf16-rounded x (--compute bf16, n >= 2, w not precise): gemv.cu */
+int tern__cuda_plain_rows(const tern__cuda *c, const tern__cuda_w *w, int n);
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 int tern__cuda_gemm_merge_max(void); /* gemm.c: rows up to which BF16 weights take one [xh | xl] GEMM */
 int tern__cuda_bf16_split_all(const tern__cuda *c); /* gemm.c: 1 bf16x2 (every GEMM splits x), 0 bf16 (precise weights only) */

@@ -453,6 +453,19 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const f
     }
 }
 
+/* y = x rounded to bf16 (kept as f32; y may be x) */
+__global__ void round_bf16_kernel(float *y, const float *x, size_t n) {
+    pdl_start();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+
+extern "C" void tern__cuda_round_bf16(tern__cuda *c, float *y, const float *x, size_t n) {
+    unsigned blocks = (unsigned)((n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536);
+    tern_launch(c->stream, round_bf16_kernel, blocks ? blocks : 1, 256, 0, y, x, n);
+    tern__cuda_check(c, "round_bf16");
+}
+
 extern "C" void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *w, int e, int r0, int m) {
     size_t total = (size_t)m * w->in;
     unsigned blocks = (unsigned)((total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536);
@@ -479,11 +492,23 @@ static int gemv_limit(const tern__cuda *c, const tern__cuda_w *w) {
     }
 }
 
+/* --compute bf16: every path for n >= 2 rows multiplies bf16-rounded x (the GEMMs round it), so a
+ * row's result does not depend on which path its batch size picked; the GEMV fallback (shapes the
+ * tensor-core kernels refuse) gets x rounded first. n = 1 keeps f32 x (the decode GEMVs). */
+extern "C" int tern__cuda_plain_rows(const tern__cuda *c, const tern__cuda_w *w, int n) {
+    return n >= 2 && c->compute == TERN_COMPUTE_BF16 && !w->precise && !tern__cuda_bf16_split_all(c);
+}
+
 extern "C" void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     if (n <= 0) return;
     cudaSetDevice(c->device);
     if (tern__cuda_qmma(c, y, x, n, w, e)) return;
     if (tern__cuda_qgemm(c, y, x, n, w, e)) return;
     if (n > gemv_limit(c, w) && tern__cuda_gemm(c, y, x, n, w, e) == TERN_OK) return;
+    if (tern__cuda_plain_rows(c, w, n) && (size_t)n * w->in * sizeof(float) <= TERN_CUDA_GEMM_SCRATCH_BYTES) {
+        float *xr = (float *)c->gemm_scratch;
+        tern__cuda_round_bf16(c, xr, x, (size_t)n * w->in);
+        x = xr;
+    }
     tern__cuda_gemv(c, y, x, n, w, e);
 }

@@ -136,6 +136,14 @@ extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int 
     }
     cudaSetDevice(c->device);
     if (tern__cuda_moe_grouped(c, y, x, n, H, idx, wts, k, gate, up, down, act, scratch)) return;
+    /* --compute bf16, several tokens: the grouped GEMMs above multiply bf16-rounded x and h; so does
+     * this pair path then (the choice between them depends on the batch size) */
+    const int plain = tern__cuda_plain_rows(c, gate, n) && (size_t)n * H * sizeof(float) <= TERN_CUDA_GEMM_SCRATCH_BYTES;
+    if (plain) {
+        float *xr = (float *)c->gemm_scratch;
+        tern__cuda_round_bf16(c, xr, x, (size_t)n * H);
+        x = xr;
+    }
     if (tern__cuda_moe_fused_on < 0) {
         const char *fe = getenv("TERN_CUDA_MOE_FUSED");
         tern__cuda_moe_fused_on = !(fe && fe[0] == '0');
@@ -147,5 +155,6 @@ extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int 
         tern__cuda_gemv_expert(c, scratch + I, 2 * I, x, k, np, idx, NULL, 1, up, up->nmat, H);
         tern__cuda_moe_act(c, scratch, np, I, act);
     }
+    if (plain) tern__cuda_round_bf16(c, scratch, scratch, (size_t)np * 2 * I);
     tern__cuda_gemv_expert(c, y, H, scratch, 1, n, idx, wts, k, down, down->nmat, 2 * I);
 }
