@@ -115,10 +115,12 @@ __global__ void mg_scatter(const int32_t *idx, int np, const int *off, int32_t *
 
 /* ---- the grouped GEMM (the K loop of qgemm_kernel, per work item) ---- */
 
-template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) mg_kernel(MgArgs a) {
+/* PL: the plain mode compiled in for Q experts (no Wl half at all; qgemm.cu's PL) */
+template <int KIND, int NT, bool PL = false>
+__global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) mg_kernel(MgArgs a) {
     pdl_start();
     constexpr int W = QgKind<KIND>::W, BN = NT * 8, XT = BN * 16 / 256;
-    constexpr bool Q = QgKind<KIND>::Q, LO = KIND != 17;
+    constexpr bool Q = QgKind<KIND>::Q, LO = KIND != 17 && !PL;
     extern __shared__ uint4 xs[]; /* [2 buffers][hi, lo][BN rows][16 chunks] */
     if ((int)blockIdx.y >= *a.ntiles) return;
     const MgW mw = blockIdx.z ? a.w[1] : a.w[0];
@@ -234,7 +236,7 @@ template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 :
                     const int r = nt * 8 + g, ph = swz(4 * t + sp, r);
                     const uint4 h = xh[r * 16 + ph], l = xl[r * 16 + ph];
                     float *cc = NT <= 2 ? cor[nt % NC] : acc[nt];
-                    if (a.plain) { /* uniform branch: Wh·xh only */
+                    if (PL || a.plain) { /* uniform branch: Wh·xh only */
                         mma16816(acc[nt], ah[0], h.x, h.y);
                         mma16816(acc[nt], ah[1], h.z, h.w);
                         continue;
@@ -292,9 +294,11 @@ __global__ void mg_combine(float *y, const float *o, const int32_t *ipos, const 
 
 static size_t mg_smem(int nt) { return (size_t)2 * 2 * nt * 8 * 16 * 16; }
 
-template <int KIND> static void mg_launch(cudaStream_t st, dim3 grid, int nt, const MgArgs &a) {
-    if (nt == 2) tern_launch(st, mg_kernel<KIND, 2>, grid, 256, mg_smem(2), a);
-    else tern_launch(st, mg_kernel<KIND, 8>, grid, 256, mg_smem(8), a);
+template <int KIND, bool PL = false> static void mg_launch(cudaStream_t st, dim3 grid, int nt, const MgArgs &a) {
+    if constexpr (KIND <= 8 && !PL)
+        if (a.plain) return mg_launch<KIND, true>(st, grid, nt, a);
+    if (nt == 2) tern_launch(st, mg_kernel<KIND, 2, PL>, grid, 256, mg_smem(2), a);
+    else tern_launch(st, mg_kernel<KIND, 8, PL>, grid, 256, mg_smem(8), a);
 }
 
 static unsigned g_mg_smem; /* bit d: the NT = 8 instances may use > 48 KB on device d */
@@ -307,6 +311,8 @@ static int mg_ensure_smem(tern__cuda *c) {
     const int b = (int)mg_smem(8);
     cudaFuncSetAttribute(mg_kernel<4, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
     cudaFuncSetAttribute(mg_kernel<8, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+    cudaFuncSetAttribute(mg_kernel<4, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+    cudaFuncSetAttribute(mg_kernel<8, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
     cudaFuncSetAttribute(mg_kernel<16, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
     cudaFuncSetAttribute(mg_kernel<17, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
     if (cudaGetLastError() != cudaSuccess) return 0;

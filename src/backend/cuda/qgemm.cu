@@ -52,10 +52,13 @@ struct QgArgs {
     int plain; /* bf16 mode (not bf16x2) and the weight is not precise: Wh·xh only (gemm.c) */
 };
 
-template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) qgemm_kernel(QgArgs a) {
+/* PL: the plain mode compiled in (q4/q8 only): no Wl half is computed at all (a.plain alone skips
+ * its MMAs but the split of every dequantized weight stays in the instruction stream) */
+template <int KIND, int NT, bool PL = false>
+__global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) qgemm_kernel(QgArgs a) {
     pdl_start();
     constexpr int W = QgKind<KIND>::W, BN = NT * 8, XT = BN * 16 / 256; /* x chunks per thread */
-    constexpr bool Q = QgKind<KIND>::Q, LO = KIND != 17;
+    constexpr bool Q = QgKind<KIND>::Q, LO = KIND != 17 && !PL;
     extern __shared__ uint4 xs[]; /* [2 buffers][hi, lo][BN rows][16 chunks] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * QG_BM + warp * 16, n0 = blockIdx.z * BN;
@@ -149,7 +152,7 @@ template <int KIND, int NT> __global__ void __launch_bounds__(256, NT <= 2 ? 2 :
                     const int r = nt * 8 + g, ph = swz(4 * t + sp, r);
                     const uint4 h = xh[r * 16 + ph], l = xl[r * 16 + ph];
                     float *cc = NT <= 2 ? cor[nt % NC] : acc[nt];
-                    if (a.plain) { /* uniform branch: Wh·xh only */
+                    if (PL || a.plain) { /* uniform branch: Wh·xh only */
                         mma16816(acc[nt], ah[0], h.x, h.y);
                         mma16816(acc[nt], ah[1], h.z, h.w);
                         continue;
@@ -196,13 +199,16 @@ __global__ void qgemm_reduce(float *y, const float *part, size_t m, int S) {
 
 static size_t smem_bytes(int nt) { return (size_t)2 * 2 * nt * 8 * 16 * 16; }
 
-template <int KIND> static void launch(cudaStream_t st, dim3 grid, int nt, const QgArgs &a) {
-    if (nt == 2) tern_launch(st, qgemm_kernel<KIND, 2>, grid, 256, smem_bytes(2), a);
-    else tern_launch(st, qgemm_kernel<KIND, 8>, grid, 256, smem_bytes(8), a);
+template <int KIND, bool PL = false> static void launch(cudaStream_t st, dim3 grid, int nt, const QgArgs &a) {
+    if constexpr ((KIND == 4 || KIND == 8) && !PL)
+        if (a.plain) return launch<KIND, true>(st, grid, nt, a);
+    if (nt == 2) tern_launch(st, qgemm_kernel<KIND, 2, PL>, grid, 256, smem_bytes(2), a);
+    else tern_launch(st, qgemm_kernel<KIND, 8, PL>, grid, 256, smem_bytes(8), a);
 }
 
-template <int KIND> static void allow() {
-    cudaFuncSetAttribute(qgemm_kernel<KIND, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes(8));
+template <int KIND, bool PL = false> static void allow() {
+    cudaFuncSetAttribute(qgemm_kernel<KIND, 8, PL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes(8));
+    if constexpr ((KIND == 4 || KIND == 8) && !PL) allow<KIND, true>();
 }
 
 static unsigned g_smem_ready; /* bit d: the NT = 8 instances may use > 48 KB on device d */
