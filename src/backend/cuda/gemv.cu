@@ -443,6 +443,53 @@ __global__ void dequant_kernel(void *dst, int bf16, WDesc w, int e, int r0, int 
     }
 }
 
+/* The same values for Q4/Q8 (in and group size multiples of 8), 8 codes per thread: one 4- or
+ * 8-byte load, one scale/bias pair, 16/32-byte stores, no per-element index math. The generic
+ * kernel above spent ~340 us on a 14336x4096 q4 matrix (its per-element 64-bit divisions and
+ * gathers), 8x the bytes' time. Values: fmaf(s, q, b), as welem. */
+template <int BITS> __global__ void dequant_q_kernel(void *dst, int bf16, WDesc w, int e, int r0, int m) {
+    pdl_start();
+    const int in8 = w.in >> 3, ng = w.in / w.gs;
+    const unsigned total = (unsigned)m * (unsigned)in8;
+    const size_t half = (((size_t)m * w.in * 2 + 255) & ~(size_t)255) / 2; /* lo plane offset (elements) */
+    const uint8_t *sc = w.scales + (size_t)e * w.mat_bytes_s, *bi = w.biases + (size_t)e * w.mat_bytes_s;
+    for (unsigned t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+        const int r = (int)(t / (unsigned)in8), j0 = (int)(t % (unsigned)in8) * 8;
+        const uint8_t *row = w.data + (size_t)e * w.mat_bytes + (size_t)(r0 + r) * w.row_bytes;
+        const size_t gi = (size_t)(r0 + r) * ng + (size_t)(j0 / w.gs);
+        const float s = load_s(sc, w.sdtype, gi), b = load_s(bi, w.sdtype, gi);
+        float v[8];
+        if constexpr (BITS == 4) {
+            const uint32_t q = *(const uint32_t *)(row + j0 / 2);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = fmaf(s, (float)((q >> (4 * i)) & 15u), b);
+        } else {
+            const uint2 q = *(const uint2 *)(row + j0);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = fmaf(s, (float)(((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 255u), b);
+        }
+        const size_t o = (size_t)r * w.in + j0;
+        if (!bf16) {
+            float4 *d = (float4 *)((float *)dst + o);
+            d[0] = make_float4(v[0], v[1], v[2], v[3]);
+            d[1] = make_float4(v[4], v[5], v[6], v[7]);
+            continue;
+        }
+        uint32_t hw[4], lw[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+            const float2 hf = __bfloat1622float2(h);
+            const __nv_bfloat162 l = __floats2bfloat162_rn(v[2 * i] - hf.x, v[2 * i + 1] - hf.y);
+            hw[i] = *(const uint32_t *)&h;
+            lw[i] = *(const uint32_t *)&l;
+        }
+        __nv_bfloat16 *d = (__nv_bfloat16 *)dst;
+        *(uint4 *)(d + o) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+        if (bf16 == 2) *(uint4 *)(d + half + o) = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+    }
+}
+
 /* hi = bf16(x); lo (when non-NULL) = bf16(x - hi): x = hi + lo within 2^-16 |x| */
 __global__ void f32_to_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, size_t n) {
     pdl_start();
@@ -467,6 +514,15 @@ extern "C" void tern__cuda_round_bf16(tern__cuda *c, float *y, const float *x, s
 }
 
 extern "C" void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *w, int e, int r0, int m) {
+    if (w->dtype == TERN_DT_Q && (w->bits == 4 || w->bits == 8) && w->in % 8 == 0 && w->group_size % 8 == 0 &&
+        (size_t)m * (w->in / 8) < (1u << 31) && m > 0) {
+        const size_t t8 = (size_t)m * (w->in / 8);
+        const unsigned blocks = (unsigned)((t8 + 255) / 256 < 65536 ? (t8 + 255) / 256 : 65536);
+        if (w->bits == 4) tern_launch(c->stream, dequant_q_kernel<4>, blocks, 256, 0, dst, bf16, make_wdesc(w), e, r0, m);
+        else tern_launch(c->stream, dequant_q_kernel<8>, blocks, 256, 0, dst, bf16, make_wdesc(w), e, r0, m);
+        tern__cuda_check(c, "dequant");
+        return;
+    }
     size_t total = (size_t)m * w->in;
     unsigned blocks = (unsigned)((total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536);
     tern_launch(c->stream, dequant_kernel, blocks ? blocks : 1, 256, 0, dst, bf16, make_wdesc(w), e, r0, m);

@@ -35,8 +35,8 @@
  * faster on the H200 — BF16 weights from n = 32 (x split in two GEMMs at cuBLASLt's rate), Q
  * weights between n = 256 (qgemm 7-18% faster) and 512 (13-35% slower). */
 extern "C" int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16;
-int tern__cuda_qgemm_max_n_q = 256;
-int tern__cuda_qgemm_max_n_bf16 = 16;
+int tern__cuda_qgemm_max_n_q = 64; /* H200, q4 plain: dequantize + cuBLASLt wins from n = 128 (107.8 vs 157.9 us, 14336x4096) */
+int tern__cuda_qgemm_max_n_bf16 = 8; /* H200: cuBLASLt wins from n = 16 (34.0 vs 46.0 us, 14336x4096) */
 /* K is split until the grid has about split_mul x SM-count blocks (bench_cuda sweeps it) */
 extern "C" int tern__cuda_qgemm_split_mul;
 int tern__cuda_qgemm_split_mul = 2;
