@@ -31,9 +31,9 @@
 
 #include <stdlib.h>
 
-/* Row-count limits (bench_cuda sets them to compare paths): above them gemm.c (cuBLASLt) is
- * faster on the H200 — BF16 weights from n = 32 (x split in two GEMMs at cuBLASLt's rate), Q
- * weights between n = 256 (qgemm 7-18% faster) and 512 (13-35% slower). */
+/* Row-count limits (bench_cuda --batched sets them to compare paths): above them gemm.c (cuBLASLt)
+ * is faster on the H200 — since the plain bf16 mode and the 8-codes-per-thread dequantize (session
+ * 6, NOTES (o)): BF16 weights from n = 16, Q weights from n = 128 (qgemm still wins at 64). */
 extern "C" int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16;
 int tern__cuda_qgemm_max_n_q = 64; /* H200, q4 plain: dequantize + cuBLASLt wins from n = 128 (107.8 vs 157.9 us, 14336x4096) */
 int tern__cuda_qgemm_max_n_bf16 = 8; /* H200: cuBLASLt wins from n = 16 (34.0 vs 46.0 us, 14336x4096) */
