@@ -67,7 +67,8 @@ typedef struct tern_engine_opts {
     const char *model;        /* model directory, or "demo" (the embedded tiny model); NULL = demo */
     const char *device;       /* "cpu", "cuda", "auto" (default auto) */
     int compute_bf16;         /* 0: exact f32 path; 1: bf16 compute where the backend has it (matmul inputs
-                                 rounded to bf16); 2: bf16x2 (inputs as a bf16 pair: f32-accurate products) */
+                                 rounded to bf16); 2: bf16x2 (inputs as a bf16 pair: f32-accurate products);
+                                 -1 (tern_engine_default_opts): bf16 on a GPU, f32 on the CPU */
     int n_threads;            /* CPU threads, 0 = all cores */
     int max_concurrency;      /* sequences decoded together (KV slots); default 8 */
     int max_ctx;              /* longest sequence; 0 = min(model context, 8192) */

@@ -112,9 +112,9 @@ if [ -d .gpudeps/root ]; then
         for m in llama3 gemma4_e2b_like; do
             for q in off 8 4 turbo; do
                 a=$(timeout 30 ./build/tern-core generate "$F/$m" --ids 2,17,99,45,20,12 --max-tokens 40 --temperature 0 \
-                    --ignore-eos --print-ids --kv-quant "$q" --device cpu 2>/dev/null | head -1)
+                    --ignore-eos --print-ids --kv-quant "$q" --device cpu --compute f32 2>/dev/null | head -1)
                 b=$(timeout 30 ./build/tern-core generate "$F/$m" --ids 2,17,99,45,20,12 --max-tokens 40 --temperature 0 \
-                    --ignore-eos --print-ids --kv-quant "$q" --device cuda 2>/dev/null | head -1)
+                    --ignore-eos --print-ids --kv-quant "$q" --device cuda --compute f32 2>/dev/null | head -1)
                 same=$(python3 -c 'import sys;a,b=sys.argv[1].split(),sys.argv[2].split();n=0
 for x,y in zip(a,b):
     if x!=y: break

@@ -12,7 +12,8 @@
 typedef struct cli_common {
     const char *model;       /* directory or "demo" */
     const char *device;      /* cpu | cuda | auto */
-    tern_compute compute;
+    tern_compute compute;     /* when compute_set: --compute; otherwise bf16 on a GPU, f32 on the CPU */
+    int compute_set;
     int threads;
     int max_ctx;
     const char *random;      /* --random NAME: synthesize weights of a preset geometry */

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 int tern_cmd_chat(int argc, char **argv) {
-    cli_text_flags f = {.temperature = -1, .top_p = -1, .min_p = -1, .seed = -1};
+    cli_text_flags f = {.temperature = -1, .top_p = -1, .min_p = -1, .seed = -1, .compute_bf16 = -1};
     const char *system = NULL;
     for (int i = 1; i < argc; i++) {
         int r = cli_text_flag(&f, "chat", argc, argv, &i);

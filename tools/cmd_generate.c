@@ -36,7 +36,7 @@ static int generate_text(int argc, char **argv) {
 #else
 /* Text mode: re-parse the arguments for the text flags. */
 static int generate_text(int argc, char **argv) {
-    cli_text_flags f = {.temperature = -1, .top_p = -1, .min_p = -1, .seed = -1};
+    cli_text_flags f = {.temperature = -1, .top_p = -1, .min_p = -1, .seed = -1, .compute_bf16 = -1};
     const char *prompt = NULL, *system = NULL, *pos[2];
     int raw = 0, npos = 0;
     for (int i = 1; i < argc; i++) {

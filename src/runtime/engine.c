@@ -65,6 +65,7 @@ tern_engine_opts tern_engine_default_opts(void) {
     o.max_concurrency = 8;
     o.max_batch_tokens = 512;
     o.kv_quant = "auto";
+    o.compute_bf16 = -1; /* bf16 on a GPU, f32 on the CPU */
     return o;
 }
 
@@ -89,16 +90,20 @@ static tern_status open_backend(tern_engine *e, const tern_engine_opts *o, tern_
     const char *dev = o->device && *o->device ? o->device : "auto";
     if (strcmp(dev, "cpu") && strcmp(dev, "cuda") && strcmp(dev, "auto"))
         return tern_err(err, TERN_EINVAL, "engine opts.device: expected cpu, cuda or auto, got '%s'", dev);
-    tern_backend_opts bo = {.n_threads = o->n_threads, .device = 0,
-                            .compute = o->compute_bf16 == 2 ? TERN_COMPUTE_BF16X2
-                                       : o->compute_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32};
+    /* compute_bf16 < 0: bf16 where a GPU runs the model, f32 where the CPU does */
+    const tern_compute gpu_c = o->compute_bf16 == 2 ? TERN_COMPUTE_BF16X2
+                               : o->compute_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32;
+    const tern_compute cpu_c = o->compute_bf16 < 0 ? TERN_COMPUTE_F32 : gpu_c;
+    tern_backend_opts bo = {.n_threads = o->n_threads, .device = 0, .compute = gpu_c};
     int ranks = o->gpus > 0 ? o->gpus : tern_tp_env();
     if (ranks > 1) { /* tensor parallel: GPUs 0..ranks-1, or CPU ranks with device cpu */
-        tern_tp_opts to = {.n = ranks, .cuda = strcmp(dev, "cpu") != 0, .n_threads = o->n_threads, .compute = bo.compute};
+        const int cuda = strcmp(dev, "cpu") != 0;
+        tern_tp_opts to = {.n = ranks, .cuda = cuda, .n_threads = o->n_threads, .compute = cuda ? gpu_c : cpu_c};
         tern_status st = tern_tp_open(&e->tp, &to, err);
         if (st && !strcmp(dev, "auto")) {
             tern_log(TERN_LOG_INFO, "engine: %s; %d CPU ranks instead", err ? err->msg : "no GPUs", ranks);
             to.cuda = 0;
+            to.compute = cpu_c;
             st = tern_tp_open(&e->tp, &to, err);
         }
         if (!st) e->be = tern_tp_backend(e->tp, 0);
@@ -110,6 +115,7 @@ static tern_status open_backend(tern_engine *e, const tern_engine_opts *o, tern_
         if (st && !strcmp(dev, "cuda")) { if (err) *err = ce; return st; }
         if (!st) return TERN_OK;
     }
+    bo.compute = cpu_c;
     return tern_backend_cpu_open(&e->be, &bo, err);
 }
 
