@@ -54,7 +54,7 @@ typedef struct args {
     const char *model, *device, *kv_quant;
     int threads, prompt, gen, system, requests, mbt;
     int conc[16], n_conc;
-    int bf16; /* --compute bf16 */
+    int bf16; /* --compute: 0 f32, 1 bf16, 2 bf16x2; -1 (default) bf16 on a GPU, f32 on the CPU */
 } args;
 
 static tern_engine *open_engine(const args *a, int conc, int ctx, double cache_gb) {
@@ -183,7 +183,7 @@ static int run_prefix(const args *a) {
 
 int main(int argc, char **argv) {
     args a = {.model = "demo", .device = "cpu", .prompt = 64, .gen = 32, .system = 1024, .requests = 8, .mbt = 512,
-              .conc = {1, 4, 16, 64}, .n_conc = 4};
+              .conc = {1, 4, 16, 64}, .n_conc = 4, .bf16 = -1};
     static char rnd[128];
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

@@ -172,6 +172,7 @@ static tern_engine *rt_engine_pc(int conc, int budget, double kv_gb, int max_ctx
     o.prompt_cache_gb = cache_gb;
     o.model = rt_model_dir();
     o.device = getenv("TERN_TEST_DEVICE") ? getenv("TERN_TEST_DEVICE") : "cpu";  /* cuda on a GPU machine */
+    o.compute_bf16 = 0; /* exact f32 on any device (the GPU default is bf16): tests compare with rt_ref */
     o.n_threads = 2;
     o.max_concurrency = conc;
     o.max_batch_tokens = budget;

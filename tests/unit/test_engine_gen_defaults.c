@@ -28,6 +28,8 @@ TEST(demo_generation_config_defaults) {
     tern_model_info none;
     tern_engine_model_info(NULL, &none);
     CHECK(none.gen_temperature < 0 && none.gen_top_p < 0 && none.gen_top_k < 0, "no engine -> absent");
+    /* compute: bf16 where a GPU runs the model, f32 on the CPU (-1); 0 keeps f32 everywhere */
+    CHECK(tern_engine_default_opts().compute_bf16 == -1, "default compute_bf16 %d", tern_engine_default_opts().compute_bf16);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) {}

@@ -214,6 +214,7 @@ static void engine_case(const char *name, int N, int expect_cached) {
     tern_engine_opts o = tern_engine_default_opts();
     o.model = dir;
     o.device = g_cuda ? "cuda" : "cpu";
+    o.compute_bf16 = g_bf16; /* not the GPU default (bf16): the greedy ids are the f32 reference's */
     o.gpus = N;
     o.max_concurrency = 4;
     o.prompt_cache_gb = 0.01;

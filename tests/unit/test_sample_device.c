@@ -191,6 +191,7 @@ static void engine_run(const char *device, int dev_sample, rt_col out[4]) {
     tern_engine_opts o = tern_engine_default_opts();
     o.model = rt_model_dir();
     o.device = device;
+    o.compute_bf16 = 0; /* f32 on both devices (the GPU default is bf16): the runs are compared */
     o.n_threads = 2;
     o.max_concurrency = 4;
     o.max_batch_tokens = 32;
