@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
         SV s0[S], b0[S], s1[S], b1[S];
     };
     MmSet A, B;
-    MmRows r;
+    MmRows r{}; /* value-initialised: the lambdas below capture it before the first row block sets it */
     auto load_step = [&](MmSet &o, int i) {
         const int st = st0 + i, G = GB > 64 ? st * 64 / GB : st * GPS;
         o.w0[i] = mm_ld4(r.w0 + (size_t)st * 64);
