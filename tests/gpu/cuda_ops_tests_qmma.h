@@ -6,8 +6,8 @@
  * 16, 33, 64} on 300 x 384 (out not a multiple of the 128-row block); long inputs (4096, 14336;
  * split K + reduction) and many row blocks at n in {1, 8, 33, 64}; batch invariance (a row's
  * output has the same bits at n = 1, 33, 64). Each check also asserts that the new kernel ran
- * (its launch counter moved), so a silent decline cannot pass. Also gemm.c's row chunks. Bounds: f32 mode 1e-5, bf16 mode
- * 1e-4 (the existing matmul bounds). Lines "  err <format> n=<rows> qmma-f32|qmma-bf16 <rel>".
+ * (its launch counter moved), so a silent decline cannot pass. Also gemm.c's row chunks. Bounds: f32 mode 1e-5, bf16x2 mode
+ * 1e-4 (the existing matmul bounds), the plain bf16 mode (one x part, n >= 2) 1e-2. Lines "  err <format> n=<rows> qmma-f32|qmma-bf16 <rel>".
  * Included by cuda_ops_tests.h after its helpers (make_w, check_matmul).
  */
 #ifndef TERN_CUDA_OPS_TESTS_QMMA_H
@@ -32,6 +32,15 @@ static void qmma_check(const hw *h, const char *nm, int n) {
         CHECK(ran, "%s n=%d mode %d: qmma did not run", nm, n, m);
         CHECK(rel <= tol, "%s %dx%d n=%d %s rel %.3e", nm, (int)h->t.shape[0], (int)h->t.shape[1], n, m ? "bf16" : "f32",
               rel);
+        if (m && n >= 2) { /* the plain bf16 mode: one x part (x rounded to bf16), codes and scales exact */
+            tern__cuda_bf16_split = 0;
+            const unsigned long long c1 = tern__cuda_qmma_calls;
+            const double rp = check_matmul(be[m], h, n, -1);
+            tern__cuda_bf16_split = 1;
+            printf("  err %-16s %dx%d n=%-3d qmma-plain %.2e\n", nm, (int)h->t.shape[0], (int)h->t.shape[1], n, rp);
+            CHECK(tern__cuda_qmma_calls == c1 + 1, "%s n=%d plain: qmma did not run", nm, n);
+            CHECK(rp <= 1e-2, "%s n=%d plain rel %.3e", nm, n, rp);
+        }
     }
     tern__cuda_qmma_mode = keep;
 }

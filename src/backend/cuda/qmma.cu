@@ -84,12 +84,14 @@ template <int BITS> __device__ __forceinline__ void qm_decode(const uint32_t *wd
     }
 }
 
-/* (v0, v1) -> NP bf16 pairs whose sum is the pair (NP = 3: exactly) */
+/* (v0, v1) -> NP bf16 pairs whose sum is the pair (NP = 3: exactly; NP = 1: x rounded, the plain
+ * bf16 mode) */
 template <int NP> __device__ __forceinline__ void qm_split(float v0, float v1, uint32_t *o) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+    o[0] = qm_bits(h);
+    if constexpr (NP == 1) return;
     const float2 hf = __bfloat1622float2(h);
     const float r0 = v0 - hf.x, r1 = v1 - hf.y; /* exact */
-    o[0] = qm_bits(h);
     const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
     o[1] = qm_bits(m);
     if constexpr (NP == 3) {
@@ -315,7 +317,7 @@ static int qm_ensure_smem(tern__cuda *c) {
     if (!bit) return 0;
     if (qm_smem_ready & bit) return 1;
     if (c->capturing) return 0; /* never set attributes while a step is recorded */
-    qm_allow<4, 2>(); qm_allow<4, 3>(); qm_allow<8, 2>(); qm_allow<8, 3>();
+    qm_allow<4, 1>(); qm_allow<4, 2>(); qm_allow<4, 3>(); qm_allow<8, 1>(); qm_allow<8, 2>(); qm_allow<8, 3>();
     if (cudaGetLastError() != cudaSuccess) return 0;
     qm_smem_ready |= bit;
     return 1;
@@ -342,7 +344,9 @@ extern "C" int tern__cuda_qmma(tern__cuda *c, float *y, const float *x, int n, c
     if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) return 0;
     if (w->in % QM_KT != 0 || w->in <= 0 || w->out < 1 || ((uintptr_t)x & 15)) return 0;
     if (!qm_ensure_smem(c)) return 0;
-    const int nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8, np = f32 ? 3 : 2;
+    /* x parts: f32 mode 3 (exact), bf16x2 (and n = 1 in bf16) 2, the plain bf16 mode 1 (x rounded;
+     * the codes, scales and Σx stay exact) */
+    const int nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8, np = f32 ? 3 : tern__cuda_plain_rows(c, w, n) ? 1 : 2;
     QmArgs a;
     a.w = (const uint8_t *)w->data + (size_t)e * w->mat_bytes;
     a.s = (const uint8_t *)w->scales + (size_t)e * w->mat_bytes_s;
@@ -368,10 +372,12 @@ extern "C" int tern__cuda_qmma(tern__cuda *c, float *y, const float *x, int n, c
     a.y = S > 1 ? c->part : y;
     const dim3 grid((unsigned)mb, (unsigned)S);
     if (w->bits == 4) {
-        if (np == 2) qm_launch<4, 2>(c->stream, grid, nt, a);
+        if (np == 1) qm_launch<4, 1>(c->stream, grid, nt, a);
+        else if (np == 2) qm_launch<4, 2>(c->stream, grid, nt, a);
         else qm_launch<4, 3>(c->stream, grid, nt, a);
     } else {
-        if (np == 2) qm_launch<8, 2>(c->stream, grid, nt, a);
+        if (np == 1) qm_launch<8, 1>(c->stream, grid, nt, a);
+        else if (np == 2) qm_launch<8, 2>(c->stream, grid, nt, a);
         else qm_launch<8, 3>(c->stream, grid, nt, a);
     }
     tern__cuda_check(c, "qmma");
