@@ -6,9 +6,9 @@
  *   4-bit: ((w >> 4i) & 0x000F000F) | 0x43004300 is the bf16 pair (128 + q_i, 128 + q_{i+4}); one
  *          exact bf16x2 subtraction of 128 leaves (q_i, q_{i+4}). (LOP3 + shift + HSUB2 per 2 codes)
  *   8-bit: byte_perm(w, 0x4B000000) = f32 2^23 + q, minus 2^23, two of them packed by one cvt.
- * x is split into bf16 parts while the block stages it in shared memory: x = xh + xl (bf16 mode,
- * 2 MMAs per step: |x - xh - xl| <= 2^-16 |x|) or x = xh + xm + xl exactly (3 MMAs: the f32-mode
- * option, products exact, f32 accumulation). Σ_{k∈g} x is summed in f32 from the exact x during the
+ * x is split into bf16 parts while the block stages it in shared memory: x = xh + xl (bf16x2 mode,
+ * 2 MMAs per step: |x - xh - xl| <= 2^-16 |x|), x = xh + xm + xl exactly (3 MMAs: the f32-mode
+ * option, products exact, f32 accumulation), or xh alone (the plain bf16 mode at n >= 2: 1 MMA). Σ_{k∈g} x is summed in f32 from the exact x during the
  * staging (8 values per thread, then a fixed xor-butterfly), so it is the same for every block.
  *
  * Tiling: block = 8 warps, 128 weight rows (warp: 16 rows = the MMA's M); all n <= 64 activation
