@@ -232,6 +232,10 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     if (!is_random && (st = resolve_model(o.model, e->dir, sizeof e->dir, err))) goto fail;
     snprintf(e->name, sizeof e->name, "%s", !o.model || !strcmp(o.model, "demo") ? "demo" : is_random ? o.model + 7 : tern_path_base(e->dir));
     if ((st = open_backend(e, &o, err))) goto fail;
+    tern_log(TERN_LOG_INFO, "engine: backend %s, compute %s", e->be->vt->name,
+             e->be->compute == TERN_COMPUTE_INT8 ? "int8"
+             : e->be->compute != TERN_COMPUTE_BF16 ? "f32"
+             : o.compute_bf16 == 2 && e->be->device >= 0 ? "bf16x2" : "bf16");
     tern_model_opts mo = {.max_batch = o.max_batch_tokens, .expert_trace = o.expert_trace,
                           .expert_cache_bytes = (size_t)(o.expert_cache_gb * 1073741824.0), .no_mmap = o.no_mmap};
     if (!is_random && o.model && strcmp(o.model, "demo"))
