@@ -68,6 +68,7 @@ typedef struct tern_engine_opts {
     const char *device;       /* "cpu", "cuda", "auto" (default auto) */
     int compute_bf16;         /* 0: exact f32 path; 1: bf16 compute where the backend has it (matmul inputs
                                  rounded to bf16); 2: bf16x2 (inputs as a bf16 pair: f32-accurate products);
+                                 3: int8 on the CPU (x quantized per group for Q4/Q8 weights; bf16 on a GPU);
                                  -1 (tern_engine_default_opts): bf16 on a GPU, f32 on the CPU */
     int n_threads;            /* CPU threads, 0 = all cores */
     int max_concurrency;      /* sequences decoded together (KV slots); default 8 */

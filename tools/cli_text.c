@@ -43,8 +43,11 @@ int cli_text_flag(cli_text_flags *f, const char *cmd, int argc, char **argv, int
         if (!v || (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto"))) { cli_usage_error(cmd, "--device expects cpu, cuda or auto"); return -1; }
         f->device = v;
     } else if (!strcmp(a, "--compute")) {
-        if (!v || (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "bf16x2"))) { cli_usage_error(cmd, "--compute expects f32, bf16 or bf16x2"); return -1; }
-        f->compute_bf16 = !strcmp(v, "bf16x2") ? 2 : !strcmp(v, "bf16");
+        if (!v || (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "bf16x2") && strcmp(v, "int8"))) {
+            cli_usage_error(cmd, "--compute expects f32, bf16, bf16x2 or int8, got '%s'", v ? v : "");
+            return -1;
+        }
+        f->compute_bf16 = !strcmp(v, "int8") ? 3 : !strcmp(v, "bf16x2") ? 2 : !strcmp(v, "bf16");
     } else if (!strcmp(a, "--kv-quant")) {
         if (!v) { cli_usage_error(cmd, "--kv-quant expects a value"); return -1; }
         f->kv_quant = v; /* checked by tern_engine_open (exit 2 with the spec named) */

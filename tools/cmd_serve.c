@@ -25,7 +25,7 @@
 static int usage(void) {
     fprintf(stderr,
             "usage: tern serve [MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--alias NAME]\n"
-            "                  [--device cpu|cuda|auto] [--compute f32|bf16|bf16x2] [--threads N] [--ctx|--max-ctx N] [--gpus N]\n"
+            "                  [--device cpu|cuda|auto] [--compute f32|bf16|bf16x2|int8] [--threads N] [--ctx|--max-ctx N] [--gpus N]\n"
             "                  [--max-concurrency N] [--max-queue N] [--memory-budget GB] [--kv-memory GB]\n"
             "                  [--prompt-cache GB] [--kv-quant off|8|4|turbo] [--speculative K] [--max-tokens N] [--max-body MB]\n"
             "                  [--timeout S] [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N]\n"
@@ -78,9 +78,9 @@ int tern_cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--device expects cpu, cuda or auto, got '%s'", v);
             o.engine.device = v;
         } else if (!strcmp(a, "--compute")) {
-            if (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "bf16x2"))
-                return cli_usage_error("serve", "--compute expects f32, bf16 or bf16x2, got '%s'", v);
-            o.engine.compute_bf16 = !strcmp(v, "bf16x2") ? 2 : !strcmp(v, "bf16");
+            if (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "bf16x2") && strcmp(v, "int8"))
+                return cli_usage_error("serve", "--compute expects f32, bf16, bf16x2 or int8, got '%s'", v);
+            o.engine.compute_bf16 = !strcmp(v, "int8") ? 3 : !strcmp(v, "bf16x2") ? 2 : !strcmp(v, "bf16");
         } else if (!strcmp(a, "--threads")) { if (cli_int("serve", a, v, 0, 1024, &x)) return 2; o.engine.n_threads = (int)x; }
         else if (!strcmp(a, "--gpus") || !strcmp(a, "--tp")) { if (cli_int("serve", a, v, 1, 16, &x)) return 2; o.engine.gpus = (int)x; }
         else if (!strcmp(a, "--max-ctx") || !strcmp(a, "--ctx")) { if (cli_int("serve", a, v, 1, 1 << 24, &x)) return 2; o.engine.max_ctx = (int)x; }

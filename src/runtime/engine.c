@@ -92,8 +92,9 @@ static tern_status open_backend(tern_engine *e, const tern_engine_opts *o, tern_
         return tern_err(err, TERN_EINVAL, "engine opts.device: expected cpu, cuda or auto, got '%s'", dev);
     /* compute_bf16 < 0: bf16 where a GPU runs the model, f32 where the CPU does */
     const tern_compute gpu_c = o->compute_bf16 == 2 ? TERN_COMPUTE_BF16X2
-                               : o->compute_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32;
-    const tern_compute cpu_c = o->compute_bf16 < 0 ? TERN_COMPUTE_F32 : gpu_c;
+                               : o->compute_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32; /* 3 (int8): bf16 */
+    const tern_compute cpu_c = o->compute_bf16 < 0 ? TERN_COMPUTE_F32
+                               : o->compute_bf16 == 3 ? TERN_COMPUTE_INT8 : gpu_c;
     tern_backend_opts bo = {.n_threads = o->n_threads, .device = 0, .compute = gpu_c};
     int ranks = o->gpus > 0 ? o->gpus : tern_tp_env();
     if (ranks > 1) { /* tensor parallel: GPUs 0..ranks-1, or CPU ranks with device cpu */
@@ -137,6 +138,8 @@ static tern_status check_opts(const tern_engine_opts *o, tern_error *err) {
     if (o->max_concurrency < 0 || o->max_concurrency > 4096)
         return tern_err(err, TERN_EINVAL, "engine opts.max_concurrency: %d outside [1, 4096]", o->max_concurrency);
     if (o->max_ctx < 0) return tern_err(err, TERN_EINVAL, "engine opts.max_ctx: %d is negative", o->max_ctx);
+    if (o->compute_bf16 < -1 || o->compute_bf16 > 3)
+        return tern_err(err, TERN_EINVAL, "engine opts.compute_bf16: %d outside [-1, 3]", o->compute_bf16);
     if (o->max_batch_tokens < 0 || o->max_batch_tokens > (1 << 20))
         return tern_err(err, TERN_EINVAL, "engine opts.max_batch_tokens: %d outside [1, 1048576]", o->max_batch_tokens);
     if (!(o->prompt_cache_gb >= 0 && o->prompt_cache_gb < 1e6))

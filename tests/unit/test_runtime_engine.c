@@ -325,6 +325,13 @@ TEST(submit_validation) {
     tern_engine *e2 = NULL;
     CHECK(tern_engine_open(&e2, &o, &err) == TERN_EINVAL && strstr(err.msg, "device") && !e2, "bad device: %s", err.msg);
     o.device = "cpu";
+    o.compute_bf16 = 7;
+    CHECK(tern_engine_open(&e2, &o, &err) == TERN_EINVAL && strstr(err.msg, "compute_bf16") && !e2, "bad compute: %s", err.msg);
+    o.compute_bf16 = 3; /* int8 on the CPU */
+    CHECK(tern_engine_open(&e2, &o, &err) == TERN_OK && e2, "int8 compute: %s", err.msg);
+    tern_engine_close(e2);
+    e2 = NULL;
+    o.compute_bf16 = -1;
     o.model = "/nonexistent-model-dir";
     CHECK(tern_engine_open(&e2, &o, &err) != TERN_OK && !e2, "missing model");
 }
