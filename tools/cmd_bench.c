@@ -76,8 +76,13 @@ int tern_cmd_bench(int argc, char **argv) {
     int on_cpu = tern_model_backend(s.model)->device < 0;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
     for (long i = 0; i < n_prompt; i++) ids[i] = (int32_t)((i * 7919 + 2) % cfg->n_vocab);
-    printf("model %s (%s), backend %s%s%s, weights read per token %.1f MB\n", c.model, tern_arch_name(cfg->arch),
-           tern_model_backend(s.model)->vt->name, on_cpu ? ", isa " : "", on_cpu ? tern_cpu_isa_name() : "",
+    const tern_compute comp = tern_model_backend(s.model)->compute; /* bf16x2 reports bf16 (ops.h) */
+    printf("model %s (%s), backend %s%s%s, compute %s, weights read per token %.1f MB\n", c.model,
+           tern_arch_name(cfg->arch), tern_model_backend(s.model)->vt->name, on_cpu ? ", isa " : "",
+           on_cpu ? tern_cpu_isa_name() : "",
+           comp == TERN_COMPUTE_INT8 ? "int8"
+           : comp != TERN_COMPUTE_BF16 ? "f32"
+           : c.compute_set && c.compute == TERN_COMPUTE_BF16X2 && !on_cpu ? "bf16x2" : "bf16",
            ms.bytes_per_token / 1e6);
     printf("%-4s %10s %10s %10s %10s %8s %8s\n", "rep", "pp tok/s", "tg tok/s", "bw GB/s", "floor t/s", "tg/floor", "ms/tok");
     tern_error e = {0};
