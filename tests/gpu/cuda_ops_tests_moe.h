@@ -88,6 +88,33 @@ static float *moe_run(tern_backend *gpu, moe_w *m, const float *x, const int32_t
     return y;
 }
 
+/* every path (TERN_MOE_GROUPED, TERN_MOE_NT) against the reference yr within tol; the grouped one
+ * twice (same bits) and for the first half of the tokens alone (same bits: batch-invariant) */
+static void moe_paths(moe_w *m, const char *nm, int E, int k, int n, int H, int I, int act, const float *x,
+                      const int32_t *idx, const float *wts, const float *yr, double tol, const char *mode) {
+    static const char *P[][2] = {{"1", "2"}, {"1", "8"}, {"0", "2"}};
+    for (size_t p = 0; p < TERN_ARRAY_LEN(P); p++) {
+        setenv("TERN_MOE_GROUPED", P[p][0], 1);
+        setenv("TERN_MOE_NT", P[p][1], 1);
+        float *yg = moe_run(g_gpu16, m, x, idx, wts, n, H, I, k, act);
+        const double rel = rel_or_nan(yg, yr, (size_t)n * H);
+        printf("  err moe-grouped %-14s E=%-3d k=%d n=%-3d %s%s %.2e\n", nm, E, k, n,
+               P[p][0][0] == '0' ? "pairs" : P[p][1][0] == '2' ? "nt2  " : "nt8  ", mode, rel);
+        CHECK(rel <= tol, "%s E %d k %d n %d path %s/%s%s rel %.2e", nm, E, k, n, P[p][0], P[p][1], mode, rel);
+        if (P[p][0][0] == '1') {
+            float *y2 = moe_run(g_gpu16, m, x, idx, wts, n, H, I, k, act);
+            CHECK(!memcmp(y2, yg, (size_t)n * H * 4), "%s n %d%s: two runs differ", nm, n, mode);
+            const int h = n / 2 > 0 ? n / 2 : 1;
+            float *y3 = moe_run(g_gpu16, m, x, idx, wts, h, H, I, k, act);
+            CHECK(!memcmp(y3, yg, (size_t)h * H * 4), "%s n %d%s: first %d rows differ alone", nm, n, mode, h);
+            free(y2); free(y3);
+        }
+        free(yg);
+    }
+    unsetenv("TERN_MOE_GROUPED");
+    unsetenv("TERN_MOE_NT");
+}
+
 TEST(cuda_moe_grouped) {
     if (!g_gpu16) { SKIP("cuda_moe_grouped", "no bf16-mode backend"); return; }
     static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; int act, H, I, E, k, ns[3]; } C[] = {
@@ -98,8 +125,6 @@ TEST(cuda_moe_grouped) {
         {TERN_DT_Q, 4, 128, TERN_DT_F32, TERN_ACT_SILU, 256, 256, 64, 6, {2, 33, 0}},
         {TERN_DT_Q, 3, 64, TERN_DT_BF16, TERN_ACT_GELU_TANH, 256, 128, 8, 2, {20, 0, 0}}, /* declined -> pairs */
     };
-    /* path: TERN_MOE_GROUPED, TERN_MOE_NT */
-    static const char *P[][2] = {{"1", "2"}, {"1", "8"}, {"0", "2"}};
     for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
         const int H = C[c].H, I = C[c].I, E = C[c].E, k = C[c].k;
         moe_w m;
@@ -114,26 +139,7 @@ TEST(cuda_moe_grouped) {
             moe_route_uneven(idx, wts, n, E, k);
             float *yr = malloc((size_t)n * H * sizeof *yr), *scr = malloc((size_t)n * k * 2 * I * sizeof *scr);
             g_ref->vt->moe_mlp(g_ref, yr, x, n, H, idx, wts, k, &m.gr, &m.ur, &m.dr, C[c].act, scr);
-            for (size_t p = 0; p < TERN_ARRAY_LEN(P); p++) {
-                setenv("TERN_MOE_GROUPED", P[p][0], 1);
-                setenv("TERN_MOE_NT", P[p][1], 1);
-                float *yg = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
-                const double rel = rel_or_nan(yg, yr, (size_t)n * H);
-                printf("  err moe-grouped %-14s E=%-3d k=%d n=%-3d %s %.2e\n", nm, E, k, n,
-                       P[p][0][0] == '0' ? "pairs" : P[p][1][0] == '2' ? "nt2  " : "nt8  ", rel);
-                CHECK(rel <= 1e-4, "%s E %d k %d n %d path %s/%s rel %.2e", nm, E, k, n, P[p][0], P[p][1], rel);
-                if (P[p][0][0] == '1') { /* same bits twice; a token alone in a smaller batch */
-                    float *y2 = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
-                    CHECK(!memcmp(y2, yg, (size_t)n * H * 4), "%s n %d: two runs differ", nm, n);
-                    const int h = n / 2 > 0 ? n / 2 : 1;
-                    float *y3 = moe_run(g_gpu16, &m, x, idx, wts, h, H, I, k, C[c].act);
-                    CHECK(!memcmp(y3, yg, (size_t)h * H * 4), "%s n %d: first %d rows differ alone", nm, n, h);
-                    free(y2); free(y3);
-                }
-                free(yg);
-            }
-            unsetenv("TERN_MOE_GROUPED");
-            unsetenv("TERN_MOE_NT");
+            moe_paths(&m, nm, E, k, n, H, I, C[c].act, x, idx, wts, yr, 1e-4, "");
             /* the default choice (pair count threshold) */
             float *yd = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
             const double rel = rel_or_nan(yd, yr, (size_t)n * H);
@@ -142,24 +148,7 @@ TEST(cuda_moe_grouped) {
              * grouped GEMM, exact on the pair path): ~2e-3 on random data; grouped still deterministic
              * and the same bits for a token alone in a smaller batch */
             tern__cuda_bf16_split = 0;
-            for (size_t p = 0; p < TERN_ARRAY_LEN(P); p++) {
-                setenv("TERN_MOE_GROUPED", P[p][0], 1);
-                setenv("TERN_MOE_NT", P[p][1], 1);
-                float *yp = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
-                const double rp = rel_or_nan(yp, yr, (size_t)n * H);
-                printf("  err moe-grouped %-14s E=%-3d k=%d n=%-3d %s plain %.2e\n", nm, E, k, n,
-                       P[p][0][0] == '0' ? "pairs" : P[p][1][0] == '2' ? "nt2  " : "nt8  ", rp);
-                CHECK(rp <= 1e-2, "%s E %d k %d n %d path %s/%s plain rel %.2e", nm, E, k, n, P[p][0], P[p][1], rp);
-                if (P[p][0][0] == '1') {
-                    const int h = n / 2 > 0 ? n / 2 : 1;
-                    float *y3 = moe_run(g_gpu16, &m, x, idx, wts, h, H, I, k, C[c].act);
-                    CHECK(!memcmp(y3, yp, (size_t)h * H * 4), "%s n %d plain: first %d rows differ alone", nm, n, h);
-                    free(y3);
-                }
-                free(yp);
-            }
-            unsetenv("TERN_MOE_GROUPED");
-            unsetenv("TERN_MOE_NT");
+            moe_paths(&m, nm, E, k, n, H, I, C[c].act, x, idx, wts, yr, 1e-2, " plain");
             tern__cuda_bf16_split = 1;
             free(yd); free(x); free(wts); free(idx); free(yr); free(scr);
         }
