@@ -117,6 +117,9 @@ void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, s
 void tern__cuda_round_bf16(tern__cuda *c, float *y, const float *x, size_t n); /* y = bf16(x) as f32; y may be x */
 /* 1 when n rows times w multiply bf16-rounded x (--compute bf16, n >= 2, w not precise): gemv.cu */
 int tern__cuda_plain_rows(const tern__cuda *c, const tern__cuda_w *w, int n);
+/* x itself, or x [n][cols] rounded to bf16 in gemm_scratch when tern__cuda_plain_rows holds (and the
+ * copy fits): the input of a GEMV path that must match the GEMMs' rounding (gemv.cu) */
+const float *tern__cuda_plain_x(tern__cuda *c, const tern__cuda_w *w, int n, const float *x, int cols);
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 int tern__cuda_gemm_merge_max(void); /* gemm.c: rows up to which BF16 weights take one [xh | xl] GEMM */
 int tern__cuda_bf16_split_all(const tern__cuda *c); /* gemm.c: 1 bf16x2 (every GEMM splits x), 0 bf16 (precise weights only) */

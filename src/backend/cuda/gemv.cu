@@ -423,6 +423,12 @@ extern "C" void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, con
 
 /* ---- dequantize rows for the GEMM path ---- */
 
+/* blocks of 256 threads for a grid-stride walk over n items (1 .. 65536) */
+static unsigned grid256(size_t n) {
+    const size_t b = (n + 255) / 256;
+    return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
 /* bf16 == 0: f32; 1: bf16; 2: bf16 pair hi = bf16(v), lo = bf16(v - hi) at dst and at dst plus
  * m*in elements rounded up to 256 bytes */
 __global__ void dequant_kernel(void *dst, int bf16, WDesc w, int e, int r0, int m) {
@@ -508,30 +514,25 @@ __global__ void round_bf16_kernel(float *y, const float *x, size_t n) {
 }
 
 extern "C" void tern__cuda_round_bf16(tern__cuda *c, float *y, const float *x, size_t n) {
-    unsigned blocks = (unsigned)((n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536);
-    tern_launch(c->stream, round_bf16_kernel, blocks ? blocks : 1, 256, 0, y, x, n);
+    tern_launch(c->stream, round_bf16_kernel, grid256(n), 256, 0, y, x, n);
     tern__cuda_check(c, "round_bf16");
 }
 
 extern "C" void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const tern__cuda_w *w, int e, int r0, int m) {
     if (w->dtype == TERN_DT_Q && (w->bits == 4 || w->bits == 8) && w->in % 8 == 0 && w->group_size % 8 == 0 &&
         (size_t)m * (w->in / 8) < (1u << 31) && m > 0) {
-        const size_t t8 = (size_t)m * (w->in / 8);
-        const unsigned blocks = (unsigned)((t8 + 255) / 256 < 65536 ? (t8 + 255) / 256 : 65536);
+        const unsigned blocks = grid256((size_t)m * (w->in / 8));
         if (w->bits == 4) tern_launch(c->stream, dequant_q_kernel<4>, blocks, 256, 0, dst, bf16, make_wdesc(w), e, r0, m);
         else tern_launch(c->stream, dequant_q_kernel<8>, blocks, 256, 0, dst, bf16, make_wdesc(w), e, r0, m);
         tern__cuda_check(c, "dequant");
         return;
     }
-    size_t total = (size_t)m * w->in;
-    unsigned blocks = (unsigned)((total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536);
-    tern_launch(c->stream, dequant_kernel, blocks ? blocks : 1, 256, 0, dst, bf16, make_wdesc(w), e, r0, m);
+    tern_launch(c->stream, dequant_kernel, grid256((size_t)m * w->in), 256, 0, dst, bf16, make_wdesc(w), e, r0, m);
     tern__cuda_check(c, "dequant");
 }
 
 extern "C" void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, size_t n) {
-    unsigned blocks = (unsigned)((n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536);
-    tern_launch(c->stream, f32_to_bf16_kernel, blocks ? blocks : 1, 256, 0, (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, n);
+    tern_launch(c->stream, f32_to_bf16_kernel, grid256(n), 256, 0, (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, n);
     tern__cuda_check(c, "f32_to_bf16");
 }
 
@@ -555,16 +556,18 @@ extern "C" int tern__cuda_plain_rows(const tern__cuda *c, const tern__cuda_w *w,
     return n >= 2 && c->compute == TERN_COMPUTE_BF16 && !w->precise && !tern__cuda_bf16_split_all(c);
 }
 
+extern "C" const float *tern__cuda_plain_x(tern__cuda *c, const tern__cuda_w *w, int n, const float *x, int cols) {
+    if (!tern__cuda_plain_rows(c, w, n) || (size_t)n * cols * sizeof(float) > TERN_CUDA_GEMM_SCRATCH_BYTES) return x;
+    float *xr = (float *)c->gemm_scratch;
+    tern__cuda_round_bf16(c, xr, x, (size_t)n * cols);
+    return xr;
+}
+
 extern "C" void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     if (n <= 0) return;
     cudaSetDevice(c->device);
     if (tern__cuda_qmma(c, y, x, n, w, e)) return;
     if (tern__cuda_qgemm(c, y, x, n, w, e)) return;
     if (n > gemv_limit(c, w) && tern__cuda_gemm(c, y, x, n, w, e) == TERN_OK) return;
-    if (tern__cuda_plain_rows(c, w, n) && (size_t)n * w->in * sizeof(float) <= TERN_CUDA_GEMM_SCRATCH_BYTES) {
-        float *xr = (float *)c->gemm_scratch;
-        tern__cuda_round_bf16(c, xr, x, (size_t)n * w->in);
-        x = xr;
-    }
-    tern__cuda_gemv(c, y, x, n, w, e);
+    tern__cuda_gemv(c, y, tern__cuda_plain_x(c, w, n, x, w->in), n, w, e);
 }

@@ -138,12 +138,9 @@ extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int 
     if (tern__cuda_moe_grouped(c, y, x, n, H, idx, wts, k, gate, up, down, act, scratch)) return;
     /* --compute bf16, several tokens: the grouped GEMMs above multiply bf16-rounded x and h; so does
      * this pair path then (the choice between them depends on the batch size) */
-    const int plain = tern__cuda_plain_rows(c, gate, n) && (size_t)n * H * sizeof(float) <= TERN_CUDA_GEMM_SCRATCH_BYTES;
-    if (plain) {
-        float *xr = (float *)c->gemm_scratch;
-        tern__cuda_round_bf16(c, xr, x, (size_t)n * H);
-        x = xr;
-    }
+    const float *xr = tern__cuda_plain_x(c, gate, n, x, H);
+    const int plain = xr != x;
+    x = xr;
     if (tern__cuda_moe_fused_on < 0) {
         const char *fe = getenv("TERN_CUDA_MOE_FUSED");
         tern__cuda_moe_fused_on = !(fe && fe[0] == '0');
