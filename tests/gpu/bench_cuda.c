@@ -159,7 +159,8 @@ static void bench_gemv(tern_dtype dt, int bits, int gs, int out, int in, const i
     g->vt->free(g, x); g->vt->free(g, y);
 }
 
-static void bench_attn_decode(int nh, int nkv, int d, int ctx, int nseq) {
+/* decode attention over f32 pages (kind TERN_KV_F32) or BF16 pages (kind TERN_KV_BF16, random bits) */
+static void bench_attn_decode(int nh, int nkv, int d, int ctx, int nseq, int kind, const char *tag) {
     int bs = 16, mb = (ctx + bs - 1) / bs;
     size_t tok = (size_t)nkv * d, pool = (size_t)nseq * mb * bs * tok;
     float *k = dev_random(pool * 4), *v = dev_random(pool * 4);
@@ -172,17 +173,18 @@ static void bench_attn_decode(int nh, int nkv, int d, int ctx, int nseq) {
     g->vt->upload(g, sd, slot, nseq * 4);
     float *q = dev_random((size_t)nseq * nh * d * 4), *o = g->vt->alloc(g, (size_t)nseq * nh * d * 4);
     if (k && v && q && o) {
-        tern_kv_layer kv = {TERN_DT_F32, nkv, d, bs, 0, k, v, btd, mb};
+        tern_kv_layer kv = {kind == TERN_KV_BF16 ? TERN_DT_BF16 : TERN_DT_F32, nkv, d, bs, 0, k, v, btd, mb};
+        kv.kf.kind = kv.vf.kind = kind;
         tern_rows rows = {nseq, pd, sd, pos, slot};
-        for (int i = 0; i < 3; i++) g->vt->attention(g, o, q, &rows, nh, &kv, 0.1f, 0.0f);
+        for (int i = 0; i < 50; i++) g->vt->attention(g, o, q, &rows, nh, &kv, 0.1f, 0.0f); /* clocks up */
         g->vt->sync(g);
-        int reps = 20;
+        int reps = 50;
         double t0 = tern_time_s();
         for (int i = 0; i < reps; i++) g->vt->attention(g, o, q, &rows, nh, &kv, 0.1f, 0.0f);
         g->vt->sync(g);
         char name[96];
-        snprintf(name, sizeof name, "attn decode nh%d kv%d d%d ctx%d x%d", nh, nkv, d, ctx, nseq);
-        row(name, (tern_time_s() - t0) / reps, 2.0 * pool * 4);
+        snprintf(name, sizeof name, "attn decode nh%d kv%d d%d ctx%d x%d %s", nh, nkv, d, ctx, nseq, tag);
+        row(name, (tern_time_s() - t0) / reps, 2.0 * pool * (kind == TERN_KV_BF16 ? 2 : 4));
     }
     g->vt->free(g, k); g->vt->free(g, v); g->vt->free(g, btd); g->vt->free(g, pd); g->vt->free(g, sd);
     g->vt->free(g, q); g->vt->free(g, o);
@@ -471,13 +473,27 @@ int main(int argc, char **argv) {
         tern_backend_close(g);
         return 0;
     }
-    if (argc > 1 && !strcmp(argv[1], "--attn-dec")) { /* decode attention: run with TERN_CUDA_ATTN_DEC=0/1 */
+    if (argc > 5 && !strcmp(argv[1], "--attn-dec1")) { /* one case (for ncu): CTX NSEQ f32|bf16 MODE */
+        extern int tern__cuda_ad_mode;
+        tern__cuda_ad_mode = atoi(argv[5]);
+        bench_attn_decode(32, 8, 128, atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? TERN_KV_F32 : TERN_KV_BF16,
+                          argv[4]);
+        tern_backend_close(g);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--attn-dec")) { /* decode attention: one-pass walk vs v2, f32 and bf16 pages */
+        extern int tern__cuda_ad_mode;
         static const int ctxs[] = {192, 1024, 8192};
-        for (int i = 0; i < 3; i++) {
-            bench_attn_decode(32, 8, 128, ctxs[i], 1);
-            bench_attn_decode(32, 8, 128, ctxs[i], 64);
-            bench_attn_decode(16, 8, 256, ctxs[i], 1);
-        }
+        static const struct { int mode, kind; const char *tag; } M[] = {
+            {1, TERN_KV_F32, "f32 walk"}, {2, TERN_KV_F32, "f32 v2"}, {0, TERN_KV_BF16, "bf16 tiles"}, {2, TERN_KV_BF16, "bf16 v2"}};
+        for (int i = 0; i < 3; i++)
+            for (int m = 0; m < 4; m++) {
+                tern__cuda_ad_mode = M[m].mode;
+                bench_attn_decode(32, 8, 128, ctxs[i], 1, M[m].kind, M[m].tag);
+                bench_attn_decode(32, 8, 128, ctxs[i], 64, M[m].kind, M[m].tag);
+                bench_attn_decode(16, 8, 256, ctxs[i], 1, M[m].kind, M[m].tag);
+                bench_attn_decode(16, 2, 512, ctxs[i], 1, M[m].kind, M[m].tag);
+            }
         tern_backend_close(g);
         return 0;
     }
@@ -568,9 +584,9 @@ int main(int argc, char **argv) {
     bench_gemv(TERN_DT_Q, 3, 64, 8192, 8192, n_1);
     bench_gemv(TERN_DT_Q, 6, 64, 8192, 8192, n_1);
     bench_gemv(TERN_DT_F32, 0, 0, 8192, 8192, n_1);
-    bench_attn_decode(32, 8, 128, 8192, 1);
-    bench_attn_decode(32, 8, 128, 4096, 16);
-    bench_attn_decode(32, 4, 512, 4096, 4);
+    bench_attn_decode(32, 8, 128, 8192, 1, TERN_KV_F32, "");
+    bench_attn_decode(32, 8, 128, 4096, 16, TERN_KV_F32, "");
+    bench_attn_decode(32, 4, 512, 4096, 4, TERN_KV_F32, "");
     bench_attn_prefill_all(32, 8, 128, 2048, 1);
     bench_attn_prefill_all(32, 8, 128, 8192, 1);
     bench_attn_prefill_all(16, 8, 256, 2048, 1);

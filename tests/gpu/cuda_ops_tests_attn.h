@@ -88,18 +88,27 @@ TEST(cuda_attention_prefill_decode) {
         {16, 4, 256, 0, 30.0f, 64, {1000, 2, 700}, 9},
     };
     extern unsigned long long tern__cuda_attn_decode_calls;
-    for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
-        for (int v = 0; v < 3; v++) {
-            const unsigned long long dc = tern__cuda_attn_decode_calls;
-            double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens, C[c].P, v);
-            printf("  err attention nh=%d nkv=%d d=%d W=%d variant %d  %.2e\n", C[c].nh, C[c].nkv, C[c].d,
-                   C[c].window, v, rel);
-            CHECK(rel <= 1e-5, "case %zu variant %d rel %.2e", c, v, rel);
-            /* one decode row per slot goes to attn_decode.cu where its lane registers hold G·d/32 <= 32 */
-            const int G = C[c].nh / C[c].nkv, dec = v == 1 && G * C[c].d / 32 <= 32;
-            CHECK((tern__cuda_attn_decode_calls > dc) == dec, "case %zu variant %d: decode kernel ran %d, expected %d", c, v,
-                  tern__cuda_attn_decode_calls > dc, dec);
-        }
+    extern int tern__cuda_ad_mode;
+    const int keep = tern__cuda_ad_mode;
+    for (int mode = 1; mode <= 2; mode++) { /* attn_decode.cu: the one-pass walk, then v2 (two passes) */
+        tern__cuda_ad_mode = mode;
+        for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
+            for (int v = 0; v < 3; v++) {
+                const unsigned long long dc = tern__cuda_attn_decode_calls;
+                double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens, C[c].P, v);
+                printf("  err attention nh=%d nkv=%d d=%d W=%d variant %d dec %d  %.2e\n", C[c].nh, C[c].nkv, C[c].d,
+                       C[c].window, v, mode, rel);
+                CHECK(rel <= 1e-5, "case %zu variant %d mode %d rel %.2e", c, v, mode, rel);
+                /* one decode row per slot goes to attn_decode.cu: the walk where its lane registers hold
+                 * G·d/32 <= 32, v2 where G <= 8 (G <= 4 at d 512) */
+                const int G = C[c].nh / C[c].nkv, d = C[c].d;
+                const int v2 = G <= 8 && (d == 512 ? G <= 4 : d <= 256);
+                const int dec = v == 1 && (G * d / 32 <= 32 || (mode == 2 && v2));
+                CHECK((tern__cuda_attn_decode_calls > dc) == dec, "case %zu variant %d mode %d: decode kernel ran %d, "
+                      "expected %d", c, v, mode, tern__cuda_attn_decode_calls > dc, dec);
+            }
+    }
+    tern__cuda_ad_mode = keep;
 }
 
 TEST(cuda_route_topk) {

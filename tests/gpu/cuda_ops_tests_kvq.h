@@ -251,6 +251,30 @@ TEST(cuda_kvq_attention) {
                    C[i].window, v, rel);
             CHECK(rel <= 1e-5, "K %s V %s d %d variant %d: rel %.2e (inf: pools differ or NaN)", a, b, C[i].d, v, rel);
         }
+    /* BF16 / F16 pages, one decode row per slot: attn_decode.cu's v2 takes them (and the split merge
+     * at 1000 keys); the tile kernel (TERN_CUDA_ATTN_DEC=0) gives the same within the f32 bound */
+    extern unsigned long long tern__cuda_attn_decode_calls;
+    extern int tern__cuda_ad_mode;
+    const int keep = tern__cuda_ad_mode;
+    static const kvq_acase D2[] = {
+        {KVQ_BF16, KVQ_BF16, 32, 8, 128, 0, 0.0f, 16, {1000, 37, 1}, 4},
+        {KVQ_F16, KVQ_F16, 16, 2, 256, 64, 30.0f, 16, {700, 200, 3}, 4},
+        {KVQ_BF16, KVQ_BF16, 16, 4, 512, 0, 0.0f, 16, {300, 5, 90}, 4},
+    };
+    for (size_t i = 0; i < TERN_ARRAY_LEN(D2); i++)
+        for (int mode = 0; mode <= 2; mode += 2) {
+            tern__cuda_ad_mode = mode;
+            const unsigned long long dc = tern__cuda_attn_decode_calls;
+            double rel = kvq_attn_case(&D2[i], 1);
+            char a[16];
+            tern_kvq_name(&D2[i].kf, a, sizeof a);
+            printf("  err kvq %s decode nh=%d nkv=%d d=%d W=%d mode %d  %.2e\n", a, D2[i].nh, D2[i].nkv, D2[i].d,
+                   D2[i].window, mode, rel);
+            CHECK(rel <= 1e-5, "%s d %d decode mode %d: rel %.2e", a, D2[i].d, mode, rel);
+            CHECK((tern__cuda_attn_decode_calls > dc) == (mode == 2), "%s d %d mode %d: v2 ran %d", a, D2[i].d, mode,
+                  tern__cuda_attn_decode_calls > dc);
+        }
+    tern__cuda_ad_mode = keep;
 }
 
 /* the decode step of the graph test: kv_write of one row, then attention, then download */

@@ -354,6 +354,7 @@ extern "C" void tern__cuda_attn_init(tern__cuda *c) {
     cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(c->smem_optin - 1024));
     cudaGetLastError();
     tern__cuda_attn_prefill_init(c);
+    tern__cuda_attn_decode_init(c);
     const char *e = getenv("TERN_CUDA_FA_MIN");
     if (e && atoi(e) >= 1) fa_min_rows = atoi(e);
 }
@@ -425,20 +426,23 @@ static tern_rows rows_sub(const tern_rows *rows, int r0, int n) {
     return s;
 }
 
+/* decode rows: a recorded step, or at most two rows per sequence (attn_decode.cu takes them) */
+extern "C" int tern__cuda_attn_is_decode(const tern__cuda *c, const tern_rows *rows) {
+    if (c->capturing) return 1;
+    if (!rows->slot_host) return 0;
+    const int n = rows->n;
+    int runs = n > 0;
+    for (int r = 1; r < n; r++) runs += rows->slot_host[r] != rows->slot_host[r - 1];
+    return n <= 2 * runs;
+}
+
 /* Runs of >= fa_min_rows consecutive rows of one slot go to the tensor-core kernel
  * (attn_prefill.cu) when it takes them; the rows between runs go to attn_cores in contiguous
  * pieces. Without host copies (graph recording) everything stays on attn_cores. */
 extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                      const tern_kv_layer *kv, float scale, float softcap) {
     const int n = rows->n;
-    /* decode rows (a recorded step, or at most two rows per sequence): attn_decode.cu */
-    bool dec = c->capturing;
-    if (!dec && rows->slot_host) {
-        int runs = n > 0;
-        for (int r = 1; r < n; r++) runs += rows->slot_host[r] != rows->slot_host[r - 1];
-        dec = n <= 2 * runs;
-    }
-    if (dec && tern__cuda_attn_decode(c, out, q, rows, nh, kv, scale, softcap)) return;
+    if (tern__cuda_attn_is_decode(c, rows) && tern__cuda_attn_decode(c, out, q, rows, nh, kv, scale, softcap)) return;
     if (c->capturing || !rows->slot_host || !rows->pos_host || n < fa_min_rows || nh <= 0 ||
         kv->n_head_kv <= 0 || nh % kv->n_head_kv) {
         attn_cores(c, out, q, rows, nh, kv, scale, softcap);

@@ -15,14 +15,19 @@
  * Visibility: keys lo..pos of the row (lo = pos - window + 1 for sliding layers), skipping
  * block-table entries < 0 — attention.cu's rule without spans (span steps stay there). f32 math with
  * expf/tanhf; the summation order differs from attention.cu (within the f32 parity bound).
- * Taken for every decode call it can serve; TERN_CUDA_ATTN_DEC=0 turns it off; TERN_CUDA_AD_OCC sets
- * the split rule's target blocks per SM (default 4; 8..32 measured slower).
+ * Since session 7 the two-pass kernel below (v2: scores, softmax, P·V over a split held in shared
+ * memory, splits merged in the same launch; also BF16/F16 pages) takes every call it can serve and
+ * this one-pass walk the rest (TERN_CUDA_ATTN_DEC=1: the walk only; 0: neither, attention.cu's
+ * kernel). H200, llama3-8b q4 decode: 258.5 -> 270.0 tok/s at 128 keys, 194.2 -> 220.3 at 8k; one
+ * row over 8k keys 54.8 -> 37.8 us, 64 rows 2466 -> 1602 us (bench/NOTES.md (p)).
+ * TERN_CUDA_AD_OCC sets the walk's split rule's target blocks per SM (default 4).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 
 #include <math.h>
 #include <stdlib.h>
+#include <type_traits>
 
 struct AdArgs {
     float *out, *part;
@@ -162,25 +167,394 @@ template <int E, int GM> __global__ void __launch_bounds__(128) attn_dec_kernel(
     }
 }
 
+/* TERN_CUDA_ATTN_DEC: 0 off, 1 the one-pass walk, 2 (default) v2 first; -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_mode;
+int tern__cuda_ad_mode = -1;
+extern "C" unsigned long long tern__cuda_attn_decode_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_attn_decode_calls = 0;
+
 template <int E, int GM> static void ad_go(tern__cuda *c, dim3 grid, const AdArgs &a) {
     /* the four warps' accumulators: GM·E <= 32 floats per lane, so at most 16 KB */
     tern_launch(c->stream, attn_dec_kernel<E, GM>, grid, 128, (size_t)4 * GM * 32 * E * sizeof(float), a);
 }
 
-static int ad_on = -1;
-extern "C" unsigned long long tern__cuda_attn_decode_calls; /* launches (tests check the path ran) */
-unsigned long long tern__cuda_attn_decode_calls = 0;
+/* ---- v2: two passes over a split's keys (TERN_CUDA_ATTN_DEC=2, the default) ----
+ * The walk above scores one key at a time per warp: a 5-level shuffle sum, then the online-softmax
+ * update, all on one dependent chain per query head (16 µs for one row over 192 keys, 57 µs — 1.2
+ * TB/s — over 8k). Here a block of 8 warps owns (kv head g, split z, row r) and a split holds at
+ * most `chmax` keys, so the scores fit in shared memory and the softmax needs no running rescale:
+ *   1. scores: a key group of LPK = D/EPL lanes holds one K row (EPL elements per lane, EPL = 8, or
+ *      16 at D 512), so a warp scores 32/LPK keys at once and U of those groups per iteration: U·G
+ *      independent dot products, each summed over its LPK lanes with log2(LPK) shuffles; s[h][k] to
+ *      shared memory (scale, softcap; -inf for a key whose block is not resident);
+ *   2. per head (a warp each): M = max s, p = e^{s - M} in place, L = Σ p;
+ *   3. P·V: the same key walk over V rows, acc[h][e] += p[h][k]·v[e]; the key groups of a warp are
+ *      summed with shuffles, the 8 warps in shared memory in warp order.
+ * One split: out = acc / L. Several: the split's (acc, M, L) go to the partials in the layout of
+ * tern__cuda_attn_merge, and the last block of (row, kv head) to arrive (a counter per pair in
+ * c->ad_cnt, reset by that block) merges the splits in split order: one launch, deterministic.
+ * A split's size adapts to the row: chunk = max(chmin, ceil(len / splits)) keys, so a graph planned
+ * for the whole table runs ceil(len / chunk) live splits at a short context (the others exit at once).
+ * T = float, __nv_bfloat16 or __half: the f32 pages and the BF16/F16 kinds of kvq.h (same record
+ * layout, D elements per (token, kv head)). f32 math throughout. */
+#define AD2_WARPS 8
+#define AD_CNT 65536 /* (row, kv head) counters */
 
-/* Decode attention for rows without spans over f32 pages: 1 when it ran, 0 when the shape is not
- * served here (d not 64/128/256/512, more query heads per KV head than the lane registers hold). */
+struct Ad2Args {
+    float *out, *part;
+    const float *q;
+    const void *kp, *vp;
+    const int32_t *pos, *slot, *bt;
+    int *cnt;
+    int n, nh, nkv, G, D, max_blocks, bs, window, splits, chmin, chmax;
+    int region; /* floats before the record table in shared memory */
+    float scale, softcap;
+};
+
+/* EPL consecutive elements of a K or V row as f32 */
+template <typename T, int EPL> __device__ __forceinline__ void ad2_load(float *dst, const T *src) {
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+        for (int i = 0; i < EPL / 4; i++) {
+            const float4 v = __ldg((const float4 *)src + i);
+            dst[4 * i] = v.x; dst[4 * i + 1] = v.y; dst[4 * i + 2] = v.z; dst[4 * i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < EPL / 8; i++) {
+            const uint4 v = __ldg((const uint4 *)src + i);
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if constexpr (std::is_same<T, __half>::value) {
+                    const float2 f = __half22float2(*(const __half2 *)&w[j]);
+                    dst[8 * i + 2 * j] = f.x; dst[8 * i + 2 * j + 1] = f.y;
+                } else {
+                    dst[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
+                    dst[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+                }
+            }
+        }
+    }
+}
+
+template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD2_WARPS, 2) attn_dec2_kernel(Ad2Args a) {
+    pdl_start();
+    constexpr int U = EPL == 16 || GM * EPL >= 64 ? 1 : 2; /* key groups per warp and iteration (two in flight) */
+    extern __shared__ float sm2[];           /* [region][chmax ints]: region = scores [GM][chmax], then
+                                                [8 warps][GM][D], then the merge's (M, L) */
+    __shared__ float sml[GM][2];
+    __shared__ int last;
+    const int D = a.D, LPK = D / EPL, KPW = 32 / LPK, KPB = AD2_WARPS * KPW, STEP = KPB * U;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kg = lane / LPK, li = lane % LPK;
+    const int g = blockIdx.x, z = blockIdx.y, r = blockIdx.z, G = a.G;
+    const int pos = a.pos[r];
+    const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+    const int len = pos >= 0 ? pos - lo + 1 : 0;
+    const int chunk = max(a.chmin, (len + a.splits - 1) / a.splits);
+    const int nact = len > 0 ? (len + chunk - 1) / chunk : 1;
+    if (z >= nact) return;
+    const int k0 = lo + z * chunk, k1 = min(lo + len, k0 + chunk), nk = k1 - k0;
+    const size_t kvs = (size_t)a.nkv * D;
+    const T *kp = (const T *)a.kp + (size_t)g * D + li * EPL, *vp = (const T *)a.vp + (size_t)g * D + li * EPL;
+    float *s = sm2;
+    int *recs = (int *)(sm2 + a.region); /* record (token slot in the pool) of each key, -1 if not resident */
+    {
+        const int32_t *btrow = a.bt + (size_t)a.slot[r] * a.max_blocks;
+        for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+            const int k = k0 + i, bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
+            recs[i] = blk < 0 ? -1 : blk * a.bs + k % a.bs;
+        }
+    }
+    float q[GM][EPL];
+#pragma unroll
+    for (int h = 0; h < GM; h++) {
+        if (h < G) {
+            const float *qp = a.q + ((size_t)r * a.nh + (size_t)g * G + h) * D + li * EPL;
+#pragma unroll
+            for (int e = 0; e < EPL; e += 4) {
+                const float4 v = __ldg((const float4 *)(qp + e));
+                q[h][e] = v.x; q[h][e + 1] = v.y; q[h][e + 2] = v.z; q[h][e + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < EPL; e++) q[h][e] = 0.0f;
+        }
+    }
+    __syncthreads();
+    /* U key groups' rows from `src` (K or V) into d, record -1 (not resident or past the split) zeroed */
+    auto load = [&](const T *src, int base, float (*d)[EPL], int *rc) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = base + u * KPB + kg - k0;
+            rc[u] = i < nk ? recs[i] : -1;
+            if (rc[u] >= 0) ad2_load<T, EPL>(d[u], src + (size_t)rc[u] * kvs);
+            else
+#pragma unroll
+                for (int e = 0; e < EPL; e++) d[u][e] = 0.0f;
+        }
+    };
+    const int b0 = k0 + warp * KPW; /* this warp's first key group; warp-uniform bounds (shuffles) */
+
+    /* 1. scores, the next U key groups loading while these are scored */
+    float kr[U][EPL], kn[U][EPL];
+    int rr[U], rn[U];
+    if (b0 < k1) load(kp, b0, kr, rr);
+    for (int base = b0; base < k1; base += STEP) {
+        if (base + STEP < k1) load(kp, base + STEP, kn, rn);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = base + u * KPB + kg;
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) d = fmaf(q[h][e], kr[u][e], d);
+                for (int o = LPK >> 1; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                if (li == 0 && h < G && k < k1) {
+                    float v = d * a.scale;
+                    if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+                    s[h * a.chmax + (k - k0)] = rr[u] >= 0 ? v : -INFINITY;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            rr[u] = rn[u];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) kr[u][e] = kn[u][e];
+        }
+    }
+    /* the first V rows load during the softmax */
+    if (b0 < k1) load(vp, b0, kr, rr);
+    __syncthreads();
+
+    /* 2. softmax of each head (a warp per head; G <= 8) */
+    if (warp < G) {
+        float *sh = s + warp * a.chmax;
+        float m = -INFINITY;
+        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sh[i]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int i = lane; i < nk; i += 32) {
+            const float p = m == -INFINITY ? 0.0f : expf(sh[i] - m);
+            sh[i] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) { sml[warp][0] = m; sml[warp][1] = l; }
+    }
+    __syncthreads();
+
+    /* 3. P·V (same walk over V rows; kr/rr hold the first group) */
+    float acc[GM][EPL];
+#pragma unroll
+    for (int h = 0; h < GM; h++)
+#pragma unroll
+        for (int e = 0; e < EPL; e++) acc[h][e] = 0.0f;
+    for (int base = b0; base < k1; base += STEP) {
+        if (base + STEP < k1) load(vp, base + STEP, kn, rn);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (rr[u] < 0) continue; /* not resident or past the split: p = 0 */
+            const int k = base + u * KPB + kg;
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                if (h >= G) break;
+                const float p = s[h * a.chmax + (k - k0)];
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[h][e] = fmaf(p, kr[u][e], acc[h][e]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            rr[u] = rn[u];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) kr[u][e] = kn[u][e];
+        }
+    }
+    for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+        for (int h = 0; h < GM; h++)
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+    __syncthreads(); /* the scores are dead: the region takes the warps' sums */
+    float *red = sm2;
+    if (kg == 0)
+#pragma unroll
+        for (int h = 0; h < GM; h++) {
+            if (h >= G) break;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) red[((size_t)warp * GM + h) * D + li * EPL + e] = acc[h][e];
+        }
+    __syncthreads();
+    const size_t nrow = (size_t)a.n * a.nh, mlo = (size_t)a.splits * nrow * D;
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, i = idx % D;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < AD2_WARPS; w++) v += red[((size_t)w * GM + h) * D + i];
+        const size_t rh = (size_t)r * a.nh + (size_t)g * G + h;
+        if (nact == 1) {
+            a.out[rh * D + i] = sml[h][1] > 0.0f ? v / sml[h][1] : 0.0f;
+        } else {
+            a.part[((size_t)z * nrow + rh) * D + i] = v;
+            if (i == 0) {
+                a.part[mlo + ((size_t)z * nrow + rh) * 2] = sml[h][0];
+                a.part[mlo + ((size_t)z * nrow + rh) * 2 + 1] = sml[h][1];
+            }
+        }
+    }
+    if (nact == 1) return;
+
+    /* the last split block of (r, g) merges, in split order */
+    __threadfence();
+    __syncthreads();
+    int *cnt = a.cnt + (size_t)r * a.nkv + g;
+    if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == nact - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float *ms = sm2; /* [nact][GM] (M, L), then the weights e^{M_z - M} / Σ */
+    for (int idx = threadIdx.x; idx < nact * G; idx += blockDim.x) {
+        const int zz = idx / G, h = idx % G;
+        const size_t o = mlo + ((size_t)zz * nrow + (size_t)r * a.nh + (size_t)g * G + h) * 2;
+        ms[(zz * GM + h) * 2] = __ldcg(a.part + o);
+        ms[(zz * GM + h) * 2 + 1] = __ldcg(a.part + o + 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < G) { /* per head: M, L, and each split's weight c_z / L (split order) */
+        const int h = threadIdx.x;
+        float M = -INFINITY, L = 0.0f;
+        for (int zz = 0; zz < nact; zz++) M = fmaxf(M, ms[(zz * GM + h) * 2]);
+        for (int zz = 0; zz < nact; zz++) {
+            const float mz = ms[(zz * GM + h) * 2];
+            const float c = M == -INFINITY || mz == -INFINITY ? 0.0f : expf(mz - M);
+            ms[(zz * GM + h) * 2] = c;
+            L += ms[(zz * GM + h) * 2 + 1] * c;
+        }
+        sml[h][1] = L;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, i = idx % D;
+        const size_t rh = (size_t)r * a.nh + (size_t)g * G + h;
+        float v = 0.0f;
+#pragma unroll 16
+        for (int zz = 0; zz < nact; zz++) v += __ldcg(a.part + ((size_t)zz * nrow + rh) * D + i) * ms[(zz * GM + h) * 2];
+        const float L = sml[h][1];
+        a.out[rh * D + i] = L > 0.0f ? v / L : 0.0f;
+    }
+    if (threadIdx.x == 0) *cnt = 0;
+}
+
+#define AD2_SMEM_MAX (160 << 10)
+#define AD2_CHCAP 1024 /* longest split (shared memory: more blocks per SM) */
+
+template <typename T> static void ad2_attr(int smem) {
+#define AD2_A(E, G) cudaFuncSetAttribute(attn_dec2_kernel<T, E, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
+    AD2_A(8, 1); AD2_A(8, 2); AD2_A(8, 4); AD2_A(8, 8); AD2_A(16, 1); AD2_A(16, 2); AD2_A(16, 4);
+#undef AD2_A
+}
+
+/* at open (attention.cu's init): the counters and the shared-memory limits */
+extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
+    if (!c->ad_cnt && cudaMalloc((void **)&c->ad_cnt, AD_CNT * sizeof(int)) == cudaSuccess)
+        cudaMemsetAsync(c->ad_cnt, 0, AD_CNT * sizeof(int), c->stream);
+    const int lim = (int)(c->smem_optin - 1024) < AD2_SMEM_MAX ? (int)(c->smem_optin - 1024) : AD2_SMEM_MAX;
+    ad2_attr<float>(lim);
+    ad2_attr<__nv_bfloat16>(lim);
+    ad2_attr<__half>(lim);
+    cudaGetLastError();
+}
+
+template <typename T> static void ad2_go(tern__cuda *c, dim3 grid, size_t smem, int E, int GM, const Ad2Args &a) {
+    void (*k)(Ad2Args) = nullptr;
+#define AD2_K(EE, GG) if (E == EE && GM == GG) k = attn_dec2_kernel<T, EE, GG>
+    AD2_K(8, 1); AD2_K(8, 2); AD2_K(8, 4); AD2_K(8, 8); AD2_K(16, 1); AD2_K(16, 2); AD2_K(16, 4);
+#undef AD2_K
+    tern_launch(c->stream, k, grid, 32 * AD2_WARPS, smem, a);
+}
+
+/* v2 over f32 (kind TERN_KV_F32) or BF16/F16 pages (K and V of that one kind): 1 when it ran */
+static int attn_decode2(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                        const tern_kv_layer *kv, float scale, float softcap, int kind) {
+    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    if (!c->ad_cnt || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv || (long)n * nkv > AD_CNT)
+        return 0;
+    const int G = nh / nkv, E = d == 512 ? 16 : 8, GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
+    if ((d != 32 && d != 64 && d != 128 && d != 256 && d != 512) || G > 8 || GM * E > 64 || ((uintptr_t)q & 15))
+        return 0;
+    long keys = tern__cuda_attn_max_keys(c, rows, kv);
+    if (kv->window > 0 && keys > kv->window) keys = kv->window;
+    Ad2Args a = {};
+    a.chmin = 32;
+    /* about two blocks per SM (8 warps each), >= chmin keys per split, at most 128 splits, and
+     * enough splits that a split's scores fit */
+    int splits = tern__cuda_split_count(c, (long)n * nkv, 2, 2, keys, a.chmin, 128, n, nh, d);
+    const long need = (keys + AD2_CHCAP - 1) / AD2_CHCAP;
+    if (splits < need) splits = (int)need;
+    if (splits > 128 || (splits > 1 && (size_t)splits * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS)) return 0;
+    const long ch = (keys + splits - 1) / splits;
+    a.chmax = (int)(ch > a.chmin ? ch : a.chmin);
+    size_t region = (size_t)GM * a.chmax;
+    if (region < (size_t)AD2_WARPS * GM * d) region = (size_t)AD2_WARPS * GM * d;
+    if (region < (size_t)2 * 128 * GM) region = (size_t)2 * 128 * GM;
+    a.region = (int)region;
+    const size_t smem = (region + a.chmax) * sizeof(float);
+    const size_t lim = c->smem_optin - 1024 < AD2_SMEM_MAX ? c->smem_optin - 1024 : AD2_SMEM_MAX;
+    if (smem > lim) return 0;
+    a.out = out;
+    a.part = c->part;
+    a.q = q;
+    a.kp = kv->k;
+    a.vp = kv->v;
+    a.pos = rows->pos;
+    a.slot = rows->slot;
+    a.bt = kv->block_table;
+    a.cnt = c->ad_cnt;
+    a.n = n;
+    a.nh = nh;
+    a.nkv = nkv;
+    a.G = G;
+    a.D = d;
+    a.max_blocks = kv->max_blocks;
+    a.bs = kv->block_size;
+    a.window = kv->window;
+    a.splits = splits;
+    a.scale = scale;
+    a.softcap = softcap;
+    cudaSetDevice(c->device);
+    const dim3 grid((unsigned)nkv, (unsigned)splits, (unsigned)n);
+    if (kind == TERN_KV_BF16) ad2_go<__nv_bfloat16>(c, grid, smem, E, GM, a);
+    else if (kind == TERN_KV_F16) ad2_go<__half>(c, grid, smem, E, GM, a);
+    else ad2_go<float>(c, grid, smem, E, GM, a);
+    tern__cuda_check(c, "attention decode");
+    tern__cuda_attn_decode_calls++;
+    return 1;
+}
+
+/* BF16 / F16 pages (K and V of one kind), decode rows: 1 when v2 ran */
+extern "C" int tern__cuda_attn_decode_q(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                                        const tern_kv_layer *kv, float scale, float softcap) {
+    const int kind = kv->kf.kind;
+    if (tern__cuda_ad_mode < 0) {
+        const char *v = getenv("TERN_CUDA_ATTN_DEC");
+        tern__cuda_ad_mode = v && v[0] ? atoi(v) : 2;
+    }
+    if (tern__cuda_ad_mode != 2 || kind != kv->vf.kind || (kind != TERN_KV_BF16 && kind != TERN_KV_F16)) return 0;
+    return attn_decode2(c, out, q, rows, nh, kv, scale, softcap, kind);
+}
+
 extern "C" int tern__cuda_attn_decode(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                       const tern_kv_layer *kv, float scale, float softcap) {
-    if (ad_on < 0) {
+    if (tern__cuda_ad_mode < 0) {
         const char *v = getenv("TERN_CUDA_ATTN_DEC");
-        ad_on = v && v[0] ? atoi(v) : 1;
+        tern__cuda_ad_mode = v && v[0] ? atoi(v) : 2;
     }
+    if (tern__cuda_ad_mode == 2 && attn_decode2(c, out, q, rows, nh, kv, scale, softcap, TERN_KV_F32)) return 1;
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
-    if (!ad_on || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv) return 0;
+    if (!tern__cuda_ad_mode || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv) return 0;
     const int G = nh / nkv, E = d / 32;
     if (d % 32 || (E != 2 && E != 4 && E != 8 && E != 16) || G > 32 / E) return 0;
     AdArgs a = {};

@@ -391,6 +391,7 @@ static void be_close(tern_backend *be) {
         cudaFree(c->gemm_scratch);
         cudaFree(c->moe_idx);
         cudaFree(c->mm_cnt);
+        cudaFree(c->ad_cnt);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);

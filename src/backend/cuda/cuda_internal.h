@@ -58,6 +58,7 @@ typedef struct tern__cuda {
     int32_t *moe_idx;
     size_t moe_idx_cap;
     int *mm_cnt;                 /* gemv_mma.cu: split-K counters per row block (zero between launches) */
+    int *ad_cnt;                 /* attn_decode.cu: split counters per (row, kv head) (zero between launches) */
 } tern__cuda;
 
 #define TERN_CUDA_MAX_GRAPHS 16
@@ -164,9 +165,15 @@ int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long keys, int T, i
 long tern__cuda_attn_max_keys(const tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv);
 void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                           const tern_kv_layer *kv, float scale, float softcap);
-/* attn_decode.cu: decode rows without spans over f32 pages; 0 when the shape is not served there */
+/* attn_decode.cu: decode rows without spans over f32 pages, or (_q) BF16/F16 pages; 0 when the
+ * shape is not served there. tern__cuda_attn_is_decode: the rows of this call are decode rows (a
+ * recorded step, or at most two rows per sequence) */
 int tern__cuda_attn_decode(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                            const tern_kv_layer *kv, float scale, float softcap);
+int tern__cuda_attn_decode_q(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                             const tern_kv_layer *kv, float scale, float softcap);
+void tern__cuda_attn_decode_init(tern__cuda *c);
+int tern__cuda_attn_is_decode(const tern__cuda *c, const tern_rows *rows);
 
 /* fused decode ops (gemv.cu, fused.cu): return 1 when done, 0 when the caller must run the
  * separate ops (ops.h: matmul_n, matmul_glu, matmul_add, rope_kv_write) */
@@ -202,6 +209,16 @@ int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const float *x, 
 /* moe.cu: calls of moe_mlp that took tern__cuda_moe_gateup (TERN_CUDA_MOE_FUSED=0: never) */
 extern unsigned long long tern__cuda_moe_fused_calls;
 extern int tern__cuda_moe_fused_on, tern__cuda_moe_rt; /* moe.cu / gemv1.cu switches, -1 = from the environment */
+/* moe_mma.cu: moe_mlp's pair path for MLX Q4 experts (groups 32/64/128, BF16/F16 scales) on tensor
+ * cores: gate/up/act into scratch ([n·k][2I], h in the first I of each pair's row), then down and the
+ * router-weighted sum into y, expert ids read on the device; round_h: h rounded to bf16 before down
+ * (the plain bf16 mode). Returns 1 when it ran, 0 when not served (format, shape, capacity) or
+ * TERN_CUDA_MOE_MMA=0 (tern__cuda_moe_mma_on: -1 = from the environment; tests set it) */
+int tern__cuda_moe_mma(tern__cuda *c, float *y, const float *x, int n, const int32_t *idx, const float *wts, int k,
+                       const tern__cuda_w *gate, const tern__cuda_w *up, const tern__cuda_w *down, int act,
+                       float *scratch, int round_h);
+extern unsigned long long tern__cuda_moe_mma_calls;
+extern int tern__cuda_moe_mma_on;
 /* moe.cu: h[p][0:I] = act(h[p][0:I]) * h[p][I:2I] for rows p < np of a [np][2I] scratch */
 void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int act);
 /* moe_gemm.cu: moe_mlp through the sorted, grouped expert GEMM (bf16 mode, many pairs; uses

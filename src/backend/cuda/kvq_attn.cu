@@ -271,6 +271,7 @@ extern "C" void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q
                      nh, nkv, d, kv->kf.kind, kv->vf.kind);
         return;
     }
+    if (tern__cuda_attn_is_decode(c, rows) && tern__cuda_attn_decode_q(c, out, q, rows, nh, kv, scale, softcap)) return;
     cudaSetDevice(c->device);
     QAttnArgs a = {};
     a.out = out;
