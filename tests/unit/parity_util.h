@@ -3,7 +3,8 @@
  * config + safetensors + ref.json + ref_logits.f32, made by scripts/make_fixtures.py):
  *   - pu_slurp: a whole file into a NUL-terminated malloc'd buffer (ref.json as text, the
  *     reference logits as raw f32), NULL when it cannot be read;
- *   - pu_json_ids: an integer array of ref.json ("prompt_ids", "all_ids") as int32 tokens.
+ *   - pu_json_ids: an integer array of ref.json ("prompt_ids", "all_ids") as int32 tokens;
+ *   - pu_bf16_bound: the bf16 compute mode's per-fixture bound (tests/parity/README.md).
  * Header-only; included by tests/unit/test_parity.c, test_model_tp.c, test_model_glm.c and
  * test_runtime_experts.c.
  */
@@ -14,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The file's bytes + a trailing NUL; *len (optional) gets the byte count (0 on failure). Caller frees. */
 static inline char *pu_slurp(const char *path, size_t *len) {
@@ -38,6 +40,35 @@ static inline int pu_json_ids(cJSON *root, const char *key, int32_t **out) {
     *out = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     for (int i = 0; i < n; i++) (*out)[i] = cJSON_GetArrayItem(a, i)->valueint;
     return n;
+}
+
+/* The bf16 mode's bound for fixture `name`: max(2e-2, 2 × transformers' own bf16 error on it), from
+ * DIR/_hf_bf16.json (`make_fixtures.py --bf16-check`); a case without its own figure takes the case
+ * it copies (name = that case + "_..."), else its family's smallest figure. */
+static inline double pu_bf16_bound(const char *dir, const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/_hf_bf16.json", dir);
+    char *js = pu_slurp(path, NULL);
+    cJSON *root = js ? cJSON_Parse(js) : NULL;
+    free(js);
+    const cJSON *hf = cJSON_GetObjectItem(root, "cases");
+    double fig = 0, fam = 0;
+    size_t best = 0;
+    const size_t pre = strcspn(name, "_");
+    for (cJSON *c = hf ? hf->child : NULL; c; c = c->next) {
+        const cJSON *v = cJSON_GetObjectItem(c, "max_rel_l2");
+        if (!cJSON_IsNumber(v)) continue;
+        const size_t len = strlen(c->string);
+        if (len > best && !strncmp(c->string, name, len) && (name[len] == 0 || name[len] == '_')) {
+            fig = v->valuedouble;
+            best = len;
+        }
+        if (!strncmp(c->string, name, pre) && strcspn(c->string, "_") == pre && (fam == 0 || v->valuedouble < fam))
+            fam = v->valuedouble;
+    }
+    cJSON_Delete(root);
+    if (fig == 0) fig = fam;
+    return 2 * fig > 2e-2 ? 2 * fig : 2e-2;
 }
 
 #endif

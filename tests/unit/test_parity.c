@@ -44,34 +44,6 @@
 
 static int g_cases, g_bf16, g_int8, g_skipped; /* g_bf16: 1 bf16, 2 bf16x2 */
 
-/* The bf16 mode's bound for a fixture: max(2e-2, 2 × transformers' own bf16 error on it). */
-static cJSON *g_hf_bf16; /* fixtures/_hf_bf16.json, parsed on first use, freed after the pass */
-static double bf16_bound(const char *name) {
-    if (!g_hf_bf16) {
-        char *js = pu_slurp(FIXDIR "/_hf_bf16.json", NULL);
-        g_hf_bf16 = js ? cJSON_Parse(js) : NULL;
-        free(js);
-    }
-    const cJSON *hf = cJSON_GetObjectItem(g_hf_bf16, "cases");
-    double fig = 0, fam = 0;
-    size_t best = 0;
-    const size_t pre = strcspn(name, "_");
-    for (cJSON *c = hf ? hf->child : NULL; c; c = c->next) {
-        const cJSON *v = cJSON_GetObjectItem(c, "max_rel_l2");
-        if (!cJSON_IsNumber(v)) continue;
-        const size_t len = strlen(c->string);
-        /* the case itself, or the longest case it copies (name = that case + "_...") */
-        if (len > best && !strncmp(c->string, name, len) && (name[len] == 0 || name[len] == '_')) {
-            fig = v->valuedouble;
-            best = len;
-        }
-        if (!strncmp(c->string, name, pre) && strcspn(c->string, "_") == pre && (fam == 0 || v->valuedouble < fam))
-            fam = v->valuedouble;
-    }
-    if (fig == 0) fig = fam;
-    return 2 * fig > 2e-2 ? 2 * fig : 2e-2;
-}
-
 /* The int8 pass covers the MLX-quantized fixtures (Q8/Q4 matmuls; others run exact). */
 static int int8_case(const char *name) {
     return (strstr(name, "_q") != NULL || strstr(name, "mixed") != NULL) && !strstr(name, "_fp8");
@@ -88,7 +60,7 @@ static void check_case(const char *name, tern_backend *be) {
     int32_t *prompt, *all;
     int np = pu_json_ids(ref, "prompt_ids", &prompt), na = pu_json_ids(ref, "all_ids", &all);
     int quant = strstr(name, "_q") != NULL || strstr(name, "mixed") != NULL || strstr(name, "_fp8") != NULL;
-    double bound = g_bf16 == 1 ? bf16_bound(name) : g_bf16 ? 2e-2 : quant ? 1e-3 : 1e-4;
+    double bound = g_bf16 == 1 ? pu_bf16_bound(FIXDIR, name) : g_bf16 ? 2e-2 : quant ? 1e-3 : 1e-4;
     size_t nbytes;
     snprintf(path, sizeof path, "%s/ref_logits.f32", dir);
     float *want = (float *)pu_slurp(path, &nbytes);
@@ -238,8 +210,6 @@ static void parity_fixtures(int int8) {
         fflush(stdout);
     }
     if (d) closedir(d);
-    cJSON_Delete(g_hf_bf16);
-    g_hf_bf16 = NULL;
     if (!g_cases) { printf("FAIL: parity: no fixtures found under %s\n", FIXDIR); t_fail_++; }
     tern_backend_close(be);
 }
