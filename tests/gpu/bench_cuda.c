@@ -481,11 +481,11 @@ int main(int argc, char **argv) {
         tern_backend_close(g);
         return 0;
     }
-    if (argc > 1 && !strcmp(argv[1], "--attn-dec")) { /* decode attention: one-pass walk vs v2, f32 and bf16 pages */
+    if (argc > 1 && !strcmp(argv[1], "--attn-dec")) { /* decode attention: tile kernels vs attn_decode.cu, f32 and bf16 pages */
         extern int tern__cuda_ad_mode;
         static const int ctxs[] = {192, 1024, 8192};
         static const struct { int mode, kind; const char *tag; } M[] = {
-            {1, TERN_KV_F32, "f32 walk"}, {2, TERN_KV_F32, "f32 v2"}, {0, TERN_KV_BF16, "bf16 tiles"}, {2, TERN_KV_BF16, "bf16 v2"}};
+            {0, TERN_KV_F32, "f32 tiles"}, {1, TERN_KV_F32, "f32 dec"}, {0, TERN_KV_BF16, "bf16 tiles"}, {1, TERN_KV_BF16, "bf16 dec"}};
         for (int i = 0; i < 3; i++)
             for (int m = 0; m < 4; m++) {
                 tern__cuda_ad_mode = M[m].mode;

@@ -90,7 +90,7 @@ TEST(cuda_attention_prefill_decode) {
     extern unsigned long long tern__cuda_attn_decode_calls;
     extern int tern__cuda_ad_mode;
     const int keep = tern__cuda_ad_mode;
-    for (int mode = 1; mode <= 2; mode++) { /* attn_decode.cu: the one-pass walk, then v2 (two passes) */
+    for (int mode = 0; mode <= 1; mode++) { /* the tile kernel, then attn_decode.cu */
         tern__cuda_ad_mode = mode;
         for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
             for (int v = 0; v < 3; v++) {
@@ -99,11 +99,9 @@ TEST(cuda_attention_prefill_decode) {
                 printf("  err attention nh=%d nkv=%d d=%d W=%d variant %d dec %d  %.2e\n", C[c].nh, C[c].nkv, C[c].d,
                        C[c].window, v, mode, rel);
                 CHECK(rel <= 1e-5, "case %zu variant %d mode %d rel %.2e", c, v, mode, rel);
-                /* one decode row per slot goes to attn_decode.cu: the walk where its lane registers hold
-                 * G·d/32 <= 32, v2 where G <= 8 (G <= 4 at d 512) */
+                /* one decode row per slot goes to attn_decode.cu where G <= 8 (G <= 4 at d 512) */
                 const int G = C[c].nh / C[c].nkv, d = C[c].d;
-                const int v2 = G <= 8 && (d == 512 ? G <= 4 : d <= 256);
-                const int dec = v == 1 && (G * d / 32 <= 32 || (mode == 2 && v2));
+                const int dec = mode == 1 && v == 1 && G <= 8 && (d == 512 ? G <= 4 : d <= 256);
                 CHECK((tern__cuda_attn_decode_calls > dc) == dec, "case %zu variant %d mode %d: decode kernel ran %d, "
                       "expected %d", c, v, mode, tern__cuda_attn_decode_calls > dc, dec);
             }

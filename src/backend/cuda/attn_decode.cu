@@ -1,26 +1,36 @@
 /*
- * attn_decode.cu — attention for decode rows over the f32 paged KV cache (split-K, flash-decoding).
+ * attn_decode.cu — attention for decode rows over the paged KV cache (f32 pages, and the BF16/F16
+ * kinds of kvq.h): split-K flash-decoding in two passes over a split held in shared memory.
  *
- * attention.cu's kernel serves any rows: key tiles staged in shared memory behind four barriers,
- * one global-load latency per tile, a thread per (query, key) running a d-long dot product. For a
- * decode step (one row per sequence) that costs ~30 µs per layer at a 192-key context (ncu/profile,
- * bench/NOTES.md (m)). Here a block of 4 warps owns (kv head g, key split z, row r); warp w walks the
- * split's keys w, w+4, ...; a lane holds E = d/32 consecutive elements of q for each of the group's
- * G query heads, of the K and V rows and of the G accumulators, so K and V rows are read once,
- * coalesced, straight into registers (U keys per iteration, loads first). Scores are full warp sums
- * (every lane gets the total), the online softmax keeps (m, l) per head in registers, and the four
- * warps' states are merged in shared memory at the end. Output: acc/l (one split) or the unnormalised
- * partials and (M, L) in the layout tern__cuda_attn_merge reads.
+ * attention.cu's kernel serves any rows (key tiles behind four barriers, a thread per (query, key));
+ * a one-pass warp walk (session 4) scored one key at a time per warp — a 5-level shuffle sum and the
+ * online-softmax update on one dependent chain per head — and ran 16 us for one row over 192 keys,
+ * 57 us (1.2 TB/s) over 8k. Here a block of 8 warps owns (kv head g, split z, row r); a split holds
+ * at most `chmax` keys (<= 1024), so its scores fit in shared memory and the softmax needs no
+ * running rescale:
+ *   0. the split's block-table lookups, once, into shared memory (record index per key, -1 when the
+ *      block is not resident);
+ *   1. scores: a key group of LPK = D/EPL lanes holds one K row (EPL elements per lane: 8, or 16 at
+ *      D 512), so a warp scores 32/LPK keys at once and U of those groups per iteration, the next U
+ *      loading meanwhile: U·G independent dot products, each summed over its LPK lanes with log2(LPK)
+ *      shuffles; s[h][k] (scale, softcap; -inf for a key not resident) to shared memory;
+ *   2. per head (a warp each): M = max s, p = e^{s - M} in place, L = Σ p;
+ *   3. P·V: the same key walk over V rows (the first group loaded during the softmax), acc[h][e] +=
+ *      p[h][k]·v[e]; the key groups of a warp are summed with shuffles, the 8 warps in shared memory
+ *      in warp order.
+ * One split: out = acc / L. Several: (acc, M, L) go to the partials in the layout of
+ * tern__cuda_attn_merge, and the last block of (row, kv head) to arrive (a counter per pair in
+ * c->ad_cnt, reset by that block) merges the splits in split order: one launch, deterministic.
+ * A split's size adapts to the row: chunk = max(chmin, ceil(len / splits)) keys, so a graph planned
+ * for the whole table runs ceil(len / chunk) live splits at a short context (the others exit at once).
  *
  * Visibility: keys lo..pos of the row (lo = pos - window + 1 for sliding layers), skipping
  * block-table entries < 0 — attention.cu's rule without spans (span steps stay there). f32 math with
  * expf/tanhf; the summation order differs from attention.cu (within the f32 parity bound).
- * Since session 7 the two-pass kernel below (v2: scores, softmax, P·V over a split held in shared
- * memory, splits merged in the same launch; also BF16/F16 pages) takes every call it can serve and
- * this one-pass walk the rest (TERN_CUDA_ATTN_DEC=1: the walk only; 0: neither, attention.cu's
- * kernel). H200, llama3-8b q4 decode: 258.5 -> 270.0 tok/s at 128 keys, 194.2 -> 220.3 at 8k; one
- * row over 8k keys 54.8 -> 37.8 us, 64 rows 2466 -> 1602 us (bench/NOTES.md (p)).
- * TERN_CUDA_AD_OCC sets the walk's split rule's target blocks per SM (default 4).
+ * Shapes: D in {32, 64, 128, 256, 512}, G = nh/nkv <= 8 (<= 4 at D 512); others go to the tile
+ * kernels. TERN_CUDA_ATTN_DEC=0 turns it off. H200 (bench/NOTES.md (p)): llama3-8b q4 decode 258.5 ->
+ * 270.0 tok/s at 128 keys and 194.2 -> 220.3 at 8k against the walk; one row over 8k keys 37.8 us,
+ * 64 rows 1602 us (walk 2466).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -29,178 +39,24 @@
 #include <stdlib.h>
 #include <type_traits>
 
-struct AdArgs {
-    float *out, *part;
-    const float *q, *kp, *vp;
-    const int32_t *pos, *slot, *bt;
-    int n, nh, nkv, G, max_blocks, bs, window, splits;
-    float scale, softcap;
-};
-
-template <int E> __device__ __forceinline__ void ad_load(float *dst, const float *src) {
-    if constexpr (E == 2) {
-        const float2 v = __ldg((const float2 *)src);
-        dst[0] = v.x; dst[1] = v.y;
-    } else {
-#pragma unroll
-        for (int i = 0; i < E / 4; i++) {
-            const float4 v = __ldg((const float4 *)src + i);
-            dst[4 * i] = v.x; dst[4 * i + 1] = v.y; dst[4 * i + 2] = v.z; dst[4 * i + 3] = v.w;
-        }
-    }
-}
-
-/* E elements per lane (d = 32·E), up to GM query heads per KV head, U keys per iteration */
-template <int E, int GM> __global__ void __launch_bounds__(128) attn_dec_kernel(AdArgs a) {
-    pdl_start();
-    constexpr int D = 32 * E, UE = GM * E <= 16 ? 16 : 8, U = UE / E < 1 ? 1 : UE / E; /* U·E floats of K and of V per lane, twice */
-    __shared__ float sml[4][GM][2];
-    extern __shared__ float sacc[]; /* [4 warps][GM][D] */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = blockIdx.x, z = blockIdx.y, r = blockIdx.z, G = a.G;
-    const int pos = a.pos[r], slot = a.slot[r];
-    int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0, hi = pos;
-    if (a.splits > 1) {
-        const int chunk = (hi - lo + a.splits) / a.splits; /* ceil(len / splits), len = hi - lo + 1 */
-        lo += z * chunk;
-        hi = min(hi, lo + chunk - 1);
-    }
-    float q[GM][E], acc[GM][E], m[GM], l[GM];
-#pragma unroll
-    for (int h = 0; h < GM; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < E; e++) acc[h][e] = 0.0f;
-        if (h < G) ad_load<E>(q[h], a.q + ((size_t)r * a.nh + (size_t)g * G + h) * D + lane * E);
-        else
-#pragma unroll
-            for (int e = 0; e < E; e++) q[h][e] = 0.0f;
-    }
-    const int32_t *btrow = a.bt + (size_t)slot * a.max_blocks;
-    const size_t kvstride = (size_t)a.nkv * D;
-    /* software pipeline: the next U keys' rows are loaded while these U are scored */
-    float kr[U][E], vr[U][E], kn[U][E], vn[U][E];
-    bool ok[U], okn[U];
-    auto load = [&](int k0, float (*kd)[E], float (*vd)[E], bool *okd) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int k = k0 + u;
-            const int blk = pos >= 0 && k <= hi && k / a.bs < a.max_blocks ? btrow[k / a.bs] : -1;
-            okd[u] = blk >= 0;
-            if (okd[u]) {
-                const size_t off = ((size_t)blk * a.bs + k % a.bs) * kvstride + (size_t)g * D + lane * E;
-                ad_load<E>(kd[u], a.kp + off);
-                ad_load<E>(vd[u], a.vp + off);
-            }
-        }
-    };
-    int k0 = lo + warp * U;
-    load(k0, kr, vr, ok);
-    for (; pos >= 0 && k0 <= hi; k0 += 4 * U) {
-        load(k0 + 4 * U, kn, vn, okn);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (!ok[u]) continue;
-#pragma unroll
-            for (int h = 0; h < GM; h++) {
-                if (h >= G) break;
-                float s = 0.0f;
-#pragma unroll
-                for (int e = 0; e < E; e++) s = fmaf(q[h][e], kr[u][e], s);
-                s = warp_sum(s) * a.scale;
-                if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
-                if (s > m[h]) { /* new running max: rescale what is accumulated */
-                    const float c = m[h] == -INFINITY ? 0.0f : expf(m[h] - s);
-                    l[h] *= c;
-#pragma unroll
-                    for (int e = 0; e < E; e++) acc[h][e] *= c;
-                    m[h] = s;
-                }
-                const float p = expf(s - m[h]);
-                l[h] += p;
-#pragma unroll
-                for (int e = 0; e < E; e++) acc[h][e] = fmaf(p, vr[u][e], acc[h][e]);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            ok[u] = okn[u];
-#pragma unroll
-            for (int e = 0; e < E; e++) kr[u][e] = kn[u][e], vr[u][e] = vn[u][e];
-        }
-    }
-    /* merge the four warps: (M, L) per head, acc rescaled by e^{m_w - M} */
-#pragma unroll
-    for (int h = 0; h < GM; h++) {
-        if (h >= G) break;
-        if (lane == 0) { sml[warp][h][0] = m[h]; sml[warp][h][1] = l[h]; }
-#pragma unroll
-        for (int e = 0; e < E; e++) sacc[((size_t)warp * GM + h) * D + lane * E + e] = acc[h][e];
-    }
-    __syncthreads();
-    const size_t nrow = (size_t)a.n * a.nh;
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int h = idx / D, i = idx % D;
-        float M = -INFINITY;
-        for (int w = 0; w < 4; w++) M = fmaxf(M, sml[w][h][0]);
-        float L = 0.0f, v = 0.0f;
-        if (M != -INFINITY)
-            for (int w = 0; w < 4; w++) {
-                const float mw = sml[w][h][0];
-                if (mw == -INFINITY) continue;
-                const float c = expf(mw - M);
-                L += sml[w][h][1] * c;
-                v += sacc[((size_t)w * GM + h) * D + i] * c;
-            }
-        const size_t rh = (size_t)r * a.nh + (size_t)g * G + h;
-        if (a.splits == 1) {
-            a.out[rh * D + i] = L > 0.0f ? v / L : 0.0f;
-        } else {
-            a.part[(size_t)z * nrow * D + rh * D + i] = v;
-            if (i == 0) {
-                float *ml = a.part + (size_t)a.splits * nrow * D + ((size_t)z * nrow + rh) * 2;
-                ml[0] = M;
-                ml[1] = L;
-            }
-        }
-    }
-}
-
-/* TERN_CUDA_ATTN_DEC: 0 off, 1 the one-pass walk, 2 (default) v2 first; -1 until read (tests set it) */
+/* TERN_CUDA_ATTN_DEC: 0 off, else on; -1 until read (tests set it) */
 extern "C" int tern__cuda_ad_mode;
 int tern__cuda_ad_mode = -1;
 extern "C" unsigned long long tern__cuda_attn_decode_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_calls = 0;
 
-template <int E, int GM> static void ad_go(tern__cuda *c, dim3 grid, const AdArgs &a) {
-    /* the four warps' accumulators: GM·E <= 32 floats per lane, so at most 16 KB */
-    tern_launch(c->stream, attn_dec_kernel<E, GM>, grid, 128, (size_t)4 * GM * 32 * E * sizeof(float), a);
+static int ad_mode(void) {
+    if (tern__cuda_ad_mode < 0) {
+        const char *v = getenv("TERN_CUDA_ATTN_DEC");
+        tern__cuda_ad_mode = v && v[0] ? atoi(v) : 1;
+    }
+    return tern__cuda_ad_mode;
 }
 
-/* ---- v2: two passes over a split's keys (TERN_CUDA_ATTN_DEC=2, the default) ----
- * The walk above scores one key at a time per warp: a 5-level shuffle sum, then the online-softmax
- * update, all on one dependent chain per query head (16 µs for one row over 192 keys, 57 µs — 1.2
- * TB/s — over 8k). Here a block of 8 warps owns (kv head g, split z, row r) and a split holds at
- * most `chmax` keys, so the scores fit in shared memory and the softmax needs no running rescale:
- *   1. scores: a key group of LPK = D/EPL lanes holds one K row (EPL elements per lane, EPL = 8, or
- *      16 at D 512), so a warp scores 32/LPK keys at once and U of those groups per iteration: U·G
- *      independent dot products, each summed over its LPK lanes with log2(LPK) shuffles; s[h][k] to
- *      shared memory (scale, softcap; -inf for a key whose block is not resident);
- *   2. per head (a warp each): M = max s, p = e^{s - M} in place, L = Σ p;
- *   3. P·V: the same key walk over V rows, acc[h][e] += p[h][k]·v[e]; the key groups of a warp are
- *      summed with shuffles, the 8 warps in shared memory in warp order.
- * One split: out = acc / L. Several: the split's (acc, M, L) go to the partials in the layout of
- * tern__cuda_attn_merge, and the last block of (row, kv head) to arrive (a counter per pair in
- * c->ad_cnt, reset by that block) merges the splits in split order: one launch, deterministic.
- * A split's size adapts to the row: chunk = max(chmin, ceil(len / splits)) keys, so a graph planned
- * for the whole table runs ceil(len / chunk) live splits at a short context (the others exit at once).
- * T = float, __nv_bfloat16 or __half: the f32 pages and the BF16/F16 kinds of kvq.h (same record
- * layout, D elements per (token, kv head)). f32 math throughout. */
-#define AD2_WARPS 8
+#define AD_WARPS 8
 #define AD_CNT 65536 /* (row, kv head) counters */
 
-struct Ad2Args {
+struct AdArgs {
     float *out, *part;
     const float *q;
     const void *kp, *vp;
@@ -212,7 +68,7 @@ struct Ad2Args {
 };
 
 /* EPL consecutive elements of a K or V row as f32 */
-template <typename T, int EPL> __device__ __forceinline__ void ad2_load(float *dst, const T *src) {
+template <typename T, int EPL> __device__ __forceinline__ void ad_load(float *dst, const T *src) {
     if constexpr (sizeof(T) == 4) {
 #pragma unroll
         for (int i = 0; i < EPL / 4; i++) {
@@ -238,14 +94,14 @@ template <typename T, int EPL> __device__ __forceinline__ void ad2_load(float *d
     }
 }
 
-template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD2_WARPS, 2) attn_dec2_kernel(Ad2Args a) {
+template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     pdl_start();
     constexpr int U = EPL == 16 || GM * EPL >= 64 ? 1 : 2; /* key groups per warp and iteration (two in flight) */
-    extern __shared__ float sm2[];           /* [region][chmax ints]: region = scores [GM][chmax], then
+    extern __shared__ float smd[];           /* [region][chmax ints]: region = scores [GM][chmax], then
                                                 [8 warps][GM][D], then the merge's (M, L) */
     __shared__ float sml[GM][2];
     __shared__ int last;
-    const int D = a.D, LPK = D / EPL, KPW = 32 / LPK, KPB = AD2_WARPS * KPW, STEP = KPB * U;
+    const int D = a.D, LPK = D / EPL, KPW = 32 / LPK, KPB = AD_WARPS * KPW, STEP = KPB * U;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kg = lane / LPK, li = lane % LPK;
     const int g = blockIdx.x, z = blockIdx.y, r = blockIdx.z, G = a.G;
     const int pos = a.pos[r];
@@ -257,8 +113,8 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     const int k0 = lo + z * chunk, k1 = min(lo + len, k0 + chunk), nk = k1 - k0;
     const size_t kvs = (size_t)a.nkv * D;
     const T *kp = (const T *)a.kp + (size_t)g * D + li * EPL, *vp = (const T *)a.vp + (size_t)g * D + li * EPL;
-    float *s = sm2;
-    int *recs = (int *)(sm2 + a.region); /* record (token slot in the pool) of each key, -1 if not resident */
+    float *s = smd;
+    int *recs = (int *)(smd + a.region); /* record (token slot in the pool) of each key, -1 if not resident */
     {
         const int32_t *btrow = a.bt + (size_t)a.slot[r] * a.max_blocks;
         for (int i = threadIdx.x; i < nk; i += blockDim.x) {
@@ -288,7 +144,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
         for (int u = 0; u < U; u++) {
             const int i = base + u * KPB + kg - k0;
             rc[u] = i < nk ? recs[i] : -1;
-            if (rc[u] >= 0) ad2_load<T, EPL>(d[u], src + (size_t)rc[u] * kvs);
+            if (rc[u] >= 0) ad_load<T, EPL>(d[u], src + (size_t)rc[u] * kvs);
             else
 #pragma unroll
                 for (int e = 0; e < EPL; e++) d[u][e] = 0.0f;
@@ -379,7 +235,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
 #pragma unroll
             for (int e = 0; e < EPL; e++) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
     __syncthreads(); /* the scores are dead: the region takes the warps' sums */
-    float *red = sm2;
+    float *red = smd;
     if (kg == 0)
 #pragma unroll
         for (int h = 0; h < GM; h++) {
@@ -393,7 +249,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
         const int h = idx / D, i = idx % D;
         float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < AD2_WARPS; w++) v += red[((size_t)w * GM + h) * D + i];
+        for (int w = 0; w < AD_WARPS; w++) v += red[((size_t)w * GM + h) * D + i];
         const size_t rh = (size_t)r * a.nh + (size_t)g * G + h;
         if (nact == 1) {
             a.out[rh * D + i] = sml[h][1] > 0.0f ? v / sml[h][1] : 0.0f;
@@ -415,7 +271,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     __syncthreads();
     if (!last) return;
     __threadfence();
-    float *ms = sm2; /* [nact][GM] (M, L), then the weights e^{M_z - M} / Σ */
+    float *ms = smd; /* [nact][GM] (M, L), then the weights e^{M_z - M} / Σ */
     for (int idx = threadIdx.x; idx < nact * G; idx += blockDim.x) {
         const int zz = idx / G, h = idx % G;
         const size_t o = mlo + ((size_t)zz * nrow + (size_t)r * a.nh + (size_t)g * G + h) * 2;
@@ -448,36 +304,36 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     if (threadIdx.x == 0) *cnt = 0;
 }
 
-#define AD2_SMEM_MAX (160 << 10)
-#define AD2_CHCAP 1024 /* longest split (shared memory: more blocks per SM) */
+#define AD_SMEM_MAX (160 << 10)
+#define AD_CHCAP 1024 /* longest split (shared memory: more blocks per SM) */
 
-template <typename T> static void ad2_attr(int smem) {
-#define AD2_A(E, G) cudaFuncSetAttribute(attn_dec2_kernel<T, E, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
-    AD2_A(8, 1); AD2_A(8, 2); AD2_A(8, 4); AD2_A(8, 8); AD2_A(16, 1); AD2_A(16, 2); AD2_A(16, 4);
-#undef AD2_A
+template <typename T> static void ad_attr(int smem) {
+#define AD_A(E, G) cudaFuncSetAttribute(attn_dec_kernel<T, E, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
+    AD_A(8, 1); AD_A(8, 2); AD_A(8, 4); AD_A(8, 8); AD_A(16, 1); AD_A(16, 2); AD_A(16, 4);
+#undef AD_A
 }
 
 /* at open (attention.cu's init): the counters and the shared-memory limits */
 extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
     if (!c->ad_cnt && cudaMalloc((void **)&c->ad_cnt, AD_CNT * sizeof(int)) == cudaSuccess)
         cudaMemsetAsync(c->ad_cnt, 0, AD_CNT * sizeof(int), c->stream);
-    const int lim = (int)(c->smem_optin - 1024) < AD2_SMEM_MAX ? (int)(c->smem_optin - 1024) : AD2_SMEM_MAX;
-    ad2_attr<float>(lim);
-    ad2_attr<__nv_bfloat16>(lim);
-    ad2_attr<__half>(lim);
+    const int lim = (int)(c->smem_optin - 1024) < AD_SMEM_MAX ? (int)(c->smem_optin - 1024) : AD_SMEM_MAX;
+    ad_attr<float>(lim);
+    ad_attr<__nv_bfloat16>(lim);
+    ad_attr<__half>(lim);
     cudaGetLastError();
 }
 
-template <typename T> static void ad2_go(tern__cuda *c, dim3 grid, size_t smem, int E, int GM, const Ad2Args &a) {
-    void (*k)(Ad2Args) = nullptr;
-#define AD2_K(EE, GG) if (E == EE && GM == GG) k = attn_dec2_kernel<T, EE, GG>
-    AD2_K(8, 1); AD2_K(8, 2); AD2_K(8, 4); AD2_K(8, 8); AD2_K(16, 1); AD2_K(16, 2); AD2_K(16, 4);
-#undef AD2_K
-    tern_launch(c->stream, k, grid, 32 * AD2_WARPS, smem, a);
+template <typename T> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, int E, int GM, const AdArgs &a) {
+    void (*k)(AdArgs) = nullptr;
+#define AD_K(EE, GG) if (E == EE && GM == GG) k = attn_dec_kernel<T, EE, GG>
+    AD_K(8, 1); AD_K(8, 2); AD_K(8, 4); AD_K(8, 8); AD_K(16, 1); AD_K(16, 2); AD_K(16, 4);
+#undef AD_K
+    tern_launch(c->stream, k, grid, 32 * AD_WARPS, smem, a);
 }
 
-/* v2 over f32 (kind TERN_KV_F32) or BF16/F16 pages (K and V of that one kind): 1 when it ran */
-static int attn_decode2(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+/* over f32 (kind TERN_KV_F32) or BF16/F16 pages (K and V of that one kind): 1 when it ran */
+static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                         const tern_kv_layer *kv, float scale, float softcap, int kind) {
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
     if (!c->ad_cnt || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv || (long)n * nkv > AD_CNT)
@@ -487,22 +343,22 @@ static int attn_decode2(tern__cuda *c, float *out, const float *q, const tern_ro
         return 0;
     long keys = tern__cuda_attn_max_keys(c, rows, kv);
     if (kv->window > 0 && keys > kv->window) keys = kv->window;
-    Ad2Args a = {};
+    AdArgs a = {};
     a.chmin = 32;
     /* about two blocks per SM (8 warps each), >= chmin keys per split, at most 128 splits, and
      * enough splits that a split's scores fit */
     int splits = tern__cuda_split_count(c, (long)n * nkv, 2, 2, keys, a.chmin, 128, n, nh, d);
-    const long need = (keys + AD2_CHCAP - 1) / AD2_CHCAP;
+    const long need = (keys + AD_CHCAP - 1) / AD_CHCAP;
     if (splits < need) splits = (int)need;
     if (splits > 128 || (splits > 1 && (size_t)splits * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS)) return 0;
     const long ch = (keys + splits - 1) / splits;
     a.chmax = (int)(ch > a.chmin ? ch : a.chmin);
     size_t region = (size_t)GM * a.chmax;
-    if (region < (size_t)AD2_WARPS * GM * d) region = (size_t)AD2_WARPS * GM * d;
+    if (region < (size_t)AD_WARPS * GM * d) region = (size_t)AD_WARPS * GM * d;
     if (region < (size_t)2 * 128 * GM) region = (size_t)2 * 128 * GM;
     a.region = (int)region;
     const size_t smem = (region + a.chmax) * sizeof(float);
-    const size_t lim = c->smem_optin - 1024 < AD2_SMEM_MAX ? c->smem_optin - 1024 : AD2_SMEM_MAX;
+    const size_t lim = c->smem_optin - 1024 < AD_SMEM_MAX ? c->smem_optin - 1024 : AD_SMEM_MAX;
     if (smem > lim) return 0;
     a.out = out;
     a.part = c->part;
@@ -526,93 +382,24 @@ static int attn_decode2(tern__cuda *c, float *out, const float *q, const tern_ro
     a.softcap = softcap;
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)nkv, (unsigned)splits, (unsigned)n);
-    if (kind == TERN_KV_BF16) ad2_go<__nv_bfloat16>(c, grid, smem, E, GM, a);
-    else if (kind == TERN_KV_F16) ad2_go<__half>(c, grid, smem, E, GM, a);
-    else ad2_go<float>(c, grid, smem, E, GM, a);
+    if (kind == TERN_KV_BF16) ad_go<__nv_bfloat16>(c, grid, smem, E, GM, a);
+    else if (kind == TERN_KV_F16) ad_go<__half>(c, grid, smem, E, GM, a);
+    else ad_go<float>(c, grid, smem, E, GM, a);
     tern__cuda_check(c, "attention decode");
     tern__cuda_attn_decode_calls++;
     return 1;
 }
 
-/* BF16 / F16 pages (K and V of one kind), decode rows: 1 when v2 ran */
+/* BF16 / F16 pages (K and V of one kind), decode rows: 1 when it ran */
 extern "C" int tern__cuda_attn_decode_q(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                         const tern_kv_layer *kv, float scale, float softcap) {
     const int kind = kv->kf.kind;
-    if (tern__cuda_ad_mode < 0) {
-        const char *v = getenv("TERN_CUDA_ATTN_DEC");
-        tern__cuda_ad_mode = v && v[0] ? atoi(v) : 2;
-    }
-    if (tern__cuda_ad_mode != 2 || kind != kv->vf.kind || (kind != TERN_KV_BF16 && kind != TERN_KV_F16)) return 0;
-    return attn_decode2(c, out, q, rows, nh, kv, scale, softcap, kind);
+    if (!ad_mode() || kind != kv->vf.kind || (kind != TERN_KV_BF16 && kind != TERN_KV_F16)) return 0;
+    return attn_decode_run(c, out, q, rows, nh, kv, scale, softcap, kind);
 }
 
+/* f32 pages, decode rows without spans: 1 when it ran, 0 when the shape is not served here */
 extern "C" int tern__cuda_attn_decode(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                       const tern_kv_layer *kv, float scale, float softcap) {
-    if (tern__cuda_ad_mode < 0) {
-        const char *v = getenv("TERN_CUDA_ATTN_DEC");
-        tern__cuda_ad_mode = v && v[0] ? atoi(v) : 2;
-    }
-    if (tern__cuda_ad_mode == 2 && attn_decode2(c, out, q, rows, nh, kv, scale, softcap, TERN_KV_F32)) return 1;
-    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
-    if (!tern__cuda_ad_mode || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv) return 0;
-    const int G = nh / nkv, E = d / 32;
-    if (d % 32 || (E != 2 && E != 4 && E != 8 && E != 16) || G > 32 / E) return 0;
-    AdArgs a = {};
-    a.out = out;
-    a.part = c->part;
-    a.q = q;
-    a.kp = (const float *)kv->k;
-    a.vp = (const float *)kv->v;
-    a.pos = rows->pos;
-    a.slot = rows->slot;
-    a.bt = kv->block_table;
-    a.n = n;
-    a.nh = nh;
-    a.nkv = nkv;
-    a.G = G;
-    a.max_blocks = kv->max_blocks;
-    a.bs = kv->block_size;
-    a.window = kv->window;
-    a.scale = scale;
-    a.softcap = softcap;
-    /* splits: from the longest key range of the call (the whole context while a graph is recorded;
-     * splits past a row's keys exit at once) */
-    long keys = tern__cuda_attn_max_keys(c, rows, kv);
-    if (kv->window > 0 && keys > kv->window) keys = kv->window;
-    /* H200 (bench/NOTES.md (m), (n)): batches of >= 8 rows at any context (x64: 1.10-1.14x attention.cu),
-     * short contexts (1.4x), and since the parallel split merge one row over 8k keys too (d 128 57 vs
-     * 60 us, d 256 58 vs 101 us) */
-    static int occ = -1; /* TERN_CUDA_AD_OCC: target blocks per SM (default 4), for split sweeps */
-    if (occ < 0) {
-        const char *v = getenv("TERN_CUDA_AD_OCC");
-        occ = v && atoi(v) > 0 ? atoi(v) : 4;
-    }
-    /* about four resident blocks per SM (each warp walks its keys with U rows in flight and one
-     * more group prefetched: more blocks, not longer walks, hide the latency), >= 32 keys per split,
-     * at most 128 */
-    a.splits = tern__cuda_split_count(c, (long)n * nkv, occ, occ, keys, 32, 128, n, nh, d);
-    cudaSetDevice(c->device);
-    const dim3 grid((unsigned)nkv, (unsigned)a.splits, (unsigned)n);
-    /* GM = G rounded up to a power of two: the lane arrays hold what the group needs */
-    const int GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : G <= 8 ? 8 : 16;
-    switch (E * 100 + GM) {
-    case 201: ad_go<2, 1>(c, grid, a); break;
-    case 202: ad_go<2, 2>(c, grid, a); break;
-    case 204: ad_go<2, 4>(c, grid, a); break;
-    case 208: ad_go<2, 8>(c, grid, a); break;
-    case 216: ad_go<2, 16>(c, grid, a); break;
-    case 401: ad_go<4, 1>(c, grid, a); break;
-    case 402: ad_go<4, 2>(c, grid, a); break;
-    case 404: ad_go<4, 4>(c, grid, a); break;
-    case 408: ad_go<4, 8>(c, grid, a); break;
-    case 801: ad_go<8, 1>(c, grid, a); break;
-    case 802: ad_go<8, 2>(c, grid, a); break;
-    case 804: ad_go<8, 4>(c, grid, a); break;
-    case 1601: ad_go<16, 1>(c, grid, a); break;
-    default: ad_go<16, 2>(c, grid, a); break;
-    }
-    tern__cuda_check(c, "attention decode");
-    tern__cuda_attn_decode_calls++;
-    if (a.splits > 1) tern__cuda_attn_merge(c, out, n * nh, d, a.splits, "attention decode merge");
-    return 1;
+    return ad_mode() && attn_decode_run(c, out, q, rows, nh, kv, scale, softcap, TERN_KV_F32);
 }
