@@ -116,17 +116,12 @@ build/tern-core: $(CORE_TOOLS) build/libtern_core.a
 build/tests/test_parity_core: tests/unit/test_parity.c build/libtern_core.a
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) $(CORE_CFLAGS) -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
-build/tests/test_model_tp_core: tests/unit/test_model_tp.c build/libtern_core.a
-	@mkdir -p build/tests
-	$(CC) $(CFLAGS) $(CORE_CFLAGS) -DTERN_CORE_ONLY -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
-build/tests/test_model_tp_vocab_core: tests/unit/test_model_tp_vocab.c build/libtern_core.a
-	@mkdir -p build/tests
-	$(CC) $(CFLAGS) $(CORE_CFLAGS) -DTERN_CORE_ONLY -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
-build/tests/test_model_tp_offload_core: tests/unit/test_model_tp_offload.c build/libtern_core.a
+# the multi-GPU / offload tests against the core library (test_model_tp*, test_runtime_experts)
+build/tests/test_%_core: tests/unit/test_%.c build/libtern_core.a
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) $(CORE_CFLAGS) -DTERN_CORE_ONLY -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
 core: build/tern-core build/tests/test_parity_core build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core \
-      build/tests/test_model_tp_offload_core
+      build/tests/test_model_tp_offload_core build/tests/test_runtime_experts_core
 .PHONY: core
 
 # `make bench-glm`: build/bench_glm_gpu (GLM-5 per layer + latent attention, cpu or cuda) from the

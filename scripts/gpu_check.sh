@@ -24,7 +24,8 @@
 set -u
 cd "$(dirname "$0")/.."
 PACK_BINS="build/test_cuda_ops build/bench_cuda build/tern-core build/tests/test_parity_core build/concurrency \
-build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core build/tests/test_model_tp_offload_core"
+build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core build/tests/test_model_tp_offload_core \
+build/tests/test_runtime_experts_core"
 [ "${2:-}" = small ] && PACK_BINS="build/tern-core build/concurrency" # next to a peer's binaries (64 MiB carry)
 if [ "${1:-}" = pack ]; then
     make -j"$(nproc)" gpu-test core build/concurrency > /dev/null || { echo "pack: build failed"; exit 1; }
@@ -107,6 +108,10 @@ if [ -d .gpudeps/root ]; then
             stamp "model parity on cuda ($comp): $(grep -c '^PASS' "$OUT/parity_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity_$comp.log") failed"
             grep -E '^FAIL|check failed|worst row' "$OUT/parity_$comp.log" | head -30 >> "$S"
         done
+        # expert offload on one GPU: logits and ids bitwise those of the resident model
+        TERN_TEST_DEVICE=cuda timeout 120 ./build/tests/test_runtime_experts_core > "$OUT/experts.log" 2>&1
+        stamp "expert offload on cuda: $(grep -c '^PASS' "$OUT/experts.log") passed, $(grep -c '^FAIL' "$OUT/experts.log") failed"
+        grep -E '^FAIL|check failed' "$OUT/experts.log" | head -8 >> "$S"
         # compressed KV pages end to end: greedy ids on cuda vs cpu for every --kv-quant kind
         F=tests/parity/fixtures
         for m in llama3 gemma4_e2b_like; do

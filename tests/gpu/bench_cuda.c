@@ -9,6 +9,7 @@
  * (60 MB) cannot serve them. Attention decode: bytes = K + V of the context read once.
  * Timing: warm-up, then many asynchronous launches between two sync()s on the host clock.
  * `bench_cuda --qmma`: the MLX Q matmul of qmma.cu vs the older kernels (n = 1..64), then stop.
+ * `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b shapes, moe_mma.cu vs the GEMV pairs, then stop.
  */
 #include "backend/cpu/cpu.h"
 #include "ops/ops.h"
@@ -448,6 +449,89 @@ static void bench_pattern(int rows, int rb) {
     g->vt->free(g, sink);
 }
 
+/* `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b geometry (H 2816, I 704, E 128, top-8, MLX q4 g64,
+ * bf16 scales) for n = 1, 2, 4, 8: moe_mma.cu's tensor-core pairs ("mma"; "mma-late": its down kernel
+ * loads after its wait) and TERN_CUDA_MOE_MMA=0 ("gemv": the CUDA-core expert GEMVs). Routes: 64
+ * random sets (distinct experts per token) cycled call by call, so the experts come from HBM, not L2.
+ * GB/s = bytes of the distinct experts a call touches (codes, scales, biases of gate, up and down) /
+ * time. */
+extern int tern__cuda_moe_mma_on, tern__cuda_moe_mma_early;
+static void bench_moe(void) {
+    const int H = 2816, I = 704, E = 128, k = 8, gs = 64, R = 64, nmax = 8;
+    static const int NS[] = {1, 2, 4, 8};
+    tern_tensor t[3], w[3];
+    const int shp[3][2] = {{I, H}, {I, H}, {H, I}}; /* gate, up: [E, I, H]; down: [E, H, I] */
+    size_t ebytes = 0;
+    int ok = 1;
+    for (int i = 0; i < 3; i++) {
+        bench_tensor(&t[i], TERN_DT_Q, 4, gs, shp[i][0], shp[i][1]);
+        t[i].ndim = 3;
+        t[i].shape[0] = E; t[i].shape[1] = shp[i][0]; t[i].shape[2] = shp[i][1];
+        const size_t wb = (size_t)E * shp[i][0] * shp[i][1] / 2, sb = (size_t)E * shp[i][0] * (shp[i][1] / gs) * 2;
+        ebytes += (wb + 2 * sb) / E;
+        uint8_t *hd = malloc(wb);
+        uint16_t *hs = malloc(sb), *hb = malloc(sb);
+        fill_weight(hd, wb, TERN_DT_Q);
+        ok &= hd && hs && hb && upload_copies(&w[i], 1, &t[i], hd, hs, hb, sb, 1) == 1;
+        free(hd); free(hs); free(hb);
+    }
+    int32_t *idx = malloc(sizeof *idx * R * nmax * k);
+    float *wts = malloc(sizeof *wts * R * nmax * k);
+    for (int i = 0; i < R * nmax * k; i++) {
+        int e, dup;
+        do { /* distinct within the token's k */
+            e = (int)((frand() * 0.5f + 0.5f) * E) % E;
+            dup = 0;
+            for (int q = i - i % k; q < i; q++) dup |= idx[q] == e;
+        } while (dup);
+        idx[i] = e;
+        wts[i] = 1.0f / k;
+    }
+    int32_t *idd = g->vt->alloc(g, sizeof *idx * R * nmax * k);
+    float *wd = g->vt->alloc(g, sizeof *wts * R * nmax * k), *x = dev_random((size_t)nmax * H * 4);
+    float *y = g->vt->alloc(g, (size_t)nmax * H * 4), *scr = g->vt->alloc(g, (size_t)nmax * k * 2 * I * 4);
+    if (!ok || !idd || !wd || !x || !y || !scr) { printf("bench moe: setup failed\n"); ok = 0; }
+    if (ok) {
+        g->vt->upload(g, idd, idx, sizeof *idx * R * nmax * k);
+        g->vt->upload(g, wd, wts, sizeof *wts * R * nmax * k);
+    }
+    const int keep = tern__cuda_moe_mma_on;
+    for (size_t ni = 0; ok && ni < sizeof NS / sizeof NS[0]; ni++) {
+        const int n = NS[ni];
+        double touched = 0.0; /* distinct experts per call, averaged over the route sets */
+        for (int r = 0; r < R; r++) {
+            unsigned char seen[128] = {0};
+            for (int i = 0; i < n * k; i++) touched += !seen[idx[r * nmax * k + i]]++;
+        }
+        touched /= R;
+        for (int path = 0; path < 3; path++) { /* mma; mma, down's loads after its wait; gemv */
+            tern__cuda_moe_mma_on = path < 2;
+            tern__cuda_moe_mma_early = path == 0;
+            for (int r = 0; r < R; r++)
+                g->vt->moe_mlp(g, y, x, n, H, idd + r * nmax * k, wd + r * nmax * k, k, &w[0], &w[1], &w[2],
+                               TERN_ACT_GELU_TANH, scr);
+            g->vt->sync(g);
+            const int reps = 4 * R;
+            const double t0 = tern_time_s();
+            for (int i = 0; i < reps; i++) {
+                const int r = i % R;
+                g->vt->moe_mlp(g, y, x, n, H, idd + r * nmax * k, wd + r * nmax * k, k, &w[0], &w[1], &w[2],
+                               TERN_ACT_GELU_TANH, scr);
+            }
+            g->vt->sync(g);
+            char name[96];
+            snprintf(name, sizeof name, "moe %dx%dx%d k%d q4/g%d n=%d %s", H, I, E, k, gs, n,
+                     path == 0 ? "mma" : path == 1 ? "mma-late" : "gemv");
+            row(name, (tern_time_s() - t0) / reps, touched * (double)ebytes);
+        }
+    }
+    tern__cuda_moe_mma_on = keep;
+    tern__cuda_moe_mma_early = 1;
+    for (int i = 0; i < 3; i++) g->vt->free_weight(g, &w[i]);
+    g->vt->free(g, idd); g->vt->free(g, wd); g->vt->free(g, x); g->vt->free(g, y); g->vt->free(g, scr);
+    free(idx); free(wts);
+}
+
 int main(int argc, char **argv) {
 
     tern_error err = {0};
@@ -515,6 +599,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     bench_stream();
+    if (argc > 1 && !strcmp(argv[1], "--moe")) { /* moe_mlp at the gemma4-26b-a4b shapes: moe_mma.cu vs the GEMVs */
+        bench_moe();
+        tern_backend_close(g);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "--pattern")) {
         bench_pattern(14336, 2048);
         bench_pattern(4096, 7168);

@@ -68,6 +68,18 @@ static int moe_w_make(moe_w *m, tern_backend *gpu, tern_dtype dt, int bits, int 
     return 1;
 }
 
+/* m16 = m's host stacks uploaded to the bf16-mode backend g_gpu16 (free with free_weight on g_gpu16) */
+static int moe_w_upload16(moe_w *m16, const moe_w *m) {
+    *m16 = *m;
+    m16->gg = m->g.t; m16->ug = m->u.t; m16->dg = m->d.t;
+    tern_error err = {0};
+    const int up = !g_gpu16->vt->upload_weight(g_gpu16, &m16->gg, &err) &&
+                   !g_gpu16->vt->upload_weight(g_gpu16, &m16->ug, &err) &&
+                   !g_gpu16->vt->upload_weight(g_gpu16, &m16->dg, &err);
+    CHECK(up, "bf16-mode upload: %s", err.msg);
+    return up;
+}
+
 static void moe_w_free(moe_w *m, tern_backend *gpu) {
     gpu->vt->free_weight(gpu, &m->gg);
     gpu->vt->free_weight(gpu, &m->ug);

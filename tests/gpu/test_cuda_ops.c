@@ -6,6 +6,7 @@
  */
 #include "gpu/cuda_ops_tests.h"
 #include "gpu/cuda_ops_tests_moe.h"
+#include "gpu/cuda_ops_tests_moemma.h"
 
 /* moe_mlp's fused gate/up/act launch (gemv.cu moe_gateup_kernel, default on) against cpu-ref and
  * bit for bit against the 3-launch path (TERN_CUDA_MOE_FUSED=0) and against other row tiles
@@ -26,6 +27,8 @@ TEST(cuda_moe_fused) {
     };
     const int E = 16, k = 4;
     static const int RT[] = {1, 5, 64};
+    const int keep_mma = tern__cuda_moe_mma_on;
+    tern__cuda_moe_mma_on = 0; /* Q4 would take moe_mma.cu (cuda_ops_tests_moemma.h) */
     for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
         const int H = C[c].H, I = C[c].I;
         moe_w m;
@@ -77,13 +80,8 @@ TEST(cuda_moe_fused) {
             }
             tern__cuda_moe_rt = 0;
             if (g_gpu16) { /* bf16 mode, few pairs: the same pair path, the same bits */
-                moe_w m16 = m;
-                m16.gg = m.g.t; m16.ug = m.u.t; m16.dg = m.d.t;
-                tern_error err = {0};
-                const int up = !g_gpu16->vt->upload_weight(g_gpu16, &m16.gg, &err) &&
-                               !g_gpu16->vt->upload_weight(g_gpu16, &m16.ug, &err) &&
-                               !g_gpu16->vt->upload_weight(g_gpu16, &m16.dg, &err);
-                CHECK(up, "bf16-mode upload: %s", err.msg);
+                moe_w m16;
+                const int up = moe_w_upload16(&m16, &m);
                 if (up) {
                     c0 = tern__cuda_moe_fused_calls;
                     float *yb = moe_run(g_gpu16, &m16, x, idx, wts, n, H, I, k, C[c].act);
@@ -100,6 +98,7 @@ TEST(cuda_moe_fused) {
         }
         moe_w_free(&m, g_gpu);
     }
+    tern__cuda_moe_mma_on = keep_mma;
 }
 
 int main(void) {
@@ -112,6 +111,7 @@ int main(void) {
     int rc = cuda_ops_run_all();
     cuda_moe_tests();
     RUN(cuda_moe_fused);
+    cuda_moemma_tests(); /* moe_mma.cu: Q4 pairs on tensor cores */
     rc |= test_done();
     cuda_ops_close();
     return rc;

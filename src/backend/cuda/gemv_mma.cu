@@ -30,15 +30,15 @@
  * summed by the last slice block of a row block in fixed order (counter per row block, reset by that
  * block; one fence per block): deterministic and graph-capturable. Modes as gemv.cu's gemv1: up to three matrices sharing `in` (q|k|v),
  * act(gate)·up, y += W·x. A probe kernel at the end times the load pattern alone (bench_cuda).
+ * The device pieces (decode, split, staging, one step) are in gemv_mma.cuh, shared with moe_mma.cu.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gemv_mma.cuh"
 
 #include <stdlib.h>
 
-enum { MM_PLAIN = 0, MM_SILU = 1, MM_GELU = 2, MM_RES = 3 }; /* = gemv.cu's G1_* */
 #define MM_WARPS 8
-#define MM_CNT 65536 /* row-block counters */
 #define MM_MINE 64   /* row blocks one block may walk (split K: it may have to reduce each) */
 
 struct MmArgs {
@@ -53,61 +53,6 @@ struct MmArgs {
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
 };
 
-__device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* the word's 4 bf16 pairs (nibble j, nibble j+4), j = 0..3, as exact small integers. The and-or is one
- * LOP3 only when its second constant sits in a register: `magic` (= 0x43004300) comes from the kernel
- * arguments so the compiler cannot fold it back into an immediate (two immediates: two LOP3s) */
-/* FOLD (TERN_CUDA_GEMV_FOLD=1, Q4): leave the pairs at 128 + nibble (no subtraction) and fold the
- * 128 into the group's bias, y = s·Σ(128+q)·x + (b - 128·s)·Σx: 4 fewer instructions per word; the
- * f32 sums carry 128·x, so the error grows ~16x (opt-in until measured against the bounds) */
-template <bool FOLD = false> __device__ __forceinline__ void mm_decode(uint32_t w, uint32_t magic, uint32_t *r) {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        uint32_t p;
-        asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(p) : "r"(w >> (4 * j)), "r"(magic)); /* (a & b) | c */
-        if constexpr (FOLD) {
-            r[j] = p;
-        } else {
-            __nv_bfloat162 h = __hsub2(*(__nv_bfloat162 *)&p, *(const __nv_bfloat162 *)&magic);
-            r[j] = *(uint32_t *)&h;
-        }
-    }
-}
-
-/* part p (0 hi, 1 mid, 2 lo) of v0, v1 packed as a bf16 pair (low half = v0); x = hi + mid + lo */
-__device__ __forceinline__ void mm_split(float v0, float v1, uint32_t *o) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
-    float2 f = __bfloat1622float2(h);
-    const float r0 = v0 - f.x, r1 = v1 - f.y; /* exact */
-    o[0] = *(uint32_t *)&h;
-    h = __floats2bfloat162_rn(r0, r1);
-    o[1] = *(uint32_t *)&h;
-    f = __bfloat1622float2(h);
-    h = __floats2bfloat162_rn(r0 - f.x, r1 - f.y); /* <= 8 significant bits left: exact */
-    o[2] = *(uint32_t *)&h;
-}
-
-template <bool F16S> __device__ __forceinline__ float mm_scale(uint32_t u) {
-    if constexpr (F16S) return __half2float(__ushort_as_half((unsigned short)u));
-    else return __uint_as_float(u << 16);
-}
-
-/* weight words are read once: no L1 allocation (plain __ldg and an L2::128B prefetch hint measured
- * the same on the H200) */
-__device__ __forceinline__ uint4 mm_ld4(const uint8_t *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
 /* the final value of one output unit (row of the concatenated matrices, or a pair output) */
 __device__ __forceinline__ void mm_store(const MmArgs &a, int unit, float v, float up) {
     if (a.mode == MM_SILU || a.mode == MM_GELU) {
@@ -118,22 +63,6 @@ __device__ __forceinline__ void mm_store(const MmArgs &a, int unit, float v, flo
     while (m < a.nm - 1 && unit >= a.out[m]) unit -= a.out[m++];
     float *yp = a.y[m] + unit;
     *yp = a.mode == MM_RES ? *yp + v : v;
-}
-
-/* packed scales of the groups of one step: GPS = 1, 2, 4 bf16/f16 values */
-template <int GPS> struct SVec { using T = uint32_t; };
-template <> struct SVec<4> { using T = uint2; };
-template <int GPS> __device__ __forceinline__ typename SVec<GPS>::T mm_lds(const uint16_t *p) {
-    if constexpr (GPS == 4) return __ldg((const uint2 *)p);
-    else if constexpr (GPS == 2) return __ldg((const uint32_t *)p);
-    else return (uint32_t)__ldg(p);
-}
-template <int GPS, bool F16S> __device__ __forceinline__ float mm_sget(typename SVec<GPS>::T v, int gi) {
-    uint32_t u;
-    if constexpr (GPS == 4) u = (gi & 2) ? v.y : v.x;
-    else u = v;
-    if constexpr (GPS > 1) u = (gi & 1) ? u >> 16 : u & 0xffffu;
-    return mm_scale<F16S>(u);
 }
 
 /* a lane's two rows of warp tile `tile`: units (row of the concatenated matrices, or pair output),
@@ -214,7 +143,6 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
     constexpr int CPS = 512 / BITS;               /* inputs per step */
-    constexpr int CPW = 32 / BITS;                /* codes per word */
     using SV = typename SVec<GPS>::T;
     extern __shared__ uint2 mm_sm[];
     uint2 *tbl = mm_sm;                           /* [S][8 MMAs][NT][32 lanes] B fragments */
@@ -250,50 +178,8 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    /* stage x: the B fragments — entry (step, MMA, column tile, lane (g', t')) is part c % 3 of the
-     * x pair of (step, MMA, t') when column c = 8·tile + g' belongs to the group of lane t''s bytes
-     * (groups use columns 3γ..3γ+2), else 0, so every MMA's B load is one unconditional 8-byte load
-     * per lane — and Σx per step group */
-    for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
-        const int sl = it >> 5, m = (it >> 2) & 7, tt = it & 3;
-        const int i = m >> 1, j = 2 * (m & 1);
-        const float *xw = a.x + (size_t)(st0 + sl) * CPS + (tt * 4 + i) * CPW;
-        float v0, v1, v2, v3; /* nibbles j, j+4 (register 2m) and j+1, j+5 (register 2m+1) */
-        if constexpr (BITS == 4) {
-            v0 = xw[j]; v1 = xw[j + 4]; v2 = xw[j + 1]; v3 = xw[j + 5];
-        } else {
-            v0 = xw[j >> 1]; v1 = xw[2 + (j >> 1)]; v2 = 16.0f * v0; v3 = 16.0f * v1;
-        }
-        uint32_t pa[3], pb[3];
-        mm_split(v0, v1, pa);
-        mm_split(v2, v3, pb);
-        const int gt = GPS == 1 ? 0 : tt * 16 / GB, sm = sl * 8 + m;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int gg = 0; gg < 8; gg++) {
-                const int c = nt * 8 + gg, p = c % 3;
-                const bool on = c < NCOL && c / 3 == gt;
-                tbl[(sm * NT + nt) * 32 + gg * 4 + tt] =
-                    on ? make_uint2(p == 0 ? pa[0] : p == 1 ? pa[1] : pa[2], p == 0 ? pb[0] : p == 1 ? pb[1] : pb[2])
-                       : make_uint2(0u, 0u);
-            }
-    }
-    { /* Σx of each (step, group): one float4 per thread, then a fixed xor tree over the CG/4
-       * consecutive lanes of a group (CG/4 = 8, 16 or 32 divides the warp) */
-        constexpr int CG = CPS / GPS, L = CG / 4;
-        const int f = threadIdx.x;
-        float e = 0.0f;
-        if (f < ns * CPS / 4) {
-            const float4 v = __ldg((const float4 *)(a.x + (size_t)st0 * CPS) + f);
-            e = (v.x + v.y) + (v.z + v.w);
-        }
-        if (f < S * CPS / 4) { /* whole warps (S·CPS/4 is a multiple of 32) */
-#pragma unroll
-            for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
-            if ((f & (L - 1)) == 0 && f < ns * CPS / 4) xs[f / L] = e;
-        }
-    }
+    /* stage x (gemv_mma.cuh) */
+    mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in);
     __syncthreads();
 
     const uint2 *tl = tbl + lane;
@@ -314,41 +200,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
             const uint32_t wc[4] = {cur.w1[sl].x, cur.w1[sl].y, cur.w1[sl].z, cur.w1[sl].w};
             const SV cs0 = cur.s0[sl], cb0 = cur.b0[sl], cs1 = cur.s1[sl], cb1 = cur.b1[sl];
             if (more) load_step(nxt, sl); /* the next row block's step, while this one is multiplied */
-            float d[NT][4];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint32_t ra[4], rc[4];
-                mm_decode<FOLD>(wa[i], a.magic, ra);
-                mm_decode<FOLD>(wc[i], a.magic, rc);
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++) {
-                        const uint2 bv = tl[((sl * 8 + 2 * i + h) * NT + nt) * 32];
-                        mm_mma(d[nt], ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
-                    }
-            }
-            /* fold: D[row][c] is group c/3's Σ q·x_part; zero columns take any scale */
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const int gi = min((nt * 8 + 2 * t + q) / 3, GPS - 1);
-                    acc0 = fmaf(mm_sget<GPS, F16S>(cs0, gi), d[nt][q], acc0);
-                    acc1 = fmaf(mm_sget<GPS, F16S>(cs1, gi), d[nt][2 + q], acc1);
-                }
-            if (t < GPS) { /* b·Σx once per row and group */
-                const float xg = xs[sl * GPS + t];
-                if constexpr (FOLD) {
-                    acc0 = fmaf(fmaf(-128.0f, mm_sget<GPS, F16S>(cs0, t), mm_sget<GPS, F16S>(cb0, t)), xg, acc0);
-                    acc1 = fmaf(fmaf(-128.0f, mm_sget<GPS, F16S>(cs1, t), mm_sget<GPS, F16S>(cb1, t)), xg, acc1);
-                } else {
-                    acc0 = fmaf(mm_sget<GPS, F16S>(cb0, t), xg, acc0);
-                    acc1 = fmaf(mm_sget<GPS, F16S>(cb1, t), xg, acc1);
-                }
-            }
+            mm_step<GPS, F16S, FOLD>(acc0, acc1, wa, wc, cs0, cb0, cs1, cb1, tl, xs, sl, a.magic, t);
         }
         acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
         acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);

@@ -16,7 +16,9 @@
  * a format it does not serve, runs them as three launches (tern__cuda_moe_fused_calls counts).
  * Deterministic and batch-invariant. In the bf16 mode, from TERN_MOE_GROUPED_MIN routed pairs on,
  * moe_gemm.cu takes the call instead: pairs sorted by expert and one grouped tensor-core GEMM per
- * projection, reading each expert once per tile of pairs (prefill, batched decode).
+ * projection, reading each expert once per tile of pairs (prefill, batched decode). Q4 experts on
+ * the pair path take moe_mma.cu (tensor cores, expert ids read on the device) unless
+ * TERN_CUDA_MOE_MMA=0.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -141,6 +143,8 @@ extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int 
     const float *xr = tern__cuda_plain_x(c, gate, n, x, H);
     const int plain = xr != x;
     x = xr;
+    /* Q4 experts: the pairs on tensor cores (moe_mma.cu); TERN_CUDA_MOE_MMA=0 keeps the path below */
+    if (tern__cuda_moe_mma(c, y, x, n, idx, wts, k, gate, up, down, act, scratch, plain)) return;
     if (tern__cuda_moe_fused_on < 0) {
         const char *fe = getenv("TERN_CUDA_MOE_FUSED");
         tern__cuda_moe_fused_on = !(fe && fe[0] == '0');
