@@ -426,10 +426,12 @@ static tern_rows rows_sub(const tern_rows *rows, int r0, int n) {
     return s;
 }
 
-/* decode rows: a recorded step, or at most two rows per sequence (attn_decode.cu takes them) */
+/* decode rows: at most two rows per sequence (attn_decode.cu takes them), from the host copies also
+ * while a step is recorded (model.c's step key holds the number of slot runs, so a graph is replayed
+ * only for steps that decide alike: eager and replayed steps run the same kernels); without host
+ * copies, a recorded step counts as decode rows */
 extern "C" int tern__cuda_attn_is_decode(const tern__cuda *c, const tern_rows *rows) {
-    if (c->capturing) return 1;
-    if (!rows->slot_host) return 0;
+    if (!rows->slot_host) return c->capturing;
     const int n = rows->n;
     int runs = n > 0;
     for (int r = 1; r < n; r++) runs += rows->slot_host[r] != rows->slot_host[r - 1];
