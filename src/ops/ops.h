@@ -286,6 +286,13 @@ typedef struct tern_backend_vt {
      * copies of `bytes`, best of a few timed rounds): the bandwidth of tern bench's floor. 0 when it
      * cannot be measured (no memory for the buffers). */
     double (*copy_rate)(tern_backend *be, size_t bytes);
+
+    /* (appended, optional) upload from a thread other than the engine thread: copies `bytes` of host
+     * memory into backend memory and returns when they have landed, without waiting for (or
+     * delaying) the work the engine thread queued (CUDA: its own stream through pinned staging).
+     * The caller guarantees nothing queued reads dst meanwhile. The expert store's I/O thread uses
+     * it to fill the next MoE layer's slots while the GPU computes (src/runtime/experts.c). */
+    void (*upload_side)(tern_backend *be, void *dst, const void *src, size_t bytes);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -13,14 +13,17 @@
  * each miss takes the least recently used slot not stamped by this call -> copy its stored bytes
  * (vt->upload: memcpy on the CPU, stream-ordered copy on CUDA) -> upload the map when it changed
  * -> vt->moe_mlp over the views. read_ahead() predicts the next MoE layer's experts with its
- * router and asks the kernel to page them in (madvise WILLNEED); on CPU backends it also gives
- * them slots of that layer (evicting its LRU, never a predicted expert) and queues the copies to
- * one I/O thread, which runs them while this layer computes. Only the engine thread touches the
+ * router and asks the kernel to page them in (madvise WILLNEED); with the I/O thread on
+ * (TERN_EXPERTS_PREFETCH=1) it also gives them slots of that layer (evicting its LRU, never a
+ * predicted expert) and queues the copies to one I/O thread, which runs them while this layer
+ * computes: memcpy on CPU backends, vt->upload_side on a GPU (its own stream through pinned
+ * staging, so the copy engine works beside the kernels). Only the engine thread touches the
  * tables; the thread only copies bytes into slots of the next layer, and every call waits for
- * the queue to be empty before it touches any slot, so a slot being filled is never used.
+ * the queue to be empty before it touches any slot, so a slot being filled is never used. On a
+ * GPU a slot of the next layer is not read by queued kernels either: the call that queues the
+ * copies has just downloaded its routed ids, which waits for every kernel queued before.
  * Per-expert sources (esrc, from weights.c expert views): each expert's stored bytes apart; a
  * call with more experts than slots copies them into a temporary pool for that call.
- * A CUDA copy stream / pinned staging is open (docs/OFFLOAD.md).
  */
 #include "runtime/experts.h"
 
@@ -221,6 +224,7 @@ tern_status tern_experts_add_router(tern_experts *x, int layer, const tern_tenso
 /* ---- the I/O thread: copies queued by read_ahead into slots of the next MoE layer ---- */
 
 static void copy_expert(xlayer *L, uint8_t *pool, const size_t off[3][3], int e, int slot);
+static void side_copy(tern_experts *x, xlayer *L, int e, int s);
 
 static void *io_main(void *arg) {
     tern_experts *x = arg;
@@ -231,9 +235,13 @@ static void *io_main(void *arg) {
         xjob j = x->q[x->qi++];
         x->busy = 1;
         pthread_mutex_unlock(&x->mu);
-        size_t off[3][3];
-        for (int w = 0; w < 3; w++) memcpy(off[w], j.L->st[w].off, sizeof off[w]);
-        copy_expert(j.L, j.L->pool, (const size_t(*)[3])off, j.e, j.s);
+        if (x->be->device >= 0) {
+            side_copy(x, j.L, j.e, j.s);
+        } else {
+            size_t off[3][3];
+            for (int w = 0; w < 3; w++) memcpy(off[w], j.L->st[w].off, sizeof off[w]);
+            copy_expert(j.L, j.L->pool, (const size_t(*)[3])off, j.e, j.s);
+        }
         pthread_mutex_lock(&x->mu);
         x->busy = 0;
         if (x->qi == x->qn) pthread_cond_broadcast(&x->cv_idle);
@@ -312,7 +320,7 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
     const char *pf = getenv("TERN_EXPERTS_PREFETCH");
     /* opt-in (=1): on a box without a spare core the copies compete with the compute threads
      * (bench/NOTES.md: 4.06 -> 2.98 tok/s at k slots on 2 cores) */
-    int want_io = x->be->device < 0 && pf && pf[0] && pf[0] != '0', routed = 0;
+    int want_io = (x->be->device < 0 || vt->upload_side) && pf && pf[0] && pf[0] != '0', routed = 0;
     x->skew = pf && !strcmp(pf, "skew");
     /* a router reads ahead for this store when its rows cover the store's experts [e0, e0 + E) */
     x->RE = 0;
@@ -411,6 +419,18 @@ static void copy_expert(xlayer *L, uint8_t *pool, const size_t off[3][3], int e,
         for (int r = 0; r < st->nreg; r++) {
             size_t len = r ? st->slen : st->dlen;
             memcpy(pool + off[w][r] + (size_t)slot * len, src_region(st, r, e), len);
+        }
+    }
+    if (L->file_backed) drop_expert(L, e);
+}
+
+/* The I/O thread on a GPU: expert e's stored bytes into slot s through vt->upload_side. */
+static void side_copy(tern_experts *x, xlayer *L, int e, int s) {
+    for (int w = 0; w < 3; w++) {
+        const xstack *st = &L->st[w];
+        for (int r = 0; r < st->nreg; r++) {
+            size_t len = r ? st->slen : st->dlen;
+            x->be->vt->upload_side(x->be, L->pool + st->off[r] + (size_t)s * len, src_region(st, r, e), len);
         }
     }
     if (L->file_backed) drop_expert(L, e);

@@ -111,6 +111,54 @@ static void be_upload(tern_backend *be, void *dst, const void *src, size_t bytes
     report(c, cudaStreamSynchronize(c->stream), "upload sync");
 }
 
+/* upload_side (ops.h): the expert store's I/O thread fills slots of the next MoE layer while the
+ * engine thread's kernels run. The host bytes (often file pages being read in) are copied into one
+ * of two pinned staging buffers while the other one's copy is in flight on a stream of its own;
+ * returns when every byte has landed. Without the staging (allocation failed), a synchronous copy. */
+#define SIDE_CHUNK ((size_t)4 << 20)
+static int side_open(tern__cuda *c) {
+    if (c->side_state) return c->side_state > 0;
+    c->side_state = -1; /* what was made is freed at close */
+    if (cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking) != cudaSuccess) {
+        c->side_stream = NULL;
+        cudaGetLastError();
+        return 0;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (cudaHostAlloc(&c->side_pin[i], SIDE_CHUNK, cudaHostAllocDefault) != cudaSuccess) c->side_pin[i] = NULL;
+        if (cudaEventCreateWithFlags(&c->side_ev[i], cudaEventDisableTiming) != cudaSuccess) c->side_ev[i] = NULL;
+        if (!c->side_pin[i] || !c->side_ev[i]) {
+            cudaGetLastError();
+            return 0;
+        }
+    }
+    c->side_state = 1;
+    return 1;
+}
+
+static void be_upload_side(tern_backend *be, void *dst, const void *src, size_t bytes) {
+    tern__cuda *c = C(be);
+    cudaSetDevice(c->device); /* per host thread */
+    cudaError_t e = cudaSuccess;
+    if (!side_open(c)) {
+        e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    } else {
+        int i = 0;
+        for (size_t off = 0; off < bytes && e == cudaSuccess; off += SIDE_CHUNK, i ^= 1) {
+            const size_t len = bytes - off < SIDE_CHUNK ? bytes - off : SIDE_CHUNK;
+            e = cudaEventSynchronize(c->side_ev[i]); /* this buffer's previous copy is done */
+            if (e != cudaSuccess) break;
+            memcpy(c->side_pin[i], (const uint8_t *)src + off, len);
+            e = cudaMemcpyAsync((uint8_t *)dst + off, c->side_pin[i], len, cudaMemcpyHostToDevice, c->side_stream);
+            if (e == cudaSuccess) e = cudaEventRecord(c->side_ev[i], c->side_stream);
+        }
+        const cudaError_t e2 = cudaStreamSynchronize(c->side_stream);
+        if (e == cudaSuccess) e = e2;
+    }
+    /* not through report(): the engine thread owns c->sticky */
+    if (e != cudaSuccess) tern_log(TERN_LOG_ERROR, "cuda upload_side: %s", cudaGetErrorString(e));
+}
+
 static void be_download(tern_backend *be, void *dst, const void *src, size_t bytes) {
     tern__cuda *c = C(be);
     cudaSetDevice(c->device);
@@ -392,6 +440,11 @@ static void be_close(tern_backend *be) {
         cudaFree(c->moe_idx);
         cudaFree(c->mm_cnt);
         cudaFree(c->ad_cnt);
+        if (c->side_stream) cudaStreamDestroy(c->side_stream);
+        for (int i = 0; i < 2; i++) {
+            if (c->side_pin[i]) cudaFreeHost(c->side_pin[i]);
+            if (c->side_ev[i]) cudaEventDestroy(c->side_ev[i]);
+        }
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
@@ -445,6 +498,7 @@ static const tern_backend_vt k_cuda_vt = {
     .sample = be_sample,
     .rmsnorm_add = be_rmsnorm_add,
     .copy_rate = be_copy_rate,
+    .upload_side = be_upload_side,
 };
 
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {

@@ -59,6 +59,12 @@ typedef struct tern__cuda {
     size_t moe_idx_cap;
     int *mm_cnt;                 /* gemv_mma.cu: split-K counters per row block (zero between launches) */
     int *ad_cnt;                 /* attn_decode.cu: split counters per (row, kv head) (zero between launches) */
+    /* upload_side (cuda_backend.c): another thread's copies, on their own stream through two pinned
+     * staging buffers; created by that thread on first use */
+    cudaStream_t side_stream;
+    void *side_pin[2];
+    cudaEvent_t side_ev[2];
+    int side_state;              /* 0 not opened, 1 open, -1 could not be opened (synchronous copies) */
 } tern__cuda;
 
 #define TERN_CUDA_MAX_GRAPHS 16
