@@ -2,10 +2,12 @@
  * cmd_info.c — `tern info MODEL`: architecture, geometry, parameters, bytes per stored dtype,
  * quantization (MLX affine or FP8 blocks), KV bytes per token; for GLM-5 the MLA / indexer
  * geometry, latent-cache bytes and routed-expert bytes per token in each format. Loads the model
- * on the CPU backend (weights stay mmap'd).
+ * on the CPU backend (weights stay mmap'd). `tern info --random NAME --config` prints the preset's
+ * config.json instead (for peers that build the same geometry, e.g. bench/peer_transformers.py).
  */
 #include "cli.h"
 #include "cli_util.h"
+#include "io/presets.h"
 #include "runtime/fit.h"
 #include "runtime/kv.h"
 
@@ -14,12 +16,19 @@
 
 int tern_cmd_info(int argc, char **argv) {
     cli_common c = {.device = "cpu"};
+    int config = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_flag(&c, argc, argv, &i);
         if (r < 0) return 2;
         if (r) continue;
-        if (argv[i][0] != '-' && !c.model) c.model = argv[i];
+        if (!strcmp(argv[i], "--config")) config = 1;
+        else if (argv[i][0] != '-' && !c.model) c.model = argv[i];
         else return cli_usage_error("info", "unknown argument '%s'", argv[i]);
+    }
+    if (config) {
+        if (!c.random) return cli_usage_error("info", "--config prints a preset's config.json: give --random NAME");
+        printf("%s\n", tern_preset_config(c.random));
+        return 0;
     }
     if (!c.model) c.model = "demo";
     c.device = "cpu";

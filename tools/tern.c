@@ -43,7 +43,7 @@ static const struct {
     {"detokenize", tern_cmd_detokenize, "token ids -> text", "tern detokenize MODEL (--ids 1,2,3 | --jsonl F) [--skip-special]"},
     {"template", tern_cmd_template, "render the model's chat template",
      "tern template MODEL --messages-file F.json [--tools F.json] [--add-generation-prompt]"},
-    {"info", tern_cmd_info, "describe a model directory", "tern info [MODEL]"},
+    {"info", tern_cmd_info, "describe a model directory", "tern info [MODEL] | tern info --random NAME [--config]"},
     {"fit", tern_cmd_fit, "memory plan for a model",
      "tern fit MODEL|--random PRESET [--ctx N] [--max-concurrency N] [--memory-budget GB] [--kv-quant SPEC] "
      "[--expert-cache GB]"},

@@ -72,3 +72,10 @@ for c in generate chat serve logits tokenize detokenize template info fit bench;
     $T $c --help >"$tmp/out" 2>&1
     if [ $? -eq 0 ] && grep -q "usage: tern $c" "$tmp/out"; then ok "help_$c"; else bad "help_$c: $(head -c 200 "$tmp/out")"; fi
 done
+
+# a preset's config.json for peers (bench/peer_transformers.py): valid JSON, the preset's geometry
+$T info --random llama3-8b --config >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 0 ] && node -e 'const c = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    process.exit(c.model_type === "llama" && c.hidden_size === 4096 ? 0 : 1)' "$tmp/out"; then ok info_preset_config
+else bad "info_preset_config: $(head -c 200 "$tmp/out" "$tmp/err")"; fi
+expect info_config_needs_random 2 "random" $T info --config
