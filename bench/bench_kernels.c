@@ -18,7 +18,8 @@
  *   TERN_CPU_GEMV=0 build/bench_kernels   # the tile-decode path (no fused GEMV), for before/after
  * --pf B1,B2,..: A/B of the fused GEMV's prefetch distance (bytes; 0 = the old fixed 1 KB):
  * every pair then runs each distance once, right after the probe, in a rotating order.
- * --fmt bf16|q8g64|q4g64 and --mode exact|int8 restrict the table (shorter runs).
+ * --fmt bf16|q8g64|q4g64 and --mode exact|int8 restrict the table (shorter runs); --shape OUTxIN
+ * replaces the shape list with one matrix (e.g. 128256x2048, a llama3-1b head).
  * --thp: madvise(MADV_HUGEPAGE) on the weight arenas before they are written (2 MB pages
  * where the kernel allows transparent huge pages), for A/B against 4 KB pages; each pair then
  * also reads the weight arena itself as a probe and the ratio is against that one.
@@ -117,7 +118,7 @@ static void stats(double *v, int n, double out[3]) { /* median, min, max */
 }
 
 int main(int argc, char **argv) {
-    int nth = 0, pairs = 8, hot = 0, big = 0, npf = 0, only_mode = -1, thp = 0;
+    int nth = 0, pairs = 8, hot = 0, big = 0, npf = 0, only_mode = -1, thp = 0, one_out = 0, one_in = 0;
     long pfs[8];
     const char *only_fmt = NULL;
     for (int i = 1; i < argc; i++) {
@@ -135,6 +136,12 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) nth = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--hot")) hot = 1;
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%dx%d", &one_out, &one_in) != 2 || one_out < 1 || one_in < 1 || one_in % 128) {
+                fprintf(stderr, "bench: --shape OUTxIN (IN a multiple of 128)\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) { i++; big = !strcmp(argv[i], "big") ? 1 : !strcmp(argv[i], "l2") ? 2 : 0; }
     }
     if (pairs < 1 || pairs > 64) pairs = 8;
@@ -171,10 +178,11 @@ int main(int argc, char **argv) {
            "ratio", "min", "max", "pf64 GF/s");
     printf("csv,fmt,out,in,mode,pf,pair,weight_bytes,views,kernel_gbs,probe_gbs,ratio\n");
     static const int l2shapes[][2] = {{256, 4096}, {64, 16384}}; /* fits L2: compute ceiling of one thread (use --hot) */
-    int nshapes = big == 1 ? 3 : big == 2 ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
+    int nshapes = one_out ? 1 : big == 1 ? 3 : big == 2 ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int s = 0; s < nshapes; s++)
         for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
-            int out = big == 2 ? l2shapes[s][0] : shapes[s][0], in = big == 2 ? l2shapes[s][1] : shapes[s][1];
+            int out = one_out ? one_out : big == 2 ? l2shapes[s][0] : shapes[s][0];
+            int in = one_out ? one_in : big == 2 ? l2shapes[s][1] : shapes[s][1];
             tern_tensor v0;
             make_view(&v0, &cfgs[c], out, in, data, sc, bi);
             size_t wb = weight_bytes(&v0), db = (size_t)out * tern_tensor_row_bytes(&v0), sb = wb - db;
