@@ -424,29 +424,21 @@ static void copy_expert(xlayer *L, uint8_t *pool, const size_t off[3][3], int e,
     if (L->file_backed) drop_expert(L, e);
 }
 
-/* The I/O thread on a GPU: expert e's stored bytes into slot s through vt->upload_side. */
-static void side_copy(tern_experts *x, xlayer *L, int e, int s) {
+/* Copy expert e's stored bytes into slot s: vt->upload on the engine thread (memcpy on the CPU, a
+ * copy on CUDA), or (side) vt->upload_side on the I/O thread of a GPU. */
+static void load_slot(tern_experts *x, xlayer *L, int e, int s, int side) {
     for (int w = 0; w < 3; w++) {
         const xstack *st = &L->st[w];
         for (int r = 0; r < st->nreg; r++) {
             size_t len = r ? st->slen : st->dlen;
-            x->be->vt->upload_side(x->be, L->pool + st->off[r] + (size_t)s * len, src_region(st, r, e), len);
+            (side ? x->be->vt->upload_side : x->be->vt->upload)(x->be, L->pool + st->off[r] + (size_t)s * len,
+                                                                src_region(st, r, e), len);
         }
     }
     if (L->file_backed) drop_expert(L, e);
 }
-
-/* Copy expert e's stored bytes into slot s (vt->upload: memcpy on the CPU, a copy on CUDA). */
-static void load(tern_experts *x, xlayer *L, int e, int s) {
-    for (int w = 0; w < 3; w++) {
-        const xstack *st = &L->st[w];
-        for (int r = 0; r < st->nreg; r++) {
-            size_t len = r ? st->slen : st->dlen;
-            x->be->vt->upload(x->be, L->pool + st->off[r] + (size_t)s * len, src_region(st, r, e), len);
-        }
-    }
-    if (L->file_backed) drop_expert(L, e);
-}
+static void load(tern_experts *x, xlayer *L, int e, int s) { load_slot(x, L, e, s, 0); }
+static void side_copy(tern_experts *x, xlayer *L, int e, int s) { load_slot(x, L, e, s, 1); }
 
 /* Give expert e slot v of L (tables only; the caller copies the bytes). */
 static void assign(xlayer *L, int e, int v) {
