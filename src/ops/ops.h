@@ -114,6 +114,15 @@ static inline int tern_key_visible(const tern_key_range *k, int b) {
     return (b >= k->lo && b <= k->hi) || (b >= k->vlo && b <= k->vhi);
 }
 
+/* Runs of equal consecutive slot ids among n rows (one per sequence in a decode step). The CUDA
+ * attention takes its decode kernel when n <= 2 * runs, and model.c's step-graph key holds the
+ * count so that replayed steps choose as eager ones do. */
+static inline int tern_slot_runs(const int32_t *slot, int n) {
+    int runs = n > 0;
+    for (int r = 1; slot && r < n; r++) runs += slot[r] != slot[r - 1];
+    return runs;
+}
+
 typedef struct tern_backend tern_backend;
 
 typedef struct tern_glm_ops tern_glm_ops; /* GLM-5 op table, defined below */

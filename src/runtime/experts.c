@@ -224,7 +224,7 @@ tern_status tern_experts_add_router(tern_experts *x, int layer, const tern_tenso
 /* ---- the I/O thread: copies queued by read_ahead into slots of the next MoE layer ---- */
 
 static void copy_expert(xlayer *L, uint8_t *pool, const size_t off[3][3], int e, int slot);
-static void side_copy(tern_experts *x, xlayer *L, int e, int s);
+static void load_slot(tern_experts *x, xlayer *L, int e, int s, int side);
 
 static void *io_main(void *arg) {
     tern_experts *x = arg;
@@ -236,7 +236,7 @@ static void *io_main(void *arg) {
         x->busy = 1;
         pthread_mutex_unlock(&x->mu);
         if (x->be->device >= 0) {
-            side_copy(x, j.L, j.e, j.s);
+            load_slot(x, j.L, j.e, j.s, 1);
         } else {
             size_t off[3][3];
             for (int w = 0; w < 3; w++) memcpy(off[w], j.L->st[w].off, sizeof off[w]);
@@ -438,7 +438,6 @@ static void load_slot(tern_experts *x, xlayer *L, int e, int s, int side) {
     if (L->file_backed) drop_expert(L, e);
 }
 static void load(tern_experts *x, xlayer *L, int e, int s) { load_slot(x, L, e, s, 0); }
-static void side_copy(tern_experts *x, xlayer *L, int e, int s) { load_slot(x, L, e, s, 1); }
 
 /* Give expert e slot v of L (tables only; the caller copies the bytes). */
 static void assign(xlayer *L, int e, int v) {

@@ -432,10 +432,7 @@ static tern_rows rows_sub(const tern_rows *rows, int r0, int n) {
  * copies, a recorded step counts as decode rows */
 extern "C" int tern__cuda_attn_is_decode(const tern__cuda *c, const tern_rows *rows) {
     if (!rows->slot_host) return c->capturing;
-    const int n = rows->n;
-    int runs = n > 0;
-    for (int r = 1; r < n; r++) runs += rows->slot_host[r] != rows->slot_host[r - 1];
-    return n <= 2 * runs;
+    return rows->n <= 2 * tern_slot_runs(rows->slot_host, rows->n);
 }
 
 /* Runs of >= fa_min_rows consecutive rows of one slot go to the tensor-core kernel

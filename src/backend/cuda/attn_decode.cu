@@ -21,7 +21,7 @@
  * One split: out = acc / L. Several: (acc, M, L) go to the partials in the layout of
  * tern__cuda_attn_merge, and the last block of (row, kv head) to arrive (a counter per pair in
  * c->ad_cnt, reset by that block) merges the splits in split order: one launch, deterministic.
- * A split's size adapts to the row: chunk = max(chmin, ceil(len / splits)) keys, so a graph planned
+ * A split's size adapts to the row: chunk = max(AD_CHMIN, ceil(len / splits)) keys, so a graph planned
  * for the whole table runs ceil(len / chunk) live splits at a short context (the others exit at once).
  *
  * Visibility: keys lo..pos of the row (lo = pos - window + 1 for sliding layers), skipping
@@ -55,6 +55,7 @@ static int ad_mode(void) {
 
 #define AD_WARPS 8
 #define AD_CNT 65536 /* (row, kv head) counters */
+#define AD_CHMIN 32  /* shortest split */
 
 struct AdArgs {
     float *out, *part;
@@ -62,7 +63,7 @@ struct AdArgs {
     const void *kp, *vp;
     const int32_t *pos, *slot, *bt;
     int *cnt;
-    int n, nh, nkv, G, D, max_blocks, bs, window, splits, chmin, chmax;
+    int n, nh, nkv, G, D, max_blocks, bs, window, splits, chmax;
     int region; /* floats before the record table in shared memory */
     float scale, softcap;
 };
@@ -107,7 +108,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     const int pos = a.pos[r];
     const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
     const int len = pos >= 0 ? pos - lo + 1 : 0;
-    const int chunk = max(a.chmin, (len + a.splits - 1) / a.splits);
+    const int chunk = max(AD_CHMIN, (len + a.splits - 1) / a.splits);
     const int nact = len > 0 ? (len + chunk - 1) / chunk : 1;
     if (z >= nact) return;
     const int k0 = lo + z * chunk, k1 = min(lo + len, k0 + chunk), nk = k1 - k0;
@@ -307,6 +308,11 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
 #define AD_SMEM_MAX (160 << 10)
 #define AD_CHCAP 1024 /* longest split (shared memory: more blocks per SM) */
 
+/* dynamic shared memory a launch may ask for (the attribute set at open) */
+static size_t ad_smem_lim(const tern__cuda *c) {
+    return c->smem_optin - 1024 < AD_SMEM_MAX ? c->smem_optin - 1024 : AD_SMEM_MAX;
+}
+
 template <typename T> static void ad_attr(int smem) {
 #define AD_A(E, G) cudaFuncSetAttribute(attn_dec_kernel<T, E, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
     AD_A(8, 1); AD_A(8, 2); AD_A(8, 4); AD_A(8, 8); AD_A(16, 1); AD_A(16, 2); AD_A(16, 4);
@@ -317,7 +323,7 @@ template <typename T> static void ad_attr(int smem) {
 extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
     if (!c->ad_cnt && cudaMalloc((void **)&c->ad_cnt, AD_CNT * sizeof(int)) == cudaSuccess)
         cudaMemsetAsync(c->ad_cnt, 0, AD_CNT * sizeof(int), c->stream);
-    const int lim = (int)(c->smem_optin - 1024) < AD_SMEM_MAX ? (int)(c->smem_optin - 1024) : AD_SMEM_MAX;
+    const int lim = (int)ad_smem_lim(c);
     ad_attr<float>(lim);
     ad_attr<__nv_bfloat16>(lim);
     ad_attr<__half>(lim);
@@ -344,22 +350,20 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     long keys = tern__cuda_attn_max_keys(c, rows, kv);
     if (kv->window > 0 && keys > kv->window) keys = kv->window;
     AdArgs a = {};
-    a.chmin = 32;
-    /* about two blocks per SM (8 warps each), >= chmin keys per split, at most 128 splits, and
+    /* about two blocks per SM (8 warps each), >= AD_CHMIN keys per split, at most 128 splits, and
      * enough splits that a split's scores fit */
-    int splits = tern__cuda_split_count(c, (long)n * nkv, 2, 2, keys, a.chmin, 128, n, nh, d);
+    int splits = tern__cuda_split_count(c, (long)n * nkv, 2, 2, keys, AD_CHMIN, 128, n, nh, d);
     const long need = (keys + AD_CHCAP - 1) / AD_CHCAP;
     if (splits < need) splits = (int)need;
     if (splits > 128 || (splits > 1 && (size_t)splits * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS)) return 0;
     const long ch = (keys + splits - 1) / splits;
-    a.chmax = (int)(ch > a.chmin ? ch : a.chmin);
+    a.chmax = (int)(ch > AD_CHMIN ? ch : AD_CHMIN);
     size_t region = (size_t)GM * a.chmax;
     if (region < (size_t)AD_WARPS * GM * d) region = (size_t)AD_WARPS * GM * d;
     if (region < (size_t)2 * 128 * GM) region = (size_t)2 * 128 * GM;
     a.region = (int)region;
     const size_t smem = (region + a.chmax) * sizeof(float);
-    const size_t lim = c->smem_optin - 1024 < AD_SMEM_MAX ? c->smem_optin - 1024 : AD_SMEM_MAX;
-    if (smem > lim) return 0;
+    if (smem > ad_smem_lim(c)) return 0;
     a.out = out;
     a.part = c->part;
     a.q = q;
