@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
     }
 }
 
-#define MERGE_MAX 128 /* splits: attention plans <= 64, attn_decode.cu <= 128 */
+#define MERGE_MAX 128 /* splits of a merged plan: every caller caps its split count at or below it */
 __global__ void attn_merge_kernel(float *out, const float *part, int nrow, int d, int splits) {
     pdl_start();
     /* the (M, L) of every split in one parallel load, then per element a sum over the splits with
