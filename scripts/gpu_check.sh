@@ -25,14 +25,15 @@ set -u
 cd "$(dirname "$0")/.."
 PACK_BINS="build/test_cuda_ops build/bench_cuda build/tern-core build/tests/test_parity_core build/concurrency \
 build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core build/tests/test_model_tp_offload_core \
-build/tests/test_runtime_experts_core"
+build/tests/test_runtime_experts_core build/bench_experts"
 [ "${2:-}" = small ] && PACK_BINS="build/tern-core build/concurrency" # next to a peer's binaries (64 MiB carry)
 if [ "${1:-}" = pack ]; then
-    make -j"$(nproc)" gpu-test core build/concurrency > /dev/null || { echo "pack: build failed"; exit 1; }
-    rm -rf build/gpu_prebuilt && mkdir -p build/gpu_prebuilt/stage
-    for b in $PACK_BINS; do mkdir -p "build/gpu_prebuilt/stage/$(dirname "$b")" && strip -o "build/gpu_prebuilt/stage/$b" "$b"; done
-    XZ_OPT="-9 -T0" tar cJf build/gpu_prebuilt/bin.tar.xz -C build/gpu_prebuilt/stage build && rm -rf build/gpu_prebuilt/stage
-    ls -la build/gpu_prebuilt/bin.tar.xz
+    make -j"$(nproc)" gpu-test core build/concurrency build/bench_experts > /dev/null || { echo "pack: build failed"; exit 1; }
+    P="${GPU_PACK_DIR:-build/gpu_prebuilt}" # GPU_PACK_DIR: another folder (two people packing at once)
+    rm -rf "$P" && mkdir -p "$P/stage"
+    for b in $PACK_BINS; do mkdir -p "$P/stage/$(dirname "$b")" && strip -o "$P/stage/$b" "$b"; done
+    XZ_OPT="-9 -T0" tar cJf "$P/bin.tar.xz" -C "$P/stage" build && rm -rf "$P/stage"
+    ls -la "$P/bin.tar.xz"
     exit 0
 fi
 if [ -d .gpudeps/root ]; then # the carried Debian libraries (cJSON, ...) for tern-core and the parity tests

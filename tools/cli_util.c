@@ -189,8 +189,9 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
     }
     if (n_slots > 0) {
         tern_kv_fmt *formats = NULL;
-        const char *kvq = c->kv_quant; /* compressed pages are CPU-only: auto means off elsewhere */
-        if (s->be->device >= 0 && (!kvq || !strcmp(kvq, "auto"))) kvq = "off";
+        const char *kvq = tern_kv_quant_default(c->kv_quant, s->be->device >= 0, /* auto on a GPU: bf16 pages (bf16 mode) */
+                                                s->be->compute == TERN_COMPUTE_BF16 &&
+                                                    !(c->compute_set && c->compute == TERN_COMPUTE_BF16X2));
         st = tern_kv_quant_plan(kvq, c->random ? NULL : dir, tern_model_cfg(s->model), &formats, NULL, &e);
         tern_kv_opts ko = {.n_slots = n_slots, .max_ctx = c->max_ctx, .formats = formats};
         if (!st) st = s->tp ? tern_tp_kv_open(s->tp, &ko, &s->kv, &e) : tern_kv_open(&s->kv, s->be, tern_model_cfg(s->model), &ko, &e);

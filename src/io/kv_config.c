@@ -120,6 +120,11 @@ tern_status tern_kv_config_parse(const char *json, size_t len, const tern_model_
     return st;
 }
 
+const char *tern_kv_quant_default(const char *spec, int gpu, int plain_bf16) {
+    if (spec && *spec && strcmp(spec, "auto")) return spec;
+    return !gpu ? "auto" : plain_bf16 ? "gpu-bf16" : "off";
+}
+
 tern_status tern_kv_quant_plan(const char *spec, const char *dir, const tern_model_config *cfg,
                                tern_kv_fmt **out, const char **source, tern_error *err) {
     *out = NULL;
@@ -142,6 +147,10 @@ tern_status tern_kv_quant_plan(const char *spec, const char *dir, const tern_mod
         if (!st) st = tern_kv_config_parse(txt, len, cfg, f, err);
         free(txt);
         if (source) *source = "kv_config.json";
+    } else if (!strcmp(s, "gpu-bf16")) {
+        for (int l = 0; l < cfg->n_layer; l++)
+            if (!cfg->layers[l].kv_latent) f[2 * l].kind = f[2 * l + 1].kind = TERN_KV_BF16;
+        if (source) *source = "auto (bf16 pages on the GPU)";
     } else {
         tern_kv_fmt one[2];
         st = tern_kv_quant_parse(s, one, err);

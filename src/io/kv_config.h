@@ -10,8 +10,11 @@
  *   8:32 | 4:32      ... with another group size (32, 64 or 128)
  *   turbo            TurboQuant, 4-bit keys, 3-bit values
  *   turbo:K,V        TurboQuant with K-bit keys and V-bit values (2..4), e.g. turbo:4,3
- *   auto             kv_config.json when the model has one, else off (engine default)
+ *   auto             kv_config.json when the model has one, else off (engine default on CPUs;
+ *                    on a GPU see tern_kv_quant_default)
  *   config           kv_config.json, which must exist
+ *   gpu-bf16         (internal, what auto means on a GPU in the bf16 mode) bf16 on every layer that
+ *                    takes it, f32 on GLM's MLA latent layers
  * kv_config.json: a JSON array of {"layer_idx": L, "bits": B, "group_size": G} (affine,
  * OptiQ's form), optionally with "mode": "affine" | "turbo" | "f16" | "bf16" | "f32" and
  * "k_bits" / "v_bits" overriding "bits" per side. Layers it does not list stay F32.
@@ -36,5 +39,12 @@ tern_status tern_kv_config_parse(const char *json, size_t len, const tern_model_
  * or "off" for reports. */
 tern_status tern_kv_quant_plan(const char *spec, const char *dir, const tern_model_config *cfg,
                                tern_kv_fmt **out, const char **source, tern_error *err);
+
+/* The spec a backend opens its cache with for `spec` (NULL, "" and "auto" mean auto): explicit
+ * specs pass through; auto on a CPU stays auto; auto on a GPU is "gpu-bf16" in the plain bf16
+ * compute mode (BF16 pages: what transformers and llama.cpp keep on GPUs, half the bytes of F32;
+ * the flash prefill and decode kernels read them) and "off" in the f32 and bf16x2 modes (exact /
+ * f32-accurate contracts). One rule for the engine, the CLI and the server's memory report. */
+const char *tern_kv_quant_default(const char *spec, int gpu, int plain_bf16);
 
 #endif

@@ -114,13 +114,23 @@ static inline int tern_key_visible(const tern_key_range *k, int b) {
     return (b >= k->lo && b <= k->hi) || (b >= k->vlo && b <= k->vhi);
 }
 
-/* Runs of equal consecutive slot ids among n rows (one per sequence in a decode step). The CUDA
- * attention takes its decode kernel when n <= 2 * runs, and model.c's step-graph key holds the
- * count so that replayed steps choose as eager ones do. */
-static inline int tern_slot_runs(const int32_t *slot, int n) {
-    int runs = n > 0;
-    for (int r = 1; slot && r < n; r++) runs += slot[r] != slot[r - 1];
-    return runs;
+/* Distinct slot ids among n rows (sequences in the step). The CUDA attention takes its decode kernel
+ * when n <= 2 * seqs (at most two rows per sequence on average), and model.c's step-graph key holds
+ * the count so that replayed steps choose as eager ones do. Distinct, not runs: rows of two
+ * sequences interleaved (tests; never the scheduler) must choose as their sequences alone would.
+ * Slot ids >= 65536 (none in practice) count as new at each run. */
+static inline int tern_slot_seqs(const int32_t *slot, int n) {
+    if (!slot) return n > 0;
+    uint64_t seen[1024] = {0};
+    int seqs = 0;
+    for (int r = 0; r < n; r++) {
+        if (r > 0 && slot[r] == slot[r - 1]) continue;
+        const uint32_t s = (uint32_t)slot[r];
+        if (s >= 65536u) { seqs++; continue; }
+        if (!(seen[s >> 6] >> (s & 63) & 1)) seqs++;
+        seen[s >> 6] |= 1ull << (s & 63);
+    }
+    return seqs;
 }
 
 typedef struct tern_backend tern_backend;

@@ -250,8 +250,8 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     const tern_model_config *c = tern_model_cfg(e->m);
     snprintf(e->arch, sizeof e->arch, "%s", tern_arch_name(c->arch));
     tern_kv_fmt *kv_formats = NULL; /* per-layer page formats: --kv-quant or kv_config.json */
-    const char *kvq = o.kv_quant; /* auto on a GPU: f32 pages (compressed kinds run there too, opt-in until timed) */
-    if (e->be->device >= 0 && (!kvq || !*kvq || !strcmp(kvq, "auto"))) kvq = "off";
+    const char *kvq = tern_kv_quant_default(o.kv_quant, e->be->device >= 0, /* auto on a GPU: bf16 pages (bf16 mode) */
+                                            e->be->compute == TERN_COMPUTE_BF16 && o.compute_bf16 != 2);
     if ((st = tern_kv_quant_plan(kvq, is_random ? NULL : e->dir, c, &kv_formats, NULL, err))) goto fail;
     tern_kv_opts ko = {.n_slots = o.max_concurrency, .max_ctx = o.max_ctx,
                        .memory = (size_t)(o.kv_memory_gb * 1073741824.0), .formats = kv_formats};

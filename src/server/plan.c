@@ -70,8 +70,8 @@ static void memory_lines(tern_server *s, const tern_engine_stats *st, char *out,
         return;
     }
     const tern_engine_opts *o = &s->o.engine;
-    const char *spec = o->kv_quant && *o->kv_quant ? o->kv_quant : "auto";
-    if (o->device && !strcmp(o->device, "cuda") && !strcmp(spec, "auto")) spec = "off";   /* as the engine does */
+    const char *spec = tern_kv_quant_default(o->kv_quant, o->device && !strcmp(o->device, "cuda"), /* as the engine */
+                                             o->compute_bf16 != 0 && o->compute_bf16 != 2);
     tern_kv_fmt *fmt = NULL;
     const char *source = "off";
     if (tern_kv_quant_plan(spec, dir, &cfg, &fmt, &source, &err)) fmt = NULL, source = "off";

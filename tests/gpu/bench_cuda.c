@@ -194,10 +194,11 @@ static void bench_attn_decode(int nh, int nkv, int d, int ctx, int nseq, int kin
 
 /* causal prefill of n tokens in one slot: FLOPs = 4 * nh * d * n(n+1)/2; `tag` names the kernel */
 static const char *attn_tag = "";
+static int attn_bf16_pages; /* 1: BF16 pages (random bytes of bf16 size; the values do not matter for timing) */
 static void bench_attn_prefill(int nh, int nkv, int d, int n) {
     int bs = 16, mb = (n + bs - 1) / bs;
     size_t tok = (size_t)nkv * d, pool = (size_t)mb * bs * tok;
-    float *k = dev_random(pool * 4), *v = dev_random(pool * 4);
+    float *k = dev_random(pool * (attn_bf16_pages ? 2 : 4)), *v = dev_random(pool * (attn_bf16_pages ? 2 : 4));
     int32_t *bt = malloc((size_t)mb * 4), *pos = malloc(n * 4), *slot = malloc(n * 4);
     for (int i = 0; i < mb; i++) bt[i] = i;
     for (int r = 0; r < n; r++) { pos[r] = r; slot[r] = 0; }
@@ -207,7 +208,8 @@ static void bench_attn_prefill(int nh, int nkv, int d, int n) {
     g->vt->upload(g, sd, slot, n * 4);
     float *q = dev_random((size_t)n * nh * d * 4), *o = g->vt->alloc(g, (size_t)n * nh * d * 4);
     if (k && v && q && o) {
-        tern_kv_layer kv = {TERN_DT_F32, nkv, d, bs, 0, k, v, btd, mb};
+        tern_kv_layer kv = {attn_bf16_pages ? TERN_DT_Q : TERN_DT_F32, nkv, d, bs, 0, k, v, btd, mb};
+        if (attn_bf16_pages) kv.kf.kind = kv.vf.kind = TERN_KV_BF16;
         tern_rows rows = {n, pd, sd, pos, slot};
         g->vt->attention(g, o, q, &rows, nh, &kv, 0.1f, 0.0f);
         g->vt->sync(g);
@@ -248,6 +250,15 @@ static void bench_attn_prefill_all(int nh, int nkv, int d, int n, int cfgs) {
             attn_tag = tags[c];
             bench_attn_prefill(nh, nkv, d, n);
         }
+        static const char *btags[] = {" fa-bf16 pages-bf16", " fa-bf16 pages-bf16 cfg1", " fa-bf16 pages-bf16 cfg2",
+                                      " fa-bf16 pages-bf16 cfg3"};
+        attn_bf16_pages = 1;
+        for (int c = 0; c < cfgs && c < 4; c++) {
+            tern__cuda_fa_cfg = c;
+            attn_tag = btags[c];
+            bench_attn_prefill(nh, nkv, d, n);
+        }
+        attn_bf16_pages = 0;
         tern_backend_close(g);
     }
     g = keep;

@@ -11,6 +11,7 @@
  * host copies (a prefill run for the tensor-core kernel next to decode rows). Runs on g_attn
  * (g_gpu when NULL). */
 static tern_backend *g_attn;
+static int g_attn_bf16; /* 1: BF16 pages (--kv-quant bf16) instead of F32 */
 static double attn_case(int nh, int nkv, int d, int window, float softcap, int bs, int nslots, const int *lens, int P,
                         int variant) {
     int maxlen = 0;
@@ -26,10 +27,12 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
     }
     for (int i = 0; i < nslots * max_blocks; i++) bt[i] = perm[i];
     float *kh = calloc(pool, sizeof *kh), *vh = calloc(pool, sizeof *vh);
-    void *kd = nan_buf(g_gpu, pool), *vd = nan_buf(g_gpu, pool);
+    void *kd = nan_buf(g_gpu, g_attn_bf16 ? pool / 2 : pool), *vd = nan_buf(g_gpu, g_attn_bf16 ? pool / 2 : pool);
     void *btd = to_gpu(bt, (size_t)nslots * max_blocks * sizeof *bt);
-    tern_kv_layer kr = {TERN_DT_F32, nkv, d, bs, window, kh, vh, bt, max_blocks};
-    tern_kv_layer kg = {TERN_DT_F32, nkv, d, bs, window, kd, vd, btd, max_blocks};
+    const tern_dtype pdt = g_attn_bf16 ? TERN_DT_Q : TERN_DT_F32;
+    tern_kv_layer kr = {pdt, nkv, d, bs, window, kh, vh, bt, max_blocks};
+    tern_kv_layer kg = {pdt, nkv, d, bs, window, kd, vd, btd, max_blocks};
+    if (g_attn_bf16) kr.kf.kind = kr.vf.kind = kg.kf.kind = kg.vf.kind = TERN_KV_BF16;
     /* fill each slot's cache through kv_write */
     for (int s = 0; s < nslots; s++) {
         int n = lens[s];
@@ -370,7 +373,7 @@ TEST(cuda_attention_spans) {
  * Modes: bf16 (plain bf16 operands) and f32 with the split kernel forced on (tern__cuda_fa_f32;
  * its default is measured here and stated in attn_prefill.cu). */
 extern int tern__cuda_fa_f32, tern__cuda_fa_cfg, tern__cuda_fa512;
-extern unsigned long long tern__cuda_fa512_calls;
+extern unsigned long long tern__cuda_fa512_calls, tern__cuda_fa_bf16_calls;
 TEST(cuda_attention_flash) {
     static const struct { int nh, nkv, d, window; float cap; int bs; int lens[3]; int P; } C[] = {
         {8, 2, 128, 0, 0.0f, 16, {300, 37, 1}, 300},
@@ -390,35 +393,44 @@ TEST(cuda_attention_flash) {
         tern__cuda_fa_f32 = 1;
         const double bound = mode == 0 ? 1e-2 : 1e-5;
         double worst = 0;
-        for (int cfg = 0; cfg < (mode == 0 ? 4 : 1); cfg++) {
-            tern__cuda_fa_cfg = cfg;
-            for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
-                for (int v = 0; v < (cfg ? 1 : 4); v += 3) {
-                    const unsigned long long c512 = tern__cuda_fa512_calls;
-                    double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens,
-                                           C[c].P, v);
-                    if (mode == 0 && cfg == 0 && C[c].d == 512)
-                        CHECK(tern__cuda_fa512_calls > c512, "d 512 variant %d: the two-pass flash kernel did not run", v);
-                    printf("  err attention flash %s cfg %d nh=%d nkv=%d d=%d W=%d P=%d variant %d  %.2e\n",
-                           mode ? "f32" : "bf16", cfg, C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].P, v, rel);
-                    CHECK(rel <= bound, "%s cfg %d case %zu variant %d rel %.2e", mode ? "f32" : "bf16", cfg, c, v, rel);
-                    worst = rel > worst ? rel : worst;
-                }
-        }
+        for (int pg = 0; pg < (mode == 0 ? 2 : 1); pg++) /* bf16 mode: F32 pages, then BF16 pages (cp.async tiles) */
+            for (int cfg = 0; cfg < (mode == 0 ? 4 : 1); cfg++) {
+                tern__cuda_fa_cfg = cfg;
+                g_attn_bf16 = pg;
+                for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
+                    for (int v = 0; v < (cfg ? 1 : 4); v += 3) {
+                        const unsigned long long c512 = tern__cuda_fa512_calls, cbf = tern__cuda_fa_bf16_calls;
+                        double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens,
+                                               C[c].P, v);
+                        if (pg && (cfg == 0 || C[c].d != 512)) /* d 512 has one tile shape */
+                            CHECK(tern__cuda_fa_bf16_calls > cbf, "BF16 pages cfg %d case %zu: the flash kernel did not run",
+                                  cfg, c);
+                        if (mode == 0 && cfg == 0 && C[c].d == 512)
+                            CHECK(tern__cuda_fa512_calls > c512, "d 512 variant %d: the two-pass flash kernel did not run", v);
+                        printf("  err attention flash %s%s cfg %d nh=%d nkv=%d d=%d W=%d P=%d variant %d  %.2e\n",
+                               mode ? "f32" : "bf16", pg ? " bf16-pages" : "", cfg, C[c].nh, C[c].nkv, C[c].d,
+                               C[c].window, C[c].P, v, rel);
+                        CHECK(rel <= bound, "%s pages %d cfg %d case %zu variant %d rel %.2e", mode ? "f32" : "bf16", pg,
+                              cfg, c, v, rel);
+                        worst = rel > worst ? rel : worst;
+                    }
+            }
+        g_attn_bf16 = 0;
         static const struct { int nh, nkv, d, window; float cap; int bs; int lens[3]; int P; } S[] = {
             {8, 2, 128, 0, 0.0f, 16, {300, 37, 1}, 70},
             {4, 1, 256, 24, 50.0f, 16, {200, 90, 10}, 45},
             {8, 8, 64, 8, 0.0f, 4, {129, 500, 3}, 40},
             {16, 4, 256, 6, 30.0f, 64, {1000, 20, 700}, 125},
         };
-        const tern_kv_fmt f32 = {0};
+        const tern_kv_fmt pf[2] = {{0}, {TERN_KV_BF16, 0, 0}};
         tern__cuda_fa_cfg = 0;
+        for (int pg = 0; pg < (mode == 0 ? 2 : 1); pg++)
         for (size_t c = 0; c < TERN_ARRAY_LEN(S); c++)
             for (int v = 0; v < 2; v++) {
-                double rel = attn_span_case(f32, f32, S[c].nh, S[c].nkv, S[c].d, S[c].window, S[c].cap, S[c].bs,
+                double rel = attn_span_case(pf[pg], pf[pg], S[c].nh, S[c].nkv, S[c].d, S[c].window, S[c].cap, S[c].bs,
                                             S[c].lens, S[c].P, v);
-                printf("  err attention flash spans %s nh=%d d=%d W=%d variant %d  %.2e\n", mode ? "f32" : "bf16",
-                       S[c].nh, S[c].d, S[c].window, v, rel);
+                printf("  err attention flash spans %s%s nh=%d d=%d W=%d variant %d  %.2e\n", mode ? "f32" : "bf16",
+                       pg ? " bf16-pages" : "", S[c].nh, S[c].d, S[c].window, v, rel);
                 CHECK(rel <= bound, "%s spans case %zu variant %d rel %.2e", mode ? "f32" : "bf16", c, v, rel);
                 worst = rel > worst ? rel : worst;
             }

@@ -42,9 +42,26 @@ static inline int pu_json_ids(cJSON *root, const char *key, int32_t **out) {
     return n;
 }
 
+/* Leading "_"-separated words that a and b share ("gemma4_moe_mixed", "gemma4_moe_like": 2). */
+static inline int pu_common_words(const char *a, const char *b) {
+    int words = 0;
+    for (size_t i = 0;; i++) {
+        const int ea = a[i] == 0 || a[i] == '_', eb = b[i] == 0 || b[i] == '_';
+        if (ea || eb) {
+            if (!(ea && eb)) return words;
+            words++;
+            if (!a[i] || !b[i]) return words;
+        } else if (a[i] != b[i]) {
+            return words;
+        }
+    }
+}
+
 /* The bf16 mode's bound for fixture `name`: max(2e-2, 2 × transformers' own bf16 error on it), from
- * DIR/_hf_bf16.json (`make_fixtures.py --bf16-check`); a case without its own figure takes the case
- * it copies (name = that case + "_..."), else its family's smallest figure. */
+ * DIR/_hf_bf16.json (`make_fixtures.py --bf16-check`, which skips the MLX / FP8 copies: transformers
+ * cannot load them). A case without its own figure takes that of its nearest sibling: the case that
+ * shares the most leading name words (glm5_dsa_q4 → glm5_dsa, gemma4_moe_mixed → gemma4_moe_like:
+ * a quantized MoE model routes as chaotically as the bf16 one), the smallest figure among ties. */
 static inline double pu_bf16_bound(const char *dir, const char *name) {
     char path[512];
     snprintf(path, sizeof path, "%s/_hf_bf16.json", dir);
@@ -52,22 +69,18 @@ static inline double pu_bf16_bound(const char *dir, const char *name) {
     cJSON *root = js ? cJSON_Parse(js) : NULL;
     free(js);
     const cJSON *hf = cJSON_GetObjectItem(root, "cases");
-    double fig = 0, fam = 0;
-    size_t best = 0;
-    const size_t pre = strcspn(name, "_");
+    double fig = 0;
+    int best = 0;
     for (cJSON *c = hf ? hf->child : NULL; c; c = c->next) {
         const cJSON *v = cJSON_GetObjectItem(c, "max_rel_l2");
         if (!cJSON_IsNumber(v)) continue;
-        const size_t len = strlen(c->string);
-        if (len > best && !strncmp(c->string, name, len) && (name[len] == 0 || name[len] == '_')) {
+        const int w = pu_common_words(c->string, name);
+        if (w > best || (w == best && w > 0 && v->valuedouble < fig)) {
             fig = v->valuedouble;
-            best = len;
+            best = w;
         }
-        if (!strncmp(c->string, name, pre) && strcspn(c->string, "_") == pre && (fam == 0 || v->valuedouble < fam))
-            fam = v->valuedouble;
     }
     cJSON_Delete(root);
-    if (fig == 0) fig = fam;
     return 2 * fig > 2e-2 ? 2 * fig : 2e-2;
 }
 

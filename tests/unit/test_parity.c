@@ -21,7 +21,7 @@
  *     top-k, near-tied argmaxes) that land on other rows with other rounding points, hence the
  *     factor 2 (measured on the H200: gemma4_moe_like 0.39 vs transformers' 0.23) — the figures are in
  *     fixtures/_hf_bf16.json (`make_fixtures.py --bf16-check`; a case without its own figure takes
- *     that of the case it copies — glm5_dsa_q4 → glm5_dsa — else the smallest of its family).
+ *     that of its nearest sibling by name — glm5_dsa_q4 → glm5_dsa, gemma4_moe_mixed → gemma4_moe_like).
  *     Batched rows are held to the same bound; batch vs alone is printed, not bounded: every n >= 2
  *     path rounds x to bf16, but a Q/FP8 weight enters the tensor-core paths as bf16 (Wh) and the
  *     fallback GEMVs exact, and n = 1 keeps f32 x (measured up to 0.064 on the chaotic quantized
@@ -30,7 +30,10 @@
  *     depends on the order of sums, i.e. on the batch: there only the rows before index_topk
  *     (every key selected, so nothing can flip) are held to a bound, the base 2e-2, alone and
  *     batched; the rest are printed.
+ *   The cache is the one the engine opens on that backend (tern_kv_quant_default): BF16 pages in
+ *   the bf16 mode on a GPU (as transformers' bfloat16 run keeps them), F32 otherwise.
  */
+#include "io/kv_config.h"
 #include "model/model.h"
 #include "parity_util.h"
 #include "runtime/generate.h"
@@ -82,7 +85,11 @@ static void check_case(const char *name, tern_backend *be) {
 
     tern_kv *kv = NULL;
     tern_kv_opts ko = {.n_slots = 2, .max_ctx = na + 8, .block_size = 4};
-    s = tern_kv_open(&kv, be, cfg, &ko, &e);
+    tern_kv_fmt *kvf = NULL; /* the cache the engine opens on this backend (bf16 mode on a GPU: BF16 pages) */
+    s = tern_kv_quant_plan(tern_kv_quant_default(NULL, be->device >= 0, g_bf16 == 1), NULL, cfg, &kvf, NULL, &e);
+    ko.formats = kvf;
+    if (!s) s = tern_kv_open(&kv, be, cfg, &ko, &e);
+    free(kvf);
     CHECK(s == TERN_OK, "%s: kv: %s", name, e.msg);
     if (s) goto out;
 

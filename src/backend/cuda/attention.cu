@@ -18,8 +18,9 @@
  * go to the preallocated scratch `part` and a second kernel merges them. Head dims up to 512
  * (d % 4 == 0); shared memory is sized per launch (up to ~140 KB at d = 512).
  * Prefill runs (>= 32 rows of one slot, host copies given) go to the
- * tensor-core flash kernel of attn_prefill.cu when it takes them (d 64/128/256; compute mode
+ * tensor-core flash kernel of attn_prefill.cu when it takes them (d 64/128/256/512; compute mode
  * bf16, or f32 with tern__cuda_fa_f32); this kernel is the exact path and the fallback.
+ * tern__cuda_attn_runs (the run split) serves kvq_attn.cu's BF16 pages too.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -426,25 +427,25 @@ static tern_rows rows_sub(const tern_rows *rows, int r0, int n) {
     return s;
 }
 
-/* decode rows: at most two rows per sequence (attn_decode.cu takes them), from the host copies also
- * while a step is recorded (model.c's step key holds the number of slot runs, so a graph is replayed
- * only for steps that decide alike: eager and replayed steps run the same kernels); without host
- * copies, a recorded step counts as decode rows */
+/* decode rows: at most two rows per sequence on average (attn_decode.cu takes them), from the host
+ * copies also while a step is recorded (model.c's step key holds the number of sequences, so a graph
+ * is replayed only for steps that decide alike: eager and replayed steps run the same kernels);
+ * without host copies, a recorded step counts as decode rows */
 extern "C" int tern__cuda_attn_is_decode(const tern__cuda *c, const tern_rows *rows) {
     if (!rows->slot_host) return c->capturing;
-    return rows->n <= 2 * tern_slot_runs(rows->slot_host, rows->n);
+    return rows->n <= 2 * tern_slot_seqs(rows->slot_host, rows->n);
 }
 
 /* Runs of >= fa_min_rows consecutive rows of one slot go to the tensor-core kernel
- * (attn_prefill.cu) when it takes them; the rows between runs go to attn_cores in contiguous
- * pieces. Without host copies (graph recording) everything stays on attn_cores. */
-extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
-                                     const tern_kv_layer *kv, float scale, float softcap) {
+ * (attn_prefill.cu) when it takes them; the rows between runs go to `rest` (the page kind's
+ * general kernel) in contiguous pieces. Without host copies (graph recording) everything goes to
+ * `rest`. Shared by the F32 pages (attn_cores) and the BF16 pages (kvq_attn.cu). */
+extern "C" void tern__cuda_attn_runs(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                                     const tern_kv_layer *kv, float scale, float softcap, tern__cuda_attn_fn rest) {
     const int n = rows->n;
-    if (tern__cuda_attn_is_decode(c, rows) && tern__cuda_attn_decode(c, out, q, rows, nh, kv, scale, softcap)) return;
     if (c->capturing || !rows->slot_host || !rows->pos_host || n < fa_min_rows || nh <= 0 ||
         kv->n_head_kv <= 0 || nh % kv->n_head_kv) {
-        attn_cores(c, out, q, rows, nh, kv, scale, softcap);
+        rest(c, out, q, rows, nh, kv, scale, softcap);
         return;
     }
     cudaSetDevice(c->device);
@@ -456,15 +457,21 @@ extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, 
         tern_rows run = rows_sub(rows, r, e - r);
         if (!tern__cuda_attn_prefill(c, out + r * rs, q + r * rs, &run, nh, kv, scale, softcap)) continue;
         if (pend < r) {
-            tern_rows rest = rows_sub(rows, pend, r - pend);
-            attn_cores(c, out + pend * rs, q + pend * rs, &rest, nh, kv, scale, softcap);
+            tern_rows part = rows_sub(rows, pend, r - pend);
+            rest(c, out + pend * rs, q + pend * rs, &part, nh, kv, scale, softcap);
         }
         pend = e;
     }
     if (pend == 0) {
-        attn_cores(c, out, q, rows, nh, kv, scale, softcap);
+        rest(c, out, q, rows, nh, kv, scale, softcap);
     } else if (pend < n) {
-        tern_rows rest = rows_sub(rows, pend, n - pend);
-        attn_cores(c, out + pend * rs, q + pend * rs, &rest, nh, kv, scale, softcap);
+        tern_rows part = rows_sub(rows, pend, n - pend);
+        rest(c, out + pend * rs, q + pend * rs, &part, nh, kv, scale, softcap);
     }
+}
+
+extern "C" void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                                     const tern_kv_layer *kv, float scale, float softcap) {
+    if (tern__cuda_attn_is_decode(c, rows) && tern__cuda_attn_decode(c, out, q, rows, nh, kv, scale, softcap)) return;
+    tern__cuda_attn_runs(c, out, q, rows, nh, kv, scale, softcap, attn_cores);
 }

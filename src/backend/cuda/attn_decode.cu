@@ -68,36 +68,37 @@ struct AdArgs {
     float scale, softcap;
 };
 
-/* EPL consecutive elements of a K or V row as f32 */
-template <typename T, int EPL> __device__ __forceinline__ void ad_load(float *dst, const T *src) {
-    if constexpr (sizeof(T) == 4) {
+/* EPL consecutive elements of a K or V row, kept as loaded (32-bit words: EPL of f32, EPL / 2 of
+ * BF16/F16 pairs) so that 16-bit pages hold twice the keys in the same registers; ad_get converts */
+template <typename T, int EPL> struct AdRow {
+    static constexpr int W = sizeof(T) == 4 ? EPL : EPL / 2;
+    uint32_t w[W];
+};
+template <typename T, int EPL> __device__ __forceinline__ void ad_load(AdRow<T, EPL> &d, const T *src) {
 #pragma unroll
-        for (int i = 0; i < EPL / 4; i++) {
-            const float4 v = __ldg((const float4 *)src + i);
-            dst[4 * i] = v.x; dst[4 * i + 1] = v.y; dst[4 * i + 2] = v.z; dst[4 * i + 3] = v.w;
-        }
+    for (int i = 0; i < AdRow<T, EPL>::W / 4; i++) {
+        const uint4 v = __ldg((const uint4 *)src + i);
+        d.w[4 * i] = v.x; d.w[4 * i + 1] = v.y; d.w[4 * i + 2] = v.z; d.w[4 * i + 3] = v.w;
+    }
+}
+template <typename T, int EPL> __device__ __forceinline__ void ad_zero(AdRow<T, EPL> &d) {
+#pragma unroll
+    for (int i = 0; i < AdRow<T, EPL>::W; i++) d.w[i] = 0u;
+}
+template <typename T, int EPL> __device__ __forceinline__ float ad_get(const AdRow<T, EPL> &d, int e) {
+    if constexpr (sizeof(T) == 4) return __uint_as_float(d.w[e]);
+    else if constexpr (std::is_same<T, __half>::value) {
+        const float2 f = __half22float2(*(const __half2 *)&d.w[e >> 1]);
+        return e & 1 ? f.y : f.x;
     } else {
-#pragma unroll
-        for (int i = 0; i < EPL / 8; i++) {
-            const uint4 v = __ldg((const uint4 *)src + i);
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if constexpr (std::is_same<T, __half>::value) {
-                    const float2 f = __half22float2(*(const __half2 *)&w[j]);
-                    dst[8 * i + 2 * j] = f.x; dst[8 * i + 2 * j + 1] = f.y;
-                } else {
-                    dst[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
-                    dst[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-                }
-            }
-        }
+        return e & 1 ? __uint_as_float(d.w[e >> 1] & 0xffff0000u) : __uint_as_float(d.w[e >> 1] << 16);
     }
 }
 
 template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     pdl_start();
-    constexpr int U = EPL == 16 || GM * EPL >= 64 ? 1 : 2; /* key groups per warp and iteration (two in flight) */
+    /* key groups per warp and iteration (as many more in flight): 16-bit rows take half the registers */
+    constexpr int U = sizeof(T) == 2 ? (EPL == 16 ? 1 : GM * EPL >= 64 ? 2 : 4) : (EPL == 16 || GM * EPL >= 64 ? 1 : 2);
     extern __shared__ float smd[];           /* [region][chmax ints]: region = scores [GM][chmax], then
                                                 [8 warps][GM][D], then the merge's (M, L) */
     __shared__ float sml[GM][2];
@@ -140,21 +141,19 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     }
     __syncthreads();
     /* U key groups' rows from `src` (K or V) into d, record -1 (not resident or past the split) zeroed */
-    auto load = [&](const T *src, int base, float (*d)[EPL], int *rc) {
+    auto load = [&](const T *src, int base, AdRow<T, EPL> *d, int *rc) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = base + u * KPB + kg - k0;
             rc[u] = i < nk ? recs[i] : -1;
             if (rc[u] >= 0) ad_load<T, EPL>(d[u], src + (size_t)rc[u] * kvs);
-            else
-#pragma unroll
-                for (int e = 0; e < EPL; e++) d[u][e] = 0.0f;
+            else ad_zero<T, EPL>(d[u]);
         }
     };
     const int b0 = k0 + warp * KPW; /* this warp's first key group; warp-uniform bounds (shuffles) */
 
     /* 1. scores, the next U key groups loading while these are scored */
-    float kr[U][EPL], kn[U][EPL];
+    AdRow<T, EPL> kr[U], kn[U];
     int rr[U], rn[U];
     if (b0 < k1) load(kp, b0, kr, rr);
     for (int base = b0; base < k1; base += STEP) {
@@ -166,7 +165,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
             for (int h = 0; h < GM; h++) {
                 float d = 0.0f;
 #pragma unroll
-                for (int e = 0; e < EPL; e++) d = fmaf(q[h][e], kr[u][e], d);
+                for (int e = 0; e < EPL; e++) d = fmaf(q[h][e], ad_get<T, EPL>(kr[u], e), d);
                 for (int o = LPK >> 1; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
                 if (li == 0 && h < G && k < k1) {
                     float v = d * a.scale;
@@ -178,8 +177,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
 #pragma unroll
         for (int u = 0; u < U; u++) {
             rr[u] = rn[u];
-#pragma unroll
-            for (int e = 0; e < EPL; e++) kr[u][e] = kn[u][e];
+            kr[u] = kn[u];
         }
     }
     /* the first V rows load during the softmax */
@@ -220,14 +218,13 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
                 if (h >= G) break;
                 const float p = s[h * a.chmax + (k - k0)];
 #pragma unroll
-                for (int e = 0; e < EPL; e++) acc[h][e] = fmaf(p, kr[u][e], acc[h][e]);
+                for (int e = 0; e < EPL; e++) acc[h][e] = fmaf(p, ad_get<T, EPL>(kr[u], e), acc[h][e]);
             }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             rr[u] = rn[u];
-#pragma unroll
-            for (int e = 0; e < EPL; e++) kr[u][e] = kn[u][e];
+            kr[u] = kn[u];
         }
     }
     for (int o = LPK; o < 32; o <<= 1)

@@ -1,11 +1,13 @@
 /*
- * attn_prefill.cu — flash attention for prefill on tensor cores (ops.h: attention, f32 pages).
+ * attn_prefill.cu — flash attention for prefill on tensor cores (ops.h: attention; F32 or BF16 pages).
  *
- * attention.cu hands us runs of >= 32 (TERN_CUDA_FA_MIN) consecutive rows of one KV slot. A
+ * tern__cuda_attn_runs (attention.cu) hands us runs of >= 32 (TERN_CUDA_FA_MIN) consecutive rows of
+ * one KV slot, over F32 pages (attention.cu) or BF16 pages (kvq_attn.cu). A
  * block owns BM = 16·NW query vectors (R rows × HB heads of one KV-head group, so GQA heads
  * share every staged K/V tile); warp w owns vectors 16w..16w+15. Per key tile of BN keys:
  * K and V are read from the paged f32 pool and converted to bf16 while staging in shared
- * memory, S = Q·Kᵀ (mma.sync m16n8k16, f32 accumulators, fragments via ldmatrix) stays in
+ * memory (BF16 pages: copied as they are with cp.async into one of two buffers, the next tile's
+ * copy in flight while this one is multiplied), S = Q·Kᵀ (mma.sync m16n8k16, f32 accumulators, fragments via ldmatrix) stays in
  * registers, the online softmax (running max m and sum l per vector) runs in f32, P is packed
  * to bf16 as the A operand of P·V into the O accumulators (registers). Warps with no visible
  * key in a tile skip it; tiles fully visible to a warp skip the per-element mask. Mask per
@@ -19,8 +21,7 @@
  * Split-K over keys (partials into c->part, merged by tern__cuda_attn_merge) when the blocks
  * cannot fill the GPU. Head dims 64 / 128 / 256, and 512 in two passes over the V columns (S
  * computed twice: 1.5x the MMAs; bf16 mode; 13 TFLOP/s at 8k vs 3.2 on CUDA cores, TERN_CUDA_FA512=0
- * turns it off); anything
- * else stays on attention.cu.
+ * turns it off); anything else stays on the caller's kernel.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -35,6 +36,7 @@ int tern__cuda_fa_f32 = 0; /* 1: the f32 compute mode uses the split kernel too 
 int tern__cuda_fa_cfg = 0; /* tile shape of the bf16 kernel: 0 the default, 1..3 alternatives (bench_cuda) */
 int tern__cuda_fa512 = 1;  /* d 512 in two passes (TERN_CUDA_FA512=0: CUDA cores; H200 gemma4-12b pp8192 1.70x) */
 unsigned long long tern__cuda_fa512_calls = 0;
+unsigned long long tern__cuda_fa_bf16_calls = 0; /* launches over BF16 pages (tests check the path ran) */
 }
 
 struct FaArgs {
@@ -62,6 +64,13 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+
+/* 16 bytes global -> shared, asynchronously; ok = 0 fills the 16 bytes with zeros (nothing read) */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 /* c[4] += a (16x16 bf16, row) · b (16x8 bf16, col) */
 __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
@@ -100,17 +109,21 @@ __device__ __forceinline__ void store4(__nv_bfloat16 *dst, __nv_bfloat16 *dst_lo
 
 /* D: the head dim (Q·Kᵀ); DV: the V / output columns of one pass (D, or 256 when D = 512: the O
  * accumulators of 512 columns would not fit the registers, so S is computed once per pass) */
-template <int D, int DV, int BN, int NW, bool SPLIT, int MINB>
+/* BFP: the pages are BF16 (--kv-quant bf16, the GPU default of the bf16 mode): K/V tiles are copied
+ * as they are with cp.async into two buffers, the next tile's copy in flight while this one is
+ * multiplied (NB below is then the buffer count, not hi/lo; BFP implies !SPLIT) */
+template <int D, int DV, int BN, int NW, bool SPLIT, int MINB, bool BFP>
 __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
     pdl_start();
+    static_assert(!(BFP && SPLIT), "bf16 pages run the plain bf16 kernel");
     constexpr int BM = 16 * NW, LD = D + 8, LDV = DV + 8, NT = 32 * NW, D4 = D / 4, DV4 = DV / 4, NJ = BN / 8,
                   ND = DV / 8;
-    constexpr int NB = SPLIT ? 2 : 1;
+    constexpr int NB = SPLIT || BFP ? 2 : 1, NQ = SPLIT ? 2 : 1;
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem;           /* [NB][BM][LD] */
-    __nv_bfloat16 *Ks = Qs + NB * BM * LD;                     /* [NB][BN][LD] */
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem;           /* [NQ][BM][LD] */
+    __nv_bfloat16 *Ks = Qs + NQ * BM * LD;                     /* [NB][BN][LD] (hi, lo or buffer 0, 1) */
     __nv_bfloat16 *Vs = Ks + NB * BN * LD;                     /* [NB][BN][LDV] */
-    int *kval = (int *)(Vs + NB * BN * LDV);                   /* [BN] key readable */
+    int *kval = (int *)(Vs + NB * BN * LDV);                   /* [NB][BN] key readable */
     __shared__ int range[2];
 
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -164,26 +177,58 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
     for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     const int kvstride = a.nkv * D;
 
-    for (int kb = lo; kb <= hi; kb += BN) {
-        __syncthreads(); /* every warp is done with the previous tile */
-        int allv = 1;
-        for (int idx = tid; idx < BN * D4; idx += NT) {
-            const int t = idx / D4, i4 = idx % D4, kpos = kb + t;
-            float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
+    /* BFP: copy the tile of keys [kb, kb + BN) into buffer bb (zeros for keys not readable) */
+    auto load_bf = [&](int kb, int bb) {
+        constexpr int D8 = D / 8, DV8 = DV / 8;
+        const __nv_bfloat16 *kp = (const __nv_bfloat16 *)a.kp, *vp = (const __nv_bfloat16 *)a.vp;
+        for (int idx = tid; idx < BN * D8; idx += NT) {
+            const int t = idx / D8, i8 = idx % D8, kpos = kb + t;
             bool ok = kpos <= hi && kpos / a.bs < a.max_blocks;
             const int blk = ok ? a.btrow[kpos / a.bs] : -1;
             ok = ok && blk >= 0;
-            if (ok) {
-                const size_t off = ((size_t)blk * a.bs + kpos % a.bs) * kvstride + (size_t)g * D;
-                kv4 = __ldg((const float4 *)(a.kp + off) + i4);
-                if (i4 < DV4) vv4 = __ldg((const float4 *)(a.vp + off + a.voff) + i4);
-            }
-            store4<SPLIT>(Ks + t * LD + 4 * i4, Ks + BN * LD + t * LD + 4 * i4, kv4);
-            if (i4 < DV4) store4<SPLIT>(Vs + t * LDV + 4 * i4, Vs + BN * LDV + t * LDV + 4 * i4, vv4);
-            if (i4 == 0) kval[t] = ok;
-            allv &= ok;
+            const size_t off = ok ? ((size_t)blk * a.bs + kpos % a.bs) * kvstride + (size_t)g * D : 0;
+            cp_async16(Ks + (bb * BN + t) * LD + 8 * i8, kp + off + 8 * i8, ok);
+            if (i8 < DV8) cp_async16(Vs + (bb * BN + t) * LDV + 8 * i8, vp + off + a.voff + 8 * i8, ok);
+            if (i8 == 0) kval[bb * BN + t] = ok;
         }
-        allv = __syncthreads_and(allv);
+        cp_async_commit();
+    };
+    const int ntile = hi >= lo ? (hi - lo) / BN + 1 : 0;
+    if (BFP && ntile > 0) load_bf(lo, 0);
+    for (int it = 0; it < ntile; it++) {
+        const int kb = lo + it * BN, bb = BFP ? it & 1 : 0;
+        __syncthreads(); /* every warp is done with the previous tile (and its buffer) */
+        int allv = 1;
+        if (BFP) {
+            if (it + 1 < ntile) {
+                load_bf(kb + BN, bb ^ 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            for (int t = lane; t < BN; t += 32) allv &= kval[bb * BN + t];
+            allv = __all_sync(0xffffffffu, allv);
+        } else {
+            for (int idx = tid; idx < BN * D4; idx += NT) {
+                const int t = idx / D4, i4 = idx % D4, kpos = kb + t;
+                float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
+                bool ok = kpos <= hi && kpos / a.bs < a.max_blocks;
+                const int blk = ok ? a.btrow[kpos / a.bs] : -1;
+                ok = ok && blk >= 0;
+                if (ok) {
+                    const size_t off = ((size_t)blk * a.bs + kpos % a.bs) * kvstride + (size_t)g * D;
+                    kv4 = __ldg((const float4 *)(a.kp + off) + i4);
+                    if (i4 < DV4) vv4 = __ldg((const float4 *)(a.vp + off + a.voff) + i4);
+                }
+                store4<SPLIT>(Ks + t * LD + 4 * i4, Ks + BN * LD + t * LD + 4 * i4, kv4);
+                if (i4 < DV4) store4<SPLIT>(Vs + t * LDV + 4 * i4, Vs + BN * LDV + t * LDV + 4 * i4, vv4);
+                if (i4 == 0) kval[t] = ok;
+                allv &= ok;
+            }
+            allv = __syncthreads_and(allv);
+        }
+        const int *kv_ok = kval + bb * BN;
 
         /* which of this warp's vectors see keys of [kb, kb+BN) at all, and fully */
         const int ke = kb + BN - 1;
@@ -201,7 +246,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
 #pragma unroll
         for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         const uint32_t qa = smem_u32(Qs + (16 * w + (lane & 15)) * LD + (lane >> 4) * 8);
-        const uint32_t ka = smem_u32(Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8);
+        const uint32_t ka = smem_u32(Ks + (bb * BN + (lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++) {
             uint32_t af[4], al[4];
@@ -233,7 +278,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
                 float v = s[j][e] * a.scale;
                 if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
                 if (!full) {
-                    const bool vis = kval[kpos - kb] && ((kpos >= qlo[k] && kpos <= qp[k]) ||
+                    const bool vis = kv_ok[kpos - kb] && ((kpos >= qlo[k] && kpos <= qp[k]) ||
                                                          (kpos >= qvl[k] && kpos <= qvh[k]));
                     if (!vis) v = -INFINITY;
                 }
@@ -267,7 +312,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
             o[j][3] *= al2[1];
         }
         /* O += P·V: the S accumulators of key tiles 2kk, 2kk+1 are the A fragment of keys 16kk.. */
-        const uint32_t va = smem_u32(Vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + (lane >> 4) * 8);
+        const uint32_t va = smem_u32(Vs + (bb * BN + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + (lane >> 4) * 8);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pf[4], pl[4];
@@ -331,21 +376,22 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
     }
 }
 
-template <int D, int DV, int BN, int NW, bool SPLIT>
+template <int D, int DV, int BN, int NW, bool SPLIT, bool BFP>
 static size_t fa_smem_bytes() {
-    return sizeof(__nv_bfloat16) * (SPLIT ? 2 : 1) * ((16 * NW + BN) * (D + 8) + BN * (DV + 8)) + sizeof(int) * BN;
+    const size_t q = (size_t)16 * NW * (D + 8), kv = (size_t)BN * (D + 8) + (size_t)BN * (DV + 8);
+    return sizeof(__nv_bfloat16) * ((SPLIT ? 2 : 1) * q + (SPLIT || BFP ? 2 : 1) * kv) + sizeof(int) * (BFP ? 2 : 1) * BN;
 }
 
-template <int D, int DV, int BN, int NW, bool SPLIT, int MINB>
+template <int D, int DV, int BN, int NW, bool SPLIT, int MINB, bool BFP>
 static void fa_init_one(tern__cuda *c) {
-    cudaFuncSetAttribute(fa_kernel<D, DV, BN, NW, SPLIT, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)fa_smem_bytes<D, DV, BN, NW, SPLIT>());
+    cudaFuncSetAttribute(fa_kernel<D, DV, BN, NW, SPLIT, MINB, BFP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)fa_smem_bytes<D, DV, BN, NW, SPLIT, BFP>());
 }
 
 /* Launch one run with the tile shape of D; returns 0 when it cannot (shared memory). */
-template <int D, int DV, int BN, int NW, bool SPLIT, int MINB>
+template <int D, int DV, int BN, int NW, bool SPLIT, int MINB, bool BFP>
 static int fa_launch(tern__cuda *c, FaArgs a, long keylen) {
-    const size_t smem = fa_smem_bytes<D, DV, BN, NW, SPLIT>();
+    const size_t smem = fa_smem_bytes<D, DV, BN, NW, SPLIT, BFP>();
     if (smem + 1024 > c->smem_optin) return 0;
     const int BM = 16 * NW;
     a.HB = a.G < BM ? a.G : BM;
@@ -364,25 +410,36 @@ static int fa_launch(tern__cuda *c, FaArgs a, long keylen) {
     a.part = c->part;
     dim3 grid((unsigned)tiles, (unsigned)(a.nkv * a.hsplit), (unsigned)a.splits);
     for (a.voff = 0; a.voff < D; a.voff += DV) { /* passes over the V columns (one unless D > 256) */
-        tern_launch(c->stream, fa_kernel<D, DV, BN, NW, SPLIT, MINB>, grid, NW * 32, smem, a);
+        tern_launch(c->stream, fa_kernel<D, DV, BN, NW, SPLIT, MINB, BFP>, grid, NW * 32, smem, a);
         tern__cuda_check(c, "attention (flash prefill)");
     }
     if (D > DV) tern__cuda_fa512_calls++;
+    if (BFP) tern__cuda_fa_bf16_calls++;
     if (a.splits > 1) tern__cuda_attn_merge(c, a.out, a.n * a.nh, D, a.splits, "attention (flash prefill) merge");
     return 1;
 }
 
-/* The tile shapes: <D, DV, BN, NW, SPLIT, min blocks per SM>. Row 0 of each head dim is the
- * default; rows 1..3 are alternatives for bench_cuda (tern__cuda_fa_cfg). d 512 (Gemma 4's global
- * layers): two passes of 256 V columns, bf16 mode only (split operands would need 233 KB). */
+/* The tile shapes: <D, DV, BN, NW, SPLIT, min blocks per SM, BFP>. Row 0 of each head dim and page
+ * kind is the default; rows 1..3 are alternatives for bench_cuda (tern__cuda_fa_cfg). d 512 (Gemma 4's
+ * global layers): two passes of 256 V columns, bf16 mode only (split operands would need 233 KB).
+ * BFP rows (BF16 pages) hold two K/V buffers. */
 #define FA_SHAPES(X)                                                                                              \
-    X(64, 0, 64, 64, 64, 8, false, 2) X(64, 1, 64, 64, 64, 4, false, 3) X(64, 2, 64, 64, 32, 8, false, 2)         \
-    X(64, 3, 64, 64, 64, 8, false, 1) X(128, 0, 128, 128, 32, 8, false, 2) X(128, 1, 128, 128, 64, 8, false, 2)   \
-    X(128, 2, 128, 128, 64, 4, false, 3) X(128, 3, 128, 128, 64, 8, false, 1)                                     \
-    X(256, 0, 256, 256, 32, 8, false, 1) X(256, 1, 256, 256, 64, 4, false, 1)                                     \
-    X(256, 2, 256, 256, 32, 4, false, 1) X(256, 3, 256, 256, 16, 4, false, 2)                                     \
-    X(512, 0, 512, 256, 32, 4, false, 1)                                                                          \
-    X(64, 4, 64, 64, 64, 8, true, 1) X(128, 4, 128, 128, 64, 8, true, 1) X(256, 4, 256, 256, 32, 4, true, 1)
+    X(64, 0, 64, 64, 64, 8, false, 2, false) X(64, 1, 64, 64, 64, 4, false, 3, false)                            \
+    X(64, 2, 64, 64, 32, 8, false, 2, false) X(64, 3, 64, 64, 64, 8, false, 1, false)                            \
+    X(128, 0, 128, 128, 32, 8, false, 2, false) X(128, 1, 128, 128, 64, 8, false, 2, false)                      \
+    X(128, 2, 128, 128, 64, 4, false, 3, false) X(128, 3, 128, 128, 64, 8, false, 1, false)                      \
+    X(256, 0, 256, 256, 32, 8, false, 1, false) X(256, 1, 256, 256, 64, 4, false, 1, false)                      \
+    X(256, 2, 256, 256, 32, 4, false, 1, false) X(256, 3, 256, 256, 16, 4, false, 2, false)                      \
+    X(512, 0, 512, 256, 32, 4, false, 1, false)                                                                  \
+    X(64, 4, 64, 64, 64, 8, true, 1, false) X(128, 4, 128, 128, 64, 8, true, 1, false)                           \
+    X(256, 4, 256, 256, 32, 4, true, 1, false)                                                                   \
+    X(64, 0, 64, 64, 64, 4, false, 2, true) X(64, 1, 64, 64, 64, 8, false, 2, true)                              \
+    X(64, 2, 64, 64, 32, 4, false, 4, true) X(64, 3, 64, 64, 128, 8, false, 1, true)                             \
+    X(128, 0, 128, 128, 64, 8, false, 2, true) X(128, 1, 128, 128, 64, 4, false, 2, true)                        \
+    X(128, 2, 128, 128, 32, 8, false, 2, true) X(128, 3, 128, 128, 32, 4, false, 3, true)                        \
+    X(256, 0, 256, 256, 32, 8, false, 1, true) X(256, 1, 256, 256, 64, 4, false, 1, true)                        \
+    X(256, 2, 256, 256, 32, 4, false, 2, true) X(256, 3, 256, 256, 16, 4, false, 2, true)                        \
+    X(512, 0, 512, 256, 32, 4, false, 1, true)
 
 extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c) {
     const char *e = getenv("TERN_CUDA_FA");
@@ -390,7 +447,7 @@ extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c) {
     if (e && e[0] == '2') tern__cuda_fa_f32 = 1;
     const char *e5 = getenv("TERN_CUDA_FA512");
     if (e5 && e5[0] == '0') tern__cuda_fa512 = 0;
-#define FA_INIT(dd, v, D, DV, BN, NW, SP, MB) fa_init_one<D, DV, BN, NW, SP, MB>(c);
+#define FA_INIT(dd, v, D, DV, BN, NW, SP, MB, BF) fa_init_one<D, DV, BN, NW, SP, MB, BF>(c);
     FA_SHAPES(FA_INIT)
 #undef FA_INIT
     cudaGetLastError();
@@ -400,8 +457,10 @@ extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c) {
 extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                        const tern_kv_layer *kv, float scale, float softcap) {
     const int d = kv->head_dim, n = rows->n, split = c->compute != TERN_COMPUTE_BF16;
+    const bool bfp = kv->kf.kind == TERN_KV_BF16 && kv->vf.kind == TERN_KV_BF16; /* else F32 pages */
     if (!tern__cuda_fa_on || (split && !tern__cuda_fa_f32) || (d != 64 && d != 128 && d != 256 && d != 512) ||
-        (d == 512 && (split || !tern__cuda_fa512)))
+        (d == 512 && (split || !tern__cuda_fa512)) || kv->latent || (bfp && split) ||
+        (!bfp && (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32)))
         return 0;
     const int slot = rows->slot_host[0];
     long first = 0x7fffffff, last = -1; /* the run's key range, for the split-K plan */
@@ -435,8 +494,8 @@ extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q
     a.softcap = softcap;
     const long keylen = last >= first ? last - first + 1 : 1;
     const int v = split ? 4 : tern__cuda_fa_cfg >= 0 && tern__cuda_fa_cfg < 4 ? tern__cuda_fa_cfg : 0;
-#define FA_GO(dd, vv, D, DV, BN, NW, SP, MB) \
-    if (d == dd && v == vv) return fa_launch<D, DV, BN, NW, SP, MB>(c, a, keylen);
+#define FA_GO(dd, vv, D, DV, BN, NW, SP, MB, BF) \
+    if (d == dd && v == vv && BF == bfp) return fa_launch<D, DV, BN, NW, SP, MB, BF>(c, a, keylen);
     FA_SHAPES(FA_GO)
 #undef FA_GO
     return 0;

@@ -171,6 +171,11 @@ int tern__cuda_attn_splits(const tern__cuda *c, long blocks, long keys, int T, i
 long tern__cuda_attn_max_keys(const tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv);
 void tern__cuda_attention(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                           const tern_kv_layer *kv, float scale, float softcap);
+/* the prefill run split: runs of one slot to attn_prefill.cu's flash kernel, the other rows to `rest` */
+typedef void (*tern__cuda_attn_fn)(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                                   const tern_kv_layer *kv, float scale, float softcap);
+void tern__cuda_attn_runs(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                          const tern_kv_layer *kv, float scale, float softcap, tern__cuda_attn_fn rest);
 /* attn_decode.cu: decode rows without spans over f32 pages, or (_q) BF16/F16 pages; 0 when the
  * shape is not served there. tern__cuda_attn_is_decode: the rows of this call are decode rows (a
  * recorded step, or at most two rows per sequence) */

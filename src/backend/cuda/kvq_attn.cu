@@ -259,6 +259,9 @@ extern "C" void tern__cuda_kvq_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
+static void kvq_attn_rows(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                          const tern_kv_layer *kv, float scale, float softcap);
+
 extern "C" void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                        const tern_kv_layer *kv, float scale, float softcap) {
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
@@ -272,6 +275,18 @@ extern "C" void tern__cuda_attention_q(tern__cuda *c, float *out, const float *q
         return;
     }
     if (tern__cuda_attn_is_decode(c, rows) && tern__cuda_attn_decode_q(c, out, q, rows, nh, kv, scale, softcap)) return;
+    if (kv->kf.kind == TERN_KV_BF16 && kv->vf.kind == TERN_KV_BF16) /* prefill runs: attn_prefill.cu's flash kernel */
+        tern__cuda_attn_runs(c, out, q, rows, nh, kv, scale, softcap, kvq_attn_rows);
+    else
+        kvq_attn_rows(c, out, q, rows, nh, kv, scale, softcap);
+}
+
+/* the general kernel over any page kinds (the arguments checked by tern__cuda_attention_q) */
+static void kvq_attn_rows(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                          const tern_kv_layer *kv, float scale, float softcap) {
+    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    const bool kt = kv->kf.kind == TERN_KV_TURBO, vt = kv->vf.kind == TERN_KV_TURBO;
+    const size_t kb = tern_kvq_vec_bytes(&kv->kf, d), vb = tern_kvq_vec_bytes(&kv->vf, d);
     cudaSetDevice(c->device);
     QAttnArgs a = {};
     a.out = out;
