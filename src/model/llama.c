@@ -61,7 +61,8 @@ static tern_status ll_load(tern_model *m, tern_weights *ws, tern_error *err) {
         VEC(L->post_norm, H, 0, "layers.%d.post_attention_layernorm", l);
         MAT(L->wq, (int64_t)nH * Dl, H, "layers.%d.self_attn.q_proj", l);
         MAT(L->wk, (int64_t)nKV * Dl, H, "layers.%d.self_attn.k_proj", l);
-        L->wq.precise = L->wk.precise = 1; /* feed the attention logits (gemm.c) */
+        /* no `precise` on q/k (unlike Gemma 4 / GLM): attention here is scaled by 1/sqrt(D), and the
+         * bf16 mode runs them as plain bf16 GEMMs like transformers and llama.cpp (docs/MODELS.md) */
         MAT(L->wv, (int64_t)nKV * Dl, H, "layers.%d.self_attn.v_proj", l);
         MAT(L->wo, H, (int64_t)nH * Dl, "layers.%d.self_attn.o_proj", l);
         if (c->attention_bias) {

@@ -260,7 +260,9 @@ typedef struct tern_backend_vt {
     /* Fused decode ops (appended). Optional: NULL, or a return of 0 (shapes/formats the
      * backend does not fuse), means "not done" and the model runs the separate ops instead
      * (src/model/internal.h: tern__matmul_n & co.). When done, the results are bitwise those
-     * of the separate ops on the same backend.
+     * of the separate ops on the same backend — except the matmuls for n > 1 rows in CUDA's plain
+     * bf16 mode (gemm.c: one batched or beta = 1 cuBLASLt GEMM may run another algorithm), which
+     * are within the bf16 mode's bound of the separate ops.
      *   matmul_n:      y[i][n, out_i] = x · W_iᵀ for i < k (k <= 3; the W_i share `in` and format)
      *   matmul_glu:    y[n, I] = act(x · gateᵀ) ⊙ (x · upᵀ), act TERN_ACT_SILU / TERN_ACT_GELU_TANH
      *   matmul_add:    y[n, out] = y + x · Wᵀ  (add after matmul)

@@ -7,6 +7,7 @@
 #include "gpu/cuda_ops_tests.h"
 #include "gpu/cuda_ops_tests_moe.h"
 #include "gpu/cuda_ops_tests_moemma.h"
+#include "gpu/cuda_ops_tests_batch.h"
 
 /* moe_mlp's fused gate/up/act launch (gemv.cu moe_gateup_kernel, default on) against cpu-ref and
  * bit for bit against the 3-launch path (TERN_CUDA_MOE_FUSED=0) and against other row tiles
@@ -112,6 +113,7 @@ int main(void) {
     cuda_moe_tests();
     RUN(cuda_moe_fused);
     cuda_moemma_tests(); /* moe_mma.cu: Q4 pairs on tensor cores */
+    cuda_batch_tests();  /* gemm.c: the fused ops for many rows */
     rc |= test_done();
     cuda_ops_close();
     return rc;

@@ -401,6 +401,7 @@ static int be_matmul_n(tern_backend *be, int k, float *const *y, const float *x,
         tern__cuda_wview(w[i], &v[i]);
         pv[i] = &v[i];
     }
+    if (n > 1 && tern__cuda_gemm_n(C(be), k, y, x, n, pv)) return 1; /* gemm.c: plain bf16, many rows */
     return tern__cuda_matmul_n(C(be), k, y, x, n, pv);
 }
 static int be_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,
@@ -409,12 +410,14 @@ static int be_matmul_glu(tern_backend *be, float *y, const float *x, int n, cons
     if (gate->ndim != 2 || up->ndim != 2) return 0;
     tern__cuda_wview(gate, &g);
     tern__cuda_wview(up, &u);
+    if (n > 1 && tern__cuda_gemm_glu(C(be), y, x, n, &g, &u, act)) return 1;
     return tern__cuda_matmul_glu(C(be), y, x, n, &g, &u, act);
 }
 static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
     tern__cuda_w v;
     if (w->ndim != 2) return 0;
     tern__cuda_wview(w, &v);
+    if (n > 1 && tern__cuda_gemm_add(C(be), y, x, n, &v)) return 1;
     return tern__cuda_matmul_add(C(be), y, x, n, &v);
 }
 static int be_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
@@ -434,6 +437,7 @@ static void be_close(tern_backend *be) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         tern__cuda_graph_close(c);
         tern__cuda_prof_report(); /* TERN_CUDA_PROFILE=1: the per-op table (prof.c) */
+        tern__cuda_lt_cache_free(c);
         cudaFree(c->lt_ws);
         cudaFree(c->part);
         cudaFree(c->gemm_scratch);

@@ -65,6 +65,7 @@ typedef struct tern__cuda {
     void *side_pin[2];
     cudaEvent_t side_ev[2];
     int side_state;              /* 0 not opened, 1 open, -1 could not be opened (synchronous copies) */
+    struct tern__cuda_lt_cache *lt_cache; /* gemm.c: cuBLASLt algorithm per GEMM shape (made on first use) */
 } tern__cuda;
 
 #define TERN_CUDA_MAX_GRAPHS 16
@@ -136,6 +137,14 @@ int tern__cuda_bf16_split_all(const tern__cuda *c); /* gemm.c: 1 bf16x2 (every G
 tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, const void *a, long long sa,
                                const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
                                cublasComputeType_t ct, float beta);
+void tern__cuda_lt_cache_free(tern__cuda *c); /* gemm.c: at close (accepts none made) */
+/* gemm.c: the fused decode ops for n > 1 rows in the plain bf16 mode (BF16 weights, cuBLASLt; x rounded
+ * once per group, same-shape matrices as one batched GEMM, y += W·x as beta = 1). 1 when done, 0 when
+ * not served (the caller runs the separate ops). Within the bf16 bound of the separate ops, not bitwise. */
+int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int n, const tern__cuda_w *const *w);
+int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
+                        const tern__cuda_w *up, int act);
+int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w);
 /* qgemm.cu: tensor-core matmul for n >= 2 rows in the bf16 mode reading each weight once;
  * returns 1 when it handled the call, 0 when the caller must take another path */
 int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);

@@ -25,6 +25,9 @@
  * Long bf16-mode prefills run in row chunks whose bf16 activation pair fits the scratch (below).
  * Returns an error (and the caller falls back to the GEMV kernels) when cuBLASLt finds no
  * algorithm or the scratch is too small for even one chunk.
+ * The fused decode ops for many rows (ops.h matmul_n / matmul_glu / matmul_add, n > 8, plain bf16
+ * mode, BF16 weights) are served here too (the end of the file), and cuBLASLt's algorithm is cached
+ * per GEMM shape (tern__cuda_lt_gemm).
  * In the bf16 mode most batched calls never get here: qgemm.cu (tried first by the dispatcher
  * in gemv.cu) multiplies BF16/F16/Q weights in their stored format on tensor cores with the same
  * split-bf16 contract, up to the row counts where this path's cuBLASLt GEMMs win (its header).
@@ -33,6 +36,45 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- cuBLASLt algorithm choice, cached per shape ----
+ * cublasLtMatmulAlgoGetHeuristic's first answer is remembered per key (the GEMM's shape, leading
+ * dimensions, types, beta and batch count, and which batch strides are zero and their alignment:
+ * every stride here is a multiple of 16 elements, and an algorithm does not depend on a stride's
+ * value), so eager steps pay the heuristic once per shape instead of on every call (~10 us of CPU
+ * each). The same algorithm as before, so the same bits. TERN_LT_CACHE=0 asks on every call. */
+#define LT_CACHE 1024
+typedef struct lt_key { int m, n, k, ldb, ldc, nb, ab, ct, beta, strides; } lt_key;
+typedef struct lt_ent { int used; lt_key key; cublasLtMatmulAlgo_t algo; } lt_ent;
+struct tern__cuda_lt_cache { lt_ent e[LT_CACHE]; };
+
+static int lt_cache_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TERN_LT_CACHE");
+        v = !(e && e[0] == '0');
+    }
+    return v;
+}
+
+void tern__cuda_lt_cache_free(tern__cuda *c) {
+    if (!c) return;
+    free(c->lt_cache);
+    c->lt_cache = NULL;
+}
+
+static lt_ent *lt_slot(tern__cuda *c, const lt_key *k) {
+    if (!c->lt_cache && !(c->lt_cache = calloc(1, sizeof(struct tern__cuda_lt_cache)))) return NULL;
+    lt_ent *e = c->lt_cache->e;
+    unsigned h = 2166136261u;
+    const int *p = (const int *)k;
+    for (size_t i = 0; i < sizeof *k / sizeof(int); i++) h = (h ^ (unsigned)p[i]) * 16777619u;
+    for (int i = 0; i < LT_CACHE; i++) { /* linear probe: the key's slot, or the first free one */
+        lt_ent *s = &e[(h + (unsigned)i) % LT_CACHE];
+        if (!s->used || !memcmp(&s->key, k, sizeof *k)) return s;
+    }
+    return NULL; /* full: the caller asks the heuristic every time */
+}
 
 /* C_b (m x n, ld ldc) = A_bᵀ·B_b: A_b (k x m, ld k), B_b (k x n, ld ldb), f32 C. nb = 0: one plain
  * GEMM; nb >= 1: a strided batch of nb (A_b at a + b·sa, B_b at bm + b·sb, C_b at y + b·sc,
@@ -49,6 +91,11 @@ tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, c
     float alpha = 1.0f;
     cublasLtMatmulHeuristicResult_t h;
     int got = 0;
+    const long long S[3] = {sa, sb, sc};
+    int sk = 0; /* which strides are zero, and their alignment class */
+    for (int i = 0; i < 3; i++) sk = sk * 8 + (S[i] == 0 ? 0 : S[i] % 16 == 0 ? 1 : S[i] % 8 == 0 ? 2 : 3);
+    const lt_key key = {m, n, k, ldb, ldc, nb, (int)ab, (int)ct, beta != 0.0f, nb >= 1 ? sk : 0};
+    lt_ent *ent = lt_cache_on() ? lt_slot(c, &key) : NULL;
     if (cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto done;
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
@@ -57,20 +104,26 @@ tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, c
     if (cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc) != CUBLAS_STATUS_SUCCESS) goto done;
     if (nb >= 1) {
         cublasLtMatrixLayout_t L[3] = {la, lb, lc};
-        long long S[3] = {sa, sb, sc};
         for (int i = 0; i < 3; i++) {
             cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
             int64_t s64 = S[i];
             cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s64, sizeof s64);
         }
     }
-    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &h, &got) != CUBLAS_STATUS_SUCCESS ||
-        got < 1)
-        goto done;
-    if (cublasLtMatmul(c->lt, op, &alpha, a, la, bm, lb, &beta, y, lc, y, lc, &h.algo, c->lt_ws, ws, c->stream) ==
-        CUBLAS_STATUS_SUCCESS)
+    if (!ent || !ent->used) {
+        if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &h, &got) != CUBLAS_STATUS_SUCCESS ||
+            got < 1)
+            goto done;
+        if (ent) {
+            ent->key = key;
+            ent->algo = h.algo;
+            ent->used = 1;
+        }
+    }
+    if (cublasLtMatmul(c->lt, op, &alpha, a, la, bm, lb, &beta, y, lc, y, lc, ent ? &ent->algo : &h.algo, c->lt_ws,
+                       ws, c->stream) == CUBLAS_STATUS_SUCCESS)
         st = TERN_OK;
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -98,9 +151,10 @@ int tern__cuda_gemm_merge_max(void) {
 }
 
 /* Which bf16-mode GEMMs split x: every one under `--compute bf16x2` (c->bf16_x2: f32-accurate); under
- * `--compute bf16` only the weights flagged precise (tern_tensor.precise: q/k projections), the rest
- * run as plain bf16 GEMMs, x rounded to 2^-8 like every other engine's bf16 mode (half the MMA work
- * for BF16 weights, a third for dequantized ones). The GEMVs (few rows) keep f32 x in both modes. */
+ * `--compute bf16` only the weights flagged precise (tern_tensor.precise: Gemma 4 / GLM q/k, MLA,
+ * routers), the rest run as plain bf16 GEMMs, x rounded to 2^-8 like every other engine's bf16
+ * mode (half the MMA work for BF16 weights, a third for dequantized ones). The GEMVs (few rows) keep
+ * f32 x in both modes. */
 int tern__cuda_bf16_split = -1; /* -1: the backend's mode; 1 all, 0 precise only (tests set it) */
 int tern__cuda_bf16_split_all(const tern__cuda *c) {
     return tern__cuda_bf16_split >= 0 ? tern__cuda_bf16_split : c->bf16_x2;
@@ -191,4 +245,113 @@ tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, cons
         if (st != TERN_OK) return st;
     }
     return TERN_OK;
+}
+
+/* ---- the fused decode ops for n > 1 rows (ops.h matmul_n / matmul_glu / matmul_add) ----
+ * Served in the plain bf16 mode for BF16 weights not flagged precise, above the row counts where
+ * the separate matmuls also take cuBLASLt (qgemm.cu / the GEMV below them; refused there, so the
+ * model runs the separate ops): x is rounded to bf16 once for the whole group, matrices of one shape
+ * run as one strided-batched GEMM (gate|up, k|v: the batch stride is the distance between the two
+ * weight allocations, and for k|v between the two outputs), SiLU/GELU·up is the elementwise kernel
+ * of silu_mul / gelu_tanh_mul over the two halves, and y += W·x is the GEMM's own beta = 1.
+ * Results: the same products with f32 accumulation as the separate GEMMs; bitwise equal only when
+ * cuBLASLt runs the same algorithm (a batched or beta = 1 GEMM may pick another tile or K split),
+ * so the contract for n > 1 here is the bf16 mode's bound (tests/gpu/cuda_ops_tests_batch.h prints
+ * the difference: bitwise at its small shapes on the H200; at llama3-8b's shapes the batch-64 ids
+ * digest changed, so there the algorithms differ). TERN_GEMM_FUSE=0 refuses every n > 1 call (the
+ * separate ops run). */
+extern int tern__cuda_qgemm_max_n_bf16; /* qgemm.cu */
+
+static int fuse_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TERN_GEMM_FUSE");
+        v = !(e && e[0] == '0');
+    }
+    return v;
+}
+
+/* 1 when n rows times w take the plain bf16 cuBLASLt GEMM here */
+static int plain_gemm_ok(const tern__cuda *c, const tern__cuda_w *w, int n) {
+    return fuse_on() && c->compute == TERN_COMPUTE_BF16 && !tern__cuda_bf16_split_all(c) && w->dtype == TERN_DT_BF16 &&
+           !w->precise && n > 8 && n > tern__cuda_qgemm_max_n_bf16 && w->in > 0 && w->in % 8 == 0 &&
+           w->out % 8 == 0 && ((uintptr_t)w->data & 255) == 0;
+}
+
+/* x [n, in] rounded to bf16 at the start of gemm_scratch when it fits with `extra` bytes after it;
+ * returns the bytes used (256-aligned) or 0 */
+static size_t stage_x(tern__cuda *c, const float *x, int n, int in, size_t extra) {
+    const size_t xb = ((size_t)n * in * 2 + 255) & ~(size_t)255;
+    if (xb + extra > TERN_CUDA_GEMM_SCRATCH_BYTES) return 0;
+    tern__cuda_f32_to_bf16(c, c->gemm_scratch, NULL, x, (size_t)n * in);
+    return xb;
+}
+
+/* element distance q - p (in units of `es` bytes) when positive and a multiple of 16 elements, else 0 */
+static long long gap_of(const void *p, const void *q, size_t es) {
+    const long long d = (long long)((const char *)q - (const char *)p);
+    return d > 0 && d % (long long)(16 * es) == 0 ? d / (long long)es : 0;
+}
+
+int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int n, const tern__cuda_w *const *w) {
+    if (k < 1 || k > 3 || n <= 0) return 0;
+    for (int i = 0; i < k; i++)
+        if (!plain_gemm_ok(c, w[i], n) || w[i]->in != w[0]->in || ((uintptr_t)y[i] & 15)) return 0;
+    cudaSetDevice(c->device);
+    const int in = w[0]->in;
+    if (!stage_x(c, x, n, in, 0)) return 0;
+    const void *xb = c->gemm_scratch;
+    const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
+    int done[3] = {0, 0, 0};
+    for (int i = 0; i < k; i++) /* pairs of one shape with both distances positive: one batched GEMM */
+        for (int j = i + 1; j < k && !done[i]; j++) {
+            if (done[j] || w[j]->out != w[i]->out) continue;
+            const long long sa = gap_of(w[i]->data, w[j]->data, 2), sc = gap_of(y[i], y[j], 4);
+            if (!sa || !sc) continue;
+            if (tern__cuda_lt_gemm(c, y[i], w[i]->out, sc, w[i]->data, sa, xb, in, 0, w[i]->out, n, in, 2,
+                                   CUDA_R_16BF, tc, 0.0f) == TERN_OK)
+                done[i] = done[j] = 1;
+        }
+    for (int i = 0; i < k; i++)
+        if (!done[i] &&
+            lt_gemm(c, y[i], w[i]->out, w[i]->data, xb, w[i]->out, n, in, CUDA_R_16BF, tc, 0.0f) != TERN_OK)
+            return 0; /* the caller redoes every output with the separate ops */
+    return 1;
+}
+
+int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
+                        const tern__cuda_w *up, int act) {
+    if (n <= 0 || !plain_gemm_ok(c, gate, n) || !plain_gemm_ok(c, up, n) || gate->out != up->out ||
+        gate->in != up->in || (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH))
+        return 0;
+    const int I = gate->out, in = gate->in;
+    const size_t cb = (size_t)2 * n * I * sizeof(float);
+    cudaSetDevice(c->device);
+    const size_t xb = stage_x(c, x, n, in, cb);
+    if (!xb) return 0;
+    float *cs = (float *)((uint8_t *)c->gemm_scratch + xb); /* [2][n][I]: the lower-addressed weight first */
+    const int gate_first = (const char *)gate->data < (const char *)up->data;
+    const tern__cuda_w *w0 = gate_first ? gate : up, *w1 = gate_first ? up : gate;
+    const long long sa = gap_of(w0->data, w1->data, 2);
+    const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
+    if (sa) {
+        if (tern__cuda_lt_gemm(c, cs, I, (long long)n * I, w0->data, sa, c->gemm_scratch, in, 0, I, n, in, 2,
+                               CUDA_R_16BF, tc, 0.0f) != TERN_OK)
+            return 0;
+    } else if (lt_gemm(c, cs, I, w0->data, c->gemm_scratch, I, n, in, CUDA_R_16BF, tc, 0.0f) != TERN_OK ||
+               lt_gemm(c, cs + (size_t)n * I, I, w1->data, c->gemm_scratch, I, n, in, CUDA_R_16BF, tc, 0.0f) !=
+                   TERN_OK) {
+        return 0;
+    }
+    const float *g = gate_first ? cs : cs + (size_t)n * I, *u = gate_first ? cs + (size_t)n * I : cs;
+    tern__cuda_ew(c, act == TERN_ACT_SILU ? TERN__EW_SILU : TERN__EW_GELU, y, g, u, 0.0f, (size_t)n * I);
+    return 1;
+}
+
+int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {
+    if (n <= 0 || !plain_gemm_ok(c, w, n) || ((uintptr_t)y & 15)) return 0;
+    cudaSetDevice(c->device);
+    if (!stage_x(c, x, n, w->in, 0)) return 0;
+    return lt_gemm(c, y, w->out, w->data, c->gemm_scratch, w->out, n, w->in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 1.0f) ==
+           TERN_OK;
 }

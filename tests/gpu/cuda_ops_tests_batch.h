@@ -1,0 +1,143 @@
+/*
+ * cuda_ops_tests_batch.h — the fused decode ops for many rows (gemm.c: tern__cuda_gemm_n / _glu /
+ * _add; the plain bf16 mode, BF16 weights, n > 8). Each fused op is checked against the separate ops
+ * on the same backend (same bf16 products, f32 accumulation; cuBLASLt may pick another algorithm for
+ * a batched or beta = 1 GEMM, so the bound is 1e-5 rel L2 and the largest difference is printed as an
+ * "err batch" line) and against cpu-ref at the plain bf16 bound (1e-2, as cuda_matmul_formats).
+ * The served cases must return 1 (the fused path ran), precise weights and n <= 8 must return 0.
+ * Shapes: a llama-like layer scaled down (q 256 rows, k/v 64 each as one batched GEMM when
+ * uploaded back to back, gate/up 384, down 256 x 384), n = 16, 64 and 100.
+ * Part of test_cuda_ops.c.
+ */
+
+typedef struct bt_w {
+    hw h;
+    tern_tensor r, g; /* cpu-ref and GPU copies */
+} bt_w;
+
+static int bt_make(bt_w *w, int out, int in) {
+    tern_error err = {0};
+    w->h = make_w(TERN_DT_BF16, 0, 0, 0, 1, out, in, 0);
+    w->r = w->g = w->h.t;
+    return !g_ref->vt->upload_weight(g_ref, &w->r, &err) && !g_gpu16->vt->upload_weight(g_gpu16, &w->g, &err);
+}
+
+static void bt_free(bt_w *w) {
+    g_gpu16->vt->free_weight(g_gpu16, &w->g);
+    free_w(&w->h);
+}
+
+/* rel L2 of a vs b and the largest |a - b| */
+static double bt_diff(const float *a, const float *b, size_t n, double *dmax) {
+    *dmax = 0.0;
+    for (size_t i = 0; i < n; i++) *dmax = fmax(*dmax, fabs((double)a[i] - b[i]));
+    return rel_or_nan(a, b, n);
+}
+
+TEST(cuda_batch_fused) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) {
+        SKIP("cuda_batch_fused", "no bf16-mode backend or fused ops");
+        return;
+    }
+    const int H = 256, Q = 256, KV = 64, I = 384;
+    bt_w wq, wk, wv, wg, wu, wd;
+    int ok = bt_make(&wq, Q, H) && bt_make(&wk, KV, H) && bt_make(&wv, KV, H) && bt_make(&wg, I, H) &&
+             bt_make(&wu, I, H) && bt_make(&wd, H, I);
+    CHECK(ok, "upload");
+    if (!ok) return;
+    tern__cuda_bf16_split = 0; /* --compute bf16 (plain), not bf16x2 */
+    static const int NS[] = {16, 64, 100, 8};
+    for (size_t t = 0; t < TERN_ARRAY_LEN(NS); t++) {
+        const int n = NS[t], served = n > 8;
+        double dm, rel, rref;
+        float *x = rnd((size_t)n * I, 1.0f), *res = rnd((size_t)n * H, 1.0f);
+        void *xd = to_gpu(x, (size_t)n * I * 4);
+        /* q, k, v: one call; k and v outputs back to back (the batched GEMM's case) */
+        float *yd = nan_buf(g, (size_t)n * (Q + 2 * KV)), *sd = nan_buf(g, (size_t)n * (Q + 2 * KV));
+        float *const ys[3] = {yd, yd + (size_t)n * Q, yd + (size_t)n * (Q + KV)};
+        float *const ss[3] = {sd, sd + (size_t)n * Q, sd + (size_t)n * (Q + KV)};
+        const tern_tensor *const ws[3] = {&wq.g, &wk.g, &wv.g};
+        const bt_w *bw[3] = {&wq, &wk, &wv};
+        const int r3 = g->vt->matmul_n(g, 3, ys, xd, n, ws);
+        CHECK(r3 == served, "matmul_n n=%d returned %d", n, r3);
+        if (r3) {
+            for (int i = 0; i < 3; i++) g->vt->matmul(g, ss[i], xd, n, ws[i]);
+            float *a = from_gpu(g, yd, (size_t)n * (Q + 2 * KV)), *b = from_gpu(g, sd, (size_t)n * (Q + 2 * KV));
+            rel = bt_diff(a, b, (size_t)n * (Q + 2 * KV), &dm);
+            rref = 0.0;
+            for (int i = 0; i < 3; i++) {
+                const int out = i ? KV : Q;
+                float *yr = malloc((size_t)n * out * 4);
+                g_ref->vt->matmul(g_ref, yr, x, n, &bw[i]->r);
+                rref = fmax(rref, rel_or_nan(a + (ss[i] - sd), yr, (size_t)n * out));
+                free(yr);
+            }
+            printf("  err batch qkv n=%-3d vs separate %.2e (max |d| %.2e) vs cpu-ref %.2e\n", n, rel, dm, rref);
+            CHECK(rel <= 1e-5 && rref <= 1e-2, "qkv n=%d: vs separate %.3e, vs cpu-ref %.3e", n, rel, rref);
+            free(a); free(b);
+        }
+        /* gate/up/act, both activations */
+        for (int act = 0; act < 2; act++) {
+            const int A = act ? TERN_ACT_GELU_TANH : TERN_ACT_SILU;
+            float *gd = nan_buf(g, (size_t)n * I), *g2 = nan_buf(g, (size_t)n * I), *u2 = nan_buf(g, (size_t)n * I);
+            const int rg = g->vt->matmul_glu(g, gd, xd, n, &wg.g, &wu.g, A);
+            CHECK(rg == served, "matmul_glu n=%d act %d returned %d", n, A, rg);
+            if (rg) {
+                g->vt->matmul(g, g2, xd, n, &wg.g);
+                g->vt->matmul(g, u2, xd, n, &wu.g);
+                if (A == TERN_ACT_SILU) g->vt->silu_mul(g, g2, g2, u2, (size_t)n * I);
+                else g->vt->gelu_tanh_mul(g, g2, g2, u2, (size_t)n * I);
+                float *a = from_gpu(g, gd, (size_t)n * I), *b = from_gpu(g, g2, (size_t)n * I);
+                float *gr = malloc((size_t)n * I * 4), *ur = malloc((size_t)n * I * 4);
+                g_ref->vt->matmul(g_ref, gr, x, n, &wg.r);
+                g_ref->vt->matmul(g_ref, ur, x, n, &wu.r);
+                if (A == TERN_ACT_SILU) g_ref->vt->silu_mul(g_ref, gr, gr, ur, (size_t)n * I);
+                else g_ref->vt->gelu_tanh_mul(g_ref, gr, gr, ur, (size_t)n * I);
+                rel = bt_diff(a, b, (size_t)n * I, &dm);
+                rref = rel_or_nan(a, gr, (size_t)n * I);
+                printf("  err batch glu/%s n=%-3d vs separate %.2e (max |d| %.2e) vs cpu-ref %.2e\n",
+                       act ? "gelu" : "silu", n, rel, dm, rref);
+                CHECK(rel <= 1e-5 && rref <= 1e-2, "glu n=%d act %d: vs separate %.3e, vs cpu-ref %.3e", n, A, rel,
+                      rref);
+                free(a); free(b); free(gr); free(ur);
+            }
+            g->vt->free(g, gd); g->vt->free(g, g2); g->vt->free(g, u2);
+        }
+        /* y += down(x) */
+        {
+            void *y1 = to_gpu(res, (size_t)n * H * 4), *y2 = to_gpu(res, (size_t)n * H * 4);
+            float *od = nan_buf(g, (size_t)n * H);
+            const int ra = g->vt->matmul_add(g, y1, xd, n, &wd.g);
+            CHECK(ra == served, "matmul_add n=%d returned %d", n, ra);
+            if (ra) {
+                g->vt->matmul(g, od, xd, n, &wd.g);
+                g->vt->add(g, y2, y2, od, (size_t)n * H);
+                float *a = from_gpu(g, y1, (size_t)n * H), *b = from_gpu(g, y2, (size_t)n * H);
+                float *yr = malloc((size_t)n * H * 4);
+                g_ref->vt->matmul(g_ref, yr, x, n, &wd.r);
+                for (size_t i = 0; i < (size_t)n * H; i++) yr[i] += res[i];
+                rel = bt_diff(a, b, (size_t)n * H, &dm);
+                rref = rel_or_nan(a, yr, (size_t)n * H);
+                printf("  err batch add n=%-3d vs separate %.2e (max |d| %.2e) vs cpu-ref %.2e\n", n, rel, dm, rref);
+                CHECK(rel <= 1e-5 && rref <= 1e-2, "add n=%d: vs separate %.3e, vs cpu-ref %.3e", n, rel, rref);
+                free(a); free(b); free(yr);
+            }
+            g->vt->free(g, y1); g->vt->free(g, y2); g->vt->free(g, od);
+        }
+        /* precise weights keep the split GEMMs: refused */
+        wd.g.precise = 1;
+        {
+            void *y1 = nan_buf(g, (size_t)n * H);
+            CHECK(g->vt->matmul_add(g, y1, xd, n, &wd.g) == 0, "matmul_add n=%d served a precise weight", n);
+            g->vt->free(g, y1);
+        }
+        wd.g.precise = 0;
+        g->vt->free(g, xd); g->vt->free(g, yd); g->vt->free(g, sd);
+        free(x); free(res);
+    }
+    tern__cuda_bf16_split = 1;
+    bt_free(&wq); bt_free(&wk); bt_free(&wv); bt_free(&wg); bt_free(&wu); bt_free(&wd);
+}
+
+static void cuda_batch_tests(void) { RUN(cuda_batch_fused); }
