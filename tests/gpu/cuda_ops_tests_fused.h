@@ -112,7 +112,8 @@ TEST(cuda_fused_matmuls) {
     tern__cuda_qmma_mode = keep_qmma;
 }
 
-/* rope_kv_write vs rope + rope + kv_write: q, k and both pools bitwise */
+/* rope_kv_write vs rope + rope + kv_write: q, k and both pools bitwise, on F32 pages and on BF16 / F16
+ * pages (the GPU default of the bf16 mode is BF16; the separate write is kvq_write.cu's) */
 TEST(cuda_fused_rope_kv_write) {
     tern_backend *g = g_gpu;
     if (!g->vt->rope_kv_write) { SKIP("cuda_fused_rope_kv_write", "not built"); return; }
@@ -126,35 +127,44 @@ TEST(cuda_fused_rope_kv_write) {
     bt[1] = -1; /* not resident: never written */
     pos[0] = bs + 2;
     void *btd = to_gpu(bt, sizeof bt), *pd = to_gpu(pos, sizeof pos), *sd = to_gpu(slot, sizeof slot);
-    void *invd = to_gpu(inv, d / 2 * 4);
-    tern_kv_layer kv[2];
-    void *qd[2], *kd[2], *vd = to_gpu(v, (size_t)n * nkv * d * 4);
-    for (int i = 0; i < 2; i++) {
-        kv[i] = (tern_kv_layer){TERN_DT_F32, nkv, d, bs, 0, to_gpu(kh, pool * 4), to_gpu(kh, pool * 4), btd, mb};
-        qd[i] = to_gpu(q, (size_t)n * nh * d * 4);
-        kd[i] = to_gpu(k, (size_t)n * nkv * d * 4);
-    }
-    tern_rows rows = {n, pd, sd, pos, slot};
-    CHECK(g->vt->rope_kv_write(g, &kv[0], &rows, qd[0], kd[0], vd, nh, invd, 1.25f) == 1, "rope_kv_write refused");
-    g->vt->rope(g, qd[1], n, nh, d, pd, invd, 1.25f);
-    g->vt->rope(g, kd[1], n, nkv, d, pd, invd, 1.25f);
-    g->vt->kv_write(g, &kv[1], &rows, kd[1], vd);
-    const struct { void *a, *b; size_t cnt; const char *what; } cmp[] = {
-        {qd[0], qd[1], (size_t)n * nh * d, "q"}, {kd[0], kd[1], (size_t)n * nkv * d, "k"},
-        {kv[0].k, kv[1].k, pool, "k pool"}, {kv[0].v, kv[1].v, pool, "v pool"}};
-    for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
-        float *a = from_gpu(g, cmp[i].a, cmp[i].cnt), *b = from_gpu(g, cmp[i].b, cmp[i].cnt);
-        CHECK(same_bits(a, b, cmp[i].cnt), "rope_kv_write: %s differs", cmp[i].what);
-        free(a); free(b);
-    }
-    tern_kv_layer kq = kv[0];
-    kq.kf.kind = TERN_KV_AFFINE;
-    CHECK(g->vt->rope_kv_write(g, &kq, &rows, qd[0], kd[0], vd, nh, invd, 1.0f) == 0, "compressed pages must refuse");
-    for (int i = 0; i < 2; i++) {
-        g->vt->free(g, kv[i].k); g->vt->free(g, kv[i].v); g->vt->free(g, qd[i]); g->vt->free(g, kd[i]);
+    void *invd = to_gpu(inv, d / 2 * 4), *vd = to_gpu(v, (size_t)n * nkv * d * 4);
+    uint8_t *ha = malloc(pool * 4), *hb = malloc(pool * 4);
+    static const int kinds[] = {TERN_KV_F32, TERN_KV_BF16, TERN_KV_F16};
+    static const char *kname[] = {"f32", "bf16", "f16"};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(kinds); f++) {
+        const size_t pool_b = pool * (f ? 2 : 4); /* the pools start as random bytes (never-written records stay) */
+        tern_kv_layer kv[2];
+        void *qd[2], *kd[2];
+        for (int i = 0; i < 2; i++) {
+            kv[i] = (tern_kv_layer){f ? TERN_DT_Q : TERN_DT_F32, nkv, d, bs, 0, to_gpu(kh, pool_b), to_gpu(kh, pool_b),
+                                    btd, mb};
+            kv[i].kf.kind = kv[i].vf.kind = kinds[f];
+            qd[i] = to_gpu(q, (size_t)n * nh * d * 4);
+            kd[i] = to_gpu(k, (size_t)n * nkv * d * 4);
+        }
+        tern_rows rows = {n, pd, sd, pos, slot};
+        CHECK(g->vt->rope_kv_write(g, &kv[0], &rows, qd[0], kd[0], vd, nh, invd, 1.25f) == 1, "%s: rope_kv_write refused",
+              kname[f]);
+        g->vt->rope(g, qd[1], n, nh, d, pd, invd, 1.25f);
+        g->vt->rope(g, kd[1], n, nkv, d, pd, invd, 1.25f);
+        g->vt->kv_write(g, &kv[1], &rows, kd[1], vd);
+        const struct { void *a, *b; size_t bytes; const char *what; } cmp[] = {
+            {qd[0], qd[1], (size_t)n * nh * d * 4, "q"}, {kd[0], kd[1], (size_t)n * nkv * d * 4, "k"},
+            {kv[0].k, kv[1].k, pool_b, "k pool"}, {kv[0].v, kv[1].v, pool_b, "v pool"}};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
+            g->vt->download(g, ha, cmp[i].a, cmp[i].bytes);
+            g->vt->download(g, hb, cmp[i].b, cmp[i].bytes);
+            CHECK(!memcmp(ha, hb, cmp[i].bytes), "rope_kv_write %s pages: %s differs", kname[f], cmp[i].what);
+        }
+        tern_kv_layer kq = kv[0];
+        kq.kf.kind = TERN_KV_AFFINE;
+        CHECK(g->vt->rope_kv_write(g, &kq, &rows, qd[0], kd[0], vd, nh, invd, 1.0f) == 0, "mixed / affine pages must refuse");
+        for (int i = 0; i < 2; i++) {
+            g->vt->free(g, kv[i].k); g->vt->free(g, kv[i].v); g->vt->free(g, qd[i]); g->vt->free(g, kd[i]);
+        }
     }
     g->vt->free(g, vd); g->vt->free(g, btd); g->vt->free(g, pd); g->vt->free(g, sd); g->vt->free(g, invd);
-    free(kh); free(q); free(k); free(v); free(inv);
+    free(kh); free(q); free(k); free(v); free(inv); free(ha); free(hb);
 }
 
 /* rmsnorm_add vs rmsnorm + add (+ scale_dev): bitwise, with and without w and the scalar, at the

@@ -331,55 +331,7 @@ TEST(cuda_kvq_graph) {
     free(kh); free(vh); free(qh);
 }
 
-/* rope_kv_write into BF16 / F16 pages (the GPU default of the bf16 mode is BF16) vs rope + rope +
- * kv_write (kvq_write.cu): q, k and both pools bitwise */
-TEST(cuda_kvq_rope_kv_write) {
-    tern_backend *g = g_gpu;
-    if (!g->vt->rope_kv_write) { SKIP("cuda_kvq_rope_kv_write", "not built"); return; }
-    const int nh = 8, nkv = 2, d = 128, bs = 16, mb = 8, n = 5;
-    const size_t pool_b = (size_t)mb * bs * nkv * d * 2;
-    float *q = rnd((size_t)n * nh * d, 2.0f), *k = rnd((size_t)n * nkv * d, 2.0f);
-    float *v = rnd((size_t)n * nkv * d, 2.0f), *inv = rnd(d / 2, 0.5f);
-    int32_t bt[8], pos[5] = {18, 77, 127, 3, 40}, slot[5] = {0, 0, 0, 0, 0};
-    for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
-    bt[1] = -1; /* pos 18's block is not resident: never written */
-    uint8_t *ff = malloc(pool_b), *a = malloc(pool_b), *b = malloc(pool_b);
-    memset(ff, 0xff, pool_b);
-    void *btd = to_gpu(bt, sizeof bt), *pd = to_gpu(pos, sizeof pos), *sd = to_gpu(slot, sizeof slot);
-    void *invd = to_gpu(inv, d / 2 * 4), *vd = to_gpu(v, (size_t)n * nkv * d * 4);
-    static const tern_kv_fmt F[] = {KVQ_BF16, KVQ_F16};
-    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++) {
-        tern_kv_layer kv[2];
-        void *qd[2], *kd[2];
-        for (int i = 0; i < 2; i++) {
-            kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(ff, pool_b), to_gpu(ff, pool_b), btd, mb};
-            kv[i].kf = kv[i].vf = F[f];
-            qd[i] = to_gpu(q, (size_t)n * nh * d * 4);
-            kd[i] = to_gpu(k, (size_t)n * nkv * d * 4);
-        }
-        tern_rows rows = {n, pd, sd, pos, slot};
-        CHECK(g->vt->rope_kv_write(g, &kv[0], &rows, qd[0], kd[0], vd, nh, invd, 1.25f) == 1, "rope_kv_write refused");
-        g->vt->rope(g, qd[1], n, nh, d, pd, invd, 1.25f);
-        g->vt->rope(g, kd[1], n, nkv, d, pd, invd, 1.25f);
-        g->vt->kv_write(g, &kv[1], &rows, kd[1], vd);
-        const struct { void *a, *b; size_t bytes; const char *what; } cmp[] = {
-            {qd[0], qd[1], (size_t)n * nh * d * 4, "q"}, {kd[0], kd[1], (size_t)n * nkv * d * 4, "k"},
-            {kv[0].k, kv[1].k, pool_b, "k pool"}, {kv[0].v, kv[1].v, pool_b, "v pool"}};
-        for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
-            g->vt->download(g, a, cmp[i].a, cmp[i].bytes);
-            g->vt->download(g, b, cmp[i].b, cmp[i].bytes);
-            CHECK(!memcmp(a, b, cmp[i].bytes), "rope_kv_write %s pages: %s differs", f ? "f16" : "bf16", cmp[i].what);
-        }
-        for (int i = 0; i < 2; i++) {
-            g->vt->free(g, kv[i].k); g->vt->free(g, kv[i].v); g->vt->free(g, qd[i]); g->vt->free(g, kd[i]);
-        }
-    }
-    g->vt->free(g, vd); g->vt->free(g, btd); g->vt->free(g, pd); g->vt->free(g, sd); g->vt->free(g, invd);
-    free(q); free(k); free(v); free(inv); free(ff); free(a); free(b);
-}
-
 static void cuda_kvq_tests(void) {
-    RUN(cuda_kvq_rope_kv_write);
     RUN(cuda_kvq_write_bytes);
     RUN(cuda_kvq_attention);
     RUN(cuda_kvq_graph);
