@@ -48,12 +48,15 @@ typedef struct lt_key { int m, n, k, ldb, ldc, nb, ab, ct, beta, strides; } lt_k
 typedef struct lt_ent { int used; lt_key key; cublasLtMatmulAlgo_t algo; } lt_ent;
 struct tern__cuda_lt_cache { lt_ent e[LT_CACHE]; };
 
+/* an integer environment switch, `dflt` when unset or empty (callers keep the value in a static) */
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && e[0] ? atoi(e) : dflt;
+}
+
 static int lt_cache_on(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("TERN_LT_CACHE");
-        v = !(e && e[0] == '0');
-    }
+    if (v < 0) v = env_int("TERN_LT_CACHE", 1) != 0;
     return v;
 }
 
@@ -143,10 +146,7 @@ static tern_status lt_gemm(tern__cuda *c, float *y, int ldy, const void *w, cons
 /* the merged split GEMM (BF16 weights, bf16 mode) up to this many rows; TERN_GEMM_MERGE=N, 0 off */
 int tern__cuda_gemm_merge_max(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("TERN_GEMM_MERGE");
-        v = e && e[0] ? atoi(e) : 256;
-    }
+    if (v < 0) v = env_int("TERN_GEMM_MERGE", 256);
     return v;
 }
 
@@ -264,10 +264,7 @@ extern int tern__cuda_qgemm_max_n_bf16; /* qgemm.cu */
 
 static int fuse_on(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("TERN_GEMM_FUSE");
-        v = !(e && e[0] == '0');
-    }
+    if (v < 0) v = env_int("TERN_GEMM_FUSE", 1) != 0;
     return v;
 }
 
