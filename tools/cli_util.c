@@ -115,7 +115,7 @@ static tern_status load_model(const cli_common *c, cli_session *s, char *dir, si
     tern_status st = TERN_OK;
     /* expert offload (runtime/experts.h); with --gpus N each rank caches its own experts */
     tern_model_opts mo = {.expert_cache_bytes = (size_t)(c->expert_cache_gb * 1073741824.0),
-                          .expert_trace = c->expert_trace, .no_mmap = c->no_mmap};
+                          .expert_trace = c->expert_trace, .no_mmap = c->no_mmap, .max_batch = c->max_batch};
     if (c->random) {
         const char *js = tern_preset_config(c->random);
         tern_synth_spec spec = {.bits = c->random_bits, .group_size = c->random_group ? c->random_group : 64};

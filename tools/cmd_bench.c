@@ -1,5 +1,5 @@
 /*
- * cmd_bench.c — `tern bench MODEL [--prompt N[,N..]] [--gen N] [--reps R] [--warmup W]`: prefill and decode
+ * cmd_bench.c — `tern bench MODEL [--prompt N[,N..]] [--gen N] [--reps R] [--warmup W] [--chunk N]`: prefill and decode
  * tokens/s, reported against the floor: bytes one decode step reads (weights + the KV cache at the
  * mean decode context, sliding layers at their window) over the memory read bandwidth measured
  * right before and after each timed run (this machine's bandwidth moves). On a GPU the probe is the
@@ -7,7 +7,8 @@
  * of 3 timed rounds), the issue-4 definition of the floor's bandwidth; --bw GB/s overrides it.
  * Several prompt lengths run on one loaded model, after one untimed warm-up run (--warmup 0 skips it):
  * the first run pays one-time costs (cuBLASLt algorithm choice, decode-graph capture, first touch of
- * scratch) that made a lone first prompt read 2.6x slow on the H200. Prints a table and one CSV
+ * scratch) that made a lone first prompt read 2.6x slow on the H200. --chunk N: prefill rows per
+ * forward (the model's scratch is sized for it; default 512, the engine's max batch). Prints a table and one CSV
  * line per run (prefix "csv,"; the last field is the KV MB of the floor).
  */
 #include "backend/cpu/cpu.h"
@@ -27,7 +28,7 @@ static double probe(int on_cpu, tern_backend *be) {
 
 int tern_cmd_bench(int argc, char **argv) {
     cli_common c = {0};
-    long n_prompt = 128, n_gen = 32, reps = 3, warmup = 1;
+    long n_prompt = 128, n_gen = 32, reps = 3, warmup = 1, chunk = 512; /* --chunk: prefill rows per forward */
     long prompts[16];
     int n_prompts = 0;
     double bw_given = 0; /* --bw GB/s: the floor's bandwidth when it cannot be probed (GPU) */
@@ -54,6 +55,7 @@ int tern_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--bw") && v) { bw_given = atof(v); if (bw_given <= 0) return cli_usage_error("bench", "--bw expects GB/s > 0"); i++; }
         else if (!strcmp(a, "--reps") && v) { if (cli_int("bench", a, v, 1, 1000, &reps)) return 2; i++; }
         else if (!strcmp(a, "--warmup") && v) { if (cli_int("bench", a, v, 0, 100, &warmup)) return 2; i++; }
+        else if (!strcmp(a, "--chunk") && v) { if (cli_int("bench", a, v, 1, 65536, &chunk)) return 2; c.max_batch = (int)chunk; i++; }
         else if (!strcmp(a, "--probe")) probe_only = 1;
         else if (a[0] != '-' && !c.model) c.model = a;
         else return cli_usage_error("bench", "unknown or incomplete argument '%s'", a);
@@ -86,11 +88,11 @@ int tern_cmd_bench(int argc, char **argv) {
            ms.bytes_per_token / 1e6);
     printf("%-4s %10s %10s %10s %10s %8s %8s\n", "rep", "pp tok/s", "tg tok/s", "bw GB/s", "floor t/s", "tg/floor", "ms/tok");
     tern_error e = {0};
-    for (long w = 0; w < warmup; w++) { /* untimed: the shortest prompt (at most 512: one prefill chunk) */
+    for (long w = 0; w < warmup; w++) { /* untimed: the shortest prompt (at most one prefill chunk) */
         long np = prompts[0];
         for (int k = 1; k < n_prompts; k++) np = TERN_MIN(np, prompts[k]);
         tern_gen_stats st = {0};
-        tern_status status = tern_generate(s.model, s.kv, 0, ids, (int)TERN_MIN(np, 512), 3, 512, NULL, 0, NULL, NULL,
+        tern_status status = tern_generate(s.model, s.kv, 0, ids, (int)TERN_MIN(np, chunk), 3, (int)chunk, NULL, 0, NULL, NULL,
                                            NULL, NULL, &st, &e);
         tern_kv_release(s.kv, 0);
         if (status) { free(ids); cli_close(&s); return cli_fail("bench", &e); }
@@ -100,7 +102,7 @@ int tern_cmd_bench(int argc, char **argv) {
             const long np = prompts[k];
             double bw0 = bw_given > 0 ? 0 : probe(on_cpu, tern_model_backend(s.model));
             tern_gen_stats st = {0};
-            tern_status status = tern_generate(s.model, s.kv, 0, ids, (int)np, (int)n_gen + 1, 512, NULL, 0, NULL, NULL,
+            tern_status status = tern_generate(s.model, s.kv, 0, ids, (int)np, (int)n_gen + 1, (int)chunk, NULL, 0, NULL, NULL,
                                                NULL, NULL, &st, &e);
             tern_kv_release(s.kv, 0);
             if (status) { free(ids); cli_close(&s); return cli_fail("bench", &e); }

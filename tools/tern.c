@@ -48,7 +48,7 @@ static const struct {
      "tern fit MODEL|--random PRESET [--ctx N] [--max-concurrency N] [--memory-budget GB] [--kv-quant SPEC] "
      "[--expert-cache GB]"},
     {"bench", tern_cmd_bench, "prefill/decode speed",
-     "tern bench [MODEL | --random PRESET [--quant bf16|q8|q4|...] [--group 32|64|128]] [--prompt N[,N..]] [--gen N] [--reps R] [--warmup W] "
+     "tern bench [MODEL | --random PRESET [--quant bf16|q8|q4|...] [--group 32|64|128]] [--prompt N[,N..]] [--gen N] [--reps R] [--warmup W] [--chunk N] "
      "[--bw GB/s] [--probe] " COMMON},
 };
 
