@@ -577,18 +577,25 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "--attn-dec")) { /* decode attention: tile kernels vs attn_decode.cu, f32 and bf16 pages */
-        extern int tern__cuda_ad_mode;
+        extern int tern__cuda_ad_mode, tern__cuda_ad_hsplit;
         static const int ctxs[] = {192, 1024, 8192};
         static const struct { int mode, kind; const char *tag; } M[] = {
-            {0, TERN_KV_F32, "f32 tiles"}, {1, TERN_KV_F32, "f32 dec"}, {0, TERN_KV_BF16, "bf16 tiles"}, {1, TERN_KV_BF16, "bf16 dec"}};
+            {0, TERN_KV_F32, "f32 tiles"}, {1, TERN_KV_F32, "f32 dec"}, {0, TERN_KV_BF16, "bf16 tiles"}, {1, TERN_KV_BF16, "bf16 dec"},
+            {2, TERN_KV_F32, "f32 dec-hsplit"}, {2, TERN_KV_BF16, "bf16 dec-hsplit"}};
         for (int i = 0; i < 3; i++)
-            for (int m = 0; m < 4; m++) {
-                tern__cuda_ad_mode = M[m].mode;
-                bench_attn_decode(32, 8, 128, ctxs[i], 1, M[m].kind, M[m].tag);
-                bench_attn_decode(32, 8, 128, ctxs[i], 64, M[m].kind, M[m].tag);
-                bench_attn_decode(16, 8, 256, ctxs[i], 1, M[m].kind, M[m].tag);
-                bench_attn_decode(16, 2, 512, ctxs[i], 1, M[m].kind, M[m].tag);
+            for (int m = 0; m < 6; m++) {
+                tern__cuda_ad_mode = M[m].mode > 0;
+                tern__cuda_ad_hsplit = M[m].mode == 2; /* groups above 8 (4 at d 512) in several blocks */
+                if (M[m].mode < 2) {
+                    bench_attn_decode(32, 8, 128, ctxs[i], 1, M[m].kind, M[m].tag);
+                    bench_attn_decode(32, 8, 128, ctxs[i], 64, M[m].kind, M[m].tag);
+                    bench_attn_decode(16, 8, 256, ctxs[i], 1, M[m].kind, M[m].tag);
+                }
+                bench_attn_decode(16, 2, 512, ctxs[i], 1, M[m].kind, M[m].tag);  /* Gemma 4 26B-A4B global */
+                bench_attn_decode(16, 1, 512, ctxs[i], 1, M[m].kind, M[m].tag);  /* 12B global: G = 16 */
+                bench_attn_decode(16, 1, 512, ctxs[i], 32, M[m].kind, M[m].tag);
             }
+        tern__cuda_ad_hsplit = 0;
         tern_backend_close(g);
         return 0;
     }

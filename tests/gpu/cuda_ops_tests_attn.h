@@ -91,10 +91,11 @@ TEST(cuda_attention_prefill_decode) {
         {16, 4, 256, 0, 30.0f, 64, {1000, 2, 700}, 9},
     };
     extern unsigned long long tern__cuda_attn_decode_calls;
-    extern int tern__cuda_ad_mode;
-    const int keep = tern__cuda_ad_mode;
-    for (int mode = 0; mode <= 1; mode++) { /* the tile kernel, then attn_decode.cu */
-        tern__cuda_ad_mode = mode;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_hsplit;
+    const int keep = tern__cuda_ad_mode, keep_hs = tern__cuda_ad_hsplit;
+    for (int mode = 0; mode <= 2; mode++) { /* the tile kernel, attn_decode.cu, and with its head split */
+        tern__cuda_ad_mode = mode > 0;
+        tern__cuda_ad_hsplit = mode == 2;
         for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
             for (int v = 0; v < 3; v++) {
                 const unsigned long long dc = tern__cuda_attn_decode_calls;
@@ -102,14 +103,16 @@ TEST(cuda_attention_prefill_decode) {
                 printf("  err attention nh=%d nkv=%d d=%d W=%d variant %d dec %d  %.2e\n", C[c].nh, C[c].nkv, C[c].d,
                        C[c].window, v, mode, rel);
                 CHECK(rel <= 1e-5, "case %zu variant %d mode %d rel %.2e", c, v, mode, rel);
-                /* one decode row per slot goes to attn_decode.cu where G <= 8 (G <= 4 at d 512) */
+                /* one decode row per slot goes to attn_decode.cu where G <= 8 (G <= 4 at d 512), any G
+                 * with the head split */
                 const int G = C[c].nh / C[c].nkv, d = C[c].d;
-                const int dec = mode == 1 && v == 1 && G <= 8 && (d == 512 ? G <= 4 : d <= 256);
+                const int dec = mode >= 1 && v == 1 && (mode == 2 || (G <= 8 && (d == 512 ? G <= 4 : d <= 256)));
                 CHECK((tern__cuda_attn_decode_calls > dc) == dec, "case %zu variant %d mode %d: decode kernel ran %d, "
                       "expected %d", c, v, mode, tern__cuda_attn_decode_calls > dc, dec);
             }
     }
     tern__cuda_ad_mode = keep;
+    tern__cuda_ad_hsplit = keep_hs;
 }
 
 TEST(cuda_route_topk) {

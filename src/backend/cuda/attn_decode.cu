@@ -27,8 +27,9 @@
  * Visibility: keys lo..pos of the row (lo = pos - window + 1 for sliding layers), skipping
  * block-table entries < 0 — attention.cu's rule without spans (span steps stay there). f32 math with
  * expf/tanhf; the summation order differs from attention.cu (within the f32 parity bound).
- * Shapes: D in {32, 64, 128, 256, 512}, G = nh/nkv <= 8 (<= 4 at D 512); others go to the tile
- * kernels. TERN_CUDA_ATTN_DEC=0 turns it off. H200 (bench/NOTES.md (p)): llama3-8b q4 decode 258.5 ->
+ * Shapes: D in {32, 64, 128, 256, 512}, G = nh/nkv <= 8 (<= 4 at D 512); larger groups go to the tile
+ * kernels, or (TERN_CUDA_AD_HSPLIT=1, opt-in until an H200 run times it) run here in hs blocks per KV
+ * head of at most 8 (4) heads each, every block reading the group's K/V rows. TERN_CUDA_ATTN_DEC=0 turns it off. H200 (bench/NOTES.md (p)): llama3-8b q4 decode 258.5 ->
  * 270.0 tok/s at 128 keys and 194.2 -> 220.3 at 8k against the walk; one row over 8k keys 37.8 us,
  * 64 rows 1602 us (walk 2466).
  */
@@ -44,6 +45,18 @@ extern "C" int tern__cuda_ad_mode;
 int tern__cuda_ad_mode = -1;
 extern "C" unsigned long long tern__cuda_attn_decode_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_calls = 0;
+
+/* TERN_CUDA_AD_HSPLIT=1: groups above 8 heads (4 at d 512) in several blocks per KV head; 0 (default
+ * until an H200 run checks and times it): those stay on the tile kernels */
+extern "C" int tern__cuda_ad_hsplit; /* -1 until read (tests set it) */
+int tern__cuda_ad_hsplit = -1;
+static int ad_hsplit(void) {
+    if (tern__cuda_ad_hsplit < 0) {
+        const char *e = getenv("TERN_CUDA_AD_HSPLIT");
+        tern__cuda_ad_hsplit = e && e[0] ? atoi(e) != 0 : 0;
+    }
+    return tern__cuda_ad_hsplit;
+}
 
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) {
@@ -64,6 +77,7 @@ struct AdArgs {
     const int32_t *pos, *slot, *bt;
     int *cnt;
     int n, nh, nkv, G, D, max_blocks, bs, window, splits, chmax;
+    int hs, GB; /* blocks per kv head (a group larger than the kernel's GM split in hs), heads per block */
     int region; /* floats before the record table in shared memory */
     float scale, softcap;
 };
@@ -105,7 +119,9 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     __shared__ int last;
     const int D = a.D, LPK = D / EPL, KPW = 32 / LPK, KPB = AD_WARPS * KPW, STEP = KPB * U;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kg = lane / LPK, li = lane % LPK;
-    const int g = blockIdx.x, z = blockIdx.y, r = blockIdx.z, G = a.G;
+    const int g = blockIdx.x / a.hs, hb0 = (blockIdx.x % a.hs) * a.GB, z = blockIdx.y, r = blockIdx.z;
+    const int G = min(a.GB, a.G - hb0);          /* this block's heads: head0 .. head0 + G - 1 */
+    const size_t head0 = (size_t)g * a.G + hb0;
     const int pos = a.pos[r];
     const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
     const int len = pos >= 0 ? pos - lo + 1 : 0;
@@ -128,7 +144,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
 #pragma unroll
     for (int h = 0; h < GM; h++) {
         if (h < G) {
-            const float *qp = a.q + ((size_t)r * a.nh + (size_t)g * G + h) * D + li * EPL;
+            const float *qp = a.q + ((size_t)r * a.nh + head0 + h) * D + li * EPL;
 #pragma unroll
             for (int e = 0; e < EPL; e += 4) {
                 const float4 v = __ldg((const float4 *)(qp + e));
@@ -248,7 +264,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < AD_WARPS; w++) v += red[((size_t)w * GM + h) * D + i];
-        const size_t rh = (size_t)r * a.nh + (size_t)g * G + h;
+        const size_t rh = (size_t)r * a.nh + head0 + h;
         if (nact == 1) {
             a.out[rh * D + i] = sml[h][1] > 0.0f ? v / sml[h][1] : 0.0f;
         } else {
@@ -264,7 +280,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     /* the last split block of (r, g) merges, in split order */
     __threadfence();
     __syncthreads();
-    int *cnt = a.cnt + (size_t)r * a.nkv + g;
+    int *cnt = a.cnt + (size_t)r * gridDim.x + blockIdx.x;
     if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == nact - 1;
     __syncthreads();
     if (!last) return;
@@ -272,7 +288,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     float *ms = smd; /* [nact][GM] (M, L), then the weights e^{M_z - M} / Σ */
     for (int idx = threadIdx.x; idx < nact * G; idx += blockDim.x) {
         const int zz = idx / G, h = idx % G;
-        const size_t o = mlo + ((size_t)zz * nrow + (size_t)r * a.nh + (size_t)g * G + h) * 2;
+        const size_t o = mlo + ((size_t)zz * nrow + (size_t)r * a.nh + head0 + h) * 2;
         ms[(zz * GM + h) * 2] = __ldcg(a.part + o);
         ms[(zz * GM + h) * 2 + 1] = __ldcg(a.part + o + 1);
     }
@@ -292,7 +308,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     __syncthreads();
     for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
         const int h = idx / D, i = idx % D;
-        const size_t rh = (size_t)r * a.nh + (size_t)g * G + h;
+        const size_t rh = (size_t)r * a.nh + head0 + h;
         float v = 0.0f;
 #pragma unroll 16
         for (int zz = 0; zz < nact; zz++) v += __ldcg(a.part + ((size_t)zz * nrow + rh) * D + i) * ms[(zz * GM + h) * 2];
@@ -339,17 +355,20 @@ template <typename T> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, i
 static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                         const tern_kv_layer *kv, float scale, float softcap, int kind) {
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
-    if (!c->ad_cnt || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv || (long)n * nkv > AD_CNT)
-        return 0;
-    const int G = nh / nkv, E = d == 512 ? 16 : 8, GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
-    if ((d != 32 && d != 64 && d != 128 && d != 256 && d != 512) || G > 8 || GM * E > 64 || ((uintptr_t)q & 15))
-        return 0;
+    if (!c->ad_cnt || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv) return 0;
+    const int G = nh / nkv, E = d == 512 ? 16 : 8, gmax = d == 512 ? 4 : 8; /* GM * E <= 64: registers */
+    /* a larger group (Gemma 4's global layers: 8 or 16 heads per KV head at d 512) in hs blocks of at
+     * most gmax heads each, every block reading the group's K/V (TERN_CUDA_AD_HSPLIT=1, until timed) */
+    const int hs = G <= gmax ? 1 : ad_hsplit() ? (G + gmax - 1) / gmax : 0;
+    if (!hs || (long)n * nkv * hs > AD_CNT) return 0;
+    const int GB = (G + hs - 1) / hs, GM = GB <= 1 ? 1 : GB <= 2 ? 2 : GB <= 4 ? 4 : 8;
+    if ((d != 32 && d != 64 && d != 128 && d != 256 && d != 512) || GM * E > 64 || ((uintptr_t)q & 15)) return 0;
     long keys = tern__cuda_attn_max_keys(c, rows, kv);
     if (kv->window > 0 && keys > kv->window) keys = kv->window;
     AdArgs a = {};
     /* about two blocks per SM (8 warps each), >= AD_CHMIN keys per split, at most 128 splits, and
      * enough splits that a split's scores fit */
-    int splits = tern__cuda_split_count(c, (long)n * nkv, 2, 2, keys, AD_CHMIN, 128, n, nh, d);
+    int splits = tern__cuda_split_count(c, (long)n * nkv * hs, 2, 2, keys, AD_CHMIN, 128, n, nh, d);
     const long need = (keys + AD_CHCAP - 1) / AD_CHCAP;
     if (splits < need) splits = (int)need;
     if (splits > 128 || (splits > 1 && (size_t)splits * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS)) return 0;
@@ -374,6 +393,8 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.nh = nh;
     a.nkv = nkv;
     a.G = G;
+    a.hs = hs;
+    a.GB = GB;
     a.D = d;
     a.max_blocks = kv->max_blocks;
     a.bs = kv->block_size;
@@ -382,7 +403,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.scale = scale;
     a.softcap = softcap;
     cudaSetDevice(c->device);
-    const dim3 grid((unsigned)nkv, (unsigned)splits, (unsigned)n);
+    const dim3 grid((unsigned)(nkv * hs), (unsigned)splits, (unsigned)n);
     if (kind == TERN_KV_BF16) ad_go<__nv_bfloat16>(c, grid, smem, E, GM, a);
     else if (kind == TERN_KV_F16) ad_go<__half>(c, grid, smem, E, GM, a);
     else ad_go<float>(c, grid, smem, E, GM, a);
