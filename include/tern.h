@@ -198,6 +198,8 @@ typedef struct tern_model_info {
     /* sampling defaults from generation_config.json; < 0 when the file does not set them */
     float gen_temperature, gen_top_p;
     int gen_top_k;
+    const char *kv_quant;     /* the --kv-quant spec the KV cache was opened with, defaults applied
+                               * ("gpu-bf16" = auto on a GPU in the bf16 mode; io/kv_config.h); NULL: unknown */
 } tern_model_info;
 void tern_engine_model_info(const tern_engine *e, tern_model_info *info);
 

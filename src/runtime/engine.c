@@ -54,6 +54,7 @@ struct tern_engine {
     tern_weights *rws;
     char name[256];
     char arch[32];
+    char kv_spec[32];          /* the --kv-quant spec the cache was opened with (defaults applied) */
     uint64_t cancel_ids[CANCEL_BATCH];
     tern_tp *tp;              /* tensor-parallel group (gpus > 1): owns be, m, kv */
 };
@@ -253,6 +254,7 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     const char *kvq = tern_kv_quant_default(o.kv_quant, e->be->device >= 0, /* auto on a GPU: bf16 pages (bf16 mode) */
                                             e->be->compute == TERN_COMPUTE_BF16 && o.compute_bf16 != 2);
     if ((st = tern_kv_quant_plan(kvq, is_random ? NULL : e->dir, c, &kv_formats, NULL, err))) goto fail;
+    snprintf(e->kv_spec, sizeof e->kv_spec, "%s", kvq ? kvq : "auto");
     tern_kv_opts ko = {.n_slots = o.max_concurrency, .max_ctx = o.max_ctx,
                        .memory = (size_t)(o.kv_memory_gb * 1073741824.0), .formats = kv_formats};
     st = size_kv(e, &o, kv_formats, &ko.memory, err);
@@ -395,6 +397,7 @@ void tern_engine_model_info(const tern_engine *e, tern_model_info *info) {
     info->gen_temperature = (float)c->gen_temperature;
     info->gen_top_p = (float)c->gen_top_p;
     info->gen_top_k = c->gen_top_k;
+    info->kv_quant = e->kv_spec[0] ? e->kv_spec : NULL;
 }
 
 void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st) {
