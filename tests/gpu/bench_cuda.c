@@ -244,20 +244,16 @@ static void bench_attn_prefill_all(int nh, int nkv, int d, int n, int cfgs) {
     tern__cuda_fa_f32 = f32;
     tern_backend *keep = g;
     if ((g = open_mode(TERN_COMPUTE_BF16))) {
-        static const char *tags[] = {" fa-bf16", " fa-bf16 cfg1", " fa-bf16 cfg2", " fa-bf16 cfg3"};
-        for (int c = 0; c < cfgs && c < 4; c++) {
-            tern__cuda_fa_cfg = c;
-            attn_tag = tags[c];
-            bench_attn_prefill(nh, nkv, d, n);
-        }
-        static const char *btags[] = {" fa-bf16 pages-bf16", " fa-bf16 pages-bf16 cfg1", " fa-bf16 pages-bf16 cfg2",
-                                      " fa-bf16 pages-bf16 cfg3"};
-        attn_bf16_pages = 1;
-        for (int c = 0; c < cfgs && c < 4; c++) {
-            tern__cuda_fa_cfg = c;
-            attn_tag = btags[c];
-            bench_attn_prefill(nh, nkv, d, n);
-        }
+        char tag[48];
+        for (int pg = 0; pg < 2; pg++) /* F32 pages, then BF16 pages */
+            for (int c = 0; c < cfgs && c < 4; c++) {
+                tern__cuda_fa_cfg = c;
+                attn_bf16_pages = pg;
+                const int k = snprintf(tag, sizeof tag, " fa-bf16%s", pg ? " pages-bf16" : "");
+                if (c) snprintf(tag + k, sizeof tag - (size_t)k, " cfg%d", c);
+                attn_tag = tag;
+                bench_attn_prefill(nh, nkv, d, n);
+            }
         attn_bf16_pages = 0;
         tern_backend_close(g);
     }

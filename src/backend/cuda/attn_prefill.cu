@@ -177,16 +177,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
     for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     const int kvstride = a.nkv * D;
 
+    /* element offset of key kpos's record of this group in the pool, or -1: past hi, past the block
+     * table, or its block not resident (never read) */
+    auto key_off = [&](int kpos) -> long long {
+        const int blk = kpos <= hi && kpos / a.bs < a.max_blocks ? a.btrow[kpos / a.bs] : -1;
+        return blk < 0 ? -1 : ((long long)blk * a.bs + kpos % a.bs) * kvstride + (long long)g * D;
+    };
     /* BFP: copy the tile of keys [kb, kb + BN) into buffer bb (zeros for keys not readable) */
     auto load_bf = [&](int kb, int bb) {
         constexpr int D8 = D / 8, DV8 = DV / 8;
         const __nv_bfloat16 *kp = (const __nv_bfloat16 *)a.kp, *vp = (const __nv_bfloat16 *)a.vp;
         for (int idx = tid; idx < BN * D8; idx += NT) {
-            const int t = idx / D8, i8 = idx % D8, kpos = kb + t;
-            bool ok = kpos <= hi && kpos / a.bs < a.max_blocks;
-            const int blk = ok ? a.btrow[kpos / a.bs] : -1;
-            ok = ok && blk >= 0;
-            const size_t off = ok ? ((size_t)blk * a.bs + kpos % a.bs) * kvstride + (size_t)g * D : 0;
+            const int t = idx / D8, i8 = idx % D8;
+            const long long ko = key_off(kb + t);
+            const bool ok = ko >= 0;
+            const size_t off = ok ? (size_t)ko : 0;
             cp_async16(Ks + (bb * BN + t) * LD + 8 * i8, kp + off + 8 * i8, ok);
             if (i8 < DV8) cp_async16(Vs + (bb * BN + t) * LDV + 8 * i8, vp + off + a.voff + 8 * i8, ok);
             if (i8 == 0) kval[bb * BN + t] = ok;
@@ -211,13 +216,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
             allv = __all_sync(0xffffffffu, allv);
         } else {
             for (int idx = tid; idx < BN * D4; idx += NT) {
-                const int t = idx / D4, i4 = idx % D4, kpos = kb + t;
+                const int t = idx / D4, i4 = idx % D4;
                 float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
-                bool ok = kpos <= hi && kpos / a.bs < a.max_blocks;
-                const int blk = ok ? a.btrow[kpos / a.bs] : -1;
-                ok = ok && blk >= 0;
+                const long long ko = key_off(kb + t);
+                const bool ok = ko >= 0;
                 if (ok) {
-                    const size_t off = ((size_t)blk * a.bs + kpos % a.bs) * kvstride + (size_t)g * D;
+                    const size_t off = (size_t)ko;
                     kv4 = __ldg((const float4 *)(a.kp + off) + i4);
                     if (i4 < DV4) vv4 = __ldg((const float4 *)(a.vp + off + a.voff) + i4);
                 }
