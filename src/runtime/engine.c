@@ -254,7 +254,7 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     const char *kvq = tern_kv_quant_default(o.kv_quant, e->be->device >= 0, /* auto on a GPU: bf16 pages (bf16 mode) */
                                             e->be->compute == TERN_COMPUTE_BF16 && o.compute_bf16 != 2);
     if ((st = tern_kv_quant_plan(kvq, is_random ? NULL : e->dir, c, &kv_formats, NULL, err))) goto fail;
-    snprintf(e->kv_spec, sizeof e->kv_spec, "%s", kvq ? kvq : "auto");
+    snprintf(e->kv_spec, sizeof e->kv_spec, "%s", kvq);
     tern_kv_opts ko = {.n_slots = o.max_concurrency, .max_ctx = o.max_ctx,
                        .memory = (size_t)(o.kv_memory_gb * 1073741824.0), .formats = kv_formats};
     st = size_kv(e, &o, kv_formats, &ko.memory, err);

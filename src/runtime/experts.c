@@ -224,7 +224,6 @@ tern_status tern_experts_add_router(tern_experts *x, int layer, const tern_tenso
 
 /* ---- the I/O thread: copies queued by read_ahead into slots of the next MoE layer ---- */
 
-static void copy_expert(xlayer *L, uint8_t *pool, const size_t off[3][3], int e, int slot);
 static void load_slot(tern_experts *x, xlayer *L, int e, int s, int side);
 
 static void *io_main(void *arg) {
@@ -236,13 +235,7 @@ static void *io_main(void *arg) {
         xjob j = x->q[x->qi++];
         x->busy = 1;
         pthread_mutex_unlock(&x->mu);
-        if (x->be->device >= 0) {
-            load_slot(x, j.L, j.e, j.s, 1);
-        } else {
-            size_t off[3][3];
-            for (int w = 0; w < 3; w++) memcpy(off[w], j.L->st[w].off, sizeof off[w]);
-            copy_expert(j.L, j.L->pool, (const size_t(*)[3])off, j.e, j.s);
-        }
+        load_slot(x, j.L, j.e, j.s, x->be->device >= 0); /* CPU: vt->upload is a memmove */
         pthread_mutex_lock(&x->mu);
         x->busy = 0;
         if (x->qi == x->qn) pthread_cond_broadcast(&x->cv_idle);
@@ -412,8 +405,8 @@ static void drop_expert(const xlayer *L, int e) {
             drop_pages(src_region(&L->st[w], r, e), r ? L->st[w].slen : L->st[w].dlen);
 }
 
-/* Copy expert e's stored bytes into slot `slot` of a host pool laid out by off (the I/O thread,
- * and temporary pools; CPU backends only: their memory is host memory). */
+/* Copy expert e's stored bytes into slot `slot` of a host pool laid out by off (temporary pools;
+ * CPU backends only: their memory is host memory). */
 static void copy_expert(xlayer *L, uint8_t *pool, const size_t off[3][3], int e, int slot) {
     for (int w = 0; w < 3; w++) {
         const xstack *st = &L->st[w];
@@ -438,7 +431,6 @@ static void load_slot(tern_experts *x, xlayer *L, int e, int s, int side) {
     }
     if (L->file_backed) drop_expert(L, e);
 }
-static void load(tern_experts *x, xlayer *L, int e, int s) { load_slot(x, L, e, s, 0); }
 
 /* Give expert e slot v of L (tables only; the caller copies the bytes). */
 static void assign(xlayer *L, int e, int v) {
@@ -484,7 +476,7 @@ static int prepare(tern_experts *x, xlayer *L, int U) {
         int v = victim(x, L, now, UINT64_MAX); /* never a slot pinned by this call */
         if (v < 0) break;          /* cannot happen: U <= S */
         assign(L, e, v);
-        load(x, L, e, v);
+        load_slot(x, L, e, v, 0);
         x->st.bytes_read += L->expert_bytes;
         if (L->ahead[e]) { x->ahead_call++; x->st.pred_used++; }
         L->ahead[e] = 0;

@@ -70,9 +70,7 @@ static void memory_lines(tern_server *s, const tern_engine_stats *st, char *out,
         return;
     }
     const tern_engine_opts *o = &s->o.engine;
-    const char *spec = s->info.kv_quant ? s->info.kv_quant /* what the engine opened */
-                       : tern_kv_quant_default(o->kv_quant, o->device && !strcmp(o->device, "cuda"),
-                                               o->compute_bf16 != 0 && o->compute_bf16 != 2);
+    const char *spec = s->info.kv_quant ? s->info.kv_quant : o->kv_quant; /* what the engine opened */
     tern_kv_fmt *fmt = NULL;
     const char *source = "off";
     if (tern_kv_quant_plan(spec, dir, &cfg, &fmt, &source, &err)) fmt = NULL, source = "off";
