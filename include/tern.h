@@ -73,7 +73,7 @@ typedef struct tern_engine_opts {
     int n_threads;            /* CPU threads, 0 = all cores */
     int max_concurrency;      /* sequences decoded together (KV slots); default 8 */
     int max_ctx;              /* longest sequence; 0 = min(model context, 8192) */
-    int max_batch_tokens;     /* rows per forward step (prefill chunk budget); default 512 */
+    int max_batch_tokens;     /* rows per forward step (prefill chunk budget); 0 (default): 2048 on a GPU, 512 on the CPU */
     double kv_memory_gb;      /* KV pool size; 0 = derived (max_concurrency * max_ctx) */
     double memory_budget_gb;  /* everything; 0 = unlimited */
     double prompt_cache_gb;   /* prefix-cache cap; 0 disables */
@@ -200,6 +200,7 @@ typedef struct tern_model_info {
     int gen_top_k;
     const char *kv_quant;     /* the --kv-quant spec the KV cache was opened with, defaults applied
                                * ("gpu-bf16" = auto on a GPU in the bf16 mode; io/kv_config.h); NULL: unknown */
+    int max_batch_tokens;     /* rows per forward step the engine runs (defaults applied); 0: unknown */
 } tern_model_info;
 void tern_engine_model_info(const tern_engine *e, tern_model_info *info);
 

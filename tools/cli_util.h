@@ -24,7 +24,7 @@ typedef struct cli_common {
     const char *expert_trace;/* --expert-trace FILE: one JSON line per MoE layer call */
     int gpus;                /* --gpus N (alias --tp N): tensor-parallel ranks (model/tp.h); 0 = TERN_TP */
     int no_mmap;             /* --no-mmap: read weights into anonymous 2 MB-page memory (default: mmap) */
-    int max_batch;           /* rows per forward the model is sized for (bench --chunk); 0 = 512 */
+    int max_batch;           /* rows per forward the model is sized for (bench --chunk); 0: tern_model_default_batch */
 } cli_common;
 
 /* If argv[*i] is a common flag, consume it (and its value) and return 1; 0 if not a common

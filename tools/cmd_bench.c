@@ -8,7 +8,8 @@
  * Several prompt lengths run on one loaded model, after one untimed warm-up run (--warmup 0 skips it):
  * the first run pays one-time costs (cuBLASLt algorithm choice, decode-graph capture, first touch of
  * scratch) that made a lone first prompt read 2.6x slow on the H200. --chunk N: prefill rows per
- * forward (the model's scratch is sized for it; default 512, the engine's max batch). Prints a table and one CSV
+ * forward (the model's scratch is sized for it; default tern_model_default_batch: 2048 on a GPU, 512 on
+ * the CPU, as the engine's --max-batch-tokens). Prints a table and one CSV
  * line per run (prefix "csv,"; the last field is the KV MB of the floor).
  */
 #include "backend/cpu/cpu.h"
@@ -28,7 +29,7 @@ static double probe(int on_cpu, tern_backend *be) {
 
 int tern_cmd_bench(int argc, char **argv) {
     cli_common c = {0};
-    long n_prompt = 128, n_gen = 32, reps = 3, warmup = 1, chunk = 512; /* --chunk: prefill rows per forward */
+    long n_prompt = 128, n_gen = 32, reps = 3, warmup = 1, chunk = 0; /* --chunk: prefill rows per forward (0: the model's) */
     long prompts[16];
     int n_prompts = 0;
     double bw_given = 0; /* --bw GB/s: the floor's bandwidth when it cannot be probed (GPU) */
@@ -76,6 +77,7 @@ int tern_cmd_bench(int argc, char **argv) {
     tern_model_stats ms;
     tern_model_get_stats(s.model, &ms);
     int on_cpu = tern_model_backend(s.model)->device < 0;
+    if (!chunk) chunk = tern_model_max_batch(s.model);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
     for (long i = 0; i < n_prompt; i++) ids[i] = (int32_t)((i * 7919 + 2) % cfg->n_vocab);
     const tern_compute comp = tern_model_backend(s.model)->compute; /* bf16x2 reports bf16 (ops.h) */

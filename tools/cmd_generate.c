@@ -94,7 +94,7 @@ int tern_cmd_generate(int argc, char **argv) {
     if (!has_ids) return generate_text(argc, argv);
     cli_common c = {0};
     const char *ids_s = NULL, *prompt = NULL;
-    long max_tokens = 32, chunk = 512;
+    long max_tokens = 32, chunk = 0; /* --chunk: prompt rows per forward (0: the model's max batch) */
     int ignore_eos = 0, print_ids = 0;
     double temperature = -1;
     for (int i = 1; i < argc; i++) {
@@ -127,6 +127,7 @@ int tern_cmd_generate(int argc, char **argv) {
     int rc = cli_open(&c, 1, &s);
     if (rc) { free(ids); return rc; }
     const tern_model_config *cfg = tern_model_cfg(s.model);
+    if (!chunk) chunk = tern_model_max_batch(s.model);
     gen_out o = {.print_ids = 1};
     (void)print_ids; /* ids are the only output until text prompts land */
     tern_gen_stats st = {0};

@@ -26,7 +26,7 @@ static int usage(void) {
     fprintf(stderr,
             "usage: tern serve [MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--alias NAME]\n"
             "                  [--device cpu|cuda|auto] [--compute f32|bf16|bf16x2|int8] [--threads N] [--ctx|--max-ctx N] [--gpus N]\n"
-            "                  [--max-concurrency N] [--max-queue N] [--memory-budget GB] [--kv-memory GB]\n"
+            "                  [--max-concurrency N] [--max-batch-tokens N] [--max-queue N] [--memory-budget GB] [--kv-memory GB]\n"
             "                  [--prompt-cache GB] [--kv-quant off|8|4|turbo] [--speculative K] [--max-tokens N] [--max-body MB]\n"
             "                  [--timeout S] [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed N]\n"
             "                  [--expert-cache GB] [--expert-trace FILE]   (MoE expert offload; 0 = off)\n"
@@ -38,7 +38,7 @@ static int usage(void) {
 /* flags that take a value */
 static int value_flag(const char *a) {
     static const char *k[] = {"--host", "--port", "--api-key", "--alias", "--device", "--compute", "--threads", "--gpus", "--tp",
-                              "--max-ctx", "--max-concurrency", "--memory-budget", "--kv-memory", "--prompt-cache",
+                              "--max-ctx", "--max-concurrency", "--max-batch-tokens", "--memory-budget", "--kv-memory", "--prompt-cache",
                               "--kv-quant", "--max-tokens", "--max-body", "--timeout", "--ctx", "--max-queue",
                               "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--speculative",
                               "--expert-cache", "--expert-trace"};
@@ -87,6 +87,9 @@ int tern_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-concurrency")) {
             if (cli_int("serve", a, v, 1, 4096, &x)) return 2;
             o.engine.max_concurrency = (int)x;
+        } else if (!strcmp(a, "--max-batch-tokens")) { /* rows per step: prefill chunk (default 2048 GPU, 512 CPU) */
+            if (cli_int("serve", a, v, 1, 1 << 20, &x)) return 2;
+            o.engine.max_batch_tokens = (int)x;
         } else if (!strcmp(a, "--memory-budget")) { if (dbl(a, v, &d)) return 2; o.engine.memory_budget_gb = d; }
         else if (!strcmp(a, "--kv-memory")) { if (dbl(a, v, &d)) return 2; o.engine.kv_memory_gb = d; }
         else if (!strcmp(a, "--prompt-cache")) { if (dbl(a, v, &d)) return 2; o.engine.prompt_cache_gb = d; }

@@ -55,6 +55,7 @@ struct tern_engine {
     char name[256];
     char arch[32];
     char kv_spec[32];          /* the --kv-quant spec the cache was opened with (defaults applied) */
+    int max_batch_tokens;      /* rows per step (defaults applied) */
     uint64_t cancel_ids[CANCEL_BATCH];
     tern_tp *tp;              /* tensor-parallel group (gpus > 1): owns be, m, kv */
 };
@@ -64,7 +65,7 @@ tern_engine_opts tern_engine_default_opts(void) {
     memset(&o, 0, sizeof o);
     o.device = "auto";
     o.max_concurrency = 8;
-    o.max_batch_tokens = 512;
+    o.max_batch_tokens = 0; /* 0: tern_model_default_batch (2048 on a GPU, 512 on the CPU) */
     o.kv_quant = "auto";
     o.compute_bf16 = -1; /* bf16 on a GPU, f32 on the CPU */
     return o;
@@ -225,8 +226,6 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     tern_status st = check_opts(&o, err);
     if (st) return st;
     if (!o.max_concurrency) o.max_concurrency = 8;
-    if (!o.max_batch_tokens) o.max_batch_tokens = 512;
-    if (o.max_batch_tokens < o.max_concurrency) o.max_batch_tokens = o.max_concurrency;
 
     tern_engine *e = calloc(1, sizeof *e);
     if (!e) return tern_err(err, TERN_ENOMEM, "engine: out of memory");
@@ -236,6 +235,9 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     if (!is_random && (st = resolve_model(o.model, e->dir, sizeof e->dir, err))) goto fail;
     snprintf(e->name, sizeof e->name, "%s", !o.model || !strcmp(o.model, "demo") ? "demo" : is_random ? o.model + 7 : tern_path_base(e->dir));
     if ((st = open_backend(e, &o, err))) goto fail;
+    if (!o.max_batch_tokens) o.max_batch_tokens = tern_model_default_batch(e->be);
+    if (o.max_batch_tokens < o.max_concurrency) o.max_batch_tokens = o.max_concurrency;
+    e->max_batch_tokens = o.max_batch_tokens;
     tern_log(TERN_LOG_INFO, "engine: backend %s, compute %s", e->be->vt->name,
              e->be->compute == TERN_COMPUTE_INT8 ? "int8"
              : e->be->compute != TERN_COMPUTE_BF16 ? "f32"
@@ -398,6 +400,7 @@ void tern_engine_model_info(const tern_engine *e, tern_model_info *info) {
     info->gen_top_p = (float)c->gen_top_p;
     info->gen_top_k = c->gen_top_k;
     info->kv_quant = e->kv_spec[0] ? e->kv_spec : NULL;
+    info->max_batch_tokens = e->max_batch_tokens;
 }
 
 void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st) {

@@ -77,7 +77,7 @@ static void memory_lines(tern_server *s, const tern_engine_stats *st, char *out,
     int nf = 0;
     size_t w = weight_bytes(dir, &nf);
     tern_fit_opts fo = {.ctx = s->info.n_ctx, .max_concurrency = o->max_concurrency ? o->max_concurrency : 8,
-                        .max_batch_tokens = o->max_batch_tokens ? o->max_batch_tokens : 512,
+                        .max_batch_tokens = s->info.max_batch_tokens ? s->info.max_batch_tokens : o->max_batch_tokens,
                         .budget_gb = o->memory_budget_gb};
     tern_fit f;
     memset(&f, 0, sizeof f);

@@ -595,6 +595,17 @@ int main(int argc, char **argv) {
         tern_backend_close(g);
         return 0;
     }
+    if (argc > 5 && !strcmp(argv[1], "--attn1")) { /* one prefill case (for ncu): NH NKV D N, bf16 mode, BF16 pages */
+        tern_backend *keep = g;
+        if ((g = open_mode(TERN_COMPUTE_BF16))) {
+            attn_bf16_pages = 1;
+            attn_tag = " fa-bf16 pages-bf16";
+            bench_attn_prefill(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+            tern_backend_close(g);
+        }
+        tern_backend_close(keep);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "--attn")) { /* prefill attention only: every kernel and tile shape */
         bench_attn_prefill_all(32, 8, 128, 2048, 4);
         bench_attn_prefill_all(32, 8, 128, 8192, 4);

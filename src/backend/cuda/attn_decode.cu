@@ -46,14 +46,15 @@ int tern__cuda_ad_mode = -1;
 extern "C" unsigned long long tern__cuda_attn_decode_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_calls = 0;
 
-/* TERN_CUDA_AD_HSPLIT=1: groups above 8 heads (4 at d 512) in several blocks per KV head; 0 (default
- * until an H200 run checks and times it): those stay on the tile kernels */
+/* Groups above 8 heads (4 at d 512) run in several blocks per KV head (default; TERN_CUDA_AD_HSPLIT=0:
+ * those go to the tile kernels). H200, d 512 G = 16 at 8k, BF16 pages: 270 -> 70 us for one row,
+ * 5479 -> 1016 us for 32; gemma4-12b decode at 4k 100.2 -> 113.3 tok/s (NOTES (r)). */
 extern "C" int tern__cuda_ad_hsplit; /* -1 until read (tests set it) */
 int tern__cuda_ad_hsplit = -1;
 static int ad_hsplit(void) {
     if (tern__cuda_ad_hsplit < 0) {
         const char *e = getenv("TERN_CUDA_AD_HSPLIT");
-        tern__cuda_ad_hsplit = e && e[0] ? atoi(e) != 0 : 0;
+        tern__cuda_ad_hsplit = e && e[0] ? atoi(e) != 0 : 1;
     }
     return tern__cuda_ad_hsplit;
 }
@@ -358,7 +359,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     if (!c->ad_cnt || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv) return 0;
     const int G = nh / nkv, E = d == 512 ? 16 : 8, gmax = d == 512 ? 4 : 8; /* GM * E <= 64: registers */
     /* a larger group (Gemma 4's global layers: 8 or 16 heads per KV head at d 512) in hs blocks of at
-     * most gmax heads each, every block reading the group's K/V (TERN_CUDA_AD_HSPLIT=1, until timed) */
+     * most gmax heads each, every block reading the group's K/V (TERN_CUDA_AD_HSPLIT=0: off) */
     const int hs = G <= gmax ? 1 : ad_hsplit() ? (G + gmax - 1) / gmax : 0;
     if (!hs || (long)n * nkv * hs > AD_CNT) return 0;
     const int GB = (G + hs - 1) / hs, GM = GB <= 1 ? 1 : GB <= 2 ? 2 : GB <= 4 ? 4 : 8;
