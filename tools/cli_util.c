@@ -193,7 +193,8 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
                                                 s->be->compute == TERN_COMPUTE_BF16 &&
                                                     !(c->compute_set && c->compute == TERN_COMPUTE_BF16X2));
         st = tern_kv_quant_plan(kvq, c->random ? NULL : dir, tern_model_cfg(s->model), &formats, NULL, &e);
-        tern_kv_opts ko = {.n_slots = n_slots, .max_ctx = c->max_ctx, .formats = formats};
+        tern_kv_opts ko = {.n_slots = n_slots, .max_ctx = c->max_ctx, .formats = formats,
+                           .chunk = tern_model_max_batch(s->model)};
         if (!st) st = s->tp ? tern_tp_kv_open(s->tp, &ko, &s->kv, &e) : tern_kv_open(&s->kv, s->be, tern_model_cfg(s->model), &ko, &e);
         free(formats);
         if (st) { cli_close(s); return cli_fail("kv", &e); }

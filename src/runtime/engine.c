@@ -257,7 +257,7 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
                                             e->be->compute == TERN_COMPUTE_BF16 && o.compute_bf16 != 2);
     if ((st = tern_kv_quant_plan(kvq, is_random ? NULL : e->dir, c, &kv_formats, NULL, err))) goto fail;
     snprintf(e->kv_spec, sizeof e->kv_spec, "%s", kvq);
-    tern_kv_opts ko = {.n_slots = o.max_concurrency, .max_ctx = o.max_ctx,
+    tern_kv_opts ko = {.n_slots = o.max_concurrency, .max_ctx = o.max_ctx, .chunk = o.max_batch_tokens,
                        .memory = (size_t)(o.kv_memory_gb * 1073741824.0), .formats = kv_formats};
     st = size_kv(e, &o, kv_formats, &ko.memory, err);
     if (!st) st = e->tp ? tern_tp_kv_open(e->tp, &ko, &e->kv, err) : tern_kv_open(&e->kv, e->be, c, &ko, err);

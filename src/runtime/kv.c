@@ -133,7 +133,9 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
     /* blocks each slot can need: full = max_blocks; sliding = window blocks + one chunk's worth */
     int need[2];
     need[0] = kv->max_blocks;
-    need[1] = TERN_MIN(kv->max_blocks, (cfg->sliding_window + kv->block_size - 1) / kv->block_size + 1 + 512 / kv->block_size);
+    const int chunk = opts && opts->chunk > 0 ? opts->chunk : 512;
+    need[1] = TERN_MIN(kv->max_blocks, (cfg->sliding_window + kv->block_size - 1) / kv->block_size + 1 +
+                                           (chunk + kv->block_size - 1) / kv->block_size);
     size_t want = (size_t)kv->n_slots * ((size_t)need[0] * per_block[0] + (size_t)need[1] * per_block[1]);
     size_t memory = opts && opts->memory ? opts->memory : want;
     double frac = want ? (double)memory / (double)want : 1.0;

@@ -30,6 +30,7 @@ typedef struct tern_kv_opts {
      * io/kv_config.h for building it from --kv-quant / kv_config.json. Compressed kinds
      * are CPU-only for now (TERN_EUNSUPPORTED on other backends). */
     const tern_kv_fmt *formats;
+    int chunk;           /* rows per forward (a sliding group holds its window + one chunk); 0 = 512 */
 } tern_kv_opts;
 
 tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_config *cfg,

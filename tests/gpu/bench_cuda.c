@@ -298,6 +298,84 @@ static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_
     g = keep;
 }
 
+/* The fused decode ops at llama3-8b's shapes for a few rows (batch decode), plain bf16 mode: sgemm.cu
+ * vs cuBLASLt (TERN_CUDA_SGEMM=0's path). Each op's weights exist in enough copies to leave the L2
+ * cold (>= 400 MB per op); floor = weight bytes / the stream ceiling measured first. */
+extern int tern__cuda_sgemm_on, tern__cuda_sgemm_split;
+
+static void bench_sgemm(void) {
+    tern_backend *keep = g, *b = open_mode(TERN_COMPUTE_BF16);
+    if (!b) return;
+    g = b;
+    enum { QKV, GLU, O, DOWN, HEAD, NOPS };
+    static const char *names[NOPS] = {"q|k|v 4096+1024+1024 x4096", "gate|up 2x14336x4096", "o (add) 4096x4096",
+                                      "down (add) 4096x14336", "head 128256x4096"};
+    static const int shp[NOPS][3][2] = {{{4096, 4096}, {1024, 4096}, {1024, 4096}}, {{14336, 4096}, {14336, 4096}},
+                                        {{4096, 4096}}, {{4096, 14336}}, {{128256, 4096}}};
+    static const int nw[NOPS] = {3, 2, 1, 1, 1}, ns[] = {9, 16, 32, 48, 64};
+    const int nmax = 64;
+    if (getenv("BENCH_SG_SPLIT")) tern__cuda_sgemm_split = atoi(getenv("BENCH_SG_SPLIT")); /* force S */
+    float *x = dev_random((size_t)nmax * 14336 * 4), *y[3];
+    for (int i = 0; i < 3; i++) y[i] = g->vt->alloc(g, (size_t)nmax * 128256 * 4);
+    for (int op = 0; op < NOPS; op++) {
+        size_t bytes = 0;
+        for (int i = 0; i < nw[op]; i++) bytes += (size_t)shp[op][i][0] * shp[op][i][1] * 2;
+        int copies = (int)((400u << 20) / bytes + 1);
+        if (copies > 16) copies = 16;
+        tern_tensor *w = calloc((size_t)copies * 3, sizeof *w);
+        int ok = 1;
+        for (int i = 0; i < nw[op] && ok; i++) {
+            tern_tensor t;
+            bench_tensor(&t, TERN_DT_BF16, 0, 64, shp[op][i][0], shp[op][i][1]);
+            size_t wb = (size_t)shp[op][i][0] * shp[op][i][1] * 2;
+            uint8_t *hd = malloc(wb);
+            fill_weight(hd, wb, TERN_DT_BF16);
+            tern_tensor *wc = malloc(sizeof *wc * copies);
+            ok = upload_copies(wc, copies, &t, hd, NULL, NULL, 0, 1) == copies;
+            for (int c = 0; c < copies; c++) w[c * 3 + i] = wc[c];
+            free(wc);
+            free(hd);
+        }
+        for (int k = 0; ok && k < (int)(sizeof ns / sizeof ns[0]); k++)
+            for (int path = 0; path < 2; path++) {
+                const int n = ns[k];
+                tern__cuda_sgemm_on = path ? 2 : 0;
+                int served = 1;
+                double sec = 0;
+                for (int pass = 0; pass < 2 && served; pass++) { /* pass 0 warms up */
+                    const int reps = pass ? copies * 4 : copies;
+                    double t0 = tern_time_s();
+                    for (int r = 0; r < reps && served; r++) {
+                        const tern_tensor *wr = &w[(r % copies) * 3];
+                        const tern_tensor *wp[3] = {wr, wr + 1, wr + 2};
+                        switch (op) {
+                        case QKV: served = g->vt->matmul_n(g, 3, y, x, n, wp); break;
+                        case GLU: served = g->vt->matmul_glu(g, y[0], x, n, wr, wr + 1, TERN_ACT_SILU); break;
+                        case O: case DOWN: served = g->vt->matmul_add(g, y[0], x, n, wr); break;
+                        default: g->vt->matmul(g, y[0], x, n, wr); break;
+                        }
+                    }
+                    g->vt->sync(g);
+                    sec = (tern_time_s() - t0) / reps;
+                }
+                char name[96];
+                snprintf(name, sizeof name, "fused %s n=%d %s", names[op], n, path ? "sgemm" : "cublaslt");
+                if (!served) { printf("%-48s refused\n", name); continue; }
+                const double gbs = bytes / sec / 1e9;
+                printf("%-48s %8.1f us %8.1f GB/s  %.2f of stream\n", name, sec * 1e6, gbs, ceiling_gbs > 0 ? gbs / ceiling_gbs : 0);
+                printf("csv,%s,%.2f,%.1f\n", name, sec * 1e6, gbs);
+            }
+        for (int c = 0; c < copies; c++)
+            for (int i = 0; i < nw[op]; i++) g->vt->free_weight(g, &w[c * 3 + i]);
+        free(w);
+    }
+    tern__cuda_sgemm_on = -1;
+    g->vt->free(g, x);
+    for (int i = 0; i < 3; i++) g->vt->free(g, y[i]);
+    tern_backend_close(b);
+    g = keep;
+}
+
 /* Batched matmul in the bf16 compute mode (decode of n sequences at once, short prefills): the
  * tensor-core kernel (qgemm.cu) vs the paths before it (GEMV / dequantize + cuBLASLt), chosen by
  * the row limits qgemm.cu exports. Floor = max(weight bytes / stream-add ceiling, useful FLOPs
@@ -624,6 +702,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     bench_stream();
+    if (argc > 1 && !strcmp(argv[1], "--sgemm")) { /* fused decode ops at 9..64 rows: sgemm.cu vs cuBLASLt */
+        bench_sgemm();
+        tern_backend_close(g);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "--moe")) { /* moe_mlp at the gemma4-26b-a4b shapes: moe_mma.cu vs the GEMVs */
         bench_moe();
         tern_backend_close(g);

@@ -140,4 +140,100 @@ TEST(cuda_batch_fused) {
     bt_free(&wq); bt_free(&wk); bt_free(&wv); bt_free(&wg); bt_free(&wu); bt_free(&wd);
 }
 
-static void cuda_batch_tests(void) { RUN(cuda_batch_fused); }
+/* sgemm.cu (the skinny GEMM behind those ops for 9..64 rows) at shapes that exercise its edges: row
+ * counts that end inside a tile, K long enough to split (S forced to 1 and 3, and the automatic
+ * choice), every epilogue (store, y +=, SiLU·up, three matrices). Each result against cpu-ref (bf16
+ * bound) and against cuBLASLt (TERN_CUDA_SGEMM=0's path, 1e-5); a split run twice gives the same
+ * bits (the cluster's blocks sum the S tiles in split order). */
+extern int tern__cuda_sgemm_on, tern__cuda_sgemm_split;
+
+/* op 0: y = W0·x; 1: y = res + W0·x; 2: y = silu(W0·x)·(W1·x); 3: y0|y1|y2 = W0|W1|W2 · x (outputs back to back) */
+static float *sg_run(tern_backend *g, int op, const bt_w *w, int nw, const void *xd, const float *res, int n, int on,
+                     int split) {
+    tern__cuda_sgemm_on = on ? 2 : 0; /* 2: every op (the default takes q|k|v only) */
+    tern__cuda_sgemm_split = split;
+    size_t tot = 0;
+    for (int i = 0; i < (op == 3 ? nw : 1); i++) tot += (size_t)n * w[i].g.shape[0];
+    float *yd = res ? to_gpu(res, tot * 4) : nan_buf(g, tot);
+    int r = 1;
+    if (op == 0) g->vt->matmul(g, yd, xd, n, &w[0].g);
+    else if (op == 1) r = g->vt->matmul_add(g, yd, xd, n, &w[0].g);
+    else if (op == 2) r = g->vt->matmul_glu(g, yd, xd, n, &w[0].g, &w[1].g, TERN_ACT_SILU);
+    else {
+        float *ys[3] = {yd, yd + (size_t)n * w[0].g.shape[0], yd + (size_t)n * (w[0].g.shape[0] + w[1].g.shape[0])};
+        const tern_tensor *ws[3] = {&w[0].g, &w[1].g, &w[2].g};
+        r = g->vt->matmul_n(g, 3, ys, xd, n, ws);
+    }
+    float *h = r ? from_gpu(g, yd, tot) : NULL;
+    g->vt->free(g, yd);
+    tern__cuda_sgemm_on = -1;
+    tern__cuda_sgemm_split = 0;
+    return h;
+}
+
+TEST(cuda_sgemm) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) {
+        SKIP("cuda_sgemm", "no bf16-mode backend or fused ops");
+        return;
+    }
+    tern__cuda_bf16_split = 0;
+    static const int INS[] = {1024, 2048}, NS[] = {9, 24, 64};
+    for (size_t ii = 0; ii < TERN_ARRAY_LEN(INS); ii++) {
+        const int in = INS[ii];
+        bt_w w[3];
+        int ok = bt_make(&w[0], 200, in) && bt_make(&w[1], 200, in) && bt_make(&w[2], 72, in);
+        CHECK(ok, "upload");
+        if (!ok) return;
+        for (size_t t = 0; t < TERN_ARRAY_LEN(NS); t++) {
+            const int n = NS[t];
+            float *x = rnd((size_t)n * in, 1.0f), *res = rnd((size_t)n * 200, 1.0f);
+            void *xd = to_gpu(x, (size_t)n * in * 4);
+            for (int op = 0; op < 4; op++) {
+                const int nw = op == 3 ? 3 : op == 2 ? 2 : 1;
+                size_t tot = 0;
+                for (int i = 0; i < (op == 3 ? nw : 1); i++) tot += (size_t)n * w[i].g.shape[0];
+                float *ref = malloc(tot * 4), *tmp = malloc((size_t)n * 200 * 4);
+                if (op == 3) {
+                    size_t off = 0;
+                    for (int i = 0; i < 3; i++) {
+                        g_ref->vt->matmul(g_ref, ref + off, x, n, &w[i].r);
+                        off += (size_t)n * w[i].g.shape[0];
+                    }
+                } else {
+                    g_ref->vt->matmul(g_ref, ref, x, n, &w[0].r);
+                    if (op == 1) for (size_t i = 0; i < tot; i++) ref[i] += res[i];
+                    if (op == 2) {
+                        g_ref->vt->matmul(g_ref, tmp, x, n, &w[1].r);
+                        g_ref->vt->silu_mul(g_ref, ref, ref, tmp, tot);
+                    }
+                }
+                const float *rs = op == 1 ? res : NULL;
+                float *a = sg_run(g, op, w, nw, xd, rs, n, 1, 0), *s1 = sg_run(g, op, w, nw, xd, rs, n, 1, 1),
+                      *s3 = sg_run(g, op, w, nw, xd, rs, n, 1, 3), *s3b = sg_run(g, op, w, nw, xd, rs, n, 1, 3),
+                      *lt = sg_run(g, op, w, nw, xd, rs, n, 0, 0);
+                CHECK(a && s1 && s3 && s3b && lt, "in %d n %d op %d: refused", in, n, op);
+                if (a && s1 && s3 && s3b && lt) {
+                    double dm;
+                    const double rr = rel_or_nan(a, ref, tot), rl = bt_diff(a, lt, tot, &dm),
+                                 rsp = rel_or_nan(s3, s1, tot), same = memcmp(s3, s3b, tot * 4) == 0;
+                    printf("  err sgemm in=%d n=%-2d op %d vs cpu-ref %.2e vs cublaslt %.2e split 3 vs 1 %.2e%s\n", in, n, op,
+                           rr, rl, rsp, same ? "" : " (split runs differ)");
+                    CHECK(rr <= 1e-2 && rl <= 1e-5 && rsp <= 1e-5 && same,
+                          "sgemm in %d n %d op %d: cpu-ref %.3e, cublaslt %.3e, split %.3e, repeat same %d", in, n, op, rr, rl,
+                          rsp, (int)same);
+                }
+                free(a); free(s1); free(s3); free(s3b); free(lt); free(ref); free(tmp);
+            }
+            g->vt->free(g, xd);
+            free(x); free(res);
+        }
+        bt_free(&w[0]); bt_free(&w[1]); bt_free(&w[2]);
+    }
+    tern__cuda_bf16_split = 1;
+}
+
+static void cuda_batch_tests(void) {
+    RUN(cuda_batch_fused);
+    RUN(cuda_sgemm);
+}

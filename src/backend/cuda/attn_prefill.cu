@@ -13,6 +13,15 @@
  * key in a tile skip it; tiles fully visible to a warp skip the per-element mask. Mask per
  * (query pos p, key b): lo <= b <= p (lo = p-W+1 with a window) or vlo <= b <= vhi (span),
  * exactly as tern_key_range_of; keys whose block-table entry is < 0 are never read.
+ * The per-tile work other than the MMAs is kept small (the kernel was bound by instruction issue):
+ * BF16 pages: each thread copies fixed 16-byte chunks (chunk tid % (D/8) of rows tid / (D/8) + k·rows
+ * per pass), its shared-memory targets fixed, a block-table entry per chunk looked up before the
+ * barrier (no division: a multiply-shift by the block size), one barrier per tile (wait, barrier, then
+ * the next copy into the buffer every warp has left); visibility and fullness per warp from bounds
+ * reduced once before the loop (spans: per vector); softcap and mask as whole-tile branches; the
+ * bf16 mode keeps the row max in the log2 domain (scale·log2 e folded into one FMA, ex2.approx;
+ * split-K partials get m·ln 2); O is rescaled only when some row max of the warp moved; the first
+ * k-step of S starts from zero accumulators.
  * Precision: compute mode bf16 uses plain bf16 Q, K, P, V (op tests: rel L2 <= 2.9e-3). SPLIT
  * writes every operand as hi + lo bf16 and sums hi·hi + hi·lo + lo·hi (three MMAs): ~16
  * significant bits per product (op tests 5.4e-6, model parity worst row 1.7e-5), but not exact
@@ -47,6 +56,8 @@ struct FaArgs {
     const float *kp, *vp;
     const int32_t *btrow; /* block-table row of the run's slot */
     int max_blocks, bs, window;
+    unsigned bmul; /* kpos / bs = (umulhi(kpos, bmul) + kpos) >> bshift (fa_divisor) */
+    int bshift;
     float scale, softcap;
     int splits;
     float *part;
@@ -78,6 +89,28 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
                  "{%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d = a · b (the accumulators start from zero: the first k-step of S) */
+__device__ __forceinline__ void mma16816_z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+/* a · b as 64 bits (one IMAD.WIDE.U32) */
+__device__ __forceinline__ unsigned long long mul_wide(unsigned a, unsigned b) {
+    unsigned long long r;
+    asm("mul.wide.u32 %0, %1, %2;\n" : "=l"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+/* 2^x (one MUFU op; -inf -> 0) */
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float x, float y) { /* x -> low half (lower column) */
@@ -119,12 +152,20 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
     constexpr int BM = 16 * NW, LD = D + 8, LDV = DV + 8, NT = 32 * NW, D4 = D / 4, DV4 = DV / 4, NJ = BN / 8,
                   ND = DV / 8;
     constexpr int NB = SPLIT || BFP ? 2 : 1, NQ = SPLIT ? 2 : 1;
+    /* BFP: thread tid copies the 16-byte chunk i8 = tid % D8 of the rows t0 + RPP·c (t0 = tid / D8,
+     * c < CH) of every tile: consecutive threads on consecutive 16 bytes of one row */
+    constexpr int D8 = D / 8, DV8 = DV / 8, RPP = NT / D8, CH = BN / RPP > 0 ? BN / RPP : 1;
+    static_assert(!BFP || (NT % D8 == 0 && BN % RPP == 0), "BF16 pages: a tile is whole passes of the threads");
+    /* the bf16 mode keeps S, m in the log2 domain (p = 2^(s·scale·log2 e - m)); SPLIT stays natural (expf) */
+    constexpr float L2E = SPLIT ? 1.0f : 1.4426950408889634f;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem;           /* [NQ][BM][LD] */
     __nv_bfloat16 *Ks = Qs + NQ * BM * LD;                     /* [NB][BN][LD] (hi, lo or buffer 0, 1) */
     __nv_bfloat16 *Vs = Ks + NB * BN * LD;                     /* [NB][BN][LDV] */
     int *kval = (int *)(Vs + NB * BN * LDV);                   /* [NB][BN] key readable */
     __shared__ int range[2];
+    __shared__ int4 qb[BM]; /* per vector: position, window start, span lo, span hi (the mask) */
+    __shared__ int4 wb[NW]; /* per warp: the bounds wlo, whi, flo, fhi below */
 
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int row0 = (gridDim.x - 1 - blockIdx.x) * a.R; /* last rows (most keys) first: a shorter tail */
@@ -147,6 +188,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
         qlo[k] = ok ? (a.window > 0 ? max(0, qp[k] - a.window + 1) : 0) : 1;
         qvl[k] = ok && a.vlo ? max(0, a.vlo[r]) : 1;
         qvh[k] = ok && a.vlo ? a.vhi[r] : 0;
+        if (tq == 0) qb[m] = make_int4(qp[k], qlo[k], qvl[k], qvh[k]);
     }
     if (tid == 0) {
         range[0] = 0x7fffffff;
@@ -171,50 +213,86 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
         lo += blockIdx.z * chunk;
         hi = min(hi, lo + chunk - 1);
     }
+    /* without spans, the warp's keys: any of [wlo, whi] may be visible (hull of its vectors' ranges);
+     * a tile is fully visible to every vector iff it lies in [flo, fhi] (an empty vector: fhi = -1) */
+    {
+        const int wlo = __reduce_min_sync(0xffffffffu, min(qp[0] >= 0 ? qlo[0] : 0x7fffffff, qp[1] >= 0 ? qlo[1] : 0x7fffffff));
+        const int whi = __reduce_max_sync(0xffffffffu, max(qp[0], qp[1]));
+        const int flo = __reduce_max_sync(0xffffffffu, max(qlo[0], qlo[1]));
+        const int fhi = __reduce_min_sync(0xffffffffu, min(qp[0], qp[1]));
+        if (lane == 0) wb[w] = make_int4(wlo, whi, flo, fhi); /* read after the loop's first barrier */
+    }
 
     float o[ND][4], s[NJ][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     const int kvstride = a.nkv * D;
 
-    /* element offset of key kpos's record of this group in the pool, or -1: past hi, past the block
-     * table, or its block not resident (never read) */
+    /* F32 pages: element offset of key kpos's record of this group in the pool, or -1: past hi, past
+     * the block table, or its block not resident (never read) */
     auto key_off = [&](int kpos) -> long long {
         const int blk = kpos <= hi && kpos / a.bs < a.max_blocks ? a.btrow[kpos / a.bs] : -1;
         return blk < 0 ? -1 : ((long long)blk * a.bs + kpos % a.bs) * kvstride + (long long)g * D;
     };
-    /* BFP: copy the tile of keys [kb, kb + BN) into buffer bb (zeros for keys not readable) */
-    auto load_bf = [&](int kb, int bb) {
-        constexpr int D8 = D / 8, DV8 = DV / 8;
-        const __nv_bfloat16 *kp = (const __nv_bfloat16 *)a.kp, *vp = (const __nv_bfloat16 *)a.vp;
-        for (int idx = tid; idx < BN * D8; idx += NT) {
-            const int t = idx / D8, i8 = idx % D8;
-            const long long ko = key_off(kb + t);
-            const bool ok = ko >= 0;
-            const size_t off = ok ? (size_t)ko : 0;
-            cp_async16(Ks + (bb * BN + t) * LD + 8 * i8, kp + off + 8 * i8, ok);
-            if (i8 < DV8) cp_async16(Vs + (bb * BN + t) * LDV + 8 * i8, vp + off + a.voff + 8 * i8, ok);
-            if (i8 == 0) kval[bb * BN + t] = ok;
+    /* BFP: ent[c] = the block-table entry of this thread's row c of the tile at kb (-1: not readable),
+     * looked up before the barrier that precedes its copy */
+    const int i8 = tid % D8, t0 = tid / D8, col = g * D + 8 * i8;
+    auto blk_of = [&](int kpos) { return (int)((__umulhi((unsigned)kpos, a.bmul) + (unsigned)kpos) >> a.bshift); };
+    int ent[CH];
+    auto lookup = [&](int kb) {
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            const int kpos = kb + t0 + RPP * c, bi = blk_of(kpos);
+            ent[c] = kpos <= hi && bi < a.max_blocks ? a.btrow[bi] : -1;
+        }
+    };
+    /* BFP: copy the tile at kb into buffer bb (zeros for keys not readable); 1 if every key of this
+     * thread's rows is readable */
+    auto issue = [&](int kb, int bb) -> int {
+        int all = 1;
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            const int kpos = kb + t0 + RPP * c, blk = ent[c];
+            const bool ok = blk >= 0;
+            const unsigned rec = ok ? blk * a.bs + kpos - blk_of(kpos) * a.bs : 0; /* record in the pool */
+            const size_t off = mul_wide(rec, (unsigned)kvstride) + col;
+            cp_async16(Ks + (bb * BN + t0 + RPP * c) * LD + 8 * i8, (const __nv_bfloat16 *)a.kp + off, ok);
+            if (i8 < DV8)
+                cp_async16(Vs + (bb * BN + t0 + RPP * c) * LDV + 8 * i8, (const __nv_bfloat16 *)a.vp + off + a.voff, ok);
+            if (i8 == 0) kval[bb * BN + t0 + RPP * c] = ok;
+            all &= ok;
         }
         cp_async_commit();
+        return all;
     };
     const int ntile = hi >= lo ? (hi - lo) / BN + 1 : 0;
-    if (BFP && ntile > 0) load_bf(lo, 0);
+    int oknext = 1; /* BFP: every key of the tile in flight readable (this thread's rows) */
+    if (BFP && ntile > 0) {
+        lookup(lo);
+        oknext = issue(lo, 0);
+    }
+    /* fragment addresses (ldmatrix): Q rows of this warp, K / V rows of buffer 0 */
+    const uint32_t qa = smem_u32(Qs + (16 * w + (lane & 15)) * LD + (lane >> 4) * 8);
+    const uint32_t ka0 = smem_u32(Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8);
+    const uint32_t va0 = smem_u32(Vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + (lane >> 4) * 8);
+    /* s -> the exponent's domain: scale·log2 e (natural for SPLIT), folded into the exp's FMA; with a
+     * softcap (or a scale that is not positive: the row max of raw s must be the max of scaled s) the
+     * tile is scaled in place first and only log2 e remains */
+    const bool pre = a.softcap > 0.0f || !(a.scale > 0.0f);
+    const float sc = (pre ? 1.0f : a.scale) * L2E;
     for (int it = 0; it < ntile; it++) {
         const int kb = lo + it * BN, bb = BFP ? it & 1 : 0;
-        __syncthreads(); /* every warp is done with the previous tile (and its buffer) */
         int allv = 1;
         if (BFP) {
-            if (it + 1 < ntile) {
-                load_bf(kb + BN, bb ^ 1);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            __syncthreads();
-            for (int t = lane; t < BN; t += 32) allv &= kval[bb * BN + t];
-            allv = __all_sync(0xffffffffu, allv);
+            /* the next tile's block-table entries in flight across the barrier; this tile landed (own
+             * copies), then one barrier: everyone's copies visible and every warp done with the previous
+             * tile, whose buffer takes the next copy */
+            if (it + 1 < ntile) lookup(kb + BN);
+            cp_async_wait<0>();
+            allv = __syncthreads_and(oknext);
+            if (it + 1 < ntile) oknext = issue(kb + BN, bb ^ 1);
         } else {
+            __syncthreads(); /* every warp is done with the previous tile */
             for (int idx = tid; idx < BN * D4; idx += NT) {
                 const int t = idx / D4, i4 = idx % D4;
                 float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
@@ -234,23 +312,30 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
         }
         const int *kv_ok = kval + bb * BN;
 
-        /* which of this warp's vectors see keys of [kb, kb+BN) at all, and fully */
+        /* which of this warp's vectors see keys of [kb, kb+BN) at all, and fully (warp-uniform) */
         const int ke = kb + BN - 1;
-        bool any = false, full = true;
-        for (int k = 0; k < 2; k++) {
-            const bool c1 = qp[k] >= 0 && kb <= qp[k] && ke >= qlo[k];
-            const bool c2 = qvl[k] <= qvh[k] && kb <= qvh[k] && ke >= qvl[k];
-            any |= c1 || c2;
-            full &= (qlo[k] <= kb && ke <= qp[k]) || (qvl[k] <= kb && ke <= qvh[k]);
+        bool any, full;
+        if (!a.vlo) {
+            const int4 b = wb[w]; /* x: wlo, y: whi, z: flo, w: fhi */
+            any = kb <= b.y && ke >= b.x;
+            full = allv && kb >= b.z && ke <= b.w;
+        } else {
+            any = false;
+            full = true;
+            for (int k = 0; k < 2; k++) {
+                const int4 q = qb[16 * w + gq + 8 * k]; /* x: p, y: window start, z, w: span */
+                const bool c1 = q.x >= 0 && kb <= q.x && ke >= q.y;
+                const bool c2 = q.z <= q.w && kb <= q.w && ke >= q.z;
+                any |= c1 || c2;
+                full &= (q.y <= kb && ke <= q.x) || (q.z <= kb && ke <= q.w);
+            }
+            any = __any_sync(0xffffffffu, any);
+            full = __all_sync(0xffffffffu, full) && allv;
         }
-        if (!__any_sync(0xffffffffu, any)) continue;
-        full = __all_sync(0xffffffffu, full) && allv;
+        if (!any) continue;
 
         /* S = Q·Kᵀ */
-#pragma unroll
-        for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        const uint32_t qa = smem_u32(Qs + (16 * w + (lane & 15)) * LD + (lane >> 4) * 8);
-        const uint32_t ka = smem_u32(Ks + (bb * BN + (lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8);
+        const uint32_t ka = ka0 + bb * (BN * LD * 2), va = va0 + bb * (BN * LDV * 2);
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++) {
             uint32_t af[4], al[4];
@@ -260,8 +345,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
             for (int j = 0; j < NJ; j += 2) {
                 uint32_t b[4];
                 ldsm_x4(b, ka + (j * 8 * LD + kc * 16) * 2);
-                mma16816(s[j], af, b[0], b[1]);
-                mma16816(s[j + 1], af, b[2], b[3]);
+                if (kc == 0) {
+                    mma16816_z(s[j], af, b[0], b[1]);
+                    mma16816_z(s[j + 1], af, b[2], b[3]);
+                } else {
+                    mma16816(s[j], af, b[0], b[1]);
+                    mma16816(s[j + 1], af, b[2], b[3]);
+                }
                 if (SPLIT) {
                     uint32_t bl[4];
                     ldsm_x4(bl, ka + ((BN + j * 8) * LD + kc * 16) * 2);
@@ -272,31 +362,47 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
                 }
             }
         }
-        /* scale, softcap, mask; online softmax per vector (4 lanes of a quad share a row) */
+        /* softcap and mask (whole-tile branches), then the online softmax per vector (4 lanes of a
+         * quad share a row): the row max of the raw s, p = exp(s·sc - m) as one FMA and one exp */
+        if (a.softcap > 0.0f) {
+            const float capin = a.scale / a.softcap;
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] = a.softcap * tanhf(s[j][e] * capin);
+        } else if (pre) {
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] *= a.scale;
+        }
+        if (!full) {
+            const int4 q[2] = {qb[16 * w + gq], qb[16 * w + gq + 8]};
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int k = e >> 1, kpos = kb + 8 * j + 2 * tq + (e & 1);
+                    const bool vis = (kv_ok[kpos - kb] != 0) & (((kpos >= q[k].y) & (kpos <= q[k].x)) |
+                                                                ((kpos >= q[k].z) & (kpos <= q[k].w)));
+                    if (!vis) s[j][e] = -INFINITY;
+                }
+        }
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int j = 0; j < NJ; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int k = e >> 1, kpos = kb + 8 * j + 2 * tq + (e & 1);
-                float v = s[j][e] * a.scale;
-                if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
-                if (!full) {
-                    const bool vis = kv_ok[kpos - kb] && ((kpos >= qlo[k] && kpos <= qp[k]) ||
-                                                         (kpos >= qvl[k] && kpos <= qvh[k]));
-                    if (!vis) v = -INFINITY;
-                }
-                s[j][e] = v;
-                mx[k] = fmaxf(mx[k], v);
-            }
-        float al2[2];
+        for (int j = 0; j < NJ; j++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+        }
+        float al2[2], mu[2];
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 1));
             mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 2));
-            const float mn = fmaxf(mrow[k], mx[k]);
-            al2[k] = mn == -INFINITY ? 1.0f : expf(mrow[k] - mn);
+            const float mn = fmaxf(mrow[k], mx[k] * sc);
+            al2[k] = mn == mrow[k] ? 1.0f : SPLIT ? expf(mrow[k] - mn) : ex2(mrow[k] - mn); /* -inf -> 0 */
             mrow[k] = mn;
+            mu[k] = mn == -INFINITY ? 0.0f : mn; /* no visible key yet: every p is exp(-inf) = 0 */
             lrow[k] *= al2[k];
         }
 #pragma unroll
@@ -304,19 +410,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int k = e >> 1;
-                const float p = s[j][e] == -INFINITY ? 0.0f : (SPLIT ? expf(s[j][e] - mrow[k]) : __expf(s[j][e] - mrow[k]));
+                const float x = fmaf(s[j][e], sc, -mu[k]);
+                const float p = SPLIT ? expf(x) : ex2(x);
                 s[j][e] = p;
                 lrow[k] += p;
             }
+        if (__any_sync(0xffffffffu, al2[0] != 1.0f || al2[1] != 1.0f)) { /* a row max of the warp moved */
 #pragma unroll
-        for (int j = 0; j < ND; j++) {
-            o[j][0] *= al2[0];
-            o[j][1] *= al2[0];
-            o[j][2] *= al2[1];
-            o[j][3] *= al2[1];
+            for (int j = 0; j < ND; j++) {
+                o[j][0] *= al2[0];
+                o[j][1] *= al2[0];
+                o[j][2] *= al2[1];
+                o[j][3] *= al2[1];
+            }
         }
         /* O += P·V: the S accumulators of key tiles 2kk, 2kk+1 are the A fragment of keys 16kk.. */
-        const uint32_t va = smem_u32(Vs + (bb * BN + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + (lane >> 4) * 8);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pf[4], pl[4];
@@ -348,8 +456,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
             }
         }
     }
+    if (BFP) cp_async_wait<0>(); /* nothing left in flight at exit (none is: the last tile issued none) */
 
-    /* epilogue: finish the row sums over the quad, write O / l (or the split-K partials) */
+    /* epilogue: finish the row sums over the quad, write O / l (or the split-K partials, m natural) */
 #pragma unroll
     for (int k = 0; k < 2; k++) {
         lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 1);
@@ -373,7 +482,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
             for (int j = 0; j < ND; j++) *(float2 *)(dst + 8 * j) = make_float2(o[j][2 * k], o[j][2 * k + 1]);
             if (tq == 0) {
                 float *ml = a.part + (size_t)a.splits * nrow * D + ((size_t)blockIdx.z * nrow + rh) * 2;
-                ml[0] = mrow[k];
+                ml[0] = SPLIT ? mrow[k] : mrow[k] * 0.6931471805599453f;
                 ml[1] = lrow[k];
             }
         }
@@ -457,6 +566,15 @@ extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
+/* kpos / bs = (umulhi(kpos, mul) + kpos) >> shift for every 0 <= kpos < 2^31 (mul = 1 for powers of two;
+ * checked against the division for bs 1..5000), so the kernel divides by no runtime value */
+static void fa_divisor(int bs, unsigned *mul, int *shift) {
+    int l = 0;
+    while ((1 << l) < bs) l++;
+    *shift = l;
+    *mul = (unsigned)(((1ull << 32) * ((1ull << l) - (unsigned long long)bs)) / (unsigned long long)bs + 1);
+}
+
 /* rows: consecutive rows of one slot with host copies (attention.cu checks); 1 = done */
 extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                        const tern_kv_layer *kv, float scale, float softcap) {
@@ -464,7 +582,8 @@ extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q
     const bool bfp = kv->kf.kind == TERN_KV_BF16 && kv->vf.kind == TERN_KV_BF16; /* else F32 pages */
     if (!tern__cuda_fa_on || (split && !tern__cuda_fa_f32) || (d != 64 && d != 128 && d != 256 && d != 512) ||
         (d == 512 && (split || !tern__cuda_fa512)) || kv->latent || (bfp && split) ||
-        (!bfp && (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32)))
+        (!bfp && (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32)) || kv->block_size < 1 ||
+        kv->block_size > (1 << 24))
         return 0;
     const int slot = rows->slot_host[0];
     long first = 0x7fffffff, last = -1; /* the run's key range, for the split-K plan */
@@ -493,6 +612,7 @@ extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q
     a.btrow = kv->block_table + (size_t)slot * kv->max_blocks;
     a.max_blocks = kv->max_blocks;
     a.bs = kv->block_size;
+    fa_divisor(a.bs, &a.bmul, &a.bshift);
     a.window = kv->window;
     a.scale = scale;
     a.softcap = softcap;

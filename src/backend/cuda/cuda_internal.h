@@ -138,6 +138,12 @@ tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, c
                                const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
                                cublasComputeType_t ct, float beta);
 void tern__cuda_lt_cache_free(tern__cuda *c); /* gemm.c: at close (accepts none made) */
+/* sgemm.cu: y = W·x for 1..64 rows of bf16 x (xb [n][in], staged by the caller) over BF16 weights, plain bf16
+ * mode; mode 0: k <= 3 matrices, y[i] = W_i·x; 1 / 2: k = 2 (gate, up), y[0] = act(gate·x)·(up·x) (SiLU /
+ * GELU-tanh); 3: k = 1, y[0] += W·x. Returns 1 when it ran, 0 when the shape is not served. */
+int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const void *xb, int n, const tern__cuda_w *const *w, int mode);
+void tern__cuda_sgemm_init(tern__cuda *c); /* at open: shared-memory limits */
+int tern__cuda_sgemm_level(void); /* TERN_CUDA_SGEMM: 0 off, 1 q|k|v (multi-matrix) only, 2 every op */
 /* gemm.c: the fused decode ops for n > 1 rows in the plain bf16 mode (BF16 weights, cuBLASLt; x rounded
  * once per group, same-shape matrices as one batched GEMM, y += W·x as beta = 1). 1 when done, 0 when
  * not served (the caller runs the separate ops). Within the bf16 bound of the separate ops, not bitwise. */

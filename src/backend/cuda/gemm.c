@@ -232,9 +232,25 @@ static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, con
  * scratch: long prefills (GLM-5's o_proj from 2048 rows, in-6144 projections from 5462) run in row
  * chunks that fit, each a complete GEMM over the weight (re-expanded per chunk; >= 2000 rows each
  * for in <= 16384). Before, they fell back to the 16-row GEMV. */
+extern int tern__cuda_qgemm_max_n_bf16; /* qgemm.cu */
+
+/* 1 when n rows times w are the plain bf16 mode's business past qgemm.cu (BF16 weight not flagged
+ * precise, more rows than qgemm takes): cuBLASLt, or sgemm.cu up to its row limit */
+static int plain_rows(const tern__cuda *c, const tern__cuda_w *w, int n) {
+    return c->compute == TERN_COMPUTE_BF16 && !tern__cuda_bf16_split_all(c) && w->dtype == TERN_DT_BF16 &&
+           !w->precise && n > 8 && n > tern__cuda_qgemm_max_n_bf16 && w->in > 0 && w->in % 8 == 0 &&
+           w->out % 8 == 0 && ((uintptr_t)w->data & 255) == 0;
+}
+
+static size_t stage_x(tern__cuda *c, const float *x, int n, int in, size_t extra);
+
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     if (c->compute != TERN_COMPUTE_BF16 || w->dtype == TERN_DT_F32 || n <= 0 || w->in <= 0)
         return gemm_rows(c, y, x, n, w, e);
+    if (e == 0 && w->nmat <= 1 && tern__cuda_sgemm_level() >= 2 && plain_rows(c, w, n) && n <= 64 &&
+        stage_x(c, x, n, w->in, 0) &&
+        tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, 0))
+        return TERN_OK; /* skinny: sgemm.cu */
     const size_t per_row = (size_t)w->in * 4, cap = TERN_CUDA_GEMM_SCRATCH_BYTES / 2 - 1024;
     size_t rows = cap / per_row;
     if (rows < 1) return TERN_ENOMEM;
@@ -260,8 +276,6 @@ tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, cons
  * the difference: bitwise at its small shapes on the H200; at llama3-8b's shapes the batch-64 ids
  * digest changed, so there the algorithms differ). TERN_GEMM_FUSE=0 refuses every n > 1 call (the
  * separate ops run). */
-extern int tern__cuda_qgemm_max_n_bf16; /* qgemm.cu */
-
 static int fuse_on(void) {
     static int v = -1;
     if (v < 0) v = env_int("TERN_GEMM_FUSE", 1) != 0;
@@ -270,9 +284,7 @@ static int fuse_on(void) {
 
 /* 1 when n rows times w take the plain bf16 cuBLASLt GEMM here */
 static int plain_gemm_ok(const tern__cuda *c, const tern__cuda_w *w, int n) {
-    return fuse_on() && c->compute == TERN_COMPUTE_BF16 && !tern__cuda_bf16_split_all(c) && w->dtype == TERN_DT_BF16 &&
-           !w->precise && n > 8 && n > tern__cuda_qgemm_max_n_bf16 && w->in > 0 && w->in % 8 == 0 &&
-           w->out % 8 == 0 && ((uintptr_t)w->data & 255) == 0;
+    return fuse_on() && plain_rows(c, w, n);
 }
 
 /* x [n, in] rounded to bf16 at the start of gemm_scratch when it fits with `extra` bytes after it;
@@ -298,6 +310,7 @@ int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int
     const int in = w[0]->in;
     if (!stage_x(c, x, n, in, 0)) return 0;
     const void *xb = c->gemm_scratch;
+    if (tern__cuda_sgemm(c, k, y, xb, n, w, 0)) return 1; /* q|k|v in one launch */
     const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
     int done[3] = {0, 0, 0};
     for (int i = 0; i < k; i++) /* pairs of one shape with both distances positive: one batched GEMM */
@@ -326,6 +339,9 @@ int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const te
     cudaSetDevice(c->device);
     const size_t xb = stage_x(c, x, n, in, cb);
     if (!xb) return 0;
+    const tern__cuda_w *gu[2] = {gate, up};
+    float *ys[2] = {y, y};
+    if (tern__cuda_sgemm(c, 2, ys, c->gemm_scratch, n, gu, act == TERN_ACT_SILU ? 1 : 2)) return 1;
     float *cs = (float *)((uint8_t *)c->gemm_scratch + xb); /* [2][n][I]: the lower-addressed weight first */
     const int gate_first = (const char *)gate->data < (const char *)up->data;
     const tern__cuda_w *w0 = gate_first ? gate : up, *w1 = gate_first ? up : gate;
@@ -349,6 +365,7 @@ int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const te
     if (n <= 0 || !plain_gemm_ok(c, w, n) || ((uintptr_t)y & 15)) return 0;
     cudaSetDevice(c->device);
     if (!stage_x(c, x, n, w->in, 0)) return 0;
+    if (tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, 3)) return 1;
     return lt_gemm(c, y, w->out, w->data, c->gemm_scratch, w->out, n, w->in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 1.0f) ==
            TERN_OK;
 }

@@ -305,6 +305,7 @@ extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     tern__cuda_gemv1_init();
     tern__cuda_qmma_init(c);
     tern__cuda_gemv_mma_init(c);
+    tern__cuda_sgemm_init(c);
     cudaGetLastError();
 }
 

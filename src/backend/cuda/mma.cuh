@@ -1,0 +1,40 @@
+/*
+ * mma.cuh — the sm_80+ tensor-core building blocks the tiled kernels share: shared-memory
+ * addresses, ldmatrix (plain and transposed), 16-byte cp.async with zero fill, its group
+ * commit/wait, and mma.sync m16n8k16 bf16 -> f32.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): lane = 4·g + t. A (16x16, row): a0 = (row g,
+ * k 2t..2t+1), a1 = (row g+8, same k), a2 = (row g, k 2t+8..), a3 = (row g+8, k 2t+8..) — what
+ * ldsm_x4 returns when lanes 0-15 address rows 0-15 at k 0 and lanes 16-31 the same rows at k 8.
+ * B (16x8, col): b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., col g) — ldsm_x4 over a [col][k]
+ * (k-contiguous) tile gives the B fragments of two 8-column tiles. C: c0, c1 = (row g, cols 2t,
+ * 2t+1), c2, c3 = (row g+8, same cols).
+ */
+#ifndef TERN_CUDA_MMA_CUH
+#define TERN_CUDA_MMA_CUH
+
+#include <stdint.h>
+
+__device__ __forceinline__ uint32_t mma_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mma_ldsm_x4(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+/* 16 bytes global -> shared, asynchronously; ok = false fills the 16 bytes with zeros (nothing read) */
+__device__ __forceinline__ void mma_cp16(uint32_t dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void mma_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void mma_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* c[4] += a (16x16 bf16, row) · b (16x8 bf16, col), f32 accumulators */
+__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+#endif
