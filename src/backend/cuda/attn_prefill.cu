@@ -34,6 +34,7 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma.cuh"
 
 #include <cuda_bf16.h>
 #include <math.h>
@@ -64,42 +65,6 @@ struct FaArgs {
     int voff; /* first V / output column of this pass (head dims above 256 run in passes of DV) */
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-/* 16 bytes global -> shared, asynchronously; ok = 0 fills the 16 bytes with zeros (nothing read) */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-/* c[4] += a (16x16 bf16, row) · b (16x8 bf16, col) */
-__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* d = a · b (the accumulators start from zero: the first k-step of S) */
-__device__ __forceinline__ void mma16816_z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%10,%10,%10};\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
-
-/* a · b as 64 bits (one IMAD.WIDE.U32) */
 __device__ __forceinline__ unsigned long long mul_wide(unsigned a, unsigned b) {
     unsigned long long r;
     asm("mul.wide.u32 %0, %1, %2;\n" : "=l"(r) : "r"(a), "r"(b));
@@ -256,13 +221,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
             const bool ok = blk >= 0;
             const unsigned rec = ok ? blk * a.bs + kpos - blk_of(kpos) * a.bs : 0; /* record in the pool */
             const size_t off = mul_wide(rec, (unsigned)kvstride) + col;
-            cp_async16(Ks + (bb * BN + t0 + RPP * c) * LD + 8 * i8, (const __nv_bfloat16 *)a.kp + off, ok);
+            mma_cp16(mma_smem_u32(Ks + (bb * BN + t0 + RPP * c) * LD + 8 * i8), (const __nv_bfloat16 *)a.kp + off, ok);
             if (i8 < DV8)
-                cp_async16(Vs + (bb * BN + t0 + RPP * c) * LDV + 8 * i8, (const __nv_bfloat16 *)a.vp + off + a.voff, ok);
+                mma_cp16(mma_smem_u32(Vs + (bb * BN + t0 + RPP * c) * LDV + 8 * i8), (const __nv_bfloat16 *)a.vp + off + a.voff, ok);
             if (i8 == 0) kval[bb * BN + t0 + RPP * c] = ok;
             all &= ok;
         }
-        cp_async_commit();
+        mma_cp_commit();
         return all;
     };
     const int ntile = hi >= lo ? (hi - lo) / BN + 1 : 0;
@@ -272,9 +237,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
         oknext = issue(lo, 0);
     }
     /* fragment addresses (ldmatrix): Q rows of this warp, K / V rows of buffer 0 */
-    const uint32_t qa = smem_u32(Qs + (16 * w + (lane & 15)) * LD + (lane >> 4) * 8);
-    const uint32_t ka0 = smem_u32(Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8);
-    const uint32_t va0 = smem_u32(Vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + (lane >> 4) * 8);
+    const uint32_t qa = mma_smem_u32(Qs + (16 * w + (lane & 15)) * LD + (lane >> 4) * 8);
+    const uint32_t ka0 = mma_smem_u32(Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8);
+    const uint32_t va0 = mma_smem_u32(Vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + (lane >> 4) * 8);
     /* s -> the exponent's domain: scale·log2 e (natural for SPLIT), folded into the exp's FMA; with a
      * softcap (or a scale that is not positive: the row max of raw s must be the max of scaled s) the
      * tile is scaled in place first and only log2 e remains */
@@ -288,7 +253,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
              * copies), then one barrier: everyone's copies visible and every warp done with the previous
              * tile, whose buffer takes the next copy */
             if (it + 1 < ntile) lookup(kb + BN);
-            cp_async_wait<0>();
+            mma_cp_wait<0>();
             allv = __syncthreads_and(oknext);
             if (it + 1 < ntile) oknext = issue(kb + BN, bb ^ 1);
         } else {
@@ -339,26 +304,26 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++) {
             uint32_t af[4], al[4];
-            ldsm_x4(af, qa + kc * 32);
-            if (SPLIT) ldsm_x4(al, qa + (BM * LD + kc * 16) * 2);
+            mma_ldsm_x4(af, qa + kc * 32);
+            if (SPLIT) mma_ldsm_x4(al, qa + (BM * LD + kc * 16) * 2);
 #pragma unroll
             for (int j = 0; j < NJ; j += 2) {
                 uint32_t b[4];
-                ldsm_x4(b, ka + (j * 8 * LD + kc * 16) * 2);
+                mma_ldsm_x4(b, ka + (j * 8 * LD + kc * 16) * 2);
                 if (kc == 0) {
-                    mma16816_z(s[j], af, b[0], b[1]);
-                    mma16816_z(s[j + 1], af, b[2], b[3]);
+                    mma_bf16_z(s[j], af, b[0], b[1]);
+                    mma_bf16_z(s[j + 1], af, b[2], b[3]);
                 } else {
-                    mma16816(s[j], af, b[0], b[1]);
-                    mma16816(s[j + 1], af, b[2], b[3]);
+                    mma_bf16(s[j], af, b[0], b[1]);
+                    mma_bf16(s[j + 1], af, b[2], b[3]);
                 }
                 if (SPLIT) {
                     uint32_t bl[4];
-                    ldsm_x4(bl, ka + ((BN + j * 8) * LD + kc * 16) * 2);
-                    mma16816(s[j], af, bl[0], bl[1]);
-                    mma16816(s[j + 1], af, bl[2], bl[3]);
-                    mma16816(s[j], al, b[0], b[1]);
-                    mma16816(s[j + 1], al, b[2], b[3]);
+                    mma_ldsm_x4(bl, ka + ((BN + j * 8) * LD + kc * 16) * 2);
+                    mma_bf16(s[j], af, bl[0], bl[1]);
+                    mma_bf16(s[j + 1], af, bl[2], bl[3]);
+                    mma_bf16(s[j], al, b[0], b[1]);
+                    mma_bf16(s[j + 1], al, b[2], b[3]);
                 }
             }
         }
@@ -442,21 +407,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) fa_kernel(FaArgs a) {
 #pragma unroll
             for (int n = 0; n < ND; n += 2) {
                 uint32_t b[4];
-                ldsm_x4_t(b, va + (kk * 16 * LDV + n * 8) * 2);
-                mma16816(o[n], pf, b[0], b[1]);
-                mma16816(o[n + 1], pf, b[2], b[3]);
+                mma_ldsm_x4_t(b, va + (kk * 16 * LDV + n * 8) * 2);
+                mma_bf16(o[n], pf, b[0], b[1]);
+                mma_bf16(o[n + 1], pf, b[2], b[3]);
                 if (SPLIT) {
                     uint32_t bl[4];
-                    ldsm_x4_t(bl, va + ((BN + kk * 16) * LDV + n * 8) * 2);
-                    mma16816(o[n], pf, bl[0], bl[1]);
-                    mma16816(o[n + 1], pf, bl[2], bl[3]);
-                    mma16816(o[n], pl, b[0], b[1]);
-                    mma16816(o[n + 1], pl, b[2], b[3]);
+                    mma_ldsm_x4_t(bl, va + ((BN + kk * 16) * LDV + n * 8) * 2);
+                    mma_bf16(o[n], pf, bl[0], bl[1]);
+                    mma_bf16(o[n + 1], pf, bl[2], bl[3]);
+                    mma_bf16(o[n], pl, b[0], b[1]);
+                    mma_bf16(o[n + 1], pl, b[2], b[3]);
                 }
             }
         }
     }
-    if (BFP) cp_async_wait<0>(); /* nothing left in flight at exit (none is: the last tile issued none) */
+    if (BFP) mma_cp_wait<0>(); /* nothing left in flight at exit (none is: the last tile issued none) */
 
     /* epilogue: finish the row sums over the quad, write O / l (or the split-K partials, m natural) */
 #pragma unroll
@@ -535,7 +500,9 @@ static int fa_launch(tern__cuda *c, FaArgs a, long keylen) {
 /* The tile shapes: <D, DV, BN, NW, SPLIT, min blocks per SM, BFP>. Row 0 of each head dim and page
  * kind is the default; rows 1..3 are alternatives for bench_cuda (tern__cuda_fa_cfg). d 512 (Gemma 4's
  * global layers): two passes of 256 V columns, bf16 mode only (split operands would need 233 KB).
- * BFP rows (BF16 pages) hold two K/V buffers; row 0 = the fastest at 8k on the H200 (NOTES (q)). */
+ * BFP rows (BF16 pages) hold two K/V buffers; row 0 = the fastest at 8k on the H200 (NOTES (q)). d 256 row 2
+ * (4 warps x 2 blocks) times faster alone (239 vs 223 TFLOP/s at 8k) but gemma4-12b's prefill did not
+ * gain with it as row 0 (pp2048 17.2k vs 17.6k, one rep each; NOTES (r)): row 0 stays. */
 #define FA_SHAPES(X)                                                                                              \
     X(64, 0, 64, 64, 64, 8, false, 2, false) X(64, 1, 64, 64, 64, 4, false, 3, false)                            \
     X(64, 2, 64, 64, 32, 8, false, 2, false) X(64, 3, 64, 64, 64, 8, false, 1, false)                            \

@@ -1,7 +1,8 @@
 /*
  * mma.cuh — the sm_80+ tensor-core building blocks the tiled kernels share: shared-memory
  * addresses, ldmatrix (plain and transposed), 16-byte cp.async with zero fill, its group
- * commit/wait, and mma.sync m16n8k16 bf16 -> f32.
+ * commit/wait, and mma.sync m16n8k16 bf16 -> f32 (accumulating, or from zero). Users: sgemm.cu,
+ * attn_prefill.cu. (qgemm_frag.cuh keeps its own non-volatile mma16816: qgemm/moe_gemm were timed so.)
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): lane = 4·g + t. A (16x16, row): a0 = (row g,
  * k 2t..2t+1), a1 = (row g+8, same k), a2 = (row g, k 2t+8..), a3 = (row g+8, k 2t+8..) — what
@@ -22,6 +23,11 @@ __device__ __forceinline__ void mma_ldsm_x4(uint32_t *r, uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+__device__ __forceinline__ void mma_ldsm_x4_t(uint32_t *r, uint32_t addr) { /* transposed 8x8 tiles */
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
 /* 16 bytes global -> shared, asynchronously; ok = false fills the 16 bytes with zeros (nothing read) */
 __device__ __forceinline__ void mma_cp16(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
@@ -35,6 +41,14 @@ __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b
                  "{%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d = a · b (accumulators start from zero) */
+__device__ __forceinline__ void mma_bf16_z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
 #endif
