@@ -79,3 +79,10 @@ if [ $? -eq 0 ] && node -e 'const c = JSON.parse(require("fs").readFileSync(proc
     process.exit(c.model_type === "llama" && c.hidden_size === 4096 ? 0 : 1)' "$tmp/out"; then ok info_preset_config
 else bad "info_preset_config: $(head -c 200 "$tmp/out" "$tmp/err")"; fi
 expect info_config_needs_random 2 "random" $T info --config
+
+# rows per forward: serve --max-batch-tokens is range-checked; generate --chunk changes no greedy id
+expect serve_max_batch_tokens_zero 2 "max-batch-tokens" $T serve demo --max-batch-tokens 0
+expect serve_max_batch_tokens_text 2 "max-batch-tokens" $T serve demo --max-batch-tokens many
+a=$($T generate demo --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 6 --temperature 0 --ignore-eos --print-ids --chunk 5 2>/dev/null)
+b=$($T generate demo --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 6 --temperature 0 --ignore-eos --print-ids 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok generate_chunk_same_ids || bad "generate_chunk_same_ids: '$a' vs '$b'"
