@@ -182,7 +182,7 @@ static int run_prefix(const args *a) {
 }
 
 int main(int argc, char **argv) {
-    args a = {.model = "demo", .device = "cpu", .prompt = 64, .gen = 32, .system = 1024, .requests = 8, .mbt = 512,
+    args a = {.model = "demo", .device = "cpu", .prompt = 64, .gen = 32, .system = 1024, .requests = 8, .mbt = 0,
               .conc = {1, 4, 16, 64}, .n_conc = 4, .bf16 = -1};
     static char rnd[128];
     for (int i = 1; i < argc; i++) {
@@ -210,12 +210,14 @@ int main(int argc, char **argv) {
         } else if (f[0] != '-') a.model = f;
         else { fprintf(stderr, "concurrency: unknown or incomplete argument '%s'\n", f); return 2; }
     }
-    if (a.prompt < 1 || a.gen < 2 || a.gen > MAX_GEN || a.system < 16 || a.requests < 2 || a.mbt < 1) {
+    if (a.prompt < 1 || a.gen < 2 || a.gen > MAX_GEN || a.system < 16 || a.requests < 2 || a.mbt < 0) {
         fprintf(stderr, "concurrency: need --prompt >= 1, 2 <= --gen <= %d, --system >= 16, --requests >= 2\n", MAX_GEN);
         return 2;
     }
     for (int i = 0; i < a.n_conc; i++) if (a.conc[i] < 1 || a.conc[i] > 4096) { fprintf(stderr, "concurrency: bad --conc\n"); return 2; }
-    printf("model %s, device %s, prompt %d, gen %d, max batch tokens %d\n", a.model, a.device, a.prompt, a.gen, a.mbt);
+    char mbt[48];
+    snprintf(mbt, sizeof mbt, a.mbt ? "%d" : "the engine's (2048 GPU, 512 CPU)", a.mbt);
+    printf("model %s, device %s, prompt %d, gen %d, max batch tokens %s\n", a.model, a.device, a.prompt, a.gen, mbt);
     printf("%5s %10s %10s %10s %10s %10s %10s %8s\n", "conc", "out tok/s", "dec tok/s", "TTFT p50", "TTFT p99", "ITL p50",
            "ITL p99", "wall s");
     for (int i = 0; i < a.n_conc; i++) if (run_conc(&a, a.conc[i])) return 1;
