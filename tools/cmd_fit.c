@@ -150,7 +150,7 @@ static int parse_gb(const char *flag, const char *v, double *out) {
 
 int tern_cmd_fit(int argc, char **argv) {
     cli_common c = {0};
-    long ctx = 0, conc = 8, mbt = 512;
+    long ctx = 0, conc = 8, mbt = 0; /* 0: the engine's default for the device planned for */
     double budget = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_flag(&c, argc, argv, &i);
@@ -165,6 +165,10 @@ int tern_cmd_fit(int argc, char **argv) {
         else return cli_usage_error("fit", "unknown or incomplete argument '%s'", a);
     }
     if (!ctx && c.max_ctx) ctx = c.max_ctx;
+    /* planning for GPUs (--device cuda or --gpus N): the engine's GPU defaults — 2048 rows per step
+     * (tern_model_default_batch) and, for --kv-quant auto in the bf16 mode, BF16 pages */
+    const int gpu = c.gpus > 1 || (c.device && !strcmp(c.device, "cuda"));
+    if (!mbt) mbt = gpu ? 2048 : 512;
     tern_model_config cfg;
     memset(&cfg, 0, sizeof cfg);
     tern_error e = {0};
@@ -183,7 +187,8 @@ int tern_cmd_fit(int argc, char **argv) {
     }
     if (st) { tern_config_free(&cfg); return cli_fail("fit", &e); }
     tern_kv_fmt *fmt = NULL;
-    const char *src = NULL, *spec = c.kv_quant ? c.kv_quant : "auto";
+    const char *src = NULL, *spec = tern_kv_quant_default(c.kv_quant ? c.kv_quant : "auto", gpu,
+                                                          !c.compute_set || c.compute == TERN_COMPUTE_BF16);
     if ((st = tern_kv_quant_plan(spec, c.random ? NULL : dir, &cfg, &fmt, &src, &e))) { tern_config_free(&cfg); return cli_fail("fit", &e); }
     tern_fit_opts fo = {.ctx = (int)ctx, .max_concurrency = (int)conc, .max_batch_tokens = (int)mbt, .budget_gb = budget};
     tern_fit f;

@@ -30,3 +30,11 @@ else bad "fit_random_budget: $csv"; fi
 $T fit demo --kv-quant 4 >"$tmp/out" 2>&1 && grep -q "selected KV mode   4" "$tmp/out" && ok fit_kv_quant || bad "fit_kv_quant: $(head -c 300 "$tmp/out")"
 $T fit demo --memory-budget -3 >/dev/null 2>"$tmp/err"; [ $? -eq 2 ] && ok fit_bad_budget || bad fit_bad_budget
 $T fit "$tmp/none" >/dev/null 2>"$tmp/err"; [ $? -eq 2 ] && grep -q none "$tmp/err" && ok fit_missing_model || bad "fit_missing_model: $(cat "$tmp/err")"
+# planning for a GPU (--device cuda, no GPU needed): BF16 pages (half of f32's 229376 B/token) and
+# 2048 rows per step, the engine's GPU defaults; --compute bf16x2 keeps F32 pages
+$T fit --random qwen3-0.6b --ctx 4096 --device cuda >"$tmp/out" 2>&1
+kf=$(grep '^csv,' "$tmp/out" | cut -d, -f7)
+[ "$kf" = 114688 ] && grep -q "2048 rows per step" "$tmp/out" && ok fit_gpu_defaults || bad "fit_gpu_defaults: $kf $(grep -i 'rows per step' "$tmp/out")"
+$T fit --random qwen3-0.6b --ctx 4096 --device cuda --compute bf16x2 >"$tmp/out" 2>&1
+kf=$(grep '^csv,' "$tmp/out" | cut -d, -f7)
+[ "$kf" = 229376 ] && ok fit_gpu_bf16x2_f32_pages || bad "fit_gpu_bf16x2_f32_pages: $kf"
