@@ -11,7 +11,8 @@
  * token (runtime/experts.h tern_experts_fit_plan; "csv-experts," line); with --gpus N every rank's
  * weights, KV, scratch and total ("csv-rank," lines: N, rank, bytes). Numbers come from
  * src/runtime/fit.c, which tern_engine_open uses to size the KV pool from --memory-budget.
- * Ends with one CSV line (prefix "csv,"). Exit 0 (also when it does not fit: the verdict
+ * --device cuda or --gpus N plan with the engine's GPU defaults (2048 rows per step, BF16 pages for
+ * --kv-quant auto in the bf16 mode). Ends with one CSV line (prefix "csv,"). Exit 0 (also when it does not fit: the verdict
  * line says so), 2 on bad arguments or an unreadable model.
  */
 #include "cli.h"
