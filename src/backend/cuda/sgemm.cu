@@ -9,9 +9,10 @@
  * GEMMs and the small shapes the worst; NOTES (r)): too few tiles for 132 SMs, no K split, and a
  * separate elementwise kernel after gate|up.
  *
- * Tiling: a block (4 warps) owns a tile of 128 weight rows — of one matrix, or 64 gate rows + the
- * same 64 up rows in the GLU mode — and all NP = 8·NT activation rows (zero-padded), over a range
- * of K. K advances in steps of 64: the weight tile [128][64] and the x tile [NP][64] (bf16, staged
+ * Tiling: a block of NW warps owns a tile of BM = 32·NW weight rows (NW = 4 by default; 8 with
+ * TERN_CUDA_SGEMM_CFG=1: half the x re-reads, not yet timed) — of one matrix, or BM/2 gate rows + the
+ * same BM/2 up rows in the GLU mode — and all NP = 8·NT activation rows (zero-padded), over a range
+ * of K. K advances in steps of 64: the weight tile [BM][64] and the x tile [NP][64] (bf16, staged
  * by the caller: gemm.c's stage_x) go to shared memory through cp.async in a ring of SG_ST stages
  * (16-byte chunks xor-swizzled by row so ldmatrix is conflict-free); warp w multiplies weight rows
  * 32w..32w+31 by every x row (mma.sync m16n8k16, f32 accumulators, 2·NT fragments of 4).
@@ -36,7 +37,6 @@
 
 namespace cg = cooperative_groups;
 
-#define SG_BM 128   /* weight rows per tile */
 #define SG_BK 64    /* K per stage: 128 bytes per row = 8 chunks of 16 */
 #define SG_ST 4     /* stages in the ring */
 #define SG_SMAX 8   /* K parts: the blocks of one cluster (the portable cluster size) */
@@ -45,6 +45,7 @@ extern "C" {
 int tern__cuda_sgemm_on = -1;  /* -1 until read from TERN_CUDA_SGEMM: 0 off, 1 q|k|v only (default), 2 every op */
 int tern__cuda_sgemm_max_n = 64;
 int tern__cuda_sgemm_split = 0; /* 0: the rule below; S > 0: that many K parts (bench sweeps) */
+int tern__cuda_sgemm_cfg = -1;  /* block shape: 0 = 4 warps x 128 rows, 1 = 8 warps x 256 rows (TERN_CUDA_SGEMM_CFG) */
 }
 
 struct SgArgs {
@@ -57,14 +58,17 @@ struct SgArgs {
 
 enum { SG_STORE = 0, SG_SILU = 1, SG_GELU = 2, SG_ADD = 3 }; /* gemv_mma.cu's mode numbers */
 
-template <int NP> constexpr int sg_smem() { return SG_ST * (SG_BM + NP) * SG_BK * 2; }
+template <int NP, int NW> constexpr int sg_smem() { return SG_ST * (32 * NW + NP) * SG_BK * 2; }
 
 /* byte offset of 16-byte chunk ch of row r in a [rows][64] bf16 stage */
 __device__ __forceinline__ uint32_t sg_off(int r, int ch) { return (uint32_t)(r * 128 + ((ch ^ (r & 7)) << 4)); }
 
-template <int NT> __global__ void __launch_bounds__(128) sg_kernel(SgArgs a) {
+/* NW warps: a tile of BM = 32·NW weight rows (4: 128 rows, 2 blocks per SM at 64 x rows; 8: 256 rows,
+ * half the x re-reads per weight byte, 1 block per SM) */
+template <int NT, int NW> __global__ void __launch_bounds__(NW * 32) sg_kernel(SgArgs a) {
     pdl_trigger();
-    constexpr int NP = NT * 8, WB = SG_BM * SG_BK * 2, STB = WB + NP * SG_BK * 2, XPT = NP / 16;
+    constexpr int SG_BM = 32 * NW, NTH = NW * 32, RS = NTH / 8; /* rows per pass of the chunk loads */
+    constexpr int NP = NT * 8, WB = SG_BM * SG_BK * 2, STB = WB + NP * SG_BK * 2, XPT = (NP + RS - 1) / RS;
     constexpr int CL = SG_BM + 4; /* f32 row stride of the epilogue tile [NP][CL] */
     extern __shared__ __align__(128) unsigned char sg_smem_buf[];
     const uint32_t sbase = mma_smem_u32(sg_smem_buf);
@@ -77,13 +81,13 @@ template <int NT> __global__ void __launch_bounds__(128) sg_kernel(SgArgs a) {
     const int r0 = t * (pair ? SG_BM / 2 : SG_BM), out = a.out[m];
     const int kt0 = (int)((long)split * a.nk / a.S), kt1 = (int)((long)(split + 1) * a.nk / a.S);
 
-    /* this thread's chunks: weight rows (tid >> 3) + 16 i, chunk tid & 7; x rows likewise */
+    /* this thread's chunks: weight rows (tid >> 3) + RS·i (8 of them), chunk tid & 7; x rows likewise */
     const int ch = tid & 7, rb = tid >> 3;
     const __nv_bfloat16 *wrow[8];
     unsigned wok = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const int r = rb + 16 * i;
+        const int r = rb + RS * i;
         int src = m, o = r0 + r;
         if (pair) { src = r >= SG_BM / 2; o = r0 + (r & (SG_BM / 2 - 1)); }
         const bool ok = o < out;
@@ -93,13 +97,14 @@ template <int NT> __global__ void __launch_bounds__(128) sg_kernel(SgArgs a) {
     auto load_w = [&](int kt, int st) {
         const uint32_t d = sbase + st * STB;
 #pragma unroll
-        for (int i = 0; i < 8; i++) mma_cp16(d + sg_off(rb + 16 * i, ch), wrow[i] + (size_t)kt * SG_BK, (wok >> i) & 1);
+        for (int i = 0; i < 8; i++) mma_cp16(d + sg_off(rb + RS * i, ch), wrow[i] + (size_t)kt * SG_BK, (wok >> i) & 1);
     };
     auto load_x = [&](int kt, int st) {
         const uint32_t d = sbase + st * STB + WB;
 #pragma unroll
         for (int i = 0; i < XPT; i++) {
-            const int r = rb + 16 * i;
+            const int r = rb + RS * i;
+            if (NP % RS && r >= NP) break; /* 8 warps, 16 x rows: half the threads */
             const bool ok = r < a.n;
             mma_cp16(d + sg_off(r, ch), a.x + (size_t)(ok ? r : 0) * a.in + (size_t)kt * SG_BK + ch * 8, ok);
         }
@@ -189,7 +194,7 @@ template <int NT> __global__ void __launch_bounds__(128) sg_kernel(SgArgs a) {
     };
     if (pair) {
         float *y = a.y[0];
-        for (int i = i0 + tid; i < i1; i += 128) {
+        for (int i = i0 + tid; i < i1; i += NTH) {
             const int j = i / (SG_BM / 2), r = i % (SG_BM / 2), o = r0 + r;
             if (o >= out) continue;
             const float gv = val(j * CL + r), uv = val(j * CL + r + SG_BM / 2);
@@ -197,7 +202,7 @@ template <int NT> __global__ void __launch_bounds__(128) sg_kernel(SgArgs a) {
         }
     } else {
         float *y = a.y[m];
-        for (int i = i0 + tid; i < i1; i += 128) {
+        for (int i = i0 + tid; i < i1; i += NTH) {
             const int j = i / SG_BM, r = i % SG_BM, o = r0 + r;
             if (o >= out) continue;
             const float v = val(j * CL + r);
@@ -216,10 +221,25 @@ extern "C" int tern__cuda_sgemm_level(void) {
     return tern__cuda_sgemm_on;
 }
 
+/* launch one instance: NT x-row fragments, NW warps */
+template <int NT, int NW> static cudaError_t sg_launch(cudaLaunchConfig_t *cfg, const SgArgs &a) {
+    cfg->blockDim = dim3(NW * 32);
+    cfg->dynamicSmemBytes = sg_smem<NT * 8, NW>();
+    return cudaLaunchKernelEx(cfg, sg_kernel<NT, NW>, a);
+}
+
+template <int NT, int NW> static void sg_allow() {
+    cudaFuncSetAttribute(sg_kernel<NT, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, sg_smem<NT * 8, NW>());
+}
+
 extern "C" void tern__cuda_sgemm_init(tern__cuda *c) {
-    cudaFuncSetAttribute(sg_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sg_smem<16>());
-    cudaFuncSetAttribute(sg_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, sg_smem<32>());
-    cudaFuncSetAttribute(sg_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, sg_smem<64>());
+    (void)c;
+    sg_allow<2, 4>(); sg_allow<4, 4>(); sg_allow<8, 4>();
+    sg_allow<2, 8>(); sg_allow<4, 8>(); sg_allow<8, 8>();
+    if (tern__cuda_sgemm_cfg < 0) {
+        const char *e = getenv("TERN_CUDA_SGEMM_CFG");
+        tern__cuda_sgemm_cfg = e && e[0] ? atoi(e) : 0;
+    }
     cudaGetLastError();
 }
 
@@ -235,6 +255,7 @@ extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const voi
     const int in = w[0]->in;
     if (in <= 0 || in % SG_BK) return 0;
     SgArgs a = {};
+    const int NW = tern__cuda_sgemm_cfg == 1 ? 8 : 4, SG_BM = 32 * NW;
     int T = 0;
     for (int i = 0; i < k; i++) {
         if (w[i]->dtype != TERN_DT_BF16 || w[i]->in != in || w[i]->out <= 0 || ((uintptr_t)w[i]->data & 15)) return 0;
@@ -251,7 +272,8 @@ extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const voi
     const int NT = n <= 16 ? 2 : n <= 32 ? 4 : 8;
     a.nk = in / SG_BK;
     /* K split: about two blocks per SM when the tiles alone cannot fill the GPU, >= 8 K steps each */
-    int S = tern__cuda_sgemm_split > 0 ? tern__cuda_sgemm_split : (2 * c->n_sm + T / 2) / T;
+    const int slots = (NW == 8 ? 1 : 2) * c->n_sm; /* resident blocks the GPU holds at 64 x rows */
+    int S = tern__cuda_sgemm_split > 0 ? tern__cuda_sgemm_split : (slots + T / 2) / T;
     if (S > (NT == 8 ? 4 : SG_SMAX)) S = NT == 8 ? 4 : SG_SMAX; /* 64 rows: 4 parts beat 6 (24.3 vs 33.6 us, q|k|v) */
     if (S > a.nk / 8) S = a.nk / 8;
     if (S < 1) S = 1;
@@ -274,14 +296,11 @@ extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const voi
     at[na++].val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(T, S);
-    cfg.blockDim = dim3(128);
     cfg.stream = c->stream;
     cfg.attrs = at;
     cfg.numAttrs = na;
-    cudaError_t e;
-    if (NT == 2) cfg.dynamicSmemBytes = sg_smem<16>(), e = cudaLaunchKernelEx(&cfg, sg_kernel<2>, a);
-    else if (NT == 4) cfg.dynamicSmemBytes = sg_smem<32>(), e = cudaLaunchKernelEx(&cfg, sg_kernel<4>, a);
-    else cfg.dynamicSmemBytes = sg_smem<64>(), e = cudaLaunchKernelEx(&cfg, sg_kernel<8>, a);
+    const cudaError_t e = NW == 8 ? (NT == 2 ? sg_launch<2, 8>(&cfg, a) : NT == 4 ? sg_launch<4, 8>(&cfg, a) : sg_launch<8, 8>(&cfg, a))
+                                  : (NT == 2 ? sg_launch<2, 4>(&cfg, a) : NT == 4 ? sg_launch<4, 4>(&cfg, a) : sg_launch<8, 4>(&cfg, a));
     if (e != cudaSuccess) { /* e.g. no room for a cluster: the caller takes cuBLASLt */
         cudaGetLastError();
         return 0;
