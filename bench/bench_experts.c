@@ -18,7 +18,8 @@
  * stacks without offload, and leaves them in the file with it). The last two columns: experts
  * copied ahead by the I/O thread per token and how many of them the next layer used
  * (TERN_EXPERTS_PREFETCH=0 turns the thread off; --ab runs every share twice, thread off then
- * on, labelled "N%/no" and "N%/io": the before/after comparison in the same minute).
+ * on, labelled "N%/no" and "N%/io": the before/after comparison in the same minute), then the MB
+ * per token the thread copied (in MB/token) and the staging slots per layer (k of the slots).
  */
 #include "io/config.h"
 #include "io/presets.h"
@@ -263,8 +264,8 @@ int main(int argc, char **argv) {
     int E = cfg.n_expert, k = cfg.n_expert_used, rc = 0;
     printf("decode with experts on disk: %s, %d of %d layers, q%d, device %s, %d decode tokens%s\n", preset, layers,
            full_layers, g_bits, device, tokens, cold ? ", page cache dropped before each run" : "");
-    printf("%-8s %7s %10s %9s %9s %12s %11s %11s %10s %9s %9s\n", "resident", "slots", "decode t/s", "hit rate",
-           "MB/token", "slot MB", "RSS load MB", "RSS end MB", "prefill s", "ahead/tok", "used/tok");
+    printf("%-8s %7s %10s %9s %9s %12s %11s %11s %10s %9s %9s %9s %4s\n", "resident", "slots", "decode t/s", "hit rate",
+           "MB/token", "slot MB", "RSS load MB", "RSS end MB", "prefill s", "ahead/tok", "used/tok", "ahead MB", "stg");
     char list[256];
     snprintf(list, sizeof list, "%s,off", fracs);
     for (char *tok = strtok(wr ? NULL : list, ","); tok; tok = strtok(NULL, ","))
@@ -321,10 +322,12 @@ int main(int argc, char **argv) {
         char lab[16];
         snprintf(lab, sizeof lab, off ? "off" : ab < 0 ? "%d%%" : ab ? "%d%%/io" : "%d%%/no", pct);
         double pre = (double)(x1.prefetched - x0.prefetched) / tokens, used = (double)(x1.prefetch_hits - x0.prefetch_hits) / tokens;
-        printf("%-8s %7d %10.2f %9.3f %9.2f %12.1f %11.1f %11.1f %10.3f %9.1f %9.1f\n", lab, off ? E : slots, tokens / dt,
-               hit, mbt, x1.slot_bytes / 1e6, rss_load / 1024.0, rss / 1024.0, pf, pre, used);
-        printf("csv,%s,%s,%d,%s,%d,%.3f,%.4f,%.3f,%.1f,%.1f,%.1f,%.4f,%.2f,%.2f\n", preset, device, layers, lab,
-               off ? E : slots, tokens / dt, hit, mbt, x1.slot_bytes / 1e6, rss_load / 1024.0, rss / 1024.0, pf, pre, used);
+        double pmb = (double)(x1.prefetch_bytes - x0.prefetch_bytes) / tokens / 1e6;
+        printf("%-8s %7d %10.2f %9.3f %9.2f %12.1f %11.1f %11.1f %10.3f %9.1f %9.1f %9.2f %4d\n", lab, off ? E : slots,
+               tokens / dt, hit, mbt, x1.slot_bytes / 1e6, rss_load / 1024.0, rss / 1024.0, pf, pre, used, pmb, x1.staging);
+        printf("csv,%s,%s,%d,%s,%d,%.3f,%.4f,%.3f,%.1f,%.1f,%.1f,%.4f,%.2f,%.2f,%.3f,%d\n", preset, device, layers, lab,
+               off ? E : slots, tokens / dt, hit, mbt, x1.slot_bytes / 1e6, rss_load / 1024.0, rss / 1024.0, pf, pre, used,
+               pmb, x1.staging);
         fflush(stdout);
         free(lg);
         tern_kv_close(kv);

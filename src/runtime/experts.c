@@ -10,18 +10,30 @@
  * entries of experts that are not resident are 0 and never read (only routed ids are).
  *
  * A call: download ids -> unique experts (stamp per call) -> hits stamped first (pinned), then
- * each miss takes the least recently used slot not stamped by this call -> copy its stored bytes
- * (vt->upload: memcpy on the CPU, stream-ordered copy on CUDA) -> upload the map when it changed
- * -> vt->moe_mlp over the views. read_ahead() predicts the next MoE layer's experts with its
- * router and asks the kernel to page them in (madvise WILLNEED); with the I/O thread on
- * (TERN_EXPERTS_PREFETCH=1) it also gives them slots of that layer (evicting its LRU, never a
- * predicted expert nor one that layer used at its last call) and queues the copies to one I/O thread, which runs them while this layer
- * computes: memcpy on CPU backends, vt->upload_side on a GPU (its own stream through pinned
- * staging, so the copy engine works beside the kernels). Only the engine thread touches the
- * tables; the thread only copies bytes into slots of the next layer, and every call waits for
- * the queue to be empty before it touches any slot, so a slot being filled is never used. On a
- * GPU a slot of the next layer is not read by queued kernels either: the call that queues the
+ * each miss takes the least recently used regular slot not stamped by this call (ties: lower
+ * expert id, so the choice follows contents, not positions) -> copy its stored bytes (vt->upload:
+ * memcpy on the CPU, stream-ordered copy on CUDA) -> upload the map when it changed ->
+ * vt->moe_mlp over the views. read_ahead() predicts the next MoE layer's experts with its router
+ * and asks the kernel to page them in (madvise WILLNEED).
+ * Staging slots (TERN_EXPERTS_PREFETCH=1 and S >= 2k; else P = 0 and no thread): P = k of each
+ * layer's S slots are flagged staging. read_ahead() also copies the predicted experts that are not
+ * resident into staging slots of the next layer (never a regular slot, nor a staging slot holding
+ * another expert predicted in the same pass) on one I/O thread, while this layer computes: memcpy
+ * on CPU backends, vt->upload_side on a GPU (its own stream through pinned staging, so the copy
+ * engine works beside the kernels). At that layer's call a routed expert found in a staging slot
+ * (prefetched, or demoted there earlier and not yet overwritten) turns the slot regular (table
+ * swap, no copy), misses take regular LRU slots, and afterwards the least recently used regular
+ * slots turn staging until P are again (their experts stay valid there until overwritten; a call
+ * with more experts than S - P also uses staging slots, and the count is restored at the next
+ * read-ahead). So the regular slots evolve exactly like an LRU cache of S - P slots whatever the
+ * predictions are: a wrong guess costs its copy, never a cached expert (tests: skew at S slots
+ * has the hits and misses of no prefetch at S - P). Only the engine thread touches the tables;
+ * the thread only copies bytes into staging slots of the next layer, and every call waits for the
+ * queue to be empty before it touches any slot, so a slot being filled is never used. On a GPU a
+ * staging slot of the next layer is not read by queued kernels either: the call that queues the
  * copies has just downloaded its routed ids, which waits for every kernel queued before.
+ * CPU A/B (session 9, bench_experts --ab): on 2 cores the thread's copies compete with the compute threads and
+ * the staged wins do not pay for them; the thread stays opt-in.
  * Per-expert sources (esrc, from weights.c expert views): each expert's stored bytes apart; a
  * call with more experts than slots copies them into a temporary pool for that call.
  */
@@ -59,8 +71,9 @@ typedef struct xlayer {
     tern_tensor router;       /* uploaded [E, H] (data NULL: none registered) */
     uint8_t *ahead;           /* [E]: read ahead by the previous layer, not loaded since */
     uint8_t *pre;             /* [S]: filled by the I/O thread, not used since */
+    uint8_t *stg;             /* [S]: a staging slot (only those are filled by the I/O thread) */
+    int nstg;                 /* staging slots now (x->P after every call that fits the regular slots) */
     int map_dirty;            /* map_host changed by a prefetch, map_dev not yet uploaded */
-    uint64_t last_call;       /* the clock of this layer's last prepare (its slots stamped then) */
 } xlayer;
 
 typedef struct xjob { xlayer *L; int e, s; } xjob;
@@ -70,6 +83,7 @@ typedef struct xjob { xlayer *L; int e, s; } xjob;
 struct tern_experts {
     tern_backend *be;
     int n_layer, E, S, k;
+    int P;                    /* staging slots per layer: k with the I/O thread, else 0 */
     size_t cap;
     int slots_req;
     xlayer *L;
@@ -136,6 +150,7 @@ void tern_experts_close(tern_experts *x) {
         free(L->stamp);
         free(L->ahead);
         free(L->pre);
+        free(L->stg);
         for (int w = 0; w < 3; w++) free(L->st[w].esrc);
     }
     free(x->q);
@@ -315,6 +330,8 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
     /* opt-in (=1): on a box without a spare core the copies compete with the compute threads
      * (bench/NOTES.md: 4.06 -> 2.98 tok/s at k slots on 2 cores) */
     int want_io = (x->be->device < 0 || vt->upload_side) && pf && pf[0] && pf[0] != '0', routed = 0;
+    /* k staging slots out of S, leaving at least k regular ones (a decode row's experts) */
+    if (S < 2 * k) want_io = 0;
     x->skew = pf && !strcmp(pf, "skew");
     /* a router reads ahead for this store when its rows cover the store's experts [e0, e0 + E) */
     x->RE = 0;
@@ -343,6 +360,7 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
         L->stamp = calloc((size_t)S, sizeof(uint64_t));
         L->ahead = calloc((size_t)E, 1);
         L->pre = calloc((size_t)S, 1);
+        L->stg = calloc((size_t)S, 1);
         if (L->router.data && (L->file_backed || (want_io && routed)) && !x->d_lg) {
             x->d_lg = vt->alloc(x->be, sizeof(float) * PRED_ROWS * (size_t)x->RE);
             x->h_lg = malloc(sizeof(float) * PRED_ROWS * (size_t)x->RE);
@@ -351,7 +369,7 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
         }
         L->pool = vt->alloc(x->be, off);
         L->map_dev = vt->alloc(x->be, sizeof(int32_t) * (size_t)E);
-        if (!L->slot_of || !L->map_host || !L->owner || !L->stamp || !L->ahead || !L->pre || !L->pool || !L->map_dev)
+        if (!L->slot_of || !L->map_host || !L->owner || !L->stamp || !L->ahead || !L->pre || !L->stg || !L->pool || !L->map_dev)
             return tern_err(err, TERN_ENOMEM, "expert store: cannot allocate %d slots of %zu bytes for layer %d on the %s "
                             "backend", S, L->expert_bytes, l, vt->name);
         x->st.slot_bytes += off;
@@ -375,14 +393,19 @@ tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err) {
             return tern_err(err, TERN_ENOMEM, "expert store: out of memory");
         if (io_start(x)) tern_log(TERN_LOG_WARN, "expert cache: cannot start the I/O thread; copies stay on the engine thread");
     }
+    x->P = x->io_on ? k : 0; /* the last P slots of each layer start as (empty) staging slots */
+    for (int l = 0; l < x->n_layer; l++)
+        if (x->L[l].stg)
+            for (int s = S - x->P; s < S; s++) x->L[l].stg[s] = 1, x->L[l].nstg++;
+    x->st.staging = x->P;
     x->st.prefetch_on = x->io_on;
     x->st.n_layers = nl;
     x->st.n_expert = E;
     x->st.slots = S;
     x->st.expert_bytes = bmax;
     x->st.cap_bytes = x->slots_req > 0 ? 0 : x->cap;
-    tern_log(TERN_LOG_INFO, "expert cache: %d of %d experts per layer resident (%d MoE layers, %.3f GB of slots)", S, E,
-             nl, (double)x->st.slot_bytes / 1073741824.0);
+    tern_log(TERN_LOG_INFO, "expert cache: %d of %d experts per layer resident (%d MoE layers, %.3f GB of slots, %d "
+             "staging)", S, E, nl, (double)x->st.slot_bytes / 1073741824.0, x->P);
     return TERN_OK;
 }
 
@@ -444,16 +467,35 @@ static void assign(xlayer *L, int e, int v) {
     L->pre[v] = 0;
 }
 
-/* Least recently used slot of L not stamped `now` and stamped before `below`, or -1. */
-static int victim(const tern_experts *x, const xlayer *L, uint64_t now, uint64_t below) {
+/* Least recently used slot of L among the regular (stg 0) or staging (stg 1) ones, not stamped
+ * `now`, or -1. Ties (slots stamped by the same call) go to the lower expert id, empty slots
+ * first: the choice depends on the slots' contents, not on where they sit, so the regular slots
+ * evolve exactly like an LRU cache of that many slots whatever the staging slots do. */
+static int victim(const tern_experts *x, const xlayer *L, uint64_t now, int stg) {
     int v = -1;
-    for (int s = 0; s < x->S; s++)
-        if (L->stamp[s] != now && L->stamp[s] < below && (v < 0 || L->stamp[s] < L->stamp[v])) v = s;
+    for (int s = 0; s < x->S; s++) {
+        if (L->stamp[s] == now || L->stg[s] != stg) continue;
+        if (v < 0 || L->stamp[s] < L->stamp[v] || (L->stamp[s] == L->stamp[v] && L->owner[s] < L->owner[v])) v = s;
+    }
     return v;
 }
 
-/* Make the unique experts uniq[0..U) (U <= S) resident; returns the misses (copied now, or
- * ahead by the I/O thread: those count as misses read ahead). */
+/* Back to P staging slots: demote the least recently used regular slots not stamped `now` (their
+ * experts stay valid there until a prefetch overwrites them). */
+static void rebalance(tern_experts *x, xlayer *L, uint64_t now) {
+    while (L->nstg < x->P) {
+        int v = victim(x, L, now, 0);
+        if (v < 0) return; /* every regular slot is pinned by this call (U > S - P): next time */
+        L->stg[v] = 1;
+        L->nstg++;
+    }
+}
+
+/* Make the unique experts uniq[0..U) (U <= S) resident; returns the misses (copied now, or found
+ * in a staging slot: copied ahead by the I/O thread, or demoted there earlier). A routed expert in
+ * a staging slot turns that slot regular (no copy); the misses take the regular LRU slots; then the
+ * regular LRU slots beyond S - P turn staging. So the regular slots hold exactly what an LRU cache
+ * of S - P slots would (hits equal), and a wrong prefetch never displaces a cached expert. */
 static int prepare(tern_experts *x, xlayer *L, int U) {
     uint64_t now = ++x->clock;
     int miss = 0, changed = L->map_dirty;
@@ -461,19 +503,27 @@ static int prepare(tern_experts *x, xlayer *L, int U) {
         int e = x->uniq[i], s = L->slot_of[e];
         if (s < 0) continue;
         L->stamp[s] = now;
+        if (!L->stg[s]) continue;
+        L->stg[s] = 0; /* staging -> regular: a table swap */
+        L->nstg--;
+        miss++;
+        x->st.staged++;
         if (L->pre[s]) { /* copied ahead for this call */
             L->pre[s] = 0;
-            L->ahead[e] = 0;
-            miss++;
             x->ahead_call++;
             x->st.pred_used++;
             x->st.prefetch_hits++;
         }
+        L->ahead[e] = 0;
     }
     for (int i = 0; i < U; i++) {
         int e = x->uniq[i];
         if (L->slot_of[e] >= 0) continue;
-        int v = victim(x, L, now, UINT64_MAX); /* never a slot pinned by this call */
+        int v = victim(x, L, now, 0); /* never a slot pinned by this call */
+        if (v < 0 && (v = victim(x, L, now, 1)) >= 0) { /* U > S - P: a staging slot serves too */
+            L->stg[v] = 0;
+            L->nstg--;
+        }
         if (v < 0) break;          /* cannot happen: U <= S */
         assign(L, e, v);
         load_slot(x, L, e, v, 0);
@@ -484,9 +534,9 @@ static int prepare(tern_experts *x, xlayer *L, int U) {
         miss++;
         changed = 1;
     }
+    rebalance(x, L, now);
     if (changed) x->be->vt->upload(x->be, L->map_dev, L->map_host, sizeof(int32_t) * (size_t)x->E);
     L->map_dirty = 0;
-    L->last_call = now;
     x->st.hits += U - miss;
     x->st.misses += miss;
     return miss;
@@ -494,9 +544,10 @@ static int prepare(tern_experts *x, xlayer *L, int U) {
 
 /* Read ahead for the next MoE layer after `layer` (experts.h): its router on this call's input
  * xin [n, H], the top-k of each row; madvise(WILLNEED) on the stored bytes of those that are
- * not resident (file-backed), and with the I/O thread, slots for them (LRU of that layer, never
- * a predicted expert nor one used at that layer's last call) filled on the thread. Ordering on a device: the download waits for the
- * router product only (queued after this layer's routing), before this layer's experts run. */
+ * not resident (file-backed), and with the I/O thread, staging slots of that layer for them
+ * (never a regular slot, nor a staging slot holding another predicted expert) filled on the
+ * thread. Ordering on a device: the download waits for the router product only (queued after
+ * this layer's routing), before this layer's experts run. */
 static void read_ahead(tern_experts *x, int layer, const float *xin, int n) {
     int nx = layer + 1;
     while (nx < x->n_layer && !x->L[nx].have) nx++;
@@ -533,23 +584,23 @@ static void read_ahead(tern_experts *x, int layer, const float *xin, int n) {
         for (int g = 0; g < RE; g++) sel[g] &= 4;
     }
     memset(sel, 0, (size_t)RE);
-    if (!x->io_on) return;
-    uint64_t now = ++x->clock; /* the predicted experts: kept (stamped), the missing ones copied */
-    for (int i = 0; i < np; i++)
-        if (N->slot_of[x->pred[i]] >= 0) N->stamp[N->slot_of[x->pred[i]]] = now;
+    if (!x->io_on || !x->P) return;
+    rebalance(x, N, UINT64_MAX); /* after a call wider than its regular slots (nothing pinned now) */
+    uint64_t now = ++x->clock;
+    for (int i = 0; i < np; i++) /* predicted experts already staged: kept this pass */
+        if (N->slot_of[x->pred[i]] >= 0 && N->stg[N->slot_of[x->pred[i]]]) N->stamp[N->slot_of[x->pred[i]]] = now;
     for (int i = 0; i < np; i++) {
         int e = x->pred[i];
         if (N->slot_of[e] >= 0) continue;
-        /* never a slot the layer used at its last call: those are the likeliest hits of the next one
-         * (evicting them for a ~60 % guess read more bytes than it saved, NOTES (q)) */
-        int v = victim(x, N, now, N->last_call);
-        if (v < 0) break; /* every other slot holds a predicted or a recently used expert */
+        int v = victim(x, N, now, 1); /* a staging slot: an older guess, or a demoted expert */
+        if (v < 0) break;          /* more predictions than staging slots (several rows) */
         assign(N, e, v);
         N->stamp[v] = now;
         N->pre[v] = 1;
         N->map_dirty = 1;
         x->st.prefetched++;
         x->st.bytes_read += N->expert_bytes;
+        x->st.prefetch_bytes += N->expert_bytes;
         io_push(x, N, e, v);
     }
 }

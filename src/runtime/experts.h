@@ -58,6 +58,11 @@ typedef struct tern_experts_stats {
     int64_t prefetched;       /* experts copied into slots ahead of their layer by the I/O thread */
     int64_t prefetch_hits;    /* of those, used by the next call of their layer */
     int prefetch_on;          /* 1 when the I/O thread runs */
+    /* appended: staging slots (the only slots the I/O thread fills; see add_router) */
+    int staging;              /* staging slots per layer (k with the thread on and >= 2k slots, else 0) */
+    int64_t staged;           /* routed experts found in a staging slot (prefetched, or demoted there and not
+                                 yet overwritten): promoted without a copy; counted in misses, not in bytes */
+    uint64_t prefetch_bytes;  /* bytes copied by the I/O thread (included in bytes_read) */
 } tern_experts_stats;
 
 tern_status tern_experts_open(tern_experts **out, tern_backend *be, int n_layer, const tern_experts_opts *o,
@@ -79,10 +84,12 @@ tern_status tern_experts_add_src(tern_experts *x, int layer, int which, const te
  * MoE call of a decode-sized step (<= 8 rows) predicts the next MoE layer's experts as the top-k
  * of that layer's router applied to this call's input, and asks the kernel to read the
  * non-resident ones ahead (madvise WILLNEED on their stored bytes, file-backed stores only), so
- * disk reads overlap this layer's compute. On CPU backends an I/O thread also copies the
- * predicted experts into free (least recently used, not predicted) slots of the next layer while
- * this layer computes; that layer's call waits for the copies before it uses any slot. A wrong
- * guess costs only bandwidth (and maybe an evicted expert): results never depend on it. */
+ * disk reads overlap this layer's compute. With TERN_EXPERTS_PREFETCH=1 and at least 2k slots,
+ * k of each layer's slots are staging slots and an I/O thread copies the predicted experts into
+ * staging slots of the next layer while this layer computes; a routed expert found there becomes
+ * a regular slot by table swap (no copy). The other S - k slots are a plain LRU cache that a
+ * prefetch never touches; that layer's call waits for the copies before it uses any slot. A wrong
+ * guess costs only bandwidth: results never depend on it. */
 tern_status tern_experts_add_router(tern_experts *x, int layer, const tern_tensor *router, tern_error *err);
 /* After every add: size and allocate the slot pools. k = experts per row. */
 tern_status tern_experts_plan(tern_experts *x, int k, tern_error *err);

@@ -11,9 +11,11 @@
  * stacks, q4) checks the same for the non-file source. TERN_TEST_DEVICE=cuda runs it on the
  * GPU (the lead's H200 run; scripts/gpu_check.sh style).
  * The I/O thread (opt-in, TERN_EXPERTS_PREFETCH=1; on in the main runs here, and its prefetches must
- * be used in the half-slot run, CPU), and the half-slot runs repeated with it off (=0) and with
- * deliberately wrong predictions (=skew): bitwise identical either way. With k slots it never
- * prefetches (every slot was used at the layer's last call). Per-expert HF stacks (glm5_dsa, glm5_dsa_fp8, and a
+ * be used in the "mid" run of max(E/2, 2k) slots, CPU), and the mid runs repeated with it off (=0)
+ * and with deliberately wrong predictions (=skew): bitwise identical either way. Below 2k slots
+ * there are no staging slots and no thread. Staging slots never cost a cached expert: decode with
+ * skew at S slots has the hits and misses of decode without prefetch at S - k slots (the regular
+ * ones), and reads no more demand bytes. Per-expert HF stacks (glm5_dsa, glm5_dsa_fp8, and a
  * per-expert copy of gemma4_moe_like written to a temporary directory) are not copied at load
  * with offload (tern_weights_stacked_bytes == 0) and give the same logits.
  */
@@ -138,14 +140,66 @@ static void check_config(const char *name, const char *what, tern_model *m, cons
                "%lld read ahead (%lld used)\n", name, what, o.xs.slots, o.xs.slot_bytes / 1024.0, (long long)o.xs.calls,
                (long long)o.xs.hits, (long long)o.xs.misses, (long long)o.xs.direct, (unsigned long long)o.xs.bytes_read,
                (long long)o.xs.predicted, (long long)o.xs.pred_used);
-        printf("    I/O thread %s: %lld copied ahead, %lld used\n", o.xs.prefetch_on ? "on" : "off",
-               (long long)o.xs.prefetched, (long long)o.xs.prefetch_hits);
+        printf("    I/O thread %s: %d staging slots, %lld copied ahead, %lld used, %lld staged hits\n",
+               o.xs.prefetch_on ? "on" : "off", o.xs.staging, (long long)o.xs.prefetched, (long long)o.xs.prefetch_hits,
+               (long long)o.xs.staged);
         const char *pf = getenv("TERN_EXPERTS_PREFETCH");
-        if (g_be->device < 0 && !strcmp(what, "half") && pf && !strcmp(pf, "1"))
+        if (g_be->device < 0 && !strcmp(what, "mid") && pf && !strcmp(pf, "1") && o.xs.slots >= 2 * o.xs.staging &&
+            o.xs.slots < o.xs.n_expert)
             CHECK(o.xs.prefetch_on && o.xs.prefetched > 0 && o.xs.prefetch_hits > 0, "%s %s: no prefetch used", name, what);
         CHECK(o.xs.calls > 0 && o.xs.misses > 0, "%s %s: the expert store was not used", name, what);
     }
     run_free(&o);
+}
+
+/* Decode stats (one row per step over ids) of the model in dir with `slots` slots per layer and
+ * TERN_EXPERTS_PREFETCH=pf; 0 on success. */
+static int decode_stats(const char *dir, const int32_t *ids, int na, int slots, const char *pf, tern_experts_stats *xs) {
+    setenv("TERN_EXPERTS_PREFETCH", pf, 1);
+    tern_error e = {0};
+    tern_model *m = NULL;
+    tern_kv *kv = NULL;
+    tern_model_opts mo = {.expert_slots = slots};
+    tern_kv_opts ko = {.n_slots = 1, .max_ctx = na + 8, .block_size = 4};
+    int rc = tern_model_load(&m, dir, g_be, &mo, &e) || tern_kv_open(&kv, g_be, tern_model_cfg(m), &ko, &e) ||
+             tern_kv_reserve(kv, 0, na, &e);
+    float *lg = rc ? NULL : malloc(sizeof(float) * (size_t)tern_model_cfg(m)->n_vocab);
+    for (int i = 0; !rc && i < na; i++) {
+        int32_t pos = i, slot = 0;
+        tern_batch b1 = {.n = 1, .tokens = ids + i, .pos = &pos, .slot = &slot};
+        rc = !lg || tern_model_forward(m, &b1, kv, lg, &e);
+    }
+    if (rc) printf("  decode (%d slots, prefetch=%s): %s\n", slots, pf, e.msg);
+    else tern_experts_get_stats(tern_model_experts(m), xs);
+    free(lg);
+    tern_kv_close(kv);
+    tern_model_free(m);
+    unsetenv("TERN_EXPERTS_PREFETCH");
+    return rc;
+}
+
+/* Wrong predictions (skew) fill only staging slots: the S - k regular slots see exactly the
+ * hits and misses of an LRU cache of S - k slots without prefetch, and no more demand bytes
+ * (fewer only when a routed expert is found in a staging slot: staged > 0). */
+static void check_skew(const char *name, const char *dir, const int32_t *ids, int na, int S, int k) {
+    tern_experts_stats a, b, c;
+    if (decode_stats(dir, ids, na, S, "skew", &a) || decode_stats(dir, ids, na, S - k, "0", &b) ||
+        decode_stats(dir, ids, na, S, "0", &c)) {
+        CHECK(0, "%s skew: decode failed", name);
+        return;
+    }
+    uint64_t demand = a.bytes_read - a.prefetch_bytes;
+    printf("  %s decode skew@%d (%d staging): %lld hits, %lld misses (%lld staged), %llu B demand + %llu B ahead; "
+           "no prefetch @%d: %lld hits, %lld misses, %llu B; @%d: %lld hits, %lld misses, %llu B\n", name, S, a.staging,
+           (long long)a.hits, (long long)a.misses, (long long)a.staged, (unsigned long long)demand,
+           (unsigned long long)a.prefetch_bytes, S - k, (long long)b.hits, (long long)b.misses,
+           (unsigned long long)b.bytes_read, S, (long long)c.hits, (long long)c.misses, (unsigned long long)c.bytes_read);
+    CHECK(a.prefetch_on && a.staging == k && a.prefetched > 0, "%s skew: nothing prefetched", name);
+    CHECK(!b.prefetch_on && b.staging == 0 && b.prefetch_bytes == 0, "%s skew: prefetch in the =0 run", name);
+    CHECK(a.hits == b.hits && a.misses == b.misses, "%s skew: hits/misses %lld/%lld != %lld/%lld without prefetch",
+          name, (long long)a.hits, (long long)a.misses, (long long)b.hits, (long long)b.misses);
+    CHECK(a.staged ? demand < b.bytes_read : demand == b.bytes_read, "%s skew: demand bytes %llu vs %llu", name,
+          (unsigned long long)demand, (unsigned long long)b.bytes_read);
 }
 
 static void check_fixture_dir(const char *name, const char *dir);
@@ -178,8 +232,10 @@ static void check_fixture_dir(const char *name, const char *dir) {
     int V = c->n_vocab, E = c->n_expert, k = c->n_expert_used;
     tern_model_free(m);
     m = NULL;
-    int slots[3] = {k, E / 2 > k ? E / 2 : k, E};
-    const char *what[3] = {"min", "half", "all"};
+    int mid = E / 2 > 2 * k ? E / 2 : 2 * k;
+    if (mid >= E) mid = E / 2 > k ? E / 2 : k;
+    int slots[3] = {k, mid, E};
+    const char *what[3] = {"min", "mid", "all"};
     setenv("TERN_EXPERTS_PREFETCH", "1", 1); /* the I/O thread is opt-in: test it on here */
     for (int i = 0; i < 3; i++) {
         tern_model_opts mo = {.expert_slots = slots[i]};
@@ -188,20 +244,21 @@ static void check_fixture_dir(const char *name, const char *dir) {
         tern_model_free(m);
         m = NULL;
     }
-    /* the I/O thread off, and prefetching wrong experts: same bits (half the slots: with k slots every
-     * slot was used at the layer's last call, and those are never taken for a prefetch) */
+    /* the I/O thread off, and prefetching wrong experts: same bits (mid: with fewer than 2k slots
+     * there are no staging slots, so nothing is prefetched) */
     const char *pf_modes[2] = {"0", "skew"};
     for (int i = 0; i < 2 && g_be->device < 0; i++) {
         setenv("TERN_EXPERTS_PREFETCH", pf_modes[i], 1);
         tern_model_opts mo = {.expert_slots = slots[1]};
         char what_pf[32];
-        snprintf(what_pf, sizeof what_pf, "half prefetch=%s", pf_modes[i]);
+        snprintf(what_pf, sizeof what_pf, "mid prefetch=%s", pf_modes[i]);
         if ((s = tern_model_load(&m, dir, g_be, &mo, &e))) CHECK(0, "%s: load (%s): %s", name, what_pf, e.msg);
         else check_config(name, what_pf, m, ids, na, np, &r, V);
         tern_model_free(m);
         m = NULL;
         unsetenv("TERN_EXPERTS_PREFETCH");
     }
+    if (g_be->device < 0 && mid >= 2 * k) check_skew(name, dir, ids, na, mid, k);
     /* the device path (row chunks whose experts fit k slots) on the CPU: close, not bitwise (the
      * CPU moe groups rows per expert, so chunking changes its batch shapes) */
     if (g_be->device < 0) {
