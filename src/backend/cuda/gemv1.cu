@@ -29,8 +29,13 @@ struct Gemv1Args {
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
 
-template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
-    pdl_start();
+/* PIPE (TERN_CUDA_G1_PIPE=1, written in session 9, not yet timed): the first round of weight loads is
+ * issued before pdl_wait and the x staging (weights do not depend on the previous kernel), and every
+ * round's loads are issued before the previous round is multiplied (two rounds in flight per lane).
+ * The f32 operations and their order are unchanged: the same bits. */
+template <int KIND, int R, int U, bool PIPE> __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
+    if (PIPE) pdl_trigger();
+    else pdl_start();
     using K = Kind<KIND>;
     constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
     extern __shared__ float4 xs1[];
@@ -54,44 +59,64 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
     const uint8_t *rowp[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rowp[r] = a.data[mrow[r]] + (size_t)orow[r] * rb;
-    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)a.x + f);
-    __syncthreads();
-    if (!live[0]) return;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (int c0 = 0; c0 < nch; c0 += 32 * U) {
-        uint32_t wd[U][R][W];
-        float s[U][R], b[U][R];
+    /* one round: U chunks per lane of each of the R rows (and their scales) */
+    struct Round { uint32_t wd[U][R][W]; float s[U][R], b[U][R]; };
+    auto load = [&](int c0, Round &q) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * 32 + lane;
             if (c < nch) {
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    load_chunk<KIND>(rowp[r], c, wd[u][r]);
+                    load_chunk<KIND>(rowp[r], c, q.wd[u][r]);
                     if constexpr (K::Q) {
                         const size_t gi = (size_t)orow[r] * ng + ((c * 32) >> a.gs_shift);
-                        s[u][r] = load_s(a.scales[mrow[r]], a.sdtype, gi);
-                        b[u][r] = load_s(a.biases[mrow[r]], a.sdtype, gi);
+                        q.s[u][r] = load_s(a.scales[mrow[r]], a.sdtype, gi);
+                        q.b[u][r] = load_s(a.biases[mrow[r]], a.sdtype, gi);
                     } else if constexpr (K::F8) {
-                        s[u][r] = ((const float *)a.scales[mrow[r]])[(size_t)(orow[r] / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
+                        q.s[u][r] = ((const float *)a.scales[mrow[r]])[(size_t)(orow[r] / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
                     }
                 }
             }
         }
+    };
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    auto dot = [&](int c0, Round &q) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * 32 + lane;
             if (c >= nch) continue;
             float qa[R], xsum = 0.0f;
-            chunk_dot<KIND, R, C4, K::Q>(wd[u], [&](int k4) { return xs1[g1swz(c * C4 + k4, C4)]; }, qa, xsum);
+            chunk_dot<KIND, R, C4, K::Q>(q.wd[u], [&](int k4) { return xs1[g1swz(c * C4 + k4, C4)]; }, qa, xsum);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                if constexpr (K::Q) acc[r] += fmaf(s[u][r], qa[r], b[u][r] * xsum);
-                else if constexpr (K::F8) acc[r] = fmaf(s[u][r], qa[r], acc[r]);
+                if constexpr (K::Q) acc[r] += fmaf(q.s[u][r], qa[r], q.b[u][r] * xsum);
+                else if constexpr (K::F8) acc[r] = fmaf(q.s[u][r], qa[r], acc[r]);
                 else acc[r] += qa[r];
             }
+        }
+    };
+    Round cur;
+    if (PIPE) {
+        load(0, cur);
+        pdl_wait();
+    }
+    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)a.x + f);
+    __syncthreads();
+    if (!live[0]) return;
+    if (PIPE) {
+        for (int c0 = 0; c0 < nch; c0 += 32 * U) {
+            Round nxt;
+            if (c0 + 32 * U < nch) load(c0 + 32 * U, nxt);
+            dot(c0, cur);
+            cur = nxt;
+        }
+    } else {
+        for (int c0 = 0; c0 < nch; c0 += 32 * U) {
+            load(c0, cur);
+            dot(c0, cur);
         }
     }
 #pragma unroll
@@ -110,6 +135,9 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
     }
 }
 
+extern "C" int tern__cuda_g1_pipe; /* TERN_CUDA_G1_PIPE=1 (read at init; tests set it): gemv1_kernel<.., true> */
+int tern__cuda_g1_pipe = 0;
+
 /* Rows per warp and chunks in flight per lane: pair modes need R = 2; U = 4 keeps a whole
  * 4096-wide q4 row (128 chunks) in flight in one round. */
 #define G1_R 2
@@ -120,11 +148,14 @@ template <int KIND> static void g1_go(cudaStream_t st, const Gemv1Args &a) {
     const int rpb = 8 * (pair ? 1 : G1_R);
     const unsigned blocks = (unsigned)((a.rows + rpb - 1) / rpb);
     const size_t smem = (size_t)a.in * sizeof(float);
-    tern_launch(st, gemv1_kernel<KIND, G1_R, G1_U>, blocks, 256, smem, a);
+    if (tern__cuda_g1_pipe) tern_launch(st, gemv1_kernel<KIND, G1_R, G1_U / 2, true>, blocks, 256, smem, a); /* 2 rounds of U/2 in flight */
+    else tern_launch(st, gemv1_kernel<KIND, G1_R, G1_U, false>, blocks, 256, smem, a);
 }
 
 template <int KIND> static void g1_allow() {
-    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)(G1_MAX_IN * sizeof(float)));
+    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U / 2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)(G1_MAX_IN * sizeof(float)));
 }
 
@@ -417,4 +448,6 @@ void tern__cuda_gemv1_init(void) { /* shared-memory limits of the big instances,
     g1_allow<9>(); g1_allow<16>(); g1_allow<17>(); g1_allow<32>();
     gu_allow<2>(); gu_allow<3>(); gu_allow<4>(); gu_allow<5>(); gu_allow<6>(); gu_allow<8>();
     gu_allow<9>(); gu_allow<16>(); gu_allow<17>(); gu_allow<32>();
+    const char *e = getenv("TERN_CUDA_G1_PIPE");
+    if (e && e[0]) tern__cuda_g1_pipe = atoi(e) != 0;
 }
