@@ -104,7 +104,11 @@ int tern_cmd_generate(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ids") && v) { ids_s = v; i++; }
         else if (!strcmp(a, "--max-tokens") && v) { if (cli_int("generate", a, v, 0, 1 << 24, &max_tokens)) return 2; i++; }
-        else if (!strcmp(a, "--chunk") && v) { if (cli_int("generate", a, v, 1, 1 << 20, &chunk)) return 2; i++; }
+        else if (!strcmp(a, "--chunk") && v) { /* rows per forward: the model's scratch and KV are sized for it */
+            if (cli_int("generate", a, v, 1, 1 << 20, &chunk)) return 2;
+            c.max_batch = (int)chunk;
+            i++;
+        }
         else if (!strcmp(a, "--temperature") && v) {
             char *end;
             temperature = strtod(v, &end);
