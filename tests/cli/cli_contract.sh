@@ -87,7 +87,7 @@ a=$($T generate demo --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 6 --temperatu
 b=$($T generate demo --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 6 --temperature 0 --ignore-eos --print-ids 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok generate_chunk_same_ids || bad "generate_chunk_same_ids: '$a' vs '$b'"
 # a chunk longer than the default (the sliding layers' KV must hold window + one chunk): 1500 ids at once
-long=$(seq 2 1501 | awk '{printf "%s%d", NR > 1 ? "," : "", 2 + $1 % 200}')
+long=$(seq 2 1501 | awk '{ s = s (NR > 1 ? "," : "") (2 + $1 % 200) } END { print s }')
 a=$($T generate demo --ids "$long" --max-tokens 4 --temperature 0 --ignore-eos --print-ids --chunk 2048 2>"$tmp/err")
 b=$($T generate demo --ids "$long" --max-tokens 4 --temperature 0 --ignore-eos --print-ids 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok generate_long_chunk || bad "generate_long_chunk: '$a' vs '$b' $(head -c 200 "$tmp/err")"
