@@ -4,7 +4,7 @@
  * byte once at close to the memory bandwidth, with the fused decode ops' epilogues in the same
  * launch: q|k|v (up to three matrices), act(gate)·up (SiLU / GELU-tanh) and y += W·x.
  *
- * Why: at 64 rows cuBLASLt ran llama3-8b's layer far below bandwidth (H200, in-model, µs per call:
+ * Why: at 64 rows cuBLASLt ran llama3-8b's layer far below bandwidth (H200, eager profile, µs per call:
  * q|k|v 56.5 for 50 MB, o 22.5 for 34 MB, gate|up 80.9 for 235 MB, down 58.0 for 117 MB — the beta = 1
  * GEMMs and the small shapes the worst; NOTES (r)): too few tiles for 132 SMs, no K split, and a
  * separate elementwise kernel after gate|up.
@@ -25,8 +25,10 @@
  * the epilogue, which writes y row by row (coalesced along the weight rows).
  * Numerics: bf16 x (rounded once by the caller) times BF16 W with f32 accumulation — the plain bf16
  * mode's contract (gemm.c), like the cuBLASLt GEMMs it replaces; the order of the sums differs, so
- * the bits differ from those (op tests: cuda_batch_fused / cuda_matmul_formats at the bf16 bound).
- * Used for q|k|v by default (TERN_CUDA_SGEMM=1; =2 every op, =0 off: cuBLASLt); bench_cuda --sgemm compares.
+ * the bits differ from those (op tests: cuda_sgemm — both block shapes, forced splits, every epilogue —
+ * and cuda_batch_fused at the bf16 bound).
+ * Outcome (NOTES (r)): it beats cuBLASLt only for q|k|v (one launch for three matrices), so that is the
+ * default (TERN_CUDA_SGEMM=1; =2 every op, =0 off: cuBLASLt); bench_cuda --sgemm compares.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
