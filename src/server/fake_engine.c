@@ -302,6 +302,7 @@ static void f_info(const void *p, tern_model_info *info) {
     info->arch = "fake";
     info->n_vocab = FAKE_VOCAB;
     info->n_ctx = 4096;
+    info->max_batch_tokens = 512; /* the CPU engine's default (no forward pass here) */
     info->n_layer = 1;
     info->n_embd = 8;
     info->bos_id = 1;

@@ -116,11 +116,12 @@ void srv_plan_summary(tern_server *s, double t_open, double t_opened) {
     size_t k = (size_t)snprintf(s->summary, sizeof s->summary,
         "model: %s (%s, %d layers, n_embd %d, vocab %d), context %d, tokenizer %s, chat template %s\n"
         "%s"
-        "serve: %smax concurrency %d, max queue %d, KV blocks %d; defaults temperature %g top_p %g top_k %d "
+        "serve: %smax concurrency %d, max batch tokens %d, max queue %d, KV blocks %d; defaults temperature %g top_p %g top_k %d "
         "min_p %g seed %s\n",
         s->served, in->arch ? in->arch : "?", in->n_layer, in->n_embd, in->n_vocab, in->n_ctx,
         in->has_tokenizer ? "yes" : "no", s->tmpl ? "yes" : "no", mem,
-        s->o.fake_engine ? "fake engine, " : "", conc, s->o.max_queue, st.kv_blocks_total, (double)sp->temperature, (double)sp->top_p, sp->top_k,
+        s->o.fake_engine ? "fake engine, " : "", conc,
+        in->max_batch_tokens ? in->max_batch_tokens : s->o.engine.max_batch_tokens, s->o.max_queue, st.kv_blocks_total, (double)sp->temperature, (double)sp->top_p, sp->top_k,
         (double)sp->min_p, seed);
     if (k < sizeof s->summary)
         snprintf(s->summary + k, sizeof s->summary - k,
