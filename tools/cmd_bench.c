@@ -77,7 +77,7 @@ int tern_cmd_bench(int argc, char **argv) {
     tern_model_stats ms;
     tern_model_get_stats(s.model, &ms);
     int on_cpu = tern_model_backend(s.model)->device < 0;
-    if (!chunk) chunk = tern_model_max_batch(s.model);
+    chunk = tern_model_max_batch(s.model); /* --chunk sized the model; else its default */
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
     for (long i = 0; i < n_prompt; i++) ids[i] = (int32_t)((i * 7919 + 2) % cfg->n_vocab);
     const tern_compute comp = tern_model_backend(s.model)->compute; /* bf16x2 reports bf16 (ops.h) */

@@ -169,7 +169,7 @@ int tern_cmd_fit(int argc, char **argv) {
     /* planning for GPUs (--device cuda or --gpus N): the engine's GPU defaults — 2048 rows per step
      * (tern_model_default_batch) and, for --kv-quant auto in the bf16 mode, BF16 pages */
     const int gpu = c.gpus > 1 || (c.device && !strcmp(c.device, "cuda"));
-    if (!mbt) mbt = gpu ? 2048 : 512;
+    if (!mbt) mbt = tern_model_default_batch(gpu);
     tern_model_config cfg;
     memset(&cfg, 0, sizeof cfg);
     tern_error e = {0};

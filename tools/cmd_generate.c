@@ -131,7 +131,7 @@ int tern_cmd_generate(int argc, char **argv) {
     int rc = cli_open(&c, 1, &s);
     if (rc) { free(ids); return rc; }
     const tern_model_config *cfg = tern_model_cfg(s.model);
-    if (!chunk) chunk = tern_model_max_batch(s.model);
+    chunk = tern_model_max_batch(s.model); /* --chunk sized the model; else its default */
     gen_out o = {.print_ids = 1};
     (void)print_ids; /* ids are the only output until text prompts land */
     tern_gen_stats st = {0};

@@ -323,7 +323,7 @@ tern_status tern_model_load_from(tern_model **out, const tern_model_config *cfg,
     m->cfg = *cfg;
     m->be = be;
     m->impl = impl;
-    m->max_batch = opts && opts->max_batch > 0 ? opts->max_batch : tern_model_default_batch(be);
+    m->max_batch = opts && opts->max_batch > 0 ? opts->max_batch : tern_model_default_batch(be && be->device >= 0);
     tern_status s = TERN_OK;
     if (!(m->d_tokens = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
         !(m->d_pos = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
@@ -415,7 +415,7 @@ void tern_model_free(tern_model *m) {
 const tern_model_config *tern_model_cfg(const tern_model *m) { return &m->cfg; }
 tern_backend *tern_model_backend(const tern_model *m) { return m->be; }
 int tern_model_max_batch(const tern_model *m) { return m ? m->max_batch : 0; }
-int tern_model_default_batch(const tern_backend *be) { return be && be->device >= 0 ? 2048 : 512; }
+int tern_model_default_batch(int gpu) { return gpu ? 2048 : 512; }
 void tern_model_get_stats(const tern_model *m, tern_model_stats *st) { *st = m->stats; }
 
 /* ---- step graphs ---------------------------------------------------------------------- */

@@ -70,8 +70,8 @@ tern_backend *tern_model_backend(const tern_model *m);
 int tern_model_max_batch(const tern_model *m); /* rows per forward the scratch was sized for */
 /* Rows per forward (prefill chunk) when none is asked for: 2048 on a GPU (an 8B model's prefill at
  * 4k-8k runs 13 % faster than in 512-row chunks: fewer, larger GEMMs), 512 on the CPU (no gain there,
- * less scratch). The engine's --max-batch-tokens and `tern bench --chunk` default to it. */
-int tern_model_default_batch(const tern_backend *be);
+ * less scratch). The engine's --max-batch-tokens, `tern bench/generate --chunk` and `tern fit` default to it. */
+int tern_model_default_batch(int gpu);
 
 /* One forward step. logits: host [n_want, n_vocab] (rows in batch order). The KV of every row is
  * written; tern_kv_reserve must have been called for each slot's positions. On error the

@@ -235,7 +235,7 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     if (!is_random && (st = resolve_model(o.model, e->dir, sizeof e->dir, err))) goto fail;
     snprintf(e->name, sizeof e->name, "%s", !o.model || !strcmp(o.model, "demo") ? "demo" : is_random ? o.model + 7 : tern_path_base(e->dir));
     if ((st = open_backend(e, &o, err))) goto fail;
-    if (!o.max_batch_tokens) o.max_batch_tokens = tern_model_default_batch(e->be);
+    if (!o.max_batch_tokens) o.max_batch_tokens = tern_model_default_batch(e->be->device >= 0);
     if (o.max_batch_tokens < o.max_concurrency) o.max_batch_tokens = o.max_concurrency;
     e->max_batch_tokens = o.max_batch_tokens;
     tern_log(TERN_LOG_INFO, "engine: backend %s, compute %s", e->be->vt->name,

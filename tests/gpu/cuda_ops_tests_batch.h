@@ -148,12 +148,18 @@ TEST(cuda_batch_fused) {
 extern int tern__cuda_sgemm_on, tern__cuda_sgemm_split, tern__cuda_sgemm_cfg;
 
 /* op 0: y = W0·x; 1: y = res + W0·x; 2: y = silu(W0·x)·(W1·x); 3: y0|y1|y2 = W0|W1|W2 · x (outputs back to back) */
+/* floats of op's output for n rows (op 3: the three outputs back to back) */
+static size_t sg_total(int op, const bt_w *w, int nw, int n) {
+    size_t tot = 0;
+    for (int i = 0; i < (op == 3 ? nw : 1); i++) tot += (size_t)n * w[i].g.shape[0];
+    return tot;
+}
+
 static float *sg_run(tern_backend *g, int op, const bt_w *w, int nw, const void *xd, const float *res, int n, int on,
                      int split) {
     tern__cuda_sgemm_on = on ? 2 : 0; /* 2: every op (the default takes q|k|v only) */
     tern__cuda_sgemm_split = split;
-    size_t tot = 0;
-    for (int i = 0; i < (op == 3 ? nw : 1); i++) tot += (size_t)n * w[i].g.shape[0];
+    const size_t tot = sg_total(op, w, nw, n);
     float *yd = res ? to_gpu(res, tot * 4) : nan_buf(g, tot);
     int r = 1;
     if (op == 0) g->vt->matmul(g, yd, xd, n, &w[0].g);
@@ -194,8 +200,7 @@ TEST(cuda_sgemm) {
             void *xd = to_gpu(x, (size_t)n * in * 4);
             for (int op = 0; op < 4; op++) {
                 const int nw = op == 3 ? 3 : op == 2 ? 2 : 1;
-                size_t tot = 0;
-                for (int i = 0; i < (op == 3 ? nw : 1); i++) tot += (size_t)n * w[i].g.shape[0];
+                const size_t tot = sg_total(op, w, nw, n);
                 float *ref = malloc(tot * 4), *tmp = malloc((size_t)n * 200 * 4);
                 if (op == 3) {
                     size_t off = 0;

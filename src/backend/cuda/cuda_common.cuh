@@ -28,24 +28,41 @@ __device__ __forceinline__ void pdl_start() {
 extern "C" int tern__cuda_pdl(void); /* 1 unless TERN_CUDA_PDL=0 */
 
 /* k<<<grid, block, smem, st>>>(args...), launched as a programmatic dependent of the stream's
- * previous kernel unless TERN_CUDA_PDL=0 (captured into graphs as programmatic edges) */
+ * previous kernel unless TERN_CUDA_PDL=0 (captured into graphs as programmatic edges); cluster_y > 0:
+ * thread-block clusters of (1, cluster_y, 1) blocks (sm_90). Returns the launch's error (cudaSuccess for
+ * a plain <<<>>> launch, whose errors the stream reports later). */
+template <typename... K, typename... A>
+static inline cudaError_t tern_launch_cluster(cudaStream_t st, void (*k)(K...), dim3 grid, dim3 block, size_t smem,
+                                              int cluster_y, A &&...args) {
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (tern__cuda_pdl()) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_y > 0) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 1;
+        at[na].val.clusterDim.y = (unsigned)cluster_y;
+        at[na++].val.clusterDim.z = 1;
+    }
+    if (!na) {
+        k<<<grid, block, smem, st>>>(std::forward<A>(args)...);
+        return cudaSuccess;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = na;
+    return cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
+
 template <typename... K, typename... A>
 static inline void tern_launch(cudaStream_t st, void (*k)(K...), dim3 grid, dim3 block, size_t smem, A &&...args) {
-    if (tern__cuda_pdl()) {
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = block;
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
-        return;
-    }
-    k<<<grid, block, smem, st>>>(std::forward<A>(args)...);
+    tern_launch_cluster(st, k, grid, block, smem, 0, std::forward<A>(args)...);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -83,6 +83,10 @@ void tern__cuda_graph_reset(tern__cuda *c);
 int tern__cuda_upload_async(tern__cuda *c, void *dst, const void *src, size_t bytes);
 int tern__cuda_download_recorded(tern__cuda *c, void *dst, const void *src, size_t bytes);
 
+/* Modes of the fused matmuls (gemv1.cu, gemv_mma.cu, sgemm.cu, gemm.c): y = W·x per matrix; y = act(gate·x)·(up·x)
+ * with SiLU / GELU-tanh; y += W·x */
+enum { G1_PLAIN = 0, G1_SILU = 1, G1_GELU = 2, G1_RES = 3 };
+
 /* Weight view the kernels take: element dtype, quant params, pointers of matrix e. */
 typedef struct tern__cuda_w {
     tern_dtype dtype, sdtype;
@@ -138,7 +142,7 @@ tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, c
                                const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
                                cublasComputeType_t ct, float beta);
 void tern__cuda_lt_cache_free(tern__cuda *c); /* gemm.c: at close (accepts none made) */
-/* sgemm.cu: y = W·x for 1..64 rows of bf16 x (xb [n][in], staged by the caller) over BF16 weights, plain bf16
+/* sgemm.cu (modes G1_*): y = W·x for 1..64 rows of bf16 x (xb [n][in], staged by the caller) over BF16 weights, plain bf16
  * mode; mode 0: k <= 3 matrices, y[i] = W_i·x; 1 / 2: k = 2 (gate, up), y[0] = act(gate·x)·(up·x) (SiLU /
  * GELU-tanh); 3: k = 1, y[0] += W·x. Returns 1 when it ran, 0 when the shape is not served. */
 int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const void *xb, int n, const tern__cuda_w *const *w, int mode);

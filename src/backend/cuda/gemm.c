@@ -249,7 +249,7 @@ tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, cons
         return gemm_rows(c, y, x, n, w, e);
     if (e == 0 && w->nmat <= 1 && tern__cuda_sgemm_level() >= 2 && plain_rows(c, w, n) && n <= 64 &&
         stage_x(c, x, n, w->in, 0) &&
-        tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, 0))
+        tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, G1_PLAIN))
         return TERN_OK; /* skinny: sgemm.cu */
     const size_t per_row = (size_t)w->in * 4, cap = TERN_CUDA_GEMM_SCRATCH_BYTES / 2 - 1024;
     size_t rows = cap / per_row;
@@ -310,7 +310,7 @@ int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int
     const int in = w[0]->in;
     if (!stage_x(c, x, n, in, 0)) return 0;
     const void *xb = c->gemm_scratch;
-    if (tern__cuda_sgemm(c, k, y, xb, n, w, 0)) return 1; /* q|k|v in one launch */
+    if (tern__cuda_sgemm(c, k, y, xb, n, w, G1_PLAIN)) return 1; /* q|k|v in one launch */
     const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
     int done[3] = {0, 0, 0};
     for (int i = 0; i < k; i++) /* pairs of one shape with both distances positive: one batched GEMM */
@@ -341,7 +341,7 @@ int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const te
     if (!xb) return 0;
     const tern__cuda_w *gu[2] = {gate, up};
     float *ys[2] = {y, y};
-    if (tern__cuda_sgemm(c, 2, ys, c->gemm_scratch, n, gu, act == TERN_ACT_SILU ? 1 : 2)) return 1;
+    if (tern__cuda_sgemm(c, 2, ys, c->gemm_scratch, n, gu, act == TERN_ACT_SILU ? G1_SILU : G1_GELU)) return 1;
     float *cs = (float *)((uint8_t *)c->gemm_scratch + xb); /* [2][n][I]: the lower-addressed weight first */
     const int gate_first = (const char *)gate->data < (const char *)up->data;
     const tern__cuda_w *w0 = gate_first ? gate : up, *w1 = gate_first ? up : gate;
@@ -365,7 +365,7 @@ int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const te
     if (n <= 0 || !plain_gemm_ok(c, w, n) || ((uintptr_t)y & 15)) return 0;
     cudaSetDevice(c->device);
     if (!stage_x(c, x, n, w->in, 0)) return 0;
-    if (tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, 3)) return 1;
+    if (tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, G1_RES)) return 1;
     return lt_gemm(c, y, w->out, w->data, c->gemm_scratch, w->out, n, w->in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 1.0f) ==
            TERN_OK;
 }

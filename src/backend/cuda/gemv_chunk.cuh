@@ -9,7 +9,6 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 
-enum { G1_PLAIN = 0, G1_SILU = 1, G1_GELU = 2, G1_RES = 3 }; /* gemv1 modes (= gemv_mma.cu's MM_*) */
 
 /* chunk geometry per kind: KIND 2..8 = Q bits, 9 = block FP8 (e4m3 bytes, one f32 scale per
  * chunk: block columns are a multiple of 32), 16 = F16, 17 = BF16, 32 = F32 */

@@ -55,14 +55,14 @@ struct MmArgs {
 
 /* the final value of one output unit (row of the concatenated matrices, or a pair output) */
 __device__ __forceinline__ void mm_store(const MmArgs &a, int unit, float v, float up) {
-    if (a.mode == MM_SILU || a.mode == MM_GELU) {
-        a.y[0][unit] = (a.mode == MM_SILU ? silu(v) : gelu_tanh(v)) * up; /* as gemv1 */
+    if (a.mode == G1_SILU || a.mode == G1_GELU) {
+        a.y[0][unit] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * up; /* as gemv1 */
         return;
     }
     int m = 0;
     while (m < a.nm - 1 && unit >= a.out[m]) unit -= a.out[m++];
     float *yp = a.y[m] + unit;
-    *yp = a.mode == MM_RES ? *yp + v : v;
+    *yp = a.mode == G1_RES ? *yp + v : v;
 }
 
 /* a lane's two rows of warp tile `tile`: units (row of the concatenated matrices, or pair output),
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     float *xs = (float *)(mm_sm + S * 8 * NT * 32); /* [S][GPS] Σx per group and step */
     __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const bool pair = a.mode == MM_SILU || a.mode == MM_GELU;
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const int nst = a.in / CPS, st0 = blockIdx.y * S, ns = min(S, nst - st0);
     const size_t rb = (size_t)a.in * BITS / 8;
 
@@ -297,7 +297,7 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
         if (w[i]->dtype != w0->dtype || w[i]->in != w0->in || w[i]->bits != w0->bits ||
             w[i]->group_size != gs || w[i]->sdtype != w0->sdtype)
             return 0;
-    const bool pair = mode == MM_SILU || mode == MM_GELU;
+    const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (pair && (k != 2 || w[1]->out != w0->out)) return 0;
     MmArgs a = {};
     a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);

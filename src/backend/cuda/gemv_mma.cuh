@@ -16,7 +16,6 @@
 #ifndef TERN_GEMV_MMA_CUH
 #define TERN_GEMV_MMA_CUH
 
-enum { MM_PLAIN = 0, MM_SILU = 1, MM_GELU = 2, MM_RES = 3 }; /* = gemv.cu's G1_* */
 #define MM_CNT 65536 /* row-block counters */
 
 __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,

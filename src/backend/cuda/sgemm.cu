@@ -45,7 +45,6 @@ namespace cg = cooperative_groups;
 
 extern "C" {
 int tern__cuda_sgemm_on = -1;  /* -1 until read from TERN_CUDA_SGEMM: 0 off, 1 q|k|v only (default), 2 every op */
-int tern__cuda_sgemm_max_n = 64;
 int tern__cuda_sgemm_split = 0; /* 0: the rule below; S > 0: that many K parts (bench sweeps) */
 int tern__cuda_sgemm_cfg = -1;  /* block shape: 0 = 4 warps x 128 rows, 1 = 8 warps x 256 rows (TERN_CUDA_SGEMM_CFG) */
 }
@@ -58,7 +57,6 @@ struct SgArgs {
     int n, in, nk, mode, S;
 };
 
-enum { SG_STORE = 0, SG_SILU = 1, SG_GELU = 2, SG_ADD = 3 }; /* gemv_mma.cu's mode numbers */
 
 template <int NP, int NW> constexpr int sg_smem() { return SG_ST * (32 * NW + NP) * SG_BK * 2; }
 
@@ -76,7 +74,7 @@ template <int NT, int NW> __global__ void __launch_bounds__(NW * 32) sg_kernel(S
     const uint32_t sbase = mma_smem_u32(sg_smem_buf);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int tile = blockIdx.x, split = blockIdx.y;
-    const bool pair = a.mode == SG_SILU || a.mode == SG_GELU;
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     int m = 0, t = tile;
     if (!pair)
         while (m < a.nm - 1 && t >= a.tiles[m]) t -= a.tiles[m++];
@@ -200,7 +198,7 @@ template <int NT, int NW> __global__ void __launch_bounds__(NW * 32) sg_kernel(S
             const int j = i / (SG_BM / 2), r = i % (SG_BM / 2), o = r0 + r;
             if (o >= out) continue;
             const float gv = val(j * CL + r), uv = val(j * CL + r + SG_BM / 2);
-            y[(size_t)j * out + o] = (a.mode == SG_SILU ? silu(gv) : gelu_tanh(gv)) * uv;
+            y[(size_t)j * out + o] = (a.mode == G1_SILU ? silu(gv) : gelu_tanh(gv)) * uv;
         }
     } else {
         float *y = a.y[m];
@@ -208,7 +206,7 @@ template <int NT, int NW> __global__ void __launch_bounds__(NW * 32) sg_kernel(S
             const int j = i / SG_BM, r = i % SG_BM, o = r0 + r;
             if (o >= out) continue;
             const float v = val(j * CL + r);
-            if (a.mode == SG_ADD) y[(size_t)j * out + o] += v;
+            if (a.mode == G1_RES) y[(size_t)j * out + o] += v;
             else y[(size_t)j * out + o] = v;
         }
     }
@@ -223,11 +221,10 @@ extern "C" int tern__cuda_sgemm_level(void) {
     return tern__cuda_sgemm_on;
 }
 
-/* launch one instance: NT x-row fragments, NW warps */
-template <int NT, int NW> static cudaError_t sg_launch(cudaLaunchConfig_t *cfg, const SgArgs &a) {
-    cfg->blockDim = dim3(NW * 32);
-    cfg->dynamicSmemBytes = sg_smem<NT * 8, NW>();
-    return cudaLaunchKernelEx(cfg, sg_kernel<NT, NW>, a);
+/* launch one instance (NT x-row fragments, NW warps) over T tiles x S parts, the S parts of a tile
+ * one cluster (also when S = 1) */
+template <int NT, int NW> static cudaError_t sg_launch(cudaStream_t st, int T, int S, const SgArgs &a) {
+    return tern_launch_cluster(st, sg_kernel<NT, NW>, dim3(T, S), dim3(NW * 32), sg_smem<NT * 8, NW>(), S, a);
 }
 
 template <int NT, int NW> static void sg_allow() {
@@ -250,10 +247,10 @@ extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const voi
     /* H200, llama3-8b shapes (bench_cuda --sgemm, NOTES (r)): q|k|v in one launch beats cuBLASLt at every
      * row count (n = 16: 19.5 vs 34.4 us; 64: 24.3 vs 32.7), the single-matrix ops lose from 32 rows on
      * (gate|up 76 vs 72, down 72 vs 44, o 31 vs 15 us at 64) and tie below: level 1 takes q|k|v only */
-    if (tern__cuda_sgemm_level() < (k >= 2 && mode == SG_STORE ? 1 : 2)) return 0;
-    if (n < 1 || n > tern__cuda_sgemm_max_n || n > 64 || k < 1 || k > 3) return 0;
-    const bool pair = mode == SG_SILU || mode == SG_GELU;
-    if ((pair && k != 2) || (mode == SG_ADD && k != 1) || ((uintptr_t)xb & 15)) return 0;
+    if (tern__cuda_sgemm_level() < (k >= 2 && mode == G1_PLAIN ? 1 : 2)) return 0;
+    if (n < 1 || n > 64 || k < 1 || k > 3) return 0;
+    const bool pair = mode == G1_SILU || mode == G1_GELU;
+    if ((pair && k != 2) || (mode == G1_RES && k != 1) || ((uintptr_t)xb & 15)) return 0;
     const int in = w[0]->in;
     if (in <= 0 || in % SG_BK) return 0;
     SgArgs a = {};
@@ -279,30 +276,18 @@ extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const voi
     if (S > (NT == 8 ? 4 : SG_SMAX)) S = NT == 8 ? 4 : SG_SMAX; /* 64 rows: 4 parts beat 6 (24.3 vs 33.6 us, q|k|v) */
     if (S > a.nk / 8) S = a.nk / 8;
     if (S < 1) S = 1;
-    a.nm = pair ? 2 : k;
+    a.nm = k; /* pair mode: k = 2 (gate, up) */
     a.x = (const __nv_bfloat16 *)xb;
     a.n = n;
     a.in = in;
     a.mode = mode;
     a.S = S;
     cudaSetDevice(c->device);
-    cudaLaunchAttribute at[2];
-    int na = 0;
-    if (tern__cuda_pdl()) {
-        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[na++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    at[na].id = cudaLaunchAttributeClusterDimension; /* the S blocks of a tile: one cluster */
-    at[na].val.clusterDim.x = 1;
-    at[na].val.clusterDim.y = S;
-    at[na++].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(T, S);
-    cfg.stream = c->stream;
-    cfg.attrs = at;
-    cfg.numAttrs = na;
-    const cudaError_t e = NW == 8 ? (NT == 2 ? sg_launch<2, 8>(&cfg, a) : NT == 4 ? sg_launch<4, 8>(&cfg, a) : sg_launch<8, 8>(&cfg, a))
-                                  : (NT == 2 ? sg_launch<2, 4>(&cfg, a) : NT == 4 ? sg_launch<4, 4>(&cfg, a) : sg_launch<8, 4>(&cfg, a));
+    const cudaStream_t st = c->stream;
+    const cudaError_t e = NW == 8 ? (NT == 2 ? sg_launch<2, 8>(st, T, S, a) : NT == 4 ? sg_launch<4, 8>(st, T, S, a)
+                                                : sg_launch<8, 8>(st, T, S, a))
+                                  : (NT == 2 ? sg_launch<2, 4>(st, T, S, a) : NT == 4 ? sg_launch<4, 4>(st, T, S, a)
+                                                : sg_launch<8, 4>(st, T, S, a));
     if (e != cudaSuccess) { /* e.g. no room for a cluster: the caller takes cuBLASLt */
         cudaGetLastError();
         return 0;
