@@ -223,10 +223,9 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         const tern_kv_layer *kvl = tern_kv_view(kv, l);
 
         /* (a) attention */
-        op->rmsnorm(be, g->xn, g->x, n, H, L->in_norm, eps);
         int qkv = lc->kv_src == l && !lc->k_eq_v; /* q, k, v projections in one call */
-        if (qkv) tern__matmul_qkv(m, g->q, g->k, g->v, g->xn, n, &L->wq, &L->wk, &L->wv);
-        else op->matmul(be, g->q, g->xn, n, &L->wq);
+        if (qkv) tern__norm_matmul_qkv(m, g->xn, g->x, L->in_norm, eps, n, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv);
+        else tern__norm_matmul(m, g->xn, g->x, L->in_norm, eps, n, g->q, &L->wq); /* xn stays for k */
         op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
         if (lc->kv_src == l) {
             if (lc->k_eq_v) { /* V = raw K projection */
@@ -246,8 +245,8 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         tern__rmsnorm_add(m, g->x, g->o, n, H, L->post_attn_norm, eps, NULL);
 
         /* (b) feed-forward: dense MLP, and in MoE layers the routed experts beside it */
-        op->rmsnorm(be, g->xn, g->x, n, H, L->pre_ff_norm, eps);
-        tern__matmul_glu(m, g->g, g->u, g->xn, n, &L->gate, &L->up, TERN_ACT_GELU_TANH); /* gelu(gate)·up */
+        tern__norm_matmul_glu(m, g->xn, g->x, L->pre_ff_norm, eps, n, g->g, g->u, &L->gate, &L->up,
+                              TERN_ACT_GELU_TANH); /* gelu(rmsnorm(x)·gate)·up */
         op->matmul(be, g->o, g->g, n, &L->down);
         tern_allreduce_sum(be, g->o, (size_t)n * H);
         if (lc->moe) {

@@ -154,6 +154,41 @@ static inline void tern__matmul_qkv(tern_model *m, float *q, float *k, float *v,
     if (op->matmul_n && op->matmul_n(m->be, 3, ys, x, n, ws)) return;
     for (int i = 0; i < 3; i++) op->matmul(m->be, ys[i], x, n, ws[i]);
 }
+/* xn = rmsnorm(x)·nw over rows of d = wq's `in`, then q|k|v = xn·W_iᵀ: one launch when the backend
+ * fuses the norm into the matmul (ops.h norm_matmul), else rmsnorm + tern__matmul_qkv; bitwise the same */
+static inline void tern__norm_matmul_qkv(tern_model *m, float *xn, const float *x, const float *nw, float eps, int n,
+                                         float *q, float *k, float *v, const tern_tensor *wq, const tern_tensor *wk,
+                                         const tern_tensor *wv) {
+    const tern_backend_vt *op = m->be->vt;
+    float *const ys[3] = {q, k, v};
+    const tern_tensor *const ws[3] = {wq, wk, wv};
+    if (op->norm_matmul && op->norm_matmul(m->be, xn, x, nw, eps, n, 3, ys, ws, -1)) return;
+    op->rmsnorm(m->be, xn, x, n, (int)wq->shape[wq->ndim - 1], nw, eps);
+    tern__matmul_qkv(m, q, k, v, xn, n, wq, wk, wv);
+}
+/* xn = rmsnorm(x)·nw, then y = xn·Wᵀ (one matrix: the output head) */
+static inline void tern__norm_matmul(tern_model *m, float *xn, const float *x, const float *nw, float eps, int n,
+                                     float *y, const tern_tensor *w) {
+    const tern_backend_vt *op = m->be->vt;
+    float *const ys[1] = {y};
+    const tern_tensor *const ws[1] = {w};
+    if (op->norm_matmul && op->norm_matmul(m->be, xn, x, nw, eps, n, 1, ys, ws, -1)) return;
+    op->rmsnorm(m->be, xn, x, n, (int)w->shape[w->ndim - 1], nw, eps);
+    op->matmul(m->be, y, xn, n, w);
+}
+static inline void tern__matmul_glu(tern_model *m, float *y, float *tmp, const float *x, int n,
+                                    const tern_tensor *gate, const tern_tensor *up, int act);
+/* xn = rmsnorm(x)·nw, then y = act(xn·gateᵀ) ⊙ (xn·upᵀ) (tmp: scratch of the unfused path) */
+static inline void tern__norm_matmul_glu(tern_model *m, float *xn, const float *x, const float *nw, float eps, int n,
+                                         float *y, float *tmp, const tern_tensor *gate, const tern_tensor *up,
+                                         int act) {
+    const tern_backend_vt *op = m->be->vt;
+    float *const ys[1] = {y};
+    const tern_tensor *const ws[2] = {gate, up};
+    if (op->norm_matmul && op->norm_matmul(m->be, xn, x, nw, eps, n, 2, ys, ws, act)) return;
+    op->rmsnorm(m->be, xn, x, n, (int)gate->shape[gate->ndim - 1], nw, eps);
+    tern__matmul_glu(m, y, tmp, xn, n, gate, up, act);
+}
 /* y = act(x·gateᵀ) ⊙ (x·upᵀ); tmp [n, I] is scratch for the unfused path */
 static inline void tern__matmul_glu(tern_model *m, float *y, float *tmp, const float *x, int n,
                                     const tern_tensor *gate, const tern_tensor *up, int act) {

@@ -132,8 +132,7 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         ll_layer *L = &g->L[l];
         int D = lc->head_dim, nKV = lc->n_head_kv;
         const tern_kv_layer *kvl = tern_kv_view(kv, l);
-        op->rmsnorm(be, g->xn, g->x, n, H, L->in_norm, eps);
-        tern__matmul_qkv(m, g->q, g->k, g->v, g->xn, n, &L->wq, &L->wk, &L->wv);
+        tern__norm_matmul_qkv(m, g->xn, g->x, L->in_norm, eps, n, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv);
         if (L->bq) {
             op->add_bias(be, g->q, L->bq, n, nH * D);
             op->add_bias(be, g->k, L->bk, n, nKV * D);
@@ -151,8 +150,8 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             tern_allreduce_add(be, g->x, g->o, (size_t)n * H); /* tensor parallel: x += sum of the ranks' heads */
         }
 
-        op->rmsnorm(be, g->xn, g->x, n, H, L->post_norm, eps);
-        tern__matmul_glu(m, g->g, g->u, g->xn, n, &L->gate, &L->up, TERN_ACT_SILU); /* silu(gate)·up */
+        tern__norm_matmul_glu(m, g->xn, g->x, L->post_norm, eps, n, g->g, g->u, &L->gate, &L->up,
+                              TERN_ACT_SILU); /* silu(rmsnorm(x)·gate)·up */
         if (!tern__matmul_add(m, g->x, g->g, n, &L->down)) { /* x += down(...) */
             op->matmul(be, g->o, g->g, n, &L->down);
             tern_allreduce_add(be, g->x, g->o, (size_t)n * H);

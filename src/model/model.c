@@ -196,15 +196,20 @@ void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x
     if (vn > 0 ? !m->head_need || !op->gather_cols : !out && !m->samp_any) return;
     for (int i0 = 0; i0 < n_want; i0 += h->rows) {
         int nr = TERN_MIN(h->rows, n_want - i0);
-        for (int i = 0; i < nr; i++) op->copy_cols(be, h->xs + (size_t)i * H, x + (size_t)want[i0 + i] * H, 1, H, H, 0);
-        op->rmsnorm(be, h->xs, h->xs, nr, H, norm, (float)m->cfg.norm_eps);
+        const float eps = (float)m->cfg.norm_eps;
+        float *y = vn > 0 ? h->part : h->logits;
+        if (nr == 1) { /* one row (decode): norm straight from x into xs, fused with the head where it can */
+            tern__norm_matmul(m, h->xs, x + (size_t)want[i0] * H, norm, eps, 1, y, head);
+        } else {
+            for (int i = 0; i < nr; i++) op->copy_cols(be, h->xs + (size_t)i * H, x + (size_t)want[i0 + i] * H, 1, H, H, 0);
+            op->rmsnorm(be, h->xs, h->xs, nr, H, norm, eps);
+            op->matmul(be, y, h->xs, nr, head);
+        }
         if (vn > 0) { /* this rank's slice (softcap is per element), gathered into rank 0's rows */
-            op->matmul(be, h->part, h->xs, nr, head);
             if (m->cfg.final_logit_softcap > 0) op->softcap(be, h->part, (size_t)nr * vn, (float)m->cfg.final_logit_softcap);
             op->gather_cols(be, h->logits, h->part, nr, V, m->cfg.head_v0, vn);
             if (!h->logits) continue; /* ranks > 0: nothing to download or draw */
         } else {
-            op->matmul(be, h->logits, h->xs, nr, head);
             if (m->cfg.final_logit_softcap > 0) op->softcap(be, h->logits, (size_t)nr * V, (float)m->cfg.final_logit_softcap);
         }
         if (out && !m->samp_all) op->download(be, out + (size_t)i0 * V, h->logits, sizeof(float) * (size_t)nr * V);

@@ -314,6 +314,15 @@ typedef struct tern_backend_vt {
      * The caller guarantees nothing queued reads dst meanwhile. The expert store's I/O thread uses
      * it to fill the next MoE layer's slots while the GPU computes (src/runtime/experts.c). */
     void (*upload_side)(tern_backend *be, void *dst, const void *src, size_t bytes);
+
+    /* Fused pre-norm (appended; optional like the fused decode ops): xn[n, d] = rmsnorm(x)·nw (nw may
+     * be NULL; d = the weights' `in`; xn != x), then on xn: act < 0: matmul_n(k, y, xn, w) (k = 1: the
+     * plain matmul), act >= 0: matmul_glu(y[0], xn, w[0], w[1], act). xn is written as rmsnorm writes
+     * it, and the results are bitwise those of rmsnorm + the op. 0 = not done (the model runs both;
+     * src/model/internal.h tern__norm_matmul_n / tern__norm_matmul_glu). CUDA fuses one row (the
+     * decode GEMV stages the row once per block; block_rms_inv repeats rmsnorm's reduction there). */
+    int (*norm_matmul)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                       float *const *y, const tern_tensor *const *w, int act);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -1,6 +1,6 @@
 /*
  * cuda_ops_tests_fused.h — the n = 1 GEMV (gemv1) and the fused decode ops (ops.h: matmul_n,
- * matmul_glu, matmul_add, rope_kv_write, rmsnorm_add). The fused ops promise bitwise the result of the
+ * matmul_glu, matmul_add, rope_kv_write, rmsnorm_add, norm_matmul). The fused ops promise bitwise the result of the
  * separate ops on the same backend, and one activation row must give bitwise the row of a
  * multi-row call (batch invariance), so these checks compare bits, not tolerances; the
  * separate ops themselves are checked against cpu-ref elsewhere (cuda_matmul_formats). Shapes
@@ -206,7 +206,74 @@ TEST(cuda_fused_rmsnorm_add) {
         }
 }
 
+/* norm_matmul vs rmsnorm + the op (matmul_n over q|k|v, matmul_glu both acts, the plain matmul): xn and
+ * y bitwise, with and without a norm weight, at widths whose rmsnorm runs 128, 256 and 512 threads
+ * (gemv1's block is 256: block_rms_inv stands in for rmsnorm's thread count). Formats gemv_mma.cu
+ * serves (Q4) must be declined (the separate ops run); so must n = 2 and an in-place norm. */
+TEST(cuda_norm_matmul) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul", "not built"); return; }
+    static const int outs[3] = {300, 77, 64}, ins[] = {128, 384, 4096};
+    extern int tern__cuda_qmma_mode;
+    const int keep_qmma = tern__cuda_qmma_mode;
+    tern__cuda_qmma_mode = 0;
+    int fused = 0, declined = 0;
+    for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(ins); s++)
+            for (int wmode = 0; wmode < 2; wmode++) {
+                const int in = ins[s];
+                hw h[3];
+                tern_tensor t[3];
+                tern_error err = {0};
+                for (int i = 0; i < 3; i++) {
+                    h[i] = make_w(k_fused_fmt[f].dt, k_fused_fmt[f].bits, k_fused_fmt[f].gs, k_fused_fmt[f].sdt, 1,
+                                  i == 1 ? outs[0] : outs[i], in, 0);
+                    t[i] = h[i].t;
+                    CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+                }
+                const int tot = 2 * outs[0] + outs[2];
+                float *x = rnd((size_t)2 * in, 3.0f), *nw = rnd(in, 1.5f);
+                void *xd = to_gpu(x, (size_t)2 * in * 4), *nwd = wmode ? to_gpu(nw, (size_t)in * 4) : NULL;
+                float *ya = nan_buf(g, tot), *yb = nan_buf(g, tot), *xna = nan_buf(g, in), *xnb = nan_buf(g, in);
+                char nm[64];
+                fmt_name(&h[0].t, nm, sizeof nm);
+                const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+                for (int op = 0; op < 4; op++) { /* 0 q|k|v, 1 glu silu, 2 glu gelu, 3 one matrix */
+                    const int k = op == 0 ? 3 : op == 3 ? 1 : 2, act = op == 1 ? TERN_ACT_SILU : op == 2 ? TERN_ACT_GELU_TANH : -1;
+                    float *ysa[3] = {ya, ya + outs[0], ya + 2 * outs[0]}, *ysb[3] = {yb, yb + outs[0], yb + 2 * outs[0]};
+                    const int r = g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, 1, k, ysa, ws, act);
+                    if (!r) {
+                        declined++;
+                        CHECK(k_fused_fmt[f].dt == TERN_DT_Q && k_fused_fmt[f].bits == 4, "%s in %d op %d: declined", nm, in, op);
+                        continue;
+                    }
+                    fused++;
+                    g->vt->rmsnorm(g, xnb, xd, 1, in, nwd, 1e-6f);
+                    if (op == 0) CHECK(g->vt->matmul_n(g, 3, ysb, xnb, 1, ws) == 1, "%s matmul_n refused", nm);
+                    else if (op == 3) g->vt->matmul(g, yb, xnb, 1, &t[0]);
+                    else CHECK(g->vt->matmul_glu(g, yb, xnb, 1, &t[0], &t[1], act) == 1, "%s matmul_glu refused", nm);
+                    const int cnt = op == 0 ? tot : outs[0];
+                    float *a = from_gpu(g, ya, cnt), *b = from_gpu(g, yb, cnt);
+                    float *na = from_gpu(g, xna, in), *nb = from_gpu(g, xnb, in);
+                    CHECK(same_bits(na, nb, in), "%s in %d w %d op %d: xn differs from rmsnorm", nm, in, wmode, op);
+                    CHECK(same_bits(a, b, cnt), "%s in %d w %d op %d: y differs from rmsnorm + op", nm, in, wmode, op);
+                    free(a); free(b); free(na); free(nb);
+                }
+                float *ys1[1] = {ya};
+                CHECK(g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, 2, 1, ys1, ws, -1) == 0, "n = 2 should decline");
+                CHECK(g->vt->norm_matmul(g, xd, xd, nwd, 1e-6f, 1, 1, ys1, ws, -1) == 0, "in place should decline");
+                for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+                void *bufs[] = {xd, nwd, ya, yb, xna, xnb};
+                for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) if (bufs[i]) g->vt->free(g, bufs[i]);
+                free(x); free(nw);
+            }
+    printf("  norm_matmul: %d fused, %d declined (Q4: gemv_mma)\n", fused, declined);
+    CHECK(fused > 0, "norm_matmul never fused");
+    tern__cuda_qmma_mode = keep_qmma;
+}
+
 static void cuda_fused_tests(void) {
+    RUN(cuda_norm_matmul);
     RUN(cuda_fused_rmsnorm_add);
     RUN(cuda_gemv1_batch_invariant);
     RUN(cuda_fused_matmuls);

@@ -67,6 +67,10 @@ TEST(cuda_qmma_shapes) {
     };
     static const int NS[] = {1, 8, 33, 64};
     for (size_t s = 0; s < TERN_ARRAY_LEN(S); s++) {
+        /* each shape's data from its own seed, not from whatever the tests before it drew: one output
+         * row at n = 1 is a single dot product, and a draw where it nearly cancels makes a relative
+         * error of f32 rounding look like 1e-4 (session 10, after cuda_sgemm began drawing more) */
+        g_seed = 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL * (s + 1);
         hw h = make_w(TERN_DT_Q, S[s].bits, S[s].gs, S[s].sdt, 1, S[s].out, S[s].in, 0);
         char nm[64];
         fmt_name(&h.t, nm, sizeof nm);

@@ -413,6 +413,19 @@ static int be_matmul_glu(tern_backend *be, float *y, const float *x, int n, cons
     if (n > 1 && tern__cuda_gemm_glu(C(be), y, x, n, &g, &u, act)) return 1;
     return tern__cuda_matmul_glu(C(be), y, x, n, &g, &u, act);
 }
+static int be_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                          float *const *y, const tern_tensor *const *w, int act) {
+    tern__cuda_w v[3];
+    const tern__cuda_w *pv[3];
+    if (k < 1 || k > 3 || (act >= 0 && k != 2)) return 0;
+    for (int i = 0; i < k; i++) {
+        if (w[i]->ndim != 2) return 0;
+        tern__cuda_wview(w[i], &v[i]);
+        pv[i] = &v[i];
+    }
+    const int mode = act < 0 ? G1_PLAIN : act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
+    return tern__cuda_norm_matmul(C(be), xn, x, nw, eps, n, k, y, pv, mode);
+}
 static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
     tern__cuda_w v;
     if (w->ndim != 2) return 0;
@@ -501,6 +514,7 @@ static const tern_backend_vt k_cuda_vt = {
     .rope_kv_write = be_rope_kv_write,
     .sample = be_sample,
     .rmsnorm_add = be_rmsnorm_add,
+    .norm_matmul = be_norm_matmul,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
 };

@@ -71,6 +71,36 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+/* RMSNorm's threads per row (norm.cu launches one block of this many per row) */
+__host__ __device__ __forceinline__ int tern_rms_threads(int d) { return d >= 1024 ? 512 : d >= 256 ? 256 : 128; }
+
+/* 1 / sqrt(mean(x[0, d)^2) + eps) of one row, bitwise norm.cu's rmsnorm for any block size: the sum
+ * runs as tern_rms_threads(d) threads would (thread v: elements v, v + vt, ... by fmaf; warp sums; the
+ * warp partials summed by one warp), each thread of this block standing in for one or more of them
+ * in turn. x(j) returns element j (global or shared memory); red: 32 floats of shared memory. Every
+ * thread of the block must call it; all get the value. */
+template <class X> __device__ __forceinline__ float block_rms_inv(X x, int d, float eps, float *red) {
+    const int vt = tern_rms_threads(d), lane = threadIdx.x & 31;
+    for (int v0 = 0; v0 < vt; v0 += blockDim.x) {
+        const int v = v0 + threadIdx.x;
+        float ss = 0.0f;
+        if (v < vt)
+            for (int j = v; j < d; j += vt) ss = fmaf(x(j), x(j), ss);
+        ss = warp_sum(ss);
+        if (lane == 0 && v < vt) red[v >> 5] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < (vt >> 5) ? red[threadIdx.x] : 0.0f;
+        t = warp_sum(t);
+        if (threadIdx.x == 0) red[0] = t;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(red[0] / (float)d + eps);
+    __syncthreads(); /* red may be reused */
+    return inv;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -114,6 +114,7 @@ void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, const tern_
 int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                         const float *x, int mode);
 void tern__cuda_gemv_mma_init(tern__cuda *c);
+int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode);
 /* Expert GEMV over np output rows p (y row p at y + p*ystride); term j < ksum of row p is
  * pair q = p*ksum + j, using matrix idx[q] (skipped unless 0 <= idx[q] < nmat), activation row
  * x + (q / xdiv) * xstride and coefficient wts[q] (1 when wts is NULL):
@@ -211,6 +212,10 @@ int tern__cuda_matmul_n(tern__cuda *c, int k, float *const *y, const float *x, i
 int tern__cuda_matmul_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
                           const tern__cuda_w *up, int act);
 int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w);
+/* ops.h norm_matmul: xn = rmsnorm(x)·nw, then matmul_n (mode G1_PLAIN; k = 1: the plain matmul) or
+ * matmul_glu (G1_SILU / G1_GELU, k = 2) on xn, in one gemv1 launch (gemv1.cu) */
+int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                           float *const *y, const tern__cuda_w *const *w, int mode);
 int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                              const float *v, int nh, const int32_t *pos, const float *inv_freq, float mscale);
 

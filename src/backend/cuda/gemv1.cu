@@ -25,6 +25,12 @@ struct Gemv1Args {
     int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2], pair = out[0] */
     int in, gs, gs_shift, sdtype, br, ncs, mode;
     const float *x;
+    /* pre-norm (ops.h norm_matmul): when nrm, the staged row is rmsnorm(x)·nw (nw may be NULL), and
+     * block 0 also writes it to xn */
+    const float *nw;
+    float *xn;
+    float eps;
+    int nrm;
 };
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
@@ -105,6 +111,23 @@ template <int KIND, int R, int U, bool PIPE> __global__ void __launch_bounds__(2
     }
     for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)a.x + f);
     __syncthreads();
+    if (a.nrm) { /* rmsnorm in place, bitwise norm.cu's: (x·inv)·w per element */
+        __shared__ float red[32];
+        const float *xf = (const float *)xs1;
+        const float inv = block_rms_inv([&](int j) { return xf[g1swz(j >> 2, C4) * 4 + (j & 3)]; }, a.in, a.eps, red);
+        for (int f = threadIdx.x; f < nch * C4; f += 256) {
+            float4 v = xs1[g1swz(f, C4)];
+            if (a.nw) {
+                const float4 w = __ldg((const float4 *)a.nw + f);
+                v = make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+            } else {
+                v = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+            }
+            xs1[g1swz(f, C4)] = v;
+            if (blockIdx.x == 0) ((float4 *)a.xn)[f] = v;
+        }
+        __syncthreads();
+    }
     if (!live[0]) return;
     if (PIPE) {
         for (int c0 = 0; c0 < nch; c0 += 32 * U) {
@@ -184,9 +207,21 @@ bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
     return true;
 }
 
+static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
+                           const float *x, int mode, const float *nw, float *xn, float eps);
 void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                           const float *x, int mode) {
+    g1_launch_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f);
+}
+
+/* as tern__cuda_g1_launch; xn != NULL: the staged row is rmsnorm(x)·nw, also written to xn */
+static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
+                                      int k, const float *x, int mode, const float *nw, float *xn, float eps) {
     Gemv1Args a = {};
+    a.nw = nw;
+    a.xn = xn;
+    a.eps = eps;
+    a.nrm = xn != NULL;
     const tern__cuda_w *w0 = w[0];
     a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
     a.nm = k;
@@ -235,6 +270,29 @@ extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, in
     if (n != 1 || !tern__cuda_g1_fits(&w, 1, x)) return 0;
     cudaSetDevice(c->device);
     tern__cuda_g1_launch(c, &y, &w, e, 1, x, G1_RES);
+    return 1;
+}
+
+/* xn = rmsnorm(x)·nw for one row, then the fused op on xn (mode G1_PLAIN over k matrices, k = 1 being
+ * the plain matmul; G1_SILU / G1_GELU over gate, up) in one gemv1 launch: bitwise rmsnorm + the op
+ * (block_rms_inv is rmsnorm's reduction). Declines (0) what gemv1 would not run for the separate op:
+ * several rows, in-place norms (block 0 writes xn while the others read x), misaligned rows, formats
+ * gemv_mma.cu serves, and for k = 1 the rows tern__cuda_gemv sends to other kernels (tall Q matrices,
+ * TERN_CUDA_GEMV_Q1 variants). */
+extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n,
+                                      int k, float *const *y, const tern__cuda_w *const *w, int mode) {
+    extern int tern__cuda_gemv_q1_variant;
+    const bool pair = mode == G1_SILU || mode == G1_GELU;
+    if (n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15) || (pair && (k != 2 || w[0]->out != w[1]->out)))
+        return 0;
+    if (mode != G1_PLAIN && !pair) return 0;
+    if (k == 1 && !pair && (tern__cuda_gemv_q1_variant != 5 || (w[0]->dtype == TERN_DT_Q && w[0]->out >= 3 * w[0]->in)))
+        return 0;
+    if (tern__cuda_gemv_mma_serves(c, w, k, x, mode) || !tern__cuda_g1_fits(w, k, x)) return 0;
+    cudaSetDevice(c->device);
+    const int e[3] = {0, 0, 0};
+    float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL};
+    g1_launch_norm(c, ys, w, e, k, x, mode, nw, xn, eps);
     return 1;
 }
 

@@ -279,10 +279,10 @@ extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
-/* y[i] (op) W_i·x for matrices w[0..k) sharing `in` and the format (mode: MM_*). Returns 1 when it
- * ran, 0 when the format or shape is not served here (the caller runs gemv.cu's kernels). */
-extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
-                                   const float *x, int mode) {
+/* Does tern__cuda_gemv_mma serve matrices w[0..k) for x in this mode? (Its every decline, without a
+ * launch: the fused pre-norm op (gemv1.cu) leaves what this kernel serves to the separate ops.) */
+extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x,
+                                          int mode) {
     if (tern__cuda_gemv_mma_on < 0) {
         const char *v = getenv("TERN_CUDA_GEMV_MMA");
         tern__cuda_gemv_mma_on = v && v[0] ? atoi(v) : 1;
@@ -293,12 +293,34 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     if (w0->sdtype != TERN_DT_BF16 && w0->sdtype != TERN_DT_F16) return 0;
     const int gs = w0->group_size;
     if ((gs != 32 && gs != 64 && gs != 128) || w0->in <= 0 || w0->in % gs) return 0;
-    for (int i = 1; i < k; i++)
+    int rows = w0->out;
+    for (int i = 1; i < k; i++) {
         if (w[i]->dtype != w0->dtype || w[i]->in != w0->in || w[i]->bits != w0->bits ||
             w[i]->group_size != gs || w[i]->sdtype != w0->sdtype)
             return 0;
+        rows += w[i]->out;
+    }
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (pair && (k != 2 || w[1]->out != w0->out)) return 0;
+    if (pair) rows = w0->out; /* gate = matrix 0, up = matrix 1 */
+    if (rows <= 0) return 1;
+    const int cps = 512 / w0->bits; /* inputs per 64-byte step */
+    if (w0->in % cps) return 0;
+    const int rblocks = (rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
+    const int steps = gs * w0->bits / 8 == 16 ? 2 : 4; /* = the kernel's S */
+    const int ks = (w0->in / cps + steps - 1) / steps;
+    const size_t units = pair ? 2 * (size_t)rows : (size_t)rows;
+    return !(ks > 65535 || (ks > 1 && ((size_t)ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT)));
+}
+
+/* y[i] (op) W_i·x for matrices w[0..k) sharing `in` and the format (mode: MM_*). Returns 1 when it
+ * ran, 0 when the format or shape is not served here (the caller runs gemv.cu's kernels). */
+extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
+                                   const float *x, int mode) {
+    if (!tern__cuda_gemv_mma_serves(c, w, k, x, mode)) return 0;
+    const tern__cuda_w *w0 = w[0];
+    const int gs = w0->group_size;
+    const bool pair = mode == G1_SILU || mode == G1_GELU;
     MmArgs a = {};
     a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
     for (int i = k; i < 3; i++) { a.data[i] = a.data[0]; a.scales[i] = a.scales[0]; a.biases[i] = a.biases[0]; }
@@ -313,7 +335,6 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     a.magic = 0x43004300u;
     if (a.rows <= 0) return 1;
     const int cps = 512 / w0->bits; /* inputs per 64-byte step */
-    if (a.in % cps) return 0;
     const int rblocks = (a.rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
     /* K slices of S steps: a function of `in` and the format only, so a row's bits do not depend on
      * how many rows or matrices share the launch (fused == separate ops, tensor-parallel row splits
@@ -321,8 +342,6 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     const int gb = gs * w0->bits / 8;
     const int steps = gb == 16 ? 2 : 4; /* = the kernel's S */
     a.ks = (a.in / cps + steps - 1) / steps;
-    const size_t units = pair ? 2 * (size_t)a.rows : (size_t)a.rows;
-    if (a.ks > 65535 || (a.ks > 1 && ((size_t)a.ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT))) return 0;
     const size_t smem = 4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float); /* B table (S·NT <= 4) + Σx */
     /* persistent over row blocks: about two resident blocks per SM in all (TERN_MM_GRID=0: one block
      * per row block); which block walks a row block never changes its bits */

@@ -40,18 +40,7 @@ __global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, 
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * d;
     float *yr = y + (size_t)blockIdx.x * d;
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) ss = fmaf(xr[j], xr[j], ss);
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) red[0] = v;
-    }
-    __syncthreads();
-    const float inv = 1.0f / sqrtf(red[0] / (float)d + eps);
+    const float inv = block_rms_inv([&](int j) { return xr[j]; }, d, eps, red); /* blockDim = tern_rms_threads(d) */
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         const float v = w ? xr[j] * inv * w[j] : xr[j] * inv;
         if constexpr (ADD) {
@@ -67,7 +56,7 @@ extern "C" void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int 
                                    float eps) {
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    const int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 128;
+    const int threads = tern_rms_threads(d);
     tern_launch(c->stream, rmsnorm_kernel<false>, rows, threads, 0, y, x, d, w, eps, (const float *)NULL);
     tern__cuda_check(c, "rmsnorm");
 }
@@ -76,7 +65,7 @@ extern "C" void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, 
                                        float eps, const float *s) {
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    const int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 128; /* = rmsnorm's: same reduction order */
+    const int threads = tern_rms_threads(d); /* = rmsnorm's: same reduction order */
     tern_launch(c->stream, rmsnorm_kernel<true>, rows, threads, 0, y, x, d, w, eps, s);
     tern__cuda_check(c, "rmsnorm_add");
 }

@@ -1,7 +1,8 @@
 /*
  * prof.c — which vtable a CUDA backend gets, and the per-op profiler (TERN_CUDA_PROFILE=1).
  *
- * TERN_CUDA_FUSED=0: the fused decode ops (matmul_n, matmul_glu, matmul_add, rope_kv_write, rmsnorm_add)
+ * TERN_CUDA_FUSED=0: the fused decode ops (matmul_n, matmul_glu, matmul_add, rope_kv_write, rmsnorm_add,
+ * norm_matmul)
  * are left out, so models run the separate ops (before/after comparisons in one build).
  *
  * TERN_CUDA_PROFILE=1: every op is wrapped so that it records a CUDA event before and after
@@ -125,6 +126,14 @@ static int p_matmul_glu(tern_backend *be, float *y, const float *x, int n, const
     end(be, r ? wname("matmul_glu (gate)", g, nm, sizeof nm) : "(matmul_glu refused)");
     return r;
 }
+static int p_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                         float *const *y, const tern_tensor *const *w, int act) {
+    char nm[64];
+    begin(be);
+    int r = g_base->norm_matmul(be, xn, x, nw, eps, n, k, y, w, act);
+    end(be, r ? wname("norm_matmul (first)", w[0], nm, sizeof nm) : "(norm_matmul refused)");
+    return r;
+}
 static int p_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
     char nm[64];
     begin(be);
@@ -164,7 +173,8 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
     if (prof && g_prof) return base; /* one profiled backend per process */
     g_vt = *base;
     g_base = base;
-    if (nofuse) g_vt.matmul_n = NULL, g_vt.matmul_glu = NULL, g_vt.matmul_add = NULL, g_vt.rope_kv_write = NULL, g_vt.rmsnorm_add = NULL;
+    if (nofuse) g_vt.matmul_n = NULL, g_vt.matmul_glu = NULL, g_vt.matmul_add = NULL, g_vt.rope_kv_write = NULL, g_vt.rmsnorm_add = NULL,
+                  g_vt.norm_matmul = NULL;
     if (prof) {
         for (int i = 0; i < PROF_EV; i++)
             if (cudaEventCreate(&g_ev[i]) != cudaSuccess) return cudaGetLastError(), base;
@@ -174,7 +184,7 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
         SET(rmsnorm); SET(rope); SET(kv_write); SET(attention); SET(add); SET(mul); SET(scale); SET(scale_dev);
         SET(gelu_tanh_mul); SET(silu_mul); SET(softcap); SET(add_bias); SET(copy_cols); SET(embed);
         SET(route_topk); SET(moe_mlp); SET(matmul); SET(matmul_expert); SET(matmul_n); SET(matmul_glu);
-        SET(matmul_add); SET(rope_kv_write); SET(rmsnorm_add); SET(download); SET(sync);
+        SET(matmul_add); SET(rope_kv_write); SET(rmsnorm_add); SET(norm_matmul); SET(download); SET(sync);
 #undef SET
     }
     return &g_vt;
