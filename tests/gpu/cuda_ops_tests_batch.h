@@ -145,7 +145,7 @@ TEST(cuda_batch_fused) {
  * choice), every epilogue (store, y +=, SiLU·up, three matrices). Each result against cpu-ref (bf16
  * bound) and against cuBLASLt (TERN_CUDA_SGEMM=0's path, 1e-5); a split run twice gives the same
  * bits (the cluster's blocks sum the S tiles in split order). */
-extern int tern__cuda_sgemm_on, tern__cuda_sgemm_split, tern__cuda_sgemm_cfg;
+extern int tern__cuda_sgemm_on, tern__cuda_sgemm_split;
 
 /* op 0: y = W0·x; 1: y = res + W0·x; 2: y = silu(W0·x)·(W1·x); 3: y0|y1|y2 = W0|W1|W2 · x (outputs back to back) */
 /* floats of op's output for n rows (op 3: the three outputs back to back) */
@@ -185,11 +185,8 @@ TEST(cuda_sgemm) {
     }
     tern__cuda_bf16_split = 0;
     static const int INS[] = {1024, 2048}, NS[] = {9, 24, 64};
-    const int keep_cfg = tern__cuda_sgemm_cfg;
-    for (int cfg = 0; cfg < 2; cfg++) /* block shapes: 4 warps x 128 rows, 8 warps x 256 rows */
     for (size_t ii = 0; ii < TERN_ARRAY_LEN(INS); ii++) {
         const int in = INS[ii];
-        tern__cuda_sgemm_cfg = cfg;
         bt_w w[3];
         int ok = bt_make(&w[0], 200, in) && bt_make(&w[1], 200, in) && bt_make(&w[2], 72, in);
         CHECK(ok, "upload");
@@ -225,10 +222,10 @@ TEST(cuda_sgemm) {
                     double dm;
                     const double rr = rel_or_nan(a, ref, tot), rl = bt_diff(a, lt, tot, &dm),
                                  rsp = rel_or_nan(s3, s1, tot), same = memcmp(s3, s3b, tot * 4) == 0;
-                    printf("  err sgemm cfg %d in=%d n=%-2d op %d vs cpu-ref %.2e vs cublaslt %.2e split 3 vs 1 %.2e%s\n", cfg, in,
+                    printf("  err sgemm in=%d n=%-2d op %d vs cpu-ref %.2e vs cublaslt %.2e split 3 vs 1 %.2e%s\n", in,
                            n, op, rr, rl, rsp, same ? "" : " (split runs differ)");
                     CHECK(rr <= 1e-2 && rl <= 1e-5 && rsp <= 1e-5 && same,
-                          "sgemm cfg %d in %d n %d op %d: cpu-ref %.3e, cublaslt %.3e, split %.3e, repeat same %d", cfg, in, n, op, rr, rl,
+                          "sgemm in %d n %d op %d: cpu-ref %.3e, cublaslt %.3e, split %.3e, repeat same %d", in, n, op, rr, rl,
                           rsp, (int)same);
                 }
                 free(a); free(s1); free(s3); free(s3b); free(lt); free(ref); free(tmp);
@@ -238,7 +235,6 @@ TEST(cuda_sgemm) {
         }
         bt_free(&w[0]); bt_free(&w[1]); bt_free(&w[2]);
     }
-    tern__cuda_sgemm_cfg = keep_cfg;
     tern__cuda_bf16_split = 1;
 }
 

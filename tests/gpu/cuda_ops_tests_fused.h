@@ -55,12 +55,12 @@ TEST(cuda_fused_matmuls) {
     extern int tern__cuda_qmma_mode;
     const int keep_qmma = tern__cuda_qmma_mode;
     tern__cuda_qmma_mode = 0;
-    extern int tern__cuda_g1_pipe; /* gemv1.cu: both walks (plain, and TERN_CUDA_G1_PIPE's) must give these bits */
-    const int keep_pipe = tern__cuda_g1_pipe;
-    for (int pipe = 0; pipe < 2; pipe++)
+    extern int tern__cuda_g1_grid; /* gemv1.cu: both grids (a block per 8 tasks, and TERN_CUDA_G1_GRID's persistent one) give these bits */
+    const int keep_grid = tern__cuda_g1_grid;
+    for (int grid = 0; grid < 2; grid++)
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(ins); s++) {
-            tern__cuda_g1_pipe = pipe;
+            tern__cuda_g1_grid = grid;
             int in = ins[s];
             hw h[3];
             tern_tensor t[3];
@@ -81,19 +81,19 @@ TEST(cuda_fused_matmuls) {
             float *ys[3] = {pa, pa + outs[0], pa + 2 * outs[0]};
             const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
             CHECK(g->vt->matmul_n(g, 3, ys, xd, 1, ws) == 1, "%s matmul_n refused", nm);
-            tern__cuda_g1_pipe = 0; /* the separate ops: the plain walk */
+            tern__cuda_g1_grid = 0; /* the separate ops: a block per 8 tasks */
             for (int i = 0; i < 3; i++) g->vt->matmul(g, pb + (ys[i] - pa), xd, 1, ws[i]);
-            tern__cuda_g1_pipe = pipe;
+            tern__cuda_g1_grid = grid;
             float *a = from_gpu(g, ya, tot), *b = from_gpu(g, yb, tot);
-            CHECK(same_bits(a, b, tot), "%s in %d pipe %d: matmul_n differs", nm, in, tern__cuda_g1_pipe);
+            CHECK(same_bits(a, b, tot), "%s in %d grid %d: matmul_n differs", nm, in, tern__cuda_g1_grid);
             free(a); free(b);
             /* gate/up with silu and gelu */
             for (int act = 0; act < 2; act++) {
                 CHECK(g->vt->matmul_glu(g, pa, xd, 1, &t[0], &t[1], act) == 1, "%s matmul_glu refused", nm);
-                tern__cuda_g1_pipe = 0;
+                tern__cuda_g1_grid = 0;
                 g->vt->matmul(g, pb, xd, 1, &t[0]);
                 g->vt->matmul(g, pb + outs[0], xd, 1, &t[1]);
-                tern__cuda_g1_pipe = pipe;
+                tern__cuda_g1_grid = grid;
                 if (act == TERN_ACT_SILU) g->vt->silu_mul(g, pb, pb, pb + outs[0], outs[0]);
                 else g->vt->gelu_tanh_mul(g, pb, pb, pb + outs[0], outs[0]);
                 a = from_gpu(g, ya, outs[0]);
@@ -105,9 +105,9 @@ TEST(cuda_fused_matmuls) {
             g->vt->upload(g, ya, r, outs[0] * 4);
             g->vt->upload(g, yb, r, outs[0] * 4);
             CHECK(g->vt->matmul_add(g, pa, xd, 1, &t[0]) == 1, "%s matmul_add refused", nm);
-            tern__cuda_g1_pipe = 0;
+            tern__cuda_g1_grid = 0;
             g->vt->matmul(g, pb + outs[0], xd, 1, &t[0]);
-            tern__cuda_g1_pipe = pipe;
+            tern__cuda_g1_grid = grid;
             g->vt->add(g, pb, pb, pb + outs[0], outs[0]);
             a = from_gpu(g, ya, outs[0]);
             b = from_gpu(g, yb, outs[0]);
@@ -119,7 +119,7 @@ TEST(cuda_fused_matmuls) {
             g->vt->free(g, xd); g->vt->free(g, ya); g->vt->free(g, yb);
             free(x); free(r);
         }
-    tern__cuda_g1_pipe = keep_pipe;
+    tern__cuda_g1_grid = keep_grid;
     tern__cuda_qmma_mode = keep_qmma;
 }
 
@@ -214,14 +214,15 @@ TEST(cuda_norm_matmul) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul", "not built"); return; }
     static const int outs[3] = {300, 77, 64}, ins[] = {128, 384, 4096};
-    extern int tern__cuda_qmma_mode;
-    const int keep_qmma = tern__cuda_qmma_mode;
+    extern int tern__cuda_qmma_mode, tern__cuda_g1_grid;
+    const int keep_qmma = tern__cuda_qmma_mode, keep_grid = tern__cuda_g1_grid;
     tern__cuda_qmma_mode = 0;
     int fused = 0, declined = 0;
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(ins); s++)
             for (int wmode = 0; wmode < 2; wmode++) {
                 const int in = ins[s];
+                tern__cuda_g1_grid = (int)(s + wmode) & 1; /* both gemv1 grids (the same bits) */
                 hw h[3];
                 tern_tensor t[3];
                 tern_error err = {0};
@@ -270,6 +271,7 @@ TEST(cuda_norm_matmul) {
     printf("  norm_matmul: %d fused, %d declined (Q4: gemv_mma)\n", fused, declined);
     CHECK(fused > 0, "norm_matmul never fused");
     tern__cuda_qmma_mode = keep_qmma;
+    tern__cuda_g1_grid = keep_grid;
 }
 
 static void cuda_fused_tests(void) {

@@ -415,9 +415,14 @@ static int be_matmul_glu(tern_backend *be, float *y, const float *x, int n, cons
 }
 static int be_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
                           float *const *y, const tern_tensor *const *w, int act) {
+    static int on = -1; /* TERN_CUDA_NORM_FUSE=0: rmsnorm and the matmul as two launches (A/B) */
+    if (on < 0) {
+        const char *e = getenv("TERN_CUDA_NORM_FUSE");
+        on = !(e && e[0] == '0');
+    }
     tern__cuda_w v[3];
     const tern__cuda_w *pv[3];
-    if (k < 1 || k > 3 || (act >= 0 && k != 2)) return 0;
+    if (!on || k < 1 || k > 3 || (act >= 0 && k != 2)) return 0;
     for (int i = 0; i < k; i++) {
         if (w[i]->ndim != 2) return 0;
         tern__cuda_wview(w[i], &v[i]);

@@ -35,80 +35,21 @@ struct Gemv1Args {
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
 
-/* PIPE (TERN_CUDA_G1_PIPE=1, written in session 9, not yet timed): the first round of weight loads is
- * issued before pdl_wait and the x staging (weights do not depend on the previous kernel), and every
- * round's loads are issued before the previous round is multiplied (two rounds in flight per lane).
- * The f32 operations and their order are unchanged: the same bits. */
-template <int KIND, int R, int U, bool PIPE> __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
-    if (PIPE) pdl_trigger();
-    else pdl_start();
+/* A warp task is R rows (pair modes: row o of gate and of up). With GRID the launch is persistent
+ * (TERN_CUDA_G1_GRID=1): about two resident blocks per SM, each staging (and normalising) the row
+ * once and its warps taking tasks blockIdx.x·8 + warp + i·gridDim.x·8 — per block the prologue is
+ * paid once instead of once per 8 tasks (llama3-8b gate|up: 1792 blocks of 8 tasks each, ~7 waves).
+ * Which warp runs a task never changes its operations: the same bits either way. */
+template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
+    pdl_start();
     using K = Kind<KIND>;
     constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
     extern __shared__ float4 xs1[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
-    const int g0 = (blockIdx.x * 8 + warp) * (pair ? 1 : R);
     const int nch = a.in / CH, ng = K::Q ? a.in >> a.gs_shift : 0;
+    const int ntask = pair ? a.rows : (a.rows + R - 1) / R;
     const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
-    int mrow[R], orow[R];
-    bool live[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        int g = pair ? g0 : g0 + r, m = pair ? r : 0;
-        live[r] = g < a.rows;
-        if (!live[r]) g = 0; /* clamp: recompute row 0, never written */
-        if (!pair)
-            while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
-        mrow[r] = m;
-        orow[r] = g;
-    }
-    const uint8_t *rowp[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) rowp[r] = a.data[mrow[r]] + (size_t)orow[r] * rb;
-    /* one round: U chunks per lane of each of the R rows (and their scales) */
-    struct Round { uint32_t wd[U][R][W]; float s[U][R], b[U][R]; };
-    auto load = [&](int c0, Round &q) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * 32 + lane;
-            if (c < nch) {
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    load_chunk<KIND>(rowp[r], c, q.wd[u][r]);
-                    if constexpr (K::Q) {
-                        const size_t gi = (size_t)orow[r] * ng + ((c * 32) >> a.gs_shift);
-                        q.s[u][r] = load_s(a.scales[mrow[r]], a.sdtype, gi);
-                        q.b[u][r] = load_s(a.biases[mrow[r]], a.sdtype, gi);
-                    } else if constexpr (K::F8) {
-                        q.s[u][r] = ((const float *)a.scales[mrow[r]])[(size_t)(orow[r] / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
-                    }
-                }
-            }
-        }
-    };
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    auto dot = [&](int c0, Round &q) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * 32 + lane;
-            if (c >= nch) continue;
-            float qa[R], xsum = 0.0f;
-            chunk_dot<KIND, R, C4, K::Q>(q.wd[u], [&](int k4) { return xs1[g1swz(c * C4 + k4, C4)]; }, qa, xsum);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if constexpr (K::Q) acc[r] += fmaf(q.s[u][r], qa[r], q.b[u][r] * xsum);
-                else if constexpr (K::F8) acc[r] = fmaf(q.s[u][r], qa[r], acc[r]);
-                else acc[r] += qa[r];
-            }
-        }
-    };
-    Round cur;
-    if (PIPE) {
-        load(0, cur);
-        pdl_wait();
-    }
     for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)a.x + f);
     __syncthreads();
     if (a.nrm) { /* rmsnorm in place, bitwise norm.cu's: (x·inv)·w per element */
@@ -128,57 +69,122 @@ template <int KIND, int R, int U, bool PIPE> __global__ void __launch_bounds__(2
         }
         __syncthreads();
     }
-    if (!live[0]) return;
-    if (PIPE) {
-        for (int c0 = 0; c0 < nch; c0 += 32 * U) {
-            Round nxt;
-            if (c0 + 32 * U < nch) load(c0 + 32 * U, nxt);
-            dot(c0, cur);
-            cur = nxt;
-        }
-    } else {
-        for (int c0 = 0; c0 < nch; c0 += 32 * U) {
-            load(c0, cur);
-            dot(c0, cur);
-        }
-    }
+    for (int task = blockIdx.x * 8 + warp; task < ntask; task += gridDim.x * 8) {
+        const int g0 = task * (pair ? 1 : R);
+        int mrow[R], orow[R];
+        bool live[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
-    if (lane) return;
-    if (pair) {
-        const float gv = acc[0];
-        a.y[0][orow[0]] = (a.mode == G1_SILU ? silu(gv) : gelu_tanh(gv)) * acc[1]; /* as ew_kernel */
-        return;
-    }
+        for (int r = 0; r < R; r++) {
+            int g = pair ? g0 : g0 + r, m = pair ? r : 0;
+            live[r] = g < a.rows;
+            if (!live[r]) g = 0; /* clamp: recompute row 0, never written */
+            if (!pair)
+                while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
+            mrow[r] = m;
+            orow[r] = g;
+        }
+        const uint8_t *rowp[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        if (!live[r]) break;
-        float *yp = a.y[mrow[r]] + orow[r];
-        *yp = a.mode == G1_RES ? *yp + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
+        for (int r = 0; r < R; r++) rowp[r] = a.data[mrow[r]] + (size_t)orow[r] * rb;
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+        for (int c0 = 0; c0 < nch; c0 += 32 * U) {
+            /* one round: U chunks per lane of each of the R rows (and their scales) in flight */
+            uint32_t wd[U][R][W];
+            float s[U][R], b[U][R];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + u * 32 + lane;
+                if (c < nch) {
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        load_chunk<KIND>(rowp[r], c, wd[u][r]);
+                        if constexpr (K::Q) {
+                            const size_t gi = (size_t)orow[r] * ng + ((c * 32) >> a.gs_shift);
+                            s[u][r] = load_s(a.scales[mrow[r]], a.sdtype, gi);
+                            b[u][r] = load_s(a.biases[mrow[r]], a.sdtype, gi);
+                        } else if constexpr (K::F8) {
+                            s[u][r] = ((const float *)a.scales[mrow[r]])[(size_t)(orow[r] / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + u * 32 + lane;
+                if (c >= nch) continue;
+                float qa[R], xsum = 0.0f;
+                chunk_dot<KIND, R, C4, K::Q>(wd[u], [&](int k4) { return xs1[g1swz(c * C4 + k4, C4)]; }, qa, xsum);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if constexpr (K::Q) acc[r] += fmaf(s[u][r], qa[r], b[u][r] * xsum);
+                    else if constexpr (K::F8) acc[r] = fmaf(s[u][r], qa[r], acc[r]);
+                    else acc[r] += qa[r];
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+        if (lane) continue;
+        if (pair) {
+            const float gv = acc[0];
+            a.y[0][orow[0]] = (a.mode == G1_SILU ? silu(gv) : gelu_tanh(gv)) * acc[1]; /* as ew_kernel */
+            continue;
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (!live[r]) break;
+            float *yp = a.y[mrow[r]] + orow[r];
+            *yp = a.mode == G1_RES ? *yp + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
+        }
     }
 }
 
-extern "C" int tern__cuda_g1_pipe; /* TERN_CUDA_G1_PIPE=1 (read at init; tests set it): gemv1_kernel<.., true> */
-int tern__cuda_g1_pipe = 0;
+/* TERN_CUDA_G1_GRID (read once; tests set it): 1 persistent grid, 0 one block per 8 warp tasks */
+extern "C" int tern__cuda_g1_grid;
+int tern__cuda_g1_grid = -1;
 
 /* Rows per warp and chunks in flight per lane: pair modes need R = 2; U = 4 keeps a whole
  * 4096-wide q4 row (128 chunks) in flight in one round. */
 #define G1_R 2
 #define G1_U 4
 
-template <int KIND> static void g1_go(cudaStream_t st, const Gemv1Args &a) {
+/* resident blocks per SM of gemv1_kernel<KIND> with `smem` bytes (occupancy query, cached per size) */
+template <int KIND> static int g1_blocks_per_sm(size_t smem) {
+    static int nb;
+    static size_t nb_smem = (size_t)-1;
+    if (nb_smem != smem) {
+        int v = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv1_kernel<KIND, G1_R, G1_U>, 256, smem) != cudaSuccess ||
+            v < 1) {
+            cudaGetLastError();
+            v = 1;
+        }
+        nb = v;
+        nb_smem = smem;
+    }
+    return nb;
+}
+
+template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a) {
+    if (tern__cuda_g1_grid < 0) {
+        const char *e = getenv("TERN_CUDA_G1_GRID");
+        tern__cuda_g1_grid = e && e[0] ? atoi(e) != 0 : 0;
+    }
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
-    const int rpb = 8 * (pair ? 1 : G1_R);
-    const unsigned blocks = (unsigned)((a.rows + rpb - 1) / rpb);
+    const long ntask = pair ? a.rows : (a.rows + G1_R - 1) / G1_R;
     const size_t smem = (size_t)a.in * sizeof(float);
-    if (tern__cuda_g1_pipe) tern_launch(st, gemv1_kernel<KIND, G1_R, G1_U / 2, true>, blocks, 256, smem, a); /* 2 rounds of U/2 in flight */
-    else tern_launch(st, gemv1_kernel<KIND, G1_R, G1_U, false>, blocks, 256, smem, a);
+    long blocks = (ntask + 7) / 8;
+    if (tern__cuda_g1_grid) {
+        const long slots = (long)g1_blocks_per_sm<KIND>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
+        if (blocks > slots) blocks = slots;
+    }
+    tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U>, (unsigned)blocks, 256, smem, a);
 }
 
 template <int KIND> static void g1_allow() {
-    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)(G1_MAX_IN * sizeof(float)));
-    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U / 2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)(G1_MAX_IN * sizeof(float)));
 }
 
@@ -235,7 +241,7 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
     a.mode = mode;
     a.x = x;
     if (a.rows <= 0) return;
-    by_kind(kind_of(w0), [&](auto K) { g1_go<K.value>(c->stream, a); });
+    by_kind(kind_of(w0), [&](auto K) { g1_go<K.value>(c, a); });
     tern__cuda_check(c, "gemv1");
 }
 
@@ -506,6 +512,4 @@ void tern__cuda_gemv1_init(void) { /* shared-memory limits of the big instances,
     g1_allow<9>(); g1_allow<16>(); g1_allow<17>(); g1_allow<32>();
     gu_allow<2>(); gu_allow<3>(); gu_allow<4>(); gu_allow<5>(); gu_allow<6>(); gu_allow<8>();
     gu_allow<9>(); gu_allow<16>(); gu_allow<17>(); gu_allow<32>();
-    const char *e = getenv("TERN_CUDA_G1_PIPE");
-    if (e && e[0]) tern__cuda_g1_pipe = atoi(e) != 0;
 }

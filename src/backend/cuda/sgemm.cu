@@ -9,8 +9,8 @@
  * GEMMs and the small shapes the worst; NOTES (r)): too few tiles for 132 SMs, no K split, and a
  * separate elementwise kernel after gate|up.
  *
- * Tiling: a block of NW warps owns a tile of BM = 32·NW weight rows (NW = 4 by default; 8 with
- * TERN_CUDA_SGEMM_CFG=1: half the x re-reads, not yet timed) — of one matrix, or BM/2 gate rows + the
+ * Tiling: a block of NW = 4 warps owns a tile of BM = 32·NW weight rows (8 warps × 256 rows, half the
+ * x re-reads, measured slower at every op and row count: session 10) — of one matrix, or BM/2 gate rows + the
  * same BM/2 up rows in the GLU mode — and all NP = 8·NT activation rows (zero-padded), over a range
  * of K. K advances in steps of 64: the weight tile [BM][64] and the x tile [NP][64] (bf16, staged
  * by the caller: gemm.c's stage_x) go to shared memory through cp.async in a ring of SG_ST stages
@@ -46,7 +46,6 @@ namespace cg = cooperative_groups;
 extern "C" {
 int tern__cuda_sgemm_on = -1;  /* -1 until read from TERN_CUDA_SGEMM: 0 off, 1 q|k|v only (default), 2 every op */
 int tern__cuda_sgemm_split = 0; /* 0: the rule below; S > 0: that many K parts (bench sweeps) */
-int tern__cuda_sgemm_cfg = -1;  /* block shape: 0 = 4 warps x 128 rows, 1 = 8 warps x 256 rows (TERN_CUDA_SGEMM_CFG) */
 }
 
 struct SgArgs {
@@ -234,11 +233,6 @@ template <int NT, int NW> static void sg_allow() {
 extern "C" void tern__cuda_sgemm_init(tern__cuda *c) {
     (void)c;
     sg_allow<2, 4>(); sg_allow<4, 4>(); sg_allow<8, 4>();
-    sg_allow<2, 8>(); sg_allow<4, 8>(); sg_allow<8, 8>();
-    if (tern__cuda_sgemm_cfg < 0) {
-        const char *e = getenv("TERN_CUDA_SGEMM_CFG");
-        tern__cuda_sgemm_cfg = e && e[0] ? atoi(e) : 0;
-    }
     cudaGetLastError();
 }
 
@@ -254,7 +248,7 @@ extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const voi
     const int in = w[0]->in;
     if (in <= 0 || in % SG_BK) return 0;
     SgArgs a = {};
-    const int NW = tern__cuda_sgemm_cfg == 1 ? 8 : 4, SG_BM = 32 * NW;
+    constexpr int NW = 4, SG_BM = 32 * NW;
     int T = 0;
     for (int i = 0; i < k; i++) {
         if (w[i]->dtype != TERN_DT_BF16 || w[i]->in != in || w[i]->out <= 0 || ((uintptr_t)w[i]->data & 15)) return 0;
@@ -271,7 +265,7 @@ extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const voi
     const int NT = n <= 16 ? 2 : n <= 32 ? 4 : 8;
     a.nk = in / SG_BK;
     /* K split: about two blocks per SM when the tiles alone cannot fill the GPU, >= 8 K steps each */
-    const int slots = (NW == 8 ? 1 : 2) * c->n_sm; /* resident blocks the GPU holds at 64 x rows */
+    const int slots = 2 * c->n_sm; /* resident blocks the GPU holds at 64 x rows */
     int S = tern__cuda_sgemm_split > 0 ? tern__cuda_sgemm_split : (slots + T / 2) / T;
     if (S > (NT == 8 ? 4 : SG_SMAX)) S = NT == 8 ? 4 : SG_SMAX; /* 64 rows: 4 parts beat 6 (24.3 vs 33.6 us, q|k|v) */
     if (S > a.nk / 8) S = a.nk / 8;
@@ -284,10 +278,8 @@ extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const voi
     a.S = S;
     cudaSetDevice(c->device);
     const cudaStream_t st = c->stream;
-    const cudaError_t e = NW == 8 ? (NT == 2 ? sg_launch<2, 8>(st, T, S, a) : NT == 4 ? sg_launch<4, 8>(st, T, S, a)
-                                                : sg_launch<8, 8>(st, T, S, a))
-                                  : (NT == 2 ? sg_launch<2, 4>(st, T, S, a) : NT == 4 ? sg_launch<4, 4>(st, T, S, a)
-                                                : sg_launch<8, 4>(st, T, S, a));
+    const cudaError_t e = NT == 2 ? sg_launch<2, NW>(st, T, S, a) : NT == 4 ? sg_launch<4, NW>(st, T, S, a)
+                                  : sg_launch<8, NW>(st, T, S, a);
     if (e != cudaSuccess) { /* e.g. no room for a cluster: the caller takes cuBLASLt */
         cudaGetLastError();
         return 0;
