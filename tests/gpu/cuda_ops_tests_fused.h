@@ -208,8 +208,8 @@ TEST(cuda_fused_rmsnorm_add) {
 
 /* norm_matmul vs rmsnorm + the op (matmul_n over q|k|v, matmul_glu both acts, the plain matmul): xn and
  * y bitwise, with and without a norm weight, at widths whose rmsnorm runs 128, 256 and 512 threads
- * (gemv1's block is 256: block_rms_inv stands in for rmsnorm's thread count). Formats gemv_mma.cu
- * serves (Q4) must be declined (the separate ops run); so must n = 2 and an in-place norm. */
+ * (gemv1's block is 256: block_rms_inv stands in for rmsnorm's thread count). Q4 runs gemv_mma.cu's
+ * kernel, every K-slice block normalising its part of the row. n = 2 and an in-place norm decline. */
 TEST(cuda_norm_matmul) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul", "not built"); return; }
@@ -245,7 +245,7 @@ TEST(cuda_norm_matmul) {
                     const int r = g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, 1, k, ysa, ws, act);
                     if (!r) {
                         declined++;
-                        CHECK(k_fused_fmt[f].dt == TERN_DT_Q && k_fused_fmt[f].bits == 4, "%s in %d op %d: declined", nm, in, op);
+                        CHECK(0, "%s in %d op %d: declined", nm, in, op);
                         continue;
                     }
                     fused++;
@@ -268,7 +268,7 @@ TEST(cuda_norm_matmul) {
                 for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) if (bufs[i]) g->vt->free(g, bufs[i]);
                 free(x); free(nw);
             }
-    printf("  norm_matmul: %d fused, %d declined (Q4: gemv_mma)\n", fused, declined);
+    printf("  norm_matmul: %d fused, %d declined\n", fused, declined);
     CHECK(fused > 0, "norm_matmul never fused");
     tern__cuda_qmma_mode = keep_qmma;
     tern__cuda_g1_grid = keep_grid;

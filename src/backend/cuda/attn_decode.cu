@@ -21,7 +21,7 @@
  * One split: out = acc / L. Several: (acc, M, L) go to the partials in the layout of
  * tern__cuda_attn_merge, and the last block of (row, kv head) to arrive (a counter per pair in
  * c->ad_cnt, reset by that block) merges the splits in split order: one launch, deterministic.
- * A split's size adapts to the row: chunk = max(AD_CHMIN, ceil(len / splits)) keys, so a graph planned
+ * A split's size adapts to the row: chunk = max(chmin, ceil(len / splits)) keys, so a graph planned
  * for the whole table runs ceil(len / chunk) live splits at a short context (the others exit at once).
  *
  * Visibility: keys lo..pos of the row (lo = pos - window + 1 for sliding layers), skipping
@@ -69,7 +69,17 @@ static int ad_mode(void) {
 
 #define AD_WARPS 8
 #define AD_CNT 65536 /* (row, kv head) counters */
-#define AD_CHMIN 32  /* shortest split */
+/* shortest split (keys): TERN_CUDA_AD_CHMIN=N (16..1024) for A/Bs, read once; tests may set it */
+extern "C" int tern__cuda_ad_chmin;
+int tern__cuda_ad_chmin = -1;
+static int ad_chmin(void) {
+    if (tern__cuda_ad_chmin < 0) {
+        const char *e = getenv("TERN_CUDA_AD_CHMIN");
+        const int v = e && e[0] ? atoi(e) : 32;
+        tern__cuda_ad_chmin = v < 16 ? 16 : v > 1024 ? 1024 : v;
+    }
+    return tern__cuda_ad_chmin;
+}
 
 struct AdArgs {
     float *out, *part;
@@ -77,7 +87,7 @@ struct AdArgs {
     const void *kp, *vp;
     const int32_t *pos, *slot, *bt;
     int *cnt;
-    int n, nh, nkv, G, D, max_blocks, bs, window, splits, chmax;
+    int n, nh, nkv, G, D, max_blocks, bs, window, splits, chmax, chmin;
     int hs, GB; /* blocks per kv head (a group larger than the kernel's GM split in hs), heads per block */
     int region; /* floats before the record table in shared memory */
     float scale, softcap;
@@ -126,7 +136,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     const int pos = a.pos[r];
     const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
     const int len = pos >= 0 ? pos - lo + 1 : 0;
-    const int chunk = max(AD_CHMIN, (len + a.splits - 1) / a.splits);
+    const int chunk = max(a.chmin, (len + a.splits - 1) / a.splits);
     const int nact = len > 0 ? (len + chunk - 1) / chunk : 1;
     if (z >= nact) return;
     const int k0 = lo + z * chunk, k1 = min(lo + len, k0 + chunk), nk = k1 - k0;
@@ -367,14 +377,16 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     long keys = tern__cuda_attn_max_keys(c, rows, kv);
     if (kv->window > 0 && keys > kv->window) keys = kv->window;
     AdArgs a = {};
-    /* about two blocks per SM (8 warps each), >= AD_CHMIN keys per split, at most 128 splits, and
+    /* about two blocks per SM (8 warps each), >= chmin keys per split, at most 128 splits, and
      * enough splits that a split's scores fit */
-    int splits = tern__cuda_split_count(c, (long)n * nkv * hs, 2, 2, keys, AD_CHMIN, 128, n, nh, d);
+    const int chmin = ad_chmin();
+    int splits = tern__cuda_split_count(c, (long)n * nkv * hs, 2, 2, keys, chmin, 128, n, nh, d);
     const long need = (keys + AD_CHCAP - 1) / AD_CHCAP;
     if (splits < need) splits = (int)need;
     if (splits > 128 || (splits > 1 && (size_t)splits * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS)) return 0;
     const long ch = (keys + splits - 1) / splits;
-    a.chmax = (int)(ch > AD_CHMIN ? ch : AD_CHMIN);
+    a.chmax = (int)(ch > chmin ? ch : chmin);
+    a.chmin = chmin;
     size_t region = (size_t)GM * a.chmax;
     if (region < (size_t)AD_WARPS * GM * d) region = (size_t)AD_WARPS * GM * d;
     if (region < (size_t)2 * 128 * GM) region = (size_t)2 * 128 * GM;

@@ -35,8 +35,8 @@ struct Gemv1Args {
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
 
-/* A warp task is R rows (pair modes: row o of gate and of up). With GRID the launch is persistent
- * (TERN_CUDA_G1_GRID=1): about two resident blocks per SM, each staging (and normalising) the row
+/* A warp task is R rows (pair modes: row o of gate and of up). The launch is persistent (default;
+ * TERN_CUDA_G1_GRID=0: one block per 8 tasks): about two resident blocks per SM, each staging (and normalising) the row
  * once and its warps taking tasks blockIdx.x·8 + warp + i·gridDim.x·8 — per block the prologue is
  * paid once instead of once per 8 tasks (llama3-8b gate|up: 1792 blocks of 8 tasks each, ~7 waves).
  * Which warp runs a task never changes its operations: the same bits either way. */
@@ -141,7 +141,9 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
     }
 }
 
-/* TERN_CUDA_G1_GRID (read once; tests set it): 1 persistent grid, 0 one block per 8 warp tasks */
+/* TERN_CUDA_G1_GRID (read once; tests set it): 1 persistent grid (default), 0 one block per 8 warp
+ * tasks. H200, llama3-8b bf16 batch-1 decode (NOTES (s)): with the fused pre-norm 205 -> 215 tok/s;
+ * either alone +0.5 % / -0.5 % (the norm in every one of 1792 blocks' prologue cost what it saved) */
 extern "C" int tern__cuda_g1_grid;
 int tern__cuda_g1_grid = -1;
 
@@ -170,7 +172,7 @@ template <int KIND> static int g1_blocks_per_sm(size_t smem) {
 template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a) {
     if (tern__cuda_g1_grid < 0) {
         const char *e = getenv("TERN_CUDA_G1_GRID");
-        tern__cuda_g1_grid = e && e[0] ? atoi(e) != 0 : 0;
+        tern__cuda_g1_grid = e && e[0] ? atoi(e) != 0 : 1;
     }
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const long ntask = pair ? a.rows : (a.rows + G1_R - 1) / G1_R;
@@ -281,10 +283,20 @@ extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, in
 
 /* xn = rmsnorm(x)·nw for one row, then the fused op on xn (mode G1_PLAIN over k matrices, k = 1 being
  * the plain matmul; G1_SILU / G1_GELU over gate, up) in one gemv1 launch: bitwise rmsnorm + the op
- * (block_rms_inv is rmsnorm's reduction). Declines (0) what gemv1 would not run for the separate op:
- * several rows, in-place norms (block 0 writes xn while the others read x), misaligned rows, formats
- * gemv_mma.cu serves, and for k = 1 the rows tern__cuda_gemv sends to other kernels (tall Q matrices,
- * TERN_CUDA_GEMV_Q1 variants). */
+ * (block_rms_inv is rmsnorm's reduction); formats gemv_mma.cu serves (Q4) go there, its x staging
+ * normalising the same way. Declines (0) what neither would run for the separate op: several rows,
+ * in-place norms (block 0 writes xn while the others read x), misaligned rows, and for k = 1 the
+ * rows tern__cuda_gemv sends to other kernels (tall Q matrices, TERN_CUDA_GEMV_Q1 variants). */
+/* TERN_CUDA_MM_NORM=0: formats of gemv_mma.cu (Q4) run rmsnorm as its own launch (A/B) */
+static int tern__cuda_mm_norm_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TERN_CUDA_MM_NORM");
+        v = !(e && e[0] == '0');
+    }
+    return v;
+}
+
 extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n,
                                       int k, float *const *y, const tern__cuda_w *const *w, int mode) {
     extern int tern__cuda_gemv_q1_variant;
@@ -292,12 +304,16 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
     if (n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15) || (pair && (k != 2 || w[0]->out != w[1]->out)))
         return 0;
     if (mode != G1_PLAIN && !pair) return 0;
-    if (k == 1 && !pair && (tern__cuda_gemv_q1_variant != 5 || (w[0]->dtype == TERN_DT_Q && w[0]->out >= 3 * w[0]->in)))
-        return 0;
-    if (tern__cuda_gemv_mma_serves(c, w, k, x, mode) || !tern__cuda_g1_fits(w, k, x)) return 0;
-    cudaSetDevice(c->device);
     const int e[3] = {0, 0, 0};
     float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL};
+    if (tern__cuda_gemv_mma_serves(c, w, k, x, mode)) { /* Q4: its tensor-core GEMV stages the norm */
+        if (!tern__cuda_mm_norm_on()) return 0;
+        return tern__cuda_gemv_mma_norm(c, ys, w, e, k, x, mode, nw, xn, eps);
+    }
+    if (k == 1 && !pair && (tern__cuda_gemv_q1_variant != 5 || (w[0]->dtype == TERN_DT_Q && w[0]->out >= 3 * w[0]->in)))
+        return 0;
+    if (!tern__cuda_g1_fits(w, k, x)) return 0;
+    cudaSetDevice(c->device);
     g1_launch_norm(c, ys, w, e, k, x, mode, nw, xn, eps);
     return 1;
 }

@@ -48,6 +48,9 @@ struct MmArgs {
     int in, ng, mode, ks;     /* ng groups per row, ks K slices (blockIdx.y) of S steps */
     int rblocks;              /* row blocks (128 rows; pair: 64 outputs); gridDim.x <= rblocks walk them */
     const float *x;
+    const float *nw; /* pre-norm (ops.h norm_matmul, xn != NULL): x staged as rmsnorm(x)·nw; the */
+    float *xn;       /* blocks of blockIdx.x 0 write their slice of it to xn */
+    float eps;
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
@@ -178,8 +181,17 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    /* stage x (gemv_mma.cuh) */
-    mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in);
+    /* stage x (gemv_mma.cuh), or its rmsnorm (every block sums the whole row: bitwise norm.cu's) */
+    if (a.xn) {
+        __shared__ float red[32];
+        const float inv = block_rms_inv([&](int j) { return a.x[j]; }, a.in, a.eps, red);
+        mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in, true, inv, a.nw);
+        if (blockIdx.x == 0)
+            for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x)
+                a.xn[k] = a.nw ? a.x[k] * inv * a.nw[k] : a.x[k] * inv;
+    } else {
+        mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in);
+    }
     __syncthreads();
 
     const uint2 *tl = tbl + lane;
@@ -317,6 +329,12 @@ extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_
  * ran, 0 when the format or shape is not served here (the caller runs gemv.cu's kernels). */
 extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                                    const float *x, int mode) {
+    return tern__cuda_gemv_mma_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f);
+}
+
+/* as tern__cuda_gemv_mma; xn != NULL: x staged as rmsnorm(x)·nw (written to xn as well) */
+extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
+                                        int k, const float *x, int mode, const float *nw, float *xn, float eps) {
     if (!tern__cuda_gemv_mma_serves(c, w, k, x, mode)) return 0;
     const tern__cuda_w *w0 = w[0];
     const int gs = w0->group_size;
@@ -330,6 +348,9 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
     a.ng = w0->in / gs;
     a.mode = mode;
     a.x = x;
+    a.nw = nw;
+    a.xn = xn;
+    a.eps = eps;
     a.part = c->part;
     a.cnt = c->mm_cnt;
     a.magic = 0x43004300u;

@@ -95,7 +95,10 @@ template <int GPS, bool F16S> __device__ __forceinline__ float mm_sget(typename 
  * belongs to the group of lane t''s bytes (groups use columns 3γ..3γ+2), else 0, so every MMA's B load
  * is one unconditional 8-byte load per lane — into tbl, and Σx per step group into xs */
 template <int BITS, int GB, int S, bool TAIL = false>
-__device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, int st0, int ns, int nin) {
+__device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, int st0, int ns, int nin,
+                                         bool nrm = false, float inv = 0.0f, const float *nw = nullptr) {
+    /* nrm: stage rmsnorm(x)·nw instead (inv = block_rms_inv; nw may be NULL), as norm.cu writes it */
+    auto nx = [&](float v, size_t k) { return !nrm ? v : nw ? v * inv * nw[k] : v * inv; };
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
     constexpr int CPS = 512 / BITS;               /* inputs per step */
@@ -106,10 +109,11 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
         const float *xw = x + (size_t)(st0 + sl) * CPS + (tt * 4 + i) * CPW;
         float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f; /* nibbles j, j+4 (register 2m) and j+1, j+5 (register 2m+1) */
         if (!TAIL || (st0 + sl) * CPS + tt * 4 * CPW < nin) {
+            const size_t k = (size_t)(xw - x);
             if constexpr (BITS == 4) {
-                v0 = xw[j]; v1 = xw[j + 4]; v2 = xw[j + 1]; v3 = xw[j + 5];
+                v0 = nx(xw[j], k + j); v1 = nx(xw[j + 4], k + j + 4); v2 = nx(xw[j + 1], k + j + 1); v3 = nx(xw[j + 5], k + j + 5);
             } else {
-                v0 = xw[j >> 1]; v1 = xw[2 + (j >> 1)]; v2 = 16.0f * v0; v3 = 16.0f * v1;
+                v0 = nx(xw[j >> 1], k + (j >> 1)); v1 = nx(xw[2 + (j >> 1)], k + 2 + (j >> 1)); v2 = 16.0f * v0; v3 = 16.0f * v1;
             }
         }
         uint32_t pa[3], pb[3];
@@ -134,7 +138,8 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
         float e = 0.0f;
         if (f < ns * CPS / 4 && (!TAIL || st0 * CPS + 4 * f < nin)) {
             const float4 v = __ldg((const float4 *)(x + (size_t)st0 * CPS) + f);
-            e = (v.x + v.y) + (v.z + v.w);
+            const size_t k = (size_t)st0 * CPS + 4 * (size_t)f;
+            e = (nx(v.x, k) + nx(v.y, k + 1)) + (nx(v.z, k + 2) + nx(v.w, k + 3));
         }
         if (f < S * CPS / 4) { /* whole warps (S·CPS/4 is a multiple of 32) */
 #pragma unroll
