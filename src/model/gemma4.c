@@ -226,16 +226,19 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         int qkv = lc->kv_src == l && !lc->k_eq_v; /* q, k, v projections in one call */
         if (qkv) tern__norm_matmul_qkv(m, g->xn, g->x, L->in_norm, eps, n, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv);
         else tern__norm_matmul(m, g->xn, g->x, L->in_norm, eps, n, g->q, &L->wq); /* xn stays for k */
-        op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
         if (lc->kv_src == l) {
             if (lc->k_eq_v) { /* V = raw K projection */
                 op->matmul(be, g->k, g->xn, n, &L->wk);
                 op->scale(be, g->v, g->k, 1.0f, (size_t)n * nKV * D);
             }
-            op->rmsnorm(be, g->k, g->k, n * nKV, D, L->k_norm, eps);
-            op->rmsnorm(be, g->v, g->v, n * nKV, D, NULL, eps);
+            /* per-head norms of q, k and v (v without weight), in place */
+            float *const ny[3] = {g->q, g->k, g->v};
+            const float *const nx[3] = {g->q, g->k, g->v}, *const nw[3] = {L->q_norm, L->k_norm, NULL};
+            const int nr[3] = {n * nH, n * nKV, n * nKV};
+            tern__rmsnorm_n(m, 3, ny, nx, nr, D, nw, eps);
             tern__rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, inv, ms); /* rope q, k; cache k, v */
         } else {
+            op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
             op->rope(be, g->q, n, nH, D, m->d_pos, inv, ms);
         }
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);

@@ -189,6 +189,14 @@ static inline void tern__norm_matmul_glu(tern_model *m, float *xn, const float *
     op->rmsnorm(m->be, xn, x, n, (int)gate->shape[gate->ndim - 1], nw, eps);
     tern__matmul_glu(m, y, tmp, xn, n, gate, up, act);
 }
+/* y[i] = rmsnorm(x[i])·w[i] for i < k (rows[i] rows of d): one launch when the backend can (ops.h
+ * rmsnorm_n), else k rmsnorm calls; bitwise the same */
+static inline void tern__rmsnorm_n(tern_model *m, int k, float *const *y, const float *const *x, const int *rows,
+                                   int d, const float *const *w, float eps) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->rmsnorm_n && op->rmsnorm_n(m->be, k, y, x, rows, d, w, eps)) return;
+    for (int i = 0; i < k; i++) op->rmsnorm(m->be, y[i], x[i], rows[i], d, w[i], eps);
+}
 /* y = act(x·gateᵀ) ⊙ (x·upᵀ); tmp [n, I] is scratch for the unfused path */
 static inline void tern__matmul_glu(tern_model *m, float *y, float *tmp, const float *x, int n,
                                     const tern_tensor *gate, const tern_tensor *up, int act) {

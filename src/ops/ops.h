@@ -323,6 +323,12 @@ typedef struct tern_backend_vt {
      * decode GEMV stages the row once per block; block_rms_inv repeats rmsnorm's reduction there). */
     int (*norm_matmul)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
                        float *const *y, const tern_tensor *const *w, int act);
+
+    /* Several RMSNorms of one width (appended; optional): for i < k (k <= 3), y[i] [rows[i], d] =
+     * rmsnorm(x[i])·w[i] (w[i] may be NULL; y[i] may be x[i]), bitwise k rmsnorm calls. 0 = not done
+     * (src/model/internal.h tern__rmsnorm_n runs them one by one). Gemma 4's q, k, v head norms. */
+    int (*rmsnorm_n)(tern_backend *be, int k, float *const *y, const float *const *x, const int *rows, int d,
+                     const float *const *w, float eps);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -1,6 +1,6 @@
 /*
  * cuda_ops_tests_fused.h — the n = 1 GEMV (gemv1) and the fused decode ops (ops.h: matmul_n,
- * matmul_glu, matmul_add, rope_kv_write, rmsnorm_add, norm_matmul). The fused ops promise bitwise the result of the
+ * matmul_glu, matmul_add, rope_kv_write, rmsnorm_add, norm_matmul, rmsnorm_n). The fused ops promise bitwise the result of the
  * separate ops on the same backend, and one activation row must give bitwise the row of a
  * multi-row call (batch invariance), so these checks compare bits, not tolerances; the
  * separate ops themselves are checked against cpu-ref elsewhere (cuda_matmul_formats). Shapes
@@ -274,7 +274,56 @@ TEST(cuda_norm_matmul) {
     tern__cuda_g1_grid = keep_grid;
 }
 
+/* rmsnorm_n (one launch over up to three tensors) vs one rmsnorm per tensor: bitwise, in place as
+ * Gemma 4 calls it (q, k, v head norms, v without weight) and out of place, widths 64..512, k 1..3 */
+extern int tern__cuda_norm_n;
+TEST(cuda_rmsnorm_n) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->rmsnorm_n) { SKIP("cuda_rmsnorm_n", "not built"); return; }
+    const int keep = tern__cuda_norm_n;
+    tern__cuda_norm_n = 1;
+    static const int ds[] = {64, 128, 256, 512};
+    static const int rs[3] = {16, 4, 5};
+    for (size_t di = 0; di < TERN_ARRAY_LEN(ds); di++)
+        for (int k = 1; k <= 3; k++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                const int d = ds[di];
+                float *ya[3], *yb[3], *xs[3];
+                const float *xa[3], *xb[3], *wd[3];
+                void *wbuf[3] = {NULL, NULL, NULL};
+                float *hx[3];
+                for (int i = 0; i < k; i++) {
+                    const size_t cnt = (size_t)rs[i] * d;
+                    hx[i] = rnd(cnt, 2.0f + (float)i);
+                    xs[i] = to_gpu(hx[i], cnt * 4);
+                    ya[i] = to_gpu(hx[i], cnt * 4);
+                    yb[i] = to_gpu(hx[i], cnt * 4);
+                    xa[i] = inplace ? ya[i] : xs[i];
+                    xb[i] = inplace ? yb[i] : xs[i];
+                    if (i != 2) { /* the third (v) without weight */
+                        float *w = rnd((size_t)d, 1.0f);
+                        wbuf[i] = to_gpu(w, (size_t)d * 4);
+                        free(w);
+                    }
+                    wd[i] = wbuf[i];
+                }
+                CHECK(g->vt->rmsnorm_n(g, k, ya, xa, rs, d, wd, 1e-6f) == 1, "rmsnorm_n refused");
+                for (int i = 0; i < k; i++) g->vt->rmsnorm(g, yb[i], xb[i], rs[i], d, wd[i], 1e-6f);
+                for (int i = 0; i < k; i++) {
+                    const size_t cnt = (size_t)rs[i] * d;
+                    float *a = from_gpu(g, ya[i], cnt), *b = from_gpu(g, yb[i], cnt);
+                    CHECK(same_bits(a, b, cnt), "rmsnorm_n d %d k %d in place %d: tensor %d differs", d, k, inplace, i);
+                    free(a); free(b);
+                    g->vt->free(g, ya[i]); g->vt->free(g, yb[i]); g->vt->free(g, xs[i]);
+                    if (wbuf[i]) g->vt->free(g, wbuf[i]);
+                    free(hx[i]);
+                }
+            }
+    tern__cuda_norm_n = keep;
+}
+
 static void cuda_fused_tests(void) {
+    RUN(cuda_rmsnorm_n);
     RUN(cuda_norm_matmul);
     RUN(cuda_fused_rmsnorm_add);
     RUN(cuda_gemv1_batch_invariant);

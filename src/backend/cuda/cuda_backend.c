@@ -284,6 +284,19 @@ static void be_embed(tern_backend *be, float *y, const int32_t *ids, int n, cons
 static void be_rmsnorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps) {
     tern__cuda_rmsnorm(C(be), y, x, rows, d, w, eps);
 }
+/* TERN_CUDA_NORM_N=1: rmsnorm_n in one launch (written in session 10, not yet run on a GPU: off until
+ * the op test cuda_rmsnorm_n and an A/B on gemma4-12b have run); tests set it */
+int tern__cuda_norm_n = -1;
+static int be_rmsnorm_n(tern_backend *be, int k, float *const *y, const float *const *x, const int *rows, int d,
+                        const float *const *w, float eps) {
+    if (tern__cuda_norm_n < 0) {
+        const char *e = getenv("TERN_CUDA_NORM_N");
+        tern__cuda_norm_n = e && e[0] == '1';
+    }
+    if (!tern__cuda_norm_n || k < 1 || k > 3) return 0;
+    tern__cuda_rmsnorm_n(C(be), k, y, x, rows, d, w, eps);
+    return 1;
+}
 static double be_copy_rate(tern_backend *be, size_t bytes) {
     tern__cuda *c = C(be);
     void *a = NULL, *b = NULL;
@@ -520,6 +533,7 @@ static const tern_backend_vt k_cuda_vt = {
     .sample = be_sample,
     .rmsnorm_add = be_rmsnorm_add,
     .norm_matmul = be_norm_matmul,
+    .rmsnorm_n = be_rmsnorm_n,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
 };

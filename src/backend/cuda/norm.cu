@@ -6,7 +6,8 @@
  * All f32 with the accurate libm-style device functions (sqrtf, tanhf, expf, sincosf: no
  * --use_fast_math, no rsqrtf/__expf), so results match the scalar reference to a few ulp.
  * RMSNorm: one block per row, sum of squares reduced in f32 through shared memory; rmsnorm_add is
- * the same kernel adding the normalised row into the residual (and scaling it by a device scalar).
+ * the same kernel adding the normalised row into the residual (and scaling it by a device scalar);
+ * rmsnorm_n runs the rows of up to three tensors (Gemma 4's q, k, v head norms) in one launch.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -35,11 +36,8 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
 /* ADD: y = (y + x·inv·w) · (s ? s[0] : 1) (rmsnorm_add), with explicit rounding so that no FMA
  * contraction makes it differ from rmsnorm + add + scale_dev */
 template <bool ADD>
-__global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, float eps, const float *s) {
-    pdl_start();
+__device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const float *w, float eps, const float *s) {
     __shared__ float red[32];
-    const float *xr = x + (size_t)blockIdx.x * d;
-    float *yr = y + (size_t)blockIdx.x * d;
     const float inv = block_rms_inv([&](int j) { return xr[j]; }, d, eps, red); /* blockDim = tern_rms_threads(d) */
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         const float v = w ? xr[j] * inv * w[j] : xr[j] * inv;
@@ -50,6 +48,44 @@ __global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, 
             yr[j] = v;
         }
     }
+}
+
+template <bool ADD>
+__global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, float eps, const float *s) {
+    pdl_start();
+    rms_row<ADD>(y + (size_t)blockIdx.x * d, x + (size_t)blockIdx.x * d, d, w, eps, s);
+}
+
+/* rmsnorm_n: up to three tensors of rows of one width in one launch, a block per row as rmsnorm_kernel
+ * (the same rms_row, the same block size: bitwise the separate launches) */
+struct RmsN {
+    float *y[3];
+    const float *x[3], *w[3];
+    int r0[4]; /* row prefix: tensor i holds blocks r0[i] .. r0[i+1]-1 */
+    int d;
+    float eps;
+};
+__global__ void rmsnorm_n_kernel(RmsN a) {
+    pdl_start();
+    const int b = blockIdx.x, i = b >= a.r0[2] ? 2 : b >= a.r0[1] ? 1 : 0;
+    const size_t off = (size_t)(b - a.r0[i]) * a.d;
+    rms_row<false>(a.y[i] + off, a.x[i] + off, a.d, a.w[i], a.eps, NULL);
+}
+
+extern "C" void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *const *x, const int *rows,
+                                     int d, const float *const *w, float eps) {
+    RmsN a = {};
+    a.d = d;
+    a.eps = eps;
+    for (int i = 0; i < 3; i++) {
+        const int r = i < k ? rows[i] : 0;
+        if (i < k) { a.y[i] = y[i]; a.x[i] = x[i]; a.w[i] = w[i]; }
+        a.r0[i + 1] = a.r0[i] + r;
+    }
+    if (a.r0[3] <= 0 || d <= 0) return;
+    cudaSetDevice(c->device);
+    tern_launch(c->stream, rmsnorm_n_kernel, a.r0[3], tern_rms_threads(d), 0, a);
+    tern__cuda_check(c, "rmsnorm_n");
 }
 
 extern "C" void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w,
