@@ -199,27 +199,22 @@ template <int KIND, int U, int R> __global__ void __launch_bounds__(128) gemv_q1
     const uint8_t *mat = a.data + (size_t)a.e * a.mat_bytes;
     const uint8_t *smat = a.scales + (size_t)a.e * a.mat_bytes_s, *bmat = a.biases + (size_t)a.e * a.mat_bytes_s;
     int orow[R];
+    const uint8_t *rowp[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) orow[r] = o0 + r < a.out ? o0 + r : (active ? o0 : 0);
+    for (int r = 0; r < R; r++) {
+        orow[r] = o0 + r < a.out ? o0 + r : (active ? o0 : 0);
+        rowp[r] = mat + (size_t)orow[r] * rb;
+    }
+    auto sp = [&](int) { return smat; };
+    auto bp = [&](int) { return bmat; };
+    const RoundScales rq = {ng, a.gs_shift, a.sdtype, 0, 0, a.gs};
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int c0 = 0; c0 < nch; c0 += 32 * U) {
         uint32_t wd[U][R][W];
         float s[U][R], b[U][R];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * 32 + lane;
-            if (active && c < nch) {
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    load_chunk<KIND>(mat + (size_t)orow[r] * rb, c, wd[u][r]);
-                    const int gi = orow[r] * ng + ((c * 32) >> a.gs_shift);
-                    s[u][r] = load_s(smat, a.sdtype, (size_t)gi);
-                    b[u][r] = load_s(bmat, a.sdtype, (size_t)gi);
-                }
-            }
-        }
+        load_round<KIND, R, U>(rowp, sp, bp, orow, c0, lane, nch, active, rq, wd, s, b);
         __syncthreads();
         for (int i = threadIdx.x; i < U * 32 * C4; i += blockDim.x) {
             const int u = i / (32 * C4), f = i % (32 * C4);

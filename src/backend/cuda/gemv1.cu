@@ -49,6 +49,7 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const int nch = a.in / CH, ng = K::Q ? a.in >> a.gs_shift : 0;
     const int ntask = pair ? a.rows : (a.rows + R - 1) / R;
+    const RoundScales rq = {ng, a.gs_shift, a.sdtype, a.br, a.ncs, a.gs};
     const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
     for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)a.x + f);
     __syncthreads();
@@ -86,6 +87,8 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
         const uint8_t *rowp[R];
 #pragma unroll
         for (int r = 0; r < R; r++) rowp[r] = a.data[mrow[r]] + (size_t)orow[r] * rb;
+        auto sp = [&](int r) { return a.scales[mrow[r]]; };
+        auto bp = [&](int r) { return a.biases[mrow[r]]; };
         float acc[R];
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = 0.0f;
@@ -93,23 +96,7 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
             /* one round: U chunks per lane of each of the R rows (and their scales) in flight */
             uint32_t wd[U][R][W];
             float s[U][R], b[U][R];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int c = c0 + u * 32 + lane;
-                if (c < nch) {
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        load_chunk<KIND>(rowp[r], c, wd[u][r]);
-                        if constexpr (K::Q) {
-                            const size_t gi = (size_t)orow[r] * ng + ((c * 32) >> a.gs_shift);
-                            s[u][r] = load_s(a.scales[mrow[r]], a.sdtype, gi);
-                            b[u][r] = load_s(a.biases[mrow[r]], a.sdtype, gi);
-                        } else if constexpr (K::F8) {
-                            s[u][r] = ((const float *)a.scales[mrow[r]])[(size_t)(orow[r] / a.br) * a.ncs + (size_t)(c * 32 / a.gs)];
-                        }
-                    }
-                }
-            }
+            load_round<KIND, R, U>(rowp, sp, bp, orow, c0, lane, nch, true, rq, wd, s, b);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + u * 32 + lane;
@@ -281,12 +268,6 @@ extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, in
     return 1;
 }
 
-/* xn = rmsnorm(x)·nw for one row, then the fused op on xn (mode G1_PLAIN over k matrices, k = 1 being
- * the plain matmul; G1_SILU / G1_GELU over gate, up) in one gemv1 launch: bitwise rmsnorm + the op
- * (block_rms_inv is rmsnorm's reduction); formats gemv_mma.cu serves (Q4) go there, its x staging
- * normalising the same way. Declines (0) what neither would run for the separate op: several rows,
- * in-place norms (block 0 writes xn while the others read x), misaligned rows, and for k = 1 the
- * rows tern__cuda_gemv sends to other kernels (tall Q matrices, TERN_CUDA_GEMV_Q1 variants). */
 /* TERN_CUDA_MM_NORM=0: formats of gemv_mma.cu (Q4) run rmsnorm as its own launch (A/B) */
 static int tern__cuda_mm_norm_on(void) {
     static int v = -1;
@@ -297,6 +278,12 @@ static int tern__cuda_mm_norm_on(void) {
     return v;
 }
 
+/* xn = rmsnorm(x)·nw for one row, then the fused op on xn (mode G1_PLAIN over k matrices, k = 1 being
+ * the plain matmul; G1_SILU / G1_GELU over gate, up) in one gemv1 launch: bitwise rmsnorm + the op
+ * (block_rms_inv is rmsnorm's reduction); formats gemv_mma.cu serves (Q4) go there, its x staging
+ * normalising the same way. Declines (0) what neither would run for the separate op: several rows,
+ * in-place norms (block 0 writes xn while the others read x), misaligned rows, and for k = 1 the
+ * rows tern__cuda_gemv sends to other kernels (tall Q matrices, TERN_CUDA_GEMV_Q1 variants). */
 extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n,
                                       int k, float *const *y, const tern__cuda_w *const *w, int mode) {
     extern int tern__cuda_gemv_q1_variant;

@@ -92,6 +92,39 @@ __device__ __forceinline__ void chunk_dot(const uint32_t (&wd)[R][W], XAt xat, f
     }
 }
 
+/* Where a round's scales live: Q rows' scale and bias arrays (group index orow·ng + chunk's group), or
+ * an F8 matrix's block scales (f32 [rows / br][ncs], groups of gs inputs) */
+struct RoundScales {
+    int ng, gs_shift, sdtype, br, ncs, gs;
+};
+
+/* One round of a lane's weight loads: U chunks (c0 + 32u + lane, those < nch; none when !on) of each of
+ * R rows (bytes at rowp[r], scales/biases at sp(r)/bp(r), row index orow[r]) with their scale and
+ * bias (Q) or block scale (F8). gemv1 and gemv_q1 issue the loads of a round before any product. */
+template <int KIND, int R, int U, class SP, class BP>
+__device__ __forceinline__ void load_round(const uint8_t *const (&rowp)[R], SP sp, BP bp, const int (&orow)[R], int c0,
+                                           int lane, int nch, bool on, const RoundScales &q,
+                                           uint32_t (&wd)[U][R][Kind<KIND>::WORDS], float (&s)[U][R], float (&b)[U][R]) {
+    using K = Kind<KIND>;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = c0 + u * 32 + lane;
+        if (on && c < nch) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                load_chunk<KIND>(rowp[r], c, wd[u][r]);
+                if constexpr (K::Q) {
+                    const size_t gi = (size_t)orow[r] * q.ng + ((c * 32) >> q.gs_shift);
+                    s[u][r] = load_s(sp(r), q.sdtype, gi);
+                    b[u][r] = load_s(bp(r), q.sdtype, gi);
+                } else if constexpr (K::F8) {
+                    s[u][r] = ((const float *)sp(r))[(size_t)(orow[r] / q.br) * q.ncs + (size_t)(c * 32 / q.gs)];
+                }
+            }
+        }
+    }
+}
+
 static inline int kind_of(const tern__cuda_w *w) {
     switch (w->dtype) {
     case TERN_DT_Q: return w->bits;
