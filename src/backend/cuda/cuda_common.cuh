@@ -79,16 +79,8 @@ __host__ __device__ __forceinline__ int tern_rms_threads(int d) { return d >= 10
  * warp partials summed by one warp), each thread of this block standing in for one or more of them
  * in turn. x(j) returns element j (global or shared memory); red: 32 floats of shared memory. Every
  * thread of the block must call it; all get the value. */
-template <class X> __device__ __forceinline__ float block_rms_inv(X x, int d, float eps, float *red) {
-    const int vt = tern_rms_threads(d), lane = threadIdx.x & 31;
-    for (int v0 = 0; v0 < vt; v0 += blockDim.x) {
-        const int v = v0 + threadIdx.x;
-        float ss = 0.0f;
-        if (v < vt)
-            for (int j = v; j < d; j += vt) ss = fmaf(x(j), x(j), ss);
-        ss = warp_sum(ss);
-        if (lane == 0 && v < vt) red[v >> 5] = ss;
-    }
+/* the end of block_rms_inv: red[0 .. vt/32) hold the warp partials; every thread gets 1/sqrt(...) */
+__device__ __forceinline__ float rms_inv_finish(int vt, int d, float eps, float *red) {
     __syncthreads();
     if (threadIdx.x < 32) {
         float t = threadIdx.x < (vt >> 5) ? red[threadIdx.x] : 0.0f;
@@ -99,6 +91,19 @@ template <class X> __device__ __forceinline__ float block_rms_inv(X x, int d, fl
     const float inv = 1.0f / sqrtf(red[0] / (float)d + eps);
     __syncthreads(); /* red may be reused */
     return inv;
+}
+
+template <class X> __device__ __forceinline__ float block_rms_inv(X x, int d, float eps, float *red) {
+    const int vt = tern_rms_threads(d), lane = threadIdx.x & 31;
+    for (int v0 = 0; v0 < vt; v0 += blockDim.x) {
+        const int v = v0 + threadIdx.x;
+        float ss = 0.0f;
+        if (v < vt)
+            for (int j = v; j < d; j += vt) ss = fmaf(x(j), x(j), ss);
+        ss = warp_sum(ss);
+        if (lane == 0 && v < vt) red[v >> 5] = ss;
+    }
+    return rms_inv_finish(vt, d, eps, red);
 }
 
 __device__ __forceinline__ float warp_max(float v) {

@@ -33,16 +33,53 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
     tern__cuda_check(c, "embed");
 }
 
+/* RMS_V: elements per thread held in registers (rows of d <= RMS_V·tern_rms_threads(d): every width of
+ * the supported models up to 8192). All of a thread's loads (x, w, and y for ADD) are issued before the
+ * sum, so a row costs one memory latency instead of a strided walk and a second read pass; the sum is
+ * block_rms_inv's (thread v: fmaf over elements v, v + vt, ... in order), so the bits do not change. */
+#define RMS_V 16
 /* ADD: y = (y + x·inv·w) · (s ? s[0] : 1) (rmsnorm_add), with explicit rounding so that no FMA
  * contraction makes it differ from rmsnorm + add + scale_dev */
 template <bool ADD>
 __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const float *w, float eps, const float *s) {
     __shared__ float red[32];
-    const float inv = block_rms_inv([&](int j) { return xr[j]; }, d, eps, red); /* blockDim = tern_rms_threads(d) */
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        const float v = w ? xr[j] * inv * w[j] : xr[j] * inv;
+    const int vt = blockDim.x; /* = tern_rms_threads(d) */
+    if (d > RMS_V * vt) {      /* wider rows: the strided walk */
+        const float inv = block_rms_inv([&](int j) { return xr[j]; }, d, eps, red);
+        for (int j = threadIdx.x; j < d; j += vt) {
+            const float v = w ? xr[j] * inv * w[j] : xr[j] * inv;
+            if constexpr (ADD) {
+                const float t = __fadd_rn(yr[j], v);
+                yr[j] = s ? __fmul_rn(t, s[0]) : t;
+            } else {
+                yr[j] = v;
+            }
+        }
+        return;
+    }
+    float xv[RMS_V], wv[RMS_V], yv[RMS_V];
+#pragma unroll
+    for (int i = 0; i < RMS_V; i++) {
+        const int j = threadIdx.x + i * vt;
+        const bool in = j < d;
+        xv[i] = in ? xr[j] : 0.0f;
+        wv[i] = in && w ? w[j] : 0.0f;
+        if constexpr (ADD) yv[i] = in ? yr[j] : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < RMS_V; i++)
+        if (threadIdx.x + i * vt < d) ss = fmaf(xv[i], xv[i], ss);
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    const float inv = rms_inv_finish(vt, d, eps, red);
+#pragma unroll
+    for (int i = 0; i < RMS_V; i++) {
+        const int j = threadIdx.x + i * vt;
+        if (j >= d) break;
+        const float v = w ? xv[i] * inv * wv[i] : xv[i] * inv;
         if constexpr (ADD) {
-            const float t = __fadd_rn(yr[j], v);
+            const float t = __fadd_rn(yv[i], v);
             yr[j] = s ? __fmul_rn(t, s[0]) : t;
         } else {
             yr[j] = v;
@@ -67,9 +104,11 @@ struct RmsN {
 };
 __global__ void rmsnorm_n_kernel(RmsN a) {
     pdl_start();
-    const int b = blockIdx.x, i = b >= a.r0[2] ? 2 : b >= a.r0[1] ? 1 : 0;
-    const size_t off = (size_t)(b - a.r0[i]) * a.d;
-    rms_row<false>(a.y[i] + off, a.x[i] + off, a.d, a.w[i], a.eps, NULL);
+    const int b = blockIdx.x, t2 = b >= a.r0[2], t1 = b >= a.r0[1]; /* selects, not an indexed (local) copy */
+    const size_t off = (size_t)(b - (t2 ? a.r0[2] : t1 ? a.r0[1] : 0)) * a.d;
+    float *y = t2 ? a.y[2] : t1 ? a.y[1] : a.y[0];
+    const float *x = t2 ? a.x[2] : t1 ? a.x[1] : a.x[0], *w = t2 ? a.w[2] : t1 ? a.w[1] : a.w[0];
+    rms_row<false>(y + off, x + off, a.d, w, a.eps, NULL);
 }
 
 extern "C" void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *const *x, const int *rows,
