@@ -238,7 +238,60 @@ TEST(cuda_sgemm) {
     tern__cuda_bf16_split = 1;
 }
 
+/* norm_matmul for many rows (gemm.c tern__cuda_gemm_norm: one kernel writes rmsnorm(x)·w and its bf16
+ * copy, then the GEMMs of matmul_n / matmul_glu) against rmsnorm + the fused op: xn and y bitwise
+ * (the same GEMMs on the same bf16 x), n through sgemm (16, 64) and cuBLASLt (200); x in place declines. */
+extern int tern__cuda_norm_gemm_on;
+TEST(cuda_norm_gemm) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_matmul) { SKIP("cuda_norm_gemm", "no bf16-mode backend or norm_matmul"); return; }
+    const int keep = tern__cuda_norm_gemm_on;
+    tern__cuda_norm_gemm_on = 1;
+    tern__cuda_bf16_split = 0;
+    const int H = 512;
+    bt_w w[4];
+    int ok = bt_make(&w[0], 256, H) && bt_make(&w[1], 64, H) && bt_make(&w[2], 64, H) && bt_make(&w[3], 384, H);
+    CHECK(ok, "upload");
+    static const int NS[] = {16, 64, 200};
+    for (size_t t = 0; ok && t < TERN_ARRAY_LEN(NS); t++) {
+        const int n = NS[t];
+        float *x = rnd((size_t)n * H, 2.0f), *nw = rnd(H, 1.0f);
+        void *xd = to_gpu(x, (size_t)n * H * 4), *nwd = to_gpu(nw, (size_t)H * 4);
+        float *xna = nan_buf(g, (size_t)n * H), *xnb = nan_buf(g, (size_t)n * H);
+        const size_t tot = (size_t)n * (256 + 64 + 64);
+        float *ya = nan_buf(g, tot), *yb = nan_buf(g, tot);
+        for (int op = 0; op < 2; op++) { /* 0 q|k|v, 1 gate|up SiLU (gate = up = w[3]: shapes only) */
+            const tern_tensor *ws[3] = {op ? &w[3].g : &w[0].g, op ? &w[3].g : &w[1].g, &w[2].g};
+            float *ysa[3] = {ya, ya + (size_t)n * 256, ya + (size_t)n * 320}, *ysb[3] = {yb, yb + (size_t)n * 256, yb + (size_t)n * 320};
+            const int k = op ? 2 : 3, act = op ? TERN_ACT_SILU : -1;
+            const int r = g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, n, k, ysa, ws, act);
+            CHECK(r == 1, "n %d op %d: norm_matmul declined", n, op);
+            g->vt->rmsnorm(g, xnb, xd, n, H, nwd, 1e-6f);
+            if (op) CHECK(g->vt->matmul_glu(g, yb, xnb, n, ws[0], ws[1], TERN_ACT_SILU) == 1, "matmul_glu refused");
+            else CHECK(g->vt->matmul_n(g, 3, ysb, xnb, n, ws) == 1, "matmul_n refused");
+            const size_t cnt = op ? (size_t)n * 384 : tot;
+            float *a = from_gpu(g, ya, cnt), *b = from_gpu(g, yb, cnt);
+            float *na = from_gpu(g, xna, (size_t)n * H), *nb = from_gpu(g, xnb, (size_t)n * H);
+            CHECK(!memcmp(na, nb, (size_t)n * H * 4), "n %d op %d: xn differs from rmsnorm", n, op);
+            CHECK(!memcmp(a, b, cnt * 4), "n %d op %d: y differs from rmsnorm + op", n, op);
+            printf("  err norm_gemm n=%d op %d: xn %s, y %s\n", n, op, memcmp(na, nb, (size_t)n * H * 4) ? "DIFF" : "same bits",
+                   memcmp(a, b, cnt * 4) ? "DIFF" : "same bits");
+            free(a); free(b); free(na); free(nb);
+        }
+        float *ys1[3] = {ya, ya + (size_t)n * 256, ya + (size_t)n * 320};
+        const tern_tensor *wq[3] = {&w[0].g, &w[1].g, &w[2].g};
+        CHECK(g->vt->norm_matmul(g, xd, xd, nwd, 1e-6f, n, 3, ys1, wq, -1) == 0, "in place should decline");
+        void *bufs[] = {xd, nwd, xna, xnb, ya, yb};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        free(x); free(nw);
+    }
+    for (int i = 0; i < 4; i++) bt_free(&w[i]);
+    tern__cuda_bf16_split = 1;
+    tern__cuda_norm_gemm_on = keep;
+}
+
 static void cuda_batch_tests(void) {
     RUN(cuda_batch_fused);
+    RUN(cuda_norm_gemm);
     RUN(cuda_sgemm);
 }

@@ -442,6 +442,7 @@ static int be_norm_matmul(tern_backend *be, float *xn, const float *x, const flo
         pv[i] = &v[i];
     }
     const int mode = act < 0 ? G1_PLAIN : act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
+    if (n > 1) return tern__cuda_gemm_norm(C(be), xn, x, nw, eps, n, k, y, pv, mode); /* gemm.c: plain bf16 */
     return tern__cuda_norm_matmul(C(be), xn, x, nw, eps, n, k, y, pv, mode);
 }
 static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {

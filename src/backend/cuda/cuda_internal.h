@@ -169,6 +169,8 @@ void tern__cuda_qmma_init(tern__cuda *c); /* at open (from tern__cuda_gemv_init)
 /* norm.cu (norm, rope, elementwise, embed) */
 void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const tern__cuda_w *w, float scale);
 void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps);
+void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, const float *x, int rows, int d, const float *w,
+                             float eps); /* y = rmsnorm(x)·w and yb = bf16(y) */
 void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *const *x, const int *rows, int d,
                           const float *const *w, float eps); /* k <= 3 tensors, one launch */
 void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps,
@@ -218,6 +220,8 @@ int tern__cuda_matmul_glu(tern__cuda *c, float *y, const float *x, int n, const 
 int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w);
 /* ops.h norm_matmul: xn = rmsnorm(x)·nw, then matmul_n (mode G1_PLAIN; k = 1: the plain matmul) or
  * matmul_glu (G1_SILU / G1_GELU, k = 2) on xn, in one gemv1 launch (gemv1.cu) */
+int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                         float *const *y, const tern__cuda_w *const *w, int mode); /* gemm.c: the same for n > 1 */
 int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                            float *const *y, const tern__cuda_w *const *w, int mode);
 int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,

@@ -302,13 +302,37 @@ static long long gap_of(const void *p, const void *q, size_t es) {
     return d > 0 && d % (long long)(16 * es) == 0 ? d / (long long)es : 0;
 }
 
-int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int n, const tern__cuda_w *const *w) {
+/* matrices w[0..k) for n rows take gemm_n_run here */
+static int gemm_n_ok(const tern__cuda *c, int k, float *const *y, int n, const tern__cuda_w *const *w) {
     if (k < 1 || k > 3 || n <= 0) return 0;
     for (int i = 0; i < k; i++)
         if (!plain_gemm_ok(c, w[i], n) || w[i]->in != w[0]->in || ((uintptr_t)y[i] & 15)) return 0;
+    return 1;
+}
+
+/* gate/up for n rows take gemm_glu_run here */
+static int gemm_glu_ok(const tern__cuda *c, int n, const tern__cuda_w *gate, const tern__cuda_w *up, int act) {
+    return n > 0 && plain_gemm_ok(c, gate, n) && plain_gemm_ok(c, up, n) && gate->out == up->out &&
+           gate->in == up->in && (act == TERN_ACT_SILU || act == TERN_ACT_GELU_TANH);
+}
+
+/* bytes of gemm_scratch a glu call uses after the staged x */
+static size_t glu_cbytes(int n, const tern__cuda_w *gate) { return (size_t)2 * n * gate->out * sizeof(float); }
+
+static int gemm_n_run(tern__cuda *c, int k, float *const *y, int n, const tern__cuda_w *const *w);
+static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__cuda_w *gate, const tern__cuda_w *up,
+                        int act);
+
+int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int n, const tern__cuda_w *const *w) {
+    if (!gemm_n_ok(c, k, y, n, w)) return 0;
     cudaSetDevice(c->device);
+    if (!stage_x(c, x, n, w[0]->in, 0)) return 0;
+    return gemm_n_run(c, k, y, n, w);
+}
+
+/* the ops on x staged in bf16 at the start of gemm_scratch (stage_x, or the pre-norm's kernel) */
+static int gemm_n_run(tern__cuda *c, int k, float *const *y, int n, const tern__cuda_w *const *w) {
     const int in = w[0]->in;
-    if (!stage_x(c, x, n, in, 0)) return 0;
     const void *xb = c->gemm_scratch;
     if (tern__cuda_sgemm(c, k, y, xb, n, w, G1_PLAIN)) return 1; /* q|k|v in one launch */
     const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
@@ -331,14 +355,16 @@ int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int
 
 int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
                         const tern__cuda_w *up, int act) {
-    if (n <= 0 || !plain_gemm_ok(c, gate, n) || !plain_gemm_ok(c, up, n) || gate->out != up->out ||
-        gate->in != up->in || (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH))
-        return 0;
-    const int I = gate->out, in = gate->in;
-    const size_t cb = (size_t)2 * n * I * sizeof(float);
+    if (!gemm_glu_ok(c, n, gate, up, act)) return 0;
     cudaSetDevice(c->device);
-    const size_t xb = stage_x(c, x, n, in, cb);
+    const size_t xb = stage_x(c, x, n, gate->in, glu_cbytes(n, gate));
     if (!xb) return 0;
+    return gemm_glu_run(c, y, n, xb, gate, up, act);
+}
+
+static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__cuda_w *gate, const tern__cuda_w *up,
+                        int act) {
+    const int I = gate->out, in = gate->in;
     const tern__cuda_w *gu[2] = {gate, up};
     float *ys[2] = {y, y};
     if (tern__cuda_sgemm(c, 2, ys, c->gemm_scratch, n, gu, act == TERN_ACT_SILU ? G1_SILU : G1_GELU)) return 1;
@@ -359,6 +385,27 @@ int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const te
     const float *g = gate_first ? cs : cs + (size_t)n * I, *u = gate_first ? cs + (size_t)n * I : cs;
     tern__cuda_ew(c, act == TERN_ACT_SILU ? TERN__EW_SILU : TERN__EW_GELU, y, g, u, 0.0f, (size_t)n * I);
     return 1;
+}
+
+/* ops.h norm_matmul for n > 1 rows on this path (q|k|v: mode G1_PLAIN, k = 3 or 2; gate|up: G1_SILU /
+ * G1_GELU): one kernel writes xn = rmsnorm(x)·nw and the bf16 copy stage_x would make of it, then the
+ * same GEMMs — bitwise rmsnorm + the fused op. TERN_CUDA_NORM_GEMM=1 (written in session 10, NOT yet run
+ * on a GPU: off until the op test cuda_norm_gemm and a batch-decode A/B have run). */
+int tern__cuda_norm_gemm_on = -1; /* tests set it */
+int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                         float *const *y, const tern__cuda_w *const *w, int mode) {
+    if (tern__cuda_norm_gemm_on < 0) tern__cuda_norm_gemm_on = env_int("TERN_CUDA_NORM_GEMM", 0) != 0;
+    if (!tern__cuda_norm_gemm_on || n <= 1 || xn == x) return 0;
+    const int pair = mode == G1_SILU || mode == G1_GELU, in = w[0]->in;
+    if (pair ? k != 2 || !gemm_glu_ok(c, n, w[0], w[1], mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH)
+             : mode != G1_PLAIN || k < 2 || !gemm_n_ok(c, k, y, n, w))
+        return 0;
+    const size_t xb = ((size_t)n * in * 2 + 255) & ~(size_t)255;
+    if (xb + (pair ? glu_cbytes(n, w[0]) : 0) > TERN_CUDA_GEMM_SCRATCH_BYTES) return 0;
+    cudaSetDevice(c->device);
+    tern__cuda_rmsnorm_bf16(c, xn, c->gemm_scratch, x, n, in, nw, eps);
+    if (pair) return gemm_glu_run(c, y[0], n, xb, w[0], w[1], mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH);
+    return gemm_n_run(c, k, y, n, w);
 }
 
 int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {

@@ -41,7 +41,8 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
 /* ADD: y = (y + x·inv·w) · (s ? s[0] : 1) (rmsnorm_add), with explicit rounding so that no FMA
  * contraction makes it differ from rmsnorm + add + scale_dev */
 template <bool ADD>
-__device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const float *w, float eps, const float *s) {
+__device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const float *w, float eps, const float *s,
+                                        __nv_bfloat16 *yb = nullptr) { /* yb: also bf16(y) (not ADD) */
     __shared__ float red[32];
     const int vt = blockDim.x; /* = tern_rms_threads(d) */
     if (d > RMS_V * vt) {      /* wider rows: the strided walk */
@@ -53,6 +54,7 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
                 yr[j] = s ? __fmul_rn(t, s[0]) : t;
             } else {
                 yr[j] = v;
+                if (yb) yb[j] = __float2bfloat16_rn(v);
             }
         }
         return;
@@ -83,6 +85,7 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
             yr[j] = s ? __fmul_rn(t, s[0]) : t;
         } else {
             yr[j] = v;
+            if (yb) yb[j] = __float2bfloat16_rn(v); /* = f32_to_bf16_kernel's rounding */
         }
     }
 }
@@ -91,6 +94,21 @@ template <bool ADD>
 __global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, float eps, const float *s) {
     pdl_start();
     rms_row<ADD>(y + (size_t)blockIdx.x * d, x + (size_t)blockIdx.x * d, d, w, eps, s);
+}
+
+/* rmsnorm + the bf16 copy the plain-mode GEMMs stage (gemm.c): both from one value per element */
+__global__ void rmsnorm_bf16_kernel(float *y, __nv_bfloat16 *yb, const float *x, int d, const float *w, float eps) {
+    pdl_start();
+    const size_t o = (size_t)blockIdx.x * d;
+    rms_row<false>(y + o, x + o, d, w, eps, NULL, yb + o);
+}
+
+extern "C" void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, const float *x, int rows, int d,
+                                        const float *w, float eps) {
+    if (rows <= 0 || d <= 0) return;
+    cudaSetDevice(c->device);
+    tern_launch(c->stream, rmsnorm_bf16_kernel, rows, tern_rms_threads(d), 0, y, (__nv_bfloat16 *)yb, x, d, w, eps);
+    tern__cuda_check(c, "rmsnorm_bf16");
 }
 
 /* rmsnorm_n: up to three tensors of rows of one width in one launch, a block per row as rmsnorm_kernel
