@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# scripts/gpu_ab.sh — the A/Bs of switches written without a GPU, in one device call (~5 min).
+# scripts/gpu_ab.sh — the A/Bs of switches written without a GPU, in one device call (~3 min).
 #
 # Each switch below was committed opt-in and op-tested in code only; this runs its test and times
 # it against the default, interleaved (A, B, A, B) so the H200's drift cancels. Run after
 # `scripts/gpu_check.sh` has unpacked the prebuilt binaries (GPU_PREBUILT) and passed the op tests:
 #   OUT=/tmp/ab bash scripts/gpu_ab.sh      # logs + summary.txt under $OUT
-# Switches (docs/CUDA.md): TERN_CUDA_G1_GRID=1 (gemv1's persistent grid) crossed with TERN_CUDA_NORM_FUSE
-# (the pre-norm inside the one-row GEMV). Make a switch the default only when it wins here and in the
-# model runs.
+# Switches (docs/CUDA.md), written in session 10 without a GPU: TERN_CUDA_NORM_N=1 (Gemma 4's q, k, v head
+# norms in one launch) and TERN_CUDA_NORM_GEMM=1 (the pre-norm and the bf16 x of the many-row GEMMs in one
+# kernel). Make a switch the default only when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
 if [ -d .gpudeps/root ]; then
@@ -20,16 +20,23 @@ S="$OUT/summary.txt"
 T=build/tern-core
 say() { echo "$*" | tee -a "$S"; }
 
-# 1. batch-1 decode: gemv1's grid x the fused pre-norm (bf16 llama3-8b and gemma4-12b, q8 llama3-8b)
+# 1. Gemma 4 head norms in one launch: batch-1 decode of gemma4-12b and e4b (bf16)
 for rep in 1 2; do
-    for spec in "llama3-8b" "gemma4-12b" "llama3-8b --quant q8 --group 64"; do
-        for cfg in "0 0" "0 1" "1 0" "1 1"; do
-            set -- $cfg
-            tag="$(echo "$spec" | tr -d ' -')_g$1_n$2_$rep"
-            TERN_CUDA_G1_GRID=$1 TERN_CUDA_NORM_FUSE=$2 timeout 60 $T bench --random $spec --device cuda --prompt 512 \
-                --gen 64 --reps 1 > "$OUT/b1_$tag.txt" 2>&1
-            say "b1 $spec grid=$1 normfuse=$2 rep $rep: $(grep '^csv,' "$OUT/b1_$tag.txt" | cut -d, -f7,10 | tail -1)"
+    for spec in gemma4-12b gemma4-e4b; do
+        for v in 0 1; do
+            TERN_CUDA_NORM_N=$v timeout 60 $T bench --random $spec --device cuda --prompt 512 --gen 64 --reps 1 \
+                > "$OUT/normn_${spec}_${v}_$rep.txt" 2>&1
+            say "b1 $spec NORM_N=$v rep $rep: $(grep '^csv,' "$OUT/normn_${spec}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
         done
+    done
+done
+
+# 2. pre-norm + bf16 staging in one kernel for many rows: batch decode (dec tok/s at 16 and 64 sequences)
+for rep in 1 2; do
+    for v in 0 1; do
+        TERN_CUDA_NORM_GEMM=$v timeout 60 build/concurrency --random llama3-8b --device cuda --conc 16,64 --prompt 128 \
+            --gen 128 --requests 2 --system 16 > "$OUT/normgemm_${v}_$rep.txt" 2>&1
+        say "concurrency NORM_GEMM=$v rep $rep: $(grep '^csv,conc' "$OUT/normgemm_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
     done
 done
 
