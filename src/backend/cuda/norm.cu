@@ -45,18 +45,20 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
                                         __nv_bfloat16 *yb = nullptr) { /* yb: also bf16(y) (not ADD) */
     __shared__ float red[32];
     const int vt = blockDim.x; /* = tern_rms_threads(d) */
-    if (d > RMS_V * vt) {      /* wider rows: the strided walk */
-        const float inv = block_rms_inv([&](int j) { return xr[j]; }, d, eps, red);
-        for (int j = threadIdx.x; j < d; j += vt) {
-            const float v = w ? xr[j] * inv * w[j] : xr[j] * inv;
-            if constexpr (ADD) {
-                const float t = __fadd_rn(yr[j], v);
-                yr[j] = s ? __fmul_rn(t, s[0]) : t;
-            } else {
-                yr[j] = v;
-                if (yb) yb[j] = __float2bfloat16_rn(v);
-            }
+    /* element j's result from x_j, w_j and (ADD) the old y_j */
+    auto put = [&](int j, float xj, float wj, float yj, float inv) {
+        const float v = w ? xj * inv * wj : xj * inv;
+        if constexpr (ADD) {
+            const float t = __fadd_rn(yj, v);
+            yr[j] = s ? __fmul_rn(t, s[0]) : t;
+        } else {
+            yr[j] = v;
+            if (yb) yb[j] = __float2bfloat16_rn(v); /* = f32_to_bf16_kernel's rounding */
         }
+    };
+    if (d > RMS_V * vt) { /* wider rows: the strided walk */
+        const float inv = block_rms_inv([&](int j) { return xr[j]; }, d, eps, red);
+        for (int j = threadIdx.x; j < d; j += vt) put(j, xr[j], w ? w[j] : 0.0f, ADD ? yr[j] : 0.0f, inv);
         return;
     }
     float xv[RMS_V], wv[RMS_V], yv[RMS_V];
@@ -66,7 +68,7 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
         const bool in = j < d;
         xv[i] = in ? xr[j] : 0.0f;
         wv[i] = in && w ? w[j] : 0.0f;
-        if constexpr (ADD) yv[i] = in ? yr[j] : 0.0f;
+        yv[i] = ADD && in ? yr[j] : 0.0f;
     }
     float ss = 0.0f;
 #pragma unroll
@@ -79,14 +81,7 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
     for (int i = 0; i < RMS_V; i++) {
         const int j = threadIdx.x + i * vt;
         if (j >= d) break;
-        const float v = w ? xv[i] * inv * wv[i] : xv[i] * inv;
-        if constexpr (ADD) {
-            const float t = __fadd_rn(yv[i], v);
-            yr[j] = s ? __fmul_rn(t, s[0]) : t;
-        } else {
-            yr[j] = v;
-            if (yb) yb[j] = __float2bfloat16_rn(v); /* = f32_to_bf16_kernel's rounding */
-        }
+        put(j, xv[i], wv[i], yv[i], inv);
     }
 }
 
