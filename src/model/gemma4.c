@@ -20,6 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* rows of the second residual buffer: steps of at most this many rows may fold the post-norm adds into
+ * the next pre-norm GEMV (ops.h norm_matmul res; the CUDA backend folds one-row steps) */
+#define G4_XR_ROWS 8
+
 typedef struct g4_layer {
     float *in_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [H] */
     float *q_norm, *k_norm;                                       /* [D] */
@@ -41,6 +45,7 @@ typedef struct g4 {
     float mscale_full, mscale_sliding;
     /* scratch [max_batch, ...] */
     float *x, *xn, *o, *q, *k, *v, *att, *g, *u, *x2, *m2, *lg, *wts, *moe_scratch;
+    float *xr; /* [G4_XR_ROWS, H]: the other residual buffer when a post-norm add is folded into a GEMV */
     int32_t *idx;
     float *ple, *pa, *pg, *pt;
     tern_out_head out;
@@ -161,6 +166,7 @@ static tern_status g4_load(tern_model *m, tern_weights *ws, tern_error *err) {
     if ((s = tern__out_head_init(m, &g->out, err))) return s;
 #define SCR(p, cnt) if (!((p) = TERN_ALLOC_F(m, (size_t)(cnt), err))) return TERN_ENOMEM
     SCR(g->x, (size_t)B * H); SCR(g->xn, (size_t)B * H); SCR(g->o, (size_t)B * H);
+    SCR(g->xr, (size_t)G4_XR_ROWS * H);
     SCR(g->q, (size_t)B * Dmax); SCR(g->att, (size_t)B * Dmax);
     SCR(g->k, (size_t)B * KVDmax); SCR(g->v, (size_t)B * KVDmax);
     SCR(g->g, (size_t)B * Imax); SCR(g->u, (size_t)B * Imax);
@@ -199,14 +205,17 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     /* embeddings: h0 = E[id]·√H (f32 √H; bf16-rounded in the bf16 compute mode, as transformers) */
     float es = (float)c->embed_scale;
     if (be->compute == TERN_COMPUTE_BF16) es = tern_bf16_to_f32(tern_f32_to_bf16(es));
-    if (b->tokens) op->embed(be, g->x, m->d_tokens, n, &g->embed, es);
-    else op->scale(be, g->x, m->d_embd, 1.0f, (size_t)n * H);
+    /* the residual stream: x, or xr after a post-norm add was folded into a GEMV (they swap then) */
+    float *x = g->x, *xo = n <= G4_XR_ROWS ? g->xr : NULL;
+    tern_pending_res pend = {0};
+    if (b->tokens) op->embed(be, x, m->d_tokens, n, &g->embed, es);
+    else op->scale(be, x, m->d_embd, 1.0f, (size_t)n * H);
 
     if (P > 0) {
         if (!b->tokens) return tern_err(err, TERN_EUNSUPPORTED, "gemma4: per-layer embeddings need token ids, not embedding rows");
         /* ple[t, l] = (norm(W_plmp·h0 · H^-1/2)[l] + E_ple[id][l]·√P) · 2^-1/2 */
         op->embed(be, g->pa, m->d_tokens, n, &g->ple_embed, sqrtf((float)P));
-        op->matmul(be, g->ple, g->x, n, &g->ple_model_proj);
+        op->matmul(be, g->ple, x, n, &g->ple_model_proj);
         op->scale(be, g->ple, g->ple, 1.0f / sqrtf((float)H), (size_t)n * N * P);
         op->rmsnorm(be, g->ple, g->ple, n * N, P, g->ple_proj_norm, eps);
         op->add(be, g->ple, g->ple, g->pa, (size_t)n * N * P);
@@ -224,8 +233,11 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
 
         /* (a) attention */
         int qkv = lc->kv_src == l && !lc->k_eq_v; /* q, k, v projections in one call */
-        if (qkv) tern__norm_matmul_qkv(m, g->xn, g->x, L->in_norm, eps, n, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv);
-        else tern__norm_matmul(m, g->xn, g->x, L->in_norm, eps, n, g->q, &L->wq); /* xn stays for k */
+        {   /* the previous layer's last post-norm add folds in here when the backend can */
+            float *const ys[3] = {g->q, g->k, g->v};
+            const tern_tensor *const ws[3] = {&L->wq, &L->wk, &L->wv};
+            tern__pending_norm_op(m, &x, &xo, &pend, g->xn, L->in_norm, eps, n, H, qkv ? 3 : 1, ys, ws, -1, NULL);
+        } /* xn stays for k when k is its own matmul */
         if (lc->kv_src == l) {
             if (lc->k_eq_v) { /* V = raw K projection */
                 op->matmul(be, g->k, g->xn, n, &L->wk);
@@ -245,40 +257,46 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
         op->matmul(be, g->o, g->att, n, &L->wo);
         tern_allreduce_sum(be, g->o, (size_t)n * H); /* tensor parallel: sum the ranks' heads */
-        tern__rmsnorm_add(m, g->x, g->o, n, H, L->post_attn_norm, eps, NULL);
+        pend = (tern_pending_res){g->o, L->post_attn_norm, NULL, 1}; /* x += rmsnorm(o)·w, folded below */
 
         /* (b) feed-forward: dense MLP, and in MoE layers the routed experts beside it */
-        tern__norm_matmul_glu(m, g->xn, g->x, L->pre_ff_norm, eps, n, g->g, g->u, &L->gate, &L->up,
-                              TERN_ACT_GELU_TANH); /* gelu(rmsnorm(x)·gate)·up */
+        {   /* gelu(rmsnorm(x)·gate)·up */
+            float *const ys[1] = {g->g};
+            const tern_tensor *const ws[2] = {&L->gate, &L->up};
+            tern__pending_norm_op(m, &x, &xo, &pend, g->xn, L->pre_ff_norm, eps, n, H, 2, ys, ws, TERN_ACT_GELU_TANH, g->u);
+        }
         op->matmul(be, g->o, g->g, n, &L->down);
         tern_allreduce_sum(be, g->o, (size_t)n * H);
         if (lc->moe) {
             int E = c->n_expert, K = c->n_expert_used;
             op->rmsnorm(be, g->o, g->o, n, H, L->post_ff1_norm, eps);
-            op->rmsnorm(be, g->x2, g->x, n, H, L->router_scale, eps); /* norm0(r)·scale·H^-1/2 */
+            op->rmsnorm(be, g->x2, x, n, H, L->router_scale, eps); /* norm0(r)·scale·H^-1/2 */
             op->matmul(be, g->lg, g->x2, n, &L->router);
             op->route_topk(be, g->idx, g->wts, g->lg, n, E, K, TERN_ROUTE_SOFTMAX_TOPK, L->per_expert_scale);
-            op->rmsnorm(be, g->x2, g->x, n, H, L->pre_ff2_norm, eps);
+            op->rmsnorm(be, g->x2, x, n, H, L->pre_ff2_norm, eps);
             tern__moe_mlp(m, l, g->m2, g->x2, n, H, g->idx, g->wts, K, &L->egate, &L->eup, &L->edown,
                         TERN_ACT_GELU_TANH, g->moe_scratch);
             tern_allreduce_sum(be, g->m2, (size_t)n * H); /* expert parallel: each rank ran its experts */
             tern__rmsnorm_add(m, g->o, g->m2, n, H, L->post_ff2_norm, eps, NULL);
         }
-        /* the layer scalar (h *= layer_scalar) rides on the layer's last residual add */
-        tern__rmsnorm_add(m, g->x, g->o, n, H, L->post_ff_norm, eps, P > 0 ? NULL : L->layer_scalar);
-
-        /* (c) per-layer input gate */
+        /* the layer scalar (h *= layer_scalar) rides on the layer's last residual add, which the next
+         * layer's q|k|v folds in (pending) */
         if (P > 0) {
-            op->matmul(be, g->pg, g->x, n, &L->ple_gate);
+            tern__rmsnorm_add(m, x, g->o, n, H, L->post_ff_norm, eps, NULL);
+            /* (c) per-layer input gate */
+            op->matmul(be, g->pg, x, n, &L->ple_gate);
             op->copy_cols(be, g->pt, g->ple, n, P, N * P, l * P);
             op->gelu_tanh_mul(be, g->pg, g->pg, g->pt, (size_t)n * P);
             op->matmul(be, g->o, g->pg, n, &L->ple_proj);
-            tern__rmsnorm_add(m, g->x, g->o, n, H, L->post_ple_norm, eps, L->layer_scalar);
+            pend = (tern_pending_res){g->o, L->post_ple_norm, L->layer_scalar, 1};
+        } else {
+            pend = (tern_pending_res){g->o, L->post_ff_norm, L->layer_scalar, 1};
         }
     }
+    tern__pending_flush(m, x, &pend, n, H, eps);
 
     /* logits for the requested rows, a chunk of rows at a time */
-    tern__out_head_logits(m, &g->out, g->x, want, n_want, g->final_norm, &g->head, logits);
+    tern__out_head_logits(m, &g->out, x, want, n_want, g->final_norm, &g->head, logits);
     return TERN_OK;
 }
 

@@ -162,7 +162,7 @@ static inline void tern__norm_matmul_qkv(tern_model *m, float *xn, const float *
     const tern_backend_vt *op = m->be->vt;
     float *const ys[3] = {q, k, v};
     const tern_tensor *const ws[3] = {wq, wk, wv};
-    if (op->norm_matmul && op->norm_matmul(m->be, xn, x, nw, eps, n, 3, ys, ws, -1)) return;
+    if (op->norm_matmul && op->norm_matmul(m->be, xn, x, nw, eps, n, 3, ys, ws, -1, NULL)) return;
     op->rmsnorm(m->be, xn, x, n, (int)wq->shape[wq->ndim - 1], nw, eps);
     tern__matmul_qkv(m, q, k, v, xn, n, wq, wk, wv);
 }
@@ -172,7 +172,7 @@ static inline void tern__norm_matmul(tern_model *m, float *xn, const float *x, c
     const tern_backend_vt *op = m->be->vt;
     float *const ys[1] = {y};
     const tern_tensor *const ws[1] = {w};
-    if (op->norm_matmul && op->norm_matmul(m->be, xn, x, nw, eps, n, 1, ys, ws, -1)) return;
+    if (op->norm_matmul && op->norm_matmul(m->be, xn, x, nw, eps, n, 1, ys, ws, -1, NULL)) return;
     op->rmsnorm(m->be, xn, x, n, (int)w->shape[w->ndim - 1], nw, eps);
     op->matmul(m->be, y, xn, n, w);
 }
@@ -185,7 +185,7 @@ static inline void tern__norm_matmul_glu(tern_model *m, float *xn, const float *
     const tern_backend_vt *op = m->be->vt;
     float *const ys[1] = {y};
     const tern_tensor *const ws[2] = {gate, up};
-    if (op->norm_matmul && op->norm_matmul(m->be, xn, x, nw, eps, n, 2, ys, ws, act)) return;
+    if (op->norm_matmul && op->norm_matmul(m->be, xn, x, nw, eps, n, 2, ys, ws, act, NULL)) return;
     op->rmsnorm(m->be, xn, x, n, (int)gate->shape[gate->ndim - 1], nw, eps);
     tern__matmul_glu(m, y, tmp, xn, n, gate, up, act);
 }
@@ -224,6 +224,43 @@ static inline void tern__rmsnorm_add(tern_model *m, float *x, float *h, int rows
     op->rmsnorm(m->be, h, h, rows, d, w, eps);
     op->add(m->be, x, x, h, (size_t)rows * d);
     if (s) op->scale_dev(m->be, x, x, s, (size_t)rows * d);
+}
+/* A post-norm residual add x = (x + rmsnorm(h)·w)·(s ? s[0] : 1) held back so that the next pre-norm
+ * matmul can fold it in (ops.h norm_matmul's res); Gemma 4's post-attention and post-FFN norms. */
+typedef struct tern_pending_res {
+    float *h;
+    const float *w, *s;
+    int on;
+} tern_pending_res;
+
+/* The residual stream *x (rows n of d) gets the pending add, then the pre-norm op runs on rmsnorm(*x)·nw:
+ * act < 0: y[0..k) = xn·W_iᵀ (k = 1: the plain matmul); act >= 0: y[0] = act(xn·w[0]ᵀ) ⊙ (xn·w[1]ᵀ)
+ * (tmp: scratch of the unfused glu). When the backend folds the add in, x' lands in *xo and the two
+ * pointers swap (x' is then *x); otherwise (or *xo NULL: no room for n rows) rmsnorm_add runs in place. Either way *x holds the
+ * same bits afterwards and the pending add is consumed. */
+static inline void tern__pending_norm_op(tern_model *m, float **x, float **xo, tern_pending_res *p, float *xn,
+                                         const float *nw, float eps, int n, int d, int k, float *const *y,
+                                         const tern_tensor *const *w, int act, float *tmp) {
+    const tern_backend_vt *op = m->be->vt;
+    if (p->on) {
+        const tern_norm_res r = {*xo, p->h, p->w, p->s};
+        p->on = 0;
+        if (*xo && op->norm_matmul && op->norm_matmul(m->be, xn, *x, nw, eps, n, k, y, w, act, &r)) {
+            float *t = *x;
+            *x = *xo;
+            *xo = t;
+            return;
+        }
+        tern__rmsnorm_add(m, *x, p->h, n, d, p->w, eps, p->s);
+    }
+    if (act >= 0) tern__norm_matmul_glu(m, xn, *x, nw, eps, n, y[0], tmp, w[0], w[1], act);
+    else if (k == 3) tern__norm_matmul_qkv(m, xn, *x, nw, eps, n, y[0], y[1], y[2], w[0], w[1], w[2]);
+    else tern__norm_matmul(m, xn, *x, nw, eps, n, y[0], w[0]);
+}
+/* the pending add, now (before anything other than a pre-norm op reads x) */
+static inline void tern__pending_flush(tern_model *m, float *x, tern_pending_res *p, int n, int d, float eps) {
+    if (p->on) tern__rmsnorm_add(m, x, p->h, n, d, p->w, eps, p->s);
+    p->on = 0;
 }
 /* rope(q), rope(k) at rows->pos, then kv_write(k, v) */
 static inline void tern__rope_kv_write(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q,

@@ -159,6 +159,14 @@ typedef struct tern_sample_row {
 
 static inline size_t tern_sample_scratch_bytes(int V) { return (size_t)(V > 0 ? V : 1) * 16; }
 
+/* The post-norm residual add that ops.h norm_matmul may fold in front of its pre-norm (see there) */
+typedef struct tern_norm_res {
+    float *x_out;     /* [n, d]: x' = (x + rmsnorm(h)·w)·(s ? s[0] : 1) */
+    const float *h;   /* [n, d] */
+    const float *w;   /* [d] or NULL */
+    const float *s;   /* device scalar or NULL */
+} tern_norm_res;
+
 typedef struct tern_backend_vt {
     const char *name;
     void (*close)(tern_backend *be);
@@ -320,9 +328,13 @@ typedef struct tern_backend_vt {
      * plain matmul), act >= 0: matmul_glu(y[0], xn, w[0], w[1], act). xn is written as rmsnorm writes
      * it, and the results are bitwise those of rmsnorm + the op. 0 = not done (the model runs both;
      * src/model/internal.h tern__norm_matmul_n / tern__norm_matmul_glu). CUDA fuses one row (the
-     * decode GEMV stages the row once per block; block_rms_inv repeats rmsnorm's reduction there). */
+     * decode GEMV stages the row once per block; block_rms_inv repeats rmsnorm's reduction there).
+     * res != NULL (optional even where norm_matmul is served: 0 = not done): first the post-norm
+     * residual add of rmsnorm_add, x' = (x + rmsnorm(res->h)·res->w)·(res->s ? res->s[0] : 1), written
+     * to res->x_out (neither x nor h; x is left as is), and the pre-norm is taken of x' — bitwise
+     * rmsnorm_add + rmsnorm + the op. */
     int (*norm_matmul)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
-                       float *const *y, const tern_tensor *const *w, int act);
+                       float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res);
 
     /* Several RMSNorms of one width (appended; optional): for i < k (k <= 3), y[i] [rows[i], d] =
      * rmsnorm(x[i])·w[i] (w[i] may be NULL; y[i] may be x[i]), bitwise k rmsnorm calls. 0 = not done

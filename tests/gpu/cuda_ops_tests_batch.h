@@ -264,7 +264,7 @@ TEST(cuda_norm_gemm) {
             const tern_tensor *ws[3] = {op ? &w[3].g : &w[0].g, op ? &w[3].g : &w[1].g, &w[2].g};
             float *ysa[3] = {ya, ya + (size_t)n * 256, ya + (size_t)n * 320}, *ysb[3] = {yb, yb + (size_t)n * 256, yb + (size_t)n * 320};
             const int k = op ? 2 : 3, act = op ? TERN_ACT_SILU : -1;
-            const int r = g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, n, k, ysa, ws, act);
+            const int r = g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, n, k, ysa, ws, act, NULL);
             CHECK(r == 1, "n %d op %d: norm_matmul declined", n, op);
             g->vt->rmsnorm(g, xnb, xd, n, H, nwd, 1e-6f);
             if (op) CHECK(g->vt->matmul_glu(g, yb, xnb, n, ws[0], ws[1], TERN_ACT_SILU) == 1, "matmul_glu refused");
@@ -280,7 +280,7 @@ TEST(cuda_norm_gemm) {
         }
         float *ys1[3] = {ya, ya + (size_t)n * 256, ya + (size_t)n * 320};
         const tern_tensor *wq[3] = {&w[0].g, &w[1].g, &w[2].g};
-        CHECK(g->vt->norm_matmul(g, xd, xd, nwd, 1e-6f, n, 3, ys1, wq, -1) == 0, "in place should decline");
+        CHECK(g->vt->norm_matmul(g, xd, xd, nwd, 1e-6f, n, 3, ys1, wq, -1, NULL) == 0, "in place should decline");
         void *bufs[] = {xd, nwd, xna, xnb, ya, yb};
         for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
         free(x); free(nw);

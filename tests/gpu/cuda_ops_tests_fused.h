@@ -1,6 +1,7 @@
 /*
  * cuda_ops_tests_fused.h — the n = 1 GEMV (gemv1) and the fused decode ops (ops.h: matmul_n,
- * matmul_glu, matmul_add, rope_kv_write, rmsnorm_add, norm_matmul, rmsnorm_n). The fused ops promise bitwise the result of the
+ * matmul_glu, matmul_add, rope_kv_write, rmsnorm_add, norm_matmul (also with its residual fold),
+ * rmsnorm_n). The fused ops promise bitwise the result of the
  * separate ops on the same backend, and one activation row must give bitwise the row of a
  * multi-row call (batch invariance), so these checks compare bits, not tolerances; the
  * separate ops themselves are checked against cpu-ref elsewhere (cuda_matmul_formats). Shapes
@@ -242,7 +243,7 @@ TEST(cuda_norm_matmul) {
                 for (int op = 0; op < 4; op++) { /* 0 q|k|v, 1 glu silu, 2 glu gelu, 3 one matrix */
                     const int k = op == 0 ? 3 : op == 3 ? 1 : 2, act = op == 1 ? TERN_ACT_SILU : op == 2 ? TERN_ACT_GELU_TANH : -1;
                     float *ysa[3] = {ya, ya + outs[0], ya + 2 * outs[0]}, *ysb[3] = {yb, yb + outs[0], yb + 2 * outs[0]};
-                    const int r = g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, 1, k, ysa, ws, act);
+                    const int r = g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, 1, k, ysa, ws, act, NULL);
                     if (!r) {
                         declined++;
                         CHECK(0, "%s in %d op %d: declined", nm, in, op);
@@ -261,8 +262,8 @@ TEST(cuda_norm_matmul) {
                     free(a); free(b); free(na); free(nb);
                 }
                 float *ys1[1] = {ya};
-                CHECK(g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, 2, 1, ys1, ws, -1) == 0, "n = 2 should decline");
-                CHECK(g->vt->norm_matmul(g, xd, xd, nwd, 1e-6f, 1, 1, ys1, ws, -1) == 0, "in place should decline");
+                CHECK(g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, 2, 1, ys1, ws, -1, NULL) == 0, "n = 2 should decline");
+                CHECK(g->vt->norm_matmul(g, xd, xd, nwd, 1e-6f, 1, 1, ys1, ws, -1, NULL) == 0, "in place should decline");
                 for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
                 void *bufs[] = {xd, nwd, ya, yb, xna, xnb};
                 for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) if (bufs[i]) g->vt->free(g, bufs[i]);
@@ -322,7 +323,72 @@ TEST(cuda_rmsnorm_n) {
     tern__cuda_norm_n = keep;
 }
 
+/* norm_matmul with the post-norm residual add folded in (res): x' in x_out, xn and y bitwise those of
+ * rmsnorm_add (x += rmsnorm(h)·w, ·s) + rmsnorm + the op; with and without the post-norm weight and the
+ * scalar; both gemv1 grids; BF16 and Q8 (Q4 declines: gemv_mma has no residual prologue), widths
+ * 384 / 4096 / 5376 (Gemma 4 12B's hidden size: a row held in 11 registers per rmsnorm thread). */
+extern int tern__cuda_norm_res;
+TEST(cuda_norm_matmul_res) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul_res", "not built"); return; }
+    extern int tern__cuda_g1_grid;
+    const int keep = tern__cuda_norm_res, keep_grid = tern__cuda_g1_grid;
+    tern__cuda_norm_res = 1;
+    static const int ins[] = {384, 4096, 5376};
+    static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } F[] = {
+        {TERN_DT_BF16, 0, 0, 0}, {TERN_DT_Q, 8, 64, TERN_DT_BF16}, {TERN_DT_Q, 4, 64, TERN_DT_BF16}};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
+        for (size_t si = 0; si < TERN_ARRAY_LEN(ins); si++)
+            for (int mode = 0; mode < 4; mode++) { /* bit 0: post-norm weight, bit 1: scalar */
+                const int in = ins[si], out = 300;
+                tern__cuda_g1_grid = mode & 1;
+                hw h[2];
+                tern_tensor t[2];
+                tern_error err = {0};
+                for (int i = 0; i < 2; i++) {
+                    h[i] = make_w(F[f].dt, F[f].bits, F[f].gs, F[f].sdt, 1, out, in, 0);
+                    t[i] = h[i].t;
+                    CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+                }
+                float *x = rnd(in, 3.0f), *hh = rnd(in, 20.0f), *wp = rnd(in, 1.0f), *wn = rnd(in, 1.5f), sc = 0.37f;
+                void *xd = to_gpu(x, (size_t)in * 4), *hd = to_gpu(hh, (size_t)in * 4), *xbd = to_gpu(x, (size_t)in * 4);
+                void *hbd = to_gpu(hh, (size_t)in * 4), *wpd = to_gpu(wp, (size_t)in * 4), *wnd = to_gpu(wn, (size_t)in * 4);
+                void *sd = to_gpu(&sc, 4);
+                float *xo = nan_buf(g, in), *xna = nan_buf(g, in), *xnb = nan_buf(g, in), *ya = nan_buf(g, out), *yb = nan_buf(g, out);
+                const float *pw = (mode & 1) ? wpd : NULL, *ps = (mode & 2) ? sd : NULL;
+                const tern_norm_res r = {xo, hd, pw, ps};
+                const tern_tensor *ws[2] = {&t[0], &t[1]};
+                float *ysa[1] = {ya};
+                char nm[64];
+                fmt_name(&h[0].t, nm, sizeof nm);
+                const int ok = g->vt->norm_matmul(g, xna, xd, wnd, 1e-6f, 1, 2, ysa, ws, TERN_ACT_GELU_TANH, &r);
+                if (F[f].dt == TERN_DT_Q && F[f].bits == 4) {
+                    CHECK(!ok, "%s: Q4 should decline the residual fold", nm);
+                } else {
+                    CHECK(ok, "%s in %d mode %d: declined", nm, in, mode);
+                    /* the separate ops: x += rmsnorm(h)·w (·s) in place, then rmsnorm, then gate|up */
+                    CHECK(g->vt->rmsnorm_add(g, xbd, hbd, 1, in, pw, 1e-6f, ps) == 1, "rmsnorm_add refused");
+                    g->vt->rmsnorm(g, xnb, xbd, 1, in, wnd, 1e-6f);
+                    CHECK(g->vt->matmul_glu(g, yb, xnb, 1, &t[0], &t[1], TERN_ACT_GELU_TANH) == 1, "matmul_glu refused");
+                    float *a1 = from_gpu(g, xo, in), *b1 = from_gpu(g, xbd, in), *a2 = from_gpu(g, xna, in), *b2 = from_gpu(g, xnb, in);
+                    float *a3 = from_gpu(g, ya, out), *b3 = from_gpu(g, yb, out), *x0 = from_gpu(g, xd, in);
+                    CHECK(same_bits(a1, b1, in), "%s in %d mode %d: x' differs from rmsnorm_add", nm, in, mode);
+                    CHECK(same_bits(a2, b2, in), "%s in %d mode %d: xn differs", nm, in, mode);
+                    CHECK(same_bits(a3, b3, out), "%s in %d mode %d: y differs", nm, in, mode);
+                    CHECK(same_bits(x0, x, in), "%s in %d mode %d: x was written", nm, in, mode);
+                    free(a1); free(b1); free(a2); free(b2); free(a3); free(b3); free(x0);
+                }
+                for (int i = 0; i < 2; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+                void *bufs[] = {xd, hd, xbd, hbd, wpd, wnd, sd, xo, xna, xnb, ya, yb};
+                for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+                free(x); free(hh); free(wp); free(wn);
+            }
+    tern__cuda_norm_res = keep;
+    tern__cuda_g1_grid = keep_grid;
+}
+
 static void cuda_fused_tests(void) {
+    RUN(cuda_norm_matmul_res);
     RUN(cuda_rmsnorm_n);
     RUN(cuda_norm_matmul);
     RUN(cuda_fused_rmsnorm_add);

@@ -427,7 +427,7 @@ static int be_matmul_glu(tern_backend *be, float *y, const float *x, int n, cons
     return tern__cuda_matmul_glu(C(be), y, x, n, &g, &u, act);
 }
 static int be_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
-                          float *const *y, const tern_tensor *const *w, int act) {
+                          float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res) {
     static int on = -1; /* TERN_CUDA_NORM_FUSE=0: rmsnorm and the matmul as two launches (A/B) */
     if (on < 0) {
         const char *e = getenv("TERN_CUDA_NORM_FUSE");
@@ -442,8 +442,8 @@ static int be_norm_matmul(tern_backend *be, float *xn, const float *x, const flo
         pv[i] = &v[i];
     }
     const int mode = act < 0 ? G1_PLAIN : act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
-    if (n > 1) return tern__cuda_gemm_norm(C(be), xn, x, nw, eps, n, k, y, pv, mode); /* gemm.c: plain bf16 */
-    return tern__cuda_norm_matmul(C(be), xn, x, nw, eps, n, k, y, pv, mode);
+    if (n > 1) return !res && tern__cuda_gemm_norm(C(be), xn, x, nw, eps, n, k, y, pv, mode); /* gemm.c: plain bf16 */
+    return tern__cuda_norm_matmul(C(be), xn, x, nw, eps, n, k, y, pv, mode, res);
 }
 static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
     tern__cuda_w v;

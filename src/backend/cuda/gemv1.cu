@@ -31,6 +31,10 @@ struct Gemv1Args {
     float *xn;
     float eps;
     int nrm;
+    /* residual prologue (norm_matmul's res, with nrm): x' = (x + rmsnorm(rh)·rw)·(rs ? rs[0] : 1) is
+     * staged instead of x and written to rxo by block 0; the pre-norm is then taken of x' */
+    const float *rh, *rw, *rs;
+    float *rxo;
 };
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
@@ -51,11 +55,27 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
     const int ntask = pair ? a.rows : (a.rows + R - 1) / R;
     const RoundScales rq = {ng, a.gs_shift, a.sdtype, a.br, a.ncs, a.gs};
     const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
-    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)a.x + f);
+    __shared__ float red[32];
+    const float *xf = (const float *)xs1;
+    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)(a.rh ? a.rh : a.x) + f);
     __syncthreads();
+    if (a.rh) { /* x' = (x + rmsnorm(h)·w)·s in place of h, bitwise rmsnorm_add's (norm.cu rms_row) */
+        const float inv = block_rms_inv([&](int j) { return xf[g1swz(j >> 2, C4) * 4 + (j & 3)]; }, a.in, a.eps, red);
+        const float sc = a.rs ? a.rs[0] : 1.0f;
+        for (int f = threadIdx.x; f < nch * C4; f += 256) {
+            const float4 h = xs1[g1swz(f, C4)], x = __ldg((const float4 *)a.x + f);
+            const float4 w = a.rw ? __ldg((const float4 *)a.rw + f) : make_float4(0.f, 0.f, 0.f, 0.f);
+            auto one = [&](float hv, float wv, float xv) {
+                const float v = a.rw ? hv * inv * wv : hv * inv, t = __fadd_rn(xv, v);
+                return a.rs ? __fmul_rn(t, sc) : t;
+            };
+            const float4 v = make_float4(one(h.x, w.x, x.x), one(h.y, w.y, x.y), one(h.z, w.z, x.z), one(h.w, w.w, x.w));
+            xs1[g1swz(f, C4)] = v;
+            if (blockIdx.x == 0) ((float4 *)a.rxo)[f] = v;
+        }
+        __syncthreads();
+    }
     if (a.nrm) { /* rmsnorm in place, bitwise norm.cu's: (x·inv)·w per element */
-        __shared__ float red[32];
-        const float *xf = (const float *)xs1;
         const float inv = block_rms_inv([&](int j) { return xf[g1swz(j >> 2, C4) * 4 + (j & 3)]; }, a.in, a.eps, red);
         for (int f = threadIdx.x; f < nch * C4; f += 256) {
             float4 v = xs1[g1swz(f, C4)];
@@ -203,16 +223,24 @@ bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
 }
 
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
-                           const float *x, int mode, const float *nw, float *xn, float eps);
+                           const float *x, int mode, const float *nw, float *xn, float eps, const tern_norm_res *res);
 void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                           const float *x, int mode) {
-    g1_launch_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f);
+    g1_launch_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f, NULL);
 }
 
-/* as tern__cuda_g1_launch; xn != NULL: the staged row is rmsnorm(x)·nw, also written to xn */
+/* as tern__cuda_g1_launch; xn != NULL: the staged row is rmsnorm(x)·nw, also written to xn (res: of
+ * x' = the residual add, written to res->x_out) */
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
-                                      int k, const float *x, int mode, const float *nw, float *xn, float eps) {
+                                      int k, const float *x, int mode, const float *nw, float *xn, float eps,
+                                      const tern_norm_res *res) {
     Gemv1Args a = {};
+    if (res) {
+        a.rh = res->h;
+        a.rw = res->w;
+        a.rs = res->s;
+        a.rxo = res->x_out;
+    }
     a.nw = nw;
     a.xn = xn;
     a.eps = eps;
@@ -268,6 +296,17 @@ extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, in
     return 1;
 }
 
+/* TERN_CUDA_NORM_RES=1: norm_matmul folds a post-norm residual add in front (res; Gemma 4's post-norms).
+ * Written in session 10, NOT yet run on a GPU: off until cuda_norm_matmul_res and gemma parity have run */
+int tern__cuda_norm_res = -1; /* tests set it */
+static int tern__cuda_norm_res_on(void) {
+    if (tern__cuda_norm_res < 0) {
+        const char *e = getenv("TERN_CUDA_NORM_RES");
+        tern__cuda_norm_res = e && e[0] == '1';
+    }
+    return tern__cuda_norm_res;
+}
+
 /* TERN_CUDA_MM_NORM=0: formats of gemv_mma.cu (Q4) run rmsnorm as its own launch (A/B) */
 static int tern__cuda_mm_norm_on(void) {
     static int v = -1;
@@ -285,23 +324,27 @@ static int tern__cuda_mm_norm_on(void) {
  * in-place norms (block 0 writes xn while the others read x), misaligned rows, and for k = 1 the
  * rows tern__cuda_gemv sends to other kernels (tall Q matrices, TERN_CUDA_GEMV_Q1 variants). */
 extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n,
-                                      int k, float *const *y, const tern__cuda_w *const *w, int mode) {
+                                      int k, float *const *y, const tern__cuda_w *const *w, int mode,
+                                      const tern_norm_res *res) {
     extern int tern__cuda_gemv_q1_variant;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15) || (pair && (k != 2 || w[0]->out != w[1]->out)))
+        return 0;
+    if (res && (!tern__cuda_norm_res_on() || !res->x_out || res->x_out == x || (const float *)res->x_out == res->h ||
+                (((uintptr_t)res->x_out | (uintptr_t)res->h | (uintptr_t)res->w) & 15)))
         return 0;
     if (mode != G1_PLAIN && !pair) return 0;
     const int e[3] = {0, 0, 0};
     float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL};
     if (tern__cuda_gemv_mma_serves(c, w, k, x, mode)) { /* Q4: its tensor-core GEMV stages the norm */
-        if (!tern__cuda_mm_norm_on()) return 0;
+        if (!tern__cuda_mm_norm_on() || res) return 0;
         return tern__cuda_gemv_mma_norm(c, ys, w, e, k, x, mode, nw, xn, eps);
     }
     if (k == 1 && !pair && (tern__cuda_gemv_q1_variant != 5 || (w[0]->dtype == TERN_DT_Q && w[0]->out >= 3 * w[0]->in)))
         return 0;
     if (!tern__cuda_g1_fits(w, k, x)) return 0;
     cudaSetDevice(c->device);
-    g1_launch_norm(c, ys, w, e, k, x, mode, nw, xn, eps);
+    g1_launch_norm(c, ys, w, e, k, x, mode, nw, xn, eps, res);
     return 1;
 }
 

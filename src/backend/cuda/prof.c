@@ -126,10 +126,10 @@ static int p_matmul_glu(tern_backend *be, float *y, const float *x, int n, const
     return r;
 }
 static int p_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
-                         float *const *y, const tern_tensor *const *w, int act) {
+                         float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res) {
     char nm[64];
     begin(be);
-    int r = g_base->norm_matmul(be, xn, x, nw, eps, n, k, y, w, act);
+    int r = g_base->norm_matmul(be, xn, x, nw, eps, n, k, y, w, act, res);
     end(be, r ? wname("norm_matmul (first)", w[0], nm, sizeof nm) : "(norm_matmul refused)");
     return r;
 }
