@@ -325,8 +325,8 @@ TEST(cuda_rmsnorm_n) {
 
 /* norm_matmul with the post-norm residual add folded in (res): x' in x_out, xn and y bitwise those of
  * rmsnorm_add (x += rmsnorm(h)·w, ·s) + rmsnorm + the op; with and without the post-norm weight and the
- * scalar; both gemv1 grids; BF16 and Q8 (Q4 declines: gemv_mma has no residual prologue), widths
- * 384 / 4096 / 5376 (Gemma 4 12B's hidden size: a row held in 11 registers per rmsnorm thread). */
+ * scalar; both gemv1 grids; BF16 and Q8 (gemv1) and Q4 (gemv_mma.cu, every K-slice block forming the
+ * whole x'), widths 384 / 4096 / 5376 (Gemma 4 12B's hidden size: 11 registers per rmsnorm thread). */
 extern int tern__cuda_norm_res;
 TEST(cuda_norm_matmul_res) {
     tern_backend *g = g_gpu;
@@ -362,9 +362,7 @@ TEST(cuda_norm_matmul_res) {
                 char nm[64];
                 fmt_name(&h[0].t, nm, sizeof nm);
                 const int ok = g->vt->norm_matmul(g, xna, xd, wnd, 1e-6f, 1, 2, ysa, ws, TERN_ACT_GELU_TANH, &r);
-                if (F[f].dt == TERN_DT_Q && F[f].bits == 4) {
-                    CHECK(!ok, "%s: Q4 should decline the residual fold", nm);
-                } else {
+                {
                     CHECK(ok, "%s in %d mode %d: declined", nm, in, mode);
                     /* the separate ops: x += rmsnorm(h)·w (·s) in place, then rmsnorm, then gate|up */
                     CHECK(g->vt->rmsnorm_add(g, xbd, hbd, 1, in, pw, 1e-6f, ps) == 1, "rmsnorm_add refused");

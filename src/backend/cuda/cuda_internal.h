@@ -116,7 +116,8 @@ int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *cons
 void tern__cuda_gemv_mma_init(tern__cuda *c);
 int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode);
 int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
-                             const float *x, int mode, const float *nw, float *xn, float eps); /* x staged as rmsnorm(x)·nw */
+                             const float *x, int mode, const float *nw, float *xn, float eps,
+                             const tern_norm_res *res); /* x staged as rmsnorm(x)·nw (res: of the residual add) */
 /* Expert GEMV over np output rows p (y row p at y + p*ystride); term j < ksum of row p is
  * pair q = p*ksum + j, using matrix idx[q] (skipped unless 0 <= idx[q] < nmat), activation row
  * x + (q / xdiv) * xstride and coefficient wts[q] (1 when wts is NULL):

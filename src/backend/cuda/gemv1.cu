@@ -337,8 +337,8 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
     const int e[3] = {0, 0, 0};
     float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL};
     if (tern__cuda_gemv_mma_serves(c, w, k, x, mode)) { /* Q4: its tensor-core GEMV stages the norm */
-        if (!tern__cuda_mm_norm_on() || res) return 0;
-        return tern__cuda_gemv_mma_norm(c, ys, w, e, k, x, mode, nw, xn, eps);
+        if (!tern__cuda_mm_norm_on()) return 0;
+        return tern__cuda_gemv_mma_norm(c, ys, w, e, k, x, mode, nw, xn, eps, res);
     }
     if (k == 1 && !pair && (tern__cuda_gemv_q1_variant != 5 || (w[0]->dtype == TERN_DT_Q && w[0]->out >= 3 * w[0]->in)))
         return 0;

@@ -51,6 +51,8 @@ struct MmArgs {
     const float *nw; /* pre-norm (ops.h norm_matmul, xn != NULL): x staged as rmsnorm(x)·nw; the */
     float *xn;       /* blocks of blockIdx.x 0 write their slice of it to xn */
     float eps;
+    const float *rh, *rw, *rs; /* with xn, norm_matmul's res: the pre-norm is of x' = (x + rmsnorm(rh)·rw)·rs, */
+    float *rxo;                /* whose slices blocks of blockIdx.x 0 write to rxo */
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
@@ -181,14 +183,28 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    /* stage x (gemv_mma.cuh), or its rmsnorm (every block sums the whole row: bitwise norm.cu's) */
+    /* stage x (gemv_mma.cuh), or its rmsnorm (every block sums the whole row: bitwise norm.cu's), or
+     * first the residual add x' = (x + rmsnorm(h)·w)·s (norm_matmul's res: rmsnorm_add's expression) */
     if (a.xn) {
         __shared__ float red[32];
-        const float inv = block_rms_inv([&](int j) { return a.x[j]; }, a.in, a.eps, red);
-        mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in, true, inv, a.nw);
+        const float ih = a.rh ? block_rms_inv([&](int j) { return a.rh[j]; }, a.in, a.eps, red) : 0.0f;
+        const float sc = a.rs ? a.rs[0] : 1.0f;
+        auto xp = [&](float xv, size_t k) { /* x'[k] from x[k] (x itself without res) */
+            if (!a.rh) return xv;
+            const float v = a.rw ? a.rh[k] * ih * a.rw[k] : a.rh[k] * ih, t = __fadd_rn(xv, v);
+            return a.rs ? __fmul_rn(t, sc) : t;
+        };
+        const float inv = block_rms_inv([&](int j) { return xp(a.x[j], (size_t)j); }, a.in, a.eps, red);
+        auto nx = [&](float xv, size_t k) {
+            const float p = xp(xv, k);
+            return a.nw ? p * inv * a.nw[k] : p * inv;
+        };
+        mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in, nx);
         if (blockIdx.x == 0)
-            for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x)
-                a.xn[k] = a.nw ? a.x[k] * inv * a.nw[k] : a.x[k] * inv;
+            for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x) {
+                a.xn[k] = nx(a.x[k], (size_t)k);
+                if (a.rh) a.rxo[k] = xp(a.x[k], (size_t)k);
+            }
     } else {
         mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in);
     }
@@ -329,12 +345,14 @@ extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_
  * ran, 0 when the format or shape is not served here (the caller runs gemv.cu's kernels). */
 extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                                    const float *x, int mode) {
-    return tern__cuda_gemv_mma_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f);
+    return tern__cuda_gemv_mma_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f, NULL);
 }
 
-/* as tern__cuda_gemv_mma; xn != NULL: x staged as rmsnorm(x)·nw (written to xn as well) */
+/* as tern__cuda_gemv_mma; xn != NULL: x staged as rmsnorm(x)·nw (written to xn as well); res: of x' (the
+ * residual add, written to res->x_out) */
 extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
-                                        int k, const float *x, int mode, const float *nw, float *xn, float eps) {
+                                        int k, const float *x, int mode, const float *nw, float *xn, float eps,
+                                        const tern_norm_res *res) {
     if (!tern__cuda_gemv_mma_serves(c, w, k, x, mode)) return 0;
     const tern__cuda_w *w0 = w[0];
     const int gs = w0->group_size;
@@ -351,6 +369,12 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     a.nw = nw;
     a.xn = xn;
     a.eps = eps;
+    if (res && xn) {
+        a.rh = res->h;
+        a.rw = res->w;
+        a.rs = res->s;
+        a.rxo = res->x_out;
+    }
     a.part = c->part;
     a.cnt = c->mm_cnt;
     a.magic = 0x43004300u;

@@ -94,11 +94,13 @@ template <int GPS, bool F16S> __device__ __forceinline__ float mm_sget(typename 
  * column tile, lane (g', t')) is part c % 3 of the x pair of (step, MMA, t') when column c = 8·tile + g'
  * belongs to the group of lane t''s bytes (groups use columns 3γ..3γ+2), else 0, so every MMA's B load
  * is one unconditional 8-byte load per lane — into tbl, and Σx per step group into xs */
-template <int BITS, int GB, int S, bool TAIL = false>
+struct MmAsIs { /* mm_stage's default: x staged as it is */
+    __device__ __forceinline__ float operator()(float v, size_t) const { return v; }
+};
+template <int BITS, int GB, int S, bool TAIL = false, class TF = MmAsIs>
 __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, int st0, int ns, int nin,
-                                         bool nrm = false, float inv = 0.0f, const float *nw = nullptr) {
-    /* nrm: stage rmsnorm(x)·nw instead (inv = block_rms_inv; nw may be NULL), as norm.cu writes it */
-    auto nx = [&](float v, size_t k) { return !nrm ? v : nw ? v * inv * nw[k] : v * inv; };
+                                         TF nx = TF{}) {
+    /* nx(x[k], k): the value staged for input k (gemv_mma.cu: the pre-norm, and the residual add before it) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
     constexpr int CPS = 512 / BITS;               /* inputs per step */
