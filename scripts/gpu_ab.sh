@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# scripts/gpu_ab.sh — the A/Bs of switches written without a GPU, in one device call (~5 min).
+# scripts/gpu_ab.sh — the A/Bs of switches written without a GPU, in one device call (~7 min).
 #
 # Each switch below was committed opt-in and op-tested in code only; this runs its test and times
 # it against the default, interleaved (A, B, A, B) so the H200's drift cancels. Run after
 # `scripts/gpu_check.sh` has unpacked the prebuilt binaries (GPU_PREBUILT) and passed the op tests:
 #   OUT=/tmp/ab bash scripts/gpu_ab.sh      # logs + summary.txt under $OUT
 # Switches (docs/CUDA.md), written in session 10 without a GPU: TERN_CUDA_NORM_N=1 (Gemma 4's q, k, v head
-# norms in one launch), TERN_CUDA_NORM_RES=1 (Gemma 4's post-norm residual adds folded into the next
+# norms in one launch), TERN_CUDA_NORM_ROPE=1 (those norms inside the rope + cache-store launch),
+# TERN_CUDA_NORM_RES=1 (Gemma 4's post-norm residual adds folded into the next
 # one-row GEMV) and TERN_CUDA_NORM_GEMM=1 (the pre-norm and the bf16 x of the many-row GEMMs in one
 # kernel). Make a switch the default only when it wins here and in the model runs.
 set -u
@@ -23,20 +24,21 @@ say() { echo "$*" | tee -a "$S"; }
 
 # 0. the switches' parity first (f32 and bf16: greedy ids and logits against the fixtures, gemma4 variants)
 for comp in f32 bf16; do
-    TERN_CUDA_NORM_N=1 TERN_CUDA_NORM_RES=1 TERN_CUDA_NORM_GEMM=1 TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp \
+    TERN_CUDA_NORM_N=1 TERN_CUDA_NORM_RES=1 TERN_CUDA_NORM_GEMM=1 TERN_CUDA_NORM_ROPE=1 TERN_TEST_DEVICE=cuda \
+        TERN_TEST_COMPUTE=$comp \
         timeout 120 build/tests/test_parity_core > "$OUT/parity_switches_$comp.log" 2>&1
-    say "parity ($comp) with NORM_N, NORM_RES, NORM_GEMM on: $(grep -c '^PASS' "$OUT/parity_switches_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity_switches_$comp.log") failed"
+    say "parity ($comp) with NORM_N, NORM_RES, NORM_GEMM, NORM_ROPE on: $(grep -c '^PASS' "$OUT/parity_switches_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity_switches_$comp.log") failed"
 done
 
 # 1. Gemma 4: head norms in one launch (NORM_N), post-norm adds folded into the next GEMV (NORM_RES);
 #    batch-1 decode of gemma4-12b and e4b (bf16)
 for rep in 1 2; do
     for spec in gemma4-12b gemma4-e4b; do
-        for cfg in "0 0" "1 0" "0 1" "1 1"; do
+        for cfg in "0 0 0" "1 0 0" "0 0 1" "0 1 0" "0 1 1"; do
             set -- $cfg
-            TERN_CUDA_NORM_N=$1 TERN_CUDA_NORM_RES=$2 timeout 60 $T bench --random $spec --device cuda --prompt 512 \
-                --gen 64 --reps 1 > "$OUT/normn_${spec}_$1$2_$rep.txt" 2>&1
-            say "b1 $spec NORM_N=$1 NORM_RES=$2 rep $rep: $(grep '^csv,' "$OUT/normn_${spec}_$1$2_$rep.txt" | cut -d, -f7,10 | tail -1)"
+            TERN_CUDA_NORM_N=$1 TERN_CUDA_NORM_RES=$2 TERN_CUDA_NORM_ROPE=$3 timeout 60 $T bench --random $spec \
+                --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/normn_${spec}_$1$2$3_$rep.txt" 2>&1
+            say "b1 $spec NORM_N=$1 NORM_RES=$2 NORM_ROPE=$3 rep $rep: $(grep '^csv,' "$OUT/normn_${spec}_$1$2$3_$rep.txt" | cut -d, -f7,10 | tail -1)"
         done
     done
 done

@@ -243,12 +243,8 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
                 op->matmul(be, g->k, g->xn, n, &L->wk);
                 op->scale(be, g->v, g->k, 1.0f, (size_t)n * nKV * D);
             }
-            /* per-head norms of q, k and v (v without weight), in place */
-            float *const ny[3] = {g->q, g->k, g->v};
-            const float *const nx[3] = {g->q, g->k, g->v}, *const nw[3] = {L->q_norm, L->k_norm, NULL};
-            const int nr[3] = {n * nH, n * nKV, n * nKV};
-            tern__rmsnorm_n(m, 3, ny, nx, nr, D, nw, eps);
-            tern__rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, inv, ms); /* rope q, k; cache k, v */
+            /* per-head norms of q, k and v (v without weight), rope q, k; cache k, v */
+            tern__norm_rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, inv, ms, L->q_norm, L->k_norm, eps);
         } else {
             op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
             op->rope(be, g->q, n, nH, D, m->d_pos, inv, ms);

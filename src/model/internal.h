@@ -262,6 +262,24 @@ static inline void tern__pending_flush(tern_model *m, float *x, tern_pending_res
     if (p->on) tern__rmsnorm_add(m, x, p->h, n, d, p->w, eps, p->s);
     p->on = 0;
 }
+/* per-head q = rmsnorm(q)·qw, k = rmsnorm(k)·kw, v = rmsnorm(v), then rope + kv_write (Gemma 4): one launch
+ * when the backend can (ops.h norm_rope_kv_write), else rmsnorm_n + rope_kv_write; bitwise the same */
+static inline void tern__rope_kv_write(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q,
+                                       float *k, const float *v, int nh, const float *inv_freq, float mscale);
+static inline void tern__norm_rope_kv_write(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q,
+                                            float *k, float *v, int nh, const float *inv_freq, float mscale,
+                                            const float *qw, const float *kw, float eps) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->norm_rope_kv_write &&
+        op->norm_rope_kv_write(m->be, kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps))
+        return;
+    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    float *const ny[3] = {q, k, v};
+    const float *const nx[3] = {q, k, v}, *const nw[3] = {qw, kw, NULL};
+    const int nr[3] = {n * nh, n * nkv, n * nkv};
+    tern__rmsnorm_n(m, 3, ny, nx, nr, d, nw, eps);
+    tern__rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale);
+}
 /* rope(q), rope(k) at rows->pos, then kv_write(k, v) */
 static inline void tern__rope_kv_write(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                        float *k, const float *v, int nh, const float *inv_freq, float mscale) {

@@ -341,6 +341,14 @@ typedef struct tern_backend_vt {
      * (src/model/internal.h tern__rmsnorm_n runs them one by one). Gemma 4's q, k, v head norms. */
     int (*rmsnorm_n)(tern_backend *be, int k, float *const *y, const float *const *x, const int *rows, int d,
                      const float *const *w, float eps);
+
+    /* Head norms before rope_kv_write (appended; optional): per head of d = kv->head_dim, q = rmsnorm(q)·qw,
+     * k = rmsnorm(k)·kw, v = rmsnorm(v) (no weight), all in place, then rope_kv_write(kv, rows, q, k, v,
+     * nh, inv_freq, mscale): bitwise those ops. 0 = not done (src/model/internal.h
+     * tern__norm_rope_kv_write runs them). Gemma 4's attention input. */
+    int (*norm_rope_kv_write)(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
+                              float *v, int nh, const float *inv_freq, float mscale, const float *qw, const float *kw,
+                              float eps);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -1,7 +1,7 @@
 /*
  * cuda_ops_tests_fused.h — the n = 1 GEMV (gemv1) and the fused decode ops (ops.h: matmul_n,
  * matmul_glu, matmul_add, rope_kv_write, rmsnorm_add, norm_matmul (also with its residual fold),
- * rmsnorm_n). The fused ops promise bitwise the result of the
+ * rmsnorm_n, norm_rope_kv_write). The fused ops promise bitwise the result of the
  * separate ops on the same backend, and one activation row must give bitwise the row of a
  * multi-row call (batch invariance), so these checks compare bits, not tolerances; the
  * separate ops themselves are checked against cpu-ref elsewhere (cuda_matmul_formats). Shapes
@@ -385,7 +385,71 @@ TEST(cuda_norm_matmul_res) {
     tern__cuda_g1_grid = keep_grid;
 }
 
+/* norm_rope_kv_write (Gemma 4's q / k / v head norms + rope + cache stores in one launch) vs rmsnorm ×3 +
+ * rope_kv_write: q, k, v and both pools bitwise, F32 / BF16 / F16 pages, head dims 256 and 512 (Gemma 4's
+ * sliding and global layers), an identity rope pair and a block that is not resident. */
+extern int tern__cuda_norm_rope;
+TEST(cuda_norm_rope_kv) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->norm_rope_kv_write) { SKIP("cuda_norm_rope_kv", "not built"); return; }
+    const int keep = tern__cuda_norm_rope;
+    tern__cuda_norm_rope = 1;
+    static const int ds[] = {256, 512};
+    for (size_t di = 0; di < TERN_ARRAY_LEN(ds); di++) {
+        const int nh = 8, nkv = 2, d = ds[di], bs = 16, mb = 8, n = 3, ctx = mb * bs;
+        const size_t pool = (size_t)mb * bs * nkv * d, nq = (size_t)n * nh * d, nk = (size_t)n * nkv * d;
+        float *kh = rnd(pool, 1.0f), *q = rnd(nq, 3.0f), *k = rnd(nk, 3.0f), *v = rnd(nk, 3.0f), *inv = rnd(d / 2, 0.5f);
+        float *qw = rnd(d, 1.0f), *kw = rnd(d, 1.0f);
+        inv[3] = 0.0f; /* identity pair */
+        int32_t bt[8], pos[3] = {bs + 2, 77, ctx - 1}, slot[3] = {0, 0, 0};
+        for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
+        bt[1] = -1; /* not resident: never written */
+        void *btd = to_gpu(bt, sizeof bt), *pd = to_gpu(pos, sizeof pos), *sd = to_gpu(slot, sizeof slot);
+        void *invd = to_gpu(inv, (size_t)d / 2 * 4), *qwd = to_gpu(qw, (size_t)d * 4), *kwd = to_gpu(kw, (size_t)d * 4);
+        uint8_t *ha = malloc(pool * 4), *hb = malloc(pool * 4);
+        static const int kinds[] = {TERN_KV_F32, TERN_KV_BF16, TERN_KV_F16};
+        static const char *kname[] = {"f32", "bf16", "f16"};
+        for (size_t f = 0; f < TERN_ARRAY_LEN(kinds); f++) {
+            const size_t pool_b = pool * (f ? 2 : 4);
+            tern_kv_layer kv[2];
+            void *qd[2], *kd[2], *vd[2];
+            for (int i = 0; i < 2; i++) {
+                kv[i] = (tern_kv_layer){f ? TERN_DT_Q : TERN_DT_F32, nkv, d, bs, 0, to_gpu(kh, pool_b), to_gpu(kh, pool_b),
+                                        btd, mb};
+                kv[i].kf.kind = kv[i].vf.kind = kinds[f];
+                qd[i] = to_gpu(q, nq * 4);
+                kd[i] = to_gpu(k, nk * 4);
+                vd[i] = to_gpu(v, nk * 4);
+            }
+            tern_rows rows = {n, pd, sd, pos, slot};
+            CHECK(g->vt->norm_rope_kv_write(g, &kv[0], &rows, qd[0], kd[0], vd[0], nh, invd, 1.25f, qwd, kwd, 1e-6f) == 1,
+                  "d %d %s: norm_rope_kv_write refused", d, kname[f]);
+            g->vt->rmsnorm(g, qd[1], qd[1], n * nh, d, qwd, 1e-6f);
+            g->vt->rmsnorm(g, kd[1], kd[1], n * nkv, d, kwd, 1e-6f);
+            g->vt->rmsnorm(g, vd[1], vd[1], n * nkv, d, NULL, 1e-6f);
+            CHECK(g->vt->rope_kv_write(g, &kv[1], &rows, qd[1], kd[1], vd[1], nh, invd, 1.25f) == 1, "rope_kv_write refused");
+            const struct { void *a, *b; size_t bytes; const char *what; } cmp[] = {
+                {qd[0], qd[1], nq * 4, "q"}, {kd[0], kd[1], nk * 4, "k"}, {vd[0], vd[1], nk * 4, "v"},
+                {kv[0].k, kv[1].k, pool_b, "k pool"}, {kv[0].v, kv[1].v, pool_b, "v pool"}};
+            for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
+                g->vt->download(g, ha, cmp[i].a, cmp[i].bytes);
+                g->vt->download(g, hb, cmp[i].b, cmp[i].bytes);
+                CHECK(!memcmp(ha, hb, cmp[i].bytes), "norm_rope_kv_write d %d %s pages: %s differs", d, kname[f], cmp[i].what);
+            }
+            for (int i = 0; i < 2; i++) {
+                g->vt->free(g, kv[i].k); g->vt->free(g, kv[i].v);
+                g->vt->free(g, qd[i]); g->vt->free(g, kd[i]); g->vt->free(g, vd[i]);
+            }
+        }
+        void *bufs[] = {btd, pd, sd, invd, qwd, kwd};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        free(kh); free(q); free(k); free(v); free(inv); free(qw); free(kw); free(ha); free(hb);
+    }
+    tern__cuda_norm_rope = keep;
+}
+
 static void cuda_fused_tests(void) {
+    RUN(cuda_norm_rope_kv);
     RUN(cuda_norm_matmul_res);
     RUN(cuda_rmsnorm_n);
     RUN(cuda_norm_matmul);

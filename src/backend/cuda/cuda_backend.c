@@ -452,6 +452,18 @@ static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, cons
     if (n > 1 && tern__cuda_gemm_add(C(be), y, x, n, &v)) return 1;
     return tern__cuda_matmul_add(C(be), y, x, n, &v);
 }
+/* TERN_CUDA_NORM_ROPE=1: Gemma 4's head norms inside the rope + cache-store launch (written in session 10,
+ * NOT yet run on a GPU: off until the op test cuda_norm_rope_kv and an A/B have run); tests set it */
+int tern__cuda_norm_rope = -1;
+static int be_norm_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
+                                 float *v, int nh, const float *inv_freq, float mscale, const float *qw, const float *kw,
+                                 float eps) {
+    if (tern__cuda_norm_rope < 0) {
+        const char *e = getenv("TERN_CUDA_NORM_ROPE");
+        tern__cuda_norm_rope = e && e[0] == '1';
+    }
+    return tern__cuda_norm_rope && tern__cuda_norm_rope_kv_write(C(be), kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
+}
 static int be_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                             const float *v, int nh, const float *inv_freq, float mscale) {
     return tern__cuda_rope_kv_write(C(be), kv, rows, q, k, v, nh, rows->pos, inv_freq, mscale);
@@ -535,6 +547,7 @@ static const tern_backend_vt k_cuda_vt = {
     .rmsnorm_add = be_rmsnorm_add,
     .norm_matmul = be_norm_matmul,
     .rmsnorm_n = be_rmsnorm_n,
+    .norm_rope_kv_write = be_norm_rope_kv_write,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
 };

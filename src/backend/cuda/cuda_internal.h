@@ -225,6 +225,9 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
                          float *const *y, const tern__cuda_w *const *w, int mode); /* gemm.c: the same for n > 1 */
 int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                            float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res);
+int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
+                                  float *k, float *v, int nh, const float *inv_freq, float mscale, const float *qw,
+                                  const float *kw, float eps); /* fused.cu: head norms + rope_kv_write */
 int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                              const float *v, int nh, const int32_t *pos, const float *inv_freq, float mscale);
 

@@ -8,6 +8,12 @@
  * x0·co − x1·s, then · mscale), so results are bitwise those of the three separate ops. Other
  * compressed kinds and latent pages return 0 (the caller runs the separate ops).
  *
+ * norm_rope_kv_write (Gemma 4) = the per-head rmsnorms of q (weight), k (weight) and v (none) first:
+ * a block per (row, q head) or (row, kv head), the head staged in shared memory, block_rms_inv (the
+ * reduction of norm.cu's rmsnorm over d), then the same rope pairs and cache stores; v is normalised
+ * in place as rmsnorm would leave it. Bitwise rmsnorm ×3 + rope_kv_write (TERN_CUDA_NORM_ROPE=1,
+ * written in session 10, NOT yet run on a GPU).
+ *
  * The GEMV fusions (q|k|v in one launch, gate/up with the activation product in the epilogue,
  * residual add in the epilogue) live beside their kernel in gemv.cu.
  */
@@ -78,5 +84,88 @@ extern "C" int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, 
     else ROPE_KV(__half);
 #undef ROPE_KV
     tern__cuda_check(c, "rope_kv_write");
+    return 1;
+}
+
+/* Gemma 4's head norms + rope + cache stores: blocks [n][nh + nkv]; q head blocks norm + rope q, kv head
+ * blocks norm + rope k, norm v, and store both. Shared: d floats. */
+struct NrkArgs {
+    float *q, *k, *v;
+    const float *qw, *kw, *inv_freq;
+    const int32_t *pos, *slot, *bt;
+    int n, nh, nkv, d, max_blocks, bs;
+    float eps, mscale;
+};
+
+template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T *vpool) {
+    pdl_start();
+    extern __shared__ float xs[];
+    __shared__ float red[32];
+    const int nt = a.nh + a.nkv, r = blockIdx.x / nt, h = blockIdx.x % nt, half = a.d / 2, d = a.d;
+    const bool isk = h >= a.nh;
+    float *x = isk ? a.k + ((size_t)r * a.nkv + (h - a.nh)) * d : a.q + ((size_t)r * a.nh + h) * d;
+    const float *w = isk ? a.kw : a.qw;
+    const int p = a.pos[r];
+    size_t dst = 0;
+    bool store = false;
+    if (isk && p >= 0 && p / a.bs < a.max_blocks) {
+        const int blk = a.bt[(size_t)a.slot[r] * a.max_blocks + p / a.bs];
+        store = blk >= 0;
+        dst = ((size_t)blk * a.bs + p % a.bs) * a.nkv * d + (size_t)(h - a.nh) * d;
+    }
+    /* the head's rmsnorm (in place, as norm.cu: (x·inv)·w) */
+    auto norm = [&](float *row, const float *wr) {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) xs[j] = row[j];
+        __syncthreads();
+        const float inv = block_rms_inv([&](int j) { return xs[j]; }, d, a.eps, red);
+        for (int j = threadIdx.x; j < d; j += blockDim.x) xs[j] = wr ? xs[j] * inv * wr[j] : xs[j] * inv;
+        __syncthreads();
+    };
+    norm(x, w);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) { /* rope_kv_kernel's pair arithmetic */
+        float x0 = xs[i], x1 = xs[i + half];
+        rope_pair(x0, x1, p, a.inv_freq[i]);
+        x0 *= a.mscale;
+        x1 *= a.mscale;
+        x[i] = x0;
+        x[i + half] = x1;
+        if (store) {
+            kv_put(kpool + dst + i, x0);
+            kv_put(kpool + dst + i + half, x1);
+        }
+    }
+    if (!isk) return;
+    __syncthreads(); /* xs is reused for v */
+    float *vr = a.v + ((size_t)r * a.nkv + (h - a.nh)) * d;
+    norm(vr, NULL);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        vr[j] = xs[j];
+        if (store) kv_put(vpool + dst + j, xs[j]);
+    }
+}
+
+extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
+                                             float *k, float *v, int nh, const float *inv_freq, float mscale,
+                                             const float *qw, const float *kw, float eps) {
+    const int kind = kv->kf.kind;
+    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
+        kv->head_dim % 2 || kv->head_dim > 4096)
+        return 0;
+    NrkArgs a = {};
+    a.q = q; a.k = k; a.v = v; a.qw = qw; a.kw = kw; a.inv_freq = inv_freq;
+    a.pos = rows->pos; a.slot = rows->slot; a.bt = kv->block_table;
+    a.n = rows->n; a.nh = nh; a.nkv = kv->n_head_kv; a.d = kv->head_dim;
+    a.max_blocks = kv->max_blocks; a.bs = kv->block_size;
+    a.eps = eps; a.mscale = mscale;
+    const long blocks = (long)a.n * (nh + a.nkv);
+    if (blocks <= 0) return 1;
+    cudaSetDevice(c->device);
+    const size_t smem = (size_t)a.d * sizeof(float);
+#define NRK(T) tern_launch(c->stream, norm_rope_kv_kernel<T>, (unsigned)blocks, 256, smem, a, (T *)kv->k, (T *)kv->v)
+    if (kind == TERN_KV_F32) NRK(float);
+    else if (kind == TERN_KV_BF16) NRK(__nv_bfloat16);
+    else NRK(__half);
+#undef NRK
+    tern__cuda_check(c, "norm_rope_kv_write");
     return 1;
 }
