@@ -29,6 +29,13 @@ template <> __device__ __forceinline__ void kv_put<__nv_bfloat16>(__nv_bfloat16 
 }
 template <> __device__ __forceinline__ void kv_put<__half>(__half *p, float x) { *(uint16_t *)p = (uint16_t)kvq_f32_to_f16(x); }
 
+/* f(T{}) for the page element type of an F32 / BF16 / F16 kind (one dispatch for both launchers) */
+template <class F> static void by_page_kind(int kind, F &&f) {
+    if (kind == TERN_KV_F32) f(float{});
+    else if (kind == TERN_KV_BF16) f(__nv_bfloat16{});
+    else f(__half{});
+}
+
 template <typename T>
 __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh, int nkv, int d,
                                const int32_t *pos, const int32_t *slot, const float *inv_freq, float mscale,
@@ -76,13 +83,11 @@ extern "C" int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, 
     cudaSetDevice(c->device);
     size_t b = (total + 255) / 256;
     const unsigned grid = (unsigned)(b > 65535 * 8 ? 65535 * 8 : b);
-#define ROPE_KV(T)                                                                                                 \
-    tern_launch(c->stream, rope_kv_kernel<T>, grid, 256, 0, q, k, v, n, nh, nkv, d, pos, rows->slot, inv_freq, mscale, \
-                (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks, kv->block_size)
-    if (kind == TERN_KV_F32) ROPE_KV(float);
-    else if (kind == TERN_KV_BF16) ROPE_KV(__nv_bfloat16);
-    else ROPE_KV(__half);
-#undef ROPE_KV
+    by_page_kind(kind, [&](auto tag) {
+        using T = decltype(tag);
+        tern_launch(c->stream, rope_kv_kernel<T>, grid, 256, 0, q, k, v, n, nh, nkv, d, pos, rows->slot, inv_freq, mscale,
+                    (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks, kv->block_size);
+    });
     tern__cuda_check(c, "rope_kv_write");
     return 1;
 }
@@ -161,11 +166,10 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
     if (blocks <= 0) return 1;
     cudaSetDevice(c->device);
     const size_t smem = (size_t)a.d * sizeof(float);
-#define NRK(T) tern_launch(c->stream, norm_rope_kv_kernel<T>, (unsigned)blocks, 256, smem, a, (T *)kv->k, (T *)kv->v)
-    if (kind == TERN_KV_F32) NRK(float);
-    else if (kind == TERN_KV_BF16) NRK(__nv_bfloat16);
-    else NRK(__half);
-#undef NRK
+    by_page_kind(kind, [&](auto tag) {
+        using T = decltype(tag);
+        tern_launch(c->stream, norm_rope_kv_kernel<T>, (unsigned)blocks, 256, smem, a, (T *)kv->k, (T *)kv->v);
+    });
     tern__cuda_check(c, "norm_rope_kv_write");
     return 1;
 }
