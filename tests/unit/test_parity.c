@@ -32,6 +32,7 @@
  *     batched; the rest are printed.
  *   The cache is the one the engine opens on that backend (tern_kv_quant_default): BF16 pages in
  *   the bf16 mode on a GPU (as transformers' bfloat16 run keeps them), F32 otherwise.
+ * TERN_TEST_CASES=SUBSTR runs only the fixtures whose name contains it (tests/cli/parity_norm_res.sh).
  */
 #include "io/kv_config.h"
 #include "model/model.h"
@@ -207,6 +208,8 @@ static void parity_fixtures(int int8) {
         snprintf(refp, sizeof refp, FIXDIR "/%s/ref.json", de->d_name);
         if (de->d_name[0] == '.' || stat(refp, &sb) != 0) continue;
         if (g_int8 && !int8_case(de->d_name)) continue;
+        const char *only = getenv("TERN_TEST_CASES"); /* a substring of the fixture names to run */
+        if (only && *only && !strstr(de->d_name, only)) continue;
         t_cur_fail_ = 0;
         g_skipped = 0;
         check_case(de->d_name, be);

@@ -257,6 +257,9 @@ static void cpu_copy_cols(tern_backend *be, float *dst, const float *src, int n,
     else copy_cols_task(&a, 0, 1);
 }
 
+static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                           float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res);
+
 static const tern_backend_vt cpu_vt = {
     .name = "cpu",
     .close = cpu_close,
@@ -290,7 +293,36 @@ static const tern_backend_vt cpu_vt = {
     .matmul_n = tern__cpu_matmul_n, /* batch-1 fused ops (cpu_decode.c) */
     .matmul_glu = tern__cpu_matmul_glu,
     .matmul_add = tern__cpu_matmul_add,
+    .norm_matmul = cpu_norm_matmul, /* tests only (TERN_CPU_NORM_RES=1) */
 };
+
+/* TERN_CPU_NORM_RES=1 (tests only: no speed to gain here): ops.h norm_matmul with its residual fold, by
+ * composition of this backend's own ops, so that a model's residual-buffer swap (gemma4.c, which the
+ * CUDA backend's fold drives) runs in the CPU parity tests too. Serves q|k|v and one-matrix ops; the
+ * gate|up form declines before touching anything (the model then runs rmsnorm_add + the op). The
+ * values are those of the unfused path: x' = (x·1 + rmsnorm(h)·w)·s with h normalised in place (as
+ * the model's tern__rmsnorm_add leaves it), then rmsnorm and the matmuls. */
+static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                           float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TERN_CPU_NORM_RES");
+        on = e && e[0] == '1';
+    }
+    if (!on || !res || act >= 0 || (k != 1 && k != 3) || xn == x || !res->x_out) return 0;
+    const tern_backend_vt *op = be->vt;
+    const int d = (int)w[0]->shape[w[0]->ndim - 1];
+    const size_t cnt = (size_t)n * (size_t)d;
+    float *h = (float *)res->h; /* scratch afterwards, as in the unfused path */
+    cpu_scale(be, res->x_out, x, 1.0f, cnt);
+    cpu_rmsnorm(be, h, h, n, d, res->w, eps);
+    cpu_add(be, res->x_out, res->x_out, h, cnt);
+    if (res->s) cpu_scale_dev(be, res->x_out, res->x_out, res->s, cnt);
+    cpu_rmsnorm(be, xn, res->x_out, n, d, nw, eps);
+    if (k == 3 && op->matmul_n && op->matmul_n(be, 3, y, xn, n, w)) return 1;
+    for (int i = 0; i < k; i++) op->matmul(be, y[i], xn, n, w[i]);
+    return 1;
+}
 
 void tern_backend_cpu_set_int8(tern_backend *be, int on) {
     if (be && be->vt == &cpu_vt) ((cpu_impl *)be->impl)->int8 = on != 0;
