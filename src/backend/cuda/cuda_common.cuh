@@ -106,6 +106,16 @@ template <class X> __device__ __forceinline__ float block_rms_inv(X x, int d, fl
     return rms_inv_finish(vt, d, eps, red);
 }
 
+/* rmsnorm's element (norm.cu): (x·inv)·w, or x·inv without a weight. Every kernel that stages a
+ * normalised row (gemv1, gemv_mma, fused.cu) forms it here, so its values are rmsnorm's bits. */
+__device__ __forceinline__ float rms_scale(float x, float inv, bool has_w, float w) { return has_w ? x * inv * w : x * inv; }
+/* rmsnorm_add's element: y + v, then · s when has_s, rounded step by step (no FMA contraction), as
+ * add + scale_dev would */
+__device__ __forceinline__ float res_add(float y, float v, bool has_s, float s) {
+    const float t = __fadd_rn(y, v);
+    return has_s ? __fmul_rn(t, s) : t;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -123,7 +123,7 @@ template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T
         for (int j = threadIdx.x; j < d; j += blockDim.x) xs[j] = row[j];
         __syncthreads();
         const float inv = block_rms_inv([&](int j) { return xs[j]; }, d, a.eps, red);
-        for (int j = threadIdx.x; j < d; j += blockDim.x) xs[j] = wr ? xs[j] * inv * wr[j] : xs[j] * inv;
+        for (int j = threadIdx.x; j < d; j += blockDim.x) xs[j] = rms_scale(xs[j], inv, wr != nullptr, wr ? wr[j] : 0.0f);
         __syncthreads();
     };
     norm(x, w);

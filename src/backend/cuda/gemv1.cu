@@ -57,34 +57,31 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
     const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
     __shared__ float red[32];
     const float *xf = (const float *)xs1;
+    auto xat = [&](int j) { return xf[g1swz(j >> 2, C4) * 4 + (j & 3)]; }; /* element j of the staged row */
+    auto ld4 = [&](const float *p, int f) { return p ? __ldg((const float4 *)p + f) : make_float4(0.f, 0.f, 0.f, 0.f); };
     for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)(a.rh ? a.rh : a.x) + f);
     __syncthreads();
     if (a.rh) { /* x' = (x + rmsnorm(h)·w)·s in place of h, bitwise rmsnorm_add's (norm.cu rms_row) */
-        const float inv = block_rms_inv([&](int j) { return xf[g1swz(j >> 2, C4) * 4 + (j & 3)]; }, a.in, a.eps, red);
-        const float sc = a.rs ? a.rs[0] : 1.0f;
+        const float inv = block_rms_inv(xat, a.in, a.eps, red), sc = a.rs ? a.rs[0] : 1.0f;
+        const bool hw = a.rw != nullptr, hs = a.rs != nullptr;
         for (int f = threadIdx.x; f < nch * C4; f += 256) {
-            const float4 h = xs1[g1swz(f, C4)], x = __ldg((const float4 *)a.x + f);
-            const float4 w = a.rw ? __ldg((const float4 *)a.rw + f) : make_float4(0.f, 0.f, 0.f, 0.f);
-            auto one = [&](float hv, float wv, float xv) {
-                const float v = a.rw ? hv * inv * wv : hv * inv, t = __fadd_rn(xv, v);
-                return a.rs ? __fmul_rn(t, sc) : t;
-            };
-            const float4 v = make_float4(one(h.x, w.x, x.x), one(h.y, w.y, x.y), one(h.z, w.z, x.z), one(h.w, w.w, x.w));
+            const float4 h = xs1[g1swz(f, C4)], x = __ldg((const float4 *)a.x + f), w = ld4(a.rw, f);
+            const float4 v = make_float4(res_add(x.x, rms_scale(h.x, inv, hw, w.x), hs, sc),
+                                         res_add(x.y, rms_scale(h.y, inv, hw, w.y), hs, sc),
+                                         res_add(x.z, rms_scale(h.z, inv, hw, w.z), hs, sc),
+                                         res_add(x.w, rms_scale(h.w, inv, hw, w.w), hs, sc));
             xs1[g1swz(f, C4)] = v;
             if (blockIdx.x == 0) ((float4 *)a.rxo)[f] = v;
         }
         __syncthreads();
     }
     if (a.nrm) { /* rmsnorm in place, bitwise norm.cu's: (x·inv)·w per element */
-        const float inv = block_rms_inv([&](int j) { return xf[g1swz(j >> 2, C4) * 4 + (j & 3)]; }, a.in, a.eps, red);
+        const float inv = block_rms_inv(xat, a.in, a.eps, red);
+        const bool hw = a.nw != nullptr;
         for (int f = threadIdx.x; f < nch * C4; f += 256) {
-            float4 v = xs1[g1swz(f, C4)];
-            if (a.nw) {
-                const float4 w = __ldg((const float4 *)a.nw + f);
-                v = make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
-            } else {
-                v = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
-            }
+            const float4 x = xs1[g1swz(f, C4)], w = ld4(a.nw, f);
+            const float4 v = make_float4(rms_scale(x.x, inv, hw, w.x), rms_scale(x.y, inv, hw, w.y),
+                                         rms_scale(x.z, inv, hw, w.z), rms_scale(x.w, inv, hw, w.w));
             xs1[g1swz(f, C4)] = v;
             if (blockIdx.x == 0) ((float4 *)a.xn)[f] = v;
         }

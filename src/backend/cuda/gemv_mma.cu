@@ -191,14 +191,10 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
         const float sc = a.rs ? a.rs[0] : 1.0f;
         auto xp = [&](float xv, size_t k) { /* x'[k] from x[k] (x itself without res) */
             if (!a.rh) return xv;
-            const float v = a.rw ? a.rh[k] * ih * a.rw[k] : a.rh[k] * ih, t = __fadd_rn(xv, v);
-            return a.rs ? __fmul_rn(t, sc) : t;
+            return res_add(xv, rms_scale(a.rh[k], ih, a.rw != nullptr, a.rw ? a.rw[k] : 0.0f), a.rs != nullptr, sc);
         };
         const float inv = block_rms_inv([&](int j) { return xp(a.x[j], (size_t)j); }, a.in, a.eps, red);
-        auto nx = [&](float xv, size_t k) {
-            const float p = xp(xv, k);
-            return a.nw ? p * inv * a.nw[k] : p * inv;
-        };
+        auto nx = [&](float xv, size_t k) { return rms_scale(xp(xv, k), inv, a.nw != nullptr, a.nw ? a.nw[k] : 0.0f); };
         mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in, nx);
         if (blockIdx.x == 0)
             for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x) {

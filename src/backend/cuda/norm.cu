@@ -47,10 +47,9 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
     const int vt = blockDim.x; /* = tern_rms_threads(d) */
     /* element j's result from x_j, w_j and (ADD) the old y_j */
     auto put = [&](int j, float xj, float wj, float yj, float inv) {
-        const float v = w ? xj * inv * wj : xj * inv;
+        const float v = rms_scale(xj, inv, w != nullptr, wj);
         if constexpr (ADD) {
-            const float t = __fadd_rn(yj, v);
-            yr[j] = s ? __fmul_rn(t, s[0]) : t;
+            yr[j] = res_add(yj, v, s != nullptr, s ? s[0] : 1.0f);
         } else {
             yr[j] = v;
             if (yb) yb[j] = __float2bfloat16_rn(v); /* = f32_to_bf16_kernel's rounding */
