@@ -303,10 +303,12 @@ extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
-/* Does tern__cuda_gemv_mma serve matrices w[0..k) for x in this mode? (Its every decline, without a
- * launch: the fused pre-norm op (gemv1.cu) leaves what this kernel serves to the separate ops.) */
-extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x,
-                                          int mode) {
+/* The launch geometry of matrices w[0..k) for x in this mode: output units' rows (pair: outputs), row
+ * blocks and K slices (of S steps: a function of `in` and the format only, so a row's bits do not
+ * depend on how many rows or matrices share the launch — fused == separate ops, tensor-parallel row
+ * splits == one GPU). Returns 0 for every case this kernel declines. */
+static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int *rows_out,
+                   int *rblocks_out, int *ks_out) {
     if (tern__cuda_gemv_mma_on < 0) {
         const char *v = getenv("TERN_CUDA_GEMV_MMA");
         tern__cuda_gemv_mma_on = v && v[0] ? atoi(v) : 1;
@@ -327,6 +329,8 @@ extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (pair && (k != 2 || w[1]->out != w0->out)) return 0;
     if (pair) rows = w0->out; /* gate = matrix 0, up = matrix 1 */
+    *rows_out = rows;
+    *rblocks_out = *ks_out = 0;
     if (rows <= 0) return 1;
     const int cps = 512 / w0->bits; /* inputs per 64-byte step */
     if (w0->in % cps) return 0;
@@ -334,10 +338,21 @@ extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_
     const int steps = gs * w0->bits / 8 == 16 ? 2 : 4; /* = the kernel's S */
     const int ks = (w0->in / cps + steps - 1) / steps;
     const size_t units = pair ? 2 * (size_t)rows : (size_t)rows;
-    return !(ks > 65535 || (ks > 1 && ((size_t)ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT)));
+    if (ks > 65535 || (ks > 1 && ((size_t)ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT))) return 0;
+    *rblocks_out = rblocks;
+    *ks_out = ks;
+    return 1;
 }
 
-/* y[i] (op) W_i·x for matrices w[0..k) sharing `in` and the format (mode: MM_*). Returns 1 when it
+/* Does tern__cuda_gemv_mma serve matrices w[0..k) for x in this mode? (Without a launch: the fused
+ * pre-norm op (gemv1.cu) decides where a row goes before it stages anything.) */
+extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x,
+                                          int mode) {
+    int rows, rblocks, ks;
+    return mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks);
+}
+
+/* y[i] (op) W_i·x for matrices w[0..k) sharing `in` and the format (mode: G1_*). Returns 1 when it
  * ran, 0 when the format or shape is not served here (the caller runs gemv.cu's kernels). */
 extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                                    const float *x, int mode) {
@@ -349,14 +364,15 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
 extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                         int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                         const tern_norm_res *res) {
-    if (!tern__cuda_gemv_mma_serves(c, w, k, x, mode)) return 0;
+    int rows, rblocks, ks;
+    if (!mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks)) return 0;
+    if (rows <= 0) return 1;
     const tern__cuda_w *w0 = w[0];
     const int gs = w0->group_size;
-    const bool pair = mode == G1_SILU || mode == G1_GELU;
     MmArgs a = {};
-    a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
+    mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
     for (int i = k; i < 3; i++) { a.data[i] = a.data[0]; a.scales[i] = a.scales[0]; a.biases[i] = a.biases[0]; }
-    if (pair) a.rows = w0->out; /* gate = matrix 0, up = matrix 1 */
+    a.rows = rows; /* mm_plan's: Σ out, or the outputs of a gate/up pair */
     a.nm = k;
     a.in = w0->in;
     a.ng = w0->in / gs;
@@ -374,15 +390,8 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     a.part = c->part;
     a.cnt = c->mm_cnt;
     a.magic = 0x43004300u;
-    if (a.rows <= 0) return 1;
-    const int cps = 512 / w0->bits; /* inputs per 64-byte step */
-    const int rblocks = (a.rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
-    /* K slices of S steps: a function of `in` and the format only, so a row's bits do not depend on
-     * how many rows or matrices share the launch (fused == separate ops, tensor-parallel row splits
-     * == one GPU) */
+    a.ks = ks;
     const int gb = gs * w0->bits / 8;
-    const int steps = gb == 16 ? 2 : 4; /* = the kernel's S */
-    a.ks = (a.in / cps + steps - 1) / steps;
     const size_t smem = 4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float); /* B table (S·NT <= 4) + Σx */
     /* persistent over row blocks: about two resident blocks per SM in all (TERN_MM_GRID=0: one block
      * per row block); which block walks a row block never changes its bits */
