@@ -372,12 +372,18 @@ static GemvArgs base_args(const tern__cuda_w *w) {
     return a;
 }
 
-extern "C" void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
-    /* Q rows much longer than wide (out >= 3 in: 14336x4096, the lm head) measured faster on the
-     * older gemv_q1 (q4 27.7 vs 34.2 us, q8 31.3 vs 42.6 us on the H200); same bits either way */
+/* Does one row of w (past gemv_mma) go through gemv1 in tern__cuda_gemv? Q rows much longer than
+ * wide (out >= 3 in: 14336x4096, the lm head) measured faster on the older gemv_q1 (q4 27.7 vs 34.2
+ * us, q8 31.3 vs 42.6 us on the H200; same bits either way), and TERN_CUDA_GEMV_Q1 variants other
+ * than 5 keep the older kernels. The fused pre-norm (gemv1.cu) asks the same for its k = 1 form. */
+bool tern__cuda_gemv_row_g1(const tern__cuda_w *w, const float *x) {
     const bool tall_q = w->dtype == TERN_DT_Q && w->out >= 3 * w->in;
+    return tern__cuda_gemv_q1_variant == 5 && !tall_q && tern__cuda_g1_fits(&w, 1, x);
+}
+
+extern "C" void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     if (n == 1 && tern__cuda_gemv_mma(c, &y, &w, &e, 1, x, G1_PLAIN)) return;
-    if (n == 1 && tern__cuda_gemv_q1_variant == 5 && !tall_q && tern__cuda_g1_fits(&w, 1, x)) {
+    if (n == 1 && tern__cuda_gemv_row_g1(w, x)) {
         tern__cuda_g1_launch(c, &y, &w, &e, 1, x, G1_PLAIN);
         return;
     }

@@ -323,7 +323,6 @@ static int tern__cuda_mm_norm_on(void) {
 extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n,
                                       int k, float *const *y, const tern__cuda_w *const *w, int mode,
                                       const tern_norm_res *res) {
-    extern int tern__cuda_gemv_q1_variant;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15) || (pair && (k != 2 || w[0]->out != w[1]->out)))
         return 0;
@@ -337,9 +336,7 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
         if (!tern__cuda_mm_norm_on()) return 0;
         return tern__cuda_gemv_mma_norm(c, ys, w, e, k, x, mode, nw, xn, eps, res);
     }
-    if (k == 1 && !pair && (tern__cuda_gemv_q1_variant != 5 || (w[0]->dtype == TERN_DT_Q && w[0]->out >= 3 * w[0]->in)))
-        return 0;
-    if (!tern__cuda_g1_fits(w, k, x)) return 0;
+    if ((k == 1 && !pair) ? !tern__cuda_gemv_row_g1(w[0], x) : !tern__cuda_g1_fits(w, k, x)) return 0;
     cudaSetDevice(c->device);
     g1_launch_norm(c, ys, w, e, k, x, mode, nw, xn, eps, res);
     return 1;
