@@ -287,12 +287,18 @@ static int plain_gemm_ok(const tern__cuda *c, const tern__cuda_w *w, int n) {
     return fuse_on() && plain_rows(c, w, n);
 }
 
+/* bytes (256-aligned) of x [n, in] in bf16 at the start of gemm_scratch when they fit with `extra`
+ * bytes after them, else 0 */
+static size_t staged_bytes(int n, int in, size_t extra) {
+    const size_t xb = ((size_t)n * in * 2 + 255) & ~(size_t)255;
+    return xb + extra > TERN_CUDA_GEMM_SCRATCH_BYTES ? 0 : xb;
+}
+
 /* x [n, in] rounded to bf16 at the start of gemm_scratch when it fits with `extra` bytes after it;
  * returns the bytes used (256-aligned) or 0 */
 static size_t stage_x(tern__cuda *c, const float *x, int n, int in, size_t extra) {
-    const size_t xb = ((size_t)n * in * 2 + 255) & ~(size_t)255;
-    if (xb + extra > TERN_CUDA_GEMM_SCRATCH_BYTES) return 0;
-    tern__cuda_f32_to_bf16(c, c->gemm_scratch, NULL, x, (size_t)n * in);
+    const size_t xb = staged_bytes(n, in, extra);
+    if (xb) tern__cuda_f32_to_bf16(c, c->gemm_scratch, NULL, x, (size_t)n * in);
     return xb;
 }
 
@@ -397,15 +403,14 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
     if (tern__cuda_norm_gemm_on < 0) tern__cuda_norm_gemm_on = env_int("TERN_CUDA_NORM_GEMM", 0) != 0;
     if (!tern__cuda_norm_gemm_on || n <= 1 || xn == x) return 0;
     const int pair = mode == G1_SILU || mode == G1_GELU, in = w[0]->in;
-    if (pair ? k != 2 || !gemm_glu_ok(c, n, w[0], w[1], mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH)
-             : mode != G1_PLAIN || k < 2 || !gemm_n_ok(c, k, y, n, w))
+    const int act = mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
+    if (pair ? k != 2 || !gemm_glu_ok(c, n, w[0], w[1], act) : mode != G1_PLAIN || k < 2 || !gemm_n_ok(c, k, y, n, w))
         return 0;
-    const size_t xb = ((size_t)n * in * 2 + 255) & ~(size_t)255;
-    if (xb + (pair ? glu_cbytes(n, w[0]) : 0) > TERN_CUDA_GEMM_SCRATCH_BYTES) return 0;
+    const size_t xb = staged_bytes(n, in, pair ? glu_cbytes(n, w[0]) : 0);
+    if (!xb) return 0;
     cudaSetDevice(c->device);
     tern__cuda_rmsnorm_bf16(c, xn, c->gemm_scratch, x, n, in, nw, eps);
-    if (pair) return gemm_glu_run(c, y[0], n, xb, w[0], w[1], mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH);
-    return gemm_n_run(c, k, y, n, w);
+    return pair ? gemm_glu_run(c, y[0], n, xb, w[0], w[1], act) : gemm_n_run(c, k, y, n, w);
 }
 
 int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {
