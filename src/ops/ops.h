@@ -327,7 +327,7 @@ typedef struct tern_backend_vt {
      * be NULL; d = the weights' `in`; xn != x), then on xn: act < 0: matmul_n(k, y, xn, w) (k = 1: the
      * plain matmul), act >= 0: matmul_glu(y[0], xn, w[0], w[1], act). xn is written as rmsnorm writes
      * it, and the results are bitwise those of rmsnorm + the op. 0 = not done (the model runs both;
-     * src/model/internal.h tern__norm_matmul_n / tern__norm_matmul_glu). CUDA fuses one row (the
+     * src/model/internal.h tern__norm_matmul_qkv / _glu / tern__norm_matmul). CUDA fuses one row (the
      * decode GEMV stages the row once per block; block_rms_inv repeats rmsnorm's reduction there).
      * res != NULL (optional even where norm_matmul is served: 0 = not done): first the post-norm
      * residual add of rmsnorm_add, x' = (x + rmsnorm(res->h)·res->w)·(res->s ? res->s[0] : 1), written
