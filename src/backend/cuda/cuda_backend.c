@@ -284,15 +284,18 @@ static void be_embed(tern_backend *be, float *y, const int32_t *ids, int n, cons
 static void be_rmsnorm(tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps) {
     tern__cuda_rmsnorm(C(be), y, x, rows, d, w, eps);
 }
-/* TERN_CUDA_NORM_N=1: rmsnorm_n in one launch (written in session 10, not yet run on a GPU: off until
- * the op test cuda_rmsnorm_n and an A/B on gemma4-12b have run); tests set it */
+int tern__cuda_env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && e[0] ? atoi(e) : dflt;
+}
+
+/* TERN_CUDA_NORM_N=1: rmsnorm_n in one launch. Off: on the H200 (session 11, gpu_ab.sh) it gained 1.9 %
+ * on gemma4-12b alone, but NORM_ROPE (default) runs the same norms inside the rope launch and gained
+ * more; tests set it */
 int tern__cuda_norm_n = -1;
 static int be_rmsnorm_n(tern_backend *be, int k, float *const *y, const float *const *x, const int *rows, int d,
                         const float *const *w, float eps) {
-    if (tern__cuda_norm_n < 0) {
-        const char *e = getenv("TERN_CUDA_NORM_N");
-        tern__cuda_norm_n = e && e[0] == '1';
-    }
+    if (tern__cuda_norm_n < 0) tern__cuda_norm_n = tern__cuda_env_int("TERN_CUDA_NORM_N", 0) == 1;
     if (!tern__cuda_norm_n || k < 1 || k > 3) return 0;
     tern__cuda_rmsnorm_n(C(be), k, y, x, rows, d, w, eps);
     return 1;
@@ -452,16 +455,14 @@ static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, cons
     if (n > 1 && tern__cuda_gemm_add(C(be), y, x, n, &v)) return 1;
     return tern__cuda_matmul_add(C(be), y, x, n, &v);
 }
-/* TERN_CUDA_NORM_ROPE=1: Gemma 4's head norms inside the rope + cache-store launch (written in session 10,
- * NOT yet run on a GPU: off until the op test cuda_norm_rope_kv and an A/B have run); tests set it */
+/* Gemma 4's head norms inside the rope + cache-store launch (TERN_CUDA_NORM_ROPE=0: three rmsnorm
+ * launches, then rope_kv_write). H200, session 11, batch-1 bf16 decode at 512: gemma4-12b 125.5 → 128.3
+ * tok/s, e4b 207.2 → 210.2 (op test cuda_norm_rope_kv bitwise, parity 18/18); tests set it */
 int tern__cuda_norm_rope = -1;
 static int be_norm_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                                  float *v, int nh, const float *inv_freq, float mscale, const float *qw, const float *kw,
                                  float eps) {
-    if (tern__cuda_norm_rope < 0) {
-        const char *e = getenv("TERN_CUDA_NORM_ROPE");
-        tern__cuda_norm_rope = e && e[0] == '1';
-    }
+    if (tern__cuda_norm_rope < 0) tern__cuda_norm_rope = tern__cuda_env_int("TERN_CUDA_NORM_ROPE", 1) != 0;
     return tern__cuda_norm_rope && tern__cuda_norm_rope_kv_write(C(be), kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
 }
 static int be_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,

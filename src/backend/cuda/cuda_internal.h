@@ -103,6 +103,8 @@ typedef struct tern__cuda_w {
 
 void tern__cuda_wview(const tern_tensor *t, tern__cuda_w *w);
 void tern__cuda_check(tern__cuda *c, const char *what); /* record launch errors */
+/* an integer environment switch: `dflt` when unset or empty (callers keep the value in a static) */
+int tern__cuda_env_int(const char *name, int dflt);
 
 /* gemv.cu / gemm.c */
 void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);

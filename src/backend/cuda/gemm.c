@@ -48,15 +48,10 @@ typedef struct lt_key { int m, n, k, ldb, ldc, nb, ab, ct, beta, strides; } lt_k
 typedef struct lt_ent { int used; lt_key key; cublasLtMatmulAlgo_t algo; } lt_ent;
 struct tern__cuda_lt_cache { lt_ent e[LT_CACHE]; };
 
-/* an integer environment switch, `dflt` when unset or empty (callers keep the value in a static) */
-static int env_int(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e && e[0] ? atoi(e) : dflt;
-}
 
 static int lt_cache_on(void) {
     static int v = -1;
-    if (v < 0) v = env_int("TERN_LT_CACHE", 1) != 0;
+    if (v < 0) v = tern__cuda_env_int("TERN_LT_CACHE", 1) != 0;
     return v;
 }
 
@@ -146,7 +141,7 @@ static tern_status lt_gemm(tern__cuda *c, float *y, int ldy, const void *w, cons
 /* the merged split GEMM (BF16 weights, bf16 mode) up to this many rows; TERN_GEMM_MERGE=N, 0 off */
 int tern__cuda_gemm_merge_max(void) {
     static int v = -1;
-    if (v < 0) v = env_int("TERN_GEMM_MERGE", 256);
+    if (v < 0) v = tern__cuda_env_int("TERN_GEMM_MERGE", 256);
     return v;
 }
 
@@ -278,7 +273,7 @@ tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, cons
  * separate ops run). */
 static int fuse_on(void) {
     static int v = -1;
-    if (v < 0) v = env_int("TERN_GEMM_FUSE", 1) != 0;
+    if (v < 0) v = tern__cuda_env_int("TERN_GEMM_FUSE", 1) != 0;
     return v;
 }
 
@@ -395,13 +390,16 @@ static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__c
 
 /* ops.h norm_matmul for n > 1 rows on this path (q|k|v: mode G1_PLAIN, k = 3 or 2; gate|up: G1_SILU /
  * G1_GELU): one kernel writes xn = rmsnorm(x)·nw and the bf16 copy stage_x would make of it, then the
- * same GEMMs — bitwise rmsnorm + the fused op. TERN_CUDA_NORM_GEMM=1 (written in session 10, NOT yet run
- * on a GPU: off until the op test cuda_norm_gemm and a batch-decode A/B have run). */
-int tern__cuda_norm_gemm_on = -1; /* tests set it */
+ * same GEMMs — bitwise rmsnorm + the fused op. From NORM_GEMM_ROWS rows on: H200, session 11, llama3-8b
+ * batch decode (build/concurrency, 128+128): 64 sequences 8743 / 8529 → 8895 / 8843 tok/s, but 16
+ * sequences 2784 / 2780 → 2757 / 2746, so fewer rows keep the two launches. TERN_CUDA_NORM_GEMM=0 never,
+ * =1 from 2 rows (tests set tern__cuda_norm_gemm_on = 1). */
+#define NORM_GEMM_ROWS 32
+int tern__cuda_norm_gemm_on = -1; /* -1 unread, 0 never, 1 from 2 rows, 2 from NORM_GEMM_ROWS */
 int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                          float *const *y, const tern__cuda_w *const *w, int mode) {
-    if (tern__cuda_norm_gemm_on < 0) tern__cuda_norm_gemm_on = env_int("TERN_CUDA_NORM_GEMM", 0) != 0;
-    if (!tern__cuda_norm_gemm_on || n <= 1 || xn == x) return 0;
+    if (tern__cuda_norm_gemm_on < 0) tern__cuda_norm_gemm_on = tern__cuda_env_int("TERN_CUDA_NORM_GEMM", 2);
+    if (!tern__cuda_norm_gemm_on || n < (tern__cuda_norm_gemm_on == 1 ? 2 : NORM_GEMM_ROWS) || xn == x) return 0;
     const int pair = mode == G1_SILU || mode == G1_GELU, in = w[0]->in;
     const int act = mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
     if (pair ? k != 2 || !gemm_glu_ok(c, n, w[0], w[1], act) : mode != G1_PLAIN || k < 2 || !gemm_n_ok(c, k, y, n, w))

@@ -293,13 +293,16 @@ extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, in
     return 1;
 }
 
-/* TERN_CUDA_NORM_RES=1: norm_matmul folds a post-norm residual add in front (res; Gemma 4's post-norms).
- * Written in session 10, NOT yet run on a GPU: off until cuda_norm_matmul_res and gemma parity have run */
-int tern__cuda_norm_res = -1; /* tests set it */
+/* norm_matmul folds a post-norm residual add in front (res; Gemma 4's post-norms). H200, session 11,
+ * batch-1 decode at 512, with NORM_ROPE: bf16 (gemv1) e4b 210.2 → 215.0 tok/s, gemma4-12b 128.3 → 128.1
+ * (even); q4 (gemv_mma, where every K-slice block forms the whole x') gemma4-12b 158.5 → 144.1, so the
+ * default folds it into gemv1 only. TERN_CUDA_NORM_RES=0: never (rmsnorm_add as its own launch), =1:
+ * gemv_mma too. Op test cuda_norm_matmul_res (both kernels), parity 18/18. */
+int tern__cuda_norm_res = -1; /* -1 unread, 0 off, 1 both kernels, 2 gemv1 only; tests set it */
 static int tern__cuda_norm_res_on(void) {
     if (tern__cuda_norm_res < 0) {
-        const char *e = getenv("TERN_CUDA_NORM_RES");
-        tern__cuda_norm_res = e && e[0] == '1';
+        tern__cuda_norm_res = tern__cuda_env_int("TERN_CUDA_NORM_RES", 2);
+        if (tern__cuda_norm_res < 0 || tern__cuda_norm_res > 2) tern__cuda_norm_res = 2;
     }
     return tern__cuda_norm_res;
 }
@@ -333,7 +336,7 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
     const int e[3] = {0, 0, 0};
     float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL};
     if (tern__cuda_gemv_mma_serves(c, w, k, x, mode)) { /* Q4: its tensor-core GEMV stages the norm */
-        if (!tern__cuda_mm_norm_on()) return 0;
+        if (!tern__cuda_mm_norm_on() || (res && tern__cuda_norm_res_on() != 1)) return 0;
         return tern__cuda_gemv_mma_norm(c, ys, w, e, k, x, mode, nw, xn, eps, res);
     }
     if ((k == 1 && !pair) ? !tern__cuda_gemv_row_g1(w[0], x) : !tern__cuda_g1_fits(w, k, x)) return 0;

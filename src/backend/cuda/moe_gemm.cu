@@ -372,26 +372,22 @@ static size_t mg_bytes(int nc, int k, int E, int H, int BN, int *tmax) {
  * k 8, q4), µs per layer pair path / grouped: n=16 317 / 436, n=32 573 / 552, n=64 1096 / 646,
  * n=512 8447 / 1455: the crossover sits near 2 pairs per expert. */
 
-static int env_int(const char *name, int def) {
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : def;
-}
 
 extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                                       const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                                       const tern__cuda_w *down, int act, float *scratch) {
     const int I = gate->out, E = gate->nmat, np = n * k;
-    const int force = env_int("TERN_MOE_GROUPED", -1);
+    const int force = tern__cuda_env_int("TERN_MOE_GROUPED", -1);
     if (force == 0 || c->compute != TERN_COMPUTE_BF16 || !wts) return 0;
     const int big_ok = mg_ensure_smem(c); /* on any eager call, so that a recorded step finds it set */
-    if (force != 1 && np < env_int("TERN_MOE_GROUPED_MIN", 2 * E)) return 0;
+    if (force != 1 && np < tern__cuda_env_int("TERN_MOE_GROUPED_MIN", 2 * E)) return 0;
     const int kg = mg_kind(gate), kd = mg_kind(down);
     if (!kg || !kd || mg_kind(up) != kg || up->bits != gate->bits || up->group_size != gate->group_size ||
         up->sdtype != gate->sdtype || E < 1 || E > MG_EMAX || up->nmat != E || down->nmat != E || H % 32 != 0 ||
         ((uintptr_t)x & 15) || ((uintptr_t)scratch & 15) || ((uintptr_t)y & 15))
         return 0;
     /* tile rows: 64 when experts average >= 32 pairs, else 16 (TERN_MOE_NT=2/8 forces) */
-    int nt = env_int("TERN_MOE_NT", np >= 32 * E ? 8 : 2);
+    int nt = tern__cuda_env_int("TERN_MOE_NT", np >= 32 * E ? 8 : 2);
     if (nt != 2) nt = 8;
     if (nt == 8 && !big_ok) nt = 2;
     const int BN = nt * 8;
