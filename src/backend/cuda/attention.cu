@@ -356,8 +356,8 @@ extern "C" void tern__cuda_attn_init(tern__cuda *c) {
     cudaGetLastError();
     tern__cuda_attn_prefill_init(c);
     tern__cuda_attn_decode_init(c);
-    const char *e = getenv("TERN_CUDA_FA_MIN");
-    if (e && atoi(e) >= 1) fa_min_rows = atoi(e);
+    const int fa_min = tern__cuda_env_int("TERN_CUDA_FA_MIN", 0);
+    if (fa_min >= 1) fa_min_rows = fa_min;
 }
 
 /* The CUDA-core kernel over any rows (the reference-exact path and the fallback). */

@@ -522,11 +522,10 @@ static int fa_launch(tern__cuda *c, FaArgs a, long keylen) {
     X(512, 0, 512, 256, 32, 4, false, 1, true)
 
 extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c) {
-    const char *e = getenv("TERN_CUDA_FA");
-    if (e && e[0] == '0') tern__cuda_fa_on = 0;
-    if (e && e[0] == '2') tern__cuda_fa_f32 = 1;
-    const char *e5 = getenv("TERN_CUDA_FA512");
-    if (e5 && e5[0] == '0') tern__cuda_fa512 = 0;
+    const int fa = tern__cuda_env_int("TERN_CUDA_FA", 1);
+    if (fa == 0) tern__cuda_fa_on = 0;
+    if (fa == 2) tern__cuda_fa_f32 = 1;
+    if (tern__cuda_env_int("TERN_CUDA_FA512", 1) == 0) tern__cuda_fa512 = 0;
 #define FA_INIT(dd, v, D, DV, BN, NW, SP, MB, BF) fa_init_one<D, DV, BN, NW, SP, MB, BF>(c);
     FA_SHAPES(FA_INIT)
 #undef FA_INIT

@@ -27,10 +27,7 @@
  * llama3-8b q4 decode +6 % (bench/NOTES.md (n)) */
 int tern__cuda_pdl_on = -1; /* tests set it */
 int tern__cuda_pdl(void) {
-    if (tern__cuda_pdl_on < 0) {
-        const char *v = getenv("TERN_CUDA_PDL");
-        tern__cuda_pdl_on = !(v && v[0] == '0');
-    }
+    if (tern__cuda_pdl_on < 0) tern__cuda_pdl_on = tern__cuda_env_int("TERN_CUDA_PDL", 1) != 0;
     return tern__cuda_pdl_on;
 }
 
@@ -331,10 +328,7 @@ static double be_copy_rate(tern_backend *be, size_t bytes) {
 static int be_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
                           const float *s) {
     static int on = -1; /* TERN_CUDA_NORM_ADD=0: the separate ops (A/B) */
-    if (on < 0) {
-        const char *v = getenv("TERN_CUDA_NORM_ADD");
-        on = !(v && v[0] == '0');
-    }
+    if (on < 0) on = tern__cuda_env_int("TERN_CUDA_NORM_ADD", 1) != 0;
     if (!on) return 0;
     tern__cuda_rmsnorm_add(C(be), x, h, rows, d, w, eps, s);
     return 1;
@@ -432,10 +426,7 @@ static int be_matmul_glu(tern_backend *be, float *y, const float *x, int n, cons
 static int be_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
                           float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res) {
     static int on = -1; /* TERN_CUDA_NORM_FUSE=0: rmsnorm and the matmul as two launches (A/B) */
-    if (on < 0) {
-        const char *e = getenv("TERN_CUDA_NORM_FUSE");
-        on = !(e && e[0] == '0');
-    }
+    if (on < 0) on = tern__cuda_env_int("TERN_CUDA_NORM_FUSE", 1) != 0;
     tern__cuda_w v[3];
     const tern__cuda_w *pv[3];
     if (!on || k < 1 || k > 3 || (act >= 0 && k != 2)) return 0;

@@ -145,10 +145,7 @@ extern "C" void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int 
     x = xr;
     /* Q4 experts: the pairs on tensor cores (moe_mma.cu); TERN_CUDA_MOE_MMA=0 keeps the path below */
     if (tern__cuda_moe_mma(c, y, x, n, idx, wts, k, gate, up, down, act, scratch, plain)) return;
-    if (tern__cuda_moe_fused_on < 0) {
-        const char *fe = getenv("TERN_CUDA_MOE_FUSED");
-        tern__cuda_moe_fused_on = !(fe && fe[0] == '0');
-    }
+    if (tern__cuda_moe_fused_on < 0) tern__cuda_moe_fused_on = tern__cuda_env_int("TERN_CUDA_MOE_FUSED", 1) != 0;
     if (tern__cuda_moe_fused_on && tern__cuda_moe_gateup(c, scratch, 2 * I, x, n, idx, k, gate, up, act)) {
         tern__cuda_moe_fused_calls++;
     } else {

@@ -270,10 +270,7 @@ static void launch(tern__cuda *c, const MoeMmArgs &a, const tern__cuda_w *w, int
 extern "C" int tern__cuda_moe_mma(tern__cuda *c, float *y, const float *x, int n, const int32_t *idx,
                                   const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                                   const tern__cuda_w *down, int act, float *scratch, int round_h) {
-    if (tern__cuda_moe_mma_on < 0) {
-        const char *v = getenv("TERN_CUDA_MOE_MMA");
-        tern__cuda_moe_mma_on = !(v && v[0] == '0');
-    }
+    if (tern__cuda_moe_mma_on < 0) tern__cuda_moe_mma_on = tern__cuda_env_int("TERN_CUDA_MOE_MMA", 1) != 0;
     if (!tern__cuda_moe_mma_on || !c->mm_cnt || n <= 0 || k <= 0 || !served(gate) || !served(up) || !served(down))
         return 0;
     if (up->group_size != gate->group_size || up->sdtype != gate->sdtype || up->out != gate->out ||

@@ -59,8 +59,7 @@ static int want_bf16(const tern_backend *be) {
 
 /* Peer access between every pair and the one-shot staging on every rank; 0 when not possible. */
 static int p2p_open(tern__nccl *c, const int *devs) {
-    const char *e = getenv("TERN_TP_P2P");
-    if ((e && e[0] == '0') || c->n < 2 || c->n > TERN_TP_P2P_MAXR) return 0;
+    if (tern__cuda_env_int("TERN_TP_P2P", 1) == 0 || c->n < 2 || c->n > TERN_TP_P2P_MAXR) return 0;
     for (int r = 0; r < c->n; r++)
         for (int q = 0; q < c->n; q++) {
             int ok = 0;

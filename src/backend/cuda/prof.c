@@ -181,8 +181,8 @@ static void p_sync(tern_backend *be) {
 }
 
 const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
-    const char *f = getenv("TERN_CUDA_FUSED"), *p = getenv("TERN_CUDA_PROFILE");
-    int nofuse = f && f[0] == '0', prof = p && p[0] && p[0] != '0';
+    const int nofuse = tern__cuda_env_int("TERN_CUDA_FUSED", 1) == 0;
+    const int prof = tern__cuda_env_int("TERN_CUDA_PROFILE", 0) != 0;
     if (!nofuse && !prof) return base;
     if (prof && g_prof) return base; /* one profiled backend per process */
     g_vt = *base;

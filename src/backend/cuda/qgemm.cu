@@ -226,10 +226,7 @@ static int ensure_smem(tern__cuda *c) {
 
 extern "C" int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     static int off = -1; /* TERN_QGEMM=0: the paths before this kernel (whole-model comparisons) */
-    if (off < 0) {
-        const char *v = getenv("TERN_QGEMM");
-        off = v && v[0] == '0';
-    }
+    if (off < 0) off = tern__cuda_env_int("TERN_QGEMM", 1) == 0;
     if (off || c->compute != TERN_COMPUTE_BF16 || n < 2 || w->in % QG_KB != 0 || w->out < 1 || ((uintptr_t)x & 15)) return 0;
     int kind;
     switch (w->dtype) {

@@ -329,10 +329,7 @@ extern "C" void tern__cuda_qmma_init(tern__cuda *c) {
 }
 
 static int qm_mode(void) {
-    if (tern__cuda_qmma_mode < 0) {
-        const char *v = getenv("TERN_CUDA_QMMA");
-        tern__cuda_qmma_mode = v && v[0] ? atoi(v) : QMMA_DEFAULT;
-    }
+    if (tern__cuda_qmma_mode < 0) tern__cuda_qmma_mode = tern__cuda_env_int("TERN_CUDA_QMMA", QMMA_DEFAULT);
     return tern__cuda_qmma_mode;
 }
 

@@ -213,10 +213,7 @@ template <int NT, int NW> __global__ void __launch_bounds__(NW * 32) sg_kernel(S
 }
 
 extern "C" int tern__cuda_sgemm_level(void) {
-    if (tern__cuda_sgemm_on < 0) {
-        const char *e = getenv("TERN_CUDA_SGEMM");
-        tern__cuda_sgemm_on = e && e[0] ? atoi(e) : 1;
-    }
+    if (tern__cuda_sgemm_on < 0) tern__cuda_sgemm_on = tern__cuda_env_int("TERN_CUDA_SGEMM", 1);
     return tern__cuda_sgemm_on;
 }
 
