@@ -10,10 +10,12 @@
 
 extern unsigned long long tern__cuda_gemv_mma_calls;
 extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold,
-    tern__cuda_pdl_on;
+    tern__cuda_pdl_on, tern__cuda_mm_j;
 
+/* every shape with the chunks per K slice as planned (J = 0: up to 4, fewer for small matrices), one
+ * (the old walk) and three (a short last chunk at in = 3840 and 14336, a short last slice) */
 TEST(cuda_gemv_mma) {
-    const int keep = tern__cuda_gemv_mma_on;
+    const int keep = tern__cuda_gemv_mma_on, keep_j = tern__cuda_mm_j;
     tern__cuda_gemv_mma_on = 2; /* Q8 too (off by default: slower than gemv1 there) */
     static const struct { int bits, gs; tern_dtype sdt; } F[] = {
         {4, 64, TERN_DT_BF16}, {4, 32, TERN_DT_BF16}, {4, 128, TERN_DT_F16}, {8, 64, TERN_DT_BF16},
@@ -21,23 +23,28 @@ TEST(cuda_gemv_mma) {
     };
     /* {20000, 4096}, {40000, 384}: more row blocks than launched blocks (each block walks several,
      * split K and not); the others one row block per block */
-    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {20000, 4096}, {40000, 384}};
+    static const int shapes[][2] = {{300, 384},    {1037, 4096},  {64, 14336}, {4099, 2048},
+                                    {20000, 4096}, {40000, 384}, {777, 3840}};
+    static const int js[] = {0, 1, 3};
+    for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            tern__cuda_mm_j = js[jj];
             hw h = make_w(TERN_DT_Q, F[f].bits, F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
             char nm[64];
             fmt_name(&h.t, nm, sizeof nm);
             for (int rep = 0; rep < 2; rep++) {
                 const unsigned long long calls = tern__cuda_gemv_mma_calls;
                 double rel = check_matmul(g_gpu, &h, 1, -1);
-                printf("  err %-16s %dx%d n=1 mma %.2e\n", nm, shapes[s][0], shapes[s][1], rel);
-                CHECK(rel <= 1e-5, "%s %dx%d rep %d: rel %.3e", nm, shapes[s][0], shapes[s][1], rep, rel);
+                printf("  err %-16s %dx%d n=1 mma J %d %.2e\n", nm, shapes[s][0], shapes[s][1], js[jj], rel);
+                CHECK(rel <= 1e-5, "%s %dx%d J %d rep %d: rel %.3e", nm, shapes[s][0], shapes[s][1], js[jj], rep, rel);
                 CHECK(tern__cuda_gemv_mma_calls > calls, "%s %dx%d: the tensor-core GEMV did not run", nm,
                       shapes[s][0], shapes[s][1]);
             }
             free_w(&h);
         }
     tern__cuda_gemv_mma_on = keep;
+    tern__cuda_mm_j = keep_j;
 }
 
 /* gate/up with 20000 outputs (blocks walk several row blocks, K split): matmul_glu vs the two separate

@@ -23,9 +23,10 @@
  * group's scale: acc += s·D + b·Σx. The k-slot order of a lane's codes is a fixed permutation; the
  * block stages x in it as a table of B fragments with zeros in the columns a lane does not feed
  * (one unconditional 8-byte shared load per lane and MMA), and Σx per group and step.
- * Block = 8 warps x a K slice of S = 4 steps (q4 g32: 2) that walks row blocks of 128 rows (pair
- * mode: 64 outputs, gate rows g and up rows g+8 in one warp) blockIdx.x, +gridDim.x, ...: x is
- * staged once, and the next row block's loads are issued as soon as a step's words are in registers.
+ * Block = 8 warps x a K slice of J chunks of S = 4 steps (q4 g32: 2; J = 1..4, mm_chunks) that walks
+ * row blocks of 128 rows (pair mode: 64 outputs, gate rows g and up rows g+8 in one warp) blockIdx.x,
+ * +gridDim.x, ...: x is staged once for the slice, a row block's chunks run in order into the same
+ * sums, and the next chunk's (or row block's) loads are issued as soon as a step's words are in registers.
  * Slices (blockIdx.y, a function of `in` only, so fused and separate calls give the same bits) are
  * summed by the last slice block of a row block in fixed order (counter per row block, reset by that
  * block; one fence per block): deterministic and graph-capturable. Modes as gemv.cu's gemv1: up to three matrices sharing `in` (q|k|v),
@@ -40,12 +41,14 @@
 
 #define MM_WARPS 8
 #define MM_MINE 64   /* row blocks one block may walk (split K: it may have to reduce each) */
+#define MM_JMAX 4    /* chunks of S steps per K slice */
 
 struct MmArgs {
     const uint8_t *data[3], *scales[3], *biases[3];
     float *y[3];
     int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2]; pair = out[0] (outputs) */
-    int in, ng, mode, ks;     /* ng groups per row, ks K slices (blockIdx.y) of S steps */
+    int in, ng, mode, ks;     /* ng groups per row, ks K slices (blockIdx.y) of J·S steps */
+    int J;                    /* chunks of S steps per K slice (1..MM_JMAX; a function of `in`) */
     int rblocks;              /* row blocks (128 rows; pair: 64 outputs); gridDim.x <= rblocks walk them */
     const float *x;
     const float *nw; /* pre-norm (ops.h norm_matmul, xn != NULL): x staged as rmsnorm(x)·nw; the */
@@ -150,12 +153,13 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     constexpr int CPS = 512 / BITS;               /* inputs per step */
     using SV = typename SVec<GPS>::T;
     extern __shared__ uint2 mm_sm[];
-    uint2 *tbl = mm_sm;                           /* [S][8 MMAs][NT][32 lanes] B fragments */
-    float *xs = (float *)(mm_sm + S * 8 * NT * 32); /* [S][GPS] Σx per group and step */
+    uint2 *tbl = mm_sm;                           /* [J·S][8 MMAs][NT][32 lanes] B fragments */
+    float *xs = (float *)(mm_sm + a.J * S * 8 * NT * 32); /* [J·S][GPS] Σx per group and step */
     __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
-    const int nst = a.in / CPS, st0 = blockIdx.y * S, ns = min(S, nst - st0);
+    /* this block's K slice: steps st0 .. st0 + ns - 1 in nch chunks of S (the last may be shorter) */
+    const int nst = a.in / CPS, st0 = blockIdx.y * S * a.J, ns = min(S * a.J, nst - st0), nch = (ns + S - 1) / S;
     const size_t rb = (size_t)a.in * BITS / 8;
 
     /* a row block's words and scales in registers; PP: two sets, the next row block loads into the
@@ -166,8 +170,8 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     };
     MmSet A, B;
     MmRows r{}; /* value-initialised: the lambdas below capture it before the first row block sets it */
-    auto load_step = [&](MmSet &o, int i) {
-        const int st = st0 + i, G = GB > 64 ? st * 64 / GB : st * GPS;
+    auto load_step = [&](MmSet &o, int j, int i) { /* step i of chunk j into slot i */
+        const int st = st0 + j * S + i, G = GB > 64 ? st * 64 / GB : st * GPS;
         o.w0[i] = mm_ld4(r.w0 + (size_t)st * 64);
         o.w1[i] = mm_ld4(r.w1 + (size_t)st * 64);
         o.s0[i] = mm_lds<GPS>(r.s0 + G); o.b0[i] = mm_lds<GPS>(r.b0 + G);
@@ -177,7 +181,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     mm_rows(a, rbk * MM_WARPS + warp, g, t, rb, pair, r);
 #pragma unroll
     for (int i = 0; i < S; i++)
-        if (i < ns) load_step(A, i);
+        if (i < ns) load_step(A, 0, i);
     /* programmatic dependent launch (TERN_CUDA_PDL=1, cuda_common.cuh): everything above reads only
      * weights; x, y, the partials and the counters are touched after the previous kernel has
      * finished and flushed */
@@ -209,23 +213,34 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     const uint2 *tl = tbl + lane;
     const int units = pair ? 2 * a.rows : a.rows;
     float *pp = a.part + (size_t)blockIdx.y * units;
-    /* one row block from `cur` while the next one's steps load into `nxt`; false after the last */
+    /* one chunk of a row block from `cur` while the next unit's steps load into `nxt` (the next chunk
+     * of this row block, or the first chunk of the next row block); false after the last. The sums
+     * run on over a row block's chunks, in step order, and are stored after its last chunk */
+    int ch = 0;
+    float acc0 = 0.0f, acc1 = 0.0f;
     auto block = [&](MmSet &cur, MmSet &nxt) -> bool {
         const int unit0 = r.unit0, unit1 = r.unit1;
         const bool live0 = r.live0, live1 = r.live1;
-        const int nrbk = rbk + gridDim.x;
+        const bool last = ch + 1 == nch;
+        const int nrbk = last ? rbk + gridDim.x : rbk, nch_ = last ? 0 : ch + 1;
+        const int nsc = min(S, ns - ch * S), nsn = min(S, ns - nch_ * S); /* steps of this and the next chunk */
         const bool more = nrbk < a.rblocks;
-        if (more) mm_rows(a, nrbk * MM_WARPS + warp, g, t, rb, pair, r);
-        float acc0 = 0.0f, acc1 = 0.0f;
+        if (more && last) mm_rows(a, nrbk * MM_WARPS + warp, g, t, rb, pair, r);
 #pragma unroll
         for (int sl = 0; sl < S; sl++) {
-            if (sl >= ns) break;
+            if (sl >= nsc) {
+                if (more && sl < nsn) load_step(nxt, nch_, sl); /* the next chunk is longer: the first of a row block */
+                continue;
+            }
             const uint32_t wa[4] = {cur.w0[sl].x, cur.w0[sl].y, cur.w0[sl].z, cur.w0[sl].w};
             const uint32_t wc[4] = {cur.w1[sl].x, cur.w1[sl].y, cur.w1[sl].z, cur.w1[sl].w};
             const SV cs0 = cur.s0[sl], cb0 = cur.b0[sl], cs1 = cur.s1[sl], cb1 = cur.b1[sl];
-            if (more) load_step(nxt, sl); /* the next row block's step, while this one is multiplied */
-            mm_step<GPS, F16S, FOLD>(acc0, acc1, wa, wc, cs0, cb0, cs1, cb1, tl, xs, sl, a.magic, t);
+            if (more && sl < nsn) load_step(nxt, nch_, sl); /* the next unit's step, while this one is multiplied */
+            mm_step<GPS, F16S, FOLD>(acc0, acc1, wa, wc, cs0, cb0, cs1, cb1, tl, xs, ch * S + sl, a.magic, t);
         }
+        ch = nch_;
+        rbk = nrbk;
+        if (!last) return more;
         acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
         acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
         acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
@@ -245,7 +260,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
                 if (live1) pp[unit1] = acc1;
             }
         }
-        rbk = nrbk;
+        acc0 = acc1 = 0.0f;
         return more;
     };
     if constexpr (PP) {
@@ -307,8 +322,27 @@ extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
  * blocks and K slices (of S steps: a function of `in` and the format only, so a row's bits do not
  * depend on how many rows or matrices share the launch — fused == separate ops, tensor-parallel row
  * splits == one GPU). Returns 0 for every case this kernel declines. */
+/* Chunks per K slice (TERN_MM_J=1..4 fixes it; read once, tests may set it). A slice of S steps is one
+ * load of a warp's registers, so with one chunk a block staged x for a single short walk of each of
+ * its row blocks (14336x4096: 28 slices, 896 blocks in 3.4 waves, ncu 22 % occupancy). Longer slices
+ * amortise that, but leave fewer warps (row tiles x slices) for small
+ * matrices: J = 4 drops while those would fall under 12 per SM. H200 (NOTES (t)), µs J = 1 / 2 / 4: 4096x4096
+ * 8.5 / 10.8 / 17.0, 14336x4096 21.2 / 19.0 / 18.9, 4096x14336 26.2 / 22.8 / 19.8, 128256x4096 155.9 /
+ * 132.7 / 128.8. A row's bits depend on its slices, so on J: separate and fused ops of one `in` agree
+ * bitwise while both keep the same J (small ones: J = 1), and tensor-parallel halves may not. */
+extern "C" int tern__cuda_mm_j;
+int tern__cuda_mm_j = -1;
+static int mm_chunks(const tern__cuda *c, int ks1, int tiles) {
+    if (tern__cuda_mm_j < 0) tern__cuda_mm_j = tern__cuda_env_int("TERN_MM_J", 0);
+    if (tern__cuda_mm_j > 0) return tern__cuda_mm_j < MM_JMAX ? tern__cuda_mm_j : MM_JMAX;
+    int j = ks1 < MM_JMAX ? ks1 : MM_JMAX;
+    const long want = 12L * (c->n_sm > 0 ? c->n_sm : 132);
+    while (j > 1 && (long)tiles * ((ks1 + j - 1) / j) < want) j--;
+    return j < 1 ? 1 : j;
+}
+
 static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int *rows_out,
-                   int *rblocks_out, int *ks_out) {
+                   int *rblocks_out, int *ks_out, int *j_out) {
     if (tern__cuda_gemv_mma_on < 0) {
         const char *v = getenv("TERN_CUDA_GEMV_MMA");
         tern__cuda_gemv_mma_on = v && v[0] ? atoi(v) : 1;
@@ -336,11 +370,13 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     if (w0->in % cps) return 0;
     const int rblocks = (rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
     const int steps = gs * w0->bits / 8 == 16 ? 2 : 4; /* = the kernel's S */
-    const int ks = (w0->in / cps + steps - 1) / steps;
+    const int nst = w0->in / cps, J = mm_chunks(c, (nst + steps - 1) / steps, pair ? (rows + 7) / 8 : (rows + 15) / 16);
+    const int ks = (nst + J * steps - 1) / (J * steps);
     const size_t units = pair ? 2 * (size_t)rows : (size_t)rows;
     if (ks > 65535 || (ks > 1 && ((size_t)ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT))) return 0;
     *rblocks_out = rblocks;
     *ks_out = ks;
+    *j_out = J;
     return 1;
 }
 
@@ -348,8 +384,8 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
  * pre-norm op (gemv1.cu) decides where a row goes before it stages anything.) */
 extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x,
                                           int mode) {
-    int rows, rblocks, ks;
-    return mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks);
+    int rows, rblocks, ks, J;
+    return mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks, &J);
 }
 
 /* y[i] (op) W_i·x for matrices w[0..k) sharing `in` and the format (mode: G1_*). Returns 1 when it
@@ -364,8 +400,8 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
 extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                         int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                         const tern_norm_res *res) {
-    int rows, rblocks, ks;
-    if (!mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks)) return 0;
+    int rows, rblocks, ks, J;
+    if (!mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks, &J)) return 0;
     if (rows <= 0) return 1;
     const tern__cuda_w *w0 = w[0];
     const int gs = w0->group_size;
@@ -391,8 +427,9 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     a.cnt = c->mm_cnt;
     a.magic = 0x43004300u;
     a.ks = ks;
+    a.J = J;
     const int gb = gs * w0->bits / 8;
-    const size_t smem = 4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float); /* B table (S·NT <= 4) + Σx */
+    const size_t smem = (size_t)J * (4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float)); /* B table (S·NT <= 4) + Σx, per chunk */
     /* persistent over row blocks: about two resident blocks per SM in all (TERN_MM_GRID=0: one block
      * per row block); which block walks a row block never changes its bits */
     static int grid_mode = -1;

@@ -133,20 +133,21 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
                        : make_uint2(0u, 0u);
             }
     }
-    { /* Σx of each (step, group): one float4 per thread, then a fixed xor tree over the CG/4
-       * consecutive lanes of a group (CG/4 = 8, 16 or 32 divides the warp) */
+    { /* Σx of each (step, group): one float4 per thread and round, then a fixed xor tree over the
+       * CG/4 consecutive lanes of a group (CG/4 = 8, 16 or 32 divides the warp); whole warps take
+       * part in every round (the bound is rounded up to 32) */
         constexpr int CG = CPS / GPS, L = CG / 4;
-        const int f = threadIdx.x;
-        float e = 0.0f;
-        if (f < ns * CPS / 4 && (!TAIL || st0 * CPS + 4 * f < nin)) {
-            const float4 v = __ldg((const float4 *)(x + (size_t)st0 * CPS) + f);
-            const size_t k = (size_t)st0 * CPS + 4 * (size_t)f;
-            e = (nx(v.x, k) + nx(v.y, k + 1)) + (nx(v.z, k + 2) + nx(v.w, k + 3));
-        }
-        if (f < S * CPS / 4) { /* whole warps (S·CPS/4 is a multiple of 32) */
+        const int nf = ns * CPS / 4, nfw = (nf + 31) & ~31;
+        for (int f = threadIdx.x; f < nfw; f += blockDim.x) {
+            float e = 0.0f;
+            if (f < nf && (!TAIL || st0 * CPS + 4 * f < nin)) {
+                const float4 v = __ldg((const float4 *)(x + (size_t)st0 * CPS) + f);
+                const size_t k = (size_t)st0 * CPS + 4 * (size_t)f;
+                e = (nx(v.x, k) + nx(v.y, k + 1)) + (nx(v.z, k + 2) + nx(v.w, k + 3));
+            }
 #pragma unroll
             for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
-            if ((f & (L - 1)) == 0 && f < ns * CPS / 4) xs[f / L] = e;
+            if ((f & (L - 1)) == 0 && f < nf) xs[f / L] = e;
         }
     }
 }
