@@ -90,6 +90,7 @@ struct AdArgs {
     int n, nh, nkv, G, D, max_blocks, bs, window, splits, chmax, chmin;
     int hs, GB; /* blocks per kv head (a group larger than the kernel's GM split in hs), heads per block */
     int region; /* floats before the record table in shared memory */
+    int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
     float scale, softcap;
 };
 
@@ -179,10 +180,14 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     };
     const int b0 = k0 + warp * KPW; /* this warp's first key group; warp-uniform bounds (shuffles) */
 
-    /* 1. scores, the next U key groups loading while these are scored */
+    /* 1. scores, the next U key groups loading while these are scored. When the warp's keys fit one
+     * round (short splits: every split at a short context) there is no next round, so its V rows load
+     * now into the next-round registers, which the loop's end moves into kr: one memory latency less */
     AdRow<T, EPL> kr[U], kn[U];
     int rr[U], rn[U];
+    const bool one = a.vpre && b0 + STEP >= k1; /* warp-uniform */
     if (b0 < k1) load(kp, b0, kr, rr);
+    if (one && b0 < k1) load(vp, b0, kn, rn);
     for (int base = b0; base < k1; base += STEP) {
         if (base + STEP < k1) load(kp, base + STEP, kn, rn);
 #pragma unroll
@@ -207,8 +212,8 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
             kr[u] = kn[u];
         }
     }
-    /* the first V rows load during the softmax */
-    if (b0 < k1) load(vp, b0, kr, rr);
+    /* the first V rows load during the softmax (one round: already in kr) */
+    if (!one && b0 < k1) load(vp, b0, kr, rr);
     __syncthreads();
 
     /* 2. softmax of each head (a warp per head; G <= 8) */
@@ -387,6 +392,9 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     const long ch = (keys + splits - 1) / splits;
     a.chmax = (int)(ch > chmin ? ch : chmin);
     a.chmin = chmin;
+    static int vpre = -1;
+    if (vpre < 0) vpre = tern__cuda_env_int("TERN_CUDA_AD_VPRE", 1) != 0;
+    a.vpre = vpre;
     size_t region = (size_t)GM * a.chmax;
     if (region < (size_t)AD_WARPS * GM * d) region = (size_t)AD_WARPS * GM * d;
     if (region < (size_t)2 * 128 * GM) region = (size_t)2 * 128 * GM;
