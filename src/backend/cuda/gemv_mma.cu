@@ -6,7 +6,7 @@
  * 1072 instructions per row block and warp, 4.2 per code: the decode's and-or took two LOP3s (now
  * one: 4 LOP3 + 3 SHF + 4 HADD2 per 8 codes) and ~200 register moves copy the next row block's words
  * into the current ones (TERN_CUDA_GEMV_PP=1 walks with two register sets instead; opt-in, it
- * spills at 128 registers). TERN_CUDA_GEMV_FOLD=1 skips the subtraction (see mm_decode).
+ * spills at 128 registers). In the bf16 compute mode FOLD skips the subtraction (see mm_decode, mm_go).
  *
  *   y[r] = Σ_G s[r,G]·(Σ_{k∈G} q[r,k]·x[k]) + b[r,G]·Σ_{k∈G} x[k]
  *
@@ -274,22 +274,26 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
 }
 
 /* TERN_CUDA_GEMV_PP=1: the two-register-set walk for Q4 (same bits; H200: 25.0 vs 24.5 us on
- * 14336x4096, it spills); TERN_CUDA_GEMV_FOLD=1: the 128 folded into the bias (Q4; not the same bits;
- * noise-level gain). bench/NOTES.md (n). */
+ * 14336x4096, it spills). FOLD (Q4): the 128 folded into the bias — not the same bits; op test
+ * cuda_gemv_mma_fold: rel <= 2.1e-6 against cpu-ref (the default kernel 2.0e-6). Default in the bf16
+ * compute mode (H200, session 11, llama3-8b q4 b1 294.3 / 293.7 → 300.5 / 299.1 tok/s; parity bf16 18/18
+ * with it), not in f32 / bf16x2 (kept f32-exact there). TERN_CUDA_GEMV_FOLD=0 never, =1 in every mode.
+ * Launch bounds for 3 blocks per SM (80 registers, spills) lost: 203 vs 294 tok/s. NOTES (n), (t). */
 extern "C" int tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold;
-int tern__cuda_gemv_mma_pp = -1, tern__cuda_gemv_mma_fold = -1;
+int tern__cuda_gemv_mma_pp = -1, tern__cuda_gemv_mma_fold = -1; /* fold: -1 unread, 0, 1, 2 bf16 mode */
 
-template <int BITS, int GB> static void mm_go(cudaStream_t st, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
-    if (tern__cuda_gemv_mma_pp < 0) {
-        const char *v = getenv("TERN_CUDA_GEMV_PP");
-        tern__cuda_gemv_mma_pp = v && v[0] == '1';
-    }
+template <int BITS, int GB>
+static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
+    cudaStream_t st = c->stream;
+    if (tern__cuda_gemv_mma_pp < 0) tern__cuda_gemv_mma_pp = tern__cuda_env_int("TERN_CUDA_GEMV_PP", 0) == 1;
     if (tern__cuda_gemv_mma_fold < 0) {
-        const char *v = getenv("TERN_CUDA_GEMV_FOLD");
-        tern__cuda_gemv_mma_fold = v && v[0] == '1';
+        tern__cuda_gemv_mma_fold = tern__cuda_env_int("TERN_CUDA_GEMV_FOLD", 2);
+        if (tern__cuda_gemv_mma_fold < 0 || tern__cuda_gemv_mma_fold > 2) tern__cuda_gemv_mma_fold = 2;
     }
+    const bool fold = tern__cuda_gemv_mma_fold == 1 ||
+                      (tern__cuda_gemv_mma_fold == 2 && c->compute == TERN_COMPUTE_BF16 && !c->bf16_x2);
     if constexpr (BITS == 4) {
-        if (tern__cuda_gemv_mma_fold > 0) {
+        if (fold) {
             if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true>, grid, 256, smem, a);
             else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true>, grid, 256, smem, a);
             return;
@@ -452,13 +456,13 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     cudaSetDevice(c->device);
     const bool f16 = w0->sdtype == TERN_DT_F16;
     if (w0->bits == 4) {
-        if (gb == 16) mm_go<4, 16>(c->stream, grid, smem, a, f16);
-        else if (gb == 32) mm_go<4, 32>(c->stream, grid, smem, a, f16);
-        else mm_go<4, 64>(c->stream, grid, smem, a, f16);
+        if (gb == 16) mm_go<4, 16>(c, grid, smem, a, f16);
+        else if (gb == 32) mm_go<4, 32>(c, grid, smem, a, f16);
+        else mm_go<4, 64>(c, grid, smem, a, f16);
     } else {
-        if (gb == 32) mm_go<8, 32>(c->stream, grid, smem, a, f16);
-        else if (gb == 64) mm_go<8, 64>(c->stream, grid, smem, a, f16);
-        else mm_go<8, 128>(c->stream, grid, smem, a, f16);
+        if (gb == 32) mm_go<8, 32>(c, grid, smem, a, f16);
+        else if (gb == 64) mm_go<8, 64>(c, grid, smem, a, f16);
+        else mm_go<8, 128>(c, grid, smem, a, f16);
     }
     tern__cuda_check(c, "gemv_mma");
     tern__cuda_gemv_mma_calls++;
