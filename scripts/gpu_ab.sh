@@ -5,11 +5,14 @@
 # it against the default, interleaved (A, B, A, B) so the H200's drift cancels. Run after
 # `scripts/gpu_check.sh` has unpacked the prebuilt binaries (GPU_PREBUILT) and passed the op tests:
 #   OUT=/tmp/ab bash scripts/gpu_ab.sh      # logs + summary.txt under $OUT
-# Switches (docs/CUDA.md), written in session 10 without a GPU: TERN_CUDA_NORM_N=1 (Gemma 4's q, k, v head
-# norms in one launch), TERN_CUDA_NORM_ROPE=1 (those norms inside the rope + cache-store launch),
-# TERN_CUDA_NORM_RES=1 (Gemma 4's post-norm residual adds folded into the next
-# one-row GEMV) and TERN_CUDA_NORM_GEMM=1 (the pre-norm and the bf16 x of the many-row GEMMs in one
-# kernel). Make a switch the default only when it wins here and in the model runs.
+# Switches (docs/CUDA.md), written in session 10 without a GPU and timed here in session 11 (bench/NOTES.md
+# (t)): TERN_CUDA_NORM_N=1 (Gemma 4's q, k, v head norms in one launch; still off), TERN_CUDA_NORM_ROPE
+# (those norms inside the rope + cache-store launch; now default), TERN_CUDA_NORM_RES (Gemma 4's post-norm
+# residual adds folded into the next one-row GEMV; now default for gemv1, =1 also gemv_mma) and
+# TERN_CUDA_NORM_GEMM (the pre-norm and the bf16 x of the many-row GEMMs in one kernel; =2 default: from
+# 32 rows). Every value below is set explicitly, so the runs still compare all-off against each switch.
+# Keep this script as the template for the next opt-in switches: make one the default only when it wins
+# here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
 if [ -d .gpudeps/root ]; then
