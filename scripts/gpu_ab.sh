@@ -12,7 +12,7 @@
 # TERN_CUDA_NORM_GEMM (the pre-norm and the bf16 x of the many-row GEMMs in one kernel; =2 default: from
 # 32 rows). Every value below is set explicitly, so the runs still compare all-off against each switch.
 # Keep this script as the template for the next opt-in switches: make one the default only when it wins
-# here and in the model runs.
+# here and in the model runs. Section 3 (TERN_CUDA_AD_CLUSTER) is session 11's, not yet run.
 set -u
 cd "$(dirname "$0")/.."
 if [ -d .gpudeps/root ]; then
@@ -52,6 +52,20 @@ for rep in 1 2; do
         TERN_CUDA_NORM_GEMM=$v timeout 60 build/concurrency --random llama3-8b --device cuda --conc 16,64 --prompt 128 \
             --gen 128 --requests 2 --system 16 > "$OUT/normgemm_${v}_$rep.txt" 2>&1
         say "concurrency NORM_GEMM=$v rep $rep: $(grep '^csv,conc' "$OUT/normgemm_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+    done
+done
+
+# 3. decode attention: a row's splits as one thread-block cluster merged in shared memory
+#    (TERN_CUDA_AD_CLUSTER=N, written in session 11 without a GPU; op test cuda_attention_decode_cluster_bits)
+for rep in 1 2; do
+    for v in 0 8 16; do
+        TERN_CUDA_AD_CLUSTER=$v timeout 60 build/bench_cuda --attn-dec1 512 1 bf16 1 > "$OUT/adcl_k_${v}_$rep.txt" 2>&1
+        say "attn-dec1 512 keys AD_CLUSTER=$v rep $rep: $(grep '^csv' "$OUT/adcl_k_${v}_$rep.txt" | cut -d, -f2,3 | tail -1)"
+        for m in "llama3-8b" "llama3-8b --quant q4"; do
+            TERN_CUDA_AD_CLUSTER=$v timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 \
+                > "$OUT/adcl_${v}_$rep.txt" 2>&1
+            say "b1 $m AD_CLUSTER=$v rep $rep: $(grep '^csv,' "$OUT/adcl_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
+        done
     done
 done
 

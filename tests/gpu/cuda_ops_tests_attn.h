@@ -12,6 +12,7 @@
  * (g_gpu when NULL). */
 static tern_backend *g_attn;
 static int g_attn_bf16; /* 1: BF16 pages (--kv-quant bf16) instead of F32 */
+static float **g_attn_keep; /* non-NULL: attn_case leaves its GPU output there (the caller frees it) */
 static double attn_case(int nh, int nkv, int d, int window, float softcap, int bs, int nslots, const int *lens, int P,
                         int variant) {
     int maxlen = 0;
@@ -77,7 +78,9 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
     double rel = rel_or_nan(og, or_, qn);
     g_gpu->vt->free(g_gpu, kd); g_gpu->vt->free(g_gpu, vd); g_gpu->vt->free(g_gpu, btd); g_gpu->vt->free(g_gpu, qd);
     g_gpu->vt->free(g_gpu, od); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd);
-    free(bt); free(perm); free(kh); free(vh); free(pos); free(slot); free(q); free(or_); free(og);
+    free(bt); free(perm); free(kh); free(vh); free(pos); free(slot); free(q); free(or_);
+    if (g_attn_keep) *g_attn_keep = og;
+    else free(og);
     return rel;
 }
 
@@ -91,11 +94,16 @@ TEST(cuda_attention_prefill_decode) {
         {16, 4, 256, 0, 30.0f, 64, {1000, 2, 700}, 9},
     };
     extern unsigned long long tern__cuda_attn_decode_calls;
-    extern int tern__cuda_ad_mode, tern__cuda_ad_hsplit;
-    const int keep = tern__cuda_ad_mode, keep_hs = tern__cuda_ad_hsplit;
-    for (int mode = 0; mode <= 2; mode++) { /* the tile kernel, attn_decode.cu, and with its head split */
+    extern unsigned long long tern__cuda_attn_decode_cluster_calls;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_hsplit, tern__cuda_ad_cluster;
+    const int keep = tern__cuda_ad_mode, keep_hs = tern__cuda_ad_hsplit, keep_cl = tern__cuda_ad_cluster;
+    /* the tile kernel, attn_decode.cu, with its head split, and (3, 4) with the splits of a row merged
+     * in a thread-block cluster of at most 16 / 4 blocks (TERN_CUDA_AD_CLUSTER) */
+    for (int mode = 0; mode <= 4; mode++) {
+        const unsigned long long cc = tern__cuda_attn_decode_cluster_calls;
         tern__cuda_ad_mode = mode > 0;
-        tern__cuda_ad_hsplit = mode == 2;
+        tern__cuda_ad_hsplit = mode >= 2;
+        tern__cuda_ad_cluster = mode == 3 ? 16 : mode == 4 ? 4 : 0;
         for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
             for (int v = 0; v < 3; v++) {
                 const unsigned long long dc = tern__cuda_attn_decode_calls;
@@ -106,13 +114,54 @@ TEST(cuda_attention_prefill_decode) {
                 /* one decode row per slot goes to attn_decode.cu where G <= 8 (G <= 4 at d 512), any G
                  * with the head split */
                 const int G = C[c].nh / C[c].nkv, d = C[c].d;
-                const int dec = mode >= 1 && v == 1 && (mode == 2 || (G <= 8 && (d == 512 ? G <= 4 : d <= 256)));
+                const int dec = mode >= 1 && v == 1 && (mode >= 2 || (G <= 8 && (d == 512 ? G <= 4 : d <= 256)));
                 CHECK((tern__cuda_attn_decode_calls > dc) == dec, "case %zu variant %d mode %d: decode kernel ran %d, "
                       "expected %d", c, v, mode, tern__cuda_attn_decode_calls > dc, dec);
             }
+        CHECK((tern__cuda_attn_decode_cluster_calls > cc) == (mode >= 3), "mode %d: cluster launches %llu", mode,
+              tern__cuda_attn_decode_cluster_calls - cc);
     }
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_hsplit = keep_hs;
+    tern__cuda_ad_cluster = keep_cl;
+}
+
+/* The cluster merge (TERN_CUDA_AD_CLUSTER) does the global merge's arithmetic in the same order: with the
+ * same splits (short contexts plan <= 16) one decode row per slot gives the same bits either way, f32 and
+ * BF16 pages, d 128 and 512 (G 4 and 2 per block), a sliding window */
+TEST(cuda_attention_decode_cluster_bits) {
+    extern unsigned long long tern__cuda_attn_decode_cluster_calls;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_cluster;
+    static const struct { int nh, nkv, d, window, bs; int lens[3]; } C[] = {
+        {8, 2, 128, 0, 16, {300, 37, 129}}, {8, 4, 512, 0, 16, {150, 64, 17}}, {16, 4, 128, 100, 16, {400, 250, 90}},
+    };
+    const int keep = tern__cuda_ad_mode, keep_cl = tern__cuda_ad_cluster, keep_bf = g_attn_bf16;
+    tern__cuda_ad_mode = 1;
+    for (int bf = 0; bf < 2; bf++)
+        for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
+            float *o[2] = {NULL, NULL};
+            double rel[2];
+            const uint64_t seed = g_seed;
+            const unsigned long long cc = tern__cuda_attn_decode_cluster_calls;
+            g_attn_bf16 = bf;
+            for (int m = 0; m < 2; m++) {
+                g_seed = seed; /* the same cache and queries */
+                tern__cuda_ad_cluster = m ? 16 : 0;
+                g_attn_keep = &o[m];
+                rel[m] = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, 0.0f, C[c].bs, 3, C[c].lens, 0, 1);
+                g_attn_keep = NULL;
+            }
+            const size_t qn = (size_t)3 * C[c].nh * C[c].d;
+            printf("  err attention decode cluster case %zu bf16 %d: %.2e / %.2e\n", c, bf, rel[0], rel[1]);
+            CHECK(rel[1] <= 1e-5, "case %zu bf16 %d: rel %.2e", c, bf, rel[1]);
+            CHECK(tern__cuda_attn_decode_cluster_calls > cc, "case %zu bf16 %d: no cluster launch", c, bf);
+            CHECK(o[0] && o[1] && !memcmp(o[0], o[1], qn * sizeof(float)), "case %zu bf16 %d: cluster merge != global merge",
+                  c, bf);
+            free(o[0]); free(o[1]);
+        }
+    tern__cuda_ad_mode = keep;
+    tern__cuda_ad_cluster = keep_cl;
+    g_attn_bf16 = keep_bf;
 }
 
 TEST(cuda_route_topk) {

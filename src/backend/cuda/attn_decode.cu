@@ -23,6 +23,10 @@
  * c->ad_cnt, reset by that block) merges the splits in split order: one launch, deterministic.
  * A split's size adapts to the row: chunk = max(chmin, ceil(len / splits)) keys, so a graph planned
  * for the whole table runs ceil(len / chunk) live splits at a short context (the others exit at once).
+ * TERN_CUDA_AD_CLUSTER=N (opt-in, written in session 11 without a GPU): up to N splits of a (row, kv head)
+ * form one thread-block cluster and merge through distributed shared memory (ad_cluster_merge: the
+ * same arithmetic and order as the last-block merge, so the same bits; blocks past the live splits
+ * stay and contribute nothing).
  *
  * Visibility: keys lo..pos of the row (lo = pos - window + 1 for sliding layers), skipping
  * block-table entries < 0 — attention.cu's rule without spans (span steps stay there). f32 math with
@@ -36,9 +40,25 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 
+#include <cooperative_groups.h>
 #include <math.h>
 #include <stdlib.h>
 #include <type_traits>
+
+namespace cg = cooperative_groups;
+
+#define AD_CLMAX 16 /* splits per cluster (above 8: the non-portable size, allowed at open) */
+
+/* TERN_CUDA_AD_CLUSTER=N (2..16; 0 off, the default until an H200 A/B): a row's splits as one cluster of
+ * at most N blocks merged in shared memory (ad_cluster_merge); -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_cluster;
+int tern__cuda_ad_cluster = -1;
+extern "C" unsigned long long tern__cuda_attn_decode_cluster_calls; /* cluster launches (tests) */
+unsigned long long tern__cuda_attn_decode_cluster_calls = 0;
+static int ad_cluster(void) {
+    if (tern__cuda_ad_cluster < 0) tern__cuda_ad_cluster = tern__cuda_env_int("TERN_CUDA_AD_CLUSTER", 0);
+    return tern__cuda_ad_cluster < 2 ? 0 : tern__cuda_ad_cluster > AD_CLMAX ? AD_CLMAX : tern__cuda_ad_cluster;
+}
 
 /* TERN_CUDA_ATTN_DEC: 0 off, else on; -1 until read (tests set it) */
 extern "C" int tern__cuda_ad_mode;
@@ -91,6 +111,7 @@ struct AdArgs {
     int hs, GB; /* blocks per kv head (a group larger than the kernel's GM split in hs), heads per block */
     int region; /* floats before the record table in shared memory */
     int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
+    int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
     float scale, softcap;
 };
 
@@ -121,6 +142,53 @@ template <typename T, int EPL> __device__ __forceinline__ float ad_get(const AdR
     }
 }
 
+/* The merge of a cluster's splits (a.cl blocks along y, rank = split z), the same arithmetic in the same
+ * order as the last-block merge through global partials below, so the same bits: each block first sums
+ * its warps' P·V into red[h·D + i] (in place: only the thread of output (h, i) touches that slot), its
+ * (M, L) per head are in sml; after a cluster barrier every block computes the heads' weights
+ * e^{M_z - M} from all blocks' (M, L) in split order and writes its share of the outputs, Σ_z part·w / L,
+ * reading the other blocks' sums in their shared memory; a second barrier keeps that memory alive until
+ * every block has read it. No partials, fence or counter: one memory round trip less per split. */
+template <int GM>
+__device__ __forceinline__ void ad_cluster_merge(const AdArgs &a, float *red, float (*sml)[2], int r, size_t head0,
+                                                 int G, int D) {
+    __shared__ float cw[AD_CLMAX][GM], cL[GM];
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, i = idx % D;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < AD_WARPS; w++) v += red[((size_t)w * GM + h) * D + i];
+        red[(size_t)h * D + i] = v;
+    }
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    const int CS = a.cl, rank = (int)cl.block_rank();
+    if (threadIdx.x < G) { /* per head: M, each split's weight, L (split order) */
+        const int h = threadIdx.x;
+        float M = -INFINITY, L = 0.0f;
+        for (int zz = 0; zz < CS; zz++) M = fmaxf(M, cl.map_shared_rank(&sml[0][0], zz)[2 * h]);
+        for (int zz = 0; zz < CS; zz++) {
+            const float *o = cl.map_shared_rank(&sml[0][0], zz);
+            const float mz = o[2 * h];
+            const float c = M == -INFINITY || mz == -INFINITY ? 0.0f : expf(mz - M);
+            cw[zz][h] = c;
+            L += o[2 * h + 1] * c;
+        }
+        cL[h] = L;
+    }
+    __syncthreads();
+    const int tot = G * D, per = (tot + CS - 1) / CS, i0 = rank * per, i1 = min(tot, i0 + per);
+    for (int idx = i0 + threadIdx.x; idx < i1; idx += blockDim.x) {
+        const int h = idx / D, i = idx % D;
+        float v = 0.0f;
+#pragma unroll 16
+        for (int zz = 0; zz < CS; zz++) v += cl.map_shared_rank(red, zz)[(size_t)h * D + i] * cw[zz][h];
+        const float L = cL[h];
+        a.out[((size_t)r * a.nh + head0 + h) * D + i] = L > 0.0f ? v / L : 0.0f;
+    }
+    cl.sync();
+}
+
 template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     pdl_start();
     /* key groups per warp and iteration (as many more in flight): 16-bit rows take half the registers */
@@ -139,8 +207,10 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     const int len = pos >= 0 ? pos - lo + 1 : 0;
     const int chunk = max(a.chmin, (len + a.splits - 1) / a.splits);
     const int nact = len > 0 ? (len + chunk - 1) / chunk : 1;
-    if (z >= nact) return;
-    const int k0 = lo + z * chunk, k1 = min(lo + len, k0 + chunk), nk = k1 - k0;
+    const bool live = z < nact;
+    if (!live && a.cl <= 1) return;
+    /* a cluster's blocks past the live splits stay for the merge: no keys, (M, L) = (-inf, 0), sums 0 */
+    const int k0 = live ? lo + z * chunk : lo + len, k1 = live ? min(lo + len, k0 + chunk) : k0, nk = k1 - k0;
     const size_t kvs = (size_t)a.nkv * D;
     const T *kp = (const T *)a.kp + (size_t)g * D + li * EPL, *vp = (const T *)a.vp + (size_t)g * D + li * EPL;
     float *s = smd;
@@ -274,6 +344,10 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
             for (int e = 0; e < EPL; e++) red[((size_t)warp * GM + h) * D + li * EPL + e] = acc[h][e];
         }
     __syncthreads();
+    if (a.cl > 1) { /* the cluster's splits merge through distributed shared memory */
+        ad_cluster_merge<GM>(a, red, sml, r, head0, G, D);
+        return;
+    }
     const size_t nrow = (size_t)a.n * a.nh, mlo = (size_t)a.splits * nrow * D;
     for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
         const int h = idx / D, i = idx % D;
@@ -343,7 +417,9 @@ static size_t ad_smem_lim(const tern__cuda *c) {
 }
 
 template <typename T> static void ad_attr(int smem) {
-#define AD_A(E, G) cudaFuncSetAttribute(attn_dec_kernel<T, E, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
+#define AD_A(E, G)                                                                                        \
+    cudaFuncSetAttribute(attn_dec_kernel<T, E, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);    \
+    cudaFuncSetAttribute(attn_dec_kernel<T, E, G>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
     AD_A(8, 1); AD_A(8, 2); AD_A(8, 4); AD_A(8, 8); AD_A(16, 1); AD_A(16, 2); AD_A(16, 4);
 #undef AD_A
 }
@@ -359,11 +435,21 @@ extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
-template <typename T> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, int E, int GM, const AdArgs &a) {
+/* a.cl > 1: as a cluster of the a.cl splits; when that launch is refused (no room for the cluster), the
+ * same splits merged through global partials instead (the same bits) */
+template <typename T> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, int E, int GM, AdArgs a) {
     void (*k)(AdArgs) = nullptr;
 #define AD_K(EE, GG) if (E == EE && GM == GG) k = attn_dec_kernel<T, EE, GG>
     AD_K(8, 1); AD_K(8, 2); AD_K(8, 4); AD_K(8, 8); AD_K(16, 1); AD_K(16, 2); AD_K(16, 4);
 #undef AD_K
+    if (a.cl > 1) {
+        if (tern_launch_cluster(c->stream, k, grid, dim3(32 * AD_WARPS), smem, a.cl, a) == cudaSuccess) {
+            tern__cuda_attn_decode_cluster_calls++;
+            return;
+        }
+        cudaGetLastError();
+        a.cl = 0;
+    }
     tern_launch(c->stream, k, grid, 32 * AD_WARPS, smem, a);
 }
 
@@ -388,6 +474,13 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     int splits = tern__cuda_split_count(c, (long)n * nkv * hs, 2, 2, keys, chmin, 128, n, nh, d);
     const long need = (keys + AD_CHCAP - 1) / AD_CHCAP;
     if (splits < need) splits = (int)need;
+    /* TERN_CUDA_AD_CLUSTER=N (2..16): up to 2N planned splits run as at most N, one cluster */
+    const int clmax = ad_cluster();
+    int cl = 0;
+    if (clmax > 1 && splits > 1 && splits <= 2 * clmax && (keys + clmax - 1) / clmax <= AD_CHCAP) {
+        if (splits > clmax) splits = clmax;
+        cl = splits;
+    }
     if (splits > 128 || (splits > 1 && (size_t)splits * n * nh * (d + 2) > TERN_CUDA_PART_FLOATS)) return 0;
     const long ch = (keys + splits - 1) / splits;
     a.chmax = (int)(ch > chmin ? ch : chmin);
@@ -395,6 +488,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     static int vpre = -1;
     if (vpre < 0) vpre = tern__cuda_env_int("TERN_CUDA_AD_VPRE", 1) != 0;
     a.vpre = vpre;
+    a.cl = cl;
     size_t region = (size_t)GM * a.chmax;
     if (region < (size_t)AD_WARPS * GM * d) region = (size_t)AD_WARPS * GM * d;
     if (region < (size_t)2 * 128 * GM) region = (size_t)2 * 128 * GM;
