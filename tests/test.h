@@ -7,6 +7,7 @@
  *
  *   TEST(parses_header) { CHECK(x == 1, "x=%d", x); }
  *   int main(void) { RUN(parses_header); return test_done(); }
+ * TERN_TEST_ONLY=part,part runs only the tests whose names contain a part.
  */
 #ifndef TERN_TEST_H
 #define TERN_TEST_H
@@ -29,8 +30,27 @@ static int t_pass_, t_fail_, t_cur_fail_;
             fflush(stdout);                                                    \
         }                                                                      \
     } while (0)
+/* TERN_TEST_ONLY=a,b: run only the tests whose names contain one of the comma-separated parts (the
+ * others print nothing; for short GPU calls) */
+static inline int t_selected_(const char *name) {
+    const char *only = getenv("TERN_TEST_ONLY");
+    if (!only || !*only) return 1;
+    char part[128];
+    for (const char *p = only; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n > 0 && n < sizeof part) {
+            memcpy(part, p, n);
+            part[n] = 0;
+            if (strstr(name, part)) return 1;
+        }
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
 #define RUN(name)                                                              \
     do {                                                                       \
+        if (!t_selected_(#name)) break;                                        \
         t_cur_fail_ = 0;                                                       \
         name();                                                                \
         if (t_cur_fail_) { printf("FAIL: %s\n", #name); t_fail_++; }           \
