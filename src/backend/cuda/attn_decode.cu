@@ -72,18 +72,12 @@ unsigned long long tern__cuda_attn_decode_calls = 0;
 extern "C" int tern__cuda_ad_hsplit; /* -1 until read (tests set it) */
 int tern__cuda_ad_hsplit = -1;
 static int ad_hsplit(void) {
-    if (tern__cuda_ad_hsplit < 0) {
-        const char *e = getenv("TERN_CUDA_AD_HSPLIT");
-        tern__cuda_ad_hsplit = e && e[0] ? atoi(e) != 0 : 1;
-    }
+    if (tern__cuda_ad_hsplit < 0) tern__cuda_ad_hsplit = tern__cuda_env_int("TERN_CUDA_AD_HSPLIT", 1) != 0;
     return tern__cuda_ad_hsplit;
 }
 
 static int ad_mode(void) {
-    if (tern__cuda_ad_mode < 0) {
-        const char *v = getenv("TERN_CUDA_ATTN_DEC");
-        tern__cuda_ad_mode = v && v[0] ? atoi(v) : 1;
-    }
+    if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
 }
 
@@ -94,8 +88,7 @@ extern "C" int tern__cuda_ad_chmin;
 int tern__cuda_ad_chmin = -1;
 static int ad_chmin(void) {
     if (tern__cuda_ad_chmin < 0) {
-        const char *e = getenv("TERN_CUDA_AD_CHMIN");
-        const int v = e && e[0] ? atoi(e) : 32;
+        const int v = tern__cuda_env_int("TERN_CUDA_AD_CHMIN", 32);
         tern__cuda_ad_chmin = v < 16 ? 16 : v > 1024 ? 1024 : v;
     }
     return tern__cuda_ad_chmin;

@@ -174,10 +174,7 @@ template <int KIND> static int g1_blocks_per_sm(size_t smem) {
 }
 
 template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a) {
-    if (tern__cuda_g1_grid < 0) {
-        const char *e = getenv("TERN_CUDA_G1_GRID");
-        tern__cuda_g1_grid = e && e[0] ? atoi(e) != 0 : 1;
-    }
+    if (tern__cuda_g1_grid < 0) tern__cuda_g1_grid = tern__cuda_env_int("TERN_CUDA_G1_GRID", 1) != 0;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const long ntask = pair ? a.rows : (a.rows + G1_R - 1) / G1_R;
     const size_t smem = (size_t)a.in * sizeof(float);
@@ -198,10 +195,7 @@ template <int KIND> static void g1_allow() {
 extern "C" int tern__cuda_gemv1_on;
 int tern__cuda_gemv1_on = -1;
 static bool g1_enabled() {
-    if (tern__cuda_gemv1_on < 0) {
-        const char *e = getenv("TERN_CUDA_GEMV1");
-        tern__cuda_gemv1_on = !(e && e[0] == '0');
-    }
+    if (tern__cuda_gemv1_on < 0) tern__cuda_gemv1_on = tern__cuda_env_int("TERN_CUDA_GEMV1", 1) != 0;
     return tern__cuda_gemv1_on != 0;
 }
 
@@ -310,10 +304,7 @@ static int tern__cuda_norm_res_on(void) {
 /* TERN_CUDA_MM_NORM=0: formats of gemv_mma.cu (Q4) run rmsnorm as its own launch (A/B) */
 static int tern__cuda_mm_norm_on(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("TERN_CUDA_MM_NORM");
-        v = !(e && e[0] == '0');
-    }
+    if (v < 0) v = tern__cuda_env_int("TERN_CUDA_MM_NORM", 1) != 0;
     return v;
 }
 
@@ -480,8 +471,8 @@ static int gu_occupancy(int kind, int in) {
 int tern__cuda_moe_rt = -1; /* TERN_CUDA_MOE_RT, read once (-1); 0: the rule below; tests set it */
 static int gu_rows(const tern__cuda *c, int kind, int n, int I, int in, int k) {
     if (tern__cuda_moe_rt < 0) {
-        const char *e = getenv("TERN_CUDA_MOE_RT");
-        tern__cuda_moe_rt = e && atoi(e) > 0 ? atoi(e) : 0;
+        tern__cuda_moe_rt = tern__cuda_env_int("TERN_CUDA_MOE_RT", 0);
+        if (tern__cuda_moe_rt < 0) tern__cuda_moe_rt = 0;
     }
     const int force = tern__cuda_moe_rt;
     if (force >= 1) return force < 64 ? force : 64;

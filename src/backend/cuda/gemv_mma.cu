@@ -347,10 +347,7 @@ static int mm_chunks(const tern__cuda *c, int ks1, int tiles) {
 
 static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int *rows_out,
                    int *rblocks_out, int *ks_out, int *j_out) {
-    if (tern__cuda_gemv_mma_on < 0) {
-        const char *v = getenv("TERN_CUDA_GEMV_MMA");
-        tern__cuda_gemv_mma_on = v && v[0] ? atoi(v) : 1;
-    }
+    if (tern__cuda_gemv_mma_on < 0) tern__cuda_gemv_mma_on = tern__cuda_env_int("TERN_CUDA_GEMV_MMA", 1);
     if (!tern__cuda_gemv_mma_on || !c->mm_cnt || k < 1 || k > 3 || ((uintptr_t)x & 15)) return 0;
     const tern__cuda_w *w0 = w[0];
     if (w0->dtype != TERN_DT_Q || (w0->bits != 4 && (w0->bits != 8 || tern__cuda_gemv_mma_on < 2))) return 0;
@@ -437,10 +434,7 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     /* persistent over row blocks: about two resident blocks per SM in all (TERN_MM_GRID=0: one block
      * per row block); which block walks a row block never changes its bits */
     static int grid_mode = -1;
-    if (grid_mode < 0) {
-        const char *v = getenv("TERN_MM_GRID");
-        grid_mode = v && v[0] ? atoi(v) : 1;
-    }
+    if (grid_mode < 0) grid_mode = tern__cuda_env_int("TERN_MM_GRID", 1);
     int gx = rblocks;
     /* with many slices the walk's serial tail reductions cost more (4096x14336 q4: 38.5 us walking
      * vs 30.8 not; 14336x4096 26.6 vs 30.2; lm head 167.5 vs 219.2) */
