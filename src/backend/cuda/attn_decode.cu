@@ -135,6 +135,21 @@ template <typename T, int EPL> __device__ __forceinline__ float ad_get(const AdR
     }
 }
 
+/* A head's merge weights over nz splits in split order: M = max_z M_z, c_z = e^{M_z - M} (0 where either
+ * is -inf) handed to put(z, c_z), and the return L = Σ_z L_z·c_z; ml(z) gives (M_z, L_z) and is read before
+ * put(z, ·), so put may overwrite M_z in place. Both merges below use it: the same bits. */
+template <class ML, class PUT> __device__ __forceinline__ float ad_split_weights(ML ml, PUT put, int nz) {
+    float M = -INFINITY, L = 0.0f;
+    for (int zz = 0; zz < nz; zz++) M = fmaxf(M, ml(zz).x);
+    for (int zz = 0; zz < nz; zz++) {
+        const float2 v = ml(zz);
+        const float c = M == -INFINITY || v.x == -INFINITY ? 0.0f : expf(v.x - M);
+        put(zz, c);
+        L += v.y * c;
+    }
+    return L;
+}
+
 /* The merge of a cluster's splits (a.cl blocks along y, rank = split z), the same arithmetic in the same
  * order as the last-block merge through global partials below, so the same bits: each block first sums
  * its warps' P·V into red[h·D + i] (in place: only the thread of output (h, i) touches that slot), its
@@ -156,18 +171,14 @@ __device__ __forceinline__ void ad_cluster_merge(const AdArgs &a, float *red, fl
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();
     const int CS = a.cl, rank = (int)cl.block_rank();
-    if (threadIdx.x < G) { /* per head: M, each split's weight, L (split order) */
+    if (threadIdx.x < G) { /* per head: each split's weight and L (split order) */
         const int h = threadIdx.x;
-        float M = -INFINITY, L = 0.0f;
-        for (int zz = 0; zz < CS; zz++) M = fmaxf(M, cl.map_shared_rank(&sml[0][0], zz)[2 * h]);
-        for (int zz = 0; zz < CS; zz++) {
-            const float *o = cl.map_shared_rank(&sml[0][0], zz);
-            const float mz = o[2 * h];
-            const float c = M == -INFINITY || mz == -INFINITY ? 0.0f : expf(mz - M);
-            cw[zz][h] = c;
-            L += o[2 * h + 1] * c;
-        }
-        cL[h] = L;
+        cL[h] = ad_split_weights(
+            [&](int zz) {
+                const float *o = cl.map_shared_rank(&sml[0][0], zz);
+                return make_float2(o[2 * h], o[2 * h + 1]);
+            },
+            [&](int zz, float c) { cw[zz][h] = c; }, CS);
     }
     __syncthreads();
     const int tot = G * D, per = (tot + CS - 1) / CS, i0 = rank * per, i1 = min(tot, i0 + per);
@@ -376,17 +387,10 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
         ms[(zz * GM + h) * 2 + 1] = __ldcg(a.part + o + 1);
     }
     __syncthreads();
-    if (threadIdx.x < G) { /* per head: M, L, and each split's weight c_z / L (split order) */
+    if (threadIdx.x < G) { /* per head: each split's weight (in place of M_z) and L (split order) */
         const int h = threadIdx.x;
-        float M = -INFINITY, L = 0.0f;
-        for (int zz = 0; zz < nact; zz++) M = fmaxf(M, ms[(zz * GM + h) * 2]);
-        for (int zz = 0; zz < nact; zz++) {
-            const float mz = ms[(zz * GM + h) * 2];
-            const float c = M == -INFINITY || mz == -INFINITY ? 0.0f : expf(mz - M);
-            ms[(zz * GM + h) * 2] = c;
-            L += ms[(zz * GM + h) * 2 + 1] * c;
-        }
-        sml[h][1] = L;
+        sml[h][1] = ad_split_weights([&](int zz) { return make_float2(ms[(zz * GM + h) * 2], ms[(zz * GM + h) * 2 + 1]); },
+                                     [&](int zz, float c) { ms[(zz * GM + h) * 2] = c; }, nact);
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
