@@ -116,6 +116,21 @@ __device__ __forceinline__ float res_add(float y, float v, bool has_s, float s) 
     return has_s ? __fmul_rn(t, s) : t;
 }
 
+/* The staged-norm fields of a GEMV's arguments (gemv1's Gemv1Args, gemv_mma's MmArgs: the same names):
+ * xn != NULL stages rmsnorm(x)·nw and writes it to xn; res (norm_matmul's residual prologue) stages
+ * x' = (x + rmsnorm(h)·w)·s first and writes it to res->x_out (gemv_mma reads it only with xn) */
+template <class A> static inline void set_norm_args(A &a, const float *nw, float *xn, float eps, const tern_norm_res *res) {
+    a.nw = nw;
+    a.xn = xn;
+    a.eps = eps;
+    if (res) {
+        a.rh = res->h;
+        a.rw = res->w;
+        a.rs = res->s;
+        a.rxo = res->x_out;
+    }
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

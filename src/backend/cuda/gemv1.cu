@@ -226,15 +226,7 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
                                       int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                       const tern_norm_res *res) {
     Gemv1Args a = {};
-    if (res) {
-        a.rh = res->h;
-        a.rw = res->w;
-        a.rs = res->s;
-        a.rxo = res->x_out;
-    }
-    a.nw = nw;
-    a.xn = xn;
-    a.eps = eps;
+    set_norm_args(a, nw, xn, eps, res);
     a.nrm = xn != NULL;
     const tern__cuda_w *w0 = w[0];
     a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);

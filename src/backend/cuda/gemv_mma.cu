@@ -415,15 +415,7 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     a.ng = w0->in / gs;
     a.mode = mode;
     a.x = x;
-    a.nw = nw;
-    a.xn = xn;
-    a.eps = eps;
-    if (res && xn) {
-        a.rh = res->h;
-        a.rw = res->w;
-        a.rs = res->s;
-        a.rxo = res->x_out;
-    }
+    set_norm_args(a, nw, xn, eps, res);
     a.part = c->part;
     a.cnt = c->mm_cnt;
     a.magic = 0x43004300u;
