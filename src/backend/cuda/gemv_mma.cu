@@ -48,7 +48,7 @@ struct MmArgs {
     float *y[3];
     int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2]; pair = out[0] (outputs) */
     int in, ng, mode, ks;     /* ng groups per row, ks K slices (blockIdx.y) of J·S steps */
-    int J;                    /* chunks of S steps per K slice (1..MM_JMAX; a function of `in`) */
+    int J;                    /* chunks of S steps per K slice (1..MM_JMAX; mm_chunks) */
     int rblocks;              /* row blocks (128 rows; pair: 64 outputs); gridDim.x <= rblocks walk them */
     const float *x;
     const float *nw; /* pre-norm (ops.h norm_matmul, xn != NULL): x staged as rmsnorm(x)·nw; the */
@@ -290,8 +290,8 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
         tern__cuda_gemv_mma_fold = tern__cuda_env_int("TERN_CUDA_GEMV_FOLD", 2);
         if (tern__cuda_gemv_mma_fold < 0 || tern__cuda_gemv_mma_fold > 2) tern__cuda_gemv_mma_fold = 2;
     }
-    const bool fold = tern__cuda_gemv_mma_fold == 1 ||
-                      (tern__cuda_gemv_mma_fold == 2 && c->compute == TERN_COMPUTE_BF16 && !c->bf16_x2);
+    const bool fold = tern__cuda_gemv_mma_fold == 1 || (tern__cuda_gemv_mma_fold == 2 && c->compute == TERN_COMPUTE_BF16 &&
+                                                        !tern__cuda_bf16_split_all(c)); /* the plain bf16 mode */
     if constexpr (BITS == 4) {
         if (fold) {
             if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true>, grid, 256, smem, a);
@@ -322,16 +322,11 @@ extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
-/* The launch geometry of matrices w[0..k) for x in this mode: output units' rows (pair: outputs), row
- * blocks and K slices (of S steps: a function of `in` and the format only, so a row's bits do not
- * depend on how many rows or matrices share the launch — fused == separate ops, tensor-parallel row
- * splits == one GPU). Returns 0 for every case this kernel declines. */
 /* Chunks per K slice (TERN_MM_J=1..4 fixes it; read once, tests may set it). A slice of S steps is one
  * load of a warp's registers, so with one chunk a block staged x for a single short walk of each of
  * its row blocks (14336x4096: 28 slices, 896 blocks in 3.4 waves, ncu 22 % occupancy). Longer slices
- * amortise that, but leave fewer warps (row tiles x slices) for small
- * matrices: J = 4 drops while those would fall under 12 per SM. H200 (NOTES (t)), µs J = 1 / 2 / 4: 4096x4096
- * 8.5 / 10.8 / 17.0, 14336x4096 21.2 / 19.0 / 18.9, 4096x14336 26.2 / 22.8 / 19.8, 128256x4096 155.9 /
+ * amortise that, but leave fewer warps (row tiles x slices) for small matrices: J = 4 drops while those
+ * would fall under 12 per SM. H200 (NOTES (t)), µs J = 1 / 2 / 4: 4096x4096 8.5 / 10.8 / 17.0, 14336x4096 21.2 / 19.0 / 18.9, 4096x14336 26.2 / 22.8 / 19.8, 128256x4096 155.9 /
  * 132.7 / 128.8. A row's bits depend on its slices, so on J: separate and fused ops of one `in` agree
  * bitwise while both keep the same J (small ones: J = 1), and tensor-parallel halves may not. */
 extern "C" int tern__cuda_mm_j;
@@ -345,6 +340,10 @@ static int mm_chunks(const tern__cuda *c, int ks1, int tiles) {
     return j < 1 ? 1 : j;
 }
 
+/* The launch geometry of matrices w[0..k) for x in this mode: output units' rows (pair: outputs), row
+ * blocks, K slices and their chunks (J·S steps; mm_chunks: a function of `in`, the format and, for
+ * small matrices, the row count — see there for what stays bitwise). Returns 0 for every case this
+ * kernel declines. */
 static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int *rows_out,
                    int *rblocks_out, int *ks_out, int *j_out) {
     if (tern__cuda_gemv_mma_on < 0) tern__cuda_gemv_mma_on = tern__cuda_env_int("TERN_CUDA_GEMV_MMA", 1);
