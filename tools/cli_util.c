@@ -58,7 +58,7 @@ int cli_common_flag(cli_common *c, int argc, char **argv, int *i) {
         if (v && !strcmp(v, "f32")) c->compute = TERN_COMPUTE_F32;
         else if (v && !strcmp(v, "bf16")) c->compute = TERN_COMPUTE_BF16;
         else if (v && !strcmp(v, "bf16x2")) c->compute = TERN_COMPUTE_BF16X2; /* CUDA: f32-accurate GEMM inputs */
-        else if (v && !strcmp(v, "int8")) c->compute = TERN_COMPUTE_INT8; /* CPU: int8 x for Q8/Q4 matmuls */
+        else if (v && !strcmp(v, "int8")) c->compute = TERN_COMPUTE_INT8; /* int8 x for Q8/Q4 matmuls (CUDA: Q4 GEMVs) */
         else { cli_usage_error(argv[0], "--compute expects f32, bf16, bf16x2 or int8, got '%s'", v ? v : ""); return -1; }
     } else if (!strcmp(a, "--threads")) {
         if (cli_int(argv[0], a, v, 0, 1024, &x)) return -1;
@@ -146,7 +146,7 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
     int ranks = c->gpus > 0 ? c->gpus : tern_tp_env();
     if (ranks > 1) { /* tensor parallel (model/tp.h): GPUs 0..ranks-1, or CPU ranks with --device cpu */
         tern_tp_opts to = {.n = ranks, .cuda = strcmp(dev, "cpu") != 0, .n_threads = c->threads, .compute = c->compute};
-        if (to.cuda && (to.compute == TERN_COMPUTE_INT8 || !c->compute_set)) to.compute = TERN_COMPUTE_BF16;
+        if (to.cuda && !c->compute_set) to.compute = TERN_COMPUTE_BF16;
         st = tern_tp_open(&s->tp, &to, &e);
         if (st && !strcmp(dev, "auto")) {
             tern_log(TERN_LOG_INFO, "%s; %d CPU ranks instead", e.msg, ranks);
@@ -160,10 +160,6 @@ int cli_open(const cli_common *c, int n_slots, cli_session *s) {
     if (!s->be && (!strcmp(dev, "cuda") || !strcmp(dev, "auto"))) {
         tern_backend_opts go = bo;
         if (!c->compute_set) go.compute = TERN_COMPUTE_BF16; /* the GPU's default */
-        if (go.compute == TERN_COMPUTE_INT8) { /* a CPU mode; its GPU counterpart is bf16 */
-            go.compute = TERN_COMPUTE_BF16;
-            if (!strcmp(dev, "cuda")) tern_log(TERN_LOG_INFO, "--compute int8 is a CPU mode; CUDA runs bf16");
-        }
         st = tern_backend_cuda_open(&s->be, &go, &e);
         if (st && !strcmp(dev, "cuda")) return cli_fail("open", &e);
     }

@@ -84,7 +84,7 @@ int tern_cmd_bench(int argc, char **argv) {
     printf("model %s (%s), backend %s%s%s, compute %s, weights read per token %.1f MB\n", c.model,
            tern_arch_name(cfg->arch), tern_model_backend(s.model)->vt->name, on_cpu ? ", isa " : "",
            on_cpu ? tern_cpu_isa_name() : "",
-           comp == TERN_COMPUTE_INT8 ? "int8"
+           comp == TERN_COMPUTE_INT8 || (c.compute_set && c.compute == TERN_COMPUTE_INT8 && !on_cpu) ? "int8"
            : comp != TERN_COMPUTE_BF16 ? "f32"
            : c.compute_set && c.compute == TERN_COMPUTE_BF16X2 && !on_cpu ? "bf16x2" : "bf16",
            ms.bytes_per_token / 1e6);

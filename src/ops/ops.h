@@ -408,9 +408,9 @@ typedef struct tern_glm_ops {
 enum { TERN_ROUTE_SOFTMAX_TOPK = 0 };
 enum { TERN_ACT_GELU_TANH = 0, TERN_ACT_SILU = 1 };
 
-/* INT8 (CPU only): f32 like TERN_COMPUTE_F32 except that Q8/Q4 matmuls quantize x per weight
- * group to int8 (VNNI dot products; bound in src/backend/cpu/gemv_avx512.c). The CUDA
- * backend has no such mode: the CLI runs it there as BF16.
+/* INT8 (CPU): f32 like TERN_COMPUTE_F32 except that Q8/Q4 matmuls quantize x per weight
+ * group to int8 (VNNI dot products; bound in src/backend/cpu/gemv_avx512.c). CUDA: the BF16 mode
+ * (be->compute reports BF16) whose Q4 one-row GEMVs quantize x the same way (gemv_mma.cu XI8).
  * BF16 (CUDA): the matmuls' tensor-core GEMMs take x rounded to bf16, like every engine's bf16
  * mode (weights flagged tern_tensor.precise excepted); residual stream, norms, softmax in f32.
  * BF16X2 (CUDA, `--compute bf16x2`): x enters those GEMMs as a pair of bf16 (x = hi + lo), so the

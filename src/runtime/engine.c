@@ -93,8 +93,10 @@ static tern_status open_backend(tern_engine *e, const tern_engine_opts *o, tern_
     if (strcmp(dev, "cpu") && strcmp(dev, "cuda") && strcmp(dev, "auto"))
         return tern_err(err, TERN_EINVAL, "engine opts.device: expected cpu, cuda or auto, got '%s'", dev);
     /* compute_bf16 < 0: bf16 where a GPU runs the model, f32 where the CPU does */
-    const tern_compute gpu_c = o->compute_bf16 == 2 ? TERN_COMPUTE_BF16X2
-                               : o->compute_bf16 ? TERN_COMPUTE_BF16 : TERN_COMPUTE_F32; /* 3 (int8): bf16 */
+    const tern_compute gpu_c = o->compute_bf16 == 2   ? TERN_COMPUTE_BF16X2
+                               : o->compute_bf16 == 3 ? TERN_COMPUTE_INT8 /* CUDA: bf16 + int8 x in Q4 GEMVs */
+                               : o->compute_bf16      ? TERN_COMPUTE_BF16
+                                                      : TERN_COMPUTE_F32;
     const tern_compute cpu_c = o->compute_bf16 < 0 ? TERN_COMPUTE_F32
                                : o->compute_bf16 == 3 ? TERN_COMPUTE_INT8 : gpu_c;
     tern_backend_opts bo = {.n_threads = o->n_threads, .device = 0, .compute = gpu_c};
@@ -241,7 +243,9 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     tern_log(TERN_LOG_INFO, "engine: backend %s, compute %s", e->be->vt->name,
              e->be->compute == TERN_COMPUTE_INT8 ? "int8"
              : e->be->compute != TERN_COMPUTE_BF16 ? "f32"
-             : o.compute_bf16 == 2 && e->be->device >= 0 ? "bf16x2" : "bf16");
+             : o.compute_bf16 == 2 && e->be->device >= 0 ? "bf16x2"
+             : o.compute_bf16 == 3 && e->be->device >= 0 ? "int8"
+                                                          : "bf16");
     tern_model_opts mo = {.max_batch = o.max_batch_tokens, .expert_trace = o.expert_trace,
                           .expert_cache_bytes = (size_t)(o.expert_cache_gb * 1073741824.0), .no_mmap = o.no_mmap};
     if (!is_random && o.model && strcmp(o.model, "demo"))

@@ -127,6 +127,7 @@ static const char *fmt_name(const tern_tensor *t, char *buf, size_t n) {
 }
 
 /* Compare matmul (e < 0) or matmul_expert on n rows; returns rel error. */
+static int g_x_bf16; /* check_matmul's x rounded to bf16 first */
 static double check_matmul(tern_backend *gpu, const hw *h, int n, int e) {
     tern_tensor tr = h->t, tg = h->t;
     tern_error err = {0};
@@ -136,6 +137,13 @@ static double check_matmul(tern_backend *gpu, const hw *h, int n, int e) {
     }
     int out = (int)h->t.shape[h->t.ndim - 2], in = (int)h->t.shape[h->t.ndim - 1];
     float *x = rnd((size_t)n * in, 1.0f), *yr = malloc((size_t)n * out * sizeof *yr);
+    if (g_x_bf16) /* x exact in bf16 (round to nearest even): kernels that round x to bf16 stay exact */
+        for (size_t i = 0; i < (size_t)n * in; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], 4);
+            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+            memcpy(&x[i], &u, 4);
+        }
     void *xd = to_gpu(x, (size_t)n * in * sizeof *x), *yd = nan_buf(gpu, (size_t)n * out);
     if (e < 0) {
         g_ref->vt->matmul(g_ref, yr, x, n, &tr);

@@ -9,8 +9,8 @@
  */
 
 extern unsigned long long tern__cuda_gemv_mma_calls;
-extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold,
-    tern__cuda_pdl_on, tern__cuda_mm_j;
+extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold, tern__cuda_gemv_mma_xp1,
+    tern__cuda_pdl_on, tern__cuda_mm_j, tern__cuda_gemv_ring;
 
 /* every shape with the chunks per K slice as planned (J = 0: up to 4, fewer for small matrices), one
  * (the old walk) and three (a short last chunk at in = 3840 and 14336, a short last slice) */
@@ -88,9 +88,12 @@ TEST(cuda_gemv_mma_glu_walk) {
 TEST(cuda_gemv_mma_pp_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_pp_bits", "not built"); return; }
-    const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_pdl_on;
-    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16}};
+    const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_pdl_on, keep_xp = tern__cuda_gemv_mma_xp1,
+              keep_ring = tern__cuda_gemv_ring;
+    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
+                                                          {32, TERN_DT_BF16}};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}};
+    for (int xp = 0; xp < 2; xp++) /* the exact kernel, then XP1 */
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
             const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
@@ -104,11 +107,14 @@ TEST(cuda_gemv_mma_pp_bits) {
             }
             char nm[64];
             fmt_name(&h[0].t, nm, sizeof nm);
-            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[3][5];
+            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[4][5];
+            const int nv = xp ? 4 : 3;
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
-            for (int v = 0; v < 3; v++) { /* 0 plain, 1 two sets, 2 programmatic launch */
+            tern__cuda_gemv_mma_xp1 = xp;
+            for (int v = 0; v < nv; v++) { /* 0 plain, 1 two sets, 2 programmatic launch, 3 XP1's ring */
                 tern__cuda_gemv_mma_pp = v == 1;
                 tern__cuda_pdl_on = v == 2;
+                tern__cuda_gemv_ring = v == 3;
                 float *ys[3] = {(float *)yd, (float *)yd + out, (float *)yd + 2 * out};
                 const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
                 g->vt->matmul(g, yd, xd, 1, &t[0]);
@@ -125,10 +131,10 @@ TEST(cuda_gemv_mma_pp_bits) {
             }
             static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
             for (int k = 0; k < 5; k++) {
-                for (int v = 1; v < 3; v++)
-                    CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s: %s != plain launch", nm, out,
-                          in, what[k], v == 1 ? "two-set walk" : "programmatic launch");
-                free(res[0][k]); free(res[1][k]); free(res[2][k]);
+                for (int v = 1; v < nv; v++)
+                    CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s xp1 %d: %s != plain launch", nm,
+                          out, in, what[k], xp, v == 1 ? "two-set walk" : v == 2 ? "programmatic launch" : "ring");
+                for (int v = 0; v < nv; v++) free(res[v][k]);
             }
             for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
             g->vt->free(g, xd); g->vt->free(g, yd);
@@ -136,6 +142,8 @@ TEST(cuda_gemv_mma_pp_bits) {
         }
     tern__cuda_gemv_mma_pp = keep;
     tern__cuda_pdl_on = keep_pdl;
+    tern__cuda_gemv_mma_xp1 = keep_xp;
+    tern__cuda_gemv_ring = keep_ring;
 }
 
 /* TERN_CUDA_GEMV_FOLD (Q4: pairs left at 128 + nibble, 128 folded into the bias): not the same bits,
@@ -162,7 +170,81 @@ TEST(cuda_gemv_mma_fold) {
     tern__cuda_gemv_mma_fold = keep;
 }
 
+/* TERN_CUDA_GEMV_XP1 (Q4, default in the plain bf16 mode: x rounded to bf16, one MMA column per group,
+ * a chunk's groups folded once): with x exact in bf16 its products are exact and it sums in f32, so
+ * against cpu-ref within 1e-5 like the exact kernel; every group size and scale type, J auto / 1 / 3
+ * (short last chunks at in = 3840 and 14336), split K, several row blocks per block */
+TEST(cuda_gemv_mma_xp1) {
+    const int keep = tern__cuda_gemv_mma_xp1, keep_j = tern__cuda_mm_j;
+    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
+                                                          {64, TERN_DT_F16}, {32, TERN_DT_BF16}};
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {777, 3840}, {4099, 2048}};
+    static const int js[] = {0, 1, 3};
+    const int keep_ring = tern__cuda_gemv_ring;
+    tern__cuda_gemv_mma_xp1 = 1;
+    g_x_bf16 = 1;
+    for (int ring = 0; ring < 2; ring++) /* the register walk, then gemv_ring.cu for every shape */
+    for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
+        for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
+            for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+                tern__cuda_mm_j = js[jj];
+                tern__cuda_gemv_ring = ring;
+                hw h = make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
+                char nm[64];
+                fmt_name(&h.t, nm, sizeof nm);
+                const unsigned long long calls = tern__cuda_gemv_mma_calls;
+                const double rel = check_matmul(g_gpu, &h, 1, -1);
+                printf("  err %-16s %dx%d n=1 mma xp1 ring %d J %d %.2e\n", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
+                CHECK(rel <= 1e-5, "%s %dx%d ring %d J %d: xp1 rel %.3e", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
+                CHECK(tern__cuda_gemv_mma_calls > calls, "%s: the tensor-core GEMV did not run", nm);
+                free_w(&h);
+            }
+    g_x_bf16 = 0;
+    tern__cuda_gemv_ring = keep_ring;
+    tern__cuda_gemv_mma_xp1 = keep;
+    tern__cuda_mm_j = keep_j;
+}
+
+/* The int8 mode (a backend opened with TERN_COMPUTE_INT8: Q4 one-row GEMVs quantize x per group, the
+ * CPU int8 kernels' rule, gemv_mma.cu XI8) against cpu-ref: every group size and scale type, J auto /
+ * 1 / 3, split K, several row blocks per block. The CPU's bound is ½ Σ_g d_g·Σ|s|·|q − 8| per output
+ * (held per output by the CPU's test). Here x is uniform in [-1, 1], so d_g ≈ 1/127 and the x error
+ * (uniform ±d/2) alone gives ~4e-3 relative L2 (H200, session 12: worst 4.87e-3 over these cases);
+ * held as rel L2 <= 1e-2. */
+TEST(cuda_gemv_mma_i8) {
+    tern_backend *g8 = NULL;
+    tern_error err = {0};
+    tern_backend_opts o = {.compute = TERN_COMPUTE_INT8};
+    if (tern_backend_cuda_open(&g8, &o, &err) != TERN_OK) { SKIP("cuda_gemv_mma_i8", err.msg); return; }
+    CHECK(g8->compute == TERN_COMPUTE_BF16, "an int8 backend reports the bf16 mode, got %d", (int)g8->compute);
+    const int keep_j = tern__cuda_mm_j;
+    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
+                                                          {32, TERN_DT_BF16}};
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {777, 3840}};
+    static const int js[] = {0, 1, 3};
+    double worst = 0;
+    for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
+        for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
+            for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+                tern__cuda_mm_j = js[jj];
+                hw h = make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
+                char nm[64];
+                fmt_name(&h.t, nm, sizeof nm);
+                const unsigned long long calls = tern__cuda_gemv_mma_calls;
+                const double rel = check_matmul(g8, &h, 1, -1);
+                if (!(rel <= worst)) worst = rel;
+                CHECK(rel <= 1e-2, "%s %dx%d J %d: int8 rel %.3e", nm, shapes[s][0], shapes[s][1], js[jj], rel);
+                CHECK(tern__cuda_gemv_mma_calls > calls, "%s: the tensor-core GEMV did not run", nm);
+                free_w(&h);
+            }
+    printf("  err int8 Q4 GEMV, worst rel L2 %.2e\n", worst);
+    tern__cuda_mm_j = keep_j;
+    g8->vt->close(g8);
+}
+
 static void cuda_mma_tests(void) {
+    RUN(cuda_gemv_mma_i8);
+    RUN(cuda_gemv_mma_xp1);
     RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);

@@ -23,7 +23,7 @@
  * c->ad_cnt, reset by that block) merges the splits in split order: one launch, deterministic.
  * A split's size adapts to the row: chunk = max(chmin, ceil(len / splits)) keys, so a graph planned
  * for the whole table runs ceil(len / chunk) live splits at a short context (the others exit at once).
- * TERN_CUDA_AD_CLUSTER=N (opt-in, written in session 11 without a GPU): up to N splits of a (row, kv head)
+ * TERN_CUDA_AD_CLUSTER=N (default 16 since session 12; 0 off): up to N splits of a (row, kv head)
  * form one thread-block cluster and merge through distributed shared memory (ad_cluster_merge: the
  * same arithmetic and order as the last-block merge, so the same bits; blocks past the live splits
  * stay and contribute nothing).
@@ -48,15 +48,19 @@
 namespace cg = cooperative_groups;
 
 #define AD_CLMAX 16 /* splits per cluster (above 8: the non-portable size, allowed at open) */
+#define AD_CLROWS 4 /* clusters for launches of at most this many rows (H200, session 12: llama3-8b bf16
+                     * 8 sequences 1150.0 → 1141.0 dec tok/s with clusters, 64: 8908 → 8904) */
 
-/* TERN_CUDA_AD_CLUSTER=N (2..16; 0 off, the default until an H200 A/B): a row's splits as one cluster of
- * at most N blocks merged in shared memory (ad_cluster_merge); -1 until read (tests set it) */
+/* TERN_CUDA_AD_CLUSTER=N (2..16, default 16; 0 off): a row's splits as one cluster of at most N blocks
+ * merged in shared memory (ad_cluster_merge); -1 until read (tests set it). H200, session 12, 512 keys
+ * (bench/NOTES.md (u)): one row 14.2 / 14.3 µs (off) → 12.6 / 12.8 (8), 13.0 / 13.1 (16); llama3-8b b1
+ * bf16 213.1 / 214.1 → 215.8 / 216.5 tok/s (16; 8: 213.3 / 213.9), q4 306.1 / 305.7 → 312.1 / 310.8 */
 extern "C" int tern__cuda_ad_cluster;
 int tern__cuda_ad_cluster = -1;
 extern "C" unsigned long long tern__cuda_attn_decode_cluster_calls; /* cluster launches (tests) */
 unsigned long long tern__cuda_attn_decode_cluster_calls = 0;
 static int ad_cluster(void) {
-    if (tern__cuda_ad_cluster < 0) tern__cuda_ad_cluster = tern__cuda_env_int("TERN_CUDA_AD_CLUSTER", 0);
+    if (tern__cuda_ad_cluster < 0) tern__cuda_ad_cluster = tern__cuda_env_int("TERN_CUDA_AD_CLUSTER", 16);
     return tern__cuda_ad_cluster < 2 ? 0 : tern__cuda_ad_cluster > AD_CLMAX ? AD_CLMAX : tern__cuda_ad_cluster;
 }
 
@@ -474,7 +478,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     /* TERN_CUDA_AD_CLUSTER=N (2..16): up to 2N planned splits run as at most N, one cluster */
     const int clmax = ad_cluster();
     int cl = 0;
-    if (clmax > 1 && splits > 1 && splits <= 2 * clmax && (keys + clmax - 1) / clmax <= AD_CHCAP) {
+    if (clmax > 1 && n <= AD_CLROWS && splits > 1 && splits <= 2 * clmax && (keys + clmax - 1) / clmax <= AD_CHCAP) {
         if (splits > clmax) splits = clmax;
         cl = splits;
     }

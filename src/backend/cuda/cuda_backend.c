@@ -574,6 +574,8 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
     c->bf16_x2 = be->compute == TERN_COMPUTE_BF16X2; /* the model and the kernels see one bf16 mode */
     if (c->bf16_x2) be->compute = TERN_COMPUTE_BF16;
+    c->i8 = be->compute == TERN_COMPUTE_INT8; /* the bf16 mode, with int8 x in the Q4 one-row GEMVs (gemv_mma.cu) */
+    if (c->i8) be->compute = TERN_COMPUTE_BF16;
     be->impl = c;
     c->device = dev;
     c->compute = be->compute;

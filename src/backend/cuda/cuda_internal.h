@@ -35,6 +35,7 @@ typedef struct tern__cuda {
     int device;
     tern_compute compute;
     int bf16_x2;                 /* opened with TERN_COMPUTE_BF16X2 (compute is then BF16): GEMM x as a bf16 pair */
+    int i8;                      /* opened with TERN_COMPUTE_INT8 (compute is then BF16): Q4 one-row GEMVs take int8 x */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *lt_ws;

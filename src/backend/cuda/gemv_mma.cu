@@ -5,8 +5,8 @@
  * issue- and latency-bound). This one's SASS (ncu source counters, 14336x4096, bench/NOTES.md (m)) ran
  * 1072 instructions per row block and warp, 4.2 per code: the decode's and-or took two LOP3s (now
  * one: 4 LOP3 + 3 SHF + 4 HADD2 per 8 codes) and ~200 register moves copy the next row block's words
- * into the current ones (TERN_CUDA_GEMV_PP=1 walks with two register sets instead; opt-in, it
- * spills at 128 registers). In the bf16 compute mode FOLD skips the subtraction (see mm_decode, mm_go).
+ * into the current ones (TERN_CUDA_GEMV_PP walks with two register sets instead: default for the
+ * XP1 / XI8 walks, which fit; the exact kernel spills at 128 registers). In the bf16 compute mode FOLD skips the subtraction (see mm_decode, mm_go).
  *
  *   y[r] = Σ_G s[r,G]·(Σ_{k∈G} q[r,k]·x[k]) + b[r,G]·Σ_{k∈G} x[k]
  *
@@ -31,111 +31,19 @@
  * summed by the last slice block of a row block in fixed order (counter per row block, reset by that
  * block; one fence per block): deterministic and graph-capturable. Modes as gemv.cu's gemv1: up to three matrices sharing `in` (q|k|v),
  * act(gate)·up, y += W·x. A probe kernel at the end times the load pattern alone (bench_cuda).
- * The device pieces (decode, split, staging, one step) are in gemv_mma.cuh, shared with moe_mma.cu.
+ * Per compute mode (Q4): f32 / bf16x2 the exact split above; plain bf16 XP1 (x rounded to bf16, one MMA
+ * column per group, a chunk's 4 steps in one tile folded once, FOLD's bias, two register sets: PP);
+ * int8 (--compute int8) XI8 (XP1's walk with x quantized per group, u8·s8 MMAs, the CPU int8 bound).
+ * The device pieces (decode, split, staging, one step) are in gemv_mma.cuh, shared with moe_mma.cu;
+ * what the dense walks share (arguments, rows, staging with the pre-norm, split-K) in gemv_mma_args.cuh;
+ * gemv_ring.cu is XP1's walk with a shared-memory ring instead of registers (opt-in, slower).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemv_mma.cuh"
+#include "backend/cuda/gemv_mma_args.cuh"
 
 #include <stdlib.h>
-
-#define MM_WARPS 8
-#define MM_MINE 64   /* row blocks one block may walk (split K: it may have to reduce each) */
-#define MM_JMAX 4    /* chunks of S steps per K slice */
-
-struct MmArgs {
-    const uint8_t *data[3], *scales[3], *biases[3];
-    float *y[3];
-    int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2]; pair = out[0] (outputs) */
-    int in, ng, mode, ks;     /* ng groups per row, ks K slices (blockIdx.y) of J·S steps */
-    int J;                    /* chunks of S steps per K slice (1..MM_JMAX; mm_chunks) */
-    int rblocks;              /* row blocks (128 rows; pair: 64 outputs); gridDim.x <= rblocks walk them */
-    const float *x;
-    const float *nw; /* pre-norm (ops.h norm_matmul, xn != NULL): x staged as rmsnorm(x)·nw; the */
-    float *xn;       /* blocks of blockIdx.x 0 write their slice of it to xn */
-    float eps;
-    const float *rh, *rw, *rs; /* with xn, norm_matmul's res: the pre-norm is of x' = (x + rmsnorm(rh)·rw)·rs, */
-    float *rxo;                /* whose slices blocks of blockIdx.x 0 write to rxo */
-    float *part; /* [ks][units] partials (pair: 2 per output) */
-    int *cnt;
-    uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
-};
-
-/* the final value of one output unit (row of the concatenated matrices, or a pair output) */
-__device__ __forceinline__ void mm_store(const MmArgs &a, int unit, float v, float up) {
-    if (a.mode == G1_SILU || a.mode == G1_GELU) {
-        a.y[0][unit] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * up; /* as gemv1 */
-        return;
-    }
-    int m = 0;
-    while (m < a.nm - 1 && unit >= a.out[m]) unit -= a.out[m++];
-    float *yp = a.y[m] + unit;
-    *yp = a.mode == G1_RES ? *yp + v : v;
-}
-
-/* a lane's two rows of warp tile `tile`: units (row of the concatenated matrices, or pair output),
- * liveness, and the addresses of its bytes, scales and biases */
-struct MmRows {
-    const uint8_t *w0, *w1;
-    const uint16_t *s0, *b0, *s1, *b1;
-    int unit0, unit1;
-    bool live0, live1;
-};
-
-__device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t, size_t rb, bool pair, MmRows &r) {
-    int unit[2], mat[2], lrow[2];
-    bool live[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int u = pair ? tile * 8 + g : tile * 16 + g + 8 * h, m = pair ? h : 0;
-        live[h] = u < a.rows;
-        unit[h] = u;
-        if (!live[h]) u = 0, m = 0; /* clamp: recompute a valid row, never written */
-        if (!pair)
-            while (m < a.nm - 1 && u >= a.out[m]) u -= a.out[m++];
-        mat[h] = m;
-        lrow[h] = u;
-    }
-    r.w0 = a.data[mat[0]] + (size_t)lrow[0] * rb + t * 16;
-    r.w1 = a.data[mat[1]] + (size_t)lrow[1] * rb + t * 16;
-    r.s0 = (const uint16_t *)a.scales[mat[0]] + (size_t)lrow[0] * a.ng;
-    r.b0 = (const uint16_t *)a.biases[mat[0]] + (size_t)lrow[0] * a.ng;
-    r.s1 = (const uint16_t *)a.scales[mat[1]] + (size_t)lrow[1] * a.ng;
-    r.b1 = (const uint16_t *)a.biases[mat[1]] + (size_t)lrow[1] * a.ng;
-    r.unit0 = unit[0]; r.unit1 = unit[1];
-    r.live0 = live[0]; r.live1 = live[1];
-}
-
-/* split K: the block's partials are out (one fence); the last slice block of a row block sums its
- * slices in order */
-__device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int units, int *mine, int *nmine) {
-    __threadfence();
-    if (threadIdx.x == 0) *nmine = 0;
-    __syncthreads();
-    for (int q = blockIdx.x + threadIdx.x * gridDim.x; q < a.rblocks; q += blockDim.x * gridDim.x)
-        if (atomicAdd(a.cnt + q, 1) == a.ks - 1) mine[atomicAdd(nmine, 1)] = q;
-    __syncthreads();
-    __threadfence();
-    const int per = pair ? 64 : 128;
-    for (int k = 0; k < *nmine; k++) {
-        const int q = mine[k], u0 = q * per;
-        for (int i = threadIdx.x; i < per; i += blockDim.x) {
-            const int u = u0 + i;
-            if (u >= a.rows) break;
-            float v = 0.f, up = 0.f;
-            /* L2 loads (other blocks' partials), several in flight: a volatile load per slice waited
-             * ~L2 latency each (28 slices at in = 14336); the sum keeps the slice order */
-#pragma unroll 4
-            for (int s = 0; s < a.ks; s++) {
-                const float *qq = a.part + (size_t)s * units;
-                if (pair) { v += __ldcg(qq + 2 * u); up += __ldcg(qq + 2 * u + 1); }
-                else v += __ldcg(qq + u);
-            }
-            mm_store(a, u, v, up);
-        }
-        if (threadIdx.x == 0) a.cnt[q] = 0;
-    }
-}
 
 /* Step = 64 bytes of each of the warp's 16 rows (lane t: bytes 16t..16t+15, one 128-bit load per
  * row); a K slice = S steps. A step holds GPS scale groups (GB bytes each; GB = 128: a group spans two
@@ -144,8 +52,9 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
  * group's scale. A block stages x for its slice once and then walks row blocks blockIdx.x,
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
-template <int BITS, int GB, bool F16S, bool PP, bool FOLD>
+template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, bool XI8 = false>
 __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
+    static_assert(!XI8 || XP1, "the int8 walk is XP1's with another MMA and fold");
     pdl_trigger();
     constexpr int S = GB == 16 ? 2 : 4; /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
@@ -154,7 +63,8 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     using SV = typename SVec<GPS>::T;
     extern __shared__ uint2 mm_sm[];
     uint2 *tbl = mm_sm;                           /* [J·S][8 MMAs][NT][32 lanes] B fragments */
-    float *xs = (float *)(mm_sm + a.J * S * 8 * NT * 32); /* [J·S][GPS] Σx per group and step */
+    /* [J·S][GPS] Σx per group and step (XI8: B tables of 4 MMAs per step, then d, e, 1/d: mm_stage_i8) */
+    float *xs = (float *)(mm_sm + a.J * S * (XI8 ? 4 : 8 * NT) * 32);
     __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
@@ -167,6 +77,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     struct MmSet {
         uint4 w0[S], w1[S];
         SV s0[S], b0[S], s1[S], b1[S];
+        uint32_t q[4]; /* XP1: the scales and biases of the lane's two chunk groups, rows g and g+8 */
     };
     MmSet A, B;
     MmRows r{}; /* value-initialised: the lambdas below capture it before the first row block sets it */
@@ -174,8 +85,18 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
         const int st = st0 + j * S + i, G = GB > 64 ? st * 64 / GB : st * GPS;
         o.w0[i] = mm_ld4(r.w0 + (size_t)st * 64);
         o.w1[i] = mm_ld4(r.w1 + (size_t)st * 64);
-        o.s0[i] = mm_lds<GPS>(r.s0 + G); o.b0[i] = mm_lds<GPS>(r.b0 + G);
-        o.s1[i] = mm_lds<GPS>(r.s1 + G); o.b1[i] = mm_lds<GPS>(r.b1 + G);
+        if constexpr (XP1) {
+            if (i == 0) { /* groups G + 2t, G + 2t + 1 of the chunk (clamped inside the row when not live) */
+                const int c = min(2 * t, S * GPS - 2), G1 = min(G + c + 1, a.ng - 1), G0 = min(G + c, G1);
+                o.q[0] = __ldg(r.s0 + G0) | (uint32_t)__ldg(r.s0 + G1) << 16;
+                o.q[1] = __ldg(r.b0 + G0) | (uint32_t)__ldg(r.b0 + G1) << 16;
+                o.q[2] = __ldg(r.s1 + G0) | (uint32_t)__ldg(r.s1 + G1) << 16;
+                o.q[3] = __ldg(r.b1 + G0) | (uint32_t)__ldg(r.b1 + G1) << 16;
+            }
+        } else {
+            o.s0[i] = mm_lds<GPS>(r.s0 + G); o.b0[i] = mm_lds<GPS>(r.b0 + G);
+            o.s1[i] = mm_lds<GPS>(r.s1 + G); o.b1[i] = mm_lds<GPS>(r.b1 + G);
+        }
     };
     int rbk = blockIdx.x;
     mm_rows(a, rbk * MM_WARPS + warp, g, t, rb, pair, r);
@@ -187,27 +108,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    /* stage x (gemv_mma.cuh), or its rmsnorm (every block sums the whole row: bitwise norm.cu's), or
-     * first the residual add x' = (x + rmsnorm(h)·w)·s (norm_matmul's res: rmsnorm_add's expression) */
-    if (a.xn) {
-        __shared__ float red[32];
-        const float ih = a.rh ? block_rms_inv([&](int j) { return a.rh[j]; }, a.in, a.eps, red) : 0.0f;
-        const float sc = a.rs ? a.rs[0] : 1.0f;
-        auto xp = [&](float xv, size_t k) { /* x'[k] from x[k] (x itself without res) */
-            if (!a.rh) return xv;
-            return res_add(xv, rms_scale(a.rh[k], ih, a.rw != nullptr, a.rw ? a.rw[k] : 0.0f), a.rs != nullptr, sc);
-        };
-        const float inv = block_rms_inv([&](int j) { return xp(a.x[j], (size_t)j); }, a.in, a.eps, red);
-        auto nx = [&](float xv, size_t k) { return rms_scale(xp(xv, k), inv, a.nw != nullptr, a.nw ? a.nw[k] : 0.0f); };
-        mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in, nx);
-        if (blockIdx.x == 0)
-            for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x) {
-                a.xn[k] = nx(a.x[k], (size_t)k);
-                if (a.rh) a.rxo[k] = xp(a.x[k], (size_t)k);
-            }
-    } else {
-        mm_stage<BITS, GB, S>(tbl, xs, a.x, st0, ns, a.in);
-    }
+    mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3>(a, tbl, xs, st0, ns);
     __syncthreads();
 
     const uint2 *tl = tbl + lane;
@@ -226,6 +127,29 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
         const int nsc = min(S, ns - ch * S), nsn = min(S, ns - nch_ * S); /* steps of this and the next chunk */
         const bool more = nrbk < a.rblocks;
         if (more && last) mm_rows(a, nrbk * MM_WARPS + warp, g, t, rb, pair, r);
+        if constexpr (XP1) { /* one tile for the chunk, folded once */
+            const uint32_t q0 = cur.q[0], q1 = cur.q[1], q2 = cur.q[2], q3 = cur.q[3];
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            int di[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int sl = 0; sl < S; sl++) {
+                if (sl >= nsc) {
+                    if (more && sl < nsn) load_step(nxt, nch_, sl);
+                    continue;
+                }
+                const uint32_t wa[4] = {cur.w0[sl].x, cur.w0[sl].y, cur.w0[sl].z, cur.w0[sl].w};
+                const uint32_t wc[4] = {cur.w1[sl].x, cur.w1[sl].y, cur.w1[sl].z, cur.w1[sl].w};
+                if (more && sl < nsn) load_step(nxt, nch_, sl);
+                if constexpr (XI8) mm_mmas_i8(di, wa, wc, tl, ch * S + sl);
+                else mm_mmas1<FOLD>(d, wa, wc, tl, ch * S + sl, a.magic);
+            }
+            if constexpr (XI8) {
+                const int ng = a.J * S * GPS;
+                mm_fold_i8<GPS, S, F16S>(acc0, acc1, di, q0, q1, q2, q3, xs, xs + ng, xs + 2 * ng, ch * S, nsc, t);
+            } else {
+                mm_fold1<GPS, S, F16S, FOLD>(acc0, acc1, d, q0, q1, q2, q3, xs, ch * S, nsc, t);
+            }
+        } else {
 #pragma unroll
         for (int sl = 0; sl < S; sl++) {
             if (sl >= nsc) {
@@ -238,28 +162,11 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
             if (more && sl < nsn) load_step(nxt, nch_, sl); /* the next unit's step, while this one is multiplied */
             mm_step<GPS, F16S, FOLD>(acc0, acc1, wa, wc, cs0, cb0, cs1, cb1, tl, xs, ch * S + sl, a.magic, t);
         }
+        }
         ch = nch_;
         rbk = nrbk;
         if (!last) return more;
-        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
-        if (t == 0) {
-            if (a.ks == 1) {
-                if (pair) {
-                    if (live0) mm_store(a, unit0, acc0, acc1);
-                } else {
-                    if (live0) mm_store(a, unit0, acc0, 0.f);
-                    if (live1) mm_store(a, unit1, acc1, 0.f);
-                }
-            } else if (pair) {
-                if (live0) { pp[2 * unit0] = acc0; pp[2 * unit0 + 1] = acc1; }
-            } else {
-                if (live0) pp[unit0] = acc0;
-                if (live1) pp[unit1] = acc1;
-            }
-        }
+        mm_finish(a, acc0, acc1, unit0, unit1, live0, live1, pair, t, pp);
         acc0 = acc1 = 0.0f;
         return more;
     };
@@ -273,32 +180,78 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     mm_reduce_slices(a, pair, units, mine, &nmine);
 }
 
-/* TERN_CUDA_GEMV_PP=1: the two-register-set walk for Q4 (same bits; H200: 25.0 vs 24.5 us on
- * 14336x4096, it spills). FOLD (Q4): the 128 folded into the bias — not the same bits; op test
- * cuda_gemv_mma_fold: rel <= 2.1e-6 against cpu-ref (the default kernel 2.0e-6). Default in the bf16
+/* TERN_CUDA_GEMV_PP: the two-register-set walk for Q4 (same bits): 2 (default) XP1 / XI8 only (H200,
+ * session 12: llama3-8b q4 b1 307.4 / 309.3 → 314.5 / 315.7 tok/s), 1 also the exact kernel (25.0 vs
+ * 24.5 us on 14336x4096: it spills there), 0 never.
+ * FOLD (Q4): the 128 folded into the bias — not the same bits; op test cuda_gemv_mma_fold: rel <= 2.1e-6 against cpu-ref (the default kernel 2.0e-6). Default in the bf16
  * compute mode (H200, session 11, llama3-8b q4 b1 294.3 / 293.7 → 300.5 / 299.1 tok/s; parity bf16 18/18
  * with it), not in f32 / bf16x2 (kept f32-exact there). TERN_CUDA_GEMV_FOLD=0 never, =1 in every mode.
  * Launch bounds for 3 blocks per SM (80 registers, spills) lost: 203 vs 294 tok/s. NOTES (n), (t). */
-extern "C" int tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold;
+/* XP1 (Q4, TERN_CUDA_GEMV_XP1: 0 never, 1 every mode, 2 the plain bf16 mode = default): x rounded to
+ * bf16 as one MMA column per group (the mode's x, as its GEMMs take it), a chunk's 4 steps in one tile
+ * folded once (mm_fold1), FOLD's bias; fewer scale loads, folds and B columns per code than the exact
+ * three-part split. Op test cuda_gemv_mma_xp1 against cpu-ref with bf16-exact x. H200, session 12
+ * (NOTES (u)), µs exact+FOLD → XP1 → XP1+PP: 14336x4096 19.0 → 17.3 → 16.7, 4096x14336 19.8 → 18.5 →
+ * 18.0, lm head 129.1 → 124.5 → 121.2; llama3-8b q4 b1 300.8 → 308 → 315 tok/s, gemma4-12b 184.1 →
+ * 190.0 → 193.3. */
+extern "C" int tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold, tern__cuda_gemv_mma_xp1;
 int tern__cuda_gemv_mma_pp = -1, tern__cuda_gemv_mma_fold = -1; /* fold: -1 unread, 0, 1, 2 bf16 mode */
+int tern__cuda_gemv_mma_xp1 = -1;
+
+static bool mm_xp1(const tern__cuda *c) { /* Q4 takes the XP1 kernels in this mode */
+    if (tern__cuda_gemv_mma_xp1 < 0) {
+        tern__cuda_gemv_mma_xp1 = tern__cuda_env_int("TERN_CUDA_GEMV_XP1", 2);
+        if (tern__cuda_gemv_mma_xp1 < 0 || tern__cuda_gemv_mma_xp1 > 2) tern__cuda_gemv_mma_xp1 = 2;
+    }
+    return tern__cuda_gemv_mma_xp1 == 1 ||
+           (tern__cuda_gemv_mma_xp1 == 2 && c->compute == TERN_COMPUTE_BF16 && !tern__cuda_bf16_split_all(c));
+}
+
+/* TERN_CUDA_GEMV_I8 (default 1; 0: the int8 mode runs XP1's bf16 walk): Q4 one-row GEMVs of a backend
+ * opened with --compute int8 quantize x per group to int8 (mm_stage_i8; the CPU int8 kernels' rule and
+ * bound). Op test cuda_gemv_mma_i8. H200, session 12: 3 instead of 7 decode instructions per word and
+ * half the MMAs, yet the same speed as XP1 (llama3-8b q4 b1 316.7 / 317.3 vs 318.2 / 315.4 tok/s): the
+ * walk's load skeleton alone (no decode, MMA, scales or staging) runs 13.1 µs of XP1's 16.8 on
+ * 14336x4096 (NOTES (u)), so the math is not what limits it. */
+extern "C" int tern__cuda_gemv_i8;
+int tern__cuda_gemv_i8 = -1;
+static bool mm_i8(const tern__cuda *c) {
+    if (tern__cuda_gemv_i8 < 0) tern__cuda_gemv_i8 = tern__cuda_env_int("TERN_CUDA_GEMV_I8", 1) != 0;
+    return c->i8 && tern__cuda_gemv_i8;
+}
 
 template <int BITS, int GB>
 static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
     cudaStream_t st = c->stream;
-    if (tern__cuda_gemv_mma_pp < 0) tern__cuda_gemv_mma_pp = tern__cuda_env_int("TERN_CUDA_GEMV_PP", 0) == 1;
+    if (tern__cuda_gemv_mma_pp < 0) { /* 0 never, 1 every Q4 kernel, 2 (default) XP1 only (the others spill) */
+        tern__cuda_gemv_mma_pp = tern__cuda_env_int("TERN_CUDA_GEMV_PP", 2);
+        if (tern__cuda_gemv_mma_pp < 0 || tern__cuda_gemv_mma_pp > 2) tern__cuda_gemv_mma_pp = 2;
+    }
     if (tern__cuda_gemv_mma_fold < 0) {
         tern__cuda_gemv_mma_fold = tern__cuda_env_int("TERN_CUDA_GEMV_FOLD", 2);
         if (tern__cuda_gemv_mma_fold < 0 || tern__cuda_gemv_mma_fold > 2) tern__cuda_gemv_mma_fold = 2;
     }
-    const bool fold = tern__cuda_gemv_mma_fold == 1 || (tern__cuda_gemv_mma_fold == 2 && c->compute == TERN_COMPUTE_BF16 &&
-                                                        !tern__cuda_bf16_split_all(c)); /* the plain bf16 mode */
+    const bool plain = c->compute == TERN_COMPUTE_BF16 && !tern__cuda_bf16_split_all(c); /* the plain bf16 mode */
+    const bool fold = tern__cuda_gemv_mma_fold == 1 || (tern__cuda_gemv_mma_fold == 2 && plain);
+    const bool xp1 = mm_xp1(c);
     if constexpr (BITS == 4) {
+        if (mm_i8(c)) { /* the int8 mode (--compute int8): XP1's walk with int8 x and u8·s8 MMAs */
+            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true, true>, grid, 256, smem, a);
+            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true, true>, grid, 256, smem, a);
+            return;
+        }
+        if (xp1) {
+            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true>, grid, 256, smem, a);
+            else if (tern__cuda_gemv_mma_pp > 0) tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true>, grid, 256, smem, a);
+            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true, true>, grid, 256, smem, a);
+            return;
+        }
         if (fold) {
             if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true>, grid, 256, smem, a);
             else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true>, grid, 256, smem, a);
             return;
         }
-        if (tern__cuda_gemv_mma_pp > 0) {
+        if (tern__cuda_gemv_mma_pp == 1) {
             if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, true, false>, grid, 256, smem, a);
             else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, false>, grid, 256, smem, a);
             return;
@@ -440,6 +393,11 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     const dim3 grid((unsigned)gx, (unsigned)a.ks);
     cudaSetDevice(c->device);
     const bool f16 = w0->sdtype == TERN_DT_F16;
+    if (w0->bits == 4 && mm_xp1(c) && !mm_i8(c) && tern__cuda_gemv_ring_go(c, a, gb, f16)) { /* gemv_ring.cu: same bits */
+        tern__cuda_check(c, "gemv_ring");
+        tern__cuda_gemv_mma_calls++;
+        return 1;
+    }
     if (w0->bits == 4) {
         if (gb == 16) mm_go<4, 16>(c, grid, smem, a, f16);
         else if (gb == 32) mm_go<4, 32>(c, grid, smem, a, f16);

@@ -98,12 +98,16 @@ template <int GPS, bool F16S> __device__ __forceinline__ float mm_sget(typename 
 struct MmAsIs { /* mm_stage's default: x staged as it is */
     __device__ __forceinline__ float operator()(float v, size_t) const { return v; }
 };
-template <int BITS, int GB, int S, bool TAIL = false, class TF = MmAsIs>
+/* XP = 1 (Q4, the plain bf16 mode: gemv_mma.cu's XP1): x rounded to bf16, one column per (step of the
+ * chunk of S, group), so a chunk's S·GPS <= 8 groups share one MMA tile and are folded once per chunk
+ * (mm_fold1): column c = (sl % S)·GPS + γ */
+template <int BITS, int GB, int S, bool TAIL = false, int XP = 3, class TF = MmAsIs>
 __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, int st0, int ns, int nin,
                                          TF nx = TF{}) {
     /* nx(x[k], k): the value staged for input k (gemv_mma.cu: the pre-norm, and the residual add before it) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
-    constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
+    static_assert(XP == 3 || (XP == 1 && BITS == 4 && S * GPS <= 8), "one x part: Q4, a chunk's groups in 8 columns");
+    constexpr int NCOL = XP == 1 ? 8 : 3 * GPS, NT = (NCOL + 7) / 8;
     constexpr int CPS = 512 / BITS;               /* inputs per step */
     constexpr int CPW = 32 / BITS;                /* codes per word */
     for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
@@ -119,10 +123,19 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
                 v0 = nx(xw[j >> 1], k + (j >> 1)); v1 = nx(xw[2 + (j >> 1)], k + 2 + (j >> 1)); v2 = 16.0f * v0; v3 = 16.0f * v1;
             }
         }
+        const int gt = GPS == 1 ? 0 : tt * 16 / GB, sm = sl * 8 + m;
+        if constexpr (XP == 1) {
+            const __nv_bfloat162 ha = __floats2bfloat162_rn(v0, v1), hb = __floats2bfloat162_rn(v2, v3);
+            const int col = (sl % S) * GPS + gt;
+#pragma unroll
+            for (int gg = 0; gg < 8; gg++)
+                tbl[sm * 32 + gg * 4 + tt] = gg == col ? make_uint2(*(const uint32_t *)&ha, *(const uint32_t *)&hb)
+                                                       : make_uint2(0u, 0u);
+            continue;
+        }
         uint32_t pa[3], pb[3];
         mm_split(v0, v1, pa);
         mm_split(v2, v3, pb);
-        const int gt = GPS == 1 ? 0 : tt * 16 / GB, sm = sl * 8 + m;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -195,6 +208,145 @@ __device__ __forceinline__ void mm_step(float &acc0, float &acc1, const uint32_t
             acc0 = fmaf(mm_sget<GPS, F16S>(cb0, t), xg, acc0);
             acc1 = fmaf(mm_sget<GPS, F16S>(cb1, t), xg, acc1);
         }
+    }
+}
+
+/* XP1: the MMAs of step sl (of the slice) of a warp's 16 rows into the chunk's tile d (column = the
+ * group's slot in the chunk, see mm_stage); no fold here */
+template <bool FOLD>
+__device__ __forceinline__ void mm_mmas1(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
+                                         uint32_t magic) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t ra[4], rc[4];
+        mm_decode<FOLD>(wa[i], magic, ra);
+        mm_decode<FOLD>(wc[i], magic, rc);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint2 bv = tl[(sl * 8 + 2 * i + h) * 32];
+            mm_mma(d, ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
+        }
+    }
+}
+
+/* XP1: fold a chunk's tile once: lane t holds columns 2t, 2t+1 (groups G0 + 2t, G0 + 2t + 1 of the
+ * chunk) of rows g (d[0], d[1]) and g+8 (d[2], d[3]); s0/b0/s1/b1: those groups' scales and biases of
+ * both rows as packed pairs (low half = column 2t); c0: the chunk's first step in the slice, nsc its
+ * steps (the last chunk may be short) */
+template <int GPS, int S, bool F16S, bool FOLD>
+__device__ __forceinline__ void mm_fold1(float &acc0, float &acc1, const float *d, uint32_t s0, uint32_t b0,
+                                         uint32_t s1, uint32_t b1, const float *xs, int c0, int nsc, int t) {
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int c = 2 * t + q;
+        if (c >= S * GPS || c / GPS >= nsc) continue;
+        const float xg = xs[c0 * GPS + c];
+        const float sa = mm_scale<F16S>(q ? s0 >> 16 : s0 & 0xffffu), sb = mm_scale<F16S>(q ? s1 >> 16 : s1 & 0xffffu);
+        float ba = mm_scale<F16S>(q ? b0 >> 16 : b0 & 0xffffu), bb = mm_scale<F16S>(q ? b1 >> 16 : b1 & 0xffffu);
+        if constexpr (FOLD) { ba = fmaf(-128.0f, sa, ba); bb = fmaf(-128.0f, sb, bb); }
+        acc0 = fmaf(ba, xg, fmaf(sa, d[q], acc0));
+        acc1 = fmaf(bb, xg, fmaf(sb, d[2 + q], acc1));
+    }
+}
+
+
+/* ---- the int8 mode (--compute int8 on a GPU; gemv_mma.cu's XI8, Q4 only) ----
+ * x is quantized per weight group as the CPU's int8 kernels do (gemv_avx512.c): d = max|x|/127,
+ * xq = rint(x/d) clamped to ±127, and codes meet it in mma.sync m16n8k32 u8·s8 → s32 (exact integer
+ * sums). Per group y += s·(d·Σq·xq + 8·(Σx − d·Σxq)) + b·Σx, the CPU's midpoint form (code midpoint
+ * C = 8), so |y − y_exact| ≤ ½ Σ_g d_g·Σ|s_g|·|q − 8| as there. A word's codes are two A registers:
+ * w & 0x0F0F0F0F (nibbles 0, 2, 4, 6 as bytes: k-slots 4t..4t+3) and (w >> 4) & 0x0F0F0F0F (nibbles
+ * 1, 3, 5, 7: k-slots 4t+16..4t+19); one MMA per word of rows g and g+8 (4 per step). Columns as XP1:
+ * (step of the chunk)·GPS + group, folded once per chunk.
+ * Staging: pass 1, per group, Σx, d, e = 8·(Σx − d·Σxq) and 1/d (xs, xd, xe, xi: [J·S][GPS]);
+ * pass 2 the B table [step][MMA i][lane] of xq bytes (k-slots as above, zero outside the column). */
+template <int GB, int S, class TF = MmAsIs>
+__device__ __forceinline__ void mm_stage_i8(uint2 *tbl, float *xs, float *xd, float *xe, float *xi, const float *x,
+                                            int st0, int ns, TF nx = TF{}) {
+    constexpr int GPS = 64 / GB, CG = 128 / GPS, L = CG / 4; /* groups per step, inputs per group, lanes per group */
+    static_assert(S * GPS <= 8, "a chunk's groups in 8 columns");
+    const int nf = ns * 128 / 4, nfw = (nf + 31) & ~31;
+    for (int f = threadIdx.x; f < nfw; f += blockDim.x) { /* pass 1: L consecutive lanes hold a group */
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (f < nf) {
+            const size_t k = (size_t)st0 * 128 + 4 * (size_t)f;
+            const float4 u = __ldg((const float4 *)(x + k));
+            v[0] = nx(u.x, k); v[1] = nx(u.y, k + 1); v[2] = nx(u.z, k + 2); v[3] = nx(u.w, k + 3);
+        }
+        float am = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+        float e = (v[0] + v[1]) + (v[2] + v[3]);
+#pragma unroll
+        for (int o = 1; o < L; o <<= 1) {
+            am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+            e += __shfl_xor_sync(0xffffffffu, e, o);
+        }
+        const float d = am / 127.0f, inv = am > 0.0f ? 127.0f / am : 0.0f;
+        int sq = 0;
+#pragma unroll
+        for (int q = 0; q < 4; q++) sq += max(-127, min(127, __float2int_rn(v[q] * inv)));
+#pragma unroll
+        for (int o = 1; o < L; o <<= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if ((f & (L - 1)) == 0 && f < nf) {
+            xs[f / L] = e;
+            xd[f / L] = d;
+            xe[f / L] = 8.0f * (e - d * (float)sq);
+            xi[f / L] = inv;
+        }
+    }
+    __syncthreads(); /* pass 2 reads every group's d */
+    for (int it = threadIdx.x; it < ns * 16; it += blockDim.x) {
+        const int sl = it >> 4, i = (it >> 2) & 3, tt = it & 3;
+        const size_t k = (size_t)(st0 + sl) * 128 + (tt * 4 + i) * 8; /* the word's 8 inputs */
+        const int gt = GPS == 1 ? 0 : tt * 16 / GB, grp = sl * GPS + gt;
+        const float inv = xi[grp]; /* pass 1's: the same integers as its Σxq */
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            const int q = max(-127, min(127, __float2int_rn(nx(x[k + n], k + n) * inv)));
+            const uint32_t b = (uint32_t)(q & 0xff) << (8 * (n >> 1));
+            if (n & 1) hi |= b; else lo |= b;
+        }
+        const int col = (sl % S) * GPS + gt;
+#pragma unroll
+        for (int gg = 0; gg < 8; gg++)
+            tbl[((size_t)sl * 4 + i) * 32 + gg * 4 + tt] = gg == col ? make_uint2(lo, hi) : make_uint2(0u, 0u);
+    }
+}
+
+__device__ __forceinline__ void mm_imma(int *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* XI8: the 4 MMAs of step sl (of the slice) into the chunk's integer tile */
+__device__ __forceinline__ void mm_mmas_i8(int *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint2 bv = tl[(sl * 4 + i) * 32];
+        mm_imma(d, wa[i] & 0x0F0F0F0Fu, wc[i] & 0x0F0F0F0Fu, (wa[i] >> 4) & 0x0F0F0F0Fu, (wc[i] >> 4) & 0x0F0F0F0Fu, bv.x,
+                bv.y);
+    }
+}
+
+/* XI8: fold a chunk's integer tile once (lane t: columns 2t, 2t+1 of rows g and g+8; s/b pairs as
+ * mm_fold1's) */
+template <int GPS, int S, bool F16S>
+__device__ __forceinline__ void mm_fold_i8(float &acc0, float &acc1, const int *d, uint32_t s0, uint32_t b0, uint32_t s1,
+                                           uint32_t b1, const float *xs, const float *xd, const float *xe, int c0,
+                                           int nsc, int t) {
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int c = 2 * t + q;
+        if (c >= S * GPS || c / GPS >= nsc) continue;
+        const int gi = c0 * GPS + c;
+        const float xg = xs[gi], dg = xd[gi], eg = xe[gi];
+        const float sa = mm_scale<F16S>(q ? s0 >> 16 : s0 & 0xffffu), sb = mm_scale<F16S>(q ? s1 >> 16 : s1 & 0xffffu);
+        const float ba = mm_scale<F16S>(q ? b0 >> 16 : b0 & 0xffffu), bb = mm_scale<F16S>(q ? b1 >> 16 : b1 & 0xffffu);
+        acc0 = fmaf(sa, fmaf(dg, (float)d[q], eg), fmaf(ba, xg, acc0));
+        acc1 = fmaf(sb, fmaf(dg, (float)d[2 + q], eg), fmaf(bb, xg, acc1));
     }
 }
 

@@ -1,0 +1,169 @@
+/*
+ * gemv_mma_args.cuh — what the dense tensor-core Q GEMV kernels share (gemv_mma.cu's register walk and
+ * gemv_ring.cu's shared-memory ring): the launch arguments, a lane's two rows of a warp tile, the
+ * output store of each mode, x staging with the optional pre-norm / residual prologue, and the split-K
+ * reduction by the last slice block of a row block. Include after cuda_common.cuh and gemv_mma.cuh.
+ */
+#ifndef TERN_GEMV_MMA_ARGS_CUH
+#define TERN_GEMV_MMA_ARGS_CUH
+
+#define MM_WARPS 8
+#define MM_MINE 64   /* row blocks one block may walk (split K: it may have to reduce each) */
+#define MM_JMAX 4    /* chunks of S steps per K slice */
+
+struct MmArgs {
+    const uint8_t *data[3], *scales[3], *biases[3];
+    float *y[3];
+    int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2]; pair = out[0] (outputs) */
+    int in, ng, mode, ks;     /* ng groups per row, ks K slices (blockIdx.y) of J·S steps */
+    int J;                    /* chunks of S steps per K slice (1..MM_JMAX; mm_chunks) */
+    int rblocks;              /* row blocks (128 rows; pair: 64 outputs); gridDim.x <= rblocks walk them */
+    const float *x;
+    const float *nw; /* pre-norm (ops.h norm_matmul, xn != NULL): x staged as rmsnorm(x)·nw; the */
+    float *xn;       /* blocks of blockIdx.x 0 write their slice of it to xn */
+    float eps;
+    const float *rh, *rw, *rs; /* with xn, norm_matmul's res: the pre-norm is of x' = (x + rmsnorm(rh)·rw)·rs, */
+    float *rxo;                /* whose slices blocks of blockIdx.x 0 write to rxo */
+    float *part; /* [ks][units] partials (pair: 2 per output) */
+    int *cnt;
+    uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
+};
+
+/* the final value of one output unit (row of the concatenated matrices, or a pair output) */
+__device__ __forceinline__ void mm_store(const MmArgs &a, int unit, float v, float up) {
+    if (a.mode == G1_SILU || a.mode == G1_GELU) {
+        a.y[0][unit] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * up; /* as gemv1 */
+        return;
+    }
+    int m = 0;
+    while (m < a.nm - 1 && unit >= a.out[m]) unit -= a.out[m++];
+    float *yp = a.y[m] + unit;
+    *yp = a.mode == G1_RES ? *yp + v : v;
+}
+
+/* a lane's two rows of warp tile `tile`: units (row of the concatenated matrices, or pair output),
+ * liveness, and the addresses of its bytes, scales and biases */
+struct MmRows {
+    const uint8_t *w0, *w1;
+    const uint16_t *s0, *b0, *s1, *b1;
+    int unit0, unit1;
+    bool live0, live1;
+};
+
+__device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t, size_t rb, bool pair, MmRows &r) {
+    int unit[2], mat[2], lrow[2];
+    bool live[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int u = pair ? tile * 8 + g : tile * 16 + g + 8 * h, m = pair ? h : 0;
+        live[h] = u < a.rows;
+        unit[h] = u;
+        if (!live[h]) u = 0, m = 0; /* clamp: recompute a valid row, never written */
+        if (!pair)
+            while (m < a.nm - 1 && u >= a.out[m]) u -= a.out[m++];
+        mat[h] = m;
+        lrow[h] = u;
+    }
+    r.w0 = a.data[mat[0]] + (size_t)lrow[0] * rb + t * 16;
+    r.w1 = a.data[mat[1]] + (size_t)lrow[1] * rb + t * 16;
+    r.s0 = (const uint16_t *)a.scales[mat[0]] + (size_t)lrow[0] * a.ng;
+    r.b0 = (const uint16_t *)a.biases[mat[0]] + (size_t)lrow[0] * a.ng;
+    r.s1 = (const uint16_t *)a.scales[mat[1]] + (size_t)lrow[1] * a.ng;
+    r.b1 = (const uint16_t *)a.biases[mat[1]] + (size_t)lrow[1] * a.ng;
+    r.unit0 = unit[0]; r.unit1 = unit[1];
+    r.live0 = live[0]; r.live1 = live[1];
+}
+
+/* split K: the block's partials are out (one fence); the last slice block of a row block sums its
+ * slices in order */
+__device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int units, int *mine, int *nmine) {
+    __threadfence();
+    if (threadIdx.x == 0) *nmine = 0;
+    __syncthreads();
+    for (int q = blockIdx.x + threadIdx.x * gridDim.x; q < a.rblocks; q += blockDim.x * gridDim.x)
+        if (atomicAdd(a.cnt + q, 1) == a.ks - 1) mine[atomicAdd(nmine, 1)] = q;
+    __syncthreads();
+    __threadfence();
+    const int per = pair ? 64 : 128;
+    for (int k = 0; k < *nmine; k++) {
+        const int q = mine[k], u0 = q * per;
+        for (int i = threadIdx.x; i < per; i += blockDim.x) {
+            const int u = u0 + i;
+            if (u >= a.rows) break;
+            float v = 0.f, up = 0.f;
+            /* L2 loads (other blocks' partials), several in flight: a volatile load per slice waited
+             * ~L2 latency each (28 slices at in = 14336); the sum keeps the slice order */
+#pragma unroll 4
+            for (int s = 0; s < a.ks; s++) {
+                const float *qq = a.part + (size_t)s * units;
+                if (pair) { v += __ldcg(qq + 2 * u); up += __ldcg(qq + 2 * u + 1); }
+                else v += __ldcg(qq + u);
+            }
+            mm_store(a, u, v, up);
+        }
+        if (threadIdx.x == 0) a.cnt[q] = 0;
+    }
+}
+
+/* a warp tile's sums of one row block are complete: reduce over the 4 lanes t of a row, then lane t = 0
+ * stores (one K slice) or leaves its slice's partials in pp */
+__device__ __forceinline__ void mm_finish(const MmArgs &a, float acc0, float acc1, int unit0, int unit1, bool live0,
+                                          bool live1, bool pair, int t, float *pp) {
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+    if (t == 0) {
+        if (a.ks == 1) {
+            if (pair) {
+                if (live0) mm_store(a, unit0, acc0, acc1);
+            } else {
+                if (live0) mm_store(a, unit0, acc0, 0.f);
+                if (live1) mm_store(a, unit1, acc1, 0.f);
+            }
+        } else if (pair) {
+            if (live0) { pp[2 * unit0] = acc0; pp[2 * unit0 + 1] = acc1; }
+        } else {
+            if (live0) pp[unit0] = acc0;
+            if (live1) pp[unit1] = acc1;
+        }
+    }
+}
+
+/* stage x for the block's K slice (gemv_mma.cuh mm_stage), or its rmsnorm (every block sums the whole
+ * row: bitwise norm.cu's), or first the residual add x' = (x + rmsnorm(h)·w)·s (norm_matmul's res:
+ * rmsnorm_add's expression); blocks of blockIdx.x 0 write their slice of xn (and x'). No barrier. */
+/* XP: 3 the exact three-part split, 1 one bf16 column (XP1), 8 int8 (XI8) */
+template <int BITS, int GB, int S, int XP>
+__device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *xs, int st0, int ns) {
+    constexpr int CPS = 512 / BITS; /* inputs per step */
+    const int ng = a.J * S * (GB >= 64 ? 1 : 64 / GB); /* XP 8 (int8): Σx, d, e, 1/d per group of the slice */
+    (void)ng;
+    if (a.xn) {
+        __shared__ float red[32];
+        const float ih = a.rh ? block_rms_inv([&](int j) { return a.rh[j]; }, a.in, a.eps, red) : 0.0f;
+        const float sc = a.rs ? a.rs[0] : 1.0f;
+        auto xp = [&](float xv, size_t k) { /* x'[k] from x[k] (x itself without res) */
+            if (!a.rh) return xv;
+            return res_add(xv, rms_scale(a.rh[k], ih, a.rw != nullptr, a.rw ? a.rw[k] : 0.0f), a.rs != nullptr, sc);
+        };
+        const float inv = block_rms_inv([&](int j) { return xp(a.x[j], (size_t)j); }, a.in, a.eps, red);
+        auto nx = [&](float xv, size_t k) { return rms_scale(xp(xv, k), inv, a.nw != nullptr, a.nw ? a.nw[k] : 0.0f); };
+        if constexpr (XP == 8) mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns, nx);
+        else mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, nx);
+        if (blockIdx.x == 0)
+            for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x) {
+                a.xn[k] = nx(a.x[k], (size_t)k);
+                if (a.rh) a.rxo[k] = xp(a.x[k], (size_t)k);
+            }
+    } else if constexpr (XP == 8) {
+        mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns);
+    } else {
+        mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in);
+    }
+}
+
+/* gemv_ring.cu: the XP1 walk with a shared-memory ring (same bits); false when it declines */
+bool tern__cuda_gemv_ring_go(const tern__cuda *c, const MmArgs &a, int gb, bool f16);
+
+#endif
