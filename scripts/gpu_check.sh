@@ -104,7 +104,7 @@ if [ -d .gpudeps/root ]; then
     [ $PREBUILT = 1 ] || rm -f build/libtern_core.a  # its member list depends on the Makefile
     if [ $PREBUILT = 1 ] || timeout 300 make -j"$jobs" core > "$OUT/core_build.log" 2>&1; then
         stamp "core build ok"
-        for comp in f32 bf16 bf16x2; do
+        for comp in f32 bf16 bf16x2 int8; do   # int8: the fixtures' int8 pass + the synthetic bound (GPU int8 mode)
             TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 ./build/tests/test_parity_core > "$OUT/parity_$comp.log" 2>&1
             stamp "model parity on cuda ($comp): $(grep -c '^PASS' "$OUT/parity_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity_$comp.log") failed"
             grep -E '^FAIL|check failed|worst row' "$OUT/parity_$comp.log" | head -30 >> "$S"

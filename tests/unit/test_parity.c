@@ -13,6 +13,8 @@
  * runs as a second pass: over the MLX-quantized fixtures (batch invariance ≤ 1e-4; their error vs
  * the reference is printed, not bounded: these tiny random models are chaotic, see int8_synth),
  * and its logits bound on a well-conditioned synthetic llama (TERN_TEST_COMPUTE=int8: only this).
+ * With TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=int8 both run on the GPU, whose int8 mode is the bf16
+ * mode with int8 x in the Q4 one-row GEMVs (so the bf16 mode's unbounded batch invariance applies).
  * The bf16 modes (CUDA; TERN_TEST_COMPUTE=bf16 | bf16x2):
  *   - bf16x2 (GEMM inputs as a bf16 pair, f32-accurate): every row within 2e-2, batch ≤ 1e-2;
  *   - bf16 (GEMM inputs rounded to bf16, as in every engine's bf16 mode): every row within
@@ -195,11 +197,12 @@ static void parity_fixtures(int int8) {
     if (comp && !strcmp(comp, "bf16")) { o.compute = TERN_COMPUTE_BF16; g_bf16 = 1; }
     if (comp && !strcmp(comp, "bf16x2")) { o.compute = TERN_COMPUTE_BF16X2; g_bf16 = 2; }
     if (int8) { o.compute = TERN_COMPUTE_INT8; g_int8 = 1; }
+    if (int8 && dev && !strcmp(dev, "cuda")) g_bf16 = 1; /* a GPU's int8 mode is its bf16 mode (Q4 GEMVs aside) */
     g_cases = 0;
     tern_status bs = dev && !strcmp(dev, "cuda") ? tern_backend_cuda_open(&be, &o, &e) : tern_backend_cpu_open(&be, &o, &e);
     if (bs) { printf("FAIL: parity: %s backend: %s\n", dev ? dev : "cpu", e.msg); t_fail_++; return; }
     printf("  parity on backend %s (%s compute)\n", be->vt->name,
-           g_bf16 == 2 ? "bf16x2" : g_bf16 ? "bf16" : g_int8 ? "int8" : "f32");
+           g_int8 ? "int8" : g_bf16 == 2 ? "bf16x2" : g_bf16 ? "bf16" : "f32");
     DIR *d = opendir(FIXDIR);
     struct dirent *de;
     while (d && (de = readdir(d))) {
@@ -254,6 +257,8 @@ static int forward_rows(tern_model *m, tern_kv *kv, const int32_t *ids, int n, i
     return 0;
 }
 
+static int g_cuda; /* int8_synth's int8 model on the GPU */
+
 static void int8_synth(int bits) {
     tern_model_config cfg = {0};
     tern_weights *ws[2] = {NULL, NULL}; /* one store per model: synthetic tensors are made on request */
@@ -270,7 +275,9 @@ static void int8_synth(int bits) {
         tern_backend_opts o = {.n_threads = 2, .compute = k ? TERN_COMPUTE_INT8 : TERN_COMPUTE_F32};
         tern_kv_opts ko = {.n_slots = 1, .max_ctx = N + 8, .block_size = 8};
         s = tern_weights_open_synth(&ws[k], &cfg, &spec, &e);
-        if (!s) s = tern_backend_cpu_open(&be[k], &o, &e);
+        /* TERN_TEST_DEVICE=cuda: the int8 model on the GPU (the bf16 mode with int8 x in the Q4 one-row
+         * GEMVs, gemv_mma.cu XI8), against the exact CPU path */
+        if (!s) s = k && g_cuda ? tern_backend_cuda_open(&be[k], &o, &e) : tern_backend_cpu_open(&be[k], &o, &e);
         if (!s) s = tern_model_load_from(&m[k], &cfg, ws[k], be[k], NULL, &e);
         if (!s) s = tern_kv_open(&kv[k], be[k], &cfg, &ko, &e);
     }
@@ -313,7 +320,9 @@ int main(void) {
     const char *dev = getenv("TERN_TEST_DEVICE"), *comp = getenv("TERN_TEST_COMPUTE");
     int cpu = !(dev && !strcmp(dev, "cuda"));
     if (!(comp && !strcmp(comp, "int8"))) parity_fixtures(0);
-    if (cpu && !(comp && !strcmp(comp, "bf16"))) { /* the int8 mode is a CPU mode */
+    /* the int8 mode: on the CPU by default, on the GPU with TERN_TEST_COMPUTE=int8 (its Q4 decode GEMVs) */
+    if ((cpu && !(comp && !strcmp(comp, "bf16"))) || (!cpu && comp && !strcmp(comp, "int8"))) {
+        g_cuda = !cpu;
         parity_fixtures(1);
         RUN(parity_int8_synth_q4);
         RUN(parity_int8_synth_q8);

@@ -166,6 +166,26 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
     }
 }
 
+/* the MMAs of step sl (of the slice) of a warp's 16 rows: per word pair i and half h, one MMA per
+ * column tile nt into d[nt·4 ..] against the staged table tl ([step][8 MMAs][NT][lane]) */
+template <bool FOLD, int NT>
+__device__ __forceinline__ void mm_mmas(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
+                                        uint32_t magic) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t ra[4], rc[4];
+        mm_decode<FOLD>(wa[i], magic, ra);
+        mm_decode<FOLD>(wc[i], magic, rc);
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const uint2 bv = tl[((sl * 8 + 2 * i + h) * NT + nt) * 32];
+                mm_mma(d + 4 * nt, ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
+            }
+    }
+}
+
 /* step sl of a warp's 16 rows (lane: rows g and g+8, words wa and wc, the step's packed scales and
  * biases of both rows): D[row][c] is group c/3's Σ q·x_part; fold acc += s·D (zero columns take any
  * scale) and, once per row and group, acc += b·Σx. tl: the staged table plus the lane, xs: Σx */
@@ -178,19 +198,7 @@ __device__ __forceinline__ void mm_step(float &acc0, float &acc1, const uint32_t
     float d[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        uint32_t ra[4], rc[4];
-        mm_decode<FOLD>(wa[i], magic, ra);
-        mm_decode<FOLD>(wc[i], magic, rc);
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const uint2 bv = tl[((sl * 8 + 2 * i + h) * NT + nt) * 32];
-                mm_mma(d[nt], ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
-            }
-    }
+    mm_mmas<FOLD, NT>(&d[0][0], wa, wc, tl, sl, magic);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -216,17 +224,7 @@ __device__ __forceinline__ void mm_step(float &acc0, float &acc1, const uint32_t
 template <bool FOLD>
 __device__ __forceinline__ void mm_mmas1(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
                                          uint32_t magic) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        uint32_t ra[4], rc[4];
-        mm_decode<FOLD>(wa[i], magic, ra);
-        mm_decode<FOLD>(wc[i], magic, rc);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint2 bv = tl[(sl * 8 + 2 * i + h) * 32];
-            mm_mma(d, ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
-        }
-    }
+    mm_mmas<FOLD, 1>(d, wa, wc, tl, sl, magic);
 }
 
 /* XP1: fold a chunk's tile once: lane t holds columns 2t, 2t+1 (groups G0 + 2t, G0 + 2t + 1 of the
