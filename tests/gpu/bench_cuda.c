@@ -518,8 +518,12 @@ static void bench_pattern(int rows, int rb) {
     void *w[32] = {0}, *sink = g->vt->alloc(g, 64u << 20);
     for (int i = 0; i < copies; i++) w[i] = dev_random(bytes);
     tern__cuda *c = (tern__cuda *)g->impl;
-    static const char *nm[4] = {"mma slices", "mma rows", "2 rows x 512B", "flat stream"};
-    for (int mode = 0; mode < 4; mode++) {
+    static const char *nm[7] = {"mma slices", "mma rows", "2 rows x 512B", "flat stream", "ring lane-own",
+                                "ring 512B", "flat stream x4"};
+    for (int mode = 0; mode < 7; mode++) {
+        if (mode == 4 || mode == 5) {
+            if (rb % 256) continue; /* whole 256-byte chunks per row */
+        }
         for (int i = 0; i < copies; i++) tern__cuda_mm_probe(c, w[i], rows, rb, mode, sink);
         g->vt->sync(g);
         int reps = copies * 4;

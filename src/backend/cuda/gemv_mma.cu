@@ -417,6 +417,11 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
  * g+8, blocks of 8 warps x 4 steps, K slices on blockIdx.y); 1: the same, one warp walks all steps of
  * its rows (no K slices); 2: warp = 2 rows read 512 contiguous bytes per instruction (gemv1's
  * pattern); 3: the matrix as one flat stream. Each lane XORs what it read; one word per warp out. */
+__device__ __forceinline__ void rg_cp16_probe(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+
 __global__ void mm_probe_kernel(const uint8_t *w, int rows, int rb, int mode, uint32_t *sink) {
     pdl_start();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -447,7 +452,87 @@ __global__ void mm_probe_kernel(const uint8_t *w, int rows, int rb, int mode, ui
     if (lane == 0) sink[(blockIdx.y * gridDim.x + blockIdx.x) * 8 + warp] = acc;
 }
 
+/* modes 4, 5: warp = 16 rows walking all steps in chunks of 4 (256 bytes per row) through a ring of 4
+ * chunks in shared memory (cp.async; 8 warps, 128 KB per block), the chunk XOR-read from the ring:
+ * 4 = each lane copies its own pieces (gemv_ring.cu's copies: 8 rows x 64 B per instruction), 5 = a
+ * copy instruction reads 512 contiguous bytes (2 rows x 256 B) and the warp syncs before reading.
+ * Mode 6: the flat stream with four independent 16-byte loads in flight per thread. */
+__global__ void __launch_bounds__(256, 1) mm_probe_ring_kernel(const uint8_t *w, int rows, int rb, int mode,
+                                                               uint32_t *sink) {
+    pdl_start();
+    extern __shared__ uint4 pr_sm[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint32_t acc = 0;
+    if (mode == 6) {
+        const size_t n = (size_t)rows * rb / 16, st = (size_t)gridDim.x * blockDim.x;
+        size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+        const uint4 *p = (const uint4 *)w;
+        for (; i + 3 * st < n; i += 4 * st) {
+            const uint4 a = mm_ld4((const uint8_t *)(p + i)), b = mm_ld4((const uint8_t *)(p + i + st));
+            const uint4 c = mm_ld4((const uint8_t *)(p + i + 2 * st)), d = mm_ld4((const uint8_t *)(p + i + 3 * st));
+            acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+        }
+        for (; i < n; i += st) {
+            const uint4 a = mm_ld4((const uint8_t *)(p + i));
+            acc ^= a.x ^ a.y ^ a.z ^ a.w;
+        }
+    } else {
+        constexpr int R = 4;
+        uint4 *ring = pr_sm + (size_t)warp * R * 256; /* [slot][256 pieces of 16 B] */
+        const int r0 = (blockIdx.x * 8 + warp) * 16, nch = rb / 256;
+        auto issue = [&](int n) {
+            if (n < nch) {
+                uint4 *sl = ring + (n % R) * 256;
+                if (mode == 4) {
+                    const int ra = min(r0 + g, rows - 1), rc = min(r0 + g + 8, rows - 1);
+#pragma unroll
+                    for (int s4 = 0; s4 < 4; s4++) {
+                        const size_t o = (size_t)n * 256 + s4 * 64 + t * 16;
+                        rg_cp16_probe(sl + (2 * s4) * 32 + lane, w + (size_t)ra * rb + o);
+                        rg_cp16_probe(sl + (2 * s4 + 1) * 32 + lane, w + (size_t)rc * rb + o);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        const int r = min(r0 + 2 * j + (lane >> 4), rows - 1);
+                        rg_cp16_probe(sl + j * 32 + lane, w + (size_t)r * rb + (size_t)n * 256 + (lane & 15) * 16);
+                    }
+                }
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        };
+#pragma unroll
+        for (int i = 0; i < R - 1; i++) issue(i);
+        for (int n = 0; n < nch; n++) {
+            issue(n + R - 1);
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(R - 1) : "memory");
+            if (mode == 5) __syncwarp();
+            const uint4 *sl = ring + (n % R) * 256;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const uint4 a = sl[j * 32 + lane];
+                acc ^= a.x ^ a.y ^ a.z ^ a.w;
+            }
+            if (mode == 5) __syncwarp(); /* the slot is refilled by other lanes next */
+        }
+    }
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if (lane == 0) sink[blockIdx.x * 8 + warp] = acc;
+}
+
 extern "C" void tern__cuda_mm_probe(tern__cuda *c, const void *w, int rows, int rb, int mode, void *sink) {
+    if (mode >= 4) {
+        const size_t smem = mode == 6 ? 0 : (size_t)8 * 4 * 256 * 16;
+        static bool attr = false;
+        if (!attr) {
+            cudaFuncSetAttribute(mm_probe_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(8 * 4 * 256 * 16));
+            attr = true;
+        }
+        const dim3 grid(mode == 6 ? (unsigned)(c->n_sm * 4) : (unsigned)((rows + 127) / 128));
+        tern_launch(c->stream, mm_probe_ring_kernel, grid, 256, smem, (const uint8_t *)w, rows, rb, mode, (uint32_t *)sink);
+        tern__cuda_check(c, "mm_probe");
+        return;
+    }
     dim3 grid;
     if (mode == 0) grid = dim3((unsigned)((rows + 127) / 128), (unsigned)((rb / 64 + 3) / 4));
     else if (mode == 1) grid = dim3((unsigned)((rows + 127) / 128));
