@@ -6,10 +6,11 @@
 # `scripts/gpu_check.sh` has unpacked the prebuilt binaries (GPU_PREBUILT) and passed the op tests:
 #   OUT=/tmp/ab bash scripts/gpu_ab.sh      # logs + summary.txt under $OUT
 # Session 11's sections (NORM_N / NORM_ROPE / NORM_RES / NORM_GEMM) ran and are recorded in bench/NOTES.md
-# (t); they were removed from here. Now: 1. TERN_CUDA_GEMV_RING (session 12: the Q4 GEMV's weights through a
-# shared-memory ring; XP1 itself, one bf16 x column per group, was A/B'd in session 12's first call), 2.
-# TERN_CUDA_AD_CLUSTER (session 11; its first A/B in session 12). Keep this script as the template for the next
-# switches: make one the default only when it wins here and in the model runs.
+# (t); they were removed from here. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
+# under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF) and 5 (bench_cuda --pattern's
+# new modes) were written after its last call: the default runs those two (~4 min). Keep this script
+# as the template for the next switches: make one the default only when it wins here and in the model
+# runs.
 set -u
 cd "$(dirname "$0")/.."
 if [ -d .gpudeps/root ]; then
@@ -21,7 +22,7 @@ S="$OUT/summary.txt"
 : > "$S"
 T=build/tern-core
 say() { echo "$*" | tee -a "$S"; }
-SECTIONS="${AB_SECTIONS:-1 2 3}"
+SECTIONS="${AB_SECTIONS:-5 4}"  # 1-3 ran in session 12 (NOTES (u))
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
 #    ring of R chunks per warp, R = 3 / 4 / 5), per shape (ring forced on for every shape), then
@@ -69,6 +70,31 @@ for rep in 1 2; do
         say "concurrency bf16 AD_CLUSTER=$v rep $rep: $(grep '^csv,conc' "$OUT/adcl_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
     done
 done
+fi
+
+# 4. the Q4 GEMV's walk prefetched into L2 before pdl_wait (TERN_CUDA_GEMV_L2PF=N items per warp; written
+#    in session 12 without a GPU): per-shape GEMV times (back-to-back launches overlap through PDL),
+#    then batch-1 decode
+if [[ " $SECTIONS " == *" 4 "* ]]; then
+for v in 0 4 16; do
+    TERN_CUDA_GEMV_L2PF=$v TERN_CUDA_GEMV_XP1=1 BENCH_GEMV1=q4 timeout 120 build/bench_cuda > "$OUT/l2pf_gemv_$v.txt" 2>&1
+    say "gemv q4 XP1 L2PF=$v:"; grep '^\[mma\]' "$OUT/l2pf_gemv_$v.txt" | tr -s ' ' | tee -a "$S"
+done
+for rep in 1 2; do
+    for m in llama3-8b gemma4-12b; do
+        for v in 0 4 16; do
+            TERN_CUDA_GEMV_L2PF=$v timeout 60 $T bench --random $m --quant q4 --device cuda --prompt 512 --gen 64 \
+                --reps 1 > "$OUT/l2pf_${m}_${v}_$rep.txt" 2>&1
+            say "b1 $m q4 L2PF=$v rep $rep: $(grep '^csv,' "$OUT/l2pf_${m}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
+        done
+    done
+done
+fi
+
+# 5. load patterns without math (bench_cuda --pattern: modes 4-6 written in session 12 without a GPU)
+if [[ " $SECTIONS " == *" 5 "* ]]; then
+timeout 120 build/bench_cuda --pattern > "$OUT/pattern.txt" 2>&1
+grep -i 'pattern' "$OUT/pattern.txt" | tr -s ' ' | tee -a "$S"
 fi
 
 echo "summary: $S"

@@ -103,6 +103,17 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
 #pragma unroll
     for (int i = 0; i < S; i++)
         if (i < ns) load_step(A, 0, i);
+    if (a.l2pf > 0) { /* TERN_CUDA_GEMV_L2PF: the walk's next items into L2 while the previous kernel drains */
+        const int nch0 = (ns + S - 1) / S, nrb = (a.rblocks - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+        for (int n = 1; n <= a.l2pf && n < nrb * nch0; n++) {
+            const int ch = n % nch0, half = lane >> 4;
+            if (half * 128 >= S * 64) continue; /* S = 2: one 128-byte line per row and chunk */
+            MmRows p;
+            mm_rows(a, (blockIdx.x + (n / nch0) * gridDim.x) * MM_WARPS + warp, lane & 7, 0, rb, pair, p);
+            const uint8_t *q = ((lane >> 3) & 1 ? p.w1 : p.w0) + (size_t)(st0 + ch * S) * 64 + half * 128;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
+        }
+    }
     /* programmatic dependent launch (TERN_CUDA_PDL=1, cuda_common.cuh): everything above reads only
      * weights; x, y, the partials and the counters are touched after the previous kernel has
      * finished and flushed */
@@ -371,6 +382,16 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     a.part = c->part;
     a.cnt = c->mm_cnt;
     a.magic = 0x43004300u;
+    /* TERN_CUDA_GEMV_L2PF=N (opt-in, written in session 12 without a GPU): before its pdl_wait, every
+     * warp prefetches into L2 the next N items (row block, chunk) of its walk beyond the one its
+     * registers load, so a launch that starts while the previous kernel drains (programmatic
+     * dependent launch) has more than one chunk per warp on the way. A/B: scripts/gpu_ab.sh section 4 */
+    static int l2pf = -1;
+    if (l2pf < 0) {
+        l2pf = tern__cuda_env_int("TERN_CUDA_GEMV_L2PF", 0);
+        if (l2pf < 0 || l2pf > 64) l2pf = 0;
+    }
+    a.l2pf = l2pf;
     a.ks = ks;
     a.J = J;
     const int gb = gs * w0->bits / 8;

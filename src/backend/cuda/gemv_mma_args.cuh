@@ -26,6 +26,7 @@ struct MmArgs {
     float *rxo;                /* whose slices blocks of blockIdx.x 0 write to rxo */
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
+    int l2pf;       /* items of the walk each warp prefetches into L2 before pdl_wait (gemv_mma.cu) */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
 };
 
