@@ -7,8 +7,8 @@
 #   OUT=/tmp/ab bash scripts/gpu_ab.sh      # logs + summary.txt under $OUT
 # Session 11's sections (NORM_N / NORM_ROPE / NORM_RES / NORM_GEMM) ran and are recorded in bench/NOTES.md
 # (t); they were removed from here. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
-# under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF) and 5 (bench_cuda --pattern's
-# new modes) were written after its last call: the default runs those two (~4 min). Keep this script
+# under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF), 5 (bench_cuda --pattern's
+# new modes) and 6 (gemv_flat.cu) were written after its last call: the default runs those (~6 min). Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -22,7 +22,7 @@ S="$OUT/summary.txt"
 : > "$S"
 T=build/tern-core
 say() { echo "$*" | tee -a "$S"; }
-SECTIONS="${AB_SECTIONS:-5 4}"  # 1-3 ran in session 12 (NOTES (u))
+SECTIONS="${AB_SECTIONS:-5 6 4}"  # 1-3 ran in session 12 (NOTES (u))
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
 #    ring of R chunks per warp, R = 3 / 4 / 5), per shape (ring forced on for every shape), then
@@ -86,6 +86,24 @@ for rep in 1 2; do
             TERN_CUDA_GEMV_L2PF=$v timeout 60 $T bench --random $m --quant q4 --device cuda --prompt 512 --gen 64 \
                 --reps 1 > "$OUT/l2pf_${m}_${v}_$rep.txt" 2>&1
             say "b1 $m q4 L2PF=$v rep $rep: $(grep '^csv,' "$OUT/l2pf_${m}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
+        done
+    done
+done
+fi
+
+# 6. gemv_flat.cu (TERN_CUDA_GEMV_FLAT=1: one chunk per warp, B from x, no table, 24 warps per SM; written
+#    in session 12 without a GPU; serves the GEMVs without a pre-norm: o, down, the head) vs the XP1 walk
+if [[ " $SECTIONS " == *" 6 "* ]]; then
+for v in 0 1; do
+    TERN_CUDA_GEMV_FLAT=$v TERN_CUDA_GEMV_XP1=1 BENCH_GEMV1=q4 timeout 120 build/bench_cuda > "$OUT/flat_gemv_$v.txt" 2>&1
+    say "gemv q4 XP1 FLAT=$v:"; grep '^\[mma\]' "$OUT/flat_gemv_$v.txt" | tr -s ' ' | tee -a "$S"
+done
+for rep in 1 2; do
+    for m in llama3-8b gemma4-12b; do
+        for v in 0 1; do
+            TERN_CUDA_GEMV_FLAT=$v timeout 60 $T bench --random $m --quant q4 --device cuda --prompt 512 --gen 64 \
+                --reps 1 > "$OUT/flat_${m}_${v}_$rep.txt" 2>&1
+            say "b1 $m q4 FLAT=$v rep $rep: $(grep '^csv,' "$OUT/flat_${m}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
         done
     done
 done

@@ -10,7 +10,7 @@
 
 extern unsigned long long tern__cuda_gemv_mma_calls;
 extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold, tern__cuda_gemv_mma_xp1,
-    tern__cuda_pdl_on, tern__cuda_mm_j, tern__cuda_gemv_ring;
+    tern__cuda_pdl_on, tern__cuda_mm_j, tern__cuda_gemv_ring, tern__cuda_gemv_flat;
 
 /* every shape with the chunks per K slice as planned (J = 0: up to 4, fewer for small matrices), one
  * (the old walk) and three (a short last chunk at in = 3840 and 14336, a short last slice) */
@@ -183,24 +183,27 @@ TEST(cuda_gemv_mma_xp1) {
     const int keep_ring = tern__cuda_gemv_ring;
     tern__cuda_gemv_mma_xp1 = 1;
     g_x_bf16 = 1;
-    for (int ring = 0; ring < 2; ring++) /* the register walk, then gemv_ring.cu for every shape */
+    const int keep_fl = tern__cuda_gemv_flat;
+    for (int ring = 0; ring < 3; ring++) /* the register walk, gemv_ring.cu, gemv_flat.cu for every shape */
     for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
         for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
             for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
                 tern__cuda_mm_j = js[jj];
-                tern__cuda_gemv_ring = ring;
+                tern__cuda_gemv_ring = ring == 1;
+                tern__cuda_gemv_flat = ring == 2;
                 hw h = make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
                 char nm[64];
                 fmt_name(&h.t, nm, sizeof nm);
                 const unsigned long long calls = tern__cuda_gemv_mma_calls;
                 const double rel = check_matmul(g_gpu, &h, 1, -1);
-                printf("  err %-16s %dx%d n=1 mma xp1 ring %d J %d %.2e\n", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
-                CHECK(rel <= 1e-5, "%s %dx%d ring %d J %d: xp1 rel %.3e", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
+                printf("  err %-16s %dx%d n=1 mma xp1 kernel %d J %d %.2e\n", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
+                CHECK(rel <= 1e-5, "%s %dx%d kernel %d (walk, ring, flat) J %d: xp1 rel %.3e", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
                 CHECK(tern__cuda_gemv_mma_calls > calls, "%s: the tensor-core GEMV did not run", nm);
                 free_w(&h);
             }
     g_x_bf16 = 0;
     tern__cuda_gemv_ring = keep_ring;
+    tern__cuda_gemv_flat = keep_fl;
     tern__cuda_gemv_mma_xp1 = keep;
     tern__cuda_mm_j = keep_j;
 }
@@ -242,7 +245,67 @@ TEST(cuda_gemv_mma_i8) {
     g8->vt->close(g8);
 }
 
+/* gemv_flat.cu (TERN_CUDA_GEMV_FLAT: one chunk per warp, B fragments from x, no table): with one chunk
+ * per K slice (TERN_MM_J=1) the same arithmetic in the same order as the XP1 walk, so every op —
+ * plain, q|k|v, act(gate)·up (silu, gelu), y += W·x — must give the same bits; every group size and
+ * scale type, one and many slices, row counts off the 16-row tile */
+TEST(cuda_gemv_flat_bits) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_flat_bits", "not built"); return; }
+    const int keep_xp = tern__cuda_gemv_mma_xp1, keep_j = tern__cuda_mm_j, keep_fl = tern__cuda_gemv_flat;
+    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
+                                                          {32, TERN_DT_BF16}, {64, TERN_DT_F16}};
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {777, 3840}, {40000, 512}};
+    tern__cuda_gemv_mma_xp1 = 1;
+    tern__cuda_mm_j = 1;
+    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
+            hw h[3] = {make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, out, in, 0), make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, out, in, 0),
+                       make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, o2, in, 0)};
+            tern_tensor t[3];
+            tern_error err = {0};
+            for (int i = 0; i < 3; i++) {
+                t[i] = h[i].t;
+                CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+            }
+            char nm[64];
+            fmt_name(&h[0].t, nm, sizeof nm);
+            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[2][5];
+            void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
+            for (int v = 0; v < 2; v++) { /* the walk, then flat */
+                tern__cuda_gemv_flat = v;
+                float *ys[3] = {(float *)yd, (float *)yd + out, (float *)yd + 2 * out};
+                const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+                g->vt->matmul(g, yd, xd, 1, &t[0]);
+                res[v][0] = from_gpu(g, yd, out);
+                CHECK(g->vt->matmul_n(g, 3, ys, xd, 1, ws) == 1, "%s matmul_n refused", nm);
+                res[v][1] = from_gpu(g, yd, tot);
+                for (int act = 0; act < 2; act++) {
+                    CHECK(g->vt->matmul_glu(g, yd, xd, 1, &t[0], &t[1], act) == 1, "%s matmul_glu refused", nm);
+                    res[v][2 + act] = from_gpu(g, yd, out);
+                }
+                g->vt->upload(g, yd, r, (size_t)out * 4);
+                CHECK(g->vt->matmul_add(g, yd, xd, 1, &t[0]) == 1, "%s matmul_add refused", nm);
+                res[v][4] = from_gpu(g, yd, out);
+            }
+            static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
+            for (int k = 0; k < 5; k++) {
+                CHECK(same_bits(res[0][k], res[1][k], k == 1 ? tot : out), "%s %dx%d %s: flat != the XP1 walk", nm, out,
+                      in, what[k]);
+                free(res[0][k]); free(res[1][k]);
+            }
+            for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+            g->vt->free(g, xd); g->vt->free(g, yd);
+            free(x); free(r);
+        }
+    tern__cuda_gemv_flat = keep_fl;
+    tern__cuda_mm_j = keep_j;
+    tern__cuda_gemv_mma_xp1 = keep_xp;
+}
+
 static void cuda_mma_tests(void) {
+    RUN(cuda_gemv_flat_bits);
     RUN(cuda_gemv_mma_i8);
     RUN(cuda_gemv_mma_xp1);
     RUN(cuda_gemv_mma_fold);

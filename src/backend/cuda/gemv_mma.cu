@@ -414,8 +414,9 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     const dim3 grid((unsigned)gx, (unsigned)a.ks);
     cudaSetDevice(c->device);
     const bool f16 = w0->sdtype == TERN_DT_F16;
-    if (w0->bits == 4 && mm_xp1(c) && !mm_i8(c) && tern__cuda_gemv_ring_go(c, a, gb, f16)) { /* gemv_ring.cu: same bits */
-        tern__cuda_check(c, "gemv_ring");
+    if (w0->bits == 4 && mm_xp1(c) && !mm_i8(c) &&
+        (tern__cuda_gemv_flat_go(c, a, gb, f16) || tern__cuda_gemv_ring_go(c, a, gb, f16))) { /* opt-in */
+        tern__cuda_check(c, "gemv_flat/ring");
         tern__cuda_gemv_mma_calls++;
         return 1;
     }

@@ -229,22 +229,30 @@ __device__ __forceinline__ void mm_mmas1(float *d, const uint32_t *wa, const uin
 
 /* XP1: fold a chunk's tile once: lane t holds columns 2t, 2t+1 (groups G0 + 2t, G0 + 2t + 1 of the
  * chunk) of rows g (d[0], d[1]) and g+8 (d[2], d[3]); s0/b0/s1/b1: those groups' scales and biases of
- * both rows as packed pairs (low half = column 2t); c0: the chunk's first step in the slice, nsc its
+ * both rows as packed pairs (low half = column 2t); xg0, xg1: the two columns' Σx; nsc: the chunk's
  * steps (the last chunk may be short) */
 template <int GPS, int S, bool F16S, bool FOLD>
-__device__ __forceinline__ void mm_fold1(float &acc0, float &acc1, const float *d, uint32_t s0, uint32_t b0,
-                                         uint32_t s1, uint32_t b1, const float *xs, int c0, int nsc, int t) {
+__device__ __forceinline__ void mm_fold1x(float &acc0, float &acc1, const float *d, uint32_t s0, uint32_t b0,
+                                          uint32_t s1, uint32_t b1, float xg0, float xg1, int nsc, int t) {
 #pragma unroll
     for (int q = 0; q < 2; q++) {
         const int c = 2 * t + q;
         if (c >= S * GPS || c / GPS >= nsc) continue;
-        const float xg = xs[c0 * GPS + c];
+        const float xg = q ? xg1 : xg0;
         const float sa = mm_scale<F16S>(q ? s0 >> 16 : s0 & 0xffffu), sb = mm_scale<F16S>(q ? s1 >> 16 : s1 & 0xffffu);
         float ba = mm_scale<F16S>(q ? b0 >> 16 : b0 & 0xffffu), bb = mm_scale<F16S>(q ? b1 >> 16 : b1 & 0xffffu);
         if constexpr (FOLD) { ba = fmaf(-128.0f, sa, ba); bb = fmaf(-128.0f, sb, bb); }
         acc0 = fmaf(ba, xg, fmaf(sa, d[q], acc0));
         acc1 = fmaf(bb, xg, fmaf(sb, d[2 + q], acc1));
     }
+}
+
+/* the same with Σx of the columns from the staged xs ([slice step][GPS]; c0: the chunk's first step) */
+template <int GPS, int S, bool F16S, bool FOLD>
+__device__ __forceinline__ void mm_fold1(float &acc0, float &acc1, const float *d, uint32_t s0, uint32_t b0,
+                                         uint32_t s1, uint32_t b1, const float *xs, int c0, int nsc, int t) {
+    const int c = min(2 * t, S * GPS - 2); /* columns past the chunk are not folded: any entry serves */
+    mm_fold1x<GPS, S, F16S, FOLD>(acc0, acc1, d, s0, b0, s1, b1, xs[c0 * GPS + c], xs[c0 * GPS + c + 1], nsc, t);
 }
 
 

@@ -166,5 +166,7 @@ __device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *x
 
 /* gemv_ring.cu: the XP1 walk with a shared-memory ring (same bits); false when it declines */
 bool tern__cuda_gemv_ring_go(const tern__cuda *c, const MmArgs &a, int gb, bool f16);
+/* gemv_flat.cu: XP1's arithmetic without a table or a walk (one chunk per warp); false when it declines */
+bool tern__cuda_gemv_flat_go(const tern__cuda *c, const MmArgs &a, int gb, bool f16);
 
 #endif
