@@ -22,6 +22,27 @@ S="$OUT/summary.txt"
 : > "$S"
 T=build/tern-core
 say() { echo "$*" | tee -a "$S"; }
+# q4_gemv VAR "values": BENCH_GEMV1=q4 per-shape GEMV times (XP1 forced) for each value of switch VAR
+q4_gemv() {
+    local var=$1 v
+    for v in $2; do
+        env "$var=$v" TERN_CUDA_GEMV_XP1=1 BENCH_GEMV1=q4 timeout 120 build/bench_cuda > "$OUT/gemv_${var}_$v.txt" 2>&1
+        say "gemv q4 XP1 $var=$v:"; grep '^\[mma\]' "$OUT/gemv_${var}_$v.txt" | tr -s ' ' | tee -a "$S"
+    done
+}
+# q4_b1 VAR "values": batch-1 decode of llama3-8b and gemma4-12b q4, interleaved, two reps
+q4_b1() {
+    local var=$1 v m rep
+    for rep in 1 2; do
+        for m in llama3-8b gemma4-12b; do
+            for v in $2; do
+                env "$var=$v" timeout 60 $T bench --random $m --quant q4 --device cuda --prompt 512 --gen 64 --reps 1 \
+                    > "$OUT/b1_${var}_${m}_${v}_$rep.txt" 2>&1
+                say "b1 $m q4 $var=$v rep $rep: $(grep '^csv,' "$OUT/b1_${var}_${m}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
+            done
+        done
+    done
+}
 SECTIONS="${AB_SECTIONS:-5 6 4}"  # 1-3 ran in session 12 (NOTES (u))
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
@@ -34,15 +55,7 @@ for v in "0 4" "1 3" "1 4" "1 5"; do
         > "$OUT/ring_gemv_$1$2.txt" 2>&1
     say "gemv q4 XP1 RING=$1 R=$2:"; grep '^\[mma\]' "$OUT/ring_gemv_$1$2.txt" | tr -s ' ' | tee -a "$S"
 done
-for rep in 1 2; do
-    for m in llama3-8b gemma4-12b; do
-        for v in 0 2 1; do
-            TERN_CUDA_GEMV_RING=$v timeout 60 $T bench --random $m --quant q4 --device cuda \
-                --prompt 512 --gen 64 --reps 1 > "$OUT/ring_${m}_${v}_$rep.txt" 2>&1
-            say "b1 $m q4 RING=$v rep $rep: $(grep '^csv,' "$OUT/ring_${m}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
-        done
-    done
-done
+q4_b1 TERN_CUDA_GEMV_RING "0 2 1"
 fi
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
@@ -76,37 +89,15 @@ fi
 #    in session 12 without a GPU): per-shape GEMV times (back-to-back launches overlap through PDL),
 #    then batch-1 decode
 if [[ " $SECTIONS " == *" 4 "* ]]; then
-for v in 0 4 16; do
-    TERN_CUDA_GEMV_L2PF=$v TERN_CUDA_GEMV_XP1=1 BENCH_GEMV1=q4 timeout 120 build/bench_cuda > "$OUT/l2pf_gemv_$v.txt" 2>&1
-    say "gemv q4 XP1 L2PF=$v:"; grep '^\[mma\]' "$OUT/l2pf_gemv_$v.txt" | tr -s ' ' | tee -a "$S"
-done
-for rep in 1 2; do
-    for m in llama3-8b gemma4-12b; do
-        for v in 0 4 16; do
-            TERN_CUDA_GEMV_L2PF=$v timeout 60 $T bench --random $m --quant q4 --device cuda --prompt 512 --gen 64 \
-                --reps 1 > "$OUT/l2pf_${m}_${v}_$rep.txt" 2>&1
-            say "b1 $m q4 L2PF=$v rep $rep: $(grep '^csv,' "$OUT/l2pf_${m}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
-        done
-    done
-done
+    q4_gemv TERN_CUDA_GEMV_L2PF "0 4 16"
+    q4_b1 TERN_CUDA_GEMV_L2PF "0 4 16"
 fi
 
 # 6. gemv_flat.cu (TERN_CUDA_GEMV_FLAT=1: one chunk per warp, B from x, no table, 24 warps per SM; written
 #    in session 12 without a GPU; serves the GEMVs without a pre-norm: o, down, the head) vs the XP1 walk
 if [[ " $SECTIONS " == *" 6 "* ]]; then
-for v in 0 1; do
-    TERN_CUDA_GEMV_FLAT=$v TERN_CUDA_GEMV_XP1=1 BENCH_GEMV1=q4 timeout 120 build/bench_cuda > "$OUT/flat_gemv_$v.txt" 2>&1
-    say "gemv q4 XP1 FLAT=$v:"; grep '^\[mma\]' "$OUT/flat_gemv_$v.txt" | tr -s ' ' | tee -a "$S"
-done
-for rep in 1 2; do
-    for m in llama3-8b gemma4-12b; do
-        for v in 0 1; do
-            TERN_CUDA_GEMV_FLAT=$v timeout 60 $T bench --random $m --quant q4 --device cuda --prompt 512 --gen 64 \
-                --reps 1 > "$OUT/flat_${m}_${v}_$rep.txt" 2>&1
-            say "b1 $m q4 FLAT=$v rep $rep: $(grep '^csv,' "$OUT/flat_${m}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
-        done
-    done
-done
+    q4_gemv TERN_CUDA_GEMV_FLAT "0 1"
+    q4_b1 TERN_CUDA_GEMV_FLAT "0 1"
 fi
 
 # 5. load patterns without math (bench_cuda --pattern: modes 4-6 written in session 12 without a GPU)

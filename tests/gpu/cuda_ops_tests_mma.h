@@ -81,6 +81,40 @@ TEST(cuda_gemv_mma_glu_walk) {
     free(x); free_w(&h0); free_w(&h1);
 }
 
+/* three Q4 matrices (out, out, o2 rows) uploaded for mm_five_ops; nm: the format's name */
+static void mm_three_open(tern_backend *g, int gs, tern_dtype sdt, int out, int o2, int in, hw *h, tern_tensor *t, char *nm) {
+    const int rows[3] = {out, out, o2};
+    tern_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        h[i] = make_w(TERN_DT_Q, 4, gs, sdt, 1, rows[i], in, 0);
+        t[i] = h[i].t;
+        CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+    }
+    fmt_name(&h[0].t, nm, 64);
+}
+static void mm_three_close(tern_backend *g, hw *h, tern_tensor *t) {
+    for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+}
+
+/* the five one-row ops of matrices t[0..3) (t[0], t[1]: out rows; t[2]: the third of q|k|v) into
+ * res: matmul, q|k|v (tot rows), act(gate)·up with silu and gelu, y += W·x onto r */
+static void mm_five_ops(tern_backend *g, const tern_tensor *t, int out, int tot, void *xd, void *yd, const float *r,
+                        const char *nm, float **res) {
+    float *ys[3] = {(float *)yd, (float *)yd + out, (float *)yd + 2 * out};
+    const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+    g->vt->matmul(g, yd, xd, 1, &t[0]);
+    res[0] = from_gpu(g, yd, out);
+    CHECK(g->vt->matmul_n(g, 3, ys, xd, 1, ws) == 1, "%s matmul_n refused", nm);
+    res[1] = from_gpu(g, yd, tot);
+    for (int act = 0; act < 2; act++) {
+        CHECK(g->vt->matmul_glu(g, yd, xd, 1, &t[0], &t[1], act) == 1, "%s matmul_glu refused", nm);
+        res[2 + act] = from_gpu(g, yd, out);
+    }
+    g->vt->upload(g, yd, r, (size_t)out * 4);
+    CHECK(g->vt->matmul_add(g, yd, xd, 1, &t[0]) == 1, "%s matmul_add refused", nm);
+    res[4] = from_gpu(g, yd, out);
+}
+
 /* TERN_CUDA_GEMV_PP (two register sets for the walk, Q4) and TERN_CUDA_PDL (programmatic dependent
  * launch) do the same arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual
  * results must be the same bits as the plain one-set walk, walking several row blocks or not, split
@@ -97,16 +131,10 @@ TEST(cuda_gemv_mma_pp_bits) {
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
             const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
-            hw h[3] = {make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, out, in, 0), make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, out, in, 0),
-                       make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, o2, in, 0)};
+            hw h[3];
             tern_tensor t[3];
-            tern_error err = {0};
-            for (int i = 0; i < 3; i++) {
-                t[i] = h[i].t;
-                CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
-            }
             char nm[64];
-            fmt_name(&h[0].t, nm, sizeof nm);
+            mm_three_open(g, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
             float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[4][5];
             const int nv = xp ? 4 : 3;
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
@@ -115,19 +143,7 @@ TEST(cuda_gemv_mma_pp_bits) {
                 tern__cuda_gemv_mma_pp = v == 1;
                 tern__cuda_pdl_on = v == 2;
                 tern__cuda_gemv_ring = v == 3;
-                float *ys[3] = {(float *)yd, (float *)yd + out, (float *)yd + 2 * out};
-                const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
-                g->vt->matmul(g, yd, xd, 1, &t[0]);
-                res[v][0] = from_gpu(g, yd, out);
-                CHECK(g->vt->matmul_n(g, 3, ys, xd, 1, ws) == 1, "%s matmul_n refused", nm);
-                res[v][1] = from_gpu(g, yd, tot);
-                for (int act = 0; act < 2; act++) {
-                    CHECK(g->vt->matmul_glu(g, yd, xd, 1, &t[0], &t[1], act) == 1, "%s matmul_glu refused", nm);
-                    res[v][2 + act] = from_gpu(g, yd, out);
-                }
-                g->vt->upload(g, yd, r, (size_t)out * 4);
-                CHECK(g->vt->matmul_add(g, yd, xd, 1, &t[0]) == 1, "%s matmul_add refused", nm);
-                res[v][4] = from_gpu(g, yd, out);
+                mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
             }
             static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
             for (int k = 0; k < 5; k++) {
@@ -136,7 +152,7 @@ TEST(cuda_gemv_mma_pp_bits) {
                           out, in, what[k], xp, v == 1 ? "two-set walk" : v == 2 ? "programmatic launch" : "ring");
                 for (int v = 0; v < nv; v++) free(res[v][k]);
             }
-            for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+            mm_three_close(g, h, t);
             g->vt->free(g, xd); g->vt->free(g, yd);
             free(x); free(r);
         }
@@ -261,33 +277,15 @@ TEST(cuda_gemv_flat_bits) {
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
             const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
-            hw h[3] = {make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, out, in, 0), make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, out, in, 0),
-                       make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, o2, in, 0)};
+            hw h[3];
             tern_tensor t[3];
-            tern_error err = {0};
-            for (int i = 0; i < 3; i++) {
-                t[i] = h[i].t;
-                CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
-            }
             char nm[64];
-            fmt_name(&h[0].t, nm, sizeof nm);
+            mm_three_open(g, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
             float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[2][5];
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
             for (int v = 0; v < 2; v++) { /* the walk, then flat */
                 tern__cuda_gemv_flat = v;
-                float *ys[3] = {(float *)yd, (float *)yd + out, (float *)yd + 2 * out};
-                const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
-                g->vt->matmul(g, yd, xd, 1, &t[0]);
-                res[v][0] = from_gpu(g, yd, out);
-                CHECK(g->vt->matmul_n(g, 3, ys, xd, 1, ws) == 1, "%s matmul_n refused", nm);
-                res[v][1] = from_gpu(g, yd, tot);
-                for (int act = 0; act < 2; act++) {
-                    CHECK(g->vt->matmul_glu(g, yd, xd, 1, &t[0], &t[1], act) == 1, "%s matmul_glu refused", nm);
-                    res[v][2 + act] = from_gpu(g, yd, out);
-                }
-                g->vt->upload(g, yd, r, (size_t)out * 4);
-                CHECK(g->vt->matmul_add(g, yd, xd, 1, &t[0]) == 1, "%s matmul_add refused", nm);
-                res[v][4] = from_gpu(g, yd, out);
+                mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
             }
             static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
             for (int k = 0; k < 5; k++) {
@@ -295,7 +293,7 @@ TEST(cuda_gemv_flat_bits) {
                       in, what[k]);
                 free(res[0][k]); free(res[1][k]);
             }
-            for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+            mm_three_close(g, h, t);
             g->vt->free(g, xd); g->vt->free(g, yd);
             free(x); free(r);
         }

@@ -121,16 +121,7 @@ template <int GB, bool F16S> __global__ void __launch_bounds__(128, 6) gemv_flat
     if (!last) return;
     __threadfence();
     const int per = pair ? 8 : 16, u = tile * per + (lane & 15);
-    if (lane < 16 && (lane < per) && u < a.rows) {
-        float v = 0.f, up = 0.f;
-#pragma unroll 4
-        for (int s = 0; s < a.ks; s++) {
-            const float *qq = a.part + (size_t)s * units;
-            if (pair) { v += __ldcg(qq + 2 * u); up += __ldcg(qq + 2 * u + 1); }
-            else v += __ldcg(qq + u);
-        }
-        mm_store(a, u, v, up);
-    }
+    if (lane < per && u < a.rows) mm_sum_slices(a, u, pair, units);
     if (lane == 0) a.cnt[tile] = 0;
 }
 

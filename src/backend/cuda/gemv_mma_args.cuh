@@ -75,6 +75,19 @@ __device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t,
     r.live0 = live[0]; r.live1 = live[1];
 }
 
+/* unit u's slices summed in slice order (L2 loads of other blocks' partials, several in flight: a
+ * volatile load per slice waited ~L2 latency each, 28 slices at in = 14336), then stored */
+__device__ __forceinline__ void mm_sum_slices(const MmArgs &a, int u, bool pair, int units) {
+    float v = 0.f, up = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < a.ks; s++) {
+        const float *qq = a.part + (size_t)s * units;
+        if (pair) { v += __ldcg(qq + 2 * u); up += __ldcg(qq + 2 * u + 1); }
+        else v += __ldcg(qq + u);
+    }
+    mm_store(a, u, v, up);
+}
+
 /* split K: the block's partials are out (one fence); the last slice block of a row block sums its
  * slices in order */
 __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int units, int *mine, int *nmine) {
@@ -91,16 +104,7 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
         for (int i = threadIdx.x; i < per; i += blockDim.x) {
             const int u = u0 + i;
             if (u >= a.rows) break;
-            float v = 0.f, up = 0.f;
-            /* L2 loads (other blocks' partials), several in flight: a volatile load per slice waited
-             * ~L2 latency each (28 slices at in = 14336); the sum keeps the slice order */
-#pragma unroll 4
-            for (int s = 0; s < a.ks; s++) {
-                const float *qq = a.part + (size_t)s * units;
-                if (pair) { v += __ldcg(qq + 2 * u); up += __ldcg(qq + 2 * u + 1); }
-                else v += __ldcg(qq + u);
-            }
-            mm_store(a, u, v, up);
+            mm_sum_slices(a, u, pair, units);
         }
         if (threadIdx.x == 0) a.cnt[q] = 0;
     }
