@@ -115,6 +115,7 @@ template <int GB, bool F16S> __global__ void __launch_bounds__(128, 6) gemv_flat
     if (a.ks == 1) return;
     /* the last warp of this tile to arrive sums its slices in order */
     __threadfence();
+    __syncwarp(); /* every lane's partials are out before lane 0 counts the warp */
     int last = 0;
     if (lane == 0) last = atomicAdd(a.cnt + tile, 1) == a.ks - 1;
     last = __shfl_sync(0xffffffffu, last, 0);
