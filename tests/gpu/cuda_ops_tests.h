@@ -138,12 +138,7 @@ static double check_matmul(tern_backend *gpu, const hw *h, int n, int e) {
     int out = (int)h->t.shape[h->t.ndim - 2], in = (int)h->t.shape[h->t.ndim - 1];
     float *x = rnd((size_t)n * in, 1.0f), *yr = malloc((size_t)n * out * sizeof *yr);
     if (g_x_bf16) /* x exact in bf16 (round to nearest even): kernels that round x to bf16 stay exact */
-        for (size_t i = 0; i < (size_t)n * in; i++) {
-            uint32_t u;
-            memcpy(&u, &x[i], 4);
-            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-            memcpy(&x[i], &u, 4);
-        }
+        for (size_t i = 0; i < (size_t)n * in; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
     void *xd = to_gpu(x, (size_t)n * in * sizeof *x), *yd = nan_buf(gpu, (size_t)n * out);
     if (e < 0) {
         g_ref->vt->matmul(g_ref, yr, x, n, &tr);

@@ -44,11 +44,8 @@ template <int GB, bool F16S> __global__ void __launch_bounds__(128, 6) gemv_flat
             w0[sl] = mm_ld4(r.w0 + (size_t)(st0 + sl) * 64);
             w1[sl] = mm_ld4(r.w1 + (size_t)(st0 + sl) * 64);
         }
-    const int G = st0 * GPS, cc = min(2 * t, NC - 2), G1 = min(G + cc + 1, a.ng - 1), G0 = min(G + cc, G1);
-    const uint32_t q0 = __ldg(r.s0 + G0) | (uint32_t)__ldg(r.s0 + G1) << 16;
-    const uint32_t q1 = __ldg(r.b0 + G0) | (uint32_t)__ldg(r.b0 + G1) << 16;
-    const uint32_t q2 = __ldg(r.s1 + G0) | (uint32_t)__ldg(r.s1 + G1) << 16;
-    const uint32_t q3 = __ldg(r.b1 + G0) | (uint32_t)__ldg(r.b1 + G1) << 16;
+    uint32_t q[4];
+    mm_pair_scales(r, st0 * GPS, t, NC, a.ng, q);
     pdl_wait(); /* x, y, the partials and the counters: after the previous kernel */
 
     /* this lane's column of the tile is g; it belongs to step sg of the chunk when the lane's bytes
@@ -107,7 +104,7 @@ template <int GB, bool F16S> __global__ void __launch_bounds__(128, 6) gemv_flat
         xs2[q] = __shfl_sync(0xffffffffu, e, src);
     }
     float acc0 = 0.0f, acc1 = 0.0f;
-    mm_fold1x<GPS, S, F16S, true>(acc0, acc1, d, q0, q1, q2, q3, xs2[0], xs2[1], nsc, t);
+    mm_fold1x<GPS, S, F16S, true>(acc0, acc1, d, q[0], q[1], q[2], q[3], xs2[0], xs2[1], nsc, t);
 
     const int units = pair ? 2 * a.rows : a.rows;
     float *pp = a.part + (size_t)ch * units;

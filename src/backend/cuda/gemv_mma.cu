@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemv_mma.cuh"
 #include "backend/cuda/gemv_mma_args.cuh"
+#include "backend/cuda/mma.cuh"
 
 #include <stdlib.h>
 
@@ -86,13 +87,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
         o.w0[i] = mm_ld4(r.w0 + (size_t)st * 64);
         o.w1[i] = mm_ld4(r.w1 + (size_t)st * 64);
         if constexpr (XP1) {
-            if (i == 0) { /* groups G + 2t, G + 2t + 1 of the chunk (clamped inside the row when not live) */
-                const int c = min(2 * t, S * GPS - 2), G1 = min(G + c + 1, a.ng - 1), G0 = min(G + c, G1);
-                o.q[0] = __ldg(r.s0 + G0) | (uint32_t)__ldg(r.s0 + G1) << 16;
-                o.q[1] = __ldg(r.b0 + G0) | (uint32_t)__ldg(r.b0 + G1) << 16;
-                o.q[2] = __ldg(r.s1 + G0) | (uint32_t)__ldg(r.s1 + G1) << 16;
-                o.q[3] = __ldg(r.b1 + G0) | (uint32_t)__ldg(r.b1 + G1) << 16;
-            }
+            if (i == 0) mm_pair_scales(r, G, t, S * GPS, a.ng, o.q); /* once per chunk */
         } else {
             o.s0[i] = mm_lds<GPS>(r.s0 + G); o.b0[i] = mm_lds<GPS>(r.b0 + G);
             o.s1[i] = mm_lds<GPS>(r.s1 + G); o.b1[i] = mm_lds<GPS>(r.b1 + G);
@@ -155,7 +150,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
                 else mm_mmas1<FOLD>(d, wa, wc, tl, ch * S + sl, a.magic);
             }
             if constexpr (XI8) {
-                const int ng = a.J * S * GPS;
+                const int ng = mm_slice_groups<S, GB>(a);
                 mm_fold_i8<GPS, S, F16S>(acc0, acc1, di, q0, q1, q2, q3, xs, xs + ng, xs + 2 * ng, ch * S, nsc, t);
             } else {
                 mm_fold1<GPS, S, F16S, FOLD>(acc0, acc1, d, q0, q1, q2, q3, xs, ch * S, nsc, t);
@@ -439,11 +434,6 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
  * g+8, blocks of 8 warps x 4 steps, K slices on blockIdx.y); 1: the same, one warp walks all steps of
  * its rows (no K slices); 2: warp = 2 rows read 512 contiguous bytes per instruction (gemv1's
  * pattern); 3: the matrix as one flat stream. Each lane XORs what it read; one word per warp out. */
-__device__ __forceinline__ void rg_cp16_probe(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-}
-
 __global__ void mm_probe_kernel(const uint8_t *w, int rows, int rb, int mode, uint32_t *sink) {
     pdl_start();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -510,24 +500,24 @@ __global__ void __launch_bounds__(256, 1) mm_probe_ring_kernel(const uint8_t *w,
 #pragma unroll
                     for (int s4 = 0; s4 < 4; s4++) {
                         const size_t o = (size_t)n * 256 + s4 * 64 + t * 16;
-                        rg_cp16_probe(sl + (2 * s4) * 32 + lane, w + (size_t)ra * rb + o);
-                        rg_cp16_probe(sl + (2 * s4 + 1) * 32 + lane, w + (size_t)rc * rb + o);
+                        mma_cp16_ord(sl + (2 * s4) * 32 + lane, w + (size_t)ra * rb + o);
+                        mma_cp16_ord(sl + (2 * s4 + 1) * 32 + lane, w + (size_t)rc * rb + o);
                     }
                 } else {
 #pragma unroll
                     for (int j = 0; j < 8; j++) {
                         const int r = min(r0 + 2 * j + (lane >> 4), rows - 1);
-                        rg_cp16_probe(sl + j * 32 + lane, w + (size_t)r * rb + (size_t)n * 256 + (lane & 15) * 16);
+                        mma_cp16_ord(sl + j * 32 + lane, w + (size_t)r * rb + (size_t)n * 256 + (lane & 15) * 16);
                     }
                 }
             }
-            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            mma_cp_commit_ord();
         };
 #pragma unroll
         for (int i = 0; i < R - 1; i++) issue(i);
         for (int n = 0; n < nch; n++) {
             issue(n + R - 1);
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(R - 1) : "memory");
+            mma_cp_wait_ord<R - 1>();
             if (mode == 5) __syncwarp();
             const uint4 *sl = ring + (n % R) * 256;
 #pragma unroll

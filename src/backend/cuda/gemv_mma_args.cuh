@@ -75,6 +75,17 @@ __device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t,
     r.live0 = live[0]; r.live1 = live[1];
 }
 
+/* XP1 / XI8: the scales and biases of the lane's two chunk groups G + 2t, G + 2t + 1 (NC: the chunk's
+ * groups; clamped inside the row where not live, those columns are never folded) for rows g and g+8,
+ * packed low = column 2t: q = {s0, b0, s1, b1} */
+__device__ __forceinline__ void mm_pair_scales(const MmRows &r, int G, int t, int NC, int ng, uint32_t *q) {
+    const int c = min(2 * t, NC - 2), G1 = min(G + c + 1, ng - 1), G0 = min(G + c, G1);
+    q[0] = __ldg(r.s0 + G0) | (uint32_t)__ldg(r.s0 + G1) << 16;
+    q[1] = __ldg(r.b0 + G0) | (uint32_t)__ldg(r.b0 + G1) << 16;
+    q[2] = __ldg(r.s1 + G0) | (uint32_t)__ldg(r.s1 + G1) << 16;
+    q[3] = __ldg(r.b1 + G0) | (uint32_t)__ldg(r.b1 + G1) << 16;
+}
+
 /* unit u's slices summed in slice order (L2 loads of other blocks' partials, several in flight: a
  * volatile load per slice waited ~L2 latency each, 28 slices at in = 14336), then stored */
 __device__ __forceinline__ void mm_sum_slices(const MmArgs &a, int u, bool pair, int units) {
@@ -138,11 +149,16 @@ __device__ __forceinline__ void mm_finish(const MmArgs &a, float acc0, float acc
 /* stage x for the block's K slice (gemv_mma.cuh mm_stage), or its rmsnorm (every block sums the whole
  * row: bitwise norm.cu's), or first the residual add x' = (x + rmsnorm(h)·w)·s (norm_matmul's res:
  * rmsnorm_add's expression); blocks of blockIdx.x 0 write their slice of xn (and x'). No barrier. */
+/* the scale groups of a K slice: the length of each of XI8's staged arrays (Σx, d, e, 1/d) */
+template <int S, int GB> __device__ __forceinline__ int mm_slice_groups(const MmArgs &a) {
+    return a.J * S * (GB >= 64 ? 1 : 64 / GB);
+}
+
 /* XP: 3 the exact three-part split, 1 one bf16 column (XP1), 8 int8 (XI8) */
 template <int BITS, int GB, int S, int XP>
 __device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *xs, int st0, int ns) {
     constexpr int CPS = 512 / BITS; /* inputs per step */
-    const int ng = a.J * S * (GB >= 64 ? 1 : 64 / GB); /* XP 8 (int8): Σx, d, e, 1/d per group of the slice */
+    const int ng = mm_slice_groups<S, GB>(a); /* XP 8 (int8): Σx, d, e, 1/d per group of the slice */
     (void)ng;
     if (a.xn) {
         __shared__ float red[32];

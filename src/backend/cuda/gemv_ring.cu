@@ -20,20 +20,8 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemv_mma.cuh"
 #include "backend/cuda/gemv_mma_args.cuh"
+#include "backend/cuda/mma.cuh"
 
-
-/* lane-private asynchronous copies; the "memory" clobbers keep the compiler from moving the slot's
- * shared-memory reads across the wait or the next copy into the slot */
-__device__ __forceinline__ void rg_cp16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void rg_cp4(void *dst, const void *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void rg_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void rg_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 template <int GB, bool F16S, int RG_R> __global__ void __launch_bounds__(256, 1) gemv_ring_kernel(MmArgs a) {
     pdl_trigger();
@@ -64,19 +52,19 @@ template <int GB, bool F16S, int RG_R> __global__ void __launch_bounds__(256, 1)
             for (int sl = 0; sl < S; sl++)
                 if (sl < nsc) {
                     const size_t st = (size_t)(st0 + ch * S + sl) * 64;
-                    rg_cp16(w + (2 * sl) * 32, r.w0 + st);
-                    rg_cp16(w + (2 * sl + 1) * 32, r.w1 + st);
+                    mma_cp16_ord(w + (2 * sl) * 32, r.w0 + st);
+                    mma_cp16_ord(w + (2 * sl + 1) * 32, r.w1 + st);
                 }
             /* groups G + 2t, G + 2t + 1 (as gemv_mma_kernel's XP1 load; columns past the row are not
              * folded, so any pair inside the row serves) */
             const int G = (st0 + ch * S) * GPS, G0 = min(G + min(2 * t, S * GPS - 2), a.ng - 2);
             uint32_t *q = rings + slot * 4 * 32;
-            rg_cp4(q, r.s0 + G0);
-            rg_cp4(q + 32, r.b0 + G0);
-            rg_cp4(q + 64, r.s1 + G0);
-            rg_cp4(q + 96, r.b1 + G0);
+            mma_cp4_ord(q, r.s0 + G0);
+            mma_cp4_ord(q + 32, r.b0 + G0);
+            mma_cp4_ord(q + 64, r.s1 + G0);
+            mma_cp4_ord(q + 96, r.b1 + G0);
         }
-        rg_commit();
+        mma_cp_commit_ord();
     };
 #pragma unroll
     for (int i = 0; i < RG_R - 1; i++) issue(i); /* weights only: before the previous kernel's end */
@@ -90,7 +78,7 @@ template <int GB, bool F16S, int RG_R> __global__ void __launch_bounds__(256, 1)
     float acc0 = 0.0f, acc1 = 0.0f;
     for (int n = 0; n < nitems; n++) {
         issue(n + RG_R - 1);
-        rg_wait<RG_R - 1>(); /* item n's group is complete */
+        mma_cp_wait_ord<RG_R - 1>(); /* item n's group is complete */
         const int ch = n % nch, slot = n % RG_R, nsc = min(S, ns - ch * S);
         const uint4 *w = ringw + slot * 2 * S * 32;
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
