@@ -7,8 +7,8 @@
 #   OUT=/tmp/ab bash scripts/gpu_ab.sh      # logs + summary.txt under $OUT
 # Session 11's sections (NORM_N / NORM_ROPE / NORM_RES / NORM_GEMM) ran and are recorded in bench/NOTES.md
 # (t); they were removed from here. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
-# under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF), 5 (bench_cuda --pattern's
-# new modes) and 6 (gemv_flat.cu) were written after its last call: the default runs those (~6 min). Keep this script
+# under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF / _L2ROLL), 5 (bench_cuda --pattern's
+# modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -43,7 +43,7 @@ q4_b1() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-5 6 4}"  # 1-3 ran in session 12 (NOTES (u))
+SECTIONS="${AB_SECTIONS:-5}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v))
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
 #    ring of R chunks per warp, R = 3 / 4 / 5), per shape (ring forced on for every shape), then
@@ -89,8 +89,10 @@ fi
 #    in session 12 without a GPU): per-shape GEMV times (back-to-back launches overlap through PDL),
 #    then batch-1 decode
 if [[ " $SECTIONS " == *" 4 "* ]]; then
-    q4_gemv TERN_CUDA_GEMV_L2PF "0 4 16"
-    q4_b1 TERN_CUDA_GEMV_L2PF "0 4 16"
+    q4_gemv TERN_CUDA_GEMV_L2PF "0 3 8 16"
+    q4_gemv TERN_CUDA_GEMV_L2ROLL "1 2 4"
+    q4_b1 TERN_CUDA_GEMV_L2PF "0 3 16"
+    q4_b1 TERN_CUDA_GEMV_L2ROLL "0 2 4"
 fi
 
 # 6. gemv_flat.cu (TERN_CUDA_GEMV_FLAT=1: one chunk per warp, B from x, no table, 24 warps per SM; written

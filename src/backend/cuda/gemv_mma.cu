@@ -53,8 +53,8 @@
  * group's scale. A block stages x for its slice once and then walks row blocks blockIdx.x,
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
-template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, bool XI8 = false>
-__global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
+template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, bool XI8 = false, int MINB = 2>
+__global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     static_assert(!XI8 || XP1, "the int8 walk is XP1's with another MMA and fold");
     pdl_trigger();
     constexpr int S = GB == 16 ? 2 : 4; /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
@@ -98,17 +98,18 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
 #pragma unroll
     for (int i = 0; i < S; i++)
         if (i < ns) load_step(A, 0, i);
-    if (a.l2pf > 0) { /* TERN_CUDA_GEMV_L2PF: the walk's next items into L2 while the previous kernel drains */
-        const int nch0 = (ns + S - 1) / S, nrb = (a.rblocks - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
-        for (int n = 1; n <= a.l2pf && n < nrb * nch0; n++) {
-            const int ch = n % nch0, half = lane >> 4;
-            if (half * 128 >= S * 64) continue; /* S = 2: one 128-byte line per row and chunk */
-            MmRows p;
-            mm_rows(a, (blockIdx.x + (n / nch0) * gridDim.x) * MM_WARPS + warp, lane & 7, 0, rb, pair, p);
-            const uint8_t *q = ((lane >> 3) & 1 ? p.w1 : p.w0) + (size_t)(st0 + ch * S) * 64 + half * 128;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
-        }
-    }
+    /* TERN_CUDA_GEMV_L2PF / _L2ROLL: item n of the walk (chunk n % nch of row block blockIdx.x +
+     * (n / nch)·gridDim.x) into L2, one 128-byte line per lane (16 rows x 256 bytes per warp) */
+    const int nitems = (a.rblocks - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * nch;
+    auto l2_item = [&](int n) {
+        const int half = lane >> 4;
+        if (n >= nitems || half * 128 >= S * 64) return; /* S = 2: one 128-byte line per row and chunk */
+        MmRows p;
+        mm_rows(a, (blockIdx.x + (n / nch) * gridDim.x) * MM_WARPS + warp, lane & 7, 0, rb, pair, p);
+        const uint8_t *q = ((lane >> 3) & 1 ? p.w1 : p.w0) + (size_t)(st0 + (n % nch) * S) * 64 + half * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
+    };
+    for (int n = 1; n <= a.l2pf; n++) l2_item(n); /* while the previous kernel drains */
     /* programmatic dependent launch (TERN_CUDA_PDL=1, cuda_common.cuh): everything above reads only
      * weights; x, y, the partials and the counters are touched after the previous kernel has
      * finished and flushed */
@@ -123,9 +124,11 @@ __global__ void __launch_bounds__(256, 2) gemv_mma_kernel(MmArgs a) {
     /* one chunk of a row block from `cur` while the next unit's steps load into `nxt` (the next chunk
      * of this row block, or the first chunk of the next row block); false after the last. The sums
      * run on over a row block's chunks, in step order, and are stored after its last chunk */
-    int ch = 0;
+    int ch = 0, item = 0;
     float acc0 = 0.0f, acc1 = 0.0f;
     auto block = [&](MmSet &cur, MmSet &nxt) -> bool {
+        if (a.l2roll > 0) l2_item(item + a.l2roll); /* TERN_CUDA_GEMV_L2ROLL: D items ahead of this one */
+        item++;
         const int unit0 = r.unit0, unit1 = r.unit1;
         const bool live0 = r.live0, live1 = r.live1;
         const bool last = ch + 1 == nch;
@@ -226,6 +229,25 @@ static bool mm_i8(const tern__cuda *c) {
     return c->i8 && tern__cuda_gemv_i8;
 }
 
+/* Blocks per SM the XP1 walk is built and gridded for (TERN_CUDA_GEMV_OCC: 2 always, 3 always, 0 =
+ * default: 3 for matrices of at least 2^28 codes — the lm heads — else 2). Three (24 warps, 80
+ * registers) takes the one-register-set walk: the PP walk spills there. Same bits either way (which
+ * block walks a row block, and how it holds its words, change no sum). H200, session 13 (NOTES (v)),
+ * µs 2 / 3: 128256x4096 124.2 / 109.8, but 14336x4096 17.1 / 21.2, 4096x14336 18.4 / 21.4 (llama3-8b
+ * q4 b1 313 vs 301 tok/s with 3 everywhere). Three also for one-chunk slices whose blocks fill more
+ * than two per SM but fit three (q|k|v: 48 row blocks x 8 slices, 1.45 waves at two) was mixed:
+ * llama3-8b 315.3 / 316.5 → 311.5 / 309.3, gemma4-12b 192.3 / 194.0 → 195.3 / 195.2. */
+static int mm_occ(const MmArgs &a) {
+    static int occ = -1;
+    if (occ < 0) {
+        occ = tern__cuda_env_int("TERN_CUDA_GEMV_OCC", 0);
+        if (occ != 2 && occ != 3) occ = 0;
+    }
+    if (occ) return occ;
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
+    return (double)a.rows * (pair ? 2 : 1) * a.in >= 268435456.0 ? 3 : 2;
+}
+
 template <int BITS, int GB>
 static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
     cudaStream_t st = c->stream;
@@ -244,6 +266,10 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
         if (mm_i8(c)) { /* the int8 mode (--compute int8): XP1's walk with int8 x and u8·s8 MMAs */
             if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true, true>, grid, 256, smem, a);
             else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true, true>, grid, 256, smem, a);
+            return;
+        }
+        if (xp1 && !f16 && mm_occ(a) == 3) { /* 24 warps per SM, one register set */
+            tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true, true, false, 3>, grid, 256, smem, a);
             return;
         }
         if (xp1) {
@@ -286,17 +312,31 @@ extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
  * its row blocks (14336x4096: 28 slices, 896 blocks in 3.4 waves, ncu 22 % occupancy). Longer slices
  * amortise that, but leave fewer warps (row tiles x slices) for small matrices: J = 4 drops while those
  * would fall under 12 per SM. H200 (NOTES (t)), µs J = 1 / 2 / 4: 4096x4096 8.5 / 10.8 / 17.0, 14336x4096 21.2 / 19.0 / 18.9, 4096x14336 26.2 / 22.8 / 19.8, 128256x4096 155.9 /
- * 132.7 / 128.8. A row's bits depend on its slices, so on J: separate and fused ops of one `in` agree
- * bitwise while both keep the same J (small ones: J = 1), and tensor-parallel halves may not. */
+ * 132.7 / 128.8. Then, where that plan's blocks (row blocks x slices) fill more than 1.25 waves of two
+ * per SM and a longer slice fits them in one (of at least a block per SM), the shortest such J: llama3-8b's q|k|v (48 row blocks x 8
+ * slices = 1.45 waves; ncu 24.3 µs against o's 12.6 for 2/3 of the bytes) takes J = 2 (H200, session
+ * 13, NOTES (v): b1 q4 316.7 / 314.8 → 320.2 / 320.0 tok/s). Among the presets it also moves
+ * gemma4-e2b's gate|up (J 2 → 3), gemma4-26b-a4b's q|k|v and global o (1 → 2): not yet measured. A
+ * plain threshold of 11 warps instead moved gemma4-12b's q|k|v from one wave at J = 2 to J = 3 and
+ * lost (194.9 / 194.2 → 187.9 / 188.6).
+ * A row's bits depend on its slices, so on J: separate and fused ops of one `in` agree bitwise while
+ * both keep the same J (small ones: J = 1), and tensor-parallel halves may not. */
 extern "C" int tern__cuda_mm_j;
 int tern__cuda_mm_j = -1;
 static int mm_chunks(const tern__cuda *c, int ks1, int tiles) {
     if (tern__cuda_mm_j < 0) tern__cuda_mm_j = tern__cuda_env_int("TERN_MM_J", 0);
     if (tern__cuda_mm_j > 0) return tern__cuda_mm_j < MM_JMAX ? tern__cuda_mm_j : MM_JMAX;
-    int j = ks1 < MM_JMAX ? ks1 : MM_JMAX;
-    const long want = 12L * (c->n_sm > 0 ? c->n_sm : 132);
-    while (j > 1 && (long)tiles * ((ks1 + j - 1) / j) < want) j--;
-    return j < 1 ? 1 : j;
+    const long nsm = c->n_sm > 0 ? c->n_sm : 132, jmax = ks1 < MM_JMAX ? ks1 : MM_JMAX;
+    int j = (int)jmax;
+    while (j > 1 && (long)tiles * ((ks1 + j - 1) / j) < 12 * nsm) j--;
+    if (j < 1) j = 1;
+    const long rbl = (tiles + MM_WARPS - 1) / MM_WARPS; /* row blocks: 8 tiles (pair: 8 rows of outputs) each */
+    if (4 * rbl * ((ks1 + j - 1) / j) > 10 * nsm) /* more than 1.25 waves */
+        for (int j2 = j + 1; j2 <= jmax; j2++) {
+            const long b = rbl * ((ks1 + j2 - 1) / j2);
+            if (b <= 2 * nsm) return b >= nsm ? j2 : j; /* one wave, and still a block per SM */
+        }
+    return j;
 }
 
 /* The launch geometry of matrices w[0..k) for x in this mode: output units' rows (pair: outputs), row
@@ -377,16 +417,28 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     a.part = c->part;
     a.cnt = c->mm_cnt;
     a.magic = 0x43004300u;
-    /* TERN_CUDA_GEMV_L2PF=N (opt-in, written in session 12 without a GPU): before its pdl_wait, every
-     * warp prefetches into L2 the next N items (row block, chunk) of its walk beyond the one its
-     * registers load, so a launch that starts while the previous kernel drains (programmatic
-     * dependent launch) has more than one chunk per warp on the way. A/B: scripts/gpu_ab.sh section 4 */
+    /* TERN_CUDA_GEMV_L2PF=N (default 3): before its pdl_wait, every warp prefetches into L2 the next N
+     * items (row block, chunk) of its walk beyond the one its registers load, so a launch that starts
+     * while the previous kernel drains (programmatic dependent launch) has its whole first row block
+     * on the way, not one chunk per warp. H200, session 13 (NOTES (v)), µs 0 / 3: 14336x4096 17.1 /
+     * 16.1, 4096x14336 18.4 / 17.3, lm head 124.2 / 122.9; b1 q4 tok/s llama3-8b 311.8 / 313.5 / 313.3 /
+     * 312.4 → 316.1 / 315.4 / 313.8 / 313.9, gemma4-12b 191.5 / 190.9 / 191.4 / 191.4 → 194.2 / 194.1 /
+     * 194.0 / 192.5 (8 and 16 lose on the head) */
     static int l2pf = -1;
     if (l2pf < 0) {
-        l2pf = tern__cuda_env_int("TERN_CUDA_GEMV_L2PF", 0);
-        if (l2pf < 0 || l2pf > 64) l2pf = 0;
+        l2pf = tern__cuda_env_int("TERN_CUDA_GEMV_L2PF", 3);
+        if (l2pf < 0 || l2pf > 64) l2pf = 3;
     }
     a.l2pf = l2pf;
+    /* TERN_CUDA_GEMV_L2ROLL=D (opt-in, session 13): each warp prefetches into L2 the item D ahead of the
+     * one it starts, through its whole walk (no registers held for it). Lost (NOTES (v)): the head 124.2
+     * → 115.6 µs at D = 1, but b1 llama3-8b q4 313.8 → 303.8 with L2PF = 3 (D = 2, 4 lose too) */
+    static int l2roll = -1;
+    if (l2roll < 0) {
+        l2roll = tern__cuda_env_int("TERN_CUDA_GEMV_L2ROLL", 0);
+        if (l2roll < 0 || l2roll > 64) l2roll = 0;
+    }
+    a.l2roll = l2roll;
     a.ks = ks;
     a.J = J;
     const int gb = gs * w0->bits / 8;
@@ -398,14 +450,14 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     int gx = rblocks;
     /* with many slices the walk's serial tail reductions cost more (4096x14336 q4: 38.5 us walking
      * vs 30.8 not; 14336x4096 26.6 vs 30.2; lm head 167.5 vs 219.2) */
+    a.rblocks = rblocks;
     if (grid_mode > 0 && a.ks <= 8) {
-        const int want = (grid_mode * 2 * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;
+        const int want = (grid_mode * (w0->bits == 4 && mm_xp1(c) && !mm_i8(c) && w0->sdtype != TERN_DT_F16 ? mm_occ(a) : 2) * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;
         gx = want < rblocks ? want : rblocks;
         const int lo = (rblocks + MM_MINE - 1) / MM_MINE;
         if (gx < lo) gx = lo;
     }
     if (a.ks > 1 && (rblocks + gx - 1) / gx > MM_MINE) gx = (rblocks + MM_MINE - 1) / MM_MINE;
-    a.rblocks = rblocks;
     const dim3 grid((unsigned)gx, (unsigned)a.ks);
     cudaSetDevice(c->device);
     const bool f16 = w0->sdtype == TERN_DT_F16;

@@ -27,6 +27,7 @@ struct MmArgs {
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
     int l2pf;       /* items of the walk each warp prefetches into L2 before pdl_wait (gemv_mma.cu) */
+    int l2roll;     /* ... and how far ahead of its current item it prefetches during the walk */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
 };
 
