@@ -8,7 +8,8 @@
 # Session 11's sections (NORM_N / NORM_ROPE / NORM_RES / NORM_GEMM) ran and are recorded in bench/NOTES.md
 # (t); they were removed from here. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
 # under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF / _L2ROLL), 5 (bench_cuda --pattern's
-# modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now. Keep this script
+# modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now. 7 (TERN_CUDA_AD_EARLY)
+# and 8 (TERN_CUDA_G1_L2PF) were written after session 13's last call: the default runs those. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -43,7 +44,7 @@ q4_b1() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-5}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v))
+SECTIONS="${AB_SECTIONS:-7 8}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)); 7, 8 are new
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
 #    ring of R chunks per warp, R = 3 / 4 / 5), per shape (ring forced on for every shape), then
@@ -106,6 +107,48 @@ fi
 if [[ " $SECTIONS " == *" 5 "* ]]; then
 timeout 120 build/bench_cuda --pattern > "$OUT/pattern.txt" 2>&1
 grep -i 'pattern' "$OUT/pattern.txt" | tr -s ' ' | tee -a "$S"
+fi
+
+# 7. decode attention of one row with its first K/V loads before pdl_wait (TERN_CUDA_AD_EARLY=1; written in
+#    session 13 without a GPU; op test cuda_attention_decode_early_bits): correctness end to end first
+#    (parity, and greedy ids CUDA = CPU over BF16 and compressed pages: decode steps run in graphs with PDL,
+#    where a stale key would show), then b1 bf16 and q4
+if [[ " $SECTIONS " == *" 7 "* ]]; then
+    for comp in f32 bf16; do
+        TERN_CUDA_AD_EARLY=1 TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 build/tests/test_parity_core \
+            > "$OUT/early_parity_$comp.log" 2>&1
+        say "AD_EARLY=1 parity $comp: $(grep -c '^PASS' "$OUT/early_parity_$comp.log") passed, $(grep -c '^FAIL' "$OUT/early_parity_$comp.log") failed"
+    done
+    for m in llama3 gemma4_e2b_like; do
+        for q in off 8; do
+            a=$(TERN_CUDA_AD_EARLY=0 timeout 30 $T generate tests/parity/fixtures/$m --ids 2,17,99,45,20,12 --max-tokens 40 \
+                --temperature 0 --ignore-eos --print-ids --kv-quant $q --device cuda --compute bf16 2>/dev/null | head -1)
+            b=$(TERN_CUDA_AD_EARLY=1 timeout 30 $T generate tests/parity/fixtures/$m --ids 2,17,99,45,20,12 --max-tokens 40 \
+                --temperature 0 --ignore-eos --print-ids --kv-quant $q --device cuda --compute bf16 2>/dev/null | head -1)
+            say "AD_EARLY greedy $m kv-quant $q bf16: $([ -n "$a" ] && [ "$a" = "$b" ] && echo same || echo DIFFERENT)"
+        done
+    done
+    for rep in 1 2; do
+        for m in "llama3-8b" "llama3-8b --quant q4" "gemma4-12b"; do
+            for v in 0 1; do
+                TERN_CUDA_AD_EARLY=$v timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/early_$v.txt" 2>&1
+                say "b1 $m AD_EARLY=$v rep $rep: $(grep '^csv,' "$OUT/early_$v.txt" | cut -d, -f7,10 | tail -1)"
+            done
+        done
+    done
+fi
+
+# 8. gemv1 (the bf16 one-row GEMV) prefetching its first tasks' rows into L2 before pdl_wait
+#    (TERN_CUDA_G1_L2PF=N; written in session 13 without a GPU): b1 bf16, interleaved
+if [[ " $SECTIONS " == *" 8 "* ]]; then
+    for rep in 1 2; do
+        for m in llama3-8b gemma4-12b; do
+            for v in 0 1 2; do
+                TERN_CUDA_G1_L2PF=$v timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/g1pf_$v.txt" 2>&1
+                say "b1 $m bf16 G1_L2PF=$v rep $rep: $(grep '^csv,' "$OUT/g1pf_$v.txt" | cut -d, -f7,10 | tail -1)"
+            done
+        done
+    done
 fi
 
 echo "summary: $S"

@@ -13,6 +13,7 @@
 static tern_backend *g_attn;
 static int g_attn_bf16; /* 1: BF16 pages (--kv-quant bf16) instead of F32 */
 static float **g_attn_keep; /* non-NULL: attn_case leaves its GPU output there (the caller frees it) */
+static int g_attn_late; /* 1: slot 0's last key is written by a kv_write launched right before the attention */
 static double attn_case(int nh, int nkv, int d, int window, float softcap, int bs, int nslots, const int *lens, int P,
                         int variant) {
     int maxlen = 0;
@@ -35,8 +36,10 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
     tern_kv_layer kg = {pdt, nkv, d, bs, window, kd, vd, btd, max_blocks};
     if (g_attn_bf16) kr.kf.kind = kr.vf.kind = kg.kf.kind = kg.vf.kind = TERN_KV_BF16;
     /* fill each slot's cache through kv_write */
+    float *lk = NULL, *lv = NULL; /* g_attn_late: slot 0's last key, written just before the attention */
     for (int s = 0; s < nslots; s++) {
-        int n = lens[s];
+        int n = lens[s] - (g_attn_late && s == 0);
+        if (n < lens[s]) { lk = rnd(tok, 1.0f); lv = rnd(tok, 1.0f); }
         int32_t *pos = malloc(n * sizeof *pos), *slot = malloc(n * sizeof *slot);
         for (int r = 0; r < n; r++) { pos[r] = r; slot[r] = s; }
         float *k = rnd((size_t)n * tok, 1.0f), *v = rnd((size_t)n * tok, 1.0f);
@@ -70,14 +73,30 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
     void *qd = to_gpu(q, qn * 4), *od = nan_buf(g_gpu, qn), *pd = to_gpu(pos, n * 4), *sd = to_gpu(slot, n * 4);
     tern_rows rr = {n, pos, slot, pos, slot}, rg = {n, pd, sd, variant == 2 ? NULL : pos, variant == 2 ? NULL : slot};
     float scale = 3.0f / sqrtf((float)d);
+    void *lpd = NULL, *lsd = NULL, *lkd = NULL, *lvd = NULL;
+    if (lk) { /* the late key: on the CPU now, on the GPU queued right before the attention, no sync between */
+        int32_t lp = lens[0] - 1, ls = 0;
+        tern_rows lr = {1, &lp, &ls, &lp, &ls};
+        g_ref->vt->kv_write(g_ref, &kr, &lr, lk, lv);
+        lpd = to_gpu(&lp, 4); lsd = to_gpu(&ls, 4); lkd = to_gpu(lk, tok * 4); lvd = to_gpu(lv, tok * 4);
+    }
     g_ref->vt->attention(g_ref, or_, q, &rr, nh, &kr, scale, softcap);
     tern_backend *be = g_attn ? g_attn : g_gpu;
     g_gpu->vt->sync(g_gpu); /* uploads went through g_gpu's stream */
+    if (lk) {
+        int32_t lp = lens[0] - 1, ls = 0;
+        tern_rows lg = {1, lpd, lsd, &lp, &ls};
+        be->vt->kv_write(be, &kg, &lg, lkd, lvd);
+    }
     be->vt->attention(be, od, qd, &rg, nh, &kg, scale, softcap);
     float *og = from_gpu(be, od, qn);
     double rel = rel_or_nan(og, or_, qn);
     g_gpu->vt->free(g_gpu, kd); g_gpu->vt->free(g_gpu, vd); g_gpu->vt->free(g_gpu, btd); g_gpu->vt->free(g_gpu, qd);
     g_gpu->vt->free(g_gpu, od); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd);
+    if (lk) {
+        g_gpu->vt->free(g_gpu, lpd); g_gpu->vt->free(g_gpu, lsd); g_gpu->vt->free(g_gpu, lkd); g_gpu->vt->free(g_gpu, lvd);
+    }
+    free(lk); free(lv);
     free(bt); free(perm); free(kh); free(vh); free(pos); free(slot); free(q); free(or_);
     if (g_attn_keep) *g_attn_keep = og;
     else free(og);
@@ -161,6 +180,47 @@ TEST(cuda_attention_decode_cluster_bits) {
         }
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_cluster = keep_cl;
+    g_attn_bf16 = keep_bf;
+}
+
+/* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after it.
+ * The key at pos is written by a kv_write queued right before the attention (pages start as NaN), so a
+ * stale read shows; the same bits as without, f32 and BF16 pages, with and without the cluster merge */
+TEST(cuda_attention_decode_early_bits) {
+    extern int tern__cuda_ad_mode, tern__cuda_ad_cluster, tern__cuda_ad_early;
+    static const struct { int nh, nkv, d, window, bs, len; } C[] = {
+        {8, 2, 128, 0, 16, 300}, {8, 4, 512, 0, 16, 150}, {16, 4, 128, 100, 16, 400}, {32, 8, 128, 0, 16, 20},
+        {4, 1, 32, 0, 16, 77},
+    };
+    const int keep = tern__cuda_ad_mode, keep_cl = tern__cuda_ad_cluster, keep_e = tern__cuda_ad_early, keep_bf = g_attn_bf16;
+    tern__cuda_ad_mode = 1;
+    g_attn_late = 1;
+    for (int cl = 0; cl < 2; cl++)
+        for (int bf = 0; bf < 2; bf++)
+            for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
+                float *o[2] = {NULL, NULL};
+                double rel[2];
+                const uint64_t seed = g_seed;
+                tern__cuda_ad_cluster = cl ? 16 : 0;
+                g_attn_bf16 = bf;
+                for (int m = 0; m < 2; m++) {
+                    g_seed = seed;
+                    tern__cuda_ad_early = m;
+                    g_attn_keep = &o[m];
+                    rel[m] = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, 0.0f, C[c].bs, 1, &C[c].len, 0, 1);
+                    g_attn_keep = NULL;
+                }
+                const size_t qn = (size_t)C[c].nh * C[c].d;
+                printf("  err attention decode early case %zu cluster %d bf16 %d: %.2e / %.2e\n", c, cl, bf, rel[0], rel[1]);
+                CHECK(rel[0] <= 1e-5 && rel[1] <= 1e-5, "case %zu cluster %d bf16 %d: rel %.2e / %.2e", c, cl, bf, rel[0], rel[1]);
+                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], qn * sizeof(float)), "case %zu cluster %d bf16 %d: early != late bits",
+                      c, cl, bf);
+                free(o[0]); free(o[1]);
+            }
+    g_attn_late = 0;
+    tern__cuda_ad_mode = keep;
+    tern__cuda_ad_cluster = keep_cl;
+    tern__cuda_ad_early = keep_e;
     g_attn_bf16 = keep_bf;
 }
 

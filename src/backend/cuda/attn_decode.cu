@@ -80,6 +80,18 @@ static int ad_hsplit(void) {
     return tern__cuda_ad_hsplit;
 }
 
+/* TERN_CUDA_AD_EARLY=1 (opt-in, session 13, not yet run on a GPU): a launch of one row issues its block
+ * table lookups and its first K/V loads before pdl_wait, so they overlap the tail of the previous kernels
+ * (the q|k|v GEMV, rope_kv_write); after the wait it loads q and reloads the row of key pos, the only key
+ * written in this step (one row: no other row of the sequence writes a key this step). The same bits.
+ * -1 until read (tests set it). */
+extern "C" int tern__cuda_ad_early;
+int tern__cuda_ad_early = -1;
+static int ad_early(void) {
+    if (tern__cuda_ad_early < 0) tern__cuda_ad_early = tern__cuda_env_int("TERN_CUDA_AD_EARLY", 0) != 0;
+    return tern__cuda_ad_early;
+}
+
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -109,6 +121,7 @@ struct AdArgs {
     int region; /* floats before the record table in shared memory */
     int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
     int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
+    int early;  /* one row: the first keys' K/V load before pdl_wait, the row of key pos again after it */
     float scale, softcap;
 };
 
@@ -118,10 +131,11 @@ template <typename T, int EPL> struct AdRow {
     static constexpr int W = sizeof(T) == 4 ? EPL : EPL / 2;
     uint32_t w[W];
 };
-template <typename T, int EPL> __device__ __forceinline__ void ad_load(AdRow<T, EPL> &d, const T *src) {
+/* CG: through L2 only (data another kernel wrote while this one ran: AD_EARLY's row of key pos) */
+template <typename T, int EPL, bool CG = false> __device__ __forceinline__ void ad_load(AdRow<T, EPL> &d, const T *src) {
 #pragma unroll
     for (int i = 0; i < AdRow<T, EPL>::W / 4; i++) {
-        const uint4 v = __ldg((const uint4 *)src + i);
+        const uint4 v = CG ? __ldcg((const uint4 *)src + i) : __ldg((const uint4 *)src + i);
         d.w[4 * i] = v.x; d.w[4 * i + 1] = v.y; d.w[4 * i + 2] = v.z; d.w[4 * i + 3] = v.w;
     }
 }
@@ -198,7 +212,8 @@ __device__ __forceinline__ void ad_cluster_merge(const AdArgs &a, float *red, fl
 }
 
 template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
-    pdl_start();
+    pdl_trigger();
+    if (!a.early) pdl_wait(); /* early: see below, after the first loads */
     /* key groups per warp and iteration (as many more in flight): 16-bit rows take half the registers */
     constexpr int U = sizeof(T) == 2 ? (EPL == 16 ? 1 : GM * EPL >= 64 ? 2 : 4) : (EPL == 16 || GM * EPL >= 64 ? 1 : 2);
     extern __shared__ float smd[];           /* [region][chmax ints]: region = scores [GM][chmax], then
@@ -231,20 +246,23 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
         }
     }
     float q[GM][EPL];
+    auto load_q = [&]() {
 #pragma unroll
-    for (int h = 0; h < GM; h++) {
-        if (h < G) {
-            const float *qp = a.q + ((size_t)r * a.nh + head0 + h) * D + li * EPL;
+        for (int h = 0; h < GM; h++) {
+            if (h < G) {
+                const float *qp = a.q + ((size_t)r * a.nh + head0 + h) * D + li * EPL;
 #pragma unroll
-            for (int e = 0; e < EPL; e += 4) {
-                const float4 v = __ldg((const float4 *)(qp + e));
-                q[h][e] = v.x; q[h][e + 1] = v.y; q[h][e + 2] = v.z; q[h][e + 3] = v.w;
+                for (int e = 0; e < EPL; e += 4) {
+                    const float4 v = __ldg((const float4 *)(qp + e));
+                    q[h][e] = v.x; q[h][e + 1] = v.y; q[h][e + 2] = v.z; q[h][e + 3] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < EPL; e++) q[h][e] = 0.0f;
             }
-        } else {
-#pragma unroll
-            for (int e = 0; e < EPL; e++) q[h][e] = 0.0f;
         }
-    }
+    };
+    if (!a.early) load_q();
     __syncthreads();
     /* U key groups' rows from `src` (K or V) into d, record -1 (not resident or past the split) zeroed */
     auto load = [&](const T *src, int base, AdRow<T, EPL> *d, int *rc) {
@@ -266,6 +284,20 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     const bool one = a.vpre && b0 + STEP >= k1; /* warp-uniform */
     if (b0 < k1) load(kp, b0, kr, rr);
     if (one && b0 < k1) load(vp, b0, kn, rn);
+    if (a.early) {
+        /* One row (AD_EARLY): pos, the block table and the pages of keys before pos were written before
+         * this step (uploads, earlier graph launches), so those loads were issued above while the
+         * previous kernel (the one that writes key pos and q) may still run; now wait for it, then take
+         * q and the row of key pos again, through L2 (the stale copy may sit in this SM's L1) */
+        pdl_wait();
+        load_q();
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (b0 + u * KPB + kg != pos || b0 >= k1) continue;
+            if (rr[u] >= 0) ad_load<T, EPL, true>(kr[u], kp + (size_t)rr[u] * kvs);
+            if (one && rn[u] >= 0) ad_load<T, EPL, true>(kn[u], vp + (size_t)rn[u] * kvs);
+        }
+    }
     for (int base = b0; base < k1; base += STEP) {
         if (base + STEP < k1) load(kp, base + STEP, kn, rn);
 #pragma unroll
@@ -489,6 +521,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     static int vpre = -1;
     if (vpre < 0) vpre = tern__cuda_env_int("TERN_CUDA_AD_VPRE", 1) != 0;
     a.vpre = vpre;
+    a.early = n == 1 && ad_early();
     a.cl = cl;
     size_t region = (size_t)GM * a.chmax;
     if (region < (size_t)AD_WARPS * GM * d) region = (size_t)AD_WARPS * GM * d;
