@@ -8,8 +8,9 @@
 # Session 11's sections (NORM_N / NORM_ROPE / NORM_RES / NORM_GEMM) ran and are recorded in bench/NOTES.md
 # (t); they were removed from here. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
 # under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF / _L2ROLL), 5 (bench_cuda --pattern's
-# modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now. 7 (TERN_CUDA_AD_EARLY)
-# and 8 (TERN_CUDA_G1_L2PF) were written after session 13's last call: the default runs those. Keep this script
+# modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now. 7 (TERN_CUDA_AD_EARLY),
+# 8 (TERN_CUDA_G1_L2PF) and 9 (TERN_CUDA_GEMV_SC32) were written after session 13's last call: the default runs
+# those (~6 min). Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -44,7 +45,7 @@ q4_b1() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-7 8}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)); 7, 8 are new
+SECTIONS="${AB_SECTIONS:-7 8 9}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)); 7-9 are new
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
 #    ring of R chunks per warp, R = 3 / 4 / 5), per shape (ring forced on for every shape), then
@@ -149,6 +150,13 @@ if [[ " $SECTIONS " == *" 8 "* ]]; then
             done
         done
     done
+fi
+
+# 9. XP1's scale pairs as one 32-bit load (TERN_CUDA_GEMV_SC32=1; written in session 13 without a GPU;
+#    bitwise test in cuda_gemv_mma_pp_bits): per-shape GEMV times, then b1 q4
+if [[ " $SECTIONS " == *" 9 "* ]]; then
+    q4_gemv TERN_CUDA_GEMV_SC32 "0 1"
+    q4_b1 TERN_CUDA_GEMV_SC32 "0 1"
 fi
 
 echo "summary: $S"
