@@ -99,10 +99,16 @@ void tern__cpu_gemv_pf_set(long bytes) { pf_bytes = bytes < 0 ? -1 : bytes; } /*
 void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx) {
     long want = gemv_pf_bytes();
     size_t rb = tern_tensor_row_bytes(w);
-    if (!want || !rb || w->dtype != TERN_DT_Q) return; /* bf16 keeps 1 KB in-row: at the floor already */
+    /* TERN_CPU_PF_BF16=1 (opt-in): BF16 rows take the passes-ahead distance too (by default they keep the
+     * kernel's 1 KB in-row prefetch, tuned at ~30 GB/s). Session 13, this box at ~70 GB/s (NOTES (v)):
+     * one 8192x2048 GEMV 0.72 → 0.76-0.77 of the probe (5 pairs, 8-32 KB), llama3-1b decode 17.5 → 17.7
+     * tok/s median of 4 interleaved — inside the noise, so not the default */
+    static int pfbf = -1;
+    if (pfbf < 0) { const char *e = getenv("TERN_CPU_PF_BF16"); pfbf = e && *e == '1'; }
+    if (!want || !rb || (w->dtype != TERN_DT_Q && !(pfbf && w->dtype == TERN_DT_BF16))) return;
     int64_t ahead = ((int64_t)((size_t)want + rb - 1) / (int64_t)rb + 3) / 4 * 4;
     gx->pf_data = (ptrdiff_t)(ahead * (int64_t)rb);
-    gx->pf_sb = (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
+    gx->pf_sb = w->dtype != TERN_DT_Q ? 0 : (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
 }
 
 /* Batch 1 through the ISA's fused GEMV: x prepared once into the thread's buffer, then

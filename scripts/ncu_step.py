@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""ncu_step.py — one decode step's kernels from an ncu CSV, grouped and ranked.
+
+Input: the CSV of `ncu --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base
+tern-core bench ... --gen 3` (plain or .xz). A decode step ends with the sampling kernel; the step
+between the last two sampling kernels is summed per kernel name and grid (ncu serialises kernels,
+locks clocks and flushes caches, so the sum reads ~1.4x the real step: use the shares).
+
+  python3 scripts/ncu_step.py ncu_q4.csv.xz
+"""
+import collections
+import csv
+import lzma
+import re
+import sys
+
+
+def main(path):
+    opener = lzma.open if path.endswith(".xz") else open
+    with opener(path, "rt") as f:
+        rows = list(csv.reader(f))
+    head = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
+    ks = [(r[4], r[8], float(r[14].replace(",", "")) / 1000) for r in rows[head + 1:] if len(r) > 14]
+    ends = [i for i, k in enumerate(ks) if "sample" in k[0]]
+    if len(ends) < 2:
+        sys.exit("fewer than two sampling kernels: run more than one decode step")
+    step = ks[ends[-2] + 1:ends[-1] + 1]
+    tot = sum(t for _, _, t in step)
+    agg = collections.OrderedDict()
+    for name, grid, t in step:
+        key = re.sub(r"\(.*", "", name)[:90] + " " + grid
+        c = agg.setdefault(key, [0, 0.0])
+        c[0] += 1
+        c[1] += t
+    print(f"{len(step)} kernels, {tot:.1f} us (ncu time)")
+    for key, (n, t) in sorted(agg.items(), key=lambda x: -x[1][1]):
+        print(f"{t:9.1f} us {100 * t / tot:5.1f}%  n={n:3d}  avg {t / n:7.2f}  {key}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
