@@ -32,19 +32,24 @@ q4_gemv() {
         say "gemv q4 XP1 $var=$v:"; grep '^\[mma\]' "$OUT/gemv_${var}_$v.txt" | tr -s ' ' | tee -a "$S"
     done
 }
-# q4_b1 VAR "values": batch-1 decode of llama3-8b and gemma4-12b q4, interleaved, two reps
-q4_b1() {
-    local var=$1 v m rep
+# b1_ab VAR "values" "spec;spec": batch-1 decode for each model spec (tern-core bench arguments after
+# --random), every value of switch VAR, interleaved, two reps
+b1_ab() {
+    local var=$1 vals=$2 v m rep tag ms
+    IFS=';' read -ra ms <<< "$3"
     for rep in 1 2; do
-        for m in llama3-8b gemma4-12b; do
-            for v in $2; do
-                env "$var=$v" timeout 60 $T bench --random $m --quant q4 --device cuda --prompt 512 --gen 64 --reps 1 \
-                    > "$OUT/b1_${var}_${m}_${v}_$rep.txt" 2>&1
-                say "b1 $m q4 $var=$v rep $rep: $(grep '^csv,' "$OUT/b1_${var}_${m}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
+        for m in "${ms[@]}"; do
+            for v in $vals; do
+                tag=$(printf '%s' "$m" | tr -c 'a-zA-Z0-9.' '_')
+                env "$var=$v" timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 \
+                    > "$OUT/b1_${var}_${tag}_${v}_$rep.txt" 2>&1
+                say "b1 $m $var=$v rep $rep: $(grep '^csv,' "$OUT/b1_${var}_${tag}_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
             done
         done
     done
 }
+# q4_b1 VAR "values": batch-1 decode of llama3-8b and gemma4-12b q4
+q4_b1() { b1_ab "$1" "$2" "llama3-8b --quant q4;gemma4-12b --quant q4"; }
 SECTIONS="${AB_SECTIONS:-7 8 9}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)); 7-9 are new
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
@@ -129,27 +134,13 @@ if [[ " $SECTIONS " == *" 7 "* ]]; then
             say "AD_EARLY greedy $m kv-quant $q bf16: $([ -n "$a" ] && [ "$a" = "$b" ] && echo same || echo DIFFERENT)"
         done
     done
-    for rep in 1 2; do
-        for m in "llama3-8b" "llama3-8b --quant q4" "gemma4-12b"; do
-            for v in 0 1; do
-                TERN_CUDA_AD_EARLY=$v timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/early_$v.txt" 2>&1
-                say "b1 $m AD_EARLY=$v rep $rep: $(grep '^csv,' "$OUT/early_$v.txt" | cut -d, -f7,10 | tail -1)"
-            done
-        done
-    done
+    b1_ab TERN_CUDA_AD_EARLY "0 1" "llama3-8b;llama3-8b --quant q4;gemma4-12b"
 fi
 
 # 8. gemv1 (the bf16 one-row GEMV) prefetching its first tasks' rows into L2 before pdl_wait
 #    (TERN_CUDA_G1_L2PF=N; written in session 13 without a GPU): b1 bf16, interleaved
 if [[ " $SECTIONS " == *" 8 "* ]]; then
-    for rep in 1 2; do
-        for m in llama3-8b gemma4-12b; do
-            for v in 0 1 2; do
-                TERN_CUDA_G1_L2PF=$v timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/g1pf_$v.txt" 2>&1
-                say "b1 $m bf16 G1_L2PF=$v rep $rep: $(grep '^csv,' "$OUT/g1pf_$v.txt" | cut -d, -f7,10 | tail -1)"
-            done
-        done
-    done
+    b1_ab TERN_CUDA_G1_L2PF "0 1 2" "llama3-8b;gemma4-12b"
 fi
 
 # 9. XP1's scale pairs as one 32-bit load (TERN_CUDA_GEMV_SC32=1; written in session 13 without a GPU;
