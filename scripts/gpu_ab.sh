@@ -9,8 +9,8 @@
 # (t); they were removed from here. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
 # under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF / _L2ROLL), 5 (bench_cuda --pattern's
 # modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now. 7 (TERN_CUDA_AD_EARLY),
-# 8 (TERN_CUDA_G1_L2PF) and 9 (TERN_CUDA_GEMV_SC32) were written after session 13's last call: the default runs
-# those (~6 min). Keep this script
+# 8 (TERN_CUDA_G1_L2PF), 9 (TERN_CUDA_GEMV_SC32) and 10 (TERN_CUDA_AD_ROPE) were written after session 13's last
+# call: the default runs those (~8 min; split with AB_SECTIONS if the call limit is near). Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -50,7 +50,26 @@ b1_ab() {
 }
 # q4_b1 VAR "values": batch-1 decode of llama3-8b and gemma4-12b q4
 q4_b1() { b1_ab "$1" "$2" "llama3-8b --quant q4;gemma4-12b --quant q4"; }
-SECTIONS="${AB_SECTIONS:-7 8 9}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)); 7-9 are new
+# on_checks VAR COMPUTE "fixtures": with VAR=1, model parity on cuda (f32, bf16), then greedy ids of each
+# fixture (kv-quant off and 8, in COMPUTE) with VAR=0 and VAR=1 — a switch that keeps bits must say "same"
+on_checks() {
+    local var=$1 comp m q a b
+    for comp in f32 bf16; do
+        env "$var=1" TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 build/tests/test_parity_core \
+            > "$OUT/parity_${var}_$comp.log" 2>&1
+        say "$var=1 parity $comp: $(grep -c '^PASS' "$OUT/parity_${var}_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity_${var}_$comp.log") failed"
+    done
+    for m in $3; do
+        for q in off 8; do
+            a=$(env "$var=0" timeout 30 $T generate tests/parity/fixtures/$m --ids 2,17,99,45,20,12 --max-tokens 40 \
+                --temperature 0 --ignore-eos --print-ids --kv-quant $q --device cuda --compute $2 2>/dev/null | head -1)
+            b=$(env "$var=1" timeout 30 $T generate tests/parity/fixtures/$m --ids 2,17,99,45,20,12 --max-tokens 40 \
+                --temperature 0 --ignore-eos --print-ids --kv-quant $q --device cuda --compute $2 2>/dev/null | head -1)
+            say "$var greedy $m kv-quant $q $2: $([ -n "$a" ] && [ "$a" = "$b" ] && echo same || echo DIFFERENT)"
+        done
+    done
+}
+SECTIONS="${AB_SECTIONS:-7 8 9 10}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)); 7-10 are new
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
 #    ring of R chunks per warp, R = 3 / 4 / 5), per shape (ring forced on for every shape), then
@@ -117,23 +136,10 @@ fi
 
 # 7. decode attention of one row with its first K/V loads before pdl_wait (TERN_CUDA_AD_EARLY=1; written in
 #    session 13 without a GPU; op test cuda_attention_decode_early_bits): correctness end to end first
-#    (parity, and greedy ids CUDA = CPU over BF16 and compressed pages: decode steps run in graphs with PDL,
-#    where a stale key would show), then b1 bf16 and q4
+#    (parity, and greedy ids with and without it over BF16 and q8 pages: decode steps run in graphs with
+#    PDL, where a stale key would show), then b1 bf16 and q4
 if [[ " $SECTIONS " == *" 7 "* ]]; then
-    for comp in f32 bf16; do
-        TERN_CUDA_AD_EARLY=1 TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 build/tests/test_parity_core \
-            > "$OUT/early_parity_$comp.log" 2>&1
-        say "AD_EARLY=1 parity $comp: $(grep -c '^PASS' "$OUT/early_parity_$comp.log") passed, $(grep -c '^FAIL' "$OUT/early_parity_$comp.log") failed"
-    done
-    for m in llama3 gemma4_e2b_like; do
-        for q in off 8; do
-            a=$(TERN_CUDA_AD_EARLY=0 timeout 30 $T generate tests/parity/fixtures/$m --ids 2,17,99,45,20,12 --max-tokens 40 \
-                --temperature 0 --ignore-eos --print-ids --kv-quant $q --device cuda --compute bf16 2>/dev/null | head -1)
-            b=$(TERN_CUDA_AD_EARLY=1 timeout 30 $T generate tests/parity/fixtures/$m --ids 2,17,99,45,20,12 --max-tokens 40 \
-                --temperature 0 --ignore-eos --print-ids --kv-quant $q --device cuda --compute bf16 2>/dev/null | head -1)
-            say "AD_EARLY greedy $m kv-quant $q bf16: $([ -n "$a" ] && [ "$a" = "$b" ] && echo same || echo DIFFERENT)"
-        done
-    done
+    on_checks TERN_CUDA_AD_EARLY bf16 "llama3 gemma4_e2b_like"
     b1_ab TERN_CUDA_AD_EARLY "0 1" "llama3-8b;llama3-8b --quant q4;gemma4-12b"
 fi
 
@@ -148,6 +154,14 @@ fi
 if [[ " $SECTIONS " == *" 9 "* ]]; then
     q4_gemv TERN_CUDA_GEMV_SC32 "0 1"
     q4_b1 TERN_CUDA_GEMV_SC32 "0 1"
+fi
+
+# 10. rope_kv_write + decode attention of one row in one launch (TERN_CUDA_AD_ROPE=1, ops.h rope_kv_attention;
+#     written in session 13 without a GPU; op test cuda_rope_kv_attention): parity and greedy ids (Llama-family
+#     fixtures take it; Gemma keeps norm_rope_kv_write), then b1 of llama3-8b bf16 / q4
+if [[ " $SECTIONS " == *" 10 "* ]]; then
+    on_checks TERN_CUDA_AD_ROPE bf16 "llama3 qwen2 qwen3"
+    b1_ab TERN_CUDA_AD_ROPE "0 1" "llama3-8b;llama3-8b --quant q4"
 fi
 
 echo "summary: $S"

@@ -14,6 +14,10 @@ static tern_backend *g_attn;
 static int g_attn_bf16; /* 1: BF16 pages (--kv-quant bf16) instead of F32 */
 static float **g_attn_keep; /* non-NULL: attn_case leaves its GPU output there (the caller frees it) */
 static int g_attn_late; /* 1: slot 0's last key is written by a kv_write launched right before the attention */
+/* with g_attn_late, one slot: q and the late key arrive unroped; 1: the GPU runs rope_kv_write + attention,
+ * 2: rope_kv_attention (the CPU reference ropes them, then kv_write + attention) */
+static int g_attn_rope;
+static int g_attn_rope_refused; /* calls in which rope_kv_attention returned 0 */
 static double attn_case(int nh, int nkv, int d, int window, float softcap, int bs, int nslots, const int *lens, int P,
                         int variant) {
     int maxlen = 0;
@@ -73,30 +77,47 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
     void *qd = to_gpu(q, qn * 4), *od = nan_buf(g_gpu, qn), *pd = to_gpu(pos, n * 4), *sd = to_gpu(slot, n * 4);
     tern_rows rr = {n, pos, slot, pos, slot}, rg = {n, pd, sd, variant == 2 ? NULL : pos, variant == 2 ? NULL : slot};
     float scale = 3.0f / sqrtf((float)d);
-    void *lpd = NULL, *lsd = NULL, *lkd = NULL, *lvd = NULL;
+    void *lpd = NULL, *lsd = NULL, *lkd = NULL, *lvd = NULL, *invd = NULL;
+    const float mscale = 1.25f;
+    float *inv = NULL;
     if (lk) { /* the late key: on the CPU now, on the GPU queued right before the attention, no sync between */
         int32_t lp = lens[0] - 1, ls = 0;
         tern_rows lr = {1, &lp, &ls, &lp, &ls};
-        g_ref->vt->kv_write(g_ref, &kr, &lr, lk, lv);
         lpd = to_gpu(&lp, 4); lsd = to_gpu(&ls, 4); lkd = to_gpu(lk, tok * 4); lvd = to_gpu(lv, tok * 4);
+        if (g_attn_rope) { /* unroped on the GPU; roped here for the reference */
+            inv = malloc((size_t)(d / 2) * sizeof *inv);
+            for (int i = 0; i < d / 2; i++) inv[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
+            invd = to_gpu(inv, (size_t)(d / 2) * 4);
+            g_ref->vt->rope(g_ref, q, n, nh, d, pos, inv, mscale);
+            g_ref->vt->rope(g_ref, lk, 1, nkv, d, &lp, inv, mscale);
+        }
+        g_ref->vt->kv_write(g_ref, &kr, &lr, lk, lv);
     }
     g_ref->vt->attention(g_ref, or_, q, &rr, nh, &kr, scale, softcap);
     tern_backend *be = g_attn ? g_attn : g_gpu;
     g_gpu->vt->sync(g_gpu); /* uploads went through g_gpu's stream */
-    if (lk) {
-        int32_t lp = lens[0] - 1, ls = 0;
-        tern_rows lg = {1, lpd, lsd, &lp, &ls};
-        be->vt->kv_write(be, &kg, &lg, lkd, lvd);
+    if (lk && g_attn_rope == 2) { /* one row: the query row is the late key's row */
+        if (!be->vt->rope_kv_attention ||
+            !be->vt->rope_kv_attention(be, od, &kg, &rg, qd, lkd, lvd, nh, invd, mscale, scale, softcap))
+            g_attn_rope_refused++; /* nothing ran: out stays NaN */
+    } else {
+        if (lk) {
+            int32_t lp = lens[0] - 1, ls = 0;
+            tern_rows lg = {1, lpd, lsd, &lp, &ls};
+            if (g_attn_rope) be->vt->rope_kv_write(be, &kg, &lg, qd, lkd, lvd, nh, invd, mscale);
+            else be->vt->kv_write(be, &kg, &lg, lkd, lvd);
+        }
+        be->vt->attention(be, od, qd, &rg, nh, &kg, scale, softcap);
     }
-    be->vt->attention(be, od, qd, &rg, nh, &kg, scale, softcap);
     float *og = from_gpu(be, od, qn);
     double rel = rel_or_nan(og, or_, qn);
     g_gpu->vt->free(g_gpu, kd); g_gpu->vt->free(g_gpu, vd); g_gpu->vt->free(g_gpu, btd); g_gpu->vt->free(g_gpu, qd);
     g_gpu->vt->free(g_gpu, od); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd);
     if (lk) {
         g_gpu->vt->free(g_gpu, lpd); g_gpu->vt->free(g_gpu, lsd); g_gpu->vt->free(g_gpu, lkd); g_gpu->vt->free(g_gpu, lvd);
+        if (invd) g_gpu->vt->free(g_gpu, invd);
     }
-    free(lk); free(lv);
+    free(lk); free(lv); free(inv);
     free(bt); free(perm); free(kh); free(vh); free(pos); free(slot); free(q); free(or_);
     if (g_attn_keep) *g_attn_keep = og;
     else free(og);
@@ -183,16 +204,17 @@ TEST(cuda_attention_decode_cluster_bits) {
     g_attn_bf16 = keep_bf;
 }
 
-/* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after it.
- * The key at pos is written by a kv_write queued right before the attention (pages start as NaN), so a
- * stale read shows; the same bits as without, f32 and BF16 pages, with and without the cluster merge */
-TEST(cuda_attention_decode_early_bits) {
-    extern int tern__cuda_ad_mode, tern__cuda_ad_cluster, tern__cuda_ad_early;
+/* One decode row whose last key is written right before the attention (g_attn_late: pages start as NaN, so
+ * a stale read shows), run twice per case with variant(0) and variant(1) set: both within 1e-5 of the CPU
+ * and the same bits; f32 and BF16 pages, with and without the cluster merge, head dims 32 .. 512, a sliding
+ * window, several splits and rounds. what: the log's name of the pair. */
+static void attn_late_pair(const char *what, void (*variant)(int m)) {
+    extern int tern__cuda_ad_mode, tern__cuda_ad_cluster;
     static const struct { int nh, nkv, d, window, bs, len; } C[] = {
         {8, 2, 128, 0, 16, 300}, {8, 4, 512, 0, 16, 150}, {16, 4, 128, 100, 16, 400}, {32, 8, 128, 0, 16, 20},
-        {4, 1, 32, 0, 16, 77},
+        {4, 1, 32, 0, 16, 77}, {8, 2, 256, 0, 16, 1500}, {4, 2, 64, 0, 16, 2},
     };
-    const int keep = tern__cuda_ad_mode, keep_cl = tern__cuda_ad_cluster, keep_e = tern__cuda_ad_early, keep_bf = g_attn_bf16;
+    const int keep = tern__cuda_ad_mode, keep_cl = tern__cuda_ad_cluster, keep_bf = g_attn_bf16;
     tern__cuda_ad_mode = 1;
     g_attn_late = 1;
     for (int cl = 0; cl < 2; cl++)
@@ -204,24 +226,53 @@ TEST(cuda_attention_decode_early_bits) {
                 tern__cuda_ad_cluster = cl ? 16 : 0;
                 g_attn_bf16 = bf;
                 for (int m = 0; m < 2; m++) {
-                    g_seed = seed;
-                    tern__cuda_ad_early = m;
+                    g_seed = seed; /* the same cache and queries */
+                    variant(m);
                     g_attn_keep = &o[m];
                     rel[m] = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, 0.0f, C[c].bs, 1, &C[c].len, 0, 1);
                     g_attn_keep = NULL;
                 }
                 const size_t qn = (size_t)C[c].nh * C[c].d;
-                printf("  err attention decode early case %zu cluster %d bf16 %d: %.2e / %.2e\n", c, cl, bf, rel[0], rel[1]);
-                CHECK(rel[0] <= 1e-5 && rel[1] <= 1e-5, "case %zu cluster %d bf16 %d: rel %.2e / %.2e", c, cl, bf, rel[0], rel[1]);
-                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], qn * sizeof(float)), "case %zu cluster %d bf16 %d: early != late bits",
-                      c, cl, bf);
+                printf("  err %s case %zu cluster %d bf16 %d: %.2e / %.2e\n", what, c, cl, bf, rel[0], rel[1]);
+                CHECK(rel[0] <= 1e-5 && rel[1] <= 1e-5, "%s case %zu cluster %d bf16 %d: rel %.2e / %.2e", what, c, cl, bf,
+                      rel[0], rel[1]);
+                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], qn * sizeof(float)), "%s case %zu cluster %d bf16 %d: bits differ",
+                      what, c, cl, bf);
                 free(o[0]); free(o[1]);
             }
     g_attn_late = 0;
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_cluster = keep_cl;
-    tern__cuda_ad_early = keep_e;
     g_attn_bf16 = keep_bf;
+}
+
+/* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after
+ * it — the same bits as without */
+static void ad_early_variant(int m) {
+    extern int tern__cuda_ad_early;
+    tern__cuda_ad_early = m;
+}
+TEST(cuda_attention_decode_early_bits) {
+    extern int tern__cuda_ad_early;
+    const int keep = tern__cuda_ad_early;
+    attn_late_pair("attention decode early", ad_early_variant);
+    tern__cuda_ad_early = keep;
+}
+
+/* rope_kv_attention (TERN_CUDA_AD_ROPE, ops.h): q and the new key arrive unroped; rope_kv_write +
+ * attention (variant 0) against the fused op (1): the same bits, both against the CPU (rope, kv_write,
+ * attention) */
+static void ad_rope_variant(int m) { g_attn_rope = m + 1; }
+TEST(cuda_rope_kv_attention) {
+    extern int tern__cuda_ad_rope;
+    if (!g_gpu->vt->rope_kv_attention) { SKIP("cuda_rope_kv_attention", "not built"); return; }
+    const int keep = tern__cuda_ad_rope;
+    tern__cuda_ad_rope = 1;
+    g_attn_rope_refused = 0;
+    attn_late_pair("rope_kv_attention separate / fused", ad_rope_variant);
+    CHECK(!g_attn_rope_refused, "rope_kv_attention refused %d cases", g_attn_rope_refused);
+    g_attn_rope = 0;
+    tern__cuda_ad_rope = keep;
 }
 
 TEST(cuda_route_topk) {

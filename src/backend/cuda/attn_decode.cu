@@ -39,6 +39,7 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kvq_common.cuh"
 
 #include <cooperative_groups.h>
 #include <math.h>
@@ -122,6 +123,11 @@ struct AdArgs {
     int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
     int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
     int early;  /* one row: the first keys' K/V load before pdl_wait, the row of key pos again after it */
+    /* rope_kv_attention (one row, implies early): q and the new key k arrive unroped; every block ropes its
+     * q heads, the block whose split holds pos ropes k and writes key pos's K and V rows into the pages */
+    int rope;
+    const float *kraw, *vraw, *inv_freq;
+    float mscale;
     float scale, softcap;
 };
 
@@ -270,8 +276,9 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
         for (int u = 0; u < U; u++) {
             const int i = base + u * KPB + kg - k0;
             rc[u] = i < nk ? recs[i] : -1;
-            if (rc[u] >= 0) ad_load<T, EPL>(d[u], src + (size_t)rc[u] * kvs);
-            else ad_zero<T, EPL>(d[u]);
+            if (rc[u] < 0) ad_zero<T, EPL>(d[u]);
+            else if (a.rope && i + k0 == pos) ad_load<T, EPL, true>(d[u], src + (size_t)rc[u] * kvs); /* written here */
+            else ad_load<T, EPL>(d[u], src + (size_t)rc[u] * kvs);
         }
     };
     const int b0 = k0 + warp * KPW; /* this warp's first key group; warp-uniform bounds (shuffles) */
@@ -291,6 +298,40 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
          * q and the row of key pos again, through L2 (the stale copy may sit in this SM's L1) */
         pdl_wait();
         load_q();
+        if (a.rope) {
+            /* q: rope_kv_write's pairs (i, i + D/2) in registers — element j = li·EPL + e sits in lane li
+             * of the key group, its partner in lane li ^ LPK/2 at the same e; rope_pair, then · mscale */
+            const int half = D / 2;
+#pragma unroll
+            for (int h = 0; h < GM; h++)
+#pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    const float o = __shfl_xor_sync(0xffffffffu, q[h][e], LPK >> 1);
+                    const int j = li * EPL + e;
+                    const bool hi = j >= half;
+                    float x0 = hi ? o : q[h][e], x1 = hi ? q[h][e] : o;
+                    rope_pair(x0, x1, pos, a.inv_freq[hi ? j - half : j]);
+                    x0 *= a.mscale;
+                    x1 *= a.mscale;
+                    q[h][e] = hi ? x1 : x0;
+                }
+            /* key pos: its split's block(s) rope k and store K and V as rope_kv_write does */
+            if (live && pos >= k0 && pos < k1 && recs[pos - k0] >= 0) {
+                const size_t dst = (size_t)recs[pos - k0] * kvs + (size_t)g * D;
+                const float *kr0 = a.kraw + (size_t)g * D, *vr0 = a.vraw + (size_t)g * D;
+                for (int i = threadIdx.x; i < half; i += blockDim.x) {
+                    float x0 = kr0[i], x1 = kr0[i + half];
+                    rope_pair(x0, x1, pos, a.inv_freq[i]);
+                    x0 *= a.mscale;
+                    x1 *= a.mscale;
+                    kv_put((T *)a.kp + dst + i, x0);
+                    kv_put((T *)a.kp + dst + i + half, x1);
+                    kv_put((T *)a.vp + dst + i, vr0[i]);
+                    kv_put((T *)a.vp + dst + i + half, vr0[i + half]);
+                }
+            }
+            __syncthreads(); /* the stores above are visible to the block's reloads below (through L2) */
+        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (b0 + u * KPB + kg != pos || b0 >= k1) continue;
@@ -487,8 +528,14 @@ template <typename T> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, i
 }
 
 /* over f32 (kind TERN_KV_F32) or BF16/F16 pages (K and V of that one kind): 1 when it ran */
+/* rope_kv_attention's extra inputs (attn_decode_run: NULL for plain attention) */
+struct AdRope {
+    const float *k, *v, *inv_freq;
+    float mscale;
+};
+
 static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
-                        const tern_kv_layer *kv, float scale, float softcap, int kind) {
+                        const tern_kv_layer *kv, float scale, float softcap, int kind, const AdRope *rope = nullptr) {
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
     if (!c->ad_cnt || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv) return 0;
     const int G = nh / nkv, E = d == 512 ? 16 : 8, gmax = d == 512 ? 4 : 8; /* GM * E <= 64: registers */
@@ -521,7 +568,14 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     static int vpre = -1;
     if (vpre < 0) vpre = tern__cuda_env_int("TERN_CUDA_AD_VPRE", 1) != 0;
     a.vpre = vpre;
-    a.early = n == 1 && ad_early();
+    a.early = n == 1 && (ad_early() || rope);
+    if (rope) {
+        a.rope = 1;
+        a.kraw = rope->k;
+        a.vraw = rope->v;
+        a.inv_freq = rope->inv_freq;
+        a.mscale = rope->mscale;
+    }
     a.cl = cl;
     size_t region = (size_t)GM * a.chmax;
     if (region < (size_t)AD_WARPS * GM * d) region = (size_t)AD_WARPS * GM * d;
@@ -567,6 +621,26 @@ extern "C" int tern__cuda_attn_decode_q(tern__cuda *c, float *out, const float *
     const int kind = kv->kf.kind;
     if (!ad_mode() || kind != kv->vf.kind || (kind != TERN_KV_BF16 && kind != TERN_KV_F16)) return 0;
     return attn_decode_run(c, out, q, rows, nh, kv, scale, softcap, kind);
+}
+
+/* TERN_CUDA_AD_ROPE=1 (opt-in, session 13, not yet run on a GPU): rope_kv_write + attention of one decode
+ * row in one launch (ops.h rope_kv_attention); -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_rope;
+int tern__cuda_ad_rope = -1;
+
+/* rope_kv_write(kv, rows, q, k, v, nh, inv_freq, mscale) + attention(out, q, rows, nh, kv, scale, softcap)
+ * for one decode row over F32 / BF16 / F16 pages, bitwise those two (q and k are not written back):
+ * 1 when it ran, 0 when nothing ran (the caller runs the two ops) */
+extern "C" int tern__cuda_rope_kv_attention(tern__cuda *c, float *out, const tern_kv_layer *kv, const tern_rows *rows,
+                                            const float *q, const float *k, const float *v, int nh,
+                                            const float *inv_freq, float mscale, float scale, float softcap) {
+    if (tern__cuda_ad_rope < 0) tern__cuda_ad_rope = tern__cuda_env_int("TERN_CUDA_AD_ROPE", 0) != 0;
+    const int kind = kv->kf.kind;
+    if (!tern__cuda_ad_rope || !ad_mode() || rows->n != 1 || !tern__cuda_attn_is_decode(c, rows) || kv->latent ||
+        kv->head_dim % 2 || kind != kv->vf.kind || (kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16))
+        return 0;
+    const AdRope r = {k, v, inv_freq, mscale};
+    return attn_decode_run(c, out, q, rows, nh, kv, scale, softcap, kind, &r);
 }
 
 /* f32 pages, decode rows without spans: 1 when it ran, 0 when the shape is not served here */
