@@ -8,7 +8,8 @@
 # Session 11's sections (NORM_N / NORM_ROPE / NORM_RES / NORM_GEMM) ran and are recorded in bench/NOTES.md
 # (t); they were removed from here. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
 # under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF / _L2ROLL), 5 (bench_cuda --pattern's
-# modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now. 7 (TERN_CUDA_AD_EARLY),
+# modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now (its rolling
+# variant L2ROLL lost and was removed). 7 (TERN_CUDA_AD_EARLY),
 # 8 (TERN_CUDA_G1_L2PF), 9 (TERN_CUDA_GEMV_SC32) and 10 (TERN_CUDA_AD_ROPE) were written after session 13's last
 # call: the default runs those (~8 min; split with AB_SECTIONS if the call limit is near). Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
@@ -116,9 +117,7 @@ fi
 #    then batch-1 decode
 if [[ " $SECTIONS " == *" 4 "* ]]; then
     q4_gemv TERN_CUDA_GEMV_L2PF "0 3 8 16"
-    q4_gemv TERN_CUDA_GEMV_L2ROLL "1 2 4"
     q4_b1 TERN_CUDA_GEMV_L2PF "0 3 16"
-    q4_b1 TERN_CUDA_GEMV_L2ROLL "0 2 4"
 fi
 
 # 6. gemv_flat.cu (TERN_CUDA_GEMV_FLAT=1: one chunk per warp, B from x, no table, 24 warps per SM; written

@@ -188,6 +188,18 @@ TEST(cuda_gemv_mma_fold) {
     tern__cuda_gemv_mma_fold = keep;
 }
 
+/* One Q4 matrix (out x in, group gs, scales sdt) times one row on backend g against cpu-ref: the rel L2 it
+ * returns; nm gets the format's name; checks that the tensor-core GEMV (or its opt-in variants) ran */
+static double mm_q4_rel(tern_backend *g, int gs, tern_dtype sdt, int out, int in, char *nm, size_t nn) {
+    hw h = make_w(TERN_DT_Q, 4, gs, sdt, 1, out, in, 0);
+    fmt_name(&h.t, nm, nn);
+    const unsigned long long calls = tern__cuda_gemv_mma_calls;
+    const double rel = check_matmul(g, &h, 1, -1);
+    CHECK(tern__cuda_gemv_mma_calls > calls, "%s %dx%d: the tensor-core GEMV did not run", nm, out, in);
+    free_w(&h);
+    return rel;
+}
+
 /* TERN_CUDA_GEMV_XP1 (Q4, default in the plain bf16 mode: x rounded to bf16, one MMA column per group,
  * a chunk's groups folded once): with x exact in bf16 its products are exact and it sums in f32, so
  * against cpu-ref within 1e-5 like the exact kernel; every group size and scale type, J auto / 1 / 3
@@ -211,15 +223,10 @@ TEST(cuda_gemv_mma_xp1) {
                 tern__cuda_gemv_ring = ring == 1;
                 tern__cuda_gemv_flat = ring == 2;
                 tern__cuda_gemv_sc32 = ring == 3;
-                hw h = make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
                 char nm[64];
-                fmt_name(&h.t, nm, sizeof nm);
-                const unsigned long long calls = tern__cuda_gemv_mma_calls;
-                const double rel = check_matmul(g_gpu, &h, 1, -1);
+                const double rel = mm_q4_rel(g_gpu, F[f].gs, F[f].sdt, shapes[s][0], shapes[s][1], nm, sizeof nm);
                 printf("  err %-16s %dx%d n=1 mma xp1 kernel %d J %d %.2e\n", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
                 CHECK(rel <= 1e-5, "%s %dx%d kernel %d (walk, ring, flat, sc32) J %d: xp1 rel %.3e", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
-                CHECK(tern__cuda_gemv_mma_calls > calls, "%s: the tensor-core GEMV did not run", nm);
-                free_w(&h);
             }
     g_x_bf16 = 0;
     tern__cuda_gemv_ring = keep_ring;
@@ -251,15 +258,10 @@ TEST(cuda_gemv_mma_i8) {
         for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
             for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
                 tern__cuda_mm_j = js[jj];
-                hw h = make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
                 char nm[64];
-                fmt_name(&h.t, nm, sizeof nm);
-                const unsigned long long calls = tern__cuda_gemv_mma_calls;
-                const double rel = check_matmul(g8, &h, 1, -1);
+                const double rel = mm_q4_rel(g8, F[f].gs, F[f].sdt, shapes[s][0], shapes[s][1], nm, sizeof nm);
                 if (!(rel <= worst)) worst = rel;
                 CHECK(rel <= 1e-2, "%s %dx%d J %d: int8 rel %.3e", nm, shapes[s][0], shapes[s][1], js[jj], rel);
-                CHECK(tern__cuda_gemv_mma_calls > calls, "%s: the tensor-core GEMV did not run", nm);
-                free_w(&h);
             }
     printf("  err int8 Q4 GEMV, worst rel L2 %.2e\n", worst);
     tern__cuda_mm_j = keep_j;

@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
 #pragma unroll
     for (int i = 0; i < S; i++)
         if (i < ns) load_step(A, 0, i);
-    /* TERN_CUDA_GEMV_L2PF / _L2ROLL: item n of the walk (chunk n % nch of row block blockIdx.x +
-     * (n / nch)·gridDim.x) into L2, one 128-byte line per lane (16 rows x 256 bytes per warp) */
+    /* TERN_CUDA_GEMV_L2PF: item n of the walk (chunk n % nch of row block blockIdx.x + (n / nch)·gridDim.x)
+     * into L2, one 128-byte line per lane (16 rows x 256 bytes per warp) */
     const int nitems = (a.rblocks - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * nch;
     auto l2_item = [&](int n) {
         const int half = lane >> 4;
@@ -124,11 +124,9 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     /* one chunk of a row block from `cur` while the next unit's steps load into `nxt` (the next chunk
      * of this row block, or the first chunk of the next row block); false after the last. The sums
      * run on over a row block's chunks, in step order, and are stored after its last chunk */
-    int ch = 0, item = 0;
+    int ch = 0;
     float acc0 = 0.0f, acc1 = 0.0f;
     auto block = [&](MmSet &cur, MmSet &nxt) -> bool {
-        if (a.l2roll > 0) l2_item(item + a.l2roll); /* TERN_CUDA_GEMV_L2ROLL: D items ahead of this one */
-        item++;
         const int unit0 = r.unit0, unit1 = r.unit1;
         const bool live0 = r.live0, live1 = r.live1;
         const bool last = ch + 1 == nch;
@@ -248,8 +246,9 @@ static int mm_occ(const MmArgs &a) {
     return (double)a.rows * (pair ? 2 : 1) * a.in >= 268435456.0 ? 3 : 2;
 }
 
+/* occ: mm_occ's blocks per SM where the XP1 walk serves (else 2), as the grid was sized for */
 template <int BITS, int GB>
-static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16) {
+static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16, int occ) {
     cudaStream_t st = c->stream;
     if (tern__cuda_gemv_mma_pp < 0) { /* 0 never, 1 every Q4 kernel, 2 (default) XP1 only (the others spill) */
         tern__cuda_gemv_mma_pp = tern__cuda_env_int("TERN_CUDA_GEMV_PP", 2);
@@ -268,7 +267,7 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
             else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true, true>, grid, 256, smem, a);
             return;
         }
-        if (xp1 && !f16 && mm_occ(a) == 3) { /* 24 warps per SM, one register set */
+        if (occ == 3) { /* 24 warps per SM, one register set (XP1, BF16 scales) */
             tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true, true, false, 3>, grid, 256, smem, a);
             return;
         }
@@ -431,15 +430,9 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
         if (l2pf < 0 || l2pf > 64) l2pf = 3;
     }
     a.l2pf = l2pf;
-    /* TERN_CUDA_GEMV_L2ROLL=D (opt-in, session 13): each warp prefetches into L2 the item D ahead of the
-     * one it starts, through its whole walk (no registers held for it). Lost (NOTES (v)): the head 124.2
-     * → 115.6 µs at D = 1, but b1 llama3-8b q4 313.8 → 303.8 with L2PF = 3 (D = 2, 4 lose too) */
-    static int l2roll = -1;
-    if (l2roll < 0) {
-        l2roll = tern__cuda_env_int("TERN_CUDA_GEMV_L2ROLL", 0);
-        if (l2roll < 0 || l2roll > 64) l2roll = 0;
-    }
-    a.l2roll = l2roll;
+    /* A rolling variant (each warp prefetching the item D ahead of the one it starts, through its whole
+     * walk) lost and was removed (session 13, NOTES (v)): the head 124.2 → 115.6 µs at D = 1, but b1
+     * llama3-8b q4 313.8 → 303.8 with L2PF = 3 (D = 2, 4 lose too) */
     /* TERN_CUDA_GEMV_SC32=1 (opt-in, session 13, not yet run on a GPU): XP1 / XI8 load a lane's two scales
      * (and biases) of a chunk as one 32-bit word where the pair is aligned — 4 loads per lane and chunk
      * instead of 8 (ncu, session 12: 35 % excess L2 sectors from the 2-byte loads). The same values,
@@ -463,8 +456,11 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     /* with many slices the walk's serial tail reductions cost more (4096x14336 q4: 38.5 us walking
      * vs 30.8 not; 14336x4096 26.6 vs 30.2; lm head 167.5 vs 219.2) */
     a.rblocks = rblocks;
+    const bool f16 = w0->sdtype == TERN_DT_F16;
+    const bool xp1w = w0->bits == 4 && mm_xp1(c) && !mm_i8(c); /* the XP1 walk (or its opt-in variants) serves */
+    const int occ = xp1w && !f16 ? mm_occ(a) : 2; /* blocks per SM: the grid below and mm_go's launch bounds */
     if (grid_mode > 0 && a.ks <= 8) {
-        const int want = (grid_mode * (w0->bits == 4 && mm_xp1(c) && !mm_i8(c) && w0->sdtype != TERN_DT_F16 ? mm_occ(a) : 2) * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;
+        const int want = (grid_mode * occ * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;
         gx = want < rblocks ? want : rblocks;
         const int lo = (rblocks + MM_MINE - 1) / MM_MINE;
         if (gx < lo) gx = lo;
@@ -472,21 +468,19 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     if (a.ks > 1 && (rblocks + gx - 1) / gx > MM_MINE) gx = (rblocks + MM_MINE - 1) / MM_MINE;
     const dim3 grid((unsigned)gx, (unsigned)a.ks);
     cudaSetDevice(c->device);
-    const bool f16 = w0->sdtype == TERN_DT_F16;
-    if (w0->bits == 4 && mm_xp1(c) && !mm_i8(c) &&
-        (tern__cuda_gemv_flat_go(c, a, gb, f16) || tern__cuda_gemv_ring_go(c, a, gb, f16))) { /* opt-in */
+    if (xp1w && (tern__cuda_gemv_flat_go(c, a, gb, f16) || tern__cuda_gemv_ring_go(c, a, gb, f16))) { /* opt-in */
         tern__cuda_check(c, "gemv_flat/ring");
         tern__cuda_gemv_mma_calls++;
         return 1;
     }
     if (w0->bits == 4) {
-        if (gb == 16) mm_go<4, 16>(c, grid, smem, a, f16);
-        else if (gb == 32) mm_go<4, 32>(c, grid, smem, a, f16);
-        else mm_go<4, 64>(c, grid, smem, a, f16);
+        if (gb == 16) mm_go<4, 16>(c, grid, smem, a, f16, occ);
+        else if (gb == 32) mm_go<4, 32>(c, grid, smem, a, f16, occ);
+        else mm_go<4, 64>(c, grid, smem, a, f16, occ);
     } else {
-        if (gb == 32) mm_go<8, 32>(c, grid, smem, a, f16);
-        else if (gb == 64) mm_go<8, 64>(c, grid, smem, a, f16);
-        else mm_go<8, 128>(c, grid, smem, a, f16);
+        if (gb == 32) mm_go<8, 32>(c, grid, smem, a, f16, occ);
+        else if (gb == 64) mm_go<8, 64>(c, grid, smem, a, f16, occ);
+        else mm_go<8, 128>(c, grid, smem, a, f16, occ);
     }
     tern__cuda_check(c, "gemv_mma");
     tern__cuda_gemv_mma_calls++;

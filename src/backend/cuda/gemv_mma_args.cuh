@@ -27,7 +27,6 @@ struct MmArgs {
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
     int l2pf;       /* items of the walk each warp prefetches into L2 before pdl_wait (gemv_mma.cu) */
-    int l2roll;     /* ... and how far ahead of its current item it prefetches during the walk */
     int sc32;       /* XP1 / XI8: a lane's scale pair as one 32-bit load where aligned (TERN_CUDA_GEMV_SC32) */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
 };
