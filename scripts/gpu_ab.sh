@@ -70,7 +70,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-7 8 9 10}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)); 7-10 are new
+SECTIONS="${AB_SECTIONS:-7 8 9 10 11}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)); 7-10 are new
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
 #    ring of R chunks per warp, R = 3 / 4 / 5), per shape (ring forced on for every shape), then
@@ -161,6 +161,12 @@ fi
 if [[ " $SECTIONS " == *" 10 "* ]]; then
     on_checks TERN_CUDA_AD_ROPE bf16 "llama3 qwen2 qwen3"
     b1_ab TERN_CUDA_AD_ROPE "0 1" "llama3-8b;llama3-8b --quant q4"
+fi
+
+# 11. mm_chunks' one-wave step (TERN_MM_ONEWAVE=0 turns it off; committed after session 13's last call): the
+#     presets whose J it moves (gemma4-e2b gate|up 2 -> 3, gemma4-26b-a4b q|k|v and global o 1 -> 2) and llama3-8b
+if [[ " $SECTIONS " == *" 11 "* ]]; then
+    b1_ab TERN_MM_ONEWAVE "0 1" "gemma4-e2b --quant q4;gemma4-26b-a4b --quant q4;llama3-8b --quant q4"
 fi
 
 echo "summary: $S"

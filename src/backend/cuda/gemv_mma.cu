@@ -323,15 +323,17 @@ extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
  * both keep the same J (small ones: J = 1), and tensor-parallel halves may not. */
 extern "C" int tern__cuda_mm_j;
 int tern__cuda_mm_j = -1;
+static int mm_onewave = -1; /* TERN_MM_ONEWAVE=0: without the one-wave step (A/B of it) */
 static int mm_chunks(const tern__cuda *c, int ks1, int tiles) {
     if (tern__cuda_mm_j < 0) tern__cuda_mm_j = tern__cuda_env_int("TERN_MM_J", 0);
+    if (mm_onewave < 0) mm_onewave = tern__cuda_env_int("TERN_MM_ONEWAVE", 1);
     if (tern__cuda_mm_j > 0) return tern__cuda_mm_j < MM_JMAX ? tern__cuda_mm_j : MM_JMAX;
     const long nsm = c->n_sm > 0 ? c->n_sm : 132, jmax = ks1 < MM_JMAX ? ks1 : MM_JMAX;
     int j = (int)jmax;
     while (j > 1 && (long)tiles * ((ks1 + j - 1) / j) < 12 * nsm) j--;
     if (j < 1) j = 1;
     const long rbl = (tiles + MM_WARPS - 1) / MM_WARPS; /* row blocks: 8 tiles (pair: 8 rows of outputs) each */
-    if (4 * rbl * ((ks1 + j - 1) / j) > 10 * nsm) /* more than 1.25 waves */
+    if (mm_onewave && 4 * rbl * ((ks1 + j - 1) / j) > 10 * nsm) /* more than 1.25 waves */
         for (int j2 = j + 1; j2 <= jmax; j2++) {
             const long b = rbl * ((ks1 + j2 - 1) / j2);
             if (b <= 2 * nsm) return b >= nsm ? j2 : j; /* one wave, and still a block per SM */
