@@ -32,7 +32,7 @@ if [ "${1:-}" = pack ]; then
     P="${GPU_PACK_DIR:-build/gpu_prebuilt}" # GPU_PACK_DIR: another folder (two people packing at once)
     rm -rf "$P" && mkdir -p "$P/stage"
     for b in $PACK_BINS; do mkdir -p "$P/stage/$(dirname "$b")" && strip -o "$P/stage/$b" "$b"; done
-    XZ_OPT="-9 -T0" tar cJf "$P/bin.tar.xz" -C "$P/stage" build && rm -rf "$P/stage"
+    XZ_OPT="--lzma2=preset=9,dict=512MiB -T1" tar cJf "$P/bin.tar.xz" -C "$P/stage" build && rm -rf "$P/stage"
     ls -la "$P/bin.tar.xz"
     exit 0
 fi
