@@ -9,9 +9,9 @@
 # (t); they were removed from here. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
 # under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF / _L2ROLL), 5 (bench_cuda --pattern's
 # modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now (its rolling
-# variant L2ROLL lost and was removed). 7 (TERN_CUDA_AD_EARLY),
-# 8 (TERN_CUDA_G1_L2PF), 9 (TERN_CUDA_GEMV_SC32) and 10 (TERN_CUDA_AD_ROPE) were written after session 13's last
-# call: the default runs those (~8 min; split with AB_SECTIONS if the call limit is near). Keep this script
+# variant L2ROLL lost and was removed). 7 (TERN_CUDA_AD_EARLY), 8 (TERN_CUDA_G1_L2PF), 9 (TERN_CUDA_GEMV_SC32),
+# 10 (TERN_CUDA_AD_ROPE) and 11 (TERN_MM_ONEWAVE) were written after session 13's last call and ran in session 14
+# (NOTES (w)): 7 won (AD_EARLY is the default), 11 kept its default; 8, 9 and 10 lost and were removed. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -70,7 +70,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-7 8 9 10 11}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)); 7-10 are new
+SECTIONS="${AB_SECTIONS:-7 11}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w))
 
 # 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
 #    ring of R chunks per warp, R = 3 / 4 / 5), per shape (ring forced on for every shape), then
@@ -140,27 +140,6 @@ fi
 if [[ " $SECTIONS " == *" 7 "* ]]; then
     on_checks TERN_CUDA_AD_EARLY bf16 "llama3 gemma4_e2b_like"
     b1_ab TERN_CUDA_AD_EARLY "0 1" "llama3-8b;llama3-8b --quant q4;gemma4-12b"
-fi
-
-# 8. gemv1 (the bf16 one-row GEMV) prefetching its first tasks' rows into L2 before pdl_wait
-#    (TERN_CUDA_G1_L2PF=N; written in session 13 without a GPU): b1 bf16, interleaved
-if [[ " $SECTIONS " == *" 8 "* ]]; then
-    b1_ab TERN_CUDA_G1_L2PF "0 1 2" "llama3-8b;gemma4-12b"
-fi
-
-# 9. XP1's scale pairs as one 32-bit load (TERN_CUDA_GEMV_SC32=1; written in session 13 without a GPU;
-#    bitwise test in cuda_gemv_mma_pp_bits): per-shape GEMV times, then b1 q4
-if [[ " $SECTIONS " == *" 9 "* ]]; then
-    q4_gemv TERN_CUDA_GEMV_SC32 "0 1"
-    q4_b1 TERN_CUDA_GEMV_SC32 "0 1"
-fi
-
-# 10. rope_kv_write + decode attention of one row in one launch (TERN_CUDA_AD_ROPE=1, ops.h rope_kv_attention;
-#     written in session 13 without a GPU; op test cuda_rope_kv_attention): parity and greedy ids (Llama-family
-#     fixtures take it; Gemma keeps norm_rope_kv_write), then b1 of llama3-8b bf16 / q4
-if [[ " $SECTIONS " == *" 10 "* ]]; then
-    on_checks TERN_CUDA_AD_ROPE bf16 "llama3 qwen2 qwen3"
-    b1_ab TERN_CUDA_AD_ROPE "0 1" "llama3-8b;llama3-8b --quant q4"
 fi
 
 # 11. mm_chunks' one-wave step (TERN_MM_ONEWAVE=0 turns it off; committed after session 13's last call): the

@@ -289,16 +289,5 @@ static inline void tern__rope_kv_write(tern_model *m, const tern_kv_layer *kv, c
     op->rope(m->be, k, rows->n, kv->n_head_kv, kv->head_dim, rows->pos, inv_freq, mscale);
     op->kv_write(m->be, kv, rows, k, v);
 }
-/* tern__rope_kv_write, then attention(out, q, ...) of the roped q: one call when the backend can (ops.h
- * rope_kv_attention; q and k are then left unroped), bitwise the same out and pages */
-static inline void tern__rope_kv_attention(tern_model *m, float *out, const tern_kv_layer *kv, const tern_rows *rows,
-                                           float *q, float *k, const float *v, int nh, const float *inv_freq,
-                                           float mscale, float scale, float softcap) {
-    const tern_backend_vt *op = m->be->vt;
-    if (op->rope_kv_attention && op->rope_kv_attention(m->be, out, kv, rows, q, k, v, nh, inv_freq, mscale, scale, softcap))
-        return;
-    tern__rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale);
-    op->attention(m->be, out, q, rows, nh, kv, scale, softcap);
-}
 
 #endif

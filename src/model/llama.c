@@ -142,10 +142,9 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
             op->rmsnorm(be, g->k, g->k, n * nKV, D, L->k_norm, eps);
         }
-        /* rope q, k; cache k, v; attention */
+        tern__rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, g->inv, g->mscale); /* rope q, k; cache k, v */
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
-        tern__rope_kv_attention(m, g->att, kvl, &rows, g->q, g->k, g->v, nH, g->inv, g->mscale, scale,
-                                (float)c->attn_logit_softcap);
+        op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
         if (!tern__matmul_add(m, g->x, g->att, n, &L->wo)) { /* x += o_proj(att) */
             op->matmul(be, g->o, g->att, n, &L->wo);
             tern_allreduce_add(be, g->x, g->o, (size_t)n * H); /* tensor parallel: x += sum of the ranks' heads */

@@ -349,14 +349,6 @@ typedef struct tern_backend_vt {
     int (*norm_rope_kv_write)(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                               float *v, int nh, const float *inv_freq, float mscale, const float *qw, const float *kw,
                               float eps);
-
-    /* rope_kv_write(kv, rows, q, k, v, nh, inv_freq, mscale) then attention(out, q, rows, nh, kv, scale,
-     * softcap) in one call (appended; optional): out and the pages bitwise those two ops'; q and k are
-     * left unspecified (the separate ops rope them in place). 0 = nothing ran (src/model/internal.h
-     * tern__rope_kv_attention then runs the two). CUDA: one decode row (TERN_CUDA_AD_ROPE). */
-    int (*rope_kv_attention)(tern_backend *be, float *out, const tern_kv_layer *kv, const tern_rows *rows, float *q,
-                             float *k, const float *v, int nh, const float *inv_freq, float mscale, float scale,
-                             float softcap);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -341,7 +341,6 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_attention_prefill_decode);
     RUN(cuda_attention_decode_cluster_bits);
     RUN(cuda_attention_decode_early_bits);
-    RUN(cuda_rope_kv_attention);
     RUN(cuda_attention_spans);
     RUN(cuda_attention_flash);
     RUN(cuda_route_topk);

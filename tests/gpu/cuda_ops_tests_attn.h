@@ -14,10 +14,6 @@ static tern_backend *g_attn;
 static int g_attn_bf16; /* 1: BF16 pages (--kv-quant bf16) instead of F32 */
 static float **g_attn_keep; /* non-NULL: attn_case leaves its GPU output there (the caller frees it) */
 static int g_attn_late; /* 1: slot 0's last key is written by a kv_write launched right before the attention */
-/* with g_attn_late, one slot: q and the late key arrive unroped; 1: the GPU runs rope_kv_write + attention,
- * 2: rope_kv_attention (the CPU reference ropes them, then kv_write + attention) */
-static int g_attn_rope;
-static int g_attn_rope_refused; /* calls in which rope_kv_attention returned 0 */
 static double attn_case(int nh, int nkv, int d, int window, float softcap, int bs, int nslots, const int *lens, int P,
                         int variant) {
     int maxlen = 0;
@@ -77,47 +73,30 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
     void *qd = to_gpu(q, qn * 4), *od = nan_buf(g_gpu, qn), *pd = to_gpu(pos, n * 4), *sd = to_gpu(slot, n * 4);
     tern_rows rr = {n, pos, slot, pos, slot}, rg = {n, pd, sd, variant == 2 ? NULL : pos, variant == 2 ? NULL : slot};
     float scale = 3.0f / sqrtf((float)d);
-    void *lpd = NULL, *lsd = NULL, *lkd = NULL, *lvd = NULL, *invd = NULL;
-    const float mscale = 1.25f;
-    float *inv = NULL;
+    void *lpd = NULL, *lsd = NULL, *lkd = NULL, *lvd = NULL;
     if (lk) { /* the late key: on the CPU now, on the GPU queued right before the attention, no sync between */
         int32_t lp = lens[0] - 1, ls = 0;
         tern_rows lr = {1, &lp, &ls, &lp, &ls};
         lpd = to_gpu(&lp, 4); lsd = to_gpu(&ls, 4); lkd = to_gpu(lk, tok * 4); lvd = to_gpu(lv, tok * 4);
-        if (g_attn_rope) { /* unroped on the GPU; roped here for the reference */
-            inv = malloc((size_t)(d / 2) * sizeof *inv);
-            for (int i = 0; i < d / 2; i++) inv[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
-            invd = to_gpu(inv, (size_t)(d / 2) * 4);
-            g_ref->vt->rope(g_ref, q, n, nh, d, pos, inv, mscale);
-            g_ref->vt->rope(g_ref, lk, 1, nkv, d, &lp, inv, mscale);
-        }
         g_ref->vt->kv_write(g_ref, &kr, &lr, lk, lv);
     }
     g_ref->vt->attention(g_ref, or_, q, &rr, nh, &kr, scale, softcap);
     tern_backend *be = g_attn ? g_attn : g_gpu;
     g_gpu->vt->sync(g_gpu); /* uploads went through g_gpu's stream */
-    if (lk && g_attn_rope == 2) { /* one row: the query row is the late key's row */
-        if (!be->vt->rope_kv_attention ||
-            !be->vt->rope_kv_attention(be, od, &kg, &rg, qd, lkd, lvd, nh, invd, mscale, scale, softcap))
-            g_attn_rope_refused++; /* nothing ran: out stays NaN */
-    } else {
-        if (lk) {
-            int32_t lp = lens[0] - 1, ls = 0;
-            tern_rows lg = {1, lpd, lsd, &lp, &ls};
-            if (g_attn_rope) be->vt->rope_kv_write(be, &kg, &lg, qd, lkd, lvd, nh, invd, mscale);
-            else be->vt->kv_write(be, &kg, &lg, lkd, lvd);
-        }
-        be->vt->attention(be, od, qd, &rg, nh, &kg, scale, softcap);
+    if (lk) {
+        int32_t lp = lens[0] - 1, ls = 0;
+        tern_rows lg = {1, lpd, lsd, &lp, &ls};
+        be->vt->kv_write(be, &kg, &lg, lkd, lvd);
     }
+    be->vt->attention(be, od, qd, &rg, nh, &kg, scale, softcap);
     float *og = from_gpu(be, od, qn);
     double rel = rel_or_nan(og, or_, qn);
     g_gpu->vt->free(g_gpu, kd); g_gpu->vt->free(g_gpu, vd); g_gpu->vt->free(g_gpu, btd); g_gpu->vt->free(g_gpu, qd);
     g_gpu->vt->free(g_gpu, od); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd);
     if (lk) {
         g_gpu->vt->free(g_gpu, lpd); g_gpu->vt->free(g_gpu, lsd); g_gpu->vt->free(g_gpu, lkd); g_gpu->vt->free(g_gpu, lvd);
-        if (invd) g_gpu->vt->free(g_gpu, invd);
     }
-    free(lk); free(lv); free(inv);
+    free(lk); free(lv);
     free(bt); free(perm); free(kh); free(vh); free(pos); free(slot); free(q); free(or_);
     if (g_attn_keep) *g_attn_keep = og;
     else free(og);
@@ -247,7 +226,7 @@ static void attn_late_pair(const char *what, void (*variant)(int m)) {
 }
 
 /* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after
- * it — the same bits as without */
+ * it — the same bits as without (BF16 pages; f32 ones run the plain kernel either way) */
 static void ad_early_variant(int m) {
     extern int tern__cuda_ad_early;
     tern__cuda_ad_early = m;
@@ -257,22 +236,6 @@ TEST(cuda_attention_decode_early_bits) {
     const int keep = tern__cuda_ad_early;
     attn_late_pair("attention decode early", ad_early_variant);
     tern__cuda_ad_early = keep;
-}
-
-/* rope_kv_attention (TERN_CUDA_AD_ROPE, ops.h): q and the new key arrive unroped; rope_kv_write +
- * attention (variant 0) against the fused op (1): the same bits, both against the CPU (rope, kv_write,
- * attention) */
-static void ad_rope_variant(int m) { g_attn_rope = m + 1; }
-TEST(cuda_rope_kv_attention) {
-    extern int tern__cuda_ad_rope;
-    if (!g_gpu->vt->rope_kv_attention) { SKIP("cuda_rope_kv_attention", "not built"); return; }
-    const int keep = tern__cuda_ad_rope;
-    tern__cuda_ad_rope = 1;
-    g_attn_rope_refused = 0;
-    attn_late_pair("rope_kv_attention separate / fused", ad_rope_variant);
-    CHECK(!g_attn_rope_refused, "rope_kv_attention refused %d cases", g_attn_rope_refused);
-    g_attn_rope = 0;
-    tern__cuda_ad_rope = keep;
 }
 
 TEST(cuda_route_topk) {

@@ -10,7 +10,7 @@
 
 extern unsigned long long tern__cuda_gemv_mma_calls;
 extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold, tern__cuda_gemv_mma_xp1,
-    tern__cuda_pdl_on, tern__cuda_mm_j, tern__cuda_gemv_ring, tern__cuda_gemv_flat, tern__cuda_gemv_sc32;
+    tern__cuda_pdl_on, tern__cuda_mm_j, tern__cuda_gemv_ring, tern__cuda_gemv_flat;
 
 /* every shape with the chunks per K slice as planned (J = 0: up to 4, fewer for small matrices), one
  * (the old walk) and three (a short last chunk at in = 3840 and 14336, a short last slice) */
@@ -116,14 +116,14 @@ static void mm_five_ops(tern_backend *g, const tern_tensor *t, int out, int tot,
 }
 
 /* TERN_CUDA_GEMV_PP (two register sets for the walk, Q4), TERN_CUDA_PDL (programmatic dependent
- * launch) and TERN_CUDA_GEMV_SC32 (XP1's scale pairs as one word) do the same arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual
+ * launch) and XP1's ring do the same arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual
  * results must be the same bits as the plain one-set walk, walking several row blocks or not, split
  * K or not */
 TEST(cuda_gemv_mma_pp_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_pp_bits", "not built"); return; }
     const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_pdl_on, keep_xp = tern__cuda_gemv_mma_xp1,
-              keep_ring = tern__cuda_gemv_ring, keep_sc = tern__cuda_gemv_sc32;
+              keep_ring = tern__cuda_gemv_ring;
     static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
                                                           {32, TERN_DT_BF16}};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}};
@@ -136,21 +136,20 @@ TEST(cuda_gemv_mma_pp_bits) {
             char nm[64];
             mm_three_open(g, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
             float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[5][5];
-            const int nv = xp ? 5 : 3;
+            const int nv = xp ? 4 : 3;
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
             tern__cuda_gemv_mma_xp1 = xp;
-            for (int v = 0; v < nv; v++) { /* 0 plain, 1 two sets, 2 programmatic launch, 3 XP1's ring, 4 32-bit scale pairs */
+            for (int v = 0; v < nv; v++) { /* 0 plain, 1 two sets, 2 programmatic launch, 3 XP1's ring */
                 tern__cuda_gemv_mma_pp = v == 1;
                 tern__cuda_pdl_on = v == 2;
                 tern__cuda_gemv_ring = v == 3;
-                tern__cuda_gemv_sc32 = v == 4;
                 mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
             }
             static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
             for (int k = 0; k < 5; k++) {
                 for (int v = 1; v < nv; v++)
                     CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s xp1 %d: %s != plain launch", nm,
-                          out, in, what[k], xp, v == 1 ? "two-set walk" : v == 2 ? "programmatic launch" : v == 3 ? "ring" : "sc32");
+                          out, in, what[k], xp, v == 1 ? "two-set walk" : v == 2 ? "programmatic launch" : "ring");
                 for (int v = 0; v < nv; v++) free(res[v][k]);
             }
             mm_three_close(g, h, t);
@@ -161,7 +160,6 @@ TEST(cuda_gemv_mma_pp_bits) {
     tern__cuda_pdl_on = keep_pdl;
     tern__cuda_gemv_mma_xp1 = keep_xp;
     tern__cuda_gemv_ring = keep_ring;
-    tern__cuda_gemv_sc32 = keep_sc;
 }
 
 /* TERN_CUDA_GEMV_FOLD (Q4: pairs left at 128 + nibble, 128 folded into the bias): not the same bits,
@@ -213,25 +211,23 @@ TEST(cuda_gemv_mma_xp1) {
     const int keep_ring = tern__cuda_gemv_ring;
     tern__cuda_gemv_mma_xp1 = 1;
     g_x_bf16 = 1;
-    const int keep_fl = tern__cuda_gemv_flat, keep_sc = tern__cuda_gemv_sc32;
-    /* the register walk, gemv_ring.cu, gemv_flat.cu, the walk with 32-bit scale pairs, for every shape */
-    for (int ring = 0; ring < 4; ring++)
+    const int keep_fl = tern__cuda_gemv_flat;
+    /* the register walk, gemv_ring.cu, gemv_flat.cu, for every shape */
+    for (int ring = 0; ring < 3; ring++)
     for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
         for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
             for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
                 tern__cuda_mm_j = js[jj];
                 tern__cuda_gemv_ring = ring == 1;
                 tern__cuda_gemv_flat = ring == 2;
-                tern__cuda_gemv_sc32 = ring == 3;
                 char nm[64];
                 const double rel = mm_q4_rel(g_gpu, F[f].gs, F[f].sdt, shapes[s][0], shapes[s][1], nm, sizeof nm);
                 printf("  err %-16s %dx%d n=1 mma xp1 kernel %d J %d %.2e\n", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
-                CHECK(rel <= 1e-5, "%s %dx%d kernel %d (walk, ring, flat, sc32) J %d: xp1 rel %.3e", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
+                CHECK(rel <= 1e-5, "%s %dx%d kernel %d (walk, ring, flat) J %d: xp1 rel %.3e", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
             }
     g_x_bf16 = 0;
     tern__cuda_gemv_ring = keep_ring;
     tern__cuda_gemv_flat = keep_fl;
-    tern__cuda_gemv_sc32 = keep_sc;
     tern__cuda_gemv_mma_xp1 = keep;
     tern__cuda_mm_j = keep_j;
 }

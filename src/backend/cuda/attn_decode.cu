@@ -39,7 +39,6 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/kvq_common.cuh"
 
 #include <cooperative_groups.h>
 #include <math.h>
@@ -81,15 +80,16 @@ static int ad_hsplit(void) {
     return tern__cuda_ad_hsplit;
 }
 
-/* TERN_CUDA_AD_EARLY=1 (opt-in, session 13, not yet run on a GPU): a launch of one row issues its block
+/* TERN_CUDA_AD_EARLY (default 1 since session 14; 0 off; BF16 pages): a launch of one row issues its block
  * table lookups and its first K/V loads before pdl_wait, so they overlap the tail of the previous kernels
  * (the q|k|v GEMV, rope_kv_write); after the wait it loads q and reloads the row of key pos, the only key
- * written in this step (one row: no other row of the sequence writes a key this step). The same bits.
- * -1 until read (tests set it). */
+ * written in this step (one row: no other row of the sequence writes a key this step; pos and the block
+ * table are host uploads, stream-ordered before the step). The same bits. H200 (NOTES (w)): llama3-8b b1
+ * q4 322 -> 328, bf16 218 -> 221, gemma4-12b q4 196 -> 201 tok/s. -1 until read (tests set it). */
 extern "C" int tern__cuda_ad_early;
 int tern__cuda_ad_early = -1;
 static int ad_early(void) {
-    if (tern__cuda_ad_early < 0) tern__cuda_ad_early = tern__cuda_env_int("TERN_CUDA_AD_EARLY", 0) != 0;
+    if (tern__cuda_ad_early < 0) tern__cuda_ad_early = tern__cuda_env_int("TERN_CUDA_AD_EARLY", 1) != 0;
     return tern__cuda_ad_early;
 }
 
@@ -122,12 +122,6 @@ struct AdArgs {
     int region; /* floats before the record table in shared memory */
     int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
     int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
-    int early;  /* one row: the first keys' K/V load before pdl_wait, the row of key pos again after it */
-    /* rope_kv_attention (one row, implies early): q and the new key k arrive unroped; every block ropes its
-     * q heads, the block whose split holds pos ropes k and writes key pos's K and V rows into the pages */
-    int rope;
-    const float *kraw, *vraw, *inv_freq;
-    float mscale;
     float scale, softcap;
 };
 
@@ -217,9 +211,14 @@ __device__ __forceinline__ void ad_cluster_merge(const AdArgs &a, float *red, fl
     cl.sync();
 }
 
-template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
+/* EARLY (one row over BF16 pages, TERN_CUDA_AD_EARLY): the first keys' K/V load before pdl_wait, the row
+ * of key pos again after it. A template argument, not a flag: one-row branches in the kernel moved its
+ * registers and cost llama3-8b q4 b1 320 -> 300 tok/s (H200, session 14, NOTES (w)) */
+template <typename T, int EPL, int GM, bool EARLY>
+__global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
+    constexpr bool early = EARLY;
     pdl_trigger();
-    if (!a.early) pdl_wait(); /* early: see below, after the first loads */
+    if (!early) pdl_wait(); /* early: see below, after the first loads */
     /* key groups per warp and iteration (as many more in flight): 16-bit rows take half the registers */
     constexpr int U = sizeof(T) == 2 ? (EPL == 16 ? 1 : GM * EPL >= 64 ? 2 : 4) : (EPL == 16 || GM * EPL >= 64 ? 1 : 2);
     extern __shared__ float smd[];           /* [region][chmax ints]: region = scores [GM][chmax], then
@@ -268,7 +267,7 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
             }
         }
     };
-    if (!a.early) load_q();
+    if (!early) load_q();
     __syncthreads();
     /* U key groups' rows from `src` (K or V) into d, record -1 (not resident or past the split) zeroed */
     auto load = [&](const T *src, int base, AdRow<T, EPL> *d, int *rc) {
@@ -276,9 +275,8 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
         for (int u = 0; u < U; u++) {
             const int i = base + u * KPB + kg - k0;
             rc[u] = i < nk ? recs[i] : -1;
-            if (rc[u] < 0) ad_zero<T, EPL>(d[u]);
-            else if (a.rope && i + k0 == pos) ad_load<T, EPL, true>(d[u], src + (size_t)rc[u] * kvs); /* written here */
-            else ad_load<T, EPL>(d[u], src + (size_t)rc[u] * kvs);
+            if (rc[u] >= 0) ad_load<T, EPL>(d[u], src + (size_t)rc[u] * kvs);
+            else ad_zero<T, EPL>(d[u]);
         }
     };
     const int b0 = k0 + warp * KPW; /* this warp's first key group; warp-uniform bounds (shuffles) */
@@ -291,47 +289,13 @@ template <typename T, int EPL, int GM> __global__ void __launch_bounds__(32 * AD
     const bool one = a.vpre && b0 + STEP >= k1; /* warp-uniform */
     if (b0 < k1) load(kp, b0, kr, rr);
     if (one && b0 < k1) load(vp, b0, kn, rn);
-    if (a.early) {
+    if (early) {
         /* One row (AD_EARLY): pos, the block table and the pages of keys before pos were written before
          * this step (uploads, earlier graph launches), so those loads were issued above while the
          * previous kernel (the one that writes key pos and q) may still run; now wait for it, then take
          * q and the row of key pos again, through L2 (the stale copy may sit in this SM's L1) */
         pdl_wait();
         load_q();
-        if (a.rope) {
-            /* q: rope_kv_write's pairs (i, i + D/2) in registers — element j = li·EPL + e sits in lane li
-             * of the key group, its partner in lane li ^ LPK/2 at the same e; rope_pair, then · mscale */
-            const int half = D / 2;
-#pragma unroll
-            for (int h = 0; h < GM; h++)
-#pragma unroll
-                for (int e = 0; e < EPL; e++) {
-                    const float o = __shfl_xor_sync(0xffffffffu, q[h][e], LPK >> 1);
-                    const int j = li * EPL + e;
-                    const bool hi = j >= half;
-                    float x0 = hi ? o : q[h][e], x1 = hi ? q[h][e] : o;
-                    rope_pair(x0, x1, pos, a.inv_freq[hi ? j - half : j]);
-                    x0 *= a.mscale;
-                    x1 *= a.mscale;
-                    q[h][e] = hi ? x1 : x0;
-                }
-            /* key pos: its split's block(s) rope k and store K and V as rope_kv_write does */
-            if (live && pos >= k0 && pos < k1 && recs[pos - k0] >= 0) {
-                const size_t dst = (size_t)recs[pos - k0] * kvs + (size_t)g * D;
-                const float *kr0 = a.kraw + (size_t)g * D, *vr0 = a.vraw + (size_t)g * D;
-                for (int i = threadIdx.x; i < half; i += blockDim.x) {
-                    float x0 = kr0[i], x1 = kr0[i + half];
-                    rope_pair(x0, x1, pos, a.inv_freq[i]);
-                    x0 *= a.mscale;
-                    x1 *= a.mscale;
-                    kv_put((T *)a.kp + dst + i, x0);
-                    kv_put((T *)a.kp + dst + i + half, x1);
-                    kv_put((T *)a.vp + dst + i, vr0[i]);
-                    kv_put((T *)a.vp + dst + i + half, vr0[i + half]);
-                }
-            }
-            __syncthreads(); /* the stores above are visible to the block's reloads below (through L2) */
-        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (b0 + u * KPB + kg != pos || b0 >= k1) continue;
@@ -490,10 +454,12 @@ static size_t ad_smem_lim(const tern__cuda *c) {
     return c->smem_optin - 1024 < AD_SMEM_MAX ? c->smem_optin - 1024 : AD_SMEM_MAX;
 }
 
-template <typename T> static void ad_attr(int smem) {
-#define AD_A(E, G)                                                                                        \
-    cudaFuncSetAttribute(attn_dec_kernel<T, E, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);    \
-    cudaFuncSetAttribute(attn_dec_kernel<T, E, G>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
+/* EARLY is built for BF16 pages only (the bf16 compute path's kind; f32 pages are the parity path): seven
+ * (EPL, GM) shapes × three page kinds, and seven EARLY ones */
+template <typename T, bool M> static void ad_attr(int smem) {
+#define AD_A(E, G)                                                                                           \
+    cudaFuncSetAttribute(attn_dec_kernel<T, E, G, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);    \
+    cudaFuncSetAttribute(attn_dec_kernel<T, E, G, M>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
     AD_A(8, 1); AD_A(8, 2); AD_A(8, 4); AD_A(8, 8); AD_A(16, 1); AD_A(16, 2); AD_A(16, 4);
 #undef AD_A
 }
@@ -503,17 +469,18 @@ extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
     if (!c->ad_cnt && cudaMalloc((void **)&c->ad_cnt, AD_CNT * sizeof(int)) == cudaSuccess)
         cudaMemsetAsync(c->ad_cnt, 0, AD_CNT * sizeof(int), c->stream);
     const int lim = (int)ad_smem_lim(c);
-    ad_attr<float>(lim);
-    ad_attr<__nv_bfloat16>(lim);
-    ad_attr<__half>(lim);
+    ad_attr<float, false>(lim);
+    ad_attr<__nv_bfloat16, false>(lim);
+    ad_attr<__half, false>(lim);
+    ad_attr<__nv_bfloat16, true>(lim);
     cudaGetLastError();
 }
 
 /* a.cl > 1: as a cluster of the a.cl splits; when that launch is refused (no room for the cluster), the
  * same splits merged through global partials instead (the same bits) */
-template <typename T> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, int E, int GM, AdArgs a) {
+template <typename T, bool M> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, int E, int GM, AdArgs a) {
     void (*k)(AdArgs) = nullptr;
-#define AD_K(EE, GG) if (E == EE && GM == GG) k = attn_dec_kernel<T, EE, GG>
+#define AD_K(EE, GG) if (E == EE && GM == GG) k = attn_dec_kernel<T, EE, GG, M>
     AD_K(8, 1); AD_K(8, 2); AD_K(8, 4); AD_K(8, 8); AD_K(16, 1); AD_K(16, 2); AD_K(16, 4);
 #undef AD_K
     if (a.cl > 1) {
@@ -528,14 +495,8 @@ template <typename T> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, i
 }
 
 /* over f32 (kind TERN_KV_F32) or BF16/F16 pages (K and V of that one kind): 1 when it ran */
-/* rope_kv_attention's extra inputs (attn_decode_run: NULL for plain attention) */
-struct AdRope {
-    const float *k, *v, *inv_freq;
-    float mscale;
-};
-
 static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
-                        const tern_kv_layer *kv, float scale, float softcap, int kind, const AdRope *rope = nullptr) {
+                        const tern_kv_layer *kv, float scale, float softcap, int kind) {
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
     if (!c->ad_cnt || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv) return 0;
     const int G = nh / nkv, E = d == 512 ? 16 : 8, gmax = d == 512 ? 4 : 8; /* GM * E <= 64: registers */
@@ -568,14 +529,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     static int vpre = -1;
     if (vpre < 0) vpre = tern__cuda_env_int("TERN_CUDA_AD_VPRE", 1) != 0;
     a.vpre = vpre;
-    a.early = n == 1 && (ad_early() || rope);
-    if (rope) {
-        a.rope = 1;
-        a.kraw = rope->k;
-        a.vraw = rope->v;
-        a.inv_freq = rope->inv_freq;
-        a.mscale = rope->mscale;
-    }
+    const bool early = n == 1 && kind == TERN_KV_BF16 && ad_early();
     a.cl = cl;
     size_t region = (size_t)GM * a.chmax;
     if (region < (size_t)AD_WARPS * GM * d) region = (size_t)AD_WARPS * GM * d;
@@ -607,9 +561,10 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.softcap = softcap;
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)(nkv * hs), (unsigned)splits, (unsigned)n);
-    if (kind == TERN_KV_BF16) ad_go<__nv_bfloat16>(c, grid, smem, E, GM, a);
-    else if (kind == TERN_KV_F16) ad_go<__half>(c, grid, smem, E, GM, a);
-    else ad_go<float>(c, grid, smem, E, GM, a);
+    if (early) ad_go<__nv_bfloat16, true>(c, grid, smem, E, GM, a);
+    else if (kind == TERN_KV_BF16) ad_go<__nv_bfloat16, false>(c, grid, smem, E, GM, a);
+    else if (kind == TERN_KV_F16) ad_go<__half, false>(c, grid, smem, E, GM, a);
+    else ad_go<float, false>(c, grid, smem, E, GM, a);
     tern__cuda_check(c, "attention decode");
     tern__cuda_attn_decode_calls++;
     return 1;
@@ -623,25 +578,9 @@ extern "C" int tern__cuda_attn_decode_q(tern__cuda *c, float *out, const float *
     return attn_decode_run(c, out, q, rows, nh, kv, scale, softcap, kind);
 }
 
-/* TERN_CUDA_AD_ROPE=1 (opt-in, session 13, not yet run on a GPU): rope_kv_write + attention of one decode
- * row in one launch (ops.h rope_kv_attention); -1 until read (tests set it) */
-extern "C" int tern__cuda_ad_rope;
-int tern__cuda_ad_rope = -1;
-
-/* rope_kv_write(kv, rows, q, k, v, nh, inv_freq, mscale) + attention(out, q, rows, nh, kv, scale, softcap)
- * for one decode row over F32 / BF16 / F16 pages, bitwise those two (q and k are not written back):
- * 1 when it ran, 0 when nothing ran (the caller runs the two ops) */
-extern "C" int tern__cuda_rope_kv_attention(tern__cuda *c, float *out, const tern_kv_layer *kv, const tern_rows *rows,
-                                            const float *q, const float *k, const float *v, int nh,
-                                            const float *inv_freq, float mscale, float scale, float softcap) {
-    if (tern__cuda_ad_rope < 0) tern__cuda_ad_rope = tern__cuda_env_int("TERN_CUDA_AD_ROPE", 0) != 0;
-    const int kind = kv->kf.kind;
-    if (!tern__cuda_ad_rope || !ad_mode() || rows->n != 1 || !tern__cuda_attn_is_decode(c, rows) || kv->latent ||
-        kv->head_dim % 2 || kind != kv->vf.kind || (kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16))
-        return 0;
-    const AdRope r = {k, v, inv_freq, mscale};
-    return attn_decode_run(c, out, q, rows, nh, kv, scale, softcap, kind, &r);
-}
+/* rope_kv_write folded into the one-row kernel (TERN_CUDA_AD_ROPE, ops.h rope_kv_attention, session 13:
+ * every block roped its q heads in registers, the split holding pos roped k and stored key pos's rows) lost
+ * and was removed (H200, session 14, NOTES (w)): llama3-8b b1 q4 322 -> 296, bf16 218 -> 203 tok/s */
 
 /* f32 pages, decode rows without spans: 1 when it ran, 0 when the shape is not served here */
 extern "C" int tern__cuda_attn_decode(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,

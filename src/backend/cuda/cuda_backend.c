@@ -456,11 +456,6 @@ static int be_norm_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, cons
     if (tern__cuda_norm_rope < 0) tern__cuda_norm_rope = tern__cuda_env_int("TERN_CUDA_NORM_ROPE", 1) != 0;
     return tern__cuda_norm_rope && tern__cuda_norm_rope_kv_write(C(be), kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
 }
-static int be_rope_kv_attention(tern_backend *be, float *out, const tern_kv_layer *kv, const tern_rows *rows, float *q,
-                                float *k, const float *v, int nh, const float *inv_freq, float mscale, float scale,
-                                float softcap) {
-    return tern__cuda_rope_kv_attention(C(be), out, kv, rows, q, k, v, nh, inv_freq, mscale, scale, softcap);
-}
 static int be_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                             const float *v, int nh, const float *inv_freq, float mscale) {
     return tern__cuda_rope_kv_write(C(be), kv, rows, q, k, v, nh, rows->pos, inv_freq, mscale);
@@ -545,7 +540,6 @@ static const tern_backend_vt k_cuda_vt = {
     .norm_matmul = be_norm_matmul,
     .rmsnorm_n = be_rmsnorm_n,
     .norm_rope_kv_write = be_norm_rope_kv_write,
-    .rope_kv_attention = be_rope_kv_attention,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
 };

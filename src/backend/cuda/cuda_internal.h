@@ -233,10 +233,6 @@ int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const 
                                   const float *kw, float eps); /* fused.cu: head norms + rope_kv_write */
 int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                              const float *v, int nh, const int32_t *pos, const float *inv_freq, float mscale);
-/* attn_decode.cu: rope_kv_write + attention of one decode row in one launch (TERN_CUDA_AD_ROPE); 0 = not run */
-int tern__cuda_rope_kv_attention(tern__cuda *c, float *out, const tern_kv_layer *kv, const tern_rows *rows,
-                                 const float *q, const float *k, const float *v, int nh, const float *inv_freq,
-                                 float mscale, float scale, float softcap);
 
 /* prof.c: the vtable a backend gets at open — `base` itself, or (TERN_CUDA_FUSED=0) a copy
  * without the fused ops, or (TERN_CUDA_PROFILE=1) a copy whose ops time themselves with

@@ -35,7 +35,6 @@ struct Gemv1Args {
      * staged instead of x and written to rxo by block 0; the pre-norm is then taken of x' */
     const float *rh, *rw, *rs;
     float *rxo;
-    int l2pf; /* TERN_CUDA_G1_L2PF: warp tasks whose rows each warp prefetches into L2 before pdl_wait */
 };
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
@@ -46,7 +45,7 @@ __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4
  * paid once instead of once per 8 tasks (llama3-8b gate|up: 1792 blocks of 8 tasks each, ~7 waves).
  * Which warp runs a task never changes its operations: the same bits either way. */
 template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
-    pdl_trigger();
+    pdl_start();
     using K = Kind<KIND>;
     constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
     extern __shared__ float4 xs1[];
@@ -56,35 +55,6 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
     const int ntask = pair ? a.rows : (a.rows + R - 1) / R;
     const RoundScales rq = {ng, a.gs_shift, a.sdtype, a.br, a.ncs, a.gs};
     const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
-    /* task -> its R rows: matrix mrow[r], row orow[r] of it (live: inside the launch) */
-    auto task_rows = [&](int task, int *mrow, int *orow, bool *live) {
-        const int g0 = task * (pair ? 1 : R);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int g = pair ? g0 : g0 + r, m = pair ? r : 0;
-            live[r] = g < a.rows;
-            if (!live[r]) g = 0; /* clamp: recompute row 0, never written */
-            if (!pair)
-                while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
-            mrow[r] = m;
-            orow[r] = g;
-        }
-    };
-    /* TERN_CUDA_G1_L2PF: the weight rows of this warp's first tasks into L2 while the previous kernel
-     * drains (they do not depend on it) */
-    for (int i = 0; i < a.l2pf; i++) {
-        const int task = blockIdx.x * 8 + warp + i * gridDim.x * 8;
-        if (task >= ntask) break;
-        int mrow[R], orow[R];
-        bool live[R];
-        task_rows(task, mrow, orow, live);
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (live[r])
-                for (size_t o = (size_t)lane * 128; o < rb; o += 32 * 128)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.data[mrow[r]] + (size_t)orow[r] * rb + o));
-    }
-    pdl_wait();
     __shared__ float red[32];
     const float *xf = (const float *)xs1;
     auto xat = [&](int j) { return xf[g1swz(j >> 2, C4) * 4 + (j & 3)]; }; /* element j of the staged row */
@@ -118,9 +88,19 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
         __syncthreads();
     }
     for (int task = blockIdx.x * 8 + warp; task < ntask; task += gridDim.x * 8) {
+        const int g0 = task * (pair ? 1 : R);
         int mrow[R], orow[R];
         bool live[R];
-        task_rows(task, mrow, orow, live);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int g = pair ? g0 : g0 + r, m = pair ? r : 0;
+            live[r] = g < a.rows;
+            if (!live[r]) g = 0; /* clamp: recompute row 0, never written */
+            if (!pair)
+                while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
+            mrow[r] = m;
+            orow[r] = g;
+        }
         const uint8_t *rowp[R];
 #pragma unroll
         for (int r = 0; r < R; r++) rowp[r] = a.data[mrow[r]] + (size_t)orow[r] * rb;
@@ -248,15 +228,6 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
     Gemv1Args a = {};
     set_norm_args(a, nw, xn, eps, res);
     a.nrm = xn != NULL;
-    /* TERN_CUDA_G1_L2PF=N (opt-in, session 13, not yet run on a GPU): each warp prefetches the rows of
-     * its first N tasks into L2 before pdl_wait — the bf16 analogue of the Q4 GEMV's TERN_CUDA_GEMV_L2PF
-     * (+1-2 % at b1 there). A/B: scripts/gpu_ab.sh section 8 */
-    static int g1pf = -1;
-    if (g1pf < 0) {
-        g1pf = tern__cuda_env_int("TERN_CUDA_G1_L2PF", 0);
-        if (g1pf < 0 || g1pf > 16) g1pf = 0;
-    }
-    a.l2pf = g1pf;
     const tern__cuda_w *w0 = w[0];
     a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
     a.nm = k;

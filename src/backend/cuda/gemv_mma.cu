@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
         o.w0[i] = mm_ld4(r.w0 + (size_t)st * 64);
         o.w1[i] = mm_ld4(r.w1 + (size_t)st * 64);
         if constexpr (XP1) {
-            if (i == 0) mm_pair_scales(r, G, t, S * GPS, a.ng, o.q, a.sc32); /* once per chunk */
+            if (i == 0) mm_pair_scales(r, G, t, S * GPS, a.ng, o.q); /* once per chunk */
         } else {
             o.s0[i] = mm_lds<GPS>(r.s0 + G); o.b0[i] = mm_lds<GPS>(r.b0 + G);
             o.s1[i] = mm_lds<GPS>(r.s1 + G); o.b1[i] = mm_lds<GPS>(r.b1 + G);
@@ -295,9 +295,8 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
 /* TERN_CUDA_GEMV_MMA: 1 (default) Q4 only, 2 Q4 and Q8, 0 gemv.cu's kernels for both. Q8 stays on
  * gemv1 by default: measured slower here (14336x4096 q8 g64: 43.9 vs 31.3 us; a q8 code takes two
  * k-slots, so twice the MMAs and B loads per byte) — bench/NOTES.md (i). */
-extern "C" int tern__cuda_gemv_mma_on, tern__cuda_gemv_sc32;
+extern "C" int tern__cuda_gemv_mma_on;
 int tern__cuda_gemv_mma_on = -1;
-int tern__cuda_gemv_sc32 = -1; /* TERN_CUDA_GEMV_SC32; -1 until read (tests set it) */
 extern "C" unsigned long long tern__cuda_gemv_mma_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_gemv_mma_calls = 0;
 
@@ -435,17 +434,8 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     /* A rolling variant (each warp prefetching the item D ahead of the one it starts, through its whole
      * walk) lost and was removed (session 13, NOTES (v)): the head 124.2 → 115.6 µs at D = 1, but b1
      * llama3-8b q4 313.8 → 303.8 with L2PF = 3 (D = 2, 4 lose too) */
-    /* TERN_CUDA_GEMV_SC32=1 (opt-in, session 13, not yet run on a GPU): XP1 / XI8 load a lane's two scales
-     * (and biases) of a chunk as one 32-bit word where the pair is aligned — 4 loads per lane and chunk
-     * instead of 8 (ncu, session 12: 35 % excess L2 sectors from the 2-byte loads). The same values,
-     * so the same bits (op tests cuda_gemv_mma_xp1 / _pp_bits). A/B: scripts/gpu_ab.sh section 9 */
-    if (tern__cuda_gemv_sc32 < 0) tern__cuda_gemv_sc32 = tern__cuda_env_int("TERN_CUDA_GEMV_SC32", 0) != 0;
-    a.sc32 = 0;
-    if (tern__cuda_gemv_sc32 && !(a.ng & 1)) {
-        a.sc32 = 1;
-        for (int i = 0; i < 3; i++)
-            if (((uintptr_t)a.scales[i] | (uintptr_t)a.biases[i]) & 3) a.sc32 = 0;
-    }
+    /* XP1's scale pairs as one 32-bit load (TERN_CUDA_GEMV_SC32, session 13) lost and were removed
+     * (session 14, NOTES (w)): 4096x4096 6.8 → 7.3 µs, llama3-8b q4 b1 302 → 298 tok/s */
     a.ks = ks;
     a.J = J;
     const int gb = gs * w0->bits / 8;

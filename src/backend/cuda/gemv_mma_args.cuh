@@ -27,7 +27,6 @@ struct MmArgs {
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
     int l2pf;       /* items of the walk each warp prefetches into L2 before pdl_wait (gemv_mma.cu) */
-    int sc32;       /* XP1 / XI8: a lane's scale pair as one 32-bit load where aligned (TERN_CUDA_GEMV_SC32) */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
 };
 
@@ -79,16 +78,8 @@ __device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t,
 /* XP1 / XI8: the scales and biases of the lane's two chunk groups G + 2t, G + 2t + 1 (NC: the chunk's
  * groups; clamped inside the row where not live, those columns are never folded) for rows g and g+8,
  * packed low = column 2t: q = {s0, b0, s1, b1} */
-__device__ __forceinline__ void mm_pair_scales(const MmRows &r, int G, int t, int NC, int ng, uint32_t *q,
-                                               bool sc32 = false) {
+__device__ __forceinline__ void mm_pair_scales(const MmRows &r, int G, int t, int NC, int ng, uint32_t *q) {
     const int c = min(2 * t, NC - 2), G1 = min(G + c + 1, ng - 1), G0 = min(G + c, G1);
-    if (sc32 && G1 == G0 + 1 && !(G0 & 1)) { /* the pair is one aligned word (a.sc32: even ng, aligned rows) */
-        q[0] = __ldg((const uint32_t *)(r.s0 + G0));
-        q[1] = __ldg((const uint32_t *)(r.b0 + G0));
-        q[2] = __ldg((const uint32_t *)(r.s1 + G0));
-        q[3] = __ldg((const uint32_t *)(r.b1 + G0));
-        return;
-    }
     q[0] = __ldg(r.s0 + G0) | (uint32_t)__ldg(r.s0 + G1) << 16;
     q[1] = __ldg(r.b0 + G0) | (uint32_t)__ldg(r.b0 + G1) << 16;
     q[2] = __ldg(r.s1 + G0) | (uint32_t)__ldg(r.s1 + G1) << 16;

@@ -15,8 +15,6 @@
 #ifndef TERN_KVQ_COMMON_CUH
 #define TERN_KVQ_COMMON_CUH
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <stdint.h>
 
 __device__ __forceinline__ float kvq_f16_to_f32(uint32_t h) {
@@ -43,15 +41,6 @@ __device__ __forceinline__ uint32_t kvq_f32_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
     return ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & 0xffffu;
 }
-
-/* one cache element: F32 as is, BF16 / F16 rounded as kv_write_q rounds them (fused.cu's rope_kv_write,
- * attn_decode.cu's rope_kv_attention) */
-template <typename T> __device__ __forceinline__ void kv_put(T *p, float x);
-template <> __device__ __forceinline__ void kv_put<float>(float *p, float x) { *p = x; }
-template <> __device__ __forceinline__ void kv_put<__nv_bfloat16>(__nv_bfloat16 *p, float x) {
-    *(uint16_t *)p = (uint16_t)kvq_f32_to_bf16(x);
-}
-template <> __device__ __forceinline__ void kv_put<__half>(__half *p, float x) { *(uint16_t *)p = (uint16_t)kvq_f32_to_f16(x); }
 
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
     if (!((uintptr_t)p & 3)) return *(const uint32_t *)p;

@@ -2,7 +2,7 @@
  * prof.c — which vtable a CUDA backend gets, and the per-op profiler (TERN_CUDA_PROFILE=1).
  *
  * TERN_CUDA_FUSED=0: the fused decode ops (matmul_n, matmul_glu, matmul_add, rope_kv_write, rmsnorm_add,
- * norm_matmul, rmsnorm_n, norm_rope_kv_write, rope_kv_attention) are left out, so models run the separate ops (before/after comparisons).
+ * norm_matmul, rmsnorm_n, norm_rope_kv_write) are left out, so models run the separate ops (before/after comparisons).
  *
  * TERN_CUDA_PROFILE=1: every op is wrapped so that it records a CUDA event before and after
  * itself; graphs are off (the graph hooks are NULL), so a step runs eagerly and each op's
@@ -162,13 +162,6 @@ static int p_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern
     end(be, r ? "rope_kv_write" : "(rope_kv_write refused)");
     return r;
 }
-static int p_rope_kv_attention(tern_backend *be, float *out, const tern_kv_layer *kv, const tern_rows *rows, float *q,
-                               float *k, const float *v, int nh, const float *f, float ms, float scale, float softcap) {
-    begin(be);
-    int r = g_base->rope_kv_attention(be, out, kv, rows, q, k, v, nh, f, ms, scale, softcap);
-    end(be, r ? "rope_kv_attention" : "(rope_kv_attention refused)");
-    return r;
-}
 static int p_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
                          const float *sc) {
     begin(be);
@@ -195,8 +188,7 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
     g_vt = *base;
     g_base = base;
     if (nofuse) g_vt.matmul_n = NULL, g_vt.matmul_glu = NULL, g_vt.matmul_add = NULL, g_vt.rope_kv_write = NULL, g_vt.rmsnorm_add = NULL,
-                  g_vt.norm_matmul = NULL, g_vt.rmsnorm_n = NULL, g_vt.norm_rope_kv_write = NULL,
-                  g_vt.rope_kv_attention = NULL;
+                  g_vt.norm_matmul = NULL, g_vt.rmsnorm_n = NULL, g_vt.norm_rope_kv_write = NULL;
     if (prof) {
         for (int i = 0; i < PROF_EV; i++)
             if (cudaEventCreate(&g_ev[i]) != cudaSuccess) return cudaGetLastError(), base;
@@ -206,8 +198,7 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
         SET(rmsnorm); SET(rope); SET(kv_write); SET(attention); SET(add); SET(mul); SET(scale); SET(scale_dev);
         SET(gelu_tanh_mul); SET(silu_mul); SET(softcap); SET(add_bias); SET(copy_cols); SET(embed);
         SET(route_topk); SET(moe_mlp); SET(matmul); SET(matmul_expert); SET(matmul_n); SET(matmul_glu);
-        SET(matmul_add); SET(rope_kv_write); SET(rmsnorm_add); SET(norm_matmul); SET(rmsnorm_n); SET(norm_rope_kv_write); SET(rope_kv_attention);
-        SET(download); SET(sync);
+        SET(matmul_add); SET(rope_kv_write); SET(rmsnorm_add); SET(norm_matmul); SET(rmsnorm_n); SET(norm_rope_kv_write); SET(download); SET(sync);
 #undef SET
     }
     return &g_vt;
