@@ -6,12 +6,14 @@
 # `scripts/gpu_check.sh` has unpacked the prebuilt binaries (GPU_PREBUILT) and passed the op tests:
 #   OUT=/tmp/ab bash scripts/gpu_ab.sh      # logs + summary.txt under $OUT
 # Session 11's sections (NORM_N / NORM_ROPE / NORM_RES / NORM_GEMM) ran and are recorded in bench/NOTES.md
-# (t); they were removed from here. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
+# (t); they were removed from here, as were 1 (TERN_CUDA_GEMV_RING) and 6 (TERN_CUDA_GEMV_FLAT) with their kernels
+# in session 14. Sections 1-3 (TERN_CUDA_GEMV_RING, TERN_CUDA_AD_CLUSTER at batch 1 and
 # under batch decode) ran in session 12 (NOTES (u)); 4 (TERN_CUDA_GEMV_L2PF / _L2ROLL), 5 (bench_cuda --pattern's
 # modes 4-6) and 6 (gemv_flat.cu) in session 13 (NOTES (v)): L2PF = 3 is the default now (its rolling
 # variant L2ROLL lost and was removed). 7 (TERN_CUDA_AD_EARLY), 8 (TERN_CUDA_G1_L2PF), 9 (TERN_CUDA_GEMV_SC32),
 # 10 (TERN_CUDA_AD_ROPE) and 11 (TERN_MM_ONEWAVE) were written after session 13's last call and ran in session 14
-# (NOTES (w)): 7 won (AD_EARLY is the default), 11 kept its default; 8, 9 and 10 lost and were removed. Keep this script
+# (NOTES (w)): 7 won (AD_EARLY is the default), 11 kept its default; 8, 9 and 10 lost and were removed. 12
+# (TERN_CUDA_GEMV_XR) was written after session 14's last call: the default runs it. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -70,20 +72,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-7 11}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w))
-
-# 1. Q4 GEMV in the plain bf16 mode: the XP1 register walk with two sets (PP) vs gemv_ring.cu (cp.async
-#    ring of R chunks per warp, R = 3 / 4 / 5), per shape (ring forced on for every shape), then
-#    batch-1 decode with the ring's default (matrices of >= 2^25 codes) vs off vs forced on
-if [[ " $SECTIONS " == *" 1 "* ]]; then
-for v in "0 4" "1 3" "1 4" "1 5"; do
-    set -- $v
-    TERN_CUDA_GEMV_XP1=1 TERN_CUDA_GEMV_RING=$1 TERN_CUDA_GEMV_RING_R=$2 BENCH_GEMV1=q4 timeout 120 build/bench_cuda \
-        > "$OUT/ring_gemv_$1$2.txt" 2>&1
-    say "gemv q4 XP1 RING=$1 R=$2:"; grep '^\[mma\]' "$OUT/ring_gemv_$1$2.txt" | tr -s ' ' | tee -a "$S"
-done
-q4_b1 TERN_CUDA_GEMV_RING "0 2 1"
-fi
+SECTIONS="${AB_SECTIONS:-12}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -120,13 +109,6 @@ if [[ " $SECTIONS " == *" 4 "* ]]; then
     q4_b1 TERN_CUDA_GEMV_L2PF "0 3 16"
 fi
 
-# 6. gemv_flat.cu (TERN_CUDA_GEMV_FLAT=1: one chunk per warp, B from x, no table, 24 warps per SM; written
-#    in session 12 without a GPU; serves the GEMVs without a pre-norm: o, down, the head) vs the XP1 walk
-if [[ " $SECTIONS " == *" 6 "* ]]; then
-    q4_gemv TERN_CUDA_GEMV_FLAT "0 1"
-    q4_b1 TERN_CUDA_GEMV_FLAT "0 1"
-fi
-
 # 5. load patterns without math (bench_cuda --pattern: modes 4-6 written in session 12 without a GPU)
 if [[ " $SECTIONS " == *" 5 "* ]]; then
 timeout 120 build/bench_cuda --pattern > "$OUT/pattern.txt" 2>&1
@@ -146,6 +128,30 @@ fi
 #     presets whose J it moves (gemma4-e2b gate|up 2 -> 3, gemma4-26b-a4b q|k|v and global o 1 -> 2) and llama3-8b
 if [[ " $SECTIONS " == *" 11 "* ]]; then
     b1_ab TERN_MM_ONEWAVE "0 1" "gemma4-e2b --quant q4;gemma4-26b-a4b --quant q4;llama3-8b --quant q4"
+fi
+
+# 12. gemv_xr.cu (TERN_CUDA_GEMV_XR=1: 2..8 x rows times Q4 on the one-row kernels' MMA scheme, columns =
+#     (x row, group); written in session 14 without a GPU): its op test, per-shape µs against qgemm
+#     (bench_cuda --xr), parity with it on (short prompts run their prefill through it in the bf16 mode),
+#     then batch decode at 2 / 4 / 8 (q4, bf16 compute) off / on
+if [[ " $SECTIONS " == *" 12 "* ]]; then
+    TERN_TEST_ONLY=cuda_gemv_xr timeout 200 build/test_cuda_ops > "$OUT/xr_ops.txt" 2>&1
+    say "xr op test: $(grep -c '^PASS' "$OUT/xr_ops.txt") passed, $(grep -c '^FAIL' "$OUT/xr_ops.txt") failed"
+    grep -E '^FAIL|check failed' "$OUT/xr_ops.txt" | head -5 | tee -a "$S"
+    timeout 120 build/bench_cuda --xr > "$OUT/xr_bench.txt" 2>&1
+    grep '^bmm' "$OUT/xr_bench.txt" | tr -s ' ' | tee -a "$S"
+    for comp in bf16; do
+        TERN_CUDA_GEMV_XR=1 TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 build/tests/test_parity_core \
+            > "$OUT/parity_xr_$comp.log" 2>&1
+        say "XR=1 parity $comp: $(grep -c '^PASS' "$OUT/parity_xr_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity_xr_$comp.log") failed"
+    done
+    for rep in 1 2; do
+        for v in 0 1; do
+            TERN_CUDA_GEMV_XR=$v timeout 90 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 2,4,8 \
+                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/xr_conc_${v}_$rep.txt" 2>&1
+            say "concurrency q4 XR=$v rep $rep: $(grep '^csv,conc' "$OUT/xr_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+        done
+    done
 fi
 
 echo "summary: $S"

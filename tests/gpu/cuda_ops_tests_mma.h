@@ -8,9 +8,9 @@
  * checks act(gate)·up when blocks walk several row blocks. Part of cuda_ops_tests.h.
  */
 
-extern unsigned long long tern__cuda_gemv_mma_calls;
+extern unsigned long long tern__cuda_gemv_mma_calls, tern__cuda_gemv_xr_calls;
 extern int tern__cuda_gemv_mma_on, tern__cuda_gemv_mma_pp, tern__cuda_gemv_mma_fold, tern__cuda_gemv_mma_xp1,
-    tern__cuda_pdl_on, tern__cuda_mm_j, tern__cuda_gemv_ring, tern__cuda_gemv_flat;
+    tern__cuda_pdl_on, tern__cuda_mm_j;
 
 /* every shape with the chunks per K slice as planned (J = 0: up to 4, fewer for small matrices), one
  * (the old walk) and three (a short last chunk at in = 3840 and 14336, a short last slice) */
@@ -116,14 +116,13 @@ static void mm_five_ops(tern_backend *g, const tern_tensor *t, int out, int tot,
 }
 
 /* TERN_CUDA_GEMV_PP (two register sets for the walk, Q4), TERN_CUDA_PDL (programmatic dependent
- * launch) and XP1's ring do the same arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual
+ * launch) do the same arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual
  * results must be the same bits as the plain one-set walk, walking several row blocks or not, split
  * K or not */
 TEST(cuda_gemv_mma_pp_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_pp_bits", "not built"); return; }
-    const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_pdl_on, keep_xp = tern__cuda_gemv_mma_xp1,
-              keep_ring = tern__cuda_gemv_ring;
+    const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_pdl_on, keep_xp = tern__cuda_gemv_mma_xp1;
     static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
                                                           {32, TERN_DT_BF16}};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}};
@@ -135,21 +134,20 @@ TEST(cuda_gemv_mma_pp_bits) {
             tern_tensor t[3];
             char nm[64];
             mm_three_open(g, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
-            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[5][5];
-            const int nv = xp ? 4 : 3;
+            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[3][5];
+            const int nv = 3;
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
             tern__cuda_gemv_mma_xp1 = xp;
-            for (int v = 0; v < nv; v++) { /* 0 plain, 1 two sets, 2 programmatic launch, 3 XP1's ring */
+            for (int v = 0; v < nv; v++) { /* 0 plain, 1 two sets, 2 programmatic launch */
                 tern__cuda_gemv_mma_pp = v == 1;
                 tern__cuda_pdl_on = v == 2;
-                tern__cuda_gemv_ring = v == 3;
                 mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
             }
             static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
             for (int k = 0; k < 5; k++) {
                 for (int v = 1; v < nv; v++)
                     CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s xp1 %d: %s != plain launch", nm,
-                          out, in, what[k], xp, v == 1 ? "two-set walk" : v == 2 ? "programmatic launch" : "ring");
+                          out, in, what[k], xp, v == 1 ? "two-set walk" : "programmatic launch");
                 for (int v = 0; v < nv; v++) free(res[v][k]);
             }
             mm_three_close(g, h, t);
@@ -159,7 +157,6 @@ TEST(cuda_gemv_mma_pp_bits) {
     tern__cuda_gemv_mma_pp = keep;
     tern__cuda_pdl_on = keep_pdl;
     tern__cuda_gemv_mma_xp1 = keep_xp;
-    tern__cuda_gemv_ring = keep_ring;
 }
 
 /* TERN_CUDA_GEMV_FOLD (Q4: pairs left at 128 + nibble, 128 folded into the bias): not the same bits,
@@ -208,26 +205,18 @@ TEST(cuda_gemv_mma_xp1) {
                                                           {64, TERN_DT_F16}, {32, TERN_DT_BF16}};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {777, 3840}, {4099, 2048}};
     static const int js[] = {0, 1, 3};
-    const int keep_ring = tern__cuda_gemv_ring;
     tern__cuda_gemv_mma_xp1 = 1;
     g_x_bf16 = 1;
-    const int keep_fl = tern__cuda_gemv_flat;
-    /* the register walk, gemv_ring.cu, gemv_flat.cu, for every shape */
-    for (int ring = 0; ring < 3; ring++)
     for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
         for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
             for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
                 tern__cuda_mm_j = js[jj];
-                tern__cuda_gemv_ring = ring == 1;
-                tern__cuda_gemv_flat = ring == 2;
                 char nm[64];
                 const double rel = mm_q4_rel(g_gpu, F[f].gs, F[f].sdt, shapes[s][0], shapes[s][1], nm, sizeof nm);
-                printf("  err %-16s %dx%d n=1 mma xp1 kernel %d J %d %.2e\n", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
-                CHECK(rel <= 1e-5, "%s %dx%d kernel %d (walk, ring, flat) J %d: xp1 rel %.3e", nm, shapes[s][0], shapes[s][1], ring, js[jj], rel);
+                printf("  err %-16s %dx%d n=1 mma xp1 J %d %.2e\n", nm, shapes[s][0], shapes[s][1], js[jj], rel);
+                CHECK(rel <= 1e-5, "%s %dx%d J %d: xp1 rel %.3e", nm, shapes[s][0], shapes[s][1], js[jj], rel);
             }
     g_x_bf16 = 0;
-    tern__cuda_gemv_ring = keep_ring;
-    tern__cuda_gemv_flat = keep_fl;
     tern__cuda_gemv_mma_xp1 = keep;
     tern__cuda_mm_j = keep_j;
 }
@@ -264,53 +253,134 @@ TEST(cuda_gemv_mma_i8) {
     g8->vt->close(g8);
 }
 
-/* gemv_flat.cu (TERN_CUDA_GEMV_FLAT: one chunk per warp, B fragments from x, no table): with one chunk
- * per K slice (TERN_MM_J=1) the same arithmetic in the same order as the XP1 walk, so every op —
- * plain, q|k|v, act(gate)·up (silu, gelu), y += W·x — must give the same bits; every group size and
- * scale type, one and many slices, row counts off the 16-row tile */
-TEST(cuda_gemv_flat_bits) {
-    tern_backend *g = g_gpu;
-    if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_flat_bits", "not built"); return; }
-    const int keep_xp = tern__cuda_gemv_mma_xp1, keep_j = tern__cuda_mm_j, keep_fl = tern__cuda_gemv_flat;
-    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
-                                                          {32, TERN_DT_BF16}, {64, TERN_DT_F16}};
-    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {777, 3840}, {40000, 512}};
-    tern__cuda_gemv_mma_xp1 = 1;
-    tern__cuda_mm_j = 1;
-    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
-        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
-            const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
-            hw h[3];
-            tern_tensor t[3];
-            char nm[64];
-            mm_three_open(g, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
-            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[2][5];
-            void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
-            for (int v = 0; v < 2; v++) { /* the walk, then flat */
-                tern__cuda_gemv_flat = v;
-                mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
-            }
-            static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
-            for (int k = 0; k < 5; k++) {
-                CHECK(same_bits(res[0][k], res[1][k], k == 1 ? tot : out), "%s %dx%d %s: flat != the XP1 walk", nm, out,
-                      in, what[k]);
-                free(res[0][k]); free(res[1][k]);
-            }
-            mm_three_close(g, h, t);
-            g->vt->free(g, xd); g->vt->free(g, yd);
-            free(x); free(r);
+/* gemv_xr.cu (TERN_CUDA_GEMV_XR: 2..8 x rows times Q4 in the plain bf16 mode, columns = (x row, group)):
+ * with x exact in bf16 its products are exact and it sums in f32, so against cpu-ref within 1e-5; every
+ * group size and scale type, n = 2, 3, 5, 8 (NT 1..4 tiles at g32), one and split K, J auto / 1; the
+ * fused forms (q|k|v, act(gate)·up, y += W·x) against cpu-ref's separate ops; a row's bits do not depend
+ * on n (rows 0, 1 alone and among 8) */
+static double xr_fused_rel(tern_backend *g, int gs, tern_dtype sdt, int out, int o2, int in, int n) {
+    hw h[3];
+    tern_tensor t[3], tr[3];
+    char nm[64];
+    mm_three_open(g, gs, sdt, out, o2, in, h, t, nm);
+    tern_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        tr[i] = h[i].t;
+        CHECK(g_ref->vt->upload_weight(g_ref, &tr[i], &err) == TERN_OK, "ref upload %s", err.msg);
+    }
+    const int rows[3] = {out, out, o2};
+    float *x = rnd((size_t)n * in, 1.0f), *r = rnd((size_t)n * out, 1.0f), *ref[3];
+    for (size_t i = 0; i < (size_t)n * in; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
+    void *xd = to_gpu(x, (size_t)n * in * 4), *yd[3];
+    for (int i = 0; i < 3; i++) {
+        ref[i] = malloc((size_t)n * rows[i] * sizeof(float));
+        g_ref->vt->matmul(g_ref, ref[i], x, n, &tr[i]);
+        yd[i] = nan_buf(g, (size_t)n * rows[i]);
+    }
+    double worst = 0;
+    const unsigned long long calls = tern__cuda_gemv_xr_calls;
+    const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+    float *ys[3] = {yd[0], yd[1], yd[2]};
+    CHECK(g->vt->matmul_n(g, 3, ys, xd, n, ws) == 1, "%s n=%d matmul_n refused", nm, n);
+    for (int i = 0; i < 3; i++) {
+        float *y = from_gpu(g, yd[i], (size_t)n * rows[i]);
+        const double e = rel_or_nan(y, ref[i], (size_t)n * rows[i]);
+        if (!(e <= worst)) worst = e;
+        free(y);
+    }
+    float *want = malloc((size_t)n * out * sizeof(float));
+    for (int act = 0; act < 2; act++) {
+        CHECK(g->vt->matmul_glu(g, yd[0], xd, n, &t[0], &t[1], act) == 1, "%s n=%d matmul_glu refused", nm, n);
+        for (size_t i = 0; i < (size_t)n * out; i++) {
+            const double gv = ref[0][i];
+            want[i] = (float)((act == TERN_ACT_SILU ? gv / (1.0 + exp(-gv))
+                                                   : 0.5 * gv * (1.0 + tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)))) *
+                              ref[1][i]);
         }
-    tern__cuda_gemv_flat = keep_fl;
+        float *y = from_gpu(g, yd[0], (size_t)n * out);
+        const double e = rel_or_nan(y, want, (size_t)n * out);
+        if (!(e <= worst)) worst = e;
+        free(y);
+    }
+    g->vt->upload(g, yd[0], r, (size_t)n * out * 4);
+    CHECK(g->vt->matmul_add(g, yd[0], xd, n, &t[0]) == 1, "%s n=%d matmul_add refused", nm, n);
+    for (size_t i = 0; i < (size_t)n * out; i++) want[i] = r[i] + ref[0][i];
+    float *y = from_gpu(g, yd[0], (size_t)n * out);
+    const double e = rel_or_nan(y, want, (size_t)n * out);
+    if (!(e <= worst)) worst = e;
+    free(y);
+    CHECK(tern__cuda_gemv_xr_calls >= calls + 4, "%s n=%d: gemv_xr ran %llu of 4 fused ops", nm, n,
+          tern__cuda_gemv_xr_calls - calls);
+    for (int i = 0; i < 3; i++) { g_ref->vt->free_weight(g_ref, &tr[i]); g->vt->free(g, yd[i]); free(ref[i]); }
+    mm_three_close(g, h, t);
+    g->vt->free(g, xd);
+    free(x); free(r); free(want);
+    return worst;
+}
+TEST(cuda_gemv_xr) {
+    extern int tern__cuda_gemv_xr;
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->matmul_n) { SKIP("cuda_gemv_xr", "no bf16-mode backend"); return; }
+    const int keep = tern__cuda_gemv_xr, keep_j = tern__cuda_mm_j, keep_split = tern__cuda_bf16_split;
+    tern__cuda_gemv_xr = 1;
+    tern__cuda_bf16_split = 0; /* the plain bf16 mode */
+    g_x_bf16 = 1;
+    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_BF16}, {128, TERN_DT_BF16},
+                                                          {32, TERN_DT_F16}, {64, TERN_DT_F16}};
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {777, 3840}};
+    static const int ns[] = {2, 3, 5, 8}, js[] = {0, 1};
+    for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
+        for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
+            for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++)
+                for (size_t k = 0; k < TERN_ARRAY_LEN(ns); k++) {
+                    tern__cuda_mm_j = js[jj];
+                    hw h = make_w(TERN_DT_Q, 4, F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
+                    char nm[64];
+                    fmt_name(&h.t, nm, sizeof nm);
+                    const unsigned long long calls = tern__cuda_gemv_xr_calls;
+                    const double rel = check_matmul(g, &h, ns[k], -1);
+                    printf("  err %-16s %dx%d n=%d xr J %d %.2e\n", nm, shapes[s][0], shapes[s][1], ns[k], js[jj], rel);
+                    CHECK(rel <= 1e-5, "%s %dx%d n=%d J %d: xr rel %.3e", nm, shapes[s][0], shapes[s][1], ns[k], js[jj], rel);
+                    CHECK(tern__cuda_gemv_xr_calls > calls, "%s %dx%d n=%d: gemv_xr did not run", nm, shapes[s][0],
+                          shapes[s][1], ns[k]);
+                    free_w(&h);
+                }
+    tern__cuda_mm_j = 0;
+    for (size_t f = 0; f < 3; f++)
+        for (int n = 2; n <= 8; n += 3) {
+            const double rel = xr_fused_rel(g, F[f].gs, F[f].sdt, 1037, 300, 4096, n);
+            printf("  err xr fused g%d n=%d %.2e\n", F[f].gs, n, rel);
+            CHECK(rel <= 1e-5, "fused g%d n=%d: rel %.3e", F[f].gs, n, rel);
+        }
+    { /* batch invariance: rows 0, 1 alone (n = 2) and among 8 */
+        const int out = 4099, in = 2048;
+        hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, out, in, 0);
+        tern_tensor t = h.t;
+        tern_error err = {0};
+        CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
+        float *x = rnd((size_t)8 * in, 1.0f);
+        void *xd = to_gpu(x, (size_t)8 * in * 4), *y8 = nan_buf(g, (size_t)8 * out), *y2 = nan_buf(g, (size_t)2 * out);
+        g->vt->matmul(g, y8, xd, 8, &t);
+        g->vt->matmul(g, y2, xd, 2, &t);
+        float *a = from_gpu(g, y8, (size_t)2 * out), *b = from_gpu(g, y2, (size_t)2 * out);
+        CHECK(same_bits(a, b, (size_t)2 * out), "xr: rows 0, 1 differ between n = 2 and n = 8");
+        free(a); free(b); free(x);
+        g->vt->free(g, xd); g->vt->free(g, y8); g->vt->free(g, y2);
+        g->vt->free_weight(g, &t);
+        free_w(&h);
+    }
+    g_x_bf16 = 0;
+    tern__cuda_gemv_xr = keep;
     tern__cuda_mm_j = keep_j;
-    tern__cuda_gemv_mma_xp1 = keep_xp;
+    tern__cuda_bf16_split = keep_split;
 }
 
 static void cuda_mma_tests(void) {
-    RUN(cuda_gemv_flat_bits);
     RUN(cuda_gemv_mma_i8);
     RUN(cuda_gemv_mma_xp1);
     RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);
+    RUN(cuda_gemv_xr);
 }

@@ -36,7 +36,8 @@
  * int8 (--compute int8) XI8 (XP1's walk with x quantized per group, u8·s8 MMAs, the CPU int8 bound).
  * The device pieces (decode, split, staging, one step) are in gemv_mma.cuh, shared with moe_mma.cu;
  * what the dense walks share (arguments, rows, staging with the pre-norm, split-K) in gemv_mma_args.cuh;
- * gemv_ring.cu is XP1's walk with a shared-memory ring instead of registers (opt-in, slower).
+ * Tried and removed (docs/CUDA.md): gemv_ring.cu (XP1's walk through a cp.async ring in shared memory) and
+ * gemv_flat.cu (one chunk per warp, no table, no walk): both slower on the H200.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -380,6 +381,12 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     return 1;
 }
 
+/* mm_plan for gemv_xr.cu (several x rows; the same row blocks, slices and J) */
+int tern__cuda_mm_geometry(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int *rows,
+                           int *rblocks, int *ks, int *J) {
+    return mm_plan(c, w, k, x, mode, rows, rblocks, ks, J);
+}
+
 /* Does tern__cuda_gemv_mma serve matrices w[0..k) for x in this mode? (Without a launch: the fused
  * pre-norm op (gemv1.cu) decides where a row goes before it stages anything.) */
 extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x,
@@ -460,11 +467,6 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     if (a.ks > 1 && (rblocks + gx - 1) / gx > MM_MINE) gx = (rblocks + MM_MINE - 1) / MM_MINE;
     const dim3 grid((unsigned)gx, (unsigned)a.ks);
     cudaSetDevice(c->device);
-    if (xp1w && (tern__cuda_gemv_flat_go(c, a, gb, f16) || tern__cuda_gemv_ring_go(c, a, gb, f16))) { /* opt-in */
-        tern__cuda_check(c, "gemv_flat/ring");
-        tern__cuda_gemv_mma_calls++;
-        return 1;
-    }
     if (w0->bits == 4) {
         if (gb == 16) mm_go<4, 16>(c, grid, smem, a, f16, occ);
         else if (gb == 32) mm_go<4, 32>(c, grid, smem, a, f16, occ);

@@ -1,6 +1,6 @@
 /*
- * gemv_mma_args.cuh — what the dense tensor-core Q GEMV kernels share (gemv_mma.cu's register walk and
- * gemv_ring.cu's shared-memory ring): the launch arguments, a lane's two rows of a warp tile, the
+ * gemv_mma_args.cuh — the dense tensor-core Q GEMV's pieces around its walk (gemv_mma.cu; shared with
+ * two variants that lost and were removed, gemv_ring.cu and gemv_flat.cu): the launch arguments, a lane's two rows of a warp tile, the
  * output store of each mode, x staging with the optional pre-norm / residual prologue, and the split-K
  * reduction by the last slice block of a row block. Include after cuda_common.cuh and gemv_mma.cuh.
  */
@@ -184,9 +184,9 @@ __device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *x
     }
 }
 
-/* gemv_ring.cu: the XP1 walk with a shared-memory ring (same bits); false when it declines */
-bool tern__cuda_gemv_ring_go(const tern__cuda *c, const MmArgs &a, int gb, bool f16);
-/* gemv_flat.cu: XP1's arithmetic without a table or a walk (one chunk per warp); false when it declines */
-bool tern__cuda_gemv_flat_go(const tern__cuda *c, const MmArgs &a, int gb, bool f16);
+/* gemv_mma.cu's launch plan (rows, row blocks, K slices, chunks per slice) for matrices w[0..k): 0 when
+ * the format or shape is not served (gemv_xr.cu plans its several-row launches with it) */
+int tern__cuda_mm_geometry(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int *rows,
+                           int *rblocks, int *ks, int *J);
 
 #endif

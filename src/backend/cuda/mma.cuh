@@ -2,8 +2,8 @@
  * mma.cuh — the sm_80+ tensor-core building blocks the tiled kernels share: shared-memory
  * addresses, ldmatrix (plain and transposed), 16-byte cp.async with zero fill, its group
  * commit/wait (and "memory"-ordered variants for lane-private rings), and mma.sync m16n8k16 bf16 -> f32
- * (accumulating, or from zero). Users: sgemm.cu, attn_prefill.cu; the ordered copies gemv_ring.cu and
- * gemv_mma.cu's probes. (qgemm_frag.cuh keeps its own non-volatile mma16816: qgemm/moe_gemm were timed so.)
+ * (accumulating, or from zero). Users: sgemm.cu, attn_prefill.cu; the ordered copies gemv_mma.cu's load
+ * probes. (qgemm_frag.cuh keeps its own non-volatile mma16816: qgemm/moe_gemm were timed so.)
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): lane = 4·g + t. A (16x16, row): a0 = (row g,
  * k 2t..2t+1), a1 = (row g+8, same k), a2 = (row g, k 2t+8..), a3 = (row g+8, k 2t+8..) — what
@@ -36,7 +36,7 @@ __device__ __forceinline__ void mma_cp16(uint32_t dst, const void *src, bool ok)
 __device__ __forceinline__ void mma_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void mma_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-/* Lane-private rings (gemv_ring.cu, gemv_mma.cu's load probes: a lane, or a warp after __syncwarp,
+/* Lane-private rings (gemv_mma.cu's load probes: a lane, or a warp after __syncwarp,
  * reads what it copied without a block barrier): the same copies, commit and wait with "memory"
  * clobbers, so the compiler keeps a slot's shared-memory reads after the wait and before the next copy
  * into it. 4-byte copies go through L1 (.ca: the only kind for fewer than 16 bytes). */
