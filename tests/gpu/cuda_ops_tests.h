@@ -140,6 +140,7 @@ static double check_matmul(tern_backend *gpu, const hw *h, int n, int e) {
     if (g_x_bf16) /* x exact in bf16 (round to nearest even): kernels that round x to bf16 stay exact */
         for (size_t i = 0; i < (size_t)n * in; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
     void *xd = to_gpu(x, (size_t)n * in * sizeof *x), *yd = nan_buf(gpu, (size_t)n * out);
+    if (gpu != g_gpu) g_gpu->vt->sync(g_gpu); /* x went up through g_gpu's stream (small uploads are async) */
     if (e < 0) {
         g_ref->vt->matmul(g_ref, yr, x, n, &tr);
         gpu->vt->matmul(gpu, yd, xd, n, &tg);

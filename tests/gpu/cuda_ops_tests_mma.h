@@ -280,6 +280,7 @@ static double xr_fused_rel(tern_backend *g, int gs, tern_dtype sdt, int out, int
     double worst = 0;
     const unsigned long long calls = tern__cuda_gemv_xr_calls;
     const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+    g_gpu->vt->sync(g_gpu); /* x went up through g_gpu's stream */
     float *ys[3] = {yd[0], yd[1], yd[2]};
     CHECK(g->vt->matmul_n(g, 3, ys, xd, n, ws) == 1, "%s n=%d matmul_n refused", nm, n);
     for (int i = 0; i < 3; i++) {
@@ -360,6 +361,7 @@ TEST(cuda_gemv_xr) {
         CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
         float *x = rnd((size_t)8 * in, 1.0f);
         void *xd = to_gpu(x, (size_t)8 * in * 4), *y8 = nan_buf(g, (size_t)8 * out), *y2 = nan_buf(g, (size_t)2 * out);
+        g_gpu->vt->sync(g_gpu);
         g->vt->matmul(g, y8, xd, 8, &t);
         g->vt->matmul(g, y2, xd, 2, &t);
         float *a = from_gpu(g, y8, (size_t)2 * out), *b = from_gpu(g, y2, (size_t)2 * out);
