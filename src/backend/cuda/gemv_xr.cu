@@ -14,7 +14,8 @@
  * (the mode's x; Σx of the rounded values), f32 sums.
  *
  * Grid: (row block of 8 warps × 16 rows, K slice of J chunks of S steps, as gemv_mma.cu plans them); a
- * warp loads the next step's words and scales while it multiplies this one. Modes as gemv_mma: up to
+ * warp holds two steps' words and scales in two register sets, each reloaded two steps ahead, so two
+ * steps are in flight while one is multiplied. Modes as gemv_mma: up to
  * three matrices sharing `in` (q|k|v), act(gate)·up (pair: gate rows g, up rows g + 8 of 8 outputs),
  * y += W·x; no pre-norm (the caller declines). Split K: each block leaves [slice][x row][unit]
  * partials, the last block of a row block (counter, reset by it) sums them in slice order. A row's
@@ -107,10 +108,20 @@ template <int GB, bool F16S, int NT> __global__ void __launch_bounds__(256, 2) g
     const size_t rb = (size_t)a.in / 2;
     MmRows r;
     mm_rows(a, blockIdx.x * MM_WARPS + warp, g, t, rb, pair, r);
-    uint4 w0n = mm_ld4(r.w0 + (size_t)st0 * 64), w1n = mm_ld4(r.w1 + (size_t)st0 * 64);
-    auto G0 = [&](int st) { return GB > 64 ? st * 64 / GB : st * GPS; };
-    SV s0n = mm_lds<GPS>(r.s0 + G0(st0)), b0n = mm_lds<GPS>(r.b0 + G0(st0));
-    SV s1n = mm_lds<GPS>(r.s1 + G0(st0)), b1n = mm_lds<GPS>(r.b1 + G0(st0));
+    struct XrSet { /* one step's words of rows g, g + 8 and their groups' scales and biases */
+        uint4 w0, w1;
+        SV s0, b0, s1, b1;
+    };
+    auto load = [&](XrSet &o, int st) {
+        const int G = GB > 64 ? st * 64 / GB : st * GPS;
+        o.w0 = mm_ld4(r.w0 + (size_t)st * 64);
+        o.w1 = mm_ld4(r.w1 + (size_t)st * 64);
+        o.s0 = mm_lds<GPS>(r.s0 + G); o.b0 = mm_lds<GPS>(r.b0 + G);
+        o.s1 = mm_lds<GPS>(r.s1 + G); o.b1 = mm_lds<GPS>(r.b1 + G);
+    };
+    XrSet P, Q; /* steps sl (P) and sl + 1 (Q) in flight: two register sets, each reloaded two steps ahead */
+    load(P, st0);
+    if (ns > 1) load(Q, st0 + 1);
     pdl_wait(); /* weights above; x, y, partials and counters below */
     xr_stage<GB, NT>(A, tbl, xs, st0, ns, nss);
     __syncthreads();
@@ -119,16 +130,9 @@ template <int GB, bool F16S, int NT> __global__ void __launch_bounds__(256, 2) g
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    for (int sl = 0; sl < ns; sl++) {
-        const uint32_t wa[4] = {w0n.x, w0n.y, w0n.z, w0n.w}, wc[4] = {w1n.x, w1n.y, w1n.z, w1n.w};
-        const SV cs0 = s0n, cb0 = b0n, cs1 = s1n, cb1 = b1n;
-        if (sl + 1 < ns) { /* the next step's words and scales while this one is multiplied */
-            const int st = st0 + sl + 1;
-            w0n = mm_ld4(r.w0 + (size_t)st * 64);
-            w1n = mm_ld4(r.w1 + (size_t)st * 64);
-            s0n = mm_lds<GPS>(r.s0 + G0(st)); b0n = mm_lds<GPS>(r.b0 + G0(st));
-            s1n = mm_lds<GPS>(r.s1 + G0(st)); b1n = mm_lds<GPS>(r.b1 + G0(st));
-        }
+    /* step sl from the set o: its MMAs into D[(row, group) columns], each column folded with its group */
+    auto run = [&](const XrSet &o, int sl) {
+        const uint32_t wa[4] = {o.w0.x, o.w0.y, o.w0.z, o.w0.w}, wc[4] = {o.w1.x, o.w1.y, o.w1.z, o.w1.w};
         float d[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
@@ -140,12 +144,24 @@ template <int GB, bool F16S, int NT> __global__ void __launch_bounds__(256, 2) g
                 const int c = nt * 8 + 2 * t + q, xr = c / GPS, ga = c % GPS;
                 if (xr >= A.n) continue;
                 const float xg = xs[(xr * nss + sl) * GPS + ga];
-                const float sa = mm_sget<GPS, F16S>(cs0, ga), sb = mm_sget<GPS, F16S>(cs1, ga);
-                const float ba = fmaf(-128.0f, sa, mm_sget<GPS, F16S>(cb0, ga));
-                const float bb = fmaf(-128.0f, sb, mm_sget<GPS, F16S>(cb1, ga));
+                const float sa = mm_sget<GPS, F16S>(o.s0, ga), sb = mm_sget<GPS, F16S>(o.s1, ga);
+                const float ba = fmaf(-128.0f, sa, mm_sget<GPS, F16S>(o.b0, ga));
+                const float bb = fmaf(-128.0f, sb, mm_sget<GPS, F16S>(o.b1, ga));
                 acc[nt][q] = fmaf(ba, xg, fmaf(sa, d[nt][q], acc[nt][q]));
                 acc[nt][2 + q] = fmaf(bb, xg, fmaf(sb, d[nt][2 + q], acc[nt][2 + q]));
             }
+    };
+    for (int sl = 0; sl < ns; sl += 2) {
+        {
+            const XrSet cur = P;
+            if (sl + 2 < ns) load(P, st0 + sl + 2);
+            run(cur, sl);
+        }
+        if (sl + 1 < ns) {
+            const XrSet cur = Q;
+            if (sl + 3 < ns) load(Q, st0 + sl + 3);
+            run(cur, sl + 1);
+        }
     }
     /* a row's columns: GPS = 2 both of a lane's, GPS = 4 also lane t ^ 1's (fixed order) */
 #pragma unroll
