@@ -2,7 +2,7 @@
  * concurrency.c — throughput and latency of the engine versus concurrency, and the
  * prefix-cache speed-up on a shared long system prompt (issue 5's benchmark).
  *
- *   build/concurrency [MODEL | --random PRESET[:qB]] [--device cpu|cuda] [--threads N]
+ *   build/concurrency [MODEL | --random PRESET[:qB] [--quant qB]] [--device cpu|cuda] [--threads N]
  *       [--conc 1,4,16,64] [--prompt N] [--gen N] [--system N] [--requests N]
  *       [--max-batch-tokens N] [--kv-quant SPEC] [--compute f32|bf16|bf16x2]
  *
@@ -185,11 +185,13 @@ int main(int argc, char **argv) {
     args a = {.model = "demo", .device = "cpu", .prompt = 64, .gen = 32, .system = 1024, .requests = 8, .mbt = 0,
               .conc = {1, 4, 16, 64}, .n_conc = 4, .bf16 = -1};
     static char rnd[128];
+    const char *quant = NULL; /* --quant q4: tern-core bench's spelling of --random PRESET:q4 */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int has = v != NULL;
         if (!strcmp(f, "--device") && has) { a.device = v; i++; }
         else if (!strcmp(f, "--random") && has) { snprintf(rnd, sizeof rnd, "random:%s", v); a.model = rnd; i++; }
+        else if (!strcmp(f, "--quant") && has) { quant = v; i++; }
         else if (!strcmp(f, "--threads") && has) { a.threads = atoi(v); i++; }
         else if (!strcmp(f, "--prompt") && has) { a.prompt = atoi(v); i++; }
         else if (!strcmp(f, "--gen") && has) { a.gen = atoi(v); i++; }
@@ -209,6 +211,14 @@ int main(int argc, char **argv) {
             i++;
         } else if (f[0] != '-') a.model = f;
         else { fprintf(stderr, "concurrency: unknown or incomplete argument '%s'\n", f); return 2; }
+    }
+    if (quant) {
+        if (a.model != rnd || strchr(rnd, ':' ) != strrchr(rnd, ':')) {
+            fprintf(stderr, "concurrency: --quant needs --random PRESET (without its own :qB)\n");
+            return 2;
+        }
+        const size_t l = strlen(rnd);
+        snprintf(rnd + l, sizeof rnd - l, ":%s", quant);
     }
     if (a.prompt < 1 || a.gen < 2 || a.gen > MAX_GEN || a.system < 16 || a.requests < 2 || a.mbt < 0) {
         fprintf(stderr, "concurrency: need --prompt >= 1, 2 <= --gen <= %d, --system >= 16, --requests >= 2\n", MAX_GEN);
