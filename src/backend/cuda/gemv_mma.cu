@@ -518,7 +518,7 @@ __global__ void mm_probe_kernel(const uint8_t *w, int rows, int rb, int mode, ui
 
 /* modes 4, 5: warp = 16 rows walking all steps in chunks of 4 (256 bytes per row) through a ring of 4
  * chunks in shared memory (cp.async; 8 warps, 128 KB per block), the chunk XOR-read from the ring:
- * 4 = each lane copies its own pieces (gemv_ring.cu's copies: 8 rows x 64 B per instruction), 5 = a
+ * 4 = each lane copies its own pieces (the removed gemv_ring.cu's copies: 8 rows x 64 B per instruction), 5 = a
  * copy instruction reads 512 contiguous bytes (2 rows x 256 B) and the warp syncs before reading.
  * Mode 6: the flat stream with four independent 16-byte loads in flight per thread. */
 __global__ void __launch_bounds__(256, 1) mm_probe_ring_kernel(const uint8_t *w, int rows, int rb, int mode,
