@@ -47,6 +47,11 @@ TEST(cuda_gemv_mma) {
     tern__cuda_mm_j = keep_j;
 }
 
+/* act(g)·u in double on the host (act: TERN_ACT_SILU, else GELU-tanh) */
+static double glu_ref(double g, double u, int act) {
+    return (act == TERN_ACT_SILU ? g / (1.0 + exp(-g)) : 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))) * u;
+}
+
 /* gate/up with 20000 outputs (blocks walk several row blocks, K split): matmul_glu vs the two separate
  * matmuls and act() on the host */
 TEST(cuda_gemv_mma_glu_walk) {
@@ -68,7 +73,7 @@ TEST(cuda_gemv_mma_glu_walk) {
         float *f = from_gpu(g, yf, out), *a = from_gpu(g, yg, out), *b = from_gpu(g, yu, out);
         double worst = 0;
         for (int i = 0; i < out; i++) {
-            const double gv = a[i], want = (act == TERN_ACT_SILU ? gv / (1.0 + exp(-gv)) : 0.5 * gv * (1.0 + tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)))) * b[i];
+            const double want = glu_ref(a[i], b[i], act);
             const double e = fabs(f[i] - want) / (fabs(want) + 1e-3);
             if (!(e <= worst)) worst = e; /* NaN-safe */
         }
@@ -292,12 +297,7 @@ static double xr_fused_rel(tern_backend *g, int gs, tern_dtype sdt, int out, int
     float *want = malloc((size_t)n * out * sizeof(float));
     for (int act = 0; act < 2; act++) {
         CHECK(g->vt->matmul_glu(g, yd[0], xd, n, &t[0], &t[1], act) == 1, "%s n=%d matmul_glu refused", nm, n);
-        for (size_t i = 0; i < (size_t)n * out; i++) {
-            const double gv = ref[0][i];
-            want[i] = (float)((act == TERN_ACT_SILU ? gv / (1.0 + exp(-gv))
-                                                   : 0.5 * gv * (1.0 + tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)))) *
-                              ref[1][i]);
-        }
+        for (size_t i = 0; i < (size_t)n * out; i++) want[i] = (float)glu_ref(ref[0][i], ref[1][i], act);
         float *y = from_gpu(g, yd[0], (size_t)n * out);
         const double e = rel_or_nan(y, want, (size_t)n * out);
         if (!(e <= worst)) worst = e;

@@ -216,9 +216,8 @@ __device__ __forceinline__ void ad_cluster_merge(const AdArgs &a, float *red, fl
  * registers and cost llama3-8b q4 b1 320 -> 300 tok/s (H200, session 14, NOTES (w)) */
 template <typename T, int EPL, int GM, bool EARLY>
 __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
-    constexpr bool early = EARLY;
     pdl_trigger();
-    if (!early) pdl_wait(); /* early: see below, after the first loads */
+    if (!EARLY) pdl_wait(); /* EARLY: see below, after the first loads */
     /* key groups per warp and iteration (as many more in flight): 16-bit rows take half the registers */
     constexpr int U = sizeof(T) == 2 ? (EPL == 16 ? 1 : GM * EPL >= 64 ? 2 : 4) : (EPL == 16 || GM * EPL >= 64 ? 1 : 2);
     extern __shared__ float smd[];           /* [region][chmax ints]: region = scores [GM][chmax], then
@@ -267,7 +266,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
             }
         }
     };
-    if (!early) load_q();
+    if (!EARLY) load_q();
     __syncthreads();
     /* U key groups' rows from `src` (K or V) into d, record -1 (not resident or past the split) zeroed */
     auto load = [&](const T *src, int base, AdRow<T, EPL> *d, int *rc) {
@@ -289,7 +288,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     const bool one = a.vpre && b0 + STEP >= k1; /* warp-uniform */
     if (b0 < k1) load(kp, b0, kr, rr);
     if (one && b0 < k1) load(vp, b0, kn, rn);
-    if (early) {
+    if (EARLY) {
         /* One row (AD_EARLY): pos, the block table and the pages of keys before pos were written before
          * this step (uploads, earlier graph launches), so those loads were issued above while the
          * previous kernel (the one that writes key pos and q) may still run; now wait for it, then take

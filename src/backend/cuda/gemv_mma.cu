@@ -365,7 +365,7 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     if (pair && (k != 2 || w[1]->out != w0->out)) return 0;
     if (pair) rows = w0->out; /* gate = matrix 0, up = matrix 1 */
     *rows_out = rows;
-    *rblocks_out = *ks_out = 0;
+    *rblocks_out = *ks_out = *j_out = 0;
     if (rows <= 0) return 1;
     const int cps = 512 / w0->bits; /* inputs per 64-byte step */
     if (w0->in % cps) return 0;
@@ -381,10 +381,29 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     return 1;
 }
 
-/* mm_plan for gemv_xr.cu (several x rows; the same row blocks, slices and J) */
-int tern__cuda_mm_geometry(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int *rows,
-                           int *rblocks, int *ks, int *J) {
-    return mm_plan(c, w, k, x, mode, rows, rblocks, ks, J);
+/* mm_plan, then the launch arguments both walks share (gemv_xr.cu's several rows too): matrices, outputs,
+ * rows, slices, row blocks, partials, counters; no pre-norm, no L2 prefetch. 0: not served */
+int tern__cuda_mm_args(const tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
+                       const float *x, int mode, MmArgs *a) {
+    int rows, rblocks, ks, J;
+    if (!mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks, &J)) return 0;
+    const tern__cuda_w *w0 = w[0];
+    *a = MmArgs{};
+    mat_ptrs(a->data, a->scales, a->biases, a->y, a->out, y, w, e, k);
+    for (int i = k; i < 3; i++) { a->data[i] = a->data[0]; a->scales[i] = a->scales[0]; a->biases[i] = a->biases[0]; }
+    a->rows = rows; /* mm_plan's: Σ out, or the outputs of a gate/up pair */
+    a->nm = k;
+    a->in = w0->in;
+    a->ng = w0->in / w0->group_size;
+    a->mode = mode;
+    a->x = x;
+    a->part = c->part;
+    a->cnt = c->mm_cnt;
+    a->magic = 0x43004300u;
+    a->ks = ks;
+    a->J = J;
+    a->rblocks = rblocks;
+    return 1;
 }
 
 /* Does tern__cuda_gemv_mma serve matrices w[0..k) for x in this mode? (Without a launch: the fused
@@ -407,24 +426,12 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
 extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                         int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                         const tern_norm_res *res) {
-    int rows, rblocks, ks, J;
-    if (!mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks, &J)) return 0;
-    if (rows <= 0) return 1;
+    MmArgs a;
+    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, &a)) return 0;
+    if (a.rows <= 0) return 1;
     const tern__cuda_w *w0 = w[0];
-    const int gs = w0->group_size;
-    MmArgs a = {};
-    mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
-    for (int i = k; i < 3; i++) { a.data[i] = a.data[0]; a.scales[i] = a.scales[0]; a.biases[i] = a.biases[0]; }
-    a.rows = rows; /* mm_plan's: Σ out, or the outputs of a gate/up pair */
-    a.nm = k;
-    a.in = w0->in;
-    a.ng = w0->in / gs;
-    a.mode = mode;
-    a.x = x;
+    const int gs = w0->group_size, rblocks = a.rblocks, J = a.J;
     set_norm_args(a, nw, xn, eps, res);
-    a.part = c->part;
-    a.cnt = c->mm_cnt;
-    a.magic = 0x43004300u;
     /* TERN_CUDA_GEMV_L2PF=N (default 3): before its pdl_wait, every warp prefetches into L2 the next N
      * items (row block, chunk) of its walk beyond the one its registers load, so a launch that starts
      * while the previous kernel drains (programmatic dependent launch) has its whole first row block
@@ -443,8 +450,6 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
      * llama3-8b q4 313.8 → 303.8 with L2PF = 3 (D = 2, 4 lose too) */
     /* XP1's scale pairs as one 32-bit load (TERN_CUDA_GEMV_SC32, session 13) lost and were removed
      * (session 14, NOTES (w)): 4096x4096 6.8 → 7.3 µs, llama3-8b q4 b1 302 → 298 tok/s */
-    a.ks = ks;
-    a.J = J;
     const int gb = gs * w0->bits / 8;
     const size_t smem = (size_t)J * (4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float)); /* B table (S·NT <= 4) + Σx, per chunk */
     /* persistent over row blocks: about two resident blocks per SM in all (TERN_MM_GRID=0: one block
@@ -454,9 +459,8 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     int gx = rblocks;
     /* with many slices the walk's serial tail reductions cost more (4096x14336 q4: 38.5 us walking
      * vs 30.8 not; 14336x4096 26.6 vs 30.2; lm head 167.5 vs 219.2) */
-    a.rblocks = rblocks;
     const bool f16 = w0->sdtype == TERN_DT_F16;
-    const bool xp1w = w0->bits == 4 && mm_xp1(c) && !mm_i8(c); /* the XP1 walk (or its opt-in variants) serves */
+    const bool xp1w = w0->bits == 4 && mm_xp1(c) && !mm_i8(c); /* the XP1 walk serves */
     const int occ = xp1w && !f16 ? mm_occ(a) : 2; /* blocks per SM: the grid below and mm_go's launch bounds */
     if (grid_mode > 0 && a.ks <= 8) {
         const int want = (grid_mode * occ * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;

@@ -30,15 +30,16 @@ struct MmArgs {
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
 };
 
-/* the final value of one output unit (row of the concatenated matrices, or a pair output) */
-__device__ __forceinline__ void mm_store(const MmArgs &a, int unit, float v, float up) {
+/* the final value of one output unit (row of the concatenated matrices, or a pair output) of x row xr
+ * (gemv_xr.cu's several rows: y row xr of matrix m at y[m] + xr·out[m], of a pair at y[0] + xr·rows) */
+__device__ __forceinline__ void mm_store(const MmArgs &a, int unit, float v, float up, int xr = 0) {
     if (a.mode == G1_SILU || a.mode == G1_GELU) {
-        a.y[0][unit] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * up; /* as gemv1 */
+        a.y[0][(size_t)xr * a.rows + unit] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * up; /* as gemv1 */
         return;
     }
     int m = 0;
     while (m < a.nm - 1 && unit >= a.out[m]) unit -= a.out[m++];
-    float *yp = a.y[m] + unit;
+    float *yp = a.y[m] + (size_t)xr * a.out[m] + unit;
     *yp = a.mode == G1_RES ? *yp + v : v;
 }
 
@@ -87,16 +88,17 @@ __device__ __forceinline__ void mm_pair_scales(const MmRows &r, int G, int t, in
 }
 
 /* unit u's slices summed in slice order (L2 loads of other blocks' partials, several in flight: a
- * volatile load per slice waited ~L2 latency each, 28 slices at in = 14336), then stored */
-__device__ __forceinline__ void mm_sum_slices(const MmArgs &a, int u, bool pair, int units) {
+ * volatile load per slice waited ~L2 latency each, 28 slices at in = 14336), then stored; partials
+ * [slice][x row of n][units] (one row: n = 1, xr = 0) */
+__device__ __forceinline__ void mm_sum_slices(const MmArgs &a, int u, bool pair, int units, int xr = 0, int n = 1) {
     float v = 0.f, up = 0.f;
 #pragma unroll 4
     for (int s = 0; s < a.ks; s++) {
-        const float *qq = a.part + (size_t)s * units;
+        const float *qq = a.part + ((size_t)s * n + xr) * units;
         if (pair) { v += __ldcg(qq + 2 * u); up += __ldcg(qq + 2 * u + 1); }
         else v += __ldcg(qq + u);
     }
-    mm_store(a, u, v, up);
+    mm_store(a, u, v, up, xr);
 }
 
 /* split K: the block's partials are out (one fence); the last slice block of a row block sums its
@@ -184,9 +186,10 @@ __device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *x
     }
 }
 
-/* gemv_mma.cu's launch plan (rows, row blocks, K slices, chunks per slice) for matrices w[0..k): 0 when
- * the format or shape is not served (gemv_xr.cu plans its several-row launches with it) */
-int tern__cuda_mm_geometry(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int *rows,
-                           int *rblocks, int *ks, int *J);
+/* gemv_mma.cu's launch plan and the arguments both walks share (matrices w[0..k) with expert indices e,
+ * outputs y, rows, row blocks, K slices, chunks per slice, partials, counters) into *a: 0 when the
+ * format or shape is not served (gemv_xr.cu plans its several-row launches with it) */
+int tern__cuda_mm_args(const tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
+                       const float *x, int mode, MmArgs *a);
 
 #endif

@@ -34,18 +34,6 @@ struct XrArgs {
     int n;    /* x rows (2..8); x row r at m.x + r·m.in, y row r at y[mat] + r·out[mat] (pair: + r·rows) */
 };
 
-/* the final value of x row xr's unit (mm_store with row offsets) */
-__device__ __forceinline__ void xr_store(const MmArgs &a, int xr, int unit, float v, float up) {
-    if (a.mode == G1_SILU || a.mode == G1_GELU) {
-        a.y[0][(size_t)xr * a.rows + unit] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * up;
-        return;
-    }
-    int m = 0;
-    while (m < a.nm - 1 && unit >= a.out[m]) unit -= a.out[m++];
-    float *yp = a.y[m] + (size_t)xr * a.out[m] + unit;
-    *yp = a.mode == G1_RES ? *yp + v : v;
-}
-
 /* stage the slice's steps st0 .. st0 + ns - 1: the B table [step][8 MMAs][NT][lane] (entry of column
  * c = xr·GPS + γ: x row xr's bf16 pair at the lane's k-slots when γ is the lane's group, else 0) and
  * Σx [xr][step][GPS] of the bf16-rounded x */
@@ -188,10 +176,10 @@ template <int GB, bool F16S, int NT> __global__ void __launch_bounds__(256, 2) g
             const float v0 = acc[nt][q], v1 = acc[nt][2 + q];
             if (a.ks == 1) {
                 if (pair) {
-                    if (r.live0) xr_store(a, xr, r.unit0, v0, v1);
+                    if (r.live0) mm_store(a, r.unit0, v0, v1, xr);
                 } else {
-                    if (r.live0) xr_store(a, xr, r.unit0, v0, 0.0f);
-                    if (r.live1) xr_store(a, xr, r.unit1, v1, 0.0f);
+                    if (r.live0) mm_store(a, r.unit0, v0, 0.0f, xr);
+                    if (r.live1) mm_store(a, r.unit1, v1, 0.0f, xr);
                 }
                 continue;
             }
@@ -215,14 +203,7 @@ template <int GB, bool F16S, int NT> __global__ void __launch_bounds__(256, 2) g
     const int per = pair ? 64 : 128, u0 = blockIdx.x * per;
     for (int i = threadIdx.x; i < per * A.n; i += blockDim.x) {
         const int xr = i / per, u = u0 + i % per;
-        if (u >= a.rows) continue;
-        float v = 0.0f, up = 0.0f;
-        for (int s = 0; s < a.ks; s++) {
-            const float *qq = a.part + ((size_t)s * A.n + xr) * units;
-            if (pair) { v += __ldcg(qq + 2 * u); up += __ldcg(qq + 2 * u + 1); }
-            else v += __ldcg(qq + u);
-        }
-        xr_store(a, xr, u, v, up);
+        if (u < a.rows) mm_sum_slices(a, u, pair, units, xr, A.n);
     }
     if (threadIdx.x == 0) a.cnt[blockIdx.x] = 0;
 }
@@ -251,10 +232,11 @@ extern "C" void tern__cuda_gemv_xr_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
+/* nt: column tiles, 1, 2 or 4 (<= GPS: 8 rows fill GPS tiles) */
 template <int GB, bool F16S> static void xr_nt(tern__cuda *c, dim3 grid, size_t smem, const XrArgs &A, int nt) {
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;
-    if (nt <= 1) xr_go<GB, F16S, 1>(c, grid, smem, A);
-    else if (GPS >= 2 && nt <= 2) xr_go<GB, F16S, (GPS >= 2 ? 2 : 1)>(c, grid, smem, A);
+    if (nt == 1) xr_go<GB, F16S, 1>(c, grid, smem, A);
+    else if (nt == 2) xr_go<GB, F16S, (GPS >= 2 ? 2 : 1)>(c, grid, smem, A); /* GPS 1 never has 2 */
     else xr_go<GB, F16S, GPS>(c, grid, smem, A);
 }
 
@@ -268,36 +250,20 @@ extern "C" int tern__cuda_gemv_xr_run(tern__cuda *c, float *const *y, const tern
     if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8) return 0; /* the plain bf16 mode */
     const tern__cuda_w *w0 = w[0];
     if (w0->bits != 4 || w0->precise || (w0->in * sizeof(float)) % 16) return 0;
-    int rows, rblocks, ks, J;
-    if (!tern__cuda_mm_geometry(c, w, k, x, mode, &rows, &rblocks, &ks, &J)) return 0;
-    if (rows <= 0) return 1;
-    const bool pair = mode == G1_SILU || mode == G1_GELU;
-    const size_t units = pair ? 2 * (size_t)rows : (size_t)rows;
-    if (ks > 1 && (ks * units * (size_t)n > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT)) return 0;
-    const int gs = w0->group_size, gb = gs / 2, gps = gb >= 64 ? 1 : 64 / gb, S = gb == 16 ? 2 : 4;
-    const int nt = (n * gps + 7) / 8;
     XrArgs A = {};
     MmArgs &a = A.m;
     const int e[3] = {0, 0, 0};
-    mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
-    for (int i = k; i < 3; i++) { a.data[i] = a.data[0]; a.scales[i] = a.scales[0]; a.biases[i] = a.biases[0]; }
-    a.rows = rows;
-    a.nm = k;
-    a.in = w0->in;
-    a.ng = w0->in / gs;
-    a.mode = mode;
-    a.x = x;
-    a.part = c->part;
-    a.cnt = c->mm_cnt;
-    a.magic = 0x43004300u;
-    a.ks = ks;
-    a.J = J;
-    a.rblocks = rblocks;
+    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, &a)) return 0;
+    if (a.rows <= 0) return 1;
+    const bool pair = mode == G1_SILU || mode == G1_GELU;
+    const size_t units = pair ? 2 * (size_t)a.rows : (size_t)a.rows;
+    if (a.ks > 1 && ((size_t)a.ks * units * n > TERN_CUDA_PART_FLOATS || a.rblocks > MM_CNT)) return 0;
+    const int gb = w0->group_size / 2, gps = gb >= 64 ? 1 : 64 / gb, S = gb == 16 ? 2 : 4;
     A.n = n;
-    const int ntl = nt <= 1 ? 1 : nt <= 2 ? 2 : 4;
-    const size_t smem = (size_t)J * S * 8 * ntl * 32 * sizeof(uint2) + (size_t)XR_MAXN * J * S * gps * sizeof(float);
+    const int nt = (n * gps + 7) / 8 <= 1 ? 1 : (n * gps + 7) / 8 <= 2 ? 2 : 4; /* column tiles (templates 1, 2, 4) */
+    const size_t smem = (size_t)a.J * S * 8 * nt * 32 * sizeof(uint2) + (size_t)XR_MAXN * a.J * S * gps * sizeof(float);
     const bool f16 = w0->sdtype == TERN_DT_F16;
-    const dim3 grid((unsigned)rblocks, (unsigned)ks);
+    const dim3 grid((unsigned)a.rblocks, (unsigned)a.ks);
     cudaSetDevice(c->device);
     if (gb == 16) f16 ? xr_nt<16, true>(c, grid, smem, A, nt) : xr_nt<16, false>(c, grid, smem, A, nt);
     else if (gb == 32) f16 ? xr_nt<32, true>(c, grid, smem, A, nt) : xr_nt<32, false>(c, grid, smem, A, nt);
