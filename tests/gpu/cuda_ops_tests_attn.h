@@ -183,17 +183,19 @@ TEST(cuda_attention_decode_cluster_bits) {
     g_attn_bf16 = keep_bf;
 }
 
-/* One decode row whose last key is written right before the attention (g_attn_late: pages start as NaN, so
- * a stale read shows), run twice per case with variant(0) and variant(1) set: both within 1e-5 of the CPU
- * and the same bits; f32 and BF16 pages, with and without the cluster merge, head dims 32 .. 512, a sliding
- * window, several splits and rounds. what: the log's name of the pair. */
-static void attn_late_pair(const char *what, void (*variant)(int m)) {
-    extern int tern__cuda_ad_mode, tern__cuda_ad_cluster;
+/* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after
+ * it — the same bits as without. Its last key is written right before the attention (g_attn_late: pages
+ * start as NaN, so a stale read shows); each case runs with EARLY off and on: both within 1e-5 of the CPU
+ * and the same bits; f32 and BF16 pages (f32 ones run the plain kernel either way), with and without the
+ * cluster merge, head dims 32 .. 512, a sliding window, several splits and rounds */
+TEST(cuda_attention_decode_early_bits) {
+    extern int tern__cuda_ad_mode, tern__cuda_ad_cluster, tern__cuda_ad_early;
     static const struct { int nh, nkv, d, window, bs, len; } C[] = {
         {8, 2, 128, 0, 16, 300}, {8, 4, 512, 0, 16, 150}, {16, 4, 128, 100, 16, 400}, {32, 8, 128, 0, 16, 20},
         {4, 1, 32, 0, 16, 77}, {8, 2, 256, 0, 16, 1500}, {4, 2, 64, 0, 16, 2},
     };
-    const int keep = tern__cuda_ad_mode, keep_cl = tern__cuda_ad_cluster, keep_bf = g_attn_bf16;
+    const int keep = tern__cuda_ad_mode, keep_cl = tern__cuda_ad_cluster, keep_bf = g_attn_bf16,
+              keep_early = tern__cuda_ad_early;
     tern__cuda_ad_mode = 1;
     g_attn_late = 1;
     for (int cl = 0; cl < 2; cl++)
@@ -206,36 +208,24 @@ static void attn_late_pair(const char *what, void (*variant)(int m)) {
                 g_attn_bf16 = bf;
                 for (int m = 0; m < 2; m++) {
                     g_seed = seed; /* the same cache and queries */
-                    variant(m);
+                    tern__cuda_ad_early = m;
                     g_attn_keep = &o[m];
                     rel[m] = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, 0.0f, C[c].bs, 1, &C[c].len, 0, 1);
                     g_attn_keep = NULL;
                 }
                 const size_t qn = (size_t)C[c].nh * C[c].d;
-                printf("  err %s case %zu cluster %d bf16 %d: %.2e / %.2e\n", what, c, cl, bf, rel[0], rel[1]);
-                CHECK(rel[0] <= 1e-5 && rel[1] <= 1e-5, "%s case %zu cluster %d bf16 %d: rel %.2e / %.2e", what, c, cl, bf,
+                printf("  err attention decode early case %zu cluster %d bf16 %d: %.2e / %.2e\n", c, cl, bf, rel[0], rel[1]);
+                CHECK(rel[0] <= 1e-5 && rel[1] <= 1e-5, "early case %zu cluster %d bf16 %d: rel %.2e / %.2e", c, cl, bf,
                       rel[0], rel[1]);
-                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], qn * sizeof(float)), "%s case %zu cluster %d bf16 %d: bits differ",
-                      what, c, cl, bf);
+                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], qn * sizeof(float)), "early case %zu cluster %d bf16 %d: bits differ",
+                      c, cl, bf);
                 free(o[0]); free(o[1]);
             }
     g_attn_late = 0;
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_cluster = keep_cl;
+    tern__cuda_ad_early = keep_early;
     g_attn_bf16 = keep_bf;
-}
-
-/* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after
- * it — the same bits as without (BF16 pages; f32 ones run the plain kernel either way) */
-static void ad_early_variant(int m) {
-    extern int tern__cuda_ad_early;
-    tern__cuda_ad_early = m;
-}
-TEST(cuda_attention_decode_early_bits) {
-    extern int tern__cuda_ad_early;
-    const int keep = tern__cuda_ad_early;
-    attn_late_pair("attention decode early", ad_early_variant);
-    tern__cuda_ad_early = keep;
 }
 
 TEST(cuda_route_topk) {
