@@ -1,8 +1,8 @@
 /*
  * gemv_xr.cu — 2..8 activation rows times MLX affine Q4 weights in the plain bf16 mode, on tensor
- * cores, reading every weight byte once (TERN_CUDA_GEMV_XR=1, opt-in; written in session 14 without a
- * GPU, not yet timed). For batch decode at 2..8 rows and speculative verification, where qgemm.cu takes
- * 43 µs on 14336x4096 at n = 8 against 16 µs for one row in gemv_mma.cu (H200, NOTES (p), (v)).
+ * cores, reading every weight byte once (default; TERN_CUDA_GEMV_XR=0 turns it off). For batch decode
+ * at 2..8 rows and speculative verification. H200, 14336x4096 (NOTES (x)): 18.8 / 20.8 / 29.9 µs at
+ * n = 2 / 4 / 8 against qgemm.cu's 41.6 / 42.3 / 42.6 (one row: 15.9); llama3-8b q4 batch 2 decode 2.0×.
  *
  * gemv_mma.cu's XP1 walk spends the MMA's 8 columns on the 8 scale groups of a chunk (one x row), so
  * rows are not free there. Here the columns are (x row, group) pairs instead: with GPS groups per
@@ -208,8 +208,7 @@ template <int GB, bool F16S, int NT> __global__ void __launch_bounds__(256, 2) g
     if (threadIdx.x == 0) a.cnt[blockIdx.x] = 0;
 }
 
-/* TERN_CUDA_GEMV_XR=1 (opt-in until an H200 run times it against qgemm at n = 2..8); -1 until read
- * (tests set it) */
+/* on unless TERN_CUDA_GEMV_XR=0; -1 until read (tests set it) */
 extern "C" int tern__cuda_gemv_xr;
 int tern__cuda_gemv_xr = -1;
 extern "C" unsigned long long tern__cuda_gemv_xr_calls; /* launches (tests check the path ran) */
@@ -245,7 +244,7 @@ template <int GB, bool F16S> static void xr_nt(tern__cuda *c, dim3 grid, size_t 
  * plain bf16 mode, a shape gemv_mma.cu declines, too many partials): the caller runs its other paths. */
 extern "C" int tern__cuda_gemv_xr_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k,
                                       const float *x, int n, int mode) {
-    if (tern__cuda_gemv_xr < 0) tern__cuda_gemv_xr = tern__cuda_env_int("TERN_CUDA_GEMV_XR", 0) != 0;
+    if (tern__cuda_gemv_xr < 0) tern__cuda_gemv_xr = tern__cuda_env_int("TERN_CUDA_GEMV_XR", 1) != 0;
     if (!tern__cuda_gemv_xr || n < 2 || n > XR_MAXN || k < 1 || k > 3) return 0;
     if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8) return 0; /* the plain bf16 mode */
     const tern__cuda_w *w0 = w[0];
