@@ -13,7 +13,8 @@
 # variant L2ROLL lost and was removed). 7 (TERN_CUDA_AD_EARLY), 8 (TERN_CUDA_G1_L2PF), 9 (TERN_CUDA_GEMV_SC32),
 # 10 (TERN_CUDA_AD_ROPE) and 11 (TERN_MM_ONEWAVE) were written after session 13's last call and ran in session 14
 # (NOTES (w)): 7 won (AD_EARLY is the default), 11 kept its default; 8, 9 and 10 lost and were removed. 12
-# (TERN_CUDA_GEMV_XR) was written after session 14's last call: the default runs it. Keep this script
+# (TERN_CUDA_GEMV_XR) ran in session 15 and won (default on; NOTES (x)); 13 (TERN_CUDA_QG4) was written
+# in session 15. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -72,7 +73,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-12}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w))
+SECTIONS="${AB_SECTIONS:-13}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12 in session 15 (NOTES (x))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -130,24 +131,23 @@ if [[ " $SECTIONS " == *" 11 "* ]]; then
     b1_ab TERN_MM_ONEWAVE "0 1" "gemma4-e2b --quant q4;gemma4-26b-a4b --quant q4;llama3-8b --quant q4"
 fi
 
-# 12. gemv_xr.cu (TERN_CUDA_GEMV_XR=1: 2..8 x rows times Q4 on the one-row kernels' MMA scheme, columns =
-#     (x row, group); written in session 14 without a GPU): its op test, per-shape µs against qgemm
-#     (bench_cuda --xr), parity with it on (short prompts run their prefill through it in the bf16 mode),
-#     then batch decode at 2 / 4 / 8 (q4, bf16 compute) off / on
-if [[ " $SECTIONS " == *" 12 "* ]]; then
-    TERN_TEST_ONLY=cuda_gemv_xr timeout 200 build/test_cuda_ops > "$OUT/xr_ops.txt" 2>&1
-    say "xr op test: $(grep -c '^PASS' "$OUT/xr_ops.txt") passed, $(grep -c '^FAIL' "$OUT/xr_ops.txt") failed"
-    grep -E '^FAIL|check failed' "$OUT/xr_ops.txt" | head -5 | tee -a "$S"
-    timeout 120 build/bench_cuda --xr > "$OUT/xr_bench.txt" 2>&1
-    grep '^bmm' "$OUT/xr_bench.txt" | tr -s ' ' | tee -a "$S"
-    TERN_CUDA_GEMV_XR=1 TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=bf16 timeout 120 build/tests/test_parity_core \
-        > "$OUT/parity_xr.log" 2>&1
-    say "XR=1 parity bf16: $(grep -c '^PASS' "$OUT/parity_xr.log") passed, $(grep -c '^FAIL' "$OUT/parity_xr.log") failed"
+# 13. qgemm_q4.cu (TERN_CUDA_QG4, default on: Q4 with BF16 scales times 2..64 rows in the plain bf16 mode
+#     through a cp.async ring; written in session 15): its op test, per-shape µs against qgemm at n = 8..64
+#     (bench_cuda --xr; --batched also times n = 128..512 against dequantize + cuBLASLt), parity, then
+#     batch decode at 16 / 32 / 64 (q4, bf16 compute) off / on
+if [[ " $SECTIONS " == *" 13 "* ]]; then
+    TERN_TEST_ONLY=cuda_qgemm_q4 timeout 200 build/test_cuda_ops > "$OUT/qg4_ops.txt" 2>&1
+    say "qg4 op test: $(grep -c '^PASS' "$OUT/qg4_ops.txt") passed, $(grep -c '^FAIL' "$OUT/qg4_ops.txt") failed"
+    grep -E '^FAIL|check failed' "$OUT/qg4_ops.txt" | head -5 | tee -a "$S"
+    timeout 150 build/bench_cuda --xr > "$OUT/qg4_bench.txt" 2>&1
+    grep '^bmm' "$OUT/qg4_bench.txt" | grep -v ' n=1 \| n=2 \| n=4 ' | tr -s ' ' | tee -a "$S"
+    TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=bf16 timeout 120 build/tests/test_parity_core > "$OUT/parity_qg4.log" 2>&1
+    say "parity bf16 (qg4 on): $(grep -c '^PASS' "$OUT/parity_qg4.log") passed, $(grep -c '^FAIL' "$OUT/parity_qg4.log") failed"
     for rep in 1 2; do
         for v in 0 1; do
-            TERN_CUDA_GEMV_XR=$v timeout 90 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 2,4,8 \
-                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/xr_conc_${v}_$rep.txt" 2>&1
-            say "concurrency q4 XR=$v rep $rep: $(grep '^csv,conc' "$OUT/xr_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+            TERN_CUDA_QG4=$v timeout 100 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 16,32,64 \
+                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/qg4_conc_${v}_$rep.txt" 2>&1
+            say "concurrency q4 QG4=$v rep $rep: $(grep '^csv,conc' "$OUT/qg4_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
         done
     done
 fi

@@ -69,7 +69,68 @@ TEST(cuda_qgemm_expert_stack) {
     free_w(&q); free_w(&b);
 }
 
+/* qgemm_q4.cu: Q4 with BF16 scales in the plain bf16 mode against W and x rounded to bf16 (W as
+ * bf16(fmaf(s, q, b)), the plain mode's weight) with double sums: only f32 accumulation differs */
+static double q4_plain_rel(tern_backend *gpu, const hw *h, int n) {
+    const int out = (int)h->t.shape[0], in = (int)h->t.shape[1];
+    tern_tensor tg = h->t;
+    tern_error err = {0};
+    if (gpu->vt->upload_weight(gpu, &tg, &err)) return INFINITY;
+    float *x = rnd((size_t)n * in, 1.0f), *wr = malloc((size_t)in * sizeof *wr), *want = malloc((size_t)n * out * 4);
+    for (size_t i = 0; i < (size_t)n * in; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
+    for (int r = 0; r < out; r++) {
+        tern_tensor_row_f32(&h->t, r, wr);
+        for (int k = 0; k < in; k++) wr[k] = tern_bf16_to_f32(tern_f32_to_bf16(wr[k]));
+        for (int j = 0; j < n; j++) {
+            double acc = 0;
+            for (int k = 0; k < in; k++) acc += (double)wr[k] * x[(size_t)j * in + k];
+            want[(size_t)j * out + r] = (float)acc;
+        }
+    }
+    void *xd = to_gpu(x, (size_t)n * in * 4), *yd = nan_buf(gpu, (size_t)n * out);
+    if (gpu != g_gpu) g_gpu->vt->sync(g_gpu);
+    gpu->vt->matmul(gpu, yd, xd, n, &tg);
+    float *yg = from_gpu(gpu, yd, (size_t)n * out);
+    const double rel = rel_or_nan(yg, want, (size_t)n * out);
+    gpu->vt->free_weight(gpu, &tg);
+    gpu->vt->free(gpu, xd); gpu->vt->free(gpu, yd);
+    free(x); free(wr); free(want); free(yg);
+    return rel;
+}
+
+TEST(cuda_qgemm_q4) {
+    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr;
+    extern unsigned long long tern__cuda_qg4_calls;
+    tern_backend *g = g_gpu16;
+    if (!g) { SKIP("cuda_qgemm_q4", "no bf16-mode backend"); return; }
+    const int keep = tern__cuda_qg4_on, keep_xr = tern__cuda_gemv_xr, keep_split = tern__cuda_bf16_split;
+    tern__cuda_qg4_on = 1;
+    tern__cuda_gemv_xr = 0; /* n = 2..8 here too */
+    tern__cuda_bf16_split = 0;
+    static const int gss[] = {64, 32, 128};
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {128, 128}};
+    static const int ns[] = {2, 9, 16, 17, 33, 64};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(gss); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            hw h = make_w(TERN_DT_Q, 4, gss[f], TERN_DT_BF16, 1, shapes[s][0], shapes[s][1], 0);
+            char nm[64];
+            fmt_name(&h.t, nm, sizeof nm);
+            for (size_t k = 0; k < TERN_ARRAY_LEN(ns); k++) {
+                const unsigned long long calls = tern__cuda_qg4_calls;
+                const double rel = q4_plain_rel(g, &h, ns[k]);
+                printf("  err %-16s %dx%d n=%-3d qg4 %.2e\n", nm, shapes[s][0], shapes[s][1], ns[k], rel);
+                CHECK(rel <= 1e-5, "%s %dx%d n=%d: qg4 rel %.3e", nm, shapes[s][0], shapes[s][1], ns[k], rel);
+                CHECK(tern__cuda_qg4_calls > calls, "%s n=%d: qgemm_q4 did not run", nm, ns[k]);
+            }
+            free_w(&h);
+        }
+    tern__cuda_qg4_on = keep;
+    tern__cuda_gemv_xr = keep_xr;
+    tern__cuda_bf16_split = keep_split;
+}
+
 static void cuda_qgemm_tests(void) {
+    RUN(cuda_qgemm_q4);
     RUN(cuda_qgemm_formats);
     RUN(cuda_qgemm_shapes);
     RUN(cuda_qgemm_expert_stack);

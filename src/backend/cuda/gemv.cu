@@ -301,6 +301,7 @@ extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     tern__cuda_qmma_init(c);
     tern__cuda_gemv_mma_init(c);
     tern__cuda_gemv_xr_init(c);
+    tern__cuda_qg4_init(c);
     tern__cuda_sgemm_init(c);
     cudaGetLastError();
 }
@@ -570,6 +571,7 @@ extern "C" void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n
     if (n <= 0) return;
     cudaSetDevice(c->device);
     if (e == 0 && n > 1 && tern__cuda_gemv_xr_run(c, &y, &w, 1, x, n, G1_PLAIN)) return;
+    if (tern__cuda_qg4(c, y, x, n, w, e)) return;
     if (tern__cuda_qmma(c, y, x, n, w, e)) return;
     if (tern__cuda_qgemm(c, y, x, n, w, e)) return;
     if (n > gemv_limit(c, w) && tern__cuda_gemm(c, y, x, n, w, e) == TERN_OK) return;

@@ -1,0 +1,247 @@
+/*
+ * qgemm_q4.cu — MLX affine Q4 (groups 32/64/128, BF16 scales and biases) times 9..64 activation rows
+ * in the plain bf16 mode, on tensor cores, with the weight and x tiles streamed through a cp.async
+ * ring in shared memory. Batch decode's matmul (llama3-8b q4 at 64 sequences spends ~80 % of a step in
+ * qgemm.cu, which runs 85 µs on 14336x4096 at n = 64: 0.4 TB/s, 90 TFLOP/s). qgemm keeps its weight
+ * words in a register ring of two K blocks at one block of 8 warps per SM, so few bytes are in flight,
+ * and decodes every code through f32 (extract, or with 2^23, subtract, FMA, convert).
+ *
+ * Here, per block of 8 warps × 16 weight rows (BM = 128) and BN = 8·NT activation rows, K advances in
+ * tiles of 128 inputs through ST = 4 stages of shared memory (W: 128 rows × 64 bytes, x: BN rows ×
+ * 256 bytes), three tiles in flight while one is multiplied; 2 blocks (3 at NT = 2) share an SM. The
+ * weight tiles of the first stages are requested before pdl_wait (they do not depend on the previous
+ * kernel). x is rounded to bf16 once per call by a small kernel into gemm_scratch, in an order that
+ * matches the decode below: in every run of 8 inputs the pairs (0,4) (1,5) (2,6) (3,7).
+ *
+ * Decode (two codes per step, exact): ((w >> 4i) & 0x000F000F) | 0x43004300 is the bf16 pair
+ * (128 + q_i, 128 + q_{i+4}); subtracting 128 (exact) leaves (q_i, q_{i+4}); one bf16x2 FMA with the
+ * group's (s, s) and (b, b) gives bf16(s·q + b) rounded once — the plain mode's weight (qgemm rounds
+ * fmaf(s, q, b) to bf16: the same value but where the f32 rounding lands on a bf16 tie). MMA
+ * m16n8k16 (M = weight rows, N = x rows): lane (g, t) owns inputs 32t..32t+31 of rows g and g+8 of its
+ * warp's 16 (one 16-byte shared read per row and tile); word sp of a row gives steps 2sp, 2sp+1:
+ * k-slots 2t, 2t+1 = inputs (0, 4) and 2t+8, 2t+9 = (1, 5) of the word's 8, then (2, 6), (3, 7) —
+ * the staged x's order, so one 16-byte read of x per column tile and word gives both steps' B
+ * fragments (qgemm_frag.cuh's swizzle keeps those reads conflict-free).
+ *
+ * Small grids split K over blockIdx.y into `part`, reduced in slice order by qgemm.cu's reduction
+ * (deterministic; the split depends on the shape and n). TERN_CUDA_QG4=0 turns it off (qgemm.cu runs).
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/qgemm_frag.cuh"
+#include "backend/cuda/mma.cuh"
+
+#define Q4_ST 4      /* shared-memory stages */
+#define Q4_MAXN 64   /* rows served (bench_cuda raises tern__cuda_qg4_max_n to time more) */
+
+extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul;
+int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); tests set it */
+int tern__cuda_qg4_max_n = Q4_MAXN;
+int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
+extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_qg4_calls = 0;
+
+struct Q4Args {
+    const uint8_t *w;           /* packed codes, rb bytes per row */
+    const uint16_t *s, *b;      /* bf16 scales, biases [out][ng] */
+    const uint4 *x;             /* bf16 x [n][in] in the decode's pair order (q4_stage_x) */
+    float *y;                   /* y [n][out], or partials [S][n][out] */
+    size_t rb;
+    int out, in, n, ng, gs_shift, kt_per, nkt;
+};
+
+/* x [n][in] f32 -> bf16 with every 8 inputs stored as the pairs (0,4) (1,5) (2,6) (3,7) */
+__global__ void q4_stage_x(uint4 *xb, const float4 *x, size_t chunks) {
+    pdl_start();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < chunks; i += (size_t)gridDim.x * blockDim.x) {
+        const float4 u = x[2 * i], v = x[2 * i + 1];
+        uint4 o;
+        o.x = bf2_bits(__floats2bfloat162_rn(u.x, v.x));
+        o.y = bf2_bits(__floats2bfloat162_rn(u.y, v.y));
+        o.z = bf2_bits(__floats2bfloat162_rn(u.z, v.z));
+        o.w = bf2_bits(__floats2bfloat162_rn(u.w, v.w));
+        xb[i] = o;
+    }
+}
+
+/* codes i and i+4 of word w as bf16 s·q + b (sb2: (s, s), bb2: (b, b)) */
+__device__ __forceinline__ uint32_t q4_deq(uint32_t w, int i, __nv_bfloat162 sb2, __nv_bfloat162 bb2) {
+    uint32_t p = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+    const __nv_bfloat162 q = __hsub2(*(__nv_bfloat162 *)&p, __floats2bfloat162_rn(128.0f, 128.0f));
+    const __nv_bfloat162 v = __hfma2(q, sb2, bb2);
+    return bf2_bits(v);
+}
+
+/* (s, s) and (b, b) from a lane's packed (s | b << 16) */
+__device__ __forceinline__ __nv_bfloat162 q4_dup(uint32_t v, bool hi) {
+    const uint32_t r = __byte_perm(v, 0, hi ? 0x3232 : 0x1010);
+    return *(const __nv_bfloat162 *)&r;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
+    constexpr int BN = NT * 8, WCH = QG_BM * 4, XCH = BN * 16, STG = WCH + XCH; /* 16-byte chunks */
+    extern __shared__ uint4 sm[]; /* [ST][W chunks | x chunks] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int rowb = blockIdx.x * QG_BM, n0 = blockIdx.z * BN;
+    const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
+    const int ra = min(rowb + warp * 16 + g, a.out - 1), rbw = min(rowb + warp * 16 + g + 8, a.out - 1);
+
+    /* scales of tile kt for this lane's rows: (s | b << 16), row g and row g + 8 */
+    uint32_t sbr[Q4_ST][2];
+    auto load_sb = [&](int kt, int u) {
+        const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
+        const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rbw * a.ng + gc;
+        sbr[u][0] = (uint32_t)__ldg(a.s + ia) | (uint32_t)__ldg(a.b + ia) << 16;
+        sbr[u][1] = (uint32_t)__ldg(a.s + ib) | (uint32_t)__ldg(a.b + ib) << 16;
+    };
+    auto load_w = [&](int kt, int u) { /* 512 chunks: 2 per thread */
+        uint4 *dst = sm + u * STG;
+#pragma unroll
+        for (int j = 0; j < WCH / 256; j++) {
+            const int c = threadIdx.x + j * 256, r = c >> 2, row = rowb + r;
+            const uint8_t *src = a.w + (size_t)min(row, a.out - 1) * a.rb + (size_t)(kt0 + kt) * (QG_KB / 2) + (c & 3) * 16;
+            mma_cp16(mma_smem_u32(dst + c), src, row < a.out);
+        }
+    };
+    auto load_x = [&](int kt, int u) {
+        uint4 *dst = sm + u * STG + WCH;
+#pragma unroll
+        for (int j = 0; j < (XCH + 255) / 256; j++) {
+            const int c = threadIdx.x + j * 256;
+            if (XCH % 256 == 0 || c < XCH) {
+                const int r = c >> 4, ch = c & 15;
+                const uint4 *src = a.x + ((size_t)min(n0 + r, a.n - 1) * a.in + (size_t)(kt0 + kt) * QG_KB) / 8 + ch;
+                mma_cp16(mma_smem_u32(dst + r * 16 + swz(ch, r)), src, n0 + r < a.n);
+            }
+        }
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+    pdl_trigger();
+#pragma unroll
+    for (int u = 0; u < Q4_ST - 1; u++)
+        if (u < nkt) { load_w(u, u); load_sb(u, u); }
+    pdl_wait(); /* x is the previous kernel's (q4_stage_x) */
+#pragma unroll
+    for (int u = 0; u < Q4_ST - 1; u++) {
+        if (u < nkt) load_x(u, u);
+        mma_cp_commit();
+    }
+
+    for (int base = 0; base < nkt; base += Q4_ST) {
+#pragma unroll
+        for (int u = 0; u < Q4_ST; u++) {
+            const int kt = base + u; /* uniform over the block */
+            if (kt >= nkt) break;
+            mma_cp_wait<Q4_ST - 2>();
+            __syncthreads(); /* tile kt landed for all; all are done with tile kt - 1 (its slot is refilled) */
+            const int un = (u + Q4_ST - 1) % Q4_ST;
+            if (kt + Q4_ST - 1 < nkt) {
+                load_w(kt + Q4_ST - 1, un);
+                load_x(kt + Q4_ST - 1, un);
+                load_sb(kt + Q4_ST - 1, un);
+            }
+            mma_cp_commit();
+
+            const uint4 *ws = sm + u * STG, *xs = ws + WCH;
+            const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
+            const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
+            const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
+#pragma unroll
+            for (int sp = 0; sp < 4; sp++) {
+                const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
+                const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
+                uint32_t a0[4], a1[4];
+                a0[0] = q4_deq(w0, 0, sa, ba); a0[1] = q4_deq(w1, 0, sb, bb);
+                a0[2] = q4_deq(w0, 1, sa, ba); a0[3] = q4_deq(w1, 1, sb, bb);
+                a1[0] = q4_deq(w0, 2, sa, ba); a1[1] = q4_deq(w1, 2, sb, bb);
+                a1[2] = q4_deq(w0, 3, sa, ba); a1[3] = q4_deq(w1, 3, sb, bb);
+                uint4 h[NT];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int r = nt * 8 + g;
+                    h[nt] = xs[r * 16 + swz(4 * t + sp, r)];
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) mma16816(acc[nt], a0, h[nt].x, h[nt].y);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) mma16816(acc[nt], a1, h[nt].z, h[nt].w);
+            }
+        }
+    }
+    mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
+
+    float *dst = a.y + (size_t)blockIdx.y * a.n * a.out; /* blockIdx.y = 0 when not split */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = rowb + warp * 16 + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
+            if (row < a.out && col < a.n) dst[(size_t)col * a.out + row] = acc[nt][i];
+        }
+}
+
+static size_t q4_smem(int nt) { return (size_t)Q4_ST * (QG_BM * 4 + nt * 8 * 16) * 16; }
+
+/* at open (gemv.cu's init, the device current): shared-memory limits of the instances */
+extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
+    (void)c;
+    cudaFuncSetAttribute(qg4_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(2));
+    cudaFuncSetAttribute(qg4_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(4));
+    cudaFuncSetAttribute(qg4_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(8));
+    cudaGetLastError();
+}
+
+extern "C" int tern__cuda_qg4(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
+    if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
+    if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || w->dtype != TERN_DT_Q || w->bits != 4) return 0;
+    if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || w->precise || ((uintptr_t)x & 15))
+        return 0;
+    if (w->sdtype != TERN_DT_BF16 || !w->scales || !w->biases || w->in % QG_KB || w->out < 1) return 0;
+    if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) return 0;
+    const size_t xbytes = (size_t)n * w->in * 2;
+    const uint8_t *scr = (const uint8_t *)c->gemm_scratch;
+    if (xbytes > TERN_CUDA_GEMM_SCRATCH_BYTES || ((const uint8_t *)x + (size_t)n * w->in * 4 > scr &&
+                                                  (const uint8_t *)x < scr + TERN_CUDA_GEMM_SCRATCH_BYTES))
+        return 0; /* x itself in the scratch */
+    const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8, minb = nt == 2 ? 3 : 2;
+    Q4Args a;
+    a.w = (const uint8_t *)w->data + (size_t)e * w->mat_bytes;
+    a.s = (const uint16_t *)((const uint8_t *)w->scales + (size_t)e * w->mat_bytes_s);
+    a.b = (const uint16_t *)((const uint8_t *)w->biases + (size_t)e * w->mat_bytes_s);
+    a.x = (const uint4 *)c->gemm_scratch;
+    a.rb = (size_t)w->in / 2;
+    a.out = w->out;
+    a.in = w->in;
+    a.n = n;
+    a.gs_shift = w->group_size == 32 ? 5 : w->group_size == 64 ? 6 : 7;
+    a.ng = w->in >> a.gs_shift;
+    a.nkt = w->in / QG_KB;
+    /* split K until the grid fills the SMs at the kernel's occupancy, at least Q4_ST tiles a block */
+    const int mb = (w->out + QG_BM - 1) / QG_BM, nb = (n + nt * 8 - 1) / (nt * 8);
+    const long base = (long)mb * nb;
+    const long target = (long)(tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
+    int S = base < target ? (int)((target + base - 1) / base) : 1;
+    if (S > a.nkt / Q4_ST) S = a.nkt / Q4_ST;
+    while (S > 1 && (size_t)S * n * w->out > TERN_CUDA_PART_FLOATS) S--;
+    if (S < 1) S = 1;
+    a.kt_per = (a.nkt + S - 1) / S;
+    S = (a.nkt + a.kt_per - 1) / a.kt_per;
+    a.y = S > 1 ? c->part : y;
+    cudaSetDevice(c->device);
+    const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
+    tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
+                (const float4 *)x, chunks);
+    const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
+    if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
+    else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
+    else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
+    tern__cuda_check(c, "qgemm_q4");
+    if (S > 1) tern__cuda_qgemm_reduce(c, y, (size_t)n * w->out, S);
+    tern__cuda_qg4_calls++;
+    return 1;
+}
