@@ -384,7 +384,7 @@ extern int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16, tern__cuda_qge
 
 static int split_sweep; /* BENCH_SPLIT=1: also time qgemm's K-split targets 1, 4, 8 x SMs */
 static int xr_sweep;   /* bench_cuda --xr: also gemv_xr.cu (TERN_CUDA_GEMV_XR) at n <= 8 */
-extern int tern__cuda_gemv_xr, tern__cuda_qg4_on, tern__cuda_qg4_max_n;
+extern int tern__cuda_gemv_xr, tern__cuda_gemv_xr_max_n, tern__cuda_qg4_on, tern__cuda_qg4_max_n;
 
 static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *ns) {
     tern_backend *keep = g, *b = open_mode(TERN_COMPUTE_BF16);
@@ -414,6 +414,7 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
             if (path == 5 && (!xr_sweep || dt != TERN_DT_Q || n > 8)) continue;
             if (path == 6 && (dt != TERN_DT_Q || (xr_sweep && n < 8))) continue;
             tern__cuda_gemv_xr = path == 5;
+            tern__cuda_gemv_xr_max_n = 8;
             tern__cuda_qg4_on = path == 6;
             tern__cuda_qg4_max_n = 1 << 30;
             tern__cuda_qgemm_max_n_q = path ? 1 << 30 : 0;
@@ -440,6 +441,7 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     tern__cuda_qgemm_max_n_bf16 = kb;
     tern__cuda_qgemm_split_mul = 2;
     tern__cuda_gemv_xr = 0;
+    tern__cuda_gemv_xr_max_n = 4;
     tern__cuda_qg4_on = k4;
     tern__cuda_qg4_max_n = 64;
     for (int c = 0; c < copies; c++) g->vt->free_weight(g, &w[c]);

@@ -126,6 +126,11 @@ static const char *fmt_name(const tern_tensor *t, char *buf, size_t n) {
     return buf;
 }
 
+/* act(g)·u in double on the host (act: TERN_ACT_SILU, else GELU-tanh) */
+static double glu_ref(double g, double u, int act) {
+    return (act == TERN_ACT_SILU ? g / (1.0 + exp(-g)) : 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))) * u;
+}
+
 /* Compare matmul (e < 0) or matmul_expert on n rows; returns rel error. */
 static int g_x_bf16; /* check_matmul's x rounded to bf16 first */
 static double check_matmul(tern_backend *gpu, const hw *h, int n, int e) {

@@ -47,11 +47,6 @@ TEST(cuda_gemv_mma) {
     tern__cuda_mm_j = keep_j;
 }
 
-/* act(g)·u in double on the host (act: TERN_ACT_SILU, else GELU-tanh) */
-static double glu_ref(double g, double u, int act) {
-    return (act == TERN_ACT_SILU ? g / (1.0 + exp(-g)) : 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))) * u;
-}
-
 /* gate/up with 20000 outputs (blocks walk several row blocks, K split): matmul_glu vs the two separate
  * matmuls and act() on the host */
 TEST(cuda_gemv_mma_glu_walk) {
@@ -319,11 +314,13 @@ static double xr_fused_rel(tern_backend *g, int gs, tern_dtype sdt, int out, int
     return worst;
 }
 TEST(cuda_gemv_xr) {
-    extern int tern__cuda_gemv_xr;
+    extern int tern__cuda_gemv_xr, tern__cuda_gemv_xr_max_n;
     tern_backend *g = g_gpu16;
     if (!g || !g->vt->matmul_n) { SKIP("cuda_gemv_xr", "no bf16-mode backend"); return; }
     const int keep = tern__cuda_gemv_xr, keep_j = tern__cuda_mm_j, keep_split = tern__cuda_bf16_split;
+    const int keep_max = tern__cuda_gemv_xr_max_n;
     tern__cuda_gemv_xr = 1;
+    tern__cuda_gemv_xr_max_n = 8; /* every row count it can serve */
     tern__cuda_bf16_split = 0; /* the plain bf16 mode */
     g_x_bf16 = 1;
     static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_BF16}, {128, TERN_DT_BF16},
@@ -373,6 +370,7 @@ TEST(cuda_gemv_xr) {
     }
     g_x_bf16 = 0;
     tern__cuda_gemv_xr = keep;
+    tern__cuda_gemv_xr_max_n = keep_max;
     tern__cuda_mm_j = keep_j;
     tern__cuda_bf16_split = keep_split;
 }

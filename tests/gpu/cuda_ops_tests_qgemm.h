@@ -70,23 +70,38 @@ TEST(cuda_qgemm_expert_stack) {
 }
 
 /* qgemm_q4.cu: Q4 with BF16 scales in the plain bf16 mode against W and x rounded to bf16 (W as
- * bf16(fmaf(s, q, b)), the plain mode's weight) with double sums: only f32 accumulation differs */
-static double q4_plain_rel(tern_backend *gpu, const hw *h, int n) {
+ * bf16(fmaf(s, q, b)), the plain mode's weight) with double sums: only f32 accumulation differs.
+ * want[n][out] = W·x for x [n][in] (already bf16-exact). */
+static void q4_plain_ref(const hw *h, const float *x, int n, double *want) {
     const int out = (int)h->t.shape[0], in = (int)h->t.shape[1];
-    tern_tensor tg = h->t;
-    tern_error err = {0};
-    if (gpu->vt->upload_weight(gpu, &tg, &err)) return INFINITY;
-    float *x = rnd((size_t)n * in, 1.0f), *wr = malloc((size_t)in * sizeof *wr), *want = malloc((size_t)n * out * 4);
-    for (size_t i = 0; i < (size_t)n * in; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
+    float *wr = malloc((size_t)in * sizeof *wr);
     for (int r = 0; r < out; r++) {
         tern_tensor_row_f32(&h->t, r, wr);
         for (int k = 0; k < in; k++) wr[k] = tern_bf16_to_f32(tern_f32_to_bf16(wr[k]));
         for (int j = 0; j < n; j++) {
             double acc = 0;
             for (int k = 0; k < in; k++) acc += (double)wr[k] * x[(size_t)j * in + k];
-            want[(size_t)j * out + r] = (float)acc;
+            want[(size_t)j * out + r] = acc;
         }
     }
+    free(wr);
+}
+
+static float *rnd_bf16(size_t n) {
+    float *x = rnd(n, 1.0f);
+    for (size_t i = 0; i < n; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
+    return x;
+}
+
+static double q4_plain_rel(tern_backend *gpu, const hw *h, int n) {
+    const int out = (int)h->t.shape[0], in = (int)h->t.shape[1];
+    tern_tensor tg = h->t;
+    tern_error err = {0};
+    if (gpu->vt->upload_weight(gpu, &tg, &err)) return INFINITY;
+    float *x = rnd_bf16((size_t)n * in), *want = malloc((size_t)n * out * 4);
+    double *wd = malloc((size_t)n * out * sizeof *wd);
+    q4_plain_ref(h, x, n, wd);
+    for (size_t i = 0; i < (size_t)n * out; i++) want[i] = (float)wd[i];
     void *xd = to_gpu(x, (size_t)n * in * 4), *yd = nan_buf(gpu, (size_t)n * out);
     if (gpu != g_gpu) g_gpu->vt->sync(g_gpu);
     gpu->vt->matmul(gpu, yd, xd, n, &tg);
@@ -94,8 +109,63 @@ static double q4_plain_rel(tern_backend *gpu, const hw *h, int n) {
     const double rel = rel_or_nan(yg, want, (size_t)n * out);
     gpu->vt->free_weight(gpu, &tg);
     gpu->vt->free(gpu, xd); gpu->vt->free(gpu, yd);
-    free(x); free(wr); free(want); free(yg);
+    free(x); free(want); free(wd); free(yg);
     return rel;
+}
+
+/* the fused forms through qgemm_q4.cu: q|k|v (matmul_n, three shapes), act(gate)·up (both acts),
+ * y += W·x, against q4_plain_ref (+ act, + the residual) on the host */
+static double q4_fused_rel(tern_backend *g, int n, int gs) {
+    enum { NM = 6 };
+    static const int shp[NM][2] = {{512, 2048}, {128, 2048}, {200, 2048}, {1536, 512}, {1536, 512}, {512, 1536}};
+    hw h[NM];
+    tern_tensor t[NM];
+    double *ref[NM];
+    double worst = 0;
+    tern_error err = {0};
+    for (int i = 0; i < NM; i++) {
+        h[i] = make_w(TERN_DT_Q, 4, gs, TERN_DT_BF16, 1, shp[i][0], shp[i][1], 0);
+        t[i] = h[i].t;
+        if (g->vt->upload_weight(g, &t[i], &err)) return INFINITY;
+    }
+    float *xa = rnd_bf16((size_t)n * 2048), *xb = rnd_bf16((size_t)n * 512), *xc = rnd_bf16((size_t)n * 1536);
+    float *res = rnd((size_t)n * 512, 1.0f);
+    for (int i = 0; i < NM; i++) {
+        ref[i] = malloc((size_t)n * shp[i][0] * sizeof(double));
+        q4_plain_ref(&h[i], i < 3 ? xa : i < 5 ? xb : xc, n, ref[i]);
+    }
+    void *xad = to_gpu(xa, (size_t)n * 2048 * 4), *xbd = to_gpu(xb, (size_t)n * 512 * 4), *xcd = to_gpu(xc, (size_t)n * 1536 * 4);
+    float *y3 = nan_buf(g, (size_t)n * 840), *yg = nan_buf(g, (size_t)n * 1536), *yr = to_gpu(res, (size_t)n * 512 * 4);
+    g_gpu->vt->sync(g_gpu);
+    float *const ys[3] = {y3, y3 + (size_t)n * 512, y3 + (size_t)n * 640};
+    const tern_tensor *const ws[3] = {&t[0], &t[1], &t[2]};
+    int ok = g->vt->matmul_n(g, 3, ys, xad, n, ws);
+    float *o3 = from_gpu(g, y3, (size_t)n * 840);
+    for (int act = 0; act < 2 && ok; act++) {
+        const int a = act ? TERN_ACT_GELU_TANH : TERN_ACT_SILU;
+        ok = g->vt->matmul_glu(g, yg, xbd, n, &t[3], &t[4], a);
+        float *og = from_gpu(g, yg, (size_t)n * 1536), *wg = malloc((size_t)n * 1536 * 4);
+        for (size_t i = 0; i < (size_t)n * 1536; i++) wg[i] = (float)glu_ref(ref[3][i], ref[4][i], a);
+        const double e = rel_or_nan(og, wg, (size_t)n * 1536);
+        if (!(e <= worst)) worst = e;
+        free(og); free(wg);
+    }
+    ok = ok && g->vt->matmul_add(g, yr, xcd, n, &t[5]);
+    float *orr = from_gpu(g, yr, (size_t)n * 512), *w3 = malloc((size_t)n * 840 * 4), *wr = malloc((size_t)n * 512 * 4);
+    for (int i = 0; i < 3; i++)
+        for (size_t j = 0; j < (size_t)n * shp[i][0]; j++) w3[(i == 0 ? 0 : i == 1 ? 512 : 640) * (size_t)n + j] = (float)ref[i][j];
+    for (size_t j = 0; j < (size_t)n * 512; j++) wr[j] = (float)(res[j] + ref[5][j]);
+    double e = rel_or_nan(o3, w3, (size_t)n * 840);
+    if (!(e <= worst)) worst = e;
+    e = rel_or_nan(orr, wr, (size_t)n * 512);
+    if (!(e <= worst)) worst = e;
+    if (!ok) worst = INFINITY;
+    free(o3); free(orr); free(w3); free(wr);
+    for (int i = 0; i < NM; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); free(ref[i]); }
+    g->vt->free(g, xad); g->vt->free(g, xbd); g->vt->free(g, xcd);
+    g->vt->free(g, y3); g->vt->free(g, yg); g->vt->free(g, yr);
+    free(xa); free(xb); free(xc); free(res);
+    return worst;
 }
 
 TEST(cuda_qgemm_q4) {
@@ -123,6 +193,15 @@ TEST(cuda_qgemm_q4) {
                 CHECK(tern__cuda_qg4_calls > calls, "%s n=%d: qgemm_q4 did not run", nm, ns[k]);
             }
             free_w(&h);
+        }
+    for (size_t f = 0; f < TERN_ARRAY_LEN(gss) && g->vt->matmul_n; f++)
+        for (int n = 5; n <= 64; n = n * 2 + 3) { /* 5, 13, 29, 61 */
+            const unsigned long long calls = tern__cuda_qg4_calls;
+            const double rel = q4_fused_rel(g, n, gss[f]);
+            printf("  err qg4 fused g%d n=%d %.2e\n", gss[f], n, rel);
+            CHECK(rel <= 1e-5, "qg4 fused g%d n=%d: rel %.3e", gss[f], n, rel);
+            CHECK(tern__cuda_qg4_calls >= calls + 4, "qg4 fused g%d n=%d: ran %llu of 4 fused ops", gss[f], n,
+                  tern__cuda_qg4_calls - calls);
         }
     tern__cuda_qg4_on = keep;
     tern__cuda_gemv_xr = keep_xr;

@@ -14,7 +14,7 @@
 #define TERN_CUDA_OPS_TESTS_QMMA_H
 
 #ifdef TERN_HAVE_CUDA
-extern int tern__cuda_qmma_mode;
+extern int tern__cuda_qmma_mode, tern__cuda_gemv_xr, tern__cuda_qg4_on;
 extern unsigned long long tern__cuda_qmma_calls;
 
 /* check one weight at one n in both compute modes through the new kernel */
@@ -33,10 +33,13 @@ static void qmma_check(const hw *h, const char *nm, int n) {
         CHECK(rel <= tol, "%s %dx%d n=%d %s rel %.3e", nm, (int)h->t.shape[0], (int)h->t.shape[1], n, m ? "bf16" : "f32",
               rel);
         if (m && n >= 2) { /* the plain bf16 mode: one x part (x rounded to bf16), codes and scales exact */
-            tern__cuda_bf16_split = 0;
+            const int keep_xr = tern__cuda_gemv_xr, keep_q4 = tern__cuda_qg4_on; /* they come first for Q4 */
+            tern__cuda_bf16_split = tern__cuda_gemv_xr = tern__cuda_qg4_on = 0;
             const unsigned long long c1 = tern__cuda_qmma_calls;
             const double rp = check_matmul(be[m], h, n, -1);
             tern__cuda_bf16_split = 1;
+            tern__cuda_gemv_xr = keep_xr;
+            tern__cuda_qg4_on = keep_q4;
             printf("  err %-16s %dx%d n=%-3d qmma-plain %.2e\n", nm, (int)h->t.shape[0], (int)h->t.shape[1], n, rp);
             CHECK(tern__cuda_qmma_calls == c1 + 1, "%s n=%d plain: qmma did not run", nm, n);
             CHECK(rp <= 1e-2, "%s n=%d plain rel %.3e", nm, n, rp);

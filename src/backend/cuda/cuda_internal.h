@@ -170,10 +170,12 @@ int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const te
 /* qgemm.cu: tensor-core matmul for n >= 2 rows in the bf16 mode reading each weight once;
  * returns 1 when it handled the call, 0 when the caller must take another path */
 int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
-void tern__cuda_qgemm_reduce(tern__cuda *c, float *y, size_t m, int S); /* y = Σ of S slices of part */
 /* qgemm_q4.cu: Q4 (BF16 scales) times 2..64 rows in the plain bf16 mode through a cp.async ring
- * (TERN_CUDA_QG4=0 off); 1 when it ran, 0 when not served */
+ * (TERN_CUDA_QG4=0 off): matmul (matrix e), or k <= 3 matrices in mode G1_PLAIN / G1_RES / a pair mode;
+ * 1 when it ran, 0 when not served */
 int tern__cuda_qg4(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n,
+                       int mode, int e);
 void tern__cuda_qg4_init(tern__cuda *c);
 /* qmma.cu: MLX Q bits 4/8 for n = 1..64 on tensor cores with the codes fed unconverted (bf16 mode with
  * TERN_CUDA_QMMA=1, also the f32 mode with =2); returns 1 when it handled the call, else 0 */

@@ -208,9 +208,12 @@ template <int GB, bool F16S, int NT> __global__ void __launch_bounds__(256, 2) g
     if (threadIdx.x == 0) a.cnt[blockIdx.x] = 0;
 }
 
-/* on unless TERN_CUDA_GEMV_XR=0; -1 until read (tests set it) */
-extern "C" int tern__cuda_gemv_xr;
+/* on unless TERN_CUDA_GEMV_XR=0; -1 until read (tests set it). Rows served: up to xr_max_n
+ * (TERN_CUDA_GEMV_XR_MAX; qgemm_q4.cu is faster at 8 rows on the H200: q4 g64 14336x4096 24.7 vs 29.8 µs;
+ * XR at 4 rows 20.8) */
+extern "C" int tern__cuda_gemv_xr, tern__cuda_gemv_xr_max_n;
 int tern__cuda_gemv_xr = -1;
+int tern__cuda_gemv_xr_max_n = 4;
 extern "C" unsigned long long tern__cuda_gemv_xr_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_gemv_xr_calls = 0;
 
@@ -244,8 +247,11 @@ template <int GB, bool F16S> static void xr_nt(tern__cuda *c, dim3 grid, size_t 
  * plain bf16 mode, a shape gemv_mma.cu declines, too many partials): the caller runs its other paths. */
 extern "C" int tern__cuda_gemv_xr_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k,
                                       const float *x, int n, int mode) {
-    if (tern__cuda_gemv_xr < 0) tern__cuda_gemv_xr = tern__cuda_env_int("TERN_CUDA_GEMV_XR", 1) != 0;
-    if (!tern__cuda_gemv_xr || n < 2 || n > XR_MAXN || k < 1 || k > 3) return 0;
+    if (tern__cuda_gemv_xr < 0) {
+        tern__cuda_gemv_xr = tern__cuda_env_int("TERN_CUDA_GEMV_XR", 1) != 0;
+        tern__cuda_gemv_xr_max_n = tern__cuda_env_int("TERN_CUDA_GEMV_XR_MAX", tern__cuda_gemv_xr_max_n);
+    }
+    if (!tern__cuda_gemv_xr || n < 2 || n > XR_MAXN || n > tern__cuda_gemv_xr_max_n || k < 1 || k > 3) return 0;
     if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8) return 0; /* the plain bf16 mode */
     const tern__cuda_w *w0 = w[0];
     if (w0->bits != 4 || w0->precise || (w0->in * sizeof(float)) % 16) return 0;

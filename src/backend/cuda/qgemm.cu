@@ -278,13 +278,11 @@ extern "C" int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, 
     default: launch<17>(c->stream, grid, nt, a); break;
     }
     tern__cuda_check(c, "qgemm");
-    if (S > 1) tern__cuda_qgemm_reduce(c, y, (size_t)n * w->out, S);
+    if (S > 1) {
+        const size_t m = (size_t)n * w->out;
+        const size_t blocks = (m + 255) / 256;
+        tern_launch(c->stream, qgemm_reduce, (unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, y, c->part, m, S);
+        tern__cuda_check(c, "qgemm_reduce");
+    }
     return 1;
-}
-
-/* y[0..m) = the S slices of `part` summed in slice order (qgemm_q4.cu's split K too) */
-extern "C" void tern__cuda_qgemm_reduce(tern__cuda *c, float *y, size_t m, int S) {
-    const size_t blocks = (m + 255) / 256;
-    tern_launch(c->stream, qgemm_reduce, (unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, y, c->part, m, S);
-    tern__cuda_check(c, "qgemm_reduce");
 }

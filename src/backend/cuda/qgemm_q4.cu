@@ -23,8 +23,11 @@
  * the staged x's order, so one 16-byte read of x per column tile and word gives both steps' B
  * fragments (qgemm_frag.cuh's swizzle keeps those reads conflict-free).
  *
- * Small grids split K over blockIdx.y into `part`, reduced in slice order by qgemm.cu's reduction
- * (deterministic; the split depends on the shape and n). TERN_CUDA_QG4=0 turns it off (qgemm.cu runs).
+ * Forms (gemv1.cu's matmul_n / matmul_glu / matmul_add for n >= 2): up to three matrices sharing `in`
+ * in one grid (q|k|v: grid.x runs over their row blocks), y += W·x, and act(gate)·up. Small grids split
+ * K over blockIdx.y into `part`; qg4_reduce sums the slices in slice order (deterministic; the split
+ * depends on the shape and n), adds the residual or applies act(gate)·up. TERN_CUDA_QG4=0 turns it off
+ * (qgemm.cu and the separate ops run).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -41,13 +44,19 @@ int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: 
 extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4_calls = 0;
 
-struct Q4Args {
+struct Q4Mat {
     const uint8_t *w;           /* packed codes, rb bytes per row */
     const uint16_t *s, *b;      /* bf16 scales, biases [out][ng] */
+    float *y;                   /* [n][out] */
+    size_t poff;                /* its [n][out] block in a slice of partials */
+    int out, mb0;               /* rows; its first row block in grid.x */
+};
+struct Q4Args {
+    Q4Mat m[3];                 /* k matrices sharing in (q|k|v; gate, up) */
     const uint4 *x;             /* bf16 x [n][in] in the decode's pair order (q4_stage_x) */
-    float *y;                   /* y [n][out], or partials [S][n][out] */
-    size_t rb;
-    int out, in, n, ng, gs_shift, kt_per, nkt;
+    float *part;                /* partials [S][slice] unless direct */
+    size_t rb, slice;
+    int k, mode, direct, in, n, ng, gs_shift, kt_per, nkt;
 };
 
 /* x [n][in] f32 -> bf16 with every 8 inputs stored as the pairs (0,4) (1,5) (2,6) (3,7) */
@@ -83,25 +92,29 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     constexpr int BN = NT * 8, WCH = QG_BM * 4, XCH = BN * 16, STG = WCH + XCH; /* 16-byte chunks */
     extern __shared__ uint4 sm[]; /* [ST][W chunks | x chunks] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int rowb = blockIdx.x * QG_BM, n0 = blockIdx.z * BN;
+    const int mi = a.k > 2 && (int)blockIdx.x >= a.m[2].mb0 ? 2 : a.k > 1 && (int)blockIdx.x >= a.m[1].mb0 ? 1 : 0;
+    const uint8_t *const W = a.m[mi].w;
+    const uint16_t *const Sc = a.m[mi].s, *const Bi = a.m[mi].b;
+    const int out = a.m[mi].out;
+    const int rowb = ((int)blockIdx.x - a.m[mi].mb0) * QG_BM, n0 = blockIdx.z * BN;
     const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
-    const int ra = min(rowb + warp * 16 + g, a.out - 1), rbw = min(rowb + warp * 16 + g + 8, a.out - 1);
+    const int ra = min(rowb + warp * 16 + g, out - 1), rbw = min(rowb + warp * 16 + g + 8, out - 1);
 
     /* scales of tile kt for this lane's rows: (s | b << 16), row g and row g + 8 */
     uint32_t sbr[Q4_ST][2];
     auto load_sb = [&](int kt, int u) {
         const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
         const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rbw * a.ng + gc;
-        sbr[u][0] = (uint32_t)__ldg(a.s + ia) | (uint32_t)__ldg(a.b + ia) << 16;
-        sbr[u][1] = (uint32_t)__ldg(a.s + ib) | (uint32_t)__ldg(a.b + ib) << 16;
+        sbr[u][0] = (uint32_t)__ldg(Sc + ia) | (uint32_t)__ldg(Bi + ia) << 16;
+        sbr[u][1] = (uint32_t)__ldg(Sc + ib) | (uint32_t)__ldg(Bi + ib) << 16;
     };
     auto load_w = [&](int kt, int u) { /* 512 chunks: 2 per thread */
         uint4 *dst = sm + u * STG;
 #pragma unroll
         for (int j = 0; j < WCH / 256; j++) {
             const int c = threadIdx.x + j * 256, r = c >> 2, row = rowb + r;
-            const uint8_t *src = a.w + (size_t)min(row, a.out - 1) * a.rb + (size_t)(kt0 + kt) * (QG_KB / 2) + (c & 3) * 16;
-            mma_cp16(mma_smem_u32(dst + c), src, row < a.out);
+            const uint8_t *src = W + (size_t)min(row, out - 1) * a.rb + (size_t)(kt0 + kt) * (QG_KB / 2) + (c & 3) * 16;
+            mma_cp16(mma_smem_u32(dst + c), src, row < out);
         }
     };
     auto load_x = [&](int kt, int u) {
@@ -160,29 +173,52 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
                 a0[2] = q4_deq(w0, 1, sa, ba); a0[3] = q4_deq(w1, 1, sb, bb);
                 a1[0] = q4_deq(w0, 2, sa, ba); a1[1] = q4_deq(w1, 2, sb, bb);
                 a1[2] = q4_deq(w0, 3, sa, ba); a1[3] = q4_deq(w1, 3, sb, bb);
-                uint4 h[NT];
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const int r = nt * 8 + g;
-                    h[nt] = xs[r * 16 + swz(4 * t + sp, r)];
+                    const uint4 h = xs[r * 16 + swz(4 * t + sp, r)];
+                    mma16816(acc[nt], a0, h.x, h.y);
+                    mma16816(acc[nt], a1, h.z, h.w);
                 }
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) mma16816(acc[nt], a0, h[nt].x, h[nt].y);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) mma16816(acc[nt], a1, h[nt].z, h[nt].w);
             }
         }
     }
     mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 
-    float *dst = a.y + (size_t)blockIdx.y * a.n * a.out; /* blockIdx.y = 0 when not split */
+    /* direct: y (y += for G1_RES); else this slice's partials */
+    float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
+    const bool add = a.direct && a.mode == G1_RES;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int row = rowb + warp * 16 + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
-            if (row < a.out && col < a.n) dst[(size_t)col * a.out + row] = acc[nt][i];
+            if (row < out && col < a.n) {
+                float *p = dst + (size_t)col * out + row;
+                *p = add ? *p + acc[nt][i] : acc[nt][i];
+            }
         }
+}
+
+/* the S slices of the partials summed in slice order into the outputs: matrix i's block of a slice
+ * to y_i (+= for G1_RES), or for a pair act(Σ gate)·Σ up into y_0 */
+__global__ void qg4_reduce(Q4Args a, int S) {
+    pdl_start();
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
+    const size_t m = pair ? a.m[1].poff : a.slice;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m; i += (size_t)gridDim.x * blockDim.x) {
+        float v = 0.0f;
+        for (int k = 0; k < S; k++) v += a.part[(size_t)k * a.slice + i];
+        if (pair) {
+            float u = 0.0f;
+            for (int k = 0; k < S; k++) u += a.part[(size_t)k * a.slice + m + i];
+            a.m[0].y[i] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
+            continue;
+        }
+        const int mi = a.k > 2 && i >= a.m[2].poff ? 2 : a.k > 1 && i >= a.m[1].poff ? 1 : 0;
+        float *p = a.m[mi].y + (i - a.m[mi].poff);
+        *p = a.mode == G1_RES ? *p + v : v;
+    }
 }
 
 static size_t q4_smem(int nt) { return (size_t)Q4_ST * (QG_BM * 4 + nt * 8 * 16) * 16; }
@@ -196,42 +232,67 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
-extern "C" int tern__cuda_qg4(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
+/* y[i] (op) W_i·x for n rows of x and matrices w[0..k) (k <= 3, matrix e of each stack) sharing in and
+ * the format; mode G1_PLAIN, G1_RES (y += W·x) or a pair (G1_SILU / G1_GELU: y[0] = act(W_0·x)·W_1·x).
+ * 1 when it ran, 0 when not served (the caller runs its other paths). */
+extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x,
+                                  int n, int mode, int e) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
-    if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || w->dtype != TERN_DT_Q || w->bits != 4) return 0;
-    if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || w->precise || ((uintptr_t)x & 15))
-        return 0;
-    if (w->sdtype != TERN_DT_BF16 || !w->scales || !w->biases || w->in % QG_KB || w->out < 1) return 0;
-    if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) return 0;
-    const size_t xbytes = (size_t)n * w->in * 2;
+    if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
+    if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || ((uintptr_t)x & 15)) return 0;
+    const bool pair = mode == G1_SILU || mode == G1_GELU;
+    if (pair && (k != 2 || w[0]->out != w[1]->out)) return 0;
+    const tern__cuda_w *w0 = w[0];
+    if (w0->group_size != 32 && w0->group_size != 64 && w0->group_size != 128) return 0;
+    for (int i = 0; i < k; i++)
+        if (w[i]->dtype != TERN_DT_Q || w[i]->bits != 4 || w[i]->precise || w[i]->sdtype != TERN_DT_BF16 ||
+            !w[i]->scales || !w[i]->biases || w[i]->in != w0->in || w[i]->group_size != w0->group_size ||
+            w[i]->out < 1 || w0->in % QG_KB || e >= w[i]->nmat)
+            return 0;
+    const size_t xbytes = (size_t)n * w0->in * 2;
     const uint8_t *scr = (const uint8_t *)c->gemm_scratch;
-    if (xbytes > TERN_CUDA_GEMM_SCRATCH_BYTES || ((const uint8_t *)x + (size_t)n * w->in * 4 > scr &&
+    if (xbytes > TERN_CUDA_GEMM_SCRATCH_BYTES || ((const uint8_t *)x + (size_t)n * w0->in * 4 > scr &&
                                                   (const uint8_t *)x < scr + TERN_CUDA_GEMM_SCRATCH_BYTES))
         return 0; /* x itself in the scratch */
     const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8, minb = nt == 2 ? 3 : 2;
-    Q4Args a;
-    a.w = (const uint8_t *)w->data + (size_t)e * w->mat_bytes;
-    a.s = (const uint16_t *)((const uint8_t *)w->scales + (size_t)e * w->mat_bytes_s);
-    a.b = (const uint16_t *)((const uint8_t *)w->biases + (size_t)e * w->mat_bytes_s);
+    Q4Args a = {};
+    int mb = 0;
+    size_t rows = 0;
+    for (int i = 0; i < k; i++) {
+        Q4Mat &m = a.m[i];
+        m.w = (const uint8_t *)w[i]->data + (size_t)e * w[i]->mat_bytes;
+        m.s = (const uint16_t *)((const uint8_t *)w[i]->scales + (size_t)e * w[i]->mat_bytes_s);
+        m.b = (const uint16_t *)((const uint8_t *)w[i]->biases + (size_t)e * w[i]->mat_bytes_s);
+        m.y = y[i];
+        m.out = w[i]->out;
+        m.mb0 = mb;
+        m.poff = (size_t)n * rows;
+        mb += (m.out + QG_BM - 1) / QG_BM;
+        rows += (size_t)m.out;
+    }
     a.x = (const uint4 *)c->gemm_scratch;
-    a.rb = (size_t)w->in / 2;
-    a.out = w->out;
-    a.in = w->in;
+    a.part = c->part;
+    a.rb = (size_t)w0->in / 2;
+    a.slice = (size_t)n * rows;
+    a.k = k;
+    a.mode = mode;
+    a.in = w0->in;
     a.n = n;
-    a.gs_shift = w->group_size == 32 ? 5 : w->group_size == 64 ? 6 : 7;
-    a.ng = w->in >> a.gs_shift;
-    a.nkt = w->in / QG_KB;
+    a.gs_shift = w0->group_size == 32 ? 5 : w0->group_size == 64 ? 6 : 7;
+    a.ng = w0->in >> a.gs_shift;
+    a.nkt = w0->in / QG_KB;
     /* split K until the grid fills the SMs at the kernel's occupancy, at least Q4_ST tiles a block */
-    const int mb = (w->out + QG_BM - 1) / QG_BM, nb = (n + nt * 8 - 1) / (nt * 8);
+    const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
     const long target = (long)(tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
     int S = base < target ? (int)((target + base - 1) / base) : 1;
     if (S > a.nkt / Q4_ST) S = a.nkt / Q4_ST;
-    while (S > 1 && (size_t)S * n * w->out > TERN_CUDA_PART_FLOATS) S--;
     if (S < 1) S = 1;
+    while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
+    if ((size_t)S * a.slice > TERN_CUDA_PART_FLOATS && (pair || S > 1)) return 0;
     a.kt_per = (a.nkt + S - 1) / S;
     S = (a.nkt + a.kt_per - 1) / a.kt_per;
-    a.y = S > 1 ? c->part : y;
+    a.direct = S == 1 && !pair;
     cudaSetDevice(c->device);
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
@@ -241,7 +302,15 @@ extern "C" int tern__cuda_qg4(tern__cuda *c, float *y, const float *x, int n, co
     else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
     else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
     tern__cuda_check(c, "qgemm_q4");
-    if (S > 1) tern__cuda_qgemm_reduce(c, y, (size_t)n * w->out, S);
+    if (!a.direct) {
+        const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;
+        tern_launch(c->stream, qg4_reduce, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
+        tern__cuda_check(c, "qgemm_q4 reduce");
+    }
     tern__cuda_qg4_calls++;
     return 1;
+}
+
+extern "C" int tern__cuda_qg4(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
+    return tern__cuda_qg4_run(c, &y, &w, 1, x, n, G1_PLAIN, e);
 }
