@@ -37,10 +37,11 @@
 #define Q4_ST 4      /* shared-memory stages */
 #define Q4_MAXN 64   /* rows served (bench_cuda raises tern__cuda_qg4_max_n to time more) */
 
-extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul;
+extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul, tern__cuda_qg4_wm;
 int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); tests set it */
 int tern__cuda_qg4_max_n = Q4_MAXN;
 int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
+int tern__cuda_qg4_wm = -1;            /* M tiles per warp from 17 rows (TERN_CUDA_QG4_WM: 1, else 2); -1 unread */
 extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4_calls = 0;
 
@@ -87,26 +88,35 @@ __device__ __forceinline__ __nv_bfloat162 q4_dup(uint32_t v, bool hi) {
     return *(const __nv_bfloat162 *)&r;
 }
 
-template <int NT>
+__device__ __forceinline__ uint32_t q4_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+/* NT: column tiles of 8 x rows per block; WM: 16-row M tiles per warp (1: 8 warps × 16 rows, each over all
+ * NT tiles; 2: 4 row groups × 32 rows by 2 column groups of NT / 2 tiles — every x fragment read from
+ * shared memory feeds two MMAs, at twice the decode per warp) */
+template <int NT, int WM>
 __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     constexpr int BN = NT * 8, WCH = QG_BM * 4, XCH = BN * 16, STG = WCH + XCH; /* 16-byte chunks */
+    constexpr int NTW = NT / WM;             /* column tiles per warp */
+    constexpr int SR = WM == 1 ? Q4_ST : 2;  /* scale ring: loaded SR - 1 tiles ahead */
     extern __shared__ uint4 sm[]; /* [ST][W chunks | x chunks] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lr0 = (WM == 1 ? warp : (warp & 3)) * 16 * WM, nt0 = WM == 1 ? 0 : (warp >> 2) * NTW;
     const int mi = a.k > 2 && (int)blockIdx.x >= a.m[2].mb0 ? 2 : a.k > 1 && (int)blockIdx.x >= a.m[1].mb0 ? 1 : 0;
     const uint8_t *const W = a.m[mi].w;
     const uint16_t *const Sc = a.m[mi].s, *const Bi = a.m[mi].b;
     const int out = a.m[mi].out;
     const int rowb = ((int)blockIdx.x - a.m[mi].mb0) * QG_BM, n0 = blockIdx.z * BN;
     const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
-    const int ra = min(rowb + warp * 16 + g, out - 1), rbw = min(rowb + warp * 16 + g + 8, out - 1);
 
-    /* scales of tile kt for this lane's rows: (s | b << 16), row g and row g + 8 */
-    uint32_t sbr[Q4_ST][2];
+    /* scales of tile kt for this lane's rows (s | b << 16): rows g, g + 8 of each of its M tiles */
+    uint32_t sbr[SR][2 * WM];
     auto load_sb = [&](int kt, int u) {
         const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-        const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rbw * a.ng + gc;
-        sbr[u][0] = (uint32_t)__ldg(Sc + ia) | (uint32_t)__ldg(Bi + ia) << 16;
-        sbr[u][1] = (uint32_t)__ldg(Sc + ib) | (uint32_t)__ldg(Bi + ib) << 16;
+#pragma unroll
+        for (int j = 0; j < 2 * WM; j++) {
+            const size_t i = (size_t)min(rowb + lr0 + (j >> 1) * 16 + (j & 1) * 8 + g, out - 1) * a.ng + gc;
+            sbr[u][j] = (uint32_t)__ldg(Sc + i) | (uint32_t)__ldg(Bi + i) << 16;
+        }
     };
     auto load_w = [&](int kt, int u) { /* 512 chunks: 2 per thread */
         uint4 *dst = sm + u * STG;
@@ -130,14 +140,19 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
         }
     };
 
-    float acc[NT][4];
+    float acc[WM][NTW][4];
 #pragma unroll
-    for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int m = 0; m < WM; m++)
+#pragma unroll
+        for (int i = 0; i < NTW; i++) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.0f;
 
     pdl_trigger();
 #pragma unroll
     for (int u = 0; u < Q4_ST - 1; u++)
-        if (u < nkt) { load_w(u, u); load_sb(u, u); }
+        if (u < nkt) load_w(u, u);
+#pragma unroll
+    for (int u = 0; u < SR - 1; u++)
+        if (u < nkt) load_sb(u, u);
     pdl_wait(); /* x is the previous kernel's (q4_stage_x) */
 #pragma unroll
     for (int u = 0; u < Q4_ST - 1; u++) {
@@ -152,33 +167,43 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
             if (kt >= nkt) break;
             mma_cp_wait<Q4_ST - 2>();
             __syncthreads(); /* tile kt landed for all; all are done with tile kt - 1 (its slot is refilled) */
-            const int un = (u + Q4_ST - 1) % Q4_ST;
             if (kt + Q4_ST - 1 < nkt) {
-                load_w(kt + Q4_ST - 1, un);
-                load_x(kt + Q4_ST - 1, un);
-                load_sb(kt + Q4_ST - 1, un);
+                load_w(kt + Q4_ST - 1, (u + Q4_ST - 1) % Q4_ST);
+                load_x(kt + Q4_ST - 1, (u + Q4_ST - 1) % Q4_ST);
             }
             mma_cp_commit();
+            if (kt + SR - 1 < nkt) load_sb(kt + SR - 1, (u + SR - 1) % SR);
 
             const uint4 *ws = sm + u * STG, *xs = ws + WCH;
-            const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
-            const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
-            const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
+            uint4 wv[2 * WM];
+            __nv_bfloat162 s2[2 * WM], b2[2 * WM];
+#pragma unroll
+            for (int j = 0; j < 2 * WM; j++) {
+                wv[j] = ws[(lr0 + (j >> 1) * 16 + (j & 1) * 8 + g) * 4 + t];
+                s2[j] = q4_dup(sbr[u % SR][j], false);
+                b2[j] = q4_dup(sbr[u % SR][j], true);
+            }
 #pragma unroll
             for (int sp = 0; sp < 4; sp++) {
-                const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
-                const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
-                uint32_t a0[4], a1[4];
-                a0[0] = q4_deq(w0, 0, sa, ba); a0[1] = q4_deq(w1, 0, sb, bb);
-                a0[2] = q4_deq(w0, 1, sa, ba); a0[3] = q4_deq(w1, 1, sb, bb);
-                a1[0] = q4_deq(w0, 2, sa, ba); a1[1] = q4_deq(w1, 2, sb, bb);
-                a1[2] = q4_deq(w0, 3, sa, ba); a1[3] = q4_deq(w1, 3, sb, bb);
+                uint32_t a0[WM][4], a1[WM][4];
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const int r = nt * 8 + g;
+                for (int m = 0; m < WM; m++) {
+                    const uint32_t w0 = q4_word(wv[2 * m], sp), w1 = q4_word(wv[2 * m + 1], sp);
+                    const __nv_bfloat162 sa = s2[2 * m], ba = b2[2 * m], sb = s2[2 * m + 1], bb = b2[2 * m + 1];
+                    a0[m][0] = q4_deq(w0, 0, sa, ba); a0[m][1] = q4_deq(w1, 0, sb, bb);
+                    a0[m][2] = q4_deq(w0, 1, sa, ba); a0[m][3] = q4_deq(w1, 1, sb, bb);
+                    a1[m][0] = q4_deq(w0, 2, sa, ba); a1[m][1] = q4_deq(w1, 2, sb, bb);
+                    a1[m][2] = q4_deq(w0, 3, sa, ba); a1[m][3] = q4_deq(w1, 3, sb, bb);
+                }
+#pragma unroll
+                for (int j = 0; j < NTW; j++) {
+                    const int r = (nt0 + j) * 8 + g;
                     const uint4 h = xs[r * 16 + swz(4 * t + sp, r)];
-                    mma16816(acc[nt], a0, h.x, h.y);
-                    mma16816(acc[nt], a1, h.z, h.w);
+#pragma unroll
+                    for (int m = 0; m < WM; m++) {
+                        mma16816(acc[m][j], a0[m], h.x, h.y);
+                        mma16816(acc[m][j], a1[m], h.z, h.w);
+                    }
                 }
             }
         }
@@ -189,15 +214,17 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
     const bool add = a.direct && a.mode == G1_RES;
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+    for (int m = 0; m < WM; m++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int row = rowb + warp * 16 + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
-            if (row < out && col < a.n) {
-                float *p = dst + (size_t)col * out + row;
-                *p = add ? *p + acc[nt][i] : acc[nt][i];
+        for (int j = 0; j < NTW; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = rowb + lr0 + m * 16 + g + (i >> 1) * 8, col = n0 + (nt0 + j) * 8 + 2 * t + (i & 1);
+                if (row < out && col < a.n) {
+                    float *p = dst + (size_t)col * out + row;
+                    *p = add ? *p + acc[m][j][i] : acc[m][j][i];
+                }
             }
-        }
 }
 
 /* the S slices of the partials summed in slice order into the outputs: matrix i's block of a slice
@@ -224,11 +251,12 @@ __global__ void qg4_reduce(Q4Args a, int S) {
 static size_t q4_smem(int nt) { return (size_t)Q4_ST * (QG_BM * 4 + nt * 8 * 16) * 16; }
 
 /* at open (gemv.cu's init, the device current): shared-memory limits of the instances */
+template <int NT, int WM> static void q4_attr() {
+    cudaFuncSetAttribute(qg4_kernel<NT, WM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT));
+}
 extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     (void)c;
-    cudaFuncSetAttribute(qg4_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(2));
-    cudaFuncSetAttribute(qg4_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(4));
-    cudaFuncSetAttribute(qg4_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(8));
+    q4_attr<2, 1>(); q4_attr<4, 1>(); q4_attr<4, 2>(); q4_attr<8, 1>(); q4_attr<8, 2>();
     cudaGetLastError();
 }
 
@@ -238,6 +266,7 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
 extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x,
                                   int n, int mode, int e) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
+    if (tern__cuda_qg4_wm < 0) tern__cuda_qg4_wm = tern__cuda_env_int("TERN_CUDA_QG4_WM", 2) == 1 ? 1 : 2;
     if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
     if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || ((uintptr_t)x & 15)) return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
@@ -281,11 +310,12 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.gs_shift = w0->group_size == 32 ? 5 : w0->group_size == 64 ? 6 : 7;
     a.ng = w0->in >> a.gs_shift;
     a.nkt = w0->in / QG_KB;
-    /* split K until the grid fills the SMs at the kernel's occupancy, at least Q4_ST tiles a block */
+    /* split K while the grid stays within one wave at the kernel's occupancy (a partial second wave cost up
+     * to half the time: ncu, q|k|v at 64 rows, 288 blocks for 264 slots), at least Q4_ST tiles a block */
     const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
-    const long target = (long)(tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
-    int S = base < target ? (int)((target + base - 1) / base) : 1;
+    const long slots = (long)(tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
+    int S = base < slots ? (int)(slots / base) : 1;
     if (S > a.nkt / Q4_ST) S = a.nkt / Q4_ST;
     if (S < 1) S = 1;
     while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
@@ -298,9 +328,10 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                 (const float4 *)x, chunks);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
-    else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
-    else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
+    const bool w2 = tern__cuda_qg4_wm == 2;
+    if (nt == 2) tern_launch(c->stream, qg4_kernel<2, 1>, grid, 256, q4_smem(2), a);
+    else if (nt == 4) tern_launch(c->stream, w2 ? qg4_kernel<4, 2> : qg4_kernel<4, 1>, grid, 256, q4_smem(4), a);
+    else tern_launch(c->stream, w2 ? qg4_kernel<8, 2> : qg4_kernel<8, 1>, grid, 256, q4_smem(8), a);
     tern__cuda_check(c, "qgemm_q4");
     if (!a.direct) {
         const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;
