@@ -443,7 +443,7 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     tern__cuda_gemv_xr = 0;
     tern__cuda_gemv_xr_max_n = 4;
     tern__cuda_qg4_on = k4;
-    tern__cuda_qg4_max_n = 64;
+    tern__cuda_qg4_max_n = 128;
     for (int c = 0; c < copies; c++) g->vt->free_weight(g, &w[c]);
     free(w);
     g->vt->free(g, x); g->vt->free(g, y);

@@ -169,7 +169,7 @@ static double q4_fused_rel(tern_backend *g, int n, int gs) {
 }
 
 TEST(cuda_qgemm_q4) {
-    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wm;
+    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr;
     extern unsigned long long tern__cuda_qg4_calls;
     tern_backend *g = g_gpu16;
     if (!g) { SKIP("cuda_qgemm_q4", "no bf16-mode backend"); return; }
@@ -179,25 +179,21 @@ TEST(cuda_qgemm_q4) {
     tern__cuda_bf16_split = 0;
     static const int gss[] = {64, 32, 128};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {128, 128}};
-    static const int ns[] = {2, 9, 16, 17, 33, 64};
-    const int keep_wm = tern__cuda_qg4_wm;
-    for (int wm = 2; wm >= 1; wm--) /* both warp tilings of 17+ rows (WM 1 at g64 only) */
-    for (size_t f = 0; f < (wm == 2 ? TERN_ARRAY_LEN(gss) : 1); f++)
+    static const int ns[] = {2, 9, 16, 17, 33, 64, 65, 128};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(gss); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
-            tern__cuda_qg4_wm = wm;
             hw h = make_w(TERN_DT_Q, 4, gss[f], TERN_DT_BF16, 1, shapes[s][0], shapes[s][1], 0);
             char nm[64];
             fmt_name(&h.t, nm, sizeof nm);
             for (size_t k = 0; k < TERN_ARRAY_LEN(ns); k++) {
                 const unsigned long long calls = tern__cuda_qg4_calls;
                 const double rel = q4_plain_rel(g, &h, ns[k]);
-                printf("  err %-16s %dx%d n=%-3d qg4 WM %d %.2e\n", nm, shapes[s][0], shapes[s][1], ns[k], wm, rel);
+                printf("  err %-16s %dx%d n=%-3d qg4 %.2e\n", nm, shapes[s][0], shapes[s][1], ns[k], rel);
                 CHECK(rel <= 1e-5, "%s %dx%d n=%d: qg4 rel %.3e", nm, shapes[s][0], shapes[s][1], ns[k], rel);
                 CHECK(tern__cuda_qg4_calls > calls, "%s n=%d: qgemm_q4 did not run", nm, ns[k]);
             }
             free_w(&h);
         }
-    tern__cuda_qg4_wm = 2;
     for (size_t f = 0; f < TERN_ARRAY_LEN(gss) && g->vt->matmul_n; f++)
         for (int n = 5; n <= 64; n = n * 2 + 3) { /* 5, 13, 29, 61 */
             const unsigned long long calls = tern__cuda_qg4_calls;
@@ -207,7 +203,6 @@ TEST(cuda_qgemm_q4) {
             CHECK(tern__cuda_qg4_calls >= calls + 4, "qg4 fused g%d n=%d: ran %llu of 4 fused ops", gss[f], n,
                   tern__cuda_qg4_calls - calls);
         }
-    tern__cuda_qg4_wm = keep_wm;
     tern__cuda_qg4_on = keep;
     tern__cuda_gemv_xr = keep_xr;
     tern__cuda_bf16_split = keep_split;

@@ -170,7 +170,7 @@ int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const te
 /* qgemm.cu: tensor-core matmul for n >= 2 rows in the bf16 mode reading each weight once;
  * returns 1 when it handled the call, 0 when the caller must take another path */
 int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
-/* qgemm_q4.cu: Q4 (BF16 scales) times 2..64 rows in the plain bf16 mode through a cp.async ring
+/* qgemm_q4.cu: Q4 (BF16 scales) times 2..128 rows in the plain bf16 mode through a cp.async ring
  * (TERN_CUDA_QG4=0 off): matmul (matrix e), or k <= 3 matrices in mode G1_PLAIN / G1_RES / a pair mode;
  * 1 when it ran, 0 when not served */
 int tern__cuda_qg4(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);

@@ -1,6 +1,6 @@
 /*
- * qgemm_q4.cu — MLX affine Q4 (groups 32/64/128, BF16 scales and biases) times 9..64 activation rows
- * in the plain bf16 mode, on tensor cores, with the weight and x tiles streamed through a cp.async
+ * qgemm_q4.cu — MLX affine Q4 (groups 32/64/128, BF16 scales and biases) times 5..128 activation rows
+ * (from 5: gemv_xr.cu below) in the plain bf16 mode, on tensor cores, with the weight and x tiles streamed through a cp.async
  * ring in shared memory. Batch decode's matmul (llama3-8b q4 at 64 sequences spends ~80 % of a step in
  * qgemm.cu, which runs 85 µs on 14336x4096 at n = 64: 0.4 TB/s, 90 TFLOP/s). qgemm keeps its weight
  * words in a register ring of two K blocks at one block of 8 warps per SM, so few bytes are in flight,
@@ -35,13 +35,12 @@
 #include "backend/cuda/mma.cuh"
 
 #define Q4_ST 4      /* shared-memory stages */
-#define Q4_MAXN 64   /* rows served (bench_cuda raises tern__cuda_qg4_max_n to time more) */
+#define Q4_MAXN 128  /* rows served; above, dequantize + cuBLASLt is faster (H200, 14336x4096 at 256 rows: 122 vs 168 µs) */
 
-extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul, tern__cuda_qg4_wm;
+extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul;
 int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); tests set it */
 int tern__cuda_qg4_max_n = Q4_MAXN;
 int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
-int tern__cuda_qg4_wm = -1;            /* M tiles per warp from 17 rows (TERN_CUDA_QG4_WM: 1, else 2); -1 unread */
 extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4_calls = 0;
 
@@ -90,14 +89,14 @@ __device__ __forceinline__ __nv_bfloat162 q4_dup(uint32_t v, bool hi) {
 
 __device__ __forceinline__ uint32_t q4_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-/* NT: column tiles of 8 x rows per block; WM: 16-row M tiles per warp (1: 8 warps × 16 rows, each over all
- * NT tiles; 2: 4 row groups × 32 rows by 2 column groups of NT / 2 tiles — every x fragment read from
- * shared memory feeds two MMAs, at twice the decode per warp) */
-template <int NT, int WM>
+/* NT: column tiles of 8 x rows per block (each warp: 16 weight rows over all NT tiles). WM: M tiles per
+ * warp, 1 (the tried 2 — 32-row warp tiles over half the columns, each shared x fragment feeding two MMAs —
+ * lost on the H200: llama3-8b q4 decode at 32 / 64 sequences 6068 / 8492 → 5032 / 7790 tok/s) */
+template <int NT, int WM = 1>
 __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     constexpr int BN = NT * 8, WCH = QG_BM * 4, XCH = BN * 16, STG = WCH + XCH; /* 16-byte chunks */
     constexpr int NTW = NT / WM;             /* column tiles per warp */
-    constexpr int SR = WM == 1 ? Q4_ST : 2;  /* scale ring: loaded SR - 1 tiles ahead */
+    constexpr int SR = Q4_ST;                /* scale ring: loaded SR - 1 tiles ahead */
     extern __shared__ uint4 sm[]; /* [ST][W chunks | x chunks] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int lr0 = (WM == 1 ? warp : (warp & 3)) * 16 * WM, nt0 = WM == 1 ? 0 : (warp >> 2) * NTW;
@@ -251,12 +250,12 @@ __global__ void qg4_reduce(Q4Args a, int S) {
 static size_t q4_smem(int nt) { return (size_t)Q4_ST * (QG_BM * 4 + nt * 8 * 16) * 16; }
 
 /* at open (gemv.cu's init, the device current): shared-memory limits of the instances */
-template <int NT, int WM> static void q4_attr() {
-    cudaFuncSetAttribute(qg4_kernel<NT, WM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT));
+template <int NT> static void q4_attr() {
+    cudaFuncSetAttribute(qg4_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT));
 }
 extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     (void)c;
-    q4_attr<2, 1>(); q4_attr<4, 1>(); q4_attr<4, 2>(); q4_attr<8, 1>(); q4_attr<8, 2>();
+    q4_attr<2>(); q4_attr<4>(); q4_attr<8>();
     cudaGetLastError();
 }
 
@@ -266,7 +265,6 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
 extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x,
                                   int n, int mode, int e) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
-    if (tern__cuda_qg4_wm < 0) tern__cuda_qg4_wm = tern__cuda_env_int("TERN_CUDA_QG4_WM", 2) == 1 ? 1 : 2;
     if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
     if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || ((uintptr_t)x & 15)) return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
@@ -310,12 +308,14 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.gs_shift = w0->group_size == 32 ? 5 : w0->group_size == 64 ? 6 : 7;
     a.ng = w0->in >> a.gs_shift;
     a.nkt = w0->in / QG_KB;
-    /* split K while the grid stays within one wave at the kernel's occupancy (a partial second wave cost up
-     * to half the time: ncu, q|k|v at 64 rows, 288 blocks for 264 slots), at least Q4_ST tiles a block */
+    /* split K until the grid fills the SMs at the kernel's occupancy, at least Q4_ST tiles a block. Keeping
+     * the grid within one wave instead (ncu flagged q|k|v at 64 rows: 288 blocks for 264 slots) lost on the
+     * H200: llama3-8b q4 decode at 8 / 16 / 64 sequences 2102 / 3884 / 8652 → 1752 / 3317 / 8492 tok/s (the
+     * memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
-    const long slots = (long)(tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
-    int S = base < slots ? (int)(slots / base) : 1;
+    const long target = (long)(tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
+    int S = base < target ? (int)((target + base - 1) / base) : 1;
     if (S > a.nkt / Q4_ST) S = a.nkt / Q4_ST;
     if (S < 1) S = 1;
     while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
@@ -328,10 +328,9 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                 (const float4 *)x, chunks);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    const bool w2 = tern__cuda_qg4_wm == 2;
-    if (nt == 2) tern_launch(c->stream, qg4_kernel<2, 1>, grid, 256, q4_smem(2), a);
-    else if (nt == 4) tern_launch(c->stream, w2 ? qg4_kernel<4, 2> : qg4_kernel<4, 1>, grid, 256, q4_smem(4), a);
-    else tern_launch(c->stream, w2 ? qg4_kernel<8, 2> : qg4_kernel<8, 1>, grid, 256, q4_smem(8), a);
+    if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
+    else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
+    else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
     tern__cuda_check(c, "qgemm_q4");
     if (!a.direct) {
         const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;
