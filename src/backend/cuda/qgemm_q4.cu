@@ -87,35 +87,29 @@ __device__ __forceinline__ __nv_bfloat162 q4_dup(uint32_t v, bool hi) {
     return *(const __nv_bfloat162 *)&r;
 }
 
-__device__ __forceinline__ uint32_t q4_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-/* NT: column tiles of 8 x rows per block (each warp: 16 weight rows over all NT tiles). WM: M tiles per
- * warp, 1 (the tried 2 — 32-row warp tiles over half the columns, each shared x fragment feeding two MMAs —
- * lost on the H200: llama3-8b q4 decode at 32 / 64 sequences 6068 / 8492 → 5032 / 7790 tok/s) */
-template <int NT, int WM = 1>
+/* NT: column tiles of 8 x rows per block; each warp: 16 weight rows over all NT tiles (32-row warp tiles over
+ * half the columns, each shared x fragment feeding two MMAs, lost on the H200: llama3-8b q4 decode at 32 / 64
+ * sequences 6068 / 8492 → 5032 / 7790 tok/s) */
+template <int NT>
 __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     constexpr int BN = NT * 8, WCH = QG_BM * 4, XCH = BN * 16, STG = WCH + XCH; /* 16-byte chunks */
-    constexpr int NTW = NT / WM;             /* column tiles per warp */
-    constexpr int SR = Q4_ST;                /* scale ring: loaded SR - 1 tiles ahead */
     extern __shared__ uint4 sm[]; /* [ST][W chunks | x chunks] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int lr0 = (WM == 1 ? warp : (warp & 3)) * 16 * WM, nt0 = WM == 1 ? 0 : (warp >> 2) * NTW;
     const int mi = a.k > 2 && (int)blockIdx.x >= a.m[2].mb0 ? 2 : a.k > 1 && (int)blockIdx.x >= a.m[1].mb0 ? 1 : 0;
     const uint8_t *const W = a.m[mi].w;
     const uint16_t *const Sc = a.m[mi].s, *const Bi = a.m[mi].b;
     const int out = a.m[mi].out;
     const int rowb = ((int)blockIdx.x - a.m[mi].mb0) * QG_BM, n0 = blockIdx.z * BN;
     const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
+    const int ra = min(rowb + warp * 16 + g, out - 1), rbw = min(rowb + warp * 16 + g + 8, out - 1);
 
-    /* scales of tile kt for this lane's rows (s | b << 16): rows g, g + 8 of each of its M tiles */
-    uint32_t sbr[SR][2 * WM];
+    /* scales of tile kt for this lane's rows: (s | b << 16), row g and row g + 8 */
+    uint32_t sbr[Q4_ST][2];
     auto load_sb = [&](int kt, int u) {
         const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-#pragma unroll
-        for (int j = 0; j < 2 * WM; j++) {
-            const size_t i = (size_t)min(rowb + lr0 + (j >> 1) * 16 + (j & 1) * 8 + g, out - 1) * a.ng + gc;
-            sbr[u][j] = (uint32_t)__ldg(Sc + i) | (uint32_t)__ldg(Bi + i) << 16;
-        }
+        const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rbw * a.ng + gc;
+        sbr[u][0] = (uint32_t)__ldg(Sc + ia) | (uint32_t)__ldg(Bi + ia) << 16;
+        sbr[u][1] = (uint32_t)__ldg(Sc + ib) | (uint32_t)__ldg(Bi + ib) << 16;
     };
     auto load_w = [&](int kt, int u) { /* 512 chunks: 2 per thread */
         uint4 *dst = sm + u * STG;
@@ -139,19 +133,14 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
         }
     };
 
-    float acc[WM][NTW][4];
+    float acc[NT][4];
 #pragma unroll
-    for (int m = 0; m < WM; m++)
-#pragma unroll
-        for (int i = 0; i < NTW; i++) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.0f;
+    for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
     pdl_trigger();
 #pragma unroll
     for (int u = 0; u < Q4_ST - 1; u++)
-        if (u < nkt) load_w(u, u);
-#pragma unroll
-    for (int u = 0; u < SR - 1; u++)
-        if (u < nkt) load_sb(u, u);
+        if (u < nkt) { load_w(u, u); load_sb(u, u); }
     pdl_wait(); /* x is the previous kernel's (q4_stage_x) */
 #pragma unroll
     for (int u = 0; u < Q4_ST - 1; u++) {
@@ -166,43 +155,33 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
             if (kt >= nkt) break;
             mma_cp_wait<Q4_ST - 2>();
             __syncthreads(); /* tile kt landed for all; all are done with tile kt - 1 (its slot is refilled) */
+            const int un = (u + Q4_ST - 1) % Q4_ST;
             if (kt + Q4_ST - 1 < nkt) {
-                load_w(kt + Q4_ST - 1, (u + Q4_ST - 1) % Q4_ST);
-                load_x(kt + Q4_ST - 1, (u + Q4_ST - 1) % Q4_ST);
+                load_w(kt + Q4_ST - 1, un);
+                load_x(kt + Q4_ST - 1, un);
+                load_sb(kt + Q4_ST - 1, un);
             }
             mma_cp_commit();
-            if (kt + SR - 1 < nkt) load_sb(kt + SR - 1, (u + SR - 1) % SR);
 
             const uint4 *ws = sm + u * STG, *xs = ws + WCH;
-            uint4 wv[2 * WM];
-            __nv_bfloat162 s2[2 * WM], b2[2 * WM];
-#pragma unroll
-            for (int j = 0; j < 2 * WM; j++) {
-                wv[j] = ws[(lr0 + (j >> 1) * 16 + (j & 1) * 8 + g) * 4 + t];
-                s2[j] = q4_dup(sbr[u % SR][j], false);
-                b2[j] = q4_dup(sbr[u % SR][j], true);
-            }
+            const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
+            const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
+            const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
 #pragma unroll
             for (int sp = 0; sp < 4; sp++) {
-                uint32_t a0[WM][4], a1[WM][4];
+                const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
+                const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
+                uint32_t a0[4], a1[4];
+                a0[0] = q4_deq(w0, 0, sa, ba); a0[1] = q4_deq(w1, 0, sb, bb);
+                a0[2] = q4_deq(w0, 1, sa, ba); a0[3] = q4_deq(w1, 1, sb, bb);
+                a1[0] = q4_deq(w0, 2, sa, ba); a1[1] = q4_deq(w1, 2, sb, bb);
+                a1[2] = q4_deq(w0, 3, sa, ba); a1[3] = q4_deq(w1, 3, sb, bb);
 #pragma unroll
-                for (int m = 0; m < WM; m++) {
-                    const uint32_t w0 = q4_word(wv[2 * m], sp), w1 = q4_word(wv[2 * m + 1], sp);
-                    const __nv_bfloat162 sa = s2[2 * m], ba = b2[2 * m], sb = s2[2 * m + 1], bb = b2[2 * m + 1];
-                    a0[m][0] = q4_deq(w0, 0, sa, ba); a0[m][1] = q4_deq(w1, 0, sb, bb);
-                    a0[m][2] = q4_deq(w0, 1, sa, ba); a0[m][3] = q4_deq(w1, 1, sb, bb);
-                    a1[m][0] = q4_deq(w0, 2, sa, ba); a1[m][1] = q4_deq(w1, 2, sb, bb);
-                    a1[m][2] = q4_deq(w0, 3, sa, ba); a1[m][3] = q4_deq(w1, 3, sb, bb);
-                }
-#pragma unroll
-                for (int j = 0; j < NTW; j++) {
-                    const int r = (nt0 + j) * 8 + g;
+                for (int nt = 0; nt < NT; nt++) {
+                    const int r = nt * 8 + g;
                     const uint4 h = xs[r * 16 + swz(4 * t + sp, r)];
-#pragma unroll
-                    for (int m = 0; m < WM; m++) {
-                        mma16816(acc[m][j], a0[m], h.x, h.y);
-                        mma16816(acc[m][j], a1[m], h.z, h.w);
-                    }
+                    mma16816(acc[nt], a0, h.x, h.y);
+                    mma16816(acc[nt], a1, h.z, h.w);
                 }
             }
         }
@@ -213,17 +192,15 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
     const bool add = a.direct && a.mode == G1_RES;
 #pragma unroll
-    for (int m = 0; m < WM; m++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int j = 0; j < NTW; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int row = rowb + lr0 + m * 16 + g + (i >> 1) * 8, col = n0 + (nt0 + j) * 8 + 2 * t + (i & 1);
-                if (row < out && col < a.n) {
-                    float *p = dst + (size_t)col * out + row;
-                    *p = add ? *p + acc[m][j][i] : acc[m][j][i];
-                }
+        for (int i = 0; i < 4; i++) {
+            const int row = rowb + warp * 16 + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
+            if (row < out && col < a.n) {
+                float *p = dst + (size_t)col * out + row;
+                *p = add ? *p + acc[nt][i] : acc[nt][i];
             }
+        }
 }
 
 /* the S slices of the partials summed in slice order into the outputs: matrix i's block of a slice
