@@ -14,7 +14,8 @@
 # 10 (TERN_CUDA_AD_ROPE) and 11 (TERN_MM_ONEWAVE) were written after session 13's last call and ran in session 14
 # (NOTES (w)): 7 won (AD_EARLY is the default), 11 kept its default; 8, 9 and 10 lost and were removed. 12
 # (TERN_CUDA_GEMV_XR) ran in session 15 and won (default on; NOTES (x)); 13 (TERN_CUDA_QG4) was written
-# in session 15. Keep this script
+# in session 15 (ran there; its first call next session re-confirms the final kernel); 14 (TERN_CUDA_QG4_ST,
+# TERN_CUDA_AD_WANT) was written after session 15's last call. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -73,7 +74,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-13}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12 in session 15 (NOTES (x))
+SECTIONS="${AB_SECTIONS:-13 14}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12 in session 15 (NOTES (x))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -148,6 +149,33 @@ if [[ " $SECTIONS " == *" 13 "* ]]; then
             TERN_CUDA_QG4=$v timeout 100 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 16,32,64 \
                 --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/qg4_conc_${v}_$rep.txt" 2>&1
             say "concurrency q4 QG4=$v rep $rep: $(grep '^csv,conc' "$OUT/qg4_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+        done
+    done
+fi
+
+# 14. Written after session 15's last device call (host-side or template-only; default builds unchanged):
+#     TERN_CUDA_QG4_ST=6 (qgemm_q4.cu: six cp.async stages at up to 16 rows, where it is bandwidth-bound) and
+#     TERN_CUDA_AD_WANT=4 (decode attention: split a (row, kv head) in two at batch 64 instead of one
+#     ~200-key block each); op test, µs, then batch decode interleaved
+if [[ " $SECTIONS " == *" 14 "* ]]; then
+    TERN_TEST_ONLY=cuda_qgemm_q4 timeout 200 build/test_cuda_ops > "$OUT/st_ops.txt" 2>&1
+    say "qg4 op test (incl. ST 6): $(grep -c '^PASS' "$OUT/st_ops.txt") passed, $(grep -c '^FAIL' "$OUT/st_ops.txt") failed"
+    for v in 4 6; do
+        TERN_CUDA_QG4_ST=$v timeout 100 build/bench_cuda --xr > "$OUT/st_bench_$v.txt" 2>&1
+        say "ST=$v: $(grep '^bmm' "$OUT/st_bench_$v.txt" | grep -E 'n=(8|16) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+    done
+    for rep in 1 2; do
+        for v in 4 6; do
+            TERN_CUDA_QG4_ST=$v timeout 60 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 8,16 \
+                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/st_conc_${v}_$rep.txt" 2>&1
+            say "concurrency q4 QG4_ST=$v rep $rep: $(grep '^csv,conc' "$OUT/st_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+        done
+        for v in 2 4; do
+            for m in llama3-8b:q4 llama3-8b; do
+                TERN_CUDA_AD_WANT=$v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 64 \
+                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/aw_${v}_$rep.txt" 2>&1
+                say "concurrency $m AD_WANT=$v rep $rep: $(grep '^csv,conc' "$OUT/aw_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+            done
         done
     done
 fi

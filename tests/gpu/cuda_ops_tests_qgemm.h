@@ -203,6 +203,22 @@ TEST(cuda_qgemm_q4) {
             CHECK(tern__cuda_qg4_calls >= calls + 4, "qg4 fused g%d n=%d: ran %llu of 4 fused ops", gss[f], n,
                   tern__cuda_qg4_calls - calls);
         }
+    { /* six stages at up to 16 rows (TERN_CUDA_QG4_ST=6) */
+        extern int tern__cuda_qg4_st;
+        const int keep_st = tern__cuda_qg4_st;
+        tern__cuda_qg4_st = 6;
+        for (size_t f = 0; f < 2; f++)
+            for (int s = 0; s < 4; s++) {
+                hw h = make_w(TERN_DT_Q, 4, gss[f], TERN_DT_BF16, 1, shapes[s][0], shapes[s][1], 0);
+                for (int n = 2; n <= 16; n += 7) { /* 2, 9, 16 */
+                    const double rel = q4_plain_rel(g, &h, n);
+                    printf("  err q4/g%d %dx%d n=%d qg4 ST 6 %.2e\n", gss[f], shapes[s][0], shapes[s][1], n, rel);
+                    CHECK(rel <= 1e-5, "g%d %dx%d n=%d: qg4 ST 6 rel %.3e", gss[f], shapes[s][0], shapes[s][1], n, rel);
+                }
+                free_w(&h);
+            }
+        tern__cuda_qg4_st = keep_st;
+    }
     tern__cuda_qg4_on = keep;
     tern__cuda_gemv_xr = keep_xr;
     tern__cuda_bf16_split = keep_split;

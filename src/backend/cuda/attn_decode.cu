@@ -93,6 +93,19 @@ static int ad_early(void) {
     return tern__cuda_ad_early;
 }
 
+/* TERN_CUDA_AD_WANT=N (1..16, default 2): blocks of 8 warps per SM the split plan aims at; launches with
+ * at least max(2, N) blocks per SM of (row, kv head) pairs run unsplit. Host-side only (written in session 15
+ * for an A/B: at 64 rows one block per pair does a ~200-key latency chain, 2 blocks per SM at 116 registers;
+ * 4 would split each pair in two, merged by the last block) */
+static int ad_want(void) {
+    static int v = -1;
+    if (v < 0) {
+        v = tern__cuda_env_int("TERN_CUDA_AD_WANT", 2);
+        v = v < 1 ? 1 : v > 16 ? 16 : v;
+    }
+    return v;
+}
+
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -511,7 +524,8 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     /* about two blocks per SM (8 warps each), >= chmin keys per split, at most 128 splits, and
      * enough splits that a split's scores fit */
     const int chmin = ad_chmin();
-    int splits = tern__cuda_split_count(c, (long)n * nkv * hs, 2, 2, keys, chmin, 128, n, nh, d);
+    const int want = ad_want();
+    int splits = tern__cuda_split_count(c, (long)n * nkv * hs, want > 2 ? want : 2, want, keys, chmin, 128, n, nh, d);
     const long need = (keys + AD_CHCAP - 1) / AD_CHCAP;
     if (splits < need) splits = (int)need;
     /* TERN_CUDA_AD_CLUSTER=N (2..16): up to 2N planned splits run as at most N, one cluster */

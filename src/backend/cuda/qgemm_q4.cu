@@ -41,6 +41,11 @@ extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul;
 int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); tests set it */
 int tern__cuda_qg4_max_n = Q4_MAXN;
 int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
+/* TERN_CUDA_QG4_ST=6: six stages instead of four for up to 16 rows (NT = 2: 74 KB a block, 3 per SM), where
+ * the kernel is bandwidth-bound at ~0.5 of the floor; written in session 15 after its last device call, for
+ * an A/B (gpu_ab.sh section 14). -1 until read (tests set it) */
+extern "C" int tern__cuda_qg4_st;
+int tern__cuda_qg4_st = -1;
 extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4_calls = 0;
 
@@ -90,7 +95,7 @@ __device__ __forceinline__ __nv_bfloat162 q4_dup(uint32_t v, bool hi) {
 /* NT: column tiles of 8 x rows per block; each warp: 16 weight rows over all NT tiles (32-row warp tiles over
  * half the columns, each shared x fragment feeding two MMAs, lost on the H200: llama3-8b q4 decode at 32 / 64
  * sequences 6068 / 8492 → 5032 / 7790 tok/s) */
-template <int NT>
+template <int NT, int ST = Q4_ST>
 __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     constexpr int BN = NT * 8, WCH = QG_BM * 4, XCH = BN * 16, STG = WCH + XCH; /* 16-byte chunks */
     extern __shared__ uint4 sm[]; /* [ST][W chunks | x chunks] */
@@ -104,7 +109,7 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     const int ra = min(rowb + warp * 16 + g, out - 1), rbw = min(rowb + warp * 16 + g + 8, out - 1);
 
     /* scales of tile kt for this lane's rows: (s | b << 16), row g and row g + 8 */
-    uint32_t sbr[Q4_ST][2];
+    uint32_t sbr[ST][2];
     auto load_sb = [&](int kt, int u) {
         const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
         const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rbw * a.ng + gc;
@@ -139,27 +144,27 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
 
     pdl_trigger();
 #pragma unroll
-    for (int u = 0; u < Q4_ST - 1; u++)
+    for (int u = 0; u < ST - 1; u++)
         if (u < nkt) { load_w(u, u); load_sb(u, u); }
     pdl_wait(); /* x is the previous kernel's (q4_stage_x) */
 #pragma unroll
-    for (int u = 0; u < Q4_ST - 1; u++) {
+    for (int u = 0; u < ST - 1; u++) {
         if (u < nkt) load_x(u, u);
         mma_cp_commit();
     }
 
-    for (int base = 0; base < nkt; base += Q4_ST) {
+    for (int base = 0; base < nkt; base += ST) {
 #pragma unroll
-        for (int u = 0; u < Q4_ST; u++) {
+        for (int u = 0; u < ST; u++) {
             const int kt = base + u; /* uniform over the block */
             if (kt >= nkt) break;
-            mma_cp_wait<Q4_ST - 2>();
+            mma_cp_wait<ST - 2>();
             __syncthreads(); /* tile kt landed for all; all are done with tile kt - 1 (its slot is refilled) */
-            const int un = (u + Q4_ST - 1) % Q4_ST;
-            if (kt + Q4_ST - 1 < nkt) {
-                load_w(kt + Q4_ST - 1, un);
-                load_x(kt + Q4_ST - 1, un);
-                load_sb(kt + Q4_ST - 1, un);
+            const int un = (u + ST - 1) % ST;
+            if (kt + ST - 1 < nkt) {
+                load_w(kt + ST - 1, un);
+                load_x(kt + ST - 1, un);
+                load_sb(kt + ST - 1, un);
             }
             mma_cp_commit();
 
@@ -224,15 +229,15 @@ __global__ void qg4_reduce(Q4Args a, int S) {
     }
 }
 
-static size_t q4_smem(int nt) { return (size_t)Q4_ST * (QG_BM * 4 + nt * 8 * 16) * 16; }
+static size_t q4_smem(int nt, int st = Q4_ST) { return (size_t)st * (QG_BM * 4 + nt * 8 * 16) * 16; }
 
 /* at open (gemv.cu's init, the device current): shared-memory limits of the instances */
-template <int NT> static void q4_attr() {
-    cudaFuncSetAttribute(qg4_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT));
+template <int NT, int ST = Q4_ST> static void q4_attr() {
+    cudaFuncSetAttribute(qg4_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT, ST));
 }
 extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     (void)c;
-    q4_attr<2>(); q4_attr<4>(); q4_attr<8>();
+    q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
     cudaGetLastError();
 }
 
@@ -242,6 +247,7 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
 extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x,
                                   int n, int mode, int e) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
+    if (tern__cuda_qg4_st < 0) tern__cuda_qg4_st = tern__cuda_env_int("TERN_CUDA_QG4_ST", Q4_ST);
     if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
     if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || ((uintptr_t)x & 15)) return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
@@ -293,7 +299,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     const long base = (long)mb * nb;
     const long target = (long)(tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
     int S = base < target ? (int)((target + base - 1) / base) : 1;
-    if (S > a.nkt / Q4_ST) S = a.nkt / Q4_ST;
+    const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
+    if (S > a.nkt / st) S = a.nkt / st;
     if (S < 1) S = 1;
     while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
     if ((size_t)S * a.slice > TERN_CUDA_PART_FLOATS && (pair || S > 1)) return 0;
@@ -305,7 +312,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                 (const float4 *)x, chunks);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
+    if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
+    else if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
     else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
     else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
     tern__cuda_check(c, "qgemm_q4");
