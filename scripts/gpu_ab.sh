@@ -153,13 +153,15 @@ if [[ " $SECTIONS " == *" 13 "* ]]; then
     done
 fi
 
-# 14. Written after session 15's last device call (host-side or template-only; default builds unchanged):
-#     TERN_CUDA_QG4_ST=6 (qgemm_q4.cu: six cp.async stages at up to 16 rows, where it is bandwidth-bound) and
-#     TERN_CUDA_AD_WANT=4 (decode attention: split a (row, kv head) in two at batch 64 instead of one
-#     ~200-key block each); op test, µs, then batch decode interleaved
+# 14. Written after session 15's last device call (opt-in; default builds unchanged):
+#     TERN_CUDA_QG4_ST=6 (qgemm_q4.cu: six cp.async stages at up to 16 rows, where it is bandwidth-bound),
+#     TERN_CUDA_AD_WANT=4 (decode attention's split target: 4 blocks per SM) and TERN_CUDA_AD_1P=1
+#     (attn_decode1p.cu: one pass per warp, a block per (row, kv head), for launches whose pairs fill the GPU);
+#     op tests, µs, then batch decode interleaved (32 / 64 sequences, q4 and bf16)
 if [[ " $SECTIONS " == *" 14 "* ]]; then
-    TERN_TEST_ONLY=cuda_qgemm_q4 timeout 200 build/test_cuda_ops > "$OUT/st_ops.txt" 2>&1
-    say "qg4 op test (incl. ST 6): $(grep -c '^PASS' "$OUT/st_ops.txt") passed, $(grep -c '^FAIL' "$OUT/st_ops.txt") failed"
+    TERN_TEST_ONLY=cuda_qgemm_q4,cuda_attention_decode_1p timeout 200 build/test_cuda_ops > "$OUT/st_ops.txt" 2>&1
+    say "qg4 (incl. ST 6) + one-pass attention op tests: $(grep -c '^PASS' "$OUT/st_ops.txt") passed, $(grep -c '^FAIL' "$OUT/st_ops.txt") failed"
+    grep -E '^FAIL|check failed' "$OUT/st_ops.txt" | head -5 | tee -a "$S"
     for v in 4 6; do
         TERN_CUDA_QG4_ST=$v timeout 100 build/bench_cuda --xr > "$OUT/st_bench_$v.txt" 2>&1
         say "ST=$v: $(grep '^bmm' "$OUT/st_bench_$v.txt" | grep -E 'n=(8|16) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
@@ -170,11 +172,11 @@ if [[ " $SECTIONS " == *" 14 "* ]]; then
                 --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/st_conc_${v}_$rep.txt" 2>&1
             say "concurrency q4 QG4_ST=$v rep $rep: $(grep '^csv,conc' "$OUT/st_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
         done
-        for v in 2 4; do
+        for v in "TERN_CUDA_AD_WANT=2" "TERN_CUDA_AD_WANT=4" "TERN_CUDA_AD_1P=1"; do
             for m in llama3-8b:q4 llama3-8b; do
-                TERN_CUDA_AD_WANT=$v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 64 \
-                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/aw_${v}_$rep.txt" 2>&1
-                say "concurrency $m AD_WANT=$v rep $rep: $(grep '^csv,conc' "$OUT/aw_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+                env $v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 32,64 \
+                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/aw.txt" 2>&1
+                say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/aw.txt" | cut -d, -f5,9 | tr '\n' ' ')"
             done
         done
     done

@@ -346,6 +346,7 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_norm_rope_elementwise);
     RUN(cuda_attention_prefill_decode);
     RUN(cuda_attention_decode_cluster_bits);
+    RUN(cuda_attention_decode_1p);
     RUN(cuda_attention_decode_early_bits);
     RUN(cuda_attention_spans);
     RUN(cuda_attention_flash);

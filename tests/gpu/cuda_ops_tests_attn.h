@@ -183,6 +183,34 @@ TEST(cuda_attention_decode_cluster_bits) {
     g_attn_bf16 = keep_bf;
 }
 
+/* attn_decode1p.cu (TERN_CUDA_AD_1P; forced here for plans with splits too): one decode row per slot within
+ * 1e-5 of the CPU, f32 and BF16 pages, head dims 32..256, 1..4 heads per KV head, sliding windows, a softcap,
+ * keys past one warp chunk and past all 8 warps' first chunks */
+TEST(cuda_attention_decode_1p) {
+    extern unsigned long long tern__cuda_attn_decode_1p_calls;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_1p;
+    static const struct { int nh, nkv, d, window; float cap; int bs; int lens[3]; } C[] = {
+        {8, 2, 128, 0, 0.0f, 16, {300, 37, 129}}, {8, 8, 64, 0, 0.0f, 32, {129, 500, 3}},
+        {16, 4, 128, 100, 0.0f, 16, {400, 250, 90}}, {4, 1, 256, 24, 50.0f, 16, {200, 90, 10}},
+        {4, 2, 32, 0, 0.0f, 8, {1000, 1, 77}},
+    };
+    const int keep = tern__cuda_ad_mode, keep_1p = tern__cuda_ad_1p, keep_bf = g_attn_bf16;
+    tern__cuda_ad_mode = 1;
+    tern__cuda_ad_1p = 2;
+    for (int bf = 0; bf < 2; bf++)
+        for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
+            const unsigned long long calls = tern__cuda_attn_decode_1p_calls;
+            g_attn_bf16 = bf;
+            const double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens, 0, 1);
+            printf("  err attention decode 1p case %zu bf16 %d: %.2e\n", c, bf, rel);
+            CHECK(rel <= 1e-5, "case %zu bf16 %d: rel %.2e", c, bf, rel);
+            CHECK(tern__cuda_attn_decode_1p_calls > calls, "case %zu bf16 %d: the one-pass kernel did not run", c, bf);
+        }
+    tern__cuda_ad_mode = keep;
+    tern__cuda_ad_1p = keep_1p;
+    g_attn_bf16 = keep_bf;
+}
+
 /* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after
  * it — the same bits as without. Its last key is written right before the attention (g_attn_late: pages
  * start as NaN, so a stale read shows); each case runs with EARLY off and on: both within 1e-5 of the CPU

@@ -106,6 +106,16 @@ static int ad_want(void) {
     return v;
 }
 
+/* TERN_CUDA_AD_1P=1 (opt-in, session 15, untimed): launches whose (row, kv head) pairs fill two blocks per SM
+ * (batch decode; with a graph's whole-table key bound the split plan would still split them) run
+ * attn_decode1p.cu's one-pass kernel, a block per pair; 2 (tests) any launch. -1 until read */
+extern "C" int tern__cuda_ad_1p;
+int tern__cuda_ad_1p = -1;
+static int ad_1p(void) {
+    if (tern__cuda_ad_1p < 0) tern__cuda_ad_1p = tern__cuda_env_int("TERN_CUDA_AD_1P", 0);
+    return tern__cuda_ad_1p;
+}
+
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -528,6 +538,11 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     int splits = tern__cuda_split_count(c, (long)n * nkv * hs, want > 2 ? want : 2, want, keys, chmin, 128, n, nh, d);
     const long need = (keys + AD_CHCAP - 1) / AD_CHCAP;
     if (splits < need) splits = (int)need;
+    if (ad_1p() && hs == 1 && ((long)n * nkv >= 2L * c->n_sm || ad_1p() == 2) &&
+        tern__cuda_attn_decode_1p(c, out, q, rows, nh, kv, scale, softcap, kind)) {
+        tern__cuda_attn_decode_calls++;
+        return 1;
+    }
     /* TERN_CUDA_AD_CLUSTER=N (2..16): up to 2N planned splits run as at most N, one cluster */
     const int clmax = ad_cluster();
     int cl = 0;
