@@ -39,6 +39,7 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attn_decode.cuh"
 
 #include <cooperative_groups.h>
 #include <math.h>
@@ -134,19 +135,6 @@ static int ad_chmin(void) {
     return tern__cuda_ad_chmin;
 }
 
-struct AdArgs {
-    float *out, *part;
-    const float *q;
-    const void *kp, *vp;
-    const int32_t *pos, *slot, *bt;
-    int *cnt;
-    int n, nh, nkv, G, D, max_blocks, bs, window, splits, chmax, chmin;
-    int hs, GB; /* blocks per kv head (a group larger than the kernel's GM split in hs), heads per block */
-    int region; /* floats before the record table in shared memory */
-    int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
-    int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
-    float scale, softcap;
-};
 
 /* EPL consecutive elements of a K or V row, kept as loaded (32-bit words: EPL of f32, EPL / 2 of
  * BF16/F16 pairs) so that 16-bit pages hold twice the keys in the same registers; ad_get converts */
@@ -538,11 +526,6 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     int splits = tern__cuda_split_count(c, (long)n * nkv * hs, want > 2 ? want : 2, want, keys, chmin, 128, n, nh, d);
     const long need = (keys + AD_CHCAP - 1) / AD_CHCAP;
     if (splits < need) splits = (int)need;
-    if (ad_1p() && hs == 1 && ((long)n * nkv >= 2L * c->n_sm || ad_1p() == 2) &&
-        tern__cuda_attn_decode_1p(c, out, q, rows, nh, kv, scale, softcap, kind)) {
-        tern__cuda_attn_decode_calls++;
-        return 1;
-    }
     /* TERN_CUDA_AD_CLUSTER=N (2..16): up to 2N planned splits run as at most N, one cluster */
     const int clmax = ad_cluster();
     int cl = 0;
@@ -587,6 +570,10 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.splits = splits;
     a.scale = scale;
     a.softcap = softcap;
+    if (ad_1p() && hs == 1 && ((long)n * nkv >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)) {
+        tern__cuda_attn_decode_calls++;
+        return 1;
+    }
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)(nkv * hs), (unsigned)splits, (unsigned)n);
     if (early) ad_go<__nv_bfloat16, true>(c, grid, smem, E, GM, a);

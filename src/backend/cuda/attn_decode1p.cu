@@ -21,6 +21,7 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attn_decode.cuh"
 
 #include <math.h>
 #include <type_traits>
@@ -32,14 +33,6 @@
 extern "C" unsigned long long tern__cuda_attn_decode_1p_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_1p_calls = 0;
 
-struct A1Args {
-    float *out;
-    const float *q;
-    const void *kp, *vp;
-    const int32_t *pos, *slot, *bt;
-    int nh, nkv, G, D, max_blocks, bs, window;
-    float scale, softcap;
-};
 
 /* 8 elements of a K or V row as stored (f32: 8 words; 16-bit kinds: 4 words of pairs) */
 template <typename T> struct A1Row {
@@ -62,7 +55,7 @@ template <typename T> __device__ __forceinline__ float a1_get(const A1Row<T> &d,
 
 /* GM: heads per block compiled (>= G); U: key groups per warp and chunk */
 template <typename T, int GM>
-__global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(A1Args a) {
+__global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(AdArgs a) {
     constexpr int EPL = 8, U = sizeof(T) == 2 && GM <= 2 ? 2 : 1; /* registers: GM = 4 spilled with U = 2 */
     __shared__ int recs[A1_KEYS];
     __shared__ float red[A1_WARPS][GM][A1_DMAX];
@@ -210,40 +203,19 @@ __global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(A1Args a) 
     }
 }
 
-template <typename T> static void a1_go(tern__cuda *c, dim3 grid, int gm, const A1Args &a) {
+template <typename T> static void a1_go(tern__cuda *c, dim3 grid, int gm, const AdArgs &a) {
     if (gm == 1) tern_launch(c->stream, attn_dec1p_kernel<T, 1>, grid, 32 * A1_WARPS, 0, a);
     else if (gm == 2) tern_launch(c->stream, attn_dec1p_kernel<T, 2>, grid, 32 * A1_WARPS, 0, a);
     else tern_launch(c->stream, attn_dec1p_kernel<T, 4>, grid, 32 * A1_WARPS, 0, a);
 }
 
-/* rows over pages of `kind` (TERN_KV_F32 / BF16 / F16): 1 when it ran, 0 when the shape is not served (the
- * caller runs attn_decode.cu's kernel) */
-extern "C" int tern__cuda_attn_decode_1p(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
-                                         const tern_kv_layer *kv, float scale, float softcap, int kind) {
-    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
-    if (n <= 0 || n > 65535 || nkv <= 0 || nh % nkv || ((uintptr_t)q & 15)) return 0;
-    const int G = nh / nkv;
-    if (G > 4 || (d != 32 && d != 64 && d != 128 && d != 256)) return 0;
-    A1Args a;
-    a.out = out;
-    a.q = q;
-    a.kp = kv->k;
-    a.vp = kv->v;
-    a.pos = rows->pos;
-    a.slot = rows->slot;
-    a.bt = kv->block_table;
-    a.nh = nh;
-    a.nkv = nkv;
-    a.G = G;
-    a.D = d;
-    a.max_blocks = kv->max_blocks;
-    a.bs = kv->block_size;
-    a.window = kv->window;
-    a.scale = scale;
-    a.softcap = softcap;
+/* attn_decode.cuh */
+int tern__cuda_attn_decode_1p(tern__cuda *c, const AdArgs &a, int kind) {
+    if (a.n <= 0 || a.n > 65535 || a.nkv <= 0 || a.nh % a.nkv || ((uintptr_t)a.q & 15)) return 0;
+    if (a.G > 4 || (a.D != 32 && a.D != 64 && a.D != 128 && a.D != 256)) return 0;
     cudaSetDevice(c->device);
-    const dim3 grid((unsigned)nkv, (unsigned)n);
-    const int gm = G <= 1 ? 1 : G <= 2 ? 2 : 4;
+    const dim3 grid((unsigned)a.nkv, (unsigned)a.n);
+    const int gm = a.G <= 1 ? 1 : a.G <= 2 ? 2 : 4;
     if (kind == TERN_KV_BF16) a1_go<__nv_bfloat16>(c, grid, gm, a);
     else if (kind == TERN_KV_F16) a1_go<__half>(c, grid, gm, a);
     else a1_go<float>(c, grid, gm, a);

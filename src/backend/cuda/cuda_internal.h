@@ -223,9 +223,6 @@ void tern__cuda_attn_runs(tern__cuda *c, float *out, const float *q, const tern_
  * recorded step, or at most two rows per sequence) */
 int tern__cuda_attn_decode(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                            const tern_kv_layer *kv, float scale, float softcap);
-/* attn_decode1p.cu: one pass per warp, a block per (row, kv head) (TERN_CUDA_AD_1P, opt-in); 1 when it ran */
-int tern__cuda_attn_decode_1p(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
-                              const tern_kv_layer *kv, float scale, float softcap, int kind);
 int tern__cuda_attn_decode_q(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                              const tern_kv_layer *kv, float scale, float softcap);
 void tern__cuda_attn_decode_init(tern__cuda *c);
