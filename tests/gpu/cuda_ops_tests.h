@@ -29,6 +29,12 @@ static float *rnd(size_t n, float amp) {
     return p;
 }
 
+/* x[0..n) rounded to bf16 in place (round to nearest even), so kernels that round x to bf16 stay exact; returns x */
+static float *bf16_exact(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
+    return x;
+}
+
 static void *to_gpu(const void *h, size_t bytes) {
     void *d = g_gpu->vt->alloc(g_gpu, bytes);
     if (d && bytes) g_gpu->vt->upload(g_gpu, d, h, bytes);
@@ -142,8 +148,7 @@ static double check_matmul(tern_backend *gpu, const hw *h, int n, int e) {
     }
     int out = (int)h->t.shape[h->t.ndim - 2], in = (int)h->t.shape[h->t.ndim - 1];
     float *x = rnd((size_t)n * in, 1.0f), *yr = malloc((size_t)n * out * sizeof *yr);
-    if (g_x_bf16) /* x exact in bf16 (round to nearest even): kernels that round x to bf16 stay exact */
-        for (size_t i = 0; i < (size_t)n * in; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
+    if (g_x_bf16) bf16_exact(x, (size_t)n * in);
     void *xd = to_gpu(x, (size_t)n * in * sizeof *x), *yd = nan_buf(gpu, (size_t)n * out);
     if (gpu != g_gpu) g_gpu->vt->sync(g_gpu); /* x went up through g_gpu's stream (small uploads are async) */
     if (e < 0) {

@@ -270,7 +270,7 @@ static double xr_fused_rel(tern_backend *g, int gs, tern_dtype sdt, int out, int
     }
     const int rows[3] = {out, out, o2};
     float *x = rnd((size_t)n * in, 1.0f), *r = rnd((size_t)n * out, 1.0f), *ref[3];
-    for (size_t i = 0; i < (size_t)n * in; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
+    bf16_exact(x, (size_t)n * in);
     void *xd = to_gpu(x, (size_t)n * in * 4), *yd[3];
     for (int i = 0; i < 3; i++) {
         ref[i] = malloc((size_t)n * rows[i] * sizeof(float));

@@ -77,7 +77,7 @@ static void q4_plain_ref(const hw *h, const float *x, int n, double *want) {
     float *wr = malloc((size_t)in * sizeof *wr);
     for (int r = 0; r < out; r++) {
         tern_tensor_row_f32(&h->t, r, wr);
-        for (int k = 0; k < in; k++) wr[k] = tern_bf16_to_f32(tern_f32_to_bf16(wr[k]));
+        bf16_exact(wr, (size_t)in);
         for (int j = 0; j < n; j++) {
             double acc = 0;
             for (int k = 0; k < in; k++) acc += (double)wr[k] * x[(size_t)j * in + k];
@@ -87,18 +87,12 @@ static void q4_plain_ref(const hw *h, const float *x, int n, double *want) {
     free(wr);
 }
 
-static float *rnd_bf16(size_t n) {
-    float *x = rnd(n, 1.0f);
-    for (size_t i = 0; i < n; i++) x[i] = tern_bf16_to_f32(tern_f32_to_bf16(x[i]));
-    return x;
-}
-
 static double q4_plain_rel(tern_backend *gpu, const hw *h, int n) {
     const int out = (int)h->t.shape[0], in = (int)h->t.shape[1];
     tern_tensor tg = h->t;
     tern_error err = {0};
     if (gpu->vt->upload_weight(gpu, &tg, &err)) return INFINITY;
-    float *x = rnd_bf16((size_t)n * in), *want = malloc((size_t)n * out * 4);
+    float *x = bf16_exact(rnd((size_t)n * in, 1.0f), (size_t)n * in), *want = malloc((size_t)n * out * 4);
     double *wd = malloc((size_t)n * out * sizeof *wd);
     q4_plain_ref(h, x, n, wd);
     for (size_t i = 0; i < (size_t)n * out; i++) want[i] = (float)wd[i];
@@ -128,7 +122,9 @@ static double q4_fused_rel(tern_backend *g, int n, int gs) {
         t[i] = h[i].t;
         if (g->vt->upload_weight(g, &t[i], &err)) return INFINITY;
     }
-    float *xa = rnd_bf16((size_t)n * 2048), *xb = rnd_bf16((size_t)n * 512), *xc = rnd_bf16((size_t)n * 1536);
+    float *xa = bf16_exact(rnd((size_t)n * 2048, 1.0f), (size_t)n * 2048);
+    float *xb = bf16_exact(rnd((size_t)n * 512, 1.0f), (size_t)n * 512);
+    float *xc = bf16_exact(rnd((size_t)n * 1536, 1.0f), (size_t)n * 1536);
     float *res = rnd((size_t)n * 512, 1.0f);
     for (int i = 0; i < NM; i++) {
         ref[i] = malloc((size_t)n * shp[i][0] * sizeof(double));

@@ -1,12 +1,17 @@
 /*
- * attn_decode.cuh — the launch arguments of the decode-attention kernels (attn_decode.cu's split kernel,
- * attn_decode1p.cu's one-pass kernel, which reads the fields up to the softcap and ignores the split plan),
- * and the one-pass launcher attn_decode.cu dispatches to.
+ * attn_decode.cuh — what the decode-attention kernels share (attn_decode.cu's split kernel, attn_decode1p.cu's
+ * one-pass kernel, which reads the launch fields up to the softcap and ignores the split plan): the launch
+ * arguments, the K/V row registers and their loads, the merge weights over splits (or warps), and the
+ * one-pass launcher attn_decode.cu dispatches to.
  */
 #ifndef TERN_CUDA_ATTN_DECODE_CUH
 #define TERN_CUDA_ATTN_DECODE_CUH
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <math.h>
+#include <type_traits>
 
 struct AdArgs {
     float *out, *part;
@@ -21,6 +26,49 @@ struct AdArgs {
     int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
     float scale, softcap;
 };
+
+/* EPL consecutive elements of a K or V row, kept as loaded (32-bit words: EPL of f32, EPL / 2 of
+ * BF16/F16 pairs) so that 16-bit pages hold twice the keys in the same registers; ad_get converts */
+template <typename T, int EPL> struct AdRow {
+    static constexpr int W = sizeof(T) == 4 ? EPL : EPL / 2;
+    uint32_t w[W];
+};
+/* CG: through L2 only (data another kernel wrote while this one ran: AD_EARLY's row of key pos) */
+template <typename T, int EPL, bool CG = false> __device__ __forceinline__ void ad_load(AdRow<T, EPL> &d, const T *src) {
+#pragma unroll
+    for (int i = 0; i < AdRow<T, EPL>::W / 4; i++) {
+        const uint4 v = CG ? __ldcg((const uint4 *)src + i) : __ldg((const uint4 *)src + i);
+        d.w[4 * i] = v.x; d.w[4 * i + 1] = v.y; d.w[4 * i + 2] = v.z; d.w[4 * i + 3] = v.w;
+    }
+}
+template <typename T, int EPL> __device__ __forceinline__ void ad_zero(AdRow<T, EPL> &d) {
+#pragma unroll
+    for (int i = 0; i < AdRow<T, EPL>::W; i++) d.w[i] = 0u;
+}
+template <typename T, int EPL> __device__ __forceinline__ float ad_get(const AdRow<T, EPL> &d, int e) {
+    if constexpr (sizeof(T) == 4) return __uint_as_float(d.w[e]);
+    else if constexpr (std::is_same<T, __half>::value) {
+        const float2 f = __half22float2(*(const __half2 *)&d.w[e >> 1]);
+        return e & 1 ? f.y : f.x;
+    } else {
+        return e & 1 ? __uint_as_float(d.w[e >> 1] & 0xffff0000u) : __uint_as_float(d.w[e >> 1] << 16);
+    }
+}
+
+/* A head's merge weights over nz splits in split order: M = max_z M_z, c_z = e^{M_z - M} (0 where either
+ * is -inf) handed to put(z, c_z), and the return L = Σ_z L_z·c_z; ml(z) gives (M_z, L_z) and is read before
+ * put(z, ·), so put may overwrite M_z in place. Both merges below use it: the same bits. */
+template <class ML, class PUT> __device__ __forceinline__ float ad_split_weights(ML ml, PUT put, int nz) {
+    float M = -INFINITY, L = 0.0f;
+    for (int zz = 0; zz < nz; zz++) M = fmaxf(M, ml(zz).x);
+    for (int zz = 0; zz < nz; zz++) {
+        const float2 v = ml(zz);
+        const float c = M == -INFINITY || v.x == -INFINITY ? 0.0f : expf(v.x - M);
+        put(zz, c);
+        L += v.y * c;
+    }
+    return L;
+}
 
 /* attn_decode1p.cu: a's rows over pages of `kind` (TERN_KV_F32 / BF16 / F16), a block per (row, kv head),
  * one pass per warp (TERN_CUDA_AD_1P, opt-in): 1 when it ran, 0 when the shape is not served */

@@ -23,35 +23,12 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/attn_decode.cuh"
 
-#include <math.h>
-#include <type_traits>
-
 #define A1_WARPS 8
 #define A1_KEYS 1024 /* block-table records staged per tile of keys */
 #define A1_DMAX 256
 
 extern "C" unsigned long long tern__cuda_attn_decode_1p_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_1p_calls = 0;
-
-
-/* 8 elements of a K or V row as stored (f32: 8 words; 16-bit kinds: 4 words of pairs) */
-template <typename T> struct A1Row {
-    static constexpr int W = sizeof(T) == 4 ? 8 : 4;
-    uint32_t w[W];
-};
-template <typename T> __device__ __forceinline__ void a1_load(A1Row<T> &d, const T *src) {
-#pragma unroll
-    for (int i = 0; i < A1Row<T>::W / 4; i++) {
-        const uint4 v = __ldg((const uint4 *)src + i);
-        d.w[4 * i] = v.x; d.w[4 * i + 1] = v.y; d.w[4 * i + 2] = v.z; d.w[4 * i + 3] = v.w;
-    }
-}
-template <typename T> __device__ __forceinline__ float a1_get(const A1Row<T> &d, int e) {
-    if constexpr (sizeof(T) == 4) return __uint_as_float(d.w[e]);
-    else if constexpr (std::is_same<T, __nv_bfloat16>::value)
-        return __uint_as_float((e & 1) ? d.w[e >> 1] & 0xffff0000u : d.w[e >> 1] << 16);
-    else return __half2float(__ushort_as_half((unsigned short)((e & 1) ? d.w[e >> 1] >> 16 : d.w[e >> 1] & 0xffffu)));
-}
 
 /* GM: heads per block compiled (>= G); U: key groups per warp and chunk */
 template <typename T, int GM>
@@ -84,18 +61,18 @@ __global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(AdArgs a) 
 
     const size_t kvs = (size_t)a.nkv * D;
     const T *kp = (const T *)a.kp + (size_t)g * D + li * EPL, *vp = (const T *)a.vp + (size_t)g * D + li * EPL;
-    A1Row<T> kc[U], vc[U], kn[U], vn[U];
+    AdRow<T, EPL> kc[U], vc[U], kn[U], vn[U];
     int rc[U], rn[U];
     int tn = 0; /* keys in the current tile of the block table */
     /* chunk c of the tile: keys [c·CK, c·CK + CK); this lane's U keys c·CK + u·KPW + kg */
-    auto load = [&](int c, A1Row<T> *kd, A1Row<T> *vd, int *rd) {
+    auto load = [&](int c, AdRow<T, EPL> *kd, AdRow<T, EPL> *vd, int *rd) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = c * CK + u * KPW + kg;
             rd[u] = i < tn ? recs[i] : -1;
             if (rd[u] >= 0) {
-                a1_load<T>(kd[u], kp + (size_t)rd[u] * kvs);
-                a1_load<T>(vd[u], vp + (size_t)rd[u] * kvs);
+                ad_load<T, EPL>(kd[u], kp + (size_t)rd[u] * kvs);
+                ad_load<T, EPL>(vd[u], vp + (size_t)rd[u] * kvs);
             }
         }
     };
@@ -129,7 +106,7 @@ __global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(AdArgs a) 
                 float d = 0.0f;
                 if (rc[u] >= 0)
 #pragma unroll
-                    for (int e = 0; e < EPL; e++) d = fmaf(q[h][e], a1_get<T>(kc[u], e), d);
+                    for (int e = 0; e < EPL; e++) d = fmaf(q[h][e], ad_get<T, EPL>(kc[u], e), d);
                 for (int o = LPK >> 1; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
                 float v = d * a.scale;
                 if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
@@ -154,7 +131,7 @@ __global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(AdArgs a) 
                 const float p = expf(s[u][h] - mn);
                 l[h] += p;
 #pragma unroll
-                for (int e = 0; e < EPL; e++) acc[h][e] = fmaf(p, a1_get<T>(vc[u], e), acc[h][e]);
+                for (int e = 0; e < EPL; e++) acc[h][e] = fmaf(p, ad_get<T, EPL>(vc[u], e), acc[h][e]);
             }
         }
 #pragma unroll
@@ -183,15 +160,8 @@ __global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(AdArgs a) 
     __syncthreads();
     if (threadIdx.x < G) { /* per head: the warps' weights e^{M_w - M} and L, in warp order */
         const int h = threadIdx.x;
-        float M = -INFINITY;
-        for (int w = 0; w < A1_WARPS; w++) M = fmaxf(M, wm[w][h]);
-        float L = 0.0f;
-        for (int w = 0; w < A1_WARPS; w++) {
-            const float f = wm[w][h] == -INFINITY ? 0.0f : expf(wm[w][h] - M);
-            cw[w][h] = f;
-            L += f * wl[w][h];
-        }
-        sl[h] = L;
+        sl[h] = ad_split_weights([&](int w) { return make_float2(wm[w][h], wl[w][h]); },
+                                 [&](int w, float f) { cw[w][h] = f; }, A1_WARPS);
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {

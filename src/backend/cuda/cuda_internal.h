@@ -171,10 +171,11 @@ int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const te
  * returns 1 when it handled the call, 0 when the caller must take another path */
 int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 /* qgemm_q4.cu: Q4 (BF16 scales) times 2..128 rows in the plain bf16 mode through a cp.async ring
- * (TERN_CUDA_QG4=0 off): matmul (matrix e), or k <= 3 matrices in mode G1_PLAIN / G1_RES / a pair mode;
- * 1 when it ran, 0 when not served */
-int tern__cuda_qg4(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
+ * (TERN_CUDA_QG4=0 off): k <= 3 matrices (matrix e of each stack) in mode G1_PLAIN / G1_RES / a pair mode;
+ * 1 when it ran, 0 when not served. tern__cuda_q4_rows: gemv_xr.cu first for the rows it takes, then this */
 int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n,
+                       int mode, int e);
+int tern__cuda_q4_rows(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n,
                        int mode, int e);
 void tern__cuda_qg4_init(tern__cuda *c);
 /* qmma.cu: MLX Q bits 4/8 for n = 1..64 on tensor cores with the codes fed unconverted (bf16 mode with

@@ -570,8 +570,7 @@ extern "C" const float *tern__cuda_plain_x(tern__cuda *c, const tern__cuda_w *w,
 extern "C" void tern__cuda_matmul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     if (n <= 0) return;
     cudaSetDevice(c->device);
-    if (e == 0 && n > 1 && tern__cuda_gemv_xr_run(c, &y, &w, 1, x, n, G1_PLAIN)) return;
-    if (tern__cuda_qg4(c, y, x, n, w, e)) return;
+    if (n > 1 && tern__cuda_q4_rows(c, &y, &w, 1, x, n, G1_PLAIN, e)) return;
     if (tern__cuda_qmma(c, y, x, n, w, e)) return;
     if (tern__cuda_qgemm(c, y, x, n, w, e)) return;
     if (n > gemv_limit(c, w) && tern__cuda_gemm(c, y, x, n, w, e) == TERN_OK) return;

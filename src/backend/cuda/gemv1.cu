@@ -251,8 +251,7 @@ extern "C" int tern__cuda_matmul_n(tern__cuda *c, int k, float *const *y, const 
                                    const tern__cuda_w *const *w) {
     const int e[3] = {0, 0, 0};
     if (n == 1 && tern__cuda_gemv_mma(c, y, w, e, k, x, G1_PLAIN)) return 1;
-    if (n > 1 && tern__cuda_gemv_xr_run(c, y, w, k, x, n, G1_PLAIN)) return 1;
-    if (n > 1 && tern__cuda_qg4_run(c, y, w, k, x, n, G1_PLAIN, 0)) return 1;
+    if (n > 1 && tern__cuda_q4_rows(c, y, w, k, x, n, G1_PLAIN, 0)) return 1;
     if (n != 1 || !tern__cuda_g1_fits(w, k, x)) return 0;
     cudaSetDevice(c->device);
     tern__cuda_g1_launch(c, y, w, e, k, x, G1_PLAIN);
@@ -266,8 +265,7 @@ extern "C" int tern__cuda_matmul_glu(tern__cuda *c, float *y, const float *x, in
     float *ys[2] = {y, y};
     const int mode = act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
     if (n == 1 && gate->out == up->out && tern__cuda_gemv_mma(c, ys, w, e, 2, x, mode)) return 1;
-    if (n > 1 && gate->out == up->out && tern__cuda_gemv_xr_run(c, ys, w, 2, x, n, mode)) return 1;
-    if (n > 1 && gate->out == up->out && tern__cuda_qg4_run(c, ys, w, 2, x, n, mode, 0)) return 1;
+    if (n > 1 && gate->out == up->out && tern__cuda_q4_rows(c, ys, w, 2, x, n, mode, 0)) return 1;
     if (n != 1 || gate->out != up->out || !tern__cuda_g1_fits(w, 2, x)) return 0;
     cudaSetDevice(c->device);
     tern__cuda_g1_launch(c, ys, w, e, 2, x, act == TERN_ACT_SILU ? G1_SILU : G1_GELU);
@@ -277,8 +275,7 @@ extern "C" int tern__cuda_matmul_glu(tern__cuda *c, float *y, const float *x, in
 extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {
     const int e[1] = {0};
     if (n == 1 && tern__cuda_gemv_mma(c, &y, &w, e, 1, x, G1_RES)) return 1;
-    if (n > 1 && tern__cuda_gemv_xr_run(c, &y, &w, 1, x, n, G1_RES)) return 1;
-    if (n > 1 && tern__cuda_qg4_run(c, &y, &w, 1, x, n, G1_RES, 0)) return 1;
+    if (n > 1 && tern__cuda_q4_rows(c, &y, &w, 1, x, n, G1_RES, 0)) return 1;
     if (n != 1 || !tern__cuda_g1_fits(&w, 1, x)) return 0;
     cudaSetDevice(c->device);
     tern__cuda_g1_launch(c, &y, &w, e, 1, x, G1_RES);

@@ -1,8 +1,9 @@
 /*
  * qgemm_q4.cu — MLX affine Q4 (groups 32/64/128, BF16 scales and biases) times 5..128 activation rows
- * (from 5: gemv_xr.cu below) in the plain bf16 mode, on tensor cores, with the weight and x tiles streamed through a cp.async
- * ring in shared memory. Batch decode's matmul (llama3-8b q4 at 64 sequences spends ~80 % of a step in
- * qgemm.cu, which runs 85 µs on 14336x4096 at n = 64: 0.4 TB/s, 90 TFLOP/s). qgemm keeps its weight
+ * (from 5: gemv_xr.cu below) in the plain bf16 mode, on tensor cores, with the weight and x tiles
+ * streamed through a cp.async ring in shared memory. Batch decode's matmul (llama3-8b q4 at 64
+ * sequences spent ~80 % of a step in qgemm.cu, which runs 85 µs on 14336x4096 at n = 64: 0.4 TB/s,
+ * 90 TFLOP/s). qgemm keeps its weight
  * words in a register ring of two K blocks at one block of 8 warps per SM, so few bytes are in flight,
  * and decodes every code through f32 (extract, or with 2^23, subtract, FMA, convert).
  *
@@ -35,7 +36,8 @@
 #include "backend/cuda/mma.cuh"
 
 #define Q4_ST 4      /* shared-memory stages */
-#define Q4_MAXN 128  /* rows served; above, dequantize + cuBLASLt is faster (H200, 14336x4096 at 256 rows: 122 vs 168 µs) */
+#define Q4_MAXN 128  /* rows served; above, dequantize + cuBLASLt is faster (H200, 14336x4096 at 256 rows:
+                      * 122 vs 168 µs) */
 
 extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul;
 int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); tests set it */
@@ -253,11 +255,11 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (pair && (k != 2 || w[0]->out != w[1]->out)) return 0;
     const tern__cuda_w *w0 = w[0];
-    if (w0->group_size != 32 && w0->group_size != 64 && w0->group_size != 128) return 0;
+    if ((w0->group_size != 32 && w0->group_size != 64 && w0->group_size != 128) || w0->in % QG_KB) return 0;
     for (int i = 0; i < k; i++)
         if (w[i]->dtype != TERN_DT_Q || w[i]->bits != 4 || w[i]->precise || w[i]->sdtype != TERN_DT_BF16 ||
             !w[i]->scales || !w[i]->biases || w[i]->in != w0->in || w[i]->group_size != w0->group_size ||
-            w[i]->out < 1 || w0->in % QG_KB || e >= w[i]->nmat)
+            w[i]->out < 1 || e >= w[i]->nmat)
             return 0;
     const size_t xbytes = (size_t)n * w0->in * 2;
     const uint8_t *scr = (const uint8_t *)c->gemm_scratch;
@@ -291,10 +293,10 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.gs_shift = w0->group_size == 32 ? 5 : w0->group_size == 64 ? 6 : 7;
     a.ng = w0->in >> a.gs_shift;
     a.nkt = w0->in / QG_KB;
-    /* split K until the grid fills the SMs at the kernel's occupancy, at least Q4_ST tiles a block. Keeping
-     * the grid within one wave instead (ncu flagged q|k|v at 64 rows: 288 blocks for 264 slots) lost on the
-     * H200: llama3-8b q4 decode at 8 / 16 / 64 sequences 2102 / 3884 / 8652 → 1752 / 3317 / 8492 tok/s (the
-     * memory-bound row counts want the blocks) */
+    /* split K until the grid fills the SMs at the kernel's occupancy, at least `st` (its stages) tiles a
+     * block. Keeping the grid within one wave instead (ncu flagged q|k|v at 64 rows: 288 blocks for 264 slots)
+     * lost on the H200: llama3-8b q4 decode at 8 / 16 / 64 sequences 2102 / 3884 / 8652 → 1752 / 3317 / 8492
+     * tok/s (the memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
     const long target = (long)(tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
@@ -326,6 +328,9 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     return 1;
 }
 
-extern "C" int tern__cuda_qg4(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
-    return tern__cuda_qg4_run(c, &y, &w, 1, x, n, G1_PLAIN, e);
+/* cuda_internal.h: the several-row Q4 kernels in their order — gemv_xr.cu for the rows it serves (2..4 by
+ * default; matrix 0 of a stack only), this file's kernel above */
+extern "C" int tern__cuda_q4_rows(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x,
+                                  int n, int mode, int e) {
+    return (e == 0 && tern__cuda_gemv_xr_run(c, y, w, k, x, n, mode)) || tern__cuda_qg4_run(c, y, w, k, x, n, mode, e);
 }
