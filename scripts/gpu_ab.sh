@@ -182,4 +182,32 @@ if [[ " $SECTIONS " == *" 14 "* ]]; then
     done
 fi
 
+# 15. qgemm_q4_wg.cu (TERN_CUDA_QG4_WG=1, sm_90a wgmma for 17..128 rows; written in session 16): op test, µs
+#     at n = 32..128 (bench_cuda --xr), parity with it on, then batch decode interleaved (q4 at 32 / 64 / 128)
+if [[ " $SECTIONS " == *" 15 "* ]]; then
+    TERN_TEST_ONLY=cuda_qgemm_q4_wg timeout 200 build/test_cuda_ops > "$OUT/wg_ops.txt" 2>&1
+    say "qg4 wgmma op test: $(grep -c '^PASS' "$OUT/wg_ops.txt") passed, $(grep -c '^FAIL' "$OUT/wg_ops.txt") failed, $(grep -c '^SKIP' "$OUT/wg_ops.txt") skipped"
+    grep -E '^FAIL|check failed|SKIP' "$OUT/wg_ops.txt" | head -5 | tee -a "$S"
+    grep 'err ' "$OUT/wg_ops.txt" | sort -k8 -g | tail -2 | tee -a "$S"
+    for v in 0 1; do
+        TERN_CUDA_QG4_WG=$v timeout 100 build/bench_cuda --xr > "$OUT/wg_bench_$v.txt" 2>&1
+        say "WG=$v: $(grep '^bmm' "$OUT/wg_bench_$v.txt" | grep -E 'n=(32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+    done
+    TERN_CUDA_QG4_WG=1 TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=bf16 timeout 120 build/tests/test_parity_core > "$OUT/parity_wg.log" 2>&1
+    say "parity bf16 (wgmma on): $(grep -c '^PASS' "$OUT/parity_wg.log") passed, $(grep -c '^FAIL' "$OUT/parity_wg.log") failed"
+    for rep in 1 2; do
+        for v in "TERN_CUDA_QG4_WG=0" "TERN_CUDA_QG4_WG=1" "TERN_CUDA_QG4_WG=1 TERN_CUDA_QG4_WGPAIR=1"; do
+            env $v timeout 100 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 32,64,128 \
+                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/wg_conc.txt" 2>&1
+            say "concurrency q4 $v rep $rep: $(grep '^csv,conc' "$OUT/wg_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+        done
+    done
+    TERN_CUDA_QG4_WG=1 TERN_CUDA_QG4_WGPAIR=1 timeout 100 /usr/local/cuda/bin/ncu --cache-control none --clock-control none \
+        -k regex:qg4w_kernel --launch-skip 400 --launch-count 4 --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section ComputeWorkloadAnalysis build/concurrency --random llama3-8b:q4 --device cuda \
+        --compute bf16 --conc 64 --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/wg_ncu.txt" 2>&1
+    grep -E "qg4w_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy" \
+        "$OUT/wg_ncu.txt" | head -40 | tee -a "$S"
+fi
+
 echo "summary: $S"

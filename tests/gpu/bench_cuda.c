@@ -776,8 +776,8 @@ int main(int argc, char **argv) {
         tern_backend_close(g);
         return 0;
     }
-    if (argc > 1 && !strcmp(argv[1], "--xr")) { /* llama3-8b shapes, q4, n = 1..64: before / qgemm / gemv_xr.cu (n <= 8) / qgemm_q4.cu (n >= 8) */
-        static const int shp[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}}, nx[] = {1, 2, 4, 8, 16, 32, 64, 0};
+    if (argc > 1 && !strcmp(argv[1], "--xr")) { /* llama3-8b shapes, q4, n = 1..128: before / qgemm / gemv_xr.cu (n <= 8) / qgemm_q4.cu (n >= 8) */
+        static const int shp[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}}, nx[] = {1, 2, 4, 8, 16, 32, 64, 128, 0};
         xr_sweep = 1;
         for (int s = 0; s < 3; s++) bench_batched(TERN_DT_Q, 4, shp[s][0], shp[s][1], nx);
         tern_backend_close(g);

@@ -220,8 +220,61 @@ TEST(cuda_qgemm_q4) {
     tern__cuda_bf16_split = keep_split;
 }
 
+/* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles),
+ * plain and fused, against the same bf16-rounded reference as the mma.sync kernel */
+TEST(cuda_qgemm_q4_wg) {
+    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
+    extern unsigned long long tern__cuda_qg4w_calls;
+    tern_backend *g = g_gpu16;
+    if (!g) { SKIP("cuda_qgemm_q4_wg", "no bf16-mode backend"); return; }
+    if (!tern__cuda_qg4w_ok) { SKIP("cuda_qgemm_q4_wg", "no sm_90a image for this GPU"); return; }
+    const int keep = tern__cuda_qg4_on, keep_xr = tern__cuda_gemv_xr, keep_split = tern__cuda_bf16_split;
+    const int keep_wg = tern__cuda_qg4_wg;
+    tern__cuda_qg4_on = 1;
+    tern__cuda_qg4_wg = 1;
+    tern__cuda_gemv_xr = 0;
+    tern__cuda_bf16_split = 0;
+    static const int gss[] = {64, 32, 128};
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {128, 128}};
+    static const int ns[] = {17, 32, 33, 64, 65, 100, 128};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(gss); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            hw h = make_w(TERN_DT_Q, 4, gss[f], TERN_DT_BF16, 1, shapes[s][0], shapes[s][1], 0);
+            char nm[64];
+            fmt_name(&h.t, nm, sizeof nm);
+            for (size_t k = 0; k < TERN_ARRAY_LEN(ns); k++) {
+                const unsigned long long calls = tern__cuda_qg4w_calls;
+                const double rel = q4_plain_rel(g, &h, ns[k]);
+                printf("  err %-16s %dx%d n=%-3d qg4 wgmma %.2e\n", nm, shapes[s][0], shapes[s][1], ns[k], rel);
+                CHECK(rel <= 1e-5, "%s %dx%d n=%d: qg4 wgmma rel %.3e", nm, shapes[s][0], shapes[s][1], ns[k], rel);
+                CHECK(tern__cuda_qg4w_calls > calls, "%s n=%d: the wgmma kernel did not run", nm, ns[k]);
+            }
+            free_w(&h);
+        }
+    extern int tern__cuda_qg4_wgpair;
+    const int keep_pair = tern__cuda_qg4_wgpair;
+    for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
+        tern__cuda_qg4_wgpair = pair;
+        for (size_t f = 0; f < TERN_ARRAY_LEN(gss) && g->vt->matmul_n; f++)
+            for (int n = 29; n <= 128; n += 32) { /* 29, 61, 93, 125 */
+                const unsigned long long calls = tern__cuda_qg4w_calls;
+                const double rel = q4_fused_rel(g, n, gss[f]);
+                printf("  err qg4 wgmma fused g%d n=%d pair %d %.2e\n", gss[f], n, pair, rel);
+                CHECK(rel <= 1e-5, "qg4 wgmma fused g%d n=%d pair %d: rel %.3e", gss[f], n, pair, rel);
+                CHECK(tern__cuda_qg4w_calls >= calls + 4, "qg4 wgmma fused g%d n=%d: ran %llu of 4 fused ops", gss[f],
+                      n, tern__cuda_qg4w_calls - calls);
+            }
+    }
+    tern__cuda_qg4_wgpair = keep_pair;
+    tern__cuda_qg4_on = keep;
+    tern__cuda_qg4_wg = keep_wg;
+    tern__cuda_gemv_xr = keep_xr;
+    tern__cuda_bf16_split = keep_split;
+}
+
 static void cuda_qgemm_tests(void) {
     RUN(cuda_qgemm_q4);
+    RUN(cuda_qgemm_q4_wg);
     RUN(cuda_qgemm_formats);
     RUN(cuda_qgemm_shapes);
     RUN(cuda_qgemm_expert_stack);

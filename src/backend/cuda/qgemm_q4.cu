@@ -34,6 +34,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/qgemm_frag.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/qgemm_q4.cuh"
 
 #define Q4_ST 4      /* shared-memory stages */
 #define Q4_MAXN 128  /* rows served; above, dequantize + cuBLASLt is faster (H200, 14336x4096 at 256 rows:
@@ -51,21 +52,6 @@ int tern__cuda_qg4_st = -1;
 extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4_calls = 0;
 
-struct Q4Mat {
-    const uint8_t *w;           /* packed codes, rb bytes per row */
-    const uint16_t *s, *b;      /* bf16 scales, biases [out][ng] */
-    float *y;                   /* [n][out] */
-    size_t poff;                /* its [n][out] block in a slice of partials */
-    int out, mb0;               /* rows; its first row block in grid.x */
-};
-struct Q4Args {
-    Q4Mat m[3];                 /* k matrices sharing in (q|k|v; gate, up) */
-    const uint4 *x;             /* bf16 x [n][in] in the decode's pair order (q4_stage_x) */
-    float *part;                /* partials [S][slice] unless direct */
-    size_t rb, slice;
-    int k, mode, direct, in, n, ng, gs_shift, kt_per, nkt;
-};
-
 /* x [n][in] f32 -> bf16 with every 8 inputs stored as the pairs (0,4) (1,5) (2,6) (3,7) */
 __global__ void q4_stage_x(uint4 *xb, const float4 *x, size_t chunks) {
     pdl_start();
@@ -78,20 +64,6 @@ __global__ void q4_stage_x(uint4 *xb, const float4 *x, size_t chunks) {
         o.w = bf2_bits(__floats2bfloat162_rn(u.w, v.w));
         xb[i] = o;
     }
-}
-
-/* codes i and i+4 of word w as bf16 s·q + b (sb2: (s, s), bb2: (b, b)) */
-__device__ __forceinline__ uint32_t q4_deq(uint32_t w, int i, __nv_bfloat162 sb2, __nv_bfloat162 bb2) {
-    uint32_t p = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
-    const __nv_bfloat162 q = __hsub2(*(__nv_bfloat162 *)&p, __floats2bfloat162_rn(128.0f, 128.0f));
-    const __nv_bfloat162 v = __hfma2(q, sb2, bb2);
-    return bf2_bits(v);
-}
-
-/* (s, s) and (b, b) from a lane's packed (s | b << 16) */
-__device__ __forceinline__ __nv_bfloat162 q4_dup(uint32_t v, bool hi) {
-    const uint32_t r = __byte_perm(v, 0, hi ? 0x3232 : 0x1010);
-    return *(const __nv_bfloat162 *)&r;
 }
 
 /* NT: column tiles of 8 x rows per block; each warp: 16 weight rows over all NT tiles (32-row warp tiles over
@@ -240,6 +212,7 @@ template <int NT, int ST = Q4_ST> static void q4_attr() {
 extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     (void)c;
     q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
+    tern__cuda_qg4w_init();
     cudaGetLastError();
 }
 
@@ -282,6 +255,9 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
         mb += (m.out + QG_BM - 1) / QG_BM;
         rows += (size_t)m.out;
     }
+    /* qgemm_q4_wg.cu's pair form: a block per 64 rows of gate and of up, the whole K when that fills the SMs */
+    const bool wgp = pair && nt >= 4 && tern__cuda_qg4w_pair(w0->in);
+    if (wgp) mb = (w0->out + 63) / 64;
     a.x = (const uint4 *)c->gemm_scratch;
     a.part = c->part;
     a.rb = (size_t)w0->in / 2;
@@ -299,7 +275,7 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
      * tok/s (the memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
-    const long target = (long)(tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
+    const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
     int S = base < target ? (int)((target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
     if (S > a.nkt / st) S = a.nkt / st;
@@ -308,16 +284,18 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     if ((size_t)S * a.slice > TERN_CUDA_PART_FLOATS && (pair || S > 1)) return 0;
     a.kt_per = (a.nkt + S - 1) / S;
     S = (a.nkt + a.kt_per - 1) / a.kt_per;
-    a.direct = S == 1 && !pair;
+    a.direct = S == 1 && (!pair || wgp);
     cudaSetDevice(c->device);
-    const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
-    tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
-                (const float4 *)x, chunks);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
-    else if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
-    else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
-    else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
+    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG=1) */
+        const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
+        tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
+                    (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
+        if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
+        else if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
+        else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
+        else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
+    }
     tern__cuda_check(c, "qgemm_q4");
     if (!a.direct) {
         const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;

@@ -1,0 +1,51 @@
+/*
+ * qgemm_q4.cuh — what qgemm_q4.cu's mma.sync kernel and qgemm_q4_wg.cu's wgmma kernel share: the launch
+ * arguments (up to three matrices sharing x, the split-K partials) and the two-codes-at-a-time decode of
+ * MLX Q4 words into bf16 pairs (exact: see qgemm_q4.cu's top comment).
+ */
+#ifndef TERN_CUDA_QGEMM_Q4_CUH
+#define TERN_CUDA_QGEMM_Q4_CUH
+
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+struct Q4Mat {
+    const uint8_t *w;           /* packed codes, rb bytes per row */
+    const uint16_t *s, *b;      /* bf16 scales, biases [out][ng] */
+    float *y;                   /* [n][out] */
+    size_t poff;                /* its [n][out] block in a slice of partials */
+    int out, mb0;               /* rows; its first row block in grid.x */
+};
+struct Q4Args {
+    Q4Mat m[3];                 /* k matrices sharing in (q|k|v; gate, up) */
+    const uint4 *x;             /* bf16 x [n][in] in the decode's pair order (q4_stage_x) */
+    float *part;                /* partials [S][slice] unless direct */
+    size_t rb, slice;
+    int k, mode, direct, in, n, ng, gs_shift, kt_per, nkt;
+};
+
+/* codes i and i+4 of word w as bf16 s·q + b (sb2: (s, s), bb2: (b, b)) */
+__device__ __forceinline__ uint32_t q4_deq(uint32_t w, int i, __nv_bfloat162 sb2, __nv_bfloat162 bb2) {
+    uint32_t p = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+    const __nv_bfloat162 q = __hsub2(*(__nv_bfloat162 *)&p, __floats2bfloat162_rn(128.0f, 128.0f));
+    const __nv_bfloat162 v = __hfma2(q, sb2, bb2);
+    return bf2_bits(v);
+}
+
+/* (s, s) and (b, b) from a lane's packed (s | b << 16) */
+__device__ __forceinline__ __nv_bfloat162 q4_dup(uint32_t v, bool hi) {
+    const uint32_t r = __byte_perm(v, 0, hi ? 0x3232 : 0x1010);
+    return *(const __nv_bfloat162 *)&r;
+}
+
+/* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8) or 32 (nt 4), x staged in its
+ * own order; 1 when launched, 0 when not available (no sm_90a image for this GPU, TERN_CUDA_QG4_WG=0); pair:
+ * the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up together) */
+int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
+                           bool pair);
+/* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
+ * TERN_CUDA_QG4_WGPAIR on, the image loaded, in a multiple of 128 */
+bool tern__cuda_qg4w_pair(int in);
+void tern__cuda_qg4w_init(void);
+
+#endif

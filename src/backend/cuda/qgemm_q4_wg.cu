@@ -1,0 +1,292 @@
+/*
+ * qgemm_q4_wg.cu — qgemm_q4.cu's Q4 (BF16 scales) times 32- or 64-row column tiles, with the products on
+ * Hopper's warpgroup MMA (wgmma, sm_90a only: this file is built for sm_90a alone and the launcher reports
+ * "not available" elsewhere). TERN_CUDA_QG4_WG=1 turns it on (opt-in until an H200 A/B times it).
+ *
+ * Why: at 64 rows qgemm_q4.cu's kernel runs 45 µs on 14336x4096 (0.29 of its floor; ncu: issue 35 % busy,
+ * 8.9 cycles per issued instruction, L1/TEX 68 %). Per 128-input tile each of its warps reads the whole x tile
+ * (64 rows × 256 bytes) from shared memory as mma.sync B fragments, 16 KB a warp, 128 KB a block, against
+ * 24 KB of tile data, and issues 64 mma.sync. Here the two warpgroups of a block issue 8 wgmma m64n64k16
+ * each per tile, and the tensor cores read x from shared memory themselves (no fragment loads by the warps).
+ *
+ * Same block shape, ring and decode as qgemm_q4.cu: 8 warps × 16 weight rows (BM = 128), 4 cp.async stages
+ * of (x tile, W tile), the first W tiles requested before pdl_wait, split K over blockIdx.y into partials
+ * summed by qg4_reduce. A (the weights) comes from registers: wgmma's A fragment of a warp's 16 rows is
+ * mma.m16n8k16's, so the decode of qgemm_q4.cu gives it unchanged — word sp of a lane's 32 codes yields
+ * k-steps j = 2sp (codes i, i+4 for i = 0, 1) and 2sp + 1 (i = 2, 3); k-slot 2t + e of step j is input
+ * 32t + 8sp + 2h + 4e and slot 8 + 2t + e is that + 1 (h = j & 1). B (x) is read by the tensor cores, so the
+ * staged x must hold step j's 16 inputs at positions 16j..16j+15 of the tile in that slot order: q4w_stage_x
+ * writes it so (qgemm_q4.cu's q4_stage_x keeps its own pair order). In shared memory x is K-major with the
+ * 128-byte swizzle: each half of the tile's 128 inputs is [BN rows][128 bytes], 8-row groups 1024 bytes
+ * apart, the 16-byte chunk c of row r at chunk c ^ (r & 7); step j's descriptor starts at half j / 4 plus
+ * 32·(j % 4) bytes. The accumulator of m64nNk16 is mma.sync's C per 8-column tile, so the epilogue is
+ * qgemm_q4.cu's.
+ *
+ * Order per tile: wait for the tile's copies, fence.proxy.async (cp.async writes are generic-proxy, wgmma
+ * reads through the async proxy), barrier, refill the slot of the previous tile (its wgmmas were waited
+ * for), decode the 8 A fragments, wgmma.fence, 8 wgmmas, commit, wait.
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/qgemm_frag.cuh"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/qgemm_q4.cuh"
+
+#define QW_ST 4
+
+extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
+int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 0); tests set it */
+int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 0); tests set it */
+int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
+extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_qg4w_calls = 0;
+
+/* x [n][in] f32 -> bf16, every 128 inputs in the k-step order above: output chunk c (8 positions) of a tile
+ * is step j = c / 2, slots 8·(c & 1)..+7, i.e. inputs base + {0, 4, 32, 36, 64, 68, 96, 100} with base =
+ * 8sp + 2h + (c & 1) */
+__global__ void q4w_stage_x(uint4 *xb, const float *x, size_t chunks) {
+    pdl_start();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < chunks; i += (size_t)gridDim.x * blockDim.x) {
+        const int c = (int)(i & 15), j = c >> 1;
+        const float *p = x + (i >> 4) * 128 + 8 * (j >> 1) + 2 * (j & 1) + (c & 1);
+        uint4 o;
+        o.x = bf2_bits(__floats2bfloat162_rn(p[0], p[4]));
+        o.y = bf2_bits(__floats2bfloat162_rn(p[32], p[36]));
+        o.z = bf2_bits(__floats2bfloat162_rn(p[64], p[68]));
+        o.w = bf2_bits(__floats2bfloat162_rn(p[96], p[100]));
+        xb[i] = o;
+    }
+}
+
+/* K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (the leading offset is unused: 1) */
+__device__ __forceinline__ uint64_t qw_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+__device__ __forceinline__ void qw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void qw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void qw_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+/* d[4·N/8] += A (64x16 bf16 from registers, a warp's 16 rows) · B (16xN from shared memory, descriptor) */
+template <int NT> __device__ __forceinline__ void qw_mma(float *d, const uint32_t *a, uint64_t desc);
+template <> __device__ __forceinline__ void qw_mma<8>(float *d, const uint32_t *a, uint64_t desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <> __device__ __forceinline__ void qw_mma<4>(float *d, const uint32_t *a, uint64_t desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+/* stage bytes: x (two K halves of BN rows × 128 bytes) then W (128 rows × 64 bytes); a multiple of 1024 */
+template <int NT> struct QwGeo {
+    static constexpr int BN = NT * 8, XH = BN * 128, WB = QG_BM * 64, STG = 2 * XH + WB;
+};
+
+/* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
+ * rows, so a block with the whole K (direct) finishes y = act(gate)·up itself through shared memory */
+template <int NT, bool PAIR = false>
+__global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Geo = QwGeo<NT>;
+    constexpr int BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, XCH = BN * 16;
+    extern __shared__ __align__(16) uint8_t qw_raw[];
+    const uint32_t raw = mma_smem_u32(qw_raw), pad = (1024u - (raw & 1023u)) & 1023u;
+    uint8_t *const sm = qw_raw + pad; /* 1024-aligned: the swizzle repeats from the stage bases */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int mi = PAIR ? warp >> 2
+                 : a.k > 2 && (int)blockIdx.x >= a.m[2].mb0 ? 2 : a.k > 1 && (int)blockIdx.x >= a.m[1].mb0 ? 1 : 0;
+    const uint8_t *const W = a.m[mi].w;
+    const uint16_t *const Sc = a.m[mi].s, *const Bi = a.m[mi].b;
+    const int out = a.m[mi].out;
+    /* wr: this warp's first row in its matrix */
+    const int rowb = PAIR ? (int)blockIdx.x * 64 : ((int)blockIdx.x - a.m[mi].mb0) * QG_BM, n0 = blockIdx.z * BN;
+    const int wr = rowb + (PAIR ? warp & 3 : warp) * 16;
+    const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
+    const int ra = min(wr + g, out - 1), rbw = min(wr + g + 8, out - 1);
+
+    uint32_t sbr[QW_ST][2];
+    auto load_sb = [&](int kt, int u) {
+        const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
+        const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rbw * a.ng + gc;
+        sbr[u][0] = (uint32_t)__ldg(Sc + ia) | (uint32_t)__ldg(Bi + ia) << 16;
+        sbr[u][1] = (uint32_t)__ldg(Sc + ib) | (uint32_t)__ldg(Bi + ib) << 16;
+    };
+    auto load_w = [&](int kt, int u) { /* 512 chunks: 2 per thread */
+        uint8_t *dst = sm + u * STG + 2 * XH;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int c = threadIdx.x + j * 256, r = c >> 2, row = PAIR ? rowb + (r & 63) : rowb + r;
+            const uint8_t *Wr = PAIR ? a.m[r >> 6].w : W; /* PAIR: shared rows 0..63 gate, 64..127 up */
+            const uint8_t *src = Wr + (size_t)min(row, out - 1) * a.rb + (size_t)(kt0 + kt) * (QG_KB / 2) + (c & 3) * 16;
+            mma_cp16(mma_smem_u32(dst + c * 16), src, row < out);
+        }
+    };
+    auto load_x = [&](int kt, int u) {
+        uint8_t *dst = sm + u * STG;
+#pragma unroll
+        for (int j = 0; j < (XCH + 255) / 256; j++) {
+            const int c = threadIdx.x + j * 256;
+            if (XCH % 256 == 0 || c < XCH) {
+                const int r = c >> 4, ch = c & 15, cc = ch & 7;
+                const uint4 *src = a.x + ((size_t)min(n0 + r, a.n - 1) * a.in + (size_t)(kt0 + kt) * QG_KB) / 8 + ch;
+                uint8_t *d = dst + (ch >> 3) * XH + (r >> 3) * 1024 + (r & 7) * 128 + ((cc ^ (r & 7)) << 4);
+                mma_cp16(mma_smem_u32(d), src, n0 + r < a.n);
+            }
+        }
+    };
+
+    float acc[NT * 4];
+#pragma unroll
+    for (int i = 0; i < NT * 4; i++) acc[i] = 0.0f;
+
+    pdl_trigger();
+#pragma unroll
+    for (int u = 0; u < QW_ST - 1; u++)
+        if (u < nkt) { load_w(u, u); load_sb(u, u); }
+    pdl_wait(); /* x is the previous kernel's (q4w_stage_x) */
+#pragma unroll
+    for (int u = 0; u < QW_ST - 1; u++) {
+        if (u < nkt) load_x(u, u);
+        mma_cp_commit();
+    }
+
+    for (int base = 0; base < nkt; base += QW_ST) {
+#pragma unroll
+        for (int u = 0; u < QW_ST; u++) {
+            const int kt = base + u; /* uniform over the block */
+            if (kt >= nkt) break;
+            mma_cp_wait<QW_ST - 2>();
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads(); /* tile kt landed for all; every warpgroup waited for its wgmmas of tile kt - 1 */
+            const int un = (u + QW_ST - 1) % QW_ST;
+            if (kt + QW_ST - 1 < nkt) {
+                load_w(kt + QW_ST - 1, un);
+                load_x(kt + QW_ST - 1, un);
+                load_sb(kt + QW_ST - 1, un);
+            }
+            mma_cp_commit();
+
+            const uint8_t *st = sm + u * STG;
+            const uint4 *ws = (const uint4 *)(st + 2 * XH);
+            const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
+            const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
+            const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
+            uint32_t af[8][4];
+#pragma unroll
+            for (int sp = 0; sp < 4; sp++) {
+                const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
+                const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    af[2 * sp + h][0] = q4_deq(w0, 2 * h, sa, ba);
+                    af[2 * sp + h][1] = q4_deq(w1, 2 * h, sb, bb);
+                    af[2 * sp + h][2] = q4_deq(w0, 2 * h + 1, sa, ba);
+                    af[2 * sp + h][3] = q4_deq(w1, 2 * h + 1, sb, bb);
+                }
+            }
+            const uint32_t xs = mma_smem_u32(st);
+            qw_fence();
+#pragma unroll
+            for (int j = 0; j < 8; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + (j >> 2) * XH + (j & 3) * 32));
+            qw_commit();
+            qw_wait();
+        }
+    }
+    mma_cp_wait<0>();
+
+    if constexpr (PAIR) {
+        if (a.direct) { /* up's accumulators through shared memory to the gate warps: y = act(gate)·up */
+            float *const ups = (float *)sm; /* [64 rows][BN + 1] */
+            __syncthreads(); /* every warp is done with the ring */
+            if (warp >= 4)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        ups[((warp & 3) * 16 + g + (i >> 1) * 8) * (BN + 1) + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
+            __syncthreads();
+            if (warp < 4)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int rl = warp * 16 + g + (i >> 1) * 8, row = rowb + rl, col = n0 + nt * 8 + 2 * t + (i & 1);
+                        const float v = acc[nt * 4 + i], u = ups[rl * (BN + 1) + nt * 8 + 2 * t + (i & 1)];
+                        if (row < out && col < a.n)
+                            a.m[0].y[(size_t)col * out + row] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
+                    }
+            return;
+        }
+    }
+    float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
+    const bool add = a.direct && a.mode == G1_RES;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = wr + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
+            if (row < out && col < a.n) {
+                float *p = dst + (size_t)col * out + row;
+                *p = add ? *p + acc[nt * 4 + i] : acc[nt * 4 + i];
+            }
+        }
+#else
+    (void)a;
+    __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
+#endif
+}
+
+template <int NT> static size_t qw_smem() { return (size_t)QW_ST * QwGeo<NT>::STG + 1024; }
+
+static bool qw_on(void) {
+    if (tern__cuda_qg4_wg < 0) tern__cuda_qg4_wg = tern__cuda_env_int("TERN_CUDA_QG4_WG", 0) != 0;
+    return tern__cuda_qg4_wg && tern__cuda_qg4w_ok;
+}
+
+/* qgemm_q4.cuh */
+bool tern__cuda_qg4w_pair(int in) {
+    if (tern__cuda_qg4_wgpair < 0) tern__cuda_qg4_wgpair = tern__cuda_env_int("TERN_CUDA_QG4_WGPAIR", 0) != 0;
+    return qw_on() && tern__cuda_qg4_wgpair && in % QG_KB == 0;
+}
+
+/* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
+ * sm_90a image is there for this GPU */
+void tern__cuda_qg4w_init(void) {
+    const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    tern__cuda_qg4w_ok = cudaFuncSetAttribute(qg4w_kernel<8>, at, (int)qw_smem<8>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<4>, at, (int)qw_smem<4>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess;
+    cudaGetLastError();
+}
+
+/* qgemm_q4.cuh */
+int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
+                           bool pair) {
+    if (!qw_on() || (nt != 4 && nt != 8) || a.in % QG_KB) return 0;
+    const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
+    tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
+                x, chunks);
+    if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
+    else if (pair) tern_launch(c->stream, qg4w_kernel<4, true>, grid, 256, qw_smem<4>(), a);
+    else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8>, grid, 256, qw_smem<8>(), a);
+    else tern_launch(c->stream, qg4w_kernel<4>, grid, 256, qw_smem<4>(), a);
+    tern__cuda_qg4w_calls++;
+    return 1;
+}
