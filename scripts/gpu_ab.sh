@@ -74,7 +74,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-13 14}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12 in session 15 (NOTES (x))
+SECTIONS="${AB_SECTIONS:-15 16}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12 in session 15 (NOTES (x))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -208,6 +208,32 @@ if [[ " $SECTIONS " == *" 15 "* ]]; then
         --compute bf16 --conc 64 --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/wg_ncu.txt" 2>&1
     grep -E "qg4w_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy" \
         "$OUT/wg_ncu.txt" | head -40 | tee -a "$S"
+fi
+
+# 16. attn_decode_tc.cu (TERN_CUDA_AD_TC=1: decode attention on mma.sync for launches whose pairs fill the GPU;
+#     TERN_CUDA_AD_TC_ST=2: two ring stages at D 128, 3 blocks per SM; written in session 16 without a GPU): op
+#     test, ncu time of the attention at 64 sequences, then batch decode interleaved (q4 and bf16 at 32 / 64)
+if [[ " $SECTIONS " == *" 16 "* ]]; then
+    TERN_TEST_ONLY=cuda_attention_decode_tc timeout 200 build/test_cuda_ops > "$OUT/tc_ops.txt" 2>&1
+    say "tensor-core attention op test: $(grep -c '^PASS' "$OUT/tc_ops.txt") passed, $(grep -c '^FAIL' "$OUT/tc_ops.txt") failed"
+    grep -E '^FAIL|check failed' "$OUT/tc_ops.txt" | head -5 | tee -a "$S"
+    grep 'err ' "$OUT/tc_ops.txt" | sort -k NF -g | tail -2 | tee -a "$S"
+    for v in "TERN_CUDA_AD_TC=0" "TERN_CUDA_AD_TC=1" "TERN_CUDA_AD_TC=1 TERN_CUDA_AD_TC_ST=2"; do
+        env $v timeout 100 /usr/local/cuda/bin/ncu --cache-control none --clock-control none -k regex:attn_dec \
+            --launch-skip 600 --launch-count 8 --metrics gpu__time_duration.sum,dram__bytes_read.sum build/concurrency \
+            --random llama3-8b:q4 --device cuda --compute bf16 --conc 64 --prompt 128 --gen 128 --requests 2 --system 16 \
+            > "$OUT/tc_ncu.txt" 2>&1
+        say "ncu attention at 64, $v: $(grep -E 'attn_dec|gpu__time_duration' "$OUT/tc_ncu.txt" | tail -2 | tr -s ' ' | tr '\n' ' ')"
+    done
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for v in "TERN_CUDA_AD_TC=0" "TERN_CUDA_AD_TC=1" "TERN_CUDA_AD_TC=1 TERN_CUDA_AD_TC_ST=2"; do
+            for m in llama3-8b:q4 llama3-8b; do
+                env $v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 32,64 \
+                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/tc_conc.txt" 2>&1
+                say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/tc_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+            done
+        done
+    done
 fi
 
 echo "summary: $S"

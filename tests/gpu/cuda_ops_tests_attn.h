@@ -11,7 +11,9 @@
  * host copies (a prefill run for the tensor-core kernel next to decode rows). Runs on g_attn
  * (g_gpu when NULL). */
 static tern_backend *g_attn;
-static int g_attn_bf16; /* 1: BF16 pages (--kv-quant bf16) instead of F32 */
+static int g_attn_bf16; /* 1: BF16 pages (--kv-quant bf16) instead of F32; 2: F16 pages */
+static int g_attn_hole; /* 1: each slot's second block is not resident (a hole inside the visible keys where the
+                         * slot has >= 3 blocks: key pos stays resident) */
 static float **g_attn_keep; /* non-NULL: attn_case leaves its GPU output there (the caller frees it) */
 static int g_attn_late; /* 1: slot 0's last key is written by a kv_write launched right before the attention */
 static double attn_case(int nh, int nkv, int d, int window, float softcap, int bs, int nslots, const int *lens, int P,
@@ -34,7 +36,7 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
     const tern_dtype pdt = g_attn_bf16 ? TERN_DT_Q : TERN_DT_F32;
     tern_kv_layer kr = {pdt, nkv, d, bs, window, kh, vh, bt, max_blocks};
     tern_kv_layer kg = {pdt, nkv, d, bs, window, kd, vd, btd, max_blocks};
-    if (g_attn_bf16) kr.kf.kind = kr.vf.kind = kg.kf.kind = kg.vf.kind = TERN_KV_BF16;
+    if (g_attn_bf16) kr.kf.kind = kr.vf.kind = kg.kf.kind = kg.vf.kind = g_attn_bf16 == 2 ? TERN_KV_F16 : TERN_KV_BF16;
     /* fill each slot's cache through kv_write */
     float *lk = NULL, *lv = NULL; /* g_attn_late: slot 0's last key, written just before the attention */
     for (int s = 0; s < nslots; s++) {
@@ -67,6 +69,9 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
             for (int b = 0; b < max_blocks; b++)
                 if ((b + 1) * bs - 1 < minq - window + 1) bt[s * max_blocks + b] = -1;
         }
+    if (g_attn_hole)
+        for (int s = 0; s < nslots; s++)
+            if ((lens[s] + bs - 1) / bs >= 3) bt[s * max_blocks + 1] = -1;
     g_gpu->vt->upload(g_gpu, btd, bt, (size_t)nslots * max_blocks * sizeof *bt);
     size_t qn = (size_t)n * nh * d;
     float *q = rnd(qn, 1.0f), *or_ = malloc(qn * sizeof *or_);
@@ -208,6 +213,46 @@ TEST(cuda_attention_decode_1p) {
         }
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_1p = keep_1p;
+    g_attn_bf16 = keep_bf;
+}
+
+/* attn_decode_tc.cu (TERN_CUDA_AD_TC; forced here for any plan): one decode row per slot within 1e-5 of the
+ * CPU (its hi/lo split of q and p keeps near-f32 sums: the Python emulation of its fragments gives ~3e-6 over
+ * BF16 pages, ~2e-7 over F16), BF16 and F16 pages, head dims 64 / 128 / 256, 1..8 heads per KV head, sliding
+ * windows, softcaps, a block not resident inside the visible keys, lengths of 1, 2, 3, multiples of the
+ * 16-key chunk and not, keys past every warp's first chunk and past one record tile (1024 keys); the D 128
+ * cases also with 2 ring stages (TERN_CUDA_AD_TC_ST=2) */
+TEST(cuda_attention_decode_tc) {
+    extern unsigned long long tern__cuda_attn_decode_tc_calls;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_tc, tern__cuda_ad_tc_st;
+    static const struct { int nh, nkv, d, window; float cap; int bs, hole; int lens[3]; } C[] = {
+        {8, 2, 128, 0, 0.0f, 16, 0, {300, 37, 129}}, {8, 8, 64, 0, 0.0f, 32, 1, {129, 500, 3}},
+        {16, 4, 128, 100, 0.0f, 16, 0, {400, 250, 90}}, {4, 1, 256, 24, 50.0f, 16, 0, {200, 90, 10}},
+        {4, 2, 64, 0, 0.0f, 8, 1, {1000, 1, 77}}, {32, 4, 128, 0, 0.0f, 16, 1, {170, 17, 2}},
+        {12, 4, 128, 0, 30.0f, 16, 0, {1100, 33, 1}}, {10, 2, 256, 40, 0.0f, 8, 1, {300, 64, 5}},
+        {12, 2, 64, 0, 0.0f, 16, 1, {48, 200, 16}}, {7, 1, 256, 0, 0.0f, 16, 1, {95, 31, 160}},
+    };
+    const int keep = tern__cuda_ad_mode, keep_tc = tern__cuda_ad_tc, keep_st = tern__cuda_ad_tc_st, keep_bf = g_attn_bf16;
+    tern__cuda_ad_mode = 1;
+    tern__cuda_ad_tc = 2;
+    for (int st = 0; st <= 2; st += 2) /* the default rings, then D 128 with 2 stages (TERN_CUDA_AD_TC_ST=2) */
+        for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
+            for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
+                if (st && C[c].d != 128) continue;
+                const unsigned long long calls = tern__cuda_attn_decode_tc_calls;
+                tern__cuda_ad_tc_st = st;
+                g_attn_bf16 = pg;
+                g_attn_hole = C[c].hole;
+                const double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens, 0, 1);
+                g_attn_hole = 0;
+                printf("  err attention decode tc case %zu %s st %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", st, rel);
+                CHECK(rel <= 1e-5, "case %zu pages %d st %d: rel %.2e", c, pg, st, rel);
+                CHECK(tern__cuda_attn_decode_tc_calls > calls, "case %zu pages %d st %d: the tensor-core kernel did not run",
+                      c, pg, st);
+            }
+    tern__cuda_ad_mode = keep;
+    tern__cuda_ad_tc = keep_tc;
+    tern__cuda_ad_tc_st = keep_st;
     g_attn_bf16 = keep_bf;
 }
 
@@ -432,6 +477,9 @@ static double attn_span_case(tern_kv_fmt kf, tern_kv_fmt vf, int nh, int nkv, in
             for (int b = 0; b < max_blocks; b++)
                 if ((b + 1) * bs - 1 < first) bt[s * max_blocks + b] = -1;
         }
+    if (g_attn_hole)
+        for (int s = 0; s < nslots; s++)
+            if ((lens[s] + bs - 1) / bs >= 3) bt[s * max_blocks + 1] = -1;
     g_gpu->vt->upload(g_gpu, btd, bt, (size_t)nslots * max_blocks * sizeof *bt);
     size_t qn = (size_t)n * nh * d;
     float *q = rnd(qn, 1.0f), *or_ = malloc(qn * sizeof *or_);

@@ -165,12 +165,14 @@ static double q4_fused_rel(tern_backend *g, int n, int gs) {
 }
 
 TEST(cuda_qgemm_q4) {
-    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr;
+    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg;
     extern unsigned long long tern__cuda_qg4_calls;
     tern_backend *g = g_gpu16;
     if (!g) { SKIP("cuda_qgemm_q4", "no bf16-mode backend"); return; }
     const int keep = tern__cuda_qg4_on, keep_xr = tern__cuda_gemv_xr, keep_split = tern__cuda_bf16_split;
+    const int keep_wg = tern__cuda_qg4_wg;
     tern__cuda_qg4_on = 1;
+    tern__cuda_qg4_wg = 0; /* the mma.sync kernel at every n (cuda_qgemm_q4_wg tests the wgmma one) */
     tern__cuda_gemv_xr = 0; /* n = 2..8 here too */
     tern__cuda_bf16_split = 0;
     static const int gss[] = {64, 32, 128};
@@ -215,6 +217,7 @@ TEST(cuda_qgemm_q4) {
             }
         tern__cuda_qg4_st = keep_st;
     }
+    tern__cuda_qg4_wg = keep_wg;
     tern__cuda_qg4_on = keep;
     tern__cuda_gemv_xr = keep_xr;
     tern__cuda_bf16_split = keep_split;

@@ -117,6 +117,17 @@ static int ad_1p(void) {
     return tern__cuda_ad_1p;
 }
 
+/* TERN_CUDA_AD_TC (default 1 since session 16; 0 off): the same launches as AD_1P (tried first: (row, kv head)
+ * pairs filling two blocks per SM) on attn_decode_tc.cu's tensor-core kernel (BF16 / F16 pages, D 64 / 128 /
+ * 256); 2 (tests) any launch. H200 (NOTES (y)): 41.8 → 22.0 µs a layer at 64 llama3-8b sequences; decode at 64
+ * q4 10026 → 11256, bf16 8678 → 9807 tok/s. -1 until read */
+extern "C" int tern__cuda_ad_tc;
+int tern__cuda_ad_tc = -1;
+static int ad_tc(void) {
+    if (tern__cuda_ad_tc < 0) tern__cuda_ad_tc = tern__cuda_env_int("TERN_CUDA_AD_TC", 1);
+    return tern__cuda_ad_tc;
+}
+
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -441,6 +452,7 @@ extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
     ad_attr<__half, false>(lim);
     ad_attr<__nv_bfloat16, true>(lim);
     cudaGetLastError();
+    tern__cuda_attn_decode_tc_init(c);
 }
 
 /* a.cl > 1: as a cluster of the a.cl splits; when that launch is refused (no room for the cluster), the
@@ -527,6 +539,10 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.splits = splits;
     a.scale = scale;
     a.softcap = softcap;
+    if (ad_tc() && hs == 1 && ((long)n * nkv >= 2L * c->n_sm || ad_tc() == 2) && tern__cuda_attn_decode_tc(c, a, kind)) {
+        tern__cuda_attn_decode_calls++;
+        return 1;
+    }
     if (ad_1p() && hs == 1 && ((long)n * nkv >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)) {
         tern__cuda_attn_decode_calls++;
         return 1;

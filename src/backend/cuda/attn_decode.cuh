@@ -2,7 +2,8 @@
  * attn_decode.cuh — what the decode-attention kernels share (attn_decode.cu's split kernel, attn_decode1p.cu's
  * one-pass kernel, which reads the launch fields up to the softcap and ignores the split plan): the launch
  * arguments, the K/V row registers and their loads, the merge weights over splits (or warps), and the
- * one-pass launcher attn_decode.cu dispatches to.
+ * one-pass and tensor-core launchers attn_decode.cu dispatches to (attn_decode_tc.cu reads the same
+ * launch fields as the one-pass kernel).
  */
 #ifndef TERN_CUDA_ATTN_DECODE_CUH
 #define TERN_CUDA_ATTN_DECODE_CUH
@@ -73,5 +74,11 @@ template <class ML, class PUT> __device__ __forceinline__ float ad_split_weights
 /* attn_decode1p.cu: a's rows over pages of `kind` (TERN_KV_F32 / BF16 / F16), a block per (row, kv head),
  * one pass per warp (TERN_CUDA_AD_1P, opt-in): 1 when it ran, 0 when the shape is not served */
 int tern__cuda_attn_decode_1p(tern__cuda *c, const AdArgs &a, int kind);
+
+/* attn_decode_tc.cu: the same launches on tensor cores (TERN_CUDA_AD_TC, opt-in, tried before 1P): BF16 /
+ * F16 pages, D 64 / 128 / 256, G <= 8; 1 when it ran, 0 when not served. _init: at open, the kernels'
+ * shared-memory attributes (tern__cuda_attn_decode_init) */
+int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind);
+void tern__cuda_attn_decode_tc_init(tern__cuda *c);
 
 #endif

@@ -2,8 +2,9 @@
  * mma.cuh — the sm_80+ tensor-core building blocks the tiled kernels share: shared-memory
  * addresses, ldmatrix (plain and transposed), 16-byte cp.async with zero fill, its group
  * commit/wait (and "memory"-ordered variants for lane-private rings), and mma.sync m16n8k16 bf16 -> f32
- * (accumulating, or from zero). Users: sgemm.cu, attn_prefill.cu; the ordered copies gemv_mma.cu's load
- * probes. (qgemm_frag.cuh keeps its own non-volatile mma16816: qgemm/moe_gemm were timed so.)
+ * (accumulating, or from zero; the same over f16). Users: sgemm.cu, attn_prefill.cu, attn_decode_tc.cu;
+ * the ordered copies gemv_mma.cu's load probes. (qgemm_frag.cuh keeps its own non-volatile mma16816:
+ * qgemm/moe_gemm were timed so.)
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): lane = 4·g + t. A (16x16, row): a0 = (row g,
  * k 2t..2t+1), a1 = (row g+8, same k), a2 = (row g, k 2t+8..), a3 = (row g+8, k 2t+8..) — what
@@ -62,6 +63,20 @@ __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b
 /* d = a · b (accumulators start from zero) */
 __device__ __forceinline__ void mma_bf16_z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+/* the same over f16 operands (F16 KV pages: attn_decode_tc.cu) */
+__device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16_z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%10,%10,%10,%10};\n"
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));

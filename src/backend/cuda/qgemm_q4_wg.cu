@@ -1,7 +1,9 @@
 /*
  * qgemm_q4_wg.cu — qgemm_q4.cu's Q4 (BF16 scales) times 32- or 64-row column tiles, with the products on
  * Hopper's warpgroup MMA (wgmma, sm_90a only: this file is built for sm_90a alone and the launcher reports
- * "not available" elsewhere). TERN_CUDA_QG4_WG=1 turns it on (opt-in until an H200 A/B times it).
+ * "not available" elsewhere). Default on (TERN_CUDA_QG4_WG=0: qgemm_q4.cu's kernel). H200, session 16
+ * (bench/NOTES.md (y)): 14336x4096 at 64 / 128 rows 45.2 / 80.7 → 38.5 / 66.6 µs; llama3-8b q4 decode at 32 / 64 /
+ * 128 sequences 6053 / 8691 / 9166 → 6252 / 9836 / 10763 tok/s, with the pair form 10010 / 10845 at 64 / 128.
  *
  * Why: at 64 rows qgemm_q4.cu's kernel runs 45 µs on 14336x4096 (0.29 of its floor; ncu: issue 35 % busy,
  * 8.9 cycles per issued instruction, L1/TEX 68 %). Per 128-input tile each of its warps reads the whole x tile
@@ -35,8 +37,8 @@
 #define QW_ST 4
 
 extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
-int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 0); tests set it */
-int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 0); tests set it */
+int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
+int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
 extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0;
@@ -188,8 +190,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
             const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
             const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
             uint32_t af[8][4];
-#pragma unroll
-            for (int sp = 0; sp < 4; sp++) {
+            auto decode = [&](int sp) { /* k-steps 2sp, 2sp + 1 from word sp of the lane's two rows */
                 const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
                 const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
 #pragma unroll
@@ -199,9 +200,12 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
                     af[2 * sp + h][2] = q4_deq(w0, 2 * h + 1, sa, ba);
                     af[2 * sp + h][3] = q4_deq(w1, 2 * h + 1, sb, bb);
                 }
-            }
+            };
+#pragma unroll
+            for (int sp = 0; sp < 4; sp++) decode(sp);
             const uint32_t xs = mma_smem_u32(st);
-            qw_fence();
+            qw_fence(); /* one commit group per tile: two (the second half's decode overlapping the first half's
+                         * wgmmas) lost on the H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
 #pragma unroll
             for (int j = 0; j < 8; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + (j >> 2) * XH + (j & 3) * 32));
             qw_commit();
@@ -255,13 +259,13 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 template <int NT> static size_t qw_smem() { return (size_t)QW_ST * QwGeo<NT>::STG + 1024; }
 
 static bool qw_on(void) {
-    if (tern__cuda_qg4_wg < 0) tern__cuda_qg4_wg = tern__cuda_env_int("TERN_CUDA_QG4_WG", 0) != 0;
+    if (tern__cuda_qg4_wg < 0) tern__cuda_qg4_wg = tern__cuda_env_int("TERN_CUDA_QG4_WG", 1) != 0;
     return tern__cuda_qg4_wg && tern__cuda_qg4w_ok;
 }
 
 /* qgemm_q4.cuh */
 bool tern__cuda_qg4w_pair(int in) {
-    if (tern__cuda_qg4_wgpair < 0) tern__cuda_qg4_wgpair = tern__cuda_env_int("TERN_CUDA_QG4_WGPAIR", 0) != 0;
+    if (tern__cuda_qg4_wgpair < 0) tern__cuda_qg4_wgpair = tern__cuda_env_int("TERN_CUDA_QG4_WGPAIR", 1) != 0;
     return qw_on() && tern__cuda_qg4_wgpair && in % QG_KB == 0;
 }
 

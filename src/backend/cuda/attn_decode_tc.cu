@@ -1,0 +1,332 @@
+/*
+ * attn_decode_tc.cu — decode attention for batch decode on tensor cores: a block per (kv head g, row r),
+ * one pass, K/V chunks through per-warp cp.async rings, Q·K^T and P·V as mma.sync m16n8k16.
+ * TERN_CUDA_AD_TC (default on since session 16; tried before TERN_CUDA_AD_1P). Written without a GPU, correct
+ * on its first H200 run (op test ≤ 2.9e-6); 41.8 → 22.0 µs a layer at 64 llama3-8b sequences (ncu), decode at
+ * 64 sequences q4 10026 → 11256, bf16 8678 → 9807 tok/s (bench/NOTES.md (y)).
+ *
+ * Why: on an H200 (ncu, llama3-8b: 32 q heads, 8 kv heads, D 128, BF16 pages, 64 rows of ~170 keys)
+ * attn_decode.cu and attn_decode1p.cu both take 41–44 µs a layer for ~39 MB of K/V (0.9 TB/s; the copy
+ * rate, ~4 TB/s, would be ~11 µs): both are instruction-latency bound, every key a dot product on CUDA
+ * cores summed over 16 lanes with shuffles. Here the arithmetic is a few mmas per 16 keys and the loads
+ * are 16-byte cp.async with S stages of every warp in flight (D 128: 4 warps × 3 stages of 8.5 KB, two
+ * blocks per SM: up to ~136 KB of K/V requested per SM while the current chunks are used;
+ * TERN_CUDA_AD_TC_ST=2: 2 stages, three blocks per SM, for the A/B).
+ *
+ * Layout (mma.cuh's fragments; lane = 4·gq + tq). M = 16 rows: row h < 8 holds hi(q_h), row 8 + h holds
+ * lo(q_h) = round(q_h − hi(q_h)) (the half type of the pages; heads h >= G zero), so ONE mma gives both
+ * halves and a lane's C fragment holds head gq's hi part in c0/c1 and its lo part in c2/c3: the score of
+ * key 2tq (+1) of an 8-key n-tile is c0 + c2 (c1 + c3), near-f32 (products exact, f32 sums) with no
+ * doubled mmas and no shuffles. K rows [key][d] are the "col" B operand (ldmatrix over the tile); a
+ * chunk is 16 keys = two n-tiles, so the lane's 4 scores (keys 2tq, 2tq+1, 8+2tq, 9+2tq of head gq) are
+ * exactly what the A fragment of the 16×16 P tile needs: a0 = hi(p) keys 2tq..+1, a1 = lo(p) (row
+ * gq + 8), a2/a3 the same for keys 8+2tq..; V [key][d] gives B by ldmatrix .trans. O is D/8 n-tiles of C
+ * fragments: head gq's output at d = 8n + 2tq (+1) is c0 + c2 (c1 + c3). Online softmax per warp: a
+ * head's chunk maximum over its 4 lanes (xor 1, 2), the lane's partial sum l and the O fragments
+ * rescaled per chunk, l summed over the 4 lanes at the end. D 256 keeps Q's fragments in shared memory
+ * (registers: O alone is 128), D 64/128 in registers.
+ *
+ * Walk: keys in tiles of TC_KEYS (records staged in shared memory, as attn_decode1p.cu); chunk c of a
+ * tile belongs to warp c % W, which keeps S chunks in its own ring (warp-level sync only). Keys past
+ * the tile, past the row, or of blocks not resident (block table < 0) are zero-filled rows (cp.async
+ * with no source bytes) scored −inf. At the end the W warps' (M, L, O) merge in shared memory in warp
+ * order (ad_split_weights), as attn_decode1p.cu. A row's arithmetic does not depend on the other rows.
+ * Served: BF16 / F16 pages, D 64 / 128 / 256, G <= 8, any length, windows, softcap; others return 0.
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attn_decode.cuh"
+#include "backend/cuda/mma.cuh"
+
+#define TC_CK 16     /* keys per chunk (one k-step of P·V) */
+#define TC_KEYS 1024 /* block-table records staged per tile of keys */
+
+extern "C" unsigned long long tern__cuda_attn_decode_tc_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_attn_decode_tc_calls = 0;
+
+/* the ring stages per warp built by default: D 64 4, D 128 3 (TERN_CUDA_AD_TC_ST=2: 2), D 256 2 */
+constexpr int tc_stages(int D) { return D == 64 ? 4 : D == 128 ? 3 : 2; }
+
+/* W warps, S ring stages per warp; rows padded by 8 elements (ldmatrix without bank conflicts); the
+ * dynamic shared memory: the rings (reused by the merge), Q's fragments (D 256), the records; B: blocks
+ * per SM that fit the H200's 228 KB (1 KB reserved per block, ~0.5 KB static) */
+template <int D, int S_> struct TcShape {
+    static constexpr int W = D == 256 ? 3 : 4, S = S_;
+    static constexpr bool QS = D > 128;
+    static constexpr int RS = D + 8, TILE = TC_CK * RS; /* a K or V tile: elements */
+    static constexpr int RD = D + 4;                    /* the merge's row stride (floats) */
+    static constexpr size_t RING = (size_t)W * S * 2 * TILE * 2, QB = QS ? 16 * RS * 2 : 0;
+    static constexpr size_t SMEM = RING + QB + TC_KEYS * 4;
+    static constexpr int B = (int)((228u << 10) / (SMEM + 1536)) < 1 ? 1 : (int)((228u << 10) / (SMEM + 1536));
+    static_assert((size_t)W * 8 * RD * 4 <= RING, "merge region");
+    static_assert(S >= 2, "ring");
+};
+
+template <typename T> struct TcH;
+template <> struct TcH<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float x, float y) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        return *(const uint32_t *)&h;
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t u) {
+        return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+    }
+    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_bf16(c, a, b0, b1); }
+    static __device__ __forceinline__ void mma_z(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_bf16_z(c, a, b0, b1); }
+};
+template <> struct TcH<__half> {
+    static __device__ __forceinline__ uint32_t pack(float x, float y) {
+        const __half2 h = __floats2half2_rn(x, y);
+        return *(const uint32_t *)&h;
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t u) { return __half22float2(*(const __half2 *)&u); }
+    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_f16(c, a, b0, b1); }
+    static __device__ __forceinline__ void mma_z(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_f16_z(c, a, b0, b1); }
+};
+
+/* (x, y) as a pair of halves hi and the pair of what is left, lo = round((x, y) − hi) */
+template <typename T> __device__ __forceinline__ void tc_split(float x, float y, uint32_t &hi, uint32_t &lo) {
+    hi = TcH<T>::pack(x, y);
+    const float2 h = TcH<T>::unpack(hi);
+    lo = TcH<T>::pack(x - h.x, y - h.y);
+}
+
+/* the warp's own ring: copies, commit and wait ordered against its shared-memory reads ("memory") */
+__device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+
+template <typename T, int D, int S_>
+__global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) attn_dec_tc_kernel(AdArgs a) {
+    using SH = TcShape<D, S_>;
+    constexpr int W = SH::W, S = SH::S, RS = SH::RS, TILE = SH::TILE, RD = SH::RD;
+    constexpr int NK = D / 16, NT = D / 8;                 /* k-steps of Q·K^T, n-tiles of O */
+    constexpr int CPR = D / 8, KPI = 32 / CPR, NI = TC_CK / KPI; /* a copy round: KPI rows of CPR 16-byte pieces */
+    extern __shared__ __align__(16) unsigned char tc_smem[];
+    int *recs = (int *)(tc_smem + SH::RING + SH::QB);
+    __shared__ float wm[W][8], wl[W][8], cw[W][8], sl[8];
+    pdl_start();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int g = blockIdx.x, r = blockIdx.y, G = a.G;
+    const size_t head0 = (size_t)g * G;
+    const int pos = a.pos[r];
+    const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+    const int nk = pos >= 0 ? pos - lo + 1 : 0;
+    const float *qrow = a.q + ((size_t)r * a.nh + head0) * D;
+
+    /* Q: registers (D <= 128: qf[kk] is the A fragment of k-step kk) or rows hi 0..7 / lo 8..15 in
+     * shared memory (D 256), read by ldmatrix after the first tile's barrier */
+    uint32_t qf[SH::QS ? 1 : NK][4];
+    const uint32_t qs = mma_smem_u32(tc_smem + SH::RING);
+    if constexpr (!SH::QS) {
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+            if (gq < G) {
+                x0 = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 2 * tq));
+                x1 = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 8 + 2 * tq));
+            }
+            tc_split<T>(x0.x, x0.y, qf[kk][0], qf[kk][1]);
+            tc_split<T>(x1.x, x1.y, qf[kk][2], qf[kk][3]);
+        }
+    } else {
+        uint32_t *qw = (uint32_t *)(tc_smem + SH::RING);
+        for (int i = threadIdx.x; i < 8 * (D / 2); i += blockDim.x) {
+            const int h = i / (D / 2), e = i % (D / 2) * 2;
+            const float2 x = h < G ? __ldg((const float2 *)(qrow + (size_t)h * D + e)) : make_float2(0.0f, 0.0f);
+            uint32_t hi, lw;
+            tc_split<T>(x.x, x.y, hi, lw);
+            qw[(h * RS + e) / 2] = hi;
+            qw[((8 + h) * RS + e) / 2] = lw;
+        }
+    }
+
+    float o[NT][4], m = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    const size_t kvs = (size_t)a.nkv * D;
+    const T *kb = (const T *)a.kp + (size_t)g * D, *vb = (const T *)a.vp + (size_t)g * D;
+    const uint32_t ring = mma_smem_u32(tc_smem) + (uint32_t)(warp * S * 2 * TILE * 2);
+    const int ck = lane / CPR, cc = lane % CPR; /* this lane's row of a copy round and its 16-byte piece */
+    /* ldmatrix row addresses (bytes within a tile): K (B, plain): matrices (keys 0-7 | 8-15) × (d 0-7 |
+     * 8-15) in the order b0, b1 of n-tile 0, b0, b1 of n-tile 1; V (B, .trans): (keys 0-7 | 8-15) × d 0-7,
+     * then × d 8-15: b0, b1 of d-tile 2np, then of 2np + 1; Q (A): rows 0-15 at k 0, then at k 8 */
+    const uint32_t ka = (uint32_t)((((lane >> 4) << 3) + (lane & 7)) * RS + ((lane >> 3) & 1) * 8) * 2;
+    const uint32_t va = (uint32_t)(((((lane >> 3) & 1) << 3) + (lane & 7)) * RS + (lane >> 4) * 8) * 2;
+    const uint32_t qa = (uint32_t)((lane & 15) * RS + (lane >> 4) * 8) * 2;
+    const float scale = a.scale, cap = a.softcap;
+    const int32_t *btrow = a.bt + (size_t)a.slot[r] * a.max_blocks;
+    for (int t0 = 0; t0 < nk; t0 += TC_KEYS) {
+        const int tn = min(TC_KEYS, nk - t0);
+        __syncthreads(); /* the previous tile's records are no longer read */
+        for (int i = threadIdx.x; i < tn; i += blockDim.x) {
+            const int k = lo + t0 + i, bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
+            recs[i] = blk < 0 ? -1 : blk * a.bs + k % a.bs;
+        }
+        __syncthreads();
+        const int nch = (tn + TC_CK - 1) / TC_CK;
+        const int nj = warp < nch ? (nch - warp + W - 1) / W : 0; /* this warp's chunks warp, warp + W, ... */
+        /* the warp's j-th chunk into stage j % S (one commit group per j, empty past nj) */
+        auto issue = [&](int j) {
+            if (j < nj) {
+                const int c0 = (warp + j * W) * TC_CK;
+                const uint32_t st = ring + (uint32_t)(j % S * 2 * TILE * 2);
+#pragma unroll
+                for (int i = 0; i < NI; i++) {
+                    const int key = i * KPI + ck, idx = c0 + key;
+                    const int rec = idx < tn ? recs[idx] : -1;
+                    const size_t off = rec >= 0 ? (size_t)rec * kvs + cc * 8 : 0;
+                    const uint32_t d = st + (uint32_t)((key * RS + cc * 8) * 2);
+                    tc_cp16(d, kb + off, rec >= 0);
+                    tc_cp16(d + TILE * 2, vb + off, rec >= 0);
+                }
+            }
+            mma_cp_commit_ord();
+        };
+#pragma unroll
+        for (int j = 0; j < S - 1; j++) issue(j);
+        for (int j = 0; j < nj; j++) { /* warp-uniform bounds (mma, shuffles) */
+            issue(j + S - 1);
+            mma_cp_wait_ord<S - 1>(); /* this lane's copies of chunk j have landed */
+            __syncwarp();             /* ... and every lane's */
+            const uint32_t sk = ring + (uint32_t)(j % S * 2 * TILE * 2), sv = sk + TILE * 2;
+            /* S = Q·K^T: two 8-key n-tiles, even and odd k-steps in separate accumulators */
+            float sc[2][2][4];
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++) {
+                uint32_t b[4], qt[4];
+                mma_ldsm_x4(b, sk + ka + kk * 32);
+                const uint32_t *af = qt;
+                if constexpr (SH::QS) mma_ldsm_x4(qt, qs + qa + kk * 32);
+                else af = qf[kk];
+                if (kk < 2) {
+                    TcH<T>::mma_z(sc[kk & 1][0], af, b[0], b[1]);
+                    TcH<T>::mma_z(sc[kk & 1][1], af, b[2], b[3]);
+                } else {
+                    TcH<T>::mma(sc[kk & 1][0], af, b[0], b[1]);
+                    TcH<T>::mma(sc[kk & 1][1], af, b[2], b[3]);
+                }
+            }
+            /* head gq's scores of keys 8·(e >> 1) + 2tq + (e & 1): hi (c0, c1) + lo (c2, c3) */
+            float s[4], p[4];
+            const int cbase = (warp + j * W) * TC_CK;
+            float cm = -INFINITY;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int nt = e >> 1, ci = e & 1, idx = cbase + nt * 8 + 2 * tq + ci;
+                const float hi = sc[0][nt][ci] + sc[1][nt][ci], lw = sc[0][nt][2 + ci] + sc[1][nt][2 + ci];
+                float v = (hi + lw) * scale;
+                if (cap > 0.0f) v = cap * tanhf(v / cap);
+                s[e] = idx < tn && recs[idx] >= 0 ? v : -INFINITY;
+                cm = fmaxf(cm, s[e]);
+            }
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
+            const float mn = fmaxf(m, cm);
+            const float f = m == -INFINITY ? 0.0f : expf(m - mn); /* mn = -inf: nothing visible yet, all 0 */
+            m = mn;
+            float ps = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                p[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - mn);
+                ps += p[e];
+            }
+            l = l * f + ps;
+            uint32_t pa[4]; /* the A fragment of P: hi keys 2tq.., lo (row gq + 8), hi keys 8 + 2tq.., lo */
+            tc_split<T>(p[0], p[1], pa[0], pa[1]);
+            tc_split<T>(p[2], p[3], pa[2], pa[3]);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                o[n][0] *= f; o[n][1] *= f; o[n][2] *= f; o[n][3] *= f;
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                mma_ldsm_x4_t(b, sv + va + np * 32);
+                TcH<T>::mma(o[2 * np], pa, b[0], b[1]);
+                TcH<T>::mma(o[2 * np + 1], pa, b[2], b[3]);
+            }
+            __syncwarp(); /* every lane's reads of stage j % S are done before issue(j + S) refills it */
+        }
+    }
+    /* the head's sum over its 4 lanes; then the warps' (M, L, O) merge in warp order */
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    __syncthreads(); /* every warp is done with its ring: it becomes the merge region [W][8][RD] */
+    float *red = (float *)tc_smem;
+    if (gq < G) {
+        float *rp = red + (warp * 8 + gq) * RD + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < NT; n++) *(float2 *)(rp + n * 8) = make_float2(o[n][0] + o[n][2], o[n][1] + o[n][3]);
+        if (tq == 0) { wm[warp][gq] = m; wl[warp][gq] = l; }
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+        const int h = threadIdx.x;
+        sl[h] = ad_split_weights([&](int w) { return make_float2(wm[w][h], wl[w][h]); },
+                                 [&](int w, float c) { cw[w][h] = c; }, W);
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, i = idx % D;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; w++) v += red[(w * 8 + h) * RD + i] * cw[w][h];
+        a.out[((size_t)r * a.nh + head0 + h) * D + i] = sl[h] > 0.0f ? v / sl[h] : 0.0f;
+    }
+}
+
+template <typename T, int D, int S> static void tc_attr(void) {
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)TcShape<D, S>::SMEM);
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         (int)cudaSharedmemCarveoutMaxShared);
+}
+
+/* TERN_CUDA_AD_TC_ST=2: D 128 with 2 ring stages per warp (3 blocks per SM, 12 warps) instead of 3 (2 blocks,
+ * 8 warps); 0 (default) the built-in stages. -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_tc_st;
+int tern__cuda_ad_tc_st = -1;
+static int tc_st(void) {
+    if (tern__cuda_ad_tc_st < 0) tern__cuda_ad_tc_st = tern__cuda_env_int("TERN_CUDA_AD_TC_ST", 0);
+    return tern__cuda_ad_tc_st;
+}
+
+/* attn_decode.cuh: at open (tern__cuda_attn_decode_init), the instances' shared-memory attributes */
+void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
+    (void)c;
+    tc_attr<__nv_bfloat16, 64, tc_stages(64)>(); tc_attr<__nv_bfloat16, 128, tc_stages(128)>();
+    tc_attr<__nv_bfloat16, 128, 2>(); tc_attr<__nv_bfloat16, 256, tc_stages(256)>();
+    tc_attr<__half, 64, tc_stages(64)>(); tc_attr<__half, 128, tc_stages(128)>();
+    tc_attr<__half, 128, 2>(); tc_attr<__half, 256, tc_stages(256)>();
+    cudaGetLastError();
+}
+
+template <typename T, int D, int S> static void tc_launch(tern__cuda *c, dim3 grid, const AdArgs &a) {
+    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S>, grid, 32 * TcShape<D, S>::W, TcShape<D, S>::SMEM, a);
+}
+template <typename T> static void tc_go(tern__cuda *c, dim3 grid, bool st2, const AdArgs &a) {
+    if (a.D == 64) tc_launch<T, 64, tc_stages(64)>(c, grid, a);
+    else if (a.D == 128 && st2) tc_launch<T, 128, 2>(c, grid, a);
+    else if (a.D == 128) tc_launch<T, 128, tc_stages(128)>(c, grid, a);
+    else tc_launch<T, 256, tc_stages(256)>(c, grid, a);
+}
+
+/* attn_decode.cuh */
+int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind) {
+    if (kind != TERN_KV_BF16 && kind != TERN_KV_F16) return 0;
+    if (a.n <= 0 || a.n > 65535 || a.nkv <= 0 || a.nh % a.nkv || ((uintptr_t)a.q & 15)) return 0;
+    if (a.G < 1 || a.G > 8 || (a.D != 64 && a.D != 128 && a.D != 256)) return 0;
+    const bool st2 = tc_st() == 2;
+    const size_t smem = a.D == 64 ? TcShape<64, tc_stages(64)>::SMEM
+                        : a.D == 128 ? (st2 ? TcShape<128, 2>::SMEM : TcShape<128, tc_stages(128)>::SMEM)
+                                     : TcShape<256, tc_stages(256)>::SMEM;
+    if (smem > c->smem_optin) return 0;
+    cudaSetDevice(c->device);
+    const dim3 grid((unsigned)a.nkv, (unsigned)a.n);
+    if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st2, a);
+    else tc_go<__half>(c, grid, st2, a);
+    tern__cuda_check(c, "attention decode (tensor cores)");
+    tern__cuda_attn_decode_tc_calls++;
+    return 1;
+}
