@@ -14,8 +14,9 @@
 # 10 (TERN_CUDA_AD_ROPE) and 11 (TERN_MM_ONEWAVE) were written after session 13's last call and ran in session 14
 # (NOTES (w)): 7 won (AD_EARLY is the default), 11 kept its default; 8, 9 and 10 lost and were removed. 12
 # (TERN_CUDA_GEMV_XR) ran in session 15 and won (default on; NOTES (x)); 13 (TERN_CUDA_QG4) was written
-# in session 15 (ran there; its first call next session re-confirms the final kernel); 14 (TERN_CUDA_QG4_ST,
-# TERN_CUDA_AD_WANT) was written after session 15's last call. Keep this script
+# in session 15 (ran there); 14 (TERN_CUDA_QG4_ST, TERN_CUDA_AD_WANT, TERN_CUDA_AD_1P) was written after session
+# 15's last call and lost in session 16; 15 (TERN_CUDA_QG4_WG, WGPAIR) and 16 (TERN_CUDA_AD_TC) won in session 16
+# (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_FILL) was written after its last call. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -74,7 +75,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-15 16}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12 in session 15 (NOTES (x))
+SECTIONS="${AB_SECTIONS:-17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -231,6 +232,20 @@ if [[ " $SECTIONS " == *" 16 "* ]]; then
                 env $v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 32,64 \
                     --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/tc_conc.txt" 2>&1
                 say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/tc_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+            done
+        done
+    done
+fi
+
+# 17. TERN_CUDA_AD_TC_FILL=1 (attn_decode_tc.cu from (row, kv head) pairs >= 1 x SMs instead of 2: llama3-8b at
+#     17..32 sequences; written after session 16's last call): batch decode interleaved at 16 / 24 / 32
+if [[ " $SECTIONS " == *" 17 "* ]]; then
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for v in 2 1; do
+            for m in llama3-8b:q4 llama3-8b; do
+                TERN_CUDA_AD_TC_FILL=$v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 16,24,32 \
+                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/fill_conc.txt" 2>&1
+                say "concurrency $m AD_TC_FILL=$v rep $rep: $(grep '^csv,conc' "$OUT/fill_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
             done
         done
     done
