@@ -164,6 +164,28 @@ static double q4_fused_rel(tern_backend *g, int n, int gs) {
     return worst;
 }
 
+/* Q4 (g32 / g64 / g128) on five shapes at each n of ns against the bf16-rounded reference: within 1e-5, and the
+ * launch counter `calls` moved each time (`what` names the kernel in the messages) */
+static const int q4_gss[] = {64, 32, 128};
+static void q4_plain_sweep(tern_backend *g, const int *ns, size_t nn, const char *what,
+                           const unsigned long long *calls) {
+    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {128, 128}};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(q4_gss); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            hw h = make_w(TERN_DT_Q, 4, q4_gss[f], TERN_DT_BF16, 1, shapes[s][0], shapes[s][1], 0);
+            char nm[64];
+            fmt_name(&h.t, nm, sizeof nm);
+            for (size_t k = 0; k < nn; k++) {
+                const unsigned long long c0 = *calls;
+                const double rel = q4_plain_rel(g, &h, ns[k]);
+                printf("  err %-16s %dx%d n=%-3d %s %.2e\n", nm, shapes[s][0], shapes[s][1], ns[k], what, rel);
+                CHECK(rel <= 1e-5, "%s %dx%d n=%d: %s rel %.3e", nm, shapes[s][0], shapes[s][1], ns[k], what, rel);
+                CHECK(*calls > c0, "%s n=%d: %s did not run", nm, ns[k], what);
+            }
+            free_w(&h);
+        }
+}
+
 TEST(cuda_qgemm_q4) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg;
     extern unsigned long long tern__cuda_qg4_calls;
@@ -178,20 +200,7 @@ TEST(cuda_qgemm_q4) {
     static const int gss[] = {64, 32, 128};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {128, 128}};
     static const int ns[] = {2, 9, 16, 17, 33, 64, 65, 128};
-    for (size_t f = 0; f < TERN_ARRAY_LEN(gss); f++)
-        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
-            hw h = make_w(TERN_DT_Q, 4, gss[f], TERN_DT_BF16, 1, shapes[s][0], shapes[s][1], 0);
-            char nm[64];
-            fmt_name(&h.t, nm, sizeof nm);
-            for (size_t k = 0; k < TERN_ARRAY_LEN(ns); k++) {
-                const unsigned long long calls = tern__cuda_qg4_calls;
-                const double rel = q4_plain_rel(g, &h, ns[k]);
-                printf("  err %-16s %dx%d n=%-3d qg4 %.2e\n", nm, shapes[s][0], shapes[s][1], ns[k], rel);
-                CHECK(rel <= 1e-5, "%s %dx%d n=%d: qg4 rel %.3e", nm, shapes[s][0], shapes[s][1], ns[k], rel);
-                CHECK(tern__cuda_qg4_calls > calls, "%s n=%d: qgemm_q4 did not run", nm, ns[k]);
-            }
-            free_w(&h);
-        }
+    q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4", &tern__cuda_qg4_calls);
     for (size_t f = 0; f < TERN_ARRAY_LEN(gss) && g->vt->matmul_n; f++)
         for (int n = 5; n <= 64; n = n * 2 + 3) { /* 5, 13, 29, 61 */
             const unsigned long long calls = tern__cuda_qg4_calls;
@@ -237,34 +246,19 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_qg4_wg = 1;
     tern__cuda_gemv_xr = 0;
     tern__cuda_bf16_split = 0;
-    static const int gss[] = {64, 32, 128};
-    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {128, 128}};
     static const int ns[] = {17, 32, 33, 64, 65, 100, 128};
-    for (size_t f = 0; f < TERN_ARRAY_LEN(gss); f++)
-        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
-            hw h = make_w(TERN_DT_Q, 4, gss[f], TERN_DT_BF16, 1, shapes[s][0], shapes[s][1], 0);
-            char nm[64];
-            fmt_name(&h.t, nm, sizeof nm);
-            for (size_t k = 0; k < TERN_ARRAY_LEN(ns); k++) {
-                const unsigned long long calls = tern__cuda_qg4w_calls;
-                const double rel = q4_plain_rel(g, &h, ns[k]);
-                printf("  err %-16s %dx%d n=%-3d qg4 wgmma %.2e\n", nm, shapes[s][0], shapes[s][1], ns[k], rel);
-                CHECK(rel <= 1e-5, "%s %dx%d n=%d: qg4 wgmma rel %.3e", nm, shapes[s][0], shapes[s][1], ns[k], rel);
-                CHECK(tern__cuda_qg4w_calls > calls, "%s n=%d: the wgmma kernel did not run", nm, ns[k]);
-            }
-            free_w(&h);
-        }
+    q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4 wgmma", &tern__cuda_qg4w_calls);
     extern int tern__cuda_qg4_wgpair;
     const int keep_pair = tern__cuda_qg4_wgpair;
     for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
         tern__cuda_qg4_wgpair = pair;
-        for (size_t f = 0; f < TERN_ARRAY_LEN(gss) && g->vt->matmul_n; f++)
+        for (size_t f = 0; f < TERN_ARRAY_LEN(q4_gss) && g->vt->matmul_n; f++)
             for (int n = 29; n <= 128; n += 32) { /* 29, 61, 93, 125 */
                 const unsigned long long calls = tern__cuda_qg4w_calls;
-                const double rel = q4_fused_rel(g, n, gss[f]);
-                printf("  err qg4 wgmma fused g%d n=%d pair %d %.2e\n", gss[f], n, pair, rel);
-                CHECK(rel <= 1e-5, "qg4 wgmma fused g%d n=%d pair %d: rel %.3e", gss[f], n, pair, rel);
-                CHECK(tern__cuda_qg4w_calls >= calls + 4, "qg4 wgmma fused g%d n=%d: ran %llu of 4 fused ops", gss[f],
+                const double rel = q4_fused_rel(g, n, q4_gss[f]);
+                printf("  err qg4 wgmma fused g%d n=%d pair %d %.2e\n", q4_gss[f], n, pair, rel);
+                CHECK(rel <= 1e-5, "qg4 wgmma fused g%d n=%d pair %d: rel %.3e", q4_gss[f], n, pair, rel);
+                CHECK(tern__cuda_qg4w_calls >= calls + 4, "qg4 wgmma fused g%d n=%d: ran %llu of 4 fused ops", q4_gss[f],
                       n, tern__cuda_qg4w_calls - calls);
             }
     }

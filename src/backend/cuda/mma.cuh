@@ -52,34 +52,23 @@ template <int N> __device__ __forceinline__ void mma_cp_wait_ord() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* c[4] += a (16x16 bf16, row) · b (16x8 bf16, col), f32 accumulators */
-__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* d = a · b (accumulators start from zero) */
-__device__ __forceinline__ void mma_bf16_z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%10,%10,%10};\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
-
-/* the same over f16 operands (F16 KV pages: attn_decode_tc.cu) */
-__device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_f16_z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%10,%10,%10};\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
+/* mma_TY: c[4] += a (16x16 TY, row) · b (16x8 TY, col), f32 accumulators; mma_TY_z: d = a · b (from zero).
+ * TY = bf16, or f16 (F16 KV pages: attn_decode_tc.cu) */
+#define TERN_MMA_16816(TY)                                                                                          \
+    __device__ __forceinline__ void mma_##TY(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {              \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." #TY "." #TY ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "   \
+                     "{%8,%9}, {%0,%1,%2,%3};\n"                                                                   \
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                              \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                             \
+    }                                                                                                               \
+    __device__ __forceinline__ void mma_##TY##_z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {          \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." #TY "." #TY ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "   \
+                     "{%8,%9}, {%10,%10,%10,%10};\n"                                                               \
+                     : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                              \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));                   \
+    }
+TERN_MMA_16816(bf16)
+TERN_MMA_16816(f16)
+#undef TERN_MMA_16816
 
 #endif

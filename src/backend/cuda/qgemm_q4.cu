@@ -84,12 +84,7 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
 
     /* scales of tile kt for this lane's rows: (s | b << 16), row g and row g + 8 */
     uint32_t sbr[ST][2];
-    auto load_sb = [&](int kt, int u) {
-        const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-        const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rbw * a.ng + gc;
-        sbr[u][0] = (uint32_t)__ldg(Sc + ia) | (uint32_t)__ldg(Bi + ia) << 16;
-        sbr[u][1] = (uint32_t)__ldg(Sc + ib) | (uint32_t)__ldg(Bi + ib) << 16;
-    };
+    auto load_sb = [&](int kt, int u) { q4_sb(sbr[u], a, Sc, Bi, ra, rbw, kt0 + kt, t); };
     auto load_w = [&](int kt, int u) { /* 512 chunks: 2 per thread */
         uint4 *dst = sm + u * STG;
 #pragma unroll
@@ -116,58 +111,31 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
 #pragma unroll
     for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-    pdl_trigger();
+    q4_ring<ST, false>(nkt, load_w, load_x, load_sb, [&](int u) {
+        const uint4 *ws = sm + u * STG, *xs = ws + WCH;
+        const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
+        const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
+        const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
 #pragma unroll
-    for (int u = 0; u < ST - 1; u++)
-        if (u < nkt) { load_w(u, u); load_sb(u, u); }
-    pdl_wait(); /* x is the previous kernel's (q4_stage_x) */
+        for (int sp = 0; sp < 4; sp++) {
+            const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
+            const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
+            uint32_t a0[4], a1[4];
+            a0[0] = q4_deq(w0, 0, sa, ba); a0[1] = q4_deq(w1, 0, sb, bb);
+            a0[2] = q4_deq(w0, 1, sa, ba); a0[3] = q4_deq(w1, 1, sb, bb);
+            a1[0] = q4_deq(w0, 2, sa, ba); a1[1] = q4_deq(w1, 2, sb, bb);
+            a1[2] = q4_deq(w0, 3, sa, ba); a1[3] = q4_deq(w1, 3, sb, bb);
 #pragma unroll
-    for (int u = 0; u < ST - 1; u++) {
-        if (u < nkt) load_x(u, u);
-        mma_cp_commit();
-    }
-
-    for (int base = 0; base < nkt; base += ST) {
-#pragma unroll
-        for (int u = 0; u < ST; u++) {
-            const int kt = base + u; /* uniform over the block */
-            if (kt >= nkt) break;
-            mma_cp_wait<ST - 2>();
-            __syncthreads(); /* tile kt landed for all; all are done with tile kt - 1 (its slot is refilled) */
-            const int un = (u + ST - 1) % ST;
-            if (kt + ST - 1 < nkt) {
-                load_w(kt + ST - 1, un);
-                load_x(kt + ST - 1, un);
-                load_sb(kt + ST - 1, un);
-            }
-            mma_cp_commit();
-
-            const uint4 *ws = sm + u * STG, *xs = ws + WCH;
-            const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
-            const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
-            const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
-#pragma unroll
-            for (int sp = 0; sp < 4; sp++) {
-                const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
-                const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
-                uint32_t a0[4], a1[4];
-                a0[0] = q4_deq(w0, 0, sa, ba); a0[1] = q4_deq(w1, 0, sb, bb);
-                a0[2] = q4_deq(w0, 1, sa, ba); a0[3] = q4_deq(w1, 1, sb, bb);
-                a1[0] = q4_deq(w0, 2, sa, ba); a1[1] = q4_deq(w1, 2, sb, bb);
-                a1[2] = q4_deq(w0, 3, sa, ba); a1[3] = q4_deq(w1, 3, sb, bb);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const int r = nt * 8 + g;
-                    const uint4 h = xs[r * 16 + swz(4 * t + sp, r)];
-                    mma16816(acc[nt], a0, h.x, h.y);
-                    mma16816(acc[nt], a1, h.z, h.w);
-                }
+            for (int nt = 0; nt < NT; nt++) {
+                const int r = nt * 8 + g;
+                const uint4 h = xs[r * 16 + swz(4 * t + sp, r)];
+                mma16816(acc[nt], a0, h.x, h.y);
+                mma16816(acc[nt], a1, h.z, h.w);
             }
         }
-    }
-    mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
-
-    /* direct: y (y += for G1_RES); else this slice's partials */
+    });
+    /* direct: y (y += for G1_RES); else this slice's partials (qgemm_q4_wg.cu repeats these lines: a shared
+     * helper moved the registers of its timed pair-form kernel) */
     float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
     const bool add = a.direct && a.mode == G1_RES;
 #pragma unroll

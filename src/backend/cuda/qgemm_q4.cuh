@@ -1,13 +1,16 @@
 /*
  * qgemm_q4.cuh — what qgemm_q4.cu's mma.sync kernel and qgemm_q4_wg.cu's wgmma kernel share: the launch
- * arguments (up to three matrices sharing x, the split-K partials) and the two-codes-at-a-time decode of
- * MLX Q4 words into bf16 pairs (exact: see qgemm_q4.cu's top comment).
+ * arguments (up to three matrices sharing x, the split-K partials), the two-codes-at-a-time decode of MLX Q4
+ * words into bf16 pairs (exact: see qgemm_q4.cu's top comment), the scale loads and the cp.async ring's
+ * walk. Both kernels' cubins are byte-identical to the ones timed before these moved (session 16).
  */
 #ifndef TERN_CUDA_QGEMM_Q4_CUH
 #define TERN_CUDA_QGEMM_Q4_CUH
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/qgemm_frag.cuh"
 
 struct Q4Mat {
     const uint8_t *w;           /* packed codes, rb bytes per row */
@@ -36,6 +39,52 @@ __device__ __forceinline__ uint32_t q4_deq(uint32_t w, int i, __nv_bfloat162 sb2
 __device__ __forceinline__ __nv_bfloat162 q4_dup(uint32_t v, bool hi) {
     const uint32_t r = __byte_perm(v, 0, hi ? 0x3232 : 0x1010);
     return *(const __nv_bfloat162 *)&r;
+}
+
+/* a lane's scales and biases of K tile kt (absolute) for its rows ra and rb: (s | b << 16) each */
+__device__ __forceinline__ void q4_sb(uint32_t *d, const Q4Args &a, const uint16_t *Sc, const uint16_t *Bi, int ra,
+                                      int rb, int kt, int t) {
+    const int gc = (kt * QG_KB + 32 * t) >> a.gs_shift;
+    const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rb * a.ng + gc;
+    d[0] = (uint32_t)__ldg(Sc + ia) | (uint32_t)__ldg(Bi + ia) << 16;
+    d[1] = (uint32_t)__ldg(Sc + ib) | (uint32_t)__ldg(Bi + ib) << 16;
+}
+
+/* The ring both kernels walk over a block's nkt tiles in ST stages: the weights and scales of the first ST - 1
+ * tiles requested before pdl_wait (they do not depend on the previous kernel), then their x; per tile: wait for
+ * its copies (PROXY: fence.proxy.async, for wgmma's reads of cp.async data), barrier (tile kt landed for all,
+ * every warp is done with tile kt - 1), refill tile kt - 1's slot with tile kt + ST - 1, tile(u) on slot u. */
+template <int ST, bool PROXY, class LW, class LX, class LS, class TILE>
+__device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_sb, TILE tile) {
+    pdl_trigger();
+#pragma unroll
+    for (int u = 0; u < ST - 1; u++)
+        if (u < nkt) { load_w(u, u); load_sb(u, u); }
+    pdl_wait(); /* x is the previous kernel's (the staging kernel) */
+#pragma unroll
+    for (int u = 0; u < ST - 1; u++) {
+        if (u < nkt) load_x(u, u);
+        mma_cp_commit();
+    }
+    for (int base = 0; base < nkt; base += ST) {
+#pragma unroll
+        for (int u = 0; u < ST; u++) {
+            const int kt = base + u; /* uniform over the block */
+            if (kt >= nkt) break;
+            mma_cp_wait<ST - 2>();
+            if constexpr (PROXY) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+            const int un = (u + ST - 1) % ST;
+            if (kt + ST - 1 < nkt) {
+                load_w(kt + ST - 1, un);
+                load_x(kt + ST - 1, un);
+                load_sb(kt + ST - 1, un);
+            }
+            mma_cp_commit();
+            tile(u);
+        }
+    }
+    mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 }
 
 /* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8) or 32 (nt 4), x staged in its

@@ -123,12 +123,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     const int ra = min(wr + g, out - 1), rbw = min(wr + g + 8, out - 1);
 
     uint32_t sbr[QW_ST][2];
-    auto load_sb = [&](int kt, int u) {
-        const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-        const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rbw * a.ng + gc;
-        sbr[u][0] = (uint32_t)__ldg(Sc + ia) | (uint32_t)__ldg(Bi + ia) << 16;
-        sbr[u][1] = (uint32_t)__ldg(Sc + ib) | (uint32_t)__ldg(Bi + ib) << 16;
-    };
+    auto load_sb = [&](int kt, int u) { q4_sb(sbr[u], a, Sc, Bi, ra, rbw, kt0 + kt, t); };
     auto load_w = [&](int kt, int u) { /* 512 chunks: 2 per thread */
         uint8_t *dst = sm + u * STG + 2 * XH;
 #pragma unroll
@@ -157,62 +152,34 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #pragma unroll
     for (int i = 0; i < NT * 4; i++) acc[i] = 0.0f;
 
-    pdl_trigger();
+    q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, [&](int u) {
+        const uint8_t *st = sm + u * STG;
+        const uint4 *ws = (const uint4 *)(st + 2 * XH);
+        const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
+        const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
+        const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
+        uint32_t af[8][4];
+        auto decode = [&](int sp) { /* k-steps 2sp, 2sp + 1 from word sp of the lane's two rows */
+            const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
+            const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
 #pragma unroll
-    for (int u = 0; u < QW_ST - 1; u++)
-        if (u < nkt) { load_w(u, u); load_sb(u, u); }
-    pdl_wait(); /* x is the previous kernel's (q4w_stage_x) */
-#pragma unroll
-    for (int u = 0; u < QW_ST - 1; u++) {
-        if (u < nkt) load_x(u, u);
-        mma_cp_commit();
-    }
-
-    for (int base = 0; base < nkt; base += QW_ST) {
-#pragma unroll
-        for (int u = 0; u < QW_ST; u++) {
-            const int kt = base + u; /* uniform over the block */
-            if (kt >= nkt) break;
-            mma_cp_wait<QW_ST - 2>();
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            __syncthreads(); /* tile kt landed for all; every warpgroup waited for its wgmmas of tile kt - 1 */
-            const int un = (u + QW_ST - 1) % QW_ST;
-            if (kt + QW_ST - 1 < nkt) {
-                load_w(kt + QW_ST - 1, un);
-                load_x(kt + QW_ST - 1, un);
-                load_sb(kt + QW_ST - 1, un);
+            for (int h = 0; h < 2; h++) {
+                af[2 * sp + h][0] = q4_deq(w0, 2 * h, sa, ba);
+                af[2 * sp + h][1] = q4_deq(w1, 2 * h, sb, bb);
+                af[2 * sp + h][2] = q4_deq(w0, 2 * h + 1, sa, ba);
+                af[2 * sp + h][3] = q4_deq(w1, 2 * h + 1, sb, bb);
             }
-            mma_cp_commit();
-
-            const uint8_t *st = sm + u * STG;
-            const uint4 *ws = (const uint4 *)(st + 2 * XH);
-            const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
-            const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
-            const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
-            uint32_t af[8][4];
-            auto decode = [&](int sp) { /* k-steps 2sp, 2sp + 1 from word sp of the lane's two rows */
-                const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
-                const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
+        };
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    af[2 * sp + h][0] = q4_deq(w0, 2 * h, sa, ba);
-                    af[2 * sp + h][1] = q4_deq(w1, 2 * h, sb, bb);
-                    af[2 * sp + h][2] = q4_deq(w0, 2 * h + 1, sa, ba);
-                    af[2 * sp + h][3] = q4_deq(w1, 2 * h + 1, sb, bb);
-                }
-            };
+        for (int sp = 0; sp < 4; sp++) decode(sp);
+        const uint32_t xs = mma_smem_u32(st);
+        qw_fence(); /* one commit group per tile: two (the second half's decode overlapping the first half's
+                     * wgmmas) lost on the H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
 #pragma unroll
-            for (int sp = 0; sp < 4; sp++) decode(sp);
-            const uint32_t xs = mma_smem_u32(st);
-            qw_fence(); /* one commit group per tile: two (the second half's decode overlapping the first half's
-                         * wgmmas) lost on the H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
-#pragma unroll
-            for (int j = 0; j < 8; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + (j >> 2) * XH + (j & 3) * 32));
-            qw_commit();
-            qw_wait();
-        }
-    }
-    mma_cp_wait<0>();
+        for (int j = 0; j < 8; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + (j >> 2) * XH + (j & 3) * 32));
+        qw_commit();
+        qw_wait(); /* before the next tile's barrier: its refill overwrites this slot */
+    });
 
     if constexpr (PAIR) {
         if (a.direct) { /* up's accumulators through shared memory to the gate warps: y = act(gate)·up */
@@ -238,6 +205,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
             return;
         }
     }
+    /* qgemm_q4.cu's store (kept inline: a shared helper moved the registers of the timed pair-form kernel) */
     float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
     const bool add = a.direct && a.mode == G1_RES;
 #pragma unroll
