@@ -16,7 +16,7 @@
 # (TERN_CUDA_GEMV_XR) ran in session 15 and won (default on; NOTES (x)); 13 (TERN_CUDA_QG4) was written
 # in session 15 (ran there); 14 (TERN_CUDA_QG4_ST, TERN_CUDA_AD_WANT, TERN_CUDA_AD_1P) was written after session
 # 15's last call and lost in session 16; 15 (TERN_CUDA_QG4_WG, WGPAIR) and 16 (TERN_CUDA_AD_TC) won in session 16
-# (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_FILL) was written after its last call. Keep this script
+# (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) was written after its last call. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -237,15 +237,15 @@ if [[ " $SECTIONS " == *" 16 "* ]]; then
     done
 fi
 
-# 17. TERN_CUDA_AD_TC_FILL=1 (attn_decode_tc.cu from (row, kv head) pairs >= 1 x SMs instead of 2: llama3-8b at
-#     17..32 sequences; written after session 16's last call): batch decode interleaved at 16 / 24 / 32
+# 17. TERN_CUDA_AD_TC_MIN=N (attn_decode_tc.cu from N (row, kv head) pairs instead of 2 x SMs = 264: llama3-8b
+#     has 8 per sequence; written after session 16's last call): batch decode interleaved at 8 / 16 / 32
 if [[ " $SECTIONS " == *" 17 "* ]]; then
     for rep in $(seq "${AB_REPS:-2}"); do
-        for v in 2 1; do
+        for v in 0 128 64; do
             for m in llama3-8b:q4 llama3-8b; do
-                TERN_CUDA_AD_TC_FILL=$v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 16,24,32 \
-                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/fill_conc.txt" 2>&1
-                say "concurrency $m AD_TC_FILL=$v rep $rep: $(grep '^csv,conc' "$OUT/fill_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+                TERN_CUDA_AD_TC_MIN=$v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 8,16,32 \
+                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/tcmin_conc.txt" 2>&1
+                say "concurrency $m AD_TC_MIN=$v rep $rep: $(grep '^csv,conc' "$OUT/tcmin_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
             done
         done
     done

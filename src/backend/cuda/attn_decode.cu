@@ -127,16 +127,13 @@ static int ad_tc(void) {
     if (tern__cuda_ad_tc < 0) tern__cuda_ad_tc = tern__cuda_env_int("TERN_CUDA_AD_TC", 1);
     return tern__cuda_ad_tc;
 }
-/* TERN_CUDA_AD_TC_FILL=N (1..16, default 2): AD_TC takes launches of at least N·SMs (row, kv head) pairs (its
- * blocks hold 2 per SM at D 128). Host-side; written after session 16's last call for an A/B at 16-32 sequences
- * (llama3-8b at 32: 256 pairs stay on attn_decode.cu with the default) */
+/* TERN_CUDA_AD_TC_MIN=N (pairs; default 0 = 2 × SMs): AD_TC takes launches of at least N (row, kv head) pairs
+ * (its blocks hold 2 per SM at D 128). Host-side; written after session 16's last call for an A/B at 8-32
+ * sequences (llama3-8b at 32: 256 pairs stay on attn_decode.cu with the default) */
 static long ad_tc_pairs(const tern__cuda *c) {
     static int v = -1;
-    if (v < 0) {
-        v = tern__cuda_env_int("TERN_CUDA_AD_TC_FILL", 2);
-        v = v < 1 ? 1 : v > 16 ? 16 : v;
-    }
-    return (long)v * (c->n_sm > 0 ? c->n_sm : 132);
+    if (v < 0) v = tern__cuda_env_int("TERN_CUDA_AD_TC_MIN", 0);
+    return v > 0 ? v : 2L * (c->n_sm > 0 ? c->n_sm : 132);
 }
 
 static int ad_mode(void) {
