@@ -16,7 +16,7 @@
 # (TERN_CUDA_GEMV_XR) ran in session 15 and won (default on; NOTES (x)); 13 (TERN_CUDA_QG4) was written
 # in session 15 (ran there); 14 (TERN_CUDA_QG4_ST, TERN_CUDA_AD_WANT, TERN_CUDA_AD_1P) was written after session
 # 15's last call and lost in session 16; 15 (TERN_CUDA_QG4_WG, WGPAIR) and 16 (TERN_CUDA_AD_TC) won in session 16
-# (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) was written after its last call. Keep this script
+# (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) and 18 (TERN_CUDA_QG4_WS) were written after its last call. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -75,7 +75,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y))
+SECTIONS="${AB_SECTIONS:-18 17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -247,6 +247,27 @@ if [[ " $SECTIONS " == *" 17 "* ]]; then
                     --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/tcmin_conc.txt" 2>&1
                 say "concurrency $m AD_TC_MIN=$v rep $rep: $(grep '^csv,conc' "$OUT/tcmin_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
             done
+        done
+    done
+fi
+
+# 18. qgemm_q4_ws.cu (TERN_CUDA_QG4_WS=1: warp-specialized wgmma, a producer warpgroup decoding W into shared
+#     memory for two consumer warpgroups; written after session 16's last call): op test, µs at 64 / 128 rows,
+#     then batch decode interleaved (q4 at 64 / 128)
+if [[ " $SECTIONS " == *" 18 "* ]]; then
+    TERN_TEST_ONLY=cuda_qgemm_q4_ws timeout 120 build/test_cuda_ops > "$OUT/ws_ops.txt" 2>&1
+    say "qg4 ws op test: $(grep -c '^PASS' "$OUT/ws_ops.txt") passed, $(grep -c '^FAIL' "$OUT/ws_ops.txt") failed, $(grep -c '^SKIP' "$OUT/ws_ops.txt") skipped (rc $?)"
+    grep -E '^FAIL|check failed|SKIP' "$OUT/ws_ops.txt" | head -5 | tee -a "$S"
+    tail -2 "$OUT/ws_ops.txt" | tee -a "$S"
+    for v in 0 1; do
+        TERN_CUDA_QG4_WS=$v timeout 100 build/bench_cuda --xr > "$OUT/ws_bench_$v.txt" 2>&1
+        say "WS=$v: $(grep '^bmm' "$OUT/ws_bench_$v.txt" | grep -E 'n=(64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+    done
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for v in 0 1; do
+            TERN_CUDA_QG4_WS=$v timeout 60 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 64,128 \
+                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/ws_conc.txt" 2>&1
+            say "concurrency q4 QG4_WS=$v rep $rep: $(grep '^csv,conc' "$OUT/ws_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
         done
     done
 fi

@@ -181,6 +181,7 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     (void)c;
     q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
     tern__cuda_qg4w_init();
+    tern__cuda_qg4s_init();
     cudaGetLastError();
 }
 
@@ -224,8 +225,9 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
         rows += (size_t)m.out;
     }
     /* qgemm_q4_wg.cu's pair form: a block per 64 rows of gate and of up, the whole K when that fills the SMs */
-    const bool wgp = pair && nt == 8 && tern__cuda_qg4w_pair(w0->in); /* at 32-row tiles (memory-bound) the split
-                                                                        * wins: 32 sequences 6252 vs 5450 tok/s */
+    const bool ws = nt == 8 && tern__cuda_qg4s_on(c, w0->in); /* qgemm_q4_ws.cu: one block per SM */
+    const bool wgp = pair && nt == 8 && (ws || tern__cuda_qg4w_pair(w0->in)); /* at 32-row tiles (memory-bound)
+                                                                        * the split wins: 32 sequences 6252 vs 5450 tok/s */
     if (wgp) mb = (w0->out + 63) / 64;
     a.x = (const uint4 *)c->gemm_scratch;
     a.part = c->part;
@@ -244,8 +246,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
      * tok/s (the memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
-    const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
-    int S = base < target ? (int)((target + base - 1) / base) : 1;
+    const long target = (long)(wgp || ws ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
+    int S = ws ? (int)(target / base) : base < target ? (int)((target + base - 1) / base) : 1; /* ws: within a wave */
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
     if (S > a.nkt / st) S = a.nkt / st;
     if (S < 1) S = 1;
@@ -256,11 +258,12 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.direct = S == 1 && (!pair || wgp);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG=1) */
+    if (ws || nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
                     (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
-        if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
+        if (ws) tern__cuda_qg4s_launch(c, a, grid, wgp);
+        else if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
         else if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
         else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
