@@ -75,7 +75,7 @@ template <class ML, class PUT> __device__ __forceinline__ float ad_split_weights
  * one pass per warp (TERN_CUDA_AD_1P, opt-in): 1 when it ran, 0 when the shape is not served */
 int tern__cuda_attn_decode_1p(tern__cuda *c, const AdArgs &a, int kind);
 
-/* attn_decode_tc.cu: the same launches on tensor cores (TERN_CUDA_AD_TC, opt-in, tried before 1P): BF16 /
+/* attn_decode_tc.cu: the same launches on tensor cores (TERN_CUDA_AD_TC, default on, tried before 1P): BF16 /
  * F16 pages, D 64 / 128 / 256, G <= 8; 1 when it ran, 0 when not served. _init: at open, the kernels'
  * shared-memory attributes (tern__cuda_attn_decode_init) */
 int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind);
