@@ -56,6 +56,23 @@ b1_ab() {
 }
 # q4_b1 VAR "values": batch-1 decode of llama3-8b and gemma4-12b q4
 q4_b1() { b1_ab "$1" "$2" "llama3-8b --quant q4;gemma4-12b --quant q4"; }
+# conc_ab "settings;settings" "models" CONC: batch decode (build/concurrency, bf16 compute, 128 + 128) of each
+# model at the concurrencies CONC for every setting (a space-separated list of VAR=value), interleaved, AB_REPS reps
+# (default 2); one line each: concurrency and steady decode tok/s
+conc_ab() {
+    local sets rep v m tag
+    IFS=';' read -ra sets <<< "$1"
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for v in "${sets[@]}"; do
+            for m in $2; do
+                tag=$(printf '%s_%s' "$m" "$v" | tr -c 'a-zA-Z0-9.' '_')
+                env $v timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc $3 \
+                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/conc_${tag}_$rep.txt" 2>&1
+                say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/conc_${tag}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+            done
+        done
+    done
+}
 # on_checks VAR COMPUTE "fixtures": with VAR=1, model parity on cuda (f32, bf16), then greedy ids of each
 # fixture (kv-quant off and 8, in COMPUTE) with VAR=0 and VAR=1 — a switch that keeps bits must say "same"
 on_checks() {
@@ -95,13 +112,7 @@ fi
 
 # 3. the cluster merge under batch decode (default 16 since session 12's b1 A/B): dec tok/s at 8 and 64
 if [[ " $SECTIONS " == *" 3 "* ]]; then
-for rep in 1 2; do
-    for v in 0 16; do
-        TERN_CUDA_AD_CLUSTER=$v timeout 90 build/concurrency --random llama3-8b --device cuda --compute bf16 --conc 8,64 \
-            --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/adcl_conc_${v}_$rep.txt" 2>&1
-        say "concurrency bf16 AD_CLUSTER=$v rep $rep: $(grep '^csv,conc' "$OUT/adcl_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
-    done
-done
+    conc_ab "TERN_CUDA_AD_CLUSTER=0;TERN_CUDA_AD_CLUSTER=16" llama3-8b 8,64
 fi
 
 # 4. the Q4 GEMV's walk prefetched into L2 before pdl_wait (TERN_CUDA_GEMV_L2PF=N items per warp; written
@@ -145,13 +156,7 @@ if [[ " $SECTIONS " == *" 13 "* ]]; then
     grep '^bmm' "$OUT/qg4_bench.txt" | grep -v ' n=1 \| n=2 \| n=4 ' | tr -s ' ' | tee -a "$S"
     TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=bf16 timeout 120 build/tests/test_parity_core > "$OUT/parity_qg4.log" 2>&1
     say "parity bf16 (qg4 on): $(grep -c '^PASS' "$OUT/parity_qg4.log") passed, $(grep -c '^FAIL' "$OUT/parity_qg4.log") failed"
-    for rep in 1 2; do
-        for v in 0 1; do
-            TERN_CUDA_QG4=$v timeout 100 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 16,32,64 \
-                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/qg4_conc_${v}_$rep.txt" 2>&1
-            say "concurrency q4 QG4=$v rep $rep: $(grep '^csv,conc' "$OUT/qg4_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
-        done
-    done
+    conc_ab "TERN_CUDA_QG4=0;TERN_CUDA_QG4=1" llama3-8b:q4 16,32,64
 fi
 
 # 14. Written after session 15's last device call (opt-in; default builds unchanged):
@@ -167,20 +172,8 @@ if [[ " $SECTIONS " == *" 14 "* ]]; then
         TERN_CUDA_QG4_ST=$v timeout 100 build/bench_cuda --xr > "$OUT/st_bench_$v.txt" 2>&1
         say "ST=$v: $(grep '^bmm' "$OUT/st_bench_$v.txt" | grep -E 'n=(8|16) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
     done
-    for rep in 1 2; do
-        for v in 4 6; do
-            TERN_CUDA_QG4_ST=$v timeout 60 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 8,16 \
-                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/st_conc_${v}_$rep.txt" 2>&1
-            say "concurrency q4 QG4_ST=$v rep $rep: $(grep '^csv,conc' "$OUT/st_conc_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
-        done
-        for v in "TERN_CUDA_AD_WANT=2" "TERN_CUDA_AD_WANT=4" "TERN_CUDA_AD_1P=1"; do
-            for m in llama3-8b:q4 llama3-8b; do
-                env $v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 32,64 \
-                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/aw.txt" 2>&1
-                say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/aw.txt" | cut -d, -f5,9 | tr '\n' ' ')"
-            done
-        done
-    done
+    conc_ab "TERN_CUDA_QG4_ST=4;TERN_CUDA_QG4_ST=6" llama3-8b:q4 8,16
+    conc_ab "TERN_CUDA_AD_WANT=2;TERN_CUDA_AD_WANT=4;TERN_CUDA_AD_1P=1" "llama3-8b:q4 llama3-8b" 32,64
 fi
 
 # 15. qgemm_q4_wg.cu (TERN_CUDA_QG4_WG=1, sm_90a wgmma for 17..128 rows; written in session 16): op test, µs
@@ -196,13 +189,8 @@ if [[ " $SECTIONS " == *" 15 "* ]]; then
     done
     TERN_CUDA_QG4_WG=1 TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=bf16 timeout 120 build/tests/test_parity_core > "$OUT/parity_wg.log" 2>&1
     say "parity bf16 (wgmma on): $(grep -c '^PASS' "$OUT/parity_wg.log") passed, $(grep -c '^FAIL' "$OUT/parity_wg.log") failed"
-    for rep in 1 2; do
-        for v in "TERN_CUDA_QG4_WG=0" "TERN_CUDA_QG4_WG=1" "TERN_CUDA_QG4_WG=1 TERN_CUDA_QG4_WGPAIR=1"; do
-            env $v timeout 100 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 32,64,128 \
-                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/wg_conc.txt" 2>&1
-            say "concurrency q4 $v rep $rep: $(grep '^csv,conc' "$OUT/wg_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
-        done
-    done
+    conc_ab "TERN_CUDA_QG4_WG=0;TERN_CUDA_QG4_WG=1 TERN_CUDA_QG4_WGPAIR=0;TERN_CUDA_QG4_WG=1 TERN_CUDA_QG4_WGPAIR=1" \
+        llama3-8b:q4 32,64,128
     TERN_CUDA_QG4_WG=1 TERN_CUDA_QG4_WGPAIR=1 timeout 100 /usr/local/cuda/bin/ncu --cache-control none --clock-control none \
         -k regex:qg4w_kernel --launch-skip 400 --launch-count 4 --section SpeedOfLight --section Occupancy \
         --section WarpStateStats --section ComputeWorkloadAnalysis build/concurrency --random llama3-8b:q4 --device cuda \
@@ -226,29 +214,13 @@ if [[ " $SECTIONS " == *" 16 "* ]]; then
             > "$OUT/tc_ncu.txt" 2>&1
         say "ncu attention at 64, $v: $(grep -E 'attn_dec|gpu__time_duration' "$OUT/tc_ncu.txt" | tail -2 | tr -s ' ' | tr '\n' ' ')"
     done
-    for rep in $(seq "${AB_REPS:-2}"); do
-        for v in "TERN_CUDA_AD_TC=0" "TERN_CUDA_AD_TC=1" "TERN_CUDA_AD_TC=1 TERN_CUDA_AD_TC_ST=2"; do
-            for m in llama3-8b:q4 llama3-8b; do
-                env $v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 32,64 \
-                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/tc_conc.txt" 2>&1
-                say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/tc_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
-            done
-        done
-    done
+    conc_ab "TERN_CUDA_AD_TC=0;TERN_CUDA_AD_TC=1;TERN_CUDA_AD_TC=1 TERN_CUDA_AD_TC_ST=2" "llama3-8b:q4 llama3-8b" 32,64
 fi
 
 # 17. TERN_CUDA_AD_TC_MIN=N (attn_decode_tc.cu from N (row, kv head) pairs instead of 2 x SMs = 264: llama3-8b
 #     has 8 per sequence; written after session 16's last call): batch decode interleaved at 8 / 16 / 32
 if [[ " $SECTIONS " == *" 17 "* ]]; then
-    for rep in $(seq "${AB_REPS:-2}"); do
-        for v in 0 128 64; do
-            for m in llama3-8b:q4 llama3-8b; do
-                TERN_CUDA_AD_TC_MIN=$v timeout 60 build/concurrency --random $m --device cuda --compute bf16 --conc 8,16,32 \
-                    --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/tcmin_conc.txt" 2>&1
-                say "concurrency $m AD_TC_MIN=$v rep $rep: $(grep '^csv,conc' "$OUT/tcmin_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
-            done
-        done
-    done
+    conc_ab "TERN_CUDA_AD_TC_MIN=0;TERN_CUDA_AD_TC_MIN=128;TERN_CUDA_AD_TC_MIN=64" "llama3-8b:q4 llama3-8b" 8,16,32
 fi
 
 # 18. qgemm_q4_ws.cu (TERN_CUDA_QG4_WS=1: warp-specialized wgmma, a producer warpgroup decoding W into shared
@@ -263,13 +235,7 @@ if [[ " $SECTIONS " == *" 18 "* ]]; then
         TERN_CUDA_QG4_WS=$v timeout 100 build/bench_cuda --xr > "$OUT/ws_bench_$v.txt" 2>&1
         say "WS=$v: $(grep '^bmm' "$OUT/ws_bench_$v.txt" | grep -E 'n=(64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
     done
-    for rep in $(seq "${AB_REPS:-2}"); do
-        for v in 0 1; do
-            TERN_CUDA_QG4_WS=$v timeout 60 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 64,128 \
-                --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/ws_conc.txt" 2>&1
-            say "concurrency q4 QG4_WS=$v rep $rep: $(grep '^csv,conc' "$OUT/ws_conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
-        done
-    done
+    conc_ab "TERN_CUDA_QG4_WS=0;TERN_CUDA_QG4_WS=1" llama3-8b:q4 64,128
 fi
 
 echo "summary: $S"

@@ -167,22 +167,36 @@ static double q4_fused_rel(tern_backend *g, int n, int gs) {
 /* Q4 (g32 / g64 / g128) on five shapes at each n of ns against the bf16-rounded reference: within 1e-5, and the
  * launch counter `calls` moved each time (`what` names the kernel in the messages) */
 static const int q4_gss[] = {64, 32, 128};
+static const int q4_shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {128, 128}};
 static void q4_plain_sweep(tern_backend *g, const int *ns, size_t nn, const char *what,
                            const unsigned long long *calls) {
-    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {128, 128}};
     for (size_t f = 0; f < TERN_ARRAY_LEN(q4_gss); f++)
-        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
-            hw h = make_w(TERN_DT_Q, 4, q4_gss[f], TERN_DT_BF16, 1, shapes[s][0], shapes[s][1], 0);
+        for (size_t s = 0; s < TERN_ARRAY_LEN(q4_shapes); s++) {
+            hw h = make_w(TERN_DT_Q, 4, q4_gss[f], TERN_DT_BF16, 1, q4_shapes[s][0], q4_shapes[s][1], 0);
             char nm[64];
             fmt_name(&h.t, nm, sizeof nm);
             for (size_t k = 0; k < nn; k++) {
                 const unsigned long long c0 = *calls;
                 const double rel = q4_plain_rel(g, &h, ns[k]);
-                printf("  err %-16s %dx%d n=%-3d %s %.2e\n", nm, shapes[s][0], shapes[s][1], ns[k], what, rel);
-                CHECK(rel <= 1e-5, "%s %dx%d n=%d: %s rel %.3e", nm, shapes[s][0], shapes[s][1], ns[k], what, rel);
+                printf("  err %-16s %dx%d n=%-3d %s %.2e\n", nm, q4_shapes[s][0], q4_shapes[s][1], ns[k], what, rel);
+                CHECK(rel <= 1e-5, "%s %dx%d n=%d: %s rel %.3e", nm, q4_shapes[s][0], q4_shapes[s][1], ns[k], what, rel);
                 CHECK(*calls > c0, "%s n=%d: %s did not run", nm, ns[k], what);
             }
             free_w(&h);
+        }
+}
+
+/* the fused forms (q4_fused_rel: q|k|v, act(gate)·up, y += W·x) for g32 / g64 / g128 at each n of ns: within 1e-5,
+ * and each of the 4 fused ops ran the kernel `calls` counts */
+static void q4_fused_sweep(tern_backend *g, const int *ns, size_t nn, const char *what,
+                           const unsigned long long *calls) {
+    for (size_t f = 0; f < TERN_ARRAY_LEN(q4_gss) && g->vt->matmul_n; f++)
+        for (size_t k = 0; k < nn; k++) {
+            const unsigned long long c0 = *calls;
+            const double rel = q4_fused_rel(g, ns[k], q4_gss[f]);
+            printf("  err %s fused g%d n=%d %.2e\n", what, q4_gss[f], ns[k], rel);
+            CHECK(rel <= 1e-5, "%s fused g%d n=%d: rel %.3e", what, q4_gss[f], ns[k], rel);
+            CHECK(*calls >= c0 + 4, "%s fused g%d n=%d: ran %llu of 4 fused ops", what, q4_gss[f], ns[k], *calls - c0);
         }
 }
 
@@ -197,19 +211,11 @@ TEST(cuda_qgemm_q4) {
     tern__cuda_qg4_wg = 0; /* the mma.sync kernel at every n (cuda_qgemm_q4_wg tests the wgmma one) */
     tern__cuda_gemv_xr = 0; /* n = 2..8 here too */
     tern__cuda_bf16_split = 0;
-    static const int gss[] = {64, 32, 128};
-    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {4099, 2048}, {128, 128}};
+    const int *gss = q4_gss, (*shapes)[2] = q4_shapes;
     static const int ns[] = {2, 9, 16, 17, 33, 64, 65, 128};
     q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4", &tern__cuda_qg4_calls);
-    for (size_t f = 0; f < TERN_ARRAY_LEN(gss) && g->vt->matmul_n; f++)
-        for (int n = 5; n <= 64; n = n * 2 + 3) { /* 5, 13, 29, 61 */
-            const unsigned long long calls = tern__cuda_qg4_calls;
-            const double rel = q4_fused_rel(g, n, gss[f]);
-            printf("  err qg4 fused g%d n=%d %.2e\n", gss[f], n, rel);
-            CHECK(rel <= 1e-5, "qg4 fused g%d n=%d: rel %.3e", gss[f], n, rel);
-            CHECK(tern__cuda_qg4_calls >= calls + 4, "qg4 fused g%d n=%d: ran %llu of 4 fused ops", gss[f], n,
-                  tern__cuda_qg4_calls - calls);
-        }
+    static const int nf[] = {5, 13, 29, 61};
+    q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), "qg4", &tern__cuda_qg4_calls);
     { /* six stages at up to 16 rows (TERN_CUDA_QG4_ST=6) */
         extern int tern__cuda_qg4_st;
         const int keep_st = tern__cuda_qg4_st;
@@ -250,17 +256,10 @@ TEST(cuda_qgemm_q4_wg) {
     q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4 wgmma", &tern__cuda_qg4w_calls);
     extern int tern__cuda_qg4_wgpair;
     const int keep_pair = tern__cuda_qg4_wgpair;
+    static const int nf[] = {29, 61, 93, 125};
     for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
         tern__cuda_qg4_wgpair = pair;
-        for (size_t f = 0; f < TERN_ARRAY_LEN(q4_gss) && g->vt->matmul_n; f++)
-            for (int n = 29; n <= 128; n += 32) { /* 29, 61, 93, 125 */
-                const unsigned long long calls = tern__cuda_qg4w_calls;
-                const double rel = q4_fused_rel(g, n, q4_gss[f]);
-                printf("  err qg4 wgmma fused g%d n=%d pair %d %.2e\n", q4_gss[f], n, pair, rel);
-                CHECK(rel <= 1e-5, "qg4 wgmma fused g%d n=%d pair %d: rel %.3e", q4_gss[f], n, pair, rel);
-                CHECK(tern__cuda_qg4w_calls >= calls + 4, "qg4 wgmma fused g%d n=%d: ran %llu of 4 fused ops", q4_gss[f],
-                      n, tern__cuda_qg4w_calls - calls);
-            }
+        q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? "qg4 wgmma pair" : "qg4 wgmma", &tern__cuda_qg4w_calls);
     }
     tern__cuda_qg4_wgpair = keep_pair;
     tern__cuda_qg4_on = keep;
@@ -292,17 +291,10 @@ TEST(cuda_qgemm_q4_ws) {
     tern__cuda_bf16_split = 0;
     static const int ns[] = {33, 64, 65, 100, 128};
     q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4 ws", &tern__cuda_qg4s_calls);
+    static const int nf[] = {61, 125};
     for (int pair = 0; pair < 2; pair++) {
         tern__cuda_qg4_wgpair = pair;
-        for (size_t f = 0; f < TERN_ARRAY_LEN(q4_gss) && g->vt->matmul_n; f++)
-            for (int n = 61; n <= 128; n += 64) { /* 61, 125 */
-                const unsigned long long calls = tern__cuda_qg4s_calls;
-                const double rel = q4_fused_rel(g, n, q4_gss[f]);
-                printf("  err qg4 ws fused g%d n=%d pair %d %.2e\n", q4_gss[f], n, pair, rel);
-                CHECK(rel <= 1e-5, "qg4 ws fused g%d n=%d pair %d: rel %.3e", q4_gss[f], n, pair, rel);
-                CHECK(tern__cuda_qg4s_calls >= calls + 4, "qg4 ws fused g%d n=%d: ran %llu of 4 fused ops", q4_gss[f], n,
-                      tern__cuda_qg4s_calls - calls);
-            }
+        q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? "qg4 ws pair" : "qg4 ws", &tern__cuda_qg4s_calls);
     }
     tern__cuda_qg4_wgpair = keep_pair;
     tern__cuda_qg4_ws = keep_ws;

@@ -229,13 +229,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     const T *kp = (const T *)a.kp + (size_t)g * D + li * EPL, *vp = (const T *)a.vp + (size_t)g * D + li * EPL;
     float *s = smd;
     int *recs = (int *)(smd + a.region); /* record (token slot in the pool) of each key, -1 if not resident */
-    {
-        const int32_t *btrow = a.bt + (size_t)a.slot[r] * a.max_blocks;
-        for (int i = threadIdx.x; i < nk; i += blockDim.x) {
-            const int k = k0 + i, bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
-            recs[i] = blk < 0 ? -1 : blk * a.bs + k % a.bs;
-        }
-    }
+    ad_records(recs, a, ad_btrow(a, r), k0, nk);
     float q[GM][EPL];
     auto load_q = [&]() {
 #pragma unroll
@@ -547,11 +541,10 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.splits = splits;
     a.scale = scale;
     a.softcap = softcap;
-    if (ad_tc() && hs == 1 && ((long)n * nkv >= ad_tc_pairs(c) || ad_tc() == 2) && tern__cuda_attn_decode_tc(c, a, kind)) {
-        tern__cuda_attn_decode_calls++;
-        return 1;
-    }
-    if (ad_1p() && hs == 1 && ((long)n * nkv >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)) {
+    /* batch decode whose pairs fill the GPU (2: any launch, tests): the one-pass kernels, tensor cores first */
+    const long pairs = (long)n * nkv;
+    if (hs == 1 && ((ad_tc() && (pairs >= ad_tc_pairs(c) || ad_tc() == 2) && tern__cuda_attn_decode_tc(c, a, kind)) ||
+                    (ad_1p() && (pairs >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)))) {
         tern__cuda_attn_decode_calls++;
         return 1;
     }

@@ -71,6 +71,40 @@ template <class ML, class PUT> __device__ __forceinline__ float ad_split_weights
     return L;
 }
 
+/* a row's block table (row r of the launch) */
+__device__ __forceinline__ const int32_t *ad_btrow(const AdArgs &a, int r) { return a.bt + (size_t)a.slot[r] * a.max_blocks; }
+/* recs[i] for keys k0 + i, i < nk (threads of the block in turn): the key's record (slot in the pool) from the
+ * row's block table btrow, -1 where its block is not resident */
+__device__ __forceinline__ void ad_records(int *recs, const AdArgs &a, const int32_t *btrow, int k0, int nk) {
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+        const int k = k0 + i, bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
+        recs[i] = blk < 0 ? -1 : blk * a.bs + k % a.bs;
+    }
+}
+
+/* The end of the one-pass kernels (attn_decode1p.cu, attn_decode_tc.cu): the block's NW warps' (M_w, L_w, Σ p·v)
+ * of the G heads from head0 (D elements each) merged in warp order into row r's outputs, out = Σ_w c_w·acc_w / Σ_w c_w·L_w
+ * (ad_split_weights). wm / wl / cw are [NW][HS] in shared memory (cw: the weights, written here), sl [HS];
+ * red(w, h, i) reads warp w's Σ p·v of head h, element i. The caller's barrier made wm, wl and red visible. */
+template <int NW, int HS, class RED>
+__device__ __forceinline__ void ad_warp_merge(const AdArgs &a, int r, size_t head0, int D, float (*wm)[HS],
+                                              float (*wl)[HS], float (*cw)[HS], float *sl, RED red) {
+    const int G = a.G;
+    if (threadIdx.x < G) { /* per head: the warps' weights e^{M_w - M} and L, in warp order */
+        const int h = threadIdx.x;
+        sl[h] = ad_split_weights([&](int w) { return make_float2(wm[w][h], wl[w][h]); },
+                                 [&](int w, float c) { cw[w][h] = c; }, NW);
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, i = idx % D;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) v += red(w, h, i) * cw[w][h];
+        a.out[((size_t)r * a.nh + head0 + h) * D + i] = sl[h] > 0.0f ? v / sl[h] : 0.0f;
+    }
+}
+
 /* attn_decode1p.cu: a's rows over pages of `kind` (TERN_KV_F32 / BF16 / F16), a block per (row, kv head),
  * one pass per warp (TERN_CUDA_AD_1P, opt-in): 1 when it ran, 0 when the shape is not served */
 int tern__cuda_attn_decode_1p(tern__cuda *c, const AdArgs &a, int kind);

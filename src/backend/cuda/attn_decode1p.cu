@@ -84,14 +84,11 @@ __global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(AdArgs a) 
 #pragma unroll
         for (int e = 0; e < EPL; e++) acc[h][e] = 0.0f;
     }
-    const int32_t *btrow = a.bt + (size_t)a.slot[r] * a.max_blocks;
+    const int32_t *btrow = ad_btrow(a, r);
     for (int t0 = 0; t0 < nk; t0 += A1_KEYS) { /* tiles of A1_KEYS keys: their records, then their chunks */
     tn = min(A1_KEYS, nk - t0);
     __syncthreads(); /* the previous tile's records are no longer read */
-    for (int i = threadIdx.x; i < tn; i += blockDim.x) {
-        const int k = lo + t0 + i, bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
-        recs[i] = blk < 0 ? -1 : blk * a.bs + k % a.bs;
-    }
+    ad_records(recs, a, btrow, lo + t0, tn);
     __syncthreads();
     const int nch = (tn + CK - 1) / CK;
     int c = warp;
@@ -158,19 +155,7 @@ __global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(AdArgs a) 
             if (li == 0) { wm[warp][h] = m[h]; wl[warp][h] = l[h]; }
         }
     __syncthreads();
-    if (threadIdx.x < G) { /* per head: the warps' weights e^{M_w - M} and L, in warp order */
-        const int h = threadIdx.x;
-        sl[h] = ad_split_weights([&](int w) { return make_float2(wm[w][h], wl[w][h]); },
-                                 [&](int w, float f) { cw[w][h] = f; }, A1_WARPS);
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int h = idx / D, i = idx % D;
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < A1_WARPS; w++) v += red[w][h][i] * cw[w][h];
-        a.out[((size_t)r * a.nh + head0 + h) * D + i] = sl[h] > 0.0f ? v / sl[h] : 0.0f;
-    }
+    ad_warp_merge<A1_WARPS, GM>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[w][h][i]; });
 }
 
 template <typename T> static void a1_go(tern__cuda *c, dim3 grid, int gm, const AdArgs &a) {

@@ -155,14 +155,11 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
     const uint32_t va = (uint32_t)(((((lane >> 3) & 1) << 3) + (lane & 7)) * RS + (lane >> 4) * 8) * 2;
     const uint32_t qa = (uint32_t)((lane & 15) * RS + (lane >> 4) * 8) * 2;
     const float scale = a.scale, cap = a.softcap;
-    const int32_t *btrow = a.bt + (size_t)a.slot[r] * a.max_blocks;
+    const int32_t *btrow = ad_btrow(a, r);
     for (int t0 = 0; t0 < nk; t0 += TC_KEYS) {
         const int tn = min(TC_KEYS, nk - t0);
         __syncthreads(); /* the previous tile's records are no longer read */
-        for (int i = threadIdx.x; i < tn; i += blockDim.x) {
-            const int k = lo + t0 + i, bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
-            recs[i] = blk < 0 ? -1 : blk * a.bs + k % a.bs;
-        }
+        ad_records(recs, a, btrow, lo + t0, tn);
         __syncthreads();
         const int nch = (tn + TC_CK - 1) / TC_CK;
         const int nj = warp < nch ? (nch - warp + W - 1) / W : 0; /* this warp's chunks warp, warp + W, ... */
@@ -261,19 +258,7 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
         if (tq == 0) { wm[warp][gq] = m; wl[warp][gq] = l; }
     }
     __syncthreads();
-    if (threadIdx.x < G) {
-        const int h = threadIdx.x;
-        sl[h] = ad_split_weights([&](int w) { return make_float2(wm[w][h], wl[w][h]); },
-                                 [&](int w, float c) { cw[w][h] = c; }, W);
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int h = idx / D, i = idx % D;
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < W; w++) v += red[(w * 8 + h) * RD + i] * cw[w][h];
-        a.out[((size_t)r * a.nh + head0 + h) * D + i] = sl[h] > 0.0f ? v / sl[h] : 0.0f;
-    }
+    ad_warp_merge<W, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; });
 }
 
 template <typename T, int D, int S> static void tc_attr(void) {

@@ -224,10 +224,11 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
         mb += (m.out + QG_BM - 1) / QG_BM;
         rows += (size_t)m.out;
     }
-    /* qgemm_q4_wg.cu's pair form: a block per 64 rows of gate and of up, the whole K when that fills the SMs */
-    const bool ws = nt == 8 && tern__cuda_qg4s_on(c, w0->in); /* qgemm_q4_ws.cu: one block per SM */
-    const bool wgp = pair && nt == 8 && (ws || tern__cuda_qg4w_pair(w0->in)); /* at 32-row tiles (memory-bound)
-                                                                        * the split wins: 32 sequences 6252 vs 5450 tok/s */
+    /* ws: qgemm_q4_ws.cu (one block per SM). wgp: the wgmma kernels' pair form, a block per 64 rows of gate and of
+     * up, the whole K when that fills the SMs (at 32-row tiles, memory-bound, the split wins: 32 sequences 6252 vs
+     * 5450 tok/s) */
+    const bool ws = nt == 8 && tern__cuda_qg4s_on(c);
+    const bool wgp = pair && nt == 8 && (ws || tern__cuda_qg4w_pair());
     if (wgp) mb = (w0->out + 63) / 64;
     a.x = (const uint4 *)c->gemm_scratch;
     a.part = c->part;

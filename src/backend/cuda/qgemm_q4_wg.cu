@@ -198,9 +198,9 @@ static bool qw_on(void) {
 }
 
 /* qgemm_q4.cuh */
-bool tern__cuda_qg4w_pair(int in) {
+bool tern__cuda_qg4w_pair(void) {
     if (tern__cuda_qg4_wgpair < 0) tern__cuda_qg4_wgpair = tern__cuda_env_int("TERN_CUDA_QG4_WGPAIR", 1) != 0;
-    return qw_on() && tern__cuda_qg4_wgpair && in % QG_KB == 0;
+    return qw_on() && tern__cuda_qg4_wgpair;
 }
 
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
@@ -217,7 +217,7 @@ void tern__cuda_qg4w_init(void) {
 /* qgemm_q4.cuh */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
                            bool pair) {
-    if (!qw_on() || (nt != 4 && nt != 8) || a.in % QG_KB) return 0;
+    if (!qw_on() || (nt != 4 && nt != 8)) return 0;
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                 x, chunks);

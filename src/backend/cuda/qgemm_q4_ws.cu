@@ -220,9 +220,9 @@ void tern__cuda_qg4s_init(void) {
 }
 
 /* qgemm_q4.cuh */
-bool tern__cuda_qg4s_on(const tern__cuda *c, int in) {
+bool tern__cuda_qg4s_on(const tern__cuda *c) {
     if (tern__cuda_qg4_ws < 0) tern__cuda_qg4_ws = tern__cuda_env_int("TERN_CUDA_QG4_WS", 0) != 0;
-    return tern__cuda_qg4_ws && tern__cuda_qg4s_ok && in % QG_KB == 0 && c->smem_optin >= QS_SMEM;
+    return tern__cuda_qg4_ws && tern__cuda_qg4s_ok && c->smem_optin >= QS_SMEM;
 }
 
 /* qgemm_q4.cuh: x already staged by q4_stage_x (pair order) in gemm_scratch */
