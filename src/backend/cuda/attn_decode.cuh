@@ -1,8 +1,8 @@
 /*
  * attn_decode.cuh — what the decode-attention kernels share (attn_decode.cu's split kernel, attn_decode1p.cu's
  * one-pass kernel, which reads the launch fields up to the softcap and ignores the split plan): the launch
- * arguments, the K/V row registers and their loads, the merge weights over splits (or warps), and the
- * one-pass and tensor-core launchers attn_decode.cu dispatches to (attn_decode_tc.cu reads the same
+ * arguments, the K/V row registers and their loads, the block-table record fill, the merge weights over
+ * splits (or warps) and the one-pass kernels' warp-order merge, and the one-pass and tensor-core launchers attn_decode.cu dispatches to (attn_decode_tc.cu reads the same
  * launch fields as the one-pass kernel).
  */
 #ifndef TERN_CUDA_ATTN_DECODE_CUH
