@@ -59,7 +59,7 @@ build/obj/%.o: %.cu
 # kernel runs)
 comma := ,
 NVFLAGS_90A = $(subst arch=compute_90$(comma)code=sm_90,arch=compute_90a$(comma)code=sm_90a,$(subst -gencode arch=compute_90$(comma)code=compute_90,,$(NVFLAGS)))
-build/obj/src/backend/cuda/qgemm_q4_wg.o build/obj/src/backend/cuda/qgemm_q4_ws.o: build/obj/%.o: %.cu
+build/obj/src/backend/cuda/qgemm_q4_wg.o: build/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS_90A) -MMD -MP -c $< -o $@
 

@@ -16,7 +16,9 @@
 # (TERN_CUDA_GEMV_XR) ran in session 15 and won (default on; NOTES (x)); 13 (TERN_CUDA_QG4) was written
 # in session 15 (ran there); 14 (TERN_CUDA_QG4_ST, TERN_CUDA_AD_WANT, TERN_CUDA_AD_1P) was written after session
 # 15's last call and lost in session 16; 15 (TERN_CUDA_QG4_WG, WGPAIR) and 16 (TERN_CUDA_AD_TC) won in session 16
-# (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) and 18 (TERN_CUDA_QG4_WS) were written after its last call. Keep this script
+# (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) and 18 (TERN_CUDA_QG4_WS) ran in session 17 (NOTES (z)):
+# AD_TC_MIN = 64 won (default now, bounded by TERN_CUDA_AD_TC_KEYS), WS lost 2x and was removed. 17 is now the
+# long-context check of that bound, 18 session 17's K-slice balance (TERN_MM_BAL) and router. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -217,25 +219,24 @@ if [[ " $SECTIONS " == *" 16 "* ]]; then
     conc_ab "TERN_CUDA_AD_TC=0;TERN_CUDA_AD_TC=1;TERN_CUDA_AD_TC=1 TERN_CUDA_AD_TC_ST=2" "llama3-8b:q4 llama3-8b" 32,64
 fi
 
-# 17. TERN_CUDA_AD_TC_MIN=N (attn_decode_tc.cu from N (row, kv head) pairs instead of 2 x SMs = 264: llama3-8b
-#     has 8 per sequence; written after session 16's last call): batch decode interleaved at 8 / 16 / 32
+# 17. the tensor-core decode attention below 2 x SMs pairs at long context (TERN_CUDA_AD_TC_KEYS: the key
+#     bound up to which AD_TC_MIN's launches take it; 0 keeps them on the split kernel): q4 at 8 / 16 sequences
+#     with 2048-token prompts, interleaved
 if [[ " $SECTIONS " == *" 17 "* ]]; then
-    conc_ab "TERN_CUDA_AD_TC_MIN=0;TERN_CUDA_AD_TC_MIN=128;TERN_CUDA_AD_TC_MIN=64" "llama3-8b:q4 llama3-8b" 8,16,32
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for v in 0 4096; do
+            TERN_CUDA_AD_TC_KEYS=$v timeout 150 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 \
+                --conc 8,16 --prompt 2048 --gen 64 --requests 2 --system 16 > "$OUT/long_${v}_$rep.txt" 2>&1
+            say "long context q4 TC_KEYS=$v rep $rep: $(grep '^csv,conc' "$OUT/long_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+        done
+    done
 fi
 
-# 18. qgemm_q4_ws.cu (TERN_CUDA_QG4_WS=1: warp-specialized wgmma, a producer warpgroup decoding W into shared
-#     memory for two consumer warpgroups; written after session 16's last call): op test, µs at 64 / 128 rows,
-#     then batch decode interleaved (q4 at 64 / 128)
+# 18. TERN_MM_BAL (mm_balance: the Q4 GEMV's chunks per K slice re-chosen where the walk's longest block would
+#     do >= 4/3 of the best plan's; gemma4-e4b's gate|up and head, gemma4-26b-a4b's head) and the router's
+#     probabilities held in registers (no switch: same bits): batch 1, interleaved
 if [[ " $SECTIONS " == *" 18 "* ]]; then
-    TERN_TEST_ONLY=cuda_qgemm_q4_ws timeout 120 build/test_cuda_ops > "$OUT/ws_ops.txt" 2>&1
-    say "qg4 ws op test: $(grep -c '^PASS' "$OUT/ws_ops.txt") passed, $(grep -c '^FAIL' "$OUT/ws_ops.txt") failed, $(grep -c '^SKIP' "$OUT/ws_ops.txt") skipped (rc $?)"
-    grep -E '^FAIL|check failed|SKIP' "$OUT/ws_ops.txt" | head -5 | tee -a "$S"
-    tail -2 "$OUT/ws_ops.txt" | tee -a "$S"
-    for v in 0 1; do
-        TERN_CUDA_QG4_WS=$v timeout 100 build/bench_cuda --xr > "$OUT/ws_bench_$v.txt" 2>&1
-        say "WS=$v: $(grep '^bmm' "$OUT/ws_bench_$v.txt" | grep -E 'n=(64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
-    done
-    conc_ab "TERN_CUDA_QG4_WS=0;TERN_CUDA_QG4_WS=1" llama3-8b:q4 64,128
+    b1_ab TERN_MM_BAL "0 1" "gemma4-e4b --quant q4;gemma4-26b-a4b --quant q4;llama3-8b --quant q4"
 fi
 
 echo "summary: $S"

@@ -127,13 +127,20 @@ static int ad_tc(void) {
     if (tern__cuda_ad_tc < 0) tern__cuda_ad_tc = tern__cuda_env_int("TERN_CUDA_AD_TC", 1);
     return tern__cuda_ad_tc;
 }
-/* TERN_CUDA_AD_TC_MIN=N (pairs; default 0 = 2 × SMs): AD_TC takes launches of at least N (row, kv head) pairs
- * (its blocks hold 2 per SM at D 128). Host-side; written after session 16's last call for an A/B at 8-32
- * sequences (llama3-8b at 32: 256 pairs stay on attn_decode.cu with the default) */
-static long ad_tc_pairs(const tern__cuda *c) {
-    static int v = -1;
-    if (v < 0) v = tern__cuda_env_int("TERN_CUDA_AD_TC_MIN", 0);
-    return v > 0 ? v : 2L * (c->n_sm > 0 ? c->n_sm : 132);
+/* Fewer pairs than 2 × SMs (batch decode of 8..32 llama3-8b sequences) take AD_TC as well from
+ * TERN_CUDA_AD_TC_MIN (pairs, default 64) when the keys the plan sees (a graph's: the whole block table) are
+ * at most TERN_CUDA_AD_TC_KEYS (default 2048): a block per pair walks all of its row's keys, which the split
+ * kernel spreads over the SMs. H200, session 17 (NOTES (z)), llama3-8b 128 + 128, tok/s at 8 / 16 / 32
+ * sequences, 2 × SMs → 64 pairs: q4 2079 / 3869 / 6195 → 2339 / 4248 / 6780, bf16 1144 / 2772 / 4975 →
+ * 1212 / 3094 / 5666. TERN_CUDA_AD_TC_MIN=0: from 2 × SMs only */
+static bool ad_tc_takes(const tern__cuda *c, long pairs, long keys) {
+    static int vmin = -1, vkeys = -1;
+    if (vmin < 0) {
+        vmin = tern__cuda_env_int("TERN_CUDA_AD_TC_MIN", 64);
+        vkeys = tern__cuda_env_int("TERN_CUDA_AD_TC_KEYS", 2048);
+    }
+    if (pairs >= 2L * (c->n_sm > 0 ? c->n_sm : 132)) return true;
+    return vmin > 0 && pairs >= vmin && keys <= vkeys;
 }
 
 static int ad_mode(void) {
@@ -543,7 +550,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.softcap = softcap;
     /* batch decode whose pairs fill the GPU (2: any launch, tests): the one-pass kernels, tensor cores first */
     const long pairs = (long)n * nkv;
-    if (hs == 1 && ((ad_tc() && (pairs >= ad_tc_pairs(c) || ad_tc() == 2) && tern__cuda_attn_decode_tc(c, a, kind)) ||
+    if (hs == 1 && ((ad_tc() && (ad_tc_takes(c, pairs, keys) || ad_tc() == 2) && tern__cuda_attn_decode_tc(c, a, kind)) ||
                     (ad_1p() && (pairs >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)))) {
         tern__cuda_attn_decode_calls++;
         return 1;

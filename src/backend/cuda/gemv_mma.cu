@@ -236,18 +236,17 @@ static bool mm_i8(const tern__cuda *c) {
  * q4 b1 313 vs 301 tok/s with 3 everywhere). Three also for one-chunk slices whose blocks fill more
  * than two per SM but fit three (q|k|v: 48 row blocks x 8 slices, 1.45 waves at two) was mixed:
  * llama3-8b 315.3 / 316.5 → 311.5 / 309.3, gemma4-12b 192.3 / 194.0 → 195.3 / 195.2. */
-static int mm_occ(const MmArgs &a) {
+static int mm_occ_of(int rows, int in, bool pair) {
     static int occ = -1;
     if (occ < 0) {
         occ = tern__cuda_env_int("TERN_CUDA_GEMV_OCC", 0);
         if (occ != 2 && occ != 3) occ = 0;
     }
     if (occ) return occ;
-    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
-    return (double)a.rows * (pair ? 2 : 1) * a.in >= 268435456.0 ? 3 : 2;
+    return (double)rows * (pair ? 2 : 1) * in >= 268435456.0 ? 3 : 2;
 }
 
-/* occ: mm_occ's blocks per SM where the XP1 walk serves (else 2), as the grid was sized for */
+/* occ: mm_walk_occ's blocks per SM, as the grid was sized for */
 template <int BITS, int GB>
 static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16, int occ) {
     cudaStream_t st = c->stream;
@@ -341,12 +340,67 @@ static int mm_chunks(const tern__cuda *c, int ks1, int tiles) {
     return j;
 }
 
+/* The walk's grid.x: persistent over row blocks, about occ resident blocks per SM in all (TERN_MM_GRID=0:
+ * one block per row block); which block walks a row block never changes its bits. With many slices the
+ * walk's serial tail reductions cost more (4096x14336 q4: 38.5 us walking vs 30.8 not; 14336x4096 26.6
+ * vs 30.2; lm head 167.5 vs 219.2), so from 9 slices a block per row block. */
+static int mm_grid_x(const tern__cuda *c, int rblocks, int ks, int occ) {
+    static int grid_mode = -1;
+    if (grid_mode < 0) grid_mode = tern__cuda_env_int("TERN_MM_GRID", 1);
+    int gx = rblocks;
+    if (grid_mode > 0 && ks <= 8) {
+        const int want = (grid_mode * occ * (c->n_sm > 0 ? c->n_sm : 132) + ks - 1) / ks;
+        gx = want < rblocks ? want : rblocks;
+        const int lo = (rblocks + MM_MINE - 1) / MM_MINE;
+        if (gx < lo) gx = lo;
+    }
+    if (ks > 1 && (rblocks + gx - 1) / gx > MM_MINE) gx = (rblocks + MM_MINE - 1) / MM_MINE;
+    return gx;
+}
+
+/* blocks per SM of the walk over w0 (rows: Σ out, or a pair's outputs): mm_occ_of's where the XP1 walk with
+ * BF16 scales serves, else 2 */
+static int mm_walk_occ(const tern__cuda *c, const tern__cuda_w *w0, int rows, int mode) {
+    const bool xp1w = w0->bits == 4 && mm_xp1(c) && !mm_i8(c) && w0->sdtype != TERN_DT_F16;
+    return xp1w ? mm_occ_of(rows, w0->in, mode == G1_SILU || mode == G1_GELU) : 2;
+}
+
+/* TERN_MM_BAL (default 1; 0 off): mm_chunks' J unless another J shortens the walk's longest block by a
+ * quarter or more. A block walks ceil(rblocks / grid.x) row blocks of J chunks each, so when the grid
+ * cannot cover the row blocks in one round the longest block may do 2-3x the average: gemma4-e4b's q4
+ * gate|up (160 row blocks, 5 chunks: J 4 = slices of 4 + 1 chunks over 132 blocks, two rounds of 4) and
+ * the 262144x2560 head. Estimated length of the longest block, in chunks: J x max(rounds, waves of the
+ * grid). Among the presets it moves gemma4-e4b's gate|up 4 -> 2 and head 4 -> 1, gemma4-26b-a4b's head
+ * 4 -> 2 and gemma4-31b's q|k|v 4 -> 3; llama3-8b and gemma4-12b keep theirs. The bits follow J (see
+ * mm_chunks). */
+static int mm_balance(const tern__cuda *c, int J, int ks1, int rblocks, int occ, size_t units) {
+    static int on = -1;
+    if (on < 0) on = tern__cuda_env_int("TERN_MM_BAL", 1) != 0;
+    if (!on || tern__cuda_mm_j > 0) return J;
+    const long slots = (long)occ * (c->n_sm > 0 ? c->n_sm : 132);
+    auto len = [&](int j) {
+        const int ks = (ks1 + j - 1) / j, gx = mm_grid_x(c, rblocks, ks, occ);
+        const long rounds = (rblocks + gx - 1) / gx, waves = ((long)gx * ks + slots - 1) / slots;
+        return (rounds > waves ? rounds : waves) * j;
+    };
+    const long cur = len(J);
+    int best = J;
+    long bl = cur;
+    for (int j = (ks1 < MM_JMAX ? ks1 : MM_JMAX); j >= 1; j--) {
+        const int ks = (ks1 + j - 1) / j;
+        if (ks > 1 && (size_t)ks * units > TERN_CUDA_PART_FLOATS) continue;
+        const long l = len(j);
+        if (l < bl) { bl = l; best = j; }
+    }
+    return 4 * bl <= 3 * cur ? best : J;
+}
+
 /* The launch geometry of matrices w[0..k) for x in this mode: output units' rows (pair: outputs), row
  * blocks, K slices and their chunks (J·S steps; mm_chunks: a function of `in`, the format and, for
  * small matrices, the row count — see there for what stays bitwise). Returns 0 for every case this
  * kernel declines. */
-static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int *rows_out,
-                   int *rblocks_out, int *ks_out, int *j_out) {
+static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int walk,
+                   int *rows_out, int *rblocks_out, int *ks_out, int *j_out) {
     if (tern__cuda_gemv_mma_on < 0) tern__cuda_gemv_mma_on = tern__cuda_env_int("TERN_CUDA_GEMV_MMA", 1);
     if (!tern__cuda_gemv_mma_on || !c->mm_cnt || k < 1 || k > 3 || ((uintptr_t)x & 15)) return 0;
     const tern__cuda_w *w0 = w[0];
@@ -371,9 +425,11 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     if (w0->in % cps) return 0;
     const int rblocks = (rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
     const int steps = gs * w0->bits / 8 == 16 ? 2 : 4; /* = the kernel's S */
-    const int nst = w0->in / cps, J = mm_chunks(c, (nst + steps - 1) / steps, pair ? (rows + 7) / 8 : (rows + 15) / 16);
-    const int ks = (nst + J * steps - 1) / (J * steps);
     const size_t units = pair ? 2 * (size_t)rows : (size_t)rows;
+    const int nst = w0->in / cps, ks1 = (nst + steps - 1) / steps;
+    int J = mm_chunks(c, ks1, pair ? (rows + 7) / 8 : (rows + 15) / 16);
+    if (walk) J = mm_balance(c, J, ks1, rblocks, mm_walk_occ(c, w0, rows, mode), units);
+    const int ks = (nst + J * steps - 1) / (J * steps);
     if (ks > 65535 || (ks > 1 && ((size_t)ks * units > TERN_CUDA_PART_FLOATS || rblocks > MM_CNT))) return 0;
     *rblocks_out = rblocks;
     *ks_out = ks;
@@ -384,9 +440,9 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
 /* mm_plan, then the launch arguments both walks share (gemv_xr.cu's several rows too): matrices, outputs,
  * rows, slices, row blocks, partials, counters; no pre-norm, no L2 prefetch. 0: not served */
 int tern__cuda_mm_args(const tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
-                       const float *x, int mode, MmArgs *a) {
+                       const float *x, int mode, int walk, MmArgs *a) {
     int rows, rblocks, ks, J;
-    if (!mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks, &J)) return 0;
+    if (!mm_plan(c, w, k, x, mode, walk, &rows, &rblocks, &ks, &J)) return 0;
     const tern__cuda_w *w0 = w[0];
     *a = MmArgs{};
     mat_ptrs(a->data, a->scales, a->biases, a->y, a->out, y, w, e, k);
@@ -411,7 +467,7 @@ int tern__cuda_mm_args(const tern__cuda *c, float *const *y, const tern__cuda_w 
 extern "C" int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x,
                                           int mode) {
     int rows, rblocks, ks, J;
-    return mm_plan(c, w, k, x, mode, &rows, &rblocks, &ks, &J);
+    return mm_plan(c, w, k, x, mode, 1, &rows, &rblocks, &ks, &J);
 }
 
 /* y[i] (op) W_i·x for matrices w[0..k) sharing `in` and the format (mode: G1_*). Returns 1 when it
@@ -427,7 +483,7 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
                                         int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                         const tern_norm_res *res) {
     MmArgs a;
-    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, &a)) return 0;
+    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, 1, &a)) return 0;
     if (a.rows <= 0) return 1;
     const tern__cuda_w *w0 = w[0];
     const int gs = w0->group_size, rblocks = a.rblocks, J = a.J;
@@ -452,24 +508,9 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
      * (session 14, NOTES (w)): 4096x4096 6.8 → 7.3 µs, llama3-8b q4 b1 302 → 298 tok/s */
     const int gb = gs * w0->bits / 8;
     const size_t smem = (size_t)J * (4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float)); /* B table (S·NT <= 4) + Σx, per chunk */
-    /* persistent over row blocks: about two resident blocks per SM in all (TERN_MM_GRID=0: one block
-     * per row block); which block walks a row block never changes its bits */
-    static int grid_mode = -1;
-    if (grid_mode < 0) grid_mode = tern__cuda_env_int("TERN_MM_GRID", 1);
-    int gx = rblocks;
-    /* with many slices the walk's serial tail reductions cost more (4096x14336 q4: 38.5 us walking
-     * vs 30.8 not; 14336x4096 26.6 vs 30.2; lm head 167.5 vs 219.2) */
     const bool f16 = w0->sdtype == TERN_DT_F16;
-    const bool xp1w = w0->bits == 4 && mm_xp1(c) && !mm_i8(c); /* the XP1 walk serves */
-    const int occ = xp1w && !f16 ? mm_occ(a) : 2; /* blocks per SM: the grid below and mm_go's launch bounds */
-    if (grid_mode > 0 && a.ks <= 8) {
-        const int want = (grid_mode * occ * (c->n_sm > 0 ? c->n_sm : 132) + a.ks - 1) / a.ks;
-        gx = want < rblocks ? want : rblocks;
-        const int lo = (rblocks + MM_MINE - 1) / MM_MINE;
-        if (gx < lo) gx = lo;
-    }
-    if (a.ks > 1 && (rblocks + gx - 1) / gx > MM_MINE) gx = (rblocks + MM_MINE - 1) / MM_MINE;
-    const dim3 grid((unsigned)gx, (unsigned)a.ks);
+    const int occ = mm_walk_occ(c, w0, a.rows, a.mode); /* blocks per SM: the grid and mm_go's launch bounds */
+    const dim3 grid((unsigned)mm_grid_x(c, rblocks, a.ks, occ), (unsigned)a.ks);
     cudaSetDevice(c->device);
     if (w0->bits == 4) {
         if (gb == 16) mm_go<4, 16>(c, grid, smem, a, f16, occ);

@@ -258,7 +258,7 @@ extern "C" int tern__cuda_gemv_xr_run(tern__cuda *c, float *const *y, const tern
     XrArgs A = {};
     MmArgs &a = A.m;
     const int e[3] = {0, 0, 0};
-    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, &a)) return 0;
+    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, 0, &a)) return 0;
     if (a.rows <= 0) return 1;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     const size_t units = pair ? 2 * (size_t)a.rows : (size_t)a.rows;

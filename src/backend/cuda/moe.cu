@@ -26,8 +26,12 @@
 #include <math.h>
 #include <stdlib.h>
 
-__global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int n, int E, int k,
-                             const float *pes) {
+/* One warp per row: softmax over the E router logits, then k rounds of a warp argmax (ties to the lower
+ * expert), the chosen weights renormalised and scaled per expert. PR > 0: the probabilities computed once
+ * into PR registers per lane (E <= 32·PR), so a round is a register scan and five shuffle pairs; PR = 0
+ * recomputes them per round (any E). Same values either way: p = expf(l - m) / sum. */
+template <int PR>
+__global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int n, int E, int k, const float *pes) {
     pdl_start();
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -39,15 +43,24 @@ __global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int 
     float sum = 0.0f;
     for (int e = lane; e < E; e += 32) sum += expf(l[e] - m);
     sum = warp_sum(sum);
+    float pr[PR > 0 ? PR : 1];
+#pragma unroll
+    for (int b = 0; b < PR; b++) pr[b] = lane + 32 * b < E ? expf(l[lane + 32 * b] - m) / sum : -1.0f;
     unsigned long long chosen = 0;
     float tot = 0.0f;
     for (int j = 0; j < k; j++) {
         float bp = -1.0f;
         int be = 0x7fffffff;
-        for (int e = lane, b = 0; e < E; e += 32, b++) {
-            if (chosen >> b & 1ull) continue;
-            const float p = expf(l[e] - m) / sum;
-            if (p > bp || (p == bp && e < be)) { bp = p; be = e; }
+        if constexpr (PR > 0) {
+#pragma unroll
+            for (int b = 0; b < PR; b++)
+                if (!(chosen >> b & 1ull) && pr[b] > bp) { bp = pr[b]; be = lane + 32 * b; }
+        } else {
+            for (int e = lane, b = 0; e < E; e += 32, b++) {
+                if (chosen >> b & 1ull) continue;
+                const float p = expf(l[e] - m) / sum;
+                if (p > bp || (p == bp && e < be)) { bp = p; be = e; }
+            }
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -79,7 +92,10 @@ extern "C" void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, c
         return;
     }
     cudaSetDevice(c->device);
-    tern_launch(c->stream, route_kernel, (n + 3) / 4, 128, 0, idx, wts, logits, n, E, k, per_expert_scale);
+    const unsigned g = (unsigned)((n + 3) / 4);
+    if (E <= 128) tern_launch(c->stream, route_kernel<4>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale);
+    else if (E <= 256) tern_launch(c->stream, route_kernel<8>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale);
+    else tern_launch(c->stream, route_kernel<0>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale);
     tern__cuda_check(c, "route_topk");
 }
 

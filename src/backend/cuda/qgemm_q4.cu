@@ -181,7 +181,6 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     (void)c;
     q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
     tern__cuda_qg4w_init();
-    tern__cuda_qg4s_init();
     cudaGetLastError();
 }
 
@@ -224,11 +223,9 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
         mb += (m.out + QG_BM - 1) / QG_BM;
         rows += (size_t)m.out;
     }
-    /* ws: qgemm_q4_ws.cu (one block per SM). wgp: the wgmma kernels' pair form, a block per 64 rows of gate and of
-     * up, the whole K when that fills the SMs (at 32-row tiles, memory-bound, the split wins: 32 sequences 6252 vs
-     * 5450 tok/s) */
-    const bool ws = nt == 8 && tern__cuda_qg4s_on(c);
-    const bool wgp = pair && nt == 8 && (ws || tern__cuda_qg4w_pair());
+    /* wgp: the wgmma kernel's pair form, a block per 64 rows of gate and of up, the whole K when that fills the
+     * SMs (at 32-row tiles, memory-bound, the split wins: 32 sequences 6252 vs 5450 tok/s) */
+    const bool wgp = pair && nt == 8 && tern__cuda_qg4w_pair();
     if (wgp) mb = (w0->out + 63) / 64;
     a.x = (const uint4 *)c->gemm_scratch;
     a.part = c->part;
@@ -247,8 +244,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
      * tok/s (the memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
-    const long target = (long)(wgp || ws ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
-    int S = ws ? (int)(target / base) : base < target ? (int)((target + base - 1) / base) : 1; /* ws: within a wave */
+    const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
+    int S = base < target ? (int)((target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
     if (S > a.nkt / st) S = a.nkt / st;
     if (S < 1) S = 1;
@@ -259,12 +256,11 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.direct = S == 1 && (!pair || wgp);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (ws || nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) */
+    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
                     (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
-        if (ws) tern__cuda_qg4s_launch(c, a, grid, wgp);
-        else if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
+        if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
         else if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
         else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);

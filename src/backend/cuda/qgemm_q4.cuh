@@ -95,11 +95,6 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);
-/* qgemm_q4_ws.cu (sm_90a, TERN_CUDA_QG4_WS=1): the warp-specialized wgmma kernel for 64-row column tiles, one
- * block per SM; _on: it will run (on, its image loaded, its shared memory allowed); _launch: x already staged by q4_stage_x, pair: the pair form's plan */
-bool tern__cuda_qg4s_on(const tern__cuda *c);
-void tern__cuda_qg4s_launch(tern__cuda *c, const Q4Args &a, dim3 grid, bool pair);
-void tern__cuda_qg4s_init(void);
 void tern__cuda_qg4w_init(void);
 
 #endif
