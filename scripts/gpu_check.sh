@@ -65,7 +65,7 @@ elif ! timeout 300 make -j"$jobs" gpu-test > "$OUT/build.log" 2>&1; then
 fi
 stamp "build ok ($(grep -c -E 'warning' "$OUT/build.log") warnings)"
 
-timeout 240 ./build/test_cuda_ops > "$OUT/test.log" 2>&1
+timeout 330 ./build/test_cuda_ops > "$OUT/test.log" 2>&1
 trc=$?
 p=$(grep -c '^PASS: ' "$OUT/test.log"); f=$(grep -c '^FAIL: ' "$OUT/test.log"); s=$(grep -c '^SKIP: ' "$OUT/test.log")
 stamp "op tests: $p passed, $f failed, $s skipped (exit $trc)"

@@ -129,15 +129,16 @@ static int ad_tc(void) {
 }
 /* Fewer pairs than 2 × SMs (batch decode of 8..32 llama3-8b sequences) take AD_TC as well from
  * TERN_CUDA_AD_TC_MIN (pairs, default 64) when the keys the plan sees (a graph's: the whole block table) are
- * at most TERN_CUDA_AD_TC_KEYS (default 2048): a block per pair walks all of its row's keys, which the split
- * kernel spreads over the SMs. H200, session 17 (NOTES (z)), llama3-8b 128 + 128, tok/s at 8 / 16 / 32
- * sequences, 2 × SMs → 64 pairs: q4 2079 / 3869 / 6195 → 2339 / 4248 / 6780, bf16 1144 / 2772 / 4975 →
- * 1212 / 3094 / 5666. TERN_CUDA_AD_TC_MIN=0: from 2 × SMs only */
+ * at most TERN_CUDA_AD_TC_KEYS (default 4096): a block per pair walks all of its row's keys, which the split
+ * kernel spreads over the SMs — measured to win up to 2k keys, longer tables keep the split kernel until
+ * measured. H200, session 17 (NOTES (z)), llama3-8b, tok/s at 8 / 16 / 32 sequences, 2 × SMs → 64 pairs:
+ * 128 + 128 q4 2079 / 3869 / 6195 → 2339 / 4248 / 6780, bf16 1144 / 2772 / 4975 → 1212 / 3094 / 5666;
+ * 2048 + 64 q4 at 8 / 16: 1254 / 1851 → 1394 / 2368. TERN_CUDA_AD_TC_MIN=0: from 2 × SMs only */
 static bool ad_tc_takes(const tern__cuda *c, long pairs, long keys) {
     static int vmin = -1, vkeys = -1;
     if (vmin < 0) {
         vmin = tern__cuda_env_int("TERN_CUDA_AD_TC_MIN", 64);
-        vkeys = tern__cuda_env_int("TERN_CUDA_AD_TC_KEYS", 2048);
+        vkeys = tern__cuda_env_int("TERN_CUDA_AD_TC_KEYS", 4096);
     }
     if (pairs >= 2L * (c->n_sm > 0 ? c->n_sm : 132)) return true;
     return vmin > 0 && pairs >= vmin && keys <= vkeys;

@@ -41,6 +41,8 @@ extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
+extern "C" int tern__cuda_qg4_wgpre;
+int tern__cuda_qg4_wgpre = -1; /* -1 unread (TERN_CUDA_QG4_WGPRE, default 0: the PRE instances); tests set it */
 extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0;
 
@@ -68,7 +70,11 @@ template <int NT> struct QwGeo {
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
  * rows, so a block with the whole K (direct) finishes y = act(gate)·up itself through shared memory */
-template <int NT, bool PAIR = false>
+/* PRE (TERN_CUDA_QG4_WGPRE, session 17): the ring's copies from addresses formed once per block (a pointer or a
+ * row offset per chunk, destinations as a base plus a constant), advanced by the tile — the SASS of the plain
+ * form recomputes each copy's clamped 64-bit address per tile (~135 of ~340 instructions a warp spends per
+ * tile; 6 cp.async and 4 scale loads of them are the work) */
+template <int NT, bool PAIR = false, bool PRE = false>
 __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
@@ -114,11 +120,55 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
         }
     };
 
+    /* PRE: W chunk j of a thread (c = tid + 256j) from wp[j] + 64·kt to its slot's 2·XH + 16c; x chunk j (row
+     * r = tid / 16 + 16j, 16-byte column ch = tid % 16) from xb + xo[j] + 16·kt to its slot's xd + 2048j; the
+     * scales at column group ((kt0 + kt)·128 + 32t) >> gs_shift of rows ra and rbw */
+    constexpr int XJ = (XCH + 255) / 256;
+    const uint8_t *wp[2];
+    uint32_t wok = 0, xok = 0, xo[XJ];
+    const uint4 *xb = a.x + (size_t)kt0 * (QG_KB / 8) + (threadIdx.x & 15);
+    const uint32_t smb = mma_smem_u32(sm), wd = smb + 2 * XH + threadIdx.x * 16;
+    uint32_t xd;
+    const uint16_t *sca = Sc + (size_t)ra * a.ng, *bia = Bi + (size_t)ra * a.ng, *scb = Sc + (size_t)rbw * a.ng,
+                   *bib = Bi + (size_t)rbw * a.ng;
+    if constexpr (PRE) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int c = threadIdx.x + j * 256, r = c >> 2, row = PAIR ? rowb + (r & 63) : rowb + r;
+            const uint8_t *Wr = PAIR ? a.m[r >> 6].w : W;
+            wp[j] = Wr + (size_t)min(row, out - 1) * a.rb + (size_t)kt0 * (QG_KB / 2) + (c & 3) * 16;
+            wok |= (uint32_t)(row < out) << j;
+        }
+        const int r0 = threadIdx.x >> 4, ch = threadIdx.x & 15, cc = ch & 7;
+#pragma unroll
+        for (int j = 0; j < XJ; j++) {
+            const int r = r0 + 16 * j;
+            xo[j] = (uint32_t)min(n0 + r, a.n - 1) * (uint32_t)(a.in / 8);
+            xok |= (uint32_t)(n0 + r < a.n && (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)) << j;
+        }
+        xd = smb + (ch >> 3) * XH + (r0 >> 3) * 1024 + (r0 & 7) * 128 + ((cc ^ (r0 & 7)) << 4);
+    }
+    auto pre_w = [&](int kt, int u) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) mma_cp16(wd + u * STG + j * 4096, wp[j] + (size_t)kt * (QG_KB / 2), wok >> j & 1);
+    };
+    auto pre_x = [&](int kt, int u) {
+#pragma unroll
+        for (int j = 0; j < XJ; j++)
+            if (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)
+                mma_cp16(xd + u * STG + j * 2048, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
+    };
+    auto pre_sb = [&](int kt, int u) {
+        const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
+        sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
+        sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
+    };
+
     float acc[NT * 4];
 #pragma unroll
     for (int i = 0; i < NT * 4; i++) acc[i] = 0.0f;
 
-    q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, [&](int u) {
+    auto tile = [&](int u) {
         const uint8_t *st = sm + u * STG;
         const uint4 *ws = (const uint4 *)(st + 2 * XH);
         const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
@@ -145,7 +195,9 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
         for (int j = 0; j < 8; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + (j >> 2) * XH + (j & 3) * 32));
         qw_commit();
         qw_wait(); /* before the next tile's barrier: its refill overwrites this slot */
-    });
+    };
+    if constexpr (PRE) q4_ring<QW_ST, true>(nkt, pre_w, pre_x, pre_sb, tile);
+    else q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
 
     if constexpr (PAIR) {
         if (a.direct) { /* up's accumulators through shared memory to the gate warps: y = act(gate)·up */
@@ -210,7 +262,11 @@ void tern__cuda_qg4w_init(void) {
     tern__cuda_qg4w_ok = cudaFuncSetAttribute(qg4w_kernel<8>, at, (int)qw_smem<8>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<4>, at, (int)qw_smem<4>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess;
+                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<8, false, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<4, false, true>, at, (int)qw_smem<4>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<8, true, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<4, true, true>, at, (int)qw_smem<4>()) == cudaSuccess;
     cudaGetLastError();
 }
 
@@ -221,7 +277,13 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                 x, chunks);
-    if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
+    if (tern__cuda_qg4_wgpre < 0) tern__cuda_qg4_wgpre = tern__cuda_env_int("TERN_CUDA_QG4_WGPRE", 0) != 0;
+    if (tern__cuda_qg4_wgpre) {
+        if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true, true>, grid, 256, qw_smem<8>(), a);
+        else if (pair) tern_launch(c->stream, qg4w_kernel<4, true, true>, grid, 256, qw_smem<4>(), a);
+        else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8, false, true>, grid, 256, qw_smem<8>(), a);
+        else tern_launch(c->stream, qg4w_kernel<4, false, true>, grid, 256, qw_smem<4>(), a);
+    } else if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
     else if (pair) tern_launch(c->stream, qg4w_kernel<4, true>, grid, 256, qw_smem<4>(), a);
     else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8>, grid, 256, qw_smem<8>(), a);
     else tern_launch(c->stream, qg4w_kernel<4>, grid, 256, qw_smem<4>(), a);
