@@ -253,20 +253,14 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_gemv_xr = 0;
     tern__cuda_bf16_split = 0;
     static const int ns[] = {17, 32, 33, 64, 65, 100, 128};
-    extern int tern__cuda_qg4_wgpair, tern__cuda_qg4_wgpre;
-    const int keep_pair = tern__cuda_qg4_wgpair, keep_pre = tern__cuda_qg4_wgpre;
+    q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4 wgmma", &tern__cuda_qg4w_calls);
+    extern int tern__cuda_qg4_wgpair;
+    const int keep_pair = tern__cuda_qg4_wgpair;
     static const int nf[] = {29, 61, 93, 125};
-    for (int pre = 0; pre < 2; pre++) { /* the ring's addresses per tile, then formed once (TERN_CUDA_QG4_WGPRE) */
-        tern__cuda_qg4_wgpre = pre;
-        q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), pre ? "qg4 wgmma pre" : "qg4 wgmma", &tern__cuda_qg4w_calls);
-        for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
-            tern__cuda_qg4_wgpair = pair;
-            q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? (pre ? "qg4 wgmma pre pair" : "qg4 wgmma pair")
-                                                           : (pre ? "qg4 wgmma pre" : "qg4 wgmma"),
-                           &tern__cuda_qg4w_calls);
-        }
+    for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
+        tern__cuda_qg4_wgpair = pair;
+        q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? "qg4 wgmma pair" : "qg4 wgmma", &tern__cuda_qg4w_calls);
     }
-    tern__cuda_qg4_wgpre = keep_pre;
     tern__cuda_qg4_wgpair = keep_pair;
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;

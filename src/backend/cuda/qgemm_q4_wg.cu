@@ -41,8 +41,6 @@ extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
-extern "C" int tern__cuda_qg4_wgpre;
-int tern__cuda_qg4_wgpre = -1; /* -1 unread (TERN_CUDA_QG4_WGPRE, default 0: the PRE instances); tests set it */
 extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0;
 
@@ -70,11 +68,7 @@ template <int NT> struct QwGeo {
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
  * rows, so a block with the whole K (direct) finishes y = act(gate)·up itself through shared memory */
-/* PRE (TERN_CUDA_QG4_WGPRE, session 17): the ring's copies from addresses formed once per block (a pointer or a
- * row offset per chunk, destinations as a base plus a constant), advanced by the tile — the SASS of the plain
- * form recomputes each copy's clamped 64-bit address per tile (~135 of ~340 instructions a warp spends per
- * tile; 6 cp.async and 4 scale loads of them are the work) */
-template <int NT, bool PAIR = false, bool PRE = false>
+template <int NT, bool PAIR = false>
 __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
@@ -95,34 +89,13 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     const int ra = min(wr + g, out - 1), rbw = min(wr + g + 8, out - 1);
 
     uint32_t sbr[QW_ST][2];
-    auto load_sb = [&](int kt, int u) { q4_sb(sbr[u], a, Sc, Bi, ra, rbw, kt0 + kt, t); };
-    auto load_w = [&](int kt, int u) { /* 512 chunks: 2 per thread */
-        uint8_t *dst = sm + u * STG + 2 * XH;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int c = threadIdx.x + j * 256, r = c >> 2, row = PAIR ? rowb + (r & 63) : rowb + r;
-            const uint8_t *Wr = PAIR ? a.m[r >> 6].w : W; /* PAIR: shared rows 0..63 gate, 64..127 up */
-            const uint8_t *src = Wr + (size_t)min(row, out - 1) * a.rb + (size_t)(kt0 + kt) * (QG_KB / 2) + (c & 3) * 16;
-            mma_cp16(mma_smem_u32(dst + c * 16), src, row < out);
-        }
-    };
-    auto load_x = [&](int kt, int u) {
-        uint8_t *dst = sm + u * STG;
-#pragma unroll
-        for (int j = 0; j < (XCH + 255) / 256; j++) {
-            const int c = threadIdx.x + j * 256;
-            if (XCH % 256 == 0 || c < XCH) {
-                const int r = c >> 4, ch = c & 15, cc = ch & 7;
-                const uint4 *src = a.x + ((size_t)min(n0 + r, a.n - 1) * a.in + (size_t)(kt0 + kt) * QG_KB) / 8 + ch;
-                uint8_t *d = dst + (ch >> 3) * XH + (r >> 3) * 1024 + (r & 7) * 128 + ((cc ^ (r & 7)) << 4);
-                mma_cp16(mma_smem_u32(d), src, n0 + r < a.n);
-            }
-        }
-    };
-
-    /* PRE: W chunk j of a thread (c = tid + 256j) from wp[j] + 64·kt to its slot's 2·XH + 16c; x chunk j (row
-     * r = tid / 16 + 16j, 16-byte column ch = tid % 16) from xb + xo[j] + 16·kt to its slot's xd + 2048j; the
-     * scales at column group ((kt0 + kt)·128 + 32t) >> gs_shift of rows ra and rbw */
+    /* The ring's copies from addresses formed once per block, advanced per tile: W chunk j of a thread (c = tid +
+     * 256j: row c / 4, 16-byte column c % 4) from wp[j] + 64·kt to its slot's 2·XH + 16c; x chunk j (row r = tid / 16
+     * + 16j, 16-byte column ch = tid % 16) from xb + xo[j] + 16·kt to its slot's xd + 2048j (K-major, 128-byte
+     * swizzle: chunk ch & 7 of row r at (ch & 7) ^ (r & 7), K half ch / 8); the scales at column group ((kt0 +
+     * kt)·128 + 32t) >> gs_shift of rows ra and rbw. H200, session 17 (NOTES (z)): the per-tile form recomputed
+     * each copy's clamped 64-bit address (~135 of ~340 instructions a warp issued per tile); llama3-8b q4 decode
+     * at 64 / 128 sequences 11273 / 12126 → 11575 / 12325 tok/s */
     constexpr int XJ = (XCH + 255) / 256;
     const uint8_t *wp[2];
     uint32_t wok = 0, xok = 0, xo[XJ];
@@ -131,7 +104,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     uint32_t xd;
     const uint16_t *sca = Sc + (size_t)ra * a.ng, *bia = Bi + (size_t)ra * a.ng, *scb = Sc + (size_t)rbw * a.ng,
                    *bib = Bi + (size_t)rbw * a.ng;
-    if constexpr (PRE) {
+    {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const int c = threadIdx.x + j * 256, r = c >> 2, row = PAIR ? rowb + (r & 63) : rowb + r;
@@ -148,17 +121,17 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
         }
         xd = smb + (ch >> 3) * XH + (r0 >> 3) * 1024 + (r0 & 7) * 128 + ((cc ^ (r0 & 7)) << 4);
     }
-    auto pre_w = [&](int kt, int u) {
+    auto load_w = [&](int kt, int u) {
 #pragma unroll
         for (int j = 0; j < 2; j++) mma_cp16(wd + u * STG + j * 4096, wp[j] + (size_t)kt * (QG_KB / 2), wok >> j & 1);
     };
-    auto pre_x = [&](int kt, int u) {
+    auto load_x = [&](int kt, int u) {
 #pragma unroll
         for (int j = 0; j < XJ; j++)
             if (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)
                 mma_cp16(xd + u * STG + j * 2048, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
     };
-    auto pre_sb = [&](int kt, int u) {
+    auto load_sb = [&](int kt, int u) {
         const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
         sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
         sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
@@ -196,8 +169,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
         qw_commit();
         qw_wait(); /* before the next tile's barrier: its refill overwrites this slot */
     };
-    if constexpr (PRE) q4_ring<QW_ST, true>(nkt, pre_w, pre_x, pre_sb, tile);
-    else q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
+    q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
 
     if constexpr (PAIR) {
         if (a.direct) { /* up's accumulators through shared memory to the gate warps: y = act(gate)·up */
@@ -262,11 +234,7 @@ void tern__cuda_qg4w_init(void) {
     tern__cuda_qg4w_ok = cudaFuncSetAttribute(qg4w_kernel<8>, at, (int)qw_smem<8>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<4>, at, (int)qw_smem<4>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<8, false, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, false, true>, at, (int)qw_smem<4>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<8, true, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, true, true>, at, (int)qw_smem<4>()) == cudaSuccess;
+                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess;
     cudaGetLastError();
 }
 
@@ -277,13 +245,7 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                 x, chunks);
-    if (tern__cuda_qg4_wgpre < 0) tern__cuda_qg4_wgpre = tern__cuda_env_int("TERN_CUDA_QG4_WGPRE", 0) != 0;
-    if (tern__cuda_qg4_wgpre) {
-        if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true, true>, grid, 256, qw_smem<8>(), a);
-        else if (pair) tern_launch(c->stream, qg4w_kernel<4, true, true>, grid, 256, qw_smem<4>(), a);
-        else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8, false, true>, grid, 256, qw_smem<8>(), a);
-        else tern_launch(c->stream, qg4w_kernel<4, false, true>, grid, 256, qw_smem<4>(), a);
-    } else if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
+    if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
     else if (pair) tern_launch(c->stream, qg4w_kernel<4, true>, grid, 256, qw_smem<4>(), a);
     else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8>, grid, 256, qw_smem<8>(), a);
     else tern_launch(c->stream, qg4w_kernel<4>, grid, 256, qw_smem<4>(), a);
