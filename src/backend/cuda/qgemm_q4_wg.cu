@@ -13,7 +13,7 @@
  *
  * Same block shape, ring and decode as qgemm_q4.cu: 8 warps × 16 weight rows (BM = 128), 4 cp.async stages
  * of (x tile, W tile), the first W tiles requested before pdl_wait, split K over blockIdx.y into partials
- * summed by qg4_reduce. A (the weights) comes from registers: wgmma's A fragment of a warp's 16 rows is
+ * summed by qg4_reduce (the copies here from addresses formed once per block: see the kernel). A (the weights) comes from registers: wgmma's A fragment of a warp's 16 rows is
  * mma.m16n8k16's, so the decode of qgemm_q4.cu gives it unchanged — word sp of a lane's 32 codes yields
  * k-steps j = 2sp (codes i, i+4 for i = 0, 1) and 2sp + 1 (i = 2, 3); k-slot 2t + e of step j is input
  * 32t + 8sp + 2h + 4e and slot 8 + 2t + e is that + 1 (h = j & 1). B (x) is read by the tensor cores, so the
