@@ -17,8 +17,9 @@
 # in session 15 (ran there); 14 (TERN_CUDA_QG4_ST, TERN_CUDA_AD_WANT, TERN_CUDA_AD_1P) was written after session
 # 15's last call and lost in session 16; 15 (TERN_CUDA_QG4_WG, WGPAIR) and 16 (TERN_CUDA_AD_TC) won in session 16
 # (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) and 18 (TERN_CUDA_QG4_WS) ran in session 17 (NOTES (z)):
-# AD_TC_MIN = 64 won (default now, bounded by TERN_CUDA_AD_TC_KEYS), WS lost 2x and was removed. 17 is now the
-# long-context check of that bound, 18 session 17's K-slice balance (TERN_MM_BAL) and router. Keep this script
+# AD_TC_MIN = 64 won (default now, bounded by TERN_CUDA_AD_TC_KEYS), WS lost 2x and was removed; then TERN_MM_BAL
+# won (default) and the bound held at 2k keys. 17 is now that bound at 8k keys, 18 TERN_CUDA_QG4_PRE (written after
+# session 17's last call). Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -219,24 +220,27 @@ if [[ " $SECTIONS " == *" 16 "* ]]; then
     conc_ab "TERN_CUDA_AD_TC=0;TERN_CUDA_AD_TC=1;TERN_CUDA_AD_TC=1 TERN_CUDA_AD_TC_ST=2" "llama3-8b:q4 llama3-8b" 32,64
 fi
 
-# 17. the tensor-core decode attention below 2 x SMs pairs at long context (TERN_CUDA_AD_TC_KEYS: the key
-#     bound up to which AD_TC_MIN's launches take it; 0 keeps them on the split kernel): q4 at 8 / 16 sequences
-#     with 2048-token prompts, interleaved
+# 17. the tensor-core decode attention below 2 x SMs pairs past 4096 keys (TERN_CUDA_AD_TC_KEYS: 0 keeps those
+#     launches on the split kernel, 16384 lets the tensor-core kernel take them): q4 at 8 / 16 sequences with
+#     8192-token prompts, interleaved (session 17 measured 2048: the tensor-core kernel won, 1254 / 1851 → 1394 / 2368)
 if [[ " $SECTIONS " == *" 17 "* ]]; then
     for rep in $(seq "${AB_REPS:-2}"); do
-        for v in 0 4096; do
-            TERN_CUDA_AD_TC_KEYS=$v timeout 150 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 \
-                --conc 8,16 --prompt 2048 --gen 64 --requests 2 --system 16 > "$OUT/long_${v}_$rep.txt" 2>&1
-            say "long context q4 TC_KEYS=$v rep $rep: $(grep '^csv,conc' "$OUT/long_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+        for v in 0 16384; do
+            TERN_CUDA_AD_TC_KEYS=$v timeout 200 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 \
+                --conc 8,16 --prompt 8192 --gen 64 --requests 2 --system 16 > "$OUT/long_${v}_$rep.txt" 2>&1
+            say "8k context q4 TC_KEYS=$v rep $rep: $(grep '^csv,conc' "$OUT/long_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
         done
     done
 fi
 
-# 18. TERN_MM_BAL (mm_balance: the Q4 GEMV's chunks per K slice re-chosen where the walk's longest block would
-#     do >= 4/3 of the best plan's; gemma4-e4b's gate|up and head, gemma4-26b-a4b's head) and the router's
-#     probabilities held in registers (no switch: same bits): batch 1, interleaved
+# 18. TERN_CUDA_QG4_PRE=1 (qgemm_q4.cu's 16-row tiles with the ring's copy addresses formed once per block, as
+#     qgemm_q4_wg.cu's since session 17; written after session 17's last call): its op test, then q4 decode at
+#     8 / 16 sequences interleaved
 if [[ " $SECTIONS " == *" 18 "* ]]; then
-    b1_ab TERN_MM_BAL "0 1" "gemma4-e4b --quant q4;gemma4-26b-a4b --quant q4;llama3-8b --quant q4"
+    TERN_TEST_ONLY=cuda_qgemm_q4 timeout 150 build/test_cuda_ops > "$OUT/pre_ops.txt" 2>&1
+    say "qg4 op test: $(grep -c '^PASS' "$OUT/pre_ops.txt") passed, $(grep -c '^FAIL' "$OUT/pre_ops.txt") failed"
+    grep 'err .*qg4 pre' "$OUT/pre_ops.txt" | sort -k7 -g | tail -1 | tee -a "$S"
+    conc_ab "TERN_CUDA_QG4_PRE=0;TERN_CUDA_QG4_PRE=1" llama3-8b:q4 8,16
 fi
 
 echo "summary: $S"

@@ -232,6 +232,15 @@ TEST(cuda_qgemm_q4) {
             }
         tern__cuda_qg4_st = keep_st;
     }
+    { /* copy addresses formed once per block at 16-row tiles (TERN_CUDA_QG4_PRE): plain and fused at 2..16 rows */
+        extern int tern__cuda_qg4_pre;
+        const int keep_pre = tern__cuda_qg4_pre;
+        tern__cuda_qg4_pre = 1;
+        static const int np[] = {2, 9, 16}, nfp[] = {5, 13};
+        q4_plain_sweep(g, np, TERN_ARRAY_LEN(np), "qg4 pre", &tern__cuda_qg4_calls);
+        q4_fused_sweep(g, nfp, TERN_ARRAY_LEN(nfp), "qg4 pre", &tern__cuda_qg4_calls);
+        tern__cuda_qg4_pre = keep_pre;
+    }
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_qg4_on = keep;
     tern__cuda_gemv_xr = keep_xr;
