@@ -18,8 +18,8 @@
 # 15's last call and lost in session 16; 15 (TERN_CUDA_QG4_WG, WGPAIR) and 16 (TERN_CUDA_AD_TC) won in session 16
 # (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) and 18 (TERN_CUDA_QG4_WS) ran in session 17 (NOTES (z)):
 # AD_TC_MIN = 64 won (default now, bounded by TERN_CUDA_AD_TC_KEYS), WS lost 2x and was removed; then TERN_MM_BAL
-# won (default) and the bound held at 2k keys. 17 is now that bound at 8k keys, 18 TERN_CUDA_QG4_PRE (written after
-# session 17's last call). Keep this script
+# won (default) and the bound held at 2k keys. 17 is now that bound at 8k keys, 18 TERN_CUDA_QG4_PRE and 19
+# TERN_CUDA_SGW (both written after session 17's last call). Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -95,7 +95,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-18 17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y))
+SECTIONS="${AB_SECTIONS:-19 18 17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -241,6 +241,18 @@ if [[ " $SECTIONS " == *" 18 "* ]]; then
     say "qg4 op test: $(grep -c '^PASS' "$OUT/pre_ops.txt") passed, $(grep -c '^FAIL' "$OUT/pre_ops.txt") failed"
     grep 'err .*qg4 pre' "$OUT/pre_ops.txt" | sort -k7 -g | tail -1 | tee -a "$S"
     conc_ab "TERN_CUDA_QG4_PRE=0;TERN_CUDA_QG4_PRE=1" llama3-8b:q4 8,16
+fi
+
+# 19. TERN_CUDA_SGW=1 (sgemm_wg.cu: BF16 weights times 17..128 rows on wgmma with A = the weight tile from shared
+#     memory; written after session 17's last call): its op test, µs per op against cuBLASLt and sgemm.cu
+#     (bench_cuda --sgemm), then bf16 batch decode at 32 / 64 / 128 interleaved
+if [[ " $SECTIONS " == *" 19 "* ]]; then
+    TERN_TEST_ONLY=cuda_sgemm_wg timeout 150 build/test_cuda_ops > "$OUT/sgw_ops.txt" 2>&1
+    say "sgemm_wg op test: $(grep -c '^PASS' "$OUT/sgw_ops.txt") passed, $(grep -c '^FAIL' "$OUT/sgw_ops.txt") failed"
+    grep -E 'check failed' "$OUT/sgw_ops.txt" | head -3 | tee -a "$S"
+    timeout 150 build/bench_cuda --sgemm > "$OUT/sgw_bench.txt" 2>&1
+    grep '^fused' "$OUT/sgw_bench.txt" | grep -E 'n=(64|128) ' | tr -s ' ' | tee -a "$S"
+    conc_ab "TERN_CUDA_SGW=0;TERN_CUDA_SGW=1" llama3-8b 32,64,128
 fi
 
 echo "summary: $S"

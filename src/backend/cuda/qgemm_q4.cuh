@@ -95,6 +95,8 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);
+/* qgemm_q4.cu: the S K-slices of a.part summed in slice order into the outputs (sgemm_wg.cu's split K too) */
+__global__ void qg4_reduce(Q4Args a, int S);
 void tern__cuda_qg4w_init(void);
 
 #endif
