@@ -76,6 +76,13 @@ conc_ab() {
         done
     done
 }
+# op_test NAME TAG: the op test NAME alone (build/test_cuda_ops, 150 s at most) into $OUT/TAG_ops.txt, its pass /
+# fail count and first failed checks in the summary
+op_test() {
+    TERN_TEST_ONLY=$1 timeout 150 build/test_cuda_ops > "$OUT/$2_ops.txt" 2>&1
+    say "$1 op test: $(grep -c '^PASS' "$OUT/$2_ops.txt") passed, $(grep -c '^FAIL' "$OUT/$2_ops.txt") failed"
+    grep -E '^FAIL|check failed' "$OUT/$2_ops.txt" | head -5 | tee -a "$S"
+}
 # on_checks VAR COMPUTE "fixtures": with VAR=1, model parity on cuda (f32, bf16), then greedy ids of each
 # fixture (kv-quant off and 8, in COMPUTE) with VAR=0 and VAR=1 — a switch that keeps bits must say "same"
 on_checks() {
@@ -152,9 +159,7 @@ fi
 #     (bench_cuda --xr; --batched also times n = 128..512 against dequantize + cuBLASLt), parity, then
 #     batch decode at 16 / 32 / 64 (q4, bf16 compute) off / on
 if [[ " $SECTIONS " == *" 13 "* ]]; then
-    TERN_TEST_ONLY=cuda_qgemm_q4 timeout 200 build/test_cuda_ops > "$OUT/qg4_ops.txt" 2>&1
-    say "qg4 op test: $(grep -c '^PASS' "$OUT/qg4_ops.txt") passed, $(grep -c '^FAIL' "$OUT/qg4_ops.txt") failed"
-    grep -E '^FAIL|check failed' "$OUT/qg4_ops.txt" | head -5 | tee -a "$S"
+    op_test cuda_qgemm_q4 qg4
     timeout 150 build/bench_cuda --xr > "$OUT/qg4_bench.txt" 2>&1
     grep '^bmm' "$OUT/qg4_bench.txt" | grep -v ' n=1 \| n=2 \| n=4 ' | tr -s ' ' | tee -a "$S"
     TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=bf16 timeout 120 build/tests/test_parity_core > "$OUT/parity_qg4.log" 2>&1
@@ -237,8 +242,7 @@ fi
 #     qgemm_q4_wg.cu's since session 17; written after session 17's last call): its op test, then q4 decode at
 #     8 / 16 sequences interleaved
 if [[ " $SECTIONS " == *" 18 "* ]]; then
-    TERN_TEST_ONLY=cuda_qgemm_q4 timeout 150 build/test_cuda_ops > "$OUT/pre_ops.txt" 2>&1
-    say "qg4 op test: $(grep -c '^PASS' "$OUT/pre_ops.txt") passed, $(grep -c '^FAIL' "$OUT/pre_ops.txt") failed"
+    op_test cuda_qgemm_q4 pre
     grep 'err .*qg4 pre' "$OUT/pre_ops.txt" | sort -k7 -g | tail -1 | tee -a "$S"
     conc_ab "TERN_CUDA_QG4_PRE=0;TERN_CUDA_QG4_PRE=1" llama3-8b:q4 8,16
 fi
@@ -247,9 +251,7 @@ fi
 #     memory; written after session 17's last call): its op test, µs per op against cuBLASLt and sgemm.cu
 #     (bench_cuda --sgemm), then bf16 batch decode at 32 / 64 / 128 interleaved
 if [[ " $SECTIONS " == *" 19 "* ]]; then
-    TERN_TEST_ONLY=cuda_sgemm_wg timeout 150 build/test_cuda_ops > "$OUT/sgw_ops.txt" 2>&1
-    say "sgemm_wg op test: $(grep -c '^PASS' "$OUT/sgw_ops.txt") passed, $(grep -c '^FAIL' "$OUT/sgw_ops.txt") failed"
-    grep -E 'check failed' "$OUT/sgw_ops.txt" | head -3 | tee -a "$S"
+    op_test cuda_sgemm_wg sgw
     timeout 150 build/bench_cuda --sgemm > "$OUT/sgw_bench.txt" 2>&1
     grep '^fused' "$OUT/sgw_bench.txt" | grep -E 'n=(64|128) ' | tr -s ' ' | tee -a "$S"
     conc_ab "TERN_CUDA_SGW=0;TERN_CUDA_SGW=1" llama3-8b 32,64,128

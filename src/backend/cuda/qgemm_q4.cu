@@ -221,6 +221,14 @@ __global__ void qg4_reduce(Q4Args a, int S) {
     }
 }
 
+/* qgemm_q4.cuh */
+void tern__cuda_qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char *what) {
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
+    const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;
+    tern_launch(c->stream, qg4_reduce, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
+    tern__cuda_check(c, what);
+}
+
 static size_t q4_smem(int nt, int st = Q4_ST) { return (size_t)st * (QG_BM * 4 + nt * 8 * 16) * 16; }
 
 /* at open (gemv.cu's init, the device current): shared-memory limits of the instances */
@@ -319,11 +327,7 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
     }
     tern__cuda_check(c, "qgemm_q4");
-    if (!a.direct) {
-        const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;
-        tern_launch(c->stream, qg4_reduce, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
-        tern__cuda_check(c, "qgemm_q4 reduce");
-    }
+    if (!a.direct) tern__cuda_qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
     tern__cuda_qg4_calls++;
     return 1;
 }

@@ -87,6 +87,52 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
     mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 }
 
+/* The end of a wgmma kernel's block (qgemm_q4_wg.cu, sgemm_wg.cu: 8 warps, warp w's accumulators = mma.sync's C of
+ * rows wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (4..7) hand
+ * their accumulators to the gate warps through shared memory (sm: the drained ring) and y = act(gate)·up; else
+ * y (+= for G1_RES) when direct, or this K slice's partials */
+template <int NT, bool PAIR>
+__device__ __forceinline__ void qw_store(const Q4Args &a, const float *acc, uint8_t *sm, int mi, int out, int rowb,
+                                         int wr, int n0, int warp, int g, int t) {
+    constexpr int BN = NT * 8;
+    if constexpr (PAIR) {
+        if (a.direct) {
+            float *const ups = (float *)sm; /* [64 rows][BN + 1] */
+            __syncthreads(); /* every warp is done with the ring */
+            if (warp >= 4)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        ups[((warp & 3) * 16 + g + (i >> 1) * 8) * (BN + 1) + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
+            __syncthreads();
+            if (warp < 4)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int rl = warp * 16 + g + (i >> 1) * 8, row = rowb + rl, col = n0 + nt * 8 + 2 * t + (i & 1);
+                        const float v = acc[nt * 4 + i], u = ups[rl * (BN + 1) + nt * 8 + 2 * t + (i & 1)];
+                        if (row < out && col < a.n)
+                            a.m[0].y[(size_t)col * out + row] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
+                    }
+            return;
+        }
+    }
+    float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
+    const bool add = a.direct && a.mode == G1_RES;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = wr + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
+            if (row < out && col < a.n) {
+                float *p = dst + (size_t)col * out + row;
+                *p = add ? *p + acc[nt * 4 + i] : acc[nt * 4 + i];
+            }
+        }
+}
+
 /* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8) or 32 (nt 4), x staged in its
  * own order; 1 when launched, 0 when not available (no sm_90a image for this GPU, TERN_CUDA_QG4_WG=0); pair:
  * the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up together) */
@@ -95,8 +141,9 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);
-/* qgemm_q4.cu: the S K-slices of a.part summed in slice order into the outputs (sgemm_wg.cu's split K too) */
-__global__ void qg4_reduce(Q4Args a, int S);
+/* qgemm_q4.cu: the S K-slices of a.part summed in slice order into the outputs (qg4_reduce; sgemm_wg.cu's split
+ * K too); what: the label of the launch check */
+void tern__cuda_qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char *what);
 void tern__cuda_qg4w_init(void);
 
 #endif

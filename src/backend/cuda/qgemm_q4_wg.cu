@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
             return;
         }
     }
-    /* qgemm_q4.cu's store (kept inline: a shared helper moved the registers of the timed pair-form kernel) */
+    /* qgemm_q4.cuh's qw_store, kept inline here: calling it moved the registers of every instance of this timed
+     * kernel (sessions 16 and 17: its sm_90a code differs) — fold it in only with an H200 A/B at hand */
     float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
     const bool add = a.direct && a.mode == G1_RES;
 #pragma unroll

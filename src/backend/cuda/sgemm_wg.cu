@@ -17,7 +17,7 @@
  * groups 1024 bytes apart, bases 1024-aligned), so a k-step of 16 inputs is a 32-byte column: warpgroup w issues
  * 4 wgmma m64nNk16 per tile with A at W + 8192·w + 32·j and B at x + 32·j, commits, waits. 24 KB a stage at
  * NT = 8: two blocks per SM. x is the caller's staged bf16 [n][in] (gemm.c's stage_x) in natural order.
- * Split K over blockIdx.y into partials summed by qgemm_q4.cu's qg4_reduce (the same Q4Args: w holds the BF16
+ * Split K over blockIdx.y into partials summed by qgemm_q4.cu's qg4_reduce (tern__cuda_qg4_reduce_run) (the same Q4Args: w holds the BF16
  * rows, rb = 2·in bytes); the accumulator is mma.sync's C per 8 columns, so the epilogue is qgemm_q4_wg.cu's.
  * Numerics: bf16 W times bf16 x with f32 accumulation — the plain bf16 mode's contract, as sgemm.cu and
  * cuBLASLt (the order of the sums differs from theirs). Op test cuda_sgemm_wg.
@@ -106,42 +106,7 @@ __global__ void __launch_bounds__(256, 2) sgw_kernel(Q4Args a) {
         qw_wait(); /* before the next tile's barrier: its refill overwrites this slot */
     });
 
-    if constexpr (PAIR) {
-        if (a.direct) { /* up's accumulators through shared memory to the gate warps: y = act(gate)·up */
-            float *const ups = (float *)sm; /* [64 rows][BN + 1] */
-            __syncthreads(); /* every warp is done with the ring */
-            if (warp >= 4)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        ups[((warp & 3) * 16 + g + (i >> 1) * 8) * (BN + 1) + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
-            __syncthreads();
-            if (warp < 4)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int rl = warp * 16 + g + (i >> 1) * 8, row = rowb + rl, col = n0 + nt * 8 + 2 * t + (i & 1);
-                        const float v = acc[nt * 4 + i], u = ups[rl * (BN + 1) + nt * 8 + 2 * t + (i & 1)];
-                        if (row < out && col < a.n)
-                            a.m[0].y[(size_t)col * out + row] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
-                    }
-            return;
-        }
-    }
-    float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
-    const bool add = a.direct && a.mode == G1_RES;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int row = wr + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
-            if (row < out && col < a.n) {
-                float *p = dst + (size_t)col * out + row;
-                *p = add ? *p + acc[nt * 4 + i] : acc[nt * 4 + i];
-            }
-        }
+    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
     (void)a;
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
@@ -220,11 +185,7 @@ extern "C" int tern__cuda_sgw_run(tern__cuda *c, int k, float *const *y, const v
     else if (nt == 8) tern_launch(c->stream, sgw_kernel<8, false>, grid, 256, sw_smem<8>(), a);
     else tern_launch(c->stream, sgw_kernel<4, false>, grid, 256, sw_smem<4>(), a);
     tern__cuda_check(c, "sgemm_wg");
-    if (!a.direct) {
-        const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;
-        tern_launch(c->stream, qg4_reduce, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
-        tern__cuda_check(c, "sgemm_wg reduce");
-    }
+    if (!a.direct) tern__cuda_qg4_reduce_run(c, a, S, "sgemm_wg reduce");
     tern__cuda_sgw_calls++;
     return 1;
 }
