@@ -265,11 +265,14 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         tern_allreduce_sum(be, g->o, (size_t)n * H);
         if (lc->moe) {
             int E = c->n_expert, K = c->n_expert_used;
-            op->rmsnorm(be, g->o, g->o, n, H, L->post_ff1_norm, eps);
-            op->rmsnorm(be, g->x2, x, n, H, L->router_scale, eps); /* norm0(r)·scale·H^-1/2 */
-            op->matmul(be, g->lg, g->x2, n, &L->router);
+            /* the dense branch's post-norm, the router's input norm0(r)·scale·H^-1/2 (into m2, free until the
+             * experts write it) and the experts' pre-norm: one launch where the backend has rmsnorm_n */
+            float *ny[3] = {g->o, g->m2, g->x2};
+            const float *nx[3] = {g->o, x, x}, *nw[3] = {L->post_ff1_norm, L->router_scale, L->pre_ff2_norm};
+            const int nr[3] = {n, n, n};
+            tern__rmsnorm_n(m, 3, ny, nx, nr, H, nw, eps);
+            op->matmul(be, g->lg, g->m2, n, &L->router);
             op->route_topk(be, g->idx, g->wts, g->lg, n, E, K, TERN_ROUTE_SOFTMAX_TOPK, L->per_expert_scale);
-            op->rmsnorm(be, g->x2, x, n, H, L->pre_ff2_norm, eps);
             tern__moe_mlp(m, l, g->m2, g->x2, n, H, g->idx, g->wts, K, &L->egate, &L->eup, &L->edown,
                         TERN_ACT_GELU_TANH, g->moe_scratch);
             tern_allreduce_sum(be, g->m2, (size_t)n * H); /* expert parallel: each rank ran its experts */
@@ -281,8 +284,12 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             tern__rmsnorm_add(m, x, g->o, n, H, L->post_ff_norm, eps, NULL);
             /* (c) per-layer input gate */
             op->matmul(be, g->pg, x, n, &L->ple_gate);
-            op->copy_cols(be, g->pt, g->ple, n, P, N * P, l * P);
-            op->gelu_tanh_mul(be, g->pg, g->pg, g->pt, (size_t)n * P);
+            const float *pl = g->ple + (size_t)l * P; /* one row (decode): this layer's slice is contiguous */
+            if (n > 1) {
+                op->copy_cols(be, g->pt, g->ple, n, P, N * P, l * P);
+                pl = g->pt;
+            }
+            op->gelu_tanh_mul(be, g->pg, g->pg, pl, (size_t)n * P);
             op->matmul(be, g->o, g->pg, n, &L->ple_proj);
             pend = (tern_pending_res){g->o, L->post_ple_norm, L->layer_scalar, 1};
         } else {
