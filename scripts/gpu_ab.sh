@@ -19,7 +19,7 @@
 # (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) and 18 (TERN_CUDA_QG4_WS) ran in session 17 (NOTES (z)):
 # AD_TC_MIN = 64 won (default now, bounded by TERN_CUDA_AD_TC_KEYS), WS lost 2x and was removed; then TERN_MM_BAL
 # won (default) and the bound held at 2k keys. 17 is now that bound at 8k keys, 18 TERN_CUDA_QG4_PRE and 19
-# TERN_CUDA_SGW (both written after session 17's last call), 20 a re-run of TERN_CUDA_NORM_RES=1. Keep this script
+# TERN_CUDA_SGW (both written after session 17's last call), 20 a re-run of TERN_CUDA_NORM_RES=1, 21 TERN_CUDA_QG4_LR. Keep this script
 # as the template for the next switches: make one the default only when it wins here and in the model
 # runs.
 set -u
@@ -102,7 +102,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-19 20 18 17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z))
+SECTIONS="${AB_SECTIONS:-19 21 20 18 17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -263,6 +263,12 @@ fi
 #     one-block rmsnorm_add launches (NOTES (z)): batch 1, interleaved, two reps
 if [[ " $SECTIONS " == *" 20 "* ]]; then
     b1_ab TERN_CUDA_NORM_RES "2 1" "gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4"
+fi
+
+# 21. TERN_CUDA_QG4_LR=1 (qgemm_q4_wg.cu's split K reduced by its own last block per tile instead of a qg4_reduce
+#     launch; same bits; written after session 17's last call): q4 decode at 32 / 64 / 128 interleaved
+if [[ " $SECTIONS " == *" 21 "* ]]; then
+    conc_ab "TERN_CUDA_QG4_LR=0;TERN_CUDA_QG4_LR=1" llama3-8b:q4 32,64,128
 fi
 
 echo "summary: $S"

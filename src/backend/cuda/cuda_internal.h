@@ -28,6 +28,7 @@ extern "C" {
 
 #define TERN_CUDA_GEMV_MAX_N 16             /* rows per GEMV launch (x staged in shared memory) */
 #define TERN_CUDA_PART_FLOATS (8u << 20)    /* split-K partials: 32 MiB */
+#define TERN_CUDA_MM_CNT 65536              /* mm_cnt's counters */
 #define TERN_CUDA_LT_WS_BYTES (32u << 20)   /* cuBLASLt workspace */
 #define TERN_CUDA_GEMM_SCRATCH_BYTES (256u << 20)
 
@@ -58,7 +59,8 @@ typedef struct tern__cuda {
     /* moe_mlp over expert slot views (tensor.h mat_map): the ids remapped to slots (moe.cu) */
     int32_t *moe_idx;
     size_t moe_idx_cap;
-    int *mm_cnt;                 /* gemv_mma.cu: split-K counters per row block (zero between launches) */
+    int *mm_cnt;                 /* gemv_mma.cu: split-K counters per row block (zero between launches; also
+                                  * qgemm_q4_wg.cu's last-block reduce: never two kernels at once) */
     int *ad_cnt;                 /* attn_decode.cu: split counters per (row, kv head) (zero between launches) */
     /* upload_side (cuda_backend.c): another thread's copies, on their own stream through two pinned
      * staging buffers; created by that thread on first use */

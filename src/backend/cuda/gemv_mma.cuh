@@ -16,7 +16,7 @@
 #ifndef TERN_GEMV_MMA_CUH
 #define TERN_GEMV_MMA_CUH
 
-#define MM_CNT 65536 /* row-block counters */
+#define MM_CNT TERN_CUDA_MM_CNT /* row-block counters (cuda_internal.h) */
 
 __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1) {

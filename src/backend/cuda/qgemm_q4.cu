@@ -49,7 +49,8 @@ int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: 
  * an A/B (gpu_ab.sh section 14). -1 until read (tests set it) */
 extern "C" int tern__cuda_qg4_st;
 int tern__cuda_qg4_st = -1;
-extern "C" int tern__cuda_qg4_pre;
+extern "C" int tern__cuda_qg4_pre, tern__cuda_qg4_lr;
+int tern__cuda_qg4_lr = -1; /* -1 unread (TERN_CUDA_QG4_LR, default 0); tests set it */
 int tern__cuda_qg4_pre = -1; /* -1 unread (TERN_CUDA_QG4_PRE, default 0); tests set it */
 extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4_calls = 0;
@@ -313,9 +314,14 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.kt_per = (a.nkt + S - 1) / S;
     S = (a.nkt + a.kt_per - 1) / a.kt_per;
     a.direct = S == 1 && (!pair || wgp);
+    /* TERN_CUDA_QG4_LR=1: the wgmma kernel reduces its own split K (not the split gate / up blocks of a pair
+     * outside the pair form: their act(gate)·up needs both) */
+    if (tern__cuda_qg4_lr < 0) tern__cuda_qg4_lr = tern__cuda_env_int("TERN_CUDA_QG4_LR", 0) != 0;
+    a.cnt = tern__cuda_qg4_lr && !a.direct && (!pair || wgp) && (size_t)mb * nb <= TERN_CUDA_MM_CNT ? c->mm_cnt : NULL;
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) */
+    const bool wg = nt >= 4 && tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp);
+    if (!wg) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) did not take it */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
                     (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
@@ -327,7 +333,7 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
     }
     tern__cuda_check(c, "qgemm_q4");
-    if (!a.direct) tern__cuda_qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
+    if (!a.direct && !(wg && a.cnt)) tern__cuda_qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
     tern__cuda_qg4_calls++;
     return 1;
 }

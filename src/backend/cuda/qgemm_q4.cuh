@@ -25,6 +25,7 @@ struct Q4Args {
     float *part;                /* partials [S][slice] unless direct */
     size_t rb, slice;
     int k, mode, direct, in, n, ng, gs_shift, kt_per, nkt;
+    int *cnt;                   /* qgemm_q4_wg.cu's last-block reduce (TERN_CUDA_QG4_LR): counters per tile, or NULL */
 };
 
 /* codes i and i+4 of word w as bf16 s·q + b (sb2: (s, s), bb2: (b, b)) */
