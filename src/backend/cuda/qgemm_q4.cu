@@ -185,20 +185,8 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     };
     if constexpr (PRE) q4_ring<ST, false>(nkt, pre_w, pre_x, pre_sb, tile);
     else q4_ring<ST, false>(nkt, load_w, load_x, load_sb, tile);
-    /* direct: y (y += for G1_RES); else this slice's partials (qgemm_q4_wg.cu repeats these lines: a shared
-     * helper moved the registers of its timed pair-form kernel) */
-    float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
-    const bool add = a.direct && a.mode == G1_RES;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int row = rowb + warp * 16 + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
-            if (row < out && col < a.n) {
-                float *p = dst + (size_t)col * out + row;
-                *p = add ? *p + acc[nt][i] : acc[nt][i];
-            }
-        }
+    /* direct: y (y += for G1_RES); else this slice's partials */
+    qw_store<NT, false>(a, &acc[0][0], nullptr, mi, out, rowb, rowb + warp * 16, n0, warp, g, t);
 }
 
 /* the S slices of the partials summed in slice order into the outputs: matrix i's block of a slice
@@ -269,20 +257,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
         return 0; /* x itself in the scratch */
     const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8, minb = nt == 2 ? 3 : 2;
     Q4Args a = {};
-    int mb = 0;
-    size_t rows = 0;
-    for (int i = 0; i < k; i++) {
-        Q4Mat &m = a.m[i];
-        m.w = (const uint8_t *)w[i]->data + (size_t)e * w[i]->mat_bytes;
-        m.s = (const uint16_t *)((const uint8_t *)w[i]->scales + (size_t)e * w[i]->mat_bytes_s);
-        m.b = (const uint16_t *)((const uint8_t *)w[i]->biases + (size_t)e * w[i]->mat_bytes_s);
-        m.y = y[i];
-        m.out = w[i]->out;
-        m.mb0 = mb;
-        m.poff = (size_t)n * rows;
-        mb += (m.out + QG_BM - 1) / QG_BM;
-        rows += (size_t)m.out;
-    }
+    size_t rows;
+    int mb = q4_mats(a, y, w, k, n, e, &rows);
     /* wgp: the wgmma kernel's pair form, a block per 64 rows of gate and of up, the whole K when that fills the
      * SMs (at 32-row tiles, memory-bound, the split wins: 32 sequences 6252 vs 5450 tok/s) */
     const bool wgp = pair && nt == 8 && tern__cuda_qg4w_pair();

@@ -51,6 +51,27 @@ __device__ __forceinline__ void q4_sb(uint32_t *d, const Q4Args &a, const uint16
     d[1] = (uint32_t)__ldg(Sc + ib) | (uint32_t)__ldg(Bi + ib) << 16;
 }
 
+/* a.m[0..k) for matrix e of each stack w[i] (scales and biases where it has them) writing y[i]: its first row
+ * block of QG_BM rows after the previous matrices' (mb0) and its [n][out] block after theirs in a slice of
+ * partials (poff). Returns the row blocks; *rows = Σ out */
+static inline int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int k, int n, int e, size_t *rows) {
+    int mb = 0;
+    *rows = 0;
+    for (int i = 0; i < k; i++) {
+        Q4Mat &m = a.m[i];
+        m.w = (const uint8_t *)w[i]->data + (size_t)e * w[i]->mat_bytes;
+        m.s = w[i]->scales ? (const uint16_t *)((const uint8_t *)w[i]->scales + (size_t)e * w[i]->mat_bytes_s) : NULL;
+        m.b = w[i]->biases ? (const uint16_t *)((const uint8_t *)w[i]->biases + (size_t)e * w[i]->mat_bytes_s) : NULL;
+        m.y = y[i];
+        m.out = w[i]->out;
+        m.mb0 = mb;
+        m.poff = (size_t)n * *rows;
+        mb += (m.out + QG_BM - 1) / QG_BM;
+        *rows += (size_t)m.out;
+    }
+    return mb;
+}
+
 /* The ring both kernels walk over a block's nkt tiles in ST stages: the weights and scales of the first ST - 1
  * tiles requested before pdl_wait (they do not depend on the previous kernel), then their x; per tile: wait for
  * its copies (PROXY: fence.proxy.async, for wgmma's reads of cp.async data), barrier (tile kt landed for all,
@@ -88,12 +109,15 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
     mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 }
 
-/* The end of a wgmma kernel's block (qgemm_q4_wg.cu, sgemm_wg.cu: 8 warps, warp w's accumulators = mma.sync's C of
+/* The end of a block of 8 warps (qgemm_q4.cu, qgemm_q4_wg.cu, sgemm_wg.cu; warp w's accumulators = mma.sync's C of
  * rows wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (4..7) hand
  * their accumulators to the gate warps through shared memory (sm: the drained ring) and y = act(gate)·up; else
- * y (+= for G1_RES) when direct, or this K slice's partials */
+ * y (+= for G1_RES) when direct, or this K slice's partials. acc is __restrict__: without it the stores through
+ * generic pointers could alias it, and calling this moved qgemm_q4_wg.cu's registers everywhere (session 16);
+ * with it the callers' instruction counts and registers stay and only 9–33 words after their main loops
+ * differ from the inline copies they had (session 17). PAIR needs sm (the mma.sync kernel passes none) */
 template <int NT, bool PAIR>
-__device__ __forceinline__ void qw_store(const Q4Args &a, const float *acc, uint8_t *sm, int mi, int out, int rowb,
+__device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restrict__ acc, uint8_t *sm, int mi, int out, int rowb,
                                          int wr, int n0, int warp, int g, int t) {
     constexpr int BN = NT * 8;
     if constexpr (PAIR) {

@@ -210,44 +210,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     };
     q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
 
-    if constexpr (PAIR) {
-        if (a.direct) { /* up's accumulators through shared memory to the gate warps: y = act(gate)·up */
-            float *const ups = (float *)sm; /* [64 rows][BN + 1] */
-            __syncthreads(); /* every warp is done with the ring */
-            if (warp >= 4)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        ups[((warp & 3) * 16 + g + (i >> 1) * 8) * (BN + 1) + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
-            __syncthreads();
-            if (warp < 4)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int rl = warp * 16 + g + (i >> 1) * 8, row = rowb + rl, col = n0 + nt * 8 + 2 * t + (i & 1);
-                        const float v = acc[nt * 4 + i], u = ups[rl * (BN + 1) + nt * 8 + 2 * t + (i & 1)];
-                        if (row < out && col < a.n)
-                            a.m[0].y[(size_t)col * out + row] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
-                    }
-            return;
-        }
-    }
-    /* qgemm_q4.cuh's qw_store, kept inline here: calling it moved the registers of every instance of this timed
-     * kernel (sessions 16 and 17: its sm_90a code differs) — fold it in only with an H200 A/B at hand */
-    float *const dst = a.direct ? a.m[mi].y : a.part + (size_t)blockIdx.y * a.slice + a.m[mi].poff;
-    const bool add = a.direct && a.mode == G1_RES;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int row = wr + g + (i >> 1) * 8, col = n0 + nt * 8 + 2 * t + (i & 1);
-            if (row < out && col < a.n) {
-                float *p = dst + (size_t)col * out + row;
-                *p = add ? *p + acc[nt * 4 + i] : acc[nt * 4 + i];
-            }
-        }
+    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
     if constexpr (LR) {
         if (!a.direct) qw_last_reduce<NT, PAIR>(a, PAIR ? 0 : mi, rowb, n0);
     }

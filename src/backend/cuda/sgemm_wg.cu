@@ -143,20 +143,11 @@ extern "C" int tern__cuda_sgw_run(tern__cuda *c, int k, float *const *y, const v
     if ((pair && (k != 2 || w[1]->out != w[0]->out)) || (mode == G1_RES && k != 1)) return 0;
     const int in = w[0]->in;
     if (in <= 0 || in % SW_BK) return 0;
-    Q4Args a = {};
-    int mb = 0;
-    size_t rows = 0;
-    for (int i = 0; i < k; i++) {
+    for (int i = 0; i < k; i++)
         if (w[i]->dtype != TERN_DT_BF16 || w[i]->in != in || w[i]->out <= 0 || ((uintptr_t)w[i]->data & 15)) return 0;
-        Q4Mat &m = a.m[i];
-        m.w = (const uint8_t *)w[i]->data;
-        m.y = y[i];
-        m.out = w[i]->out;
-        m.mb0 = mb;
-        m.poff = (size_t)n * rows;
-        mb += (m.out + QG_BM - 1) / QG_BM;
-        rows += (size_t)m.out;
-    }
+    Q4Args a = {};
+    size_t rows;
+    int mb = q4_mats(a, y, w, k, n, 0, &rows);
     if (pair) mb = (w[0]->out + 63) / 64; /* a block per 64 gate rows and the same 64 up rows */
     const int nt = n <= 32 ? 4 : 8, nb = (n + nt * 8 - 1) / (nt * 8);
     a.x = (const uint4 *)xb;
