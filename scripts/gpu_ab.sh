@@ -18,10 +18,11 @@
 # 15's last call and lost in session 16; 15 (TERN_CUDA_QG4_WG, WGPAIR) and 16 (TERN_CUDA_AD_TC) won in session 16
 # (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) and 18 (TERN_CUDA_QG4_WS) ran in session 17 (NOTES (z)):
 # AD_TC_MIN = 64 won (default now, bounded by TERN_CUDA_AD_TC_KEYS), WS lost 2x and was removed; then TERN_MM_BAL
-# won (default) and the bound held at 2k keys. 17 is now that bound at 8k keys, 18 TERN_CUDA_QG4_PRE and 19
-# TERN_CUDA_SGW (both written after session 17's last call), 20 a re-run of TERN_CUDA_NORM_RES=1, 21 TERN_CUDA_QG4_LR. Keep this script
-# as the template for the next switches: make one the default only when it wins here and in the model
-# runs.
+# won (default) and the bound held at 2k keys. 17 is now that bound at 8k keys, 20 a re-run of
+# TERN_CUDA_NORM_RES=1. 18 (TERN_CUDA_QG4_PRE), 19 (TERN_CUDA_SGW) and 21 (TERN_CUDA_QG4_LR), written after
+# session 17's last call, ran in session 18: they lost or tied and were removed with their code (docs/CUDA.md,
+# "Tried and removed"). Keep this script as the template for the next switches: make one the default only
+# when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
 if [ -d .gpudeps/root ]; then
@@ -102,7 +103,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-19 21 20 18 17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z))
+SECTIONS="${AB_SECTIONS:-20 17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 18, 19 and 21 in session 18 (removed)
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -238,37 +239,12 @@ if [[ " $SECTIONS " == *" 17 "* ]]; then
     done
 fi
 
-# 18. TERN_CUDA_QG4_PRE=1 (qgemm_q4.cu's 16-row tiles with the ring's copy addresses formed once per block, as
-#     qgemm_q4_wg.cu's since session 17; written after session 17's last call): its op test, then q4 decode at
-#     8 / 16 sequences interleaved
-if [[ " $SECTIONS " == *" 18 "* ]]; then
-    op_test cuda_qgemm_q4 pre
-    grep 'err .*qg4 pre' "$OUT/pre_ops.txt" | sort -k7 -g | tail -1 | tee -a "$S"
-    conc_ab "TERN_CUDA_QG4_PRE=0;TERN_CUDA_QG4_PRE=1" llama3-8b:q4 8,16
-fi
-
-# 19. TERN_CUDA_SGW=1 (sgemm_wg.cu: BF16 weights times 17..128 rows on wgmma with A = the weight tile from shared
-#     memory; written after session 17's last call): its op test, µs per op against cuBLASLt and sgemm.cu
-#     (bench_cuda --sgemm), then bf16 batch decode at 32 / 64 / 128 interleaved
-if [[ " $SECTIONS " == *" 19 "* ]]; then
-    op_test cuda_sgemm_wg sgw
-    timeout 150 build/bench_cuda --sgemm > "$OUT/sgw_bench.txt" 2>&1
-    grep '^fused' "$OUT/sgw_bench.txt" | grep -E 'n=(64|128) ' | tr -s ' ' | tee -a "$S"
-    conc_ab "TERN_CUDA_SGW=0;TERN_CUDA_SGW=1" llama3-8b 32,64,128
-fi
-
 # 20. TERN_CUDA_NORM_RES=1 (Gemma 4's post-norm residual adds folded into the Q4 GEMV's staging too, not only
 #     gemv1's): lost in session 11 (gemma4-12b q4 158.5 → 144.1) when each K-slice block of gemv_mma walked one
 #     chunk; the walk is persistent with longer slices since, and gemma4-e4b spends ~10 % of a step in 126
 #     one-block rmsnorm_add launches (NOTES (z)): batch 1, interleaved, two reps
 if [[ " $SECTIONS " == *" 20 "* ]]; then
     b1_ab TERN_CUDA_NORM_RES "2 1" "gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4"
-fi
-
-# 21. TERN_CUDA_QG4_LR=1 (qgemm_q4_wg.cu's split K reduced by its own last block per tile instead of a qg4_reduce
-#     launch; same bits; written after session 17's last call): q4 decode at 32 / 64 / 128 interleaved
-if [[ " $SECTIONS " == *" 21 "* ]]; then
-    conc_ab "TERN_CUDA_QG4_LR=0;TERN_CUDA_QG4_LR=1" llama3-8b:q4 32,64,128
 fi
 
 echo "summary: $S"

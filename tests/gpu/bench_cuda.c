@@ -299,9 +299,10 @@ static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_
 }
 
 /* The fused decode ops at llama3-8b's shapes for a few rows (batch decode), plain bf16 mode: sgemm.cu
- * and sgemm_wg.cu vs cuBLASLt (TERN_CUDA_SGEMM=0's path). Each op's weights exist in enough copies to leave the L2
- * cold (>= 400 MB per op); floor = weight bytes / the stream ceiling measured first. */
-extern int tern__cuda_sgemm_on, tern__cuda_sgemm_split, tern__cuda_sgw;
+ * (up to 64 rows) vs cuBLASLt (TERN_CUDA_SGEMM=0's path; also at 128 rows). Each op's weights exist in
+ * enough copies to leave the L2 cold (>= 400 MB per op); floor = weight bytes / the stream ceiling
+ * measured first. */
+extern int tern__cuda_sgemm_on, tern__cuda_sgemm_split;
 
 static void bench_sgemm(void) {
     tern_backend *keep = g, *b = open_mode(TERN_COMPUTE_BF16);
@@ -337,11 +338,10 @@ static void bench_sgemm(void) {
             free(hd);
         }
         for (int k = 0; ok && k < (int)(sizeof ns / sizeof ns[0]); k++)
-            for (int path = 0; path < 3; path++) { /* cuBLASLt, sgemm (n <= 64), sgemm_wg.cu (TERN_CUDA_SGW, n >= 17) */
+            for (int path = 0; path < 2; path++) { /* cuBLASLt, sgemm (n <= 64) */
                 const int n = ns[k];
-                if ((path == 1 && n > 64) || (path == 2 && n < 17)) continue;
+                if (path == 1 && n > 64) continue;
                 tern__cuda_sgemm_on = path ? 2 : 0;
-                tern__cuda_sgw = path == 2;
                 int served = 1;
                 double sec = 0;
                 for (int pass = 0; pass < 2 && served; pass++) { /* pass 0 warms up */
@@ -361,7 +361,7 @@ static void bench_sgemm(void) {
                     sec = (tern_time_s() - t0) / reps;
                 }
                 char name[96];
-                snprintf(name, sizeof name, "fused %s n=%d %s", names[op], n, path == 2 ? "sgemm_wg" : path ? "sgemm" : "cublaslt");
+                snprintf(name, sizeof name, "fused %s n=%d %s", names[op], n, path ? "sgemm" : "cublaslt");
                 if (!served) { printf("%-48s refused\n", name); continue; }
                 const double gbs = bytes / sec / 1e9;
                 printf("%-48s %8.1f us %8.1f GB/s  %.2f of stream\n", name, sec * 1e6, gbs, ceiling_gbs > 0 ? gbs / ceiling_gbs : 0);
@@ -372,7 +372,6 @@ static void bench_sgemm(void) {
         free(w);
     }
     tern__cuda_sgemm_on = -1;
-    tern__cuda_sgw = -1;
     g->vt->free(g, x);
     for (int i = 0; i < 3; i++) g->vt->free(g, y[i]);
     tern_backend_close(b);
@@ -724,7 +723,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     bench_stream();
-    if (argc > 1 && !strcmp(argv[1], "--sgemm")) { /* fused decode ops at 9..64 rows: sgemm.cu vs cuBLASLt */
+    if (argc > 1 && !strcmp(argv[1], "--sgemm")) { /* fused decode ops at 9..128 rows: sgemm.cu vs cuBLASLt */
         bench_sgemm();
         tern_backend_close(g);
         return 0;

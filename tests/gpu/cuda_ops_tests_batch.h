@@ -199,38 +199,24 @@ static float *sg_ref(int op, const bt_w *w, const float *x, const float *res, in
     return ref;
 }
 
-/* the sgemm tests' runs: split 0 = the kernel's own plan, else that many K parts; lt: cuBLASLt */
-static float *sg_on_run(tern_backend *g, int op, const bt_w *w, int nw, const void *xd, const float *res, int n, int split) {
-    return sg_run(g, op, w, nw, xd, res, n, 1, split);
-}
-static float *sgw_run1(tern_backend *g, int op, const bt_w *w, int nw, const void *xd, const float *res, int n,
-                       int split) {
-    extern int tern__cuda_sgw, tern__cuda_sgw_split;
-    tern__cuda_sgw = 1;
-    tern__cuda_sgw_split = split;
-    float *h = sg_run(g, op, w, nw, xd, res, n, 1, 0);
-    tern__cuda_sgw = -1;
-    tern__cuda_sgw_split = 0;
-    return h;
-}
-
-/* the four forms (y = W·x, y += W·x, silu(gate)·up, q|k|v over 200 / 200 / 72 rows: partial row blocks) at in 1024
- * and 2048 for the rows ns through run (its own split, 1 part, 3 parts twice), against cuBLASLt on the same bf16
- * inputs (1e-5), the CPU (1e-2), split 3 vs 1 (1e-5) and itself (bitwise); calls: its launch counter or NULL */
-typedef float *(*sg_runner)(tern_backend *, int, const bt_w *, int, const void *, const float *, int, int);
-static void sg_sweep(const char *what, const int *ns, size_t nn, sg_runner run, const unsigned long long *calls) {
-    extern int tern__cuda_sgw;
+/* sgemm.cu at 9..64 rows: the four forms (y = W·x, y += W·x, silu(gate)·up, q|k|v over 200 / 200 / 72 rows:
+ * partial row blocks) at in 1024 and 2048 (its own split, 1 part, 3 parts twice) */
+TEST(cuda_sgemm) {
     tern_backend *g = g_gpu16;
+    if (!g || !g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) {
+        SKIP("cuda_sgemm", "no bf16-mode backend or fused ops");
+        return;
+    }
     tern__cuda_bf16_split = 0;
-    static const int INS[] = {1024, 2048};
+    static const int INS[] = {1024, 2048}, NS[] = {9, 24, 64};
     for (size_t ii = 0; ii < TERN_ARRAY_LEN(INS); ii++) {
         const int in = INS[ii];
         bt_w w[3];
         int ok = bt_make(&w[0], 200, in) && bt_make(&w[1], 200, in) && bt_make(&w[2], 72, in);
         CHECK(ok, "upload");
         if (!ok) return;
-        for (size_t t = 0; t < nn; t++) {
-            const int n = ns[t];
+        for (size_t t = 0; t < TERN_ARRAY_LEN(NS); t++) {
+            const int n = NS[t];
             float *x = rnd((size_t)n * in, 1.0f), *res = rnd((size_t)n * 200, 1.0f);
             void *xd = to_gpu(x, (size_t)n * in * 4);
             for (int op = 0; op < 4; op++) {
@@ -238,23 +224,19 @@ static void sg_sweep(const char *what, const int *ns, size_t nn, sg_runner run, 
                 const size_t tot = sg_total(op, w, nw, n);
                 float *ref = sg_ref(op, w, x, res, n, tot);
                 const float *rs = op == 1 ? res : NULL;
-                const unsigned long long c0 = calls ? *calls : 0;
-                float *a = run(g, op, w, nw, xd, rs, n, 0), *s1 = run(g, op, w, nw, xd, rs, n, 1),
-                      *s3 = run(g, op, w, nw, xd, rs, n, 3), *s3b = run(g, op, w, nw, xd, rs, n, 3);
-                tern__cuda_sgw = 0;
-                float *lt = sg_run(g, op, w, nw, xd, rs, n, 0, 0);
-                tern__cuda_sgw = -1;
-                CHECK(!calls || *calls >= c0 + 4, "%s in %d n %d op %d: the kernel did not run", what, in, n, op);
-                CHECK(a && s1 && s3 && s3b && lt, "%s in %d n %d op %d: refused", what, in, n, op);
+                float *a = sg_run(g, op, w, nw, xd, rs, n, 1, 0), *s1 = sg_run(g, op, w, nw, xd, rs, n, 1, 1),
+                      *s3 = sg_run(g, op, w, nw, xd, rs, n, 1, 3), *s3b = sg_run(g, op, w, nw, xd, rs, n, 1, 3),
+                      *lt = sg_run(g, op, w, nw, xd, rs, n, 0, 0);
+                CHECK(a && s1 && s3 && s3b && lt, "sgemm in %d n %d op %d: refused", in, n, op);
                 if (a && s1 && s3 && s3b && lt) {
                     double dm;
                     const double rr = rel_or_nan(a, ref, tot), rl = bt_diff(a, lt, tot, &dm),
                                  rsp = rel_or_nan(s3, s1, tot), same = memcmp(s3, s3b, tot * 4) == 0;
-                    printf("  err %s in=%d n=%-3d op %d vs cpu-ref %.2e vs cublaslt %.2e split 3 vs 1 %.2e%s\n", what, in,
+                    printf("  err sgemm in=%d n=%-2d op %d vs cpu-ref %.2e vs cublaslt %.2e split 3 vs 1 %.2e%s\n", in,
                            n, op, rr, rl, rsp, same ? "" : " (split runs differ)");
                     CHECK(rr <= 1e-2 && rl <= 1e-5 && rsp <= 1e-5 && same,
-                          "%s in %d n %d op %d: cpu-ref %.3e, cublaslt %.3e, split %.3e, repeat same %d", what, in, n,
-                          op, rr, rl, rsp, (int)same);
+                          "sgemm in %d n %d op %d: cpu-ref %.3e, cublaslt %.3e, split %.3e, repeat same %d", in, n, op,
+                          rr, rl, rsp, (int)same);
                 }
                 free(a); free(s1); free(s3); free(s3b); free(lt); free(ref);
             }
@@ -264,31 +246,6 @@ static void sg_sweep(const char *what, const int *ns, size_t nn, sg_runner run, 
         bt_free(&w[0]); bt_free(&w[1]); bt_free(&w[2]);
     }
     tern__cuda_bf16_split = 1;
-}
-
-/* sgemm_wg.cu (TERN_CUDA_SGW; sm_90a): wgmma with A = the BF16 weight tile, 17..128 rows */
-TEST(cuda_sgemm_wg) {
-    extern int tern__cuda_sgw_ok;
-    extern unsigned long long tern__cuda_sgw_calls;
-    tern_backend *g = g_gpu16;
-    if (!g || !g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) {
-        SKIP("cuda_sgemm_wg", "no bf16-mode backend or fused ops");
-        return;
-    }
-    if (!tern__cuda_sgw_ok) { SKIP("cuda_sgemm_wg", "no sm_90a image for this GPU"); return; }
-    static const int NS[] = {17, 33, 64, 100, 128};
-    sg_sweep("sgemm_wg", NS, TERN_ARRAY_LEN(NS), sgw_run1, &tern__cuda_sgw_calls);
-}
-
-/* sgemm.cu at 9..64 rows */
-TEST(cuda_sgemm) {
-    tern_backend *g = g_gpu16;
-    if (!g || !g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) {
-        SKIP("cuda_sgemm", "no bf16-mode backend or fused ops");
-        return;
-    }
-    static const int NS[] = {9, 24, 64};
-    sg_sweep("sgemm", NS, TERN_ARRAY_LEN(NS), sg_on_run, NULL);
 }
 
 /* norm_matmul for many rows (gemm.c tern__cuda_gemm_norm: one kernel writes rmsnorm(x)·w and its bf16
@@ -347,5 +304,4 @@ static void cuda_batch_tests(void) {
     RUN(cuda_batch_fused);
     RUN(cuda_norm_gemm);
     RUN(cuda_sgemm);
-    RUN(cuda_sgemm_wg);
 }

@@ -232,15 +232,6 @@ TEST(cuda_qgemm_q4) {
             }
         tern__cuda_qg4_st = keep_st;
     }
-    { /* copy addresses formed once per block at 16-row tiles (TERN_CUDA_QG4_PRE): plain and fused at 2..16 rows */
-        extern int tern__cuda_qg4_pre;
-        const int keep_pre = tern__cuda_qg4_pre;
-        tern__cuda_qg4_pre = 1;
-        static const int np[] = {2, 9, 16}, nfp[] = {5, 13};
-        q4_plain_sweep(g, np, TERN_ARRAY_LEN(np), "qg4 pre", &tern__cuda_qg4_calls);
-        q4_fused_sweep(g, nfp, TERN_ARRAY_LEN(nfp), "qg4 pre", &tern__cuda_qg4_calls);
-        tern__cuda_qg4_pre = keep_pre;
-    }
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_qg4_on = keep;
     tern__cuda_gemv_xr = keep_xr;
@@ -271,39 +262,6 @@ TEST(cuda_qgemm_q4_wg) {
         q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? "qg4 wgmma pair" : "qg4 wgmma", &tern__cuda_qg4w_calls);
     }
     tern__cuda_qg4_wgpair = keep_pair;
-    { /* the last-block reduce (TERN_CUDA_QG4_LR): within the bound, and bitwise qg4_reduce's result */
-        extern int tern__cuda_qg4_lr;
-        const int keep_lr = tern__cuda_qg4_lr;
-        tern__cuda_qg4_lr = 1;
-        static const int nl[] = {33, 64, 128}, nfl[] = {61, 125};
-        q4_plain_sweep(g, nl, TERN_ARRAY_LEN(nl), "qg4 wgmma lr", &tern__cuda_qg4w_calls);
-        for (int pair = 0; pair < 2; pair++) {
-            tern__cuda_qg4_wgpair = pair;
-            q4_fused_sweep(g, nfl, TERN_ARRAY_LEN(nfl), pair ? "qg4 wgmma lr pair" : "qg4 wgmma lr", &tern__cuda_qg4w_calls);
-        }
-        tern__cuda_qg4_wgpair = keep_pair;
-        hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 4099, 2048, 0);
-        tern_tensor tg = h.t;
-        tern_error err = {0};
-        CHECK(!g->vt->upload_weight(g, &tg, &err), "upload %s", err.msg);
-        for (int n = 33; n <= 128; n += 95) {
-            float *x = rnd((size_t)n * 2048, 1.0f), *yv[2];
-            void *xd = to_gpu(x, (size_t)n * 2048 * 4);
-            for (int lr = 0; lr < 2; lr++) {
-                tern__cuda_qg4_lr = lr;
-                void *yd = nan_buf(g, (size_t)n * 4099);
-                g->vt->matmul(g, yd, xd, n, &tg);
-                yv[lr] = from_gpu(g, yd, (size_t)n * 4099);
-                g->vt->free(g, yd);
-            }
-            CHECK(memcmp(yv[0], yv[1], (size_t)n * 4099 * 4) == 0, "lr: 4099x2048 n=%d differs from qg4_reduce's", n);
-            free(yv[0]); free(yv[1]); free(x);
-            g->vt->free(g, xd);
-        }
-        g->vt->free_weight(g, &tg);
-        free_w(&h);
-        tern__cuda_qg4_lr = keep_lr;
-    }
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_gemv_xr = keep_xr;

@@ -59,8 +59,7 @@ typedef struct tern__cuda {
     /* moe_mlp over expert slot views (tensor.h mat_map): the ids remapped to slots (moe.cu) */
     int32_t *moe_idx;
     size_t moe_idx_cap;
-    int *mm_cnt;                 /* gemv_mma.cu: split-K counters per row block (zero between launches; also
-                                  * qgemm_q4_wg.cu's last-block reduce: never two kernels at once) */
+    int *mm_cnt;                 /* gemv_mma.cu: split-K counters per row block (zero between launches) */
     int *ad_cnt;                 /* attn_decode.cu: split counters per (row, kv head) (zero between launches) */
     /* upload_side (cuda_backend.c): another thread's copies, on their own stream through two pinned
      * staging buffers; created by that thread on first use */
@@ -161,11 +160,6 @@ void tern__cuda_lt_cache_free(tern__cuda *c); /* gemm.c: at close (accepts none 
  * GELU-tanh); 3: k = 1, y[0] += W·x. Returns 1 when it ran, 0 when the shape is not served. */
 int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const void *xb, int n, const tern__cuda_w *const *w, int mode);
 void tern__cuda_sgemm_init(tern__cuda *c); /* at open: shared-memory limits */
-/* sgemm_wg.cu (sm_90a, TERN_CUDA_SGW=1): BF16 W times 17..128 staged bf16 rows on wgmma, every sgemm form; 1 ran */
-int tern__cuda_sgw_run(tern__cuda *c, int k, float *const *y, const void *xb, int n, const tern__cuda_w *const *w,
-                       int mode);
-void tern__cuda_sgw_init(void);
-int tern__cuda_sgw_wants(int n); /* it is on, loaded, and takes n rows */
 int tern__cuda_sgemm_level(void); /* TERN_CUDA_SGEMM: 0 off, 1 q|k|v (multi-matrix) only, 2 every op */
 /* gemm.c: the fused decode ops for n > 1 rows in the plain bf16 mode (BF16 weights, cuBLASLt; x rounded
  * once per group, same-shape matrices as one batched GEMM, y += W·x as beta = 1). 1 when done, 0 when

@@ -242,11 +242,9 @@ static size_t stage_x(tern__cuda *c, const float *x, int n, int in, size_t extra
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     if (c->compute != TERN_COMPUTE_BF16 || w->dtype == TERN_DT_F32 || n <= 0 || w->in <= 0)
         return gemm_rows(c, y, x, n, w, e);
-    /* skinny: sgemm_wg.cu (TERN_CUDA_SGW, 17..128 rows), or sgemm.cu (TERN_CUDA_SGEMM=2, up to 64) */
-    const int skinny = tern__cuda_sgw_wants(n) || (tern__cuda_sgemm_level() >= 2 && n <= 64);
-    if (e == 0 && w->nmat <= 1 && skinny && plain_rows(c, w, n) && stage_x(c, x, n, w->in, 0) &&
-        tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, G1_PLAIN))
-        return TERN_OK;
+    if (e == 0 && w->nmat <= 1 && tern__cuda_sgemm_level() >= 2 && plain_rows(c, w, n) && n <= 64 &&
+        stage_x(c, x, n, w->in, 0) && tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, G1_PLAIN))
+        return TERN_OK; /* skinny: sgemm.cu (TERN_CUDA_SGEMM=2, up to 64 rows) */
     const size_t per_row = (size_t)w->in * 4, cap = TERN_CUDA_GEMM_SCRATCH_BYTES / 2 - 1024;
     size_t rows = cap / per_row;
     if (rows < 1) return TERN_ENOMEM;

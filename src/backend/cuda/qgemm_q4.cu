@@ -49,9 +49,6 @@ int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: 
  * an A/B (gpu_ab.sh section 14). -1 until read (tests set it) */
 extern "C" int tern__cuda_qg4_st;
 int tern__cuda_qg4_st = -1;
-extern "C" int tern__cuda_qg4_pre, tern__cuda_qg4_lr;
-int tern__cuda_qg4_lr = -1; /* -1 unread (TERN_CUDA_QG4_LR, default 0); tests set it */
-int tern__cuda_qg4_pre = -1; /* -1 unread (TERN_CUDA_QG4_PRE, default 0); tests set it */
 extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4_calls = 0;
 
@@ -72,11 +69,7 @@ __global__ void q4_stage_x(uint4 *xb, const float4 *x, size_t chunks) {
 /* NT: column tiles of 8 x rows per block; each warp: 16 weight rows over all NT tiles (32-row warp tiles over
  * half the columns, each shared x fragment feeding two MMAs, lost on the H200: llama3-8b q4 decode at 32 / 64
  * sequences 6068 / 8492 → 5032 / 7790 tok/s) */
-/* PRE (TERN_CUDA_QG4_PRE=1, opt-in, 16-row tiles only — the 5..16 rows the H200 runs here; written in session 17
- * after its last device call, untimed): the ring's copies from addresses formed once per block and advanced per
- * tile, as qgemm_q4_wg.cu's (where that won 2-3 % at 64 / 128 rows: its SASS had recomputed each copy's clamped
- * 64-bit address per tile). 80 registers, no spills (at NT = 8 it would spill 40 bytes) */
-template <int NT, int ST = Q4_ST, bool PRE = false>
+template <int NT, int ST = Q4_ST>
 __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     constexpr int BN = NT * 8, WCH = QG_BM * 4, XCH = BN * 16, STG = WCH + XCH; /* 16-byte chunks */
     extern __shared__ uint4 sm[]; /* [ST][W chunks | x chunks] */
@@ -114,48 +107,6 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
         }
     };
 
-    /* PRE: W chunk j (c = tid + 256j) from wp[j] + 64·kt to slot chunk c; x chunk j (row r0 + 16j, column ch) from
-     * xb + xo[j] + 16·kt to slot chunk WCH + 16·r0 + swz(ch, r0) + 256j (swz depends on r & 1 only) */
-    constexpr int XJ = (XCH + 255) / 256;
-    const uint8_t *wp[WCH / 256];
-    uint32_t wok = 0, xok = 0, xo[XJ], xd = 0;
-    const uint4 *xb = a.x + (size_t)kt0 * (QG_KB / 8) + (threadIdx.x & 15);
-    const uint32_t smb = mma_smem_u32(sm);
-    const uint16_t *sca = Sc + (size_t)ra * a.ng, *bia = Bi + (size_t)ra * a.ng, *scb = Sc + (size_t)rbw * a.ng,
-                   *bib = Bi + (size_t)rbw * a.ng;
-    if constexpr (PRE) {
-#pragma unroll
-        for (int j = 0; j < WCH / 256; j++) {
-            const int c = threadIdx.x + j * 256, row = rowb + (c >> 2);
-            wp[j] = W + (size_t)min(row, out - 1) * a.rb + (size_t)kt0 * (QG_KB / 2) + (c & 3) * 16;
-            wok |= (uint32_t)(row < out) << j;
-        }
-        const int r0 = threadIdx.x >> 4, ch = threadIdx.x & 15;
-#pragma unroll
-        for (int j = 0; j < XJ; j++) {
-            const int r = r0 + 16 * j;
-            xo[j] = (uint32_t)min(n0 + r, a.n - 1) * (uint32_t)(a.in / 8);
-            xok |= (uint32_t)(n0 + r < a.n && (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)) << j;
-        }
-        xd = smb + (uint32_t)(WCH + r0 * 16 + swz(ch, r0)) * 16;
-    }
-    auto pre_w = [&](int kt, int u) {
-#pragma unroll
-        for (int j = 0; j < WCH / 256; j++)
-            mma_cp16(smb + (uint32_t)(u * STG + threadIdx.x + j * 256) * 16, wp[j] + (size_t)kt * (QG_KB / 2), wok >> j & 1);
-    };
-    auto pre_x = [&](int kt, int u) {
-#pragma unroll
-        for (int j = 0; j < XJ; j++)
-            if (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)
-                mma_cp16(xd + (uint32_t)(u * STG + j * 256) * 16, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
-    };
-    auto pre_sb = [&](int kt, int u) {
-        const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-        sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
-        sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
-    };
-
     float acc[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
@@ -183,8 +134,7 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
             }
         }
     };
-    if constexpr (PRE) q4_ring<ST, false>(nkt, pre_w, pre_x, pre_sb, tile);
-    else q4_ring<ST, false>(nkt, load_w, load_x, load_sb, tile);
+    q4_ring<ST, false>(nkt, load_w, load_x, load_sb, tile);
     /* direct: y (y += for G1_RES); else this slice's partials */
     qw_store<NT, false>(a, &acc[0][0], nullptr, mi, out, rowb, rowb + warp * 16, n0, warp, g, t);
 }
@@ -210,8 +160,8 @@ __global__ void qg4_reduce(Q4Args a, int S) {
     }
 }
 
-/* qgemm_q4.cuh */
-void tern__cuda_qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char *what) {
+/* qg4_reduce over S slices; what: the label of the launch check */
+static void qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char *what) {
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;
     tern_launch(c->stream, qg4_reduce, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
@@ -221,15 +171,35 @@ void tern__cuda_qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char
 static size_t q4_smem(int nt, int st = Q4_ST) { return (size_t)st * (QG_BM * 4 + nt * 8 * 16) * 16; }
 
 /* at open (gemv.cu's init, the device current): shared-memory limits of the instances */
-template <int NT, int ST = Q4_ST, bool PRE = false> static void q4_attr() {
-    cudaFuncSetAttribute(qg4_kernel<NT, ST, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT, ST));
+template <int NT, int ST = Q4_ST> static void q4_attr() {
+    cudaFuncSetAttribute(qg4_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT, ST));
 }
 extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     (void)c;
     q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
-    q4_attr<2, Q4_ST, true>();
     tern__cuda_qg4w_init();
     cudaGetLastError();
+}
+
+/* a.m[0..k) for matrix e of each stack w[i] (scales and biases where it has them) writing y[i]: its first row
+ * block of QG_BM rows after the previous matrices' (mb0) and its [n][out] block after theirs in a slice of
+ * partials (poff). Returns the row blocks; *rows = Σ out */
+static int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int k, int n, int e, size_t *rows) {
+    int mb = 0;
+    *rows = 0;
+    for (int i = 0; i < k; i++) {
+        Q4Mat &m = a.m[i];
+        m.w = (const uint8_t *)w[i]->data + (size_t)e * w[i]->mat_bytes;
+        m.s = w[i]->scales ? (const uint16_t *)((const uint8_t *)w[i]->scales + (size_t)e * w[i]->mat_bytes_s) : NULL;
+        m.b = w[i]->biases ? (const uint16_t *)((const uint8_t *)w[i]->biases + (size_t)e * w[i]->mat_bytes_s) : NULL;
+        m.y = y[i];
+        m.out = w[i]->out;
+        m.mb0 = mb;
+        m.poff = (size_t)n * *rows;
+        mb += (m.out + QG_BM - 1) / QG_BM;
+        *rows += (size_t)m.out;
+    }
+    return mb;
 }
 
 /* y[i] (op) W_i·x for n rows of x and matrices w[0..k) (k <= 3, matrix e of each stack) sharing in and
@@ -290,26 +260,19 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.kt_per = (a.nkt + S - 1) / S;
     S = (a.nkt + a.kt_per - 1) / a.kt_per;
     a.direct = S == 1 && (!pair || wgp);
-    /* TERN_CUDA_QG4_LR=1: the wgmma kernel reduces its own split K (not the split gate / up blocks of a pair
-     * outside the pair form: their act(gate)·up needs both) */
-    if (tern__cuda_qg4_lr < 0) tern__cuda_qg4_lr = tern__cuda_env_int("TERN_CUDA_QG4_LR", 0) != 0;
-    a.cnt = tern__cuda_qg4_lr && !a.direct && (!pair || wgp) && (size_t)mb * nb <= TERN_CUDA_MM_CNT ? c->mm_cnt : NULL;
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    const bool wg = nt >= 4 && tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp);
-    if (!wg) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) did not take it */
+    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
                     (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
-        if (tern__cuda_qg4_pre < 0) tern__cuda_qg4_pre = tern__cuda_env_int("TERN_CUDA_QG4_PRE", 0) != 0;
         if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
-        else if (tern__cuda_qg4_pre && nt == 2) tern_launch(c->stream, qg4_kernel<2, Q4_ST, true>, grid, 256, q4_smem(2), a);
         else if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
         else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
     }
     tern__cuda_check(c, "qgemm_q4");
-    if (!a.direct && !(wg && a.cnt)) tern__cuda_qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
+    if (!a.direct) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
     tern__cuda_qg4_calls++;
     return 1;
 }

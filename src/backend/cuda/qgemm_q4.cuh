@@ -25,7 +25,6 @@ struct Q4Args {
     float *part;                /* partials [S][slice] unless direct */
     size_t rb, slice;
     int k, mode, direct, in, n, ng, gs_shift, kt_per, nkt;
-    int *cnt;                   /* qgemm_q4_wg.cu's last-block reduce (TERN_CUDA_QG4_LR): counters per tile, or NULL */
 };
 
 /* codes i and i+4 of word w as bf16 s·q + b (sb2: (s, s), bb2: (b, b)) */
@@ -49,27 +48,6 @@ __device__ __forceinline__ void q4_sb(uint32_t *d, const Q4Args &a, const uint16
     const size_t ia = (size_t)ra * a.ng + gc, ib = (size_t)rb * a.ng + gc;
     d[0] = (uint32_t)__ldg(Sc + ia) | (uint32_t)__ldg(Bi + ia) << 16;
     d[1] = (uint32_t)__ldg(Sc + ib) | (uint32_t)__ldg(Bi + ib) << 16;
-}
-
-/* a.m[0..k) for matrix e of each stack w[i] (scales and biases where it has them) writing y[i]: its first row
- * block of QG_BM rows after the previous matrices' (mb0) and its [n][out] block after theirs in a slice of
- * partials (poff). Returns the row blocks; *rows = Σ out */
-static inline int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int k, int n, int e, size_t *rows) {
-    int mb = 0;
-    *rows = 0;
-    for (int i = 0; i < k; i++) {
-        Q4Mat &m = a.m[i];
-        m.w = (const uint8_t *)w[i]->data + (size_t)e * w[i]->mat_bytes;
-        m.s = w[i]->scales ? (const uint16_t *)((const uint8_t *)w[i]->scales + (size_t)e * w[i]->mat_bytes_s) : NULL;
-        m.b = w[i]->biases ? (const uint16_t *)((const uint8_t *)w[i]->biases + (size_t)e * w[i]->mat_bytes_s) : NULL;
-        m.y = y[i];
-        m.out = w[i]->out;
-        m.mb0 = mb;
-        m.poff = (size_t)n * *rows;
-        mb += (m.out + QG_BM - 1) / QG_BM;
-        *rows += (size_t)m.out;
-    }
-    return mb;
 }
 
 /* The ring both kernels walk over a block's nkt tiles in ST stages: the weights and scales of the first ST - 1
@@ -109,8 +87,8 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
     mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 }
 
-/* The end of a block of 8 warps (qgemm_q4.cu, qgemm_q4_wg.cu, sgemm_wg.cu; warp w's accumulators = mma.sync's C of
- * rows wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (4..7) hand
+/* The end of a block of 8 warps (qgemm_q4.cu, qgemm_q4_wg.cu; warp w's accumulators = mma.sync's C of rows
+ * wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (4..7) hand
  * their accumulators to the gate warps through shared memory (sm: the drained ring) and y = act(gate)·up; else
  * y (+= for G1_RES) when direct, or this K slice's partials. acc is __restrict__: without it the stores through
  * generic pointers could alias it, and calling this moved qgemm_q4_wg.cu's registers everywhere (session 16);
@@ -166,9 +144,6 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);
-/* qgemm_q4.cu: the S K-slices of a.part summed in slice order into the outputs (qg4_reduce; sgemm_wg.cu's split
- * K too); what: the label of the launch check */
-void tern__cuda_qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char *what);
 void tern__cuda_qg4w_init(void);
 
 #endif

@@ -68,46 +68,7 @@ template <int NT> struct QwGeo {
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
  * rows, so a block with the whole K (direct) finishes y = act(gate)·up itself through shared memory */
-/* LR (TERN_CUDA_QG4_LR=1, opt-in, written after session 17's last device call, untimed): a split-K launch ends
- * in its own last block per (row block, column block) instead of qg4_reduce's launch — the block whose counter
- * reaches gridDim.y sums the slices' partials of its tile in slice order (qg4_reduce's arithmetic, the same
- * bits) and writes y: act(gate)·up in the pair form, y += for G1_RES. ncu at 64 q4 sequences (NOTES (y)): four
- * qg4_reduce launches ~25 µs a llama3-8b layer */
-template <int NT, bool PAIR>
-__device__ __forceinline__ void qw_last_reduce(const Q4Args &a, int mi, int rowb, int n0) {
-    __shared__ int qw_last;
-    __threadfence(); /* this block's partials, before its arrival is counted */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int *const cnt = a.cnt + blockIdx.x + gridDim.x * blockIdx.z;
-        const int last = atomicAdd(cnt, 1) == (int)gridDim.y - 1;
-        if (last) *cnt = 0; /* ready for the next launch (graph replays included) */
-        qw_last = last;
-    }
-    __syncthreads();
-    if (!qw_last) return;
-    __threadfence();
-    constexpr int R = PAIR ? 64 : QG_BM, E = R * NT * 8;
-    const int S = (int)gridDim.y, out = a.m[mi].out;
-    for (int e = threadIdx.x; e < E; e += 256) {
-        const int row = rowb + e % R, col = n0 + e / R;
-        if (row >= out || col >= a.n) continue;
-        const size_t i = (size_t)col * out + row;
-        if constexpr (PAIR) {
-            float v = 0.0f, u = 0.0f;
-            for (int k = 0; k < S; k++) v += __ldcg(a.part + (size_t)k * a.slice + i);
-            for (int k = 0; k < S; k++) u += __ldcg(a.part + (size_t)k * a.slice + a.m[1].poff + i);
-            a.m[0].y[i] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
-        } else {
-            float v = 0.0f;
-            for (int k = 0; k < S; k++) v += __ldcg(a.part + (size_t)k * a.slice + a.m[mi].poff + i);
-            float *p = a.m[mi].y + i;
-            *p = a.mode == G1_RES ? *p + v : v;
-        }
-    }
-}
-
-template <int NT, bool PAIR = false, bool LR = false>
+template <int NT, bool PAIR = false>
 __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
@@ -211,9 +172,6 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
 
     qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
-    if constexpr (LR) {
-        if (!a.direct) qw_last_reduce<NT, PAIR>(a, PAIR ? 0 : mi, rowb, n0);
-    }
 #else
     (void)a;
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
@@ -240,11 +198,7 @@ void tern__cuda_qg4w_init(void) {
     tern__cuda_qg4w_ok = cudaFuncSetAttribute(qg4w_kernel<8>, at, (int)qw_smem<8>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<4>, at, (int)qw_smem<4>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<8, false, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, false, true>, at, (int)qw_smem<4>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<8, true, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, true, true>, at, (int)qw_smem<4>()) == cudaSuccess;
+                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess;
     cudaGetLastError();
 }
 
@@ -255,12 +209,7 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                 x, chunks);
-    if (a.cnt) { /* the last-block reduce (the caller set the counters: TERN_CUDA_QG4_LR) */
-        if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true, true>, grid, 256, qw_smem<8>(), a);
-        else if (pair) tern_launch(c->stream, qg4w_kernel<4, true, true>, grid, 256, qw_smem<4>(), a);
-        else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8, false, true>, grid, 256, qw_smem<8>(), a);
-        else tern_launch(c->stream, qg4w_kernel<4, false, true>, grid, 256, qw_smem<4>(), a);
-    } else if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
+    if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
     else if (pair) tern_launch(c->stream, qg4w_kernel<4, true>, grid, 256, qw_smem<4>(), a);
     else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8>, grid, 256, qw_smem<8>(), a);
     else tern_launch(c->stream, qg4w_kernel<4>, grid, 256, qw_smem<4>(), a);

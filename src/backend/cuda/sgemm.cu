@@ -231,7 +231,6 @@ extern "C" void tern__cuda_sgemm_init(tern__cuda *c) {
     (void)c;
     sg_allow<2, 4>(); sg_allow<4, 4>(); sg_allow<8, 4>();
     cudaGetLastError();
-    tern__cuda_sgw_init();
 }
 
 extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const void *xb, int n,
@@ -239,7 +238,6 @@ extern "C" int tern__cuda_sgemm(tern__cuda *c, int k, float *const *y, const voi
     /* H200, llama3-8b shapes (bench_cuda --sgemm, NOTES (r)): q|k|v in one launch beats cuBLASLt at every
      * row count (n = 16: 19.5 vs 34.4 us; 64: 24.3 vs 32.7), the single-matrix ops lose from 32 rows on
      * (gate|up 76 vs 72, down 72 vs 44, o 31 vs 15 us at 64) and tie below: level 1 takes q|k|v only */
-    if (tern__cuda_sgw_run(c, k, y, xb, n, w, mode)) return 1; /* sgemm_wg.cu (TERN_CUDA_SGW=1, 17..128 rows) */
     if (tern__cuda_sgemm_level() < (k >= 2 && mode == G1_PLAIN ? 1 : 2)) return 0;
     if (n < 1 || n > 64 || k < 1 || k > 3) return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
