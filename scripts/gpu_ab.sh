@@ -18,10 +18,10 @@
 # 15's last call and lost in session 16; 15 (TERN_CUDA_QG4_WG, WGPAIR) and 16 (TERN_CUDA_AD_TC) won in session 16
 # (NOTES (y): defaults now); 17 (TERN_CUDA_AD_TC_MIN) and 18 (TERN_CUDA_QG4_WS) ran in session 17 (NOTES (z)):
 # AD_TC_MIN = 64 won (default now, bounded by TERN_CUDA_AD_TC_KEYS), WS lost 2x and was removed; then TERN_MM_BAL
-# won (default) and the bound held at 2k keys. 17 is now that bound at 8k keys, 20 a re-run of
-# TERN_CUDA_NORM_RES=1. 18 (TERN_CUDA_QG4_PRE), 19 (TERN_CUDA_SGW) and 21 (TERN_CUDA_QG4_LR), written after
-# session 17's last call, ran in session 18: they lost or tied and were removed with their code (docs/CUDA.md,
-# "Tried and removed"). Keep this script as the template for the next switches: make one the default only
+# won (default) and the bound held at 2k keys. In session 18 (NOTES (aa)) 17 (that bound at 8k keys) won
+# (TERN_CUDA_AD_TC_KEYS default 16384), 20 (TERN_CUDA_NORM_RES=1 again) lost, and 18 (TERN_CUDA_QG4_PRE), 19
+# (TERN_CUDA_SGW) and 21 (TERN_CUDA_QG4_LR), written after session 17's last call, lost or tied and were removed
+# with their code (docs/CUDA.md, "Tried and removed"); 22 is TERN_CUDA_AD_TCS. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -103,7 +103,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-20 17}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 18, 19 and 21 in session 18 (removed)
+SECTIONS="${AB_SECTIONS:-22}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -226,25 +226,28 @@ if [[ " $SECTIONS " == *" 16 "* ]]; then
     conc_ab "TERN_CUDA_AD_TC=0;TERN_CUDA_AD_TC=1;TERN_CUDA_AD_TC=1 TERN_CUDA_AD_TC_ST=2" "llama3-8b:q4 llama3-8b" 32,64
 fi
 
-# 17. the tensor-core decode attention below 2 x SMs pairs past 4096 keys (TERN_CUDA_AD_TC_KEYS: 0 keeps those
-#     launches on the split kernel, 16384 lets the tensor-core kernel take them): q4 at 8 / 16 sequences with
-#     8192-token prompts, interleaved (session 17 measured 2048: the tensor-core kernel won, 1254 / 1851 → 1394 / 2368)
-if [[ " $SECTIONS " == *" 17 "* ]]; then
-    for rep in $(seq "${AB_REPS:-2}"); do
-        for v in 0 16384; do
-            TERN_CUDA_AD_TC_KEYS=$v timeout 200 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 \
-                --conc 8,16 --prompt 8192 --gen 64 --requests 2 --system 16 > "$OUT/long_${v}_$rep.txt" 2>&1
-            say "8k context q4 TC_KEYS=$v rep $rep: $(grep '^csv,conc' "$OUT/long_${v}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+
+# 22. TERN_CUDA_AD_TCS=1 (attn_decode_tc.cu split over the keys for launches the one-pass tensor-core kernel does
+#     not take: one row, a few; written in session 18): its op test, ncu durations of one row's attention against the
+#     split kernel at 32..8192 keys, then b1 decode interleaved at 512 (llama3-8b bf16 / q4, gemma4-e4b q4) and 8k
+if [[ " $SECTIONS " == *" 22 "* ]]; then
+    op_test cuda_attention_decode_tcs tcs
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for v in 0 1; do
+        for ctx in 32 512 2048 8192; do
+            TERN_CUDA_AD_TCS=$v timeout 60 $NCU --metrics gpu__time_duration.sum -k regex:attn_dec --launch-skip 55 \
+                --launch-count 2 build/bench_cuda --attn-dec1 $ctx 1 bf16 1 > "$OUT/tcs_dur_${v}_$ctx.txt" 2>&1
+            say "TCS=$v one row $ctx keys (ncu): $(grep -E 'gpu__time_duration.sum' "$OUT/tcs_dur_${v}_$ctx.txt" | awk '{print $NF}' | tr '\n' ' ') us"
         done
     done
-fi
-
-# 20. TERN_CUDA_NORM_RES=1 (Gemma 4's post-norm residual adds folded into the Q4 GEMV's staging too, not only
-#     gemv1's): lost in session 11 (gemma4-12b q4 158.5 → 144.1) when each K-slice block of gemv_mma walked one
-#     chunk; the walk is persistent with longer slices since, and gemma4-e4b spends ~10 % of a step in 126
-#     one-block rmsnorm_add launches (NOTES (z)): batch 1, interleaved, two reps
-if [[ " $SECTIONS " == *" 20 "* ]]; then
-    b1_ab TERN_CUDA_NORM_RES "2 1" "gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4"
+    b1_ab TERN_CUDA_AD_TCS "0 1" "llama3-8b;llama3-8b --quant q4;gemma4-e4b --quant q4"
+    for rep in 1 2; do
+        for v in 0 1; do
+            TERN_CUDA_AD_TCS=$v timeout 90 $T bench --random llama3-8b --quant q4 --device cuda --prompt 8192 --gen 64 \
+                --reps 1 > "$OUT/tcs_8k_${v}_$rep.txt" 2>&1
+            say "b1 8k llama3-8b q4 TCS=$v rep $rep: $(grep '^csv,' "$OUT/tcs_8k_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
+        done
+    done
 fi
 
 echo "summary: $S"

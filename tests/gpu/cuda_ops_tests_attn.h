@@ -256,6 +256,43 @@ TEST(cuda_attention_decode_tc) {
     g_attn_bf16 = keep_bf;
 }
 
+/* attn_decode_tc.cu split over the keys (TERN_CUDA_AD_TCS; forced here for any plan): the tensor-core kernel's
+ * cases above with the keys of each (row, kv head) spread over splits of at least 16 and of 64 keys (the
+ * default), merged by the last split, within 1e-5 of the CPU: BF16 and F16 pages, D 64 / 128 / 256, windows,
+ * softcaps, holes, rows with fewer keys than one split, splits past one record tile */
+TEST(cuda_attention_decode_tcs) {
+    extern unsigned long long tern__cuda_attn_decode_tc_calls;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch;
+    static const struct { int nh, nkv, d, window; float cap; int bs, hole; int lens[3]; } C[] = {
+        {8, 2, 128, 0, 0.0f, 16, 0, {300, 37, 129}}, {8, 8, 64, 0, 0.0f, 32, 1, {129, 500, 3}},
+        {16, 4, 128, 100, 0.0f, 16, 0, {400, 250, 90}}, {4, 1, 256, 24, 50.0f, 16, 0, {200, 90, 10}},
+        {4, 2, 64, 0, 0.0f, 8, 1, {1000, 1, 77}}, {32, 8, 128, 0, 0.0f, 16, 1, {513, 17, 2}},
+        {12, 4, 128, 0, 30.0f, 16, 0, {1100, 33, 1}}, {10, 2, 256, 40, 0.0f, 8, 1, {300, 64, 5}},
+        {2, 1, 128, 0, 0.0f, 16, 0, {3000, 2100, 640}}, {7, 1, 256, 0, 0.0f, 16, 1, {95, 31, 160}},
+    };
+    const int keep = tern__cuda_ad_mode, keep_s = tern__cuda_ad_tcs, keep_ch = tern__cuda_ad_tcs_ch, keep_bf = g_attn_bf16;
+    tern__cuda_ad_mode = 1;
+    tern__cuda_ad_tcs = 2;
+    for (int ch = 16; ch <= 64; ch *= 4)
+        for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
+            for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
+                const unsigned long long calls = tern__cuda_attn_decode_tc_calls;
+                tern__cuda_ad_tcs_ch = ch;
+                g_attn_bf16 = pg;
+                g_attn_hole = C[c].hole;
+                const double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens, 0, 1);
+                g_attn_hole = 0;
+                printf("  err attention decode tcs case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rel);
+                CHECK(rel <= 1e-5, "case %zu pages %d ch %d: rel %.2e", c, pg, ch, rel);
+                CHECK(tern__cuda_attn_decode_tc_calls > calls, "case %zu pages %d ch %d: the split tensor-core kernel did not run",
+                      c, pg, ch);
+            }
+    tern__cuda_ad_mode = keep;
+    tern__cuda_ad_tcs = keep_s;
+    tern__cuda_ad_tcs_ch = keep_ch;
+    g_attn_bf16 = keep_bf;
+}
+
 /* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after
  * it — the same bits as without. Its last key is written right before the attention (g_attn_late: pages
  * start as NaN, so a stale read shows); each case runs with EARLY off and on: both within 1e-5 of the CPU

@@ -129,19 +129,37 @@ static int ad_tc(void) {
 }
 /* Fewer pairs than 2 × SMs (batch decode of 8..32 llama3-8b sequences) take AD_TC as well from
  * TERN_CUDA_AD_TC_MIN (pairs, default 64) when the keys the plan sees (a graph's: the whole block table) are
- * at most TERN_CUDA_AD_TC_KEYS (default 4096): a block per pair walks all of its row's keys, which the split
- * kernel spreads over the SMs — measured to win up to 2k keys, longer tables keep the split kernel until
+ * at most TERN_CUDA_AD_TC_KEYS (default 16384): a block per pair walks all of its row's keys, which the split
+ * kernel spreads over the SMs — measured to win up to 8k keys, longer tables keep the split kernel until
  * measured. H200, session 17 (NOTES (z)), llama3-8b, tok/s at 8 / 16 / 32 sequences, 2 × SMs → 64 pairs:
  * 128 + 128 q4 2079 / 3869 / 6195 → 2339 / 4248 / 6780, bf16 1144 / 2772 / 4975 → 1212 / 3094 / 5666;
- * 2048 + 64 q4 at 8 / 16: 1254 / 1851 → 1394 / 2368. TERN_CUDA_AD_TC_MIN=0: from 2 × SMs only */
+ * 2048 + 64 q4 at 8 / 16: 1254 / 1851 → 1394 / 2368; session 18 (NOTES (aa)), 8192 + 64 q4 at 8 / 16: 652 / 736
+ * (bound 4096) → 681 / 867 (16384). TERN_CUDA_AD_TC_MIN=0: from 2 × SMs only */
 static bool ad_tc_takes(const tern__cuda *c, long pairs, long keys) {
     static int vmin = -1, vkeys = -1;
     if (vmin < 0) {
         vmin = tern__cuda_env_int("TERN_CUDA_AD_TC_MIN", 64);
-        vkeys = tern__cuda_env_int("TERN_CUDA_AD_TC_KEYS", 4096);
+        vkeys = tern__cuda_env_int("TERN_CUDA_AD_TC_KEYS", 16384);
     }
     if (pairs >= 2L * (c->n_sm > 0 ? c->n_sm : 132)) return true;
     return vmin > 0 && pairs >= vmin && keys <= vkeys;
+}
+
+/* TERN_CUDA_AD_TCS (session 18, opt-in until an H200 A/B): launches AD_TC does not take (one row, a few; long
+ * tables) on the tensor-core kernel split over the keys (attn_decode_tc.cu, split): about 2 × SMs blocks, each
+ * over at least TERN_CUDA_AD_TCS_CH keys (default 64: one 16-key chunk per warp), merged by the last. The split
+ * kernel (ncu, H200, llama3-8b b1, BF16 pages) is instruction-latency bound: 14.3 µs a layer at 512 keys (~2200
+ * instructions a warp, 11.5 cycles apart), 8.7 at 32 keys, ~33 at 8k (0.5 TB/s). 2 (tests): any launch. -1 until
+ * read (tests set both) */
+extern "C" int tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch;
+int tern__cuda_ad_tcs = -1, tern__cuda_ad_tcs_ch = -1;
+static int ad_tcs(void) {
+    if (tern__cuda_ad_tcs < 0) tern__cuda_ad_tcs = tern__cuda_env_int("TERN_CUDA_AD_TCS", 0);
+    if (tern__cuda_ad_tcs_ch < 0) {
+        const int v = tern__cuda_env_int("TERN_CUDA_AD_TCS_CH", 64);
+        tern__cuda_ad_tcs_ch = v < 16 ? 16 : v > 4096 ? 4096 : v;
+    }
+    return tern__cuda_ad_tcs;
 }
 
 static int ad_mode(void) {
@@ -551,6 +569,20 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.softcap = softcap;
     /* batch decode whose pairs fill the GPU (2: any launch, tests): the one-pass kernels, tensor cores first */
     const long pairs = (long)n * nkv;
+    if (hs == 1 && ad_tcs() && (ad_tcs() == 2 || !ad_tc_takes(c, pairs, keys))) {
+        /* split over the keys: ~2 blocks per SM, each over >= tcs_ch keys, at most 128 splits */
+        const long ch = tern__cuda_ad_tcs_ch, cap = 2L * (c->n_sm > 0 ? c->n_sm : 132) / pairs;
+        long sp = (keys + ch - 1) / ch;
+        if (sp > cap) sp = cap;
+        if (sp > 128) sp = 128;
+        AdArgs b = a;
+        b.splits = (int)sp;
+        b.chmin = (int)ch;
+        if (sp >= 2 && (size_t)sp * n * nh * (d + 2) <= TERN_CUDA_PART_FLOATS && tern__cuda_attn_decode_tc(c, b, kind, true)) {
+            tern__cuda_attn_decode_calls++;
+            return 1;
+        }
+    }
     if (hs == 1 && ((ad_tc() && (ad_tc_takes(c, pairs, keys) || ad_tc() == 2) && tern__cuda_attn_decode_tc(c, a, kind)) ||
                     (ad_1p() && (pairs >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)))) {
         tern__cuda_attn_decode_calls++;

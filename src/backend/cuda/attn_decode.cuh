@@ -71,6 +71,46 @@ template <class ML, class PUT> __device__ __forceinline__ float ad_split_weights
     return L;
 }
 
+/* The end of a split block of pair (row r, kv head group at head0) once its partials are written (every thread
+ * calls it): the last of the pair's nact splits to arrive (counter *cnt, reset by that block) merges the splits'
+ * partials — tern__cuda_attn_merge's layout: [z][row·nh + head][D] sums over a.part (nrow = a.n·a.nh), then the
+ * (M, L) pairs from mlo = a.splits·nrow·D — in split order into a.out: out = Σ_z part_z·c_z / Σ_z L_z·c_z
+ * (ad_split_weights). ms: nact·GM·2 floats of shared memory the block no longer needs; sml [GM][2]; last: a
+ * shared int. */
+template <int GM>
+__device__ __forceinline__ void ad_last_merge(const AdArgs &a, int *cnt, int r, size_t head0, int G, int D, int nact,
+                                              size_t nrow, size_t mlo, float *ms, float (*sml)[2], int &last) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == nact - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < nact * G; idx += blockDim.x) {
+        const int zz = idx / G, h = idx % G;
+        const size_t o = mlo + ((size_t)zz * nrow + (size_t)r * a.nh + head0 + h) * 2;
+        ms[(zz * GM + h) * 2] = __ldcg(a.part + o);
+        ms[(zz * GM + h) * 2 + 1] = __ldcg(a.part + o + 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < G) { /* per head: each split's weight (in place of M_z) and L (split order) */
+        const int h = threadIdx.x;
+        sml[h][1] = ad_split_weights([&](int zz) { return make_float2(ms[(zz * GM + h) * 2], ms[(zz * GM + h) * 2 + 1]); },
+                                     [&](int zz, float c) { ms[(zz * GM + h) * 2] = c; }, nact);
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, i = idx % D;
+        const size_t rh = (size_t)r * a.nh + head0 + h;
+        float v = 0.0f;
+#pragma unroll 16
+        for (int zz = 0; zz < nact; zz++) v += __ldcg(a.part + ((size_t)zz * nrow + rh) * D + i) * ms[(zz * GM + h) * 2];
+        const float L = sml[h][1];
+        a.out[rh * D + i] = L > 0.0f ? v / L : 0.0f;
+    }
+    if (threadIdx.x == 0) *cnt = 0;
+}
+
 /* a row's block table (row r of the launch) */
 __device__ __forceinline__ const int32_t *ad_btrow(const AdArgs &a, int r) { return a.bt + (size_t)a.slot[r] * a.max_blocks; }
 /* recs[i] for keys k0 + i, i < nk (threads of the block in turn): the key's record (slot in the pool) from the
@@ -110,9 +150,11 @@ __device__ __forceinline__ void ad_warp_merge(const AdArgs &a, int r, size_t hea
 int tern__cuda_attn_decode_1p(tern__cuda *c, const AdArgs &a, int kind);
 
 /* attn_decode_tc.cu: the same launches on tensor cores (TERN_CUDA_AD_TC, default on, tried before 1P): BF16 /
- * F16 pages, D 64 / 128 / 256, G <= 8; 1 when it ran, 0 when not served. _init: at open, the kernels'
- * shared-memory attributes (tern__cuda_attn_decode_init) */
-int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind);
+ * F16 pages, D 64 / 128 / 256, G <= 8; 1 when it ran, 0 when not served. split: a.splits (>= 2) blocks per
+ * (row, kv head), each over its share of the keys (at least a.chmin), merged by the last (TERN_CUDA_AD_TCS;
+ * partials in a.part, counters in a.cnt). _init: at open, the kernels' shared-memory attributes
+ * (tern__cuda_attn_decode_init) */
+int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split = false);
 void tern__cuda_attn_decode_tc_init(tern__cuda *c);
 
 #endif

@@ -96,7 +96,10 @@ __device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool ok) 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
 
-template <typename T, int D, int S_>
+/* SPLIT (one row or a few: TERN_CUDA_AD_TCS): block (g, r, z) walks split z of the row's keys, chunk = max(a.chmin,
+ * ceil(keys / gridDim.z)) rounded up to TC_CK keys (splits past the row's keys exit at once), writes its (M, L, Σ p·v)
+ * as partials and the last split of (r, g) merges them (ad_last_merge); a row with one live split writes out directly */
+template <typename T, int D, int S_, bool SPLIT>
 __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) attn_dec_tc_kernel(AdArgs a) {
     using SH = TcShape<D, S_>;
     constexpr int W = SH::W, S = SH::S, RS = SH::RS, TILE = SH::TILE, RD = SH::RD;
@@ -112,6 +115,15 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
     const int pos = a.pos[r];
     const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
     const int nk = pos >= 0 ? pos - lo + 1 : 0;
+    int s0 = 0, s1 = nk, nact = 1; /* this block's keys [s0, s1) of the row's nk */
+    if constexpr (SPLIT) {
+        int chunk = max(a.chmin, (nk + (int)gridDim.z - 1) / (int)gridDim.z);
+        chunk = (chunk + TC_CK - 1) / TC_CK * TC_CK;
+        nact = nk > 0 ? (nk + chunk - 1) / chunk : 1;
+        if ((int)blockIdx.z >= nact) return;
+        s0 = (int)blockIdx.z * chunk;
+        s1 = min(nk, s0 + chunk);
+    }
     const float *qrow = a.q + ((size_t)r * a.nh + head0) * D;
 
     /* Q: registers (D <= 128: qf[kk] is the A fragment of k-step kk) or rows hi 0..7 / lo 8..15 in
@@ -156,8 +168,8 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
     const uint32_t qa = (uint32_t)((lane & 15) * RS + (lane >> 4) * 8) * 2;
     const float scale = a.scale, cap = a.softcap;
     const int32_t *btrow = ad_btrow(a, r);
-    for (int t0 = 0; t0 < nk; t0 += TC_KEYS) {
-        const int tn = min(TC_KEYS, nk - t0);
+    for (int t0 = s0; t0 < s1; t0 += TC_KEYS) {
+        const int tn = min(TC_KEYS, s1 - t0);
         __syncthreads(); /* the previous tile's records are no longer read */
         ad_records(recs, a, btrow, lo + t0, tn);
         __syncthreads();
@@ -258,13 +270,44 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
         if (tq == 0) { wm[warp][gq] = m; wl[warp][gq] = l; }
     }
     __syncthreads();
+    if constexpr (SPLIT) {
+        if (nact > 1) { /* the block's warps merged in warp order relative to its own M, into the partials */
+            __shared__ float sm2[8][2];
+            __shared__ int last;
+            const size_t nrow = (size_t)a.n * a.nh, mlo = (size_t)a.splits * nrow * D, z = blockIdx.z;
+            if (threadIdx.x < G) {
+                const int h = threadIdx.x;
+                float M = -INFINITY;
+#pragma unroll
+                for (int w = 0; w < W; w++) M = fmaxf(M, wm[w][h]);
+                sm2[h][0] = M;
+                sm2[h][1] = ad_split_weights([&](int w) { return make_float2(wm[w][h], wl[w][h]); },
+                                             [&](int w, float c) { cw[w][h] = c; }, W);
+            }
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+                const int h = idx / D, i = idx % D;
+                float v = 0.0f;
+#pragma unroll
+                for (int w = 0; w < W; w++) v += red[(w * 8 + h) * RD + i] * cw[w][h];
+                const size_t rh = (size_t)r * a.nh + head0 + h;
+                a.part[(z * nrow + rh) * D + i] = v;
+                if (i == 0) {
+                    a.part[mlo + (z * nrow + rh) * 2] = sm2[h][0];
+                    a.part[mlo + (z * nrow + rh) * 2 + 1] = sm2[h][1];
+                }
+            }
+            ad_last_merge<8>(a, a.cnt + (size_t)r * gridDim.x + g, r, head0, G, D, nact, nrow, mlo, red, sm2, last);
+            return;
+        }
+    }
     ad_warp_merge<W, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; });
 }
 
-template <typename T, int D, int S> static void tc_attr(void) {
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <typename T, int D, int S, bool SPLIT = false> static void tc_attr(void) {
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)TcShape<D, S>::SMEM);
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT>, cudaFuncAttributePreferredSharedMemoryCarveout,
                          (int)cudaSharedmemCarveoutMaxShared);
 }
 
@@ -284,31 +327,39 @@ void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
     tc_attr<__nv_bfloat16, 128, 2>(); tc_attr<__nv_bfloat16, 256, tc_stages(256)>();
     tc_attr<__half, 64, tc_stages(64)>(); tc_attr<__half, 128, tc_stages(128)>();
     tc_attr<__half, 128, 2>(); tc_attr<__half, 256, tc_stages(256)>();
+    tc_attr<__nv_bfloat16, 64, tc_stages(64), true>(); tc_attr<__nv_bfloat16, 128, tc_stages(128), true>();
+    tc_attr<__nv_bfloat16, 256, tc_stages(256), true>(); tc_attr<__half, 64, tc_stages(64), true>();
+    tc_attr<__half, 128, tc_stages(128), true>(); tc_attr<__half, 256, tc_stages(256), true>();
     cudaGetLastError();
 }
 
-template <typename T, int D, int S> static void tc_launch(tern__cuda *c, dim3 grid, const AdArgs &a) {
-    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S>, grid, 32 * TcShape<D, S>::W, TcShape<D, S>::SMEM, a);
+template <typename T, int D, int S, bool SPLIT = false> static void tc_launch(tern__cuda *c, dim3 grid, const AdArgs &a) {
+    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT>, grid, 32 * TcShape<D, S>::W, TcShape<D, S>::SMEM, a);
 }
 template <typename T> static void tc_go(tern__cuda *c, dim3 grid, bool st2, const AdArgs &a) {
-    if (a.D == 64) tc_launch<T, 64, tc_stages(64)>(c, grid, a);
+    if (grid.z > 1) { /* splits (the default stages) */
+        if (a.D == 64) tc_launch<T, 64, tc_stages(64), true>(c, grid, a);
+        else if (a.D == 128) tc_launch<T, 128, tc_stages(128), true>(c, grid, a);
+        else tc_launch<T, 256, tc_stages(256), true>(c, grid, a);
+    } else if (a.D == 64) tc_launch<T, 64, tc_stages(64)>(c, grid, a);
     else if (a.D == 128 && st2) tc_launch<T, 128, 2>(c, grid, a);
     else if (a.D == 128) tc_launch<T, 128, tc_stages(128)>(c, grid, a);
     else tc_launch<T, 256, tc_stages(256)>(c, grid, a);
 }
 
 /* attn_decode.cuh */
-int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind) {
+int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split) {
     if (kind != TERN_KV_BF16 && kind != TERN_KV_F16) return 0;
     if (a.n <= 0 || a.n > 65535 || a.nkv <= 0 || a.nh % a.nkv || ((uintptr_t)a.q & 15)) return 0;
     if (a.G < 1 || a.G > 8 || (a.D != 64 && a.D != 128 && a.D != 256)) return 0;
-    const bool st2 = tc_st() == 2;
+    const bool st2 = tc_st() == 2 && !split;
     const size_t smem = a.D == 64 ? TcShape<64, tc_stages(64)>::SMEM
                         : a.D == 128 ? (st2 ? TcShape<128, 2>::SMEM : TcShape<128, tc_stages(128)>::SMEM)
                                      : TcShape<256, tc_stages(256)>::SMEM;
     if (smem > c->smem_optin) return 0;
     cudaSetDevice(c->device);
-    const dim3 grid((unsigned)a.nkv, (unsigned)a.n);
+    if (split && (a.splits < 2 || a.splits > 65535 || a.chmin < 1 || (long)a.n * a.nkv > (1L << 16))) return 0;
+    const dim3 grid((unsigned)a.nkv, (unsigned)a.n, split ? (unsigned)a.splits : 1u);
     if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st2, a);
     else tc_go<__half>(c, grid, st2, a);
     tern__cuda_check(c, "attention decode (tensor cores)");
