@@ -145,12 +145,14 @@ static bool ad_tc_takes(const tern__cuda *c, long pairs, long keys) {
     return vmin > 0 && pairs >= vmin && keys <= vkeys;
 }
 
-/* TERN_CUDA_AD_TCS (session 18, opt-in until an H200 A/B): launches AD_TC does not take (one row, a few; long
- * tables) on the tensor-core kernel split over the keys (attn_decode_tc.cu, split): about 2 × SMs blocks, each
- * over at least TERN_CUDA_AD_TCS_CH keys (default 64: one 16-key chunk per warp), merged by the last. The split
- * kernel (ncu, H200, llama3-8b b1, BF16 pages) is instruction-latency bound: 14.3 µs a layer at 512 keys (~2200
- * instructions a warp, 11.5 cycles apart), 8.7 at 32 keys, ~33 at 8k (0.5 TB/s). 2 (tests): any launch. -1 until
- * read (tests set both) */
+/* TERN_CUDA_AD_TCS (session 18, opt-in): launches AD_TC does not take (one row, a few; long tables) on the
+ * tensor-core kernel split over the keys (attn_decode_tc.cu, split): about 2 × SMs blocks, each over at least
+ * TERN_CUDA_AD_TCS_CH keys (default 64: one 16-key chunk per warp), merged by the last. The split kernel here
+ * (ncu, H200, llama3-8b b1, BF16 pages) is instruction-latency bound: 14.3 µs a layer at 512 keys (~2200
+ * instructions a warp, 11.5 cycles apart), 8.7 at 32 keys, ~33 at 8k (0.5 TB/s). H200 (NOTES (aa)): faster alone
+ * (512 / 8192 keys 19.2 / 45.9 → 17.7 / 26.3 µs, locked clocks) and at 8k in the b1 graph (q4 268 → 279 tok/s), but
+ * it loses PDL's overlap at 512 (llama3-8b bf16 218 → 200, gemma4-e4b q4 277 → 236): off by default. 2 (tests):
+ * any launch. -1 until read (tests set both) */
 extern "C" int tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch;
 int tern__cuda_ad_tcs = -1, tern__cuda_ad_tcs_ch = -1;
 static int ad_tcs(void) {
