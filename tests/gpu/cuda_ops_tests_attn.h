@@ -216,35 +216,44 @@ TEST(cuda_attention_decode_1p) {
     g_attn_bf16 = keep_bf;
 }
 
-/* attn_decode_tc.cu (TERN_CUDA_AD_TC; forced here for any plan): one decode row per slot within 1e-5 of the
- * CPU (its hi/lo split of q and p keeps near-f32 sums: the Python emulation of its fragments gives ~3e-6 over
- * BF16 pages, ~2e-7 over F16), BF16 and F16 pages, head dims 64 / 128 / 256, 1..8 heads per KV head, sliding
- * windows, softcaps, a block not resident inside the visible keys, lengths of 1, 2, 3, multiples of the
- * 16-key chunk and not, keys past every warp's first chunk and past one record tile (1024 keys); the D 128
- * cases also with 2 ring stages (TERN_CUDA_AD_TC_ST=2) */
+/* The tensor-core decode attention's cases (attn_decode_tc.cu, one pass and split over the keys): head dims 64 /
+ * 128 / 256, 1..8 heads per KV head, sliding windows, softcaps, a block not resident inside the visible keys
+ * (hole), lengths of 1, 2, 3, multiples of the 16-key chunk and not, keys past every warp's first chunk and past
+ * one record tile (1024 keys) */
+typedef struct { int nh, nkv, d, window; float cap; int bs, hole; int lens[3]; } ad_tc_case;
+static const ad_tc_case AD_TC_CASES[] = {
+    {8, 2, 128, 0, 0.0f, 16, 0, {300, 37, 129}}, {8, 8, 64, 0, 0.0f, 32, 1, {129, 500, 3}},
+    {16, 4, 128, 100, 0.0f, 16, 0, {400, 250, 90}}, {4, 1, 256, 24, 50.0f, 16, 0, {200, 90, 10}},
+    {4, 2, 64, 0, 0.0f, 8, 1, {1000, 1, 77}}, {32, 4, 128, 0, 0.0f, 16, 1, {170, 17, 2}},
+    {12, 4, 128, 0, 30.0f, 16, 0, {1100, 33, 1}}, {10, 2, 256, 40, 0.0f, 8, 1, {300, 64, 5}},
+    {12, 2, 64, 0, 0.0f, 16, 1, {48, 200, 16}}, {7, 1, 256, 0, 0.0f, 16, 1, {95, 31, 160}},
+    {32, 8, 128, 0, 0.0f, 16, 1, {513, 17, 2}}, {2, 1, 128, 0, 0.0f, 16, 0, {3000, 2100, 640}},
+};
+/* one case over BF16 (pg 1) or F16 (pg 2) pages, three decode rows (one per slot): rel error against the CPU */
+static double ad_tc_case_run(const ad_tc_case *k, int pg) {
+    g_attn_bf16 = pg;
+    g_attn_hole = k->hole;
+    const double rel = attn_case(k->nh, k->nkv, k->d, k->window, k->cap, k->bs, 3, k->lens, 0, 1);
+    g_attn_hole = 0;
+    return rel;
+}
+
+/* attn_decode_tc.cu (TERN_CUDA_AD_TC; forced here for any plan): AD_TC_CASES within 1e-5 of the CPU (its hi/lo
+ * split of q and p keeps near-f32 sums: the Python emulation of its fragments gives ~3e-6 over BF16 pages, ~2e-7
+ * over F16), BF16 and F16 pages; the D 128 cases also with 2 ring stages (TERN_CUDA_AD_TC_ST=2) */
 TEST(cuda_attention_decode_tc) {
     extern unsigned long long tern__cuda_attn_decode_tc_calls;
     extern int tern__cuda_ad_mode, tern__cuda_ad_tc, tern__cuda_ad_tc_st;
-    static const struct { int nh, nkv, d, window; float cap; int bs, hole; int lens[3]; } C[] = {
-        {8, 2, 128, 0, 0.0f, 16, 0, {300, 37, 129}}, {8, 8, 64, 0, 0.0f, 32, 1, {129, 500, 3}},
-        {16, 4, 128, 100, 0.0f, 16, 0, {400, 250, 90}}, {4, 1, 256, 24, 50.0f, 16, 0, {200, 90, 10}},
-        {4, 2, 64, 0, 0.0f, 8, 1, {1000, 1, 77}}, {32, 4, 128, 0, 0.0f, 16, 1, {170, 17, 2}},
-        {12, 4, 128, 0, 30.0f, 16, 0, {1100, 33, 1}}, {10, 2, 256, 40, 0.0f, 8, 1, {300, 64, 5}},
-        {12, 2, 64, 0, 0.0f, 16, 1, {48, 200, 16}}, {7, 1, 256, 0, 0.0f, 16, 1, {95, 31, 160}},
-    };
     const int keep = tern__cuda_ad_mode, keep_tc = tern__cuda_ad_tc, keep_st = tern__cuda_ad_tc_st, keep_bf = g_attn_bf16;
     tern__cuda_ad_mode = 1;
     tern__cuda_ad_tc = 2;
     for (int st = 0; st <= 2; st += 2) /* the default rings, then D 128 with 2 stages (TERN_CUDA_AD_TC_ST=2) */
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
-            for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
-                if (st && C[c].d != 128) continue;
+            for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
+                if (st && AD_TC_CASES[c].d != 128) continue;
                 const unsigned long long calls = tern__cuda_attn_decode_tc_calls;
                 tern__cuda_ad_tc_st = st;
-                g_attn_bf16 = pg;
-                g_attn_hole = C[c].hole;
-                const double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens, 0, 1);
-                g_attn_hole = 0;
+                const double rel = ad_tc_case_run(&AD_TC_CASES[c], pg);
                 printf("  err attention decode tc case %zu %s st %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", st, rel);
                 CHECK(rel <= 1e-5, "case %zu pages %d st %d: rel %.2e", c, pg, st, rel);
                 CHECK(tern__cuda_attn_decode_tc_calls > calls, "case %zu pages %d st %d: the tensor-core kernel did not run",
@@ -256,37 +265,27 @@ TEST(cuda_attention_decode_tc) {
     g_attn_bf16 = keep_bf;
 }
 
-/* attn_decode_tc.cu split over the keys (TERN_CUDA_AD_TCS; forced here for any plan): the tensor-core kernel's
- * cases above with the keys of each (row, kv head) spread over splits of at least 16 and of 64 keys (the
- * default), merged by the last split, within 1e-5 of the CPU: BF16 and F16 pages, D 64 / 128 / 256, windows,
- * softcaps, holes, rows with fewer keys than one split, splits past one record tile (1024 keys) */
+/* attn_decode_tc.cu split over the keys (TERN_CUDA_AD_TCS; forced here for any plan): AD_TC_CASES with the keys
+ * of each (row, kv head) spread over splits of at least 16 and of 64 keys (the default), merged by the last
+ * split, within 1e-5 of the CPU, BF16 and F16 pages (rows with fewer keys than one split included) */
 TEST(cuda_attention_decode_tcs) {
     extern unsigned long long tern__cuda_attn_decode_tc_calls;
     extern int tern__cuda_ad_mode, tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch;
-    static const struct { int nh, nkv, d, window; float cap; int bs, hole; int lens[3]; } C[] = {
-        {8, 2, 128, 0, 0.0f, 16, 0, {300, 37, 129}}, {8, 8, 64, 0, 0.0f, 32, 1, {129, 500, 3}},
-        {16, 4, 128, 100, 0.0f, 16, 0, {400, 250, 90}}, {4, 1, 256, 24, 50.0f, 16, 0, {200, 90, 10}},
-        {4, 2, 64, 0, 0.0f, 8, 1, {1000, 1, 77}}, {32, 8, 128, 0, 0.0f, 16, 1, {513, 17, 2}},
-        {12, 4, 128, 0, 30.0f, 16, 0, {1100, 33, 1}}, {10, 2, 256, 40, 0.0f, 8, 1, {300, 64, 5}},
-        {2, 1, 128, 0, 0.0f, 16, 0, {3000, 2100, 640}}, {7, 1, 256, 0, 0.0f, 16, 1, {95, 31, 160}},
-    };
     const int keep = tern__cuda_ad_mode, keep_s = tern__cuda_ad_tcs, keep_ch = tern__cuda_ad_tcs_ch, keep_bf = g_attn_bf16;
     tern__cuda_ad_mode = 1;
     tern__cuda_ad_tcs = 2;
     for (int ch = 16; ch <= 64; ch *= 4)
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
-            for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
+            for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
+                const ad_tc_case *k = &AD_TC_CASES[c];
                 const unsigned long long calls = tern__cuda_attn_decode_tc_calls;
                 tern__cuda_ad_tcs_ch = ch;
-                g_attn_bf16 = pg;
-                g_attn_hole = C[c].hole;
-                const double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 3, C[c].lens, 0, 1);
-                g_attn_hole = 0;
+                const double rel = ad_tc_case_run(k, pg);
                 printf("  err attention decode tcs case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rel);
                 CHECK(rel <= 1e-5, "case %zu pages %d ch %d: rel %.2e", c, pg, ch, rel);
                 int keys = 0; /* a plan over at most ch keys has one split: another kernel serves it */
-                for (int i = 0; i < 3; i++) keys = C[c].lens[i] > keys ? C[c].lens[i] : keys;
-                if (C[c].window > 0 && C[c].window < keys) keys = C[c].window;
+                for (int i = 0; i < 3; i++) keys = k->lens[i] > keys ? k->lens[i] : keys;
+                if (k->window > 0 && k->window < keys) keys = k->window;
                 CHECK(keys <= ch || tern__cuda_attn_decode_tc_calls > calls,
                       "case %zu pages %d ch %d: the split tensor-core kernel did not run", c, pg, ch);
             }
