@@ -21,7 +21,8 @@
 # won (default) and the bound held at 2k keys. In session 18 (NOTES (aa)) 17 (that bound at 8k keys) won
 # (TERN_CUDA_AD_TC_KEYS default 16384), 20 (TERN_CUDA_NORM_RES=1 again) lost, and 18 (TERN_CUDA_QG4_PRE), 19
 # (TERN_CUDA_SGW) and 21 (TERN_CUDA_QG4_LR), written after session 17's last call, lost or tied and were removed
-# with their code (docs/CUDA.md, "Tried and removed"); 22 is TERN_CUDA_AD_TCS. Keep this script as the template for the next switches: make one the default only
+# with their code (docs/CUDA.md, "Tried and removed"); 22 (TERN_CUDA_AD_TCS) ran and stays opt-in; 23
+# (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -103,7 +104,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-22}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
+SECTIONS="${AB_SECTIONS:-23}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -248,6 +249,24 @@ if [[ " $SECTIONS " == *" 22 "* ]]; then
             say "b1 8k llama3-8b q4 TCS=$v rep $rep: $(grep '^csv,' "$OUT/tcs_8k_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
         done
     done
+fi
+
+# 23. TERN_CUDA_AD_LEAN=1 (attn_dec_kernel's one-row EARLY instances skipping empty key groups and staging the
+#     cluster merge's (M, L); written after session 18's last call, same bits) and TERN_CUDA_AD_CHMIN=64 (splits
+#     of >= 64 keys, so a warp's 4 key groups are filled; env only): the early-bits op test (EARLY off / on / LEAN),
+#     ncu durations of one row at 32..8192 keys, then b1 decode interleaved (llama3-8b bf16 / q4, gemma4-e4b q4)
+if [[ " $SECTIONS " == *" 23 "* ]]; then
+    op_test cuda_attention_decode_early_bits lean
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for e in "TERN_CUDA_AD_LEAN=0" "TERN_CUDA_AD_LEAN=1" "TERN_CUDA_AD_CHMIN=64" "TERN_CUDA_AD_LEAN=1 TERN_CUDA_AD_CHMIN=64"; do
+        for ctx in 32 512 2048 8192; do
+            env $e timeout 60 $NCU --metrics gpu__time_duration.sum -k regex:attn_dec --launch-skip 55 --launch-count 2 \
+                build/bench_cuda --attn-dec1 $ctx 1 bf16 1 > "$OUT/lean_dur.txt" 2>&1
+            say "$e one row $ctx keys (ncu): $(grep -E 'gpu__time_duration.sum' "$OUT/lean_dur.txt" | awk '{print $NF}' | tr '\n' ' ') us"
+        done
+    done
+    b1_ab TERN_CUDA_AD_LEAN "0 1" "llama3-8b;llama3-8b --quant q4;gemma4-e4b --quant q4"
+    b1_ab TERN_CUDA_AD_CHMIN "32 64" "llama3-8b;llama3-8b --quant q4"
 fi
 
 echo "summary: $S"

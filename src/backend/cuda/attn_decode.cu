@@ -164,6 +164,15 @@ static int ad_tcs(void) {
     return tern__cuda_ad_tcs;
 }
 
+/* TERN_CUDA_AD_LEAN=1 (opt-in, session 18, untimed): one-row launches with EARLY take attn_dec_kernel's LEAN
+ * instances (see the kernel). -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_lean;
+int tern__cuda_ad_lean = -1;
+static int ad_lean(void) {
+    if (tern__cuda_ad_lean < 0) tern__cuda_ad_lean = tern__cuda_env_int("TERN_CUDA_AD_LEAN", 0) != 0;
+    return tern__cuda_ad_lean;
+}
+
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -190,7 +199,7 @@ static int ad_chmin(void) {
  * e^{M_z - M} from all blocks' (M, L) in split order and writes its share of the outputs, Σ_z part·w / L,
  * reading the other blocks' sums in their shared memory; a second barrier keeps that memory alive until
  * every block has read it. No partials, fence or counter: one memory round trip less per split. */
-template <int GM>
+template <int GM, bool LEAN = false>
 __device__ __forceinline__ void ad_cluster_merge(const AdArgs &a, float *red, float (*sml)[2], int r, size_t head0,
                                                  int G, int D) {
     __shared__ float cw[AD_CLMAX][GM], cL[GM];
@@ -204,7 +213,19 @@ __device__ __forceinline__ void ad_cluster_merge(const AdArgs &a, float *red, fl
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();
     const int CS = a.cl, rank = (int)cl.block_rank();
-    if (threadIdx.x < G) { /* per head: each split's weight and L (split order) */
+    if constexpr (LEAN) { /* the ranks' (M, L) staged here, one remote load per thread, then the same arithmetic */
+        __shared__ float2 cml[AD_CLMAX][GM];
+        for (int idx = threadIdx.x; idx < CS * G; idx += blockDim.x) {
+            const int zz = idx / G, h = idx % G;
+            const float *o = cl.map_shared_rank(&sml[0][0], zz);
+            cml[zz][h] = make_float2(o[2 * h], o[2 * h + 1]);
+        }
+        __syncthreads();
+        if (threadIdx.x < G) {
+            const int h = threadIdx.x;
+            cL[h] = ad_split_weights([&](int zz) { return cml[zz][h]; }, [&](int zz, float c) { cw[zz][h] = c; }, CS);
+        }
+    } else if (threadIdx.x < G) { /* per head: each split's weight and L (split order) */
         const int h = threadIdx.x;
         cL[h] = ad_split_weights(
             [&](int zz) {
@@ -229,7 +250,12 @@ __device__ __forceinline__ void ad_cluster_merge(const AdArgs &a, float *red, fl
 /* EARLY (one row over BF16 pages, TERN_CUDA_AD_EARLY): the first keys' K/V load before pdl_wait, the row
  * of key pos again after it. A template argument, not a flag: one-row branches in the kernel moved its
  * registers and cost llama3-8b q4 b1 320 -> 300 tok/s (H200, session 14, NOTES (w)) */
-template <typename T, int EPL, int GM, bool EARLY>
+/* LEAN (one row over BF16 pages with EARLY, TERN_CUDA_AD_LEAN, session 18, untimed): key groups past the split
+ * skipped warp-uniformly in both walks (a 32-key split fills 2 of a warp's U = 4 groups; their zero rows were
+ * scored and summed), and the cluster merge stages the ranks' (M, L) before the per-head weights (one dependent
+ * DSMEM load after another was ~18 % of the stall samples at 512 keys, NOTES (aa)). The same arithmetic, so the
+ * same bits */
+template <typename T, int EPL, int GM, bool EARLY, bool LEAN = false>
 __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     pdl_trigger();
     if (!EARLY) pdl_wait(); /* EARLY: see below, after the first loads */
@@ -315,6 +341,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
         if (base + STEP < k1) load(kp, base + STEP, kn, rn);
 #pragma unroll
         for (int u = 0; u < U; u++) {
+            if (LEAN && base + u * KPB >= k1) break; /* warp-uniform: no key of this group is in the split */
             const int k = base + u * KPB + kg;
 #pragma unroll
             for (int h = 0; h < GM; h++) {
@@ -366,6 +393,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
         if (base + STEP < k1) load(vp, base + STEP, kn, rn);
 #pragma unroll
         for (int u = 0; u < U; u++) {
+            if (LEAN && base + u * KPB >= k1) break; /* warp-uniform, as in the scores */
             if (rr[u] < 0) continue; /* not resident or past the split: p = 0 */
             const int k = base + u * KPB + kg;
 #pragma unroll
@@ -398,7 +426,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
         }
     __syncthreads();
     if (a.cl > 1) { /* the cluster's splits merge through distributed shared memory */
-        ad_cluster_merge<GM>(a, red, sml, r, head0, G, D);
+        ad_cluster_merge<GM, LEAN>(a, red, sml, r, head0, G, D);
         return;
     }
     const size_t nrow = (size_t)a.n * a.nh, mlo = (size_t)a.splits * nrow * D;
@@ -464,10 +492,10 @@ static size_t ad_smem_lim(const tern__cuda *c) {
 
 /* EARLY is built for BF16 pages only (the bf16 compute path's kind; f32 pages are the parity path): seven
  * (EPL, GM) shapes × three page kinds, and seven EARLY ones */
-template <typename T, bool M> static void ad_attr(int smem) {
+template <typename T, bool M, bool L = false> static void ad_attr(int smem) {
 #define AD_A(E, G)                                                                                           \
-    cudaFuncSetAttribute(attn_dec_kernel<T, E, G, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);    \
-    cudaFuncSetAttribute(attn_dec_kernel<T, E, G, M>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
+    cudaFuncSetAttribute(attn_dec_kernel<T, E, G, M, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); \
+    cudaFuncSetAttribute(attn_dec_kernel<T, E, G, M, L>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
     AD_A(8, 1); AD_A(8, 2); AD_A(8, 4); AD_A(8, 8); AD_A(16, 1); AD_A(16, 2); AD_A(16, 4);
 #undef AD_A
 }
@@ -481,15 +509,16 @@ extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
     ad_attr<__nv_bfloat16, false>(lim);
     ad_attr<__half, false>(lim);
     ad_attr<__nv_bfloat16, true>(lim);
+    ad_attr<__nv_bfloat16, true, true>(lim);
     cudaGetLastError();
     tern__cuda_attn_decode_tc_init(c);
 }
 
 /* a.cl > 1: as a cluster of the a.cl splits; when that launch is refused (no room for the cluster), the
  * same splits merged through global partials instead (the same bits) */
-template <typename T, bool M> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, int E, int GM, AdArgs a) {
+template <typename T, bool M, bool L = false> static void ad_go(tern__cuda *c, dim3 grid, size_t smem, int E, int GM, AdArgs a) {
     void (*k)(AdArgs) = nullptr;
-#define AD_K(EE, GG) if (E == EE && GM == GG) k = attn_dec_kernel<T, EE, GG, M>
+#define AD_K(EE, GG) if (E == EE && GM == GG) k = attn_dec_kernel<T, EE, GG, M, L>
     AD_K(8, 1); AD_K(8, 2); AD_K(8, 4); AD_K(8, 8); AD_K(16, 1); AD_K(16, 2); AD_K(16, 4);
 #undef AD_K
     if (a.cl > 1) {
@@ -592,7 +621,8 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     }
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)(nkv * hs), (unsigned)splits, (unsigned)n);
-    if (early) ad_go<__nv_bfloat16, true>(c, grid, smem, E, GM, a);
+    if (early && ad_lean()) ad_go<__nv_bfloat16, true, true>(c, grid, smem, E, GM, a);
+    else if (early) ad_go<__nv_bfloat16, true>(c, grid, smem, E, GM, a);
     else if (kind == TERN_KV_BF16) ad_go<__nv_bfloat16, false>(c, grid, smem, E, GM, a);
     else if (kind == TERN_KV_F16) ad_go<__half, false>(c, grid, smem, E, GM, a);
     else ad_go<float, false>(c, grid, smem, E, GM, a);
