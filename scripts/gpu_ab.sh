@@ -254,9 +254,12 @@ fi
 # 23. TERN_CUDA_AD_LEAN=1 (attn_dec_kernel's one-row EARLY instances skipping empty key groups and staging the
 #     cluster merge's (M, L); written after session 18's last call, same bits) and TERN_CUDA_AD_CHMIN=64 (splits
 #     of >= 64 keys, so a warp's 4 key groups are filled; env only): the early-bits op test (EARLY off / on / LEAN),
+#     `bench_cuda --pdl-smem` (pdl_probe.cu: what a kernel in another shared-memory configuration costs PDL),
 #     ncu durations of one row at 32..8192 keys, then b1 decode interleaved (llama3-8b bf16 / q4, gemma4-e4b q4)
 if [[ " $SECTIONS " == *" 23 "* ]]; then
     op_test cuda_attention_decode_early_bits lean
+    timeout 60 build/bench_cuda --pdl-smem > "$OUT/pdl_smem.txt" 2>&1 # does another smem configuration break PDL?
+    grep '^pdl-smem' "$OUT/pdl_smem.txt" | tr -s ' ' | tee -a "$S"
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for e in "TERN_CUDA_AD_LEAN=0" "TERN_CUDA_AD_LEAN=1" "TERN_CUDA_AD_CHMIN=64" "TERN_CUDA_AD_LEAN=1 TERN_CUDA_AD_CHMIN=64"; do
         for ctx in 32 512 2048 8192; do

@@ -555,6 +555,49 @@ static void bench_pattern(int rows, int rb) {
     g->vt->free(g, sink);
 }
 
+/* `bench_cuda --pdl-smem` (pdl_probe.cu): a graph of 32 × (one-row 4096x4096 BF16 GEMV, probe kernel) against
+ * 32 GEMVs alone, per probe shape — 72 or 128 blocks of 128 threads asking for `smem` bytes of dynamic shared
+ * memory, with or without the MaxShared carveout hint; "cost" = the graph's µs above the GEMVs alone, per probe.
+ * Whether a kernel in another shared-memory configuration breaks PDL's overlap (TERN_CUDA_AD_TCS, NOTES (aa)) */
+void tern__cuda_pdl_probe(tern__cuda *c, int blocks, int smem, int carve, int *sink);
+double tern__cuda_probe_graph(tern__cuda *c, int phase, int reps);
+static void bench_pdl_smem(void) {
+    tern__cuda *c = (tern__cuda *)g->impl;
+    tern_tensor t, w;
+    bench_tensor(&t, TERN_DT_BF16, 0, 0, 4096, 4096);
+    const size_t wb = (size_t)4096 * 4096 * 2;
+    uint8_t *hd = malloc(wb);
+    uint16_t hs[1], hb[1];
+    fill_weight(hd, wb, TERN_DT_BF16);
+    const int ok = upload_copies(&w, 1, &t, hd, hs, hb, 0, 1) == 1;
+    free(hd);
+    float *x = dev_random(4096 * 4), *y = g->vt->alloc(g, 4096 * 4);
+    int *sink = g->vt->alloc(g, 64);
+    static const struct { int blocks, smem, carve; } P[] = {
+        {0, 0, 0},         {72, 512, 0},  {72, 16 << 10, 0}, {72, 36 << 10, 0}, {72, 36 << 10, 1},
+        {72, 108 << 10, 0}, {72, 108 << 10, 1}, {128, 17 << 10, 0}, {128, 108 << 10, 1},
+    };
+    double base = -1.0;
+    for (size_t i = 0; ok && x && y && sink && i < sizeof P / sizeof P[0]; i++) {
+        double us = -1.0;
+        if (tern__cuda_probe_graph(c, 0, 0) == 0.0) {
+            for (int k = 0; k < 32; k++) {
+                g->vt->matmul(g, y, x, 1, &w);
+                if (P[i].blocks) tern__cuda_pdl_probe(c, P[i].blocks, P[i].smem, P[i].carve, sink);
+            }
+            us = tern__cuda_probe_graph(c, 1, 50);
+        }
+        if (!P[i].blocks) base = us;
+        char name[96];
+        if (!P[i].blocks) snprintf(name, sizeof name, "pdl-smem 32 GEMVs alone");
+        else snprintf(name, sizeof name, "pdl-smem + %d blocks x %d KB%s", P[i].blocks, P[i].smem >> 10, P[i].carve ? " MaxShared" : "");
+        printf("%-52s %10.1f us   cost %6.2f us a probe\n", name, us, base > 0 && us > 0 ? (us - base) / 32 : -1.0);
+        printf("csv,%s,%.2f,%.3f\n", name, us, base > 0 && us > 0 ? (us - base) / 32 : -1.0);
+    }
+    if (ok) g->vt->free_weight(g, &w);
+    g->vt->free(g, x); g->vt->free(g, y); g->vt->free(g, sink);
+}
+
 /* `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b geometry (H 2816, I 704, E 128, top-8, MLX q4 g64,
  * bf16 scales) for n = 1, 2, 4, 8: moe_mma.cu's tensor-core pairs ("mma"; "mma-late": its down kernel
  * loads after its wait) and TERN_CUDA_MOE_MMA=0 ("gemv": the CUDA-core expert GEMVs). Routes: 64
@@ -730,6 +773,11 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && !strcmp(argv[1], "--moe")) { /* moe_mlp at the gemma4-26b-a4b shapes: moe_mma.cu vs the GEMVs */
         bench_moe();
+        tern_backend_close(g);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--pdl-smem")) {
+        bench_pdl_smem();
         tern_backend_close(g);
         return 0;
     }
