@@ -135,13 +135,16 @@ static int ad_tc(void) {
  * 128 + 128 q4 2079 / 3869 / 6195 → 2339 / 4248 / 6780, bf16 1144 / 2772 / 4975 → 1212 / 3094 / 5666;
  * 2048 + 64 q4 at 8 / 16: 1254 / 1851 → 1394 / 2368; session 18 (NOTES (aa)), 8192 + 64 q4 at 8 / 16: 652 / 736
  * (bound 4096) → 681 / 867 (16384). TERN_CUDA_AD_TC_MIN=0: from 2 × SMs only */
+/* two blocks per SM: the (row, kv head) pairs that fill the GPU for the one-pass kernels */
+static long ad_two_per_sm(const tern__cuda *c) { return 2L * (c->n_sm > 0 ? c->n_sm : 132); }
+
 static bool ad_tc_takes(const tern__cuda *c, long pairs, long keys) {
     static int vmin = -1, vkeys = -1;
     if (vmin < 0) {
         vmin = tern__cuda_env_int("TERN_CUDA_AD_TC_MIN", 64);
         vkeys = tern__cuda_env_int("TERN_CUDA_AD_TC_KEYS", 16384);
     }
-    if (pairs >= 2L * (c->n_sm > 0 ? c->n_sm : 132)) return true;
+    if (pairs >= ad_two_per_sm(c)) return true;
     return vmin > 0 && pairs >= vmin && keys <= vkeys;
 }
 
@@ -602,7 +605,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     const long pairs = (long)n * nkv;
     if (hs == 1 && ad_tcs() && (ad_tcs() == 2 || !ad_tc_takes(c, pairs, keys))) {
         /* split over the keys: ~2 blocks per SM, each over >= tcs_ch keys, at most 128 splits */
-        const long ch = tern__cuda_ad_tcs_ch, cap = 2L * (c->n_sm > 0 ? c->n_sm : 132) / pairs;
+        const long ch = tern__cuda_ad_tcs_ch, cap = ad_two_per_sm(c) / pairs;
         long sp = (keys + ch - 1) / ch;
         if (sp > cap) sp = cap;
         if (sp > 128) sp = 128;

@@ -13,15 +13,9 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 
-/* the probe: waits for the previous kernel as every step kernel does, touches its shared memory, one store */
-__global__ void pdl_probe_kernel(int *sink) {
-    extern __shared__ int pp_smem[];
-    pdl_start();
-    pp_smem[threadIdx.x] = (int)threadIdx.x;
-    __syncthreads();
-    if (threadIdx.x == 0 && blockIdx.x == 0) sink[0] = pp_smem[blockDim.x - 1];
-}
-__global__ void pdl_probe_kernel_max(int *sink) { /* the same, a second entry point for the MaxShared hint */
+/* the probe: waits for the previous kernel as every step kernel does, touches its shared memory, one store;
+ * instance 1 carries the MaxShared carveout hint (an attribute of the function, hence two instances) */
+template <int MAXSHARED> __global__ void pdl_probe_kernel(int *sink) {
     extern __shared__ int pp_smem[];
     pdl_start();
     pp_smem[threadIdx.x] = (int)threadIdx.x;
@@ -34,16 +28,16 @@ __global__ void pdl_probe_kernel_max(int *sink) { /* the same, a second entry po
 extern "C" void tern__cuda_pdl_probe(tern__cuda *c, int blocks, int smem, int carve, int *sink) {
     static int done = 0;
     if (!done) {
-        cudaFuncSetAttribute(pdl_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10);
-        cudaFuncSetAttribute(pdl_probe_kernel_max, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10);
-        cudaFuncSetAttribute(pdl_probe_kernel_max, cudaFuncAttributePreferredSharedMemoryCarveout,
+        cudaFuncSetAttribute(pdl_probe_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10);
+        cudaFuncSetAttribute(pdl_probe_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10);
+        cudaFuncSetAttribute(pdl_probe_kernel<1>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              (int)cudaSharedmemCarveoutMaxShared);
         cudaGetLastError();
         done = 1;
     }
     cudaSetDevice(c->device);
     if (smem < 512) smem = 512;
-    tern_launch(c->stream, carve ? pdl_probe_kernel_max : pdl_probe_kernel, dim3((unsigned)blocks), dim3(128),
+    tern_launch(c->stream, carve ? pdl_probe_kernel<1> : pdl_probe_kernel<0>, dim3((unsigned)blocks), dim3(128),
                 (size_t)smem, sink);
 }
 
