@@ -22,7 +22,8 @@
 # (TERN_CUDA_AD_TC_KEYS default 16384), 20 (TERN_CUDA_NORM_RES=1 again) lost, and 18 (TERN_CUDA_QG4_PRE), 19
 # (TERN_CUDA_SGW) and 21 (TERN_CUDA_QG4_LR), written after session 17's last call, lost or tied and were removed
 # with their code (docs/CUDA.md, "Tried and removed"); 22 (TERN_CUDA_AD_TCS) ran and stays opt-in; 23
-# (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call. Keep this script as the template for the next switches: make one the default only
+# (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
+# default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM) was written in session 19. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -104,7 +105,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-23}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
+SECTIONS="${AB_SECTIONS:-24}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -270,6 +271,28 @@ if [[ " $SECTIONS " == *" 23 "* ]]; then
     done
     b1_ab TERN_CUDA_AD_LEAN "0 1" "llama3-8b;llama3-8b --quant q4;gemma4-e4b --quant q4"
     b1_ab TERN_CUDA_AD_CHMIN "32 64" "llama3-8b;llama3-8b --quant q4"
+fi
+
+# 24. TERN_CUDA_AD_TCS=1 with its early copies (TERN_CUDA_AD_TCS_EARLY, default on under TCS) and with one block per
+#     SM (TERN_CUDA_AD_TCS_SMEM=122880): does the split tensor-core kernel keep PDL's overlap now (session 19; NOTES
+#     (aa): it lost 218 -> 200 at 512 keys, won 268 -> 279 at 8k)? The early-bits op test checks TCS's bits first.
+if [[ " $SECTIONS " == *" 24 "* ]]; then
+    op_test cuda_attention_decode_early_bits tcse
+    for rep in 1 2; do
+        for m in "llama3-8b" "llama3-8b --quant q4" "gemma4-e4b --quant q4"; do
+            [ $rep = 2 ] && [ "$m" = "gemma4-e4b --quant q4" ] && continue
+            for e in "TERN_CUDA_AD_TCS=0" "TERN_CUDA_AD_TCS=1" "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_EARLY=0" \
+                     "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_SMEM=122880"; do
+                [ $rep = 2 ] && [ "$e" = "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_EARLY=0" ] && continue
+                env $e timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/b1.txt" 2>&1
+                say "b1 $m $e rep $rep: $(grep '^csv,' "$OUT/b1.txt" | cut -d, -f7,10 | tail -1)"
+            done
+        done
+    done
+    for e in "TERN_CUDA_AD_TCS=0" "TERN_CUDA_AD_TCS=1" "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_SMEM=122880"; do
+        env $e timeout 90 $T bench --random llama3-8b --quant q4 --device cuda --prompt 8192 --gen 64 --reps 1 > "$OUT/b8k.txt" 2>&1
+        say "b1 8k llama3-8b q4 $e: $(grep '^csv,' "$OUT/b8k.txt" | cut -d, -f7,10 | tail -1)"
+    done
 fi
 
 echo "summary: $S"

@@ -298,50 +298,62 @@ TEST(cuda_attention_decode_tcs) {
 /* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after
  * it — the same bits as without. Its last key is written right before the attention (g_attn_late: pages
  * start as NaN, so a stale read shows); each case runs with EARLY off, on, and on with LEAN (TERN_CUDA_AD_LEAN:
- * empty key groups skipped, the cluster merge's (M, L) staged): all within 1e-5 of the CPU and the same bits; f32 and BF16 pages (f32 ones run the plain kernel either way), with and without the
- * cluster merge, head dims 32 .. 512, a sliding window, several splits and rounds */
+ * empty key groups skipped, the cluster merge's (M, L) staged): all within 1e-5 of the CPU and the same bits; f32
+ * and BF16 pages (f32 ones run the plain kernel either way), with and without the cluster merge, head dims 32 ..
+ * 512, a sliding window, several splits and rounds. Then the split tensor-core kernel (TERN_CUDA_AD_TCS forced)
+ * with TERN_CUDA_AD_TCS_EARLY off and on (its first tile's copies before pdl_wait): the same bits again (head
+ * dims it does not serve run the split kernel both times) */
 TEST(cuda_attention_decode_early_bits) {
-    extern int tern__cuda_ad_mode, tern__cuda_ad_cluster, tern__cuda_ad_early, tern__cuda_ad_lean;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_cluster, tern__cuda_ad_early, tern__cuda_ad_lean, tern__cuda_ad_tcs,
+        tern__cuda_ad_tcs_early;
     static const struct { int nh, nkv, d, window, bs, len; } C[] = {
         {8, 2, 128, 0, 16, 300}, {8, 4, 512, 0, 16, 150}, {16, 4, 128, 100, 16, 400}, {32, 8, 128, 0, 16, 20},
-        {4, 1, 32, 0, 16, 77}, {8, 2, 256, 0, 16, 1500}, {4, 2, 64, 0, 16, 2},
+        {4, 1, 32, 0, 16, 77}, {8, 2, 256, 0, 16, 1500}, {4, 2, 64, 0, 16, 2}, {8, 8, 64, 0, 16, 1100},
     };
+    static const char *const MODE[5] = {"off", "on", "lean", "tcs", "tcs early"};
     const int keep = tern__cuda_ad_mode, keep_cl = tern__cuda_ad_cluster, keep_bf = g_attn_bf16,
-              keep_early = tern__cuda_ad_early, keep_lean = tern__cuda_ad_lean;
+              keep_early = tern__cuda_ad_early, keep_lean = tern__cuda_ad_lean, keep_tcs = tern__cuda_ad_tcs,
+              keep_tcse = tern__cuda_ad_tcs_early;
     tern__cuda_ad_mode = 1;
     g_attn_late = 1;
     for (int cl = 0; cl < 2; cl++)
         for (int bf = 0; bf < 2; bf++)
             for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
-                float *o[3] = {NULL, NULL, NULL};
-                double rel[3];
+                float *o[5] = {NULL, NULL, NULL, NULL, NULL};
+                double rel[5];
                 const uint64_t seed = g_seed;
                 tern__cuda_ad_cluster = cl ? 16 : 0;
                 g_attn_bf16 = bf;
-                for (int m = 0; m < 3; m++) { /* EARLY off, on, on with LEAN (TERN_CUDA_AD_LEAN) */
+                for (int m = 0; m < 5; m++) { /* EARLY off, on, LEAN; TCS with and without its early copies */
                     g_seed = seed; /* the same cache and queries */
                     tern__cuda_ad_early = m > 0;
                     tern__cuda_ad_lean = m == 2;
+                    tern__cuda_ad_tcs = m >= 3 ? 2 : 0;
+                    tern__cuda_ad_tcs_early = m == 4;
                     g_attn_keep = &o[m];
                     rel[m] = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, 0.0f, C[c].bs, 1, &C[c].len, 0, 1);
                     g_attn_keep = NULL;
                 }
                 const size_t qn = (size_t)C[c].nh * C[c].d;
-                printf("  err attention decode early case %zu cluster %d bf16 %d: %.2e / %.2e / %.2e (lean)\n", c, cl, bf,
-                       rel[0], rel[1], rel[2]);
-                CHECK(rel[0] <= 1e-5 && rel[1] <= 1e-5 && rel[2] <= 1e-5, "early case %zu cluster %d bf16 %d: rel %.2e / %.2e / %.2e",
-                      c, cl, bf, rel[0], rel[1], rel[2]);
-                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], qn * sizeof(float)), "early case %zu cluster %d bf16 %d: bits differ",
-                      c, cl, bf);
-                CHECK(o[0] && o[2] && !memcmp(o[0], o[2], qn * sizeof(float)), "lean case %zu cluster %d bf16 %d: bits differ",
-                      c, cl, bf);
-                free(o[0]); free(o[1]); free(o[2]);
+                printf("  err attention decode early case %zu cluster %d bf16 %d: %.2e / %.2e / %.2e (lean) / %.2e / %.2e "
+                       "(tcs)\n", c, cl, bf, rel[0], rel[1], rel[2], rel[3], rel[4]);
+                for (int m = 0; m < 5; m++)
+                    CHECK(rel[m] <= 1e-5, "early case %zu cluster %d bf16 %d %s: rel %.2e", c, cl, bf, MODE[m], rel[m]);
+                for (int m = 1; m < 5; m++) {
+                    const int ref = m == 4 ? 3 : 0;
+                    if (m == 3) continue; /* TCS is another kernel: its bits are compared with its early form */
+                    CHECK(o[ref] && o[m] && !memcmp(o[ref], o[m], qn * sizeof(float)),
+                          "early case %zu cluster %d bf16 %d: %s and %s bits differ", c, cl, bf, MODE[ref], MODE[m]);
+                }
+                for (int m = 0; m < 5; m++) free(o[m]);
             }
     g_attn_late = 0;
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_cluster = keep_cl;
     tern__cuda_ad_early = keep_early;
     tern__cuda_ad_lean = keep_lean;
+    tern__cuda_ad_tcs = keep_tcs;
+    tern__cuda_ad_tcs_early = keep_tcse;
     g_attn_bf16 = keep_bf;
 }
 

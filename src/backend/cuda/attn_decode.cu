@@ -167,12 +167,23 @@ static int ad_tcs(void) {
     return tern__cuda_ad_tcs;
 }
 
-/* TERN_CUDA_AD_LEAN=1 (opt-in, session 18, untimed): one-row launches with EARLY take attn_dec_kernel's LEAN
- * instances (see the kernel). -1 until read (tests set it) */
+/* TERN_CUDA_AD_TCS_EARLY (default 1; 0 off; session 19): TCS's one-row launches over BF16 pages issue the first
+ * tile's records and copies before pdl_wait, as AD_EARLY does here (attn_decode_tc.cu). -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_tcs_early;
+int tern__cuda_ad_tcs_early = -1;
+static int ad_tcs_early(void) {
+    if (tern__cuda_ad_tcs_early < 0) tern__cuda_ad_tcs_early = tern__cuda_env_int("TERN_CUDA_AD_TCS_EARLY", 1) != 0;
+    return tern__cuda_ad_tcs_early;
+}
+
+/* TERN_CUDA_AD_LEAN (default 1 since session 19; 0 off): one-row launches with EARLY take attn_dec_kernel's LEAN
+ * instances (see the kernel). H200 (NOTES (ab)): one row at 32 / 512 / 2048 / 8192 keys 11.5 / 19.5 / 24.4 / 45.6
+ * -> 9.9 / 16.9 / 24.6 / 46.9 µs (ncu); b1 llama3-8b bf16 220.6 / 221.7 -> 223.6 / 223.6, q4 331.2 / 326.9 ->
+ * 337.3 / 334.6, gemma4-e4b q4 275.4 / 276.6 -> 280.3 / 278.4 tok/s. -1 until read (tests set it) */
 extern "C" int tern__cuda_ad_lean;
 int tern__cuda_ad_lean = -1;
 static int ad_lean(void) {
-    if (tern__cuda_ad_lean < 0) tern__cuda_ad_lean = tern__cuda_env_int("TERN_CUDA_AD_LEAN", 0) != 0;
+    if (tern__cuda_ad_lean < 0) tern__cuda_ad_lean = tern__cuda_env_int("TERN_CUDA_AD_LEAN", 1) != 0;
     return tern__cuda_ad_lean;
 }
 
@@ -612,7 +623,8 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
         AdArgs b = a;
         b.splits = (int)sp;
         b.chmin = (int)ch;
-        if (sp >= 2 && (size_t)sp * n * nh * (d + 2) <= TERN_CUDA_PART_FLOATS && tern__cuda_attn_decode_tc(c, b, kind, true)) {
+        if (sp >= 2 && (size_t)sp * n * nh * (d + 2) <= TERN_CUDA_PART_FLOATS &&
+            tern__cuda_attn_decode_tc(c, b, kind, true, early && ad_tcs_early())) {
             tern__cuda_attn_decode_calls++;
             return 1;
         }

@@ -152,9 +152,10 @@ int tern__cuda_attn_decode_1p(tern__cuda *c, const AdArgs &a, int kind);
 /* attn_decode_tc.cu: the same launches on tensor cores (TERN_CUDA_AD_TC, default on, tried before 1P): BF16 /
  * F16 pages, D 64 / 128 / 256, G <= 8; 1 when it ran, 0 when not served. split: a.splits (>= 2) blocks per
  * (row, kv head), each over its share of the keys (at least a.chmin), merged by the last (TERN_CUDA_AD_TCS;
- * partials in a.part, counters in a.cnt). _init: at open, the kernels' shared-memory attributes
+ * partials in a.part, counters in a.cnt; early: one row over BF16 pages issues its first copies before pdl_wait,
+ * TERN_CUDA_AD_TCS_EARLY). _init: at open, the kernels' shared-memory attributes
  * (tern__cuda_attn_decode_init) */
-int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split = false);
+int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split = false, bool early = false);
 void tern__cuda_attn_decode_tc_init(tern__cuda *c);
 
 #endif

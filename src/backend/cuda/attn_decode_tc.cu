@@ -91,6 +91,36 @@ template <typename T> __device__ __forceinline__ void tc_split(float x, float y,
     lo = TcH<T>::pack(x - h.x, y - h.y);
 }
 
+/* q of the block's G heads as the A fragments of the k-steps (D <= 128: registers qf) or as rows hi 0..7 / lo 8..15
+ * in shared memory after the rings (D 256, read by ldmatrix) */
+template <typename T, int D, int S_>
+__device__ __forceinline__ void tc_load_q(const float *qrow, int G, int gq, int tq, uint32_t (*qf)[4], unsigned char *smem) {
+    using SH = TcShape<D, S_>;
+    constexpr int NK = D / 16, RS = SH::RS;
+    if constexpr (!SH::QS) {
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+            if (gq < G) {
+                x0 = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 2 * tq));
+                x1 = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 8 + 2 * tq));
+            }
+            tc_split<T>(x0.x, x0.y, qf[kk][0], qf[kk][1]);
+            tc_split<T>(x1.x, x1.y, qf[kk][2], qf[kk][3]);
+        }
+    } else {
+        uint32_t *qw = (uint32_t *)(smem + SH::RING);
+        for (int i = threadIdx.x; i < 8 * (D / 2); i += blockDim.x) {
+            const int h = i / (D / 2), e = i % (D / 2) * 2;
+            const float2 x = h < G ? __ldg((const float2 *)(qrow + (size_t)h * D + e)) : make_float2(0.0f, 0.0f);
+            uint32_t hi, lw;
+            tc_split<T>(x.x, x.y, hi, lw);
+            qw[(h * RS + e) / 2] = hi;
+            qw[((8 + h) * RS + e) / 2] = lw;
+        }
+    }
+}
+
 /* the warp's own ring: copies, commit and wait ordered against its shared-memory reads ("memory") */
 __device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
@@ -99,7 +129,7 @@ __device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool ok) 
 /* SPLIT (one row or a few: TERN_CUDA_AD_TCS): block (g, r, z) walks split z of the row's keys, chunk = max(a.chmin,
  * ceil(keys / gridDim.z)) rounded up to TC_CK keys (splits past the row's keys exit at once), writes its (M, L, Σ p·v)
  * as partials and the last split of (r, g) merges them (ad_last_merge); a row with one live split writes out directly */
-template <typename T, int D, int S_, bool SPLIT>
+template <typename T, int D, int S_, bool SPLIT, bool EARLY = false>
 __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) attn_dec_tc_kernel(AdArgs a) {
     using SH = TcShape<D, S_>;
     constexpr int W = SH::W, S = SH::S, RS = SH::RS, TILE = SH::TILE, RD = SH::RD;
@@ -108,7 +138,8 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
     extern __shared__ __align__(16) unsigned char tc_smem[];
     int *recs = (int *)(tc_smem + SH::RING + SH::QB);
     __shared__ float wm[W][8], wl[W][8], cw[W][8], sl[8];
-    pdl_start();
+    pdl_trigger();
+    if (!EARLY) pdl_wait(); /* EARLY: after the first tile's records and copies (below) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     const int g = blockIdx.x, r = blockIdx.y, G = a.G;
     const size_t head0 = (size_t)g * G;
@@ -130,28 +161,7 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
      * shared memory (D 256), read by ldmatrix after the first tile's barrier */
     uint32_t qf[SH::QS ? 1 : NK][4];
     const uint32_t qs = mma_smem_u32(tc_smem + SH::RING);
-    if constexpr (!SH::QS) {
-#pragma unroll
-        for (int kk = 0; kk < NK; kk++) {
-            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
-            if (gq < G) {
-                x0 = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 2 * tq));
-                x1 = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 8 + 2 * tq));
-            }
-            tc_split<T>(x0.x, x0.y, qf[kk][0], qf[kk][1]);
-            tc_split<T>(x1.x, x1.y, qf[kk][2], qf[kk][3]);
-        }
-    } else {
-        uint32_t *qw = (uint32_t *)(tc_smem + SH::RING);
-        for (int i = threadIdx.x; i < 8 * (D / 2); i += blockDim.x) {
-            const int h = i / (D / 2), e = i % (D / 2) * 2;
-            const float2 x = h < G ? __ldg((const float2 *)(qrow + (size_t)h * D + e)) : make_float2(0.0f, 0.0f);
-            uint32_t hi, lw;
-            tc_split<T>(x.x, x.y, hi, lw);
-            qw[(h * RS + e) / 2] = hi;
-            qw[((8 + h) * RS + e) / 2] = lw;
-        }
-    }
+    if (!EARLY) tc_load_q<T, D, S>(qrow, G, gq, tq, qf, tc_smem);
 
     float o[NT][4], m = -INFINITY, l = 0.0f;
 #pragma unroll
@@ -192,8 +202,19 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
             }
             mma_cp_commit_ord();
         };
-#pragma unroll
-        for (int j = 0; j < S - 1; j++) issue(j);
+        int jp = 0; /* EARLY, first tile: the warp's chunks before the one holding key pos, issued before the wait */
+        if (EARLY && t0 == s0) {
+            /* One row (SPLIT, BF16 pages, TERN_CUDA_AD_TCS_EARLY): pos, the block table and the pages of the keys
+             * before pos were written before this step, so their records and copies go out while the previous
+             * kernel (the one that writes q and key pos) may still run; the chunk holding key pos and q wait
+             * for it (the copies are cp.async.cg: through L2) */
+            const int cpos = (nk - 1 - t0) / TC_CK;
+            while (jp < S - 1 && warp + jp * W != cpos) issue(jp++);
+            pdl_wait();
+            tc_load_q<T, D, S>(qrow, G, gq, tq, qf, tc_smem);
+            if constexpr (SH::QS) __syncthreads(); /* q's rows in shared memory, before the first ldmatrix */
+        }
+        for (int j = jp; j < S - 1; j++) issue(j);
         for (int j = 0; j < nj; j++) { /* warp-uniform bounds (mma, shuffles) */
             issue(j + S - 1);
             mma_cp_wait_ord<S - 1>(); /* this lane's copies of chunk j have landed */
@@ -258,6 +279,7 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
             __syncwarp(); /* every lane's reads of stage j % S are done before issue(j + S) refills it */
         }
     }
+    if (EARLY && s0 >= s1) pdl_wait(); /* no keys (pos < 0): nothing was issued, but the writes below wait */
     /* the head's sum over its 4 lanes; then the warps' (M, L, O) merge in warp order */
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -304,10 +326,15 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
     ad_warp_merge<W, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; });
 }
 
-template <typename T, int D, int S, bool SPLIT = false> static void tc_attr(void) {
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)TcShape<D, S>::SMEM);
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+/* TERN_CUDA_AD_TCS_SMEM=bytes (opt-in, session 19): split launches ask for at least that much dynamic shared memory
+ * (above ~114 KB: one block per SM), so blocks launched early under PDL cannot pile two to an SM on the first SMs
+ * the previous kernel frees. 0 (default): their own size */
+static int tcs_smem = 0;
+template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false> static void tc_attr(void) {
+    const int sm = (int)TcShape<D, S>::SMEM;
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         SPLIT && tcs_smem > sm ? tcs_smem : sm);
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, cudaFuncAttributePreferredSharedMemoryCarveout,
                          (int)cudaSharedmemCarveoutMaxShared);
 }
 
@@ -322,7 +349,8 @@ static int tc_st(void) {
 
 /* attn_decode.cuh: at open (tern__cuda_attn_decode_init), the instances' shared-memory attributes */
 void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
-    (void)c;
+    tcs_smem = tern__cuda_env_int("TERN_CUDA_AD_TCS_SMEM", 0);
+    if (tcs_smem < 0 || (size_t)tcs_smem > c->smem_optin) tcs_smem = 0;
     tc_attr<__nv_bfloat16, 64, tc_stages(64)>(); tc_attr<__nv_bfloat16, 128, tc_stages(128)>();
     tc_attr<__nv_bfloat16, 128, 2>(); tc_attr<__nv_bfloat16, 256, tc_stages(256)>();
     tc_attr<__half, 64, tc_stages(64)>(); tc_attr<__half, 128, tc_stages(128)>();
@@ -330,17 +358,32 @@ void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
     tc_attr<__nv_bfloat16, 64, tc_stages(64), true>(); tc_attr<__nv_bfloat16, 128, tc_stages(128), true>();
     tc_attr<__nv_bfloat16, 256, tc_stages(256), true>(); tc_attr<__half, 64, tc_stages(64), true>();
     tc_attr<__half, 128, tc_stages(128), true>(); tc_attr<__half, 256, tc_stages(256), true>();
+    tc_attr<__nv_bfloat16, 64, tc_stages(64), true, true>(); tc_attr<__nv_bfloat16, 128, tc_stages(128), true, true>();
+    tc_attr<__nv_bfloat16, 256, tc_stages(256), true, true>();
     cudaGetLastError();
 }
 
-template <typename T, int D, int S, bool SPLIT = false> static void tc_launch(tern__cuda *c, dim3 grid, const AdArgs &a) {
-    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT>, grid, 32 * TcShape<D, S>::W, TcShape<D, S>::SMEM, a);
+template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false>
+static void tc_launch(tern__cuda *c, dim3 grid, const AdArgs &a) {
+    const int sm = (int)TcShape<D, S>::SMEM;
+    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, grid, 32 * TcShape<D, S>::W,
+                SPLIT && tcs_smem > sm ? tcs_smem : sm, a);
 }
-template <typename T> static void tc_go(tern__cuda *c, dim3 grid, bool st2, const AdArgs &a) {
+/* the split instances, EARLY ones over BF16 pages only */
+template <typename T, int D> static void tc_split_go(tern__cuda *c, dim3 grid, bool early, const AdArgs &a) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        if (early) {
+            tc_launch<T, D, tc_stages(D), true, true>(c, grid, a);
+            return;
+        }
+    }
+    tc_launch<T, D, tc_stages(D), true>(c, grid, a);
+}
+template <typename T> static void tc_go(tern__cuda *c, dim3 grid, bool st2, bool early, const AdArgs &a) {
     if (grid.z > 1) { /* splits (the default stages) */
-        if (a.D == 64) tc_launch<T, 64, tc_stages(64), true>(c, grid, a);
-        else if (a.D == 128) tc_launch<T, 128, tc_stages(128), true>(c, grid, a);
-        else tc_launch<T, 256, tc_stages(256), true>(c, grid, a);
+        if (a.D == 64) tc_split_go<T, 64>(c, grid, early, a);
+        else if (a.D == 128) tc_split_go<T, 128>(c, grid, early, a);
+        else tc_split_go<T, 256>(c, grid, early, a);
     } else if (a.D == 64) tc_launch<T, 64, tc_stages(64)>(c, grid, a);
     else if (a.D == 128 && st2) tc_launch<T, 128, 2>(c, grid, a);
     else if (a.D == 128) tc_launch<T, 128, tc_stages(128)>(c, grid, a);
@@ -348,7 +391,7 @@ template <typename T> static void tc_go(tern__cuda *c, dim3 grid, bool st2, cons
 }
 
 /* attn_decode.cuh */
-int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split) {
+int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split, bool early) {
     if (kind != TERN_KV_BF16 && kind != TERN_KV_F16) return 0;
     if (a.n <= 0 || a.n > 65535 || a.nkv <= 0 || a.nh % a.nkv || ((uintptr_t)a.q & 15)) return 0;
     if (a.G < 1 || a.G > 8 || (a.D != 64 && a.D != 128 && a.D != 256)) return 0;
@@ -360,8 +403,8 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
     cudaSetDevice(c->device);
     if (split && (a.splits < 2 || a.splits > 65535 || a.chmin < 1 || (long)a.n * a.nkv > (1L << 16))) return 0;
     const dim3 grid((unsigned)a.nkv, (unsigned)a.n, split ? (unsigned)a.splits : 1u);
-    if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st2, a);
-    else tc_go<__half>(c, grid, st2, a);
+    if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st2, split && early && a.n == 1, a);
+    else tc_go<__half>(c, grid, st2, false, a);
     tern__cuda_check(c, "attention decode (tensor cores)");
     tern__cuda_attn_decode_tc_calls++;
     return 1;
