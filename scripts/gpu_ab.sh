@@ -23,7 +23,7 @@
 # (TERN_CUDA_SGW) and 21 (TERN_CUDA_QG4_LR), written after session 17's last call, lost or tied and were removed
 # with their code (docs/CUDA.md, "Tried and removed"); 22 (TERN_CUDA_AD_TCS) ran and stays opt-in; 23
 # (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
-# default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM) was written in session 19. Keep this script as the template for the next switches: make one the default only
+# default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM) and 25 (the long-context class) ran in session 19. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -105,7 +105,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-24}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
+SECTIONS="${AB_SECTIONS:-25}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -293,6 +293,33 @@ if [[ " $SECTIONS " == *" 24 "* ]]; then
         env $e timeout 90 $T bench --random llama3-8b --quant q4 --device cuda --prompt 8192 --gen 64 --reps 1 > "$OUT/b8k.txt" 2>&1
         say "b1 8k llama3-8b q4 $e: $(grep '^csv,' "$OUT/b8k.txt" | cut -d, -f7,10 | tail -1)"
     done
+fi
+
+# 25. The long-context class (session 19: TCS by default from TERN_LONG_KEYS = 2048 keys): where the split tensor-core
+#     kernel starts to win — b1 at 1k / 2k / 4k prompts with TCS never (TERN_CUDA_AD_TCS=0) and always
+#     (TERN_LONG_KEYS=1), defaults at 512 and 8k; TCS at 512 with the GEMVs' L2 prefetch off (is what TCS loses the
+#     PDL chain's early weight prefetch?); q4 batch decode at 64 (the one-pass tensor-core kernel's prologue moved)
+if [[ " $SECTIONS " == *" 25 "* ]]; then
+    op_test cuda_attention_decode_tc,cuda_attention_decode_tcs,cuda_attention_decode_early_bits long
+    for ctx in 1024 2048 4096; do
+        for m in "llama3-8b --quant q4" "llama3-8b"; do
+            for e in "TERN_CUDA_AD_TCS=0" "TERN_LONG_KEYS=1"; do
+                env $e timeout 90 $T bench --random $m --device cuda --prompt $ctx --gen 64 --reps 1 > "$OUT/bl.txt" 2>&1
+                say "b1 $ctx $m $e: $(grep '^csv,' "$OUT/bl.txt" | cut -d, -f7,10 | tail -1)"
+            done
+        done
+    done
+    for ctx in 512 8192; do
+        timeout 90 $T bench --random llama3-8b --quant q4 --device cuda --prompt $ctx --gen 64 --reps 1 > "$OUT/bl.txt" 2>&1
+        say "b1 $ctx llama3-8b q4 default: $(grep '^csv,' "$OUT/bl.txt" | cut -d, -f7,10 | tail -1)"
+    done
+    for e in "TERN_CUDA_AD_TCS=0" "TERN_LONG_KEYS=1"; do
+        env $e TERN_CUDA_GEMV_L2PF=0 timeout 60 $T bench --random llama3-8b --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/bl.txt" 2>&1
+        say "b1 512 llama3-8b $e TERN_CUDA_GEMV_L2PF=0: $(grep '^csv,' "$OUT/bl.txt" | cut -d, -f7,10 | tail -1)"
+    done
+    timeout 100 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 64 --prompt 128 --gen 128 \
+        --requests 2 --system 16 > "$OUT/conc.txt" 2>&1
+    say "concurrency llama3-8b:q4 64 default: $(grep '^csv,conc' "$OUT/conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
 fi
 
 echo "summary: $S"

@@ -115,19 +115,22 @@ if [ -d .gpudeps/root ]; then
         grep -E '^FAIL|check failed' "$OUT/experts.log" | head -8 >> "$S"
         # compressed KV pages end to end: greedy ids on cuda vs cpu for every --kv-quant kind
         F=tests/parity/fixtures
-        for m in llama3 gemma4_e2b_like; do
-            for q in off 8 4 turbo; do
-                a=$(timeout 30 ./build/tern-core generate "$F/$m" --ids 2,17,99,45,20,12 --max-tokens 40 --temperature 0 \
-                    --ignore-eos --print-ids --kv-quant "$q" --device cpu --compute f32 2>/dev/null | head -1)
-                b=$(timeout 30 ./build/tern-core generate "$F/$m" --ids 2,17,99,45,20,12 --max-tokens 40 --temperature 0 \
-                    --ignore-eos --print-ids --kv-quant "$q" --device cuda --compute f32 2>/dev/null | head -1)
-                same=$(python3 -c 'import sys;a,b=sys.argv[1].split(),sys.argv[2].split();n=0
+        gen40() { timeout 30 ./build/tern-core generate "$F/$1" --ids 2,17,99,45,20,12 --max-tokens 40 --temperature 0 \
+                    --ignore-eos --print-ids --kv-quant "$2" --device "$3" --compute "$4" 2>/dev/null | head -1; }
+        first_diff() { python3 -c 'import sys;a,b=sys.argv[1].split(),sys.argv[2].split();n=0
 for x,y in zip(a,b):
     if x!=y: break
     n+=1
-print(n,len(a),len(b))' "$a" "$b" 2>/dev/null)
-                stamp "kv-quant $q $m: cuda vs cpu greedy, first mismatch at / cpu / cuda tokens: $same"
+print(n,len(a),len(b))' "$1" "$2" 2>/dev/null; }
+        for m in llama3 gemma4_e2b_like; do
+            for q in off 8 4 turbo; do
+                stamp "kv-quant $q $m: cuda vs cpu greedy, first mismatch at / cpu / cuda tokens: $(first_diff \
+                    "$(gen40 $m $q cpu f32)" "$(gen40 $m $q cuda f32)")"
             done
+            # the long-context step class (ops.h; the split tensor-core decode attention over BF16 pages) from
+            # position 23: its graphs recorded apart, the same greedy ids as the default classes
+            stamp "long class from 24 keys $m bf16: default vs TERN_LONG_KEYS=24 greedy, first mismatch at / tokens: \
+$(first_diff "$(gen40 $m off cuda bf16)" "$(TERN_LONG_KEYS=24 gen40 $m off cuda bf16)")"
         done
         : > "$OUT/model_bench.log"
         # spec: model:quant[:compute[:VAR=V,VAR=V]]  (compute f32|bf16, default f32; env for that run only)

@@ -462,6 +462,7 @@ static uint64_t step_key(const tern_model *m, const tern_kv *kv, const tern_batc
     h = mix(h, (uint64_t)has_out);
     h = mix(h, (uint64_t)m->head_need); /* vocabulary-parallel ranks > 0: the head runs or not */
     h = mix(h, (uint64_t)tern_slot_seqs(b->slot, b->n)); /* the CUDA attention's decode choice (ops.h) */
+    h = mix(h, (uint64_t)tern_rows_long(b->pos, b->n));   /* ... and its long-context kernel (ops.h) */
     for (int l = 0; l < m->cfg.n_layer; l++) {
         const tern_kv_layer *v = tern_kv_view(kv, l);
         h = mix(h, (uint64_t)(uintptr_t)v->k);

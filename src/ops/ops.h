@@ -25,6 +25,8 @@
 #include "base/base.h"
 #include "ops/tensor.h"
 
+#include <stdlib.h>
+
 /* ---- KV cache view (one per layer; allocation lives in src/runtime/kv.c) ----
  * Pools are laid out [n_blocks][block_size][n_head_kv][head_dim] in `dtype`.
  * Token at position p of slot s lives in block block_table[s*max_blocks + p/block_size],
@@ -112,6 +114,25 @@ static inline tern_key_range tern_key_range_of(const tern_kv_layer *kv, const te
 
 static inline int tern_key_visible(const tern_key_range *k, int b) {
     return (b >= k->lo && b <= k->hi) || (b >= k->vlo && b <= k->vhi);
+}
+
+/* Long-context steps: rows whose longest row sees at least tern_long_keys() keys (TERN_LONG_KEYS, default 2048).
+ * The CUDA attention takes its split tensor-core decode kernel for them (attn_decode.cu, TERN_CUDA_AD_TCS), which wins
+ * at 8k keys and loses at 512 in a batch-1 step (bench/NOTES.md (ab)); model.c's step-graph key holds the class,
+ * so a recorded step is replayed only for steps of its own class. */
+static inline long tern_long_keys(void) {
+    static long v = -1;
+    if (v < 0) {
+        const char *e = getenv("TERN_LONG_KEYS");
+        const long x = e && *e ? atol(e) : 2048;
+        v = x < 1 ? 1 : x;
+    }
+    return v;
+}
+static inline int tern_rows_long(const int32_t *pos, int n) {
+    long m = 0;
+    for (int r = 0; pos && r < n; r++) m = pos[r] + 1L > m ? pos[r] + 1L : m;
+    return m >= tern_long_keys();
 }
 
 /* Distinct slot ids among n rows (sequences in the step). The CUDA attention takes its decode kernel

@@ -243,10 +243,12 @@ static double ad_tc_case_run(const ad_tc_case *k, int pg) {
  * over F16), BF16 and F16 pages; the D 128 cases also with 2 ring stages (TERN_CUDA_AD_TC_ST=2) */
 TEST(cuda_attention_decode_tc) {
     extern unsigned long long tern__cuda_attn_decode_tc_calls;
-    extern int tern__cuda_ad_mode, tern__cuda_ad_tc, tern__cuda_ad_tc_st;
-    const int keep = tern__cuda_ad_mode, keep_tc = tern__cuda_ad_tc, keep_st = tern__cuda_ad_tc_st, keep_bf = g_attn_bf16;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_tc, tern__cuda_ad_tc_st, tern__cuda_ad_tcs;
+    const int keep = tern__cuda_ad_mode, keep_tc = tern__cuda_ad_tc, keep_st = tern__cuda_ad_tc_st, keep_bf = g_attn_bf16,
+              keep_tcs = tern__cuda_ad_tcs;
     tern__cuda_ad_mode = 1;
     tern__cuda_ad_tc = 2;
+    tern__cuda_ad_tcs = 0; /* the one-pass form even for the long cases (a long step takes the split form) */
     for (int st = 0; st <= 2; st += 2) /* the default rings, then D 128 with 2 stages (TERN_CUDA_AD_TC_ST=2) */
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
             for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
@@ -262,6 +264,7 @@ TEST(cuda_attention_decode_tc) {
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_tc = keep_tc;
     tern__cuda_ad_tc_st = keep_st;
+    tern__cuda_ad_tcs = keep_tcs;
     g_attn_bf16 = keep_bf;
 }
 

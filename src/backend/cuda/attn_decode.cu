@@ -148,18 +148,19 @@ static bool ad_tc_takes(const tern__cuda *c, long pairs, long keys) {
     return vmin > 0 && pairs >= vmin && keys <= vkeys;
 }
 
-/* TERN_CUDA_AD_TCS (session 18, opt-in): launches AD_TC does not take (one row, a few; long tables) on the
- * tensor-core kernel split over the keys (attn_decode_tc.cu, split): about 2 × SMs blocks, each over at least
- * TERN_CUDA_AD_TCS_CH keys (default 64: one 16-key chunk per warp), merged by the last. The split kernel here
- * (ncu, H200, llama3-8b b1, BF16 pages) is instruction-latency bound: 14.3 µs a layer at 512 keys (~2200
- * instructions a warp, 11.5 cycles apart), 8.7 at 32 keys, ~33 at 8k (0.5 TB/s). H200 (NOTES (aa)): faster alone
- * (512 / 8192 keys 19.2 / 45.9 → 17.7 / 26.3 µs, locked clocks) and at 8k in the b1 graph (q4 268 → 279 tok/s), but
- * it loses PDL's overlap at 512 (llama3-8b bf16 218 → 200, gemma4-e4b q4 277 → 236): off by default. 2 (tests):
- * any launch. -1 until read (tests set both) */
+/* TERN_CUDA_AD_TCS (1 default since session 19; 0 off; 2 any launch, tests): one-row and few-row launches AD_TC does
+ * not take, in a long-context step (ops.h tern_rows_long: >= TERN_LONG_KEYS keys, default 2048) and on a layer that
+ * sees that many keys (no shorter window), run the tensor-core kernel split over the keys (attn_decode_tc.cu, split):
+ * about 2 × SMs blocks, each over at least TERN_CUDA_AD_TCS_CH keys (default 64: one 16-key chunk per warp), merged by
+ * the last. The split kernel here is instruction-latency bound (ncu, H200, llama3-8b b1, BF16 pages: 14.3 µs a
+ * layer at 512 keys, ~33 at 8k = 0.5 TB/s). H200 (NOTES (aa), (ab)): faster alone (512 / 8192 keys 19.2 / 45.9 →
+ * 17.7 / 26.3 µs, locked clocks) and in the b1 graph at 8k (q4 269 → 291 tok/s with its early copies,
+ * TERN_CUDA_AD_TCS_EARLY), but at 512 keys it loses PDL's overlap between kernels (llama3-8b bf16 221 → 202,
+ * gemma4-e4b q4 279 → 242) — hence the class. -1 until read (tests set both) */
 extern "C" int tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch;
 int tern__cuda_ad_tcs = -1, tern__cuda_ad_tcs_ch = -1;
 static int ad_tcs(void) {
-    if (tern__cuda_ad_tcs < 0) tern__cuda_ad_tcs = tern__cuda_env_int("TERN_CUDA_AD_TCS", 0);
+    if (tern__cuda_ad_tcs < 0) tern__cuda_ad_tcs = tern__cuda_env_int("TERN_CUDA_AD_TCS", 1);
     if (tern__cuda_ad_tcs_ch < 0) {
         const int v = tern__cuda_env_int("TERN_CUDA_AD_TCS_CH", 64);
         tern__cuda_ad_tcs_ch = v < 16 ? 16 : v > 4096 ? 4096 : v;
@@ -614,7 +615,8 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.softcap = softcap;
     /* batch decode whose pairs fill the GPU (2: any launch, tests): the one-pass kernels, tensor cores first */
     const long pairs = (long)n * nkv;
-    if (hs == 1 && ad_tcs() && (ad_tcs() == 2 || !ad_tc_takes(c, pairs, keys))) {
+    const bool lng = ad_tcs() == 1 && tern_rows_long(rows->pos_host, n) && (kv->window <= 0 || kv->window >= tern_long_keys());
+    if (hs == 1 && (ad_tcs() == 2 || (lng && !ad_tc_takes(c, pairs, keys)))) {
         /* split over the keys: ~2 blocks per SM, each over >= tcs_ch keys, at most 128 splits */
         const long ch = tern__cuda_ad_tcs_ch, cap = ad_two_per_sm(c) / pairs;
         long sp = (keys + ch - 1) / ch;
