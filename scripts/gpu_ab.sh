@@ -23,7 +23,8 @@
 # (TERN_CUDA_SGW) and 21 (TERN_CUDA_QG4_LR), written after session 17's last call, lost or tied and were removed
 # with their code (docs/CUDA.md, "Tried and removed"); 22 (TERN_CUDA_AD_TCS) ran and stays opt-in; 23
 # (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
-# default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM) and 25 (the long-context class) ran in session 19. Keep this script as the template for the next switches: make one the default only
+# default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM), 25 (the long-context class) and 26
+# (TERN_CUDA_CARVE) ran in session 19. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -105,7 +106,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-25}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
+SECTIONS="${AB_SECTIONS:-26}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -320,6 +321,30 @@ if [[ " $SECTIONS " == *" 25 "* ]]; then
     timeout 100 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 64 --prompt 128 --gen 128 \
         --requests 2 --system 16 > "$OUT/conc.txt" 2>&1
     say "concurrency llama3-8b:q4 64 default: $(grep '^csv,conc' "$OUT/conc.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+fi
+
+# 26. TERN_CUDA_CARVE=P (every kernel's shared-memory carveout preference, session 19): do the SMs' configuration
+#     changes between a step's kernels cost the PDL overlap (the split tensor-core attention asks for 228 KB, the
+#     GEMVs get 100 KB, rope_kv 32 KB)? b1 at 512 with the default kernels and with TCS forced (TERN_LONG_KEYS=1),
+#     each with no preference / 44 (~100 KB) / 100 (MaxShared); gemma4-e4b; 8k q4
+if [[ " $SECTIONS " == *" 26 "* ]]; then
+    for rep in 1 2; do
+        for m in "llama3-8b" "llama3-8b --quant q4"; do
+            for e in "TERN_LONG_KEYS=4096" "TERN_CUDA_CARVE=44" "TERN_CUDA_CARVE=100" "TERN_LONG_KEYS=1" \
+                     "TERN_LONG_KEYS=1 TERN_CUDA_CARVE=100"; do
+                env $e timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/b1.txt" 2>&1
+                say "b1 512 $m $e rep $rep: $(grep '^csv,' "$OUT/b1.txt" | cut -d, -f7,10 | tail -1)"
+            done
+        done
+    done
+    for e in "TERN_LONG_KEYS=4096" "TERN_CUDA_CARVE=44" "TERN_CUDA_CARVE=100"; do
+        env $e timeout 60 $T bench --random gemma4-e4b --quant q4 --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/b1.txt" 2>&1
+        say "b1 512 gemma4-e4b q4 $e: $(grep '^csv,' "$OUT/b1.txt" | cut -d, -f7,10 | tail -1)"
+    done
+    for e in "TERN_LONG_KEYS=4096" "TERN_CUDA_CARVE=100"; do
+        env $e timeout 90 $T bench --random llama3-8b --quant q4 --device cuda --prompt 8192 --gen 64 --reps 1 > "$OUT/b1.txt" 2>&1
+        say "b1 8k llama3-8b q4 $e: $(grep '^csv,' "$OUT/b1.txt" | cut -d, -f7,10 | tail -1)"
+    done
 fi
 
 echo "summary: $S"

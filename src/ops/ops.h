@@ -116,15 +116,15 @@ static inline int tern_key_visible(const tern_key_range *k, int b) {
     return (b >= k->lo && b <= k->hi) || (b >= k->vlo && b <= k->vhi);
 }
 
-/* Long-context steps: rows whose longest row sees at least tern_long_keys() keys (TERN_LONG_KEYS, default 2048).
+/* Long-context steps: rows whose longest row sees at least tern_long_keys() keys (TERN_LONG_KEYS, default 4096).
  * The CUDA attention takes its split tensor-core decode kernel for them (attn_decode.cu, TERN_CUDA_AD_TCS), which wins
- * at 8k keys and loses at 512 in a batch-1 step (bench/NOTES.md (ab)); model.c's step-graph key holds the class,
+ * from ~4k keys and loses below in a batch-1 step (bench/NOTES.md (ab)); model.c's step-graph key holds the class,
  * so a recorded step is replayed only for steps of its own class. */
 static inline long tern_long_keys(void) {
     static long v = -1;
     if (v < 0) {
         const char *e = getenv("TERN_LONG_KEYS");
-        const long x = e && *e ? atol(e) : 2048;
+        const long x = e && *e ? atol(e) : 4096;
         v = x < 1 ? 1 : x;
     }
     return v;

@@ -149,14 +149,16 @@ static bool ad_tc_takes(const tern__cuda *c, long pairs, long keys) {
 }
 
 /* TERN_CUDA_AD_TCS (1 default since session 19; 0 off; 2 any launch, tests): one-row and few-row launches AD_TC does
- * not take, in a long-context step (ops.h tern_rows_long: >= TERN_LONG_KEYS keys, default 2048) and on a layer that
+ * not take, in a long-context step (ops.h tern_rows_long: >= TERN_LONG_KEYS keys, default 4096) and on a layer that
  * sees that many keys (no shorter window), run the tensor-core kernel split over the keys (attn_decode_tc.cu, split):
  * about 2 × SMs blocks, each over at least TERN_CUDA_AD_TCS_CH keys (default 64: one 16-key chunk per warp), merged by
  * the last. The split kernel here is instruction-latency bound (ncu, H200, llama3-8b b1, BF16 pages: 14.3 µs a
  * layer at 512 keys, ~33 at 8k = 0.5 TB/s). H200 (NOTES (aa), (ab)): faster alone (512 / 8192 keys 19.2 / 45.9 →
  * 17.7 / 26.3 µs, locked clocks) and in the b1 graph at 8k (q4 269 → 291 tok/s with its early copies,
  * TERN_CUDA_AD_TCS_EARLY), but at 512 keys it loses PDL's overlap between kernels (llama3-8b bf16 221 → 202,
- * gemma4-e4b q4 279 → 242) — hence the class. -1 until read (tests set both) */
+ * gemma4-e4b q4 279 → 242; not the GEMVs' L2 prefetch: the same with TERN_CUDA_GEMV_L2PF=0) — hence the class. The
+ * crossover (q4 / bf16, split kernel → TCS): 1k 320 / 214 → 314 / 207, 2k 315 / 208 → 305 / 203, 4k 296 / 202 →
+ * 302 / 201 tok/s. -1 until read (tests set both) */
 extern "C" int tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch;
 int tern__cuda_ad_tcs = -1, tern__cuda_ad_tcs_ch = -1;
 static int ad_tcs(void) {

@@ -31,6 +31,30 @@ int tern__cuda_pdl(void) {
     return tern__cuda_pdl_on;
 }
 
+/* TERN_CUDA_CARVE=P (0..100, opt-in, session 19; unset: each kernel keeps its own preference): every kernel
+ * launched through tern_launch gets the shared-memory carveout preference P % once (100: MaxShared). An A/B of
+ * whether the SMs' changes of shared-memory configuration between a step's kernels (GEMVs 100 KB, rope_kv 32 KB,
+ * the split tensor-core attention 228 KB: ncu, NOTES (aa)) cost the PDL overlap. -2 until read (tests set it) */
+int tern__cuda_carve_pct = -2;
+void tern__cuda_carve_apply(const void *k) {
+    static const void *seen[1024];
+    if (tern__cuda_carve_pct == -2) {
+        const char *e = getenv("TERN_CUDA_CARVE");
+        const int v = e && *e ? atoi(e) : -3;
+        tern__cuda_carve_pct = v >= 0 && v <= 100 ? v : -1;
+    }
+    if (tern__cuda_carve_pct < 0 || !k) return;
+    size_t h = ((uintptr_t)k >> 4) % 1024;
+    for (int i = 0; i < 1024 && seen[h] != k; i++, h = (h + 1) % 1024) {
+        if (!seen[h]) {
+            seen[h] = k;
+            cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, tern__cuda_carve_pct);
+            cudaGetLastError();
+            return;
+        }
+    }
+}
+
 static tern__cuda *C(tern_backend *be) { return (tern__cuda *)be->impl; }
 
 void tern__cuda_check(tern__cuda *c, const char *what) {

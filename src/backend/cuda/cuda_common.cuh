@@ -26,6 +26,7 @@ __device__ __forceinline__ void pdl_start() {
 }
 
 extern "C" int tern__cuda_pdl(void); /* 1 unless TERN_CUDA_PDL=0 */
+extern "C" void tern__cuda_carve_apply(const void *k); /* TERN_CUDA_CARVE (cuda_backend.c) */
 
 /* k<<<grid, block, smem, st>>>(args...), launched as a programmatic dependent of the stream's
  * previous kernel unless TERN_CUDA_PDL=0 (captured into graphs as programmatic edges); cluster_y > 0:
@@ -36,6 +37,7 @@ static inline cudaError_t tern_launch_cluster(cudaStream_t st, void (*k)(K...), 
                                               int cluster_y, A &&...args) {
     cudaLaunchAttribute at[2];
     unsigned na = 0;
+    tern__cuda_carve_apply((const void *)k);
     if (tern__cuda_pdl()) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na++].val.programmaticStreamSerializationAllowed = 1;
