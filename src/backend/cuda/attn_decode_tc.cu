@@ -92,7 +92,10 @@ template <typename T> __device__ __forceinline__ void tc_split(float x, float y,
 }
 
 /* q of the block's G heads as the A fragments of the k-steps (D <= 128: registers qf) or as rows hi 0..7 / lo 8..15
- * in shared memory after the rings (D 256, read by ldmatrix) */
+ * in shared memory after the rings (D 256, read by ldmatrix) — for the EARLY instances, after their pdl_wait. The
+ * other instances keep the same lines inline in the kernel: called from there (as a function or a lambda) ptxas
+ * reorders their prologue (34–1479 of 1536–2976 instructions differ by cubin compare), and the one-pass form is the
+ * timed batch-decode default (docs/STATUS.md lesson 15) */
 template <typename T, int D, int S_>
 __device__ __forceinline__ void tc_load_q(const float *qrow, int G, int gq, int tq, uint32_t (*qf)[4], unsigned char *smem) {
     using SH = TcShape<D, S_>;
@@ -161,7 +164,30 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
      * shared memory (D 256), read by ldmatrix after the first tile's barrier */
     uint32_t qf[SH::QS ? 1 : NK][4];
     const uint32_t qs = mma_smem_u32(tc_smem + SH::RING);
-    if (!EARLY) tc_load_q<T, D, S>(qrow, G, gq, tq, qf, tc_smem);
+    if constexpr (!EARLY) {
+        if constexpr (!SH::QS) {
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++) {
+                float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+                if (gq < G) {
+                    x0 = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 2 * tq));
+                    x1 = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 8 + 2 * tq));
+                }
+                tc_split<T>(x0.x, x0.y, qf[kk][0], qf[kk][1]);
+                tc_split<T>(x1.x, x1.y, qf[kk][2], qf[kk][3]);
+            }
+        } else {
+            uint32_t *qw = (uint32_t *)(tc_smem + SH::RING);
+            for (int i = threadIdx.x; i < 8 * (D / 2); i += blockDim.x) {
+                const int h = i / (D / 2), e = i % (D / 2) * 2;
+                const float2 x = h < G ? __ldg((const float2 *)(qrow + (size_t)h * D + e)) : make_float2(0.0f, 0.0f);
+                uint32_t hi, lw;
+                tc_split<T>(x.x, x.y, hi, lw);
+                qw[(h * RS + e) / 2] = hi;
+                qw[((8 + h) * RS + e) / 2] = lw;
+            }
+        }
+    }
 
     float o[NT][4], m = -INFINITY, l = 0.0f;
 #pragma unroll
