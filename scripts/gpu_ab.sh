@@ -63,6 +63,11 @@ b1_ab() {
 }
 # q4_b1 VAR "values": batch-1 decode of llama3-8b and gemma4-12b q4
 q4_b1() { b1_ab "$1" "$2" "llama3-8b --quant q4;gemma4-12b --quant q4"; }
+# b1e "VAR=V ..." PROMPT "spec": one batch-1 decode (prompt + 64) with those settings: "tok/s,tg/floor"
+b1e() {
+    env $1 timeout 90 $T bench --random $3 --device cuda --prompt $2 --gen 64 --reps 1 > "$OUT/b1e.txt" 2>&1
+    grep '^csv,' "$OUT/b1e.txt" | cut -d, -f7,10 | tail -1
+}
 # conc_ab "settings;settings" "models" CONC: batch decode (build/concurrency, bf16 compute, 128 + 128) of each
 # model at the concurrencies CONC for every setting (a space-separated list of VAR=value), interleaved, AB_REPS reps
 # (default 2); one line each: concurrency and steady decode tok/s
@@ -285,14 +290,12 @@ if [[ " $SECTIONS " == *" 24 "* ]]; then
             for e in "TERN_CUDA_AD_TCS=0" "TERN_CUDA_AD_TCS=1" "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_EARLY=0" \
                      "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_SMEM=122880"; do
                 [ $rep = 2 ] && [ "$e" = "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_EARLY=0" ] && continue
-                env $e timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/b1.txt" 2>&1
-                say "b1 $m $e rep $rep: $(grep '^csv,' "$OUT/b1.txt" | cut -d, -f7,10 | tail -1)"
+                say "b1 $m $e rep $rep: $(b1e "$e" 512 "$m")"
             done
         done
     done
     for e in "TERN_CUDA_AD_TCS=0" "TERN_CUDA_AD_TCS=1" "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_SMEM=122880"; do
-        env $e timeout 90 $T bench --random llama3-8b --quant q4 --device cuda --prompt 8192 --gen 64 --reps 1 > "$OUT/b8k.txt" 2>&1
-        say "b1 8k llama3-8b q4 $e: $(grep '^csv,' "$OUT/b8k.txt" | cut -d, -f7,10 | tail -1)"
+        say "b1 8k llama3-8b q4 $e: $(b1e "$e" 8192 "llama3-8b --quant q4")"
     done
 fi
 
@@ -305,18 +308,15 @@ if [[ " $SECTIONS " == *" 25 "* ]]; then
     for ctx in 1024 2048 4096; do
         for m in "llama3-8b --quant q4" "llama3-8b"; do
             for e in "TERN_CUDA_AD_TCS=0" "TERN_LONG_KEYS=1"; do
-                env $e timeout 90 $T bench --random $m --device cuda --prompt $ctx --gen 64 --reps 1 > "$OUT/bl.txt" 2>&1
-                say "b1 $ctx $m $e: $(grep '^csv,' "$OUT/bl.txt" | cut -d, -f7,10 | tail -1)"
+                say "b1 $ctx $m $e: $(b1e "$e" $ctx "$m")"
             done
         done
     done
     for ctx in 512 8192; do
-        timeout 90 $T bench --random llama3-8b --quant q4 --device cuda --prompt $ctx --gen 64 --reps 1 > "$OUT/bl.txt" 2>&1
-        say "b1 $ctx llama3-8b q4 default: $(grep '^csv,' "$OUT/bl.txt" | cut -d, -f7,10 | tail -1)"
+        say "b1 $ctx llama3-8b q4 default: $(b1e "" $ctx "llama3-8b --quant q4")"
     done
     for e in "TERN_CUDA_AD_TCS=0" "TERN_LONG_KEYS=1"; do
-        env $e TERN_CUDA_GEMV_L2PF=0 timeout 60 $T bench --random llama3-8b --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/bl.txt" 2>&1
-        say "b1 512 llama3-8b $e TERN_CUDA_GEMV_L2PF=0: $(grep '^csv,' "$OUT/bl.txt" | cut -d, -f7,10 | tail -1)"
+        say "b1 512 llama3-8b $e TERN_CUDA_GEMV_L2PF=0: $(b1e "$e TERN_CUDA_GEMV_L2PF=0" 512 llama3-8b)"
     done
     timeout 100 build/concurrency --random llama3-8b:q4 --device cuda --compute bf16 --conc 64 --prompt 128 --gen 128 \
         --requests 2 --system 16 > "$OUT/conc.txt" 2>&1
@@ -332,18 +332,15 @@ if [[ " $SECTIONS " == *" 26 "* ]]; then
         for m in "llama3-8b" "llama3-8b --quant q4"; do
             for e in "TERN_LONG_KEYS=4096" "TERN_CUDA_CARVE=44" "TERN_CUDA_CARVE=100" "TERN_LONG_KEYS=1" \
                      "TERN_LONG_KEYS=1 TERN_CUDA_CARVE=100"; do
-                env $e timeout 60 $T bench --random $m --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/b1.txt" 2>&1
-                say "b1 512 $m $e rep $rep: $(grep '^csv,' "$OUT/b1.txt" | cut -d, -f7,10 | tail -1)"
+                say "b1 512 $m $e rep $rep: $(b1e "$e" 512 "$m")"
             done
         done
     done
     for e in "TERN_LONG_KEYS=4096" "TERN_CUDA_CARVE=44" "TERN_CUDA_CARVE=100"; do
-        env $e timeout 60 $T bench --random gemma4-e4b --quant q4 --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/b1.txt" 2>&1
-        say "b1 512 gemma4-e4b q4 $e: $(grep '^csv,' "$OUT/b1.txt" | cut -d, -f7,10 | tail -1)"
+        say "b1 512 gemma4-e4b q4 $e: $(b1e "$e" 512 "gemma4-e4b --quant q4")"
     done
     for e in "TERN_LONG_KEYS=4096" "TERN_CUDA_CARVE=100"; do
-        env $e timeout 90 $T bench --random llama3-8b --quant q4 --device cuda --prompt 8192 --gen 64 --reps 1 > "$OUT/b1.txt" 2>&1
-        say "b1 8k llama3-8b q4 $e: $(grep '^csv,' "$OUT/b1.txt" | cut -d, -f7,10 | tail -1)"
+        say "b1 8k llama3-8b q4 $e: $(b1e "$e" 8192 "llama3-8b --quant q4")"
     done
 fi
 
