@@ -17,6 +17,8 @@
  *         rmsnorm / rope / attention run between its GEMVs; the pool's worker may sleep);
  *   read  the probe's readsum over each matrix's weight bytes in tok's order, halves per thread
  *         (what the memory gives this access pattern with no arithmetic);
+ *   fresh tern_cpu_membw_probe (1 GiB): `tern bench`'s floor probe, a fresh buffer each call, best of 3
+ *         (GB/s as it reports them); fresh1: a fresh buffer of the paired probe's size, one pass;
  *   model --model PRESET: the real model (synthetic weights, same backend) decoding --tokens
  *         tokens through tern_generate, timed as tern bench does (GB/s from tok's bytes).
  * GB/s counts weight bytes (+ Q scales/biases) per token × --tokens. Geometry: --dims
@@ -42,8 +44,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, NVAR };
-static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read"};
+enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, V_FRESH, V_FRESH1, NVAR };
+static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read", "fresh", "fresh1"};
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_u64(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
@@ -128,7 +130,7 @@ static int cx4[MAXCFG] = {-1};
 
 int main(int argc, char **argv) {
     int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, gap_us = 100;
-    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1}, ntok = 1;
+    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0}, ntok = 1;
     const char *preset = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -156,7 +158,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--pairs") && v) pairs = atoi(argv[++i]);
         else if (!strcmp(a, "--gap-us") && v) gap_us = atoi(argv[++i]);
         else if (!strcmp(a, "--only") && v) {
-            for (int k = 0; k < NVAR; k++) want[k] = strstr(v, vname[k]) != NULL;
+            for (int k = 0; k < NVAR; k++) { /* exact names in the comma list */
+                size_t n = strlen(vname[k]);
+                want[k] = 0;
+                for (const char *q = v; *q; q += strcspn(q, ",") + (q[strcspn(q, ",")] == ','))
+                    if (strcspn(q, ",") == n && !strncmp(q, vname[k], n)) want[k] = 1;
+            }
             i++;
         }
         else { fprintf(stderr, "bench_seq: unknown argument %s\n", a); return 2; }
@@ -216,7 +223,9 @@ int main(int argc, char **argv) {
     vb[V_HEAD] = wbytes(&head);
     vb[V_MODEL] = vb[V_TOK];
     vb[V_READ] = vb[V_TOK];
-    for (int vi = 0; vi < NVAR; vi++) vb[vi] *= (size_t)ntok;
+    vb[V_FRESH] = (size_t)1 << 30;
+    vb[V_FRESH1] = tern_membw_bytes(bw);
+    for (int vi = 0; vi < V_FRESH; vi++) vb[vi] *= (size_t)ntok;
     printf("isa %s, threads %d, %s%s, dims H %d KV %d I %d L %d V %d, %.1f MB of weights, probe %zu MiB, gap %d us\n",
            tern_cpu_isa_name(), nth ? nth : tern_cpu_count(), fdt == TERN_DT_BF16 ? "bf16" : fbits == 8 ? "q8g64" : "q4g64",
            int8 ? " int8" : "", H, KV, I, L, V, total_bytes / 1e6, tern_membw_bytes(bw) >> 20, gap_us);
@@ -233,7 +242,15 @@ int main(int argc, char **argv) {
             tern__cpu_bf16_x4_set(cx4[ci]);
             double t0 = tern_time_s();
             double dt = -1;
-            if (vi == V_MODEL) {
+            if (vi == V_FRESH) { /* tern bench's floor probe: a fresh 1 GiB buffer, best of 3 */
+                double g = tern_cpu_membw_probe((size_t)1 << 30);
+                dt = g > 0 ? (double)vb[vi] / (g * 1e9) : 1;
+            } else if (vi == V_FRESH1) { /* a fresh buffer of the probe's size, its first timed pass */
+                tern_membw *fb = tern_membw_open(0);
+                double g = tern_membw_run(fb);
+                tern_membw_close(fb);
+                dt = g > 0 ? (double)vb[vi] / (g * 1e9) : 1;
+            } else if (vi == V_MODEL) {
                 tern_gen_stats st = {0};
                 tern_generate(model, kv, 0, ids, 4, ntok + 1, 0, NULL, 0, NULL, NULL, NULL, NULL, &st, &err);
                 tern_kv_release(kv, 0);
