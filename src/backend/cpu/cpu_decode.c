@@ -10,8 +10,8 @@
  *     matrices in order; thread i owns a contiguous range of chunks and walks it forward (one
  *     sequential stream: the kernels' rows-ahead prefetch lands in the rows it reads next);
  *   - within a chunk the kernel gets the table's gemv_pass rows per call (kern.h): 1 for Q8
- *     int8 (one stream per thread rather than 4 a row apart; the BF16 kernel reads its rows one
- *     after another inside a call), 4 for the compute-bound Q4 kinds (NOTES (ab));
+ *     int8 (one stream per thread rather than 4 a row apart; the BF16 and Q4 int8 kernels read
+ *     their rows one after another inside a call), 4 for the others (NOTES (ab));
  *     a thread that runs out takes chunks from the END of the range with the most left (a
  *     compare-and-swap on a (front, back) pair per thread), so a thread slowed by another
  *     process no longer holds the whole step back;
