@@ -9,6 +9,9 @@
  *   - the rows of the k matrices are cut into chunks of CHUNK rows, numbered across the
  *     matrices in order; thread i owns a contiguous range of chunks and walks it forward (one
  *     sequential stream: the kernels' rows-ahead prefetch lands in the rows it reads next);
+ *   - within a chunk the kernel gets the table's gemv_pass rows per call (kern.h): 1 for Q8
+ *     int8 (one stream per thread rather than 4 a row apart; the BF16 and Q4 int8 kernels read
+ *     their rows one after another inside a call), 4 for the others (NOTES (ac));
  *     a thread that runs out takes chunks from the END of the range with the most left (a
  *     compare-and-swap on a (front, back) pair per thread), so a thread slowed by another
  *     process no longer holds the whole step back;
@@ -68,15 +71,28 @@ static int64_t claim(cpu_impl *c, int ith, int nth) {
     }
 }
 
-/* Rows per kernel pass (0: 4; up to the table's gemv_nr); tern__cpu_dec_nr_set, for in-process A/B. */
-static _Atomic int dec_nr = 0;
-void tern__cpu_dec_nr_set(int nr) { dec_nr = nr < 0 ? 0 : nr; }
+/* Rows per kernel call: the table's gemv_pass for the kind (0: 4), or what tern__cpu_dec_nr_set /
+ * TERN_CPU_DEC_NR=N ask (in-process and before/after A/B; up to the table's gemv_nr). */
+static _Atomic int dec_nr = -1;
+void tern__cpu_dec_nr_set(int nr) { dec_nr = nr < 0 ? -1 : nr; }
 
-/* Rows [o0, o1) of matrix w through the fused kernel, np (4, or up to gemv_nr) per pass; v[i] = row o0 + i. */
+static int dec_np(const tern_cpu_kern *k, const cpu_gx *gx) {
+    int v = dec_nr;
+    if (v < 0) {
+        const char *e = getenv("TERN_CPU_DEC_NR");
+        v = e && *e ? atoi(e) : 0;
+        dec_nr = v < 0 ? 0 : v;
+    }
+    int most = k->gemv_nr > 0 && k->gemv_nr <= 8 ? k->gemv_nr : 4;
+    if (v > 0 && v <= most) return v;
+    v = gx->kind > 0 && gx->kind < (int)sizeof k->gemv_pass ? k->gemv_pass[gx->kind] : 0;
+    return v > 0 && v <= most ? v : 4;
+}
+
+/* Rows [o0, o1) of matrix w through the fused kernel, dec_np per call; v[i] = row o0 + i. */
 static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, const tern_tensor *w, int64_t o0, int64_t o1, float *v) {
     enum { MAXR = 8 };
-    int most = k->gemv_nr > 0 && k->gemv_nr <= MAXR ? k->gemv_nr : 4;
-    int np = dec_nr > 0 && dec_nr <= most ? dec_nr : 4; /* 8 (Q8_I8) measured neutral: NOTES (k) */
+    int np = dec_np(k, gx);
     cpu_wrow rows[MAXR];
     tern__cpu_wrow_at(w, 0, o0, &rows[0]);
     size_t rb = tern_tensor_row_bytes(w), sb = 0;

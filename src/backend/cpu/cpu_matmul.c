@@ -99,7 +99,9 @@ void tern__cpu_gemv_pf_set(long bytes) { pf_bytes = bytes < 0 ? -1 : bytes; } /*
 void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx) {
     long want = gemv_pf_bytes();
     size_t rb = tern_tensor_row_bytes(w);
-    /* TERN_CPU_PF_BF16=1 (opt-in): BF16 rows take the passes-ahead distance too (by default they keep the
+    /* BF16: the AVX-512 kernel reads rows one at a time with no software prefetch since NOTES (ac); these
+     * distances reach only the AVX2 kernel and the former AVX-512 one (TERN_CPU_BF16_X4=1).
+     * TERN_CPU_PF_BF16=1 (opt-in): BF16 rows take the passes-ahead distance too (by default they keep the
      * kernel's 1 KB in-row prefetch, tuned at ~30 GB/s). Session 13, this box at ~70 GB/s (NOTES (v)):
      * one 8192x2048 GEMV 0.72 → 0.76-0.77 of the probe (5 pairs, 8-32 KB), llama3-1b decode 17.5 → 17.7
      * tok/s median of 4 interleaved — inside the noise, so not the default */

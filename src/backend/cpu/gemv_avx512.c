@@ -5,7 +5,8 @@
  * write decoded weights anywhere: each pass reads up to 4 weight rows once against one x
  * prepared per call (gemv_prep: reordered to match how packed weights unpack into lanes,
  * Σx per group). Per-core ceilings (L2-resident, GB/s of weights) are in bench/NOTES.md.
- *   BF16: 32 weights = 16 dwords; even weights = dword << 16, odd = dword & 0xffff0000.
+ *   BF16: 32 weights = 16 dwords; even weights = dword << 16, odd = dword & 0xffff0000; rows
+ *     one at a time (one sequential stream per thread, no software prefetch; see k_bf16).
  *   Q8 (exact): Σ_g s_g·Σ_t q_t·x_t + Σ_g b_g·Σx_g; q via vpmovzxbd + vcvtdq2ps + FMA.
  *   Q4 (exact): per group a 16-entry table of s·q + b (the reference's rounding), per 32
  *     weights one widen, one shift, two vpermps lookups. Three vector ops per 16 weights
@@ -18,17 +19,21 @@
  *     Σ_g s_g·Σ(q−C)·x̂ + Σ_g (b_g + C·s_g)·Σx_g with exact f32 group sums Σx_g and the
  *     code midpoint C (8 or 128), computed as s·d·Σq·xq + b·Σx + C·s·Σ(x − x̂). So
  *     |y − y_exact| ≤ ½ Σ_g d_g · Σ_{t∈g} |s_g|·|q_t − C| (+ f32 rounding); ~0.1% relative
- *     L2 on random data. test_kern_gemv checks every output against that bound.
+ *     L2 on random data. test_kern_gemv checks every output against that bound. Q4_I8 reads
+ *     rows one at a time with 4 accumulator chains (k_q4i8r; TERN_CPU_Q4_SEQ=0: k_q4i8).
+ * Opt-outs for before/after A/B: TERN_CPU_BF16_X4=1 (4-row BF16), TERN_CPU_Q4_SEQ=0 (4-row Q4_I8).
  */
 #include "backend/cpu/kern.h"
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
 
-/* Software prefetch of the weight stream, gx->pf_data bytes ahead of each read (prep: 1 KB;
+/* Software prefetch of the Q weight stream, gx->pf_data bytes ahead of each read (prep: 1 KB;
  * the driver sets a distance of a few whole passes of rows, see cpu_matmul.c). With ~20
  * vector ops per 64 bytes (q4) the out-of-order window alone keeps too few cache misses
  * outstanding, and the hardware prefetcher falls behind; measured in bench/NOTES.md. Into L2
@@ -169,7 +174,61 @@ static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, 
 
 /* ---- kernels (NR = 1..4 rows sharing x) ---- */
 
+/* Keeps v in a register: GCC otherwise folds the load into each use (a weight load twice, x
+ * once per row), which costs load-port slots (measured: the L2-resident ceiling +30-50 %). */
+#define PIN(v) __asm__("" : "+v"(v))
+
+/* BF16 rows one after another, whatever NR: each thread then reads its slice of the weight as
+ * one sequential stream, which the hardware prefetcher follows as it does the bandwidth probe,
+ * so no software prefetch (pf_data is not used here). Reading 4 rows at once (4 streams a row
+ * apart) with a 1 KB or passes-ahead prefetch streamed ~20 % slower inside the model, and the
+ * prefetch cost more than it gained on one stream (bench/NOTES.md (ab)). Per row 8 accumulators
+ * over 128 inputs; the sum order depends only on `in`, so a row's result does not depend on NR. */
 AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+    const float *xp = gx->xp;
+    const int in = gx->in;
+    for (int r = 0; r < NR; r++) {
+        const uint16_t *p = (const uint16_t *)rw[r].data;
+        __m512 a[8];
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < 8; i++) a[i] = _mm512_setzero_ps();
+        int t = 0;
+        for (; t + 128 <= in; t += 128) {
+            _Pragma("GCC unroll 4")
+            for (int u = 0; u < 4; u++) {
+                __m512i v = _mm512_loadu_si512(p + t + 32 * u);
+                PIN(v);
+                a[2 * u] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_loadu_ps(xp + t + 32 * u), a[2 * u]);
+                a[2 * u + 1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hm)), _mm512_loadu_ps(xp + t + 32 * u + 16),
+                                               a[2 * u + 1]);
+            }
+        }
+        for (; t < in; t += 32) { /* in % 128 == 64 */
+            __m512i v = _mm512_loadu_si512(p + t);
+            a[0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_loadu_ps(xp + t), a[0]);
+            a[1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hm)), _mm512_loadu_ps(xp + t + 16), a[1]);
+        }
+        __m512 s0 = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[4], a[6]));
+        __m512 s1 = _mm512_add_ps(_mm512_add_ps(a[1], a[3]), _mm512_add_ps(a[5], a[7]));
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    }
+}
+
+/* The former kernel, 4 rows per pass with the 1 KB (or the driver's) prefetch: TERN_CPU_BF16_X4=1 or
+ * tern__cpu_bf16_x4_set (before/after A/B; its sums differ from k_bf16's in order). */
+static _Atomic int bf16_x4 = -1;
+void tern__cpu_bf16_x4_set(int on) { bf16_x4 = on < 0 ? -1 : on != 0; }
+static int bf16_x4_on(void) {
+    int v = bf16_x4;
+    if (v < 0) {
+        const char *e = getenv("TERN_CPU_BF16_X4");
+        v = e && *e == '1';
+        bf16_x4 = v;
+    }
+    return v;
+}
+AI void k_bf16x4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const ptrdiff_t pfd = gx->pf_data;
     const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
     const float *xp = gx->xp;
@@ -355,6 +414,8 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         for (int r = 0; r < NR; r++) bs[r] = _mm512_add_ps(bs[r], grp_i8(&rw[r], j0 / gs, ng, gx, sc[r]));
         for (int c = 0; c < len; c += 128) {
             __m512i xl = _mm512_loadu_si512(gx->xq + j0 + c), xh = _mm512_loadu_si512(gx->xq + j0 + c + 64);
+            PIN(xl); /* x once per chunk for all NR rows, not folded into each row's dpbusd */
+            PIN(xh);
             __mmask64 ld = len - c >= 128 ? ~(__mmask64)0 : 0xffffffffull; /* a half chunk at the end */
             _Pragma("GCC unroll 4")
             for (int r = 0; r < NR; r++) {
@@ -372,6 +433,56 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
 }
 
+/* Q4_I8 one row at a time with 4 accumulator chains (128-input chunk u of every 512 inputs into tot[u]): one
+ * weight stream per thread (k_q4i8 reads 4 rows a row apart) with about the ILP of 4 rows (one row and one
+ * chain ran ~30 % slower from L2). The default for every NR, so a row's result does not depend on NR;
+ * llama3-1b q4 int8 decode ~35 -> ~38.6 tok/s median, 3 of 4 interleaved rounds (NOTES (ac)).
+ * TERN_CPU_Q4_SEQ=0 or tern__cpu_q4_seq_set(0): k_q4i8 (4 rows per pass; its sum order differs). */
+static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    const ptrdiff_t pfd = gx->pf_data;
+    const int gs = gx->gs, in = gx->in;
+    const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
+    const int gsh = __builtin_ctz((unsigned)gs);
+    float sc[CPU_MAX_GROUPS + 16];
+    for (int r = 0; r < NR; r++) {
+        pf_groups(gx, rw + r, 1, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+        __m512 tot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        __m512 bs = _mm512_setzero_ps();
+        for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+            int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+            bs = _mm512_add_ps(bs, grp_i8(&rw[r], j0 / gs, ng, gx, sc));
+            int c = 0;
+            for (; c + 512 <= len; c += 512) {
+                _Pragma("GCC unroll 4")
+                for (int u = 0; u < 4; u++) {
+                    const int cc = c + 128 * u;
+                    const uint8_t *src = rw[r].data + ((size_t)(j0 + cc) >> 1);
+                    PF(src);
+                    __m512i raw = _mm512_loadu_si512(src);
+                    __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+                    __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(gx->xq + j0 + cc)),
+                                                    hi, _mm512_loadu_si512(gx->xq + j0 + cc + 64));
+                    __m512 ds = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc + (cc >> gsh)));
+                    tot[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), ds, tot[u]);
+                }
+            }
+            for (; c < len; c += 128) {
+                const uint8_t *src = rw[r].data + ((size_t)(j0 + c) >> 1);
+                __mmask64 ld = len - c >= 128 ? ~(__mmask64)0 : 0xffffffffull;
+                PF(src);
+                __m512i raw = _mm512_maskz_loadu_epi8(ld, src);
+                __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+                __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(gx->xq + j0 + c)),
+                                                hi, _mm512_loadu_si512(gx->xq + j0 + c + 64));
+                __m512 ds = _mm512_permutexvar_ps(map, _mm512_loadu_ps(sc + (c >> gsh)));
+                tot[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), ds, tot[0]);
+            }
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(tot[0], tot[1]), _mm512_add_ps(tot[2], tot[3]))) +
+               _mm512_reduce_add_ps(bs);
+    }
+}
+
 #define KCASE(K, fn) \
     case K: \
         if (nr == 4) fn(gx, rows, y, 4); \
@@ -381,6 +492,18 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         return;
 
 #define Q8I8(n) (bc ? k_q8i8(gx, rows, y, n, 1) : k_q8i8(gx, rows, y, n, 0))
+
+static _Atomic int q4_seq = -1; /* k_q4i8r (default) or k_q4i8 */
+void tern__cpu_q4_seq_set(int on) { q4_seq = on < 0 ? -1 : on != 0; }
+static int q4_seq_on(void) {
+    int v = q4_seq;
+    if (v < 0) {
+        const char *e = getenv("TERN_CPU_Q4_SEQ");
+        v = !(e && *e == '0');
+        q4_seq = v;
+    }
+    return v;
+}
 
 /* nr 1..8 (the table's gemv_nr): Q8_I8 takes up to 8 rows per pass, the other kinds 4 */
 static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
@@ -400,6 +523,17 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
     if (nr > 4) { /* rows are independent: two calls give the same results */
         gemv(gx, rows, 4, y);
         rows += 4, y += 4, nr -= 4;
+    }
+    if (gx->kind == CPU_GX_Q4_I8 && q4_seq_on()) {
+        k_q4i8r(gx, rows, y, nr);
+        return;
+    }
+    if (gx->kind == CPU_GX_BF16 && bf16_x4_on()) {
+        if (nr == 4) k_bf16x4(gx, rows, y, 4);
+        else if (nr == 3) k_bf16x4(gx, rows, y, 3);
+        else if (nr == 2) k_bf16x4(gx, rows, y, 2);
+        else k_bf16x4(gx, rows, y, 1);
+        return;
     }
     switch (gx->kind) {
         KCASE(CPU_GX_BF16, k_bf16)

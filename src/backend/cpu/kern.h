@@ -71,6 +71,10 @@ typedef struct tern_cpu_kern {
     int (*gemv_prep)(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
     void (*gemv)(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
     int gemv_nr;
+    /* Rows per gemv call in the decode driver (cpu_decode.c), per cpu_gx kind; 0 = 4. One row
+     * per call makes each thread's read of its slice one sequential stream (plus the scales and
+     * biases of Q rows) instead of 4 streams a row apart. */
+    unsigned char gemv_pass[CPU_GX_Q4_I8 + 1];
     /* Optional blocked GEMM for batched matmuls (gemm_*.c; driver in cpu_matmul.c).
      * gemm_pack: a strip of nrows (<= gemm_nr) weight rows, inputs [t0, t0+len), to f32 packed
      * input-major, wp[t·gemm_nr + i] (64-byte aligned; features i >= nrows are 0). BF16/F32 rows
@@ -109,6 +113,8 @@ void tern__cpu_gemv_pf_set(long bytes);
 /* Fused GEMV entry points of the ISA files (gemv_avx512.c, gemv_avx2.c). */
 int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
+void tern__cpu_bf16_x4_set(int on); /* A/B: 1 the former 4-row BF16 kernel, 0 the default, -1 TERN_CPU_BF16_X4 */
+void tern__cpu_q4_seq_set(int on);  /* A/B: 1 one-row Q4_I8 (default), 0 the 4-row kernel, -1 TERN_CPU_Q4_SEQ */
 int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
 

@@ -275,7 +275,11 @@ const tern_cpu_kern tern__cpu_kern_avx512 = {
     .gemv_q4 = gemv_q4,
     .gemv_prep = tern__cpu_gemv_prep_avx512,
     .gemv = tern__cpu_gemv_avx512,
-    .gemv_nr = 8, /* the Q8_I8 kernel takes 8 rows; the driver uses 4 (8 measured neutral, NOTES (k)) */
+    .gemv_nr = 8, /* the Q8_I8 kernel takes 8 rows; 8 per call measured neutral (NOTES (k)) */
+    /* one row per call for Q8_I8: llama3-1b's GEMVs in the model ~40 -> ~47-52 GB/s (NOTES (ac)); Q4_I8 reads
+     * its rows one at a time inside the call (k_q4i8r, 4 chains a row), the exact Q kinds keep 4 (one row per
+     * call lost there: one accumulator chain a row) */
+    .gemv_pass = {[CPU_GX_Q8_I8] = 1},
     .name = "avx512",
     .decode = decode,
     .mk = mk,
