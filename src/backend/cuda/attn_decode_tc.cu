@@ -32,6 +32,11 @@
  * with no source bytes) scored −inf. At the end the W warps' (M, L, O) merge in shared memory in warp
  * order (ad_split_weights), as attn_decode1p.cu. A row's arithmetic does not depend on the other rows.
  * Served: BF16 / F16 pages, D 64 / 128 / 256, G <= 8, any length, windows, softcap; others return 0.
+ *
+ * Split over the keys (SPLIT: a third grid dimension, TERN_CUDA_AD_TCS; the default for one row or a few in
+ * long-context steps since session 19): each block walks a share of the row's keys and the last split merges the
+ * partials (ad_last_merge). EARLY (one row over BF16 pages): the first tile's records and copies go out before
+ * pdl_wait, as attn_decode.cu's AD_EARLY. H200 (bench/NOTES.md (ab)): llama3-8b b1 q4 at 8k 269 → 288–291 tok/s.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
