@@ -237,8 +237,11 @@ fi
 
 # 22. TERN_CUDA_AD_TCS=1 (attn_decode_tc.cu split over the keys for launches the one-pass tensor-core kernel does
 #     not take: one row, a few; written in session 18): its op test, ncu durations of one row's attention against the
-#     split kernel at 32..8192 keys, then b1 decode interleaved at 512 (llama3-8b bf16 / q4, gemma4-e4b q4) and 8k
+#     split kernel at 32..8192 keys, then b1 decode interleaved at 512 (llama3-8b bf16 / q4, gemma4-e4b q4) and 8k.
+#     Since session 19 TCS=1 is the default and holds only in long-context steps: TERN_LONG_KEYS=1 keeps this
+#     section's meaning (TCS=1 at every length)
 if [[ " $SECTIONS " == *" 22 "* ]]; then
+    export TERN_LONG_KEYS=1
     op_test cuda_attention_decode_tcs tcs
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for v in 0 1; do
@@ -256,6 +259,7 @@ if [[ " $SECTIONS " == *" 22 "* ]]; then
             say "b1 8k llama3-8b q4 TCS=$v rep $rep: $(grep '^csv,' "$OUT/tcs_8k_${v}_$rep.txt" | cut -d, -f7,10 | tail -1)"
         done
     done
+    unset TERN_LONG_KEYS
 fi
 
 # 23. TERN_CUDA_AD_LEAN=1 (attn_dec_kernel's one-row EARLY instances skipping empty key groups and staging the
@@ -279,22 +283,22 @@ if [[ " $SECTIONS " == *" 23 "* ]]; then
     b1_ab TERN_CUDA_AD_CHMIN "32 64" "llama3-8b;llama3-8b --quant q4"
 fi
 
-# 24. TERN_CUDA_AD_TCS=1 with its early copies (TERN_CUDA_AD_TCS_EARLY, default on under TCS) and with one block per
-#     SM (TERN_CUDA_AD_TCS_SMEM=122880): does the split tensor-core kernel keep PDL's overlap now (session 19; NOTES
-#     (aa): it lost 218 -> 200 at 512 keys, won 268 -> 279 at 8k)? The early-bits op test checks TCS's bits first.
+# 24. TCS forced (TERN_LONG_KEYS=1: every step is long) with and without its early copies (TERN_CUDA_AD_TCS_EARLY):
+#     does the split tensor-core kernel keep PDL's overlap now (session 19; NOTES (aa): it lost 218 -> 200 at 512
+#     keys, won 268 -> 279 at 8k)? The early-bits op test checks TCS's bits first. (Session 19 also ran one block per
+#     SM, TERN_CUDA_AD_TCS_SMEM=122880: worse, removed; NOTES (ab).)
 if [[ " $SECTIONS " == *" 24 "* ]]; then
     op_test cuda_attention_decode_early_bits tcse
     for rep in 1 2; do
         for m in "llama3-8b" "llama3-8b --quant q4" "gemma4-e4b --quant q4"; do
             [ $rep = 2 ] && [ "$m" = "gemma4-e4b --quant q4" ] && continue
-            for e in "TERN_CUDA_AD_TCS=0" "TERN_CUDA_AD_TCS=1" "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_EARLY=0" \
-                     "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_SMEM=122880"; do
-                [ $rep = 2 ] && [ "$e" = "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_EARLY=0" ] && continue
+            for e in "TERN_CUDA_AD_TCS=0" "TERN_LONG_KEYS=1" "TERN_LONG_KEYS=1 TERN_CUDA_AD_TCS_EARLY=0"; do
+                [ $rep = 2 ] && [ "$e" = "TERN_LONG_KEYS=1 TERN_CUDA_AD_TCS_EARLY=0" ] && continue
                 say "b1 $m $e rep $rep: $(b1e "$e" 512 "$m")"
             done
         done
     done
-    for e in "TERN_CUDA_AD_TCS=0" "TERN_CUDA_AD_TCS=1" "TERN_CUDA_AD_TCS=1 TERN_CUDA_AD_TCS_SMEM=122880"; do
+    for e in "TERN_CUDA_AD_TCS=0" "TERN_CUDA_AD_TCS=1"; do
         say "b1 8k llama3-8b q4 $e: $(b1e "$e" 8192 "llama3-8b --quant q4")"
     done
 fi

@@ -357,14 +357,9 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
     ad_warp_merge<W, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; });
 }
 
-/* TERN_CUDA_AD_TCS_SMEM=bytes (opt-in, session 19): split launches ask for at least that much dynamic shared memory
- * (above ~114 KB: one block per SM), so blocks launched early under PDL cannot pile two to an SM on the first SMs
- * the previous kernel frees. 0 (default): their own size */
-static int tcs_smem = 0;
 template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false> static void tc_attr(void) {
-    const int sm = (int)TcShape<D, S>::SMEM;
     cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         SPLIT && tcs_smem > sm ? tcs_smem : sm);
+                         (int)TcShape<D, S>::SMEM);
     cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, cudaFuncAttributePreferredSharedMemoryCarveout,
                          (int)cudaSharedmemCarveoutMaxShared);
 }
@@ -380,8 +375,7 @@ static int tc_st(void) {
 
 /* attn_decode.cuh: at open (tern__cuda_attn_decode_init), the instances' shared-memory attributes */
 void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
-    tcs_smem = tern__cuda_env_int("TERN_CUDA_AD_TCS_SMEM", 0);
-    if (tcs_smem < 0 || (size_t)tcs_smem > c->smem_optin) tcs_smem = 0;
+    (void)c;
     tc_attr<__nv_bfloat16, 64, tc_stages(64)>(); tc_attr<__nv_bfloat16, 128, tc_stages(128)>();
     tc_attr<__nv_bfloat16, 128, 2>(); tc_attr<__nv_bfloat16, 256, tc_stages(256)>();
     tc_attr<__half, 64, tc_stages(64)>(); tc_attr<__half, 128, tc_stages(128)>();
@@ -396,9 +390,7 @@ void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
 
 template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false>
 static void tc_launch(tern__cuda *c, dim3 grid, const AdArgs &a) {
-    const int sm = (int)TcShape<D, S>::SMEM;
-    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, grid, 32 * TcShape<D, S>::W,
-                SPLIT && tcs_smem > sm ? tcs_smem : sm, a);
+    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, grid, 32 * TcShape<D, S>::W, TcShape<D, S>::SMEM, a);
 }
 /* the split instances, EARLY ones over BF16 pages only */
 template <typename T, int D> static void tc_split_go(tern__cuda *c, dim3 grid, bool early, const AdArgs &a) {
