@@ -2,9 +2,11 @@
  * scalar reference: every format they take (bf16, q8, q4) × group sizes × scale dtypes ×
  * row lengths that hit one slice, several slices and half-chunk tails × row counts that use
  * every 1..4-row kernel; the expert/MoE accumulate path; the opt-in int8-activation mode
- * against its stated error bound; and the pool-split elementwise ops, rope and rmsnorm at
+ * against its stated error bound; the AVX-512 opt-outs kept for before/after A/Bs (the 4-row
+ * BF16 and Q4 int8 kernels, TERN_CPU_BF16_X4=1 / TERN_CPU_Q4_SEQ=0) under the same checks; and the pool-split elementwise ops, rope and rmsnorm at
  * prefill sizes (bitwise equal to the reference). */
 #include "test_kern_util.h"
+#include "backend/cpu/kern.h"
 
 #include <math.h>
 #include <unistd.h>
@@ -76,6 +78,11 @@ static void grid(const char *isa) {
 }
 
 TEST(gemv_avx512) { grid("avx512"); }
+TEST(gemv_avx512_bf16_x4) { /* the former 4-row BF16 kernel (TERN_CPU_BF16_X4=1) */
+    tern__cpu_bf16_x4_set(1);
+    grid("avx512");
+    tern__cpu_bf16_x4_set(-1);
+}
 TEST(gemv_avx2) { grid("avx2"); }
 
 /* n = 1 through matmul_expert (strided expert views) and moe_mlp (accumulate with weights) */
@@ -121,8 +128,10 @@ TEST(gemv_int8_bound) {
     tern_backend_cpu_set_int8(fast, 1);
     static const int gss[] = {32, 64, 128};
     double worst_rel = 0;
+    for (int seq = 1; seq >= 0; seq--) /* Q4 int8: one row at a time (default), the 4-row kernel (TERN_CPU_Q4_SEQ=0) */
     for (int bits = 4; bits <= 8; bits += 4)
         for (size_t g = 0; g < TERN_ARRAY_LEN(gss); g++) {
+            tern__cpu_q4_seq_set(seq);
             int gs = gss[g], in = 4096 + (gs == 128 ? 384 : 192), out = 37; /* q4 g<=64: half-chunk tail */
             kt_weight w;
             kt_weight_make(&w, TERN_DT_Q, bits, gs, TERN_DT_BF16, 1, out, in, 0, 90 + bits + g);
@@ -154,10 +163,12 @@ TEST(gemv_int8_bound) {
             }
             double rel = test_rel_l2(y1, y0, (size_t)out);
             if (rel > worst_rel) worst_rel = rel;
-            CHECK(bad == 0, "q%d g%d: %d of %d outputs outside the int8 bound (rel err %.3g)", bits, gs, bad, out, rel);
+            CHECK(bad == 0, "q%d g%d seq %d: %d of %d outputs outside the int8 bound (rel err %.3g)", bits, gs, seq, bad, out,
+                  rel);
             free(x); free(y0); free(y1);
             kt_weight_free(&w);
         }
+    tern__cpu_q4_seq_set(-1);
     printf("  int8 mode: worst relative L2 error vs exact %.3g\n", worst_rel);
     /* switching back gives the exact path again */
     tern_backend_cpu_set_int8(fast, 0);
@@ -212,8 +223,12 @@ TEST(probe_size_exceeds_llc) {
 }
 
 int main(void) {
-    if (isa_ok("avx512")) RUN(gemv_avx512);
-    else SKIP("gemv_avx512", "CPU lacks AVX-512 (F/BW/VL/VBMI)");
+    if (isa_ok("avx512")) {
+        RUN(gemv_avx512);
+        RUN(gemv_avx512_bf16_x4);
+    } else {
+        SKIP("gemv_avx512", "CPU lacks AVX-512 (F/BW/VL/VBMI)");
+    }
     if (isa_ok("avx2")) RUN(gemv_avx2);
     else SKIP("gemv_avx2", "CPU lacks AVX2/FMA/F16C");
     RUN(gemv_expert_and_moe);
