@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-26}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
+SECTIONS="${AB_SECTIONS:-27}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -345,6 +345,24 @@ if [[ " $SECTIONS " == *" 26 "* ]]; then
     done
     for e in "TERN_LONG_KEYS=4096" "TERN_CUDA_CARVE=100"; do
         say "b1 8k llama3-8b q4 $e: $(b1e "$e" 8192 "llama3-8b --quant q4")"
+    done
+fi
+
+# 27. TERN_CUDA_G1_EARLY=1 (session 20): gemv1's BF16 / F16 / Q8 instances load each warp's first round of weights
+#     before pdl_wait, as gemv_mma.cu does for Q4 (the bf16 b1 GEMVs ramp up while the previous kernel drains). Op
+#     tests (fused and norm_matmul bits with it on), parity + greedy ids on / off, then b1 interleaved
+if [[ " $SECTIONS " == *" 27 "* ]]; then
+    op_test cuda_fused_matmuls,cuda_norm_matmul,cuda_norm_matmul_res,cuda_gemv1_batch_invariant g1e
+    on_checks TERN_CUDA_G1_EARLY bf16 "llama3 gemma4_e2b_like"
+    for rep in 1 2; do
+        for m in "llama3-8b" "gemma4-12b" "llama3-8b --quant q8" "gemma4-e4b"; do
+            for e in "TERN_CUDA_G1_EARLY=0" "TERN_CUDA_G1_EARLY=1"; do
+                say "b1 512 $m $e rep $rep: $(b1e "$e" 512 "$m")"
+            done
+        done
+    done
+    for e in "TERN_CUDA_G1_EARLY=0" "TERN_CUDA_G1_EARLY=1"; do
+        say "b1 8k llama3-8b $e: $(b1e "$e" 8192 "llama3-8b")"
     done
 fi
 

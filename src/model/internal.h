@@ -280,6 +280,20 @@ static inline void tern__norm_rope_kv_write(tern_model *m, const tern_kv_layer *
     tern__rmsnorm_n(m, 3, ny, nx, nr, d, nw, eps);
     tern__rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale);
 }
+/* xn = rmsnorm(x)·nw, q|k|v = xn·{wq, wk, wv}ᵀ, then rope_kv_write: one launch for a decode row when the backend
+ * can (ops.h norm_qkv_rope_kv), else norm_matmul + rope_kv_write; bitwise the same */
+static inline void tern__norm_qkv_rope_kv(tern_model *m, float *xn, const float *x, const float *nw, float eps,
+                                          float *q, float *k, float *v, const tern_tensor *wq, const tern_tensor *wk,
+                                          const tern_tensor *wv, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                                          const float *inv_freq, float mscale) {
+    const tern_backend_vt *op = m->be->vt;
+    const tern_tensor *const ws[3] = {wq, wk, wv};
+    if (op->norm_qkv_rope_kv && rows->n == 1 &&
+        op->norm_qkv_rope_kv(m->be, xn, x, nw, eps, q, k, v, ws, kv, rows, nh, inv_freq, mscale))
+        return;
+    tern__norm_matmul_qkv(m, xn, x, nw, eps, rows->n, q, k, v, wq, wk, wv);
+    tern__rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale);
+}
 /* rope(q), rope(k) at rows->pos, then kv_write(k, v) */
 static inline void tern__rope_kv_write(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                        float *k, const float *v, int nh, const float *inv_freq, float mscale) {

@@ -132,17 +132,22 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         ll_layer *L = &g->L[l];
         int D = lc->head_dim, nKV = lc->n_head_kv;
         const tern_kv_layer *kvl = tern_kv_view(kv, l);
-        tern__norm_matmul_qkv(m, g->xn, g->x, L->in_norm, eps, n, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv);
-        if (L->bq) {
-            op->add_bias(be, g->q, L->bq, n, nH * D);
-            op->add_bias(be, g->k, L->bk, n, nKV * D);
-            op->add_bias(be, g->v, L->bv, n, nKV * D);
+        if (!L->bq && !L->q_norm) { /* pre-norm, q|k|v, rope q, k; cache k, v (one launch for a CUDA decode row) */
+            tern__norm_qkv_rope_kv(m, g->xn, g->x, L->in_norm, eps, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv, kvl, &rows,
+                                   nH, g->inv, g->mscale);
+        } else {
+            tern__norm_matmul_qkv(m, g->xn, g->x, L->in_norm, eps, n, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv);
+            if (L->bq) {
+                op->add_bias(be, g->q, L->bq, n, nH * D);
+                op->add_bias(be, g->k, L->bk, n, nKV * D);
+                op->add_bias(be, g->v, L->bv, n, nKV * D);
+            }
+            if (L->q_norm) {
+                op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
+                op->rmsnorm(be, g->k, g->k, n * nKV, D, L->k_norm, eps);
+            }
+            tern__rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, g->inv, g->mscale); /* rope q, k; cache k, v */
         }
-        if (L->q_norm) {
-            op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
-            op->rmsnorm(be, g->k, g->k, n * nKV, D, L->k_norm, eps);
-        }
-        tern__rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, g->inv, g->mscale); /* rope q, k; cache k, v */
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
         op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
         if (!tern__matmul_add(m, g->x, g->att, n, &L->wo)) { /* x += o_proj(att) */

@@ -370,6 +370,14 @@ typedef struct tern_backend_vt {
     int (*norm_rope_kv_write)(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                               float *v, int nh, const float *inv_freq, float mscale, const float *qw, const float *kw,
                               float eps);
+
+    /* The pre-normed q|k|v projection with rope_kv_write after it (appended; optional): norm_matmul(xn, x, nw,
+     * eps, rows->n, 3, {q, k, v}, w, -1, NULL), then rope_kv_write(kv, rows, q, k, v, nh, inv_freq, mscale):
+     * bitwise those ops. 0 = not done (src/model/internal.h tern__norm_qkv_rope_kv runs them). The CUDA
+     * backend folds the rope and the cache stores into the one-row GEMV's epilogue. */
+    int (*norm_qkv_rope_kv)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
+                            float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
+                            const tern_rows *rows, int nh, const float *inv_freq, float mscale);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -56,12 +56,15 @@ TEST(cuda_fused_matmuls) {
     extern int tern__cuda_qmma_mode;
     const int keep_qmma = tern__cuda_qmma_mode;
     tern__cuda_qmma_mode = 0;
-    extern int tern__cuda_g1_grid; /* gemv1.cu: both grids (a block per 8 tasks, and TERN_CUDA_G1_GRID's persistent one) give these bits */
-    const int keep_grid = tern__cuda_g1_grid;
-    for (int grid = 0; grid < 2; grid++)
+    /* gemv1.cu: both grids (a block per 8 tasks, and TERN_CUDA_G1_GRID's persistent one) give these bits, and so
+     * does the persistent grid with TERN_CUDA_G1_EARLY (grid 2: the first round loaded before pdl_wait) */
+    extern int tern__cuda_g1_grid, tern__cuda_g1_early;
+    const int keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early;
+#define G1_MODE(m) (tern__cuda_g1_grid = (m) > 0, tern__cuda_g1_early = (m) == 2)
+    for (int grid = 0; grid < 3; grid++)
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(ins); s++) {
-            tern__cuda_g1_grid = grid;
+            G1_MODE(grid);
             int in = ins[s];
             hw h[3];
             tern_tensor t[3];
@@ -82,37 +85,37 @@ TEST(cuda_fused_matmuls) {
             float *ys[3] = {pa, pa + outs[0], pa + 2 * outs[0]};
             const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
             CHECK(g->vt->matmul_n(g, 3, ys, xd, 1, ws) == 1, "%s matmul_n refused", nm);
-            tern__cuda_g1_grid = 0; /* the separate ops: a block per 8 tasks */
+            G1_MODE(0); /* the separate ops: a block per 8 tasks */
             for (int i = 0; i < 3; i++) g->vt->matmul(g, pb + (ys[i] - pa), xd, 1, ws[i]);
-            tern__cuda_g1_grid = grid;
+            G1_MODE(grid);
             float *a = from_gpu(g, ya, tot), *b = from_gpu(g, yb, tot);
-            CHECK(same_bits(a, b, tot), "%s in %d grid %d: matmul_n differs", nm, in, tern__cuda_g1_grid);
+            CHECK(same_bits(a, b, tot), "%s in %d grid %d: matmul_n differs", nm, in, grid);
             free(a); free(b);
             /* gate/up with silu and gelu */
             for (int act = 0; act < 2; act++) {
                 CHECK(g->vt->matmul_glu(g, pa, xd, 1, &t[0], &t[1], act) == 1, "%s matmul_glu refused", nm);
-                tern__cuda_g1_grid = 0;
+                G1_MODE(0);
                 g->vt->matmul(g, pb, xd, 1, &t[0]);
                 g->vt->matmul(g, pb + outs[0], xd, 1, &t[1]);
-                tern__cuda_g1_grid = grid;
+                G1_MODE(grid);
                 if (act == TERN_ACT_SILU) g->vt->silu_mul(g, pb, pb, pb + outs[0], outs[0]);
                 else g->vt->gelu_tanh_mul(g, pb, pb, pb + outs[0], outs[0]);
                 a = from_gpu(g, ya, outs[0]);
                 b = from_gpu(g, yb, outs[0]);
-                CHECK(same_bits(a, b, outs[0]), "%s in %d: matmul_glu act %d differs", nm, in, act);
+                CHECK(same_bits(a, b, outs[0]), "%s in %d grid %d: matmul_glu act %d differs", nm, in, grid, act);
                 free(a); free(b);
             }
             /* residual */
             g->vt->upload(g, ya, r, outs[0] * 4);
             g->vt->upload(g, yb, r, outs[0] * 4);
             CHECK(g->vt->matmul_add(g, pa, xd, 1, &t[0]) == 1, "%s matmul_add refused", nm);
-            tern__cuda_g1_grid = 0;
+            G1_MODE(0);
             g->vt->matmul(g, pb + outs[0], xd, 1, &t[0]);
-            tern__cuda_g1_grid = grid;
+            G1_MODE(grid);
             g->vt->add(g, pb, pb, pb + outs[0], outs[0]);
             a = from_gpu(g, ya, outs[0]);
             b = from_gpu(g, yb, outs[0]);
-            CHECK(same_bits(a, b, outs[0]), "%s in %d: matmul_add differs", nm, in);
+            CHECK(same_bits(a, b, outs[0]), "%s in %d grid %d: matmul_add differs", nm, in, grid);
             free(a); free(b);
             /* n > 1 is not fused: the op says so and the model runs the separate ops */
             CHECK(g->vt->matmul_add(g, pa, xd, 2, &t[0]) == 0, "matmul_add n=2 should refuse");
@@ -120,7 +123,9 @@ TEST(cuda_fused_matmuls) {
             g->vt->free(g, xd); g->vt->free(g, ya); g->vt->free(g, yb);
             free(x); free(r);
         }
+#undef G1_MODE
     tern__cuda_g1_grid = keep_grid;
+    tern__cuda_g1_early = keep_early;
     tern__cuda_qmma_mode = keep_qmma;
 }
 
@@ -215,8 +220,8 @@ TEST(cuda_norm_matmul) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul", "not built"); return; }
     static const int outs[3] = {300, 77, 64}, ins[] = {128, 384, 4096};
-    extern int tern__cuda_qmma_mode, tern__cuda_g1_grid;
-    const int keep_qmma = tern__cuda_qmma_mode, keep_grid = tern__cuda_g1_grid;
+    extern int tern__cuda_qmma_mode, tern__cuda_g1_grid, tern__cuda_g1_early;
+    const int keep_qmma = tern__cuda_qmma_mode, keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early;
     tern__cuda_qmma_mode = 0;
     int fused = 0, declined = 0;
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
@@ -224,6 +229,7 @@ TEST(cuda_norm_matmul) {
             for (int wmode = 0; wmode < 2; wmode++) {
                 const int in = ins[s];
                 tern__cuda_g1_grid = (int)(s + wmode) & 1; /* both gemv1 grids (the same bits) */
+                tern__cuda_g1_early = (int)(f + s) & 1;     /* and the early first round (TERN_CUDA_G1_EARLY) */
                 hw h[3];
                 tern_tensor t[3];
                 tern_error err = {0};
@@ -273,6 +279,7 @@ TEST(cuda_norm_matmul) {
     CHECK(fused > 0, "norm_matmul never fused");
     tern__cuda_qmma_mode = keep_qmma;
     tern__cuda_g1_grid = keep_grid;
+    tern__cuda_g1_early = keep_early;
 }
 
 /* rmsnorm_n (one launch over up to three tensors) vs one rmsnorm per tensor: bitwise, in place as
@@ -448,7 +455,126 @@ TEST(cuda_norm_rope_kv) {
     tern__cuda_norm_rope = keep;
 }
 
+
+/* norm_qkv_rope_kv (the pre-normed q|k|v GEMV with rope_kv_write in its epilogue, TERN_CUDA_QKV_ROPE) vs
+ * norm_matmul + rope_kv_write: xn, q, k, v and both pools bitwise, BF16 / F16 weights, F32 / BF16 / F16 pages,
+ * head dims 64 / 128 / 256, with and without TERN_CUDA_G1_EARLY, at a resident and a non-resident position;
+ * Q4 weights (gemv_mma's) and affine pages refuse. */
+TEST(cuda_norm_qkv_rope_kv) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->norm_qkv_rope_kv) { SKIP("cuda_norm_qkv_rope_kv", "not built"); return; }
+    extern int tern__cuda_qkv_rope, tern__cuda_g1_early;
+    const int keep = tern__cuda_qkv_rope, keep_early = tern__cuda_g1_early;
+    tern__cuda_qkv_rope = 1;
+    static const struct { int nh, nkv, d, in; } C[] = {{8, 2, 128, 384}, {4, 4, 64, 4096}, {8, 1, 256, 1536}};
+    static const tern_dtype wdt[] = {TERN_DT_BF16, TERN_DT_F16};
+    static const int kinds[] = {TERN_KV_F32, TERN_KV_BF16, TERN_KV_F16};
+    static const char *kname[] = {"f32", "bf16", "f16"};
+    int ran = 0;
+    for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++)
+        for (size_t wi = 0; wi < TERN_ARRAY_LEN(wdt); wi++)
+            for (size_t f = 0; f < TERN_ARRAY_LEN(kinds); f++)
+                for (int early = 0; early < 2; early++) {
+                    const int nh = C[ci].nh, nkv = C[ci].nkv, d = C[ci].d, in = C[ci].in, bs = 16, mb = 8;
+                    const size_t pool = (size_t)mb * bs * nkv * d, pool_b = pool * (f ? 2 : 4);
+                    const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d;
+                    tern__cuda_g1_early = early;
+                    hw h[3];
+                    tern_tensor t[3];
+                    tern_error err = {0};
+                    for (int i = 0; i < 3; i++) {
+                        h[i] = make_w(wdt[wi], 0, 0, 0, 1, i ? (int)nk : (int)nq, in, 0);
+                        t[i] = h[i].t;
+                        CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+                    }
+                    const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+                    float *x = rnd(in, 3.0f), *nw = rnd(in, 1.5f), *kh = rnd(pool, 1.0f), *inv = rnd(d / 2, 0.5f);
+                    inv[3] = 0.0f; /* identity pair */
+                    int32_t bt[8], slot[1] = {0};
+                    for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
+                    bt[1] = -1; /* not resident: never written */
+                    void *xd = to_gpu(x, (size_t)in * 4), *nwd = to_gpu(nw, (size_t)in * 4), *btd = to_gpu(bt, sizeof bt);
+                    void *sd = to_gpu(slot, sizeof slot), *invd = to_gpu(inv, (size_t)d / 2 * 4);
+                    uint8_t *ha = malloc(pool * 4), *hb = malloc(pool * 4);
+                    for (int pi = 0; pi < 2; pi++) {
+                        int32_t pos[1] = {pi ? bs + 3 : 5 * bs + 7}; /* block 1 is not resident */
+                        void *pd = to_gpu(pos, sizeof pos);
+                        tern_kv_layer kv[2];
+                        float *xn[2], *q[2], *k[2], *v[2];
+                        for (int i = 0; i < 2; i++) {
+                            kv[i] = (tern_kv_layer){f ? TERN_DT_Q : TERN_DT_F32, nkv, d, bs, 0, to_gpu(kh, pool_b),
+                                                    to_gpu(kh, pool_b), btd, mb};
+                            kv[i].kf.kind = kv[i].vf.kind = kinds[f];
+                            xn[i] = nan_buf(g, in);
+                            q[i] = nan_buf(g, nq);
+                            k[i] = nan_buf(g, nk);
+                            v[i] = nan_buf(g, nk);
+                        }
+                        tern_rows rows = {1, pd, sd, pos, slot};
+                        const int r = g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows,
+                                                              nh, invd, 1.25f);
+                        char nm[96];
+                        snprintf(nm, sizeof nm, "%s h%d/%d d%d in%d %s pages early %d pos %d", wdt[wi] == TERN_DT_BF16 ? "bf16" : "f16",
+                                 nh, nkv, d, in, kname[f], early, pos[0]);
+                        CHECK(r == 1, "%s: norm_qkv_rope_kv refused", nm);
+                        float *ys[3] = {q[1], k[1], v[1]};
+                        CHECK(g->vt->norm_matmul(g, xn[1], xd, nwd, 1e-6f, 1, 3, ys, ws, -1, NULL) == 1, "norm_matmul refused");
+                        CHECK(g->vt->rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f) == 1,
+                              "rope_kv_write refused");
+                        const struct { void *a, *b; size_t bytes; const char *what; } cmp[] = {
+                            {xn[0], xn[1], (size_t)in * 4, "xn"}, {q[0], q[1], nq * 4, "q"}, {k[0], k[1], nk * 4, "k"},
+                            {v[0], v[1], nk * 4, "v"}, {kv[0].k, kv[1].k, pool_b, "k pool"}, {kv[0].v, kv[1].v, pool_b, "v pool"}};
+                        for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
+                            g->vt->download(g, ha, cmp[i].a, cmp[i].bytes);
+                            g->vt->download(g, hb, cmp[i].b, cmp[i].bytes);
+                            CHECK(!memcmp(ha, hb, cmp[i].bytes), "norm_qkv_rope_kv %s: %s differs", nm, cmp[i].what);
+                        }
+                        ran += r;
+                        if (ci == 0 && wi == 0 && early == 0 && pi == 0) {
+                            tern_kv_layer kq = kv[0];
+                            kq.kf.kind = kq.vf.kind = TERN_KV_AFFINE;
+                            CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kq, &rows, nh, invd,
+                                                          1.0f) == 0, "affine pages must refuse");
+                        }
+                        for (int i = 0; i < 2; i++) {
+                            void *b[] = {kv[i].k, kv[i].v, xn[i], q[i], k[i], v[i]};
+                            for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+                        }
+                        g->vt->free(g, pd);
+                    }
+                    void *b[] = {xd, nwd, btd, sd, invd};
+                    for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+                    for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+                    free(x); free(nw); free(kh); free(inv); free(ha); free(hb);
+                }
+    { /* Q4 (the tensor-core GEMV's) refuses: the caller runs the two ops */
+        hw h[3];
+        tern_tensor t[3];
+        tern_error err = {0};
+        for (int i = 0; i < 3; i++) {
+            h[i] = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, i ? 256 : 1024, 512, 0);
+            t[i] = h[i].t;
+            CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+        }
+        const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+        int32_t bt[1] = {0}, pos[1] = {0}, slot[1] = {0};
+        void *btd = to_gpu(bt, 4), *pd = to_gpu(pos, 4), *sd = to_gpu(slot, 4), *pool = nan_buf(g, (size_t)16 * 256);
+        tern_kv_layer kv = {TERN_DT_F32, 2, 128, 16, 0, pool, pool, btd, 1};
+        tern_rows rows = {1, pd, sd, pos, slot};
+        float *b = nan_buf(g, 2048);
+        CHECK(g->vt->norm_qkv_rope_kv(g, b, b + 1024, b + 1536, 1e-6f, b, b, b, ws, &kv, &rows, 8, b, 1.0f) == 0,
+              "q4 weights must refuse");
+        void *fb[] = {btd, pd, sd, pool, b};
+        for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
+        for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+    }
+    printf("  norm_qkv_rope_kv: %d fused cases\n", ran);
+    tern__cuda_qkv_rope = keep;
+    tern__cuda_g1_early = keep_early;
+}
+
 static void cuda_fused_tests(void) {
+    RUN(cuda_norm_qkv_rope_kv);
     RUN(cuda_norm_rope_kv);
     RUN(cuda_norm_matmul_res);
     RUN(cuda_rmsnorm_n);

@@ -480,6 +480,19 @@ static int be_norm_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, cons
     if (tern__cuda_norm_rope < 0) tern__cuda_norm_rope = tern__cuda_env_int("TERN_CUDA_NORM_ROPE", 1) != 0;
     return tern__cuda_norm_rope && tern__cuda_norm_rope_kv_write(C(be), kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
 }
+static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q, float *k,
+                               float *v, const tern_tensor *const *w, const tern_kv_layer *kv, const tern_rows *rows,
+                               int nh, const float *inv_freq, float mscale) {
+    tern__cuda_w wv[3];
+    const tern__cuda_w *pv[3];
+    float *const y[3] = {q, k, v};
+    for (int i = 0; i < 3; i++) {
+        if (w[i]->ndim != 2) return 0;
+        tern__cuda_wview(w[i], &wv[i]);
+        pv[i] = &wv[i];
+    }
+    return tern__cuda_norm_qkv_rope_kv(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
+}
 static int be_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                             const float *v, int nh, const float *inv_freq, float mscale) {
     return tern__cuda_rope_kv_write(C(be), kv, rows, q, k, v, nh, rows->pos, inv_freq, mscale);
@@ -564,6 +577,7 @@ static const tern_backend_vt k_cuda_vt = {
     .norm_matmul = be_norm_matmul,
     .rmsnorm_n = be_rmsnorm_n,
     .norm_rope_kv_write = be_norm_rope_kv_write,
+    .norm_qkv_rope_kv = be_norm_qkv_rope_kv,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
 };

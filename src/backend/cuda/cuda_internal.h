@@ -245,6 +245,10 @@ int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float
 int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                   float *k, float *v, int nh, const float *inv_freq, float mscale, const float *qw,
                                   const float *kw, float eps); /* fused.cu: head norms + rope_kv_write */
+/* gemv1.cu: ops.h norm_qkv_rope_kv for one row (BF16 / F16 weights; TERN_CUDA_QKV_ROPE=1); 0 = not served */
+int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
+                                const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                                const float *inv_freq, float mscale);
 int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                              const float *v, int nh, const int32_t *pos, const float *inv_freq, float mscale);
 

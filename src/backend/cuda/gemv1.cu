@@ -6,6 +6,7 @@
  * kernels. Split out of gemv.cu; the design notes of each kernel sit above it.
  */
 #include "backend/cuda/gemv_chunk.cuh"
+#include "backend/cuda/kvq_common.cuh"
 
 #include <stdlib.h>
 /* ---- one activation row, every chunked format: gemv1_kernel ----
@@ -18,6 +19,18 @@
  * to three matrices sharing `in` and the format (q|k|v in one launch); pair modes give a warp
  * row o of matrix 0 and of matrix 1 and write act(g)·u (gate/up); RES adds the old y[o]. */
 #define G1_MAX_IN 16384 /* floats of x staged (64 KB of shared memory) */
+
+/* q|k|v with rope_kv_write in the epilogue (ROPE instances, one row): a warp task of the q and k matrices is
+ * the rope pair (i, i + d/2) of one head, so lane 0 holds both rows and applies rope_kv_kernel's arithmetic
+ * (fused.cu: rope_pair at pos, then · mscale) before it stores them; k and v rows also go to the page of
+ * (slot, pos) as kv_put rounds them. A v task is two consecutive rows as in the plain mode. */
+struct G1Rope {
+    const float *inv_freq;
+    const int32_t *pos, *slot, *bt;
+    void *kpool, *vpool;
+    float mscale;
+    int nh, nkv, d, max_blocks, bs, pkind; /* pkind: 0 F32, 1 BF16, 2 F16 pages */
+};
 
 struct Gemv1Args {
     const uint8_t *data[3], *scales[3], *biases[3];
@@ -35,6 +48,9 @@ struct Gemv1Args {
      * staged instead of x and written to rxo by block 0; the pre-norm is then taken of x' */
     const float *rh, *rw, *rs;
     float *rxo;
+    /* ROPE instances (ops.h norm_qkv_rope_kv): rope_kv_write in the epilogue (appended: the other
+     * instances never read it) */
+    G1Rope rope;
 };
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
@@ -44,8 +60,21 @@ __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4
  * once and its warps taking tasks blockIdx.x·8 + warp + i·gridDim.x·8 — per block the prologue is
  * paid once instead of once per 8 tasks (llama3-8b gate|up: 1792 blocks of 8 tasks each, ~7 waves).
  * Which warp runs a task never changes its operations: the same bits either way. */
-template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
-    pdl_start();
+/* ROPE: row g of task t (R = 2, three matrices q, k, v): the rope pair of a q / k head, else two v rows */
+__device__ __forceinline__ int g1_rope_row(const G1Rope &p, int t, int r) {
+    const int half = p.d >> 1, qk = (p.nh + p.nkv) * half;
+    return t < qk ? (t / half) * p.d + t % half + r * half : (p.nh + p.nkv) * p.d + 2 * (t - qk) + r;
+}
+__device__ __forceinline__ void g1_page_put(void *pool, size_t i, float x, int kind) { /* as fused.cu's kv_put */
+    if (kind == 0) ((float *)pool)[i] = x;
+    else ((uint16_t *)pool)[i] = (uint16_t)(kind == 1 ? kvq_f32_to_bf16(x) : kvq_f32_to_f16(x));
+}
+
+template <int KIND, int R, int U, bool EARLY = false, bool ROPE = false>
+__global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
+    static_assert(!ROPE || R == 2, "a rope task is one pair of rows");
+    if constexpr (EARLY) pdl_trigger(); /* the wait follows the first task's first round of weight loads */
+    else pdl_start();
     using K = Kind<KIND>;
     constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
     extern __shared__ float4 xs1[];
@@ -59,6 +88,31 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
     const float *xf = (const float *)xs1;
     auto xat = [&](int j) { return xf[g1swz(j >> 2, C4) * 4 + (j & 3)]; }; /* element j of the staged row */
     auto ld4 = [&](const float *p, int f) { return p ? __ldg((const float4 *)p + f) : make_float4(0.f, 0.f, 0.f, 0.f); };
+    /* EARLY: the first task's first round (weights and scales only) is loaded before pdl_wait, while
+     * the previous kernel drains; the task loop then starts with those registers */
+    uint32_t wd[U][R][W]; /* one round's words and scales (the task loop's) */
+    float s[U][R], b[U][R];
+    if constexpr (EARLY) {
+        const int task = blockIdx.x * 8 + warp;
+        if (task < ntask) {
+            const int g0 = task * (pair ? 1 : R);
+            int mrow[R], orow[R];
+            const uint8_t *rowp[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int g = pair ? g0 : ROPE ? g1_rope_row(a.rope, task, r) : g0 + r, m = pair ? r : 0;
+                if (g >= a.rows) g = 0;
+                if (!pair)
+                    while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
+                mrow[r] = m;
+                orow[r] = g;
+                rowp[r] = a.data[m] + (size_t)g * rb;
+            }
+            load_round<KIND, R, U>(rowp, [&](int r) { return a.scales[mrow[r]]; },
+                                   [&](int r) { return a.biases[mrow[r]]; }, orow, 0, lane, nch, true, rq, wd, s, b);
+        }
+        pdl_wait();
+    }
     for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)(a.rh ? a.rh : a.x) + f);
     __syncthreads();
     if (a.rh) { /* x' = (x + rmsnorm(h)·w)·s in place of h, bitwise rmsnorm_add's (norm.cu rms_row) */
@@ -87,13 +141,16 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
         }
         __syncthreads();
     }
+    bool pre = EARLY; /* wd / s / b hold this warp's first round */
     for (int task = blockIdx.x * 8 + warp; task < ntask; task += gridDim.x * 8) {
         const int g0 = task * (pair ? 1 : R);
         int mrow[R], orow[R];
         bool live[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            int g = pair ? g0 : g0 + r, m = pair ? r : 0;
+            int g, m = pair ? r : 0;
+            if constexpr (ROPE) g = g1_rope_row(a.rope, task, r);
+            else g = pair ? g0 : g0 + r;
             live[r] = g < a.rows;
             if (!live[r]) g = 0; /* clamp: recompute row 0, never written */
             if (!pair)
@@ -111,9 +168,8 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
         for (int r = 0; r < R; r++) acc[r] = 0.0f;
         for (int c0 = 0; c0 < nch; c0 += 32 * U) {
             /* one round: U chunks per lane of each of the R rows (and their scales) in flight */
-            uint32_t wd[U][R][W];
-            float s[U][R], b[U][R];
-            load_round<KIND, R, U>(rowp, sp, bp, orow, c0, lane, nch, true, rq, wd, s, b);
+            if (!EARLY || !pre) load_round<KIND, R, U>(rowp, sp, bp, orow, c0, lane, nch, true, rq, wd, s, b);
+            pre = false;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + u * 32 + lane;
@@ -131,6 +187,27 @@ template <int KIND, int R, int U> __global__ void __launch_bounds__(256) gemv1_k
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
         if (lane) continue;
+        if constexpr (ROPE) { /* rope_kv_kernel's arithmetic and stores for this pair */
+            const G1Rope &p = a.rope;
+            const int m = mrow[0];
+            float x0 = acc[0], x1 = acc[1];
+            if (m < 2) {
+                rope_pair(x0, x1, p.pos[0], p.inv_freq[orow[0] % p.d]);
+                x0 *= p.mscale;
+                x1 *= p.mscale;
+            }
+            a.y[m][orow[0]] = x0;
+            a.y[m][orow[1]] = x1;
+            const int ps = p.pos[0];
+            if (m == 0 || ps < 0 || ps / p.bs >= p.max_blocks) continue;
+            const int blk = p.bt[(size_t)p.slot[0] * p.max_blocks + ps / p.bs];
+            if (blk < 0) continue;
+            const size_t base = ((size_t)blk * p.bs + ps % p.bs) * p.nkv * p.d;
+            void *pool = m == 1 ? p.kpool : p.vpool;
+            g1_page_put(pool, base + orow[0], x0, p.pkind);
+            g1_page_put(pool, base + orow[1], x1, p.pkind);
+            continue;
+        }
         if (pair) {
             const float gv = acc[0];
             a.y[0][orow[0]] = (a.mode == G1_SILU ? silu(gv) : gelu_tanh(gv)) * acc[1]; /* as ew_kernel */
@@ -173,8 +250,16 @@ template <int KIND> static int g1_blocks_per_sm(size_t smem) {
     return nb;
 }
 
-template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a) {
+/* TERN_CUDA_G1_EARLY=1 (read once; opt-in until timed): the BF16 / F16 / Q8 instances load their first
+ * round of weights before pdl_wait (as gemv_mma.cu does); the same operations, so the same bits */
+extern "C" int tern__cuda_g1_early;
+int tern__cuda_g1_early = -1;
+template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 16 || KIND == 17; }
+template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 17; } /* BF16 / F16 weights */
+
+template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, bool rope = false) {
     if (tern__cuda_g1_grid < 0) tern__cuda_g1_grid = tern__cuda_env_int("TERN_CUDA_G1_GRID", 1) != 0;
+    if (tern__cuda_g1_early < 0) tern__cuda_g1_early = tern__cuda_env_int("TERN_CUDA_G1_EARLY", 0) != 0;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const long ntask = pair ? a.rows : (a.rows + G1_R - 1) / G1_R;
     const size_t smem = (size_t)a.in * sizeof(float);
@@ -183,12 +268,32 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a) {
         const long slots = (long)g1_blocks_per_sm<KIND>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
         if (blocks > slots) blocks = slots;
     }
+    if constexpr (g1_has_rope<KIND>())
+        if (rope) {
+            if (tern__cuda_g1_early) tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, true, true>, (unsigned)blocks, 256, smem, a);
+            else tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, false, true>, (unsigned)blocks, 256, smem, a);
+            return;
+        }
+    if constexpr (g1_has_early<KIND>())
+        if (tern__cuda_g1_early) {
+            tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, true>, (unsigned)blocks, 256, smem, a);
+            return;
+        }
     tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U>, (unsigned)blocks, 256, smem, a);
 }
 
 template <int KIND> static void g1_allow() {
     cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)(G1_MAX_IN * sizeof(float)));
+    if constexpr (g1_has_early<KIND>())
+        cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(G1_MAX_IN * sizeof(float)));
+    if constexpr (g1_has_rope<KIND>()) {
+        cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(G1_MAX_IN * sizeof(float)));
+        cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(G1_MAX_IN * sizeof(float)));
+    }
 }
 
 /* TERN_CUDA_GEMV1=0 in the environment keeps the older n = 1 kernels (for comparisons). */
@@ -214,7 +319,8 @@ bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
 }
 
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
-                           const float *x, int mode, const float *nw, float *xn, float eps, const tern_norm_res *res);
+                           const float *x, int mode, const float *nw, float *xn, float eps, const tern_norm_res *res,
+                           const G1Rope *rope = nullptr);
 void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                           const float *x, int mode) {
     g1_launch_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f, NULL);
@@ -224,8 +330,9 @@ void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *co
  * x' = the residual add, written to res->x_out) */
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                       int k, const float *x, int mode, const float *nw, float *xn, float eps,
-                                      const tern_norm_res *res) {
+                                      const tern_norm_res *res, const G1Rope *rope) {
     Gemv1Args a = {};
+    if (rope) a.rope = *rope;
     set_norm_args(a, nw, xn, eps, res);
     a.nrm = xn != NULL;
     const tern__cuda_w *w0 = w[0];
@@ -241,7 +348,7 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
     a.mode = mode;
     a.x = x;
     if (a.rows <= 0) return;
-    by_kind(kind_of(w0), [&](auto K) { g1_go<K.value>(c, a); });
+    by_kind(kind_of(w0), [&](auto K) { g1_go<K.value>(c, a, rope != nullptr); });
     tern__cuda_check(c, "gemv1");
 }
 
@@ -328,6 +435,42 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
     if ((k == 1 && !pair) ? !tern__cuda_gemv_row_g1(w[0], x) : !tern__cuda_g1_fits(w, k, x)) return 0;
     cudaSetDevice(c->device);
     g1_launch_norm(c, ys, w, e, k, x, mode, nw, xn, eps, res);
+    return 1;
+}
+
+/* ops.h norm_qkv_rope_kv for one row (TERN_CUDA_QKV_ROPE=1, opt-in until timed): q|k|v from the pre-normed row
+ * with rope_kv_write in the epilogue (G1Rope), BF16 / F16 weights on gemv1 and F32 / BF16 / F16 pages;
+ * else 0 (the caller runs norm_matmul, then rope_kv_write) */
+extern "C" int tern__cuda_qkv_rope;
+int tern__cuda_qkv_rope = -1;
+extern "C" int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps,
+                                           float *const *y, const tern__cuda_w *const *w, const tern_kv_layer *kv,
+                                           const tern_rows *rows, int nh, const float *inv_freq, float mscale) {
+    if (tern__cuda_qkv_rope < 0) tern__cuda_qkv_rope = tern__cuda_env_int("TERN_CUDA_QKV_ROPE", 0) != 0;
+    const int kind = kv->kf.kind, d = kv->head_dim, nkv = kv->n_head_kv, wk = kind_of(w[0]);
+    if (!tern__cuda_qkv_rope || rows->n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15) ||
+        (wk != 16 && wk != 17) || !tern__cuda_g1_fits(w, 3, x) || tern__cuda_gemv_mma_serves(c, w, 3, x, G1_PLAIN))
+        return 0;
+    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
+        d % 2 || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d)
+        return 0;
+    G1Rope r = {};
+    r.inv_freq = inv_freq;
+    r.pos = rows->pos;
+    r.slot = rows->slot;
+    r.bt = kv->block_table;
+    r.kpool = kv->k;
+    r.vpool = kv->v;
+    r.mscale = mscale;
+    r.nh = nh;
+    r.nkv = nkv;
+    r.d = d;
+    r.max_blocks = kv->max_blocks;
+    r.bs = kv->block_size;
+    r.pkind = kind == TERN_KV_F32 ? 0 : kind == TERN_KV_BF16 ? 1 : 2;
+    const int e[3] = {0, 0, 0};
+    cudaSetDevice(c->device);
+    g1_launch_norm(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, &r);
     return 1;
 }
 

@@ -2,7 +2,7 @@
  * prof.c — which vtable a CUDA backend gets, and the per-op profiler (TERN_CUDA_PROFILE=1).
  *
  * TERN_CUDA_FUSED=0: the fused decode ops (matmul_n, matmul_glu, matmul_add, rope_kv_write, rmsnorm_add,
- * norm_matmul, rmsnorm_n, norm_rope_kv_write) are left out, so models run the separate ops (before/after comparisons).
+ * norm_matmul, rmsnorm_n, norm_rope_kv_write, norm_qkv_rope_kv) are left out, so models run the separate ops (before/after comparisons).
  *
  * TERN_CUDA_PROFILE=1: every op is wrapped so that it records a CUDA event before and after
  * itself; graphs are off (the graph hooks are NULL), so a step runs eagerly and each op's
@@ -148,6 +148,15 @@ static int p_norm_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const
     end(be, r ? "norm_rope_kv_write" : "(norm_rope_kv_write refused)");
     return r;
 }
+static int p_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q, float *k,
+                              float *v, const tern_tensor *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                              const float *inv_freq, float mscale) {
+    char nm[64];
+    begin(be);
+    int r = g_base->norm_qkv_rope_kv(be, xn, x, nw, eps, q, k, v, w, kv, rows, nh, inv_freq, mscale);
+    end(be, r ? wname("norm_qkv_rope_kv", w[0], nm, sizeof nm) : "(norm_qkv_rope_kv refused)");
+    return r;
+}
 static int p_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
     char nm[64];
     begin(be);
@@ -188,7 +197,8 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
     g_vt = *base;
     g_base = base;
     if (nofuse) g_vt.matmul_n = NULL, g_vt.matmul_glu = NULL, g_vt.matmul_add = NULL, g_vt.rope_kv_write = NULL, g_vt.rmsnorm_add = NULL,
-                  g_vt.norm_matmul = NULL, g_vt.rmsnorm_n = NULL, g_vt.norm_rope_kv_write = NULL;
+                  g_vt.norm_matmul = NULL, g_vt.rmsnorm_n = NULL, g_vt.norm_rope_kv_write = NULL,
+                  g_vt.norm_qkv_rope_kv = NULL;
     if (prof) {
         for (int i = 0; i < PROF_EV; i++)
             if (cudaEventCreate(&g_ev[i]) != cudaSuccess) return cudaGetLastError(), base;
@@ -198,7 +208,8 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
         SET(rmsnorm); SET(rope); SET(kv_write); SET(attention); SET(add); SET(mul); SET(scale); SET(scale_dev);
         SET(gelu_tanh_mul); SET(silu_mul); SET(softcap); SET(add_bias); SET(copy_cols); SET(embed);
         SET(route_topk); SET(moe_mlp); SET(matmul); SET(matmul_expert); SET(matmul_n); SET(matmul_glu);
-        SET(matmul_add); SET(rope_kv_write); SET(rmsnorm_add); SET(norm_matmul); SET(rmsnorm_n); SET(norm_rope_kv_write); SET(download); SET(sync);
+        SET(matmul_add); SET(rope_kv_write); SET(rmsnorm_add); SET(norm_matmul); SET(rmsnorm_n); SET(norm_rope_kv_write);
+        SET(norm_qkv_rope_kv); SET(download); SET(sync);
 #undef SET
     }
     return &g_vt;
