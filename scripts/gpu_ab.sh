@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-27}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
+SECTIONS="${AB_SECTIONS:-29}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -363,6 +363,45 @@ if [[ " $SECTIONS " == *" 27 "* ]]; then
     done
     for e in "TERN_CUDA_G1_EARLY=0" "TERN_CUDA_G1_EARLY=1"; do
         say "b1 8k llama3-8b $e: $(b1e "$e" 8192 "llama3-8b")"
+    done
+fi
+
+# 28. TERN_CUDA_G1_EARLY per launch mode (a mask: 1 plain = q|k|v and heads, 2 residual = o and down, 4 pair =
+#     gate|up; 7 all — section 27 ran 7: q8 +9.5 %, e4b +5 %, 12b +1.7 %, llama3-8b bf16 -1 %) and TERN_CUDA_QKV_ROPE=1
+#     (ops.h norm_qkv_rope_kv: llama's q|k|v GEMV with rope_kv_write in its epilogue, one launch fewer a layer):
+#     op test, parity + greedy ids on / off, then b1 interleaved
+if [[ " $SECTIONS " == *" 28 "* ]]; then
+    op_test cuda_norm_qkv_rope_kv,cuda_fused_matmuls qkvr
+    on_checks TERN_CUDA_QKV_ROPE bf16 "llama3"
+    for rep in 1 2; do
+        for e in "TERN_CUDA_G1_EARLY=0" "TERN_CUDA_G1_EARLY=1" "TERN_CUDA_G1_EARLY=2" "TERN_CUDA_G1_EARLY=4" \
+                 "TERN_CUDA_G1_EARLY=7" "TERN_CUDA_QKV_ROPE=1" "TERN_CUDA_QKV_ROPE=1 TERN_CUDA_G1_EARLY=1"; do
+            say "b1 512 llama3-8b $e rep $rep: $(b1e "$e" 512 llama3-8b)"
+        done
+    done
+    for e in "TERN_CUDA_G1_EARLY=0" "TERN_CUDA_G1_EARLY=1" "TERN_CUDA_G1_EARLY=2" "TERN_CUDA_G1_EARLY=4" "TERN_CUDA_G1_EARLY=7"; do
+        say "b1 512 llama3-8b q8 $e: $(b1e "$e" 512 "llama3-8b --quant q8")"
+    done
+    for e in "TERN_CUDA_QKV_ROPE=0" "TERN_CUDA_QKV_ROPE=1"; do
+        say "b1 8k llama3-8b $e: $(b1e "$e" 8192 llama3-8b)"
+    done
+fi
+
+# 29. Session 20's new defaults (TERN_CUDA_G1_EARLY=7, TERN_CUDA_QKV_ROPE=3: also the Q4 GEMV's split-K epilogue)
+#     against the old ones, b1 interleaved (AB_REPS reps, default 1); q4 also with the rope on gemv1 only (=1)
+if [[ " $SECTIONS " == *" 29 "* ]]; then
+    op_test cuda_norm_qkv_rope_kv qkvr4
+    OLD="TERN_CUDA_G1_EARLY=0 TERN_CUDA_QKV_ROPE=0"
+    for rep in $(seq "${AB_REPS:-1}"); do
+        for m in "llama3-8b" "llama3-8b --quant q4" "llama3-8b --quant q8" "gemma4-12b" "gemma4-e4b"; do
+            for e in "$OLD" "TERN_CUDA_G1_EARLY=7"; do
+                say "b1 512 $m [$e] rep $rep: $(b1e "$e" 512 "$m")"
+            done
+            [ "$m" = "llama3-8b --quant q4" ] && say "b1 512 $m [TERN_CUDA_QKV_ROPE=1] rep $rep: $(b1e "TERN_CUDA_QKV_ROPE=1" 512 "$m")"
+        done
+    done
+    [ "${AB_8K:-1}" = 1 ] && for e in "$OLD" "TERN_CUDA_G1_EARLY=7"; do
+        say "b1 8k llama3-8b q4 [$e]: $(b1e "$e" 8192 "llama3-8b --quant q4")"
     done
 fi
 

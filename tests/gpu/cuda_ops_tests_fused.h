@@ -60,7 +60,7 @@ TEST(cuda_fused_matmuls) {
      * does the persistent grid with TERN_CUDA_G1_EARLY (grid 2: the first round loaded before pdl_wait) */
     extern int tern__cuda_g1_grid, tern__cuda_g1_early;
     const int keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early;
-#define G1_MODE(m) (tern__cuda_g1_grid = (m) > 0, tern__cuda_g1_early = (m) == 2)
+#define G1_MODE(m) (tern__cuda_g1_grid = (m) > 0, tern__cuda_g1_early = (m) == 2 ? 7 : 0)
     for (int grid = 0; grid < 3; grid++)
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(ins); s++) {
@@ -229,7 +229,7 @@ TEST(cuda_norm_matmul) {
             for (int wmode = 0; wmode < 2; wmode++) {
                 const int in = ins[s];
                 tern__cuda_g1_grid = (int)(s + wmode) & 1; /* both gemv1 grids (the same bits) */
-                tern__cuda_g1_early = (int)(f + s) & 1;     /* and the early first round (TERN_CUDA_G1_EARLY) */
+                tern__cuda_g1_early = (int)(f + s) & 1 ? 7 : 0; /* and the early first round (TERN_CUDA_G1_EARLY) */
                 hw h[3];
                 tern_tensor t[3];
                 tern_error err = {0};
@@ -457,17 +457,21 @@ TEST(cuda_norm_rope_kv) {
 
 
 /* norm_qkv_rope_kv (the pre-normed q|k|v GEMV with rope_kv_write in its epilogue, TERN_CUDA_QKV_ROPE) vs
- * norm_matmul + rope_kv_write: xn, q, k, v and both pools bitwise, BF16 / F16 weights, F32 / BF16 / F16 pages,
- * head dims 64 / 128 / 256, with and without TERN_CUDA_G1_EARLY, at a resident and a non-resident position;
- * Q4 weights (gemv_mma's) and affine pages refuse. */
+ * norm_matmul + rope_kv_write: xn, q, k, v and both pools bitwise, BF16 / F16 weights (gemv1, with and without
+ * TERN_CUDA_G1_EARLY) and Q4 g64 (gemv_mma's XP1 walk, forced here, in its split-K epilogue), F32 / BF16 / F16
+ * pages, head dims 64 / 128 / 256, at a resident and a non-resident position. Q4 refuses where a head does not
+ * fit its row blocks (d 256) or K is not split (in 384); affine pages refuse. */
 TEST(cuda_norm_qkv_rope_kv) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_qkv_rope_kv) { SKIP("cuda_norm_qkv_rope_kv", "not built"); return; }
-    extern int tern__cuda_qkv_rope, tern__cuda_g1_early;
-    const int keep = tern__cuda_qkv_rope, keep_early = tern__cuda_g1_early;
-    tern__cuda_qkv_rope = 1;
-    static const struct { int nh, nkv, d, in; } C[] = {{8, 2, 128, 384}, {4, 4, 64, 4096}, {8, 1, 256, 1536}};
-    static const tern_dtype wdt[] = {TERN_DT_BF16, TERN_DT_F16};
+    extern int tern__cuda_qkv_rope, tern__cuda_g1_early, tern__cuda_gemv_mma_xp1;
+    const int keep = tern__cuda_qkv_rope, keep_early = tern__cuda_g1_early, keep_xp1 = tern__cuda_gemv_mma_xp1;
+    tern__cuda_qkv_rope = 3;
+    tern__cuda_gemv_mma_xp1 = 1;
+    /* q4: whether the Q4 GEMV serves the case (split K, heads inside its 128-row blocks) */
+    static const struct { int nh, nkv, d, in, q4; } C[] = {
+        {8, 2, 128, 384, 0}, {4, 4, 64, 4096, 1}, {8, 1, 256, 1536, 0}, {8, 2, 128, 4096, 1}};
+    static const tern_dtype wdt[] = {TERN_DT_BF16, TERN_DT_F16, TERN_DT_Q};
     static const int kinds[] = {TERN_KV_F32, TERN_KV_BF16, TERN_KV_F16};
     static const char *kname[] = {"f32", "bf16", "f16"};
     int ran = 0;
@@ -478,12 +482,13 @@ TEST(cuda_norm_qkv_rope_kv) {
                     const int nh = C[ci].nh, nkv = C[ci].nkv, d = C[ci].d, in = C[ci].in, bs = 16, mb = 8;
                     const size_t pool = (size_t)mb * bs * nkv * d, pool_b = pool * (f ? 2 : 4);
                     const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d;
-                    tern__cuda_g1_early = early;
+                    tern__cuda_g1_early = early ? 7 : 0;
                     hw h[3];
                     tern_tensor t[3];
                     tern_error err = {0};
                     for (int i = 0; i < 3; i++) {
-                        h[i] = make_w(wdt[wi], 0, 0, 0, 1, i ? (int)nk : (int)nq, in, 0);
+                        h[i] = wdt[wi] == TERN_DT_Q ? make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, i ? (int)nk : (int)nq, in, 0)
+                                                    : make_w(wdt[wi], 0, 0, 0, 1, i ? (int)nk : (int)nq, in, 0);
                         t[i] = h[i].t;
                         CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
                     }
@@ -514,9 +519,19 @@ TEST(cuda_norm_qkv_rope_kv) {
                         const int r = g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows,
                                                               nh, invd, 1.25f);
                         char nm[96];
-                        snprintf(nm, sizeof nm, "%s h%d/%d d%d in%d %s pages early %d pos %d", wdt[wi] == TERN_DT_BF16 ? "bf16" : "f16",
-                                 nh, nkv, d, in, kname[f], early, pos[0]);
-                        CHECK(r == 1, "%s: norm_qkv_rope_kv refused", nm);
+                        snprintf(nm, sizeof nm, "%s h%d/%d d%d in%d %s pages early %d pos %d",
+                                 wdt[wi] == TERN_DT_BF16 ? "bf16" : wdt[wi] == TERN_DT_F16 ? "f16" : "q4", nh, nkv, d, in,
+                                 kname[f], early, pos[0]);
+                        const int want = wdt[wi] != TERN_DT_Q || C[ci].q4;
+                        CHECK(r == want, "%s: norm_qkv_rope_kv %s", nm, want ? "refused" : "should refuse");
+                        if (!r) { /* what the model runs then: compare the separate ops with themselves (nothing) */
+                            for (int i = 0; i < 2; i++) {
+                                void *b[] = {kv[i].k, kv[i].v, xn[i], q[i], k[i], v[i]};
+                                for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+                            }
+                            g->vt->free(g, pd);
+                            continue;
+                        }
                         float *ys[3] = {q[1], k[1], v[1]};
                         CHECK(g->vt->norm_matmul(g, xn[1], xd, nwd, 1e-6f, 1, 3, ys, ws, -1, NULL) == 1, "norm_matmul refused");
                         CHECK(g->vt->rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f) == 1,
@@ -547,30 +562,10 @@ TEST(cuda_norm_qkv_rope_kv) {
                     for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
                     free(x); free(nw); free(kh); free(inv); free(ha); free(hb);
                 }
-    { /* Q4 (the tensor-core GEMV's) refuses: the caller runs the two ops */
-        hw h[3];
-        tern_tensor t[3];
-        tern_error err = {0};
-        for (int i = 0; i < 3; i++) {
-            h[i] = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, i ? 256 : 1024, 512, 0);
-            t[i] = h[i].t;
-            CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
-        }
-        const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
-        int32_t bt[1] = {0}, pos[1] = {0}, slot[1] = {0};
-        void *btd = to_gpu(bt, 4), *pd = to_gpu(pos, 4), *sd = to_gpu(slot, 4), *pool = nan_buf(g, (size_t)16 * 256);
-        tern_kv_layer kv = {TERN_DT_F32, 2, 128, 16, 0, pool, pool, btd, 1};
-        tern_rows rows = {1, pd, sd, pos, slot};
-        float *b = nan_buf(g, 2048);
-        CHECK(g->vt->norm_qkv_rope_kv(g, b, b + 1024, b + 1536, 1e-6f, b, b, b, ws, &kv, &rows, 8, b, 1.0f) == 0,
-              "q4 weights must refuse");
-        void *fb[] = {btd, pd, sd, pool, b};
-        for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
-        for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
-    }
     printf("  norm_qkv_rope_kv: %d fused cases\n", ran);
     tern__cuda_qkv_rope = keep;
     tern__cuda_g1_early = keep_early;
+    tern__cuda_gemv_mma_xp1 = keep_xp1;
 }
 
 static void cuda_fused_tests(void) {

@@ -119,9 +119,23 @@ int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__cuda_w *cons
                         const float *x, int mode);
 void tern__cuda_gemv_mma_init(tern__cuda *c);
 int tern__cuda_gemv_mma_serves(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode);
+/* rope_kv_write folded into a one-row q|k|v GEMV's epilogue (ops.h norm_qkv_rope_kv; gemv1.cu, gemv_mma.cu):
+ * rope_pair at pos[0] then · mscale for the pairs (i, i + d/2) of the q and k heads, and k, v rows stored into
+ * the page of (slot[0], pos[0]) as fused.cu's kv_put rounds them */
+typedef struct tern__cuda_rope_kv {
+    const float *inv_freq;
+    const int32_t *pos, *slot, *bt;
+    void *kpool, *vpool;
+    float mscale;
+    int nh, nkv, d, max_blocks, bs, pkind; /* pkind: 0 F32, 1 BF16, 2 F16 pages */
+} tern__cuda_rope_kv;
 int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                              const float *x, int mode, const float *nw, float *xn, float eps,
                              const tern_norm_res *res); /* x staged as rmsnorm(x)·nw (res: of the residual add) */
+/* the same for q|k|v (k = 3, plain mode) with rope_kv_write in the epilogue: 0 = not served (the XP1 walk with BF16
+ * scales and split K only; heads of d <= 128 dividing the 128-row blocks) */
+int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const float *x,
+                             const float *nw, float *xn, float eps, const tern__cuda_rope_kv *rope);
 /* Expert GEMV over np output rows p (y row p at y + p*ystride); term j < ksum of row p is
  * pair q = p*ksum + j, using matrix idx[q] (skipped unless 0 <= idx[q] < nmat), activation row
  * x + (q / xdiv) * xstride and coefficient wts[q] (1 when wts is NULL):
@@ -245,7 +259,7 @@ int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float
 int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                   float *k, float *v, int nh, const float *inv_freq, float mscale, const float *qw,
                                   const float *kw, float eps); /* fused.cu: head norms + rope_kv_write */
-/* gemv1.cu: ops.h norm_qkv_rope_kv for one row (BF16 / F16 weights; TERN_CUDA_QKV_ROPE=1); 0 = not served */
+/* gemv1.cu: ops.h norm_qkv_rope_kv for one row (BF16 / F16 weights on gemv1, Q4 on gemv_mma; TERN_CUDA_QKV_ROPE); 0 = not served */
 int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                                 const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                                 const float *inv_freq, float mscale);

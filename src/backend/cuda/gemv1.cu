@@ -6,7 +6,7 @@
  * kernels. Split out of gemv.cu; the design notes of each kernel sit above it.
  */
 #include "backend/cuda/gemv_chunk.cuh"
-#include "backend/cuda/kvq_common.cuh"
+#include "backend/cuda/rope_kv.cuh"
 
 #include <stdlib.h>
 /* ---- one activation row, every chunked format: gemv1_kernel ----
@@ -20,17 +20,9 @@
  * row o of matrix 0 and of matrix 1 and write act(g)·u (gate/up); RES adds the old y[o]. */
 #define G1_MAX_IN 16384 /* floats of x staged (64 KB of shared memory) */
 
-/* q|k|v with rope_kv_write in the epilogue (ROPE instances, one row): a warp task of the q and k matrices is
- * the rope pair (i, i + d/2) of one head, so lane 0 holds both rows and applies rope_kv_kernel's arithmetic
- * (fused.cu: rope_pair at pos, then · mscale) before it stores them; k and v rows also go to the page of
- * (slot, pos) as kv_put rounds them. A v task is two consecutive rows as in the plain mode. */
-struct G1Rope {
-    const float *inv_freq;
-    const int32_t *pos, *slot, *bt;
-    void *kpool, *vpool;
-    float mscale;
-    int nh, nkv, d, max_blocks, bs, pkind; /* pkind: 0 F32, 1 BF16, 2 F16 pages */
-};
+/* q|k|v with rope_kv_write in the epilogue (ROPE instances, one row; rope_kv.cuh): a warp task of the q and k
+ * matrices is the rope pair (i, i + d/2) of one head, so lane 0 holds both rows; a v task is two consecutive
+ * rows as in the plain mode. */
 
 struct Gemv1Args {
     const uint8_t *data[3], *scales[3], *biases[3];
@@ -50,7 +42,7 @@ struct Gemv1Args {
     float *rxo;
     /* ROPE instances (ops.h norm_qkv_rope_kv): rope_kv_write in the epilogue (appended: the other
      * instances never read it) */
-    G1Rope rope;
+    tern__cuda_rope_kv rope;
 };
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
@@ -61,13 +53,9 @@ __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4
  * paid once instead of once per 8 tasks (llama3-8b gate|up: 1792 blocks of 8 tasks each, ~7 waves).
  * Which warp runs a task never changes its operations: the same bits either way. */
 /* ROPE: row g of task t (R = 2, three matrices q, k, v): the rope pair of a q / k head, else two v rows */
-__device__ __forceinline__ int g1_rope_row(const G1Rope &p, int t, int r) {
+__device__ __forceinline__ int g1_rope_row(const tern__cuda_rope_kv &p, int t, int r) {
     const int half = p.d >> 1, qk = (p.nh + p.nkv) * half;
     return t < qk ? (t / half) * p.d + t % half + r * half : (p.nh + p.nkv) * p.d + 2 * (t - qk) + r;
-}
-__device__ __forceinline__ void g1_page_put(void *pool, size_t i, float x, int kind) { /* as fused.cu's kv_put */
-    if (kind == 0) ((float *)pool)[i] = x;
-    else ((uint16_t *)pool)[i] = (uint16_t)(kind == 1 ? kvq_f32_to_bf16(x) : kvq_f32_to_f16(x));
 }
 
 template <int KIND, int R, int U, bool EARLY = false, bool ROPE = false>
@@ -187,25 +175,8 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
         if (lane) continue;
-        if constexpr (ROPE) { /* rope_kv_kernel's arithmetic and stores for this pair */
-            const G1Rope &p = a.rope;
-            const int m = mrow[0];
-            float x0 = acc[0], x1 = acc[1];
-            if (m < 2) {
-                rope_pair(x0, x1, p.pos[0], p.inv_freq[orow[0] % p.d]);
-                x0 *= p.mscale;
-                x1 *= p.mscale;
-            }
-            a.y[m][orow[0]] = x0;
-            a.y[m][orow[1]] = x1;
-            const int ps = p.pos[0];
-            if (m == 0 || ps < 0 || ps / p.bs >= p.max_blocks) continue;
-            const int blk = p.bt[(size_t)p.slot[0] * p.max_blocks + ps / p.bs];
-            if (blk < 0) continue;
-            const size_t base = ((size_t)blk * p.bs + ps % p.bs) * p.nkv * p.d;
-            void *pool = m == 1 ? p.kpool : p.vpool;
-            g1_page_put(pool, base + orow[0], x0, p.pkind);
-            g1_page_put(pool, base + orow[1], x1, p.pkind);
+        if constexpr (ROPE) {
+            rope_kv_store(a.rope, a.y, mrow[0], orow[0], orow[1], acc[0], acc[1]);
             continue;
         }
         if (pair) {
@@ -250,8 +221,12 @@ template <int KIND> static int g1_blocks_per_sm(size_t smem) {
     return nb;
 }
 
-/* TERN_CUDA_G1_EARLY=1 (read once; opt-in until timed): the BF16 / F16 / Q8 instances load their first
- * round of weights before pdl_wait (as gemv_mma.cu does); the same operations, so the same bits */
+/* TERN_CUDA_G1_EARLY=mask (read once; default 7): the BF16 / F16 / Q8 instances load their first round of
+ * weights before pdl_wait (as gemv_mma.cu does) in launches of mode 1 plain (q|k|v, heads), 2 residual (o, down),
+ * 4 pair (gate|up); 7 all, 0 none. The same operations, so the same bits. H200, session 20 (NOTES (ad)), b1 at 512
+ * tok/s, 0 → 7: llama3-8b bf16 224.8 / 224.4 → 221.8 / 222.6 (second call 219.3 / 217.4 → 217.2 / 216.8), q8
+ * 188.9 / 189.3 → 206.7 / 207.6 (190.4 → 209.2), gemma4-12b bf16 133.2 / 133.3 → 135.3 / 135.8, gemma4-e4b bf16
+ * 226.5 / 225.8 → 238.0 / 237.0. One mode alone gained less than all three (q8: 1 / 2 / 4 → 195.1 / 193.7 / 189.3). */
 extern "C" int tern__cuda_g1_early;
 int tern__cuda_g1_early = -1;
 template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 16 || KIND == 17; }
@@ -259,8 +234,9 @@ template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 
 
 template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, bool rope = false) {
     if (tern__cuda_g1_grid < 0) tern__cuda_g1_grid = tern__cuda_env_int("TERN_CUDA_G1_GRID", 1) != 0;
-    if (tern__cuda_g1_early < 0) tern__cuda_g1_early = tern__cuda_env_int("TERN_CUDA_G1_EARLY", 0) != 0;
+    if (tern__cuda_g1_early < 0) tern__cuda_g1_early = tern__cuda_env_int("TERN_CUDA_G1_EARLY", 7) & 7;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
+    const bool early = tern__cuda_g1_early & (a.mode == G1_RES ? 2 : pair ? 4 : 1);
     const long ntask = pair ? a.rows : (a.rows + G1_R - 1) / G1_R;
     const size_t smem = (size_t)a.in * sizeof(float);
     long blocks = (ntask + 7) / 8;
@@ -270,12 +246,12 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     }
     if constexpr (g1_has_rope<KIND>())
         if (rope) {
-            if (tern__cuda_g1_early) tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, true, true>, (unsigned)blocks, 256, smem, a);
+            if (early) tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, true, true>, (unsigned)blocks, 256, smem, a);
             else tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, false, true>, (unsigned)blocks, 256, smem, a);
             return;
         }
     if constexpr (g1_has_early<KIND>())
-        if (tern__cuda_g1_early) {
+        if (early) {
             tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, true>, (unsigned)blocks, 256, smem, a);
             return;
         }
@@ -320,7 +296,7 @@ bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
 
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                            const float *x, int mode, const float *nw, float *xn, float eps, const tern_norm_res *res,
-                           const G1Rope *rope = nullptr);
+                           const tern__cuda_rope_kv *rope = nullptr);
 void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                           const float *x, int mode) {
     g1_launch_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f, NULL);
@@ -330,7 +306,7 @@ void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *co
  * x' = the residual add, written to res->x_out) */
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                       int k, const float *x, int mode, const float *nw, float *xn, float eps,
-                                      const tern_norm_res *res, const G1Rope *rope) {
+                                      const tern_norm_res *res, const tern__cuda_rope_kv *rope) {
     Gemv1Args a = {};
     if (rope) a.rope = *rope;
     set_norm_args(a, nw, xn, eps, res);
@@ -438,23 +414,25 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
     return 1;
 }
 
-/* ops.h norm_qkv_rope_kv for one row (TERN_CUDA_QKV_ROPE=1, opt-in until timed): q|k|v from the pre-normed row
- * with rope_kv_write in the epilogue (G1Rope), BF16 / F16 weights on gemv1 and F32 / BF16 / F16 pages;
- * else 0 (the caller runs norm_matmul, then rope_kv_write) */
+/* ops.h norm_qkv_rope_kv for one row: q|k|v from the pre-normed row with rope_kv_write in the epilogue
+ * (rope_kv.cuh) — BF16 / F16 weights on gemv1, Q4 on the tensor-core GEMV (gemv_mma.cu, where it serves: the XP1
+ * walk, heads of d <= 128 inside its 128-row blocks, split K) — over F32 / BF16 / F16 pages; else 0 (the caller
+ * runs norm_matmul, then rope_kv_write). TERN_CUDA_QKV_ROPE (a mask, read once): 1 gemv1, 2 gemv_mma, 3 both
+ * (default), 0 off. H200, session 20 (NOTES (ad)), gemv1 only, llama3-8b bf16 b1 at 512 tok/s off → on: 219.3 /
+ * 217.4 → 219.8 / 219.8 (with TERN_CUDA_G1_EARLY=1 220.6 / 221.5), at 8k 194.5 → 195.7. */
 extern "C" int tern__cuda_qkv_rope;
 int tern__cuda_qkv_rope = -1;
 extern "C" int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps,
                                            float *const *y, const tern__cuda_w *const *w, const tern_kv_layer *kv,
                                            const tern_rows *rows, int nh, const float *inv_freq, float mscale) {
-    if (tern__cuda_qkv_rope < 0) tern__cuda_qkv_rope = tern__cuda_env_int("TERN_CUDA_QKV_ROPE", 0) != 0;
+    if (tern__cuda_qkv_rope < 0) tern__cuda_qkv_rope = tern__cuda_env_int("TERN_CUDA_QKV_ROPE", 3) & 3;
     const int kind = kv->kf.kind, d = kv->head_dim, nkv = kv->n_head_kv, wk = kind_of(w[0]);
-    if (!tern__cuda_qkv_rope || rows->n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15) ||
-        (wk != 16 && wk != 17) || !tern__cuda_g1_fits(w, 3, x) || tern__cuda_gemv_mma_serves(c, w, 3, x, G1_PLAIN))
+    if (!tern__cuda_qkv_rope || rows->n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15))
         return 0;
     if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
         d % 2 || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d)
         return 0;
-    G1Rope r = {};
+    tern__cuda_rope_kv r = {};
     r.inv_freq = inv_freq;
     r.pos = rows->pos;
     r.slot = rows->slot;
@@ -468,6 +446,9 @@ extern "C" int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float
     r.max_blocks = kv->max_blocks;
     r.bs = kv->block_size;
     r.pkind = kind == TERN_KV_F32 ? 0 : kind == TERN_KV_BF16 ? 1 : 2;
+    if (tern__cuda_gemv_mma_serves(c, w, 3, x, G1_PLAIN))
+        return (tern__cuda_qkv_rope & 2) && tern__cuda_mm_norm_on() && tern__cuda_gemv_mma_rope(c, y, w, x, nw, xn, eps, &r);
+    if (!(tern__cuda_qkv_rope & 1) || (wk != 16 && wk != 17) || !tern__cuda_g1_fits(w, 3, x)) return 0;
     const int e[3] = {0, 0, 0};
     cudaSetDevice(c->device);
     g1_launch_norm(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, &r);

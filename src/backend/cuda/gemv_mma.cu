@@ -54,7 +54,8 @@
  * group's scale. A block stages x for its slice once and then walks row blocks blockIdx.x,
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
-template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, bool XI8 = false, int MINB = 2>
+template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, bool XI8 = false, int MINB = 2,
+          bool ROPE = false>
 __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     static_assert(!XI8 || XP1, "the int8 walk is XP1's with another MMA and fold");
     pdl_trigger();
@@ -185,7 +186,8 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     }
     if (a.ks == 1) return;
 
-    mm_reduce_slices(a, pair, units, mine, &nmine);
+    if constexpr (ROPE) mm_reduce_rope(a, units, mine, &nmine); /* q|k|v: the launch guarantees split K */
+    else mm_reduce_slices(a, pair, units, mine, &nmine);
 }
 
 /* TERN_CUDA_GEMV_PP: the two-register-set walk for Q4 (same bits): 2 (default) XP1 / XI8 only (H200,
@@ -247,9 +249,7 @@ static int mm_occ_of(int rows, int in, bool pair) {
 }
 
 /* occ: mm_walk_occ's blocks per SM, as the grid was sized for */
-template <int BITS, int GB>
-static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16, int occ) {
-    cudaStream_t st = c->stream;
+static void mm_env(void) { /* TERN_CUDA_GEMV_PP / _FOLD, read once */
     if (tern__cuda_gemv_mma_pp < 0) { /* 0 never, 1 every Q4 kernel, 2 (default) XP1 only (the others spill) */
         tern__cuda_gemv_mma_pp = tern__cuda_env_int("TERN_CUDA_GEMV_PP", 2);
         if (tern__cuda_gemv_mma_pp < 0 || tern__cuda_gemv_mma_pp > 2) tern__cuda_gemv_mma_pp = 2;
@@ -258,6 +258,12 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
         tern__cuda_gemv_mma_fold = tern__cuda_env_int("TERN_CUDA_GEMV_FOLD", 2);
         if (tern__cuda_gemv_mma_fold < 0 || tern__cuda_gemv_mma_fold > 2) tern__cuda_gemv_mma_fold = 2;
     }
+}
+
+template <int BITS, int GB>
+static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16, int occ) {
+    cudaStream_t st = c->stream;
+    mm_env();
     const bool plain = c->compute == TERN_COMPUTE_BF16 && !tern__cuda_bf16_split_all(c); /* the plain bf16 mode */
     const bool fold = tern__cuda_gemv_mma_fold == 1 || (tern__cuda_gemv_mma_fold == 2 && plain);
     const bool xp1 = mm_xp1(c);
@@ -479,9 +485,27 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
 
 /* as tern__cuda_gemv_mma; xn != NULL: x staged as rmsnorm(x)·nw (written to xn as well); res: of x' (the
  * residual add, written to res->x_out) */
+static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
+                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope);
 extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                         int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                         const tern_norm_res *res) {
+    return mm_launch(c, y, w, e, k, x, mode, nw, xn, eps, res, NULL);
+}
+
+/* q|k|v with rope_kv_write in the split-K epilogue (mm_reduce_rope): only the XP1 walk with BF16 scales and two
+ * blocks per SM (the plain bf16 mode's Q4 kernel) and a plan with split K; heads of d | 128 whose q and k rows
+ * fill whole row blocks */
+extern "C" int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const float *x,
+                                        const float *nw, float *xn, float eps, const tern__cuda_rope_kv *rope) {
+    const int d = rope->d;
+    if (!xn || d > 128 || 128 % d || (rope->nh * d) % 128 || (rope->nkv * d) % 128) return 0;
+    const int e[3] = {0, 0, 0};
+    return mm_launch(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, rope);
+}
+
+static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
+                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope) {
     MmArgs a;
     if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, 1, &a)) return 0;
     if (a.rows <= 0) return 1;
@@ -511,6 +535,18 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
     const bool f16 = w0->sdtype == TERN_DT_F16;
     const int occ = mm_walk_occ(c, w0, a.rows, a.mode); /* blocks per SM: the grid and mm_go's launch bounds */
     const dim3 grid((unsigned)mm_grid_x(c, rblocks, a.ks, occ), (unsigned)a.ks);
+    if (rope) { /* mm_go's XP1 + PP instance with the rope epilogue, or not served */
+        mm_env();
+        if (w0->bits != 4 || f16 || occ != 2 || a.ks < 2 || !mm_xp1(c) || mm_i8(c) || tern__cuda_gemv_mma_pp == 0) return 0;
+        a.rope = *rope;
+        cudaSetDevice(c->device);
+        if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true>, grid, 256, smem, a);
+        else if (gb == 32) tern_launch(c->stream, gemv_mma_kernel<4, 32, false, true, true, true, false, 2, true>, grid, 256, smem, a);
+        else tern_launch(c->stream, gemv_mma_kernel<4, 64, false, true, true, true, false, 2, true>, grid, 256, smem, a);
+        tern__cuda_check(c, "gemv_mma rope");
+        tern__cuda_gemv_mma_calls++;
+        return 1;
+    }
     cudaSetDevice(c->device);
     if (w0->bits == 4) {
         if (gb == 16) mm_go<4, 16>(c, grid, smem, a, f16, occ);

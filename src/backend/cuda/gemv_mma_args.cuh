@@ -7,6 +7,8 @@
 #ifndef TERN_GEMV_MMA_ARGS_CUH
 #define TERN_GEMV_MMA_ARGS_CUH
 
+#include "backend/cuda/rope_kv.cuh"
+
 #define MM_WARPS 8
 #define MM_MINE 64   /* row blocks one block may walk (split K: it may have to reduce each) */
 #define MM_JMAX 4    /* chunks of S steps per K slice */
@@ -28,6 +30,7 @@ struct MmArgs {
     int *cnt;
     int l2pf;       /* items of the walk each warp prefetches into L2 before pdl_wait (gemv_mma.cu) */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
+    tern__cuda_rope_kv rope; /* ROPE instances only (appended): rope_kv_write in the split-K epilogue */
 };
 
 /* the final value of one output unit (row of the concatenated matrices, or a pair output) of x row xr
@@ -119,6 +122,40 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
             if (u >= a.rows) break;
             mm_sum_slices(a, u, pair, units);
         }
+        if (threadIdx.x == 0) a.cnt[q] = 0;
+    }
+}
+
+/* mm_reduce_slices with rope_kv_write (ROPE instances, q|k|v of one row, rope_kv.cuh): the last slice block of a
+ * row block sums its 128 rows' slices in the same order into shared memory, then thread i stores the rope pair
+ * (i, i + d/2) of a q / k head (i % d < d/2) or the v rows (i, i + 1) (i even). Heads never straddle a row block
+ * (d divides 128, and so do the q and k row counts: the launch checks). */
+__device__ __forceinline__ void mm_reduce_rope(const MmArgs &a, int units, int *mine, int *nmine) {
+    __shared__ float rv[128];
+    __threadfence();
+    if (threadIdx.x == 0) *nmine = 0;
+    __syncthreads();
+    for (int q = blockIdx.x + threadIdx.x * gridDim.x; q < a.rblocks; q += blockDim.x * gridDim.x)
+        if (atomicAdd(a.cnt + q, 1) == a.ks - 1) mine[atomicAdd(nmine, 1)] = q;
+    __syncthreads();
+    __threadfence();
+    const int i = threadIdx.x, half = a.rope.d >> 1;
+    for (int k = 0; k < *nmine; k++) {
+        const int q = mine[k], u = q * 128 + i;
+        if (i < 128) {
+            float v = 0.f;
+#pragma unroll 4
+            for (int s = 0; s < a.ks; s++) v += __ldcg(a.part + (size_t)s * units + u); /* mm_sum_slices' order */
+            rv[i] = v;
+        }
+        __syncthreads();
+        if (i < 128) {
+            int m = 0, lr = u;
+            while (m < a.nm - 1 && lr >= a.out[m]) lr -= a.out[m++];
+            const int o = m < 2 ? half : 1;
+            if (m < 2 ? lr % a.rope.d < half : !(lr & 1)) rope_kv_store(a.rope, a.y, m, lr, lr + o, rv[i], rv[i + o]);
+        }
+        __syncthreads();
         if (threadIdx.x == 0) a.cnt[q] = 0;
     }
 }
