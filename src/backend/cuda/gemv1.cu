@@ -417,15 +417,16 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
 /* ops.h norm_qkv_rope_kv for one row: q|k|v from the pre-normed row with rope_kv_write in the epilogue
  * (rope_kv.cuh) — BF16 / F16 weights on gemv1, Q4 on the tensor-core GEMV (gemv_mma.cu, where it serves: the XP1
  * walk, heads of d <= 128 inside its 128-row blocks, split K) — over F32 / BF16 / F16 pages; else 0 (the caller
- * runs norm_matmul, then rope_kv_write). TERN_CUDA_QKV_ROPE (a mask, read once): 1 gemv1, 2 gemv_mma, 3 both
- * (default), 0 off. H200, session 20 (NOTES (ad)), gemv1 only, llama3-8b bf16 b1 at 512 tok/s off → on: 219.3 /
- * 217.4 → 219.8 / 219.8 (with TERN_CUDA_G1_EARLY=1 220.6 / 221.5), at 8k 194.5 → 195.7. */
+ * runs norm_matmul, then rope_kv_write). TERN_CUDA_QKV_ROPE (a mask, read once): 1 gemv1 (default), 2 gemv_mma,
+ * 3 both, 0 off. H200, session 20 (NOTES (ad)), llama3-8b b1 tok/s: bf16 at 512 off → 1: 219.3 / 217.4 → 219.8 /
+ * 219.8, at 8k 194.5 → 195.7; q4 (bit 2) at 512 a tie (333.5 / 334.7 with, 332.9 / 333.8 without), at 8k 285.0 /
+ * 287.2 → 280.8 / 282.8: the Q4 epilogue (two barriers in the last slice block) loses there, so it is opt-in. */
 extern "C" int tern__cuda_qkv_rope;
 int tern__cuda_qkv_rope = -1;
 extern "C" int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps,
                                            float *const *y, const tern__cuda_w *const *w, const tern_kv_layer *kv,
                                            const tern_rows *rows, int nh, const float *inv_freq, float mscale) {
-    if (tern__cuda_qkv_rope < 0) tern__cuda_qkv_rope = tern__cuda_env_int("TERN_CUDA_QKV_ROPE", 3) & 3;
+    if (tern__cuda_qkv_rope < 0) tern__cuda_qkv_rope = tern__cuda_env_int("TERN_CUDA_QKV_ROPE", 1) & 3;
     const int kind = kv->kf.kind, d = kv->head_dim, nkv = kv->n_head_kv, wk = kind_of(w[0]);
     if (!tern__cuda_qkv_rope || rows->n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15))
         return 0;

@@ -106,7 +106,7 @@ __device__ __forceinline__ void mm_sum_slices(const MmArgs &a, int u, bool pair,
 
 /* split K: the block's partials are out (one fence); the last slice block of a row block sums its
  * slices in order */
-__device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int units, int *mine, int *nmine) {
+__device__ __forceinline__ void mm_claim(const MmArgs &a, int *mine, int *nmine) { /* the row blocks this block sums */
     __threadfence();
     if (threadIdx.x == 0) *nmine = 0;
     __syncthreads();
@@ -114,6 +114,9 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
         if (atomicAdd(a.cnt + q, 1) == a.ks - 1) mine[atomicAdd(nmine, 1)] = q;
     __syncthreads();
     __threadfence();
+}
+__device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int units, int *mine, int *nmine) {
+    mm_claim(a, mine, nmine);
     const int per = pair ? 64 : 128;
     for (int k = 0; k < *nmine; k++) {
         const int q = mine[k], u0 = q * per;
@@ -132,13 +135,7 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
  * (d divides 128, and so do the q and k row counts: the launch checks). */
 __device__ __forceinline__ void mm_reduce_rope(const MmArgs &a, int units, int *mine, int *nmine) {
     __shared__ float rv[128];
-    __threadfence();
-    if (threadIdx.x == 0) *nmine = 0;
-    __syncthreads();
-    for (int q = blockIdx.x + threadIdx.x * gridDim.x; q < a.rblocks; q += blockDim.x * gridDim.x)
-        if (atomicAdd(a.cnt + q, 1) == a.ks - 1) mine[atomicAdd(nmine, 1)] = q;
-    __syncthreads();
-    __threadfence();
+    mm_claim(a, mine, nmine);
     const int i = threadIdx.x, half = a.rope.d >> 1;
     for (int k = 0; k < *nmine; k++) {
         const int q = mine[k], u = q * 128 + i;
