@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-30}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa))
+SECTIONS="${AB_SECTIONS:-29}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -390,7 +390,9 @@ fi
 # 29. Session 20's defaults as first written (TERN_CUDA_G1_EARLY=7, TERN_CUDA_QKV_ROPE=3: also the Q4 GEMV's split-K
 #     epilogue) against the old ones, b1 interleaved (AB_REPS reps, default 1); q4 also with the rope on gemv1 only
 #     (=1). Ran in session 20 (NOTES (ad)): EARLY 7 stayed the default; the Q4 rope tied at 512 and lost 1.5 % at 8k,
-#     so the default is QKV_ROPE=1 (the "TERN_CUDA_G1_EARLY=7" rows below ran with the old default 3). 27-29 ran in session 20 (NOTES (ad))
+#     so the default is QKV_ROPE=1 (the "TERN_CUDA_G1_EARLY=7" rows below ran with the old default 3). Sections 27-29
+#     ran in session 20 (NOTES (ad)); a section 30 (TERN_CUDA_GEMV_CL, the Q4 walk's split K summed through a cluster)
+#     ran there too, lost 5 % and was removed with its code (docs/CUDA.md, "Tried and removed")
 if [[ " $SECTIONS " == *" 29 "* ]]; then
     op_test cuda_norm_qkv_rope_kv qkvr4
     OLD="TERN_CUDA_G1_EARLY=0 TERN_CUDA_QKV_ROPE=0"
@@ -404,25 +406,6 @@ if [[ " $SECTIONS " == *" 29 "* ]]; then
     done
     [ "${AB_8K:-1}" = 1 ] && for e in "$OLD" "TERN_CUDA_G1_EARLY=7"; do
         say "b1 8k llama3-8b q4 [$e]: $(b1e "$e" 8192 "llama3-8b --quant q4")"
-    done
-fi
-
-# 30. TERN_CUDA_GEMV_CL=1 (written after session 20's last device call; op-tested in code only): the Q4 XP1 walk's
-#     K slices (2..8) summed through a thread-block cluster in shared memory instead of global partials + the last
-#     block's reduction (same bits). Op test, per-shape µs, parity + greedy on / off, then b1 q4 interleaved
-if [[ " $SECTIONS " == *" 30 "* ]]; then
-    op_test cuda_gemv_mma_pp_bits clbits
-    q4_gemv TERN_CUDA_GEMV_CL "0 1"
-    on_checks TERN_CUDA_GEMV_CL bf16 "gemma4_dense_q4g64"
-    for rep in 1 2; do
-        for m in "llama3-8b --quant q4" "gemma4-12b --quant q4" "gemma4-e4b --quant q4" "gemma4-26b-a4b --quant q4"; do
-            for e in "TERN_CUDA_GEMV_CL=0" "TERN_CUDA_GEMV_CL=1"; do
-                say "b1 512 $m $e rep $rep: $(b1e "$e" 512 "$m")"
-            done
-        done
-    done
-    for e in "TERN_CUDA_GEMV_CL=0" "TERN_CUDA_GEMV_CL=1"; do
-        say "b1 8k llama3-8b q4 $e: $(b1e "$e" 8192 "llama3-8b --quant q4")"
     done
 fi
 

@@ -121,17 +121,13 @@ static void mm_five_ops(tern_backend *g, const tern_tensor *t, int out, int tot,
 }
 
 /* TERN_CUDA_GEMV_PP (two register sets for the walk, Q4), TERN_CUDA_PDL (programmatic dependent
- * launch) and, for XP1, TERN_CUDA_GEMV_CL (split K summed through a thread-block cluster) do the same
- * arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual results must be the same
- * bits as the plain one-set walk, walking several row blocks or not, split K or not */
-extern int tern__cuda_gemv_cl;
-extern unsigned long long tern__cuda_gemv_cl_calls;
+ * launch) do the same arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual
+ * results must be the same bits as the plain one-set walk, walking several row blocks or not, split
+ * K or not */
 TEST(cuda_gemv_mma_pp_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_pp_bits", "not built"); return; }
-    const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_pdl_on, keep_xp = tern__cuda_gemv_mma_xp1,
-              keep_cl = tern__cuda_gemv_cl;
-    const unsigned long long cl0 = tern__cuda_gemv_cl_calls;
+    const int keep = tern__cuda_gemv_mma_pp, keep_pdl = tern__cuda_pdl_on, keep_xp = tern__cuda_gemv_mma_xp1;
     static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
                                                           {32, TERN_DT_BF16}};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}};
@@ -143,33 +139,29 @@ TEST(cuda_gemv_mma_pp_bits) {
             tern_tensor t[3];
             char nm[64];
             mm_three_open(g, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
-            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[4][5];
-            const int nv = xp ? 4 : 3;
+            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[3][5];
+            const int nv = 3;
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
             tern__cuda_gemv_mma_xp1 = xp;
-            for (int v = 0; v < nv; v++) { /* 0 plain, 1 two sets, 2 programmatic launch, 3 XP1: the cluster sum */
-                tern__cuda_gemv_mma_pp = v == 1 || v == 3;
-                tern__cuda_pdl_on = v >= 2;
-                tern__cuda_gemv_cl = v == 3;
+            for (int v = 0; v < nv; v++) { /* 0 plain, 1 two sets, 2 programmatic launch */
+                tern__cuda_gemv_mma_pp = v == 1;
+                tern__cuda_pdl_on = v == 2;
                 mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
             }
             static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
             for (int k = 0; k < 5; k++) {
                 for (int v = 1; v < nv; v++)
                     CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s xp1 %d: %s != plain launch", nm,
-                          out, in, what[k], xp, v == 1 ? "two-set walk" : v == 2 ? "programmatic launch" : "cluster sum");
+                          out, in, what[k], xp, v == 1 ? "two-set walk" : "programmatic launch");
                 for (int v = 0; v < nv; v++) free(res[v][k]);
             }
             mm_three_close(g, h, t);
             g->vt->free(g, xd); g->vt->free(g, yd);
             free(x); free(r);
         }
-    printf("  gemv_mma cluster sums: %llu launches\n", tern__cuda_gemv_cl_calls - cl0);
-    CHECK(tern__cuda_gemv_cl_calls > cl0, "the cluster sum never ran");
     tern__cuda_gemv_mma_pp = keep;
     tern__cuda_pdl_on = keep_pdl;
     tern__cuda_gemv_mma_xp1 = keep_xp;
-    tern__cuda_gemv_cl = keep_cl;
 }
 
 /* TERN_CUDA_GEMV_FOLD (Q4: pairs left at 128 + nibble, 128 folded into the bias): not the same bits,

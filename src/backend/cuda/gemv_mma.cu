@@ -45,10 +45,7 @@
 #include "backend/cuda/gemv_mma_args.cuh"
 #include "backend/cuda/mma.cuh"
 
-#include <cooperative_groups.h>
 #include <stdlib.h>
-
-namespace cg = cooperative_groups;
 
 /* Step = 64 bytes of each of the warp's 16 rows (lane t: bytes 16t..16t+15, one 128-bit load per
  * row); a K slice = S steps. A step holds GPS scale groups (GB bytes each; GB = 128: a group spans two
@@ -57,37 +54,10 @@ namespace cg = cooperative_groups;
  * group's scale. A block stages x for its slice once and then walks row blocks blockIdx.x,
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
-/* CL instances (TERN_CUDA_GEMV_CL): the K slices of a row block are one thread-block cluster (1, ks, 1), slice =
- * rank. Each block leaves its slice's partials of the row block in shared memory (mm_finish into clp, indexed
- * from the row block's first unit), a cluster barrier, then unit i of the row block is summed by rank i % ks over
- * the ranks' clp in slice order — mm_sum_slices' order, so the same bits — and stored; a second barrier keeps
- * clp alive until every rank has read it. No global partials, fence, counter or tail reduction. */
-__device__ __forceinline__ void mm_cluster_sum(const MmArgs &a, float *clp, int rcur, bool pair) {
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync();
-    const int per = pair ? 64 : 128, ks = a.ks;
-    const int i = (int)blockIdx.y + ks * (int)threadIdx.x, u = rcur * per + i;
-    if (i < per && u < a.rows) {
-        float v = 0.f, up = 0.f;
-        for (int s = 0; s < ks; s++) {
-            const float *o = cl.map_shared_rank(clp, s);
-            if (pair) {
-                v += o[2 * i];
-                up += o[2 * i + 1];
-            } else {
-                v += o[i];
-            }
-        }
-        mm_store(a, u, v, up);
-    }
-    cl.sync();
-}
-
 template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, bool XI8 = false, int MINB = 2,
-          bool ROPE = false, bool CL = false>
+          bool ROPE = false>
 __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     static_assert(!XI8 || XP1, "the int8 walk is XP1's with another MMA and fold");
-    static_assert(!(CL && ROPE), "the cluster sum has no rope epilogue");
     pdl_trigger();
     constexpr int S = GB == 16 ? 2 : 4; /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
@@ -99,7 +69,6 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     /* [J·S][GPS] Σx per group and step (XI8: B tables of 4 MMAs per step, then d, e, 1/d: mm_stage_i8) */
     float *xs = (float *)(mm_sm + a.J * S * (XI8 ? 4 : 8 * NT) * 32);
     __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
-    __shared__ float clp[CL ? 128 : 1];           /* CL: this slice's partials of the current row block */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     /* this block's K slice: steps st0 .. st0 + ns - 1 in nch chunks of S (the last may be shorter) */
@@ -160,7 +129,6 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     int ch = 0;
     float acc0 = 0.0f, acc1 = 0.0f;
     auto block = [&](MmSet &cur, MmSet &nxt) -> bool {
-        const int rcur = rbk;
         const int unit0 = r.unit0, unit1 = r.unit1;
         const bool live0 = r.live0, live1 = r.live1;
         const bool last = ch + 1 == nch;
@@ -207,12 +175,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
         ch = nch_;
         rbk = nrbk;
         if (!last) return more;
-        if constexpr (CL) { /* the row block's slices summed across the cluster (mm_cluster_sum) */
-            mm_finish(a, acc0, acc1, unit0, unit1, live0, live1, pair, t, clp - (size_t)rcur * 128);
-            mm_cluster_sum(a, clp, rcur, pair);
-        } else {
-            mm_finish(a, acc0, acc1, unit0, unit1, live0, live1, pair, t, pp);
-        }
+        mm_finish(a, acc0, acc1, unit0, unit1, live0, live1, pair, t, pp);
         acc0 = acc1 = 0.0f;
         return more;
     };
@@ -221,7 +184,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     } else {
         while (block(A, A)) {}
     }
-    if (CL || a.ks == 1) return;
+    if (a.ks == 1) return;
 
     if constexpr (ROPE) mm_reduce_rope(a, units, mine, &nmine); /* q|k|v: the launch guarantees split K */
     else mm_reduce_slices(a, pair, units, mine, &nmine);
@@ -524,22 +487,6 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
  * residual add, written to res->x_out) */
 static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
                      int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope);
-
-/* TERN_CUDA_GEMV_CL=1 (read once; opt-in, written in session 20 after its last device call, NOT yet timed): Q4
- * launches of the XP1 + PP walk (the plain bf16 mode's kernel at two blocks per SM) with 2..8 K slices sum their
- * slices through a thread-block cluster (mm_cluster_sum) instead of global partials and the last block's
- * reduction; the same bits (op test cuda_gemv_mma_pp_bits) */
-extern "C" int tern__cuda_gemv_cl;
-int tern__cuda_gemv_cl = -1;
-extern "C" unsigned long long tern__cuda_gemv_cl_calls; /* cluster launches (tests check it ran) */
-unsigned long long tern__cuda_gemv_cl_calls = 0;
-static bool mm_cl_serves(const tern__cuda *c, const tern__cuda_w *w0, bool f16, int occ, int ks) {
-    if (tern__cuda_gemv_cl < 0) tern__cuda_gemv_cl = tern__cuda_env_int("TERN_CUDA_GEMV_CL", 0) != 0;
-    mm_env();
-    return tern__cuda_gemv_cl && w0->bits == 4 && !f16 && occ == 2 && ks >= 2 && ks <= 8 && mm_xp1(c) && !mm_i8(c) &&
-           tern__cuda_gemv_mma_pp > 0;
-}
-
 extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                         int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                         const tern_norm_res *res) {
@@ -601,15 +548,6 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
         return 1;
     }
     cudaSetDevice(c->device);
-    if (mm_cl_serves(c, w0, f16, occ, a.ks)) { /* mm_go's XP1 + PP instance with the cluster sum */
-        if (gb == 16) tern_launch_cluster(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, false, true>, grid, 256, smem, a.ks, a);
-        else if (gb == 32) tern_launch_cluster(c->stream, gemv_mma_kernel<4, 32, false, true, true, true, false, 2, false, true>, grid, 256, smem, a.ks, a);
-        else tern_launch_cluster(c->stream, gemv_mma_kernel<4, 64, false, true, true, true, false, 2, false, true>, grid, 256, smem, a.ks, a);
-        tern__cuda_check(c, "gemv_mma cluster");
-        tern__cuda_gemv_mma_calls++;
-        tern__cuda_gemv_cl_calls++;
-        return 1;
-    }
     if (w0->bits == 4) {
         if (gb == 16) mm_go<4, 16>(c, grid, smem, a, f16, occ);
         else if (gb == 32) mm_go<4, 32>(c, grid, smem, a, f16, occ);
