@@ -433,20 +433,8 @@ extern "C" int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float
     if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
         d % 2 || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d)
         return 0;
-    tern__cuda_rope_kv r = {};
-    r.inv_freq = inv_freq;
-    r.pos = rows->pos;
-    r.slot = rows->slot;
-    r.bt = kv->block_table;
-    r.kpool = kv->k;
-    r.vpool = kv->v;
-    r.mscale = mscale;
-    r.nh = nh;
-    r.nkv = nkv;
-    r.d = d;
-    r.max_blocks = kv->max_blocks;
-    r.bs = kv->block_size;
-    r.pkind = kind == TERN_KV_F32 ? 0 : kind == TERN_KV_BF16 ? 1 : 2;
+    const tern__cuda_rope_kv r = {inv_freq, rows->pos, rows->slot, kv->block_table, kv->k, kv->v, mscale, nh, nkv, d,
+                                  kv->max_blocks, kv->block_size, kind == TERN_KV_F32 ? 0 : kind == TERN_KV_BF16 ? 1 : 2};
     if (tern__cuda_gemv_mma_serves(c, w, 3, x, G1_PLAIN))
         return (tern__cuda_qkv_rope & 2) && tern__cuda_mm_norm_on() && tern__cuda_gemv_mma_rope(c, y, w, x, nw, xn, eps, &r);
     if (!(tern__cuda_qkv_rope & 1) || (wk != 16 && wk != 17) || !tern__cuda_g1_fits(w, 3, x)) return 0;
