@@ -20,10 +20,6 @@
  * row o of matrix 0 and of matrix 1 and write act(g)·u (gate/up); RES adds the old y[o]. */
 #define G1_MAX_IN 16384 /* floats of x staged (64 KB of shared memory) */
 
-/* q|k|v with rope_kv_write in the epilogue (ROPE instances, one row; rope_kv.cuh): a warp task of the q and k
- * matrices is the rope pair (i, i + d/2) of one head, so lane 0 holds both rows; a v task is two consecutive
- * rows as in the plain mode. */
-
 struct Gemv1Args {
     const uint8_t *data[3], *scales[3], *biases[3];
     float *y[3];
@@ -52,7 +48,9 @@ __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4
  * once and its warps taking tasks blockIdx.x·8 + warp + i·gridDim.x·8 — per block the prologue is
  * paid once instead of once per 8 tasks (llama3-8b gate|up: 1792 blocks of 8 tasks each, ~7 waves).
  * Which warp runs a task never changes its operations: the same bits either way. */
-/* ROPE: row g of task t (R = 2, three matrices q, k, v): the rope pair of a q / k head, else two v rows */
+/* q|k|v with rope_kv_write in the epilogue (ROPE instances, one row; rope_kv.cuh): a warp task of the q and k
+ * matrices is the rope pair (i, i + d/2) of one head, so lane 0 holds both rows; a v task is two consecutive rows
+ * as in the plain mode. Row g (of the concatenated q, k, v) of task t, r < R = 2: */
 __device__ __forceinline__ int g1_rope_row(const tern__cuda_rope_kv &p, int t, int r) {
     const int half = p.d >> 1, qk = (p.nh + p.nkv) * half;
     return t < qk ? (t / half) * p.d + t % half + r * half : (p.nh + p.nkv) * p.d + 2 * (t - qk) + r;
