@@ -21,6 +21,8 @@
  *         (GB/s as it reports them); fresh1: a fresh buffer of the paired probe's size, one pass;
  *   model --model PRESET: the real model (synthetic weights, same backend) decoding --tokens
  *         tokens through tern_generate, timed as tern bench does (GB/s from tok's bytes).
+ *   modelil (with --model and a Q --fmt): a second copy of that model loaded with tern__cpu_qil_set(1), its 2-D
+ *         Q matrices row-interleaved (TERN_CPU_QIL=1), the same weights; model vs modelil is the layout A/B.
  * GB/s counts weight bytes (+ Q scales/biases) per token × --tokens. Geometry: --dims
  * H,KV,I,L,V (default llama3-1b 2048,512,8192,16,128256); --fmt bf16|q8|q4 (group 64, BF16
  * scales), --int8, --threads N, --pairs P, --only tok,one,.. (a subset), --gap-us U (default
@@ -44,8 +46,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, V_FRESH, V_FRESH1, NVAR };
-static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read", "fresh", "fresh1"};
+enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, V_FRESH, V_FRESH1, V_MODELIL, NVAR };
+static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read", "fresh", "fresh1", "modelil"};
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_u64(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
@@ -130,7 +132,7 @@ static int cx4[MAXCFG] = {-1};
 
 int main(int argc, char **argv) {
     int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, gap_us = 100;
-    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0}, ntok = 1;
+    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0, 0}, ntok = 1;
     const char *preset = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -181,8 +183,8 @@ int main(int argc, char **argv) {
         make(&ly[l].g, I, H); make(&ly[l].u, I, H); make(&ly[l].d, H, I);
     }
     make(&head, V, H);
-    tern_model *model = NULL;
-    tern_kv *kv = NULL;
+    tern_model *model = NULL, *model_il = NULL;
+    tern_kv *kv = NULL, *kv_il = NULL;
     tern_model_config mcfg;
     tern_weights *ws = NULL;
     int32_t ids[8];
@@ -199,6 +201,14 @@ int main(int argc, char **argv) {
         if (st) { fprintf(stderr, "bench_seq: %s\n", err.msg); return 1; }
         for (int i = 0; i < 8; i++) ids[i] = (i * 7919 + 2) % mcfg.n_vocab;
         want[V_MODEL] = 1;
+        if (fdt == TERN_DT_Q && want[V_MODELIL]) { /* the same weights, repacked row-interleaved on upload */
+            tern__cpu_qil_set(1);
+            st = tern_model_load_from(&model_il, &mcfg, ws, be, &mo, &err);
+            tern__cpu_qil_set(-1);
+            if (!st) st = tern_kv_open(&kv_il, be, &mcfg, &ko, &err);
+            if (st) { fprintf(stderr, "bench_seq: %s\n", err.msg); return 1; }
+            printf("modelil: %.1f MB repacked\n", tern_cpu_qil_bytes() / 1e6);
+        } else want[V_MODELIL] = 0;
     }
     tern_membw *bw = tern_membw_open(0);
     tern_pool *rpool = tern_pool_create(nth);
@@ -221,11 +231,11 @@ int main(int argc, char **argv) {
     vb[V_GAPS] = vb[V_TOK];
     vb[V_ONE] = vb[V_MLP];
     vb[V_HEAD] = wbytes(&head);
-    vb[V_MODEL] = vb[V_TOK];
+    vb[V_MODEL] = vb[V_MODELIL] = vb[V_TOK];
     vb[V_READ] = vb[V_TOK];
     vb[V_FRESH] = (size_t)1 << 30;
     vb[V_FRESH1] = tern_membw_bytes(bw);
-    for (int vi = 0; vi < V_FRESH; vi++) vb[vi] *= (size_t)ntok;
+    for (int vi = 0; vi < NVAR; vi++) if (vi != V_FRESH && vi != V_FRESH1) vb[vi] *= (size_t)ntok;
     printf("isa %s, threads %d, %s%s, dims H %d KV %d I %d L %d V %d, %.1f MB of weights, probe %zu MiB, gap %d us\n",
            tern_cpu_isa_name(), nth ? nth : tern_cpu_count(), fdt == TERN_DT_BF16 ? "bf16" : fbits == 8 ? "q8g64" : "q4g64",
            int8 ? " int8" : "", H, KV, I, L, V, total_bytes / 1e6, tern_membw_bytes(bw) >> 20, gap_us);
@@ -250,10 +260,12 @@ int main(int argc, char **argv) {
                 double g = tern_membw_run(fb);
                 tern_membw_close(fb);
                 dt = g > 0 ? (double)vb[vi] / (g * 1e9) : 1;
-            } else if (vi == V_MODEL) {
+            } else if (vi == V_MODEL || vi == V_MODELIL) {
                 tern_gen_stats st = {0};
-                tern_generate(model, kv, 0, ids, 4, ntok + 1, 0, NULL, 0, NULL, NULL, NULL, NULL, &st, &err);
-                tern_kv_release(kv, 0);
+                tern_model *mm = vi == V_MODEL ? model : model_il;
+                tern_kv *kk = vi == V_MODEL ? kv : kv_il;
+                tern_generate(mm, kk, 0, ids, 4, ntok + 1, 0, NULL, 0, NULL, NULL, NULL, NULL, &st, &err);
+                tern_kv_release(kk, 0);
                 dt = st.t_decode;
             } else for (int it = 0; it < ntok; it++) if (vi == V_READ) {
                 for (int l = 0; l < L; l++) {
@@ -305,6 +317,8 @@ int main(int argc, char **argv) {
     tern_pool_free(rpool);
     tern_kv_close(kv);
     tern_model_free(model);
+    tern_kv_close(kv_il);
+    tern_model_free(model_il);
     tern_weights_close(ws);
     if (preset) tern_config_free(&mcfg);
     tern_backend_close(be);
