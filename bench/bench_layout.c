@@ -1,21 +1,26 @@
 /*
- * bench_layout.c — issue 2: does the Q4 int8 decode kernel (k_q4i8r through the kernel table's gemv) stream
- * faster when each weight row is one stream — its scales, its biases, then its codes, rows back to back —
- * than in the stored MLX layout (codes, scales and biases in three arrays: three streams per thread)?
+ * bench_layout.c — issue 2: does a Q int8 decode kernel (k_q4i8r / k_q8i8 through the kernel table's gemv)
+ * stream faster when each weight row is one stream — its scales, its biases, then its codes, rows back to
+ * back (the row_il layout of tensor.h, TERN_CPU_QIL=1) — than in the stored MLX layout (codes, scales and
+ * biases in three arrays: three streams per thread)? NOTES (ae).
  *
- * The same random codes / scales / biases are laid out both ways (per tensor, tern_aalloc + tern_advise_huge
- * as the synthetic store), llama-shaped (default llama3-1b: per layer q, k, v, o, gate, up, down, then the
- * head). Each pair runs the long-lived bandwidth probe (tern_membw_run on a 1 GiB buffer opened at start),
- * then every variant once in rotating order; a variant = one layout × one prefetch setting, each matrix
- * one pool run with every thread taking a contiguous block of rows (the decode driver without its
- * stealing), rows 4 per gemv call. `read` is the probe's readsum over the same bytes. The kernel is
- * layout-agnostic (cpu_wrow carries the three pointers per row), so the outputs of the two layouts are
+ * The same random codes / scales / biases are laid out both ways (per tensor, tern_aalloc + tern_advise_huge),
+ * llama-shaped (default llama3-1b: per layer q, k, v, o, gate, up, down, then the head). Each pair runs the
+ * long-lived bandwidth probe (tern_membw_run on a 1 GiB buffer opened at start), then every variant once in
+ * rotating order; a variant = one layout x one prefetch distance, each matrix one pool run with every thread
+ * taking a contiguous block of rows (the decode driver without its stealing), the kernel table's rows per
+ * gemv call (1 for Q8 int8, else 4). `read` is the probe's readsum over the interleaved bytes. The kernels
+ * are layout-agnostic (cpu_wrow carries three pointers per row), so the outputs of the two layouts are
  * compared bitwise after the run.
- * --tokens N: passes over the whole sequence per variant and pair (default 3); --mask M: variants (bit i = the i-th); --var L:PF,..
- * (default s:8192,i:8192,s:0,i:0,r).
- * `vs 1st`: the median (and quartiles) over pairs of each variant's GB/s over the first variant's in the same pair —
- * the paired comparison this box's bandwidth swings (~2x within seconds) leave usable.
- *   make build/bench_layout && build/bench_layout --pairs 5 [--dims H,KV,I,L,V] [--fmt q4|q8] [--threads N]
+ *   --slab        the stored layout's scales / biases from one huge-page arena, as the synthetic store's slabs
+ *                 (alone, arrays below 2 MB stay on 4 KB pages: that handicaps the stored layout, NOTES (ae))
+ *   --var L:PF,.. variants: s (stored) / i (interleaved) / r (read), prefetch bytes of codes ahead (0: none);
+ *                 default s:8192,i:8192,s:0,i:0,r; --mask M picks a subset (bit i = the i-th)
+ *   --tokens N    passes over the whole sequence per variant and pair (default 3)
+ * `vs 1st`: the median (and quartiles) over pairs of each variant's GB/s over the first variant's in the same
+ * pair — the paired comparison this box's bandwidth swings (~2x within seconds) leave usable; repeat the
+ * first variant later in --var for an A/A control.
+ *   make build/bench_layout && build/bench_layout --slab --pairs 60 --tokens 1 --var s:8192,i:8192,s:8192,r --mask 15
  */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/cpu_impl.h"
@@ -25,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_u64(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
@@ -38,6 +44,9 @@ typedef struct mat {
 
 static int bits = 4;
 static size_t tot_bytes;
+/* --slab: the stored layout's scales and biases carved from one 2 MB-aligned, huge-page-advised arena, as the
+ * synthetic store's 4 MB slabs do (its arrays are < 2 MB for most matrices; alone they stay on 4 KB pages) */
+static uint8_t *slab, *slab_end;
 
 static void *halloc(size_t n) {
     void *p = tern_aalloc(n);
@@ -51,7 +60,11 @@ static void make(mat *m, int out, int in) {
     m->rb = (size_t)in * (size_t)bits / 8;
     m->stride = m->rb + 4 * (size_t)m->ng;
     size_t db = (size_t)out * m->rb, sb = (size_t)out * (size_t)m->ng * 2;
-    m->data = halloc(db), m->sc = halloc(sb), m->bi = halloc(sb), m->il = halloc((size_t)out * m->stride);
+    m->data = halloc(db), m->il = halloc((size_t)out * m->stride);
+    if (slab && (size_t)(slab_end - slab) >= 2 * ((sb + 63) & ~(size_t)63)) {
+        m->sc = slab, slab += (sb + 63) & ~(size_t)63;
+        m->bi = slab, slab += (sb + 63) & ~(size_t)63;
+    } else m->sc = halloc(sb), m->bi = halloc(sb);
     for (size_t i = 0; i + 8 <= db; i += 8) { uint64_t v = next_u64(); memcpy(m->data + i, &v, 8); }
     uint16_t *s = (uint16_t *)m->sc, *b = (uint16_t *)m->bi;
     for (size_t i = 0; i < sb / 2; i++) {
@@ -86,6 +99,7 @@ typedef struct job {
     int il;
     cpu_gx gx;
     float *y;
+    int np; /* rows per gemv call: the kernel table's gemv_pass for the kind (0: 4), as the decode driver */
 } job;
 
 static void task(void *arg, int ith, int nth) {
@@ -94,8 +108,9 @@ static void task(void *arg, int ith, int nth) {
     int64_t lo, hi;
     tern__cpu_split(m->out, 16, ith, nth, &lo, &hi);
     cpu_wrow rows[4];
-    for (int64_t o = lo; o < hi; o += 4) {
-        int nr = (int)(hi - o < 4 ? hi - o : 4);
+    const int np = j->np;
+    for (int64_t o = lo; o < hi; o += np) {
+        int nr = (int)(hi - o < np ? hi - o : np);
         for (int i = 0; i < nr; i++) rows[i] = row_of(m, j->il, (int)o + i);
         j->k->gemv(&j->gx, rows, nr, j->y + o);
     }
@@ -139,6 +154,13 @@ int main(int argc, char **argv) {
                 else break;
             }
         }
+        else if (!strcmp(a, "--slab")) {
+            size_t n = (size_t)1 << 30; /* scales + biases of llama3-1b q4: ~43 MB; generous */
+            uint8_t *p = NULL;
+            if (posix_memalign((void **)&p, (size_t)2 << 20, n)) return 1;
+            madvise(p, n, MADV_HUGEPAGE);
+            slab = p, slab_end = p + n;
+        }
         else if (!strcmp(a, "--tokens") && v) ntok = atoi(argv[++i]);
         else if (!strcmp(a, "--mask") && v) want = (int)strtol(argv[++i], NULL, 0);
         else { fprintf(stderr, "bench_layout: unknown argument %s\n", a); return 2; }
@@ -162,6 +184,7 @@ int main(int argc, char **argv) {
     void *bufi = tern_aalloc(CPU_GX_BUF);
     cpu_wrow r0 = row_of(&ms[0], 0, 0);
     if (!k->gemv_prep(&r0, H, 1, x, buf, &gxh) || !k->gemv_prep(&r0, I, 1, x, bufi, &gxi)) { fprintf(stderr, "no prep\n"); return 1; }
+    int np = gxh.kind < (int)sizeof k->gemv_pass && k->gemv_pass[gxh.kind] ? k->gemv_pass[gxh.kind] : 4;
     tern_membw *bw = tern_membw_open((size_t)1 << 30);
     tern_pool *pool = tern_pool_create(nth);
     rd_job rj = {.k = k};
@@ -183,7 +206,7 @@ int main(int argc, char **argv) {
                     tern_pool_run(pool, rd_task, &rj);
                     continue;
                 }
-                job j = {.k = k, .m = m, .il = vl[vi] == 'i', .gx = m->in == H ? gxh : gxi, .y = y};
+                job j = {.k = k, .m = m, .il = vl[vi] == 'i', .gx = m->in == H ? gxh : gxi, .y = y, .np = np};
                 if (vpf[vi] > 0) { /* the decode driver's distance: whole passes of 4 rows, >= pf bytes of codes ahead */
                     int64_t ahead = ((int64_t)(((size_t)vpf[vi] + m->rb - 1) / m->rb) + 3) / 4 * 4;
                     j.gx.pf_data = (ptrdiff_t)(ahead * (int64_t)(j.il ? m->stride : m->rb));
@@ -202,7 +225,7 @@ int main(int argc, char **argv) {
     /* both layouts give the same outputs, bit for bit */
     int same = 1;
     for (int i = 0; i < nm && same; i++) {
-        job a = {.k = k, .m = &ms[i], .il = 0, .gx = ms[i].in == H ? gxh : gxi, .y = y};
+        job a = {.k = k, .m = &ms[i], .il = 0, .gx = ms[i].in == H ? gxh : gxi, .y = y, .np = np};
         job b = a;
         b.il = 1, b.y = y2;
         tern_pool_run(pool, task, &a);

@@ -23,6 +23,7 @@
  *         tokens through tern_generate, timed as tern bench does (GB/s from tok's bytes).
  *   modelil (with --model and a Q --fmt): a second copy of that model loaded with tern__cpu_qil_set(1), its 2-D
  *         Q matrices row-interleaved (TERN_CPU_QIL=1), the same weights; model vs modelil is the layout A/B.
+ *   tokil (Q --fmt) tok over row-interleaved copies of the same matrices (upload_weight with tern__cpu_qil_set(1)).
  * GB/s counts weight bytes (+ Q scales/biases) per token × --tokens. Geometry: --dims
  * H,KV,I,L,V (default llama3-1b 2048,512,8192,16,128256); --fmt bf16|q8|q4 (group 64, BF16
  * scales), --int8, --threads N, --pairs P, --only tok,one,.. (a subset), --gap-us U (default
@@ -46,8 +47,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, V_FRESH, V_FRESH1, V_MODELIL, NVAR };
-static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read", "fresh", "fresh1", "modelil"};
+enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, V_FRESH, V_FRESH1, V_MODELIL, V_TOKIL, NVAR };
+static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read", "fresh", "fresh1", "modelil", "tokil"};
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_u64(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
@@ -132,7 +133,7 @@ static int cx4[MAXCFG] = {-1};
 
 int main(int argc, char **argv) {
     int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, gap_us = 100;
-    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0, 0}, ntok = 1;
+    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0}, ntok = 1;
     const char *preset = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -183,6 +184,20 @@ int main(int argc, char **argv) {
         make(&ly[l].g, I, H); make(&ly[l].u, I, H); make(&ly[l].d, H, I);
     }
     make(&head, V, H);
+    layer *li = NULL; /* tokil: row-interleaved copies */
+    tern_tensor head_il;
+    if (fdt == TERN_DT_Q && want[V_TOKIL]) {
+        li = malloc((size_t)L * sizeof *li);
+        tern__cpu_qil_set(1);
+        for (int l = 0; l < L; l++) {
+            li[l] = ly[l];
+            tern_tensor *ts[7] = {&li[l].q, &li[l].k, &li[l].v, &li[l].o, &li[l].g, &li[l].u, &li[l].d};
+            for (int i = 0; i < 7; i++) if (be->vt->upload_weight(be, ts[i], &err) || !ts[i]->row_il) { fprintf(stderr, "bench_seq: no repack\n"); return 1; }
+        }
+        head_il = head;
+        if (be->vt->upload_weight(be, &head_il, &err) || !head_il.row_il) { fprintf(stderr, "bench_seq: no repack\n"); return 1; }
+        tern__cpu_qil_set(-1);
+    } else want[V_TOKIL] = 0;
     tern_model *model = NULL, *model_il = NULL;
     tern_kv *kv = NULL, *kv_il = NULL;
     tern_model_config mcfg;
@@ -231,7 +246,7 @@ int main(int argc, char **argv) {
     vb[V_GAPS] = vb[V_TOK];
     vb[V_ONE] = vb[V_MLP];
     vb[V_HEAD] = wbytes(&head);
-    vb[V_MODEL] = vb[V_MODELIL] = vb[V_TOK];
+    vb[V_MODEL] = vb[V_MODELIL] = vb[V_TOKIL] = vb[V_TOK];
     vb[V_READ] = vb[V_TOK];
     vb[V_FRESH] = (size_t)1 << 30;
     vb[V_FRESH1] = tern_membw_bytes(bw);
@@ -273,8 +288,10 @@ int main(int argc, char **argv) {
                     rd(rpool, &rj, &ly[l].g); rd(rpool, &rj, &ly[l].u); rd(rpool, &rj, &ly[l].d);
                 }
                 rd(rpool, &rj, &head);
-            } else if (vi == V_TOK || vi == V_GAPS) {
+            } else if (vi == V_TOK || vi == V_GAPS || vi == V_TOKIL) {
                 int gu = vi == V_GAPS ? gap_us : 0;
+                layer *ly0 = ly;
+                if (vi == V_TOKIL) ly = li;
                 for (int l = 0; l < L; l++) {
                     const tern_tensor *w3[3] = {&ly[l].q, &ly[l].k, &ly[l].v};
                     float *y3[3] = {yq, yk, yv};
@@ -287,7 +304,8 @@ int main(int argc, char **argv) {
                     be->vt->matmul_add(be, res, x, 1, &ly[l].d); /* x: its first H of I inputs stand in */
                 }
                 gap(gbuf, gu);
-                be->vt->matmul(be, logits, x, 1, &head);
+                be->vt->matmul(be, logits, x, 1, vi == V_TOKIL ? &head_il : &head);
+                ly = ly0;
             } else if (vi == V_MLP) {
                 for (int l = 0; l < L; l++) be->vt->matmul_glu(be, ym, x, 1, &ly[l].g, &ly[l].u, TERN_ACT_SILU);
             } else if (vi == V_ONE) {
