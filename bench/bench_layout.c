@@ -14,7 +14,8 @@
  * compared bitwise after the run.
  *   --slab        the stored layout's scales / biases from one huge-page arena, as the synthetic store's slabs
  *                 (alone, arrays below 2 MB stay on 4 KB pages: that handicaps the stored layout, NOTES (ae))
- *   --var L:PF,.. variants: s (stored) / i (interleaved) / r (read), prefetch bytes of codes ahead (0: none);
+ *   --var L:PF[:K],.. variants: s (stored) / i (interleaved) / r (read), prefetch bytes of codes ahead (0: none),
+ *                 K the Q4 int8 kernel (tern__cpu_q4_seq_set: 0 4-row, 1 one-row default, 2 T0 prefetch, 3 8 chains);
  *                 default s:8192,i:8192,s:0,i:0,r; --mask M picks a subset (bit i = the i-th)
  *   --tokens N    passes over the whole sequence per variant and pair (default 3)
  * `vs 1st`: the median (and quartiles) over pairs of each variant's GB/s over the first variant's in the same
@@ -134,6 +135,7 @@ static int cmp_d(const void *a, const void *b) {
 static int NV = 5;
 static char vl[NV_MAX] = {'s', 'i', 's', 'i', 'r'};
 static long vpf[NV_MAX] = {8192, 8192, 0, 0, 0};
+static int vk[NV_MAX] = {-1, -1, -1, -1, -1, -1, -1, -1}; /* Q4 int8 kernel: tern__cpu_q4_seq_set (-1: TERN_CPU_Q4_SEQ) */
 static char vn[NV_MAX][24];
 
 int main(int argc, char **argv) {
@@ -149,6 +151,7 @@ int main(int argc, char **argv) {
             for (char *q = argv[++i]; *q && NV < NV_MAX;) {
                 vl[NV] = *q++;
                 vpf[NV] = *q == ':' ? strtol(q + 1, &q, 10) : 0;
+                vk[NV] = *q == ':' ? (int)strtol(q + 1, &q, 10) : -1;
                 NV++;
                 if (*q == ',') q++;
                 else break;
@@ -190,13 +193,15 @@ int main(int argc, char **argv) {
     rd_job rj = {.k = k};
     printf("isa %s, threads %d, q%d g64 int8, dims H %d KV %d I %d L %d V %d, %.1f MB per layout\n", tern_cpu_isa_name(),
            nth ? nth : tern_cpu_count(), bits, H, KV, I, L, V, tot_bytes / 1e6);
-    for (int vi = 0; vi < NV; vi++) snprintf(vn[vi], sizeof vn[vi], vl[vi] == 'r' ? "read" : "%s-pf%ld", vl[vi] == 'i' ? "il" : "sep", vpf[vi]);
+    for (int vi = 0; vi < NV; vi++)
+        snprintf(vn[vi], sizeof vn[vi], vl[vi] == 'r' ? "read" : "%s-pf%ld-k%d", vl[vi] == 'i' ? "il" : "sep", vpf[vi], vk[vi]);
     double r[NV_MAX][256], g[NV_MAX][256], pg[256], rel[NV_MAX][256];
     for (int p = -1; p < pairs; p++) {
         double probe = tern_membw_run(bw);
         for (int q = 0; q < NV; q++) {
             int vi = (q + (p < 0 ? 0 : p)) % NV;
             if (!(want >> vi & 1)) continue;
+            tern__cpu_q4_seq_set(vk[vi]);
             double t0 = tern_time_s();
             for (int it = 0; it < ntok; it++)
             for (int i = 0; i < nm; i++) {

@@ -29,7 +29,8 @@
  * scales), --int8, --threads N, --pairs P, --only tok,one,.. (a subset), --gap-us U (default
  * 100). --cfg NR:PF:X4,..: A/B inside one process — rows per GEMV call (0: the kernel table's
  * default; tern__cpu_dec_nr_set), prefetch bytes (-1: default; tern__cpu_gemv_pf_set), the
- * former 4-row BF16 kernel (1 on, 0 off, -1 TERN_CPU_BF16_X4; tern__cpu_bf16_x4_set).
+ * former 4-row BF16 kernel (1 on, 0 off, -1 TERN_CPU_BF16_X4; tern__cpu_bf16_x4_set); an optional 4th field
+ * NR:PF:X4:Q4 picks the Q4 int8 kernel (tern__cpu_q4_seq_set, TERN_CPU_Q4_SEQ's values; -1: the env).
  *   make build/bench_seq && build/bench_seq --model llama3-1b --tokens 3 --only tok,model,read --cfg 4:-1:1,0:-1:0
  */
 #include "backend/cpu/cpu.h"
@@ -130,6 +131,7 @@ static void gap(const float *buf, int us) { /* single-threaded work between call
 static int cnr[MAXCFG] = {0}, ncfg = 1;
 static long cpf[MAXCFG] = {-1};
 static int cx4[MAXCFG] = {-1};
+static int cq4[MAXCFG] = {-1, -1, -1, -1, -1, -1}; /* Q4 int8 kernel (tern__cpu_q4_seq_set; -1: TERN_CPU_Q4_SEQ) */
 
 int main(int argc, char **argv) {
     int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, gap_us = 100;
@@ -152,6 +154,7 @@ int main(int argc, char **argv) {
                 cnr[ncfg] = (int)strtol(q, &q, 10);
                 cpf[ncfg] = *q == ':' ? strtol(q + 1, &q, 10) : -1;
                 cx4[ncfg] = *q == ':' ? (int)strtol(q + 1, &q, 10) : -1;
+                cq4[ncfg] = *q == ':' ? (int)strtol(q + 1, &q, 10) : -1;
                 ncfg++;
                 if (*q == ',') q++;
                 else break;
@@ -265,6 +268,7 @@ int main(int argc, char **argv) {
             tern__cpu_dec_nr_set(cnr[ci]);
             tern__cpu_gemv_pf_set(cpf[ci]);
             tern__cpu_bf16_x4_set(cx4[ci]);
+            tern__cpu_q4_seq_set(cq4[ci]);
             double t0 = tern_time_s();
             double dt = -1;
             if (vi == V_FRESH) { /* tern bench's floor probe: a fresh 1 GiB buffer, best of 3 */
@@ -317,7 +321,9 @@ int main(int argc, char **argv) {
             kg[xi][p] = g;
             r[xi][p] = g / probe;
             pg[p] = probe;
-            printf("csv,%s,%d,%ld,%d,%.2f,%.2f,%.3f\n", vname[vi], cnr[ci], cpf[ci], p, g, probe, g / probe);
+            char vtag[32]; /* with several --cfg: variant.cN (N = the cfg's index) */
+            snprintf(vtag, sizeof vtag, ncfg > 1 ? "%s.c%d" : "%s", vname[vi], ci);
+            printf("csv,%s,%d,%ld,%d,%.2f,%.2f,%.3f\n", vtag, cnr[ci], cpf[ci], p, g, probe, g / probe);
         }
     }
     qsort(pg, (size_t)pairs, sizeof *pg, cmp_d);
