@@ -128,9 +128,9 @@ TEST(gemv_int8_bound) {
     tern_backend_cpu_set_int8(fast, 1);
     static const int gss[] = {32, 64, 128};
     double worst_rel = 0;
-    /* Q4 int8 (TERN_CPU_Q4_SEQ): 3 one row with 8 chains (experiment), 2 one row with the L2 prefetch (bitwise the
-     * default, checked below), 1 one row with the L1 prefetch (default), 0 the 4-row kernel */
-    for (int seq = 3; seq >= 0; seq--)
+    /* Q4 int8 (TERN_CPU_Q4_SEQ): 2 one row with the L2 prefetch (bitwise the default, checked below), 1 one row
+     * with the L1 prefetch (default), 0 the 4-row kernel */
+    for (int seq = 2; seq >= 0; seq--)
     for (int bits = 4; bits <= 8; bits += 4)
         for (size_t g = 0; g < TERN_ARRAY_LEN(gss); g++) {
             tern__cpu_q4_seq_set(seq);

@@ -20,8 +20,9 @@
  *     code midpoint C (8 or 128), computed as s·d·Σq·xq + b·Σx + C·s·Σ(x − x̂). So
  *     |y − y_exact| ≤ ½ Σ_g d_g · Σ_{t∈g} |s_g|·|q_t − C| (+ f32 rounding); ~0.1% relative
  *     L2 on random data. test_kern_gemv checks every output against that bound. Q4_I8 reads
- *     rows one at a time with 4 accumulator chains (k_q4i8r; TERN_CPU_Q4_SEQ=0: k_q4i8).
- * Opt-outs for before/after A/B: TERN_CPU_BF16_X4=1 (4-row BF16), TERN_CPU_Q4_SEQ=0 (4-row Q4_I8).
+ *     rows one at a time with 4 accumulator chains and an L1 prefetch (k_q4i8r; TERN_CPU_Q4_SEQ=0: k_q4i8).
+ * Opt-outs for before/after A/B: TERN_CPU_BF16_X4=1 (4-row BF16), TERN_CPU_Q4_SEQ=0 (4-row Q4_I8), TERN_CPU_Q4_SEQ=2
+ * (one-row Q4_I8 with the former L2 prefetch).
  */
 #include "backend/cpu/kern.h"
 
@@ -433,15 +434,16 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
 }
 
-/* Q4_I8 one row at a time with CH (4) accumulator chains (128-input chunk u of every 128·CH inputs into tot[u]): one
+/* Q4_I8 one row at a time with 4 accumulator chains (128-input chunk u of every 512 inputs into tot[u]): one
  * weight stream per thread (k_q4i8 reads 4 rows a row apart) with about the ILP of 4 rows (one row and one
  * chain ran ~30 % slower from L2). The default for every NR, so a row's result does not depend on NR;
  * llama3-1b q4 int8 decode ~35 -> ~38.6 tok/s median, 3 of 4 interleaved rounds (NOTES (ac)).
  * The code prefetch goes to L1 (T0), unlike the other kernels' L2 (PF): the GEMV sequence of llama3-1b streamed
  * +17-24 % faster, paired, 1 and 2 threads (bench_layout, NOTES (ae)); only the access order changes, not the sums.
+ * In the model +9 % (bench_seq, 120 pairs; `tern bench` could not resolve it on this box). 8 chains gained nothing.
  * TERN_CPU_Q4_SEQ=0 or tern__cpu_q4_seq_set(0): k_q4i8 (4 rows per pass; its sum order differs); 2: the L2 (T1)
- * prefetch of sessions 19-20 (bitwise the same results); 3: 8 chains with T0 (an experiment, sums differ). */
-AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int T0, const int CH) {
+ * prefetch of sessions 19-20 (bitwise the same results, for A/B). */
+AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int T0) {
     const ptrdiff_t pfd = gx->pf_data;
     const int gs = gx->gs, in = gx->in;
     const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
@@ -449,17 +451,15 @@ AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, 
     float sc[CPU_MAX_GROUPS + 16];
     for (int r = 0; r < NR; r++) {
         pf_groups(gx, rw + r, 1, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
-        __m512 tot[8];
-        _Pragma("GCC unroll 8")
-        for (int u = 0; u < 8; u++) tot[u] = _mm512_setzero_ps();
+        __m512 tot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         __m512 bs = _mm512_setzero_ps();
         for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
             int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
             bs = _mm512_add_ps(bs, grp_i8(&rw[r], j0 / gs, ng, gx, sc));
             int c = 0;
-            for (; c + 128 * CH <= len; c += 128 * CH) {
-                _Pragma("GCC unroll 8")
-                for (int u = 0; u < CH; u++) {
+            for (; c + 512 <= len; c += 512) {
+                _Pragma("GCC unroll 4")
+                for (int u = 0; u < 4; u++) {
                     const int cc = c + 128 * u;
                     const uint8_t *src = rw[r].data + ((size_t)(j0 + cc) >> 1);
                     if (T0) _mm_prefetch((const char *)src + pfd, _MM_HINT_T0);
@@ -485,20 +485,13 @@ AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, 
                 tot[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), ds, tot[0]);
             }
         }
-        if (CH == 8) {
-            tot[0] = _mm512_add_ps(tot[0], tot[4]), tot[1] = _mm512_add_ps(tot[1], tot[5]);
-            tot[2] = _mm512_add_ps(tot[2], tot[6]), tot[3] = _mm512_add_ps(tot[3], tot[7]);
-        }
         y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(tot[0], tot[1]), _mm512_add_ps(tot[2], tot[3]))) +
                _mm512_reduce_add_ps(bs);
     }
 }
 
-static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 1, 4); }
-static void k_q4i8r_v(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, int v) {
-    if (v == 2) k_q4i8r_t(gx, rw, y, NR, 0, 4);
-    else k_q4i8r_t(gx, rw, y, NR, 1, 8);
-}
+static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 1); }
+static void k_q4i8r_l2(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 0); }
 
 #define KCASE(K, fn) \
     case K: \
@@ -510,13 +503,13 @@ static void k_q4i8r_v(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int 
 
 #define Q8I8(n) (bc ? k_q8i8(gx, rows, y, n, 1) : k_q8i8(gx, rows, y, n, 0))
 
-static _Atomic int q4_seq = -1; /* k_q4i8r (default) or k_q4i8 */
+static _Atomic int q4_seq = -1; /* 1 k_q4i8r (default), 0 k_q4i8, 2 k_q4i8r with the L2 prefetch */
 void tern__cpu_q4_seq_set(int on) { q4_seq = on < 0 ? -1 : on; }
 static int q4_seq_on(void) {
     int v = q4_seq;
     if (v < 0) {
         const char *e = getenv("TERN_CPU_Q4_SEQ");
-        v = e && *e >= '0' && *e <= '3' ? *e - '0' : 1;
+        v = e && *e >= '0' && *e <= '2' ? *e - '0' : 1;
         q4_seq = v;
     }
     return v;
@@ -542,8 +535,7 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
         rows += 4, y += 4, nr -= 4;
     }
     if (gx->kind == CPU_GX_Q4_I8 && q4_seq_on()) {
-        int v = q4_seq_on();
-        if (v > 1) k_q4i8r_v(gx, rows, y, nr, v);
+        if (q4_seq_on() == 2) k_q4i8r_l2(gx, rows, y, nr);
         else k_q4i8r(gx, rows, y, nr);
         return;
     }
