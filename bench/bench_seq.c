@@ -21,12 +21,16 @@
  *         (GB/s as it reports them); fresh1: a fresh buffer of the paired probe's size, one pass;
  *   model --model PRESET: the real model (synthetic weights, same backend) decoding --tokens
  *         tokens through tern_generate, timed as tern bench does (GB/s from tok's bytes).
+ *   modelil (with --model and a Q --fmt): a second copy of that model loaded with tern__cpu_qil_set(1), its 2-D
+ *         Q matrices row-interleaved (TERN_CPU_QIL=1), the same weights; model vs modelil is the layout A/B.
+ *   tokil (Q --fmt) tok over row-interleaved copies of the same matrices (upload_weight with tern__cpu_qil_set(1)).
  * GB/s counts weight bytes (+ Q scales/biases) per token × --tokens. Geometry: --dims
  * H,KV,I,L,V (default llama3-1b 2048,512,8192,16,128256); --fmt bf16|q8|q4 (group 64, BF16
  * scales), --int8, --threads N, --pairs P, --only tok,one,.. (a subset), --gap-us U (default
  * 100). --cfg NR:PF:X4,..: A/B inside one process — rows per GEMV call (0: the kernel table's
  * default; tern__cpu_dec_nr_set), prefetch bytes (-1: default; tern__cpu_gemv_pf_set), the
- * former 4-row BF16 kernel (1 on, 0 off, -1 TERN_CPU_BF16_X4; tern__cpu_bf16_x4_set).
+ * former 4-row BF16 kernel (1 on, 0 off, -1 TERN_CPU_BF16_X4; tern__cpu_bf16_x4_set); an optional 4th field
+ * NR:PF:X4:Q4 picks the Q4 int8 kernel (tern__cpu_q4_seq_set, TERN_CPU_Q4_SEQ's values; -1: the env).
  *   make build/bench_seq && build/bench_seq --model llama3-1b --tokens 3 --only tok,model,read --cfg 4:-1:1,0:-1:0
  */
 #include "backend/cpu/cpu.h"
@@ -43,9 +47,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
-enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, V_FRESH, V_FRESH1, NVAR };
-static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read", "fresh", "fresh1"};
+enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, V_FRESH, V_FRESH1, V_MODELIL, V_TOKIL, NVAR };
+static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read", "fresh", "fresh1", "modelil", "tokil"};
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_u64(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
@@ -53,6 +58,27 @@ static uint64_t next_u64(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng <
 static tern_dtype fdt = TERN_DT_BF16;
 static int fbits;
 static size_t total_bytes;
+
+/* Arrays below 2 MB (scales, biases) from 2 MB-aligned, huge-page-advised 4 MB slabs, as the synthetic store
+ * carves them (alone they stay on 4 KB pages, which slowed the stored Q layout's scale streams, NOTES (ae)). */
+static void *small_alloc(size_t n) {
+    static uint8_t *slab, *end;
+    void *p;
+    if (n >= ((size_t)2 << 20)) {
+        p = tern_aalloc(n);
+        if (p) tern_advise_huge(p, n);
+    } else {
+        n = (n + 63) & ~(size_t)63;
+        if (!slab || (size_t)(end - slab) < n) {
+            if (posix_memalign((void **)&slab, (size_t)2 << 20, (size_t)4 << 20)) slab = NULL;
+            if (slab) { madvise(slab, (size_t)4 << 20, MADV_HUGEPAGE); end = slab + ((size_t)4 << 20); }
+        }
+        p = slab;
+        if (slab) slab += n;
+    }
+    if (!p) { fprintf(stderr, "bench_seq: out of memory\n"); exit(1); }
+    return p;
+}
 
 /* One matrix in its own allocation(s), like the synthetic store: bf16 words with |w| in
  * [2^-8, 2), or random codes with scale 0.01 / bias -0.05. */
@@ -78,10 +104,7 @@ static void make(tern_tensor *t, int out, int in) {
     total_bytes += db;
     if (fdt != TERN_DT_Q) return;
     size_t ng = (size_t)out * (size_t)in / 64;
-    uint16_t *sc = tern_aalloc(ng * 2), *bi = tern_aalloc(ng * 2);
-    if (!sc || !bi) { fprintf(stderr, "bench_seq: out of memory\n"); exit(1); }
-    tern_advise_huge(sc, ng * 2);
-    tern_advise_huge(bi, ng * 2);
+    uint16_t *sc = small_alloc(ng * 2), *bi = small_alloc(ng * 2);
     for (size_t i = 0; i < ng; i++) { sc[i] = tern_f32_to_bf16(0.01f); bi[i] = tern_f32_to_bf16(-0.05f); }
     t->scales = sc;
     t->biases = bi;
@@ -127,10 +150,11 @@ static void gap(const float *buf, int us) { /* single-threaded work between call
 static int cnr[MAXCFG] = {0}, ncfg = 1;
 static long cpf[MAXCFG] = {-1};
 static int cx4[MAXCFG] = {-1};
+static int cq4[MAXCFG] = {-1, -1, -1, -1, -1, -1}; /* Q4 int8 kernel (tern__cpu_q4_seq_set; -1: TERN_CPU_Q4_SEQ) */
 
 int main(int argc, char **argv) {
     int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, gap_us = 100;
-    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0}, ntok = 1;
+    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0}, ntok = 1;
     const char *preset = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -149,6 +173,7 @@ int main(int argc, char **argv) {
                 cnr[ncfg] = (int)strtol(q, &q, 10);
                 cpf[ncfg] = *q == ':' ? strtol(q + 1, &q, 10) : -1;
                 cx4[ncfg] = *q == ':' ? (int)strtol(q + 1, &q, 10) : -1;
+                cq4[ncfg] = *q == ':' ? (int)strtol(q + 1, &q, 10) : -1;
                 ncfg++;
                 if (*q == ',') q++;
                 else break;
@@ -181,8 +206,22 @@ int main(int argc, char **argv) {
         make(&ly[l].g, I, H); make(&ly[l].u, I, H); make(&ly[l].d, H, I);
     }
     make(&head, V, H);
-    tern_model *model = NULL;
-    tern_kv *kv = NULL;
+    layer *li = NULL; /* tokil: row-interleaved copies */
+    tern_tensor head_il;
+    if (fdt == TERN_DT_Q && want[V_TOKIL]) {
+        li = malloc((size_t)L * sizeof *li);
+        tern__cpu_qil_set(1);
+        for (int l = 0; l < L; l++) {
+            li[l] = ly[l];
+            tern_tensor *ts[7] = {&li[l].q, &li[l].k, &li[l].v, &li[l].o, &li[l].g, &li[l].u, &li[l].d};
+            for (int i = 0; i < 7; i++) if (be->vt->upload_weight(be, ts[i], &err) || !ts[i]->row_il) { fprintf(stderr, "bench_seq: no repack\n"); return 1; }
+        }
+        head_il = head;
+        if (be->vt->upload_weight(be, &head_il, &err) || !head_il.row_il) { fprintf(stderr, "bench_seq: no repack\n"); return 1; }
+        tern__cpu_qil_set(-1);
+    } else want[V_TOKIL] = 0;
+    tern_model *model = NULL, *model_il = NULL;
+    tern_kv *kv = NULL, *kv_il = NULL;
     tern_model_config mcfg;
     tern_weights *ws = NULL;
     int32_t ids[8];
@@ -199,6 +238,14 @@ int main(int argc, char **argv) {
         if (st) { fprintf(stderr, "bench_seq: %s\n", err.msg); return 1; }
         for (int i = 0; i < 8; i++) ids[i] = (i * 7919 + 2) % mcfg.n_vocab;
         want[V_MODEL] = 1;
+        if (fdt == TERN_DT_Q && want[V_MODELIL]) { /* the same weights, repacked row-interleaved on upload */
+            tern__cpu_qil_set(1);
+            st = tern_model_load_from(&model_il, &mcfg, ws, be, &mo, &err);
+            tern__cpu_qil_set(-1);
+            if (!st) st = tern_kv_open(&kv_il, be, &mcfg, &ko, &err);
+            if (st) { fprintf(stderr, "bench_seq: %s\n", err.msg); return 1; }
+            printf("modelil: %.1f MB repacked\n", tern_cpu_qil_bytes() / 1e6);
+        } else want[V_MODELIL] = 0;
     }
     tern_membw *bw = tern_membw_open(0);
     tern_pool *rpool = tern_pool_create(nth);
@@ -221,11 +268,11 @@ int main(int argc, char **argv) {
     vb[V_GAPS] = vb[V_TOK];
     vb[V_ONE] = vb[V_MLP];
     vb[V_HEAD] = wbytes(&head);
-    vb[V_MODEL] = vb[V_TOK];
+    vb[V_MODEL] = vb[V_MODELIL] = vb[V_TOKIL] = vb[V_TOK];
     vb[V_READ] = vb[V_TOK];
     vb[V_FRESH] = (size_t)1 << 30;
     vb[V_FRESH1] = tern_membw_bytes(bw);
-    for (int vi = 0; vi < V_FRESH; vi++) vb[vi] *= (size_t)ntok;
+    for (int vi = 0; vi < NVAR; vi++) if (vi != V_FRESH && vi != V_FRESH1) vb[vi] *= (size_t)ntok;
     printf("isa %s, threads %d, %s%s, dims H %d KV %d I %d L %d V %d, %.1f MB of weights, probe %zu MiB, gap %d us\n",
            tern_cpu_isa_name(), nth ? nth : tern_cpu_count(), fdt == TERN_DT_BF16 ? "bf16" : fbits == 8 ? "q8g64" : "q4g64",
            int8 ? " int8" : "", H, KV, I, L, V, total_bytes / 1e6, tern_membw_bytes(bw) >> 20, gap_us);
@@ -240,6 +287,7 @@ int main(int argc, char **argv) {
             tern__cpu_dec_nr_set(cnr[ci]);
             tern__cpu_gemv_pf_set(cpf[ci]);
             tern__cpu_bf16_x4_set(cx4[ci]);
+            tern__cpu_q4_seq_set(cq4[ci]);
             double t0 = tern_time_s();
             double dt = -1;
             if (vi == V_FRESH) { /* tern bench's floor probe: a fresh 1 GiB buffer, best of 3 */
@@ -250,10 +298,12 @@ int main(int argc, char **argv) {
                 double g = tern_membw_run(fb);
                 tern_membw_close(fb);
                 dt = g > 0 ? (double)vb[vi] / (g * 1e9) : 1;
-            } else if (vi == V_MODEL) {
+            } else if (vi == V_MODEL || vi == V_MODELIL) {
                 tern_gen_stats st = {0};
-                tern_generate(model, kv, 0, ids, 4, ntok + 1, 0, NULL, 0, NULL, NULL, NULL, NULL, &st, &err);
-                tern_kv_release(kv, 0);
+                tern_model *mm = vi == V_MODEL ? model : model_il;
+                tern_kv *kk = vi == V_MODEL ? kv : kv_il;
+                tern_generate(mm, kk, 0, ids, 4, ntok + 1, 0, NULL, 0, NULL, NULL, NULL, NULL, &st, &err);
+                tern_kv_release(kk, 0);
                 dt = st.t_decode;
             } else for (int it = 0; it < ntok; it++) if (vi == V_READ) {
                 for (int l = 0; l < L; l++) {
@@ -261,8 +311,10 @@ int main(int argc, char **argv) {
                     rd(rpool, &rj, &ly[l].g); rd(rpool, &rj, &ly[l].u); rd(rpool, &rj, &ly[l].d);
                 }
                 rd(rpool, &rj, &head);
-            } else if (vi == V_TOK || vi == V_GAPS) {
+            } else if (vi == V_TOK || vi == V_GAPS || vi == V_TOKIL) {
                 int gu = vi == V_GAPS ? gap_us : 0;
+                layer *ly0 = ly;
+                if (vi == V_TOKIL) ly = li;
                 for (int l = 0; l < L; l++) {
                     const tern_tensor *w3[3] = {&ly[l].q, &ly[l].k, &ly[l].v};
                     float *y3[3] = {yq, yk, yv};
@@ -275,7 +327,8 @@ int main(int argc, char **argv) {
                     be->vt->matmul_add(be, res, x, 1, &ly[l].d); /* x: its first H of I inputs stand in */
                 }
                 gap(gbuf, gu);
-                be->vt->matmul(be, logits, x, 1, &head);
+                be->vt->matmul(be, logits, x, 1, vi == V_TOKIL ? &head_il : &head);
+                ly = ly0;
             } else if (vi == V_MLP) {
                 for (int l = 0; l < L; l++) be->vt->matmul_glu(be, ym, x, 1, &ly[l].g, &ly[l].u, TERN_ACT_SILU);
             } else if (vi == V_ONE) {
@@ -287,7 +340,9 @@ int main(int argc, char **argv) {
             kg[xi][p] = g;
             r[xi][p] = g / probe;
             pg[p] = probe;
-            printf("csv,%s,%d,%ld,%d,%.2f,%.2f,%.3f\n", vname[vi], cnr[ci], cpf[ci], p, g, probe, g / probe);
+            char vtag[32]; /* with several --cfg: variant.cN (N = the cfg's index) */
+            snprintf(vtag, sizeof vtag, ncfg > 1 ? "%s.c%d" : "%s", vname[vi], ci);
+            printf("csv,%s,%d,%ld,%d,%.2f,%.2f,%.3f\n", vtag, cnr[ci], cpf[ci], p, g, probe, g / probe);
         }
     }
     qsort(pg, (size_t)pairs, sizeof *pg, cmp_d);
@@ -305,6 +360,8 @@ int main(int argc, char **argv) {
     tern_pool_free(rpool);
     tern_kv_close(kv);
     tern_model_free(model);
+    tern_kv_close(kv_il);
+    tern_model_free(model_il);
     tern_weights_close(ws);
     if (preset) tern_config_free(&mcfg);
     tern_backend_close(be);

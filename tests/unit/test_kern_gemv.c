@@ -128,7 +128,9 @@ TEST(gemv_int8_bound) {
     tern_backend_cpu_set_int8(fast, 1);
     static const int gss[] = {32, 64, 128};
     double worst_rel = 0;
-    for (int seq = 1; seq >= 0; seq--) /* Q4 int8: one row at a time (default), the 4-row kernel (TERN_CPU_Q4_SEQ=0) */
+    /* Q4 int8 (TERN_CPU_Q4_SEQ): 2 one row with the L2 prefetch (bitwise the default, checked below), 1 one row
+     * with the L1 prefetch (default), 0 the 4-row kernel */
+    for (int seq = 2; seq >= 0; seq--)
     for (int bits = 4; bits <= 8; bits += 4)
         for (size_t g = 0; g < TERN_ARRAY_LEN(gss); g++) {
             tern__cpu_q4_seq_set(seq);
@@ -140,6 +142,14 @@ TEST(gemv_int8_bound) {
             float *y0 = calloc((size_t)out, sizeof *y0), *y1 = calloc((size_t)out, sizeof *y1);
             ref->vt->matmul(ref, y0, x, 1, &w.t);
             fast->vt->matmul(fast, y1, x, 1, &w.t);
+            if (seq == 2 && bits == 4) { /* the prefetch hint changes the access order only */
+                float *y2 = calloc((size_t)out, sizeof *y2);
+                tern__cpu_q4_seq_set(1);
+                fast->vt->matmul(fast, y2, x, 1, &w.t);
+                tern__cpu_q4_seq_set(seq);
+                CHECK(!memcmp(y1, y2, (size_t)out * sizeof *y1), "q4 g%d: the L2-prefetch variant differs from the default", gs);
+                free(y2);
+            }
             size_t rb = tern_tensor_row_bytes(&w.t);
             int ng = in / gs, bad = 0;
             for (int o = 0; o < out; o++) {

@@ -20,8 +20,9 @@
  *     code midpoint C (8 or 128), computed as s·d·Σq·xq + b·Σx + C·s·Σ(x − x̂). So
  *     |y − y_exact| ≤ ½ Σ_g d_g · Σ_{t∈g} |s_g|·|q_t − C| (+ f32 rounding); ~0.1% relative
  *     L2 on random data. test_kern_gemv checks every output against that bound. Q4_I8 reads
- *     rows one at a time with 4 accumulator chains (k_q4i8r; TERN_CPU_Q4_SEQ=0: k_q4i8).
- * Opt-outs for before/after A/B: TERN_CPU_BF16_X4=1 (4-row BF16), TERN_CPU_Q4_SEQ=0 (4-row Q4_I8).
+ *     rows one at a time with 4 accumulator chains and an L1 prefetch (k_q4i8r; TERN_CPU_Q4_SEQ=0: k_q4i8).
+ * Opt-outs for before/after A/B: TERN_CPU_BF16_X4=1 (4-row BF16), TERN_CPU_Q4_SEQ=0 (4-row Q4_I8), TERN_CPU_Q4_SEQ=2
+ * (one-row Q4_I8 with the former L2 prefetch).
  */
 #include "backend/cpu/kern.h"
 
@@ -437,8 +438,12 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
  * weight stream per thread (k_q4i8 reads 4 rows a row apart) with about the ILP of 4 rows (one row and one
  * chain ran ~30 % slower from L2). The default for every NR, so a row's result does not depend on NR;
  * llama3-1b q4 int8 decode ~35 -> ~38.6 tok/s median, 3 of 4 interleaved rounds (NOTES (ac)).
- * TERN_CPU_Q4_SEQ=0 or tern__cpu_q4_seq_set(0): k_q4i8 (4 rows per pass; its sum order differs). */
-static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+ * The code prefetch goes to L1 (T0), unlike the other kernels' L2 (PF): the GEMV sequence of llama3-1b streamed
+ * +17-24 % faster, paired, 1 and 2 threads (bench_layout, NOTES (ae)); only the access order changes, not the sums.
+ * In the model +9 % (bench_seq, 120 pairs; `tern bench` could not resolve it on this box). 8 chains gained nothing.
+ * TERN_CPU_Q4_SEQ=0 or tern__cpu_q4_seq_set(0): k_q4i8 (4 rows per pass; its sum order differs); 2: the L2 (T1)
+ * prefetch of sessions 19-20 (bitwise the same results, for A/B). */
+AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int T0) {
     const ptrdiff_t pfd = gx->pf_data;
     const int gs = gx->gs, in = gx->in;
     const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
@@ -457,7 +462,8 @@ static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR
                 for (int u = 0; u < 4; u++) {
                     const int cc = c + 128 * u;
                     const uint8_t *src = rw[r].data + ((size_t)(j0 + cc) >> 1);
-                    PF(src);
+                    if (T0) _mm_prefetch((const char *)src + pfd, _MM_HINT_T0);
+                    else PF(src);
                     __m512i raw = _mm512_loadu_si512(src);
                     __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
                     __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(gx->xq + j0 + cc)),
@@ -469,7 +475,8 @@ static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR
             for (; c < len; c += 128) {
                 const uint8_t *src = rw[r].data + ((size_t)(j0 + c) >> 1);
                 __mmask64 ld = len - c >= 128 ? ~(__mmask64)0 : 0xffffffffull;
-                PF(src);
+                if (T0) _mm_prefetch((const char *)src + pfd, _MM_HINT_T0);
+                else PF(src);
                 __m512i raw = _mm512_maskz_loadu_epi8(ld, src);
                 __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
                 __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(gx->xq + j0 + c)),
@@ -483,6 +490,9 @@ static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR
     }
 }
 
+static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 1); }
+static void k_q4i8r_l2(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 0); }
+
 #define KCASE(K, fn) \
     case K: \
         if (nr == 4) fn(gx, rows, y, 4); \
@@ -493,13 +503,13 @@ static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR
 
 #define Q8I8(n) (bc ? k_q8i8(gx, rows, y, n, 1) : k_q8i8(gx, rows, y, n, 0))
 
-static _Atomic int q4_seq = -1; /* k_q4i8r (default) or k_q4i8 */
-void tern__cpu_q4_seq_set(int on) { q4_seq = on < 0 ? -1 : on != 0; }
+static _Atomic int q4_seq = -1; /* 1 k_q4i8r (default), 0 k_q4i8, 2 k_q4i8r with the L2 prefetch */
+void tern__cpu_q4_seq_set(int on) { q4_seq = on < 0 ? -1 : on; }
 static int q4_seq_on(void) {
     int v = q4_seq;
     if (v < 0) {
         const char *e = getenv("TERN_CPU_Q4_SEQ");
-        v = !(e && *e == '0');
+        v = e && *e >= '0' && *e <= '2' ? *e - '0' : 1;
         q4_seq = v;
     }
     return v;
@@ -525,7 +535,8 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
         rows += 4, y += 4, nr -= 4;
     }
     if (gx->kind == CPU_GX_Q4_I8 && q4_seq_on()) {
-        k_q4i8r(gx, rows, y, nr);
+        if (q4_seq_on() == 2) k_q4i8r_l2(gx, rows, y, nr);
+        else k_q4i8r(gx, rows, y, nr);
         return;
     }
     if (gx->kind == CPU_GX_BF16 && bf16_x4_on()) {
