@@ -120,12 +120,12 @@ static tern_status head_rows(tern_tensor *t, int64_t v0, int64_t vn, tern_error 
             return tern_err(err, TERN_EUNSUPPORTED, "vocabulary-parallel head: row %lld is not on an FP8 block of %d rows",
                             (long long)v0, t->blk_rows);
         t->scales = (const uint8_t *)t->scales + (size_t)(v0 / t->blk_rows) * (size_t)tern_tensor_fp8_scale_cols(t) * 4;
-    } else if (t->dtype == TERN_DT_Q) { /* row_il: the CPU backend's row-interleaved copy, every pointer steps a row block */
-        size_t sr = t->row_il ? t->row_il : (size_t)(t->shape[1] / t->group_size) * tern_dtype_size(t->sdtype);
+    } else if (t->dtype == TERN_DT_Q) {
+        size_t sr = (size_t)(t->shape[1] / t->group_size) * tern_dtype_size(t->sdtype);
         t->scales = (const uint8_t *)t->scales + (size_t)v0 * sr;
         t->biases = (const uint8_t *)t->biases + (size_t)v0 * sr;
     }
-    t->data = (const uint8_t *)t->data + (size_t)v0 * (t->row_il ? t->row_il : tern_tensor_row_bytes(t));
+    t->data = (const uint8_t *)t->data + (size_t)v0 * tern_tensor_row_bytes(t);
     t->shape[0] = vn;
     return TERN_OK;
 }

@@ -119,10 +119,8 @@ void tern_tensor_row_f32(const tern_tensor *t, int64_t row, float *dst) {
     int64_t ng = in / t->group_size;
     size_t ss = tern_dtype_size(t->sdtype);
     size_t mstride_s = t->mat_stride_s ? t->mat_stride_s : (size_t)(out * ng) * ss;
-    size_t srow = t->row_il ? t->row_il : (size_t)ng * ss; /* row-interleaved (tensor.h): every pointer steps row_il */
-    if (t->row_il) base = (const uint8_t *)t->data + (size_t)r * t->row_il;
-    const uint8_t *sc = (const uint8_t *)t->scales + (size_t)mat * mstride_s + (size_t)r * srow;
-    const uint8_t *bi = (const uint8_t *)t->biases + (size_t)mat * mstride_s + (size_t)r * srow;
+    const uint8_t *sc = (const uint8_t *)t->scales + (size_t)mat * mstride_s + (size_t)(r * ng) * ss;
+    const uint8_t *bi = (const uint8_t *)t->biases + (size_t)mat * mstride_s + (size_t)(r * ng) * ss;
     uint32_t mask = (1u << t->bits) - 1u;
     for (int64_t j = 0; j < in; j++) {
         /* element j occupies bits [j*bits, (j+1)*bits) of the row's little-endian bit stream */

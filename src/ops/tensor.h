@@ -76,11 +76,6 @@ typedef struct tern_tensor {
      * indexer). The CUDA bf16 mode keeps these f32-accurate (x split in hi + lo) when the others
      * run plain bf16 (`--compute bf16`, src/backend/cuda/gemm.c); 0 everywhere else */
     int precise;
-    /* (appended) 0: the stored layout. > 0 (a 2-D TERN_DT_Q matrix the fast CPU backend repacked on upload,
-     * TERN_CPU_QIL=1; src/backend/cpu/cpu_backend.c): every row is one block of row_il bytes — its scales, its
-     * biases, then its codes — rows back to back; data / scales / biases point at row 0's codes / scales /
-     * biases, and row r's are at + r·row_il each (instead of + r·row_bytes and + r·(in/gs)·sizeof scale). */
-    size_t row_il;
 } tern_tensor;
 
 /* Name ("F32", "BF16", "Q"...) and element size in bytes (0 for TERN_DT_Q). */

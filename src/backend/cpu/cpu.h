@@ -29,9 +29,6 @@ const char *tern_cpu_isa_name(void);
 double tern_cpu_membw_probe(size_t bytes);
 size_t tern_membw_default_bytes(void); /* 2 x L3 (sysconf), clamped to [64 MiB, 2 GiB] */
 
-/* Bytes of row-interleaved Q copies the fast CPU backend holds (TERN_CPU_QIL=1; cpu_backend.c), 0 when off. */
-size_t tern_cpu_qil_bytes(void);
-
 /* The same probe as an object, for benchmarks that interleave probe and kernel passes:
  * open allocates and faults in the buffer once; each run is one timed pass (GB/s). */
 typedef struct tern_membw tern_membw;

@@ -97,7 +97,6 @@ static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, const tern_tenso
     tern__cpu_wrow_at(w, 0, o0, &rows[0]);
     size_t rb = tern_tensor_row_bytes(w), sb = 0;
     if (w->dtype == TERN_DT_Q) sb = (size_t)(w->shape[w->ndim - 1] / w->group_size) * tern_dtype_size(w->sdtype);
-    if (w->row_il) rb = sb = w->row_il; /* row-interleaved (tensor.h): every pointer steps one row block */
     for (int i = 1; i < np; i++) {
         rows[i] = rows[i - 1];
         rows[i].data += rb;

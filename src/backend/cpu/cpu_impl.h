@@ -89,7 +89,6 @@ int tern__cpu_matmul_glu(tern_backend *be, float *y, const float *x, int n, cons
                          const tern_tensor *up, int act);
 int tern__cpu_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
 void tern__cpu_dec_set(int on); /* A/B: 0 off, 1 on, -1 back to TERN_CPU_DEC (default on) */
-void tern__cpu_qil_set(int on); /* 1: upload_weight repacks 2-D Q matrices row-interleaved (tensor.h row_il), 0 off, -1 TERN_CPU_QIL */
 void tern__cpu_dec_nr_set(int nr); /* A/B: rows per fused-GEMV pass (0: the table's gemv_pass; -1: TERN_CPU_DEC_NR) */
 /* Sets gx's prefetch distances for matrix w (cpu_matmul.c; TERN_CPU_PF). */
 void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx);

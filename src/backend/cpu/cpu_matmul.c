@@ -56,14 +56,14 @@ void tern__cpu_wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
     size_t rb = tern_tensor_row_bytes(t);
     size_t ms = t->mat_stride ? t->mat_stride : (size_t)out * rb;
     if (t->mat_map) mat = t->mat_map[mat]; /* expert slot view (tensor.h) */
-    r->data = (const uint8_t *)t->data + (size_t)mat * ms + (size_t)o * (t->row_il ? t->row_il : rb);
+    r->data = (const uint8_t *)t->data + (size_t)mat * ms + (size_t)o * rb;
     r->dtype = t->dtype;
     r->scales = r->biases = NULL;
     if (t->dtype == TERN_DT_Q) {
         int64_t ng = in / t->group_size;
         size_t ss = tern_dtype_size(t->sdtype);
         size_t mss = t->mat_stride_s ? t->mat_stride_s : (size_t)(out * ng) * ss;
-        size_t off = (size_t)mat * mss + (t->row_il ? (size_t)o * t->row_il : (size_t)(o * ng) * ss);
+        size_t off = (size_t)mat * mss + (size_t)(o * ng) * ss;
         r->scales = (const uint8_t *)t->scales + off;
         r->biases = (const uint8_t *)t->biases + off;
         r->sdtype = t->sdtype;
@@ -115,10 +115,8 @@ void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx) {
     if (head && want) want = want > 65536 ? want : 65536;
     if (!want || !rb || (w->dtype != TERN_DT_Q && !((pfbf || head) && w->dtype == TERN_DT_BF16))) return;
     int64_t ahead = ((int64_t)((size_t)want + rb - 1) / (int64_t)rb + 3) / 4 * 4;
-    gx->pf_data = (ptrdiff_t)(ahead * (int64_t)(w->row_il ? w->row_il : rb));
-    gx->pf_sb = w->dtype != TERN_DT_Q ? 0
-              : w->row_il ? (ptrdiff_t)(ahead * (int64_t)w->row_il)
-                          : (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
+    gx->pf_data = (ptrdiff_t)(ahead * (int64_t)rb);
+    gx->pf_sb = w->dtype != TERN_DT_Q ? 0 : (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
 }
 
 /* Batch 1 through the ISA's fused GEMV: x prepared once into the thread's buffer, then

@@ -426,15 +426,19 @@ static int be_graph_end(tern_backend *be, int ok) { return tern__cuda_graph_end(
 static void be_graph_reset(tern_backend *be) { tern__cuda_graph_reset(C(be)); }
 
 /* fused decode ops (gemv.cu, fused.cu); 0 = not fused here, the model runs the separate ops */
-static int be_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
-    tern__cuda_w v[3];
-    const tern__cuda_w *pv[3];
-    if (k < 1 || k > 3) return 0;
+/* Views of k 2-D weights (pv[i] = &v[i]) for the fused matmul entry points; 0 when one is not 2-D */
+static int wviews(const tern_tensor *const *w, int k, tern__cuda_w *v, const tern__cuda_w **pv) {
     for (int i = 0; i < k; i++) {
         if (w[i]->ndim != 2) return 0;
         tern__cuda_wview(w[i], &v[i]);
         pv[i] = &v[i];
     }
+    return 1;
+}
+static int be_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
+    tern__cuda_w v[3];
+    const tern__cuda_w *pv[3];
+    if (k < 1 || k > 3 || !wviews(w, k, v, pv)) return 0;
     if (n > 1 && tern__cuda_gemm_n(C(be), k, y, x, n, pv)) return 1; /* gemm.c: plain bf16, many rows */
     return tern__cuda_matmul_n(C(be), k, y, x, n, pv);
 }
@@ -453,12 +457,7 @@ static int be_norm_matmul(tern_backend *be, float *xn, const float *x, const flo
     if (on < 0) on = tern__cuda_env_int("TERN_CUDA_NORM_FUSE", 1) != 0;
     tern__cuda_w v[3];
     const tern__cuda_w *pv[3];
-    if (!on || k < 1 || k > 3 || (act >= 0 && k != 2)) return 0;
-    for (int i = 0; i < k; i++) {
-        if (w[i]->ndim != 2) return 0;
-        tern__cuda_wview(w[i], &v[i]);
-        pv[i] = &v[i];
-    }
+    if (!on || k < 1 || k > 3 || (act >= 0 && k != 2) || !wviews(w, k, v, pv)) return 0;
     const int mode = act < 0 ? G1_PLAIN : act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
     if (n > 1) return !res && tern__cuda_gemm_norm(C(be), xn, x, nw, eps, n, k, y, pv, mode); /* gemm.c: plain bf16 */
     return tern__cuda_norm_matmul(C(be), xn, x, nw, eps, n, k, y, pv, mode, res);
@@ -486,11 +485,7 @@ static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     tern__cuda_w wv[3];
     const tern__cuda_w *pv[3];
     float *const y[3] = {q, k, v};
-    for (int i = 0; i < 3; i++) {
-        if (w[i]->ndim != 2) return 0;
-        tern__cuda_wview(w[i], &wv[i]);
-        pv[i] = &wv[i];
-    }
+    if (!wviews(w, 3, wv, pv)) return 0;
     return tern__cuda_norm_qkv_rope_kv(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
 }
 static int be_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
