@@ -1,8 +1,9 @@
 /*
  * bench_layout.c — issue 2: does a Q int8 decode kernel (k_q4i8r / k_q8i8 through the kernel table's gemv)
  * stream faster when each weight row is one stream — its scales, its biases, then its codes, rows back to
- * back (the row_il layout of tensor.h, TERN_CPU_QIL=1) — than in the stored MLX layout (codes, scales and
- * biases in three arrays: three streams per thread)? NOTES (ae).
+ * back — than in the stored MLX layout (codes, scales and biases in three arrays: three streams per thread)?
+ * NOTES (ae): not in the model, and the backend's opt-in repack (TERN_CPU_QIL) was removed in session 20's
+ * review; this bench lays both layouts out itself.
  *
  * The same random codes / scales / biases are laid out both ways (per tensor, tern_aalloc + tern_advise_huge),
  * llama-shaped (default llama3-1b: per layer q, k, v, o, gate, up, down, then the head). Each pair runs the

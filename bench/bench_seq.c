@@ -21,9 +21,6 @@
  *         (GB/s as it reports them); fresh1: a fresh buffer of the paired probe's size, one pass;
  *   model --model PRESET: the real model (synthetic weights, same backend) decoding --tokens
  *         tokens through tern_generate, timed as tern bench does (GB/s from tok's bytes).
- *   modelil (with --model and a Q --fmt): a second copy of that model loaded with tern__cpu_qil_set(1), its 2-D
- *         Q matrices row-interleaved (TERN_CPU_QIL=1), the same weights; model vs modelil is the layout A/B.
- *   tokil (Q --fmt) tok over row-interleaved copies of the same matrices (upload_weight with tern__cpu_qil_set(1)).
  * GB/s counts weight bytes (+ Q scales/biases) per token × --tokens. Geometry: --dims
  * H,KV,I,L,V (default llama3-1b 2048,512,8192,16,128256); --fmt bf16|q8|q4 (group 64, BF16
  * scales), --int8, --threads N, --pairs P, --only tok,one,.. (a subset), --gap-us U (default
@@ -49,8 +46,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, V_FRESH, V_FRESH1, V_MODELIL, V_TOKIL, NVAR };
-static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read", "fresh", "fresh1", "modelil", "tokil"};
+enum { V_TOK, V_MLP, V_ONE, V_HEAD, V_GAPS, V_MODEL, V_READ, V_FRESH, V_FRESH1, NVAR };
+static const char *const vname[NVAR] = {"tok", "mlp", "one", "head", "gaps", "model", "read", "fresh", "fresh1"};
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_u64(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
@@ -154,7 +151,7 @@ static int cq4[MAXCFG] = {-1, -1, -1, -1, -1, -1}; /* Q4 int8 kernel (tern__cpu_
 
 int main(int argc, char **argv) {
     int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, gap_us = 100;
-    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0}, ntok = 1;
+    int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0}, ntok = 1;
     const char *preset = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -206,22 +203,8 @@ int main(int argc, char **argv) {
         make(&ly[l].g, I, H); make(&ly[l].u, I, H); make(&ly[l].d, H, I);
     }
     make(&head, V, H);
-    layer *li = NULL; /* tokil: row-interleaved copies */
-    tern_tensor head_il;
-    if (fdt == TERN_DT_Q && want[V_TOKIL]) {
-        li = malloc((size_t)L * sizeof *li);
-        tern__cpu_qil_set(1);
-        for (int l = 0; l < L; l++) {
-            li[l] = ly[l];
-            tern_tensor *ts[7] = {&li[l].q, &li[l].k, &li[l].v, &li[l].o, &li[l].g, &li[l].u, &li[l].d};
-            for (int i = 0; i < 7; i++) if (be->vt->upload_weight(be, ts[i], &err) || !ts[i]->row_il) { fprintf(stderr, "bench_seq: no repack\n"); return 1; }
-        }
-        head_il = head;
-        if (be->vt->upload_weight(be, &head_il, &err) || !head_il.row_il) { fprintf(stderr, "bench_seq: no repack\n"); return 1; }
-        tern__cpu_qil_set(-1);
-    } else want[V_TOKIL] = 0;
-    tern_model *model = NULL, *model_il = NULL;
-    tern_kv *kv = NULL, *kv_il = NULL;
+    tern_model *model = NULL;
+    tern_kv *kv = NULL;
     tern_model_config mcfg;
     tern_weights *ws = NULL;
     int32_t ids[8];
@@ -238,14 +221,6 @@ int main(int argc, char **argv) {
         if (st) { fprintf(stderr, "bench_seq: %s\n", err.msg); return 1; }
         for (int i = 0; i < 8; i++) ids[i] = (i * 7919 + 2) % mcfg.n_vocab;
         want[V_MODEL] = 1;
-        if (fdt == TERN_DT_Q && want[V_MODELIL]) { /* the same weights, repacked row-interleaved on upload */
-            tern__cpu_qil_set(1);
-            st = tern_model_load_from(&model_il, &mcfg, ws, be, &mo, &err);
-            tern__cpu_qil_set(-1);
-            if (!st) st = tern_kv_open(&kv_il, be, &mcfg, &ko, &err);
-            if (st) { fprintf(stderr, "bench_seq: %s\n", err.msg); return 1; }
-            printf("modelil: %.1f MB repacked\n", tern_cpu_qil_bytes() / 1e6);
-        } else want[V_MODELIL] = 0;
     }
     tern_membw *bw = tern_membw_open(0);
     tern_pool *rpool = tern_pool_create(nth);
@@ -268,11 +243,11 @@ int main(int argc, char **argv) {
     vb[V_GAPS] = vb[V_TOK];
     vb[V_ONE] = vb[V_MLP];
     vb[V_HEAD] = wbytes(&head);
-    vb[V_MODEL] = vb[V_MODELIL] = vb[V_TOKIL] = vb[V_TOK];
+    vb[V_MODEL] = vb[V_TOK];
     vb[V_READ] = vb[V_TOK];
     vb[V_FRESH] = (size_t)1 << 30;
     vb[V_FRESH1] = tern_membw_bytes(bw);
-    for (int vi = 0; vi < NVAR; vi++) if (vi != V_FRESH && vi != V_FRESH1) vb[vi] *= (size_t)ntok;
+    for (int vi = 0; vi < V_FRESH; vi++) vb[vi] *= (size_t)ntok;
     printf("isa %s, threads %d, %s%s, dims H %d KV %d I %d L %d V %d, %.1f MB of weights, probe %zu MiB, gap %d us\n",
            tern_cpu_isa_name(), nth ? nth : tern_cpu_count(), fdt == TERN_DT_BF16 ? "bf16" : fbits == 8 ? "q8g64" : "q4g64",
            int8 ? " int8" : "", H, KV, I, L, V, total_bytes / 1e6, tern_membw_bytes(bw) >> 20, gap_us);
@@ -298,12 +273,10 @@ int main(int argc, char **argv) {
                 double g = tern_membw_run(fb);
                 tern_membw_close(fb);
                 dt = g > 0 ? (double)vb[vi] / (g * 1e9) : 1;
-            } else if (vi == V_MODEL || vi == V_MODELIL) {
+            } else if (vi == V_MODEL) {
                 tern_gen_stats st = {0};
-                tern_model *mm = vi == V_MODEL ? model : model_il;
-                tern_kv *kk = vi == V_MODEL ? kv : kv_il;
-                tern_generate(mm, kk, 0, ids, 4, ntok + 1, 0, NULL, 0, NULL, NULL, NULL, NULL, &st, &err);
-                tern_kv_release(kk, 0);
+                tern_generate(model, kv, 0, ids, 4, ntok + 1, 0, NULL, 0, NULL, NULL, NULL, NULL, &st, &err);
+                tern_kv_release(kv, 0);
                 dt = st.t_decode;
             } else for (int it = 0; it < ntok; it++) if (vi == V_READ) {
                 for (int l = 0; l < L; l++) {
@@ -311,10 +284,8 @@ int main(int argc, char **argv) {
                     rd(rpool, &rj, &ly[l].g); rd(rpool, &rj, &ly[l].u); rd(rpool, &rj, &ly[l].d);
                 }
                 rd(rpool, &rj, &head);
-            } else if (vi == V_TOK || vi == V_GAPS || vi == V_TOKIL) {
+            } else if (vi == V_TOK || vi == V_GAPS) {
                 int gu = vi == V_GAPS ? gap_us : 0;
-                layer *ly0 = ly;
-                if (vi == V_TOKIL) ly = li;
                 for (int l = 0; l < L; l++) {
                     const tern_tensor *w3[3] = {&ly[l].q, &ly[l].k, &ly[l].v};
                     float *y3[3] = {yq, yk, yv};
@@ -327,8 +298,7 @@ int main(int argc, char **argv) {
                     be->vt->matmul_add(be, res, x, 1, &ly[l].d); /* x: its first H of I inputs stand in */
                 }
                 gap(gbuf, gu);
-                be->vt->matmul(be, logits, x, 1, vi == V_TOKIL ? &head_il : &head);
-                ly = ly0;
+                be->vt->matmul(be, logits, x, 1, &head);
             } else if (vi == V_MLP) {
                 for (int l = 0; l < L; l++) be->vt->matmul_glu(be, ym, x, 1, &ly[l].g, &ly[l].u, TERN_ACT_SILU);
             } else if (vi == V_ONE) {
@@ -360,8 +330,6 @@ int main(int argc, char **argv) {
     tern_pool_free(rpool);
     tern_kv_close(kv);
     tern_model_free(model);
-    tern_kv_close(kv_il);
-    tern_model_free(model_il);
     tern_weights_close(ws);
     if (preset) tern_config_free(&mcfg);
     tern_backend_close(be);

@@ -156,58 +156,6 @@ TEST(decode_rows_per_pass) {
     tern_backend_close(be);
 }
 
-/* The row-interleaved copy (TERN_CPU_QIL=1: upload_weight repacks a 2-D Q matrix, tensor.h row_il) gives
- * bitwise the stored layout's results: matmul through the decode driver and the per-matrix path, exact and
- * int8, embed, and the reference row decoder; free_weight releases it. */
-TEST(decode_row_interleaved) {
-    static const char *isas[] = {"avx512", "avx2", "scalar"};
-    static const int outs[] = {13, 301};
-    for (size_t s = 0; s < TERN_ARRAY_LEN(isas); s++) {
-        if (strcmp(isas[s], "scalar") && !isa_ok(isas[s])) continue;
-        tern_backend *be = kt_open_cpu(isas[s], 2);
-        if (!be) continue;
-        for (size_t f = 1; f < TERN_ARRAY_LEN(fmts); f++)
-            for (size_t o = 0; o < TERN_ARRAY_LEN(outs); o++)
-                for (int in = 512; in <= 2048; in += 1536) {
-                    kt_weight w;
-                    kt_weight_make(&w, fmts[f].dt, fmts[f].bits, fmts[f].gs, fmts[f].sdt, 1, outs[o], in, 0, 300 + f * 10 + o);
-                    tern_tensor t = w.t;
-                    tern_error e = {0};
-                    tern__cpu_qil_set(1);
-                    tern_status st = be->vt->upload_weight(be, &t, &e);
-                    tern__cpu_qil_set(-1);
-                    CHECK(st == TERN_OK && t.row_il == tern_tensor_row_bytes(&w.t) + 2 * (size_t)(in / fmts[f].gs) * tern_dtype_size(fmts[f].sdt),
-                          "%s %s: upload did not repack (row_il %zu)", isas[s], fmts[f].name, t.row_il);
-                    if (!t.row_il) { kt_weight_free(&w); continue; }
-                    float *x = kt_randv((size_t)in, 9 + o, 1.0f), *a = nanv((size_t)outs[o]), *b = nanv((size_t)outs[o]);
-                    for (int int8 = 0; int8 < 2; int8++)
-                        for (int dec = 0; dec < 2; dec++) {
-                            tern_backend_cpu_set_int8(be, int8);
-                            tern__cpu_dec_set(dec);
-                            be->vt->matmul(be, a, x, 1, &w.t);
-                            be->vt->matmul(be, b, x, 1, &t);
-                            CHECK(same(a, b, (size_t)outs[o]), "%s %s %s in=%d out=%d driver %s: interleaved differs", isas[s], fmts[f].name,
-                                  int8 ? "int8" : "exact", in, outs[o], dec ? "on" : "off");
-                        }
-                    tern__cpu_dec_set(-1);
-                    tern_backend_cpu_set_int8(be, 0);
-                    float *ea = nanv((size_t)in * 2), *eb = nanv((size_t)in * 2);
-                    int32_t ids[2] = {outs[o] - 1, 3};
-                    be->vt->embed(be, ea, ids, 2, &w.t, 1.0f);
-                    be->vt->embed(be, eb, ids, 2, &t, 1.0f);
-                    CHECK(same(ea, eb, (size_t)in * 2), "%s %s: embed of the interleaved copy differs", isas[s], fmts[f].name);
-                    tern_tensor_row_f32(&w.t, outs[o] - 1, ea);
-                    tern_tensor_row_f32(&t, outs[o] - 1, eb);
-                    CHECK(same(ea, eb, (size_t)in), "%s %s: tern_tensor_row_f32 of the interleaved copy differs", isas[s], fmts[f].name);
-                    be->vt->free_weight(be, &t);
-                    CHECK(t.row_il == 0 && !t.data, "%s %s: free_weight kept the copy", isas[s], fmts[f].name);
-                    free(x); free(a); free(b); free(ea); free(eb);
-                    kt_weight_free(&w);
-                }
-        tern_backend_close(be);
-    }
-}
-
 TEST(decode_declines) {
     tern_backend *be = kt_open_cpu("avx512", 2);
     if (!be) be = kt_open_cpu("avx2", 2);
@@ -242,7 +190,6 @@ int main(void) {
     }
     RUN(decode_fused_ops_bitwise);
     RUN(decode_rows_per_pass);
-    RUN(decode_row_interleaved);
     RUN(decode_declines);
     return test_done();
 }

@@ -43,61 +43,13 @@ static void *cpu_alloc(tern_backend *be, size_t bytes) { (void)be; return tern_a
 static void cpu_free(tern_backend *be, void *p) { (void)be; tern_afree(p); }
 static void cpu_copy(tern_backend *be, void *dst, const void *src, size_t bytes) { (void)be; if (bytes) memmove(dst, src, bytes); }
 static void cpu_sync(tern_backend *be) { (void)be; }
-/* TERN_CPU_QIL=1 (opt-in, issue 2): a 2-D MLX-quantized matrix is repacked on upload into the row-interleaved
- * layout of tensor.h (row_il: per row its scales, biases, then codes), so each decode thread reads its rows as
- * one sequential stream instead of three (codes, scales, biases). A private copy in 2 MB pages: it costs RAM
- * equal to the matrix (+ its scales and biases) on top of the stored copy, which stays mapped (an mmap'd file's
- * pages are then only page cache; the synthetic / --no-mmap store keeps its copy). Every CPU consumer takes rows
- * through tern__cpu_wrow_at / tern_tensor_row_f32, which honour row_il; kernels and sums are unchanged, so
- * results are bitwise those of the stored layout (test_kern_decode). Measured in bench/NOTES.md (ae). */
-static _Atomic int qil = -1;
-void tern__cpu_qil_set(int on) { qil = on < 0 ? -1 : on != 0; } /* tests / A/B; -1: TERN_CPU_QIL */
-static int qil_on(void) {
-    _Atomic int *const on = &qil;
-    int v = *on;
-    if (v < 0) {
-        const char *e = getenv("TERN_CPU_QIL");
-        v = e && *e == '1';
-        *on = v;
-    }
-    return v;
-}
-static _Atomic size_t qil_bytes; /* bytes of repacked copies alive (tern_cpu_qil_bytes) */
-size_t tern_cpu_qil_bytes(void) { return qil_bytes; }
-
 static tern_status cpu_upload_weight(tern_backend *be, tern_tensor *t, tern_error *err) {
     (void)be;
     tern_status s = tern_cpu_check_weight(t, err);
-    if (s != TERN_OK) return s;
-    t->device = -1;
-    if (qil_on() && t->dtype == TERN_DT_Q && t->ndim == 2 && !t->mat_map && !t->mat_stride && !t->mat_stride_s && !t->row_il) {
-        int64_t out = t->shape[0], in = t->shape[1], ng = in / t->group_size;
-        size_t rb = tern_tensor_row_bytes(t), sr = (size_t)ng * tern_dtype_size(t->sdtype), il = rb + 2 * sr;
-        uint8_t *p = tern_aalloc((size_t)out * il);
-        if (!p) return TERN_OK; /* keep the stored layout */
-        tern_advise_huge(p, (size_t)out * il);
-        for (int64_t o = 0; o < out; o++) {
-            uint8_t *r = p + (size_t)o * il;
-            memcpy(r, (const uint8_t *)t->scales + (size_t)o * sr, sr);
-            memcpy(r + sr, (const uint8_t *)t->biases + (size_t)o * sr, sr);
-            memcpy(r + 2 * sr, (const uint8_t *)t->data + (size_t)o * rb, rb);
-        }
-        t->scales = p;
-        t->biases = p + sr;
-        t->data = p + 2 * sr;
-        t->row_il = il;
-        qil_bytes += (size_t)out * il;
-    }
-    return TERN_OK;
+    if (s == TERN_OK) t->device = -1;
+    return s;
 }
-static void cpu_free_weight(tern_backend *be, tern_tensor *t) {
-    (void)be;
-    if (!t->row_il) return;
-    qil_bytes -= (size_t)t->shape[0] * t->row_il;
-    tern_afree((void *)t->scales); /* the block's start: row 0's scales */
-    t->data = t->scales = t->biases = NULL;
-    t->row_il = 0;
-}
+static void cpu_free_weight(tern_backend *be, tern_tensor *t) { (void)be; (void)t; }
 
 static void cpu_embed(tern_backend *be, float *y, const int32_t *ids, int n, const tern_tensor *emb, float scale) {
     cpu_impl *c = be->impl;
@@ -108,7 +60,7 @@ static void cpu_embed(tern_backend *be, float *y, const int32_t *ids, int n, con
         if (emb->dtype == TERN_DT_F32 || emb->dtype == TERN_DT_Q || emb->dtype == TERN_DT_BF16 || emb->dtype == TERN_DT_F16) {
             /* whole row through the fast decoder (Q: H is a multiple of the group size) */
             cpu_wrow w;
-            tern__cpu_wrow_at(emb, 0, ids[r], &w); /* a 2-D table: matrix 0 (also the row-interleaved layout) */
+            tern__cpu_wrow_at(emb, 0, ids[r], &w); /* a 2-D table: matrix 0 */
             for (int j0 = 0; j0 < (int)H; j0 += CPU_CH) c->k->decode(&w, j0, TERN_MIN(CPU_CH, (int)H - j0), yr + j0);
         } else {
             tern_tensor_row_f32(emb, ids[r], yr);
