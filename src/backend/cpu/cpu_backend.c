@@ -35,6 +35,7 @@ static void cpu_close(tern_backend *be) {
         tern_afree(c->dec_part);
         tern__cpu_glm_free(c->glm);
         free(c);
+        tern__cpu_prof_report(); /* TERN_CPU_PROFILE=1: the per-op table (cpu_prof.c) */
     }
     free(be);
 }
@@ -317,7 +318,7 @@ static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const fl
 }
 
 void tern_backend_cpu_set_int8(tern_backend *be, int on) {
-    if (be && be->vt == &cpu_vt) ((cpu_impl *)be->impl)->int8 = on != 0;
+    if (be && be->vt->close == cpu_close) ((cpu_impl *)be->impl)->int8 = on != 0; /* the profiled copy too */
 }
 
 const char *tern_cpu_isa_name(void) { return tern__cpu_kern_pick()->name; }
@@ -328,7 +329,7 @@ tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *o
     tern_backend *be = calloc(1, sizeof *be);
     cpu_impl *c = calloc(1, sizeof *c);
     if (!be || !c) { free(be); free(c); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
-    be->vt = &cpu_vt;
+    be->vt = tern__cpu_vt_select(&cpu_vt); /* TERN_CPU_PROFILE=1: the timed copy (cpu_prof.c) */
     be->device = -1;
     be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
     if (be->compute == TERN_COMPUTE_BF16X2) be->compute = TERN_COMPUTE_BF16; /* one bf16 mode on the CPU */

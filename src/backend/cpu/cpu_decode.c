@@ -118,6 +118,7 @@ static void dec_task(void *arg, int ith, int nth) {
     cpu_gx gx = j->gx; /* private copy: the prefetch distances are set per matrix */
     float g[CHUNK], u[CHUNK];
     int64_t ch;
+    if (tern__cpu_prof) j->c->dec_part[ith].t0 = tern_time_s();
     while ((ch = claim(j->c, ith, nth)) >= 0) {
         int i = 0;
         while (i + 1 < j->nm && ch >= j->c0[i + 1]) i++;
@@ -137,6 +138,20 @@ static void dec_task(void *arg, int ith, int nth) {
             break;
         }
     }
+    if (tern__cpu_prof) j->c->dec_part[ith].t1 = tern_time_s();
+}
+
+/* TERN_CPU_PROFILE=1: one call's split (x prep, the workers' start after the run began, the spread of the
+ * threads' finishes, the caller's wait after the last) to cpu_prof.c */
+static void prof_call(const cpu_impl *c, int nth, double t0, double t1) {
+    const double t2 = tern_time_s();
+    double wake = 0, lo = c->dec_part[0].t1, hi = lo;
+    for (int t = 1; t < nth; t++) {
+        wake += c->dec_part[t].t0 - t1;
+        lo = TERN_MIN(lo, c->dec_part[t].t1);
+        hi = TERN_MAX(hi, c->dec_part[t].t1);
+    }
+    tern__cpu_prof_dec(t1 - t0, nth > 1 ? wake / (nth - 1) : 0, hi - lo, t2 - hi, nth);
 }
 
 /* TERN_CPU_DEC=0: this driver off (the per-matrix path of cpu_matmul.c and the separate ops
@@ -171,6 +186,7 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
     }
     if ((ep == EP_SILU || ep == EP_GELU) && w[0]->shape[w[0]->ndim - 2] != w[1]->shape[w[1]->ndim - 2]) return 0;
     int in = (int)w[0]->shape[w[0]->ndim - 1];
+    const double tp0 = tern__cpu_prof ? tern_time_s() : 0;
     dec_job j = {.c = c, .k = kk, .ep = ep, .nm = ep == EP_SILU || ep == EP_GELU ? 1 : kk};
     cpu_wrow r0;
     tern__cpu_wrow_at(w[0], 0, 0, &r0);
@@ -187,8 +203,10 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
         if (t >= nth) lo = hi = 0;
         atomic_store(&c->dec_part[t].fb, fb_pack(lo, hi));
     }
+    const double tp1 = tern__cpu_prof ? tern_time_s() : 0;
     if (nth == 1) dec_task(&j, 0, 1);
     else tern_pool_run(c->pool, dec_task, &j);
+    if (tern__cpu_prof) prof_call(c, nth, tp0, tp1);
     return 1;
 }
 

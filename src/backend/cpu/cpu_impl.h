@@ -18,7 +18,8 @@
 /* One thread's range of decode chunks, (front << 32 | back), on its own cache line (cpu_decode.c). */
 typedef struct cpu_dec_part {
     _Atomic uint64_t fb;
-    char pad[56];
+    double t0, t1;             /* TERN_CPU_PROFILE=1: when this thread's share of the run began and ended */
+    char pad[40];
 } cpu_dec_part;
 
 typedef struct cpu_impl {
@@ -106,6 +107,13 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
 void tern__cpu_kv_write_q(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v);
 void tern__cpu_attention_q(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                            const tern_kv_layer *kv, float scale, float softcap);
+
+/* TERN_CPU_PROFILE=1 (cpu_prof.c): the vtable a backend gets (base itself when off), the table printed at
+ * close, the flag the decode driver checks, and the driver's split of one call (seconds). */
+const tern_backend_vt *tern__cpu_vt_select(const tern_backend_vt *base);
+void tern__cpu_prof_report(void);
+extern int tern__cpu_prof;
+void tern__cpu_prof_dec(double prep, double wake, double skew, double tail, int threads);
 
 /* Shared with ref.c (same math in both backends). */
 float tern__gelu_tanh(float x);
