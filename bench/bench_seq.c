@@ -27,7 +27,8 @@
  * 100). --cfg NR:PF:X4,..: A/B inside one process — rows per GEMV call (0: the kernel table's
  * default; tern__cpu_dec_nr_set), prefetch bytes (-1: default; tern__cpu_gemv_pf_set), the
  * former 4-row BF16 kernel (1 on, 0 off, -1 TERN_CPU_BF16_X4; tern__cpu_bf16_x4_set); an optional 4th field
- * NR:PF:X4:Q4 picks the Q4 int8 kernel (tern__cpu_q4_seq_set, TERN_CPU_Q4_SEQ's values; -1: the env).
+ * NR:PF:X4:Q4 picks the Q4 int8 kernel (tern__cpu_q4_seq_set, TERN_CPU_Q4_SEQ's values; -1: the env); a 5th
+ * NR:PF:X4:Q4:S sets session 21's switches as a mask (s21_set below; -1: the env).
  *   make build/bench_seq && build/bench_seq --model llama3-1b --tokens 3 --only tok,model,read --cfg 4:-1:1,0:-1:0
  */
 #include "backend/cpu/cpu.h"
@@ -148,6 +149,14 @@ static int cnr[MAXCFG] = {0}, ncfg = 1;
 static long cpf[MAXCFG] = {-1};
 static int cx4[MAXCFG] = {-1};
 static int cq4[MAXCFG] = {-1, -1, -1, -1, -1, -1}; /* Q4 int8 kernel (tern__cpu_q4_seq_set; -1: TERN_CPU_Q4_SEQ) */
+static int cs21[MAXCFG] = {-1, -1, -1, -1, -1, -1}; /* session 21's switches, a mask (s21_set; -1: their env) */
+
+/* The 5th --cfg field: bit 0 the sample op's argmax (tern__cpu_argmax_set), bit 1 the q|k|v op with rope and the
+ * cache writes inside its run (tern__cpu_qkv_rope_set); -1 leaves both to their environment variables. */
+static void s21_set(int m) {
+    tern__cpu_argmax_set(m < 0 ? -1 : m & 1);
+    tern__cpu_qkv_rope_set(m < 0 ? -1 : (m >> 1) & 1);
+}
 
 int main(int argc, char **argv) {
     int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, gap_us = 100;
@@ -171,6 +180,7 @@ int main(int argc, char **argv) {
                 cpf[ncfg] = *q == ':' ? strtol(q + 1, &q, 10) : -1;
                 cx4[ncfg] = *q == ':' ? (int)strtol(q + 1, &q, 10) : -1;
                 cq4[ncfg] = *q == ':' ? (int)strtol(q + 1, &q, 10) : -1;
+                cs21[ncfg] = *q == ':' ? (int)strtol(q + 1, &q, 10) : -1;
                 ncfg++;
                 if (*q == ',') q++;
                 else break;
@@ -263,6 +273,7 @@ int main(int argc, char **argv) {
             tern__cpu_gemv_pf_set(cpf[ci]);
             tern__cpu_bf16_x4_set(cx4[ci]);
             tern__cpu_q4_seq_set(cq4[ci]);
+            s21_set(cs21[ci]);
             double t0 = tern_time_s();
             double dt = -1;
             if (vi == V_FRESH) { /* tern bench's floor probe: a fresh 1 GiB buffer, best of 3 */

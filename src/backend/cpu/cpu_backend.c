@@ -35,6 +35,7 @@ static void cpu_close(tern_backend *be) {
         tern_afree(c->dec_part);
         tern__cpu_glm_free(c->glm);
         free(c);
+        tern__cpu_prof_report(); /* TERN_CPU_PROFILE=1: the per-op table (cpu_prof.c) */
     }
     free(be);
 }
@@ -108,23 +109,9 @@ typedef struct rope_ctx {
 } rope_ctx;
 
 static void rope_rows(const rope_ctx *a, int r, int h0, int h1) {
-    int half = a->d / 2;
     float cs[256], sn[256]; /* head_dim <= 512 */
-    for (int i = 0; i < half && i < 256; i++) {
-        float th = (float)a->pos[r] * a->inv_freq[i];
-        cs[i] = cosf(th);
-        sn[i] = sinf(th);
-    }
-    for (int h = h0; h < h1; h++) {
-        float *v = a->x + ((size_t)r * a->nh + h) * a->d;
-        for (int i = 0; i < half; i++) {
-            float c = i < 256 ? cs[i] : cosf((float)a->pos[r] * a->inv_freq[i]);
-            float s = i < 256 ? sn[i] : sinf((float)a->pos[r] * a->inv_freq[i]);
-            float p = v[i], q = v[i + half];
-            v[i] = (p * c - q * s) * a->mscale;
-            v[i + half] = (q * c + p * s) * a->mscale;
-        }
-    }
+    tern__cpu_rope_table(a->pos[r], a->inv_freq, a->d, cs, sn);
+    for (int h = h0; h < h1; h++) tern__cpu_rope_head(a->x + ((size_t)r * a->nh + h) * a->d, a->d, a->pos[r], a->inv_freq, cs, sn, a->mscale);
 }
 
 static void rope_task(void *arg, int ith, int nth) {
@@ -252,6 +239,32 @@ static void cpu_copy_cols(tern_backend *be, float *dst, const float *src, int n,
 static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
                            float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res);
 
+/* The sample op: a greedy row with neither bias nor penalties (the decode loop's usual case) takes the kernel
+ * table's argmax, the same answer as the sampler's chain (kern.h; one vector pass over the vocabulary instead
+ * of the reference's scalar one: llama3-1b's 128256 logits ~150 -> ~15 us); other rows go to the chain.
+ * TERN_CPU_ARGMAX=0: every row through the chain (before/after). */
+_Static_assert(TERN_SAMPLE_ERR_MASKED == -1 && TERN_SAMPLE_ERR_NAN == -2 && TERN_SAMPLE_ERR_INF == -3,
+               "kern.h argmax codes");
+static _Atomic int argmax_on = -1;
+void tern__cpu_argmax_set(int on) { argmax_on = on < 0 ? -1 : on != 0; }
+
+static void cpu_sample(tern_backend *be, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
+                       const tern_sample_pair *pairs, void *scratch) {
+    int fast = argmax_on;
+    if (fast < 0) {
+        const char *e = getenv("TERN_CPU_ARGMAX");
+        argmax_on = fast = !(e && e[0] == '0');
+    }
+    const cpu_impl *c = be->impl;
+    for (int r = 0; r < n; r++) {
+        const tern_sample_row *p = &rows[r];
+        if (p->mode != TERN_SAMPLE_DRAW) continue;
+        float *lr = logits + (size_t)r * V;
+        if (fast && c->k->argmax && p->temperature == 0 && !p->n_bias && !p->n_hist) ids[r] = c->k->argmax(lr, V);
+        else tern_sample_op_host(be, ids + r, lr, 1, V, p, pairs, scratch);
+    }
+}
+
 static const tern_backend_vt cpu_vt = {
     .name = "cpu",
     .close = cpu_close,
@@ -281,11 +294,12 @@ static const tern_backend_vt cpu_vt = {
     .route_topk = tern__cpu_route_topk,
     .moe_mlp = tern__cpu_moe_mlp,
     .glm = &tern__cpu_glm_fast_ops, /* GLM-5 ops (glm_fast.c, glm_attn.c) */
-    .sample = tern_sample_op_host, /* the CPU sampler's draw (src/sample/sample_ref.c) */
+    .sample = cpu_sample, /* the CPU sampler's draw (src/sample/sample_ref.c; greedy rows: kern.h argmax) */
     .matmul_n = tern__cpu_matmul_n, /* batch-1 fused ops (cpu_decode.c) */
     .matmul_glu = tern__cpu_matmul_glu,
     .matmul_add = tern__cpu_matmul_add,
     .norm_matmul = cpu_norm_matmul, /* tests only (TERN_CPU_NORM_RES=1) */
+    .norm_qkv_rope_kv = tern__cpu_norm_qkv_rope_kv, /* one decode row: rope and cache writes inside the q|k|v run (cpu_decode.c) */
 };
 
 /* TERN_CPU_NORM_RES=1 (tests only: no speed to gain here): ops.h norm_matmul with its residual fold, by
@@ -317,7 +331,7 @@ static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const fl
 }
 
 void tern_backend_cpu_set_int8(tern_backend *be, int on) {
-    if (be && be->vt == &cpu_vt) ((cpu_impl *)be->impl)->int8 = on != 0;
+    if (be && be->vt->close == cpu_close) ((cpu_impl *)be->impl)->int8 = on != 0; /* the profiled copy too */
 }
 
 const char *tern_cpu_isa_name(void) { return tern__cpu_kern_pick()->name; }
@@ -328,7 +342,7 @@ tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *o
     tern_backend *be = calloc(1, sizeof *be);
     cpu_impl *c = calloc(1, sizeof *c);
     if (!be || !c) { free(be); free(c); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
-    be->vt = &cpu_vt;
+    be->vt = tern__cpu_vt_select(&cpu_vt); /* TERN_CPU_PROFILE=1: the timed copy (cpu_prof.c) */
     be->device = -1;
     be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
     if (be->compute == TERN_COMPUTE_BF16X2) be->compute = TERN_COMPUTE_BF16; /* one bf16 mode on the CPU */

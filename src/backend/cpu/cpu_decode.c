@@ -32,8 +32,25 @@
 
 enum { EP_STORE, EP_ADD, EP_SILU, EP_GELU };
 
+/* The q|k|v op's rope and cache writes inside its run (tern__cpu_norm_qkv_rope_kv): the thread that stores
+ * the last rows of a q head ropes it; of a k head ropes it; the one that completes a KV head's k (roped) and v
+ * writes both into the cache. Counters: rows stored per head (q heads, then k, then v heads), then per KV
+ * head the halves done (2: k roped and v stored). */
+#define ROPE_MAX_HEADS 256
+typedef struct dec_rope {
+    int d, nh, nkv;
+    int32_t pos;
+    const float *inv_freq;
+    float mscale;
+    float cs[256], sn[256];
+    float *kdst, *vdst;        /* the cache slots of this row's position (NULL: not resident, nothing written) */
+    _Atomic int rows[3 * ROPE_MAX_HEADS];
+    _Atomic int kv[ROPE_MAX_HEADS];
+} dec_rope;
+
 typedef struct dec_job {
     cpu_impl *c;
+    dec_rope *rk;              /* NULL, or the q|k|v op's rope and cache writes */
     int k, ep, nm;             /* matrices; chunk spaces (GLU: gate and up share one, nm = 1) */
     const tern_tensor *w[3];
     float *y[3];
@@ -112,12 +129,26 @@ static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, const tern_tenso
     }
 }
 
+/* n rows from o0 of matrix i were stored: rope / cache-write the heads they complete. */
+static void rope_rows_done(dec_rope *rk, float *const *y, int i, int64_t o0, int n) {
+    const int d = rk->d, h = (int)(o0 / d);
+    const int base = i == 0 ? 0 : i == 1 ? rk->nh : rk->nh + rk->nkv;
+    if (atomic_fetch_add(&rk->rows[base + h], n) + n < d) return;
+    if (i < 2) tern__cpu_rope_head(y[i] + (size_t)h * d, d, rk->pos, rk->inv_freq, rk->cs, rk->sn, rk->mscale);
+    if (i == 0 || atomic_fetch_add(&rk->kv[h], 1) + 1 < 2) return;
+    if (rk->kdst) { /* = kv_write: the whole row's heads are contiguous in a slot */
+        memcpy(rk->kdst + (size_t)h * d, y[1] + (size_t)h * d, (size_t)d * sizeof(float));
+        memcpy(rk->vdst + (size_t)h * d, y[2] + (size_t)h * d, (size_t)d * sizeof(float));
+    }
+}
+
 static void dec_task(void *arg, int ith, int nth) {
     dec_job *j = arg;
     const tern_cpu_kern *k = j->c->k;
     cpu_gx gx = j->gx; /* private copy: the prefetch distances are set per matrix */
     float g[CHUNK], u[CHUNK];
     int64_t ch;
+    if (tern__cpu_prof) j->c->dec_part[ith].t0 = tern_time_s();
     while ((ch = claim(j->c, ith, nth)) >= 0) {
         int i = 0;
         while (i + 1 < j->nm && ch >= j->c0[i + 1]) i++;
@@ -128,7 +159,10 @@ static void dec_task(void *arg, int ith, int nth) {
         float *y = j->y[i] + o0;
         int n = (int)(o1 - o0);
         switch (j->ep) {
-        case EP_STORE: memcpy(y, g, (size_t)n * sizeof *y); break;
+        case EP_STORE:
+            memcpy(y, g, (size_t)n * sizeof *y);
+            if (j->rk) rope_rows_done(j->rk, j->y, i, o0, n);
+            break;
         case EP_ADD: for (int r = 0; r < n; r++) y[r] = y[r] + g[r]; break; /* = add(y, y, o) */
         default:
             rows_gemv(k, &gx, j->w[1], o0, o1, u);
@@ -137,6 +171,20 @@ static void dec_task(void *arg, int ith, int nth) {
             break;
         }
     }
+    if (tern__cpu_prof) j->c->dec_part[ith].t1 = tern_time_s();
+}
+
+/* TERN_CPU_PROFILE=1: one call's split (x prep, the workers' start after the run began, the spread of the
+ * threads' finishes, the caller's wait after the last) to cpu_prof.c */
+static void prof_call(const cpu_impl *c, int nth, double t0, double t1) {
+    const double t2 = tern_time_s();
+    double wake = 0, lo = c->dec_part[0].t1, hi = lo;
+    for (int t = 1; t < nth; t++) {
+        wake += c->dec_part[t].t0 - t1;
+        lo = TERN_MIN(lo, c->dec_part[t].t1);
+        hi = TERN_MAX(hi, c->dec_part[t].t1);
+    }
+    tern__cpu_prof_dec(t1 - t0, nth > 1 ? wake / (nth - 1) : 0, hi - lo, t2 - hi, nth);
 }
 
 /* TERN_CPU_DEC=0: this driver off (the per-matrix path of cpu_matmul.c and the separate ops
@@ -161,7 +209,8 @@ static int same_x(const tern_tensor *a, const tern_tensor *b) {
 
 /* Runs the job (k matrices, epilogue ep) when the fused GEMV takes the format; 0 otherwise
  * (nothing written). */
-static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w, float *const *y, const float *x) {
+static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w, float *const *y, const float *x,
+                   dec_rope *rk) {
     cpu_impl *c = be->impl;
     const tern_cpu_kern *k = c->k;
     if (!c->fused || !k->gemv_prep || !c->dec_part || kk < 1 || kk > 3 || !dec_enabled()) return 0;
@@ -171,7 +220,8 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
     }
     if ((ep == EP_SILU || ep == EP_GELU) && w[0]->shape[w[0]->ndim - 2] != w[1]->shape[w[1]->ndim - 2]) return 0;
     int in = (int)w[0]->shape[w[0]->ndim - 1];
-    dec_job j = {.c = c, .k = kk, .ep = ep, .nm = ep == EP_SILU || ep == EP_GELU ? 1 : kk};
+    const double tp0 = tern__cpu_prof ? tern_time_s() : 0;
+    dec_job j = {.c = c, .rk = rk, .k = kk, .ep = ep, .nm = ep == EP_SILU || ep == EP_GELU ? 1 : kk};
     cpu_wrow r0;
     tern__cpu_wrow_at(w[0], 0, 0, &r0);
     if (!k->gemv_prep(&r0, in, c->int8, x, c->xbuf[0], &j.gx)) return 0;
@@ -187,17 +237,19 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
         if (t >= nth) lo = hi = 0;
         atomic_store(&c->dec_part[t].fb, fb_pack(lo, hi));
     }
+    const double tp1 = tern__cpu_prof ? tern_time_s() : 0;
     if (nth == 1) dec_task(&j, 0, 1);
     else tern_pool_run(c->pool, dec_task, &j);
+    if (tern__cpu_prof) prof_call(c, nth, tp0, tp1);
     return 1;
 }
 
 int tern__cpu_gemv1(tern_backend *be, float *y, const float *x, const tern_tensor *w) {
-    return dec_run(be, 1, EP_STORE, &w, &y, x);
+    return dec_run(be, 1, EP_STORE, &w, &y, x, NULL);
 }
 
 int tern__cpu_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
-    return n == 1 && dec_run(be, k, EP_STORE, w, y, x);
+    return n == 1 && dec_run(be, k, EP_STORE, w, y, x, NULL);
 }
 
 int tern__cpu_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,
@@ -205,9 +257,50 @@ int tern__cpu_matmul_glu(tern_backend *be, float *y, const float *x, int n, cons
     if (n != 1 || (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH)) return 0;
     const tern_tensor *w[2] = {gate, up};
     float *ys[2] = {y, NULL};
-    return dec_run(be, 2, act == TERN_ACT_SILU ? EP_SILU : EP_GELU, w, ys, x);
+    return dec_run(be, 2, act == TERN_ACT_SILU ? EP_SILU : EP_GELU, w, ys, x, NULL);
 }
 
 int tern__cpu_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
-    return n == 1 && dec_run(be, 1, EP_ADD, &w, &y, x);
+    return n == 1 && dec_run(be, 1, EP_ADD, &w, &y, x, NULL);
+}
+
+/* ops.h norm_qkv_rope_kv for one row: rmsnorm on the caller (the backend's own op), then the q|k|v run with the
+ * rope and the cache writes of each head done by the thread that completes it (rope_rows_done), so no single-thread
+ * pass follows the run. Bitwise rmsnorm + matmul_n + rope + rope + kv_write: the same kernels and chunks, the
+ * same rope code (cpu_impl.h), the same bytes into the same slots. Declines (0, nothing rotated or written) what
+ * it does not take: several rows, compressed or latent pages, heads that are not a whole number of chunks or
+ * wider than 512, shapes that do not match the heads, formats the driver declines; TERN_CPU_QKV_ROPE=0 (or
+ * tern__cpu_qkv_rope_set(0)) declines everything (the separate ops run: before/after). */
+static _Atomic int qkv_rope_on = -1;
+void tern__cpu_qkv_rope_set(int on) { qkv_rope_on = on < 0 ? -1 : on != 0; }
+
+int tern__cpu_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
+                               float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
+                               const tern_rows *rows, int nh, const float *inv_freq, float mscale) {
+    int on = qkv_rope_on;
+    if (on < 0) {
+        const char *e = getenv("TERN_CPU_QKV_ROPE");
+        qkv_rope_on = on = !(e && !strcmp(e, "0"));
+    }
+    const int d = kv->head_dim, nkv = kv->n_head_kv;
+    if (!on || rows->n != 1 || kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32 || kv->latent) return 0;
+    if (d < 2 || d > 512 || d % 2 || d % CHUNK || nh < 1 || nh > ROPE_MAX_HEADS || nkv < 1 || nkv > ROPE_MAX_HEADS) return 0;
+    for (int i = 0; i < 3; i++)
+        if (w[i]->ndim != 2 || w[i]->shape[0] != (int64_t)(i ? nkv : nh) * d) return 0;
+    dec_rope rk = {.d = d, .nh = nh, .nkv = nkv, .pos = rows->pos[0], .inv_freq = inv_freq, .mscale = mscale};
+    for (int i = 0; i < nh + 2 * nkv; i++) atomic_init(&rk.rows[i], 0);
+    for (int i = 0; i < nkv; i++) atomic_init(&rk.kv[i], 0);
+    tern__cpu_rope_table(rk.pos, inv_freq, d, rk.cs, rk.sn);
+    const int s = rows->slot[0], p = rows->pos[0]; /* as cpu_kv_write */
+    if (s >= 0 && p >= 0 && p / kv->block_size < kv->max_blocks) {
+        const int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
+        if (blk >= 0) {
+            const size_t off = ((size_t)blk * kv->block_size + (size_t)(p % kv->block_size)) * (size_t)nkv * (size_t)d;
+            rk.kdst = (float *)kv->k + off;
+            rk.vdst = (float *)kv->v + off;
+        }
+    }
+    be->vt->rmsnorm(be, xn, x, 1, (int)w[0]->shape[1], nw, eps);
+    float *const ys[3] = {q, k, v};
+    return dec_run(be, 3, EP_STORE, w, ys, xn, &rk);
 }

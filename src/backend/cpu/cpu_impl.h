@@ -18,7 +18,8 @@
 /* One thread's range of decode chunks, (front << 32 | back), on its own cache line (cpu_decode.c). */
 typedef struct cpu_dec_part {
     _Atomic uint64_t fb;
-    char pad[56];
+    double t0, t1;             /* TERN_CPU_PROFILE=1: when this thread's share of the run began and ended */
+    char pad[40];
 } cpu_dec_part;
 
 typedef struct cpu_impl {
@@ -88,8 +89,14 @@ int tern__cpu_matmul_n(tern_backend *be, int k, float *const *y, const float *x,
 int tern__cpu_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,
                          const tern_tensor *up, int act);
 int tern__cpu_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
+int tern__cpu_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
+                               float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
+                               const tern_rows *rows, int nh, const float *inv_freq, float mscale);
+void tern__cpu_qkv_rope_set(int on); /* A/B: 1 the fused op above (default), 0 it declines; -1: TERN_CPU_QKV_ROPE */
 void tern__cpu_dec_set(int on); /* A/B: 0 off, 1 on, -1 back to TERN_CPU_DEC (default on) */
 void tern__cpu_dec_nr_set(int nr); /* A/B: rows per fused-GEMV pass (0: the table's gemv_pass; -1: TERN_CPU_DEC_NR) */
+void tern__cpu_argmax_set(int on); /* A/B: greedy rows of the sample op through kern.h argmax (1, default) or the
+                                    * sampler's chain (0); -1: TERN_CPU_ARGMAX */
 /* Sets gx's prefetch distances for matrix w (cpu_matmul.c; TERN_CPU_PF). */
 void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx);
 
@@ -106,6 +113,36 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
 void tern__cpu_kv_write_q(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v);
 void tern__cpu_attention_q(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                            const tern_kv_layer *kv, float scale, float softcap);
+
+/* TERN_CPU_PROFILE=1 (cpu_prof.c): the vtable a backend gets (base itself when off), the table printed at
+ * close, the flag the decode driver checks, and the driver's split of one call (seconds). */
+const tern_backend_vt *tern__cpu_vt_select(const tern_backend_vt *base);
+void tern__cpu_prof_report(void);
+extern int tern__cpu_prof;
+void tern__cpu_prof_dec(double prep, double wake, double skew, double tail, int threads);
+
+/* rope (cpu_backend.c) and the fused q|k|v op with rope (cpu_decode.c) share these, so that both give the same
+ * bits: the angles' cosines and sines of one position for i < min(d/2, 256), then one head rotated in place
+ * (ops.h rope; i >= 256 recomputes its angle). */
+#include <math.h>
+static inline void tern__cpu_rope_table(int32_t pos, const float *inv_freq, int d, float *cs, float *sn) {
+    for (int i = 0; i < d / 2 && i < 256; i++) {
+        const float th = (float)pos * inv_freq[i];
+        cs[i] = cosf(th);
+        sn[i] = sinf(th);
+    }
+}
+static inline void tern__cpu_rope_head(float *v, int d, int32_t pos, const float *inv_freq, const float *cs,
+                                       const float *sn, float mscale) {
+    const int half = d / 2;
+    for (int i = 0; i < half; i++) {
+        const float c = i < 256 ? cs[i] : cosf((float)pos * inv_freq[i]);
+        const float s = i < 256 ? sn[i] : sinf((float)pos * inv_freq[i]);
+        const float p = v[i], q = v[i + half];
+        v[i] = (p * c - q * s) * mscale;
+        v[i + half] = (q * c + p * s) * mscale;
+    }
+}
 
 /* Shared with ref.c (same math in both backends). */
 float tern__gelu_tanh(float x);

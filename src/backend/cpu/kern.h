@@ -60,6 +60,11 @@ typedef struct tern_cpu_kern {
     void (*axpy)(float *y, float a, const float *x, int n);       /* y += a·x */
     void (*scal)(float *y, float a, int n);                        /* y *= a */
     double (*readsum)(const float *p, size_t n);                   /* bandwidth probe body */
+    /* Greedy pick over x[0, n): the index of the largest value (the lowest index on ties; -inf entries never
+     * count), or -1 when every entry is -inf, -2 / -3 when the first NaN / +inf entry comes before any other of
+     * either: the same answer as the sampler's first pass (src/sample/sample_ref.c tern__sample_draw) at
+     * temperature 0 (the codes are TERN_SAMPLE_ERR_MASKED / _NAN / _INF). */
+    int32_t (*argmax)(const float *x, int n);
     /* Optional (NULL if absent) fused GEMV for 4-bit MLX rows: returns Σ_j W[j]·x[j] over the
      * whole row (in inputs, multiple of 32) with x given in q4 order (cpu_q4_permute). */
     float (*gemv_q4)(const cpu_wrow *w, int in, const float *xq4);

@@ -14,6 +14,7 @@
 #include "backend/cpu/kern.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define PB(b, t) (char)(((t) * (b)) >> 3), (char)((((t) * (b)) >> 3) + 1), (char)0x80, (char)0x80
@@ -205,6 +206,44 @@ static double readsum(const float *p, size_t n) {
     return (double)(_mm256_extract_epi64(s0, 0) ^ _mm256_extract_epi64(s0, 1) ^ _mm256_extract_epi64(s0, 2) ^ _mm256_extract_epi64(s0, 3));
 }
 
+/* As kern_avx512.c's: one (max, first index) lane set over blocks of 8, strictly-larger updates; a block with a
+ * NaN or +inf returns at once (no earlier block had one). */
+static int32_t argmax(const float *x, int n) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), pinf = _mm256_set1_ps(INFINITY);
+    __m256 m = ninf;
+    __m256i ix = _mm256_set1_epi32(-1), c = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i step = _mm256_set1_epi32(8);
+    float tail[8];
+    for (int t = 0; t < n; t += 8) {
+        const float *p = x + t;
+        if (n - t < 8) { /* the tail, -inf beyond n */
+            for (int j = 0; j < 8; j++) tail[j] = t + j < n ? x[t + j] : -INFINITY;
+            p = tail;
+        }
+        const __m256 v = _mm256_loadu_ps(p);
+        const int sp = _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), _mm256_cmp_ps(v, pinf, _CMP_EQ_OQ)));
+        if (sp) {
+            const int j = t + __builtin_ctz((unsigned)sp);
+            return x[j] != x[j] ? -2 : -3;
+        }
+        const __m256 gt = _mm256_cmp_ps(v, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, v, gt);
+        ix = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(ix), _mm256_castsi256_ps(c), gt));
+        c = _mm256_add_epi32(c, step);
+    }
+    float mv[8];
+    int32_t iv[8];
+    _mm256_storeu_ps(mv, m);
+    _mm256_storeu_si256((__m256i *)iv, ix);
+    float mx = -INFINITY;
+    for (int j = 0; j < 8; j++) mx = mv[j] > mx ? mv[j] : mx;
+    if (mx == -INFINITY) return -1;
+    int32_t best = -1;
+    for (int j = 0; j < 8; j++)
+        if (mv[j] == mx && (best < 0 || iv[j] < best)) best = iv[j];
+    return best;
+}
+
 const tern_cpu_kern tern__cpu_kern_avx2 = {
     .name = "avx2",
     .gemv_prep = tern__cpu_gemv_prep_avx2,
@@ -215,6 +254,7 @@ const tern_cpu_kern tern__cpu_kern_avx2 = {
     .axpy = axpy,
     .scal = scal,
     .readsum = readsum,
+    .argmax = argmax,
     .gemm_nr = 16,
     .gemm_mr = 6,
     .gemm_pack = tern__cpu_gemm_pack_avx2,

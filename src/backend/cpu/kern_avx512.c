@@ -18,6 +18,7 @@
 #include "backend/cpu/kern.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 /* vpermb index for 16 codes of b bits: lane t gets bytes o, o+1 (o = t·b/8) in its low half. */
@@ -271,6 +272,54 @@ static float gemv_q4(const cpu_wrow *w, int in, const float *xq) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
+/* Two running (max, first index) lane sets over alternate blocks of 16 (independent chains); a lane takes a
+ * value only when strictly larger, so each lane keeps its first index of its max, and the lowest index among
+ * the lanes that reach the overall max is the first occurrence. A block with a NaN or +inf returns at once:
+ * no earlier block had one. */
+static int32_t argmax(const float *x, int n) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), pinf = _mm512_set1_ps(INFINITY);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512 m0 = ninf, m1 = ninf;
+    __m512i i0 = _mm512_set1_epi32(-1), i1 = i0;
+    __m512i c0 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), c1 = _mm512_add_epi32(c0, step);
+    const __m512i step2 = _mm512_add_epi32(step, step);
+    int t = 0;
+#define ARGMAX_BLOCK(v, m, ix, c, at)                                                                            \
+    do {                                                                                                        \
+        const __mmask16 sp = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v, pinf, _CMP_EQ_OQ); \
+        if (sp) {                                                                                               \
+            const int j = (at) + __builtin_ctz(sp);                                                             \
+            return x[j] != x[j] ? -2 : -3;                                                                      \
+        }                                                                                                       \
+        const __mmask16 gt = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ);                                              \
+        m = _mm512_mask_mov_ps(m, gt, v);                                                                       \
+        ix = _mm512_mask_mov_epi32(ix, gt, c);                                                                  \
+    } while (0)
+    for (; t + 32 <= n; t += 32) {
+        const __m512 v0 = _mm512_loadu_ps(x + t), v1 = _mm512_loadu_ps(x + t + 16);
+        ARGMAX_BLOCK(v0, m0, i0, c0, t);
+        ARGMAX_BLOCK(v1, m1, i1, c1, t + 16);
+        c0 = _mm512_add_epi32(c0, step2);
+        c1 = _mm512_add_epi32(c1, step2);
+    }
+    for (; t < n; t += 16) { /* the tail: masked loads, -inf beyond n */
+        const __mmask16 k = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        const __m512 v = _mm512_mask_loadu_ps(ninf, k, x + t);
+        ARGMAX_BLOCK(v, m0, i0, c0, t);
+        c0 = _mm512_add_epi32(c0, step);
+    }
+#undef ARGMAX_BLOCK
+    const __mmask16 g1 = _mm512_cmp_ps_mask(m1, m0, _CMP_GT_OQ);
+    const __mmask16 e1 = _mm512_cmp_ps_mask(m1, m0, _CMP_EQ_OQ);
+    /* per lane: the larger max, or on a tie the lower index of the two (-1 = none never ties above -inf) */
+    const __m512i lo = _mm512_min_epi32(i0, i1);
+    i0 = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(i0, g1, i1), e1, lo);
+    m0 = _mm512_mask_mov_ps(m0, g1, m1);
+    const float mx = _mm512_reduce_max_ps(m0);
+    if (mx == -INFINITY) return -1;
+    return _mm512_mask_reduce_min_epi32(_mm512_cmp_ps_mask(m0, _mm512_set1_ps(mx), _CMP_EQ_OQ), i0);
+}
+
 const tern_cpu_kern tern__cpu_kern_avx512 = {
     .gemv_q4 = gemv_q4,
     .gemv_prep = tern__cpu_gemv_prep_avx512,
@@ -287,6 +336,7 @@ const tern_cpu_kern tern__cpu_kern_avx512 = {
     .axpy = axpy,
     .scal = scal,
     .readsum = readsum,
+    .argmax = argmax,
     .gemm_nr = 32,
     .gemm_mr = 12,
     .gemm_pack = tern__cpu_gemm_pack_avx512,

@@ -6,6 +6,7 @@
  */
 #include "backend/cpu/kern.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,19 @@ static double readsum_scalar(const float *p, size_t n) {
     return (double)(a0 ^ a1 ^ a2 ^ a3);
 }
 
+static int32_t argmax_scalar(const float *x, int n) {
+    int32_t best = -1;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const float l = x[i];
+        if (l != l) return -2;
+        if (l == -INFINITY) continue;
+        if (l == INFINITY) return -3;
+        if (best < 0 || l > mx) { mx = l; best = i; }
+    }
+    return best;
+}
+
 const tern_cpu_kern tern__cpu_kern_scalar = {
     .name = "scalar",
     .decode = tern__cpu_decode_scalar,
@@ -67,6 +81,7 @@ const tern_cpu_kern tern__cpu_kern_scalar = {
     .axpy = axpy_scalar,
     .scal = scal_scalar,
     .readsum = readsum_scalar,
+    .argmax = argmax_scalar,
 };
 
 const tern_cpu_kern *tern__cpu_kern_pick(void) {

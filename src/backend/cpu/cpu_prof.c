@@ -1,0 +1,340 @@
+/*
+ * cpu_prof.c — the fast CPU backend's per-op profiler (TERN_CPU_PROFILE=1), modelled on the CUDA
+ * backend's TERN_CUDA_PROFILE (src/backend/cuda/prof.c).
+ *
+ * Off (the default) the backend keeps its plain vtable: nothing is wrapped, nothing is timed.
+ * On, tern__cpu_vt_select hands out a copy whose ops are wrapped: each call is timed on the calling
+ * thread with the monotonic clock (CPU ops are synchronous, so that is the op's whole cost, its pool
+ * hand-offs included), summed per op kind — matmuls per weight shape and format — and per step.
+ * A step runs from its first op to the `download` that ends it (the logits, or the id drawn by the
+ * sample op); its phase is the row count its `embed` saw: decode (1 row) or prefill (more). The
+ * table, printed to stderr when the backend closes, gives per decode step (and per prefill step):
+ * calls, µs and the share of the step's wall time, plus "(between ops)" = wall − the ops' sum (the
+ * model driver's host code). The batch-1 driver (cpu_decode.c) adds its own split of the GEMV ops,
+ * reported through tern__cpu_prof_dec: x preparation on the caller, the workers' start latency after
+ * the pool run begins, the spread of the threads' finishing times and the caller's wait after the
+ * last one finished. One profiled backend per process.
+ */
+#include "backend/cpu/cpu_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROF_KINDS 96
+
+int tern__cpu_prof;                    /* read by cpu_decode.c: 1 while a profiled backend exists */
+
+static tern_backend_vt g_vt;           /* the wrapped copy */
+static const tern_backend_vt *g_base;  /* the real ops */
+#define PROF_SAMPLES 4096             /* per-call times kept per kind (decode steps), for the median */
+typedef struct pk {
+    char name[64];
+    double s[2];
+    long n[2];
+    double step_s;
+    long step_n;
+    float *smp;                        /* [PROF_SAMPLES] µs of the decode calls, the first PROF_SAMPLES */
+    int nsmp, step_first;              /* samples kept; index of this step's first sample */
+} pk;
+static pk g_k[PROF_KINDS];
+static int g_nk;
+static int g_in_step, g_phase;         /* phase: 0 decode, 1 prefill (from embed's rows) */
+static int g_depth;                    /* ops called from inside a wrapped op are not counted again */
+static double g_t_step, g_wall[2];
+static long g_steps[2];
+/* the decode driver's split (seconds summed over calls; calls with 2+ threads) */
+static double g_dec[5];
+static long g_dec_calls[2];
+#define DEC_SAMPLES 65536
+static float *g_dec_smp[4];            /* per-call µs of the driver's split: prep, wake, spread, wait */
+static int g_dec_n[4];
+static float *g_pool;                  /* the sample arrays, one allocation made when profiling starts */
+
+static int kind_id(const char *name) {
+    for (int i = 0; i < g_nk; i++)
+        if (!strcmp(g_k[i].name, name)) return i;
+    if (g_nk == PROF_KINDS) return PROF_KINDS - 1; /* overflow bucket */
+    snprintf(g_k[g_nk].name, sizeof g_k[0].name, "%s", name);
+    g_k[g_nk].smp = g_pool ? g_pool + (size_t)g_nk * PROF_SAMPLES : NULL;
+    return g_nk++;
+}
+
+/* The step starts at its embed: what ran before it in the step (the rows' uploads, or a model's loading) is
+ * dropped. */
+static void step_restart(double t) {
+    g_t_step = t;
+    for (int i = 0; i < g_nk; i++) {
+        g_k[i].step_s = 0;
+        g_k[i].step_n = 0;
+        g_k[i].nsmp = g_k[i].step_first;
+    }
+}
+
+/* Folds the step's per-kind sums into its phase. */
+static void step_end(double t) {
+    const int ph = g_phase;
+    g_wall[ph] += t - g_t_step;
+    g_steps[ph]++;
+    for (int i = 0; i < g_nk; i++) {
+        if (ph) g_k[i].nsmp = g_k[i].step_first; /* samples are of decode calls */
+        g_k[i].step_first = g_k[i].nsmp;
+        g_k[i].s[ph] += g_k[i].step_s;
+        g_k[i].n[ph] += g_k[i].step_n;
+        g_k[i].step_s = 0;
+        g_k[i].step_n = 0;
+    }
+    g_in_step = 0;
+}
+
+static double begin(void) {
+    const double t = tern_time_s();
+    g_depth++;
+    if (!g_in_step) { g_in_step = 1; g_t_step = t; g_phase = 1; }
+    return t;
+}
+static void end(double t0, const char *name) {
+    const double t = tern_time_s();
+    if (--g_depth) return;
+    pk *k = &g_k[kind_id(name)];
+    k->step_s += t - t0;
+    k->step_n++;
+    if (k->smp && k->nsmp < PROF_SAMPLES) k->smp[k->nsmp++] = (float)((t - t0) * 1e6);
+}
+
+static void dec_smp(int i, double v) {
+    if (g_dec_smp[i] && g_dec_n[i] < DEC_SAMPLES) g_dec_smp[i][g_dec_n[i]++] = (float)(v * 1e6);
+}
+
+void tern__cpu_prof_dec(double prep, double wake, double skew, double tail, int threads) {
+    if (g_phase) return; /* decode steps only (the driver serves one-row matmuls of prefill steps too: the head) */
+    g_dec[0] += prep;
+    g_dec_calls[0]++;
+    dec_smp(0, prep);
+    if (threads > 1) {
+        g_dec[1] += wake;
+        g_dec[2] += skew;
+        g_dec[3] += tail;
+        g_dec_calls[1]++;
+        dec_smp(1, wake);
+        dec_smp(2, skew);
+        dec_smp(3, tail);
+    }
+}
+
+static int cmp_f(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+/* the q-quantile of n samples (sorted in place); 0 when none */
+static double quant(float *v, int n, double q) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_f);
+    return v[(int)(q * (n - 1) + 0.5)];
+}
+
+static const char *wname(const char *op, const tern_tensor *w, char *buf, size_t n) {
+    int nd = w->ndim;
+    long out = nd >= 2 ? (long)w->shape[nd - 2] : 1, in = nd ? (long)w->shape[nd - 1] : 1;
+    if (w->dtype == TERN_DT_Q) snprintf(buf, n, "%s %ldx%ld q%d/g%d", op, out, in, w->bits, w->group_size);
+    else snprintf(buf, n, "%s %ldx%ld %s", op, out, in, tern_dtype_name(w->dtype));
+    return buf;
+}
+
+#define WRAP0(nm, params, args)                                                                                 \
+    static void p_##nm params {                                                                                 \
+        const double t0 = begin();                                                                              \
+        g_base->nm args;                                                                                        \
+        end(t0, #nm);                                                                                           \
+    }
+WRAP0(rmsnorm, (tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps),
+      (be, y, x, rows, d, w, eps))
+WRAP0(rope, (tern_backend *be, float *x, int n, int nh, int d, const int32_t *pos, const float *f, float ms),
+      (be, x, n, nh, d, pos, f, ms))
+WRAP0(kv_write, (tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v),
+      (be, kv, rows, k, v))
+WRAP0(attention, (tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh, const tern_kv_layer *kv,
+                  float scale, float softcap), (be, out, q, rows, nh, kv, scale, softcap))
+WRAP0(add, (tern_backend *be, float *y, const float *a, const float *b, size_t n), (be, y, a, b, n))
+WRAP0(mul, (tern_backend *be, float *y, const float *a, const float *b, size_t n), (be, y, a, b, n))
+WRAP0(scale, (tern_backend *be, float *y, const float *x, float s, size_t n), (be, y, x, s, n))
+WRAP0(scale_dev, (tern_backend *be, float *y, const float *x, const float *s, size_t n), (be, y, x, s, n))
+WRAP0(gelu_tanh_mul, (tern_backend *be, float *y, const float *g, const float *u, size_t n), (be, y, g, u, n))
+WRAP0(silu_mul, (tern_backend *be, float *y, const float *g, const float *u, size_t n), (be, y, g, u, n))
+WRAP0(softcap, (tern_backend *be, float *y, size_t n, float cap), (be, y, n, cap))
+WRAP0(add_bias, (tern_backend *be, float *y, const float *bias, int n, int d), (be, y, bias, n, d))
+WRAP0(copy_cols, (tern_backend *be, float *dst, const float *src, int n, int w, int ss, int off),
+      (be, dst, src, n, w, ss, off))
+WRAP0(upload, (tern_backend *be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
+WRAP0(route_topk, (tern_backend *be, int32_t *idx, float *wts, const float *lg, int n, int E, int k, int mode,
+                   const float *pes), (be, idx, wts, lg, n, E, k, mode, pes))
+WRAP0(moe_mlp, (tern_backend *be, float *y, const float *x, int n, int H, const int32_t *idx, const float *wts, int k,
+                const tern_tensor *g, const tern_tensor *u, const tern_tensor *d, int act, float *scr),
+      (be, y, x, n, H, idx, wts, k, g, u, d, act, scr))
+WRAP0(sample, (tern_backend *be, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
+               const tern_sample_pair *pairs, void *scratch), (be, ids, logits, n, V, rows, pairs, scratch))
+
+static void p_embed(tern_backend *be, float *y, const int32_t *ids, int n, const tern_tensor *e, float s) {
+    const double t0 = begin();
+    step_restart(t0);
+    g_phase = n > 1;
+    g_base->embed(be, y, ids, n, e, s);
+    end(t0, "embed");
+}
+static void p_download(tern_backend *be, void *dst, const void *src, size_t bytes) {
+    const double t0 = begin();
+    g_base->download(be, dst, src, bytes);
+    end(t0, "download");
+    step_end(tern_time_s());
+}
+static void p_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
+    char nm[64];
+    const double t0 = begin();
+    g_base->matmul(be, y, x, n, w);
+    end(t0, wname(n == 1 ? "matmul n=1" : "matmul n>1", w, nm, sizeof nm));
+}
+static void p_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e) {
+    char nm[64];
+    const double t0 = begin();
+    g_base->matmul_expert(be, y, x, n, w, e);
+    end(t0, wname("matmul_expert", w, nm, sizeof nm));
+}
+static int p_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
+    char nm[64];
+    const double t0 = begin();
+    int r = g_base->matmul_n(be, k, y, x, n, w);
+    end(t0, r ? wname(k == 3 ? "matmul_n q|k|v" : "matmul_n", w[0], nm, sizeof nm) : "(matmul_n refused)");
+    return r;
+}
+static int p_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *g, const tern_tensor *u,
+                        int act) {
+    char nm[64];
+    const double t0 = begin();
+    int r = g_base->matmul_glu(be, y, x, n, g, u, act);
+    end(t0, r ? wname("matmul_glu (gate)", g, nm, sizeof nm) : "(matmul_glu refused)");
+    return r;
+}
+static int p_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
+    char nm[64];
+    const double t0 = begin();
+    int r = g_base->matmul_add(be, y, x, n, w);
+    end(t0, r ? wname("matmul_add", w, nm, sizeof nm) : "(matmul_add refused)");
+    return r;
+}
+static int p_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                         float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res) {
+    char nm[64];
+    const double t0 = begin();
+    int r = g_base->norm_matmul(be, xn, x, nw, eps, n, k, y, w, act, res);
+    end(t0, r ? wname(act >= 0 ? "norm_matmul glu" : k == 3 ? "norm_matmul q|k|v" : "norm_matmul", w[0], nm, sizeof nm)
+              : "(norm_matmul refused)");
+    return r;
+}
+static int p_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
+                           const float *v, int nh, const float *f, float ms) {
+    const double t0 = begin();
+    int r = g_base->rope_kv_write(be, kv, rows, q, k, v, nh, f, ms);
+    end(t0, r ? "rope_kv_write" : "(rope_kv_write refused)");
+    return r;
+}
+static int p_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q, float *k,
+                              float *v, const tern_tensor *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                              const float *inv_freq, float mscale) {
+    char nm[64];
+    const double t0 = begin();
+    int r = g_base->norm_qkv_rope_kv(be, xn, x, nw, eps, q, k, v, w, kv, rows, nh, inv_freq, mscale);
+    end(t0, r ? wname("norm_qkv_rope_kv", w[0], nm, sizeof nm) : "(norm_qkv_rope_kv refused)");
+    return r;
+}
+static int p_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
+                         const float *sc) {
+    const double t0 = begin();
+    int r = g_base->rmsnorm_add(be, x, h, rows, d, w, eps, sc);
+    end(t0, r ? "rmsnorm_add" : "(rmsnorm_add refused)");
+    return r;
+}
+
+const tern_backend_vt *tern__cpu_vt_select(const tern_backend_vt *base) {
+    const char *e = getenv("TERN_CPU_PROFILE");
+    if (!(e && e[0] == '1') || g_base) return base; /* off, or a profiled backend exists already */
+    g_vt = *base;
+    g_base = base;
+    tern__cpu_prof = 1;
+    g_pool = malloc(sizeof(float) * ((size_t)PROF_KINDS * PROF_SAMPLES + 4 * (size_t)DEC_SAMPLES));
+    for (int i = 0; g_pool && i < 4; i++) g_dec_smp[i] = g_pool + (size_t)PROF_KINDS * PROF_SAMPLES + (size_t)i * DEC_SAMPLES;
+#define SET(nm) g_vt.nm = g_vt.nm ? p_##nm : NULL
+    SET(rmsnorm); SET(rope); SET(kv_write); SET(attention); SET(add); SET(mul); SET(scale); SET(scale_dev);
+    SET(gelu_tanh_mul); SET(silu_mul); SET(softcap); SET(add_bias); SET(copy_cols); SET(embed); SET(upload);
+    SET(route_topk); SET(moe_mlp); SET(sample); SET(matmul); SET(matmul_expert); SET(matmul_n); SET(matmul_glu);
+    SET(matmul_add); SET(norm_matmul); SET(rope_kv_write); SET(norm_qkv_rope_kv); SET(rmsnorm_add); SET(download);
+#undef SET
+    return &g_vt;
+}
+
+static int g_sort_ph;
+static int by_time(const void *a, const void *b) {
+    const int *x = a, *y = b;
+    double d = g_k[*y].s[g_sort_ph] - g_k[*x].s[g_sort_ph];
+    return d > 0 ? 1 : d < 0 ? -1 : 0;
+}
+
+static void report_phase(int ph) {
+    if (!g_steps[ph]) return;
+    const double ns = (double)g_steps[ph], wall = g_wall[ph] / ns * 1e6;
+    int ord[PROF_KINDS];
+    double sum = 0;
+    for (int i = 0; i < g_nk; i++) ord[i] = i, sum += g_k[i].s[ph];
+    g_sort_ph = ph;
+    qsort(ord, (size_t)g_nk, sizeof ord[0], by_time);
+    fprintf(stderr, "cpu profile, %s: %ld steps, %.1f us per step (wall, first op to the download)\n",
+            ph ? "prefill" : "decode", g_steps[ph], wall);
+    fprintf(stderr, "%-46s %9s %11s %9s %6s%s\n", "op (per step)", "calls", "us", "avg us", "%",
+            ph ? "" : "  med us  p90 us");
+    for (int j = 0; j < g_nk; j++) {
+        pk *k = &g_k[ord[j]];
+        if (!k->n[ph]) continue;
+        fprintf(stderr, "%-46s %9.1f %11.1f %9.2f %6.1f", k->name, k->n[ph] / ns, k->s[ph] / ns * 1e6,
+                k->s[ph] / (double)k->n[ph] * 1e6, wall > 0 ? 100.0 * k->s[ph] / ns * 1e6 / wall : 0.0);
+        if (!ph && k->smp) fprintf(stderr, " %8.2f %7.2f", quant(k->smp, k->nsmp, 0.5), quant(k->smp, k->nsmp, 0.9));
+        fprintf(stderr, "\n");
+    }
+    const double gap = wall - sum / ns * 1e6;
+    fprintf(stderr, "%-46s %9s %11.1f %9s %6.1f\n", "(between ops)", "", gap, "", wall > 0 ? 100.0 * gap / wall : 0.0);
+}
+
+void tern__cpu_prof_report(void) {
+    if (!g_base) return;
+    if (g_in_step) step_end(tern_time_s()); /* an unfinished step (no download) */
+    report_phase(0);
+    report_phase(1);
+    if (g_dec_calls[0]) {
+        static const char *const what[4] = {"x prep (caller)", "worker start after the run began",
+                                            "spread of the threads' finishes", "caller wait after the last finish"};
+        const double nc[4] = {(double)g_dec_calls[0], (double)g_dec_calls[1], (double)g_dec_calls[1], (double)g_dec_calls[1]};
+        fprintf(stderr, "cpu profile, batch-1 GEMV driver in decode steps: %ld calls (%.1f per step), %ld on the pool\n",
+                g_dec_calls[0], g_steps[0] ? (double)g_dec_calls[0] / (double)g_steps[0] : 0.0, g_dec_calls[1]);
+        fprintf(stderr, "%-42s %8s %7s %7s %8s %9s %11s %9s\n", "per call", "mean us", "med us", "p90 us", "p99 us",
+                "max us", "us per step", ">20us/st");
+        for (int i = 0; i < 4; i++) {
+            if (!nc[i]) continue;
+            float *v = g_dec_smp[i];
+            const int n = g_dec_n[i];
+            long big = 0;
+            for (int j = 0; j < n; j++) big += v[j] > 20.0f;
+            fprintf(stderr, "%-42s %8.2f %7.2f %7.2f %8.2f %9.1f %11.1f %9.2f\n", what[i], g_dec[i] / nc[i] * 1e6,
+                    quant(v, n, 0.5), quant(v, n, 0.9), quant(v, n, 0.99), quant(v, n, 1.0),
+                    g_steps[0] ? g_dec[i] / (double)g_steps[0] * 1e6 : 0.0, g_steps[0] ? (double)big / (double)g_steps[0] : 0.0);
+        }
+    }
+    for (int i = 0; i < g_nk; i++) {
+        float *smp = g_k[i].smp;
+        memset(&g_k[i], 0, sizeof g_k[i]);
+        g_k[i].smp = smp;
+    }
+    g_nk = 0;
+    g_steps[0] = g_steps[1] = 0;
+    g_wall[0] = g_wall[1] = 0;
+    memset(g_dec, 0, sizeof g_dec);
+    g_dec_calls[0] = g_dec_calls[1] = 0;
+    memset(g_dec_n, 0, sizeof g_dec_n);
+}
