@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-29}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-32}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -409,4 +409,22 @@ if [[ " $SECTIONS " == *" 29 "* ]]; then
     done
 fi
 
+# 31. TERN_CUDA_PF_ATT (session 21: the o GEMV prefetching its weights into L2 during the one-row attention) ran in
+#     session 21 (NOTES (af)): within ±1 %, removed with its code.
+# 32. moe_blas.cu (session 21: a prefill chunk's expert MLPs as cuBLAS grouped GEMMs; TERN_MOE_BLAS, default on):
+#     op test, parity bf16 with every eager MoE call on it, then gemma4-26b-a4b bf16 prefill off / on (AB_REPS reps)
+if [[ " $SECTIONS " == *" 32 "* ]]; then
+    op_test cuda_moe_blas,cuda_moe_grouped moeb
+    TERN_MOE_GROUPED=1 TERN_MOE_BLAS_MIN=1 TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=bf16 timeout 150 \
+        build/tests/test_parity_core > "$OUT/parity_moeb.log" 2>&1
+    say "parity bf16 (MoE through moe_blas): $(grep -c '^PASS' "$OUT/parity_moeb.log") passed, $(grep -c '^FAIL' "$OUT/parity_moeb.log") failed"
+    grep '^FAIL' "$OUT/parity_moeb.log" | head -5 | tee -a "$S"
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for e in "TERN_MOE_BLAS=0" "TERN_MOE_BLAS=1"; do
+            env $e timeout 150 $T bench --random gemma4-26b-a4b --device cuda --prompt 512,2048,8192 --gen 4 --reps 1 \
+                > "$OUT/moeb.txt" 2>&1
+            say "26b-a4b bf16 [$e] rep $rep pp tok/s 512,2k,8k: $(grep '^csv,' "$OUT/moeb.txt" | cut -d, -f6 | tr '\n' ' ')"
+        done
+    done
+fi
 echo "summary: $S"

@@ -517,6 +517,7 @@ static void be_close(tern_backend *be) {
             if (c->side_pin[i]) cudaFreeHost(c->side_pin[i]);
             if (c->side_ev[i]) cudaEventDestroy(c->side_ev[i]);
         }
+        tern__cuda_moe_blas_close(c);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);

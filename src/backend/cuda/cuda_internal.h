@@ -68,6 +68,7 @@ typedef struct tern__cuda {
     cudaEvent_t side_ev[2];
     int side_state;              /* 0 not opened, 1 open, -1 could not be opened (synchronous copies) */
     struct tern__cuda_lt_cache *lt_cache; /* gemm.c: cuBLASLt algorithm per GEMM shape (made on first use) */
+    void *blas;                  /* moe_blas.cu: a cuBLAS handle on `stream` (made on first use) */
 } tern__cuda;
 
 #define TERN_CUDA_MAX_GRAPHS 16
@@ -308,6 +309,14 @@ void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int act);
 int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                            const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                            const tern__cuda_w *down, int act, float *scratch);
+/* moe_blas.cu: a prefill chunk's expert MLPs as cuBLAS grouped GEMMs after moe_gemm.cu's sort (plain bf16 mode,
+ * BF16 experts, large chunks; TERN_MOE_BLAS); _ok says whether it takes np pairs, _close frees its handle */
+int tern__cuda_moe_blas_ok(const tern__cuda *c, const tern__cuda_w *gate, const tern__cuda_w *up,
+                           const tern__cuda_w *down, int np);
+int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int m, int k, int H, const int *off,
+                        const int32_t *perm, const int32_t *ipos, const float *wts, const tern__cuda_w *gate,
+                        const tern__cuda_w *up, const tern__cuda_w *down, int act, uint8_t *work, float *scratch);
+void tern__cuda_moe_blas_close(tern__cuda *c);
 
 /* sample.cu: ops.h vt->sample (one block per row; no scratch) */
 void tern__cuda_sample(tern__cuda *c, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,

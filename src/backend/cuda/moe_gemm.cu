@@ -410,6 +410,7 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
     float *o = (float *)sp;
 
     cudaSetDevice(c->device);
+    const int blas = !tern__cuda_bf16_split_all(c) && tern__cuda_moe_blas_ok(c, gate, up, down, np);
     for (int t0 = 0; t0 < n; t0 += nc) {
         const int m = n - t0 < nc ? n - t0 : nc, mp = m * k;
         const int32_t *id = idx + (size_t)t0 * k;
@@ -417,6 +418,9 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
         tern_launch(c->stream, mg_plan, 1, 1024, 0, id, mp, E, BN, off, tiles, ntiles, ipos);
         tern_launch(c->stream, mg_scatter, E, 1024, 0, id, mp, off, perm, ipos);
         tern__cuda_check(c, "moe sort");
+        if (blas && tern__cuda_moe_blas(c, y + (size_t)t0 * H, x + (size_t)t0 * H, m, k, H, off, perm, ipos,
+                                        wts + (size_t)t0 * k, gate, up, down, act, (uint8_t *)o, scratch))
+            continue; /* moe_blas.cu ran this chunk's experts (cuBLAS grouped GEMMs) */
         MgArgs a;
         a.plain = !tern__cuda_bf16_split_all(c); /* expert weights are never precise */
         a.w[0] = mg_w(gate, 0);

@@ -1,0 +1,196 @@
+/*
+ * moe_blas.cu — moe_mlp for large prefill chunks in the plain bf16 mode with BF16 experts: the routed pairs
+ * sorted by expert (moe_gemm.cu's plan + scatter), then cuBLAS grouped GEMMs (cublasGemmGroupedBatchedEx, one
+ * problem per expert that got rows) instead of moe_gemm.cu's mma.sync kernel, which reached ~117 TFLOP/s on the
+ * gemma4-26b-a4b geometry at 2048-token chunks (H200, session 21: 56 % of a bf16 8k prefill).
+ *   1. gather: xs[s] = bf16(x[perm[s] / k]) — the sorted rows, [mp][H];
+ *   2. the per-expert row offsets come to the host (one sync per chunk; so never while a graph is recorded);
+ *   3. gate and up: for each expert e with rows, gu[rows][0, I) = xs·Gate_eᵀ and gu[rows][I, 2I) = xs·Up_eᵀ
+ *      (bf16 out, f32 accumulation), 2·(experts with rows) problems in one call;
+ *   4. h = act(gate)·up, rounded to bf16, [mp][I];
+ *   5. down: o[rows] = h·Down_eᵀ (bf16, [mp][H], in xs's place);
+ *   6. combine: y[r] = Σ_j wts[r·k + j] · o[ipos[r·k + j]], j in order, f32 (moe_gemm.cu's order).
+ * Numerics are transformers' bf16 expert MLP (x, the projections' outputs and h rounded to bf16; the mma path
+ * keeps the projections' outputs in f32): the plain mode's bound (1e-2 vs cpu-ref). Deterministic for a given
+ * chunk, but cuBLAS may pick other kernels for other row counts, so not batch-invariant (the mma path is, for a
+ * fixed tile height). TERN_MOE_BLAS=0 turns it off; taken from TERN_MOE_BLAS_MIN routed pairs (default 32·E).
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <cublas_v2.h>
+#include <stdlib.h>
+
+__global__ void mb_gather(__nv_bfloat16 *xs, const float *x, const int32_t *perm, int mp, int k, int H) {
+    pdl_start();
+    const int H8 = H >> 3;
+    const size_t total = (size_t)mp * H8;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const int s = (int)(i / H8), c = (int)(i % H8);
+        const float4 *src = (const float4 *)(x + (size_t)(perm[s] / k) * H) + 2 * c;
+        const float4 a = src[0], b = src[1];
+        __nv_bfloat162 v[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                               __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+        ((uint4 *)(xs + (size_t)s * H))[c] = *(const uint4 *)v;
+    }
+}
+
+/* h[s][i] = bf16(act(gu[s][i]) · gu[s][I + i]) */
+__global__ void mb_act(__nv_bfloat16 *h, const __nv_bfloat16 *gu, int mp, int I, int act) {
+    pdl_start();
+    const size_t total = (size_t)mp * I;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
+        const size_t s = t / I;
+        const int i = (int)(t % I);
+        const float g = __bfloat162float(gu[s * 2 * I + i]), u = __bfloat162float(gu[s * 2 * I + I + i]);
+        h[t] = __float2bfloat16_rn((act == TERN_ACT_SILU ? silu(g) : gelu_tanh(g)) * u);
+    }
+}
+
+__global__ void mb_combine(float *y, const __nv_bfloat16 *o, const int32_t *ipos, const float *wts, int n, int k, int H) {
+    pdl_start();
+    const int H4 = H >> 2;
+    const size_t total = (size_t)n * H4;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(i / H4), c = (int)(i % H4);
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j = 0; j < k; j++) {
+            const int q = ipos[(size_t)r * k + j];
+            if (q < 0) continue;
+            const float w = wts[(size_t)r * k + j];
+            const uint2 raw = ((const uint2 *)(o + (size_t)q * H))[c];
+            const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.x);
+            const float2 hi = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.y);
+            s.x = fmaf(w, lo.x, s.x); s.y = fmaf(w, lo.y, s.y); s.z = fmaf(w, hi.x, s.z); s.w = fmaf(w, hi.y, s.w);
+        }
+        ((float4 *)(y + (size_t)r * H))[c] = s;
+    }
+}
+
+extern "C" unsigned long long tern__cuda_moe_blas_calls; /* chunks run here (tests check the path ran) */
+unsigned long long tern__cuda_moe_blas_calls = 0;
+
+static unsigned mb_grid(size_t total) {
+    const size_t b = (total + 255) / 256;
+    return (unsigned)(b < 8192 ? b : 8192);
+}
+
+/* Does moe_blas take np routed pairs of these experts? (the caller has checked shapes and the plain mode) */
+extern "C" int tern__cuda_moe_blas_ok(const tern__cuda *c, const tern__cuda_w *gate, const tern__cuda_w *up,
+                                      const tern__cuda_w *down, int np) {
+    static int on = -1, min = -1;
+    if (on < 0) on = tern__cuda_env_int("TERN_MOE_BLAS", 1) != 0;
+    if (min < 0) min = tern__cuda_env_int("TERN_MOE_BLAS_MIN", 0);
+    const int E = gate->nmat;
+    if (!on || c->capturing || np < (min > 0 ? min : 32 * E)) return 0;
+    return gate->dtype == TERN_DT_BF16 && up->dtype == TERN_DT_BF16 && down->dtype == TERN_DT_BF16 && gate->in % 8 == 0 &&
+           down->in % 8 == 0 && gate->in % 4 == 0;
+}
+
+/* one grouped call: problem i = (A[i] [m x kk]ᵀ-stored, B[i], C[i]) with n[i] columns; A, B, C are uploaded to dev */
+static int mb_grouped(tern__cuda *c, int G, int m, const int *n, int kk, int lda, int ldb, int ldc, const void **hp,
+                      void **dev) {
+    cublasOperation_t *ta = (cublasOperation_t *)malloc(sizeof *ta * G * 2);
+    int *iv = (int *)malloc(sizeof(int) * G * 6);
+    float *ab = (float *)malloc(sizeof(float) * G * 2);
+    if (!ta || !iv || !ab) {
+        free(ta); free(iv); free(ab);
+        return 0;
+    }
+    int *mv = iv, *kv = iv + G, *la = iv + 2 * G, *lb = iv + 3 * G, *lc = iv + 4 * G, *gs = iv + 5 * G;
+    for (int i = 0; i < G; i++) {
+        ta[i] = CUBLAS_OP_T;
+        ta[G + i] = CUBLAS_OP_N;
+        mv[i] = m; kv[i] = kk; la[i] = lda; lb[i] = ldb; lc[i] = ldc; gs[i] = 1;
+        ab[i] = 1.0f;
+        ab[G + i] = 0.0f;
+    }
+    int ok = cudaMemcpyAsync(dev, hp, sizeof(void *) * 3 * G, cudaMemcpyHostToDevice, c->stream) == cudaSuccess;
+    cublasStatus_t st = CUBLAS_STATUS_NOT_INITIALIZED;
+    if (ok) /* dev: A[0..G), B[G..2G), C[2G..3G) */
+        st = cublasGemmGroupedBatchedEx((cublasHandle_t)c->blas, ta, ta + G, mv, n, kv, ab, (const void *const *)dev,
+                                        CUDA_R_16BF, la, (const void *const *)(dev + G), CUDA_R_16BF, lb, ab + G,
+                                        dev + 2 * G, CUDA_R_16BF, lc, G, gs, CUBLAS_COMPUTE_32F);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        static int said;
+        if (!said++) tern_log(TERN_LOG_WARN, "cuda moe: cublasGemmGroupedBatchedEx failed (%d); the mma path runs", (int)st);
+        ok = 0;
+    }
+    /* cuBLAS reads the host arrays during the call: they may go now */
+    free(ta); free(iv); free(ab);
+    return ok;
+}
+
+/* One chunk of m tokens (mp = m·k pairs) after the sort: off (device, E + 1), perm, ipos as moe_gemm.cu leaves
+ * them. work: gemm_scratch bytes past the sort tables, at least 4·mp·H; scratch: the caller's f32 [mp][2I].
+ * Returns 0 when it did not run (the caller takes the mma path with the same sort). */
+extern "C" int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int m, int k, int H, const int *off,
+                                   const int32_t *perm, const int32_t *ipos, const float *wts, const tern__cuda_w *gate,
+                                   const tern__cuda_w *up, const tern__cuda_w *down, int act, uint8_t *work,
+                                   float *scratch) {
+    const int E = gate->nmat, I = gate->out, mp = m * k;
+    if (!c->blas) {
+        cublasHandle_t h;
+        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
+        cublasSetStream(h, c->stream);
+        c->blas = h;
+    }
+    int *ho = (int *)malloc(sizeof(int) * (E + 1) * 3);
+    const void **hp = (const void **)malloc(sizeof(void *) * 9 * (size_t)E);
+    if (!ho || !hp) {
+        free(ho); free(hp);
+        return 0;
+    }
+    int *cnt = ho + E + 1, *ex = ho + 2 * (E + 1);
+    __nv_bfloat16 *xs = (__nv_bfloat16 *)work, *o = xs; /* o replaces xs after gate / up */
+    void **dev = (void **)(work + (((size_t)2 * mp * H + 255) & ~(size_t)255));
+    __nv_bfloat16 *gu = (__nv_bfloat16 *)scratch, *hb = gu + (size_t)mp * 2 * I;
+    tern_launch(c->stream, mb_gather, mb_grid((size_t)mp * H / 8), 256, 0, xs, x, perm, mp, k, H);
+    int ok = cudaMemcpyAsync(ho, off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, c->stream) == cudaSuccess &&
+             cudaStreamSynchronize(c->stream) == cudaSuccess;
+    int ne = 0;
+    for (int e = 0; ok && e < E; e++)
+        if (ho[e + 1] > ho[e]) {
+            ex[ne] = e;
+            cnt[ne++] = ho[e + 1] - ho[e];
+        }
+    if (ok && ne) { /* gate | up: problems [0, ne) gate, [ne, 2ne) up */
+        const int G = 2 * ne;
+        int *n2 = (int *)malloc(sizeof(int) * G);
+        ok = n2 != NULL;
+        for (int i = 0; ok && i < ne; i++) {
+            const int e = ex[i], o0 = ho[e];
+            n2[i] = n2[ne + i] = cnt[i];
+            hp[i] = (const uint8_t *)gate->data + (size_t)e * gate->mat_bytes;
+            hp[ne + i] = (const uint8_t *)up->data + (size_t)e * up->mat_bytes;
+            hp[G + i] = hp[G + ne + i] = xs + (size_t)o0 * H;
+            hp[2 * G + i] = gu + (size_t)o0 * 2 * I;
+            hp[2 * G + ne + i] = gu + (size_t)o0 * 2 * I + I;
+        }
+        ok = ok && mb_grouped(c, G, I, n2, H, H, H, 2 * I, hp, dev);
+        free(n2);
+    }
+    if (ok && ne) {
+        tern_launch(c->stream, mb_act, mb_grid((size_t)mp * I), 256, 0, hb, gu, mp, I, act);
+        void **dev2 = dev + 6 * (size_t)E; /* the gate | up call's arrays may still be read: a separate range */
+        for (int i = 0; i < ne; i++) {
+            const int o0 = ho[ex[i]];
+            hp[i] = (const uint8_t *)down->data + (size_t)ex[i] * down->mat_bytes;
+            hp[ne + i] = hb + (size_t)o0 * I;
+            hp[2 * ne + i] = o + (size_t)o0 * H;
+        }
+        ok = mb_grouped(c, ne, H, cnt, I, I, I, H, hp, dev2);
+    }
+    if (ok) tern__cuda_moe_blas_calls++;
+    if (ok) tern_launch(c->stream, mb_combine, mb_grid((size_t)m * H / 4), 256, 0, y, o, ipos, wts, m, k, H);
+    tern__cuda_check(c, "moe blas");
+    /* the uploads above read hp / ho asynchronously from pageable memory: cudaMemcpyAsync has staged them before
+     * returning, so they may go */
+    free(ho); free(hp);
+    return ok;
+}
+
+extern "C" void tern__cuda_moe_blas_close(tern__cuda *c) {
+    if (c && c->blas) cublasDestroy((cublasHandle_t)c->blas);
+    if (c) c->blas = NULL;
+}
