@@ -35,19 +35,12 @@ static const tern_cpu_kern *table(const char *isa) {
     return &tern__cpu_kern_scalar;
 }
 
-static int isa_ok(const char *isa) {
-    setenv("TERN_CPU_ISA", isa, 1);
-    int ok = !strcmp(tern_cpu_isa_name(), isa);
-    unsetenv("TERN_CPU_ISA");
-    return ok;
-}
-
 TEST(argmax_vs_reference) {
     static const char *isas[] = {"scalar", "avx2", "avx512"};
     static const int lens[] = {0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 1000, 128256};
     float *x = malloc(sizeof(float) * 128256);
     for (size_t s = 0; s < TERN_ARRAY_LEN(isas); s++) {
-        if (!isa_ok(isas[s])) continue;
+        if (!kt_isa_ok(isas[s])) continue;
         const tern_cpu_kern *k = table(isas[s]);
         CHECK(k->argmax != NULL, "%s: no argmax", isas[s]);
         if (!k->argmax) continue;
@@ -80,7 +73,7 @@ TEST(sample_op_vs_reference_op) {
     static const char *isas[] = {"avx512", "avx2", "scalar"};
     const int V = 4099, n = 4;
     for (size_t s = 0; s < TERN_ARRAY_LEN(isas); s++) {
-        if (!isa_ok(isas[s])) continue;
+        if (!kt_isa_ok(isas[s])) continue;
         tern_backend *be = kt_open_cpu(isas[s], 2);
         CHECK(be != NULL, "open %s", isas[s]);
         if (!be) continue;

@@ -92,19 +92,12 @@ static void check_ops(tern_backend *be, const fmt *f, int in, const int *outs, i
     for (int i = 0; i < 3; i++) kt_weight_free(&w[i]);
 }
 
-static int isa_ok(const char *isa) {
-    setenv("TERN_CPU_ISA", isa, 1);
-    int ok = !strcmp(tern_cpu_isa_name(), isa);
-    unsetenv("TERN_CPU_ISA");
-    return ok;
-}
-
 TEST(decode_fused_ops_bitwise) {
     static const char *isas[] = {"avx512", "avx2"};
     /* out: not multiples of the 16-row chunk; in·out from below to above the pool threshold */
     static const int outs_small[3] = {5, 3, 9}, outs_big[3] = {301, 37, 70}, outs_wide[3] = {64, 17, 130};
     for (size_t s = 0; s < TERN_ARRAY_LEN(isas); s++) {
-        if (!isa_ok(isas[s])) continue;
+        if (!kt_isa_ok(isas[s])) continue;
         for (int nth = 1; nth <= 3; nth++) {
             tern_backend *be = kt_open_cpu(isas[s], nth);
             CHECK(be != NULL, "open %s", isas[s]);
@@ -184,7 +177,7 @@ TEST(decode_declines) {
 }
 
 int main(void) {
-    if (!isa_ok("avx2") && !isa_ok("avx512")) {
+    if (!kt_isa_ok("avx2") && !kt_isa_ok("avx512")) {
         SKIP("decode_fused_ops_bitwise", "CPU lacks AVX2/FMA/F16C: no fused GEMV");
         return test_done();
     }

@@ -14,13 +14,6 @@
 
 #define REQUIRE(cond, ...) do { int ok_ = !!(cond); CHECK(ok_, __VA_ARGS__); if (!ok_) return; } while (0) /* evaluates cond once */
 
-static int isa_ok(const char *isa) {
-    setenv("TERN_CPU_ISA", isa, 1);
-    int ok = !strcmp(tern_cpu_isa_name(), isa);
-    unsetenv("TERN_CPU_ISA");
-    return ok;
-}
-
 /* e4m3 (fn) by the textbook: sign, 4-bit exponent bias 7, 3-bit mantissa, subnormals at e=0,
  * only S.1111.111 is NaN (no infinities). */
 static double e4m3_formula(unsigned v) {
@@ -271,9 +264,9 @@ TEST(fp8_weights_resolve) {
 int main(void) {
     RUN(fp8_row_decoder_matches_formula);
     RUN(fp8_matmul_scalar);
-    if (isa_ok("avx2")) RUN(fp8_matmul_avx2);
+    if (kt_isa_ok("avx2")) RUN(fp8_matmul_avx2);
     else SKIP("fp8_matmul_avx2", "CPU lacks AVX2/FMA/F16C");
-    if (isa_ok("avx512")) RUN(fp8_matmul_avx512);
+    if (kt_isa_ok("avx512")) RUN(fp8_matmul_avx512);
     else SKIP("fp8_matmul_avx512", "CPU lacks AVX-512 (F/BW/VL/VBMI)");
     RUN(fp8_upload_checks);
     RUN(fp8_config_parse);

@@ -9,13 +9,6 @@
 
 #define TOL 3e-6
 
-static int isa_ok(const char *isa) {
-    setenv("TERN_CPU_ISA", isa, 1);
-    int ok = !strcmp(tern_cpu_isa_name(), isa);
-    unsetenv("TERN_CPU_ISA");
-    return ok;
-}
-
 static double check(tern_backend *fast, tern_backend *ref, tern_dtype dt, int bits, int gs, int E, int out, int in,
                     int n, int pad, unsigned long long seed) {
     kt_weight w;
@@ -99,10 +92,10 @@ TEST(gemm_moe) {
 }
 
 int main(void) {
-    if (isa_ok("avx2")) { RUN(gemm_grid_avx2); RUN(gemm_big_avx2); }
+    if (kt_isa_ok("avx2")) { RUN(gemm_grid_avx2); RUN(gemm_big_avx2); }
     else SKIP("gemm_avx2", "CPU lacks AVX2/FMA/F16C");
-    if (isa_ok("avx512")) { RUN(gemm_grid_avx512); RUN(gemm_big_avx512); }
+    if (kt_isa_ok("avx512")) { RUN(gemm_grid_avx512); RUN(gemm_big_avx512); }
     else SKIP("gemm_avx512", "CPU lacks AVX-512");
-    if (isa_ok("avx2")) RUN(gemm_moe);
+    if (kt_isa_ok("avx2")) RUN(gemm_moe);
     return test_done();
 }

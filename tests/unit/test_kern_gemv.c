@@ -16,13 +16,6 @@
  * Worst-case summation bounds are ~n·2^-24; observed values are ~1e-7. */
 #define TOL 1e-6
 
-static int isa_ok(const char *isa) {
-    setenv("TERN_CPU_ISA", isa, 1);
-    int ok = !strcmp(tern_cpu_isa_name(), isa);
-    unsetenv("TERN_CPU_ISA");
-    return ok;
-}
-
 static double gemv_err(tern_backend *fast, tern_backend *ref, tern_dtype dt, int bits, int gs, tern_dtype sdt, int out,
                        int in, unsigned long long seed) {
     kt_weight w;
@@ -88,7 +81,7 @@ TEST(gemv_avx2) { grid("avx2"); }
 /* n = 1 through matmul_expert (strided expert views) and moe_mlp (accumulate with weights) */
 TEST(gemv_expert_and_moe) {
     tern_backend *fast = kt_open_cpu("avx512", 2), *ref = kt_open_ref();
-    if (!isa_ok("avx512")) { tern_backend_close(fast); fast = kt_open_cpu("avx2", 2); }
+    if (!kt_isa_ok("avx512")) { tern_backend_close(fast); fast = kt_open_cpu("avx2", 2); }
     int E = 4, H = 256, I = 192;
     struct { tern_dtype dt; int bits, gs; } cf[] = {{TERN_DT_Q, 4, 64}, {TERN_DT_Q, 8, 32}, {TERN_DT_BF16, 0, 0}};
     for (size_t c = 0; c < TERN_ARRAY_LEN(cf); c++) {
@@ -123,7 +116,7 @@ static unsigned qcode(const uint8_t *row, int bits, int t) {
 /* Int8 mode: |y - y_exact| <= ½ Σ_g d_g Σ_{t∈g} |s_g|·|q_t - C| (C = 8 or 128), d_g = max_{t∈g}|x_t|/127 (plus f32
  * rounding, bounded here by 1e-5·Σ|w·x|). Also prints the typical relative error. */
 TEST(gemv_int8_bound) {
-    if (!isa_ok("avx512")) { SKIP("gemv_int8_bound", "needs AVX-512"); return; }
+    if (!kt_isa_ok("avx512")) { SKIP("gemv_int8_bound", "needs AVX-512"); return; }
     tern_backend *fast = kt_open_cpu("avx512", 2), *ref = kt_open_ref();
     tern_backend_cpu_set_int8(fast, 1);
     static const int gss[] = {32, 64, 128};
@@ -233,13 +226,13 @@ TEST(probe_size_exceeds_llc) {
 }
 
 int main(void) {
-    if (isa_ok("avx512")) {
+    if (kt_isa_ok("avx512")) {
         RUN(gemv_avx512);
         RUN(gemv_avx512_bf16_x4);
     } else {
         SKIP("gemv_avx512", "CPU lacks AVX-512 (F/BW/VL/VBMI)");
     }
-    if (isa_ok("avx2")) RUN(gemv_avx2);
+    if (kt_isa_ok("avx2")) RUN(gemv_avx2);
     else SKIP("gemv_avx2", "CPU lacks AVX2/FMA/F16C");
     RUN(gemv_expert_and_moe);
     RUN(gemv_int8_bound);

@@ -2,13 +2,6 @@
  * at every ISA level this machine has, over dtypes × shapes × MLX quantization formats. */
 #include "test_kern_util.h"
 
-static int isa_ok(const char *isa) {
-    setenv("TERN_CPU_ISA", isa, 1);
-    int ok = !strcmp(tern_cpu_isa_name(), isa);
-    unsetenv("TERN_CPU_ISA");
-    return ok;
-}
-
 /* Compare matmul (E == 1) or matmul_expert (E > 1, every expert) for one weight config. */
 static double check_one(tern_backend *fast, tern_backend *ref, tern_dtype dt, int bits, int gs, tern_dtype sdt,
                         int E, int out, int in, int n, int pad, unsigned long long seed) {
@@ -131,9 +124,9 @@ TEST(upload_weight_rejects_bad_formats) {
 int main(void) {
     RUN(matmul_float_scalar);
     RUN(matmul_quant_scalar);
-    if (isa_ok("avx2")) { RUN(matmul_float_avx2); RUN(matmul_quant_avx2); }
+    if (kt_isa_ok("avx2")) { RUN(matmul_float_avx2); RUN(matmul_quant_avx2); }
     else SKIP("matmul_avx2", "CPU lacks AVX2/FMA/F16C");
-    if (isa_ok("avx512")) { RUN(matmul_float_avx512); RUN(matmul_quant_avx512); }
+    if (kt_isa_ok("avx512")) { RUN(matmul_float_avx512); RUN(matmul_quant_avx512); }
     else SKIP("matmul_avx512", "CPU lacks AVX-512 (F/BW/VL/VBMI)");
     RUN(matmul_large_in_and_n);
     RUN(matmul_expert_strided_views);

@@ -78,18 +78,11 @@ static void check_one(tern_backend *be, const fmt *f, const shape *sh, int int8,
     free(x); free(nw); free(inv);
 }
 
-static int isa_ok(const char *isa) {
-    setenv("TERN_CPU_ISA", isa, 1);
-    int ok = !strcmp(tern_cpu_isa_name(), isa);
-    unsetenv("TERN_CPU_ISA");
-    return ok;
-}
-
 TEST(norm_qkv_rope_kv_bitwise) {
     static const char *isas[] = {"avx512", "avx2"};
     static const int poss[] = {0, 5, 17, 40, 63}; /* 40: a block that is not resident */
     for (size_t s = 0; s < TERN_ARRAY_LEN(isas); s++) {
-        if (!isa_ok(isas[s])) continue;
+        if (!kt_isa_ok(isas[s])) continue;
         for (int nth = 1; nth <= 3; nth++) {
             tern_backend *be = kt_open_cpu(isas[s], nth);
             CHECK(be != NULL, "open %s", isas[s]);
@@ -125,13 +118,13 @@ TEST(norm_qkv_rope_kv_declines) {
     int32_t pos[2] = {3, 4}, slot[2] = {0, 0};
     tern_rows r1 = {.n = 1, .pos = pos, .slot = slot, .pos_host = pos, .slot_host = slot}, r2 = r1;
     r2.n = 2;
-    if (isa_ok("scalar")) {
+    if (kt_isa_ok("scalar")) {
         tern_backend *be = kt_open_cpu("scalar", 2);
         CHECK(be && be->vt->norm_qkv_rope_kv(be, xn, x, NULL, 1e-5f, q, k, v, ws, &c.kv, &r1, sh.nh, inv, 1.0f) == 0,
               "scalar: taken without a fused GEMV");
         tern_backend_close(be);
     }
-    const char *isa = isa_ok("avx512") ? "avx512" : isa_ok("avx2") ? "avx2" : NULL;
+    const char *isa = kt_isa_ok("avx512") ? "avx512" : kt_isa_ok("avx2") ? "avx2" : NULL;
     if (isa) {
         tern_backend *be = kt_open_cpu(isa, 2);
         CHECK(be && be->vt->norm_qkv_rope_kv(be, xn, x, NULL, 1e-5f, q, k, v, ws, &c.kv, &r2, sh.nh, inv, 1.0f) == 0,

@@ -11,6 +11,15 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* 1 when the CPU backend can run kernels at ISA level `isa` ("avx512", "avx2", "scalar") on this machine */
+static inline int kt_isa_ok(const char *isa) {
+    setenv("TERN_CPU_ISA", isa, 1);
+    int ok = !strcmp(tern_cpu_isa_name(), isa);
+    unsetenv("TERN_CPU_ISA");
+    return ok;
+}
 
 /* A weight with its own buffers: E matrices [out, in], optionally `pad` extra rows between
  * matrices (exercises mat_stride views). */

@@ -16,6 +16,7 @@
  * last one finished. One profiled backend per process.
  */
 #include "backend/cpu/cpu_impl.h"
+#include "ops/ops_prof.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,44 +134,14 @@ static double quant(float *v, int n, double q) {
     return v[(int)(q * (n - 1) + 0.5)];
 }
 
-static const char *wname(const char *op, const tern_tensor *w, char *buf, size_t n) {
-    int nd = w->ndim;
-    long out = nd >= 2 ? (long)w->shape[nd - 2] : 1, in = nd ? (long)w->shape[nd - 1] : 1;
-    if (w->dtype == TERN_DT_Q) snprintf(buf, n, "%s %ldx%ld q%d/g%d", op, out, in, w->bits, w->group_size);
-    else snprintf(buf, n, "%s %ldx%ld %s", op, out, in, tern_dtype_name(w->dtype));
-    return buf;
-}
-
 #define WRAP0(nm, params, args)                                                                                 \
     static void p_##nm params {                                                                                 \
         const double t0 = begin();                                                                              \
         g_base->nm args;                                                                                        \
         end(t0, #nm);                                                                                           \
     }
-WRAP0(rmsnorm, (tern_backend *be, float *y, const float *x, int rows, int d, const float *w, float eps),
-      (be, y, x, rows, d, w, eps))
-WRAP0(rope, (tern_backend *be, float *x, int n, int nh, int d, const int32_t *pos, const float *f, float ms),
-      (be, x, n, nh, d, pos, f, ms))
-WRAP0(kv_write, (tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v),
-      (be, kv, rows, k, v))
-WRAP0(attention, (tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh, const tern_kv_layer *kv,
-                  float scale, float softcap), (be, out, q, rows, nh, kv, scale, softcap))
-WRAP0(add, (tern_backend *be, float *y, const float *a, const float *b, size_t n), (be, y, a, b, n))
-WRAP0(mul, (tern_backend *be, float *y, const float *a, const float *b, size_t n), (be, y, a, b, n))
-WRAP0(scale, (tern_backend *be, float *y, const float *x, float s, size_t n), (be, y, x, s, n))
-WRAP0(scale_dev, (tern_backend *be, float *y, const float *x, const float *s, size_t n), (be, y, x, s, n))
-WRAP0(gelu_tanh_mul, (tern_backend *be, float *y, const float *g, const float *u, size_t n), (be, y, g, u, n))
-WRAP0(silu_mul, (tern_backend *be, float *y, const float *g, const float *u, size_t n), (be, y, g, u, n))
-WRAP0(softcap, (tern_backend *be, float *y, size_t n, float cap), (be, y, n, cap))
-WRAP0(add_bias, (tern_backend *be, float *y, const float *bias, int n, int d), (be, y, bias, n, d))
-WRAP0(copy_cols, (tern_backend *be, float *dst, const float *src, int n, int w, int ss, int off),
-      (be, dst, src, n, w, ss, off))
+TERN_PROF_PLAIN_OPS(WRAP0)
 WRAP0(upload, (tern_backend *be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
-WRAP0(route_topk, (tern_backend *be, int32_t *idx, float *wts, const float *lg, int n, int E, int k, int mode,
-                   const float *pes), (be, idx, wts, lg, n, E, k, mode, pes))
-WRAP0(moe_mlp, (tern_backend *be, float *y, const float *x, int n, int H, const int32_t *idx, const float *wts, int k,
-                const tern_tensor *g, const tern_tensor *u, const tern_tensor *d, int act, float *scr),
-      (be, y, x, n, H, idx, wts, k, g, u, d, act, scr))
 WRAP0(sample, (tern_backend *be, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
                const tern_sample_pair *pairs, void *scratch), (be, ids, logits, n, V, rows, pairs, scratch))
 
@@ -191,19 +162,19 @@ static void p_matmul(tern_backend *be, float *y, const float *x, int n, const te
     char nm[64];
     const double t0 = begin();
     g_base->matmul(be, y, x, n, w);
-    end(t0, wname(n == 1 ? "matmul n=1" : "matmul n>1", w, nm, sizeof nm));
+    end(t0, tern__prof_wname(n == 1 ? "matmul n=1" : "matmul n>1", w, nm, sizeof nm));
 }
 static void p_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e) {
     char nm[64];
     const double t0 = begin();
     g_base->matmul_expert(be, y, x, n, w, e);
-    end(t0, wname("matmul_expert", w, nm, sizeof nm));
+    end(t0, tern__prof_wname("matmul_expert", w, nm, sizeof nm));
 }
 static int p_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
     char nm[64];
     const double t0 = begin();
     int r = g_base->matmul_n(be, k, y, x, n, w);
-    end(t0, r ? wname(k == 3 ? "matmul_n q|k|v" : "matmul_n", w[0], nm, sizeof nm) : "(matmul_n refused)");
+    end(t0, r ? tern__prof_wname(k == 3 ? "matmul_n q|k|v" : "matmul_n", w[0], nm, sizeof nm) : "(matmul_n refused)");
     return r;
 }
 static int p_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *g, const tern_tensor *u,
@@ -211,14 +182,14 @@ static int p_matmul_glu(tern_backend *be, float *y, const float *x, int n, const
     char nm[64];
     const double t0 = begin();
     int r = g_base->matmul_glu(be, y, x, n, g, u, act);
-    end(t0, r ? wname("matmul_glu (gate)", g, nm, sizeof nm) : "(matmul_glu refused)");
+    end(t0, r ? tern__prof_wname("matmul_glu (gate)", g, nm, sizeof nm) : "(matmul_glu refused)");
     return r;
 }
 static int p_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
     char nm[64];
     const double t0 = begin();
     int r = g_base->matmul_add(be, y, x, n, w);
-    end(t0, r ? wname("matmul_add", w, nm, sizeof nm) : "(matmul_add refused)");
+    end(t0, r ? tern__prof_wname("matmul_add", w, nm, sizeof nm) : "(matmul_add refused)");
     return r;
 }
 static int p_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
@@ -226,7 +197,7 @@ static int p_norm_matmul(tern_backend *be, float *xn, const float *x, const floa
     char nm[64];
     const double t0 = begin();
     int r = g_base->norm_matmul(be, xn, x, nw, eps, n, k, y, w, act, res);
-    end(t0, r ? wname(act >= 0 ? "norm_matmul glu" : k == 3 ? "norm_matmul q|k|v" : "norm_matmul", w[0], nm, sizeof nm)
+    end(t0, r ? tern__prof_wname(act >= 0 ? "norm_matmul glu" : k == 3 ? "norm_matmul q|k|v" : "norm_matmul", w[0], nm, sizeof nm)
               : "(norm_matmul refused)");
     return r;
 }
@@ -243,7 +214,7 @@ static int p_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const
     char nm[64];
     const double t0 = begin();
     int r = g_base->norm_qkv_rope_kv(be, xn, x, nw, eps, q, k, v, w, kv, rows, nh, inv_freq, mscale);
-    end(t0, r ? wname("norm_qkv_rope_kv", w[0], nm, sizeof nm) : "(norm_qkv_rope_kv refused)");
+    end(t0, r ? tern__prof_wname("norm_qkv_rope_kv", w[0], nm, sizeof nm) : "(norm_qkv_rope_kv refused)");
     return r;
 }
 static int p_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,

@@ -317,6 +317,10 @@ int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int m, int k, i
                         const int32_t *perm, const int32_t *ipos, const float *wts, const tern__cuda_w *gate,
                         const tern__cuda_w *up, const tern__cuda_w *down, int act, uint8_t *work, float *scratch);
 void tern__cuda_moe_blas_close(tern__cuda *c);
+/* moe_gemm.cu: y[r] = Σ_j wts[r·k + j] · o[ipos[r·k + j]] (routed pairs, j in order) for m tokens; o [m·k][H] f32, or
+ * bf16 when o_bf16 */
+void tern__cuda_moe_combine(tern__cuda *c, float *y, const void *o, int o_bf16, const int32_t *ipos, const float *wts,
+                            int m, int k, int H);
 
 /* sample.cu: ops.h vt->sample (one block per row; no scratch) */
 void tern__cuda_sample(tern__cuda *c, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,

@@ -9,7 +9,7 @@
  *      (bf16 out, f32 accumulation), 2·(experts with rows) problems in one call;
  *   4. h = act(gate)·up, rounded to bf16, [mp][I];
  *   5. down: o[rows] = h·Down_eᵀ (bf16, [mp][H], in xs's place);
- *   6. combine: y[r] = Σ_j wts[r·k + j] · o[ipos[r·k + j]], j in order, f32 (moe_gemm.cu's order).
+ *   6. combine: y[r] = Σ_j wts[r·k + j] · o[ipos[r·k + j]], j in order, f32 (moe_gemm.cu's mg_combine).
  * Numerics are transformers' bf16 expert MLP (x, the projections' outputs and h rounded to bf16; the mma path
  * keeps the projections' outputs in f32): the plain mode's bound (1e-2 vs cpu-ref). Deterministic for a given
  * chunk, but cuBLAS may pick other kernels for other row counts, so not batch-invariant (the mma path is, for a
@@ -44,26 +44,6 @@ __global__ void mb_act(__nv_bfloat16 *h, const __nv_bfloat16 *gu, int mp, int I,
         const int i = (int)(t % I);
         const float g = __bfloat162float(gu[s * 2 * I + i]), u = __bfloat162float(gu[s * 2 * I + I + i]);
         h[t] = __float2bfloat16_rn((act == TERN_ACT_SILU ? silu(g) : gelu_tanh(g)) * u);
-    }
-}
-
-__global__ void mb_combine(float *y, const __nv_bfloat16 *o, const int32_t *ipos, const float *wts, int n, int k, int H) {
-    pdl_start();
-    const int H4 = H >> 2;
-    const size_t total = (size_t)n * H4;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const int r = (int)(i / H4), c = (int)(i % H4);
-        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int j = 0; j < k; j++) {
-            const int q = ipos[(size_t)r * k + j];
-            if (q < 0) continue;
-            const float w = wts[(size_t)r * k + j];
-            const uint2 raw = ((const uint2 *)(o + (size_t)q * H))[c];
-            const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.x);
-            const float2 hi = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.y);
-            s.x = fmaf(w, lo.x, s.x); s.y = fmaf(w, lo.y, s.y); s.z = fmaf(w, hi.x, s.z); s.w = fmaf(w, hi.y, s.w);
-        }
-        ((float4 *)(y + (size_t)r * H))[c] = s;
     }
 }
 
@@ -182,7 +162,7 @@ extern "C" int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int 
         ok = mb_grouped(c, ne, H, cnt, I, I, I, H, hp, dev2);
     }
     if (ok) tern__cuda_moe_blas_calls++;
-    if (ok) tern_launch(c->stream, mb_combine, mb_grid((size_t)m * H / 4), 256, 0, y, o, ipos, wts, m, k, H);
+    if (ok) tern__cuda_moe_combine(c, y, o, 1, ipos, wts, m, k, H);
     tern__cuda_check(c, "moe blas");
     /* the uploads above read hp / ho asynchronously from pageable memory: cudaMemcpyAsync has staged them before
      * returning, so they may go */

@@ -271,8 +271,17 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) mg_kernel(MgArgs a) {
         }
 }
 
-/* y[r] = Σ_j wts[r·k + j] · o[ipos[r·k + j]] over the pairs that were routed, j in order */
-__global__ void mg_combine(float *y, const float *o, const int32_t *ipos, const float *wts, int n, int k, int H) {
+/* y[r] = Σ_j wts[r·k + j] · o[ipos[r·k + j]] over the pairs that were routed, j in order (o f32, or bf16 from
+ * moe_blas.cu) */
+__device__ __forceinline__ float4 mg_ld4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ float4 mg_ld4(const __nv_bfloat16 *p) {
+    const uint2 raw = *(const uint2 *)p;
+    const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.x);
+    const float2 hi = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+template <typename T>
+__global__ void mg_combine(float *y, const T *o, const int32_t *ipos, const float *wts, int n, int k, int H) {
     pdl_start();
     const int H4 = H >> 2;
     const size_t total = (size_t)n * H4;
@@ -283,11 +292,22 @@ __global__ void mg_combine(float *y, const float *o, const int32_t *ipos, const 
             const int q = ipos[(size_t)r * k + j];
             if (q < 0) continue;
             const float w = wts[(size_t)r * k + j];
-            const float4 v = ((const float4 *)(o + (size_t)q * H))[c];
+            const float4 v = mg_ld4(o + (size_t)q * H + 4 * c);
             s.x = fmaf(w, v.x, s.x); s.y = fmaf(w, v.y, s.y); s.z = fmaf(w, v.z, s.z); s.w = fmaf(w, v.w, s.w);
         }
         ((float4 *)(y + (size_t)r * H))[c] = s;
     }
+}
+
+/* mg_combine over m tokens: o is [m·k][H] f32, or bf16 when o_bf16 (cuda_internal.h) */
+extern "C" void tern__cuda_moe_combine(tern__cuda *c, float *y, const void *o, int o_bf16, const int32_t *ipos,
+                                       const float *wts, int m, int k, int H) {
+    const size_t tot = (size_t)m * (H / 4), b = (tot + 255) / 256;
+    const unsigned grid = (unsigned)(b < 8192 ? b : 8192);
+    if (o_bf16)
+        tern_launch(c->stream, mg_combine<__nv_bfloat16>, grid, 256, 0, y, (const __nv_bfloat16 *)o, ipos, wts, m, k, H);
+    else tern_launch(c->stream, mg_combine<float>, grid, 256, 0, y, (const float *)o, ipos, wts, m, k, H);
+    tern__cuda_check(c, "moe combine");
 }
 
 /* ---- host side ---- */
@@ -447,10 +467,7 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
         a.y = o;
         a.ystride = H;
         mg_gemm(c, kd, nt, tmax, 1, a, H);
-        const size_t tot = (size_t)m * (H / 4), b = (tot + 255) / 256;
-        tern_launch(c->stream, mg_combine, (unsigned)(b < 8192 ? b : 8192), 256, 0, y + (size_t)t0 * H, o, ipos,
-                                                                            wts + (size_t)t0 * k, m, k, H);
-        tern__cuda_check(c, "moe combine");
+        tern__cuda_moe_combine(c, y + (size_t)t0 * H, o, 0, ipos, wts + (size_t)t0 * k, m, k, H);
     }
     return 1;
 }

@@ -1,0 +1,53 @@
+/*
+ * ops_prof.h — what the two per-op profilers (src/backend/cpu/cpu_prof.c, TERN_CPU_PROFILE; src/backend/cuda/prof.c,
+ * TERN_CUDA_PROFILE) share: the ops of ops.h they wrap the same way (void, no weight to name) as an X-macro list,
+ * X(name, (parameters), (arguments)), and the name a matmul's row takes in their tables ("matmul n=1 4096x4096 BF16",
+ * "... q4/g64"). Each profiler defines its own wrapper body (CPU: the monotonic clock on the calling thread; CUDA:
+ * events around the op).
+ */
+#ifndef TERN_OPS_PROF_H
+#define TERN_OPS_PROF_H
+
+#include "ops/ops.h"
+
+#include <stdio.h>
+
+#define TERN_PROF_PLAIN_OPS(X)                                                                                        \
+    X(rmsnorm, (tern_backend * be, float *y, const float *x, int rows, int d, const float *w, float eps),             \
+      (be, y, x, rows, d, w, eps))                                                                                     \
+    X(rope, (tern_backend * be, float *x, int n, int nh, int d, const int32_t *pos, const float *f, float ms),        \
+      (be, x, n, nh, d, pos, f, ms))                                                                                   \
+    X(kv_write, (tern_backend * be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v),  \
+      (be, kv, rows, k, v))                                                                                            \
+    X(attention,                                                                                                       \
+      (tern_backend * be, float *out, const float *q, const tern_rows *rows, int nh, const tern_kv_layer *kv,          \
+       float scale, float softcap),                                                                                    \
+      (be, out, q, rows, nh, kv, scale, softcap))                                                                      \
+    X(add, (tern_backend * be, float *y, const float *a, const float *b, size_t n), (be, y, a, b, n))                 \
+    X(mul, (tern_backend * be, float *y, const float *a, const float *b, size_t n), (be, y, a, b, n))                 \
+    X(scale, (tern_backend * be, float *y, const float *x, float s, size_t n), (be, y, x, s, n))                      \
+    X(scale_dev, (tern_backend * be, float *y, const float *x, const float *s, size_t n), (be, y, x, s, n))           \
+    X(gelu_tanh_mul, (tern_backend * be, float *y, const float *g, const float *u, size_t n), (be, y, g, u, n))       \
+    X(silu_mul, (tern_backend * be, float *y, const float *g, const float *u, size_t n), (be, y, g, u, n))            \
+    X(softcap, (tern_backend * be, float *y, size_t n, float cap), (be, y, n, cap))                                   \
+    X(add_bias, (tern_backend * be, float *y, const float *bias, int n, int d), (be, y, bias, n, d))                  \
+    X(copy_cols, (tern_backend * be, float *dst, const float *src, int n, int w, int ss, int off),                    \
+      (be, dst, src, n, w, ss, off))                                                                                   \
+    X(route_topk,                                                                                                      \
+      (tern_backend * be, int32_t *idx, float *wts, const float *lg, int n, int E, int k, int mode, const float *pes), \
+      (be, idx, wts, lg, n, E, k, mode, pes))                                                                          \
+    X(moe_mlp,                                                                                                         \
+      (tern_backend * be, float *y, const float *x, int n, int H, const int32_t *idx, const float *wts, int k,         \
+       const tern_tensor *g, const tern_tensor *u, const tern_tensor *d, int act, float *scr),                         \
+      (be, y, x, n, H, idx, wts, k, g, u, d, act, scr))
+
+/* "op OUTxIN q4/g64" or "op OUTxIN BF16": a matmul's row in the profilers' tables */
+static inline const char *tern__prof_wname(const char *op, const tern_tensor *w, char *buf, size_t n) {
+    const int nd = w->ndim;
+    const long out = nd >= 2 ? (long)w->shape[nd - 2] : 1, in = nd ? (long)w->shape[nd - 1] : 1;
+    if (w->dtype == TERN_DT_Q) snprintf(buf, n, "%s %ldx%ld q%d/g%d", op, out, in, w->bits, w->group_size);
+    else snprintf(buf, n, "%s %ldx%ld %s", op, out, in, tern_dtype_name(w->dtype));
+    return buf;
+}
+
+#endif
