@@ -18,6 +18,9 @@
  *   TERN_CPU_GEMV=0 build/bench_kernels   # the tile-decode path (no fused GEMV), for before/after
  * --pf B1,B2,..: A/B of the fused GEMV's prefetch distance (bytes; 0 = the old fixed 1 KB):
  * every pair then runs each distance once, right after the probe, in a rotating order.
+ * --q4 K1,K2,..: A/B of the Q4 int8 kernel (tern__cpu_q4_seq_set, TERN_CPU_Q4_SEQ's values), each pair runs every
+ * K once in a rotating order like --pf (list one K twice for an A/A control; the summary then prints each K's
+ * median GB/s and the median over pairs of K / K1 with quartiles).
  * --fmt bf16|q8g64|q4g64 and --mode exact|int8 restrict the table (shorter runs); --shape OUTxIN
  * replaces the shape list with one matrix (e.g. 128256x2048, a llama3-1b head).
  * --thp: madvise(MADV_HUGEPAGE) on the weight arenas before they are written (2 MB pages
@@ -118,13 +121,21 @@ static void stats(double *v, int n, double out[3]) { /* median, min, max */
 }
 
 int main(int argc, char **argv) {
-    int nth = 0, pairs = 8, hot = 0, big = 0, npf = 0, only_mode = -1, thp = 0, one_out = 0, one_in = 0;
-    long pfs[8];
+    int nth = 0, pairs = 8, hot = 0, big = 0, npf = 0, only_mode = -1, thp = 0, one_out = 0, one_in = 0, nq4 = 0;
+    long pfs[8], q4s[8];
     const char *only_fmt = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--pf") && i + 1 < argc) {
             for (char *q = argv[++i]; *q && npf < 8;) {
                 pfs[npf++] = strtol(q, &q, 10);
+                if (*q == ',') q++;
+                else break;
+            }
+            continue;
+        }
+        if (!strcmp(argv[i], "--q4") && i + 1 < argc) {
+            for (char *q = argv[++i]; *q && nq4 < 8;) {
+                q4s[nq4++] = strtol(q, &q, 10);
                 if (*q == ',') q++;
                 else break;
             }
@@ -146,6 +157,8 @@ int main(int argc, char **argv) {
     }
     if (pairs < 1 || pairs > 64) pairs = 8;
     if (!npf) pfs[npf++] = -1; /* TERN_CPU_PF or the default */
+    if (!nq4) q4s[nq4++] = -1; /* TERN_CPU_Q4_SEQ or the default */
+    if (npf * nq4 > 8) { fprintf(stderr, "bench: at most 8 --pf x --q4 variants\n"); return 2; }
     use_cpu_time = hot && nth == 1;
     tern_backend_opts o = {.n_threads = nth};
     tern_backend *be = NULL;
@@ -197,7 +210,7 @@ int main(int argc, char **argv) {
             }
             float *x = malloc(sizeof(float) * (size_t)in * 64), *y = malloc(sizeof(float) * (size_t)out * 64);
             for (size_t i = 0; i < (size_t)in * 64; i++) x[i] = (float)(i % 17) * 0.1f - 0.8f;
-            int nmodes = cfgs[c].dt == TERN_DT_Q ? 2 : 1, nvar = nmodes * npf;
+            int nmodes = cfgs[c].dt == TERN_DT_Q ? 2 : 1, nvar = nmodes * npf * nq4;
             if (only_fmt && strcmp(only_fmt, cfgs[c].name)) { free(x); free(y); free(views); continue; }
             kernel_pass(be, y, x, views, nv < 4 ? nv : 4, wb); /* warm up */
             double r[16][64], kg[16][64], pg[64], pt[64];
@@ -205,17 +218,19 @@ int main(int argc, char **argv) {
                 pg[p] = hot ? 1.0 : tern_membw_run(bw);
                 if (apool) pt[p] = arena_probe(apool, &ard);
                 for (int q = 0; q < nvar; q++) {
-                    int vi = (q + p) % nvar, m = vi % nmodes; /* variant vi: pf vi / nmodes, mode m */
+                    int vi = (q + p) % nvar, m = vi % nmodes; /* variant vi: pf vi / nmodes % npf, q4 vi / nmodes / npf, mode m */
                     if (only_mode >= 0 && nmodes == 2 && m != only_mode) continue;
                     tern_backend_cpu_set_int8(be, m);
-                    tern__cpu_gemv_pf_set(pfs[vi / nmodes]);
+                    tern__cpu_gemv_pf_set(pfs[vi / nmodes % npf]);
+                    tern__cpu_q4_seq_set((int)q4s[vi / nmodes / npf]);
                     kg[vi][p] = kernel_pass(be, y, x, views, nv, wb);
                     r[vi][p] = kg[vi][p] / (apool ? pt[p] : pg[p]); /* --thp: against the same page size */
-                    printf("csv,%s,%d,%d,%s,%ld,%d,%zu,%d,%.2f,%.2f,%.3f\n", cfgs[c].name, out, in, m ? "int8" : "exact",
-                           pfs[vi / nmodes], p, wb, nv, kg[vi][p], pg[p], r[vi][p]);
+                    printf("csv,%s,%d,%d,%s,%ld,%d,%zu,%d,%.2f,%.2f,%.3f,q4=%ld\n", cfgs[c].name, out, in, m ? "int8" : "exact",
+                           pfs[vi / nmodes % npf], p, wb, nv, kg[vi][p], pg[p], r[vi][p], q4s[vi / nmodes / npf]);
                 }
                 tern_backend_cpu_set_int8(be, 0);
                 tern__cpu_gemv_pf_set(-1);
+                tern__cpu_q4_seq_set(-1);
             }
             double t0 = tern_time_s();
             be->vt->matmul(be, y, x, 64, &views[0]);
@@ -236,10 +251,20 @@ int main(int argc, char **argv) {
                 stats(kg[vi], pairs, ks);
                 char dims[32], mode[48];
                 snprintf(dims, sizeof dims, "%dx%d", out, in);
-                if (pfs[vi / nmodes] >= 0) snprintf(mode, sizeof mode, "%s/%ld", m ? "int8" : "exact", pfs[vi / nmodes]);
-                else snprintf(mode, sizeof mode, "%s", m ? "int8" : "exact");
-                printf("%-6s %-11s %-10s %7.1f %9.1f %10.1f %6.2f %6.2f %6.2f %9.1f\n", cfgs[c].name, dims, mode,
+                int n = snprintf(mode, sizeof mode, "%s", m ? "int8" : "exact");
+                if (pfs[vi / nmodes % npf] >= 0) n += snprintf(mode + n, sizeof mode - (size_t)n, "/%ld", pfs[vi / nmodes % npf]);
+                if (q4s[vi / nmodes / npf] >= 0) snprintf(mode + n, sizeof mode - (size_t)n, "/k%ld", q4s[vi / nmodes / npf]);
+                printf("%-6s %-11s %-10s %7.1f %9.1f %10.1f %6.2f %6.2f %6.2f %9.1f", cfgs[c].name, dims, mode,
                        wb / 1e6, ks[0], hot ? 0.0 : ps[0], hot ? ks[2] : rs[0], hot ? 0.0 : rs[1], hot ? 0.0 : rs[2], gflops);
+                if (nq4 > 1 && vi >= nmodes) { /* paired: this variant / the first --q4 variant of the same mode */
+                    double q[64];
+                    for (int p = 0; p < pairs; p++) q[p] = kg[vi][p] / kg[m][p];
+                    qsort(q, (size_t)pairs, sizeof *q, cmp_d);
+                    int wins = 0;
+                    for (int p = 0; p < pairs; p++) wins += q[p] > 1.0;
+                    printf("  / k%ld: %.3f [%.3f-%.3f] %d of %d", q4s[0], q[pairs / 2], q[pairs / 4], q[(3 * pairs) / 4], wins, pairs);
+                }
+                printf("\n");
             }
             fflush(stdout);
             free(x); free(y); free(views);

@@ -16,7 +16,7 @@
  *   --slab        the stored layout's scales / biases from one huge-page arena, as the synthetic store's slabs
  *                 (alone, arrays below 2 MB stay on 4 KB pages: that handicaps the stored layout, NOTES (ae))
  *   --var L:PF[:K],.. variants: s (stored) / i (interleaved) / r (read), prefetch bytes of codes ahead (0: none),
- *                 K the Q4 int8 kernel (tern__cpu_q4_seq_set: 0 4-row, 1 one-row default, 2 its L2 prefetch);
+ *                 K the Q4 int8 kernel (tern__cpu_q4_seq_set: 0 4-row, 1 one-row default, 2 k_q4i8r with the L2 prefetch, 3 k_q4i8r);
  *                 default s:8192,i:8192,s:0,i:0,r; --mask M picks a subset (bit i = the i-th)
  *   --tokens N    passes over the whole sequence per variant and pair (default 3)
  * `vs 1st`: the median (and quartiles) over pairs of each variant's GB/s over the first variant's in the same

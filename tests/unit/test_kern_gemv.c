@@ -2,7 +2,7 @@
  * scalar reference: every format they take (bf16, q8, q4) × group sizes × scale dtypes ×
  * row lengths that hit one slice, several slices and half-chunk tails × row counts that use
  * every 1..4-row kernel; the expert/MoE accumulate path; the opt-in int8-activation mode
- * against its stated error bound; the AVX-512 opt-outs kept for before/after A/Bs (the 4-row
+ * against its stated error bound (and the default Q4 int8 kernel bitwise against the former one); the AVX-512 opt-outs kept for before/after A/Bs (the 4-row
  * BF16 and Q4 int8 kernels, TERN_CPU_BF16_X4=1 / TERN_CPU_Q4_SEQ=0) under the same checks; and the pool-split elementwise ops, rope and rmsnorm at
  * prefill sizes (bitwise equal to the reference). */
 #include "test_kern_util.h"
@@ -113,6 +113,51 @@ static unsigned qcode(const uint8_t *row, int bits, int t) {
     return bits == 8 ? row[t] : (row[t / 2] >> (4 * (t & 1))) & 15u;
 }
 
+/* The default Q4 int8 kernel (k_q4i8s) is k_q4i8r's sums reordered only in time: bitwise the same y, through the
+ * backend's matmul (decode driver, 1 and 2 threads), for every group size (64: the masked broadcast path, 128: the
+ * broadcast, 32: the permute), scale dtype, slices (in > 64·gs), half-chunk tails and row counts. */
+TEST(q4i8_kernels_bitwise) {
+    if (!isa_ok("avx512")) { SKIP("q4i8_kernels_bitwise", "needs AVX-512"); return; }
+    static const int gss[] = {32, 64, 128};
+    static const tern_dtype sdts[] = {TERN_DT_BF16, TERN_DT_F16, TERN_DT_F32};
+    static const int ins[] = {128, 192, 640, 2048, 4096 + 64, 8192 + 128, 8192 + 384};
+    static const int outs[] = {1, 3, 5, 37};
+    int runs = 0, diff = 0;
+    for (int nth = 1; nth <= 2; nth++) {
+        tern_backend *fast = kt_open_cpu("avx512", nth);
+        tern_backend_cpu_set_int8(fast, 1);
+        unsigned long long seed = 700 + (unsigned long long)nth;
+        for (size_t g = 0; g < TERN_ARRAY_LEN(gss); g++)
+            for (size_t i = 0; i < TERN_ARRAY_LEN(ins); i++)
+                for (size_t o = 0; o < TERN_ARRAY_LEN(outs); o++) {
+                    int gs = gss[g], in = ins[i], out = outs[o];
+                    if (in % gs) continue;
+                    tern_dtype sdt = sdts[seed % 3];
+                    kt_weight w;
+                    kt_weight_make(&w, TERN_DT_Q, 4, gs, sdt, 1, out, in, 0, seed++);
+                    float *x = kt_randv((size_t)in, seed++, 2.0f);
+                    x[in / 3] = -11.0f;
+                    float *ya = calloc((size_t)out, sizeof *ya), *yb = calloc((size_t)out, sizeof *yb);
+                    tern__cpu_q4_seq_set(3);
+                    fast->vt->matmul(fast, ya, x, 1, &w.t);
+                    tern__cpu_q4_seq_set(1);
+                    fast->vt->matmul(fast, yb, x, 1, &w.t);
+                    runs++;
+                    if (memcmp(ya, yb, (size_t)out * sizeof *ya)) {
+                        diff++;
+                        CHECK(0, "th%d q4 g%d %s out=%d in=%d: k_q4i8s differs from k_q4i8r (%.9g vs %.9g)", nth, gs,
+                              tern_dtype_name(sdt), out, in, yb[0], ya[0]);
+                    }
+                    free(x); free(ya); free(yb);
+                    kt_weight_free(&w);
+                }
+        tern_backend_close(fast);
+    }
+    tern__cpu_q4_seq_set(-1);
+    CHECK(runs > 100 && diff == 0, "%d of %d shapes differ", diff, runs);
+    printf("  q4 int8: k_q4i8s == k_q4i8r bitwise over %d shapes\n", runs);
+}
+
 /* Int8 mode: |y - y_exact| <= ½ Σ_g d_g Σ_{t∈g} |s_g|·|q_t - C| (C = 8 or 128), d_g = max_{t∈g}|x_t|/127 (plus f32
  * rounding, bounded here by 1e-5·Σ|w·x|). Also prints the typical relative error. */
 TEST(gemv_int8_bound) {
@@ -121,9 +166,9 @@ TEST(gemv_int8_bound) {
     tern_backend_cpu_set_int8(fast, 1);
     static const int gss[] = {32, 64, 128};
     double worst_rel = 0;
-    /* Q4 int8 (TERN_CPU_Q4_SEQ): 2 one row with the L2 prefetch (bitwise the default, checked below), 1 one row
-     * with the L1 prefetch (default), 0 the 4-row kernel */
-    for (int seq = 2; seq >= 0; seq--)
+    /* Q4 int8 (TERN_CPU_Q4_SEQ): 3 k_q4i8r (sessions 19-20), 2 k_q4i8r with the L2 prefetch, 1 k_q4i8s (default),
+     * 0 the 4-row kernel; 3, 2 and 1 give bitwise the same results (checked below and in q4i8_kernels_bitwise) */
+    for (int seq = 3; seq >= 0; seq--)
     for (int bits = 4; bits <= 8; bits += 4)
         for (size_t g = 0; g < TERN_ARRAY_LEN(gss); g++) {
             tern__cpu_q4_seq_set(seq);
@@ -236,6 +281,7 @@ int main(void) {
     else SKIP("gemv_avx2", "CPU lacks AVX2/FMA/F16C");
     RUN(gemv_expert_and_moe);
     RUN(gemv_int8_bound);
+    RUN(q4i8_kernels_bitwise);
     RUN(parallel_elementwise_bitwise);
     RUN(probe_size_exceeds_llc);
     return test_done();

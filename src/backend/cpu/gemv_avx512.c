@@ -20,9 +20,10 @@
  *     code midpoint C (8 or 128), computed as s·d·Σq·xq + b·Σx + C·s·Σ(x − x̂). So
  *     |y − y_exact| ≤ ½ Σ_g d_g · Σ_{t∈g} |s_g|·|q_t − C| (+ f32 rounding); ~0.1% relative
  *     L2 on random data. test_kern_gemv checks every output against that bound. Q4_I8 reads
- *     rows one at a time with 4 accumulator chains and an L1 prefetch (k_q4i8r; TERN_CPU_Q4_SEQ=0: k_q4i8).
+ *     rows one at a time with 4 accumulator chains and an L1 prefetch (k_q4i8s: the sums of k_q4i8r, bitwise, in
+ *     fewer instructions per 64 code bytes; TERN_CPU_Q4_SEQ=3: k_q4i8r, 0: k_q4i8).
  * Opt-outs for before/after A/B: TERN_CPU_BF16_X4=1 (4-row BF16), TERN_CPU_Q4_SEQ=0 (4-row Q4_I8), TERN_CPU_Q4_SEQ=2
- * (one-row Q4_I8 with the former L2 prefetch).
+ * (k_q4i8r with the former L2 prefetch), TERN_CPU_Q4_SEQ=3 (k_q4i8r, sessions 19-20).
  */
 #include "backend/cpu/kern.h"
 
@@ -442,7 +443,7 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
  * +17-24 % faster, paired, 1 and 2 threads (bench_layout, NOTES (ae)); only the access order changes, not the sums.
  * In the model +9 % (bench_seq, 120 pairs; `tern bench` could not resolve it on this box). 8 chains gained nothing.
  * TERN_CPU_Q4_SEQ=0 or tern__cpu_q4_seq_set(0): k_q4i8 (4 rows per pass; its sum order differs); 2: the L2 (T1)
- * prefetch of sessions 19-20 (bitwise the same results, for A/B). */
+ * prefetch of sessions 19-20; 3: this kernel (bitwise the same results as 2 and the default k_q4i8s, for A/B). */
 AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int T0) {
     const ptrdiff_t pfd = gx->pf_data;
     const int gs = gx->gs, in = gx->in;
@@ -493,6 +494,91 @@ AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, 
 static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 1); }
 static void k_q4i8r_l2(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 0); }
 
+/* reduce(a) + reduce(b) in one shuffle tree for both: _mm512_reduce_add_ps's pairing (hi + lo 256, hi + lo 128,
+ * [2,3] + [0,1], [1] + [0]; a + b = b + a in IEEE), so bitwise the two separate reductions and their sum */
+AI float red_pair(__m512 a, __m512 b) {
+    __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm512_cvtss_f32(s) + _mm_cvtss_f32(_mm512_extractf32x4_ps(s, 2));
+}
+
+/* One 128-input chunk of a row (64 code bytes at src, x at xq): lane i = Σ over inputs 8i..8i+7 of q·xq (int32,
+ * exact). raw is pinned: GCC otherwise loads it twice (once folded into the and). */
+AI __m512i q4i8_chunk(const uint8_t *src, const int8_t *xq, __m512i nib, __mmask64 ld) {
+    __m512i raw = _mm512_maskz_loadu_epi8(ld, src);
+    PIN(raw);
+    __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi, _mm512_loadu_si512(xq + 64));
+}
+
+/* Q4_I8, the default (session 21): k_q4i8r's sums in its order — bitwise its results — with fewer instructions and
+ * loads per 64 code bytes and less per-row latency (NOTES-s21-q4.md):
+ * - the scales of all NR rows first (ds[r] = s·d for every group, bs[r] = the bias and centring terms, grp_i8 per
+ *   slice as before), so a row's loop never waits on its own scale stores; each row is then one loop over its
+ *   chunks (slices are whole 512-input steps, so chunk k still goes to chain k % 4 and the tail to chain 0);
+ * - GS 64 (two groups per chunk, lanes 0-7 and 8-15): the scale as two broadcast FMAs, masked to a lane half, into
+ *   two accumulators per chain (blended at the end: the same per-lane chain) instead of a lane permute of a
+ *   64-byte load; GS 128: one broadcast FMA; other sizes keep the permute;
+ * - codes loaded once (pinned), pointers stepped, the row's two reductions in one shuffle tree (red_pair).
+ * One thread, codes in L1/L2 (a throwaway microbench; bench_kernels --hot in the notes): in 2048 ~7.3 -> ~5.3 cycles per 64 code
+ * bytes, in 8192 ~5.0 -> ~4.0. Tried and dropped: the high nibbles by one GFNI affine op (no gain), two rows at once
+ * sharing x (slower). TERN_CPU_Q4_SEQ=3: k_q4i8r. */
+AI void k_q4i8s_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int GS) {
+    const ptrdiff_t pfd = gx->pf_data;
+    const int gs = GS ? GS : gx->gs, in = gx->in, n512 = in / 512 * 512;
+    const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
+    const int gsh = __builtin_ctz((unsigned)gs), gpc = 128 >> gsh; /* groups per chunk (gs <= 128) */
+    float ds[4][CPU_GX_MAX_IN / 32 + 16] __attribute__((aligned(64)));
+    __m512 bs[4];
+    for (int r = 0; r < NR; r++) {
+        pf_groups(gx, rw + r, 1, (size_t)(in / gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+        bs[r] = _mm512_setzero_ps();
+        for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+            int len = in - j0 < ch ? in - j0 : ch;
+            bs[r] = _mm512_add_ps(bs[r], grp_i8(&rw[r], j0 / gs, len / gs, gx, ds[r] + j0 / gs));
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        __m512 ta[4], tb[4]; /* GS 64: ta lanes 0-7, tb lanes 8-15 of chain u; else ta */
+        _Pragma("GCC unroll 4")
+        for (int u = 0; u < 4; u++) ta[u] = tb[u] = _mm512_setzero_ps();
+        const uint8_t *src = rw[r].data;
+        const int8_t *xq = gx->xq;
+        const float *sp = ds[r];
+        int c = 0;
+        for (; c < n512; c += 512, src += 256, xq += 512, sp += 4 * gpc) {
+            _Pragma("GCC unroll 4")
+            for (int u = 0; u < 4; u++) {
+                _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
+                __m512 af = _mm512_cvtepi32_ps(q4i8_chunk(src + 64 * u, xq + 128 * u, nib, ~(__mmask64)0));
+                if (GS == 64) {
+                    ta[u] = _mm512_mask3_fmadd_ps(af, _mm512_set1_ps(sp[2 * u]), ta[u], 0x00ff);
+                    tb[u] = _mm512_mask3_fmadd_ps(af, _mm512_set1_ps(sp[2 * u + 1]), tb[u], 0xff00);
+                } else if (GS == 128) ta[u] = _mm512_fmadd_ps(af, _mm512_set1_ps(sp[u]), ta[u]);
+                else ta[u] = _mm512_fmadd_ps(af, _mm512_permutexvar_ps(map, _mm512_loadu_ps(sp + gpc * u)), ta[u]);
+            }
+        }
+        if (GS == 64) {
+            _Pragma("GCC unroll 4")
+            for (int u = 0; u < 4; u++) ta[u] = _mm512_mask_blend_ps(0xff00, ta[u], tb[u]);
+        }
+        for (; c < in; c += 128, src += 64, xq += 128, sp += gpc) { /* the tail, chain 0; a half chunk at the end */
+            _mm_prefetch((const char *)src + pfd, _MM_HINT_T0);
+            __m512i a = q4i8_chunk(src, xq, nib, in - c >= 128 ? ~(__mmask64)0 : 0xffffffffull);
+            ta[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(map, _mm512_loadu_ps(sp)), ta[0]);
+        }
+        y[r] = red_pair(_mm512_add_ps(_mm512_add_ps(ta[0], ta[1]), _mm512_add_ps(ta[2], ta[3])), bs[r]);
+    }
+}
+static void k_q4i8s(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    if (gx->gs == 64) k_q4i8s_t(gx, rw, y, NR, 64);
+    else if (gx->gs == 128) k_q4i8s_t(gx, rw, y, NR, 128);
+    else if (gx->gs == 32) k_q4i8s_t(gx, rw, y, NR, 0);
+    else k_q4i8r(gx, rw, y, NR); /* not an MLX group size: the former kernel */
+}
+
 #define KCASE(K, fn) \
     case K: \
         if (nr == 4) fn(gx, rows, y, 4); \
@@ -503,13 +589,13 @@ static void k_q4i8r_l2(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int
 
 #define Q8I8(n) (bc ? k_q8i8(gx, rows, y, n, 1) : k_q8i8(gx, rows, y, n, 0))
 
-static _Atomic int q4_seq = -1; /* 1 k_q4i8r (default), 0 k_q4i8, 2 k_q4i8r with the L2 prefetch */
+static _Atomic int q4_seq = -1; /* 1 k_q4i8s (default), 0 k_q4i8, 2 k_q4i8r with the L2 prefetch, 3 k_q4i8r */
 void tern__cpu_q4_seq_set(int on) { q4_seq = on < 0 ? -1 : on; }
 static int q4_seq_on(void) {
     int v = q4_seq;
     if (v < 0) {
         const char *e = getenv("TERN_CPU_Q4_SEQ");
-        v = e && *e >= '0' && *e <= '2' ? *e - '0' : 1;
+        v = e && *e >= '0' && *e <= '3' ? *e - '0' : 1;
         q4_seq = v;
     }
     return v;
@@ -535,8 +621,11 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
         rows += 4, y += 4, nr -= 4;
     }
     if (gx->kind == CPU_GX_Q4_I8 && q4_seq_on()) {
-        if (q4_seq_on() == 2) k_q4i8r_l2(gx, rows, y, nr);
-        else k_q4i8r(gx, rows, y, nr);
+        switch (q4_seq_on()) {
+        case 2: k_q4i8r_l2(gx, rows, y, nr); break;
+        case 3: k_q4i8r(gx, rows, y, nr); break;
+        default: k_q4i8s(gx, rows, y, nr); break;
+        }
         return;
     }
     if (gx->kind == CPU_GX_BF16 && bf16_x4_on()) {

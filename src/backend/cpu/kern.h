@@ -119,7 +119,7 @@ void tern__cpu_gemv_pf_set(long bytes);
 int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
 void tern__cpu_bf16_x4_set(int on); /* A/B: 1 the former 4-row BF16 kernel, 0 the default, -1 TERN_CPU_BF16_X4 */
-void tern__cpu_q4_seq_set(int on);  /* A/B: 1 one-row Q4_I8 (default), 0 the 4-row kernel, 2 one-row with the L2 prefetch, -1 TERN_CPU_Q4_SEQ */
+void tern__cpu_q4_seq_set(int on);  /* A/B: 1 one-row Q4_I8 (default, k_q4i8s), 0 the 4-row kernel, 2 k_q4i8r with the L2 prefetch, 3 k_q4i8r, -1 TERN_CPU_Q4_SEQ */
 int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
 
