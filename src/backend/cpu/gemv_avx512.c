@@ -514,7 +514,7 @@ AI __m512i q4i8_chunk(const uint8_t *src, const int8_t *xq, __m512i nib, __mmask
 }
 
 /* Q4_I8, the default (session 21): k_q4i8r's sums in its order — bitwise its results — with fewer instructions and
- * loads per 64 code bytes and less per-row latency (NOTES-s21-q4.md):
+ * loads per 64 code bytes and less per-row latency (bench/NOTES.md (ah)):
  * - the scales of all NR rows first (ds[r] = s·d for every group, bs[r] = the bias and centring terms, grp_i8 per
  *   slice as before), so a row's loop never waits on its own scale stores; each row is then one loop over its
  *   chunks (slices are whole 512-input steps, so chunk k still goes to chain k % 4 and the tail to chain 0);
