@@ -117,7 +117,7 @@ static unsigned qcode(const uint8_t *row, int bits, int t) {
  * backend's matmul (decode driver, 1 and 2 threads), for every group size (64: the masked broadcast path, 128: the
  * broadcast, 32: the permute), scale dtype, slices (in > 64·gs), half-chunk tails and row counts. */
 TEST(q4i8_kernels_bitwise) {
-    if (!isa_ok("avx512")) { SKIP("q4i8_kernels_bitwise", "needs AVX-512"); return; }
+    if (!kt_isa_ok("avx512")) { SKIP("q4i8_kernels_bitwise", "needs AVX-512"); return; }
     static const int gss[] = {32, 64, 128};
     static const tern_dtype sdts[] = {TERN_DT_BF16, TERN_DT_F16, TERN_DT_F32};
     static const int ins[] = {128, 192, 640, 2048, 4096 + 64, 8192 + 128, 8192 + 384};
