@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-32}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-33}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -427,4 +427,16 @@ if [[ " $SECTIONS " == *" 32 "* ]]; then
         done
     done
 fi
+# 33. (written in session 21, not run: the device budget was spent) the gemma4-26b-a4b prefill projections alone, 2048
+#     rows, bf16 mode (p: precise, as Gemma 4's q / k), with cuBLASLt's heuristic answers 0..3 (TERN_LT_PICK): the eager
+#     profile had the sliding q (4096x2816, precise) at 721 µs a chunk where k (2048x2816) took 85 and the global q
+#     (8192x2816) 304 (NOTES (af))
+if [[ " $SECTIONS " == *" 33 "* ]]; then
+    for p in 0 1 2 3; do
+        say "TERN_LT_PICK=$p:"
+        TERN_LT_PICK=$p timeout 60 build/bench_cuda --gemm 4096x2816p 2048x2816p 8192x2816p 1024x2816p 4096x2816 2816x4096 \
+            2>&1 | grep '^gemm' | tr -s ' ' | tee -a "$S"
+    done
+fi
+
 echo "summary: $S"

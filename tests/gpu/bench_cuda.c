@@ -10,6 +10,8 @@
  * Timing: warm-up, then many asynchronous launches between two sync()s on the host clock.
  * `bench_cuda --qmma`: the MLX Q matmul of qmma.cu vs the older kernels (n = 1..64), then stop.
  * `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b shapes, moe_mma.cu vs the GEMV pairs, then stop.
+ * `bench_cuda --gemm 4096x2816p 2048x2816p ...`: BF16 prefill GEMMs of 2048 rows in the bf16 mode (p: the weight
+ * flagged precise, as Gemma 4's q / k), µs and TFLOP/s each, then stop.
  */
 #include "backend/cpu/cpu.h"
 #include "ops/ops.h"
@@ -263,13 +265,16 @@ static void bench_attn_prefill_all(int nh, int nkv, int d, int n, int cfgs) {
     attn_tag = "";
 }
 
-static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_compute mode) {
+/* one GEMM of n rows through vt->matmul (prefill): µs and TFLOP/s; precise: the weight flagged precise (Gemma 4's
+ * q / k, routers: in the bf16 mode x goes as a bf16 pair, two GEMMs) */
+static void bench_prefill_p(tern_dtype dt, int bits, int out, int in, int n, tern_compute mode, int precise) {
     tern_backend *keep = g, *b = open_mode(mode);
     if (!b) return;
     g = b;
     tern_error err = {0};
     tern_tensor t;
     bench_tensor(&t, dt, bits, 64, out, in);
+    t.precise = precise;
     size_t wb = (size_t)out * tern_tensor_row_bytes(&t), sb = dt == TERN_DT_Q ? (size_t)out * (in / 64) * 2 : 0;
     uint8_t *hd = calloc(1, wb);
     uint16_t *hs = calloc(1, sb + 2);
@@ -286,8 +291,9 @@ static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_
         g->vt->sync(g);
         double sec = (tern_time_s() - t0) / reps;
         char name[96];
-        snprintf(name, sizeof name, "gemm %s%s %dx%d n=%d %s", dt == TERN_DT_Q ? "q" : tern_dtype_name(dt),
-                 dt == TERN_DT_Q ? (bits == 4 ? "4" : "8") : "", out, in, n, mode == TERN_COMPUTE_F32 ? "f32" : "bf16");
+        snprintf(name, sizeof name, "gemm %s%s %dx%d n=%d %s%s", dt == TERN_DT_Q ? "q" : tern_dtype_name(dt),
+                 dt == TERN_DT_Q ? (bits == 4 ? "4" : "8") : "", out, in, n, mode == TERN_COMPUTE_F32 ? "f32" : "bf16",
+                 precise ? " precise" : "");
         printf("%-44s %10.1f us %9.1f TFLOP/s\n", name, sec * 1e6, 2.0 * n * out * in / sec / 1e12);
         printf("csv,%s,%.2f,%.2f\n", name, sec * 1e6, 2.0 * n * out * in / sec / 1e12);
         g->vt->free_weight(g, &t);
@@ -296,6 +302,9 @@ static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_
     free(hd); free(hs);
     tern_backend_close(b);
     g = keep;
+}
+static void bench_prefill(tern_dtype dt, int bits, int out, int in, int n, tern_compute mode) {
+    bench_prefill_p(dt, bits, out, in, n, mode, 0);
 }
 
 /* The fused decode ops at llama3-8b's shapes for a few rows (batch decode), plain bf16 mode: sgemm.cu
@@ -761,6 +770,16 @@ int main(int argc, char **argv) {
             bench_attn_prefill_all(16, 4, 512, 2048, 1);
             bench_attn_prefill_all(16, 4, 512, 8192, 1);
             tern__cuda_fa512 = keep512;
+        }
+        tern_backend_close(g);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--gemm")) { /* prefill GEMMs, bf16 mode: --gemm OUTxIN[p] ... (p: precise), n 2048 */
+        for (int i = 2; i < argc; i++) {
+            int out = 0, in = 0;
+            char p = 0;
+            if (sscanf(argv[i], "%dx%d%c", &out, &in, &p) >= 2 && out > 0 && in > 0)
+                bench_prefill_p(TERN_DT_BF16, 0, out, in, 2048, TERN_COMPUTE_BF16, p == 'p');
         }
         tern_backend_close(g);
         return 0;

@@ -49,6 +49,18 @@ typedef struct lt_ent { int used; lt_key key; cublasLtMatmulAlgo_t algo; } lt_en
 struct tern__cuda_lt_cache { lt_ent e[LT_CACHE]; };
 
 
+/* TERN_LT_PICK=N (0..7, default 0; read once): take the heuristic's answer N (or its last) instead of its first —
+ * for A/B runs of a shape's algorithm (bench_cuda --gemm); other bits than the default */
+#define LT_PICK_MAX 8
+static int lt_pick(void) {
+    static int v = -1;
+    if (v < 0) {
+        v = tern__cuda_env_int("TERN_LT_PICK", 0);
+        v = v < 0 ? 0 : v >= LT_PICK_MAX ? LT_PICK_MAX - 1 : v;
+    }
+    return v;
+}
+
 static int lt_cache_on(void) {
     static int v = -1;
     if (v < 0) v = tern__cuda_env_int("TERN_LT_CACHE", 1) != 0;
@@ -87,7 +99,7 @@ tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, c
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     size_t ws = TERN_CUDA_LT_WS_BYTES;
     float alpha = 1.0f;
-    cublasLtMatmulHeuristicResult_t h;
+    cublasLtMatmulHeuristicResult_t hs[LT_PICK_MAX], h;
     int got = 0;
     const long long S[3] = {sa, sb, sc};
     int sk = 0; /* which strides are zero, and their alignment class */
@@ -111,9 +123,11 @@ tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, c
     if (!ent || !ent->used) {
         if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &h, &got) != CUBLAS_STATUS_SUCCESS ||
+        const int pick = lt_pick(); /* 0: one answer asked for, as always */
+        if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, pick + 1, hs, &got) != CUBLAS_STATUS_SUCCESS ||
             got < 1)
             goto done;
+        h = hs[pick < got ? pick : got - 1];
         if (ent) {
             ent->key = key;
             ent->algo = h.algo;
