@@ -41,9 +41,9 @@ static void select_top(cand *c, int n, int k) {
     }
 }
 
-int32_t tern__sample_draw(const float *logits, int V, const tern_sample_row *p, void *scratch, int *bad) {
+int32_t tern__sample_argmax(const float *logits, int V, float *mx_out, int *bad) {
     *bad = -1;
-    int n = 0, best = -1;
+    int best = -1;
     float mx = -INFINITY;
     for (int i = 0; i < V; i++) {
         float l = logits[i];
@@ -51,10 +51,15 @@ int32_t tern__sample_draw(const float *logits, int V, const tern_sample_row *p, 
         if (l == -INFINITY) continue;
         if (l == INFINITY) { *bad = i; return TERN_SAMPLE_ERR_INF; }
         if (best < 0 || l > mx) { mx = l; best = i; } /* strict: the lowest id wins ties */
-        n++;
     }
-    if (!n) return TERN_SAMPLE_ERR_MASKED;
-    if (p->temperature == 0) return best;
+    if (mx_out) *mx_out = mx;
+    return best < 0 ? TERN_SAMPLE_ERR_MASKED : best;
+}
+
+int32_t tern__sample_draw(const float *logits, int V, const tern_sample_row *p, void *scratch, int *bad) {
+    float mx;
+    const int32_t best = tern__sample_argmax(logits, V, &mx, bad);
+    if (best < 0 || p->temperature == 0) return best;
 
     /* A: the tokens that can carry weight, in id order */
     cand *a = scratch, *b = a + V;

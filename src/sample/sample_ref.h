@@ -20,6 +20,12 @@
 
 #include "ops/ops.h"
 
+/* The draw's first pass, alone the greedy pick: the index of the largest logit (the lowest on ties; -inf never
+ * counts), or TERN_SAMPLE_ERR_NAN / _INF at the first NaN / +inf (*bad = its index; else -1), or
+ * TERN_SAMPLE_ERR_MASKED when every logit is -inf. mx_out (may be NULL): the largest logit. The CPU kernel
+ * tables' argmax (src/backend/cpu/kern.h) gives the same answers; the scalar table calls this. */
+int32_t tern__sample_argmax(const float *logits, int V, float *mx_out, int *bad);
+
 /* The draw on processed logits [V] (not modified). Returns the token, or TERN_SAMPLE_ERR_*
  * with *bad = the first offending index (NaN / +inf; -1 when every token is masked).
  * scratch: tern_sample_scratch_bytes(V) bytes. */

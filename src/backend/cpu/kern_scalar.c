@@ -5,8 +5,8 @@
  * and for tails.
  */
 #include "backend/cpu/kern.h"
+#include "sample/sample_ref.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,17 +60,9 @@ static double readsum_scalar(const float *p, size_t n) {
     return (double)(a0 ^ a1 ^ a2 ^ a3);
 }
 
-static int32_t argmax_scalar(const float *x, int n) {
-    int32_t best = -1;
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        const float l = x[i];
-        if (l != l) return -2;
-        if (l == -INFINITY) continue;
-        if (l == INFINITY) return -3;
-        if (best < 0 || l > mx) { mx = l; best = i; }
-    }
-    return best;
+static int32_t argmax_scalar(const float *x, int n) { /* the sampler's own first pass */
+    int bad;
+    return tern__sample_argmax(x, n, NULL, &bad);
 }
 
 const tern_cpu_kern tern__cpu_kern_scalar = {
