@@ -315,7 +315,8 @@ int tern__cuda_moe_blas_ok(const tern__cuda *c, const tern__cuda_w *gate, const 
                            const tern__cuda_w *down, int np);
 int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int m, int k, int H, const int *off,
                         const int32_t *perm, const int32_t *ipos, const float *wts, const tern__cuda_w *gate,
-                        const tern__cuda_w *up, const tern__cuda_w *down, int act, uint8_t *work, float *scratch);
+                        const tern__cuda_w *up, const tern__cuda_w *down, int act, uint8_t *work, size_t work_bytes,
+                        float *scratch);
 void tern__cuda_moe_blas_close(tern__cuda *c);
 /* moe_gemm.cu: y[r] = Σ_j wts[r·k + j] · o[ipos[r·k + j]] (routed pairs, j in order) for m tokens; o [m·k][H] f32, or
  * bf16 when o_bf16 */

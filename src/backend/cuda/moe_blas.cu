@@ -64,7 +64,7 @@ extern "C" int tern__cuda_moe_blas_ok(const tern__cuda *c, const tern__cuda_w *g
     const int E = gate->nmat;
     if (!on || c->capturing || np < (min > 0 ? min : 32 * E)) return 0;
     return gate->dtype == TERN_DT_BF16 && up->dtype == TERN_DT_BF16 && down->dtype == TERN_DT_BF16 && gate->in % 8 == 0 &&
-           down->in % 8 == 0 && gate->in % 4 == 0;
+           down->in % 8 == 0;
 }
 
 /* one grouped call: problem i = (A[i] [m x kk]ᵀ-stored, B[i], C[i]) with n[i] columns; A, B, C are uploaded to dev */
@@ -102,13 +102,16 @@ static int mb_grouped(tern__cuda *c, int G, int m, const int *n, int kk, int lda
 }
 
 /* One chunk of m tokens (mp = m·k pairs) after the sort: off (device, E + 1), perm, ipos as moe_gemm.cu leaves
- * them. work: gemm_scratch bytes past the sort tables, at least 4·mp·H; scratch: the caller's f32 [mp][2I].
- * Returns 0 when it did not run (the caller takes the mma path with the same sort). */
+ * them. work: work_bytes of gemm_scratch past the sort tables (the sorted bf16 rows, 2·mp·H bytes, then the
+ * calls' device pointer arrays, 9·E pointers); scratch: the caller's f32 [mp][2I]. Returns 0 when it did not run
+ * (the caller takes the mma path with the same sort). */
 extern "C" int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int m, int k, int H, const int *off,
                                    const int32_t *perm, const int32_t *ipos, const float *wts, const tern__cuda_w *gate,
                                    const tern__cuda_w *up, const tern__cuda_w *down, int act, uint8_t *work,
-                                   float *scratch) {
+                                   size_t work_bytes, float *scratch) {
     const int E = gate->nmat, I = gate->out, mp = m * k;
+    const size_t xs_bytes = ((size_t)2 * mp * H + 255) & ~(size_t)255;
+    if (xs_bytes + sizeof(void *) * 9 * (size_t)E > work_bytes) return 0;
     if (!c->blas) {
         cublasHandle_t h;
         if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
@@ -123,7 +126,7 @@ extern "C" int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int 
     }
     int *cnt = ho + E + 1, *ex = ho + 2 * (E + 1);
     __nv_bfloat16 *xs = (__nv_bfloat16 *)work, *o = xs; /* o replaces xs after gate / up */
-    void **dev = (void **)(work + (((size_t)2 * mp * H + 255) & ~(size_t)255));
+    void **dev = (void **)(work + xs_bytes);
     __nv_bfloat16 *gu = (__nv_bfloat16 *)scratch, *hb = gu + (size_t)mp * 2 * I;
     tern_launch(c->stream, mb_gather, mb_grid((size_t)mp * H / 8), 256, 0, xs, x, perm, mp, k, H);
     int ok = cudaMemcpyAsync(ho, off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, c->stream) == cudaSuccess &&

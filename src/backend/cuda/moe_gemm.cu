@@ -428,6 +428,7 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
     int32_t *ipos = (int32_t *)sp;
     sp += al256(4 * (size_t)nc * k);
     float *o = (float *)sp;
+    const size_t o_room = TERN_CUDA_GEMM_SCRATCH_BYTES - (size_t)(sp - (uint8_t *)c->gemm_scratch); /* to its end */
 
     cudaSetDevice(c->device);
     const int blas = !tern__cuda_bf16_split_all(c) && tern__cuda_moe_blas_ok(c, gate, up, down, np);
@@ -439,7 +440,7 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
         tern_launch(c->stream, mg_scatter, E, 1024, 0, id, mp, off, perm, ipos);
         tern__cuda_check(c, "moe sort");
         if (blas && tern__cuda_moe_blas(c, y + (size_t)t0 * H, x + (size_t)t0 * H, m, k, H, off, perm, ipos,
-                                        wts + (size_t)t0 * k, gate, up, down, act, (uint8_t *)o, scratch))
+                                        wts + (size_t)t0 * k, gate, up, down, act, (uint8_t *)o, o_room, scratch))
             continue; /* moe_blas.cu ran this chunk's experts (cuBLAS grouped GEMMs) */
         MgArgs a;
         a.plain = !tern__cuda_bf16_split_all(c); /* expert weights are never precise */
