@@ -300,7 +300,57 @@ TEST(cuda_norm_gemm) {
     tern__cuda_norm_gemm_on = keep;
 }
 
+/* norm_matmul for many rows with precise weights (gemm.c gemm_norm_split: one kernel writes rmsnorm(x)·w and
+ * its bf16 pair, then the split GEMMs on the pair and the plain ones on its high half) against rmsnorm + the
+ * separate matmuls: xn and y bitwise. q|k|v with q and k precise, q alone, and bf16x2 (every weight split)
+ * at 300 rows; 200 rows (the merged GEMM's range) declines. */
+TEST(cuda_norm_gemm_split) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_matmul) { SKIP("cuda_norm_gemm_split", "no bf16-mode backend or norm_matmul"); return; }
+    const int keep = tern__cuda_norm_gemm_on;
+    tern__cuda_norm_gemm_on = 1;
+    const int H = 512, O[3] = {256, 128, 128};
+    bt_w w[3];
+    int ok = bt_make(&w[0], O[0], H) && bt_make(&w[1], O[1], H) && bt_make(&w[2], O[2], H);
+    CHECK(ok, "upload");
+    static const struct { int n, k, all, served; } C[] = {{300, 3, 0, 1}, {300, 1, 0, 1}, {300, 3, 1, 1}, {200, 3, 0, 0}};
+    for (size_t t = 0; ok && t < TERN_ARRAY_LEN(C); t++) {
+        const int n = C[t].n, k = C[t].k;
+        tern__cuda_bf16_split = C[t].all;
+        w[0].g.precise = w[1].g.precise = !C[t].all;
+        w[2].g.precise = 0;
+        float *x = rnd((size_t)n * H, 2.0f), *nw = rnd(H, 1.0f);
+        void *xd = to_gpu(x, (size_t)n * H * 4), *nwd = to_gpu(nw, (size_t)H * 4);
+        float *xna = nan_buf(g, (size_t)n * H), *xnb = nan_buf(g, (size_t)n * H);
+        const size_t tot = (size_t)n * (O[0] + O[1] + O[2]);
+        float *ya = nan_buf(g, tot), *yb = nan_buf(g, tot);
+        float *ysa[3] = {ya, ya + (size_t)n * O[0], ya + (size_t)n * (O[0] + O[1])};
+        float *ysb[3] = {yb, yb + (size_t)n * O[0], yb + (size_t)n * (O[0] + O[1])};
+        const tern_tensor *ws[3] = {&w[0].g, &w[1].g, &w[2].g};
+        const int r = g->vt->norm_matmul(g, xna, xd, nwd, 1e-6f, n, k, ysa, ws, -1, NULL);
+        CHECK(r == C[t].served, "n %d k %d all %d: norm_matmul returned %d", n, k, C[t].all, r);
+        if (r == 1) {
+            g->vt->rmsnorm(g, xnb, xd, n, H, nwd, 1e-6f);
+            for (int i = 0; i < k; i++) g->vt->matmul(g, ysb[i], xnb, n, ws[i]);
+            size_t cnt = 0;
+            for (int i = 0; i < k; i++) cnt += (size_t)n * O[i];
+            float *a = from_gpu(g, ya, cnt), *b = from_gpu(g, yb, cnt);
+            float *na = from_gpu(g, xna, (size_t)n * H), *nb = from_gpu(g, xnb, (size_t)n * H);
+            CHECK(!memcmp(na, nb, (size_t)n * H * 4), "n %d k %d all %d: xn differs from rmsnorm", n, k, C[t].all);
+            CHECK(!memcmp(a, b, cnt * 4), "n %d k %d all %d: y differs from the separate matmuls", n, k, C[t].all);
+            free(a); free(b); free(na); free(nb);
+        }
+        void *bufs[] = {xd, nwd, xna, xnb, ya, yb};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        free(x); free(nw);
+    }
+    for (int i = 0; i < 3; i++) bt_free(&w[i]);
+    tern__cuda_bf16_split = 1;
+    tern__cuda_norm_gemm_on = keep;
+}
+
 static void cuda_batch_tests(void) {
+    RUN(cuda_norm_gemm_split);
     RUN(cuda_batch_fused);
     RUN(cuda_norm_gemm);
     RUN(cuda_sgemm);

@@ -394,21 +394,22 @@ TEST(cuda_norm_matmul_res) {
 
 /* norm_rope_kv_write (Gemma 4's q / k / v head norms + rope + cache stores in one launch) vs rmsnorm ×3 +
  * rope_kv_write: q, k, v and both pools bitwise, F32 / BF16 / F16 pages, head dims 256 and 512 (Gemma 4's
- * sliding and global layers), an identity rope pair and a block that is not resident. */
+ * sliding and global layers: the warp form) and 128 (the block form), an identity rope pair and a block that
+ * is not resident. */
 extern int tern__cuda_norm_rope;
 TEST(cuda_norm_rope_kv) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_rope_kv_write) { SKIP("cuda_norm_rope_kv", "not built"); return; }
     const int keep = tern__cuda_norm_rope;
     tern__cuda_norm_rope = 1;
-    static const int ds[] = {256, 512};
+    static const int ds[] = {256, 512, 128};
     for (size_t di = 0; di < TERN_ARRAY_LEN(ds); di++) {
-        const int nh = 8, nkv = 2, d = ds[di], bs = 16, mb = 8, n = 3, ctx = mb * bs;
+        const int nh = 8, nkv = 2, d = ds[di], bs = 16, mb = 8, n = 5, ctx = mb * bs;
         const size_t pool = (size_t)mb * bs * nkv * d, nq = (size_t)n * nh * d, nk = (size_t)n * nkv * d;
         float *kh = rnd(pool, 1.0f), *q = rnd(nq, 3.0f), *k = rnd(nk, 3.0f), *v = rnd(nk, 3.0f), *inv = rnd(d / 2, 0.5f);
         float *qw = rnd(d, 1.0f), *kw = rnd(d, 1.0f);
         inv[3] = 0.0f; /* identity pair */
-        int32_t bt[8], pos[3] = {bs + 2, 77, ctx - 1}, slot[3] = {0, 0, 0};
+        int32_t bt[8], pos[5] = {bs + 2, 77, ctx - 1, 3, 40}, slot[5] = {0, 0, 0, 0, 0};
         for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
         bt[1] = -1; /* not resident: never written */
         void *btd = to_gpu(bt, sizeof bt), *pd = to_gpu(pos, sizeof pos), *sd = to_gpu(slot, sizeof slot);
@@ -568,7 +569,45 @@ TEST(cuda_norm_qkv_rope_kv) {
     tern__cuda_gemv_mma_xp1 = keep_xp1;
 }
 
+/* the elementwise family's 4-wide kernel (aligned arrays, n % 4 == 0) against its scalar kernel (the same arrays
+ * one float further on: misaligned), every op, bitwise */
+TEST(cuda_ew_vector) {
+    tern_backend *g = g_gpu;
+    const size_t n = 4 * 1000;
+    float *a = rnd(n, 4.0f), *b = rnd(n, 2.0f), s1 = 0.75f;
+    float *ad[2] = {nan_buf(g, n + 1), nan_buf(g, n + 1)}, *bd[2] = {nan_buf(g, n + 1), nan_buf(g, n + 1)};
+    float *yd[2] = {nan_buf(g, n + 1), nan_buf(g, n + 1)}, *sd = to_gpu(&s1, 4);
+    for (int mis = 0; mis < 2; mis++) { /* 0: a, b, y 16-byte aligned; 1: the same values one float on */
+        g->vt->upload(g, ad[mis] + mis, a, n * 4);
+        g->vt->upload(g, bd[mis] + mis, b, n * 4);
+    }
+    for (int op = 0; op < 8; op++) {
+        float *out[2];
+        for (int mis = 0; mis < 2; mis++) {
+            float *yy = yd[mis] + mis, *aa = ad[mis] + mis, *bb = bd[mis] + mis;
+            g->vt->upload(g, yy, a, n * 4); /* softcap works in place */
+            switch (op) {
+            case 0: g->vt->add(g, yy, aa, bb, n); break;
+            case 1: g->vt->mul(g, yy, aa, bb, n); break;
+            case 2: g->vt->scale(g, yy, aa, 1.5f, n); break;
+            case 3: g->vt->scale_dev(g, yy, aa, sd, n); break;
+            case 4: g->vt->gelu_tanh_mul(g, yy, aa, bb, n); break;
+            case 5: g->vt->gelu_tanh_mul(g, yy, aa, NULL, n); break;
+            case 6: g->vt->silu_mul(g, yy, aa, bb, n); break;
+            default: g->vt->softcap(g, yy, n, 3.0f); break;
+            }
+            out[mis] = from_gpu(g, yy, n);
+        }
+        CHECK(!memcmp(out[0], out[1], n * 4), "elementwise op %d: the 4-wide kernel differs from the scalar one", op);
+        free(out[0]); free(out[1]);
+    }
+    void *bufs[] = {ad[0], ad[1], bd[0], bd[1], yd[0], yd[1], sd};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+    free(a); free(b);
+}
+
 static void cuda_fused_tests(void) {
+    RUN(cuda_ew_vector);
     RUN(cuda_norm_qkv_rope_kv);
     RUN(cuda_norm_rope_kv);
     RUN(cuda_norm_matmul_res);

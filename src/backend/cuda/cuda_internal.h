@@ -202,8 +202,8 @@ void tern__cuda_qmma_init(tern__cuda *c); /* at open (from tern__cuda_gemv_init)
 /* norm.cu (norm, rope, elementwise, embed) */
 void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const tern__cuda_w *w, float scale);
 void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps);
-void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, const float *x, int rows, int d, const float *w,
-                             float eps); /* y = rmsnorm(x)·w and yb = bf16(y) */
+void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void *yl, const float *x, int rows, int d, const float *w,
+                             float eps); /* y = rmsnorm(x)·w, yb = bf16(y), and (yl != NULL) yl = bf16(y - yb) */
 void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *const *x, const int *rows, int d,
                           const float *const *w, float eps); /* k <= 3 tensors, one launch */
 void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps,

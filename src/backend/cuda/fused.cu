@@ -11,8 +11,8 @@
  * norm_rope_kv_write (Gemma 4) = the per-head rmsnorms of q (weight), k (weight) and v (none) first:
  * a block per (row, q head) or (row, kv head), the head staged in shared memory, block_rms_inv (the
  * reduction of norm.cu's rmsnorm over d), then the same rope pairs and cache stores; v is normalised
- * in place as rmsnorm would leave it. Bitwise rmsnorm ×3 + rope_kv_write (TERN_CUDA_NORM_ROPE=1,
- * written in session 10, NOT yet run on a GPU).
+ * in place as rmsnorm would leave it. Bitwise rmsnorm ×3 + rope_kv_write. Head dims 256 and 512 take a
+ * warp per (row, head) instead (norm_rope_kv_warp, the same bits).
  *
  * The GEMV fusions (q|k|v in one launch, gate/up with the activation product in the epilogue,
  * residual add in the epilogue) live beside their kernel in gemv.cu.
@@ -149,6 +149,84 @@ template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T
     }
 }
 
+/* The same op with one warp per (row, head), for head dims 256 and 512 (NS = d / 32 slots a lane): the block
+ * form above spends a block, three barriers and a shared-memory round trip on 1-2 KB (H200, session 22,
+ * gemma4-26b-a4b 2048-row prefill chunk: 165 us a sliding layer, ~0.6 TB/s). Lane l holds the elements
+ * j = 32s + l, so a rope pair (i, i + d/2) sits in one lane (slots s and s + NS/2), and the sum of squares
+ * replays block_rms_inv's order: virtual thread v = 32w + l of tern_rms_threads(d) sums its elements
+ * v, v + vt, ... (slots w, w + vt/32, ...) by fmaf, each virtual warp's partial is a warp_sum (the xor
+ * butterfly leaves lane 0's bits in every lane), and the vt/32 partials go through one more warp_sum with
+ * lane t holding partial t, as rms_inv_finish does. Bitwise the block form. */
+template <int NS> __device__ __forceinline__ float warp_rms_inv(const float (&x)[NS], int d, float eps) {
+    constexpr int VW = (NS * 32 >= 1024 ? 512 : NS * 32 >= 256 ? 256 : 128) / 32; /* tern_rms_threads(d) / 32 */
+    const int lane = threadIdx.x & 31;
+    float part = 0.0f;
+#pragma unroll
+    for (int w = 0; w < VW; w++) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int s = w; s < NS; s += VW) ss = fmaf(x[s], x[s], ss);
+        ss = warp_sum(ss);
+        if (lane == w) part = ss;
+    }
+    part = warp_sum(part);
+    return 1.0f / sqrtf(part / (float)d + eps);
+}
+
+template <typename T, int NS> __global__ void norm_rope_kv_warp(NrkArgs a, T *kpool, T *vpool) {
+    pdl_start();
+    constexpr int d = NS * 32, half = d / 2, HS = NS / 2;
+    const int lane = threadIdx.x & 31, nt = a.nh + a.nkv;
+    const long task = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (task >= (long)a.n * nt) return;
+    const int r = (int)(task / nt), h = (int)(task % nt);
+    const bool isk = h >= a.nh;
+    float *x = isk ? a.k + ((size_t)r * a.nkv + (h - a.nh)) * d : a.q + ((size_t)r * a.nh + h) * d;
+    const float *w = isk ? a.kw : a.qw;
+    const int p = a.pos[r];
+    size_t dst = 0;
+    bool store = false;
+    if (isk && p >= 0 && p / a.bs < a.max_blocks) {
+        const int blk = a.bt[(size_t)a.slot[r] * a.max_blocks + p / a.bs];
+        store = blk >= 0;
+        dst = ((size_t)blk * a.bs + p % a.bs) * a.nkv * d + (size_t)(h - a.nh) * d;
+    }
+    float xv[NS];
+#pragma unroll
+    for (int s = 0; s < NS; s++) xv[s] = x[32 * s + lane];
+    float inv = warp_rms_inv<NS>(xv, d, a.eps);
+#pragma unroll
+    for (int s = 0; s < NS; s++) xv[s] = rms_scale(xv[s], inv, w != nullptr, w ? w[32 * s + lane] : 0.0f);
+#pragma unroll
+    for (int s = 0; s < HS; s++) { /* rope_kv_kernel's pair arithmetic */
+        const int i = 32 * s + lane;
+        float x0 = xv[s], x1 = xv[s + HS];
+        rope_pair(x0, x1, p, a.inv_freq[i]);
+        x0 *= a.mscale;
+        x1 *= a.mscale;
+        x[i] = x0;
+        x[i + half] = x1;
+        if (store) {
+            kv_put(kpool + dst + i, x0);
+            kv_put(kpool + dst + i + half, x1);
+        }
+    }
+    if (!isk) return;
+    float *vr = a.v + ((size_t)r * a.nkv + (h - a.nh)) * d;
+#pragma unroll
+    for (int s = 0; s < NS; s++) xv[s] = vr[32 * s + lane];
+    inv = warp_rms_inv<NS>(xv, d, a.eps);
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        const float v = rms_scale(xv[s], inv, false, 0.0f);
+        vr[32 * s + lane] = v;
+        if (store) kv_put(vpool + dst + 32 * s + lane, v);
+    }
+}
+
+/* TERN_CUDA_NRK_WARP=0: the block form for every head dim (A/B; tests set it) */
+int tern__cuda_nrk_warp = -1;
+
 extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                              float *k, float *v, int nh, const float *inv_freq, float mscale,
                                              const float *qw, const float *kw, float eps) {
@@ -165,10 +243,15 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
     const long blocks = (long)a.n * (nh + a.nkv);
     if (blocks <= 0) return 1;
     cudaSetDevice(c->device);
+    if (tern__cuda_nrk_warp < 0) tern__cuda_nrk_warp = tern__cuda_env_int("TERN_CUDA_NRK_WARP", 1) != 0;
     const size_t smem = (size_t)a.d * sizeof(float);
+    const unsigned wgrid = (unsigned)((blocks + 7) / 8); /* 8 warps a block */
+    const bool warp = tern__cuda_nrk_warp && (a.d == 256 || a.d == 512);
     by_page_kind(kind, [&](auto tag) {
         using T = decltype(tag);
-        tern_launch(c->stream, norm_rope_kv_kernel<T>, (unsigned)blocks, 256, smem, a, (T *)kv->k, (T *)kv->v);
+        if (warp && a.d == 256) tern_launch(c->stream, norm_rope_kv_warp<T, 8>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+        else if (warp) tern_launch(c->stream, norm_rope_kv_warp<T, 16>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+        else tern_launch(c->stream, norm_rope_kv_kernel<T>, (unsigned)blocks, 256, smem, a, (T *)kv->k, (T *)kv->v);
     });
     tern__cuda_check(c, "norm_rope_kv_write");
     return 1;

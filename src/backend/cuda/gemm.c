@@ -409,10 +409,46 @@ static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__c
  * =1 from 2 rows (tests set tern__cuda_norm_gemm_on = 1). */
 #define NORM_GEMM_ROWS 32
 int tern__cuda_norm_gemm_on = -1; /* -1 unread, 0 never, 1 from 2 rows, 2 from NORM_GEMM_ROWS */
+
+/* ops.h norm_matmul (q|k|v, or q alone) for many rows when a weight is flagged precise (Gemma 4's q and k)
+ * or every GEMM splits x (bf16x2): rmsnorm, then each matmul staging x again (a bf16 pair for the split
+ * ones, bf16 for the plain ones) cost three conversion passes over the same rows. Here one kernel writes
+ * xn and the pair [xh | xl] as gemm_rows stages it (xh = bf16(xn) is also the plain stage), then each
+ * weight's GEMMs as gemm_rows' two-GEMM form runs them (W·xh, then += W·xl; the plain ones W·xh): bitwise
+ * rmsnorm + the separate matmuls (the same GEMMs on the same bytes at the same scratch offsets). Taken
+ * only where every one of those matmuls reaches that form in one chunk (BF16 weights, more rows than the
+ * merged GEMM takes); 0 otherwise. */
+static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                           float *const *y, const tern__cuda_w *const *w) {
+    if (c->compute != TERN_COMPUTE_BF16 || k < 1 || k > 3 || n <= tern__cuda_gemm_merge_max() ||
+        n <= tern__cuda_qgemm_max_n_bf16)
+        return 0;
+    const int in = w[0]->in, all = tern__cuda_bf16_split_all(c);
+    int any = 0;
+    for (int i = 0; i < k; i++) {
+        if (w[i]->dtype != TERN_DT_BF16 || w[i]->nmat > 1 || w[i]->in != in || w[i]->out < 1) return 0;
+        any |= all || w[i]->precise;
+    }
+    const size_t xbytes = ((size_t)n * in * 2 + 255) & ~(size_t)255, avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
+    const size_t chunk = (avail / 2 - 1024) / ((size_t)in * 4); /* tern__cuda_gemm's rows a chunk */
+    if (!any || in <= 0 || (size_t)n > chunk || 2 * xbytes >= avail / 2) return 0;
+    cudaSetDevice(c->device);
+    uint8_t *xh = (uint8_t *)c->gemm_scratch, *xl = xh + xbytes;
+    tern__cuda_rmsnorm_bf16(c, xn, xh, xl, x, n, in, nw, eps);
+    const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
+    for (int i = 0; i < k; i++) {
+        const int out = w[i]->out, split = all || w[i]->precise;
+        if (lt_gemm(c, y[i], out, w[i]->data, xh, out, n, in, CUDA_R_16BF, tc, 0.0f) != TERN_OK ||
+            (split && lt_gemm(c, y[i], out, w[i]->data, xl, out, n, in, CUDA_R_16BF, tc, 1.0f) != TERN_OK))
+            return 0; /* the caller redoes every output with the separate ops (xn is rmsnorm's already) */
+    }
+    return 1;
+}
 int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                          float *const *y, const tern__cuda_w *const *w, int mode) {
     if (tern__cuda_norm_gemm_on < 0) tern__cuda_norm_gemm_on = tern__cuda_env_int("TERN_CUDA_NORM_GEMM", 2);
     if (!tern__cuda_norm_gemm_on || n < (tern__cuda_norm_gemm_on == 1 ? 2 : NORM_GEMM_ROWS) || xn == x) return 0;
+    if (mode == G1_PLAIN && gemm_norm_split(c, xn, x, nw, eps, n, k, y, w)) return 1;
     const int pair = mode == G1_SILU || mode == G1_GELU, in = w[0]->in;
     const int act = mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
     if (pair ? k != 2 || !gemm_glu_ok(c, n, w[0], w[1], act) : mode != G1_PLAIN || k < 2 || !gemm_n_ok(c, k, y, n, w))
@@ -420,7 +456,7 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
     const size_t xb = staged_bytes(n, in, pair ? glu_cbytes(n, w[0]) : 0);
     if (!xb) return 0;
     cudaSetDevice(c->device);
-    tern__cuda_rmsnorm_bf16(c, xn, c->gemm_scratch, x, n, in, nw, eps);
+    tern__cuda_rmsnorm_bf16(c, xn, c->gemm_scratch, NULL, x, n, in, nw, eps);
     return pair ? gemm_glu_run(c, y[0], n, xb, w[0], w[1], act) : gemm_n_run(c, k, y, n, w);
 }
 

@@ -510,6 +510,25 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const f
     }
 }
 
+/* the same for n % 8 == 0 and 16-byte aligned arrays: 8 elements a thread (two float4 loads, one 16-byte
+ * store a half), bitwise the kernel above. H200, session 22: the scalar form moved ~1.6 TB/s on a
+ * 2048 x 2816 chunk (29 us, 4 calls a gemma4-26b-a4b layer) */
+__global__ void f32_to_bf16_v8_kernel(uint4 *hi, uint4 *lo, const float4 *x, size_t n8) {
+    pdl_start();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        const float4 a = x[2 * i], b = x[2 * i + 1];
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        __nv_bfloat16 h[8], l[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            h[j] = __float2bfloat16_rn(v[j]);
+            l[j] = __float2bfloat16_rn(v[j] - __bfloat162float(h[j]));
+        }
+        hi[i] = *(const uint4 *)h;
+        if (lo) lo[i] = *(const uint4 *)l;
+    }
+}
+
 /* y = x rounded to bf16 (kept as f32; y may be x) */
 __global__ void round_bf16_kernel(float *y, const float *x, size_t n) {
     pdl_start();
@@ -536,7 +555,11 @@ extern "C" void tern__cuda_dequant(tern__cuda *c, void *dst, int bf16, const ter
 }
 
 extern "C" void tern__cuda_f32_to_bf16(tern__cuda *c, void *hi, void *lo, const float *x, size_t n) {
-    tern_launch(c->stream, f32_to_bf16_kernel, grid256(n), 256, 0, (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, n);
+    if (n % 8 == 0 && (((uintptr_t)hi | (uintptr_t)lo | (uintptr_t)x) & 15) == 0)
+        tern_launch(c->stream, f32_to_bf16_v8_kernel, grid256(n / 8), 256, 0, (uint4 *)hi, (uint4 *)lo,
+                    (const float4 *)x, n / 8);
+    else
+        tern_launch(c->stream, f32_to_bf16_kernel, grid256(n), 256, 0, (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, n);
     tern__cuda_check(c, "f32_to_bf16");
 }
 
