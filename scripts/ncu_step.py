@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""ncu_step.py — one decode step's kernels from an ncu CSV, grouped and ranked.
+"""ncu_step.py — one decode step's (or a prefill's) kernels from an ncu CSV, grouped and ranked.
 
-Input: the CSV of `ncu --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base
-tern-core bench ... --gen 3` (plain or .xz). A decode step ends with the sampling kernel; the step
-between the last two sampling kernels is summed per kernel name and grid (ncu serialises kernels,
-locks clocks and flushes caches, so the sum reads ~1.4x the real step: use the shares).
-
-  python3 scripts/ncu_step.py ncu_q4.csv.xz
+Input: the CSV of `ncu [--graph-profiling node] --metrics gpu__time_duration.sum --csv --print-units base
+tern-core bench ...` (plain or .xz).
+  python3 scripts/ncu_step.py ncu_q4.csv.xz                   # the last decode step (run --gen 3 or more):
+      a decode step ends with the sampling kernel; the step between the last two is summed
+  python3 scripts/ncu_step.py ncu_26b.csv --from embed_kernel # every kernel from the first whose name matches
+      (a prefill: `--prompt 2048 --gen 1 --warmup 0`, from its first embedding lookup)
+Per kernel name and grid: total, share, calls, mean. ncu serialises kernels (and, unless told otherwise, locks
+clocks and flushes caches): with `--cache-control none --clock-control none` a 2048-row Gemma 4 prefill summed
+within 5 % of its wall time (NOTES (ai)); a decode step reads ~1.4x the real step: use the shares.
 """
 import collections
 import csv
@@ -15,16 +18,23 @@ import re
 import sys
 
 
-def main(path):
+def main(path, start=None):
     opener = lzma.open if path.endswith(".xz") else open
     with opener(path, "rt") as f:
         rows = list(csv.reader(f))
     head = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
     ks = [(r[4], r[8], float(r[14].replace(",", "")) / 1000) for r in rows[head + 1:] if len(r) > 14]
-    ends = [i for i, k in enumerate(ks) if "sample" in k[0]]
-    if len(ends) < 2:
-        sys.exit("fewer than two sampling kernels: run more than one decode step")
-    step = ks[ends[-2] + 1:ends[-1] + 1]
+    if start:
+        rx = re.compile(start)
+        first = next((i for i, k in enumerate(ks) if rx.search(k[0])), None)
+        if first is None:
+            sys.exit(f"no kernel matches {start}")
+        step = ks[first:]
+    else:
+        ends = [i for i, k in enumerate(ks) if "sample" in k[0]]
+        if len(ends) < 2:
+            sys.exit("fewer than two sampling kernels: run more than one decode step")
+        step = ks[ends[-2] + 1:ends[-1] + 1]
     tot = sum(t for _, _, t in step)
     agg = collections.OrderedDict()
     for name, grid, t in step:
@@ -38,6 +48,10 @@ def main(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    a = sys.argv[1:]
+    if len(a) == 1:
+        main(a[0])
+    elif len(a) == 3 and a[1] == "--from":
+        main(a[0], a[2])
+    else:
         sys.exit(__doc__)
-    main(sys.argv[1])

@@ -170,12 +170,14 @@ TEST(cuda_moe_grouped) {
 
 /* moe_blas.cu (cuBLAS grouped GEMMs for large chunks, plain bf16 mode, BF16 experts; TERN_MOE_BLAS): against
  * cpu-ref within the plain bound (x, the projections' outputs and h rounded to bf16), two runs the same bits,
- * experts without rows (the last two) and skewed counts; the mma path on the same data for comparison */
+ * experts without rows (the last two) and skewed counts, in both forms (the grouped calls, the padded strided
+ * batches); the mma path on the same data for comparison */
 TEST(cuda_moe_blas) {
     if (!g_gpu16) { SKIP("cuda_moe_blas", "no bf16-mode backend"); return; }
-    static const struct { int act, H, I, E, k, n; } C[] = {
-        {TERN_ACT_GELU_TANH, 256, 192, 16, 4, 300},
-        {TERN_ACT_SILU, 384, 96, 8, 2, 700},
+    static const struct { int act, H, I, E, k, n, even; } C[] = { /* even: every expert n·k/E rows */
+        {TERN_ACT_GELU_TANH, 256, 192, 16, 4, 300, 0},
+        {TERN_ACT_SILU, 384, 96, 8, 2, 700, 0},
+        {TERN_ACT_GELU_TANH, 256, 192, 16, 4, 200, 1},
     };
     tern__cuda_bf16_split = 0;
     for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
@@ -187,21 +189,32 @@ TEST(cuda_moe_blas) {
         float *x = rnd((size_t)n * H, 1.0f), *wts = malloc((size_t)n * k * sizeof *wts);
         int32_t *idx = malloc((size_t)n * k * sizeof *idx);
         moe_route_uneven(idx, wts, n, E, k);
+        for (int p = 0; C[c].even && p < n * k; p++) idx[p] = (p / k * k + p % k * (E / k) + p / k) % E; /* distinct in a row */
         float *yr = malloc((size_t)n * H * sizeof *yr), *scr = malloc((size_t)n * k * 2 * I * sizeof *scr);
         g_ref->vt->moe_mlp(g_ref, yr, x, n, H, idx, wts, k, &m.gr, &m.ur, &m.dr, C[c].act, scr);
         setenv("TERN_MOE_GROUPED", "1", 1);
-        extern unsigned long long tern__cuda_moe_blas_calls;
-        const unsigned long long calls = tern__cuda_moe_blas_calls;
-        float *yb = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
-        float *y2 = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
-        const double rel = rel_or_nan(yb, yr, (size_t)n * H);
-        printf("  err moe-blas E=%-3d k=%d n=%-4d H=%d I=%d %.2e\n", E, k, n, H, I, rel);
-        CHECK(rel <= 1e-2, "moe blas E %d k %d n %d rel %.2e", E, k, n, rel);
-        CHECK(!memcmp(yb, y2, (size_t)n * H * 4), "moe blas n %d: two runs differ", n);
-        CHECK(tern__cuda_moe_blas_calls == calls + 2, "moe blas n %d: the path did not run (%llu calls)", n,
-              tern__cuda_moe_blas_calls - calls);
+        extern unsigned long long tern__cuda_moe_blas_calls, tern__cuda_moe_pad_calls;
+        extern int tern__cuda_moe_pad;
+        const int keep_pad = tern__cuda_moe_pad;
+        for (int form = 0; form < 2; form++) { /* 0: the grouped calls, 1: the padded strided batches (forced) */
+            tern__cuda_moe_pad = form ? 2 : 0;
+            const unsigned long long calls = tern__cuda_moe_blas_calls, pads = tern__cuda_moe_pad_calls;
+            float *yb = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
+            float *y2 = moe_run(g_gpu16, &m, x, idx, wts, n, H, I, k, C[c].act);
+            const double rel = rel_or_nan(yb, yr, (size_t)n * H);
+            printf("  err moe-blas %s E=%-3d k=%d n=%-4d H=%d I=%d %.2e\n", form ? "padded" : "grouped", E, k, n, H, I, rel);
+            CHECK(rel <= 1e-2, "moe blas form %d E %d k %d n %d rel %.2e", form, E, k, n, rel);
+            CHECK(!memcmp(yb, y2, (size_t)n * H * 4), "moe blas form %d n %d: two runs differ", form, n);
+            CHECK(tern__cuda_moe_blas_calls == calls + 2, "moe blas form %d n %d: the path did not run (%llu calls)", form,
+                  n, tern__cuda_moe_blas_calls - calls);
+            /* the skewed cases' padded rows do not fit the caller's scratch: the grouped calls run them */
+            CHECK(tern__cuda_moe_pad_calls == pads + (form && C[c].even ? 2 : 0), "moe blas n %d: %llu padded calls in form %d",
+                  n, tern__cuda_moe_pad_calls - pads, form);
+            free(yb); free(y2);
+        }
+        tern__cuda_moe_pad = keep_pad;
         unsetenv("TERN_MOE_GROUPED");
-        free(yb); free(y2); free(x); free(wts); free(idx); free(yr); free(scr);
+        free(x); free(wts); free(idx); free(yr); free(scr);
         moe_w_free(&m, g_gpu16);
     }
     tern__cuda_bf16_split = 1;

@@ -14,6 +14,15 @@
  * keeps the projections' outputs in f32): the plain mode's bound (1e-2 vs cpu-ref). Deterministic for a given
  * chunk, but cuBLAS may pick other kernels for other row counts, so not batch-invariant (the mma path is, for a
  * fixed tile height). TERN_MOE_BLAS=0 turns it off; taken from TERN_MOE_BLAS_MIN routed pairs (default 32·E).
+ *
+ * The padded form (steps 1, 3-5 in another layout; TERN_MOE_PAD=0 keeps the grouped calls): expert e's rows at
+ * e·P, P the most rows any expert got rounded up to a step of a ladder (mb_padded), so every expert is one problem of the same shape and
+ * each projection is one strided-batched GEMM (cuBLAS picks its Hopper kernels for those; for grouped problems
+ * an older tile kernel). Pad rows hold whatever the buffer held; their results are never read (a row's GEMM
+ * outputs depend on that row only). The combine reads o through the pairs' padded rows. H200, session 22, at
+ * the gemma4-26b-a4b geometry and a 2048-token chunk (uniform routing, 93..178 rows an expert, P = 192):
+ * gate|up 312 us vs 553 grouped (416 vs 235 TFLOP/s of useful work), down 172 vs 297. Taken while E·P <= 2·mp
+ * (padding at most doubles the work: skewed routing takes the grouped calls).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -32,6 +41,33 @@ __global__ void mb_gather(__nv_bfloat16 *xs, const float *x, const int32_t *perm
         __nv_bfloat162 v[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
                                __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
         ((uint4 *)(xs + (size_t)s * H))[c] = *(const uint4 *)v;
+    }
+}
+
+/* the padded gather: sorted slot s of expert e (off[e] <= s < off[e + 1]) to row e·P + s - off[e] of xs, and
+ * ipad[perm[s]] = that row (the combine's index); a warp per slot */
+__global__ void mb_gather_pad(__nv_bfloat16 *xs, int32_t *ipad, const float *x, const int32_t *perm, const int *off, int E,
+                              int P, int mp, int k, int H) {
+    pdl_start();
+    const int lane = threadIdx.x & 31, H8 = H >> 3;
+    for (long s = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; s < mp; s += ((long)gridDim.x * blockDim.x) >> 5) {
+        int lo = 0, hi = E - 1; /* the last e with off[e] <= s (empty experts share their offset with the next) */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (off[mid] <= s) lo = mid;
+            else hi = mid - 1;
+        }
+        const int p = perm[s];
+        const size_t row = (size_t)lo * P + (s - off[lo]);
+        if (lane == 0) ipad[p] = (int32_t)row;
+        const float4 *src = (const float4 *)(x + (size_t)(p / k) * H);
+        uint4 *dst = (uint4 *)(xs + row * H);
+        for (int c = lane; c < H8; c += 32) {
+            const float4 a = src[2 * c], b = src[2 * c + 1];
+            __nv_bfloat162 v[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                                   __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+            dst[c] = *(const uint4 *)v;
+        }
     }
 }
 
@@ -57,6 +93,11 @@ __global__ void mb_act(__nv_bfloat16 *h, const __nv_bfloat16 *gu, int mp, int I,
 
 extern "C" unsigned long long tern__cuda_moe_blas_calls; /* chunks run here (tests check the path ran) */
 unsigned long long tern__cuda_moe_blas_calls = 0;
+extern "C" unsigned long long tern__cuda_moe_pad_calls; /* of those, in the padded form */
+unsigned long long tern__cuda_moe_pad_calls = 0;
+/* the padded form: -1 unread (TERN_MOE_PAD, default 1), 0 never, 1 while E·P <= 2·mp, 2 whenever it fits (tests) */
+extern "C" int tern__cuda_moe_pad;
+int tern__cuda_moe_pad = -1;
 
 static unsigned mb_grid(size_t total) {
     const size_t b = (total + 255) / 256;
@@ -109,6 +150,56 @@ static int mb_grouped(tern__cuda *c, int G, int m, const int *n, int kk, int lda
     return ok;
 }
 
+/* The padded form (the file's header) for one chunk once the offsets ho are on the host; 0 when not taken
+ * (nothing launched). work: the padded bf16 rows [E·P][H] (then the down outputs in their place), h [E·P][I]
+ * and the pairs' padded rows; scratch: gate | up [E·P][2I] in bf16. */
+static int mb_padded(tern__cuda *c, float *y, const float *x, int m, int k, int H, const int *ho, const int *off,
+                     const int32_t *perm, const float *wts, const tern__cuda_w *gate, const tern__cuda_w *up,
+                     const tern__cuda_w *down, int act, uint8_t *work, size_t work_bytes, float *scratch) {
+    if (tern__cuda_moe_pad < 0) tern__cuda_moe_pad = tern__cuda_env_int("TERN_MOE_PAD", 1);
+    const int E = gate->nmat, I = gate->out, mp = m * k;
+    int mx = 0;
+    for (int e = 0; e < E; e++) mx = ho[e + 1] - ho[e] > mx ? ho[e + 1] - ho[e] : mx;
+    int P = 16; /* the ladder 16, 24, 32, 48, 64, 96, ... (x1.5, x1.33): few distinct shapes, so few cuBLAS kernels
+                 * to load on first use (rounding to 16 gave each layer its own: call 3 lost 23 % of a first
+                 * 2048-token prefill to that), at most 1.5x padding on top of the routing's imbalance */
+    while (P < mx) P = P % 3 == 0 ? P / 3 * 4 : P / 2 * 3;
+    const size_t rows = (size_t)E * P;
+    if (!tern__cuda_moe_pad || !P || (tern__cuda_moe_pad == 1 && rows > 2 * (size_t)mp)) return 0;
+    const size_t xs_bytes = (rows * H * 2 + 255) & ~(size_t)255, h_bytes = (rows * I * 2 + 255) & ~(size_t)255;
+    if (xs_bytes + h_bytes + (size_t)mp * 4 > work_bytes || rows * 2 * I * 2 > (size_t)mp * 2 * I * 4) return 0;
+    __nv_bfloat16 *xs = (__nv_bfloat16 *)work, *o = xs, *hb = (__nv_bfloat16 *)(work + xs_bytes);
+    __nv_bfloat16 *gu = (__nv_bfloat16 *)scratch;
+    int32_t *ipad = (int32_t *)(work + xs_bytes + h_bytes);
+    const long wb = ((long)mp + 7) / 8;
+    tern_launch(c->stream, mb_gather_pad, (unsigned)(wb < 65535 ? wb : 65535), 256, 0, xs, ipad, x, perm, off, E, P, mp, k,
+                H);
+    cublasHandle_t bl = (cublasHandle_t)c->blas;
+    const float one = 1.0f, zero = 0.0f;
+    const long long sx = (long long)P * H, sgu = (long long)P * 2 * I, sh = (long long)P * I;
+    cublasStatus_t st = cublasGemmStridedBatchedEx(bl, CUBLAS_OP_T, CUBLAS_OP_N, I, P, H, &one, gate->data, CUDA_R_16BF, H,
+                                                   (long long)(gate->mat_bytes / 2), xs, CUDA_R_16BF, H, sx, &zero, gu,
+                                                   CUDA_R_16BF, 2 * I, sgu, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasGemmStridedBatchedEx(bl, CUBLAS_OP_T, CUBLAS_OP_N, I, P, H, &one, up->data, CUDA_R_16BF, H,
+                                        (long long)(up->mat_bytes / 2), xs, CUDA_R_16BF, H, sx, &zero, gu + I, CUDA_R_16BF,
+                                        2 * I, sgu, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        tern_launch(c->stream, mb_act, mb_grid(rows * I / 8), 256, 0, hb, gu, (int)rows, I, act);
+        st = cublasGemmStridedBatchedEx(bl, CUBLAS_OP_T, CUBLAS_OP_N, H, P, I, &one, down->data, CUDA_R_16BF, I,
+                                        (long long)(down->mat_bytes / 2), hb, CUDA_R_16BF, I, sh, &zero, o, CUDA_R_16BF, H,
+                                        sx, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) { /* the gather may have run: harmless, the caller redoes the chunk */
+        static int said;
+        if (!said++) tern_log(TERN_LOG_WARN, "cuda moe: cublasGemmStridedBatchedEx failed (%d); the grouped path runs", (int)st);
+        return 0;
+    }
+    tern__cuda_moe_combine(c, y, o, 1, ipad, wts, m, k, H);
+    tern__cuda_moe_pad_calls++;
+    return 1;
+}
+
 /* One chunk of m tokens (mp = m·k pairs) after the sort: off (device, E + 1), perm, ipos as moe_gemm.cu leaves
  * them. work: work_bytes of gemm_scratch past the sort tables (the sorted bf16 rows, 2·mp·H bytes, then the
  * calls' device pointer arrays, 9·E pointers); scratch: the caller's f32 [mp][2I]. Returns 0 when it did not run
@@ -136,9 +227,15 @@ extern "C" int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int 
     __nv_bfloat16 *xs = (__nv_bfloat16 *)work, *o = xs; /* o replaces xs after gate / up */
     void **dev = (void **)(work + xs_bytes);
     __nv_bfloat16 *gu = (__nv_bfloat16 *)scratch, *hb = gu + (size_t)mp * 2 * I;
-    tern_launch(c->stream, mb_gather, mb_grid((size_t)mp * H / 8), 256, 0, xs, x, perm, mp, k, H);
     int ok = cudaMemcpyAsync(ho, off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, c->stream) == cudaSuccess &&
              cudaStreamSynchronize(c->stream) == cudaSuccess;
+    if (ok && mb_padded(c, y, x, m, k, H, ho, off, perm, wts, gate, up, down, act, work, work_bytes, scratch)) {
+        tern__cuda_moe_blas_calls++;
+        tern__cuda_check(c, "moe blas");
+        free(ho); free(hp);
+        return 1;
+    }
+    if (ok) tern_launch(c->stream, mb_gather, mb_grid((size_t)mp * H / 8), 256, 0, xs, x, perm, mp, k, H);
     int ne = 0;
     for (int e = 0; ok && e < E; e++)
         if (ho[e + 1] > ho[e]) {
