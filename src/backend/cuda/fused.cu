@@ -102,22 +102,51 @@ struct NrkArgs {
     float eps, mscale;
 };
 
+/* row r, head h (q heads first, then kv heads) of width d: its row in q or k, its norm weight, its position,
+ * and (kv heads whose block is resident) where its page entries start */
+struct NrkHead {
+    float *x;
+    const float *w;
+    int p;
+    bool isk, store;
+    size_t dst;
+};
+__device__ __forceinline__ NrkHead nrk_head(const NrkArgs &a, int r, int h, int d) {
+    NrkHead o;
+    o.isk = h >= a.nh;
+    o.x = o.isk ? a.k + ((size_t)r * a.nkv + (h - a.nh)) * d : a.q + ((size_t)r * a.nh + h) * d;
+    o.w = o.isk ? a.kw : a.qw;
+    o.p = a.pos[r];
+    o.dst = 0;
+    o.store = false;
+    if (o.isk && o.p >= 0 && o.p / a.bs < a.max_blocks) {
+        const int blk = a.bt[(size_t)a.slot[r] * a.max_blocks + o.p / a.bs];
+        o.store = blk >= 0;
+        o.dst = ((size_t)blk * a.bs + o.p % a.bs) * a.nkv * d + (size_t)(h - a.nh) * d;
+    }
+    return o;
+}
+
+/* the normed pair (i, i + half): rope_kv_kernel's arithmetic, stored to the row and (k heads) the page */
+template <typename T>
+__device__ __forceinline__ void nrk_pair(const NrkArgs &a, const NrkHead &hd, T *kpool, int i, int half, float x0, float x1) {
+    rope_pair(x0, x1, hd.p, a.inv_freq[i]);
+    x0 *= a.mscale;
+    x1 *= a.mscale;
+    hd.x[i] = x0;
+    hd.x[i + half] = x1;
+    if (hd.store) {
+        kv_put(kpool + hd.dst + i, x0);
+        kv_put(kpool + hd.dst + i + half, x1);
+    }
+}
+
 template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T *vpool) {
     pdl_start();
     extern __shared__ float xs[];
     __shared__ float red[32];
     const int nt = a.nh + a.nkv, r = blockIdx.x / nt, h = blockIdx.x % nt, half = a.d / 2, d = a.d;
-    const bool isk = h >= a.nh;
-    float *x = isk ? a.k + ((size_t)r * a.nkv + (h - a.nh)) * d : a.q + ((size_t)r * a.nh + h) * d;
-    const float *w = isk ? a.kw : a.qw;
-    const int p = a.pos[r];
-    size_t dst = 0;
-    bool store = false;
-    if (isk && p >= 0 && p / a.bs < a.max_blocks) {
-        const int blk = a.bt[(size_t)a.slot[r] * a.max_blocks + p / a.bs];
-        store = blk >= 0;
-        dst = ((size_t)blk * a.bs + p % a.bs) * a.nkv * d + (size_t)(h - a.nh) * d;
-    }
+    const NrkHead hd = nrk_head(a, r, h, d);
     /* the head's rmsnorm (in place, as norm.cu: (x·inv)·w) */
     auto norm = [&](float *row, const float *wr) {
         for (int j = threadIdx.x; j < d; j += blockDim.x) xs[j] = row[j];
@@ -126,26 +155,15 @@ template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T
         for (int j = threadIdx.x; j < d; j += blockDim.x) xs[j] = rms_scale(xs[j], inv, wr != nullptr, wr ? wr[j] : 0.0f);
         __syncthreads();
     };
-    norm(x, w);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) { /* rope_kv_kernel's pair arithmetic */
-        float x0 = xs[i], x1 = xs[i + half];
-        rope_pair(x0, x1, p, a.inv_freq[i]);
-        x0 *= a.mscale;
-        x1 *= a.mscale;
-        x[i] = x0;
-        x[i + half] = x1;
-        if (store) {
-            kv_put(kpool + dst + i, x0);
-            kv_put(kpool + dst + i + half, x1);
-        }
-    }
-    if (!isk) return;
+    norm(hd.x, hd.w);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) nrk_pair(a, hd, kpool, i, half, xs[i], xs[i + half]);
+    if (!hd.isk) return;
     __syncthreads(); /* xs is reused for v */
     float *vr = a.v + ((size_t)r * a.nkv + (h - a.nh)) * d;
     norm(vr, NULL);
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         vr[j] = xs[j];
-        if (store) kv_put(vpool + dst + j, xs[j]);
+        if (hd.store) kv_put(vpool + hd.dst + j, xs[j]);
     }
 }
 
@@ -180,38 +198,17 @@ template <typename T, int NS> __global__ void norm_rope_kv_warp(NrkArgs a, T *kp
     const long task = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (task >= (long)a.n * nt) return;
     const int r = (int)(task / nt), h = (int)(task % nt);
-    const bool isk = h >= a.nh;
-    float *x = isk ? a.k + ((size_t)r * a.nkv + (h - a.nh)) * d : a.q + ((size_t)r * a.nh + h) * d;
-    const float *w = isk ? a.kw : a.qw;
-    const int p = a.pos[r];
-    size_t dst = 0;
-    bool store = false;
-    if (isk && p >= 0 && p / a.bs < a.max_blocks) {
-        const int blk = a.bt[(size_t)a.slot[r] * a.max_blocks + p / a.bs];
-        store = blk >= 0;
-        dst = ((size_t)blk * a.bs + p % a.bs) * a.nkv * d + (size_t)(h - a.nh) * d;
-    }
+    const NrkHead hd = nrk_head(a, r, h, d);
+    const float *w = hd.w;
     float xv[NS];
 #pragma unroll
-    for (int s = 0; s < NS; s++) xv[s] = x[32 * s + lane];
+    for (int s = 0; s < NS; s++) xv[s] = hd.x[32 * s + lane];
     float inv = warp_rms_inv<NS>(xv, d, a.eps);
 #pragma unroll
     for (int s = 0; s < NS; s++) xv[s] = rms_scale(xv[s], inv, w != nullptr, w ? w[32 * s + lane] : 0.0f);
 #pragma unroll
-    for (int s = 0; s < HS; s++) { /* rope_kv_kernel's pair arithmetic */
-        const int i = 32 * s + lane;
-        float x0 = xv[s], x1 = xv[s + HS];
-        rope_pair(x0, x1, p, a.inv_freq[i]);
-        x0 *= a.mscale;
-        x1 *= a.mscale;
-        x[i] = x0;
-        x[i + half] = x1;
-        if (store) {
-            kv_put(kpool + dst + i, x0);
-            kv_put(kpool + dst + i + half, x1);
-        }
-    }
-    if (!isk) return;
+    for (int s = 0; s < HS; s++) nrk_pair(a, hd, kpool, 32 * s + lane, half, xv[s], xv[s + HS]);
+    if (!hd.isk) return;
     float *vr = a.v + ((size_t)r * a.nkv + (h - a.nh)) * d;
 #pragma unroll
     for (int s = 0; s < NS; s++) xv[s] = vr[32 * s + lane];
@@ -220,11 +217,11 @@ template <typename T, int NS> __global__ void norm_rope_kv_warp(NrkArgs a, T *kp
     for (int s = 0; s < NS; s++) {
         const float v = rms_scale(xv[s], inv, false, 0.0f);
         vr[32 * s + lane] = v;
-        if (store) kv_put(vpool + dst + 32 * s + lane, v);
+        if (hd.store) kv_put(vpool + hd.dst + 32 * s + lane, v);
     }
 }
 
-/* TERN_CUDA_NRK_WARP=0: the block form for every head dim (A/B; tests set it) */
+/* TERN_CUDA_NRK_WARP=0: the block form for every head dim (A/B) */
 int tern__cuda_nrk_warp = -1;
 
 extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
