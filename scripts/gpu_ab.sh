@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-33}"  # 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-34}"  # 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -427,16 +427,34 @@ if [[ " $SECTIONS " == *" 32 "* ]]; then
         done
     done
 fi
-# 33. (written in session 21, not run: the device budget was spent) the gemma4-26b-a4b prefill projections alone, 2048
-#     rows, bf16 mode (p: precise, as Gemma 4's q / k), with cuBLASLt's heuristic answers 0..3 (TERN_LT_PICK): the eager
-#     profile had the sliding q (4096x2816, precise) at 721 µs a chunk where k (2048x2816) took 85 and the global q
-#     (8192x2816) 304 (NOTES (af))
+# 33. the gemma4-26b-a4b prefill projections alone, 2048 rows, bf16 mode (p: precise, as Gemma 4's q / k), with
+#     cuBLASLt's heuristic answers 0..3 (TERN_LT_PICK). Ran in session 22 (NOTES (ai)): q 4096x2816p 166-174 µs, answers
+#     1-3 within 7 %; (af)'s 721 µs was host time in the eager profile.
 if [[ " $SECTIONS " == *" 33 "* ]]; then
     for p in 0 1 2 3; do
         say "TERN_LT_PICK=$p:"
         TERN_LT_PICK=$p timeout 60 build/bench_cuda --gemm 4096x2816p 2048x2816p 8192x2816p 1024x2816p 4096x2816 2816x4096 \
             2>&1 | grep '^gemm' | tr -s ' ' | tee -a "$S"
     done
+fi
+
+# 34. prefill where it stands (session 22: the glue kernels, the experts' padded strided batches): the dense and MoE
+#     bf16 models at 512 / 2k / 2k again (warm: the first run of a length loads its kernels) / 8k, TERN_MOE_PAD and
+#     TERN_CUDA_NRK_WARP off / on for 26b, then the per-kernel table of one 2048-row 26b chunk (ncu durations)
+if [[ " $SECTIONS " == *" 34 "* ]]; then
+    for rep in $(seq "${AB_REPS:-1}"); do
+        for me in "gemma4-26b-a4b TERN_MOE_PAD=0" "gemma4-26b-a4b TERN_MOE_PAD=1" "gemma4-26b-a4b TERN_CUDA_NRK_WARP=0" \
+                  "gemma4-12b TERN_CUDA_NRK_WARP=1" "llama3-8b TERN_MOE_PAD=1"; do
+            set -- $me
+            env "$2" timeout 150 $T bench --random "$1" --device cuda --prompt 512,2048,2048,8192 --gen 1 --reps 1 \
+                > "$OUT/pp.txt" 2>&1
+            say "$1 bf16 [$2] rep $rep pp tok/s 512,2k,2k,8k: $(grep '^csv,' "$OUT/pp.txt" | cut -d, -f6 | tr '\n' ' ')"
+        done
+    done
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    timeout 200 "$NCU" --cache-control none --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
+        $T bench --random gemma4-26b-a4b --device cuda --prompt 2048 --gen 1 --reps 1 --warmup 0 > "$OUT/ncu_pp.csv" 2>&1
+    python3 scripts/ncu_step.py "$OUT/ncu_pp.csv" --from embed_kernel | head -30 | tee -a "$S"
 fi
 
 echo "summary: $S"
