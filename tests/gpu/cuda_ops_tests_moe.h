@@ -171,7 +171,7 @@ TEST(cuda_moe_grouped) {
 /* moe_blas.cu (cuBLAS grouped GEMMs for large chunks, plain bf16 mode, BF16 experts; TERN_MOE_BLAS): against
  * cpu-ref within the plain bound (x, the projections' outputs and h rounded to bf16), two runs the same bits,
  * experts without rows (the last two) and skewed counts, in both forms (the grouped calls, the padded strided
- * batches); the mma path on the same data for comparison */
+ * batches), and an even routing with pairs that have no local expert; the mma path on the same data for comparison */
 TEST(cuda_moe_blas) {
     if (!g_gpu16) { SKIP("cuda_moe_blas", "no bf16-mode backend"); return; }
     static const struct { int act, H, I, E, k, n, even; } C[] = { /* even: every expert n·k/E rows */
@@ -189,7 +189,9 @@ TEST(cuda_moe_blas) {
         float *x = rnd((size_t)n * H, 1.0f), *wts = malloc((size_t)n * k * sizeof *wts);
         int32_t *idx = malloc((size_t)n * k * sizeof *idx);
         moe_route_uneven(idx, wts, n, E, k);
-        for (int p = 0; C[c].even && p < n * k; p++) idx[p] = (p / k * k + p % k * (E / k) + p / k) % E; /* distinct in a row */
+        for (int p = 0; C[c].even && p < n * k; p++) /* distinct in a row; every 7th pair without a local expert (-1:
+                                                       * expert parallelism), which every path skips */
+            idx[p] = p % 7 == 3 ? -1 : (p / k * k + p % k * (E / k) + p / k) % E;
         float *yr = malloc((size_t)n * H * sizeof *yr), *scr = malloc((size_t)n * k * 2 * I * sizeof *scr);
         g_ref->vt->moe_mlp(g_ref, yr, x, n, H, idx, wts, k, &m.gr, &m.ur, &m.dr, C[c].act, scr);
         setenv("TERN_MOE_GROUPED", "1", 1);

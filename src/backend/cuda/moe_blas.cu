@@ -44,13 +44,13 @@ __global__ void mb_gather(__nv_bfloat16 *xs, const float *x, const int32_t *perm
     }
 }
 
-/* the padded gather: sorted slot s of expert e (off[e] <= s < off[e + 1]) to row e·P + s - off[e] of xs, and
- * ipad[perm[s]] = that row (the combine's index); a warp per slot */
+/* the padded gather: sorted slot s < ns (= off[E], the pairs with a local expert) of expert e (off[e] <= s <
+ * off[e + 1]) to row e·P + s - off[e] of xs, and ipad[perm[s]] = that row (the combine's index); a warp per slot */
 __global__ void mb_gather_pad(__nv_bfloat16 *xs, int32_t *ipad, const float *x, const int32_t *perm, const int *off, int E,
-                              int P, int mp, int k, int H) {
+                              int P, int ns, int k, int H) {
     pdl_start();
     const int lane = threadIdx.x & 31, H8 = H >> 3;
-    for (long s = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; s < mp; s += ((long)gridDim.x * blockDim.x) >> 5) {
+    for (long s = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; s < ns; s += ((long)gridDim.x * blockDim.x) >> 5) {
         int lo = 0, hi = E - 1; /* the last e with off[e] <= s (empty experts share their offset with the next) */
         while (lo < hi) {
             const int mid = (lo + hi + 1) >> 1;
@@ -154,8 +154,9 @@ static int mb_grouped(tern__cuda *c, int G, int m, const int *n, int kk, int lda
  * (nothing launched). work: the padded bf16 rows [E·P][H] (then the down outputs in their place), h [E·P][I]
  * and the pairs' padded rows; scratch: gate | up [E·P][2I] in bf16. */
 static int mb_padded(tern__cuda *c, float *y, const float *x, int m, int k, int H, const int *ho, const int *off,
-                     const int32_t *perm, const float *wts, const tern__cuda_w *gate, const tern__cuda_w *up,
-                     const tern__cuda_w *down, int act, uint8_t *work, size_t work_bytes, float *scratch) {
+                     const int32_t *perm, const int32_t *ipos, const float *wts, const tern__cuda_w *gate,
+                     const tern__cuda_w *up, const tern__cuda_w *down, int act, uint8_t *work, size_t work_bytes,
+                     float *scratch) {
     if (tern__cuda_moe_pad < 0) tern__cuda_moe_pad = tern__cuda_env_int("TERN_MOE_PAD", 1);
     const int E = gate->nmat, I = gate->out, mp = m * k;
     int mx = 0;
@@ -171,9 +172,13 @@ static int mb_padded(tern__cuda *c, float *y, const float *x, int m, int k, int 
     __nv_bfloat16 *xs = (__nv_bfloat16 *)work, *o = xs, *hb = (__nv_bfloat16 *)(work + xs_bytes);
     __nv_bfloat16 *gu = (__nv_bfloat16 *)scratch;
     int32_t *ipad = (int32_t *)(work + xs_bytes + h_bytes);
-    const long wb = ((long)mp + 7) / 8;
-    tern_launch(c->stream, mb_gather_pad, (unsigned)(wb < 65535 ? wb : 65535), 256, 0, xs, ipad, x, perm, off, E, P, mp, k,
-                H);
+    /* pairs without a local expert (idx outside [0, E): expert parallelism) keep ipos's -1 for the combine; the
+     * gather walks the ho[E] sorted slots that hold pairs */
+    if (cudaMemcpyAsync(ipad, ipos, (size_t)mp * 4, cudaMemcpyDeviceToDevice, c->stream) != cudaSuccess) return 0;
+    const long wb = ((long)ho[E] + 7) / 8;
+    if (wb > 0)
+        tern_launch(c->stream, mb_gather_pad, (unsigned)(wb < 65535 ? wb : 65535), 256, 0, xs, ipad, x, perm, off, E, P,
+                    ho[E], k, H);
     cublasHandle_t bl = (cublasHandle_t)c->blas;
     const float one = 1.0f, zero = 0.0f;
     const long long sx = (long long)P * H, sgu = (long long)P * 2 * I, sh = (long long)P * I;
@@ -229,13 +234,14 @@ extern "C" int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int 
     __nv_bfloat16 *gu = (__nv_bfloat16 *)scratch, *hb = gu + (size_t)mp * 2 * I;
     int ok = cudaMemcpyAsync(ho, off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, c->stream) == cudaSuccess &&
              cudaStreamSynchronize(c->stream) == cudaSuccess;
-    if (ok && mb_padded(c, y, x, m, k, H, ho, off, perm, wts, gate, up, down, act, work, work_bytes, scratch)) {
+    if (ok && mb_padded(c, y, x, m, k, H, ho, off, perm, ipos, wts, gate, up, down, act, work, work_bytes, scratch)) {
         tern__cuda_moe_blas_calls++;
         tern__cuda_check(c, "moe blas");
         free(ho); free(hp);
         return 1;
     }
-    if (ok) tern_launch(c->stream, mb_gather, mb_grid((size_t)mp * H / 8), 256, 0, xs, x, perm, mp, k, H);
+    if (ok && ho[E] > 0) /* the sorted slots that hold pairs (ho[E] <= mp: pairs without a local expert have none) */
+        tern_launch(c->stream, mb_gather, mb_grid((size_t)ho[E] * H / 8), 256, 0, xs, x, perm, ho[E], k, H);
     int ne = 0;
     for (int e = 0; ok && e < E; e++)
         if (ho[e + 1] > ho[e]) {
