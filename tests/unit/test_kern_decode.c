@@ -92,29 +92,19 @@ static void check_ops(tern_backend *be, const fmt *f, int in, const int *outs, i
     for (int i = 0; i < 3; i++) kt_weight_free(&w[i]);
 }
 
-TEST(decode_fused_ops_bitwise) {
-    static const char *isas[] = {"avx512", "avx2"};
+static void fused_ops_on(tern_backend *be, const char *tag, int nth) {
     /* out: not multiples of the 16-row chunk; in·out from below to above the pool threshold */
     static const int outs_small[3] = {5, 3, 9}, outs_big[3] = {301, 37, 70}, outs_wide[3] = {64, 17, 130};
-    for (size_t s = 0; s < TERN_ARRAY_LEN(isas); s++) {
-        if (!kt_isa_ok(isas[s])) continue;
-        for (int nth = 1; nth <= 3; nth++) {
-            tern_backend *be = kt_open_cpu(isas[s], nth);
-            CHECK(be != NULL, "open %s", isas[s]);
-            if (!be) continue;
-            char tag[32];
-            snprintf(tag, sizeof tag, "%s/%dt", isas[s], nth);
-            for (size_t f = 0; f < TERN_ARRAY_LEN(fmts); f++)
-                for (int int8 = 0; int8 < 2; int8++) {
-                    unsigned long long seed = 1000 * f + 10 * (unsigned)nth + (unsigned)int8;
-                    check_ops(be, &fmts[f], 256, outs_small, int8, seed, tag);
-                    check_ops(be, &fmts[f], 512, outs_big, int8, seed + 1, tag);
-                    check_ops(be, &fmts[f], 2048, outs_wide, int8, seed + 2, tag);
-                }
-            tern_backend_close(be);
+    for (size_t f = 0; f < TERN_ARRAY_LEN(fmts); f++)
+        for (int int8 = 0; int8 < 2; int8++) {
+            unsigned long long seed = 1000 * f + 10 * (unsigned)nth + (unsigned)int8;
+            check_ops(be, &fmts[f], 256, outs_small, int8, seed, tag);
+            check_ops(be, &fmts[f], 512, outs_big, int8, seed + 1, tag);
+            check_ops(be, &fmts[f], 2048, outs_wide, int8, seed + 2, tag);
         }
-    }
 }
+
+TEST(decode_fused_ops_bitwise) { kt_each_cpu(fused_ops_on); }
 
 /* Rows per kernel pass (tern__cpu_dec_nr_set, up to the table's gemv_nr: 8 for AVX-512): a
  * row's result does not depend on how many rows share the pass, so 1..8 rows per pass are

@@ -78,29 +78,20 @@ static void check_one(tern_backend *be, const fmt *f, const shape *sh, int int8,
     free(x); free(nw); free(inv);
 }
 
-TEST(norm_qkv_rope_kv_bitwise) {
-    static const char *isas[] = {"avx512", "avx2"};
+static void bitwise_on(tern_backend *be, const char *tag, int nth) {
     static const int poss[] = {0, 5, 17, 40, 63}; /* 40: a block that is not resident */
-    for (size_t s = 0; s < TERN_ARRAY_LEN(isas); s++) {
-        if (!kt_isa_ok(isas[s])) continue;
-        for (int nth = 1; nth <= 3; nth++) {
-            tern_backend *be = kt_open_cpu(isas[s], nth);
-            CHECK(be != NULL, "open %s", isas[s]);
-            if (!be) continue;
-            char tag[32];
-            snprintf(tag, sizeof tag, "%s/%dt", isas[s], nth);
-            for (size_t fi = 0; fi < TERN_ARRAY_LEN(fmts); fi++)
-                for (int int8 = 0; int8 <= (fmts[fi].dt == TERN_DT_Q); int8++)
-                    for (size_t si = 0; si < TERN_ARRAY_LEN(shapes); si++)
-                        for (size_t pi = 0; pi < TERN_ARRAY_LEN(poss); pi++) {
-                            tern__cpu_qkv_rope_set(0);
-                            tern__cpu_qkv_rope_set(1);
-                            check_one(be, &fmts[fi], &shapes[si], int8, poss[pi], pi % 2 ? 1.0f : 1.25f, tag);
-                        }
-            tern_backend_close(be);
-        }
-    }
+    (void)nth;
+    for (size_t fi = 0; fi < TERN_ARRAY_LEN(fmts); fi++)
+        for (int int8 = 0; int8 <= (fmts[fi].dt == TERN_DT_Q); int8++)
+            for (size_t si = 0; si < TERN_ARRAY_LEN(shapes); si++)
+                for (size_t pi = 0; pi < TERN_ARRAY_LEN(poss); pi++) {
+                    tern__cpu_qkv_rope_set(0);
+                    tern__cpu_qkv_rope_set(1);
+                    check_one(be, &fmts[fi], &shapes[si], int8, poss[pi], pi % 2 ? 1.0f : 1.25f, tag);
+                }
 }
+
+TEST(norm_qkv_rope_kv_bitwise) { kt_each_cpu(bitwise_on); }
 
 TEST(norm_qkv_rope_kv_declines) {
     const shape sh = {256, 8, 2, 32};

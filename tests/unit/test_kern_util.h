@@ -101,6 +101,25 @@ static inline tern_backend *kt_open_cpu(const char *isa, int nth) {
     return be;
 }
 
+/* body(be, tag, nth) on the fast CPU backend at each ISA level this machine runs ("avx512", "avx2") with 1, 2
+ * and 3 threads (tag "isa/Nt"); a backend that does not open fails the test */
+typedef void (*kt_cpu_body)(tern_backend *be, const char *tag, int nth);
+static inline void kt_each_cpu(kt_cpu_body body) {
+    static const char *isas[] = {"avx512", "avx2"};
+    for (size_t s = 0; s < TERN_ARRAY_LEN(isas); s++) {
+        if (!kt_isa_ok(isas[s])) continue;
+        for (int nth = 1; nth <= 3; nth++) {
+            tern_backend *be = kt_open_cpu(isas[s], nth);
+            CHECK(be != NULL, "open %s", isas[s]);
+            if (!be) continue;
+            char tag[32];
+            snprintf(tag, sizeof tag, "%s/%dt", isas[s], nth);
+            body(be, tag, nth);
+            tern_backend_close(be);
+        }
+    }
+}
+
 static inline tern_backend *kt_open_ref(void) {
     tern_backend *be = NULL;
     tern_backend_cpu_ref_open(&be, NULL, NULL);
