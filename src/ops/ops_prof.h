@@ -1,7 +1,8 @@
 /*
  * ops_prof.h — what the two per-op profilers (src/backend/cpu/cpu_prof.c, TERN_CPU_PROFILE; src/backend/cuda/prof.c,
- * TERN_CUDA_PROFILE) share: the ops of ops.h they wrap the same way (void, no weight to name) as an X-macro list,
- * X(name, (parameters), (arguments)), and the name a matmul's row takes in their tables ("matmul n=1 4096x4096 BF16",
+ * TERN_CUDA_PROFILE) share: the ops of ops.h they wrap the same way as X-macro lists (plain: void, no weight to
+ * name, X(name, (parameters), (arguments)); weight and fused ops: with a label), and the name a matmul's row takes
+ * in their tables ("matmul n=1 4096x4096 BF16",
  * "... q4/g64"). Each profiler defines its own wrapper body (CPU: the monotonic clock on the calling thread; CUDA:
  * events around the op).
  */
@@ -40,6 +41,31 @@
       (tern_backend * be, float *y, const float *x, int n, int H, const int32_t *idx, const float *wts, int k,         \
        const tern_tensor *g, const tern_tensor *u, const tern_tensor *d, int act, float *scr),                         \
       (be, y, x, n, H, idx, wts, k, g, u, d, act, scr))
+
+/* The ops both profilers name the same way, X(name, (parameters), (arguments), label): the label is an expression
+ * that may write the row's name into `nm` (char[64], the wrapper's) with tern__prof_wname. WEIGHT ops return
+ * nothing; FUSED ops return 1 when they ran (the label) or 0 when they refused ("(name refused)"). */
+#define TERN_PROF_WEIGHT_OPS(X)                                                                                       \
+    X(matmul, (tern_backend * be, float *y, const float *x, int n, const tern_tensor *w), (be, y, x, n, w),           \
+      tern__prof_wname(n == 1 ? "matmul n=1" : "matmul n>1", w, nm, sizeof nm))                                       \
+    X(matmul_expert, (tern_backend * be, float *y, const float *x, int n, const tern_tensor *w, int e),               \
+      (be, y, x, n, w, e), tern__prof_wname("matmul_expert", w, nm, sizeof nm))
+#define TERN_PROF_FUSED_OPS(X)                                                                                        \
+    X(matmul_glu,                                                                                                      \
+      (tern_backend * be, float *y, const float *x, int n, const tern_tensor *g, const tern_tensor *u, int act),       \
+      (be, y, x, n, g, u, act), tern__prof_wname("matmul_glu (gate)", g, nm, sizeof nm))                              \
+    X(matmul_add, (tern_backend * be, float *y, const float *x, int n, const tern_tensor *w), (be, y, x, n, w),       \
+      tern__prof_wname("matmul_add", w, nm, sizeof nm))                                                                \
+    X(rope_kv_write,                                                                                                   \
+      (tern_backend * be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k, const float *v, int nh,  \
+       const float *f, float ms),                                                                                      \
+      (be, kv, rows, q, k, v, nh, f, ms), "rope_kv_write")                                                             \
+    X(norm_qkv_rope_kv,                                                                                                \
+      (tern_backend * be, float *xn, const float *x, const float *nw, float eps, float *q, float *k, float *v,         \
+       const tern_tensor *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh, const float *inv_freq,     \
+       float mscale),                                                                                                  \
+      (be, xn, x, nw, eps, q, k, v, w, kv, rows, nh, inv_freq, mscale),                                                \
+      tern__prof_wname("norm_qkv_rope_kv", w[0], nm, sizeof nm))
 
 /* "op OUTxIN q4/g64" or "op OUTxIN BF16": a matmul's row in the profilers' tables */
 static inline const char *tern__prof_wname(const char *op, const tern_tensor *w, char *buf, size_t n) {

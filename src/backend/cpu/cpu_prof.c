@@ -134,13 +134,27 @@ static double quant(float *v, int n, double q) {
     return v[(int)(q * (n - 1) + 0.5)];
 }
 
-#define WRAP0(nm, params, args)                                                                                 \
-    static void p_##nm params {                                                                                 \
+#define WRAPW(op, params, args, label)                                                                          \
+    static void p_##op params {                                                                                 \
+        char nm[64];                                                                                            \
+        (void)nm;                                                                                               \
         const double t0 = begin();                                                                              \
-        g_base->nm args;                                                                                        \
-        end(t0, #nm);                                                                                           \
+        g_base->op args;                                                                                        \
+        end(t0, label);                                                                                         \
     }
+#define WRAPF(op, params, args, label)                                                                          \
+    static int p_##op params {                                                                                  \
+        char nm[64];                                                                                            \
+        (void)nm;                                                                                               \
+        const double t0 = begin();                                                                              \
+        int r = g_base->op args;                                                                                \
+        end(t0, r ? label : "(" #op " refused)");                                                               \
+        return r;                                                                                               \
+    }
+#define WRAP0(op, params, args) WRAPW(op, params, args, #op)
 TERN_PROF_PLAIN_OPS(WRAP0)
+TERN_PROF_WEIGHT_OPS(WRAPW)
+TERN_PROF_FUSED_OPS(WRAPF)
 WRAP0(upload, (tern_backend *be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
 WRAP0(sample, (tern_backend *be, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
                const tern_sample_pair *pairs, void *scratch), (be, ids, logits, n, V, rows, pairs, scratch))
@@ -158,38 +172,11 @@ static void p_download(tern_backend *be, void *dst, const void *src, size_t byte
     end(t0, "download");
     step_end(tern_time_s());
 }
-static void p_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
-    char nm[64];
-    const double t0 = begin();
-    g_base->matmul(be, y, x, n, w);
-    end(t0, tern__prof_wname(n == 1 ? "matmul n=1" : "matmul n>1", w, nm, sizeof nm));
-}
-static void p_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e) {
-    char nm[64];
-    const double t0 = begin();
-    g_base->matmul_expert(be, y, x, n, w, e);
-    end(t0, tern__prof_wname("matmul_expert", w, nm, sizeof nm));
-}
 static int p_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
     char nm[64];
     const double t0 = begin();
     int r = g_base->matmul_n(be, k, y, x, n, w);
     end(t0, r ? tern__prof_wname(k == 3 ? "matmul_n q|k|v" : "matmul_n", w[0], nm, sizeof nm) : "(matmul_n refused)");
-    return r;
-}
-static int p_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *g, const tern_tensor *u,
-                        int act) {
-    char nm[64];
-    const double t0 = begin();
-    int r = g_base->matmul_glu(be, y, x, n, g, u, act);
-    end(t0, r ? tern__prof_wname("matmul_glu (gate)", g, nm, sizeof nm) : "(matmul_glu refused)");
-    return r;
-}
-static int p_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
-    char nm[64];
-    const double t0 = begin();
-    int r = g_base->matmul_add(be, y, x, n, w);
-    end(t0, r ? tern__prof_wname("matmul_add", w, nm, sizeof nm) : "(matmul_add refused)");
     return r;
 }
 static int p_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
@@ -199,22 +186,6 @@ static int p_norm_matmul(tern_backend *be, float *xn, const float *x, const floa
     int r = g_base->norm_matmul(be, xn, x, nw, eps, n, k, y, w, act, res);
     end(t0, r ? tern__prof_wname(act >= 0 ? "norm_matmul glu" : k == 3 ? "norm_matmul q|k|v" : "norm_matmul", w[0], nm, sizeof nm)
               : "(norm_matmul refused)");
-    return r;
-}
-static int p_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
-                           const float *v, int nh, const float *f, float ms) {
-    const double t0 = begin();
-    int r = g_base->rope_kv_write(be, kv, rows, q, k, v, nh, f, ms);
-    end(t0, r ? "rope_kv_write" : "(rope_kv_write refused)");
-    return r;
-}
-static int p_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q, float *k,
-                              float *v, const tern_tensor *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
-                              const float *inv_freq, float mscale) {
-    char nm[64];
-    const double t0 = begin();
-    int r = g_base->norm_qkv_rope_kv(be, xn, x, nw, eps, q, k, v, w, kv, rows, nh, inv_freq, mscale);
-    end(t0, r ? tern__prof_wname("norm_qkv_rope_kv", w[0], nm, sizeof nm) : "(norm_qkv_rope_kv refused)");
     return r;
 }
 static int p_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,

@@ -61,40 +61,34 @@ static void end(tern_backend *be, const char *name) {
     g_kind_of[g_pending++] = kind_id(name);
 }
 
-#define WRAP0(nm, params, args)                                                                                 \
-    static void p_##nm params {                                                                                 \
+#define WRAPW(op, params, args, label)                                                                          \
+    static void p_##op params {                                                                                 \
+        char nm[64];                                                                                            \
+        (void)nm;                                                                                               \
         begin(be);                                                                                              \
-        g_base->nm args;                                                                                        \
-        end(be, #nm);                                                                                           \
+        g_base->op args;                                                                                        \
+        end(be, label);                                                                                         \
     }
+#define WRAPF(op, params, args, label)                                                                          \
+    static int p_##op params {                                                                                  \
+        char nm[64];                                                                                            \
+        (void)nm;                                                                                               \
+        begin(be);                                                                                              \
+        int r = g_base->op args;                                                                                \
+        end(be, r ? label : "(" #op " refused)");                                                               \
+        return r;                                                                                               \
+    }
+#define WRAP0(op, params, args) WRAPW(op, params, args, #op)
 TERN_PROF_PLAIN_OPS(WRAP0)
+TERN_PROF_WEIGHT_OPS(WRAPW)
+TERN_PROF_FUSED_OPS(WRAPF)
 WRAP0(embed, (tern_backend *be, float *y, const int32_t *ids, int n, const tern_tensor *e, float s), (be, y, ids, n, e, s))
 
-static void p_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
-    char nm[64];
-    begin(be);
-    g_base->matmul(be, y, x, n, w);
-    end(be, tern__prof_wname(n == 1 ? "matmul n=1" : "matmul n>1", w, nm, sizeof nm));
-}
-static void p_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e) {
-    char nm[64];
-    begin(be);
-    g_base->matmul_expert(be, y, x, n, w, e);
-    end(be, tern__prof_wname("matmul_expert", w, nm, sizeof nm));
-}
 static int p_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
     char nm[64];
     begin(be);
     int r = g_base->matmul_n(be, k, y, x, n, w);
     end(be, r ? tern__prof_wname("matmul_n (first)", w[0], nm, sizeof nm) : "(matmul_n refused)");
-    return r;
-}
-static int p_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *g, const tern_tensor *u,
-                        int act) {
-    char nm[64];
-    begin(be);
-    int r = g_base->matmul_glu(be, y, x, n, g, u, act);
-    end(be, r ? tern__prof_wname("matmul_glu (gate)", g, nm, sizeof nm) : "(matmul_glu refused)");
     return r;
 }
 static int p_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
@@ -118,29 +112,6 @@ static int p_norm_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const
     begin(be);
     int r = g_base->norm_rope_kv_write(be, kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
     end(be, r ? "norm_rope_kv_write" : "(norm_rope_kv_write refused)");
-    return r;
-}
-static int p_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q, float *k,
-                              float *v, const tern_tensor *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
-                              const float *inv_freq, float mscale) {
-    char nm[64];
-    begin(be);
-    int r = g_base->norm_qkv_rope_kv(be, xn, x, nw, eps, q, k, v, w, kv, rows, nh, inv_freq, mscale);
-    end(be, r ? tern__prof_wname("norm_qkv_rope_kv", w[0], nm, sizeof nm) : "(norm_qkv_rope_kv refused)");
-    return r;
-}
-static int p_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
-    char nm[64];
-    begin(be);
-    int r = g_base->matmul_add(be, y, x, n, w);
-    end(be, r ? tern__prof_wname("matmul_add", w, nm, sizeof nm) : "(matmul_add refused)");
-    return r;
-}
-static int p_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
-                           const float *v, int nh, const float *f, float ms) {
-    begin(be);
-    int r = g_base->rope_kv_write(be, kv, rows, q, k, v, nh, f, ms);
-    end(be, r ? "rope_kv_write" : "(rope_kv_write refused)");
     return r;
 }
 static int p_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
