@@ -120,27 +120,24 @@ static void stats(double *v, int n, double out[3]) { /* median, min, max */
     out[2] = v[n - 1];
 }
 
+/* "a,b,c" -> v[0..): at most max numbers; returns how many */
+static int int_list(char *q, long *v, int max) {
+    int n = 0;
+    while (*q && n < max) {
+        v[n++] = strtol(q, &q, 10);
+        if (*q == ',') q++;
+        else break;
+    }
+    return n;
+}
+
 int main(int argc, char **argv) {
     int nth = 0, pairs = 8, hot = 0, big = 0, npf = 0, only_mode = -1, thp = 0, one_out = 0, one_in = 0, nq4 = 0;
     long pfs[8], q4s[8];
     const char *only_fmt = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--pf") && i + 1 < argc) {
-            for (char *q = argv[++i]; *q && npf < 8;) {
-                pfs[npf++] = strtol(q, &q, 10);
-                if (*q == ',') q++;
-                else break;
-            }
-            continue;
-        }
-        if (!strcmp(argv[i], "--q4") && i + 1 < argc) {
-            for (char *q = argv[++i]; *q && nq4 < 8;) {
-                q4s[nq4++] = strtol(q, &q, 10);
-                if (*q == ',') q++;
-                else break;
-            }
-            continue;
-        }
+        if (!strcmp(argv[i], "--pf") && i + 1 < argc) { npf += int_list(argv[++i], pfs + npf, 8 - npf); continue; }
+        if (!strcmp(argv[i], "--q4") && i + 1 < argc) { nq4 += int_list(argv[++i], q4s + nq4, 8 - nq4); continue; }
         if (!strcmp(argv[i], "--thp")) { thp = 1; continue; }
         if (!strcmp(argv[i], "--fmt") && i + 1 < argc) { only_fmt = argv[++i]; continue; }
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) { only_mode = !strcmp(argv[++i], "int8"); continue; }
