@@ -429,9 +429,10 @@ static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float
         if (w[i]->dtype != TERN_DT_BF16 || w[i]->nmat > 1 || w[i]->in != in || w[i]->out < 1) return 0;
         any |= all || w[i]->precise;
     }
+    if (!any || in <= 0) return 0;
     const size_t xbytes = ((size_t)n * in * 2 + 255) & ~(size_t)255, avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
     const size_t chunk = (avail / 2 - 1024) / ((size_t)in * 4); /* tern__cuda_gemm's rows a chunk */
-    if (!any || in <= 0 || (size_t)n > chunk || 2 * xbytes >= avail / 2) return 0;
+    if ((size_t)n > chunk || 2 * xbytes >= avail / 2) return 0;
     cudaSetDevice(c->device);
     uint8_t *xh = (uint8_t *)c->gemm_scratch, *xl = xh + xbytes;
     tern__cuda_rmsnorm_bf16(c, xn, xh, xl, x, n, in, nw, eps);

@@ -216,13 +216,13 @@ __global__ void ew_kernel(int op, float *y, const float *a, const float *b, floa
 /* the same four elements a thread (n % 4 == 0, 16-byte aligned y, a and an elementwise b): the same
  * ew_one, so the same bits. H200, session 22: the scalar form moved ~2.4 TB/s (gemma4-12b's gelu·up over
  * a 2048 x 15360 chunk: 158 us) */
-__global__ void ew4_kernel(int op, float4 *y, const float4 *a, const float4 *b, float s, size_t n4, const float *bs) {
+__global__ void ew4_kernel(int op, float4 *y, const float4 *a, const float *b, float s, size_t n4) {
     pdl_start();
-    const bool elem_b = b != nullptr;
-    const float b0 = op == TERN__EW_SCALE_DEV ? bs[0] : 0.0f;
+    const bool elem_b = b && op != TERN__EW_SCALE_DEV;
+    const float b0 = op == TERN__EW_SCALE_DEV ? b[0] : 0.0f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
-        const float4 x = a[i], v = elem_b ? b[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const bool hb = elem_b || bs;
+        const float4 x = a[i], v = elem_b ? ((const float4 *)b)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const bool hb = b != nullptr;
         y[i] = make_float4(ew_one(op, x.x, hb, v.x, b0, s), ew_one(op, x.y, hb, v.y, b0, s), ew_one(op, x.z, hb, v.z, b0, s),
                            ew_one(op, x.w, hb, v.w, b0, s));
     }
@@ -231,11 +231,9 @@ __global__ void ew4_kernel(int op, float4 *y, const float4 *a, const float4 *b, 
 extern "C" void tern__cuda_ew(tern__cuda *c, int op, float *y, const float *a, const float *b, float s, size_t n) {
     if (!n) return;
     cudaSetDevice(c->device);
-    const bool dev_s = op == TERN__EW_SCALE_DEV; /* b is a device scalar, not an array */
-    const float *be = dev_s ? NULL : b;
+    const float *be = op == TERN__EW_SCALE_DEV ? NULL : b; /* SCALE_DEV: b is a device scalar, not an array */
     if (n % 4 == 0 && (((uintptr_t)y | (uintptr_t)a | (uintptr_t)be) & 15) == 0)
-        tern_launch(c->stream, ew4_kernel, nblocks(n / 4, 256), 256, 0, op, (float4 *)y, (const float4 *)a,
-                    (const float4 *)be, s, n / 4, dev_s ? b : (const float *)NULL);
+        tern_launch(c->stream, ew4_kernel, nblocks(n / 4, 256), 256, 0, op, (float4 *)y, (const float4 *)a, b, s, n / 4);
     else
         tern_launch(c->stream, ew_kernel, nblocks(n, 256), 256, 0, op, y, a, b, s, n);
     tern__cuda_check(c, "elementwise");
