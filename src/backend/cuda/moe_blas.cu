@@ -30,17 +30,21 @@
 #include <cublas_v2.h>
 #include <stdlib.h>
 
+/* eight f32 at src (16-byte aligned) rounded to bf16, as one 16-byte store */
+__device__ __forceinline__ uint4 bf16x8(const float4 *src) {
+    const float4 a = src[0], b = src[1];
+    __nv_bfloat162 v[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                           __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+    return *(const uint4 *)v;
+}
+
 __global__ void mb_gather(__nv_bfloat16 *xs, const float *x, const int32_t *perm, int mp, int k, int H) {
     pdl_start();
     const int H8 = H >> 3;
     const size_t total = (size_t)mp * H8;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const int s = (int)(i / H8), c = (int)(i % H8);
-        const float4 *src = (const float4 *)(x + (size_t)(perm[s] / k) * H) + 2 * c;
-        const float4 a = src[0], b = src[1];
-        __nv_bfloat162 v[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
-                               __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
-        ((uint4 *)(xs + (size_t)s * H))[c] = *(const uint4 *)v;
+        ((uint4 *)(xs + (size_t)s * H))[c] = bf16x8((const float4 *)(x + (size_t)(perm[s] / k) * H) + 2 * c);
     }
 }
 
@@ -62,12 +66,7 @@ __global__ void mb_gather_pad(__nv_bfloat16 *xs, int32_t *ipad, const float *x, 
         if (lane == 0) ipad[p] = (int32_t)row;
         const float4 *src = (const float4 *)(x + (size_t)(p / k) * H);
         uint4 *dst = (uint4 *)(xs + row * H);
-        for (int c = lane; c < H8; c += 32) {
-            const float4 a = src[2 * c], b = src[2 * c + 1];
-            __nv_bfloat162 v[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
-                                   __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
-            dst[c] = *(const uint4 *)v;
-        }
+        for (int c = lane; c < H8; c += 32) dst[c] = bf16x8(src + 2 * c);
     }
 }
 
@@ -151,7 +150,7 @@ static int mb_grouped(tern__cuda *c, int G, int m, const int *n, int kk, int lda
 }
 
 /* The padded form (the file's header) for one chunk once the offsets ho are on the host; 0 when not taken
- * (nothing launched). work: the padded bf16 rows [E·P][H] (then the down outputs in their place), h [E·P][I]
+ * (nothing it may have launched is read: the caller's path rewrites xs and the outputs). work: the padded bf16 rows [E·P][H] (then the down outputs in their place), h [E·P][I]
  * and the pairs' padded rows; scratch: gate | up [E·P][2I] in bf16. */
 static int mb_padded(tern__cuda *c, float *y, const float *x, int m, int k, int H, const int *ho, const int *off,
                      const int32_t *perm, const int32_t *ipos, const float *wts, const tern__cuda_w *gate,
@@ -166,7 +165,7 @@ static int mb_padded(tern__cuda *c, float *y, const float *x, int m, int k, int 
                  * 2048-token prefill to that), at most 1.5x padding on top of the routing's imbalance */
     while (P < mx) P = P % 3 == 0 ? P / 3 * 4 : P / 2 * 3;
     const size_t rows = (size_t)E * P;
-    if (!tern__cuda_moe_pad || !P || (tern__cuda_moe_pad == 1 && rows > 2 * (size_t)mp)) return 0;
+    if (!tern__cuda_moe_pad || !mx || (tern__cuda_moe_pad == 1 && rows > 2 * (size_t)mp)) return 0;
     const size_t xs_bytes = (rows * H * 2 + 255) & ~(size_t)255, h_bytes = (rows * I * 2 + 255) & ~(size_t)255;
     if (xs_bytes + h_bytes + (size_t)mp * 4 > work_bytes || rows * 2 * I * 2 > (size_t)mp * 2 * I * 4) return 0;
     __nv_bfloat16 *xs = (__nv_bfloat16 *)work, *o = xs, *hb = (__nv_bfloat16 *)(work + xs_bytes);
