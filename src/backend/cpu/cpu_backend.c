@@ -250,11 +250,7 @@ void tern__cpu_argmax_set(int on) { argmax_on = on < 0 ? -1 : on != 0; }
 
 static void cpu_sample(tern_backend *be, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
                        const tern_sample_pair *pairs, void *scratch) {
-    int fast = argmax_on;
-    if (fast < 0) {
-        const char *e = getenv("TERN_CPU_ARGMAX");
-        argmax_on = fast = !(e && e[0] == '0');
-    }
+    const int fast = tern__cpu_switch(&argmax_on, "TERN_CPU_ARGMAX", 1);
     const cpu_impl *c = be->impl;
     for (int r = 0; r < n; r++) {
         const tern_sample_row *p = &rows[r];
@@ -310,11 +306,8 @@ static const tern_backend_vt cpu_vt = {
  * the model's tern__rmsnorm_add leaves it), then rmsnorm and the matmuls. */
 static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
                            float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TERN_CPU_NORM_RES");
-        on = e && e[0] == '1';
-    }
+    static _Atomic int on_cache = -1;
+    const int on = tern__cpu_switch(&on_cache, "TERN_CPU_NORM_RES", 0);
     if (!on || !res || act >= 0 || (k != 1 && k != 3) || xn == x || !res->x_out) return 0;
     const tern_backend_vt *op = be->vt;
     const int d = (int)w[0]->shape[w[0]->ndim - 1];

@@ -191,13 +191,7 @@ static void prof_call(const cpu_impl *c, int nth, double t0, double t1) {
  * run instead; before/after benchmarks); tern__cpu_dec_set switches it in-process (A/B). */
 static _Atomic int dec_on = -1;
 static int dec_enabled(void) {
-    int v = dec_on;
-    if (v < 0) {
-        const char *e = getenv("TERN_CPU_DEC");
-        v = !(e && !strcmp(e, "0"));
-        dec_on = v;
-    }
-    return v;
+    return tern__cpu_switch(&dec_on, "TERN_CPU_DEC", 1);
 }
 void tern__cpu_dec_set(int on) { dec_on = on < 0 ? -1 : on != 0; }
 
@@ -277,11 +271,7 @@ void tern__cpu_qkv_rope_set(int on) { qkv_rope_on = on < 0 ? -1 : on != 0; }
 int tern__cpu_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
                                float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
                                const tern_rows *rows, int nh, const float *inv_freq, float mscale) {
-    int on = qkv_rope_on;
-    if (on < 0) {
-        const char *e = getenv("TERN_CPU_QKV_ROPE");
-        qkv_rope_on = on = !(e && !strcmp(e, "0"));
-    }
+    const int on = tern__cpu_switch(&qkv_rope_on, "TERN_CPU_QKV_ROPE", 1);
     const int d = kv->head_dim, nkv = kv->n_head_kv;
     if (!on || rows->n != 1 || kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32 || kv->latent) return 0;
     if (d < 2 || d > 512 || d % 2 || d % CHUNK || nh < 1 || nh > ROPE_MAX_HEADS || nkv < 1 || nkv > ROPE_MAX_HEADS) return 0;

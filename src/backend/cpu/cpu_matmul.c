@@ -155,13 +155,7 @@ _Static_assert(2 * 32 * GEMM_KC <= CPU_RT_MAX * CPU_CH, "tbuf holds a decoded st
 
 static int gemm_enabled(void) {
     static _Atomic int on = -1; /* TERN_CPU_GEMM=0: the tile-decode path (before/after benchmarks) */
-    int v = on;
-    if (v < 0) {
-        const char *e = getenv("TERN_CPU_GEMM");
-        v = !(e && !strcmp(e, "0"));
-        on = v;
-    }
-    return v;
+    return tern__cpu_switch(&on, "TERN_CPU_GEMM", 1);
 }
 
 /* x rows [r0, r0+nbk), inputs [t0, t0+len) into blocks of mr rows: xp[b·len + t·mr + r]. */

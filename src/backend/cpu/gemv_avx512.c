@@ -222,13 +222,7 @@ AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
 static _Atomic int bf16_x4 = -1;
 void tern__cpu_bf16_x4_set(int on) { bf16_x4 = on < 0 ? -1 : on != 0; }
 static int bf16_x4_on(void) {
-    int v = bf16_x4;
-    if (v < 0) {
-        const char *e = getenv("TERN_CPU_BF16_X4");
-        v = e && *e == '1';
-        bf16_x4 = v;
-    }
-    return v;
+    return tern__cpu_switch(&bf16_x4, "TERN_CPU_BF16_X4", 0);
 }
 AI void k_bf16x4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const ptrdiff_t pfd = gx->pf_data;

@@ -18,6 +18,23 @@
 
 #include "ops/tensor.h"
 
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* An on/off switch of the CPU backend read from the environment once (*cache < 0: unread; the tests' *_set
+ * functions store 0 / 1, or -1 to read it again): on by default unless `name` is "0", or (dflt 0) off unless its
+ * value starts with '1'. */
+static inline int tern__cpu_switch(_Atomic int *cache, const char *name, int dflt) {
+    int v = *cache;
+    if (v < 0) {
+        const char *e = getenv(name);
+        v = dflt ? !(e && !strcmp(e, "0")) : e && e[0] == '1';
+        *cache = v;
+    }
+    return v;
+}
+
 /* Most groups a decode slice can span (slices are <= 512 inputs, groups >= 32). */
 #define CPU_MAX_GROUPS 64
 
