@@ -67,6 +67,12 @@ static inline void tern_launch(cudaStream_t st, void (*k)(K...), dim3 grid, dim3
     tern_launch_cluster(st, k, grid, block, smem, 0, std::forward<A>(args)...);
 }
 
+/* blocks of 256 threads for a grid-stride walk over n items: 1 .. cap */
+static inline unsigned tern_grid256(size_t n, unsigned cap) {
+    const size_t b = (n + 255) / 256;
+    return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -428,10 +428,7 @@ extern "C" void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, con
 /* ---- dequantize rows for the GEMM path ---- */
 
 /* blocks of 256 threads for a grid-stride walk over n items (1 .. 65536) */
-static unsigned grid256(size_t n) {
-    const size_t b = (n + 255) / 256;
-    return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
-}
+static unsigned grid256(size_t n) { return tern_grid256(n, 65536); }
 
 /* bf16 == 0: f32; 1: bf16; 2: bf16 pair hi = bf16(v), lo = bf16(v - hi) at dst and at dst plus
  * m*in elements rounded up to 256 bytes */

@@ -98,10 +98,7 @@ unsigned long long tern__cuda_moe_pad_calls = 0;
 extern "C" int tern__cuda_moe_pad;
 int tern__cuda_moe_pad = -1;
 
-static unsigned mb_grid(size_t total) {
-    const size_t b = (total + 255) / 256;
-    return (unsigned)(b < 8192 ? b : 8192);
-}
+static unsigned mb_grid(size_t total) { return tern_grid256(total, 8192); }
 
 /* Does moe_blas take np routed pairs of these experts? (the caller has checked shapes and the plain mode) */
 extern "C" int tern__cuda_moe_blas_ok(const tern__cuda *c, const tern__cuda_w *gate, const tern__cuda_w *up,

@@ -302,8 +302,7 @@ __global__ void mg_combine(float *y, const T *o, const int32_t *ipos, const floa
 /* mg_combine over m tokens: o is [m·k][H] f32, or bf16 when o_bf16 (cuda_internal.h) */
 extern "C" void tern__cuda_moe_combine(tern__cuda *c, float *y, const void *o, int o_bf16, const int32_t *ipos,
                                        const float *wts, int m, int k, int H) {
-    const size_t tot = (size_t)m * (H / 4), b = (tot + 255) / 256;
-    const unsigned grid = (unsigned)(b < 8192 ? b : 8192);
+    const unsigned grid = tern_grid256((size_t)m * (H / 4), 8192);
     if (o_bf16)
         tern_launch(c->stream, mg_combine<__nv_bfloat16>, grid, 256, 0, y, (const __nv_bfloat16 *)o, ipos, wts, m, k, H);
     else tern_launch(c->stream, mg_combine<float>, grid, 256, 0, y, (const float *)o, ipos, wts, m, k, H);
