@@ -67,6 +67,28 @@
       (be, xn, x, nw, eps, q, k, v, w, kv, rows, nh, inv_freq, mscale),                                                \
       tern__prof_wname("norm_qkv_rope_kv", w[0], nm, sizeof nm))
 
+/* The wrappers themselves: a profiler defines TERN_PROF_BEGIN (a statement that starts timing; `be` is in scope)
+ * and TERN_PROF_END(label) (the statement that ends it under that row name), then expands the lists with
+ * TERN_PROF_WRAP_WEIGHT / TERN_PROF_WRAP_FUSED (TERN_PROF_WRAP_PLAIN: the weight form named after the op). */
+#define TERN_PROF_WRAP_WEIGHT(op, params, args, label)                                                              \
+    static void p_##op params {                                                                                     \
+        char nm[64];                                                                                                \
+        (void)nm;                                                                                                   \
+        TERN_PROF_BEGIN;                                                                                            \
+        g_base->op args;                                                                                            \
+        TERN_PROF_END(label);                                                                                       \
+    }
+#define TERN_PROF_WRAP_FUSED(op, params, args, label)                                                               \
+    static int p_##op params {                                                                                      \
+        char nm[64];                                                                                                \
+        (void)nm;                                                                                                   \
+        TERN_PROF_BEGIN;                                                                                            \
+        int r = g_base->op args;                                                                                    \
+        TERN_PROF_END(r ? label : "(" #op " refused)");                                                             \
+        return r;                                                                                                   \
+    }
+#define TERN_PROF_WRAP_PLAIN(op, params, args) TERN_PROF_WRAP_WEIGHT(op, params, args, #op)
+
 /* "op OUTxIN q4/g64" or "op OUTxIN BF16": a matmul's row in the profilers' tables */
 static inline const char *tern__prof_wname(const char *op, const tern_tensor *w, char *buf, size_t n) {
     const int nd = w->ndim;

@@ -134,27 +134,12 @@ static double quant(float *v, int n, double q) {
     return v[(int)(q * (n - 1) + 0.5)];
 }
 
-#define WRAPW(op, params, args, label)                                                                          \
-    static void p_##op params {                                                                                 \
-        char nm[64];                                                                                            \
-        (void)nm;                                                                                               \
-        const double t0 = begin();                                                                              \
-        g_base->op args;                                                                                        \
-        end(t0, label);                                                                                         \
-    }
-#define WRAPF(op, params, args, label)                                                                          \
-    static int p_##op params {                                                                                  \
-        char nm[64];                                                                                            \
-        (void)nm;                                                                                               \
-        const double t0 = begin();                                                                              \
-        int r = g_base->op args;                                                                                \
-        end(t0, r ? label : "(" #op " refused)");                                                               \
-        return r;                                                                                               \
-    }
-#define WRAP0(op, params, args) WRAPW(op, params, args, #op)
+#define TERN_PROF_BEGIN const double t0 = begin()
+#define TERN_PROF_END(label) end(t0, label)
+#define WRAP0 TERN_PROF_WRAP_PLAIN
 TERN_PROF_PLAIN_OPS(WRAP0)
-TERN_PROF_WEIGHT_OPS(WRAPW)
-TERN_PROF_FUSED_OPS(WRAPF)
+TERN_PROF_WEIGHT_OPS(TERN_PROF_WRAP_WEIGHT)
+TERN_PROF_FUSED_OPS(TERN_PROF_WRAP_FUSED)
 WRAP0(upload, (tern_backend *be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
 WRAP0(sample, (tern_backend *be, int32_t *ids, float *logits, int n, int V, const tern_sample_row *rows,
                const tern_sample_pair *pairs, void *scratch), (be, ids, logits, n, V, rows, pairs, scratch))

@@ -61,27 +61,12 @@ static void end(tern_backend *be, const char *name) {
     g_kind_of[g_pending++] = kind_id(name);
 }
 
-#define WRAPW(op, params, args, label)                                                                          \
-    static void p_##op params {                                                                                 \
-        char nm[64];                                                                                            \
-        (void)nm;                                                                                               \
-        begin(be);                                                                                              \
-        g_base->op args;                                                                                        \
-        end(be, label);                                                                                         \
-    }
-#define WRAPF(op, params, args, label)                                                                          \
-    static int p_##op params {                                                                                  \
-        char nm[64];                                                                                            \
-        (void)nm;                                                                                               \
-        begin(be);                                                                                              \
-        int r = g_base->op args;                                                                                \
-        end(be, r ? label : "(" #op " refused)");                                                               \
-        return r;                                                                                               \
-    }
-#define WRAP0(op, params, args) WRAPW(op, params, args, #op)
+#define TERN_PROF_BEGIN begin(be)
+#define TERN_PROF_END(label) end(be, label)
+#define WRAP0 TERN_PROF_WRAP_PLAIN
 TERN_PROF_PLAIN_OPS(WRAP0)
-TERN_PROF_WEIGHT_OPS(WRAPW)
-TERN_PROF_FUSED_OPS(WRAPF)
+TERN_PROF_WEIGHT_OPS(TERN_PROF_WRAP_WEIGHT)
+TERN_PROF_FUSED_OPS(TERN_PROF_WRAP_FUSED)
 WRAP0(embed, (tern_backend *be, float *y, const int32_t *ids, int n, const tern_tensor *e, float s), (be, y, ids, n, e, s))
 
 static int p_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
