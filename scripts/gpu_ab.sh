@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-34}"  # 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-35}"  # 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -452,9 +452,29 @@ if [[ " $SECTIONS " == *" 34 "* ]]; then
         done
     done
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    timeout 200 "$NCU" --cache-control none --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
-        $T bench --random gemma4-26b-a4b --device cuda --prompt 2048 --gen 1 --reps 1 --warmup 0 > "$OUT/ncu_pp.csv" 2>&1
-    python3 scripts/ncu_step.py "$OUT/ncu_pp.csv" --from embed_kernel | head -30 | tee -a "$S"
+    for m in ${AB_NCU_MODELS:-gemma4-26b-a4b}; do
+        timeout 200 "$NCU" --cache-control none --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
+            $T bench --random "$m" --device cuda --prompt 2048 --gen 1 --reps 1 --warmup 0 > "$OUT/ncu_pp_$m.csv" 2>&1
+        say "ncu $m 2048-row chunk:"
+        python3 scripts/ncu_step.py "$OUT/ncu_pp_$m.csv" --from embed_kernel | head -${AB_NCU_ROWS:-30} | tee -a "$S"
+    done
+fi
+
+# 35. session 23's switches, written or changed after its last device call: the materialized d-512 attention with key
+#     counts padded to 1024 (TERN_CUDA_ATTN_MAT, opt-in until this wins at 8k too), the bf16 MLP (TERN_CUDA_MLP_BF16)
+#     and rmsnorm_add's many-row launch alone (TERN_CUDA_RMS_VPT); prefill at 512 / 2k / 2k again / 8k / 16k
+if [[ " $SECTIONS " == *" 35 "* ]]; then
+    TERN_TEST_ONLY=cuda_attention_mat,cuda_rmsnorm_vpt,cuda_fused_rmsnorm_add timeout 60 build/test_cuda_ops > "$OUT/ops35.txt" 2>&1
+    say "op tests rc $?: $(grep -E '^(PASS|FAIL)' "$OUT/ops35.txt" | tr '\n' ' ')"
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for me in "gemma4-26b-a4b TERN_CUDA_ATTN_MAT=0" "gemma4-26b-a4b TERN_CUDA_ATTN_MAT=1" "gemma4-12b TERN_CUDA_ATTN_MAT=0" \
+                  "gemma4-12b TERN_CUDA_ATTN_MAT=1" "gemma4-12b TERN_CUDA_MLP_BF16=0" "gemma4-26b-a4b TERN_CUDA_RMS_VPT=0"; do
+            set -- $me
+            env "$2" timeout 150 $T bench --random "$1" --device cuda --prompt 512,2048,2048,8192,16384 --gen 1 --reps 1 \
+                > "$OUT/pp.txt" 2>&1
+            say "$1 bf16 [$2] rep $rep pp tok/s 512,2k,2k,8k,16k: $(grep '^csv,' "$OUT/pp.txt" | cut -d, -f6 | tr '\n' ' ')"
+        done
+    done
 fi
 
 echo "summary: $S"

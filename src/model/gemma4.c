@@ -256,12 +256,11 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         pend = (tern_pending_res){g->o, L->post_attn_norm, NULL, 1}; /* x += rmsnorm(o)·w, folded below */
 
         /* (b) feed-forward: dense MLP, and in MoE layers the routed experts beside it */
-        {   /* gelu(rmsnorm(x)·gate)·up */
-            float *const ys[1] = {g->g};
-            const tern_tensor *const ws[2] = {&L->gate, &L->up};
-            tern__pending_norm_op(m, &x, &xo, &pend, g->xn, L->pre_ff_norm, eps, n, H, 2, ys, ws, TERN_ACT_GELU_TANH, g->u);
+        {   /* down(gelu(rmsnorm(x)·gate)·up) */
+            const tern_tensor *const ws[3] = {&L->gate, &L->up, &L->down};
+            tern__pending_mlp(m, &x, &xo, &pend, g->xn, L->pre_ff_norm, eps, n, H, g->o, g->g, g->u, ws,
+                              TERN_ACT_GELU_TANH);
         }
-        op->matmul(be, g->o, g->g, n, &L->down);
         tern_allreduce_sum(be, g->o, (size_t)n * H);
         if (lc->moe) {
             int E = c->n_expert, K = c->n_expert_used;

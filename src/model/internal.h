@@ -262,6 +262,29 @@ static inline void tern__pending_flush(tern_model *m, float *x, tern_pending_res
     if (p->on) tern__rmsnorm_add(m, x, p->h, n, d, p->w, eps, p->s);
     p->on = 0;
 }
+/* The MLP in one backend op where the backend runs it whole (ops.h norm_mlp; many rows only): y = glu(rmsnorm(x)·nw)
+ * ·w[2]ᵀ (add = 0) or y += that (add = 1; y may be x: the pre-norm reads x before anything writes y), w = {gate, up,
+ * down}. Returns 1 when done, 0 when the caller runs tern__norm_matmul_glu + the down matmul (never taken with add in
+ * a tensor-parallel group, whose down products are summed before the add). */
+static inline int tern__norm_mlp(tern_model *m, float *xn, const float *x, const float *nw, float eps, int n, float *y,
+                                 int add, const tern_tensor *const *w, int act) {
+    const tern_backend_vt *op = m->be->vt;
+    return op->norm_mlp && n > 1 && !(add && op->allreduce_sum) && op->norm_mlp(m->be, xn, x, nw, eps, n, y, add, w, act);
+}
+/* tern__pending_norm_op's glu (act >= 0) followed by the down projection y = h·w[2]ᵀ (h [n, I]: the glu product;
+ * tmp: the unfused glu's scratch): many rows make the pending add first and try the whole MLP as one op
+ * (tern__norm_mlp; the many-row norm_matmul does not fold the add either), one-row steps keep the fold. */
+static inline void tern__pending_mlp(tern_model *m, float **x, float **xo, tern_pending_res *p, float *xn,
+                                     const float *nw, float eps, int n, int d, float *y, float *h, float *tmp,
+                                     const tern_tensor *const *w, int act) {
+    if (m->be->vt->norm_mlp && n > 1) {
+        tern__pending_flush(m, *x, p, n, d, eps);
+        if (tern__norm_mlp(m, xn, *x, nw, eps, n, y, 0, w, act)) return;
+    }
+    float *const ys[1] = {h};
+    tern__pending_norm_op(m, x, xo, p, xn, nw, eps, n, d, 2, ys, w, act, tmp);
+    m->be->vt->matmul(m->be, y, h, n, w[2]);
+}
 /* per-head q = rmsnorm(q)·qw, k = rmsnorm(k)·kw, v = rmsnorm(v), then rope + kv_write (Gemma 4): one launch
  * when the backend can (ops.h norm_rope_kv_write), else rmsnorm_n + rope_kv_write; bitwise the same */
 static inline void tern__rope_kv_write(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q,

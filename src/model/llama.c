@@ -155,6 +155,9 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             tern_allreduce_add(be, g->x, g->o, (size_t)n * H); /* tensor parallel: x += sum of the ranks' heads */
         }
 
+        const tern_tensor *const mw[3] = {&L->gate, &L->up, &L->down};
+        if (tern__norm_mlp(m, g->xn, g->x, L->post_norm, eps, n, g->x, 1, mw, TERN_ACT_SILU))
+            continue; /* x += down(silu(rmsnorm(x)·gate)·up) in one op */
         tern__norm_matmul_glu(m, g->xn, g->x, L->post_norm, eps, n, g->g, g->u, &L->gate, &L->up,
                               TERN_ACT_SILU); /* silu(rmsnorm(x)·gate)·up */
         if (!tern__matmul_add(m, g->x, g->g, n, &L->down)) { /* x += down(...) */

@@ -378,6 +378,15 @@ typedef struct tern_backend_vt {
     int (*norm_qkv_rope_kv)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
                             float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
                             const tern_rows *rows, int nh, const float *inv_freq, float mscale);
+
+    /* The pre-normed MLP (appended; optional): xn[n, d] = rmsnorm(x)·nw written as rmsnorm writes it (xn != x), then
+     * y[n, out] = (act(xn·w[0]ᵀ) ⊙ (xn·w[1]ᵀ))·w[2]ᵀ (add = 0) or y += that (add = 1, as matmul_add); w = {gate,
+     * up, down}, act TERN_ACT_SILU / TERN_ACT_GELU_TANH. 0 = not done (src/model/internal.h tern__pending_mlp
+     * runs norm_matmul + the down matmul). Served where a backend keeps the intermediates in its own form — CUDA's
+     * plain bf16 mode for many rows keeps the gate / up products and their glu in bf16 (transformers' bf16 MLP) —
+     * so within the bf16 mode's bound of the separate ops, not bitwise. Never in a tensor-parallel group with add. */
+    int (*norm_mlp)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
+                    const tern_tensor *const *w, int act);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

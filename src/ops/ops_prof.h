@@ -65,7 +65,11 @@
        const tern_tensor *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh, const float *inv_freq,     \
        float mscale),                                                                                                  \
       (be, xn, x, nw, eps, q, k, v, w, kv, rows, nh, inv_freq, mscale),                                                \
-      tern__prof_wname("norm_qkv_rope_kv", w[0], nm, sizeof nm))
+      tern__prof_wname("norm_qkv_rope_kv", w[0], nm, sizeof nm))                                                     \
+    X(norm_mlp,                                                                                                        \
+      (tern_backend * be, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,             \
+       const tern_tensor *const *w, int act),                                                                          \
+      (be, xn, x, nw, eps, n, y, add, w, act), tern__prof_wname("norm_mlp (gate)", w[0], nm, sizeof nm))
 
 /* The wrappers themselves: a profiler defines TERN_PROF_BEGIN (a statement that starts timing; `be` is in scope)
  * and TERN_PROF_END(label) (the statement that ends it under that row name), then expands the lists with

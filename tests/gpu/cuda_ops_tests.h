@@ -357,6 +357,7 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_attention_decode_early_bits);
     RUN(cuda_attention_spans);
     RUN(cuda_attention_flash);
+    RUN(cuda_attention_mat);
     RUN(cuda_route_topk);
     RUN(cuda_moe_mlp);
     RUN(cuda_graph_replay);

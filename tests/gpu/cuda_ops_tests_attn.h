@@ -616,6 +616,43 @@ TEST(cuda_attention_spans) {
     }
 }
 
+/* attn_mat.cu: d-512 prefill runs of >= 128 rows with the scores materialized (bf16 mode, BF16 pages) against
+ * cpu-ref at the bf16 bound, and the path must have run: G 8 and 16 (gemma4-26b-a4b's and 12b's global layers), a
+ * continuation chunk, softcap, a page not resident inside the keys, block sizes 16..64, the run alone and next to
+ * decode rows, and sub-chunks of 100 rows (three S / P·V rounds in one run). */
+extern int tern__cuda_attn_mat, tern__cuda_attn_mat_rmax;
+extern unsigned long long tern__cuda_attn_mat_calls;
+TEST(cuda_attention_mat) {
+    if (!g_gpu16) { SKIP("cuda_attention_mat", "no bf16-mode backend"); return; }
+    static const struct { int nh, nkv; float cap; int bs; int lens[3]; int P, hole, rmax; } C[] = {
+        {16, 2, 0.0f, 16, {300, 37, 1}, 300, 0, 0},
+        {16, 1, 0.0f, 32, {700, 64, 17}, 200, 0, 0},
+        {8, 2, 30.0f, 16, {517, 5, 3}, 517, 1, 0},
+        {8, 4, 0.0f, 64, {1000, 2, 700}, 129, 0, 0},
+        {16, 2, 0.0f, 16, {333, 20, 9}, 250, 0, 100},
+    };
+    const int keep = tern__cuda_attn_mat;
+    tern__cuda_attn_mat = 1;
+    g_attn = g_gpu16;
+    g_attn_bf16 = 1;
+    for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++)
+        for (int v = 0; v < 4; v += 3) {
+            const unsigned long long before = tern__cuda_attn_mat_calls;
+            g_attn_hole = C[c].hole;
+            tern__cuda_attn_mat_rmax = C[c].rmax;
+            const double rel = attn_case(C[c].nh, C[c].nkv, 512, 0, C[c].cap, C[c].bs, 3, C[c].lens, C[c].P, v);
+            printf("  err attention mat nh=%d nkv=%d cap %g bs %d P=%d hole %d rmax %d variant %d  %.2e\n", C[c].nh,
+                   C[c].nkv, C[c].cap, C[c].bs, C[c].P, C[c].hole, C[c].rmax, v, rel);
+            CHECK(tern__cuda_attn_mat_calls > before, "case %zu variant %d: the materialized path did not run", c, v);
+            CHECK(rel <= 1e-2, "case %zu variant %d rel %.2e", c, v, rel);
+        }
+    g_attn_hole = 0;
+    tern__cuda_attn_mat_rmax = 0;
+    g_attn_bf16 = 0;
+    g_attn = NULL;
+    tern__cuda_attn_mat = keep;
+}
+
 /* The tensor-core prefill kernel (attn_prefill.cu): prefill runs from position 0 and
  * continuation chunks (split-K), odd row counts, GQA group sizes 1..32 (6: a block's vectors
  * not a multiple of the group), window + evicted blocks, softcap, d = 64..512 (512: two passes

@@ -349,7 +349,56 @@ TEST(cuda_norm_gemm_split) {
     tern__cuda_norm_gemm_on = keep;
 }
 
+/* norm_mlp for many rows (gemm.c tern__cuda_gemm_mlp: the gate / up products and their glu in bf16) against
+ * rmsnorm + matmul_glu + the down matmul (+ the residual add) on the same backend: xn bitwise, y within the plain
+ * bf16 mode's bound (1e-2 rel L2; the separate ops keep the products in f32). Gate uploaded before up (one
+ * strided batch) and after it, SiLU and GELU, y = and y +=; 64 rows and xn == x decline. */
+TEST(cuda_norm_mlp) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_mlp) { SKIP("cuda_norm_mlp", "no bf16-mode backend or norm_mlp"); return; }
+    tern__cuda_bf16_split = 0;
+    const int H = 512, I = 384;
+    bt_w wa, wb, wd; /* wa uploaded first */
+    int ok = bt_make(&wa, I, H) && bt_make(&wb, I, H) && bt_make(&wd, H, I);
+    CHECK(ok, "upload");
+    static const struct { int n, order, act, add, served; } C[] = {
+        {200, 0, TERN_ACT_SILU, 0, 1}, {300, 1, TERN_ACT_GELU_TANH, 0, 1}, {65, 0, TERN_ACT_GELU_TANH, 1, 1},
+        {300, 1, TERN_ACT_SILU, 1, 1}, {64, 0, TERN_ACT_SILU, 0, 0}};
+    for (size_t t = 0; ok && t < TERN_ARRAY_LEN(C); t++) {
+        const int n = C[t].n, add = C[t].add;
+        const tern_tensor *ws[3] = {C[t].order ? &wb.g : &wa.g, C[t].order ? &wa.g : &wb.g, &wd.g};
+        float *x = rnd((size_t)n * H, 2.0f), *nw = rnd(H, 1.0f), *r0 = rnd((size_t)n * H, 1.0f);
+        void *xd = to_gpu(x, (size_t)n * H * 4), *nwd = to_gpu(nw, (size_t)H * 4);
+        float *ya = to_gpu(r0, (size_t)n * H * 4), *yb = to_gpu(r0, (size_t)n * H * 4);
+        float *xna = nan_buf(g, (size_t)n * H), *xnb = nan_buf(g, (size_t)n * H), *hb = nan_buf(g, (size_t)n * I);
+        const int r = g->vt->norm_mlp(g, xna, xd, nwd, 1e-6f, n, ya, add, ws, C[t].act);
+        CHECK(r == C[t].served, "n %d order %d add %d: norm_mlp returned %d", n, C[t].order, add, r);
+        if (r == 1) {
+            g->vt->rmsnorm(g, xnb, xd, n, H, nwd, 1e-6f);
+            CHECK(g->vt->matmul_glu(g, hb, xnb, n, ws[0], ws[1], C[t].act) == 1, "matmul_glu refused");
+            if (add) CHECK(g->vt->matmul_add(g, yb, hb, n, ws[2]) == 1, "matmul_add refused");
+            else g->vt->matmul(g, yb, hb, n, ws[2]);
+            float *a = from_gpu(g, ya, (size_t)n * H), *b = from_gpu(g, yb, (size_t)n * H);
+            float *na = from_gpu(g, xna, (size_t)n * H), *nb = from_gpu(g, xnb, (size_t)n * H);
+            double dm;
+            const double rel = bt_diff(a, b, (size_t)n * H, &dm);
+            printf("  err norm_mlp n=%d order %d act %d add %d vs separate ops %.2e (max %.2e)\n", n, C[t].order,
+                   C[t].act, add, rel, dm);
+            CHECK(!memcmp(na, nb, (size_t)n * H * 4), "n %d: xn differs from rmsnorm", n);
+            CHECK(rel <= 1e-2, "n %d order %d add %d: rel %.3e vs the separate ops", n, C[t].order, add, rel);
+            free(a); free(b); free(na); free(nb);
+        }
+        if (t == 0) CHECK(g->vt->norm_mlp(g, xd, xd, nwd, 1e-6f, n, ya, 0, ws, C[t].act) == 0, "in place should decline");
+        void *bufs[] = {xd, nwd, xna, xnb, ya, yb, hb};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        free(x); free(nw); free(r0);
+    }
+    bt_free(&wa); bt_free(&wb); bt_free(&wd);
+    tern__cuda_bf16_split = 1;
+}
+
 static void cuda_batch_tests(void) {
+    RUN(cuda_norm_mlp);
     RUN(cuda_norm_gemm_split);
     RUN(cuda_batch_fused);
     RUN(cuda_norm_gemm);

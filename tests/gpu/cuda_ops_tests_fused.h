@@ -285,6 +285,53 @@ TEST(cuda_norm_matmul) {
 /* rmsnorm_n (one launch over up to three tensors) vs one rmsnorm per tensor: bitwise, in place as
  * Gemma 4 calls it (q, k, v head norms, v without weight) and out of place, widths 64..512, k 1..3 */
 extern int tern__cuda_norm_n;
+/* norm.cu's many-row launches (rms_launch: 128 / 256 threads a row standing in for 2 or 4 virtual ones) against
+ * the same rows one launch each (one row: a thread per virtual thread): rmsnorm, rmsnorm_add (with and without
+ * the scalar) and rmsnorm_bf16's f32 / bf16 pair, bitwise, at d 300 (VPT 2), 2816 and 3840 (VPT 4), 5376 (VPT 2,
+ * 16 a virtual thread) and 9000 (the strided walk), 300 rows (over two a SM) */
+struct tern__cuda; /* backend/cuda/cuda_internal.h (not included here: C only) */
+void tern__cuda_rmsnorm_bf16(struct tern__cuda *c, float *y, void *yb, void *yl, const float *x, int rows, int d,
+                             const float *w, float eps);
+TEST(cuda_rmsnorm_vpt) {
+    tern_backend *g = g_gpu;
+    static const int ds[] = {300, 2816, 3840, 5376, 9000};
+    const int n = 300;
+    for (size_t di = 0; di < TERN_ARRAY_LEN(ds); di++) {
+        const int d = ds[di];
+        const size_t cnt = (size_t)n * d;
+        float *hx = rnd(cnt, 2.0f), *hh = rnd(cnt, 1.5f), *hw = rnd((size_t)d, 1.0f), sc = 0.75f;
+        void *x = to_gpu(hx, cnt * 4), *h = to_gpu(hh, cnt * 4), *w = to_gpu(hw, (size_t)d * 4), *s = to_gpu(&sc, 4);
+        float *ya = nan_buf(g, cnt), *yb = nan_buf(g, cnt);
+        void *ba = nan_buf(g, cnt), *bb = nan_buf(g, cnt); /* bf16 pairs: 2 x cnt x 2 bytes */
+        struct tern__cuda *c = (struct tern__cuda *)g->impl;
+        for (int op = 0; op < 4; op++) { /* 0 rmsnorm, 1 rmsnorm_add, 2 rmsnorm_add with s, 3 rmsnorm_bf16 */
+            if (op == 1 || op == 2) { g->vt->upload(g, ya, hx, cnt * 4); g->vt->upload(g, yb, hx, cnt * 4); }
+            const float *sp = op == 2 ? (const float *)s : NULL;
+            if (op == 0) g->vt->rmsnorm(g, ya, x, n, d, w, 1e-6f);
+            else if (op < 3) CHECK(g->vt->rmsnorm_add(g, ya, h, n, d, w, 1e-6f, sp) == 1, "rmsnorm_add refused");
+            else tern__cuda_rmsnorm_bf16(c, ya, ba, (uint16_t *)ba + cnt, x, n, d, w, 1e-6f);
+            for (int r = 0; r < n; r++) {
+                const size_t o = (size_t)r * d;
+                if (op == 0) g->vt->rmsnorm(g, yb + o, (const float *)x + o, 1, d, w, 1e-6f);
+                else if (op < 3) g->vt->rmsnorm_add(g, yb + o, (const float *)h + o, 1, d, w, 1e-6f, sp);
+                else tern__cuda_rmsnorm_bf16(c, yb + o, (uint16_t *)bb + o, (uint16_t *)bb + cnt + o,
+                                             (const float *)x + o, 1, d, w, 1e-6f);
+            }
+            float *a = from_gpu(g, ya, cnt), *b = from_gpu(g, yb, cnt);
+            CHECK(same_bits(a, b, cnt), "d %d op %d: many rows differ from one row at a time", d, op);
+            if (op == 3) {
+                float *pa = from_gpu(g, ba, cnt), *pb = from_gpu(g, bb, cnt); /* 2 x cnt bf16 = cnt floats */
+                CHECK(same_bits(pa, pb, cnt), "d %d: the bf16 pair differs", d);
+                free(pa); free(pb);
+            }
+            free(a); free(b);
+        }
+        void *bufs[] = {x, h, w, s, ya, yb, ba, bb};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        free(hx); free(hh); free(hw);
+    }
+}
+
 TEST(cuda_rmsnorm_n) {
     tern_backend *g = g_gpu;
     if (!g->vt->rmsnorm_n) { SKIP("cuda_rmsnorm_n", "not built"); return; }
@@ -611,6 +658,7 @@ static void cuda_fused_tests(void) {
     RUN(cuda_norm_qkv_rope_kv);
     RUN(cuda_norm_rope_kv);
     RUN(cuda_norm_matmul_res);
+    RUN(cuda_rmsnorm_vpt);
     RUN(cuda_rmsnorm_n);
     RUN(cuda_norm_matmul);
     RUN(cuda_fused_rmsnorm_add);

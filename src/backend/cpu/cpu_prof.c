@@ -193,7 +193,7 @@ const tern_backend_vt *tern__cpu_vt_select(const tern_backend_vt *base) {
     SET(rmsnorm); SET(rope); SET(kv_write); SET(attention); SET(add); SET(mul); SET(scale); SET(scale_dev);
     SET(gelu_tanh_mul); SET(silu_mul); SET(softcap); SET(add_bias); SET(copy_cols); SET(embed); SET(upload);
     SET(route_topk); SET(moe_mlp); SET(sample); SET(matmul); SET(matmul_expert); SET(matmul_n); SET(matmul_glu);
-    SET(matmul_add); SET(norm_matmul); SET(rope_kv_write); SET(norm_qkv_rope_kv); SET(rmsnorm_add); SET(download);
+    SET(matmul_add); SET(norm_matmul); SET(rope_kv_write); SET(norm_qkv_rope_kv); SET(norm_mlp); SET(rmsnorm_add); SET(download);
 #undef SET
     return &g_vt;
 }

@@ -544,6 +544,7 @@ static void fa_divisor(int bs, unsigned *mul, int *shift) {
 /* rows: consecutive rows of one slot with host copies (attention.cu checks); 1 = done */
 extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                        const tern_kv_layer *kv, float scale, float softcap) {
+    if (kv->head_dim == 512 && tern__cuda_attn_mat_run(c, out, q, rows, nh, kv, scale, softcap)) return 1;
     const int d = kv->head_dim, n = rows->n, split = c->compute != TERN_COMPUTE_BF16;
     const bool bfp = kv->kf.kind == TERN_KV_BF16 && kv->vf.kind == TERN_KV_BF16; /* else F32 pages */
     if (!tern__cuda_fa_on || (split && !tern__cuda_fa_f32) || (d != 64 && d != 128 && d != 256 && d != 512) ||

@@ -462,6 +462,12 @@ static int be_norm_matmul(tern_backend *be, float *xn, const float *x, const flo
     if (n > 1) return !res && tern__cuda_gemm_norm(C(be), xn, x, nw, eps, n, k, y, pv, mode); /* gemm.c: plain bf16 */
     return tern__cuda_norm_matmul(C(be), xn, x, nw, eps, n, k, y, pv, mode, res);
 }
+static int be_norm_mlp(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
+                       const tern_tensor *const *w, int act) {
+    tern__cuda_w v[3];
+    const tern__cuda_w *pv[3];
+    return n > 1 && wviews(w, 3, v, pv) && tern__cuda_gemm_mlp(C(be), xn, x, nw, eps, n, y, add, pv, act);
+}
 static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
     tern__cuda_w v;
     if (w->ndim != 2) return 0;
@@ -574,6 +580,7 @@ static const tern_backend_vt k_cuda_vt = {
     .rmsnorm_n = be_rmsnorm_n,
     .norm_rope_kv_write = be_norm_rope_kv_write,
     .norm_qkv_rope_kv = be_norm_qkv_rope_kv,
+    .norm_mlp = be_norm_mlp,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
 };

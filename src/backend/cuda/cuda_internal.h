@@ -170,6 +170,13 @@ tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, c
                                const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
                                cublasComputeType_t ct, float beta);
 void tern__cuda_lt_cache_free(tern__cuda *c); /* gemm.c: at close (accepts none made) */
+/* gemm.c: the same for bf16 A and B with C of type cty; an = 1: C_b = A_b·B_b with A_b (m x k, ld m) */
+tern_status tern__cuda_lt_gemm_x(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a, int an,
+                                 long long sa, const void *bm, int ldb, long long sb, int m, int n, int k, int nb,
+                                 float beta);
+/* attn_mat.cu: a prefill run (one slot) at head dim 512 with the scores materialized (cuBLASLt); 1 when done */
+int tern__cuda_attn_mat_run(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                            const tern_kv_layer *kv, float scale, float softcap);
 /* sgemm.cu (modes G1_*): y = W·x for 1..64 rows of bf16 x (xb [n][in], staged by the caller) over BF16 weights, plain bf16
  * mode; mode 0: k <= 3 matrices, y[i] = W_i·x; 1 / 2: k = 2 (gate, up), y[0] = act(gate·x)·(up·x) (SiLU /
  * GELU-tanh); 3: k = 1, y[0] += W·x. Returns 1 when it ran, 0 when the shape is not served. */
@@ -183,6 +190,12 @@ int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int
 int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
                         const tern__cuda_w *up, int act);
 int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w);
+/* gemm.c: ops.h norm_mlp (w = gate, up, down) for many rows in the plain bf16 mode; 1 when done, 0 when not served */
+int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
+                        const tern__cuda_w *const *w, int act);
+/* moe_blas.cu: h[r][0, I) = bf16(act(g)·u) for rows r < rows of gu [rows][2I] (bf16; I % 8 == 0), the gate at
+ * column gofs of a row (0 or I), up in the other half */
+void tern__cuda_glu_bf16(tern__cuda *c, void *h, const void *gu, size_t rows, int I, int act, int gofs);
 /* qgemm.cu: tensor-core matmul for n >= 2 rows in the bf16 mode reading each weight once;
  * returns 1 when it handled the call, 0 when the caller must take another path */
 int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);

@@ -44,7 +44,7 @@
  * value), so eager steps pay the heuristic once per shape instead of on every call (~10 us of CPU
  * each). The same algorithm as before, so the same bits. TERN_LT_CACHE=0 asks on every call. */
 #define LT_CACHE 1024
-typedef struct lt_key { int m, n, k, ldb, ldc, nb, ab, ct, beta, strides; } lt_key;
+typedef struct lt_key { int m, n, k, ldb, ldc, nb, ab, ct, beta, strides, cty; } lt_key;
 typedef struct lt_ent { int used; lt_key key; cublasLtMatmulAlgo_t algo; } lt_ent;
 struct tern__cuda_lt_cache { lt_ent e[LT_CACHE]; };
 
@@ -86,17 +86,18 @@ static lt_ent *lt_slot(tern__cuda *c, const lt_key *k) {
     return NULL; /* full: the caller asks the heuristic every time */
 }
 
-/* C_b (m x n, ld ldc) = A_bᵀ·B_b: A_b (k x m, ld k), B_b (k x n, ld ldb), f32 C. nb = 0: one plain
- * GEMM; nb >= 1: a strided batch of nb (A_b at a + b·sa, B_b at bm + b·sb, C_b at y + b·sc,
- * element offsets). beta 0 or 1. Shared with glm.cu (matmul_heads). */
-tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, const void *a, long long sa,
-                               const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
-                               cublasComputeType_t ct, float beta) {
+/* C_b (m x n, ld ldc) = op(A_b)·B_b with op(A) = Aᵀ, A_b (k x m, ld k) — or (an = 1) op(A) = A, A_b (m x k, ld
+ * m) — and B_b (k x n, ld ldb), C of type cty (f32, or bf16: the f32 accumulators rounded once). nb = 0: one
+ * plain GEMM; nb >= 1: a strided batch of nb (A_b at a + b·sa, B_b at bm + b·sb, C_b at y + b·sc, element
+ * offsets). beta 0 or 1. */
+static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a, int an,
+                             long long sa, const void *bm, int ldb, long long sb, int m, int n, int k, int nb,
+                             cudaDataType_t ab, cublasComputeType_t ct, float beta) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     tern_status st = TERN_EDEVICE;
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasOperation_t ta = an ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
     size_t ws = TERN_CUDA_LT_WS_BYTES;
     float alpha = 1.0f;
     cublasLtMatmulHeuristicResult_t hs[LT_PICK_MAX], h;
@@ -104,14 +105,16 @@ tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, c
     const long long S[3] = {sa, sb, sc};
     int sk = 0; /* which strides are zero, and their alignment class */
     for (int i = 0; i < 3; i++) sk = sk * 8 + (S[i] == 0 ? 0 : S[i] % 16 == 0 ? 1 : S[i] % 8 == 0 ? 2 : 3);
-    const lt_key key = {m, n, k, ldb, ldc, nb, (int)ab, (int)ct, beta != 0.0f, nb >= 1 ? sk : 0};
+    const lt_key key = {m, n, k, ldb, ldc, nb, (int)ab, (int)ct, beta != 0.0f, nb >= 1 ? sk : 0, (int)cty * 2 + !!an};
     lt_ent *ent = lt_cache_on() ? lt_slot(c, &key) : NULL;
     if (cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto done;
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    if (cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k, (uint64_t)m, k) != CUBLAS_STATUS_SUCCESS) goto done;
+    if ((an ? cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)m, (uint64_t)k, m)
+            : cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k, (uint64_t)m, k)) != CUBLAS_STATUS_SUCCESS)
+        goto done;
     if (cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k, (uint64_t)n, ldb) != CUBLAS_STATUS_SUCCESS) goto done;
-    if (cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc) != CUBLAS_STATUS_SUCCESS) goto done;
+    if (cublasLtMatrixLayoutCreate(&lc, cty, (uint64_t)m, (uint64_t)n, ldc) != CUBLAS_STATUS_SUCCESS) goto done;
     if (nb >= 1) {
         cublasLtMatrixLayout_t L[3] = {la, lb, lc};
         for (int i = 0; i < 3; i++) {
@@ -144,6 +147,20 @@ done:
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (op) cublasLtMatmulDescDestroy(op);
     return st;
+}
+
+/* the same with f32 C; shared with glm.cu (matmul_heads) */
+tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, const void *a, long long sa,
+                               const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
+                               cublasComputeType_t ct, float beta) {
+    return lt_gemm_t(c, y, CUDA_R_32F, ldc, sc, a, 0, sa, bm, ldb, sb, m, n, k, nb, ab, ct, beta);
+}
+
+/* the general form (attn_mat.cu): bf16 A and B, f32 accumulation, C of type cty */
+tern_status tern__cuda_lt_gemm_x(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a, int an,
+                                 long long sa, const void *bm, int ldb, long long sb, int m, int n, int k, int nb,
+                                 float beta) {
+    return lt_gemm_t(c, y, cty, ldc, sc, a, an, sa, bm, ldb, sb, m, n, k, nb, CUDA_R_16BF, CUBLAS_COMPUTE_32F, beta);
 }
 
 /* One GEMM: y (m x n, ld ldy) = Wᵀ·X with W (k x m, ld k) and X (k x n, ld k). */
@@ -399,6 +416,47 @@ static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__c
     const float *g = gate_first ? cs : cs + (size_t)n * I, *u = gate_first ? cs + (size_t)n * I : cs;
     tern__cuda_ew(c, act == TERN_ACT_SILU ? TERN__EW_SILU : TERN__EW_GELU, y, g, u, 0.0f, (size_t)n * I);
     return 1;
+}
+
+/* ---- ops.h norm_mlp for many rows in the plain bf16 mode (BF16 gate / up / down not flagged precise) ----
+ * The pre-norm writes xn and its bf16 copy, gate and up run as one strided batch (the two weights' distance;
+ * else two GEMMs) whose outputs land in bf16 as rows [gate I | up I] (ldc 2I), moe_blas.cu's act kernel writes
+ * h = bf16(act(g)·u), and down reads h as its B (beta 1 for add). The separate ops wrote the products [2][n][I]
+ * and h in f32 and converted h again for down: gemma4-12b's 2048-row chunk moved ~0.63 GB a layer for that, here
+ * ~0.25. Numerics: transformers' bf16 MLP (the projections' outputs rounded to bf16 before the activation; the
+ * separate ops keep them in f32): within the bf16 mode's bound, not bitwise. Taken from 65 rows (sgemm.cu's
+ * fused forms serve fewer) when the staged x, the products and h fit gemm_scratch; TERN_CUDA_MLP_BF16=0 never. */
+int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
+                        const tern__cuda_w *const *w, int act) {
+    static int on = -1;
+    if (on < 0) on = tern__cuda_env_int("TERN_CUDA_MLP_BF16", 1) != 0;
+    const tern__cuda_w *gate = w[0], *up = w[1], *down = w[2];
+    if (!on || n <= 64 || xn == x || !gemm_glu_ok(c, n, gate, up, act) || !plain_gemm_ok(c, down, n) ||
+        down->in != gate->out || ((uintptr_t)y & 15))
+        return 0;
+    const int I = gate->out, in = gate->in, out = down->out;
+    const size_t gub = ((size_t)n * 2 * I * 2 + 255) & ~(size_t)255, hbytes = (size_t)n * I * 2;
+    const size_t xb = staged_bytes(n, in, gub + hbytes);
+    if (!xb) return 0;
+    cudaSetDevice(c->device);
+    uint8_t *scr = (uint8_t *)c->gemm_scratch, *gu = scr + xb, *h = gu + gub;
+    tern__cuda_rmsnorm_bf16(c, xn, scr, NULL, x, n, in, nw, eps);
+    const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
+    const int gate_first = (const char *)gate->data < (const char *)up->data;
+    const tern__cuda_w *w0 = gate_first ? gate : up, *w1 = gate_first ? up : gate;
+    const long long sa = gap_of(w0->data, w1->data, 2);
+    /* the lower-addressed weight's outputs in columns [0, I) of a row, the other's in [I, 2I) */
+    tern_status st = sa ? lt_gemm_t(c, gu, CUDA_R_16BF, 2 * I, I, w0->data, 0, sa, scr, in, 0, I, n, in, 2, CUDA_R_16BF,
+                                    tc, 0.0f)
+                        : lt_gemm_t(c, gu, CUDA_R_16BF, 2 * I, 0, w0->data, 0, 0, scr, in, 0, I, n, in, 0, CUDA_R_16BF,
+                                    tc, 0.0f);
+    if (!sa && !st)
+        st = lt_gemm_t(c, gu + (size_t)I * 2, CUDA_R_16BF, 2 * I, 0, w1->data, 0, 0, scr, in, 0, I, n, in, 0,
+                       CUDA_R_16BF, tc, 0.0f);
+    if (st) return 0; /* the caller redoes it with the separate ops (xn is rmsnorm's already) */
+    tern__cuda_glu_bf16(c, h, gu, n, I, act, gate_first ? 0 : I);
+    return lt_gemm_t(c, y, CUDA_R_32F, out, 0, down->data, 0, 0, h, I, 0, out, n, I, 0, CUDA_R_16BF, tc,
+                     add ? 1.0f : 0.0f) == TERN_OK;
 }
 
 /* ops.h norm_matmul for n > 1 rows on this path (q|k|v: mode G1_PLAIN, k = 3 or 2; gate|up: G1_SILU /

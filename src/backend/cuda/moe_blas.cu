@@ -71,14 +71,15 @@ __global__ void mb_gather_pad(__nv_bfloat16 *xs, int32_t *ipad, const float *x, 
 }
 
 /* h[s][i] = bf16(act(gu[s][i]) · gu[s][I + i]), 8 elements a thread (I % 8 == 0: 16-byte loads and stores) */
-__global__ void mb_act(__nv_bfloat16 *h, const __nv_bfloat16 *gu, int mp, int I, int act) {
+/* h[s] = bf16(act(g)·u) over rows s of gu [mp][2I] (gate at column gofs of a row, up at I - gofs) */
+__global__ void mb_act(__nv_bfloat16 *h, const __nv_bfloat16 *gu, int mp, int I, int act, int gofs) {
     pdl_start();
     const int I8 = I >> 3;
     const size_t total = (size_t)mp * I8;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
         const size_t s = t / I8;
         const int c = (int)(t % I8);
-        const uint4 gv = ((const uint4 *)(gu + s * 2 * I))[c], uv = ((const uint4 *)(gu + s * 2 * I + I))[c];
+        const uint4 gv = ((const uint4 *)(gu + s * 2 * I + gofs))[c], uv = ((const uint4 *)(gu + s * 2 * I + I - gofs))[c];
         const __nv_bfloat16 *g8 = (const __nv_bfloat16 *)&gv, *u8 = (const __nv_bfloat16 *)&uv;
         __nv_bfloat16 o[8];
 #pragma unroll
@@ -99,6 +100,15 @@ extern "C" int tern__cuda_moe_pad;
 int tern__cuda_moe_pad = -1;
 
 static unsigned mb_grid(size_t total) { return tern_grid256(total, 8192); }
+
+/* mb_act for a caller's rows (gemm.c's bf16 MLP) */
+extern "C" void tern__cuda_glu_bf16(tern__cuda *c, void *h, const void *gu, size_t rows, int I, int act, int gofs) {
+    if (!rows || I <= 0) return;
+    cudaSetDevice(c->device);
+    tern_launch(c->stream, mb_act, mb_grid(rows * I / 8), 256, 0, (__nv_bfloat16 *)h, (const __nv_bfloat16 *)gu,
+                (int)rows, I, act, gofs);
+    tern__cuda_check(c, "glu_bf16");
+}
 
 /* Does moe_blas take np routed pairs of these experts? (the caller has checked shapes and the plain mode) */
 extern "C" int tern__cuda_moe_blas_ok(const tern__cuda *c, const tern__cuda_w *gate, const tern__cuda_w *up,
@@ -186,7 +196,7 @@ static int mb_padded(tern__cuda *c, float *y, const float *x, int m, int k, int 
                                         (long long)(up->mat_bytes / 2), xs, CUDA_R_16BF, H, sx, &zero, gu + I, CUDA_R_16BF,
                                         2 * I, sgu, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st == CUBLAS_STATUS_SUCCESS) {
-        tern_launch(c->stream, mb_act, mb_grid(rows * I / 8), 256, 0, hb, gu, (int)rows, I, act);
+        tern_launch(c->stream, mb_act, mb_grid(rows * I / 8), 256, 0, hb, gu, (int)rows, I, act, 0);
         st = cublasGemmStridedBatchedEx(bl, CUBLAS_OP_T, CUBLAS_OP_N, H, P, I, &one, down->data, CUDA_R_16BF, I,
                                         (long long)(down->mat_bytes / 2), hb, CUDA_R_16BF, I, sh, &zero, o, CUDA_R_16BF, H,
                                         sx, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -261,7 +271,7 @@ extern "C" int tern__cuda_moe_blas(tern__cuda *c, float *y, const float *x, int 
         free(n2);
     }
     if (ok && ne) {
-        tern_launch(c->stream, mb_act, mb_grid((size_t)mp * I / 8), 256, 0, hb, gu, mp, I, act);
+        tern_launch(c->stream, mb_act, mb_grid((size_t)mp * I / 8), 256, 0, hb, gu, mp, I, act, 0);
         void **dev2 = dev + 6 * (size_t)E; /* the gate | up call's arrays may still be read: a separate range */
         for (int i = 0; i < ne; i++) {
             const int o0 = ho[ex[i]];

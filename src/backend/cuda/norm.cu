@@ -33,19 +33,24 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
     tern__cuda_check(c, "embed");
 }
 
-/* RMS_V: elements per thread held in registers (rows of d <= RMS_V·tern_rms_threads(d): every width of
- * the supported models up to 8192). All of a thread's loads (x, w, and y for ADD) are issued before the
- * sum, so a row costs one memory latency instead of a strided walk and a second read pass; the sum is
- * block_rms_inv's (thread v: fmaf over elements v, v + vt, ... in order), so the bits do not change. */
+/* Register path: every element of a thread is loaded (x, w, and y for ADD) before the sum, so a row costs one
+ * memory latency instead of a strided walk and a second read pass. The sum is block_rms_inv's for any block size:
+ * vt = tern_rms_threads(d) virtual threads (virtual thread v: fmaf over elements v, v + vt, ... in order, warp
+ * sums, the warp partials summed by one warp) with VPT of them per real thread (thread t stands in for t, t + T,
+ * ..., T = blockDim.x = vt / VPT), so the bits are the same at any VPT. EV: elements a virtual thread holds (rows
+ * of d <= EV·vt; wider rows take block_rms_inv and a strided walk). VPT = 1 (T = vt) for few rows: the shortest
+ * row latency; many rows run T = 128 or 256 threads a row (rms_launch): a 512-thread block of ~64 registers a
+ * thread let two rows per SM run at once, so a 2048-row chunk took ~8 waves of one latency each (H200: rmsnorm_add
+ * over 2048 x 2816 in 35.7 us, 1.9 TB/s). */
 #define RMS_V 16
 /* ADD: y = (y + x·inv·w) · (s ? s[0] : 1) (rmsnorm_add), with explicit rounding so that no FMA
  * contraction makes it differ from rmsnorm + add + scale_dev */
-template <bool ADD>
+template <bool ADD, int VPT = 1, int EV = RMS_V>
 __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const float *w, float eps, const float *s,
                                         __nv_bfloat16 *yb = nullptr, __nv_bfloat16 *yl = nullptr) {
     /* yb: also bf16(y) (not ADD); yl: also bf16(y - bf16(y)), the pair's low half (f32_to_bf16_kernel's) */
     __shared__ float red[32];
-    const int vt = blockDim.x; /* = tern_rms_threads(d) */
+    const int T = blockDim.x, vt = T * VPT; /* vt = tern_rms_threads(d): the launcher's */
     /* element j's result from x_j, w_j and (ADD) the old y_j */
     auto put = [&](int j, float xj, float wj, float yj, float inv) {
         const float v = rms_scale(xj, inv, w != nullptr, wj);
@@ -60,61 +65,62 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
             }
         }
     };
-    if (d > RMS_V * vt) { /* wider rows: the strided walk */
+    if (d > EV * vt || vt != tern_rms_threads(d)) { /* wider rows (or another block size): the strided walk */
         const float inv = block_rms_inv([&](int j) { return xr[j]; }, d, eps, red);
-        for (int j = threadIdx.x; j < d; j += vt) put(j, xr[j], w ? w[j] : 0.0f, ADD ? yr[j] : 0.0f, inv);
+        for (int j = threadIdx.x; j < d; j += T) put(j, xr[j], w ? w[j] : 0.0f, ADD ? yr[j] : 0.0f, inv);
         return;
     }
-    float xv[RMS_V], wv[RMS_V], yv[RMS_V];
+    float xv[VPT][EV], wv[VPT][EV], yv[VPT][EV];
 #pragma unroll
-    for (int i = 0; i < RMS_V; i++) {
-        const int j = threadIdx.x + i * vt;
-        const bool in = j < d;
-        xv[i] = in ? xr[j] : 0.0f;
-        wv[i] = in && w ? w[j] : 0.0f;
-        yv[i] = ADD && in ? yr[j] : 0.0f;
+    for (int k = 0; k < VPT; k++)
+#pragma unroll
+        for (int i = 0; i < EV; i++) {
+            const int j = threadIdx.x + k * T + i * vt;
+            const bool in = j < d;
+            xv[k][i] = in ? xr[j] : 0.0f;
+            wv[k][i] = VPT == 1 && in && w ? w[j] : 0.0f; /* VPT > 1: w (one row for all, cached) is read in put */
+            yv[k][i] = ADD && in ? yr[j] : 0.0f;
+        }
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < EV; i++)
+            if (threadIdx.x + k * T + i * vt < d) ss = fmaf(xv[k][i], xv[k][i], ss);
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) red[(threadIdx.x + k * T) >> 5] = ss;
     }
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < RMS_V; i++)
-        if (threadIdx.x + i * vt < d) ss = fmaf(xv[i], xv[i], ss);
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     const float inv = rms_inv_finish(vt, d, eps, red);
 #pragma unroll
-    for (int i = 0; i < RMS_V; i++) {
-        const int j = threadIdx.x + i * vt;
-        if (j >= d) break;
-        put(j, xv[i], wv[i], yv[i], inv);
-    }
+    for (int k = 0; k < VPT; k++)
+#pragma unroll
+        for (int i = 0; i < EV; i++) {
+            const int j = threadIdx.x + k * T + i * vt;
+            if (j < d) put(j, xv[k][i], VPT == 1 || !w ? wv[k][i] : w[j], yv[k][i], inv);
+        }
 }
 
-template <bool ADD>
-__global__ void rmsnorm_kernel(float *y, const float *x, int d, const float *w, float eps, const float *s) {
+/* The row kernels at a block size: VPT virtual threads a real one (rms_row); rms_launch picks it. The many-row
+ * forms are bounded to the registers of several blocks a SM (without, ptxas gave the 128-thread rmsnorm_add ~180) */
+#define RMS_BOUNDS(VPT, EV) __launch_bounds__((VPT) == 1 ? 512 : (EV) == 16 ? 256 : 128, (VPT) == 1 ? 1 : (EV) == 16 ? 2 : 5)
+template <bool ADD, int VPT, int EV>
+__global__ void RMS_BOUNDS(VPT, EV) rmsnorm_kernel(float *y, const float *x, int d, const float *w, float eps, const float *s) {
     pdl_start();
-    rms_row<ADD>(y + (size_t)blockIdx.x * d, x + (size_t)blockIdx.x * d, d, w, eps, s);
+    rms_row<ADD, VPT, EV>(y + (size_t)blockIdx.x * d, x + (size_t)blockIdx.x * d, d, w, eps, s);
 }
 
 /* rmsnorm + the bf16 copy the plain-mode GEMMs stage (gemm.c), or the split GEMMs' bf16 pair (yl != NULL):
  * all from one value per element */
-__global__ void rmsnorm_bf16_kernel(float *y, __nv_bfloat16 *yb, __nv_bfloat16 *yl, const float *x, int d, const float *w,
+template <int VPT, int EV>
+__global__ void RMS_BOUNDS(VPT, EV) rmsnorm_bf16_kernel(float *y, __nv_bfloat16 *yb, __nv_bfloat16 *yl, const float *x, int d, const float *w,
                                     float eps) {
     pdl_start();
     const size_t o = (size_t)blockIdx.x * d;
-    rms_row<false>(y + o, x + o, d, w, eps, NULL, yb + o, yl ? yl + o : nullptr);
-}
-
-extern "C" void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void *yl, const float *x, int rows, int d,
-                                        const float *w, float eps) {
-    if (rows <= 0 || d <= 0) return;
-    cudaSetDevice(c->device);
-    tern_launch(c->stream, rmsnorm_bf16_kernel, rows, tern_rms_threads(d), 0, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl,
-                x, d, w, eps);
-    tern__cuda_check(c, "rmsnorm_bf16");
+    rms_row<false, VPT, EV>(y + o, x + o, d, w, eps, NULL, yb + o, yl ? yl + o : nullptr);
 }
 
 /* rmsnorm_n: up to three tensors of rows of one width in one launch, a block per row as rmsnorm_kernel
- * (the same rms_row, the same block size: bitwise the separate launches) */
+ * (the same rms_row: bitwise the separate launches) */
 struct RmsN {
     float *y[3];
     const float *x[3], *w[3];
@@ -122,13 +128,60 @@ struct RmsN {
     int d;
     float eps;
 };
-__global__ void rmsnorm_n_kernel(RmsN a) {
+template <int VPT, int EV> __global__ void RMS_BOUNDS(VPT, EV) rmsnorm_n_kernel(RmsN a) {
     pdl_start();
     const int b = blockIdx.x, t2 = b >= a.r0[2], t1 = b >= a.r0[1]; /* selects, not an indexed (local) copy */
     const size_t off = (size_t)(b - (t2 ? a.r0[2] : t1 ? a.r0[1] : 0)) * a.d;
     float *y = t2 ? a.y[2] : t1 ? a.y[1] : a.y[0];
     const float *x = t2 ? a.x[2] : t1 ? a.x[1] : a.x[0], *w = t2 ? a.w[2] : t1 ? a.w[1] : a.w[0];
-    rms_row<false>(y + off, x + off, a.d, w, a.eps, NULL);
+    rms_row<false, VPT, EV>(y + off, x + off, a.d, w, a.eps, NULL);
+}
+
+/* Launch a row kernel K<VPT, EV> (rms_launch's callers pass a small functor) over `rows` rows of d: one
+ * 512/256/128-thread block a row (VPT 1), or — many_ok, and at least two rows a SM — 128 threads a row standing
+ * in for 4 (d >= 1024) or 2 (d >= 256) virtual ones (d <= 4096: 8 elements a virtual thread; wider rows of d <=
+ * 8192 run 256 threads, VPT 2, 16 elements). H200, session 23 (ncu, gemma4-26b-a4b, 2048 x 2816): rmsnorm_add
+ * 35.3 -> 28.6 us, but rmsnorm 19.7 -> 21.5 and rmsnorm_bf16 23.7 -> 28.5, so only rmsnorm_add takes it.
+ * TERN_CUDA_RMS_VPT=0 keeps VPT 1 for every launch (A/B). */
+static int rms_vpt_on(void) {
+    static int v = -1;
+    if (v < 0) v = tern__cuda_env_int("TERN_CUDA_RMS_VPT", 1) != 0;
+    return v;
+}
+template <class L> static void rms_launch(tern__cuda *c, int rows, int d, L go, bool many_ok) {
+    const int vt = tern_rms_threads(d);
+    if (!many_ok || !rms_vpt_on() || rows < 2 * c->n_sm || vt < 256 || d > 8192) go.template run<1, RMS_V>(vt);
+    else if (vt == 256) go.template run<2, 4>(128);
+    else if (d <= 4096) go.template run<4, 8>(128);
+    else go.template run<2, 16>(256);
+}
+
+struct RmsGo {
+    tern__cuda *c; int rows, d; float *y; const float *x, *w; float eps; const float *s; bool add;
+    template <int VPT, int EV> void run(int threads) const {
+        if (add) tern_launch(c->stream, rmsnorm_kernel<true, VPT, EV>, rows, threads, 0, y, x, d, w, eps, s);
+        else tern_launch(c->stream, rmsnorm_kernel<false, VPT, EV>, rows, threads, 0, y, x, d, w, eps, s);
+    }
+};
+struct RmsBf16Go {
+    tern__cuda *c; int rows, d; float *y; __nv_bfloat16 *yb, *yl; const float *x, *w; float eps;
+    template <int VPT, int EV> void run(int threads) const {
+        tern_launch(c->stream, rmsnorm_bf16_kernel<VPT, EV>, rows, threads, 0, y, yb, yl, x, d, w, eps);
+    }
+};
+struct RmsNGo {
+    tern__cuda *c; const RmsN *a;
+    template <int VPT, int EV> void run(int threads) const {
+        tern_launch(c->stream, rmsnorm_n_kernel<VPT, EV>, a->r0[3], threads, 0, *a);
+    }
+};
+
+extern "C" void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void *yl, const float *x, int rows, int d,
+                                        const float *w, float eps) {
+    if (rows <= 0 || d <= 0) return;
+    cudaSetDevice(c->device);
+    rms_launch(c, rows, d, RmsBf16Go{c, rows, d, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, x, w, eps}, false);
+    tern__cuda_check(c, "rmsnorm_bf16");
 }
 
 extern "C" void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *const *x, const int *rows,
@@ -143,7 +196,7 @@ extern "C" void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, cons
     }
     if (a.r0[3] <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    tern_launch(c->stream, rmsnorm_n_kernel, a.r0[3], tern_rms_threads(d), 0, a);
+    rms_launch(c, a.r0[3], d, RmsNGo{c, &a}, false);
     tern__cuda_check(c, "rmsnorm_n");
 }
 
@@ -151,8 +204,7 @@ extern "C" void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int 
                                    float eps) {
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    const int threads = tern_rms_threads(d);
-    tern_launch(c->stream, rmsnorm_kernel<false>, rows, threads, 0, y, x, d, w, eps, (const float *)NULL);
+    rms_launch(c, rows, d, RmsGo{c, rows, d, y, x, w, eps, (const float *)NULL, false}, false);
     tern__cuda_check(c, "rmsnorm");
 }
 
@@ -160,8 +212,7 @@ extern "C" void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, 
                                        float eps, const float *s) {
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    const int threads = tern_rms_threads(d); /* = rmsnorm's: same reduction order */
-    tern_launch(c->stream, rmsnorm_kernel<true>, rows, threads, 0, y, x, d, w, eps, s);
+    rms_launch(c, rows, d, RmsGo{c, rows, d, y, x, w, eps, s, true}, true); /* rmsnorm's reduction order */
     tern__cuda_check(c, "rmsnorm_add");
 }
 

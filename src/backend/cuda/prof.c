@@ -126,7 +126,7 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
     g_base = base;
     if (nofuse) g_vt.matmul_n = NULL, g_vt.matmul_glu = NULL, g_vt.matmul_add = NULL, g_vt.rope_kv_write = NULL, g_vt.rmsnorm_add = NULL,
                   g_vt.norm_matmul = NULL, g_vt.rmsnorm_n = NULL, g_vt.norm_rope_kv_write = NULL,
-                  g_vt.norm_qkv_rope_kv = NULL;
+                  g_vt.norm_qkv_rope_kv = NULL, g_vt.norm_mlp = NULL;
     if (prof) {
         for (int i = 0; i < PROF_EV; i++)
             if (cudaEventCreate(&g_ev[i]) != cudaSuccess) return cudaGetLastError(), base;
@@ -137,7 +137,7 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
         SET(gelu_tanh_mul); SET(silu_mul); SET(softcap); SET(add_bias); SET(copy_cols); SET(embed);
         SET(route_topk); SET(moe_mlp); SET(matmul); SET(matmul_expert); SET(matmul_n); SET(matmul_glu);
         SET(matmul_add); SET(rope_kv_write); SET(rmsnorm_add); SET(norm_matmul); SET(rmsnorm_n); SET(norm_rope_kv_write);
-        SET(norm_qkv_rope_kv); SET(download); SET(sync);
+        SET(norm_qkv_rope_kv); SET(norm_mlp); SET(download); SET(sync);
 #undef SET
     }
     return &g_vt;
