@@ -462,13 +462,15 @@ fi
 
 # 35. session 23's switches, written or changed after its last device call: the materialized d-512 attention with key
 #     counts padded to 1024 (TERN_CUDA_ATTN_MAT, opt-in until this wins at 8k too), the bf16 MLP (TERN_CUDA_MLP_BF16)
-#     and rmsnorm_add's many-row launch alone (TERN_CUDA_RMS_VPT); prefill at 512 / 2k / 2k again / 8k / 16k
+#     rmsnorm_add's many-row launch alone (TERN_CUDA_RMS_VPT) and the residual prologue folded into the many-row
+#     pre-norm (TERN_CUDA_NORM_RES_N, opt-in, never run yet); prefill at 512 / 2k / 2k again / 8k / 16k
 if [[ " $SECTIONS " == *" 35 "* ]]; then
-    TERN_TEST_ONLY=cuda_attention_mat,cuda_rmsnorm_vpt,cuda_fused_rmsnorm_add timeout 60 build/test_cuda_ops > "$OUT/ops35.txt" 2>&1
+    TERN_TEST_ONLY=cuda_attention_mat,cuda_rmsnorm_vpt,cuda_fused_rmsnorm_add,cuda_norm_gemm_res,cuda_norm_mlp timeout 90 build/test_cuda_ops > "$OUT/ops35.txt" 2>&1
     say "op tests rc $?: $(grep -E '^(PASS|FAIL)' "$OUT/ops35.txt" | tr '\n' ' ')"
     for rep in $(seq "${AB_REPS:-2}"); do
         for me in "gemma4-26b-a4b TERN_CUDA_ATTN_MAT=0" "gemma4-26b-a4b TERN_CUDA_ATTN_MAT=1" "gemma4-12b TERN_CUDA_ATTN_MAT=0" \
-                  "gemma4-12b TERN_CUDA_ATTN_MAT=1" "gemma4-12b TERN_CUDA_MLP_BF16=0" "gemma4-26b-a4b TERN_CUDA_RMS_VPT=0"; do
+                  "gemma4-12b TERN_CUDA_ATTN_MAT=1" "gemma4-12b TERN_CUDA_MLP_BF16=0" "gemma4-26b-a4b TERN_CUDA_RMS_VPT=0" \
+                  "gemma4-26b-a4b TERN_CUDA_NORM_RES_N=1"; do
             set -- $me
             env "$2" timeout 150 $T bench --random "$1" --device cuda --prompt 512,2048,2048,8192,16384 --gen 1 --reps 1 \
                 > "$OUT/pp.txt" 2>&1

@@ -269,15 +269,27 @@ static inline void tern__pending_flush(tern_model *m, float *x, tern_pending_res
 static inline int tern__norm_mlp(tern_model *m, float *xn, const float *x, const float *nw, float eps, int n, float *y,
                                  int add, const tern_tensor *const *w, int act) {
     const tern_backend_vt *op = m->be->vt;
-    return op->norm_mlp && n > 1 && !(add && op->allreduce_sum) && op->norm_mlp(m->be, xn, x, nw, eps, n, y, add, w, act);
+    return op->norm_mlp && n > 1 && !(add && op->allreduce_sum) &&
+           op->norm_mlp(m->be, xn, x, nw, eps, n, y, add, w, act, NULL);
 }
 /* tern__pending_norm_op's glu (act >= 0) followed by the down projection y = h·w[2]ᵀ (h [n, I]: the glu product;
- * tmp: the unfused glu's scratch): many rows make the pending add first and try the whole MLP as one op
- * (tern__norm_mlp; the many-row norm_matmul does not fold the add either), one-row steps keep the fold. */
+ * tmp: the unfused glu's scratch): many rows try the whole MLP as one op (ops.h norm_mlp), with the pending add
+ * folded in where the backend can (then x' lands in *xo and the pointers swap, as in tern__pending_norm_op), else
+ * after the add; one-row steps keep norm_matmul's fold. */
 static inline void tern__pending_mlp(tern_model *m, float **x, float **xo, tern_pending_res *p, float *xn,
                                      const float *nw, float eps, int n, int d, float *y, float *h, float *tmp,
                                      const tern_tensor *const *w, int act) {
     if (m->be->vt->norm_mlp && n > 1) {
+        if (p->on && *xo) {
+            const tern_norm_res r = {*xo, p->h, p->w, p->s};
+            if (m->be->vt->norm_mlp(m->be, xn, *x, nw, eps, n, y, 0, w, act, &r)) {
+                float *t = *x;
+                *x = *xo;
+                *xo = t;
+                p->on = 0;
+                return;
+            }
+        }
         tern__pending_flush(m, *x, p, n, d, eps);
         if (tern__norm_mlp(m, xn, *x, nw, eps, n, y, 0, w, act)) return;
     }

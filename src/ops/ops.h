@@ -384,9 +384,11 @@ typedef struct tern_backend_vt {
      * up, down}, act TERN_ACT_SILU / TERN_ACT_GELU_TANH. 0 = not done (src/model/internal.h tern__pending_mlp
      * runs norm_matmul + the down matmul). Served where a backend keeps the intermediates in its own form — CUDA's
      * plain bf16 mode for many rows keeps the gate / up products and their glu in bf16 (transformers' bf16 MLP) —
-     * so within the bf16 mode's bound of the separate ops, not bitwise. Never in a tensor-parallel group with add. */
+     * so within the bf16 mode's bound of the separate ops, not bitwise. Never in a tensor-parallel group with add.
+     * res != NULL (optional: 0 = not done): norm_matmul's residual prologue first (x' to res->x_out, x left as is;
+     * the pre-norm is taken of x'). */
     int (*norm_mlp)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
-                    const tern_tensor *const *w, int act);
+                    const tern_tensor *const *w, int act, const tern_norm_res *res);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -68,8 +68,8 @@
       tern__prof_wname("norm_qkv_rope_kv", w[0], nm, sizeof nm))                                                     \
     X(norm_mlp,                                                                                                        \
       (tern_backend * be, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,             \
-       const tern_tensor *const *w, int act),                                                                          \
-      (be, xn, x, nw, eps, n, y, add, w, act), tern__prof_wname("norm_mlp (gate)", w[0], nm, sizeof nm))
+       const tern_tensor *const *w, int act, const tern_norm_res *res),                                                \
+      (be, xn, x, nw, eps, n, y, add, w, act, res), tern__prof_wname("norm_mlp (gate)", w[0], nm, sizeof nm))
 
 /* The wrappers themselves: a profiler defines TERN_PROF_BEGIN (a statement that starts timing; `be` is in scope)
  * and TERN_PROF_END(label) (the statement that ends it under that row name), then expands the lists with

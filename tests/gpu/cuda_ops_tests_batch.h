@@ -371,7 +371,7 @@ TEST(cuda_norm_mlp) {
         void *xd = to_gpu(x, (size_t)n * H * 4), *nwd = to_gpu(nw, (size_t)H * 4);
         float *ya = to_gpu(r0, (size_t)n * H * 4), *yb = to_gpu(r0, (size_t)n * H * 4);
         float *xna = nan_buf(g, (size_t)n * H), *xnb = nan_buf(g, (size_t)n * H), *hb = nan_buf(g, (size_t)n * I);
-        const int r = g->vt->norm_mlp(g, xna, xd, nwd, 1e-6f, n, ya, add, ws, C[t].act);
+        const int r = g->vt->norm_mlp(g, xna, xd, nwd, 1e-6f, n, ya, add, ws, C[t].act, NULL);
         CHECK(r == C[t].served, "n %d order %d add %d: norm_mlp returned %d", n, C[t].order, add, r);
         if (r == 1) {
             g->vt->rmsnorm(g, xnb, xd, n, H, nwd, 1e-6f);
@@ -388,7 +388,7 @@ TEST(cuda_norm_mlp) {
             CHECK(rel <= 1e-2, "n %d order %d add %d: rel %.3e vs the separate ops", n, C[t].order, add, rel);
             free(a); free(b); free(na); free(nb);
         }
-        if (t == 0) CHECK(g->vt->norm_mlp(g, xd, xd, nwd, 1e-6f, n, ya, 0, ws, C[t].act) == 0, "in place should decline");
+        if (t == 0) CHECK(g->vt->norm_mlp(g, xd, xd, nwd, 1e-6f, n, ya, 0, ws, C[t].act, NULL) == 0, "in place should decline");
         void *bufs[] = {xd, nwd, xna, xnb, ya, yb, hb};
         for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
         free(x); free(nw); free(r0);
@@ -397,7 +397,76 @@ TEST(cuda_norm_mlp) {
     tern__cuda_bf16_split = 1;
 }
 
+/* the residual prologue for many rows (gemm.c norm_stage, TERN_CUDA_NORM_RES_N): norm_matmul (q|k|v with q
+ * precise: the split form; gate|up SiLU) and norm_mlp with res against the same ops without it on x' =
+ * rmsnorm_add(x, h): x', xn and y bitwise (the same GEMMs on the same bytes); x left as is. 300 rows. */
+extern int tern__cuda_norm_res_n;
+TEST(cuda_norm_gemm_res) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_matmul || !g->vt->norm_mlp || !g->vt->rmsnorm_add) {
+        SKIP("cuda_norm_gemm_res", "no bf16-mode backend or fused ops");
+        return;
+    }
+    const int keep = tern__cuda_norm_res_n, keep_ng = tern__cuda_norm_gemm_on;
+    tern__cuda_norm_res_n = 1;
+    tern__cuda_norm_gemm_on = 1;
+    tern__cuda_bf16_split = 0;
+    const int H = 512, I = 384, n = 300;
+    bt_w w[6]; /* q 256, k 128, v 128, gate, up, down */
+    int ok = bt_make(&w[0], 256, H) && bt_make(&w[1], 128, H) && bt_make(&w[2], 128, H) && bt_make(&w[3], I, H) &&
+             bt_make(&w[4], I, H) && bt_make(&w[5], H, I);
+    CHECK(ok, "upload");
+    w[0].g.precise = 1;
+    const size_t cnt = (size_t)n * H;
+    float *hx = rnd(cnt, 2.0f), *hh = rnd(cnt, 1.5f), *hw = rnd(H, 1.0f), *hn = rnd(H, 1.0f), sc = 0.8f;
+    void *x = to_gpu(hx, cnt * 4), *h = to_gpu(hh, cnt * 4), *wd = to_gpu(hw, H * 4), *nwd = to_gpu(hn, H * 4),
+         *sd = to_gpu(&sc, 4);
+    float *xp = to_gpu(hx, cnt * 4); /* x' the separate way */
+    CHECK(g->vt->rmsnorm_add(g, xp, h, n, H, wd, 1e-6f, sd) == 1, "rmsnorm_add refused");
+    const size_t ycnt = (size_t)n * 512;
+    for (int op = 0; ok && op < 3; op++) { /* 0 q|k|v, 1 gate|up, 2 the MLP */
+        float *xo = nan_buf(g, cnt), *xna = nan_buf(g, cnt), *xnb = nan_buf(g, cnt);
+        float *ya = nan_buf(g, ycnt), *yb = nan_buf(g, ycnt);
+        float *ysa[3] = {ya, ya + (size_t)n * 256, ya + (size_t)n * 384}, *ysb[3] = {yb, yb + (size_t)n * 256, yb + (size_t)n * 384};
+        const tern_tensor *wq[3] = {&w[0].g, &w[1].g, &w[2].g}, *wm[3] = {&w[3].g, &w[4].g, &w[5].g};
+        const tern_norm_res r = {xo, h, wd, sd};
+        int ra, rb;
+        size_t yc;
+        if (op == 0) {
+            ra = g->vt->norm_matmul(g, xna, x, nwd, 1e-6f, n, 3, ysa, wq, -1, &r);
+            rb = g->vt->norm_matmul(g, xnb, xp, nwd, 1e-6f, n, 3, ysb, wq, -1, NULL);
+            yc = ycnt;
+        } else if (op == 1) {
+            ra = g->vt->norm_matmul(g, xna, x, nwd, 1e-6f, n, 2, ysa, wm, TERN_ACT_SILU, &r);
+            rb = g->vt->norm_matmul(g, xnb, xp, nwd, 1e-6f, n, 2, ysb, wm, TERN_ACT_SILU, NULL);
+            yc = (size_t)n * I;
+        } else {
+            ra = g->vt->norm_mlp(g, xna, x, nwd, 1e-6f, n, ya, 0, wm, TERN_ACT_GELU_TANH, &r);
+            rb = g->vt->norm_mlp(g, xnb, xp, nwd, 1e-6f, n, yb, 0, wm, TERN_ACT_GELU_TANH, NULL);
+            yc = cnt;
+        }
+        CHECK(ra == 1 && rb == 1, "op %d: returned %d / %d", op, ra, rb);
+        float *a = from_gpu(g, xo, cnt), *b = from_gpu(g, xp, cnt), *na = from_gpu(g, xna, cnt), *nb = from_gpu(g, xnb, cnt);
+        float *ya_h = from_gpu(g, ya, yc), *yb_h = from_gpu(g, yb, yc), *x_h = from_gpu(g, x, cnt);
+        CHECK(!memcmp(a, b, cnt * 4), "op %d: x' differs from rmsnorm_add", op);
+        CHECK(!memcmp(na, nb, cnt * 4), "op %d: xn differs", op);
+        CHECK(!memcmp(ya_h, yb_h, yc * 4), "op %d: y differs", op);
+        CHECK(!memcmp(x_h, hx, cnt * 4), "op %d: x was written", op);
+        free(a); free(b); free(na); free(nb); free(ya_h); free(yb_h); free(x_h);
+        void *bufs[] = {xo, xna, xnb, ya, yb};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+    }
+    void *bufs[] = {x, h, wd, nwd, sd, xp};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+    free(hx); free(hh); free(hw); free(hn);
+    for (int i = 0; i < 6; i++) bt_free(&w[i]);
+    tern__cuda_bf16_split = 1;
+    tern__cuda_norm_res_n = keep;
+    tern__cuda_norm_gemm_on = keep_ng;
+}
+
 static void cuda_batch_tests(void) {
+    RUN(cuda_norm_gemm_res);
     RUN(cuda_norm_mlp);
     RUN(cuda_norm_gemm_split);
     RUN(cuda_batch_fused);

@@ -459,14 +459,14 @@ static int be_norm_matmul(tern_backend *be, float *xn, const float *x, const flo
     const tern__cuda_w *pv[3];
     if (!on || k < 1 || k > 3 || (act >= 0 && k != 2) || !wviews(w, k, v, pv)) return 0;
     const int mode = act < 0 ? G1_PLAIN : act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
-    if (n > 1) return !res && tern__cuda_gemm_norm(C(be), xn, x, nw, eps, n, k, y, pv, mode); /* gemm.c: plain bf16 */
+    if (n > 1) return tern__cuda_gemm_norm(C(be), xn, x, nw, eps, n, k, y, pv, mode, res); /* gemm.c: many rows */
     return tern__cuda_norm_matmul(C(be), xn, x, nw, eps, n, k, y, pv, mode, res);
 }
 static int be_norm_mlp(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
-                       const tern_tensor *const *w, int act) {
+                       const tern_tensor *const *w, int act, const tern_norm_res *res) {
     tern__cuda_w v[3];
     const tern__cuda_w *pv[3];
-    return n > 1 && wviews(w, 3, v, pv) && tern__cuda_gemm_mlp(C(be), xn, x, nw, eps, n, y, add, pv, act);
+    return n > 1 && wviews(w, 3, v, pv) && tern__cuda_gemm_mlp(C(be), xn, x, nw, eps, n, y, add, pv, act, res);
 }
 static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
     tern__cuda_w v;

@@ -192,7 +192,7 @@ int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const te
 int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w);
 /* gemm.c: ops.h norm_mlp (w = gate, up, down) for many rows in the plain bf16 mode; 1 when done, 0 when not served */
 int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
-                        const tern__cuda_w *const *w, int act);
+                        const tern__cuda_w *const *w, int act, const tern_norm_res *res);
 /* moe_blas.cu: h[r][0, I) = bf16(act(g)·u) for rows r < rows of gu [rows][2I] (bf16; I % 8 == 0), the gate at
  * column gofs of a row (0 or I), up in the other half */
 void tern__cuda_glu_bf16(tern__cuda *c, void *h, const void *gu, size_t rows, int I, int act, int gofs);
@@ -217,6 +217,11 @@ void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const 
 void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps);
 void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void *yl, const float *x, int rows, int d, const float *w,
                              float eps); /* y = rmsnorm(x)·w, yb = bf16(y), and (yl != NULL) yl = bf16(y - yb) */
+/* xo = (x + rmsnorm(h)·hw)·(s ? s[0] : 1), then y = rmsnorm(xo)·nw, yb = bf16(y), yl (!= NULL) the pair's low half:
+ * one launch, bitwise rmsnorm_add (out of place) + rmsnorm_bf16 */
+void tern__cuda_rmsnorm_res_bf16(tern__cuda *c, float *xo, const float *x, const float *h, const float *hw,
+                                 const float *s, float *y, void *yb, void *yl, int rows, int d, const float *nw,
+                                 float eps);
 void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *const *x, const int *rows, int d,
                           const float *const *w, float eps); /* k <= 3 tensors, one launch */
 void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps,
@@ -267,7 +272,8 @@ int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, int n, const 
 /* ops.h norm_matmul: xn = rmsnorm(x)·nw, then matmul_n (mode G1_PLAIN; k = 1: the plain matmul) or
  * matmul_glu (G1_SILU / G1_GELU, k = 2) on xn, in one gemv1 launch (gemv1.cu) */
 int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
-                         float *const *y, const tern__cuda_w *const *w, int mode); /* gemm.c: the same for n > 1 */
+                         float *const *y, const tern__cuda_w *const *w, int mode,
+                         const tern_norm_res *res); /* gemm.c: the same for n > 1 (res: TERN_CUDA_NORM_RES_N=1 only) */
 int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                            float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res);
 int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,

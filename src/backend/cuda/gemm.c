@@ -418,6 +418,22 @@ static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__c
     return 1;
 }
 
+/* ---- the pre-norm of the many-row fused ops, with norm_matmul's residual prologue (res) ----
+ * res != NULL: x' = (x + rmsnorm(h)·w)·s to res->x_out and the pre-norm of x' in one launch (norm.cu
+ * rmsnorm_res_bf16: bitwise rmsnorm_add + rmsnorm_bf16), instead of the model's rmsnorm_add in place and then the
+ * pre-norm: one launch and one read of the rows fewer, twice a Gemma 4 layer. Opt-in (TERN_CUDA_NORM_RES_N=1):
+ * written after session 23's last device call; its op test cases (cuda_norm_gemm_res) wait for an H200. */
+int tern__cuda_norm_res_n = -1; /* -1 unread (TERN_CUDA_NORM_RES_N, default 0); tests set 1 */
+static int res_n_on(void) {
+    if (tern__cuda_norm_res_n < 0) tern__cuda_norm_res_n = tern__cuda_env_int("TERN_CUDA_NORM_RES_N", 0) != 0;
+    return tern__cuda_norm_res_n;
+}
+static void norm_stage(tern__cuda *c, float *xn, void *xh, void *xl, const float *x, int n, int in, const float *nw,
+                       float eps, const tern_norm_res *res) {
+    if (res) tern__cuda_rmsnorm_res_bf16(c, res->x_out, x, res->h, res->w, res->s, xn, xh, xl, n, in, nw, eps);
+    else tern__cuda_rmsnorm_bf16(c, xn, xh, xl, x, n, in, nw, eps);
+}
+
 /* ---- ops.h norm_mlp for many rows in the plain bf16 mode (BF16 gate / up / down not flagged precise) ----
  * The pre-norm writes xn and its bf16 copy, gate and up run as one strided batch (the two weights' distance;
  * else two GEMMs) whose outputs land in bf16 as rows [gate I | up I] (ldc 2I), moe_blas.cu's act kernel writes
@@ -427,11 +443,11 @@ static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__c
  * separate ops keep them in f32): within the bf16 mode's bound, not bitwise. Taken from 65 rows (sgemm.cu's
  * fused forms serve fewer) when the staged x, the products and h fit gemm_scratch; TERN_CUDA_MLP_BF16=0 never. */
 int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
-                        const tern__cuda_w *const *w, int act) {
+                        const tern__cuda_w *const *w, int act, const tern_norm_res *res) {
     static int on = -1;
     if (on < 0) on = tern__cuda_env_int("TERN_CUDA_MLP_BF16", 1) != 0;
     const tern__cuda_w *gate = w[0], *up = w[1], *down = w[2];
-    if (!on || n <= 64 || xn == x || !gemm_glu_ok(c, n, gate, up, act) || !plain_gemm_ok(c, down, n) ||
+    if (!on || n <= 64 || xn == x || (res && (!res_n_on() || add)) || !gemm_glu_ok(c, n, gate, up, act) || !plain_gemm_ok(c, down, n) ||
         down->in != gate->out || ((uintptr_t)y & 15))
         return 0;
     const int I = gate->out, in = gate->in, out = down->out;
@@ -440,7 +456,7 @@ int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *n
     if (!xb) return 0;
     cudaSetDevice(c->device);
     uint8_t *scr = (uint8_t *)c->gemm_scratch, *gu = scr + xb, *h = gu + gub;
-    tern__cuda_rmsnorm_bf16(c, xn, scr, NULL, x, n, in, nw, eps);
+    norm_stage(c, xn, scr, NULL, x, n, in, nw, eps, res);
     const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
     const int gate_first = (const char *)gate->data < (const char *)up->data;
     const tern__cuda_w *w0 = gate_first ? gate : up, *w1 = gate_first ? up : gate;
@@ -477,7 +493,7 @@ int tern__cuda_norm_gemm_on = -1; /* -1 unread, 0 never, 1 from 2 rows, 2 from N
  * only where every one of those matmuls reaches that form in one chunk (BF16 weights, more rows than the
  * merged GEMM takes); 0 otherwise. */
 static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
-                           float *const *y, const tern__cuda_w *const *w) {
+                           float *const *y, const tern__cuda_w *const *w, const tern_norm_res *res) {
     if (c->compute != TERN_COMPUTE_BF16 || k < 1 || k > 3 || n <= tern__cuda_gemm_merge_max() ||
         n <= tern__cuda_qgemm_max_n_bf16)
         return 0;
@@ -493,7 +509,7 @@ static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float
     if ((size_t)n > chunk || 2 * xbytes >= avail / 2) return 0;
     cudaSetDevice(c->device);
     uint8_t *xh = (uint8_t *)c->gemm_scratch, *xl = xh + xbytes;
-    tern__cuda_rmsnorm_bf16(c, xn, xh, xl, x, n, in, nw, eps);
+    norm_stage(c, xn, xh, xl, x, n, in, nw, eps, res);
     const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
     for (int i = 0; i < k; i++) {
         const int out = w[i]->out, split = all || w[i]->precise;
@@ -504,10 +520,11 @@ static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float
     return 1;
 }
 int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
-                         float *const *y, const tern__cuda_w *const *w, int mode) {
+                         float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res) {
     if (tern__cuda_norm_gemm_on < 0) tern__cuda_norm_gemm_on = tern__cuda_env_int("TERN_CUDA_NORM_GEMM", 2);
     if (!tern__cuda_norm_gemm_on || n < (tern__cuda_norm_gemm_on == 1 ? 2 : NORM_GEMM_ROWS) || xn == x) return 0;
-    if (mode == G1_PLAIN && gemm_norm_split(c, xn, x, nw, eps, n, k, y, w)) return 1;
+    if (res && !res_n_on()) return 0;
+    if (mode == G1_PLAIN && gemm_norm_split(c, xn, x, nw, eps, n, k, y, w, res)) return 1;
     const int pair = mode == G1_SILU || mode == G1_GELU, in = w[0]->in;
     const int act = mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
     if (pair ? k != 2 || !gemm_glu_ok(c, n, w[0], w[1], act) : mode != G1_PLAIN || k < 2 || !gemm_n_ok(c, k, y, n, w))
@@ -515,7 +532,7 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
     const size_t xb = staged_bytes(n, in, pair ? glu_cbytes(n, w[0]) : 0);
     if (!xb) return 0;
     cudaSetDevice(c->device);
-    tern__cuda_rmsnorm_bf16(c, xn, c->gemm_scratch, NULL, x, n, in, nw, eps);
+    norm_stage(c, xn, c->gemm_scratch, NULL, x, n, in, nw, eps, res);
     return pair ? gemm_glu_run(c, y[0], n, xb, w[0], w[1], act) : gemm_n_run(c, k, y, n, w);
 }
 

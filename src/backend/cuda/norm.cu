@@ -47,8 +47,11 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
  * contraction makes it differ from rmsnorm + add + scale_dev */
 template <bool ADD, int VPT = 1, int EV = RMS_V>
 __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const float *w, float eps, const float *s,
-                                        __nv_bfloat16 *yb = nullptr, __nv_bfloat16 *yl = nullptr) {
-    /* yb: also bf16(y) (not ADD); yl: also bf16(y - bf16(y)), the pair's low half (f32_to_bf16_kernel's) */
+                                        __nv_bfloat16 *yb = nullptr, __nv_bfloat16 *yl = nullptr,
+                                        const float *y0 = nullptr) {
+    /* yb: also bf16(y) (not ADD); yl: also bf16(y - bf16(y)), the pair's low half (f32_to_bf16_kernel's); y0 (ADD):
+     * the residual's old values come from y0 instead of yr (out of place) */
+    const float *yo = y0 ? y0 : yr;
     __shared__ float red[32];
     const int T = blockDim.x, vt = T * VPT; /* vt = tern_rms_threads(d): the launcher's */
     /* element j's result from x_j, w_j and (ADD) the old y_j */
@@ -67,7 +70,7 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
     };
     if (d > EV * vt || vt != tern_rms_threads(d)) { /* wider rows (or another block size): the strided walk */
         const float inv = block_rms_inv([&](int j) { return xr[j]; }, d, eps, red);
-        for (int j = threadIdx.x; j < d; j += T) put(j, xr[j], w ? w[j] : 0.0f, ADD ? yr[j] : 0.0f, inv);
+        for (int j = threadIdx.x; j < d; j += T) put(j, xr[j], w ? w[j] : 0.0f, ADD ? yo[j] : 0.0f, inv);
         return;
     }
     float xv[VPT][EV], wv[VPT][EV], yv[VPT][EV];
@@ -79,7 +82,7 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
             const bool in = j < d;
             xv[k][i] = in ? xr[j] : 0.0f;
             wv[k][i] = VPT == 1 && in && w ? w[j] : 0.0f; /* VPT > 1: w (one row for all, cached) is read in put */
-            yv[k][i] = ADD && in ? yr[j] : 0.0f;
+            yv[k][i] = ADD && in ? yo[j] : 0.0f;
         }
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
@@ -117,6 +120,20 @@ __global__ void RMS_BOUNDS(VPT, EV) rmsnorm_bf16_kernel(float *y, __nv_bfloat16 
     pdl_start();
     const size_t o = (size_t)blockIdx.x * d;
     rms_row<false, VPT, EV>(y + o, x + o, d, w, eps, NULL, yb + o, yl ? yl + o : nullptr);
+}
+
+/* norm_matmul's residual prologue for many rows (gemm.c, TERN_CUDA_NORM_RES_N): xo = (x + rmsnorm(h)·hw)·s as
+ * rmsnorm_add, then y = rmsnorm(xo)·nw with its bf16 copy (and pair) as rmsnorm_bf16 — one launch, bitwise the two.
+ * The second row pass reads back what this block wrote (every element by the thread that wrote it) */
+template <int VPT, int EV>
+__global__ void RMS_BOUNDS(VPT, EV) rmsnorm_res_bf16_kernel(float *xo, const float *x, const float *h, const float *hw,
+                                                            const float *s, float *y, __nv_bfloat16 *yb,
+                                                            __nv_bfloat16 *yl, int d, const float *nw, float eps) {
+    pdl_start();
+    const size_t o = (size_t)blockIdx.x * d;
+    rms_row<true, VPT, EV>(xo + o, h + o, d, hw, eps, s, nullptr, nullptr, x + o);
+    __syncthreads();
+    rms_row<false, VPT, EV>(y + o, xo + o, d, nw, eps, NULL, yb + o, yl ? yl + o : nullptr);
 }
 
 /* rmsnorm_n: up to three tensors of rows of one width in one launch, a block per row as rmsnorm_kernel
@@ -182,6 +199,23 @@ extern "C" void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void 
     cudaSetDevice(c->device);
     rms_launch(c, rows, d, RmsBf16Go{c, rows, d, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, x, w, eps}, false);
     tern__cuda_check(c, "rmsnorm_bf16");
+}
+
+struct RmsResGo {
+    tern__cuda *c; int rows, d; float *xo; const float *x, *h, *hw, *s; float *y; __nv_bfloat16 *yb, *yl;
+    const float *nw; float eps;
+    template <int VPT, int EV> void run(int threads) const {
+        tern_launch(c->stream, rmsnorm_res_bf16_kernel<VPT, EV>, rows, threads, 0, xo, x, h, hw, s, y, yb, yl, d, nw, eps);
+    }
+};
+extern "C" void tern__cuda_rmsnorm_res_bf16(tern__cuda *c, float *xo, const float *x, const float *h, const float *hw,
+                                            const float *s, float *y, void *yb, void *yl, int rows, int d,
+                                            const float *nw, float eps) {
+    if (rows <= 0 || d <= 0) return;
+    cudaSetDevice(c->device);
+    rms_launch(c, rows, d, RmsResGo{c, rows, d, xo, x, h, hw, s, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, nw, eps},
+               false);
+    tern__cuda_check(c, "rmsnorm_res_bf16");
 }
 
 extern "C" void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *const *x, const int *rows,
