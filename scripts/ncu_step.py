@@ -49,9 +49,12 @@ def main(path, start=None):
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    if len(a) == 1:
-        main(a[0])
-    elif len(a) == 3 and a[1] == "--from":
-        main(a[0], a[2])
-    else:
-        sys.exit(__doc__)
+    try:
+        if len(a) == 1:
+            main(a[0])
+        elif len(a) == 3 and a[1] == "--from":
+            main(a[0], a[2])
+        else:
+            sys.exit(__doc__)
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        sys.stderr.close()
