@@ -285,10 +285,11 @@ TEST(cuda_norm_matmul) {
 /* rmsnorm_n (one launch over up to three tensors) vs one rmsnorm per tensor: bitwise, in place as
  * Gemma 4 calls it (q, k, v head norms, v without weight) and out of place, widths 64..512, k 1..3 */
 extern int tern__cuda_norm_n;
-/* norm.cu's many-row launches (rms_launch: 128 / 256 threads a row standing in for 2 or 4 virtual ones) against
- * the same rows one launch each (one row: a thread per virtual thread): rmsnorm, rmsnorm_add (with and without
- * the scalar) and rmsnorm_bf16's f32 / bf16 pair, bitwise, at d 300 (VPT 2), 2816 and 3840 (VPT 4), 5376 (VPT 2,
- * 16 a virtual thread) and 9000 (the strided walk), 300 rows (over two a SM) */
+/* norm.cu's many-row launches (rms_launch<true>, rmsnorm_add's: 128 / 256 threads a row standing in for 2 or 4
+ * virtual ones) against the same rows one launch each (one row: a thread per virtual thread), bitwise, with and
+ * without the scalar, at d 300 (VPT 2), 2816 and 3840 (VPT 4), 5376 (VPT 2, 16 a virtual thread) and 9000 (the
+ * strided walk), 300 rows (over two a SM); rmsnorm and rmsnorm_bf16's f32 / bf16 pair (one thread per virtual
+ * thread at any row count) the same way */
 struct tern__cuda; /* backend/cuda/cuda_internal.h (not included here: C only) */
 void tern__cuda_rmsnorm_bf16(struct tern__cuda *c, float *y, void *yb, void *yl, const float *x, int rows, int d,
                              const float *w, float eps);

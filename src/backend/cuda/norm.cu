@@ -38,10 +38,9 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
  * vt = tern_rms_threads(d) virtual threads (virtual thread v: fmaf over elements v, v + vt, ... in order, warp
  * sums, the warp partials summed by one warp) with VPT of them per real thread (thread t stands in for t, t + T,
  * ..., T = blockDim.x = vt / VPT), so the bits are the same at any VPT. EV: elements a virtual thread holds (rows
- * of d <= EV·vt; wider rows take block_rms_inv and a strided walk). VPT = 1 (T = vt) for few rows: the shortest
- * row latency; many rows run T = 128 or 256 threads a row (rms_launch): a 512-thread block of ~64 registers a
- * thread let two rows per SM run at once, so a 2048-row chunk took ~8 waves of one latency each (H200: rmsnorm_add
- * over 2048 x 2816 in 35.7 us, 1.9 TB/s). */
+ * of d <= EV·vt; wider rows take block_rms_inv and a strided walk). VPT = 1 (T = vt): the shortest row latency;
+ * rmsnorm_add over many rows runs T = 128 or 256 threads a row (rms_launch<true>): a 512-thread block of ~64
+ * registers a thread let two rows per SM run at once (H200: 2048 x 2816 in 35.7 us, 1.9 TB/s). */
 #define RMS_V 16
 /* ADD: y = (y + x·inv·w) · (s ? s[0] : 1) (rmsnorm_add), with explicit rounding so that no FMA
  * contraction makes it differ from rmsnorm + add + scale_dev */
@@ -155,7 +154,7 @@ template <int VPT, int EV> __global__ void RMS_BOUNDS(VPT, EV) rmsnorm_n_kernel(
 }
 
 /* Launch a row kernel K<VPT, EV> (rms_launch's callers pass a small functor) over `rows` rows of d: one
- * 512/256/128-thread block a row (VPT 1), or — many_ok, and at least two rows a SM — 128 threads a row standing
+ * 512/256/128-thread block a row (VPT 1), or — MANY, and at least two rows a SM — 128 threads a row standing
  * in for 4 (d >= 1024) or 2 (d >= 256) virtual ones (d <= 4096: 8 elements a virtual thread; wider rows of d <=
  * 8192 run 256 threads, VPT 2, 16 elements). H200, session 23 (ncu, gemma4-26b-a4b, 2048 x 2816): rmsnorm_add
  * 35.3 -> 28.6 us, but rmsnorm 19.7 -> 21.5 and rmsnorm_bf16 23.7 -> 28.5, so only rmsnorm_add takes it.
@@ -165,19 +164,23 @@ static int rms_vpt_on(void) {
     if (v < 0) v = tern__cuda_env_int("TERN_CUDA_RMS_VPT", 1) != 0;
     return v;
 }
-template <class L> static void rms_launch(tern__cuda *c, int rows, int d, L go, bool many_ok) {
+template <bool MANY, class L> static void rms_launch(tern__cuda *c, int rows, int d, L go) {
     const int vt = tern_rms_threads(d);
-    if (!many_ok || !rms_vpt_on() || rows < 2 * c->n_sm || vt < 256 || d > 8192) go.template run<1, RMS_V>(vt);
-    else if (vt == 256) go.template run<2, 4>(128);
-    else if (d <= 4096) go.template run<4, 8>(128);
-    else go.template run<2, 16>(256);
+    if constexpr (MANY) { /* only the launches that take it instantiate the many-row forms */
+        if (rms_vpt_on() && rows >= 2 * c->n_sm && vt >= 256 && d <= 8192) {
+            if (vt == 256) go.template run<2, 4>(128);
+            else if (d <= 4096) go.template run<4, 8>(128);
+            else go.template run<2, 16>(256);
+            return;
+        }
+    }
+    go.template run<1, RMS_V>(vt);
 }
 
-struct RmsGo {
-    tern__cuda *c; int rows, d; float *y; const float *x, *w; float eps; const float *s; bool add;
+template <bool ADD> struct RmsGo {
+    tern__cuda *c; int rows, d; float *y; const float *x, *w; float eps; const float *s;
     template <int VPT, int EV> void run(int threads) const {
-        if (add) tern_launch(c->stream, rmsnorm_kernel<true, VPT, EV>, rows, threads, 0, y, x, d, w, eps, s);
-        else tern_launch(c->stream, rmsnorm_kernel<false, VPT, EV>, rows, threads, 0, y, x, d, w, eps, s);
+        tern_launch(c->stream, rmsnorm_kernel<ADD, VPT, EV>, rows, threads, 0, y, x, d, w, eps, s);
     }
 };
 struct RmsBf16Go {
@@ -197,7 +200,7 @@ extern "C" void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void 
                                         const float *w, float eps) {
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    rms_launch(c, rows, d, RmsBf16Go{c, rows, d, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, x, w, eps}, false);
+    rms_launch<false>(c, rows, d, RmsBf16Go{c, rows, d, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, x, w, eps});
     tern__cuda_check(c, "rmsnorm_bf16");
 }
 
@@ -213,8 +216,8 @@ extern "C" void tern__cuda_rmsnorm_res_bf16(tern__cuda *c, float *xo, const floa
                                             const float *nw, float eps) {
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    rms_launch(c, rows, d, RmsResGo{c, rows, d, xo, x, h, hw, s, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, nw, eps},
-               false);
+    rms_launch<false>(c, rows, d,
+                      RmsResGo{c, rows, d, xo, x, h, hw, s, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, nw, eps});
     tern__cuda_check(c, "rmsnorm_res_bf16");
 }
 
@@ -230,7 +233,7 @@ extern "C" void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, cons
     }
     if (a.r0[3] <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    rms_launch(c, a.r0[3], d, RmsNGo{c, &a}, false);
+    rms_launch<false>(c, a.r0[3], d, RmsNGo{c, &a});
     tern__cuda_check(c, "rmsnorm_n");
 }
 
@@ -238,7 +241,7 @@ extern "C" void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int 
                                    float eps) {
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    rms_launch(c, rows, d, RmsGo{c, rows, d, y, x, w, eps, (const float *)NULL, false}, false);
+    rms_launch<false>(c, rows, d, RmsGo<false>{c, rows, d, y, x, w, eps, (const float *)NULL});
     tern__cuda_check(c, "rmsnorm");
 }
 
@@ -246,7 +249,7 @@ extern "C" void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, 
                                        float eps, const float *s) {
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    rms_launch(c, rows, d, RmsGo{c, rows, d, y, x, w, eps, s, true}, true); /* rmsnorm's reduction order */
+    rms_launch<true>(c, rows, d, RmsGo<true>{c, rows, d, y, x, w, eps, s}); /* rmsnorm's reduction order */
     tern__cuda_check(c, "rmsnorm_add");
 }
 
