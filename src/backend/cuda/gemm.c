@@ -393,26 +393,38 @@ int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const te
     return gemm_glu_run(c, y, n, xb, gate, up, act);
 }
 
+/* gate and up on x staged in bf16 at the start of gemm_scratch: the lower-addressed weight's outputs at cs, the
+ * other's `second` elements on (C of type cty, ld ldc) — one strided batch when the weights' distance allows it,
+ * else two GEMMs. Returns -1 when a GEMM failed, else whether the gate is the lower one (its outputs at cs). */
+static int gate_up_gemm(tern__cuda *c, void *cs, cudaDataType_t cty, int ldc, long long second, int n,
+                        const tern__cuda_w *gate, const tern__cuda_w *up) {
+    const int I = gate->out, in = gate->in, es = cty == CUDA_R_32F ? 4 : 2;
+    const int gate_first = (const char *)gate->data < (const char *)up->data;
+    const tern__cuda_w *w0 = gate_first ? gate : up, *w1 = gate_first ? up : gate;
+    const long long sa = gap_of(w0->data, w1->data, 2);
+    const void *xb = c->gemm_scratch;
+    const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
+    tern_status st;
+    if (sa) {
+        st = lt_gemm_t(c, cs, cty, ldc, second, w0->data, 0, sa, xb, in, 0, I, n, in, 2, CUDA_R_16BF, tc, 0.0f);
+    } else {
+        st = lt_gemm_t(c, cs, cty, ldc, 0, w0->data, 0, 0, xb, in, 0, I, n, in, 0, CUDA_R_16BF, tc, 0.0f);
+        if (!st)
+            st = lt_gemm_t(c, (uint8_t *)cs + (size_t)second * es, cty, ldc, 0, w1->data, 0, 0, xb, in, 0, I, n, in, 0,
+                           CUDA_R_16BF, tc, 0.0f);
+    }
+    return st ? -1 : gate_first;
+}
+
 static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__cuda_w *gate, const tern__cuda_w *up,
                         int act) {
-    const int I = gate->out, in = gate->in;
+    const int I = gate->out;
     const tern__cuda_w *gu[2] = {gate, up};
     float *ys[2] = {y, y};
     if (tern__cuda_sgemm(c, 2, ys, c->gemm_scratch, n, gu, act == TERN_ACT_SILU ? G1_SILU : G1_GELU)) return 1;
     float *cs = (float *)((uint8_t *)c->gemm_scratch + xb); /* [2][n][I]: the lower-addressed weight first */
-    const int gate_first = (const char *)gate->data < (const char *)up->data;
-    const tern__cuda_w *w0 = gate_first ? gate : up, *w1 = gate_first ? up : gate;
-    const long long sa = gap_of(w0->data, w1->data, 2);
-    const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
-    if (sa) {
-        if (tern__cuda_lt_gemm(c, cs, I, (long long)n * I, w0->data, sa, c->gemm_scratch, in, 0, I, n, in, 2,
-                               CUDA_R_16BF, tc, 0.0f) != TERN_OK)
-            return 0;
-    } else if (lt_gemm(c, cs, I, w0->data, c->gemm_scratch, I, n, in, CUDA_R_16BF, tc, 0.0f) != TERN_OK ||
-               lt_gemm(c, cs + (size_t)n * I, I, w1->data, c->gemm_scratch, I, n, in, CUDA_R_16BF, tc, 0.0f) !=
-                   TERN_OK) {
-        return 0;
-    }
+    const int gate_first = gate_up_gemm(c, cs, CUDA_R_32F, I, (long long)n * I, n, gate, up);
+    if (gate_first < 0) return 0;
     const float *g = gate_first ? cs : cs + (size_t)n * I, *u = gate_first ? cs + (size_t)n * I : cs;
     tern__cuda_ew(c, act == TERN_ACT_SILU ? TERN__EW_SILU : TERN__EW_GELU, y, g, u, 0.0f, (size_t)n * I);
     return 1;
@@ -457,22 +469,12 @@ int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *n
     cudaSetDevice(c->device);
     uint8_t *scr = (uint8_t *)c->gemm_scratch, *gu = scr + xb, *h = gu + gub;
     norm_stage(c, xn, scr, NULL, x, n, in, nw, eps, res);
-    const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
-    const int gate_first = (const char *)gate->data < (const char *)up->data;
-    const tern__cuda_w *w0 = gate_first ? gate : up, *w1 = gate_first ? up : gate;
-    const long long sa = gap_of(w0->data, w1->data, 2);
-    /* the lower-addressed weight's outputs in columns [0, I) of a row, the other's in [I, 2I) */
-    tern_status st = sa ? lt_gemm_t(c, gu, CUDA_R_16BF, 2 * I, I, w0->data, 0, sa, scr, in, 0, I, n, in, 2, CUDA_R_16BF,
-                                    tc, 0.0f)
-                        : lt_gemm_t(c, gu, CUDA_R_16BF, 2 * I, 0, w0->data, 0, 0, scr, in, 0, I, n, in, 0, CUDA_R_16BF,
-                                    tc, 0.0f);
-    if (!sa && !st)
-        st = lt_gemm_t(c, gu + (size_t)I * 2, CUDA_R_16BF, 2 * I, 0, w1->data, 0, 0, scr, in, 0, I, n, in, 0,
-                       CUDA_R_16BF, tc, 0.0f);
-    if (st) return 0; /* the caller redoes it with the separate ops (xn is rmsnorm's already) */
+    /* rows [lower weight's I | the other's I] */
+    const int gate_first = gate_up_gemm(c, gu, CUDA_R_16BF, 2 * I, I, n, gate, up);
+    if (gate_first < 0) return 0; /* the caller redoes it with the separate ops (xn is rmsnorm's already) */
     tern__cuda_glu_bf16(c, h, gu, n, I, act, gate_first ? 0 : I);
-    return lt_gemm_t(c, y, CUDA_R_32F, out, 0, down->data, 0, 0, h, I, 0, out, n, I, 0, CUDA_R_16BF, tc,
-                     add ? 1.0f : 0.0f) == TERN_OK;
+    return lt_gemm_t(c, y, CUDA_R_32F, out, 0, down->data, 0, 0, h, I, 0, out, n, I, 0, CUDA_R_16BF,
+                     CUBLAS_COMPUTE_32F, add ? 1.0f : 0.0f) == TERN_OK;
 }
 
 /* ops.h norm_matmul for n > 1 rows on this path (q|k|v: mode G1_PLAIN, k = 3 or 2; gate|up: G1_SILU /
