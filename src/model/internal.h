@@ -238,19 +238,24 @@ typedef struct tern_pending_res {
  * (tmp: scratch of the unfused glu). When the backend folds the add in, x' lands in *xo and the two
  * pointers swap (x' is then *x); otherwise (or *xo NULL: no room for n rows) rmsnorm_add runs in place. Either way *x holds the
  * same bits afterwards and the pending add is consumed. */
+/* a fused op wrote x' to *xo (norm_matmul's / norm_mlp's res): x' becomes the residual stream */
+static inline void tern__pending_taken(float **x, float **xo, tern_pending_res *p) {
+    float *t = *x;
+    *x = *xo;
+    *xo = t;
+    p->on = 0;
+}
 static inline void tern__pending_norm_op(tern_model *m, float **x, float **xo, tern_pending_res *p, float *xn,
                                          const float *nw, float eps, int n, int d, int k, float *const *y,
                                          const tern_tensor *const *w, int act, float *tmp) {
     const tern_backend_vt *op = m->be->vt;
     if (p->on) {
         const tern_norm_res r = {*xo, p->h, p->w, p->s};
-        p->on = 0;
         if (*xo && op->norm_matmul && op->norm_matmul(m->be, xn, *x, nw, eps, n, k, y, w, act, &r)) {
-            float *t = *x;
-            *x = *xo;
-            *xo = t;
+            tern__pending_taken(x, xo, p);
             return;
         }
+        p->on = 0;
         tern__rmsnorm_add(m, *x, p->h, n, d, p->w, eps, p->s);
     }
     if (act >= 0) tern__norm_matmul_glu(m, xn, *x, nw, eps, n, y[0], tmp, w[0], w[1], act);
@@ -283,10 +288,7 @@ static inline void tern__pending_mlp(tern_model *m, float **x, float **xo, tern_
         if (p->on && *xo) {
             const tern_norm_res r = {*xo, p->h, p->w, p->s};
             if (m->be->vt->norm_mlp(m->be, xn, *x, nw, eps, n, y, 0, w, act, &r)) {
-                float *t = *x;
-                *x = *xo;
-                *xo = t;
-                p->on = 0;
+                tern__pending_taken(x, xo, p);
                 return;
             }
         }
