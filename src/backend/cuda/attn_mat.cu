@@ -150,6 +150,13 @@ static void mat_softmax_go(tern__cuda *c, float *S, const int32_t *pos, const in
 #undef MAT_SM
 }
 
+/* the last of n positions + 1 (host copies) */
+static long pos_end(const int32_t *pos, int n) {
+    long e = 0;
+    for (int r = 0; r < n; r++) e = pos[r] + 1 > e ? pos[r] + 1 : e;
+    return e;
+}
+
 /* 1 when this run took the materialized path (out written), 0 when the caller must take another */
 extern "C" int tern__cuda_attn_mat_run(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                        const tern_kv_layer *kv, float scale, float softcap) {
@@ -160,8 +167,7 @@ extern "C" int tern__cuda_attn_mat_run(tern__cuda *c, float *out, const float *q
         rows->vis_lo_host || rows->vis_lo || !rows->pos_host)
         return 0;
     const int G = nh / nkv;
-    long L = 0;
-    for (int r = 0; r < n; r++) L = rows->pos_host[r] + 1 > L ? rows->pos_host[r] + 1 : L;
+    const long L = pos_end(rows->pos_host, n);
     /* key counts padded to MAT_KQ and sub-chunks of a power of two rows: few distinct GEMM shapes, so cuBLASLt's
      * heuristic and its kernels' first-use loading are paid once per shape, not per chunk (H200, session 23: with
      * the exact key count every chunk of an 8k prompt ran new shapes and the 8k prefill lost ~8 %); the padding
@@ -192,9 +198,8 @@ extern "C" int tern__cuda_attn_mat_run(tern__cuda *c, float *out, const float *q
                 D, (int)L, (int)Lp);
     for (long r0 = 0; r0 < n; r0 += R) {
         const int Rc = (int)(n - r0 < R ? n - r0 : R);
-        long Lc = 0;
-        for (int r = 0; r < Rc; r++) Lc = rows->pos_host[r0 + r] + 1 > Lc ? rows->pos_host[r0 + r] + 1 : Lc;
-        Lc = (Lc + MAT_KQ - 1) / MAT_KQ * MAT_KQ; /* <= Lp; the columns past the last position are masked */
+        /* <= Lp; the columns past the last position are masked */
+        const long Lc = (pos_end(rows->pos_host + r0, Rc) + MAT_KQ - 1) / MAT_KQ * MAT_KQ;
         const size_t qb = ((size_t)nh * Rc * D * 2 + 255) & ~(size_t)255;
         float *S = (float *)((uint8_t *)qh + qb);
         tern_launch(c->stream, mat_q, tern_grid256((size_t)nh * Rc * (D / 8), 65535), 256, 0, qh,
@@ -202,7 +207,7 @@ extern "C" int tern__cuda_attn_mat_run(tern__cuda *c, float *out, const float *q
         /* S_j [G·Rc][Lc] = qh_j · K_jᵀ: C = Aᵀ·B with A = K_j (D x Lc, ld D), B = qh_j (D x G·Rc) */
         if (tern__cuda_lt_gemm_x(c, S, CUDA_R_32F, (int)Lc, (long long)G * Rc * Lc, kh, 0, (long long)Lp * D, qh, D,
                                  (long long)G * Rc * D, (int)Lc, G * Rc, D, nkv, 0.0f) != TERN_OK)
-            return 0; /* nothing written to out yet past earlier sub-chunks: the caller redoes the whole run */
+            return 0; /* earlier sub-chunks may have written out: the caller redoes the whole run */
         mat_softmax_go(c, S, rows->pos + r0, valid, nh * Rc, Rc, (int)Lc, scale, softcap);
         /* out rows r0.. at heads j·G + g (ld nh·D) = P_{j,g} · V_j: C = A·B with A = V_j (D x Lc, ld D, not
          * transposed), B = P_{j,g} (Lc x Rc, ld 2·Lc) */
