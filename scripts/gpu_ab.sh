@@ -463,7 +463,7 @@ fi
 # 35. session 23's switches, written or changed after its last device call: the materialized d-512 attention with key
 #     counts padded to 1024 (TERN_CUDA_ATTN_MAT, opt-in until this wins at 8k too), the bf16 MLP (TERN_CUDA_MLP_BF16)
 #     rmsnorm_add's many-row launch alone (TERN_CUDA_RMS_VPT) and the residual prologue folded into the many-row
-#     pre-norm (TERN_CUDA_NORM_RES_N, opt-in, never run yet); prefill at 512 / 2k / 2k again / 8k / 16k
+#     pre-norm (TERN_CUDA_NORM_RES_N, opt-in); prefill at 512 / 2k / 2k again / 8k / 16k. Ran in session 24 (NOTES (ak)).
 if [[ " $SECTIONS " == *" 35 "* ]]; then
     TERN_TEST_ONLY=cuda_attention_mat,cuda_rmsnorm_vpt,cuda_fused_rmsnorm_add,cuda_norm_gemm_res,cuda_norm_mlp timeout 90 build/test_cuda_ops > "$OUT/ops35.txt" 2>&1
     say "op tests rc $?: $(grep -E '^(PASS|FAIL)' "$OUT/ops35.txt" | tr '\n' ' ')"

@@ -673,8 +673,10 @@ TEST(cuda_attention_flash) {
         {8, 2, 512, 0, 0.0f, 16, {150, 64, 17}, 100},
         {8, 4, 64, 50, 0.0f, 4, {600, 30, 30}, 35},
     };
-    const int keep_f32 = tern__cuda_fa_f32, keep_cfg = tern__cuda_fa_cfg, keep_512 = tern__cuda_fa512;
+    const int keep_f32 = tern__cuda_fa_f32, keep_cfg = tern__cuda_fa_cfg, keep_512 = tern__cuda_fa512,
+              keep_mat = tern__cuda_attn_mat;
     tern__cuda_fa512 = 1;
+    tern__cuda_attn_mat = 0; /* d 512 runs of >= 128 rows stay here (attn_mat.cu has its own test) */
     for (int mode = 0; mode < 2; mode++) {
         g_attn = mode == 0 ? g_gpu16 : g_gpu;
         if (!g_attn) continue;
@@ -728,4 +730,5 @@ TEST(cuda_attention_flash) {
     tern__cuda_fa_f32 = keep_f32;
     tern__cuda_fa_cfg = keep_cfg;
     tern__cuda_fa512 = keep_512;
+    tern__cuda_attn_mat = keep_mat;
 }

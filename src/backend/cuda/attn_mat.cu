@@ -15,13 +15,16 @@
  *   2. per sub-chunk of R rows: qh [nh][R][D] = bf16(q) head-major (so the G heads of a KV head are G·R rows);
  *      S_j [G·R][Lc] = qh_j · K_jᵀ for each KV head j (one strided batch; Lc = the sub-chunk's last position + 1);
  *      the softmax per row (scale, softcap, key b visible iff b <= pos and valid) leaves P in bf16 at the start of
- *      the row's own S bytes (ld 2·Lc); out rows (j·G + g)·D (ld nh·D) = P_{j,g} · V_j: G strided batches of nkv.
+ *      the row's own S bytes (ld 2·Lc); T_j [G·Rc][D] = P_j · V_j (one strided batch of nkv), then out rows at
+ *      heads h (ld nh·D) = T[h][r] (mat_out).
  * Numerics: the bf16 kernel's (bf16 Q, K, P, V, f32 accumulation) with an exact f32 softmax over the whole row
  * (no online rescaling): within the bf16 mode's attention bound, not bitwise fa_kernel. Taken for runs of at
- * least MAT_MIN_ROWS rows with no window and no spans, up to MAT_MAX_KEYS keys, with TERN_CUDA_ATTN_MAT=1 (opt-in:
- * H200, session 23, a warm 2048-token gemma4-26b-a4b prefill gained ~4 % and the global layer took ~420 us
- * instead of 2 x 414, but an 8k prefill lost ~8 % while every chunk ran new GEMM shapes; the key counts padded to
- * MAT_KQ that should fix it were written after the last device call and wait for an A/B: bench/NOTES.md (aj)).
+ * least MAT_MIN_ROWS rows with no window and no spans, up to MAT_MAX_KEYS keys; TERN_CUDA_ATTN_MAT=0 keeps
+ * fa_kernel. H200, session 24 (bench/NOTES.md (ak)), prefill tok/s fa_kernel -> this: gemma4-12b 8k 17.5k -> 19.6k,
+ * 16k 14.8k -> 17.1k; gemma4-26b-a4b 16k 25.0k -> 29.2k, warm 2k +3 %. Session 23's form lost ~8 % at 8k: exact key
+ * counts gave every chunk new GEMM shapes (now padded to MAT_KQ), and P·V ran as G batches of nkv products of a
+ * sub-chunk's rows — 16 tiles a call at an 8k prompt's 256-row sub-chunks — where one batch of nkv products of
+ * G·Rc rows now fills the GPU.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -34,7 +37,7 @@
 #define MAT_KQ 1024 /* key counts rounded up to this */
 
 extern "C" {
-int tern__cuda_attn_mat = -1; /* -1 unread (TERN_CUDA_ATTN_MAT, default 0), 0 never, 1 on */
+int tern__cuda_attn_mat = -1; /* -1 unread (TERN_CUDA_ATTN_MAT, default 1), 0 never, 1 on */
 unsigned long long tern__cuda_attn_mat_calls = 0; /* runs served here (tests check the path ran) */
 int tern__cuda_attn_mat_rmax = 0; /* > 0: at most this many rows a sub-chunk (tests: several sub-chunks) */
 }
@@ -78,6 +81,19 @@ __global__ void mat_q(__nv_bfloat16 *qh, const float *q, int R, int nh, int D) {
         __nv_bfloat162 v[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
                                __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
         ((uint4 *)(qh + hr * D))[c] = *(const uint4 *)v;
+    }
+}
+
+/* out[r][h][d] (ld nh·D) = T[h][r][d] for r < R: the heads' products back in the rows' layout, 4 floats a thread */
+__global__ void mat_out(float *out, const float *T, int R, int nh, int D) {
+    pdl_start();
+    const int D4 = D >> 2;
+    const size_t total = (size_t)nh * R * D4;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const int c = (int)(i % D4);
+        const size_t hr = i / D4;
+        const int r = (int)(hr % R), h = (int)(hr / R);
+        ((float4 *)(out + ((size_t)r * nh + h) * D))[c] = ((const float4 *)(T + hr * D))[c];
     }
 }
 
@@ -160,7 +176,7 @@ static long pos_end(const int32_t *pos, int n) {
 /* 1 when this run took the materialized path (out written), 0 when the caller must take another */
 extern "C" int tern__cuda_attn_mat_run(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                        const tern_kv_layer *kv, float scale, float softcap) {
-    if (tern__cuda_attn_mat < 0) tern__cuda_attn_mat = tern__cuda_env_int("TERN_CUDA_ATTN_MAT", 0) != 0;
+    if (tern__cuda_attn_mat < 0) tern__cuda_attn_mat = tern__cuda_env_int("TERN_CUDA_ATTN_MAT", 1) != 0;
     const int D = kv->head_dim, n = rows->n, nkv = kv->n_head_kv;
     if (!tern__cuda_attn_mat || c->compute != TERN_COMPUTE_BF16 || D != 512 || n < MAT_MIN_ROWS || kv->window > 0 ||
         kv->latent || kv->kf.kind != TERN_KV_BF16 || kv->vf.kind != TERN_KV_BF16 || nkv <= 0 || nh % nkv ||
@@ -174,10 +190,10 @@ extern "C" int tern__cuda_attn_mat_run(tern__cuda *c, float *out, const float *q
      * keys are zeros and masked */
     const long Lp = (L + MAT_KQ - 1) / MAT_KQ * MAT_KQ;
     if (L < 1 || Lp > MAT_MAX_KEYS) return 0;
-    /* gemm_scratch: kh | vh | valid | qh | S (all 256-byte aligned) */
+    /* gemm_scratch: kh | vh | valid | qh | S | T (all 256-byte aligned) */
     const size_t kvb = ((size_t)nkv * Lp * D * 2 + 255) & ~(size_t)255, vb = ((size_t)Lp * 4 + 255) & ~(size_t)255;
     const size_t fixed = 2 * kvb + vb, avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
-    const size_t per_row = (size_t)nh * D * 2 + (size_t)nh * Lp * 4; /* qh + S at the longest Lc */
+    const size_t per_row = (size_t)nh * D * 2 + (size_t)nh * Lp * 4 + (size_t)nh * D * 4; /* qh + S at the longest Lc + T */
     if (fixed + 512 * 2 >= avail) return 0;
     long R = (long)((avail - fixed - 512) / per_row);
     if (R < 64) return 0;
@@ -209,15 +225,18 @@ extern "C" int tern__cuda_attn_mat_run(tern__cuda *c, float *out, const float *q
                                  (long long)G * Rc * D, (int)Lc, G * Rc, D, nkv, 0.0f) != TERN_OK)
             return 0; /* earlier sub-chunks may have written out: the caller redoes the whole run */
         mat_softmax_go(c, S, rows->pos + r0, valid, nh * Rc, Rc, (int)Lc, scale, softcap);
-        /* out rows r0.. at heads j·G + g (ld nh·D) = P_{j,g} · V_j: C = A·B with A = V_j (D x Lc, ld D, not
-         * transposed), B = P_{j,g} (Lc x Rc, ld 2·Lc) */
-        for (int g = 0; g < G; g++) {
-            const __nv_bfloat16 *P = (const __nv_bfloat16 *)(S + (size_t)g * Rc * Lc);
-            if (tern__cuda_lt_gemm_x(c, out + (size_t)r0 * nh * D + (size_t)g * D, CUDA_R_32F, nh * D, (long long)G * D,
-                                     vh, 1, (long long)Lp * D, P, (int)(2 * Lc), (long long)2 * G * Rc * Lc, D, Rc,
-                                     (int)Lc, nkv, 0.0f) != TERN_OK)
-                return 0;
-        }
+        /* T_j [G·Rc][D] = P_j · V_j for each KV head j (one strided batch: the G heads of a KV head are one product
+         * of G·Rc rows): C = A·B with A = V_j (D x Lc, ld D, not transposed), B = P_j (Lc x G·Rc, ld 2·Lc); then
+         * out rows r0.. at head h (ld nh·D) = T[h][r]. As G batches of nkv products of Rc rows writing out's
+         * columns in place, an 8k prompt's sub-chunks of 256 rows gave each call 16 tiles of 128 x 128 for the
+         * whole GPU (132 SMs) */
+        float *T = S + (size_t)nh * Rc * Lc;
+        if (tern__cuda_lt_gemm_x(c, T, CUDA_R_32F, D, (long long)G * Rc * D, vh, 1, (long long)Lp * D,
+                                 (const __nv_bfloat16 *)S, (int)(2 * Lc), (long long)2 * G * Rc * Lc, D, G * Rc, (int)Lc,
+                                 nkv, 0.0f) != TERN_OK)
+            return 0;
+        tern_launch(c->stream, mat_out, tern_grid256((size_t)nh * Rc * (D / 4), 65535), 256, 0,
+                    out + (size_t)r0 * nh * D, (const float *)T, Rc, nh, D);
     }
     tern__cuda_attn_mat_calls++;
     tern__cuda_check(c, "attention (materialized)");
