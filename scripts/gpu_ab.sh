@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-35}"  # 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-36}"  # 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -475,6 +475,24 @@ if [[ " $SECTIONS " == *" 35 "* ]]; then
             env "$2" timeout 150 $T bench --random "$1" --device cuda --prompt 512,2048,2048,8192,16384 --gen 1 --reps 1 \
                 > "$OUT/pp.txt" 2>&1
             say "$1 bf16 [$2] rep $rep pp tok/s 512,2k,2k,8k,16k: $(grep '^csv,' "$OUT/pp.txt" | cut -d, -f6 | tr '\n' ' ')"
+        done
+    done
+fi
+
+# 36. prefill chunks of 2048 / 4096 / 8192 rows (`bench --chunk`, the engine's --max-batch-tokens) with gemm_scratch at
+#     256 MB (default) and 1024 MB (TERN_CUDA_SCRATCH_MB): a 4096-row chunk's routed pairs fit one MoE pass only in the
+#     larger scratch, and ~256 rows an expert should turn the experts' strided batches compute-bound (at ~128 they are
+#     bound by reading the weights: NOTES (ak)); the dense GEMMs get more rows too. Decides the GPU default chunk.
+if [[ " $SECTIONS " == *" 36 "* ]]; then
+    TERN_TEST_ONLY=cuda_moe_blas,cuda_moe_grouped timeout 90 build/test_cuda_ops > "$OUT/ops36.txt" 2>&1
+    say "op tests rc $?: $(grep -E '^(PASS|FAIL)' "$OUT/ops36.txt" | tr '\n' ' ')"
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for mc in "gemma4-26b-a4b 2048 256" "gemma4-26b-a4b 4096 256" "gemma4-26b-a4b 4096 1024" "gemma4-26b-a4b 8192 1024" \
+                  "gemma4-12b 2048 256" "gemma4-12b 4096 1024" "llama3-8b 2048 256" "llama3-8b 4096 1024"; do
+            set -- $mc
+            TERN_CUDA_SCRATCH_MB=$3 timeout 150 $T bench --random "$1" --device cuda --prompt 2048,8192,8192,16384 --gen 1 \
+                --reps 1 --chunk "$2" > "$OUT/pp.txt" 2>&1
+            say "$1 bf16 chunk $2 scratch $3 MB rep $rep pp tok/s 2k,8k,8k,16k: $(grep '^csv,' "$OUT/pp.txt" | cut -d, -f6 | tr '\n' ' ')"
         done
     done
 fi

@@ -192,7 +192,7 @@ extern "C" int tern__cuda_attn_mat_run(tern__cuda *c, float *out, const float *q
     if (L < 1 || Lp > MAT_MAX_KEYS) return 0;
     /* gemm_scratch: kh | vh | valid | qh | S | T (all 256-byte aligned) */
     const size_t kvb = ((size_t)nkv * Lp * D * 2 + 255) & ~(size_t)255, vb = ((size_t)Lp * 4 + 255) & ~(size_t)255;
-    const size_t fixed = 2 * kvb + vb, avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
+    const size_t fixed = 2 * kvb + vb, avail = c->gemm_scratch_bytes;
     const size_t per_row = (size_t)nh * D * 2 + (size_t)nh * Lp * 4 + (size_t)nh * D * 4; /* qh + S at the longest Lc + T */
     if (fixed + 512 * 2 >= avail) return 0;
     long R = (long)((avail - fixed - 512) / per_row);

@@ -629,7 +629,12 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     what = "cudaMalloc (scratch)";
     if ((e = cudaMalloc(&c->lt_ws, TERN_CUDA_LT_WS_BYTES)) != cudaSuccess) goto fail;
     if ((e = cudaMalloc((void **)&c->part, (size_t)TERN_CUDA_PART_FLOATS * sizeof(float))) != cudaSuccess) goto fail;
-    if ((e = cudaMalloc(&c->gemm_scratch, TERN_CUDA_GEMM_SCRATCH_BYTES)) != cudaSuccess) goto fail;
+    { /* TERN_CUDA_SCRATCH_MB (64..16384): larger prefill chunks (--max-batch-tokens / bench --chunk) can keep a MoE
+       * layer's routed pairs in one pass (moe_gemm.cu halves its passes until they fit) */
+        const int mb = tern__cuda_env_int("TERN_CUDA_SCRATCH_MB", TERN_CUDA_GEMM_SCRATCH_MB);
+        c->gemm_scratch_bytes = (size_t)(mb < 64 ? 64 : mb > 16384 ? 16384 : mb) << 20;
+    }
+    if ((e = cudaMalloc(&c->gemm_scratch, c->gemm_scratch_bytes)) != cudaSuccess) goto fail;
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
         c->lt = NULL;
         be_close(be);

@@ -8,8 +8,8 @@
  *   - `part`: split-K attention partials (PART_FLOATS floats),
  *   - `lt_ws`: cuBLASLt workspace.
  * The prefill GEMM path (n > TERN_CUDA_GEMV_MAX_N rows) uses `gemm_scratch` for dequantized
- * weight chunks and bf16 activations; it is sized at open too (GEMM_SCRATCH_BYTES) and the
- * GEMM works through the weight in row chunks that fit.
+ * weight chunks and bf16 activations; it is sized at open too (gemm_scratch_bytes: TERN_CUDA_SCRATCH_MB,
+ * default TERN_CUDA_GEMM_SCRATCH_MB) and the GEMM works through the weight in row chunks that fit.
  *
  * Weights after upload_weight: one device allocation per tensor holding the packed data, then
  * scales, then biases (256-byte aligned), all tightly packed (mat_stride = 0): 3-D stacks that
@@ -30,7 +30,7 @@ extern "C" {
 #define TERN_CUDA_PART_FLOATS (8u << 20)    /* split-K partials: 32 MiB */
 #define TERN_CUDA_MM_CNT 65536              /* mm_cnt's counters */
 #define TERN_CUDA_LT_WS_BYTES (32u << 20)   /* cuBLASLt workspace */
-#define TERN_CUDA_GEMM_SCRATCH_BYTES (256u << 20)
+#define TERN_CUDA_GEMM_SCRATCH_MB 256   /* gemm_scratch's size unless TERN_CUDA_SCRATCH_MB says otherwise */
 
 typedef struct tern__cuda {
     int device;
@@ -42,6 +42,7 @@ typedef struct tern__cuda {
     void *lt_ws;
     float *part;                 /* split-K partials */
     void *gemm_scratch;          /* dequantized weight chunks + bf16 activations */
+    size_t gemm_scratch_bytes;   /* its size */
     int n_sm;
     size_t smem_optin;           /* max dynamic shared memory per block */
     cudaError_t sticky;          /* first asynchronous error seen (reported by sync/download) */

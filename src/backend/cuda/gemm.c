@@ -193,7 +193,7 @@ static tern_status gemm_rows(tern__cuda *c, float *y, const float *x, int n, con
     if (w->dtype == TERN_DT_F32) return lt_gemm(c, y, out, mat, x, out, n, in, CUDA_R_32F, exact, 0.0f);
     const int bf = c->compute == TERN_COMPUTE_BF16;
     uint8_t *scr = (uint8_t *)c->gemm_scratch;
-    size_t avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
+    size_t avail = c->gemm_scratch_bytes;
     const void *xh = x, *xl = NULL;
     const int plain = bf && !w->precise && !tern__cuda_bf16_split_all(c);
     if (plain) { /* --compute bf16: x rounded to bf16 once, W in bf16, one GEMM (f32 accumulation) */
@@ -276,7 +276,7 @@ tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, cons
     if (e == 0 && w->nmat <= 1 && tern__cuda_sgemm_level() >= 2 && plain_rows(c, w, n) && n <= 64 &&
         stage_x(c, x, n, w->in, 0) && tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, G1_PLAIN))
         return TERN_OK; /* skinny: sgemm.cu (TERN_CUDA_SGEMM=2, up to 64 rows) */
-    const size_t per_row = (size_t)w->in * 4, cap = TERN_CUDA_GEMM_SCRATCH_BYTES / 2 - 1024;
+    const size_t per_row = (size_t)w->in * 4, cap = c->gemm_scratch_bytes / 2 - 1024;
     size_t rows = cap / per_row;
     if (rows < 1) return TERN_ENOMEM;
     if (rows > 16) rows &= ~(size_t)15;
@@ -314,15 +314,15 @@ static int plain_gemm_ok(const tern__cuda *c, const tern__cuda_w *w, int n) {
 
 /* bytes (256-aligned) of x [n, in] in bf16 at the start of gemm_scratch when they fit with `extra`
  * bytes after them, else 0 */
-static size_t staged_bytes(int n, int in, size_t extra) {
+static size_t staged_bytes(const tern__cuda *c, int n, int in, size_t extra) {
     const size_t xb = ((size_t)n * in * 2 + 255) & ~(size_t)255;
-    return xb + extra > TERN_CUDA_GEMM_SCRATCH_BYTES ? 0 : xb;
+    return xb + extra > c->gemm_scratch_bytes ? 0 : xb;
 }
 
 /* x [n, in] rounded to bf16 at the start of gemm_scratch when it fits with `extra` bytes after it;
  * returns the bytes used (256-aligned) or 0 */
 static size_t stage_x(tern__cuda *c, const float *x, int n, int in, size_t extra) {
-    const size_t xb = staged_bytes(n, in, extra);
+    const size_t xb = staged_bytes(c, n, in, extra);
     if (xb) tern__cuda_f32_to_bf16(c, c->gemm_scratch, NULL, x, (size_t)n * in);
     return xb;
 }
@@ -464,7 +464,7 @@ int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *n
         return 0;
     const int I = gate->out, in = gate->in, out = down->out;
     const size_t gub = ((size_t)n * 2 * I * 2 + 255) & ~(size_t)255, hbytes = (size_t)n * I * 2;
-    const size_t xb = staged_bytes(n, in, gub + hbytes);
+    const size_t xb = staged_bytes(c, n, in, gub + hbytes);
     if (!xb) return 0;
     cudaSetDevice(c->device);
     uint8_t *scr = (uint8_t *)c->gemm_scratch, *gu = scr + xb, *h = gu + gub;
@@ -506,7 +506,7 @@ static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float
         any |= all || w[i]->precise;
     }
     if (!any || in <= 0) return 0;
-    const size_t xbytes = ((size_t)n * in * 2 + 255) & ~(size_t)255, avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
+    const size_t xbytes = ((size_t)n * in * 2 + 255) & ~(size_t)255, avail = c->gemm_scratch_bytes;
     const size_t chunk = (avail / 2 - 1024) / ((size_t)in * 4); /* tern__cuda_gemm's rows a chunk */
     if ((size_t)n > chunk || 2 * xbytes >= avail / 2) return 0;
     cudaSetDevice(c->device);
@@ -531,7 +531,7 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
     const int act = mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
     if (pair ? k != 2 || !gemm_glu_ok(c, n, w[0], w[1], act) : mode != G1_PLAIN || k < 2 || !gemm_n_ok(c, k, y, n, w))
         return 0;
-    const size_t xb = staged_bytes(n, in, pair ? glu_cbytes(n, w[0]) : 0);
+    const size_t xb = staged_bytes(c, n, in, pair ? glu_cbytes(n, w[0]) : 0);
     if (!xb) return 0;
     cudaSetDevice(c->device);
     norm_stage(c, xn, c->gemm_scratch, NULL, x, n, in, nw, eps, res);

@@ -581,7 +581,7 @@ extern "C" int tern__cuda_plain_rows(const tern__cuda *c, const tern__cuda_w *w,
 }
 
 extern "C" const float *tern__cuda_plain_x(tern__cuda *c, const tern__cuda_w *w, int n, const float *x, int cols) {
-    if (!tern__cuda_plain_rows(c, w, n) || (size_t)n * cols * sizeof(float) > TERN_CUDA_GEMM_SCRATCH_BYTES) return x;
+    if (!tern__cuda_plain_rows(c, w, n) || (size_t)n * cols * sizeof(float) > c->gemm_scratch_bytes) return x;
     float *xr = (float *)c->gemm_scratch;
     tern__cuda_round_bf16(c, xr, x, (size_t)n * cols);
     return xr;

@@ -404,7 +404,7 @@ static tern_status heads_gemm(tern__cuda *c, float *y, int ldy, int hy, const fl
     if (w->dtype == TERN_DT_F32 && !bf)
         return tern__cuda_lt_gemm(c, y, ldy, hy, w->data, mat, x, ldx, hx, out, n, in, nh, CUDA_R_32F, exact, 0.0f);
     uint8_t *scr = (uint8_t *)c->gemm_scratch;
-    size_t avail = TERN_CUDA_GEMM_SCRATCH_BYTES;
+    size_t avail = c->gemm_scratch_bytes;
     /* the stack, expanded: f32 per head, or a bf16 pair per head (hi, then lo at al256(mat*2)) */
     const int native = bf && w->dtype == TERN_DT_BF16;
     const size_t hb = bf ? 2 * al256((size_t)mat * 2) : (size_t)mat * 4, wbytes = native ? 0 : hb * nh;

@@ -167,10 +167,16 @@ static int mb_padded(tern__cuda *c, float *y, const float *x, int m, int k, int 
     const int E = gate->nmat, I = gate->out, mp = m * k;
     int mx = 0;
     for (int e = 0; e < E; e++) mx = ho[e + 1] - ho[e] > mx ? ho[e + 1] - ho[e] : mx;
-    int P = 16; /* the ladder 16, 24, 32, 48, 64, 96, ... (x1.5, x1.33): few distinct shapes, so few cuBLAS kernels
-                 * to load on first use (rounding to 16 gave each layer its own: call 3 lost 23 % of a first
-                 * 2048-token prefill to that), at most 1.5x padding on top of the routing's imbalance */
-    while (P < mx) P = P % 3 == 0 ? P / 3 * 4 : P / 2 * 3;
+    int P = 16; /* the ladder 16, 24, 32, 48, 64, 96, 128 (x1.5, x1.33), then 2^j·{1, 1.25, 1.5}: 160, 192, 256, 320,
+                 * 384, 512, ...: few distinct shapes, so few cuBLAS kernels to load on first use (rounding to 16 gave
+                 * each layer its own: call 3 lost 23 % of a first 2048-token prefill to that). The finer steps from
+                 * 128 on are for chunks of 4096+ tokens, where the batches turn compute-bound (~256 rows an expert;
+                 * at ~128 they are bound by reading the weights: P 128 ran only 10 % faster than 192, NOTES (ak)) */
+    while (P < mx) {
+        int b = P;
+        while (b & (b - 1)) b &= b - 1; /* the power of two at or below P */
+        P = P < 128 ? (P % 3 == 0 ? P / 3 * 4 : P / 2 * 3) : P == b ? b + b / 4 : P == b + b / 4 ? b + b / 2 : 2 * b;
+    }
     const size_t rows = (size_t)E * P;
     if (!tern__cuda_moe_pad || !mx || (tern__cuda_moe_pad == 1 && rows > 2 * (size_t)mp)) return 0;
     const size_t xs_bytes = (rows * H * 2 + 255) & ~(size_t)255, h_bytes = (rows * I * 2 + 255) & ~(size_t)255;

@@ -412,8 +412,8 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
     const int BN = nt * 8;
     /* tokens per pass: the sort tables and the down outputs live in gemm_scratch */
     int nc = n, tmax = 0;
-    while (nc > 1 && mg_bytes(nc, k, E, H, BN, &tmax) > TERN_CUDA_GEMM_SCRATCH_BYTES) nc = (nc + 1) / 2;
-    if (mg_bytes(nc, k, E, H, BN, &tmax) > TERN_CUDA_GEMM_SCRATCH_BYTES) return 0;
+    while (nc > 1 && mg_bytes(nc, k, E, H, BN, &tmax) > c->gemm_scratch_bytes) nc = (nc + 1) / 2;
+    if (mg_bytes(nc, k, E, H, BN, &tmax) > c->gemm_scratch_bytes) return 0;
 
     uint8_t *sp = (uint8_t *)c->gemm_scratch;
     int *off = (int *)sp;
@@ -427,7 +427,7 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
     int32_t *ipos = (int32_t *)sp;
     sp += al256(4 * (size_t)nc * k);
     float *o = (float *)sp;
-    const size_t o_room = TERN_CUDA_GEMM_SCRATCH_BYTES - (size_t)(sp - (uint8_t *)c->gemm_scratch); /* to its end */
+    const size_t o_room = c->gemm_scratch_bytes - (size_t)(sp - (uint8_t *)c->gemm_scratch); /* to its end */
 
     cudaSetDevice(c->device);
     const int blas = !tern__cuda_bf16_split_all(c) && tern__cuda_moe_blas_ok(c, gate, up, down, np);

@@ -222,8 +222,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
             return 0;
     const size_t xbytes = (size_t)n * w0->in * 2;
     const uint8_t *scr = (const uint8_t *)c->gemm_scratch;
-    if (xbytes > TERN_CUDA_GEMM_SCRATCH_BYTES || ((const uint8_t *)x + (size_t)n * w0->in * 4 > scr &&
-                                                  (const uint8_t *)x < scr + TERN_CUDA_GEMM_SCRATCH_BYTES))
+    if (xbytes > c->gemm_scratch_bytes || ((const uint8_t *)x + (size_t)n * w0->in * 4 > scr &&
+                                                  (const uint8_t *)x < scr + c->gemm_scratch_bytes))
         return 0; /* x itself in the scratch */
     const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8, minb = nt == 2 ? 3 : 2;
     Q4Args a = {};
