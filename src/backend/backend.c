@@ -14,4 +14,5 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     if (out) *out = NULL;
     return tern_err(err, TERN_EUNSUPPORTED, "this tern was built without CUDA (nvcc not found at build time)");
 }
+size_t tern_backend_cuda_fixed_bytes(void) { return 0; }
 #endif

@@ -488,6 +488,10 @@ static inline void tern_allreduce_add(tern_backend *be, float *x, float *y, size
 tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err);
 /* Returns TERN_EUNSUPPORTED with a message when built without CUDA or no GPU is present. */
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err);
+/* Device memory one CUDA backend allocates at open besides weights, KV pages and the model's scratch: the
+ * prefill GEMM scratch (TERN_CUDA_SCRATCH_MB), cuBLASLt's workspace and the split-K partials (the CUDA context
+ * itself is not counted). 0 in a build without CUDA. For `tern fit` and the engine's memory budget. */
+size_t tern_backend_cuda_fixed_bytes(void);
 void tern_backend_close(tern_backend *be); /* accepts NULL */
 
 #endif

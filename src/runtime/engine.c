@@ -187,8 +187,8 @@ static tern_status load_random(tern_engine *e, const char *spec, const tern_mode
     return st;
 }
 
-/* --memory-budget: the KV pool gets what the weights (as loaded) and the forward scratch leave
- * (runtime/fit.c), capped at what max_concurrency sequences of max_ctx need. */
+/* --memory-budget: the KV pool gets what the weights (as loaded), the forward scratch and a GPU backend's own
+ * buffers leave (runtime/fit.c), capped at what max_concurrency sequences of max_ctx need. */
 static tern_status size_kv(tern_engine *e, const tern_engine_opts *o, const tern_kv_fmt *fmt, size_t *memory, tern_error *err) {
     if (o->memory_budget_gb <= 0) return TERN_OK;
     const tern_model_config *c = tern_model_cfg(e->m);
@@ -201,7 +201,8 @@ static tern_status size_kv(tern_engine *e, const tern_engine_opts *o, const tern
     size_t stored = (size_t)xs.n_layers * (size_t)xs.n_expert * xs.expert_bytes;
     if (xs.n_layers) w = (w > stored ? w - stored : 0) + xs.slot_bytes;
     tern_fit_opts fo = {.ctx = o->max_ctx, .max_concurrency = o->max_concurrency, .max_batch_tokens = o->max_batch_tokens,
-                        .budget_gb = o->memory_budget_gb};
+                        .budget_gb = o->memory_budget_gb,
+                        .device_fixed = e->be && e->be->device >= 0 ? tern_backend_cuda_fixed_bytes() : 0};
     tern_fit f;
     tern_status st = tern_fit_plan(c, fmt, w, &fo, &f, err);
     if (st) return st;
@@ -209,11 +210,12 @@ static tern_status size_kv(tern_engine *e, const tern_engine_opts *o, const tern
     if (f.kv_avail < tern_fit_seq_kv(c, fmt, TERN_MIN(f.ctx, f.max_batch_tokens), f.max_batch_tokens, 16))
         return tern_err(err, TERN_ENOMEM, "memory budget %.3f GB is too small: weights %.3f GB + scratch %.3f GB leave "
                         "%.3f GB for the KV cache, less than one sequence of %d tokens (see `tern fit`)",
-                        o->memory_budget_gb, w / gbf, f.scratch / gbf, f.kv_avail / gbf, TERN_MIN(f.ctx, f.max_batch_tokens));
+                        o->memory_budget_gb, w / gbf, (f.scratch + f.device_fixed) / gbf, f.kv_avail / gbf,
+                        TERN_MIN(f.ctx, f.max_batch_tokens));
     if (*memory > f.kv_avail)
         return tern_err(err, TERN_EINVAL, "kv memory %.3f GB does not fit the memory budget %.3f GB (weights %.3f GB + "
-                        "scratch %.3f GB leave %.3f GB)", *memory / gbf, o->memory_budget_gb, w / gbf, f.scratch / gbf,
-                        f.kv_avail / gbf);
+                        "scratch %.3f GB leave %.3f GB)", *memory / gbf, o->memory_budget_gb, w / gbf,
+                        (f.scratch + f.device_fixed) / gbf, f.kv_avail / gbf);
     if (!*memory) *memory = TERN_MIN(f.kv_total, f.kv_avail);
     if (f.kv_total > f.kv_avail)
         tern_log(TERN_LOG_INFO, "engine: memory budget %.2f GB: KV pool %.3f GB (%d x %d tokens would need %.3f GB; "

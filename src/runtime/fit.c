@@ -174,10 +174,11 @@ tern_status tern_fit_plan(const tern_model_config *c, const tern_kv_fmt *formats
     f->kv_seq = tern_fit_seq_kv(c, formats, ctx, f->max_batch_tokens, f->block_size);
     f->kv_total = f->kv_seq * (size_t)f->max_concurrency;
     f->scratch = tern_fit_scratch(c, f->max_batch_tokens, f->max_concurrency);
-    f->total = f->weight_bytes + f->scratch + f->kv_total;
+    f->device_fixed = o ? o->device_fixed : 0;
+    f->total = f->weight_bytes + f->scratch + f->device_fixed + f->kv_total;
     f->fits = 1;
     if (budget > 0) {
-        double b = budget * 1073741824.0, fixed = (double)f->weight_bytes + (double)f->scratch;
+        double b = budget * 1073741824.0, fixed = (double)f->weight_bytes + (double)f->scratch + (double)f->device_fixed;
         f->kv_avail = b > fixed ? (size_t)(b - fixed) : 0;
         f->fits = (double)f->total <= b;
         f->max_conc = f->kv_seq ? (int)TERN_MIN((double)(f->kv_avail / f->kv_seq), 1e9) : 0;

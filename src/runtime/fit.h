@@ -22,6 +22,7 @@ typedef struct tern_fit_opts {
     int max_batch_tokens;    /* rows per forward / prefill chunk (0: 512) */
     int block_size;          /* KV block (0: 16) */
     double budget_gb;        /* everything; 0 = no budget */
+    size_t device_fixed;     /* the backend's own buffers (tern_backend_cuda_fixed_bytes on a GPU; 0 on the CPU) */
 } tern_fit_opts;
 
 typedef struct tern_fit {
@@ -32,9 +33,10 @@ typedef struct tern_fit {
     size_t kv_seq;           /* KV of one sequence of ctx tokens */
     size_t kv_total;         /* max_concurrency sequences */
     size_t scratch;          /* forward scratch + scheduler logits */
-    size_t total;            /* weights + scratch + kv_total */
+    size_t device_fixed;     /* the backend's own buffers (opts) */
+    size_t total;            /* weights + scratch + device_fixed + kv_total */
     /* with a budget */
-    size_t kv_avail;         /* budget - weights - scratch (0 when negative) */
+    size_t kv_avail;         /* budget - weights - scratch - device_fixed (0 when negative) */
     int fits;                /* total <= budget (1 without a budget) */
     int max_ctx;             /* longest ctx at max_concurrency within the budget (0: none) */
     int max_conc;            /* most sequences of ctx within the budget */

@@ -38,3 +38,15 @@ kf=$(grep '^csv,' "$tmp/out" | cut -d, -f7)
 $T fit --random qwen3-0.6b --ctx 4096 --device cuda --compute bf16x2 >"$tmp/out" 2>&1
 kf=$(grep '^csv,' "$tmp/out" | cut -d, -f7)
 [ "$kf" = 229376 ] && ok fit_gpu_bf16x2_f32_pages || bad "fit_gpu_bf16x2_f32_pages: $kf"
+# a GPU plan counts the CUDA backend's own buffers (GEMM scratch 256 MB unless TERN_CUDA_SCRATCH_MB, cuBLASLt
+# workspace 32 MB, split-K partials 32 MB) in the total; a CPU plan does not. Without CUDA in the build: no such line.
+$T fit --random qwen3-0.6b --ctx 4096 --device cuda >"$tmp/out" 2>&1
+TERN_CUDA_SCRATCH_MB=1024 $T fit --random qwen3-0.6b --ctx 4096 --device cuda >"$tmp/out2" 2>&1
+$T fit --random qwen3-0.6b --ctx 4096 >"$tmp/out3" 2>&1
+if grep -q "device buffers" "$tmp/out"; then
+    grep -q "device buffers          0.312 GB" "$tmp/out" && grep -q "device buffers          1.062 GB" "$tmp/out2" &&
+        ! grep -q "device buffers" "$tmp/out3" && ok fit_gpu_device_buffers ||
+        bad "fit_gpu_device_buffers: $(grep 'device buffers' "$tmp/out" "$tmp/out2" "$tmp/out3")"
+else
+    ok fit_gpu_device_buffers_nocuda # a build without CUDA plans no device buffers
+fi

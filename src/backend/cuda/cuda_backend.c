@@ -585,6 +585,17 @@ static const tern_backend_vt k_cuda_vt = {
     .upload_side = be_upload_side,
 };
 
+/* TERN_CUDA_SCRATCH_MB (64..16384): larger prefill chunks (--max-batch-tokens / bench --chunk) can keep a MoE
+ * layer's routed pairs in one pass (moe_gemm.cu halves its passes until they fit) */
+static size_t gemm_scratch_bytes(void) {
+    const int mb = tern__cuda_env_int("TERN_CUDA_SCRATCH_MB", TERN_CUDA_GEMM_SCRATCH_MB);
+    return (size_t)(mb < 64 ? 64 : mb > 16384 ? 16384 : mb) << 20;
+}
+
+size_t tern_backend_cuda_fixed_bytes(void) {
+    return gemm_scratch_bytes() + TERN_CUDA_LT_WS_BYTES + (size_t)TERN_CUDA_PART_FLOATS * sizeof(float);
+}
+
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {
     if (!out) return tern_err(err, TERN_EINVAL, "cuda: open: out is NULL");
     *out = NULL;
@@ -629,11 +640,7 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     what = "cudaMalloc (scratch)";
     if ((e = cudaMalloc(&c->lt_ws, TERN_CUDA_LT_WS_BYTES)) != cudaSuccess) goto fail;
     if ((e = cudaMalloc((void **)&c->part, (size_t)TERN_CUDA_PART_FLOATS * sizeof(float))) != cudaSuccess) goto fail;
-    { /* TERN_CUDA_SCRATCH_MB (64..16384): larger prefill chunks (--max-batch-tokens / bench --chunk) can keep a MoE
-       * layer's routed pairs in one pass (moe_gemm.cu halves its passes until they fit) */
-        const int mb = tern__cuda_env_int("TERN_CUDA_SCRATCH_MB", TERN_CUDA_GEMM_SCRATCH_MB);
-        c->gemm_scratch_bytes = (size_t)(mb < 64 ? 64 : mb > 16384 ? 16384 : mb) << 20;
-    }
+    c->gemm_scratch_bytes = gemm_scratch_bytes();
     if ((e = cudaMalloc(&c->gemm_scratch, c->gemm_scratch_bytes)) != cudaSuccess) goto fail;
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
         c->lt = NULL;
