@@ -483,16 +483,18 @@ fi
 #     256 MB (default) and 1024 MB (TERN_CUDA_SCRATCH_MB): a 4096-row chunk's routed pairs fit one MoE pass only in the
 #     larger scratch, and ~256 rows an expert should turn the experts' strided batches compute-bound (at ~128 they are
 #     bound by reading the weights: NOTES (ak)); the dense GEMMs get more rows too. Decides the GPU default chunk.
+#     Also the MoE block's three rmsnorms in one launch (TERN_CUDA_NORM_N=1, off since session 11).
 if [[ " $SECTIONS " == *" 36 "* ]]; then
     TERN_TEST_ONLY=cuda_moe_blas,cuda_moe_grouped timeout 90 build/test_cuda_ops > "$OUT/ops36.txt" 2>&1
     say "op tests rc $?: $(grep -E '^(PASS|FAIL)' "$OUT/ops36.txt" | tr '\n' ' ')"
     for rep in $(seq "${AB_REPS:-2}"); do
         for mc in "gemma4-26b-a4b 2048 256" "gemma4-26b-a4b 4096 256" "gemma4-26b-a4b 4096 1024" "gemma4-26b-a4b 8192 1024" \
-                  "gemma4-12b 2048 256" "gemma4-12b 4096 1024" "llama3-8b 2048 256" "llama3-8b 4096 1024"; do
+                  "gemma4-26b-a4b 2048 256 TERN_CUDA_NORM_N=1" "gemma4-12b 2048 256" "gemma4-12b 4096 1024" \
+                  "llama3-8b 2048 256" "llama3-8b 4096 1024"; do
             set -- $mc
-            TERN_CUDA_SCRATCH_MB=$3 timeout 150 $T bench --random "$1" --device cuda --prompt 2048,8192,8192,16384 --gen 1 \
+            env TERN_CUDA_SCRATCH_MB=$3 ${4:-TERN_AB_NONE=1} timeout 150 $T bench --random "$1" --device cuda --prompt 2048,8192,8192,16384 --gen 1 \
                 --reps 1 --chunk "$2" > "$OUT/pp.txt" 2>&1
-            say "$1 bf16 chunk $2 scratch $3 MB rep $rep pp tok/s 2k,8k,8k,16k: $(grep '^csv,' "$OUT/pp.txt" | cut -d, -f6 | tr '\n' ' ')"
+            say "$1 bf16 chunk $2 scratch $3 MB ${4:-} rep $rep pp tok/s 2k,8k,8k,16k: $(grep '^csv,' "$OUT/pp.txt" | cut -d, -f6 | tr '\n' ' ')"
         done
     done
 fi
