@@ -433,8 +433,9 @@ static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__c
 /* ---- the pre-norm of the many-row fused ops, with norm_matmul's residual prologue (res) ----
  * res != NULL: x' = (x + rmsnorm(h)·w)·s to res->x_out and the pre-norm of x' in one launch (norm.cu
  * rmsnorm_res_bf16: bitwise rmsnorm_add + rmsnorm_bf16), instead of the model's rmsnorm_add in place and then the
- * pre-norm: one launch and one read of the rows fewer, twice a Gemma 4 layer. Opt-in (TERN_CUDA_NORM_RES_N=1):
- * written after session 23's last device call; its op test cases (cuda_norm_gemm_res) wait for an H200. */
+ * pre-norm: one launch and one read of the rows fewer, twice a Gemma 4 layer. Opt-in (TERN_CUDA_NORM_RES_N=1): op
+ * test cuda_norm_gemm_res passes (H200, session 24), but gemma4-26b-a4b prefill moved by no more than noise
+ * (bench/NOTES.md (ak)). */
 int tern__cuda_norm_res_n = -1; /* -1 unread (TERN_CUDA_NORM_RES_N, default 0); tests set 1 */
 static int res_n_on(void) {
     if (tern__cuda_norm_res_n < 0) tern__cuda_norm_res_n = tern__cuda_env_int("TERN_CUDA_NORM_RES_N", 0) != 0;

@@ -70,8 +70,8 @@ __global__ void mb_gather_pad(__nv_bfloat16 *xs, int32_t *ipad, const float *x, 
     }
 }
 
-/* h[s][i] = bf16(act(gu[s][i]) · gu[s][I + i]), 8 elements a thread (I % 8 == 0: 16-byte loads and stores) */
-/* h[s] = bf16(act(g)·u) over rows s of gu [mp][2I] (gate at column gofs of a row, up at I - gofs) */
+/* h[s] = bf16(act(g)·u) over rows s of gu [mp][2I], the gate at column gofs of a row (0 or I), up at I - gofs; 8
+ * elements a thread (I % 8 == 0: 16-byte loads and stores) */
 __global__ void mb_act(__nv_bfloat16 *h, const __nv_bfloat16 *gu, int mp, int I, int act, int gofs) {
     pdl_start();
     const int I8 = I >> 3;
