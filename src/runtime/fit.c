@@ -13,17 +13,37 @@ static int is_sliding(const tern_model_config *c, int l) {
     return c->layers[l].type == TERN_LAYER_SLIDING && c->sliding_window > 0;
 }
 
-size_t tern_fit_seq_kv(const tern_model_config *c, const tern_kv_fmt *formats, int n, int chunk, int bs) {
-    if (n <= 0) return 0;
+size_t tern_fit_kv_pool(const tern_model_config *c, const tern_kv_fmt *formats, int ctx, int n_seq, int chunk, int bs) {
+    if (ctx <= 0 || n_seq <= 0) return 0;
     if (bs <= 0) bs = 16;
-    size_t blocks = ((size_t)n + (size_t)bs - 1) / (size_t)bs;
-    size_t wblocks = ((size_t)c->sliding_window + (size_t)bs - 1) / (size_t)bs + 1 + ((size_t)TERN_MAX(chunk, 1) + (size_t)bs - 1) / (size_t)bs;
+    int64_t nb[2];
+    tern_kv_pool_blocks(c->sliding_window, bs, ctx, n_seq, chunk, nb);
     size_t b = 0;
-    for (int l = 0; l < c->n_layer; l++) {
-        size_t t = tern_kv_layer_bytes_per_token(c, formats, l);
-        b += t * (size_t)bs * (is_sliding(c, l) ? TERN_MIN(blocks, wblocks) : blocks);
-    }
+    for (int l = 0; l < c->n_layer; l++)
+        b += tern_kv_layer_bytes_per_token(c, formats, l) * (size_t)bs * (size_t)nb[is_sliding(c, l)];
     return b;
+}
+
+size_t tern_fit_seq_kv(const tern_model_config *c, const tern_kv_fmt *formats, int n, int chunk, int bs) {
+    return tern_fit_kv_pool(c, formats, n, 1, chunk, bs);
+}
+
+/* Most sequences of ctx tokens whose pool fits `avail` bytes (0 when none; at most 1e9). */
+static int most_seqs(const tern_model_config *c, const tern_kv_fmt *formats, int ctx, int chunk, int bs, size_t avail) {
+    enum { CAP = 1000000000 };
+    if (!tern_fit_kv_pool(c, formats, ctx, 1, chunk, bs)) return 0;
+    int lo = 0, hi = 1;   /* pool(lo) fits (or lo = 0); pool(hi) does not, once the doubling stops */
+    while (tern_fit_kv_pool(c, formats, ctx, hi, chunk, bs) <= avail) {
+        lo = hi;
+        if (hi == CAP) return CAP;
+        hi = hi > CAP / 2 ? CAP : 2 * hi;
+    }
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        if (tern_fit_kv_pool(c, formats, ctx, mid, chunk, bs) <= avail) lo = mid;
+        else hi = mid;
+    }
+    return lo;
 }
 
 size_t tern_fit_scratch(const tern_model_config *c, int B, int n_slots) {
@@ -172,7 +192,7 @@ tern_status tern_fit_plan(const tern_model_config *c, const tern_kv_fmt *formats
     }
     f->weight_bytes = weight_bytes;
     f->kv_seq = tern_fit_seq_kv(c, formats, ctx, f->max_batch_tokens, f->block_size);
-    f->kv_total = f->kv_seq * (size_t)f->max_concurrency;
+    f->kv_total = tern_fit_kv_pool(c, formats, ctx, f->max_concurrency, f->max_batch_tokens, f->block_size);
     f->scratch = tern_fit_scratch(c, f->max_batch_tokens, f->max_concurrency);
     f->device_fixed = o ? o->device_fixed : 0;
     f->total = f->weight_bytes + f->scratch + f->device_fixed + f->kv_total;
@@ -181,11 +201,12 @@ tern_status tern_fit_plan(const tern_model_config *c, const tern_kv_fmt *formats
         double b = budget * 1073741824.0, fixed = (double)f->weight_bytes + (double)f->scratch + (double)f->device_fixed;
         f->kv_avail = b > fixed ? (size_t)(b - fixed) : 0;
         f->fits = (double)f->total <= b;
-        f->max_conc = f->kv_seq ? (int)TERN_MIN((double)(f->kv_avail / f->kv_seq), 1e9) : 0;
+        /* the pool is not linear in the sequences (the sliding chunk is shared): search both */
+        f->max_conc = most_seqs(c, formats, ctx, f->max_batch_tokens, f->block_size, f->kv_avail);
         int hi = TERN_MAX(c->n_ctx_train, ctx), lo = 0;   /* longest ctx with C sequences */
         while (lo < hi) {
             int mid = lo + (hi - lo + 1) / 2;
-            if (tern_fit_seq_kv(c, formats, mid, f->max_batch_tokens, f->block_size) * (size_t)f->max_concurrency <= f->kv_avail) lo = mid;
+            if (tern_fit_kv_pool(c, formats, mid, f->max_concurrency, f->max_batch_tokens, f->block_size) <= f->kv_avail) lo = mid;
             else hi = mid - 1;
         }
         f->max_ctx = lo;

@@ -5,8 +5,10 @@
  *
  * Accounting (bytes): weights (as stored: safetensors sizes, or an estimate for --random);
  * KV per token per owning layer in its page format (kv.h: tern_kv_layer_bytes_per_token);
- * one sequence of ctx tokens holds every full-layer block up to ctx, but a sliding layer
- * only the blocks of its window plus one prefill chunk (what kv.c reserves); forward scratch
+ * every full-layer block up to ctx for each sequence; a sliding layer holds per sequence only
+ * the blocks of its window plus one step's rows, and one step's rows over all sequences are at
+ * most max_batch_tokens, so the pool keeps window + one block per sequence plus one prefill
+ * chunk shared by all (kv.h tern_kv_pool_blocks, what kv.c allocates); forward scratch
  * for max_batch_tokens rows (the model's activation buffers, an estimate from the geometry)
  * plus the scheduler's logits rows. KV-shared layers own nothing.
  */
@@ -30,19 +32,24 @@ typedef struct tern_fit {
     int n_full, n_sliding, n_shared, window;
     size_t weight_bytes;
     size_t kv_token_full, kv_token_sliding; /* bytes per token, summed over owning layers */
-    size_t kv_seq;           /* KV of one sequence of ctx tokens */
-    size_t kv_total;         /* max_concurrency sequences */
+    size_t kv_seq;           /* KV of one sequence of ctx tokens (alone in the pool) */
+    size_t kv_total;         /* the pool for max_concurrency sequences (tern_fit_kv_pool) */
     size_t scratch;          /* forward scratch + scheduler logits */
     size_t device_fixed;     /* the backend's own buffers (opts) */
     size_t total;            /* weights + scratch + device_fixed + kv_total */
     /* with a budget */
     size_t kv_avail;         /* budget - weights - scratch - device_fixed (0 when negative) */
     int fits;                /* total <= budget (1 without a budget) */
-    int max_ctx;             /* longest ctx at max_concurrency within the budget (0: none) */
-    int max_conc;            /* most sequences of ctx within the budget */
+    int max_ctx;             /* longest ctx whose pool for max_concurrency sequences fits kv_avail (0: none) */
+    int max_conc;            /* most sequences of ctx whose pool fits kv_avail */
 } tern_fit;
 
-/* KV bytes of one sequence of n tokens (sliding layers capped as above). */
+/* Bytes of the KV pool tern_kv_open allocates for n_seq sequences of ctx tokens with steps of
+ * chunk rows (block_size <= 0: 16; chunk <= 0: 512). Not n_seq times one sequence: the sliding
+ * layers' chunk is counted once. */
+size_t tern_fit_kv_pool(const tern_model_config *cfg, const tern_kv_fmt *formats, int ctx, int n_seq, int chunk,
+                        int block_size);
+/* KV bytes of one sequence of n tokens alone: tern_fit_kv_pool(n, 1 sequence). */
 size_t tern_fit_seq_kv(const tern_model_config *cfg, const tern_kv_fmt *formats, int n, int chunk, int block_size);
 /* Forward scratch estimate for max_batch rows and n_slots logits rows. */
 size_t tern_fit_scratch(const tern_model_config *cfg, int max_batch, int n_slots);

@@ -99,6 +99,18 @@ static tern_status check_formats(const tern_backend *be, const tern_model_config
     return TERN_OK;
 }
 
+void tern_kv_pool_blocks(int window, int bs, int max_ctx, int n_slots, int chunk, int64_t out[2]) {
+    bs = bs > 0 ? bs : 16;
+    chunk = chunk > 0 ? chunk : 512;
+    const int64_t n = n_slots > 0 ? n_slots : 1, mb = ((int64_t)TERN_MAX(max_ctx, 0) + bs - 1) / bs;
+    const int64_t w = ((int64_t)TERN_MAX(window, 0) + bs - 1) / bs + 1, c = ((int64_t)chunk + bs - 1) / bs;
+    out[0] = n * mb;
+    /* one slot: its window before the step's first row + a whole chunk of rows (as
+     * tern_kv_blocks_needed). All slots in one step: slot i holds <= w + ceil(rows_i / bs) and
+     * the ceils sum to <= n + chunk / bs (rows_i >= 1 where a slot takes part, sum rows_i <= chunk) */
+    out[1] = TERN_MIN(n * TERN_MIN(mb, w + c), n * (w + 1) + c);
+}
+
 tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_config *cfg,
                          const tern_kv_opts *opts, tern_error *err) {
     *out = NULL;
@@ -130,19 +142,16 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
         per_block[gi] += (size_t)kv->block_size * tern_kv_layer_bytes_per_token(cfg, formats, l);
     }
     kv->g[1].window = cfg->sliding_window;
-    /* blocks each slot can need: full = max_blocks; sliding = window blocks + one chunk's worth */
-    int need[2];
-    need[0] = kv->max_blocks;
-    const int chunk = opts && opts->chunk > 0 ? opts->chunk : 512;
-    need[1] = TERN_MIN(kv->max_blocks, (cfg->sliding_window + kv->block_size - 1) / kv->block_size + 1 +
-                                           (chunk + kv->block_size - 1) / kv->block_size);
-    size_t want = (size_t)kv->n_slots * ((size_t)need[0] * per_block[0] + (size_t)need[1] * per_block[1]);
+    /* blocks of each group for n_slots sequences (sliding: window per slot + one chunk shared) */
+    int64_t need[2];
+    tern_kv_pool_blocks(cfg->sliding_window, kv->block_size, ctx, kv->n_slots, opts ? opts->chunk : 0, need);
+    size_t want = (size_t)need[0] * per_block[0] + (size_t)need[1] * per_block[1];
     size_t memory = opts && opts->memory ? opts->memory : want;
     double frac = want ? (double)memory / (double)want : 1.0;
     for (int gi = 0; gi < 2; gi++) {
         kv_group *g = &kv->g[gi];
         if (!g->used_by_layers) continue;
-        long nb = (long)((double)kv->n_slots * need[gi] * frac);
+        long nb = (long)((double)need[gi] * frac);
         if (nb < 1) nb = 1;
         if (nb > 0x7fffffff / 2) nb = 0x7fffffff / 2;
         g->n_blocks = (int)nb;
@@ -302,6 +311,15 @@ void tern_kv_usage(const tern_kv *kv, int group, int *used, int *total) {
     const kv_group *g = &kv->g[group & 1];
     *total = g->n_blocks;
     *used = g->n_blocks - g->n_free;
+}
+
+size_t tern_kv_pool_bytes(const tern_kv *kv) {
+    size_t b = 0;
+    for (int l = 0; kv && l < kv->n_layer; l++)
+        if (kv->pools[2 * l])
+            b += (size_t)kv->g[tern_kv_layer_group(kv, l)].n_blocks * (size_t)kv->block_size * (size_t)kv->views[l].n_head_kv *
+                 (kv->rec[2 * l] + kv->rec[2 * l + 1]);
+    return b;
 }
 
 /* ---- shared blocks (prefix cache); group 0 only ------------------------------------- */

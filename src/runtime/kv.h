@@ -30,8 +30,18 @@ typedef struct tern_kv_opts {
      * io/kv_config.h for building it from --kv-quant / kv_config.json. Compressed kinds
      * are CPU-only for now (TERN_EUNSUPPORTED on other backends). */
     const tern_kv_fmt *formats;
-    int chunk;           /* rows per forward (a sliding group holds its window + one chunk); 0 = 512 */
+    int chunk;           /* rows per forward step over all slots (sizes a sliding group); 0 = 512 */
 } tern_kv_opts;
+
+/* Blocks of each group (out[0] full, out[1] sliding) a pool for n_slots sequences of up to
+ * max_ctx tokens holds when one forward step carries at most `chunk` rows over all slots: what
+ * tern_kv_open allocates without opts.memory (with it, both scale by memory / these bytes);
+ * runtime/fit.c counts the same. Full: every block of every slot. Sliding: a slot holds at most
+ * its window plus its rows of the step (tern_kv_blocks_needed), capped at max_ctx; trim runs after
+ * every step and the rows of a step sum to <= chunk, so all slots together hold at most
+ * n_slots * (window blocks + 2) + chunk blocks: the smaller of that and n_slots times one slot's
+ * most. block_size <= 0: 16; chunk <= 0: 512. */
+void tern_kv_pool_blocks(int window, int block_size, int max_ctx, int n_slots, int chunk, int64_t out[2]);
 
 tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_config *cfg,
                          const tern_kv_opts *opts, tern_error *err);
@@ -62,6 +72,8 @@ size_t tern_kv_token_bytes(const tern_kv *kv);
 size_t tern_kv_read_bytes(const tern_kv *kv, long ctx);
 /* Blocks in use / total, per group (0 full, 1 sliding). */
 void tern_kv_usage(const tern_kv *kv, int group, int *used, int *total);
+/* Bytes of every K / V pool of an open cache (what it allocated; block tables not counted). */
+size_t tern_kv_pool_bytes(const tern_kv *kv);
 
 /* Shared blocks (prefix cache), full group only. A block is reference counted: each slot
  * table entry holds one reference, tern_kv_ref adds one for another holder (the prefix cache);
