@@ -355,22 +355,39 @@ static bool req_mask(void *user, float *logits, int n_vocab) {
     return r->mask(r->mask_ctx, logits, n_vocab) == 0;
 }
 
-/* Blocks of group g that r still needs to run its next step, beyond what its slot holds. */
-static int growth(const tern_sched *s, const tern__req *r, int g) {
-    int n_tok = r->n_prompt + r->n_gen, rows = TERN_MAX(1, TERN_MIN(n_tok - r->n_past, s->budget));
-    int need = tern_kv_blocks_needed(s->kv, g, n_tok + 1, rows);
+/* Blocks of group g that r still needs to run its next step of `rows` rows, beyond what its slot
+ * holds: the full group counts the whole sequence + 1 (admission by aggregate KV); a sliding
+ * group only the window and the step's rows (none when r gets no rows this step). */
+static int growth(const tern_sched *s, const tern__req *r, int g, int rows) {
+    if (g == 1 && rows <= 0) return 0;
+    int need = tern_kv_blocks_needed(s->kv, g, r->n_prompt + r->n_gen + 1, TERN_MAX(rows, 1));
     int held = tern_kv_slot_blocks(s->kv, g, r->slot);
     return need > held ? need - held : 0;
 }
 
+/* Rows the next step gives r, as tern__sched_step splits the budget: a decode row each, then
+ * prefill chunks in admission order from what the decode rows leave (*pre counts it down). */
+static int step_rows(const tern_sched *s, const tern__req *r, int *pre) {
+    int need = r->n_prompt + r->n_gen - r->n_past;
+    if (need <= 1) return need;
+    int rows = TERN_MAX(0, TERN_MIN(need, *pre));
+    *pre -= rows;
+    return rows;
+}
+
 /* Admission by aggregate KV: r (slot assigned, cached prefix shared) starts only if the free
- * blocks cover its next step plus the next step of everything running; idle prefix-cache
- * blocks are evicted to make room. Alone it always starts (submit refused what never fits). */
+ * blocks cover its next step plus the next step of everything running (the step's rows split
+ * as the step will: the sliding pool holds one chunk for all, kv.h tern_kv_pool_blocks); idle
+ * prefix-cache blocks are evicted to make room. Alone it always starts (submit refused what
+ * never fits). */
 static int fits(tern_sched *s, const tern__req *r) {
+    int n_dec = r->n_prompt + r->n_gen - r->n_past == 1;
+    for (int i = 0; i < s->n_run; i++) n_dec += s->run[i]->n_prompt + s->run[i]->n_gen - s->run[i]->n_past == 1;
     for (int g = 0; g < 2; g++) {
         if (!s->cap_blocks[g]) continue;
-        int want = growth(s, r, g);
-        for (int i = 0; i < s->n_run; i++) want += growth(s, s->run[i], g);
+        int pre = s->budget - n_dec, want = 0;
+        for (int i = 0; i < s->n_run; i++) want += growth(s, s->run[i], g, step_rows(s, s->run[i], &pre));
+        want += growth(s, r, g, step_rows(s, r, &pre));
         int avail = tern_kv_free_blocks(s->kv, g);
         while (want > avail && g == 1 && tern__prefix_drop_sliding(s->pc, want - avail) > 0) avail = tern_kv_free_blocks(s->kv, g);
         while (want > avail && tern__prefix_evict(s->pc, want - avail) > 0) avail = tern_kv_free_blocks(s->kv, g);

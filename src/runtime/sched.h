@@ -11,8 +11,9 @@
  * Admission by aggregate KV (memory honesty): submit refuses a prompt the whole pool cannot
  * hold (TERN_ENOMEM naming the blocks) and clips max_tokens to what the pool can hold; a
  * waiting request is admitted only when the free blocks (after evicting idle prefix-cache
- * blocks) cover its next step plus the next step of everything running, else it waits at the
- * head of the queue. Memory is allocated at open, so a step never dies of OOM; a failed
+ * blocks) cover its next step plus the next step of everything running (the step's rows split
+ * as the step will split them: a sliding pool holds one chunk for all slots), else it waits at
+ * the head of the queue. Memory is allocated at open, so a step never dies of OOM; a failed
  * allocation (sampler scratch) ends only its request, with an error event.
  * KV pressure: when tern_kv_reserve says TERN_ENOMEM, the most recently admitted request is
  * preempted (its blocks freed, it goes back to the front of the queue and later recomputes
