@@ -16,8 +16,14 @@ rc=$?
 csv=$(grep '^csv,' "$tmp/out")
 # csv,name,spec,ctx,conc,weights,kv_full_tok,kv_sliding_tok,kv_seq,kv_total,scratch,total,budget,fits,max_ctx,max_conc
 IFS=, read -r _ name spec ctx conc w kf ks seq tot scr all bud fits mctx mconc <<<"$csv"
+# blocks of 16 tokens: full layers 1024 tokens per sequence; sliding layers (window 32: wb = 2 + 1 blocks) one
+# sequence min(64, wb + 32) blocks (512-row CPU chunk), 4 sequences min(4 x that, 4 x (wb + 1) + 32)
+win=$(sed -n 's/.*(window \([0-9]*\)).*/\1/p' "$tmp/out"); wb=$(( (${win:-0} + 15) / 16 + 1 ))
+one=$(( wb + 32 < 64 ? wb + 32 : 64 )); four=$(( 4 * (wb + 1) + 32 < 4 * one ? 4 * (wb + 1) + 32 : 4 * one ))
 if [ $rc -eq 0 ] && [ "$ctx" = 1024 ] && [ "$conc" = 4 ] && [ "$fits" = 1 ] && [ "$w" -gt 0 ] && [ "$kf" -gt 0 ] &&
-   [ "$ks" = $((3 * kf / 2)) ] && [ "$tot" = $((4 * seq)) ]; then ok fit_demo; else bad "fit_demo (rc $rc): $csv $(head -c 300 "$tmp/err")"; fi
+   [ "$ks" = $((3 * kf / 2)) ] && [ "$win" = 32 ] && [ "$seq" = $((1024 * kf + one * 16 * ks)) ] &&
+   [ "$tot" = $((4 * 1024 * kf + four * 16 * ks)) ] && [ "$tot" -lt $((4 * seq)) ]; then ok fit_demo
+else bad "fit_demo (rc $rc): $csv $(head -c 300 "$tmp/err")"; fi
 grep -q "sliding" "$tmp/out" && grep -q "turbo" "$tmp/out" && grep -q "max safe context" "$tmp/out" && ok fit_demo_table || bad fit_demo_table
 
 $T fit --random qwen3-0.6b --ctx 8192 --max-concurrency 8 --memory-budget 4 >"$tmp/out" 2>"$tmp/err"
