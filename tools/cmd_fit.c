@@ -3,7 +3,8 @@
  * [--kv-quant SPEC] [--max-batch-tokens N] [--random NAME [--quant qB --group G]] [--expert-cache GB]`:
  * memory honesty before anything is loaded. Prints the weight bytes (safetensors sizes of
  * the text model, or a geometry estimate for --random), KV bytes per token for each layer
- * kind (full / sliding / KV-shared) in every page mode, the prefill scratch, the total for
+ * kind (full / sliding / KV-shared) in every page mode, what the sliding layers keep (window + one
+ * block per sequence, plus one prefill chunk shared by the pool), the prefill scratch, the total for
  * the requested context and concurrency, and, with a budget, the longest safe context at
  * that concurrency and the most sequences at that context; for GLM-5 also the latent-cache and
  * indexer bytes per token and the routed-expert bytes per token in each weight format; for MoE models the
@@ -229,8 +230,15 @@ int tern_cmd_fit(int argc, char **argv) {
             printf("  %-12s %12zu %12zu %12d\n", modes[m], fm.kv_token_full, fm.kv_token_sliding, 0);
         free(mf);
     }
-    printf("  (sliding layers keep only window + one prefill chunk per sequence: at most %d tokens)\n\n",
-           f.window > 0 ? ((f.window + 15) / 16 + 1 + (f.max_batch_tokens + 15) / 16) * 16 : 0);
+    if (f.n_sliding > 0) { /* the sliding group's blocks as kv.c sizes them */
+        int64_t nb1[2], nbn[2];
+        tern_kv_pool_blocks(f.window, f.block_size, f.ctx, 1, f.max_batch_tokens, nb1);
+        tern_kv_pool_blocks(f.window, f.block_size, f.ctx, f.max_concurrency, f.max_batch_tokens, nbn);
+        printf("  (sliding layers keep only window + one step per sequence, plus one prefill chunk shared by the pool:\n"
+               "   %lld tokens for %d sequences; one sequence alone at most %lld)\n",
+               (long long)(nbn[1] * f.block_size), f.max_concurrency, (long long)(nb1[1] * f.block_size));
+    }
+    printf("\n");
     printf("selected KV mode   %s (%s): %zu B/token full, %zu B/token sliding\n", spec, src ? src : "?", f.kv_token_full, f.kv_token_sliding);
     printf("KV per sequence    %10.3f GB at ctx %d\n", gb(f.kv_seq), f.ctx);
     printf("KV total           %10.3f GB for %d sequences\n", gb(f.kv_total), f.max_concurrency);
