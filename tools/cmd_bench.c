@@ -8,8 +8,8 @@
  * Several prompt lengths run on one loaded model, after one untimed warm-up run (--warmup 0 skips it):
  * the first run pays one-time costs (cuBLASLt algorithm choice, decode-graph capture, first touch of
  * scratch) that made a lone first prompt read 2.6x slow on the H200. --chunk N: prefill rows per
- * forward (the model's scratch is sized for it; default tern_model_default_batch: 2048 on a GPU, 512 on
- * the CPU, as the engine's --max-batch-tokens). Prints a table and one CSV
+ * forward (the model's scratch is sized for it; default tern_model_default_batch: 8192 on a GPU of 70+ GiB,
+ * 2048 on smaller ones, 512 on the CPU, as the engine's --max-batch-tokens). Prints a table and one CSV
  * line per run (prefix "csv,"; field 11 is the KV MB of the floor).
  * On the CPU the floor is reported twice. `bw GB/s` / `tg/floor`: tern_cpu_membw_probe, a 1 GiB buffer
  * allocated, written and read (best of 3 short passes) before and after each run — fresh memory, read in a burst.

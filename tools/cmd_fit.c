@@ -12,9 +12,9 @@
  * token (runtime/experts.h tern_experts_fit_plan; "csv-experts," line); with --gpus N every rank's
  * weights, KV, scratch and total ("csv-rank," lines: N, rank, bytes). Numbers come from
  * src/runtime/fit.c, which tern_engine_open uses to size the KV pool from --memory-budget.
- * --device cuda or --gpus N plan with the engine's GPU defaults (2048 rows per step, BF16 pages for
- * --kv-quant auto in the bf16 mode). Ends with one CSV line (prefix "csv,"). Exit 0 (also when it does not fit: the verdict
- * line says so), 2 on bad arguments or an unreadable model.
+ * --device cuda or --gpus N plan with the engine's GPU defaults (8192 rows per step, 2048 on GPUs under
+ * 70 GiB; BF16 pages for --kv-quant auto in the bf16 mode). Ends with one CSV line (prefix "csv,").
+ * Exit 0 (also when it does not fit: the verdict line says so), 2 on bad arguments or an unreadable model.
  */
 #include "cli.h"
 #include "cli_util.h"
@@ -167,10 +167,10 @@ int tern_cmd_fit(int argc, char **argv) {
         else return cli_usage_error("fit", "unknown or incomplete argument '%s'", a);
     }
     if (!ctx && c.max_ctx) ctx = c.max_ctx;
-    /* planning for GPUs (--device cuda or --gpus N): the engine's GPU defaults — 2048 rows per step
-     * (tern_model_default_batch) and, for --kv-quant auto in the bf16 mode, BF16 pages */
+    /* planning for GPUs (--device cuda or --gpus N): the engine's GPU defaults — 8192 rows per step on GPUs of 70+
+     * GiB or when none is here to ask, else 2048 (tern_model_default_batch) and, for --kv-quant auto in the bf16
+     * mode, BF16 pages */
     const int gpu = c.gpus > 1 || (c.device && !strcmp(c.device, "cuda"));
-    if (!mbt) mbt = tern_model_default_batch(gpu);
     tern_model_config cfg;
     memset(&cfg, 0, sizeof cfg);
     tern_error e = {0};
@@ -188,12 +188,13 @@ int tern_cmd_fit(int argc, char **argv) {
         if (!st) st = dir_weights(dir, &wbytes, &skipped, &e);
     }
     if (st) { tern_config_free(&cfg); return cli_fail("fit", &e); }
+    if (!mbt) mbt = tern_model_default_batch(gpu, gpu ? tern_backend_cuda_device_bytes(0) : 0);
     tern_kv_fmt *fmt = NULL;
     const char *src = NULL, *spec = tern_kv_quant_default(c.kv_quant ? c.kv_quant : "auto", gpu,
                                                           !c.compute_set || c.compute == TERN_COMPUTE_BF16);
     if ((st = tern_kv_quant_plan(spec, c.random ? NULL : dir, &cfg, &fmt, &src, &e))) { tern_config_free(&cfg); return cli_fail("fit", &e); }
     tern_fit_opts fo = {.ctx = (int)ctx, .max_concurrency = (int)conc, .max_batch_tokens = (int)mbt, .budget_gb = budget,
-                        .device_fixed = gpu ? tern_backend_cuda_fixed_bytes() : 0};
+                        .device_fixed = gpu ? tern_backend_cuda_fixed_bytes((int)mbt) : 0};
     tern_fit f;
     if ((st = tern_fit_plan(&cfg, fmt, wbytes, &fo, &f, &e))) { free(fmt); tern_config_free(&cfg); return cli_fail("fit", &e); }
 

@@ -328,14 +328,15 @@ tern_status tern_model_load_from(tern_model **out, const tern_model_config *cfg,
     m->cfg = *cfg;
     m->be = be;
     m->impl = impl;
-    m->max_batch = opts && opts->max_batch > 0 ? opts->max_batch : tern_model_default_batch(be && be->device >= 0);
-    tern_status s = TERN_OK;
-    if (!(m->d_tokens = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
+    m->max_batch = opts && opts->max_batch > 0 ? opts->max_batch
+                 : TERN_MAX(tern_model_default_batch(be->device >= 0, be->mem_bytes), opts ? opts->min_batch : 0);
+    tern_status s = be->vt->reserve_rows ? be->vt->reserve_rows(be, m->max_batch, err) : TERN_OK;
+    if (!s && (!(m->d_tokens = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
         !(m->d_pos = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
         !(m->d_slot = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
         !(m->d_vis_lo = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
         !(m->d_vis_hi = tern__alloc(m, sizeof(int32_t) * (size_t)m->max_batch, err)) ||
-        !(m->d_embd = TERN_ALLOC_F(m, (size_t)m->max_batch * cfg->n_embd, err)))
+        !(m->d_embd = TERN_ALLOC_F(m, (size_t)m->max_batch * cfg->n_embd, err))))
         s = TERN_ENOMEM;
     if (!s && be->vt->sample && /* on-device sampling buffers (tern_model_forward_sample) */
         (!(m->d_srows = tern__alloc(m, sizeof(tern_sample_row) * (size_t)m->max_batch, err)) ||
@@ -420,7 +421,9 @@ void tern_model_free(tern_model *m) {
 const tern_model_config *tern_model_cfg(const tern_model *m) { return &m->cfg; }
 tern_backend *tern_model_backend(const tern_model *m) { return m->be; }
 int tern_model_max_batch(const tern_model *m) { return m ? m->max_batch : 0; }
-int tern_model_default_batch(int gpu) { return gpu ? 2048 : 512; }
+int tern_model_default_batch(int gpu, size_t gpu_bytes) {
+    return !gpu ? 512 : !gpu_bytes || gpu_bytes >= TERN_BIG_GPU_BYTES ? 8192 : 2048;
+}
 void tern_model_get_stats(const tern_model *m, tern_model_stats *st) { *st = m->stats; }
 
 /* ---- step graphs ---------------------------------------------------------------------- */

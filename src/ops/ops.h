@@ -389,6 +389,12 @@ typedef struct tern_backend_vt {
      * the pre-norm is taken of x'). */
     int (*norm_mlp)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
                     const tern_tensor *const *w, int act, const tern_norm_res *res);
+
+    /* (appended, optional) The most rows one forward will carry (the model's max_batch): a backend may size its
+     * own prefill buffers for them (CUDA: the GEMM scratch, tern_backend_cuda_fixed_bytes). Called when a model
+     * opens on the backend, before any step or graph; buffers only grow. Non-zero status (TERN_ENOMEM with the
+     * sizes) when the device cannot hold them; the backend keeps its old buffers then. */
+    tern_status (*reserve_rows)(tern_backend *be, int rows, tern_error *err);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----
@@ -464,6 +470,7 @@ struct tern_backend {
     int device;               /* -1 CPU, >=0 GPU index */
     tern_compute compute;
     void *impl;
+    size_t mem_bytes;         /* (appended) the GPU's memory; 0 on the CPU */
 };
 
 /* Backend constructors. */
@@ -488,10 +495,13 @@ static inline void tern_allreduce_add(tern_backend *be, float *x, float *y, size
 tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err);
 /* Returns TERN_EUNSUPPORTED with a message when built without CUDA or no GPU is present. */
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err);
-/* Device memory one CUDA backend allocates at open besides weights, KV pages and the model's scratch: the
- * prefill GEMM scratch (TERN_CUDA_SCRATCH_MB), cuBLASLt's workspace and the split-K partials (the CUDA context
- * itself is not counted). 0 in a build without CUDA. For `tern fit` and the engine's memory budget. */
-size_t tern_backend_cuda_fixed_bytes(void);
+/* Device memory one CUDA backend holds besides weights, KV pages and the model's scratch once a model of
+ * `rows` rows a forward (max_batch) is open: the prefill GEMM scratch (256 MB a 2048 rows, at least 256 MB;
+ * TERN_CUDA_SCRATCH_MB sets it), cuBLASLt's workspace and the split-K partials (the CUDA context itself is not
+ * counted). 0 in a build without CUDA. For `tern fit` and the engine's memory budget. */
+size_t tern_backend_cuda_fixed_bytes(int rows);
+/* Memory of GPU `device` in bytes; 0 without CUDA in the build or without that GPU (cheap: no context kept). */
+size_t tern_backend_cuda_device_bytes(int device);
 void tern_backend_close(tern_backend *be); /* accepts NULL */
 
 #endif

@@ -65,7 +65,7 @@ tern_engine_opts tern_engine_default_opts(void) {
     memset(&o, 0, sizeof o);
     o.device = "auto";
     o.max_concurrency = 8;
-    o.max_batch_tokens = 0; /* 0: tern_model_default_batch (2048 on a GPU, 512 on the CPU) */
+    o.max_batch_tokens = 0; /* 0: tern_model_default_batch (CPU 512; GPU 8192, 2048 under 70 GiB) */
     o.kv_quant = "auto";
     o.compute_bf16 = -1; /* bf16 on a GPU, f32 on the CPU */
     return o;
@@ -202,7 +202,7 @@ static tern_status size_kv(tern_engine *e, const tern_engine_opts *o, const tern
     if (xs.n_layers) w = (w > stored ? w - stored : 0) + xs.slot_bytes;
     tern_fit_opts fo = {.ctx = o->max_ctx, .max_concurrency = o->max_concurrency, .max_batch_tokens = o->max_batch_tokens,
                         .budget_gb = o->memory_budget_gb,
-                        .device_fixed = e->be && e->be->device >= 0 ? tern_backend_cuda_fixed_bytes() : 0};
+                        .device_fixed = e->be && e->be->device >= 0 ? tern_backend_cuda_fixed_bytes(o->max_batch_tokens) : 0};
     tern_fit f;
     tern_status st = tern_fit_plan(c, fmt, w, &fo, &f, err);
     if (st) return st;
@@ -239,16 +239,14 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     if (!is_random && (st = resolve_model(o.model, e->dir, sizeof e->dir, err))) goto fail;
     snprintf(e->name, sizeof e->name, "%s", !o.model || !strcmp(o.model, "demo") ? "demo" : is_random ? o.model + 7 : tern_path_base(e->dir));
     if ((st = open_backend(e, &o, err))) goto fail;
-    if (!o.max_batch_tokens) o.max_batch_tokens = tern_model_default_batch(e->be->device >= 0);
-    if (o.max_batch_tokens < o.max_concurrency) o.max_batch_tokens = o.max_concurrency;
-    e->max_batch_tokens = o.max_batch_tokens;
+    if (o.max_batch_tokens && o.max_batch_tokens < o.max_concurrency) o.max_batch_tokens = o.max_concurrency;
     tern_log(TERN_LOG_INFO, "engine: backend %s, compute %s", e->be->vt->name,
              e->be->compute == TERN_COMPUTE_INT8 ? "int8"
              : e->be->compute != TERN_COMPUTE_BF16 ? "f32"
              : o.compute_bf16 == 2 && e->be->device >= 0 ? "bf16x2"
              : o.compute_bf16 == 3 && e->be->device >= 0 ? "int8"
                                                           : "bf16");
-    tern_model_opts mo = {.max_batch = o.max_batch_tokens, .expert_trace = o.expert_trace,
+    tern_model_opts mo = {.max_batch = o.max_batch_tokens, .min_batch = o.max_concurrency, .expert_trace = o.expert_trace,
                           .expert_cache_bytes = (size_t)(o.expert_cache_gb * 1073741824.0), .no_mmap = o.no_mmap};
     if (!is_random && o.model && strcmp(o.model, "demo"))
         tern_log(TERN_LOG_INFO, "weights: %s", o.no_mmap ? "read into memory (--no-mmap, 2 MB pages)" : "mmap of the files");
@@ -256,6 +254,7 @@ tern_status tern_engine_open(tern_engine **out, const tern_engine_opts *opts, te
     else if (e->tp) st = tern_tp_load_dir(e->tp, e->dir, &mo, &e->m, err);
     else st = tern_model_load(&e->m, e->dir, e->be, &mo, err);
     if (st) goto fail;
+    o.max_batch_tokens = e->max_batch_tokens = tern_model_max_batch(e->m); /* 0 asked: the model's default */
     const tern_model_config *c = tern_model_cfg(e->m);
     snprintf(e->arch, sizeof e->arch, "%s", tern_arch_name(c->arch));
     tern_kv_fmt *kv_formats = NULL; /* per-layer page formats: --kv-quant or kv_config.json */

@@ -37,22 +37,29 @@ $T fit demo --kv-quant 4 >"$tmp/out" 2>&1 && grep -q "selected KV mode   4" "$tm
 $T fit demo --memory-budget -3 >/dev/null 2>"$tmp/err"; [ $? -eq 2 ] && ok fit_bad_budget || bad fit_bad_budget
 $T fit "$tmp/none" >/dev/null 2>"$tmp/err"; [ $? -eq 2 ] && grep -q none "$tmp/err" && ok fit_missing_model || bad "fit_missing_model: $(cat "$tmp/err")"
 # planning for a GPU (--device cuda, no GPU needed): BF16 pages (half of f32's 229376 B/token) and
-# 2048 rows per step, the engine's GPU defaults; --compute bf16x2 keeps F32 pages
+# 8192 rows per step, the engine's defaults on a GPU of 70+ GiB or none here to ask (2048 on smaller ones);
+# --compute bf16x2 keeps F32 pages
 $T fit --random qwen3-0.6b --ctx 4096 --device cuda >"$tmp/out" 2>&1
 kf=$(grep '^csv,' "$tmp/out" | cut -d, -f7)
-[ "$kf" = 114688 ] && grep -q "2048 rows per step" "$tmp/out" && ok fit_gpu_defaults || bad "fit_gpu_defaults: $kf $(grep -i 'rows per step' "$tmp/out")"
+rows=$(grep -o '[0-9]* rows per step' "$tmp/out" | cut -d' ' -f1)
+{ [ "$rows" = 8192 ] || { [ "$rows" = 2048 ] && command -v nvidia-smi >/dev/null; }; } && [ "$kf" = 114688 ] &&
+    ok fit_gpu_defaults || bad "fit_gpu_defaults: $kf $(grep -i 'rows per step' "$tmp/out")"
 $T fit --random qwen3-0.6b --ctx 4096 --device cuda --compute bf16x2 >"$tmp/out" 2>&1
 kf=$(grep '^csv,' "$tmp/out" | cut -d, -f7)
 [ "$kf" = 229376 ] && ok fit_gpu_bf16x2_f32_pages || bad "fit_gpu_bf16x2_f32_pages: $kf"
-# a GPU plan counts the CUDA backend's own buffers (GEMM scratch 256 MB unless TERN_CUDA_SCRATCH_MB, cuBLASLt
-# workspace 32 MB, split-K partials 32 MB) in the total; a CPU plan does not. Without CUDA in the build: no such line.
-$T fit --random qwen3-0.6b --ctx 4096 --device cuda >"$tmp/out" 2>&1
-TERN_CUDA_SCRATCH_MB=1024 $T fit --random qwen3-0.6b --ctx 4096 --device cuda >"$tmp/out2" 2>&1
+# a GPU plan counts the CUDA backend's own buffers in the total: GEMM scratch following the rows per step (256 MB a
+# 2048 rows, at least 256; TERN_CUDA_SCRATCH_MB sets it), cuBLASLt workspace 32 MB, split-K partials 32 MB; a CPU
+# plan does not. Without CUDA in the build: no such line.
+$T fit --random qwen3-0.6b --ctx 4096 --device cuda --max-batch-tokens 2048 >"$tmp/out" 2>&1
+TERN_CUDA_SCRATCH_MB=1024 $T fit --random qwen3-0.6b --ctx 4096 --device cuda --max-batch-tokens 2048 >"$tmp/out2" 2>&1
 $T fit --random qwen3-0.6b --ctx 4096 >"$tmp/out3" 2>&1
+$T fit --random qwen3-0.6b --ctx 4096 --device cuda --max-batch-tokens 8192 >"$tmp/out4" 2>&1
+$T fit --random qwen3-0.6b --ctx 4096 --device cuda --max-batch-tokens 4096 >"$tmp/out5" 2>&1
 if grep -q "device buffers" "$tmp/out"; then
     grep -q "device buffers          0.312 GB" "$tmp/out" && grep -q "device buffers          1.062 GB" "$tmp/out2" &&
-        ! grep -q "device buffers" "$tmp/out3" && ok fit_gpu_device_buffers ||
-        bad "fit_gpu_device_buffers: $(grep 'device buffers' "$tmp/out" "$tmp/out2" "$tmp/out3")"
+        ! grep -q "device buffers" "$tmp/out3" && grep -q "device buffers          1.062 GB" "$tmp/out4" &&
+        grep -q "device buffers          0.562 GB" "$tmp/out5" && ok fit_gpu_device_buffers ||
+        bad "fit_gpu_device_buffers: $(grep 'device buffers' "$tmp/out" "$tmp/out2" "$tmp/out3" "$tmp/out4" "$tmp/out5")"
 else
     ok fit_gpu_device_buffers_nocuda # a build without CUDA plans no device buffers
 fi

@@ -537,6 +537,8 @@ static void be_sample(tern_backend *be, int32_t *ids, float *logits, int n, int 
     tern__cuda_sample(C(be), ids, logits, n, V, rows, pairs);
 }
 
+static tern_status be_reserve_rows(tern_backend *be, int rows, tern_error *err);
+
 static const tern_backend_vt k_cuda_vt = {
     .name = "cuda",
     .close = be_close,
@@ -583,17 +585,56 @@ static const tern_backend_vt k_cuda_vt = {
     .norm_mlp = be_norm_mlp,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
+    .reserve_rows = be_reserve_rows,
 };
 
-/* TERN_CUDA_SCRATCH_MB (64..16384): larger prefill chunks (--max-batch-tokens / bench --chunk) can keep a MoE
- * layer's routed pairs in one pass (moe_gemm.cu halves its passes until they fit) */
-static size_t gemm_scratch_bytes(void) {
-    const int mb = tern__cuda_env_int("TERN_CUDA_SCRATCH_MB", TERN_CUDA_GEMM_SCRATCH_MB);
+/* The prefill GEMM scratch for forwards of `rows` rows: 256 MB (TERN_CUDA_GEMM_SCRATCH_MB) a 2048 rows, at least
+ * 256 MB. Its users grow with the rows: x staged in bf16, the bf16 MLP's gate | up and h (gemm.c: 193 MB at 2048
+ * rows of llama3-8b), a MoE chunk's padded expert rows (moe_blas.cu: ~1.5·rows·k·(H + I)·2 bytes, 173 MB at 2048
+ * rows of gemma4-26b-a4b), the materialized attention's sub-chunks (attn_mat.cu). With less, the MoE splits a
+ * chunk into passes and the MLP takes the f32 path: an 8192-row chunk of gemma4-26b-a4b ran 40.4k tok/s at an 8k
+ * prompt with 1024 MB and 30.5k at 4096 rows with 256 MB (NOTES (al)). TERN_CUDA_SCRATCH_MB (64..16384) sets it. */
+static size_t gemm_scratch_bytes(int rows) {
+    const int per = TERN_CUDA_GEMM_SCRATCH_MB, steps = rows > 2048 ? (rows + 2047) / 2048 : 1;
+    const int mb = tern__cuda_env_int("TERN_CUDA_SCRATCH_MB", steps > 16384 / per ? 16384 : per * steps);
     return (size_t)(mb < 64 ? 64 : mb > 16384 ? 16384 : mb) << 20;
 }
 
-size_t tern_backend_cuda_fixed_bytes(void) {
-    return gemm_scratch_bytes() + TERN_CUDA_LT_WS_BYTES + (size_t)TERN_CUDA_PART_FLOATS * sizeof(float);
+size_t tern_backend_cuda_fixed_bytes(int rows) {
+    return gemm_scratch_bytes(rows) + TERN_CUDA_LT_WS_BYTES + (size_t)TERN_CUDA_PART_FLOATS * sizeof(float);
+}
+
+size_t tern_backend_cuda_device_bytes(int device) {
+    int count = 0;
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count ||
+        cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return prop.totalGlobalMem;
+}
+
+/* vt reserve_rows: grow gemm_scratch for forwards of `rows` rows (never shrinks; the old buffer stays on failure) */
+static tern_status be_reserve_rows(tern_backend *be, int rows, tern_error *err) {
+    tern__cuda *c = C(be);
+    const size_t want = gemm_scratch_bytes(rows);
+    if (want <= c->gemm_scratch_bytes) return TERN_OK;
+    void *p = NULL;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream); /* nothing queued may still read the old buffer */
+    cudaError_t e = cudaMalloc(&p, want);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tern_err(err, TERN_ENOMEM, "cuda: device %d: %.0f MB of prefill scratch for %d rows a step: %s "
+                        "(lower --max-batch-tokens or set TERN_CUDA_SCRATCH_MB)", c->device, want / 1048576.0, rows,
+                        cudaGetErrorString(e));
+    }
+    cudaFree(c->gemm_scratch);
+    c->gemm_scratch = p;
+    c->gemm_scratch_bytes = want;
+    tern__cuda_graph_reset(c); /* a recorded step may have captured the old address */
+    return TERN_OK;
 }
 
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {
@@ -623,6 +664,7 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     }
     be->vt = tern__cuda_vt_select(&k_cuda_vt); /* TERN_CUDA_FUSED=0 / TERN_CUDA_PROFILE=1 (prof.c) */
     be->device = dev;
+    be->mem_bytes = prop.totalGlobalMem;
     be->compute = opts ? opts->compute : TERN_COMPUTE_F32;
     c->bf16_x2 = be->compute == TERN_COMPUTE_BF16X2; /* the model and the kernels see one bf16 mode */
     if (c->bf16_x2) be->compute = TERN_COMPUTE_BF16;
@@ -640,7 +682,7 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     what = "cudaMalloc (scratch)";
     if ((e = cudaMalloc(&c->lt_ws, TERN_CUDA_LT_WS_BYTES)) != cudaSuccess) goto fail;
     if ((e = cudaMalloc((void **)&c->part, (size_t)TERN_CUDA_PART_FLOATS * sizeof(float))) != cudaSuccess) goto fail;
-    c->gemm_scratch_bytes = gemm_scratch_bytes();
+    c->gemm_scratch_bytes = gemm_scratch_bytes(0); /* the model's reserve_rows grows it */
     if ((e = cudaMalloc(&c->gemm_scratch, c->gemm_scratch_bytes)) != cudaSuccess) goto fail;
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
         c->lt = NULL;
