@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-36}"  # 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-36}"  # 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory

@@ -87,7 +87,7 @@ int tern_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-concurrency")) {
             if (cli_int("serve", a, v, 1, 4096, &x)) return 2;
             o.engine.max_concurrency = (int)x;
-        } else if (!strcmp(a, "--max-batch-tokens")) { /* rows per step: prefill chunk (default 2048 GPU, 512 CPU) */
+        } else if (!strcmp(a, "--max-batch-tokens")) { /* rows per step: prefill chunk (default GPU 8192, 2048 under 70 GiB; CPU 512) */
             if (cli_int("serve", a, v, 1, 1 << 20, &x)) return 2;
             o.engine.max_batch_tokens = (int)x;
         } else if (!strcmp(a, "--memory-budget")) { if (dbl(a, v, &d)) return 2; o.engine.memory_budget_gb = d; }
