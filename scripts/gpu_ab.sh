@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-36}"  # 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-37}"  # 37 written in session 25 (not run yet); 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -497,6 +497,13 @@ if [[ " $SECTIONS " == *" 36 "* ]]; then
             say "$1 bf16 chunk $2 scratch $3 MB ${4:-} rep $rep pp tok/s 2k,8k,8k,16k: $(grep '^csv,' "$OUT/pp.txt" | cut -d, -f6 | tr '\n' ' ')"
         done
     done
+fi
+
+# 37. batch decode of bf16 weights (~0.63 of its floor at 64 sequences, target 0.75; ncu in session 16: cuBLASLt at
+#     3.0-3.6 TB/s there): every cuBLASLt GEMM takes the heuristic's answer N instead of its first (TERN_LT_PICK), at 64
+#     and 128 sequences. A win here names the algorithm to pin per shape (lt_gemm's cache) — written in session 25.
+if [[ " $SECTIONS " == *" 37 "* ]]; then
+    conc_ab "TERN_LT_PICK=0;TERN_LT_PICK=1;TERN_LT_PICK=2;TERN_LT_PICK=3" llama3-8b 64,128
 fi
 
 echo "summary: $S"
