@@ -698,6 +698,13 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     tern__cuda_attn_init(c);
     tern__cuda_kvq_init(c);
     tern__cuda_glm_init(c);
+    size_t mfree = 0, mtotal = 0; /* what the context costs besides our buffers (tern fit does not count it yet) */
+    if (cudaMemGetInfo(&mfree, &mtotal) == cudaSuccess)
+        tern_log(TERN_LOG_INFO, "cuda: device %d (%s): %.2f GB, %.3f GB in use after open (context + %.3f GB of our buffers)",
+                 dev, prop.name, mtotal / 1073741824.0, (mtotal - mfree) / 1073741824.0,
+                 tern_backend_cuda_fixed_bytes(0) / 1073741824.0);
+    else
+        cudaGetLastError();
     *out = be;
     return TERN_OK;
 fail:
