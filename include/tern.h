@@ -73,7 +73,8 @@ typedef struct tern_engine_opts {
     int n_threads;            /* CPU threads, 0 = all cores */
     int max_concurrency;      /* sequences decoded together (KV slots); default 8 */
     int max_ctx;              /* longest sequence; 0 = min(model context, 8192) */
-    int max_batch_tokens;     /* rows per forward step (prefill chunk budget); 0 (default): 2048 on a GPU, 512 on the CPU */
+    int max_batch_tokens;     /* rows per forward step (prefill chunk budget); 0 (default): 8192 on a GPU of 70+ GiB,
+                               * 2048 on smaller GPUs, 512 on the CPU; at least max_concurrency */
     double kv_memory_gb;      /* KV pool size; 0 = derived (max_concurrency * max_ctx) */
     double memory_budget_gb;  /* everything; 0 = unlimited */
     double prompt_cache_gb;   /* prefix-cache cap; 0 disables */

@@ -8,6 +8,7 @@
  * seeds reproduce, stop/EOS/length/context endings, and submit validation names the field.
  */
 #include "runtime_util.h"
+#include "model/model.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -367,6 +368,29 @@ static void *submitter(void *arg) {
 
 static void *engine_thread(void *arg) { tern_engine_run(arg); return NULL; }
 
+/* The rows per step: tern_model_default_batch's rule, the engine's read-back of the model's default (0 asked), at
+ * least max_concurrency, and an explicit value kept. */
+TEST(batch_defaults) {
+    CHECK(tern_model_default_batch(0, 0) == 512 && tern_model_default_batch(0, (size_t)80 << 30) == 512, "cpu default");
+    CHECK(tern_model_default_batch(1, 0) == 8192 && tern_model_default_batch(1, (size_t)141 << 30) == 8192 &&
+          tern_model_default_batch(1, (size_t)70 << 30) == 8192, "big or unknown GPU default");
+    CHECK(tern_model_default_batch(1, (size_t)24 << 30) == 2048, "small GPU default");
+    if (!HAVE_MODEL) return;
+    const char *dev = getenv("TERN_TEST_DEVICE");
+    const int gpu = dev && strcmp(dev, "cpu"); /* a GPU's default depends on its memory: 2048 or 8192 */
+    const struct { int conc, asked, want; } cs[] = {{4, 0, 512}, {600, 0, 600}, {4, 64, 64}, {8, 4, 8}};
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        tern_engine *e = rt_engine(cs[i].conc, cs[i].asked, 0, 128);
+        if (!e) { CHECK(0, "engine %zu", i); continue; }
+        tern_model_info mi;
+        tern_engine_model_info(e, &mi);
+        const int want = gpu && !cs[i].asked ? (cs[i].conc > 2048 ? cs[i].conc : -1) : cs[i].want;
+        CHECK(want < 0 ? mi.max_batch_tokens == 2048 || mi.max_batch_tokens == 8192 : mi.max_batch_tokens == want,
+              "conc %d asked %d: %d rows per step, want %d", cs[i].conc, cs[i].asked, mi.max_batch_tokens, want);
+        tern_engine_close(e);
+    }
+}
+
 TEST(thread_stress) {
     TE = rt_engine(3, 16, 0, 256);
     if (!TE) { CHECK(0, "engine"); return; }
@@ -400,6 +424,7 @@ int main(void) {
     RUN(seeds);
     RUN(stop_and_length);
     RUN(thread_stress);
+    RUN(batch_defaults);
     rt_ref_close(&REF);
     return test_done();
 }
