@@ -129,6 +129,22 @@ static int gemma_cfg(tern_model_config *cfg) {
     return 0;
 }
 
+/* gemma_cfg's config and a one-thread CPU backend, for the pool tests; 0 when both opened. */
+static int pool_setup(tern_model_config *cfg, tern_backend **be) {
+    tern_backend_opts bo = {.n_threads = 1};
+    tern_error err = {0};
+    if (gemma_cfg(cfg)) return -1;
+    if (!tern_backend_cpu_open(be, &bo, &err)) return 0;
+    printf("  cpu backend: %s\n", err.msg);
+    tern_config_free(cfg);
+    return -1;
+}
+
+static void pool_teardown(tern_model_config *cfg, tern_backend *be) {
+    tern_backend_close(be);
+    tern_config_free(cfg);
+}
+
 TEST(fit_numbers) {
     tern_model_config cfg;
     tern_error err = {0};
@@ -176,9 +192,8 @@ static tern_kv *open_pool(tern_backend *be, const tern_model_config *cfg, const 
 TEST(sliding_pool_size) {
     tern_model_config cfg;
     tern_backend *be = NULL;
-    tern_backend_opts bo = {.n_threads = 1};
     tern_error err = {0};
-    if (gemma_cfg(&cfg) || tern_backend_cpu_open(&be, &bo, &err)) { CHECK(0, "setup: %s", err.msg); return; }
+    if (pool_setup(&cfg, &be)) { CHECK(0, "setup"); return; }
     const struct { int n, ctx, chunk; } cs[] = {{1, 1024, 32}, {1, 1024, 512}, {4, 1024, 32}, {4, 1024, 256}, {8, 1024, 512},
                                                 {3, 48, 256}, {6, 256, 8}, {2, 4096, 2048}};
     const char *modes[] = {"off", "bf16", "8"};
@@ -216,8 +231,7 @@ TEST(sliding_pool_size) {
         }
         free(fmt);
     }
-    tern_backend_close(be);
-    tern_config_free(&cfg);
+    pool_teardown(&cfg, be);
 }
 
 /* Steps as the scheduler builds them (a decode row for every sequence past its prompt, prefill
@@ -226,9 +240,8 @@ TEST(sliding_pool_size) {
 TEST(sliding_pool_steps) {
     tern_model_config cfg;
     tern_backend *be = NULL;
-    tern_backend_opts bo = {.n_threads = 1};
     tern_error err = {0};
-    if (gemma_cfg(&cfg) || tern_backend_cpu_open(&be, &bo, &err)) { CHECK(0, "setup: %s", err.msg); return; }
+    if (pool_setup(&cfg, &be)) { CHECK(0, "setup"); return; }
     const struct { int n, chunk; } cs[] = {{4, 64}, {6, 40}, {3, 256}, {8, 17}};
     unsigned long long seed = 77;
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
@@ -266,8 +279,7 @@ TEST(sliding_pool_steps) {
                done, peak, total, sliding_blocks(64, ctx, 1, chunk));
         tern_kv_close(kv);
     }
-    tern_backend_close(be);
-    tern_config_free(&cfg);
+    pool_teardown(&cfg, be);
 }
 
 /* (d) max_conc and max_ctx from a budget: n sequences fit, n + 1 do not, and the pools tern_kv_open
@@ -275,9 +287,8 @@ TEST(sliding_pool_steps) {
 TEST(fit_limits_match_pool) {
     tern_model_config cfg;
     tern_backend *be = NULL;
-    tern_backend_opts bo = {.n_threads = 1};
     tern_error err = {0};
-    if (gemma_cfg(&cfg) || tern_backend_cpu_open(&be, &bo, &err)) { CHECK(0, "setup: %s", err.msg); return; }
+    if (pool_setup(&cfg, &be)) { CHECK(0, "setup"); return; }
     const int ctx = 1024, chunk = 256, C = 4;
     tern_fit f;
     tern_fit_opts fo = {.ctx = ctx, .max_concurrency = C, .max_batch_tokens = chunk};
@@ -301,8 +312,7 @@ TEST(fit_limits_match_pool) {
           b ? tern_kv_pool_bytes(b) : 0, f.kv_avail);
     tern_kv_close(a);
     tern_kv_close(b);
-    tern_backend_close(be);
-    tern_config_free(&cfg);
+    pool_teardown(&cfg, be);
 }
 
 static tern_engine *demo_engine(int conc, int mbt, double kv_gb) {
