@@ -225,7 +225,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     for (int i = 0; i < a.n_conc; i++) if (a.conc[i] < 1 || a.conc[i] > 4096) { fprintf(stderr, "concurrency: bad --conc\n"); return 2; }
-    char mbt[48];
+    char mbt[64];
     snprintf(mbt, sizeof mbt, a.mbt ? "%d" : "the engine's (GPU 8192, 2048 under 70 GiB; CPU 512)", a.mbt);
     printf("model %s, device %s, prompt %d, gen %d, max batch tokens %s\n", a.model, a.device, a.prompt, a.gen, mbt);
     printf("%5s %10s %10s %10s %10s %10s %10s %8s\n", "conc", "out tok/s", "dec tok/s", "TTFT p50", "TTFT p99", "ITL p50",

@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-37}"  # 37 written in session 25 (not run yet); 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-38}"  # 38 written in session 26; 37 written in session 25 (not run yet); 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -504,6 +504,20 @@ fi
 #     and 128 sequences. A win here names the algorithm to pin per shape (lt_gemm's cache) — written in session 25.
 if [[ " $SECTIONS " == *" 37 "* ]]; then
     conc_ab "TERN_LT_PICK=0;TERN_LT_PICK=1;TERN_LT_PICK=2;TERN_LT_PICK=3" llama3-8b 64,128
+fi
+
+# 38. bf16 batch decode, written in session 26: (a) every cuBLASLt heuristic answer for llama3-8b's decode GEMMs at
+#     32 / 64 / 128 rows (bench_cuda --ltsweep; the fastest per shape, its rank and configuration, into the summary:
+#     what a per-shape rule would pin), (b) the MLP's bf16 form (norm_mlp: gate|up in bf16 rows, the act kernel, down
+#     reading h) from 9 rows instead of 65 (TERN_CUDA_MLP_MIN), at 16 / 32 / 64 sequences.
+if [[ " $SECTIONS " == *" 38 "* ]]; then
+    timeout 240 build/bench_cuda --ltsweep ${AB_SWEEP_N:-32 64 128} > "$OUT/ltsweep.txt" 2>&1
+    say "ltsweep rc $?: $(grep -c '^ltsweep' "$OUT/ltsweep.txt") lines; per shape and n: first answer, then the fastest"
+    grep '^ltsweep' "$OUT/ltsweep.txt" | awk '{ k = $0; sub(/ +#.*/, "", k); us = $0; sub(/.*# *[0-9]+ +/, "", us); us += 0;
+        if (!(k in first)) { first[k] = $0; order[++nk] = k }
+        if (!(k in best) || us < bu[k]) { best[k] = $0; bu[k] = us } }
+        END { for (i = 1; i <= nk; i++) { print "  " first[order[i]]; print "  " best[order[i]] } }' | tee -a "$S"
+    conc_ab "TERN_CUDA_MLP_MIN=65;TERN_CUDA_MLP_MIN=9" llama3-8b 16,32,64
 fi
 
 echo "summary: $S"

@@ -9,6 +9,7 @@
  * (60 MB) cannot serve them. Attention decode: bytes = K + V of the context read once.
  * Timing: warm-up, then many asynchronous launches between two sync()s on the host clock.
  * `bench_cuda --qmma`: the MLX Q matmul of qmma.cu vs the older kernels (n = 1..64), then stop.
+ * `bench_cuda --ltsweep [n ...]`: every cuBLASLt heuristic answer for llama3-8b's batch-decode GEMMs, then stop.
  * `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b shapes, moe_mma.cu vs the GEMV pairs, then stop.
  * `bench_cuda --gemm 4096x2816p 2048x2816p ...`: BF16 prefill GEMMs of 2048 rows in the bf16 mode (p: the weight
  * flagged precise, as Gemma 4's q / k), µs and TFLOP/s each, then stop.
@@ -22,6 +23,7 @@
 #include <string.h>
 
 static tern_backend *g;
+typedef struct tern__cuda tern__cuda;
 static unsigned long long seed = 7;
 
 static float frand(void) {
@@ -534,8 +536,51 @@ static void prof_one(tern_dtype dt, int bits, int out, int in) {
     g->vt->free(g, x); g->vt->free(g, y);
 }
 
+/* `bench_cuda --ltsweep [n ...]`: every cuBLASLt heuristic answer for the plain bf16 GEMMs of llama3-8b batch decode
+ * (lt_sweep.c): o / down with beta 1, q, k|v and gate|up as strided batches of two (f32 C as matmul_n / matmul_glu
+ * write it; gate|up also in bf16 rows [gate | up] as norm_mlp writes them), q|k|v as one matrix and the head, at n rows (default 32 64
+ * 128); the weights rotate over >= 400 MB of copies */
+void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, int ldc, long long sc, const void *a,
+                         size_t a_step, int copies, long long sa, const void *bm, int m, int n, int k, int nb,
+                         float beta, double bytes);
+static void bench_ltsweep(int argc, char **argv) {
+    tern__cuda *c = (tern__cuda *)g->impl;
+    enum { NSH = 8 };
+    static const struct { const char *name; int m, k, nb, c16; float beta; } sh[NSH] = {
+        {"o 4096x4096 +=", 4096, 4096, 0, 0, 1.0f},       {"down 4096x14336 +=", 4096, 14336, 0, 0, 1.0f},
+        {"q 4096x4096", 4096, 4096, 0, 0, 0.0f},          {"k|v 2x1024x4096", 1024, 4096, 2, 0, 0.0f},
+        {"gate|up 2x14336x4096 f32", 14336, 4096, 2, 0, 0.0f}, {"gate|up 2x14336x4096 bf16", 14336, 4096, 2, 1, 0.0f},
+        {"q|k|v 6144x4096 (one matrix)", 6144, 4096, 0, 0, 0.0f}, {"head 128256x4096", 128256, 4096, 0, 0, 0.0f}};
+    int ns[16], nn = 0;
+    for (int i = 2; i < argc && nn < 16; i++)
+        if (atoi(argv[i]) > 0) ns[nn++] = atoi(argv[i]);
+    if (!nn) { ns[0] = 32; ns[1] = 64; ns[2] = 128; nn = 3; }
+    int nmax = 0;
+    for (int i = 0; i < nn; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
+    void *x = dev_random((size_t)nmax * 14336 * 2), *y = g->vt->alloc(g, (size_t)nmax * 128256 * 4);
+    for (int s = 0; s < NSH && x && y; s++) {
+        const int nb = sh[s].nb ? sh[s].nb : 1;
+        const size_t wb = (size_t)sh[s].m * sh[s].k * 2 * nb;
+        int copies = (int)((400u << 20) / wb + 1);
+        if (copies > 16) copies = 16;
+        void *w = dev_random(wb * copies);
+        if (!w) { printf("ltsweep %s: no memory\n", sh[s].name); continue; }
+        for (int i = 0; i < nn; i++) {
+            const int n = ns[i], m = sh[s].m;
+            /* C: f32 [nb][n][m] (ld m, batch stride n·m), or bf16 rows [first m | second m] (ld 2m, stride m) */
+            const int ldc = sh[s].c16 ? 2 * m : m;
+            const long long sc = sh[s].c16 ? m : (long long)n * m;
+            tern__cuda_lt_sweep(c, sh[s].name, y, sh[s].c16, ldc, sh[s].nb ? sc : 0, w, wb, copies,
+                                sh[s].nb ? (long long)m * sh[s].k : 0, x, m, n, sh[s].k, sh[s].nb, sh[s].beta,
+                                (double)wb);
+        }
+        g->vt->free(g, w);
+    }
+    g->vt->free(g, x);
+    g->vt->free(g, y);
+}
+
 /* `bench_cuda --pattern`: gemv_mma.cu's load pattern alone vs contiguous ones (GB/s of useful bytes) */
-typedef struct tern__cuda tern__cuda;
 void tern__cuda_mm_probe(tern__cuda *c, const void *w, int rows, int rb, int mode, void *sink);
 static void bench_pattern(int rows, int rb) {
     size_t bytes = (size_t)rows * rb;
@@ -787,6 +832,11 @@ int main(int argc, char **argv) {
     bench_stream();
     if (argc > 1 && !strcmp(argv[1], "--sgemm")) { /* fused decode ops at 9..128 rows: sgemm.cu vs cuBLASLt */
         bench_sgemm();
+        tern_backend_close(g);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--ltsweep")) { /* cuBLASLt's heuristic answers for batch-decode GEMMs */
+        bench_ltsweep(argc, argv);
         tern_backend_close(g);
         return 0;
     }

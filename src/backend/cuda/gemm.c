@@ -32,7 +32,7 @@
  * in gemv.cu) multiplies BF16/F16/Q weights in their stored format on tensor cores with the same
  * split-bf16 contract, up to the row counts where this path's cuBLASLt GEMMs win (its header).
  */
-#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/lt.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +86,44 @@ static lt_ent *lt_slot(tern__cuda *c, const lt_key *k) {
     return NULL; /* full: the caller asks the heuristic every time */
 }
 
+/* The descriptors of one cuBLASLt GEMM (shape as lt_gemm_t below); shared with lt_sweep.c */
+tern_status tern__cuda_lt_desc_make(tern__cuda_lt_desc *d, cudaDataType_t cty, int ldc, long long sc, int an,
+                                    long long sa, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
+                                    cublasComputeType_t ct) {
+    memset(d, 0, sizeof *d);
+    cublasOperation_t ta = an ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const long long S[3] = {sa, sb, sc};
+    if (cublasLtMatmulDescCreate(&d->op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto fail;
+    cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if ((an ? cublasLtMatrixLayoutCreate(&d->la, ab, (uint64_t)m, (uint64_t)k, m)
+            : cublasLtMatrixLayoutCreate(&d->la, ab, (uint64_t)k, (uint64_t)m, k)) != CUBLAS_STATUS_SUCCESS)
+        goto fail;
+    if (cublasLtMatrixLayoutCreate(&d->lb, ab, (uint64_t)k, (uint64_t)n, ldb) != CUBLAS_STATUS_SUCCESS) goto fail;
+    if (cublasLtMatrixLayoutCreate(&d->lc, cty, (uint64_t)m, (uint64_t)n, ldc) != CUBLAS_STATUS_SUCCESS) goto fail;
+    if (nb >= 1) {
+        cublasLtMatrixLayout_t L[3] = {d->la, d->lb, d->lc};
+        for (int i = 0; i < 3; i++) {
+            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
+            int64_t s64 = S[i];
+            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s64, sizeof s64);
+        }
+    }
+    return TERN_OK;
+fail:
+    tern__cuda_lt_desc_free(d);
+    return TERN_EDEVICE;
+}
+
+void tern__cuda_lt_desc_free(tern__cuda_lt_desc *d) {
+    if (!d) return;
+    if (d->lc) cublasLtMatrixLayoutDestroy(d->lc);
+    if (d->lb) cublasLtMatrixLayoutDestroy(d->lb);
+    if (d->la) cublasLtMatrixLayoutDestroy(d->la);
+    if (d->op) cublasLtMatmulDescDestroy(d->op);
+    memset(d, 0, sizeof *d);
+}
+
 /* C_b (m x n, ld ldc) = op(A_b)·B_b with op(A) = Aᵀ, A_b (k x m, ld k) — or (an = 1) op(A) = A, A_b (m x k, ld
  * m) — and B_b (k x n, ld ldb), C of type cty (f32, or bf16: the f32 accumulators rounded once). nb = 0: one
  * plain GEMM; nb >= 1: a strided batch of nb (A_b at a + b·sa, B_b at bm + b·sb, C_b at y + b·sc, element
@@ -93,11 +131,9 @@ static lt_ent *lt_slot(tern__cuda *c, const lt_key *k) {
 static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a, int an,
                              long long sa, const void *bm, int ldb, long long sb, int m, int n, int k, int nb,
                              cudaDataType_t ab, cublasComputeType_t ct, float beta) {
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    tern__cuda_lt_desc d;
     cublasLtMatmulPreference_t pref = NULL;
     tern_status st = TERN_EDEVICE;
-    cublasOperation_t ta = an ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
     size_t ws = TERN_CUDA_LT_WS_BYTES;
     float alpha = 1.0f;
     cublasLtMatmulHeuristicResult_t hs[LT_PICK_MAX], h;
@@ -107,27 +143,13 @@ static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc
     for (int i = 0; i < 3; i++) sk = sk * 8 + (S[i] == 0 ? 0 : S[i] % 16 == 0 ? 1 : S[i] % 8 == 0 ? 2 : 3);
     const lt_key key = {m, n, k, ldb, ldc, nb, (int)ab, (int)ct, beta != 0.0f, nb >= 1 ? sk : 0, (int)cty * 2 + !!an};
     lt_ent *ent = lt_cache_on() ? lt_slot(c, &key) : NULL;
-    if (cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto done;
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    if ((an ? cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)m, (uint64_t)k, m)
-            : cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k, (uint64_t)m, k)) != CUBLAS_STATUS_SUCCESS)
-        goto done;
-    if (cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k, (uint64_t)n, ldb) != CUBLAS_STATUS_SUCCESS) goto done;
-    if (cublasLtMatrixLayoutCreate(&lc, cty, (uint64_t)m, (uint64_t)n, ldc) != CUBLAS_STATUS_SUCCESS) goto done;
-    if (nb >= 1) {
-        cublasLtMatrixLayout_t L[3] = {la, lb, lc};
-        for (int i = 0; i < 3; i++) {
-            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
-            int64_t s64 = S[i];
-            cublasLtMatrixLayoutSetAttribute(L[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s64, sizeof s64);
-        }
-    }
+    if (tern__cuda_lt_desc_make(&d, cty, ldc, sc, an, sa, ldb, sb, m, n, k, nb, ab, ct) != TERN_OK) return st;
     if (!ent || !ent->used) {
         if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
         const int pick = lt_pick(); /* 0: one answer asked for, as always */
-        if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, pick + 1, hs, &got) != CUBLAS_STATUS_SUCCESS ||
+        if (cublasLtMatmulAlgoGetHeuristic(c->lt, d.op, d.la, d.lb, d.lc, d.lc, pref, pick + 1, hs, &got) !=
+                CUBLAS_STATUS_SUCCESS ||
             got < 1)
             goto done;
         h = hs[pick < got ? pick : got - 1];
@@ -137,15 +159,12 @@ static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc
             ent->used = 1;
         }
     }
-    if (cublasLtMatmul(c->lt, op, &alpha, a, la, bm, lb, &beta, y, lc, y, lc, ent ? &ent->algo : &h.algo, c->lt_ws,
-                       ws, c->stream) == CUBLAS_STATUS_SUCCESS)
+    if (cublasLtMatmul(c->lt, d.op, &alpha, a, d.la, bm, d.lb, &beta, y, d.lc, y, d.lc, ent ? &ent->algo : &h.algo,
+                       c->lt_ws, ws, c->stream) == CUBLAS_STATUS_SUCCESS)
         st = TERN_OK;
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+    tern__cuda_lt_desc_free(&d);
     return st;
 }
 
@@ -453,14 +472,18 @@ static void norm_stage(tern__cuda *c, float *xn, void *xh, void *xl, const float
  * h = bf16(act(g)·u), and down reads h as its B (beta 1 for add). The separate ops wrote the products [2][n][I]
  * and h in f32 and converted h again for down: gemma4-12b's 2048-row chunk moved ~0.63 GB a layer for that, here
  * ~0.25. Numerics: transformers' bf16 MLP (the projections' outputs rounded to bf16 before the activation; the
- * separate ops keep them in f32): within the bf16 mode's bound, not bitwise. Taken from 65 rows (sgemm.cu's
- * fused forms serve fewer) when the staged x, the products and h fit gemm_scratch; TERN_CUDA_MLP_BF16=0 never. */
+ * separate ops keep them in f32): within the bf16 mode's bound, not bitwise. Taken from 32 rows (TERN_CUDA_MLP_MIN=N:
+ * from N; fewer rows run gate|up in f32 + the act kernel + down's f32 → bf16 staging, or sgemm.cu) when the staged x,
+ * the products and h fit gemm_scratch; TERN_CUDA_MLP_BF16=0 never. H200, session 26 (bench/NOTES.md (am)), llama3-8b
+ * bf16 batch decode 128 + 128, from 65 → 9 rows: 64 sequences 10799 / 10808 → 11000 / 10826 dec tok/s, 32: 5787 /
+ * 5773 → 5861 / 5821, 16: 3088 / 3103 → 3072 / 3096 (a tie; hence 32). */
 int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
                         const tern__cuda_w *const *w, int act, const tern_norm_res *res) {
-    static int on = -1;
+    static int on = -1, from = -1;
     if (on < 0) on = tern__cuda_env_int("TERN_CUDA_MLP_BF16", 1) != 0;
+    if (from < 0) from = tern__cuda_env_int("TERN_CUDA_MLP_MIN", 32);
     const tern__cuda_w *gate = w[0], *up = w[1], *down = w[2];
-    if (!on || n <= 64 || xn == x || (res && (!res_n_on() || add)) || !gemm_glu_ok(c, n, gate, up, act) || !plain_gemm_ok(c, down, n) ||
+    if (!on || n < from || xn == x || (res && (!res_n_on() || add)) || !gemm_glu_ok(c, n, gate, up, act) || !plain_gemm_ok(c, down, n) ||
         down->in != gate->out || ((uintptr_t)y & 15))
         return 0;
     const int I = gate->out, in = gate->in, out = down->out;
