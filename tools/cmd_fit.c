@@ -194,7 +194,8 @@ int tern_cmd_fit(int argc, char **argv) {
                                                           !c.compute_set || c.compute == TERN_COMPUTE_BF16);
     if ((st = tern_kv_quant_plan(spec, c.random ? NULL : dir, &cfg, &fmt, &src, &e))) { tern_config_free(&cfg); return cli_fail("fit", &e); }
     tern_fit_opts fo = {.ctx = (int)ctx, .max_concurrency = (int)conc, .max_batch_tokens = (int)mbt, .budget_gb = budget,
-                        .device_fixed = gpu ? tern_backend_cuda_fixed_bytes((int)mbt) : 0};
+                        .device_fixed = gpu ? tern_backend_cuda_fixed_bytes((int)mbt) : 0,
+                        .device_context = gpu ? tern_backend_cuda_context_bytes() : 0};
     tern_fit f;
     if ((st = tern_fit_plan(&cfg, fmt, wbytes, &fo, &f, &e))) { free(fmt); tern_config_free(&cfg); return cli_fail("fit", &e); }
 
@@ -245,8 +246,11 @@ int tern_cmd_fit(int argc, char **argv) {
     printf("KV total           %10.3f GB for %d sequences\n", gb(f.kv_total), f.max_concurrency);
     printf("prefill scratch    %10.3f GB (%d rows per step; estimate)\n", gb(f.scratch), f.max_batch_tokens);
     if (f.device_fixed)
-        printf("device buffers     %10.3f GB (CUDA: GEMM scratch, cuBLASLt workspace, split-K partials; not the context)\n",
+        printf("device buffers     %10.3f GB (CUDA: GEMM scratch, cuBLASLt workspace, split-K partials)\n",
                gb(f.device_fixed));
+    if (f.device_context)
+        printf("CUDA context       %10.3f GB (context, cuBLAS, loaded kernels: measured on an H200, CUDA 13)\n",
+               gb(f.device_context));
     printf("total              %10.3f GB\n", gb(f.total));
     if (budget > 0) {
         printf("budget             %10.3f GB: %s; %.3f GB left for KV\n", budget, f.fits ? "FITS" : "DOES NOT FIT", gb(f.kv_avail));

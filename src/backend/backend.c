@@ -15,5 +15,6 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     return tern_err(err, TERN_EUNSUPPORTED, "this tern was built without CUDA (nvcc not found at build time)");
 }
 size_t tern_backend_cuda_fixed_bytes(int rows) { (void)rows; return 0; }
+size_t tern_backend_cuda_context_bytes(void) { return 0; }
 size_t tern_backend_cuda_device_bytes(int device) { (void)device; return 0; }
 #endif

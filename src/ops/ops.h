@@ -497,9 +497,13 @@ tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *o
 tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err);
 /* Device memory one CUDA backend holds besides weights, KV pages and the model's scratch once a model of
  * `rows` rows a forward (max_batch) is open: the prefill GEMM scratch (256 MB a 2048 rows, at least 256 MB;
- * TERN_CUDA_SCRATCH_MB sets it), cuBLASLt's workspace and the split-K partials (the CUDA context itself is not
- * counted). 0 in a build without CUDA. For `tern fit` and the engine's memory budget. */
+ * TERN_CUDA_SCRATCH_MB sets it), cuBLASLt's workspace and the split-K partials (the CUDA context: the next
+ * function). 0 in a build without CUDA. For `tern fit` and the engine's memory budget. */
 size_t tern_backend_cuda_fixed_bytes(int rows);
+/* Device memory a CUDA backend's context costs besides its buffers (the CUDA context, cuBLAS / cuBLASLt handles and the
+ * kernels a run loads), measured on an H200 with CUDA 13 (bench/NOTES.md (am)); 0 in a build without CUDA. Counted by
+ * `tern fit` and the engine's memory budget on a GPU. */
+size_t tern_backend_cuda_context_bytes(void);
 /* Memory of GPU `device` in bytes; 0 without CUDA in the build or without that GPU (cheap: no context kept). */
 size_t tern_backend_cuda_device_bytes(int device);
 void tern_backend_close(tern_backend *be); /* accepts NULL */

@@ -202,7 +202,8 @@ static tern_status size_kv(tern_engine *e, const tern_engine_opts *o, const tern
     if (xs.n_layers) w = (w > stored ? w - stored : 0) + xs.slot_bytes;
     tern_fit_opts fo = {.ctx = o->max_ctx, .max_concurrency = o->max_concurrency, .max_batch_tokens = o->max_batch_tokens,
                         .budget_gb = o->memory_budget_gb,
-                        .device_fixed = e->be && e->be->device >= 0 ? tern_backend_cuda_fixed_bytes(o->max_batch_tokens) : 0};
+                        .device_fixed = e->be && e->be->device >= 0 ? tern_backend_cuda_fixed_bytes(o->max_batch_tokens) : 0,
+                        .device_context = e->be && e->be->device >= 0 ? tern_backend_cuda_context_bytes() : 0};
     tern_fit f;
     tern_status st = tern_fit_plan(c, fmt, w, &fo, &f, err);
     if (st) return st;
@@ -210,12 +211,12 @@ static tern_status size_kv(tern_engine *e, const tern_engine_opts *o, const tern
     if (f.kv_avail < tern_fit_seq_kv(c, fmt, TERN_MIN(f.ctx, f.max_batch_tokens), f.max_batch_tokens, 16))
         return tern_err(err, TERN_ENOMEM, "memory budget %.3f GB is too small: weights %.3f GB + scratch %.3f GB leave "
                         "%.3f GB for the KV cache, less than one sequence of %d tokens (see `tern fit`)",
-                        o->memory_budget_gb, w / gbf, (f.scratch + f.device_fixed) / gbf, f.kv_avail / gbf,
+                        o->memory_budget_gb, w / gbf, (f.scratch + f.device_fixed + f.device_context) / gbf, f.kv_avail / gbf,
                         TERN_MIN(f.ctx, f.max_batch_tokens));
     if (*memory > f.kv_avail)
         return tern_err(err, TERN_EINVAL, "kv memory %.3f GB does not fit the memory budget %.3f GB (weights %.3f GB + "
                         "scratch %.3f GB leave %.3f GB)", *memory / gbf, o->memory_budget_gb, w / gbf,
-                        (f.scratch + f.device_fixed) / gbf, f.kv_avail / gbf);
+                        (f.scratch + f.device_fixed + f.device_context) / gbf, f.kv_avail / gbf);
     if (!*memory) *memory = TERN_MIN(f.kv_total, f.kv_avail);
     if (f.kv_total > f.kv_avail)
         tern_log(TERN_LOG_INFO, "engine: memory budget %.2f GB: KV pool %.3f GB (%d x %d tokens would need %.3f GB; "

@@ -195,10 +195,12 @@ tern_status tern_fit_plan(const tern_model_config *c, const tern_kv_fmt *formats
     f->kv_total = tern_fit_kv_pool(c, formats, ctx, f->max_concurrency, f->max_batch_tokens, f->block_size);
     f->scratch = tern_fit_scratch(c, f->max_batch_tokens, f->max_concurrency);
     f->device_fixed = o ? o->device_fixed : 0;
-    f->total = f->weight_bytes + f->scratch + f->device_fixed + f->kv_total;
+    f->device_context = o ? o->device_context : 0;
+    f->total = f->weight_bytes + f->scratch + f->device_fixed + f->device_context + f->kv_total;
     f->fits = 1;
     if (budget > 0) {
-        double b = budget * 1073741824.0, fixed = (double)f->weight_bytes + (double)f->scratch + (double)f->device_fixed;
+        double b = budget * 1073741824.0, fixed = (double)f->weight_bytes + (double)f->scratch + (double)f->device_fixed +
+                                     (double)f->device_context;
         f->kv_avail = b > fixed ? (size_t)(b - fixed) : 0;
         f->fits = (double)f->total <= b;
         /* the pool is not linear in the sequences (the sliding chunk is shared): search both */

@@ -25,6 +25,7 @@ typedef struct tern_fit_opts {
     int block_size;          /* KV block (0: 16) */
     double budget_gb;        /* everything; 0 = no budget */
     size_t device_fixed;     /* the backend's own buffers (tern_backend_cuda_fixed_bytes on a GPU; 0 on the CPU) */
+    size_t device_context;   /* the GPU context's own memory (tern_backend_cuda_context_bytes on a GPU; 0 on the CPU) */
 } tern_fit_opts;
 
 typedef struct tern_fit {
@@ -36,7 +37,8 @@ typedef struct tern_fit {
     size_t kv_total;         /* the pool for max_concurrency sequences (tern_fit_kv_pool) */
     size_t scratch;          /* forward scratch + scheduler logits */
     size_t device_fixed;     /* the backend's own buffers (opts) */
-    size_t total;            /* weights + scratch + device_fixed + kv_total */
+    size_t device_context;   /* the GPU context (opts) */
+    size_t total;            /* weights + scratch + device_fixed + device_context + kv_total */
     /* with a budget */
     size_t kv_avail;         /* budget - weights - scratch - device_fixed (0 when negative) */
     int fits;                /* total <= budget (1 without a budget) */

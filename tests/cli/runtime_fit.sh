@@ -63,3 +63,11 @@ if grep -q "device buffers" "$tmp/out"; then
 else
     ok fit_gpu_device_buffers_nocuda # a build without CUDA plans no device buffers
 fi
+# ... and the CUDA context (measured on an H200: ops.h tern_backend_cuda_context_bytes), in the total: weights + KV +
+# scratch + buffers + context; a CPU plan has no such line
+if grep -q "device buffers" "$tmp/out"; then
+    sum=$(awk '/^weights |^KV total |^prefill scratch |^device buffers |^CUDA context / { for (i = 1; i <= NF; i++) if ($(i + 1) == "GB") { s += $i; break } }
+               /^total / { t = $2 } END { d = s - t; if (d < 0) d = -d; print (d < 0.003 ? "ok" : s " vs " t) }' "$tmp/out")
+    grep -q "CUDA context            0.527 GB" "$tmp/out" && ! grep -q "CUDA context" "$tmp/out3" && [ "$sum" = ok ] &&
+        ok fit_gpu_context || bad "fit_gpu_context: $sum $(grep 'CUDA context' "$tmp/out" "$tmp/out3")"
+fi
