@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-38}"  # 38 written in session 26; 37 written in session 25 (not run yet); 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-40}"  # 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays); 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -518,6 +518,28 @@ if [[ " $SECTIONS " == *" 38 "* ]]; then
         if (!(k in best) || us < bu[k]) { best[k] = $0; bu[k] = us } }
         END { for (i = 1; i <= nk; i++) { print "  " first[order[i]]; print "  " best[order[i]] } }' | tee -a "$S"
     conc_ab "TERN_CUDA_MLP_MIN=65;TERN_CUDA_MLP_MIN=9" llama3-8b 16,32,64
+fi
+
+# 39. bf16 batch decode, written in session 26 after section 38: q|k|v at 9..64 rows on sgemm.cu (TERN_CUDA_SGEMM=1, the
+#     default since session 9) or as cuBLASLt's q GEMM + k|v strided batch (=0): section 38's sweep timed the latter at
+#     12.5 + 10.1 µs at 64 rows against sgemm's 24.3 in session 18 (bench_cuda --sgemm times both here); and Gemma 4's
+#     MLP at 32 / 64 sequences with norm_mlp from 32 rows (the new default) or 65 (before).
+if [[ " $SECTIONS " == *" 39 "* ]]; then
+    timeout 120 build/bench_cuda --sgemm > "$OUT/sgemm.txt" 2>&1
+    say "bench_cuda --sgemm rc $?:"; grep -E '^fused q\|k\|v' "$OUT/sgemm.txt" | tr -s ' ' | tee -a "$S"
+    conc_ab "TERN_CUDA_SGEMM=1;TERN_CUDA_SGEMM=0;TERN_CUDA_SGEMM_ROWS=16" llama3-8b 16,32,64
+    AB_REPS=1 conc_ab "TERN_CUDA_MLP_MIN=65;TERN_CUDA_MLP_MIN=32" gemma4-12b 32,64
+fi
+
+# 40. batch decode attention (attn_decode_tc.cu) at 64 llama3-8b sequences: 512 blocks of 4 warps run in two waves of
+#     2 blocks per SM (22 µs a layer for ~50 MB of K/V, NOTES (y)); TERN_CUDA_AD_TC_ST=3 builds them of 2 warps with 3
+#     ring stages (4 blocks per SM: one wave of 528), =4 of 2 warps with 2 stages (5 per SM). Written in session 26;
+#     the op test first (every variant against the CPU). Ran there (NOTES (am)): 2 × 2 won at 64, lost at 32, tied at
+#     128, so the default (0) is now auto (2 × 2 past one wave of the built-in shape) and 1 forces the built-in one.
+if [[ " $SECTIONS " == *" 40 "* ]]; then
+    op_test cuda_attention_decode_tc tc40
+    grep 'err attention decode tc' "$OUT/tc40_ops.txt" | awk '{ print $NF }' | sort -g | tail -1 | sed 's/^/  worst /' | tee -a "$S"
+    conc_ab "TERN_CUDA_AD_TC_ST=1;TERN_CUDA_AD_TC_ST=0;TERN_CUDA_AD_TC_ST=3" llama3-8b 32,64,128
 fi
 
 echo "summary: $S"

@@ -240,7 +240,8 @@ static double ad_tc_case_run(const ad_tc_case *k, int pg) {
 
 /* attn_decode_tc.cu (TERN_CUDA_AD_TC; forced here for any plan): AD_TC_CASES within 1e-5 of the CPU (its hi/lo
  * split of q and p keeps near-f32 sums: the Python emulation of its fragments gives ~3e-6 over BF16 pages, ~2e-7
- * over F16), BF16 and F16 pages; the D 128 cases also with 2 ring stages (TERN_CUDA_AD_TC_ST=2) */
+ * over F16), BF16 and F16 pages; the D 128 cases also in every block shape TERN_CUDA_AD_TC_ST names (1 the built-in 4
+ * warps × 3 stages, 2: 4 × 2, 3: 2 × 3, 4: 2 × 2; 0 the default picks per launch) */
 TEST(cuda_attention_decode_tc) {
     extern unsigned long long tern__cuda_attn_decode_tc_calls;
     extern int tern__cuda_ad_mode, tern__cuda_ad_tc, tern__cuda_ad_tc_st, tern__cuda_ad_tcs;
@@ -249,7 +250,7 @@ TEST(cuda_attention_decode_tc) {
     tern__cuda_ad_mode = 1;
     tern__cuda_ad_tc = 2;
     tern__cuda_ad_tcs = 0; /* the one-pass form even for the long cases (a long step takes the split form) */
-    for (int st = 0; st <= 2; st += 2) /* the default rings, then D 128 with 2 stages (TERN_CUDA_AD_TC_ST=2) */
+    for (int st = 0; st <= 4; st++) /* the default (auto) shapes, then D 128 with TERN_CUDA_AD_TC_ST=1..4 */
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
             for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
                 if (st && AD_TC_CASES[c].d != 128) continue;

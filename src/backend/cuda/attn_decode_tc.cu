@@ -11,7 +11,7 @@
  * cores summed over 16 lanes with shuffles. Here the arithmetic is a few mmas per 16 keys and the loads
  * are 16-byte cp.async with S stages of every warp in flight (D 128: 4 warps × 3 stages of 8.5 KB, two
  * blocks per SM: up to ~136 KB of K/V requested per SM while the current chunks are used;
- * TERN_CUDA_AD_TC_ST=2: 2 stages, three blocks per SM, for the A/B).
+ * launches of more pairs than that holds in one wave take blocks of 2 warps with 2 stages (TERN_CUDA_AD_TC_ST below)).
  *
  * Layout (mma.cuh's fragments; lane = 4·gq + tq). M = 16 rows: row h < 8 holds hi(q_h), row 8 + h holds
  * lo(q_h) = round(q_h − hi(q_h)) (the half type of the pages; heads h >= G zero), so ONE mma gives both
@@ -55,8 +55,8 @@ constexpr int tc_stages(int D) { return D == 64 ? 4 : D == 128 ? 3 : 2; }
 /* W warps, S ring stages per warp; rows padded by 8 elements (ldmatrix without bank conflicts); the
  * dynamic shared memory: the rings (reused by the merge), Q's fragments (D 256), the records; B: blocks
  * per SM that fit the H200's 228 KB (1 KB reserved per block, ~0.5 KB static) */
-template <int D, int S_> struct TcShape {
-    static constexpr int W = D == 256 ? 3 : 4, S = S_;
+template <int D, int S_, int W_ = 0> struct TcShape {
+    static constexpr int W = W_ ? W_ : D == 256 ? 3 : 4, S = S_;
     static constexpr bool QS = D > 128;
     static constexpr int RS = D + 8, TILE = TC_CK * RS; /* a K or V tile: elements */
     static constexpr int RD = D + 4;                    /* the merge's row stride (floats) */
@@ -137,9 +137,9 @@ __device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool ok) 
 /* SPLIT (one row or a few: TERN_CUDA_AD_TCS): block (g, r, z) walks split z of the row's keys, chunk = max(a.chmin,
  * ceil(keys / gridDim.z)) rounded up to TC_CK keys (splits past the row's keys exit at once), writes its (M, L, Σ p·v)
  * as partials and the last split of (r, g) merges them (ad_last_merge); a row with one live split writes out directly */
-template <typename T, int D, int S_, bool SPLIT, bool EARLY = false>
-__global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) attn_dec_tc_kernel(AdArgs a) {
-    using SH = TcShape<D, S_>;
+template <typename T, int D, int S_, bool SPLIT, bool EARLY = false, int W_ = 0>
+__global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>::B) attn_dec_tc_kernel(AdArgs a) {
+    using SH = TcShape<D, S_, W_>;
     constexpr int W = SH::W, S = SH::S, RS = SH::RS, TILE = SH::TILE, RD = SH::RD;
     constexpr int NK = D / 16, NT = D / 8;                 /* k-steps of Q·K^T, n-tiles of O */
     constexpr int CPR = D / 8, KPI = 32 / CPR, NI = TC_CK / KPI; /* a copy round: KPI rows of CPR 16-byte pieces */
@@ -357,15 +357,20 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_>::W, TcShape<D, S_>::B) att
     ad_warp_merge<W, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; });
 }
 
-template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false> static void tc_attr(void) {
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)TcShape<D, S>::SMEM);
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, cudaFuncAttributePreferredSharedMemoryCarveout,
+template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0> static void tc_attr(void) {
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)TcShape<D, S, W>::SMEM);
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W>, cudaFuncAttributePreferredSharedMemoryCarveout,
                          (int)cudaSharedmemCarveoutMaxShared);
 }
 
-/* TERN_CUDA_AD_TC_ST=2: D 128 with 2 ring stages per warp (3 blocks per SM, 12 warps) instead of 3 (2 blocks,
- * 8 warps); 0 (default) the built-in stages. -1 until read (tests set it) */
+/* The block shape at D 128 (TERN_CUDA_AD_TC_ST): 0 (default, session 26) auto — launches of more (row, kv head) pairs
+ * than the built-in shape holds in one wave (2 blocks per SM) take blocks of 2 warps with 2 ring stages (5 blocks per
+ * SM: 64 rows × 8 kv heads = 512 blocks in one wave of 660 instead of two of 264, each warp walking twice the chunks),
+ * the others the built-in 4 warps × 3 stages; 1 always the built-in shape; 2: 4 warps × 2 stages (3 blocks per SM);
+ * 3: 2 warps × 3 stages (4 blocks per SM); 4: 2 warps × 2 stages always. H200, session 26 (bench/NOTES.md (am)),
+ * llama3-8b bf16 decode, dec tok/s built-in → 2 × 2: 64 sequences 10791 → 11000, 10478 → 10839, 10476 → 10619; 32
+ * sequences (256 pairs, one wave either way) 5700 → 5557; 128 17124 → 17082. -1 until read (tests set it) */
 extern "C" int tern__cuda_ad_tc_st;
 int tern__cuda_ad_tc_st = -1;
 static int tc_st(void) {
@@ -378,6 +383,8 @@ void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
     (void)c;
     tc_attr<__nv_bfloat16, 64, tc_stages(64)>(); tc_attr<__nv_bfloat16, 128, tc_stages(128)>();
     tc_attr<__nv_bfloat16, 128, 2>(); tc_attr<__nv_bfloat16, 256, tc_stages(256)>();
+    tc_attr<__nv_bfloat16, 128, 3, false, false, 2>(); tc_attr<__nv_bfloat16, 128, 2, false, false, 2>();
+    tc_attr<__half, 128, 3, false, false, 2>(); tc_attr<__half, 128, 2, false, false, 2>();
     tc_attr<__half, 64, tc_stages(64)>(); tc_attr<__half, 128, tc_stages(128)>();
     tc_attr<__half, 128, 2>(); tc_attr<__half, 256, tc_stages(256)>();
     tc_attr<__nv_bfloat16, 64, tc_stages(64), true>(); tc_attr<__nv_bfloat16, 128, tc_stages(128), true>();
@@ -388,9 +395,10 @@ void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
-template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false>
+template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0>
 static void tc_launch(tern__cuda *c, dim3 grid, const AdArgs &a) {
-    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT, EARLY>, grid, 32 * TcShape<D, S>::W, TcShape<D, S>::SMEM, a);
+    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W>, grid, 32 * TcShape<D, S, W>::W,
+                TcShape<D, S, W>::SMEM, a);
 }
 /* the split instances, EARLY ones over BF16 pages only */
 template <typename T, int D> static void tc_split_go(tern__cuda *c, dim3 grid, bool early, const AdArgs &a) {
@@ -402,13 +410,15 @@ template <typename T, int D> static void tc_split_go(tern__cuda *c, dim3 grid, b
     }
     tc_launch<T, D, tc_stages(D), true>(c, grid, a);
 }
-template <typename T> static void tc_go(tern__cuda *c, dim3 grid, bool st2, bool early, const AdArgs &a) {
+template <typename T> static void tc_go(tern__cuda *c, dim3 grid, int st, bool early, const AdArgs &a) {
     if (grid.z > 1) { /* splits (the default stages) */
         if (a.D == 64) tc_split_go<T, 64>(c, grid, early, a);
         else if (a.D == 128) tc_split_go<T, 128>(c, grid, early, a);
         else tc_split_go<T, 256>(c, grid, early, a);
     } else if (a.D == 64) tc_launch<T, 64, tc_stages(64)>(c, grid, a);
-    else if (a.D == 128 && st2) tc_launch<T, 128, 2>(c, grid, a);
+    else if (a.D == 128 && st == 2) tc_launch<T, 128, 2>(c, grid, a);
+    else if (a.D == 128 && st == 3) tc_launch<T, 128, 3, false, false, 2>(c, grid, a);
+    else if (a.D == 128 && st == 4) tc_launch<T, 128, 2, false, false, 2>(c, grid, a);
     else if (a.D == 128) tc_launch<T, 128, tc_stages(128)>(c, grid, a);
     else tc_launch<T, 256, tc_stages(256)>(c, grid, a);
 }
@@ -418,16 +428,20 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
     if (kind != TERN_KV_BF16 && kind != TERN_KV_F16) return 0;
     if (a.n <= 0 || a.n > 65535 || a.nkv <= 0 || a.nh % a.nkv || ((uintptr_t)a.q & 15)) return 0;
     if (a.G < 1 || a.G > 8 || (a.D != 64 && a.D != 128 && a.D != 256)) return 0;
-    const bool st2 = tc_st() == 2 && !split;
-    const size_t smem = a.D == 64 ? TcShape<64, tc_stages(64)>::SMEM
-                        : a.D == 128 ? (st2 ? TcShape<128, 2>::SMEM : TcShape<128, tc_stages(128)>::SMEM)
+    int st = split ? 1 : tc_st();
+    if (st == 0) st = a.D == 128 && (long)a.n * a.nkv > (long)TcShape<128, tc_stages(128)>::B * c->n_sm ? 4 : 1;
+    const size_t smem = a.D == 64    ? TcShape<64, tc_stages(64)>::SMEM
+                        : a.D == 128 ? (st == 2   ? TcShape<128, 2>::SMEM
+                                        : st == 3 ? TcShape<128, 3, 2>::SMEM
+                                        : st == 4 ? TcShape<128, 2, 2>::SMEM
+                                                  : TcShape<128, tc_stages(128)>::SMEM)
                                      : TcShape<256, tc_stages(256)>::SMEM;
     if (smem > c->smem_optin) return 0;
     cudaSetDevice(c->device);
     if (split && (a.splits < 2 || a.splits > 65535 || a.chmin < 1 || (long)a.n * a.nkv > (1L << 16))) return 0;
     const dim3 grid((unsigned)a.nkv, (unsigned)a.n, split ? (unsigned)a.splits : 1u);
-    if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st2, split && early && a.n == 1, a);
-    else tc_go<__half>(c, grid, st2, false, a);
+    if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st, split && early && a.n == 1, a);
+    else tc_go<__half>(c, grid, st, false, a);
     tern__cuda_check(c, "attention decode (tensor cores)");
     tern__cuda_attn_decode_tc_calls++;
     return 1;

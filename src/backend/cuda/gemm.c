@@ -380,11 +380,20 @@ int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int
     return gemm_n_run(c, k, y, n, w);
 }
 
+/* rows up to which q|k|v (2-3 matrices) try sgemm.cu before cuBLASLt: TERN_CUDA_SGEMM_ROWS (default 64, sgemm.cu's
+ * own limit; written in session 26 for gpu_ab.sh section 39, where cuBLASLt's q GEMM + k|v batch timed 12.5 + 10.1 µs
+ * at 64 rows against sgemm.cu's 24.3 of session 18) */
+static int sgemm_rows(void) {
+    static int v = -1;
+    if (v < 0) v = tern__cuda_env_int("TERN_CUDA_SGEMM_ROWS", 64);
+    return v;
+}
+
 /* the ops on x staged in bf16 at the start of gemm_scratch (stage_x, or the pre-norm's kernel) */
 static int gemm_n_run(tern__cuda *c, int k, float *const *y, int n, const tern__cuda_w *const *w) {
     const int in = w[0]->in;
     const void *xb = c->gemm_scratch;
-    if (tern__cuda_sgemm(c, k, y, xb, n, w, G1_PLAIN)) return 1; /* q|k|v in one launch */
+    if (n <= sgemm_rows() && tern__cuda_sgemm(c, k, y, xb, n, w, G1_PLAIN)) return 1; /* q|k|v in one launch */
     const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
     int done[3] = {0, 0, 0};
     for (int i = 0; i < k; i++) /* pairs of one shape with both distances positive: one batched GEMM */
