@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-40}"  # 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays); 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-40 41}"  # 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -540,6 +540,17 @@ if [[ " $SECTIONS " == *" 40 "* ]]; then
     op_test cuda_attention_decode_tc tc40
     grep 'err attention decode tc' "$OUT/tc40_ops.txt" | awk '{ print $NF }' | sort -g | tail -1 | sed 's/^/  worst /' | tee -a "$S"
     conc_ab "TERN_CUDA_AD_TC_ST=1;TERN_CUDA_AD_TC_ST=0;TERN_CUDA_AD_TC_ST=3" llama3-8b 32,64,128
+fi
+
+# 41. q|k|v as one matrix for many rows (TERN_CUDA_QKV_ONE=1; written in session 26 after its last device call): the
+#     three weights joined at load, one cuBLASLt GEMM (17.7 µs for llama3-8b at 64 rows in section 38's sweep, against
+#     sgemm.cu's 24.3) and rope_kv_rows. The op test, model parity with it on (qwen2 / qwen3 / llama3 take it in their
+#     prefill rows; greedy ids may differ from off in bf16: another summation order), then batch decode.
+if [[ " $SECTIONS " == *" 41 "* ]]; then
+    op_test cuda_qkv_one qkv41
+    grep 'err qkv_one' "$OUT/qkv41_ops.txt" | head -12 | tee -a "$S"
+    on_checks TERN_CUDA_QKV_ONE bf16 "llama3 qwen2"
+    conc_ab "TERN_CUDA_QKV_ONE=0;TERN_CUDA_QKV_ONE=1" llama3-8b 16,32,64,128
 fi
 
 echo "summary: $S"

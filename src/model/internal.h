@@ -110,6 +110,9 @@ void *tern__alloc(tern_model *m, size_t bytes, tern_error *err);
 /* Matrix [out, in] (F32/F16/BF16/Q): presence, shape, dtype checked; uploaded; counted. */
 tern_status tern__load_matrix(tern_model *m, tern_weights *ws, const char *name, int64_t out, int64_t in,
                               tern_tensor *t, tern_error *err);
+/* uploaded weights read together (q|k|v) into one allocation where the backend does that (ops.h join_weights; the
+ * model's own copies for freeing follow); a layout choice only: every op reads them as before. k <= 4 */
+void tern__join_weights(tern_model *m, tern_tensor *const *w, int k);
 /* Expert stack [E, out, in]. */
 tern_status tern__load_stack(tern_model *m, tern_weights *ws, const char *name, int64_t E, int64_t out,
                              int64_t in, tern_tensor *t, tern_error *err);
@@ -318,15 +321,15 @@ static inline void tern__norm_rope_kv_write(tern_model *m, const tern_kv_layer *
     tern__rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale);
 }
 /* xn = rmsnorm(x)·nw, q|k|v = xn·{wq, wk, wv}ᵀ, then rope_kv_write: one launch for a decode row when the backend
- * can (ops.h norm_qkv_rope_kv), else norm_matmul + rope_kv_write; bitwise the same */
+ * can (ops.h norm_qkv_rope_kv; bitwise the same), for many rows one GEMM over joined weights where the backend
+ * has that path (the CUDA bf16 mode under TERN_CUDA_QKV_ONE), else norm_matmul + rope_kv_write */
 static inline void tern__norm_qkv_rope_kv(tern_model *m, float *xn, const float *x, const float *nw, float eps,
                                           float *q, float *k, float *v, const tern_tensor *wq, const tern_tensor *wk,
                                           const tern_tensor *wv, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                                           const float *inv_freq, float mscale) {
     const tern_backend_vt *op = m->be->vt;
     const tern_tensor *const ws[3] = {wq, wk, wv};
-    if (op->norm_qkv_rope_kv && rows->n == 1 &&
-        op->norm_qkv_rope_kv(m->be, xn, x, nw, eps, q, k, v, ws, kv, rows, nh, inv_freq, mscale))
+    if (op->norm_qkv_rope_kv && op->norm_qkv_rope_kv(m->be, xn, x, nw, eps, q, k, v, ws, kv, rows, nh, inv_freq, mscale))
         return;
     tern__norm_matmul_qkv(m, xn, x, nw, eps, rows->n, q, k, v, wq, wk, wv);
     tern__rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale);

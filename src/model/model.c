@@ -103,6 +103,20 @@ tern_status tern__load_matrix(tern_model *m, tern_weights *ws, const char *name,
     return s ? s : upload(m, t, name, err);
 }
 
+void tern__join_weights(tern_model *m, tern_tensor *const *w, int k) {
+    if (!m->be->vt->join_weights || k < 2 || k > 4) return;
+    const void *old[4];
+    for (int i = 0; i < k; i++) old[i] = w[i]->data;
+    if (!m->be->vt->join_weights(m->be, w, k)) return;
+    for (int j = 0; j < m->n_weights; j++) /* the copies model close frees: the new places, and who owns them */
+        for (int i = 0; i < k; i++)
+            if (m->weights[j]->data == old[i]) {
+                m->weights[j]->data = w[i]->data;
+                m->weights[j]->joined = w[i]->joined;
+                break;
+            }
+}
+
 tern_status tern__load_stack(tern_model *m, tern_weights *ws, const char *name, int64_t E, int64_t out,
                              int64_t in, tern_tensor *t, tern_error *err) {
     int64_t shape[3] = {E, out, in};

@@ -373,8 +373,10 @@ typedef struct tern_backend_vt {
 
     /* The pre-normed q|k|v projection with rope_kv_write after it (appended; optional): norm_matmul(xn, x, nw,
      * eps, rows->n, 3, {q, k, v}, w, -1, NULL), then rope_kv_write(kv, rows, q, k, v, nh, inv_freq, mscale):
-     * bitwise those ops. 0 = not done (src/model/internal.h tern__norm_qkv_rope_kv runs them). The CUDA
-     * backend folds the rope and the cache stores into the one-row GEMV's epilogue. */
+     * bitwise those ops for one row. 0 = not done (src/model/internal.h tern__norm_qkv_rope_kv runs them). The CUDA
+     * backend folds the rope and the cache stores into the one-row GEMV's epilogue; for many rows in the plain bf16
+     * mode, with q|k|v joined (join_weights, TERN_CUDA_QKV_ONE), it runs one GEMM over the three and ropes from its
+     * rows (the bf16 mode's bound, not bitwise). */
     int (*norm_qkv_rope_kv)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
                             float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
                             const tern_rows *rows, int nh, const float *inv_freq, float mscale);
@@ -395,6 +397,12 @@ typedef struct tern_backend_vt {
      * opens on the backend, before any step or graph; buffers only grow. Non-zero status (TERN_ENOMEM with the
      * sizes) when the device cannot hold them; the backend keeps its old buffers then. */
     tern_status (*reserve_rows)(tern_backend *be, int rows, tern_error *err);
+    /* Weights consumed together (appended; optional): w[0..k) uploaded 2-D matrices of one dtype and one `in`, moved
+     * into one allocation back to back (w[i + 1]'s data right after w[i]'s rows) so that one GEMM can read them as a
+     * single [Σ out, in] matrix; w[1..k) get `joined` = 1 and w[0] owns the bytes (free it after the others). Values
+     * unchanged. 1 when joined, 0 when not (nothing changed). CUDA: q|k|v of the llama family under
+     * TERN_CUDA_QKV_ONE (norm_qkv_rope_kv for many rows as one GEMM). */
+    int (*join_weights)(tern_backend *be, tern_tensor *const *w, int k);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

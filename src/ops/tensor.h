@@ -76,6 +76,9 @@ typedef struct tern_tensor {
      * indexer). The CUDA bf16 mode keeps these f32-accurate (x split in hi + lo) when the others
      * run plain bf16 (`--compute bf16`, src/backend/cuda/gemm.c); 0 everywhere else */
     int precise;
+    /* (appended) 1: data lies inside another tensor's allocation (vt join_weights put it there); free_weight leaves
+     * the bytes to the tensor that owns them (the first of the joined group, freed last by the model) */
+    int joined;
 } tern_tensor;
 
 /* Name ("F32", "BF16", "Q"...) and element size in bytes (0 for TERN_DT_Q). */

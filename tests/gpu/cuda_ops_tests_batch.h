@@ -397,6 +397,107 @@ TEST(cuda_norm_mlp) {
     tern__cuda_bf16_split = 1;
 }
 
+/* q|k|v as one matrix for many rows (TERN_CUDA_QKV_ONE, forced here): join_weights puts k and v right after q, then
+ * norm_qkv_rope_kv (one GEMM + rope_kv_rows) against norm_matmul + rope_kv_write on the same backend: xn bitwise,
+ * q / k / v within 1e-4 (the same exact bf16 products summed in another order), the BF16 K / V pages within 1e-3;
+ * rows of one sequence over a block table with a hole (nothing written there), 16 / 64 / 100 rows; off: refused */
+TEST(cuda_qkv_one) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_qkv_rope_kv || !g->vt->join_weights) { SKIP("cuda_qkv_one", "no bf16-mode backend"); return; }
+    extern int tern__cuda_qkv_one_on;
+    const int keep = tern__cuda_qkv_one_on;
+    tern__cuda_bf16_split = 0;
+    tern__cuda_qkv_one_on = 1;
+    const int H = 512, nh = 8, nkv = 2, d = 64, bs = 16, mb = 8;
+    const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d, pool = (size_t)mb * bs * nkv * d;
+    hw h[3];
+    tern_tensor t[3];
+    tern_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        h[i] = make_w(TERN_DT_BF16, 0, 0, 0, 1, i ? (int)nk : (int)nq, H, 0);
+        t[i] = h[i].t;
+        CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+    }
+    tern_tensor *tj[3] = {&t[0], &t[1], &t[2]};
+    CHECK(g->vt->join_weights(g, tj, 3) == 1, "join_weights refused");
+    CHECK((const uint8_t *)t[1].data == (const uint8_t *)t[0].data + nq * H * 2 &&
+              (const uint8_t *)t[2].data == (const uint8_t *)t[1].data + nk * H * 2 && t[1].joined && t[2].joined && !t[0].joined,
+          "joined layout");
+    const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+    static const int ns[] = {16, 64, 100};
+    float *kh = rnd(pool, 1.0f), *inv = rnd(d / 2, 0.5f), *nw = rnd(H, 1.5f);
+    int32_t bt[8];
+    for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
+    bt[1] = -1; /* not resident: those rows write no cache */
+    void *btd = to_gpu(bt, sizeof bt), *invd = to_gpu(inv, (size_t)d / 2 * 4), *nwd = to_gpu(nw, (size_t)H * 4);
+    uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
+    float *fa = malloc(pool * 4), *fb = malloc(pool * 4);
+    for (size_t ni = 0; ni < TERN_ARRAY_LEN(ns); ni++) {
+        const int n = ns[ni];
+        int32_t *pos = malloc((size_t)n * 4), *slot = calloc((size_t)n, 4);
+        for (int r = 0; r < n; r++) pos[r] = 3 + r % (mb * bs - 3); /* wraps over the table, hole included */
+        float *x = rnd((size_t)n * H, 2.0f);
+        void *xd = to_gpu(x, (size_t)n * H * 4), *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
+        tern_rows rows = {n, pd, sd, pos, slot};
+        tern_kv_layer kv[2];
+        float *xn[2], *q[2], *k[2], *v[2];
+        for (int i = 0; i < 2; i++) {
+            kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(kh, pool * 2), to_gpu(kh, pool * 2), btd, mb};
+            kv[i].kf.kind = kv[i].vf.kind = TERN_KV_BF16;
+            xn[i] = nan_buf(g, (size_t)n * H);
+            q[i] = nan_buf(g, (size_t)n * nq);
+            k[i] = nan_buf(g, (size_t)n * nk);
+            v[i] = nan_buf(g, (size_t)n * nk);
+        }
+        CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows, nh, invd, 1.25f) == 1,
+              "n %d: norm_qkv_rope_kv refused", n);
+        float *ys[3] = {q[1], k[1], v[1]};
+        CHECK(g->vt->norm_matmul(g, xn[1], xd, nwd, 1e-6f, n, 3, ys, ws, -1, NULL) == 1, "n %d: norm_matmul refused", n);
+        CHECK(g->vt->rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f) == 1, "rope_kv_write refused");
+        const struct { float *a, *b; size_t len; const char *what; } cmp[] = {
+            {q[0], q[1], (size_t)n * nq, "q"}, {k[0], k[1], (size_t)n * nk, "k"}, {v[0], v[1], (size_t)n * nk, "v"}};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
+            float *a = from_gpu(g, cmp[i].a, cmp[i].len), *b = from_gpu(g, cmp[i].b, cmp[i].len);
+            double dm;
+            const double rel = bt_diff(a, b, cmp[i].len, &dm);
+            printf("  err qkv_one n=%d %s vs norm_matmul + rope_kv_write %.2e (max %.2e)\n", n, cmp[i].what, rel, dm);
+            CHECK(rel <= 1e-4, "n %d %s: rel %.3e", n, cmp[i].what, rel);
+            free(a); free(b);
+        }
+        float *na = from_gpu(g, xn[0], (size_t)n * H), *nb = from_gpu(g, xn[1], (size_t)n * H);
+        CHECK(!memcmp(na, nb, (size_t)n * H * 4), "n %d: xn differs", n);
+        free(na); free(nb);
+        for (int p = 0; p < 2; p++) { /* the K then the V pages */
+            g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
+            g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
+            for (size_t i = 0; i < pool; i++) { fa[i] = tern_bf16_to_f32(pa[i]); fb[i] = tern_bf16_to_f32(pb[i]); }
+            double dm;
+            const double rel = bt_diff(fa, fb, pool, &dm);
+            printf("  err qkv_one n=%d %s pages %.2e (max %.2e)\n", n, p ? "v" : "k", rel, dm);
+            CHECK(rel <= 1e-3, "n %d %s pages: rel %.3e", n, p ? "v" : "k", rel);
+        }
+        if (ni == 0) { /* off: refused, the caller runs the separate ops */
+            tern__cuda_qkv_one_on = 0;
+            CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows, nh, invd, 1.25f) == 0,
+                  "off: should refuse");
+            tern__cuda_qkv_one_on = 1;
+        }
+        for (int i = 0; i < 2; i++) {
+            void *b[] = {kv[i].k, kv[i].v, xn[i], q[i], k[i], v[i]};
+            for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+        }
+        void *b[] = {xd, pd, sd};
+        for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+        free(pos); free(slot); free(x);
+    }
+    void *b[] = {btd, invd, nwd};
+    for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+    for (int i = 2; i >= 0; i--) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); } /* q, the owner, last */
+    free(kh); free(inv); free(nw); free(pa); free(pb); free(fa); free(fb);
+    tern__cuda_qkv_one_on = keep;
+    tern__cuda_bf16_split = 1;
+}
+
 /* the residual prologue for many rows (gemm.c norm_stage, TERN_CUDA_NORM_RES_N): norm_matmul (q|k|v with q
  * precise: the split form; gate|up SiLU) and norm_mlp with res against the same ops without it on x' =
  * rmsnorm_add(x, h): x', xn and y bitwise (the same GEMMs on the same bytes); x left as is. 300 rows. */
@@ -468,6 +569,7 @@ TEST(cuda_norm_gemm_res) {
 static void cuda_batch_tests(void) {
     RUN(cuda_norm_gemm_res);
     RUN(cuda_norm_mlp);
+    RUN(cuda_qkv_one);
     RUN(cuda_norm_gemm_split);
     RUN(cuda_batch_fused);
     RUN(cuda_norm_gemm);

@@ -17,7 +17,7 @@
  * as split-bf16 (hi + lo pairs, f32 accumulation, f32-like bound; see gemm.c).
  * Step graphs and the asynchronous small-upload ring live in graph.c (vt->graph_*).
  */
-#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/gemm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -273,9 +273,50 @@ static tern_status be_upload_weight(tern_backend *be, tern_tensor *t, tern_error
 static void be_free_weight(tern_backend *be, tern_tensor *t) {
     if (!t || t->device < 0 || !t->data) return;
     cudaSetDevice(C(be)->device);
-    cudaFree((void *)t->data);
+    if (!t->joined) cudaFree((void *)t->data); /* joined: the group's first tensor owns the bytes */
     t->data = t->scales = t->biases = NULL;
     t->device = -1;
+    t->joined = 0;
+}
+
+/* ops.h join_weights: 2-D BF16 / F16 / F32 matrices of one `in` (no scales, no expert map) copied into one allocation
+ * back to back, every offset a multiple of 256 bytes (each matrix keeps the alignment the GEMM paths want); the old
+ * allocations freed. Only under TERN_CUDA_QKV_ONE (gemm.c tern__cuda_qkv_one), the path that reads them as one. */
+static int be_join_weights(tern_backend *be, tern_tensor *const *w, int k) {
+    tern__cuda *c = C(be);
+    if (!tern__cuda_qkv_one() || k < 2 || k > 4) return 0;
+    size_t off[5] = {0};
+    for (int i = 0; i < k; i++) {
+        const tern_tensor *t = w[i];
+        if (!t || t->device < 0 || !t->data || t->joined || t->ndim != 2 || t->scales || t->mat_map ||
+            (t->dtype != TERN_DT_BF16 && t->dtype != TERN_DT_F16 && t->dtype != TERN_DT_F32) || t->dtype != w[0]->dtype ||
+            t->shape[1] != w[0]->shape[1])
+            return 0;
+        const size_t bytes = (size_t)t->shape[0] * (size_t)t->shape[1] * tern_dtype_size(t->dtype);
+        if (bytes % 256) return 0;
+        off[i + 1] = off[i] + bytes;
+    }
+    cudaSetDevice(c->device);
+    uint8_t *d = NULL;
+    if (cudaMalloc((void **)&d, off[k]) != cudaSuccess) {
+        cudaGetLastError();
+        return 0; /* no room for the copy: they stay apart */
+    }
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < k && e == cudaSuccess; i++)
+        e = cudaMemcpyAsync(d + off[i], w[i]->data, off[i + 1] - off[i], cudaMemcpyDeviceToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(d);
+        return 0;
+    }
+    for (int i = 0; i < k; i++) {
+        cudaFree((void *)w[i]->data);
+        w[i]->data = d + off[i];
+        w[i]->joined = i > 0;
+    }
+    return 1;
 }
 
 /* ---- ops: thin forwards ---- */
@@ -492,6 +533,7 @@ static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     const tern__cuda_w *pv[3];
     float *const y[3] = {q, k, v};
     if (!wviews(w, 3, wv, pv)) return 0;
+    if (rows->n > 1) return tern__cuda_gemm_qkv_rope(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
     return tern__cuda_norm_qkv_rope_kv(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
 }
 static int be_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
@@ -556,6 +598,7 @@ static const tern_backend_vt k_cuda_vt = {
     .sync = be_sync,
     .upload_weight = be_upload_weight,
     .free_weight = be_free_weight,
+    .join_weights = be_join_weights,
     .matmul = be_matmul,
     .matmul_expert = be_matmul_expert,
     .embed = be_embed,

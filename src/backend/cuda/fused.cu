@@ -92,6 +92,70 @@ extern "C" int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, 
     return 1;
 }
 
+/* rope_kv_write over q|k|v read from the rows of one GEMM's output (src [n][ld]: nh q heads, nkv k heads, nkv v heads
+ * of d each; gemm.c tern__cuda_gemm_qkv_rope): one thread per rotated pair as rope_kv_kernel, the same arithmetic;
+ * roped q and k and the copied v go to q, k, v [n][heads·d], k and v also to the cache */
+template <typename T>
+__global__ void rope_kv_rows_kernel(const float *src, int ld, float *q, float *k, float *v, int n, int nh, int nkv, int d,
+                                    const int32_t *pos, const int32_t *slot, const float *inv_freq, float mscale,
+                                    T *kpool, T *vpool, const int32_t *bt, int max_blocks, int bs) {
+    pdl_start();
+    const int half = d / 2, nt = nh + nkv;
+    const size_t total = (size_t)n * nt * half;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)(t % half);
+        const size_t rh = t / half;
+        const int r = (int)(rh / nt), h = (int)(rh % nt);
+        const bool isk = h >= nh;
+        const float *x = src + (size_t)r * ld + (size_t)h * d; /* q heads then k heads: head h at h·d */
+        float *o = isk ? k + ((size_t)r * nkv + (h - nh)) * d : q + ((size_t)r * nh + h) * d;
+        const float f = inv_freq[i];
+        float x0 = x[i], x1 = x[i + half];
+        rope_pair(x0, x1, pos[r], f);
+        x0 *= mscale;
+        x1 *= mscale;
+        o[i] = x0;
+        o[i + half] = x1;
+        if (!isk) continue;
+        const size_t within = (size_t)(h - nh) * d;
+        const float *vs = src + (size_t)r * ld + (size_t)(nh + nkv) * d + within;
+        float *vo = v + (size_t)r * nkv * d + within;
+        const float v0 = vs[i], v1 = vs[i + half];
+        vo[i] = v0;
+        vo[i + half] = v1;
+        const int p = pos[r], sl = slot[r];
+        if (p < 0 || p / bs >= max_blocks) continue;
+        const int blk = bt[(size_t)sl * max_blocks + p / bs];
+        if (blk < 0) continue;
+        const size_t dst = ((size_t)blk * bs + p % bs) * nkv * d + within;
+        kv_put(kpool + dst + i, x0);
+        kv_put(kpool + dst + i + half, x1);
+        kv_put(vpool + dst + i, v0);
+        kv_put(vpool + dst + i + half, v1);
+    }
+}
+
+extern "C" int tern__cuda_rope_kv_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src,
+                                       int ld, float *q, float *k, float *v, int nh, const float *inv_freq, float mscale) {
+    const int kind = kv->kf.kind;
+    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
+        kv->head_dim % 2)
+        return 0;
+    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    const size_t total = (size_t)n * (nh + nkv) * (d / 2);
+    if (!total) return 1;
+    cudaSetDevice(c->device);
+    size_t b = (total + 255) / 256;
+    const unsigned grid = (unsigned)(b > 65535 * 8 ? 65535 * 8 : b);
+    by_page_kind(kind, [&](auto tag) {
+        using T = decltype(tag);
+        tern_launch(c->stream, rope_kv_rows_kernel<T>, grid, 256, 0, src, ld, q, k, v, n, nh, nkv, d, rows->pos, rows->slot,
+                    inv_freq, mscale, (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks, kv->block_size);
+    });
+    tern__cuda_check(c, "rope_kv_rows");
+    return 1;
+}
+
 /* Gemma 4's head norms + rope + cache stores: blocks [n][nh + nkv]; q head blocks norm + rope q, kv head
  * blocks norm + rope k, norm v, and store both. Shared: d floats. */
 struct NrkArgs {

@@ -32,7 +32,7 @@
  * in gemv.cu) multiplies BF16/F16/Q weights in their stored format on tensor cores with the same
  * split-bf16 contract, up to the row counts where this path's cuBLASLt GEMMs win (its header).
  */
-#include "backend/cuda/lt.h"
+#include "backend/cuda/gemm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -569,6 +569,42 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
     cudaSetDevice(c->device);
     norm_stage(c, xn, c->gemm_scratch, NULL, x, n, in, nw, eps, res);
     return pair ? gemm_glu_run(c, y[0], n, xb, w[0], w[1], act) : gemm_n_run(c, k, y, n, w);
+}
+
+/* ---- q|k|v as one matrix for many rows (TERN_CUDA_QKV_ONE, opt-in, written in session 26 without a GPU) ----
+ * bench_cuda --ltsweep (NOTES (am)) timed llama3-8b's q|k|v as one 6144x4096 cuBLASLt GEMM at 17.7 µs for 64 rows,
+ * against 24.3 on sgemm.cu (the default) and 22.6 as the q GEMM + the k|v strided batch. The weights are joined at
+ * load (vt join_weights: adjacent rows), so the three are one [Σ out, in] matrix; its outputs land in gemm_scratch as
+ * rows [q | k | v] and rope_kv_rows (fused.cu) ropes q and k from there, stores k and v in the cache and writes
+ * q, k, v where the separate ops would. Numerics: the plain bf16 mode's GEMM (another summation order than
+ * sgemm.cu's: the bf16 bound, not bitwise); xn and its bf16 copy are the pre-norm kernel's, as before. */
+int tern__cuda_qkv_one_on = -1; /* -1 until read (tests set 1) */
+int tern__cuda_qkv_one(void) {
+    if (tern__cuda_qkv_one_on < 0) tern__cuda_qkv_one_on = tern__cuda_env_int("TERN_CUDA_QKV_ONE", 0) != 0;
+    return tern__cuda_qkv_one_on;
+}
+
+int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
+                             const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                             const float *inv_freq, float mscale) {
+    const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv, kind = kv->kf.kind;
+    if (!tern__cuda_qkv_one() || n < 2 || xn == x || ((uintptr_t)xn & 15)) return 0;
+    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
+        d % 2 || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d)
+        return 0;
+    for (int i = 0; i < 3; i++) /* plain bf16 GEMMs over BF16 weights, adjacent rows */
+        if (!plain_gemm_ok(c, w[i], n) || w[i]->nmat > 1 || w[i]->in != in ||
+            (i && (const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->out * in * 2))
+            return 0;
+    const int M = w[0]->out + w[1]->out + w[2]->out;
+    const size_t cb = (size_t)n * M * sizeof(float), xb = staged_bytes(c, n, in, cb);
+    if (!xb) return 0;
+    cudaSetDevice(c->device);
+    float *cs = (float *)((uint8_t *)c->gemm_scratch + xb);
+    norm_stage(c, xn, c->gemm_scratch, NULL, x, n, in, nw, eps, NULL);
+    if (lt_gemm(c, cs, M, w[0]->data, c->gemm_scratch, M, n, in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 0.0f) != TERN_OK)
+        return 0; /* the caller runs norm_matmul + rope_kv_write (xn is rmsnorm's already) */
+    return tern__cuda_rope_kv_rows(c, kv, rows, cs, M, y[0], y[1], y[2], nh, inv_freq, mscale);
 }
 
 int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {

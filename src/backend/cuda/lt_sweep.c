@@ -9,7 +9,7 @@
  * split-K and its reduction, swizzle, custom option, cluster shape) — what a per-shape rule in gemm.c would pin.
  * Diagnostic only: no engine path calls it.
  */
-#include "backend/cuda/lt.h"
+#include "backend/cuda/gemm.h"
 
 #include <stdint.h>
 #include <stdio.h>
