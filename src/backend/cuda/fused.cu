@@ -36,10 +36,14 @@ template <class F> static void by_page_kind(int kind, F &&f) {
     else f(__half{});
 }
 
-template <typename T>
+/* ROWS = false: q and k roped in place, v read from v (rope_kv_write). ROWS = true: q|k|v read from the rows of one
+ * GEMM's output (src [n][ld]: nh q heads, nkv k heads, nkv v heads of d; gemm.c tern__cuda_gemm_qkv_rope), roped q and
+ * k written to q and k, v copied to vout; both store k and v into the cache with the same arithmetic */
+template <typename T, bool ROWS>
 __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh, int nkv, int d,
                                const int32_t *pos, const int32_t *slot, const float *inv_freq, float mscale,
-                               T *kpool, T *vpool, const int32_t *bt, int max_blocks, int bs) {
+                               T *kpool, T *vpool, const int32_t *bt, int max_blocks, int bs, const float *src, int ld,
+                               float *vout) {
     pdl_start();
     const int half = d / 2, nt = nh + nkv;
     const size_t total = (size_t)n * nt * half;
@@ -48,67 +52,8 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh
         const size_t rh = t / half;
         const int r = (int)(rh / nt), h = (int)(rh % nt);
         const bool isk = h >= nh;
-        float *x = isk ? k + ((size_t)r * nkv + (h - nh)) * d : q + ((size_t)r * nh + h) * d;
-        const float f = inv_freq[i];
-        float x0 = x[i], x1 = x[i + half];
-        rope_pair(x0, x1, pos[r], f);
-        x0 *= mscale;
-        x1 *= mscale;
-        x[i] = x0;
-        x[i + half] = x1;
-        if (!isk) continue;
-        const int p = pos[r], sl = slot[r];
-        if (p < 0 || p / bs >= max_blocks) continue;
-        const int blk = bt[(size_t)sl * max_blocks + p / bs];
-        if (blk < 0) continue;
-        const size_t within = (size_t)(h - nh) * d, dst = ((size_t)blk * bs + p % bs) * nkv * d + within;
-        const float *vr = v + (size_t)r * nkv * d + within;
-        kv_put(kpool + dst + i, x0);
-        kv_put(kpool + dst + i + half, x1);
-        kv_put(vpool + dst + i, vr[i]);
-        kv_put(vpool + dst + i + half, vr[i + half]);
-    }
-}
-
-extern "C" int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
-                                        float *k, const float *v, int nh, const int32_t *pos, const float *inv_freq,
-                                        float mscale) {
-    const int kind = kv->kf.kind;
-    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
-        kv->head_dim % 2)
-        return 0;
-    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
-    const size_t total = (size_t)n * (nh + nkv) * (d / 2);
-    if (!total) return 1;
-    cudaSetDevice(c->device);
-    size_t b = (total + 255) / 256;
-    const unsigned grid = (unsigned)(b > 65535 * 8 ? 65535 * 8 : b);
-    by_page_kind(kind, [&](auto tag) {
-        using T = decltype(tag);
-        tern_launch(c->stream, rope_kv_kernel<T>, grid, 256, 0, q, k, v, n, nh, nkv, d, pos, rows->slot, inv_freq, mscale,
-                    (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks, kv->block_size);
-    });
-    tern__cuda_check(c, "rope_kv_write");
-    return 1;
-}
-
-/* rope_kv_write over q|k|v read from the rows of one GEMM's output (src [n][ld]: nh q heads, nkv k heads, nkv v heads
- * of d each; gemm.c tern__cuda_gemm_qkv_rope): one thread per rotated pair as rope_kv_kernel, the same arithmetic;
- * roped q and k and the copied v go to q, k, v [n][heads·d], k and v also to the cache */
-template <typename T>
-__global__ void rope_kv_rows_kernel(const float *src, int ld, float *q, float *k, float *v, int n, int nh, int nkv, int d,
-                                    const int32_t *pos, const int32_t *slot, const float *inv_freq, float mscale,
-                                    T *kpool, T *vpool, const int32_t *bt, int max_blocks, int bs) {
-    pdl_start();
-    const int half = d / 2, nt = nh + nkv;
-    const size_t total = (size_t)n * nt * half;
-    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
-        const int i = (int)(t % half);
-        const size_t rh = t / half;
-        const int r = (int)(rh / nt), h = (int)(rh % nt);
-        const bool isk = h >= nh;
-        const float *x = src + (size_t)r * ld + (size_t)h * d; /* q heads then k heads: head h at h·d */
         float *o = isk ? k + ((size_t)r * nkv + (h - nh)) * d : q + ((size_t)r * nh + h) * d;
+        const float *x = ROWS ? src + (size_t)r * ld + (size_t)h * d : o; /* q heads then k heads: head h at h·d */
         const float f = inv_freq[i];
         float x0 = x[i], x1 = x[i + half];
         rope_pair(x0, x1, pos[r], f);
@@ -118,11 +63,11 @@ __global__ void rope_kv_rows_kernel(const float *src, int ld, float *q, float *k
         o[i + half] = x1;
         if (!isk) continue;
         const size_t within = (size_t)(h - nh) * d;
-        const float *vs = src + (size_t)r * ld + (size_t)(nh + nkv) * d + within;
-        float *vo = v + (size_t)r * nkv * d + within;
-        const float v0 = vs[i], v1 = vs[i + half];
-        vo[i] = v0;
-        vo[i + half] = v1;
+        const float *vr = ROWS ? src + (size_t)r * ld + (size_t)(nh + nkv) * d + within : v + (size_t)r * nkv * d + within;
+        if constexpr (ROWS) {
+            vout[(size_t)r * nkv * d + within + i] = vr[i];
+            vout[(size_t)r * nkv * d + within + i + half] = vr[i + half];
+        }
         const int p = pos[r], sl = slot[r];
         if (p < 0 || p / bs >= max_blocks) continue;
         const int blk = bt[(size_t)sl * max_blocks + p / bs];
@@ -130,30 +75,48 @@ __global__ void rope_kv_rows_kernel(const float *src, int ld, float *q, float *k
         const size_t dst = ((size_t)blk * bs + p % bs) * nkv * d + within;
         kv_put(kpool + dst + i, x0);
         kv_put(kpool + dst + i + half, x1);
-        kv_put(vpool + dst + i, v0);
-        kv_put(vpool + dst + i + half, v1);
+        kv_put(vpool + dst + i, vr[i]);
+        kv_put(vpool + dst + i + half, vr[i + half]);
     }
 }
 
-extern "C" int tern__cuda_rope_kv_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src,
-                                       int ld, float *q, float *k, float *v, int nh, const float *inv_freq, float mscale) {
-    const int kind = kv->kf.kind;
-    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
-        kv->head_dim % 2)
+/* one rope_kv_kernel launch (a thread per rotated pair, 256 a block): in place (src NULL: q, k roped in place, v read)
+ * or from the rows of src (ld floats each; q, k, v written). 0 when the pages are a kind it does not serve */
+static int rope_launch(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const int32_t *pos, float *q,
+                       float *k, float *v, const float *src, int ld, int nh, const float *inv_freq, float mscale) {
+    const int kind = kv->kf.kind, n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent || d % 2)
         return 0;
-    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
     const size_t total = (size_t)n * (nh + nkv) * (d / 2);
     if (!total) return 1;
     cudaSetDevice(c->device);
-    size_t b = (total + 255) / 256;
+    const size_t b = (total + 255) / 256;
     const unsigned grid = (unsigned)(b > 65535 * 8 ? 65535 * 8 : b);
     by_page_kind(kind, [&](auto tag) {
         using T = decltype(tag);
-        tern_launch(c->stream, rope_kv_rows_kernel<T>, grid, 256, 0, src, ld, q, k, v, n, nh, nkv, d, rows->pos, rows->slot,
-                    inv_freq, mscale, (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks, kv->block_size);
+        if (src)
+            tern_launch(c->stream, rope_kv_kernel<T, true>, grid, 256, 0, q, k, (const float *)nullptr, n, nh, nkv, d, pos,
+                        rows->slot, inv_freq, mscale, (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks,
+                        kv->block_size, src, ld, v);
+        else
+            tern_launch(c->stream, rope_kv_kernel<T, false>, grid, 256, 0, q, k, (const float *)v, n, nh, nkv, d, pos,
+                        rows->slot, inv_freq, mscale, (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks,
+                        kv->block_size, (const float *)nullptr, 0, (float *)nullptr);
     });
-    tern__cuda_check(c, "rope_kv_rows");
+    tern__cuda_check(c, src ? "rope_kv_rows" : "rope_kv_write");
     return 1;
+}
+
+extern "C" int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
+                                        float *k, const float *v, int nh, const int32_t *pos, const float *inv_freq,
+                                        float mscale) {
+    return rope_launch(c, kv, rows, pos, q, k, (float *)v, NULL, 0, nh, inv_freq, mscale); /* v is only read here */
+}
+
+/* rope_kv_write over q|k|v read from the rows of one GEMM's output (gemm.c tern__cuda_gemm_qkv_rope) */
+extern "C" int tern__cuda_rope_kv_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src,
+                                       int ld, float *q, float *k, float *v, int nh, const float *inv_freq, float mscale) {
+    return rope_launch(c, kv, rows, rows->pos, q, k, v, src, ld, nh, inv_freq, mscale);
 }
 
 /* Gemma 4's head norms + rope + cache stores: blocks [n][nh + nkv]; q head blocks norm + rope q, kv head
