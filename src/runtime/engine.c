@@ -200,10 +200,11 @@ static tern_status size_kv(tern_engine *e, const tern_engine_opts *o, const tern
     tern_experts_get_stats(tern_model_experts(e->m), &xs);
     size_t stored = (size_t)xs.n_layers * (size_t)xs.n_expert * xs.expert_bytes;
     if (xs.n_layers) w = (w > stored ? w - stored : 0) + xs.slot_bytes;
+    const int gpu = e->be && e->be->device >= 0;
     tern_fit_opts fo = {.ctx = o->max_ctx, .max_concurrency = o->max_concurrency, .max_batch_tokens = o->max_batch_tokens,
                         .budget_gb = o->memory_budget_gb,
-                        .device_fixed = e->be && e->be->device >= 0 ? tern_backend_cuda_fixed_bytes(o->max_batch_tokens) : 0,
-                        .device_context = e->be && e->be->device >= 0 ? tern_backend_cuda_context_bytes() : 0};
+                        .device_fixed = gpu ? tern_backend_cuda_fixed_bytes(o->max_batch_tokens) : 0,
+                        .device_context = gpu ? tern_backend_cuda_context_bytes() : 0};
     tern_fit f;
     tern_status st = tern_fit_plan(c, fmt, w, &fo, &f, err);
     if (st) return st;

@@ -286,6 +286,13 @@ int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float *x, const 
                                 const float *inv_freq, float mscale);
 int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                              const float *v, int nh, const int32_t *pos, const float *inv_freq, float mscale);
+/* the KV pages the rope + cache-store kernels serve (rope_kv_write and the launches that fold it in): F32 / BF16 / F16,
+ * K and V of one kind, not latent, an even head dim */
+static inline int tern__cuda_rope_pages(const tern_kv_layer *kv) {
+    const int kind = kv->kf.kind;
+    return (kind == TERN_KV_F32 || kind == TERN_KV_BF16 || kind == TERN_KV_F16) && kv->vf.kind == kind && !kv->latent &&
+           kv->head_dim % 2 == 0;
+}
 
 /* prof.c: the vtable a backend gets at open — `base` itself, or (TERN_CUDA_FUSED=0) a copy
  * without the fused ops, or (TERN_CUDA_PROFILE=1) a copy whose ops time themselves with

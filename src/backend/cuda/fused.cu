@@ -85,8 +85,7 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh
 static int rope_launch(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const int32_t *pos, float *q,
                        float *k, float *v, const float *src, int ld, int nh, const float *inv_freq, float mscale) {
     const int kind = kv->kf.kind, n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
-    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent || d % 2)
-        return 0;
+    if (!tern__cuda_rope_pages(kv)) return 0;
     const size_t total = (size_t)n * (nh + nkv) * (d / 2);
     if (!total) return 1;
     cudaSetDevice(c->device);
@@ -255,9 +254,7 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
                                              float *k, float *v, int nh, const float *inv_freq, float mscale,
                                              const float *qw, const float *kw, float eps) {
     const int kind = kv->kf.kind;
-    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
-        kv->head_dim % 2 || kv->head_dim > 4096)
-        return 0;
+    if (!tern__cuda_rope_pages(kv) || kv->head_dim > 4096) return 0;
     NrkArgs a = {};
     a.q = q; a.k = k; a.v = v; a.qw = qw; a.kw = kw; a.inv_freq = inv_freq;
     a.pos = rows->pos; a.slot = rows->slot; a.bt = kv->block_table;

@@ -587,11 +587,9 @@ int tern__cuda_qkv_one(void) {
 int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                              const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                              const float *inv_freq, float mscale) {
-    const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv, kind = kv->kf.kind;
+    const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv;
     if (!tern__cuda_qkv_one() || n < 2 || xn == x || ((uintptr_t)xn & 15)) return 0;
-    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
-        d % 2 || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d)
-        return 0;
+    if (!tern__cuda_rope_pages(kv) || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d) return 0;
     for (int i = 0; i < 3; i++) /* plain bf16 GEMMs over BF16 weights, adjacent rows */
         if (!plain_gemm_ok(c, w[i], n) || w[i]->nmat > 1 || w[i]->in != in ||
             (i && (const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->out * in * 2))

@@ -428,9 +428,7 @@ extern "C" int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float
     const int kind = kv->kf.kind, d = kv->head_dim, nkv = kv->n_head_kv, wk = kind_of(w[0]);
     if (!tern__cuda_qkv_rope || rows->n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15))
         return 0;
-    if ((kind != TERN_KV_F32 && kind != TERN_KV_BF16 && kind != TERN_KV_F16) || kv->vf.kind != kind || kv->latent ||
-        d % 2 || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d)
-        return 0;
+    if (!tern__cuda_rope_pages(kv) || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d) return 0;
     const tern__cuda_rope_kv r = {inv_freq, rows->pos, rows->slot, kv->block_table, kv->k, kv->v, mscale, nh, nkv, d,
                                   kv->max_blocks, kv->block_size, kind == TERN_KV_F32 ? 0 : kind == TERN_KV_BF16 ? 1 : 2};
     if (tern__cuda_gemv_mma_serves(c, w, 3, x, G1_PLAIN))

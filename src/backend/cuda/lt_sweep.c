@@ -28,6 +28,17 @@ static unsigned cfg_u(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAtt
     return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : 9999u;
 }
 
+/* launches r0..r1-1 of algorithm al, launch r on copy r % copies of A; 0 at the first that fails */
+static int sweep_run(tern__cuda *c, const tern__cuda_lt_desc *d, const cublasLtMatmulAlgo_t *al, void *y, const void *a,
+                     size_t a_step, int copies, const void *bm, float beta, int r0, int r1) {
+    const float alpha = 1.0f;
+    for (int r = r0; r < r1; r++)
+        if (cublasLtMatmul(c->lt, d->op, &alpha, (const char *)a + (size_t)(r % copies) * a_step, d->la, bm, d->lb, &beta,
+                           y, d->lc, y, d->lc, al, c->lt_ws, TERN_CUDA_LT_WS_BYTES, c->stream) != CUBLAS_STATUS_SUCCESS)
+            return 0;
+    return 1;
+}
+
 void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, int ldc, long long sc,
                          const void *a, size_t a_step, int copies, long long sa, const void *bm, int m, int n, int k,
                          int nb, float beta, double bytes) {
@@ -38,7 +49,6 @@ void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, i
     cudaEvent_t e0 = NULL, e1 = NULL;
     size_t ws = TERN_CUDA_LT_WS_BYTES;
     int got = 0;
-    const float alpha = 1.0f;
     const cudaDataType_t cty = c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     cudaSetDevice(c->device);
     if (tern__cuda_lt_desc_make(&d, cty, ldc, sc, 0, sa, k, 0, m, n, k, nb, CUDA_R_16BF, CUBLAS_COMPUTE_32F) != TERN_OK) {
@@ -54,14 +64,9 @@ void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, i
     const int reps = copies * 4 < 40 ? 40 : copies * 4;
     for (int i = 0; i < got; i++) {
         const cublasLtMatmulAlgo_t *al = &hs[i].algo;
-        int ok = 1;
-        for (int r = 0; r < copies && ok; r++) /* warm-up: one pass over the copies */
-            ok = cublasLtMatmul(c->lt, d.op, &alpha, (const char *)a + (size_t)r * a_step, d.la, bm, d.lb, &beta, y,
-                                d.lc, y, d.lc, al, c->lt_ws, ws, c->stream) == CUBLAS_STATUS_SUCCESS;
+        int ok = sweep_run(c, &d, al, y, a, a_step, copies, bm, beta, 0, copies); /* warm-up: one pass over the copies */
         cudaEventRecord(e0, c->stream);
-        for (int r = 0; r < reps && ok; r++)
-            ok = cublasLtMatmul(c->lt, d.op, &alpha, (const char *)a + (size_t)(r % copies) * a_step, d.la, bm, d.lb,
-                                &beta, y, d.lc, y, d.lc, al, c->lt_ws, ws, c->stream) == CUBLAS_STATUS_SUCCESS;
+        ok = ok && sweep_run(c, &d, al, y, a, a_step, copies, bm, beta, 0, reps);
         cudaEventRecord(e1, c->stream);
         float ms = 0;
         if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
