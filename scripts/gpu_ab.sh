@@ -70,7 +70,7 @@ b1e() {
 }
 # conc_ab "settings;settings" "models" CONC: batch decode (build/concurrency, bf16 compute, 128 + 128) of each
 # model at the concurrencies CONC for every setting (a space-separated list of VAR=value), interleaved, AB_REPS reps
-# (default 2); one line each: concurrency and steady decode tok/s
+# (default 2; AB_CONC overrides CONC); one line each: concurrency and steady decode tok/s
 conc_ab() {
     local sets rep v m tag
     IFS=';' read -ra sets <<< "$1"
@@ -78,7 +78,7 @@ conc_ab() {
         for v in "${sets[@]}"; do
             for m in $2; do
                 tag=$(printf '%s_%s' "$m" "$v" | tr -c 'a-zA-Z0-9.' '_')
-                env $v timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc $3 \
+                env $v timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc "${AB_CONC:-$3}" \
                     --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/conc_${tag}_$rep.txt" 2>&1
                 say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/conc_${tag}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
             done
@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-40 41}"  # 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-42}"  # 41 ran in session 27 (NOTES (an): QKV_ONE won, default now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -551,6 +551,19 @@ if [[ " $SECTIONS " == *" 41 "* ]]; then
     grep 'err qkv_one' "$OUT/qkv41_ops.txt" | head -12 | tee -a "$S"
     on_checks TERN_CUDA_QKV_ONE bf16 "llama3 qwen2"
     conc_ab "TERN_CUDA_QKV_ONE=0;TERN_CUDA_QKV_ONE=1" llama3-8b 16,32,64,128
+fi
+
+# 42. session 27: q|k|v as one matrix is the default from 32 rows (section 41 won on the H100 at 64 / 128: NOTES (an));
+#     TERN_CUDA_QKV_ONE_MIN=9 asks whether it also wins below 32 (against sgemm.cu's one launch), and the attention
+#     handing the o GEMM its bf16 input (ops.h attention_o, TERN_CUDA_ATT_O, default on) against off; b1 with the
+#     joined weights off / on (the GEMVs read the same bytes, now adjacent). Op tests first.
+if [[ " $SECTIONS " == *" 42 "* ]]; then
+    op_test cuda_qkv_one,cuda_attention_o,cuda_attention_decode_tc,cuda_norm_qkv_rope_kv,cuda_batch_fused ops42
+    grep -E 'err (qkv_one|attention_o)' "$OUT/ops42_ops.txt" | head -12 | tee -a "$S"
+    on_checks TERN_CUDA_ATT_O bf16 "llama3 qwen2"
+    b1_ab TERN_CUDA_QKV_ONE "0 1" "llama3-8b"
+    AB_REPS=1 AB_CONC=16,32 conc_ab "TERN_CUDA_QKV_ONE_MIN=32;TERN_CUDA_QKV_ONE_MIN=9" llama3-8b 16,32
+    AB_CONC=64,128 conc_ab "TERN_AB_NONE=1;TERN_CUDA_ATT_O=0;TERN_CUDA_QKV_ONE=0" llama3-8b 64,128
 fi
 
 echo "summary: $S"

@@ -218,6 +218,18 @@ static inline int tern__matmul_add(tern_model *m, float *y, const float *x, int 
     const tern_backend_vt *op = m->be->vt;
     return !op->allreduce_sum && op->matmul_add && op->matmul_add(m->be, y, x, n, w);
 }
+/* y += wo·attention(q) (the attention's output through att): one backend op when it can (ops.h attention_o), else
+ * the attention, then matmul_add, or matmul and the tensor-parallel residual add */
+static inline void tern__attention_o(tern_model *m, float *y, float *att, float *o, const float *q, const tern_rows *rows,
+                                     int nh, const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo) {
+    const tern_backend_vt *op = m->be->vt;
+    if (!op->allreduce_sum && op->attention_o && op->attention_o(m->be, y, att, q, rows, nh, kv, scale, softcap, wo))
+        return;
+    op->attention(m->be, att, q, rows, nh, kv, scale, softcap);
+    if (tern__matmul_add(m, y, att, rows->n, wo)) return;
+    op->matmul(m->be, o, att, rows->n, wo);
+    tern_allreduce_add(m->be, y, o, (size_t)rows->n * wo->shape[0]);
+}
 /* x = (x + rmsnorm(h)·w) · (s ? s[0] : 1): the post-norm residual add (and Gemma 4's layer scalar) in
  * one launch when the backend can; h is scratch afterwards */
 static inline void tern__rmsnorm_add(tern_model *m, float *x, float *h, int rows, int d, const float *w, float eps,

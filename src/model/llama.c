@@ -150,11 +150,8 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             tern__rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, g->inv, g->mscale); /* rope q, k; cache k, v */
         }
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
-        op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
-        if (!tern__matmul_add(m, g->x, g->att, n, &L->wo)) { /* x += o_proj(att) */
-            op->matmul(be, g->o, g->att, n, &L->wo);
-            tern_allreduce_add(be, g->x, g->o, (size_t)n * H); /* tensor parallel: x += sum of the ranks' heads */
-        }
+        /* x += o_proj(attention); tensor parallel: x += the sum of the ranks' heads */
+        tern__attention_o(m, g->x, g->att, g->o, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap, &L->wo);
 
         const tern_tensor *const mw[3] = {&L->gate, &L->up, &L->down};
         if (tern__norm_mlp(m, g->xn, g->x, L->post_norm, eps, n, g->x, 1, mw, TERN_ACT_SILU))

@@ -10,6 +10,7 @@
  * Timing: warm-up, then many asynchronous launches between two sync()s on the host clock.
  * `bench_cuda --qmma`: the MLX Q matmul of qmma.cu vs the older kernels (n = 1..64), then stop.
  * `bench_cuda --ltsweep [n ...]`: every cuBLASLt heuristic answer for llama3-8b's batch-decode GEMMs, then stop.
+ * `bench_cuda --ltsearch [n ...]`: every cuBLASLt configuration for those GEMMs at n rows, timed, with TERN_LT_PIN entries.
  * `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b shapes, moe_mma.cu vs the GEMV pairs, then stop.
  * `bench_cuda --gemm 4096x2816p 2048x2816p ...`: BF16 prefill GEMMs of 2048 rows in the bf16 mode (p: the weight
  * flagged precise, as Gemma 4's q / k), µs and TFLOP/s each, then stop.
@@ -580,6 +581,40 @@ static void bench_ltsweep(int argc, char **argv) {
     g->vt->free(g, y);
 }
 
+/* `bench_cuda --ltsearch [n ...]`: every configuration cuBLASLt accepts (lt_sweep.c tern__cuda_lt_search) for the
+ * plain GEMMs of llama3-8b batch decode that run as one matrix — o and down with beta 1, q|k|v (joined), the head —
+ * at n rows (default 64), the fastest with their TERN_LT_PIN entries */
+void tern__cuda_lt_search(tern__cuda *c, const char *name, void *y, int c_bf16, int ldc, const void *a, size_t a_step,
+                          int copies, const void *bm, int m, int n, int k, float beta, double bytes);
+static void bench_ltsearch(int argc, char **argv) {
+    tern__cuda *c = (tern__cuda *)g->impl;
+    static const struct { const char *name; int m, k; float beta; } sh[] = {
+        {"down 4096x14336 +=", 4096, 14336, 1.0f}, {"o 4096x4096 +=", 4096, 4096, 1.0f},
+        {"q|k|v 6144x4096 (one matrix)", 6144, 4096, 0.0f}, {"head 128256x4096", 128256, 4096, 0.0f}};
+    int ns[16], nn = 0;
+    for (int i = 2; i < argc && nn < 16; i++)
+        if (atoi(argv[i]) > 0) ns[nn++] = atoi(argv[i]);
+    if (!nn) ns[nn++] = 64;
+    int nmax = 0;
+    for (int i = 0; i < nn; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
+    void *x = dev_random((size_t)nmax * 14336 * 2), *y = g->vt->alloc(g, (size_t)nmax * 128256 * 4);
+    const char *only = getenv("LTSEARCH_ONLY"); /* a part of the shape names to search (default: every shape) */
+    for (size_t s = 0; s < sizeof sh / sizeof sh[0] && x && y; s++) {
+        if (only && !strstr(sh[s].name, only)) continue;
+        const size_t wb = (size_t)sh[s].m * sh[s].k * 2;
+        int copies = (int)((400u << 20) / wb + 1);
+        if (copies > 16) copies = 16;
+        void *w = dev_random(wb * copies);
+        if (!w) { printf("ltsearch %s: no memory\n", sh[s].name); continue; }
+        for (int i = 0; i < nn; i++)
+            tern__cuda_lt_search(c, sh[s].name, y, 0, sh[s].m, w, wb, copies, x, sh[s].m, ns[i], sh[s].k, sh[s].beta,
+                                 (double)wb);
+        g->vt->free(g, w);
+    }
+    g->vt->free(g, x);
+    g->vt->free(g, y);
+}
+
 /* `bench_cuda --pattern`: gemv_mma.cu's load pattern alone vs contiguous ones (GB/s of useful bytes) */
 void tern__cuda_mm_probe(tern__cuda *c, const void *w, int rows, int rb, int mode, void *sink);
 static void bench_pattern(int rows, int rb) {
@@ -833,6 +868,10 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--sgemm")) { /* fused decode ops at 9..128 rows: sgemm.cu vs cuBLASLt */
         bench_sgemm();
         tern_backend_close(g);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--ltsearch")) { /* every configuration cuBLASLt accepts, timed */
+        bench_ltsearch(argc, argv);
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "--ltsweep")) { /* cuBLASLt's heuristic answers for batch-decode GEMMs */

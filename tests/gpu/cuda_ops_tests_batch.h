@@ -404,10 +404,12 @@ TEST(cuda_norm_mlp) {
 TEST(cuda_qkv_one) {
     tern_backend *g = g_gpu16;
     if (!g || !g->vt->norm_qkv_rope_kv || !g->vt->join_weights) { SKIP("cuda_qkv_one", "no bf16-mode backend"); return; }
-    extern int tern__cuda_qkv_one_on;
-    const int keep = tern__cuda_qkv_one_on;
+    extern int tern__cuda_qkv_one_on, tern__cuda_qkv_one_min;
+    const int keep = tern__cuda_qkv_one_on, keep_ng = tern__cuda_norm_gemm_on, keep_min = tern__cuda_qkv_one_min;
+    tern__cuda_qkv_one_min = 2;
     tern__cuda_bf16_split = 0;
     tern__cuda_qkv_one_on = 1;
+    tern__cuda_norm_gemm_on = 1; /* the reference's norm_matmul from 2 rows (default: from 32) */
     const int H = 512, nh = 8, nkv = 2, d = 64, bs = 16, mb = 8;
     const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d, pool = (size_t)mb * bs * nkv * d;
     hw h[3];
@@ -426,6 +428,8 @@ TEST(cuda_qkv_one) {
     const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
     static const int ns[] = {16, 64, 100};
     float *kh = rnd(pool, 1.0f), *inv = rnd(d / 2, 0.5f), *nw = rnd(H, 1.5f);
+    uint16_t *khb = malloc(pool * 2); /* the pages' first contents: valid bf16 (no NaN patterns to compare) */
+    for (size_t i = 0; i < pool; i++) khb[i] = tern_f32_to_bf16(kh[i]);
     int32_t bt[8];
     for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
     bt[1] = -1; /* not resident: those rows write no cache */
@@ -442,7 +446,7 @@ TEST(cuda_qkv_one) {
         tern_kv_layer kv[2];
         float *xn[2], *q[2], *k[2], *v[2];
         for (int i = 0; i < 2; i++) {
-            kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(kh, pool * 2), to_gpu(kh, pool * 2), btd, mb};
+            kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(khb, pool * 2), to_gpu(khb, pool * 2), btd, mb};
             kv[i].kf.kind = kv[i].vf.kind = TERN_KV_BF16;
             xn[i] = nan_buf(g, (size_t)n * H);
             q[i] = nan_buf(g, (size_t)n * nq);
@@ -493,8 +497,10 @@ TEST(cuda_qkv_one) {
     void *b[] = {btd, invd, nwd};
     for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
     for (int i = 2; i >= 0; i--) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); } /* q, the owner, last */
-    free(kh); free(inv); free(nw); free(pa); free(pb); free(fa); free(fb);
+    free(kh); free(khb); free(inv); free(nw); free(pa); free(pb); free(fa); free(fb);
     tern__cuda_qkv_one_on = keep;
+    tern__cuda_norm_gemm_on = keep_ng;
+    tern__cuda_qkv_one_min = keep_min;
     tern__cuda_bf16_split = 1;
 }
 
@@ -566,10 +572,78 @@ TEST(cuda_norm_gemm_res) {
     tern__cuda_norm_gemm_on = keep_ng;
 }
 
+/* ops.h attention_o (gemm.c attn_o_begin / _end around the attention): the batch decode attention on tensor cores
+ * (TERN_CUDA_AD_TC forced) writes the o GEMM's bf16 input itself. Against attention + matmul_add on the same backend:
+ * y bitwise (the same bf16 values into the same GEMM), and att left unwritten (NaN) — the handoff happened. 24 and 64
+ * decode rows over BF16 pages with a block table, nh 8, nkv 2, d 128; prefill-shaped rows (a sequence's rows
+ * together) take the flash kernel, which writes f32 and is staged: y bitwise again */
+TEST(cuda_attention_o) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->attention_o) { SKIP("cuda_attention_o", "no bf16-mode backend"); return; }
+    extern int tern__cuda_ad_mode, tern__cuda_ad_tc;
+    const int keep_mode = tern__cuda_ad_mode, keep_tc = tern__cuda_ad_tc;
+    tern__cuda_ad_mode = 1;
+    tern__cuda_ad_tc = 2;
+    tern__cuda_bf16_split = 0;
+    const int nh = 8, nkv = 2, d = 128, H = 256, bs = 16, mb = 16, S = 64;
+    const size_t tok = (size_t)nkv * d, pool = (size_t)S * mb * bs * tok, in = (size_t)nh * d;
+    tern_error err = {0};
+    hw hwo = make_w(TERN_DT_BF16, 0, 0, 0, 1, H, (int)in, 0);
+    tern_tensor wo = hwo.t;
+    CHECK(g->vt->upload_weight(g, &wo, &err) == TERN_OK, "upload %s", err.msg);
+    float *kf = rnd(pool, 1.0f);
+    uint16_t *kb = malloc(pool * 2);
+    for (size_t i = 0; i < pool; i++) kb[i] = tern_f32_to_bf16(kf[i]);
+    int32_t *bt = malloc((size_t)S * mb * 4);
+    for (int i = 0; i < S * mb; i++) bt[i] = (i * 7) % (S * mb); /* 7 is prime to S·mb: a permutation */
+    tern_kv_layer kv = {TERN_DT_Q, nkv, d, bs, 0, to_gpu(kb, pool * 2), to_gpu(kb, pool * 2),
+                       to_gpu(bt, (size_t)S * mb * 4), mb};
+    kv.kf.kind = kv.vf.kind = TERN_KV_BF16;
+    static const struct { int n, prefill; } C[] = {{24, 0}, {64, 0}, {40, 1}};
+    for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++) {
+        const int n = C[ci].n;
+        int32_t *pos = malloc((size_t)n * 4), *slot = malloc((size_t)n * 4);
+        for (int r = 0; r < n; r++) {
+            pos[r] = C[ci].prefill ? 60 + r : 30 + (r * 37) % (mb * bs - 30);
+            slot[r] = C[ci].prefill ? 3 : r;
+        }
+        float *q = rnd((size_t)n * in, 1.0f), *y0 = rnd((size_t)n * H, 1.0f);
+        void *qd = to_gpu(q, (size_t)n * in * 4), *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
+        void *ya = to_gpu(y0, (size_t)n * H * 4), *yb = to_gpu(y0, (size_t)n * H * 4);
+        float *att[2] = {nan_buf(g, (size_t)n * in), nan_buf(g, (size_t)n * in)};
+        tern_rows rows = {n, pd, sd, pos, slot};
+        const float scale = 1.0f / sqrtf((float)d);
+        g->vt->attention(g, att[0], qd, &rows, nh, &kv, scale, 0.0f);
+        CHECK(g->vt->matmul_add(g, ya, att[0], n, &wo) == 1, "n %d: matmul_add refused", n);
+        CHECK(g->vt->attention_o(g, yb, att[1], qd, &rows, nh, &kv, scale, 0.0f, &wo) == 1, "n %d: attention_o refused", n);
+        float *a = from_gpu(g, ya, (size_t)n * H), *b = from_gpu(g, yb, (size_t)n * H), *ab = from_gpu(g, att[1], (size_t)n * in);
+        double dm;
+        const double rel = bt_diff(a, b, (size_t)n * H, &dm);
+        printf("  err attention_o n=%d %s vs attention + matmul_add %.2e (max %.2e)\n", n, C[ci].prefill ? "prefill" : "decode",
+               rel, dm);
+        CHECK(!memcmp(a, b, (size_t)n * H * 4), "n %d: y differs (rel %.2e)", n, rel);
+        CHECK(C[ci].prefill ? !isnan(ab[0]) : isnan(ab[0]) && isnan(ab[(size_t)n * in - 1]),
+              "n %d: att %s", n, C[ci].prefill ? "not written (prefill)" : "written: the bf16 handoff did not happen");
+        free(a); free(b); free(ab);
+        void *fb[] = {qd, pd, sd, ya, yb, att[0], att[1]};
+        for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
+        free(pos); free(slot); free(q); free(y0);
+    }
+    void *fb[] = {kv.k, kv.v, (void *)kv.block_table};
+    for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
+    g->vt->free_weight(g, &wo);
+    free_w(&hwo);
+    free(kf); free(kb); free(bt);
+    tern__cuda_ad_mode = keep_mode;
+    tern__cuda_ad_tc = keep_tc;
+    tern__cuda_bf16_split = 1;
+}
+
 static void cuda_batch_tests(void) {
     RUN(cuda_norm_gemm_res);
     RUN(cuda_norm_mlp);
     RUN(cuda_qkv_one);
+    RUN(cuda_attention_o);
     RUN(cuda_norm_gemm_split);
     RUN(cuda_batch_fused);
     RUN(cuda_norm_gemm);

@@ -633,8 +633,16 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
             return 1;
         }
     }
-    if (hs == 1 && ((ad_tc() && (ad_tc_takes(c, pairs, keys) || ad_tc() == 2) && tern__cuda_attn_decode_tc(c, a, kind)) ||
-                    (ad_1p() && (pairs >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)))) {
+    if (hs == 1 && ad_tc() && (ad_tc_takes(c, pairs, keys) || ad_tc() == 2)) {
+        AdArgs t = a; /* unsplit: every output through ad_warp_merge, so it may go out in bf16 (attention_o) */
+        t.outb = c->att_bf16 && out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->att_bf16 : NULL;
+        if (tern__cuda_attn_decode_tc(c, t, kind)) {
+            c->att_bf16_done = t.outb != NULL;
+            tern__cuda_attn_decode_calls++;
+            return 1;
+        }
+    }
+    if (hs == 1 && ad_1p() && (pairs >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)) {
         tern__cuda_attn_decode_calls++;
         return 1;
     }

@@ -16,6 +16,7 @@
 
 struct AdArgs {
     float *out, *part;
+    __nv_bfloat16 *outb; /* non-null: ad_warp_merge writes the output here in bf16 instead of out (attention_o) */
     const float *q;
     const void *kp, *vp;
     const int32_t *pos, *slot, *bt;
@@ -141,7 +142,10 @@ __device__ __forceinline__ void ad_warp_merge(const AdArgs &a, int r, size_t hea
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < NW; w++) v += red(w, h, i) * cw[w][h];
-        a.out[((size_t)r * a.nh + head0 + h) * D + i] = sl[h] > 0.0f ? v / sl[h] : 0.0f;
+        const size_t at = ((size_t)r * a.nh + head0 + h) * D + i;
+        const float o = sl[h] > 0.0f ? v / sl[h] : 0.0f;
+        if (a.outb) a.outb[at] = __float2bfloat16(o);
+        else a.out[at] = o;
     }
 }
 

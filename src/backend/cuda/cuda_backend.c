@@ -412,6 +412,15 @@ static void be_attention(tern_backend *be, float *out, const float *q, const ter
     if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) tern__cuda_attention_q(C(be), out, q, rows, nh, kv, scale, softcap);
     else tern__cuda_attention(C(be), out, q, rows, nh, kv, scale, softcap);
 }
+static int be_attention_o(tern_backend *be, float *y, float *att, const float *q, const tern_rows *rows, int nh,
+                          const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo) {
+    tern__cuda_w v;
+    if (wo->ndim != 2 || rows->n < 2) return 0;
+    tern__cuda_wview(wo, &v);
+    if (!tern__cuda_attn_o_begin(C(be), y, att, rows->n, nh * kv->head_dim, &v)) return 0;
+    be_attention(be, att, q, rows, nh, kv, scale, softcap);
+    return tern__cuda_attn_o_end(C(be), y, att, rows->n, &v);
+}
 static void be_add(tern_backend *be, float *y, const float *a, const float *b, size_t n) {
     tern__cuda_ew(C(be), TERN__EW_ADD, y, a, b, 0, n);
 }
@@ -599,6 +608,7 @@ static const tern_backend_vt k_cuda_vt = {
     .upload_weight = be_upload_weight,
     .free_weight = be_free_weight,
     .join_weights = be_join_weights,
+    .attention_o = be_attention_o,
     .matmul = be_matmul,
     .matmul_expert = be_matmul_expert,
     .embed = be_embed,

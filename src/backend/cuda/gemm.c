@@ -34,6 +34,7 @@
  */
 #include "backend/cuda/gemm.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,6 +125,44 @@ void tern__cuda_lt_desc_free(tern__cuda_lt_desc *d) {
     memset(d, 0, sizeof *d);
 }
 
+int tern__cuda_lt_algo_make(tern__cuda *c, const tern__cuda_lt_desc *d, cudaDataType_t cty,
+                            const unsigned cfg[TERN_CUDA_LT_CFG], cublasLtMatmulAlgo_t *al) {
+    if (cublasLtMatmulAlgoInit(c->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, cty, cty, (int)cfg[0], al) !=
+        CUBLAS_STATUS_SUCCESS)
+        return 0;
+    const uint32_t tile = cfg[1], stages = cfg[2], red = cfg[4], swz = cfg[5], custom = cfg[6];
+    const int32_t splitk = (int32_t)cfg[3];
+    const uint16_t cluster = (uint16_t)cfg[7];
+    cublasLtMatmulAlgoConfigSetAttribute(al, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile);
+    cublasLtMatmulAlgoConfigSetAttribute(al, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages);
+    cublasLtMatmulAlgoConfigSetAttribute(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk);
+    cublasLtMatmulAlgoConfigSetAttribute(al, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red);
+    cublasLtMatmulAlgoConfigSetAttribute(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz);
+    cublasLtMatmulAlgoConfigSetAttribute(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom);
+    cublasLtMatmulAlgoConfigSetAttribute(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster);
+    cublasLtMatmulHeuristicResult_t r;
+    memset(&r, 0, sizeof r);
+    return cublasLtMatmulAlgoCheck(c->lt, d->op, d->la, d->lb, d->lc, d->lc, al, &r) == CUBLAS_STATUS_SUCCESS &&
+           r.workspaceSize <= TERN_CUDA_LT_WS_BYTES;
+}
+
+/* TERN_LT_PIN (gemm.h): the configuration pinned for GEMMs of exactly m x n x k, if any; 1 and *cfg when found */
+static int lt_pin(int m, int n, int k, unsigned cfg[TERN_CUDA_LT_CFG]) {
+    const char *s = getenv("TERN_LT_PIN");
+    while (s && *s) {
+        int v[8], used = 0;
+        if (sscanf(s, "%d,%d,%d,%d,%d,%d,%d,%d%n", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &used) == 8 &&
+            v[0] == m && v[1] == n && v[2] == k) {
+            memset(cfg, 0, TERN_CUDA_LT_CFG * sizeof *cfg);
+            for (int i = 0; i < 5; i++) cfg[i] = (unsigned)v[3 + i];
+            return 1;
+        }
+        s = strchr(s, ';');
+        if (s) s++;
+    }
+    return 0;
+}
+
 /* C_b (m x n, ld ldc) = op(A_b)·B_b with op(A) = Aᵀ, A_b (k x m, ld k) — or (an = 1) op(A) = A, A_b (m x k, ld
  * m) — and B_b (k x n, ld ldb), C of type cty (f32, or bf16: the f32 accumulators rounded once). nb = 0: one
  * plain GEMM; nb >= 1: a strided batch of nb (A_b at a + b·sa, B_b at bm + b·sb, C_b at y + b·sc, element
@@ -144,7 +183,15 @@ static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc
     const lt_key key = {m, n, k, ldb, ldc, nb, (int)ab, (int)ct, beta != 0.0f, nb >= 1 ? sk : 0, (int)cty * 2 + !!an};
     lt_ent *ent = lt_cache_on() ? lt_slot(c, &key) : NULL;
     if (tern__cuda_lt_desc_make(&d, cty, ldc, sc, an, sa, ldb, sb, m, n, k, nb, ab, ct) != TERN_OK) return st;
-    if (!ent || !ent->used) {
+    unsigned pin[TERN_CUDA_LT_CFG];
+    if ((!ent || !ent->used) && ab == CUDA_R_16BF && ct == CUBLAS_COMPUTE_32F && nb == 0 && !an && lt_pin(m, n, k, pin) &&
+        tern__cuda_lt_algo_make(c, &d, cty, pin, &h.algo)) {
+        if (ent) {
+            ent->key = key;
+            ent->algo = h.algo;
+            ent->used = 1;
+        }
+    } else if (!ent || !ent->used) {
         if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
         const int pick = lt_pick(); /* 0: one answer asked for, as always */
@@ -571,7 +618,7 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
     return pair ? gemm_glu_run(c, y[0], n, xb, w[0], w[1], act) : gemm_n_run(c, k, y, n, w);
 }
 
-/* ---- q|k|v as one matrix for many rows (TERN_CUDA_QKV_ONE, opt-in, written in session 26 without a GPU) ----
+/* ---- q|k|v as one matrix for many rows (TERN_CUDA_QKV_ONE, default on since session 27: +2.5 % / +4.6 % at 64 / 128 sequences) --
  * bench_cuda --ltsweep (NOTES (am)) timed llama3-8b's q|k|v as one 6144x4096 cuBLASLt GEMM at 17.7 µs for 64 rows,
  * against 24.3 on sgemm.cu (the default) and 22.6 as the q GEMM + the k|v strided batch. The weights are joined at
  * load (vt join_weights: adjacent rows), so the three are one [Σ out, in] matrix; its outputs land in gemm_scratch as
@@ -580,15 +627,21 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
  * sgemm.cu's: the bf16 bound, not bitwise); xn and its bf16 copy are the pre-norm kernel's, as before. */
 int tern__cuda_qkv_one_on = -1; /* -1 until read (tests set 1) */
 int tern__cuda_qkv_one(void) {
-    if (tern__cuda_qkv_one_on < 0) tern__cuda_qkv_one_on = tern__cuda_env_int("TERN_CUDA_QKV_ONE", 0) != 0;
+    if (tern__cuda_qkv_one_on < 0) tern__cuda_qkv_one_on = tern__cuda_env_int("TERN_CUDA_QKV_ONE", 1) != 0;
     return tern__cuda_qkv_one_on;
+}
+/* rows from which the joined GEMM serves (TERN_CUDA_QKV_ONE_MIN, 9: every many-row call; below, sgemm.cu) */
+int tern__cuda_qkv_one_min = -1; /* -1 until read (tests set 2) */
+static int qkv_one_min(void) {
+    if (tern__cuda_qkv_one_min < 0) tern__cuda_qkv_one_min = tern__cuda_env_int("TERN_CUDA_QKV_ONE_MIN", 9);
+    return tern__cuda_qkv_one_min;
 }
 
 int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                              const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                              const float *inv_freq, float mscale) {
     const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv;
-    if (!tern__cuda_qkv_one() || n < 2 || xn == x || ((uintptr_t)xn & 15)) return 0;
+    if (!tern__cuda_qkv_one() || n < 2 || n < qkv_one_min() || xn == x || ((uintptr_t)xn & 15)) return 0;
     if (!tern__cuda_rope_pages(kv) || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d) return 0;
     for (int i = 0; i < 3; i++) /* plain bf16 GEMMs over BF16 weights, adjacent rows */
         if (!plain_gemm_ok(c, w[i], n) || w[i]->nmat > 1 || w[i]->in != in ||
@@ -605,11 +658,45 @@ int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const flo
     return tern__cuda_rope_kv_rows(c, kv, rows, cs, M, y[0], y[1], y[2], nh, inv_freq, mscale);
 }
 
-int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {
-    if (n <= 0 || !plain_gemm_ok(c, w, n) || ((uintptr_t)y & 15)) return 0;
-    cudaSetDevice(c->device);
-    if (!stage_x(c, x, n, w->in, 0)) return 0;
+/* y += w·x for x staged in bf16 at the start of gemm_scratch (gemm_add, attention_o) */
+static int add_staged(tern__cuda *c, float *y, int n, const tern__cuda_w *w) {
     if (tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, G1_RES)) return 1;
     return lt_gemm(c, y, w->out, w->data, c->gemm_scratch, w->out, n, w->in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 1.0f) ==
            TERN_OK;
+}
+
+/* attention_o: the batch decode attention (attn_decode_tc.cu, unsplit) writes the o GEMM's bf16 input at the start
+ * of gemm_scratch — where stage_x would put it — instead of f32 rows that stage_x then converts: the same bf16
+ * values (round to nearest of the same f32), one launch and one f32 write + read of [n, nh·D] fewer. Other attention
+ * kernels write f32 as before and the staging runs. */
+static int att_o_on(void) {
+    static int v = -1;
+    if (v < 0) v = tern__cuda_env_int("TERN_CUDA_ATT_O", 1) != 0;
+    return v;
+}
+
+int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, int in_att, const tern__cuda_w *w) {
+    if (!att_o_on() || n <= 0 || in_att != w->in || !plain_gemm_ok(c, w, n) || ((uintptr_t)y & 15) ||
+        !staged_bytes(c, n, w->in, 0))
+        return 0;
+    c->att_bf16 = c->gemm_scratch;
+    c->att_f32 = att;
+    c->att_n = n;
+    c->att_bf16_done = 0;
+    return 1;
+}
+
+int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w) {
+    const int staged = c->att_bf16_done;
+    c->att_bf16 = NULL;
+    c->att_f32 = NULL;
+    c->att_bf16_done = 0;
+    cudaSetDevice(c->device);
+    return (staged || stage_x(c, att, n, w->in, 0)) && add_staged(c, y, n, w);
+}
+
+int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {
+    if (n <= 0 || !plain_gemm_ok(c, w, n) || ((uintptr_t)y & 15)) return 0;
+    cudaSetDevice(c->device);
+    return stage_x(c, x, n, w->in, 0) && add_staged(c, y, n, w);
 }

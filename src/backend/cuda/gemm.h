@@ -24,8 +24,21 @@ void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, i
                          size_t a_step, int copies, long long sa, const void *bm, int m, int n, int k, int nb,
                          float beta, double bytes);
 
-/* TERN_CUDA_QKV_ONE (default 0; written in session 26, unmeasured): q|k|v joined at load (vt join_weights) and, for
- * many rows in the plain bf16 mode, ops.h norm_qkv_rope_kv as one GEMM over the three (tern__cuda_gemm_qkv_rope) */
+/* One cuBLASLt algorithm by its configuration: {algorithm id, tile id, stages id, split-K, reduction scheme, CTA
+ * swizzle, custom option, cluster shape id} for the GEMM of descriptors d (bf16 A / B, f32 compute, C and D of type
+ * cty). 1 when cublasLtMatmulAlgoCheck accepts it and its workspace fits, 0 otherwise. TERN_LT_PIN="m,n,k,algo,tile,
+ * stages,splitk,red;..." makes gemm.c's GEMMs of exactly those m, n, k (bf16 A) take that configuration instead of the
+ * heuristic's first answer (bench_cuda --ltsearch prints the entries) */
+#define TERN_CUDA_LT_CFG 8
+int tern__cuda_lt_algo_make(tern__cuda *c, const tern__cuda_lt_desc *d, cudaDataType_t cty,
+                            const unsigned cfg[TERN_CUDA_LT_CFG], cublasLtMatmulAlgo_t *al);
+/* lt_sweep.c (bench_cuda --ltsearch): every configuration cuBLASLt accepts for the plain GEMM C (m x n, ld ldc) =
+ * Aᵀ·B + beta·C, timed as the sweep times them; the fastest with their TERN_LT_PIN entries */
+void tern__cuda_lt_search(tern__cuda *c, const char *name, void *y, int c_bf16, int ldc, const void *a, size_t a_step,
+                          int copies, const void *bm, int m, int n, int k, float beta, double bytes);
+
+/* TERN_CUDA_QKV_ONE (default 1 since session 27): q|k|v joined at load (vt join_weights) and, from TERN_CUDA_QKV_ONE_MIN
+ * rows (9) in the plain bf16 mode, ops.h norm_qkv_rope_kv as one GEMM over the three (tern__cuda_gemm_qkv_rope) */
 int tern__cuda_qkv_one(void);
 /* norm_qkv_rope_kv for n > 1 rows: xn = rmsnorm(x)·nw and its bf16 copy (one kernel), C [n][Σ out] = one cuBLASLt GEMM
  * over the joined q|k|v, then fused.cu's rope_kv_rows: q and k roped from C's rows into y[0], y[1] (k and v also into

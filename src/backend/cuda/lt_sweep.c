@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define SWEEP_MAX 16
@@ -90,4 +91,111 @@ done:
     if (e1) cudaEventDestroy(e1);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     tern__cuda_lt_desc_free(&d);
+}
+
+/* ---- the exhaustive form (bench_cuda --ltsearch): every algorithm id × tile × stages × split-K (1..16) × reduction
+ * scheme cuBLASLt accepts for the GEMM (cublasLtMatmulAlgoCheck), each timed briefly (one pass over the copies after a
+ * warm-up), the fastest SEARCH_TOP timed again like the sweep; one line each with the TERN_LT_PIN entry that selects
+ * it (gemm.c), and the heuristic's first answer beside them. Cluster shape auto, no swizzle, custom option 0. */
+#define SEARCH_TOP 8
+#define SEARCH_MAX 6000
+
+typedef struct { unsigned cfg[TERN_CUDA_LT_CFG]; double us; } lt_cand;
+
+static int cand_cmp(const void *a, const void *b) {
+    const double x = ((const lt_cand *)a)->us, y = ((const lt_cand *)b)->us;
+    return x < y ? -1 : x > y;
+}
+
+/* µs per launch of algorithm al over reps launches after a warm-up pass over the copies; < 0 when it failed */
+static double time_algo(tern__cuda *c, const tern__cuda_lt_desc *d, const cublasLtMatmulAlgo_t *al, void *y, const void *a,
+                        size_t a_step, int copies, const void *bm, float beta, int reps, cudaEvent_t e0, cudaEvent_t e1) {
+    int ok = sweep_run(c, d, al, y, a, a_step, copies, bm, beta, 0, copies);
+    cudaEventRecord(e0, c->stream);
+    ok = ok && sweep_run(c, d, al, y, a, a_step, copies, bm, beta, 0, reps);
+    cudaEventRecord(e1, c->stream);
+    float ms = 0;
+    if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+        cudaGetLastError();
+        return -1.0;
+    }
+    return 1e3 * ms / reps;
+}
+
+/* an array attribute of an initialized algorithm (tile or stages ids): its count, at most cap (0: none) */
+static int cap_ids(const cublasLtMatmulAlgo_t *al, cublasLtMatmulAlgoCapAttributes_t at, uint32_t *ids, int cap) {
+    size_t need = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(al, at, NULL, 0, &need) != CUBLAS_STATUS_SUCCESS) return 0;
+    int k = (int)(need / sizeof(uint32_t));
+    if (k > cap) k = cap;
+    if (k <= 0 || cublasLtMatmulAlgoCapGetAttribute(al, at, ids, (size_t)k * sizeof(uint32_t), &need) != CUBLAS_STATUS_SUCCESS)
+        return 0;
+    return k;
+}
+
+void tern__cuda_lt_search(tern__cuda *c, const char *name, void *y, int c_bf16, int ldc, const void *a, size_t a_step,
+                          int copies, const void *bm, int m, int n, int k, float beta, double bytes) {
+    if (!c || copies < 1) return;
+    const cudaDataType_t cty = c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    tern__cuda_lt_desc d;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    lt_cand *cand = malloc(SEARCH_MAX * sizeof *cand);
+    int nc = 0, ids[256], nid = 0, checked = 0;
+    cudaSetDevice(c->device);
+    if (!cand || tern__cuda_lt_desc_make(&d, cty, ldc, 0, 0, 0, k, 0, m, n, k, 0, CUDA_R_16BF, CUBLAS_COMPUTE_32F) != TERN_OK) {
+        printf("ltsearch %s: no descriptors\n", name);
+        free(cand);
+        return;
+    }
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) goto done;
+    if (cublasLtMatmulAlgoGetIds(c->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, cty, cty, 256, ids, &nid) !=
+        CUBLAS_STATUS_SUCCESS)
+        nid = 0;
+    static const unsigned SPLITS[] = {1, 2, 3, 4, 6, 8, 12, 16}, REDS[] = {1, 2, 4}; /* in place, compute type, output type */
+    for (int i = 0; i < nid && nc < SEARCH_MAX; i++) {
+        cublasLtMatmulAlgo_t al;
+        if (cublasLtMatmulAlgoInit(c->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, cty, cty, ids[i], &al) !=
+            CUBLAS_STATUS_SUCCESS)
+            continue;
+        uint32_t tiles[128], stages[128], red_mask = 0;
+        int32_t splitk = 0;
+        size_t got = 0;
+        int nt = cap_ids(&al, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, 128), ns = cap_ids(&al, CUBLASLT_ALGO_CAP_STAGES_IDS, stages, 128);
+        if (!nt) { tiles[0] = 0; nt = 1; }
+        if (!ns) { stages[0] = 0; ns = 1; }
+        cublasLtMatmulAlgoCapGetAttribute(&al, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk, sizeof splitk, &got);
+        cublasLtMatmulAlgoCapGetAttribute(&al, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &red_mask, sizeof red_mask, &got);
+        for (int t = 0; t < nt; t++)
+            for (int s = 0; s < ns; s++)
+                for (size_t sp = 0; sp < (splitk ? TERN_ARRAY_LEN(SPLITS) : 1); sp++)
+                    for (size_t r = 0; r < (SPLITS[sp] > 1 ? TERN_ARRAY_LEN(REDS) : 1); r++) {
+                        if (SPLITS[sp] > 1 && !(red_mask & REDS[r])) continue;
+                        const unsigned cfg[TERN_CUDA_LT_CFG] = {(unsigned)ids[i], tiles[t], stages[s], SPLITS[sp],
+                                                                SPLITS[sp] > 1 ? REDS[r] : 0, 0, 0, 0};
+                        cublasLtMatmulAlgo_t x;
+                        checked++;
+                        if (nc >= SEARCH_MAX || !tern__cuda_lt_algo_make(c, &d, cty, cfg, &x)) continue;
+                        const double us = time_algo(c, &d, &x, y, a, a_step, copies, bm, beta, copies, e0, e1);
+                        if (us <= 0) continue;
+                        memcpy(cand[nc].cfg, cfg, sizeof cfg);
+                        cand[nc++].us = us;
+                    }
+    }
+    qsort(cand, (size_t)nc, sizeof *cand, cand_cmp);
+    printf("ltsearch %-28s n=%-4d %d algorithm ids, %d configurations checked, %d ran\n", name, n, nid, checked, nc);
+    const int reps = copies * 4 < 40 ? 40 : copies * 4;
+    for (int i = 0; i < nc && i < SEARCH_TOP; i++) {
+        cublasLtMatmulAlgo_t x;
+        if (!tern__cuda_lt_algo_make(c, &d, cty, cand[i].cfg, &x)) continue;
+        const double us = time_algo(c, &d, &x, y, a, a_step, copies, bm, beta, reps, e0, e1);
+        const unsigned *g = cand[i].cfg;
+        printf("ltsearch %-28s n=%-4d top%d %8.1f us %7.1f GB/s  pin %d,%d,%d,%u,%u,%u,%u,%u\n", name, n, i, us,
+               bytes / us * 1e-3, m, n, k, g[0], g[1], g[2], g[3], g[4]);
+    }
+    fflush(stdout);
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    tern__cuda_lt_desc_free(&d);
+    free(cand);
 }
