@@ -250,8 +250,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             op->rope(be, g->q, n, nH, D, m->d_pos, inv, ms);
         }
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
-        op->attention(be, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap);
-        op->matmul(be, g->o, g->att, n, &L->wo);
+        tern__attention_matmul(m, g->o, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap, &L->wo);
         tern_allreduce_sum(be, g->o, (size_t)n * H); /* tensor parallel: sum the ranks' heads */
         pend = (tern_pending_res){g->o, L->post_attn_norm, NULL, 1}; /* x += rmsnorm(o)·w, folded below */
 

@@ -223,12 +223,21 @@ static inline int tern__matmul_add(tern_model *m, float *y, const float *x, int 
 static inline void tern__attention_o(tern_model *m, float *y, float *att, float *o, const float *q, const tern_rows *rows,
                                      int nh, const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo) {
     const tern_backend_vt *op = m->be->vt;
-    if (!op->allreduce_sum && op->attention_o && op->attention_o(m->be, y, att, q, rows, nh, kv, scale, softcap, wo))
+    if (!op->allreduce_sum && op->attention_o && op->attention_o(m->be, y, att, q, rows, nh, kv, scale, softcap, wo, 1))
         return;
     op->attention(m->be, att, q, rows, nh, kv, scale, softcap);
     if (tern__matmul_add(m, y, att, rows->n, wo)) return;
     op->matmul(m->be, o, att, rows->n, wo);
     tern_allreduce_add(m->be, y, o, (size_t)rows->n * wo->shape[0]);
+}
+/* o = wo·attention(q) (the attention's output through att): one backend op when it can, else the two */
+static inline void tern__attention_matmul(tern_model *m, float *o, float *att, const float *q, const tern_rows *rows,
+                                          int nh, const tern_kv_layer *kv, float scale, float softcap,
+                                          const tern_tensor *wo) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->attention_o && op->attention_o(m->be, o, att, q, rows, nh, kv, scale, softcap, wo, 0)) return;
+    op->attention(m->be, att, q, rows, nh, kv, scale, softcap);
+    op->matmul(m->be, o, att, rows->n, wo);
 }
 /* x = (x + rmsnorm(h)·w) · (s ? s[0] : 1): the post-norm residual add (and Gemma 4's layer scalar) in
  * one launch when the backend can; h is scratch afterwards */

@@ -403,13 +403,14 @@ typedef struct tern_backend_vt {
      * unchanged. 1 when joined, 0 when not (nothing changed). CUDA: q|k|v of the llama family under
      * TERN_CUDA_QKV_ONE (norm_qkv_rope_kv for many rows as one GEMM). */
     int (*join_weights)(tern_backend *be, tern_tensor *const *w, int k);
-    /* The attention and the output projection's residual add (appended; optional): attention(att, q, rows, nh, kv,
-     * scale, softcap), then y[rows->n, wo.out] += wo·att — matmul_add's contract — where the backend may hand the
-     * attention's output to the projection in its own format and leave att unwritten (scratch). 0 = not done, nothing
-     * written (src/model/internal.h tern__attention_o runs the two ops). CUDA: many rows in the plain bf16 mode, the
-     * batch decode attention writing the GEMM's bf16 input (one f32 write and one conversion launch fewer). */
+    /* The attention and the output projection (appended; optional): attention(att, q, rows, nh, kv, scale, softcap),
+     * then y[rows->n, wo.out] += wo·att (add = 1: matmul_add's contract) or = wo·att (add = 0: matmul's), where the
+     * backend may hand the attention's output to the projection in its own format and leave att unwritten (scratch).
+     * 0 = not done, nothing written (src/model/internal.h tern__attention_o runs the two ops). CUDA: many rows in the
+     * plain bf16 mode, the batch decode attention writing the GEMM's bf16 input (one f32 write and one conversion
+     * launch fewer). */
     int (*attention_o)(tern_backend *be, float *y, float *att, const float *q, const tern_rows *rows, int nh,
-                       const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo);
+                       const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo, int add);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

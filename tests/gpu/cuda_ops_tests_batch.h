@@ -574,8 +574,8 @@ TEST(cuda_norm_gemm_res) {
 
 /* ops.h attention_o (gemm.c attn_o_begin / _end around the attention): the batch decode attention on tensor cores
  * (TERN_CUDA_AD_TC forced) writes the o GEMM's bf16 input itself. Against attention + matmul_add on the same backend:
- * y bitwise (the same bf16 values into the same GEMM), and att left unwritten (NaN) — the handoff happened. 24 and 64
- * decode rows over BF16 pages with a block table, nh 8, nkv 2, d 128; prefill-shaped rows (a sequence's rows
+ * y bitwise (the same bf16 values into the same GEMM), and att left unwritten (NaN) — the handoff happened; the same
+ * for add = 0 against attention + matmul (Gemma 4's o = wo·att). 24 and 64 decode rows over BF16 pages with a block table, nh 8, nkv 2, d 128; prefill-shaped rows (a sequence's rows
  * together) take the flash kernel, which writes f32 and is staged: y bitwise again */
 TEST(cuda_attention_o) {
     tern_backend *g = g_gpu16;
@@ -611,11 +611,19 @@ TEST(cuda_attention_o) {
         void *qd = to_gpu(q, (size_t)n * in * 4), *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
         void *ya = to_gpu(y0, (size_t)n * H * 4), *yb = to_gpu(y0, (size_t)n * H * 4);
         float *att[2] = {nan_buf(g, (size_t)n * in), nan_buf(g, (size_t)n * in)};
+        float *oa = nan_buf(g, (size_t)n * H), *ob = nan_buf(g, (size_t)n * H), *att2 = nan_buf(g, (size_t)n * in);
         tern_rows rows = {n, pd, sd, pos, slot};
         const float scale = 1.0f / sqrtf((float)d);
         g->vt->attention(g, att[0], qd, &rows, nh, &kv, scale, 0.0f);
         CHECK(g->vt->matmul_add(g, ya, att[0], n, &wo) == 1, "n %d: matmul_add refused", n);
-        CHECK(g->vt->attention_o(g, yb, att[1], qd, &rows, nh, &kv, scale, 0.0f, &wo) == 1, "n %d: attention_o refused", n);
+        CHECK(g->vt->attention_o(g, yb, att[1], qd, &rows, nh, &kv, scale, 0.0f, &wo, 1) == 1, "n %d: attention_o refused", n);
+        g->vt->matmul(g, oa, att[0], n, &wo); /* add = 0 */
+        CHECK(g->vt->attention_o(g, ob, att2, qd, &rows, nh, &kv, scale, 0.0f, &wo, 0) == 1, "n %d: attention_o (add 0) refused", n);
+        {
+            float *p = from_gpu(g, oa, (size_t)n * H), *r = from_gpu(g, ob, (size_t)n * H);
+            CHECK(!memcmp(p, r, (size_t)n * H * 4), "n %d: o differs (add 0)", n);
+            free(p); free(r);
+        }
         float *a = from_gpu(g, ya, (size_t)n * H), *b = from_gpu(g, yb, (size_t)n * H), *ab = from_gpu(g, att[1], (size_t)n * in);
         double dm;
         const double rel = bt_diff(a, b, (size_t)n * H, &dm);
@@ -625,7 +633,7 @@ TEST(cuda_attention_o) {
         CHECK(C[ci].prefill ? !isnan(ab[0]) : isnan(ab[0]) && isnan(ab[(size_t)n * in - 1]),
               "n %d: att %s", n, C[ci].prefill ? "not written (prefill)" : "written: the bf16 handoff did not happen");
         free(a); free(b); free(ab);
-        void *fb[] = {qd, pd, sd, ya, yb, att[0], att[1]};
+        void *fb[] = {qd, pd, sd, ya, yb, att[0], att[1], oa, ob, att2};
         for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
         free(pos); free(slot); free(q); free(y0);
     }

@@ -413,13 +413,13 @@ static void be_attention(tern_backend *be, float *out, const float *q, const ter
     else tern__cuda_attention(C(be), out, q, rows, nh, kv, scale, softcap);
 }
 static int be_attention_o(tern_backend *be, float *y, float *att, const float *q, const tern_rows *rows, int nh,
-                          const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo) {
+                          const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo, int add) {
     tern__cuda_w v;
     if (wo->ndim != 2 || rows->n < 2) return 0;
     tern__cuda_wview(wo, &v);
     if (!tern__cuda_attn_o_begin(C(be), y, att, rows->n, nh * kv->head_dim, &v)) return 0;
     be_attention(be, att, q, rows, nh, kv, scale, softcap);
-    return tern__cuda_attn_o_end(C(be), y, att, rows->n, &v);
+    return tern__cuda_attn_o_end(C(be), y, att, rows->n, &v, add);
 }
 static void be_add(tern_backend *be, float *y, const float *a, const float *b, size_t n) {
     tern__cuda_ew(C(be), TERN__EW_ADD, y, a, b, 0, n);

@@ -197,10 +197,10 @@ int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const te
                         const tern__cuda_w *up, int act);
 int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w);
 /* ops.h attention_o around the backend's attention: _begin (1 when the projection will run as gemm_add's GEMM; it sets
- * c->att_bf16 to the staging area), the attention, then _end (the staging when the attention wrote f32, y += w·att;
- * 1 when done). TERN_CUDA_ATT_O=0: never */
+ * c->att_bf16 to the staging area), the attention, then _end (the staging when the attention wrote f32, y += w·att,
+ * or y = w·att when !add: gemm_rows's plain GEMM; 1 when done). TERN_CUDA_ATT_O=0: never */
 int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, int in_att, const tern__cuda_w *w);
-int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w);
+int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add);
 /* gemm.c: ops.h norm_mlp (w = gate, up, down) for many rows in the plain bf16 mode; 1 when done, 0 when not served */
 int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
                         const tern__cuda_w *const *w, int act, const tern_norm_res *res);

@@ -686,13 +686,16 @@ int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, in
     return 1;
 }
 
-int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w) {
+int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add) {
     const int staged = c->att_bf16_done;
     c->att_bf16 = NULL;
     c->att_f32 = NULL;
     c->att_bf16_done = 0;
     cudaSetDevice(c->device);
-    return (staged || stage_x(c, att, n, w->in, 0)) && add_staged(c, y, n, w);
+    if (!staged && !stage_x(c, att, n, w->in, 0)) return 0;
+    if (add) return add_staged(c, y, n, w);
+    return lt_gemm(c, y, w->out, w->data, c->gemm_scratch, w->out, n, w->in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 0.0f) ==
+           TERN_OK; /* gemm_rows's plain GEMM on the same staged x */
 }
 
 int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w) {
