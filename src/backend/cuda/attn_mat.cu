@@ -42,18 +42,23 @@ unsigned long long tern__cuda_attn_mat_calls = 0; /* runs served here (tests che
 int tern__cuda_attn_mat_rmax = 0; /* > 0: at most this many rows a sub-chunk (tests: several sub-chunks) */
 }
 
+/* the layout kernels' grid-stride walk over [A][B][C] vectors (C per row of D elements): f(a, b, c, a·B + b) */
+template <class F> __device__ __forceinline__ void mat_walk(int A, int B, int C, F f) {
+    const size_t total = (size_t)A * B * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const int c = (int)(i % C);
+        const size_t ab = i / C;
+        f((int)(ab / B), (int)(ab % B), c, ab);
+    }
+}
+
 /* kh, vh [nkv][Lp][D] from the pages [blocks][bs][nkv][D] for keys b < L (Lp >= L: zeros past L, so the padding
  * columns multiply as zeros); valid[b] = 0 where key b's page is not resident, or b >= L */
 __global__ void mat_gather(__nv_bfloat16 *kh, __nv_bfloat16 *vh, int *valid, const __nv_bfloat16 *kp,
                            const __nv_bfloat16 *vp, const int32_t *btrow, int max_blocks, int bs, int nkv, int D, int L,
                            int Lp) {
     pdl_start();
-    const int D8 = D >> 3;
-    const size_t total = (size_t)nkv * Lp * D8;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const int c = (int)(i % D8);
-        const size_t jb = i / D8;
-        const int b = (int)(jb % Lp), j = (int)(jb / Lp);
+    mat_walk(nkv, Lp, D >> 3, [&](int j, int b, int c, size_t jb) {
         const int bi = b / bs, blk = b < L && bi < max_blocks ? btrow[bi] : -1;
         uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
         if (blk >= 0) {
@@ -64,37 +69,27 @@ __global__ void mat_gather(__nv_bfloat16 *kh, __nv_bfloat16 *vh, int *valid, con
         ((uint4 *)(kh + jb * D))[c] = kv;
         ((uint4 *)(vh + jb * D))[c] = vv;
         if (j == 0 && c == 0) valid[b] = blk >= 0;
-    }
+    });
 }
 
 /* qh[h][r][d] = bf16(q[r0 + r][h][d]) for r < R */
 __global__ void mat_q(__nv_bfloat16 *qh, const float *q, int R, int nh, int D) {
     pdl_start();
-    const int D8 = D >> 3;
-    const size_t total = (size_t)nh * R * D8;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const int c = (int)(i % D8);
-        const size_t hr = i / D8;
-        const int r = (int)(hr % R), h = (int)(hr / R);
+    mat_walk(nh, R, D >> 3, [&](int h, int r, int c, size_t hr) {
         const float4 *src = (const float4 *)(q + ((size_t)r * nh + h) * D) + 2 * c;
         const float4 a = src[0], b = src[1];
         __nv_bfloat162 v[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
                                __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
         ((uint4 *)(qh + hr * D))[c] = *(const uint4 *)v;
-    }
+    });
 }
 
 /* out[r][h][d] (ld nh·D) = T[h][r][d] for r < R: the heads' products back in the rows' layout, 4 floats a thread */
 __global__ void mat_out(float *out, const float *T, int R, int nh, int D) {
     pdl_start();
-    const int D4 = D >> 2;
-    const size_t total = (size_t)nh * R * D4;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const int c = (int)(i % D4);
-        const size_t hr = i / D4;
-        const int r = (int)(hr % R), h = (int)(hr / R);
+    mat_walk(nh, R, D >> 2, [&](int h, int r, int c, size_t hr) {
         ((float4 *)(out + ((size_t)r * nh + h) * D))[c] = ((const float4 *)(T + hr * D))[c];
-    }
+    });
 }
 
 __device__ __forceinline__ float mat_block_reduce(float v, bool is_max, float *red) {
