@@ -7,7 +7,9 @@
  * (the L2 stays cold, as in a decode step), launches are timed in a row between two events. One line per answer:
  * its rank, µs, GB/s of the caller's byte count, and the configuration that names it (algorithm id, tile, stages,
  * split-K and its reduction, swizzle, custom option, cluster shape) — what a per-shape rule in gemm.c would pin.
- * Diagnostic only: no engine path calls it.
+ * tern__cuda_lt_search (bench_cuda --ltsearch) goes past the heuristic: every configuration cuBLASLt accepts, with
+ * the TERN_LT_PIN entry that selects it (H200, session 27: only algorithm 21 is configurable on sm_90, and it beats
+ * the heuristic's nvjet answers only on the head; NOTES (an)). Diagnostic only: no engine path calls them.
  */
 #include "backend/cuda/gemm.h"
 
@@ -40,6 +42,21 @@ static int sweep_run(tern__cuda *c, const tern__cuda_lt_desc *d, const cublasLtM
     return 1;
 }
 
+/* µs per launch of algorithm al over reps launches after a warm-up pass over the copies; < 0 when it failed */
+static double time_algo(tern__cuda *c, const tern__cuda_lt_desc *d, const cublasLtMatmulAlgo_t *al, void *y, const void *a,
+                        size_t a_step, int copies, const void *bm, float beta, int reps, cudaEvent_t e0, cudaEvent_t e1) {
+    int ok = sweep_run(c, d, al, y, a, a_step, copies, bm, beta, 0, copies);
+    cudaEventRecord(e0, c->stream);
+    ok = ok && sweep_run(c, d, al, y, a, a_step, copies, bm, beta, 0, reps);
+    cudaEventRecord(e1, c->stream);
+    float ms = 0;
+    if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+        cudaGetLastError();
+        return -1.0;
+    }
+    return 1e3 * ms / reps;
+}
+
 void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, int ldc, long long sc,
                          const void *a, size_t a_step, int copies, long long sa, const void *bm, int m, int n, int k,
                          int nb, float beta, double bytes) {
@@ -65,17 +82,11 @@ void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, i
     const int reps = copies * 4 < 40 ? 40 : copies * 4;
     for (int i = 0; i < got; i++) {
         const cublasLtMatmulAlgo_t *al = &hs[i].algo;
-        int ok = sweep_run(c, &d, al, y, a, a_step, copies, bm, beta, 0, copies); /* warm-up: one pass over the copies */
-        cudaEventRecord(e0, c->stream);
-        ok = ok && sweep_run(c, &d, al, y, a, a_step, copies, bm, beta, 0, reps);
-        cudaEventRecord(e1, c->stream);
-        float ms = 0;
-        if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+        const double us = time_algo(c, &d, al, y, a, a_step, copies, bm, beta, reps, e0, e1);
+        if (us <= 0) {
             printf("ltsweep %-28s n=%-4d #%-2d failed\n", name, n, i);
-            cudaGetLastError();
             continue;
         }
-        const double us = 1e3 * ms / reps;
         printf("ltsweep %-28s n=%-4d #%-2d %8.1f us %7.1f GB/s  algo %u tile %u stages %u splitk %u red %u swz %u "
                "custom %u cluster %u waves %.2f\n",
                name, n, i, us, bytes / us * 1e-3, cfg_u(al, CUBLASLT_ALGO_CONFIG_ID),
@@ -105,21 +116,6 @@ typedef struct { unsigned cfg[TERN_CUDA_LT_CFG]; double us; } lt_cand;
 static int cand_cmp(const void *a, const void *b) {
     const double x = ((const lt_cand *)a)->us, y = ((const lt_cand *)b)->us;
     return x < y ? -1 : x > y;
-}
-
-/* µs per launch of algorithm al over reps launches after a warm-up pass over the copies; < 0 when it failed */
-static double time_algo(tern__cuda *c, const tern__cuda_lt_desc *d, const cublasLtMatmulAlgo_t *al, void *y, const void *a,
-                        size_t a_step, int copies, const void *bm, float beta, int reps, cudaEvent_t e0, cudaEvent_t e1) {
-    int ok = sweep_run(c, d, al, y, a, a_step, copies, bm, beta, 0, copies);
-    cudaEventRecord(e0, c->stream);
-    ok = ok && sweep_run(c, d, al, y, a, a_step, copies, bm, beta, 0, reps);
-    cudaEventRecord(e1, c->stream);
-    float ms = 0;
-    if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
-        cudaGetLastError();
-        return -1.0;
-    }
-    return 1e3 * ms / reps;
 }
 
 /* an array attribute of an initialized algorithm (tile or stages ids): its count, at most cap (0: none) */
