@@ -74,7 +74,7 @@ static tern_status ll_load(tern_model *m, tern_weights *ws, tern_error *err) {
             VEC(L->q_norm, Dl, 0, "layers.%d.self_attn.q_norm", l);
             VEC(L->k_norm, Dl, 0, "layers.%d.self_attn.k_norm", l);
         }
-        tern__join_weights(m, (tern_tensor *const[]){&L->wq, &L->wk, &L->wv}, 3); /* one GEMM for many rows (CUDA opt-in) */
+        tern__join_weights(m, (tern_tensor *const[]){&L->wq, &L->wk, &L->wv}, 3); /* one GEMM for many rows (CUDA, TERN_CUDA_QKV_ONE) */
         MAT(L->gate, I, H, "layers.%d.mlp.gate_proj", l);
         MAT(L->up, I, H, "layers.%d.mlp.up_proj", l);
         MAT(L->down, H, I, "layers.%d.mlp.down_proj", l);

@@ -635,7 +635,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     }
     if (hs == 1 && ad_tc() && (ad_tc_takes(c, pairs, keys) || ad_tc() == 2)) {
         AdArgs t = a; /* unsplit: every output through ad_warp_merge, so it may go out in bf16 (attention_o) */
-        t.outb = c->att_bf16 && out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->att_bf16 : NULL;
+        t.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
         if (tern__cuda_attn_decode_tc(c, t, kind)) {
             c->att_bf16_done = t.outb != NULL;
             tern__cuda_attn_decode_calls++;

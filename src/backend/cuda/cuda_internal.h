@@ -43,10 +43,9 @@ typedef struct tern__cuda {
     float *part;                 /* split-K partials */
     void *gemm_scratch;          /* dequantized weight chunks + bf16 activations */
     size_t gemm_scratch_bytes;   /* its size */
-    void *att_bf16;              /* set by gemm.c's attention_o for one attention call: where the batch decode
-                                  * attention of exactly the rows att_n at att_f32 may write its output as bf16
-                                  * (the o GEMM's staged input) instead of f32 at att_f32 */
-    const float *att_f32;
+    const float *att_f32;        /* set by gemm.c's attention_o for one attention call: the batch decode attention
+                                  * of exactly the att_n rows at att_f32 may write its output as bf16 at the start
+                                  * of gemm_scratch (the o GEMM's staged input) instead of f32 there */
     int att_n, att_bf16_done;    /* ... and whether it did */
     int n_sm;
     size_t smem_optin;           /* max dynamic shared memory per block */
@@ -197,7 +196,7 @@ int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const te
                         const tern__cuda_w *up, int act);
 int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w);
 /* ops.h attention_o around the backend's attention: _begin (1 when the projection will run as gemm_add's GEMM; it sets
- * c->att_bf16 to the staging area), the attention, then _end (the staging when the attention wrote f32, y += w·att,
+ * c->att_f32 / att_n to the attention's output), the attention, then _end (the staging when the attention wrote f32, y += w·att,
  * or y = w·att when !add: gemm_rows's plain GEMM; 1 when done). TERN_CUDA_ATT_O=0: never */
 int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, int in_att, const tern__cuda_w *w);
 int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add);

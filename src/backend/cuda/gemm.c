@@ -183,23 +183,20 @@ static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc
     const lt_key key = {m, n, k, ldb, ldc, nb, (int)ab, (int)ct, beta != 0.0f, nb >= 1 ? sk : 0, (int)cty * 2 + !!an};
     lt_ent *ent = lt_cache_on() ? lt_slot(c, &key) : NULL;
     if (tern__cuda_lt_desc_make(&d, cty, ldc, sc, an, sa, ldb, sb, m, n, k, nb, ab, ct) != TERN_OK) return st;
-    unsigned pin[TERN_CUDA_LT_CFG];
-    if ((!ent || !ent->used) && ab == CUDA_R_16BF && ct == CUBLAS_COMPUTE_32F && nb == 0 && !an && lt_pin(m, n, k, pin) &&
-        tern__cuda_lt_algo_make(c, &d, cty, pin, &h.algo)) {
-        if (ent) {
-            ent->key = key;
-            ent->algo = h.algo;
-            ent->used = 1;
+    if (!ent || !ent->used) {
+        unsigned pin[TERN_CUDA_LT_CFG];
+        const int pinned = ab == CUDA_R_16BF && ct == CUBLAS_COMPUTE_32F && nb == 0 && !an && lt_pin(m, n, k, pin) &&
+                           tern__cuda_lt_algo_make(c, &d, cty, pin, &h.algo);
+        if (!pinned) {
+            if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+            const int pick = lt_pick(); /* 0: one answer asked for, as always */
+            if (cublasLtMatmulAlgoGetHeuristic(c->lt, d.op, d.la, d.lb, d.lc, d.lc, pref, pick + 1, hs, &got) !=
+                    CUBLAS_STATUS_SUCCESS ||
+                got < 1)
+                goto done;
+            h = hs[pick < got ? pick : got - 1];
         }
-    } else if (!ent || !ent->used) {
-        if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        const int pick = lt_pick(); /* 0: one answer asked for, as always */
-        if (cublasLtMatmulAlgoGetHeuristic(c->lt, d.op, d.la, d.lb, d.lc, d.lc, pref, pick + 1, hs, &got) !=
-                CUBLAS_STATUS_SUCCESS ||
-            got < 1)
-            goto done;
-        h = hs[pick < got ? pick : got - 1];
         if (ent) {
             ent->key = key;
             ent->algo = h.algo;
@@ -679,7 +676,6 @@ int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, in
     if (!att_o_on() || n <= 0 || in_att != w->in || !plain_gemm_ok(c, w, n) || ((uintptr_t)y & 15) ||
         !staged_bytes(c, n, w->in, 0))
         return 0;
-    c->att_bf16 = c->gemm_scratch;
     c->att_f32 = att;
     c->att_n = n;
     c->att_bf16_done = 0;
@@ -688,7 +684,6 @@ int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, in
 
 int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add) {
     const int staged = c->att_bf16_done;
-    c->att_bf16 = NULL;
     c->att_f32 = NULL;
     c->att_bf16_done = 0;
     cudaSetDevice(c->device);
