@@ -54,11 +54,11 @@ build/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
-# qgemm_q4_wg.cu uses wgmma, which exists only in the arch-specific sm_90a target: built for it alone (no
-# PTX); at open its launcher finds out whether the image loads on the GPU (elsewhere qgemm_q4.cu's kernel runs)
+# qgemm_q4_wg.cu and wgemm.cu use wgmma, which exists only in the arch-specific sm_90a target: built for it alone
+# (no PTX); their launchers find out whether the image loads on the GPU (elsewhere the older kernels run)
 comma := ,
 NVFLAGS_90A = $(subst arch=compute_90$(comma)code=sm_90,arch=compute_90a$(comma)code=sm_90a,$(subst -gencode arch=compute_90$(comma)code=compute_90,,$(NVFLAGS)))
-build/obj/src/backend/cuda/qgemm_q4_wg.o: build/obj/%.o: %.cu
+build/obj/src/backend/cuda/qgemm_q4_wg.o build/obj/src/backend/cuda/wgemm.o: build/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS_90A) -MMD -MP -c $< -o $@
 

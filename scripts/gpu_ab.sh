@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-43}"  # 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-44}"  # 44: session 28 (wgemm.cu); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -573,6 +573,17 @@ if [[ " $SECTIONS " == *" 43 "* ]]; then
     op_test cuda_attention_o ops43
     on_checks TERN_CUDA_ATT_O bf16 "gemma4_dense gemma4_e2b_like"
     conc_ab "TERN_CUDA_ATT_O=0;TERN_CUDA_ATT_O=1" gemma4-12b 64
+fi
+
+# 44. session 28: wgemm.cu (TERN_CUDA_WGEMM=1: the one-matrix bf16 GEMMs of 17..128 rows on TMA + wgmma, K split
+#     over a cluster): its op test, bench_cuda --wgemm (µs against cuBLASLt as graphs, output difference), parity
+#     and greedy ids with it, then llama3-8b batch decode with it off / on.
+if [[ " $SECTIONS " == *" 44 "* ]]; then
+    op_test cuda_wgemm ops44
+    timeout 200 build/bench_cuda --wgemm ${WGEMM_N:-32 64 128} > "$OUT/wgemm_bench.txt" 2>&1
+    grep '^wgemm' "$OUT/wgemm_bench.txt" | tee -a "$S"
+    [ -n "${WGEMM_CHECKS-1}" ] && on_checks TERN_CUDA_WGEMM bf16 "llama3 qwen2"
+    conc_ab "TERN_CUDA_WGEMM=0;TERN_CUDA_WGEMM=1" llama3-8b "32,64,128"
 fi
 
 echo "summary: $S"

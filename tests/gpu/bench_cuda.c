@@ -11,6 +11,7 @@
  * `bench_cuda --qmma`: the MLX Q matmul of qmma.cu vs the older kernels (n = 1..64), then stop.
  * `bench_cuda --ltsweep [n ...]`: every cuBLASLt heuristic answer for llama3-8b's batch-decode GEMMs, then stop.
  * `bench_cuda --ltsearch [n ...]`: every cuBLASLt configuration for those GEMMs at n rows, timed, with TERN_LT_PIN entries.
+ * `bench_cuda --wgemm [n ...]`: wgemm.cu against cuBLASLt for those GEMMs (µs as graphs, output difference).
  * `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b shapes, moe_mma.cu vs the GEMV pairs, then stop.
  * `bench_cuda --gemm 4096x2816p 2048x2816p ...`: BF16 prefill GEMMs of 2048 rows in the bf16 mode (p: the weight
  * flagged precise, as Gemma 4's q / k), µs and TFLOP/s each, then stop.
@@ -615,6 +616,25 @@ static void bench_ltsearch(int argc, char **argv) {
     g->vt->free(g, y);
 }
 
+/* `bench_cuda --wgemm [n ...]`: wgemm.cu (TMA + wgmma) against cuBLASLt for the one-matrix GEMMs of llama3-8b batch
+ * decode (o and down with beta 1, q|k|v joined, the head) and a ragged shape, at n rows (default 32 64 128): µs as
+ * CUDA graphs over cold weights, and the difference of the two outputs (lt_sweep.c tern__cuda_wgemm_bench) */
+void tern__cuda_wgemm_bench(tern__cuda *c, const char *name, int m, int k, float beta, const int *ns, int nn);
+static void bench_wgemm(int argc, char **argv) {
+    static const struct { const char *name; int m, k; float beta; } sh[] = {
+        {"down 4096x14336 +=", 4096, 14336, 1.0f}, {"o 4096x4096 +=", 4096, 4096, 1.0f},
+        {"q|k|v 6144x4096", 6144, 4096, 0.0f},     {"gate|up 28672x4096", 28672, 4096, 0.0f},
+        {"head 128256x4096", 128256, 4096, 0.0f},  {"ragged 1000x1000 +=", 1000, 1000, 1.0f}};
+    int ns[16], nn = 0;
+    for (int i = 2; i < argc && nn < 16; i++)
+        if (atoi(argv[i]) > 0) ns[nn++] = atoi(argv[i]);
+    if (!nn) { ns[0] = 32; ns[1] = 64; ns[2] = 128; nn = 3; }
+    const char *only = getenv("WGEMM_ONLY"); /* a part of the shape names (default: every shape) */
+    for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++)
+        if (!only || strstr(sh[s].name, only))
+            tern__cuda_wgemm_bench((tern__cuda *)g->impl, sh[s].name, sh[s].m, sh[s].k, sh[s].beta, ns, nn);
+}
+
 /* `bench_cuda --pattern`: gemv_mma.cu's load pattern alone vs contiguous ones (GB/s of useful bytes) */
 void tern__cuda_mm_probe(tern__cuda *c, const void *w, int rows, int rb, int mode, void *sink);
 static void bench_pattern(int rows, int rb) {
@@ -872,6 +892,11 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && !strcmp(argv[1], "--ltsearch")) { /* every configuration cuBLASLt accepts, timed */
         bench_ltsearch(argc, argv);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--wgemm")) { /* wgemm.cu against cuBLASLt, batch-decode GEMMs */
+        bench_wgemm(argc, argv);
+        tern_backend_close(g);
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "--ltsweep")) { /* cuBLASLt's heuristic answers for batch-decode GEMMs */

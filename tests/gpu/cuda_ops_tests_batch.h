@@ -647,7 +647,67 @@ TEST(cuda_attention_o) {
     tern__cuda_bf16_split = 1;
 }
 
+/* wgemm.cu (TMA + wgmma, TERN_CUDA_WGEMM forced): matmul and matmul_add over BF16 weights in the plain bf16 mode
+ * with it on against cuBLASLt (off) on the same backend — the same exact bf16 products summed in another order, so
+ * within 1e-5 rel L2 — and against cpu-ref at the plain bf16 bound. Shapes: a small layer (S = 8 K parts of one
+ * tile each, fewer tiles than ring stages), ragged features and inputs (1000: a partial feature tile and a partial
+ * K tile, zeros from TMA), a long K (8192: 16 tiles a part) and 17..128 rows (batch tiles of 32, 64, 128; 100 rows
+ * a partial one); 16 rows (under TERN_CUDA_WGEMM_MIN) must not take it. */
+TEST(cuda_wgemm) {
+    tern_backend *g = g_gpu16;
+    if (!g) { SKIP("cuda_wgemm", "no bf16-mode backend"); return; }
+    extern int tern__cuda_wgemm_on, tern__cuda_wgemm_min;
+    extern unsigned long long tern__cuda_wgemm_calls;
+    const int keep_on = tern__cuda_wgemm_on, keep_min = tern__cuda_wgemm_min;
+    tern__cuda_bf16_split = 0;
+    tern__cuda_wgemm_min = 17;
+    static const struct { int out, in, n; } C[] = {{256, 512, 17}, {256, 512, 64}, {1000, 1000, 40}, {1000, 1000, 100},
+                                                   {512, 8192, 128}, {384, 640, 33}, {256, 512, 16}};
+    for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++) {
+        const int out = C[ci].out, in = C[ci].in, n = C[ci].n;
+        bt_w w;
+        CHECK(bt_make(&w, out, in), "upload %dx%d", out, in);
+        float *x = rnd((size_t)n * in, 1.0f), *y0 = rnd((size_t)n * out, 1.0f);
+        void *xd = to_gpu(x, (size_t)n * in * 4);
+        float *res[2][2];
+        unsigned long long took = 0;
+        for (int on = 0; on < 2; on++) {
+            tern__cuda_wgemm_on = on;
+            const unsigned long long before = tern__cuda_wgemm_calls;
+            void *ya = to_gpu(y0, (size_t)n * out * 4), *yp = nan_buf(g, (size_t)n * out);
+            CHECK(g->vt->matmul_add(g, ya, xd, n, &w.g) == 1, "%dx%d n %d: matmul_add refused", out, in, n);
+            g->vt->matmul(g, yp, xd, n, &w.g);
+            res[on][0] = from_gpu(g, ya, (size_t)n * out);
+            res[on][1] = from_gpu(g, yp, (size_t)n * out);
+            if (on) took = tern__cuda_wgemm_calls - before;
+            g->vt->free(g, ya); g->vt->free(g, yp);
+        }
+        CHECK(n >= 17 ? took == 2 : took == 0, "%dx%d n %d: wgemm ran %llu times", out, in, n, took);
+        float *ref = malloc((size_t)n * out * 4);
+        g_ref->vt->matmul(g_ref, ref, x, n, &w.r);
+        for (int op = 0; op < 2; op++) {
+            double dm;
+            const double rel = bt_diff(res[1][op], res[0][op], (size_t)n * out, &dm);
+            if (op == 0) /* the reference's y + x·Wᵀ */
+                for (size_t i = 0; i < (size_t)n * out; i++) res[1][op][i] -= y0[i];
+            const double rr = test_rel_l2(res[1][op], ref, (size_t)n * out);
+            printf("  err wgemm %dx%d n=%d %s vs cuBLASLt %.2e (max %.2e), vs cpu-ref %.2e\n", out, in, n,
+                   op ? "matmul" : "matmul_add", rel, dm, rr);
+            CHECK(rel <= 1e-5, "%dx%d n %d %s: rel %.3e vs cuBLASLt", out, in, n, op ? "matmul" : "matmul_add", rel);
+            CHECK(rr <= 1e-2, "%dx%d n %d: rel %.3e vs cpu-ref", out, in, n, rr);
+        }
+        for (int on = 0; on < 2; on++) { free(res[on][0]); free(res[on][1]); }
+        free(ref); free(x); free(y0);
+        g->vt->free(g, xd);
+        bt_free(&w);
+    }
+    tern__cuda_wgemm_on = keep_on;
+    tern__cuda_wgemm_min = keep_min;
+    tern__cuda_bf16_split = 1;
+}
+
 static void cuda_batch_tests(void) {
+    RUN(cuda_wgemm);
     RUN(cuda_norm_gemm_res);
     RUN(cuda_norm_mlp);
     RUN(cuda_qkv_one);

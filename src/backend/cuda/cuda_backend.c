@@ -763,6 +763,7 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     tern__cuda_attn_init(c);
     tern__cuda_kvq_init(c);
     tern__cuda_glm_init(c);
+    tern__cuda_wgemm_init(c);
     size_t mfree = 0, mtotal = 0; /* what the context costs besides our buffers (tern fit does not count it yet) */
     if (cudaMemGetInfo(&mfree, &mtotal) == cudaSuccess)
         tern_log(TERN_LOG_INFO, "cuda: device %d (%s): %.2f GB, %.3f GB in use after open (context + %.3f GB of our buffers)",

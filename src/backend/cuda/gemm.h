@@ -37,6 +37,13 @@ int tern__cuda_lt_algo_make(tern__cuda *c, const tern__cuda_lt_desc *d, cudaData
 void tern__cuda_lt_search(tern__cuda *c, const char *name, void *y, int c_bf16, int ldc, const void *a, size_t a_step,
                           int copies, const void *bm, int m, int n, int k, float beta, double bytes);
 
+/* wgemm.cu: y [n][ldy] (+ y when add) = X [n][k] · W [m][k]ᵀ, bf16 X and W, f32 y, for 17..128 rows on TMA + wgmma
+ * (TERN_CUDA_WGEMM, TERN_CUDA_WGEMM_MIN). 1 when launched, 0 when not served (nothing written: cuBLASLt runs it) */
+int tern__cuda_wgemm(tern__cuda *c, float *y, int ldy, const void *w, const void *x, int m, int n, int k, int add);
+/* at open: the instances' shared-memory limits and the tensor-map encoder (no API calls of that kind while a graph
+ * is captured) */
+void tern__cuda_wgemm_init(tern__cuda *c);
+
 /* TERN_CUDA_QKV_ONE (default 1 since session 27): q|k|v joined at load (vt join_weights) and, from TERN_CUDA_QKV_ONE_MIN
  * rows (9) in the plain bf16 mode, ops.h norm_qkv_rope_kv as one GEMM over the three (tern__cuda_gemm_qkv_rope) */
 int tern__cuda_qkv_one(void);

@@ -13,6 +13,7 @@
  */
 #include "backend/cuda/gemm.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,4 +195,114 @@ done:
     if (e1) cudaEventDestroy(e1);
     tern__cuda_lt_desc_free(&d);
     free(cand);
+}
+
+/* ---- wgemm.cu against cuBLASLt (bench_cuda --wgemm): y [n][m] (+)= X [n][k]·W [m][k]ᵀ with valid bf16 operands,
+ * once each from the same y for the difference (rel L2 and the largest), then each path timed as one CUDA graph of
+ * `reps` launches over weight copies rotating through >= 400 MB (cold L2; the graph keeps host launch costs out of
+ * the figure, as the decode step's graph does). */
+extern int tern__cuda_wgemm_on;
+extern unsigned long long tern__cuda_wgemm_calls;
+
+static double wg_graph_us(tern__cuda *c, int on, float *y, const uint8_t *w, size_t wb, int copies, const void *x,
+                          int m, int n, int k, float beta, cudaEvent_t e0, cudaEvent_t e1) {
+    const int reps = copies * 4 < 40 ? 40 : copies * 4;
+    cudaGraph_t gr = NULL;
+    cudaGraphExec_t ge = NULL;
+    float ms = -1.0f;
+    tern__cuda_wgemm_on = on;
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1.0;
+    int ok = 1;
+    for (int r = 0; r < reps && ok; r++)
+        ok = tern__cuda_lt_gemm(c, y, m, 0, w + (size_t)(r % copies) * wb, 0, x, k, 0, m, n, k, 0, CUDA_R_16BF,
+                                CUBLAS_COMPUTE_32F, beta) == TERN_OK;
+    if (cudaStreamEndCapture(c->stream, &gr) != cudaSuccess || !ok ||
+        cudaGraphInstantiate(&ge, gr, 0) != cudaSuccess || cudaGraphLaunch(ge, c->stream) != cudaSuccess)
+        goto done;
+    cudaEventRecord(e0, c->stream);
+    cudaGraphLaunch(ge, c->stream);
+    cudaEventRecord(e1, c->stream);
+    if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) ms = -1.0f;
+done:
+    if (ge) cudaGraphExecDestroy(ge);
+    if (gr) cudaGraphDestroy(gr);
+    cudaGetLastError();
+    return ms < 0 ? -1.0 : 1e3 * ms / reps;
+}
+
+void tern__cuda_wgemm_bench(tern__cuda *c, const char *name, int m, int k, float beta, const int *ns, int nn) {
+    const size_t wb = (size_t)m * k * 2;
+    int copies = (int)((400u << 20) / wb + 1), nmax = 1;
+    if (copies > 16) copies = 16;
+    for (int i = 0; i < nn; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
+    const size_t xe = (size_t)nmax * k, ye = (size_t)nmax * m;
+    uint16_t *h = malloc((wb > xe * 2 ? wb : xe * 2));
+    float *y0 = malloc(ye * 4), *ya = malloc(ye * 4), *yb = malloc(ye * 4);
+    uint8_t *w = NULL;
+    void *x = NULL;
+    float *y = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    const int keep = tern__cuda_wgemm_on;
+    cudaSetDevice(c->device);
+    if (!h || !y0 || !ya || !yb || cudaMalloc((void **)&w, wb * copies) != cudaSuccess ||
+        cudaMalloc(&x, xe * 2) != cudaSuccess || cudaMalloc((void **)&y, ye * 4) != cudaSuccess ||
+        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+        printf("wgemm %s: no memory\n", name);
+        goto done;
+    }
+    uint32_t s = 12345u;
+    const float amp = 1.0f / sqrtf((float)k);
+    for (size_t i = 0; i < wb / 2; i++) {
+        s = s * 1664525u + 1013904223u;
+        h[i] = tern_f32_to_bf16(amp * ((float)(s >> 8) / 8388608.0f - 1.0f));
+    }
+    cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < copies; i++) cudaMemcpy(w + (size_t)i * wb, h, wb, cudaMemcpyHostToDevice);
+    for (size_t i = 0; i < xe; i++) {
+        s = s * 1664525u + 1013904223u;
+        h[i] = tern_f32_to_bf16((float)(s >> 8) / 8388608.0f - 1.0f);
+    }
+    cudaMemcpy(x, h, xe * 2, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
+    for (size_t i = 0; i < ye; i++) {
+        s = s * 1664525u + 1013904223u;
+        y0[i] = (float)(s >> 8) / 8388608.0f - 1.0f;
+    }
+    for (int i = 0; i < nn; i++) {
+        const int n = ns[i];
+        float *out[2] = {ya, yb};
+        int served = 0;
+        for (int on = 0; on < 2; on++) {
+            const unsigned long long before = tern__cuda_wgemm_calls;
+            tern__cuda_wgemm_on = on;
+            cudaMemcpy(y, y0, (size_t)n * m * 4, cudaMemcpyHostToDevice);
+            cudaDeviceSynchronize();
+            tern__cuda_lt_gemm(c, y, m, 0, w, 0, x, k, 0, m, n, k, 0, CUDA_R_16BF, CUBLAS_COMPUTE_32F, beta);
+            cudaStreamSynchronize(c->stream); /* the backend's stream does not wait for the legacy one */
+            if (cudaMemcpy(out[on], y, (size_t)n * m * 4, cudaMemcpyDeviceToHost) != cudaSuccess) cudaGetLastError();
+            if (on) served = tern__cuda_wgemm_calls > before;
+        }
+        double d2 = 0, r2 = 0, dmax = 0;
+        for (size_t j = 0; j < (size_t)n * m; j++) {
+            const double dd = (double)ya[j] - yb[j];
+            d2 += dd * dd;
+            r2 += (double)ya[j] * ya[j];
+            dmax = fabs(dd) > dmax ? fabs(dd) : dmax;
+        }
+        const double ua = wg_graph_us(c, 0, y, w, wb, copies, x, m, n, k, beta, e0, e1);
+        const double ub = wg_graph_us(c, 1, y, w, wb, copies, x, m, n, k, beta, e0, e1);
+        printf("wgemm %-26s n=%-4d cublasLt %8.1f us %7.1f GB/s | wgemm %8.1f us %7.1f GB/s %s| rel %.2e max %.2e\n",
+               name, n, ua, wb / ua * 1e-3, ub, wb / ub * 1e-3, served ? "" : "(not served) ",
+               r2 > 0 ? sqrt(d2 / r2) : 0.0, dmax);
+        fflush(stdout);
+    }
+done:
+    tern__cuda_wgemm_on = keep;
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(w);
+    cudaFree(x);
+    cudaFree(y);
+    cudaGetLastError();
+    free(h); free(y0); free(ya); free(yb);
 }
