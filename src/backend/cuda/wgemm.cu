@@ -2,7 +2,10 @@
  * wgemm.cu — the plain bf16 GEMM of a decode batch, y [n][m] (+)= X [n][k] · W [m][k]ᵀ for 17..128 rows, on the
  * Tensor Memory Accelerator and Hopper's warpgroup MMA (sm_90a only: built for that target alone; elsewhere, or
  * with TERN_CUDA_WGEMM=0, cuBLASLt runs it). gemm.c's lt_gemm_t hands it every f32-output, one-matrix GEMM of
- * BF16 weights it can take.
+ * BF16 weights it can take. Opt-in: on the H200 it is correct but slower than cuBLASLt at every shape (session 28,
+ * bench/NOTES.md (ao): at 64 rows down 44.7 vs 35.7 µs, o 20.4 vs 11.2, head 325 vs 278), and probes put the loss in
+ * the weights' TMA stream itself (no X copies, no MMAs: down still 39.8 µs) — the next step is a weight layout read by
+ * one 1-D bulk copy a stage.
  *
  * Why: at 64 rows cuBLASLt ran llama3-8b's down projection (4096x14336, += y) at 3.1 TB/s, o (4096x4096) at 2.7
  * and q|k|v (6144x4096) at 2.8, against 3.85 for gate|up (bench/NOTES.md (am), (an)); none of the 1717
@@ -85,7 +88,7 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *m, int c
 template <int NB>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, float *y, int ldy,
-              int m, int n, int nkt, int add, int rot) {
+              int m, int n, int nkt, int add, int rot, const uint8_t *wraw) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using G = WgGeo<NB>;
     extern __shared__ uint8_t wg_raw[];
@@ -118,9 +121,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         const bool nox = rot & 2;
         const unsigned sb = nox ? G::WB : G::STG;
         auto kin = [&](int i) { return (kt0 + (i + r) % cnt) * 64; }; /* tile i's first input */
+        /* rot bit 3 (TERN_CUDA_WGEMM_BULK=1, a probe: wrong results): each stage's weight bytes as one contiguous
+         * 1-D bulk copy (the block's own run of the matrix), the layout a repack at upload would give */
+        auto wload = [&](uint32_t dst, int i, uint32_t bar) {
+            if (rot & 8) {
+                const size_t blk = (size_t)blockIdx.x * gridDim.y + blockIdx.y, off = (blk * (size_t)nkt / gridDim.y + i) *
+                                                                                        (size_t)G::WB;
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                             "l"(wraw + off), "r"((unsigned)G::WB), "r"(bar)
+                             : "memory");
+            } else {
+                tma_2d(dst, &tw, kin(i), f0, bar);
+            }
+        };
         for (int i = 0; i < pre; i++) {
             mb_expect(full + 8 * i, sb);
-            tma_2d(s0 + i * G::STG, &tw, kin(i), f0, full + 8 * i);
+            wload(s0 + i * G::STG, i, full + 8 * i);
         }
         pdl_wait(); /* X is the previous kernel's output */
         for (int i = 0; i < pre && !nox; i++) tma_2d(s0 + i * G::STG + G::WB, &tx, kin(i), r0, full + 8 * i);
@@ -128,7 +144,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             const int s = i % G::ST;
             mb_wait(empty + 8 * s, ((i / G::ST) - 1) & 1);
             mb_expect(full + 8 * s, sb);
-            tma_2d(s0 + s * G::STG, &tw, kin(i), f0, full + 8 * s);
+            wload(s0 + s * G::STG, i, full + 8 * s);
             if (!nox) tma_2d(s0 + s * G::STG + G::WB, &tx, kin(i), r0, full + 8 * s);
         }
     } else {
@@ -208,7 +224,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     }
     if (S > 1) cl.sync(); /* no block leaves while another reads its tile */
 #else
-    (void)tw; (void)tx; (void)y; (void)ldy; (void)m; (void)n; (void)nkt; (void)add; (void)rot;
+    (void)tw; (void)tx; (void)y; (void)ldy; (void)m; (void)n; (void)nkt; (void)add; (void)rot; (void)wraw;
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
 #endif
 }
@@ -282,12 +298,13 @@ static int wg_split(int tiles, int nkt, int sms) {
 
 /* bit 0: TERN_CUDA_WGEMM_ROT (default 1), the blocks start their K walks at different tiles (H200: a tie); bit 1:
  * TERN_CUDA_WGEMM_NOX=1, a probe for bench_cuda --wgemm — the weights streamed without the X tiles; bit 2:
- * TERN_CUDA_WGEMM_NOMMA=1, the stages consumed without their MMAs (both give wrong results) */
+ * TERN_CUDA_WGEMM_NOMMA=1, the stages consumed without their MMAs; bit 3: TERN_CUDA_WGEMM_BULK=1, each stage's weights
+ * as one contiguous 1-D bulk copy (the three give wrong results) */
 static int wg_rot(void) {
     static int v = -1;
     if (v < 0)
         v = (tern__cuda_env_int("TERN_CUDA_WGEMM_ROT", 1) != 0) | (tern__cuda_env_int("TERN_CUDA_WGEMM_NOX", 0) ? 2 : 0) |
-            (tern__cuda_env_int("TERN_CUDA_WGEMM_NOMMA", 0) ? 4 : 0);
+            (tern__cuda_env_int("TERN_CUDA_WGEMM_NOMMA", 0) ? 4 : 0) | (tern__cuda_env_int("TERN_CUDA_WGEMM_BULK", 0) ? 8 : 0);
     return v;
 }
 
@@ -309,13 +326,13 @@ extern "C" int tern__cuda_wgemm(tern__cuda *c, float *y, int ldy, const void *w,
     cudaError_t e;
     if (nb == 32)
         e = tern_launch_cluster(c->stream, wg_kernel<32>, grid, dim3(WG_THREADS), WgGeo<32>::SMEM, S > 1 ? S : 0, tw,
-                                tx, y, ldy, m, n, nkt, add, wg_rot());
+                                tx, y, ldy, m, n, nkt, add, wg_rot(), (const uint8_t *)w);
     else if (nb == 64)
         e = tern_launch_cluster(c->stream, wg_kernel<64>, grid, dim3(WG_THREADS), WgGeo<64>::SMEM, S > 1 ? S : 0, tw,
-                                tx, y, ldy, m, n, nkt, add, wg_rot());
+                                tx, y, ldy, m, n, nkt, add, wg_rot(), (const uint8_t *)w);
     else
         e = tern_launch_cluster(c->stream, wg_kernel<128>, grid, dim3(WG_THREADS), WgGeo<128>::SMEM, S > 1 ? S : 0,
-                                tw, tx, y, ldy, m, n, nkt, add, wg_rot());
+                                tw, tx, y, ldy, m, n, nkt, add, wg_rot(), (const uint8_t *)w);
     if (e != cudaSuccess) { /* e.g. no room for a cluster: the caller takes cuBLASLt */
         cudaGetLastError();
         return 0;
