@@ -177,12 +177,12 @@ static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc
     float alpha = 1.0f;
     cublasLtMatmulHeuristicResult_t hs[LT_PICK_MAX], h;
     int got = 0;
-    const long long S[3] = {sa, sb, sc};
-    int sk = 0; /* which strides are zero, and their alignment class */
-    for (int i = 0; i < 3; i++) sk = sk * 8 + (S[i] == 0 ? 0 : S[i] % 16 == 0 ? 1 : S[i] % 8 == 0 ? 2 : 3);
     if (cty == CUDA_R_32F && nb == 0 && !an && ab == CUDA_R_16BF && ct == CUBLAS_COMPUTE_32F && ldb == k &&
         (beta == 0.0f || beta == 1.0f) && tern__cuda_wgemm(c, (float *)y, ldc, a, bm, m, n, k, beta != 0.0f))
         return TERN_OK; /* one matrix of a decode batch: wgemm.cu */
+    const long long S[3] = {sa, sb, sc};
+    int sk = 0; /* which strides are zero, and their alignment class */
+    for (int i = 0; i < 3; i++) sk = sk * 8 + (S[i] == 0 ? 0 : S[i] % 16 == 0 ? 1 : S[i] % 8 == 0 ? 2 : 3);
     const lt_key key = {m, n, k, ldb, ldc, nb, (int)ab, (int)ct, beta != 0.0f, nb >= 1 ? sk : 0, (int)cty * 2 + !!an};
     lt_ent *ent = lt_cache_on() ? lt_slot(c, &key) : NULL;
     if (tern__cuda_lt_desc_make(&d, cty, ldc, sc, an, sa, ldb, sb, m, n, k, nb, ab, ct) != TERN_OK) return st;

@@ -276,8 +276,15 @@ static bool wg_init(int dev) {
     return wg_ready[dev] > 0;
 }
 
+static void wg_env(void) {
+    if (tern__cuda_wgemm_on < 0) tern__cuda_wgemm_on = tern__cuda_env_int("TERN_CUDA_WGEMM", 0) != 0;
+    if (tern__cuda_wgemm_min < 0) tern__cuda_wgemm_min = tern__cuda_env_int("TERN_CUDA_WGEMM_MIN", 17);
+}
+
+/* gemm.h; when switched on later (tests), the first call does this (outside a capture there) */
 extern "C" void tern__cuda_wgemm_init(tern__cuda *c) {
-    if (wg_encoder()) wg_init(c->device);
+    wg_env();
+    if (tern__cuda_wgemm_on && wg_encoder()) wg_init(c->device);
 }
 
 /* K parts (1..8, TERN_CUDA_WGEMM_S forces one): the fewest K tiles a block over the waves the blocks take (one block
@@ -312,8 +319,7 @@ static int wg_rot(void) {
  * served (nothing written) */
 extern "C" int tern__cuda_wgemm(tern__cuda *c, float *y, int ldy, const void *w, const void *x, int m, int n, int k,
                                 int add) {
-    if (tern__cuda_wgemm_on < 0) tern__cuda_wgemm_on = tern__cuda_env_int("TERN_CUDA_WGEMM", 0) != 0;
-    if (tern__cuda_wgemm_min < 0) tern__cuda_wgemm_min = tern__cuda_env_int("TERN_CUDA_WGEMM_MIN", 17);
+    wg_env();
     if (!tern__cuda_wgemm_on || n < tern__cuda_wgemm_min || n < 1 || n > WG_MAXN || m < 4 || m % 4 || k < 8 ||
         k % 8 || ldy < m || ldy % 4 || ((uintptr_t)y | (uintptr_t)w | (uintptr_t)x) & 15)
         return 0;
