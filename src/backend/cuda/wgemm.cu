@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         /* rot bit 1 (TERN_CUDA_WGEMM_NOX=1, a probe: wrong results): no X copies, so the stages carry weights only */
         const int pre = cnt < G::ST ? cnt : G::ST, r = (rot & 1) && cnt > 0 ? (int)((blockIdx.x * 5u) % (unsigned)cnt) : 0;
         const bool nox = rot & 2;
+        if (rot & 16) pdl_wait(); /* W itself is the previous kernel's output (gemm.c's dequantized rows in scratch) */
         const unsigned sb = nox ? G::WB : G::STG;
         auto kin = [&](int i) { return (kt0 + (i + r) % cnt) * 64; }; /* tile i's first input */
         /* rot bit 3 (TERN_CUDA_WGEMM_BULK=1, a probe: wrong results): each stage's weight bytes as one contiguous
@@ -306,7 +307,8 @@ static int wg_split(int tiles, int nkt, int sms) {
 /* bit 0: TERN_CUDA_WGEMM_ROT (default 1), the blocks start their K walks at different tiles (H200: a tie); bit 1:
  * TERN_CUDA_WGEMM_NOX=1, a probe for bench_cuda --wgemm — the weights streamed without the X tiles; bit 2:
  * TERN_CUDA_WGEMM_NOMMA=1, the stages consumed without their MMAs; bit 3: TERN_CUDA_WGEMM_BULK=1, each stage's weights
- * as one contiguous 1-D bulk copy (the three give wrong results) */
+ * as one contiguous 1-D bulk copy (the three give wrong results); the launcher adds bit 4 when W lies in gemm_scratch
+ * (written by the previous kernel: no copy before pdl_wait) */
 static int wg_rot(void) {
     static int v = -1;
     if (v < 0)
@@ -328,17 +330,22 @@ extern "C" int tern__cuda_wgemm(tern__cuda *c, float *y, int ldy, const void *w,
     CUtensorMap tw, tx;
     if (!wg_map(&tw, w, k, m, WG_FM) || !wg_map(&tx, x, k, n, nb)) return 0;
     const int S = wg_split(tiles, nkt, c->n_sm);
+    /* the first weight copies go out before pdl_wait only for stored weights: gemm.c's quantized / FP8 path hands over
+     * rows its dequantize kernel has just written into gemm_scratch (session 28: copied early, they were read before
+     * being written — batched parity rows of gemma4_dense_q4g64 / gemma4_moe_mixed / glm5_dsa_fp8 wrong) */
+    const uint8_t *ws = (const uint8_t *)c->gemm_scratch;
+    const int flags = wg_rot() | ((const uint8_t *)w >= ws && (const uint8_t *)w < ws + c->gemm_scratch_bytes ? 16 : 0);
     const dim3 grid((unsigned)tiles, (unsigned)S, 1);
     cudaError_t e;
     if (nb == 32)
         e = tern_launch_cluster(c->stream, wg_kernel<32>, grid, dim3(WG_THREADS), WgGeo<32>::SMEM, S > 1 ? S : 0, tw,
-                                tx, y, ldy, m, n, nkt, add, wg_rot(), (const uint8_t *)w);
+                                tx, y, ldy, m, n, nkt, add, flags, (const uint8_t *)w);
     else if (nb == 64)
         e = tern_launch_cluster(c->stream, wg_kernel<64>, grid, dim3(WG_THREADS), WgGeo<64>::SMEM, S > 1 ? S : 0, tw,
-                                tx, y, ldy, m, n, nkt, add, wg_rot(), (const uint8_t *)w);
+                                tx, y, ldy, m, n, nkt, add, flags, (const uint8_t *)w);
     else
         e = tern_launch_cluster(c->stream, wg_kernel<128>, grid, dim3(WG_THREADS), WgGeo<128>::SMEM, S > 1 ? S : 0,
-                                tw, tx, y, ldy, m, n, nkt, add, wg_rot(), (const uint8_t *)w);
+                                tw, tx, y, ldy, m, n, nkt, add, flags, (const uint8_t *)w);
     if (e != cudaSuccess) { /* e.g. no room for a cluster: the caller takes cuBLASLt */
         cudaGetLastError();
         return 0;
