@@ -32,6 +32,9 @@ static unsigned cfg_u(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAtt
     return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : 9999u;
 }
 
+/* timed launches over `copies` weight copies: four passes, at least 40 */
+static int sweep_reps(int copies) { return copies * 4 < 40 ? 40 : copies * 4; }
+
 /* launches r0..r1-1 of algorithm al, launch r on copy r % copies of A; 0 at the first that fails */
 static int sweep_run(tern__cuda *c, const tern__cuda_lt_desc *d, const cublasLtMatmulAlgo_t *al, void *y, const void *a,
                      size_t a_step, int copies, const void *bm, float beta, int r0, int r1) {
@@ -80,7 +83,7 @@ void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, i
         CUBLAS_STATUS_SUCCESS)
         got = 0;
     if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) goto done;
-    const int reps = copies * 4 < 40 ? 40 : copies * 4;
+    const int reps = sweep_reps(copies);
     for (int i = 0; i < got; i++) {
         const cublasLtMatmulAlgo_t *al = &hs[i].algo;
         const double us = time_algo(c, &d, al, y, a, a_step, copies, bm, beta, reps, e0, e1);
@@ -180,7 +183,7 @@ void tern__cuda_lt_search(tern__cuda *c, const char *name, void *y, int c_bf16, 
     }
     qsort(cand, (size_t)nc, sizeof *cand, cand_cmp);
     printf("ltsearch %-28s n=%-4d %d algorithm ids, %d configurations checked, %d ran\n", name, n, nid, checked, nc);
-    const int reps = copies * 4 < 40 ? 40 : copies * 4;
+    const int reps = sweep_reps(copies);
     for (int i = 0; i < nc && i < SEARCH_TOP; i++) {
         cublasLtMatmulAlgo_t x;
         if (!tern__cuda_lt_algo_make(c, &d, cty, cand[i].cfg, &x)) continue;
@@ -206,7 +209,7 @@ extern unsigned long long tern__cuda_wgemm_calls;
 
 static double wg_graph_us(tern__cuda *c, int on, float *y, const uint8_t *w, size_t wb, int copies, const void *x,
                           int m, int n, int k, float beta, cudaEvent_t e0, cudaEvent_t e1) {
-    const int reps = copies * 4 < 40 ? 40 : copies * 4;
+    const int reps = sweep_reps(copies);
     cudaGraph_t gr = NULL;
     cudaGraphExec_t ge = NULL;
     float ms = -1.0f;
@@ -228,6 +231,12 @@ done:
     if (gr) cudaGraphDestroy(gr);
     cudaGetLastError();
     return ms < 0 ? -1.0 : 1e3 * ms / reps;
+}
+
+/* the next of a fixed sequence of values in [-1, 1) (the same operands every run) */
+static float lcg_unit(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) / 8388608.0f - 1.0f;
 }
 
 void tern__cuda_wgemm_bench(tern__cuda *c, const char *name, int m, int k, float beta, const int *ns, int nn) {
@@ -252,22 +261,13 @@ void tern__cuda_wgemm_bench(tern__cuda *c, const char *name, int m, int k, float
     }
     uint32_t s = 12345u;
     const float amp = 1.0f / sqrtf((float)k);
-    for (size_t i = 0; i < wb / 2; i++) {
-        s = s * 1664525u + 1013904223u;
-        h[i] = tern_f32_to_bf16(amp * ((float)(s >> 8) / 8388608.0f - 1.0f));
-    }
+    for (size_t i = 0; i < wb / 2; i++) h[i] = tern_f32_to_bf16(amp * lcg_unit(&s));
     cudaStreamSynchronize(c->stream);
     for (int i = 0; i < copies; i++) cudaMemcpy(w + (size_t)i * wb, h, wb, cudaMemcpyHostToDevice);
-    for (size_t i = 0; i < xe; i++) {
-        s = s * 1664525u + 1013904223u;
-        h[i] = tern_f32_to_bf16((float)(s >> 8) / 8388608.0f - 1.0f);
-    }
+    for (size_t i = 0; i < xe; i++) h[i] = tern_f32_to_bf16(lcg_unit(&s));
     cudaMemcpy(x, h, xe * 2, cudaMemcpyHostToDevice);
     cudaDeviceSynchronize();
-    for (size_t i = 0; i < ye; i++) {
-        s = s * 1664525u + 1013904223u;
-        y0[i] = (float)(s >> 8) / 8388608.0f - 1.0f;
-    }
+    for (size_t i = 0; i < ye; i++) y0[i] = lcg_unit(&s);
     for (int i = 0; i < nn; i++) {
         const int n = ns[i];
         float *out[2] = {ya, yb};

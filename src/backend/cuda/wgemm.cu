@@ -49,6 +49,14 @@ unsigned long long tern__cuda_wgemm_calls = 0;
 #define WG_FM 256 /* features a block: two warpgroups × two m64 */
 #define WG_PLD (WG_FM + 4) /* floats a row of the [row][feature] tile: 8·(lane & 3) + lane / 4 spreads a store over the banks */
 
+/* the kernel's flags: WG_ROT (TERN_CUDA_WGEMM_ROT, default on) the blocks start their K walks at different tiles
+ * (H200: a tie); WG_WDYN (set by the launcher when W lies in gemm_scratch) W is the previous kernel's output, so no
+ * copy goes out before pdl_wait; probes for bench_cuda --wgemm, all giving wrong results: WG_NOX
+ * (TERN_CUDA_WGEMM_NOX=1) no X copies, WG_NOMMA (_NOMMA=1) the stages consumed without their MMAs, WG_BULK (_BULK=1)
+ * each stage's weights as one contiguous 1-D bulk copy of the block's own run of the matrix (the layout a repack at
+ * upload would give) */
+enum { WG_ROT = 1, WG_NOX = 2, WG_NOMMA = 4, WG_BULK = 8, WG_WDYN = 16 };
+
 template <int NB> struct WgGeo {
     static constexpr int WB = WG_FM * 128;           /* W tile: 256 features x 64 inputs, bf16 (one TMA box) */
     static constexpr int XB = NB * 128;              /* X tile: NB rows x 64 inputs */
@@ -88,7 +96,7 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *m, int c
 template <int NB>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, float *y, int ldy,
-              int m, int n, int nkt, int add, int rot, const uint8_t *wraw) {
+              int m, int n, int nkt, int add, int flags, const uint8_t *wraw) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using G = WgGeo<NB>;
     extern __shared__ uint8_t wg_raw[];
@@ -114,18 +122,15 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < NB / 2; i++) acc[h][i] = 0.0f;
     if (tid == 256) { /* the producer */
-        /* the blocks of a wave start their K walks at different tiles (rot): all reading the same X tile at once
-         * queued them on the few L2 slices that hold it */
-        /* rot bit 1 (TERN_CUDA_WGEMM_NOX=1, a probe: wrong results): no X copies, so the stages carry weights only */
-        const int pre = cnt < G::ST ? cnt : G::ST, r = (rot & 1) && cnt > 0 ? (int)((blockIdx.x * 5u) % (unsigned)cnt) : 0;
-        const bool nox = rot & 2;
-        if (rot & 16) pdl_wait(); /* W itself is the previous kernel's output (gemm.c's dequantized rows in scratch) */
+        /* WG_ROT: all the blocks reading the same X tile at once might queue on the few L2 slices that hold it */
+        const int pre = cnt < G::ST ? cnt : G::ST,
+                  r = (flags & WG_ROT) && cnt > 0 ? (int)((blockIdx.x * 5u) % (unsigned)cnt) : 0;
+        const bool nox = flags & WG_NOX;
+        if (flags & WG_WDYN) pdl_wait(); /* gemm.c's dequantized rows in scratch */
         const unsigned sb = nox ? G::WB : G::STG;
         auto kin = [&](int i) { return (kt0 + (i + r) % cnt) * 64; }; /* tile i's first input */
-        /* rot bit 3 (TERN_CUDA_WGEMM_BULK=1, a probe: wrong results): each stage's weight bytes as one contiguous
-         * 1-D bulk copy (the block's own run of the matrix), the layout a repack at upload would give */
         auto wload = [&](uint32_t dst, int i, uint32_t bar) {
-            if (rot & 8) {
+            if (flags & WG_BULK) {
                 const size_t blk = (size_t)blockIdx.x * gridDim.y + blockIdx.y, off = (blk * (size_t)nkt / gridDim.y + i) *
                                                                                         (size_t)G::WB;
                 asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
@@ -156,7 +161,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 const int s = i % G::ST;
                 mb_wait(full + 8 * s, (i / G::ST) & 1);
                 const uint32_t wa = s0 + s * G::STG + ga, xa = s0 + s * G::STG + G::WB;
-                if (rot & 4) { /* TERN_CUDA_WGEMM_NOMMA probe: the stream alone */
+                if (flags & WG_NOMMA) { /* the stream alone */
                     __syncwarp();
                     if ((tid & 31) == 0) mb_arrive(empty + 8 * s);
                     continue;
@@ -225,7 +230,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     }
     if (S > 1) cl.sync(); /* no block leaves while another reads its tile */
 #else
-    (void)tw; (void)tx; (void)y; (void)ldy; (void)m; (void)n; (void)nkt; (void)add; (void)rot; (void)wraw;
+    (void)tw; (void)tx; (void)y; (void)ldy; (void)m; (void)n; (void)nkt; (void)add; (void)flags; (void)wraw;
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
 #endif
 }
@@ -304,16 +309,12 @@ static int wg_split(int tiles, int nkt, int sms) {
     return best;
 }
 
-/* bit 0: TERN_CUDA_WGEMM_ROT (default 1), the blocks start their K walks at different tiles (H200: a tie); bit 1:
- * TERN_CUDA_WGEMM_NOX=1, a probe for bench_cuda --wgemm — the weights streamed without the X tiles; bit 2:
- * TERN_CUDA_WGEMM_NOMMA=1, the stages consumed without their MMAs; bit 3: TERN_CUDA_WGEMM_BULK=1, each stage's weights
- * as one contiguous 1-D bulk copy (the three give wrong results); the launcher adds bit 4 when W lies in gemm_scratch
- * (written by the previous kernel: no copy before pdl_wait) */
-static int wg_rot(void) {
+/* the flags the switches set (WG_ROT, the probes) */
+static int wg_flags(void) {
     static int v = -1;
     if (v < 0)
-        v = (tern__cuda_env_int("TERN_CUDA_WGEMM_ROT", 1) != 0) | (tern__cuda_env_int("TERN_CUDA_WGEMM_NOX", 0) ? 2 : 0) |
-            (tern__cuda_env_int("TERN_CUDA_WGEMM_NOMMA", 0) ? 4 : 0) | (tern__cuda_env_int("TERN_CUDA_WGEMM_BULK", 0) ? 8 : 0);
+        v = (tern__cuda_env_int("TERN_CUDA_WGEMM_ROT", 1) ? WG_ROT : 0) | (tern__cuda_env_int("TERN_CUDA_WGEMM_NOX", 0) ? WG_NOX : 0) |
+            (tern__cuda_env_int("TERN_CUDA_WGEMM_NOMMA", 0) ? WG_NOMMA : 0) | (tern__cuda_env_int("TERN_CUDA_WGEMM_BULK", 0) ? WG_BULK : 0);
     return v;
 }
 
@@ -334,18 +335,13 @@ extern "C" int tern__cuda_wgemm(tern__cuda *c, float *y, int ldy, const void *w,
      * rows its dequantize kernel has just written into gemm_scratch (session 28: copied early, they were read before
      * being written — batched parity rows of gemma4_dense_q4g64 / gemma4_moe_mixed / glm5_dsa_fp8 wrong) */
     const uint8_t *ws = (const uint8_t *)c->gemm_scratch;
-    const int flags = wg_rot() | ((const uint8_t *)w >= ws && (const uint8_t *)w < ws + c->gemm_scratch_bytes ? 16 : 0);
-    const dim3 grid((unsigned)tiles, (unsigned)S, 1);
-    cudaError_t e;
-    if (nb == 32)
-        e = tern_launch_cluster(c->stream, wg_kernel<32>, grid, dim3(WG_THREADS), WgGeo<32>::SMEM, S > 1 ? S : 0, tw,
-                                tx, y, ldy, m, n, nkt, add, flags, (const uint8_t *)w);
-    else if (nb == 64)
-        e = tern_launch_cluster(c->stream, wg_kernel<64>, grid, dim3(WG_THREADS), WgGeo<64>::SMEM, S > 1 ? S : 0, tw,
-                                tx, y, ldy, m, n, nkt, add, flags, (const uint8_t *)w);
-    else
-        e = tern_launch_cluster(c->stream, wg_kernel<128>, grid, dim3(WG_THREADS), WgGeo<128>::SMEM, S > 1 ? S : 0,
-                                tw, tx, y, ldy, m, n, nkt, add, flags, (const uint8_t *)w);
+    const int flags = wg_flags() | ((const uint8_t *)w >= ws && (const uint8_t *)w < ws + c->gemm_scratch_bytes ? WG_WDYN : 0);
+    void (*kern)(CUtensorMap, CUtensorMap, float *, int, int, int, int, int, int, const uint8_t *) =
+        nb == 32 ? wg_kernel<32> : nb == 64 ? wg_kernel<64> : wg_kernel<128>;
+    const size_t smem = nb == 32 ? WgGeo<32>::SMEM : nb == 64 ? WgGeo<64>::SMEM : WgGeo<128>::SMEM;
+    const cudaError_t e = tern_launch_cluster(c->stream, kern, dim3((unsigned)tiles, (unsigned)S, 1), dim3(WG_THREADS),
+                                              smem, S > 1 ? S : 0, tw, tx, y, ldy, m, n, nkt, add, flags,
+                                              (const uint8_t *)w);
     if (e != cudaSuccess) { /* e.g. no room for a cluster: the caller takes cuBLASLt */
         cudaGetLastError();
         return 0;
