@@ -355,6 +355,23 @@ static inline void tern__norm_qkv_rope_kv(tern_model *m, float *xn, const float 
     tern__norm_matmul_qkv(m, xn, x, nw, eps, rows->n, q, k, v, wq, wk, wv);
     tern__rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale);
 }
+/* tern__norm_qkv_rope_kv, then tern__attention_o (y += wo·attention): one backend op where it can (ops.h
+ * norm_qkv_attention_o; not in tensor-parallel groups, as attention_o), else the two */
+static inline void tern__norm_qkv_attention_o(tern_model *m, float *xn, const float *x, const float *nw, float eps,
+                                              float *q, float *k, float *v, const tern_tensor *wq,
+                                              const tern_tensor *wk, const tern_tensor *wv, const tern_kv_layer *kv,
+                                              const tern_rows *rows, int nh, const float *inv_freq, float mscale,
+                                              float *y, float *att, float *o, float scale, float softcap,
+                                              const tern_tensor *wo) {
+    const tern_backend_vt *op = m->be->vt;
+    const tern_tensor *const ws[3] = {wq, wk, wv};
+    if (!op->allreduce_sum && op->norm_qkv_attention_o &&
+        op->norm_qkv_attention_o(m->be, xn, x, nw, eps, q, k, v, ws, kv, rows, nh, inv_freq, mscale, y, att, scale,
+                                 softcap, wo))
+        return;
+    tern__norm_qkv_rope_kv(m, xn, x, nw, eps, q, k, v, wq, wk, wv, kv, rows, nh, inv_freq, mscale);
+    tern__attention_o(m, y, att, o, q, rows, nh, kv, scale, softcap, wo);
+}
 /* rope(q), rope(k) at rows->pos, then kv_write(k, v) */
 static inline void tern__rope_kv_write(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                        float *k, const float *v, int nh, const float *inv_freq, float mscale) {

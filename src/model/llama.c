@@ -133,9 +133,12 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         ll_layer *L = &g->L[l];
         int D = lc->head_dim, nKV = lc->n_head_kv;
         const tern_kv_layer *kvl = tern_kv_view(kv, l);
-        if (!L->bq && !L->q_norm) { /* pre-norm, q|k|v, rope q, k; cache k, v (one launch for a CUDA decode row) */
-            tern__norm_qkv_rope_kv(m, g->xn, g->x, L->in_norm, eps, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv, kvl, &rows,
-                                   nH, g->inv, g->mscale);
+        float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
+        if (!L->bq && !L->q_norm) {
+            /* pre-norm, q|k|v, rope q, k; cache k, v (one launch for a CUDA decode row); x += o_proj(attention) */
+            tern__norm_qkv_attention_o(m, g->xn, g->x, L->in_norm, eps, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv, kvl,
+                                       &rows, nH, g->inv, g->mscale, g->x, g->att, g->o, scale,
+                                       (float)c->attn_logit_softcap, &L->wo);
         } else {
             tern__norm_matmul_qkv(m, g->xn, g->x, L->in_norm, eps, n, g->q, g->k, g->v, &L->wq, &L->wk, &L->wv);
             if (L->bq) {
@@ -148,10 +151,9 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
                 op->rmsnorm(be, g->k, g->k, n * nKV, D, L->k_norm, eps);
             }
             tern__rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, g->inv, g->mscale); /* rope q, k; cache k, v */
+            /* x += o_proj(attention); tensor parallel: x += the sum of the ranks' heads */
+            tern__attention_o(m, g->x, g->att, g->o, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap, &L->wo);
         }
-        float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
-        /* x += o_proj(attention); tensor parallel: x += the sum of the ranks' heads */
-        tern__attention_o(m, g->x, g->att, g->o, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap, &L->wo);
 
         const tern_tensor *const mw[3] = {&L->gate, &L->up, &L->down};
         if (tern__norm_mlp(m, g->xn, g->x, L->post_norm, eps, n, g->x, 1, mw, TERN_ACT_SILU))

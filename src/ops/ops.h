@@ -411,6 +411,16 @@ typedef struct tern_backend_vt {
      * launch fewer). */
     int (*attention_o)(tern_backend *be, float *y, float *att, const float *q, const tern_rows *rows, int nh,
                        const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo, int add);
+    /* norm_qkv_rope_kv then attention_o with add = 1, as one op (appended; optional): the KV cache is written as
+     * rope_kv_write writes it and y += wo·attention(q), while q, k, v and att are scratch the backend may leave
+     * unwritten (the attention may rope q and k itself). 0 = not done, nothing written (src/model/internal.h
+     * tern__norm_qkv_attention_o runs the two ops). CUDA: many rows in the plain bf16 mode over joined q|k|v, where
+     * the batch decode attention on tensor cores ropes q and k and writes the cache itself (rows of distinct
+     * sequences): one launch fewer a layer, the same bits. */
+    int (*norm_qkv_attention_o)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
+                                float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
+                                const tern_rows *rows, int nh, const float *inv_freq, float mscale, float *y,
+                                float *att, float scale, float softcap, const tern_tensor *wo);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

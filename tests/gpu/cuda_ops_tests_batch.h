@@ -504,6 +504,177 @@ TEST(cuda_qkv_one) {
     tern__cuda_bf16_split = 1;
 }
 
+/* ops.h norm_qkv_attention_o (cuda_backend.c: the joined q|k|v GEMM, then the batch decode attention roping q and k and
+ * writing the cache itself, attn_decode_tc.cu's ROPE instances) against norm_qkv_rope_kv + attention_o on the same
+ * backend: y, xn and the K / V pages bitwise. Rows of distinct sequences over a block-table permutation: BF16 pages at
+ * D 128 with 64 rows (128 pairs: the 4-warp shape) and 160 rows (320 pairs: the 2-warp shape), F16 pages at D 64 with 48
+ * rows; 16 rows (32 pairs: not the tensor-core kernel's), rows sharing a sequence, and a hidden size under nh·d (the
+ * attention's bf16 output would overlap the GEMM's rows) take rope_kv_rows + the plain attention inside the op (the rope
+ * counter does not move), again bitwise. */
+TEST(cuda_qkv_attention_o) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_qkv_attention_o || !g->vt->join_weights) {
+        SKIP("cuda_qkv_attention_o", "no bf16-mode backend");
+        return;
+    }
+    extern int tern__cuda_qkv_one_on, tern__cuda_qkv_one_min;
+    extern unsigned long long tern__cuda_attn_decode_rope_calls;
+    const int keep = tern__cuda_qkv_one_on, keep_min = tern__cuda_qkv_one_min;
+    tern__cuda_qkv_one_on = 1;
+    tern__cuda_qkv_one_min = 2;
+    tern__cuda_bf16_split = 0;
+    static const struct { int n, d, nh, H, kind, shared, fused; } C[] = {
+        {64, 128, 8, 1024, TERN_KV_BF16, 0, 1}, {160, 128, 8, 1024, TERN_KV_BF16, 0, 1}, {48, 64, 16, 1024, TERN_KV_F16, 0, 1},
+        {16, 128, 8, 1024, TERN_KV_BF16, 0, 0}, {64, 128, 8, 1024, TERN_KV_BF16, 1, 0}, {64, 128, 8, 512, TERN_KV_BF16, 0, 0}};
+    const int nkv = 2, bs = 16, mb = 4, S = 160;
+    for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++) {
+        const int n = C[ci].n, d = C[ci].d, nh = C[ci].nh, H = C[ci].H;
+        const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d, pool = (size_t)S * mb * bs * nk;
+        hw h[3], hwo = make_w(TERN_DT_BF16, 0, 0, 0, 1, H, (int)nq, 0);
+        tern_tensor t[3], wo = hwo.t;
+        tern_error err = {0};
+        CHECK(g->vt->upload_weight(g, &wo, &err) == TERN_OK, "upload wo %s", err.msg);
+        for (int i = 0; i < 3; i++) {
+            h[i] = make_w(TERN_DT_BF16, 0, 0, 0, 1, i ? (int)nk : (int)nq, H, 0);
+            t[i] = h[i].t;
+            CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+        }
+        tern_tensor *tj[3] = {&t[0], &t[1], &t[2]};
+        CHECK(g->vt->join_weights(g, tj, 3) == 1, "join_weights refused");
+        const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+        float *kh = rnd(pool, 1.0f), *inv = rnd(d / 2, 0.5f), *nw = rnd(H, 1.5f), *x = rnd((size_t)n * H, 2.0f);
+        float *y0 = rnd((size_t)n * H, 1.0f);
+        uint16_t *kb = malloc(pool * 2);
+        for (size_t i = 0; i < pool; i++) kb[i] = C[ci].kind == TERN_KV_F16 ? tern_f32_to_f16(kh[i]) : tern_f32_to_bf16(kh[i]);
+        int32_t *bt = malloc((size_t)S * mb * 4), *pos = malloc((size_t)n * 4), *slot = malloc((size_t)n * 4);
+        for (int i = 0; i < S * mb; i++) bt[i] = (i * 7) % (S * mb);
+        bt[5] = bt[7] = -1; /* slot 1's blocks 1 and 3 not resident (rows at 20 / 21 and 54): those write no cache */
+        for (int r = 0; r < n; r++) {
+            slot[r] = C[ci].shared ? r / 2 : r;
+            pos[r] = C[ci].shared ? 20 + r % 2 : 17 + (r * 37) % (mb * bs - 17);
+        }
+        void *btd = to_gpu(bt, (size_t)S * mb * 4), *invd = to_gpu(inv, (size_t)d / 2 * 4), *nwd = to_gpu(nw, (size_t)H * 4);
+        void *xd = to_gpu(x, (size_t)n * H * 4), *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
+        tern_rows rows = {n, pd, sd, pos, slot};
+        tern_kv_layer kv[2];
+        float *xn[2], *q[2], *k[2], *v[2], *att[2], *y[2];
+        for (int i = 0; i < 2; i++) {
+            kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(kb, pool * 2), to_gpu(kb, pool * 2), btd, mb};
+            kv[i].kf.kind = kv[i].vf.kind = C[ci].kind;
+            xn[i] = nan_buf(g, (size_t)n * H);
+            q[i] = nan_buf(g, (size_t)n * nq);
+            k[i] = nan_buf(g, (size_t)n * nk);
+            v[i] = nan_buf(g, (size_t)n * nk);
+            att[i] = nan_buf(g, (size_t)n * nq);
+            y[i] = to_gpu(y0, (size_t)n * H * 4);
+        }
+        const float scale = 1.0f / sqrtf((float)d);
+        const unsigned long long before = tern__cuda_attn_decode_rope_calls;
+        CHECK(g->vt->norm_qkv_attention_o(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows, nh, invd, 1.25f,
+                                          y[0], att[0], scale, 0.0f, &wo) == 1,
+              "n %d d %d: norm_qkv_attention_o refused", n, d);
+        const unsigned long long took = tern__cuda_attn_decode_rope_calls - before;
+        CHECK(took == (unsigned long long)C[ci].fused, "n %d d %d shared %d: the rope-folded attention ran %llu times", n, d,
+              C[ci].shared, took);
+        CHECK(g->vt->norm_qkv_rope_kv(g, xn[1], xd, nwd, 1e-6f, q[1], k[1], v[1], ws, &kv[1], &rows, nh, invd, 1.25f) == 1,
+              "n %d: norm_qkv_rope_kv refused", n);
+        CHECK(g->vt->attention_o(g, y[1], att[1], q[1], &rows, nh, &kv[1], scale, 0.0f, &wo, 1) == 1,
+              "n %d: attention_o refused", n);
+        float *a = from_gpu(g, y[0], (size_t)n * H), *b = from_gpu(g, y[1], (size_t)n * H);
+        float *na = from_gpu(g, xn[0], (size_t)n * H), *nb = from_gpu(g, xn[1], (size_t)n * H);
+        double dm;
+        const double rel = bt_diff(a, b, (size_t)n * H, &dm);
+        printf("  err qkv_attention_o n=%d d=%d kind %d shared %d vs norm_qkv_rope_kv + attention_o %.2e (max %.2e)\n", n,
+               d, C[ci].kind, C[ci].shared, rel, dm);
+        CHECK(!memcmp(a, b, (size_t)n * H * 4), "n %d d %d: y differs (rel %.2e)", n, d, rel);
+        CHECK(!memcmp(na, nb, (size_t)n * H * 4), "n %d d %d: xn differs", n, d);
+        free(a); free(b); free(na); free(nb);
+        uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
+        for (int p = 0; p < 2; p++) {
+            g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
+            g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
+            CHECK(!memcmp(pa, pb, pool * 2), "n %d d %d: the %s pages differ", n, d, p ? "V" : "K");
+        }
+        free(pa); free(pb);
+        for (int i = 0; i < 2; i++) {
+            void *fb[] = {kv[i].k, kv[i].v, xn[i], q[i], k[i], v[i], att[i], y[i]};
+            for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
+        }
+        void *fb[] = {btd, invd, nwd, xd, pd, sd};
+        for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
+        for (int i = 2; i >= 0; i--) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+        g->vt->free_weight(g, &wo);
+        free_w(&hwo);
+        free(kh); free(inv); free(nw); free(x); free(y0); free(kb); free(bt); free(pos); free(slot);
+    }
+    tern__cuda_qkv_one_on = keep;
+    tern__cuda_qkv_one_min = keep_min;
+    tern__cuda_bf16_split = 1;
+}
+
+/* The rope-folded attention kernel itself (attn_decode.cu tern__cuda_attn_decode_rope, f32 output: no attention_o
+ * handoff, so no bf16 rounding hides a difference) against fused.cu's rope_kv_rows + the plain decode attention over
+ * the same unroped rows: the attention's f32 output and the K / V pages bit for bit. BF16 pages at D 128 (64 rows: the
+ * 4-warp shape; 160: the 2-warp shape), F16 at D 64, a rope scale of 1.25 and a zero frequency (f = 0: no rotation). */
+struct tern__cuda;
+int tern__cuda_attn_decode_rope(struct tern__cuda *c, float *out, const tern_rows *rows, int nh, const tern_kv_layer *kv,
+                                float scale, float softcap, const float *src, int ld, const float *inv_freq, float mscale);
+int tern__cuda_rope_kv_rows(struct tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src, int ld,
+                            float *q, float *k, float *v, int nh, const float *inv_freq, float mscale);
+int tern__cuda_attn_decode_q(struct tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                             const tern_kv_layer *kv, float scale, float softcap);
+TEST(cuda_attention_decode_rope_bits) {
+    tern_backend *g = g_gpu16;
+    if (!g) { SKIP("cuda_attention_decode_rope_bits", "no bf16-mode backend"); return; }
+    struct tern__cuda *c = (struct tern__cuda *)g->impl;
+    static const struct { int n, d, nh, kind; } C[] = {
+        {64, 128, 8, TERN_KV_BF16}, {160, 128, 8, TERN_KV_BF16}, {48, 64, 16, TERN_KV_F16}};
+    const int nkv = 2, bs = 16, mb = 4, S = 160;
+    for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++) {
+        const int n = C[ci].n, d = C[ci].d, nh = C[ci].nh, M = (nh + 2 * nkv) * d;
+        const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d, pool = (size_t)S * mb * bs * nk;
+        float *src = rnd((size_t)n * M, 2.0f), *inv = rnd(d / 2, 0.5f), *kh = rnd(pool, 1.0f);
+        inv[3] = 0.0f;
+        uint16_t *kb = malloc(pool * 2);
+        for (size_t i = 0; i < pool; i++) kb[i] = C[ci].kind == TERN_KV_F16 ? tern_f32_to_f16(kh[i]) : tern_f32_to_bf16(kh[i]);
+        int32_t *bt = malloc((size_t)S * mb * 4), *pos = malloc((size_t)n * 4), *slot = malloc((size_t)n * 4);
+        for (int i = 0; i < S * mb; i++) bt[i] = (i * 7) % (S * mb);
+        for (int r = 0; r < n; r++) { slot[r] = r; pos[r] = 17 + (r * 37) % (mb * bs - 17); }
+        void *srcd = to_gpu(src, (size_t)n * M * 4), *invd = to_gpu(inv, (size_t)d / 2 * 4), *btd = to_gpu(bt, (size_t)S * mb * 4);
+        void *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
+        tern_rows rows = {n, pd, sd, pos, slot};
+        tern_kv_layer kv[2];
+        float *out[2], *q = nan_buf(g, (size_t)n * nq), *k = nan_buf(g, (size_t)n * nk), *v = nan_buf(g, (size_t)n * nk);
+        for (int i = 0; i < 2; i++) {
+            kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(kb, pool * 2), to_gpu(kb, pool * 2), btd, mb};
+            kv[i].kf.kind = kv[i].vf.kind = C[ci].kind;
+            out[i] = nan_buf(g, (size_t)n * nq);
+        }
+        const float scale = 1.0f / sqrtf((float)d);
+        CHECK(tern__cuda_rope_kv_rows(c, &kv[0], &rows, srcd, M, q, k, v, nh, invd, 1.25f) == 1, "rope_kv_rows refused");
+        CHECK(tern__cuda_attn_decode_q(c, out[0], q, &rows, nh, &kv[0], scale, 0.0f) == 1, "n %d: the plain attention refused", n);
+        CHECK(tern__cuda_attn_decode_rope(c, out[1], &rows, nh, &kv[1], scale, 0.0f, srcd, M, invd, 1.25f) == 1,
+              "n %d d %d: the rope-folded attention refused", n, d);
+        float *a = from_gpu(g, out[0], (size_t)n * nq), *b = from_gpu(g, out[1], (size_t)n * nq);
+        double dm;
+        const double rel = bt_diff(a, b, (size_t)n * nq, &dm);
+        printf("  err attention decode rope n=%d d=%d kind %d vs rope_kv_rows + attention %.2e (max %.2e)\n", n, d,
+               C[ci].kind, rel, dm);
+        CHECK(!memcmp(a, b, (size_t)n * nq * 4), "n %d d %d: the attention differs (rel %.2e)", n, d, rel);
+        free(a); free(b);
+        uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
+        for (int p = 0; p < 2; p++) {
+            g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
+            g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
+            CHECK(!memcmp(pa, pb, pool * 2), "n %d d %d: the %s pages differ", n, d, p ? "V" : "K");
+        }
+        free(pa); free(pb);
+        void *fb[] = {kv[0].k, kv[0].v, kv[1].k, kv[1].v, out[0], out[1], q, k, v, srcd, invd, btd, pd, sd};
+        for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
+        free(src); free(inv); free(kh); free(kb); free(bt); free(pos); free(slot);
+    }
+}
+
 /* the residual prologue for many rows (gemm.c norm_stage, TERN_CUDA_NORM_RES_N): norm_matmul (q|k|v with q
  * precise: the split form; gate|up SiLU) and norm_mlp with res against the same ops without it on x' =
  * rmsnorm_add(x, h): x', xn and y bitwise (the same GEMMs on the same bytes); x left as is. 300 rows. */
@@ -712,6 +883,8 @@ static void cuda_batch_tests(void) {
     RUN(cuda_norm_mlp);
     RUN(cuda_qkv_one);
     RUN(cuda_attention_o);
+    RUN(cuda_qkv_attention_o);
+    RUN(cuda_attention_decode_rope_bits);
     RUN(cuda_norm_gemm_split);
     RUN(cuda_batch_fused);
     RUN(cuda_norm_gemm);

@@ -658,6 +658,56 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     return 1;
 }
 
+/* cuda_internal.h. The same choice as attn_decode_run's (the unsplit tensor-core kernel: AD_TC takes the pairs and the
+ * long-context split does not), and the fields that kernel reads, filled as there */
+extern "C" unsigned long long tern__cuda_attn_decode_rope_calls; /* launches with the rope folded in (tests) */
+unsigned long long tern__cuda_attn_decode_rope_calls = 0;
+extern "C" int tern__cuda_attn_decode_rope(tern__cuda *c, float *out, const tern_rows *rows, int nh,
+                                           const tern_kv_layer *kv, float scale, float softcap, const float *src, int ld,
+                                           const float *inv_freq, float mscale) {
+    const int kind = kv->kf.kind, n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    if (!ad_mode() || !ad_tc() || ad_tcs() == 2 || kind != kv->vf.kind || (kind != TERN_KV_BF16 && kind != TERN_KV_F16))
+        return 0;
+    if (n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv || nh / nkv > 8 || !rows->slot_host ||
+        !tern__cuda_attn_is_decode(c, rows) || tern_slot_seqs(rows->slot_host, n) != n)
+        return 0;
+    long keys = tern__cuda_attn_max_keys(c, rows, kv);
+    if (kv->window > 0 && keys > kv->window) keys = kv->window;
+    const long pairs = (long)n * nkv;
+    const bool takes = ad_tc_takes(c, pairs, keys);
+    const bool lng = ad_tcs() == 1 && tern_rows_long(rows->pos_host, n) && (kv->window <= 0 || kv->window >= tern_long_keys());
+    if ((lng && !takes) || !(takes || ad_tc() == 2)) return 0;
+    AdArgs a = {};
+    a.out = out;
+    a.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
+    a.kp = kv->k;
+    a.vp = kv->v;
+    a.pos = rows->pos;
+    a.slot = rows->slot;
+    a.bt = kv->block_table;
+    a.n = n;
+    a.nh = nh;
+    a.nkv = nkv;
+    a.G = nh / nkv;
+    a.hs = 1;
+    a.GB = a.G;
+    a.D = d;
+    a.max_blocks = kv->max_blocks;
+    a.bs = kv->block_size;
+    a.window = kv->window;
+    a.scale = scale;
+    a.softcap = softcap;
+    a.rsrc = src;
+    a.rld = ld;
+    a.rinv = inv_freq;
+    a.rmscale = mscale;
+    if (!tern__cuda_attn_decode_tc_rope(c, a, kind)) return 0;
+    c->att_bf16_done = a.outb != NULL;
+    tern__cuda_attn_decode_calls++;
+    tern__cuda_attn_decode_rope_calls++;
+    return 1;
+}
+
 /* BF16 / F16 pages (K and V of one kind), decode rows: 1 when it ran */
 extern "C" int tern__cuda_attn_decode_q(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                         const tern_kv_layer *kv, float scale, float softcap) {

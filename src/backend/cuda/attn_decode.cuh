@@ -27,6 +27,11 @@ struct AdArgs {
     int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
     int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
     float scale, softcap;
+    /* attn_decode_tc.cu's ROPE instances (tern__cuda_attn_decode_rope): q, k, v unroped in the rows of one GEMM's
+     * output (rsrc [n][rld]: nh q heads, nkv k heads, nkv v heads), roped with rinv / rmscale in the kernel */
+    const float *rsrc, *rinv;
+    int rld;
+    float rmscale;
 };
 
 /* EPL consecutive elements of a K or V row, kept as loaded (32-bit words: EPL of f32, EPL / 2 of
@@ -160,6 +165,10 @@ int tern__cuda_attn_decode_1p(tern__cuda *c, const AdArgs &a, int kind);
  * TERN_CUDA_AD_TCS_EARLY). _init: at open, the kernels' shared-memory attributes
  * (tern__cuda_attn_decode_init) */
 int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split = false, bool early = false);
+/* the same unsplit launch with rope_kv_rows folded in (a.rsrc set): every block ropes and stores its kv head's key and
+ * value of its row first, then ropes its q heads as it loads them. Rows of distinct sequences only (a block reads only
+ * its own row's keys); BF16 / F16 pages, D 64 / 128; 1 when it ran, 0 when not served (nothing launched) */
+int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind);
 void tern__cuda_attn_decode_tc_init(tern__cuda *c);
 
 #endif

@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/attn_decode.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/kvq_common.cuh"
 
 #define TC_CK 16     /* keys per chunk (one k-step of P·V) */
 #define TC_KEYS 1024 /* block-table records staged per tile of keys */
@@ -137,7 +138,28 @@ __device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool ok) 
 /* SPLIT (one row or a few: TERN_CUDA_AD_TCS): block (g, r, z) walks split z of the row's keys, chunk = max(a.chmin,
  * ceil(keys / gridDim.z)) rounded up to TC_CK keys (splits past the row's keys exit at once), writes its (M, L, Σ p·v)
  * as partials and the last split of (r, g) merges them (ad_last_merge); a row with one live split writes out directly */
-template <typename T, int D, int S_, bool SPLIT, bool EARLY = false, int W_ = 0>
+/* one page element as kvq_write.cu rounds it (fused.cu's rope_kv_rows stores the same bits) */
+template <typename T> __device__ __forceinline__ void tc_put(T *p, float x) {
+    if constexpr (std::is_same<T, __half>::value) *(uint16_t *)p = (uint16_t)kvq_f32_to_f16(x);
+    else *(uint16_t *)p = (uint16_t)kvq_f32_to_bf16(x);
+}
+
+/* rope_pair (cuda_common.cuh) with its cos / sin given: the same expressions, so the same bits */
+__device__ __forceinline__ void tc_rot(float &x0, float &x1, float co, float s, float f) {
+    if (f != 0.0f) {
+        const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
+        x0 = a;
+        x1 = b;
+    }
+}
+
+/* ROPE (tern__cuda_attn_decode_tc_rope; unsplit, D <= 128): rope_kv_rows folded in. q, k, v come unroped in the rows of
+ * one GEMM's output (a.rsrc); before its walk the block ropes its kv head's key of position pos and stores it and the
+ * value into the pages (fused.cu's arithmetic: rope_pair, then · mscale, then the page rounding), and ropes its q heads
+ * as it loads them — a lane's A fragments hold elements e and e + D/2 of a head (k-steps kk and kk + NK/2), so the
+ * pairs rotate in registers; the row's cos / sin are computed once a block into shared memory. The same bits as rope_kv_rows + the plain instance. A block reads only its own row's
+ * keys, so the rows must be of distinct sequences (the caller checks). */
+template <typename T, int D, int S_, bool SPLIT, bool EARLY = false, int W_ = 0, bool ROPE = false>
 __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>::B) attn_dec_tc_kernel(AdArgs a) {
     using SH = TcShape<D, S_, W_>;
     constexpr int W = SH::W, S = SH::S, RS = SH::RS, TILE = SH::TILE, RD = SH::RD;
@@ -163,13 +185,67 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
         s0 = (int)blockIdx.z * chunk;
         s1 = min(nk, s0 + chunk);
     }
-    const float *qrow = a.q + ((size_t)r * a.nh + head0) * D;
-
+    const float *qrow = ROPE ? a.rsrc + (size_t)r * a.rld + head0 * D : a.q + ((size_t)r * a.nh + head0) * D;
+    static_assert(!ROPE || (!SPLIT && !EARLY && D <= 128), "ROPE: the unsplit instances with q in registers");
     /* Q: registers (D <= 128: qf[kk] is the A fragment of k-step kk) or rows hi 0..7 / lo 8..15 in
      * shared memory (D 256), read by ldmatrix after the first tile's barrier */
     uint32_t qf[SH::QS ? 1 : NK][4];
     const uint32_t qs = mma_smem_u32(tc_smem + SH::RING);
-    if constexpr (!EARLY) {
+    if constexpr (ROPE) {
+        /* q's loads first; then the row's rotation once a block — (cos, sin) of pos·f for each pair index in shared
+         * memory, rope_pair's sincosf — this block's kv head (key pos roped and stored with its value), and q's pairs:
+         * element e of the first half at (kk, slot), its partner e + D/2 at (kk + NK/2, slot) */
+        constexpr int H2 = D / 2;
+        __shared__ float rc[H2], rsn[H2], rf[H2];
+        float2 x0[NK], x1[NK];
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            x0[kk] = x1[kk] = make_float2(0.0f, 0.0f);
+            if (gq < G) {
+                x0[kk] = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 2 * tq));
+                x1[kk] = __ldg((const float2 *)(qrow + (size_t)gq * D + kk * 16 + 8 + 2 * tq));
+            }
+        }
+        for (int i = threadIdx.x; i < H2; i += blockDim.x) {
+            const float f = a.rinv[i];
+            float sn = 0.0f, co = 1.0f;
+            if (f != 0.0f) sincosf((float)pos * f, &sn, &co);
+            rc[i] = co;
+            rsn[i] = sn;
+            rf[i] = f;
+        }
+        __syncthreads();
+        const float *kr = a.rsrc + (size_t)r * a.rld + (size_t)(a.nh + g) * D, *vr = kr + (size_t)a.nkv * D;
+        const int bi = pos >= 0 ? pos / a.bs : a.max_blocks;
+        const int blk = bi < a.max_blocks ? ad_btrow(a, r)[bi] : -1;
+        if (blk >= 0) {
+            const size_t dst = ((size_t)blk * a.bs + pos % a.bs) * a.nkv * D + (size_t)g * D;
+            T *kd = (T *)a.kp + dst, *vd = (T *)a.vp + dst;
+            for (int i = threadIdx.x; i < H2; i += blockDim.x) {
+                float k0 = kr[i], k1 = kr[i + H2];
+                tc_rot(k0, k1, rc[i], rsn[i], rf[i]);
+                tc_put<T>(kd + i, __fmul_rn(k0, a.rmscale));
+                tc_put<T>(kd + i + H2, __fmul_rn(k1, a.rmscale));
+                tc_put<T>(vd + i, vr[i]);
+                tc_put<T>(vd + i + H2, vr[i + H2]);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < NK / 2; kk++) {
+            const int e = kk * 16 + 2 * tq;
+            tc_rot(x0[kk].x, x0[kk + NK / 2].x, rc[e], rsn[e], rf[e]);
+            tc_rot(x0[kk].y, x0[kk + NK / 2].y, rc[e + 1], rsn[e + 1], rf[e + 1]);
+            tc_rot(x1[kk].x, x1[kk + NK / 2].x, rc[e + 8], rsn[e + 8], rf[e + 8]);
+            tc_rot(x1[kk].y, x1[kk + NK / 2].y, rc[e + 9], rsn[e + 9], rf[e + 9]);
+        }
+        /* q · mscale rounded first, as rope_kv_rows stores it: a plain product here could be contracted into tc_split's
+         * x − hi (an FMA) and change lo's bits */
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            tc_split<T>(__fmul_rn(x0[kk].x, a.rmscale), __fmul_rn(x0[kk].y, a.rmscale), qf[kk][0], qf[kk][1]);
+            tc_split<T>(__fmul_rn(x1[kk].x, a.rmscale), __fmul_rn(x1[kk].y, a.rmscale), qf[kk][2], qf[kk][3]);
+        }
+    } else if constexpr (!EARLY) {
         if constexpr (!SH::QS) {
 #pragma unroll
             for (int kk = 0; kk < NK; kk++) {
@@ -357,10 +433,11 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
     ad_warp_merge<W, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; });
 }
 
-template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0> static void tc_attr(void) {
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0, bool ROPE = false>
+static void tc_attr(void) {
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)TcShape<D, S, W>::SMEM);
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W, ROPE>, cudaFuncAttributePreferredSharedMemoryCarveout,
                          (int)cudaSharedmemCarveoutMaxShared);
 }
 
@@ -392,12 +469,15 @@ void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
     tc_attr<__half, 128, tc_stages(128), true>(); tc_attr<__half, 256, tc_stages(256), true>();
     tc_attr<__nv_bfloat16, 64, tc_stages(64), true, true>(); tc_attr<__nv_bfloat16, 128, tc_stages(128), true, true>();
     tc_attr<__nv_bfloat16, 256, tc_stages(256), true, true>();
+    tc_attr<__nv_bfloat16, 64, tc_stages(64), false, false, 0, true>(); tc_attr<__half, 64, tc_stages(64), false, false, 0, true>();
+    tc_attr<__nv_bfloat16, 128, tc_stages(128), false, false, 0, true>(); tc_attr<__half, 128, tc_stages(128), false, false, 0, true>();
+    tc_attr<__nv_bfloat16, 128, 2, false, false, 2, true>(); tc_attr<__half, 128, 2, false, false, 2, true>();
     cudaGetLastError();
 }
 
-template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0>
+template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0, bool ROPE = false>
 static void tc_launch(tern__cuda *c, dim3 grid, const AdArgs &a) {
-    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W>, grid, 32 * TcShape<D, S, W>::W,
+    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W, ROPE>, grid, 32 * TcShape<D, S, W>::W,
                 TcShape<D, S, W>::SMEM, a);
 }
 /* the split instances, EARLY ones over BF16 pages only */
@@ -423,13 +503,41 @@ template <typename T> static void tc_go(tern__cuda *c, dim3 grid, int st, bool e
     else tc_launch<T, 256, tc_stages(256)>(c, grid, a);
 }
 
+/* the block shape at D 128 (tc_st(), 0 = auto) for a launch of a.n rows */
+static int tc_shape(const tern__cuda *c, const AdArgs &a, bool split) {
+    const int st = split ? 1 : tc_st();
+    if (st) return st;
+    return a.D == 128 && (long)a.n * a.nkv > (long)TcShape<128, tc_stages(128)>::B * c->n_sm ? 4 : 1;
+}
+
 /* attn_decode.cuh */
+int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind) {
+    if (kind != TERN_KV_BF16 && kind != TERN_KV_F16) return 0;
+    if (!a.rsrc || !a.rinv || a.n <= 0 || a.n > 65535 || a.nkv <= 0 || a.nh % a.nkv || ((uintptr_t)a.rsrc & 15) || a.rld % 4)
+        return 0;
+    if (a.G < 1 || a.G > 8 || (a.D != 64 && a.D != 128)) return 0;
+    const int st = tc_shape(c, a, false);
+    if (a.D == 128 && st != 1 && st != 4) return 0;
+    cudaSetDevice(c->device);
+    const dim3 grid((unsigned)a.nkv, (unsigned)a.n, 1u);
+    auto go = [&](auto tag) {
+        using T = decltype(tag);
+        if (a.D == 64) tc_launch<T, 64, tc_stages(64), false, false, 0, true>(c, grid, a);
+        else if (st == 4) tc_launch<T, 128, 2, false, false, 2, true>(c, grid, a);
+        else tc_launch<T, 128, tc_stages(128), false, false, 0, true>(c, grid, a);
+    };
+    if (kind == TERN_KV_BF16) go(__nv_bfloat16{});
+    else go(__half{});
+    tern__cuda_check(c, "attention decode (tensor cores, rope folded in)");
+    tern__cuda_attn_decode_tc_calls++;
+    return 1;
+}
+
 int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split, bool early) {
     if (kind != TERN_KV_BF16 && kind != TERN_KV_F16) return 0;
     if (a.n <= 0 || a.n > 65535 || a.nkv <= 0 || a.nh % a.nkv || ((uintptr_t)a.q & 15)) return 0;
     if (a.G < 1 || a.G > 8 || (a.D != 64 && a.D != 128 && a.D != 256)) return 0;
-    int st = split ? 1 : tc_st();
-    if (st == 0) st = a.D == 128 && (long)a.n * a.nkv > (long)TcShape<128, tc_stages(128)>::B * c->n_sm ? 4 : 1;
+    const int st = tc_shape(c, a, split);
     const size_t smem = a.D == 64    ? TcShape<64, tc_stages(64)>::SMEM
                         : a.D == 128 ? (st == 2   ? TcShape<128, 2>::SMEM
                                         : st == 3 ? TcShape<128, 3, 2>::SMEM

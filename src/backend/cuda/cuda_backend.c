@@ -545,6 +545,39 @@ static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     if (rows->n > 1) return tern__cuda_gemm_qkv_rope(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
     return tern__cuda_norm_qkv_rope_kv(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
 }
+/* ops.h norm_qkv_attention_o: the q|k|v GEMM over joined weights (gemm.c), then the batch decode attention roping q
+ * and k and writing the cache itself (attn_decode.cu tern__cuda_attn_decode_rope: one rope_kv_rows launch fewer a
+ * layer), then the o GEMM on the attention's bf16 output (attention_o). Where the attention cannot take the rope, or its
+ * bf16 output would overlap the GEMM's rows, rope_kv_rows and the plain attention run instead: the same bits */
+static int be_norm_qkv_attention_o(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
+                                   float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
+                                   const tern_rows *rows, int nh, const float *inv_freq, float mscale, float *y, float *att,
+                                   float scale, float softcap, const tern_tensor *wo) {
+    static int on = -1; /* TERN_CUDA_QKV_ATT=0: off (the two ops) */
+    if (on < 0) on = tern__cuda_env_int("TERN_CUDA_QKV_ATT", 1) != 0;
+    tern__cuda *c = C(be);
+    tern__cuda_w wv[3], ov;
+    const tern__cuda_w *pv[3];
+    const int n = rows->n, d = kv->head_dim;
+    if (!on || n < 2 || wo->ndim != 2 || !wviews(w, 3, wv, pv)) return 0;
+    tern__cuda_wview(wo, &ov);
+    if (!tern__cuda_attn_o_begin(c, y, att, n, nh * d, &ov)) return 0;
+    size_t xb = 0;
+    const float *cs = tern__cuda_qkv_one_gemm(c, xn, x, nw, eps, pv, kv, rows, nh, &xb);
+    if (!cs) {
+        c->att_f32 = NULL; /* attention_o's state, as attn_o_end leaves it */
+        c->att_bf16_done = 0;
+        return 0;
+    }
+    const int M = pv[0]->out + pv[1]->out + pv[2]->out;
+    if ((size_t)n * nh * d * 2 > xb ||
+        !tern__cuda_attn_decode_rope(c, att, rows, nh, kv, scale, softcap, cs, M, inv_freq, mscale)) {
+        float *const qkv[3] = {q, k, v};
+        tern__cuda_rope_kv_rows(c, kv, rows, cs, M, qkv[0], qkv[1], qkv[2], nh, inv_freq, mscale);
+        be_attention(be, att, q, rows, nh, kv, scale, softcap);
+    }
+    return tern__cuda_attn_o_end(c, y, att, n, &ov, 1);
+}
 static int be_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                             const float *v, int nh, const float *inv_freq, float mscale) {
     return tern__cuda_rope_kv_write(C(be), kv, rows, q, k, v, nh, rows->pos, inv_freq, mscale);
@@ -570,6 +603,7 @@ static void be_close(tern_backend *be) {
         cudaFree(c->mm_cnt);
         cudaFree(c->ad_cnt);
         if (c->side_stream) cudaStreamDestroy(c->side_stream);
+        if (c->tune_stream) cudaStreamDestroy(c->tune_stream);
         for (int i = 0; i < 2; i++) {
             if (c->side_pin[i]) cudaFreeHost(c->side_pin[i]);
             if (c->side_ev[i]) cudaEventDestroy(c->side_ev[i]);
@@ -642,6 +676,7 @@ static const tern_backend_vt k_cuda_vt = {
     .rmsnorm_n = be_rmsnorm_n,
     .norm_rope_kv_write = be_norm_rope_kv_write,
     .norm_qkv_rope_kv = be_norm_qkv_rope_kv,
+    .norm_qkv_attention_o = be_norm_qkv_attention_o,
     .norm_mlp = be_norm_mlp,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,

@@ -73,6 +73,7 @@ typedef struct tern__cuda {
     cudaEvent_t side_ev[2];
     int side_state;              /* 0 not opened, 1 open, -1 could not be opened (synchronous copies) */
     struct tern__cuda_lt_cache *lt_cache; /* gemm.c: cuBLASLt algorithm per GEMM shape (made on first use) */
+    cudaStream_t tune_stream;    /* gemm.c lt_tune: timing runs while `stream` is being recorded (made on first use) */
     void *blas;                  /* moe_blas.cu: a cuBLAS handle on `stream` (made on first use) */
 } tern__cuda;
 
@@ -272,6 +273,12 @@ int tern__cuda_attn_decode_q(tern__cuda *c, float *out, const float *q, const te
                              const tern_kv_layer *kv, float scale, float softcap);
 void tern__cuda_attn_decode_init(tern__cuda *c);
 int tern__cuda_attn_is_decode(const tern__cuda *c, const tern_rows *rows);
+/* the batch decode attention with rope_kv_rows folded in (attn_decode_tc.cu's ROPE instances): q|k|v unroped in the
+ * rows of src (ld floats each), the cache written for the rows' positions as rope_kv_rows writes it, then the
+ * attention into out (bf16 into gemm_scratch under attention_o). Served where the plain launch would take the unsplit
+ * tensor-core kernel and the rows are distinct sequences: 1 when it ran, 0 when not (nothing launched) */
+int tern__cuda_attn_decode_rope(tern__cuda *c, float *out, const tern_rows *rows, int nh, const tern_kv_layer *kv,
+                                float scale, float softcap, const float *src, int ld, const float *inv_freq, float mscale);
 
 /* fused decode ops (gemv.cu, fused.cu): return 1 when done, 0 when the caller must run the
  * separate ops (ops.h: matmul_n, matmul_glu, matmul_add, rope_kv_write) */

@@ -87,6 +87,70 @@ static lt_ent *lt_slot(tern__cuda *c, const lt_key *k) {
     return NULL; /* full: the caller asks the heuristic every time */
 }
 
+/* ---- the heuristic's answers timed for the largest GEMMs (TERN_LT_TUNE, default 1; 0 off) ----
+ * The heuristic's first answer is within 1–7 % of the best for every layer GEMM of a batch decode, but 10 % slower on
+ * llama3-8b's lm head at 64 rows (291 vs 263 µs; bench_cuda --ltsweep, NOTES (am)), and the best answer depends on
+ * the row count, so no fixed pin serves. A plain bf16 GEMM of one matrix with beta 0 whose weights hold at least
+ * TERN_LT_TUNE_MELEMS million elements (default 256: lm heads, not layer weights) has its first sighting per shape
+ * time up to LT_PICK_MAX answers (one run to warm, three timed) and caches the fastest. Eagerly on the stream itself
+ * (its pending work is done once the first event completes: the same result); while graph.c records the stream
+ * (relaxed mode, the stream drained before recording) on tune_stream over the same operands, whose values do not
+ * change the timing; the graph then records the chosen answer. Other captures (lt_sweep.c's thread-local ones) keep
+ * the first answer. The answer, hence the summation order, may differ between processes: the bf16 bound, not bits. */
+static int lt_tune_on(long long m, long long k) {
+    static long long min = -1;
+    if (min < 0) {
+        min = tern__cuda_env_int("TERN_LT_TUNE", 1) ? tern__cuda_env_int("TERN_LT_TUNE_MELEMS", 256) : 0;
+        min = min > 0 ? min * 1000000LL : 0;
+    }
+    return min > 0 && m * k >= min;
+}
+
+/* index of the fastest of got answers (0 when timing is not possible here) */
+static int lt_tune(tern__cuda *c, const tern__cuda_lt_desc *d, const cublasLtMatmulHeuristicResult_t *hs, int got,
+                   const void *a, const void *bm, void *y, size_t ws, int m, int n, int k) {
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    cudaStream_t s = c->stream;
+    if (got < 2 || cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess) return 0;
+    if (cap != cudaStreamCaptureStatusNone) {
+        if (!c->capturing) return 0;
+        if (!c->tune_stream && cudaStreamCreateWithFlags(&c->tune_stream, cudaStreamNonBlocking) != cudaSuccess) {
+            c->tune_stream = NULL;
+            cudaGetLastError();
+            return 0;
+        }
+        s = c->tune_stream;
+    }
+    cudaEvent_t e[2] = {NULL, NULL};
+    if (cudaEventCreate(&e[0]) != cudaSuccess || cudaEventCreate(&e[1]) != cudaSuccess) {
+        if (e[0]) cudaEventDestroy(e[0]);
+        cudaGetLastError();
+        return 0;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    float best = 0.0f, t[LT_PICK_MAX] = {0};
+    int bi = 0;
+    for (int i = 0; i < got; i++) {
+        int ok = hs[i].workspaceSize <= ws;
+        for (int r = 0; r < 4 && ok; r++) {
+            if (r == 1) cudaEventRecord(e[0], s);
+            ok = cublasLtMatmul(c->lt, d->op, &alpha, a, d->la, bm, d->lb, &beta, y, d->lc, y, d->lc, &hs[i].algo,
+                                c->lt_ws, ws, s) == CUBLAS_STATUS_SUCCESS;
+        }
+        if (ok && cudaEventRecord(e[1], s) == cudaSuccess && cudaEventSynchronize(e[1]) == cudaSuccess &&
+            cudaEventElapsedTime(&t[i], e[0], e[1]) == cudaSuccess && (best == 0.0f || t[i] < best)) {
+            best = t[i];
+            bi = i;
+        }
+        cudaGetLastError();
+    }
+    cudaEventDestroy(e[0]);
+    cudaEventDestroy(e[1]);
+    tern_log(TERN_LOG_INFO, "cuda: GEMM m %d n %d k %d: the heuristic's answer %d of %d, %.1f us (its first %.1f)", m, n,
+             k, bi, got, best * 1000.0f / 3, t[0] * 1000.0f / 3);
+    return bi;
+}
+
 /* The descriptors of one cuBLASLt GEMM (shape as lt_gemm_t below); shared with lt_sweep.c */
 tern_status tern__cuda_lt_desc_make(tern__cuda_lt_desc *d, cudaDataType_t cty, int ldc, long long sc, int an,
                                     long long sa, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
@@ -193,12 +257,14 @@ static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc
         if (!pinned) {
             if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-            const int pick = lt_pick(); /* 0: one answer asked for, as always */
-            if (cublasLtMatmulAlgoGetHeuristic(c->lt, d.op, d.la, d.lb, d.lc, d.lc, pref, pick + 1, hs, &got) !=
-                    CUBLAS_STATUS_SUCCESS ||
+            const int tune = ent && !lt_pick() && beta == 0.0f && nb == 0 && !an && ab == CUDA_R_16BF &&
+                             ct == CUBLAS_COMPUTE_32F && lt_tune_on(m, k);
+            const int pick = lt_pick(); /* 0: one answer asked for, as always (tuning: all of them) */
+            if (cublasLtMatmulAlgoGetHeuristic(c->lt, d.op, d.la, d.lb, d.lc, d.lc, pref, tune ? LT_PICK_MAX : pick + 1,
+                                               hs, &got) != CUBLAS_STATUS_SUCCESS ||
                 got < 1)
                 goto done;
-            h = hs[pick < got ? pick : got - 1];
+            h = hs[tune ? lt_tune(c, &d, hs, got, a, bm, y, ws, m, n, k) : pick < got ? pick : got - 1];
         }
         if (ent) {
             ent->key = key;
@@ -637,25 +703,34 @@ static int qkv_one_min(void) {
     return tern__cuda_qkv_one_min;
 }
 
-int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
-                             const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
-                             const float *inv_freq, float mscale) {
+const float *tern__cuda_qkv_one_gemm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps,
+                                     const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows,
+                                     int nh, size_t *xbytes) {
     const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv;
-    if (!tern__cuda_qkv_one() || n < 2 || n < qkv_one_min() || xn == x || ((uintptr_t)xn & 15)) return 0;
-    if (!tern__cuda_rope_pages(kv) || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d) return 0;
+    if (!tern__cuda_qkv_one() || n < 2 || n < qkv_one_min() || xn == x || ((uintptr_t)xn & 15)) return NULL;
+    if (!tern__cuda_rope_pages(kv) || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d) return NULL;
     for (int i = 0; i < 3; i++) /* plain bf16 GEMMs over BF16 weights, adjacent rows */
         if (!plain_gemm_ok(c, w[i], n) || w[i]->nmat > 1 || w[i]->in != in ||
             (i && (const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->out * in * 2))
-            return 0;
+            return NULL;
     const int M = w[0]->out + w[1]->out + w[2]->out;
     const size_t cb = (size_t)n * M * sizeof(float), xb = staged_bytes(c, n, in, cb);
-    if (!xb) return 0;
+    if (!xb) return NULL;
     cudaSetDevice(c->device);
     float *cs = (float *)((uint8_t *)c->gemm_scratch + xb);
     norm_stage(c, xn, c->gemm_scratch, NULL, x, n, in, nw, eps, NULL);
     if (lt_gemm(c, cs, M, w[0]->data, c->gemm_scratch, M, n, in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 0.0f) != TERN_OK)
-        return 0; /* the caller runs norm_matmul + rope_kv_write (xn is rmsnorm's already) */
-    return tern__cuda_rope_kv_rows(c, kv, rows, cs, M, y[0], y[1], y[2], nh, inv_freq, mscale);
+        return NULL; /* the caller runs norm_matmul + rope_kv_write (xn is rmsnorm's already) */
+    if (xbytes) *xbytes = xb;
+    return cs;
+}
+
+int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
+                             const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                             const float *inv_freq, float mscale) {
+    const float *cs = tern__cuda_qkv_one_gemm(c, xn, x, nw, eps, w, kv, rows, nh, NULL);
+    const int M = w[0]->out + w[1]->out + w[2]->out;
+    return cs && tern__cuda_rope_kv_rows(c, kv, rows, cs, M, y[0], y[1], y[2], nh, inv_freq, mscale);
 }
 
 /* y += w·x for x staged in bf16 at the start of gemm_scratch (gemm_add, attention_o) */

@@ -53,6 +53,11 @@ int tern__cuda_qkv_one(void);
 int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                              const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                              const float *inv_freq, float mscale);
+/* its first half: xn and the GEMM; returns C (rows of w[0..2]'s Σ out floats, in gemm_scratch after the staged x, whose
+ * bytes go to *xbytes when not NULL) or NULL when not served (nothing written) */
+const float *tern__cuda_qkv_one_gemm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps,
+                                     const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows,
+                                     int nh, size_t *xbytes);
 /* fused.cu: rope_kv_write reading q|k|v from rows of C (ld floats each: q heads, k heads, v heads) and writing q, k, v
  * [n][heads·d] beside the cache; the arithmetic of rope_kv_write. 1 when done, 0 for page kinds it does not serve */
 int tern__cuda_rope_kv_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src, int ld,
