@@ -397,6 +397,32 @@ TEST(cuda_norm_mlp) {
     tern__cuda_bf16_split = 1;
 }
 
+/* q [nq, H], k and v [nk, H] BF16 weights uploaded and joined (ops.h join_weights: one allocation, q the owner);
+ * 1 when all of it worked. Free with qkv_free. */
+static int qkv_make(tern_backend *g, hw *h, tern_tensor *t, int nq, int nk, int H) {
+    tern_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        h[i] = make_w(TERN_DT_BF16, 0, 0, 0, 1, i ? nk : nq, H, 0);
+        t[i] = h[i].t;
+        if (g->vt->upload_weight(g, &t[i], &err) != TERN_OK) return 0;
+    }
+    tern_tensor *tj[3] = {&t[0], &t[1], &t[2]};
+    return g->vt->join_weights(g, tj, 3) == 1;
+}
+static void qkv_free(tern_backend *g, hw *h, tern_tensor *t) {
+    for (int i = 2; i >= 0; i--) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); } /* q, the owner, last */
+}
+/* the K and V pages (16-bit, pool elements each) of kv[0] and kv[1] bit for bit */
+static void kv_pages_same(tern_backend *g, const tern_kv_layer *kv, size_t pool, int n, int d) {
+    uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
+    for (int p = 0; p < 2; p++) {
+        g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
+        g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
+        CHECK(!memcmp(pa, pb, pool * 2), "n %d d %d: the %s pages differ", n, d, p ? "V" : "K");
+    }
+    free(pa); free(pb);
+}
+
 /* q|k|v as one matrix for many rows (TERN_CUDA_QKV_ONE, forced here): join_weights puts k and v right after q, then
  * norm_qkv_rope_kv (one GEMM + rope_kv_rows) against norm_matmul + rope_kv_write on the same backend: xn bitwise,
  * q / k / v within 1e-4 (the same exact bf16 products summed in another order), the BF16 K / V pages within 1e-3;
@@ -414,14 +440,7 @@ TEST(cuda_qkv_one) {
     const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d, pool = (size_t)mb * bs * nkv * d;
     hw h[3];
     tern_tensor t[3];
-    tern_error err = {0};
-    for (int i = 0; i < 3; i++) {
-        h[i] = make_w(TERN_DT_BF16, 0, 0, 0, 1, i ? (int)nk : (int)nq, H, 0);
-        t[i] = h[i].t;
-        CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
-    }
-    tern_tensor *tj[3] = {&t[0], &t[1], &t[2]};
-    CHECK(g->vt->join_weights(g, tj, 3) == 1, "join_weights refused");
+    CHECK(qkv_make(g, h, t, (int)nq, (int)nk, H), "upload / join_weights");
     CHECK((const uint8_t *)t[1].data == (const uint8_t *)t[0].data + nq * H * 2 &&
               (const uint8_t *)t[2].data == (const uint8_t *)t[1].data + nk * H * 2 && t[1].joined && t[2].joined && !t[0].joined,
           "joined layout");
@@ -496,7 +515,7 @@ TEST(cuda_qkv_one) {
     }
     void *b[] = {btd, invd, nwd};
     for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
-    for (int i = 2; i >= 0; i--) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); } /* q, the owner, last */
+    qkv_free(g, h, t);
     free(kh); free(khb); free(inv); free(nw); free(pa); free(pb); free(fa); free(fb);
     tern__cuda_qkv_one_on = keep;
     tern__cuda_norm_gemm_on = keep_ng;
@@ -534,13 +553,7 @@ TEST(cuda_qkv_attention_o) {
         tern_tensor t[3], wo = hwo.t;
         tern_error err = {0};
         CHECK(g->vt->upload_weight(g, &wo, &err) == TERN_OK, "upload wo %s", err.msg);
-        for (int i = 0; i < 3; i++) {
-            h[i] = make_w(TERN_DT_BF16, 0, 0, 0, 1, i ? (int)nk : (int)nq, H, 0);
-            t[i] = h[i].t;
-            CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
-        }
-        tern_tensor *tj[3] = {&t[0], &t[1], &t[2]};
-        CHECK(g->vt->join_weights(g, tj, 3) == 1, "join_weights refused");
+        CHECK(qkv_make(g, h, t, (int)nq, (int)nk, H), "upload / join_weights");
         const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
         float *kh = rnd(pool, 1.0f), *inv = rnd(d / 2, 0.5f), *nw = rnd(H, 1.5f), *x = rnd((size_t)n * H, 2.0f);
         float *y0 = rnd((size_t)n * H, 1.0f);
@@ -589,20 +602,14 @@ TEST(cuda_qkv_attention_o) {
         CHECK(!memcmp(a, b, (size_t)n * H * 4), "n %d d %d: y differs (rel %.2e)", n, d, rel);
         CHECK(!memcmp(na, nb, (size_t)n * H * 4), "n %d d %d: xn differs", n, d);
         free(a); free(b); free(na); free(nb);
-        uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
-        for (int p = 0; p < 2; p++) {
-            g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
-            g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
-            CHECK(!memcmp(pa, pb, pool * 2), "n %d d %d: the %s pages differ", n, d, p ? "V" : "K");
-        }
-        free(pa); free(pb);
+        kv_pages_same(g, kv, pool, n, d);
         for (int i = 0; i < 2; i++) {
             void *fb[] = {kv[i].k, kv[i].v, xn[i], q[i], k[i], v[i], att[i], y[i]};
             for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
         }
         void *fb[] = {btd, invd, nwd, xd, pd, sd};
         for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
-        for (int i = 2; i >= 0; i--) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+        qkv_free(g, h, t);
         g->vt->free_weight(g, &wo);
         free_w(&hwo);
         free(kh); free(inv); free(nw); free(x); free(y0); free(kb); free(bt); free(pos); free(slot);
@@ -662,13 +669,7 @@ TEST(cuda_attention_decode_rope_bits) {
                C[ci].kind, rel, dm);
         CHECK(!memcmp(a, b, (size_t)n * nq * 4), "n %d d %d: the attention differs (rel %.2e)", n, d, rel);
         free(a); free(b);
-        uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
-        for (int p = 0; p < 2; p++) {
-            g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
-            g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
-            CHECK(!memcmp(pa, pb, pool * 2), "n %d d %d: the %s pages differ", n, d, p ? "V" : "K");
-        }
-        free(pa); free(pb);
+        kv_pages_same(g, kv, pool, n, d);
         void *fb[] = {kv[0].k, kv[0].v, kv[1].k, kv[1].v, out[0], out[1], q, k, v, srcd, invd, btd, pd, sd};
         for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
         free(src); free(inv); free(kh); free(kb); free(bt); free(pos); free(slot);

@@ -549,6 +549,36 @@ template <typename T, bool M, bool L = false> static void ad_go(tern__cuda *c, d
     tern_launch(c->stream, k, grid, 32 * AD_WARPS, smem, a);
 }
 
+/* the launch fields every decode kernel reads, from the op's arguments (G = nh / nkv; the plan's fields are the
+ * caller's) */
+static void ad_args_fill(AdArgs *a, tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
+                         const tern_kv_layer *kv, float scale, float softcap) {
+    a->out = out;
+    a->part = c->part;
+    a->q = q;
+    a->kp = kv->k;
+    a->vp = kv->v;
+    a->pos = rows->pos;
+    a->slot = rows->slot;
+    a->bt = kv->block_table;
+    a->cnt = c->ad_cnt;
+    a->n = rows->n;
+    a->nh = nh;
+    a->nkv = kv->n_head_kv;
+    a->G = nh / kv->n_head_kv;
+    a->D = kv->head_dim;
+    a->max_blocks = kv->max_blocks;
+    a->bs = kv->block_size;
+    a->window = kv->window;
+    a->scale = scale;
+    a->softcap = softcap;
+}
+
+/* a long-context step (ops.h tern_rows_long) on a layer that sees that many keys: the split tensor-core kernel's class */
+static bool ad_long(const tern_rows *rows, const tern_kv_layer *kv) {
+    return ad_tcs() == 1 && tern_rows_long(rows->pos_host, rows->n) && (kv->window <= 0 || kv->window >= tern_long_keys());
+}
+
 /* over f32 (kind TERN_KV_F32) or BF16/F16 pages (K and V of that one kind): 1 when it ran */
 static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                         const tern_kv_layer *kv, float scale, float softcap, int kind) {
@@ -593,31 +623,13 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     a.region = (int)region;
     const size_t smem = (region + a.chmax) * sizeof(float);
     if (smem > ad_smem_lim(c)) return 0;
-    a.out = out;
-    a.part = c->part;
-    a.q = q;
-    a.kp = kv->k;
-    a.vp = kv->v;
-    a.pos = rows->pos;
-    a.slot = rows->slot;
-    a.bt = kv->block_table;
-    a.cnt = c->ad_cnt;
-    a.n = n;
-    a.nh = nh;
-    a.nkv = nkv;
-    a.G = G;
+    ad_args_fill(&a, c, out, q, rows, nh, kv, scale, softcap);
     a.hs = hs;
     a.GB = GB;
-    a.D = d;
-    a.max_blocks = kv->max_blocks;
-    a.bs = kv->block_size;
-    a.window = kv->window;
     a.splits = splits;
-    a.scale = scale;
-    a.softcap = softcap;
     /* batch decode whose pairs fill the GPU (2: any launch, tests): the one-pass kernels, tensor cores first */
     const long pairs = (long)n * nkv;
-    const bool lng = ad_tcs() == 1 && tern_rows_long(rows->pos_host, n) && (kv->window <= 0 || kv->window >= tern_long_keys());
+    const bool lng = ad_long(rows, kv);
     if (hs == 1 && (ad_tcs() == 2 || (lng && !ad_tc_takes(c, pairs, keys)))) {
         /* split over the keys: ~2 blocks per SM, each over >= tcs_ch keys, at most 128 splits */
         const long ch = tern__cuda_ad_tcs_ch, cap = ad_two_per_sm(c) / pairs;
@@ -665,7 +677,7 @@ unsigned long long tern__cuda_attn_decode_rope_calls = 0;
 extern "C" int tern__cuda_attn_decode_rope(tern__cuda *c, float *out, const tern_rows *rows, int nh,
                                            const tern_kv_layer *kv, float scale, float softcap, const float *src, int ld,
                                            const float *inv_freq, float mscale) {
-    const int kind = kv->kf.kind, n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    const int kind = kv->kf.kind, n = rows->n, nkv = kv->n_head_kv;
     if (!ad_mode() || !ad_tc() || ad_tcs() == 2 || kind != kv->vf.kind || (kind != TERN_KV_BF16 && kind != TERN_KV_F16))
         return 0;
     if (n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv || nh / nkv > 8 || !rows->slot_host ||
@@ -673,30 +685,13 @@ extern "C" int tern__cuda_attn_decode_rope(tern__cuda *c, float *out, const tern
         return 0;
     long keys = tern__cuda_attn_max_keys(c, rows, kv);
     if (kv->window > 0 && keys > kv->window) keys = kv->window;
-    const long pairs = (long)n * nkv;
-    const bool takes = ad_tc_takes(c, pairs, keys);
-    const bool lng = ad_tcs() == 1 && tern_rows_long(rows->pos_host, n) && (kv->window <= 0 || kv->window >= tern_long_keys());
-    if ((lng && !takes) || !(takes || ad_tc() == 2)) return 0;
+    const bool takes = ad_tc_takes(c, (long)n * nkv, keys);
+    if ((ad_long(rows, kv) && !takes) || !(takes || ad_tc() == 2)) return 0;
     AdArgs a = {};
-    a.out = out;
-    a.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
-    a.kp = kv->k;
-    a.vp = kv->v;
-    a.pos = rows->pos;
-    a.slot = rows->slot;
-    a.bt = kv->block_table;
-    a.n = n;
-    a.nh = nh;
-    a.nkv = nkv;
-    a.G = nh / nkv;
+    ad_args_fill(&a, c, out, NULL, rows, nh, kv, scale, softcap);
     a.hs = 1;
     a.GB = a.G;
-    a.D = d;
-    a.max_blocks = kv->max_blocks;
-    a.bs = kv->block_size;
-    a.window = kv->window;
-    a.scale = scale;
-    a.softcap = softcap;
+    a.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
     a.rsrc = src;
     a.rld = ld;
     a.rinv = inv_freq;
