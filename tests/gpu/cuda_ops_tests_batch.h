@@ -536,9 +536,10 @@ TEST(cuda_qkv_attention_o) {
         SKIP("cuda_qkv_attention_o", "no bf16-mode backend");
         return;
     }
-    extern int tern__cuda_qkv_one_on, tern__cuda_qkv_one_min;
+    extern int tern__cuda_qkv_one_on, tern__cuda_qkv_one_min, tern__cuda_qkv_att;
     extern unsigned long long tern__cuda_attn_decode_rope_calls;
-    const int keep = tern__cuda_qkv_one_on, keep_min = tern__cuda_qkv_one_min;
+    const int keep = tern__cuda_qkv_one_on, keep_min = tern__cuda_qkv_one_min, keep_att = tern__cuda_qkv_att;
+    tern__cuda_qkv_att = 1; /* opt-in (TERN_CUDA_QKV_ATT) */
     tern__cuda_qkv_one_on = 1;
     tern__cuda_qkv_one_min = 2;
     tern__cuda_bf16_split = 0;
@@ -616,6 +617,7 @@ TEST(cuda_qkv_attention_o) {
     }
     tern__cuda_qkv_one_on = keep;
     tern__cuda_qkv_one_min = keep_min;
+    tern__cuda_qkv_att = keep_att;
     tern__cuda_bf16_split = 1;
 }
 

@@ -277,6 +277,7 @@ int tern__cuda_attn_is_decode(const tern__cuda *c, const tern_rows *rows);
  * rows of src (ld floats each), the cache written for the rows' positions as rope_kv_rows writes it, then the
  * attention into out (bf16 into gemm_scratch under attention_o). Served where the plain launch would take the unsplit
  * tensor-core kernel and the rows are distinct sequences: 1 when it ran, 0 when not (nothing launched) */
+extern int tern__cuda_qkv_att; /* cuda_backend.c: TERN_CUDA_QKV_ATT, the op norm_qkv_attention_o (-1 until read) */
 int tern__cuda_attn_decode_rope(tern__cuda *c, float *out, const tern_rows *rows, int nh, const tern_kv_layer *kv,
                                 float scale, float softcap, const float *src, int ld, const float *inv_freq, float mscale);
 
