@@ -549,8 +549,8 @@ template <typename T, bool M, bool L = false> static void ad_go(tern__cuda *c, d
     tern_launch(c->stream, k, grid, 32 * AD_WARPS, smem, a);
 }
 
-/* the launch fields every decode kernel reads, from the op's arguments (G = nh / nkv; the plan's fields are the
- * caller's) */
+/* the launch fields every decode kernel reads, from the op's arguments (G = nh / nkv, one block a kv head: hs 1, GB G;
+ * the plan's fields are the caller's) */
 static void ad_args_fill(AdArgs *a, tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                          const tern_kv_layer *kv, float scale, float softcap) {
     a->out = out;
@@ -566,6 +566,8 @@ static void ad_args_fill(AdArgs *a, tern__cuda *c, float *out, const float *q, c
     a->nh = nh;
     a->nkv = kv->n_head_kv;
     a->G = nh / kv->n_head_kv;
+    a->hs = 1;
+    a->GB = a->G;
     a->D = kv->head_dim;
     a->max_blocks = kv->max_blocks;
     a->bs = kv->block_size;
@@ -689,8 +691,6 @@ extern "C" int tern__cuda_attn_decode_rope(tern__cuda *c, float *out, const tern
     if ((ad_long(rows, kv) && !takes) || !(takes || ad_tc() == 2)) return 0;
     AdArgs a = {};
     ad_args_fill(&a, c, out, NULL, rows, nh, kv, scale, softcap);
-    a.hs = 1;
-    a.GB = a.G;
     a.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
     a.rsrc = src;
     a.rld = ld;

@@ -138,19 +138,9 @@ __device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool ok) 
 /* SPLIT (one row or a few: TERN_CUDA_AD_TCS): block (g, r, z) walks split z of the row's keys, chunk = max(a.chmin,
  * ceil(keys / gridDim.z)) rounded up to TC_CK keys (splits past the row's keys exit at once), writes its (M, L, Σ p·v)
  * as partials and the last split of (r, g) merges them (ad_last_merge); a row with one live split writes out directly */
-/* one page element as kvq_write.cu rounds it (fused.cu's rope_kv_rows stores the same bits) */
-template <typename T> __device__ __forceinline__ void tc_put(T *p, float x) {
-    if constexpr (std::is_same<T, __half>::value) *(uint16_t *)p = (uint16_t)kvq_f32_to_f16(x);
-    else *(uint16_t *)p = (uint16_t)kvq_f32_to_bf16(x);
-}
-
-/* rope_pair (cuda_common.cuh) with its cos / sin given: the same expressions, so the same bits */
+/* rope_pair (cuda_common.cuh) with its cos / sin from the table: its rotation, rope_rot, where f != 0 */
 __device__ __forceinline__ void tc_rot(float &x0, float &x1, float co, float s, float f) {
-    if (f != 0.0f) {
-        const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
-        x0 = a;
-        x1 = b;
-    }
+    if (f != 0.0f) rope_rot(x0, x1, co, s);
 }
 
 /* ROPE (tern__cuda_attn_decode_tc_rope; unsplit, D <= 128): rope_kv_rows folded in. q, k, v come unroped in the rows of
@@ -224,10 +214,10 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
             for (int i = threadIdx.x; i < H2; i += blockDim.x) {
                 float k0 = kr[i], k1 = kr[i + H2];
                 tc_rot(k0, k1, rc[i], rsn[i], rf[i]);
-                tc_put<T>(kd + i, __fmul_rn(k0, a.rmscale));
-                tc_put<T>(kd + i + H2, __fmul_rn(k1, a.rmscale));
-                tc_put<T>(vd + i, vr[i]);
-                tc_put<T>(vd + i + H2, vr[i + H2]);
+                kv_put(kd + i, __fmul_rn(k0, a.rmscale));
+                kv_put(kd + i + H2, __fmul_rn(k1, a.rmscale));
+                kv_put(vd + i, vr[i]);
+                kv_put(vd + i + H2, vr[i + H2]);
             }
         }
 #pragma unroll
@@ -510,12 +500,16 @@ static int tc_shape(const tern__cuda *c, const AdArgs &a, bool split) {
     return a.D == 128 && (long)a.n * a.nkv > (long)TcShape<128, tc_stages(128)>::B * c->n_sm ? 4 : 1;
 }
 
+/* what every launch here needs: 16-bit pages, a grid of at most 65535 rows, whole groups of at most 8 heads, q (or the
+ * rows it is read from) 16-byte aligned */
+static bool tc_served(const AdArgs &a, int kind, const float *q) {
+    return (kind == TERN_KV_BF16 || kind == TERN_KV_F16) && a.n > 0 && a.n <= 65535 && a.nkv > 0 && !(a.nh % a.nkv) &&
+           !((uintptr_t)q & 15) && a.G >= 1 && a.G <= 8;
+}
+
 /* attn_decode.cuh */
 int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind) {
-    if (kind != TERN_KV_BF16 && kind != TERN_KV_F16) return 0;
-    if (!a.rsrc || !a.rinv || a.n <= 0 || a.n > 65535 || a.nkv <= 0 || a.nh % a.nkv || ((uintptr_t)a.rsrc & 15) || a.rld % 4)
-        return 0;
-    if (a.G < 1 || a.G > 8 || (a.D != 64 && a.D != 128)) return 0;
+    if (!tc_served(a, kind, a.rsrc) || !a.rsrc || !a.rinv || a.rld % 4 || (a.D != 64 && a.D != 128)) return 0;
     const int st = tc_shape(c, a, false);
     if (a.D == 128 && st != 1 && st != 4) return 0;
     cudaSetDevice(c->device);
@@ -534,9 +528,7 @@ int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind) {
 }
 
 int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split, bool early) {
-    if (kind != TERN_KV_BF16 && kind != TERN_KV_F16) return 0;
-    if (a.n <= 0 || a.n > 65535 || a.nkv <= 0 || a.nh % a.nkv || ((uintptr_t)a.q & 15)) return 0;
-    if (a.G < 1 || a.G > 8 || (a.D != 64 && a.D != 128 && a.D != 256)) return 0;
+    if (!tc_served(a, kind, a.q) || (a.D != 64 && a.D != 128 && a.D != 256)) return 0;
     const int st = tc_shape(c, a, split);
     const size_t smem = a.D == 64    ? TcShape<64, tc_stages(64)>::SMEM
                         : a.D == 128 ? (st == 2   ? TcShape<128, 2>::SMEM

@@ -566,15 +566,13 @@ static int be_norm_qkv_attention_o(tern_backend *be, float *xn, const float *x, 
     size_t xb = 0;
     const float *cs = tern__cuda_qkv_one_gemm(c, xn, x, nw, eps, pv, kv, rows, nh, &xb);
     if (!cs) {
-        c->att_f32 = NULL; /* attention_o's state, as attn_o_end leaves it */
-        c->att_bf16_done = 0;
+        tern__cuda_attn_o_cancel(c);
         return 0;
     }
     const int M = pv[0]->out + pv[1]->out + pv[2]->out;
     if ((size_t)n * nh * d * 2 > xb ||
         !tern__cuda_attn_decode_rope(c, att, rows, nh, kv, scale, softcap, cs, M, inv_freq, mscale)) {
-        float *const qkv[3] = {q, k, v};
-        tern__cuda_rope_kv_rows(c, kv, rows, cs, M, qkv[0], qkv[1], qkv[2], nh, inv_freq, mscale);
+        tern__cuda_rope_kv_rows(c, kv, rows, cs, M, q, k, v, nh, inv_freq, mscale);
         be_attention(be, att, q, rows, nh, kv, scale, softcap);
     }
     return tern__cuda_attn_o_end(c, y, att, n, &ov, 1);

@@ -159,6 +159,14 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* RoPE's rotation of the pair (x0, x1) by an angle given as its cos and sin (attn_decode_tc.cu's ROPE instances
+ * take them from a table) */
+__device__ __forceinline__ void rope_rot(float &x0, float &x1, float co, float s) {
+    const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
+    x0 = a;
+    x1 = b;
+}
+
 /* RoPE: rotates the pair (x0, x1) by pos·f (sincosf; f = 0 leaves it as is). The caller applies
  * mscale after. Shared by rope_kernel (norm.cu) and the fused rope + KV write (fused.cu). */
 __device__ __forceinline__ void rope_pair(float &x0, float &x1, int pos, float f) {
@@ -166,9 +174,7 @@ __device__ __forceinline__ void rope_pair(float &x0, float &x1, int pos, float f
         const float th = (float)pos * f;
         float s, co;
         sincosf(th, &s, &co);
-        const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
-        x0 = a;
-        x1 = b;
+        rope_rot(x0, x1, co, s);
     }
 }
 

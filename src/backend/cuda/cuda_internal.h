@@ -201,6 +201,7 @@ int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const te
  * or y = w·att when !add: gemm_rows's plain GEMM; 1 when done). TERN_CUDA_ATT_O=0: never */
 int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, int in_att, const tern__cuda_w *w);
 int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add);
+void tern__cuda_attn_o_cancel(tern__cuda *c); /* the handoff dropped without an attention (attn_o_end does it too) */
 /* gemm.c: ops.h norm_mlp (w = gate, up, down) for many rows in the plain bf16 mode; 1 when done, 0 when not served */
 int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
                         const tern__cuda_w *const *w, int act, const tern_norm_res *res);

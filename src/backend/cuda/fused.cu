@@ -21,14 +21,6 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kvq_common.cuh"
 
-/* one cache element: F32 as is, BF16 / F16 rounded as kv_write_q rounds them */
-template <typename T> __device__ __forceinline__ void kv_put(T *p, float x);
-template <> __device__ __forceinline__ void kv_put<float>(float *p, float x) { *p = x; }
-template <> __device__ __forceinline__ void kv_put<__nv_bfloat16>(__nv_bfloat16 *p, float x) {
-    *(uint16_t *)p = (uint16_t)kvq_f32_to_bf16(x);
-}
-template <> __device__ __forceinline__ void kv_put<__half>(__half *p, float x) { *(uint16_t *)p = (uint16_t)kvq_f32_to_f16(x); }
-
 /* f(T{}) for the page element type of an F32 / BF16 / F16 kind (one dispatch for both launchers) */
 template <class F> static void by_page_kind(int kind, F &&f) {
     if (kind == TERN_KV_F32) f(float{});

@@ -760,10 +760,14 @@ int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, in
     return 1;
 }
 
-int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add) {
-    const int staged = c->att_bf16_done;
+void tern__cuda_attn_o_cancel(tern__cuda *c) {
     c->att_f32 = NULL;
     c->att_bf16_done = 0;
+}
+
+int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add) {
+    const int staged = c->att_bf16_done;
+    tern__cuda_attn_o_cancel(c);
     cudaSetDevice(c->device);
     if (!staged && !stage_x(c, att, n, w->in, 0)) return 0;
     if (add) return add_staged(c, y, n, w);

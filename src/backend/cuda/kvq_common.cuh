@@ -42,6 +42,14 @@ __device__ __forceinline__ uint32_t kvq_f32_to_bf16(float f) {
     return ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & 0xffffu;
 }
 
+/* one page element: F32 as is, BF16 / F16 rounded as kv_write_q rounds them (fused.cu, attn_decode_tc.cu) */
+template <typename T> __device__ __forceinline__ void kv_put(T *p, float x);
+template <> __device__ __forceinline__ void kv_put<float>(float *p, float x) { *p = x; }
+template <> __device__ __forceinline__ void kv_put<__nv_bfloat16>(__nv_bfloat16 *p, float x) {
+    *(uint16_t *)p = (uint16_t)kvq_f32_to_bf16(x);
+}
+template <> __device__ __forceinline__ void kv_put<__half>(__half *p, float x) { *(uint16_t *)p = (uint16_t)kvq_f32_to_f16(x); }
+
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
     if (!((uintptr_t)p & 3)) return *(const uint32_t *)p;
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
