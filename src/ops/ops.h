@@ -416,7 +416,7 @@ typedef struct tern_backend_vt {
      * unwritten (the attention may rope q and k itself). 0 = not done, nothing written (src/model/internal.h
      * tern__norm_qkv_attention_o runs the two ops). CUDA: many rows in the plain bf16 mode over joined q|k|v, where
      * the batch decode attention on tensor cores ropes q and k and writes the cache itself (rows of distinct
-     * sequences): one launch fewer a layer, the same bits in the op tests (opt-in, TERN_CUDA_QKV_ATT: docs/CUDA.md). */
+     * sequences): one launch fewer a layer, the same bits in the op tests (TERN_CUDA_QKV_ATT, default on: docs/CUDA.md). */
     int (*norm_qkv_attention_o)(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
                                 float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
                                 const tern_rows *rows, int nh, const float *inv_freq, float mscale, float *y,

@@ -539,7 +539,7 @@ TEST(cuda_qkv_attention_o) {
     extern int tern__cuda_qkv_one_on, tern__cuda_qkv_one_min, tern__cuda_qkv_att;
     extern unsigned long long tern__cuda_attn_decode_rope_calls;
     const int keep = tern__cuda_qkv_one_on, keep_min = tern__cuda_qkv_one_min, keep_att = tern__cuda_qkv_att;
-    tern__cuda_qkv_att = 1; /* opt-in (TERN_CUDA_QKV_ATT) */
+    tern__cuda_qkv_att = 1; /* TERN_CUDA_QKV_ATT may have turned it off */
     tern__cuda_qkv_one_on = 1;
     tern__cuda_qkv_one_min = 2;
     tern__cuda_bf16_split = 0;

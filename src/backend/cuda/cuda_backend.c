@@ -549,13 +549,13 @@ static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
  * and k and writing the cache itself (attn_decode.cu tern__cuda_attn_decode_rope: one rope_kv_rows launch fewer a
  * layer), then the o GEMM on the attention's bf16 output (attention_o). Where the attention cannot take the rope, or its
  * bf16 output would overlap the GEMM's rows, rope_kv_rows and the plain attention run instead: the same bits */
-/* TERN_CUDA_QKV_ATT (opt-in since session 29; 1 on): see be_norm_qkv_attention_o. -1 until read (tests set it) */
+/* TERN_CUDA_QKV_ATT (default 1 since session 30; 0 off): see be_norm_qkv_attention_o. -1 until read (tests set it) */
 int tern__cuda_qkv_att = -1;
 static int be_norm_qkv_attention_o(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q,
                                    float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
                                    const tern_rows *rows, int nh, const float *inv_freq, float mscale, float *y, float *att,
                                    float scale, float softcap, const tern_tensor *wo) {
-    if (tern__cuda_qkv_att < 0) tern__cuda_qkv_att = tern__cuda_env_int("TERN_CUDA_QKV_ATT", 0) != 0;
+    if (tern__cuda_qkv_att < 0) tern__cuda_qkv_att = tern__cuda_env_int("TERN_CUDA_QKV_ATT", 1) != 0;
     tern__cuda *c = C(be);
     tern__cuda_w wv[3], ov;
     const tern__cuda_w *pv[3];

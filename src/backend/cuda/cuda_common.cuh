@@ -160,9 +160,11 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* RoPE's rotation of the pair (x0, x1) by an angle given as its cos and sin (attn_decode_tc.cu's ROPE instances
- * take them from a table) */
+ * take them from a table). Every product and sum rounded on its own (the scalar reference's order): with plain
+ * operators ptxas contracts a product into an FMA, and which one it picks differs per call site, so rope_kv_rows
+ * and the ROPE instances gave k and q 1 ulp apart (session 29: the model's greedy digests differed) */
 __device__ __forceinline__ void rope_rot(float &x0, float &x1, float co, float s) {
-    const float a = x0 * co - x1 * s, b = x0 * s + x1 * co;
+    const float a = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, s)), b = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, co));
     x0 = a;
     x1 = b;
 }
