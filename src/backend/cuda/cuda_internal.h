@@ -226,6 +226,8 @@ void tern__cuda_qmma_init(tern__cuda *c); /* at open (from tern__cuda_gemv_init)
 
 /* norm.cu (norm, rope, elementwise, embed) */
 void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const tern__cuda_w *w, float scale);
+/* norm.cu: read `bytes` from p through L2 on stream s, keeping nothing (gemm.c lt_tune: each timed run from HBM) */
+void tern__cuda_l2_evict(tern__cuda *c, cudaStream_t s, const void *p, size_t bytes);
 void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps);
 void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void *yl, const float *x, int rows, int d, const float *w,
                              float eps); /* y = rmsnorm(x)·w, yb = bf16(y), and (yl != NULL) yl = bf16(y - yb) */

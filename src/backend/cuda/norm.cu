@@ -356,3 +356,18 @@ extern "C" void tern__cuda_copy_cols(tern__cuda *c, float *dst, const float *src
     tern_launch(c->stream, copy_cols_kernel, nblocks(total, 256), 256, 0, dst, src, n, w, ss, off);
     tern__cuda_check(c, "copy_cols");
 }
+
+/* Reads `bytes` (a multiple of 16) from p through L2 without keeping the values (volatile loads; nothing is written):
+ * evicts what a GEMM timed by gemm.c lt_tune left in L2, so each timed run streams its weights from HBM as in the
+ * model, where the layers between two calls of one shape evict them. On `s` (lt_tune's stream). */
+__global__ void l2_evict_kernel(const uint4 *p, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        asm volatile("{ .reg .b32 r<4>; ld.global.cg.v4.u32 {r0, r1, r2, r3}, [%0]; }" ::"l"(p + i));
+    }
+}
+
+extern "C" void tern__cuda_l2_evict(tern__cuda *c, cudaStream_t s, const void *p, size_t bytes) {
+    if (!p || bytes < 16) return;
+    cudaSetDevice(c->device);
+    l2_evict_kernel<<<4 * c->n_sm, 512, 0, s>>>((const uint4 *)p, bytes / 16);
+}
