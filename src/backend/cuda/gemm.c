@@ -99,7 +99,7 @@ static lt_ent *lt_slot(tern__cuda *c, const lt_key *k) {
  * the first answer. The answer, hence the summation order, may differ between processes: the bf16 bound, not bits. */
 /* bytes of gemm_scratch read before each timed run, more than the H200's 50 MB L2, so a matrix of < 50 MB is timed
  * streaming from HBM as in the model, not from L2 after the warm run. Layer GEMMs stay untuned even so: with
- * TERN_LT_TUNE_MELEMS=16 (q|k|v picked answers 3–7 % faster alone) llama3-8b at 64 sequences ran 1.3–2.8 % slower
+ * TERN_LT_TUNE_MELEMS=16 (q|k|v picked answers up to 24 % faster alone) llama3-8b at 64 sequences ran 1.3–2.8 % slower
  * (H200, session 30, NOTES (aq); 2 % slower without the eviction) */
 #define LT_EVICT_BYTES ((size_t)128 << 20)
 static int lt_tune_on(long long m, long long k) {
