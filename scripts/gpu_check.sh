@@ -136,6 +136,15 @@ print(n,len(a),len(b))' "$1" "$2" 2>/dev/null; }
             stamp "long class from 24 keys $m bf16: default vs TERN_LONG_KEYS=24 greedy, first mismatch at / tokens: \
 $(first_diff "$(gen40 $m off cuda bf16)" "$(TERN_LONG_KEYS=24 gen40 $m off cuda bf16)")"
         done
+        # fused batch-decode paths against the separate ops in the model (STATUS lesson 16: an op test that compares
+        # after a bf16 rounding can pass while the model diverges): concurrency's greedy ids digest with each switch
+        # on and off (TERN_LT_TUNE=0: the same cuBLASLt answers in both runs); the two lines must agree
+        digest() { env TERN_LT_TUNE=0 "$@" timeout 90 ./build/concurrency --random llama3-1b --device cuda --compute bf16 \
+                     --conc 16 --prompt 32 --gen 32 --requests 2 --system 16 2>&1 | grep 'ids digest' | head -1; }
+        for sw in TERN_CUDA_QKV_ATT TERN_CUDA_ATT_O; do
+            d1=$(digest $sw=1); d0=$(digest $sw=0)
+            stamp "fused-path digest $sw on / off: $([ -n "$d1" ] && [ "$d1" = "$d0" ] && echo same || echo DIFFERENT) ($d1 / $d0)"
+        done
         : > "$OUT/model_bench.log"
         # spec: model:quant[:compute[:VAR=V,VAR=V]]  (compute f32|bf16, default f32; env for that run only)
         for spec in ${GPU_BENCH_MODELS-llama3-8b:bf16 llama3-8b:q4 gemma4-e4b:q4 gemma4-12b:bf16 gemma4-26b-a4b:q4}; do
