@@ -92,11 +92,12 @@ static lt_ent *lt_slot(tern__cuda *c, const lt_key *k) {
  * llama3-8b's lm head at 64 rows (291 vs 263 µs; bench_cuda --ltsweep, NOTES (am)), and the best answer depends on
  * the row count, so no fixed pin serves. A plain bf16 GEMM of one matrix with beta 0 whose weights hold at least
  * TERN_LT_TUNE_MELEMS million elements (default 256: lm heads, not layer weights) has its first sighting per shape
- * time up to LT_PICK_MAX answers (one run to warm, three timed, each after an L2 eviction) and caches the fastest. Eagerly on the stream itself
- * (its pending work is done once the first event completes: the same result); while graph.c records the stream
- * (relaxed mode, the stream drained before recording) on tune_stream over the same operands, whose values do not
- * change the timing; the graph then records the chosen answer. Other captures (lt_sweep.c's thread-local ones) keep
- * the first answer. The answer, hence the summation order, may differ between processes: the bf16 bound, not bits. */
+ * time up to LT_PICK_MAX answers (one run to warm, three timed, each after an L2 eviction: LT_EVICT_BYTES) and caches
+ * the fastest. Eagerly on the stream itself (its pending work is done once the first event completes: the same
+ * result); while graph.c records the stream (relaxed mode, the stream drained before recording) on tune_stream over
+ * the same operands, whose values do not change the timing; the graph then records the chosen answer. Other captures
+ * (lt_sweep.c's thread-local ones) keep the first answer. The answer, hence the summation order, may differ between
+ * processes: the bf16 bound, not bits. */
 /* bytes of gemm_scratch read before each timed run, more than the H200's 50 MB L2, so a matrix of < 50 MB is timed
  * streaming from HBM as in the model, not from L2 after the warm run. Layer GEMMs stay untuned even so: with
  * TERN_LT_TUNE_MELEMS=16 (q|k|v picked answers up to 24 % faster alone) llama3-8b at 64 sequences ran 1.3–2.8 % slower

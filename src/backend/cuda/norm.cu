@@ -361,6 +361,7 @@ extern "C" void tern__cuda_copy_cols(tern__cuda *c, float *dst, const float *src
  * evicts what a GEMM timed by gemm.c lt_tune left in L2, so each timed run streams its weights from HBM as in the
  * model, where the layers between two calls of one shape evict them. On `s` (lt_tune's stream). */
 __global__ void l2_evict_kernel(const uint4 *p, size_t n) {
+    pdl_start();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         asm volatile("{ .reg .b32 r<4>; ld.global.cg.v4.u32 {r0, r1, r2, r3}, [%0]; }" ::"l"(p + i));
     }
@@ -369,5 +370,5 @@ __global__ void l2_evict_kernel(const uint4 *p, size_t n) {
 extern "C" void tern__cuda_l2_evict(tern__cuda *c, cudaStream_t s, const void *p, size_t bytes) {
     if (!p || bytes < 16) return;
     cudaSetDevice(c->device);
-    l2_evict_kernel<<<4 * c->n_sm, 512, 0, s>>>((const uint4 *)p, bytes / 16);
+    tern_launch(s, l2_evict_kernel, tern_grid256(bytes / 16, 8 * c->n_sm), 256, 0, (const uint4 *)p, bytes / 16);
 }
