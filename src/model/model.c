@@ -201,6 +201,13 @@ tern_status tern__out_head_init(tern_model *m, tern_out_head *h, tern_error *err
     return TERN_OK;
 }
 
+/* the end of the run of consecutive row indices w[i], w[i] + 1, ... that starts at i (at most n) */
+static int run_end(const int *w, int i, int n) {
+    int j = i + 1;
+    while (j < n && w[j] == w[j - 1] + 1) j++;
+    return j;
+}
+
 void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x, const int *want, int n_want,
                            const float *norm, const tern_tensor *head, float *out) {
     const tern_backend_vt *op = m->be->vt;
@@ -215,14 +222,13 @@ void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x
         /* the wanted rows in runs of consecutive rows: one run (a decode step, every row wanted) is normalized
          * straight from x into xs, fused with the head where it can; several (the last row of each prompt of a
          * prefill chunk) are gathered one copy a run (a launch a row cost a batch-64 decode step ~2 % on the H200) */
-        int run = 1;
-        while (run < nr && want[i0 + run] == want[i0 + run - 1] + 1) run++;
-        if (run == nr) {
-            tern__norm_matmul(m, h->xs, x + (size_t)want[i0] * H, norm, eps, nr, y, head);
+        const int *w = want + i0;
+        if (run_end(w, 0, nr) == nr) {
+            tern__norm_matmul(m, h->xs, x + (size_t)w[0] * H, norm, eps, nr, y, head);
         } else {
             for (int i = 0, j; i < nr; i = j) {
-                for (j = i + 1; j < nr && want[i0 + j] == want[i0 + j - 1] + 1; j++) {}
-                op->copy_cols(be, h->xs + (size_t)i * H, x + (size_t)want[i0 + i] * H, j - i, H, H, 0);
+                j = run_end(w, i, nr);
+                op->copy_cols(be, h->xs + (size_t)i * H, x + (size_t)w[i] * H, j - i, H, H, 0);
             }
             op->rmsnorm(be, h->xs, h->xs, nr, H, norm, eps);
             op->matmul(be, y, h->xs, nr, head);
