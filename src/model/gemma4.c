@@ -245,9 +245,8 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             }
             /* per-head norms of q, k and v (v without weight), rope q, k; cache k, v */
             tern__norm_rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, inv, ms, L->q_norm, L->k_norm, eps);
-        } else {
-            op->rmsnorm(be, g->q, g->q, n * nH, D, L->q_norm, eps);
-            op->rope(be, g->q, n, nH, D, m->d_pos, inv, ms);
+        } else { /* KV-shared: q's head norms and rope only */
+            tern__norm_rope_q(m, kvl, &rows, g->q, nH, D, inv, ms, L->q_norm, eps);
         }
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
         tern__attention_matmul(m, g->o, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap, &L->wo);
@@ -279,15 +278,15 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         /* the layer scalar (h *= layer_scalar) rides on the layer's last residual add, which the next
          * layer's q|k|v folds in (pending) */
         if (P > 0) {
-            tern__rmsnorm_add(m, x, g->o, n, H, L->post_ff_norm, eps, NULL);
-            /* (c) per-layer input gate */
-            op->matmul(be, g->pg, x, n, &L->ple_gate);
+            /* (c) per-layer input gate: pg = gelu(W_g·h) ⊙ ple[l] after h += norm(mlp) (one launch where the backend
+             * folds the add and the gate's product in, ops.h matmul_act_mul) */
             const float *pl = g->ple + (size_t)l * P; /* one row (decode): this layer's slice is contiguous */
             if (n > 1) {
                 op->copy_cols(be, g->pt, g->ple, n, P, N * P, l * P);
                 pl = g->pt;
             }
-            op->gelu_tanh_mul(be, g->pg, g->pg, pl, (size_t)n * P);
+            pend = (tern_pending_res){g->o, L->post_ff_norm, NULL, 1};
+            tern__pending_matmul_act_mul(m, &x, &xo, &pend, n, H, eps, g->pg, &L->ple_gate, TERN_ACT_GELU_TANH, pl);
             op->matmul(be, g->o, g->pg, n, &L->ple_proj);
             pend = (tern_pending_res){g->o, L->post_ple_norm, L->layer_scalar, 1};
         } else {

@@ -291,6 +291,27 @@ static inline void tern__pending_flush(tern_model *m, float *x, tern_pending_res
     if (p->on) tern__rmsnorm_add(m, x, p->h, n, d, p->w, eps, p->s);
     p->on = 0;
 }
+/* y = act(x'·wᵀ) ⊙ v where x' is the residual stream *x after the pending add (Gemma 4's per-layer input gate): one
+ * backend op where it can (ops.h matmul_act_mul), folding the pending add in (x' lands in *xo and the pointers swap,
+ * as in tern__pending_norm_op), else the add, then the op or the matmul and the elementwise act·v. Either way *x holds
+ * the same bits afterwards. */
+static inline void tern__pending_matmul_act_mul(tern_model *m, float **x, float **xo, tern_pending_res *p, int n, int d,
+                                                float eps, float *y, const tern_tensor *w, int act, const float *v) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->matmul_act_mul && p->on && *xo) {
+        const tern_norm_res r = {*xo, p->h, p->w, p->s};
+        if (op->matmul_act_mul(m->be, y, *x, n, w, act, v, &r, eps)) {
+            tern__pending_taken(x, xo, p);
+            return;
+        }
+    }
+    tern__pending_flush(m, *x, p, n, d, eps);
+    if (op->matmul_act_mul && op->matmul_act_mul(m->be, y, *x, n, w, act, v, NULL, eps)) return;
+    op->matmul(m->be, y, *x, n, w);
+    const size_t cnt = (size_t)n * (size_t)w->shape[w->ndim - 2];
+    if (act == TERN_ACT_SILU) op->silu_mul(m->be, y, y, v, cnt);
+    else op->gelu_tanh_mul(m->be, y, y, v, cnt);
+}
 /* The MLP in one backend op where the backend runs it whole (ops.h norm_mlp; many rows only): y = glu(rmsnorm(x)·nw)
  * ·w[2]ᵀ (add = 0) or y += that (add = 1; y may be x: the pre-norm reads x before anything writes y), w = {gate, up,
  * down}. Returns 1 when done, 0 when the caller runs tern__norm_matmul_glu + the down matmul (never taken with add in
@@ -340,6 +361,17 @@ static inline void tern__norm_rope_kv_write(tern_model *m, const tern_kv_layer *
     const int nr[3] = {n * nh, n * nkv, n * nkv};
     tern__rmsnorm_n(m, 3, ny, nx, nr, d, nw, eps);
     tern__rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale);
+}
+/* per head of d: q = rope(rmsnorm(q)·qw), nothing stored (a KV-shared layer's query, Gemma 4): ops.h norm_rope_kv_write
+ * with k = v = NULL where the backend can, else rmsnorm + rope; bitwise the same */
+static inline void tern__norm_rope_q(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q, int nh,
+                                     int d, const float *inv_freq, float mscale, const float *qw, float eps) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->norm_rope_kv_write && kv->head_dim == d &&
+        op->norm_rope_kv_write(m->be, kv, rows, q, NULL, NULL, nh, inv_freq, mscale, qw, NULL, eps))
+        return;
+    op->rmsnorm(m->be, q, q, rows->n * nh, d, qw, eps);
+    op->rope(m->be, q, rows->n, nh, d, rows->pos, inv_freq, mscale);
 }
 /* xn = rmsnorm(x)·nw, q|k|v = xn·{wq, wk, wv}ᵀ, then rope_kv_write: one launch for a decode row when the backend
  * can (ops.h norm_qkv_rope_kv; bitwise the same), for many rows one GEMM over joined weights where the backend

@@ -366,7 +366,8 @@ typedef struct tern_backend_vt {
     /* Head norms before rope_kv_write (appended; optional): per head of d = kv->head_dim, q = rmsnorm(q)·qw,
      * k = rmsnorm(k)·kw, v = rmsnorm(v) (no weight), all in place, then rope_kv_write(kv, rows, q, k, v,
      * nh, inv_freq, mscale): bitwise those ops. 0 = not done (src/model/internal.h
-     * tern__norm_rope_kv_write runs them). Gemma 4's attention input. */
+     * tern__norm_rope_kv_write runs them). Gemma 4's attention input. k = v = NULL (kw unused): q's norms and
+     * rope only, nothing stored — bitwise rmsnorm + rope (a KV-shared layer's query: tern__norm_rope_q). */
     int (*norm_rope_kv_write)(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                               float *v, int nh, const float *inv_freq, float mscale, const float *qw, const float *kw,
                               float eps);
@@ -421,6 +422,13 @@ typedef struct tern_backend_vt {
                                 float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
                                 const tern_rows *rows, int nh, const float *inv_freq, float mscale, float *y,
                                 float *att, float scale, float softcap, const tern_tensor *wo);
+    /* A gated projection after the residual add (appended; optional): x' = x, or with res the post-norm residual add
+     * x' = (x + rmsnorm(res->h)·res->w)·(res->s ? res->s[0] : 1) (its rmsnorm at eps) written to res->x_out (x left as
+     * is), then y[n, w.out] = act(x'·wᵀ) ⊙ v (v [n, w.out]; act TERN_ACT_SILU / TERN_ACT_GELU_TANH): bitwise
+     * rmsnorm_add + matmul + gelu_tanh_mul / silu_mul. 0 = not done, nothing written (src/model/internal.h
+     * tern__pending_matmul_act_mul runs those ops). Gemma 4's per-layer input gate; CUDA: one row, BF16 / F16. */
+    int (*matmul_act_mul)(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int act,
+                          const float *v, const tern_norm_res *res, float eps);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -50,7 +50,7 @@ TEST(cuda_gemv1_batch_invariant) {
 TEST(cuda_fused_matmuls) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_fused_matmuls", "not built"); return; }
-    static const int outs[3] = {300, 77, 64}, ins[] = {384, 4096};
+    static const int outs[3] = {300, 77, 64}, ins[] = {384, 2560, 4096};
     /* the fused n = 1 ops use the GEMV; keep the separate ops on it too when qmma is switched on
      * from the environment (TERN_CUDA_QMMA), else the bitwise comparison compares two kernels */
     extern int tern__cuda_qmma_mode;
@@ -440,10 +440,79 @@ TEST(cuda_norm_matmul_res) {
     tern__cuda_g1_grid = keep_grid;
 }
 
+/* matmul_act_mul (Gemma 4's per-layer input gate: the post-norm residual add, the gate's matmul and gelu·ple in one
+ * launch) vs rmsnorm_add + matmul + gelu_tanh_mul / silu_mul: x' and y bitwise, without res, with res (with and
+ * without the post-norm weight and the scalar), BF16 and F16 weights, widths 384, 2560 and 4096, both
+ * gemv1 grids; Q4 and several rows decline. */
+TEST(cuda_matmul_act_mul) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->matmul_act_mul) { SKIP("cuda_matmul_act_mul", "not built"); return; }
+    extern int tern__cuda_g1_grid;
+    const int keep_grid = tern__cuda_g1_grid;
+    static const int ins[] = {384, 2560, 4096};
+    static const tern_dtype dts[] = {TERN_DT_BF16, TERN_DT_F16};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(dts); f++)
+        for (size_t si = 0; si < TERN_ARRAY_LEN(ins); si++)
+            for (int mode = 0; mode < 5; mode++) { /* 0: no res; 1..4: res, bit 0 of mode-1 weight, bit 1 scalar */
+                const int in = ins[si], out = 256 + 2 * (int)si, act = mode & 1 ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
+                tern__cuda_g1_grid = (int)(f + mode) & 1;
+                hw h = make_w(dts[f], 0, 0, 0, 1, out, in, 0);
+                tern_tensor t = h.t;
+                tern_error err = {0};
+                CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
+                float *x = rnd(in, 3.0f), *hh = rnd(in, 20.0f), *wp = rnd(in, 1.0f), *v = rnd(out, 2.0f), sc = 0.37f;
+                void *xd = to_gpu(x, (size_t)in * 4), *hd = to_gpu(hh, (size_t)in * 4), *xbd = to_gpu(x, (size_t)in * 4);
+                void *hbd = to_gpu(hh, (size_t)in * 4), *wpd = to_gpu(wp, (size_t)in * 4), *sd = to_gpu(&sc, 4);
+                void *vd = to_gpu(v, (size_t)out * 4);
+                float *xo = nan_buf(g, in), *ya = nan_buf(g, out), *yb = nan_buf(g, out);
+                const int rm = mode - 1;
+                const float *pw = mode && (rm & 1) ? wpd : NULL, *ps = mode && (rm & 2) ? sd : NULL;
+                const tern_norm_res r = {xo, hd, pw, ps};
+                char nm[64];
+                fmt_name(&h.t, nm, sizeof nm);
+                CHECK(g->vt->matmul_act_mul(g, ya, xd, 1, &t, act, vd, mode ? &r : NULL, 1e-6f) == 1,
+                      "%s in %d mode %d: declined", nm, in, mode);
+                if (mode) CHECK(g->vt->rmsnorm_add(g, xbd, hbd, 1, in, pw, 1e-6f, ps) == 1, "rmsnorm_add refused");
+                g->vt->matmul(g, yb, xbd, 1, &t);
+                if (act == TERN_ACT_SILU) g->vt->silu_mul(g, yb, yb, vd, out);
+                else g->vt->gelu_tanh_mul(g, yb, yb, vd, out);
+                float *a3 = from_gpu(g, ya, out), *b3 = from_gpu(g, yb, out), *x0 = from_gpu(g, xd, in);
+                CHECK(same_bits(a3, b3, out), "%s in %d mode %d: y differs", nm, in, mode);
+                CHECK(same_bits(x0, x, in), "%s in %d mode %d: x was written", nm, in, mode);
+                if (mode) {
+                    float *a1 = from_gpu(g, xo, in), *b1 = from_gpu(g, xbd, in);
+                    CHECK(same_bits(a1, b1, in), "%s in %d mode %d: x' differs from rmsnorm_add", nm, in, mode);
+                    free(a1); free(b1);
+                }
+                CHECK(g->vt->matmul_act_mul(g, ya, xd, 2, &t, act, vd, NULL, 1e-6f) == 0, "n = 2 should decline");
+                free(a3); free(b3); free(x0);
+                g->vt->free_weight(g, &t);
+                free_w(&h);
+                void *bufs[] = {xd, hd, xbd, hbd, wpd, sd, vd, xo, ya, yb};
+                for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+                free(x); free(hh); free(wp); free(v);
+            }
+    { /* Q4 declines (its tensor-core GEMV has no such epilogue) */
+        hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 256, 2560, 0);
+        tern_tensor t = h.t;
+        tern_error err = {0};
+        CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
+        float *x = rnd(2560, 1.0f);
+        void *xd = to_gpu(x, 2560 * 4), *vd = to_gpu(x, 256 * 4);
+        float *y = nan_buf(g, 256);
+        CHECK(g->vt->matmul_act_mul(g, y, xd, 1, &t, TERN_ACT_GELU_TANH, vd, NULL, 1e-6f) == 0, "q4 should decline");
+        g->vt->free_weight(g, &t);
+        free_w(&h);
+        g->vt->free(g, xd); g->vt->free(g, vd); g->vt->free(g, y);
+        free(x);
+    }
+    tern__cuda_g1_grid = keep_grid;
+}
+
 /* norm_rope_kv_write (Gemma 4's q / k / v head norms + rope + cache stores in one launch) vs rmsnorm ×3 +
  * rope_kv_write: q, k, v and both pools bitwise, F32 / BF16 / F16 pages, head dims 256 and 512 (Gemma 4's
  * sliding and global layers: the warp form) and 128 (the block form), an identity rope pair and a block that
- * is not resident. */
+ * is not resident; and q alone (k = v = NULL) vs rmsnorm + rope. */
 extern int tern__cuda_norm_rope;
 TEST(cuda_norm_rope_kv) {
     tern_backend *g = g_gpu;
@@ -492,6 +561,19 @@ TEST(cuda_norm_rope_kv) {
                 g->vt->download(g, hb, cmp[i].b, cmp[i].bytes);
                 CHECK(!memcmp(ha, hb, cmp[i].bytes), "norm_rope_kv_write d %d %s pages: %s differs", d, kname[f], cmp[i].what);
             }
+            /* q only (k = v = NULL: a KV-shared layer's query) vs rmsnorm + rope; the pages stay as they were */
+            g->vt->upload(g, qd[0], q, nq * 4);
+            g->vt->upload(g, qd[1], q, nq * 4);
+            g->vt->download(g, hb, kv[0].k, pool_b);
+            CHECK(g->vt->norm_rope_kv_write(g, &kv[0], &rows, qd[0], NULL, NULL, nh, invd, 1.25f, qwd, NULL, 1e-6f) == 1,
+                  "d %d %s: q-only norm_rope_kv_write refused", d, kname[f]);
+            g->vt->download(g, ha, kv[0].k, pool_b);
+            CHECK(!memcmp(ha, hb, pool_b), "q-only norm_rope_kv_write d %d %s: a page was written", d, kname[f]);
+            g->vt->rmsnorm(g, qd[1], qd[1], n * nh, d, qwd, 1e-6f);
+            g->vt->rope(g, qd[1], n, nh, d, pd, invd, 1.25f);
+            g->vt->download(g, ha, qd[0], nq * 4);
+            g->vt->download(g, hb, qd[1], nq * 4);
+            CHECK(!memcmp(ha, hb, nq * 4), "q-only norm_rope_kv_write d %d %s pages: q differs from rmsnorm + rope", d, kname[f]);
             for (int i = 0; i < 2; i++) {
                 g->vt->free(g, kv[i].k); g->vt->free(g, kv[i].v);
                 g->vt->free(g, qd[i]); g->vt->free(g, kd[i]); g->vt->free(g, vd[i]);
@@ -519,7 +601,7 @@ TEST(cuda_norm_qkv_rope_kv) {
     tern__cuda_gemv_mma_xp1 = 1;
     /* q4: whether the Q4 GEMV serves the case (split K, heads inside its 128-row blocks) */
     static const struct { int nh, nkv, d, in, q4; } C[] = {
-        {8, 2, 128, 384, 0}, {4, 4, 64, 4096, 1}, {8, 1, 256, 1536, 0}, {8, 2, 128, 4096, 1}};
+        {8, 2, 128, 384, 0}, {4, 4, 64, 4096, 1}, {8, 1, 256, 1536, 0}, {8, 2, 128, 4096, 1}, {8, 2, 256, 2560, 0}};
     static const tern_dtype wdt[] = {TERN_DT_BF16, TERN_DT_F16, TERN_DT_Q};
     static const int kinds[] = {TERN_KV_F32, TERN_KV_BF16, TERN_KV_F16};
     static const char *kname[] = {"f32", "bf16", "f16"};
@@ -658,6 +740,7 @@ static void cuda_fused_tests(void) {
     RUN(cuda_ew_vector);
     RUN(cuda_norm_qkv_rope_kv);
     RUN(cuda_norm_rope_kv);
+    RUN(cuda_matmul_act_mul);
     RUN(cuda_norm_matmul_res);
     RUN(cuda_rmsnorm_vpt);
     RUN(cuda_rmsnorm_n);

@@ -238,6 +238,8 @@ static void cpu_copy_cols(tern_backend *be, float *dst, const float *src, int n,
 
 static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const float *nw, float eps, int n, int k,
                            float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res);
+static int cpu_matmul_act_mul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int act,
+                              const float *v, const tern_norm_res *res, float eps);
 
 /* The sample op: a greedy row with neither bias nor penalties (the decode loop's usual case) takes the kernel
  * table's argmax, the same answer as the sampler's chain (kern.h; one vector pass over the vocabulary instead
@@ -295,6 +297,7 @@ static const tern_backend_vt cpu_vt = {
     .matmul_glu = tern__cpu_matmul_glu,
     .matmul_add = tern__cpu_matmul_add,
     .norm_matmul = cpu_norm_matmul, /* tests only (TERN_CPU_NORM_RES=1) */
+    .matmul_act_mul = cpu_matmul_act_mul, /* tests only (TERN_CPU_NORM_RES=1) */
     .norm_qkv_rope_kv = tern__cpu_norm_qkv_rope_kv, /* one decode row: rope and cache writes inside the q|k|v run (cpu_decode.c) */
 };
 
@@ -320,6 +323,28 @@ static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const fl
     cpu_rmsnorm(be, xn, res->x_out, n, d, nw, eps);
     if (k == 3 && op->matmul_n && op->matmul_n(be, 3, y, xn, n, w)) return 1;
     for (int i = 0; i < k; i++) op->matmul(be, y[i], xn, n, w[i]);
+    return 1;
+}
+
+/* TERN_CPU_NORM_RES=1 (tests only, as cpu_norm_matmul): ops.h matmul_act_mul by composition, so that gemma4.c's
+ * per-layer input gate runs its residual fold and buffer swap in the CPU parity tests. With res: x' = (x·1 +
+ * rmsnorm(h)·w)·s (h normalised in place, as tern__rmsnorm_add leaves it); then y = act(x'·wᵀ) ⊙ v. Declines
+ * without res (the model's plain path is the same ops). */
+static int cpu_matmul_act_mul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int act,
+                              const float *v, const tern_norm_res *res, float eps) {
+    static _Atomic int on_cache = -1;
+    const int on = tern__cpu_switch(&on_cache, "TERN_CPU_NORM_RES", 0);
+    if (!on || !res || !res->x_out) return 0;
+    const int d = (int)w->shape[w->ndim - 1];
+    const size_t cnt = (size_t)n * (size_t)d, cy = (size_t)n * (size_t)w->shape[w->ndim - 2];
+    float *h = (float *)res->h;
+    cpu_scale(be, res->x_out, x, 1.0f, cnt);
+    cpu_rmsnorm(be, h, h, n, d, res->w, eps);
+    cpu_add(be, res->x_out, res->x_out, h, cnt);
+    if (res->s) cpu_scale_dev(be, res->x_out, res->x_out, res->s, cnt);
+    be->vt->matmul(be, y, res->x_out, n, w);
+    if (act == TERN_ACT_SILU) cpu_silu_mul(be, y, y, v, cy);
+    else cpu_gelu_tanh_mul(be, y, y, v, cy);
     return 1;
 }
 

@@ -351,13 +351,14 @@ int tern__cuda_env_int(const char *name, int dflt) {
     return e && e[0] ? atoi(e) : dflt;
 }
 
-/* TERN_CUDA_NORM_N=1: rmsnorm_n in one launch. Off: on the H200 (session 11, gpu_ab.sh) it gained 1.9 %
- * on gemma4-12b alone, but NORM_ROPE (default) runs the same norms inside the rope launch and gained
- * more; tests set it */
+/* rmsnorm_n in one launch (TERN_CUDA_NORM_N=0: k launches). Its callers now: Gemma 4's MoE block (three norms of h,
+ * gemma4-26b-a4b: two launches fewer a layer) and norm_rope_kv_write's fallback (NORM_ROPE runs q, k, v's head norms
+ * inside the rope launch). Session 11 (H200): +1.9 % on gemma4-12b alone when it served the head norms. Default on
+ * since session 31 (NOTES (ar)); tests set it */
 int tern__cuda_norm_n = -1;
 static int be_rmsnorm_n(tern_backend *be, int k, float *const *y, const float *const *x, const int *rows, int d,
                         const float *const *w, float eps) {
-    if (tern__cuda_norm_n < 0) tern__cuda_norm_n = tern__cuda_env_int("TERN_CUDA_NORM_N", 0) == 1;
+    if (tern__cuda_norm_n < 0) tern__cuda_norm_n = tern__cuda_env_int("TERN_CUDA_NORM_N", 1) != 0;
     if (!tern__cuda_norm_n || k < 1 || k > 3) return 0;
     tern__cuda_rmsnorm_n(C(be), k, y, x, rows, d, w, eps);
     return 1;
@@ -529,6 +530,13 @@ static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, cons
  * launches, then rope_kv_write). H200, session 11, batch-1 bf16 decode at 512: gemma4-12b 125.5 → 128.3
  * tok/s, e4b 207.2 → 210.2 (op test cuda_norm_rope_kv bitwise, parity 18/18); tests set it */
 int tern__cuda_norm_rope = -1;
+static int be_matmul_act_mul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int act,
+                             const float *v, const tern_norm_res *res, float eps) {
+    tern__cuda_w wv;
+    const tern__cuda_w *pv;
+    if (!wviews(&w, 1, &wv, &pv)) return 0;
+    return tern__cuda_matmul_act_mul(C(be), y, x, n, pv, act, v, res, eps);
+}
 static int be_norm_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                                  float *v, int nh, const float *inv_freq, float mscale, const float *qw, const float *kw,
                                  float eps) {
@@ -677,6 +685,7 @@ static const tern_backend_vt k_cuda_vt = {
     .norm_qkv_rope_kv = be_norm_qkv_rope_kv,
     .norm_qkv_attention_o = be_norm_qkv_attention_o,
     .norm_mlp = be_norm_mlp,
+    .matmul_act_mul = be_matmul_act_mul,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
     .reserve_rows = be_reserve_rows,

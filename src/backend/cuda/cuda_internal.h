@@ -297,6 +297,8 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
                          const tern_norm_res *res); /* gemm.c: the same for n > 1 (res: TERN_CUDA_NORM_RES_N=1 only) */
 int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                            float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res);
+int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int act,
+                              const float *v, const tern_norm_res *res, float eps); /* gemv1.cu: ops.h matmul_act_mul */
 int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                   float *k, float *v, int nh, const float *inv_freq, float mscale, const float *qw,
                                   const float *kw, float eps); /* fused.cu: head norms + rope_kv_write */

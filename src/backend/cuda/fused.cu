@@ -83,7 +83,7 @@ static int rope_launch(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *
     cudaSetDevice(c->device);
     const size_t b = (total + 255) / 256;
     const unsigned grid = (unsigned)(b > 65535 * 8 ? 65535 * 8 : b);
-    by_page_kind(kind, [&](auto tag) {
+    by_page_kind(k ? kind : TERN_KV_F32, [&](auto tag) { /* q only: no page is touched */
         using T = decltype(tag);
         if (src)
             tern_launch(c->stream, rope_kv_kernel<T, true>, grid, 256, 0, q, k, (const float *)nullptr, n, nh, nkv, d, pos,
@@ -246,11 +246,11 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
                                              float *k, float *v, int nh, const float *inv_freq, float mscale,
                                              const float *qw, const float *kw, float eps) {
     const int kind = kv->kf.kind;
-    if (!tern__cuda_rope_pages(kv) || kv->head_dim > 4096) return 0;
+    if ((k && !tern__cuda_rope_pages(kv)) || kv->head_dim > 4096 || (!k && v)) return 0;
     NrkArgs a = {};
     a.q = q; a.k = k; a.v = v; a.qw = qw; a.kw = kw; a.inv_freq = inv_freq;
     a.pos = rows->pos; a.slot = rows->slot; a.bt = kv->block_table;
-    a.n = rows->n; a.nh = nh; a.nkv = kv->n_head_kv; a.d = kv->head_dim;
+    a.n = rows->n; a.nh = nh; a.nkv = k ? kv->n_head_kv : 0; a.d = kv->head_dim; /* k NULL: q heads only */
     a.max_blocks = kv->max_blocks; a.bs = kv->block_size;
     a.eps = eps; a.mscale = mscale;
     const long blocks = (long)a.n * (nh + a.nkv);
@@ -260,7 +260,7 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
     const size_t smem = (size_t)a.d * sizeof(float);
     const unsigned wgrid = (unsigned)((blocks + 7) / 8); /* 8 warps a block */
     const bool warp = tern__cuda_nrk_warp && (a.d == 256 || a.d == 512);
-    by_page_kind(kind, [&](auto tag) {
+    by_page_kind(k ? kind : TERN_KV_F32, [&](auto tag) { /* q only: no page is touched */
         using T = decltype(tag);
         if (warp && a.d == 256) tern_launch(c->stream, norm_rope_kv_warp<T, 8>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
         else if (warp) tern_launch(c->stream, norm_rope_kv_warp<T, 16>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);

@@ -39,6 +39,9 @@ struct Gemv1Args {
     /* ROPE instances (ops.h norm_qkv_rope_kv): rope_kv_write in the epilogue (appended: the other
      * instances never read it) */
     tern__cuda_rope_kv rope;
+    /* MV instances (ops.h matmul_act_mul, plain mode): y[o] = act(acc)·mv[o], act mact (appended) */
+    const float *mv;
+    int mact;
 };
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
@@ -56,9 +59,10 @@ __device__ __forceinline__ int g1_rope_row(const tern__cuda_rope_kv &p, int t, i
     return t < qk ? (t / half) * p.d + t % half + r * half : (p.nh + p.nkv) * p.d + 2 * (t - qk) + r;
 }
 
-template <int KIND, int R, int U, bool EARLY = false, bool ROPE = false>
+template <int KIND, int R, int U, bool EARLY = false, bool ROPE = false, bool MV = false>
 __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
     static_assert(!ROPE || R == 2, "a rope task is one pair of rows");
+    static_assert(!(ROPE && MV), "one epilogue");
     if constexpr (EARLY) pdl_trigger(); /* the wait follows the first task's first round of weight loads */
     else pdl_start();
     using K = Kind<KIND>;
@@ -186,7 +190,10 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
         for (int r = 0; r < R; r++) {
             if (!live[r]) break;
             float *yp = a.y[mrow[r]] + orow[r];
-            *yp = a.mode == G1_RES ? *yp + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
+            if constexpr (MV) /* as ew_kernel's gelu / silu with b: act(x)·b */
+                *yp = (a.mact == TERN_ACT_SILU ? silu(acc[r]) : gelu_tanh(acc[r])) * a.mv[orow[r]];
+            else
+                *yp = a.mode == G1_RES ? *yp + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
         }
     }
 }
@@ -198,17 +205,20 @@ extern "C" int tern__cuda_g1_grid;
 int tern__cuda_g1_grid = -1;
 
 /* Rows per warp and chunks in flight per lane: pair modes need R = 2; U = 4 keeps a whole
- * 4096-wide q4 row (128 chunks) in flight in one round. */
+ * 4096-wide q4 row (128 chunks) in flight in one round. Session 31 (NOTES (ar)): BF16 at U 5 where a row's chunks
+ * then fill fewer rounds (K 2560 one instead of two, K 10240 / 14336 / 15360 fewer) tied on gemma4-e4b /
+ * 26b-a4b b1 and lost 0.7-1 % on llama3-8b / gemma4-12b (128 registers, the same occupancy); removed. */
 #define G1_R 2
 #define G1_U 4
 
-/* resident blocks per SM of gemv1_kernel<KIND> with `smem` bytes (occupancy query, cached per size) */
-template <int KIND> static int g1_blocks_per_sm(size_t smem) {
+/* resident blocks per SM of gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV> with `smem` bytes (occupancy query, cached per
+ * size) */
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV> static int g1_blocks_per_sm(size_t smem) {
     static int nb;
     static size_t nb_smem = (size_t)-1;
     if (nb_smem != smem) {
         int v = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv1_kernel<KIND, G1_R, G1_U>, 256, smem) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, 256, smem) != cudaSuccess ||
             v < 1) {
             cudaGetLastError();
             v = 1;
@@ -229,6 +239,18 @@ extern "C" int tern__cuda_g1_early;
 int tern__cuda_g1_early = -1;
 template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 16 || KIND == 17; }
 template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 17; } /* BF16 / F16 weights */
+template <int KIND> constexpr bool g1_has_mv() { return KIND == 16 || KIND == 17; }
+
+/* the launch at U chunks a lane a round (grid: persistent, capped at the resident blocks of that instance) */
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false>
+static void g1_run(const tern__cuda *c, const Gemv1Args &a, long ntask, size_t smem) {
+    long blocks = (ntask + 7) / 8;
+    if (tern__cuda_g1_grid) {
+        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
+        if (blocks > slots) blocks = slots;
+    }
+    tern_launch(c->stream, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, (unsigned)blocks, 256, smem, a);
+}
 
 template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, bool rope = false) {
     if (tern__cuda_g1_grid < 0) tern__cuda_g1_grid = tern__cuda_env_int("TERN_CUDA_G1_GRID", 1) != 0;
@@ -237,37 +259,37 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     const bool early = tern__cuda_g1_early & (a.mode == G1_RES ? 2 : pair ? 4 : 1);
     const long ntask = pair ? a.rows : (a.rows + G1_R - 1) / G1_R;
     const size_t smem = (size_t)a.in * sizeof(float);
-    long blocks = (ntask + 7) / 8;
-    if (tern__cuda_g1_grid) {
-        const long slots = (long)g1_blocks_per_sm<KIND>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
-        if (blocks > slots) blocks = slots;
-    }
+    if constexpr (g1_has_mv<KIND>())
+        if (a.mv) { /* matmul_act_mul: BF16 / F16, the early instance only (the same bits) */
+            g1_run<KIND, G1_U, true, false, true>(c, a, ntask, smem);
+            return;
+        }
     if constexpr (g1_has_rope<KIND>())
         if (rope) {
-            if (early) tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, true, true>, (unsigned)blocks, 256, smem, a);
-            else tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, false, true>, (unsigned)blocks, 256, smem, a);
+            if (early) g1_run<KIND, G1_U, true, true>(c, a, ntask, smem);
+            else g1_run<KIND, G1_U, false, true>(c, a, ntask, smem);
             return;
         }
     if constexpr (g1_has_early<KIND>())
         if (early) {
-            tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U, true>, (unsigned)blocks, 256, smem, a);
+            g1_run<KIND, G1_U, true, false>(c, a, ntask, smem);
             return;
         }
-    tern_launch(c->stream, gemv1_kernel<KIND, G1_R, G1_U>, (unsigned)blocks, 256, smem, a);
+    g1_run<KIND, G1_U, false, false>(c, a, ntask, smem);
 }
 
-template <int KIND> static void g1_allow() {
-    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false> static void g1_allow1() {
+    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)(G1_MAX_IN * sizeof(float)));
-    if constexpr (g1_has_early<KIND>())
-        cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)(G1_MAX_IN * sizeof(float)));
+}
+template <int KIND> static void g1_allow() {
+    g1_allow1<KIND, G1_U, false, false>();
+    if constexpr (g1_has_early<KIND>()) g1_allow1<KIND, G1_U, true, false>();
     if constexpr (g1_has_rope<KIND>()) {
-        cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)(G1_MAX_IN * sizeof(float)));
-        cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, G1_U, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)(G1_MAX_IN * sizeof(float)));
+        g1_allow1<KIND, G1_U, false, true>();
+        g1_allow1<KIND, G1_U, true, true>();
     }
+    if constexpr (g1_has_mv<KIND>()) g1_allow1<KIND, G1_U, true, false, true>();
 }
 
 /* TERN_CUDA_GEMV1=0 in the environment keeps the older n = 1 kernels (for comparisons). */
@@ -294,19 +316,22 @@ bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
 
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                            const float *x, int mode, const float *nw, float *xn, float eps, const tern_norm_res *res,
-                           const tern__cuda_rope_kv *rope = nullptr);
+                           const tern__cuda_rope_kv *rope = nullptr, const float *mv = nullptr, int mact = 0);
 void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                           const float *x, int mode) {
     g1_launch_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f, NULL);
 }
 
 /* as tern__cuda_g1_launch; xn != NULL: the staged row is rmsnorm(x)·nw, also written to xn (res: of
- * x' = the residual add, written to res->x_out) */
+ * x' = the residual add, written to res->x_out); mv != NULL (plain mode, one matrix): y = act(acc)·mv */
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                       int k, const float *x, int mode, const float *nw, float *xn, float eps,
-                                      const tern_norm_res *res, const tern__cuda_rope_kv *rope) {
+                                      const tern_norm_res *res, const tern__cuda_rope_kv *rope, const float *mv,
+                                      int mact) {
     Gemv1Args a = {};
     if (rope) a.rope = *rope;
+    a.mv = mv;
+    a.mact = mact;
     set_norm_args(a, nw, xn, eps, res);
     a.nrm = xn != NULL;
     const tern__cuda_w *w0 = w[0];
@@ -360,6 +385,24 @@ extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, in
     if (n != 1 || !tern__cuda_g1_fits(&w, 1, x)) return 0;
     cudaSetDevice(c->device);
     tern__cuda_g1_launch(c, &y, &w, e, 1, x, G1_RES);
+    return 1;
+}
+
+/* ops.h matmul_act_mul for one row (Gemma 4's per-layer input gate): y = act(x'·wᵀ)·v, x' = x or, with res, norm_matmul's
+ * residual prologue (x' written to res->x_out; its rmsnorm at eps) without a pre-norm, in one gemv1 launch (the MV epilogue) — BF16 / F16
+ * weights; bitwise rmsnorm_add + the matmul + the elementwise act·v. Else 0 (the caller runs the separate ops). */
+static int tern__cuda_norm_res_on(void);
+extern "C" int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int act,
+                                         const float *v, const tern_norm_res *res, float eps) {
+    const int kind = kind_of(w);
+    if (n != 1 || (kind != 16 && kind != 17) || !tern__cuda_g1_fits(&w, 1, x) || y == x || (const float *)y == v)
+        return 0;
+    if (res && (!tern__cuda_norm_res_on() || !res->x_out || res->x_out == x || (const float *)res->x_out == res->h ||
+                (((uintptr_t)res->x_out | (uintptr_t)res->h | (uintptr_t)res->w) & 15)))
+        return 0;
+    const int e[1] = {0};
+    cudaSetDevice(c->device);
+    g1_launch_norm(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, eps, res, nullptr, v, act);
     return 1;
 }
 
