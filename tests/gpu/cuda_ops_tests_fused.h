@@ -386,8 +386,8 @@ extern int tern__cuda_norm_res;
 TEST(cuda_norm_matmul_res) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul_res", "not built"); return; }
-    extern int tern__cuda_g1_grid;
-    const int keep = tern__cuda_norm_res, keep_grid = tern__cuda_g1_grid;
+    extern int tern__cuda_g1_grid, tern__cuda_g1_pf;
+    const int keep = tern__cuda_norm_res, keep_grid = tern__cuda_g1_grid, keep_pf = tern__cuda_g1_pf;
     tern__cuda_norm_res = 1;
     static const int ins[] = {384, 4096, 5376};
     static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } F[] = {
@@ -397,6 +397,7 @@ TEST(cuda_norm_matmul_res) {
             for (int mode = 0; mode < 4; mode++) { /* bit 0: post-norm weight, bit 1: scalar */
                 const int in = ins[si], out = 300;
                 tern__cuda_g1_grid = mode & 1;
+                tern__cuda_g1_pf = (int)(si + mode) & 1; /* BF16: the L1-prefetching prologue (TERN_CUDA_G1_PF) too */
                 hw h[2];
                 tern_tensor t[2];
                 tern_error err = {0};
@@ -438,6 +439,7 @@ TEST(cuda_norm_matmul_res) {
             }
     tern__cuda_norm_res = keep;
     tern__cuda_g1_grid = keep_grid;
+    tern__cuda_g1_pf = keep_pf;
 }
 
 /* matmul_act_mul (Gemma 4's per-layer input gate: the post-norm residual add, the gate's matmul and gelu·ple in one
@@ -447,8 +449,8 @@ TEST(cuda_norm_matmul_res) {
 TEST(cuda_matmul_act_mul) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_act_mul) { SKIP("cuda_matmul_act_mul", "not built"); return; }
-    extern int tern__cuda_g1_grid;
-    const int keep_grid = tern__cuda_g1_grid;
+    extern int tern__cuda_g1_grid, tern__cuda_g1_pf;
+    const int keep_grid = tern__cuda_g1_grid, keep_pf = tern__cuda_g1_pf;
     static const int ins[] = {384, 2560, 4096};
     static const tern_dtype dts[] = {TERN_DT_BF16, TERN_DT_F16};
     for (size_t f = 0; f < TERN_ARRAY_LEN(dts); f++)
@@ -456,6 +458,7 @@ TEST(cuda_matmul_act_mul) {
             for (int mode = 0; mode < 5; mode++) { /* 0: no res; 1..4: res, bit 0 of mode-1 weight, bit 1 scalar */
                 const int in = ins[si], out = 256 + 2 * (int)si, act = mode & 1 ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
                 tern__cuda_g1_grid = (int)(f + mode) & 1;
+                tern__cuda_g1_pf = (int)(si + mode) & 1; /* BF16 with res: the L1-prefetching prologue too */
                 hw h = make_w(dts[f], 0, 0, 0, 1, out, in, 0);
                 tern_tensor t = h.t;
                 tern_error err = {0};
@@ -507,6 +510,7 @@ TEST(cuda_matmul_act_mul) {
         free(x);
     }
     tern__cuda_g1_grid = keep_grid;
+    tern__cuda_g1_pf = keep_pf;
 }
 
 /* norm_rope_kv_write (Gemma 4's q / k / v head norms + rope + cache stores in one launch) vs rmsnorm ×3 +

@@ -59,7 +59,12 @@ __device__ __forceinline__ int g1_rope_row(const tern__cuda_rope_kv &p, int t, i
     return t < qk ? (t / half) * p.d + t % half + r * half : (p.nh + p.nkv) * p.d + 2 * (t - qk) + r;
 }
 
-template <int KIND, int R, int U, bool EARLY = false, bool ROPE = false, bool MV = false>
+/* PF instances (TERN_CUDA_G1_PF=1, opt-in for an A/B; BF16 early instances only): the staging loop also prefetches into
+ * L1 the lines of x, the post-norm weight and the pre-norm weight that the residual and norm passes read next, so the
+ * prologue pays one L2 round trip instead of three. The same loads and arithmetic: the same bits. */
+__device__ __forceinline__ void g1_pf_l1(const float *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+template <int KIND, int R, int U, bool EARLY = false, bool ROPE = false, bool MV = false, bool PF = false>
 __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
     static_assert(!ROPE || R == 2, "a rope task is one pair of rows");
     static_assert(!(ROPE && MV), "one epilogue");
@@ -103,7 +108,16 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
         }
         pdl_wait();
     }
-    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)(a.rh ? a.rh : a.x) + f);
+    for (int f = threadIdx.x; f < nch * C4; f += 256) {
+        if constexpr (PF) {
+            if (a.rh) {
+                g1_pf_l1(a.x + 4 * f);
+                if (a.rw) g1_pf_l1(a.rw + 4 * f);
+            }
+            if (a.nrm && a.nw) g1_pf_l1(a.nw + 4 * f);
+        }
+        xs1[g1swz(f, C4)] = __ldg((const float4 *)(a.rh ? a.rh : a.x) + f);
+    }
     __syncthreads();
     if (a.rh) { /* x' = (x + rmsnorm(h)·w)·s in place of h, bitwise rmsnorm_add's (norm.cu rms_row) */
         const float inv = block_rms_inv(xat, a.in, a.eps, red), sc = a.rs ? a.rs[0] : 1.0f;
@@ -211,14 +225,14 @@ int tern__cuda_g1_grid = -1;
 #define G1_R 2
 #define G1_U 4
 
-/* resident blocks per SM of gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV> with `smem` bytes (occupancy query, cached per
+/* resident blocks per SM of gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV, PF> with `smem` bytes (occupancy query, cached per
  * size) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV> static int g1_blocks_per_sm(size_t smem) {
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool PF> static int g1_blocks_per_sm(size_t smem) {
     static int nb;
     static size_t nb_smem = (size_t)-1;
     if (nb_smem != smem) {
         int v = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, 256, smem) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV, PF>, 256, smem) != cudaSuccess ||
             v < 1) {
             cudaGetLastError();
             v = 1;
@@ -242,14 +256,29 @@ template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 
 template <int KIND> constexpr bool g1_has_mv() { return KIND == 16 || KIND == 17; }
 
 /* the launch at U chunks a lane a round (grid: persistent, capped at the resident blocks of that instance) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false>
-static void g1_run(const tern__cuda *c, const Gemv1Args &a, long ntask, size_t smem) {
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool PF = false>
+static void g1_run1(const tern__cuda *c, const Gemv1Args &a, long ntask, size_t smem) {
     long blocks = (ntask + 7) / 8;
     if (tern__cuda_g1_grid) {
-        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
+        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV, PF>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
         if (blocks > slots) blocks = slots;
     }
-    tern_launch(c->stream, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, (unsigned)blocks, 256, smem, a);
+    tern_launch(c->stream, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV, PF>, (unsigned)blocks, 256, smem, a);
+}
+/* TERN_CUDA_G1_PF=1 (read once; opt-in): BF16 early launches with a prologue (residual add or pre-norm) take the PF
+ * instance */
+extern "C" int tern__cuda_g1_pf;
+int tern__cuda_g1_pf = -1;
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false>
+static void g1_run(const tern__cuda *c, const Gemv1Args &a, long ntask, size_t smem) {
+    if constexpr (KIND == 17 && EARLY) {
+        if (tern__cuda_g1_pf < 0) tern__cuda_g1_pf = tern__cuda_env_int("TERN_CUDA_G1_PF", 0) != 0;
+        if (tern__cuda_g1_pf && (a.rh || a.nrm)) {
+            g1_run1<KIND, U, EARLY, ROPE, MV, true>(c, a, ntask, smem);
+            return;
+        }
+    }
+    g1_run1<KIND, U, EARLY, ROPE, MV>(c, a, ntask, smem);
 }
 
 template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, bool rope = false) {
@@ -281,6 +310,9 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
 template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false> static void g1_allow1() {
     cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)(G1_MAX_IN * sizeof(float)));
+    if constexpr (KIND == 17 && EARLY)
+        cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(G1_MAX_IN * sizeof(float)));
 }
 template <int KIND> static void g1_allow() {
     g1_allow1<KIND, G1_U, false, false>();
