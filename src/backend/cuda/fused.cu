@@ -83,7 +83,7 @@ static int rope_launch(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *
     cudaSetDevice(c->device);
     const size_t b = (total + 255) / 256;
     const unsigned grid = (unsigned)(b > 65535 * 8 ? 65535 * 8 : b);
-    by_page_kind(k ? kind : TERN_KV_F32, [&](auto tag) { /* q only: no page is touched */
+    by_page_kind(kind, [&](auto tag) {
         using T = decltype(tag);
         if (src)
             tern_launch(c->stream, rope_kv_kernel<T, true>, grid, 256, 0, q, k, (const float *)nullptr, n, nh, nkv, d, pos,
