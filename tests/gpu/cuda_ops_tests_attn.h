@@ -361,27 +361,40 @@ TEST(cuda_attention_decode_early_bits) {
     g_attn_bf16 = keep_bf;
 }
 
+/* route_topk vs the CPU: idx the same, wts within 1e-5; both forms of the kernel's picks (TERN_CUDA_ROUTE_LANES: lane 0
+ * storing them one by one, or the k lanes at once; k 40 keeps the first form either way), bitwise the same */
 TEST(cuda_route_topk) {
-    static const int EK[][3] = {{128, 8, 37}, {256, 8, 5}, {8, 2, 64}, {60, 6, 3}, {1000, 4, 2}};
+    static const int EK[][3] = {{128, 8, 37}, {256, 8, 5}, {8, 2, 64}, {60, 6, 3}, {1000, 4, 2}, {64, 40, 3}, {128, 32, 2}};
+    extern int tern__cuda_route_lanes;
+    const int keep = tern__cuda_route_lanes;
     for (size_t c = 0; c < TERN_ARRAY_LEN(EK); c++) {
         int E = EK[c][0], k = EK[c][1], n = EK[c][2];
         for (int with_scale = 0; with_scale < 2; with_scale++) {
             float *lg = rnd((size_t)n * E, 3.0f), *pes = rnd((size_t)E, 1.0f), *wr = malloc(n * k * sizeof *wr);
-            int32_t *ir = malloc(n * k * sizeof *ir), *ig = malloc(n * k * sizeof *ig);
+            int32_t *ir = malloc(n * k * sizeof *ir), *ig[2];
+            float *wg[2];
             void *lgd = to_gpu(lg, (size_t)n * E * 4), *pd = to_gpu(pes, (size_t)E * 4);
             void *id = g_gpu->vt->alloc(g_gpu, n * k * 4), *wd = nan_buf(g_gpu, (size_t)n * k);
             g_ref->vt->route_topk(g_ref, ir, wr, lg, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, with_scale ? pes : NULL);
-            g_gpu->vt->route_topk(g_gpu, id, wd, lgd, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, with_scale ? pd : NULL);
-            g_gpu->vt->download(g_gpu, ig, id, n * k * 4);
-            float *wg = from_gpu(g_gpu, wd, (size_t)n * k);
-            int same = !memcmp(ir, ig, n * k * 4);
-            double rel = rel_or_nan(wg, wr, (size_t)n * k);
-            CHECK(same && rel <= 1e-5, "E %d k %d n %d scale %d: idx %s, wts rel %.2e", E, k, n, with_scale,
-                  same ? "same" : "differ", rel);
+            for (int lanes = 0; lanes < 2; lanes++) {
+                tern__cuda_route_lanes = lanes;
+                g_gpu->vt->route_topk(g_gpu, id, wd, lgd, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, with_scale ? pd : NULL);
+                ig[lanes] = malloc(n * k * sizeof *ig[lanes]);
+                g_gpu->vt->download(g_gpu, ig[lanes], id, n * k * 4);
+                wg[lanes] = from_gpu(g_gpu, wd, (size_t)n * k);
+                int same = !memcmp(ir, ig[lanes], n * k * 4);
+                double rel = rel_or_nan(wg[lanes], wr, (size_t)n * k);
+                CHECK(same && rel <= 1e-5, "E %d k %d n %d scale %d lanes %d: idx %s, wts rel %.2e", E, k, n, with_scale,
+                      lanes, same ? "same" : "differ", rel);
+            }
+            CHECK(!memcmp(ig[0], ig[1], n * k * 4) && !memcmp(wg[0], wg[1], n * k * 4),
+                  "E %d k %d n %d scale %d: the two forms differ", E, k, n, with_scale);
             g_gpu->vt->free(g_gpu, lgd); g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);
-            free(lg); free(pes); free(wr); free(ir); free(ig); free(wg);
+            free(lg); free(pes); free(wr); free(ir);
+            for (int i = 0; i < 2; i++) { free(ig[i]); free(wg[i]); }
         }
     }
+    tern__cuda_route_lanes = keep;
 }
 
 /* gate/up as views of one fused stack [E, 2I, H] (HF experts.gate_up_proj layout) */

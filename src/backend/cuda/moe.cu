@@ -29,9 +29,14 @@
 /* One warp per row: softmax over the E router logits, then k rounds of a warp argmax (ties to the lower
  * expert), the chosen weights renormalised and scaled per expert. PR > 0: the probabilities computed once
  * into PR registers per lane (E <= 32·PR), so a round is a register scan and five shuffle pairs; PR = 0
- * recomputes them per round (any E). Same values either way: p = expf(l - m) / sum. */
+ * recomputes them per round (any E). Same values either way: p = expf(l - m) / sum.
+ * lanes (TERN_CUDA_ROUTE_LANES=1, opt-in until an H200 A/B; k <= 32): lane j keeps round j's pick in registers and
+ * the k lanes renormalise, scale and store at once — the same expressions, so the same bits — instead of lane 0
+ * storing each pick and then reading them back one by one (~3 dependent L2 round trips a pick: gemma4-26b-a4b's
+ * route_kernel takes 6.3-7.5 us for one row, NOTES (ar)). */
 template <int PR>
-__global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int n, int E, int k, const float *pes) {
+__global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int n, int E, int k, const float *pes,
+                             int lanes) {
     pdl_start();
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -47,7 +52,9 @@ __global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int 
 #pragma unroll
     for (int b = 0; b < PR; b++) pr[b] = lane + 32 * b < E ? expf(l[lane + 32 * b] - m) / sum : -1.0f;
     unsigned long long chosen = 0;
-    float tot = 0.0f;
+    float tot = 0.0f, mp = 0.0f; /* lanes: this lane's pick (round j = lane) */
+    int me = 0;
+    const bool inreg = lanes && k <= 32;
     for (int j = 0; j < k; j++) {
         float bp = -1.0f;
         int be = 0x7fffffff;
@@ -69,11 +76,25 @@ __global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int 
             if (op > bp || (op == bp && oe < be)) { bp = op; be = oe; }
         }
         if (be < E && (be & 31) == lane) chosen |= 1ull << (be >> 5);
-        if (lane == 0) {
+        if (inreg) {
+            if (lane == j) {
+                me = be < E ? be : 0;
+                mp = bp > 0.0f ? bp : 0.0f;
+            }
+        } else if (lane == 0) {
             idx[(size_t)r * k + j] = be < E ? be : 0;
             wts[(size_t)r * k + j] = bp > 0.0f ? bp : 0.0f;
         }
         tot += bp > 0.0f ? bp : 0.0f;
+    }
+    if (inreg) {
+        if (lane < k) {
+            float w = tot > 0.0f ? mp / tot : 0.0f;
+            if (pes) w *= pes[me];
+            idx[(size_t)r * k + lane] = me;
+            wts[(size_t)r * k + lane] = w;
+        }
+        return;
     }
     __syncwarp();
     if (lane == 0)
@@ -84,6 +105,10 @@ __global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int 
         }
 }
 
+/* TERN_CUDA_ROUTE_LANES (read once; default 0; tests set it): route_kernel's picks kept in registers (see there) */
+extern "C" int tern__cuda_route_lanes;
+int tern__cuda_route_lanes = -1;
+
 extern "C" void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, const float *logits, int n, int E,
                                       int k, int mode, const float *per_expert_scale) {
     if (n <= 0 || k <= 0) return;
@@ -92,10 +117,12 @@ extern "C" void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, c
         return;
     }
     cudaSetDevice(c->device);
+    if (tern__cuda_route_lanes < 0) tern__cuda_route_lanes = tern__cuda_env_int("TERN_CUDA_ROUTE_LANES", 0) != 0;
+    const int ln = tern__cuda_route_lanes;
     const unsigned g = (unsigned)((n + 3) / 4);
-    if (E <= 128) tern_launch(c->stream, route_kernel<4>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale);
-    else if (E <= 256) tern_launch(c->stream, route_kernel<8>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale);
-    else tern_launch(c->stream, route_kernel<0>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale);
+    if (E <= 128) tern_launch(c->stream, route_kernel<4>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale, ln);
+    else if (E <= 256) tern_launch(c->stream, route_kernel<8>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale, ln);
+    else tern_launch(c->stream, route_kernel<0>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale, ln);
     tern__cuda_check(c, "route_topk");
 }
 
