@@ -200,6 +200,11 @@ static inline void tern__rmsnorm_n(tern_model *m, int k, float *const *y, const 
     if (op->rmsnorm_n && op->rmsnorm_n(m->be, k, y, x, rows, d, w, eps)) return;
     for (int i = 0; i < k; i++) op->rmsnorm(m->be, y[i], x[i], rows[i], d, w[i], eps);
 }
+/* y = act(a) ⊙ b over cnt elements, act TERN_ACT_SILU or TERN_ACT_GELU_TANH */
+static inline void tern__act_mul(tern_model *m, float *y, const float *a, const float *b, size_t cnt, int act) {
+    if (act == TERN_ACT_SILU) m->be->vt->silu_mul(m->be, y, a, b, cnt);
+    else m->be->vt->gelu_tanh_mul(m->be, y, a, b, cnt);
+}
 /* y = act(x·gateᵀ) ⊙ (x·upᵀ); tmp [n, I] is scratch for the unfused path */
 static inline void tern__matmul_glu(tern_model *m, float *y, float *tmp, const float *x, int n,
                                     const tern_tensor *gate, const tern_tensor *up, int act) {
@@ -208,8 +213,7 @@ static inline void tern__matmul_glu(tern_model *m, float *y, float *tmp, const f
     size_t cnt = (size_t)n * (size_t)gate->shape[gate->ndim - 2];
     op->matmul(m->be, y, x, n, gate);
     op->matmul(m->be, tmp, x, n, up);
-    if (act == TERN_ACT_SILU) op->silu_mul(m->be, y, y, tmp, cnt);
-    else op->gelu_tanh_mul(m->be, y, y, tmp, cnt);
+    tern__act_mul(m, y, y, tmp, cnt, act);
 }
 /* y += x·Wᵀ in one launch when the backend can (never in a tensor-parallel group, whose
  * partial products are summed between the matmul and the add). Returns 0 when the caller
@@ -308,9 +312,7 @@ static inline void tern__pending_matmul_act_mul(tern_model *m, float **x, float 
     tern__pending_flush(m, *x, p, n, d, eps);
     if (op->matmul_act_mul && op->matmul_act_mul(m->be, y, *x, n, w, act, v, NULL, eps)) return;
     op->matmul(m->be, y, *x, n, w);
-    const size_t cnt = (size_t)n * (size_t)w->shape[w->ndim - 2];
-    if (act == TERN_ACT_SILU) op->silu_mul(m->be, y, y, v, cnt);
-    else op->gelu_tanh_mul(m->be, y, y, v, cnt);
+    tern__act_mul(m, y, y, v, (size_t)n * (size_t)w->shape[w->ndim - 2], act);
 }
 /* The MLP in one backend op where the backend runs it whole (ops.h norm_mlp; many rows only): y = glu(rmsnorm(x)·nw)
  * ·w[2]ᵀ (add = 0) or y += that (add = 1; y may be x: the pre-norm reads x before anything writes y), w = {gate, up,

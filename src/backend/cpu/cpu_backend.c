@@ -301,6 +301,17 @@ static const tern_backend_vt cpu_vt = {
     .norm_qkv_rope_kv = tern__cpu_norm_qkv_rope_kv, /* one decode row: rope and cache writes inside the q|k|v run (cpu_decode.c) */
 };
 
+/* The residual fold of the test hooks below, by this backend's own ops: res->x_out = (x·1 + rmsnorm(h)·w)·s with h
+ * normalised in place (scratch afterwards, as the model's tern__rmsnorm_add leaves it) */
+static void cpu_res_fold(tern_backend *be, const tern_norm_res *res, const float *x, int n, int d, float eps) {
+    const size_t cnt = (size_t)n * (size_t)d;
+    float *h = (float *)res->h;
+    cpu_scale(be, res->x_out, x, 1.0f, cnt);
+    cpu_rmsnorm(be, h, h, n, d, res->w, eps);
+    cpu_add(be, res->x_out, res->x_out, h, cnt);
+    if (res->s) cpu_scale_dev(be, res->x_out, res->x_out, res->s, cnt);
+}
+
 /* TERN_CPU_NORM_RES=1 (tests only: no speed to gain here): ops.h norm_matmul with its residual fold, by
  * composition of this backend's own ops, so that a model's residual-buffer swap (gemma4.c, which the
  * CUDA backend's fold drives) runs in the CPU parity tests too. Serves q|k|v and one-matrix ops; the
@@ -314,12 +325,7 @@ static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const fl
     if (!on || !res || act >= 0 || (k != 1 && k != 3) || xn == x || !res->x_out) return 0;
     const tern_backend_vt *op = be->vt;
     const int d = (int)w[0]->shape[w[0]->ndim - 1];
-    const size_t cnt = (size_t)n * (size_t)d;
-    float *h = (float *)res->h; /* scratch afterwards, as in the unfused path */
-    cpu_scale(be, res->x_out, x, 1.0f, cnt);
-    cpu_rmsnorm(be, h, h, n, d, res->w, eps);
-    cpu_add(be, res->x_out, res->x_out, h, cnt);
-    if (res->s) cpu_scale_dev(be, res->x_out, res->x_out, res->s, cnt);
+    cpu_res_fold(be, res, x, n, d, eps);
     cpu_rmsnorm(be, xn, res->x_out, n, d, nw, eps);
     if (k == 3 && op->matmul_n && op->matmul_n(be, 3, y, xn, n, w)) return 1;
     for (int i = 0; i < k; i++) op->matmul(be, y[i], xn, n, w[i]);
@@ -327,21 +333,15 @@ static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const fl
 }
 
 /* TERN_CPU_NORM_RES=1 (tests only, as cpu_norm_matmul): ops.h matmul_act_mul by composition, so that gemma4.c's
- * per-layer input gate runs its residual fold and buffer swap in the CPU parity tests. With res: x' = (x·1 +
- * rmsnorm(h)·w)·s (h normalised in place, as tern__rmsnorm_add leaves it); then y = act(x'·wᵀ) ⊙ v. Declines
- * without res (the model's plain path is the same ops). */
+ * per-layer input gate runs its residual fold and buffer swap in the CPU parity tests: cpu_res_fold, then
+ * y = act(x'·wᵀ) ⊙ v. Declines without res (the model's plain path is the same ops). */
 static int cpu_matmul_act_mul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int act,
                               const float *v, const tern_norm_res *res, float eps) {
     static _Atomic int on_cache = -1;
     const int on = tern__cpu_switch(&on_cache, "TERN_CPU_NORM_RES", 0);
     if (!on || !res || !res->x_out) return 0;
-    const int d = (int)w->shape[w->ndim - 1];
-    const size_t cnt = (size_t)n * (size_t)d, cy = (size_t)n * (size_t)w->shape[w->ndim - 2];
-    float *h = (float *)res->h;
-    cpu_scale(be, res->x_out, x, 1.0f, cnt);
-    cpu_rmsnorm(be, h, h, n, d, res->w, eps);
-    cpu_add(be, res->x_out, res->x_out, h, cnt);
-    if (res->s) cpu_scale_dev(be, res->x_out, res->x_out, res->s, cnt);
+    const size_t cy = (size_t)n * (size_t)w->shape[w->ndim - 2];
+    cpu_res_fold(be, res, x, n, (int)w->shape[w->ndim - 1], eps);
     be->vt->matmul(be, y, res->x_out, n, w);
     if (act == TERN_ACT_SILU) cpu_silu_mul(be, y, y, v, cy);
     else cpu_gelu_tanh_mul(be, y, y, v, cy);

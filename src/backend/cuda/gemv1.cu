@@ -420,24 +420,6 @@ extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, in
     return 1;
 }
 
-/* ops.h matmul_act_mul for one row (Gemma 4's per-layer input gate): y = act(x'·wᵀ)·v, x' = x or, with res, norm_matmul's
- * residual prologue (x' written to res->x_out; its rmsnorm at eps) without a pre-norm, in one gemv1 launch (the MV epilogue) — BF16 / F16
- * weights; bitwise rmsnorm_add + the matmul + the elementwise act·v. Else 0 (the caller runs the separate ops). */
-static int tern__cuda_norm_res_on(void);
-extern "C" int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int act,
-                                         const float *v, const tern_norm_res *res, float eps) {
-    const int kind = kind_of(w);
-    if (n != 1 || (kind != 16 && kind != 17) || !tern__cuda_g1_fits(&w, 1, x) || y == x || (const float *)y == v)
-        return 0;
-    if (res && (!tern__cuda_norm_res_on() || !res->x_out || res->x_out == x || (const float *)res->x_out == res->h ||
-                (((uintptr_t)res->x_out | (uintptr_t)res->h | (uintptr_t)res->w) & 15)))
-        return 0;
-    const int e[1] = {0};
-    cudaSetDevice(c->device);
-    g1_launch_norm(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, eps, res, nullptr, v, act);
-    return 1;
-}
-
 /* norm_matmul folds a post-norm residual add in front (res; Gemma 4's post-norms). H200, session 11,
  * batch-1 decode at 512, with NORM_ROPE: bf16 (gemv1) e4b 210.2 → 215.0 tok/s, gemma4-12b 128.3 → 128.1
  * (even); q4 (gemv_mma, where every K-slice block forms the whole x') gemma4-12b 158.5 → 144.1, so the
@@ -450,6 +432,13 @@ static int tern__cuda_norm_res_on(void) {
         if (tern__cuda_norm_res < 0 || tern__cuda_norm_res > 2) tern__cuda_norm_res = 2;
     }
     return tern__cuda_norm_res;
+}
+
+/* gemv1's residual prologue can take res for the row x: the fold is on, x' goes to a buffer of its own (neither x nor
+ * h), and x', h and w are 16-byte aligned */
+static bool g1_res_ok(const tern_norm_res *res, const float *x) {
+    return tern__cuda_norm_res_on() && res->x_out && res->x_out != x && (const float *)res->x_out != res->h &&
+           !(((uintptr_t)res->x_out | (uintptr_t)res->h | (uintptr_t)res->w) & 15);
 }
 
 /* TERN_CUDA_MM_NORM=0: formats of gemv_mma.cu (Q4) run rmsnorm as its own launch (A/B) */
@@ -471,9 +460,7 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15) || (pair && (k != 2 || w[0]->out != w[1]->out)))
         return 0;
-    if (res && (!tern__cuda_norm_res_on() || !res->x_out || res->x_out == x || (const float *)res->x_out == res->h ||
-                (((uintptr_t)res->x_out | (uintptr_t)res->h | (uintptr_t)res->w) & 15)))
-        return 0;
+    if (res && !g1_res_ok(res, x)) return 0;
     if (mode != G1_PLAIN && !pair) return 0;
     const int e[3] = {0, 0, 0};
     float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL};
@@ -484,6 +471,22 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
     if ((k == 1 && !pair) ? !tern__cuda_gemv_row_g1(w[0], x) : !tern__cuda_g1_fits(w, k, x)) return 0;
     cudaSetDevice(c->device);
     g1_launch_norm(c, ys, w, e, k, x, mode, nw, xn, eps, res);
+    return 1;
+}
+
+/* ops.h matmul_act_mul for one row (Gemma 4's per-layer input gate): y = act(x'·wᵀ)·v, x' = x or, with res,
+ * norm_matmul's residual prologue (x' written to res->x_out; its rmsnorm at eps) without a pre-norm, in one gemv1
+ * launch (the MV epilogue) — BF16 / F16 weights; bitwise rmsnorm_add + the matmul + the elementwise act·v. Else 0 (the
+ * caller runs the separate ops). */
+extern "C" int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int act,
+                                         const float *v, const tern_norm_res *res, float eps) {
+    const int kind = kind_of(w);
+    if (n != 1 || (kind != 16 && kind != 17) || !tern__cuda_g1_fits(&w, 1, x) || y == x || (const float *)y == v)
+        return 0;
+    if (res && !g1_res_ok(res, x)) return 0;
+    const int e[1] = {0};
+    cudaSetDevice(c->device);
+    g1_launch_norm(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, eps, res, nullptr, v, act);
     return 1;
 }
 
