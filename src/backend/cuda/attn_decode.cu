@@ -190,6 +190,17 @@ static int ad_lean(void) {
     return tern__cuda_ad_lean;
 }
 
+/* TERN_CUDA_AD_PX (default 0 until an H200 A/B; 1 on): one-row launches over
+ * BF16 pages that attn_decode_px.cu serves (a cluster per KV head exchanging probabilities) run there, where the
+ * keys any replay may see are bounded: the window, or a short-class step (ops.h tern_rows_long) below
+ * TERN_LONG_KEYS. -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_px;
+int tern__cuda_ad_px = -1;
+static int ad_px(void) {
+    if (tern__cuda_ad_px < 0) tern__cuda_ad_px = tern__cuda_env_int("TERN_CUDA_AD_PX", 0);
+    return tern__cuda_ad_px;
+}
+
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -464,39 +475,8 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
         }
     }
     if (nact == 1) return;
-
-    /* the last split block of (r, g) merges, in split order */
-    __threadfence();
-    __syncthreads();
-    int *cnt = a.cnt + (size_t)r * gridDim.x + blockIdx.x;
-    if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == nact - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    float *ms = smd; /* [nact][GM] (M, L), then the weights e^{M_z - M} / Σ */
-    for (int idx = threadIdx.x; idx < nact * G; idx += blockDim.x) {
-        const int zz = idx / G, h = idx % G;
-        const size_t o = mlo + ((size_t)zz * nrow + (size_t)r * a.nh + head0 + h) * 2;
-        ms[(zz * GM + h) * 2] = __ldcg(a.part + o);
-        ms[(zz * GM + h) * 2 + 1] = __ldcg(a.part + o + 1);
-    }
-    __syncthreads();
-    if (threadIdx.x < G) { /* per head: each split's weight (in place of M_z) and L (split order) */
-        const int h = threadIdx.x;
-        sml[h][1] = ad_split_weights([&](int zz) { return make_float2(ms[(zz * GM + h) * 2], ms[(zz * GM + h) * 2 + 1]); },
-                                     [&](int zz, float c) { ms[(zz * GM + h) * 2] = c; }, nact);
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int h = idx / D, i = idx % D;
-        const size_t rh = (size_t)r * a.nh + head0 + h;
-        float v = 0.0f;
-#pragma unroll 16
-        for (int zz = 0; zz < nact; zz++) v += __ldcg(a.part + ((size_t)zz * nrow + rh) * D + i) * ms[(zz * GM + h) * 2];
-        const float L = sml[h][1];
-        a.out[rh * D + i] = L > 0.0f ? v / L : 0.0f;
-    }
-    if (threadIdx.x == 0) *cnt = 0;
+    /* the last split block of (r, g) merges, in split order (the scores region is free again) */
+    ad_last_merge<GM>(a, a.cnt + (size_t)r * gridDim.x + blockIdx.x, r, head0, G, D, nact, nrow, mlo, smd, sml, last);
 }
 
 #define AD_SMEM_MAX (160 << 10)
@@ -529,6 +509,7 @@ extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
     ad_attr<__nv_bfloat16, true, true>(lim);
     cudaGetLastError();
     tern__cuda_attn_decode_tc_init(c);
+    tern__cuda_attn_decode_px_init(c);
 }
 
 /* a.cl > 1: as a cluster of the a.cl splits; when that launch is refused (no room for the cluster), the
@@ -659,6 +640,16 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     if (hs == 1 && ad_1p() && (pairs >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)) {
         tern__cuda_attn_decode_calls++;
         return 1;
+    }
+    if (early && hs == 1 && ad_px() && !lng) {
+        /* the keys any replay sees: a step graph of the short class never replays a row past TERN_LONG_KEYS */
+        long kb = keys;
+        if (c->capturing && rows->pos_host && !tern_rows_long(rows->pos_host, n) && kb >= tern_long_keys())
+            kb = tern_long_keys() - 1;
+        if (tern__cuda_attn_decode_px(c, a, kb)) {
+            tern__cuda_attn_decode_calls++;
+            return 1;
+        }
     }
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)(nkv * hs), (unsigned)splits, (unsigned)n);

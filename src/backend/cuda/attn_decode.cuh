@@ -170,5 +170,10 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
  * its own row's keys); BF16 / F16 pages, D 64 / 128; 1 when it ran, 0 when not served (nothing launched) */
 int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind);
 void tern__cuda_attn_decode_tc_init(tern__cuda *c);
+/* attn_decode_px.cu (TERN_CUDA_AD_PX): one row over BF16 pages as a cluster per KV head that exchanges probabilities
+ * (scores split by keys, P·V by dimensions); keys: the most any replay of the launch sees. 1 when it ran, 0 when not
+ * served (nothing launched). _init: at open, its kernels' attributes */
+int tern__cuda_attn_decode_px(tern__cuda *c, const AdArgs &a, long keys);
+void tern__cuda_attn_decode_px_init(tern__cuda *c);
 
 #endif

@@ -30,10 +30,12 @@
  * expert), the chosen weights renormalised and scaled per expert. PR > 0: the probabilities computed once
  * into PR registers per lane (E <= 32·PR), so a round is a register scan and five shuffle pairs; PR = 0
  * recomputes them per round (any E). Same values either way: p = expf(l - m) / sum.
- * lanes (TERN_CUDA_ROUTE_LANES=1, opt-in until an H200 A/B; k <= 32): lane j keeps round j's pick in registers and
+ * lanes (TERN_CUDA_ROUTE_LANES, default since session 32; k <= 32): lane j keeps round j's pick in registers and
  * the k lanes renormalise, scale and store at once — the same expressions, so the same bits — instead of lane 0
  * storing each pick and then reading them back one by one (~3 dependent L2 round trips a pick: gemma4-26b-a4b's
- * route_kernel takes 6.3-7.5 us for one row, NOTES (ar)). */
+ * route_kernel takes 6.3-7.5 us for one row, NOTES (ar)). H200, session 32, gemma4-26b-a4b bf16 b1 at 512 tok/s:
+ * 249.0 / 247.5 → 251.9 / 253.4 (+1.7 %); with gemv1's L1-prefetching prologue on too (since removed, CUDA.md) 239.6 /
+ * 239.9 → 243.8 / 242.3. */
 template <int PR>
 __global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int n, int E, int k, const float *pes,
                              int lanes) {
@@ -105,7 +107,8 @@ __global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int 
         }
 }
 
-/* TERN_CUDA_ROUTE_LANES (read once; default 0; tests set it): route_kernel's picks kept in registers (see there) */
+/* TERN_CUDA_ROUTE_LANES (read once; default 1 since session 32, gemma4-26b-a4b b1 +1.7 %; 0: lane 0 stores the picks
+ * one by one, the old form; tests set it): route_kernel's picks kept in registers (see there) */
 extern "C" int tern__cuda_route_lanes;
 int tern__cuda_route_lanes = -1;
 
@@ -117,7 +120,7 @@ extern "C" void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, c
         return;
     }
     cudaSetDevice(c->device);
-    if (tern__cuda_route_lanes < 0) tern__cuda_route_lanes = tern__cuda_env_int("TERN_CUDA_ROUTE_LANES", 0) != 0;
+    if (tern__cuda_route_lanes < 0) tern__cuda_route_lanes = tern__cuda_env_int("TERN_CUDA_ROUTE_LANES", 1) != 0;
     const int ln = tern__cuda_route_lanes;
     const unsigned g = (unsigned)((n + 3) / 4);
     if (E <= 128) tern_launch(c->stream, route_kernel<4>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale, ln);
