@@ -58,13 +58,10 @@ TEST(cuda_fused_matmuls) {
     tern__cuda_qmma_mode = 0;
     /* gemv1.cu: both grids (a block per 8 tasks, and TERN_CUDA_G1_GRID's persistent one) give these bits, and so
      * does the persistent grid with TERN_CUDA_G1_EARLY (grid 2: the first round loaded before pdl_wait) */
-    /* grid 3 / 4: TERN_CUDA_G1_BAL 1 / 2 (launches with fewer tasks than warps spread over the grid in contiguous
-     * ranges; 2: BF16 plain and residual launches at one row a task, 8 chunks a lane) */
-    extern int tern__cuda_g1_grid, tern__cuda_g1_early, tern__cuda_g1_bal;
-    const int keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early, keep_bal = tern__cuda_g1_bal;
-#define G1_MODE(m)                                                                                                     \
-    (tern__cuda_g1_grid = (m) > 0, tern__cuda_g1_early = (m) >= 2 ? 7 : 0, tern__cuda_g1_bal = (m) >= 3 ? (m) - 2 : 0)
-    for (int grid = 0; grid < 5; grid++)
+    extern int tern__cuda_g1_grid, tern__cuda_g1_early;
+    const int keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early;
+#define G1_MODE(m) (tern__cuda_g1_grid = (m) > 0, tern__cuda_g1_early = (m) == 2 ? 7 : 0)
+    for (int grid = 0; grid < 3; grid++)
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(ins); s++) {
             G1_MODE(grid);
@@ -129,7 +126,6 @@ TEST(cuda_fused_matmuls) {
 #undef G1_MODE
     tern__cuda_g1_grid = keep_grid;
     tern__cuda_g1_early = keep_early;
-    tern__cuda_g1_bal = keep_bal;
     tern__cuda_qmma_mode = keep_qmma;
 }
 
@@ -451,8 +447,8 @@ TEST(cuda_norm_matmul_res) {
 TEST(cuda_matmul_act_mul) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_act_mul) { SKIP("cuda_matmul_act_mul", "not built"); return; }
-    extern int tern__cuda_g1_grid, tern__cuda_g1_bal; /* the fused op also with TERN_CUDA_G1_BAL 1 / 2 */
-    const int keep_grid = tern__cuda_g1_grid, keep_bal = tern__cuda_g1_bal;
+    extern int tern__cuda_g1_grid;
+    const int keep_grid = tern__cuda_g1_grid;
     static const int ins[] = {384, 2560, 4096};
     static const tern_dtype dts[] = {TERN_DT_BF16, TERN_DT_F16};
     for (size_t f = 0; f < TERN_ARRAY_LEN(dts); f++)
@@ -474,10 +470,8 @@ TEST(cuda_matmul_act_mul) {
                 const tern_norm_res r = {xo, hd, pw, ps};
                 char nm[64];
                 fmt_name(&h.t, nm, sizeof nm);
-                tern__cuda_g1_bal = (int)(si + mode) % 3;
                 CHECK(g->vt->matmul_act_mul(g, ya, xd, 1, &t, act, vd, mode ? &r : NULL, 1e-6f) == 1,
                       "%s in %d mode %d: declined", nm, in, mode);
-                tern__cuda_g1_bal = 0;
                 if (mode) CHECK(g->vt->rmsnorm_add(g, xbd, hbd, 1, in, pw, 1e-6f, ps) == 1, "rmsnorm_add refused");
                 g->vt->matmul(g, yb, xbd, 1, &t);
                 if (act == TERN_ACT_SILU) g->vt->silu_mul(g, yb, yb, vd, out);
@@ -513,7 +507,6 @@ TEST(cuda_matmul_act_mul) {
         free(x);
     }
     tern__cuda_g1_grid = keep_grid;
-    tern__cuda_g1_bal = keep_bal;
 }
 
 /* norm_rope_kv_write (Gemma 4's q / k / v head norms + rope + cache stores in one launch) vs rmsnorm ×3 +

@@ -42,9 +42,6 @@ struct Gemv1Args {
     /* MV instances (ops.h matmul_act_mul, plain mode): y[o] = act(acc)·mv[o], act mact (appended) */
     const float *mv;
     int mact;
-    /* bal (TERN_CUDA_G1_BAL): block b takes the contiguous tasks [b·ntask / grid, (b + 1)·ntask / grid), its warps
-     * every 8th of them, instead of tasks b·8 + warp + i·grid·8 (appended) */
-    int bal;
 };
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
@@ -72,7 +69,7 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
     constexpr int CH = K::CH, C4 = CH / 4, W = K::WORDS;
     extern __shared__ float4 xs1[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const bool pair = R == 2 && (a.mode == G1_SILU || a.mode == G1_GELU); /* R 1: plain modes only */
+    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const int nch = a.in / CH, ng = K::Q ? a.in >> a.gs_shift : 0;
     const int ntask = pair ? a.rows : (a.rows + R - 1) / R;
     const RoundScales rq = {ng, a.gs_shift, a.sdtype, a.br, a.ncs, a.gs};
@@ -85,13 +82,9 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
      * the previous kernel drains; the task loop then starts with those registers */
     uint32_t wd[U][R][W]; /* one round's words and scales (the task loop's) */
     float s[U][R], b[U][R];
-    /* this warp's tasks: t_first, + t_step, ... below t_end */
-    const int t_first = a.bal ? (int)((long)blockIdx.x * ntask / gridDim.x) + warp : blockIdx.x * 8 + warp;
-    const int t_end = a.bal ? (int)((long)(blockIdx.x + 1) * ntask / gridDim.x) : ntask;
-    const int t_step = a.bal ? 8 : gridDim.x * 8;
     if constexpr (EARLY) {
-        const int task = t_first;
-        if (task < t_end) {
+        const int task = blockIdx.x * 8 + warp;
+        if (task < ntask) {
             const int g0 = task * (pair ? 1 : R);
             int mrow[R], orow[R];
             const uint8_t *rowp[R];
@@ -139,7 +132,7 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
         __syncthreads();
     }
     bool pre = EARLY; /* wd / s / b hold this warp's first round */
-    for (int task = t_first; task < t_end; task += t_step) {
+    for (int task = blockIdx.x * 8 + warp; task < ntask; task += gridDim.x * 8) {
         const int g0 = task * (pair ? 1 : R);
         int mrow[R], orow[R];
         bool live[R];
@@ -185,12 +178,12 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
         for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
         if (lane) continue;
         if constexpr (ROPE) {
-            rope_kv_store(a.rope, a.y, mrow[0], orow[0], orow[R - 1], acc[0], acc[R - 1]);
+            rope_kv_store(a.rope, a.y, mrow[0], orow[0], orow[1], acc[0], acc[1]);
             continue;
         }
         if (pair) {
             const float gv = acc[0];
-            a.y[0][orow[0]] = (a.mode == G1_SILU ? silu(gv) : gelu_tanh(gv)) * acc[R - 1]; /* as ew_kernel */
+            a.y[0][orow[0]] = (a.mode == G1_SILU ? silu(gv) : gelu_tanh(gv)) * acc[1]; /* as ew_kernel */
             continue;
         }
 #pragma unroll
@@ -214,18 +207,21 @@ int tern__cuda_g1_grid = -1;
 /* Rows per warp and chunks in flight per lane: pair modes need R = 2; U = 4 keeps a whole
  * 4096-wide q4 row (128 chunks) in flight in one round. Session 31 (NOTES (ar)): BF16 at U 5 where a row's chunks
  * then fill fewer rounds (K 2560 one instead of two, K 10240 / 14336 / 15360 fewer) tied on gemma4-e4b /
- * 26b-a4b b1 and lost 0.7-1 % on llama3-8b / gemma4-12b (128 registers, the same occupancy); removed. */
+ * 26b-a4b b1 and lost 0.7-1 % on llama3-8b / gemma4-12b (128 registers, the same occupancy); removed. Session 32
+ * (NOTES (as)), BF16 plain / residual / act·mul launches at other R (the same registers and bits): R 1 U 8 (twice the
+ * tasks, x read once a row) lost 1.5-6 %, R 4 U 2 (half the tasks) lost 6.5-12 %; spreading launches with fewer tasks
+ * than warps over the whole grid in contiguous ranges tied. Removed. */
 #define G1_R 2
 #define G1_U 4
 
-/* resident blocks per SM of gemv1_kernel<KIND, R, U, EARLY, ROPE, MV> with `smem` bytes (occupancy query, cached per
+/* resident blocks per SM of gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV> with `smem` bytes (occupancy query, cached per
  * size) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV, int R> static int g1_blocks_per_sm(size_t smem) {
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV> static int g1_blocks_per_sm(size_t smem) {
     static int nb;
     static size_t nb_smem = (size_t)-1;
     if (nb_smem != smem) {
         int v = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv1_kernel<KIND, R, U, EARLY, ROPE, MV>, 256, smem) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, 256, smem) != cudaSuccess ||
             v < 1) {
             cudaGetLastError();
             v = 1;
@@ -248,40 +244,15 @@ template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 
 template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 17; } /* BF16 / F16 weights */
 template <int KIND> constexpr bool g1_has_mv() { return KIND == 16 || KIND == 17; }
 
-/* TERN_CUDA_G1_BAL (read once; default 0, opt-in until an H200 A/B): launches with fewer tasks than the persistent
- * grid's warps (e4b's q|k|v, o and down: 1280-1536 tasks against 2112 warps, so a third of the SMs ran two blocks
- * and the rest one, ncu NOTES (as)) spread over the whole grid: `1` min(slots, tasks) blocks, each a contiguous
- * range of tasks (per SM the same bytes within one task); `2` also BF16 early launches of a plain, residual or
- * act·mul mode at one row a task and 8 chunks a lane a round (R 1, U 8: the same chunks per lane in the same order,
- * so the same bits, and twice the tasks). -1 until read (tests set it) */
-extern "C" int tern__cuda_g1_bal;
-int tern__cuda_g1_bal = -1;
-static int g1_bal(void) {
-    if (tern__cuda_g1_bal < 0) tern__cuda_g1_bal = tern__cuda_env_int("TERN_CUDA_G1_BAL", 0);
-    return tern__cuda_g1_bal;
-}
-/* resident warps of the persistent grid (tern__cuda_g1_grid) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV, int R> static long g1_slots(const tern__cuda *c, size_t smem) {
-    return (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV, R>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
-}
-
-/* the launch at R rows a task, U chunks a lane a round (grid: persistent, capped at the resident blocks of that
- * instance; balanced over all of them when it has fewer tasks than warps and TERN_CUDA_G1_BAL is set) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, int R = G1_R>
+/* the launch at U chunks a lane a round (grid: persistent, capped at the resident blocks of that instance) */
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false>
 static void g1_run(const tern__cuda *c, const Gemv1Args &a, long ntask, size_t smem) {
     long blocks = (ntask + 7) / 8;
-    Gemv1Args b = a;
-    b.bal = 0;
     if (tern__cuda_g1_grid) {
-        const long slots = g1_slots<KIND, U, EARLY, ROPE, MV, R>(c, smem);
-        if (g1_bal() && ntask < slots * 8) {
-            blocks = ntask < slots ? ntask : slots;
-            b.bal = 1;
-        } else if (blocks > slots) {
-            blocks = slots;
-        }
+        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
+        if (blocks > slots) blocks = slots;
     }
-    tern_launch(c->stream, gemv1_kernel<KIND, R, U, EARLY, ROPE, MV>, (unsigned)blocks, 256, smem, b);
+    tern_launch(c->stream, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, (unsigned)blocks, 256, smem, a);
 }
 
 template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, bool rope = false) {
@@ -291,16 +262,8 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     const bool early = tern__cuda_g1_early & (a.mode == G1_RES ? 2 : pair ? 4 : 1);
     const long ntask = pair ? a.rows : (a.rows + G1_R - 1) / G1_R;
     const size_t smem = (size_t)a.in * sizeof(float);
-    /* TERN_CUDA_G1_BAL=2: BF16 early launches of a plain / residual / act·mul mode with fewer tasks than warps at one
-     * row a task */
-    const bool r1 = KIND == 17 && !pair && !rope && (a.mv || early) && g1_bal() == 2 && tern__cuda_g1_grid;
     if constexpr (g1_has_mv<KIND>())
         if (a.mv) { /* matmul_act_mul: BF16 / F16, the early instance only (the same bits) */
-            if constexpr (KIND == 17)
-                if (r1 && ntask < g1_slots<KIND, G1_U, true, false, true, G1_R>(c, smem) * 8) {
-                    g1_run<KIND, 2 * G1_U, true, false, true, 1>(c, a, a.rows, smem);
-                    return;
-                }
             g1_run<KIND, G1_U, true, false, true>(c, a, ntask, smem);
             return;
         }
@@ -312,19 +275,14 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
         }
     if constexpr (g1_has_early<KIND>())
         if (early) {
-            if constexpr (KIND == 17)
-                if (r1 && ntask < g1_slots<KIND, G1_U, true, false, false, G1_R>(c, smem) * 8) {
-                    g1_run<KIND, 2 * G1_U, true, false, false, 1>(c, a, a.rows, smem);
-                    return;
-                }
             g1_run<KIND, G1_U, true, false>(c, a, ntask, smem);
             return;
         }
     g1_run<KIND, G1_U, false, false>(c, a, ntask, smem);
 }
 
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, int R = G1_R> static void g1_allow1() {
-    cudaFuncSetAttribute(gemv1_kernel<KIND, R, U, EARLY, ROPE, MV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false> static void g1_allow1() {
+    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)(G1_MAX_IN * sizeof(float)));
 }
 template <int KIND> static void g1_allow() {
@@ -335,10 +293,6 @@ template <int KIND> static void g1_allow() {
         g1_allow1<KIND, G1_U, true, true>();
     }
     if constexpr (g1_has_mv<KIND>()) g1_allow1<KIND, G1_U, true, false, true>();
-    if constexpr (KIND == 17) { /* TERN_CUDA_G1_BAL=2's one-row tasks */
-        g1_allow1<KIND, 2 * G1_U, true, false, false, 1>();
-        g1_allow1<KIND, 2 * G1_U, true, false, true, 1>();
-    }
 }
 
 /* TERN_CUDA_GEMV1=0 in the environment keeps the older n = 1 kernels (for comparisons). */
