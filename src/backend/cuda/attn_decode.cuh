@@ -62,6 +62,22 @@ template <typename T, int EPL> __device__ __forceinline__ float ad_get(const AdR
     }
 }
 
+/* One head's softmax over the nk scores at sh, by one warp (every lane calls it): m = max s, p = e^{s - m} in place (0
+ * where m is -inf: no visible key), l = Σ p; lane 0 stores (m, l) to ml[0], ml[1] */
+__device__ __forceinline__ void ad_warp_softmax(float *sh, int nk, int lane, float *ml) {
+    float m = -INFINITY;
+    for (int i = lane; i < nk; i += 32) m = fmaxf(m, sh[i]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int i = lane; i < nk; i += 32) {
+        const float p = m == -INFINITY ? 0.0f : expf(sh[i] - m);
+        sh[i] = p;
+        l += p;
+    }
+    l = warp_sum(l);
+    if (lane == 0) { ml[0] = m; ml[1] = l; }
+}
+
 /* A head's merge weights over nz splits in split order: M = max_z M_z, c_z = e^{M_z - M} (0 where either
  * is -inf) handed to put(z, c_z), and the return L = Σ_z L_z·c_z; ml(z) gives (M_z, L_z) and is read before
  * put(z, ·), so put may overwrite M_z in place. Both merges below use it: the same bits. */

@@ -36,11 +36,14 @@
 namespace cg = cooperative_groups;
 
 #define PX_WARPS 8
-#define PX_U 4    /* key groups a warp loads per round of the scores */
-#define PX_VR 16  /* V pairs a thread loads before the wait (and per batch after it) */
+#define PX_VR 8   /* V pairs a thread loads before the wait (and per batch after it) */
 #define PX_KC 1024 /* keys whose probabilities a block holds at once (the P·V chunk) */
 #define PX_SMAX 16 /* blocks per cluster (16: the non-portable size, allowed at init) */
 
+/* TERN_CUDA_AD_PX_S (read once; 4..16, default 16): the most blocks a cluster; below D / 16 a block takes 32
+ * dimensions (D / 32 blocks). -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_px_s;
+int tern__cuda_ad_px_s = -1;
 extern "C" unsigned long long tern__cuda_attn_decode_px_calls; /* launches (tests) */
 unsigned long long tern__cuda_attn_decode_px_calls = 0;
 
@@ -56,9 +59,10 @@ __device__ __forceinline__ int px_rec(const AdArgs &a, const int32_t *btrow, int
 /* Shared memory (dynamic, floats): pl [GM][chs] this block's probabilities, pc [GM][KC'] the chunk's scaled ones
  * (KC' = min(KC, chs·S)), red [8][GM][Ds] the warps' sums. NDP = Ds / 2 dimension pairs a block. */
 template <int EPL, int GM, int NDP>
-__global__ void __launch_bounds__(32 * PX_WARPS, 1) attn_dec_px_kernel(AdArgs a) {
+__global__ void __launch_bounds__(32 * PX_WARPS, 2) attn_dec_px_kernel(AdArgs a) {
     pdl_trigger();
     using T = __nv_bfloat16;
+    constexpr int PX_U = EPL == 16 ? 2 : 4; /* key groups a warp loads per round of the scores (registers: 2 at D 512) */
     constexpr int KS = 32 * PX_WARPS / NDP, DS = 2 * NDP; /* key slices; dimensions a block */
     extern __shared__ float pxs[];
     __shared__ float sml[GM][2];             /* this block's (m_b, l_b) per head (read by the cluster) */
@@ -158,20 +162,7 @@ __global__ void __launch_bounds__(32 * PX_WARPS, 1) attn_dec_px_kernel(AdArgs a)
     __syncthreads();
     /* per head (a warp each): m_b, p = e^{s - m_b} in place, l_b */
     const int nk = max(0, k1 - k0);
-    if (warp < G) {
-        float *sh = pl + warp * chs;
-        float m = -INFINITY;
-        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sh[i]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int i = lane; i < nk; i += 32) {
-            const float p = m == -INFINITY ? 0.0f : expf(sh[i] - m);
-            sh[i] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) { sml[warp][0] = m; sml[warp][1] = l; }
-    }
+    if (warp < G) ad_warp_softmax(pl + warp * chs, nk, lane, sml[warp]);
     cl.sync(); /* every block's pl and sml are written */
 
     /* 2. the blocks' weights per head, in block (split) order */
@@ -260,6 +251,7 @@ template <int EPL, int GM, int NDP> static void px_attr(int smem) {
 void tern__cuda_attn_decode_px_init(tern__cuda *c) {
     const int lim = (int)(c->smem_optin > 1024 ? c->smem_optin - 1024 : c->smem_optin);
     px_attr<8, 1, 8>(lim); px_attr<8, 2, 8>(lim); px_attr<8, 4, 8>(lim); px_attr<8, 8, 8>(lim);
+    px_attr<8, 1, 16>(lim); px_attr<8, 2, 16>(lim); px_attr<8, 4, 16>(lim); px_attr<8, 8, 16>(lim);
     px_attr<16, 1, 16>(lim); px_attr<16, 2, 16>(lim); px_attr<16, 4, 16>(lim);
     cudaGetLastError();
 }
@@ -279,29 +271,26 @@ static long px_keys_max(void) {
 int tern__cuda_attn_decode_px(tern__cuda *c, const AdArgs &a0, long keys) {
     const int D = a0.D, G = a0.G;
     if (a0.n != 1 || a0.hs != 1 || G < 1 || G > 8 || (D == 512 && G > 4) || keys < 1 || keys > px_keys_max()) return 0;
-    int S, E;
-    switch (D) {
-    case 64: S = 4; E = 8; break;
-    case 128: S = 8; E = 8; break;
-    case 256: S = 16; E = 8; break;
-    case 512: S = 16; E = 16; break;
-    default: return 0;
+    if (D != 64 && D != 128 && D != 256 && D != 512) return 0;
+    /* S blocks a cluster: Ds = D / S dimensions a block, 16 (32 at D 512, or where TERN_CUDA_AD_PX_S caps S) */
+    if (tern__cuda_ad_px_s < 0) {
+        const int v = tern__cuda_env_int("TERN_CUDA_AD_PX_S", PX_SMAX);
+        tern__cuda_ad_px_s = v < 4 ? 4 : v > PX_SMAX ? PX_SMAX : v;
     }
-    const int GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8, NDP = D / S / 2;
+    int S = D == 512 ? 16 : D / 16;
+    if (S > tern__cuda_ad_px_s) S = D / 32;
+    const int E = D == 512 ? 16 : 8, GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8, NDP = D / S / 2;
     AdArgs a = a0;
     a.chmax = (int)((keys + S - 1) / S);                 /* pl's keys a head */
     a.chmin = (int)(keys < PX_KC ? keys : PX_KC);        /* pc's keys a head */
     const size_t smem = ((size_t)GM * a.chmax + (size_t)GM * a.chmin + (size_t)PX_WARPS * GM * 2 * NDP) * sizeof(float);
     if (smem + 1024 > c->smem_optin) return 0;
     void (*k)(AdArgs) = nullptr;
-    if (E == 8 && GM == 1) k = attn_dec_px_kernel<8, 1, 8>;
-    if (E == 8 && GM == 2) k = attn_dec_px_kernel<8, 2, 8>;
-    if (E == 8 && GM == 4) k = attn_dec_px_kernel<8, 4, 8>;
-    if (E == 8 && GM == 8) k = attn_dec_px_kernel<8, 8, 8>;
-    if (E == 16 && GM == 1) k = attn_dec_px_kernel<16, 1, 16>;
-    if (E == 16 && GM == 2) k = attn_dec_px_kernel<16, 2, 16>;
-    if (E == 16 && GM == 4) k = attn_dec_px_kernel<16, 4, 16>;
-    if (!k || NDP != (E == 8 ? 8 : 16)) return 0;
+#define PX_K(EE, GG, NN) if (E == EE && GM == GG && NDP == NN) k = attn_dec_px_kernel<EE, GG, NN>
+    PX_K(8, 1, 8); PX_K(8, 2, 8); PX_K(8, 4, 8); PX_K(8, 8, 8); PX_K(8, 1, 16); PX_K(8, 2, 16); PX_K(8, 4, 16);
+    PX_K(8, 8, 16); PX_K(16, 1, 16); PX_K(16, 2, 16); PX_K(16, 4, 16);
+#undef PX_K
+    if (!k) return 0;
     cudaSetDevice(c->device);
     if (tern_launch_cluster(c->stream, k, dim3((unsigned)a.nkv, (unsigned)S), dim3(32 * PX_WARPS), smem, S, a) !=
         cudaSuccess) {
