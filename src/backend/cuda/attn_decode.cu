@@ -395,7 +395,20 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     __syncthreads();
 
     /* 2. softmax of each head (a warp per head; G <= 8) */
-    if (warp < G) ad_warp_softmax(s + warp * a.chmax, nk, lane, sml[warp]);
+    if (warp < G) { /* ad_warp_softmax's arithmetic, kept inline: the call reschedules this timed kernel (session 32) */
+        float *sh = s + warp * a.chmax;
+        float m = -INFINITY;
+        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sh[i]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int i = lane; i < nk; i += 32) {
+            const float p = m == -INFINITY ? 0.0f : expf(sh[i] - m);
+            sh[i] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) { sml[warp][0] = m; sml[warp][1] = l; }
+    }
     __syncthreads();
 
     /* 3. P·V (same walk over V rows; kr/rr hold the first group) */
