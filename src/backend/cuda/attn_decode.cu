@@ -190,7 +190,7 @@ static int ad_lean(void) {
     return tern__cuda_ad_lean;
 }
 
-/* TERN_CUDA_AD_PX (default 0 until an H200 A/B; 1 on): one-row launches over
+/* TERN_CUDA_AD_PX (default 0: its first form lost 8-17 % of b1, NOTES (as); 1 on): one-row launches over
  * BF16 pages that attn_decode_px.cu serves (a cluster per KV head exchanging probabilities) run there, where the
  * keys any replay may see are bounded: the window, or a short-class step (ops.h tern_rows_long) below
  * TERN_LONG_KEYS. -1 until read (tests set it) */

@@ -135,13 +135,14 @@ __device__ __forceinline__ void ad_last_merge(const AdArgs &a, int *cnt, int r, 
 
 /* a row's block table (row r of the launch) */
 __device__ __forceinline__ const int32_t *ad_btrow(const AdArgs &a, int r) { return a.bt + (size_t)a.slot[r] * a.max_blocks; }
-/* recs[i] for keys k0 + i, i < nk (threads of the block in turn): the key's record (slot in the pool) from the
- * row's block table btrow, -1 where its block is not resident */
+/* key k's record (token slot in the pool) from the row's block table btrow, -1 where its block is not resident */
+__device__ __forceinline__ int ad_rec(const AdArgs &a, const int32_t *btrow, int k) {
+    const int bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
+    return blk < 0 ? -1 : blk * a.bs + k % a.bs;
+}
+/* recs[i] = ad_rec of key k0 + i, i < nk (threads of the block in turn) */
 __device__ __forceinline__ void ad_records(int *recs, const AdArgs &a, const int32_t *btrow, int k0, int nk) {
-    for (int i = threadIdx.x; i < nk; i += blockDim.x) {
-        const int k = k0 + i, bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
-        recs[i] = blk < 0 ? -1 : blk * a.bs + k % a.bs;
-    }
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) recs[i] = ad_rec(a, btrow, k0 + i);
 }
 
 /* The end of the one-pass kernels (attn_decode1p.cu, attn_decode_tc.cu): the block's NW warps' (M_w, L_w, Σ p·v)

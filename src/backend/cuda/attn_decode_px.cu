@@ -23,8 +23,10 @@
  * cluster's last block has copied from it (arrive after the copies, wait before the exit).
  * Shapes: D 64 / 128 / 256 (S = D / 16: 4, 8, 16 blocks) and 512 (S 16, Ds 32); G <= 8 (<= 4 at D 512); keys of
  * the launch's bound <= TERN_CUDA_AD_PX_KEYS (default 4096: a short-class step's rows, ops.h tern_rows_long).
- * f32 math with expf / tanhf; the sums run in another order than the split kernel's (other bits, op test
- * cuda_attention_decode_px within 1e-5 of the CPU).
+ * TERN_CUDA_AD_PX_S=8 caps a cluster at 8 blocks (32 dimensions a block at D 128 / 256). f32 math with expf /
+ * tanhf; the sums run in another order than the split kernel's (other bits, op test cuda_attention_decode_px within
+ * 1e-5 of the CPU). Opt-in: the first form (one block an SM, 130-174 registers) lost 8-17 % of b1 on the H200
+ * (NOTES (as)); this one runs two blocks an SM, untimed.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -49,12 +51,6 @@ unsigned long long tern__cuda_attn_decode_px_calls = 0;
 
 __device__ __forceinline__ void px_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void px_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
-/* The row's key k (lo <= k <= pos): its record (token slot in the pool), -1 when its block is not resident */
-__device__ __forceinline__ int px_rec(const AdArgs &a, const int32_t *btrow, int k) {
-    const int bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
-    return blk < 0 ? -1 : blk * a.bs + k % a.bs;
-}
 
 /* Shared memory (dynamic, floats): pl [GM][chs] this block's probabilities, pc [GM][KC'] the chunk's scaled ones
  * (KC' = min(KC, chs·S)), red [8][GM][Ds] the warps' sums. NDP = Ds / 2 dimension pairs a block. */
@@ -81,7 +77,7 @@ __global__ void __launch_bounds__(32 * PX_WARPS, 2) attn_dec_px_kernel(AdArgs a)
     const int ch = len > 0 ? (len + S - 1) / S : 0;
     if (ch > a.chmax) { /* the row is longer than the launch's bound (never planned so): NaN out, no barrier */
         for (int idx = threadIdx.x; idx < G * DS; idx += blockDim.x)
-            a.out[((size_t)g * G + idx / DS) * D + b * DS + idx % DS] = __int_as_float(0x7fc00000);
+            a.out[(head0 + idx / DS) * D + b * DS + idx % DS] = __int_as_float(0x7fc00000);
         return;
     }
     const int k0 = lo + b * ch, k1 = min(lo + len, k0 + ch); /* this block's keys (none when k0 >= k1) */
@@ -99,7 +95,7 @@ __global__ void __launch_bounds__(32 * PX_WARPS, 2) attn_dec_px_kernel(AdArgs a)
 #pragma unroll
     for (int u = 0; u < PX_U; u++) {
         const int k = b0 + u * KPB;
-        rk[u] = k < k1 ? px_rec(a, btrow, k) : -1;
+        rk[u] = k < k1 ? ad_rec(a, btrow, k) : -1;
         if (rk[u] >= 0) ad_load<T, EPL>(kr[u], kp + (size_t)rk[u] * kvs);
         else ad_zero<T, EPL>(kr[u]);
     }
@@ -108,7 +104,7 @@ __global__ void __launch_bounds__(32 * PX_WARPS, 2) attn_dec_px_kernel(AdArgs a)
 #pragma unroll
     for (int m = 0; m < PX_VR; m++) {
         const int i = ks + m * KS; /* key lo + i */
-        rv[m] = i < len ? px_rec(a, btrow, lo + i) : -1;
+        rv[m] = i < len ? ad_rec(a, btrow, lo + i) : -1;
         vr[m] = rv[m] >= 0 ? __ldg(vpp + (size_t)rv[m] * vs) : 0u;
     }
     pdl_wait();
@@ -154,7 +150,7 @@ __global__ void __launch_bounds__(32 * PX_WARPS, 2) attn_dec_px_kernel(AdArgs a)
 #pragma unroll
         for (int u = 0; u < PX_U; u++) { /* the next round (long rows): after the wait, through L2 */
             const int k = nb + u * KPB;
-            rk[u] = k < k1 ? px_rec(a, btrow, k) : -1;
+            rk[u] = k < k1 ? ad_rec(a, btrow, k) : -1;
             if (rk[u] >= 0) ad_load<T, EPL, true>(kr[u], kp + (size_t)rk[u] * kvs);
             else ad_zero<T, EPL>(kr[u]);
         }
@@ -197,7 +193,7 @@ __global__ void __launch_bounds__(32 * PX_WARPS, 2) attn_dec_px_kernel(AdArgs a)
 #pragma unroll
                 for (int m = 0; m < PX_VR; m++) {
                     const int i = ks + (m0 + m) * KS;
-                    rv[m] = i < len ? px_rec(a, btrow, lo + i) : -1;
+                    rv[m] = i < len ? ad_rec(a, btrow, lo + i) : -1;
                     vr[m] = rv[m] >= 0 ? __ldcg(vpp + (size_t)rv[m] * vs) : 0u;
                 }
             }
