@@ -355,7 +355,6 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_attention_decode_tc);
     RUN(cuda_attention_decode_tcs);
     RUN(cuda_attention_decode_early_bits);
-    RUN(cuda_attention_decode_px);
     RUN(cuda_attention_spans);
     RUN(cuda_attention_flash);
     RUN(cuda_attention_mat);

@@ -361,51 +361,6 @@ TEST(cuda_attention_decode_early_bits) {
     g_attn_bf16 = keep_bf;
 }
 
-/* attn_decode_px.cu (TERN_CUDA_AD_PX): one decode row over BF16 pages, the KV head's cluster exchanging probabilities
- * — within 1e-5 of the CPU with the row's last key written right before the attention (g_attn_late: pages start as
- * NaN, so a stale read of key pos shows), head dims 64 / 128 / 256 / 512 (S 4 / 8 / 16 / 16 blocks), 1..8 heads per
- * KV head, sliding windows, a softcap, a block not resident inside the visible keys, rows of 1, 2 and 17 keys (blocks
- * without keys), rows past one V batch a thread (512 keys at D 256, 256 at D 512) and past one probability chunk
- * (1024 keys); G 8 at D 512 is not served (nothing runs there: the split kernel's head split takes it). Clusters of
- * at most 16 and of at most 8 blocks (TERN_CUDA_AD_PX_S: 32 dimensions a block at D 128 / 256) */
-TEST(cuda_attention_decode_px) {
-    extern unsigned long long tern__cuda_attn_decode_px_calls;
-    extern int tern__cuda_ad_mode, tern__cuda_ad_px, tern__cuda_ad_early, tern__cuda_ad_px_s;
-    static const struct { int nh, nkv, d, window; float cap; int bs, hole, len; } C[] = {
-        {8, 2, 256, 0, 0.0f, 16, 0, 512},   {8, 2, 256, 512, 0.0f, 16, 0, 700}, {8, 2, 512, 0, 0.0f, 16, 0, 600},
-        {32, 8, 128, 0, 0.0f, 16, 1, 300},  {16, 8, 256, 0, 30.0f, 16, 0, 1100}, {8, 1, 64, 0, 0.0f, 8, 0, 2},
-        {4, 4, 128, 0, 0.0f, 16, 0, 1},     {8, 2, 512, 40, 0.0f, 16, 1, 150},  {16, 2, 128, 0, 0.0f, 16, 0, 3000},
-        {8, 2, 256, 0, 0.0f, 16, 0, 17},    {4, 1, 512, 0, 50.0f, 16, 1, 1300}, {8, 1, 512, 0, 0.0f, 16, 0, 40},
-    };
-    const int keep = tern__cuda_ad_mode, keep_px = tern__cuda_ad_px, keep_bf = g_attn_bf16, keep_early = tern__cuda_ad_early,
-              keep_s = tern__cuda_ad_px_s;
-    tern__cuda_ad_mode = 1;
-    tern__cuda_ad_px = 1;
-    tern__cuda_ad_early = 1;
-    g_attn_bf16 = 1;
-    g_attn_late = 1;
-    for (int smax = 16; smax >= 8; smax /= 2)
-    for (size_t c = 0; c < TERN_ARRAY_LEN(C); c++) {
-        const unsigned long long calls = tern__cuda_attn_decode_px_calls;
-        tern__cuda_ad_px_s = smax;
-        g_attn_hole = C[c].hole;
-        const double rel = attn_case(C[c].nh, C[c].nkv, C[c].d, C[c].window, C[c].cap, C[c].bs, 1, &C[c].len, 0, 1);
-        g_attn_hole = 0;
-        const int G = C[c].nh / C[c].nkv, served = G <= (C[c].d == 512 ? 4 : 8);
-        printf("  err attention decode px case %zu (nh %d kv %d d %d len %d) cluster <= %d: %.2e%s\n", c, C[c].nh,
-               C[c].nkv, C[c].d, C[c].len, smax, rel, served ? "" : " (not served)");
-        CHECK(rel <= 1e-5, "px case %zu cluster <= %d: rel %.2e", c, smax, rel);
-        CHECK((tern__cuda_attn_decode_px_calls > calls) == served, "px case %zu cluster <= %d: ran %d, expected %d", c,
-              smax, tern__cuda_attn_decode_px_calls > calls, served);
-    }
-    g_attn_late = 0;
-    tern__cuda_ad_mode = keep;
-    tern__cuda_ad_px = keep_px;
-    tern__cuda_ad_px_s = keep_s;
-    tern__cuda_ad_early = keep_early;
-    g_attn_bf16 = keep_bf;
-}
-
 /* route_topk vs the CPU: idx the same, wts within 1e-5; both forms of the kernel's picks (TERN_CUDA_ROUTE_LANES: lane 0
  * storing them one by one, or the k lanes at once; k 40 keeps the first form either way), bitwise the same */
 TEST(cuda_route_topk) {

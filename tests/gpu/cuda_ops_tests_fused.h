@@ -595,9 +595,8 @@ TEST(cuda_norm_rope_kv) {
 TEST(cuda_norm_qkv_rope_kv) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_qkv_rope_kv) { SKIP("cuda_norm_qkv_rope_kv", "not built"); return; }
-    extern int tern__cuda_qkv_rope, tern__cuda_g1_early, tern__cuda_gemv_mma_xp1, tern__cuda_gemv_xc;
+    extern int tern__cuda_qkv_rope, tern__cuda_g1_early, tern__cuda_gemv_mma_xp1;
     const int keep = tern__cuda_qkv_rope, keep_early = tern__cuda_g1_early, keep_xp1 = tern__cuda_gemv_mma_xp1;
-    const int keep_xc = tern__cuda_gemv_xc;
     tern__cuda_qkv_rope = 3;
     tern__cuda_gemv_mma_xp1 = 1;
     /* q4: whether the Q4 GEMV serves the case (split K, heads inside its 128-row blocks) */
@@ -615,7 +614,6 @@ TEST(cuda_norm_qkv_rope_kv) {
                     const size_t pool = (size_t)mb * bs * nkv * d, pool_b = pool * (f ? 2 : 4);
                     const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d;
                     tern__cuda_g1_early = early ? 7 : 0;
-                    tern__cuda_gemv_xc = early; /* Q4: the rope instance's interleaved chains (TERN_CUDA_GEMV_XC) */
                     hw h[3];
                     tern_tensor t[3];
                     tern_error err = {0};
@@ -699,7 +697,6 @@ TEST(cuda_norm_qkv_rope_kv) {
     tern__cuda_qkv_rope = keep;
     tern__cuda_g1_early = keep_early;
     tern__cuda_gemv_mma_xp1 = keep_xp1;
-    tern__cuda_gemv_xc = keep_xc;
 }
 
 /* the elementwise family's 4-wide kernel (aligned arrays, n % 4 == 0) against its scalar kernel (the same arrays

@@ -164,45 +164,6 @@ TEST(cuda_gemv_mma_pp_bits) {
     tern__cuda_gemv_mma_xp1 = keep_xp;
 }
 
-/* TERN_CUDA_GEMV_XC (the XP1 + PP walk's chunk as interleaved per-step MMA chains): the same bits as the one chain,
- * for every mode, walking several row blocks or not, split K or not (BF16 scales: F16 ones keep their kernel) */
-TEST(cuda_gemv_mma_xc) {
-    tern_backend *g = g_gpu;
-    if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_xc", "not built"); return; }
-    extern int tern__cuda_gemv_xc;
-    const int keep = tern__cuda_gemv_mma_pp, keep_xp = tern__cuda_gemv_mma_xp1, keep_xc = tern__cuda_gemv_xc;
-    static const int gss[] = {64, 32, 128};
-    static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}, {777, 3840}};
-    tern__cuda_gemv_mma_xp1 = 1;
-    tern__cuda_gemv_mma_pp = 2;
-    for (size_t f = 0; f < TERN_ARRAY_LEN(gss); f++)
-        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
-            const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
-            hw h[3];
-            tern_tensor t[3];
-            char nm[64];
-            mm_three_open(g, gss[f], TERN_DT_BF16, out, o2, in, h, t, nm);
-            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[2][5];
-            void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
-            for (int v = 0; v < 2; v++) {
-                tern__cuda_gemv_xc = v;
-                mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
-            }
-            static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
-            for (int k = 0; k < 5; k++) {
-                CHECK(same_bits(res[0][k], res[1][k], k == 1 ? tot : out), "%s %dx%d %s: interleaved chains != one chain",
-                      nm, out, in, what[k]);
-                for (int v = 0; v < 2; v++) free(res[v][k]);
-            }
-            mm_three_close(g, h, t);
-            g->vt->free(g, xd); g->vt->free(g, yd);
-            free(x); free(r);
-        }
-    tern__cuda_gemv_mma_pp = keep;
-    tern__cuda_gemv_mma_xp1 = keep_xp;
-    tern__cuda_gemv_xc = keep_xc;
-}
-
 /* TERN_CUDA_GEMV_FOLD (Q4: pairs left at 128 + nibble, 128 folded into the bias): not the same bits,
  * so against cpu-ref; its error is printed next to the default's and bounded by 1e-4 (the model
  * parity bound per row; the default kernel stays within 1e-5). */
@@ -424,7 +385,6 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_xp1);
     RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_pp_bits);
-    RUN(cuda_gemv_mma_xc);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);
     RUN(cuda_gemv_xr);

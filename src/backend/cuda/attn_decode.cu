@@ -190,17 +190,6 @@ static int ad_lean(void) {
     return tern__cuda_ad_lean;
 }
 
-/* TERN_CUDA_AD_PX (default 0: its first form lost 8-17 % of b1, NOTES (as); 1 on): one-row launches over
- * BF16 pages that attn_decode_px.cu serves (a cluster per KV head exchanging probabilities) run there, where the
- * keys any replay may see are bounded: the window, or a short-class step (ops.h tern_rows_long) below
- * TERN_LONG_KEYS. -1 until read (tests set it) */
-extern "C" int tern__cuda_ad_px;
-int tern__cuda_ad_px = -1;
-static int ad_px(void) {
-    if (tern__cuda_ad_px < 0) tern__cuda_ad_px = tern__cuda_env_int("TERN_CUDA_AD_PX", 0);
-    return tern__cuda_ad_px;
-}
-
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -395,7 +384,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     __syncthreads();
 
     /* 2. softmax of each head (a warp per head; G <= 8) */
-    if (warp < G) { /* ad_warp_softmax's arithmetic, kept inline: the call reschedules this timed kernel (session 32) */
+    if (warp < G) { /* each head's softmax over its scores, by one warp */
         float *sh = s + warp * a.chmax;
         float m = -INFINITY;
         for (int i = lane; i < nk; i += 32) m = fmaxf(m, sh[i]);
@@ -509,7 +498,6 @@ extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
     ad_attr<__nv_bfloat16, true, true>(lim);
     cudaGetLastError();
     tern__cuda_attn_decode_tc_init(c);
-    tern__cuda_attn_decode_px_init(c);
 }
 
 /* a.cl > 1: as a cluster of the a.cl splits; when that launch is refused (no room for the cluster), the
@@ -640,16 +628,6 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     if (hs == 1 && ad_1p() && (pairs >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)) {
         tern__cuda_attn_decode_calls++;
         return 1;
-    }
-    if (early && hs == 1 && ad_px() && !lng) {
-        /* the keys any replay sees: a step graph of the short class never replays a row past TERN_LONG_KEYS */
-        long kb = keys;
-        if (c->capturing && rows->pos_host && !tern_rows_long(rows->pos_host, n) && kb >= tern_long_keys())
-            kb = tern_long_keys() - 1;
-        if (tern__cuda_attn_decode_px(c, a, kb)) {
-            tern__cuda_attn_decode_calls++;
-            return 1;
-        }
     }
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)(nkv * hs), (unsigned)splits, (unsigned)n);

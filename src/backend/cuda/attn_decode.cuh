@@ -62,22 +62,6 @@ template <typename T, int EPL> __device__ __forceinline__ float ad_get(const AdR
     }
 }
 
-/* One head's softmax over the nk scores at sh, by one warp (every lane calls it): m = max s, p = e^{s - m} in place (0
- * where m is -inf: no visible key), l = Σ p; lane 0 stores (m, l) to ml[0], ml[1] */
-__device__ __forceinline__ void ad_warp_softmax(float *sh, int nk, int lane, float *ml) {
-    float m = -INFINITY;
-    for (int i = lane; i < nk; i += 32) m = fmaxf(m, sh[i]);
-    m = warp_max(m);
-    float l = 0.0f;
-    for (int i = lane; i < nk; i += 32) {
-        const float p = m == -INFINITY ? 0.0f : expf(sh[i] - m);
-        sh[i] = p;
-        l += p;
-    }
-    l = warp_sum(l);
-    if (lane == 0) { ml[0] = m; ml[1] = l; }
-}
-
 /* A head's merge weights over nz splits in split order: M = max_z M_z, c_z = e^{M_z - M} (0 where either
  * is -inf) handed to put(z, c_z), and the return L = Σ_z L_z·c_z; ml(z) gives (M_z, L_z) and is read before
  * put(z, ·), so put may overwrite M_z in place. Both merges below use it: the same bits. */
@@ -187,10 +171,5 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
  * its own row's keys); BF16 / F16 pages, D 64 / 128; 1 when it ran, 0 when not served (nothing launched) */
 int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind);
 void tern__cuda_attn_decode_tc_init(tern__cuda *c);
-/* attn_decode_px.cu (TERN_CUDA_AD_PX): one row over BF16 pages as a cluster per KV head that exchanges probabilities
- * (scores split by keys, P·V by dimensions); keys: the most any replay of the launch sees. 1 when it ran, 0 when not
- * served (nothing launched). _init: at open, its kernels' attributes */
-int tern__cuda_attn_decode_px(tern__cuda *c, const AdArgs &a, long keys);
-void tern__cuda_attn_decode_px_init(tern__cuda *c);
 
 #endif

@@ -55,10 +55,9 @@
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
 template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, bool XI8 = false, int MINB = 2,
-          bool ROPE = false, bool XC = false>
+          bool ROPE = false>
 __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     static_assert(!XI8 || XP1, "the int8 walk is XP1's with another MMA and fold");
-    static_assert(!XC || (XP1 && !XI8 && PP), "XC: the XP1 bf16 walk's chunk tile, two register sets");
     pdl_trigger();
     constexpr int S = GB == 16 ? 2 : 4; /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
@@ -141,12 +140,6 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
             const uint32_t q0 = cur.q[0], q1 = cur.q[1], q2 = cur.q[2], q3 = cur.q[3];
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             int di[4] = {0, 0, 0, 0};
-            if constexpr (XC) { /* see mm_mmas_xc: the chunk's steps as S interleaved chains, summed */
-#pragma unroll
-                for (int sl = 0; sl < S; sl++)
-                    if (more && sl < nsn) load_step(nxt, nch_, sl);
-                mm_mmas_xc<S, FOLD>(d, cur.w0, cur.w1, tl, ch * S, nsc, a.magic);
-            } else {
 #pragma unroll
             for (int sl = 0; sl < S; sl++) {
                 if (sl >= nsc) {
@@ -158,7 +151,6 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
                 if (more && sl < nsn) load_step(nxt, nch_, sl);
                 if constexpr (XI8) mm_mmas_i8(di, wa, wc, tl, ch * S + sl);
                 else mm_mmas1<FOLD>(d, wa, wc, tl, ch * S + sl, a.magic);
-            }
             }
             if constexpr (XI8) {
                 const int ng = mm_slice_groups<S, GB>(a);
@@ -256,16 +248,6 @@ static int mm_occ_of(int rows, int in, bool pair) {
     return (double)rows * (pair ? 2 : 1) * in >= 268435456.0 ? 3 : 2;
 }
 
-/* TERN_CUDA_GEMV_XC (0 default, 1 on; read once, tests set it): the XP1 + PP walk with BF16 scales (the plain bf16
- * mode's Q4 kernel, the q|k|v rope instance too) runs a chunk's steps as interleaved MMA chains (gemv_mma.cuh
- * mm_mmas_xc): the same bits (op test cuda_gemv_mma_xc). Session 33, untimed. */
-extern "C" int tern__cuda_gemv_xc;
-int tern__cuda_gemv_xc = -1;
-static bool mm_xc(void) {
-    if (tern__cuda_gemv_xc < 0) tern__cuda_gemv_xc = tern__cuda_env_int("TERN_CUDA_GEMV_XC", 0) != 0;
-    return tern__cuda_gemv_xc != 0;
-}
-
 /* occ: mm_walk_occ's blocks per SM, as the grid was sized for */
 static void mm_env(void) { /* TERN_CUDA_GEMV_PP / _FOLD, read once */
     if (tern__cuda_gemv_mma_pp < 0) { /* 0 never, 1 every Q4 kernel, 2 (default) XP1 only (the others spill) */
@@ -297,8 +279,6 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
         }
         if (xp1) {
             if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true>, grid, 256, smem, a);
-            else if (tern__cuda_gemv_mma_pp > 0 && mm_xc())
-                tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true, false, 2, false, true>, grid, 256, smem, a);
             else if (tern__cuda_gemv_mma_pp > 0) tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true>, grid, 256, smem, a);
             else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true, true>, grid, 256, smem, a);
             return;
@@ -560,11 +540,7 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
         if (w0->bits != 4 || f16 || occ != 2 || a.ks < 2 || !mm_xp1(c) || mm_i8(c) || tern__cuda_gemv_mma_pp == 0) return 0;
         a.rope = *rope;
         cudaSetDevice(c->device);
-        if (mm_xc()) {
-            if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true, true>, grid, 256, smem, a);
-            else if (gb == 32) tern_launch(c->stream, gemv_mma_kernel<4, 32, false, true, true, true, false, 2, true, true>, grid, 256, smem, a);
-            else tern_launch(c->stream, gemv_mma_kernel<4, 64, false, true, true, true, false, 2, true, true>, grid, 256, smem, a);
-        } else if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true>, grid, 256, smem, a);
+        if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true>, grid, 256, smem, a);
         else if (gb == 32) tern_launch(c->stream, gemv_mma_kernel<4, 32, false, true, true, true, false, 2, true>, grid, 256, smem, a);
         else tern_launch(c->stream, gemv_mma_kernel<4, 64, false, true, true, true, false, 2, true>, grid, 256, smem, a);
         tern__cuda_check(c, "gemv_mma rope");

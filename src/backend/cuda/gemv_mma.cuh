@@ -33,19 +33,18 @@ __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint3
  * subtraction) and fold the 128 into the group's bias, y = s·Σ(128+q)·x + (b - 128·s)·Σx: 4 fewer
  * instructions per word; the f32 sums carry 128·x (measured: rel 2.1e-6 against cpu-ref, the unfolded
  * kernel 2.0e-6) */
-template <bool FOLD = false> __device__ __forceinline__ uint32_t mm_dec1(uint32_t w, int j, uint32_t magic) {
-    uint32_t p; /* pair j of the word */
-    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(p) : "r"(w >> (4 * j)), "r"(magic)); /* (a & b) | c */
-    if constexpr (FOLD) {
-        return p;
-    } else {
-        __nv_bfloat162 h = __hsub2(*(__nv_bfloat162 *)&p, *(const __nv_bfloat162 *)&magic);
-        return *(uint32_t *)&h;
-    }
-}
 template <bool FOLD = false> __device__ __forceinline__ void mm_decode(uint32_t w, uint32_t magic, uint32_t *r) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) r[j] = mm_dec1<FOLD>(w, j, magic);
+    for (int j = 0; j < 4; j++) {
+        uint32_t p;
+        asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(p) : "r"(w >> (4 * j)), "r"(magic)); /* (a & b) | c */
+        if constexpr (FOLD) {
+            r[j] = p;
+        } else {
+            __nv_bfloat162 h = __hsub2(*(__nv_bfloat162 *)&p, *(const __nv_bfloat162 *)&magic);
+            r[j] = *(uint32_t *)&h;
+        }
+    }
 }
 
 /* part p (0 hi, 1 mid, 2 lo) of v0, v1 packed as a bf16 pair (low half = v0); x = hi + mid + lo */
@@ -226,44 +225,6 @@ template <bool FOLD>
 __device__ __forceinline__ void mm_mmas1(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
                                          uint32_t magic) {
     mm_mmas<FOLD, 1>(d, wa, wc, tl, sl, magic);
-}
-
-/* XC (TERN_CUDA_GEMV_XC): the MMAs of a chunk's steps 0..nsc-1 (slice steps sl0 + sl; words w0 / w1 of rows g and
- * g+8) as S independent chains — step sl into its own tile, issued interleaved (word i, half h of every step, then
- * the next), so consecutive MMAs never wait on each other's accumulator — then summed into d. mm_mmas1 step after
- * step runs one chain of 8·S dependent MMAs. The same bits: a step's B fragments are zero outside its own columns,
- * so every other step adds only (signed) zeros to those. Decoded two registers at a time (few live). */
-template <int S, bool FOLD>
-__device__ __forceinline__ void mm_mmas_xc(float *d, const uint4 *w0, const uint4 *w1, const uint2 *tl, int sl0, int nsc,
-                                           uint32_t magic) {
-    float e[S][4];
-#pragma unroll
-    for (int sl = 0; sl < S; sl++) e[sl][0] = e[sl][1] = e[sl][2] = e[sl][3] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int sl = 0; sl < S; sl++) {
-                if (sl >= nsc) continue;
-                const uint32_t wa = i == 0 ? w0[sl].x : i == 1 ? w0[sl].y : i == 2 ? w0[sl].z : w0[sl].w;
-                const uint32_t wc = i == 0 ? w1[sl].x : i == 1 ? w1[sl].y : i == 2 ? w1[sl].z : w1[sl].w;
-                uint32_t ra[2], rc[2];
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    ra[q] = mm_dec1<FOLD>(wa, 2 * h + q, magic);
-                    rc[q] = mm_dec1<FOLD>(wc, 2 * h + q, magic);
-                }
-                const uint2 bv = tl[((sl0 + sl) * 8 + 2 * i + h) * 32];
-                mm_mma(e[sl], ra[0], rc[0], ra[1], rc[1], bv.x, bv.y);
-            }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float v = e[0][j];
-#pragma unroll
-        for (int sl = 1; sl < S; sl++) v += e[sl][j];
-        d[j] = v;
-    }
 }
 
 /* XP1: fold a chunk's tile once: lane t holds columns 2t, 2t+1 (groups G0 + 2t, G0 + 2t + 1 of the
