@@ -220,8 +220,9 @@ TEST(cuda_norm_matmul) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul", "not built"); return; }
     static const int outs[3] = {300, 77, 64}, ins[] = {128, 384, 4096};
-    extern int tern__cuda_qmma_mode, tern__cuda_g1_grid, tern__cuda_g1_early;
-    const int keep_qmma = tern__cuda_qmma_mode, keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early;
+    extern int tern__cuda_qmma_mode, tern__cuda_g1_grid, tern__cuda_g1_early, tern__cuda_gemv_rmsu;
+    const int keep_qmma = tern__cuda_qmma_mode, keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early,
+              keep_rmsu = tern__cuda_gemv_rmsu;
     tern__cuda_qmma_mode = 0;
     int fused = 0, declined = 0;
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
@@ -230,6 +231,7 @@ TEST(cuda_norm_matmul) {
                 const int in = ins[s];
                 tern__cuda_g1_grid = (int)(s + wmode) & 1; /* both gemv1 grids (the same bits) */
                 tern__cuda_g1_early = (int)(f + s) & 1 ? 7 : 0; /* and the early first round (TERN_CUDA_G1_EARLY) */
+                tern__cuda_gemv_rmsu = (int)(f + s + wmode) & 1; /* gemv_mma's pre-norm sums both ways (TERN_CUDA_GEMV_RMSU) */
                 hw h[3];
                 tern_tensor t[3];
                 tern_error err = {0};
@@ -278,6 +280,7 @@ TEST(cuda_norm_matmul) {
     printf("  norm_matmul: %d fused, %d declined\n", fused, declined);
     CHECK(fused > 0, "norm_matmul never fused");
     tern__cuda_qmma_mode = keep_qmma;
+    tern__cuda_gemv_rmsu = keep_rmsu;
     tern__cuda_g1_grid = keep_grid;
     tern__cuda_g1_early = keep_early;
 }
@@ -381,13 +384,14 @@ TEST(cuda_rmsnorm_n) {
 /* norm_matmul with the post-norm residual add folded in (res): x' in x_out, xn and y bitwise those of
  * rmsnorm_add (x += rmsnorm(h)·w, ·s) + rmsnorm + the op; with and without the post-norm weight and the
  * scalar; both gemv1 grids; BF16 and Q8 (gemv1) and Q4 (gemv_mma.cu, every K-slice block forming the
- * whole x'), widths 384 / 4096 / 5376 (Gemma 4 12B's hidden size: 11 registers per rmsnorm thread). */
+ * whole x', its pre-norm sums both ways: TERN_CUDA_GEMV_RMSU), widths 384 / 4096 / 5376 (Gemma 4 12B's
+ * hidden size: 11 registers per rmsnorm thread). */
 extern int tern__cuda_norm_res;
 TEST(cuda_norm_matmul_res) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul_res", "not built"); return; }
-    extern int tern__cuda_g1_grid;
-    const int keep = tern__cuda_norm_res, keep_grid = tern__cuda_g1_grid;
+    extern int tern__cuda_g1_grid, tern__cuda_gemv_rmsu;
+    const int keep = tern__cuda_norm_res, keep_grid = tern__cuda_g1_grid, keep_rmsu = tern__cuda_gemv_rmsu;
     tern__cuda_norm_res = 1;
     static const int ins[] = {384, 4096, 5376};
     static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } F[] = {
@@ -397,6 +401,7 @@ TEST(cuda_norm_matmul_res) {
             for (int mode = 0; mode < 4; mode++) { /* bit 0: post-norm weight, bit 1: scalar */
                 const int in = ins[si], out = 300;
                 tern__cuda_g1_grid = mode & 1;
+                tern__cuda_gemv_rmsu = (int)((mode >> 1) ^ si) & 1; /* gemv_mma's pre-norm sums both ways */
                 hw h[2];
                 tern_tensor t[2];
                 tern_error err = {0};
@@ -437,6 +442,7 @@ TEST(cuda_norm_matmul_res) {
                 free(x); free(hh); free(wp); free(wn);
             }
     tern__cuda_norm_res = keep;
+    tern__cuda_gemv_rmsu = keep_rmsu;
     tern__cuda_g1_grid = keep_grid;
 }
 

@@ -504,6 +504,9 @@ extern "C" int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const te
     return mm_launch(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, rope);
 }
 
+extern "C" int tern__cuda_gemv_rmsu; /* TERN_CUDA_GEMV_RMSU, read once (tests set it): see mm_launch */
+int tern__cuda_gemv_rmsu = -1;
+
 static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
                      int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope) {
     MmArgs a;
@@ -525,6 +528,12 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
         if (l2pf < 0 || l2pf > 64) l2pf = 3;
     }
     a.l2pf = l2pf;
+    /* TERN_CUDA_GEMV_RMSU (default 1 on, 0 off): the pre-norm's sum of squares (block_rms_inv over x in global
+     * memory) issues a thread's 8 loads at once instead of one dependent L2 round trip each (16 serial trips at
+     * K 4096: ~16 % of a llama3-8b Q4 gate|up launch's warp samples, ncu, NOTES (at)); the same bits. Session
+     * 34, untimed (the device call that should have timed it was lost) */
+    if (tern__cuda_gemv_rmsu < 0) tern__cuda_gemv_rmsu = tern__cuda_env_int("TERN_CUDA_GEMV_RMSU", 1) != 0;
+    a.rmsu = tern__cuda_gemv_rmsu ? 8 : 1;
     /* A rolling variant (each warp prefetching the item D ahead of the one it starts, through its whole
      * walk) lost and was removed (session 13, NOTES (v)): the head 124.2 → 115.6 µs at D = 1, but b1
      * llama3-8b q4 313.8 → 303.8 with L2PF = 3 (D = 2, 4 lose too) */

@@ -29,6 +29,7 @@ struct MmArgs {
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
     int l2pf;       /* items of the walk each warp prefetches into L2 before pdl_wait (gemv_mma.cu) */
+    int rmsu;       /* > 1: the pre-norm's sums issue 8 loads a thread at once (TERN_CUDA_GEMV_RMSU, gemv_mma.cu) */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
     tern__cuda_rope_kv rope; /* ROPE instances only (appended): rope_kv_write in the split-K epilogue */
 };
@@ -198,13 +199,14 @@ __device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *x
     (void)ng;
     if (a.xn) {
         __shared__ float red[32];
-        const float ih = a.rh ? block_rms_inv([&](int j) { return a.rh[j]; }, a.in, a.eps, red) : 0.0f;
+        auto rms = [&](auto x) { return a.rmsu > 1 ? block_rms_inv<8>(x, a.in, a.eps, red) : block_rms_inv(x, a.in, a.eps, red); };
+        const float ih = a.rh ? rms([&](int j) { return a.rh[j]; }) : 0.0f;
         const float sc = a.rs ? a.rs[0] : 1.0f;
         auto xp = [&](float xv, size_t k) { /* x'[k] from x[k] (x itself without res) */
             if (!a.rh) return xv;
             return res_add(xv, rms_scale(a.rh[k], ih, a.rw != nullptr, a.rw ? a.rw[k] : 0.0f), a.rs != nullptr, sc);
         };
-        const float inv = block_rms_inv([&](int j) { return xp(a.x[j], (size_t)j); }, a.in, a.eps, red);
+        const float inv = rms([&](int j) { return xp(a.x[j], (size_t)j); });
         auto nx = [&](float xv, size_t k) { return rms_scale(xp(xv, k), inv, a.nw != nullptr, a.nw ? a.nw[k] : 0.0f); };
         if constexpr (XP == 8) mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns, nx);
         else mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, nx);
