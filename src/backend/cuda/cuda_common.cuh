@@ -101,30 +101,45 @@ __device__ __forceinline__ float rms_inv_finish(int vt, int d, float eps, float 
     return inv;
 }
 
-/* U > 1: each virtual thread issues U loads before its fmafs (the same order, so the same bits). For x(j)
- * reading global memory (gemv_mma_args.cuh mm_stage_x): the one-at-a-time loop there was a chain of dependent
- * L2 round trips, 16 a block at d 4096, ~16 % of a Q4 gate|up launch's warp samples under ncu (NOTES (at)).
- * Callers reading shared memory keep U = 1 (their timed code as it was). */
+/* U > 1: a thread issues the loads of two of its virtual threads, U each, before their fmafs (each virtual thread's
+ * sum in the same order, so the same bits). For x(j) reading global memory (gemv_mma_args.cuh mm_stage_x): the
+ * one-at-a-time loop there was a chain of dependent L2 round trips, 16 a block at d 4096 (256 threads standing in for
+ * 512), ~16 % of a Q4 gate|up launch's warp samples under ncu (NOTES (at)); this takes one. Callers reading shared
+ * memory keep U = 1 (their timed code as it was). */
 template <int U = 1, class X> __device__ __forceinline__ float block_rms_inv(X x, int d, float eps, float *red) {
     const int vt = tern_rms_threads(d), lane = threadIdx.x & 31;
-    for (int v0 = 0; v0 < vt; v0 += blockDim.x) {
-        const int v = v0 + threadIdx.x;
-        float ss = 0.0f;
-        if constexpr (U == 1) {
+    if constexpr (U == 1) {
+        for (int v0 = 0; v0 < vt; v0 += blockDim.x) {
+            const int v = v0 + threadIdx.x;
+            float ss = 0.0f;
             if (v < vt)
                 for (int j = v; j < d; j += vt) ss = fmaf(x(j), x(j), ss);
-        } else if (v < vt) {
-            for (int j0 = v; j0 < d; j0 += U * vt) {
-                float e[U];
-#pragma unroll
-                for (int u = 0; u < U; u++) e[u] = j0 + u * vt < d ? x(j0 + u * vt) : 0.0f;
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (j0 + u * vt < d) ss = fmaf(e[u], e[u], ss);
-            }
+            ss = warp_sum(ss);
+            if (lane == 0 && v < vt) red[v >> 5] = ss;
         }
-        ss = warp_sum(ss);
-        if (lane == 0 && v < vt) red[v >> 5] = ss;
+    } else {
+        for (int v0 = 0; v0 < vt; v0 += 2 * blockDim.x) {
+            const int va = v0 + threadIdx.x, vb = va + blockDim.x;
+            float sa = 0.0f, sb = 0.0f;
+            for (int j0 = 0; j0 < d; j0 += U * vt) {
+                float ea[U], eb[U];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int ja = va + j0 + u * vt, jb = vb + j0 + u * vt;
+                    ea[u] = va < vt && ja < d ? x(ja) : 0.0f;
+                    eb[u] = vb < vt && jb < d ? x(jb) : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (va < vt && va + j0 + u * vt < d) sa = fmaf(ea[u], ea[u], sa);
+                    if (vb < vt && vb + j0 + u * vt < d) sb = fmaf(eb[u], eb[u], sb);
+                }
+            }
+            sa = warp_sum(sa);
+            sb = warp_sum(sb);
+            if (lane == 0 && va < vt) red[va >> 5] = sa;
+            if (lane == 0 && vb < vt) red[vb >> 5] = sb;
+        }
     }
     return rms_inv_finish(vt, d, eps, red);
 }
