@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-44}"  # 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-45}"  # 45: session 34 (TERN_CUDA_GEMV_RMSU, default on, untimed); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -584,6 +584,16 @@ if [[ " $SECTIONS " == *" 44 "* ]]; then
     grep '^wgemm' "$OUT/wgemm_bench.txt" | tee -a "$S"
     [ -n "${WGEMM_CHECKS-1}" ] && on_checks TERN_CUDA_WGEMM bf16 "llama3 qwen2"
     conc_ab "TERN_CUDA_WGEMM=0;TERN_CUDA_WGEMM=1" llama3-8b "32,64,128"
+fi
+
+# 45. session 34, written after its last call: TERN_CUDA_GEMV_RMSU (default 1; gemv_mma's pre-norm sum of squares
+#     with a thread's loads issued together instead of 16 dependent L2 round trips a block at K 4096; the same bits).
+#     Op tests that run it both ways bitwise against rmsnorm + the op, parity and greedy ids with it, then b1 q4
+#     llama3-8b and gemma4-12b with it off / on (interleaved, two reps). Keep 1 only if it wins (NOTES (at)).
+if [[ " $SECTIONS " == *" 45 "* ]]; then
+    op_test cuda_norm_matmul,cuda_gemv_mma,cuda_norm_qkv_rope_kv ops45
+    on_checks TERN_CUDA_GEMV_RMSU bf16 "gemma4_dense_q4g64 gemma4_moe_mixed"
+    q4_b1 TERN_CUDA_GEMV_RMSU "0 1"
 fi
 
 echo "summary: $S"
