@@ -46,15 +46,9 @@ static bool cased(int32_t c) {
     utf8proc_category_t k = utf8proc_category(c);
     return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT;
 }
-static jv buf_to_str(jrender *r, jbuf *b) {
-    jv s = jv_str_copy(A, b->p ? b->p : "", b->n);
-    free(b->p);
-    b->p = NULL;
-    return s;
-}
 
 jv jj_str_case(jrender *r, jv s, int mode) {
-    jbuf b = {0};
+    jbuf b = JB_SCRATCH(r);
     bool prev_cased = false, first = true;
     for (size_t i = 0; i < s.u.s.n;) {
         int32_t c;
@@ -68,7 +62,7 @@ jv jj_str_case(jrender *r, jv s, int mode) {
         first = false;
         u8put(r, &b, o);
     }
-    return buf_to_str(r, &b);
+    return jb_str(&b);
 }
 
 jv jj_str_strip(jrender *r, jv s, jv chars, bool left, bool right) {
@@ -157,7 +151,7 @@ static jv str_split(jrender *r, jv s, jv sep, int64_t maxsplit, bool from_right)
 
 jv jj_str_replace(jrender *r, jv s, jv old, jv new_, int64_t count) {
     if (old.t != JV_STR || new_.t != JV_STR) FAIL("%s:%d: replace() needs string arguments", r->tname, r->line);
-    jbuf b = {0};
+    jbuf b = JB_SCRATCH(r);
     size_t st = 0;
     int64_t done = 0;
     if (!old.u.s.n) { /* Python inserts new between every character */
@@ -170,7 +164,7 @@ jv jj_str_replace(jrender *r, jv s, jv old, jv new_, int64_t count) {
             jb_put(r, &b, s.u.s.p + i, j - i);
             i = j;
         }
-        return buf_to_str(r, &b);
+        return jb_str(&b);
     }
     for (;;) {
         const char *f = count >= 0 && done >= count ? NULL : memmem(s.u.s.p + st, s.u.s.n - st, old.u.s.p, old.u.s.n);
@@ -181,7 +175,7 @@ jv jj_str_replace(jrender *r, jv s, jv old, jv new_, int64_t count) {
         done++;
     }
     jb_put(r, &b, s.u.s.p + st, s.u.s.n - st);
-    return buf_to_str(r, &b);
+    return jb_str(&b);
 }
 
 static bool str_prefix(jv s, jv x, bool suffix) {
@@ -339,15 +333,15 @@ jv jj_call_method(jrender *r, jv self, const char *name, jv *pos, int npos, cons
         }
         if (eqs(name, "join")) {
             jv l = jj_as_list(r, ARG("iterable", 0, none));
-            jbuf b = {0};
+            jbuf b = JB_SCRATCH(r);
             for (size_t i = 0; i < l.u.l->n; i++) {
                 if (i) jb_put(r, &b, self.u.s.p, self.u.s.n);
                 jv_write_str(r, &b, l.u.l->v[i]);
             }
-            return buf_to_str(r, &b);
+            return jb_str(&b);
         }
         if (eqs(name, "format")) { /* '{}' and '{0}' placeholders only */
-            jbuf b = {0};
+            jbuf b = JB_SCRATCH(r);
             int auto_i = 0;
             for (size_t i = 0; i < self.u.s.n; i++) {
                 char c = self.u.s.p[i];
@@ -355,7 +349,7 @@ jv jj_call_method(jrender *r, jv self, const char *name, jv *pos, int npos, cons
                 if (c == '}' && i + 1 < self.u.s.n && self.u.s.p[i + 1] == '}') { jb_put(r, &b, "}", 1); i++; continue; }
                 if (c != '{') { jb_put(r, &b, &c, 1); continue; }
                 const char *e = memchr(self.u.s.p + i, '}', self.u.s.n - i);
-                if (!e) { free(b.p); FAIL("%s:%d: format(): unmatched '{'", r->tname, r->line); }
+                if (!e) { FAIL("%s:%d: format(): unmatched '{'", r->tname, r->line); }
                 size_t fl = (size_t)(e - self.u.s.p) - i - 1;
                 jv v;
                 if (!fl) v = auto_i < npos ? pos[auto_i++] : jv_undef();
@@ -366,7 +360,7 @@ jv jj_call_method(jrender *r, jv self, const char *name, jv *pos, int npos, cons
                 jv_write_str(r, &b, v);
                 i = (size_t)(e - self.u.s.p);
             }
-            return buf_to_str(r, &b);
+            return jb_str(&b);
         }
         if (eqs(name, "splitlines")) {
             jv out = jv_new_list(A);

@@ -173,7 +173,7 @@ static jv do_slice(jrender *r, jv obj, jv a, jv b, jv c) {
         for (int64_t i = lo; step_ > 0 ? i < hi : i > hi; i += step_) jv_list_push(&r->arena, out.u.l, obj.u.l->v[i]);
         return out;
     }
-    jbuf tmp = {0};
+    jbuf tmp = JB_SCRATCH(r);
     const char *p = obj.u.s.p;
     size_t sn = obj.u.s.n;
     if (step_ == 1) {
@@ -184,9 +184,7 @@ static jv do_slice(jrender *r, jv obj, jv a, jv b, jv c) {
         size_t x = jj_utf8_offset(p, sn, i), y = jj_utf8_offset(p, sn, i + 1);
         jb_put(r, &tmp, p + x, y - x);
     }
-    jv s = jv_str_copy(&r->arena, tmp.p ? tmp.p : "", tmp.n);
-    free(tmp.p);
-    return s;
+    return jb_str(&tmp);
 }
 
 /* ---------------- operators ---------------- */

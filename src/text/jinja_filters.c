@@ -84,7 +84,7 @@ static jv sort_list(jrender *r, jlist *l, jv attr, int pair, bool cs, bool rev) 
 }
 
 static jv html_escape(jrender *r, jv s) {
-    jbuf b = {0};
+    jbuf b = JB_SCRATCH(r);
     for (size_t i = 0; i < s.u.s.n; i++) {
         char c = s.u.s.p[i];
         const char *e = c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&#34;"
@@ -92,8 +92,7 @@ static jv html_escape(jrender *r, jv s) {
         if (e) jb_put(r, &b, e, strlen(e));
         else jb_put(r, &b, &c, 1);
     }
-    jv out = jv_str_copy(A, b.p ? b.p : "", b.n);
-    free(b.p);
+    jv out = jb_str(&b);
     return out;
 }
 
@@ -131,10 +130,9 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
             o.key_sep = jj_strndup(A, sep.u.l->v[1].u.s.p, sep.u.l->v[1].u.s.n);
         }
         if (v.t == JV_UNDEF) FAIL("%s:%d: tojson of an undefined value", r->tname, r->line);
-        jbuf b = {0};
+        jbuf b = JB_SCRATCH(r);
         jv_write_json(r, &b, v, &o, 0);
-        jv s = jv_str_copy(A, b.p ? b.p : "", b.n);
-        free(b.p);
+        jv s = jb_str(&b);
         return s;
     }
     if (eqs(name, "string")) return jv_to_str(r, v);
@@ -173,15 +171,14 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
     if (eqs(name, "join")) {
         jv l = jj_as_list(r, v), d = ARG("d", 0, jv_cstr("")), at = ARG("attribute", 1, undef);
         d = jv_to_str(r, d);
-        jbuf b = {0};
+        jbuf b = JB_SCRATCH(r);
         for (size_t i = 0; i < l.u.l->n; i++) {
             if (i) jb_put(r, &b, d.u.s.p, d.u.s.n);
             jv x = l.u.l->v[i];
             if (at.t != JV_UNDEF) x = attr_path(r, x, at);
             jv_write_str(r, &b, x);
         }
-        jv s = jv_str_copy(A, b.p ? b.p : "", b.n);
-        free(b.p);
+        jv s = jb_str(&b);
         return s;
     }
     if (eqs(name, "int")) {
@@ -228,10 +225,9 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
     if (eqs(name, "reverse")) {
         if (v.t == JV_STR) {
             jv l = jj_as_list(r, v);
-            jbuf b = {0};
+            jbuf b = JB_SCRATCH(r);
             for (size_t i = l.u.l->n; i-- > 0;) jb_put(r, &b, l.u.l->v[i].u.s.p, l.u.l->v[i].u.s.n);
-            jv s = jv_str_copy(A, b.p ? b.p : "", b.n);
-            free(b.p);
+            jv s = jb_str(&b);
             return s;
         }
         jv l = jj_as_list(r, v), out = jv_new_list(A);
@@ -364,7 +360,7 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
             memset(sp, ' ', (size_t)k);
             ind = jv_strn(sp, (size_t)k);
         }
-        jbuf b = {0};
+        jbuf b = JB_SCRATCH(r);
         size_t st = 0;
         bool firstline = true;
         for (;;) {
@@ -378,8 +374,7 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
             st = e + 1;
             firstline = false;
         }
-        jv out = jv_str_copy(A, b.p ? b.p : "", b.n);
-        free(b.p);
+        jv out = jb_str(&b);
         return out;
     }
     if (eqs(name, "center")) {
@@ -387,12 +382,11 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
         int64_t n = (int64_t)jj_utf8_len(s.u.s.p, s.u.s.n);
         if (w <= n) return s;
         int64_t left = (w - n) / 2 + ((w - n) & w & 1), right = w - n - left;
-        jbuf b = {0};
+        jbuf b = JB_SCRATCH(r);
         for (int64_t i = 0; i < left; i++) jb_put(r, &b, " ", 1);
         jb_put(r, &b, s.u.s.p, s.u.s.n);
         for (int64_t i = 0; i < right; i++) jb_put(r, &b, " ", 1);
-        jv out = jv_str_copy(A, b.p ? b.p : "", b.n);
-        free(b.p);
+        jv out = jb_str(&b);
         return out;
     }
     FAIL("%s:%d: unknown filter '%s'", r->tname, r->line, name);

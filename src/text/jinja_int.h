@@ -95,7 +95,11 @@ struct tern_jinja_template {
 
 /* ---- render state ---- */
 typedef struct jscope { struct jscope *parent; jdict *vars; } jscope;
-typedef struct jbuf { char *p; size_t n, cap, max; struct jbuf *prev, *saved_out; } jbuf;
+/* Text buffers. The render's output and capture buffers grow by realloc (render frees them, also on an error's
+ * longjmp); scratch buffers (JB_SCRATCH: a filter's or method's text) grow in the render arena instead, so a
+ * jr_fail in the middle of one loses nothing, and are never free()d: jb_str hands their text over as is. */
+typedef struct jbuf { char *p; size_t n, cap, max; struct jbuf *prev, *saved_out; jj_arena *ar; } jbuf;
+#define JB_SCRATCH(r) {.ar = &(r)->arena}
 typedef struct jrender {
     jj_arena arena;
     jmp_buf jb;
@@ -119,6 +123,7 @@ static inline jv jv_bool(bool b) { jv v = {JV_BOOL, {0}}; v.u.b = b; return v; }
 static inline jv jv_int(int64_t i) { jv v = {JV_INT, {0}}; v.u.i = i; return v; }
 static inline jv jv_float(double f) { jv v = {JV_FLOAT, {0}}; v.u.f = f; return v; }
 static inline jv jv_strn(const char *p, size_t n) { jv v = {JV_STR, {0}}; v.u.s.p = p; v.u.s.n = n; return v; }
+static inline jv jb_str(const jbuf *b) { return b->p ? jv_strn(b->p, b->n) : jv_strn("", 0); } /* a JB_SCRATCH buffer's text */
 jv jv_str_copy(jj_arena *a, const char *p, size_t n);
 jv jv_cstr(const char *s); /* static string */
 jv jv_new_list(jj_arena *a);

@@ -252,8 +252,14 @@ void jb_put(jrender *r, jbuf *b, const char *s, size_t n) {
             jr_fail(r, TERN_EINVAL, "%s: output exceeds the limit of %zu bytes", r->tname, b->max);
         size_t nc = b->cap ? b->cap : 256;
         while (nc < b->n + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) jr_fail(r, TERN_ENOMEM, "%s: out of memory", r->tname);
+        char *np;
+        if (b->ar) { /* scratch: the arena (jj_alloc fails through its jmp_buf) */
+            np = jj_alloc(b->ar, nc);
+            if (b->n) memcpy(np, b->p, b->n);
+        } else {
+            np = realloc(b->p, nc);
+            if (!np) jr_fail(r, TERN_ENOMEM, "%s: out of memory", r->tname);
+        }
         b->p = np;
         b->cap = nc;
     }
@@ -374,11 +380,9 @@ void jv_write_str(jrender *r, jbuf *b, jv v) {
 
 jv jv_to_str(jrender *r, jv v) {
     if (v.t == JV_STR) return v;
-    jbuf b = {0};
+    jbuf b = JB_SCRATCH(r);
     jv_write_str(r, &b, v);
-    jv s = jv_str_copy(&r->arena, b.p ? b.p : "", b.n);
-    free(b.p);
-    return s;
+    return jb_str(&b);
 }
 
 static void write_json_str(jrender *r, jbuf *b, const char *p, size_t n, bool ascii) {

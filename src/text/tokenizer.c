@@ -109,8 +109,10 @@ static tern_status load_added(tern_tokenizer *tok, const cJSON *arr, tern_error 
     tk_buf nb = {0};
     cJSON_ArrayForEach(j, arr) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id"), *c = cJSON_GetObjectItemCaseSensitive(j, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= MAX_ID || !cJSON_IsString(c))
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= MAX_ID || !cJSON_IsString(c)) {
+            tk_buf_free(&nb); /* an earlier token's normalized text may hold it */
             return tern_err(err, TERN_EFORMAT, "%s: added token %zu needs 'id' and 'content'", tok->name, tok->n_added);
+        }
         if (!c->valuestring[0]) continue; /* HF ignores empty added tokens */
         tk_added *a = &tok->added[tok->n_added];
         a->id = (int32_t)id->valuedouble;
@@ -121,7 +123,7 @@ static tern_status load_added(tern_tokenizer *tok, const cJSON *arr, tern_error 
         a->lstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "lstrip"));
         a->rstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "rstrip"));
         a->single_word = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "single_word"));
-        if (!a->content) return tern_err(err, TERN_ENOMEM, "out of memory");
+        if (!a->content) { tk_buf_free(&nb); return tern_err(err, TERN_ENOMEM, "out of memory"); }
         tok->n_added++;
         if (a->normalized && tok->has_norm) {
             if (tk_norm_apply(&tok->norm, a->content, a->len, &nb)) { tk_buf_free(&nb); return tern_err(err, TERN_ENOMEM, "out of memory"); }
@@ -211,7 +213,10 @@ tern_status tern_tokenizer_load_json(tern_tokenizer **out, const char *json, siz
     size_t rest_n = 0;
     cJSON *root = NULL;
     tern_status st = TERN_OK;
+    size_t bad = len;
     if (!tok->name) st = tern_err(err, TERN_ENOMEM, "out of memory");
+    else if ((bad = tk_utf8_invalid_at(json, len)) < len) /* JSON is UTF-8 (HF's loader refuses the rest too); the */
+        st = tern_err(err, TERN_EFORMAT, "%s: not valid UTF-8 at byte %zu", tok->name, bad); /* regexes rely on it */
     else st = tk_json_split(json, len, &vs, &ms, &rest, &rest_n, tok->name, err);
     if (!st) {
         root = cJSON_ParseWithLength(rest, rest_n);

@@ -330,7 +330,7 @@ tern_status tk_bpe_word(tk_bpe *b, const char *w, size_t n, int32_t **ids, size_
         }
         if (b->cache_n + cnt + 1 <= b->cache_cap && !tk_strmap_put(&b->cache, w, n, (int32_t)b->cache_n)) {
             b->cache_ids[b->cache_n] = (int32_t)cnt;
-            memcpy(b->cache_ids + b->cache_n + 1, *ids + first, cnt * sizeof(int32_t));
+            if (cnt) memcpy(b->cache_ids + b->cache_n + 1, *ids + first, cnt * sizeof(int32_t)); /* *ids may be NULL at 0 */
             b->cache_n += cnt + 1;
         }
     }

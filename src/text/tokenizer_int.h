@@ -47,6 +47,7 @@ int tk_utf8_put(tk_buf *b, int32_t cp);
 /* Rust String::from_utf8_lossy: append s with each maximal invalid subsequence → U+FFFD. */
 int tk_utf8_lossy(tk_buf *out, const char *s, size_t n);
 bool tk_utf8_valid(const char *s, size_t n);
+size_t tk_utf8_invalid_at(const char *s, size_t n); /* the first invalid byte's offset; n when valid */
 bool tk_is_ws(int32_t cp);      /* Unicode White_Space (Rust char::is_whitespace, regex \s) */
 bool tk_is_word(int32_t cp);    /* Rust regex \w (Alphabetic, M, Nd, Pc, Join_Control) */
 bool tk_is_numeric(int32_t cp); /* Rust char::is_numeric (Nd, Nl, No) */

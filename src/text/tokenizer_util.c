@@ -124,17 +124,19 @@ static size_t utf8_check(const unsigned char *u, size_t n, size_t *bad) {
     return need + 1;
 }
 
-bool tk_utf8_valid(const char *s, size_t n) {
+size_t tk_utf8_invalid_at(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, bad;
     while (i < n) {
         if (u[i] < 0x80) { i++; continue; }
         size_t k = utf8_check(u + i, n - i, &bad);
-        if (!k) return false;
+        if (!k) return i;
         i += k;
     }
-    return true;
+    return n;
 }
+
+bool tk_utf8_valid(const char *s, size_t n) { return tk_utf8_invalid_at(s, n) == n; }
 
 int tk_utf8_lossy(tk_buf *out, const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;

@@ -13,15 +13,28 @@ if [ "${1:-}" != "run" ]; then
 fi
 secs="${2:-120}"
 shift; shift || true
-targets="${*:-fuzz_safetensors fuzz_config}"
+targets="${*:-fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_jinja fuzz_request}"
 command -v clang >/dev/null || { echo "SKIP: fuzz: clang not found"; exit 0; }
 out=build/fuzz
 mkdir -p "$out/artifacts"
-SRC="src/io/safetensors.c src/io/config.c src/io/config_quant.c src/io/config_glm.c src/base/base.c src/base/file.c src/base/json.c src/ops/tensor.c"
+BASE="src/base/base.c src/base/file.c src/base/json.c"
+# srcs TARGET: the sources and libraries a target links (SRC, LIBS)
+srcs() {
+    case "$1" in
+        fuzz_jinja) SRC="src/text/jinja_*.c $BASE" LIBS="-lcjson -lutf8proc -lm" ;;
+        fuzz_tokenizer) SRC="src/text/tokenizer*.c src/text/normalize.c src/text/pretok.c $BASE"
+                        LIBS="-lcjson -lpcre2-8 -lutf8proc -lm" ;;
+        fuzz_request) SRC="src/server/params.c src/server/jsonfsm.c src/text/tokenizer*.c src/text/normalize.c src/text/pretok.c $BASE"
+                      LIBS="-lcjson -lpcre2-8 -lutf8proc -lm" ;;
+        *) SRC="src/io/safetensors.c src/io/config.c src/io/config_quant.c src/io/config_glm.c $BASE src/ops/tensor.c"
+           LIBS="-lcjson -lm" ;;
+    esac
+}
 for t in $targets; do
+    srcs "$t"
     clang -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -fsanitize=fuzzer,address,undefined \
         -fno-sanitize=alignment -fno-sanitize-recover=undefined \
-        "tests/fuzz/$t.c" $SRC -o "$out/$t" -lcjson -lm || { echo "FAIL: build $t"; exit 1; }
+        "tests/fuzz/$t.c" $SRC -o "$out/$t" $LIBS || { echo "FAIL: build $t"; exit 1; }
     mkdir -p "$out/corpus_$t"
     cp -n tests/fuzz/corpus/$t/* "$out/corpus_$t/" 2>/dev/null || true
     dict=""

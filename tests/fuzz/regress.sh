@@ -8,17 +8,30 @@ out=build/fuzz
 mkdir -p "$out"
 cc=${CC:-cc}
 command -v clang >/dev/null && cc=clang
-SRC="src/io/safetensors.c src/io/config.c src/io/config_quant.c src/io/config_glm.c src/base/base.c src/base/file.c src/base/json.c src/ops/tensor.c"
+BASE="src/base/base.c src/base/file.c src/base/json.c"
+# srcs TARGET: the sources and libraries a target links (SRC, LIBS)
+srcs() {
+    case "$1" in
+        fuzz_jinja) SRC="src/text/jinja_*.c $BASE" LIBS="-lcjson -lutf8proc -lm" ;;
+        fuzz_tokenizer) SRC="src/text/tokenizer*.c src/text/normalize.c src/text/pretok.c $BASE"
+                        LIBS="-lcjson -lpcre2-8 -lutf8proc -lm" ;;
+        fuzz_request) SRC="src/server/params.c src/server/jsonfsm.c src/text/tokenizer*.c src/text/normalize.c src/text/pretok.c $BASE"
+                      LIBS="-lcjson -lpcre2-8 -lutf8proc -lm" ;;
+        *) SRC="src/io/safetensors.c src/io/config.c src/io/config_quant.c src/io/config_glm.c $BASE src/ops/tensor.c"
+           LIBS="-lcjson -lm" ;;
+    esac
+}
 SAN="-fsanitize=address,undefined -fno-sanitize=alignment -fno-sanitize-recover=undefined"
-for t in fuzz_safetensors fuzz_config; do
+for t in fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_jinja fuzz_request; do
+    srcs "$t"
     files=(tests/fuzz/corpus/$t/*)
     if [ ! -e "${files[0]}" ]; then echo "SKIP: regress $t: empty corpus"; continue; fi
     bin="$out/replay_$t"
     if ! $cc -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc $SAN tests/fuzz/$t.c tests/fuzz/replay.c $SRC \
-            -o "$bin" -lcjson -lm 2>"$out/replay_$t.log"; then
+            -o "$bin" $LIBS 2>"$out/replay_$t.log"; then
         # no sanitizer runtime here: plain build still catches crashes
         $cc -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc tests/fuzz/$t.c tests/fuzz/replay.c $SRC \
-            -o "$bin" -lcjson -lm || { echo "FAIL: regress $t: build"; continue; }
+            -o "$bin" $LIBS || { echo "FAIL: regress $t: build"; continue; }
     fi
     if ASAN_OPTIONS=detect_leaks=1 "$bin" "${files[@]}"; then
         echo "PASS: regress $t (${#files[@]} inputs)"
