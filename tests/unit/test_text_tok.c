@@ -254,6 +254,9 @@ TEST(unsupported_and_malformed) {
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a\"]}}", "is not 'a b'"},
         {"{\"decoder\":{\"type\":\"CTC\"},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}", "decoder type 'CTC' not supported"},
         {"{\"model\":", "not a JSON object"},
+        /* raw bytes that are not UTF-8 (a Replace normalizer's content here) — the regexes assume UTF-8 (fuzzed) */
+        {"{\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xe2\x96\"},"
+         "\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}", "not valid UTF-8 at byte 68"},
     };
     for (size_t i = 0; i < TERN_ARRAY_LEN(bad); i++) {
         tern_tokenizer *t = NULL;
