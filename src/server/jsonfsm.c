@@ -430,7 +430,8 @@ static int step(const srv_jgram *g, jstate *s, int c) {
             case N_EXPD: nx = d ? N_EXPD : -1; break;
             }
             if (nx >= 0) {
-                if (++s->numlen > NUM_MAX) return -1;
+                /* a state that needs another byte (-, ., e, e+) only while one more fits: else a dead end (fuzzed) */
+                if (++s->numlen > NUM_MAX || (s->numlen == NUM_MAX && !num_can_end(nx))) return -1;
                 s->sub = (uint8_t)nx;
                 return 0;
             }

@@ -228,7 +228,8 @@ static jv arith(jrender *r, int op, jv a, jv b) {
         jr_fail(r, TERN_EINVAL, "%s:%d: unsupported operand types for arithmetic: %s and %s", r->tname, r->line,
                 jv_type_name(a), jv_type_name(b));
     bool ints = a.t != JV_FLOAT && b.t != JV_FLOAT;
-    int64_t x = a.t == JV_INT ? a.u.i : a.u.b, y = b.t == JV_INT ? b.u.i : b.u.b;
+    /* the int operands (bools count as 0 / 1); a float's union member is not a bool, so it is not read as one */
+    int64_t x = a.t == JV_INT ? a.u.i : a.t == JV_BOOL ? a.u.b : 0, y = b.t == JV_INT ? b.u.i : b.t == JV_BOOL ? b.u.b : 0;
     double fx = jv_num(a), fy = jv_num(b);
     int64_t res;
     switch (op) {

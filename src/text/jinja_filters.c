@@ -274,8 +274,11 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
         for (size_t i = 0; i < l.u.l->n; i++) {
             jv x = at.t != JV_UNDEF ? attr_path(r, l.u.l->v[i], at) : l.u.l->v[i];
             if (!jv_is_num(x) || !jv_is_num(acc)) FAIL("%s:%d: sum of a %s", r->tname, r->line, jv_type_name(x));
-            if (acc.t != JV_FLOAT && x.t != JV_FLOAT) acc = jv_int((acc.t == JV_INT ? acc.u.i : acc.u.b) + (x.t == JV_INT ? x.u.i : x.u.b));
-            else acc = jv_float(jv_num(acc) + jv_num(x));
+            int64_t si;
+            if (acc.t != JV_FLOAT && x.t != JV_FLOAT &&
+                !__builtin_add_overflow(acc.t == JV_INT ? acc.u.i : acc.u.b, x.t == JV_INT ? x.u.i : x.u.b, &si))
+                acc = jv_int(si);
+            else acc = jv_float(jv_num(acc) + jv_num(x)); /* a float, or an int sum past int64 (as arith's +) */
         }
         return acc;
     }

@@ -154,6 +154,9 @@ static tern_status build_id_table(tern_tokenizer *tok, tern_error *err) {
     size_t n = 0;
     for (size_t i = 0; i < v->n; i++) n = TERN_MAX(n, (size_t)v->e[i].val + 1);
     for (size_t i = 0; i < tok->n_added; i++) n = TERN_MAX(n, (size_t)tok->added[i].id + 1);
+    /* the post-processor's ids too: every id encode can emit has a slot (a token-less one decodes to nothing) */
+    for (size_t i = 0; i < tok->n_post_pre; i++) n = TERN_MAX(n, (size_t)tok->post_pre[i] + 1);
+    for (size_t i = 0; i < tok->n_post_suf; i++) n = TERN_MAX(n, (size_t)tok->post_suf[i] + 1);
     tok->n_ids = n;
     tok->id_off = malloc((n + 1) * sizeof *tok->id_off);
     tok->id_len = calloc(n + 1, sizeof *tok->id_len);

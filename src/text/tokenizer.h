@@ -85,7 +85,7 @@ tern_status tern_tokenizer_encode_ex(const tern_tokenizer *tok, const char *text
 tern_status tern_tokenizer_decode(const tern_tokenizer *tok, const int32_t *ids, size_t n,
                                   int skip_special, char **str, size_t *len, tern_error *err);
 
-/* Number of id slots: 1 + the largest id of the model vocab or the added tokens. */
+/* Number of id slots: 1 + the largest id of the model vocab, the added tokens or the post-processor. */
 size_t tern_tokenizer_vocab_size(const tern_tokenizer *tok);
 /* Token string → id (added tokens first, then the model vocab); -1 if absent. */
 int32_t tern_tokenizer_token_to_id(const tern_tokenizer *tok, const char *s, size_t len);

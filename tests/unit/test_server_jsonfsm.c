@@ -75,6 +75,21 @@ TEST(json_object_accepts) {
         srv_jmatch_free(m);
     }
     CHECK(!accepts(g, v, "{}         ", 1), "%s", "");                              /* whitespace run capped */
+    /* numbers stop at 24 bytes, and a byte that needs another after it (e, ., -, e+) is refused at byte 24, so the
+     * mask never runs dry (fuzzed: "13.5...7e" at 24 bytes left no token allowed) */
+    CHECK(accepts(g, v, "{\"a\":13.50735185176777117777}", 1), "%s", "");             /* 23 bytes */
+    CHECK(!accepts(g, v, "{\"a\":13.50735185176777117777e", 0), "%s", "");             /* e as byte 24 */
+    CHECK(accepts(g, v, "{\"a\":13.507351851767771177778}", 1), "%s", "");            /* digit as byte 24 */
+    {
+        srv_jmatch *m = NULL;
+        srv_jmatch_new(g, v, &m, NULL);
+        const char *t23 = "{\"a\":13.50735185176777117777";
+        CHECK(srv_jmatch_feed(m, t23, strlen(t23)) == 0, "%s", "");
+        float lg[300];
+        for (int i = 0; i < 300; i++) lg[i] = 0.0f;
+        CHECK(srv_jmatch_mask(m, lg, 257 + NP) == 0 && lg[1 + 'e'] == -INFINITY && lg[1 + '7'] == 0.0f, "%s", "");
+        srv_jmatch_free(m);
+    }
     srv_jgram_free(g);
     srv_jvocab_free(v);
 }
