@@ -128,7 +128,12 @@ size_t tk_utf8_invalid_at(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, bad;
     while (i < n) {
-        if (u[i] < 0x80) { i++; continue; }
+        if (u[i] < 0x80) { /* ASCII runs 8 bytes at a time (a whole tokenizer.json is checked at load) */
+            uint64_t w;
+            while (i + 8 <= n && (memcpy(&w, u + i, 8), (w & 0x8080808080808080ull) == 0)) i += 8;
+            while (i < n && u[i] < 0x80) i++;
+            continue;
+        }
         size_t k = utf8_check(u + i, n - i, &bad);
         if (!k) return i;
         i += k;
