@@ -82,6 +82,9 @@ int tk_strmap_put_h(tk_strmap *m, const char *s, size_t n, int32_t v, uint64_t h
         e->val = v;
         size_t lo = 0, hi = m->n; /* the entry with this koff (e[] is sorted by koff) */
         while (lo + 1 < hi) { size_t mid = (lo + hi) / 2; if (m->e[mid].koff <= e->koff) lo = mid; else hi = mid; }
+        /* an empty key shares its koff with the key stored after it: take the entry of this length (fuzzed: "" put
+         * twice rewrote the next key's id in e[], which the id table is built from) */
+        while (lo > 0 && m->e[lo].koff == e->koff && m->e[lo].klen != e->klen) lo--;
         m->e[lo].val = v;
         return 0;
     }

@@ -44,6 +44,23 @@ TEST(escapes_and_layout) {
     tern_tokenizer_free(t);
 }
 
+/* an empty vocab key stored twice (the later id wins, as in a JSON object) must not touch the key stored after it:
+ * the id table (vocab size, id → token) agrees with lookups (fuzzed: "" shared its offset with the next key) */
+TEST(empty_key_twice) {
+    const char *j = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"\":1,\"ab\":712,\"b\":3,\"\":2},"
+                    "\"merges\":[[\"a\",\"b\"]]}}";
+    tern_error e = {0};
+    tern_tokenizer *t = load(j, strlen(j), &e);
+    CHECK(t, "load: %s", e.msg);
+    if (!t) return;
+    size_t n = 0;
+    const char *s = tern_tokenizer_id_to_token(t, 712, &n);
+    CHECK(tid(t, "ab") == 712 && tern_tokenizer_vocab_size(t) == 713 && s && n == 2 && !memcmp(s, "ab", 2),
+          "ab: id %d, vocab %zu", tid(t, "ab"), tern_tokenizer_vocab_size(t));
+    CHECK(tern_tokenizer_token_to_id(t, "", 0) == 2, "empty key: %d", tern_tokenizer_token_to_id(t, "", 0));
+    tern_tokenizer_free(t);
+}
+
 TEST(malformed_never_crashes) {
     const char *good = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2,\"\\u00e9\":3},"
                        "\"merges\":[\"a b\",[\"a\",\"b\"]]},\"added_tokens\":[{\"id\":4,\"content\":\"<s>\",\"special\":true}]}";
@@ -122,6 +139,7 @@ TEST(real_files_match_cjson) {
 
 int main(void) {
     RUN(escapes_and_layout);
+    RUN(empty_key_twice);
     RUN(malformed_never_crashes);
     struct stat sb;
     if (!stat("build/tokenizers", &sb)) RUN(real_files_match_cjson);
