@@ -687,9 +687,9 @@ done:
 
 char *tern_jinja_tojson(const cJSON *v) {
     jrender *volatile r = calloc(1, sizeof *r);
-    if (!r) return NULL;
+    jbuf *const b = calloc(1, sizeof *b); /* on the heap: its fields change after setjmp, and are read after a longjmp */
+    if (!r || !b) { free(r); free(b); return NULL; }
     tern_error e;
-    jbuf b = {0};
     r->err = &e;
     r->tname = "tojson";
     r->lim.max_depth = 512;
@@ -699,11 +699,12 @@ char *tern_jinja_tojson(const cJSON *v) {
     char *volatile res = NULL; /* set after setjmp, read after a possible longjmp */
     if (!setjmp(r->jb)) {
         jjson_opt o = {false, false, -1, ", ", ": "};
-        jv_write_json(r, &b, jv_from_cjson(&r->arena, v), &o, 0);
-        res = b.p ? b.p : strdup("");
-        b.p = NULL;
+        jv_write_json(r, b, jv_from_cjson(&r->arena, v), &o, 0);
+        res = b->p ? b->p : strdup("");
+        b->p = NULL;
     }
-    free(b.p);
+    free(b->p);
+    free(b);
     jj_arena_free(&r->arena);
     free(r);
     return res;
