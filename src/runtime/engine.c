@@ -71,18 +71,6 @@ tern_engine_opts tern_engine_default_opts(void) {
     return o;
 }
 
-tern_request tern_request_default(void) {
-    tern_request r;
-    memset(&r, 0, sizeof r);
-    r.max_tokens = 256;
-    r.sampling.temperature = 1.0f;
-    r.sampling.top_p = 1.0f;
-    r.sampling.repetition_penalty = 1.0f;
-    r.sampling.penalty_last_n = -1;
-    r.speculative_k = -1;     /* the engine's default (off unless tern_engine_opts.speculative_k) */
-    return r;
-}
-
 /* The one place that maps model names that are not directories ("demo", NULL). */
 static tern_status resolve_model(const char *model, char *dir, size_t n, tern_error *err) {
     return tern_model_path_resolve(model, dir, n, err);

@@ -210,7 +210,8 @@ static jv arith(jrender *r, int op, jv a, jv b) {
     if (op == OP_MUL && a.t == JV_INT && (b.t == JV_STR || b.t == JV_LIST)) {
         int64_t k = a.u.i < 0 ? 0 : a.u.i;
         size_t unit = b.t == JV_STR ? b.u.s.n : b.u.l->n;
-        if (unit && (uint64_t)k > (r->lim.max_output / unit) + 1)
+        if (!unit || !k) return b.t == JV_STR ? jv_strn("", 0) : jv_new_list(&r->arena); /* '' * 10**18: no loop */
+        if ((uint64_t)k > (r->lim.max_output / unit) + 1)
             jr_fail(r, TERN_EINVAL, "%s:%d: repetition too large", r->tname, r->line);
         if (b.t == JV_STR) {
             char *p = jj_alloc(&r->arena, unit * (size_t)k + 1);

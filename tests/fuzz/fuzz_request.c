@@ -18,19 +18,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* The server's seam to the engine's request defaults (engine_real.c): any sane values do here, the
- * parser only fills what a request omits */
-tern_request tern__srv_request_default(void) {
-    tern_request r;
-    memset(&r, 0, sizeof r);
-    r.max_tokens = 256;
-    r.sampling.temperature = 1.0f;
-    r.sampling.top_p = 1.0f;
-    r.sampling.repetition_penalty = 1.0f;
-    r.sampling.penalty_last_n = -1;
-    r.speculative_k = -1;
-    return r;
-}
+/* the server's seam to the engine's request defaults (engine_real.c's, without the engine) */
+tern_request tern__srv_request_default(void) { return tern_request_default(); }
 
 /* the vocabulary: every single byte (as a byte-level tokenizer has: some token always fits), some multi-byte
  * pieces, and an EOS with no bytes last */

@@ -8,21 +8,9 @@ out=build/fuzz
 mkdir -p "$out"
 cc=${CC:-cc}
 command -v clang >/dev/null && cc=clang
-BASE="src/base/base.c src/base/file.c src/base/json.c"
-# srcs TARGET: the sources and libraries a target links (SRC, LIBS)
-srcs() {
-    case "$1" in
-        fuzz_jinja) SRC="src/text/jinja_*.c $BASE" LIBS="-lcjson -lutf8proc -lm" ;;
-        fuzz_tokenizer) SRC="src/text/tokenizer*.c src/text/normalize.c src/text/pretok.c $BASE"
-                        LIBS="-lcjson -lpcre2-8 -lutf8proc -lm" ;;
-        fuzz_request) SRC="src/server/params.c src/server/jsonfsm.c src/text/tokenizer*.c src/text/normalize.c src/text/pretok.c $BASE"
-                      LIBS="-lcjson -lpcre2-8 -lutf8proc -lm" ;;
-        *) SRC="src/io/safetensors.c src/io/config.c src/io/config_quant.c src/io/config_glm.c $BASE src/ops/tensor.c"
-           LIBS="-lcjson -lm" ;;
-    esac
-}
+. tests/fuzz/targets.inc
 SAN="-fsanitize=address,undefined -fno-sanitize=alignment -fno-sanitize-recover=undefined"
-for t in fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_jinja fuzz_request; do
+for t in $FUZZ_TARGETS; do
     srcs "$t"
     files=(tests/fuzz/corpus/$t/*)
     if [ ! -e "${files[0]}" ]; then echo "SKIP: regress $t: empty corpus"; continue; fi

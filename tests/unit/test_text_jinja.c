@@ -263,6 +263,16 @@ TEST(limits_stop_hostile_templates) {
         CHECK(tern_time_s() - t0 < 5.0, "case %zu took too long", i);
         free(out);
     }
+    /* repeating an empty string or list any number of times is empty at once (fuzzed: it looped 10**18 times) */
+    {
+        char *out = NULL;
+        tern_error e = {0};
+        double t0 = tern_time_s();
+        CHECK(render("{{ ([] * 999999999999999999) | length }}|{{ '' * 999999999999999999 }}|{{ [1] * 0 }}", NULL, &lim,
+                     &out, &e) == TERN_OK && out && !strcmp(out, "0||[]"), "empty repetition: %s", out ? out : e.msg);
+        CHECK(tern_time_s() - t0 < 1.0, "empty repetition took too long");
+        free(out);
+    }
     /* deep nesting in the parser */
     char *deep = malloc(20000);
     size_t k = 0;
