@@ -219,9 +219,10 @@ jv jj_call_global(jrender *r, int fn, jv *pos, int npos, const char **kwn, jv *k
         if (!s) FAIL("%s:%d: range() step must not be zero", r->tname, r->line);
         jv l = jv_new_list(A);
         uint64_t cnt = 0;
-        for (int64_t i = a; s > 0 ? i < b : i > b; i += s) {
+        for (int64_t i = a; s > 0 ? i < b : i > b;) {
             if (++cnt > r->lim.max_steps) FAIL("%s:%d: range() too large", r->tname, r->line);
             jv_list_push(A, l.u.l, jv_int(i));
+            if (__builtin_add_overflow(i, s, &i)) break; /* range(0, 2**63-1, 2**62): no signed overflow */
         }
         return l;
     }

@@ -170,7 +170,10 @@ static jv do_slice(jrender *r, jv obj, jv a, jv b, jv c) {
     }
     if (obj.t == JV_LIST) {
         jv out = jv_new_list(&r->arena);
-        for (int64_t i = lo; step_ > 0 ? i < hi : i > hi; i += step_) jv_list_push(&r->arena, out.u.l, obj.u.l->v[i]);
+        for (int64_t i = lo; step_ > 0 ? i < hi : i > hi;) { /* a step past int64 ends the walk (fuzzed: [::2**63-1]) */
+            jv_list_push(&r->arena, out.u.l, obj.u.l->v[i]);
+            if (__builtin_add_overflow(i, step_, &i)) break;
+        }
         return out;
     }
     jbuf tmp = JB_SCRATCH(r);
@@ -180,9 +183,10 @@ static jv do_slice(jrender *r, jv obj, jv a, jv b, jv c) {
         size_t x = jj_utf8_offset(p, sn, lo), y = hi > lo ? jj_utf8_offset(p, sn, hi) : x;
         return jv_strn(p + x, y - x);
     }
-    for (int64_t i = lo; step_ > 0 ? i < hi : i > hi; i += step_) {
+    for (int64_t i = lo; step_ > 0 ? i < hi : i > hi;) {
         size_t x = jj_utf8_offset(p, sn, i), y = jj_utf8_offset(p, sn, i + 1);
         jb_put(r, &tmp, p + x, y - x);
+        if (__builtin_add_overflow(i, step_, &i)) break;
     }
     return jb_str(&tmp);
 }

@@ -272,6 +272,12 @@ TEST(limits_stop_hostile_templates) {
                      &out, &e) == TERN_OK && out && !strcmp(out, "0||[]"), "empty repetition: %s", out ? out : e.msg);
         CHECK(tern_time_s() - t0 < 1.0, "empty repetition took too long");
         free(out);
+        /* steps past int64 end a slice or a range (UBSan found the signed overflow) */
+        out = NULL;
+        CHECK(render("{{ [1, 2, 3][::9223372036854775807] }}|{{ 'abc'[1::9223372036854775807] }}|"
+                     "{{ range(1, 9223372036854775807, 4611686018427387904) | list }}", NULL, &lim, &out, &e) == TERN_OK &&
+                  out && !strcmp(out, "[1]|b|[1, 4611686018427387905]"), "huge steps: %s", out ? out : e.msg);
+        free(out);
     }
     /* deep nesting in the parser */
     char *deep = malloc(20000);
