@@ -247,9 +247,9 @@ size_t jj_utf8_offset(const char *p, size_t n, int64_t cp) {
 
 void jb_put(jrender *r, jbuf *b, const char *s, size_t n) {
     if (!n) return;
+    if (b->max && b->n + n > b->max) /* on every write: capacity grows past the limit (fuzzed: 1.4 MB under 1 MB) */
+        jr_fail(r, TERN_EINVAL, "%s: output exceeds the limit of %zu bytes", r->tname, b->max);
     if (b->n + n + 1 > b->cap) {
-        if (b->max && b->n + n > b->max)
-            jr_fail(r, TERN_EINVAL, "%s: output exceeds the limit of %zu bytes", r->tname, b->max);
         size_t nc = b->cap ? b->cap : 256;
         while (nc < b->n + n + 1) nc *= 2;
         char *np;

@@ -272,6 +272,14 @@ TEST(limits_stop_hostile_templates) {
                      &out, &e) == TERN_OK && out && !strcmp(out, "0||[]"), "empty repetition: %s", out ? out : e.msg);
         CHECK(tern_time_s() - t0 < 1.0, "empty repetition took too long");
         free(out);
+        /* the output limit holds on every write, also once the buffer has grown past it (fuzzed: output exactly at a
+         * power-of-two limit doubled the buffer, and later writes went unchecked) */
+        tern_jinja_limits small = lim;
+        small.max_output = 1024;
+        out = NULL;
+        CHECK(render("{{ 'x' * 1024 }}{% for i in range(100) %}yy{% endfor %}", NULL, &small, &out, &e) == TERN_EINVAL &&
+                  strstr(e.msg, "output exceeds the limit of 1024 bytes"), "output limit: %s", e.msg);
+        free(out);
         /* steps past int64 end a slice or a range (UBSan found the signed overflow) */
         out = NULL;
         CHECK(render("{{ [1, 2, 3][::9223372036854775807] }}|{{ 'abc'[1::9223372036854775807] }}|"
