@@ -92,8 +92,7 @@ static jv html_escape(jrender *r, jv s) {
         if (e) jb_put(r, &b, e, strlen(e));
         else jb_put(r, &b, &c, 1);
     }
-    jv out = jb_str(&b);
-    return out;
+    return jb_str(&b);
 }
 
 static jv do_round(jrender *r, jv v, int64_t prec, const char *method) {
@@ -132,8 +131,7 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
         if (v.t == JV_UNDEF) FAIL("%s:%d: tojson of an undefined value", r->tname, r->line);
         jbuf b = JB_SCRATCH(r);
         jv_write_json(r, &b, v, &o, 0);
-        jv s = jb_str(&b);
-        return s;
+        return jb_str(&b);
     }
     if (eqs(name, "string")) return jv_to_str(r, v);
     if (eqs(name, "length") || eqs(name, "count")) {
@@ -178,8 +176,7 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
             if (at.t != JV_UNDEF) x = attr_path(r, x, at);
             jv_write_str(r, &b, x);
         }
-        jv s = jb_str(&b);
-        return s;
+        return jb_str(&b);
     }
     if (eqs(name, "int")) {
         jv def = ARG("default", 0, jv_int(0));
@@ -227,8 +224,7 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
             jv l = jj_as_list(r, v);
             jbuf b = JB_SCRATCH(r);
             for (size_t i = l.u.l->n; i-- > 0;) jb_put(r, &b, l.u.l->v[i].u.s.p, l.u.l->v[i].u.s.n);
-            jv s = jb_str(&b);
-            return s;
+            return jb_str(&b);
         }
         jv l = jj_as_list(r, v), out = jv_new_list(A);
         for (size_t i = l.u.l->n; i-- > 0;) jv_list_push(A, out.u.l, l.u.l->v[i]);
@@ -377,8 +373,7 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
             st = e + 1;
             firstline = false;
         }
-        jv out = jb_str(&b);
-        return out;
+        return jb_str(&b);
     }
     if (eqs(name, "center")) {
         int64_t w = jj_want_int(r, ARG("width", 0, jv_int(80)), "width");
@@ -389,8 +384,7 @@ jv jj_apply_filter(jrender *r, jscope *sc, const char *name, jv v, jv *pos, int 
         for (int64_t i = 0; i < left; i++) jb_put(r, &b, " ", 1);
         jb_put(r, &b, s.u.s.p, s.u.s.n);
         for (int64_t i = 0; i < right; i++) jb_put(r, &b, " ", 1);
-        jv out = jb_str(&b);
-        return out;
+        return jb_str(&b);
     }
     FAIL("%s:%d: unknown filter '%s'", r->tname, r->line, name);
 }

@@ -100,6 +100,34 @@ static tern_status load_model(tern_tokenizer *tok, const cJSON *m, const char *j
     return TERN_OK;
 }
 
+/* one entry of added_tokens into tok->added[n_added] and the added map; nb: scratch for its normalized text */
+static tern_status add_one(tern_tokenizer *tok, const cJSON *j, tk_buf *nb, tern_error *err) {
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id"), *c = cJSON_GetObjectItemCaseSensitive(j, "content");
+    if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= MAX_ID || !cJSON_IsString(c))
+        return tern_err(err, TERN_EFORMAT, "%s: added token %zu needs 'id' and 'content'", tok->name, tok->n_added);
+    if (!c->valuestring[0]) return TERN_OK; /* HF ignores empty added tokens */
+    tk_added *a = &tok->added[tok->n_added];
+    a->id = (int32_t)id->valuedouble;
+    a->len = strlen(c->valuestring);
+    a->content = strdup(c->valuestring);
+    a->special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "special"));
+    a->normalized = get_flag(j, "normalized") == 1 || (get_flag(j, "normalized") < 0 && !a->special);
+    a->lstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "lstrip"));
+    a->rstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "rstrip"));
+    a->single_word = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "single_word"));
+    if (!a->content) return tern_err(err, TERN_ENOMEM, "out of memory");
+    tok->n_added++;
+    if (a->normalized && tok->has_norm) {
+        if (tk_norm_apply(&tok->norm, a->content, a->len, nb)) return tern_err(err, TERN_ENOMEM, "out of memory");
+        a->norm = malloc(nb->n + 1);
+        if (!a->norm) return tern_err(err, TERN_ENOMEM, "out of memory");
+        memcpy(a->norm, nb->p, nb->n + 1);
+        a->norm_len = nb->n;
+    }
+    if (tk_strmap_put(&tok->added_map, a->content, a->len, a->id)) return tern_err(err, TERN_ENOMEM, "out of memory");
+    return TERN_OK;
+}
+
 static tern_status load_added(tern_tokenizer *tok, const cJSON *arr, tern_error *err) {
     if (!arr || cJSON_IsNull(arr)) return TERN_OK;
     if (!cJSON_IsArray(arr)) return tern_err(err, TERN_EFORMAT, "%s: 'added_tokens' must be an array", tok->name);
@@ -107,34 +135,12 @@ static tern_status load_added(tern_tokenizer *tok, const cJSON *arr, tern_error 
     if (!tok->added) return tern_err(err, TERN_ENOMEM, "out of memory");
     const cJSON *j;
     tk_buf nb = {0};
+    tern_status st = TERN_OK;
     cJSON_ArrayForEach(j, arr) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id"), *c = cJSON_GetObjectItemCaseSensitive(j, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= MAX_ID || !cJSON_IsString(c)) {
-            tk_buf_free(&nb); /* an earlier token's normalized text may hold it */
-            return tern_err(err, TERN_EFORMAT, "%s: added token %zu needs 'id' and 'content'", tok->name, tok->n_added);
-        }
-        if (!c->valuestring[0]) continue; /* HF ignores empty added tokens */
-        tk_added *a = &tok->added[tok->n_added];
-        a->id = (int32_t)id->valuedouble;
-        a->len = strlen(c->valuestring);
-        a->content = strdup(c->valuestring);
-        a->special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "special"));
-        a->normalized = get_flag(j, "normalized") == 1 || (get_flag(j, "normalized") < 0 && !a->special);
-        a->lstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "lstrip"));
-        a->rstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "rstrip"));
-        a->single_word = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "single_word"));
-        if (!a->content) { tk_buf_free(&nb); return tern_err(err, TERN_ENOMEM, "out of memory"); }
-        tok->n_added++;
-        if (a->normalized && tok->has_norm) {
-            if (tk_norm_apply(&tok->norm, a->content, a->len, &nb)) { tk_buf_free(&nb); return tern_err(err, TERN_ENOMEM, "out of memory"); }
-            a->norm = malloc(nb.n + 1);
-            if (!a->norm) { tk_buf_free(&nb); return tern_err(err, TERN_ENOMEM, "out of memory"); }
-            memcpy(a->norm, nb.p, nb.n + 1);
-            a->norm_len = nb.n;
-        }
-        if (tk_strmap_put(&tok->added_map, a->content, a->len, a->id)) { tk_buf_free(&nb); return tern_err(err, TERN_ENOMEM, "out of memory"); }
+        if ((st = add_one(tok, j, &nb, err))) break;
     }
-    tk_buf_free(&nb);
+    tk_buf_free(&nb); /* on every path: an entry's error may follow an earlier one's normalized text (fuzzed) */
+    if (st) return st;
     for (size_t i = 0; i < tok->n_added; i++) {
         tk_added *a = &tok->added[i];
         int rc = a->normalized ? tk_trie_add(&tok->trie_norm, a->norm ? a->norm : a->content, a->norm ? a->norm_len : a->len, (int32_t)i)

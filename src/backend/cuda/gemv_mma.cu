@@ -529,8 +529,9 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
     }
     a.l2pf = l2pf;
     /* TERN_CUDA_GEMV_RMSU (default 1 on, 0 off): the pre-norm's sum of squares (block_rms_inv over x in global
-     * memory) issues a thread's 8 loads at once instead of one dependent L2 round trip each (16 serial trips at
-     * K 4096: ~16 % of a llama3-8b Q4 gate|up launch's warp samples, ncu, NOTES (at)); the same bits. Session
+     * memory) issues the loads of a thread's two virtual threads together, 8 each, instead of one dependent L2
+     * round trip each (16 serial trips at K 4096: ~16 % of a llama3-8b Q4 gate|up launch's warp samples, ncu,
+     * NOTES (at)); the same bits. Session
      * 34, untimed (the device call that should have timed it was lost) */
     if (tern__cuda_gemv_rmsu < 0) tern__cuda_gemv_rmsu = tern__cuda_env_int("TERN_CUDA_GEMV_RMSU", 1) != 0;
     a.rmsu = tern__cuda_gemv_rmsu ? 8 : 1;

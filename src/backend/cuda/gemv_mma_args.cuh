@@ -29,7 +29,7 @@ struct MmArgs {
     float *part; /* [ks][units] partials (pair: 2 per output) */
     int *cnt;
     int l2pf;       /* items of the walk each warp prefetches into L2 before pdl_wait (gemv_mma.cu) */
-    int rmsu;       /* > 1: the pre-norm's sums issue 8 loads a thread at once (TERN_CUDA_GEMV_RMSU, gemv_mma.cu) */
+    int rmsu;       /* > 1: the pre-norm's sums load 8 elements a virtual thread at once (TERN_CUDA_GEMV_RMSU) */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
     tern__cuda_rope_kv rope; /* ROPE instances only (appended): rope_kv_write in the split-K epilogue */
 };
