@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-45}"  # 45: session 34 (TERN_CUDA_GEMV_RMSU, default on, untimed); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-46}"  # 46: session 35 (TERN_CUDA_GEMV_XSM, TERN_CUDA_G1_XB); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -594,6 +594,26 @@ if [[ " $SECTIONS " == *" 45 "* ]]; then
     op_test cuda_norm_matmul,cuda_gemv_mma,cuda_norm_qkv_rope_kv ops45
     on_checks TERN_CUDA_GEMV_RMSU bf16 "gemma4_dense_q4g64 gemma4_moe_mixed"
     q4_b1 TERN_CUDA_GEMV_RMSU "0 1"
+fi
+
+# 46. session 35 (RMSU won in 45: NOTES (au)): the rest of the pre-norm prologues' serial loads. TERN_CUDA_GEMV_XSM
+#     (gemv_mma: the slice's normalised x formed once into shared memory, then the B table, Σx and block 0's writes
+#     read it there) on b1 q4; TERN_CUDA_G1_XB (gemv1: the residual and norm passes load 4 float4s a thread
+#     together) on b1 bf16. Both the same bits; op tests run each both ways.
+if [[ " $SECTIONS " == *" 46 "* ]]; then
+    op_test cuda_norm_matmul,cuda_norm_matmul_res,cuda_matmul_act_mul,cuda_norm_qkv_rope_kv ops46
+    on_checks TERN_CUDA_GEMV_XSM bf16 "gemma4_dense_q4g64 gemma4_moe_mixed"
+    on_checks TERN_CUDA_G1_XB bf16 "gemma4_dense llama3"
+    q4_b1 TERN_CUDA_GEMV_XSM "0 1"
+    b1_ab TERN_CUDA_G1_XB "0 1" "gemma4-e4b;llama3-8b;gemma4-26b-a4b"
+    if [ -n "${AB_NCU-1}" ]; then # one q4 decode step's kernels with both on (scripts/ncu_step.py reads it)
+        TERN_CUDA_GEMV_XSM=1 TERN_CUDA_G1_XB=1 timeout 200 /usr/local/cuda/bin/ncu --graph-profiling node \
+            --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+            $T bench --random llama3-8b --quant q4 --device cuda --prompt 64 --gen 3 --reps 1 --warmup 0 \
+            > "$OUT/ncu_q4.csv" 2>&1
+        python3 scripts/ncu_step.py "$OUT/ncu_q4.csv" 2>&1 | head -30 | tee -a "$S"
+        xz -f "$OUT/ncu_q4.csv"
+    fi
 fi
 
 echo "summary: $S"

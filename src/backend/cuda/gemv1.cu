@@ -32,6 +32,7 @@ struct Gemv1Args {
     float *xn;
     float eps;
     int nrm;
+    int xb; /* the prologue's global passes load 4 float4s a thread at once (TERN_CUDA_G1_XB) */
     /* residual prologue (norm_matmul's res, with nrm): x' = (x + rmsnorm(rh)·rw)·(rs ? rs[0] : 1) is
      * staged instead of x and written to rxo by block 0; the pre-norm is then taken of x' */
     const float *rh, *rw, *rs;
@@ -45,6 +46,20 @@ struct Gemv1Args {
 };
 
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
+
+/* f = threadIdx.x, + 256, ... < n in rounds of U a thread: the round's loads ld(f) are issued together, then
+ * st(f, value) for each (U = 1: one dependent L2 round trip per element, the prologue loops as they were) */
+template <int U, class L, class S> __device__ __forceinline__ void g1_rounds(int n, L ld, S st) {
+    for (int f0 = threadIdx.x; f0 < n; f0 += U * 256) {
+        decltype(ld(0)) v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (f0 + u * 256 < n) v[u] = ld(f0 + u * 256);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (f0 + u * 256 < n) st(f0 + u * 256, v[u]);
+    }
+}
 
 /* A warp task is R rows (pair modes: row o of gate and of up). The launch is persistent (default;
  * TERN_CUDA_G1_GRID=0: one block per 8 tasks): about two resident blocks per SM, each staging (and normalising) the row
@@ -76,6 +91,16 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
     const size_t rb = (size_t)a.in * (K::Q ? KIND : K::EB) / (K::Q ? 8 : 1);
     __shared__ float red[32];
     const float *xf = (const float *)xs1;
+    /* the prologue's global passes (TERN_CUDA_G1_XB): BF16 / F16 weights only (the Q instances hold more registers
+     * across them and would drop to one block an SM) */
+    auto rounds = [&](auto ld, auto st) {
+        if constexpr (KIND == 16 || KIND == 17)
+            if (a.xb) {
+                g1_rounds<4>(nch * C4, ld, st);
+                return;
+            }
+        g1_rounds<1>(nch * C4, ld, st);
+    };
     auto xat = [&](int j) { return xf[g1swz(j >> 2, C4) * 4 + (j & 3)]; }; /* element j of the staged row */
     auto ld4 = [&](const float *p, int f) { return p ? __ldg((const float4 *)p + f) : make_float4(0.f, 0.f, 0.f, 0.f); };
     /* EARLY: the first task's first round (weights and scales only) is loaded before pdl_wait, while
@@ -108,27 +133,32 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
     if (a.rh) { /* x' = (x + rmsnorm(h)·w)·s in place of h, bitwise rmsnorm_add's (norm.cu rms_row) */
         const float inv = block_rms_inv(xat, a.in, a.eps, red), sc = a.rs ? a.rs[0] : 1.0f;
         const bool hw = a.rw != nullptr, hs = a.rs != nullptr;
-        for (int f = threadIdx.x; f < nch * C4; f += 256) {
-            const float4 h = xs1[g1swz(f, C4)], x = __ldg((const float4 *)a.x + f), w = ld4(a.rw, f);
+        struct XW { float4 x, w; };
+        auto ld = [&](int f) { return XW{__ldg((const float4 *)a.x + f), ld4(a.rw, f)}; };
+        auto st = [&](int f, const XW &p) {
+            const float4 h = xs1[g1swz(f, C4)], x = p.x, w = p.w;
             const float4 v = make_float4(res_add(x.x, rms_scale(h.x, inv, hw, w.x), hs, sc),
                                          res_add(x.y, rms_scale(h.y, inv, hw, w.y), hs, sc),
                                          res_add(x.z, rms_scale(h.z, inv, hw, w.z), hs, sc),
                                          res_add(x.w, rms_scale(h.w, inv, hw, w.w), hs, sc));
             xs1[g1swz(f, C4)] = v;
             if (blockIdx.x == 0) ((float4 *)a.rxo)[f] = v;
-        }
+        };
+        rounds(ld, st);
         __syncthreads();
     }
     if (a.nrm) { /* rmsnorm in place, bitwise norm.cu's: (x·inv)·w per element */
         const float inv = block_rms_inv(xat, a.in, a.eps, red);
         const bool hw = a.nw != nullptr;
-        for (int f = threadIdx.x; f < nch * C4; f += 256) {
-            const float4 x = xs1[g1swz(f, C4)], w = ld4(a.nw, f);
+        auto ld = [&](int f) { return ld4(a.nw, f); };
+        auto st = [&](int f, const float4 &w) {
+            const float4 x = xs1[g1swz(f, C4)];
             const float4 v = make_float4(rms_scale(x.x, inv, hw, w.x), rms_scale(x.y, inv, hw, w.y),
                                          rms_scale(x.z, inv, hw, w.z), rms_scale(x.w, inv, hw, w.w));
             xs1[g1swz(f, C4)] = v;
             if (blockIdx.x == 0) ((float4 *)a.xn)[f] = v;
-        }
+        };
+        rounds(ld, st);
         __syncthreads();
     }
     bool pre = EARLY; /* wd / s / b hold this warp's first round */
@@ -240,6 +270,11 @@ template <int KIND, int U, bool EARLY, bool ROPE, bool MV> static int g1_blocks_
  * 226.5 / 225.8 → 238.0 / 237.0. One mode alone gained less than all three (q8: 1 / 2 / 4 → 195.1 / 193.7 / 189.3). */
 extern "C" int tern__cuda_g1_early;
 int tern__cuda_g1_early = -1;
+/* TERN_CUDA_G1_XB (read once; default 0, opt-in until timed): the pre-norm prologue's two global passes (x and the
+ * post-norm weight with res, the norm weight) issue 4 float4 loads a thread together instead of one dependent round
+ * trip each (4 trips a pass at K 4096); the same operations, so the same bits. Session 35 */
+extern "C" int tern__cuda_g1_xb;
+int tern__cuda_g1_xb = -1;
 template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 16 || KIND == 17; }
 template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 17; } /* BF16 / F16 weights */
 template <int KIND> constexpr bool g1_has_mv() { return KIND == 16 || KIND == 17; }
@@ -337,6 +372,8 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
     a.mact = mact;
     set_norm_args(a, nw, xn, eps, res);
     a.nrm = xn != NULL;
+    if (tern__cuda_g1_xb < 0) tern__cuda_g1_xb = tern__cuda_env_int("TERN_CUDA_G1_XB", 0) != 0;
+    a.xb = tern__cuda_g1_xb;
     const tern__cuda_w *w0 = w[0];
     a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
     a.nm = k;

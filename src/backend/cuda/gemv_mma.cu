@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3>(a, tbl, xs, st0, ns);
+    mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3>(a, tbl, xs, (float *)((char *)mm_sm + (size_t)a.J * MM_SM_CHUNK),
+                                                 st0, ns);
     __syncthreads();
 
     const uint2 *tl = tbl + lane;
@@ -504,8 +505,8 @@ extern "C" int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const te
     return mm_launch(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, rope);
 }
 
-extern "C" int tern__cuda_gemv_rmsu; /* TERN_CUDA_GEMV_RMSU, read once (tests set it): see mm_launch */
-int tern__cuda_gemv_rmsu = -1;
+extern "C" int tern__cuda_gemv_rmsu, tern__cuda_gemv_xsm; /* TERN_CUDA_GEMV_RMSU / _XSM, read once (tests set them): see mm_launch */
+int tern__cuda_gemv_rmsu = -1, tern__cuda_gemv_xsm = -1;
 
 static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
                      int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope) {
@@ -531,17 +532,23 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
     /* TERN_CUDA_GEMV_RMSU (default 1 on, 0 off): the pre-norm's sum of squares (block_rms_inv over x in global
      * memory) issues the loads of a thread's two virtual threads together, 8 each, instead of one dependent L2
      * round trip each (16 serial trips at K 4096: ~16 % of a llama3-8b Q4 gate|up launch's warp samples, ncu,
-     * NOTES (at)); the same bits. Session
-     * 34, untimed (the device call that should have timed it was lost) */
+     * NOTES (at)); the same bits. H200, session 35 (NOTES (au)), b1 q4 tok/s off / on: llama3-8b 338.7 / 339.4 →
+     * 354.7 / 352.8, gemma4-12b 199.2 / 200.4 → 206.2 / 206.4 */
     if (tern__cuda_gemv_rmsu < 0) tern__cuda_gemv_rmsu = tern__cuda_env_int("TERN_CUDA_GEMV_RMSU", 1) != 0;
     a.rmsu = tern__cuda_gemv_rmsu ? 8 : 1;
+    /* TERN_CUDA_GEMV_XSM (default 0, opt-in until timed): with a pre-norm, the slice's normalised x is formed once
+     * into shared memory (a thread's 8 elements loaded together) and the B table, Σx and block 0's xn / x' writes
+     * read it there, instead of three more passes each reloading x (and h, w, nw) from global memory; the same bits */
+    if (tern__cuda_gemv_xsm < 0) tern__cuda_gemv_xsm = tern__cuda_env_int("TERN_CUDA_GEMV_XSM", 0) != 0;
+    a.xsm = tern__cuda_gemv_xsm && a.xn;
     /* A rolling variant (each warp prefetching the item D ahead of the one it starts, through its whole
      * walk) lost and was removed (session 13, NOTES (v)): the head 124.2 → 115.6 µs at D = 1, but b1
      * llama3-8b q4 313.8 → 303.8 with L2PF = 3 (D = 2, 4 lose too) */
     /* XP1's scale pairs as one 32-bit load (TERN_CUDA_GEMV_SC32, session 13) lost and were removed
      * (session 14, NOTES (w)): 4096x4096 6.8 → 7.3 µs, llama3-8b q4 b1 302 → 298 tok/s */
     const int gb = gs * w0->bits / 8;
-    const size_t smem = (size_t)J * (4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float)); /* B table (S·NT <= 4) + Σx, per chunk */
+    /* per chunk: B table (S·NT <= 4) + Σx; with xsm the slice's staged x (S·CPS floats a chunk; 41 KB at J 4, Q4) */
+    const size_t smem = (size_t)J * (MM_SM_CHUNK + (a.xsm ? (size_t)(gb == 16 ? 2 : 4) * (512 / w0->bits) * sizeof(float) : 0));
     const bool f16 = w0->sdtype == TERN_DT_F16;
     const int occ = mm_walk_occ(c, w0, a.rows, a.mode); /* blocks per SM: the grid and mm_go's launch bounds */
     const dim3 grid((unsigned)mm_grid_x(c, rblocks, a.ks, occ), (unsigned)a.ks);
