@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-46}"  # 46: session 35 (TERN_CUDA_GEMV_XSM, TERN_CUDA_G1_XB); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-48}"  # 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -614,6 +614,25 @@ if [[ " $SECTIONS " == *" 46 "* ]]; then
         python3 scripts/ncu_step.py "$OUT/ncu_q4.csv" 2>&1 | head -30 | tee -a "$S"
         xz -f "$OUT/ncu_q4.csv"
     fi
+fi
+
+# 47. session 35 after 46 (XSM lost and was removed, G1_XB won: default now). Op tests of the final tree, parity
+#     with the defaults, then whether RMSU moved the Q4 walk's best chunks per K slice (TERN_MM_J: 0 the planner's,
+#     1-4 forced for every matrix) or the head's blocks per SM (TERN_CUDA_GEMV_OCC: 0 the planner's, 2).
+if [[ " $SECTIONS " == *" 47 "* ]]; then
+    op_test cuda_norm_matmul,cuda_norm_matmul_res,cuda_matmul_act_mul,cuda_norm_qkv_rope_kv,cuda_gemv_mma ops47
+    for comp in f32 bf16; do
+        TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 build/tests/test_parity_core > "$OUT/parity_$comp.log" 2>&1
+        say "defaults parity $comp: $(grep -c '^PASS' "$OUT/parity_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity_$comp.log") failed"
+    done
+    q4_b1 TERN_MM_J "0 1 2 3 4"
+    q4_b1 TERN_CUDA_GEMV_OCC "0 2"
+fi
+
+# 48. session 35 after 47 (the planner's J won against every forced J; the heads at two blocks an SM edged three by
+#     0.5 % on llama3-8b and gemma4-12b): the head's blocks per SM again, on the four q4 models.
+if [[ " $SECTIONS " == *" 48 "* ]]; then
+    b1_ab TERN_CUDA_GEMV_OCC "0 2" "llama3-8b --quant q4;gemma4-12b --quant q4;gemma4-e4b --quant q4;gemma4-26b-a4b --quant q4"
 fi
 
 echo "summary: $S"

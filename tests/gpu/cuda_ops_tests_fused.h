@@ -220,10 +220,9 @@ TEST(cuda_norm_matmul) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul", "not built"); return; }
     static const int outs[3] = {300, 77, 64}, ins[] = {128, 384, 4096};
-    extern int tern__cuda_qmma_mode, tern__cuda_g1_grid, tern__cuda_g1_early, tern__cuda_gemv_rmsu, tern__cuda_gemv_xsm,
-        tern__cuda_g1_xb;
+    extern int tern__cuda_qmma_mode, tern__cuda_g1_grid, tern__cuda_g1_early, tern__cuda_gemv_rmsu, tern__cuda_g1_xb;
     const int keep_qmma = tern__cuda_qmma_mode, keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early,
-              keep_rmsu = tern__cuda_gemv_rmsu, keep_xsm = tern__cuda_gemv_xsm, keep_xb = tern__cuda_g1_xb;
+              keep_rmsu = tern__cuda_gemv_rmsu, keep_xb = tern__cuda_g1_xb;
     tern__cuda_qmma_mode = 0;
     int fused = 0, declined = 0;
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
@@ -233,7 +232,6 @@ TEST(cuda_norm_matmul) {
                 tern__cuda_g1_grid = (int)(s + wmode) & 1; /* both gemv1 grids (the same bits) */
                 tern__cuda_g1_early = (int)(f + s) & 1 ? 7 : 0; /* and the early first round (TERN_CUDA_G1_EARLY) */
                 tern__cuda_gemv_rmsu = (int)(f + s + wmode) & 1; /* gemv_mma's pre-norm sums both ways (TERN_CUDA_GEMV_RMSU) */
-                tern__cuda_gemv_xsm = (int)s & 1;  /* its slice staged in shared memory or not (TERN_CUDA_GEMV_XSM) */
                 tern__cuda_g1_xb = (int)(s + wmode) & 1; /* gemv1's prologue loads batched or not (TERN_CUDA_G1_XB) */
                 hw h[3];
                 tern_tensor t[3];
@@ -284,7 +282,6 @@ TEST(cuda_norm_matmul) {
     CHECK(fused > 0, "norm_matmul never fused");
     tern__cuda_qmma_mode = keep_qmma;
     tern__cuda_gemv_rmsu = keep_rmsu;
-    tern__cuda_gemv_xsm = keep_xsm;
     tern__cuda_g1_xb = keep_xb;
     tern__cuda_g1_grid = keep_grid;
     tern__cuda_g1_early = keep_early;
@@ -395,9 +392,9 @@ extern int tern__cuda_norm_res;
 TEST(cuda_norm_matmul_res) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul_res", "not built"); return; }
-    extern int tern__cuda_g1_grid, tern__cuda_gemv_rmsu, tern__cuda_gemv_xsm, tern__cuda_g1_xb;
+    extern int tern__cuda_g1_grid, tern__cuda_gemv_rmsu, tern__cuda_g1_xb;
     const int keep = tern__cuda_norm_res, keep_grid = tern__cuda_g1_grid, keep_rmsu = tern__cuda_gemv_rmsu,
-              keep_xsm = tern__cuda_gemv_xsm, keep_xb = tern__cuda_g1_xb;
+              keep_xb = tern__cuda_g1_xb;
     tern__cuda_norm_res = 1;
     static const int ins[] = {384, 4096, 5376};
     static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } F[] = {
@@ -408,7 +405,6 @@ TEST(cuda_norm_matmul_res) {
                 const int in = ins[si], out = 300;
                 tern__cuda_g1_grid = mode & 1;
                 tern__cuda_gemv_rmsu = (int)((mode >> 1) ^ si) & 1; /* gemv_mma's pre-norm sums both ways */
-                tern__cuda_gemv_xsm = (int)(mode ^ si) & 1;       /* its slice in shared memory or not */
                 tern__cuda_g1_xb = (int)((mode >> 1) ^ (mode & 1) ^ si) & 1; /* gemv1's prologue loads batched or not */
                 hw h[2];
                 tern_tensor t[2];
@@ -451,7 +447,6 @@ TEST(cuda_norm_matmul_res) {
             }
     tern__cuda_norm_res = keep;
     tern__cuda_gemv_rmsu = keep_rmsu;
-    tern__cuda_gemv_xsm = keep_xsm;
     tern__cuda_g1_xb = keep_xb;
     tern__cuda_g1_grid = keep_grid;
 }
@@ -613,9 +608,9 @@ TEST(cuda_norm_rope_kv) {
 TEST(cuda_norm_qkv_rope_kv) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_qkv_rope_kv) { SKIP("cuda_norm_qkv_rope_kv", "not built"); return; }
-    extern int tern__cuda_qkv_rope, tern__cuda_g1_early, tern__cuda_gemv_mma_xp1, tern__cuda_gemv_xsm, tern__cuda_g1_xb;
+    extern int tern__cuda_qkv_rope, tern__cuda_g1_early, tern__cuda_gemv_mma_xp1, tern__cuda_g1_xb;
     const int keep = tern__cuda_qkv_rope, keep_early = tern__cuda_g1_early, keep_xp1 = tern__cuda_gemv_mma_xp1,
-              keep_xsm = tern__cuda_gemv_xsm, keep_xb = tern__cuda_g1_xb;
+              keep_xb = tern__cuda_g1_xb;
     tern__cuda_qkv_rope = 3;
     tern__cuda_gemv_mma_xp1 = 1;
     /* q4: whether the Q4 GEMV serves the case (split K, heads inside its 128-row blocks) */
@@ -633,7 +628,7 @@ TEST(cuda_norm_qkv_rope_kv) {
                     const size_t pool = (size_t)mb * bs * nkv * d, pool_b = pool * (f ? 2 : 4);
                     const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d;
                     tern__cuda_g1_early = early ? 7 : 0;
-                    tern__cuda_gemv_xsm = tern__cuda_g1_xb = (int)(f + early) & 1; /* TERN_CUDA_GEMV_XSM, _G1_XB both ways */
+                    tern__cuda_g1_xb = (int)(f + early) & 1; /* TERN_CUDA_G1_XB both ways */
                     hw h[3];
                     tern_tensor t[3];
                     tern_error err = {0};
@@ -715,7 +710,6 @@ TEST(cuda_norm_qkv_rope_kv) {
                 }
     printf("  norm_qkv_rope_kv: %d fused cases\n", ran);
     tern__cuda_qkv_rope = keep;
-    tern__cuda_gemv_xsm = keep_xsm;
     tern__cuda_g1_xb = keep_xb;
     tern__cuda_g1_early = keep_early;
     tern__cuda_gemv_mma_xp1 = keep_xp1;

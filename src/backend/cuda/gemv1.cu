@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
     __shared__ float red[32];
     const float *xf = (const float *)xs1;
     /* the prologue's global passes (TERN_CUDA_G1_XB): BF16 / F16 weights only (the Q instances hold more registers
-     * across them and would drop to one block an SM) */
+     * across them: Q8's early instance 128 → 174, one block an SM) */
     auto rounds = [&](auto ld, auto st) {
         if constexpr (KIND == 16 || KIND == 17)
             if (a.xb) {
@@ -270,9 +270,11 @@ template <int KIND, int U, bool EARLY, bool ROPE, bool MV> static int g1_blocks_
  * 226.5 / 225.8 → 238.0 / 237.0. One mode alone gained less than all three (q8: 1 / 2 / 4 → 195.1 / 193.7 / 189.3). */
 extern "C" int tern__cuda_g1_early;
 int tern__cuda_g1_early = -1;
-/* TERN_CUDA_G1_XB (read once; default 0, opt-in until timed): the pre-norm prologue's two global passes (x and the
- * post-norm weight with res, the norm weight) issue 4 float4 loads a thread together instead of one dependent round
- * trip each (4 trips a pass at K 4096); the same operations, so the same bits. Session 35 */
+/* TERN_CUDA_G1_XB (read once; default 1 on, 0 off): the pre-norm prologue's two global passes (x and the post-norm
+ * weight with res, the norm weight) issue 4 float4 loads a thread together instead of one dependent round trip each
+ * (4 trips a pass at K 4096); BF16 / F16 instances only (the Q8 ones would hold 174 registers). The same operations,
+ * so the same bits. H200, session 35 (NOTES (au)), b1 bf16 tok/s 0 / 1: gemma4-e4b 235.0 / 235.6 → 236.9 / 239.1,
+ * gemma4-26b-a4b 255.4 / 256.5 → 259.5 / 259.7, llama3-8b 222.3 / 222.8 → 222.3 / 222.2 */
 extern "C" int tern__cuda_g1_xb;
 int tern__cuda_g1_xb = -1;
 template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 16 || KIND == 17; }
@@ -372,7 +374,7 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
     a.mact = mact;
     set_norm_args(a, nw, xn, eps, res);
     a.nrm = xn != NULL;
-    if (tern__cuda_g1_xb < 0) tern__cuda_g1_xb = tern__cuda_env_int("TERN_CUDA_G1_XB", 0) != 0;
+    if (tern__cuda_g1_xb < 0) tern__cuda_g1_xb = tern__cuda_env_int("TERN_CUDA_G1_XB", 1) != 0;
     a.xb = tern__cuda_g1_xb;
     const tern__cuda_w *w0 = w[0];
     a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);

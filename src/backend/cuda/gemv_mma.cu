@@ -117,8 +117,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3>(a, tbl, xs, (float *)((char *)mm_sm + (size_t)a.J * MM_SM_CHUNK),
-                                                 st0, ns);
+    mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3>(a, tbl, xs, st0, ns);
     __syncthreads();
 
     const uint2 *tl = tbl + lane;
@@ -238,7 +237,9 @@ static bool mm_i8(const tern__cuda *c) {
  * µs 2 / 3: 128256x4096 124.2 / 109.8, but 14336x4096 17.1 / 21.2, 4096x14336 18.4 / 21.4 (llama3-8b
  * q4 b1 313 vs 301 tok/s with 3 everywhere). Three also for one-chunk slices whose blocks fill more
  * than two per SM but fit three (q|k|v: 48 row blocks x 8 slices, 1.45 waves at two) was mixed:
- * llama3-8b 315.3 / 316.5 → 311.5 / 309.3, gemma4-12b 192.3 / 194.0 → 195.3 / 195.2. */
+ * llama3-8b 315.3 / 316.5 → 311.5 / 309.3, gemma4-12b 192.3 / 194.0 → 195.3 / 195.2. With RMSU (session 35,
+ * NOTES (au)) the heads at two instead of three were mixed: llama3-8b and gemma4-12b +0.3–0.8 %, gemma4-e4b and
+ * gemma4-26b-a4b −0.4–1.0 %. */
 static int mm_occ_of(int rows, int in, bool pair) {
     static int occ = -1;
     if (occ < 0) {
@@ -505,8 +506,8 @@ extern "C" int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const te
     return mm_launch(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, rope);
 }
 
-extern "C" int tern__cuda_gemv_rmsu, tern__cuda_gemv_xsm; /* TERN_CUDA_GEMV_RMSU / _XSM, read once (tests set them): see mm_launch */
-int tern__cuda_gemv_rmsu = -1, tern__cuda_gemv_xsm = -1;
+extern "C" int tern__cuda_gemv_rmsu; /* TERN_CUDA_GEMV_RMSU, read once (tests set it): see mm_launch */
+int tern__cuda_gemv_rmsu = -1;
 
 static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
                      int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope) {
@@ -536,19 +537,16 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
      * 354.7 / 352.8, gemma4-12b 199.2 / 200.4 → 206.2 / 206.4 */
     if (tern__cuda_gemv_rmsu < 0) tern__cuda_gemv_rmsu = tern__cuda_env_int("TERN_CUDA_GEMV_RMSU", 1) != 0;
     a.rmsu = tern__cuda_gemv_rmsu ? 8 : 1;
-    /* TERN_CUDA_GEMV_XSM (default 0, opt-in until timed): with a pre-norm, the slice's normalised x is formed once
-     * into shared memory (a thread's 8 elements loaded together) and the B table, Σx and block 0's xn / x' writes
-     * read it there, instead of three more passes each reloading x (and h, w, nw) from global memory; the same bits */
-    if (tern__cuda_gemv_xsm < 0) tern__cuda_gemv_xsm = tern__cuda_env_int("TERN_CUDA_GEMV_XSM", 0) != 0;
-    a.xsm = tern__cuda_gemv_xsm && a.xn;
+    /* TERN_CUDA_GEMV_XSM (session 35: the slice's normalised x formed once into shared memory, the B table, Σx and
+     * block 0's writes reading it there instead of reloading x from global memory) lost and was removed: b1 q4
+     * llama3-8b 351.3 / 352.3 → 333.5 / 334.6, gemma4-12b 204.7 / 206.2 → 196.9 / 197.2 (NOTES (au)) */
     /* A rolling variant (each warp prefetching the item D ahead of the one it starts, through its whole
      * walk) lost and was removed (session 13, NOTES (v)): the head 124.2 → 115.6 µs at D = 1, but b1
      * llama3-8b q4 313.8 → 303.8 with L2PF = 3 (D = 2, 4 lose too) */
     /* XP1's scale pairs as one 32-bit load (TERN_CUDA_GEMV_SC32, session 13) lost and were removed
      * (session 14, NOTES (w)): 4096x4096 6.8 → 7.3 µs, llama3-8b q4 b1 302 → 298 tok/s */
     const int gb = gs * w0->bits / 8;
-    /* per chunk: B table (S·NT <= 4) + Σx; with xsm the slice's staged x (S·CPS floats a chunk; 41 KB at J 4, Q4) */
-    const size_t smem = (size_t)J * (MM_SM_CHUNK + (a.xsm ? (size_t)(gb == 16 ? 2 : 4) * (512 / w0->bits) * sizeof(float) : 0));
+    const size_t smem = (size_t)J * (4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float)); /* B table (S·NT <= 4) + Σx, per chunk */
     const bool f16 = w0->sdtype == TERN_DT_F16;
     const int occ = mm_walk_occ(c, w0, a.rows, a.mode); /* blocks per SM: the grid and mm_go's launch bounds */
     const dim3 grid((unsigned)mm_grid_x(c, rblocks, a.ks, occ), (unsigned)a.ks);

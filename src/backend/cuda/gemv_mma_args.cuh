@@ -12,9 +12,6 @@
 #define MM_WARPS 8
 #define MM_MINE 64   /* row blocks one block may walk (split K: it may have to reduce each) */
 #define MM_JMAX 4    /* chunks of S steps per K slice */
-/* dynamic shared memory per chunk: the B table (S·NT <= 4 tiles of 8 MMAs x 32 lanes) + Σx (16 floats); with
- * MmArgs.xsm the slice's staged x follows at J·MM_SM_CHUNK bytes (J·S·CPS floats) */
-#define MM_SM_CHUNK (4 * 8 * 32 * 8 + 16 * 4)
 
 struct MmArgs {
     const uint8_t *data[3], *scales[3], *biases[3];
@@ -33,7 +30,6 @@ struct MmArgs {
     int *cnt;
     int l2pf;       /* items of the walk each warp prefetches into L2 before pdl_wait (gemv_mma.cu) */
     int rmsu;       /* > 1: the pre-norm's sums load 8 elements a virtual thread at once (TERN_CUDA_GEMV_RMSU) */
-    int xsm;        /* the pre-norm forms its slice once into shared memory (TERN_CUDA_GEMV_XSM, mm_stage_x) */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
     tern__cuda_rope_kv rope; /* ROPE instances only (appended): rope_kv_write in the split-K epilogue */
 };
@@ -195,17 +191,12 @@ template <int S, int GB> __device__ __forceinline__ int mm_slice_groups(const Mm
     return a.J * S * (GB >= 64 ? 1 : 64 / GB);
 }
 
-/* XP: 3 the exact three-part split, 1 one bf16 column (XP1), 8 int8 (XI8). xv: J·S·CPS floats of shared
- * memory for the slice's pre-normed x (a.xsm) */
+/* XP: 3 the exact three-part split, 1 one bf16 column (XP1), 8 int8 (XI8) */
 template <int BITS, int GB, int S, int XP>
-__device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *xs, float *xv, int st0, int ns) {
+__device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *xs, int st0, int ns) {
     constexpr int CPS = 512 / BITS; /* inputs per step */
     const int ng = mm_slice_groups<S, GB>(a); /* XP 8 (int8): Σx, d, e, 1/d per group of the slice */
     (void)ng;
-    auto stage = [&](auto nx) {
-        if constexpr (XP == 8) mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns, nx);
-        else mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, nx);
-    };
     if (a.xn) {
         __shared__ float red[32];
         auto rms = [&](auto x) { return a.rmsu > 1 ? block_rms_inv<8>(x, a.in, a.eps, red) : block_rms_inv(x, a.in, a.eps, red); };
@@ -217,43 +208,17 @@ __device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *x
         };
         const float inv = rms([&](int j) { return xp(a.x[j], (size_t)j); });
         auto nx = [&](float xv, size_t k) { return rms_scale(xp(xv, k), inv, a.nw != nullptr, a.nw ? a.nw[k] : 0.0f); };
-        const int k0 = st0 * CPS, k1 = min(a.in, (st0 + ns) * CPS);
-        if (a.xsm) {
-            /* the slice's x'[k] and normalised values formed once, a thread's 8 elements loaded together (one round
-             * trip, as block_rms_inv<8>), into xv; the staging below reads them there (its own x loads are dead) */
-            constexpr int U = 8;
-            for (int k = k0 + threadIdx.x; k < k1; k += U * blockDim.x) {
-                float v[U];
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int j = k + u * blockDim.x;
-                    v[u] = j < k1 ? xp(a.x[j], (size_t)j) : 0.0f;
-                }
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int j = k + u * blockDim.x;
-                    if (j < k1) {
-                        const float n = rms_scale(v[u], inv, a.nw != nullptr, a.nw ? a.nw[j] : 0.0f);
-                        xv[j - k0] = n;
-                        if (blockIdx.x == 0) {
-                            a.xn[j] = n;
-                            if (a.rh) a.rxo[j] = v[u];
-                        }
-                    }
-                }
-            }
-            __syncthreads();
-            stage([&](float, size_t k) { return xv[k - (size_t)k0]; });
-            return;
-        }
-        stage(nx);
+        if constexpr (XP == 8) mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns, nx);
+        else mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, nx);
         if (blockIdx.x == 0)
-            for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+            for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x) {
                 a.xn[k] = nx(a.x[k], (size_t)k);
                 if (a.rh) a.rxo[k] = xp(a.x[k], (size_t)k);
             }
+    } else if constexpr (XP == 8) {
+        mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns);
     } else {
-        stage(MmAsIs{});
+        mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in);
     }
 }
 
