@@ -446,7 +446,7 @@ static tern_status run(tern_out_parser *p, bool final, tern_error *err) {
                 }
             }
         }
-        memmove(p->pend.p, p->pend.p + used, n - used);
+        if (used) memmove(p->pend.p, p->pend.p + used, n - used); /* used > 0: pend holds text (p non-NULL) */
         p->pend.n = n - used;
         if (p->pend.p) p->pend.p[p->pend.n] = 0;
         if (!progress) return TERN_OK;
