@@ -526,11 +526,11 @@ TEST(cuda_matmul_act_mul) {
  * rope_kv_write: q, k, v and both pools bitwise, F32 / BF16 / F16 pages, head dims 256 and 512 (Gemma 4's
  * sliding and global layers: the warp form) and 128 (the block form), an identity rope pair and a block that
  * is not resident; and q alone (k = v = NULL) vs rmsnorm + rope. */
-extern int tern__cuda_norm_rope;
+extern int tern__cuda_norm_rope, tern__cuda_nrk_hoist;
 TEST(cuda_norm_rope_kv) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_rope_kv_write) { SKIP("cuda_norm_rope_kv", "not built"); return; }
-    const int keep = tern__cuda_norm_rope;
+    const int keep = tern__cuda_norm_rope, keep_hoist = tern__cuda_nrk_hoist;
     tern__cuda_norm_rope = 1;
     static const int ds[] = {256, 512, 128};
     for (size_t di = 0; di < TERN_ARRAY_LEN(ds); di++) {
@@ -549,6 +549,7 @@ TEST(cuda_norm_rope_kv) {
         static const char *kname[] = {"f32", "bf16", "f16"};
         for (size_t f = 0; f < TERN_ARRAY_LEN(kinds); f++) {
             const size_t pool_b = pool * (f ? 2 : 4);
+            tern__cuda_nrk_hoist = (int)(di + f) & 1; /* the warp form's loads hoisted or not (TERN_CUDA_NRK_HOIST) */
             tern_kv_layer kv[2];
             void *qd[2], *kd[2], *vd[2];
             for (int i = 0; i < 2; i++) {
@@ -597,6 +598,7 @@ TEST(cuda_norm_rope_kv) {
         free(kh); free(q); free(k); free(v); free(inv); free(qw); free(kw); free(ha); free(hb);
     }
     tern__cuda_norm_rope = keep;
+    tern__cuda_nrk_hoist = keep_hoist;
 }
 
 

@@ -145,10 +145,12 @@ __device__ __forceinline__ NrkHead nrk_head(const NrkArgs &a, int r, int h, int 
     return o;
 }
 
-/* the normed pair (i, i + half): rope_kv_kernel's arithmetic, stored to the row and (k heads) the page */
+/* the normed pair (i, i + half) at frequency f = inv_freq[i]: rope_kv_kernel's arithmetic, stored to the row and (k
+ * heads) the page */
 template <typename T>
-__device__ __forceinline__ void nrk_pair(const NrkArgs &a, const NrkHead &hd, T *kpool, int i, int half, float x0, float x1) {
-    rope_pair(x0, x1, hd.p, a.inv_freq[i]);
+__device__ __forceinline__ void nrk_pair(const NrkArgs &a, const NrkHead &hd, T *kpool, int i, int half, float x0, float x1,
+                                         float f) {
+    rope_pair(x0, x1, hd.p, f);
     x0 *= a.mscale;
     x1 *= a.mscale;
     hd.x[i] = x0;
@@ -174,7 +176,7 @@ template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T
         __syncthreads();
     };
     norm(hd.x, hd.w);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) nrk_pair(a, hd, kpool, i, half, xs[i], xs[i + half]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) nrk_pair(a, hd, kpool, i, half, xs[i], xs[i + half], a.inv_freq[i]);
     if (!hd.isk) return;
     __syncthreads(); /* xs is reused for v */
     float *vr = a.v + ((size_t)r * a.nkv + (h - a.nh)) * d;
@@ -209,7 +211,7 @@ template <int NS> __device__ __forceinline__ float warp_rms_inv(const float (&x)
     return 1.0f / sqrtf(part / (float)d + eps);
 }
 
-template <typename T, int NS> __global__ void norm_rope_kv_warp(NrkArgs a, T *kpool, T *vpool) {
+template <typename T, int NS, bool HOIST> __global__ void norm_rope_kv_warp(NrkArgs a, T *kpool, T *vpool) {
     pdl_start();
     constexpr int d = NS * 32, half = d / 2, HS = NS / 2;
     const int lane = threadIdx.x & 31, nt = a.nh + a.nkv;
@@ -218,22 +220,34 @@ template <typename T, int NS> __global__ void norm_rope_kv_warp(NrkArgs a, T *kp
     const int r = (int)(task / nt), h = (int)(task % nt);
     const NrkHead hd = nrk_head(a, r, h, d);
     const float *w = hd.w;
-    float xv[NS];
+    auto vrow = [&]() { return a.v + ((size_t)r * a.nkv + (h - a.nh)) * d; };
+    float xv[NS], wv[NS], fv[HS], vv[NS];
 #pragma unroll
     for (int s = 0; s < NS; s++) xv[s] = hd.x[32 * s + lane];
+    if constexpr (HOIST) { /* every load of the head issued now, before any store (TERN_CUDA_NRK_HOIST) */
+#pragma unroll
+        for (int s = 0; s < NS; s++) wv[s] = w ? w[32 * s + lane] : 0.0f;
+#pragma unroll
+        for (int s = 0; s < HS; s++) fv[s] = a.inv_freq[32 * s + lane];
+        if (hd.isk)
+#pragma unroll
+            for (int s = 0; s < NS; s++) vv[s] = vrow()[32 * s + lane];
+    }
     float inv = warp_rms_inv<NS>(xv, d, a.eps);
 #pragma unroll
-    for (int s = 0; s < NS; s++) xv[s] = rms_scale(xv[s], inv, w != nullptr, w ? w[32 * s + lane] : 0.0f);
+    for (int s = 0; s < NS; s++) xv[s] = rms_scale(xv[s], inv, w != nullptr, HOIST ? wv[s] : w ? w[32 * s + lane] : 0.0f);
 #pragma unroll
-    for (int s = 0; s < HS; s++) nrk_pair(a, hd, kpool, 32 * s + lane, half, xv[s], xv[s + HS]);
+    for (int s = 0; s < HS; s++)
+        nrk_pair(a, hd, kpool, 32 * s + lane, half, xv[s], xv[s + HS], HOIST ? fv[s] : a.inv_freq[32 * s + lane]);
     if (!hd.isk) return;
-    float *vr = a.v + ((size_t)r * a.nkv + (h - a.nh)) * d;
+    float *vr = vrow();
+    if constexpr (!HOIST)
 #pragma unroll
-    for (int s = 0; s < NS; s++) xv[s] = vr[32 * s + lane];
-    inv = warp_rms_inv<NS>(xv, d, a.eps);
+        for (int s = 0; s < NS; s++) vv[s] = vr[32 * s + lane];
+    inv = warp_rms_inv<NS>(vv, d, a.eps);
 #pragma unroll
     for (int s = 0; s < NS; s++) {
-        const float v = rms_scale(xv[s], inv, false, 0.0f);
+        const float v = rms_scale(vv[s], inv, false, 0.0f);
         vr[32 * s + lane] = v;
         if (hd.store) kv_put(vpool + hd.dst + 32 * s + lane, v);
     }
@@ -241,6 +255,13 @@ template <typename T, int NS> __global__ void norm_rope_kv_warp(NrkArgs a, T *kp
 
 /* TERN_CUDA_NRK_WARP=0: the block form for every head dim (A/B) */
 int tern__cuda_nrk_warp = -1;
+/* TERN_CUDA_NRK_HOIST (default 1, untimed; 0 off): the warp form loads the head's norm weight, rope frequencies and (kv
+ * heads) v together with x, before the sum of squares, instead of after it and after the q / k stores: the frequency
+ * loads could not move above the previous pair's stores (both float pointers), so a head of 256 waited on 4 dependent
+ * L2 round trips for them (512: 8), then one for v. The same arithmetic, so the same bits (op test cuda_norm_rope_kv
+ * runs both ways). Rows <= 128 only (decode). Session 35, written after the session's last device call */
+extern "C" int tern__cuda_nrk_hoist;
+int tern__cuda_nrk_hoist = -1;
 
 extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                              float *k, float *v, int nh, const float *inv_freq, float mscale,
@@ -257,13 +278,22 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
     if (blocks <= 0) return 1;
     cudaSetDevice(c->device);
     if (tern__cuda_nrk_warp < 0) tern__cuda_nrk_warp = tern__cuda_env_int("TERN_CUDA_NRK_WARP", 1) != 0;
+    if (tern__cuda_nrk_hoist < 0) tern__cuda_nrk_hoist = tern__cuda_env_int("TERN_CUDA_NRK_HOIST", 1) != 0;
+    /* decode steps only: the hoisting instances hold 48 / 80 registers (d 256 / 512; 38 / 48 without), which would cut
+     * a prefill chunk's occupancy */
+    const bool hoist = tern__cuda_nrk_hoist && a.n <= 128;
     const size_t smem = (size_t)a.d * sizeof(float);
     const unsigned wgrid = (unsigned)((blocks + 7) / 8); /* 8 warps a block */
     const bool warp = tern__cuda_nrk_warp && (a.d == 256 || a.d == 512);
     by_page_kind(k ? kind : TERN_KV_F32, [&](auto tag) { /* q only: no page is touched */
         using T = decltype(tag);
-        if (warp && a.d == 256) tern_launch(c->stream, norm_rope_kv_warp<T, 8>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
-        else if (warp) tern_launch(c->stream, norm_rope_kv_warp<T, 16>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+        if (warp && a.d == 256) {
+            if (hoist) tern_launch(c->stream, norm_rope_kv_warp<T, 8, true>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+            else tern_launch(c->stream, norm_rope_kv_warp<T, 8, false>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+        } else if (warp) {
+            if (hoist) tern_launch(c->stream, norm_rope_kv_warp<T, 16, true>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+            else tern_launch(c->stream, norm_rope_kv_warp<T, 16, false>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+        }
         else tern_launch(c->stream, norm_rope_kv_kernel<T>, (unsigned)blocks, 256, smem, a, (T *)kv->k, (T *)kv->v);
     });
     tern__cuda_check(c, "norm_rope_kv_write");
