@@ -287,14 +287,13 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
     const bool warp = tern__cuda_nrk_warp && (a.d == 256 || a.d == 512);
     by_page_kind(k ? kind : TERN_KV_F32, [&](auto tag) { /* q only: no page is touched */
         using T = decltype(tag);
-        if (warp && a.d == 256) {
-            if (hoist) tern_launch(c->stream, norm_rope_kv_warp<T, 8, true>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
-            else tern_launch(c->stream, norm_rope_kv_warp<T, 8, false>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
-        } else if (warp) {
-            if (hoist) tern_launch(c->stream, norm_rope_kv_warp<T, 16, true>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
-            else tern_launch(c->stream, norm_rope_kv_warp<T, 16, false>, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+        if (warp) {
+            void (*kern)(NrkArgs, T *, T *) = a.d == 256 ? (hoist ? norm_rope_kv_warp<T, 8, true> : norm_rope_kv_warp<T, 8, false>)
+                                                         : (hoist ? norm_rope_kv_warp<T, 16, true> : norm_rope_kv_warp<T, 16, false>);
+            tern_launch(c->stream, kern, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+        } else {
+            tern_launch(c->stream, norm_rope_kv_kernel<T>, (unsigned)blocks, 256, smem, a, (T *)kv->k, (T *)kv->v);
         }
-        else tern_launch(c->stream, norm_rope_kv_kernel<T>, (unsigned)blocks, 256, smem, a, (T *)kv->k, (T *)kv->v);
     });
     tern__cuda_check(c, "norm_rope_kv_write");
     return 1;
