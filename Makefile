@@ -82,6 +82,14 @@ build/bench_%: bench/bench_%.c build/libtern.a
 build/concurrency: bench/concurrency.c build/libtern.a
 	$(CC) $(CFLAGS) $< build/libtern.a -o $@ $(LDLIBS)
 
+# tests/fuzz/regress.sh: a fuzz target that spans the whole engine (fuzz_model) replays its kept inputs against the
+# project's library (its harness alone under ASan / UBSan) instead of recompiling every source with sanitizers.
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize=alignment -fno-sanitize-recover=undefined
+build/fuzz/replay_lib_%: tests/fuzz/%.c tests/fuzz/replay.c build/libtern.a
+	@mkdir -p build/fuzz
+	$(CC) $(CFLAGS) $(FUZZ_SAN) tests/fuzz/$*.c tests/fuzz/replay.c build/libtern.a -o $@ $(LDLIBS) || \
+	$(CC) $(CFLAGS) tests/fuzz/$*.c tests/fuzz/replay.c build/libtern.a -o $@ $(LDLIBS)
+
 test: all
 	@bash tests/run.sh
 

@@ -20,9 +20,9 @@ out=build/fuzz
 mkdir -p "$out/artifacts"
 for t in $targets; do
     srcs "$t"
-    clang -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -fsanitize=fuzzer,address,undefined \
-        -fno-sanitize=alignment -fno-sanitize-recover=undefined \
-        "tests/fuzz/$t.c" $SRC -o "$out/$t" $LIBS || { echo "FAIL: build $t"; exit 1; }
+    fuzz_cc clang "-g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -fsanitize=fuzzer,address,undefined
+        -fno-sanitize=alignment -fno-sanitize-recover=undefined" "$out/$t" "tests/fuzz/$t.c" $SRC ||
+        { echo "FAIL: build $t"; exit 1; }
     mkdir -p "$out/corpus_$t"
     cp -n tests/fuzz/corpus/$t/* "$out/corpus_$t/" 2>/dev/null || true
     dict=""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/fuzz/regress.sh — replay every kept fuzz input (tests/fuzz/corpus/<target>/*) through
 # the fuzz targets built WITHOUT libFuzzer (plain main in replay.c), with ASan/UBSan when the
-# compiler supports them. Prints one PASS/FAIL line per target. Fast: part of tests/run.sh.
+# compiler supports them (fuzz_model: its harness only, linked with build/libtern.a; targets.inc).
+# Prints one PASS/FAIL line per target. Fast: part of tests/run.sh.
 set -u
 cd "$(dirname "$0")/../.."
 out=build/fuzz
@@ -14,12 +15,17 @@ for t in $FUZZ_TARGETS; do
     srcs "$t"
     files=(tests/fuzz/corpus/$t/*)
     if [ ! -e "${files[0]}" ]; then echo "SKIP: regress $t: empty corpus"; continue; fi
-    bin="$out/replay_$t"
-    if ! $cc -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc $SAN tests/fuzz/$t.c tests/fuzz/replay.c $SRC \
-            -o "$bin" $LIBS 2>"$out/replay_$t.log"; then
-        # no sanitizer runtime here: plain build still catches crashes
-        $cc -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc tests/fuzz/$t.c tests/fuzz/replay.c $SRC \
-            -o "$bin" $LIBS || { echo "FAIL: regress $t: build"; continue; }
+    if [ "$LIBREPLAY" = 1 ]; then
+        bin="$out/replay_lib_$t"
+        make -s "$bin" >"$out/replay_$t.log" 2>&1 || { echo "FAIL: regress $t: build (see $out/replay_$t.log)"; continue; }
+    else
+        bin="$out/replay_$t"
+        flags="-g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc"
+        if ! fuzz_cc "$cc" "$flags $SAN" "$bin" tests/fuzz/$t.c tests/fuzz/replay.c $SRC 2>"$out/replay_$t.log"; then
+            # no sanitizer runtime here: plain build still catches crashes
+            fuzz_cc "$cc" "$flags" "$bin" tests/fuzz/$t.c tests/fuzz/replay.c $SRC ||
+                { echo "FAIL: regress $t: build"; continue; }
+        fi
     fi
     if ASAN_OPTIONS=detect_leaks=1 "$bin" "${files[@]}"; then
         echo "PASS: regress $t (${#files[@]} inputs)"

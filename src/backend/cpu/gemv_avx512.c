@@ -289,8 +289,6 @@ static inline __m512i lane_groups(int W, int gs) {
     return _mm512_srlv_epi32(_mm512_mullo_epi32(iota, _mm512_set1_epi32(W)), _mm512_set1_epi32(__builtin_ctz((unsigned)gs)));
 }
 
-static inline __mmask64 bytes_mask(int n) { return n >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << n) - 1; }
-
 /* Q4 exact: per group a 16-entry table of s·q + b (rounded as the reference decoder does),
  * per 32 inputs one byte-to-dword widen, one shift and two vpermps lookups feeding FMAs
  * against x in q4 order (16 even inputs, then 16 odd ones). */

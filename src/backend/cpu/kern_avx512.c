@@ -13,13 +13,20 @@
  *   roundings, exactly like the reference decoder, so decoded weights are bit-identical.
  * Microkernel: up to 4 weight rows × 4 activation rows, 16 zmm accumulators, masked tail.
  */
-/* vpermb needs VBMI, which the Makefile's AVX-512 flag set does not include. */
+/* vpermb needs VBMI, which the Makefile's AVX-512 flag set does not include (tern__cpu_kern_pick checks it at run
+ * time). GCC takes the target pragma; clang ignores it and takes an attribute applied to every function instead. */
+#if !defined(__clang__)
 #pragma GCC target("avx512vbmi")
+#endif
 #include "backend/cpu/kern.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512vbmi"))), apply_to = function)
+#endif
 
 /* vpermb index for 16 codes of b bits: lane t gets bytes o, o+1 (o = t·b/8) in its low half. */
 #define PB(b, t) (char)(((t) * (b)) >> 3), (char)((((t) * (b)) >> 3) + 1), (char)((((t) * (b)) >> 3) + 1), (char)((((t) * (b)) >> 3) + 1)
@@ -343,3 +350,7 @@ const tern_cpu_kern tern__cpu_kern_avx512 = {
     .gemm_pack_x = tern__cpu_gemm_pack_x_avx512,
     .gemm_mk = tern__cpu_gemm_mk_avx512,
 };
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -8,6 +8,9 @@
 #include "sample/sample_ref.h"
 
 #include <stdlib.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <string.h>
 
 float tern__cpu_sload(const uint8_t *p, tern_dtype t, int i) { return tern_load_f32(p, t, (size_t)i); }
@@ -83,7 +86,9 @@ const tern_cpu_kern *tern__cpu_kern_pick(void) {
     else if (cap && !strcmp(cap, "avx2")) lvl = 1;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned a = 0, b = 0, c = 0, d = 0; /* F16C: CPUID.1:ECX bit 29 (clang's __builtin_cpu_supports lacks "f16c") */
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+    int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     int has512 = has2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
     if (lvl >= 2 && has512) return &tern__cpu_kern_avx512;
