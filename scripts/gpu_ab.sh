@@ -111,7 +111,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-49}"  # 49: session 35 (TERN_CUDA_NRK_HOIST, default on, untimed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-50}"  # 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -643,6 +643,16 @@ if [[ " $SECTIONS " == *" 49 "* ]]; then
     op_test cuda_norm_rope_kv ops49
     on_checks TERN_CUDA_NRK_HOIST bf16 "gemma4_dense gemma4_e2b_like"
     b1_ab TERN_CUDA_NRK_HOIST "0 1" "gemma4-e4b;gemma4-26b-a4b;gemma4-12b;gemma4-e4b --quant q4"
+fi
+
+# 50. session 36: TERN_CUDA_ROPE_HOIST: rope_kv_kernel's k threads loading v, slot and the block-table entry before
+#     their first store. Ran in session 36 (NOTES (av)): a tie, removed with its code (the variable now changes
+#     nothing); QKV_ROPE=3 +0.8 % at 512 but −1.9 % at 8k, stays opt-in.
+if [[ " $SECTIONS " == *" 50 "* ]]; then
+    op_test cuda_fused_rope_kv_write ops50
+    on_checks TERN_CUDA_ROPE_HOIST bf16 "llama3 qwen2"
+    b1_ab TERN_CUDA_ROPE_HOIST "0 1" "llama3-8b --quant q4;llama3-8b --quant q4"
+    b1_ab TERN_CUDA_QKV_ROPE "1 3" "llama3-8b --quant q4"
 fi
 
 echo "summary: $S"

@@ -72,6 +72,9 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh
     }
 }
 
+/* TERN_CUDA_ROPE_HOIST (session 36: a k thread's v, slot and block-table loads issued before its q / k stores, two
+ * dependent trips instead of three) tied on llama3-8b q4 b1 (353.4 vs 354.4 tok/s, four interleaved reps; NOTES (av))
+ * and was removed */
 /* one rope_kv_kernel launch (a thread per rotated pair, 256 a block): in place (src NULL: q, k roped in place, v read)
  * or from the rows of src (ld floats each; q, k, v written). 0 when the pages are a kind it does not serve */
 static int rope_launch(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const int32_t *pos, float *q,
@@ -255,11 +258,13 @@ template <typename T, int NS, bool HOIST> __global__ void norm_rope_kv_warp(NrkA
 
 /* TERN_CUDA_NRK_WARP=0: the block form for every head dim (A/B) */
 int tern__cuda_nrk_warp = -1;
-/* TERN_CUDA_NRK_HOIST (default 1, untimed; 0 off): the warp form loads the head's norm weight, rope frequencies and (kv
+/* TERN_CUDA_NRK_HOIST (default 1; 0 off): the warp form loads the head's norm weight, rope frequencies and (kv
  * heads) v together with x, before the sum of squares, instead of after it and after the q / k stores: the frequency
  * loads could not move above the previous pair's stores (both float pointers), so a head of 256 waited on 4 dependent
  * L2 round trips for them (512: 8), then one for v. The same arithmetic, so the same bits (op test cuda_norm_rope_kv
- * runs both ways). Rows <= 128 only (decode). Session 35, written after the session's last device call */
+ * runs both ways). Rows <= 128 only (decode). H200, session 36 (NOTES (av)), b1 bf16 off / on: gemma4-e4b 239.1 / 236.3 →
+ * 242.3 / 242.2, gemma4-26b-a4b 259.5 / 259.5 → 261.7 / 260.8, gemma4-12b 136.0 / 136.1 → 137.7 / 137.5; e4b q4 268.2 /
+ * 268.0 → 271.1 / 272.0 */
 extern "C" int tern__cuda_nrk_hoist;
 int tern__cuda_nrk_hoist = -1;
 
