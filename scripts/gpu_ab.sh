@@ -655,4 +655,19 @@ if [[ " $SECTIONS " == *" 50 "* ]]; then
     b1_ab TERN_CUDA_QKV_ROPE "1 3" "llama3-8b --quant q4"
 fi
 
+# 51. session 36, not run: Gemma 4 batch decode steps slower at some row counts than at more (NOTES (av): gemma4-e4b
+#     q4 10.2 ms a step at 32 rows vs 7.3 at 64, gemma4-26b-a4b q4 18.5 vs 10.6; e4b bf16 6.4 at 8 rows vs 5.7 at 32).
+#     Where the several-row paths change: the Q4 kernels at 32 rows (qgemm_q4.cu's 32-row tiles, its wgmma form), the
+#     BF16 one at 8 (qgemm.cu up to TERN_CUDA_QGEMM_MAX_N_BF16 rows, cuBLASLt above); then per-op GPU time of a 32- and
+#     a 64-row step (TERN_CUDA_PROFILE=1: eager, unfused ops; the table is on stderr).
+if [[ " $SECTIONS " == *" 51 "* ]]; then
+    AB_REPS=1 AB_CONC=32,64 conc_ab "TERN_CUDA_QG4=1;TERN_CUDA_QG4_WG=0;TERN_CUDA_QG4_MAX_N=16" "gemma4-e4b:q4 gemma4-26b-a4b:q4"
+    AB_REPS=1 AB_CONC=8,32 conc_ab "TERN_CUDA_QGEMM_MAX_N_BF16=8;TERN_CUDA_QGEMM_MAX_N_BF16=1" "gemma4-e4b"
+    for c in 32 64; do
+        TERN_CUDA_PROFILE=1 timeout 100 build/concurrency --random gemma4-e4b:q4 --device cuda --compute bf16 --conc $c \
+            --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/prof51_$c.txt" 2>&1
+        say "profile e4b q4 at $c rows: $(grep -c '' "$OUT/prof51_$c.txt") lines in prof51_$c.txt"
+    done
+fi
+
 echo "summary: $S"

@@ -174,8 +174,15 @@ static size_t q4_smem(int nt, int st = Q4_ST) { return (size_t)st * (QG_BM * 4 +
 template <int NT, int ST = Q4_ST> static void q4_attr() {
     cudaFuncSetAttribute(qg4_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT, ST));
 }
+extern "C" int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16; /* qgemm.cu */
 extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     (void)c;
+    /* The several-row paths' row limits as A/B switches (read at open; defaults unchanged): TERN_CUDA_QG4_MAX_N (this
+     * kernel, Q4), TERN_CUDA_QGEMM_MAX_N_Q / _BF16 (qgemm.cu). Session 36 saw Gemma 4 batch decode slower at some row
+     * counts than at more (gemma4-e4b q4: 10.2 ms a step at 32 rows, 7.3 at 64; bf16: 6.4 at 8, 5.7 at 32; NOTES (av)) */
+    tern__cuda_qg4_max_n = tern__cuda_env_int("TERN_CUDA_QG4_MAX_N", tern__cuda_qg4_max_n);
+    tern__cuda_qgemm_max_n_q = tern__cuda_env_int("TERN_CUDA_QGEMM_MAX_N_Q", tern__cuda_qgemm_max_n_q);
+    tern__cuda_qgemm_max_n_bf16 = tern__cuda_env_int("TERN_CUDA_QGEMM_MAX_N_BF16", tern__cuda_qgemm_max_n_bf16);
     q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
     tern__cuda_qg4w_init();
     cudaGetLastError();
