@@ -233,14 +233,7 @@ static void s_error(void *ctx, const srv_error *e, tern_jw *out) {
     (void)ctx;
     tern_jw w;
     tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "error");
-    tern_jw_key(&w, "error");
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", e->http == 503 ? "overloaded_error" : e->http >= 500 ? "api_error" : "invalid_request_error");
-    tern_jw_kstr(&w, "message", e->msg);
-    tern_jw_end(&w);
-    tern_jw_end(&w);
+    srv_write_anthropic_error(&w, e); /* the same type names as a reply's (a 429 mid-stream is rate_limit_error) */
     event(out, "error", &w);
 }
 

@@ -113,21 +113,28 @@ enum MHD_Result srv_reply_openai_error(srv_req *r, const srv_error *e) {
     return srv_reply_jw(r, http_status(e), &w);
 }
 
+static const char *anthropic_error_type(const srv_error *e) {
+    return e->http == 401 ? "authentication_error" : e->http == 404 ? "not_found_error"
+           : e->http == 413 ? "request_too_large" : e->http == 429 ? "rate_limit_error"
+           : e->http == 503 ? "overloaded_error"
+           : e->http >= 500 ? "api_error" : "invalid_request_error";
+}
+
+void srv_write_anthropic_error(tern_jw *w, const srv_error *e) {
+    tern_jw_obj(w);
+    tern_jw_kstr(w, "type", "error");
+    tern_jw_key(w, "error");
+    tern_jw_obj(w);
+    tern_jw_kstr(w, "type", anthropic_error_type(e));
+    tern_jw_kstr(w, "message", e->msg);
+    tern_jw_end(w);
+    tern_jw_end(w);
+}
+
 enum MHD_Result srv_reply_anthropic_error(srv_req *r, const srv_error *e) {
-    const char *t = e->http == 401 ? "authentication_error" : e->http == 404 ? "not_found_error"
-                    : e->http == 413 ? "request_too_large" : e->http == 429 ? "rate_limit_error"
-                    : e->http == 503 ? "overloaded_error"
-                    : e->http >= 500 ? "api_error" : "invalid_request_error";
     tern_jw w;
     tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "error");
-    tern_jw_key(&w, "error");
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", t);
-    tern_jw_kstr(&w, "message", e->msg);
-    tern_jw_end(&w);
-    tern_jw_end(&w);
+    srv_write_anthropic_error(&w, e);
     return srv_reply_jw(r, http_status(e), &w);
 }
 

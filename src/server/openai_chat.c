@@ -262,6 +262,22 @@ int srv_collect(srv_job *j, char **text, size_t *len, srv_tokinfo **toks, int *n
     return rc;
 }
 
+/* text[0, len) += p[0, n) and a terminating NUL, growing *cap by doubling; 0, or -1 (out of memory) */
+static int append_text(char **text, size_t *len, size_t *cap, const char *p, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap * 2 : 1024;
+        while (nc < *len + n + 1) nc *= 2;
+        char *b = realloc(*text, nc);
+        if (!b) return -1;
+        *text = b;
+        *cap = nc;
+    }
+    if (n) memcpy(*text + *len, p, n);
+    *len += n;
+    (*text)[*len] = 0;
+    return 0;
+}
+
 /* Run a job to its end, collecting content, reasoning (+ tokens when logprobs). 0 or -1 (e). */
 int srv_collect2(srv_job *j, char **text, size_t *len, char **rtext, size_t *rlen, srv_tokinfo **toks, int *n_toks,
                  srv_result *res, srv_error *e) {
@@ -273,30 +289,9 @@ int srv_collect2(srv_job *j, char **text, size_t *len, char **rtext, size_t *rle
         int rc = srv_job_next(j, &p, res, e);
         if (rc < 0) return -1;
         if (rc == 0) break;
-        if (*len + p.len + 1 > cap) {
-            size_t nc = cap ? cap * 2 : 1024;
-            while (nc < *len + p.len + 1) nc *= 2;
-            char *b = realloc(*text, nc);
-            if (!b) return srv_fail(e, 500, "", "out of memory");
-            *text = b;
-            cap = nc;
-        }
-        memcpy(*text + *len, p.text, p.len);
-        *len += p.len;
-        (*text)[*len] = 0;
-        if (p.reasoning_len) {
-            if (*rlen + p.reasoning_len + 1 > rcap) {
-                size_t nc = rcap ? rcap * 2 : 1024;
-                while (nc < *rlen + p.reasoning_len + 1) nc *= 2;
-                char *b = realloc(*rtext, nc);
-                if (!b) return srv_fail(e, 500, "", "out of memory");
-                *rtext = b;
-                rcap = nc;
-            }
-            memcpy(*rtext + *rlen, p.reasoning, p.reasoning_len);
-            *rlen += p.reasoning_len;
-            (*rtext)[*rlen] = 0;
-        }
+        if (append_text(text, len, &cap, p.text, p.len) ||
+            (p.reasoning_len && append_text(rtext, rlen, &rcap, p.reasoning, p.reasoning_len)))
+            return srv_fail(e, 500, "", "out of memory");
         if (p.n_toks) {
             if (*n_toks + p.n_toks > tcap) {
                 int nc = tcap ? tcap * 2 : 64;

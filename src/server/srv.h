@@ -279,6 +279,10 @@ enum MHD_Result srv_reply(srv_req *r, int status, const char *ctype, const char 
 enum MHD_Result srv_reply_jw(srv_req *r, int status, tern_jw *w);   /* consumes w */
 enum MHD_Result srv_reply_openai_error(srv_req *r, const srv_error *e);
 enum MHD_Result srv_reply_anthropic_error(srv_req *r, const srv_error *e);
+/* Anthropic's error object {"type":"error","error":{"type":T,"message":...}} with T from the HTTP status (401
+ * authentication_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error, 503 overloaded_error, other
+ * 5xx api_error, else invalid_request_error): the reply body and a stream's error event alike */
+void srv_write_anthropic_error(tern_jw *w, const srv_error *e);
 void srv_add_common_headers(tern_server *s, struct MHD_Response *resp);
 /* Parse the body as a JSON object (errors -> e, 400; a string or key that is not valid UTF-8
  * -> 400 naming its path, e.g. messages[0].content). */
