@@ -662,7 +662,7 @@ fi
 #     a 64-row step (TERN_CUDA_PROFILE=1: eager, unfused ops; the table is on stderr).
 if [[ " $SECTIONS " == *" 51 "* ]]; then
     AB_REPS=1 AB_CONC=32,64 conc_ab "TERN_CUDA_QG4=1;TERN_CUDA_QG4_WG=0;TERN_CUDA_QG4_MAX_N=16" "gemma4-e4b:q4 gemma4-26b-a4b:q4"
-    AB_REPS=1 AB_CONC=8,32 conc_ab "TERN_CUDA_QGEMM_MAX_N_BF16=8;TERN_CUDA_QGEMM_MAX_N_BF16=1" "gemma4-e4b"
+    AB_REPS=1 AB_CONC=8,16,32 conc_ab "TERN_CUDA_QGEMM_MAX_N_BF16=8;TERN_CUDA_QGEMM_MAX_N_BF16=1" "gemma4-e4b"
     for c in 32 64; do
         TERN_CUDA_PROFILE=1 timeout 100 build/concurrency --random gemma4-e4b:q4 --device cuda --compute bf16 --conc $c \
             --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/prof51_$c.txt" 2>&1
