@@ -670,4 +670,15 @@ if [[ " $SECTIONS " == *" 51 "* ]]; then
     done
 fi
 
+# 52. not run yet: batch-1 decode over every MLX width (issue 4 asks for GEMVs near bandwidth at bits 2-8; q4 and q8 are
+#     the only ones in PERFORMANCE.md), llama3-8b and gemma4-12b, one rep each (~2 min)
+if [[ " $SECTIONS " == *" 52 "* ]]; then
+    for m in llama3-8b gemma4-12b; do
+        for q in q2 q3 q5 q6 q8; do
+            timeout 90 $T bench --random $m --quant $q --device cuda --prompt 512 --gen 64 --reps 1 > "$OUT/b1w_${m}_$q.txt" 2>&1
+            say "b1 $m --quant $q: $(grep '^csv,' "$OUT/b1w_${m}_$q.txt" | cut -d, -f7,10 | tail -1)"
+        done
+    done
+fi
+
 echo "summary: $S"
