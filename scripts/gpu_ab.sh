@@ -657,6 +657,10 @@ fi
 
 # 51. session 36, not run: Gemma 4 batch decode steps slower at some row counts than at more (NOTES (av): gemma4-e4b
 #     q4 10.2 ms a step at 32 rows vs 7.3 at 64, gemma4-26b-a4b q4 18.5 vs 10.6; e4b bf16 6.4 at 8 rows vs 5.7 at 32).
+#     Found by reading after the call, fixed untimed: qgemm.cu raised its 64-row tiles' shared memory at its first
+#     17..64-row call unless a graph was being recorded — and a <= 32-row step is recorded at first sight, so Gemma 4's
+#     precise q / k projections got the n-row CUDA-core GEMV baked into the graph. Now raised at open. The defaults'
+#     32-row q4 figures below should sit between the 8- and 64-row ones; if they do, the other switches only confirm.
 #     Where the several-row paths change: the Q4 kernels at 32 rows (qgemm_q4.cu's 32-row tiles, its wgmma form), the
 #     BF16 one at 8 (qgemm.cu up to TERN_CUDA_QGEMM_MAX_N_BF16 rows, cuBLASLt above); then per-op GPU time of a 32- and
 #     a 64-row step (TERN_CUDA_PROFILE=1: eager, unfused ops; the table is on stderr).

@@ -78,8 +78,10 @@ static tern_status upload(tern_model *m, tern_tensor *t, const char *name, tern_
     if (t->dtype == TERN_DT_Q) bytes += 2 * (size_t)(ne / t->group_size) * tern_dtype_size(t->sdtype);
     if (tern_tensor_is_fp8_block(t)) bytes += (size_t)(ne / (t->shape[t->ndim - 1] * (t->ndim >= 2 ? t->shape[t->ndim - 2] : 1))) * tern_tensor_fp8_scale_bytes(t);
     m->stats.bytes_by_dtype[t->dtype] += bytes;
-    if (strstr(name, "experts.") && !strstr(name, "shared_experts.")) /* routed: k of E per token */
+    if (strstr(name, "experts.") && !strstr(name, "shared_experts.")) { /* routed: k of E per token */
         m->stats.bytes_per_token += (double)bytes * m->cfg.n_expert_used / (m->cfg.n_expert ? m->cfg.n_expert : 1);
+        m->stats.expert_bytes += (double)bytes;
+    }
     else if (!strcmp(name, "embed_tokens_per_layer") || (!strcmp(name, "embed_tokens") && !m->cfg.tie_embeddings))
         m->stats.bytes_per_token += (double)bytes / (double)t->shape[0]; /* one row per token */
     else

@@ -92,6 +92,7 @@ typedef struct tern_model_stats {
     size_t bytes_by_dtype[TERN_DT_COUNT];
     double bytes_per_token;   /* weight bytes one decode step reads (experts: K/E of them;
                                  embedding tables count once only when they are the tied head) */
+    double expert_bytes;      /* (appended) bytes of every routed expert matrix (bytes_per_token holds K/E of them) */
 } tern_model_stats;
 void tern_model_get_stats(const tern_model *m, tern_model_stats *st);
 

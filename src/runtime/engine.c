@@ -32,6 +32,7 @@
 #include "text/stops.h"
 #include "text/tokenizer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,3 +408,16 @@ void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st) {
 /* ---- internal accessors (engine_int.h) ---- */
 const tern_tokenizer *tern__engine_tokenizer(const tern_engine *e) { return e ? e->tok : NULL; }
 const char *tern__engine_dir(const tern_engine *e) { return e ? e->dir : ""; }
+
+struct tern_backend *tern__engine_backend(const tern_engine *e) { return e ? e->be : NULL; }
+
+double tern__engine_step_bytes(const tern_engine *e, int rows, long ctx) {
+    if (!e || !e->m || rows < 1) return 0;
+    tern_model_stats ms;
+    tern_model_get_stats(e->m, &ms);
+    const tern_model_config *c = tern_model_cfg(e->m);
+    const double f = c->n_expert > 0 ? (double)c->n_expert_used / c->n_expert : 0; /* K/E */
+    const double touched = f > 0 ? 1.0 - pow(1.0 - f, rows) : 0; /* share of a layer's experts rows tokens touch */
+    return ms.bytes_per_token - ms.expert_bytes * f + ms.expert_bytes * touched +
+           (double)rows * (double)(e->kv ? tern_kv_read_bytes(e->kv, ctx) : 0);
+}

@@ -213,6 +213,10 @@ template <int KIND, bool PL = false> static void allow() {
 
 static unsigned g_smem_ready; /* bit d: the NT = 8 instances may use > 48 KB on device d */
 
+/* Raised at backend open (tern__cuda_qgemm_init). It used to be raised at the first 17..64-row call only: where that
+ * call came inside a step graph's recording (a Gemma 4 batch of <= 32 rows is recorded at first sight, and its q / k
+ * projections, flagged precise, take this kernel), the kernel declined and the graph kept the fallback — the n-row
+ * CUDA-core GEMV — for good: gemma4-e4b q4 at 32 sequences 10.2 ms a step against 7.3 at 64 (NOTES (av)). */
 static int ensure_smem(tern__cuda *c) {
     const unsigned bit = c->device >= 0 && c->device < 32 ? 1u << c->device : 0;
     if (!bit) return 0;
@@ -223,6 +227,8 @@ static int ensure_smem(tern__cuda *c) {
     g_smem_ready |= bit;
     return 1;
 }
+
+extern "C" void tern__cuda_qgemm_init(tern__cuda *c) { ensure_smem(c); }
 
 extern "C" int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     static int off = -1; /* TERN_QGEMM=0: the paths before this kernel (whole-model comparisons) */
