@@ -10,13 +10,20 @@
  * prompts of --prompt tokens, greedy, --gen tokens, EOS ignored) and is stepped until all are
  * done. Reported: aggregate output tok/s over the whole run, aggregate decode tok/s in the
  * steady part (tokens after the last request's first token / the time after it), TTFT
- * p50/p99 (submit -> first token), inter-token latency p50/p99 (all gaps of all requests).
+ * p50/p99 (submit -> first token), inter-token latency p50/p99 (all gaps of all requests), and
+ * the decode floor: C tokens per step of the bytes a C-row step reads (every weight once; routed
+ * experts as many as C tokens touch under uniform routing; each sequence's KV at the mean decode
+ * context) at the bandwidth probed before and after the run (`tern bench`'s: the GPU's copy rate,
+ * a 1 GiB read on the CPU), and dec tok/s over it.
  * Prefix cache: --requests requests, one after another, each = the same --system tokens + 16
  * own tokens, with the prompt cache off and on: mean TTFT of the requests after the first,
  * hit rate (cached / prompt tokens) and the speed-up. Prints a table and CSV lines ("csv,").
  */
 #include "tern.h"
+#include "backend/cpu/cpu.h"
 #include "base/base.h"
+#include "ops/ops.h"
+#include "runtime/engine_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +110,15 @@ static int drain(tern_engine *e) {
     return 0;
 }
 
+/* The floor's bandwidth, GB/s, as `tern bench` measures it: the backend's device-to-device copy rate on a GPU (bytes
+ * read plus written), a fresh 1 GiB read on the CPU. 0 when it cannot be measured. */
+static double probe(tern_engine *e) {
+    tern_backend *be = tern__engine_backend(e);
+    if (!be) return 0;
+    if (be->device < 0) return tern_cpu_membw_probe((size_t)1 << 30);
+    return be->vt->copy_rate ? be->vt->copy_rate(be, (size_t)512 << 20) : 0;
+}
+
 static int run_conc(const args *a, int C) {
     tern_engine *e = open_engine(a, C, a->prompt + a->gen + 8, 0);
     if (!e) return -1;
@@ -114,10 +130,16 @@ static int run_conc(const args *a, int C) {
     double *ttft = malloc(sizeof(double) * (size_t)C), *itl = malloc(sizeof(double) * (size_t)C * (size_t)a->gen);
     if (!rs || !p || !ttft || !itl) { fprintf(stderr, "out of memory\n"); return -1; }
     for (int i = 0; i < C; i++) fill(p + (size_t)i * a->prompt, a->prompt, mi.n_vocab, 1000 + (unsigned long long)i);
+    const double bw0 = probe(e);
     double t0 = tern_time_s();
     for (int i = 0; i < C; i++) if (submit(e, p + (size_t)i * a->prompt, a->prompt, a->gen, &rs[i])) return -1;
     if (drain(e)) return -1;
     double t1 = tern_time_s(), t_allfirst = 0, t_end = 0;
+    const double bw = (bw0 + probe(e)) / 2;
+    /* the decode floor: C sequences' step (weights once, the experts C tokens touch, each sequence's KV at the mean
+     * decode context) at the probed bandwidth */
+    const double step_bytes = tern__engine_step_bytes(e, C, a->prompt + a->gen / 2);
+    const double floor_tps = bw > 0 && step_bytes > 0 ? C * bw * 1e9 / step_bytes : 0;
     long total = 0, steady = 0;
     int n_itl = 0;
     for (int i = 0; i < C; i++) {
@@ -131,10 +153,12 @@ static int run_conc(const args *a, int C) {
     for (int i = 0; i < C; i++) for (int k = 0; k < rs[i].n; k++) steady += rs[i].t_tok[k] > t_allfirst;
     double out_tps = total / (t1 - t0), dec_tps = t_end > t_allfirst ? steady / (t_end - t_allfirst) : 0;
     double tt50 = pct(ttft, C, 0.5), tt99 = pct(ttft, C, 0.99), it50 = pct(itl, n_itl, 0.5), it99 = pct(itl, n_itl, 0.99);
-    printf("%5d %10.2f %10.2f %10.1f %10.1f %10.1f %10.1f %8.2f\n", C, out_tps, dec_tps, tt50 * 1e3, tt99 * 1e3, it50 * 1e3,
-           it99 * 1e3, t1 - t0);
-    printf("csv,conc,%s,%s,%d,%d,%d,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f\n", a->model, a->device, C, a->prompt, a->gen, out_tps,
-           dec_tps, tt50 * 1e3, tt99 * 1e3, it50 * 1e3, it99 * 1e3);
+    const double ratio = floor_tps > 0 ? dec_tps / floor_tps : 0;
+    printf("%5d %10.2f %10.2f %10.1f %10.1f %10.1f %10.1f %8.2f %8.1f %10.1f %8.3f\n", C, out_tps, dec_tps, tt50 * 1e3,
+           tt99 * 1e3, it50 * 1e3, it99 * 1e3, t1 - t0, bw, floor_tps, ratio);
+    /* fields 2-13 as before; appended: bandwidth GB/s, floor tok/s, dec / floor */
+    printf("csv,conc,%s,%s,%d,%d,%d,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.4f\n", a->model, a->device, C, a->prompt,
+           a->gen, out_tps, dec_tps, tt50 * 1e3, tt99 * 1e3, it50 * 1e3, it99 * 1e3, bw, floor_tps, ratio);
     uint64_t dg = 14695981039346656037ULL; /* the requests' digests in submit order */
     for (int i = 0; i < C; i++) dg = (dg ^ rs[i].digest) * 1099511628211ULL;
     printf("ids digest %d requests: %016llx\n", C, (unsigned long long)dg);
@@ -228,8 +252,8 @@ int main(int argc, char **argv) {
     char mbt[64];
     snprintf(mbt, sizeof mbt, a.mbt ? "%d" : "the engine's (GPU 8192, 2048 under 70 GiB; CPU 512)", a.mbt);
     printf("model %s, device %s, prompt %d, gen %d, max batch tokens %s\n", a.model, a.device, a.prompt, a.gen, mbt);
-    printf("%5s %10s %10s %10s %10s %10s %10s %8s\n", "conc", "out tok/s", "dec tok/s", "TTFT p50", "TTFT p99", "ITL p50",
-           "ITL p99", "wall s");
+    printf("%5s %10s %10s %10s %10s %10s %10s %8s %8s %10s %8s\n", "conc", "out tok/s", "dec tok/s", "TTFT p50", "TTFT p99",
+           "ITL p50", "ITL p99", "wall s", "bw GB/s", "floor t/s", "dec/flr");
     for (int i = 0; i < a.n_conc; i++) if (run_conc(&a, a.conc[i])) return 1;
     if (run_prefix(&a)) return 1;
     return 0;

@@ -80,7 +80,7 @@ conc_ab() {
                 tag=$(printf '%s_%s' "$m" "$v" | tr -c 'a-zA-Z0-9.' '_')
                 env $v timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc "${AB_CONC:-$3}" \
                     --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/conc_${tag}_$rep.txt" 2>&1
-                say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/conc_${tag}_$rep.txt" | cut -d, -f5,9 | tr '\n' ' ')"
+                say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/conc_${tag}_$rep.txt" | cut -d, -f5,9,16 | tr '\n' ' ')"
             done
         done
     done
