@@ -90,13 +90,17 @@ build/fuzz/replay_lib_%: tests/fuzz/%.c tests/fuzz/replay.c build/libtern.a
 	$(CC) $(CFLAGS) $(FUZZ_SAN) tests/fuzz/$*.c tests/fuzz/replay.c build/libtern.a -o $@ $(LDLIBS) || \
 	$(CC) $(CFLAGS) tests/fuzz/$*.c tests/fuzz/replay.c build/libtern.a -o $@ $(LDLIBS)
 
+# the SIMD flag sets, for tests/fuzz/targets.inc (its per-file builds of *_avx2.c / *_avx512.c)
+simd-flags:
+	@echo "$(AVX2)|$(AVX512)"
+
 test: all
 	@bash tests/run.sh
 
 clean:
 	rm -rf build
 
-.PHONY: all test clean bench
+.PHONY: all test clean bench simd-flags
 -include $(OBJ:.o=.d) $(TESTS:=.d)
 
 # GPU machine only (scripts/gpu_check.sh): the CUDA op tests and benchmarks. They link a small
