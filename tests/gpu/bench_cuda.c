@@ -815,10 +815,11 @@ int main(int argc, char **argv) {
         tern_backend_close(g);
         return 0;
     }
-    if (argc > 5 && !strcmp(argv[1], "--attn-dec1")) { /* one case (for ncu): CTX NSEQ f32|bf16 MODE */
+    if (argc > 5 && !strcmp(argv[1], "--attn-dec1")) { /* one case (for ncu): CTX NSEQ f32|bf16 MODE [NH NKV D] */
         extern int tern__cuda_ad_mode;
         tern__cuda_ad_mode = atoi(argv[5]);
-        bench_attn_decode(32, 8, 128, atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? TERN_KV_F32 : TERN_KV_BF16,
+        const int nh = argc > 8 ? atoi(argv[6]) : 32, nkv = argc > 8 ? atoi(argv[7]) : 8, d = argc > 8 ? atoi(argv[8]) : 128;
+        bench_attn_decode(nh, nkv, d, atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? TERN_KV_F32 : TERN_KV_BF16,
                           argv[4]);
         tern_backend_close(g);
         return 0;

@@ -217,7 +217,7 @@ TEST(cuda_attention_decode_1p) {
 }
 
 /* The tensor-core decode attention's cases (attn_decode_tc.cu, one pass and split over the keys): head dims 64 /
- * 128 / 256, 1..8 heads per KV head, sliding windows, softcaps, a block not resident inside the visible keys
+ * 128 / 256 (and 512, one pass only), 1..8 heads per KV head, sliding windows, softcaps, a block not resident inside the visible keys
  * (hole), lengths of 1, 2, 3, multiples of the 16-key chunk and not, keys past every warp's first chunk and past
  * one record tile (1024 keys) */
 typedef struct { int nh, nkv, d, window; float cap; int bs, hole; int lens[3]; } ad_tc_case;
@@ -228,6 +228,9 @@ static const ad_tc_case AD_TC_CASES[] = {
     {12, 4, 128, 0, 30.0f, 16, 0, {1100, 33, 1}}, {10, 2, 256, 40, 0.0f, 8, 1, {300, 64, 5}},
     {12, 2, 64, 0, 0.0f, 16, 1, {48, 200, 16}}, {7, 1, 256, 0, 0.0f, 16, 1, {95, 31, 160}},
     {32, 8, 128, 0, 0.0f, 16, 1, {513, 17, 2}}, {2, 1, 128, 0, 0.0f, 16, 0, {3000, 2100, 640}},
+    /* D 512 (two blocks per row and kv head, one per half of the outputs; unsplit only) */
+    {8, 2, 512, 0, 0.0f, 16, 1, {300, 37, 129}}, {16, 2, 512, 0, 30.0f, 16, 0, {200, 17, 1}},
+    {4, 4, 512, 40, 0.0f, 8, 1, {95, 31, 1100}}, {8, 1, 512, 0, 0.0f, 16, 0, {1100, 64, 3}},
 };
 /* one case over BF16 (pg 1) or F16 (pg 2) pages, three decode rows (one per slot): rel error against the CPU */
 static double ad_tc_case_run(const ad_tc_case *k, int pg) {
@@ -282,6 +285,7 @@ TEST(cuda_attention_decode_tcs) {
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
             for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
                 const ad_tc_case *k = &AD_TC_CASES[c];
+                if (k->d == 512) continue; /* not split */
                 const unsigned long long calls = tern__cuda_attn_decode_tc_calls;
                 tern__cuda_ad_tcs_ch = ch;
                 const double rel = ad_tc_case_run(k, pg);

@@ -556,6 +556,24 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
     if (!c->ad_cnt || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv) return 0;
     const int G = nh / nkv, E = d == 512 ? 16 : 8, gmax = d == 512 ? 4 : 8; /* GM * E <= 64: registers */
+    static int tc512 = -1; /* TERN_CUDA_AD_TC512=0: these layers back on the kernels below */
+    if (tc512 < 0) tc512 = tern__cuda_env_int("TERN_CUDA_AD_TC512", 1) != 0;
+    if (d == 512 && G <= 8 && kind != TERN_KV_F32 && ad_tc() && tc512) {
+        /* batch decode over Gemma 4's global layers: the tensor-core kernel, two blocks per (row, kv head), where that
+         * launch fills the GPU as the unsplit D <= 256 one must (ad_tc_takes); one row or a few stay below */
+        long keys = tern__cuda_attn_max_keys(c, rows, kv);
+        if (kv->window > 0 && keys > kv->window) keys = kv->window;
+        if (ad_tc_takes(c, 2L * n * nkv, keys) || ad_tc() == 2) {
+            AdArgs t = {};
+            ad_args_fill(&t, c, out, q, rows, nh, kv, scale, softcap);
+            t.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
+            if (tern__cuda_attn_decode_tc(c, t, kind)) {
+                c->att_bf16_done = t.outb != NULL;
+                tern__cuda_attn_decode_calls++;
+                return 1;
+            }
+        }
+    }
     /* a larger group (Gemma 4's global layers: 8 or 16 heads per KV head at d 512) in hs blocks of at
      * most gmax heads each, every block reading the group's K/V (TERN_CUDA_AD_HSPLIT=0: off) */
     const int hs = G <= gmax ? 1 : ad_hsplit() ? (G + gmax - 1) / gmax : 0;

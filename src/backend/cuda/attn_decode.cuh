@@ -132,10 +132,12 @@ __device__ __forceinline__ void ad_records(int *recs, const AdArgs &a, const int
 /* The end of the one-pass kernels (attn_decode1p.cu, attn_decode_tc.cu): the block's NW warps' (M_w, L_w, Σ p·v)
  * of the G heads from head0 (D elements each) merged in warp order into row r's outputs, out = Σ_w c_w·acc_w / Σ_w c_w·L_w
  * (ad_split_weights). wm / wl / cw are [NW][HS] in shared memory (cw: the weights, written here), sl [HS];
- * red(w, h, i) reads warp w's Σ p·v of head h, element i. The caller's barrier made wm, wl and red visible. */
+ * red(w, h, i) reads warp w's Σ p·v of head h, element i. The caller's barrier made wm, wl and red visible.
+ * dw > 0: the block holds only output elements d0 .. d0 + dw - 1 of each head (red's i counts from d0). */
 template <int NW, int HS, class RED>
 __device__ __forceinline__ void ad_warp_merge(const AdArgs &a, int r, size_t head0, int D, float (*wm)[HS],
-                                              float (*wl)[HS], float (*cw)[HS], float *sl, RED red) {
+                                              float (*wl)[HS], float (*cw)[HS], float *sl, RED red, int dw = 0,
+                                              int d0 = 0) {
     const int G = a.G;
     if (threadIdx.x < G) { /* per head: the warps' weights e^{M_w - M} and L, in warp order */
         const int h = threadIdx.x;
@@ -143,12 +145,13 @@ __device__ __forceinline__ void ad_warp_merge(const AdArgs &a, int r, size_t hea
                                  [&](int w, float c) { cw[w][h] = c; }, NW);
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int h = idx / D, i = idx % D;
+    const int DW = dw > 0 ? dw : D;
+    for (int idx = threadIdx.x; idx < G * DW; idx += blockDim.x) {
+        const int h = idx / DW, i = idx % DW;
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < NW; w++) v += red(w, h, i) * cw[w][h];
-        const size_t at = ((size_t)r * a.nh + head0 + h) * D + i;
+        const size_t at = ((size_t)r * a.nh + head0 + h) * D + d0 + i;
         const float o = sl[h] > 0.0f ? v / sl[h] : 0.0f;
         if (a.outb) a.outb[at] = __float2bfloat16(o);
         else a.out[at] = o;
@@ -160,7 +163,7 @@ __device__ __forceinline__ void ad_warp_merge(const AdArgs &a, int r, size_t hea
 int tern__cuda_attn_decode_1p(tern__cuda *c, const AdArgs &a, int kind);
 
 /* attn_decode_tc.cu: the same launches on tensor cores (TERN_CUDA_AD_TC, default on, tried before 1P): BF16 /
- * F16 pages, D 64 / 128 / 256, G <= 8; 1 when it ran, 0 when not served. split: a.splits (>= 2) blocks per
+ * F16 pages, D 64 / 128 / 256 and (unsplit) 512, G <= 8; 1 when it ran, 0 when not served. split: a.splits (>= 2) blocks per
  * (row, kv head), each over its share of the keys (at least a.chmin), merged by the last (TERN_CUDA_AD_TCS;
  * partials in a.part, counters in a.cnt; early: one row over BF16 pages issues its first copies before pdl_wait,
  * TERN_CUDA_AD_TCS_EARLY). _init: at open, the kernels' shared-memory attributes

@@ -32,6 +32,10 @@
  * with no source bytes) scored −inf. At the end the W warps' (M, L, O) merge in shared memory in warp
  * order (ad_split_weights), as attn_decode1p.cu. A row's arithmetic does not depend on the other rows.
  * Served: BF16 / F16 pages, D 64 / 128 / 256, G <= 8, any length, windows, softcap; others return 0.
+ * D 512 (Gemma 4's global layers; unsplit only): O's 64 n-tiles would take 256 registers, so two blocks share a (kv
+ * head, row), each scoring every key over all 512 dimensions and summing p·v over its half of them (TcShape::DS; the
+ * V tiles hold that half only; 4 warps × 2 stages of 25 KB, one block an SM). K is read twice (the second mostly
+ * from L2); before, these layers took attn_decode.cu's CUDA-core kernel at every batch size.
  *
  * Split over the keys (SPLIT: a third grid dimension, TERN_CUDA_AD_TCS; the default for one row or a few in
  * long-context steps since session 19): each block walks a share of the row's keys and the last split merges the
@@ -59,9 +63,12 @@ constexpr int tc_stages(int D) { return D == 64 ? 4 : D == 128 ? 3 : 2; }
 template <int D, int S_, int W_ = 0> struct TcShape {
     static constexpr int W = W_ ? W_ : D == 256 ? 3 : 4, S = S_;
     static constexpr bool QS = D > 128;
-    static constexpr int RS = D + 8, TILE = TC_CK * RS; /* a K or V tile: elements */
-    static constexpr int RD = D + 4;                    /* the merge's row stride (floats) */
-    static constexpr size_t RING = (size_t)W * S * 2 * TILE * 2, QB = QS ? 16 * RS * 2 : 0;
+    static constexpr int DS = D > 256 ? 2 : 1, DV = D / DS; /* D 512: a block per half of the output dimensions */
+    static constexpr int RS = D + 8, TILE = TC_CK * RS;     /* a K tile: elements */
+    static constexpr int RSV = DV + 8, TILEV = TC_CK * RSV; /* a V tile (DV of the D columns) */
+    static constexpr int STAGE = TILE + TILEV;              /* a ring stage: K then V */
+    static constexpr int RD = DV + 4;                       /* the merge's row stride (floats) */
+    static constexpr size_t RING = (size_t)W * S * STAGE * 2, QB = QS ? 16 * RS * 2 : 0;
     static constexpr size_t SMEM = RING + QB + TC_KEYS * 4;
     static constexpr int B = (int)((228u << 10) / (SMEM + 1536)) < 1 ? 1 : (int)((228u << 10) / (SMEM + 1536));
     static_assert((size_t)W * 8 * RD * 4 <= RING, "merge region");
@@ -152,16 +159,21 @@ __device__ __forceinline__ void tc_rot(float &x0, float &x1, float co, float s, 
 template <typename T, int D, int S_, bool SPLIT, bool EARLY = false, int W_ = 0, bool ROPE = false>
 __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>::B) attn_dec_tc_kernel(AdArgs a) {
     using SH = TcShape<D, S_, W_>;
-    constexpr int W = SH::W, S = SH::S, RS = SH::RS, TILE = SH::TILE, RD = SH::RD;
-    constexpr int NK = D / 16, NT = D / 8;                 /* k-steps of Q·K^T, n-tiles of O */
-    constexpr int CPR = D / 8, KPI = 32 / CPR, NI = TC_CK / KPI; /* a copy round: KPI rows of CPR 16-byte pieces */
+    constexpr int W = SH::W, S = SH::S, RS = SH::RS, TILE = SH::TILE, RD = SH::RD, DS = SH::DS, DV = SH::DV;
+    constexpr int RSV = SH::RSV, STAGE = SH::STAGE;
+    constexpr int NK = D / 16, NT = DV / 8;                /* k-steps of Q·K^T, n-tiles of O */
+    static_assert(DS == 1 || (!SPLIT && !EARLY && !ROPE), "D 512: the unsplit plain instance only");
+    constexpr int CPR = D / 8, KPI = CPR <= 32 ? 32 / CPR : 1, NI = TC_CK / KPI; /* a copy round: KPI rows of CPR 16-byte pieces */
     extern __shared__ __align__(16) unsigned char tc_smem[];
     int *recs = (int *)(tc_smem + SH::RING + SH::QB);
     __shared__ float wm[W][8], wl[W][8], cw[W][8], sl[8];
     pdl_trigger();
     if (!EARLY) pdl_wait(); /* EARLY: after the first tile's records and copies (below) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    const int g = blockIdx.x, r = blockIdx.y, G = a.G;
+    /* DS 2 (D 512): blocks 2g and 2g + 1 of kv head g score every key over all D and each sums p·v over its half
+     * (dh) of the output dimensions: O's fragments stay at D 256's 128 registers; K is read by both */
+    const int g = DS > 1 ? (int)blockIdx.x / DS : (int)blockIdx.x, dh = DS > 1 ? (int)blockIdx.x % DS : 0, r = blockIdx.y,
+              G = a.G;
     const size_t head0 = (size_t)g * G;
     const int pos = a.pos[r];
     const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
@@ -265,13 +277,13 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     const size_t kvs = (size_t)a.nkv * D;
     const T *kb = (const T *)a.kp + (size_t)g * D, *vb = (const T *)a.vp + (size_t)g * D;
-    const uint32_t ring = mma_smem_u32(tc_smem) + (uint32_t)(warp * S * 2 * TILE * 2);
+    const uint32_t ring = mma_smem_u32(tc_smem) + (uint32_t)(warp * S * STAGE * 2);
     const int ck = lane / CPR, cc = lane % CPR; /* this lane's row of a copy round and its 16-byte piece */
     /* ldmatrix row addresses (bytes within a tile): K (B, plain): matrices (keys 0-7 | 8-15) × (d 0-7 |
      * 8-15) in the order b0, b1 of n-tile 0, b0, b1 of n-tile 1; V (B, .trans): (keys 0-7 | 8-15) × d 0-7,
      * then × d 8-15: b0, b1 of d-tile 2np, then of 2np + 1; Q (A): rows 0-15 at k 0, then at k 8 */
     const uint32_t ka = (uint32_t)((((lane >> 4) << 3) + (lane & 7)) * RS + ((lane >> 3) & 1) * 8) * 2;
-    const uint32_t va = (uint32_t)(((((lane >> 3) & 1) << 3) + (lane & 7)) * RS + (lane >> 4) * 8) * 2;
+    const uint32_t va = (uint32_t)(((((lane >> 3) & 1) << 3) + (lane & 7)) * RSV + (lane >> 4) * 8) * 2;
     const uint32_t qa = (uint32_t)((lane & 15) * RS + (lane >> 4) * 8) * 2;
     const float scale = a.scale, cap = a.softcap;
     const int32_t *btrow = ad_btrow(a, r);
@@ -286,15 +298,30 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
         auto issue = [&](int j) {
             if (j < nj) {
                 const int c0 = (warp + j * W) * TC_CK;
-                const uint32_t st = ring + (uint32_t)(j % S * 2 * TILE * 2);
+                const uint32_t st = ring + (uint32_t)(j % S * STAGE * 2);
+                if constexpr (DS == 1) {
 #pragma unroll
-                for (int i = 0; i < NI; i++) {
-                    const int key = i * KPI + ck, idx = c0 + key;
-                    const int rec = idx < tn ? recs[idx] : -1;
-                    const size_t off = rec >= 0 ? (size_t)rec * kvs + cc * 8 : 0;
-                    const uint32_t d = st + (uint32_t)((key * RS + cc * 8) * 2);
-                    tc_cp16(d, kb + off, rec >= 0);
-                    tc_cp16(d + TILE * 2, vb + off, rec >= 0);
+                    for (int i = 0; i < NI; i++) {
+                        const int key = i * KPI + ck, idx = c0 + key;
+                        const int rec = idx < tn ? recs[idx] : -1;
+                        const size_t off = rec >= 0 ? (size_t)rec * kvs + cc * 8 : 0;
+                        const uint32_t d = st + (uint32_t)((key * RS + cc * 8) * 2);
+                        tc_cp16(d, kb + off, rec >= 0);
+                        tc_cp16(d + TILE * 2, vb + off, rec >= 0);
+                    }
+                } else { /* a key's K row is CPR / 32 pieces a lane, its V half one */
+                    static_assert(CPR % 32 == 0 && DV / 8 == 32, "D 512: 64 K pieces and 32 V pieces a key");
+#pragma unroll
+                    for (int key = 0; key < TC_CK; key++) {
+                        const int idx = c0 + key, rec = idx < tn ? recs[idx] : -1;
+                        const size_t off = rec >= 0 ? (size_t)rec * kvs + lane * 8 : 0;
+#pragma unroll
+                        for (int p = 0; p < CPR / 32; p++)
+                            tc_cp16(st + (uint32_t)((key * RS + p * 256 + lane * 8) * 2), kb + off + (rec >= 0 ? p * 256 : 0),
+                                    rec >= 0);
+                        tc_cp16(st + (uint32_t)((TILE + key * RSV + lane * 8) * 2), vb + off + (rec >= 0 ? dh * DV : 0),
+                                rec >= 0);
+                    }
                 }
             }
             mma_cp_commit_ord();
@@ -316,7 +343,7 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
             issue(j + S - 1);
             mma_cp_wait_ord<S - 1>(); /* this lane's copies of chunk j have landed */
             __syncwarp();             /* ... and every lane's */
-            const uint32_t sk = ring + (uint32_t)(j % S * 2 * TILE * 2), sv = sk + TILE * 2;
+            const uint32_t sk = ring + (uint32_t)(j % S * STAGE * 2), sv = sk + TILE * 2;
             /* S = Q·K^T: two 8-key n-tiles, even and odd k-steps in separate accumulators */
             float sc[2][2][4];
 #pragma unroll
@@ -420,7 +447,8 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
             return;
         }
     }
-    ad_warp_merge<W, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; });
+    ad_warp_merge<W, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; }, DV,
+                        dh * DV);
 }
 
 template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0, bool ROPE = false>
@@ -462,6 +490,7 @@ void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
     tc_attr<__nv_bfloat16, 64, tc_stages(64), false, false, 0, true>(); tc_attr<__half, 64, tc_stages(64), false, false, 0, true>();
     tc_attr<__nv_bfloat16, 128, tc_stages(128), false, false, 0, true>(); tc_attr<__half, 128, tc_stages(128), false, false, 0, true>();
     tc_attr<__nv_bfloat16, 128, 2, false, false, 2, true>(); tc_attr<__half, 128, 2, false, false, 2, true>();
+    tc_attr<__nv_bfloat16, 512, tc_stages(512)>(); tc_attr<__half, 512, tc_stages(512)>();
     cudaGetLastError();
 }
 
@@ -490,6 +519,7 @@ template <typename T> static void tc_go(tern__cuda *c, dim3 grid, int st, bool e
     else if (a.D == 128 && st == 3) tc_launch<T, 128, 3, false, false, 2>(c, grid, a);
     else if (a.D == 128 && st == 4) tc_launch<T, 128, 2, false, false, 2>(c, grid, a);
     else if (a.D == 128) tc_launch<T, 128, tc_stages(128)>(c, grid, a);
+    else if (a.D == 512) tc_launch<T, 512, tc_stages(512)>(c, grid, a);
     else tc_launch<T, 256, tc_stages(256)>(c, grid, a);
 }
 
@@ -528,9 +558,10 @@ int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind) {
 }
 
 int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split, bool early) {
-    if (!tc_served(a, kind, a.q) || (a.D != 64 && a.D != 128 && a.D != 256)) return 0;
+    if (!tc_served(a, kind, a.q) || (a.D != 64 && a.D != 128 && a.D != 256 && (a.D != 512 || split))) return 0;
     const int st = tc_shape(c, a, split);
     const size_t smem = a.D == 64    ? TcShape<64, tc_stages(64)>::SMEM
+                        : a.D == 512 ? TcShape<512, tc_stages(512)>::SMEM
                         : a.D == 128 ? (st == 2   ? TcShape<128, 2>::SMEM
                                         : st == 3 ? TcShape<128, 3, 2>::SMEM
                                         : st == 4 ? TcShape<128, 2, 2>::SMEM
@@ -539,7 +570,7 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
     if (smem > c->smem_optin) return 0;
     cudaSetDevice(c->device);
     if (split && (a.splits < 2 || a.splits > 65535 || a.chmin < 1 || (long)a.n * a.nkv > (1L << 16))) return 0;
-    const dim3 grid((unsigned)a.nkv, (unsigned)a.n, split ? (unsigned)a.splits : 1u);
+    const dim3 grid((unsigned)(a.nkv * (a.D == 512 ? 2 : 1)), (unsigned)a.n, split ? (unsigned)a.splits : 1u);
     if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st, split && early && a.n == 1, a);
     else tc_go<__half>(c, grid, st, false, a);
     tern__cuda_check(c, "attention decode (tensor cores)");
