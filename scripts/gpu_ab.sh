@@ -647,7 +647,8 @@ fi
 
 # 50. session 36: TERN_CUDA_ROPE_HOIST: rope_kv_kernel's k threads loading v, slot and the block-table entry before
 #     their first store. Ran in session 36 (NOTES (av)): a tie, removed with its code (the variable now changes
-#     nothing); QKV_ROPE=3 +0.8 % at 512 but −1.9 % at 8k, stays opt-in.
+#     nothing: both arms of its A/B run the same binary, kept as the record); QKV_ROPE=3 +0.8 % at 512 but −1.9 % at
+#     8k, stays opt-in.
 if [[ " $SECTIONS " == *" 50 "* ]]; then
     op_test cuda_fused_rope_kv_write ops50
     on_checks TERN_CUDA_ROPE_HOIST bf16 "llama3 qwen2"
@@ -655,7 +656,7 @@ if [[ " $SECTIONS " == *" 50 "* ]]; then
     b1_ab TERN_CUDA_QKV_ROPE "1 3" "llama3-8b --quant q4"
 fi
 
-# 51. session 36, not run: Gemma 4 batch decode steps slower at some row counts than at more (NOTES (av): gemma4-e4b
+# 51. session 36, ran in session 37 (NOTES (aw): the fix holds, 32 rows +60 %; the defaults stay): Gemma 4 batch decode steps slower at some row counts than at more (NOTES (av): gemma4-e4b
 #     q4 10.2 ms a step at 32 rows vs 7.3 at 64, gemma4-26b-a4b q4 18.5 vs 10.6; e4b bf16 6.4 at 8 rows vs 5.7 at 32).
 #     Found by reading after the call, fixed untimed: qgemm.cu raised its 64-row tiles' shared memory at its first
 #     17..64-row call unless a graph was being recorded — and a <= 32-row step is recorded at first sight, so Gemma 4's
@@ -674,7 +675,7 @@ if [[ " $SECTIONS " == *" 51 "* ]]; then
     done
 fi
 
-# 52. not run yet: batch-1 decode over every MLX width (issue 4 asks for GEMVs near bandwidth at bits 2-8; q4 and q8 are
+# 52. ran in session 37 (NOTES (aw)): batch-1 decode over every MLX width (issue 4 asks for GEMVs near bandwidth at bits 2-8; q4 and q8 are
 #     the only ones in PERFORMANCE.md), llama3-8b and gemma4-12b, one rep each (~2 min)
 if [[ " $SECTIONS " == *" 52 "* ]]; then
     for m in llama3-8b gemma4-12b; do
@@ -683,6 +684,20 @@ if [[ " $SECTIONS " == *" 52 "* ]]; then
             say "b1 $m --quant $q: $(grep '^csv,' "$OUT/b1w_${m}_$q.txt" | cut -d, -f7,10 | tail -1)"
         done
     done
+fi
+
+# 53. session 37: D 512 batch decode attention on tensor cores (TERN_CUDA_AD_TC512, default on; NOTES (aw)): the op test,
+#     the kernel alone at the global layers' shapes (26b-a4b 16 / 2, e4b 8 / 2, 12b 16 / 1) and batch decode on / off
+if [[ " $SECTIONS " == *" 53 "* ]]; then
+    op_test cuda_attention_decode_tc ops53
+    for n in 32 64 128; do
+        for c in "16 2 512" "8 2 512" "16 1 512"; do
+            for v in 0 1; do
+                say "attn-dec1 192 keys $n rows [$c] TC512=$v: $(TERN_CUDA_AD_TC512=$v timeout 60 build/bench_cuda --attn-dec1 192 $n bf16 1 $c | grep '^csv' | cut -d, -f3)"
+            done
+        done
+    done
+    AB_REPS=2 AB_CONC=32,64 conc_ab "TERN_CUDA_AD_TC512=0;TERN_CUDA_AD_TC512=1" "gemma4-26b-a4b:q4 gemma4-12b"
 fi
 
 echo "summary: $S"

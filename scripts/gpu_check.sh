@@ -16,7 +16,7 @@
 # Every stage has its own timeout so the whole run stays well inside 10 minutes.
 #
 # Prebuilt binaries (saves the device's build minutes; nvcc here and there is the same 13.0):
-#   bash scripts/gpu_check.sh pack [small] # here: make, strip, xz -9: build/gpu_prebuilt/bin.tar.xz (~12 MB:
+#   bash scripts/gpu_check.sh pack [small] # here: make, strip, xz (preset 1, 512 MiB window: ~30 s): build/gpu_prebuilt/bin.tar.xz (~15 MB:
 #                                         # op tests, bench_cuda, tern-core, parity, concurrency, TP tests;
 #                                         # small: tern-core and concurrency only)
 #   GPU_PREBUILT=build/gpu_prebuilt/bin.tar.xz bash scripts/gpu_check.sh   # device, carry
@@ -32,7 +32,7 @@ if [ "${1:-}" = pack ]; then
     P="${GPU_PACK_DIR:-build/gpu_prebuilt}" # GPU_PACK_DIR: another folder (two people packing at once)
     rm -rf "$P" && mkdir -p "$P/stage"
     for b in $PACK_BINS; do mkdir -p "$P/stage/$(dirname "$b")" && strip -o "$P/stage/$b" "$b"; done
-    XZ_OPT="--lzma2=preset=9,dict=512MiB -T1" tar cJf "$P/bin.tar.xz" -C "$P/stage" build && rm -rf "$P/stage"
+    XZ_OPT="--lzma2=preset=1,dict=512MiB -T1" tar cJf "$P/bin.tar.xz" -C "$P/stage" build && rm -rf "$P/stage"
     ls -la "$P/bin.tar.xz"
     exit 0
 fi

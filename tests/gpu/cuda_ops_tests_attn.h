@@ -228,9 +228,10 @@ static const ad_tc_case AD_TC_CASES[] = {
     {12, 4, 128, 0, 30.0f, 16, 0, {1100, 33, 1}}, {10, 2, 256, 40, 0.0f, 8, 1, {300, 64, 5}},
     {12, 2, 64, 0, 0.0f, 16, 1, {48, 200, 16}}, {7, 1, 256, 0, 0.0f, 16, 1, {95, 31, 160}},
     {32, 8, 128, 0, 0.0f, 16, 1, {513, 17, 2}}, {2, 1, 128, 0, 0.0f, 16, 0, {3000, 2100, 640}},
-    /* D 512 (two blocks per row and kv head, one per half of the outputs; unsplit only) */
+    /* D 512 (two blocks per row and group of at most 8 heads, one per half of the outputs; unsplit only) */
     {8, 2, 512, 0, 0.0f, 16, 1, {300, 37, 129}}, {16, 2, 512, 0, 30.0f, 16, 0, {200, 17, 1}},
     {4, 4, 512, 40, 0.0f, 8, 1, {95, 31, 1100}}, {8, 1, 512, 0, 0.0f, 16, 0, {1100, 64, 3}},
+    {16, 1, 512, 0, 0.0f, 16, 1, {300, 37, 129}}, {32, 2, 512, 50, 20.0f, 16, 0, {200, 17, 1}}, /* 8-head groups */
 };
 /* one case over BF16 (pg 1) or F16 (pg 2) pages, three decode rows (one per slot): rel error against the CPU */
 static double ad_tc_case_run(const ad_tc_case *k, int pg) {

@@ -558,14 +558,18 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     const int G = nh / nkv, E = d == 512 ? 16 : 8, gmax = d == 512 ? 4 : 8; /* GM * E <= 64: registers */
     static int tc512 = -1; /* TERN_CUDA_AD_TC512=0: these layers back on the kernels below */
     if (tc512 < 0) tc512 = tern__cuda_env_int("TERN_CUDA_AD_TC512", 1) != 0;
-    if (d == 512 && G <= 8 && kind != TERN_KV_F32 && ad_tc() && tc512) {
-        /* batch decode over Gemma 4's global layers: the tensor-core kernel, two blocks per (row, kv head), where that
-         * launch fills the GPU as the unsplit D <= 256 one must (ad_tc_takes); one row or a few stay below */
+    if (d == 512 && (G <= 8 || (G % 8 == 0 && G <= 32)) && kind != TERN_KV_F32 && ad_tc() && tc512) {
+        /* batch decode over Gemma 4's global layers: the tensor-core kernel, two blocks per (row, group of at most 8
+         * heads of a kv head), where that launch fills the GPU as the unsplit D <= 256 one must (ad_tc_takes); one row
+         * or a few stay below */
+        const int hsg = G > 8 ? G / 8 : 1;
         long keys = tern__cuda_attn_max_keys(c, rows, kv);
         if (kv->window > 0 && keys > kv->window) keys = kv->window;
-        if (ad_tc_takes(c, 2L * n * nkv, keys) || ad_tc() == 2) {
+        if (ad_tc_takes(c, 2L * n * nkv * hsg, keys) || ad_tc() == 2) {
             AdArgs t = {};
             ad_args_fill(&t, c, out, q, rows, nh, kv, scale, softcap);
+            t.hs = hsg;
+            t.G = t.GB = G / hsg;
             t.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
             if (tern__cuda_attn_decode_tc(c, t, kind)) {
                 c->att_bf16_done = t.outb != NULL;

@@ -35,7 +35,8 @@
  * D 512 (Gemma 4's global layers; unsplit only): O's 64 n-tiles would take 256 registers, so two blocks share a (kv
  * head, row), each scoring every key over all 512 dimensions and summing p·v over its half of them (TcShape::DS; the
  * V tiles hold that half only; 4 warps × 2 stages of 25 KB, one block an SM). K is read twice (the second mostly
- * from L2); before, these layers took attn_decode.cu's CUDA-core kernel at every batch size.
+ * from L2); before, these layers took attn_decode.cu's CUDA-core kernel at every batch size. Groups of 16 or more
+ * heads (gemma4-12b's 16 per global kv head) run as a.hs groups of 8, each its own pair of blocks.
  *
  * Split over the keys (SPLIT: a third grid dimension, TERN_CUDA_AD_TCS; the default for one row or a few in
  * long-context steps since session 19): each block walks a share of the row's keys and the last split merges the
@@ -170,11 +171,12 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
     pdl_trigger();
     if (!EARLY) pdl_wait(); /* EARLY: after the first tile's records and copies (below) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    /* DS 2 (D 512): blocks 2g and 2g + 1 of kv head g score every key over all D and each sums p·v over its half
-     * (dh) of the output dimensions: O's fragments stay at D 256's 128 registers; K is read by both */
-    const int g = DS > 1 ? (int)blockIdx.x / DS : (int)blockIdx.x, dh = DS > 1 ? (int)blockIdx.x % DS : 0, r = blockIdx.y,
-              G = a.G;
-    const size_t head0 = (size_t)g * G;
+    /* DS 2 (D 512): blocks 2gb and 2gb + 1 score every key over all D and each sums p·v over its half (dh) of the
+     * output dimensions: O's fragments stay at D 256's 128 registers; K is read by both. A kv head's group larger than
+     * 8 heads is a.hs groups of G = 8 (gb = g·hs + the group) */
+    const int gb = DS > 1 ? (int)blockIdx.x / DS : (int)blockIdx.x, g = DS > 1 ? gb / a.hs : gb,
+              dh = DS > 1 ? (int)blockIdx.x % DS : 0, r = blockIdx.y, G = a.G;
+    const size_t head0 = (size_t)gb * G;
     const int pos = a.pos[r];
     const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
     const int nk = pos >= 0 ? pos - lo + 1 : 0;
@@ -570,7 +572,8 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
     if (smem > c->smem_optin) return 0;
     cudaSetDevice(c->device);
     if (split && (a.splits < 2 || a.splits > 65535 || a.chmin < 1 || (long)a.n * a.nkv > (1L << 16))) return 0;
-    const dim3 grid((unsigned)(a.nkv * (a.D == 512 ? 2 : 1)), (unsigned)a.n, split ? (unsigned)a.splits : 1u);
+    if (a.D != 512 && a.hs != 1) return 0;
+    const dim3 grid((unsigned)(a.nkv * (a.D == 512 ? 2 * a.hs : 1)), (unsigned)a.n, split ? (unsigned)a.splits : 1u);
     if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st, split && early && a.n == 1, a);
     else tc_go<__half>(c, grid, st, false, a);
     tern__cuda_check(c, "attention decode (tensor cores)");
