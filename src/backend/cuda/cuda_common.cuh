@@ -26,6 +26,20 @@ __device__ __forceinline__ void pdl_start() {
 }
 
 extern "C" int tern__cuda_pdl(void); /* 1 unless TERN_CUDA_PDL=0 */
+
+/* set() raises some kernels' shared-memory limits once per device (bit `device` of *ready), never while a step graph
+ * is recorded (capturing: setting attributes then is not allowed, and a launch that declines inside a recording stays
+ * declined in that graph): 1 when they are raised. Called at backend open, and before the launches that need them. */
+template <class F> static inline int tern__cuda_attr_once(unsigned *ready, int device, int capturing, F set) {
+    const unsigned bit = device >= 0 && device < 32 ? 1u << device : 0;
+    if (!bit) return 0;
+    if (*ready & bit) return 1;
+    if (capturing) return 0;
+    set();
+    if (cudaGetLastError() != cudaSuccess) return 0;
+    *ready |= bit;
+    return 1;
+}
 extern "C" void tern__cuda_carve_apply(const void *k); /* TERN_CUDA_CARVE (cuda_backend.c) */
 
 /* k<<<grid, block, smem, st>>>(args...), launched as a programmatic dependent of the stream's

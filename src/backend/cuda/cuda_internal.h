@@ -212,6 +212,7 @@ void tern__cuda_glu_bf16(tern__cuda *c, void *h, const void *gu, size_t rows, in
  * returns 1 when it handled the call, 0 when the caller must take another path */
 int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 void tern__cuda_qgemm_init(tern__cuda *c); /* at open (from tern__cuda_gemv_init): the 64-row tiles' shared memory */
+void tern__cuda_moe_gemm_init(tern__cuda *c); /* the same for moe_gemm.cu's 64-row tiles */
 /* qgemm_q4.cu: Q4 (BF16 scales) times 2..128 rows in the plain bf16 mode through a cp.async ring
  * (TERN_CUDA_QG4=0 off): k <= 3 matrices (matrix e of each stack) in mode G1_PLAIN / G1_RES / a pair mode;
  * 1 when it ran, 0 when not served. tern__cuda_q4_rows: gemv_xr.cu first for the rows it takes, then this */

@@ -303,6 +303,7 @@ extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     tern__cuda_gemv_xr_init(c);
     tern__cuda_qg4_init(c);
     tern__cuda_qgemm_init(c);
+    tern__cuda_moe_gemm_init(c);
     tern__cuda_sgemm_init(c);
     cudaGetLastError();
 }

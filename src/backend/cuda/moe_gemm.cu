@@ -323,21 +323,20 @@ template <int KIND, bool PL = false> static void mg_launch(cudaStream_t st, dim3
 static unsigned g_mg_smem; /* bit d: the NT = 8 instances may use > 48 KB on device d */
 
 static int mg_ensure_smem(tern__cuda *c) {
-    const unsigned bit = c->device >= 0 && c->device < 32 ? 1u << c->device : 0;
-    if (!bit) return 0;
-    if (g_mg_smem & bit) return 1;
-    if (c->capturing) return 0; /* never set attributes while a step is recorded */
-    const int b = (int)mg_smem(8);
-    cudaFuncSetAttribute(mg_kernel<4, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-    cudaFuncSetAttribute(mg_kernel<8, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-    cudaFuncSetAttribute(mg_kernel<4, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-    cudaFuncSetAttribute(mg_kernel<8, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-    cudaFuncSetAttribute(mg_kernel<16, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-    cudaFuncSetAttribute(mg_kernel<17, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-    if (cudaGetLastError() != cudaSuccess) return 0;
-    g_mg_smem |= bit;
-    return 1;
+    return tern__cuda_attr_once(&g_mg_smem, c->device, c->capturing, [] {
+        const int b = (int)mg_smem(8);
+        cudaFuncSetAttribute(mg_kernel<4, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(mg_kernel<8, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(mg_kernel<4, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(mg_kernel<8, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(mg_kernel<16, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(mg_kernel<17, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+    });
 }
+
+/* at open (from tern__cuda_gemv_init), as qgemm.cu's: a MoE step graph recorded before any eager grouped call (a
+ * first step of decode rows only) would otherwise keep the per-pair fallback */
+extern "C" void tern__cuda_moe_gemm_init(tern__cuda *c) { mg_ensure_smem(c); }
 
 /* kernel kind of a weight (Q bits 4/8, F16 = 16, BF16 = 17), or 0 when the grouped GEMM does not take it */
 static int mg_kind(const tern__cuda_w *w) {
@@ -398,7 +397,7 @@ extern "C" int tern__cuda_moe_grouped(tern__cuda *c, float *y, const float *x, i
     const int I = gate->out, E = gate->nmat, np = n * k;
     const int force = tern__cuda_env_int("TERN_MOE_GROUPED", -1);
     if (force == 0 || c->compute != TERN_COMPUTE_BF16 || !wts) return 0;
-    const int big_ok = mg_ensure_smem(c); /* on any eager call, so that a recorded step finds it set */
+    const int big_ok = mg_ensure_smem(c); /* set at open (tern__cuda_moe_gemm_init) */
     if (force != 1 && np < tern__cuda_env_int("TERN_MOE_GROUPED_MIN", 2 * E)) return 0;
     const int kg = mg_kind(gate), kd = mg_kind(down);
     if (!kg || !kd || mg_kind(up) != kg || up->bits != gate->bits || up->group_size != gate->group_size ||

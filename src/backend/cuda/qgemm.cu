@@ -218,14 +218,9 @@ static unsigned g_smem_ready; /* bit d: the NT = 8 instances may use > 48 KB on 
  * projections, flagged precise, take this kernel), the kernel declined and the graph kept the fallback — the n-row
  * CUDA-core GEMV — for good: gemma4-e4b q4 at 32 sequences 10.2 ms a step against 7.3 at 64 (NOTES (av)). */
 static int ensure_smem(tern__cuda *c) {
-    const unsigned bit = c->device >= 0 && c->device < 32 ? 1u << c->device : 0;
-    if (!bit) return 0;
-    if (g_smem_ready & bit) return 1;
-    if (c->capturing) return 0; /* never set attributes while a step is recorded */
-    allow<2>(); allow<3>(); allow<4>(); allow<5>(); allow<6>(); allow<8>(); allow<16>(); allow<17>();
-    if (cudaGetLastError() != cudaSuccess) return 0;
-    g_smem_ready |= bit;
-    return 1;
+    return tern__cuda_attr_once(&g_smem_ready, c->device, c->capturing, [] {
+        allow<2>(); allow<3>(); allow<4>(); allow<5>(); allow<6>(); allow<8>(); allow<16>(); allow<17>();
+    });
 }
 
 extern "C" void tern__cuda_qgemm_init(tern__cuda *c) { ensure_smem(c); }

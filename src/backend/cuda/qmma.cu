@@ -313,14 +313,9 @@ template <int BITS, int NP> static void qm_allow() {
 static unsigned qm_smem_ready; /* bit d: the big instances may use > 48 KB on device d */
 
 static int qm_ensure_smem(tern__cuda *c) {
-    const unsigned bit = c->device >= 0 && c->device < 32 ? 1u << c->device : 0;
-    if (!bit) return 0;
-    if (qm_smem_ready & bit) return 1;
-    if (c->capturing) return 0; /* never set attributes while a step is recorded */
-    qm_allow<4, 1>(); qm_allow<4, 2>(); qm_allow<4, 3>(); qm_allow<8, 1>(); qm_allow<8, 2>(); qm_allow<8, 3>();
-    if (cudaGetLastError() != cudaSuccess) return 0;
-    qm_smem_ready |= bit;
-    return 1;
+    return tern__cuda_attr_once(&qm_smem_ready, c->device, c->capturing, [] {
+        qm_allow<4, 1>(); qm_allow<4, 2>(); qm_allow<4, 3>(); qm_allow<8, 1>(); qm_allow<8, 2>(); qm_allow<8, 3>();
+    });
 }
 
 extern "C" void tern__cuda_qmma_init(tern__cuda *c) {
