@@ -700,4 +700,10 @@ if [[ " $SECTIONS " == *" 53 "* ]]; then
     AB_REPS=2 AB_CONC=32,64 conc_ab "TERN_CUDA_AD_TC512=0;TERN_CUDA_AD_TC512=1" "gemma4-26b-a4b:q4 gemma4-12b"
 fi
 
+# Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
+# summary.txt and *.log (the caller's redirect, still open) stay as they are
+if [ "${AB_PACK:-1}" != 0 ]; then
+    ( cd "$OUT" && find . -maxdepth 1 -type f ! -name summary.txt ! -name '*.log' ! -name ab_logs.tar.xz ! -name .ab_files -printf '%f\n' |
+        sort > .ab_files && [ -s .ab_files ] && tar cJf ab_logs.tar.xz -T .ab_files && xargs rm -f < .ab_files; rm -f .ab_files )
+fi
 echo "summary: $S"
