@@ -253,7 +253,7 @@ enum MHD_Result srv_handle_detokenize(srv_req *r) {
     const cJSON *x;
     cJSON_ArrayForEach(x, t) {
         double d = cJSON_IsNumber(x) ? x->valuedouble : -1;
-        if (d != (double)(int32_t)d || d < 0 || d >= s->info.n_vocab) {
+        if (!srv_is_token_id(d, s->info.n_vocab)) {
             srv_fail(&e, 400, "tokens", "tokens[%d]: expected a token id in [0, %d)", k, s->info.n_vocab);
             goto fail;
         }

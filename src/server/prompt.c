@@ -291,7 +291,7 @@ int srv_prompt_raw(tern_server *s, const cJSON *prompt, srv_prompt *out, srv_err
     const cJSON *x;
     cJSON_ArrayForEach(x, p) {
         double d = cJSON_IsNumber(x) ? x->valuedouble : -1;
-        if (d != (double)(int32_t)d || d < 0 || d >= s->info.n_vocab) {
+        if (!srv_is_token_id(d, s->info.n_vocab)) {
             srv_prompt_free(out);
             return srv_fail(e, 400, "prompt", "prompt[%d]: expected a token id in [0, %d)", out->n ? out->n : 0,
                             s->info.n_vocab);

@@ -149,6 +149,9 @@ void srv_params_free(srv_params *p);
  * -1 error (e filled naming the field). */
 int srv_get_num(const cJSON *o, const char *k, double lo, double hi, double *out, srv_error *e);
 int srv_get_int(const cJSON *o, const char *k, long long lo, long long hi, long long *out, srv_error *e);
+/* 1 when the JSON number d is a token id of a vocabulary of n: an integer in [0, n). Compared as a double first (a
+ * cast of a value past int's range is undefined) */
+static inline int srv_is_token_id(double d, int n) { return d >= 0 && d < (double)n && d == (double)(int32_t)d; }
 int srv_get_bool(const cJSON *o, const char *k, int *out, srv_error *e);
 int srv_get_str(const cJSON *o, const char *k, const char **out, srv_error *e);
 
