@@ -1,15 +1,17 @@
 /*
- * fuzz_http.c — libFuzzer target for the whole HTTP stack: a server on the fake engine (`tern serve
- * --fake-engine`'s, started once per process on a free port, steps without sleeping) and, per input, one
- * request over a fresh TCP connection — any route and method, bodies the fuzzer writes, streaming or not,
- * clients that read a part of the reply (or none, or send half the body) and vanish.
+ * fuzz_http.c — libFuzzer target for the whole HTTP stack: two servers started once per process on free ports —
+ * one on the fake engine (`tern serve --fake-engine`'s, steps without sleeping), one on the real engine with the
+ * embedded demo model on the CPU (prefix cache and speculative decoding on, so requests reach the scheduler,
+ * sampler, constrained decoding and cancellation for real) — and, per input, one request over a fresh TCP
+ * connection: any route and method, bodies the fuzzer writes, streaming or not, clients that read a part of the
+ * reply (or none, or send half the body) and vanish.
  *
  * Checked: a complete request to a known route gets a status line, never a 5xx (bad input is the client's
  * fault: 4xx); the server answers the next connection (a crash or a wedged engine shows there). Raw mode
  * (selector 15) sends the input's bytes as they are — request line and headers included — and checks only
  * that the server is still up afterwards.
  *
- * Input: byte 0 selects the route (below), byte 1 the client: bits 0-1 0 read the whole reply, 1 read one
+ * Input: byte 0 selects the route (below; bit 7: the demo-model server), byte 1 the client: bits 0-1 0 read the whole reply, 1 read one
  * byte, 2 read 256 bytes, 3 send half the body and close; bit 2 an Authorization header; bit 3
  * "Connection: keep-alive" instead of close (the client reads one byte of the reply and leaves). The rest is
  * the body.
@@ -39,32 +41,45 @@ static const struct { const char *method, *path; } k_routes[] = {
 };
 #define RAW 15
 
-static tern_server *g_srv;
-static int g_port;
+static tern_server *g_srvs[2]; /* fake engine, demo model */
+static int g_ports[2], g_port;
 static int g_rerr; /* the last read's errno (0: the server closed) */
 
-static void stop_server(void) {
-    tern_server_stop(g_srv);
-    g_srv = NULL;
+static void stop_servers(void) {
+    for (int i = 0; i < 2; i++) {
+        tern_server_stop(g_srvs[i]);
+        g_srvs[i] = NULL;
+    }
 }
 
-static void start_server(void) {
-    if (g_srv) return;
+static void start_server(int demo) {
+    g_port = g_ports[demo];
+    if (g_srvs[demo]) return;
     signal(SIGPIPE, SIG_IGN); /* a write to a connection the server closed */
     setenv("TERN_FAKE_DELAY_MS", "0", 1);
     tern_server_opts o = tern_server_default_opts();
     o.port = 0;
-    o.fake_engine = 1;
+    o.fake_engine = !demo;
     o.default_max_tokens = 48;
     o.timeout_s = 5;
     o.max_body = 1 << 20;
+    if (demo) {
+        o.engine.model = "demo";
+        o.engine.device = "cpu";
+        o.engine.n_threads = 1;
+        o.engine.max_concurrency = 4;
+        o.engine.max_ctx = 512;
+        o.engine.prompt_cache_gb = 0.01;
+        o.engine.speculative_k = 2;
+    }
     tern_error err = {0};
-    if (tern_server_start(&g_srv, &o, &err) != TERN_OK || tern_server_wait_loaded(g_srv, &err) != TERN_OK) {
-        fprintf(stderr, "fuzz_http: cannot start the server: %s\n", err.msg);
+    if (tern_server_start(&g_srvs[demo], &o, &err) != TERN_OK || tern_server_wait_loaded(g_srvs[demo], &err) != TERN_OK) {
+        fprintf(stderr, "fuzz_http: cannot start the %s server: %s\n", demo ? "demo" : "fake", err.msg);
         abort();
     }
-    g_port = tern_server_port(g_srv);
-    atexit(stop_server);
+    g_port = g_ports[demo] = tern_server_port(g_srvs[demo]);
+    static int once;
+    if (!once++) atexit(stop_servers);
 }
 
 static int connect_server(void) {
@@ -153,8 +168,8 @@ static void check_alive(void) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
-    start_server();
-    const int sel = data[0] % (RAW + 1), mode = data[1] & 3, auth = data[1] >> 2 & 1, keep = data[1] >> 3 & 1;
+    start_server(data[0] >> 7);
+    const int sel = (data[0] & 0x7f) % (RAW + 1), mode = data[1] & 3, auth = data[1] >> 2 & 1, keep = data[1] >> 3 & 1;
     const uint8_t *body = data + 2;
     const size_t blen = size - 2;
     int fd = connect_server();
