@@ -550,12 +550,24 @@ static bool ad_long(const tern_rows *rows, const tern_kv_layer *kv) {
     return ad_tcs() == 1 && tern_rows_long(rows->pos_host, rows->n) && (kv->window <= 0 || kv->window >= tern_long_keys());
 }
 
+/* the unsplit tensor-core launch of t: every output goes through ad_warp_merge, so it goes out in bf16 (the o GEMM's
+ * staged input) when out is the attention output attention_o announced; 1 when it ran */
+static int ad_tc_unsplit(tern__cuda *c, AdArgs t, float *out, int kind) {
+    t.outb = out == c->att_f32 && t.n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
+    if (!tern__cuda_attn_decode_tc(c, t, kind)) return 0;
+    c->att_bf16_done = t.outb != NULL;
+    tern__cuda_attn_decode_calls++;
+    return 1;
+}
+
 /* over f32 (kind TERN_KV_F32) or BF16/F16 pages (K and V of that one kind): 1 when it ran */
 static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                         const tern_kv_layer *kv, float scale, float softcap, int kind) {
     const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
     if (!c->ad_cnt || n <= 0 || (rows->vis_lo && rows->vis_hi) || nkv <= 0 || nh % nkv) return 0;
     const int G = nh / nkv, E = d == 512 ? 16 : 8, gmax = d == 512 ? 4 : 8; /* GM * E <= 64: registers */
+    long keys = tern__cuda_attn_max_keys(c, rows, kv);
+    if (kv->window > 0 && keys > kv->window) keys = kv->window;
     static int tc512 = -1; /* TERN_CUDA_AD_TC512=0: these layers back on the kernels below */
     if (tc512 < 0) tc512 = tern__cuda_env_int("TERN_CUDA_AD_TC512", 1) != 0;
     if (d == 512 && (G <= 8 || (G % 8 == 0 && G <= 32)) && kind != TERN_KV_F32 && ad_tc() && tc512) {
@@ -563,19 +575,12 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
          * heads of a kv head), where that launch fills the GPU as the unsplit D <= 256 one must (ad_tc_takes); one row
          * or a few stay below */
         const int hsg = G > 8 ? G / 8 : 1;
-        long keys = tern__cuda_attn_max_keys(c, rows, kv);
-        if (kv->window > 0 && keys > kv->window) keys = kv->window;
         if (ad_tc_takes(c, 2L * n * nkv * hsg, keys) || ad_tc() == 2) {
             AdArgs t = {};
             ad_args_fill(&t, c, out, q, rows, nh, kv, scale, softcap);
             t.hs = hsg;
             t.G = t.GB = G / hsg;
-            t.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
-            if (tern__cuda_attn_decode_tc(c, t, kind)) {
-                c->att_bf16_done = t.outb != NULL;
-                tern__cuda_attn_decode_calls++;
-                return 1;
-            }
+            if (ad_tc_unsplit(c, t, out, kind)) return 1;
         }
     }
     /* a larger group (Gemma 4's global layers: 8 or 16 heads per KV head at d 512) in hs blocks of at
@@ -584,8 +589,6 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     if (!hs || (long)n * nkv * hs > AD_CNT) return 0;
     const int GB = (G + hs - 1) / hs, GM = GB <= 1 ? 1 : GB <= 2 ? 2 : GB <= 4 ? 4 : 8;
     if ((d != 32 && d != 64 && d != 128 && d != 256 && d != 512) || GM * E > 64 || ((uintptr_t)q & 15)) return 0;
-    long keys = tern__cuda_attn_max_keys(c, rows, kv);
-    if (kv->window > 0 && keys > kv->window) keys = kv->window;
     AdArgs a = {};
     /* about two blocks per SM (8 warps each), >= chmin keys per split, at most 128 splits, and
      * enough splits that a split's scores fit */
@@ -638,15 +641,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
             return 1;
         }
     }
-    if (hs == 1 && ad_tc() && (ad_tc_takes(c, pairs, keys) || ad_tc() == 2)) {
-        AdArgs t = a; /* unsplit: every output through ad_warp_merge, so it may go out in bf16 (attention_o) */
-        t.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
-        if (tern__cuda_attn_decode_tc(c, t, kind)) {
-            c->att_bf16_done = t.outb != NULL;
-            tern__cuda_attn_decode_calls++;
-            return 1;
-        }
-    }
+    if (hs == 1 && ad_tc() && (ad_tc_takes(c, pairs, keys) || ad_tc() == 2) && ad_tc_unsplit(c, a, out, kind)) return 1;
     if (hs == 1 && ad_1p() && (pairs >= 2L * c->n_sm || ad_1p() == 2) && tern__cuda_attn_decode_1p(c, a, kind)) {
         tern__cuda_attn_decode_calls++;
         return 1;

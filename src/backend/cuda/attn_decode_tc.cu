@@ -573,7 +573,8 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
     cudaSetDevice(c->device);
     if (split && (a.splits < 2 || a.splits > 65535 || a.chmin < 1 || (long)a.n * a.nkv > (1L << 16))) return 0;
     if (a.D != 512 && a.hs != 1) return 0;
-    const dim3 grid((unsigned)(a.nkv * (a.D == 512 ? 2 * a.hs : 1)), (unsigned)a.n, split ? (unsigned)a.splits : 1u);
+    const dim3 grid((unsigned)(a.nkv * (a.D == 512 ? TcShape<512, tc_stages(512)>::DS * a.hs : 1)), (unsigned)a.n,
+                    split ? (unsigned)a.splits : 1u);
     if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st, split && early && a.n == 1, a);
     else tc_go<__half>(c, grid, st, false, a);
     tern__cuda_check(c, "attention decode (tensor cores)");
