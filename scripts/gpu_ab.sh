@@ -700,6 +700,17 @@ if [[ " $SECTIONS " == *" 53 "* ]]; then
     AB_REPS=2 AB_CONC=32,64 conc_ab "TERN_CUDA_AD_TC512=0;TERN_CUDA_AD_TC512=1" "gemma4-26b-a4b:q4 gemma4-12b"
 fi
 
+# 54. session 38: the other MLX widths' one-row GEMVs on XP1's tensor-core walk (TERN_CUDA_GEMV_WIDE, default 1;
+#     gemv_mma.cuh mm_decode_w): op test, per-shape GEMV times (mma = the walk, gemv1 = before), parity with it on,
+#     and batch-1 decode with it off / on (llama3-8b q2 / q3 / q5 / q6, gemma4-12b q3 / q6), one rep interleaved
+if [[ " $SECTIONS " == *" 54 "* ]]; then
+    op_test cuda_gemv_mma_wide,cuda_fused_matmuls,cuda_norm_matmul ops54
+    TERN_CUDA_GEMV_XP1=1 BENCH_GEMV1=wide timeout 150 build/bench_cuda > "$OUT/gemv_wide.txt" 2>&1
+    say "gemv wide (µs, GB/s):"; grep -E '^\[(mma|gemv1)\]' "$OUT/gemv_wide.txt" | tr -s ' ' | tee -a "$S"
+    on_checks TERN_CUDA_GEMV_WIDE bf16 "gemma4_moe_mixed"
+    b1_ab TERN_CUDA_GEMV_WIDE "0 1" "llama3-8b --quant q3;llama3-8b --quant q6;llama3-8b --quant q2;llama3-8b --quant q5;gemma4-12b --quant q3"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

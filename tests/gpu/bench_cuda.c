@@ -940,13 +940,14 @@ int main(int argc, char **argv) {
             {TERN_DT_Q, 5, 64}, {TERN_DT_Q, 6, 64}, {TERN_DT_Q, 4, 32}, {TERN_DT_Q, 4, 128}};
         static const int one[] = {1, 0};
         const int only_q4 = !strcmp(getenv("BENCH_GEMV1"), "q4"); /* BENCH_GEMV1=q4: q4 g64 only */
+        const int wide = !strcmp(getenv("BENCH_GEMV1"), "wide"); /* =wide: q4, q8 and q2 / q3 / q5 / q6 g64 */
         for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++)
             for (int s = 0; s < 5; s++) {
-                if (only_q4 && f != 1) continue;
-                if (f >= 3 && s != 0 && s != 3) continue; /* other formats: one square, one wide shape */
-                /* 0: tensor-core gemv_mma (Q4/Q8 only), 1: gemv1, 2: the older kernel */
-                const int mma_ok = fm[f].dt == TERN_DT_Q && (fm[f].bits == 4 || fm[f].bits == 8);
-                for (int v = mma_ok ? 0 : 1; v < (s == 4 ? 2 : 3); v++) {
+                if ((only_q4 && f != 1) || (wide && (f < 1 || f > 6 || s == 1))) continue;
+                if (f >= 3 && s != 0 && s != 3 && !wide) continue; /* other formats: one square, one wide shape */
+                /* 0: tensor-core gemv_mma (Q4/Q8, and the other widths on XP1's walk), 1: gemv1, 2: the older kernel */
+                const int mma_ok = fm[f].dt == TERN_DT_Q;
+                for (int v = mma_ok ? 0 : 1; v < (s == 4 || wide ? 2 : 3); v++) {
                     tern__cuda_gemv_mma_on = v == 0 ? 2 : 0;
                     tern__cuda_gemv1_on = v <= 1;
                     g_only_var = v == 2 ? 4 : 5;

@@ -58,11 +58,16 @@ template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, boo
           bool ROPE = false>
 __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     static_assert(!XI8 || XP1, "the int8 walk is XP1's with another MMA and fold");
+    constexpr bool WIDE = BITS != 4 && BITS != 8; /* Q2 / Q3 / Q5 / Q6: XP1's walk, GB as Q4's (gs / 2) */
+    static_assert(!WIDE || (XP1 && FOLD && !XI8 && !ROPE), "the other widths: the XP1 walk with FOLD");
     pdl_trigger();
-    constexpr int S = GB == 16 ? 2 : 4; /* steps per K slice (q4 g32: two MMA tiles, fewer registers) */
+    /* steps per K slice (q4 g32: two MMA tiles, fewer registers; Q5 / Q6: 20 / 24 bytes a lane and row step) */
+    constexpr int S = GB == 16 || BITS == 5 || BITS == 6 ? 2 : 4;
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
-    constexpr int CPS = 512 / BITS;               /* inputs per step */
+    constexpr int CPS = mm_cps<BITS>();           /* inputs per step */
+    constexpr int LB = mm_lb<BITS>(), SB = mm_sb<BITS>(); /* a lane's bytes of a row per load, a row's per step */
+    using WT = typename MmWord<BITS>::T;
     using SV = typename SVec<GPS>::T;
     extern __shared__ uint2 mm_sm[];
     uint2 *tbl = mm_sm;                           /* [J·S][8 MMAs][NT][32 lanes] B fragments */
@@ -78,7 +83,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     /* a row block's words and scales in registers; PP: two sets, the next row block loads into the
      * other one (no copies), else one set whose step is copied out before it is reloaded */
     struct MmSet {
-        uint4 w0[S], w1[S];
+        WT w0[S], w1[S];
         SV s0[S], b0[S], s1[S], b1[S];
         uint32_t q[4]; /* XP1: the scales and biases of the lane's two chunk groups, rows g and g+8 */
     };
@@ -86,8 +91,15 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     MmRows r{}; /* value-initialised: the lambdas below capture it before the first row block sets it */
     auto load_step = [&](MmSet &o, int j, int i) { /* step i of chunk j into slot i */
         const int st = st0 + j * S + i, G = GB > 64 ? st * 64 / GB : st * GPS;
-        o.w0[i] = mm_ld4(r.w0 + (size_t)st * 64);
-        o.w1[i] = mm_ld4(r.w1 + (size_t)st * 64);
+        if constexpr (WIDE) { /* at the odd step, the double step of it and the one before (both slots used) */
+            if (i & 1) {
+                mm_ldw2<BITS>(r.w0 + (size_t)(st - 1) * SB, o.w0[i - 1], o.w0[i]);
+                mm_ldw2<BITS>(r.w1 + (size_t)(st - 1) * SB, o.w1[i - 1], o.w1[i]);
+            }
+        } else {
+            o.w0[i] = mm_ld4(r.w0 + (size_t)st * SB);
+            o.w1[i] = mm_ld4(r.w1 + (size_t)st * SB);
+        }
         if constexpr (XP1) {
             if (i == 0) mm_pair_scales(r, G, t, S * GPS, a.ng, o.q); /* once per chunk */
         } else {
@@ -96,7 +108,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
         }
     };
     int rbk = blockIdx.x;
-    mm_rows(a, rbk * MM_WARPS + warp, g, t, rb, pair, r);
+    mm_rows(a, rbk * MM_WARPS + warp, g, t, rb, pair, r, LB);
 #pragma unroll
     for (int i = 0; i < S; i++)
         if (i < ns) load_step(A, 0, i);
@@ -105,10 +117,10 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     const int nitems = (a.rblocks - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * nch;
     auto l2_item = [&](int n) {
         const int half = lane >> 4;
-        if (n >= nitems || half * 128 >= S * 64) return; /* S = 2: one 128-byte line per row and chunk */
+        if (n >= nitems || half * 128 >= S * SB) return; /* S·SB <= 128: one 128-byte line per row and chunk */
         MmRows p;
         mm_rows(a, (blockIdx.x + (n / nch) * gridDim.x) * MM_WARPS + warp, lane & 7, 0, rb, pair, p);
-        const uint8_t *q = ((lane >> 3) & 1 ? p.w1 : p.w0) + (size_t)(st0 + (n % nch) * S) * 64 + half * 128;
+        const uint8_t *q = ((lane >> 3) & 1 ? p.w1 : p.w0) + (size_t)(st0 + (n % nch) * S) * SB + half * 128;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
     };
     for (int n = 1; n <= a.l2pf; n++) l2_item(n); /* while the previous kernel drains */
@@ -135,7 +147,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
         const int nrbk = last ? rbk + gridDim.x : rbk, nch_ = last ? 0 : ch + 1;
         const int nsc = min(S, ns - ch * S), nsn = min(S, ns - nch_ * S); /* steps of this and the next chunk */
         const bool more = nrbk < a.rblocks;
-        if (more && last) mm_rows(a, nrbk * MM_WARPS + warp, g, t, rb, pair, r);
+        if (more && last) mm_rows(a, nrbk * MM_WARPS + warp, g, t, rb, pair, r, LB);
         if constexpr (XP1) { /* one tile for the chunk, folded once */
             const uint32_t q0 = cur.q[0], q1 = cur.q[1], q2 = cur.q[2], q3 = cur.q[3];
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -146,11 +158,18 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
                     if (more && sl < nsn) load_step(nxt, nch_, sl);
                     continue;
                 }
+                if constexpr (WIDE) {
+                    const WT wa = cur.w0[sl], wc = cur.w1[sl];
+                    if (more && sl < nsn) load_step(nxt, nch_, sl);
+                    mm_mmas_w<BITS>(d, wa.v, wc.v, tl, ch * S + sl, a.magic);
+                    continue;
+                } else {
                 const uint32_t wa[4] = {cur.w0[sl].x, cur.w0[sl].y, cur.w0[sl].z, cur.w0[sl].w};
                 const uint32_t wc[4] = {cur.w1[sl].x, cur.w1[sl].y, cur.w1[sl].z, cur.w1[sl].w};
                 if (more && sl < nsn) load_step(nxt, nch_, sl);
                 if constexpr (XI8) mm_mmas_i8(di, wa, wc, tl, ch * S + sl);
                 else mm_mmas1<FOLD>(d, wa, wc, tl, ch * S + sl, a.magic);
+                }
             }
             if constexpr (XI8) {
                 const int ng = mm_slice_groups<S, GB>(a);
@@ -230,6 +249,18 @@ static bool mm_i8(const tern__cuda *c) {
     return c->i8 && tern__cuda_gemv_i8;
 }
 
+/* TERN_CUDA_GEMV_WIDE (default 1; 0 off, read once): the one-row GEMVs of MLX Q2 / Q3 / Q5 / Q6 weights take XP1's
+ * tensor-core walk (gemv_mma.cuh mm_decode_w) where XP1 serves Q4 (the plain bf16 mode), instead of gemv1's CUDA-core
+ * decode (3–12 instructions a byte against ~1 for bf16: each of those widths decoded slower than bf16, NOTES (aw)).
+ * Op test cuda_gemv_mma_wide against cpu-ref with bf16-exact x. */
+extern "C" int tern__cuda_gemv_wide;
+int tern__cuda_gemv_wide = -1;
+static bool mm_wide(const tern__cuda *c, int bits) {
+    if (bits != 2 && bits != 3 && bits != 5 && bits != 6) return false;
+    if (tern__cuda_gemv_wide < 0) tern__cuda_gemv_wide = tern__cuda_env_int("TERN_CUDA_GEMV_WIDE", 1) != 0;
+    return tern__cuda_gemv_wide && mm_xp1(c);
+}
+
 /* Blocks per SM the XP1 walk is built and gridded for (TERN_CUDA_GEMV_OCC: 2 always, 3 always, 0 =
  * default: 3 for matrices of at least 2^28 codes — the lm heads — else 2). Three (24 warps, 80
  * registers) takes the one-register-set walk: the PP walk spills there. Same bits either way (which
@@ -269,6 +300,11 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
     const bool plain = c->compute == TERN_COMPUTE_BF16 && !tern__cuda_bf16_split_all(c); /* the plain bf16 mode */
     const bool fold = tern__cuda_gemv_mma_fold == 1 || (tern__cuda_gemv_mma_fold == 2 && plain);
     const bool xp1 = mm_xp1(c);
+    if constexpr (BITS != 4 && BITS != 8) { /* Q2 / Q3 / Q5 / Q6: XP1 + FOLD only (mm_plan), PP with BF16 scales */
+        if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true>, grid, 256, smem, a);
+        else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true>, grid, 256, smem, a);
+        return;
+    }
     if constexpr (BITS == 4) {
         if (mm_i8(c)) { /* the int8 mode (--compute int8): XP1's walk with int8 x and u8·s8 MMAs */
             if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true, true>, grid, 256, smem, a);
@@ -296,8 +332,10 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
             return;
         }
     }
-    if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, false>, grid, 256, smem, a);
-    else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, false>, grid, 256, smem, a);
+    if constexpr (BITS == 4 || BITS == 8) {
+        if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, false>, grid, 256, smem, a);
+        else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, false>, grid, 256, smem, a);
+    }
 }
 
 /* TERN_CUDA_GEMV_MMA: 1 (default) Q4 only, 2 Q4 and Q8, 0 gemv.cu's kernels for both. Q8 stays on
@@ -412,7 +450,9 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     if (tern__cuda_gemv_mma_on < 0) tern__cuda_gemv_mma_on = tern__cuda_env_int("TERN_CUDA_GEMV_MMA", 1);
     if (!tern__cuda_gemv_mma_on || !c->mm_cnt || k < 1 || k > 3 || ((uintptr_t)x & 15)) return 0;
     const tern__cuda_w *w0 = w[0];
-    if (w0->dtype != TERN_DT_Q || (w0->bits != 4 && (w0->bits != 8 || tern__cuda_gemv_mma_on < 2))) return 0;
+    if (w0->dtype != TERN_DT_Q) return 0;
+    const bool wide = mm_wide(c, w0->bits); /* Q2 / Q3 / Q5 / Q6 on XP1's walk */
+    if (w0->bits != 4 && !wide && (w0->bits != 8 || tern__cuda_gemv_mma_on < 2)) return 0;
     if (w0->sdtype != TERN_DT_BF16 && w0->sdtype != TERN_DT_F16) return 0;
     const int gs = w0->group_size;
     if ((gs != 32 && gs != 64 && gs != 128) || w0->in <= 0 || w0->in % gs) return 0;
@@ -429,10 +469,16 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     *rows_out = rows;
     *rblocks_out = *ks_out = *j_out = 0;
     if (rows <= 0) return 1;
-    const int cps = 512 / w0->bits; /* inputs per 64-byte step */
+    const int cps = w0->bits == 8 ? 64 : 128; /* inputs per step (mm_cps: Q4 / Q8 64 bytes a row) */
     if (w0->in % cps) return 0;
+    if (wide) { /* double steps of 256 codes, 16-byte aligned rows */
+        if (w0->in % 256) return 0;
+        for (int i = 0; i < k; i++)
+            if ((uintptr_t)w[i]->data & 15) return 0;
+    }
     const int rblocks = (rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
-    const int steps = gs * w0->bits / 8 == 16 ? 2 : 4; /* = the kernel's S */
+    /* = the kernel's S */
+    const int steps = wide ? (gs == 32 || w0->bits >= 5 ? 2 : 4) : gs * w0->bits / 8 == 16 ? 2 : 4;
     const size_t units = pair ? 2 * (size_t)rows : (size_t)rows;
     const int nst = w0->in / cps, ks1 = (nst + steps - 1) / steps;
     int J = mm_chunks(c, ks1, pair ? (rows + 7) / 8 : (rows + 15) / 16);
@@ -563,7 +609,19 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
         return 1;
     }
     cudaSetDevice(c->device);
-    if (w0->bits == 4) {
+    if (w0->bits != 4 && w0->bits != 8) { /* the kernels' GB: Q4's bytes per group, gs / 2 */
+        const int g4 = gs / 2;
+#define MM_WIDE(B)                                                                                                     \
+    (g4 == 16 ? mm_go<B, 16>(c, grid, smem, a, f16, occ) : g4 == 32 ? mm_go<B, 32>(c, grid, smem, a, f16, occ)        \
+              : mm_go<B, 64>(c, grid, smem, a, f16, occ))
+        switch (w0->bits) {
+        case 2: MM_WIDE(2); break;
+        case 3: MM_WIDE(3); break;
+        case 5: MM_WIDE(5); break;
+        default: MM_WIDE(6); break;
+        }
+#undef MM_WIDE
+    } else if (w0->bits == 4) {
         if (gb == 16) mm_go<4, 16>(c, grid, smem, a, f16, occ);
         else if (gb == 32) mm_go<4, 32>(c, grid, smem, a, f16, occ);
         else mm_go<4, 64>(c, grid, smem, a, f16, occ);

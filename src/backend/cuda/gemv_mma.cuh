@@ -91,6 +91,112 @@ template <int GPS, bool F16S> __device__ __forceinline__ float mm_sget(typename 
 }
 
 
+/* ---- the other MLX widths (bits 2, 3, 5, 6) on XP1's walk (gemv_mma.cu, the plain bf16 mode) ----
+ * A step is 128 codes of each row for every width but Q8 (Q4: 64 bytes). Q4's lane t holds codes 32t..32t+31 of a
+ * step; the other widths load a double step at once (256 codes, `in` a multiple of 256): lane t's 8·BITS contiguous
+ * bytes there (mm_lb: 16 / 24 / 40 / 48, 8-byte aligned: one 16-byte load for Q2, three 8-byte for Q3, five for Q5,
+ * three 16-byte for Q6) hold codes 64t..64t+63, the first 32 its part of the even step, the rest of the odd one, so
+ * a step's lane words are BITS words either way. A lane's 32 codes of a step become 16 bf16 pairs P[0..15] (MMA m
+ * takes P[2m] as a0 and P[2m+1] as a2, as Q4's word / nibble order does); pair p is (code lo, code lo + dp) of the
+ * lane's 32, a fixed table per width that mm_stage stages x in (mm_plo): Q4 / Q6 lo = 8·(p/4) + p%4, dp = 4; Q2 /
+ * Q3 / Q5 lo = 16·(p/8) + p%8, dp = 8. Codes are < 128, so ((v >> s) & mask) | 0x43004300 is the pair
+ * (128 + lo, 128 + hi), one LOP3, with FOLD's bias (the 128 folded into b). The codes of a pair sit 16 bits apart
+ * in v: Q2 in a word as it is (codes n and n + 8); Q3 / Q6 / Q5 pack 3- / 3- / 5-byte units (8 / 4 / 8 codes,
+ * MLX's layout), and a pair is code i of two adjacent units, brought 16 bits apart by a byte permute (PRMT) of the
+ * units' bytes k, k+1 (Q5: funnel shifts first where the 7 bytes span three words). The groups of a step are no
+ * longer contiguous in x, so a lane's MMA column is its group's place in the chunk (mm_stage), which keeps XP1's
+ * fold (column c = the chunk's group c) and its Σx per group. */
+template <int BITS> __host__ __device__ constexpr int mm_cps() { return BITS == 8 ? 64 : 128; } /* inputs per step */
+template <int BITS> __host__ __device__ constexpr bool mm_ds() { return BITS != 4 && BITS != 8; } /* double steps */
+/* a lane's bytes of a row per load unit (Q4 / Q8: a step, the others: a double step) and a row's bytes per step */
+template <int BITS> __host__ __device__ constexpr int mm_lb() { return mm_ds<BITS>() ? 8 * BITS : 16; }
+template <int BITS> __host__ __device__ constexpr int mm_sb() { return mm_ds<BITS>() ? 16 * BITS : 64; }
+template <int BITS> __device__ __forceinline__ constexpr int mm_plo(int p) {
+    return BITS == 4 || BITS == 6 ? 8 * (p >> 2) + (p & 3) : 16 * (p >> 3) + (p & 7);
+}
+template <int BITS> __device__ __forceinline__ constexpr int mm_pdp() { return BITS == 4 || BITS == 6 ? 4 : 8; }
+
+/* the lane's words of one row and step: Q4 / Q8 a uint4, the others NW = BITS words */
+template <int NW> struct MmWn { uint32_t v[NW]; };
+template <int BITS> struct MmWord { using T = MmWn<BITS>; };
+template <> struct MmWord<4> { using T = uint4; };
+template <> struct MmWord<8> { using T = uint4; };
+
+/* (v >> s) & m | magic as one LOP3 */
+template <int S, uint32_t M> __device__ __forceinline__ uint32_t mm_pick(uint32_t v, uint32_t magic) {
+    uint32_t p;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(p) : "r"(v >> S), "n"(M), "r"(magic));
+    return p;
+}
+
+/* Q2 / Q3 / Q5 / Q6: the lane's 16 pairs (FOLD: 128 + code) of one row from its BITS words of a step */
+template <int BITS> __device__ __forceinline__ void mm_decode_w(const uint32_t *w, uint32_t magic, uint32_t *P) {
+    if constexpr (BITS == 2) {
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            P[8 * u + 0] = mm_pick<0, 0x00030003u>(w[u], magic);  P[8 * u + 1] = mm_pick<2, 0x00030003u>(w[u], magic);
+            P[8 * u + 2] = mm_pick<4, 0x00030003u>(w[u], magic);  P[8 * u + 3] = mm_pick<6, 0x00030003u>(w[u], magic);
+            P[8 * u + 4] = mm_pick<8, 0x00030003u>(w[u], magic);  P[8 * u + 5] = mm_pick<10, 0x00030003u>(w[u], magic);
+            P[8 * u + 6] = mm_pick<12, 0x00030003u>(w[u], magic); P[8 * u + 7] = mm_pick<14, 0x00030003u>(w[u], magic);
+        }
+    } else if constexpr (BITS == 3) { /* units of 3 bytes at 0, 3 (pairs 0..7) and 6, 9 (pairs 8..15) */
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const uint32_t a = w[q], b = w[q + 1];
+            const uint32_t X = __byte_perm(a, b, q ? 0x6532 : 0x4310), Y = __byte_perm(a, b, q ? 0x7643 : 0x5421);
+            P[8 * q + 0] = mm_pick<0, 0x00070007u>(X, magic);  P[8 * q + 1] = mm_pick<3, 0x00070007u>(X, magic);
+            P[8 * q + 2] = mm_pick<6, 0x00070007u>(X, magic);  P[8 * q + 3] = mm_pick<9, 0x00070007u>(X, magic);
+            P[8 * q + 4] = mm_pick<12, 0x00070007u>(X, magic); P[8 * q + 5] = mm_pick<7, 0x00070007u>(Y, magic);
+            P[8 * q + 6] = mm_pick<10, 0x00070007u>(Y, magic); P[8 * q + 7] = mm_pick<13, 0x00070007u>(Y, magic);
+        }
+    } else if constexpr (BITS == 6) { /* units of 3 bytes at 6q, 6q + 3: pairs 4q..4q+3 */
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int w0 = (6 * q) >> 2;
+            const uint32_t a = w[w0], b = w[w0 + 1];
+            const uint32_t X = __byte_perm(a, b, q & 1 ? 0x6532 : 0x4310), Y = __byte_perm(a, b, q & 1 ? 0x7643 : 0x5421);
+            P[4 * q + 0] = mm_pick<0, 0x003F003Fu>(X, magic); P[4 * q + 1] = mm_pick<6, 0x003F003Fu>(X, magic);
+            P[4 * q + 2] = mm_pick<4, 0x003F003Fu>(Y, magic); P[4 * q + 3] = mm_pick<10, 0x003F003Fu>(Y, magic);
+        }
+    } else { /* 5: units of 5 bytes at 0, 5 (pairs 0..7) and 10, 15 (pairs 8..15); window k = bytes k, k+1 of both */
+        static_assert(BITS == 5, "Q2 / Q3 / Q5 / Q6");
+        const uint32_t s1 = __funnelshift_r(w[0], w[1], 16), s2 = __funnelshift_r(w[1], w[2], 16); /* bytes 2-5, 6-9 */
+        const uint32_t t1 = __funnelshift_r(w[2], w[3], 16), t2 = __funnelshift_r(w[3], w[4], 16); /* 10-13, 14-17 */
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const uint32_t K0 = q ? __byte_perm(t1, t2, 0x6510) : __byte_perm(w[0], w[1], 0x6510);
+            const uint32_t K1 = q ? __byte_perm(t1, t2, 0x7621) : __byte_perm(w[0], w[1], 0x7621);
+            const uint32_t K2 = q ? __byte_perm(w[3], w[4], 0x6510) : __byte_perm(s1, s2, 0x6510);
+            const uint32_t K3 = q ? __byte_perm(w[3], w[4], 0x7621) : __byte_perm(s1, s2, 0x7621);
+            P[8 * q + 0] = mm_pick<0, 0x001F001Fu>(K0, magic);  P[8 * q + 1] = mm_pick<5, 0x001F001Fu>(K0, magic);
+            P[8 * q + 2] = mm_pick<10, 0x001F001Fu>(K0, magic); P[8 * q + 3] = mm_pick<7, 0x001F001Fu>(K1, magic);
+            P[8 * q + 4] = mm_pick<4, 0x001F001Fu>(K2, magic);  P[8 * q + 5] = mm_pick<9, 0x001F001Fu>(K2, magic);
+            P[8 * q + 6] = mm_pick<6, 0x001F001Fu>(K3, magic);  P[8 * q + 7] = mm_pick<11, 0x001F001Fu>(K3, magic);
+        }
+    }
+}
+
+/* Q2 / Q3 / Q5 / Q6: the lane's 8·BITS bytes of a row's double step (8-byte aligned; Q2 / Q6 16) into the words
+ * of its even (e) and odd (o) step. Cached in L1: the four lanes' pieces of a row share sectors */
+template <int BITS> __device__ __forceinline__ void mm_ldw2(const uint8_t *p, MmWn<BITS> &e, MmWn<BITS> &o) {
+    uint32_t v[2 * BITS];
+    if constexpr (BITS == 2 || BITS == 6) {
+#pragma unroll
+        for (int i = 0; i < BITS / 2; i++) {
+            const uint4 u = __ldg((const uint4 *)p + i);
+            v[4 * i] = u.x; v[4 * i + 1] = u.y; v[4 * i + 2] = u.z; v[4 * i + 3] = u.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < BITS; i++) {
+            const uint2 u = __ldg((const uint2 *)p + i);
+            v[2 * i] = u.x; v[2 * i + 1] = u.y;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < BITS; i++) { e.v[i] = v[i]; o.v[i] = v[BITS + i]; }
+}
+
 /* stage x for steps st0 .. st0+ns-1 (x: the activation row): the B fragments — entry (step, MMA,
  * column tile, lane (g', t')) is part c % 3 of the x pair of (step, MMA, t') when column c = 8·tile + g'
  * belongs to the group of lane t''s bytes (groups use columns 3γ..3γ+2), else 0, so every MMA's B load
@@ -106,16 +212,24 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
                                          TF nx = TF{}) {
     /* nx(x[k], k): the value staged for input k (gemv_mma.cu: the pre-norm, and the residual add before it) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
-    static_assert(XP == 3 || (XP == 1 && BITS == 4 && S * GPS <= 8), "one x part: Q4, a chunk's groups in 8 columns");
+    static_assert(XP == 3 || (XP == 1 && BITS != 8 && S * GPS <= 8), "one x part: not Q8, a chunk's groups in 8 columns");
+    static_assert(XP == 1 || BITS == 4 || BITS == 8, "the other widths: XP1 only");
+    static_assert(!TAIL || BITS == 4, "TAIL: Q4 (moe_mma.cu)");
     constexpr int NCOL = XP == 1 ? 8 : 3 * GPS, NT = (NCOL + 7) / 8;
-    constexpr int CPS = 512 / BITS;               /* inputs per step */
-    constexpr int CPW = 32 / BITS;                /* codes per word */
+    constexpr int CPS = mm_cps<BITS>();           /* inputs per step */
+    constexpr int CPW = 32 / BITS;                /* codes per word (Q4, Q8) */
     for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
         const int sl = it >> 5, m = (it >> 2) & 7, tt = it & 3;
         const int i = m >> 1, j = 2 * (m & 1);
         const float *xw = x + (size_t)(st0 + sl) * CPS + (tt * 4 + i) * CPW;
         float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f; /* nibbles j, j+4 (register 2m) and j+1, j+5 (register 2m+1) */
-        if (!TAIL || (st0 + sl) * CPS + tt * 4 * CPW < nin) {
+        if constexpr (mm_ds<BITS>()) { /* pairs 2m, 2m+1 of the lane's 32 codes of the step (mm_plo, mm_lb) */
+            const float *xb = x + (size_t)(st0 + (sl & ~1)) * CPS + tt * 64 + (sl & 1) * 32; /* st0 is even */
+            const size_t k = (size_t)(xb - x);
+            constexpr int dp = mm_pdp<BITS>();
+            const int l0 = mm_plo<BITS>(2 * m), l1 = mm_plo<BITS>(2 * m + 1);
+            v0 = nx(xb[l0], k + l0); v1 = nx(xb[l0 + dp], k + l0 + dp); v2 = nx(xb[l1], k + l1); v3 = nx(xb[l1 + dp], k + l1 + dp);
+        } else if (!TAIL || (st0 + sl) * CPS + tt * 4 * CPW < nin) {
             const size_t k = (size_t)(xw - x);
             if constexpr (BITS == 4) {
                 v0 = nx(xw[j], k + j); v1 = nx(xw[j + 4], k + j + 4); v2 = nx(xw[j + 1], k + j + 1); v3 = nx(xw[j + 5], k + j + 5);
@@ -126,7 +240,9 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
         const int gt = GPS == 1 ? 0 : tt * 16 / GB, sm = sl * 8 + m;
         if constexpr (XP == 1) {
             const __nv_bfloat162 ha = __floats2bfloat162_rn(v0, v1), hb = __floats2bfloat162_rn(v2, v3);
-            const int col = (sl % S) * GPS + gt;
+            /* the group's place in the chunk (a double step's lane pieces: 256 · (its place in the chunk) + 64 tt +
+             * 32 (odd step) codes into it; groups of 2·GB codes) */
+            const int col = mm_ds<BITS>() ? (((sl % S) >> 1) * 256 + tt * 64 + (sl & 1) * 32) / (2 * GB) : (sl % S) * GPS + gt;
 #pragma unroll
             for (int gg = 0; gg < 8; gg++)
                 tbl[sm * 32 + gg * 4 + tt] = gg == col ? make_uint2(*(const uint32_t *)&ha, *(const uint32_t *)&hb)
@@ -225,6 +341,21 @@ template <bool FOLD>
 __device__ __forceinline__ void mm_mmas1(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
                                          uint32_t magic) {
     mm_mmas<FOLD, 1>(d, wa, wc, tl, sl, magic);
+}
+
+/* XP1, Q2 / Q3 / Q5 / Q6: the 8 MMAs of step sl of a warp's 16 rows (lane words wa: row g, wc: row g+8) into
+ * the chunk's tile d; FOLD's pairs (128 + code) */
+template <int BITS>
+__device__ __forceinline__ void mm_mmas_w(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
+                                          uint32_t magic) {
+    uint32_t pa[16], pc[16];
+    mm_decode_w<BITS>(wa, magic, pa);
+    mm_decode_w<BITS>(wc, magic, pc);
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        const uint2 bv = tl[(sl * 8 + m) * 32];
+        mm_mma(d, pa[2 * m], pc[2 * m], pa[2 * m + 1], pc[2 * m + 1], bv.x, bv.y);
+    }
 }
 
 /* XP1: fold a chunk's tile once: lane t holds columns 2t, 2t+1 (groups G0 + 2t, G0 + 2t + 1 of the

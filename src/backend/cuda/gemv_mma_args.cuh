@@ -56,7 +56,8 @@ struct MmRows {
     bool live0, live1;
 };
 
-__device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t, size_t rb, bool pair, MmRows &r) {
+__device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t, size_t rb, bool pair, MmRows &r,
+                                        int lb = 16 /* the lane's bytes of a row step (mm_lb) */) {
     int unit[2], mat[2], lrow[2];
     bool live[2];
 #pragma unroll
@@ -70,8 +71,8 @@ __device__ __forceinline__ void mm_rows(const MmArgs &a, int tile, int g, int t,
         mat[h] = m;
         lrow[h] = u;
     }
-    r.w0 = a.data[mat[0]] + (size_t)lrow[0] * rb + t * 16;
-    r.w1 = a.data[mat[1]] + (size_t)lrow[1] * rb + t * 16;
+    r.w0 = a.data[mat[0]] + (size_t)lrow[0] * rb + t * lb;
+    r.w1 = a.data[mat[1]] + (size_t)lrow[1] * rb + t * lb;
     r.s0 = (const uint16_t *)a.scales[mat[0]] + (size_t)lrow[0] * a.ng;
     r.b0 = (const uint16_t *)a.biases[mat[0]] + (size_t)lrow[0] * a.ng;
     r.s1 = (const uint16_t *)a.scales[mat[1]] + (size_t)lrow[1] * a.ng;
@@ -194,7 +195,7 @@ template <int S, int GB> __device__ __forceinline__ int mm_slice_groups(const Mm
 /* XP: 3 the exact three-part split, 1 one bf16 column (XP1), 8 int8 (XI8) */
 template <int BITS, int GB, int S, int XP>
 __device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *xs, int st0, int ns) {
-    constexpr int CPS = 512 / BITS; /* inputs per step */
+    constexpr int CPS = mm_cps<BITS>(); /* inputs per step */
     const int ng = mm_slice_groups<S, GB>(a); /* XP 8 (int8): Σx, d, e, 1/d per group of the slice */
     (void)ng;
     if (a.xn) {
