@@ -711,6 +711,19 @@ if [[ " $SECTIONS " == *" 54 "* ]]; then
     b1_ab TERN_CUDA_GEMV_WIDE "0 1" "llama3-8b --quant q3;llama3-8b --quant q6;llama3-8b --quant q2;llama3-8b --quant q5;gemma4-12b --quant q3"
 fi
 
+# 55. session 38, after 54: Q8 on XP1's walk with f16 MMAs (TERN_CUDA_GEMV_Q8X, default 1; mm_stage_q8x) and XP1's Σx
+#     of the bf16-rounded x (a fix: FOLD's 128·s·Σx did not cancel the MMAs' 128s, ~4 % rel L2 at Q4): op tests,
+#     per-shape times (mma = Q8X for q8), batch-1 decode q8 with Q8X off / on, and q4 with the fix (one rep)
+if [[ " $SECTIONS " == *" 55 "* ]]; then
+    op_test cuda_gemv_mma_wide,cuda_gemv_mma_xp1_rounded,cuda_gemv_mma_xp1,cuda_gemv_mma,cuda_gemv_mma_pp_bits,cuda_gemv_mma_fold,cuda_norm_matmul ops55
+    TERN_CUDA_GEMV_XP1=1 BENCH_GEMV1=wide timeout 150 build/bench_cuda > "$OUT/gemv_wide55.txt" 2>&1
+    say "gemv (µs, GB/s):"; grep -E '^\[(mma|gemv1)\] gemv q[48]' "$OUT/gemv_wide55.txt" | tr -s ' ' | tee -a "$S"
+    b1_ab TERN_CUDA_GEMV_Q8X "0 1" "llama3-8b --quant q8;gemma4-12b --quant q8"
+    for m in llama3-8b gemma4-12b gemma4-e4b; do
+        say "b1 $m q4 (Σx fix): $(b1e "" 512 "$m --quant q4")"
+    done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

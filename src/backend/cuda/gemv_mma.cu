@@ -46,6 +46,7 @@
 #include "backend/cuda/mma.cuh"
 
 #include <stdlib.h>
+#include <type_traits>
 
 /* Step = 64 bytes of each of the warp's 16 rows (lane t: bytes 16t..16t+15, one 128-bit load per
  * row); a K slice = S steps. A step holds GPS scale groups (GB bytes each; GB = 128: a group spans two
@@ -59,15 +60,18 @@ template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, boo
 __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     static_assert(!XI8 || XP1, "the int8 walk is XP1's with another MMA and fold");
     constexpr bool WIDE = BITS != 4 && BITS != 8; /* Q2 / Q3 / Q5 / Q6: XP1's walk, GB as Q4's (gs / 2) */
-    static_assert(!WIDE || (XP1 && FOLD && !XI8 && !ROPE), "the other widths: the XP1 walk with FOLD");
+    constexpr bool Q8X = BITS == 8 && XP1;        /* Q8 on XP1's walk (f16 MMAs, mm_stage_q8x), GB as Q4's */
+    constexpr bool NEWW = WIDE || Q8X;            /* walks on mm_decode_w / mm_mmas_w */
+    static_assert(!NEWW || (XP1 && FOLD && !XI8 && !ROPE), "the other widths: the XP1 walk with FOLD");
     pdl_trigger();
-    /* steps per K slice (q4 g32: two MMA tiles, fewer registers; Q5 / Q6: 20 / 24 bytes a lane and row step) */
-    constexpr int S = GB == 16 || BITS == 5 || BITS == 6 ? 2 : 4;
+    /* steps per K slice (q4 g32: two MMA tiles, fewer registers; Q5 / Q6 / Q8X: 40 / 48 / 32 bytes a lane and row
+     * per double step or step) */
+    constexpr int S = GB == 16 || BITS == 5 || BITS == 6 || Q8X ? 2 : 4;
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
-    constexpr int CPS = mm_cps<BITS>();           /* inputs per step */
-    constexpr int LB = mm_lb<BITS>(), SB = mm_sb<BITS>(); /* a lane's bytes of a row per load, a row's per step */
-    using WT = typename MmWord<BITS>::T;
+    constexpr int CPS = mm_cps<BITS, XP1>();      /* inputs per step */
+    constexpr int LB = mm_lb<BITS>(), SB = mm_sb<BITS, XP1>(); /* a lane's bytes of a row per load, a row's per step */
+    using WT = typename std::conditional<Q8X, MmWn<8>, typename MmWord<BITS>::T>::type;
     using SV = typename SVec<GPS>::T;
     extern __shared__ uint2 mm_sm[];
     uint2 *tbl = mm_sm;                           /* [J·S][8 MMAs][NT][32 lanes] B fragments */
@@ -91,7 +95,12 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     MmRows r{}; /* value-initialised: the lambdas below capture it before the first row block sets it */
     auto load_step = [&](MmSet &o, int j, int i) { /* step i of chunk j into slot i */
         const int st = st0 + j * S + i, G = GB > 64 ? st * 64 / GB : st * GPS;
-        if constexpr (WIDE) { /* at the odd step, the double step of it and the one before (both slots used) */
+        if constexpr (Q8X) { /* 16 bytes at 16t and at 64 + 16t */
+            const uint4 u0 = mm_ld4(r.w0 + (size_t)st * SB), u1 = mm_ld4(r.w0 + (size_t)st * SB + 64);
+            const uint4 u2 = mm_ld4(r.w1 + (size_t)st * SB), u3 = mm_ld4(r.w1 + (size_t)st * SB + 64);
+            o.w0[i] = MmWn<8>{{u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w}};
+            o.w1[i] = MmWn<8>{{u2.x, u2.y, u2.z, u2.w, u3.x, u3.y, u3.z, u3.w}};
+        } else if constexpr (WIDE) { /* at the odd step, the double step of it and the one before (both slots used) */
             if (i & 1) {
                 mm_ldw2<BITS>(r.w0 + (size_t)(st - 1) * SB, o.w0[i - 1], o.w0[i]);
                 mm_ldw2<BITS>(r.w1 + (size_t)(st - 1) * SB, o.w1[i - 1], o.w1[i]);
@@ -129,7 +138,8 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3>(a, tbl, xs, st0, ns);
+    const float dsc = mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3>(a, tbl, xs, st0, ns); /* Q8X: D's scale */
+    const uint32_t magic = Q8X ? a.magic + 0x21002100u : a.magic; /* Q8X: the f16 pair (1024, 1024) */
     __syncthreads();
 
     const uint2 *tl = tbl + lane;
@@ -158,10 +168,10 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
                     if (more && sl < nsn) load_step(nxt, nch_, sl);
                     continue;
                 }
-                if constexpr (WIDE) {
+                if constexpr (NEWW) {
                     const WT wa = cur.w0[sl], wc = cur.w1[sl];
                     if (more && sl < nsn) load_step(nxt, nch_, sl);
-                    mm_mmas_w<BITS>(d, wa.v, wc.v, tl, ch * S + sl, a.magic);
+                    mm_mmas_w<BITS>(d, wa.v, wc.v, tl, ch * S + sl, magic);
                     continue;
                 } else {
                 const uint32_t wa[4] = {cur.w0[sl].x, cur.w0[sl].y, cur.w0[sl].z, cur.w0[sl].w};
@@ -175,7 +185,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
                 const int ng = mm_slice_groups<S, GB>(a);
                 mm_fold_i8<GPS, S, F16S>(acc0, acc1, di, q0, q1, q2, q3, xs, xs + ng, xs + 2 * ng, ch * S, nsc, t);
             } else {
-                mm_fold1<GPS, S, F16S, FOLD>(acc0, acc1, d, q0, q1, q2, q3, xs, ch * S, nsc, t);
+                mm_fold1<GPS, S, F16S, FOLD, Q8X ? 1024 : 128, Q8X>(acc0, acc1, d, q0, q1, q2, q3, xs, ch * S, nsc, t, dsc);
             }
         } else {
 #pragma unroll
@@ -261,6 +271,18 @@ static bool mm_wide(const tern__cuda *c, int bits) {
     return tern__cuda_gemv_wide && mm_xp1(c);
 }
 
+/* TERN_CUDA_GEMV_Q8X (default 1; 0 off, read once): Q8 one-row GEMVs on XP1's walk where XP1 serves Q4 (the plain bf16
+ * mode): codes as exact f16 integers (1024 + byte, one LOP3 a pair), x scaled into f16's range per K slice
+ * (mm_stage_q8x), f16 MMAs with f32 sums: one k-slot a byte where the exact Q8 kernel took two (two nibbles) and lost
+ * to gemv1. Op test cuda_gemv_mma_wide (q8 rows). */
+extern "C" int tern__cuda_gemv_q8x;
+int tern__cuda_gemv_q8x = -1;
+static bool mm_q8x(const tern__cuda *c, int bits) {
+    if (bits != 8) return false;
+    if (tern__cuda_gemv_q8x < 0) tern__cuda_gemv_q8x = tern__cuda_env_int("TERN_CUDA_GEMV_Q8X", 1) != 0;
+    return tern__cuda_gemv_q8x && mm_xp1(c);
+}
+
 /* Blocks per SM the XP1 walk is built and gridded for (TERN_CUDA_GEMV_OCC: 2 always, 3 always, 0 =
  * default: 3 for matrices of at least 2^28 codes — the lm heads — else 2). Three (24 warps, 80
  * registers) takes the one-register-set walk: the PP walk spills there. Same bits either way (which
@@ -300,6 +322,13 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
     const bool plain = c->compute == TERN_COMPUTE_BF16 && !tern__cuda_bf16_split_all(c); /* the plain bf16 mode */
     const bool fold = tern__cuda_gemv_mma_fold == 1 || (tern__cuda_gemv_mma_fold == 2 && plain);
     const bool xp1 = mm_xp1(c);
+    if constexpr (BITS == 8) {
+        if (mm_q8x(c, 8)) { /* Q8X: XP1 + FOLD, GB as Q4's (this GB is Q8's bytes a group) */
+            if (f16) tern_launch(st, gemv_mma_kernel<8, GB / 2, true, false, true, true>, grid, 256, smem, a);
+            else tern_launch(st, gemv_mma_kernel<8, GB / 2, false, true, true, true>, grid, 256, smem, a);
+            return;
+        }
+    }
     if constexpr (BITS != 4 && BITS != 8) { /* Q2 / Q3 / Q5 / Q6: XP1 + FOLD only (mm_plan), PP with BF16 scales */
         if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true>, grid, 256, smem, a);
         else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true>, grid, 256, smem, a);
@@ -452,7 +481,8 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     const tern__cuda_w *w0 = w[0];
     if (w0->dtype != TERN_DT_Q) return 0;
     const bool wide = mm_wide(c, w0->bits); /* Q2 / Q3 / Q5 / Q6 on XP1's walk */
-    if (w0->bits != 4 && !wide && (w0->bits != 8 || tern__cuda_gemv_mma_on < 2)) return 0;
+    const bool q8x = mm_q8x(c, w0->bits);   /* Q8 on XP1's walk */
+    if (w0->bits != 4 && !wide && !q8x && (w0->bits != 8 || tern__cuda_gemv_mma_on < 2)) return 0;
     if (w0->sdtype != TERN_DT_BF16 && w0->sdtype != TERN_DT_F16) return 0;
     const int gs = w0->group_size;
     if ((gs != 32 && gs != 64 && gs != 128) || w0->in <= 0 || w0->in % gs) return 0;
@@ -469,7 +499,7 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     *rows_out = rows;
     *rblocks_out = *ks_out = *j_out = 0;
     if (rows <= 0) return 1;
-    const int cps = w0->bits == 8 ? 64 : 128; /* inputs per step (mm_cps: Q4 / Q8 64 bytes a row) */
+    const int cps = w0->bits == 8 && !q8x ? 64 : 128; /* inputs per step (mm_cps: Q4 / Q8 64 bytes a row) */
     if (w0->in % cps) return 0;
     if (wide) { /* double steps of 256 codes, 16-byte aligned rows */
         if (w0->in % 256) return 0;
@@ -478,7 +508,7 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     }
     const int rblocks = (rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
     /* = the kernel's S */
-    const int steps = wide ? (gs == 32 || w0->bits >= 5 ? 2 : 4) : gs * w0->bits / 8 == 16 ? 2 : 4;
+    const int steps = q8x ? 2 : wide ? (gs == 32 || w0->bits >= 5 ? 2 : 4) : gs * w0->bits / 8 == 16 ? 2 : 4;
     const size_t units = pair ? 2 * (size_t)rows : (size_t)rows;
     const int nst = w0->in / cps, ks1 = (nst + steps - 1) / steps;
     int J = mm_chunks(c, ks1, pair ? (rows + 7) / 8 : (rows + 15) / 16);

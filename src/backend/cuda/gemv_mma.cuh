@@ -26,6 +26,15 @@ __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint3
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* the same with f16 operands (gemv_mma.cu's Q8X: codes as 1024 + byte, x scaled into f16's range) */
+__device__ __forceinline__ void mm_mma_f16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                           uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* the word's 4 bf16 pairs (nibble j, nibble j+4), j = 0..3, as exact small integers. The and-or is one
  * LOP3 only when its second constant sits in a register: `magic` (= 0x43004300) comes from the kernel
  * arguments so the compiler cannot fold it back into an immediate (two immediates: two LOP3s) */
@@ -106,11 +115,14 @@ template <int GPS, bool F16S> __device__ __forceinline__ float mm_sget(typename 
  * units' bytes k, k+1 (Q5: funnel shifts first where the 7 bytes span three words). The groups of a step are no
  * longer contiguous in x, so a lane's MMA column is its group's place in the chunk (mm_stage), which keeps XP1's
  * fold (column c = the chunk's group c) and its Σx per group. */
-template <int BITS> __host__ __device__ constexpr int mm_cps() { return BITS == 8 ? 64 : 128; } /* inputs per step */
+/* inputs per step (X1: the XP1 walk, whose Q8 step is 128 codes too: gemv_mma.cu's Q8X) */
+template <int BITS, bool X1 = false> __host__ __device__ constexpr int mm_cps() { return BITS == 8 && !X1 ? 64 : 128; }
 template <int BITS> __host__ __device__ constexpr bool mm_ds() { return BITS != 4 && BITS != 8; } /* double steps */
 /* a lane's bytes of a row per load unit (Q4 / Q8: a step, the others: a double step) and a row's bytes per step */
 template <int BITS> __host__ __device__ constexpr int mm_lb() { return mm_ds<BITS>() ? 8 * BITS : 16; }
-template <int BITS> __host__ __device__ constexpr int mm_sb() { return mm_ds<BITS>() ? 16 * BITS : 64; }
+template <int BITS, bool X1 = false> __host__ __device__ constexpr int mm_sb() {
+    return mm_ds<BITS>() ? 16 * BITS : BITS == 8 && X1 ? 128 : 64;
+}
 template <int BITS> __device__ __forceinline__ constexpr int mm_plo(int p) {
     return BITS == 4 || BITS == 6 ? 8 * (p >> 2) + (p & 3) : 16 * (p >> 3) + (p & 7);
 }
@@ -129,9 +141,16 @@ template <int S, uint32_t M> __device__ __forceinline__ uint32_t mm_pick(uint32_
     return p;
 }
 
-/* Q2 / Q3 / Q5 / Q6: the lane's 16 pairs (FOLD: 128 + code) of one row from its BITS words of a step */
+/* Q2 / Q3 / Q5 / Q6: the lane's 16 pairs (FOLD: 128 + code) of one row from its BITS words of a step; Q8 (Q8X,
+ * magic = 0x64006400): the f16 pairs (1024 + byte 0, 1024 + byte 2), (1024 + byte 1, 1024 + byte 3) of each word */
 template <int BITS> __device__ __forceinline__ void mm_decode_w(const uint32_t *w, uint32_t magic, uint32_t *P) {
-    if constexpr (BITS == 2) {
+    if constexpr (BITS == 8) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            P[2 * i] = mm_pick<0, 0x00FF00FFu>(w[i], magic);
+            P[2 * i + 1] = mm_pick<8, 0x00FF00FFu>(w[i], magic);
+        }
+    } else if constexpr (BITS == 2) {
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             P[8 * u + 0] = mm_pick<0, 0x00030003u>(w[u], magic);  P[8 * u + 1] = mm_pick<2, 0x00030003u>(w[u], magic);
@@ -159,7 +178,7 @@ template <int BITS> __device__ __forceinline__ void mm_decode_w(const uint32_t *
             P[4 * q + 2] = mm_pick<4, 0x003F003Fu>(Y, magic); P[4 * q + 3] = mm_pick<10, 0x003F003Fu>(Y, magic);
         }
     } else { /* 5: units of 5 bytes at 0, 5 (pairs 0..7) and 10, 15 (pairs 8..15); window k = bytes k, k+1 of both */
-        static_assert(BITS == 5, "Q2 / Q3 / Q5 / Q6");
+        static_assert(BITS == 5, "Q2 / Q3 / Q5 / Q6 / Q8");
         const uint32_t s1 = __funnelshift_r(w[0], w[1], 16), s2 = __funnelshift_r(w[1], w[2], 16); /* bytes 2-5, 6-9 */
         const uint32_t t1 = __funnelshift_r(w[2], w[3], 16), t2 = __funnelshift_r(w[3], w[4], 16); /* 10-13, 14-17 */
 #pragma unroll
@@ -265,21 +284,81 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
     }
     { /* Σx of each (step, group): one float4 per thread and round, then a fixed xor tree over the
        * CG/4 consecutive lanes of a group (CG/4 = 8, 16 or 32 divides the warp); whole warps take
-       * part in every round (the bound is rounded up to 32) */
+       * part in every round (the bound is rounded up to 32). XP1: Σx of the bf16-rounded x the MMAs see,
+       * so FOLD's 128·s·Σx cancels their 128s exactly (with the f32 x's sum the bf16 rounding errors came
+       * back times 128·s: ~4 % rel L2 at Q4, 16 % at Q2, against the bf16 x's own 0.17 %; gemv_xr.cu's rows
+       * always summed the rounded x) */
         constexpr int CG = CPS / GPS, L = CG / 4;
         const int nf = ns * CPS / 4, nfw = (nf + 31) & ~31;
+        auto xr = [](float v) { return XP == 1 ? __bfloat162float(__float2bfloat16_rn(v)) : v; };
         for (int f = threadIdx.x; f < nfw; f += blockDim.x) {
             float e = 0.0f;
             if (f < nf && (!TAIL || st0 * CPS + 4 * f < nin)) {
                 const float4 v = __ldg((const float4 *)(x + (size_t)st0 * CPS) + f);
                 const size_t k = (size_t)st0 * CPS + 4 * (size_t)f;
-                e = (nx(v.x, k) + nx(v.y, k + 1)) + (nx(v.z, k + 2) + nx(v.w, k + 3));
+                e = (xr(nx(v.x, k)) + xr(nx(v.y, k + 1))) + (xr(nx(v.z, k + 2)) + xr(nx(v.w, k + 3)));
             }
 #pragma unroll
             for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
             if ((f & (L - 1)) == 0 && f < nf) xs[f / L] = e;
         }
     }
+}
+
+/* Q8X (gemv_mma.cu: Q8 on XP1's walk, f16 MMAs): lane t of a 128-code step holds codes 16t..16t+15 (words 0..3)
+ * and 64+16t..64+16t+15 (words 4..7), two 16-byte loads of 64 contiguous bytes a row each; word i's pairs are codes
+ * (4i', 4i'+2) and (4i'+1, 4i'+3) of its run. x is the bf16-rounded row (the mode's x) times 2^-e, e such that the
+ * slice's max |x| lands in [2^13, 2^14): exact in f16 (11 significant bits, normal down to 2^-14 of that), so the
+ * products are exact and D·2^e (the fold's dsc) is XP1's sum. Pass 1 Σx per group of the rounded x (as mm_stage's
+ * XP1) and the slice's max |x| (a block reduction: every thread of the block calls this), pass 2 the B table.
+ * Returns dsc = 2^e. */
+template <int GB, int S, class TF = MmAsIs>
+__device__ __forceinline__ float mm_stage_q8x(uint2 *tbl, float *xs, const float *x, int st0, int ns, TF nx = TF{}) {
+    constexpr int GPS = GB >= 64 ? 1 : 64 / GB, CG = 128 / GPS, L = CG / 4; /* groups of 2·GB codes */
+    static_assert(S * GPS <= 8, "a chunk's groups in 8 columns");
+    __shared__ float mx[8];
+    auto xr = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
+    float am = 0.0f;
+    const int nf = ns * 128 / 4, nfw = (nf + 31) & ~31;
+    for (int f = threadIdx.x; f < nfw; f += blockDim.x) {
+        float e = 0.0f;
+        if (f < nf) {
+            const float4 v = __ldg((const float4 *)(x + (size_t)st0 * 128) + f);
+            const size_t k = (size_t)st0 * 128 + 4 * (size_t)f;
+            const float a0 = xr(nx(v.x, k)), a1 = xr(nx(v.y, k + 1)), a2 = xr(nx(v.z, k + 2)), a3 = xr(nx(v.w, k + 3));
+            e = (a0 + a1) + (a2 + a3);
+            am = fmaxf(am, fmaxf(fmaxf(fabsf(a0), fabsf(a1)), fmaxf(fabsf(a2), fabsf(a3))));
+        }
+#pragma unroll
+        for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
+        if ((f & (L - 1)) == 0 && f < nf) xs[f / L] = e;
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+    if ((threadIdx.x & 31) == 0) mx[threadIdx.x >> 5] = am;
+    __syncthreads();
+    am = fmaxf(fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3])), fmaxf(fmaxf(mx[4], mx[5]), fmaxf(mx[6], mx[7])));
+    int ex = 0;
+    if (am > 0.0f && am <= 3.0e38f) { /* am < 2^ex; inf / NaN rows stay unscaled (their sums are not finite anyway) */
+        frexpf(am, &ex);
+        ex = max(-100, min(100, ex - 14));
+    }
+    const float sc = ldexpf(1.0f, -ex);
+    for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
+        const int sl = it >> 5, m = (it >> 2) & 7, tt = it & 3;
+        const int pos = (m < 4 ? 16 * tt + 4 * m : 64 + 16 * tt + 4 * (m - 4)); /* word m's first code in the step */
+        const size_t k = (size_t)(st0 + sl) * 128 + pos;
+        const float *xw = x + k;
+        const float v0 = xr(nx(xw[0], k)) * sc, v1 = xr(nx(xw[2], k + 2)) * sc, v2 = xr(nx(xw[1], k + 1)) * sc,
+                    v3 = xr(nx(xw[3], k + 3)) * sc;
+        const __half2 ha = __floats2half2_rn(v0, v1), hb = __floats2half2_rn(v2, v3);
+        const int col = ((sl % S) * 128 + pos) / (2 * GB);
+#pragma unroll
+        for (int gg = 0; gg < 8; gg++)
+            tbl[(sl * 8 + m) * 32 + gg * 4 + tt] = gg == col ? make_uint2(*(const uint32_t *)&ha, *(const uint32_t *)&hb)
+                                                             : make_uint2(0u, 0u);
+    }
+    return ldexpf(1.0f, ex);
 }
 
 /* the MMAs of step sl (of the slice) of a warp's 16 rows: per word pair i and half h, one MMA per
@@ -354,7 +433,8 @@ __device__ __forceinline__ void mm_mmas_w(float *d, const uint32_t *wa, const ui
 #pragma unroll
     for (int m = 0; m < 8; m++) {
         const uint2 bv = tl[(sl * 8 + m) * 32];
-        mm_mma(d, pa[2 * m], pc[2 * m], pa[2 * m + 1], pc[2 * m + 1], bv.x, bv.y);
+        if constexpr (BITS == 8) mm_mma_f16(d, pa[2 * m], pc[2 * m], pa[2 * m + 1], pc[2 * m + 1], bv.x, bv.y);
+        else mm_mma(d, pa[2 * m], pc[2 * m], pa[2 * m + 1], pc[2 * m + 1], bv.x, bv.y);
     }
 }
 
@@ -362,9 +442,11 @@ __device__ __forceinline__ void mm_mmas_w(float *d, const uint32_t *wa, const ui
  * chunk) of rows g (d[0], d[1]) and g+8 (d[2], d[3]); s0/b0/s1/b1: those groups' scales and biases of
  * both rows as packed pairs (low half = column 2t); xg0, xg1: the two columns' Σx; nsc: the chunk's
  * steps (the last chunk may be short) */
-template <int GPS, int S, bool F16S, bool FOLD>
+template <int GPS, int S, bool F16S, bool FOLD, int OFF = 128, bool SC = false>
 __device__ __forceinline__ void mm_fold1x(float &acc0, float &acc1, const float *d, uint32_t s0, uint32_t b0,
-                                          uint32_t s1, uint32_t b1, float xg0, float xg1, int nsc, int t) {
+                                          uint32_t s1, uint32_t b1, float xg0, float xg1, int nsc, int t,
+                                          float dsc = 1.0f) {
+    /* OFF: the codes' offset FOLD folds into the bias (Q8X 1024); SC: D is of x·2^-e, dsc = 2^e */
 #pragma unroll
     for (int q = 0; q < 2; q++) {
         const int c = 2 * t + q;
@@ -372,18 +454,20 @@ __device__ __forceinline__ void mm_fold1x(float &acc0, float &acc1, const float 
         const float xg = q ? xg1 : xg0;
         const float sa = mm_scale<F16S>(q ? s0 >> 16 : s0 & 0xffffu), sb = mm_scale<F16S>(q ? s1 >> 16 : s1 & 0xffffu);
         float ba = mm_scale<F16S>(q ? b0 >> 16 : b0 & 0xffffu), bb = mm_scale<F16S>(q ? b1 >> 16 : b1 & 0xffffu);
-        if constexpr (FOLD) { ba = fmaf(-128.0f, sa, ba); bb = fmaf(-128.0f, sb, bb); }
-        acc0 = fmaf(ba, xg, fmaf(sa, d[q], acc0));
-        acc1 = fmaf(bb, xg, fmaf(sb, d[2 + q], acc1));
+        if constexpr (FOLD) { ba = fmaf(-(float)OFF, sa, ba); bb = fmaf(-(float)OFF, sb, bb); }
+        acc0 = fmaf(ba, xg, fmaf(SC ? sa * dsc : sa, d[q], acc0));
+        acc1 = fmaf(bb, xg, fmaf(SC ? sb * dsc : sb, d[2 + q], acc1));
     }
 }
 
 /* the same with Σx of the columns from the staged xs ([slice step][GPS]; c0: the chunk's first step) */
-template <int GPS, int S, bool F16S, bool FOLD>
+template <int GPS, int S, bool F16S, bool FOLD, int OFF = 128, bool SC = false>
 __device__ __forceinline__ void mm_fold1(float &acc0, float &acc1, const float *d, uint32_t s0, uint32_t b0,
-                                         uint32_t s1, uint32_t b1, const float *xs, int c0, int nsc, int t) {
+                                         uint32_t s1, uint32_t b1, const float *xs, int c0, int nsc, int t,
+                                         float dsc = 1.0f) {
     const int c = min(2 * t, S * GPS - 2); /* columns past the chunk are not folded: any entry serves */
-    mm_fold1x<GPS, S, F16S, FOLD>(acc0, acc1, d, s0, b0, s1, b1, xs[c0 * GPS + c], xs[c0 * GPS + c + 1], nsc, t);
+    mm_fold1x<GPS, S, F16S, FOLD, OFF, SC>(acc0, acc1, d, s0, b0, s1, b1, xs[c0 * GPS + c], xs[c0 * GPS + c + 1], nsc, t,
+                                           dsc);
 }
 
 

@@ -192,10 +192,13 @@ template <int S, int GB> __device__ __forceinline__ int mm_slice_groups(const Mm
     return a.J * S * (GB >= 64 ? 1 : 64 / GB);
 }
 
-/* XP: 3 the exact three-part split, 1 one bf16 column (XP1), 8 int8 (XI8) */
+/* XP: 3 the exact three-part split, 1 one bf16 column (XP1), 8 int8 (XI8). Returns the D scale of Q8X's staging
+ * (mm_stage_q8x), else 1 */
 template <int BITS, int GB, int S, int XP>
-__device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *xs, int st0, int ns) {
-    constexpr int CPS = mm_cps<BITS>(); /* inputs per step */
+__device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *xs, int st0, int ns) {
+    constexpr int CPS = mm_cps<BITS, XP == 1>(); /* inputs per step */
+    constexpr bool Q8X = BITS == 8 && XP == 1;
+    float dsc = 1.0f;
     const int ng = mm_slice_groups<S, GB>(a); /* XP 8 (int8): Σx, d, e, 1/d per group of the slice */
     (void)ng;
     if (a.xn) {
@@ -210,6 +213,7 @@ __device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *x
         const float inv = rms([&](int j) { return xp(a.x[j], (size_t)j); });
         auto nx = [&](float xv, size_t k) { return rms_scale(xp(xv, k), inv, a.nw != nullptr, a.nw ? a.nw[k] : 0.0f); };
         if constexpr (XP == 8) mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns, nx);
+        else if constexpr (Q8X) dsc = mm_stage_q8x<GB, S>(tbl, xs, a.x, st0, ns, nx);
         else mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, nx);
         if (blockIdx.x == 0)
             for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x) {
@@ -218,9 +222,12 @@ __device__ __forceinline__ void mm_stage_x(const MmArgs &a, uint2 *tbl, float *x
             }
     } else if constexpr (XP == 8) {
         mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns);
+    } else if constexpr (Q8X) {
+        dsc = mm_stage_q8x<GB, S>(tbl, xs, a.x, st0, ns);
     } else {
         mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in);
     }
+    return dsc;
 }
 
 /* gemv_mma.cu's launch plan and the arguments both walks share (matrices w[0..k) with expert indices e,
