@@ -138,7 +138,8 @@ static double glu_ref(double g, double u, int act) {
 }
 
 /* Compare matmul (e < 0) or matmul_expert on n rows; returns rel error. */
-static int g_x_bf16; /* check_matmul's x rounded to bf16 first */
+static int g_x_bf16;         /* check_matmul's x rounded to bf16 first: 1 for both sides, 2 the reference's only */
+static float g_x_amp = 1.0f; /* check_matmul's x amplitude */
 static double check_matmul(tern_backend *gpu, const hw *h, int n, int e) {
     tern_tensor tr = h->t, tg = h->t;
     tern_error err = {0};
@@ -147,15 +148,17 @@ static double check_matmul(tern_backend *gpu, const hw *h, int n, int e) {
         return INFINITY;
     }
     int out = (int)h->t.shape[h->t.ndim - 2], in = (int)h->t.shape[h->t.ndim - 1];
-    float *x = rnd((size_t)n * in, 1.0f), *yr = malloc((size_t)n * out * sizeof *yr);
-    if (g_x_bf16) bf16_exact(x, (size_t)n * in);
+    float *x = rnd((size_t)n * in, g_x_amp), *yr = malloc((size_t)n * out * sizeof *yr);
+    float *xr = g_x_bf16 == 2 ? malloc((size_t)n * in * sizeof *xr) : x; /* the reference's x */
+    if (g_x_bf16 == 2) memcpy(xr, x, (size_t)n * in * sizeof *xr);
+    if (g_x_bf16) bf16_exact(xr, (size_t)n * in);
     void *xd = to_gpu(x, (size_t)n * in * sizeof *x), *yd = nan_buf(gpu, (size_t)n * out);
     if (gpu != g_gpu) g_gpu->vt->sync(g_gpu); /* x went up through g_gpu's stream (small uploads are async) */
     if (e < 0) {
-        g_ref->vt->matmul(g_ref, yr, x, n, &tr);
+        g_ref->vt->matmul(g_ref, yr, xr, n, &tr);
         gpu->vt->matmul(gpu, yd, xd, n, &tg);
     } else {
-        g_ref->vt->matmul_expert(g_ref, yr, x, n, &tr, e);
+        g_ref->vt->matmul_expert(g_ref, yr, xr, n, &tr, e);
         gpu->vt->matmul_expert(gpu, yd, xd, n, &tg, e);
     }
     float *yg = from_gpu(gpu, yd, (size_t)n * out);
@@ -163,6 +166,7 @@ static double check_matmul(tern_backend *gpu, const hw *h, int n, int e) {
     gpu->vt->free_weight(gpu, &tg);
     gpu->vt->free(gpu, xd);
     gpu->vt->free(gpu, yd);
+    if (xr != x) free(xr);
     free(x); free(yr); free(yg);
     return rel;
 }

@@ -200,33 +200,13 @@ static double mm_q_rel(tern_backend *g, int bits, int gs, tern_dtype sdt, int ou
     return rel;
 }
 
-/* The XP1 walks' x is the bf16-rounded row: x not exact in bf16 goes in, the reference gets it rounded, and the
- * two agree as closely as with bf16-exact x (Σx of the rounded values: FOLD's 128·s·Σx must cancel the MMAs'
- * 128s — with the f32 row's Σx this was ~4e-2 at Q4, ~1.6e-1 at Q2) */
-static double mm_q_rel_raw(tern_backend *g, int bits, int gs, tern_dtype sdt, int out, int in, float amp) {
-    hw h = make_w(TERN_DT_Q, bits, gs, sdt, 1, out, in, 0);
-    tern_tensor tr = h.t, tg = h.t;
-    tern_error err = {0};
-    if (g_ref->vt->upload_weight(g_ref, &tr, &err) || g->vt->upload_weight(g, &tg, &err)) { free_w(&h); return INFINITY; }
-    float *x = rnd(in, amp), *xb = malloc((size_t)in * sizeof(float)), *yr = malloc((size_t)out * sizeof(float));
-    memcpy(xb, x, (size_t)in * sizeof(float));
-    bf16_exact(xb, in);
-    g_ref->vt->matmul(g_ref, yr, xb, 1, &tr);
-    void *xd = to_gpu(x, (size_t)in * sizeof(float)), *yd = nan_buf(g, out);
-    const unsigned long long calls = tern__cuda_gemv_mma_calls;
-    g->vt->matmul(g, yd, xd, 1, &tg);
-    CHECK(tern__cuda_gemv_mma_calls > calls, "q%d %dx%d: the tensor-core GEMV did not run", bits, out, in);
-    float *yg = from_gpu(g, yd, out);
-    const double rel = rel_or_nan(yg, yr, out);
-    g->vt->free_weight(g, &tg);
-    g->vt->free(g, xd); g->vt->free(g, yd);
-    free(x); free(xb); free(yr); free(yg); free_w(&h);
-    return rel;
-}
-
+/* The XP1 walks' x is the bf16-rounded row: x not exact in bf16 goes in, the reference gets it rounded (g_x_bf16 =
+ * 2), and the two agree as closely as with bf16-exact x (Σx of the rounded values: FOLD's 128·s·Σx must cancel the
+ * MMAs' 128s — with the f32 row's Σx this was ~4e-2 at Q4, ~1.6e-1 at Q2) */
 TEST(cuda_gemv_mma_xp1_rounded) {
     const int keep = tern__cuda_gemv_mma_xp1;
     tern__cuda_gemv_mma_xp1 = 1;
+    g_x_bf16 = 2;
     /* amplitudes 1, 1e6 and 1e-6: Q8X scales x into f16's range per K slice (mm_stage_q8x) */
     static const int bits[] = {4, 2, 3, 5, 6, 8}, gss[] = {64, 32, 128};
     static const float amps[] = {1.0f, 1e6f, 1e-6f};
@@ -234,12 +214,16 @@ TEST(cuda_gemv_mma_xp1_rounded) {
         for (size_t gi = 0; gi < TERN_ARRAY_LEN(gss); gi++)
             for (size_t ai = 0; ai < TERN_ARRAY_LEN(amps); ai++) {
                 if (ai && bits[b] != 8 && gi) continue;
-                const double rel = mm_q_rel_raw(g_gpu, bits[b], gss[gi], TERN_DT_BF16, 1037, 4096, amps[ai]);
+                char nm[64];
+                g_x_amp = amps[ai];
+                const double rel = mm_q_rel(g_gpu, bits[b], gss[gi], TERN_DT_BF16, 1037, 4096, nm, sizeof nm);
                 printf("  err q%d/g%d 1037x4096 xp1, x (amplitude %.0e) rounded by the kernel: %.2e\n", bits[b], gss[gi],
                        amps[ai], rel);
                 CHECK(rel <= (bits[b] == 2 ? 4e-5 : 1e-5), "q%d g%d amp %.0e: rel %.3e against the bf16-rounded x", bits[b],
                       gss[gi], amps[ai], rel);
             }
+    g_x_amp = 1.0f;
+    g_x_bf16 = 0;
     tern__cuda_gemv_mma_xp1 = keep;
 }
 

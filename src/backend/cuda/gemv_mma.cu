@@ -64,9 +64,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     constexpr bool NEWW = WIDE || Q8X;            /* walks on mm_decode_w / mm_mmas_w */
     static_assert(!NEWW || (XP1 && FOLD && !XI8 && !ROPE), "the other widths: the XP1 walk with FOLD");
     pdl_trigger();
-    /* steps per K slice (q4 g32: two MMA tiles, fewer registers; Q5 / Q6 / Q8X: 40 / 48 / 32 bytes a lane and row
-     * per double step or step) */
-    constexpr int S = GB == 16 || BITS == 5 || BITS == 6 || Q8X ? 2 : 4;
+    constexpr int S = mm_steps(BITS, BITS == 8 && !XP1 ? GB : 2 * GB, XP1); /* steps per chunk (GB: Q8's or Q4's bytes a group) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     constexpr int NCOL = 3 * GPS, NT = (NCOL + 7) / 8;
     constexpr int CPS = mm_cps<BITS, XP1>();      /* inputs per step */
@@ -499,7 +497,7 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
     *rows_out = rows;
     *rblocks_out = *ks_out = *j_out = 0;
     if (rows <= 0) return 1;
-    const int cps = w0->bits == 8 && !q8x ? 64 : 128; /* inputs per step (mm_cps: Q4 / Q8 64 bytes a row) */
+    const int cps = mm_cps(w0->bits, q8x); /* inputs per step */
     if (w0->in % cps) return 0;
     if (wide) { /* double steps of 256 codes, 16-byte aligned rows */
         if (w0->in % 256) return 0;
@@ -507,8 +505,7 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
             if ((uintptr_t)w[i]->data & 15) return 0;
     }
     const int rblocks = (rows + (pair ? 63 : 127)) / (pair ? 64 : 128);
-    /* = the kernel's S */
-    const int steps = q8x ? 2 : wide ? (gs == 32 || w0->bits >= 5 ? 2 : 4) : gs * w0->bits / 8 == 16 ? 2 : 4;
+    const int steps = mm_steps(w0->bits, gs, q8x); /* = the kernel's S */
     const size_t units = pair ? 2 * (size_t)rows : (size_t)rows;
     const int nst = w0->in / cps, ks1 = (nst + steps - 1) / steps;
     int J = mm_chunks(c, ks1, pair ? (rows + 7) / 8 : (rows + 15) / 16);

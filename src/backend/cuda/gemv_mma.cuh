@@ -18,21 +18,19 @@
 
 #define MM_CNT TERN_CUDA_MM_CNT /* row-block counters (cuda_internal.h) */
 
+template <bool F16 = false> /* F16: f16 operands (gemv_mma.cu's Q8X: codes as 1024 + byte, x scaled into f16's range) */
 __device__ __forceinline__ void mm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* the same with f16 operands (gemv_mma.cu's Q8X: codes as 1024 + byte, x scaled into f16's range) */
-__device__ __forceinline__ void mm_mma_f16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                           uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    if constexpr (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 /* the word's 4 bf16 pairs (nibble j, nibble j+4), j = 0..3, as exact small integers. The and-or is one
@@ -115,8 +113,14 @@ template <int GPS, bool F16S> __device__ __forceinline__ float mm_sget(typename 
  * units' bytes k, k+1 (Q5: funnel shifts first where the 7 bytes span three words). The groups of a step are no
  * longer contiguous in x, so a lane's MMA column is its group's place in the chunk (mm_stage), which keeps XP1's
  * fold (column c = the chunk's group c) and its Σx per group. */
-/* inputs per step (X1: the XP1 walk, whose Q8 step is 128 codes too: gemv_mma.cu's Q8X) */
-template <int BITS, bool X1 = false> __host__ __device__ constexpr int mm_cps() { return BITS == 8 && !X1 ? 64 : 128; }
+/* inputs per step (X1: the XP1 walk, whose Q8 step is 128 codes too: gemv_mma.cu's Q8X) and steps per chunk (q4
+ * g32 and the other widths' 32-code groups: two MMA tiles, fewer registers; Q5 / Q6 / Q8X: 40 / 48 / 32 bytes a lane
+ * and row per double step or step) — the kernel's CPS and S, and gemv_mma.cu's plan of them */
+__host__ __device__ constexpr int mm_cps(int bits, bool x1) { return bits == 8 && !x1 ? 64 : 128; }
+__host__ __device__ constexpr int mm_steps(int bits, int gs, bool x1) {
+    return (bits == 8 && x1) || bits == 5 || bits == 6 || (bits != 8 && gs == 32) ? 2 : 4;
+}
+template <int BITS, bool X1 = false> __host__ __device__ constexpr int mm_cps() { return mm_cps(BITS, X1); }
 template <int BITS> __host__ __device__ constexpr bool mm_ds() { return BITS != 4 && BITS != 8; } /* double steps */
 /* a lane's bytes of a row per load unit (Q4 / Q8: a step, the others: a double step) and a row's bytes per step */
 template <int BITS> __host__ __device__ constexpr int mm_lb() { return mm_ds<BITS>() ? 8 * BITS : 16; }
@@ -216,6 +220,34 @@ template <int BITS> __device__ __forceinline__ void mm_ldw2(const uint8_t *p, Mm
     for (int i = 0; i < BITS; i++) { e.v[i] = v[i]; o.v[i] = v[BITS + i]; }
 }
 
+/* Σx of each (step, group) of the slice into xs: one float4 per thread and round, then a fixed xor tree over the
+ * CG/4 consecutive lanes of a group (CG/4 = 8, 16 or 32 divides the warp); whole warps take part in every round
+ * (the bound is rounded up to 32). XR (XP1, Q8X): Σx of the bf16-rounded x the MMAs see, so FOLD's 128·s·Σx cancels
+ * their 128s exactly (with the f32 x's sum the bf16 rounding errors came back times 128·s: ~4 % rel L2 at Q4, 16 % at
+ * Q2, against the bf16 x's own 0.17 %; gemv_xr.cu's rows always summed the rounded x). Returns the thread's max |x|
+ * (of the values summed; mm_stage_q8x's scale) */
+template <int CPS, int GPS, bool TAIL, bool XR, class TF>
+__device__ __forceinline__ float mm_group_sums(float *xs, const float *x, int st0, int ns, int nin, TF nx) {
+    constexpr int CG = CPS / GPS, L = CG / 4;
+    const int nf = ns * CPS / 4, nfw = (nf + 31) & ~31;
+    auto xr = [](float v) { return XR ? __bfloat162float(__float2bfloat16_rn(v)) : v; };
+    float am = 0.0f;
+    for (int f = threadIdx.x; f < nfw; f += blockDim.x) {
+        float e = 0.0f;
+        if (f < nf && (!TAIL || st0 * CPS + 4 * f < nin)) {
+            const float4 v = __ldg((const float4 *)(x + (size_t)st0 * CPS) + f);
+            const size_t k = (size_t)st0 * CPS + 4 * (size_t)f;
+            const float a0 = xr(nx(v.x, k)), a1 = xr(nx(v.y, k + 1)), a2 = xr(nx(v.z, k + 2)), a3 = xr(nx(v.w, k + 3));
+            e = (a0 + a1) + (a2 + a3);
+            if constexpr (XR) am = fmaxf(am, fmaxf(fmaxf(fabsf(a0), fabsf(a1)), fmaxf(fabsf(a2), fabsf(a3))));
+        }
+#pragma unroll
+        for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
+        if ((f & (L - 1)) == 0 && f < nf) xs[f / L] = e;
+    }
+    return am;
+}
+
 /* stage x for steps st0 .. st0+ns-1 (x: the activation row): the B fragments — entry (step, MMA,
  * column tile, lane (g', t')) is part c % 3 of the x pair of (step, MMA, t') when column c = 8·tile + g'
  * belongs to the group of lane t''s bytes (groups use columns 3γ..3γ+2), else 0, so every MMA's B load
@@ -282,27 +314,7 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
                        : make_uint2(0u, 0u);
             }
     }
-    { /* Σx of each (step, group): one float4 per thread and round, then a fixed xor tree over the
-       * CG/4 consecutive lanes of a group (CG/4 = 8, 16 or 32 divides the warp); whole warps take
-       * part in every round (the bound is rounded up to 32). XP1: Σx of the bf16-rounded x the MMAs see,
-       * so FOLD's 128·s·Σx cancels their 128s exactly (with the f32 x's sum the bf16 rounding errors came
-       * back times 128·s: ~4 % rel L2 at Q4, 16 % at Q2, against the bf16 x's own 0.17 %; gemv_xr.cu's rows
-       * always summed the rounded x) */
-        constexpr int CG = CPS / GPS, L = CG / 4;
-        const int nf = ns * CPS / 4, nfw = (nf + 31) & ~31;
-        auto xr = [](float v) { return XP == 1 ? __bfloat162float(__float2bfloat16_rn(v)) : v; };
-        for (int f = threadIdx.x; f < nfw; f += blockDim.x) {
-            float e = 0.0f;
-            if (f < nf && (!TAIL || st0 * CPS + 4 * f < nin)) {
-                const float4 v = __ldg((const float4 *)(x + (size_t)st0 * CPS) + f);
-                const size_t k = (size_t)st0 * CPS + 4 * (size_t)f;
-                e = (xr(nx(v.x, k)) + xr(nx(v.y, k + 1))) + (xr(nx(v.z, k + 2)) + xr(nx(v.w, k + 3)));
-            }
-#pragma unroll
-            for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
-            if ((f & (L - 1)) == 0 && f < nf) xs[f / L] = e;
-        }
-    }
+    mm_group_sums<CPS, GPS, TAIL, XP == 1>(xs, x, st0, ns, nin, nx);
 }
 
 /* Q8X (gemv_mma.cu: Q8 on XP1's walk, f16 MMAs): lane t of a 128-code step holds codes 16t..16t+15 (words 0..3)
@@ -314,25 +326,11 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
  * Returns dsc = 2^e. */
 template <int GB, int S, class TF = MmAsIs>
 __device__ __forceinline__ float mm_stage_q8x(uint2 *tbl, float *xs, const float *x, int st0, int ns, TF nx = TF{}) {
-    constexpr int GPS = GB >= 64 ? 1 : 64 / GB, CG = 128 / GPS, L = CG / 4; /* groups of 2·GB codes */
+    constexpr int GPS = GB >= 64 ? 1 : 64 / GB; /* groups of 2·GB codes */
     static_assert(S * GPS <= 8, "a chunk's groups in 8 columns");
     __shared__ float mx[8];
     auto xr = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
-    float am = 0.0f;
-    const int nf = ns * 128 / 4, nfw = (nf + 31) & ~31;
-    for (int f = threadIdx.x; f < nfw; f += blockDim.x) {
-        float e = 0.0f;
-        if (f < nf) {
-            const float4 v = __ldg((const float4 *)(x + (size_t)st0 * 128) + f);
-            const size_t k = (size_t)st0 * 128 + 4 * (size_t)f;
-            const float a0 = xr(nx(v.x, k)), a1 = xr(nx(v.y, k + 1)), a2 = xr(nx(v.z, k + 2)), a3 = xr(nx(v.w, k + 3));
-            e = (a0 + a1) + (a2 + a3);
-            am = fmaxf(am, fmaxf(fmaxf(fabsf(a0), fabsf(a1)), fmaxf(fabsf(a2), fabsf(a3))));
-        }
-#pragma unroll
-        for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
-        if ((f & (L - 1)) == 0 && f < nf) xs[f / L] = e;
-    }
+    float am = mm_group_sums<128, GPS, false, true>(xs, x, st0, ns, 0, nx);
 #pragma unroll
     for (int o = 16; o; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
     if ((threadIdx.x & 31) == 0) mx[threadIdx.x >> 5] = am;
@@ -422,8 +420,8 @@ __device__ __forceinline__ void mm_mmas1(float *d, const uint32_t *wa, const uin
     mm_mmas<FOLD, 1>(d, wa, wc, tl, sl, magic);
 }
 
-/* XP1, Q2 / Q3 / Q5 / Q6: the 8 MMAs of step sl of a warp's 16 rows (lane words wa: row g, wc: row g+8) into
- * the chunk's tile d; FOLD's pairs (128 + code) */
+/* XP1, Q2 / Q3 / Q5 / Q6 / Q8X: the 8 MMAs of step sl of a warp's 16 rows (lane words wa: row g, wc: row g+8)
+ * into the chunk's tile d; FOLD's pairs (128 + code; Q8X f16 1024 + code) */
 template <int BITS>
 __device__ __forceinline__ void mm_mmas_w(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
                                           uint32_t magic) {
@@ -433,8 +431,7 @@ __device__ __forceinline__ void mm_mmas_w(float *d, const uint32_t *wa, const ui
 #pragma unroll
     for (int m = 0; m < 8; m++) {
         const uint2 bv = tl[(sl * 8 + m) * 32];
-        if constexpr (BITS == 8) mm_mma_f16(d, pa[2 * m], pc[2 * m], pa[2 * m + 1], pc[2 * m + 1], bv.x, bv.y);
-        else mm_mma(d, pa[2 * m], pc[2 * m], pa[2 * m + 1], pc[2 * m + 1], bv.x, bv.y);
+        mm_mma<BITS == 8>(d, pa[2 * m], pc[2 * m], pa[2 * m + 1], pc[2 * m + 1], bv.x, bv.y);
     }
 }
 
