@@ -724,6 +724,28 @@ if [[ " $SECTIONS " == *" 55 "* ]]; then
     done
 fi
 
+# 56. session 39: 2..8 rows of the other MLX widths on tensor cores (gemv_xr.cu gemv_xrw_kernel, TERN_CUDA_GEMV_XRW,
+#     default 1; before: qgemm.cu): op tests, per-shape times (bench_cuda --xrw: xr = the new kernel, qgemm = before,
+#     before = the one-row GEMV at n = 1), parity with it on, batch decode at 2 / 4 / 8 sequences off / on
+if [[ " $SECTIONS " == *" 56 "* ]]; then
+    op_test cuda_gemv_xr_wide,cuda_gemv_xr,cuda_gemv_mma_wide ops56
+    timeout 240 build/bench_cuda --xrw > "$OUT/xrw56.txt" 2>&1
+    say "bmm (µs):"; grep -E '^bmm' "$OUT/xrw56.txt" | tr -s ' ' | cut -d' ' -f2-7 | tee -a "$S"
+    for comp in bf16; do
+        TERN_CUDA_GEMV_XRW=1 TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 build/tests/test_parity_core \
+            > "$OUT/parity56_$comp.log" 2>&1
+        say "XRW=1 parity $comp: $(grep -c '^PASS' "$OUT/parity56_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity56_$comp.log") failed"
+    done
+    AB_REPS=${AB_REPS:-2} AB_CONC=2,4,8 conc_ab "TERN_CUDA_GEMV_XRW=0;TERN_CUDA_GEMV_XRW=1" "llama3-8b:q8 llama3-8b:q3 llama3-8b:q6"
+fi
+
+# 57. session 39, after 56: its op tests again (Q8 g32's unbuilt rows out of the bound) and the small-matrix bound
+#     (matrices under 2^25 codes keep qgemm.cu from 6 rows): batch decode at 6 / 8 sequences, one rep
+if [[ " $SECTIONS " == *" 57 "* ]]; then
+    op_test cuda_gemv_xr_wide,cuda_gemv_xr ops57
+    AB_REPS=1 AB_CONC=6,8 conc_ab "TERN_CUDA_GEMV_XRW=0;TERN_CUDA_GEMV_XRW=1" "llama3-8b:q8 llama3-8b:q6"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

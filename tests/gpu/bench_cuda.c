@@ -400,6 +400,7 @@ extern int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16, tern__cuda_qge
 static int split_sweep; /* BENCH_SPLIT=1: also time qgemm's K-split targets 1, 4, 8 x SMs */
 static int xr_sweep;   /* bench_cuda --xr: also gemv_xr.cu (TERN_CUDA_GEMV_XR) at n <= 8 */
 extern int tern__cuda_gemv_xr, tern__cuda_gemv_xr_max_n, tern__cuda_qg4_on, tern__cuda_qg4_max_n;
+extern int tern__cuda_gemv_xrw, tern__cuda_gemv_xrw_max_n, tern__cuda_gemv_xrw_small_n;
 
 static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *ns) {
     tern_backend *keep = g, *b = open_mode(TERN_COMPUTE_BF16);
@@ -420,6 +421,7 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     free(hd); free(hs); free(hb);
     float *x = dev_random((size_t)nmax * in * 4), *y = g->vt->alloc(g, (size_t)nmax * out * 4);
     const int kq = tern__cuda_qgemm_max_n_q, kb = tern__cuda_qgemm_max_n_bf16, k4 = tern__cuda_qg4_on;
+    const int kw = tern__cuda_gemv_xrw, kwm = tern__cuda_gemv_xrw_max_n;
     for (int k = 0; copies > 0 && x && y && ns[k]; k++)
         for (int path = 0; path < 7; path++) { /* 0: before (qgemm off), 1: qgemm, 2..4: split x1/x4/x8, 5: gemv_xr,
                                                   6: qgemm_q4.cu */
@@ -427,9 +429,9 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
             if ((path >= 1 && n == 1) || (path >= 2 && path <= 4 && (!split_sweep || dt != TERN_DT_Q || out != in)))
                 continue;
             if (path == 5 && (!xr_sweep || dt != TERN_DT_Q || n > 8)) continue;
-            if (path == 6 && (dt != TERN_DT_Q || (xr_sweep && n < 8))) continue;
-            tern__cuda_gemv_xr = path == 5;
-            tern__cuda_gemv_xr_max_n = 8;
+            if (path == 6 && (dt != TERN_DT_Q || bits != 4 || (xr_sweep && n < 8))) continue;
+            tern__cuda_gemv_xr = tern__cuda_gemv_xrw = path == 5;
+            tern__cuda_gemv_xr_max_n = tern__cuda_gemv_xrw_max_n = tern__cuda_gemv_xrw_small_n = 8;
             tern__cuda_qg4_on = path == 6;
             tern__cuda_qg4_max_n = 1 << 30;
             tern__cuda_qgemm_max_n_q = path ? 1 << 30 : 0;
@@ -444,7 +446,9 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
             double sec = (tern_time_s() - t0) / reps, fl = 2.0 * n * out * (double)in;
             double fb = ceiling_gbs > 0 ? bytes / (ceiling_gbs * 1e9) : bytes / 3.3e12, ff = fl / 989e12;
             char name[96];
-            snprintf(name, sizeof name, "bmm %s %dx%d n=%d %s%s", dt == TERN_DT_Q ? "q4/g64" : "BF16", out, in, n,
+            char fmt[16];
+            snprintf(fmt, sizeof fmt, "q%d/g64", bits);
+            snprintf(name, sizeof name, "bmm %s %dx%d n=%d %s%s", dt == TERN_DT_Q ? fmt : "BF16", out, in, n,
                      path == 6 ? "qg4" : path == 5 ? "xr" : path ? "qgemm" : "before",
                      path >= 2 && path <= 4 ? (path == 2 ? " split1" : path == 3 ? " split4" : " split8") : "");
             printf("%-44s %10.1f us %8.1f GB/s %7.1f TFLOP/s  floor %.2f\n", name, sec * 1e6, bytes / sec / 1e9,
@@ -457,6 +461,9 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     tern__cuda_qgemm_split_mul = 2;
     tern__cuda_gemv_xr = 0;
     tern__cuda_gemv_xr_max_n = 4;
+    tern__cuda_gemv_xrw = kw;
+    tern__cuda_gemv_xrw_max_n = kwm;
+    tern__cuda_gemv_xrw_small_n = 5;
     tern__cuda_qg4_on = k4;
     tern__cuda_qg4_max_n = 128;
     for (int c = 0; c < copies; c++) g->vt->free_weight(g, &w[c]);
@@ -965,6 +972,15 @@ int main(int argc, char **argv) {
         static const int shp[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}}, nx[] = {1, 2, 4, 8, 16, 32, 64, 128, 0};
         xr_sweep = 1;
         for (int s = 0; s < 3; s++) bench_batched(TERN_DT_Q, 4, shp[s][0], shp[s][1], nx);
+        tern_backend_close(g);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--xrw")) { /* the other widths (g64), n = 1..8: the one-row GEMV / qgemm / gemv_xr.cu */
+        static const int shp[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}}, nx[] = {1, 2, 3, 4, 6, 8, 0};
+        static const int wb[] = {2, 3, 5, 6, 8};
+        xr_sweep = 1;
+        for (int b = 0; b < 5; b++)
+            for (int s = 0; s < 3; s++) bench_batched(TERN_DT_Q, wb[b], shp[s][0], shp[s][1], nx);
         tern_backend_close(g);
         return 0;
     }

@@ -87,11 +87,12 @@ TEST(cuda_gemv_mma_glu_walk) {
 }
 
 /* three Q4 matrices (out, out, o2 rows) uploaded for mm_five_ops; nm: the format's name */
-static void mm_three_open(tern_backend *g, int gs, tern_dtype sdt, int out, int o2, int in, hw *h, tern_tensor *t, char *nm) {
+static void mm_three_open(tern_backend *g, int bits, int gs, tern_dtype sdt, int out, int o2, int in, hw *h, tern_tensor *t,
+                          char *nm) {
     const int rows[3] = {out, out, o2};
     tern_error err = {0};
     for (int i = 0; i < 3; i++) {
-        h[i] = make_w(TERN_DT_Q, 4, gs, sdt, 1, rows[i], in, 0);
+        h[i] = make_w(TERN_DT_Q, bits, gs, sdt, 1, rows[i], in, 0);
         t[i] = h[i].t;
         CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
     }
@@ -138,7 +139,7 @@ TEST(cuda_gemv_mma_pp_bits) {
             hw h[3];
             tern_tensor t[3];
             char nm[64];
-            mm_three_open(g, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
+            mm_three_open(g, 4, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
             float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[3][5];
             const int nv = 3;
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
@@ -372,11 +373,11 @@ TEST(cuda_gemv_mma_i8) {
  * group size and scale type, n = 2, 3, 5, 8 (NT 1..4 tiles at g32), one and split K, J auto / 1; the
  * fused forms (q|k|v, act(gate)·up, y += W·x) against cpu-ref's separate ops; a row's bits do not depend
  * on n (rows 0, 1 alone and among 8) */
-static double xr_fused_rel(tern_backend *g, int gs, tern_dtype sdt, int out, int o2, int in, int n) {
+static double xr_fused_rel(tern_backend *g, int bits, int gs, tern_dtype sdt, int out, int o2, int in, int n) {
     hw h[3];
     tern_tensor t[3], tr[3];
     char nm[64];
-    mm_three_open(g, gs, sdt, out, o2, in, h, t, nm);
+    mm_three_open(g, bits, gs, sdt, out, o2, in, h, t, nm);
     tern_error err = {0};
     for (int i = 0; i < 3; i++) {
         tr[i] = h[i].t;
@@ -460,7 +461,7 @@ TEST(cuda_gemv_xr) {
     tern__cuda_mm_j = 0;
     for (size_t f = 0; f < 3; f++)
         for (int n = 2; n <= 8; n += 3) {
-            const double rel = xr_fused_rel(g, F[f].gs, F[f].sdt, 1037, 300, 4096, n);
+            const double rel = xr_fused_rel(g, 4, F[f].gs, F[f].sdt, 1037, 300, 4096, n);
             printf("  err xr fused g%d n=%d %.2e\n", F[f].gs, n, rel);
             CHECK(rel <= 1e-5, "fused g%d n=%d: rel %.3e", F[f].gs, n, rel);
         }
@@ -489,6 +490,90 @@ TEST(cuda_gemv_xr) {
     tern__cuda_bf16_split = keep_split;
 }
 
+/* gemv_xr.cu's other widths (TERN_CUDA_GEMV_XRW: Q2 / Q3 / Q5 / Q6 on bf16 MMAs, Q8 on f16 ones; columns = (x row,
+ * run or group), folded per step): x given unrounded and the reference fed its bf16 rounding (the mode's x: the
+ * table and Σx must both see the rounded values); every width, group size and scale type, n = 2, 3, 5, 8, one and
+ * split K, J auto / 1; the fused forms; rows 0, 1 the same bits alone and among 8 */
+TEST(cuda_gemv_xr_wide) {
+    extern int tern__cuda_gemv_xr, tern__cuda_gemv_xr_max_n, tern__cuda_gemv_xrw, tern__cuda_gemv_xrw_max_n,
+        tern__cuda_gemv_xrw_small_n;
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->matmul_n) { SKIP("cuda_gemv_xr_wide", "no bf16-mode backend"); return; }
+    const int keep = tern__cuda_gemv_xr, keep_w = tern__cuda_gemv_xrw, keep_j = tern__cuda_mm_j;
+    const int keep_split = tern__cuda_bf16_split, keep_max = tern__cuda_gemv_xr_max_n, keep_wmax = tern__cuda_gemv_xrw_max_n;
+    tern__cuda_gemv_xr = tern__cuda_gemv_xrw = 1;
+    const int keep_small = tern__cuda_gemv_xrw_small_n;
+    tern__cuda_gemv_xr_max_n = tern__cuda_gemv_xrw_max_n = tern__cuda_gemv_xrw_small_n = 8;
+    tern__cuda_bf16_split = 0; /* the plain bf16 mode */
+    g_x_bf16 = 2;
+    static const int bits[] = {2, 3, 5, 6, 8};
+    static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_BF16}, {128, TERN_DT_BF16},
+                                                          {32, TERN_DT_F16}, {64, TERN_DT_F16}};
+    static const int shapes[][2] = {{300, 512}, {1037, 4096}, {64, 14336}, {4099, 2048}, {777, 3840}};
+    static const int ns[] = {2, 3, 5, 8}, js[] = {0, 1};
+    double worst[5] = {0, 0, 0, 0, 0};
+    for (size_t b = 0; b < TERN_ARRAY_LEN(bits); b++)
+        for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
+            for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
+                for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++)
+                    for (size_t k = 0; k < TERN_ARRAY_LEN(ns); k++) {
+                        if (jj && (s == 2 || s == 3)) continue; /* J 1 on the small and the 3840 shapes */
+                        tern__cuda_mm_j = js[jj];
+                        hw h = make_w(TERN_DT_Q, bits[b], F[f].gs, F[f].sdt, 1, shapes[s][0], shapes[s][1], 0);
+                        char nm[64];
+                        fmt_name(&h.t, nm, sizeof nm);
+                        const unsigned long long calls = tern__cuda_gemv_xr_calls;
+                        const double rel = check_matmul(g, &h, ns[k], -1);
+                        /* Q8 g32 serves 4 rows at most: qgemm.cu takes the rest, with its bf16-rounded weights */
+                        const bool built = !(bits[b] == 8 && F[f].gs == 32 && ns[k] > 4);
+                        const double bound = bits[b] == 2 ? 4e-5 : 1e-5; /* FOLD's 128 in the sums, as cuda_gemv_mma_wide */
+                        CHECK(!built || rel <= bound, "%s %dx%d n=%d J %d: xr rel %.3e", nm, shapes[s][0], shapes[s][1],
+                              ns[k], js[jj], rel);
+                        if (built && !(rel <= worst[b])) worst[b] = rel;
+                        CHECK(!built || tern__cuda_gemv_xr_calls > calls, "%s %dx%d n=%d: gemv_xr did not run", nm,
+                              shapes[s][0], shapes[s][1], ns[k]);
+                        free_w(&h);
+                    }
+    printf("  err xr wide, worst rel L2 q2 %.2e q3 %.2e q5 %.2e q6 %.2e q8 %.2e\n", worst[0], worst[1], worst[2], worst[3],
+           worst[4]);
+    tern__cuda_mm_j = 0;
+    g_x_bf16 = 1; /* xr_fused_rel rounds x itself */
+    for (size_t b = 0; b < TERN_ARRAY_LEN(bits); b++)
+        for (int n = 2; n <= 8; n += 3) {
+            const int gs = b & 1 ? 32 : 64;
+            if (bits[b] == 8 && gs == 32 && n > 4) continue;
+            const double rel = xr_fused_rel(g, bits[b], gs, TERN_DT_BF16, 1037, 300, 4096, n);
+            printf("  err xr fused q%d g%d n=%d %.2e\n", bits[b], gs, n, rel);
+            CHECK(rel <= (bits[b] == 2 ? 4e-5 : 1e-5), "fused q%d g%d n=%d: rel %.3e", bits[b], gs, n, rel);
+        }
+    for (size_t b = 0; b < TERN_ARRAY_LEN(bits); b++) { /* batch invariance: rows 0, 1 alone (n = 2) and among 8 */
+        const int out = 4099, in = 2048;
+        hw h = make_w(TERN_DT_Q, bits[b], 64, TERN_DT_BF16, 1, out, in, 0);
+        tern_tensor t = h.t;
+        tern_error err = {0};
+        CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
+        float *x = rnd((size_t)8 * in, 1.0f);
+        void *xd = to_gpu(x, (size_t)8 * in * 4), *y8 = nan_buf(g, (size_t)8 * out), *y2 = nan_buf(g, (size_t)2 * out);
+        g_gpu->vt->sync(g_gpu);
+        g->vt->matmul(g, y8, xd, 8, &t);
+        g->vt->matmul(g, y2, xd, 2, &t);
+        float *a = from_gpu(g, y8, (size_t)2 * out), *c = from_gpu(g, y2, (size_t)2 * out);
+        CHECK(same_bits(a, c, (size_t)2 * out), "xr q%d: rows 0, 1 differ between n = 2 and n = 8", bits[b]);
+        free(a); free(c); free(x);
+        g->vt->free(g, xd); g->vt->free(g, y8); g->vt->free(g, y2);
+        g->vt->free_weight(g, &t);
+        free_w(&h);
+    }
+    g_x_bf16 = 0;
+    tern__cuda_gemv_xr = keep;
+    tern__cuda_gemv_xrw = keep_w;
+    tern__cuda_gemv_xr_max_n = keep_max;
+    tern__cuda_gemv_xrw_max_n = keep_wmax;
+    tern__cuda_gemv_xrw_small_n = keep_small;
+    tern__cuda_mm_j = keep_j;
+    tern__cuda_bf16_split = keep_split;
+}
+
 static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_i8);
     RUN(cuda_gemv_mma_xp1);
@@ -499,4 +584,5 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);
     RUN(cuda_gemv_xr);
+    RUN(cuda_gemv_xr_wide);
 }

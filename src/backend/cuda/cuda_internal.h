@@ -150,7 +150,7 @@ int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const tern__cuda_w 
 void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, const float *x, int xdiv, int np,
                             const int32_t *idx, const float *wts, int ksum, const tern__cuda_w *w, int nmat,
                             int xstride);
-/* gemv_xr.cu: n = 2..8 rows of x times Q4 matrices w[0..k) in the plain bf16 mode (default;
+/* gemv_xr.cu: n = 2..8 rows of x times Q4 (and Q2 / Q3 / Q5 / Q6 / Q8) matrices w[0..k) in the plain bf16 mode (default;
  * TERN_CUDA_GEMV_XR=0 off); mode G1_PLAIN / G1_RES / a pair mode. 1 when it ran, 0 when not served */
 int tern__cuda_gemv_xr_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n,
                            int mode);

@@ -421,18 +421,21 @@ __device__ __forceinline__ void mm_mmas1(float *d, const uint32_t *wa, const uin
 }
 
 /* XP1, Q2 / Q3 / Q5 / Q6 / Q8X: the 8 MMAs of step sl of a warp's 16 rows (lane words wa: row g, wc: row g+8)
- * into the chunk's tile d; FOLD's pairs (128 + code; Q8X f16 1024 + code) */
-template <int BITS>
+ * into the chunk's tile d; FOLD's pairs (128 + code; Q8X f16 1024 + code). NT column tiles (gemv_xr.cu's several
+ * x rows) into d[nt·4 ..] against the table [step][8 MMAs][NT][lane] */
+template <int BITS, int NT = 1>
 __device__ __forceinline__ void mm_mmas_w(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
                                           uint32_t magic) {
     uint32_t pa[16], pc[16];
     mm_decode_w<BITS>(wa, magic, pa);
     mm_decode_w<BITS>(wc, magic, pc);
 #pragma unroll
-    for (int m = 0; m < 8; m++) {
-        const uint2 bv = tl[(sl * 8 + m) * 32];
-        mm_mma<BITS == 8>(d, pa[2 * m], pc[2 * m], pa[2 * m + 1], pc[2 * m + 1], bv.x, bv.y);
-    }
+    for (int m = 0; m < 8; m++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const uint2 bv = tl[((sl * 8 + m) * NT + nt) * 32];
+            mm_mma<BITS == 8>(d + 4 * nt, pa[2 * m], pc[2 * m], pa[2 * m + 1], pc[2 * m + 1], bv.x, bv.y);
+        }
 }
 
 /* XP1: fold a chunk's tile once: lane t holds columns 2t, 2t+1 (groups G0 + 2t, G0 + 2t + 1 of the
