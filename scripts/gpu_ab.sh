@@ -24,7 +24,7 @@
 # with their code (docs/CUDA.md, "Tried and removed"); 22 (TERN_CUDA_AD_TCS) ran and stays opt-in; 23
 # (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
 # default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM), 25 (the long-context class) and 26
-# (TERN_CUDA_CARVE) ran in session 19. Keep this script as the template for the next switches: make one the default only
+# (TERN_CUDA_CARVE) ran in session 19. 56 and 57 (TERN_CUDA_GEMV_XRW) ran in session 39 (NOTES (ay)): default on. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."

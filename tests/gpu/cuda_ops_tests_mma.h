@@ -428,6 +428,25 @@ static double xr_fused_rel(tern_backend *g, int bits, int gs, tern_dtype sdt, in
     free(x); free(r); free(want);
     return worst;
 }
+/* batch invariance of gemv_xr.cu: rows 0, 1 of a Qbits g64 matmul alone (n = 2) and among 8, the same bits */
+static void xr_rows_same(tern_backend *g, int bits) {
+    const int out = 4099, in = 2048;
+    hw h = make_w(TERN_DT_Q, bits, 64, TERN_DT_BF16, 1, out, in, 0);
+    tern_tensor t = h.t;
+    tern_error err = {0};
+    CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
+    float *x = rnd((size_t)8 * in, 1.0f);
+    void *xd = to_gpu(x, (size_t)8 * in * 4), *y8 = nan_buf(g, (size_t)8 * out), *y2 = nan_buf(g, (size_t)2 * out);
+    g_gpu->vt->sync(g_gpu);
+    g->vt->matmul(g, y8, xd, 8, &t);
+    g->vt->matmul(g, y2, xd, 2, &t);
+    float *a = from_gpu(g, y8, (size_t)2 * out), *c = from_gpu(g, y2, (size_t)2 * out);
+    CHECK(same_bits(a, c, (size_t)2 * out), "xr q%d: rows 0, 1 differ between n = 2 and n = 8", bits);
+    free(a); free(c); free(x);
+    g->vt->free(g, xd); g->vt->free(g, y8); g->vt->free(g, y2);
+    g->vt->free_weight(g, &t);
+    free_w(&h);
+}
 TEST(cuda_gemv_xr) {
     extern int tern__cuda_gemv_xr, tern__cuda_gemv_xr_max_n;
     tern_backend *g = g_gpu16;
@@ -465,24 +484,7 @@ TEST(cuda_gemv_xr) {
             printf("  err xr fused g%d n=%d %.2e\n", F[f].gs, n, rel);
             CHECK(rel <= 1e-5, "fused g%d n=%d: rel %.3e", F[f].gs, n, rel);
         }
-    { /* batch invariance: rows 0, 1 alone (n = 2) and among 8 */
-        const int out = 4099, in = 2048;
-        hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, out, in, 0);
-        tern_tensor t = h.t;
-        tern_error err = {0};
-        CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
-        float *x = rnd((size_t)8 * in, 1.0f);
-        void *xd = to_gpu(x, (size_t)8 * in * 4), *y8 = nan_buf(g, (size_t)8 * out), *y2 = nan_buf(g, (size_t)2 * out);
-        g_gpu->vt->sync(g_gpu);
-        g->vt->matmul(g, y8, xd, 8, &t);
-        g->vt->matmul(g, y2, xd, 2, &t);
-        float *a = from_gpu(g, y8, (size_t)2 * out), *b = from_gpu(g, y2, (size_t)2 * out);
-        CHECK(same_bits(a, b, (size_t)2 * out), "xr: rows 0, 1 differ between n = 2 and n = 8");
-        free(a); free(b); free(x);
-        g->vt->free(g, xd); g->vt->free(g, y8); g->vt->free(g, y2);
-        g->vt->free_weight(g, &t);
-        free_w(&h);
-    }
+    xr_rows_same(g, 4); /* batch invariance */
     g_x_bf16 = 0;
     tern__cuda_gemv_xr = keep;
     tern__cuda_gemv_xr_max_n = keep_max;
@@ -546,24 +548,7 @@ TEST(cuda_gemv_xr_wide) {
             printf("  err xr fused q%d g%d n=%d %.2e\n", bits[b], gs, n, rel);
             CHECK(rel <= (bits[b] == 2 ? 4e-5 : 1e-5), "fused q%d g%d n=%d: rel %.3e", bits[b], gs, n, rel);
         }
-    for (size_t b = 0; b < TERN_ARRAY_LEN(bits); b++) { /* batch invariance: rows 0, 1 alone (n = 2) and among 8 */
-        const int out = 4099, in = 2048;
-        hw h = make_w(TERN_DT_Q, bits[b], 64, TERN_DT_BF16, 1, out, in, 0);
-        tern_tensor t = h.t;
-        tern_error err = {0};
-        CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
-        float *x = rnd((size_t)8 * in, 1.0f);
-        void *xd = to_gpu(x, (size_t)8 * in * 4), *y8 = nan_buf(g, (size_t)8 * out), *y2 = nan_buf(g, (size_t)2 * out);
-        g_gpu->vt->sync(g_gpu);
-        g->vt->matmul(g, y8, xd, 8, &t);
-        g->vt->matmul(g, y2, xd, 2, &t);
-        float *a = from_gpu(g, y8, (size_t)2 * out), *c = from_gpu(g, y2, (size_t)2 * out);
-        CHECK(same_bits(a, c, (size_t)2 * out), "xr q%d: rows 0, 1 differ between n = 2 and n = 8", bits[b]);
-        free(a); free(c); free(x);
-        g->vt->free(g, xd); g->vt->free(g, y8); g->vt->free(g, y2);
-        g->vt->free_weight(g, &t);
-        free_w(&h);
-    }
+    for (size_t b = 0; b < TERN_ARRAY_LEN(bits); b++) xr_rows_same(g, bits[b]); /* batch invariance */
     g_x_bf16 = 0;
     tern__cuda_gemv_xr = keep;
     tern__cuda_gemv_xrw = keep_w;
