@@ -421,7 +421,7 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     free(hd); free(hs); free(hb);
     float *x = dev_random((size_t)nmax * in * 4), *y = g->vt->alloc(g, (size_t)nmax * out * 4);
     const int kq = tern__cuda_qgemm_max_n_q, kb = tern__cuda_qgemm_max_n_bf16, k4 = tern__cuda_qg4_on;
-    const int kw = tern__cuda_gemv_xrw, kwm = tern__cuda_gemv_xrw_max_n;
+    const int kw = tern__cuda_gemv_xrw, kwm = tern__cuda_gemv_xrw_max_n, kws = tern__cuda_gemv_xrw_small_n;
     for (int k = 0; copies > 0 && x && y && ns[k]; k++)
         for (int path = 0; path < 7; path++) { /* 0: before (qgemm off), 1: qgemm, 2..4: split x1/x4/x8, 5: gemv_xr,
                                                   6: qgemm_q4.cu */
@@ -463,7 +463,7 @@ static void bench_batched(tern_dtype dt, int bits, int out, int in, const int *n
     tern__cuda_gemv_xr_max_n = 4;
     tern__cuda_gemv_xrw = kw;
     tern__cuda_gemv_xrw_max_n = kwm;
-    tern__cuda_gemv_xrw_small_n = 5;
+    tern__cuda_gemv_xrw_small_n = kws;
     tern__cuda_qg4_on = k4;
     tern__cuda_qg4_max_n = 128;
     for (int c = 0; c < copies; c++) g->vt->free_weight(g, &w[c]);

@@ -324,6 +324,17 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
  * products are exact and D·2^e (the fold's dsc) is XP1's sum. Pass 1 Σx per group of the rounded x (as mm_stage's
  * XP1) and the slice's max |x| (a block reduction: every thread of the block calls this), pass 2 the B table.
  * Returns dsc = 2^e. */
+/* Q8X's exponent e for a max |x| of am: am·2^-e lands in [2^13, 2^14) (inf / NaN rows stay unscaled: their sums are
+ * not finite anyway); gemv_xr.cu's several rows take it per row */
+__device__ __forceinline__ int mm_q8x_exp(float am) {
+    int ex = 0;
+    if (am > 0.0f && am <= 3.0e38f) { /* am < 2^ex */
+        frexpf(am, &ex);
+        ex = max(-100, min(100, ex - 14));
+    }
+    return ex;
+}
+
 template <int GB, int S, class TF = MmAsIs>
 __device__ __forceinline__ float mm_stage_q8x(uint2 *tbl, float *xs, const float *x, int st0, int ns, TF nx = TF{}) {
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB; /* groups of 2·GB codes */
@@ -336,11 +347,7 @@ __device__ __forceinline__ float mm_stage_q8x(uint2 *tbl, float *xs, const float
     if ((threadIdx.x & 31) == 0) mx[threadIdx.x >> 5] = am;
     __syncthreads();
     am = fmaxf(fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3])), fmaxf(fmaxf(mx[4], mx[5]), fmaxf(mx[6], mx[7])));
-    int ex = 0;
-    if (am > 0.0f && am <= 3.0e38f) { /* am < 2^ex; inf / NaN rows stay unscaled (their sums are not finite anyway) */
-        frexpf(am, &ex);
-        ex = max(-100, min(100, ex - 14));
-    }
+    const int ex = mm_q8x_exp(am);
     const float sc = ldexpf(1.0f, -ex);
     for (int it = threadIdx.x; it < ns * 32; it += blockDim.x) {
         const int sl = it >> 5, m = (it >> 2) & 7, tt = it & 3;

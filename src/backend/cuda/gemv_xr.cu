@@ -61,23 +61,9 @@ __device__ __forceinline__ void xr_stage(const XrArgs &A, uint2 *tbl, float *xs,
                 tbl[(sm * NT + nt) * 32 + gg * 4 + tt] = e;
             }
     }
-    /* Σx per (row, step, group): CG = 128 / GPS inputs, one float4 per thread and round, then a fixed
-     * xor tree over the CG / 4 lanes of a group (whole warps take part in every round) */
-    constexpr int L = CPS / GPS / 4;
-    const int nf = ns * CPS / 4, nfw = (nf + 31) & ~31;
+    /* Σx per (row, step, group) of the rounded x (gemv_mma.cuh's loop) */
     for (int xr = 0; xr < A.n; xr++)
-        for (int f = threadIdx.x; f < nfw; f += blockDim.x) {
-            float e = 0.0f;
-            if (f < nf) {
-                const float4 v = __ldg((const float4 *)(a.x + (size_t)xr * a.in + (size_t)st0 * CPS) + f);
-                const float2 p = __bfloat1622float2(__floats2bfloat162_rn(v.x, v.y));
-                const float2 q = __bfloat1622float2(__floats2bfloat162_rn(v.z, v.w));
-                e = (p.x + p.y) + (q.x + q.y);
-            }
-#pragma unroll
-            for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
-            if ((f & (L - 1)) == 0 && f < nf) xs[xr * nss * GPS + f / L] = e;
-        }
+        mm_group_sums<CPS, GPS, false, true>(xs + xr * nss * GPS, a.x + (size_t)xr * a.in, st0, ns, 0, MmAsIs{});
 }
 
 /* the kernels' end: a row's GPC columns of each tile summed (GPC = 2 both of a lane's, GPC = 4 also lane t ^ 1's;
@@ -241,15 +227,9 @@ template <int BITS, int GS> struct XrW {
     static constexpr int S = mm_steps(BITS, GS, true);
 };
 
-__device__ __forceinline__ float xr_scale(uint32_t u, bool f16) {
-    return f16 ? __half2float(__ushort_as_half((unsigned short)u)) : __uint_as_float(u << 16);
-}
+/* mm_sget with the scale type a launch argument */
 template <int NV> __device__ __forceinline__ float xr_sget(typename SVec<NV>::T v, int i, bool f16) {
-    uint32_t u;
-    if constexpr (NV == 4) u = (i & 2) ? v.y : v.x;
-    else u = v;
-    if constexpr (NV > 1) u = (i & 1) ? u >> 16 : u & 0xffffu;
-    return xr_scale(u, f16);
+    return f16 ? mm_sget<NV, true>(v, i) : mm_sget<NV, false>(v, i);
 }
 
 /* Q2 / Q3 / Q5 / Q6: the lane's BITS words of one step, the even (odd = 0) or odd half of its 8·BITS bytes of a double
@@ -285,25 +265,14 @@ template <int BITS, int GS, int NT>
 __device__ __forceinline__ void xrw_stage(const XrArgs &A, uint2 *tbl, float *xs, float *sc, float *dsc, int st0, int ns,
                                           int nss) {
     using P = XrW<BITS, GS>;
-    constexpr int GPF = P::GPF, L = P::R / 4; /* lanes per run */
+    constexpr int GPF = P::GPF;
     const MmArgs &a = A.m;
     auto rnd = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
     __shared__ float mx[XR_MAXN][8];
-    const int nrun = nss * 128 / P::R, nf = ns * 32, nfw = (nf + 31) & ~31;
-    for (int xr = 0; xr < A.n; xr++) {
-        float am = 0.0f;
-        for (int f = threadIdx.x; f < nfw; f += blockDim.x) {
-            float e = 0.0f;
-            if (f < nf) {
-                const float4 v = __ldg((const float4 *)(a.x + (size_t)xr * a.in + (size_t)st0 * 128) + f);
-                const float a0 = rnd(v.x), a1 = rnd(v.y), a2 = rnd(v.z), a3 = rnd(v.w);
-                e = (a0 + a1) + (a2 + a3);
-                am = fmaxf(am, fmaxf(fmaxf(fabsf(a0), fabsf(a1)), fmaxf(fabsf(a2), fabsf(a3))));
-            }
-#pragma unroll
-            for (int o = 1; o < L; o <<= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
-            if ((f & (L - 1)) == 0 && f < nf) xs[xr * nrun + f / L] = e;
-        }
+    const int nrun = nss * 128 / P::R;
+    for (int xr = 0; xr < A.n; xr++) { /* runs of R inputs: 128 / R "groups" a step in gemv_mma.cuh's loop */
+        float am = mm_group_sums<128, 128 / P::R, false, true>(xs + xr * nrun, a.x + (size_t)xr * a.in, st0, ns, 0,
+                                                                MmAsIs{});
         if constexpr (P::Q8) {
 #pragma unroll
             for (int o = 16; o; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
@@ -315,11 +284,7 @@ __device__ __forceinline__ void xrw_stage(const XrArgs &A, uint2 *tbl, float *xs
         if (threadIdx.x < A.n) {
             const float *m = mx[threadIdx.x];
             const float am = fmaxf(fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3])), fmaxf(fmaxf(m[4], m[5]), fmaxf(m[6], m[7])));
-            int ex = 0;
-            if (am > 0.0f && am <= 3.0e38f) { /* as mm_stage_q8x: max |x| lands in [2^13, 2^14) */
-                frexpf(am, &ex);
-                ex = max(-100, min(100, ex - 14));
-            }
+            const int ex = mm_q8x_exp(am);
             sc[threadIdx.x] = ldexpf(1.0f, -ex);
             dsc[threadIdx.x] = ldexpf(1.0f, ex);
         }
@@ -419,27 +384,25 @@ template <int BITS, int GS, int NT> __global__ void __launch_bounds__(256, 2) ge
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     auto run = [&](const XrSet &o, int sl) {
-        {
-            float d[NT][4];
+        float d[NT][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
-            mm_mmas_w<BITS, NT>(&d[0][0], o.w0.v, o.w1.v, tl, sl, magic);
+        for (int nt = 0; nt < NT; nt++) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
+        mm_mmas_w<BITS, NT>(&d[0][0], o.w0.v, o.w1.v, tl, sl, magic);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const int c = nt * 8 + 2 * t + q, xr = c / GPF, pg = c % GPF;
-                    if (xr >= A.n) continue;
-                    const int run = P::Q8 ? sl * GPF + pg : (sl & ~1) * 4 + 2 * pg + (sl & 1);
-                    const int vi = P::Q8 ? pg : (64 * (pg & 1) + 32 * (sl & 1)) / GS;
-                    const float xg = xs[xr * nrun + run], ds = P::Q8 ? dsc[xr] : 1.0f;
-                    const float sa = xr_sget<NV>(o.s0, vi, f16), sb = xr_sget<NV>(o.s1, vi, f16);
-                    const float ba = fmaf(-OFF, sa, xr_sget<NV>(o.b0, vi, f16));
-                    const float bb = fmaf(-OFF, sb, xr_sget<NV>(o.b1, vi, f16));
-                    acc[nt][q] = fmaf(ba, xg, fmaf(P::Q8 ? sa * ds : sa, d[nt][q], acc[nt][q]));
-                    acc[nt][2 + q] = fmaf(bb, xg, fmaf(P::Q8 ? sb * ds : sb, d[nt][2 + q], acc[nt][2 + q]));
-                }
-        }
+            for (int q = 0; q < 2; q++) {
+                const int c = nt * 8 + 2 * t + q, xr = c / GPF, pg = c % GPF;
+                if (xr >= A.n) continue;
+                const int run = P::Q8 ? sl * GPF + pg : (sl & ~1) * 4 + 2 * pg + (sl & 1);
+                const int vi = P::Q8 ? pg : (64 * (pg & 1) + 32 * (sl & 1)) / GS;
+                const float xg = xs[xr * nrun + run], ds = P::Q8 ? dsc[xr] : 1.0f;
+                const float sa = xr_sget<NV>(o.s0, vi, f16), sb = xr_sget<NV>(o.s1, vi, f16);
+                const float ba = fmaf(-OFF, sa, xr_sget<NV>(o.b0, vi, f16));
+                const float bb = fmaf(-OFF, sb, xr_sget<NV>(o.b1, vi, f16));
+                acc[nt][q] = fmaf(ba, xg, fmaf(P::Q8 ? sa * ds : sa, d[nt][q], acc[nt][q]));
+                acc[nt][2 + q] = fmaf(bb, xg, fmaf(P::Q8 ? sb * ds : sb, d[nt][2 + q], acc[nt][2 + q]));
+            }
     };
     for (int sl = 0; sl < ns; sl += 2) {
         {
