@@ -24,7 +24,8 @@
 # with their code (docs/CUDA.md, "Tried and removed"); 22 (TERN_CUDA_AD_TCS) ran and stays opt-in; 23
 # (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
 # default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM), 25 (the long-context class) and 26
-# (TERN_CUDA_CARVE) ran in session 19. 56 and 57 (TERN_CUDA_GEMV_XRW) ran in session 39 (NOTES (ay)): default on. Keep this script as the template for the next switches: make one the default only
+# (TERN_CUDA_CARVE) ran in session 19. 56 and 57 (TERN_CUDA_GEMV_XRW) ran in session 39 (NOTES (ay)): default on. 58-60 (TERN_CUDA_AD_R1) ran in session 40
+# (NOTES (az)): default on; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -111,7 +112,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-50}"  # 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-60}"  # 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -744,6 +745,69 @@ fi
 if [[ " $SECTIONS " == *" 57 "* ]]; then
     op_test cuda_gemv_xr_wide,cuda_gemv_xr ops57
     AB_REPS=1 AB_CONC=6,8 conc_ab "TERN_CUDA_GEMV_XRW=0;TERN_CUDA_GEMV_XRW=1" "llama3-8b:q8 llama3-8b:q6"
+fi
+
+# 58. session 40: one-row decode attention on register-fed tensor cores (attn_decode_r1.cu, TERN_CUDA_AD_R1, opt-in until
+#     timed; TERN_CUDA_AD_R1_W warps a block): op tests, the kernel alone (one row, llama3-8b heads) at 512 / 2048 keys,
+#     batch-1 decode off / on (2 and 4 warps), and with no decode attention at all (TERN_CUDA_AD_SKIP=1, a temporary
+#     measurement switch, removed after this ran: wrong outputs, the bound on what a faster attention can give)
+if [[ " $SECTIONS " == *" 58 "* ]]; then
+    op_test cuda_attention_decode_r1,cuda_attention_decode_early_bits,cuda_attention_prefill_decode ops58
+    for k in 512 2048; do
+        for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=4"; do
+            say "attn-dec1 $k keys 1 row [$s]: $(env $s timeout 60 build/bench_cuda --attn-dec1 $k 1 bf16 1 | grep '^csv' | cut -d, -f2,3)"
+        done
+    done
+    for rep in 1 2; do
+        for m in "llama3-8b" "llama3-8b --quant q4"; do
+            for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=4" "TERN_CUDA_AD_SKIP=1"; do
+                say "b1 $m [$s] rep $rep: $(b1e "$s" 512 "$m")"
+            done
+        done
+    done
+    for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_SKIP=1"; do
+        say "b1 llama3-8b --quant q4 at 2048 [$s]: $(b1e "$s" 2048 "llama3-8b --quant q4")"
+        say "b1 gemma4-e4b --quant q4 [$s]: $(b1e "$s" 512 "gemma4-e4b --quant q4")"
+    done
+fi
+
+# 59. session 40, after 58 (R1 with 4 warps won +3.5 %, 2 warps in clusters of 16 tied; no attention at all +8.4 % bf16,
+#     +17.6 % q4): the cluster merge with every remote load in flight, 8-warp blocks, clusters capped at 8 or 16
+if [[ " $SECTIONS " == *" 59 "* ]]; then
+    op_test cuda_attention_decode_r1 ops59
+    for k in 512 2048; do
+        for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_SMAX=8" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8" \
+            "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=8" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=4"; do
+            say "attn-dec1 $k keys 1 row [$s]: $(env $s timeout 60 build/bench_cuda --attn-dec1 $k 1 bf16 1 | grep '^csv' | cut -d, -f3)"
+        done
+    done
+    for rep in 1 2; do
+        for m in "llama3-8b" "llama3-8b --quant q4"; do
+            for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_SMAX=8" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8" \
+                "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=8"; do
+                say "b1 $m [$s] rep $rep: $(b1e "$s" 512 "$m")"
+            done
+        done
+    done
+    for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=8"; do
+        say "b1 llama3-8b --quant q4 at 2048 [$s]: $(b1e "$s" 2048 "llama3-8b --quant q4")"
+        say "b1 llama3-8b at 2048 [$s]: $(b1e "$s" 2048 "llama3-8b")"
+    done
+fi
+
+# 60. session 40, after 59 (R1 default on: 4 warps, clusters of up to 16): D 256 (Gemma 4's sliding layers, a warp pair a
+#     chunk, each half of the dimensions) — op test, batch-1 decode of the Gemma 4 models off / on (4 and 8 warps), and a
+#     few llama3-8b sequences (R1 takes launches of up to 4 rows)
+if [[ " $SECTIONS " == *" 60 "* ]]; then
+    op_test cuda_attention_decode_r1 ops60
+    for rep in 1 2; do
+        for m in "gemma4-e4b --quant q4" "gemma4-12b" "gemma4-26b-a4b --quant q4"; do
+            for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8"; do
+                say "b1 $m [$s] rep $rep: $(b1e "$s" 512 "$m")"
+            done
+        done
+    done
+    AB_REPS=1 AB_CONC=2,4 conc_ab "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1" "llama3-8b llama3-8b:q4"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -109,6 +109,9 @@ static double attn_case(int nh, int nkv, int d, int window, float softcap, int b
 }
 
 TEST(cuda_attention_prefill_decode) {
+    extern int tern__cuda_ad_r1; /* attn_dec_kernel here, not attn_decode_r1.cu (its own test) */
+    const int keep_r1 = tern__cuda_ad_r1;
+    tern__cuda_ad_r1 = 0;
     static const struct { int nh, nkv, d, window; float cap; int bs; int lens[3]; int P; } C[] = {
         {8, 2, 128, 0, 0.0f, 16, {300, 37, 1}, 70},
         {8, 8, 64, 0, 0.0f, 32, {129, 500, 3}, 129},
@@ -148,12 +151,16 @@ TEST(cuda_attention_prefill_decode) {
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_hsplit = keep_hs;
     tern__cuda_ad_cluster = keep_cl;
+    tern__cuda_ad_r1 = keep_r1;
 }
 
 /* The cluster merge (TERN_CUDA_AD_CLUSTER) does the global merge's arithmetic in the same order: with the
  * same splits (short contexts plan <= 16) one decode row per slot gives the same bits either way, f32 and
  * BF16 pages, d 128 and 512 (G 4 and 2 per block), a sliding window */
 TEST(cuda_attention_decode_cluster_bits) {
+    extern int tern__cuda_ad_r1; /* attn_dec_kernel here, not attn_decode_r1.cu (its own test) */
+    const int keep_r1 = tern__cuda_ad_r1;
+    tern__cuda_ad_r1 = 0;
     extern unsigned long long tern__cuda_attn_decode_cluster_calls;
     extern int tern__cuda_ad_mode, tern__cuda_ad_cluster;
     static const struct { int nh, nkv, d, window, bs; int lens[3]; } C[] = {
@@ -186,6 +193,7 @@ TEST(cuda_attention_decode_cluster_bits) {
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_cluster = keep_cl;
     g_attn_bf16 = keep_bf;
+    tern__cuda_ad_r1 = keep_r1;
 }
 
 /* attn_decode1p.cu (TERN_CUDA_AD_1P; forced here for plans with splits too): one decode row per slot within
@@ -304,6 +312,63 @@ TEST(cuda_attention_decode_tcs) {
     g_attn_bf16 = keep_bf;
 }
 
+/* attn_decode_r1.cu (TERN_CUDA_AD_R1; forced here for any plan): AD_TC_CASES of D 64 / 128 / 256 with three decode
+ * rows (one per slot), within 1e-5 of the CPU over BF16 and F16 pages, blocks of 4 and 8 warps in clusters of up to
+ * 16 blocks, and in up to 3 / 5 (several chunks a warp); then each case's first
+ * slot as one row whose last key is written right before the attention (g_attn_late: the BF16 EARLY instance loads
+ * its first chunk before pdl_wait; pages start as NaN, so a stale read of key pos shows), and the same row twice:
+ * the same bits (a fixed merge order) */
+TEST(cuda_attention_decode_r1) {
+    extern unsigned long long tern__cuda_attn_decode_r1_calls;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_r1, tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax;
+    const int keep = tern__cuda_ad_mode, keep_r1 = tern__cuda_ad_r1, keep_w = tern__cuda_ad_r1_w, keep_bf = g_attn_bf16,
+              keep_s = tern__cuda_ad_r1_smax;
+    static const int SHAPE[4][2] = {{4, 16}, {8, 16}, {4, 3}, {8, 5}}; /* warps a block, blocks a (row, kv head) at most */
+    tern__cuda_ad_mode = 1;
+    tern__cuda_ad_r1 = 2;
+    for (int sh = 0; sh < 4; sh++)
+        for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
+            for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
+                const ad_tc_case *k = &AD_TC_CASES[c];
+                const int w = SHAPE[sh][0];
+                if (k->d > 256) continue;
+                tern__cuda_ad_r1_w = w;
+                tern__cuda_ad_r1_smax = SHAPE[sh][1];
+                unsigned long long calls = tern__cuda_attn_decode_r1_calls;
+                double rel = ad_tc_case_run(k, pg);
+                printf("  err attention decode r1 case %zu %s w %d s %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w, SHAPE[sh][1], rel);
+                CHECK(rel <= 1e-5, "case %zu pages %d w %d: rel %.2e", c, pg, w, rel);
+                CHECK(tern__cuda_attn_decode_r1_calls > calls, "case %zu pages %d w %d: the r1 kernel did not run", c, pg, w);
+                /* one late row, twice */
+                float *o[2] = {NULL, NULL};
+                double r1[2];
+                const uint64_t seed = g_seed;
+                g_attn_bf16 = pg;
+                g_attn_late = 1;
+                for (int i = 0; i < 2; i++) {
+                    g_seed = seed;
+                    g_attn_keep = &o[i];
+                    calls = tern__cuda_attn_decode_r1_calls;
+                    r1[i] = attn_case(k->nh, k->nkv, k->d, k->window, k->cap, k->bs, 1, k->lens, 0, 1);
+                    g_attn_keep = NULL;
+                    CHECK(tern__cuda_attn_decode_r1_calls > calls, "late case %zu: the r1 kernel did not run", c);
+                }
+                g_attn_late = 0;
+                printf("  err attention decode r1 late case %zu %s w %d s %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w, SHAPE[sh][1],
+                       r1[0]);
+                CHECK(r1[0] <= 1e-5 && r1[1] <= 1e-5, "late case %zu pages %d w %d: rel %.2e", c, pg, w, r1[0]);
+                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], (size_t)k->nh * k->d * sizeof(float)),
+                      "late case %zu pages %d w %d: two runs differ", c, pg, w);
+                free(o[0]);
+                free(o[1]);
+            }
+    tern__cuda_ad_mode = keep;
+    tern__cuda_ad_r1 = keep_r1;
+    tern__cuda_ad_r1_w = keep_w;
+    tern__cuda_ad_r1_smax = keep_s;
+    g_attn_bf16 = keep_bf;
+}
+
 /* TERN_CUDA_AD_EARLY: one decode row issues its first K/V loads before pdl_wait and reloads key pos after
  * it — the same bits as without. Its last key is written right before the attention (g_attn_late: pages
  * start as NaN, so a stale read shows); each case runs with EARLY off, on, and on with LEAN (TERN_CUDA_AD_LEAN:
@@ -313,6 +378,9 @@ TEST(cuda_attention_decode_tcs) {
  * with TERN_CUDA_AD_TCS_EARLY off and on (its first tile's copies before pdl_wait): the same bits again (head
  * dims it does not serve run the split kernel both times) */
 TEST(cuda_attention_decode_early_bits) {
+    extern int tern__cuda_ad_r1; /* attn_dec_kernel here, not attn_decode_r1.cu (its own test) */
+    const int keep_r1 = tern__cuda_ad_r1;
+    tern__cuda_ad_r1 = 0;
     extern int tern__cuda_ad_mode, tern__cuda_ad_cluster, tern__cuda_ad_early, tern__cuda_ad_lean, tern__cuda_ad_tcs,
         tern__cuda_ad_tcs_early;
     static const struct { int nh, nkv, d, window, bs, len; } C[] = {
@@ -364,6 +432,7 @@ TEST(cuda_attention_decode_early_bits) {
     tern__cuda_ad_tcs = keep_tcs;
     tern__cuda_ad_tcs_early = keep_tcse;
     g_attn_bf16 = keep_bf;
+    tern__cuda_ad_r1 = keep_r1;
 }
 
 /* route_topk vs the CPU: idx the same, wts within 1e-5; both forms of the kernel's picks (TERN_CUDA_ROUTE_LANES: lane 0

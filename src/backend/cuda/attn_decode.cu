@@ -190,6 +190,17 @@ static int ad_lean(void) {
     return tern__cuda_ad_lean;
 }
 
+/* TERN_CUDA_AD_R1 (session 40; default 1; 0 off; 2 any launch, tests): launches of at most AD_CLROWS rows over BF16 /
+ * F16 pages, D 64 / 128 / 256, that neither the long-context class nor AD_TC takes, on attn_decode_r1.cu's
+ * register-fed tensor-core kernel. H200 (bench/NOTES.md (az)), b1 at 512 keys: llama3-8b bf16 222.9 -> 230.7, q4 353
+ * -> 369 tok/s; at 2048 keys 209 -> 214, 332 -> 338. -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_r1;
+int tern__cuda_ad_r1 = -1;
+static int ad_r1(void) {
+    if (tern__cuda_ad_r1 < 0) tern__cuda_ad_r1 = tern__cuda_env_int("TERN_CUDA_AD_R1", 1);
+    return tern__cuda_ad_r1;
+}
+
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -498,6 +509,7 @@ extern "C" void tern__cuda_attn_decode_init(tern__cuda *c) {
     ad_attr<__nv_bfloat16, true, true>(lim);
     cudaGetLastError();
     tern__cuda_attn_decode_tc_init(c);
+    tern__cuda_attn_decode_r1_init(c);
 }
 
 /* a.cl > 1: as a cluster of the a.cl splits; when that launch is refused (no room for the cluster), the
@@ -583,6 +595,17 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
             if (ad_tc_unsplit(c, t, out, kind)) return 1;
         }
     }
+    const bool early = n == 1 && kind == TERN_KV_BF16 && ad_early();
+    if (ad_r1() && kind != TERN_KV_F32 && (d == 64 || d == 128 || d == 256) && G <= 8 &&
+        (ad_r1() == 2 || (ad_tc() < 2 && ad_tcs() < 2 && ad_1p() < 2 && n <= AD_CLROWS && !ad_long(rows, kv) &&
+                          !ad_tc_takes(c, (long)n * nkv, keys)))) {
+        AdArgs a = {};
+        ad_args_fill(&a, c, out, q, rows, nh, kv, scale, softcap);
+        if (tern__cuda_attn_decode_r1(c, a, kind, keys, early)) {
+            tern__cuda_attn_decode_calls++;
+            return 1;
+        }
+    }
     /* a larger group (Gemma 4's global layers: 8 or 16 heads per KV head at d 512) in hs blocks of at
      * most gmax heads each, every block reading the group's K/V (TERN_CUDA_AD_HSPLIT=0: off) */
     const int hs = G <= gmax ? 1 : ad_hsplit() ? (G + gmax - 1) / gmax : 0;
@@ -611,7 +634,6 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     static int vpre = -1;
     if (vpre < 0) vpre = tern__cuda_env_int("TERN_CUDA_AD_VPRE", 1) != 0;
     a.vpre = vpre;
-    const bool early = n == 1 && kind == TERN_KV_BF16 && ad_early();
     a.cl = cl;
     size_t region = (size_t)GM * a.chmax;
     if (region < (size_t)AD_WARPS * GM * d) region = (size_t)AD_WARPS * GM * d;

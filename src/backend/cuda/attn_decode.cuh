@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma.cuh"
 
 #include <math.h>
 #include <type_traits>
@@ -158,6 +159,37 @@ __device__ __forceinline__ void ad_warp_merge(const AdArgs &a, int r, size_t hea
     }
 }
 
+/* The tensor-core kernels' page types (attn_decode_tc.cu, attn_decode_r1.cu): a pair of floats packed as the type's
+ * halves and back, and the m16n8k16 mma over that type */
+template <typename T> struct TcH;
+template <> struct TcH<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float x, float y) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        return *(const uint32_t *)&h;
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t u) {
+        return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+    }
+    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_bf16(c, a, b0, b1); }
+    static __device__ __forceinline__ void mma_z(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_bf16_z(c, a, b0, b1); }
+};
+template <> struct TcH<__half> {
+    static __device__ __forceinline__ uint32_t pack(float x, float y) {
+        const __half2 h = __floats2half2_rn(x, y);
+        return *(const uint32_t *)&h;
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t u) { return __half22float2(*(const __half2 *)&u); }
+    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_f16(c, a, b0, b1); }
+    static __device__ __forceinline__ void mma_z(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_f16_z(c, a, b0, b1); }
+};
+
+/* (x, y) as a pair of halves hi and the pair of what is left, lo = round((x, y) − hi) */
+template <typename T> __device__ __forceinline__ void tc_split(float x, float y, uint32_t &hi, uint32_t &lo) {
+    hi = TcH<T>::pack(x, y);
+    const float2 h = TcH<T>::unpack(hi);
+    lo = TcH<T>::pack(x - h.x, y - h.y);
+}
+
 /* attn_decode1p.cu: a's rows over pages of `kind` (TERN_KV_F32 / BF16 / F16), a block per (row, kv head),
  * one pass per warp (TERN_CUDA_AD_1P, opt-in): 1 when it ran, 0 when the shape is not served */
 int tern__cuda_attn_decode_1p(tern__cuda *c, const AdArgs &a, int kind);
@@ -174,5 +206,10 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
  * its own row's keys); BF16 / F16 pages, D 64 / 128; 1 when it ran, 0 when not served (nothing launched) */
 int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind);
 void tern__cuda_attn_decode_tc_init(tern__cuda *c);
+/* attn_decode_r1.cu: one row or a few (TERN_CUDA_AD_R1) on register-fed tensor cores, S <= 16 blocks per (row, kv
+ * head) in one cluster, planned for `keys`; BF16 / F16 pages, D 64 / 128, G <= 8; early: one row over BF16 pages
+ * issues its first loads before pdl_wait. 1 when it ran, 0 when not served (nothing launched). _init: at open */
+int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long keys, bool early);
+void tern__cuda_attn_decode_r1_init(tern__cuda *c);
 
 #endif

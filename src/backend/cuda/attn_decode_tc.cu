@@ -76,35 +76,6 @@ template <int D, int S_, int W_ = 0> struct TcShape {
     static_assert(S >= 2, "ring");
 };
 
-template <typename T> struct TcH;
-template <> struct TcH<__nv_bfloat16> {
-    static __device__ __forceinline__ uint32_t pack(float x, float y) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        return *(const uint32_t *)&h;
-    }
-    static __device__ __forceinline__ float2 unpack(uint32_t u) {
-        return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-    }
-    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_bf16(c, a, b0, b1); }
-    static __device__ __forceinline__ void mma_z(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_bf16_z(c, a, b0, b1); }
-};
-template <> struct TcH<__half> {
-    static __device__ __forceinline__ uint32_t pack(float x, float y) {
-        const __half2 h = __floats2half2_rn(x, y);
-        return *(const uint32_t *)&h;
-    }
-    static __device__ __forceinline__ float2 unpack(uint32_t u) { return __half22float2(*(const __half2 *)&u); }
-    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_f16(c, a, b0, b1); }
-    static __device__ __forceinline__ void mma_z(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { mma_f16_z(c, a, b0, b1); }
-};
-
-/* (x, y) as a pair of halves hi and the pair of what is left, lo = round((x, y) − hi) */
-template <typename T> __device__ __forceinline__ void tc_split(float x, float y, uint32_t &hi, uint32_t &lo) {
-    hi = TcH<T>::pack(x, y);
-    const float2 h = TcH<T>::unpack(hi);
-    lo = TcH<T>::pack(x - h.x, y - h.y);
-}
-
 /* q of the block's G heads as the A fragments of the k-steps (D <= 128: registers qf) or as rows hi 0..7 / lo 8..15
  * in shared memory after the rings (D 256, read by ldmatrix) — for the EARLY instances, after their pdl_wait. The
  * other instances keep the same lines inline in the kernel: called from there (as a function or a lambda) ptxas

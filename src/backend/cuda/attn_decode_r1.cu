@@ -1,0 +1,316 @@
+/*
+ * attn_decode_r1.cu — decode attention for one row (or a few) at short and middle contexts: tensor cores fed from
+ * registers, no shared-memory staging of keys, one block barrier and one cluster merge. TERN_CUDA_AD_R1.
+ *
+ * Why: a batch-1 llama3-8b step spends ~14 µs a layer in attn_decode.cu's split kernel at 512 keys (ncu, H200,
+ * bench/NOTES.md (aa)) for 2 MB of K/V (~0.5 µs at the copy rate): it is instruction-latency bound — ~2200
+ * instructions a warp at ~11 cycles apart, 60 % of them the CUDA-core dot products (a key's 128 products summed
+ * over 16 lanes with shuffles, per head), behind a record table in shared memory and four block barriers. The
+ * tensor-core kernels (attn_decode_tc.cu) stage K/V through 100+ KB cp.async rings, whose shared-memory carveout
+ * cost the batch-1 graph its launch overlap (NOTES (aa)). Here a warp scores 16 keys × 8 heads in 2·D/16 mmas and
+ * sums p·v in D/8 more, each lane loading its own pieces of K and V straight into fragment registers.
+ *
+ * Fragments (mma.cuh; lane = 4g + t). The dot product q·k sums over the head dimensions in any order, so the
+ * k-step slots are mapped to dimensions where a lane's loads are contiguous: lane (g, t) holds dimensions
+ * [t·D/4, (t+1)·D/4) of one key, k-step kk taking dimensions t·D/4 + 4kk + {0, 1} (slots 2t, 2t+1) and + {2, 3}
+ * (slots 2t+8, 2t+9). Scores: A = q (row h < 8: hi(q_h), row 8 + h: lo(q_h) = round(q_h − hi), heads h >= G zero:
+ * attn_decode_tc.cu's split, near-f32 sums), B = K^T with key n = g of an 8-key n-tile; a 16-key chunk is two
+ * n-tiles, and the C fragments give lane (g, t) head g's scores of keys 2t, 2t+1, 8+2t, 9+2t (hi in c0/c1, lo
+ * in c2/c3) — the A fragment of P for P·V (hi(p) rows g, lo(p) rows g + 8). P·V: B = V with key slots
+ * 2t, 2t+1 / 2t+8, 2t+9 (the lane's own four keys, so the lane also knows which scores to mask) and output column
+ * g of n-tile n mapped to dimension g·D/8 + n: lane (g, t) loads D/8 contiguous elements of each of its 4 V rows and
+ * packs a B register from two rows with one byte permute. Its outputs are head g's dimensions (2t + b)·D/8 + n.
+ *
+ * Work: grid (kv head, S, row) with the S blocks of a (row, kv head) one thread-block cluster; the row's keys
+ * lo..pos in 16-key chunks dealt to the S·W warps round robin (chunk c to warp c mod S·W), online softmax per
+ * warp over its chunks (the next chunk's K loads while P·V runs, its V after). Then the block's W warps merge in
+ * shared memory (one barrier), and each block writes 1/S of the outputs from the S blocks' merged sums read
+ * through distributed shared memory (ad_split_weights' arithmetic; a fixed order: the same bits every run).
+ * Keys past the row, or in blocks not resident (block table < 0), are zero rows (nothing loaded) scored −inf.
+ * EARLY (one row over BF16 pages, TERN_CUDA_AD_EARLY): the first chunk's records and K/V loads go out before
+ * pdl_wait; after it, q loads and the rows of key pos (written by the kernel before) load again. Every K/V load
+ * is .cg (L2): nothing a block reads twice.
+ * Served: BF16 / F16 pages, D 64 / 128, G = nh / nkv <= 8, any window, softcap; others return 0 (the caller's
+ * kernels run). S <= 16 (a non-portable cluster size, allowed at open; TERN_CUDA_AD_R1_SMAX), W = 2, 4 or 8 warps (TERN_CUDA_AD_R1_W).
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attn_decode.cuh"
+
+#include <cooperative_groups.h>
+#include <math.h>
+
+namespace cg = cooperative_groups;
+
+#define R1_SMAX 16 /* blocks (a cluster) per (row, kv head) */
+
+extern "C" unsigned long long tern__cuda_attn_decode_r1_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_attn_decode_r1_calls = 0;
+
+template <typename T, int D, int W, bool EARLY>
+__global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
+    constexpr int DS = D > 128 ? D / 128 : 1, DH = D / DS, WP = W / DS; /* D 256: a warp pair, a half each */
+    constexpr int NK = DH / 16, NT = DH / 8; /* k-steps of Q·K^T, n-tiles of P·V */
+    constexpr int DL = DH / 4, KW = DH / 8;  /* a lane's K elements of a key, as 32-bit words */
+    constexpr int DV = DH / 8, VW = DH / 16; /* a lane's V elements of a key, as words */
+    static_assert(DS <= 2 && W % DS == 0, "warp pairs");
+    __shared__ float red[WP][8][D];          /* the warps' Σ p·v, then (slot 0) the block's merged sums */
+    __shared__ float wml[WP][8][2], bml[8][2];
+    __shared__ float xs[DS > 1 ? 2 : 1][DS > 1 ? W : 1][32][4]; /* DS 2: the halves' partial scores, by chunk parity */
+    pdl_trigger();
+    if (!EARLY) pdl_wait();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int pw = warp / DS, hf = warp % DS; /* the warp's pair (its chunks) and half of the dimensions */
+    const int kvh = blockIdx.x, z = blockIdx.y, S = gridDim.y, r = blockIdx.z, G = a.G;
+    const size_t head0 = (size_t)kvh * G;
+    const int pos = a.pos[r];
+    const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+    const int len = pos >= 0 ? pos - lo + 1 : 0, nch = (len + 15) >> 4, step = S * WP;
+    const int32_t *btrow = ad_btrow(a, r);
+    const size_t kvs = (size_t)a.nkv * D;
+    const T *kb = (const T *)a.kp + (size_t)kvh * D + hf * DH + t * DL;
+    const T *vb = (const T *)a.vp + (size_t)kvh * D + hf * DH + g * DV;
+    uint32_t kw[2][KW], vw[4][VW];
+    int krec[2], vrec[4];
+    /* chunk cc's keys: K rows 16cc + 8j + g (j = n-tile), V rows 16cc + 8(v >> 1) + 2t + (v & 1) */
+    auto rec_of = [&](int i) { return i < len ? ad_rec(a, btrow, lo + i) : -1; };
+    auto get_k = [&](int j) {
+#pragma unroll
+        for (int i = 0; i < KW / 4; i++) {
+            const uint4 x = krec[j] >= 0 ? __ldcg((const uint4 *)(kb + (size_t)krec[j] * kvs) + i) : make_uint4(0, 0, 0, 0);
+            kw[j][4 * i] = x.x; kw[j][4 * i + 1] = x.y; kw[j][4 * i + 2] = x.z; kw[j][4 * i + 3] = x.w;
+        }
+    };
+    auto get_v = [&](int v) {
+#pragma unroll
+        for (int i = 0; i < VW / 4; i++) {
+            const uint4 x = vrec[v] >= 0 ? __ldcg((const uint4 *)(vb + (size_t)vrec[v] * kvs) + i) : make_uint4(0, 0, 0, 0);
+            vw[v][4 * i] = x.x; vw[v][4 * i + 1] = x.y; vw[v][4 * i + 2] = x.z; vw[v][4 * i + 3] = x.w;
+        }
+    };
+    auto load_k = [&](int cc) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            krec[j] = rec_of(16 * cc + 8 * j + g);
+            get_k(j);
+        }
+    };
+    auto load_v = [&](int cc) {
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            vrec[v] = rec_of(16 * cc + 8 * (v >> 1) + 2 * t + (v & 1));
+            get_v(v);
+        }
+    };
+    int c = z * WP + pw; /* this warp's first chunk */
+    if (c < nch) {
+        load_k(c);
+        load_v(c);
+    }
+    if constexpr (EARLY) {
+        /* pos, the block table and the keys before pos were written before this step; key pos (and q) by the
+         * kernel this one waits for: its rows again, through L2 */
+        pdl_wait();
+        if (c < nch) {
+            const int ip = len - 1;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                if (16 * c + 8 * j + g == ip) get_k(j);
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                if (16 * c + 8 * (v >> 1) + 2 * t + (v & 1) == ip) get_v(v);
+        }
+    }
+    /* q of head g (rows g: hi, g + 8: lo), the lane's dimensions t·DL + 4kk .. +3 per k-step */
+    uint32_t qf[NK][4];
+    {
+        const float4 *qp = (const float4 *)(a.q + ((size_t)r * a.nh + head0 + g) * D + hf * DH + t * DL);
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            const float4 x = g < G ? __ldcg(qp + kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            tc_split<T>(x.x, x.y, qf[kk][0], qf[kk][1]);
+            tc_split<T>(x.z, x.w, qf[kk][2], qf[kk][3]);
+        }
+    }
+    float o[NT][4], m = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    const float scale = a.scale, cap = a.softcap;
+    int par = 0; /* DS 2: the chunk's parity (xs buffer) */
+    while (c < nch) {
+        float sc[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            TcH<T>::mma_z(sc[j], qf[0], kw[j][0], kw[j][1]);
+#pragma unroll
+            for (int kk = 1; kk < NK; kk++) TcH<T>::mma(sc[j], qf[kk], kw[j][2 * kk], kw[j][2 * kk + 1]);
+        }
+        const int cn = c + step;
+        if (cn < nch) load_k(cn); /* the next chunk's K, in flight during the softmax and P·V */
+        float s[4];               /* keys 2t, 2t+1, 8+2t, 9+2t of head g: V rows v = 0..3 */
+#pragma unroll
+        for (int v = 0; v < 4; v++) s[v] = sc[v >> 1][v & 1] + sc[v >> 1][2 + (v & 1)];
+        if constexpr (DS > 1) {
+            /* the pair's two halves of each dot product: the other warp's through shared memory (one named barrier a
+             * pair and chunk; buffers by parity, so a warp cannot overwrite what its partner has yet to read), summed
+             * in half order in both warps: the same scores in both */
+#pragma unroll
+            for (int v = 0; v < 4; v++) xs[par][warp][lane][v] = s[v];
+            asm volatile("bar.sync %0, 64;" ::"r"(1 + pw) : "memory");
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const float o2 = xs[par][warp ^ 1][lane][v];
+                s[v] = hf == 0 ? s[v] + o2 : o2 + s[v];
+            }
+            par ^= 1;
+        }
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            float x = s[v] * scale;
+            if (cap > 0.0f) x = cap * tanhf(x / cap);
+            s[v] = vrec[v] >= 0 ? x : -INFINITY;
+        }
+        float cm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
+        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
+        const float mn = fmaxf(m, cm), al = m == -INFINITY ? 0.0f : expf(m - mn);
+        float p[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) p[v] = s[v] == -INFINITY ? 0.0f : expf(s[v] - mn);
+        l = l * al + ((p[0] + p[1]) + (p[2] + p[3]));
+        m = mn;
+        uint32_t pa[4];
+        tc_split<T>(p[0], p[1], pa[0], pa[1]);
+        tc_split<T>(p[2], p[3], pa[2], pa[3]);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const unsigned sel = n & 1 ? 0x7632u : 0x5410u;
+            o[n][0] *= al; o[n][1] *= al; o[n][2] *= al; o[n][3] *= al;
+            TcH<T>::mma(o[n], pa, __byte_perm(vw[0][n >> 1], vw[1][n >> 1], sel), __byte_perm(vw[2][n >> 1], vw[3][n >> 1], sel));
+        }
+        if (cn < nch) load_v(cn);
+        c = cn;
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < G) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            red[pw][g][hf * DH + 2 * t * DV + n] = o[n][0] + o[n][2];
+            red[pw][g][hf * DH + (2 * t + 1) * DV + n] = o[n][1] + o[n][3];
+        }
+        if (t == 0 && hf == 0) {
+            wml[pw][g][0] = m;
+            wml[pw][g][1] = l;
+        }
+    }
+    __syncthreads();
+    /* the block's warps merged (warp order), in place into warp 0's slots; one block: the outputs */
+    for (int idx = threadIdx.x; idx < G * D; idx += 32 * W) {
+        const int h = idx / D, i = idx % D;
+        float v = 0.0f;
+        const float L = ad_split_weights([&](int w) { return make_float2(wml[w][h][0], wml[w][h][1]); },
+                                         [&](int w, float cw) { v += red[w][h][i] * cw; }, WP);
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WP; w++) M = fmaxf(M, wml[w][h][0]);
+        if (S == 1) {
+            a.out[((size_t)r * a.nh + head0 + h) * D + i] = L > 0.0f ? v / L : 0.0f;
+        } else {
+            red[0][h][i] = v;
+            if (i == 0) {
+                bml[h][0] = M;
+                bml[h][1] = L;
+            }
+        }
+    }
+    if (S == 1) return;
+    /* the cluster's blocks: block z writes its share of the G·D outputs from every block's merged sums */
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    const int tot = G * D, per = (tot + S - 1) / S, i0 = z * per, i1 = min(tot, i0 + per);
+    for (int idx = i0 + (int)threadIdx.x; idx < i1; idx += 32 * W) {
+        const int h = idx / D, i = idx % D;
+        /* every block's (M, L) and sum first, all remote loads in flight at once; then ad_split_weights' arithmetic
+         * (the maximum, then the weights and both sums in block order) over the S blocks */
+        float2 mz[R1_SMAX];
+        float pz[R1_SMAX];
+#pragma unroll
+        for (int zz = 0; zz < R1_SMAX; zz++)
+            if (zz < S) {
+                const float *b = cl.map_shared_rank(&bml[0][0], zz);
+                mz[zz] = make_float2(b[2 * h], b[2 * h + 1]);
+                pz[zz] = cl.map_shared_rank(&red[0][0][0], zz)[h * D + i];
+            }
+        float M = -INFINITY, L = 0.0f, v = 0.0f;
+#pragma unroll
+        for (int zz = 0; zz < R1_SMAX; zz++)
+            if (zz < S) M = fmaxf(M, mz[zz].x);
+#pragma unroll
+        for (int zz = 0; zz < R1_SMAX; zz++)
+            if (zz < S) {
+                const float cz = M == -INFINITY || mz[zz].x == -INFINITY ? 0.0f : expf(mz[zz].x - M);
+                v += pz[zz] * cz;
+                L += mz[zz].y * cz;
+            }
+        a.out[((size_t)r * a.nh + head0 + h) * D + i] = L > 0.0f ? v / L : 0.0f;
+    }
+    cl.sync(); /* the other blocks' reads of this block's shared memory are done */
+}
+
+/* TERN_CUDA_AD_R1_W: warps a block (4 or 8, default 4); TERN_CUDA_AD_R1_SMAX: blocks a (row, kv head) at most
+ * (1..16, default 16). -1 until read (tests set them) */
+extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax;
+int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1;
+static int r1_w(void) {
+    if (tern__cuda_ad_r1_w < 0) tern__cuda_ad_r1_w = tern__cuda_env_int("TERN_CUDA_AD_R1_W", 4) == 8 ? 8 : 4;
+    if (tern__cuda_ad_r1_smax < 0) {
+        const int v = tern__cuda_env_int("TERN_CUDA_AD_R1_SMAX", R1_SMAX);
+        tern__cuda_ad_r1_smax = v < 1 ? 1 : v > R1_SMAX ? R1_SMAX : v;
+    }
+    return tern__cuda_ad_r1_w;
+}
+
+template <typename T, bool E> static void r1_attr(void) {
+#define R1_A(D, W) cudaFuncSetAttribute(attn_dec_r1_kernel<T, D, W, E>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
+    R1_A(64, 4); R1_A(64, 8); R1_A(128, 4); R1_A(128, 8); R1_A(256, 4); R1_A(256, 8);
+#undef R1_A
+}
+
+/* attn_decode.cuh: at open (tern__cuda_attn_decode_init) */
+void tern__cuda_attn_decode_r1_init(tern__cuda *c) {
+    (void)c;
+    r1_attr<__nv_bfloat16, false>();
+    r1_attr<__nv_bfloat16, true>();
+    r1_attr<__half, false>();
+    cudaGetLastError();
+}
+
+template <typename T, bool E> static void (*r1_pick(int D, int W))(AdArgs) {
+    if (D == 64) return W == 8 ? attn_dec_r1_kernel<T, 64, 8, E> : attn_dec_r1_kernel<T, 64, 4, E>;
+    if (D == 128) return W == 8 ? attn_dec_r1_kernel<T, 128, 8, E> : attn_dec_r1_kernel<T, 128, 4, E>;
+    return W == 8 ? attn_dec_r1_kernel<T, 256, 8, E> : attn_dec_r1_kernel<T, 256, 4, E>;
+}
+
+/* attn_decode.cuh */
+int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long keys, bool early) {
+    if ((a.D != 64 && a.D != 128 && a.D != 256) || a.G > 8 || a.hs != 1 || (kind != TERN_KV_BF16 && kind != TERN_KV_F16) ||
+        ((uintptr_t)a.q & 15) || a.n <= 0)
+        return 0;
+    const int W = r1_w();
+    const long chunks = (keys + 15) / 16, wp = a.D > 128 ? W / 2 : W; /* chunk walkers a block */
+    long S = (chunks + wp - 1) / wp;
+    S = S < 1 ? 1 : S > tern__cuda_ad_r1_smax ? tern__cuda_ad_r1_smax : S;
+    void (*k)(AdArgs) = kind == TERN_KV_F16 ? r1_pick<__half, false>(a.D, W)
+                        : early             ? r1_pick<__nv_bfloat16, true>(a.D, W)
+                                            : r1_pick<__nv_bfloat16, false>(a.D, W);
+    cudaSetDevice(c->device);
+    const dim3 grid((unsigned)a.nkv, (unsigned)S, (unsigned)a.n);
+    if (tern_launch_cluster(c->stream, k, grid, dim3(32 * W), 0, S > 1 ? (int)S : 0, a) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    tern__cuda_check(c, "attention decode r1");
+    tern__cuda_attn_decode_r1_calls++;
+    return 1;
+}
