@@ -24,7 +24,7 @@
 # with their code (docs/CUDA.md, "Tried and removed"); 22 (TERN_CUDA_AD_TCS) ran and stays opt-in; 23
 # (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
 # default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM), 25 (the long-context class) and 26
-# (TERN_CUDA_CARVE) ran in session 19. 56 and 57 (TERN_CUDA_GEMV_XRW) ran in session 39 (NOTES (ay)): default on. 58-60 (TERN_CUDA_AD_R1) ran in session 40
+# (TERN_CUDA_CARVE) ran in session 19. 56 and 57 (TERN_CUDA_GEMV_XRW) ran in session 39 (NOTES (ay)): default on. 58-61 (TERN_CUDA_AD_R1, _R1_512) ran in session 40
 # (NOTES (az)): default on; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
@@ -112,7 +112,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-60}"  # 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-61}"  # 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -808,6 +808,17 @@ if [[ " $SECTIONS " == *" 60 "* ]]; then
         done
     done
     AB_REPS=1 AB_CONC=2,4 conc_ab "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1" "llama3-8b llama3-8b:q4"
+fi
+
+# 61. session 40, after 60: D 512 (Gemma 4's global layers) on attn_decode_r1.cu (TERN_CUDA_AD_R1_512; ran: default
+#     on): op test, batch-1 decode of gemma4-e4b / 26b-a4b q4 off / on, one rep
+if [[ " $SECTIONS " == *" 61 "* ]]; then
+    op_test cuda_attention_decode_r1 ops61
+    for m in "gemma4-e4b --quant q4" "gemma4-26b-a4b --quant q4"; do
+        for s in "TERN_CUDA_AD_R1_512=0" "TERN_CUDA_AD_R1_512=1"; do
+            say "b1 $m [$s]: $(b1e "$s" 512 "$m")"
+        done
+    done
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -201,6 +201,16 @@ static int ad_r1(void) {
     return tern__cuda_ad_r1;
 }
 
+/* TERN_CUDA_AD_R1_512 (session 40; default 1; 0 off): D 512 (Gemma 4's global layers) on attn_decode_r1.cu as well,
+ * groups of 4 warps a chunk. H200 (NOTES (az)), b1 off -> on, three reps: gemma4-e4b q4 283.4 / 282.1 / 283.0 -> 286.5 /
+ * 285.6 / 286.9, gemma4-26b-a4b q4 297.5 / 300.4 / 298.5 -> 300.8 / 298.6 / 301.2. -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_r1_512;
+int tern__cuda_ad_r1_512 = -1;
+static int ad_r1_512(void) {
+    if (tern__cuda_ad_r1_512 < 0) tern__cuda_ad_r1_512 = tern__cuda_env_int("TERN_CUDA_AD_R1_512", 1);
+    return tern__cuda_ad_r1_512;
+}
+
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -596,7 +606,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
         }
     }
     const bool early = n == 1 && kind == TERN_KV_BF16 && ad_early();
-    if (ad_r1() && kind != TERN_KV_F32 && (d == 64 || d == 128 || d == 256) && G <= 8 &&
+    if (ad_r1() && kind != TERN_KV_F32 && (d == 64 || d == 128 || d == 256 || (d == 512 && ad_r1_512())) && G <= 8 &&
         (ad_r1() == 2 || (ad_tc() < 2 && ad_tcs() < 2 && ad_1p() < 2 && n <= AD_CLROWS && !ad_long(rows, kv) &&
                           !ad_tc_takes(c, (long)n * nkv, keys)))) {
         AdArgs a = {};

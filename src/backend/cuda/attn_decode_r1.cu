@@ -30,8 +30,13 @@
  * EARLY (one row over BF16 pages, TERN_CUDA_AD_EARLY): the first chunk's records and K/V loads go out before
  * pdl_wait; after it, q loads and the rows of key pos (written by the kernel before) load again. Every K/V load
  * is .cg (L2): nothing a block reads twice.
- * Served: BF16 / F16 pages, D 64 / 128, G = nh / nkv <= 8, any window, softcap; others return 0 (the caller's
- * kernels run). S <= 16 (a non-portable cluster size, allowed at open; TERN_CUDA_AD_R1_SMAX), W = 2, 4 or 8 warps (TERN_CUDA_AD_R1_W).
+ * D 256 / 512 (Gemma 4's sliding / global layers): a chunk is walked by a group of DS = D/128 warps, each over its
+ * part of the dimensions (the fragments above at D 128), the parts' partial scores exchanged per chunk through
+ * shared memory and a named barrier and summed in part order by every warp of the group; p·v by each warp over its
+ * part. D 512 takes 8 warps a block (TERN_CUDA_AD_R1_512=0: back to the split kernel).
+ * Served: BF16 / F16 pages, D 64 / 128 / 256 / 512, G = nh / nkv <= 8, any window, softcap; others return 0 (the
+ * caller's kernels run). S <= 16 (a non-portable cluster size, allowed at open; TERN_CUDA_AD_R1_SMAX), W = 4 or 8
+ * warps (TERN_CUDA_AD_R1_W). H200 (bench/NOTES.md (az)): b1 llama3-8b bf16 222.9 -> 230.7, q4 353 -> 369 tok/s.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -49,18 +54,18 @@ unsigned long long tern__cuda_attn_decode_r1_calls = 0;
 
 template <typename T, int D, int W, bool EARLY>
 __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
-    constexpr int DS = D > 128 ? D / 128 : 1, DH = D / DS, WP = W / DS; /* D 256: a warp pair, a half each */
+    constexpr int DS = D > 128 ? D / 128 : 1, DH = D / DS, WP = W / DS; /* D 256 / 512: 2 / 4 warps a chunk */
     constexpr int NK = DH / 16, NT = DH / 8; /* k-steps of Q·K^T, n-tiles of P·V */
     constexpr int DL = DH / 4, KW = DH / 8;  /* a lane's K elements of a key, as 32-bit words */
     constexpr int DV = DH / 8, VW = DH / 16; /* a lane's V elements of a key, as words */
-    static_assert(DS <= 2 && W % DS == 0, "warp pairs");
+    static_assert(DS <= 4 && W % DS == 0, "warp groups");
     __shared__ float red[WP][8][D];          /* the warps' Σ p·v, then (slot 0) the block's merged sums */
     __shared__ float wml[WP][8][2], bml[8][2];
-    __shared__ float xs[DS > 1 ? 2 : 1][DS > 1 ? W : 1][32][4]; /* DS 2: the halves' partial scores, by chunk parity */
+    __shared__ float xs[DS > 1 ? 2 : 1][DS > 1 ? W : 1][32][4]; /* DS > 1: the parts' partial scores, by chunk parity */
     pdl_trigger();
     if (!EARLY) pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int pw = warp / DS, hf = warp % DS; /* the warp's pair (its chunks) and half of the dimensions */
+    const int pw = warp / DS, hf = warp % DS; /* the warp's group (its chunks) and part of the dimensions */
     const int kvh = blockIdx.x, z = blockIdx.y, S = gridDim.y, r = blockIdx.z, G = a.G;
     const size_t head0 = (size_t)kvh * G;
     const int pos = a.pos[r];
@@ -136,7 +141,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
 #pragma unroll
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     const float scale = a.scale, cap = a.softcap;
-    int par = 0; /* DS 2: the chunk's parity (xs buffer) */
+    int par = 0; /* DS > 1: the chunk's parity (xs buffer) */
     while (c < nch) {
         float sc[2][4];
 #pragma unroll
@@ -151,16 +156,18 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
 #pragma unroll
         for (int v = 0; v < 4; v++) s[v] = sc[v >> 1][v & 1] + sc[v >> 1][2 + (v & 1)];
         if constexpr (DS > 1) {
-            /* the pair's two halves of each dot product: the other warp's through shared memory (one named barrier a
-             * pair and chunk; buffers by parity, so a warp cannot overwrite what its partner has yet to read), summed
-             * in half order in both warps: the same scores in both */
+            /* the group's DS parts of each dot product through shared memory (one named barrier a group and chunk;
+             * buffers by parity, so a warp cannot overwrite what another has yet to read), summed in part order in
+             * every warp of the group: the same scores in all */
 #pragma unroll
             for (int v = 0; v < 4; v++) xs[par][warp][lane][v] = s[v];
-            asm volatile("bar.sync %0, 64;" ::"r"(1 + pw) : "memory");
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + pw), "r"(32 * DS) : "memory");
 #pragma unroll
             for (int v = 0; v < 4; v++) {
-                const float o2 = xs[par][warp ^ 1][lane][v];
-                s[v] = hf == 0 ? s[v] + o2 : o2 + s[v];
+                float x = xs[par][pw * DS][lane][v];
+#pragma unroll
+                for (int h = 1; h < DS; h++) x += xs[par][pw * DS + h][lane][v];
+                s[v] = x;
             }
             par ^= 1;
         }
@@ -273,7 +280,7 @@ static int r1_w(void) {
 
 template <typename T, bool E> static void r1_attr(void) {
 #define R1_A(D, W) cudaFuncSetAttribute(attn_dec_r1_kernel<T, D, W, E>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
-    R1_A(64, 4); R1_A(64, 8); R1_A(128, 4); R1_A(128, 8); R1_A(256, 4); R1_A(256, 8);
+    R1_A(64, 4); R1_A(64, 8); R1_A(128, 4); R1_A(128, 8); R1_A(256, 4); R1_A(256, 8); R1_A(512, 8);
 #undef R1_A
 }
 
@@ -289,16 +296,17 @@ void tern__cuda_attn_decode_r1_init(tern__cuda *c) {
 template <typename T, bool E> static void (*r1_pick(int D, int W))(AdArgs) {
     if (D == 64) return W == 8 ? attn_dec_r1_kernel<T, 64, 8, E> : attn_dec_r1_kernel<T, 64, 4, E>;
     if (D == 128) return W == 8 ? attn_dec_r1_kernel<T, 128, 8, E> : attn_dec_r1_kernel<T, 128, 4, E>;
-    return W == 8 ? attn_dec_r1_kernel<T, 256, 8, E> : attn_dec_r1_kernel<T, 256, 4, E>;
+    if (D == 256) return W == 8 ? attn_dec_r1_kernel<T, 256, 8, E> : attn_dec_r1_kernel<T, 256, 4, E>;
+    return attn_dec_r1_kernel<T, 512, 8, E>;
 }
 
 /* attn_decode.cuh */
 int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long keys, bool early) {
-    if ((a.D != 64 && a.D != 128 && a.D != 256) || a.G > 8 || a.hs != 1 || (kind != TERN_KV_BF16 && kind != TERN_KV_F16) ||
+    if ((a.D != 64 && a.D != 128 && a.D != 256 && a.D != 512) || a.G > 8 || a.hs != 1 || (kind != TERN_KV_BF16 && kind != TERN_KV_F16) ||
         ((uintptr_t)a.q & 15) || a.n <= 0)
         return 0;
-    const int W = r1_w();
-    const long chunks = (keys + 15) / 16, wp = a.D > 128 ? W / 2 : W; /* chunk walkers a block */
+    const int W = a.D == 512 ? 8 : r1_w(); /* D 512: two groups of 4 warps */
+    const long chunks = (keys + 15) / 16, wp = a.D > 128 ? W / (a.D / 128) : W; /* chunk walkers a block */
     long S = (chunks + wp - 1) / wp;
     S = S < 1 ? 1 : S > tern__cuda_ad_r1_smax ? tern__cuda_ad_r1_smax : S;
     void (*k)(AdArgs) = kind == TERN_KV_F16 ? r1_pick<__half, false>(a.D, W)
