@@ -69,6 +69,20 @@ b1e() {
     env $1 timeout 90 $T bench --random $3 --device cuda --prompt $2 --gen 64 --reps 1 > "$OUT/b1e.txt" 2>&1
     grep '^csv,' "$OUT/b1e.txt" | cut -d, -f7,10 | tail -1
 }
+# b1_sets "settings;settings" "spec;spec" [PROMPT]: batch-1 decode (PROMPT + 64, default 512) of each model spec for
+# every setting (a space-separated list of VAR=value), interleaved, AB_REPS reps (default 2)
+b1_sets() {
+    local sets ms rep m v
+    IFS=';' read -ra sets <<< "$1"
+    IFS=';' read -ra ms <<< "$2"
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for m in "${ms[@]}"; do
+            for v in "${sets[@]}"; do
+                say "b1 $m at ${3:-512} [$v] rep $rep: $(b1e "$v" "${3:-512}" "$m")"
+            done
+        done
+    done
+}
 # conc_ab "settings;settings" "models" CONC: batch decode (build/concurrency, bf16 compute, 128 + 128) of each
 # model at the concurrencies CONC for every setting (a space-separated list of VAR=value), interleaved, AB_REPS reps
 # (default 2; AB_CONC overrides CONC); one line each: concurrency and steady decode tok/s
@@ -749,50 +763,39 @@ fi
 
 # 58. session 40: one-row decode attention on register-fed tensor cores (attn_decode_r1.cu, TERN_CUDA_AD_R1, opt-in until
 #     timed; TERN_CUDA_AD_R1_W warps a block): op tests, the kernel alone (one row, llama3-8b heads) at 512 / 2048 keys,
-#     batch-1 decode off / on (2 and 4 warps), and with no decode attention at all (TERN_CUDA_AD_SKIP=1, a temporary
-#     measurement switch, removed after this ran: wrong outputs, the bound on what a faster attention can give)
+#     batch-1 decode off / on (2 and 4 warps: 2 was removed after), and with no decode attention at all
+#     (TERN_CUDA_AD_SKIP=1, a temporary measurement switch, removed after this ran: wrong outputs, the bound on what a
+#     faster attention can give)
+# attn1 "settings;settings" KEYS...: the one-row kernel alone (bench_cuda --attn-dec1, llama3-8b heads), µs per setting
+attn1() {
+    local sets k v
+    IFS=';' read -ra sets <<< "$1"
+    shift
+    for k in "$@"; do
+        for v in "${sets[@]}"; do
+            say "attn-dec1 $k keys 1 row [$v]: $(env $v timeout 60 build/bench_cuda --attn-dec1 $k 1 bf16 1 | grep '^csv' | cut -d, -f3)"
+        done
+    done
+}
 if [[ " $SECTIONS " == *" 58 "* ]]; then
     op_test cuda_attention_decode_r1,cuda_attention_decode_early_bits,cuda_attention_prefill_decode ops58
-    for k in 512 2048; do
-        for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=4"; do
-            say "attn-dec1 $k keys 1 row [$s]: $(env $s timeout 60 build/bench_cuda --attn-dec1 $k 1 bf16 1 | grep '^csv' | cut -d, -f2,3)"
-        done
-    done
-    for rep in 1 2; do
-        for m in "llama3-8b" "llama3-8b --quant q4"; do
-            for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=4" "TERN_CUDA_AD_SKIP=1"; do
-                say "b1 $m [$s] rep $rep: $(b1e "$s" 512 "$m")"
-            done
-        done
-    done
-    for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_SKIP=1"; do
-        say "b1 llama3-8b --quant q4 at 2048 [$s]: $(b1e "$s" 2048 "llama3-8b --quant q4")"
-        say "b1 gemma4-e4b --quant q4 [$s]: $(b1e "$s" 512 "gemma4-e4b --quant q4")"
-    done
+    attn1 "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=4" 512 2048
+    b1_sets "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_SKIP=1" \
+        "llama3-8b;llama3-8b --quant q4"
+    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1;TERN_CUDA_AD_SKIP=1" "llama3-8b --quant q4" 2048
+    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1;TERN_CUDA_AD_SKIP=1" "gemma4-e4b --quant q4"
 fi
 
 # 59. session 40, after 58 (R1 with 4 warps won +3.5 %, 2 warps in clusters of 16 tied; no attention at all +8.4 % bf16,
 #     +17.6 % q4): the cluster merge with every remote load in flight, 8-warp blocks, clusters capped at 8 or 16
 if [[ " $SECTIONS " == *" 59 "* ]]; then
     op_test cuda_attention_decode_r1 ops59
-    for k in 512 2048; do
-        for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_SMAX=8" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8" \
-            "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=8" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=4"; do
-            say "attn-dec1 $k keys 1 row [$s]: $(env $s timeout 60 build/bench_cuda --attn-dec1 $k 1 bf16 1 | grep '^csv' | cut -d, -f3)"
-        done
-    done
-    for rep in 1 2; do
-        for m in "llama3-8b" "llama3-8b --quant q4"; do
-            for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_SMAX=8" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8" \
-                "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=8"; do
-                say "b1 $m [$s] rep $rep: $(b1e "$s" 512 "$m")"
-            done
-        done
-    done
-    for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=8"; do
-        say "b1 llama3-8b --quant q4 at 2048 [$s]: $(b1e "$s" 2048 "llama3-8b --quant q4")"
-        say "b1 llama3-8b at 2048 [$s]: $(b1e "$s" 2048 "llama3-8b")"
-    done
+    R59="TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_SMAX=8;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8"
+    R59="$R59;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=8"
+    attn1 "$R59;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=4" 512 2048
+    b1_sets "$R59" "llama3-8b;llama3-8b --quant q4"
+    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_SMAX=8" \
+        "llama3-8b --quant q4;llama3-8b" 2048
 fi
 
 # 60. session 40, after 59 (R1 default on: 4 warps, clusters of up to 16): D 256 (Gemma 4's sliding layers, a warp pair a
@@ -800,25 +803,16 @@ fi
 #     few llama3-8b sequences (R1 takes launches of up to 4 rows)
 if [[ " $SECTIONS " == *" 60 "* ]]; then
     op_test cuda_attention_decode_r1 ops60
-    for rep in 1 2; do
-        for m in "gemma4-e4b --quant q4" "gemma4-12b" "gemma4-26b-a4b --quant q4"; do
-            for s in "TERN_CUDA_AD_R1=0" "TERN_CUDA_AD_R1=1" "TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8"; do
-                say "b1 $m [$s] rep $rep: $(b1e "$s" 512 "$m")"
-            done
-        done
-    done
+    b1_sets "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=8" \
+        "gemma4-e4b --quant q4;gemma4-12b;gemma4-26b-a4b --quant q4"
     AB_REPS=1 AB_CONC=2,4 conc_ab "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1" "llama3-8b llama3-8b:q4"
 fi
 
 # 61. session 40, after 60: D 512 (Gemma 4's global layers) on attn_decode_r1.cu (TERN_CUDA_AD_R1_512; ran: default
-#     on): op test, batch-1 decode of gemma4-e4b / 26b-a4b q4 off / on, one rep
+#     on): op test, batch-1 decode of gemma4-e4b / 26b-a4b q4 off / on
 if [[ " $SECTIONS " == *" 61 "* ]]; then
     op_test cuda_attention_decode_r1 ops61
-    for m in "gemma4-e4b --quant q4" "gemma4-26b-a4b --quant q4"; do
-        for s in "TERN_CUDA_AD_R1_512=0" "TERN_CUDA_AD_R1_512=1"; do
-            say "b1 $m [$s]: $(b1e "$s" 512 "$m")"
-        done
-    done
+    b1_sets "TERN_CUDA_AD_R1_512=0;TERN_CUDA_AD_R1_512=1" "gemma4-e4b --quant q4;gemma4-26b-a4b --quant q4"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
