@@ -126,7 +126,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-61}"  # 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-62}"  # 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -813,6 +813,18 @@ fi
 if [[ " $SECTIONS " == *" 61 "* ]]; then
     op_test cuda_attention_decode_r1 ops61
     b1_sets "TERN_CUDA_AD_R1_512=0;TERN_CUDA_AD_R1_512=1" "gemma4-e4b --quant q4;gemma4-26b-a4b --quant q4"
+fi
+
+# 62. session 40, written after its last device call (untimed): attn_decode_r1.cu for the long-context class
+#     (TERN_CUDA_AD_R1_LONG=1; default: the split tensor-core kernel, TCS) and the next chunk's V loaded before the
+#     current chunk's scores (TERN_CUDA_AD_R1_PF=1): op test, the one-row kernel alone at 2048 / 8192 keys, batch-1
+#     decode at 8192 (q4, bf16) and at 2048 (q4), one rep each of every setting, interleaved
+if [[ " $SECTIONS " == *" 62 "* ]]; then
+    op_test cuda_attention_decode_r1 ops62
+    attn1 "TERN_CUDA_AD_R1_LONG=0;TERN_CUDA_AD_R1_LONG=1;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_PF=1;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_W=8;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_PF=1" 2048 8192
+    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_LONG=0;TERN_CUDA_AD_R1_LONG=1;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_PF=1;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_PF=1" \
+        "llama3-8b --quant q4;llama3-8b" 8192
+    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_PF=0;TERN_CUDA_AD_R1_PF=1" "llama3-8b --quant q4" 2048
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
