@@ -280,6 +280,16 @@ TEST(limits_stop_hostile_templates) {
         CHECK(render("{{ 'x' * 1024 }}{% for i in range(100) %}yy{% endfor %}", NULL, &small, &out, &e) == TERN_EINVAL &&
                   strstr(e.msg, "output exceeds the limit of 1024 bytes"), "output limit: %s", e.msg);
         free(out);
+        /* integer powers by squaring: huge exponents of -1 / 0 / 1 at once (fuzzed: a loop of y multiplications spun
+         * for seconds on 0 ** 304121724), exact up to int64, a float past it */
+        out = NULL;
+        t0 = tern_time_s();
+        CHECK(render("{{ 0 ** 9000000000000000000 }}|{{ 1 ** 9223372036854775807 }}|{{ (-1) ** 999999999999999999 }}|"
+                     "{{ (-2) ** 63 }}|{{ 3 ** 39 }}|{{ 7 ** 0 }}|{{ 2 ** 64 > 1.8e19 }}", NULL, &lim, &out, &e) == TERN_OK &&
+                  out && !strcmp(out, "0|1|-1|-9223372036854775808|4052555153018976267|1|True"),
+              "integer powers: %s", out ? out : e.msg);
+        CHECK(tern_time_s() - t0 < 1.0, "integer powers took too long");
+        free(out);
         /* steps past int64 end a slice or a range (UBSan found the signed overflow) */
         out = NULL;
         CHECK(render("{{ [1, 2, 3][::9223372036854775807] }}|{{ 'abc'[1::9223372036854775807] }}|"
