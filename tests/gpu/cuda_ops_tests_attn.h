@@ -313,9 +313,9 @@ TEST(cuda_attention_decode_tcs) {
 }
 
 /* attn_decode_r1.cu (TERN_CUDA_AD_R1; forced here for any plan, D 512 with TERN_CUDA_AD_R1_512): AD_TC_CASES of G <= 8
- * (D 64 / 128 / 256 / 512) with three decode rows (one per slot), within 1e-5 of the CPU over BF16 and F16 pages, blocks of 4 and 8 warps in clusters of up to
- * 16 blocks, and in up to 3 / 5 (several chunks a warp), those also with the next chunk's V loaded early (PF); then each case's first
- * slot as one row whose last key is written right before the attention (g_attn_late: the BF16 EARLY instance loads
+ * (D 64 / 128 / 256 / 512) with three decode rows (one per slot), within 1e-5 of the CPU over BF16 and F16 pages,
+ * blocks of 4 and 8 warps in clusters of up to 16 blocks, and in up to 3 / 5 (several chunks a warp), those also with
+ * the next chunk's V loaded early (PF); then each case's first slot as one row whose last key is written right before the attention (g_attn_late: the BF16 EARLY instance loads
  * its first chunk before pdl_wait; pages start as NaN, so a stale read of key pos shows), and the same row twice:
  * the same bits (a fixed merge order) */
 TEST(cuda_attention_decode_r1) {
@@ -340,8 +340,8 @@ TEST(cuda_attention_decode_r1) {
                 tern__cuda_ad_r1_pf = SHAPE[sh][2];
                 unsigned long long calls = tern__cuda_attn_decode_r1_calls;
                 double rel = ad_tc_case_run(k, pg);
-                printf("  err attention decode r1 case %zu %s w %d s %d pf %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w, SHAPE[sh][1],
-                       SHAPE[sh][2], rel);
+                printf("  err attention decode r1 case %zu %s w %d s %d pf %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w,
+                       SHAPE[sh][1], SHAPE[sh][2], rel);
                 CHECK(rel <= 1e-5, "case %zu pages %d w %d: rel %.2e", c, pg, w, rel);
                 CHECK(tern__cuda_attn_decode_r1_calls > calls, "case %zu pages %d w %d: the r1 kernel did not run", c, pg, w);
                 /* one late row, twice */
@@ -359,8 +359,8 @@ TEST(cuda_attention_decode_r1) {
                     CHECK(tern__cuda_attn_decode_r1_calls > calls, "late case %zu: the r1 kernel did not run", c);
                 }
                 g_attn_late = 0;
-                printf("  err attention decode r1 late case %zu %s w %d s %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w, SHAPE[sh][1],
-                       r1[0]);
+                printf("  err attention decode r1 late case %zu %s w %d s %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w,
+                       SHAPE[sh][1], r1[0]);
                 CHECK(r1[0] <= 1e-5 && r1[1] <= 1e-5, "late case %zu pages %d w %d: rel %.2e", c, pg, w, r1[0]);
                 CHECK(o[0] && o[1] && !memcmp(o[0], o[1], (size_t)k->nh * k->d * sizeof(float)),
                       "late case %zu pages %d w %d: two runs differ", c, pg, w);

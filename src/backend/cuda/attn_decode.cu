@@ -191,7 +191,8 @@ static int ad_lean(void) {
 }
 
 /* TERN_CUDA_AD_R1 (session 40; default 1; 0 off; 2 any launch, tests): launches of at most AD_CLROWS rows over BF16 /
- * F16 pages, D 64 / 128 / 256, that neither the long-context class nor AD_TC takes, on attn_decode_r1.cu's
+ * F16 pages, D 64 / 128 / 256 (and 512, TERN_CUDA_AD_R1_512), G <= 8, that neither the long-context class nor AD_TC
+ * takes, on attn_decode_r1.cu's
  * register-fed tensor-core kernel. H200 (bench/NOTES.md (az)), b1 at 512 keys: llama3-8b bf16 222.9 -> 230.7, q4 353
  * -> 369 tok/s; at 2048 keys 209 -> 214, 332 -> 338. -1 until read (tests set it) */
 extern "C" int tern__cuda_ad_r1;

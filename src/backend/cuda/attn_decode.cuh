@@ -207,7 +207,7 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
 int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind);
 void tern__cuda_attn_decode_tc_init(tern__cuda *c);
 /* attn_decode_r1.cu: one row or a few (TERN_CUDA_AD_R1) on register-fed tensor cores, S <= 16 blocks per (row, kv
- * head) in one cluster, planned for `keys`; BF16 / F16 pages, D 64 / 128, G <= 8; early: one row over BF16 pages
+ * head) in one cluster, planned for `keys`; BF16 / F16 pages, D 64 / 128 / 256 / 512, G <= 8; early: one row over BF16 pages
  * issues its first loads before pdl_wait. 1 when it ran, 0 when not served (nothing launched). _init: at open */
 int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long keys, bool early);
 void tern__cuda_attn_decode_r1_init(tern__cuda *c);

@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
  * registers) instead of after its P·V. -1 until read (tests set them) */
 extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_pf;
 int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1, tern__cuda_ad_r1_pf = -1;
-static int r1_w(void) {
+static int r1_env(void) { /* reads the three settings once; returns W */
     if (tern__cuda_ad_r1_w < 0) tern__cuda_ad_r1_w = tern__cuda_env_int("TERN_CUDA_AD_R1_W", 4) == 8 ? 8 : 4;
     if (tern__cuda_ad_r1_smax < 0) {
         const int v = tern__cuda_env_int("TERN_CUDA_AD_R1_SMAX", R1_SMAX);
@@ -332,17 +332,18 @@ template <typename T, bool E, bool P = false> static void (*r1_pick(int D, int W
 
 /* attn_decode.cuh */
 int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long keys, bool early) {
-    if ((a.D != 64 && a.D != 128 && a.D != 256 && a.D != 512) || a.G > 8 || a.hs != 1 || (kind != TERN_KV_BF16 && kind != TERN_KV_F16) ||
-        ((uintptr_t)a.q & 15) || a.n <= 0)
+    if ((a.D != 64 && a.D != 128 && a.D != 256 && a.D != 512) || a.G > 8 || a.hs != 1 ||
+        (kind != TERN_KV_BF16 && kind != TERN_KV_F16) || ((uintptr_t)a.q & 15) || a.n <= 0)
         return 0;
-    const int W = a.D == 512 ? 8 : r1_w(); /* D 512: two groups of 4 warps */
+    const int w = r1_env(), W = a.D == 512 ? 8 : w; /* D 512: two groups of 4 warps */
     const long chunks = (keys + 15) / 16, wp = a.D > 128 ? W / (a.D / 128) : W; /* chunk walkers a block */
     long S = (chunks + wp - 1) / wp;
     S = S < 1 ? 1 : S > tern__cuda_ad_r1_smax ? tern__cuda_ad_r1_smax : S;
     const bool pf = tern__cuda_ad_r1_pf > 0;
-    void (*k)(AdArgs) = kind == TERN_KV_F16 ? r1_pick<__half, false>(a.D, W)
-                        : early             ? (pf ? r1_pick<__nv_bfloat16, true, true>(a.D, W) : r1_pick<__nv_bfloat16, true>(a.D, W))
-                                            : (pf ? r1_pick<__nv_bfloat16, false, true>(a.D, W) : r1_pick<__nv_bfloat16, false>(a.D, W));
+    using B16 = __nv_bfloat16;
+    void (*k)(AdArgs) = r1_pick<__half, false>(a.D, W); /* F16 pages: neither EARLY nor PF */
+    if (kind == TERN_KV_BF16 && early) k = pf ? r1_pick<B16, true, true>(a.D, W) : r1_pick<B16, true>(a.D, W);
+    else if (kind == TERN_KV_BF16) k = pf ? r1_pick<B16, false, true>(a.D, W) : r1_pick<B16, false>(a.D, W);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)a.nkv, (unsigned)S, (unsigned)a.n);
     if (tern_launch_cluster(c->stream, k, grid, dim3(32 * W), 0, S > 1 ? (int)S : 0, a) != cudaSuccess) {
