@@ -25,7 +25,7 @@
 # (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
 # default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM), 25 (the long-context class) and 26
 # (TERN_CUDA_CARVE) ran in session 19. 56 and 57 (TERN_CUDA_GEMV_XRW) ran in session 39 (NOTES (ay)): default on. 58-61 (TERN_CUDA_AD_R1, _R1_512) ran in session 40
-# (NOTES (az)): default on; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. Keep this script as the template for the next switches: make one the default only
+# (NOTES (az)): default on; 62 (TERN_CUDA_AD_R1_LONG, _R1_PF) ran in session 41 (NOTES (ba)): both lost, removed; 63 (TERN_CUDA_SKIP, a probe) and 64 ran there too; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -66,7 +66,9 @@ b1_ab() {
 q4_b1() { b1_ab "$1" "$2" "llama3-8b --quant q4;gemma4-12b --quant q4"; }
 # b1e "VAR=V ..." PROMPT "spec": one batch-1 decode (prompt + 64) with those settings: "tok/s,tg/floor"
 b1e() {
-    env $1 timeout 90 $T bench --random $3 --device cuda --prompt $2 --gen 64 --reps 1 > "$OUT/b1e.txt" 2>&1
+    local bin=$T e="" w # a word BIN=path runs that tern-core instead (a build of another tree, carried beside)
+    for w in $1; do case $w in BIN=*) bin=${w#BIN=} ;; *) e="$e $w" ;; esac; done
+    env $e timeout 90 $bin bench --random $3 --device cuda --prompt $2 --gen 64 --reps 1 > "$OUT/b1e.txt" 2>&1
     grep '^csv,' "$OUT/b1e.txt" | cut -d, -f7,10 | tail -1
 }
 # b1_sets "settings;settings" "spec;spec" [PROMPT]: batch-1 decode (PROMPT + 64, default 512) of each model spec for
@@ -815,16 +817,16 @@ if [[ " $SECTIONS " == *" 61 "* ]]; then
     b1_sets "TERN_CUDA_AD_R1_512=0;TERN_CUDA_AD_R1_512=1" "gemma4-e4b --quant q4;gemma4-26b-a4b --quant q4"
 fi
 
-# 62. session 40, written after its last device call (untimed): attn_decode_r1.cu for the long-context class
-#     (TERN_CUDA_AD_R1_LONG=1; default: the split tensor-core kernel, TCS) and the next chunk's V loaded before the
-#     current chunk's scores (TERN_CUDA_AD_R1_PF=1): op test, the one-row kernel alone at 2048 / 8192 keys, batch-1
-#     decode at 8192 (q4, bf16) and at 2048 (q4), one rep each of every setting, interleaved
-if [[ " $SECTIONS " == *" 62 "* ]]; then
-    op_test cuda_attention_decode_r1 ops62
-    attn1 "TERN_CUDA_AD_R1_LONG=0;TERN_CUDA_AD_R1_LONG=1;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_PF=1;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_W=8;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_PF=1" 2048 8192
-    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_LONG=0;TERN_CUDA_AD_R1_LONG=1;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_PF=1;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_W=8 TERN_CUDA_AD_R1_PF=1" \
-        "llama3-8b --quant q4;llama3-8b" 8192
-    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_PF=0;TERN_CUDA_AD_R1_PF=1" "llama3-8b --quant q4" 2048
+# 64. session 41, after 63 (a b1 llama3-8b layer's launches cost, past their bytes at the copy rate: q|k|v 7.9 µs,
+#     attention 6.7, gate|up 6.3, down 6.1, o 3.9): the q|k|v rope epilogue's step data (pos, slot, block table) read
+#     before pdl_wait and its inv_freq with the task's weights (gemv1.cu, gemv_mma.cu; the same bits), gemv1's x staged
+#     8 float4s a thread at a time (down: 2 round trips instead of 5): op tests, then b1 of the committed tree's
+#     tern-core (carried as build/base/tern-core in the pack) against this one. (TERN_CUDA_SKIP, section 63's probe
+#     — 1 q|k|v, 2 attention, 4 o, 8 gate|up, 16 down not issued — and TERN_CUDA_NWPF — the norm weights' lines into
+#     L1 before pdl_wait: a tie — ran in session 41 and were removed, NOTES (ba))
+if [[ " $SECTIONS " == *" 64 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_norm_qkv_rope_kv,cuda_fused_matmuls,cuda_norm_matmul,cuda_norm_matmul_res,cuda_matmul_act_mul,cuda_gemv_mma,cuda_attention_decode_r1 ops64
+    b1_sets "BIN=build/base/tern-core;TERN_CUDA_PDL=1" "llama3-8b;llama3-8b --quant q4;gemma4-12b"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

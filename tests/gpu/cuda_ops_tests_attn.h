@@ -314,22 +314,21 @@ TEST(cuda_attention_decode_tcs) {
 
 /* attn_decode_r1.cu (TERN_CUDA_AD_R1; forced here for any plan, D 512 with TERN_CUDA_AD_R1_512): AD_TC_CASES of G <= 8
  * (D 64 / 128 / 256 / 512) with three decode rows (one per slot), within 1e-5 of the CPU over BF16 and F16 pages,
- * blocks of 4 and 8 warps in clusters of up to 16 blocks, and in up to 3 / 5 (several chunks a warp), those also with
- * the next chunk's V loaded early (PF); then each case's first slot as one row whose last key is written right before the attention (g_attn_late: the BF16 EARLY instance loads
+ * blocks of 4 and 8 warps in clusters of up to 16 blocks, and in up to 3 / 5 (several chunks a warp); then each case's
+ * first slot as one row whose last key is written right before the attention (g_attn_late: the BF16 EARLY instance loads
  * its first chunk before pdl_wait; pages start as NaN, so a stale read of key pos shows), and the same row twice:
  * the same bits (a fixed merge order) */
 TEST(cuda_attention_decode_r1) {
     extern unsigned long long tern__cuda_attn_decode_r1_calls;
-    extern int tern__cuda_ad_mode, tern__cuda_ad_r1, tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_512,
-        tern__cuda_ad_r1_pf;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_r1, tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_512;
     const int keep = tern__cuda_ad_mode, keep_r1 = tern__cuda_ad_r1, keep_w = tern__cuda_ad_r1_w, keep_bf = g_attn_bf16,
-              keep_s = tern__cuda_ad_r1_smax, keep_512 = tern__cuda_ad_r1_512, keep_pf = tern__cuda_ad_r1_pf;
-    /* warps a block, blocks a (row, kv head) at most, the next chunk's V early (TERN_CUDA_AD_R1_PF, BF16 pages) */
-    static const int SHAPE[6][3] = {{4, 16, 0}, {8, 16, 0}, {4, 3, 0}, {8, 5, 0}, {4, 3, 1}, {8, 5, 1}};
+              keep_s = tern__cuda_ad_r1_smax, keep_512 = tern__cuda_ad_r1_512;
+    /* warps a block, blocks a (row, kv head) at most */
+    static const int SHAPE[4][2] = {{4, 16}, {8, 16}, {4, 3}, {8, 5}};
     tern__cuda_ad_mode = 1;
     tern__cuda_ad_r1 = 2;
     tern__cuda_ad_r1_512 = 1;
-    for (int sh = 0; sh < 6; sh++)
+    for (int sh = 0; sh < 4; sh++)
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
             for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
                 const ad_tc_case *k = &AD_TC_CASES[c];
@@ -337,11 +336,10 @@ TEST(cuda_attention_decode_r1) {
                 if (k->nh / k->nkv > 8) continue; /* served by the split kernels */
                 tern__cuda_ad_r1_w = w;
                 tern__cuda_ad_r1_smax = SHAPE[sh][1];
-                tern__cuda_ad_r1_pf = SHAPE[sh][2];
                 unsigned long long calls = tern__cuda_attn_decode_r1_calls;
                 double rel = ad_tc_case_run(k, pg);
-                printf("  err attention decode r1 case %zu %s w %d s %d pf %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w,
-                       SHAPE[sh][1], SHAPE[sh][2], rel);
+                printf("  err attention decode r1 case %zu %s w %d s %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w, SHAPE[sh][1],
+                       rel);
                 CHECK(rel <= 1e-5, "case %zu pages %d w %d: rel %.2e", c, pg, w, rel);
                 CHECK(tern__cuda_attn_decode_r1_calls > calls, "case %zu pages %d w %d: the r1 kernel did not run", c, pg, w);
                 /* one late row, twice */
@@ -372,7 +370,6 @@ TEST(cuda_attention_decode_r1) {
     tern__cuda_ad_r1_w = keep_w;
     tern__cuda_ad_r1_smax = keep_s;
     tern__cuda_ad_r1_512 = keep_512;
-    tern__cuda_ad_r1_pf = keep_pf;
     g_attn_bf16 = keep_bf;
 }
 

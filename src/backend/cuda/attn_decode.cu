@@ -212,15 +212,6 @@ static int ad_r1_512(void) {
     return tern__cuda_ad_r1_512;
 }
 
-/* TERN_CUDA_AD_R1_LONG (session 40, written after its last device call: 0 until timed; 1 on): the long-context class
- * (one row or a few past TERN_LONG_KEYS, the split tensor-core kernel's, TERN_CUDA_AD_TCS) on attn_decode_r1.cu too:
- * its 16 blocks a (row, kv head) then walk several chunks a warp (8k keys, 4 warps: 8). -1 until read */
-static int ad_r1_long(void) {
-    static int v = -1;
-    if (v < 0) v = tern__cuda_env_int("TERN_CUDA_AD_R1_LONG", 0) != 0;
-    return v;
-}
-
 static int ad_mode(void) {
     if (tern__cuda_ad_mode < 0) tern__cuda_ad_mode = tern__cuda_env_int("TERN_CUDA_ATTN_DEC", 1);
     return tern__cuda_ad_mode;
@@ -618,7 +609,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     const bool early = n == 1 && kind == TERN_KV_BF16 && ad_early();
     if (ad_r1() && kind != TERN_KV_F32 && (d == 64 || d == 128 || d == 256 || (d == 512 && ad_r1_512())) && G <= 8 &&
         (ad_r1() == 2 || (ad_tc() < 2 && ad_tcs() < 2 && ad_1p() < 2 && n <= AD_CLROWS &&
-                          (ad_r1_long() || !ad_long(rows, kv)) && !ad_tc_takes(c, (long)n * nkv, keys)))) {
+                          !ad_long(rows, kv) && !ad_tc_takes(c, (long)n * nkv, keys)))) {
         AdArgs a = {};
         ad_args_fill(&a, c, out, q, rows, nh, kv, scale, softcap);
         if (tern__cuda_attn_decode_r1(c, a, kind, keys, early)) {

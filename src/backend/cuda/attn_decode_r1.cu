@@ -23,8 +23,7 @@
  *
  * Work: grid (kv head, S, row) with the S blocks of a (row, kv head) one thread-block cluster; the row's keys
  * lo..pos in 16-key chunks dealt to the S·W warps round robin (chunk c to warp c mod S·W), online softmax per
- * warp over its chunks (the next chunk's K loads while P·V runs, its V after; TERN_CUDA_AD_R1_PF: its V before the
- * current chunk's scores, opt-in until timed). Then the block's W warps merge in
+ * warp over its chunks (the next chunk's K loads while P·V runs, its V after). Then the block's W warps merge in
  * shared memory (one barrier), and each block writes 1/S of the outputs from the S blocks' merged sums read
  * through distributed shared memory (ad_split_weights' arithmetic; a fixed order: the same bits every run).
  * Keys past the row, or in blocks not resident (block table < 0), are zero rows (nothing loaded) scored −inf.
@@ -53,7 +52,7 @@ namespace cg = cooperative_groups;
 extern "C" unsigned long long tern__cuda_attn_decode_r1_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_r1_calls = 0;
 
-template <typename T, int D, int W, bool EARLY, bool PF = false>
+template <typename T, int D, int W, bool EARLY>
 __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     constexpr int DS = D > 128 ? D / 128 : 1, DH = D / DS, WP = W / DS; /* D 256 / 512: 2 / 4 warps a chunk */
     constexpr int NK = DH / 16, NT = DH / 8; /* k-steps of Q·K^T, n-tiles of P·V */
@@ -76,8 +75,8 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     const size_t kvs = (size_t)a.nkv * D;
     const T *kb = (const T *)a.kp + (size_t)kvh * D + hf * DH + t * DL;
     const T *vb = (const T *)a.vp + (size_t)kvh * D + hf * DH + g * DV;
-    uint32_t kw[2][KW], vw[4][VW], vn[4][VW]; /* vn: PF's next V rows */
-    int krec[2], vrec[4], vrn[4];
+    uint32_t kw[2][KW], vw[4][VW];
+    int krec[2], vrec[4];
     /* chunk cc's keys: K rows 16cc + 8j + g (j = n-tile), V rows 16cc + 8(v >> 1) + 2t + (v & 1) */
     auto rec_of = [&](int i) { return i < len ? ad_rec(a, btrow, lo + i) : -1; };
     auto get_k = [&](int j) {
@@ -106,17 +105,6 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
         for (int v = 0; v < 4; v++) {
             vrec[v] = rec_of(16 * cc + 8 * (v >> 1) + 2 * t + (v & 1));
             get_v(v);
-        }
-    };
-    auto load_vn = [&](int cc) { /* PF: chunk cc's V rows into vn / vrn */
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            vrn[v] = rec_of(16 * cc + 8 * (v >> 1) + 2 * t + (v & 1));
-#pragma unroll
-            for (int i = 0; i < VW / 4; i++) {
-                const uint4 x = vrn[v] >= 0 ? __ldcg((const uint4 *)(vb + (size_t)vrn[v] * kvs) + i) : make_uint4(0, 0, 0, 0);
-                vn[v][4 * i] = x.x; vn[v][4 * i + 1] = x.y; vn[v][4 * i + 2] = x.z; vn[v][4 * i + 3] = x.w;
-            }
         }
     };
     int c = z * WP + pw; /* this warp's first chunk */
@@ -155,8 +143,6 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     const float scale = a.scale, cap = a.softcap;
     int par = 0; /* DS > 1: the chunk's parity (xs buffer) */
     while (c < nch) {
-        if constexpr (PF) /* the next chunk's V now: a whole chunk's work to arrive */
-            if (c + step < nch) load_vn(c + step);
         float sc[2][4];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -209,18 +195,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             o[n][0] *= al; o[n][1] *= al; o[n][2] *= al; o[n][3] *= al;
             TcH<T>::mma(o[n], pa, __byte_perm(vw[0][n >> 1], vw[1][n >> 1], sel), __byte_perm(vw[2][n >> 1], vw[3][n >> 1], sel));
         }
-        if (cn < nch) {
-            if constexpr (PF) {
-#pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    vrec[v] = vrn[v];
-#pragma unroll
-                    for (int i = 0; i < VW; i++) vw[v][i] = vn[v][i];
-                }
-            } else {
-                load_v(cn);
-            }
-        }
+        if (cn < nch) load_v(cn);
         c = cn;
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -291,23 +266,20 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
 }
 
 /* TERN_CUDA_AD_R1_W: warps a block (4 or 8, default 4); TERN_CUDA_AD_R1_SMAX: blocks a (row, kv head) at most
- * (1..16, default 16); TERN_CUDA_AD_R1_PF (session 40, written after its last device call: 0 until timed; 1 on; BF16
- * pages): a warp walking several chunks loads the next chunk's V rows before the current chunk's scores (32 more
- * registers) instead of after its P·V. -1 until read (tests set them) */
-extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_pf;
-int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1, tern__cuda_ad_r1_pf = -1;
-static int r1_env(void) { /* reads the three settings once; returns W */
+ * (1..16, default 16). -1 until read (tests set them) */
+extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax;
+int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1;
+static int r1_env(void) { /* reads both settings once; returns W */
     if (tern__cuda_ad_r1_w < 0) tern__cuda_ad_r1_w = tern__cuda_env_int("TERN_CUDA_AD_R1_W", 4) == 8 ? 8 : 4;
     if (tern__cuda_ad_r1_smax < 0) {
         const int v = tern__cuda_env_int("TERN_CUDA_AD_R1_SMAX", R1_SMAX);
         tern__cuda_ad_r1_smax = v < 1 ? 1 : v > R1_SMAX ? R1_SMAX : v;
     }
-    if (tern__cuda_ad_r1_pf < 0) tern__cuda_ad_r1_pf = tern__cuda_env_int("TERN_CUDA_AD_R1_PF", 0) != 0;
     return tern__cuda_ad_r1_w;
 }
 
-template <typename T, bool E, bool P = false> static void r1_attr(void) {
-#define R1_A(D, W) cudaFuncSetAttribute(attn_dec_r1_kernel<T, D, W, E, P>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
+template <typename T, bool E> static void r1_attr(void) {
+#define R1_A(D, W) cudaFuncSetAttribute(attn_dec_r1_kernel<T, D, W, E>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
     R1_A(64, 4); R1_A(64, 8); R1_A(128, 4); R1_A(128, 8); R1_A(256, 4); R1_A(256, 8); R1_A(512, 8);
 #undef R1_A
 }
@@ -317,17 +289,15 @@ void tern__cuda_attn_decode_r1_init(tern__cuda *c) {
     (void)c;
     r1_attr<__nv_bfloat16, false>();
     r1_attr<__nv_bfloat16, true>();
-    r1_attr<__nv_bfloat16, false, true>();
-    r1_attr<__nv_bfloat16, true, true>();
     r1_attr<__half, false>();
     cudaGetLastError();
 }
 
-template <typename T, bool E, bool P = false> static void (*r1_pick(int D, int W))(AdArgs) {
-    if (D == 64) return W == 8 ? attn_dec_r1_kernel<T, 64, 8, E, P> : attn_dec_r1_kernel<T, 64, 4, E, P>;
-    if (D == 128) return W == 8 ? attn_dec_r1_kernel<T, 128, 8, E, P> : attn_dec_r1_kernel<T, 128, 4, E, P>;
-    if (D == 256) return W == 8 ? attn_dec_r1_kernel<T, 256, 8, E, P> : attn_dec_r1_kernel<T, 256, 4, E, P>;
-    return attn_dec_r1_kernel<T, 512, 8, E, P>;
+template <typename T, bool E> static void (*r1_pick(int D, int W))(AdArgs) {
+    if (D == 64) return W == 8 ? attn_dec_r1_kernel<T, 64, 8, E> : attn_dec_r1_kernel<T, 64, 4, E>;
+    if (D == 128) return W == 8 ? attn_dec_r1_kernel<T, 128, 8, E> : attn_dec_r1_kernel<T, 128, 4, E>;
+    if (D == 256) return W == 8 ? attn_dec_r1_kernel<T, 256, 8, E> : attn_dec_r1_kernel<T, 256, 4, E>;
+    return attn_dec_r1_kernel<T, 512, 8, E>;
 }
 
 /* attn_decode.cuh */
@@ -339,11 +309,9 @@ int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long key
     const long chunks = (keys + 15) / 16, wp = a.D > 128 ? W / (a.D / 128) : W; /* chunk walkers a block */
     long S = (chunks + wp - 1) / wp;
     S = S < 1 ? 1 : S > tern__cuda_ad_r1_smax ? tern__cuda_ad_r1_smax : S;
-    const bool pf = tern__cuda_ad_r1_pf > 0;
     using B16 = __nv_bfloat16;
-    void (*k)(AdArgs) = r1_pick<__half, false>(a.D, W); /* F16 pages: neither EARLY nor PF */
-    if (kind == TERN_KV_BF16 && early) k = pf ? r1_pick<B16, true, true>(a.D, W) : r1_pick<B16, true>(a.D, W);
-    else if (kind == TERN_KV_BF16) k = pf ? r1_pick<B16, false, true>(a.D, W) : r1_pick<B16, false>(a.D, W);
+    void (*k)(AdArgs) = r1_pick<__half, false>(a.D, W); /* F16 pages: not EARLY */
+    if (kind == TERN_KV_BF16) k = early ? r1_pick<B16, true>(a.D, W) : r1_pick<B16, false>(a.D, W);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)a.nkv, (unsigned)S, (unsigned)a.n);
     if (tern_launch_cluster(c->stream, k, grid, dim3(32 * W), 0, S > 1 ? (int)S : 0, a) != cudaSuccess) {

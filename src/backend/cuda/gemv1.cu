@@ -107,6 +107,8 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
      * the previous kernel drains; the task loop then starts with those registers */
     uint32_t wd[U][R][W]; /* one round's words and scales (the task loop's) */
     float s[U][R], b[U][R];
+    RopePage pg{};
+    if constexpr (ROPE) pg = rope_page(a.rope); /* the host's step data: EARLY, before pdl_wait */
     if constexpr (EARLY) {
         const int task = blockIdx.x * 8 + warp;
         if (task < ntask) {
@@ -128,7 +130,17 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
         }
         pdl_wait();
     }
-    for (int f = threadIdx.x; f < nch * C4; f += 256) xs1[g1swz(f, C4)] = __ldg((const float4 *)(a.rh ? a.rh : a.x) + f);
+    {
+        const float4 *x4 = (const float4 *)(a.rh ? a.rh : a.x);
+        auto ld = [&](int f) { return __ldg(x4 + f); };
+        auto st = [&](int f, const float4 &v) { xs1[g1swz(f, C4)] = v; };
+        if constexpr (KIND == 16 || KIND == 17) {
+            if (a.xb) g1_rounds<8>(nch * C4, ld, st); /* K 14336: two round trips instead of five */
+            else g1_rounds<1>(nch * C4, ld, st);
+        } else {
+            g1_rounds<1>(nch * C4, ld, st);
+        }
+    }
     __syncthreads();
     if (a.rh) { /* x' = (x + rmsnorm(h)·w)·s in place of h, bitwise rmsnorm_add's (norm.cu rms_row) */
         const float inv = block_rms_inv(xat, a.in, a.eps, red), sc = a.rs ? a.rs[0] : 1.0f;
@@ -181,6 +193,9 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
         const uint8_t *rowp[R];
 #pragma unroll
         for (int r = 0; r < R; r++) rowp[r] = a.data[mrow[r]] + (size_t)orow[r] * rb;
+        float rf = 0.0f; /* ROPE: the q / k pair's inv_freq, loaded while the task's weights arrive */
+        if constexpr (ROPE)
+            if (mrow[0] < 2) rf = a.rope.inv_freq[orow[0] % a.rope.d];
         auto sp = [&](int r) { return a.scales[mrow[r]]; };
         auto bp = [&](int r) { return a.biases[mrow[r]]; };
         float acc[R];
@@ -208,7 +223,8 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
         for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
         if (lane) continue;
         if constexpr (ROPE) {
-            rope_kv_store(a.rope, a.y, mrow[0], orow[0], orow[1], acc[0], acc[1]);
+            rope_kv_put(a.rope, a.y, pg, mrow[0] < 2 ? rope_rot_at(pg.pos, rf) : RopeRot{}, mrow[0], orow[0], orow[1], acc[0],
+                        acc[1]);
             continue;
         }
         if (pair) {
@@ -272,8 +288,9 @@ extern "C" int tern__cuda_g1_early;
 int tern__cuda_g1_early = -1;
 /* TERN_CUDA_G1_XB (read once; default 1 on, 0 off): the pre-norm prologue's two global passes (x and the post-norm
  * weight with res, the norm weight) issue 4 float4 loads a thread together instead of one dependent round trip each
- * (4 trips a pass at K 4096); BF16 / F16 instances only (the Q8 ones would hold 174 registers). The same operations,
- * so the same bits. H200, session 35 (NOTES (au)), b1 bf16 tok/s 0 / 1: gemma4-e4b 235.0 / 235.6 → 236.9 / 239.1,
+ * (4 trips a pass at K 4096), and (session 41) the staging of x itself 8 at a time (K 14336: two trips where the
+ * compiler's 4-way unrolled loop with its remainder took five); BF16 / F16 instances only (the Q8 ones would hold 174
+ * registers). The same operations, so the same bits. H200, session 35 (NOTES (au)), b1 bf16 tok/s 0 / 1: gemma4-e4b 235.0 / 235.6 → 236.9 / 239.1,
  * gemma4-26b-a4b 255.4 / 256.5 → 259.5 / 259.7, llama3-8b 222.3 / 222.8 → 222.3 / 222.2 */
 extern "C" int tern__cuda_g1_xb;
 int tern__cuda_g1_xb = -1;

@@ -131,6 +131,8 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
     };
     for (int n = 1; n <= a.l2pf; n++) l2_item(n); /* while the previous kernel drains */
+    RopePage pg{};
+    if constexpr (ROPE) pg = rope_page(a.rope); /* the host's step data: before pdl_wait */
     /* programmatic dependent launch (TERN_CUDA_PDL=1, cuda_common.cuh): everything above reads only
      * weights; x, y, the partials and the counters are touched after the previous kernel has
      * finished and flushed */
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     }
     if (a.ks == 1) return;
 
-    if constexpr (ROPE) mm_reduce_rope(a, units, mine, &nmine); /* q|k|v: the launch guarantees split K */
+    if constexpr (ROPE) mm_reduce_rope(a, pg, units, mine, &nmine); /* q|k|v: the launch guarantees split K */
     else mm_reduce_slices(a, pair, units, mine, &nmine);
 }
 

@@ -135,10 +135,13 @@ __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int
  * row block sums its 128 rows' slices in the same order into shared memory, then thread i stores the rope pair
  * (i, i + d/2) of a q / k head (i % d < d/2) or the v rows (i, i + 1) (i even). Heads never straddle a row block
  * (d divides 128, and so do the q and k row counts: the launch checks). */
-__device__ __forceinline__ void mm_reduce_rope(const MmArgs &a, int units, int *mine, int *nmine) {
+__device__ __forceinline__ void mm_reduce_rope(const MmArgs &a, const RopePage &pg, int units, int *mine, int *nmine) {
     __shared__ float rv[128];
-    mm_claim(a, mine, nmine);
     const int i = threadIdx.x, half = a.rope.d >> 1;
+    /* thread i's rope dimension is i % d (d divides 128 and the q / k row counts): its inv_freq in flight during the
+     * claim (pg, the page target: read before pdl_wait) */
+    const float f = i < 128 && i % a.rope.d < half ? a.rope.inv_freq[i % a.rope.d] : 0.0f;
+    mm_claim(a, mine, nmine);
     for (int k = 0; k < *nmine; k++) {
         const int q = mine[k], u = q * 128 + i;
         if (i < 128) {
@@ -152,7 +155,8 @@ __device__ __forceinline__ void mm_reduce_rope(const MmArgs &a, int units, int *
             int m = 0, lr = u;
             while (m < a.nm - 1 && lr >= a.out[m]) lr -= a.out[m++];
             const int o = m < 2 ? half : 1;
-            if (m < 2 ? lr % a.rope.d < half : !(lr & 1)) rope_kv_store(a.rope, a.y, m, lr, lr + o, rv[i], rv[i + o]);
+            if (m < 2 ? lr % a.rope.d < half : !(lr & 1))
+                rope_kv_put(a.rope, a.y, pg, m < 2 ? rope_rot_at(pg.pos, f) : RopeRot{}, m, lr, lr + o, rv[i], rv[i + o]);
         }
         __syncthreads();
         if (threadIdx.x == 0) a.cnt[q] = 0;
