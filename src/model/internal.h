@@ -30,7 +30,10 @@ struct tern_model {
     const tern_arch_impl *impl;
     void *arch;                /* architecture-specific weights + scratch */
     int max_batch;
-    /* device copies of the step's rows */
+    /* device copies of the step's rows: one upload a sub-batch of n rows — d_in holds tokens | pos | slot as three runs
+     * of n (h_in stages them), and d_tokens / d_pos / d_slot point at the runs (so they depend on n, which every step
+     * graph's key holds) */
+    int32_t *d_in, *h_in;      /* [3 * max_batch] */
     int32_t *d_tokens, *d_pos, *d_slot;
     float *d_embd;             /* [max_batch, n_embd] for embedding-row input */
     /* bidirectional spans of the current sub-batch (model.c): vis_on = this step has spans */

@@ -600,6 +600,7 @@ static void be_close(tern_backend *be) {
     if (c) {
         cudaSetDevice(c->device);
         if (c->stream) cudaStreamSynchronize(c->stream);
+        tern__cuda_graph_report(c);
         tern__cuda_graph_close(c);
         tern__cuda_prof_report(); /* TERN_CUDA_PROFILE=1: the per-op table (prof.c) */
         tern__cuda_lt_cache_free(c);

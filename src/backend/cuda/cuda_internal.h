@@ -61,6 +61,10 @@ typedef struct tern__cuda {
     struct tern__cuda_graph *graphs; /* [TERN_CUDA_MAX_GRAPHS] */
     struct tern__cuda_graph *cap;    /* entry being recorded */
     uint64_t use_clock;
+    /* replays (graph.c): the host's time from one replay's return to the next launch's return, gaps under 0.5 ms
+     * (decode; a prefill in between is longer), and the cudaGraphLaunch calls' share — logged at close */
+    double gr_last, gr_gap, gr_launch;
+    long gr_n;
     /* moe_mlp over expert slot views (tensor.h mat_map): the ids remapped to slots (moe.cu) */
     int32_t *moe_idx;
     size_t moe_idx_cap;
@@ -83,6 +87,7 @@ typedef struct tern__cuda {
 /* graph.c: graph hooks of the vtable, the async upload path and their setup / teardown */
 tern_status tern__cuda_graph_open(tern__cuda *c, tern_error *err);
 void tern__cuda_graph_close(tern__cuda *c);
+void tern__cuda_graph_report(const tern__cuda *c); /* graph.c: the host time between replays (TERN_LOG=info) */
 int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_bytes);
 int tern__cuda_graph_begin(tern__cuda *c, uint64_t key, void *out, size_t out_bytes);
 int tern__cuda_graph_end(tern__cuda *c, int ok);

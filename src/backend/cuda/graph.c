@@ -124,7 +124,14 @@ int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_b
     tern__cuda_graph *g = find(c, key);
     if (!g || c->capturing || (g->n_copies && (!out || out_bytes < g->pin_bytes))) return 0;
     cudaSetDevice(c->device);
+    const double t0 = tern_time_s();
     cudaError_t e = cudaGraphLaunch(g->exec, c->stream);
+    const double t1 = tern_time_s();
+    if (c->gr_last > 0 && t1 - c->gr_last < 5e-4) {
+        c->gr_gap += t1 - c->gr_last;
+        c->gr_launch += t1 - t0;
+        c->gr_n++;
+    }
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -137,7 +144,17 @@ int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_b
     }
     for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin + g->off[i], g->bytes[i]);
     g->last_use = ++c->use_clock;
+    c->gr_last = tern_time_s();
     return 1;
+}
+
+/* at close (TERN_LOG=info): what the host spends between back-to-back step graphs — the GPU waits at least that long
+ * plus the launch's own latency, since each replay waits for its step's outputs */
+void tern__cuda_graph_report(const tern__cuda *c) {
+    if (c->gr_n > 0)
+        tern_log(TERN_LOG_INFO, "cuda: %ld back-to-back step-graph replays: %.1f us of host time from one's return to the "
+                 "next launch's (%.1f of it in cudaGraphLaunch)", c->gr_n, 1e6 * c->gr_gap / (double)c->gr_n,
+                 1e6 * c->gr_launch / (double)c->gr_n);
 }
 
 int tern__cuda_graph_begin(tern__cuda *c, uint64_t key, void *out, size_t out_bytes) {
