@@ -821,9 +821,10 @@ fi
 #     attention 6.7, gate|up 6.3, down 6.1, o 3.9): the q|k|v rope epilogue's step data (pos, slot, block table) read
 #     before pdl_wait and its inv_freq with the task's weights (gemv1.cu, gemv_mma.cu; the same bits), gemv1's x staged
 #     8 float4s a thread at a time (down: 2 round trips instead of 5): op tests, then b1 of the committed tree's
-#     tern-core (carried as build/base/tern-core in the pack) against this one. (TERN_CUDA_SKIP, section 63's probe
-#     — 1 q|k|v, 2 attention, 4 o, 8 gate|up, 16 down not issued — and TERN_CUDA_NWPF — the norm weights' lines into
-#     L1 before pdl_wait: a tie — ran in session 41 and were removed, NOTES (ba))
+#     tern-core (packed as build/base/tern-core: GPU_PACK_BASE=that-tree/build/tern-core gpu_check.sh pack) against
+#     this one (TERN_CUDA_PDL=1: the default, a label). TERN_CUDA_SKIP (section 63's probe: 1 q|k|v, 2 attention, 4 o,
+#     8 gate|up, 16 down not issued) and TERN_CUDA_NWPF (the norm weights' lines into L1 before pdl_wait: a tie) ran in
+#     session 41 and were removed (NOTES (ba))
 if [[ " $SECTIONS " == *" 64 "* ]]; then
     [ "${AB_OPS:-1}" = 1 ] && op_test cuda_norm_qkv_rope_kv,cuda_fused_matmuls,cuda_norm_matmul,cuda_norm_matmul_res,cuda_matmul_act_mul,cuda_gemv_mma,cuda_attention_decode_r1 ops64
     b1_sets "BIN=build/base/tern-core;TERN_CUDA_PDL=1" "llama3-8b;llama3-8b --quant q4;gemma4-12b"

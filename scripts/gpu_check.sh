@@ -19,6 +19,9 @@
 #   bash scripts/gpu_check.sh pack [small] # here: make, strip, xz (preset 1, 512 MiB window: ~30 s): build/gpu_prebuilt/bin.tar.xz (~15 MB:
 #                                         # op tests, bench_cuda, tern-core, parity, concurrency, TP tests;
 #                                         # small: tern-core and concurrency only)
+#   GPU_PACK_BASE=FILE bash scripts/gpu_check.sh pack  # also FILE (another tree's tern-core: an A/B against the committed
+#                                         # binary, gpu_ab.sh b1e's BIN=build/base/tern-core) as build/base/tern-core,
+#                                         # stripped and executable (the shared code packs to almost nothing)
 #   GPU_PREBUILT=build/gpu_prebuilt/bin.tar.xz bash scripts/gpu_check.sh   # device, carry
 #       [".gpudeps", "build/gpu_prebuilt"]: unpacks into build/ and skips both builds
 set -u
@@ -32,6 +35,10 @@ if [ "${1:-}" = pack ]; then
     P="${GPU_PACK_DIR:-build/gpu_prebuilt}" # GPU_PACK_DIR: another folder (two people packing at once)
     rm -rf "$P" && mkdir -p "$P/stage"
     for b in $PACK_BINS; do mkdir -p "$P/stage/$(dirname "$b")" && strip -o "$P/stage/$b" "$b"; done
+    if [ -n "${GPU_PACK_BASE:-}" ]; then
+        mkdir -p "$P/stage/build/base" && strip -o "$P/stage/build/base/tern-core" "$GPU_PACK_BASE" &&
+            chmod +x "$P/stage/build/base/tern-core" || { echo "pack: cannot add $GPU_PACK_BASE"; exit 1; }
+    fi
     XZ_OPT="--lzma2=preset=1,dict=512MiB -T1" tar cJf "$P/bin.tar.xz" -C "$P/stage" build && rm -rf "$P/stage"
     ls -la "$P/bin.tar.xz"
     exit 0
