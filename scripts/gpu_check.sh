@@ -142,6 +142,11 @@ print(n,len(a),len(b))' "$1" "$2" 2>/dev/null; }
             # position 23: its graphs recorded apart, the same greedy ids as the default classes
             stamp "long class from 24 keys $m bf16: default vs TERN_LONG_KEYS=24 greedy, first mismatch at / tokens: \
 $(first_diff "$(gen40 $m off cuda bf16)" "$(TERN_LONG_KEYS=24 gen40 $m off cuda bf16)")"
+            # the pipelined decode (runtime/generate.c, TERN_ASYNC): step t + 1 queued on step t's draw, the same ids
+            for c in f32 bf16; do
+                stamp "pipelined decode $m $c: TERN_ASYNC=0 vs 1 greedy, first mismatch at / tokens: \
+$(first_diff "$(TERN_ASYNC=0 gen40 $m off cuda $c)" "$(TERN_ASYNC=1 gen40 $m off cuda $c)")"
+            done
         done
         # fused batch-decode paths against the separate ops in the model (STATUS lesson 16: an op test that compares
         # after a bf16 rounding can pass while the model diverges): concurrency's greedy ids digest with each switch

@@ -244,8 +244,9 @@ void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x
         }
         if (out && !m->samp_all) op->download(be, out + (size_t)i0 * V, h->logits, sizeof(float) * (size_t)nr * V);
         if (m->samp_any) { /* on-device sampling: one int32 per drawn row comes back */
-            op->sample(be, m->d_ids + i0, h->logits, nr, V, m->d_srows + i0, m->d_pairs, m->d_sscratch);
-            op->download(be, m->samp->ids + m->samp_base + i0, m->d_ids + i0, sizeof(int32_t) * (size_t)nr);
+            int32_t *ids = m->feed && nr == 1 && i0 == 0 ? m->d_in : m->d_ids + i0; /* feed: the next step's token */
+            op->sample(be, ids, h->logits, nr, V, m->d_srows + i0, m->d_pairs, m->d_sscratch);
+            op->download(be, m->samp->ids + m->samp_base + i0, ids, sizeof(int32_t) * (size_t)nr);
         }
     }
 }
@@ -703,6 +704,55 @@ tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_k
     m->samp = NULL;
     m->samp_any = m->samp_all = 0;
     return s;
+}
+
+/* model.h: a decode row queued as a step graph without waiting (its own keys: the feed variant, by parity) */
+int tern_model_decode_launch(tern_model *m, tern_kv *kv, int slot, int pos, int token, int parity,
+                             const tern_batch_sample *smp, uint64_t *key) {
+    const tern_backend_vt *vt = m->be->vt;
+    if (!vt->graph_launch || !vt->graph_wait || !vt->graph_begin || !vt->graph_end || !graphs_enabled()) return 0;
+    if (m->tp || m->experts || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC || !tern_model_can_sample(m)) return 0;
+    if (!smp || !smp->rows || !smp->ids || smp->rows[0].mode != TERN_SAMPLE_DRAW || smp->n_pairs < 0 ||
+        smp->n_pairs > TERN_MODEL_SAMPLE_PAIRS || (smp->n_pairs && !smp->pairs))
+        return 0;
+    const tern_sample_row *p = &smp->rows[0];
+    if (p->n_bias < 0 || p->n_hist < 0 || p->bias_off < 0 || p->hist_off < 0 || p->bias_off > smp->n_pairs - p->n_bias ||
+        p->hist_off > smp->n_pairs - p->n_hist)
+        return 0;
+    if (token >= m->cfg.n_vocab || pos < 0 || pos >= tern_kv_max_ctx(kv) || slot < 0 || slot >= tern_kv_n_slots(kv))
+        return 0;
+    tern_kv_sync(kv);
+    if (smp->n_pairs) m->be->vt->upload(m->be, m->d_pairs, smp->pairs, sizeof(tern_sample_pair) * (size_t)smp->n_pairs);
+    int32_t tok = token >= 0 ? token : 0, ps = pos, sl = slot; /* tok: a stand-in when fed (the graph reads d_in[0]) */
+    uint8_t w = 1;
+    tern_batch sub = {.n = 1, .tokens = &tok, .pos = &ps, .slot = &sl, .want = &w};
+    in_layout(m, 1);
+    m->h_in[0] = tok;
+    m->h_in[1] = ps;
+    m->h_in[2] = sl;
+    const size_t skip = token >= 0 ? 0 : 1; /* fed: d_in[0] holds the previous step's draw */
+    m->be->vt->upload(m->be, m->d_in + skip, m->h_in + skip, sizeof(int32_t) * (3 - skip));
+    m->samp = smp;
+    samp_sub(m, 0, 1);
+    m->feed = 1;
+    *key = step_key(m, kv, &sub, 1, 2) ^ (0x9e3779b97f4a7c15ull * (uint64_t)(2 + (parity & 1)));
+    int ok = vt->graph_launch(m->be, *key);
+    if (!ok) {
+        int wi[1] = {0};
+        tern_error scratch = {0};
+        if (vt->graph_begin(m->be, *key, smp->ids, sizeof(int32_t))) {
+            const tern_status s = m->impl->forward(m, &sub, kv, wi, 1, NULL, &scratch);
+            if (vt->graph_end(m->be, s == TERN_OK)) ok = vt->graph_launch(m->be, *key);
+        }
+    }
+    m->feed = 0;
+    m->samp = NULL;
+    m->samp_any = m->samp_all = 0;
+    return ok;
+}
+int tern_model_decode_wait(tern_model *m, uint64_t key, const tern_batch_sample *smp) {
+    const tern_backend_vt *vt = m->be->vt;
+    return vt->graph_wait && smp && smp->ids && vt->graph_wait(m->be, key, smp->ids, sizeof(int32_t));
 }
 
 tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err) {

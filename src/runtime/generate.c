@@ -22,6 +22,75 @@ int tern_device_sampling(const tern_model *m) {
     return tern_model_can_sample(m) && !(ds && ds[0] == '0');
 }
 
+/* TERN_ASYNC (default 1; 0 off): device-drawn decode as a pipeline — read once. H200, session 41 (bench/NOTES.md (ba)):
+ * greedy ids the same as the plain loop (llama3 / gemma4_e2b_like / qwen3 fixtures, f32 and bf16); b1 llama3-8b bf16
+ * 235.2 / 234.2 -> 235.6 / 235.6 tok/s, q4 370.2 / 371.7 -> 372.9 / 372.7 (the host spent 40-46 us a token between
+ * step graphs, part of it with the GPU idle) */
+static int gen_async(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TERN_ASYNC");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
+/* The decode loop of tern_generate with step t + 1 queued before step t's id reaches the host
+ * (tern_model_decode_launch: the id stays on the device and is step t + 1's token). Tokens, stops and callbacks as
+ * in the plain loop; a step queued for a token that then ends the run is waited for and dropped (its KV entry lies
+ * past the sequence). Steps alternate between two graphs (parity), so a queued step never rewrites the outputs the
+ * host has yet to read. Falls back to the plain step when a launch is refused. */
+static tern_status gen_pipelined(tern_model *m, tern_kv *kv, int slot, int32_t first, const tern_sample_row *row,
+                                 int *cur_io, int max_new, const int32_t *stop_ids, int n_stop, tern_token_fn on_token,
+                                 void *tok_ctx, tern_gen_stats *st, tern_error *err) {
+    const int V = tern_model_cfg(m)->n_vocab;
+    int32_t ids[2] = {-1, -1};
+    const tern_batch_sample smp[2] = {{.rows = row, .ids = &ids[0]}, {.rows = row, .ids = &ids[1]}};
+    uint64_t key[2] = {0, 0};
+    int cur = *cur_io, tok = first, par = 0, queued = 0; /* queued: the step taking tok at cur is in flight (parity par) */
+    tern_status s = TERN_OK;
+    for (int g = 0; g < max_new; g++) {
+        if (tok < 0 || tok >= V) { s = tern_err(err, TERN_EINTERNAL, "sampler returned token %d", tok); break; }
+        int stop = 0;
+        for (int i = 0; i < n_stop; i++) if (stop_ids[i] == tok) stop = 1;
+        if (stop) break;
+        st->n_gen++;
+        if (on_token && on_token(tok_ctx, tok)) break;
+        if (g == max_new - 1) break;
+        if (!queued) { /* the step taking tok (known on the host) at cur */
+            if ((s = tern_kv_reserve(kv, slot, cur + 1, err))) break;
+            if (!tern_model_decode_launch(m, kv, slot, cur, tok, par, &smp[par], &key[par])) {
+                int32_t t32 = tok, p = cur, sl = slot;
+                uint8_t w = 1;
+                tern_batch b = {.n = 1, .tokens = &t32, .pos = &p, .slot = &sl, .want = &w};
+                if ((s = tern_model_forward_sample(m, &b, kv, NULL, &smp[par], err))) break;
+                tok = ids[par];
+                cur++;
+                tern_kv_trim(kv, slot, cur);
+                continue;
+            }
+        }
+        /* the step after it (its token: this step's draw, on the device), if another token may be needed */
+        int next = 0;
+        if (g + 2 < max_new && !tern_kv_reserve(kv, slot, cur + 2, NULL))
+            next = tern_model_decode_launch(m, kv, slot, cur + 1, -1, par ^ 1, &smp[par ^ 1], &key[par ^ 1]);
+        if (!tern_model_decode_wait(m, key[par], &smp[par])) {
+            s = tern_err(err, TERN_EINTERNAL, "pipelined decode: the step at position %d did not complete", cur);
+            if (next) tern_model_decode_wait(m, key[par ^ 1], &smp[par ^ 1]);
+            queued = 0;
+            break;
+        }
+        tok = ids[par];
+        cur++;
+        par ^= 1;
+        queued = next;
+    }
+    if (queued) tern_model_decode_wait(m, key[par], &smp[par]); /* a step for a token that ended the run */
+    tern_kv_trim(kv, slot, cur);
+    *cur_io = cur;
+    return s;
+}
+
 tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *prompt, int n_prompt,
                           int max_new, int chunk, const int32_t *stop_ids, int n_stop,
                           tern_pick_fn pick, void *pick_ctx, tern_token_fn on_token, void *tok_ctx,
@@ -57,6 +126,13 @@ tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *p
     st.t_prefill = tern_time_s() - t0;
     t0 = tern_time_s();
     int cur = n_prompt;
+    if (dev && gen_async()) { /* the pipelined decode: the same tokens, the GPU not waiting for the host */
+        s = gen_pipelined(m, kv, slot, did, &row, &cur, max_new, stop_ids, n_stop, on_token, tok_ctx, &st, err);
+        if (s) goto done;
+        st.t_decode = tern_time_s() - t0;
+        if (stats) *stats = st;
+        goto done;
+    }
     for (int g = 0; g < max_new; g++) {
         int tok = dev ? did : pick ? pick(pick_ctx, logits, V) : tern_argmax(logits, V);
         if (tok < 0 || tok >= V) { s = tern_err(err, TERN_EINTERNAL, "sampler returned token %d", tok); goto done; }

@@ -36,10 +36,13 @@ typedef struct tern__cuda_graph {
     int n_copies;
     size_t off[MAX_COPIES], bytes[MAX_COPIES];
     uint64_t last_use;
+    cudaEvent_t done; /* graph_launch: recorded after its last launch, for graph_wait */
 } tern__cuda_graph;
 
 static void drop(tern__cuda_graph *g) {
     if (!g->used) return;
+    if (g->done) cudaEventSynchronize(g->done); /* a launch without a wait may still be running */
+    if (g->done) cudaEventDestroy(g->done);
     if (g->exec) cudaGraphExecDestroy(g->exec);
     if (g->pin) cudaFreeHost(g->pin);
     memset(g, 0, sizeof *g);
@@ -145,6 +148,50 @@ int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_b
     for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin + g->off[i], g->bytes[i]);
     g->last_use = ++c->use_clock;
     c->gr_last = tern_time_s();
+    return 1;
+}
+
+/* A launch that does not wait (ops.h graph_launch; the pipelined decode of runtime/generate.c): the step runs after
+ * whatever the stream holds, an event marks its end; graph_wait waits for that event and copies the recorded downloads
+ * out. Between the two the caller may queue more work (the next step) — the graph's pinned outputs are rewritten only by
+ * its own next launch, which the caller queues after waiting. */
+int tern__cuda_graph_launch(tern__cuda *c, uint64_t key) {
+    tern__cuda_graph *g = find(c, key);
+    if (!g || c->capturing) return 0;
+    cudaSetDevice(c->device);
+    if (!g->done && cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        g->done = NULL;
+        return 0;
+    }
+    cudaError_t e = cudaGraphLaunch(g->exec, c->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(g->done, c->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        if (c->sticky == cudaSuccess) {
+            c->sticky = e;
+            tern_log(TERN_LOG_ERROR, "cuda: graph launch: %s", cudaGetErrorString(e));
+        }
+        drop(g);
+        return 0;
+    }
+    g->last_use = ++c->use_clock;
+    return 1;
+}
+int tern__cuda_graph_wait(tern__cuda *c, uint64_t key, void *out, size_t out_bytes) {
+    tern__cuda_graph *g = find(c, key);
+    if (!g || !g->done || (g->n_copies && (!out || out_bytes < g->pin_bytes))) return 0;
+    cudaSetDevice(c->device);
+    const cudaError_t e = cudaEventSynchronize(g->done);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        if (c->sticky == cudaSuccess) {
+            c->sticky = e;
+            tern_log(TERN_LOG_ERROR, "cuda: graph wait: %s", cudaGetErrorString(e));
+        }
+        return 0;
+    }
+    for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin + g->off[i], g->bytes[i]);
     return 1;
 }
 
