@@ -82,6 +82,7 @@ static tern_status gen_pipelined(tern_model *m, tern_kv *kv, int slot, int32_t f
         }
         tok = ids[par];
         cur++;
+        tern_kv_trim(kv, slot, cur); /* sliding blocks below the queued step's window (it reads from cur - W + 1 on) */
         par ^= 1;
         queued = next;
     }
