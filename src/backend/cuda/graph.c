@@ -123,6 +123,15 @@ static tern__cuda_graph *find(tern__cuda *c, uint64_t key) {
     return NULL;
 }
 
+/* a failed launch or wait: the backend's sticky error (the first one is logged) */
+static void graph_error(tern__cuda *c, cudaError_t e, const char *what) {
+    cudaGetLastError();
+    if (c->sticky == cudaSuccess) {
+        c->sticky = e;
+        tern_log(TERN_LOG_ERROR, "cuda: %s: %s", what, cudaGetErrorString(e));
+    }
+}
+
 int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_bytes) {
     tern__cuda_graph *g = find(c, key);
     if (!g || c->capturing || (g->n_copies && (!out || out_bytes < g->pin_bytes))) return 0;
@@ -137,11 +146,7 @@ int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_b
     }
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
-        cudaGetLastError();
-        if (c->sticky == cudaSuccess) {
-            c->sticky = e;
-            tern_log(TERN_LOG_ERROR, "cuda: graph launch: %s", cudaGetErrorString(e));
-        }
+        graph_error(c, e, "graph launch");
         drop(g);
         return 0;
     }
@@ -167,11 +172,7 @@ int tern__cuda_graph_launch(tern__cuda *c, uint64_t key) {
     cudaError_t e = cudaGraphLaunch(g->exec, c->stream);
     if (e == cudaSuccess) e = cudaEventRecord(g->done, c->stream);
     if (e != cudaSuccess) {
-        cudaGetLastError();
-        if (c->sticky == cudaSuccess) {
-            c->sticky = e;
-            tern_log(TERN_LOG_ERROR, "cuda: graph launch: %s", cudaGetErrorString(e));
-        }
+        graph_error(c, e, "graph launch");
         drop(g);
         return 0;
     }
@@ -184,11 +185,7 @@ int tern__cuda_graph_wait(tern__cuda *c, uint64_t key, void *out, size_t out_byt
     cudaSetDevice(c->device);
     const cudaError_t e = cudaEventSynchronize(g->done);
     if (e != cudaSuccess) {
-        cudaGetLastError();
-        if (c->sticky == cudaSuccess) {
-            c->sticky = e;
-            tern_log(TERN_LOG_ERROR, "cuda: graph wait: %s", cudaGetErrorString(e));
-        }
+        graph_error(c, e, "graph wait");
         return 0;
     }
     for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin + g->off[i], g->bytes[i]);
