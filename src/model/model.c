@@ -516,6 +516,16 @@ static uint64_t step_key(const tern_model *m, const tern_kv *kv, const tern_batc
     return h;
 }
 
+/* Record (not run) the sub-batch's forward as the step graph `key`, its downloads landing in gout's bytes; 1 when kept */
+static int record(tern_model *m, const tern_batch *sub, tern_kv *kv, const int *wi, int n_want, float *out, uint64_t key,
+                  void *gout, size_t bytes) {
+    const tern_backend_vt *vt = m->be->vt;
+    if (!vt->graph_begin(m->be, key, gout, bytes)) return 0;
+    tern_error scratch = {0};
+    const tern_status s = m->impl->forward(m, sub, kv, wi, n_want, out, &scratch);
+    return vt->graph_end(m->be, s == TERN_OK);
+}
+
 /* Run one sub-batch through a step graph; 1 when done that way, 0 when the caller must run
  * it eagerly. */
 static int forward_graph(tern_model *m, const tern_batch *sub, tern_kv *kv, const int *wi, int n_want,
@@ -538,11 +548,7 @@ static int forward_graph(tern_model *m, const tern_batch *sub, tern_kv *kv, cons
         m->graph_seen = key;
         return 0;
     }
-    if (!vt->graph_begin(m->be, key, gout, bytes)) return 0;
-    tern_error scratch = {0};
-    tern_status s = m->impl->forward(m, sub, kv, wi, n_want, out, &scratch);
-    if (!vt->graph_end(m->be, s == TERN_OK)) return 0;
-    return vt->graph_replay(m->be, key, gout, bytes);
+    return record(m, sub, kv, wi, n_want, out, key, gout, bytes) && vt->graph_replay(m->be, key, gout, bytes);
 }
 
 /* ---- bidirectional spans ------------------------------------------------------------ */
@@ -679,25 +685,31 @@ static void samp_sub(tern_model *m, int k0, int n_want) {
     if (dev) m->be->vt->upload(m->be, m->d_srows, m->samp->rows + k0, sizeof(tern_sample_row) * (size_t)n_want);
 }
 
+/* a device-sampling request's arrays and pair count; row k's lists inside the pairs (rows drawn on the host: any) */
+static int samp_request_ok(const tern_batch_sample *smp) {
+    return smp->rows && smp->ids && smp->n_pairs >= 0 && smp->n_pairs <= TERN_MODEL_SAMPLE_PAIRS &&
+           (!smp->n_pairs || smp->pairs);
+}
+static int samp_row_ok(const tern_batch_sample *smp, int k) {
+    const tern_sample_row *p = &smp->rows[k];
+    return p->mode != TERN_SAMPLE_DRAW || (p->n_bias >= 0 && p->n_hist >= 0 && p->bias_off >= 0 && p->hist_off >= 0 &&
+                                           p->bias_off <= smp->n_pairs - p->n_bias && p->hist_off <= smp->n_pairs - p->n_hist);
+}
+
 tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits,
                                       const tern_batch_sample *smp, tern_error *err) {
     if (!smp) return tern_model_forward(m, b, kv, logits, err);
     if (!tern_model_can_sample(m))
         return tern_err(err, TERN_EUNSUPPORTED, "device sampling: not available on the %s backend%s", m->be->vt->name,
                         m->tp ? " with tensor parallelism" : "");
-    if (!smp->rows || !smp->ids || smp->n_pairs < 0 || smp->n_pairs > TERN_MODEL_SAMPLE_PAIRS ||
-        (smp->n_pairs && !smp->pairs))
+    if (!samp_request_ok(smp))
         return tern_err(err, TERN_EINVAL, "device sampling: bad request (n_pairs %d, at most %d)", smp->n_pairs,
                         TERN_MODEL_SAMPLE_PAIRS);
     int n_want = 0;
     for (int r = 0; r < b->n; r++) n_want += !b->want || b->want[r];
-    for (int k = 0; k < n_want; k++) {
-        const tern_sample_row *p = &smp->rows[k];
-        if (p->mode != TERN_SAMPLE_DRAW) continue;
-        if (p->n_bias < 0 || p->n_hist < 0 || p->bias_off < 0 || p->hist_off < 0 ||
-            p->bias_off > smp->n_pairs - p->n_bias || p->hist_off > smp->n_pairs - p->n_hist)
+    for (int k = 0; k < n_want; k++)
+        if (!samp_row_ok(smp, k))
             return tern_err(err, TERN_EINVAL, "device sampling: row %d: lists outside the %d pairs", k, smp->n_pairs);
-    }
     if (smp->n_pairs) m->be->vt->upload(m->be, m->d_pairs, smp->pairs, sizeof(tern_sample_pair) * (size_t)smp->n_pairs);
     m->samp = smp;
     tern_status s = tern_model_forward(m, b, kv, logits, err);
@@ -712,13 +724,7 @@ int tern_model_decode_launch(tern_model *m, tern_kv *kv, int slot, int pos, int 
     const tern_backend_vt *vt = m->be->vt;
     if (!vt->graph_launch || !vt->graph_wait || !vt->graph_begin || !vt->graph_end || !graphs_enabled()) return 0;
     if (m->tp || m->experts || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC || !tern_model_can_sample(m)) return 0;
-    if (!smp || !smp->rows || !smp->ids || smp->rows[0].mode != TERN_SAMPLE_DRAW || smp->n_pairs < 0 ||
-        smp->n_pairs > TERN_MODEL_SAMPLE_PAIRS || (smp->n_pairs && !smp->pairs))
-        return 0;
-    const tern_sample_row *p = &smp->rows[0];
-    if (p->n_bias < 0 || p->n_hist < 0 || p->bias_off < 0 || p->hist_off < 0 || p->bias_off > smp->n_pairs - p->n_bias ||
-        p->hist_off > smp->n_pairs - p->n_hist)
-        return 0;
+    if (!smp || !samp_request_ok(smp) || smp->rows[0].mode != TERN_SAMPLE_DRAW || !samp_row_ok(smp, 0)) return 0;
     if (token >= m->cfg.n_vocab || pos < 0 || pos >= tern_kv_max_ctx(kv) || slot < 0 || slot >= tern_kv_n_slots(kv))
         return 0;
     tern_kv_sync(kv);
@@ -736,15 +742,9 @@ int tern_model_decode_launch(tern_model *m, tern_kv *kv, int slot, int pos, int 
     samp_sub(m, 0, 1);
     m->feed = 1;
     *key = step_key(m, kv, &sub, 1, 2) ^ (0x9e3779b97f4a7c15ull * (uint64_t)(2 + (parity & 1)));
-    int ok = vt->graph_launch(m->be, *key);
-    if (!ok) {
-        int wi[1] = {0};
-        tern_error scratch = {0};
-        if (vt->graph_begin(m->be, *key, smp->ids, sizeof(int32_t))) {
-            const tern_status s = m->impl->forward(m, &sub, kv, wi, 1, NULL, &scratch);
-            if (vt->graph_end(m->be, s == TERN_OK)) ok = vt->graph_launch(m->be, *key);
-        }
-    }
+    const int wi[1] = {0};
+    const int ok = vt->graph_launch(m->be, *key) ||
+                   (record(m, &sub, kv, wi, 1, NULL, *key, smp->ids, sizeof(int32_t)) && vt->graph_launch(m->be, *key));
     m->feed = 0;
     m->samp = NULL;
     m->samp_any = m->samp_all = 0;

@@ -35,59 +35,81 @@ static int gen_async(void) {
     return on;
 }
 
+/* what both decode loops of tern_generate share */
+typedef struct gen_ctx {
+    tern_model *m;
+    tern_kv *kv;
+    int slot, V, max_new, n_stop;
+    const int32_t *stop_ids;
+    tern_token_fn on_token;
+    void *tok_ctx;
+    tern_gen_stats *st;
+} gen_ctx;
+
+/* the g-th new token: 1 when it ends the run (a stop id, the callback, the last of max_new; *s set when it is not a
+ * token at all), else 0 after counting it */
+static int gen_take(const gen_ctx *x, int g, int tok, tern_status *s, tern_error *err) {
+    if (tok < 0 || tok >= x->V) {
+        *s = tern_err(err, TERN_EINTERNAL, "sampler returned token %d", tok);
+        return 1;
+    }
+    for (int i = 0; i < x->n_stop; i++)
+        if (x->stop_ids[i] == tok) return 1;
+    x->st->n_gen++;
+    if (x->on_token && x->on_token(x->tok_ctx, tok)) return 1;
+    return g == x->max_new - 1;
+}
+
+/* one decode step taking tok at pos (reserved), waited for: the draw in smp->ids (smp) or the logits (smp NULL) */
+static tern_status gen_step(const gen_ctx *x, int tok, int pos, const tern_batch_sample *smp, float *logits,
+                            tern_error *err) {
+    int32_t t32 = tok, p = pos, sl = x->slot;
+    uint8_t w = 1;
+    tern_batch b = {.n = 1, .tokens = &t32, .pos = &p, .slot = &sl, .want = &w};
+    return smp ? tern_model_forward_sample(x->m, &b, x->kv, NULL, smp, err) : tern_model_forward(x->m, &b, x->kv, logits, err);
+}
+
 /* The decode loop of tern_generate with step t + 1 queued before step t's id reaches the host
  * (tern_model_decode_launch: the id stays on the device and is step t + 1's token). Tokens, stops and callbacks as
  * in the plain loop; a step queued for a token that then ends the run is waited for and dropped (its KV entry lies
  * past the sequence). Steps alternate between two graphs (parity), so a queued step never rewrites the outputs the
  * host has yet to read. Falls back to the plain step when a launch is refused. */
-static tern_status gen_pipelined(tern_model *m, tern_kv *kv, int slot, int32_t first, const tern_sample_row *row,
-                                 int *cur_io, int max_new, const int32_t *stop_ids, int n_stop, tern_token_fn on_token,
-                                 void *tok_ctx, tern_gen_stats *st, tern_error *err) {
-    const int V = tern_model_cfg(m)->n_vocab;
+static tern_status gen_pipelined(const gen_ctx *x, int32_t first, const tern_sample_row *row, int *cur_io,
+                                 tern_error *err) {
     int32_t ids[2] = {-1, -1};
     const tern_batch_sample smp[2] = {{.rows = row, .ids = &ids[0]}, {.rows = row, .ids = &ids[1]}};
     uint64_t key[2] = {0, 0};
     int cur = *cur_io, tok = first, par = 0, queued = 0; /* queued: the step taking tok at cur is in flight (parity par) */
     tern_status s = TERN_OK;
-    for (int g = 0; g < max_new; g++) {
-        if (tok < 0 || tok >= V) { s = tern_err(err, TERN_EINTERNAL, "sampler returned token %d", tok); break; }
-        int stop = 0;
-        for (int i = 0; i < n_stop; i++) if (stop_ids[i] == tok) stop = 1;
-        if (stop) break;
-        st->n_gen++;
-        if (on_token && on_token(tok_ctx, tok)) break;
-        if (g == max_new - 1) break;
+    for (int g = 0; g < x->max_new && !gen_take(x, g, tok, &s, err); g++) {
         if (!queued) { /* the step taking tok (known on the host) at cur */
-            if ((s = tern_kv_reserve(kv, slot, cur + 1, err))) break;
-            if (!tern_model_decode_launch(m, kv, slot, cur, tok, par, &smp[par], &key[par])) {
-                int32_t t32 = tok, p = cur, sl = slot;
-                uint8_t w = 1;
-                tern_batch b = {.n = 1, .tokens = &t32, .pos = &p, .slot = &sl, .want = &w};
-                if ((s = tern_model_forward_sample(m, &b, kv, NULL, &smp[par], err))) break;
+            if ((s = tern_kv_reserve(x->kv, x->slot, cur + 1, err))) break;
+            if (!tern_model_decode_launch(x->m, x->kv, x->slot, cur, tok, par, &smp[par], &key[par])) {
+                if ((s = gen_step(x, tok, cur, &smp[par], NULL, err))) break;
                 tok = ids[par];
                 cur++;
-                tern_kv_trim(kv, slot, cur);
+                tern_kv_trim(x->kv, x->slot, cur);
                 continue;
             }
         }
         /* the step after it (its token: this step's draw, on the device), if another token may be needed */
         int next = 0;
-        if (g + 2 < max_new && !tern_kv_reserve(kv, slot, cur + 2, NULL))
-            next = tern_model_decode_launch(m, kv, slot, cur + 1, -1, par ^ 1, &smp[par ^ 1], &key[par ^ 1]);
-        if (!tern_model_decode_wait(m, key[par], &smp[par])) {
+        if (g + 2 < x->max_new && !tern_kv_reserve(x->kv, x->slot, cur + 2, NULL))
+            next = tern_model_decode_launch(x->m, x->kv, x->slot, cur + 1, -1, par ^ 1, &smp[par ^ 1], &key[par ^ 1]);
+        if (!tern_model_decode_wait(x->m, key[par], &smp[par])) {
             s = tern_err(err, TERN_EINTERNAL, "pipelined decode: the step at position %d did not complete", cur);
-            if (next) tern_model_decode_wait(m, key[par ^ 1], &smp[par ^ 1]);
+            if (next) tern_model_decode_wait(x->m, key[par ^ 1], &smp[par ^ 1]);
             queued = 0;
             break;
         }
         tok = ids[par];
         cur++;
-        tern_kv_trim(kv, slot, cur); /* sliding blocks below the queued step's window (it reads from cur - W + 1 on) */
+        tern_kv_trim(x->kv, x->slot, cur); /* sliding blocks below the queued step's window (it reads from cur - W + 1 on) */
         par ^= 1;
         queued = next;
     }
-    if (queued) tern_model_decode_wait(m, key[par], &smp[par]); /* a step for a token that ended the run */
-    tern_kv_trim(kv, slot, cur);
+    if (queued) tern_model_decode_wait(x->m, key[par], &smp[par]); /* a step for a token that ended the run */
+    tern_kv_trim(x->kv, x->slot, cur);
     *cur_io = cur;
     return s;
 }
@@ -127,31 +149,19 @@ tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *p
     st.t_prefill = tern_time_s() - t0;
     t0 = tern_time_s();
     int cur = n_prompt;
+    const gen_ctx x = {m, kv, slot, V, max_new, n_stop, stop_ids, on_token, tok_ctx, &st};
     if (dev && gen_async()) { /* the pipelined decode: the same tokens, the GPU not waiting for the host */
-        s = gen_pipelined(m, kv, slot, did, &row, &cur, max_new, stop_ids, n_stop, on_token, tok_ctx, &st, err);
+        if ((s = gen_pipelined(&x, did, &row, &cur, err))) goto done;
+    } else {
+        for (int g = 0; g < max_new; g++) {
+            const int tok = dev ? did : pick ? pick(pick_ctx, logits, V) : tern_argmax(logits, V);
+            if (gen_take(&x, g, tok, &s, err)) break;
+            if ((s = tern_kv_reserve(kv, slot, cur + 1, err)) || (s = gen_step(&x, tok, cur, dev ? &smp : NULL, logits, err)))
+                goto done;
+            cur++;
+            tern_kv_trim(kv, slot, cur);
+        }
         if (s) goto done;
-        st.t_decode = tern_time_s() - t0;
-        if (stats) *stats = st;
-        goto done;
-    }
-    for (int g = 0; g < max_new; g++) {
-        int tok = dev ? did : pick ? pick(pick_ctx, logits, V) : tern_argmax(logits, V);
-        if (tok < 0 || tok >= V) { s = tern_err(err, TERN_EINTERNAL, "sampler returned token %d", tok); goto done; }
-        int stop = 0;
-        for (int i = 0; i < n_stop; i++) if (stop_ids[i] == tok) stop = 1;
-        if (stop) break;
-        st.n_gen++;
-        if (on_token && on_token(tok_ctx, tok)) break;
-        if (g == max_new - 1) break;
-        /* decode step */
-        if ((s = tern_kv_reserve(kv, slot, cur + 1, err))) goto done;
-        int32_t t32 = tok, p = cur, sl = slot;
-        uint8_t w = 1;
-        tern_batch b = {.n = 1, .tokens = &t32, .pos = &p, .slot = &sl, .want = &w};
-        if ((s = dev ? tern_model_forward_sample(m, &b, kv, NULL, &smp, err) : tern_model_forward(m, &b, kv, logits, err)))
-            goto done;
-        cur++;
-        tern_kv_trim(kv, slot, cur);
     }
     st.t_decode = tern_time_s() - t0;
     if (stats) *stats = st;

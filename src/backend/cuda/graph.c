@@ -41,8 +41,10 @@ typedef struct tern__cuda_graph {
 
 static void drop(tern__cuda_graph *g) {
     if (!g->used) return;
-    if (g->done) cudaEventSynchronize(g->done); /* a launch without a wait may still be running */
-    if (g->done) cudaEventDestroy(g->done);
+    if (g->done) { /* a launch without a wait may still be running */
+        cudaEventSynchronize(g->done);
+        cudaEventDestroy(g->done);
+    }
     if (g->exec) cudaGraphExecDestroy(g->exec);
     if (g->pin) cudaFreeHost(g->pin);
     memset(g, 0, sizeof *g);
@@ -123,6 +125,11 @@ static tern__cuda_graph *find(tern__cuda *c, uint64_t key) {
     return NULL;
 }
 
+/* the downloads a finished launch of g recorded, from its pinned staging into the caller's output range */
+static void copy_out(const tern__cuda_graph *g, void *out) {
+    for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin + g->off[i], g->bytes[i]);
+}
+
 /* a failed launch or wait: the backend's sticky error (the first one is logged) */
 static void graph_error(tern__cuda *c, cudaError_t e, const char *what) {
     cudaGetLastError();
@@ -150,7 +157,7 @@ int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_b
         drop(g);
         return 0;
     }
-    for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin + g->off[i], g->bytes[i]);
+    copy_out(g, out);
     g->last_use = ++c->use_clock;
     c->gr_last = tern_time_s();
     return 1;
@@ -188,7 +195,7 @@ int tern__cuda_graph_wait(tern__cuda *c, uint64_t key, void *out, size_t out_byt
         graph_error(c, e, "graph wait");
         return 0;
     }
-    for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin + g->off[i], g->bytes[i]);
+    copy_out(g, out);
     return 1;
 }
 
