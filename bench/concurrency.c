@@ -162,6 +162,10 @@ static int run_conc(const args *a, int C) {
     uint64_t dg = 14695981039346656037ULL; /* the requests' digests in submit order */
     for (int i = 0; i < C; i++) dg = (dg ^ rs[i].digest) * 1099511628211ULL;
     printf("ids digest %d requests: %016llx\n", C, (unsigned long long)dg);
+    tern_engine_stats st;
+    tern_engine_get_stats(e, &st);
+    printf("steps %lld, %lld of them queued before the previous step's ids came back (TERN_ASYNC)\n", st.steps,
+           st.steps_queued);
     fflush(stdout);
     free(rs); free(p); free(ttft); free(itl);
     tern_engine_close(e);

@@ -216,6 +216,9 @@ typedef struct tern_engine_stats {
     int kv_blocks_cached;     /* blocks held by the prefix cache (counted in kv_blocks_used too) */
     long long spec_drafted;   /* speculative draft tokens verified */
     long long spec_accepted;  /* ... of which accepted (each saved one decode step) */
+    long long steps;          /* forward steps run (appended) */
+    long long steps_queued;   /* ... of which were queued before the previous step's tokens reached the host
+                                 (the pipelined decode, TERN_ASYNC) */
 } tern_engine_stats;
 void tern_engine_get_stats(tern_engine *e, tern_engine_stats *st);
 

@@ -830,6 +830,14 @@ if [[ " $SECTIONS " == *" 64 "* ]]; then
     b1_sets "BIN=build/base/tern-core;TERN_CUDA_PDL=1" "llama3-8b;llama3-8b --quant q4;gemma4-12b"
 fi
 
+# 65. session 42: the scheduler's pipelined decode (sched.c, TERN_ASYNC: a step of decode rows drawn on the device is
+#     queued on the previous step's draws before their ids reach the host) off / on: batch decode of llama3-8b bf16 and
+#     q4 at 1 / 8 / 64 sequences (128 + 128), the steps queued ahead as the runs report them
+if [[ " $SECTIONS " == *" 65 "* ]]; then
+    conc_ab "TERN_ASYNC=0;TERN_ASYNC=1" "${AB65_MODELS:-llama3-8b llama3-8b:q4}" 1,8,64
+    for f in "$OUT"/conc_*TERN_ASYNC*; do say "  $(basename "$f"): $(grep '^steps' "$f" | tr '\n' ' ')"; done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -28,10 +28,10 @@ set -u
 cd "$(dirname "$0")/.."
 PACK_BINS="build/test_cuda_ops build/bench_cuda build/tern-core build/tests/test_parity_core build/concurrency \
 build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core build/tests/test_model_tp_offload_core \
-build/tests/test_runtime_experts_core build/bench_experts"
+build/tests/test_runtime_experts_core build/bench_experts build/tests/test_sample_device"
 [ "${2:-}" = small ] && PACK_BINS="build/tern-core build/concurrency" # next to a peer's binaries (64 MiB carry)
 if [ "${1:-}" = pack ]; then
-    make -j"$(nproc)" gpu-test core build/concurrency build/bench_experts > /dev/null || { echo "pack: build failed"; exit 1; }
+    make -j"$(nproc)" gpu-test core build/concurrency build/bench_experts build/tests/test_sample_device > /dev/null || { echo "pack: build failed"; exit 1; }
     P="${GPU_PACK_DIR:-build/gpu_prebuilt}" # GPU_PACK_DIR: another folder (two people packing at once)
     rm -rf "$P" && mkdir -p "$P/stage"
     for b in $PACK_BINS; do mkdir -p "$P/stage/$(dirname "$b")" && strip -o "$P/stage/$b" "$b"; done
@@ -153,7 +153,13 @@ $(first_diff "$(TERN_ASYNC=0 gen40 $m off cuda $c)" "$(TERN_ASYNC=1 gen40 $m off
         # on and off (TERN_LT_TUNE=0: the same cuBLASLt answers in both runs); the two lines must agree
         digest() { env TERN_LT_TUNE=0 "$@" timeout 90 ./build/concurrency --random llama3-1b --device cuda --compute bf16 \
                      --conc 16 --prompt 32 --gen 32 --requests 2 --system 16 2>&1 | grep 'ids digest' | head -1; }
-        for sw in TERN_CUDA_QKV_ATT TERN_CUDA_ATT_O; do
+        # device sampling in the engine (CUDA draws vs the CPU sampler) and its pipelined decode (sched.c, TERN_ASYNC:
+        # seeded / stopped / cancelled requests, the same tokens on and off) on the GPU
+        TERN_TEST_DEVICE=cuda timeout 120 ./build/tests/test_sample_device > "$OUT/sample_device.log" 2>&1
+        stamp "engine device sampling on cuda: $(grep -c '^PASS' "$OUT/sample_device.log") passed, $(grep -c '^FAIL' \
+"$OUT/sample_device.log") failed; $(grep 'steps queued ahead' "$OUT/sample_device.log" | head -1)"
+        grep -E '^FAIL|check failed' "$OUT/sample_device.log" | head -8 >> "$S"
+        for sw in TERN_ASYNC TERN_CUDA_QKV_ATT TERN_CUDA_ATT_O; do
             d1=$(digest $sw=1); d0=$(digest $sw=0)
             stamp "fused-path digest $sw on / off: $([ -n "$d1" ] && [ "$d1" = "$d0" ] && echo same || echo DIFFERENT) ($d1 / $d0)"
         done

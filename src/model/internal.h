@@ -64,7 +64,8 @@ struct tern_model {
      * wanted row is drawn on the device (d_srows holds the sub-batch's descriptors) */
     const tern_batch_sample *samp;
     int samp_base, samp_any, samp_all;
-    int feed;                  /* tern_model_decode_launch: the draw also lands in d_in[0], the next step's token */
+    int feed;                  /* tern_model_decode_launch: the draws also land in d_in[0, n), the next step's tokens */
+    int fed_n;                 /* rows of the last decode launch (0 once anything else has run: d_in holds no draws) */
     tern_sample_row *d_srows;  /* [max_batch] */
     tern_sample_pair *d_pairs; /* [TERN_MODEL_SAMPLE_PAIRS] */
     int32_t *d_ids;            /* [max_batch] */

@@ -244,7 +244,7 @@ void tern__out_head_logits(tern_model *m, const tern_out_head *h, const float *x
         }
         if (out && !m->samp_all) op->download(be, out + (size_t)i0 * V, h->logits, sizeof(float) * (size_t)nr * V);
         if (m->samp_any) { /* on-device sampling: one int32 per drawn row comes back */
-            int32_t *ids = m->feed && nr == 1 && i0 == 0 ? m->d_in : m->d_ids + i0; /* feed: the next step's token */
+            int32_t *ids = (m->feed ? m->d_in : m->d_ids) + i0; /* feed: the next step's tokens (every row wanted) */
             op->sample(be, ids, h->logits, nr, V, m->d_srows + i0, m->d_pairs, m->d_sscratch);
             op->download(be, m->samp->ids + m->samp_base + i0, ids, sizeof(int32_t) * (size_t)nr);
         }
@@ -718,41 +718,60 @@ tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_k
     return s;
 }
 
-/* model.h: a decode row queued as a step graph without waiting (its own keys: the feed variant, by parity) */
-int tern_model_decode_launch(tern_model *m, tern_kv *kv, int slot, int pos, int token, int parity,
-                             const tern_batch_sample *smp, uint64_t *key) {
+/* model.h: decode rows queued as a step graph without waiting (their own keys: the feed variant, by parity), or run at
+ * once where the backend cannot launch graphs */
+int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, int parity, const tern_batch_sample *smp,
+                             uint64_t *key) {
     const tern_backend_vt *vt = m->be->vt;
-    if (!vt->graph_launch || !vt->graph_wait || !vt->graph_begin || !vt->graph_end || !graphs_enabled()) return 0;
+    const int n = b ? b->n : 0;
+    *key = 0;
     if (m->tp || m->experts || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC || !tern_model_can_sample(m)) return 0;
-    if (!smp || !samp_request_ok(smp) || smp->rows[0].mode != TERN_SAMPLE_DRAW || !samp_row_ok(smp, 0)) return 0;
-    if (token >= m->cfg.n_vocab || pos < 0 || pos >= tern_kv_max_ctx(kv) || slot < 0 || slot >= tern_kv_n_slots(kv))
-        return 0;
+    if (n < 1 || n > m->max_batch || n > 1024 || b->embd || b->span || (!b->tokens && n != m->fed_n)) return 0;
+    if (!smp || !samp_request_ok(smp)) return 0;
+    for (int r = 0; r < n; r++) {
+        if ((b->want && !b->want[r]) || smp->rows[r].mode != TERN_SAMPLE_DRAW || !samp_row_ok(smp, r)) return 0;
+        if ((b->tokens && (b->tokens[r] < 0 || b->tokens[r] >= m->cfg.n_vocab)) || b->pos[r] < 0 ||
+            b->pos[r] >= tern_kv_max_ctx(kv) || b->slot[r] < 0 || b->slot[r] >= tern_kv_n_slots(kv))
+            return 0;
+    }
+    const int graphs = vt->graph_launch && vt->graph_wait && vt->graph_begin && vt->graph_end && graphs_enabled() &&
+                       n <= graph_max_rows();
     tern_kv_sync(kv);
-    if (smp->n_pairs) m->be->vt->upload(m->be, m->d_pairs, smp->pairs, sizeof(tern_sample_pair) * (size_t)smp->n_pairs);
-    int32_t tok = token >= 0 ? token : 0, ps = pos, sl = slot; /* tok: a stand-in when fed (the graph reads d_in[0]) */
-    uint8_t w = 1;
-    tern_batch sub = {.n = 1, .tokens = &tok, .pos = &ps, .slot = &sl, .want = &w};
-    in_layout(m, 1);
-    m->h_in[0] = tok;
-    m->h_in[1] = ps;
-    m->h_in[2] = sl;
-    const size_t skip = token >= 0 ? 0 : 1; /* fed: d_in[0] holds the previous step's draw */
-    m->be->vt->upload(m->be, m->d_in + skip, m->h_in + skip, sizeof(int32_t) * (3 - skip));
+    if (smp->n_pairs) vt->upload(m->be, m->d_pairs, smp->pairs, sizeof(tern_sample_pair) * (size_t)smp->n_pairs);
+    in_layout(m, n);
+    if (b->tokens) memcpy(m->h_in, b->tokens, sizeof(int32_t) * (size_t)n);
+    memcpy(m->h_in + n, b->pos, sizeof(int32_t) * (size_t)n);
+    memcpy(m->h_in + 2 * (size_t)n, b->slot, sizeof(int32_t) * (size_t)n);
+    const size_t skip = b->tokens ? 0 : (size_t)n; /* fed: d_in[0, n) holds the previous step's draws */
+    vt->upload(m->be, m->d_in + skip, m->h_in + skip, sizeof(int32_t) * (3 * (size_t)n - skip));
+    tern_batch sub = *b; /* the recorded step reads its tokens from d_in either way: the key's feed variant */
+    sub.tokens = m->h_in;
+    sub.want = NULL;
+    int wi[1024];
+    for (int r = 0; r < n; r++) wi[r] = r;
     m->samp = smp;
-    samp_sub(m, 0, 1);
+    samp_sub(m, 0, n);
     m->feed = 1;
-    *key = step_key(m, kv, &sub, 1, 2) ^ (0x9e3779b97f4a7c15ull * (uint64_t)(2 + (parity & 1)));
-    const int wi[1] = {0};
-    const int ok = vt->graph_launch(m->be, *key) ||
-                   (record(m, &sub, kv, wi, 1, NULL, *key, smp->ids, sizeof(int32_t)) && vt->graph_launch(m->be, *key));
+    int ok;
+    if (graphs) {
+        *key = step_key(m, kv, &sub, n, 2) ^ (0x9e3779b97f4a7c15ull * (uint64_t)(2 + (parity & 1)));
+        *key += !*key; /* 0 means "ran at once" */
+        ok = vt->graph_launch(m->be, *key) ||
+             (record(m, &sub, kv, wi, n, NULL, *key, smp->ids, sizeof(int32_t) * (size_t)n) && vt->graph_launch(m->be, *key));
+    } else {
+        tern_error scratch = {0};
+        ok = m->impl->forward(m, &sub, kv, wi, n, NULL, &scratch) == TERN_OK;
+    }
     m->feed = 0;
     m->samp = NULL;
     m->samp_any = m->samp_all = 0;
+    m->fed_n = ok ? n : 0;
     return ok;
 }
-int tern_model_decode_wait(tern_model *m, uint64_t key, const tern_batch_sample *smp) {
+int tern_model_decode_wait(tern_model *m, uint64_t key, int n, const tern_batch_sample *smp) {
     const tern_backend_vt *vt = m->be->vt;
-    return vt->graph_wait && smp && smp->ids && vt->graph_wait(m->be, key, smp->ids, sizeof(int32_t));
+    if (!smp || !smp->ids || n < 1) return 0;
+    return !key || (vt->graph_wait && vt->graph_wait(m->be, key, smp->ids, sizeof(int32_t) * (size_t)n));
 }
 
 tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err) {
@@ -775,6 +794,7 @@ tern_status tern__model_forward_local(tern_model *m, const tern_batch *b, tern_k
     tern_status s = spans_check(m, b, kv, &has_spans, err);
     if (s) return s;
     tern_kv_sync(kv);
+    m->fed_n = 0; /* d_in is rewritten: a fed launch has no draws to read */
     int want_idx[1024];
     size_t out_off = 0;
     for (int r0 = 0, n; r0 < b->n; r0 += n) {

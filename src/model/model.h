@@ -115,17 +115,20 @@ typedef struct tern_batch_sample {
 int tern_model_can_sample(const tern_model *m);
 tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits,
                                       const tern_batch_sample *smp, tern_error *err);
-/* The pipelined decode (runtime/generate.c): one decode row of `slot` at `pos`, drawn on the device, queued as a step
- * graph without waiting. token >= 0: its input token; token < 0: the id the previous launched step drew (it stays on
- * the device, so the host may queue this step before it has that id). smp: one row (mode TERN_SAMPLE_DRAW); its ids
- * are filled by tern_model_decode_wait(key). The caller reserves the KV positions first and waits for every launched
- * step before trimming, releasing or running anything else on the model. Returns 1 and *key when queued, 0 when this
- * model or backend cannot (no graphs, tensor parallel, expert offload, dynamic rope, no device sampling): run the step
- * with tern_model_forward_sample then. */
-int tern_model_decode_launch(tern_model *m, tern_kv *kv, int slot, int pos, int token, int parity,
-                             const tern_batch_sample *smp, uint64_t *key);
-/* waits for the step launched with key and fills its smp->ids; 1 on success */
-int tern_model_decode_wait(tern_model *m, uint64_t key, const tern_batch_sample *smp);
+/* The pipelined decode (runtime/generate.c, runtime/sched.c): b holds n decode rows (every row wanted, no embeddings
+ * or spans; n <= max_batch), each drawn on the device (smp->rows[0, n) mode TERN_SAMPLE_DRAW), queued as a step graph
+ * without waiting. b->tokens NULL: row i's token is what row i of the previously launched step drew — it stays on the
+ * device, so the host may queue this step before it has those ids (refused unless the launch before it had the same n
+ * rows and nothing else ran on the model since). smp->ids are filled by tern_model_decode_wait(key); steps alternate
+ * parity so that a queued step never rewrites outputs the host has yet to read. The caller reserves the KV positions
+ * first, and releases or trims only what the queued steps do not read. Without graph launches (the CPU backend,
+ * TERN_GRAPHS=0) the step runs at once (key 0) with the same semantics. Returns 1 and *key when queued, 0 when this
+ * model cannot (tensor parallel, expert offload, dynamic rope, no device sampling, rows it refuses): run the step with
+ * tern_model_forward_sample then. */
+int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, int parity, const tern_batch_sample *smp,
+                             uint64_t *key);
+/* waits for the n-row step launched with key and fills its smp->ids; 1 on success */
+int tern_model_decode_wait(tern_model *m, uint64_t key, int n, const tern_batch_sample *smp);
 /* The expert store when offload is on, else NULL (stats: tern_experts_get_stats). */
 const struct tern_experts *tern_model_experts(const tern_model *m);
 

@@ -22,17 +22,13 @@ int tern_device_sampling(const tern_model *m) {
     return tern_model_can_sample(m) && !(ds && ds[0] == '0');
 }
 
-/* TERN_ASYNC (default 1; 0 off): device-drawn decode as a pipeline — read once. H200, session 41 (bench/NOTES.md (ba)):
- * greedy ids the same as the plain loop (llama3 / gemma4_e2b_like / qwen3 fixtures, f32 and bf16); b1 llama3-8b bf16
- * 235.2 / 234.2 -> 235.6 / 235.6 tok/s, q4 370.2 / 371.7 -> 372.9 / 372.7 (the host spent 40-46 us a token between
- * step graphs, part of it with the GPU idle) */
-static int gen_async(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TERN_ASYNC");
-        on = !(e && e[0] == '0');
-    }
-    return on;
+/* TERN_ASYNC (default 1; 0 off): device-drawn decode as a pipeline, here and in the engine's scheduler (read at each
+ * call, so a test may switch it). H200, session 41 (bench/NOTES.md (ba)): greedy ids the same as the plain loop
+ * (llama3 / gemma4_e2b_like / qwen3 fixtures, f32 and bf16); b1 llama3-8b bf16 235.2 / 234.2 -> 235.6 / 235.6 tok/s, q4
+ * 370.2 / 371.7 -> 372.9 / 372.7 (the host spent 40-46 us a token between step graphs, part of it with the GPU idle) */
+int tern_async_decode(void) {
+    const char *e = getenv("TERN_ASYNC");
+    return !(e && e[0] == '0');
 }
 
 /* what both decode loops of tern_generate share */
@@ -69,6 +65,13 @@ static tern_status gen_step(const gen_ctx *x, int tok, int pos, const tern_batch
     return smp ? tern_model_forward_sample(x->m, &b, x->kv, NULL, smp, err) : tern_model_forward(x->m, &b, x->kv, logits, err);
 }
 
+/* one decode row of x's slot at pos queued (tern_model_decode_launch); tok < 0: the previous launch's draw */
+static int gen_launch(const gen_ctx *x, int tok, int pos, int par, const tern_batch_sample *smp, uint64_t *key) {
+    int32_t t32 = tok, p = pos, sl = x->slot;
+    tern_batch b = {.n = 1, .tokens = tok >= 0 ? &t32 : NULL, .pos = &p, .slot = &sl};
+    return tern_model_decode_launch(x->m, &b, x->kv, par, smp, key);
+}
+
 /* The decode loop of tern_generate with step t + 1 queued before step t's id reaches the host
  * (tern_model_decode_launch: the id stays on the device and is step t + 1's token). Tokens, stops and callbacks as
  * in the plain loop; a step queued for a token that then ends the run is waited for and dropped (its KV entry lies
@@ -84,7 +87,7 @@ static tern_status gen_pipelined(const gen_ctx *x, int32_t first, const tern_sam
     for (int g = 0; g < x->max_new && !gen_take(x, g, tok, &s, err); g++) {
         if (!queued) { /* the step taking tok (known on the host) at cur */
             if ((s = tern_kv_reserve(x->kv, x->slot, cur + 1, err))) break;
-            if (!tern_model_decode_launch(x->m, x->kv, x->slot, cur, tok, par, &smp[par], &key[par])) {
+            if (!gen_launch(x, tok, cur, par, &smp[par], &key[par])) {
                 if ((s = gen_step(x, tok, cur, &smp[par], NULL, err))) break;
                 tok = ids[par];
                 cur++;
@@ -95,10 +98,10 @@ static tern_status gen_pipelined(const gen_ctx *x, int32_t first, const tern_sam
         /* the step after it (its token: this step's draw, on the device), if another token may be needed */
         int next = 0;
         if (g + 2 < x->max_new && !tern_kv_reserve(x->kv, x->slot, cur + 2, NULL))
-            next = tern_model_decode_launch(x->m, x->kv, x->slot, cur + 1, -1, par ^ 1, &smp[par ^ 1], &key[par ^ 1]);
-        if (!tern_model_decode_wait(x->m, key[par], &smp[par])) {
+            next = gen_launch(x, -1, cur + 1, par ^ 1, &smp[par ^ 1], &key[par ^ 1]);
+        if (!tern_model_decode_wait(x->m, key[par], 1, &smp[par])) {
             s = tern_err(err, TERN_EINTERNAL, "pipelined decode: the step at position %d did not complete", cur);
-            if (next) tern_model_decode_wait(x->m, key[par ^ 1], &smp[par ^ 1]);
+            if (next) tern_model_decode_wait(x->m, key[par ^ 1], 1, &smp[par ^ 1]);
             queued = 0;
             break;
         }
@@ -108,7 +111,7 @@ static tern_status gen_pipelined(const gen_ctx *x, int32_t first, const tern_sam
         par ^= 1;
         queued = next;
     }
-    if (queued) tern_model_decode_wait(x->m, key[par], &smp[par]); /* a step for a token that ended the run */
+    if (queued) tern_model_decode_wait(x->m, key[par], 1, &smp[par]); /* a step for a token that ended the run */
     tern_kv_trim(x->kv, x->slot, cur);
     *cur_io = cur;
     return s;
@@ -150,7 +153,7 @@ tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *p
     t0 = tern_time_s();
     int cur = n_prompt;
     const gen_ctx x = {m, kv, slot, V, max_new, n_stop, stop_ids, on_token, tok_ctx, &st};
-    if (dev && gen_async()) { /* the pipelined decode: the same tokens, the GPU not waiting for the host */
+    if (dev && tern_async_decode()) { /* the pipelined decode: the same tokens, the GPU not waiting for the host */
         if ((s = gen_pipelined(&x, did, &row, &cur, err))) goto done;
     } else {
         for (int g = 0; g < max_new; g++) {

@@ -30,5 +30,8 @@ int tern_argmax(const float *x, int n);
 /* 1 when the model draws on its device and TERN_DEVICE_SAMPLE=0 does not turn that off (the
  * scheduler and tern_generate both ask) */
 int tern_device_sampling(const tern_model *m);
+/* 1 unless TERN_ASYNC=0: device-drawn decode steps are queued before the previous step's ids reach the host
+ * (tern_generate's loop and the scheduler's steady decode; read at each call) */
+int tern_async_decode(void);
 
 #endif

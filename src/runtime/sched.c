@@ -20,6 +20,14 @@
  * history) is described by tern_sampler_device_row() and drawn on the device: the forward
  * returns its token instead of its logits, the very token tern_sampler_sample() would draw.
  * The other rows keep the logits path. TERN_DEVICE_SAMPLE=0 in the environment turns it off.
+ * The pipelined decode (TERN_ASYNC, generate.h tern_async_decode): a step whose rows are all decode rows drawn on the
+ * device is launched without waiting (tern_model_decode_launch), and while it runs the next step of the same requests
+ * is queued with its draws as tokens (they stay on the device), so the GPU does not wait for the host's events, stops
+ * and bookkeeping between steps. Only when nothing would change the batch (fly_next): no request ends with the step in
+ * flight by length, none is cancelled, speculates or has a penalty history (the draw after next needs this one
+ * accepted), nobody waits for a free slot, the KV takes one more row each. A request that ends by a stop id or its
+ * callback while the next step runs leaves a dead row in it (dropped; its KV entry lies past the sequence); the
+ * pipeline then drains and the next step is planned as usual. Same tokens as the plain loop.
  */
 #include "runtime/sched.h"
 #include "runtime/generate.h"
@@ -51,6 +59,12 @@ struct tern_sched {
     tern_sample_row *srows;    /* [n_slots * (1 + TERN_SPEC_MAX_K)] one per logits row */
     tern_sample_pair *spairs;  /* [TERN_MODEL_SAMPLE_PAIRS] their lists */
     int32_t *sids;             /* [n_slots * (1 + TERN_SPEC_MAX_K)] tokens drawn on the device */
+    /* the pipelined decode (see the top): the step in flight, by parity */
+    int async_on;              /* tern_async_decode() at open, with device sampling */
+    int fly_n, fly_par;        /* rows of the step in flight (0: none) and its parity */
+    uint64_t fly_key[2];
+    tern__req **fly_req[2];    /* [n_slots] its requests in row order (NULL: ended while it ran) */
+    int32_t *fly_ids[2];       /* [n_slots] its draws */
     int32_t top_ids[TERN_MAX_LOGPROBS];   /* event views of the sampler's top list */
     float top_lp[TERN_MAX_LOGPROBS];
     int cap_blocks[2];         /* KV blocks of each group (0 full, 1 sliding; 0 = group absent) */
@@ -59,6 +73,7 @@ struct tern_sched {
     /* counters */
     long long n_done, n_cancelled, n_failed, prompt_tokens, cached_tokens, gen_tokens, n_preempt;
     long long spec_drafted, spec_accepted;
+    long long n_steps, n_queued;
 };
 
 /* ---- requests ---------------------------------------------------------------------- */
@@ -204,6 +219,11 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
         s->sids = calloc(nr, sizeof *s->sids);
         s->spairs = malloc(sizeof *s->spairs * TERN_MODEL_SAMPLE_PAIRS);
         s->dev_on = s->srows && s->sids && s->spairs; /* without them: the logits path */
+        for (int p = 0; p < 2; p++) {
+            s->fly_req[p] = calloc(S, sizeof *s->fly_req[p]);
+            s->fly_ids[p] = calloc(S, sizeof *s->fly_ids[p]);
+        }
+        s->async_on = s->dev_on && tern_async_decode() && s->fly_req[0] && s->fly_req[1] && s->fly_ids[0] && s->fly_ids[1];
     }
     tern_status st = TERN_OK;
     if (!s->run || !s->free_slots || !s->b_tok || !s->b_pos || !s->b_slot || !s->b_want || !s->b_req || !s->logits)
@@ -219,8 +239,11 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
     return TERN_OK;
 }
 
+static void fly_drain(tern_sched *s);
+
 void tern__sched_close(tern_sched *s) {
     if (!s) return;
+    fly_drain(s);
     for (int i = 0; i < s->n_run; i++) {
         tern_kv_release(s->kv, s->run[i]->slot);
         tern__req_free(s->run[i]);
@@ -233,6 +256,7 @@ void tern__sched_close(tern_sched *s) {
     free(s->b_tok); free(s->b_pos); free(s->b_slot); free(s->b_want); free(s->b_req);
     free(s->logits);
     free(s->srows); free(s->sids); free(s->spairs);
+    for (int p = 0; p < 2; p++) { free(s->fly_req[p]); free(s->fly_ids[p]); }
     free(s);
 }
 
@@ -344,6 +368,7 @@ static int sweep_cancelled(tern_sched *s) {
 }
 
 int tern__sched_cancel_all(tern_sched *s) {
+    fly_drain(s); /* its draws are dropped: every request ends here */
     for (int i = 0; i < s->n_run; i++) s->run[i]->cancel = 1;
     for (tern__req *r = s->wait_head; r; r = (tern__req *)r->q.next) r->cancel = 1;
     return sweep_cancelled(s);
@@ -603,7 +628,104 @@ static int device_rows(tern_sched *s, int nw, int nl, int *n_pairs) {
     return any;
 }
 
+/* ---- the pipelined decode (see the top) ------------------------------------------------ */
+
+/* wait for the step in flight and drop its draws (close, cancel_all) */
+static void fly_drain(tern_sched *s) {
+    if (!s->fly_n) return;
+    const tern_batch_sample smp = {.ids = s->fly_ids[s->fly_par]};
+    tern_model_decode_wait(s->m, s->fly_key[s->fly_par], s->fly_n, &smp);
+    s->fly_n = 0;
+}
+
+/* Queue the step after the one in flight: the same requests' next rows, their tokens the flying step's draws. Only
+ * when nothing would change the batch (the top of this file); 1 when queued. */
+static int fly_next(tern_sched *s) {
+    const int p = s->fly_par, q = p ^ 1, n = s->fly_n;
+    tern__req **R = s->fly_req[p];
+    if (!s->async_on || n != s->n_run || (s->n_wait > 0 && s->n_free > 0)) return 0;
+    int np = 0;
+    for (int i = 0; i < n; i++) {
+        tern__req *r = R[i]; /* its row in flight is at n_past and draws token n_gen */
+        if (!r || r->cancel || r->spec_k || r->n_gen + 2 > r->max_new || tern_sampler_uses_history(r->smp)) return 0;
+        if (!tern_sampler_device_row(r->smp, (uint64_t)(r->n_prompt + r->n_gen + 1), &s->srows[i], s->spairs, &np,
+                                     TERN_MODEL_SAMPLE_PAIRS) ||
+            tern_kv_reserve(s->kv, r->slot, r->n_past + 2, NULL))
+            return 0;
+        s->b_pos[i] = r->n_past + 1;
+        s->b_slot[i] = r->slot;
+    }
+    const tern_batch b = {.n = n, .pos = s->b_pos, .slot = s->b_slot};
+    const tern_batch_sample smp = {.rows = s->srows, .pairs = s->spairs, .n_pairs = np, .ids = s->fly_ids[q]};
+    if (!tern_model_decode_launch(s->m, &b, s->kv, q, &smp, &s->fly_key[q])) return 0;
+    memcpy(s->fly_req[q], R, sizeof *R * (size_t)n);
+    s->n_queued++;
+    return 1;
+}
+
+/* Take the step in flight: queue the next one first (fly_next), wait, then each request's row is in the cache (n_past,
+ * prefix cache, trim) and its draw advances it (events); one that ends leaves a dead row in the queued step. Returns
+ * the requests that finished. */
+static int fly_step(tern_sched *s, tern_status *st, tern_error *err) {
+    const int p = s->fly_par, q = p ^ 1, n = s->fly_n;
+    tern__req **R = s->fly_req[p];
+    const int next = fly_next(s);
+    int done = 0;
+    s->fly_n = 0;
+    s->n_steps++;
+    const tern_batch_sample smp = {.ids = s->fly_ids[p]};
+    if (!tern_model_decode_wait(s->m, s->fly_key[p], n, &smp)) {
+        tern_error e = {0};
+        *st = tern_err(&e, TERN_EINTERNAL, "pipelined decode: a step of %d decode rows did not complete", n);
+        const tern_batch_sample sq = {.ids = s->fly_ids[q]};
+        if (next) tern_model_decode_wait(s->m, s->fly_key[q], n, &sq);
+        for (int i = 0; i < n; i++)
+            if (R[i]) { run_remove(s, R[i]); finish(s, R[i], TERN_FINISH_NONE, &e); done++; }
+        if (err) *err = e;
+        return done;
+    }
+    for (int i = 0; i < n; i++) {
+        tern__req *r = R[i];
+        if (!r) continue;
+        r->n_past++;
+        tern__prefix_insert(s->pc, r->slot, r->tok, r->n_past, &r->n_reg, &r->chain);
+        tern_kv_trim(s->kv, r->slot, r->n_past); /* keeps the queued row's window (from n_past - W + 1 on) */
+    }
+    for (int i = 0; i < n; i++) {
+        int tok;
+        if (R[i] && advance(s, R[i], NULL, s->fly_ids[p][i], &tok)) {
+            done++;
+            if (next) s->fly_req[q][i] = NULL;
+        }
+    }
+    if (next) {
+        s->fly_n = n;
+        s->fly_par = q;
+    }
+    return done;
+}
+
+/* The planned step's rows are all decode rows drawn on the device (b: nb rows, requests b_req in row order): launch it
+ * without waiting and take it as the pipeline's first step. 0: run it the plain way. */
+static int fly_start(tern_sched *s, const tern_batch *b, int nw, int nl, int n_pairs) {
+    if (!s->async_on || b->n != nw || nl != nw) return 0;
+    for (int k = 0; k < nl; k++)
+        if (s->srows[k].mode != TERN_SAMPLE_DRAW) return 0;
+    const tern_batch_sample smp = {.rows = s->srows, .pairs = s->spairs, .n_pairs = n_pairs, .ids = s->fly_ids[0]};
+    if (!tern_model_decode_launch(s->m, b, s->kv, 0, &smp, &s->fly_key[0])) return 0;
+    memcpy(s->fly_req[0], s->b_req, sizeof *s->b_req * (size_t)nw);
+    for (int i = 0; i < s->n_run; i++) s->run[i]->rows = 0;
+    s->fly_n = nw;
+    s->fly_par = 0;
+    return 1;
+}
+
 tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
+    if (s->fly_n) { /* the pipeline: no admission or sweep until it drains (fly_next) */
+        tern_status st = TERN_OK;
+        *n_done = fly_step(s, &st, err);
+        return st;
+    }
     *n_done = sweep_cancelled(s);
     *n_done += admit(s);
     int n_dec = 0;
@@ -644,6 +766,12 @@ tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
     tern_error fe = {0};
     tern_batch_sample smp = {.rows = s->srows, .pairs = s->spairs, .ids = s->sids};
     int dev = device_rows(s, nw, nl, &smp.n_pairs);
+    if (dev && fly_start(s, &b, nw, nl, smp.n_pairs)) {
+        tern_status st = TERN_OK;
+        *n_done += fly_step(s, &st, err);
+        return st;
+    }
+    s->n_steps++;
     tern_status st = dev ? tern_model_forward_sample(s->m, &b, s->kv, s->logits, &smp, &fe)
                          : tern_model_forward(s->m, &b, s->kv, s->logits, &fe);
     if (st) {
@@ -676,7 +804,7 @@ tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
     return TERN_OK;
 }
 
-int tern__sched_busy(const tern_sched *s) { return s->n_run + s->n_wait > 0; }
+int tern__sched_busy(const tern_sched *s) { return s->n_run + s->n_wait + s->fly_n > 0; }
 
 void tern__sched_stats(const tern_sched *s, tern_engine_stats *st) {
     memset(st, 0, sizeof *st);
@@ -698,5 +826,7 @@ void tern__sched_stats(const tern_sched *s, tern_engine_stats *st) {
     st->kv_blocks_cached = tern__prefix_blocks(s->pc);
     st->spec_drafted = s->spec_drafted;
     st->spec_accepted = s->spec_accepted;
+    st->steps = s->n_steps;
+    st->steps_queued = s->n_queued;
     st->prefix_hit_rate = s->prompt_tokens ? (double)s->cached_tokens / (double)s->prompt_tokens : 0.0;
 }

@@ -133,9 +133,13 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
         "# HELP tern_spec_drafted_total Speculative draft tokens checked.\n"
         "# TYPE tern_spec_drafted_total counter\ntern_spec_drafted_total %lld\n"
         "# HELP tern_spec_accepted_total Speculative draft tokens accepted.\n"
-        "# TYPE tern_spec_accepted_total counter\ntern_spec_accepted_total %lld\n",
+        "# TYPE tern_spec_accepted_total counter\ntern_spec_accepted_total %lld\n"
+        "# HELP tern_steps_total Forward steps run.\n# TYPE tern_steps_total counter\ntern_steps_total %lld\n"
+        "# HELP tern_steps_queued_total Decode steps queued before the previous step's tokens reached the host.\n"
+        "# TYPE tern_steps_queued_total counter\ntern_steps_queued_total %lld\n",
         st.kv_blocks_total - st.kv_blocks_used, st.kv_blocks_cached, st.preemptions,
-        (long long)atomic_load(&s->n_rejected), (long long)st.spec_drafted, (long long)st.spec_accepted);
+        (long long)atomic_load(&s->n_rejected), (long long)st.spec_drafted, (long long)st.spec_accepted, st.steps,
+        st.steps_queued);
     tern_jw_text(&w, b, (size_t)(n < (int)sizeof b ? n : (int)sizeof b - 1));
     srv_metrics_write(s, &w);
     size_t len = 0;

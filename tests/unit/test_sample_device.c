@@ -8,7 +8,10 @@
  *     keep their logits) equals tern_model_forward + the sampler, token for token;
  *   - the engine: seeded requests (penalties, bias, speculation, logprobs) give the same
  *     tokens with device sampling on and off (TERN_DEVICE_SAMPLE=0) on the same logits;
- *     TERN_TEST_DEVICE=cuda runs both engines on the GPU (CUDA draws vs the CPU sampler).
+ *     TERN_TEST_DEVICE=cuda runs both engines on the GPU (CUDA draws vs the CPU sampler);
+ *   - the pipelined decode (TERN_ASYNC, sched.c): seven requests through four slots (greedy, seeded, stop ids, a
+ *     callback that cancels and one that stops while the next step is queued, bias, a penalty history, one that waits
+ *     for a slot) give the same tokens and endings with it on and off, and it did queue steps.
  */
 #include "runtime_util.h"
 #include "sample_cases.h"
@@ -239,11 +242,78 @@ TEST(engine_device_sampling_equals_host) {
     }
 }
 
+/* Seven requests through four slots; tokens and endings into out[k]; *queued: steps queued ahead (stats). */
+#define PIPE_N 7
+static void engine_pipe_run(const char *device, int async, rt_col out[PIPE_N], long long *queued, long long *steps) {
+    setenv("TERN_ASYNC", async ? "1" : "0", 1);
+    tern_engine_opts o = tern_engine_default_opts();
+    o.model = rt_model_dir();
+    o.device = device;
+    o.compute_bf16 = 0;
+    o.n_threads = 2;
+    o.max_concurrency = 4;
+    o.max_batch_tokens = 32;
+    o.max_ctx = 256;
+    tern_engine *e = NULL;
+    tern_error err = {0};
+    *queued = *steps = -1;
+    if (tern_engine_open(&e, &o, &err)) { printf("  engine_open (%s): %s\n", device, err.msg); unsetenv("TERN_ASYNC"); return; }
+    int32_t prompt[PIPE_N][10], stop[2] = {5, 66}, bid[2] = {3, 17};
+    float bval[2] = {1.5f, -2.0f};
+    for (int k = 0; k < PIPE_N; k++) {
+        rt_prompt(prompt[k], 10, 500 + (unsigned long long)k);
+        memset(&out[k], 0, sizeof out[k]);
+        tern_request r = tern_request_default();
+        r.prompt = prompt[k];
+        r.n_prompt = 10;
+        r.max_tokens = 24 + 3 * k;
+        r.ignore_eos = 1;
+        r.on_event = rt_on_event;
+        r.ctx = &out[k];
+        r.sampling.seed = 77 + (uint64_t)k;
+        r.sampling.temperature = k == 0 || k == 6 ? 0.0f : 1.1f;
+        if (k == 1) { r.stop_ids = stop; r.n_stop_ids = 2; }
+        if (k == 2) out[k].cancel_after = 7;   /* the callback cancels while the next step is queued */
+        if (k == 3) out[k].stop_after = 12;
+        if (k == 4) { r.sampling.bias_ids = bid; r.sampling.bias_values = bval; r.sampling.n_bias = 2; }
+        if (k == 5) { r.sampling.repetition_penalty = 1.3f; r.max_tokens = 6; } /* no queued steps while it runs */
+        if (tern_engine_submit(e, &r, NULL, &err)) printf("  submit: %s\n", err.msg);
+    }
+    rt_drain(e, 4000);
+    tern_engine_stats st;
+    tern_engine_get_stats(e, &st);
+    *queued = st.steps_queued;
+    *steps = st.steps;
+    tern_engine_close(e);
+    unsetenv("TERN_ASYNC");
+}
+
+TEST(engine_pipelined_decode_equals_plain) {
+    const char *dev = getenv("TERN_TEST_DEVICE") ? getenv("TERN_TEST_DEVICE") : "cpu";
+    rt_col a[PIPE_N], b[PIPE_N];
+    long long qa, qb, sa, sb;
+    engine_pipe_run(dev, 0, a, &qa, &sa);
+    engine_pipe_run(dev, 1, b, &qb, &sb);
+    CHECK(qa == 0 && qb > 0, "steps queued ahead: %lld with TERN_ASYNC=0, %lld with 1 (of %lld / %lld steps)", qa, qb, sa, sb);
+    printf("  %s: %lld of %lld steps queued ahead with TERN_ASYNC=1\n", dev, qb, sb);
+    for (int k = 0; k < PIPE_N; k++) {
+        CHECK(a[k].done && b[k].done && !a[k].errors && !b[k].errors, "request %d: not ended once (%s / %s)", k,
+              a[k].err_msg, b[k].err_msg);
+        CHECK(a[k].n_tok == b[k].n_tok && a[k].n_tok > 0, "request %d: %d / %d tokens", k, a[k].n_tok, b[k].n_tok);
+        CHECK(a[k].finish == b[k].finish, "request %d: finish %d / %d", k, (int)a[k].finish, (int)b[k].finish);
+        CHECK(!memcmp(a[k].toks, b[k].toks, sizeof(int32_t) * (size_t)a[k].n_tok), "request %d: tokens differ (%s)", k, dev);
+    }
+    CHECK(b[1].finish == TERN_FINISH_STOP, "request 1: finish %d after %d tokens (stop id 66 expected)", (int)b[1].finish, b[1].n_tok);
+    CHECK(b[2].finish == TERN_FINISH_CANCELLED && b[2].n_tok == 7, "request 2: finish %d after %d tokens", (int)b[2].finish, b[2].n_tok);
+    CHECK(b[3].finish == TERN_FINISH_STOP && b[3].n_tok == 12, "request 3: finish %d after %d tokens", (int)b[3].finish, b[3].n_tok);
+}
+
 int main(void) {
     (void)rt_ref_greedy;
     RUN(reference_draw_equals_naive_spec);
     RUN(cpu_op_equals_sampler_chain);
     RUN(forward_sample_equals_forward_then_sampler);
     RUN(engine_device_sampling_equals_host);
+    RUN(engine_pipelined_decode_equals_plain);
     return test_done();
 }
