@@ -25,7 +25,7 @@
 # (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
 # default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM), 25 (the long-context class) and 26
 # (TERN_CUDA_CARVE) ran in session 19. 56 and 57 (TERN_CUDA_GEMV_XRW) ran in session 39 (NOTES (ay)): default on. 58-61 (TERN_CUDA_AD_R1, _R1_512) ran in session 40
-# (NOTES (az)): default on; 62 (TERN_CUDA_AD_R1_LONG, _R1_PF) ran in session 41 (NOTES (ba)): both lost, removed; 63 (TERN_CUDA_SKIP, a probe) and 64 ran there too; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. Keep this script as the template for the next switches: make one the default only
+# (NOTES (az)): default on; 62 (TERN_CUDA_AD_R1_LONG, _R1_PF) ran in session 41 (NOTES (ba)): both lost, removed; 63 (TERN_CUDA_SKIP, a probe) and 64 ran there too; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. 65 (TERN_ASYNC in the scheduler) ran in session 42 (NOTES (bb)); so did 66 (TERN_CUDA_DOWN_SPLIT: the down projection as S K-slices + one kernel adding them and staging the next pre-norm), which tied / lost and was removed. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."

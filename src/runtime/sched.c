@@ -27,7 +27,10 @@
  * flight by length, none is cancelled, speculates or has a penalty history (the draw after next needs this one
  * accepted), nobody waits for a free slot, the KV takes one more row each. A request that ends by a stop id or its
  * callback while the next step runs leaves a dead row in it (dropped; its KV entry lies past the sequence); the
- * pipeline then drains and the next step is planned as usual. Same tokens as the plain loop.
+ * pipeline then drains and the next step is planned as usual. Same tokens as the plain loop. Steps of at least
+ * TERN_ASYNC_ROWS decode rows (default 32) start a pipeline: H200, session 42 (bench/NOTES.md (bb)), llama3-8b 128 +
+ * 128 dec tok/s off / on: bf16 64 sequences 11557 / 11537 -> 11684 / 11781, 8: +0.5 %, 1: -0.2 %; q4 64: 12059 / 12039
+ * -> 12146 / 12121, 8: -0.35 %, 1: -0.5 % (consistent across reps; tern_generate's one-row pipeline gains +0.4 %).
  */
 #include "runtime/sched.h"
 #include "runtime/generate.h"
@@ -61,6 +64,7 @@ struct tern_sched {
     int32_t *sids;             /* [n_slots * (1 + TERN_SPEC_MAX_K)] tokens drawn on the device */
     /* the pipelined decode (see the top): the step in flight, by parity */
     int async_on;              /* tern_async_decode() at open, with device sampling */
+    int async_rows;            /* TERN_ASYNC_ROWS at open (default 32): the fewest decode rows that start a pipeline */
     int fly_n, fly_par;        /* rows of the step in flight (0: none) and its parity */
     uint64_t fly_key[2];
     tern__req **fly_req[2];    /* [n_slots] its requests in row order (NULL: ended while it ran) */
@@ -224,6 +228,8 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
             s->fly_ids[p] = calloc(S, sizeof *s->fly_ids[p]);
         }
         s->async_on = s->dev_on && tern_async_decode() && s->fly_req[0] && s->fly_req[1] && s->fly_ids[0] && s->fly_ids[1];
+        const char *ar = getenv("TERN_ASYNC_ROWS");
+        s->async_rows = ar && ar[0] ? TERN_MAX(1, atoi(ar)) : 32;
     }
     tern_status st = TERN_OK;
     if (!s->run || !s->free_slots || !s->b_tok || !s->b_pos || !s->b_slot || !s->b_want || !s->b_req || !s->logits)
@@ -708,7 +714,7 @@ static int fly_step(tern_sched *s, tern_status *st, tern_error *err) {
 /* The planned step's rows are all decode rows drawn on the device (b: nb rows, requests b_req in row order): launch it
  * without waiting and take it as the pipeline's first step. 0: run it the plain way. */
 static int fly_start(tern_sched *s, const tern_batch *b, int nw, int nl, int n_pairs) {
-    if (!s->async_on || b->n != nw || nl != nw) return 0;
+    if (!s->async_on || b->n != nw || nl != nw || nw < s->async_rows) return 0;
     for (int k = 0; k < nl; k++)
         if (s->srows[k].mode != TERN_SAMPLE_DRAW) return 0;
     const tern_batch_sample smp = {.rows = s->srows, .pairs = s->spairs, .n_pairs = n_pairs, .ids = s->fly_ids[0]};

@@ -246,6 +246,7 @@ TEST(engine_device_sampling_equals_host) {
 #define PIPE_N 7
 static void engine_pipe_run(const char *device, int async, rt_col out[PIPE_N], long long *queued, long long *steps) {
     setenv("TERN_ASYNC", async ? "1" : "0", 1);
+    setenv("TERN_ASYNC_ROWS", "1", 1); /* pipelines start from 32 rows by default */
     tern_engine_opts o = tern_engine_default_opts();
     o.model = rt_model_dir();
     o.device = device;
@@ -257,7 +258,12 @@ static void engine_pipe_run(const char *device, int async, rt_col out[PIPE_N], l
     tern_engine *e = NULL;
     tern_error err = {0};
     *queued = *steps = -1;
-    if (tern_engine_open(&e, &o, &err)) { printf("  engine_open (%s): %s\n", device, err.msg); unsetenv("TERN_ASYNC"); return; }
+    if (tern_engine_open(&e, &o, &err)) {
+        printf("  engine_open (%s): %s\n", device, err.msg);
+        unsetenv("TERN_ASYNC");
+        unsetenv("TERN_ASYNC_ROWS");
+        return;
+    }
     int32_t prompt[PIPE_N][10], stop[2] = {5, 66}, bid[2] = {3, 17};
     float bval[2] = {1.5f, -2.0f};
     for (int k = 0; k < PIPE_N; k++) {
@@ -286,6 +292,7 @@ static void engine_pipe_run(const char *device, int async, rt_col out[PIPE_N], l
     *steps = st.steps;
     tern_engine_close(e);
     unsetenv("TERN_ASYNC");
+    unsetenv("TERN_ASYNC_ROWS");
 }
 
 TEST(engine_pipelined_decode_equals_plain) {
