@@ -1,6 +1,8 @@
 /*
  * kv.c — paged KV pools and block tables (see kv.h). Two groups: 0 = full, 1 = sliding.
- * Block tables live on the host (authoritative) and are mirrored to the device by tern_kv_sync.
+ * Block tables live on the host (authoritative) and are mirrored to the device by tern_kv_sync: the rows of the slots
+ * whose tables changed (a step's few new blocks are small uploads, which the CUDA backend queues without waiting —
+ * a whole table of many long slots would be a synchronous copy that stalls a pipelined decode), or the whole table.
  * Blocks are reference counted: a slot's table entry holds one reference, the prefix cache
  * may hold more (tern_kv_share / tern_kv_ref); a block returns to the free list at zero.
  */
@@ -20,7 +22,8 @@ typedef struct kv_group {
     int32_t *table;       /* host [n_slots * max_blocks] */
     int32_t *table_dev;   /* device mirror */
     int *trimmed;         /* [n_slots] blocks below this index were freed by trim (sliding) */
-    int dirty;
+    uint8_t *sdirty;      /* [n_slots] the slot's table row changed since the last sync */
+    int dirty;            /* 1: some row changed (sdirty says which), 2: the whole table */
 } kv_group;
 
 struct tern_kv {
@@ -158,13 +161,14 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
         g->free_list = malloc(sizeof(int) * (size_t)nb);
         g->table = malloc(sizeof(int32_t) * (size_t)kv->n_slots * (size_t)kv->max_blocks);
         g->trimmed = calloc((size_t)kv->n_slots, sizeof(int));
+        g->sdirty = calloc((size_t)kv->n_slots, 1);
         g->ref = calloc((size_t)nb, sizeof(int));
         g->table_dev = be->vt->alloc(be, sizeof(int32_t) * (size_t)kv->n_slots * (size_t)kv->max_blocks);
-        if (!g->free_list || !g->table || !g->table_dev || !g->trimmed || !g->ref) { tern_kv_close(kv); return tern_err(err, TERN_ENOMEM, "kv: out of memory for block tables"); }
+        if (!g->free_list || !g->table || !g->table_dev || !g->trimmed || !g->sdirty || !g->ref) { tern_kv_close(kv); return tern_err(err, TERN_ENOMEM, "kv: out of memory for block tables"); }
         for (int i = 0; i < g->n_blocks; i++) g->free_list[i] = g->n_blocks - 1 - i;
         g->n_free = g->n_blocks;
         for (size_t i = 0; i < (size_t)kv->n_slots * (size_t)kv->max_blocks; i++) g->table[i] = -1;
-        g->dirty = 1;
+        g->dirty = 2;
     }
     for (int l = 0; l < cfg->n_layer; l++) {
         if (cfg->layers[l].kv_src != l) continue;
@@ -229,6 +233,7 @@ void tern_kv_close(tern_kv *kv) {
         free(kv->g[gi].free_list);
         free(kv->g[gi].table);
         free(kv->g[gi].trimmed);
+        free(kv->g[gi].sdirty);
         free(kv->g[gi].ref);
         if (kv->g[gi].table_dev) kv->be->vt->free(kv->be, kv->g[gi].table_dev);
     }
@@ -241,9 +246,16 @@ static void block_unref(kv_group *g, int b) {
     if (--g->ref[b] == 0) g->free_list[g->n_free++] = b;
 }
 
-static void group_free_slot_range(kv_group *g, int32_t *row, int from, int to) {
+/* slot's table row changed (tern_kv_sync uploads it) */
+static void mark(kv_group *g, int slot) {
+    g->sdirty[slot] = 1;
+    if (!g->dirty) g->dirty = 1;
+}
+
+static void group_free_slot_range(const tern_kv *kv, kv_group *g, int slot, int from, int to) {
+    int32_t *row = g->table + (size_t)slot * kv->max_blocks;
     for (int b = from; b < to; b++)
-        if (row[b] >= 0) { block_unref(g, row[b]); row[b] = -1; g->dirty = 1; }
+        if (row[b] >= 0) { block_unref(g, row[b]); row[b] = -1; mark(g, slot); }
 }
 
 tern_status tern_kv_reserve(tern_kv *kv, int slot, int n_tokens, tern_error *err) {
@@ -268,7 +280,7 @@ tern_status tern_kv_reserve(tern_kv *kv, int slot, int n_tokens, tern_error *err
         int32_t *row = g->table + (size_t)slot * kv->max_blocks;
         int first = g->trimmed[slot]; /* blocks trim() freed are never needed again */
         for (int b = first; b < last; b++)
-            if (row[b] < 0) { row[b] = g->free_list[--g->n_free]; g->ref[row[b]] = 1; g->dirty = 1; }
+            if (row[b] < 0) { row[b] = g->free_list[--g->n_free]; g->ref[row[b]] = 1; mark(g, slot); }
     }
     return TERN_OK;
 }
@@ -280,7 +292,7 @@ void tern_kv_trim(tern_kv *kv, int slot, int min_pos) {
     if (lowest_visible <= 0) return;
     int upto = lowest_visible / kv->block_size;
     if (upto <= g->trimmed[slot]) return;
-    group_free_slot_range(g, g->table + (size_t)slot * kv->max_blocks, g->trimmed[slot], upto);
+    group_free_slot_range(kv, g, slot, g->trimmed[slot], upto);
     g->trimmed[slot] = upto;
 }
 
@@ -289,7 +301,7 @@ void tern_kv_release(tern_kv *kv, int slot) {
     for (int gi = 0; gi < 2; gi++) {
         kv_group *g = &kv->g[gi];
         if (!g->used_by_layers) continue;
-        group_free_slot_range(g, g->table + (size_t)slot * kv->max_blocks, 0, kv->max_blocks);
+        group_free_slot_range(kv, g, slot, 0, kv->max_blocks);
         if (g->trimmed) g->trimmed[slot] = 0;
     }
 }
@@ -298,7 +310,18 @@ void tern_kv_sync(tern_kv *kv) {
     for (int gi = 0; gi < 2; gi++) {
         kv_group *g = &kv->g[gi];
         if (!g->used_by_layers || !g->dirty) continue;
-        kv->be->vt->upload(kv->be, g->table_dev, g->table, sizeof(int32_t) * (size_t)kv->n_slots * kv->max_blocks);
+        const size_t rb = sizeof(int32_t) * (size_t)kv->max_blocks; /* one slot's row */
+        if (g->dirty == 2) {
+            kv->be->vt->upload(kv->be, g->table_dev, g->table, rb * (size_t)kv->n_slots);
+        } else {
+            for (int s = 0, e; s < kv->n_slots; s = e) { /* runs of changed rows */
+                for (e = s + 1; g->sdirty[s] && e < kv->n_slots && g->sdirty[e];) e++;
+                if (g->sdirty[s])
+                    kv->be->vt->upload(kv->be, (uint8_t *)g->table_dev + rb * (size_t)s, g->table + (size_t)s * kv->max_blocks,
+                                       rb * (size_t)(e - s));
+            }
+        }
+        memset(g->sdirty, 0, (size_t)kv->n_slots);
         g->dirty = 0;
     }
 }
@@ -344,7 +367,7 @@ tern_status tern_kv_share(tern_kv *kv, int slot, const int32_t *blocks, int n, t
             return tern_err(err, TERN_EINVAL, "kv: block %d is not live", blocks[b]);
     }
     for (int b = 0; b < n; b++) { row[b] = blocks[b]; g->ref[blocks[b]]++; }
-    g->dirty = 1;
+    mark(g, slot);
     return TERN_OK;
 }
 
@@ -450,7 +473,7 @@ tern_status tern_kv_share_prefix(tern_kv *kv, int slot, const int32_t *full, con
         int32_t *row = g->table + (size_t)slot * kv->max_blocks;
         for (int b = gi ? lo : 0; b < n; b++) { row[b] = src[b]; g->ref[src[b]]++; }
         if (gi) g->trimmed[slot] = lo;
-        g->dirty = 1;
+        mark(g, slot);
     }
     return TERN_OK;
 }
@@ -474,7 +497,7 @@ tern_status tern_kv_truncate(tern_kv *kv, int slot, int new_len, tern_error *err
     for (int gi = 0; gi < 2; gi++) {
         kv_group *g = &kv->g[gi];
         if (!group_ok(kv, gi)) continue;
-        group_free_slot_range(g, g->table + (size_t)slot * kv->max_blocks, keep, kv->max_blocks);
+        group_free_slot_range(kv, g, slot, keep, kv->max_blocks);
         if (new_len == 0 && g->trimmed) g->trimmed[slot] = 0;
     }
     return TERN_OK;
@@ -536,7 +559,7 @@ tern_status tern_kv_mirror(tern_kv *dst, const tern_kv *src, tern_error *err) {
         const kv_group *s = &src->g[gi];
         if (!d->used_by_layers || !memcmp(d->table, s->table, bytes)) continue;
         memcpy(d->table, s->table, bytes);
-        d->dirty = 1;
+        d->dirty = 2;
     }
     return TERN_OK;
 }
