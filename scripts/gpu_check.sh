@@ -159,7 +159,10 @@ $(first_diff "$(TERN_ASYNC=0 gen40 $m off cuda $c)" "$(TERN_ASYNC=1 gen40 $m off
         stamp "engine device sampling on cuda: $(grep -c '^PASS' "$OUT/sample_device.log") passed, $(grep -c '^FAIL' \
 "$OUT/sample_device.log") failed; $(grep 'steps queued ahead' "$OUT/sample_device.log" | head -1)"
         grep -E '^FAIL|check failed' "$OUT/sample_device.log" | head -8 >> "$S"
-        for sw in TERN_ASYNC TERN_CUDA_QKV_ATT TERN_CUDA_ATT_O; do
+        # (the scheduler pipelines from TERN_ASYNC_ROWS decode rows, 32 by default: 1 here, 16 requests)
+        d1=$(digest TERN_ASYNC=1 TERN_ASYNC_ROWS=1); d0=$(digest TERN_ASYNC=0)
+        stamp "fused-path digest TERN_ASYNC (rows 1) on / off: $([ -n "$d1" ] && [ "$d1" = "$d0" ] && echo same || echo DIFFERENT) ($d1 / $d0)"
+        for sw in TERN_CUDA_QKV_ATT TERN_CUDA_ATT_O; do
             d1=$(digest $sw=1); d0=$(digest $sw=0)
             stamp "fused-path digest $sw on / off: $([ -n "$d1" ] && [ "$d1" = "$d0" ] && echo same || echo DIFFERENT) ($d1 / $d0)"
         done

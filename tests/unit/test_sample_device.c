@@ -188,20 +188,28 @@ TEST(forward_sample_equals_forward_then_sampler) {
     rt_ref_close(&r);
 }
 
-/* Four concurrent seeded requests of different kinds; tokens of each into out[k]. */
-static void engine_run(const char *device, int dev_sample, rt_col out[4]) {
-    setenv("TERN_DEVICE_SAMPLE", dev_sample ? "1" : "0", 1);
+/* The engines these tests compare: four slots, 32 rows a step, f32 on both devices (the GPU default is bf16) */
+static tern_engine *engine_small(const char *device) {
     tern_engine_opts o = tern_engine_default_opts();
     o.model = rt_model_dir();
     o.device = device;
-    o.compute_bf16 = 0; /* f32 on both devices (the GPU default is bf16): the runs are compared */
+    o.compute_bf16 = 0;
     o.n_threads = 2;
     o.max_concurrency = 4;
     o.max_batch_tokens = 32;
     o.max_ctx = 256;
     tern_engine *e = NULL;
     tern_error err = {0};
-    if (tern_engine_open(&e, &o, &err)) { printf("  engine_open (%s): %s\n", device, err.msg); return; }
+    if (tern_engine_open(&e, &o, &err)) printf("  engine_open (%s): %s\n", device, err.msg);
+    return e;
+}
+
+/* Four concurrent seeded requests of different kinds; tokens of each into out[k]. */
+static void engine_run(const char *device, int dev_sample, rt_col out[4]) {
+    setenv("TERN_DEVICE_SAMPLE", dev_sample ? "1" : "0", 1);
+    tern_engine *e = engine_small(device);
+    tern_error err = {0};
+    if (!e) return;
     int32_t prompt[4][12];
     int32_t bid[2] = {3, 17};
     float bval[2] = {1.5f, -2.0f};
@@ -247,19 +255,10 @@ TEST(engine_device_sampling_equals_host) {
 static void engine_pipe_run(const char *device, int async, rt_col out[PIPE_N], long long *queued, long long *steps) {
     setenv("TERN_ASYNC", async ? "1" : "0", 1);
     setenv("TERN_ASYNC_ROWS", "1", 1); /* pipelines start from 32 rows by default */
-    tern_engine_opts o = tern_engine_default_opts();
-    o.model = rt_model_dir();
-    o.device = device;
-    o.compute_bf16 = 0;
-    o.n_threads = 2;
-    o.max_concurrency = 4;
-    o.max_batch_tokens = 32;
-    o.max_ctx = 256;
-    tern_engine *e = NULL;
+    tern_engine *e = engine_small(device);
     tern_error err = {0};
     *queued = *steps = -1;
-    if (tern_engine_open(&e, &o, &err)) {
-        printf("  engine_open (%s): %s\n", device, err.msg);
+    if (!e) {
         unsetenv("TERN_ASYNC");
         unsetenv("TERN_ASYNC_ROWS");
         return;
