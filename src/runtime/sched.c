@@ -31,6 +31,8 @@
  * TERN_ASYNC_ROWS decode rows (default 32) start a pipeline: H200, session 42 (bench/NOTES.md (bb)), llama3-8b 128 +
  * 128 dec tok/s off / on: bf16 64 sequences 11557 / 11537 -> 11684 / 11781, 8: +0.5 %, 1: -0.2 %; q4 64: 12059 / 12039
  * -> 12146 / 12121, 8: -0.35 %, 1: -0.5 % (consistent across reps; tern_generate's one-row pipeline gains +0.4 %).
+ * Likely cause: each batch size's pipelined steps take two step graphs (parity), recorded at first sight — inside
+ * that benchmark's measured window, ~2-4 ms each — and they also take twice the graph cache's room (16 graphs).
  */
 #include "runtime/sched.h"
 #include "runtime/generate.h"
