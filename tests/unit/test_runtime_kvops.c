@@ -10,6 +10,9 @@
  * them in a smaller batch: bitwise where the kernels are batch-invariant, else within 1e-5
  * (the largest difference is printed). A restored sequence must continue bitwise like the
  * original; wrong model, wrong layout, truncated and corrupt files are named errors.
+ * The device mirror of the block tables (tern_kv_sync uploads only the rows of slots that changed, in runs): after a
+ * random mix of reserve / trim / truncate / release on six slots, synced at random points, every layer's block_table
+ * equals the host tables, on a model with full and sliding groups.
  */
 #include "runtime_util.h"
 #include "base/file.h"
@@ -235,6 +238,57 @@ TEST(rollback_and_persist) {
     }
 }
 
+/* every layer's device table (CPU: host memory) against the host tables after a sync */
+static int mirror_ok(const tern_kv *kv) {
+    const int ns = tern_kv_n_slots(kv);
+    for (int l = 0; l < tern_kv_n_layer(kv); l++) {
+        const tern_kv_layer *v = tern_kv_view(kv, l);
+        const int g = tern_kv_layer_group(kv, l);
+        if (!v || !v->block_table || g < 0) continue;
+        for (int s = 0; s < ns; s++)
+            for (int i = 0; i < v->max_blocks; i++)
+                if (v->block_table[(size_t)s * v->max_blocks + i] != tern_kv_group_block(kv, g, s, i)) return 0;
+    }
+    return 1;
+}
+
+TEST(sync_mirrors_changed_rows) {
+    const char *fx = "tests/parity/fixtures/gemma4_e2b_like";
+    if (access(fx, F_OK)) { SKIP("sync_mirrors_changed_rows", "fixture gemma4_e2b_like absent"); return; }
+    mdl M = {0};
+    if (load(&M, "gemma4_e2b_like", fx)) { CHECK(0, "load %s", fx); return; }
+    tern_kv_opts ko = {.n_slots = 6, .max_ctx = 128, .block_size = 4};
+    tern_kv *kv = NULL;
+    tern_error err = {0};
+    CHECK(!tern_kv_open(&kv, BE, tern_model_cfg(M.m), &ko, &err), "kv: %s", err.msg);
+    CHECK(kv && tern_kv_has_group(kv, 1), "a sliding group");
+    int len[6] = {0}, syncs = 0, bad = 0;
+    unsigned long long rs = 4242;
+    for (int it = 0; kv && it < 600 && !bad; it++) {
+        const int s = (int)(test_rand_u64(&rs) % 6), op = (int)(test_rand_u64(&rs) % 8);
+        if (op < 4) { /* grow */
+            const int n = TERN_MIN(128, len[s] + 1 + (int)(test_rand_u64(&rs) % 9));
+            if (!tern_kv_reserve(kv, s, n, NULL)) len[s] = n;
+        } else if (op == 4) {
+            tern_kv_trim(kv, s, len[s]);
+        } else if (op == 5 && len[s] > 0) {
+            const int n = (int)(test_rand_u64(&rs) % (unsigned)(len[s] + 1));
+            if (!tern_kv_truncate(kv, s, n, NULL)) len[s] = n;
+        } else if (op == 6) {
+            tern_kv_release(kv, s);
+            len[s] = 0;
+        } else {
+            tern_kv_sync(kv);
+            syncs++;
+            bad = !mirror_ok(kv);
+        }
+    }
+    tern_kv_sync(kv);
+    CHECK(!bad && mirror_ok(kv), "the device tables differ from the host's (after %d syncs)", syncs);
+    tern_kv_close(kv);
+    tern_model_free(M.m);
+}
+
 /* runtime_util.h helpers this file does not need */
 void *kvops_unused_[] = {(void *)rt_drain, (void *)rt_prompt, (void *)rt_on_event, (void *)rt_ref_greedy,
                          (void *)rt_ref_close, (void *)rt_ref_open};
@@ -244,6 +298,7 @@ int main(void) {
     tern_error err = {0};
     if (!rt_model_dir() || tern_backend_cpu_open(&BE, &bo, &err)) { printf("FAIL: setup: %s\n", err.msg); return 1; }
     RUN(rollback_and_persist);
+    RUN(sync_mirrors_changed_rows);
     tern_backend_close(BE);
     return test_done();
 }
