@@ -346,6 +346,17 @@ static void in_layout(tern_model *m, int n) {
     m->d_pos = m->d_in + n;
     m->d_slot = m->d_in + 2 * (size_t)n;
 }
+/* the sub-batch's tokens | positions | slots as one upload (one copy a step instead of three); without tokens
+ * (embedding rows, or a fed decode launch whose tokens are the previous step's draws in d_in) only the last two */
+static void in_upload(tern_model *m, const tern_batch *sub) {
+    const int n = sub->n;
+    in_layout(m, n);
+    if (sub->tokens) memcpy(m->h_in, sub->tokens, sizeof(int32_t) * (size_t)n);
+    memcpy(m->h_in + n, sub->pos, sizeof(int32_t) * (size_t)n);
+    memcpy(m->h_in + 2 * (size_t)n, sub->slot, sizeof(int32_t) * (size_t)n);
+    const size_t skip = sub->tokens ? 0 : (size_t)n;
+    m->be->vt->upload(m->be, m->d_in + skip, m->h_in + skip, sizeof(int32_t) * (3 * (size_t)n - skip));
+}
 
 static const tern_arch_impl *impl_for(tern_arch a) {
     switch (a) {
@@ -738,12 +749,7 @@ int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, in
                        n <= graph_max_rows();
     tern_kv_sync(kv);
     if (smp->n_pairs) vt->upload(m->be, m->d_pairs, smp->pairs, sizeof(tern_sample_pair) * (size_t)smp->n_pairs);
-    in_layout(m, n);
-    if (b->tokens) memcpy(m->h_in, b->tokens, sizeof(int32_t) * (size_t)n);
-    memcpy(m->h_in + n, b->pos, sizeof(int32_t) * (size_t)n);
-    memcpy(m->h_in + 2 * (size_t)n, b->slot, sizeof(int32_t) * (size_t)n);
-    const size_t skip = b->tokens ? 0 : (size_t)n; /* fed: d_in[0, n) holds the previous step's draws */
-    vt->upload(m->be, m->d_in + skip, m->h_in + skip, sizeof(int32_t) * (3 * (size_t)n - skip));
+    in_upload(m, b); /* fed (no tokens): d_in[0, n) holds the previous step's draws */
     tern_batch sub = *b; /* the recorded step reads its tokens from d_in either way: the key's feed variant */
     sub.tokens = m->h_in;
     sub.want = NULL;
@@ -807,12 +813,7 @@ tern_status tern__model_forward_local(tern_model *m, const tern_batch *b, tern_k
         sub.slot = b->slot + r0;
         sub.want = b->want ? b->want + r0 : NULL;
         sub.span = has_spans ? b->span + r0 : NULL;
-        in_layout(m, n); /* tokens | pos | slot as one upload (one copy a step instead of three) */
-        if (sub.tokens) memcpy(m->h_in, sub.tokens, sizeof(int32_t) * (size_t)n);
-        memcpy(m->h_in + n, sub.pos, sizeof(int32_t) * (size_t)n);
-        memcpy(m->h_in + 2 * (size_t)n, sub.slot, sizeof(int32_t) * (size_t)n);
-        const size_t skip = sub.tokens ? 0 : (size_t)n;
-        m->be->vt->upload(m->be, m->d_in + skip, m->h_in + skip, sizeof(int32_t) * (3 * (size_t)n - skip));
+        in_upload(m, &sub);
         if (sub.embd) m->be->vt->upload(m->be, m->d_embd, sub.embd, sizeof(float) * (size_t)n * m->cfg.n_embd);
         m->vis_on = 0;
         if (sub.span)

@@ -314,11 +314,13 @@ void tern_kv_sync(tern_kv *kv) {
         if (g->dirty == 2) {
             kv->be->vt->upload(kv->be, g->table_dev, g->table, rb * (size_t)kv->n_slots);
         } else {
-            for (int s = 0, e; s < kv->n_slots; s = e) { /* runs of changed rows */
-                for (e = s + 1; g->sdirty[s] && e < kv->n_slots && g->sdirty[e];) e++;
-                if (g->sdirty[s])
-                    kv->be->vt->upload(kv->be, (uint8_t *)g->table_dev + rb * (size_t)s, g->table + (size_t)s * kv->max_blocks,
-                                       rb * (size_t)(e - s));
+            for (int s = 0; s < kv->n_slots;) { /* runs of changed rows */
+                if (!g->sdirty[s]) { s++; continue; }
+                int e = s + 1;
+                while (e < kv->n_slots && g->sdirty[e]) e++;
+                kv->be->vt->upload(kv->be, (uint8_t *)g->table_dev + rb * (size_t)s, g->table + (size_t)s * kv->max_blocks,
+                                   rb * (size_t)(e - s));
+                s = e;
             }
         }
         memset(g->sdirty, 0, (size_t)kv->n_slots);

@@ -505,6 +505,14 @@ static void preempt(tern_sched *s, tern__req *r) {
 
 /* ---- one step ---------------------------------------------------------------------- */
 
+/* k more of r's rows are in the cache: offer full blocks to the prefix cache before trim drops the sliding blocks it
+ * keeps too */
+static void rows_cached(tern_sched *s, tern__req *r, int k) {
+    r->n_past += k;
+    tern__prefix_insert(s->pc, r->slot, r->tok, r->n_past, &r->n_reg, &r->chain);
+    tern_kv_trim(s->kv, r->slot, r->n_past);
+}
+
 /* Reserve KV for r's rows, preempting or shrinking as sched.h says. Returns the rows to run
  * (0: r left the running set: preempted, or finished into *n_done). */
 static int reserve_rows(tern_sched *s, int i, int rows, int *n_done) {
@@ -581,9 +589,7 @@ static int verify(tern_sched *s, tern__req *r, float *rows, const int32_t *ids) 
         finish(s, r, TERN_FINISH_NONE, &e);
         return 1;
     }
-    r->n_past += a;
-    tern__prefix_insert(s->pc, r->slot, r->tok, r->n_past, &r->n_reg, &r->chain);
-    tern_kv_trim(s->kv, r->slot, r->n_past);
+    rows_cached(s, r, a);
     return 0;
 }
 
@@ -694,10 +700,7 @@ static int fly_step(tern_sched *s, tern_status *st, tern_error *err) {
     }
     for (int i = 0; i < n; i++) {
         tern__req *r = R[i];
-        if (!r) continue;
-        r->n_past++;
-        tern__prefix_insert(s->pc, r->slot, r->tok, r->n_past, &r->n_reg, &r->chain);
-        tern_kv_trim(s->kv, r->slot, r->n_past); /* keeps the queued row's window (from n_past - W + 1 on) */
+        if (r) rows_cached(s, r, 1); /* trim keeps the queued row's window (from n_past - W + 1 on) */
     }
     for (int i = 0; i < n; i++) {
         int tok;
@@ -796,11 +799,8 @@ tern_status tern__sched_step(tern_sched *s, int *n_done, tern_error *err) {
     for (int i = 0; i < s->n_run; i++) {
         tern__req *r = s->run[i];
         if (!r->rows) continue;
-        r->n_past += r->rows - r->spec_d;   /* draft rows are tentative until verified */
+        rows_cached(s, r, r->rows - r->spec_d);   /* draft rows are tentative until verified */
         r->rows = 0;
-        /* offer full blocks to the cache before trim drops the sliding blocks it keeps too */
-        tern__prefix_insert(s->pc, r->slot, r->tok, r->n_past, &r->n_reg, &r->chain);
-        tern_kv_trim(s->kv, r->slot, r->n_past);
     }
     for (int w = 0; w < nw; w++) {
         tern__req *r = s->b_req[w];
