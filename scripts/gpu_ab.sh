@@ -838,6 +838,22 @@ if [[ " $SECTIONS " == *" 65 "* ]]; then
     for f in "$OUT"/conc_*TERN_ASYNC*; do say "  $(basename "$f"): $(grep '^steps' "$f" | tr '\n' ' ')"; done
 fi
 
+# 66. session 43: one step graph for both parities of the pipelined decode (graph.c: the copy nodes retargeted between
+#     two pinned halves per launch) — the engine's pipeline test on cuda, the digest with every step pipelined, then
+#     batch decode of llama3-8b bf16 and q4 at 1 / 8 / 64 sequences with the pipeline off and on from 1 row
+#     (TERN_ASYNC_ROWS=1; session 42's two graphs a size lost 0.2-0.5 % at 1 and 8)
+if [[ " $SECTIONS " == *" 66 "* ]]; then
+    TERN_TEST_DEVICE=cuda TERN_LOG=warn timeout 120 build/tests/test_sample_device > "$OUT/sample66.txt" 2>&1
+    say "engine tests on cuda: $(grep -c '^PASS' "$OUT/sample66.txt") passed, $(grep -c '^FAIL' "$OUT/sample66.txt") failed; \
+$(grep 'steps queued ahead' "$OUT/sample66.txt" | head -1); halves warnings: $(grep -c 'cannot switch' "$OUT/sample66.txt")"
+    grep -E '^FAIL|check failed' "$OUT/sample66.txt" | head -5 | tee -a "$S"
+    dg() { env TERN_LT_TUNE=0 "$@" timeout 90 build/concurrency --random llama3-1b --device cuda --compute bf16 \
+             --conc 16 --prompt 32 --gen 32 --requests 2 --system 16 2>&1 | grep 'ids digest' | head -1; }
+    say "digest TERN_ASYNC_ROWS=1 / TERN_ASYNC=0: $(dg TERN_ASYNC_ROWS=1) / $(dg TERN_ASYNC=0)"
+    conc_ab "TERN_ASYNC=0;TERN_ASYNC_ROWS=1" "${AB66_MODELS:-llama3-8b llama3-8b:q4}" 1,8,64
+    for f in "$OUT"/conc_*TERN_ASYNC*; do say "  $(basename "$f"): $(grep -E '^steps|cannot switch' "$f" | tr '\n' ' ')"; done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

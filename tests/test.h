@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int t_pass_, t_fail_, t_cur_fail_;
 
@@ -48,13 +49,24 @@ static inline int t_selected_(const char *name) {
     return 0;
 }
 
+static inline double t_now_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+/* a test that took 2 s or more says so after its name (slow GPU / sanitizer runs show where the time went) */
 #define RUN(name)                                                              \
     do {                                                                       \
         if (!t_selected_(#name)) break;                                        \
         t_cur_fail_ = 0;                                                       \
+        const double t0_ = t_now_();                                           \
         name();                                                                \
-        if (t_cur_fail_) { printf("FAIL: %s\n", #name); t_fail_++; }           \
-        else { printf("PASS: %s\n", #name); t_pass_++; }                       \
+        const double dt_ = t_now_() - t0_;                                     \
+        printf("%s: %s", t_cur_fail_ ? "FAIL" : "PASS", #name);               \
+        if (dt_ >= 2.0) printf(" (%.1f s)", dt_);                              \
+        printf("\n");                                                          \
+        if (t_cur_fail_) t_fail_++;                                            \
+        else t_pass_++;                                                        \
         fflush(stdout);                                                        \
     } while (0)
 #define SKIP(name, why) (printf("SKIP: %s: %s\n", name, why), fflush(stdout))

@@ -66,6 +66,7 @@ struct tern_model {
     int samp_base, samp_any, samp_all;
     int feed;                  /* tern_model_decode_launch: the draws also land in d_in[0, n), the next step's tokens */
     int fed_n;                 /* rows of the last decode launch (0 once anything else has run: d_in holds no draws) */
+    int pipe_off;              /* tern_model_decode_launch refuses from now on (a recorded step graph would not launch) */
     tern_sample_row *d_srows;  /* [max_batch] */
     tern_sample_pair *d_pairs; /* [TERN_MODEL_SAMPLE_PAIRS] */
     int32_t *d_ids;            /* [max_batch] */

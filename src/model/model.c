@@ -729,14 +729,16 @@ tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_k
     return s;
 }
 
-/* model.h: decode rows queued as a step graph without waiting (their own keys: the feed variant, by parity), or run at
- * once where the backend cannot launch graphs */
+/* model.h: decode rows queued as a step graph without waiting (the feed variant of the step's key; one graph for both
+ * parities, each writing its ids into its own staging half: *key's low bit is the parity), or run at once where the
+ * backend cannot launch graphs */
 int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, int parity, const tern_batch_sample *smp,
                              uint64_t *key) {
     const tern_backend_vt *vt = m->be->vt;
     const int n = b ? b->n : 0;
     *key = 0;
-    if (m->tp || m->experts || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC || !tern_model_can_sample(m)) return 0;
+    if (m->tp || m->experts || m->pipe_off || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC || !tern_model_can_sample(m))
+        return 0;
     if (n < 1 || n > m->max_batch || n > 1024 || b->embd || b->span || (!b->tokens && n != m->fed_n)) return 0;
     if (!smp || !samp_request_ok(smp)) return 0;
     for (int r = 0; r < n; r++) {
@@ -760,10 +762,13 @@ int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, in
     m->feed = 1;
     int ok;
     if (graphs) {
-        *key = step_key(m, kv, &sub, n, 2) ^ (0x9e3779b97f4a7c15ull * (uint64_t)(2 + (parity & 1)));
-        *key += !*key; /* 0 means "ran at once" */
-        ok = vt->graph_launch(m->be, *key) ||
-             (record(m, &sub, kv, wi, n, NULL, *key, smp->ids, sizeof(int32_t) * (size_t)n) && vt->graph_launch(m->be, *key));
+        const uint64_t gk = ((step_key(m, kv, &sub, n, 2) ^ 0x3c6ef372fe94f82aull) & ~1ull) | 2; /* even, not 0 */
+        *key = gk | (uint64_t)(parity & 1); /* 0 means "ran at once" */
+        ok = vt->graph_launch(m->be, gk, parity & 1);
+        if (!ok && record(m, &sub, kv, wi, n, NULL, gk, smp->ids, sizeof(int32_t) * (size_t)n)) {
+            ok = vt->graph_launch(m->be, gk, parity & 1);
+            m->pipe_off = !ok; /* a graph just recorded that will not launch (its outputs cannot switch halves): stop */
+        }
     } else {
         tern_error scratch = {0};
         ok = m->impl->forward(m, &sub, kv, wi, n, NULL, &scratch) == TERN_OK;
@@ -774,10 +779,15 @@ int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, in
     m->fed_n = ok ? n : 0;
     return ok;
 }
+int tern_model_decode_async(const tern_model *m) {
+    const tern_backend_vt *vt = m->be->vt;
+    return !m->tp && !m->experts && !m->pipe_off && vt->graph_launch && vt->graph_wait && vt->graph_begin &&
+           vt->graph_end && graphs_enabled() && tern_model_can_sample(m);
+}
 int tern_model_decode_wait(tern_model *m, uint64_t key, int n, const tern_batch_sample *smp) {
     const tern_backend_vt *vt = m->be->vt;
     if (!smp || !smp->ids || n < 1) return 0;
-    return !key || (vt->graph_wait && vt->graph_wait(m->be, key, smp->ids, sizeof(int32_t) * (size_t)n));
+    return !key || (vt->graph_wait && vt->graph_wait(m->be, key & ~1ull, (int)(key & 1), smp->ids, sizeof(int32_t) * (size_t)n));
 }
 
 tern_status tern_model_forward(tern_model *m, const tern_batch *b, tern_kv *kv, float *logits, tern_error *err) {

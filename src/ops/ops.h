@@ -276,10 +276,12 @@ typedef struct tern_backend_vt {
     int (*graph_begin)(tern_backend *be, uint64_t key, void *out, size_t out_bytes);
     int (*graph_end)(tern_backend *be, int ok);
     void (*graph_reset)(tern_backend *be);
-    /* optional, the pipelined decode (runtime/generate.c): graph_launch runs the graph recorded for key without waiting
-     * (1 when launched); graph_wait waits for its last launch and copies the downloads it recorded into out */
-    int (*graph_launch)(tern_backend *be, uint64_t key);
-    int (*graph_wait)(tern_backend *be, uint64_t key, void *out, size_t out_bytes);
+    /* optional, the pipelined decode (runtime/generate.c, sched.c): graph_launch runs the graph recorded for key
+     * without waiting, its downloads into staging half `half` (0 or 1; 1 when launched); graph_wait waits for its last
+     * launch into that half and copies the downloads into out. Two launches of one graph into different halves may be
+     * queued at once */
+    int (*graph_launch)(tern_backend *be, uint64_t key, int half);
+    int (*graph_wait)(tern_backend *be, uint64_t key, int half, void *out, size_t out_bytes);
 
     /* GLM-5 ops (appended; NULL when the backend has none) */
     const tern_glm_ops *glm;

@@ -22,13 +22,15 @@ int tern_device_sampling(const tern_model *m) {
     return tern_model_can_sample(m) && !(ds && ds[0] == '0');
 }
 
-/* TERN_ASYNC (default 1; 0 off): device-drawn decode as a pipeline, here and in the engine's scheduler (read at each
- * call, so a test may switch it). H200, session 41 (bench/NOTES.md (ba)): greedy ids the same as the plain loop
+/* TERN_ASYNC (default 1; 0 off; 2 also where steps run at once): device-drawn decode as a pipeline, here and in the
+ * engine's scheduler (read at each call, so a test may switch it). H200, session 41 (bench/NOTES.md (ba)): greedy ids the same as the plain loop
  * (llama3 / gemma4_e2b_like / qwen3 fixtures, f32 and bf16); b1 llama3-8b bf16 235.2 / 234.2 -> 235.6 / 235.6 tok/s, q4
  * 370.2 / 371.7 -> 372.9 / 372.7 (the host spent 40-46 us a token between step graphs, part of it with the GPU idle) */
-int tern_async_decode(void) {
+int tern_async_decode(const tern_model *m) {
     const char *e = getenv("TERN_ASYNC");
-    return !(e && e[0] == '0');
+    if (e && e[0] == '0') return 0;
+    if (e && e[0] == '2') return 1;
+    return tern_model_decode_async(m);
 }
 
 /* what both decode loops of tern_generate share */
@@ -153,7 +155,7 @@ tern_status tern_generate(tern_model *m, tern_kv *kv, int slot, const int32_t *p
     t0 = tern_time_s();
     int cur = n_prompt;
     const gen_ctx x = {m, kv, slot, V, max_new, n_stop, stop_ids, on_token, tok_ctx, &st};
-    if (dev && tern_async_decode()) { /* the pipelined decode: the same tokens, the GPU not waiting for the host */
+    if (dev && tern_async_decode(x.m)) { /* the pipelined decode: the same tokens, the GPU not waiting for the host */
         if ((s = gen_pipelined(&x, did, &row, &cur, err))) goto done;
     } else {
         for (int g = 0; g < max_new; g++) {

@@ -30,8 +30,10 @@ int tern_argmax(const float *x, int n);
 /* 1 when the model draws on its device and TERN_DEVICE_SAMPLE=0 does not turn that off (the
  * scheduler and tern_generate both ask) */
 int tern_device_sampling(const tern_model *m);
-/* 1 unless TERN_ASYNC=0: device-drawn decode steps are queued before the previous step's ids reach the host
- * (tern_generate's loop and the scheduler's steady decode; read at each call) */
-int tern_async_decode(void);
+/* 1 when device-drawn decode steps are queued before the previous step's ids reach the host (tern_generate's loop and
+ * the scheduler's steady decode; read at each call): where m's steps launch without waiting (step graphs, see
+ * tern_model_decode_async), unless TERN_ASYNC=0. TERN_ASYNC=2 pipelines also where each step runs at once (the CPU
+ * backend: no gain, a step's ids come back one step later; the tests use it to run the pipeline's bookkeeping) */
+int tern_async_decode(const tern_model *m);
 
 #endif

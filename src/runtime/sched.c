@@ -27,12 +27,13 @@
  * flight by length, none is cancelled, speculates or has a penalty history (the draw after next needs this one
  * accepted), nobody waits for a free slot, the KV takes one more row each. A request that ends by a stop id or its
  * callback while the next step runs leaves a dead row in it (dropped; its KV entry lies past the sequence); the
- * pipeline then drains and the next step is planned as usual. Same tokens as the plain loop. Steps of at least
- * TERN_ASYNC_ROWS decode rows (default 32) start a pipeline: H200, session 42 (bench/NOTES.md (bb)), llama3-8b 128 +
- * 128 dec tok/s off / on: bf16 64 sequences 11557 / 11537 -> 11684 / 11781, 8: +0.5 %, 1: -0.2 %; q4 64: 12059 / 12039
- * -> 12146 / 12121, 8: -0.35 %, 1: -0.5 % (consistent across reps; tern_generate's one-row pipeline gains +0.4 %).
- * Likely cause: each batch size's pipelined steps take two step graphs (parity), recorded at first sight — inside
- * that benchmark's measured window, ~2-4 ms each — and they also take twice the graph cache's room (16 graphs).
+ * pipeline then drains and the next step is planned as usual. Same tokens as the plain loop. Every such step of at
+ * least TERN_ASYNC_ROWS decode rows (default 1) starts a pipeline. H200, llama3-8b 128 + 128 dec tok/s off / on:
+ * session 42 (bench/NOTES.md (bb)), two step graphs a batch size (one a parity): bf16 64 sequences 11557 / 11537 ->
+ * 11684 / 11781, but 1 and 8 sequences -0.2..-0.5 % (q4 too), so the default was 32 rows; session 43 (NOTES (bc)),
+ * one graph for both parities (graph.c retargets its ids copy between two staging halves): bf16 1 / 8 / 64 sequences
+ * 231.3 / 230.4, 1204 / 1196, 11458 / 11351 -> 232.8 / 233.1, 1211 / 1216, 11487 / 11438; q4 373.3 / 371.7, 2344 /
+ * 2332, 11980 / 12083 -> 374.5 / 373.7, 2338 / 2342, 12173 / 12173 — no loss at any size, hence 1.
  */
 #include "runtime/sched.h"
 #include "runtime/generate.h"
@@ -66,7 +67,7 @@ struct tern_sched {
     int32_t *sids;             /* [n_slots * (1 + TERN_SPEC_MAX_K)] tokens drawn on the device */
     /* the pipelined decode (see the top): the step in flight, by parity */
     int async_on;              /* tern_async_decode() at open, with device sampling */
-    int async_rows;            /* TERN_ASYNC_ROWS at open (default 32): the fewest decode rows that start a pipeline */
+    int async_rows;            /* TERN_ASYNC_ROWS at open (default 1): the fewest decode rows that start a pipeline */
     int fly_n, fly_par;        /* rows of the step in flight (0: none) and its parity */
     uint64_t fly_key[2];
     tern__req **fly_req[2];    /* [n_slots] its requests in row order (NULL: ended while it ran) */
@@ -229,9 +230,9 @@ tern_status tern__sched_open(tern_sched **out, tern_model *m, tern_kv *kv, const
             s->fly_req[p] = calloc(S, sizeof *s->fly_req[p]);
             s->fly_ids[p] = calloc(S, sizeof *s->fly_ids[p]);
         }
-        s->async_on = s->dev_on && tern_async_decode() && s->fly_req[0] && s->fly_req[1] && s->fly_ids[0] && s->fly_ids[1];
+        s->async_on = s->dev_on && tern_async_decode(m) && s->fly_req[0] && s->fly_req[1] && s->fly_ids[0] && s->fly_ids[1];
         const char *ar = getenv("TERN_ASYNC_ROWS");
-        s->async_rows = ar && ar[0] ? TERN_MAX(1, atoi(ar)) : 32;
+        s->async_rows = ar && ar[0] ? TERN_MAX(1, atoi(ar)) : 1;
     }
     tern_status st = TERN_OK;
     if (!s->run || !s->free_slots || !s->b_tok || !s->b_pos || !s->b_slot || !s->b_want || !s->b_req || !s->logits)

@@ -86,11 +86,11 @@ expect serve_max_batch_tokens_text 2 "max-batch-tokens" $T serve demo --max-batc
 a=$($T generate demo --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 6 --temperature 0 --ignore-eos --print-ids --chunk 5 2>/dev/null)
 b=$($T generate demo --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 6 --temperature 0 --ignore-eos --print-ids 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok generate_chunk_same_ids || bad "generate_chunk_same_ids: '$a' vs '$b'"
-# the pipelined decode (TERN_ASYNC=1; on a backend without step graphs it runs each step as the plain loop does, so
-# this checks its count and trim bookkeeping; gemma4_e2b_like slides a window of 7): the same ids as the plain loop
+# the pipelined decode (TERN_ASYNC=2: also on a backend without step graphs, which runs each step at once, so this
+# checks its count and trim bookkeeping; gemma4_e2b_like slides a window of 7): the same ids as the plain loop
 for f in llama3 gemma4_e2b_like; do
     a=$(TERN_ASYNC=0 $T generate tests/parity/fixtures/$f --ids 2,17,99,5 --max-tokens 40 --temperature 0 --ignore-eos --print-ids 2>/dev/null)
-    b=$(TERN_ASYNC=1 $T generate tests/parity/fixtures/$f --ids 2,17,99,5 --max-tokens 40 --temperature 0 --ignore-eos --print-ids 2>/dev/null)
+    b=$(TERN_ASYNC=2 $T generate tests/parity/fixtures/$f --ids 2,17,99,5 --max-tokens 40 --temperature 0 --ignore-eos --print-ids 2>/dev/null)
     [ -n "$a" ] && [ "$a" = "$b" ] && ok "generate_async_same_ids_$f" || bad "generate_async_same_ids_$f: '$a' vs '$b'"
 done
 # a chunk longer than the default (the sliding layers' KV must hold window + one chunk): 1500 ids at once

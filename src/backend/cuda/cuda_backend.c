@@ -470,11 +470,11 @@ static void be_moe_mlp(tern_backend *be, float *y, const float *x, int n, int H,
 static int be_graph_replay(tern_backend *be, uint64_t key, void *out, size_t out_bytes) {
     return tern__cuda_graph_replay(C(be), key, out, out_bytes);
 }
-int tern__cuda_graph_launch(tern__cuda *c, uint64_t key); /* graph.c */
-int tern__cuda_graph_wait(tern__cuda *c, uint64_t key, void *out, size_t out_bytes);
-static int be_graph_launch(tern_backend *be, uint64_t key) { return tern__cuda_graph_launch(C(be), key); }
-static int be_graph_wait(tern_backend *be, uint64_t key, void *out, size_t out_bytes) {
-    return tern__cuda_graph_wait(C(be), key, out, out_bytes);
+int tern__cuda_graph_launch(tern__cuda *c, uint64_t key, int half); /* graph.c */
+int tern__cuda_graph_wait(tern__cuda *c, uint64_t key, int half, void *out, size_t out_bytes);
+static int be_graph_launch(tern_backend *be, uint64_t key, int half) { return tern__cuda_graph_launch(C(be), key, half); }
+static int be_graph_wait(tern_backend *be, uint64_t key, int half, void *out, size_t out_bytes) {
+    return tern__cuda_graph_wait(C(be), key, half, out, out_bytes);
 }
 static int be_graph_begin(tern_backend *be, uint64_t key, void *out, size_t out_bytes) {
     return tern__cuda_graph_begin(C(be), key, out, out_bytes);

@@ -11,7 +11,12 @@
  * whole context and lets the blocks past a row's last key exit early).
  *
  * Downloads made while recording become copies into pinned staging owned by the graph (at the
- * same offset as in the caller's output range); replay copies them out after the launch.
+ * same offset as in the caller's output range); replay copies them out after the launch. The
+ * staging has two halves (the second allocated at its first use): a launch that does not wait
+ * (graph_launch, the pipelined decode) names a half, and the graph's copy nodes are pointed at it
+ * (cudaGraphExecMemcpyNodeSetParams1D, which leaves launches already queued alone), so two queued
+ * steps of one graph never write the same outputs — one graph serves both parities of the
+ * pipeline.
  * An upload or a download outside the output range while recording marks the recording bad:
  * graph_end then drops it and the driver runs the step eagerly. At most TERN_CUDA_MAX_GRAPHS
  * graphs are kept (least recently used goes first).
@@ -30,23 +35,30 @@
 typedef struct tern__cuda_graph {
     uint64_t key;
     int used;
+    cudaGraph_t graph; /* kept: its copy nodes are the handles graph_launch retargets */
     cudaGraphExec_t exec;
-    uint8_t *pin;            /* pinned staging for the step's downloads */
+    uint8_t *pin[2];   /* pinned staging for the step's downloads, two halves of pin_bytes (the second lazily) */
     size_t pin_bytes;
+    int half;          /* the half the copy nodes write now */
     int n_copies;
     size_t off[MAX_COPIES], bytes[MAX_COPIES];
+    const void *src[MAX_COPIES];     /* the device side of each recorded download */
+    cudaGraphNode_t node[MAX_COPIES]; /* its copy node (NULL: not found, the graph cannot switch halves) */
     uint64_t last_use;
-    cudaEvent_t done; /* graph_launch: recorded after its last launch, for graph_wait */
+    cudaEvent_t done[2]; /* graph_launch: recorded after the last launch into each half, for graph_wait */
 } tern__cuda_graph;
 
 static void drop(tern__cuda_graph *g) {
     if (!g->used) return;
-    if (g->done) { /* a launch without a wait may still be running */
-        cudaEventSynchronize(g->done);
-        cudaEventDestroy(g->done);
-    }
+    for (int h = 0; h < 2; h++)
+        if (g->done[h]) { /* a launch without a wait may still be running */
+            cudaEventSynchronize(g->done[h]);
+            cudaEventDestroy(g->done[h]);
+        }
     if (g->exec) cudaGraphExecDestroy(g->exec);
-    if (g->pin) cudaFreeHost(g->pin);
+    if (g->graph) cudaGraphDestroy(g->graph);
+    for (int h = 0; h < 2; h++)
+        if (g->pin[h]) cudaFreeHost(g->pin[h]);
     memset(g, 0, sizeof *g);
 }
 
@@ -109,10 +121,11 @@ int tern__cuda_download_recorded(tern__cuda *c, void *dst, const void *src, size
         return 1;
     }
     size_t off = (size_t)(d - c->cap_out);
-    if (cudaMemcpyAsync(g->pin + off, src, bytes, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess) {
+    if (cudaMemcpyAsync(g->pin[0] + off, src, bytes, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess) {
         c->capture_bad = 1;
         return 1;
     }
+    g->src[g->n_copies] = src;
     g->off[g->n_copies] = off;
     g->bytes[g->n_copies++] = bytes;
     return 1;
@@ -125,11 +138,6 @@ static tern__cuda_graph *find(tern__cuda *c, uint64_t key) {
     return NULL;
 }
 
-/* the downloads a finished launch of g recorded, from its pinned staging into the caller's output range */
-static void copy_out(const tern__cuda_graph *g, void *out) {
-    for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin + g->off[i], g->bytes[i]);
-}
-
 /* a failed launch or wait: the backend's sticky error (the first one is logged) */
 static void graph_error(tern__cuda *c, cudaError_t e, const char *what) {
     cudaGetLastError();
@@ -137,6 +145,56 @@ static void graph_error(tern__cuda *c, cudaError_t e, const char *what) {
         c->sticky = e;
         tern_log(TERN_LOG_ERROR, "cuda: %s: %s", what, cudaGetErrorString(e));
     }
+}
+
+/* the downloads a finished launch of g recorded into half h, from its pinned staging into the caller's output range */
+static void copy_out(const tern__cuda_graph *g, int h, void *out) {
+    for (int i = 0; i < g->n_copies; i++) memcpy((uint8_t *)out + g->off[i], g->pin[h] + g->off[i], g->bytes[i]);
+}
+
+/* graph_end: each recorded download's copy node (matched by its pinned destination), for set_half */
+static void find_copy_nodes(tern__cuda_graph *g) {
+    size_t n = 0;
+    if (!g->n_copies || cudaGraphGetNodes(g->graph, NULL, &n) != cudaSuccess || !n) return;
+    cudaGraphNode_t *all = malloc(n * sizeof *all);
+    if (all && cudaGraphGetNodes(g->graph, all, &n) == cudaSuccess) {
+        for (size_t k = 0; k < n; k++) {
+            enum cudaGraphNodeType t;
+            struct cudaMemcpy3DParms p;
+            if (cudaGraphNodeGetType(all[k], &t) != cudaSuccess || t != cudaGraphNodeTypeMemcpy ||
+                cudaGraphMemcpyNodeGetParams(all[k], &p) != cudaSuccess)
+                continue;
+            for (int i = 0; i < g->n_copies; i++)
+                if ((uint8_t *)p.dstPtr.ptr + p.dstPos.x == g->pin[0] + g->off[i]) g->node[i] = all[k];
+        }
+    }
+    free(all);
+    cudaGetLastError();
+}
+
+/* point g's copy nodes at half h (allocated at its first use); 0 when it cannot (logged once) */
+static int set_half(tern__cuda_graph *g, int h) {
+    static int warned;
+    if (g->half == h || !g->n_copies) {
+        g->half = h;
+        return 1;
+    }
+    cudaError_t e = cudaSuccess;
+    if (!g->pin[h]) e = cudaHostAlloc((void **)&g->pin[h], g->pin_bytes, cudaHostAllocDefault);
+    if (e != cudaSuccess) g->pin[h] = NULL;
+    for (int i = 0; i < g->n_copies && e == cudaSuccess; i++)
+        e = g->node[i] ? cudaGraphExecMemcpyNodeSetParams1D(g->exec, g->node[i], g->pin[h] + g->off[i], g->src[i],
+                                                            g->bytes[i], cudaMemcpyDeviceToHost)
+                       : cudaErrorInvalidValue; /* its node was not found at graph_end */
+    if (e != cudaSuccess) { /* the nodes may point at mixed halves: the caller drops the graph */
+        cudaGetLastError();
+        if (!warned++)
+            tern_log(TERN_LOG_WARN, "cuda: a step graph's outputs cannot switch staging halves (%s): the pipelined "
+                     "decode waits for each step instead", cudaGetErrorString(e));
+        return 0;
+    }
+    g->half = h;
+    return 1;
 }
 
 int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_bytes) {
@@ -157,27 +215,33 @@ int tern__cuda_graph_replay(tern__cuda *c, uint64_t key, void *out, size_t out_b
         drop(g);
         return 0;
     }
-    copy_out(g, out);
+    copy_out(g, g->half, out);
     g->last_use = ++c->use_clock;
     c->gr_last = tern_time_s();
     return 1;
 }
 
-/* A launch that does not wait (ops.h graph_launch; the pipelined decode of runtime/generate.c): the step runs after
- * whatever the stream holds, an event marks its end; graph_wait waits for that event and copies the recorded downloads
- * out. Between the two the caller may queue more work (the next step) — the graph's pinned outputs are rewritten only by
- * its own next launch, which the caller queues after waiting. */
-int tern__cuda_graph_launch(tern__cuda *c, uint64_t key) {
+/* A launch that does not wait (ops.h graph_launch; the pipelined decode of runtime/generate.c and sched.c): the step
+ * runs after whatever the stream holds, writing its downloads into half h of the staging, and an event marks its end;
+ * graph_wait(h) waits for that event and copies half h out. Between the two the caller may queue more work (the next
+ * step, into the other half) — half h is rewritten only by a later launch into h, which the caller queues after
+ * waiting. */
+int tern__cuda_graph_launch(tern__cuda *c, uint64_t key, int h) {
     tern__cuda_graph *g = find(c, key);
+    h &= 1;
     if (!g || c->capturing) return 0;
     cudaSetDevice(c->device);
-    if (!g->done && cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming) != cudaSuccess) {
+    if (!g->done[h] && cudaEventCreateWithFlags(&g->done[h], cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
-        g->done = NULL;
+        g->done[h] = NULL;
+        return 0;
+    }
+    if (!set_half(g, h)) {
+        drop(g);
         return 0;
     }
     cudaError_t e = cudaGraphLaunch(g->exec, c->stream);
-    if (e == cudaSuccess) e = cudaEventRecord(g->done, c->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(g->done[h], c->stream);
     if (e != cudaSuccess) {
         graph_error(c, e, "graph launch");
         drop(g);
@@ -186,16 +250,17 @@ int tern__cuda_graph_launch(tern__cuda *c, uint64_t key) {
     g->last_use = ++c->use_clock;
     return 1;
 }
-int tern__cuda_graph_wait(tern__cuda *c, uint64_t key, void *out, size_t out_bytes) {
+int tern__cuda_graph_wait(tern__cuda *c, uint64_t key, int h, void *out, size_t out_bytes) {
     tern__cuda_graph *g = find(c, key);
-    if (!g || !g->done || (g->n_copies && (!out || out_bytes < g->pin_bytes))) return 0;
+    h &= 1;
+    if (!g || !g->done[h] || (g->n_copies && (!out || out_bytes < g->pin_bytes))) return 0;
     cudaSetDevice(c->device);
-    const cudaError_t e = cudaEventSynchronize(g->done);
+    const cudaError_t e = cudaEventSynchronize(g->done[h]);
     if (e != cudaSuccess) {
         graph_error(c, e, "graph wait");
         return 0;
     }
-    copy_out(g, out);
+    copy_out(g, h, out);
     return 1;
 }
 
@@ -226,7 +291,7 @@ int tern__cuda_graph_begin(tern__cuda *c, uint64_t key, void *out, size_t out_by
     g->used = 1;
     g->key = key;
     if (out && out_bytes) {
-        if (cudaHostAlloc((void **)&g->pin, out_bytes, cudaHostAllocDefault) != cudaSuccess) {
+        if (cudaHostAlloc((void **)&g->pin[0], out_bytes, cudaHostAllocDefault) != cudaSuccess) {
             cudaGetLastError();
             drop(g);
             return 0;
@@ -261,7 +326,12 @@ int tern__cuda_graph_end(tern__cuda *c, int ok) {
         g->exec = NULL;
         keep = 0;
     }
-    if (graph) cudaGraphDestroy(graph);
+    if (keep) {
+        g->graph = graph;
+        find_copy_nodes(g);
+    } else if (graph) {
+        cudaGraphDestroy(graph);
+    }
     cudaGetLastError(); /* a failed recording leaves no sticky error behind */
     if (!keep) {
         if (e != cudaSuccess) tern_log(TERN_LOG_DEBUG, "cuda: graph capture failed: %s", cudaGetErrorString(e));
