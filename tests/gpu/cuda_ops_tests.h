@@ -366,6 +366,7 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_route_topk);
     RUN(cuda_moe_mlp);
     RUN(cuda_graph_replay);
+    RUN(cuda_graph_launch_halves);
     cuda_glm_tests();
     cuda_fp8_tests();
     cuda_kvq_tests();

@@ -3,7 +3,8 @@
  * attention over a paged cache, download) is recorded once and replayed at two other
  * positions uploaded before each replay; every replay must match the same step run eagerly.
  * Also: an upload while recording makes graph_end refuse the graph (the driver then runs the
- * step eagerly), and graph_reset drops what was recorded. Part of cuda_ops_tests.h.
+ * step eagerly), and graph_reset drops what was recorded. Launches that do not wait write their
+ * downloads into the staging half they name (cuda_graph_launch_halves). Part of cuda_ops_tests.h.
  */
 
 typedef struct gstep {
@@ -77,4 +78,32 @@ TEST(cuda_graph_replay) {
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g_gpu->vt->free(g_gpu, bufs[i]);
     free_w(&w);
     free(kh); free(vh); free(xh);
+}
+
+/* graph_launch into two staging halves: one graph (x += 1; download x) queued twice without waiting, the later half
+ * waited for first — each half keeps its own launch's value (one shared staging would give both the last one) */
+TEST(cuda_graph_launch_halves) {
+    const tern_backend_vt *vt = g_gpu->vt;
+    if (!vt->graph_begin || !vt->graph_launch || !vt->graph_wait) { SKIP("cuda_graph_launch_halves", "no graph launches"); return; }
+    const float zero[4] = {0}, one[4] = {1, 1, 1, 1};
+    float *x = to_gpu(zero, sizeof zero), *u = to_gpu(one, sizeof one), out[4] = {0}, a[4], b[4];
+    const uint64_t key = 4242;
+    CHECK(vt->graph_begin(g_gpu, key, out, sizeof out) == 1, "graph_begin");
+    vt->add(g_gpu, x, x, u, 4);
+    vt->download(g_gpu, out, x, sizeof out);
+    CHECK(vt->graph_end(g_gpu, 1) == 1, "graph_end");
+    for (int round = 0; round < 3; round++) { /* x counts 2·round + 1, 2·round + 2 */
+        CHECK(vt->graph_launch(g_gpu, key, 0) == 1 && vt->graph_launch(g_gpu, key, 1) == 1, "launch round %d", round);
+        for (int i = 0; i < 4; i++) a[i] = b[i] = NAN;
+        CHECK(vt->graph_wait(g_gpu, key, 1, b, sizeof b) == 1 && vt->graph_wait(g_gpu, key, 0, a, sizeof a) == 1,
+              "wait round %d", round);
+        for (int i = 0; i < 4; i++)
+            CHECK(a[i] == (float)(2 * round + 1) && b[i] == (float)(2 * round + 2),
+                  "round %d element %d: half 0 read %g, half 1 read %g", round, i, a[i], b[i]);
+    }
+    for (int i = 0; i < 4; i++) a[i] = NAN;
+    CHECK(vt->graph_replay(g_gpu, key, a, sizeof a) == 1 && a[0] == 7.0f, "replay after the halves read %g", a[0]);
+    vt->graph_reset(g_gpu);
+    vt->free(g_gpu, x);
+    vt->free(g_gpu, u);
 }
