@@ -2,9 +2,10 @@
  * ref.c — the scalar reference backend ("cpu-ref"): the readable spec of every op.
  *
  * Each op is the plainest loop that computes what ops.h says, in f32 (weights decoded with
- * tern_tensor_row_f32, the reference row decoder). It is single-threaded and slow on
- * purpose; the fast CPU backend and the CUDA kernels are tested against it. Conventions the
- * fast kernels must share:
+ * tern_tensor_row_f32, the reference row decoder). It is slow on purpose; the fast CPU backend
+ * and the CUDA kernels are tested against it. The one concession: a big matmul splits its output
+ * rows over threads (each output is still the one plain loop, so the same bits) — the GPU op tests
+ * spent most of their minutes here. Conventions the fast kernels must share:
  *   - matmul: y[r][o] = Σ_j x[r][j] · W[o][j] with W[o][j] exactly as tern_tensor_row_f32
  *     decodes it (s·q + b for MLX affine).
  *   - attention: keys of the row's slot at positions b with lo <= b <= pos (lo = pos-W+1 for
@@ -28,8 +29,10 @@
 #include "ops/kvq.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- shared with the fast backend ---- */
 
@@ -81,12 +84,15 @@ static void fill_nan(float *y, size_t n) { for (size_t i = 0; i < n; i++) y[i] =
 
 /* ---- linear algebra ---- */
 
-/* y[n, out] = x[n, in] · W[mat]ᵀ */
-static void ref_matmul_mat(float *y, const float *x, int n, const tern_tensor *w, int mat) {
+/* y[n, out] = x[n, in] · W[mat]ᵀ, outputs [o0, o1) */
+static void ref_matmul_rows(float *y, const float *x, int n, const tern_tensor *w, int mat, int64_t o0, int64_t o1) {
     int64_t in = w->shape[w->ndim - 1], out = w->ndim >= 2 ? w->shape[w->ndim - 2] : 1;
     float *row = malloc((size_t)in * sizeof *row);
-    if (!row) { fill_nan(y, (size_t)n * (size_t)out); return; }
-    for (int64_t o = 0; o < out; o++) {
+    if (!row) {
+        for (int r = 0; r < n; r++) fill_nan(y + (size_t)r * (size_t)out + (size_t)o0, (size_t)(o1 - o0));
+        return;
+    }
+    for (int64_t o = o0; o < o1; o++) {
         tern_tensor_row_f32(w, (int64_t)mat * out + o, row);
         for (int r = 0; r < n; r++) {
             const float *xr = x + (size_t)r * (size_t)in;
@@ -96,6 +102,43 @@ static void ref_matmul_mat(float *y, const float *x, int n, const tern_tensor *w
         }
     }
     free(row);
+}
+
+typedef struct ref_mm_part {
+    float *y;
+    const float *x;
+    const tern_tensor *w;
+    int n, mat;
+    int64_t o0, o1;
+} ref_mm_part;
+static void *ref_mm_thread(void *arg) {
+    const ref_mm_part *p = arg;
+    ref_matmul_rows(p->y, p->x, p->n, p->w, p->mat, p->o0, p->o1);
+    return NULL;
+}
+
+/* the whole matmul; from 2^24 multiply-adds its outputs in up to 16 contiguous parts on threads (a part whose thread
+ * cannot start runs here) */
+static void ref_matmul_mat(float *y, const float *x, int n, const tern_tensor *w, int mat) {
+    int64_t in = w->shape[w->ndim - 1], out = w->ndim >= 2 ? w->shape[w->ndim - 2] : 1;
+    long nc = (double)n * (double)out * (double)in >= 16777216.0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+    int T = (int)(nc < 1 ? 1 : nc > 16 ? 16 : nc);
+    if (T > out) T = (int)out;
+    if (T <= 1) {
+        ref_matmul_rows(y, x, n, w, mat, 0, out);
+        return;
+    }
+    ref_mm_part part[16];
+    pthread_t th[16];
+    int started[16] = {0};
+    for (int i = 0; i < T; i++) {
+        part[i] = (ref_mm_part){y, x, w, n, mat, out * i / T, out * (i + 1) / T};
+        started[i] = i > 0 && pthread_create(&th[i], NULL, ref_mm_thread, &part[i]) == 0;
+    }
+    for (int i = 0; i < T; i++)
+        if (!started[i]) ref_mm_thread(&part[i]);
+    for (int i = 1; i < T; i++)
+        if (started[i]) pthread_join(th[i], NULL);
 }
 
 static void ref_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
