@@ -148,6 +148,11 @@ $(first_diff "$(gen40 $m off cuda bf16)" "$(TERN_LONG_KEYS=24 gen40 $m off cuda 
 $(first_diff "$(TERN_ASYNC=0 gen40 $m off cuda $c)" "$(TERN_ASYNC=1 gen40 $m off cuda $c)")"
             done
         done
+        # GLM-5's latent cache on bf16 pages (--kv-quant bf16; glm_attn.cu): the same greedy ids as the CPU's
+        for m in glm5_dense glm5_dsa; do
+            stamp "kv-quant bf16 $m: cuda vs cpu greedy, first mismatch at / cpu / cuda tokens: $(first_diff \
+                "$(gen40 $m bf16 cpu f32)" "$(gen40 $m bf16 cuda f32)")"
+        done
         # fused batch-decode paths against the separate ops in the model (STATUS lesson 16: an op test that compares
         # after a bf16 rounding can pass while the model diverges): concurrency's greedy ids digest with each switch
         # on and off (TERN_LT_TUNE=0: the same cuBLASLt answers in both runs); the two lines must agree

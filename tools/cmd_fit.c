@@ -205,13 +205,16 @@ int tern_cmd_fit(int argc, char **argv) {
     if (skipped) printf(", +%.3f GB vision/audio not loaded", gb(skipped));
     printf("\n");
     tern_fit_glm g;
-    if (tern_fit_glm_geometry(&cfg, &g)) { /* MLA latent cache: one page format (f32) for now */
+    if (tern_fit_glm_geometry(&cfg, &g)) { /* MLA latent cache: f32 pages, or bf16 in the selected KV mode */
+        size_t es = 4;
+        for (int l = 0; l < cfg.n_layer; l++)
+            if (cfg.layers[l].kv_latent && fmt && fmt[2 * l].kind == TERN_KV_BF16) es = 2;
         printf("\nGLM-5 geometry: %.1f B parameters, %.1f B active per token; %d MoE layers, %d of %d with a full indexer\n",
                g.params_total / 1e9, g.params_active / 1e9, g.n_moe, g.n_full_indexer, g.n_layer);
-        printf("  latent cache     %zu B/token (%d layers x (kv_lora %d + rope %d) x 4 B, f32 pages)\n", g.latent_token,
-               g.n_layer, cfg.kv_lora_rank, cfg.qk_rope_head_dim);
-        printf("  indexer keys     %zu B/token (%d full layers x %d x 4 B)\n", g.indexer_token, g.n_full_indexer,
-               cfg.index_head_dim);
+        printf("  latent cache     %zu B/token (%d layers x (kv_lora %d + rope %d) x %zu B, %s pages)\n",
+               g.latent_token / 4 * es, g.n_layer, cfg.kv_lora_rank, cfg.qk_rope_head_dim, es, es == 2 ? "bf16" : "f32");
+        printf("  indexer keys     %zu B/token (%d full layers x %d x %zu B)\n", g.indexer_token / 4 * es, g.n_full_indexer,
+               cfg.index_head_dim, es);
         printf("  routed experts read per token (%d layers x %d experts x %.2f M weights):\n", g.n_moe, cfg.n_expert_used,
                g.expert_params / 1e6);
         for (int q = 0; q < TERN_FIT_NQ; q++)

@@ -76,7 +76,8 @@ int tern_cmd_info(int argc, char **argv) {
         printf("GLM-5 MLA     q_lora %d, kv_lora %d, nope %d, rope %d, v %d; indexer %d heads x %d, top-%d on %d of %d "
                "layers\n", cfg->q_lora_rank, cfg->kv_lora_rank, cfg->qk_nope_head_dim, cfg->qk_rope_head_dim,
                cfg->v_head_dim, cfg->index_n_heads, cfg->index_head_dim, cfg->index_topk, g.n_full_indexer, g.n_layer);
-        printf("latent cache  %zu B/token + indexer keys %zu B/token (f32 pages)\n", g.latent_token, g.indexer_token);
+        printf("latent cache  %zu B/token + indexer keys %zu B/token (f32 pages; half with --kv-quant bf16)\n", g.latent_token,
+               g.indexer_token);
         printf("experts/token");
         for (int q = 0; q < TERN_FIT_NQ; q++)
             printf(" %s %.3f GB%s", tern_fit_quant_name(q), g.expert_token[q] / 1e9, q + 1 < TERN_FIT_NQ ? "," : "");

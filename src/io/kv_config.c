@@ -149,6 +149,8 @@ tern_status tern_kv_quant_plan(const char *spec, const char *dir, const tern_mod
         if (source) *source = "kv_config.json";
     } else if (!strcmp(s, "gpu-bf16")) {
         for (int l = 0; l < cfg->n_layer; l++)
+            /* not GLM-5's latent cache: its DSA selections (tie-free in f32) would move with bf16 indexer keys and
+             * latents; bf16 latent pages are asked for with --kv-quant bf16 */
             if (!cfg->layers[l].kv_latent) f[2 * l].kind = f[2 * l + 1].kind = TERN_KV_BF16;
         if (source) *source = "auto (bf16 pages on the GPU)";
     } else {

@@ -62,9 +62,11 @@ typedef struct tern_kv_layer {
     tern_kv_fmt kf, vf;        /* K and V formats (zero = F32) */
     int rot_dim;               /* P = smallest power of two >= head_dim (TURBO only) */
     const float *rot;          /* device [rot_dim] ±1 signs of the layer's rotation R (TURBO only) */
-    /* MLA latent kind (GLM-5; appended): k holds one f32 record of head_dim floats per token
-     * (n_head_kv = 1: normalized latent then roped key), v holds v_dim f32 per token (the DSA
-     * indexer key) or is NULL when v_dim == 0. Same block table / positions as the other kinds. */
+    /* MLA latent kind (GLM-5; appended): k holds one record of head_dim elements per token
+     * (n_head_kv = 1: normalized latent then roped key), v holds v_dim per token (the DSA
+     * indexer key) or is NULL when v_dim == 0; elements f32, or bf16 when dtype is TERN_DT_BF16
+     * (written rounded to nearest even, read exactly). Same block table / positions as the
+     * other kinds. */
     int latent;
     int v_dim;
 } tern_kv_layer;

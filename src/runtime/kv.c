@@ -51,8 +51,9 @@ static const tern_kv_fmt *layer_fmt(const tern_kv_fmt *formats, int l, int is_v)
 size_t tern_kv_layer_bytes_per_token(const tern_model_config *cfg, const tern_kv_fmt *formats, int l) {
     if (l < 0 || l >= cfg->n_layer || cfg->layers[l].kv_src != l) return 0;
     int d = cfg->layers[l].head_dim;
-    /* MLA latent kind (GLM-5): an f32 K record of head_dim floats, an f32 V record of kv_v_dim */
-    if (cfg->layers[l].kv_latent) return ((size_t)d + (size_t)cfg->layers[l].kv_v_dim) * sizeof(float);
+    /* MLA latent kind (GLM-5): a K record of head_dim elements and a V record of kv_v_dim, f32 or bf16 alike */
+    if (cfg->layers[l].kv_latent)
+        return ((size_t)d + (size_t)cfg->layers[l].kv_v_dim) * (layer_fmt(formats, l, 0)->kind == TERN_KV_BF16 ? 2 : 4);
     return (size_t)cfg->layers[l].n_head_kv *
            (tern_kvq_vec_bytes(layer_fmt(formats, l, 0), d) + tern_kvq_vec_bytes(layer_fmt(formats, l, 1), d));
 }
@@ -92,9 +93,10 @@ static tern_status check_formats(const tern_backend *be, const tern_model_config
             const tern_kv_fmt *f = layer_fmt(formats, l, w);
             char what[48];
             snprintf(what, sizeof what, "layer %d %s", l, w ? "V" : "K");
-            if (cfg->layers[l].kv_latent && f->kind != TERN_KV_F32)
-                return tern_err(err, TERN_EUNSUPPORTED, "kv %s: the MLA latent cache (GLM-5) supports only f32 pages "
-                                "for now (use --kv-quant off)", what);
+            if (cfg->layers[l].kv_latent && ((f->kind != TERN_KV_F32 && f->kind != TERN_KV_BF16) ||
+                                             f->kind != layer_fmt(formats, l, 0)->kind))
+                return tern_err(err, TERN_EUNSUPPORTED, "kv %s: the MLA latent cache (GLM-5) takes f32 or bf16 pages, "
+                                "the same for K and V (--kv-quant off or bf16)", what);
             tern_status st = tern_kvq_check(f, cfg->layers[l].head_dim, what, err);
             if (st) return st;
         }
@@ -189,7 +191,7 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
         if (cfg->layers[l].kv_latent) { /* V pool: the indexer key, or none on shared-indexer layers */
             v->latent = 1;
             v->v_dim = cfg->layers[l].kv_v_dim;
-            kv->rec[2 * l + 1] = (size_t)v->v_dim * sizeof(float);
+            kv->rec[2 * l + 1] = (size_t)v->v_dim * (v->dtype == TERN_DT_BF16 ? 2 : 4);
         }
         size_t slots = (size_t)kv->g[gi].n_blocks * kv->block_size * (size_t)v->n_head_kv;
         kv->pools[2 * l] = be->vt->alloc(be, slots * kv->rec[2 * l]);

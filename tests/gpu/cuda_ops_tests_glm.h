@@ -12,7 +12,9 @@
  *   - route_group: groups / no groups, bias, ties (quantized logits), norm and scaling;
  *   - matmul_heads (one call for all heads) vs matmul_expert per head, every weight format;
  *   - step graphs: dsa_topk + attention_latent recorded once, replayed at other positions =
- *     eager; a dense-only recording (sel NULL below index_topk) is refused.
+ *     eager; a dense-only recording (sel NULL below index_topk) is refused;
+ *   - the cache writes, attention and indexer again on bf16 latent pages (written pools bit for
+ *     bit, the same bounds and the same selections as on f32 pages).
  * Part of cuda_ops_tests.h (uses its helpers); not a standalone header.
  */
 
@@ -83,26 +85,30 @@ TEST(cuda_glm_small_ops) {
 
 typedef struct lcache {
     tern_kv_layer kr, kg;     /* host view (cpu-ref), device view */
-    float *kh, *vh;           /* host pools */
+    float *kh, *vh;           /* host pools (bf: bf16 records, the pointers typed float only for the f32 form) */
+    int bf;
     int32_t *bt;              /* host block table */
     int nslots, lens[4], nblk;
 } lcache;
 
 /* Pools of nslots x max_blocks blocks (shuffled), NaN-filled; slot s holds lens[s] records
  * written by one kv_write_latent call (plus a row outside the context, which is skipped).
- * distinct > 0: indexer keys are drawn from that many distinct vectors (exact score ties). */
-static void lcache_make(lcache *c, int D, int Dv, int bs, int nslots, const int *lens, int distinct) {
+ * distinct > 0: indexer keys are drawn from that many distinct vectors (exact score ties). bf: bf16 pages (the NaN
+ * fill is the same bf16 NaN on both sides; the written records must then match bit for bit). */
+static void lcache_make(lcache *c, int D, int Dv, int bs, int nslots, const int *lens, int distinct, int bf) {
     memset(c, 0, sizeof *c);
+    c->bf = bf;
+    const size_t es = bf ? 2 : 4;
     int maxlen = 0;
     for (int s = 0; s < nslots; s++) maxlen = TERN_MAX(maxlen, lens[s]), c->lens[s] = lens[s];
     int mb = (maxlen + bs - 1) / bs + 1;
     c->nslots = nslots;
     c->nblk = nslots * mb + 2;
     size_t pk = (size_t)c->nblk * bs * D, pv = (size_t)c->nblk * bs * Dv;
-    c->kh = malloc(pk * 4);
-    c->vh = Dv ? malloc(pv * 4) : NULL;
-    for (size_t i = 0; i < pk; i++) c->kh[i] = NAN;
-    for (size_t i = 0; Dv && i < pv; i++) c->vh[i] = NAN;
+    c->kh = malloc(pk * es);
+    c->vh = Dv ? malloc(pv * es) : NULL;
+    for (size_t i = 0; i < pk; i++) bf ? (void)(((uint16_t *)c->kh)[i] = 0x7fc0) : (void)(c->kh[i] = NAN);
+    for (size_t i = 0; Dv && i < pv; i++) bf ? (void)(((uint16_t *)c->vh)[i] = 0x7fc0) : (void)(c->vh[i] = NAN);
     c->bt = malloc(sizeof(int32_t) * (size_t)nslots * mb);
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)c->nblk);
     for (int i = 0; i < c->nblk; i++) perm[i] = i;
@@ -113,11 +119,11 @@ static void lcache_make(lcache *c, int D, int Dv, int bs, int nslots, const int 
     }
     for (int i = 0; i < nslots * mb; i++) c->bt[i] = perm[i];
     free(perm);
-    c->kr = (tern_kv_layer){.dtype = TERN_DT_F32, .n_head_kv = 1, .head_dim = D, .block_size = bs, .k = c->kh,
-                            .v = c->vh, .block_table = c->bt, .max_blocks = mb, .latent = 1, .v_dim = Dv};
+    c->kr = (tern_kv_layer){.dtype = bf ? TERN_DT_BF16 : TERN_DT_F32, .n_head_kv = 1, .head_dim = D, .block_size = bs,
+                            .k = c->kh, .v = c->vh, .block_table = c->bt, .max_blocks = mb, .latent = 1, .v_dim = Dv};
     c->kg = c->kr;
-    c->kg.k = nan_buf(g_gpu, pk);
-    c->kg.v = Dv ? nan_buf(g_gpu, pv) : NULL;
+    c->kg.k = to_gpu(c->kh, pk * es); /* the host pools' NaN fill */
+    c->kg.v = Dv ? to_gpu(c->vh, pv * es) : NULL;
     c->kg.block_table = to_gpu(c->bt, sizeof(int32_t) * (size_t)nslots * mb);
     int n = 1;
     for (int s = 0; s < nslots; s++) n += lens[s];
@@ -134,9 +140,13 @@ static void lcache_make(lcache *c, int D, int Dv, int bs, int nslots, const int 
     tern_rows rr = {n, pos, slot, pos, slot}, rg = {n, pd, sd, pos, slot};
     g_ref->vt->glm->kv_write_latent(g_ref, &c->kr, &rr, k, v);
     g_gpu->vt->glm->kv_write_latent(g_gpu, &c->kg, &rg, kd, vd);
-    float *kg = from_gpu(g_gpu, c->kg.k, pk), *vg = Dv ? from_gpu(g_gpu, c->kg.v, pv) : NULL;
-    CHECK(same_or_nan(kg, c->kh, pk) && (!Dv || same_or_nan(vg, c->vh, pv)), "kv_write_latent pools differ (D %d Dv %d)",
-          D, Dv);
+    float *kg = from_gpu(g_gpu, c->kg.k, bf ? (pk + 1) / 2 : pk), *vg = Dv ? from_gpu(g_gpu, c->kg.v, bf ? (pv + 1) / 2 : pv) : NULL;
+    if (bf) /* bit for bit: CUDA's __float2bfloat16_rn and tern_f32_to_bf16 round the same way */
+        CHECK(!memcmp(kg, c->kh, pk * 2) && (!Dv || !memcmp(vg, c->vh, pv * 2)), "kv_write_latent bf16 pools differ (D %d Dv %d)",
+              D, Dv);
+    else
+        CHECK(same_or_nan(kg, c->kh, pk) && (!Dv || same_or_nan(vg, c->vh, pv)), "kv_write_latent pools differ (D %d Dv %d)",
+              D, Dv);
     g_gpu->vt->free(g_gpu, pd); g_gpu->vt->free(g_gpu, sd); g_gpu->vt->free(g_gpu, kd); g_gpu->vt->free(g_gpu, vd);
     free(pos); free(slot); free(k); free(v); free(kg); free(vg);
 }
@@ -172,9 +182,11 @@ TEST(cuda_glm_latent_attention) {
         {576, 256, 20, 16, {90, 33, 2}, 7, 48},    /* a partial head block, half the P·V threads */
         {22, 14, 5, 4, {40, 11, 3}, 9, 16},        /* D % 4 != 0: the reference kernel */
     };
-    for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++) {
+    for (size_t cb = 0; cb < 2 * TERN_ARRAY_LEN(C); cb++) { /* every case on f32, then on bf16 pages */
+        const size_t ci = cb % TERN_ARRAY_LEN(C);
+        const int bf = cb >= TERN_ARRAY_LEN(C);
         lcache c;
-        lcache_make(&c, C[ci].D, 0, C[ci].bs, 3, C[ci].lens, 0);
+        lcache_make(&c, C[ci].D, 0, C[ci].bs, 3, C[ci].lens, 0, bf);
         lcache_evict(&c, 0, 1);
         int D = C[ci].D, dv = C[ci].dv, nh = C[ci].nh, K = C[ci].ksel;
         for (int v = 0; v < 4; v++) { /* 0/1: rows variant, dense; 2/3: same with a selection */
@@ -202,8 +214,8 @@ TEST(cuda_glm_latent_attention) {
             g_gpu->vt->glm->attention_latent(g_gpu, od, qd, &rg, nh, &c.kg, dv, scale, seld, K);
             float *og = from_gpu(g_gpu, od, on);
             double rel = rel_or_nan(og, orf, on);
-            printf("  err glm attention_latent D=%d dv=%d nh=%d variant %d  %.2e\n", D, dv, nh, v, rel);
-            CHECK(rel <= 1e-5, "attention_latent case %zu variant %d rel %.2e", ci, v, rel);
+            printf("  err glm attention_latent D=%d dv=%d nh=%d variant %d%s  %.2e\n", D, dv, nh, v, bf ? " bf16" : "", rel);
+            CHECK(rel <= 1e-5, "attention_latent case %zu variant %d%s rel %.2e", ci, v, bf ? " bf16" : "", rel);
             g_gpu->vt->free(g_gpu, qd); g_gpu->vt->free(g_gpu, od); g_gpu->vt->free(g_gpu, pd);
             g_gpu->vt->free(g_gpu, sd); g_gpu->vt->free(g_gpu, seld);
             free(q); free(orf); free(og); free(sel);
@@ -276,10 +288,12 @@ TEST(cuda_glm_dsa_topk) {
         {128, 32, 64, 300, {1000, 301, 520}, 0},
         {24, 2, 8, 16, {200, 90, 17}, 3},      /* few heads: all-zero scores are common */
     };
-    for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++) {
+    for (size_t cb = 0; cb < 2 * TERN_ARRAY_LEN(C); cb++) { /* every case on f32, then on bf16 pages */
+        const size_t ci = cb % TERN_ARRAY_LEN(C);
+        const int bf = cb >= TERN_ARRAY_LEN(C);
         lcache c;
         int Dv = C[ci].Dv, nh = C[ci].nh, k = C[ci].k;
-        lcache_make(&c, 8, Dv, C[ci].bs, 3, C[ci].lens, C[ci].distinct);
+        lcache_make(&c, 8, Dv, C[ci].bs, 3, C[ci].lens, C[ci].distinct, bf);
         lcache_evict(&c, 0, 2);
         for (int v = 0; v < 2; v++) {
             int32_t pos[64], slot[64];
@@ -300,15 +314,15 @@ TEST(cuda_glm_dsa_topk) {
             g_gpu->vt->download(g_gpu, sg, seld, sizeof(int32_t) * (size_t)n * k);
             int same = !memcmp(sr, sg, sizeof(int32_t) * (size_t)n * k), rule = 1, bad = -1;
             for (int r = 0; r < n; r++)
-                if (pos[r] + 1 > k && !dsa_rule_ok(&c, sg + (size_t)r * k, k, pos[r], slot[r], q + (size_t)r * nh * Dv,
+                if (!bf && pos[r] + 1 > k && !dsa_rule_ok(&c, sg + (size_t)r * k, k, pos[r], slot[r], q + (size_t)r * nh * Dv,
                                                    w + (size_t)r * nh, nh, scale)) rule = 0, bad = r;
             int zero_ok = 1; /* the all-zero row: the lowest resident positions */
             for (int i = 0, b = 0; i < k && zero_ok; i++, b++) {
                 while (c.bt[b / C[ci].bs] < 0) b++;
                 zero_ok = sg[(size_t)(n - 2) * k + i] == b;
             }
-            printf("  err glm dsa_topk Dv=%d nh=%d k=%d variant %d: %s, min_gap cpu %.3g cuda %.3g\n", Dv, nh, k, v,
-                   same ? "same selection" : "DIFFERENT", gr, gg);
+            printf("  err glm dsa_topk Dv=%d nh=%d k=%d variant %d%s: %s, min_gap cpu %.3g cuda %.3g\n", Dv, nh, k, v,
+                   bf ? " bf16" : "", same ? "same selection" : "DIFFERENT", gr, gg);
             CHECK(same, "dsa_topk case %zu variant %d: selection differs from the CPU", ci, v);
             CHECK(rule, "dsa_topk case %zu variant %d: row %d breaks the order rule", ci, v, bad);
             CHECK(zero_ok, "dsa_topk case %zu: all-zero scores must select the lowest positions", ci);
@@ -361,7 +375,7 @@ TEST(cuda_glm_graph) {
     const tern_glm_ops *G = g_gpu->vt->glm;
     const int D = 48, dv = 32, Dv = 32, nh = 4, ni = 8, K = 16, lens[2] = {120, 60};
     lcache c;
-    lcache_make(&c, D, Dv, 8, 2, lens, 0);
+    lcache_make(&c, D, Dv, 8, 2, lens, 0, 0);
     float *q = rnd((size_t)nh * D, 1.0f), *iq = rnd((size_t)ni * Dv, 1.0f), *iw = rnd((size_t)ni, 1.0f);
     void *qd = to_gpu(q, sizeof(float) * nh * D), *iqd = to_gpu(iq, sizeof(float) * ni * Dv), *iwd = to_gpu(iw, 4 * ni);
     void *od = g_gpu->vt->alloc(g_gpu, sizeof(float) * nh * dv), *seld = g_gpu->vt->alloc(g_gpu, sizeof(int32_t) * K);

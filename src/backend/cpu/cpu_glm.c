@@ -12,6 +12,8 @@
  *   - a non-resident key (block-table entry < 0) is never read: it is neither scored by
  *     the indexer nor attended.
  *   - NaN index scores rank below every number.
+ *   - bf16 latent pages (kv->dtype TERN_DT_BF16): records are written rounded to nearest even
+ *     and every read decodes them exactly; the arithmetic is the f32 pages' on those values.
  * This table serves "cpu-ref" and is the spec; the fast backend's table (glm_fast.c) shares
  * the row helpers below (tern__glm_*_row) and re-implements attention and the indexer.
  * Scratch: the indexer heap (k entries) and the attention scores (longest row) are
@@ -79,12 +81,28 @@ long tern__glm_rec(const tern_kv_layer *kv, int slot, int pos) {
 }
 #define rec tern__glm_rec
 
+static void put_rec(const tern_kv_layer *kv, void *pool, long i, const float *x, size_t n) {
+    if (kv->dtype != TERN_DT_BF16) {
+        memcpy((float *)pool + (size_t)i * n, x, n * sizeof(float));
+        return;
+    }
+    uint16_t *o = (uint16_t *)pool + (size_t)i * n;
+    for (size_t j = 0; j < n; j++) o[j] = tern_f32_to_bf16(x[j]);
+}
+
 void tern__glm_kv_write_row(const tern_kv_layer *kv, int slot, int pos, const float *k, const float *v) {
     long i = rec(kv, slot, pos);
     if (i < 0) return;
     size_t D = (size_t)kv->head_dim, Dv = (size_t)kv->v_dim;
-    memcpy((float *)kv->k + (size_t)i * D, k, D * sizeof(float));
-    if (Dv && v && kv->v) memcpy((float *)kv->v + (size_t)i * Dv, v, Dv * sizeof(float));
+    put_rec(kv, kv->k, i, k, D);
+    if (Dv && v && kv->v) put_rec(kv, kv->v, i, v, Dv);
+}
+
+const float *tern__glm_rec_f32(const tern_kv_layer *kv, const void *pool, long i, int n, float *buf) {
+    if (kv->dtype != TERN_DT_BF16) return (const float *)pool + (size_t)i * (size_t)n;
+    const uint16_t *p = (const uint16_t *)pool + (size_t)i * (size_t)n;
+    for (int j = 0; j < n; j++) buf[j] = tern_bf16_to_f32(p[j]);
+    return buf;
 }
 
 static void kv_write_latent(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k,
@@ -135,6 +153,7 @@ static void dsa_topk(tern_backend *be, int32_t *sel, const float *q, const float
     int Dv = kv->v_dim;
     float *hs = malloc(sizeof(float) * (size_t)k);
     int *hp = malloc(sizeof(int) * (size_t)k);
+    float *kbuf = malloc(sizeof(float) * (size_t)(Dv > 0 ? Dv : 1));
     for (int r = 0; r < rows->n; r++) {
         int a = rows->pos[r], s = rows->slot[r], n = 0;
         int32_t *out = sel + (size_t)r * k;
@@ -143,14 +162,14 @@ static void dsa_topk(tern_backend *be, int32_t *sel, const float *q, const float
             for (int b = 0; b <= a; b++) out[b] = b;
             continue;
         }
-        if (!hs || !hp || !kv->v) continue;
+        if (!hs || !hp || !kbuf || !kv->v) continue;
         const float *qr = q + (size_t)r * nh * Dv, *wr = w + (size_t)r * nh;
         float best_out = NAN;
         int best_out_p = -1;
         for (int b = 0; b <= a; b++) {
             long i = rec(kv, s, b);
             if (i < 0) continue;
-            const float *kb = (const float *)kv->v + (size_t)i * Dv;
+            const float *kb = tern__glm_rec_f32(kv, kv->v, i, Dv, kbuf);
             float score = 0.0f;
             for (int j = 0; j < nh; j++) {
                 const float *qj = qr + (size_t)j * Dv;
@@ -183,6 +202,7 @@ static void dsa_topk(tern_backend *be, int32_t *sel, const float *q, const float
     }
     free(hs);
     free(hp);
+    free(kbuf);
 }
 
 /* ---- absorbed MLA attention over the latent cache ------------------------------------ */
@@ -194,9 +214,10 @@ static void attention_latent(tern_backend *be, float *out, const float *q, const
     for (int r = 0; r < rows->n; r++) maxn = TERN_MAX(maxn, sel ? k_sel : rows->pos[r] + 1);
     float *sc = malloc(sizeof(float) * (size_t)maxn);
     long *ix = malloc(sizeof(long) * (size_t)maxn);
+    float *kbuf = malloc(sizeof(float) * (size_t)(D > 0 ? D : 1));
     for (int r = 0; r < rows->n; r++) {
         int a = rows->pos[r], s = rows->slot[r], nk = 0;
-        if (sc && ix) {
+        if (sc && ix && kbuf) {
             int cnt = sel ? k_sel : a + 1;
             for (int c = 0; c < cnt; c++) {
                 int b = sel ? sel[(size_t)r * k_sel + c] : c;
@@ -208,10 +229,10 @@ static void attention_latent(tern_backend *be, float *out, const float *q, const
         for (int h = 0; h < nh; h++) {
             const float *qv = q + ((size_t)r * nh + h) * D;
             float *o = out + ((size_t)r * nh + h) * dv;
-            if (!sc || !ix) { for (int j = 0; j < dv; j++) o[j] = NAN; continue; }
+            if (!sc || !ix || !kbuf) { for (int j = 0; j < dv; j++) o[j] = NAN; continue; }
             float m = -INFINITY;
             for (int c = 0; c < nk; c++) {
-                const float *kb = (const float *)kv->k + (size_t)ix[c] * D;
+                const float *kb = tern__glm_rec_f32(kv, kv->k, ix[c], D, kbuf);
                 float dot = 0.0f;
                 for (int j = 0; j < D; j++) dot += qv[j] * kb[j];
                 sc[c] = dot * scale;
@@ -221,7 +242,7 @@ static void attention_latent(tern_backend *be, float *out, const float *q, const
             for (int c = 0; c < nk; c++) { sc[c] = expf(sc[c] - m); sum += sc[c]; }
             for (int j = 0; j < dv; j++) o[j] = 0.0f;
             for (int c = 0; c < nk; c++) {
-                const float *kb = (const float *)kv->k + (size_t)ix[c] * D;
+                const float *kb = tern__glm_rec_f32(kv, kv->k, ix[c], D, kbuf);
                 for (int j = 0; j < dv; j++) o[j] += sc[c] * kb[j];
             }
             if (sum > 0.0f)
@@ -230,6 +251,7 @@ static void attention_latent(tern_backend *be, float *out, const float *q, const
     }
     free(sc);
     free(ix);
+    free(kbuf);
 }
 
 /* ---- grouped sigmoid router ------------------------------------------------------------ */

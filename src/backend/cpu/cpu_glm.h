@@ -33,8 +33,11 @@ void tern__glm_layernorm_row(float *y, const float *x, int d, const float *w, co
 /* Interleaved RoPE of heads [h0, h1) of one row (ops.h rope_interleaved; x = the row). */
 void tern__glm_rope_row(float *x, int h0, int h1, int hs, int off, int d, int32_t pos, const float *inv_freq,
                         float mscale);
-/* One row of kv_write_latent. */
+/* One row of kv_write_latent (bf16 pages: each element rounded to nearest even). */
 void tern__glm_kv_write_row(const tern_kv_layer *kv, int slot, int pos, const float *k, const float *v);
+/* Record i of a latent pool (kv->k or kv->v) of n elements as f32: the record itself on f32 pages, else decoded
+ * into buf (n floats) and buf returned. */
+const float *tern__glm_rec_f32(const tern_kv_layer *kv, const void *pool, long i, int n, float *buf);
 /* One row of route_group; scratch sg holds 2*E floats, keep E + n_group bytes. */
 void tern__glm_route_row(int32_t *idx, float *wts, const float *z, int E, int k, const tern_route_group *p, float *sg,
                          unsigned char *keep);

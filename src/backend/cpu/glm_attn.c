@@ -18,6 +18,9 @@
  * position order writes it ascending. Rows go over the pool; a lone row (decode) splits its
  * keys over the pool for the scores instead (per-key arithmetic is the same either way).
  * Candidate buffers come from tern_glm_state (sized for a whole slot once).
+ *
+ * bf16 latent pages: a tile's records are decoded into f32 on the item's stack first (exact), then
+ * the same kernels run on them — the f32 pages' arithmetic on the stored values.
  */
 #include "backend/cpu/glm_state.h"
 
@@ -89,12 +92,14 @@ static void att_item(const att_ctx *a, int r, int h0, int h1) {
     const int32_t *sr = a->sel ? a->sel + (size_t)r * a->k_sel : NULL;
     int cnt = sr ? a->k_sel : pos + 1, nk = 0;
     const float *kp[TK];
+    float kbuf[kv->dtype == TERN_DT_BF16 ? TK * D : 1]; /* bf16 pages: the tile decoded */
     for (int c = 0; c < cnt; c++) {
         int b = sr ? sr[c] : c;
         if (b < 0 || b > pos) continue;
         long i = tern__glm_rec(kv, s, b);
         if (i < 0) continue;
-        kp[nk++] = (const float *)kv->k + (size_t)i * D;
+        kp[nk] = tern__glm_rec_f32(kv, kv->k, i, D, kbuf + (kv->dtype == TERN_DT_BF16 ? (size_t)nk * D : 0));
+        nk++;
         if (nk == TK) { tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f); nk = 0; }
     }
     if (nk) tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f); /* V = K[0:dv] */
@@ -205,12 +210,14 @@ static void dsa_scores(const dsa_ctx *a, int r, const int32_t *cp, float *sc, in
     int Dv = kv->v_dim, nh = a->nh, s = a->rows->slot[r];
     const float *qr = a->q + (size_t)r * nh * Dv, *wr = a->w + (size_t)r * nh;
     float d[4 * TK];
+    float kbuf[kv->dtype == TERN_DT_BF16 ? TK * Dv : 1]; /* bf16 pages: the tile decoded */
     for (int c = c0; c < c1; c += TK) {
         int nk = TERN_MIN(TK, c1 - c);
         const float *kp[TK];
         for (int i = 0; i < nk; i++) {
             sc[c + i] = 0.0f;
-            kp[i] = (const float *)kv->v + (size_t)tern__glm_rec(kv, s, cp[c + i]) * Dv;
+            kp[i] = tern__glm_rec_f32(kv, kv->v, tern__glm_rec(kv, s, cp[c + i]), Dv,
+                                      kbuf + (kv->dtype == TERN_DT_BF16 ? (size_t)i * Dv : 0));
         }
         for (int j0 = 0; j0 < nh; j0 += 4) {
             const float *qp[4];

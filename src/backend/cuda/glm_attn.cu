@@ -41,10 +41,16 @@ __device__ __forceinline__ long long lat_rec(const int32_t *bt, int max_blocks, 
     return blk < 0 ? -1 : (long long)blk * bs + b % bs;
 }
 
+/* element j of a latent pool's f32 (bf = 0) or bf16 (bf = 1) records, as f32 (bf16: exact) */
+__device__ __forceinline__ float lat_ld(const void *p, size_t j, int bf) {
+    return bf ? __uint_as_float((uint32_t)__ldg((const unsigned short *)p + j) << 16) : __ldg((const float *)p + j);
+}
+
 /* ---- latent cache write ---- */
 
-__global__ void kv_write_latent_kernel(float *kp, float *vp, const int32_t *bt, int max_blocks, int bs, int D, int Dv,
-                                       const int32_t *pos, const int32_t *slot, int n, const float *k, const float *v) {
+__global__ void kv_write_latent_kernel(void *kp, void *vp, const int32_t *bt, int max_blocks, int bs, int D, int Dv,
+                                       const int32_t *pos, const int32_t *slot, int n, const float *k, const float *v,
+                                       int bf) {
     pdl_start();
     const int W = D + Dv;
     const size_t total = (size_t)n * W;
@@ -53,8 +59,11 @@ __global__ void kv_write_latent_kernel(float *kp, float *vp, const int32_t *bt, 
         const int j = (int)(t % W);
         const long long i = lat_rec(bt, max_blocks, bs, slot[r], pos[r]);
         if (i < 0) continue;
-        if (j < D) kp[(size_t)i * D + j] = k[r * D + j];
-        else vp[(size_t)i * Dv + (j - D)] = v[r * Dv + (j - D)];
+        void *pool = j < D ? kp : vp;
+        const size_t e = j < D ? (size_t)i * D + j : (size_t)i * Dv + (j - D);
+        const float x = j < D ? k[r * D + j] : v[r * Dv + (j - D)];
+        if (bf) ((__nv_bfloat16 *)pool)[e] = __float2bfloat16_rn(x); /* = tern_f32_to_bf16 (NaN aside) */
+        else ((float *)pool)[e] = x;
     }
 }
 
@@ -66,8 +75,8 @@ extern "C" void tern__cuda_kv_write_latent(tern__cuda *c, const tern_kv_layer *k
     const size_t total = (size_t)n * (D + Dv);
     size_t b = (total + 255) / 256;
     tern_launch(c->stream, kv_write_latent_kernel, (unsigned)(b > 65535 * 4 ? 65535 * 4 : b), 256, 0, 
-        (float *)kv->k, (float *)kv->v, kv->block_table, kv->max_blocks, kv->block_size, D, Dv, rows->pos, rows->slot,
-        n, k, v);
+        kv->k, kv->v, kv->block_table, kv->max_blocks, kv->block_size, D, Dv, rows->pos, rows->slot,
+        n, k, v, kv->dtype == TERN_DT_BF16);
     tern__cuda_check(c, "glm kv_write_latent");
 }
 
@@ -75,7 +84,9 @@ extern "C" void tern__cuda_kv_write_latent(tern__cuda *c, const tern_kv_layer *k
 
 struct LatArgs {
     float *out;
-    const float *q, *kp;
+    const float *q;
+    const void *kp; /* records of f32, or bf16 when bf */
+    int bf;
     const int32_t *pos, *slot, *bt, *sel;
     int n, nh, D, dv, max_blocks, bs, k_sel;
     float scale;
@@ -140,7 +151,7 @@ __global__ void __launch_bounds__(256) latent_attn_kernel(LatArgs a) {
         __syncthreads();
         for (int i = tid; i < T * D; i += nt) {
             const int t = i / D, j = i % D;
-            Ks[t * (D + 1) + j] = kr[t] >= 0 ? __ldg(a.kp + (size_t)kr[t] * D + j) : 0.0f;
+            Ks[t * (D + 1) + j] = kr[t] >= 0 ? lat_ld(a.kp, (size_t)kr[t] * D + j, a.bf) : 0.0f;
         }
         __syncthreads();
         for (int i = tid; i < HB * T; i += nt) {
@@ -250,7 +261,14 @@ __global__ void __launch_bounds__(256, 2) latent_attn_rt_kernel(LatArgs a) {
         __syncthreads();
         for (int i = tid; i < LRT_T * D4; i += blockDim.x) {
             const int t = i / D4, c = i % D4;
-            const float4 v = kr[t] >= 0 ? __ldg((const float4 *)(a.kp + (size_t)kr[t] * D) + c) : make_float4(0, 0, 0, 0);
+            float4 v = make_float4(0, 0, 0, 0);
+            if (kr[t] >= 0 && !a.bf) {
+                v = __ldg((const float4 *)((const float *)a.kp + (size_t)kr[t] * D) + c);
+            } else if (kr[t] >= 0) { /* four bf16 (8 bytes: D % 4 == 0) */
+                const uint2 u = __ldg((const uint2 *)((const unsigned short *)a.kp + (size_t)kr[t] * D) + c);
+                v = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                                __uint_as_float(u.y & 0xffff0000u));
+            }
             *(float4 *)(Ks + t * ld + 4 * c) = v;
         }
         __syncthreads();
@@ -366,7 +384,8 @@ extern "C" void tern__cuda_attention_latent(tern__cuda *c, float *out, const flo
     LatArgs a = {};
     a.out = out;
     a.q = q;
-    a.kp = (const float *)kv->k;
+    a.kp = kv->k;
+    a.bf = kv->dtype == TERN_DT_BF16;
     a.pos = rows->pos;
     a.slot = rows->slot;
     a.bt = kv->block_table;
@@ -418,8 +437,8 @@ static size_t dsa_smem(int nh, int Dv) {
 
 __global__ void __launch_bounds__(256) dsa_score_kernel(uint32_t *ord, size_t ld, int lenmax, const float *q,
                                                         const float *w, const int32_t *pos, const int32_t *slot,
-                                                        int r0, int nh, int Dv, const float *vp, const int32_t *bt,
-                                                        int max_blocks, int bs, float scale, int k) {
+                                                        int r0, int nh, int Dv, const void *vp, int bf,
+                                                        const int32_t *bt, int max_blocks, int bs, float scale, int k) {
     pdl_start();
     extern __shared__ long long dsm[];
     const int lr = blockIdx.y, r = r0 + lr, t0 = blockIdx.x * DSA_TK, tid = threadIdx.x, nt = blockDim.x;
@@ -437,7 +456,7 @@ __global__ void __launch_bounds__(256) dsa_score_kernel(uint32_t *ord, size_t ld
     __syncthreads();
     for (int i = tid; i < DSA_TK * Dv; i += nt) {
         const int t = i / Dv, c = i % Dv;
-        ks[t * (Dv + 1) + c] = kr[t] >= 0 ? vp[(size_t)kr[t] * Dv + c] : 0.0f;
+        ks[t * (Dv + 1) + c] = kr[t] >= 0 ? lat_ld(vp, (size_t)kr[t] * Dv + c, bf) : 0.0f;
     }
     __syncthreads();
     for (int i = tid; i < DSA_TK * nh; i += nt) {
@@ -600,7 +619,7 @@ extern "C" void tern__cuda_dsa_topk(tern__cuda *c, int32_t *sel, const float *q,
         if (have_v) {
             dim3 grid((unsigned)((lenmax + DSA_TK - 1) / DSA_TK), (unsigned)np);
             tern_launch(c->stream, dsa_score_kernel, grid, 256, smem, ord, ld, (int)lenmax, q, w, rows->pos, rows->slot, r0, nh,
-                                                             Dv, (const float *)kv->v, kv->block_table,
+                                                             Dv, (const void *)kv->v, kv->dtype == TERN_DT_BF16, kv->block_table,
                                                              kv->max_blocks, kv->block_size, scale, k);
             tern__cuda_check(c, "glm dsa scores");
         }
