@@ -9,7 +9,7 @@
  *     cold run the same way, and report the cached token counts;
  *   - speculative rollback (tern_kv_truncate) and KV persistence (tern_kv_save/restore, latent
  *     and indexer pages through kvfile.c): bitwise like never having appended / like the
- *     original sequence;
+ *     original sequence — on f32 pages and on bf16 ones (--kv-quant bf16);
  *   - `tern fit` arithmetic for the real GLM-5 / GLM-5.2 geometry equals reference/glm5.md §9
  *     (latent bytes per token, indexer keys, routed-expert bytes per token per format,
  *     parameter counts).
@@ -161,8 +161,9 @@ static int prefill(tern_model *m, tern_kv *kv, int slot, const int32_t *t, int n
     return 0;
 }
 
+static const tern_kv_fmt *g_fmt; /* the caches' page formats (NULL: f32) */
 static tern_kv *open_kv(tern_model *m, int slots, int bs) {
-    tern_kv_opts ko = {.n_slots = slots, .max_ctx = 128, .block_size = bs};
+    tern_kv_opts ko = {.n_slots = slots, .max_ctx = 128, .block_size = bs, .formats = g_fmt};
     tern_kv *kv = NULL;
     tern_error err = {0};
     if (tern_kv_open(&kv, BE, tern_model_cfg(m), &ko, &err)) printf("  kv: %s\n", err.msg);
@@ -211,7 +212,7 @@ static void kvops(const char *dir, int bs) {
     free(tok);
     CHECK(!fwd(m, kb, 2, &x, 1, NP, got) && !memcmp(got, ref, sizeof(float) * V), "%s bs %d: restored continuation differs",
           dir, bs);
-    printf("  %s bs %d: rollback bitwise, accept-3 rel %.3g, restore bitwise\n", dir, bs, d);
+    printf("  %s bs %d%s: rollback bitwise, accept-3 rel %.3g, restore bitwise\n", dir, bs, g_fmt ? " bf16 pages" : "", d);
 out:
     remove(path);
     tern_kv_close(kr); tern_kv_close(ks); tern_kv_close(kb);
@@ -227,6 +228,16 @@ TEST(glm_rollback_and_persist) {
         if (access(FX[f], F_OK)) { printf("SKIP: fixture %s absent\n", FX[f]); continue; }
         kvops(FX[f], 4);
         kvops(FX[f], 16);
+    }
+    tern_model_config c; /* the latent records on bf16 pages too */
+    tern_kv_fmt *bf = NULL;
+    if (!access(FX[0], F_OK) && !tern_config_load(&c, FX[0], &err)) {
+        CHECK(tern_kv_quant_plan("bf16", NULL, &c, &bf, NULL, &err) == TERN_OK && bf, "bf16 plan: %s", err.msg);
+        g_fmt = bf;
+        if (bf) kvops(FX[0], 16);
+        g_fmt = NULL;
+        free(bf);
+        tern_config_free(&c);
     }
     tern_backend_close(BE);
 }
