@@ -192,7 +192,12 @@ int tern_cmd_fit(int argc, char **argv) {
     tern_kv_fmt *fmt = NULL;
     const char *src = NULL, *spec = tern_kv_quant_default(c.kv_quant ? c.kv_quant : "auto", gpu,
                                                           !c.compute_set || c.compute == TERN_COMPUTE_BF16);
-    if ((st = tern_kv_quant_plan(spec, c.random ? NULL : dir, &cfg, &fmt, &src, &e))) { tern_config_free(&cfg); return cli_fail("fit", &e); }
+    if ((st = tern_kv_quant_plan(spec, c.random ? NULL : dir, &cfg, &fmt, &src, &e)) ||
+        (st = tern_kv_check_formats(&cfg, fmt, &e))) {
+        free(fmt);
+        tern_config_free(&cfg);
+        return cli_fail("fit", &e);
+    }
     tern_fit_opts fo = {.ctx = (int)ctx, .max_concurrency = (int)conc, .max_batch_tokens = (int)mbt, .budget_gb = budget,
                         .device_fixed = gpu ? tern_backend_cuda_fixed_bytes((int)mbt) : 0,
                         .device_context = gpu ? tern_backend_cuda_context_bytes() : 0};
@@ -228,6 +233,11 @@ int tern_cmd_fit(int argc, char **argv) {
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
         tern_kv_fmt *mf = NULL;
         if (tern_kv_quant_plan(modes[m], NULL, &cfg, &mf, NULL, NULL)) continue;
+        if (tern_kv_check_formats(&cfg, mf, NULL)) { /* e.g. GLM-5's latent layers: f32 or bf16 only */
+            printf("  %-12s %12s\n", modes[m], "-");
+            free(mf);
+            continue;
+        }
         tern_fit fm;
         tern_fit_opts o2 = fo;
         o2.budget_gb = 0;

@@ -83,9 +83,8 @@ size_t tern_kv_read_bytes(const tern_kv *kv, long ctx) {
     return b;
 }
 
-/* Validate the formats of owning layers (every backend runs every kind: CPU, CUDA). */
-static tern_status check_formats(const tern_backend *be, const tern_model_config *cfg, const tern_kv_fmt *formats,
-                                 tern_error *err) {
+/* kv.h: validate the formats of owning layers (every backend runs every kind: CPU, CUDA). */
+tern_status tern_kv_check_formats(const tern_model_config *cfg, const tern_kv_fmt *formats, tern_error *err) {
     if (!formats) return TERN_OK;
     for (int l = 0; l < cfg->n_layer; l++) {
         if (cfg->layers[l].kv_src != l) continue;
@@ -130,7 +129,7 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
     kv->max_ctx = ctx;
     kv->max_blocks = (ctx + kv->block_size - 1) / kv->block_size;
     const tern_kv_fmt *formats = opts ? opts->formats : NULL;
-    tern_status fst = check_formats(be, cfg, formats, err);
+    tern_status fst = tern_kv_check_formats(cfg, formats, err);
     if (fst) { free(kv); return fst; }
     kv->views = calloc((size_t)cfg->n_layer, sizeof *kv->views);
     kv->pools = calloc((size_t)cfg->n_layer * 2, sizeof *kv->pools);

@@ -42,6 +42,9 @@ typedef struct tern_kv_opts {
  * n_slots * (window blocks + 2) + chunk blocks: the smaller of that and n_slots times one slot's
  * most. block_size <= 0: 16; chunk <= 0: 512. */
 void tern_kv_pool_blocks(int window, int block_size, int max_ctx, int n_slots, int chunk, int64_t out[2]);
+/* Whether a cache of cfg can take these page formats (NULL: f32; tern_kv_open asks the same): e.g. GLM-5's latent
+ * layers take f32 or bf16 only. */
+tern_status tern_kv_check_formats(const tern_model_config *cfg, const tern_kv_fmt *formats, tern_error *err);
 
 tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_config *cfg,
                          const tern_kv_opts *opts, tern_error *err);

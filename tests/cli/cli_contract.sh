@@ -66,6 +66,11 @@ if [ "$(grep -c '^csv-rank,2,' "$tmp/out")" -eq 2 ] && awk -v w="$w1" -v r="$wr"
     'BEGIN{exit !(r > w / 2 && r < w && q * 2 == k)}'; then ok fit_gpus_ranks; else bad "fit_gpus_ranks: $(tail -c 400 "$tmp/out")"; fi
 $T fit --random llama3-8b --quant q4 --gpus 3 >"$tmp/out" 2>&1
 grep -q "does not split this model: .*num_attention_heads 32" "$tmp/out" && ok fit_gpus_refuses || bad "fit_gpus_refuses: $(tail -c 300 "$tmp/out")"
+# GLM-5's latent cache takes f32 or bf16 pages: fit refuses the other kinds as tern_kv_open would, bf16 halves it
+expect fit_glm_latent_q8_refused 2 "latent cache (GLM-5) takes f32 or bf16" $T fit --random glm5 --quant q4 --kv-quant 8
+$T fit --random glm5 --quant q4 --kv-quant bf16 >"$tmp/out" 2>&1
+grep -q "latent cache .*x 2 B, bf16 pages" "$tmp/out" && grep -q "selected KV mode   bf16 (--kv-quant): 109824 B/token" "$tmp/out" &&
+    ok fit_glm_latent_bf16 || bad "fit_glm_latent_bf16: $(grep -E 'latent|selected' "$tmp/out" | head -3)"
 
 # every subcommand answers --help with its usage and exit 0
 for c in generate chat serve logits tokenize detokenize template info fit bench; do
