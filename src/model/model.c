@@ -729,6 +729,11 @@ tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_k
     return s;
 }
 
+/* what keeps tern_model_decode_launch from taking any step of this model */
+static int decode_refused(const tern_model *m) {
+    return m->tp || m->experts || m->pipe_off || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC || !tern_model_can_sample(m);
+}
+
 /* model.h: decode rows queued as a step graph without waiting (the feed variant of the step's key; one graph for both
  * parities, each writing its ids into its own staging half: *key's low bit is the parity), or run at once where the
  * backend cannot launch graphs */
@@ -737,8 +742,7 @@ int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, in
     const tern_backend_vt *vt = m->be->vt;
     const int n = b ? b->n : 0;
     *key = 0;
-    if (m->tp || m->experts || m->pipe_off || m->cfg.rope_full.type == TERN_ROPE_DYNAMIC || !tern_model_can_sample(m))
-        return 0;
+    if (decode_refused(m)) return 0;
     if (n < 1 || n > m->max_batch || n > 1024 || b->embd || b->span || (!b->tokens && n != m->fed_n)) return 0;
     if (!smp || !samp_request_ok(smp)) return 0;
     for (int r = 0; r < n; r++) {
@@ -747,8 +751,7 @@ int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, in
             b->pos[r] >= tern_kv_max_ctx(kv) || b->slot[r] < 0 || b->slot[r] >= tern_kv_n_slots(kv))
             return 0;
     }
-    const int graphs = vt->graph_launch && vt->graph_wait && vt->graph_begin && vt->graph_end && graphs_enabled() &&
-                       n <= graph_max_rows();
+    const int graphs = tern_model_decode_async(m) && n <= graph_max_rows();
     tern_kv_sync(kv);
     if (smp->n_pairs) vt->upload(m->be, m->d_pairs, smp->pairs, sizeof(tern_sample_pair) * (size_t)smp->n_pairs);
     in_upload(m, b); /* fed (no tokens): d_in[0, n) holds the previous step's draws */
@@ -781,8 +784,7 @@ int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, in
 }
 int tern_model_decode_async(const tern_model *m) {
     const tern_backend_vt *vt = m->be->vt;
-    return !m->tp && !m->experts && !m->pipe_off && vt->graph_launch && vt->graph_wait && vt->graph_begin &&
-           vt->graph_end && graphs_enabled() && tern_model_can_sample(m);
+    return !decode_refused(m) && vt->graph_launch && vt->graph_wait && vt->graph_begin && vt->graph_end && graphs_enabled();
 }
 int tern_model_decode_wait(tern_model *m, uint64_t key, int n, const tern_batch_sample *smp) {
     const tern_backend_vt *vt = m->be->vt;

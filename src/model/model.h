@@ -127,8 +127,8 @@ tern_status tern_model_forward_sample(tern_model *m, const tern_batch *b, tern_k
  * tern_model_forward_sample then. */
 int tern_model_decode_launch(tern_model *m, const tern_batch *b, tern_kv *kv, int parity, const tern_batch_sample *smp,
                              uint64_t *key);
-/* 1 when tern_model_decode_launch queues steps without waiting (a backend with step graphs, graphs on, no tensor
- * parallelism or expert offload); 0 when it would run each step at once */
+/* 1 when tern_model_decode_launch queues steps without waiting (a backend with step graphs, graphs on, and a model it
+ * takes: no tensor parallelism, expert offload or dynamic rope); 0 when it would run each step at once or refuse */
 int tern_model_decode_async(const tern_model *m);
 /* waits for the n-row step launched with key and fills its smp->ids; 1 on success */
 int tern_model_decode_wait(tern_model *m, uint64_t key, int n, const tern_batch_sample *smp);

@@ -190,7 +190,7 @@ tern_status tern_kv_open(tern_kv **out, tern_backend *be, const tern_model_confi
         if (cfg->layers[l].kv_latent) { /* V pool: the indexer key, or none on shared-indexer layers */
             v->latent = 1;
             v->v_dim = cfg->layers[l].kv_v_dim;
-            kv->rec[2 * l + 1] = (size_t)v->v_dim * (v->dtype == TERN_DT_BF16 ? 2 : 4);
+            kv->rec[2 * l + 1] = tern_kvq_vec_bytes(&v->vf, v->v_dim); /* f32 or bf16 (tern_kv_check_formats) */
         }
         size_t slots = (size_t)kv->g[gi].n_blocks * kv->block_size * (size_t)v->n_head_kv;
         kv->pools[2 * l] = be->vt->alloc(be, slots * kv->rec[2 * l]);
