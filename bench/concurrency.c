@@ -4,7 +4,7 @@
  *
  *   build/concurrency [MODEL | --random PRESET[:qB] [--quant qB]] [--device cpu|cuda] [--threads N]
  *       [--conc 1,4,16,64] [--prompt N] [--gen N] [--system N] [--requests N]
- *       [--max-batch-tokens N] [--kv-quant SPEC] [--compute f32|bf16|bf16x2]
+ *       [--max-batch-tokens N] [--kv-quant SPEC] [--compute f32|bf16|bf16x2] [--gpus N] [--one-engine] [--no-prefix]
  *
  * For each concurrency C: an engine with C slots gets C requests at once (distinct random
  * prompts of --prompt tokens, greedy, --gen tokens, EOS ignored) and is stepped until all are
@@ -18,6 +18,10 @@
  * Prefix cache: --requests requests, one after another, each = the same --system tokens + 16
  * own tokens, with the prompt cache off and on: mean TTFT of the requests after the first,
  * hit rate (cached / prompt tokens) and the speed-up. Prints a table and CSV lines ("csv,").
+ * --gpus N: tensor/expert-parallel ranks (tern_engine_opts.gpus). --one-engine: one engine with the largest C's slots
+ * serves every C (no re-load between them: a full-size model's load takes minutes), --no-prefix skips the prefix part.
+ * Every engine open prints its time to ready ("engine ready in S s": weights mapped or synthesized and uploaded,
+ * KV allocated).
  */
 #include "tern.h"
 #include "backend/cpu/cpu.h"
@@ -59,7 +63,7 @@ static double pct(double *v, int n, double p) {
 
 typedef struct args {
     const char *model, *device, *kv_quant;
-    int threads, prompt, gen, system, requests, mbt;
+    int threads, prompt, gen, system, requests, mbt, gpus, one_engine, no_prefix;
     int conc[16], n_conc;
     int bf16; /* --compute: 0 f32, 1 bf16, 2 bf16x2; -1 (default) bf16 on a GPU, f32 on the CPU */
 } args;
@@ -74,10 +78,14 @@ static tern_engine *open_engine(const args *a, int conc, int ctx, double cache_g
     o.max_batch_tokens = a->mbt;
     o.compute_bf16 = a->bf16;
     o.prompt_cache_gb = cache_gb;
+    o.gpus = a->gpus;
     if (a->kv_quant) o.kv_quant = a->kv_quant;
     tern_engine *e = NULL;
     tern_error err = {0};
+    const double t0 = tern_time_s();
     if (tern_engine_open(&e, &o, &err)) { fprintf(stderr, "engine: %s\n", err.msg); return NULL; }
+    printf("engine ready in %.2f s (%d slots, context %d)\n", tern_time_s() - t0, conc, ctx);
+    printf("csv,ready,%s,%s,%d,%.3f\n", a->model, a->device, conc, tern_time_s() - t0);
     return e;
 }
 
@@ -119,8 +127,8 @@ static double probe(tern_engine *e) {
     return be->vt->copy_rate ? be->vt->copy_rate(be, (size_t)512 << 20) : 0;
 }
 
-static int run_conc(const args *a, int C) {
-    tern_engine *e = open_engine(a, C, a->prompt + a->gen + 8, 0);
+static int run_conc(const args *a, int C, tern_engine *shared) {
+    tern_engine *e = shared ? shared : open_engine(a, C, a->prompt + a->gen + 8, 0);
     if (!e) return -1;
     tern_model_info mi;
     tern_engine_model_info(e, &mi);
@@ -168,7 +176,7 @@ static int run_conc(const args *a, int C) {
            st.steps_queued);
     fflush(stdout);
     free(rs); free(p); free(ttft); free(itl);
-    tern_engine_close(e);
+    if (!shared) tern_engine_close(e);
     return 0;
 }
 
@@ -227,6 +235,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--requests") && has) { a.requests = atoi(v); i++; }
         else if (!strcmp(f, "--max-batch-tokens") && has) { a.mbt = atoi(v); i++; }
         else if (!strcmp(f, "--kv-quant") && has) { a.kv_quant = v; i++; }
+        else if (!strcmp(f, "--gpus") && has) { a.gpus = atoi(v); i++; }
+        else if (!strcmp(f, "--one-engine")) a.one_engine = 1;
+        else if (!strcmp(f, "--no-prefix")) a.no_prefix = 1;
         else if (!strcmp(f, "--compute") && has) { a.bf16 = !strcmp(v, "bf16x2") ? 2 : !strcmp(v, "bf16"); i++; }
         else if (!strcmp(f, "--conc") && has) {
             a.n_conc = 0;
@@ -253,12 +264,20 @@ int main(int argc, char **argv) {
         return 2;
     }
     for (int i = 0; i < a.n_conc; i++) if (a.conc[i] < 1 || a.conc[i] > 4096) { fprintf(stderr, "concurrency: bad --conc\n"); return 2; }
+    if (a.gpus < 0 || a.gpus > 64) { fprintf(stderr, "concurrency: bad --gpus\n"); return 2; }
     char mbt[64];
     snprintf(mbt, sizeof mbt, a.mbt ? "%d" : "the engine's (GPU 8192, 2048 under 70 GiB; CPU 512)", a.mbt);
     printf("model %s, device %s, prompt %d, gen %d, max batch tokens %s\n", a.model, a.device, a.prompt, a.gen, mbt);
     printf("%5s %10s %10s %10s %10s %10s %10s %8s %8s %10s %8s\n", "conc", "out tok/s", "dec tok/s", "TTFT p50", "TTFT p99",
            "ITL p50", "ITL p99", "wall s", "bw GB/s", "floor t/s", "dec/flr");
-    for (int i = 0; i < a.n_conc; i++) if (run_conc(&a, a.conc[i])) return 1;
-    if (run_prefix(&a)) return 1;
+    tern_engine *one = NULL;
+    if (a.one_engine) {
+        int cmax = 1;
+        for (int i = 0; i < a.n_conc; i++) cmax = TERN_MAX(cmax, a.conc[i]);
+        if (!(one = open_engine(&a, cmax, a.prompt + a.gen + 8, 0))) return 1;
+    }
+    for (int i = 0; i < a.n_conc; i++) if (run_conc(&a, a.conc[i], one)) return 1;
+    tern_engine_close(one);
+    if (!a.no_prefix && run_prefix(&a)) return 1;
     return 0;
 }

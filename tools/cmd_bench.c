@@ -92,8 +92,10 @@ int tern_cmd_bench(int argc, char **argv) {
     for (int k = 1; k < n_prompts; k++) n_prompt = TERN_MAX(n_prompt, prompts[k]);
     c.max_ctx = (int)(n_prompt + n_gen + 1);
     cli_session s;
+    const double t_open = tern_time_s();
     int rc = cli_open(&c, 1, &s);
     if (rc) return rc;
+    const double t_load = tern_time_s() - t_open; /* time to ready: files mapped or weights synthesized, uploaded */
     const tern_model_config *cfg = tern_model_cfg(s.model);
     tern_model_stats ms;
     tern_model_get_stats(s.model, &ms);
@@ -102,13 +104,13 @@ int tern_cmd_bench(int argc, char **argv) {
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
     for (long i = 0; i < n_prompt; i++) ids[i] = (int32_t)((i * 7919 + 2) % cfg->n_vocab);
     const tern_compute comp = tern_model_backend(s.model)->compute; /* bf16x2 reports bf16 (ops.h) */
-    printf("model %s (%s), backend %s%s%s, compute %s, weights read per token %.1f MB\n", c.model,
+    printf("model %s (%s), backend %s%s%s, compute %s, weights read per token %.1f MB, ready in %.1f s\n", c.model,
            tern_arch_name(cfg->arch), tern_model_backend(s.model)->vt->name, on_cpu ? ", isa " : "",
            on_cpu ? tern_cpu_isa_name() : "",
            comp == TERN_COMPUTE_INT8 || (c.compute_set && c.compute == TERN_COMPUTE_INT8 && !on_cpu) ? "int8"
            : comp != TERN_COMPUTE_BF16 ? "f32"
            : c.compute_set && c.compute == TERN_COMPUTE_BF16X2 && !on_cpu ? "bf16x2" : "bf16",
-           ms.bytes_per_token / 1e6);
+           ms.bytes_per_token / 1e6, t_load);
     tern_membw *ll = on_cpu && bw_given <= 0 ? tern_membw_open((size_t)1 << 30) : NULL; /* long-lived probe buffer */
     if (ll) printf("%-4s %10s %10s %10s %10s %8s %8s %8s %8s\n", "rep", "pp tok/s", "tg tok/s", "bw GB/s", "floor t/s", "tg/floor",
                    "ms/tok", "ll GB/s", "tg/ll");

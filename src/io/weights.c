@@ -42,6 +42,7 @@ struct tern_weights {
     int n_stacks;
     struct tern_synth *synth; /* synthetic store (weights_synth.c): tensors made on request */
     tern_weights_shard_fn shard; /* tensor-parallel hook (weights.h), NULL = none */
+    tern_weights_local_fn shard_local; /* its local-shape companion for synthetic stores, NULL = none */
     void *shard_ctx;
     int views;              /* per-expert stacks: source tables only, no copy (weights.h) */
     size_t stacked_bytes;   /* bytes copied into per-expert stacks */
@@ -473,8 +474,15 @@ int tern_weights_try(tern_weights *w, const char *name, int ndim, const int64_t 
     memset(t, 0, sizeof *t);
     if (!w || !name) return tern_err(err, TERN_EINVAL, "weights: NULL store or name");
     int r;
-    if (w->synth && w->shard) { /* synthetic tensors are made in the shape asked for; experts still split */
-        if ((r = tern__synth_try(w->synth, name, ndim, shape, &tmp, err)) <= 0) return r;
+    if (w->synth && w->shard) { /* synthetic tensors are made in the shape asked for, stacks in the rank's part */
+        int64_t loc[TERN_MAX_DIMS];
+        const int64_t *sh = shape;
+        if (shape && ndim >= 1 && ndim <= TERN_MAX_DIMS && w->shard_local) {
+            memcpy(loc, shape, sizeof *loc * (size_t)ndim);
+            w->shard_local(w->shard_ctx, name, ndim, loc);
+            sh = loc;
+        }
+        if ((r = tern__synth_try(w->synth, name, ndim, sh, &tmp, err)) <= 0) return r;
         if ((r = w->shard(w->shard_ctx, name, ndim, shape, &tmp, err)) < 0) return r;
         *t = tmp;
         return 1;
@@ -552,6 +560,11 @@ void tern_weights_set_shard(tern_weights *w, tern_weights_shard_fn fn, void *ctx
     if (!w) return;
     w->shard = fn;
     w->shard_ctx = ctx;
+    if (!fn) w->shard_local = NULL;
+}
+
+void tern_weights_set_shard_local(tern_weights *w, tern_weights_local_fn fn) {
+    if (w) w->shard_local = fn;
 }
 
 const char *tern_weights_prefix(const tern_weights *w) { return w ? w->prefix : ""; }
@@ -571,3 +584,5 @@ const tern_expert_src *tern_weights_expert_views(const tern_weights *w, const te
 }
 
 size_t tern_weights_stacked_bytes(const tern_weights *w) { return w ? w->stacked_bytes : 0; }
+
+size_t tern_weights_synth_bytes(const tern_weights *w) { return w ? tern__synth_bytes(w->synth) : 0; }

@@ -74,6 +74,13 @@ int tern__synth_try(struct tern_synth *s, const char *name, int ndim, const int6
 typedef int (*tern_weights_shard_fn)(void *ctx, const char *name, int ndim, const int64_t *shape, tern_tensor *t,
                                      tern_error *err);
 void tern_weights_set_shard(tern_weights *w, tern_weights_shard_fn fn, void *ctx);
+/* Its companion for synthetic stores (appended): before a synthetic tensor is made for a get/try, fn may shrink
+ * `shape` (a copy of the requested one) to the rank's part — an expert or head stack asked for whole, whose shard
+ * would be a view of a few of its matrices — so a rank makes only what it holds (GLM-5's 256 experts over 8 ranks:
+ * 1/8 of the host memory and fill time). The shard fn then sees the local tensor and leaves it. Set after
+ * tern_weights_set_shard with the same ctx; removing the shard fn removes it. */
+typedef void (*tern_weights_local_fn)(void *ctx, const char *name, int ndim, int64_t *shape);
+void tern_weights_set_shard_local(tern_weights *w, tern_weights_local_fn fn);
 
 /* The detected stored-name prefix ("model.", "model.language_model.", ... or ""). */
 const char *tern_weights_prefix(const tern_weights *w);
@@ -98,5 +105,8 @@ void tern_weights_set_expert_views(tern_weights *w, int on);
 const tern_expert_src *tern_weights_expert_views(const tern_weights *w, const tern_tensor *stack, int e0);
 /* Bytes copied so far into stacks built from per-expert tensors (0 = none copied). */
 size_t tern_weights_stacked_bytes(const tern_weights *w);
+/* Host bytes a synthetic store has allocated so far (0 for a file store). */
+size_t tern_weights_synth_bytes(const tern_weights *w);
+size_t tern__synth_bytes(const struct tern_synth *s); /* internal (weights_synth.c) */
 
 #endif

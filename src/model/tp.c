@@ -684,6 +684,16 @@ static int shard_hook(void *ctx, const char *name, int ndim, const int64_t *shap
     return cut == CUT_COLS ? cut_cols(tp, t, lo, cnt, name, err) : cut_rows(t, lo, cnt, name, err);
 }
 
+/* The synthetic store's companion (weights.h tern_weights_set_shard_local): a stack cut by expert (or GLM-5 head)
+ * is made with only the rank's cnt matrices, so shard_hook leaves it as made. */
+static void shard_local(void *ctx, const char *name, int ndim, int64_t *shape) {
+    hook_ctx *h = ctx;
+    int lo = 0, cnt = 0, bias = 0;
+    int64_t full = 0;
+    if (plan_cut(h->tp, h->rank, name, &lo, &cnt, &full, &bias) == CUT_EXPERTS && ndim == 3 && shape[0] == full)
+        shape[0] = cnt;
+}
+
 /* ---- load ------------------------------------------------------------------------------ */
 
 static tern_status local_config(const tern_model_config *c, int N, int r, int hv0, int hvn, tern_model_config *out,
@@ -765,6 +775,7 @@ tern_status tern_tp_load(tern_tp *tp, const tern_model_config *cfg, tern_weights
         h[r] = (hook_ctx){tp, r};
         bind(rk);
         tern_weights_set_shard(ws, N > 1 ? shard_hook : NULL, &h[r]);
+        tern_weights_set_shard_local(ws, N > 1 ? shard_local : NULL);
         /* expert offload: each rank caches its own experts [e0, e1) in 1/N of the slot memory; the
          * routing trace is rank 0's (its experts' lines) */
         tern_model_opts ro = mo ? *mo : (tern_model_opts){0};

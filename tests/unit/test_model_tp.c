@@ -16,6 +16,8 @@
  * reported, not required.
  */
 #include "model/tp.h"
+#include "io/presets.h"
+#include "io/weights.h"
 #include "tp_util.h"
 #include "parity_util.h"
 #include "tern.h"
@@ -23,6 +25,7 @@
 #include "test.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 
 #define FIXDIR "tests/parity/fixtures"
 /* N ranks vs one: only the summation order of the split matmuls differs. Llama-family rows
@@ -300,6 +303,66 @@ TEST(tp_refuses_unsplittable_groups) {
     tern_tp_close(tp);
 }
 
+/* A synthetic (random-weight) store under expert parallelism makes only each rank's experts: glm5-tiny widened
+ * to 64 experts of 1024 (8 MB of q4 codes a stack, so they are buffers of their own and the store's byte count
+ * sees them) holds experts for 2 ranks in about the bytes of one — not each rank all 64 and a view of its half,
+ * which for GLM-5 over 8 ranks was 8 x 370 GB of host memory. A step through the group then runs. */
+static size_t synth_group_bytes(int N, tern_status *st, char *msg, size_t cap) {
+    tern_error e = {0};
+    tern_model_config cfg;
+    tern_weights *ws = NULL;
+    tern_tp *tp = NULL;
+    tern_model *m = NULL;
+    tern_kv *kv = NULL;
+    memset(&cfg, 0, sizeof cfg);
+    cJSON *js = cJSON_Parse(tern_preset_config("glm5-tiny"));
+    cJSON_ReplaceItemInObject(js, "n_routed_experts", cJSON_CreateNumber(64));
+    cJSON_ReplaceItemInObject(js, "moe_intermediate_size", cJSON_CreateNumber(1024));
+    char *txt = cJSON_PrintUnformatted(js);
+    tern_synth_spec sp = {.bits = 4, .group_size = 64, .seed = 11};
+    tern_status s = tern_config_parse(&cfg, txt, strlen(txt), "glm5-tiny-wide", &e);
+    if (!s) s = tern_weights_open_synth(&ws, &cfg, &sp, &e);
+    tern_tp_opts to = {.n = N, .cuda = 0, .compute = TERN_COMPUTE_F32};
+    if (!s) s = tern_tp_open(&tp, &to, &e);
+    if (!s) s = tern_tp_load(tp, &cfg, ws, NULL, &m, &e);
+    tern_kv_opts ko = {.n_slots = 1, .max_ctx = 16, .block_size = 4};
+    if (!s) s = tern_tp_kv_open(tp, &ko, &kv, &e);
+    float *lg = malloc(sizeof(float) * 3 * (size_t)cfg.n_vocab);
+    if (!s) s = tern_kv_reserve(kv, 0, 3, &e);
+    if (!s) {
+        int32_t tok[3] = {5, 77, 1234}, pos[3] = {0, 1, 2}, slot[3] = {0, 0, 0};
+        tern_batch b = {.n = 3, .tokens = tok, .pos = pos, .slot = slot};
+        s = tern_model_forward(m, &b, kv, lg, &e);
+        for (int i = 0; !s && i < 3 * cfg.n_vocab; i++)
+            if (!isfinite(lg[i])) s = tern_err(&e, TERN_EFORMAT, "logit %d not finite", i);
+    }
+    size_t bytes = tern_weights_synth_bytes(ws);
+    *st = s;
+    snprintf(msg, cap, "%s", e.msg);
+    free(lg);
+    tern_tp_close(tp);
+    tern_weights_close(ws);
+    tern_config_free(&cfg);
+    cJSON_free(txt);
+    cJSON_Delete(js);
+    return bytes;
+}
+
+TEST(tp_synth_local_experts) {
+    char msg[600];
+    tern_status s1, s2;
+    size_t b1 = synth_group_bytes(1, &s1, msg, sizeof msg);
+    CHECK(s1 == TERN_OK, "one rank: %s", msg);
+    size_t b2 = synth_group_bytes(2, &s2, msg, sizeof msg);
+    CHECK(s2 == TERN_OK, "two ranks: %s", msg);
+    /* routed experts: 3 MoE layers x 3 stacks x 64 x 1024 x 256 q4 codes (their scales sit in shared slabs) */
+    size_t experts = (size_t)3 * 3 * 64 * 1024 * 256 / 2;
+    printf("  synthetic glm5-tiny, 64 experts: one rank %.1f MB, two ranks %.1f MB (routed expert codes %.1f MB)\n",
+           b1 / 1e6, b2 / 1e6, experts / 1e6);
+    CHECK(b1 > experts, "one rank made %zu bytes, fewer than the experts' %zu", b1, experts);
+    CHECK(b2 + experts <= 2 * b1, "two ranks made %zu bytes: the experts twice (one rank %zu)", b2, b1);
+}
+
 int main(void) {
     const char *dev = getenv("TERN_TEST_DEVICE"), *sz = getenv("TERN_TEST_TP");
     g_cuda = dev && !strcmp(dev, "cuda");
@@ -323,6 +386,7 @@ int main(void) {
     RUN(tp_parity_gemma4);
     RUN(tp_parity_glm5);
     if (!g_cuda) RUN(tp_refuses_unsplittable_groups);
+    if (!g_cuda) RUN(tp_synth_local_experts);
 #ifndef TERN_CORE_ONLY
     RUN(tp_engine);
 #endif

@@ -239,7 +239,9 @@ static void parity_fixtures(int int8) {
     " \"num_key_value_heads\": 2, \"head_dim\": 64, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0," \
     " \"tie_word_embeddings\": true, \"max_position_embeddings\": 256}"
 /* Measured (2026-11-30): q4 1.5e-3 (rounding x to bf16 instead: 7e-4); the synthetic q8
- * weights (256-level codes, the same small scales) are ill-conditioned: 0.13 (bf16 x: 0.045). */
+ * weights (256-level codes, the same small scales) are ill-conditioned: 0.13 (bf16 x: 0.045). With the chunk-seeded
+ * synthetic fill (2026-12-04): q4 1.4e-3, q8 0.11; one q4 row's argmax flips on a tie (exact logits 5e-4 apart, the
+ * row's largest error 5e-3), which the argmax check allows. */
 #define INT8_SYNTH_BOUND_Q4 5e-3
 #define INT8_SYNTH_BOUND_Q8 0.3
 
@@ -293,13 +295,23 @@ static void int8_synth(int bits) {
         for (int t = 0; t < N; t++) {
             double r = test_rel_l2(got + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
             if (!(r <= worst)) worst = r;
-            amx += tern_argmax(got + (size_t)t * V, V) != tern_argmax(ref + (size_t)t * V, V);
+            /* a flip counts unless it is a tie at the int8 error's scale: the exact logits of the two picks closer
+             * than twice the row's largest logit error */
+            const float *gr = got + (size_t)t * V, *rr = ref + (size_t)t * V;
+            int ag = tern_argmax(gr, V), ar = tern_argmax(rr, V);
+            double emax = 0;
+            for (int i = 0; i < V; i++) emax = fmax(emax, fabs((double)gr[i] - rr[i]));
+            if (ag != ar) {
+                printf("  synth q%d int8 row %d: argmax %d (exact logit %.5f) vs %d (%.5f), largest error %.5f\n", bits, t,
+                       ag, rr[ag], ar, rr[ar], emax);
+                amx += rr[ar] - rr[ag] > 2 * emax;
+            }
         }
         printf("  synth llama q%d int8 %s: worst row rel L2 vs exact %.3g, argmax mismatches %d of %d\n", bits,
                step > 1 ? "prefill" : "decode", worst, amx, N);
         double bound = bits == 4 ? INT8_SYNTH_BOUND_Q4 : INT8_SYNTH_BOUND_Q8;
         CHECK(worst <= bound, "synth q%d int8 %s: rel L2 %.3g > %.1e", bits, step > 1 ? "prefill" : "decode", worst, bound);
-        if (bits == 4) CHECK(amx == 0, "synth q4 int8: %d rows with a different argmax", amx);
+        if (bits == 4) CHECK(amx == 0, "synth q4 int8: %d rows with a different argmax (not a tie)", amx);
     }
     free(ref);
     free(got);
