@@ -34,7 +34,7 @@ endif
 
 OBJ     := $(C_SRC:%.c=build/obj/%.o) $(CU_SRC:%.cu=build/obj/%.o)
 TESTS   := $(patsubst tests/unit/%.c,build/tests/%,$(wildcard tests/unit/test_*.c))
-TOOLS   := build/tern
+TOOLS   := build/tern build/load   # build/load: the HTTP load generator (bench/load.c; tests/cli/glm5_serve_script.sh)
 
 all: build/libtern.a $(TOOLS) $(TESTS)
 
@@ -80,6 +80,8 @@ bench: $(BENCHES)
 build/bench_%: bench/bench_%.c build/libtern.a
 	$(CC) $(CFLAGS) $< build/libtern.a -o $@ $(LDLIBS)
 build/concurrency: bench/concurrency.c build/libtern.a
+	$(CC) $(CFLAGS) $< build/libtern.a -o $@ $(LDLIBS)
+build/load: bench/load.c build/libtern.a
 	$(CC) $(CFLAGS) $< build/libtern.a -o $@ $(LDLIBS)
 
 # tests/fuzz/regress.sh: a fuzz target that spans the whole engine (fuzz_model) replays its kept inputs against the
