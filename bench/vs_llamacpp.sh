@@ -9,7 +9,8 @@
 # Env: TERN (default build/tern), THREADS (2), PP (128), TG (32), FORMATS (default
 #      "bf16:bf16 q8:q8_0 q4:q4_0", tern quant:gguf suffix pairs), INT8 (default 1) adds the engine
 #      tern-int8 (`--compute int8`: x quantized to int8 per weight group for Q8/Q4 matmuls, as
-#      llama.cpp's Q8_0/Q4_0 paths do) for the q formats, BEFORE=1 adds tern with TERN_CPU_GEMM=0
+#      llama.cpp's Q8_0/Q4_0 paths do) for the q formats, BF16 (default 1) adds tern-bf16 (`--compute bf16`: x
+#      rounded to bf16 in the prefill GEMM, vdpbf16ps, as llama.cpp's BF16 path does) for bf16, BEFORE=1 adds tern with TERN_CPU_GEMM=0
 #      (the tile-decode prefill path), for before/after numbers. TERN_MODELS=DIR: tern reads real
 #      files instead of --random: DIR/bf16, DIR/q8, DIR/q4 are model dirs of the same geometry
 #      (random weights written once as safetensors; bench/NOTES.md (j)), loaded with --no-mmap
@@ -104,6 +105,12 @@ for r in $(seq 1 "$ROUNDS"); do
             engines="$engines tern-int8:$ipp:$itg:$isz:$b2:$b4"
             b2=$b4 # the next engine's floor starts from this probe
         fi
+        if [ "${BF16:-1}" = 1 ] && [ "$tq" = bf16 ]; then
+            read -r hpp htg hsz < <(run_tern "$tq" "--compute bf16")
+            b7=$(probe)
+            engines="$engines tern-bf16:$hpp:$htg:$hsz:$b2:$b7"
+            b2=$b7
+        fi
         if [ "${DEC0:-0}" = 1 ]; then
             read -r dpp dtg dsz < <(TERN_CPU_DEC=0 run_tern "$tq")
             b5=$(probe)
@@ -140,14 +147,14 @@ function med(a, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n;
   v[$2, $3, $4, "pp"] = $5; v[$2, $3, $4, "tg"] = $6; v[$2, $3, $4, "rf"] = $10; rounds[$2] = 1; fm[$3] = 1; en[$4] = 1 }
 END {
   printf "\n%-6s %-10s %9s %9s %9s %9s   %s\n", "format", "engine", "pp tok/s", "tg tok/s", "bw GB/s", "tg/floor", "(medians over rounds)"
-  split("bf16 q8 q4", F, " "); split("llama.cpp tern tern-int8 tern-dec0 tern-int8-dec0 tern-tile", E, " ")
-  for (i = 1; i <= 3; i++) for (j = 1; j <= 6; j++) { k = F[i] SUBSEP E[j]; if (!(k in n)) continue
+  split("bf16 q8 q4", F, " "); split("llama.cpp tern tern-int8 tern-bf16 tern-dec0 tern-int8-dec0 tern-tile", E, " ")
+  for (i = 1; i <= 3; i++) for (j = 1; j <= 7; j++) { k = F[i] SUBSEP E[j]; if (!(k in n)) continue
       for (m = 1; m <= n[k]; m++) { a[m] = PP[k, m]; b[m] = TGv[k, m]; c[m] = BW[k, m]; d[m] = RF[k, m] }
       x1 = med(a, n[k]); x2 = med(b, n[k]); x3 = med(c, n[k]); x4 = med(d, n[k])
       printf "%-6s %-10s %9.2f %9.3f %9.2f %9.3f\n", F[i], E[j], x1, x2, x3, x4 }
   printf "\n%-6s %-10s %14s %14s %18s\n", "format", "engine", "pp x/llama", "tg x/llama", "tg/floor x/llama"
-  split("tern tern-int8 tern-dec0 tern-int8-dec0", T, " ")
-  for (i = 1; i <= 3; i++) for (j = 1; j <= 4; j++) { q = 0
+  split("tern tern-int8 tern-bf16 tern-dec0 tern-int8-dec0", T, " ")
+  for (i = 1; i <= 3; i++) for (j = 1; j <= 5; j++) { q = 0
       for (r in rounds) if (v[r, F[i], "llama.cpp", "pp"] > 0 && v[r, F[i], T[j], "pp"] > 0) { q++
           a[q] = v[r, F[i], T[j], "pp"] / v[r, F[i], "llama.cpp", "pp"]
           b[q] = v[r, F[i], "llama.cpp", "tg"] > 0 ? v[r, F[i], T[j], "tg"] / v[r, F[i], "llama.cpp", "tg"] : 0

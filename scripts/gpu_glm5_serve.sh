@@ -20,7 +20,8 @@
 # Knobs (defaults for the 8xH200 run): MODEL random:glm5:q4, GPUS 8, DEVICE cuda, KVQ bf16 (GLM-5's latent cache on
 # bf16 pages: 64 x 8k fits 140 GB a GPU), CONC 1,8,64, PROMPT 1024, GEN 128, REQUESTS (per level; load.c's
 # default max(4C,16)), PREFILL 8192,32768, MAXCTX 33792, MAXC (max concurrency, default the largest CONC), BUDGET 140
-# (GB a GPU; 0: no --memory-budget), COMPUTE (bf16 on a GPU), READY_S 480 (give up waiting for the server).
+# (GB a GPU; 0: no --memory-budget), COMPUTE (bf16 on a GPU), READY_S 480 (give up waiting for the server), DECODE_S 240
+# and PREFILL_S 150 (limits of the load runs; summary.txt is written as it goes, so a call cut short keeps what ran).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-build/gpu_glm5}"
@@ -89,16 +90,16 @@ grep -h 'ready:' "$OUT/serve.out" "$OUT/serve.err" | head -2 | tee -a "$S"
 # 3. decode at each concurrency
 req=()
 [ -n "${REQUESTS:-}" ] && req=(--requests "$REQUESTS")
-"$LOAD" --url "$url" --conc "$CONC" --prompt-tokens "$PROMPT" --max-tokens "$GEN" "${req[@]}" --csv "$OUT/decode.csv" \
-    > "$OUT/decode.txt" 2>&1
+timeout "${DECODE_S:-240}" "$LOAD" --url "$url" --conc "$CONC" --prompt-tokens "$PROMPT" --max-tokens "$GEN" "${req[@]}" \
+    --csv "$OUT/decode.csv" > "$OUT/decode.txt" 2>&1
 stamp "decode: load exit $? (prompt $PROMPT, $GEN tokens a request)"
 grep -v '^#' "$OUT/decode.txt" | tee -a "$S"
 
 # 4. prefill, one request at a time
 echo "prompt,ttft_p50_ms,prefill_tok_s" > "$OUT/prefill.csv"
 for p in ${PREFILL//,/ }; do
-    "$LOAD" --url "$url" --conc 1 --requests 2 --prompt-tokens "$p" --max-tokens 2 --csv "$OUT/prefill_$p.csv" \
-        > "$OUT/prefill_$p.txt" 2>&1
+    timeout "${PREFILL_S:-150}" "$LOAD" --url "$url" --conc 1 --requests 2 --prompt-tokens "$p" --max-tokens 2 \
+        --csv "$OUT/prefill_$p.csv" > "$OUT/prefill_$p.txt" 2>&1
     rc=$?
     ttft=$(awk -F, 'NR == 2 {print $6}' "$OUT/prefill_$p.csv" 2>/dev/null)
     if [ $rc = 0 ] && [ -n "$ttft" ]; then

@@ -501,6 +501,8 @@ enum { TERN_ACT_GELU_TANH = 0, TERN_ACT_SILU = 1 };
  * (be->compute reports BF16) whose Q4 one-row GEMVs quantize x the same way (gemv_mma.cu XI8).
  * BF16 (CUDA): the matmuls' tensor-core GEMMs take x rounded to bf16, like every engine's bf16
  * mode (weights flagged tern_tensor.precise excepted); residual stream, norms, softmax in f32.
+ * BF16 (CPU with AVX512-BF16): the same for BF16 weights in the prefill GEMM (n > 8 rows; gemm_avx512.c,
+ * vdpbf16ps); one-row GEMVs, other formats and precise weights keep f32 x.
  * BF16X2 (CUDA, `--compute bf16x2`): x enters those GEMMs as a pair of bf16 (x = hi + lo), so the
  * products stay f32-accurate (2-3x the tensor-core work; batch-invariant to ~1e-6). A backend
  * opened with BF16X2 reports be->compute == BF16 (the model code sees one bf16 mode); the CPU

@@ -91,11 +91,93 @@ TEST(gemm_moe) {
     moe("avx2", TERN_DT_Q, 8, 41, 52);
 }
 
+/* The bf16 compute mode's GEMM (AVX512-BF16: x rounded to bf16, vdpbf16ps over BF16 weights) against the
+ * reference fed x rounded to bf16 the same way (round to nearest even): the bf16 products are exact in f32 on both
+ * sides, so only the order of the f32 sums differs — the exact bound TOL. Odd input counts, F32 weights,
+ * tern_tensor.precise weights and n <= 8 keep the f32 path (x exact); routed MoE experts (gathered rows, the down
+ * projection accumulating with routing weights) within the bf16 rounding's own size of the exact result. */
+static float bf16_round(float v) { return tern_bf16_to_f32(tern_f32_to_bf16(v)); }
+
+static double bf16_case(tern_backend *fast, tern_backend *ref, tern_dtype dt, int precise, int E, int out, int in,
+                        int n, int pad, unsigned long long seed, int *rounded) {
+    kt_weight w;
+    kt_weight_make(&w, dt, 0, 0, TERN_DT_BF16, E, out, in, pad, seed);
+    w.t.precise = precise;
+    float *x = kt_randv((size_t)n * in, seed + 1, 1.0f), *xr = malloc(sizeof(float) * (size_t)n * in);
+    *rounded = dt == TERN_DT_BF16 && !precise && in % 2 == 0 && n > 8;
+    for (size_t i = 0; i < (size_t)n * in; i++) xr[i] = *rounded ? bf16_round(x[i]) : x[i];
+    float *y0 = calloc((size_t)n * out, sizeof *y0), *y1 = calloc((size_t)n * out, sizeof *y1);
+    double worst = 0;
+    for (int e = 0; e < E; e++) {
+        for (size_t i = 0; i < (size_t)n * out; i++) y1[i] = NAN;
+        if (E > 1) { ref->vt->matmul_expert(ref, y0, xr, n, &w.t, e); fast->vt->matmul_expert(fast, y1, x, n, &w.t, e); }
+        else { ref->vt->matmul(ref, y0, xr, n, &w.t); fast->vt->matmul(fast, y1, x, n, &w.t); }
+        double err = test_rel_l2(y1, y0, (size_t)n * out);
+        if (!(err <= worst)) worst = err;
+    }
+    free(x); free(xr); free(y0); free(y1);
+    kt_weight_free(&w);
+    return worst;
+}
+
+TEST(gemm_bf16_mode) {
+    tern_backend *ref = kt_open_ref();
+    for (int nth = 1; nth <= 3; nth += 2) {
+        setenv("TERN_CPU_ISA", "avx512", 1);
+        tern_backend_opts o = {.n_threads = nth, .compute = TERN_COMPUTE_BF16};
+        tern_backend *fast = NULL;
+        tern_error e = {0};
+        CHECK(tern_backend_cpu_open(&fast, &o, &e) == TERN_OK, "open: %s", e.msg);
+        unsetenv("TERN_CPU_ISA");
+        if (!fast) break;
+        static const int ins[] = {2, 64, 254, 258, 512, 514, 1030, 2050, 33};
+        static const int ns[] = {9, 13, 25, 61, 200};
+        static const int outs[] = {1, 17, 31, 33, 70};
+        unsigned long long seed = 100;
+        int n_rounded = 0, rounded;
+        for (size_t i = 0; i < TERN_ARRAY_LEN(ins); i++)
+            for (size_t k = 0; k < TERN_ARRAY_LEN(ns); k++, seed++) {
+                int out = outs[(seed * 7) % TERN_ARRAY_LEN(outs)];
+                double err = bf16_case(fast, ref, TERN_DT_BF16, 0, 1, out, ins[i], ns[k], 0, seed, &rounded);
+                n_rounded += rounded;
+                CHECK(err <= TOL, "bf16 mode %dt out=%d in=%d n=%d: rel err %.3g (x %s)", nth, out, ins[i], ns[k], err,
+                      rounded ? "rounded" : "exact");
+            }
+        CHECK(n_rounded == 8 * 5, "%d cases took the bf16 GEMM", n_rounded); /* every even in, n > 8 */
+        /* experts with padded strides, many rows and features, a precise weight, F32 weights, n <= 8: exact x */
+        double e1 = bf16_case(fast, ref, TERN_DT_BF16, 0, 3, 45, 96, 19, 5, 300, &rounded);
+        double e2 = bf16_case(fast, ref, TERN_DT_BF16, 0, 1, 1100, 1026, 203, 0, 301, &rounded);
+        double e3 = bf16_case(fast, ref, TERN_DT_BF16, 1, 1, 70, 256, 40, 0, 302, &rounded);
+        CHECK(!rounded, "a precise weight took the bf16 GEMM");
+        double e4 = bf16_case(fast, ref, TERN_DT_F32, 0, 2, 40, 70, 27, 3, 303, &rounded);
+        double e5 = bf16_case(fast, ref, TERN_DT_BF16, 0, 1, 70, 256, 8, 0, 304, &rounded);
+        CHECK(e1 <= TOL && e2 <= TOL && e3 <= TOL && e4 <= TOL && e5 <= TOL, "bf16 mode %dt: %.3g %.3g %.3g %.3g %.3g",
+              nth, e1, e2, e3, e4, e5);
+        /* routed experts in the bf16 mode: x rounded in gate/up and in down; vs the exact result */
+        int E = 4, H = 96, I = 160, k = 2;
+        kt_weight g, u, d;
+        kt_weight_make(&g, TERN_DT_BF16, 0, 32, TERN_DT_BF16, E, I, H, 0, 310);
+        kt_weight_make(&u, TERN_DT_BF16, 0, 32, TERN_DT_BF16, E, I, H, 0, 311);
+        kt_weight_make(&d, TERN_DT_BF16, 0, 32, TERN_DT_BF16, E, H, I, 0, 312);
+        kt_moe m;
+        kt_moe_make(&m, ref, 48, H, I, E, k, &g, &u, &d, 313, 314);
+        double em = kt_moe_run(&m, fast);
+        printf("  bf16 mode %dt: routed experts (48 rows) rel L2 vs exact x %.3g\n", nth, em);
+        CHECK(em > 0 && em <= 4e-3, "bf16 mode %dt: moe rel err %.3g (bf16 x: ~1e-3 expected, not 0)", nth, em);
+        kt_moe_free(&m);
+        kt_weight_free(&g); kt_weight_free(&u); kt_weight_free(&d);
+        tern_backend_close(fast);
+    }
+    tern_backend_close(ref);
+}
+
 int main(void) {
     if (kt_isa_ok("avx2")) { RUN(gemm_grid_avx2); RUN(gemm_big_avx2); }
     else SKIP("gemm_avx2", "CPU lacks AVX2/FMA/F16C");
     if (kt_isa_ok("avx512")) { RUN(gemm_grid_avx512); RUN(gemm_big_avx512); }
     else SKIP("gemm_avx512", "CPU lacks AVX-512");
     if (kt_isa_ok("avx2")) RUN(gemm_moe);
+    if (kt_isa_ok("avx512") && __builtin_cpu_supports("avx512bf16")) RUN(gemm_bf16_mode);
+    else SKIP("gemm_bf16_mode", "CPU lacks AVX512-BF16");
     return test_done();
 }

@@ -368,6 +368,9 @@ tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *o
     c->k = tern__cpu_kern_pick();
     const char *g8 = getenv("TERN_CPU_GEMM_I8"); /* =0: the int8 mode's prefill runs the f32 GEMM */
     c->gemm_i8 = c->k == &tern__cpu_kern_avx512 && __builtin_cpu_supports("avx512vnni") && !(g8 && g8[0] == '0');
+    const char *gb = getenv("TERN_CPU_GEMM_BF16"); /* =0: the bf16 mode's prefill runs the f32 GEMM (exact x) */
+    c->bf16 = be->compute == TERN_COMPUTE_BF16 && c->k->gemm_bf16_mk && __builtin_cpu_supports("avx512bf16") &&
+              !(gb && gb[0] == '0');
     c->pool = tern_pool_create(nth);
     if (!c->pool) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: cannot start %d threads", nth); }
     c->nth = tern_pool_size(c->pool);

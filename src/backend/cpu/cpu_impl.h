@@ -31,6 +31,8 @@ typedef struct cpu_impl {
     int fused;                /* 0: fused GEMV off (TERN_CPU_GEMV=0; benchmarks the decode path) */
     int int8;                 /* int8 mode for Q8/Q4 matmuls (--compute int8, TERN_CPU_INT8=1) */
     int gemm_i8;              /* the int8 prefill GEMM can run: AVX-512 table + VNNI */
+    int bf16;                 /* the bf16 compute mode's GEMM runs (--compute bf16, AVX512-BF16; TERN_CPU_GEMM_BF16=0 off):
+                                 BF16 weights (not tern_tensor.precise) times x rounded to bf16 for n > 8 rows */
     size_t par_min;           /* elementwise ops split over the pool from this many elements */
     int32_t *moe_i;           /* MoE routing lists (grown on demand) */
     size_t moe_cap;           /* capacity of moe_i in int32 */

@@ -158,16 +158,18 @@ static int gemm_enabled(void) {
     return tern__cpu_switch(&on, "TERN_CPU_GEMM", 1);
 }
 
-/* x rows [r0, r0+nbk), inputs [t0, t0+len) into blocks of mr rows: xp[b·len + t·mr + r]. */
-static void gemm_pack_x(const tern_cpu_kern *k, const cpu_mm_job *jb, int r0, int nbk, int t0, int len, float *xp) {
+/* x rows [r0, r0+nbk), inputs [t0, t0+len) into blocks of mr rows: xp[b·xw + t·mr + r], xw = len floats a row
+ * (f32) or len / 2 dwords (bf16 pairs). */
+static void gemm_pack_x(const tern_cpu_kern *k, int bf, const cpu_mm_job *jb, int r0, int nbk, int t0, int len, float *xp) {
     const float *xr[16];
+    const int xw = bf ? len / 2 : len;
     for (int b0 = 0; b0 < nbk; b0 += k->gemm_mr) {
         int mr = TERN_MIN(k->gemm_mr, nbk - b0);
         for (int r = 0; r < mr; r++) {
             int rr = r0 + b0 + r;
             xr[r] = jb->x + (size_t)(jb->xrow ? jb->xrow[rr] : rr) * jb->ldx + t0;
         }
-        k->gemm_pack_x(xr, mr, len, xp + (size_t)b0 * len);
+        (bf ? k->gemm_bf16_pack_x : k->gemm_pack_x)(xr, mr, len, xp + (size_t)b0 * xw);
     }
 }
 
@@ -207,9 +209,17 @@ static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
         if (w->group_size <= 0 || w->group_size > kc) return 0;
         kc = kc / w->group_size * w->group_size; /* decode slices start on a group */
     }
+    /* the bf16 mode: BF16 weights (not precise) in pairs, twice the inputs per block in the same bytes */
+    const int bf = c->bf16 && w->dtype == TERN_DT_BF16 && !w->precise && in % 2 == 0 && NR == 32;
+    if (bf) kc = 2 * GEMM_KC;
+    const int xw = bf ? kc / 2 : kc; /* x floats / dwords a row per block */
+    void (*pack)(const cpu_wrow *, int, int, int, float *, int, float *, void (*)(const cpu_wrow *, int, int, float *)) =
+        bf ? k->gemm_bf16_pack : k->gemm_pack;
+    void (*mk)(int, const float *, int, const float *, float *const *, const float *, int, int, const uint8_t *const *, int) =
+        bf ? k->gemm_bf16_mk : k->gemm_mk;
     float *tmp = c->tbuf[ith], *wp = tmp + (size_t)NR * GEMM_KC; /* both within CPU_RT_MAX·CPU_CH */
     float *xp = c->xbuf[ith];
-    int nb = (int)(CPU_GX_BUF / sizeof(float) / (size_t)kc) / MR * MR;
+    int nb = (int)(CPU_GX_BUF / sizeof(float) / (size_t)xw) / MR * MR;
     float *yp[16], ys[16];
     const uint8_t *pf[GEMM_PF_CAP];
     cpu_wrow rows[32];
@@ -221,11 +231,11 @@ static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
             int64_t c1 = TERN_MIN(o1, c0 + nc);
             for (int t0 = 0; t0 < in; t0 += kc) {
                 int len = TERN_MIN(kc, in - t0), add = jb->accum || t0 > 0;
-                gemm_pack_x(k, jb, r0, nbk, t0, len, xp);
+                gemm_pack_x(k, bf, jb, r0, nbk, t0, len, xp);
                 for (int64_t s0 = c0; s0 < c1; s0 += NR) {
                     int ns = (int)TERN_MIN((int64_t)NR, c1 - s0);
                     for (int i = 0; i < ns; i++) tern__cpu_wrow_at(w, jb->mat, s0 + i, &rows[i]);
-                    k->gemm_pack(rows, ns, t0, len, tmp, kc, wp, k->decode);
+                    pack(rows, ns, t0, len, tmp, kc, wp, k->decode);
                     /* prefetch the next strip: the following one, else the chunk's first of the next inputs */
                     int np = 0, nblk = (nbk + MR - 1) / MR, per;
                     if (s0 + NR < c1) np = gemm_pf_list(w, jb->mat, s0 + NR, (int)TERN_MIN((int64_t)NR, c1 - s0 - NR), t0, len, pf);
@@ -239,8 +249,8 @@ static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
                             yp[r] = jb->y + (size_t)(jb->yrow ? jb->yrow[rr] : rr) * jb->ldy + s0;
                             ys[r] = jb->yscale ? jb->yscale[rr] : 1.0f;
                         }
-                        k->gemm_mk(len, xp + (size_t)b0 * len, mr, wp, yp, jb->accum && jb->yscale ? ys : NULL, add,
-                                   ns, pf + TERN_MIN(p0, np), npf);
+                        mk(len, xp + (size_t)b0 * (bf ? len / 2 : len), mr, wp, yp, jb->accum && jb->yscale ? ys : NULL, add,
+                           ns, pf + TERN_MIN(p0, np), npf);
                     }
                 }
             }

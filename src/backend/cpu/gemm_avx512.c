@@ -11,6 +11,9 @@
  * strip (len·128 bytes) and the packed x block stay in L1/L2. Every y element is one
  * sequential f32 FMA chain over the inputs of a block (exact f32 arithmetic, no reduction
  * tree); the driver adds the blocks of inputs into y in order.
+ * The bf16 compute mode's variant (below, AVX512-BF16) packs BF16 rows in input pairs and runs vdpbf16ps on x
+ * rounded to bf16: twice the inputs per instruction (llama3-1b bf16 prefill on the 2-core box 131-144 -> 218-225
+ * tok/s, bench/NOTES.md (bd)).
  */
 #include "backend/cpu/kern.h"
 
@@ -113,6 +116,79 @@ void tern__cpu_gemm_mk_avx512(int len, const float *xp, int mr, const float *wp,
                               int add, int ns, const uint8_t *const *pf, int npf) {
     switch (mr) {
         MK(1) MK(2) MK(3) MK(4) MK(5) MK(6) MK(7) MK(8) MK(9) MK(10) MK(11) MK(12)
+    default: return;
+    }
+}
+
+/* ---- the bf16 compute mode's GEMM (AVX512-BF16; --compute bf16, BF16 weights) ----
+ * x rounded to bf16 (round to nearest even, vcvtne2ps2bf16) times the stored bf16 weights through vdpbf16ps:
+ * per f32 lane acc += x[t]·w[t] + x[t+1]·w[t+1] — the bf16 products are exact in f32, the sums f32 (the
+ * instruction flushes denormal inputs and outputs). Layout as the f32 GEMM's with inputs in pairs: the strip
+ * wp[p·64 + 2i + j] (bf16) = w[feature i][t0 + 2p + j], built by one 16×16 dword transpose per 16 features ×
+ * 32 inputs straight from the rows; x as dwords xp[p·mr + r] = (x[r][2p], x[r][2p+1]). The 12×32 microkernel per
+ * input pair: 2 weight loads, 12 dword broadcasts, 24 vdpbf16ps (twice the f32 kernel's inputs per instruction).
+ * len is even (the driver declines odd input counts). */
+void tern__cpu_gemm_pack_bf16_avx512(const cpu_wrow *rows, int nrows, int t0, int len, float *tmp, int ld, float *wp,
+                                     void (*decode)(const cpu_wrow *w, int j0, int len, float *dst)) {
+    (void)tmp, (void)ld, (void)decode;
+    uint32_t *dst = (uint32_t *)wp;
+    for (int t = 0; t < len; t += 32) {
+        int nt = len - t < 32 ? len - t : 32; /* inputs, even */
+        __mmask32 m = nt == 32 ? ~(__mmask32)0 : (__mmask32)((1u << nt) - 1);
+        for (int i0 = 0; i0 < 32; i0 += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i0 + i < nrows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, (const uint16_t *)rows[i0 + i].data + t0 + t))
+                                      : _mm512_setzero_ps();
+            tr16(r); /* r[p] lane i: feature i0 + i's pair p (32-bit moves only) */
+            for (int p = 0; p < nt / 2; p++) _mm512_store_ps((float *)(dst + (size_t)(t / 2 + p) * 32 + i0), r[p]);
+        }
+    }
+}
+
+void tern__cpu_gemm_pack_x_bf16_avx512(const float *const *xr, int mr, int len, float *xp) {
+    uint32_t *dst = (uint32_t *)xp, pairs[16];
+    for (int r = 0; r < mr; r++)
+        for (int t = 0; t < len; t += 32) {
+            int nt = len - t < 32 ? len - t : 32;
+            __mmask16 lo = (__mmask16)((1u << (nt < 16 ? nt : 16)) - 1), hi = (__mmask16)(nt > 16 ? (1u << (nt - 16)) - 1 : 0);
+            __m512bh b = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, xr[r] + t + 16), _mm512_maskz_loadu_ps(lo, xr[r] + t));
+            _mm512_storeu_si512(pairs, (__m512i)b);
+            for (int p = 0; p < nt / 2; p++) dst[(size_t)(t / 2 + p) * mr + r] = pairs[p];
+        }
+}
+
+static inline __attribute__((always_inline)) void mkb_t(int len, const uint32_t *xp, const uint32_t *wp, float *const *yp,
+                                                        const float *ys, int add, int ns, const uint8_t *const *pf,
+                                                        int npf, const int M) {
+    __m512 c0[MR], c1[MR];
+#pragma GCC unroll 12
+    for (int r = 0; r < M; r++) c0[r] = c1[r] = _mm512_setzero_ps();
+    const int np = len / 2;
+    for (int p0 = 0; p0 < np; p0 += 4) { /* one prefetch per 8 inputs, as the f32 kernel */
+        if (npf > 0) { _mm_prefetch((const char *)*pf++, _MM_HINT_T1); npf--; }
+        int p1 = p0 + 4 < np ? p0 + 4 : np;
+        for (int p = p0; p < p1; p++, wp += 32, xp += M) {
+            __m512bh w0 = (__m512bh)_mm512_load_si512(wp), w1 = (__m512bh)_mm512_load_si512(wp + 16);
+#pragma GCC unroll 12
+            for (int r = 0; r < M; r++) {
+                __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xp[r]);
+                c0[r] = _mm512_dpbf16_ps(c0[r], w0, xb);
+                c1[r] = _mm512_dpbf16_ps(c1[r], w1, xb);
+            }
+        }
+    }
+    __mmask16 m0, m1;
+    cpu_strip_masks(ns, &m0, &m1);
+#pragma GCC unroll 12
+    for (int r = 0; r < M; r++) cpu_strip_store(yp[r], c0[r], c1[r], ys, r, add, m0, m1);
+}
+
+#define MKB(M) case M: mkb_t(len, (const uint32_t *)xp, (const uint32_t *)wp, yp, ys, add, ns, pf, npf, M); return;
+void tern__cpu_gemm_mk_bf16_avx512(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
+                                   int add, int ns, const uint8_t *const *pf, int npf) {
+    switch (mr) {
+        MKB(1) MKB(2) MKB(3) MKB(4) MKB(5) MKB(6) MKB(7) MKB(8) MKB(9) MKB(10) MKB(11) MKB(12)
     default: return;
     }
 }

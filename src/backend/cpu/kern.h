@@ -113,6 +113,15 @@ typedef struct tern_cpu_kern {
     void (*gemm_pack_x)(const float *const *xr, int mr, int len, float *xp);
     void (*gemm_mk)(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys, int add,
                     int ns, const uint8_t *const *pf, int npf);
+    /* (appended) the same three for the bf16 compute mode over BF16 weights (AVX512-BF16; NULL elsewhere):
+     * inputs in pairs, len even; wp holds bf16 pairs wp[p·2·gemm_nr + 2i + j] = w[i][t0 + 2p + j], xp dwords
+     * xp[p·mr + r] = (bf16(x[r][2p]), bf16(x[r][2p+1])) (round to nearest even); acc = Σ_p of vdpbf16ps (exact
+     * products, f32 sums; denormals flushed). Taken only where the CPU has AVX512-BF16 (cpu_impl.bf16). */
+    void (*gemm_bf16_pack)(const cpu_wrow *rows, int nrows, int t0, int len, float *tmp, int ld, float *wp,
+                           void (*decode)(const cpu_wrow *w, int j0, int len, float *dst));
+    void (*gemm_bf16_pack_x)(const float *const *xr, int mr, int len, float *xp);
+    void (*gemm_bf16_mk)(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys, int add,
+                         int ns, const uint8_t *const *pf, int npf);
 } tern_cpu_kern;
 
 extern const tern_cpu_kern tern__cpu_kern_scalar;
@@ -148,6 +157,7 @@ void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *
     void tern__cpu_gemm_mk_##isa(int len, const float *xp, int mr, const float *wp, float *const *yp,             \
                                  const float *ys, int add, int ns, const uint8_t *const *pf, int npf);
 CPU_GEMM_DECL(avx512)
+CPU_GEMM_DECL(bf16_avx512) /* the bf16 compute mode's (AVX512-BF16): x rounded to bf16, BF16 weights, vdpbf16ps */
 CPU_GEMM_DECL(avx2)
 
 #ifdef __AVX512F__

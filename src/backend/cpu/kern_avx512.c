@@ -349,6 +349,9 @@ const tern_cpu_kern tern__cpu_kern_avx512 = {
     .gemm_pack = tern__cpu_gemm_pack_avx512,
     .gemm_pack_x = tern__cpu_gemm_pack_x_avx512,
     .gemm_mk = tern__cpu_gemm_mk_avx512,
+    .gemm_bf16_pack = tern__cpu_gemm_pack_bf16_avx512,
+    .gemm_bf16_pack_x = tern__cpu_gemm_pack_x_bf16_avx512,
+    .gemm_bf16_mk = tern__cpu_gemm_mk_bf16_avx512,
 };
 
 #if defined(__clang__)
