@@ -120,6 +120,7 @@ static int print_ranks(const tern_model_config *cfg, const char *dir, int bits, 
     printf("  %-5s %12s %12s %12s %12s %s\n", "rank", "weights GB", "KV GB", "scratch GB", "total GB", fo->budget_gb > 0 ? "budget" : "");
     char csv[TERN_TP_MAX][160];
     int nr = 0;
+    size_t host = 0;
     for (int r = 0; r < N; r++) {
         tern_model_config lc;
         tern_error e = {0};
@@ -130,6 +131,7 @@ static int print_ranks(const tern_model_config *cfg, const char *dir, int bits, 
         double hshare = lc.head_vn > 0 ? (double)lc.head_vn / cfg->n_vocab : 1.0;
         size_t w = emb + rest / (size_t)N + (size_t)(head * hshare);
         tern_fit fr;
+        host += w;
         if (!tern_fit_plan(&lc, fmt, w, fo, &fr, &e)) {
             printf("  %-5d %12.3f %12.3f %12.3f %12.3f %s\n", r, gb(w), gb(fr.kv_total), gb(fr.scratch), gb(fr.total),
                    fo->budget_gb > 0 ? (fr.fits ? "fits" : "DOES NOT FIT") : "");
@@ -139,6 +141,9 @@ static int print_ranks(const tern_model_config *cfg, const char *dir, int bits, 
         free(lc.layers);
     }
     for (int r = 0; r < nr; r++) printf("%s\n", csv[r]);
+    if (!dir) /* weights_synth.c makes each rank's share in host memory and keeps it there */
+        printf("host memory        %10.3f GB: the ranks' random weights, made in host memory and kept beside the GPUs' copies\n",
+               gb(host));
     return 0;
 }
 
