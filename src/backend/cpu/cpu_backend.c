@@ -157,6 +157,7 @@ enum { EW_ADD, EW_MUL, EW_SCALE, EW_GELU, EW_SILU, EW_SOFTCAP };
 
 typedef struct ew_ctx {
     int op;
+    const tern_cpu_kern *k;
     float *y;
     const float *a, *b;
     float s;
@@ -174,21 +175,25 @@ static void ew_task(void *arg, int ith, int nth) {
     case EW_MUL: for (int64_t i = lo; i < hi; i++) y[i] = a[i] * b[i]; break;
     case EW_SCALE: for (int64_t i = lo; i < hi; i++) y[i] = a[i] * s; break;
     case EW_GELU:
-        if (b) for (int64_t i = lo; i < hi; i++) y[i] = tern__gelu_tanh(a[i]) * b[i];
+        if (e->k->gelu_mul) e->k->gelu_mul(y + lo, a + lo, b ? b + lo : NULL, hi - lo);
+        else if (b) for (int64_t i = lo; i < hi; i++) y[i] = tern__gelu_tanh(a[i]) * b[i];
         else for (int64_t i = lo; i < hi; i++) y[i] = tern__gelu_tanh(a[i]);
         break;
     case EW_SILU:
         if (b) for (int64_t i = lo; i < hi; i++) y[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
         else for (int64_t i = lo; i < hi; i++) y[i] = a[i] / (1.0f + expf(-a[i]));
         break;
-    case EW_SOFTCAP: for (int64_t i = lo; i < hi; i++) y[i] = s * tanhf(y[i] / s); break;
+    case EW_SOFTCAP:
+        if (e->k->softcap) e->k->softcap(y + lo, hi - lo, s);
+        else for (int64_t i = lo; i < hi; i++) y[i] = s * tanhf(y[i] / s);
+        break;
     default: break;
     }
 }
 
 static void ew_run(tern_backend *be, int op, float *y, const float *a, const float *b, float s, size_t n) {
     cpu_impl *c = be->impl;
-    ew_ctx e = {op, y, a, b, s, n};
+    ew_ctx e = {op, c->k, y, a, b, s, n};
     /* transcendental ops are ~10x the work per element: split them earlier */
     size_t min = op >= EW_GELU ? c->par_min / 8 : c->par_min;
     if (n >= min && c->nth > 1) tern_pool_run(c->pool, ew_task, &e);
