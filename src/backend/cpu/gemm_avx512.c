@@ -86,22 +86,31 @@ void tern__cpu_gemm_pack_x_avx512(const float *const *xr, int mr, int len, float
     }
 }
 
+/* The microkernel of both GEMMs: BF 0 — per input, 2 weight loads, M broadcasts of x, 2·M FMAs; BF 1 (the bf16
+ * mode) — per input pair, 2 loads of bf16 pairs, M dword broadcasts of x pairs, 2·M vdpbf16ps. One prefetch of pf[]
+ * per 8 inputs either way. */
 static inline __attribute__((always_inline)) void mk_t(int len, const float *xp, const float *wp, float *const *yp,
                                                        const float *ys, int add, int ns, const uint8_t *const *pf,
-                                                       int npf, const int M) {
+                                                       int npf, const int M, const int BF) {
     __m512 c0[MR], c1[MR];
 #pragma GCC unroll 12
     for (int r = 0; r < M; r++) c0[r] = c1[r] = _mm512_setzero_ps();
-    for (int t0 = 0; t0 < len; t0 += 8) {
+    const int steps = BF ? len / 2 : len, per = BF ? 4 : 8; /* steps of one input (pair) */
+    for (int t0 = 0; t0 < steps; t0 += per) {
         if (npf > 0) { _mm_prefetch((const char *)*pf++, _MM_HINT_T1); npf--; }
-        int t1 = t0 + 8 < len ? t0 + 8 : len;
+        int t1 = t0 + per < steps ? t0 + per : steps;
         for (int t = t0; t < t1; t++, wp += NR, xp += M) {
             __m512 w0 = _mm512_load_ps(wp), w1 = _mm512_load_ps(wp + 16);
 #pragma GCC unroll 12
             for (int r = 0; r < M; r++) {
-                __m512 xb = _mm512_set1_ps(xp[r]);
-                c0[r] = _mm512_fmadd_ps(w0, xb, c0[r]);
-                c1[r] = _mm512_fmadd_ps(w1, xb, c1[r]);
+                __m512 xb = _mm512_set1_ps(xp[r]); /* BF: the pair's 32 bits as they are */
+                if (BF) {
+                    c0[r] = _mm512_dpbf16_ps(c0[r], (__m512bh)w0, (__m512bh)xb);
+                    c1[r] = _mm512_dpbf16_ps(c1[r], (__m512bh)w1, (__m512bh)xb);
+                } else {
+                    c0[r] = _mm512_fmadd_ps(w0, xb, c0[r]);
+                    c1[r] = _mm512_fmadd_ps(w1, xb, c1[r]);
+                }
             }
         }
     }
@@ -111,14 +120,18 @@ static inline __attribute__((always_inline)) void mk_t(int len, const float *xp,
     for (int r = 0; r < M; r++) cpu_strip_store(yp[r], c0[r], c1[r], ys, r, add, m0, m1);
 }
 
-#define MK(M) case M: mk_t(len, xp, wp, yp, ys, add, ns, pf, npf, M); return;
-void tern__cpu_gemm_mk_avx512(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
-                              int add, int ns, const uint8_t *const *pf, int npf) {
-    switch (mr) {
-        MK(1) MK(2) MK(3) MK(4) MK(5) MK(6) MK(7) MK(8) MK(9) MK(10) MK(11) MK(12)
-    default: return;
+/* mk_t for mr = 1..12 rows (constant M: the accumulators stay in registers) */
+#define MK(M) case M: mk_t(len, xp, wp, yp, ys, add, ns, pf, npf, M, bf); return;
+#define MK_ENTRY(name, BF)                                                                                        \
+    void name(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys, int add, int ns, \
+              const uint8_t *const *pf, int npf) {                                                               \
+        const int bf = BF;                                                                                     \
+        switch (mr) {                                                                                          \
+            MK(1) MK(2) MK(3) MK(4) MK(5) MK(6) MK(7) MK(8) MK(9) MK(10) MK(11) MK(12)                           \
+        default: return;                                                                                       \
+        }                                                                                                      \
     }
-}
+MK_ENTRY(tern__cpu_gemm_mk_avx512, 0)
 
 /* ---- the bf16 compute mode's GEMM (AVX512-BF16; --compute bf16, BF16 weights) ----
  * x rounded to bf16 (round to nearest even, vcvtne2ps2bf16) times the stored bf16 weights through vdpbf16ps:
@@ -126,7 +139,8 @@ void tern__cpu_gemm_mk_avx512(int len, const float *xp, int mr, const float *wp,
  * instruction flushes denormal inputs and outputs). Layout as the f32 GEMM's with inputs in pairs: the strip
  * wp[p·64 + 2i + j] (bf16) = w[feature i][t0 + 2p + j], built by one 16×16 dword transpose per 16 features ×
  * 32 inputs straight from the rows; x as dwords xp[p·mr + r] = (x[r][2p], x[r][2p+1]). The 12×32 microkernel per
- * input pair: 2 weight loads, 12 dword broadcasts, 24 vdpbf16ps (twice the f32 kernel's inputs per instruction).
+ * input pair (mk_t with BF 1): 2 weight loads, 12 dword broadcasts, 24 vdpbf16ps (twice the f32 kernel's inputs per
+ * instruction).
  * len is even (the driver declines odd input counts). */
 void tern__cpu_gemm_pack_bf16_avx512(const cpu_wrow *rows, int nrows, int t0, int len, float *tmp, int ld, float *wp,
                                      void (*decode)(const cpu_wrow *w, int j0, int len, float *dst)) {
@@ -158,37 +172,4 @@ void tern__cpu_gemm_pack_x_bf16_avx512(const float *const *xr, int mr, int len, 
         }
 }
 
-static inline __attribute__((always_inline)) void mkb_t(int len, const uint32_t *xp, const uint32_t *wp, float *const *yp,
-                                                        const float *ys, int add, int ns, const uint8_t *const *pf,
-                                                        int npf, const int M) {
-    __m512 c0[MR], c1[MR];
-#pragma GCC unroll 12
-    for (int r = 0; r < M; r++) c0[r] = c1[r] = _mm512_setzero_ps();
-    const int np = len / 2;
-    for (int p0 = 0; p0 < np; p0 += 4) { /* one prefetch per 8 inputs, as the f32 kernel */
-        if (npf > 0) { _mm_prefetch((const char *)*pf++, _MM_HINT_T1); npf--; }
-        int p1 = p0 + 4 < np ? p0 + 4 : np;
-        for (int p = p0; p < p1; p++, wp += 32, xp += M) {
-            __m512bh w0 = (__m512bh)_mm512_load_si512(wp), w1 = (__m512bh)_mm512_load_si512(wp + 16);
-#pragma GCC unroll 12
-            for (int r = 0; r < M; r++) {
-                __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xp[r]);
-                c0[r] = _mm512_dpbf16_ps(c0[r], w0, xb);
-                c1[r] = _mm512_dpbf16_ps(c1[r], w1, xb);
-            }
-        }
-    }
-    __mmask16 m0, m1;
-    cpu_strip_masks(ns, &m0, &m1);
-#pragma GCC unroll 12
-    for (int r = 0; r < M; r++) cpu_strip_store(yp[r], c0[r], c1[r], ys, r, add, m0, m1);
-}
-
-#define MKB(M) case M: mkb_t(len, (const uint32_t *)xp, (const uint32_t *)wp, yp, ys, add, ns, pf, npf, M); return;
-void tern__cpu_gemm_mk_bf16_avx512(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys,
-                                   int add, int ns, const uint8_t *const *pf, int npf) {
-    switch (mr) {
-        MKB(1) MKB(2) MKB(3) MKB(4) MKB(5) MKB(6) MKB(7) MKB(8) MKB(9) MKB(10) MKB(11) MKB(12)
-    default: return;
-    }
-}
+MK_ENTRY(tern__cpu_gemm_mk_bf16_avx512, 1)
