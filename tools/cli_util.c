@@ -116,12 +116,29 @@ static tern_status load_model(const cli_common *c, cli_session *s, char *dir, si
     /* expert offload (runtime/experts.h); with --gpus N each rank caches its own experts */
     tern_model_opts mo = {.expert_cache_bytes = (size_t)(c->expert_cache_gb * 1073741824.0),
                           .expert_trace = c->expert_trace, .no_mmap = c->no_mmap, .max_batch = c->max_batch};
-    if (c->random) {
-        const char *js = tern_preset_config(c->random);
-        tern_synth_spec spec = {.bits = c->random_bits, .group_size = c->random_group ? c->random_group : 64};
+    /* MODEL "random:PRESET[:qB]" (what tern serve and the engine take) = --random PRESET [--quant qB] */
+    const char *preset = c->random;
+    int bits = c->random_bits;
+    char rname[64];
+    if (!preset && c->model && !strncmp(c->model, "random:", 7)) {
+        snprintf(rname, sizeof rname, "%s", c->model + 7);
+        char *colon = strchr(rname, ':');
+        if (colon) {
+            *colon = 0;
+            if (colon[1] != 'q' || colon[2] < '2' || colon[2] > '8' || colon[2] == '7' || colon[3])
+                return tern_err(e, TERN_EINVAL, "model '%s': expected random:PRESET[:q2|q3|q4|q5|q6|q8]", c->model);
+            bits = colon[2] - '0';
+        }
+        if (!tern_preset_config(rname))
+            return tern_err(e, TERN_ENOTFOUND, "model '%s': unknown preset '%s' (known: %s)", c->model, rname, tern_preset_names());
+        preset = rname;
+    }
+    if (preset) {
+        const char *js = tern_preset_config(preset);
+        tern_synth_spec spec = {.bits = bits, .group_size = c->random_group ? c->random_group : 64};
         if (!s->cfg && !(s->cfg = calloc(1, sizeof *s->cfg))) return tern_err(e, TERN_ENOMEM, "out of memory");
         if (!s->ws) {
-            st = tern_config_parse(s->cfg, js, strlen(js), c->random, e);
+            st = tern_config_parse(s->cfg, js, strlen(js), preset, e);
             if (!st) st = tern_weights_open_synth(&s->ws, s->cfg, &spec, e);
         }
         if (!st && s->tp) st = tern_tp_load(s->tp, s->cfg, s->ws, &mo, &s->model, e);

@@ -103,3 +103,9 @@ long=$(seq 2 1501 | awk '{ s = s (NR > 1 ? "," : "") (2 + $1 % 200) } END { prin
 a=$($T generate demo --ids "$long" --max-tokens 4 --temperature 0 --ignore-eos --print-ids --chunk 2048 2>"$tmp/err")
 b=$($T generate demo --ids "$long" --max-tokens 4 --temperature 0 --ignore-eos --print-ids 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok generate_long_chunk || bad "generate_long_chunk: '$a' vs '$b' $(head -c 200 "$tmp/err")"
+# MODEL random:PRESET[:qB] (the engine's and tern serve's spelling) is --random PRESET [--quant qB] for every command
+a=$($T generate random:glm5-tiny:q4 --ids 1,2,3 --max-tokens 4 --temperature 0 --ignore-eos --print-ids --device cpu 2>/dev/null)
+b=$($T generate --random glm5-tiny --quant q4 --ids 1,2,3 --max-tokens 4 --temperature 0 --ignore-eos --print-ids --device cpu 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok generate_random_model_spelling || bad "generate_random_model_spelling: '$a' vs '$b'"
+expect random_unknown_preset 2 "unknown preset 'nope'" $T generate random:nope --ids 1,2 --max-tokens 2
+expect random_bad_bits 2 "expected random:PRESET" $T logits random:glm5-tiny:q7 --ids 1,2 --out "$tmp/l.f32"
