@@ -79,10 +79,10 @@ while :; do
     url=$(sed -n 's/^listening on //p' "$OUT/serve.out")
     [ -n "$url" ] && break
     kill -0 $spid 2>/dev/null || break
-    [ "$(echo "$(date +%s.%N) - $ts > $READY_S" | bc)" = 1 ] && break
+    awk -v a="$(date +%s.%N)" -v b="$ts" -v l="$READY_S" 'BEGIN { exit !(a - b > l) }' && break
     sleep 0.2
 done
-ready=$(echo "$(date +%s.%N) - $ts" | bc)
+ready=$(awk -v a="$(date +%s.%N)" -v b="$ts" 'BEGIN { printf "%.2f", a - b }') # awk, not bc: the GPU image may lack bc
 if [ -z "$url" ]; then stamp "server not ready after ${ready} s"; tail -5 "$OUT/serve.err" | tee -a "$S"; exit 1; fi
 stamp "server ready in ${ready} s at $url ($MODEL, ${flags[*]})"
 grep -h 'ready:' "$OUT/serve.out" "$OUT/serve.err" | head -2 | tee -a "$S"
@@ -103,13 +103,13 @@ for p in ${PREFILL//,/ }; do
     rc=$?
     ttft=$(awk -F, 'NR == 2 {print $6}' "$OUT/prefill_$p.csv" 2>/dev/null)
     if [ $rc = 0 ] && [ -n "$ttft" ]; then
-        echo "$p,$ttft,$(echo "scale=1; $p * 1000 / $ttft" | bc)" >> "$OUT/prefill.csv"
+        echo "$p,$ttft,$(awk -v p="$p" -v t="$ttft" 'BEGIN { printf "%.1f", (t > 0 ? p * 1000 / t : 0) }')" >> "$OUT/prefill.csv"
     else
         echo "$p,failed (exit $rc)," >> "$OUT/prefill.csv"; tail -3 "$OUT/prefill_$p.txt" >> "$S"
     fi
 done
 stamp "prefill (TTFT of one request, 2 new tokens):"
-column -t -s, "$OUT/prefill.csv" | tee -a "$S"
+awk -F, '{ printf "%-8s %14s %14s\n", $1, $2, $3 }' "$OUT/prefill.csv" | tee -a "$S"
 
 # 5. memory
 cleanup

@@ -17,6 +17,6 @@ else echo "FAIL: glm5_serve_ready (exit $rc): $(tail -5 "$tmp/log" | tr '\n' ' '
 rows=$(awk '$1 == "server" && ($2 == 1 || $2 == 2) && $3 == 4 && $9 == "0.0%" && $8 > 0' "$S" | wc -l)
 [ "$rows" = 2 ] && echo "PASS: glm5_serve_decode" || echo "FAIL: glm5_serve_decode: $(grep -A3 'decode:' "$S" | tr '\n' ' ')"
 pre=$(awk -F, '$1 == 64 {print $3}' "$tmp/prefill.csv" 2>/dev/null)
-[ -n "$pre" ] && [ "$(echo "$pre > 0" | bc)" = 1 ] && echo "PASS: glm5_serve_prefill" ||
+[ -n "$pre" ] && awk -v v="$pre" 'BEGIN { exit !(v > 0) }' && echo "PASS: glm5_serve_prefill" ||
     echo "FAIL: glm5_serve_prefill: $(cat "$tmp/prefill.csv" 2>/dev/null | tr '\n' ' ')"
 grep -Eq '^  cpu [0-9]+' "$S" && echo "PASS: glm5_serve_memory" || echo "FAIL: glm5_serve_memory: $(tail -3 "$S" | tr '\n' ' ')"
