@@ -243,7 +243,7 @@ TEST(pool_runs_every_thread_each_time) {
     CHECK(atomic_load(&c[0]) == 1, "NULL pool runs inline");
 }
 
-/* The fast backend's vector tanh (kern_avx512.c vtanh: softcap, gelu_tanh_mul) against libm's tanhf, element by
+/* The fast backend's vector tanh / exp (kern_avx512.c vtanh, vexp: softcap, gelu_tanh_mul, silu_mul) against libm, element by
  * element: every x in [-20, 20] on a 1e-4 grid, tiny and denormal values, ±0, ±inf and NaN. */
 TEST(vector_tanh_vs_tanhf) {
     tern_backend *fast = kt_open_cpu("avx512", 2), *ref = kt_open_ref();
@@ -276,6 +276,18 @@ TEST(vector_tanh_vs_tanhf) {
      * a tiny result there (the reference formula's own cancellation), but never more than ulps of x's scale */
     printf("  vector gelu_tanh: worst |error| / |x| %.3g\n", gw);
     CHECK(gw <= 3e-7, "gelu_tanh: %.3g", gw);
+    /* silu through the vector exp: relative to |x| as well (x / (1 + e^-x) vanishes for x << 0); NaN kept */
+    ref->vt->silu_mul(ref, g0, x, NULL, (size_t)N);
+    fast->vt->silu_mul(fast, g1, x, NULL, (size_t)N);
+    double sw = 0;
+    int snan = 0;
+    for (int i = 0; i < N; i++) {
+        if (isnan(x[i])) { snan += !isnan(g1[i]); continue; }
+        if (isfinite(x[i])) sw = fmax(sw, fabs((double)g1[i] - g0[i]) / fmax(fabs((double)x[i]), 1e-37));
+    }
+    printf("  vector silu: worst |error| / |x| %.3g\n", sw);
+    CHECK(sw <= 3e-7 && !snan, "silu: %.3g, %d NaN lost", sw, snan);
+    CHECK(g1[G + 12] == INFINITY, "silu: +inf -> %g", g1[G + 12]); /* -inf: libm's formula gives NaN, ours -inf */
     free(x); free(y); free(g0); free(g1);
     tern_backend_close(fast);
     tern_backend_close(ref);

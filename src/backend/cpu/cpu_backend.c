@@ -180,7 +180,8 @@ static void ew_task(void *arg, int ith, int nth) {
         else for (int64_t i = lo; i < hi; i++) y[i] = tern__gelu_tanh(a[i]);
         break;
     case EW_SILU:
-        if (b) for (int64_t i = lo; i < hi; i++) y[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+        if (e->k->silu_mul) e->k->silu_mul(y + lo, a + lo, b ? b + lo : NULL, hi - lo);
+        else if (b) for (int64_t i = lo; i < hi; i++) y[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
         else for (int64_t i = lo; i < hi; i++) y[i] = a[i] / (1.0f + expf(-a[i]));
         break;
     case EW_SOFTCAP:

@@ -433,8 +433,10 @@ static void moe_gate_up(void *arg, int ith, int nth) {
         tern__cpu_mm(m->c, ith, &jb, lo, hi);
         for (int p = 0; p < ne; p++) {
             float *gp = g + (size_t)p * ld, *up = gp + m->I;
-            if (m->act != TERN_ACT_SILU && m->c->k->gelu_mul) { /* the gelu_tanh_mul op's kernel */
-                m->c->k->gelu_mul(gp + lo, gp + lo, up + lo, hi - lo);
+            void (*act)(float *, const float *, const float *, int64_t) = /* the silu_mul / gelu_tanh_mul ops' kernels */
+                m->act == TERN_ACT_SILU ? m->c->k->silu_mul : m->c->k->gelu_mul;
+            if (act) {
+                act(gp + lo, gp + lo, up + lo, hi - lo);
                 continue;
             }
             for (int64_t i = lo; i < hi; i++) {

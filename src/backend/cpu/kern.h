@@ -122,10 +122,12 @@ typedef struct tern_cpu_kern {
     void (*gemm_bf16_pack_x)(const float *const *xr, int mr, int len, float *xp);
     void (*gemm_bf16_mk)(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys, int add,
                          int ns, const uint8_t *const *pf, int npf);
-    /* (appended) vector tanh elementwise ops (NULL: the scalar loops over tanhf in cpu_backend.c): y = cap·tanh(y /
-     * cap); y = gelu_tanh(g)·u (u NULL: gelu_tanh(g)). Within a few f32 ulp of tanhf (kern_avx512.c vtanh). */
+    /* (appended) vector elementwise ops (NULL: the scalar loops over tanhf / expf in cpu_backend.c): y = cap·tanh(y /
+     * cap); y = gelu_tanh(g)·u (u NULL: gelu_tanh(g)); y = silu(g)·u. Within a few f32 ulp of libm (kern_avx512.c vtanh,
+     * vexp); the fused ops (cpu_decode.c matmul_glu, the MoE) call the same kernels, so they stay bitwise the ops. */
     void (*softcap)(float *y, int64_t n, float cap);
     void (*gelu_mul)(float *y, const float *g, const float *u, int64_t n);
+    void (*silu_mul)(float *y, const float *g, const float *u, int64_t n); /* y = silu(g)·u (u NULL: silu(g)); vector exp */
 } tern_cpu_kern;
 
 extern const tern_cpu_kern tern__cpu_kern_scalar;
