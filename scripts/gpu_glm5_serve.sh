@@ -16,7 +16,7 @@
 # GPU_PREBUILT=build/gpu_prebuilt/bin.tar.xz. With fewer GPUs than GPUS on a cuda run it prints SKIP and exits 0.
 # The same path runs on the CPU at a reduced size (CI-sized check of the script itself):
 #   MODEL=random:glm5-mini:q4 GPUS=2 DEVICE=cpu CONC=1,2 PROMPT=32 GEN=8 PREFILL=256 MAXCTX=512 BUDGET=0 \
-#       OUT=/tmp/g9 bash scripts/gpu_glm5_serve.sh
+#       OUT=build/g9 bash scripts/gpu_glm5_serve.sh
 # Knobs (defaults for the 8xH200 run): MODEL random:glm5:q4, GPUS 8, DEVICE cuda, KVQ bf16 (GLM-5's latent cache on
 # bf16 pages: 64 x 8k fits 140 GB a GPU), CONC 1,8,64, PROMPT 1024, GEN 128, REQUESTS (per level; load.c's
 # default max(4C,16)), PREFILL 8192,32768, MAXCTX 33792, MAXC (max concurrency, default the largest CONC), BUDGET 140
