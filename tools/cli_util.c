@@ -121,16 +121,7 @@ static tern_status load_model(const cli_common *c, cli_session *s, char *dir, si
     int bits = c->random_bits;
     char rname[64];
     if (!preset && c->model && !strncmp(c->model, "random:", 7)) {
-        snprintf(rname, sizeof rname, "%s", c->model + 7);
-        char *colon = strchr(rname, ':');
-        if (colon) {
-            *colon = 0;
-            if (colon[1] != 'q' || colon[2] < '2' || colon[2] > '8' || colon[2] == '7' || colon[3])
-                return tern_err(e, TERN_EINVAL, "model '%s': expected random:PRESET[:q2|q3|q4|q5|q6|q8]", c->model);
-            bits = colon[2] - '0';
-        }
-        if (!tern_preset_config(rname))
-            return tern_err(e, TERN_ENOTFOUND, "model '%s': unknown preset '%s' (known: %s)", c->model, rname, tern_preset_names());
+        if ((st = tern_preset_random_spec(c->model + 7, rname, sizeof rname, &bits, e))) return tern_err_wrap(e, st, "model");
         preset = rname;
     }
     if (preset) {

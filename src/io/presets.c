@@ -3,6 +3,7 @@
  */
 #include "io/presets.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #define G4_ROPE "\"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0}," \
@@ -109,6 +110,21 @@ const char *tern_preset_config(const char *name) {
     for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
         if (name && !strcmp(name, k_presets[i].name)) return k_presets[i].json;
     return NULL;
+}
+
+tern_status tern_preset_random_spec(const char *spec, char *name, size_t cap, int *bits, tern_error *err) {
+    snprintf(name, cap, "%s", spec ? spec : "");
+    char *colon = strchr(name, ':');
+    *bits = 0;
+    if (colon) {
+        *colon = 0;
+        if (colon[1] != 'q' || colon[2] < '2' || colon[2] > '8' || colon[2] == '7' || colon[3])
+            return tern_err(err, TERN_EINVAL, "'random:%s': expected random:PRESET[:q2|q3|q4|q5|q6|q8]", spec);
+        *bits = colon[2] - '0';
+    }
+    if (!tern_preset_config(name))
+        return tern_err(err, TERN_ENOTFOUND, "unknown preset '%s' (known: %s)", name, tern_preset_names());
+    return TERN_OK;
 }
 
 const char *tern_preset_names(void) {

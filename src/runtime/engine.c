@@ -156,20 +156,13 @@ static tern_status check_opts(const tern_engine_opts *o, tern_error *err) {
 /* "random:PRESET[:qB]": a preset geometry with synthetic weights (bf16, or MLX affine B bits). */
 static tern_status load_random(tern_engine *e, const char *spec, const tern_model_opts *mo, tern_error *err) {
     char name[64];
-    snprintf(name, sizeof name, "%s", spec);
-    char *colon = strchr(name, ':');
-    int bits = 0;
-    if (colon) {
-        *colon = 0;
-        if (colon[1] != 'q' || colon[2] < '2' || colon[2] > '8' || colon[3])
-            return tern_err(err, TERN_EINVAL, "engine opts.model: 'random:%s': expected random:PRESET[:q2..q8]", spec);
-        bits = colon[2] - '0';
-    }
+    int bits;
+    tern_status st = tern_preset_random_spec(spec, name, sizeof name, &bits, err);
+    if (st) return tern_err_wrap(err, st, "engine opts.model");
     const char *js = tern_preset_config(name);
-    if (!js) return tern_err(err, TERN_ENOTFOUND, "engine opts.model: unknown preset '%s' (known: %s)", name, tern_preset_names());
     if (!(e->rcfg = calloc(1, sizeof *e->rcfg))) return tern_err(err, TERN_ENOMEM, "engine: out of memory");
     tern_synth_spec sp = {.bits = bits, .group_size = 64};
-    tern_status st = tern_config_parse(e->rcfg, js, strlen(js), name, err);
+    st = tern_config_parse(e->rcfg, js, strlen(js), name, err);
     if (!st) st = tern_weights_open_synth(&e->rws, e->rcfg, &sp, err);
     if (!st && e->tp) st = tern_tp_load(e->tp, e->rcfg, e->rws, mo, &e->m, err);
     else if (!st) st = tern_model_load_from(&e->m, e->rcfg, e->rws, e->be, mo, err);

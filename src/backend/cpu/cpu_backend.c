@@ -174,20 +174,9 @@ static void ew_task(void *arg, int ith, int nth) {
     case EW_ADD: for (int64_t i = lo; i < hi; i++) y[i] = a[i] + b[i]; break;
     case EW_MUL: for (int64_t i = lo; i < hi; i++) y[i] = a[i] * b[i]; break;
     case EW_SCALE: for (int64_t i = lo; i < hi; i++) y[i] = a[i] * s; break;
-    case EW_GELU:
-        if (e->k->gelu_mul) e->k->gelu_mul(y + lo, a + lo, b ? b + lo : NULL, hi - lo);
-        else if (b) for (int64_t i = lo; i < hi; i++) y[i] = tern__gelu_tanh(a[i]) * b[i];
-        else for (int64_t i = lo; i < hi; i++) y[i] = tern__gelu_tanh(a[i]);
-        break;
-    case EW_SILU:
-        if (e->k->silu_mul) e->k->silu_mul(y + lo, a + lo, b ? b + lo : NULL, hi - lo);
-        else if (b) for (int64_t i = lo; i < hi; i++) y[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
-        else for (int64_t i = lo; i < hi; i++) y[i] = a[i] / (1.0f + expf(-a[i]));
-        break;
-    case EW_SOFTCAP:
-        if (e->k->softcap) e->k->softcap(y + lo, hi - lo, s);
-        else for (int64_t i = lo; i < hi; i++) y[i] = s * tanhf(y[i] / s);
-        break;
+    case EW_GELU: e->k->gelu_mul(y + lo, a + lo, b ? b + lo : NULL, hi - lo); break;
+    case EW_SILU: e->k->silu_mul(y + lo, a + lo, b ? b + lo : NULL, hi - lo); break;
+    case EW_SOFTCAP: e->k->softcap(y + lo, hi - lo, s); break;
     default: break;
     }
 }

@@ -166,10 +166,7 @@ static void dec_task(void *arg, int ith, int nth) {
         case EP_ADD: for (int r = 0; r < n; r++) y[r] = y[r] + g[r]; break; /* = add(y, y, o) */
         default:
             rows_gemv(k, &gx, j->w[1], o0, o1, u);
-            if (j->ep == EP_SILU && k->silu_mul) k->silu_mul(y, g, u, n); /* the silu_mul op's kernel: the same bits */
-            else if (j->ep == EP_SILU) for (int r = 0; r < n; r++) y[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
-            else if (k->gelu_mul) k->gelu_mul(y, g, u, n); /* the gelu_tanh_mul op's own kernel: the same bits */
-            else for (int r = 0; r < n; r++) y[r] = tern__gelu_tanh(g[r]) * u[r];
+            (j->ep == EP_SILU ? k->silu_mul : k->gelu_mul)(y, g, u, n); /* the ops' own kernels: the same bits */
             break;
         }
     }

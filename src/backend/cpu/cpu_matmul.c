@@ -433,17 +433,8 @@ static void moe_gate_up(void *arg, int ith, int nth) {
         tern__cpu_mm(m->c, ith, &jb, lo, hi);
         for (int p = 0; p < ne; p++) {
             float *gp = g + (size_t)p * ld, *up = gp + m->I;
-            void (*act)(float *, const float *, const float *, int64_t) = /* the silu_mul / gelu_tanh_mul ops' kernels */
-                m->act == TERN_ACT_SILU ? m->c->k->silu_mul : m->c->k->gelu_mul;
-            if (act) {
-                act(gp + lo, gp + lo, up + lo, hi - lo);
-                continue;
-            }
-            for (int64_t i = lo; i < hi; i++) {
-                float v = gp[i];
-                float a = m->act == TERN_ACT_SILU ? v / (1.0f + expf(-v)) : tern__gelu_tanh(v);
-                gp[i] = a * up[i];
-            }
+            /* the silu_mul / gelu_tanh_mul ops' kernels: the same bits */
+            (m->act == TERN_ACT_SILU ? m->c->k->silu_mul : m->c->k->gelu_mul)(gp + lo, gp + lo, up + lo, hi - lo);
         }
     }
 }

@@ -122,9 +122,10 @@ typedef struct tern_cpu_kern {
     void (*gemm_bf16_pack_x)(const float *const *xr, int mr, int len, float *xp);
     void (*gemm_bf16_mk)(int len, const float *xp, int mr, const float *wp, float *const *yp, const float *ys, int add,
                          int ns, const uint8_t *const *pf, int npf);
-    /* (appended) vector elementwise ops (NULL: the scalar loops over tanhf / expf in cpu_backend.c): y = cap·tanh(y /
-     * cap); y = gelu_tanh(g)·u (u NULL: gelu_tanh(g)); y = silu(g)·u. Within a few f32 ulp of libm (kern_avx512.c vtanh,
-     * vexp); the fused ops (cpu_decode.c matmul_glu, the MoE) call the same kernels, so they stay bitwise the ops. */
+    /* (appended) elementwise activations, in every table: y = cap·tanh(y / cap); y = gelu_tanh(g)·u (u NULL:
+     * gelu_tanh(g)); y = silu(g)·u. Scalar and AVX2: libm's formulas (tern__cpu_*_scalar); AVX-512: vector versions
+     * within a few f32 ulp of them (kern_avx512.c vtanh, vexp). The fused ops (cpu_decode.c matmul_glu, the MoE) call
+     * the same kernels as the ops, so they stay bitwise the ops. */
     void (*softcap)(float *y, int64_t n, float cap);
     void (*gelu_mul)(float *y, const float *g, const float *u, int64_t n);
     void (*silu_mul)(float *y, const float *g, const float *u, int64_t n); /* y = silu(g)·u (u NULL: silu(g)); vector exp */
@@ -194,6 +195,9 @@ static inline __attribute__((always_inline)) void cpu_strip_store(float *y, __m5
 #endif
 
 /* Portable helpers shared by the ISA files (kern_scalar.c). */
+void tern__cpu_softcap_scalar(float *y, int64_t n, float cap);
+void tern__cpu_gelu_mul_scalar(float *y, const float *g, const float *u, int64_t n);
+void tern__cpu_silu_mul_scalar(float *y, const float *g, const float *u, int64_t n);
 void tern__cpu_decode_scalar(const cpu_wrow *w, int j0, int len, float *dst);
 float tern__cpu_sload(const uint8_t *p, tern_dtype t, int i); /* scale/bias element i */
 

@@ -260,4 +260,7 @@ const tern_cpu_kern tern__cpu_kern_avx2 = {
     .gemm_pack = tern__cpu_gemm_pack_avx2,
     .gemm_pack_x = tern__cpu_gemm_pack_x_avx2,
     .gemm_mk = tern__cpu_gemm_mk_avx2,
+    .softcap = tern__cpu_softcap_scalar,
+    .gelu_mul = tern__cpu_gelu_mul_scalar,
+    .silu_mul = tern__cpu_silu_mul_scalar,
 };

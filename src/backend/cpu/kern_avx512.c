@@ -279,10 +279,6 @@ static float gemv_q4(const cpu_wrow *w, int in, const float *xq) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
-/* Two running (max, first index) lane sets over alternate blocks of 16 (independent chains); a lane takes a
- * value only when strictly larger, so each lane keeps its first index of its max, and the lowest index among
- * the lanes that reach the overall max is the first occurrence. A block with a NaN or +inf returns at once:
- * no earlier block had one. */
 /* e^z for 16 lanes, z clamped to [-87, 88] (beyond, callers' results no longer depend on it): e^z = 2^n e^r with
  * n = round(z log2 e), r = z - n ln 2 in two parts (n ln2_hi exact), e^r by its Taylor series to r^8 (|r| <= ln2 / 2,
  * the first omitted term < 3e-10 of the result), 2^n by vscalefps. */
@@ -354,6 +350,10 @@ static void gelu_mul_v(float *y, const float *g, const float *u, int64_t n) {
     }
 }
 
+/* Two running (max, first index) lane sets over alternate blocks of 16 (independent chains); a lane takes a
+ * value only when strictly larger, so each lane keeps its first index of its max, and the lowest index among
+ * the lanes that reach the overall max is the first occurrence. A block with a NaN or +inf returns at once:
+ * no earlier block had one. */
 static int32_t argmax(const float *x, int n) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY), pinf = _mm512_set1_ps(INFINITY);
     const __m512i step = _mm512_set1_epi32(16);

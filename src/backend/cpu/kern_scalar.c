@@ -7,6 +7,7 @@
 #include "backend/cpu/kern.h"
 #include "sample/sample_ref.h"
 
+#include <math.h>
 #include <stdlib.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -68,6 +69,20 @@ static int32_t argmax_scalar(const float *x, int n) { /* the sampler's own first
     return tern__sample_argmax(x, n, NULL, &bad);
 }
 
+/* The elementwise activations in libm's formulas (the reference's; the AVX-512 table has vector versions) */
+float tern__gelu_tanh(float x); /* ref.c */
+void tern__cpu_softcap_scalar(float *y, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; i++) y[i] = cap * tanhf(y[i] / cap);
+}
+void tern__cpu_gelu_mul_scalar(float *y, const float *g, const float *u, int64_t n) {
+    if (u) for (int64_t i = 0; i < n; i++) y[i] = tern__gelu_tanh(g[i]) * u[i];
+    else for (int64_t i = 0; i < n; i++) y[i] = tern__gelu_tanh(g[i]);
+}
+void tern__cpu_silu_mul_scalar(float *y, const float *g, const float *u, int64_t n) {
+    if (u) for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    else for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i]));
+}
+
 const tern_cpu_kern tern__cpu_kern_scalar = {
     .name = "scalar",
     .decode = tern__cpu_decode_scalar,
@@ -77,6 +92,9 @@ const tern_cpu_kern tern__cpu_kern_scalar = {
     .scal = scal_scalar,
     .readsum = readsum_scalar,
     .argmax = argmax_scalar,
+    .softcap = tern__cpu_softcap_scalar,
+    .gelu_mul = tern__cpu_gelu_mul_scalar,
+    .silu_mul = tern__cpu_silu_mul_scalar,
 };
 
 const tern_cpu_kern *tern__cpu_kern_pick(void) {
