@@ -2,7 +2,8 @@
  * matmul_n, matmul_glu and matmul_add at n = 1 must be bitwise the separate ops of the same
  * backend with the driver off (tern__cpu_dec_set(0): per-matrix pool runs, then add /
  * silu_mul / gelu_tanh_mul), for every fused format, exact and int8 mode, at 1-3 threads
- * (3 threads on a 2-core machine makes the work stealing run), and must decline (return 0,
+ * (3 threads on a 2-core machine makes the work stealing run), matmul_glu in both chunk orders
+ * (tern__cpu_glu_split_set), and must decline (return 0,
  * write nothing) what it does not take. */
 #include "backend/cpu/cpu_impl.h"
 #include "test_kern_util.h"
@@ -80,9 +81,14 @@ static void check_ops(tern_backend *be, const fmt *f, int in, const int *outs, i
         if (act) op->gelu_tanh_mul(be, g0, g0, u0, (size_t)outs[0]);
         else op->silu_mul(be, g0, g0, u0, (size_t)outs[0]);
         tern__cpu_dec_set(1);
-        CHECK(op->matmul_glu(be, g1, x, 1, &w[0].t, &up.t, a_id) == 1, "%s %s %s: matmul_glu not taken", tag, f->name, m);
-        CHECK(same(g0, g1, (size_t)outs[0]), "%s %s %s in=%d out=%d: matmul_glu (%s) differs from matmul + %s", tag, f->name, m, in,
-              outs[0], act ? "gelu" : "silu", act ? "gelu_tanh_mul" : "silu_mul");
+        for (int split = 0; split < 2; split++) { /* gate and up chunks interleaved, or gate's then up's */
+            tern__cpu_glu_split_set(split);
+            for (size_t r = 0; r < (size_t)outs[0]; r++) g1[r] = NAN;
+            CHECK(op->matmul_glu(be, g1, x, 1, &w[0].t, &up.t, a_id) == 1, "%s %s %s: matmul_glu not taken", tag, f->name, m);
+            CHECK(same(g0, g1, (size_t)outs[0]), "%s %s %s in=%d out=%d: matmul_glu (%s, %s) differs from matmul + %s", tag, f->name,
+                  m, in, outs[0], act ? "gelu" : "silu", split ? "split" : "interleaved", act ? "gelu_tanh_mul" : "silu_mul");
+        }
+        tern__cpu_glu_split_set(-1);
         free(g0); free(u0); free(g1);
     }
     tern__cpu_dec_set(-1);

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #define CHUNK 16 /* rows per claim: 16 KB of q4 rows at in = 2048; a multiple of the kernels' 4 and 8 */
+#define GLU_PAD 16 /* the split GLU's per-chunk counters a cache line apart: gate's and up's threads meet on them */
 
 enum { EP_STORE, EP_ADD, EP_SILU, EP_GELU };
 
@@ -51,9 +52,10 @@ typedef struct dec_rope {
 typedef struct dec_job {
     cpu_impl *c;
     dec_rope *rk;              /* NULL, or the q|k|v op's rope and cache writes */
-    int k, ep, nm;             /* matrices; chunk spaces (GLU: gate and up share one, nm = 1) */
+    int k, ep, nm;             /* matrices; chunk spaces (GLU: gate and up share one, nm = 1, or split: nm = 2) */
     const tern_tensor *w[3];
-    float *y[3];
+    float *y[3];               /* split GLU: gate's raw outputs into y[0], up's into y[1] (scratch) */
+    _Atomic int *halves;       /* split GLU: per chunk, how many of its gate and up halves are stored */
     int64_t c0[4];             /* first chunk of matrix i; c0[k] = total */
     cpu_gx gx;                 /* x prepared once (thread 0's buffer), shared read-only */
 } dec_job;
@@ -152,12 +154,19 @@ static void dec_task(void *arg, int ith, int nth) {
     while ((ch = claim(j->c, ith, nth)) >= 0) {
         int i = 0;
         while (i + 1 < j->nm && ch >= j->c0[i + 1]) i++;
+        const int64_t lc = ch - j->c0[i]; /* the chunk within its matrix */
         const tern_tensor *w = j->w[i];
-        int64_t out = w->shape[w->ndim - 2], o0 = (ch - j->c0[i]) * CHUNK, o1 = TERN_MIN(out, o0 + CHUNK);
+        int64_t out = w->shape[w->ndim - 2], o0 = lc * CHUNK, o1 = TERN_MIN(out, o0 + CHUNK);
         tern__cpu_gemv_pf(w, &gx);
         rows_gemv(k, &gx, w, o0, o1, g);
         float *y = j->y[i] + o0;
         int n = (int)(o1 - o0);
+        if (j->halves) { /* split GLU: store this half; the thread that stores the second applies the act */
+            memcpy(y, g, (size_t)n * sizeof *y);
+            if (atomic_fetch_add(&j->halves[lc * GLU_PAD], 1) == 1)
+                (j->ep == EP_SILU ? k->silu_mul : k->gelu_mul)(j->y[0] + o0, j->y[0] + o0, j->y[1] + o0, n);
+            continue;
+        }
         switch (j->ep) {
         case EP_STORE:
             memcpy(y, g, (size_t)n * sizeof *y);
@@ -194,6 +203,30 @@ static int dec_enabled(void) {
 }
 void tern__cpu_dec_set(int on) { dec_on = on < 0 ? -1 : on != 0; }
 
+/* matmul_glu's chunk space. Fused (0): per chunk the gate rows, then the same up rows — each thread alternates
+ * between two matrices every CHUNK rows (six streams with Q's scales and biases). Split (1, default): gate's
+ * chunks, then up's, one range, so each thread streams one matrix at a time as a plain matmul does; the halves
+ * meet in a per-chunk counter and whoever stores the second applies the activation (the same kernels on the same
+ * values: the same bits). TERN_CPU_GLU_SPLIT=0 / tern__cpu_glu_split_set(0): the fused order (A/B). */
+static _Atomic int glu_split = -1;
+void tern__cpu_glu_split_set(int on) { glu_split = on < 0 ? -1 : on != 0; }
+
+/* The split GLU's scratch for `out` rows: up's outputs and the chunks' counters (zeroed); NULL when out of memory. */
+static float *glu_scratch(cpu_impl *c, int64_t out, _Atomic int **halves) {
+    const size_t fb = ((size_t)out * sizeof(float) + 63) & ~(size_t)63, nch = (size_t)((out + CHUNK - 1) / CHUNK);
+    const size_t need = fb + nch * GLU_PAD * sizeof(_Atomic int);
+    if (need > c->glu_cap) {
+        void *p = tern_aalloc(need);
+        if (!p) return NULL;
+        tern_afree(c->glu);
+        c->glu = p;
+        c->glu_cap = need;
+    }
+    *halves = (_Atomic int *)((uint8_t *)c->glu + fb);
+    for (size_t i = 0; i < nch; i++) atomic_init(&(*halves)[i * GLU_PAD], 0);
+    return c->glu;
+}
+
 /* Whether one prepared x serves every matrix: same input length, format and grouping. */
 static int same_x(const tern_tensor *a, const tern_tensor *b) {
     if (a->dtype != b->dtype || a->shape[a->ndim - 1] != b->shape[b->ndim - 1]) return 0;
@@ -214,12 +247,14 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
     if ((ep == EP_SILU || ep == EP_GELU) && w[0]->shape[w[0]->ndim - 2] != w[1]->shape[w[1]->ndim - 2]) return 0;
     int in = (int)w[0]->shape[w[0]->ndim - 1];
     const double tp0 = tern__cpu_prof ? tern_time_s() : 0;
-    dec_job j = {.c = c, .rk = rk, .k = kk, .ep = ep, .nm = ep == EP_SILU || ep == EP_GELU ? 1 : kk};
+    const int glu = ep == EP_SILU || ep == EP_GELU;
+    dec_job j = {.c = c, .rk = rk, .k = kk, .ep = ep, .nm = glu ? 1 : kk};
     cpu_wrow r0;
     tern__cpu_wrow_at(w[0], 0, 0, &r0);
     if (!k->gemv_prep(&r0, in, c->int8, x, c->xbuf[0], &j.gx)) return 0;
-    int nm = j.nm;
     for (int i = 0; i < kk; i++) { j.w[i] = w[i]; j.y[i] = y[i]; }
+    if (glu && tern__cpu_switch(&glu_split, "TERN_CPU_GLU_SPLIT", 1) && (j.y[1] = glu_scratch(c, w[0]->shape[w[0]->ndim - 2], &j.halves)) != NULL) j.nm = 2;
+    int nm = j.nm;
     j.c0[0] = 0;
     for (int i = 0; i < nm; i++) j.c0[i + 1] = j.c0[i] + (w[i]->shape[w[i]->ndim - 2] + CHUNK - 1) / CHUNK;
     int64_t total = j.c0[nm];

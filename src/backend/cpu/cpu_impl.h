@@ -40,6 +40,8 @@ typedef struct cpu_impl {
     void *xq8;                /* int8 mode: x quantized once per matmul (grown on demand) */
     size_t xq8_cap;           /* bytes */
     cpu_dec_part *dec_part;   /* [nth] work-stealing ranges of the batch-1 driver (cpu_decode.c) */
+    void *glu;                /* the driver's matmul_glu scratch: up's outputs, then per chunk its halves done (grown on demand) */
+    size_t glu_cap;           /* bytes */
 } cpu_impl;
 
 /* x quantized for the int8 GEMM once per matmul (all rows, shared by the threads): row r's
@@ -95,6 +97,7 @@ int tern__cpu_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
                                float *k, float *v, const tern_tensor *const *w, const tern_kv_layer *kv,
                                const tern_rows *rows, int nh, const float *inv_freq, float mscale);
 void tern__cpu_qkv_rope_set(int on); /* A/B: 1 the fused op above (default), 0 it declines; -1: TERN_CPU_QKV_ROPE */
+void tern__cpu_glu_split_set(int on); /* A/B: matmul_glu's gate then up chunks (1, default) or interleaved (0); -1: TERN_CPU_GLU_SPLIT */
 void tern__cpu_dec_set(int on); /* A/B: 0 off, 1 on, -1 back to TERN_CPU_DEC (default on) */
 void tern__cpu_dec_nr_set(int nr); /* A/B: rows per fused-GEMV pass (0: the table's gemv_pass; -1: TERN_CPU_DEC_NR) */
 void tern__cpu_argmax_set(int on); /* A/B: greedy rows of the sample op through kern.h argmax (1, default) or the
