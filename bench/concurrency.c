@@ -4,7 +4,7 @@
  *
  *   build/concurrency [MODEL | --random PRESET[:qB] [--quant qB]] [--device cpu|cuda] [--threads N]
  *       [--conc 1,4,16,64] [--prompt N] [--gen N] [--system N] [--requests N]
- *       [--max-batch-tokens N] [--kv-quant SPEC] [--compute f32|bf16|bf16x2] [--gpus N] [--one-engine] [--no-prefix]
+ *       [--max-batch-tokens N] [--kv-quant SPEC] [--compute f32|bf16|bf16x2|int8] [--gpus N] [--one-engine] [--no-prefix]
  *
  * For each concurrency C: an engine with C slots gets C requests at once (distinct random
  * prompts of --prompt tokens, greedy, --gen tokens, EOS ignored) and is stepped until all are
@@ -65,7 +65,7 @@ typedef struct args {
     const char *model, *device, *kv_quant;
     int threads, prompt, gen, system, requests, mbt, gpus, one_engine, no_prefix;
     int conc[16], n_conc;
-    int bf16; /* --compute: 0 f32, 1 bf16, 2 bf16x2; -1 (default) bf16 on a GPU, f32 on the CPU */
+    int bf16; /* --compute: 0 f32, 1 bf16, 2 bf16x2, 3 int8; -1 (default) bf16 on a GPU, f32 on the CPU */
 } args;
 
 static tern_engine *open_engine(const args *a, int conc, int ctx, double cache_gb) {
@@ -238,7 +238,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--gpus") && has) { a.gpus = atoi(v); i++; }
         else if (!strcmp(f, "--one-engine")) a.one_engine = 1;
         else if (!strcmp(f, "--no-prefix")) a.no_prefix = 1;
-        else if (!strcmp(f, "--compute") && has) { a.bf16 = !strcmp(v, "bf16x2") ? 2 : !strcmp(v, "bf16"); i++; }
+        else if (!strcmp(f, "--compute") && has) { a.bf16 = !strcmp(v, "int8") ? 3 : !strcmp(v, "bf16x2") ? 2 : !strcmp(v, "bf16"); i++; }
         else if (!strcmp(f, "--conc") && has) {
             a.n_conc = 0;
             for (const char *s = v; *s && a.n_conc < 16;) {

@@ -118,9 +118,10 @@ tern_status tern_preset_random_spec(const char *spec, char *name, size_t cap, in
     *bits = 0;
     if (colon) {
         *colon = 0;
-        if (colon[1] != 'q' || colon[2] < '2' || colon[2] > '8' || colon[2] == '7' || colon[3])
-            return tern_err(err, TERN_EINVAL, "'random:%s': expected random:PRESET[:q2|q3|q4|q5|q6|q8]", spec);
-        *bits = colon[2] - '0';
+        const int bf16 = !strcmp(colon + 1, "bf16"); /* the unquantized default, spelled out */
+        if (!bf16 && (colon[1] != 'q' || colon[2] < '2' || colon[2] > '8' || colon[2] == '7' || colon[3]))
+            return tern_err(err, TERN_EINVAL, "'random:%s': expected random:PRESET[:bf16|q2|q3|q4|q5|q6|q8]", spec);
+        *bits = bf16 ? 0 : colon[2] - '0';
     }
     if (!tern_preset_config(name))
         return tern_err(err, TERN_ENOTFOUND, "unknown preset '%s' (known: %s)", name, tern_preset_names());

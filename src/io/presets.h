@@ -12,9 +12,9 @@
 const char *tern_preset_config(const char *name);
 /* Space-separated list of known names. */
 const char *tern_preset_names(void);
-/* A model named "random:PRESET[:qB]" (tern serve's and the engine's spelling; every CLI command takes it too):
- * spec is the part after "random:". Fills name (cap bytes) with PRESET and *bits with B (0: bf16 weights); B is
- * one of the MLX widths 2, 3, 4, 5, 6, 8. TERN_EINVAL / TERN_ENOTFOUND with *err naming spec or the preset. */
+/* A model named "random:PRESET[:qB|:bf16]" (tern serve's and the engine's spelling; every CLI command takes it too):
+ * spec is the part after "random:". Fills name (cap bytes) with PRESET and *bits with B (0: bf16 weights, also
+ * when spelled ":bf16"); B is one of the MLX widths 2, 3, 4, 5, 6, 8. TERN_EINVAL / TERN_ENOTFOUND with *err naming spec or the preset. */
 tern_status tern_preset_random_spec(const char *spec, char *name, size_t cap, int *bits, tern_error *err);
 
 #endif

@@ -107,5 +107,8 @@ b=$($T generate demo --ids "$long" --max-tokens 4 --temperature 0 --ignore-eos -
 a=$($T generate random:glm5-tiny:q4 --ids 1,2,3 --max-tokens 4 --temperature 0 --ignore-eos --print-ids --device cpu 2>/dev/null)
 b=$($T generate --random glm5-tiny --quant q4 --ids 1,2,3 --max-tokens 4 --temperature 0 --ignore-eos --print-ids --device cpu 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok generate_random_model_spelling || bad "generate_random_model_spelling: '$a' vs '$b'"
+a=$($T generate random:glm5-tiny:bf16 --ids 1,2,3 --max-tokens 4 --temperature 0 --ignore-eos --print-ids --device cpu 2>/dev/null)
+b=$($T generate random:glm5-tiny --ids 1,2,3 --max-tokens 4 --temperature 0 --ignore-eos --print-ids --device cpu 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok generate_random_bf16_spelling || bad "generate_random_bf16_spelling: '$a' vs '$b'"
 expect random_unknown_preset 2 "unknown preset 'nope'" $T generate random:nope --ids 1,2 --max-tokens 2
 expect random_bad_bits 2 "expected random:PRESET" $T logits random:glm5-tiny:q7 --ids 1,2 --out "$tmp/l.f32"

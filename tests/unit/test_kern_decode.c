@@ -3,7 +3,7 @@
  * backend with the driver off (tern__cpu_dec_set(0): per-matrix pool runs, then add /
  * silu_mul / gelu_tanh_mul), for every fused format, exact and int8 mode, at 1-3 threads
  * (3 threads on a 2-core machine makes the work stealing run), matmul_glu in both chunk orders
- * (tern__cpu_glu_split_set), and must decline (return 0,
+ * (tern__cpu_glu_split_set), with several rows of x bitwise each row alone, and must decline (return 0,
  * write nothing) what it does not take. */
 #include "backend/cpu/cpu_impl.h"
 #include "test_kern_util.h"
@@ -112,6 +112,65 @@ static void fused_ops_on(tern_backend *be, const char *tag, int nth) {
 
 TEST(decode_fused_ops_bitwise) { kt_each_cpu(fused_ops_on); }
 
+/* Several rows of x in one call (a decode step of several sequences, up to tern__cpu_dec_rows): every op's row r is
+ * bitwise the same op on row r alone — matmul, matmul_n (k = 3), matmul_add, matmul_glu in both chunk orders. */
+static void several_rows(tern_backend *be, const fmt *f, int in, const int *outs, int int8, int nx, unsigned long long seed,
+                         const char *tag) {
+    const tern_backend_vt *op = be->vt;
+    kt_weight w[3];
+    for (int i = 0; i < 3; i++) kt_weight_make(&w[i], f->dt, f->bits, f->gs, f->sdt, 1, outs[i], in, 0, seed + (unsigned)i);
+    const tern_tensor *ws[3] = {&w[0].t, &w[1].t, &w[2].t};
+    float *x = kt_randv((size_t)nx * in, seed + 7, 1.0f), *y0 = kt_randv((size_t)nx * outs[0], seed + 9, 1.0f);
+    float *a[3], *b[3];
+    for (int i = 0; i < 3; i++) { a[i] = nanv((size_t)nx * outs[i]); b[i] = nanv((size_t)nx * outs[i]); }
+    tern_backend_cpu_set_int8(be, int8);
+    const char *m = int8 ? "int8" : "exact";
+    for (int kind = 0; kind < 5; kind++) { /* matmul, matmul_n, matmul_add, glu interleaved, glu split */
+        tern__cpu_glu_split_set(kind == 4);
+        for (int i = 0; i < 3; i++)
+            for (size_t e = 0; e < (size_t)nx * outs[i]; e++) a[i][e] = b[i][e] = NAN;
+        memcpy(a[0], y0, (size_t)nx * outs[0] * sizeof *y0);
+        memcpy(b[0], y0, (size_t)nx * outs[0] * sizeof *y0);
+        int done = 1;
+        for (int r = -1; r < nx; r++) { /* r = -1: all rows in one call (into b); then each row alone (into a) */
+            const float *xr = x + (size_t)(r < 0 ? 0 : r) * in;
+            const int n = r < 0 ? nx : 1;
+            float *yr[3];
+            for (int i = 0; i < 3; i++) yr[i] = r < 0 ? b[i] : a[i] + (size_t)r * outs[i];
+            switch (kind) {
+            case 0: op->matmul(be, yr[0], xr, n, ws[0]); break;
+            case 1: done &= op->matmul_n(be, 3, yr, xr, n, ws) == 1; break;
+            case 2: done &= op->matmul_add(be, yr[0], xr, n, ws[0]) == 1; break;
+            default: done &= op->matmul_glu(be, yr[0], xr, n, ws[0], ws[0], kind == 3 ? TERN_ACT_SILU : TERN_ACT_GELU_TANH) == 1;
+            }
+        }
+        static const char *const kn[5] = {"matmul", "matmul_n", "matmul_add", "matmul_glu silu", "matmul_glu gelu split"};
+        CHECK(done, "%s %s %s n=%d: %s not taken", tag, f->name, m, nx, kn[kind]);
+        for (int i = 0; i < (kind == 1 ? 3 : 1); i++)
+            CHECK(same(a[i], b[i], (size_t)nx * outs[i]), "%s %s %s in=%d n=%d: %s matrix %d differs from its rows alone", tag,
+                  f->name, m, in, nx, kn[kind], i);
+    }
+    tern__cpu_glu_split_set(-1);
+    tern_backend_cpu_set_int8(be, 0);
+    for (int i = 0; i < 3; i++) { free(a[i]); free(b[i]); kt_weight_free(&w[i]); }
+    free(x); free(y0);
+}
+
+static void several_rows_on(tern_backend *be, const char *tag, int nth) {
+    static const int outs_small[3] = {5, 3, 9}, outs_big[3] = {301, 37, 70};
+    tern__cpu_dec_rows_set(TERN_CPU_DEC_NMAX);
+    for (size_t f = 0; f < TERN_ARRAY_LEN(fmts); f++)
+        for (int int8 = 0; int8 < 2; int8++)
+            for (int nx = 2; nx <= TERN_CPU_DEC_NMAX; nx += nx < 4 ? 1 : nx) { /* 2, 3, 4, 8, 16 */
+                unsigned long long seed = 3000 * f + 10 * (unsigned)nth + (unsigned)int8 + 100 * (unsigned)nx;
+                several_rows(be, &fmts[f], 256, outs_small, int8, nx, seed, tag);
+                several_rows(be, &fmts[f], 512, outs_big, int8, nx, seed + 1, tag);
+            }
+    tern__cpu_dec_rows_set(-1);
+}
+
+TEST(decode_several_rows) { kt_each_cpu(several_rows_on); }
+
 /* Rows per kernel pass (tern__cpu_dec_nr_set, up to the table's gemv_nr: 8 for AVX-512): a
  * row's result does not depend on how many rows share the pass, so 1..8 rows per pass are
  * bitwise the default (the table's gemv_pass: 1 or 4 by kind), for every format (Q8_I8 runs 8
@@ -161,9 +220,11 @@ TEST(decode_declines) {
     CHECK(op->matmul_n(be, 2, ys, x, 1, mixed) == 0, "matmul_n took q4 and q8 together");
     CHECK(op->matmul_n(be, 1, ys, x, 1, one) == 0, "matmul_n took an F32 weight");
     CHECK(op->matmul_n(be, 2, ys, x, 1, two) == 0, "matmul_n took in = 100");
-    CHECK(op->matmul_n(be, 1, ys, x, 2, (const tern_tensor *const[]){&q4.t}) == 0, "matmul_n took n = 2");
+    CHECK(op->matmul_n(be, 1, ys, x, TERN_CPU_DEC_NMAX + 1, (const tern_tensor *const[]){&q4.t}) == 0, "matmul_n took n = 17");
     CHECK(op->matmul_glu(be, y, x, 1, &q4.t, &q8.t, TERN_ACT_SILU) == 0, "matmul_glu took mixed formats");
-    CHECK(op->matmul_add(be, y, x, 2, &q4.t) == 0, "matmul_add took n = 2");
+    tern__cpu_dec_rows_set(1); /* TERN_CPU_DEC_ROWS=1: one row only */
+    CHECK(op->matmul_add(be, y, x, 2, &q4.t) == 0, "matmul_add took n = 2 with one row allowed");
+    tern__cpu_dec_rows_set(-1);
     int untouched = 1;
     for (int i = 0; i < 80; i++) untouched &= isnan(y[i]) != 0;
     CHECK(untouched, "a declined call wrote y");
@@ -178,6 +239,7 @@ int main(void) {
         return test_done();
     }
     RUN(decode_fused_ops_bitwise);
+    RUN(decode_several_rows);
     RUN(decode_rows_per_pass);
     RUN(decode_declines);
     return test_done();

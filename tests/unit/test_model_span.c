@@ -8,8 +8,9 @@
  *     reference backend on that forward (rel L2 <= 1e-4 per row, the f32 parity bound; the
  *     two are ~1e-5 apart on these models without spans too, printed);
  *   - batch invariance: two sequences with spans batched together (rows interleaved, spans
- *     kept whole) give the logits they give alone (<= 1e-5, the suite's batch bound), also
- *     with max_batch 8, where the driver must move sub-batch cuts off the spans;
+ *     kept whole) give the logits they give alone (<= 1e-4: alone and batched steps may take
+ *     different CPU matmul kernels), and bitwise with max_batch 8, where the driver must move
+ *     sub-batch cuts off the spans (every step through the same GEMV driver);
  *   - validation: non-contiguous, slot-mixing, split, too long, continuing from the previous
  *     step -> TERN_EINVAL with a message naming the span; GLM-5 -> TERN_EUNSUPPORTED;
  *   - steps with spans are never offered to step graphs (a backend with counting graph hooks).
@@ -166,7 +167,11 @@ static void batch_inv(int max_batch) {
         if (d > worst) worst = d;
     }
     printf("  max_batch %d: batched vs alone worst row %.3g\n", max_batch, worst);
-    CHECK(worst <= 1e-5, "max_batch %d: batched logits differ from alone by %.3g", max_batch, worst);
+    /* B alone (14 rows) takes the CPU's several-row GEMV driver, the 34 batched rows the blocked GEMM: two f32
+     * summation orders, each ~2e-5 from the reference on this model (printed above), so the bound is the f32
+     * parity bound there; with max_batch 8 every step takes the driver and the rows are bitwise equal. */
+    const double bound = max_batch == 8 ? 0 : 1e-4;
+    CHECK(worst <= bound, "max_batch %d: batched logits differ from alone by %.3g (bound %g)", max_batch, worst, bound);
     free(la); free(lb); free(lab);
     tern_kv_close(kv);
     tern_model_free(m);

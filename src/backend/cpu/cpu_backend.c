@@ -33,6 +33,7 @@ static void cpu_close(tern_backend *be) {
         tern_afree(c->moe_i);
         tern_afree(c->xq8);
         tern_afree(c->glu);
+        tern_afree(c->xrows);
         tern_afree(c->dec_part);
         tern__cpu_glm_free(c->glm);
         free(c);

@@ -30,6 +30,7 @@
 
 #define CHUNK 16 /* rows per claim: 16 KB of q4 rows at in = 2048; a multiple of the kernels' 4 and 8 */
 #define GLU_PAD 16 /* the split GLU's per-chunk counters a cache line apart: gate's and up's threads meet on them */
+#define DEC_NMAX TERN_CPU_DEC_NMAX /* most rows of x one call takes (each prepared once; every weight row read once for all) */
 
 enum { EP_STORE, EP_ADD, EP_SILU, EP_GELU };
 
@@ -53,11 +54,12 @@ typedef struct dec_job {
     cpu_impl *c;
     dec_rope *rk;              /* NULL, or the q|k|v op's rope and cache writes */
     int k, ep, nm;             /* matrices; chunk spaces (GLU: gate and up share one, nm = 1, or split: nm = 2) */
+    int n;                     /* rows of x (1..DEC_NMAX): y[i] is [n, out_i] */
     const tern_tensor *w[3];
-    float *y[3];               /* split GLU: gate's raw outputs into y[0], up's into y[1] (scratch) */
+    float *y[3];               /* split GLU: gate's raw outputs into y[0], up's into y[1] (scratch, [n, out]) */
     _Atomic int *halves;       /* split GLU: per chunk, how many of its gate and up halves are stored */
     int64_t c0[4];             /* first chunk of matrix i; c0[k] = total */
-    cpu_gx gx;                 /* x prepared once (thread 0's buffer), shared read-only */
+    cpu_gx gx[DEC_NMAX];       /* each row of x prepared once (on the caller), shared read-only */
 } dec_job;
 
 /* (front, back) chunk indices of each thread's range, packed front << 32 | back. */
@@ -108,8 +110,11 @@ static int dec_np(const tern_cpu_kern *k, const cpu_gx *gx) {
     return v > 0 && v <= most ? v : 4;
 }
 
-/* Rows [o0, o1) of matrix w through the fused kernel, dec_np per call; v[i] = row o0 + i. */
-static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, const tern_tensor *w, int64_t o0, int64_t o1, float *v) {
+/* Rows [o0, o1) of matrix w through the fused kernel for each of the n prepared x, dec_np weight rows per call and
+ * every x on them before the next pass (the weight rows come from memory once, then from L1); v[r·CHUNK + i] = row
+ * o0 + i for x r. A row's result is the kernel's on that x alone: the same bits for any n. */
+static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, int n, const tern_tensor *w, int64_t o0, int64_t o1,
+                      float *v) {
     enum { MAXR = 8 };
     int np = dec_np(k, gx);
     cpu_wrow rows[MAXR];
@@ -123,7 +128,7 @@ static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, const tern_tenso
     }
     for (int64_t o = o0; o < o1; o += np) {
         int nr = (int)TERN_MIN((int64_t)np, o1 - o);
-        k->gemv(gx, rows, nr, v + (o - o0));
+        for (int r = 0; r < n; r++) k->gemv(&gx[r], rows, nr, v + (size_t)r * CHUNK + (o - o0));
         for (int i = 0; i < np; i++) {
             rows[i].data += (size_t)np * rb;
             if (sb) { rows[i].scales += (size_t)np * sb; rows[i].biases += (size_t)np * sb; }
@@ -147,8 +152,10 @@ static void rope_rows_done(dec_rope *rk, float *const *y, int i, int64_t o0, int
 static void dec_task(void *arg, int ith, int nth) {
     dec_job *j = arg;
     const tern_cpu_kern *k = j->c->k;
-    cpu_gx gx = j->gx; /* private copy: the prefetch distances are set per matrix */
-    float g[CHUNK], u[CHUNK];
+    const int nx = j->n;
+    cpu_gx gx[DEC_NMAX]; /* private copies: the prefetch distances are set per matrix */
+    memcpy(gx, j->gx, (size_t)nx * sizeof gx[0]);
+    float g[DEC_NMAX * CHUNK], u[DEC_NMAX * CHUNK];
     int64_t ch;
     if (tern__cpu_prof) j->c->dec_part[ith].t0 = tern_time_s();
     while ((ch = claim(j->c, ith, nth)) >= 0) {
@@ -157,26 +164,30 @@ static void dec_task(void *arg, int ith, int nth) {
         const int64_t lc = ch - j->c0[i]; /* the chunk within its matrix */
         const tern_tensor *w = j->w[i];
         int64_t out = w->shape[w->ndim - 2], o0 = lc * CHUNK, o1 = TERN_MIN(out, o0 + CHUNK);
-        tern__cpu_gemv_pf(w, &gx);
-        rows_gemv(k, &gx, w, o0, o1, g);
-        float *y = j->y[i] + o0;
-        int n = (int)(o1 - o0);
+        for (int r = 0; r < nx; r++) tern__cpu_gemv_pf(w, &gx[r]);
+        rows_gemv(k, gx, nx, w, o0, o1, g);
+        const int n = (int)(o1 - o0);
+        void (*act)(float *, const float *, const float *, int64_t) = j->ep == EP_SILU ? k->silu_mul : k->gelu_mul;
         if (j->halves) { /* split GLU: store this half; the thread that stores the second applies the act */
-            memcpy(y, g, (size_t)n * sizeof *y);
+            for (int r = 0; r < nx; r++) memcpy(j->y[i] + (size_t)r * out + o0, g + r * CHUNK, (size_t)n * sizeof *g);
             if (atomic_fetch_add(&j->halves[lc * GLU_PAD], 1) == 1)
-                (j->ep == EP_SILU ? k->silu_mul : k->gelu_mul)(j->y[0] + o0, j->y[0] + o0, j->y[1] + o0, n);
+                for (int r = 0; r < nx; r++) {
+                    float *yr = j->y[0] + (size_t)r * out + o0;
+                    act(yr, yr, j->y[1] + (size_t)r * out + o0, n);
+                }
             continue;
         }
-        switch (j->ep) {
-        case EP_STORE:
-            memcpy(y, g, (size_t)n * sizeof *y);
-            if (j->rk) rope_rows_done(j->rk, j->y, i, o0, n);
-            break;
-        case EP_ADD: for (int r = 0; r < n; r++) y[r] = y[r] + g[r]; break; /* = add(y, y, o) */
-        default:
-            rows_gemv(k, &gx, j->w[1], o0, o1, u);
-            (j->ep == EP_SILU ? k->silu_mul : k->gelu_mul)(y, g, u, n); /* the ops' own kernels: the same bits */
-            break;
+        if (j->ep == EP_SILU || j->ep == EP_GELU) rows_gemv(k, gx, nx, j->w[1], o0, o1, u);
+        for (int r = 0; r < nx; r++) {
+            float *y = j->y[i] + (size_t)r * out + o0, *gr = g + r * CHUNK;
+            switch (j->ep) {
+            case EP_STORE:
+                memcpy(y, gr, (size_t)n * sizeof *y);
+                if (j->rk) rope_rows_done(j->rk, j->y, i, o0, n); /* n = 1 only */
+                break;
+            case EP_ADD: for (int o = 0; o < n; o++) y[o] = y[o] + gr[o]; break; /* = add(y, y, o) */
+            default: act(y, gr, u + r * CHUNK, n); break; /* the ops' own kernels: the same bits */
+            }
         }
     }
     if (tern__cpu_prof) j->c->dec_part[ith].t1 = tern_time_s();
@@ -211,9 +222,10 @@ void tern__cpu_dec_set(int on) { dec_on = on < 0 ? -1 : on != 0; }
 static _Atomic int glu_split = -1;
 void tern__cpu_glu_split_set(int on) { glu_split = on < 0 ? -1 : on != 0; }
 
-/* The split GLU's scratch for `out` rows: up's outputs and the chunks' counters (zeroed); NULL when out of memory. */
-static float *glu_scratch(cpu_impl *c, int64_t out, _Atomic int **halves) {
-    const size_t fb = ((size_t)out * sizeof(float) + 63) & ~(size_t)63, nch = (size_t)((out + CHUNK - 1) / CHUNK);
+/* The split GLU's scratch for `out` rows and nx rows of x: up's outputs and the chunks' counters (zeroed); NULL when
+ * out of memory. */
+static float *glu_scratch(cpu_impl *c, int64_t out, int nx, _Atomic int **halves) {
+    const size_t fb = ((size_t)out * (size_t)nx * sizeof(float) + 63) & ~(size_t)63, nch = (size_t)((out + CHUNK - 1) / CHUNK);
     const size_t need = fb + nch * GLU_PAD * sizeof(_Atomic int);
     if (need > c->glu_cap) {
         void *p = tern_aalloc(need);
@@ -227,6 +239,33 @@ static float *glu_scratch(cpu_impl *c, int64_t out, _Atomic int **halves) {
     return c->glu;
 }
 
+/* Most rows of x a call on weight w takes; more go to the batched matmul path (cpu_matmul.c). Up to it, a step of
+ * several sequences reads each weight row once and gets for every row of x the same bits as that row alone; the cost
+ * is the kernel's arithmetic once per row of x, which the blocked GEMMs amortize better as rows grow. Measured
+ * (bench/NOTES.md (be), llama3-1b, decode tok/s of 2-16 sequences): Q weights in the int8 mode (the VNNI GEMM) 8,
+ * the others (the f32 GEMM: BF16, exact Q) 16, but BF16 weights in the bf16 mode 8 (its GEMM rounds x from 9 rows). TERN_CPU_DEC_ROWS=N (1..DEC_NMAX) or tern__cpu_dec_rows_set sets one
+ * limit for all. */
+static _Atomic int dec_rows = -1; /* -1: unread; 0: the per-format defaults */
+void tern__cpu_dec_rows_set(int n) { dec_rows = n < 0 ? -1 : n > DEC_NMAX ? DEC_NMAX : n; }
+static int dec_rows_for(const cpu_impl *c, const tern_tensor *w) {
+    int v = dec_rows;
+    if (v < 0) {
+        const char *e = getenv("TERN_CPU_DEC_ROWS");
+        v = e && *e ? atoi(e) : 0;
+        dec_rows = v = v < 0 ? 0 : v > DEC_NMAX ? DEC_NMAX : v;
+    }
+    if (v > 0) return v;
+    if (c->int8 && c->gemm_i8 && w->dtype == TERN_DT_Q) return 8;
+    return c->bf16 && w->dtype == TERN_DT_BF16 && !w->precise ? 8 : 16; /* the bf16 mode's GEMM from 9 rows (x rounded) */
+}
+
+/* Each row of x but the first prepared into its own buffer (the first takes the caller's xbuf[0]): DEC_NMAX - 1
+ * buffers of CPU_GX_BUF (~200 KB) made on the first call with several rows; NULL when out of memory. */
+static void *xrows_buf(cpu_impl *c) {
+    if (!c->xrows) c->xrows = tern_aalloc((size_t)(DEC_NMAX - 1) * CPU_GX_BUF);
+    return c->xrows;
+}
+
 /* Whether one prepared x serves every matrix: same input length, format and grouping. */
 static int same_x(const tern_tensor *a, const tern_tensor *b) {
     if (a->dtype != b->dtype || a->shape[a->ndim - 1] != b->shape[b->ndim - 1]) return 0;
@@ -236,10 +275,11 @@ static int same_x(const tern_tensor *a, const tern_tensor *b) {
 /* Runs the job (k matrices, epilogue ep) when the fused GEMV takes the format; 0 otherwise
  * (nothing written). */
 static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w, float *const *y, const float *x,
-                   dec_rope *rk) {
+                   int nx, dec_rope *rk) {
     cpu_impl *c = be->impl;
     const tern_cpu_kern *k = c->k;
     if (!c->fused || !k->gemv_prep || !c->dec_part || kk < 1 || kk > 3 || !dec_enabled()) return 0;
+    if (nx < 1 || nx > dec_rows_for(c, w[0]) || (nx > 1 && (rk || !xrows_buf(c)))) return 0;
     for (int i = 0; i < kk; i++) {
         if (w[i]->ndim < 2 || w[i]->mat_map || !same_x(w[0], w[i])) return 0;
         if (w[i]->shape[w[i]->ndim - 2] >= (int64_t)CHUNK << 30) return 0; /* chunk indices fit 32 bits */
@@ -248,17 +288,20 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
     int in = (int)w[0]->shape[w[0]->ndim - 1];
     const double tp0 = tern__cpu_prof ? tern_time_s() : 0;
     const int glu = ep == EP_SILU || ep == EP_GELU;
-    dec_job j = {.c = c, .rk = rk, .k = kk, .ep = ep, .nm = glu ? 1 : kk};
+    dec_job j = {.c = c, .rk = rk, .k = kk, .ep = ep, .nm = glu ? 1 : kk, .n = nx};
     cpu_wrow r0;
     tern__cpu_wrow_at(w[0], 0, 0, &r0);
-    if (!k->gemv_prep(&r0, in, c->int8, x, c->xbuf[0], &j.gx)) return 0;
+    for (int r = 0; r < nx; r++) {
+        void *buf = r ? (uint8_t *)c->xrows + (size_t)(r - 1) * CPU_GX_BUF : c->xbuf[0];
+        if (!k->gemv_prep(&r0, in, c->int8, x + (size_t)r * (size_t)in, buf, &j.gx[r])) return 0;
+    }
     for (int i = 0; i < kk; i++) { j.w[i] = w[i]; j.y[i] = y[i]; }
-    if (glu && tern__cpu_switch(&glu_split, "TERN_CPU_GLU_SPLIT", 1) && (j.y[1] = glu_scratch(c, w[0]->shape[w[0]->ndim - 2], &j.halves)) != NULL) j.nm = 2;
+    if (glu && tern__cpu_switch(&glu_split, "TERN_CPU_GLU_SPLIT", 1) && (j.y[1] = glu_scratch(c, w[0]->shape[w[0]->ndim - 2], nx, &j.halves)) != NULL) j.nm = 2;
     int nm = j.nm;
     j.c0[0] = 0;
     for (int i = 0; i < nm; i++) j.c0[i + 1] = j.c0[i] + (w[i]->shape[w[i]->ndim - 2] + CHUNK - 1) / CHUNK;
     int64_t total = j.c0[nm];
-    double work = (double)total * CHUNK * in * (nm < kk ? 2 : 1);
+    double work = (double)total * CHUNK * in * (nm < kk ? 2 : 1) * nx;
     int nth = work < 65536.0 ? 1 : c->nth; /* as run_mm: waking the pool costs more than that */
     for (int t = 0; t < c->nth; t++) {
         int64_t lo = total * t / nth, hi = total * (t + 1) / nth;
@@ -272,24 +315,24 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
     return 1;
 }
 
-int tern__cpu_gemv1(tern_backend *be, float *y, const float *x, const tern_tensor *w) {
-    return dec_run(be, 1, EP_STORE, &w, &y, x, NULL);
+int tern__cpu_gemv1(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
+    return dec_run(be, 1, EP_STORE, &w, &y, x, n, NULL);
 }
 
 int tern__cpu_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w) {
-    return n == 1 && dec_run(be, k, EP_STORE, w, y, x, NULL);
+    return dec_run(be, k, EP_STORE, w, y, x, n, NULL);
 }
 
 int tern__cpu_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,
                          const tern_tensor *up, int act) {
-    if (n != 1 || (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH)) return 0;
+    if (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH) return 0;
     const tern_tensor *w[2] = {gate, up};
     float *ys[2] = {y, NULL};
-    return dec_run(be, 2, act == TERN_ACT_SILU ? EP_SILU : EP_GELU, w, ys, x, NULL);
+    return dec_run(be, 2, act == TERN_ACT_SILU ? EP_SILU : EP_GELU, w, ys, x, n, NULL);
 }
 
 int tern__cpu_matmul_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) {
-    return n == 1 && dec_run(be, 1, EP_ADD, &w, &y, x, NULL);
+    return dec_run(be, 1, EP_ADD, &w, &y, x, n, NULL);
 }
 
 /* ops.h norm_qkv_rope_kv for one row: rmsnorm on the caller (the backend's own op), then the q|k|v run with the
@@ -326,5 +369,5 @@ int tern__cpu_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     }
     be->vt->rmsnorm(be, xn, x, 1, (int)w[0]->shape[1], nw, eps);
     float *const ys[3] = {q, k, v};
-    return dec_run(be, 3, EP_STORE, w, ys, xn, &rk);
+    return dec_run(be, 3, EP_STORE, w, ys, xn, 1, &rk);
 }

@@ -40,6 +40,7 @@ typedef struct cpu_impl {
     void *xq8;                /* int8 mode: x quantized once per matmul (grown on demand) */
     size_t xq8_cap;           /* bytes */
     cpu_dec_part *dec_part;   /* [nth] work-stealing ranges of the batch-1 driver (cpu_decode.c) */
+    void *xrows;              /* the driver's prepared x of rows 1.. of a several-row call (made on first use) */
     void *glu;                /* the driver's matmul_glu scratch: up's outputs, then per chunk its halves done (grown on demand) */
     size_t glu_cap;           /* bytes */
 } cpu_impl;
@@ -88,7 +89,9 @@ void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int
 /* Batch-1 driver (cpu_decode.c): one pool run for up to 3 matrices sharing x, fused epilogue,
  * work stealing. Each returns 0 (nothing done) when the fused GEMV does not take the format
  * (or n != 1); the ops.h fused-op contract: results bitwise those of the separate ops. */
-int tern__cpu_gemv1(tern_backend *be, float *y, const float *x, const tern_tensor *w);
+int tern__cpu_gemv1(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
+#define TERN_CPU_DEC_NMAX 16          /* most rows of x the driver ever takes (its limit per format: cpu_decode.c) */
+void tern__cpu_dec_rows_set(int n);   /* A/B: one limit for every format (1..16; 0: the per-format defaults; -1: TERN_CPU_DEC_ROWS) */
 int tern__cpu_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w);
 int tern__cpu_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,
                          const tern_tensor *up, int act);

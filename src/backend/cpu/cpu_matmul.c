@@ -381,7 +381,7 @@ static void run_mm(tern_backend *be, float *y, const float *x, int n, const tern
     cpu_impl *c = be->impl;
     int64_t in = w->shape[w->ndim - 1], out = w->ndim >= 2 ? w->shape[w->ndim - 2] : 1;
     if (n <= 0) return;
-    if (n == 1 && mat == 0 && tern__cpu_gemv1(be, y, x, w)) return; /* cpu_decode.c */
+    if (mat == 0 && n <= TERN_CPU_DEC_NMAX && tern__cpu_gemv1(be, y, x, n, w)) return; /* cpu_decode.c (its limit per format) */
     cpu_mm_job jb = {.w = w, .mat = mat, .x = x, .ldx = (size_t)in, .y = y, .ldy = (size_t)out, .n = n};
     cpu_xq xq;
     if (n > 1 && c->int8 && c->gemm_i8 && tern__cpu_gemm_i8_fits(w)) jb.xq = quant_x_shared(c, x, n, w, &xq);
