@@ -242,7 +242,8 @@ static float *glu_scratch(cpu_impl *c, int64_t out, int nx, _Atomic int **halves
 /* Most rows of x a call on weight w takes; more go to the batched matmul path (cpu_matmul.c). Up to it, a step of
  * several sequences reads each weight row once and gets for every row of x the same bits as that row alone; the cost
  * is the kernel's arithmetic once per row of x, which the blocked GEMMs amortize better as rows grow. Measured
- * (bench/NOTES.md (be), llama3-1b, decode tok/s of 2-16 sequences): Q weights in the int8 mode (the VNNI GEMM) 8,
+ * (bench/NOTES.md (be), llama3-1b, decode tok/s of 2-16 sequences): Q weights in the int8 mode (the VNNI GEMM) 8
+ * (Q8: 6 — at 8 sequences the GEMM won 73-77 to 62-63 tok/s, at 4 the driver 54-56 to 33-36),
  * the others (the f32 GEMM: BF16, exact Q) 16, but BF16 weights in the bf16 mode 8 (its GEMM rounds x from 9 rows). TERN_CPU_DEC_ROWS=N (1..DEC_NMAX) or tern__cpu_dec_rows_set sets one
  * limit for all. */
 static _Atomic int dec_rows = -1; /* -1: unread; 0: the per-format defaults */
@@ -255,7 +256,7 @@ static int dec_rows_for(const cpu_impl *c, const tern_tensor *w) {
         dec_rows = v = v < 0 ? 0 : v > DEC_NMAX ? DEC_NMAX : v;
     }
     if (v > 0) return v;
-    if (c->int8 && c->gemm_i8 && w->dtype == TERN_DT_Q) return 8;
+    if (c->int8 && c->gemm_i8 && w->dtype == TERN_DT_Q) return w->bits == 8 ? 6 : 8;
     return c->bf16 && w->dtype == TERN_DT_BF16 && !w->precise ? 8 : 16; /* the bf16 mode's GEMM from 9 rows (x rounded) */
 }
 
