@@ -167,10 +167,14 @@ static void check_case(const char *name, tern_backend *be) {
     /* int8 mode: activations rounded to int8 per group turn any difference into whole steps of the
      * grid. MoE layers on the CPU group a batch's rows by expert, so their f32 sums already differ
      * from the row alone by ~2e-6 (the f32 bound below); in int8 mode such a row can move by
-     * ~4e-3 (gemma4_moe_mixed), so MoE gets the bf16 mode's bound there */
+     * whole grid steps. Since session 45 an expert's rows take the GEMV kernels up to 8 rows and
+     * the VNNI GEMM above (two f32 orders), so a 20-row prefill alone and a 30-row batch split
+     * some experts differently: gemma4_moe_mixed moves 1.3e-2 on this chaotic fixture (int8 vs
+     * the reference 0.2; 2e-6 in f32). Decode rows (<= 8 an expert) take the same kernel alone or
+     * batched. MoE's int8 bound is 5e-2 */
     const int moe = tern_model_cfg(m)->n_expert > 0;
     if (g_bf16 != 1) /* the bf16 mode: measured and printed above (top of the file) */
-        CHECK(bw <= (g_bf16 || (g_int8 && moe) ? 1e-2 : g_int8 ? 1e-4 : 1e-5), "%s: batched logits differ from alone by %.3g",
+        CHECK(bw <= (g_int8 && moe ? 5e-2 : g_bf16 ? 1e-2 : g_int8 ? 1e-4 : 1e-5), "%s: batched logits differ from alone by %.3g",
               name, bw);
     free(tok2); free(got2); free(src); free(gen); free(got); free(pos); free(slot);
     tern_kv_close(kv);

@@ -248,7 +248,7 @@ static float *glu_scratch(cpu_impl *c, int64_t out, int nx, _Atomic int **halves
  * limit for all. */
 static _Atomic int dec_rows = -1; /* -1: unread; 0: the per-format defaults */
 void tern__cpu_dec_rows_set(int n) { dec_rows = n < 0 ? -1 : n > DEC_NMAX ? DEC_NMAX : n; }
-static int dec_rows_for(const cpu_impl *c, const tern_tensor *w) {
+int tern__cpu_dec_rows_for(const cpu_impl *c, const tern_tensor *w) {
     int v = dec_rows;
     if (v < 0) {
         const char *e = getenv("TERN_CPU_DEC_ROWS");
@@ -280,7 +280,7 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
     cpu_impl *c = be->impl;
     const tern_cpu_kern *k = c->k;
     if (!c->fused || !k->gemv_prep || !c->dec_part || kk < 1 || kk > 3 || !dec_enabled()) return 0;
-    if (nx < 1 || nx > dec_rows_for(c, w[0]) || (nx > 1 && (rk || !xrows_buf(c)))) return 0;
+    if (nx < 1 || nx > tern__cpu_dec_rows_for(c, w[0]) || (nx > 1 && (rk || !xrows_buf(c)))) return 0;
     for (int i = 0; i < kk; i++) {
         if (w[i]->ndim < 2 || w[i]->mat_map || !same_x(w[0], w[i])) return 0;
         if (w[i]->shape[w[i]->ndim - 2] >= (int64_t)CHUNK << 30) return 0; /* chunk indices fit 32 bits */

@@ -91,6 +91,7 @@ void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int
  * (or n != 1); the ops.h fused-op contract: results bitwise those of the separate ops. */
 int tern__cpu_gemv1(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
 #define TERN_CPU_DEC_NMAX 16          /* most rows of x the driver ever takes (its limit per format: cpu_decode.c) */
+int tern__cpu_dec_rows_for(const cpu_impl *c, const tern_tensor *w); /* the driver's (and mm_gemv's) limit for w */
 void tern__cpu_dec_rows_set(int n);   /* A/B: one limit for every format (1..16; 0: the per-format defaults; -1: TERN_CPU_DEC_ROWS) */
 int tern__cpu_matmul_n(tern_backend *be, int k, float *const *y, const float *x, int n, const tern_tensor *const *w);
 int tern__cpu_matmul_glu(tern_backend *be, float *y, const float *x, int n, const tern_tensor *gate,

@@ -119,29 +119,35 @@ void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx) {
     gx->pf_sb = w->dtype != TERN_DT_Q ? 0 : (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
 }
 
-/* Batch 1 through the ISA's fused GEMV: x prepared once into the thread's buffer, then
- * the weight rows 4 at a time. Returns 0 when the kernel table has no fused kernel for
- * this format/shape (the caller then decodes tiles). */
+/* A few rows of x (up to the decode driver's limit for the format, tern__cpu_dec_rows_for) through the ISA's fused
+ * GEMV: each row of x prepared into the thread's buffer in turn, then the features [o0, o1) 4 weight rows at a time
+ * (a thread's slice of an expert — the MoE's use — is re-read from L2 for the rows after the first). Each row of x
+ * gets the kernel's result on it alone: the same bits at any n, as the decode driver's. Returns 0 when the kernel
+ * table has no fused kernel for this format/shape or n is over the limit (the caller then runs the GEMMs or decodes
+ * tiles). */
 static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1) {
     const tern_cpu_kern *k = c->k;
     const tern_tensor *w = jb->w;
     int in = (int)w->shape[w->ndim - 1];
-    if (!c->fused || !k->gemv_prep || o0 >= o1) return 0;
+    if (!c->fused || !k->gemv_prep || o0 >= o1 || jb->n < 1) return 0;
+    if (jb->n > 1 && jb->n > tern__cpu_dec_rows_for(c, w)) return 0;
     cpu_wrow rows[4];
     cpu_gx gx;
-    const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[0] : 0) * jb->ldx;
-    tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
-    if (!k->gemv_prep(&rows[0], in, c->int8, x, c->xbuf[ith], &gx)) return 0;
-    tern__cpu_gemv_pf(w, &gx);
-    float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[0] : 0) * jb->ldy;
-    float s = jb->yscale ? jb->yscale[0] : 1.0f, v[4];
-    for (int64_t o = o0; o < o1; o += 4) {
-        int nr = (int)TERN_MIN((int64_t)4, o1 - o);
-        for (int i = 0; i < nr; i++) tern__cpu_wrow_at(w, jb->mat, o + i, &rows[i]);
-        k->gemv(&gx, rows, nr, v);
-        for (int i = 0; i < nr; i++) {
-            if (jb->accum) y[o + i] += s * v[i];
-            else y[o + i] = v[i];
+    for (int r = 0; r < jb->n; r++) {
+        const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[r] : r) * jb->ldx;
+        tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
+        if (!k->gemv_prep(&rows[0], in, c->int8, x, c->xbuf[ith], &gx)) return 0; /* the same answer for every row */
+        tern__cpu_gemv_pf(w, &gx);
+        float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[r] : r) * jb->ldy;
+        float s = jb->yscale ? jb->yscale[r] : 1.0f, v[4];
+        for (int64_t o = o0; o < o1; o += 4) {
+            int nr = (int)TERN_MIN((int64_t)4, o1 - o);
+            for (int i = 0; i < nr; i++) tern__cpu_wrow_at(w, jb->mat, o + i, &rows[i]);
+            k->gemv(&gx, rows, nr, v);
+            for (int i = 0; i < nr; i++) {
+                if (jb->accum) y[o + i] += s * v[i];
+                else y[o + i] = v[i];
+            }
         }
     }
     return 1;
@@ -268,7 +274,7 @@ void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, 
     int f32 = w->dtype == TERN_DT_F32;
     cpu_wrow rows[CPU_RT_MAX];
     const float *wp[CPU_RT_MAX];
-    if (n == 1 && mm_gemv(c, ith, jb, o0, o1)) return;
+    if (n <= TERN_CPU_DEC_NMAX && mm_gemv(c, ith, jb, o0, o1)) return;
     /* int8 mode: every n the fused GEMV does not take (the same quantization of x either way) */
     if (c->int8 && c->gemm_i8 && tern__cpu_gemm_i8(c, ith, jb, o0, o1)) return;
     if (n > 8 && mm_gemm(c, ith, jb, o0, o1)) return;
