@@ -165,6 +165,7 @@ static void several_rows_on(tern_backend *be, const char *tag, int nth) {
                 unsigned long long seed = 3000 * f + 10 * (unsigned)nth + (unsigned)int8 + 100 * (unsigned)nx;
                 several_rows(be, &fmts[f], 256, outs_small, int8, nx, seed, tag);
                 several_rows(be, &fmts[f], 512, outs_big, int8, nx, seed + 1, tag);
+                if (nx <= 3) several_rows(be, &fmts[f], 2816, outs_small, int8, nx, seed + 2, tag); /* 5 x 512 + a tail */
             }
     tern__cpu_dec_rows_set(-1);
 }
