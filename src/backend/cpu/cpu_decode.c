@@ -1,11 +1,13 @@
 /*
- * cpu_decode.c — the batch-1 (decode) matmul driver of the fast CPU backend: one pool run
- * per call for up to 3 matrices that share x, with work stealing between the threads.
+ * cpu_decode.c — the decode matmul driver of the fast CPU backend: one pool run per call for
+ * up to 3 matrices that share x, with work stealing between the threads, for 1 to 16 rows of x
+ * (one sequence's token, or a step of several sequences, a short prompt, a speculative verify).
  *
- * Decode streams every weight byte once per token, so what matters is that every core keeps
+ * Decode streams every weight byte once per step, so what matters is that every core keeps
  * its memory stream busy from the first to the last byte of each call. Per call:
- *   - x is prepared once, on the calling thread (gemv_prep into its buffer), and shared
- *     read-only by all threads (the fused kernels only read the cpu_gx);
+ *   - each row of x is prepared once, on the calling thread (gemv_prep into its buffer), and
+ *     shared read-only by all threads (the fused kernels only read the cpu_gx); each pass of
+ *     weight rows is run for every x before the next (read from memory once, then from L1);
  *   - the rows of the k matrices are cut into chunks of CHUNK rows, numbered across the
  *     matrices in order; thread i owns a contiguous range of chunks and walks it forward (one
  *     sequential stream: the kernels' rows-ahead prefetch lands in the rows it reads next);
