@@ -290,7 +290,7 @@ static const tern_backend_vt cpu_vt = {
     .moe_mlp = tern__cpu_moe_mlp,
     .glm = &tern__cpu_glm_fast_ops, /* GLM-5 ops (glm_fast.c, glm_attn.c) */
     .sample = cpu_sample, /* the CPU sampler's draw (src/sample/sample_ref.c; greedy rows: kern.h argmax) */
-    .matmul_n = tern__cpu_matmul_n, /* batch-1 fused ops (cpu_decode.c) */
+    .matmul_n = tern__cpu_matmul_n, /* the decode driver's fused ops, 1-16 rows (cpu_decode.c) */
     .matmul_glu = tern__cpu_matmul_glu,
     .matmul_add = tern__cpu_matmul_add,
     .norm_matmul = cpu_norm_matmul, /* tests only (TERN_CPU_NORM_RES=1) */

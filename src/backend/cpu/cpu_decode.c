@@ -245,9 +245,9 @@ static float *glu_scratch(cpu_impl *c, int64_t out, int nx, _Atomic int **halves
  * several sequences reads each weight row once and gets for every row of x the same bits as that row alone; the cost
  * is the kernel's arithmetic once per row of x, which the blocked GEMMs amortize better as rows grow. Measured
  * (bench/NOTES.md (be), llama3-1b, decode tok/s of 2-16 sequences): Q weights in the int8 mode (the VNNI GEMM) 8
- * (Q8: 6 — at 8 sequences the GEMM won 73-77 to 62-63 tok/s, at 4 the driver 54-56 to 33-36),
- * the others (the f32 GEMM: BF16, exact Q) 16, but BF16 weights in the bf16 mode 8 (its GEMM rounds x from 9 rows). TERN_CPU_DEC_ROWS=N (1..DEC_NMAX) or tern__cpu_dec_rows_set sets one
- * limit for all. */
+ * (Q8: 6 — at 8 sequences the GEMM won 73-77 to 62-63 tok/s, at 4 the driver 54-56 to 33-36), the others (the
+ * f32 GEMM: BF16, exact Q) 16, but BF16 weights in the bf16 mode 8 (its GEMM rounds x from 9 rows).
+ * TERN_CPU_DEC_ROWS=N (1..DEC_NMAX) or tern__cpu_dec_rows_set sets one limit for all. */
 static _Atomic int dec_rows = -1; /* -1: unread; 0: the per-format defaults */
 void tern__cpu_dec_rows_set(int n) { dec_rows = n < 0 ? -1 : n > DEC_NMAX ? DEC_NMAX : n; }
 int tern__cpu_dec_rows_for(const cpu_impl *c, const tern_tensor *w) {
@@ -299,7 +299,9 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
         if (!k->gemv_prep(&r0, in, c->int8, x + (size_t)r * (size_t)in, buf, &j.gx[r])) return 0;
     }
     for (int i = 0; i < kk; i++) { j.w[i] = w[i]; j.y[i] = y[i]; }
-    if (glu && tern__cpu_switch(&glu_split, "TERN_CPU_GLU_SPLIT", 1) && (j.y[1] = glu_scratch(c, w[0]->shape[w[0]->ndim - 2], nx, &j.halves)) != NULL) j.nm = 2;
+    if (glu && tern__cpu_switch(&glu_split, "TERN_CPU_GLU_SPLIT", 1) &&
+        (j.y[1] = glu_scratch(c, w[0]->shape[w[0]->ndim - 2], nx, &j.halves)) != NULL)
+        j.nm = 2;
     int nm = j.nm;
     j.c0[0] = 0;
     for (int i = 0; i < nm; i++) j.c0[i + 1] = j.c0[i] + (w[i]->shape[w[i]->ndim - 2] + CHUNK - 1) / CHUNK;

@@ -39,7 +39,7 @@ typedef struct cpu_impl {
     void *glm;                /* GLM-5 op scratch (glm_state.h), made on first use */
     void *xq8;                /* int8 mode: x quantized once per matmul (grown on demand) */
     size_t xq8_cap;           /* bytes */
-    cpu_dec_part *dec_part;   /* [nth] work-stealing ranges of the batch-1 driver (cpu_decode.c) */
+    cpu_dec_part *dec_part;   /* [nth] work-stealing ranges of the decode driver (cpu_decode.c) */
     void *xrows;              /* the driver's prepared x of rows 1.. of a several-row call (made on first use) */
     void *glu;                /* the driver's matmul_glu scratch: up's outputs, then per chunk its halves done (grown on demand) */
     size_t glu_cap;           /* bytes */
@@ -86,9 +86,10 @@ void tern__cpu_quant_x_i8(const float *x, int in, int gs, int q4, int8_t *q, flo
 /* Even split of [0, total) over nth threads in units of `unit`. */
 void tern__cpu_split(int64_t total, int unit, int ith, int nth, int64_t *lo, int64_t *hi);
 
-/* Batch-1 driver (cpu_decode.c): one pool run for up to 3 matrices sharing x, fused epilogue,
- * work stealing. Each returns 0 (nothing done) when the fused GEMV does not take the format
- * (or n != 1); the ops.h fused-op contract: results bitwise those of the separate ops. */
+/* Decode driver (cpu_decode.c): one pool run for up to 3 matrices sharing x (1..16 rows), fused
+ * epilogue, work stealing. Each returns 0 (nothing done) when the fused GEMV does not take the
+ * format or n is over its limit (tern__cpu_dec_rows_for); the ops.h fused-op contract: results
+ * bitwise those of the separate ops, and each row of x bitwise that row alone. */
 int tern__cpu_gemv1(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
 #define TERN_CPU_DEC_NMAX 16          /* most rows of x the driver ever takes (its limit per format: cpu_decode.c) */
 int tern__cpu_dec_rows_for(const cpu_impl *c, const tern_tensor *w); /* the driver's (and mm_gemv's) limit for w */

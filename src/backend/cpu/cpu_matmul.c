@@ -1,13 +1,14 @@
 /*
  * cpu_matmul.c — matmul, expert matmul and the MoE block of the fast CPU backend.
  *
- * A plain batch-1 matmul goes first to the decode driver of cpu_decode.c (one pool run, x
- * prepared once, work stealing; also matmul_n / matmul_glu / matmul_add); what it declines,
- * expert matmuls and every n > 1 come here. One driver (tern__cpu_mm) serves every weight dtype:
- *   - batch 1 (decode) of BF16/Q8/Q4 rows with in % 64 == 0: the ISA's fused GEMV
- *     (gemv_avx512.c / gemv_avx2.c): x is laid out once per call in the thread's buffer
- *     (plus Σx per group, or int8 x in TERN_CPU_INT8 mode), then 4 weight rows per pass
- *     are read once and never written out decoded. For Q8/Q4 the kernels prefetch the same
+ * A plain matmul of 1-16 rows goes first to the decode driver of cpu_decode.c (one pool run,
+ * each x prepared once, work stealing, its row limit per format; also matmul_n / matmul_glu /
+ * matmul_add); what it declines, expert matmuls and more rows come here. One driver
+ * (tern__cpu_mm) serves every weight dtype:
+ *   - a few rows (up to the driver's limit, tern__cpu_dec_rows_for) of BF16/Q8/Q4 with
+ *     in % 64 == 0: the ISA's fused GEMV (gemv_avx512.c / gemv_avx2.c): each x is laid out in
+ *     turn in the thread's buffer (plus Σx per group, or int8 x in TERN_CPU_INT8 mode), then 4
+ *     weight rows per pass are read and never written out decoded. For Q8/Q4 the kernels prefetch the same
  *     offsets a few passes of rows ahead (gemv_pf, TERN_CPU_PF; bench/NOTES.md 2026-11-30 (f)).
  * Otherwise, for a tile of weight rows it decodes CPU_CH inputs of each row into an f32
  * tile (F32 weights are used in place), then runs the 4x4 register-blocked microkernel over
@@ -129,8 +130,7 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     const tern_cpu_kern *k = c->k;
     const tern_tensor *w = jb->w;
     int in = (int)w->shape[w->ndim - 1];
-    if (!c->fused || !k->gemv_prep || o0 >= o1 || jb->n < 1) return 0;
-    if (jb->n > 1 && jb->n > tern__cpu_dec_rows_for(c, w)) return 0;
+    if (!c->fused || !k->gemv_prep || o0 >= o1 || jb->n < 1 || jb->n > tern__cpu_dec_rows_for(c, w)) return 0;
     cpu_wrow rows[4];
     cpu_gx gx;
     for (int r = 0; r < jb->n; r++) {
