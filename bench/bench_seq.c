@@ -152,12 +152,14 @@ static int cq4[MAXCFG] = {-1, -1, -1, -1, -1, -1}; /* Q4 int8 kernel (tern__cpu_
 static int cs21[MAXCFG] = {-1, -1, -1, -1, -1, -1}; /* session 21's switches, a mask (s21_set; -1: their env) */
 
 /* The 5th --cfg field: bit 0 the sample op's argmax (tern__cpu_argmax_set), bit 1 the q|k|v op with rope and the
- * cache writes inside its run (tern__cpu_qkv_rope_set), bit 2 matmul_glu's split order (tern__cpu_glu_split_set);
+ * cache writes inside its run (tern__cpu_qkv_rope_set), bit 2 matmul_glu's split order (tern__cpu_glu_split_set),
+ * bit 3 several x through the kernel table's gemv_nx (tern__cpu_gemv_nx_set);
  * -1 leaves them to their environment variables. */
 static void s21_set(int m) {
     tern__cpu_argmax_set(m < 0 ? -1 : m & 1);
     tern__cpu_qkv_rope_set(m < 0 ? -1 : (m >> 1) & 1);
     tern__cpu_glu_split_set(m < 0 ? -1 : (m >> 2) & 1);
+    tern__cpu_gemv_nx_set(m < 0 ? -1 : (m >> 3) & 1);
 }
 
 int main(int argc, char **argv) {

@@ -18,6 +18,7 @@ static const fmt fmts[] = {
     {TERN_DT_Q, 4, 64, TERN_DT_BF16, "q4g64"},
     {TERN_DT_Q, 4, 32, TERN_DT_F16, "q4g32f16"},
     {TERN_DT_Q, 8, 128, TERN_DT_F32, "q8g128f32"},
+    {TERN_DT_Q, 4, 128, TERN_DT_F32, "q4g128f32"},
 };
 
 static int same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof *a); }
@@ -158,14 +159,18 @@ static void several_rows(tern_backend *be, const fmt *f, int in, const int *outs
 
 static void several_rows_on(tern_backend *be, const char *tag, int nth) {
     static const int outs_small[3] = {5, 3, 9}, outs_big[3] = {301, 37, 70};
+    /* the several-x kernels take x in blocks of 4 (3 for BF16): full blocks, remainders, several blocks */
+    static const int nxs[] = {2, 3, 4, 5, 7, TERN_CPU_DEC_NMAX};
     tern__cpu_dec_rows_set(TERN_CPU_DEC_NMAX);
     for (size_t f = 0; f < TERN_ARRAY_LEN(fmts); f++)
         for (int int8 = 0; int8 < 2; int8++)
-            for (int nx = 2; nx <= TERN_CPU_DEC_NMAX; nx += nx < 4 ? 1 : nx) { /* 2, 3, 4, 8, 16 */
+            for (size_t i = 0; i < TERN_ARRAY_LEN(nxs); i++) {
+                const int nx = nxs[i];
                 unsigned long long seed = 3000 * f + 10 * (unsigned)nth + (unsigned)int8 + 100 * (unsigned)nx;
                 several_rows(be, &fmts[f], 256, outs_small, int8, nx, seed, tag);
                 several_rows(be, &fmts[f], 512, outs_big, int8, nx, seed + 1, tag);
-                if (nx <= 3) several_rows(be, &fmts[f], 2816, outs_small, int8, nx, seed + 2, tag); /* 5 x 512 + a tail */
+                if (nx <= 5) several_rows(be, &fmts[f], 2816, outs_small, int8, nx, seed + 2, tag); /* 5 x 512 + a tail */
+                if (nx <= 5) several_rows(be, &fmts[f], 320, outs_small, int8, nx, seed + 3, tag); /* a half 128 chunk */
             }
     tern__cpu_dec_rows_set(-1);
 }

@@ -112,6 +112,12 @@ static int dec_np(const tern_cpu_kern *k, const cpu_gx *gx) {
     return v > 0 && v <= most ? v : 4;
 }
 
+/* Several x through the table's gemv_nx (each weight row unpacked once for all x; the same bits as gemv per x), or
+ * with TERN_CPU_GEMV_NX=0 / tern__cpu_gemv_nx_set(0) gemv once per x (before/after A/B). */
+static _Atomic int gemv_nx_on = -1;
+void tern__cpu_gemv_nx_set(int on) { gemv_nx_on = on < 0 ? -1 : on != 0; }
+static int nx_enabled(const tern_cpu_kern *k) { return k->gemv_nx && tern__cpu_switch(&gemv_nx_on, "TERN_CPU_GEMV_NX", 1); }
+
 /* Rows [o0, o1) of matrix w through the fused kernel for each of the n prepared x, dec_np weight rows per call and
  * every x on them before the next pass (the weight rows come from memory once, then from L1); v[r·CHUNK + i] = row
  * o0 + i for x r. A row's result is the kernel's on that x alone: the same bits for any n. */
@@ -128,9 +134,11 @@ static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, int n, const ter
         rows[i].data += rb;
         if (sb) { rows[i].scales += sb; rows[i].biases += sb; }
     }
+    const int nx = n > 1 && nx_enabled(k);
     for (int64_t o = o0; o < o1; o += np) {
         int nr = (int)TERN_MIN((int64_t)np, o1 - o);
-        for (int r = 0; r < n; r++) k->gemv(&gx[r], rows, nr, v + (size_t)r * CHUNK + (o - o0));
+        if (!nx || !k->gemv_nx(gx, n, rows, nr, v + (o - o0), CHUNK))
+            for (int r = 0; r < n; r++) k->gemv(&gx[r], rows, nr, v + (size_t)r * CHUNK + (o - o0));
         for (int i = 0; i < np; i++) {
             rows[i].data += (size_t)np * rb;
             if (sb) { rows[i].scales += (size_t)np * sb; rows[i].biases += (size_t)np * sb; }
@@ -245,7 +253,8 @@ static float *glu_scratch(cpu_impl *c, int64_t out, int nx, _Atomic int **halves
  * several sequences reads each weight row once and gets for every row of x the same bits as that row alone; the cost
  * is the kernel's arithmetic once per row of x, which the blocked GEMMs amortize better as rows grow. Measured
  * (bench/NOTES.md (be), llama3-1b, decode tok/s of 2-16 sequences): Q weights in the int8 mode (the VNNI GEMM) 8
- * (Q8: 6 — at 8 sequences the GEMM won 73-77 to 62-63 tok/s, at 4 the driver 54-56 to 33-36), the others (the
+ * (Q8: 6 — at 8 sequences the GEMM won 73-77 to 62-63 tok/s, at 4 the driver 54-56 to 33-36; Q4 with the several-x
+ * kernel 16 — at 16 sequences the driver 125-128 to the GEMM's 116-126, NOTES (bf)), the others (the
  * f32 GEMM: BF16, exact Q) 16, but BF16 weights in the bf16 mode 8 (its GEMM rounds x from 9 rows).
  * TERN_CPU_DEC_ROWS=N (1..DEC_NMAX) or tern__cpu_dec_rows_set sets one limit for all. */
 static _Atomic int dec_rows = -1; /* -1: unread; 0: the per-format defaults */
@@ -258,7 +267,7 @@ int tern__cpu_dec_rows_for(const cpu_impl *c, const tern_tensor *w) {
         dec_rows = v = v < 0 ? 0 : v > DEC_NMAX ? DEC_NMAX : v;
     }
     if (v > 0) return v;
-    if (c->int8 && c->gemm_i8 && w->dtype == TERN_DT_Q) return w->bits == 8 ? 6 : 8;
+    if (c->int8 && c->gemm_i8 && w->dtype == TERN_DT_Q) return w->bits == 8 ? 6 : nx_enabled(c->k) ? 16 : 8;
     return c->bf16 && w->dtype == TERN_DT_BF16 && !w->precise ? 8 : 16; /* the bf16 mode's GEMM from 9 rows (x rounded) */
 }
 

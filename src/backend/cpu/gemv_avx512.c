@@ -25,7 +25,7 @@
  * Opt-outs for before/after A/B: TERN_CPU_BF16_X4=1 (4-row BF16), TERN_CPU_Q4_SEQ=0 (4-row Q4_I8), TERN_CPU_Q4_SEQ=2
  * (k_q4i8r with the former L2 prefetch), TERN_CPU_Q4_SEQ=3 (k_q4i8r, sessions 19-20).
  */
-#include "backend/cpu/kern.h"
+#include "backend/cpu/gemv_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -33,57 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define AI static inline __attribute__((always_inline))
-
-/* Software prefetch of the Q weight stream, gx->pf_data bytes ahead of each read (prep: 1 KB;
- * the driver sets a distance of a few whole passes of rows, see cpu_matmul.c). With ~20
- * vector ops per 64 bytes (q4) the out-of-order window alone keeps too few cache misses
- * outstanding, and the hardware prefetcher falls behind; measured in bench/NOTES.md. Into L2
- * (T1), not L1: an L1 prefetch holds one of the core's few fill buffers until the line
- * arrives, an L2 one queues in the L2's deeper miss queue (q4 decode +6-7 %, q8 and bf16
- * unchanged; bench/NOTES.md (j)); the demand loads then hit L2. */
-#define PF(p) _mm_prefetch((const char *)(p) + pfd, _MM_HINT_T1)
-
-/* Once per pass: prefetch the scales and biases (nb bytes per row) of the rows pf_sb ahead. */
-AI void pf_groups(const cpu_gx *gx, const cpu_wrow *rw, int NR, size_t nb) {
-    if (!gx->pf_sb) return;
-    for (int r = 0; r < NR; r++)
-        for (size_t o = 0; o < nb; o += 64) {
-            _mm_prefetch((const char *)rw[r].scales + gx->pf_sb + o, _MM_HINT_T0);
-            _mm_prefetch((const char *)rw[r].biases + gx->pf_sb + o, _MM_HINT_T0);
-        }
-}
-
-/* Scales and biases of groups [g0, g0+ng) as f32 (ng <= CPU_MAX_GROUPS); 16 zero entries
- * follow so per-lane loads past the last group read zeros. */
-static void grp_f32(const cpu_wrow *w, int g0, int ng, float *sc, float *bi) {
-    const uint8_t *ps[2] = {w->scales, w->biases};
-    float *dst[2] = {sc, bi};
-    for (int t = 0; t < 2; t++) {
-        for (int i = 0; i < ng; i += 16) {
-            int m = ng - i < 16 ? ng - i : 16;
-            __mmask16 k = (__mmask16)((1u << m) - 1);
-            __m512 v;
-            if (w->sdtype == TERN_DT_F32) v = _mm512_maskz_loadu_ps(k, (const float *)ps[t] + g0 + i);
-            else {
-                __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)ps[t] + g0 + i);
-                v = w->sdtype == TERN_DT_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-            }
-            _mm512_storeu_ps(dst[t] + i, v); /* masked-off lanes store zeros */
-        }
-        _mm512_storeu_ps(dst[t] + ng, _mm512_setzero_ps());
-    }
-}
-
-/* Σ_g bi[g]·gsum[g] over ng groups (bi is zero-padded to a multiple of 16). */
-static inline __m512 bias_dot(const float *bi, const float *gsum, int ng) {
-    __m512 s = _mm512_setzero_ps();
-    for (int i = 0; i < ng; i += 16) {
-        __mmask16 k = (__mmask16)(ng - i >= 16 ? 0xffff : (1u << (ng - i)) - 1);
-        s = _mm512_fmadd_ps(_mm512_loadu_ps(bi + i), _mm512_maskz_loadu_ps(k, gsum + i), s);
-    }
-    return s;
-}
 
 /* ---- x preparation ---- */
 
@@ -176,9 +125,6 @@ static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, 
 
 /* ---- kernels (NR = 1..4 rows sharing x) ---- */
 
-/* Keeps v in a register: GCC otherwise folds the load into each use (a weight load twice, x
- * once per row), which costs load-port slots (measured: the L2-resident ceiling +30-50 %). */
-#define PIN(v) __asm__("" : "+v"(v))
 
 /* BF16 rows one after another, whatever NR: each thread then reads its slice of the weight as
  * one sequential stream, which the hardware prefetcher follows as it does the bandwidth probe,
@@ -283,11 +229,6 @@ AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
 }
 
-/* lane i of a 16-lane vector that covers W consecutive inputs per lane -> its group, relative */
-static inline __m512i lane_groups(int W, int gs) {
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return _mm512_srlv_epi32(_mm512_mullo_epi32(iota, _mm512_set1_epi32(W)), _mm512_set1_epi32(__builtin_ctz((unsigned)gs)));
-}
 
 /* Q4 exact: per group a 16-entry table of s·q + b (rounded as the reference decoder does),
  * per 32 inputs one byte-to-dword widen, one shift and two vpermps lookups feeding FMAs
@@ -328,33 +269,6 @@ AI void k_q4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
 }
 
-/* Int8 kinds, groups [g0, g0+ng) of one row, 16 at a time: ds[g] = s_g·d_g (16 zeros follow,
- * for per-lane loads past the last group) and the returned lanes sum to Σ_g b_g·Σx_g + s_g·rq_g.
- * One pass over the scales and biases, no staging copy (it cost ~15% of the q4 kernel). */
-AI __m512 grp_i8(const cpu_wrow *w, int g0, int ng, const cpu_gx *gx, float *ds) {
-    __m512 bs = _mm512_setzero_ps();
-    for (int i = 0; i < ng; i += 16) {
-        __mmask16 k = (__mmask16)(ng - i >= 16 ? 0xffff : (1u << (ng - i)) - 1);
-        __m512 sv, bv;
-        if (w->sdtype == TERN_DT_F32) {
-            sv = _mm512_maskz_loadu_ps(k, (const float *)w->scales + g0 + i);
-            bv = _mm512_maskz_loadu_ps(k, (const float *)w->biases + g0 + i);
-        } else {
-            __m256i hs = _mm256_maskz_loadu_epi16(k, (const uint16_t *)w->scales + g0 + i);
-            __m256i hb = _mm256_maskz_loadu_epi16(k, (const uint16_t *)w->biases + g0 + i);
-            if (w->sdtype == TERN_DT_F16) { sv = _mm512_cvtph_ps(hs); bv = _mm512_cvtph_ps(hb); }
-            else {
-                sv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hs), 16));
-                bv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hb), 16));
-            }
-        }
-        bs = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(k, gx->gsum + g0 + i), bs);
-        bs = _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(k, gx->rq + g0 + i), bs);
-        _mm512_storeu_ps(ds + i, _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(k, gx->xd + g0 + i)));
-    }
-    _mm512_storeu_ps(ds + ng, _mm512_setzero_ps());
-    return bs;
-}
 
 /* Q8_I8, up to 8 rows per pass (more weight streams in flight per x load; rows are summed
  * independently, so a row's result does not depend on NR). BC (gs a multiple of 64): every
@@ -486,25 +400,6 @@ AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, 
 static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 1); }
 static void k_q4i8r_l2(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 0); }
 
-/* reduce(a) + reduce(b) in one shuffle tree for both: _mm512_reduce_add_ps's pairing (hi + lo 256, hi + lo 128,
- * [2,3] + [0,1], [1] + [0]; a + b = b + a in IEEE), so bitwise the two separate reductions and their sum */
-AI float red_pair(__m512 a, __m512 b) {
-    __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-    s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
-    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm512_cvtss_f32(s) + _mm_cvtss_f32(_mm512_extractf32x4_ps(s, 2));
-}
-
-/* One 128-input chunk of a row (64 code bytes at src, x at xq): lane i = Σ over inputs 8i..8i+7 of q·xq (int32,
- * exact). raw is pinned: GCC otherwise loads it twice (once folded into the and). */
-AI __m512i q4i8_chunk(const uint8_t *src, const int8_t *xq, __m512i nib, __mmask64 ld) {
-    __m512i raw = _mm512_maskz_loadu_epi8(ld, src);
-    PIN(raw);
-    __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
-    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi, _mm512_loadu_si512(xq + 64));
-}
-
 /* Q4_I8, the default (session 21): k_q4i8r's sums in its order — bitwise its results — with fewer instructions and
  * loads per 64 code bytes and less per-row latency (bench/NOTES.md (ah)):
  * - the scales of all NR rows first (ds[r] = s·d for every group, bs[r] = the bias and centring terms, grp_i8 per
@@ -634,6 +529,13 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
         KCASE(CPU_GX_Q4_I8, k_q4i8)
     default: return;
     }
+}
+
+/* Whether gemv runs kind's default kernel (the one gemv_nx_avx512.c repeats for several x), not an A/B opt-out. */
+int tern__cpu_gemv_avx512_std(int kind) {
+    if (kind == CPU_GX_Q4_I8) return q4_seq_on() == 1;
+    if (kind == CPU_GX_BF16) return !bf16_x4_on();
+    return 1;
 }
 
 int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx) {

@@ -129,6 +129,10 @@ typedef struct tern_cpu_kern {
     void (*softcap)(float *y, int64_t n, float cap);
     void (*gelu_mul)(float *y, const float *g, const float *u, int64_t n);
     void (*silu_mul)(float *y, const float *g, const float *u, int64_t n); /* y = silu(g)·u (u NULL: silu(g)); vector exp */
+    /* (appended, optional) gemv for nx (>= 1) prepared x of the same kind on the same nr rows: y[j·ys + i] is
+     * bitwise gemv(&gx[j], rows, nr)[i]; each weight row is loaded and unpacked once for all x (gemv_nx_avx512.c).
+     * Returns 0, having written nothing, for a kind it does not take (the caller then runs gemv per x). */
+    int (*gemv_nx)(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys);
 } tern_cpu_kern;
 
 extern const tern_cpu_kern tern__cpu_kern_scalar;
@@ -151,6 +155,8 @@ void tern__cpu_gemv_pf_set(long bytes);
 /* Fused GEMV entry points of the ISA files (gemv_avx512.c, gemv_avx2.c). */
 int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
+int tern__cpu_gemv_nx_avx512(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys);
+int tern__cpu_gemv_avx512_std(int kind); /* gemv runs kind's default kernel (not a TERN_CPU_Q4_SEQ / _BF16_X4 opt-out) */
 void tern__cpu_bf16_x4_set(int on); /* A/B: 1 the former 4-row BF16 kernel, 0 the default, -1 TERN_CPU_BF16_X4 */
 void tern__cpu_q4_seq_set(int on);  /* A/B: 1 one-row Q4_I8 (default, k_q4i8s), 0 the 4-row kernel, 2 k_q4i8r with the L2 prefetch, 3 k_q4i8r, -1 TERN_CPU_Q4_SEQ */
 int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);

@@ -402,6 +402,7 @@ const tern_cpu_kern tern__cpu_kern_avx512 = {
     .gemv_q4 = gemv_q4,
     .gemv_prep = tern__cpu_gemv_prep_avx512,
     .gemv = tern__cpu_gemv_avx512,
+    .gemv_nx = tern__cpu_gemv_nx_avx512, /* several x: each row unpacked once for all (Q4_I8, BF16, Q4) */
     .gemv_nr = 8, /* the Q8_I8 kernel takes 8 rows; 8 per call measured neutral (NOTES (k)) */
     /* one row per call for Q8_I8: llama3-1b's GEMVs in the model ~40 -> ~47-52 GB/s (NOTES (ac)); Q4_I8 reads
      * its rows one at a time inside the call (k_q4i8r, 4 chains a row), the exact Q kinds keep 4 (one row per

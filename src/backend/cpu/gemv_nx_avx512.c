@@ -1,0 +1,189 @@
+/*
+ * gemv_nx_avx512.c — the fused GEMV for several prepared x at once (a decode step of several
+ * sequences, a short prompt, a speculative verify): each weight row is loaded and unpacked once
+ * into registers and then multiplied against every x, where calling the one-x kernel per x
+ * (gemv_avx512.c) repeats the load and the unpacking for each.
+ *
+ * Per 64 bytes of Q4 codes (128 inputs) the one-x Q4_I8 kernel spends ~9 vector ops: load, two
+ * nibble masks and a shift, two vpdpbusd, a convert and the scale FMAs; here the first four are
+ * shared. Exact Q4 shares the widen, the shift and the two table lookups (4 of 6 ops per 32
+ * weights). Measured in the model (llama3-1b, bench/NOTES.md (bf)): q4 int8 at 4 sequences
+ * +40-55 %, exact q4 +20-40 %.
+ *
+ * Every x gets exactly the arithmetic of the one-x kernel, in its order: the same accumulator
+ * chains, the same FMAs on the same operands, the same reductions. So y for one x is bitwise
+ * what gemv gives for that x alone, whatever nx and whichever other x come along (a sequence
+ * decodes to the same bits alone or in a batch; test_kern_decode decode_several_rows). Where the
+ * one-x kernel is not the default (TERN_CPU_Q4_SEQ) or the kind has no several-x kernel, the
+ * entry returns 0 and the driver calls gemv per x:
+ *   - Q8, Q8_I8: the weight feeds the multiply as loaded (one widen at most), little to share;
+ *   - BF16: tried (8 chains per x, x in blocks of 2 or 3) and dropped: 1.2-1.3x on L2-resident
+ *     rows but no gain in the model, slower at 8 sequences. Per x the two 64-byte f32 x loads
+ *     per 32 weights bind it, and they are not shared.
+ *
+ * Accumulators: Q4_I8 4 chains per x, exact Q4 2 per row and x (two rows at once), so x go
+ * through in blocks of at most 4 to stay within the 32 registers; a row is re-read from L1 for
+ * the next block.
+ */
+#include "backend/cpu/gemv_avx512.h"
+
+#include <immintrin.h>
+
+/* Q4_I8 (k_q4i8s_t's arithmetic): one row, NX x. The GS 64 scale goes into one accumulator per chain as two
+ * lane-masked broadcast FMAs (lanes 0-7, then 8-15): per lane the FMA sequence of k_q4i8s_t's ta/tb pair, which
+ * it blends at the end, so the same bits in half the registers. */
+AI void q4i8_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS) {
+    const ptrdiff_t pfd = gx[0].pf_data;
+    const int gs = GS ? GS : gx[0].gs, in = gx[0].in, n512 = in / 512 * 512;
+    const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
+    const int gsh = __builtin_ctz((unsigned)gs), gpc = 128 >> gsh;
+    float ds[4][CPU_GX_MAX_IN / 32 + 16] __attribute__((aligned(64)));
+    __m512 bs[4], t[4][4];
+    pf_groups(&gx[0], w, 1, (size_t)(in / gs) * (w->sdtype == TERN_DT_F32 ? 4 : 2));
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) {
+        bs[j] = _mm512_setzero_ps();
+        for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+            int len = in - j0 < ch ? in - j0 : ch;
+            bs[j] = _mm512_add_ps(bs[j], grp_i8(w, j0 / gs, len / gs, &gx[j], ds[j] + j0 / gs));
+        }
+        _Pragma("GCC unroll 4")
+        for (int u = 0; u < 4; u++) t[j][u] = _mm512_setzero_ps();
+    }
+    const uint8_t *src = w->data;
+    int c = 0;
+    for (; c < n512; c += 512, src += 256) {
+        const int g0 = c >> gsh;
+        _Pragma("GCC unroll 4")
+        for (int u = 0; u < 4; u++) {
+            _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
+            __m512i raw = _mm512_loadu_si512(src + 64 * u);
+            PIN(raw);
+            const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NX; j++) {
+                const int8_t *xq = gx[j].xq + c + 128 * u;
+                const __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi,
+                                                      _mm512_loadu_si512(xq + 64));
+                const __m512 af = _mm512_cvtepi32_ps(a);
+                const float *sp = ds[j] + g0 + gpc * u;
+                if (GS == 64) {
+                    t[j][u] = _mm512_mask3_fmadd_ps(af, _mm512_set1_ps(sp[0]), t[j][u], 0x00ff);
+                    t[j][u] = _mm512_mask3_fmadd_ps(af, _mm512_set1_ps(sp[1]), t[j][u], 0xff00);
+                } else if (GS == 128) t[j][u] = _mm512_fmadd_ps(af, _mm512_set1_ps(sp[0]), t[j][u]);
+                else t[j][u] = _mm512_fmadd_ps(af, _mm512_permutexvar_ps(map, _mm512_loadu_ps(sp)), t[j][u]);
+            }
+        }
+    }
+    for (; c < in; c += 128, src += 64) { /* the tail into chain 0, as k_q4i8s_t; a half chunk at the end */
+        _mm_prefetch((const char *)src + pfd, _MM_HINT_T0);
+        __m512i raw = _mm512_maskz_loadu_epi8(in - c >= 128 ? ~(__mmask64)0 : 0xffffffffull, src);
+        PIN(raw);
+        const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) {
+            const int8_t *xq = gx[j].xq + c;
+            const __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi,
+                                                  _mm512_loadu_si512(xq + 64));
+            t[j][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(map, _mm512_loadu_ps(ds[j] + (c >> gsh))), t[j][0]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++)
+        y[(size_t)j * ys] = red_pair(_mm512_add_ps(_mm512_add_ps(t[j][0], t[j][1]), _mm512_add_ps(t[j][2], t[j][3])), bs[j]);
+}
+
+/* Exact Q4 (k_q4's arithmetic): NR (1-2) rows, NX x; per group and row the table s·q + b once, its two lookups per
+ * 32 weights once, then per x the two FMAs into the row's two chains. */
+AI void q4_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const int NR, const int NX) {
+    const ptrdiff_t pfd = gx[0].pf_data;
+    pf_groups(&gx[0], rw, NR, (size_t)(gx[0].in / gx[0].gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+    const int gs = gx[0].gs, in = gx[0].in;
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    float sc[2][CPU_MAX_GROUPS + 16], bi[2][CPU_MAX_GROUPS + 16];
+    __m512 a0[2][4], a1[2][4];
+    _Pragma("GCC unroll 2")
+    for (int r = 0; r < NR; r++) {
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) a0[r][j] = a1[r][j] = _mm512_setzero_ps();
+    }
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        _Pragma("GCC unroll 2")
+        for (int r = 0; r < NR; r++) grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
+        for (int g = 0; g < ng; g++) {
+            __m512 lut[2];
+            _Pragma("GCC unroll 2")
+            for (int r = 0; r < NR; r++) {
+                PF(rw[r].data + (j0 + g * gs) / 2);
+                lut[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(sc[r][g]), iota), _mm512_set1_ps(bi[r][g]));
+            }
+            const int x0 = j0 + g * gs;
+            for (int t = 0; t < gs; t += 32) {
+                _Pragma("GCC unroll 2")
+                for (int r = 0; r < NR; r++) {
+                    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rw[r].data + (x0 + t) / 2)));
+                    const __m512 wl = _mm512_permutexvar_ps(v, lut[r]), wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut[r]);
+                    _Pragma("GCC unroll 4")
+                    for (int j = 0; j < NX; j++) {
+                        a0[r][j] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(gx[j].xp + x0 + t), a0[r][j]);
+                        a1[r][j] = _mm512_fmadd_ps(wh, _mm512_loadu_ps(gx[j].xp + x0 + t + 16), a1[r][j]);
+                    }
+                }
+            }
+        }
+    }
+    _Pragma("GCC unroll 2")
+    for (int r = 0; r < NR; r++) {
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) y[(size_t)j * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][j], a1[r][j]));
+    }
+}
+
+/* One block of nx (1..4) x over nr rows, the kernel instantiated for that nx. */
+#define NX_SWITCH(nx, call) \
+    switch (nx) { \
+    case 4: call(4); break; \
+    case 3: call(3); break; \
+    case 2: call(2); break; \
+    default: call(1); break; \
+    }
+
+static void q4i8_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
+    for (int r = 0; r < nr; r++) {
+#define Q4I8(n) (gx->gs == 64 ? q4i8_nx(gx, rows + r, y + r, ys, n, 64) \
+                 : gx->gs == 128 ? q4i8_nx(gx, rows + r, y + r, ys, n, 128) : q4i8_nx(gx, rows + r, y + r, ys, n, 0))
+        NX_SWITCH(nx, Q4I8)
+#undef Q4I8
+    }
+}
+
+static void q4_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
+    int r = 0;
+    for (; r + 2 <= nr; r += 2) {
+#define Q4P(n) q4_nx(gx, rows + r, y + r, ys, 2, n)
+        NX_SWITCH(nx, Q4P)
+#undef Q4P
+    }
+    if (r < nr) {
+#define Q4S(n) q4_nx(gx, rows + r, y + r, ys, 1, n)
+        NX_SWITCH(nx, Q4S)
+#undef Q4S
+    }
+}
+
+int tern__cpu_gemv_nx_avx512(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
+    void (*f)(const cpu_gx *, int, const cpu_wrow *, int, float *, size_t) = NULL;
+    const int blk = 4;
+    if (nx < 1 || !tern__cpu_gemv_avx512_std(gx->kind)) return 0;
+    switch (gx->kind) {
+    case CPU_GX_Q4_I8:
+        if (gx->gs == 32 || gx->gs == 64 || gx->gs == 128) f = q4i8_rows; /* k_q4i8s's sizes */
+        break;
+    case CPU_GX_Q4: f = q4_rows; break;
+    default: break;
+    }
+    if (!f) return 0;
+    for (int j = 0; j < nx; j += blk) f(gx + j, nx - j < blk ? nx - j : blk, rows, nr, y + (size_t)j * ys, ys);
+    return 1;
+}
