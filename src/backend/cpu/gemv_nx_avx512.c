@@ -184,6 +184,16 @@ int tern__cpu_gemv_nx_avx512(const cpu_gx *gx, int nx, const cpu_wrow *rows, int
     default: break;
     }
     if (!f) return 0;
-    for (int j = 0; j < nx; j += blk) f(gx + j, nx - j < blk ? nx - j : blk, rows, nr, y + (size_t)j * ys, ys);
+    if (nx == 1) { /* the one-x kernel: it sets up the scales of all nr rows before the first row's loop */
+        tern__cpu_gemv_avx512(gx, rows, nr, y);
+        return 1;
+    }
+    /* blocks as even as possible (5 = 3 + 2, not 4 + 1: a block of one x shares nothing and waits on its scales) */
+    const int nb = (nx + blk - 1) / blk;
+    for (int b = 0, j = 0; b < nb; b++) {
+        const int n = nx / nb + (b < nx % nb);
+        f(gx + j, n, rows, nr, y + (size_t)j * ys, ys);
+        j += n;
+    }
     return 1;
 }
