@@ -43,12 +43,30 @@ AI void q4i8_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const 
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++) {
         bs[j] = _mm512_setzero_ps();
-        for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
-            int len = in - j0 < ch ? in - j0 : ch;
-            bs[j] = _mm512_add_ps(bs[j], grp_i8(w, j0 / gs, len / gs, &gx[j], ds[j] + j0 / gs));
-        }
         _Pragma("GCC unroll 4")
         for (int u = 0; u < 4; u++) t[j][u] = _mm512_setzero_ps();
+    }
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) { /* grp_i8's slices, its sums per x */
+        const int g0 = j0 / gs, ng = (in - j0 < ch ? in - j0 : ch) / gs;
+        __m512 sl[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) sl[j] = _mm512_setzero_ps();
+        for (int i = 0; i < ng; i += 16) {
+            const __mmask16 k = (__mmask16)(ng - i >= 16 ? 0xffff : (1u << (ng - i)) - 1);
+            __m512 sv, bv;
+            grp_sb(w, g0 + i, k, &sv, &bv); /* the row's scales and biases once for every x */
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NX; j++) {
+                sl[j] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(k, gx[j].gsum + g0 + i), sl[j]);
+                sl[j] = _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(k, gx[j].rq + g0 + i), sl[j]);
+                _mm512_storeu_ps(ds[j] + g0 + i, _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(k, gx[j].xd + g0 + i)));
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) {
+            _mm512_storeu_ps(ds[j] + g0 + ng, _mm512_setzero_ps());
+            bs[j] = _mm512_add_ps(bs[j], sl[j]);
+        }
     }
     const uint8_t *src = w->data;
     int c = 0;
