@@ -115,7 +115,7 @@ TEST(decode_fused_ops_bitwise) { kt_each_cpu(fused_ops_on); }
 
 /* Several rows of x in one call (a decode step of several sequences, up to tern__cpu_dec_rows): every op's row r is
  * bitwise the same op on row r alone — matmul, matmul_n (k = 3), matmul_add, matmul_glu in both chunk orders. */
-static void several_rows(tern_backend *be, const fmt *f, int in, const int *outs, int int8, int nx, unsigned long long seed,
+static void several_rows(tern_backend *be, const fmt *f, int in, const int *outs, int mode, int nx, unsigned long long seed,
                          const char *tag) {
     const tern_backend_vt *op = be->vt;
     kt_weight w[3];
@@ -124,8 +124,9 @@ static void several_rows(tern_backend *be, const fmt *f, int in, const int *outs
     float *x = kt_randv((size_t)nx * in, seed + 7, 1.0f), *y0 = kt_randv((size_t)nx * outs[0], seed + 9, 1.0f);
     float *a[3], *b[3];
     for (int i = 0; i < 3; i++) { a[i] = nanv((size_t)nx * outs[i]); b[i] = nanv((size_t)nx * outs[i]); }
-    tern_backend_cpu_set_int8(be, int8);
-    const char *m = int8 ? "int8" : "exact";
+    tern_backend_cpu_set_int8(be, mode == 1);
+    tern_backend_cpu_set_bf16(be, mode == 2);
+    const char *m = mode == 1 ? "int8" : mode == 2 ? "bf16" : "exact";
     for (int kind = 0; kind < 5; kind++) { /* matmul, matmul_n, matmul_add, glu interleaved, glu split */
         tern__cpu_glu_split_set(kind == 4);
         for (int i = 0; i < 3; i++)
@@ -153,6 +154,7 @@ static void several_rows(tern_backend *be, const fmt *f, int in, const int *outs
     }
     tern__cpu_glu_split_set(-1);
     tern_backend_cpu_set_int8(be, 0);
+    tern_backend_cpu_set_bf16(be, 0);
     for (int i = 0; i < 3; i++) { free(a[i]); free(b[i]); kt_weight_free(&w[i]); }
     free(x); free(y0);
 }
@@ -163,15 +165,17 @@ static void several_rows_on(tern_backend *be, const char *tag, int nth) {
     static const int nxs[] = {2, 3, 4, 5, 7, TERN_CPU_DEC_NMAX};
     tern__cpu_dec_rows_set(TERN_CPU_DEC_NMAX);
     for (size_t f = 0; f < TERN_ARRAY_LEN(fmts); f++)
-        for (int int8 = 0; int8 < 2; int8++)
+        for (int mode = 0; mode < 3; mode++) { /* exact, int8 (Q rows), bf16 (BF16 rows) */
+            if (mode == 2 && fmts[f].dt != TERN_DT_BF16) continue;
             for (size_t i = 0; i < TERN_ARRAY_LEN(nxs); i++) {
                 const int nx = nxs[i];
-                unsigned long long seed = 3000 * f + 10 * (unsigned)nth + (unsigned)int8 + 100 * (unsigned)nx;
-                several_rows(be, &fmts[f], 256, outs_small, int8, nx, seed, tag);
-                several_rows(be, &fmts[f], 512, outs_big, int8, nx, seed + 1, tag);
-                if (nx <= 5) several_rows(be, &fmts[f], 2816, outs_small, int8, nx, seed + 2, tag); /* 5 x 512 + a tail */
-                if (nx <= 5) several_rows(be, &fmts[f], 320, outs_small, int8, nx, seed + 3, tag); /* a half 128 chunk */
+                unsigned long long seed = 3000 * f + 10 * (unsigned)nth + (unsigned)mode + 100 * (unsigned)nx;
+                several_rows(be, &fmts[f], 256, outs_small, mode, nx, seed, tag);
+                several_rows(be, &fmts[f], 512, outs_big, mode, nx, seed + 1, tag);
+                if (nx <= 5) several_rows(be, &fmts[f], 2816, outs_small, mode, nx, seed + 2, tag); /* 5 x 512 + a tail */
+                if (nx <= 5) several_rows(be, &fmts[f], 320, outs_small, mode, nx, seed + 3, tag); /* a half 128 chunk */
             }
+        }
     tern__cpu_dec_rows_set(-1);
 }
 

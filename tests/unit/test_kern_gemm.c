@@ -93,8 +93,9 @@ TEST(gemm_moe) {
 
 /* The bf16 compute mode's GEMM (AVX512-BF16: x rounded to bf16, vdpbf16ps over BF16 weights) against the
  * reference fed x rounded to bf16 the same way (round to nearest even): the bf16 products are exact in f32 on both
- * sides, so only the order of the f32 sums differs — the exact bound TOL. Odd input counts, F32 weights,
- * tern_tensor.precise weights and n <= 8 keep the f32 path (x exact); routed MoE experts (gathered rows, the down
+ * sides, so only the order of the f32 sums differs — the exact bound TOL. The decode driver's vdpbf16ps GEMV (1-16
+ * rows, in % 64 == 0) rounds x the same way. Odd input counts, F32 weights, tern_tensor.precise weights and one row
+ * of a length the GEMV does not take keep the f32 path (x exact); routed MoE experts (gathered rows, the down
  * projection accumulating with routing weights) within the bf16 rounding's own size of the exact result. */
 static float bf16_round(float v) { return tern_bf16_to_f32(tern_f32_to_bf16(v)); }
 
@@ -104,7 +105,9 @@ static double bf16_case(tern_backend *fast, tern_backend *ref, tern_dtype dt, in
     kt_weight_make(&w, dt, 0, 0, TERN_DT_BF16, E, out, in, pad, seed);
     w.t.precise = precise;
     float *x = kt_randv((size_t)n * in, seed + 1, 1.0f), *xr = malloc(sizeof(float) * (size_t)n * in);
-    *rounded = dt == TERN_DT_BF16 && !precise && in % 2 == 0 && n > 8;
+    /* the bf16 mode rounds x for BF16 weights (not precise): the GEMM (even in) and the fused vdpbf16ps GEMV (in % 64
+     * == 0); one row of another length takes the exact decode + dot path */
+    *rounded = dt == TERN_DT_BF16 && !precise && in % 2 == 0 && (n > 1 || in % 64 == 0);
     for (size_t i = 0; i < (size_t)n * in; i++) xr[i] = *rounded ? bf16_round(x[i]) : x[i];
     float *y0 = calloc((size_t)n * out, sizeof *y0), *y1 = calloc((size_t)n * out, sizeof *y1);
     double worst = 0;
@@ -144,7 +147,8 @@ TEST(gemm_bf16_mode) {
                       rounded ? "rounded" : "exact");
             }
         CHECK(n_rounded == 8 * 5, "%d cases took the bf16 GEMM", n_rounded); /* every even in, n > 8 */
-        /* experts with padded strides, many rows and features, a precise weight, F32 weights, n <= 8: exact x */
+        /* experts with padded strides, many rows and features, a precise weight (exact x), F32 weights (exact x), n = 8
+         * (the decode driver's vdpbf16ps GEMV) */
         double e1 = bf16_case(fast, ref, TERN_DT_BF16, 0, 3, 45, 96, 19, 5, 300, &rounded);
         double e2 = bf16_case(fast, ref, TERN_DT_BF16, 0, 1, 1100, 1026, 203, 0, 301, &rounded);
         double e3 = bf16_case(fast, ref, TERN_DT_BF16, 1, 1, 70, 256, 40, 0, 302, &rounded);

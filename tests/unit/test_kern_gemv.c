@@ -226,6 +226,59 @@ TEST(gemv_int8_bound) {
     tern_backend_close(ref);
 }
 
+/* bf16(v), round to nearest even (finite v) */
+static float bf16_rne(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+/* The bf16 mode's GEMV (vdpbf16ps on x rounded to bf16): per output within f32 summation error of Σ w·bf16(x) in
+ * double, |y - y_ref| <= 1e-6·Σ|w·x̂|, over row lengths with and without a 64-input tail and 1..31 rows; weights
+ * marked precise keep the exact kernel (the f32 result, bitwise). */
+TEST(gemv_bf16_mode) {
+    if (!kt_isa_ok("avx512") || !__builtin_cpu_supports("avx512bf16")) { SKIP("gemv_bf16_mode", "needs AVX512-BF16"); return; }
+    tern_backend *fast = kt_open_cpu("avx512", 2), *exact = kt_open_cpu("avx512", 2);
+    tern_backend_cpu_set_bf16(fast, 1);
+    static const int ins[] = {64, 192, 640, 4096 + 64};
+    static const int outs[] = {1, 3, 5, 9, 31};
+    double worst = 0, moved = 0;
+    unsigned long long seed = 700;
+    for (size_t i = 0; i < TERN_ARRAY_LEN(ins); i++)
+        for (size_t o = 0; o < TERN_ARRAY_LEN(outs); o++) {
+            const int in = ins[i], out = outs[o];
+            kt_weight w;
+            kt_weight_make(&w, TERN_DT_BF16, 0, 0, 0, 1, out, in, 0, seed++);
+            float *x = kt_randv((size_t)in, seed++, 1.0f), *row = malloc(sizeof(float) * (size_t)in);
+            float *y = calloc((size_t)out, sizeof *y), *ye = calloc((size_t)out, sizeof *ye), *yp = calloc((size_t)out, sizeof *yp);
+            fast->vt->matmul(fast, y, x, 1, &w.t);
+            exact->vt->matmul(exact, ye, x, 1, &w.t);
+            w.t.precise = 1;
+            fast->vt->matmul(fast, yp, x, 1, &w.t);
+            CHECK(!memcmp(yp, ye, (size_t)out * sizeof *y), "bf16 mode in=%d out=%d: a precise weight did not keep the exact kernel", in, out);
+            for (int r = 0; r < out; r++) {
+                tern_tensor_row_f32(&w.t, r, row);
+                double ref = 0, mag = 0;
+                for (int t = 0; t < in; t++) {
+                    ref += (double)row[t] * bf16_rne(x[t]);
+                    mag += fabs((double)row[t] * bf16_rne(x[t]));
+                }
+                double e = fabs((double)y[r] - ref) / (mag > 0 ? mag : 1);
+                if (!(e <= worst)) worst = e;
+                double m = fabs((double)y[r] - ye[r]) / (mag > 0 ? mag : 1);
+                if (m > moved) moved = m;
+            }
+            CHECK(worst <= TOL, "bf16 mode in=%d out=%d: |y - Σ w·bf16(x)| / Σ|w·x̂| = %.3g", in, out, worst);
+            free(x); free(row); free(y); free(ye); free(yp);
+            kt_weight_free(&w);
+        }
+    printf("  bf16 mode: worst |y - y_ref(bf16 x)| / sum|w x| = %.3g; from the exact f32 result up to %.3g\n", worst, moved);
+    tern_backend_close(fast);
+    tern_backend_close(exact);
+}
+
 /* Prefill-sized elementwise ops, rope and rmsnorm run split over the pool: results must be
  * bitwise those of the reference (same formula per element). */
 TEST(parallel_elementwise_bitwise) {
@@ -292,6 +345,7 @@ int main(void) {
     else SKIP("gemv_avx2", "CPU lacks AVX2/FMA/F16C");
     RUN(gemv_expert_and_moe);
     RUN(gemv_int8_bound);
+    RUN(gemv_bf16_mode);
     RUN(q4i8_kernels_bitwise);
     RUN(parallel_elementwise_bitwise);
     RUN(probe_size_exceeds_llc);

@@ -45,6 +45,11 @@ void tern_membw_close(tern_membw *b);        /* accepts NULL */
  * TERN_CPU_GEMM_I8=0 keeps the int8 mode's n > 1 matmuls on the exact f32 GEMM (before/after). */
 void tern_backend_cpu_set_int8(tern_backend *be, int on);
 
+/* The bf16 mode (opts->compute == TERN_COMPUTE_BF16 at open) switched later, for tests: BF16 weights not marked
+ * precise take x rounded to bf16 in every matmul (the fused GEMV's vdpbf16ps kind for 1-16 rows, the bf16 GEMM above).
+ * On only where the CPU has AVX512-BF16; no-op on other backends. */
+void tern_backend_cpu_set_bf16(tern_backend *be, int on);
+
 /* Check that a weight's dtype/quantization is one the CPU kernels handle (used by
  * upload_weight of both CPU backends; message names the tensor). */
 tern_status tern_cpu_check_weight(const tern_tensor *t, tern_error *err);

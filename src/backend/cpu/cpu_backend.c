@@ -349,6 +349,12 @@ void tern_backend_cpu_set_int8(tern_backend *be, int on) {
     if (be && be->vt->close == cpu_close) ((cpu_impl *)be->impl)->int8 = on != 0; /* the profiled copy too */
 }
 
+void tern_backend_cpu_set_bf16(tern_backend *be, int on) {
+    if (!be || be->vt->close != cpu_close) return;
+    cpu_impl *c = be->impl;
+    c->bf16 = on && c->k->gemm_bf16_mk && __builtin_cpu_supports("avx512bf16");
+}
+
 const char *tern_cpu_isa_name(void) { return tern__cpu_kern_pick()->name; }
 
 tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *opts, tern_error *err) {

@@ -255,7 +255,7 @@ static float *glu_scratch(cpu_impl *c, int64_t out, int nx, _Atomic int **halves
  * (bench/NOTES.md (be), llama3-1b, decode tok/s of 2-16 sequences): Q weights in the int8 mode (the VNNI GEMM) 8
  * (Q8: 6 — at 8 sequences the GEMM won 73-77 to 62-63 tok/s, at 4 the driver 54-56 to 33-36; Q4 with the several-x
  * kernel 16 — at 16 sequences the driver 125-128 to the GEMM's 116-126, NOTES (bf)), the others (the
- * f32 GEMM: BF16, exact Q) 16, but BF16 weights in the bf16 mode 8 (its GEMM rounds x from 9 rows).
+ * f32 GEMM: BF16, exact Q; the bf16 mode's vdpbf16ps GEMM) 16.
  * TERN_CPU_DEC_ROWS=N (1..DEC_NMAX) or tern__cpu_dec_rows_set sets one limit for all. */
 static _Atomic int dec_rows = -1; /* -1: unread; 0: the per-format defaults */
 void tern__cpu_dec_rows_set(int n) { dec_rows = n < 0 ? -1 : n > DEC_NMAX ? DEC_NMAX : n; }
@@ -268,7 +268,7 @@ int tern__cpu_dec_rows_for(const cpu_impl *c, const tern_tensor *w) {
     }
     if (v > 0) return v;
     if (c->int8 && c->gemm_i8 && w->dtype == TERN_DT_Q) return w->bits == 8 ? 6 : nx_enabled(c->k) ? 16 : 8;
-    return c->bf16 && w->dtype == TERN_DT_BF16 && !w->precise ? 8 : 16; /* the bf16 mode's GEMM from 9 rows (x rounded) */
+    return 16; /* the bf16 mode too: its vdpbf16ps GEMV (12 / 16 sequences 76 / 85-89 tok/s, its GEMM 48-51 / 60) */
 }
 
 /* Each row of x but the first prepared into its own buffer (the first takes the caller's xbuf[0]): DEC_NMAX - 1
@@ -280,7 +280,7 @@ static void *xrows_buf(cpu_impl *c) {
 
 /* Whether one prepared x serves every matrix: same input length, format and grouping. */
 static int same_x(const tern_tensor *a, const tern_tensor *b) {
-    if (a->dtype != b->dtype || a->shape[a->ndim - 1] != b->shape[b->ndim - 1]) return 0;
+    if (a->dtype != b->dtype || a->precise != b->precise || a->shape[a->ndim - 1] != b->shape[b->ndim - 1]) return 0;
     return a->dtype != TERN_DT_Q || (a->bits == b->bits && a->group_size == b->group_size);
 }
 
@@ -305,7 +305,7 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
     tern__cpu_wrow_at(w[0], 0, 0, &r0);
     for (int r = 0; r < nx; r++) {
         void *buf = r ? (uint8_t *)c->xrows + (size_t)(r - 1) * CPU_GX_BUF : c->xbuf[0];
-        if (!k->gemv_prep(&r0, in, c->int8, x + (size_t)r * (size_t)in, buf, &j.gx[r])) return 0;
+        if (!k->gemv_prep(&r0, in, tern__cpu_gx_mode(c, w[0]), x + (size_t)r * (size_t)in, buf, &j.gx[r])) return 0;
     }
     for (int i = 0; i < kk; i++) { j.w[i] = w[i]; j.y[i] = y[i]; }
     if (glu && tern__cpu_switch(&glu_split, "TERN_CPU_GLU_SPLIT", 1) &&

@@ -103,6 +103,10 @@ int tern__cpu_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
                                const tern_rows *rows, int nh, const float *inv_freq, float mscale);
 void tern__cpu_qkv_rope_set(int on); /* A/B: 1 the fused op above (default), 0 it declines; -1: TERN_CPU_QKV_ROPE */
 void tern__cpu_glu_split_set(int on); /* A/B: matmul_glu's gate then up chunks (1, default) or interleaved (0); -1: TERN_CPU_GLU_SPLIT */
+/* gemv_prep's mode for weight w: the int8 mode, and the bf16 mode for BF16 weights not marked precise (kern.h). */
+static inline int tern__cpu_gx_mode(const cpu_impl *c, const tern_tensor *w) {
+    return (c->int8 ? CPU_GX_INT8 : 0) | (c->bf16 && w->dtype == TERN_DT_BF16 && !w->precise ? CPU_GX_XBF16 : 0);
+}
 void tern__cpu_gemv_nx_set(int on); /* A/B: several x through the table's gemv_nx (1, default) or gemv per x (0); -1: TERN_CPU_GEMV_NX */
 void tern__cpu_dec_set(int on); /* A/B: 0 off, 1 on, -1 back to TERN_CPU_DEC (default on) */
 void tern__cpu_dec_nr_set(int nr); /* A/B: rows per fused-GEMV pass (0: the table's gemv_pass; -1: TERN_CPU_DEC_NR) */

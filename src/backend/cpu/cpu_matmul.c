@@ -136,7 +136,7 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     for (int r = 0; r < jb->n; r++) {
         const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[r] : r) * jb->ldx;
         tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
-        if (!k->gemv_prep(&rows[0], in, c->int8, x, c->xbuf[ith], &gx)) return 0; /* the same answer for every row */
+        if (!k->gemv_prep(&rows[0], in, tern__cpu_gx_mode(c, w), x, c->xbuf[ith], &gx)) return 0; /* the same answer for every row */
         tern__cpu_gemv_pf(w, &gx);
         float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[r] : r) * jb->ldy;
         float s = jb->yscale ? jb->yscale[r] : 1.0f, v[4];

@@ -150,7 +150,7 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
     }
 }
 
-int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx) {
-    return prep(w, in, int8, x, buf, gx);
+int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int mode, const float *x, void *buf, cpu_gx *gx) {
+    return prep(w, in, mode, x, buf, gx); /* no int8 or bf16 kinds here: the exact kernels */
 }
 void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) { gemv(gx, rows, nr, y); }

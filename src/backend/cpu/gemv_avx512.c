@@ -52,9 +52,20 @@ static inline __m512i quant16(__m512 v, __m512 inv, int8_t *dst) {
     return q;
 }
 
-static int prep(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx) {
+static int prep(const cpu_wrow *w, int in, int mode, const float *x, void *buf, cpu_gx *gx) {
     if (in <= 0 || in > CPU_GX_MAX_IN || in % 64) return 0;
+    const int int8 = mode & CPU_GX_INT8;
     int kind = 0;
+    if (w->dtype == TERN_DT_BF16 && (mode & CPU_GX_XBF16) && __builtin_cpu_supports("avx512bf16")) {
+        uint16_t *xb = buf; /* bf16(x), round to nearest even: the bf16 GEMM's rounding (gemm_avx512.c pack_x) */
+        for (int t = 0; t < in; t += 32)
+            _mm512_storeu_si512(xb + t, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + t + 16), _mm512_loadu_ps(x + t)));
+        memset(gx, 0, sizeof *gx);
+        gx->kind = CPU_GX_BF16R;
+        gx->in = in;
+        gx->xb = xb;
+        return 1;
+    }
     if (w->dtype == TERN_DT_BF16) kind = CPU_GX_BF16;
     else if (w->dtype == TERN_DT_Q && w->bits == 8) kind = int8 ? CPU_GX_Q8_I8 : CPU_GX_Q8;
     else if (w->dtype == TERN_DT_Q && w->bits == 4) kind = int8 ? CPU_GX_Q4_I8 : CPU_GX_Q4;
@@ -190,6 +201,27 @@ AI void k_bf16x4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     }
     _Pragma("GCC unroll 4")
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(ae[r], ao[r]));
+}
+
+/* BF16R (the bf16 mode): x rounded to bf16 once in prep, each row through vdpbf16ps — per f32 lane
+ * acc += w[2p]·x̂[2p] + w[2p+1]·x̂[2p+1] (bf16 products exact in f32, f32 sums; denormals flushed, as the bf16 GEMM).
+ * Rows one after another (one stream per thread, as k_bf16); 4 chains over 128 inputs, the tail (in % 128 == 64) into
+ * chains 0 and 1. The row's sum order depends only on `in`; gemv_nx_avx512.c repeats it for several x. */
+AI float bf16r_row(const uint16_t *p, const uint16_t *xb, int in) {
+    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int t = 0;
+    for (; t + 128 <= in; t += 128) {
+        _Pragma("GCC unroll 4")
+        for (int u = 0; u < 4; u++)
+            a[u] = _mm512_dpbf16_ps(a[u], (__m512bh)_mm512_loadu_si512(p + t + 32 * u), (__m512bh)_mm512_loadu_si512(xb + t + 32 * u));
+    }
+    for (int u = 0; t < in; t += 32, u++)
+        a[u] = _mm512_dpbf16_ps(a[u], (__m512bh)_mm512_loadu_si512(p + t), (__m512bh)_mm512_loadu_si512(xb + t));
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+}
+
+static void k_bf16r(const cpu_gx *gx, const cpu_wrow *rw, float *y, int nr) {
+    for (int r = 0; r < nr; r++) y[r] = bf16r_row((const uint16_t *)rw[r].data, gx->xb, gx->in);
 }
 
 AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
@@ -522,6 +554,10 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
         else k_bf16x4(gx, rows, y, 1);
         return;
     }
+    if (gx->kind == CPU_GX_BF16R) {
+        k_bf16r(gx, rows, y, nr);
+        return;
+    }
     switch (gx->kind) {
         KCASE(CPU_GX_BF16, k_bf16)
         KCASE(CPU_GX_Q8, k_q8)
@@ -538,7 +574,7 @@ int tern__cpu_gemv_avx512_std(int kind) {
     return 1;
 }
 
-int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx) {
-    return prep(w, in, int8, x, buf, gx);
+int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int mode, const float *x, void *buf, cpu_gx *gx) {
+    return prep(w, in, mode, x, buf, gx);
 }
 void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) { gemv(gx, rows, nr, y); }

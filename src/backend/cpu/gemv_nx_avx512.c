@@ -111,6 +111,39 @@ AI void q4i8_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const 
         y[(size_t)j * ys] = red_pair(_mm512_add_ps(_mm512_add_ps(t[j][0], t[j][1]), _mm512_add_ps(t[j][2], t[j][3])), bs[j]);
 }
 
+/* BF16R (the bf16 mode, bf16r_row's arithmetic): one row, NX x; per x 4 chains over 128 inputs, the tail into
+ * chains 0 and 1. Per 32 weights one load for all x, then per x one vdpbf16ps (x̂ as 64-byte memory operands). */
+AI void bf16r_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX) {
+    const int in = gx[0].in;
+    const uint16_t *p = (const uint16_t *)w->data;
+    __m512 a[4][4];
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) {
+        _Pragma("GCC unroll 4")
+        for (int u = 0; u < 4; u++) a[j][u] = _mm512_setzero_ps();
+    }
+    int t = 0;
+    for (; t + 128 <= in; t += 128) {
+        _Pragma("GCC unroll 4")
+        for (int u = 0; u < 4; u++) {
+            __m512i v = _mm512_loadu_si512(p + t + 32 * u);
+            PIN(v);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NX; j++)
+                a[j][u] = _mm512_dpbf16_ps(a[j][u], (__m512bh)v, (__m512bh)_mm512_loadu_si512(gx[j].xb + t + 32 * u));
+        }
+    }
+    for (int u = 0; t < in; t += 32, u++) { /* in % 128 == 64: u = 0, 1 */
+        __m512i v = _mm512_loadu_si512(p + t);
+        PIN(v);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) a[j][u & 1] = _mm512_dpbf16_ps(a[j][u & 1], (__m512bh)v, (__m512bh)_mm512_loadu_si512(gx[j].xb + t));
+    }
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++)
+        y[(size_t)j * ys] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3])));
+}
+
 /* Exact Q4 (k_q4's arithmetic): NR (1-2) rows, NX x; per group and row the table s·q + b once, its two lookups per
  * 32 weights once, then per x the two FMAs into the row's two chains. */
 AI void q4_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const int NR, const int NX) {
@@ -176,6 +209,14 @@ static void q4i8_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, fl
     }
 }
 
+static void bf16r_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
+    for (int r = 0; r < nr; r++) {
+#define BFR(n) bf16r_nx(gx, rows + r, y + r, ys, n)
+        NX_SWITCH(nx, BFR)
+#undef BFR
+    }
+}
+
 static void q4_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
     int r = 0;
     for (; r + 2 <= nr; r += 2) {
@@ -199,6 +240,7 @@ int tern__cpu_gemv_nx_avx512(const cpu_gx *gx, int nx, const cpu_wrow *rows, int
         if (gx->gs == 32 || gx->gs == 64 || gx->gs == 128) f = q4i8_rows; /* k_q4i8s's sizes */
         break;
     case CPU_GX_Q4: f = q4_rows; break;
+    case CPU_GX_BF16R: f = bf16r_rows; break;
     default: break;
     }
     if (!f) return 0;

@@ -51,7 +51,10 @@ typedef struct cpu_wrow {
 /* x prepared once per call for the fused GEMV (kept in a per-thread buffer). */
 #define CPU_GX_MAX_IN 32768 /* longest row the fused GEMV takes; longer rows use decode + dot */
 #define CPU_GX_BUF (CPU_GX_MAX_IN * 4 + CPU_GX_MAX_IN / 32 * 4 + CPU_GX_MAX_IN + CPU_GX_MAX_IN / 4 * 4 + 256)
-enum { CPU_GX_BF16 = 1, CPU_GX_Q8, CPU_GX_Q4, CPU_GX_Q8_I8, CPU_GX_Q4_I8 };
+enum { CPU_GX_BF16 = 1, CPU_GX_Q8, CPU_GX_Q4, CPU_GX_Q8_I8, CPU_GX_Q4_I8, CPU_GX_BF16R };
+/* gemv_prep's mode bits: the int8 mode (Q rows take x quantized per group, VNNI), the bf16 mode (BF16 rows take x
+ * rounded to bf16, vdpbf16ps: CPU_GX_BF16R; the caller sets it only for BF16 weights not marked precise). */
+enum { CPU_GX_INT8 = 1, CPU_GX_XBF16 = 2 };
 typedef struct cpu_gx {
     int kind, in, gs;
     const float *xp;    /* x in the kernel's order (exact kinds) */
@@ -59,6 +62,7 @@ typedef struct cpu_gx {
     const int8_t *xq;   /* int8 kinds: x quantized per 32 inputs, in the kernel's order */
     const float *xd;    /* int8 kinds: [in/gs] x scale d_g of each weight group */
     const float *rq;    /* int8 kinds: [in/gs] C·Σ_g (x − d_g·xq), the centring correction */
+    const uint16_t *xb; /* CPU_GX_BF16R: x rounded to bf16 (nearest even), natural order */
     /* Software prefetch, set by the driver after gemv_prep (prep sets the defaults): while a
      * pass reads byte b of row r it prefetches byte b + pf_data of the weight data (the same
      * offset in a row a few passes ahead, rows being contiguous), and once per pass the
@@ -90,13 +94,13 @@ typedef struct tern_cpu_kern {
      * order in `buf` (CPU_GX_BUF bytes, 64-byte aligned) and returns 1; else 0. gemv then
      * writes y[i] = Σ_j W_i[j]·x[j] for nr (1..gemv_nr, or 1..4 when gemv_nr is 0) rows that
      * share the prepared x; a row's result does not depend on nr or on the other rows. */
-    int (*gemv_prep)(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
+    int (*gemv_prep)(const cpu_wrow *w, int in, int mode, const float *x, void *buf, cpu_gx *gx); /* mode: CPU_GX_INT8 | CPU_GX_XBF16 */
     void (*gemv)(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
     int gemv_nr;
     /* Rows per gemv call in the decode driver (cpu_decode.c), per cpu_gx kind; 0 = 4. One row
      * per call makes each thread's read of its slice one sequential stream (plus the scales and
      * biases of Q rows) instead of 4 streams a row apart. */
-    unsigned char gemv_pass[CPU_GX_Q4_I8 + 1];
+    unsigned char gemv_pass[CPU_GX_BF16R + 1];
     /* Optional blocked GEMM for batched matmuls (gemm_*.c; driver in cpu_matmul.c).
      * gemm_pack: a strip of nrows (<= gemm_nr) weight rows, inputs [t0, t0+len), to f32 packed
      * input-major, wp[t·gemm_nr + i] (64-byte aligned; features i >= nrows are 0). BF16/F32 rows
@@ -153,13 +157,13 @@ static inline void cpu_q4_permute(const float *x, int in, float *xq) {
 void tern__cpu_gemv_pf_set(long bytes);
 
 /* Fused GEMV entry points of the ISA files (gemv_avx512.c, gemv_avx2.c). */
-int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
+int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int mode, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx512(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
 int tern__cpu_gemv_nx_avx512(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys);
 int tern__cpu_gemv_avx512_std(int kind); /* gemv runs kind's default kernel (not a TERN_CPU_Q4_SEQ / _BF16_X4 opt-out) */
 void tern__cpu_bf16_x4_set(int on); /* A/B: 1 the former 4-row BF16 kernel, 0 the default, -1 TERN_CPU_BF16_X4 */
 void tern__cpu_q4_seq_set(int on);  /* A/B: 1 one-row Q4_I8 (default, k_q4i8s), 0 the 4-row kernel, 2 k_q4i8r with the L2 prefetch, 3 k_q4i8r, -1 TERN_CPU_Q4_SEQ */
-int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int int8, const float *x, void *buf, cpu_gx *gx);
+int tern__cpu_gemv_prep_avx2(const cpu_wrow *w, int in, int mode, const float *x, void *buf, cpu_gx *gx);
 void tern__cpu_gemv_avx2(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y);
 
 /* Blocked GEMM entry points of the ISA files (gemm_avx512.c: nr 32, mr 12; gemm_avx2.c: 16, 6). */
