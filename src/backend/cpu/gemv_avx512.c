@@ -62,6 +62,7 @@ static int prep(const cpu_wrow *w, int in, int mode, const float *x, void *buf, 
             _mm512_storeu_si512(xb + t, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + t + 16), _mm512_loadu_ps(x + t)));
         memset(gx, 0, sizeof *gx);
         gx->kind = CPU_GX_BF16R;
+        gx->pf_data = 4096; /* gemv_nx's prefetch (the one-x kernel streams without) */
         gx->in = in;
         gx->xb = xb;
         return 1;
