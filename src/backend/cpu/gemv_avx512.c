@@ -262,46 +262,8 @@ AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
 }
 
-
-/* Q4 exact: per group a 16-entry table of s·q + b (rounded as the reference decoder does),
- * per 32 inputs one byte-to-dword widen, one shift and two vpermps lookups feeding FMAs
- * against x in q4 order (16 even inputs, then 16 odd ones). */
-AI void k_q4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
-    const ptrdiff_t pfd = gx->pf_data;
-    pf_groups(gx, rw, NR, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
-    const int gs = gx->gs, in = gx->in;
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
-    __m512 a0[4], a1[4];
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < NR; r++) a0[r] = a1[r] = _mm512_setzero_ps();
-    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
-        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
-        _Pragma("GCC unroll 4")
-        for (int r = 0; r < NR; r++) grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
-        for (int g = 0; g < ng; g++) {
-            __m512 lut[4];
-            _Pragma("GCC unroll 4")
-            for (int r = 0; r < NR; r++) {
-                PF(rw[r].data + (j0 + g * gs) / 2);
-                lut[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(sc[r][g]), iota), _mm512_set1_ps(bi[r][g]));
-            }
-            const float *x = gx->xp + j0 + g * gs;
-            for (int t = 0; t < gs; t += 32) {
-                __m512 xl = _mm512_loadu_ps(x + t), xh = _mm512_loadu_ps(x + t + 16);
-                _Pragma("GCC unroll 4")
-                for (int r = 0; r < NR; r++) {
-                    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rw[r].data + (j0 + g * gs + t) / 2)));
-                    a0[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, lut[r]), xl, a0[r]);
-                    a1[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut[r]), xh, a1[r]);
-                }
-            }
-        }
-    }
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
-}
-
+/* Q4 exact (q4_nx in gemv_avx512.h with one x): the kernel the several-x path repeats per x. */
+AI void k_q4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { q4_nx(gx, rw, y, 1, NR, 1); }
 
 /* Q8_I8, up to 8 rows per pass (more weight streams in flight per x load; rows are summed
  * independently, so a row's result does not depend on NR). BC (gs a multiple of 64): every

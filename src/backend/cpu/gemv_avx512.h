@@ -1,7 +1,8 @@
 /*
  * gemv_avx512.h — the helpers shared by the AVX-512 fused GEMV kernels of one x (gemv_avx512.c) and of several
  * (gemv_nx_avx512.c): prefetch, the group scales and biases as f32, the int8 kinds' per-row scale terms, the
- * 128-input Q4_I8 chunk and the paired reduction. Internal to src/backend/cpu; include only from *_avx512.c files.
+ * 128-input Q4_I8 chunk, the paired reduction, and the exact Q4 kernel for 1-4 rows and 1-4 x (q4_nx: k_q4 is its
+ * one-x case). Internal to src/backend/cpu; include only from *_avx512.c files.
  */
 #ifndef TERN_CPU_GEMV_AVX512_H
 #define TERN_CPU_GEMV_AVX512_H
@@ -122,6 +123,56 @@ AI __m512i q4i8_chunk(const uint8_t *src, const int8_t *xq, __m512i nib, __mmask
     PIN(raw);
     __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
     return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi, _mm512_loadu_si512(xq + 64));
+}
+
+/* Exact Q4: per group a 16-entry table of s·q + b (rounded as the reference decoder does), per 32 inputs one
+ * byte-to-dword widen, one shift and two vpermps lookups feeding FMAs against x in q4 order (16 even inputs, then 16
+ * odd ones). NR (1-4) rows, NX (1-4) x: per group and row the table once, its two lookups per 32 weights once, then
+ * per x the two FMAs into that row's two chains — k_q4 is NX 1 (gemv_avx512.c), gemv_nx_avx512.c takes several x
+ * (NR·NX <= 8 there), so each x's sums are those of k_q4 on it alone, bitwise. */
+AI void q4_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const int NR, const int NX) {
+    const ptrdiff_t pfd = gx[0].pf_data;
+    pf_groups(&gx[0], rw, NR, (size_t)(gx[0].in / gx[0].gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+    const int gs = gx[0].gs, in = gx[0].in;
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
+    __m512 a0[4][4], a1[4][4];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NR; r++) {
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) a0[r][j] = a1[r][j] = _mm512_setzero_ps();
+    }
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < NR; r++) grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
+        for (int g = 0; g < ng; g++) {
+            __m512 lut[4];
+            _Pragma("GCC unroll 4")
+            for (int r = 0; r < NR; r++) {
+                PF(rw[r].data + (j0 + g * gs) / 2);
+                lut[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(sc[r][g]), iota), _mm512_set1_ps(bi[r][g]));
+            }
+            const int x0 = j0 + g * gs;
+            for (int t = 0; t < gs; t += 32) {
+                _Pragma("GCC unroll 4")
+                for (int r = 0; r < NR; r++) {
+                    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rw[r].data + (x0 + t) / 2)));
+                    const __m512 wl = _mm512_permutexvar_ps(v, lut[r]), wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut[r]);
+                    _Pragma("GCC unroll 4")
+                    for (int j = 0; j < NX; j++) {
+                        a0[r][j] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(gx[j].xp + x0 + t), a0[r][j]);
+                        a1[r][j] = _mm512_fmadd_ps(wh, _mm512_loadu_ps(gx[j].xp + x0 + t + 16), a1[r][j]);
+                    }
+                }
+            }
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NR; r++) {
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) y[(size_t)j * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][j], a1[r][j]));
+    }
 }
 
 #endif

@@ -149,53 +149,6 @@ AI void bf16r_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
         y[(size_t)j * ys] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3])));
 }
 
-/* Exact Q4 (k_q4's arithmetic): NR (1-2) rows, NX x; per group and row the table s·q + b once, its two lookups per
- * 32 weights once, then per x the two FMAs into the row's two chains. */
-AI void q4_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const int NR, const int NX) {
-    const ptrdiff_t pfd = gx[0].pf_data;
-    pf_groups(&gx[0], rw, NR, (size_t)(gx[0].in / gx[0].gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
-    const int gs = gx[0].gs, in = gx[0].in;
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    float sc[2][CPU_MAX_GROUPS + 16], bi[2][CPU_MAX_GROUPS + 16];
-    __m512 a0[2][4], a1[2][4];
-    _Pragma("GCC unroll 2")
-    for (int r = 0; r < NR; r++) {
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NX; j++) a0[r][j] = a1[r][j] = _mm512_setzero_ps();
-    }
-    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
-        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
-        _Pragma("GCC unroll 2")
-        for (int r = 0; r < NR; r++) grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
-        for (int g = 0; g < ng; g++) {
-            __m512 lut[2];
-            _Pragma("GCC unroll 2")
-            for (int r = 0; r < NR; r++) {
-                PF(rw[r].data + (j0 + g * gs) / 2);
-                lut[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(sc[r][g]), iota), _mm512_set1_ps(bi[r][g]));
-            }
-            const int x0 = j0 + g * gs;
-            for (int t = 0; t < gs; t += 32) {
-                _Pragma("GCC unroll 2")
-                for (int r = 0; r < NR; r++) {
-                    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rw[r].data + (x0 + t) / 2)));
-                    const __m512 wl = _mm512_permutexvar_ps(v, lut[r]), wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut[r]);
-                    _Pragma("GCC unroll 4")
-                    for (int j = 0; j < NX; j++) {
-                        a0[r][j] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(gx[j].xp + x0 + t), a0[r][j]);
-                        a1[r][j] = _mm512_fmadd_ps(wh, _mm512_loadu_ps(gx[j].xp + x0 + t + 16), a1[r][j]);
-                    }
-                }
-            }
-        }
-    }
-    _Pragma("GCC unroll 2")
-    for (int r = 0; r < NR; r++) {
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NX; j++) y[(size_t)j * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][j], a1[r][j]));
-    }
-}
-
 /* One block of nx (1..4) x over nr rows, the kernel instantiated for that nx. */
 #define NX_SWITCH(nx, call) \
     switch (nx) { \
