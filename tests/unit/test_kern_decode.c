@@ -173,7 +173,8 @@ static void several_rows_on(tern_backend *be, const char *tag, int nth) {
                 several_rows(be, &fmts[f], 256, outs_small, mode, nx, seed, tag);
                 several_rows(be, &fmts[f], 512, outs_big, mode, nx, seed + 1, tag);
                 if (nx <= 5) several_rows(be, &fmts[f], 2816, outs_small, mode, nx, seed + 2, tag); /* 5 x 512 + a tail */
-                if (nx <= 5) several_rows(be, &fmts[f], 320, outs_small, mode, nx, seed + 3, tag); /* a half 128 chunk */
+                if (nx <= 5 && (!fmts[f].gs || 320 % fmts[f].gs == 0)) /* a half 128 chunk (whole groups only) */
+                    several_rows(be, &fmts[f], 320, outs_small, mode, nx, seed + 3, tag);
             }
         }
     tern__cpu_dec_rows_set(-1);
