@@ -166,6 +166,7 @@ static void dec_task(void *arg, int ith, int nth) {
     cpu_gx gx[DEC_NMAX]; /* private copies: the prefetch distances are set per matrix */
     memcpy(gx, j->gx, (size_t)nx * sizeof gx[0]);
     float g[DEC_NMAX * CHUNK], u[DEC_NMAX * CHUNK];
+    const tern_tensor *pf_w = NULL; /* the matrix gx's prefetch distances are set for */
     int64_t ch;
     if (tern__cpu_prof) j->c->dec_part[ith].t0 = tern_time_s();
     while ((ch = claim(j->c, ith, nth)) >= 0) {
@@ -174,7 +175,10 @@ static void dec_task(void *arg, int ith, int nth) {
         const int64_t lc = ch - j->c0[i]; /* the chunk within its matrix */
         const tern_tensor *w = j->w[i];
         int64_t out = w->shape[w->ndim - 2], o0 = lc * CHUNK, o1 = TERN_MIN(out, o0 + CHUNK);
-        for (int r = 0; r < nx; r++) tern__cpu_gemv_pf(w, &gx[r]);
+        if (w != pf_w) { /* the prefetch distances once per matrix, not per chunk (perf: ~0.7 % of a 16-row step) */
+            for (int r = 0; r < nx; r++) tern__cpu_gemv_pf(w, &gx[r]);
+            pf_w = w;
+        }
         rows_gemv(k, gx, nx, w, o0, o1, g);
         const int n = (int)(o1 - o0);
         void (*act)(float *, const float *, const float *, int64_t) = j->ep == EP_SILU ? k->silu_mul : k->gelu_mul;
