@@ -225,42 +225,8 @@ static void k_bf16r(const cpu_gx *gx, const cpu_wrow *rw, float *y, int nr) {
     for (int r = 0; r < nr; r++) y[r] = bf16r_row((const uint16_t *)rw[r].data, gx->xb, gx->in);
 }
 
-AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
-    const ptrdiff_t pfd = gx->pf_data;
-    pf_groups(gx, rw, NR, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
-    const int gs = gx->gs, in = gx->in;
-    float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
-    __m512 tot[4], bs[4];
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < NR; r++) tot[r] = bs[r] = _mm512_setzero_ps();
-    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
-        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
-        _Pragma("GCC unroll 4")
-        for (int r = 0; r < NR; r++) {
-            grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
-            bs[r] = _mm512_add_ps(bs[r], bias_dot(bi[r], gx->gsum + j0 / gs, ng));
-        }
-        for (int g = 0; g < ng; g++) {
-            const float *x = gx->xp + j0 + g * gs;
-            __m512 acc[4];
-            _Pragma("GCC unroll 4")
-            for (int r = 0; r < NR; r++) { acc[r] = _mm512_setzero_ps(); PF(rw[r].data + j0 + g * gs); }
-            for (int t = 0; t < gs; t += 16) {
-                __m512 xv = _mm512_loadu_ps(x + t);
-                _Pragma("GCC unroll 4")
-                for (int r = 0; r < NR; r++) {
-                    const uint8_t *s = rw[r].data + j0 + g * gs + t;
-                    __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s)));
-                    acc[r] = _mm512_fmadd_ps(q, xv, acc[r]);
-                }
-            }
-            _Pragma("GCC unroll 4")
-            for (int r = 0; r < NR; r++) tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(sc[r][g]), acc[r], tot[r]);
-        }
-    }
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(tot[r]) + _mm512_reduce_add_ps(bs[r]);
-}
+/* Q8 exact (q8_nx in gemv_avx512.h with one x). */
+AI void k_q8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { q8_nx(gx, rw, y, 1, NR, 1); }
 
 /* Q4 exact (q4_nx in gemv_avx512.h with one x): the kernel the several-x path repeats per x. */
 AI void k_q4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { q4_nx(gx, rw, y, 1, NR, 1); }

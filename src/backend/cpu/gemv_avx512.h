@@ -1,8 +1,8 @@
 /*
  * gemv_avx512.h — the helpers shared by the AVX-512 fused GEMV kernels of one x (gemv_avx512.c) and of several
  * (gemv_nx_avx512.c): prefetch, the group scales and biases as f32, the int8 kinds' per-row scale terms, the
- * 128-input Q4_I8 chunk, the paired reduction, and the exact Q4 kernel for 1-4 rows and 1-4 x (q4_nx: k_q4 is its
- * one-x case). Internal to src/backend/cpu; include only from *_avx512.c files.
+ * 128-input Q4_I8 chunk, the paired reduction, and the exact Q4 and Q8 kernels for 1-4 rows and 1-4 x (q4_nx, q8_nx:
+ * k_q4 and k_q8 are their one-x cases). Internal to src/backend/cpu; include only from *_avx512.c files.
  */
 #ifndef TERN_CPU_GEMV_AVX512_H
 #define TERN_CPU_GEMV_AVX512_H
@@ -155,14 +155,21 @@ AI void q4_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const i
             }
             const int x0 = j0 + g * gs;
             for (int t = 0; t < gs; t += 32) {
+                __m512 xl[4], xh[4]; /* each x once for all NR rows */
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NX; j++) {
+                    xl[j] = _mm512_loadu_ps(gx[j].xp + x0 + t);
+                    xh[j] = _mm512_loadu_ps(gx[j].xp + x0 + t + 16);
+                    if (NR > 1) { PIN(xl[j]); PIN(xh[j]); }
+                }
                 _Pragma("GCC unroll 4")
                 for (int r = 0; r < NR; r++) {
                     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rw[r].data + (x0 + t) / 2)));
                     const __m512 wl = _mm512_permutexvar_ps(v, lut[r]), wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut[r]);
                     _Pragma("GCC unroll 4")
                     for (int j = 0; j < NX; j++) {
-                        a0[r][j] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(gx[j].xp + x0 + t), a0[r][j]);
-                        a1[r][j] = _mm512_fmadd_ps(wh, _mm512_loadu_ps(gx[j].xp + x0 + t + 16), a1[r][j]);
+                        a0[r][j] = _mm512_fmadd_ps(wl, xl[j], a0[r][j]);
+                        a1[r][j] = _mm512_fmadd_ps(wh, xh[j], a1[r][j]);
                     }
                 }
             }
@@ -172,6 +179,62 @@ AI void q4_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const i
     for (int r = 0; r < NR; r++) {
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NX; j++) y[(size_t)j * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][j], a1[r][j]));
+    }
+}
+
+/* Exact Q8: Σ_g s_g·Σ_t q_t·x_t + Σ_g b_g·Σx_g, q via vpmovzxbd + vcvtdq2ps + FMA. NR (1-4) rows, NX (1-4) x: per
+ * 16 weights the widen and convert once, then per x one FMA into that row's group chain; k_q8 is NX 1, gemv_nx
+ * takes several x (NR·NX <= 8 there) with each x's sums those of k_q8 on it alone. */
+AI void q8_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const int NR, const int NX) {
+    const ptrdiff_t pfd = gx[0].pf_data;
+    pf_groups(&gx[0], rw, NR, (size_t)(gx[0].in / gx[0].gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+    const int gs = gx[0].gs, in = gx[0].in;
+    float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
+    __m512 tot[4][4], bs[4][4];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NR; r++) {
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) tot[r][j] = bs[r][j] = _mm512_setzero_ps();
+    }
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
+        int len = in - j0 < ch ? in - j0 : ch, ng = len / gs;
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < NR; r++) {
+            grp_f32(&rw[r], j0 / gs, ng, sc[r], bi[r]);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NX; j++) bs[r][j] = _mm512_add_ps(bs[r][j], bias_dot(bi[r], gx[j].gsum + j0 / gs, ng));
+        }
+        for (int g = 0; g < ng; g++) {
+            const int x0 = j0 + g * gs;
+            __m512 acc[4][4];
+            _Pragma("GCC unroll 4")
+            for (int r = 0; r < NR; r++) {
+                PF(rw[r].data + x0);
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NX; j++) acc[r][j] = _mm512_setzero_ps();
+            }
+            for (int t = 0; t < gs; t += 16) {
+                __m512 xv[4]; /* each x once for all NR rows (in registers: the f32 x loads bind these kernels) */
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NX; j++) { xv[j] = _mm512_loadu_ps(gx[j].xp + x0 + t); PIN(xv[j]); }
+                _Pragma("GCC unroll 4")
+                for (int r = 0; r < NR; r++) {
+                    const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rw[r].data + x0 + t))));
+                    _Pragma("GCC unroll 4")
+                    for (int j = 0; j < NX; j++) acc[r][j] = _mm512_fmadd_ps(q, xv[j], acc[r][j]);
+                }
+            }
+            _Pragma("GCC unroll 4")
+            for (int r = 0; r < NR; r++) {
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NX; j++) tot[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(sc[r][g]), acc[r][j], tot[r][j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NR; r++) {
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) y[(size_t)j * ys + r] = _mm512_reduce_add_ps(tot[r][j]) + _mm512_reduce_add_ps(bs[r][j]);
     }
 }
 

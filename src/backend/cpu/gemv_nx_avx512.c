@@ -7,8 +7,11 @@
  * Per 64 bytes of Q4 codes (128 inputs) the one-x Q4_I8 kernel spends ~9 vector ops: load, two
  * nibble masks and a shift, two vpdpbusd, a convert and the scale FMAs; here the first four are
  * shared. Exact Q4 shares the widen, the shift and the two table lookups (4 of 6 ops per 32
- * weights). Measured in the model (llama3-1b, bench/NOTES.md (bf)): q4 int8 at 4 sequences
- * +40-55 %, exact q4 +20-40 %.
+ * weights), exact Q8 the widen and the convert (2 of 3 per 16); both then bind on f32 x loads,
+ * so they take two rows at once with each x loaded into a register once for both (q4_nx, q8_nx
+ * in gemv_avx512.h). The bf16 mode's BF16R shares each row's load across the x. Measured in the
+ * model (llama3-1b, bench/NOTES.md (bf)), 4 sequences: q4 int8 +40-55 %, exact q4 ~+70 %,
+ * exact q8 ~+40 %.
  *
  * Every x gets exactly the arithmetic of the one-x kernel, in its order: the same accumulator
  * chains, the same FMAs on the same operands, the same reductions. So y for one x is bitwise
@@ -16,14 +19,14 @@
  * decodes to the same bits alone or in a batch; test_kern_decode decode_several_rows). Where the
  * one-x kernel is not the default (TERN_CPU_Q4_SEQ) or the kind has no several-x kernel, the
  * entry returns 0 and the driver calls gemv per x:
- *   - Q8, Q8_I8: the weight feeds the multiply as loaded (one widen at most), little to share;
+ *   - Q8_I8: the codes feed vpdpbusd as loaded, nothing to share;
  *   - BF16: tried (8 chains per x, x in blocks of 2 or 3) and dropped: 1.2-1.3x on L2-resident
  *     rows but no gain in the model, slower at 8 sequences. Per x the two 64-byte f32 x loads
  *     per 32 weights bind it, and they are not shared.
  *
- * Accumulators: Q4_I8 4 chains per x, exact Q4 2 per row and x (two rows at once), so x go
- * through in blocks of at most 4 to stay within the 32 registers; a row is re-read from L1 for
- * the next block.
+ * Accumulators: Q4_I8 and BF16R 4 chains per x, exact Q4 2 and Q8 3 per row and x (two rows at
+ * once), so x go through in blocks of at most 4 to stay within the 32 registers; a row is
+ * re-read from L1 for the next block.
  */
 #include "backend/cpu/gemv_avx512.h"
 
@@ -189,6 +192,20 @@ static void q4_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, floa
     }
 }
 
+static void q8_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
+    int r = 0;
+    for (; r + 2 <= nr; r += 2) {
+#define Q8P(n) q8_nx(gx, rows + r, y + r, ys, 2, n)
+        NX_SWITCH(nx, Q8P)
+#undef Q8P
+    }
+    if (r < nr) {
+#define Q8S(n) q8_nx(gx, rows + r, y + r, ys, 1, n)
+        NX_SWITCH(nx, Q8S)
+#undef Q8S
+    }
+}
+
 int tern__cpu_gemv_nx_avx512(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
     void (*f)(const cpu_gx *, int, const cpu_wrow *, int, float *, size_t) = NULL;
     const int blk = 4;
@@ -199,6 +216,7 @@ int tern__cpu_gemv_nx_avx512(const cpu_gx *gx, int nx, const cpu_wrow *rows, int
         break;
     case CPU_GX_Q4: f = q4_rows; break;
     case CPU_GX_BF16R: f = bf16r_rows; break;
+    case CPU_GX_Q8: f = q8_rows; break;
     default: break;
     }
     if (!f) return 0;
