@@ -178,33 +178,22 @@ static void bf16r_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, f
     }
 }
 
-static void q4_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
-    int r = 0;
-    for (; r + 2 <= nr; r += 2) {
-#define Q4P(n) q4_nx(gx, rows + r, y + r, ys, 2, n)
-        NX_SWITCH(nx, Q4P)
-#undef Q4P
+/* Exact Q4 / Q8: rows two at a time (each x loaded once for both), an odd last row alone. */
+#define NR_NX(kern, R) \
+    switch (nx) { \
+    case 4: kern(gx, rows + r, y + r, ys, R, 4); break; \
+    case 3: kern(gx, rows + r, y + r, ys, R, 3); break; \
+    case 2: kern(gx, rows + r, y + r, ys, R, 2); break; \
+    default: kern(gx, rows + r, y + r, ys, R, 1); break; \
     }
-    if (r < nr) {
-#define Q4S(n) q4_nx(gx, rows + r, y + r, ys, 1, n)
-        NX_SWITCH(nx, Q4S)
-#undef Q4S
+#define ROWS_IN_PAIRS(kern) \
+    for (int r = 0; r < nr; r += 2) { \
+        if (r + 2 <= nr) { NR_NX(kern, 2) } \
+        else { NR_NX(kern, 1) } \
     }
-}
 
-static void q8_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
-    int r = 0;
-    for (; r + 2 <= nr; r += 2) {
-#define Q8P(n) q8_nx(gx, rows + r, y + r, ys, 2, n)
-        NX_SWITCH(nx, Q8P)
-#undef Q8P
-    }
-    if (r < nr) {
-#define Q8S(n) q8_nx(gx, rows + r, y + r, ys, 1, n)
-        NX_SWITCH(nx, Q8S)
-#undef Q8S
-    }
-}
+static void q4_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) { ROWS_IN_PAIRS(q4_nx) }
+static void q8_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) { ROWS_IN_PAIRS(q8_nx) }
 
 int tern__cpu_gemv_nx_avx512(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
     void (*f)(const cpu_gx *, int, const cpu_wrow *, int, float *, size_t) = NULL;
