@@ -307,9 +307,10 @@ static int dec_run(tern_backend *be, int kk, int ep, const tern_tensor *const *w
     dec_job j = {.c = c, .rk = rk, .k = kk, .ep = ep, .nm = glu ? 1 : kk, .n = nx};
     cpu_wrow r0;
     tern__cpu_wrow_at(w[0], 0, 0, &r0);
+    const int mode = tern__cpu_gx_mode(c, w[0]);
     for (int r = 0; r < nx; r++) {
         void *buf = r ? (uint8_t *)c->xrows + (size_t)(r - 1) * CPU_GX_BUF : c->xbuf[0];
-        if (!k->gemv_prep(&r0, in, tern__cpu_gx_mode(c, w[0]), x + (size_t)r * (size_t)in, buf, &j.gx[r])) return 0;
+        if (!k->gemv_prep(&r0, in, mode, x + (size_t)r * (size_t)in, buf, &j.gx[r])) return 0;
     }
     for (int i = 0; i < kk; i++) { j.w[i] = w[i]; j.y[i] = y[i]; }
     if (glu && tern__cpu_switch(&glu_split, "TERN_CPU_GLU_SPLIT", 1) &&

@@ -204,25 +204,9 @@ AI void k_bf16x4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     for (int r = 0; r < NR; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(ae[r], ao[r]));
 }
 
-/* BF16R (the bf16 mode): x rounded to bf16 once in prep, each row through vdpbf16ps — per f32 lane
- * acc += w[2p]·x̂[2p] + w[2p+1]·x̂[2p+1] (bf16 products exact in f32, f32 sums; denormals flushed, as the bf16 GEMM).
- * Rows one after another (one stream per thread, as k_bf16); 4 chains over 128 inputs, the tail (in % 128 == 64) into
- * chains 0 and 1. The row's sum order depends only on `in`; gemv_nx_avx512.c repeats it for several x. */
-AI float bf16r_row(const uint16_t *p, const uint16_t *xb, int in) {
-    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    int t = 0;
-    for (; t + 128 <= in; t += 128) {
-        _Pragma("GCC unroll 4")
-        for (int u = 0; u < 4; u++)
-            a[u] = _mm512_dpbf16_ps(a[u], (__m512bh)_mm512_loadu_si512(p + t + 32 * u), (__m512bh)_mm512_loadu_si512(xb + t + 32 * u));
-    }
-    for (int u = 0; t < in; t += 32, u++)
-        a[u] = _mm512_dpbf16_ps(a[u], (__m512bh)_mm512_loadu_si512(p + t), (__m512bh)_mm512_loadu_si512(xb + t));
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
-}
-
+/* BF16R (bf16r_nx in gemv_avx512.h with one x), rows one after another. */
 static void k_bf16r(const cpu_gx *gx, const cpu_wrow *rw, float *y, int nr) {
-    for (int r = 0; r < nr; r++) y[r] = bf16r_row((const uint16_t *)rw[r].data, gx->xb, gx->in);
+    for (int r = 0; r < nr; r++) bf16r_nx(gx, rw + r, y + r, 1, 1);
 }
 
 /* Q8 exact (q8_nx in gemv_avx512.h with one x). */
@@ -497,11 +481,7 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
 }
 
 /* Whether gemv runs kind's default kernel (the one gemv_nx_avx512.c repeats for several x), not an A/B opt-out. */
-int tern__cpu_gemv_avx512_std(int kind) {
-    if (kind == CPU_GX_Q4_I8) return q4_seq_on() == 1;
-    if (kind == CPU_GX_BF16) return !bf16_x4_on();
-    return 1;
-}
+int tern__cpu_gemv_avx512_std(int kind) { return kind != CPU_GX_Q4_I8 || q4_seq_on() == 1; }
 
 int tern__cpu_gemv_prep_avx512(const cpu_wrow *w, int in, int mode, const float *x, void *buf, cpu_gx *gx) {
     return prep(w, in, mode, x, buf, gx);

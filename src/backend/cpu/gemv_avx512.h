@@ -1,8 +1,8 @@
 /*
  * gemv_avx512.h — the helpers shared by the AVX-512 fused GEMV kernels of one x (gemv_avx512.c) and of several
  * (gemv_nx_avx512.c): prefetch, the group scales and biases as f32, the int8 kinds' per-row scale terms, the
- * 128-input Q4_I8 chunk, the paired reduction, and the exact Q4 and Q8 kernels for 1-4 rows and 1-4 x (q4_nx, q8_nx:
- * k_q4 and k_q8 are their one-x cases). Internal to src/backend/cpu; include only from *_avx512.c files.
+ * 128-input Q4_I8 chunk, the paired reduction, the exact Q4 and Q8 kernels for 1-4 rows and 1-4 x (q4_nx, q8_nx:
+ * k_q4 and k_q8 are their one-x cases) and the bf16 mode's (bf16r_nx; k_bf16r its one-x case). Internal to src/backend/cpu; include only from *_avx512.c files.
  */
 #ifndef TERN_CPU_GEMV_AVX512_H
 #define TERN_CPU_GEMV_AVX512_H
@@ -32,25 +32,34 @@ AI void pf_groups(const cpu_gx *gx, const cpu_wrow *rw, int NR, size_t nb) {
         }
 }
 
-/* Scales and biases of groups [g0, g0+ng) as f32 (ng <= CPU_MAX_GROUPS); 16 zero entries
- * follow so per-lane loads past the last group read zeros. */
-static inline void grp_f32(const cpu_wrow *w, int g0, int ng, float *sc, float *bi) {
-    const uint8_t *ps[2] = {w->scales, w->biases};
-    float *dst[2] = {sc, bi};
-    for (int t = 0; t < 2; t++) {
-        for (int i = 0; i < ng; i += 16) {
-            int m = ng - i < 16 ? ng - i : 16;
-            __mmask16 k = (__mmask16)((1u << m) - 1);
-            __m512 v;
-            if (w->sdtype == TERN_DT_F32) v = _mm512_maskz_loadu_ps(k, (const float *)ps[t] + g0 + i);
-            else {
-                __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)ps[t] + g0 + i);
-                v = w->sdtype == TERN_DT_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-            }
-            _mm512_storeu_ps(dst[t] + i, v); /* masked-off lanes store zeros */
+/* The scales and biases of the 16 groups from g (lanes off in k: zero) as f32. */
+AI void grp_sb(const cpu_wrow *w, int g, __mmask16 k, __m512 *sv, __m512 *bv) {
+    if (w->sdtype == TERN_DT_F32) {
+        *sv = _mm512_maskz_loadu_ps(k, (const float *)w->scales + g);
+        *bv = _mm512_maskz_loadu_ps(k, (const float *)w->biases + g);
+    } else {
+        __m256i hs = _mm256_maskz_loadu_epi16(k, (const uint16_t *)w->scales + g);
+        __m256i hb = _mm256_maskz_loadu_epi16(k, (const uint16_t *)w->biases + g);
+        if (w->sdtype == TERN_DT_F16) { *sv = _mm512_cvtph_ps(hs); *bv = _mm512_cvtph_ps(hb); }
+        else {
+            *sv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hs), 16));
+            *bv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hb), 16));
         }
-        _mm512_storeu_ps(dst[t] + ng, _mm512_setzero_ps());
     }
+}
+
+/* Scales and biases of groups [g0, g0+ng) as f32 (ng <= CPU_MAX_GROUPS); 16 zero entries
+ * follow so per-lane loads past the last group read zeros. Kept out of line: inlined into q8_nx it
+ * cost the 4-x pass ~40 % (hot, in 2048: 38 -> 53 ns per row per x). */
+static __attribute__((noinline, unused)) void grp_f32(const cpu_wrow *w, int g0, int ng, float *sc, float *bi) {
+    for (int i = 0; i < ng; i += 16) {
+        __m512 sv, bv;
+        grp_sb(w, g0 + i, (__mmask16)(ng - i >= 16 ? 0xffff : (1u << (ng - i)) - 1), &sv, &bv);
+        _mm512_storeu_ps(sc + i, sv); /* masked-off lanes store zeros */
+        _mm512_storeu_ps(bi + i, bv);
+    }
+    _mm512_storeu_ps(sc + ng, _mm512_setzero_ps());
+    _mm512_storeu_ps(bi + ng, _mm512_setzero_ps());
 }
 
 /* Σ_g bi[g]·gsum[g] over ng groups (bi is zero-padded to a multiple of 16). */
@@ -73,36 +82,31 @@ static inline __m512i lane_groups(int W, int gs) {
     return _mm512_srlv_epi32(_mm512_mullo_epi32(iota, _mm512_set1_epi32(W)), _mm512_set1_epi32(__builtin_ctz((unsigned)gs)));
 }
 
-/* Int8 kinds, groups [g0, g0+ng) of one row, 16 at a time: ds[g] = s_g·d_g (16 zeros follow,
- * for per-lane loads past the last group) and the returned lanes sum to Σ_g b_g·Σx_g + s_g·rq_g.
- * One pass over the scales and biases, no staging copy (it cost ~15% of the q4 kernel). */
-/* The scales and biases of the 16 groups from g (lanes off in k: zero) as f32. */
-AI void grp_sb(const cpu_wrow *w, int g, __mmask16 k, __m512 *sv, __m512 *bv) {
-    if (w->sdtype == TERN_DT_F32) {
-        *sv = _mm512_maskz_loadu_ps(k, (const float *)w->scales + g);
-        *bv = _mm512_maskz_loadu_ps(k, (const float *)w->biases + g);
-    } else {
-        __m256i hs = _mm256_maskz_loadu_epi16(k, (const uint16_t *)w->scales + g);
-        __m256i hb = _mm256_maskz_loadu_epi16(k, (const uint16_t *)w->biases + g);
-        if (w->sdtype == TERN_DT_F16) { *sv = _mm512_cvtph_ps(hs); *bv = _mm512_cvtph_ps(hb); }
-        else {
-            *sv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hs), 16));
-            *bv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hb), 16));
-        }
-    }
-}
-
-AI __m512 grp_i8(const cpu_wrow *w, int g0, int ng, const cpu_gx *gx, float *ds) {
-    __m512 bs = _mm512_setzero_ps();
+/* Int8 kinds, groups [g0, g0+ng) of one row for NX (1-4) x, 16 groups at a time: ds[j][g - g0] = s_g·d_g of x j (16
+ * zeros follow, for per-lane loads past the last group) and the lanes of bs[j] sum to Σ_g b_g·Σx_g + s_g·rq_g. One
+ * pass over the scales and biases (converted once for every x), no staging copy (it cost ~15% of the q4 kernel). */
+AI void grp_i8_nx(const cpu_wrow *w, int g0, int ng, const cpu_gx *gx, const int NX, float *const *ds, __m512 *bs) {
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) bs[j] = _mm512_setzero_ps();
     for (int i = 0; i < ng; i += 16) {
         __mmask16 k = (__mmask16)(ng - i >= 16 ? 0xffff : (1u << (ng - i)) - 1);
         __m512 sv, bv;
         grp_sb(w, g0 + i, k, &sv, &bv);
-        bs = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(k, gx->gsum + g0 + i), bs);
-        bs = _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(k, gx->rq + g0 + i), bs);
-        _mm512_storeu_ps(ds + i, _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(k, gx->xd + g0 + i)));
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) {
+            bs[j] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(k, gx[j].gsum + g0 + i), bs[j]);
+            bs[j] = _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(k, gx[j].rq + g0 + i), bs[j]);
+            _mm512_storeu_ps(ds[j] + i, _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(k, gx[j].xd + g0 + i)));
+        }
     }
-    _mm512_storeu_ps(ds + ng, _mm512_setzero_ps());
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) _mm512_storeu_ps(ds[j] + ng, _mm512_setzero_ps());
+}
+
+/* One x: ds as above, the returned lanes its sum. */
+AI __m512 grp_i8(const cpu_wrow *w, int g0, int ng, const cpu_gx *gx, float *ds) {
+    __m512 bs;
+    grp_i8_nx(w, g0, ng, gx, 1, &ds, &bs);
     return bs;
 }
 
@@ -236,6 +240,47 @@ AI void q8_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const i
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NX; j++) y[(size_t)j * ys + r] = _mm512_reduce_add_ps(tot[r][j]) + _mm512_reduce_add_ps(bs[r][j]);
     }
+}
+
+/* BF16R (the bf16 mode): x rounded to bf16 once in prep, each row through vdpbf16ps — per f32 lane
+ * acc += w[2p]·x̂[2p] + w[2p+1]·x̂[2p+1] (bf16 products exact in f32, f32 sums; denormals flushed, as the bf16 GEMM).
+ * One row, NX (1-4) x: per x 4 chains over 128 inputs, the tail (in % 128 == 64) into chains 0 and 1; per 32 weights
+ * one load for all x, then per x one vdpbf16ps. k_bf16r is NX 1 (rows one after another, one stream per thread, as
+ * k_bf16), gemv_nx_avx512.c takes several x, each with k_bf16r's sums on it alone. With several x the codes are
+ * prefetched pf_data ahead (prep: 4 KB, a 2048-input row): a row is then consumed slowly enough that demand misses
+ * stalled it — rows from DRAM, one thread, ns per row per x at 4 / 8 x: 41 / 36 -> 31-33 / 25-29 (1-8 KB ahead); one
+ * x is a pure stream the hardware prefetcher follows. */
+AI void bf16r_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX) {
+    const int in = gx[0].in;
+    const ptrdiff_t pfd = gx[0].pf_data;
+    const uint16_t *p = (const uint16_t *)w->data;
+    __m512 a[4][4];
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) {
+        _Pragma("GCC unroll 4")
+        for (int u = 0; u < 4; u++) a[j][u] = _mm512_setzero_ps();
+    }
+    int t = 0;
+    for (; t + 128 <= in; t += 128) {
+        _Pragma("GCC unroll 4")
+        for (int u = 0; u < 4; u++) {
+            if (NX > 1) _mm_prefetch((const char *)(p + t + 32 * u) + pfd, _MM_HINT_T0);
+            __m512i v = _mm512_loadu_si512(p + t + 32 * u);
+            PIN(v);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NX; j++)
+                a[j][u] = _mm512_dpbf16_ps(a[j][u], (__m512bh)v, (__m512bh)_mm512_loadu_si512(gx[j].xb + t + 32 * u));
+        }
+    }
+    for (int u = 0; t < in; t += 32, u++) { /* in % 128 == 64: u = 0, 1 */
+        __m512i v = _mm512_loadu_si512(p + t);
+        PIN(v);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) a[j][u & 1] = _mm512_dpbf16_ps(a[j][u & 1], (__m512bh)v, (__m512bh)_mm512_loadu_si512(gx[j].xb + t));
+    }
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++)
+        y[(size_t)j * ys] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3])));
 }
 
 #endif

@@ -50,26 +50,14 @@ AI void q4i8_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const 
         for (int u = 0; u < 4; u++) t[j][u] = _mm512_setzero_ps();
     }
     for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) { /* grp_i8's slices, its sums per x */
-        const int g0 = j0 / gs, ng = (in - j0 < ch ? in - j0 : ch) / gs;
+        const int g0 = j0 / gs;
+        float *dsj[4];
         __m512 sl[4];
         _Pragma("GCC unroll 4")
-        for (int j = 0; j < NX; j++) sl[j] = _mm512_setzero_ps();
-        for (int i = 0; i < ng; i += 16) {
-            const __mmask16 k = (__mmask16)(ng - i >= 16 ? 0xffff : (1u << (ng - i)) - 1);
-            __m512 sv, bv;
-            grp_sb(w, g0 + i, k, &sv, &bv); /* the row's scales and biases once for every x */
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NX; j++) {
-                sl[j] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(k, gx[j].gsum + g0 + i), sl[j]);
-                sl[j] = _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(k, gx[j].rq + g0 + i), sl[j]);
-                _mm512_storeu_ps(ds[j] + g0 + i, _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(k, gx[j].xd + g0 + i)));
-            }
-        }
+        for (int j = 0; j < NX; j++) dsj[j] = ds[j] + g0;
+        grp_i8_nx(w, g0, (in - j0 < ch ? in - j0 : ch) / gs, gx, NX, dsj, sl);
         _Pragma("GCC unroll 4")
-        for (int j = 0; j < NX; j++) {
-            _mm512_storeu_ps(ds[j] + g0 + ng, _mm512_setzero_ps());
-            bs[j] = _mm512_add_ps(bs[j], sl[j]);
-        }
+        for (int j = 0; j < NX; j++) bs[j] = _mm512_add_ps(bs[j], sl[j]);
     }
     const uint8_t *src = w->data;
     int c = 0;
@@ -112,44 +100,6 @@ AI void q4i8_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const 
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++)
         y[(size_t)j * ys] = red_pair(_mm512_add_ps(_mm512_add_ps(t[j][0], t[j][1]), _mm512_add_ps(t[j][2], t[j][3])), bs[j]);
-}
-
-/* BF16R (the bf16 mode, bf16r_row's arithmetic): one row, NX x; per x 4 chains over 128 inputs, the tail into
- * chains 0 and 1. Per 32 weights one load for all x, then per x one vdpbf16ps (x̂ as 64-byte memory operands).
- * Unlike the one-x kernel (a pure stream the hardware prefetcher follows) the codes are prefetched pf_data ahead
- * (prep: 4 KB, a 2048-input row): with several x a row is consumed slowly enough that demand misses stalled it —
- * rows from DRAM, one thread, ns per row per x at 4 / 8 x: 41 / 36 -> 31-33 / 25-29 (1-8 KB ahead). */
-AI void bf16r_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX) {
-    const int in = gx[0].in;
-    const ptrdiff_t pfd = gx[0].pf_data;
-    const uint16_t *p = (const uint16_t *)w->data;
-    __m512 a[4][4];
-    _Pragma("GCC unroll 4")
-    for (int j = 0; j < NX; j++) {
-        _Pragma("GCC unroll 4")
-        for (int u = 0; u < 4; u++) a[j][u] = _mm512_setzero_ps();
-    }
-    int t = 0;
-    for (; t + 128 <= in; t += 128) {
-        _Pragma("GCC unroll 4")
-        for (int u = 0; u < 4; u++) {
-            _mm_prefetch((const char *)(p + t + 32 * u) + pfd, _MM_HINT_T0);
-            __m512i v = _mm512_loadu_si512(p + t + 32 * u);
-            PIN(v);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NX; j++)
-                a[j][u] = _mm512_dpbf16_ps(a[j][u], (__m512bh)v, (__m512bh)_mm512_loadu_si512(gx[j].xb + t + 32 * u));
-        }
-    }
-    for (int u = 0; t < in; t += 32, u++) { /* in % 128 == 64: u = 0, 1 */
-        __m512i v = _mm512_loadu_si512(p + t);
-        PIN(v);
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NX; j++) a[j][u & 1] = _mm512_dpbf16_ps(a[j][u & 1], (__m512bh)v, (__m512bh)_mm512_loadu_si512(gx[j].xb + t));
-    }
-    _Pragma("GCC unroll 4")
-    for (int j = 0; j < NX; j++)
-        y[(size_t)j * ys] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3])));
 }
 
 /* One block of nx (1..4) x over nr rows, the kernel instantiated for that nx. */
