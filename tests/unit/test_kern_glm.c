@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu.h"
 #include "runtime/kv.h"
 #include "test.h"
+#include "test_kern_util.h"
 
 #define T 37   /* tokens in the cache */
 #define BS 4   /* block size */
@@ -532,6 +533,54 @@ TEST(glm_fast_route_grid) {
     CHECK(ok, "route_group differs from the spec");
 }
 
+/* matmul_heads (one pool run over every head) against the model's fallback — per head a copy of the head's x
+ * slice, matmul_expert, a copy into y — bitwise, for every stored format, decode and GEMM row counts, the f32 /
+ * int8 / bf16 modes; y's padding between heads is left alone. The spec table has no matmul_heads (the model loops). */
+TEST(glm_fast_matmul_heads) {
+    enum { NH = 5, OUT = 40, HX = 200, PAD = 3 };
+    static const struct { tern_dtype dt; int bits, gs, in; } fm[] = {
+        {TERN_DT_Q, 4, 64, 192}, {TERN_DT_Q, 8, 32, 96}, {TERN_DT_Q, 4, 32, 192}, {TERN_DT_BF16, 0, 0, 128},
+        {TERN_DT_F32, 0, 0, 96}, {TERN_DT_Q, 8, 64, 128}};
+    static const int ns[] = {1, 2, 5, 9, 20};
+    CHECK(g_fast[0]->vt->glm->matmul_heads == NULL, "the spec table has matmul_heads");
+    int ok = 1, runs = 0;
+    for (size_t f = 0; f < TERN_ARRAY_LEN(fm); f++) {
+        kt_weight w;
+        kt_weight_make(&w, fm[f].dt, fm[f].bits, fm[f].gs, TERN_DT_BF16, NH, OUT, fm[f].in, 0, 77 + f);
+        const int in = fm[f].in, ldx = NH * HX, hy = OUT + PAD, ldy = NH * hy;
+        float *x = kt_randv((size_t)20 * ldx, 5 + f, 1.0f), *ta = malloc(sizeof(float) * 20 * in),
+              *tb = malloc(sizeof(float) * 20 * OUT), *y0 = malloc(sizeof(float) * 20 * ldy), *y1 = malloc(sizeof(float) * 20 * ldy);
+        for (int b = 1; b < NBE; b++) {
+            tern_backend *be = g_fast[b];
+            const tern_glm_ops *go = be->vt->glm;
+            for (int mode = 0; mode < 3; mode++) {
+                tern_backend_cpu_set_int8(be, mode == 1);
+                tern_backend_cpu_set_bf16(be, mode == 2);
+                for (size_t ni = 0; ni < TERN_ARRAY_LEN(ns); ni++) {
+                    int n = ns[ni];
+                    for (size_t i = 0; i < (size_t)n * ldy; i++) y0[i] = y1[i] = -7.0f;
+                    for (int h = 0; h < NH; h++) {
+                        go->copy_2d(be, ta, in, x + (size_t)h * HX, ldx, n, in);
+                        be->vt->matmul_expert(be, tb, ta, n, &w.t, h);
+                        go->copy_2d(be, y0 + (size_t)h * hy, ldy, tb, OUT, n, OUT);
+                    }
+                    go->matmul_heads(be, y1, ldy, hy, x, ldx, HX, n, NH, &w.t);
+                    int same = bits_eq(y0, y1, sizeof(float) * (size_t)n * ldy);
+                    if (!same) printf("  %s: format %zu mode %d n %d: matmul_heads differs from the per-head loop\n", g_fast_name[b], f, mode, n);
+                    ok &= same;
+                    runs++;
+                }
+            }
+            tern_backend_cpu_set_int8(be, 0);
+            tern_backend_cpu_set_bf16(be, 0);
+        }
+        free(x); free(ta); free(tb); free(y0); free(y1);
+        kt_weight_free(&w);
+    }
+    CHECK(ok, "matmul_heads differs from the per-head loop");
+    printf("  matmul_heads: %d cases bitwise\n", runs);
+}
+
 int main(void) {
     tern_error e = {0};
     tern_backend_opts o = {.n_threads = 2};
@@ -556,6 +605,7 @@ int main(void) {
     RUN(glm_fast_topk_grid);
     RUN(glm_fast_light_ops);
     RUN(glm_fast_route_grid);
+    RUN(glm_fast_matmul_heads);
     for (int b = 1; b < NBE; b++) tern_backend_close(g_fast[b]);
     tern_backend_close(g_be[0]);
     tern_backend_close(g_be[1]);

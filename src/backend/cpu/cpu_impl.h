@@ -117,6 +117,10 @@ void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx);
 
 void tern__cpu_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w);
 void tern__cpu_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e);
+/* ops.h tern_glm_ops.matmul_heads: matmul_expert of every head h < nh (x, y strided by ldx / hx, ldy / hy) in one pool
+ * run; bitwise the per-head loop (cpu_matmul.c). */
+void tern__cpu_matmul_heads(tern_backend *be, float *y, int ldy, int hy, const float *x, int ldx, int hx, int n, int nh,
+                            const tern_tensor *w);
 void tern__cpu_route_topk(tern_backend *be, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
                           int mode, const float *pes);
 void tern__cpu_moe_mlp(tern_backend *be, float *y, const float *x, int n, int H, const int32_t *idx, const float *wts,

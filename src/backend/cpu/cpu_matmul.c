@@ -38,6 +38,9 @@
  * pool runs: (1) gate and up projections of every active expert for the thread's slice of
  * I, followed by act(g)·u in place; (2) the down projection for the thread's slice of H,
  * accumulated into y with the routing weight. Each expert's weights are read once per step.
+ *
+ * matmul_heads (GLM-5's per-head W_UK / W_UV products, ops.h tern_glm_ops): every head's matmul_expert job in one
+ * pool run over the (head, feature) range — the per-head loop was 2 x 64 pool runs and 256 copies a layer.
  */
 #include "backend/cpu/cpu_impl.h"
 
@@ -401,6 +404,47 @@ static void run_mm(tern_backend *be, float *y, const float *x, int n, const tern
 void tern__cpu_matmul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w) { run_mm(be, y, x, n, w, 0); }
 void tern__cpu_matmul_expert(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int e) {
     run_mm(be, y, x, n, w, e);
+}
+
+/* ---- matmul_heads (ops.h tern_glm_ops): one matmul per head of a stack, one pool run ---- */
+
+typedef struct heads_ctx {
+    cpu_impl *c;
+    float *y;
+    const float *x;
+    size_t ldy, hy, ldx, hx;
+    int n, nh, unit;
+    const tern_tensor *w;
+    int64_t out, per; /* features per head; units per head */
+} heads_ctx;
+
+/* The thread's share of the (head, feature unit) range; each head's part is head h's matmul_expert job over those
+ * features — the same kernels per output as the per-head loop, so the same bits. */
+static void heads_task(void *arg, int ith, int nth) {
+    const heads_ctx *m = arg;
+    int64_t lo, hi;
+    tern__cpu_split((int64_t)m->nh * m->per, 1, ith, nth, &lo, &hi);
+    while (lo < hi) {
+        int h = (int)(lo / m->per);
+        int64_t u1 = TERN_MIN(hi, (int64_t)(h + 1) * m->per);
+        int64_t o0 = (lo - (int64_t)h * m->per) * m->unit, o1 = TERN_MIN(m->out, (u1 - (int64_t)h * m->per) * m->unit);
+        cpu_mm_job jb = {.w = m->w, .mat = h, .x = m->x + (size_t)h * m->hx, .ldx = m->ldx,
+                         .y = m->y + (size_t)h * m->hy, .ldy = m->ldy, .n = m->n};
+        if (o0 < o1) tern__cpu_mm(m->c, ith, &jb, o0, o1);
+        lo = u1;
+    }
+}
+
+void tern__cpu_matmul_heads(tern_backend *be, float *y, int ldy, int hy, const float *x, int ldx, int hx, int n, int nh,
+                            const tern_tensor *w) {
+    cpu_impl *c = be->impl;
+    if (n <= 0 || nh <= 0 || !w || w->ndim != 3 || nh > w->shape[0]) return;
+    const int64_t in = w->shape[2], out = w->shape[1];
+    const int unit = n > 8 ? 32 : 16; /* as mm_task: whole GEMM strips */
+    heads_ctx m = {.c = c, .y = y, .x = x, .ldy = (size_t)ldy, .hy = (size_t)hy, .ldx = (size_t)ldx, .hx = (size_t)hx,
+                   .n = n, .nh = nh, .unit = unit, .w = w, .out = out, .per = (out + unit - 1) / unit};
+    if ((double)n * (double)out * (double)in * nh < 65536.0) heads_task(&m, 0, 1);
+    else tern_pool_run(c->pool, heads_task, &m);
 }
 
 /* ---- routing ---- */

@@ -13,7 +13,8 @@
  * model driver's host code). The batch-1 driver (cpu_decode.c) adds its own split of the GEMV ops,
  * reported through tern__cpu_prof_dec: x preparation on the caller, the workers' start latency after
  * the pool run begins, the spread of the threads' finishing times and the caller's wait after the
- * last one finished. One profiled backend per process.
+ * last one finished. GLM-5's heavy ops (attention_latent, dsa_topk, matmul_heads) are timed through a wrapped copy
+ * of the backend's GLM table. One profiled backend per process.
  */
 #include "backend/cpu/cpu_impl.h"
 #include "ops/ops_prof.h"
@@ -181,6 +182,28 @@ static int p_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, i
     return r;
 }
 
+/* GLM-5's heavy ops (ops.h tern_glm_ops), through a wrapped copy of the backend's table */
+static tern_glm_ops g_glm;
+static void p_attention_latent(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
+                               const tern_kv_layer *kv, int dv, float scale, const int32_t *sel, int k_sel) {
+    const double t0 = begin();
+    g_base->glm->attention_latent(be, out, q, rows, nh, kv, dv, scale, sel, k_sel);
+    end(t0, sel ? "attention_latent (selected)" : "attention_latent");
+}
+static void p_dsa_topk(tern_backend *be, int32_t *sel, const float *q, const float *w, const tern_rows *rows, int nh,
+                       const tern_kv_layer *kv, float scale, int k, float *min_gap) {
+    const double t0 = begin();
+    g_base->glm->dsa_topk(be, sel, q, w, rows, nh, kv, scale, k, min_gap);
+    end(t0, "dsa_topk");
+}
+static void p_matmul_heads(tern_backend *be, float *y, int ldy, int hy, const float *x, int ldx, int hx, int n, int nh,
+                           const tern_tensor *w) {
+    char nm[64];
+    const double t0 = begin();
+    g_base->glm->matmul_heads(be, y, ldy, hy, x, ldx, hx, n, nh, w);
+    end(t0, tern__prof_wname("matmul_heads", w, nm, sizeof nm));
+}
+
 const tern_backend_vt *tern__cpu_vt_select(const tern_backend_vt *base) {
     const char *e = getenv("TERN_CPU_PROFILE");
     if (!(e && e[0] == '1') || g_base) return base; /* off, or a profiled backend exists already */
@@ -195,6 +218,13 @@ const tern_backend_vt *tern__cpu_vt_select(const tern_backend_vt *base) {
     SET(route_topk); SET(moe_mlp); SET(sample); SET(matmul); SET(matmul_expert); SET(matmul_n); SET(matmul_glu);
     SET(matmul_add); SET(norm_matmul); SET(rope_kv_write); SET(norm_qkv_rope_kv); SET(norm_mlp); SET(rmsnorm_add); SET(download);
 #undef SET
+    if (base->glm) {
+        g_glm = *base->glm;
+        if (g_glm.attention_latent) g_glm.attention_latent = p_attention_latent;
+        if (g_glm.dsa_topk) g_glm.dsa_topk = p_dsa_topk;
+        if (g_glm.matmul_heads) g_glm.matmul_heads = p_matmul_heads;
+        g_vt.glm = &g_glm;
+    }
     return &g_vt;
 }
 

@@ -5,7 +5,8 @@
  * The light ops (copy_2d, layernorm, rope_interleaved, kv_write_latent, route_group) run
  * the spec's row functions (cpu_glm.c), so they are bit-identical to "cpu-ref"; only the
  * split changes: on the calling thread for decode-sized inputs, rows over the pool from
- * cpu_impl.par_min elements (prefill). Attention and the DSA indexer live in glm_attn.c.
+ * cpu_impl.par_min elements (prefill). Attention and the DSA indexer live in glm_attn.c; matmul_heads
+ * (every head's matmul_expert in one pool run, bitwise the per-head loop) in cpu_matmul.c.
  *
  * Scratch (tern_glm_state, in cpu_impl.glm) is made on the first GLM op and grown only when
  * a larger shape appears: the indexer's candidate buffers are sized for a whole slot of the
@@ -235,4 +236,5 @@ const tern_glm_ops tern__cpu_glm_fast_ops = {
     .dsa_topk = tern__glm_dsa_topk,
     .attention_latent = tern__glm_attention_latent,
     .route_group = route_group,
+    .matmul_heads = tern__cpu_matmul_heads,
 };
