@@ -3,7 +3,8 @@
  * backend with the driver off (tern__cpu_dec_set(0): per-matrix pool runs, then add /
  * silu_mul / gelu_tanh_mul), for every fused format, exact and int8 mode, at 1-3 threads
  * (3 threads on a 2-core machine makes the work stealing run), matmul_glu in both chunk orders
- * (tern__cpu_glu_split_set), with several rows of x bitwise each row alone, and must decline (return 0,
+ * (tern__cpu_glu_split_set), with several rows of x bitwise each row alone (matmul_expert too: cpu_matmul.c's
+ * gemv_nx path), and must decline (return 0,
  * write nothing) what it does not take. */
 #include "backend/cpu/cpu_impl.h"
 #include "test_kern_util.h"
@@ -153,6 +154,16 @@ static void several_rows(tern_backend *be, const fmt *f, int in, const int *outs
                   f->name, m, in, nx, kn[kind], i);
     }
     tern__cpu_glu_split_set(-1);
+    { /* matmul_expert (the fused GEMV of cpu_matmul.c, several x through gemv_nx): expert 2 of a 3-D stack */
+        kt_weight we;
+        kt_weight_make(&we, f->dt, f->bits, f->gs, f->sdt, 3, outs[0], in, 1, seed + 5);
+        for (size_t e = 0; e < (size_t)nx * outs[0]; e++) a[0][e] = b[0][e] = NAN;
+        op->matmul_expert(be, b[0], x, nx, &we.t, 2);
+        for (int r = 0; r < nx; r++) op->matmul_expert(be, a[0] + (size_t)r * outs[0], x + (size_t)r * in, 1, &we.t, 2);
+        CHECK(same(a[0], b[0], (size_t)nx * outs[0]), "%s %s %s in=%d n=%d: matmul_expert differs from its rows alone", tag,
+              f->name, m, in, nx);
+        kt_weight_free(&we);
+    }
     tern_backend_cpu_set_int8(be, 0);
     tern_backend_cpu_set_bf16(be, 0);
     for (int i = 0; i < 3; i++) { free(a[i]); free(b[i]); kt_weight_free(&w[i]); }

@@ -34,6 +34,10 @@ static void cpu_close(tern_backend *be) {
         tern_afree(c->xq8);
         tern_afree(c->glu);
         tern_afree(c->xrows);
+        if (c->mxb)
+            for (int i = 0; i < c->nth; i++) tern_afree(c->mxb[i]);
+        free(c->mxb);
+        free(c->mxcap);
         tern_afree(c->dec_part);
         tern__cpu_glm_free(c->glm);
         free(c);
@@ -379,13 +383,15 @@ tern_status tern_backend_cpu_open(tern_backend **out, const tern_backend_opts *o
     c->nth = tern_pool_size(c->pool);
     c->tbuf = calloc((size_t)c->nth, sizeof *c->tbuf);
     c->xbuf = calloc((size_t)c->nth, sizeof *c->xbuf);
+    c->mxb = calloc((size_t)c->nth, sizeof *c->mxb);
+    c->mxcap = calloc((size_t)c->nth, sizeof *c->mxcap);
     const char *i8 = getenv("TERN_CPU_INT8");
     c->int8 = (i8 && i8[0] == '1') || be->compute == TERN_COMPUTE_INT8; /* --compute int8 */
     const char *fu = getenv("TERN_CPU_GEMV");
     c->fused = !(fu && fu[0] == '0');
     c->par_min = 1u << 15;
     c->dec_part = tern_aalloc((size_t)c->nth * sizeof *c->dec_part);
-    if (!c->tbuf || !c->xbuf || !c->dec_part) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
+    if (!c->tbuf || !c->xbuf || !c->mxb || !c->mxcap || !c->dec_part) { cpu_close(be); return tern_err(err, TERN_ENOMEM, "cpu backend: out of memory"); }
     for (int i = 0; i < c->nth; i++) {
         c->tbuf[i] = tern_aalloc((size_t)CPU_RT_MAX * CPU_CH * sizeof(float));
         c->xbuf[i] = tern_aalloc(CPU_GX_BUF);

@@ -111,12 +111,14 @@ static int dec_np(const tern_cpu_kern *k, const cpu_gx *gx) {
     v = gx->kind > 0 && gx->kind < (int)sizeof k->gemv_pass ? k->gemv_pass[gx->kind] : 0;
     return v > 0 && v <= most ? v : 4;
 }
+int tern__cpu_dec_np(const tern_cpu_kern *k, const cpu_gx *gx) { return dec_np(k, gx); }
 
 /* Several x through the table's gemv_nx (each weight row unpacked once for all x; the same bits as gemv per x), or
  * with TERN_CPU_GEMV_NX=0 / tern__cpu_gemv_nx_set(0) gemv once per x (before/after A/B). */
 static _Atomic int gemv_nx_on = -1;
 void tern__cpu_gemv_nx_set(int on) { gemv_nx_on = on < 0 ? -1 : on != 0; }
 static int nx_enabled(const tern_cpu_kern *k) { return k->gemv_nx && tern__cpu_switch(&gemv_nx_on, "TERN_CPU_GEMV_NX", 1); }
+int tern__cpu_gemv_nx_on(const tern_cpu_kern *k) { return nx_enabled(k); }
 
 /* Rows [o0, o1) of matrix w through the fused kernel for each of the n prepared x, dec_np weight rows per call and
  * every x on them before the next pass (the weight rows come from memory once, then from L1); v[r·CHUNK + i] = row

@@ -41,6 +41,8 @@ typedef struct cpu_impl {
     size_t xq8_cap;           /* bytes */
     cpu_dec_part *dec_part;   /* [nth] work-stealing ranges of the decode driver (cpu_decode.c) */
     void *xrows;              /* the driver's prepared x of rows 1.. of a several-row call (made on first use) */
+    void **mxb;               /* [nth] several x prepared for mm_gemv's gemv_nx (a thread's own; grown on demand) */
+    size_t *mxcap;            /* [nth] bytes of mxb[i] */
     void *glu;                /* the driver's matmul_glu scratch: up's outputs, then per chunk its halves done (grown on demand) */
     size_t glu_cap;           /* bytes */
 } cpu_impl;
@@ -108,6 +110,8 @@ static inline int tern__cpu_gx_mode(const cpu_impl *c, const tern_tensor *w) {
     return (c->int8 ? CPU_GX_INT8 : 0) | (c->bf16 && w->dtype == TERN_DT_BF16 && !w->precise ? CPU_GX_XBF16 : 0);
 }
 void tern__cpu_gemv_nx_set(int on); /* A/B: several x through the table's gemv_nx (1, default) or gemv per x (0); -1: TERN_CPU_GEMV_NX */
+int tern__cpu_gemv_nx_on(const tern_cpu_kern *k); /* the table has gemv_nx and it is on (cpu_decode.c) */
+int tern__cpu_dec_np(const tern_cpu_kern *k, const cpu_gx *gx); /* weight rows per fused-GEMV call for gx's kind */
 void tern__cpu_dec_set(int on); /* A/B: 0 off, 1 on, -1 back to TERN_CPU_DEC (default on) */
 void tern__cpu_dec_nr_set(int nr); /* A/B: rows per fused-GEMV pass (0: the table's gemv_pass; -1: TERN_CPU_DEC_NR) */
 void tern__cpu_argmax_set(int on); /* A/B: greedy rows of the sample op through kern.h argmax (1, default) or the

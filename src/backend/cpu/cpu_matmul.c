@@ -129,11 +129,65 @@ void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx) {
  * gets the kernel's result on it alone: the same bits at any n, as the decode driver's. Returns 0 when the kernel
  * table has no fused kernel for this format/shape or n is over the limit (the caller then runs the GEMMs or decodes
  * tiles). */
+/* The thread's buffer for n prepared x of `in` inputs (grown on demand; NULL if it cannot be). */
+static void *mx_buf(const cpu_impl *c, int ith, int n, int in) {
+    size_t need = (size_t)n * CPU_GX_BYTES(in);
+    if (c->mxcap[ith] < need) {
+        void *p = tern_aalloc(need);
+        if (!p) return NULL;
+        tern_afree(c->mxb[ith]);
+        c->mxb[ith] = p;
+        c->mxcap[ith] = need;
+    }
+    return c->mxb[ith];
+}
+
+/* y row r of the job gets v[i] for features o..o+nr (stored, or added times yscale[r]) */
+static inline void mm_put(const cpu_mm_job *jb, int r, int64_t o, int nr, const float *v) {
+    float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[r] : r) * jb->ldy + o;
+    if (jb->accum) {
+        float s = jb->yscale ? jb->yscale[r] : 1.0f;
+        for (int i = 0; i < nr; i++) y[i] += s * v[i];
+    } else
+        for (int i = 0; i < nr; i++) y[i] = v[i];
+}
+
+/* Several x (2..the driver's limit) through the table's gemv_nx: every x prepared into the thread's buffer, then
+ * each pass of weight rows is loaded once for all of them (an expert's slice is otherwise re-read per x) — bitwise
+ * gemv per x. Returns 0 (nothing written) when a buffer or the kernel is missing. */
+static int mm_gemv_nx(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1, int in) {
+    const tern_cpu_kern *k = c->k;
+    const tern_tensor *w = jb->w;
+    const int n = jb->n;
+    uint8_t *buf = mx_buf(c, ith, n, in);
+    if (!buf) return 0;
+    cpu_gx gx[TERN_CPU_DEC_NMAX];
+    cpu_wrow rows[8];
+    tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
+    const int mode = tern__cpu_gx_mode(c, w);
+    for (int r = 0; r < n; r++) {
+        const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[r] : r) * jb->ldx;
+        if (!k->gemv_prep(&rows[0], in, mode, x, buf + (size_t)r * CPU_GX_BYTES(in), &gx[r])) return 0;
+        tern__cpu_gemv_pf(w, &gx[r]);
+    }
+    const int np = tern__cpu_dec_np(k, &gx[0]);
+    float v[TERN_CPU_DEC_NMAX * 8];
+    for (int64_t o = o0; o < o1; o += np) {
+        int nr = (int)TERN_MIN((int64_t)np, o1 - o);
+        for (int i = 0; i < nr; i++) tern__cpu_wrow_at(w, jb->mat, o + i, &rows[i]);
+        if (!k->gemv_nx(gx, n, rows, nr, v, 8))
+            for (int r = 0; r < n; r++) k->gemv(&gx[r], rows, nr, v + (size_t)r * 8);
+        for (int r = 0; r < n; r++) mm_put(jb, r, o, nr, v + (size_t)r * 8);
+    }
+    return 1;
+}
+
 static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1) {
     const tern_cpu_kern *k = c->k;
     const tern_tensor *w = jb->w;
     int in = (int)w->shape[w->ndim - 1];
     if (!c->fused || !k->gemv_prep || o0 >= o1 || jb->n < 1 || jb->n > tern__cpu_dec_rows_for(c, w)) return 0;
+    if (jb->n > 1 && tern__cpu_gemv_nx_on(k) && mm_gemv_nx(c, ith, jb, o0, o1, in)) return 1;
     cpu_wrow rows[4];
     cpu_gx gx;
     for (int r = 0; r < jb->n; r++) {
@@ -141,16 +195,12 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
         tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
         if (!k->gemv_prep(&rows[0], in, tern__cpu_gx_mode(c, w), x, c->xbuf[ith], &gx)) return 0; /* the same answer for every row */
         tern__cpu_gemv_pf(w, &gx);
-        float *y = jb->y + (size_t)(jb->yrow ? jb->yrow[r] : r) * jb->ldy;
-        float s = jb->yscale ? jb->yscale[r] : 1.0f, v[4];
+        float v[4];
         for (int64_t o = o0; o < o1; o += 4) {
             int nr = (int)TERN_MIN((int64_t)4, o1 - o);
             for (int i = 0; i < nr; i++) tern__cpu_wrow_at(w, jb->mat, o + i, &rows[i]);
             k->gemv(&gx, rows, nr, v);
-            for (int i = 0; i < nr; i++) {
-                if (jb->accum) y[o + i] += s * v[i];
-                else y[o + i] = v[i];
-            }
+            mm_put(jb, r, o, nr, v);
         }
     }
     return 1;
