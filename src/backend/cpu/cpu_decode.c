@@ -127,24 +127,16 @@ static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, int n, const ter
                       float *v) {
     enum { MAXR = 8 };
     int np = dec_np(k, gx);
-    cpu_wrow rows[MAXR];
-    tern__cpu_wrow_at(w, 0, o0, &rows[0]);
+    cpu_wrow rows[MAXR], base;
+    tern__cpu_wrow_at(w, 0, o0, &base);
     size_t rb = tern_tensor_row_bytes(w), sb = 0;
     if (w->dtype == TERN_DT_Q) sb = (size_t)(w->shape[w->ndim - 1] / w->group_size) * tern_dtype_size(w->sdtype);
-    for (int i = 1; i < np; i++) {
-        rows[i] = rows[i - 1];
-        rows[i].data += rb;
-        if (sb) { rows[i].scales += sb; rows[i].biases += sb; }
-    }
     const int nx = n > 1 && nx_enabled(k);
     for (int64_t o = o0; o < o1; o += np) {
         int nr = (int)TERN_MIN((int64_t)np, o1 - o);
+        for (int i = 0; i < nr; i++) tern__cpu_wrow_step(&base, (size_t)(o - o0 + i), rb, sb, &rows[i]);
         if (!nx || !k->gemv_nx(gx, n, rows, nr, v + (o - o0), CHUNK))
             for (int r = 0; r < n; r++) k->gemv(&gx[r], rows, nr, v + (size_t)r * CHUNK + (o - o0));
-        for (int i = 0; i < np; i++) {
-            rows[i].data += (size_t)np * rb;
-            if (sb) { rows[i].scales += (size_t)np * sb; rows[i].biases += (size_t)np * sb; }
-        }
     }
 }
 

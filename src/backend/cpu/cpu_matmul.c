@@ -82,6 +82,26 @@ void tern__cpu_wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
     }
 }
 
+/* Rows o.. of one matrix are o·rb bytes apart in data and o·sb in scales / biases (every format but block-scaled FP8,
+ * whose scale row changes every blk_rows rows): returns 1 and the steps, so a loop over rows can advance pointers
+ * instead of locating each row (tern__cpu_wrow_at costs a few ns: two calls and the view arithmetic). */
+static int wrow_steps(const tern_tensor *t, size_t *rb, size_t *sb) {
+    if (tern_tensor_is_fp8_block(t)) return 0;
+    *rb = tern_tensor_row_bytes(t);
+    *sb = t->dtype == TERN_DT_Q ? (size_t)(t->shape[t->ndim - 1] / t->group_size) * tern_dtype_size(t->sdtype) : 0;
+    return 1;
+}
+
+/* rows[0..nr) = rows o..o+nr of matrix mat: row o0 (located once, in *base) stepped d = o − o0 rows on where the
+ * matrix allows it (lin, wrow_steps), else each row located */
+static void wrow_pass(const tern_tensor *w, int mat, const cpu_wrow *base, int64_t d, int64_t o, int nr, int lin, size_t rb,
+                      size_t sb, cpu_wrow *rows) {
+    for (int i = 0; i < nr; i++) {
+        if (!lin) { tern__cpu_wrow_at(w, mat, o + i, &rows[i]); continue; }
+        tern__cpu_wrow_step(base, (size_t)(d + i), rb, sb, &rows[i]);
+    }
+}
+
 /* Prefetch distance of the fused Q8/Q4 GEMV (TERN_CPU_PF=bytes, 0 = the kernels' old 1 KB):
  * the rows of one matrix are contiguous, so a pass over rows o..o+3 prefetches the same
  * offsets in the rows `ahead` later (whole passes, >= pf bytes of weight data ahead) and their
@@ -162,8 +182,9 @@ static int mm_gemv_nx(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t 
     uint8_t *buf = mx_buf(c, ith, n, in);
     if (!buf) return 0;
     cpu_gx gx[TERN_CPU_DEC_NMAX];
-    cpu_wrow rows[8];
-    tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
+    cpu_wrow rows[8], base;
+    tern__cpu_wrow_at(w, jb->mat, o0, &base);
+    rows[0] = base;
     const int mode = tern__cpu_gx_mode(c, w);
     for (int r = 0; r < n; r++) {
         const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[r] : r) * jb->ldx;
@@ -172,9 +193,11 @@ static int mm_gemv_nx(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t 
     }
     const int np = tern__cpu_dec_np(k, &gx[0]);
     float v[TERN_CPU_DEC_NMAX * 8];
+    size_t rb = 0, sb = 0;
+    const int lin = wrow_steps(w, &rb, &sb);
     for (int64_t o = o0; o < o1; o += np) {
         int nr = (int)TERN_MIN((int64_t)np, o1 - o);
-        for (int i = 0; i < nr; i++) tern__cpu_wrow_at(w, jb->mat, o + i, &rows[i]);
+        wrow_pass(w, jb->mat, &base, o - o0, o, nr, lin, rb, sb, rows);
         if (!k->gemv_nx(gx, n, rows, nr, v, 8))
             for (int r = 0; r < n; r++) k->gemv(&gx[r], rows, nr, v + (size_t)r * 8);
         for (int r = 0; r < n; r++) mm_put(jb, r, o, nr, v + (size_t)r * 8);
@@ -188,17 +211,19 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     int in = (int)w->shape[w->ndim - 1];
     if (!c->fused || !k->gemv_prep || o0 >= o1 || jb->n < 1 || jb->n > tern__cpu_dec_rows_for(c, w)) return 0;
     if (jb->n > 1 && tern__cpu_gemv_nx_on(k) && mm_gemv_nx(c, ith, jb, o0, o1, in)) return 1;
-    cpu_wrow rows[4];
+    cpu_wrow rows[4], base;
     cpu_gx gx;
+    tern__cpu_wrow_at(w, jb->mat, o0, &base);
+    size_t rb = 0, sb = 0;
+    const int lin = wrow_steps(w, &rb, &sb);
     for (int r = 0; r < jb->n; r++) {
         const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[r] : r) * jb->ldx;
-        tern__cpu_wrow_at(w, jb->mat, o0, &rows[0]);
-        if (!k->gemv_prep(&rows[0], in, tern__cpu_gx_mode(c, w), x, c->xbuf[ith], &gx)) return 0; /* the same answer for every row */
+        if (!k->gemv_prep(&base, in, tern__cpu_gx_mode(c, w), x, c->xbuf[ith], &gx)) return 0; /* the same answer for every row */
         tern__cpu_gemv_pf(w, &gx);
         float v[4];
         for (int64_t o = o0; o < o1; o += 4) {
             int nr = (int)TERN_MIN((int64_t)4, o1 - o);
-            for (int i = 0; i < nr; i++) tern__cpu_wrow_at(w, jb->mat, o + i, &rows[i]);
+            wrow_pass(w, jb->mat, &base, o - o0, o, nr, lin, rb, sb, rows);
             k->gemv(&gx, rows, nr, v);
             mm_put(jb, r, o, nr, v);
         }

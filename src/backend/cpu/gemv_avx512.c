@@ -372,6 +372,27 @@ AI void k_q4i8s_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, 
             bs[r] = _mm512_add_ps(bs[r], grp_i8(&rw[r], j0 / gs, len / gs, gx, ds[r] + j0 / gs));
         }
     }
+    if (n512 == 0 && NR > 1) { /* rows under 512 inputs: every chunk goes to chain 0, so each row is one dependent chain;
+                                 * the rows run side by side (row r's operations and their order are the loop's below:
+                                 * the same bits, more independent work in flight; in 192 ~14 -> ~8 ns a row hot) */
+        __m512 t[4];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < NR; r++) t[r] = _mm512_setzero_ps();
+        for (int c = 0; c < in; c += 128) {
+            const __mmask64 ld = in - c >= 128 ? ~(__mmask64)0 : 0xffffffffull;
+            _Pragma("GCC unroll 4")
+            for (int r = 0; r < NR; r++) {
+                const uint8_t *src = rw[r].data + c / 2;
+                _mm_prefetch((const char *)src + pfd, _MM_HINT_T0);
+                __m512i a = q4i8_chunk(src, gx->xq + c, nib, ld);
+                t[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(map, _mm512_loadu_ps(ds[r] + (c >> gsh))), t[r]);
+            }
+        }
+        const __m512 z = _mm512_setzero_ps(); /* chains 1-3 (and the GS 64 blend of zeros) */
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < NR; r++) y[r] = red_pair(_mm512_add_ps(_mm512_add_ps(t[r], z), _mm512_add_ps(z, z)), bs[r]);
+        return;
+    }
     for (int r = 0; r < NR; r++) {
         __m512 ta[4], tb[4]; /* GS 64: ta lanes 0-7, tb lanes 8-15 of chain u; else ta */
         _Pragma("GCC unroll 4")
