@@ -3,7 +3,7 @@
  * with it switched off (tern__cpu_qkv_rope_set(0)): xn, q, k, v and both whole cache pools, for BF16 / Q8 / Q4 weights,
  * exact and int8, AVX-512 and AVX2, 1-3 threads (3 on two cores runs the work stealing), several head shapes, rope
  * scales and positions (one in a block that is not resident: nothing written); the scalar table has no fused GEMV and
- * must decline, as must several rows, compressed pages and heads that are not whole chunks. */
+ * must decline, as must several rows, compressed pages and odd head widths. */
 #include "backend/cpu/cpu_impl.h"
 #include "test_kern_util.h"
 
@@ -18,7 +18,8 @@ static const fmt fmts[] = {
 };
 
 typedef struct shape { int H, nh, nkv, d; } shape;
-static const shape shapes[] = {{256, 8, 2, 32}, {512, 4, 4, 128}, {128, 8, 8, 16}};
+/* d 48 and 8: heads that straddle the driver's 64-row chunks, and chunks that hold several heads */
+static const shape shapes[] = {{256, 8, 2, 32}, {512, 4, 4, 128}, {128, 8, 8, 16}, {192, 4, 2, 48}, {64, 8, 8, 8}};
 
 typedef struct cache { tern_kv_layer kv; int32_t table[4]; float *k, *v; size_t n; } cache;
 
@@ -124,9 +125,9 @@ TEST(norm_qkv_rope_kv_declines) {
         CHECK(be && be->vt->norm_qkv_rope_kv(be, xn, x, NULL, 1e-5f, q, k, v, ws, &c.kv, &r1, sh.nh, inv, 1.0f) == 0,
               "%s: bf16 pages taken", isa);
         c.kv.kf.kind = TERN_KV_F32;
-        c.kv.head_dim = 8, c.kv.n_head_kv = 8; /* heads of 8 rows: not whole chunks */
-        CHECK(be && be->vt->norm_qkv_rope_kv(be, xn, x, NULL, 1e-5f, q, k, v, ws, &c.kv, &r1, 32, inv, 1.0f) == 0,
-              "%s: heads of 8 taken", isa);
+        c.kv.head_dim = 7; /* an odd head width (no rope pairs) */
+        CHECK(be && be->vt->norm_qkv_rope_kv(be, xn, x, NULL, 1e-5f, q, k, v, ws, &c.kv, &r1, sh.nh, inv, 1.0f) == 0,
+              "%s: heads of 7 taken", isa);
         c.kv.head_dim = sh.d, c.kv.n_head_kv = sh.nkv;
         tern__cpu_qkv_rope_set(0);
         CHECK(be && be->vt->norm_qkv_rope_kv(be, xn, x, NULL, 1e-5f, q, k, v, ws, &c.kv, &r1, sh.nh, inv, 1.0f) == 0,

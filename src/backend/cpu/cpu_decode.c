@@ -30,7 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHUNK 16 /* rows per claim: 16 KB of q4 rows at in = 2048; a multiple of the kernels' 4 and 8 */
+#define CHUNK 64 /* rows per claim (64 KB of q4 rows at in = 2048; a multiple of the kernels' 4 and 8). Each claim is a
+                  * locked compare-and-swap (and a split GLU chunk a locked add), which waits for the core's earlier
+                  * memory operations and holds its later loads back: at 16 rows (16 KB of q4) the Q4 int8 decode
+                  * streamed ~10-15 % slower in the high-bandwidth regime (bench/NOTES.md (bg)) */
 #define GLU_PAD 16 /* the split GLU's per-chunk counters a cache line apart: gate's and up's threads meet on them */
 #define DEC_NMAX TERN_CPU_DEC_NMAX /* most rows of x one call takes (each prepared once; every weight row read once for all) */
 
@@ -140,9 +143,10 @@ static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, int n, const ter
     }
 }
 
-/* n rows from o0 of matrix i were stored: rope / cache-write the heads they complete. */
-static void rope_rows_done(dec_rope *rk, float *const *y, int i, int64_t o0, int n) {
-    const int d = rk->d, h = (int)(o0 / d);
+/* n more rows of head h of matrix i were stored: the thread that completes the head ropes it (q, k) and, once k and v
+ * of a KV head are both complete, writes them to the cache. */
+static void head_rows_done(dec_rope *rk, float *const *y, int i, int h, int n) {
+    const int d = rk->d;
     const int base = i == 0 ? 0 : i == 1 ? rk->nh : rk->nh + rk->nkv;
     if (atomic_fetch_add(&rk->rows[base + h], n) + n < d) return;
     if (i < 2) tern__cpu_rope_head(y[i] + (size_t)h * d, d, rk->pos, rk->inv_freq, rk->cs, rk->sn, rk->mscale);
@@ -150,6 +154,17 @@ static void rope_rows_done(dec_rope *rk, float *const *y, int i, int64_t o0, int
     if (rk->kdst) { /* = kv_write: the whole row's heads are contiguous in a slot */
         memcpy(rk->kdst + (size_t)h * d, y[1] + (size_t)h * d, (size_t)d * sizeof(float));
         memcpy(rk->vdst + (size_t)h * d, y[2] + (size_t)h * d, (size_t)d * sizeof(float));
+    }
+}
+
+/* rows [o0, o0 + n) of matrix i were stored: each head they reach gets its share (a chunk may span heads, a head
+ * chunks) */
+static void rope_rows_done(dec_rope *rk, float *const *y, int i, int64_t o0, int n) {
+    for (int64_t o = o0, end = o0 + n; o < end;) {
+        const int h = (int)(o / rk->d);
+        const int64_t e = TERN_MIN((int64_t)(h + 1) * rk->d, end);
+        head_rows_done(rk, y, i, h, (int)(e - o));
+        o = e;
     }
 }
 
@@ -352,8 +367,7 @@ int tern__cpu_matmul_add(tern_backend *be, float *y, const float *x, int n, cons
  * rope and the cache writes of each head done by the thread that completes it (rope_rows_done), so no single-thread
  * pass follows the run. Bitwise rmsnorm + matmul_n + rope + rope + kv_write: the same kernels and chunks, the
  * same rope code (cpu_impl.h), the same bytes into the same slots. Declines (0, nothing rotated or written) what
- * it does not take: several rows, compressed or latent pages, heads that are not a whole number of chunks or
- * wider than 512, shapes that do not match the heads, formats the driver declines; TERN_CPU_QKV_ROPE=0 (or
+ * it does not take: several rows, compressed or latent pages, heads wider than 512, shapes that do not match the heads, formats the driver declines; TERN_CPU_QKV_ROPE=0 (or
  * tern__cpu_qkv_rope_set(0)) declines everything (the separate ops run: before/after). */
 static _Atomic int qkv_rope_on = -1;
 void tern__cpu_qkv_rope_set(int on) { qkv_rope_on = on < 0 ? -1 : on != 0; }
@@ -364,7 +378,7 @@ int tern__cpu_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     const int on = tern__cpu_switch(&qkv_rope_on, "TERN_CPU_QKV_ROPE", 1);
     const int d = kv->head_dim, nkv = kv->n_head_kv;
     if (!on || rows->n != 1 || kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32 || kv->latent) return 0;
-    if (d < 2 || d > 512 || d % 2 || d % CHUNK || nh < 1 || nh > ROPE_MAX_HEADS || nkv < 1 || nkv > ROPE_MAX_HEADS) return 0;
+    if (d < 2 || d > 512 || d % 2 || nh < 1 || nh > ROPE_MAX_HEADS || nkv < 1 || nkv > ROPE_MAX_HEADS) return 0;
     for (int i = 0; i < 3; i++)
         if (w[i]->ndim != 2 || w[i]->shape[0] != (int64_t)(i ? nkv : nh) * d) return 0;
     dec_rope rk = {.d = d, .nh = nh, .nkv = nkv, .pos = rows->pos[0], .inv_freq = inv_freq, .mscale = mscale};
