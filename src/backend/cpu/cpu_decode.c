@@ -367,8 +367,9 @@ int tern__cpu_matmul_add(tern_backend *be, float *y, const float *x, int n, cons
  * rope and the cache writes of each head done by the thread that completes it (rope_rows_done), so no single-thread
  * pass follows the run. Bitwise rmsnorm + matmul_n + rope + rope + kv_write: the same kernels and chunks, the
  * same rope code (cpu_impl.h), the same bytes into the same slots. Declines (0, nothing rotated or written) what
- * it does not take: several rows, compressed or latent pages, heads wider than 512, shapes that do not match the heads, formats the driver declines; TERN_CPU_QKV_ROPE=0 (or
- * tern__cpu_qkv_rope_set(0)) declines everything (the separate ops run: before/after). */
+ * it does not take: several rows, compressed or latent pages, odd heads or heads wider than 512, shapes that do
+ * not match the heads, formats the driver declines; TERN_CPU_QKV_ROPE=0 (or tern__cpu_qkv_rope_set(0)) declines
+ * everything (the separate ops run: before/after). */
 static _Atomic int qkv_rope_on = -1;
 void tern__cpu_qkv_rope_set(int on) { qkv_rope_on = on < 0 ? -1 : on != 0; }
 

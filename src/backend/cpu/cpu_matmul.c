@@ -143,12 +143,6 @@ void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx) {
     gx->pf_sb = w->dtype != TERN_DT_Q ? 0 : (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
 }
 
-/* A few rows of x (up to the decode driver's limit for the format, tern__cpu_dec_rows_for) through the ISA's fused
- * GEMV: each row of x prepared into the thread's buffer in turn, then the features [o0, o1) 4 weight rows at a time
- * (a thread's slice of an expert — the MoE's use — is re-read from L2 for the rows after the first). Each row of x
- * gets the kernel's result on it alone: the same bits at any n, as the decode driver's. Returns 0 when the kernel
- * table has no fused kernel for this format/shape or n is over the limit (the caller then runs the GEMMs or decodes
- * tiles). */
 /* The thread's buffer for n prepared x of `in` inputs (grown on demand; NULL if it cannot be). */
 static void *mx_buf(const cpu_impl *c, int ith, int n, int in) {
     size_t need = (size_t)n * CPU_GX_BYTES(in);
@@ -184,11 +178,10 @@ static int mm_gemv_nx(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t 
     cpu_gx gx[TERN_CPU_DEC_NMAX];
     cpu_wrow rows[8], base;
     tern__cpu_wrow_at(w, jb->mat, o0, &base);
-    rows[0] = base;
     const int mode = tern__cpu_gx_mode(c, w);
     for (int r = 0; r < n; r++) {
         const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[r] : r) * jb->ldx;
-        if (!k->gemv_prep(&rows[0], in, mode, x, buf + (size_t)r * CPU_GX_BYTES(in), &gx[r])) return 0;
+        if (!k->gemv_prep(&base, in, mode, x, buf + (size_t)r * CPU_GX_BYTES(in), &gx[r])) return 0;
         tern__cpu_gemv_pf(w, &gx[r]);
     }
     const int np = tern__cpu_dec_np(k, &gx[0]);
@@ -205,6 +198,13 @@ static int mm_gemv_nx(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t 
     return 1;
 }
 
+/* A few rows of x (up to the decode driver's limit for the format, tern__cpu_dec_rows_for) through the ISA's fused
+ * GEMV: several rows through mm_gemv_nx (each pass of weight rows loaded once for all of them) where the table has
+ * gemv_nx, else each row of x prepared into the thread's buffer in turn, then the features [o0, o1) 4 weight rows at
+ * a time. Each row of x
+ * gets the kernel's result on it alone: the same bits at any n, as the decode driver's. Returns 0 when the kernel
+ * table has no fused kernel for this format/shape or n is over the limit (the caller then runs the GEMMs or decodes
+ * tiles). */
 static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1) {
     const tern_cpu_kern *k = c->k;
     const tern_tensor *w = jb->w;
