@@ -132,12 +132,12 @@ static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, int n, const ter
     int np = dec_np(k, gx);
     cpu_wrow rows[MAXR], base;
     tern__cpu_wrow_at(w, 0, o0, &base);
-    size_t rb = tern_tensor_row_bytes(w), sb = 0;
-    if (w->dtype == TERN_DT_Q) sb = (size_t)(w->shape[w->ndim - 1] / w->group_size) * tern_dtype_size(w->sdtype);
+    size_t rb = 0, sb = 0;
+    const int lin = tern__cpu_wrow_steps(w, &rb, &sb);
     const int nx = n > 1 && nx_enabled(k);
     for (int64_t o = o0; o < o1; o += np) {
         int nr = (int)TERN_MIN((int64_t)np, o1 - o);
-        for (int i = 0; i < nr; i++) tern__cpu_wrow_step(&base, (size_t)(o - o0 + i), rb, sb, &rows[i]);
+        tern__cpu_wrow_pass(w, 0, &base, o - o0, o, nr, lin, rb, sb, rows);
         if (!nx || !k->gemv_nx(gx, n, rows, nr, v + (o - o0), CHUNK))
             for (int r = 0; r < n; r++) k->gemv(&gx[r], rows, nr, v + (size_t)r * CHUNK + (o - o0));
     }

@@ -78,15 +78,13 @@ typedef struct cpu_mm_job {
 void tern__cpu_mm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1);
 /* Row o of matrix `mat` of t, located (cpu_matmul.c). */
 void tern__cpu_wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r);
-/* Row k after *base in a matrix whose rows are rb bytes apart in data and sb in scales / biases (0: none). Every field
- * is stored once and nothing is read back: a struct copy followed by `+=` on its pointers made GCC reload 16 bytes
- * across two of the copy's stores — a failed store-to-load forward (~15 cycles) per row, a fifth of a short-row GEMV. */
-static inline void tern__cpu_wrow_step(const cpu_wrow *base, size_t k, size_t rb, size_t sb, cpu_wrow *out) {
-    *out = (cpu_wrow){.data = base->data + k * rb,
-                      .scales = sb ? base->scales + k * sb : base->scales,
-                      .biases = sb ? base->biases + k * sb : base->biases,
-                      .dtype = base->dtype, .sdtype = base->sdtype, .bits = base->bits, .gs = base->gs};
-}
+/* Whether rows of t's matrices can be stepped to (all but block-scaled FP8, whose scale row changes every blk_rows
+ * rows): 1, and the byte steps in data (rb) and scales / biases (sb, 0 for unquantized); else 0 (cpu_matmul.c). */
+int tern__cpu_wrow_steps(const tern_tensor *t, size_t *rb, size_t *sb);
+/* rows[0..nr) = rows o..o+nr of matrix mat: row o0 (located once, in *base) stepped d = o − o0 rows on where
+ * tern__cpu_wrow_steps allows it (lin), else each row located (cpu_matmul.c). */
+void tern__cpu_wrow_pass(const tern_tensor *w, int mat, const cpu_wrow *base, int64_t d, int64_t o, int nr, int lin,
+                         size_t rb, size_t sb, cpu_wrow *rows);
 /* The int8 mode's prefill GEMM (gemm_i8_avx512.c; only when c->gemm_i8): features [o0, o1)
  * of a job with Q8/Q4 weights; returns 0 (nothing done) for other formats/group sizes. */
 int tern__cpu_gemm_i8(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1);

@@ -82,23 +82,25 @@ void tern__cpu_wrow_at(const tern_tensor *t, int mat, int64_t o, cpu_wrow *r) {
     }
 }
 
-/* Rows o.. of one matrix are o·rb bytes apart in data and o·sb in scales / biases (every format but block-scaled FP8,
- * whose scale row changes every blk_rows rows): returns 1 and the steps, so a loop over rows can advance pointers
- * instead of locating each row (tern__cpu_wrow_at costs a few ns: two calls and the view arithmetic). */
-static int wrow_steps(const tern_tensor *t, size_t *rb, size_t *sb) {
+int tern__cpu_wrow_steps(const tern_tensor *t, size_t *rb, size_t *sb) {
     if (tern_tensor_is_fp8_block(t)) return 0;
     *rb = tern_tensor_row_bytes(t);
     *sb = t->dtype == TERN_DT_Q ? (size_t)(t->shape[t->ndim - 1] / t->group_size) * tern_dtype_size(t->sdtype) : 0;
     return 1;
 }
 
-/* rows[0..nr) = rows o..o+nr of matrix mat: row o0 (located once, in *base) stepped d = o − o0 rows on where the
- * matrix allows it (lin, wrow_steps), else each row located */
-static void wrow_pass(const tern_tensor *w, int mat, const cpu_wrow *base, int64_t d, int64_t o, int nr, int lin, size_t rb,
-                      size_t sb, cpu_wrow *rows) {
+/* Every field of a stepped row is stored once and nothing is read back: a struct copy followed by `+=` on its
+ * pointers made GCC reload 16 bytes across two of the copy's stores — a failed store-to-load forward (~15 cycles)
+ * per row, a fifth of a short-row GEMV (bench/NOTES.md (bg)). */
+void tern__cpu_wrow_pass(const tern_tensor *w, int mat, const cpu_wrow *base, int64_t d, int64_t o, int nr, int lin,
+                         size_t rb, size_t sb, cpu_wrow *rows) {
     for (int i = 0; i < nr; i++) {
         if (!lin) { tern__cpu_wrow_at(w, mat, o + i, &rows[i]); continue; }
-        tern__cpu_wrow_step(base, (size_t)(d + i), rb, sb, &rows[i]);
+        const size_t k = (size_t)(d + i);
+        rows[i] = (cpu_wrow){.data = base->data + k * rb,
+                             .scales = sb ? base->scales + k * sb : base->scales,
+                             .biases = sb ? base->biases + k * sb : base->biases,
+                             .dtype = base->dtype, .sdtype = base->sdtype, .bits = base->bits, .gs = base->gs};
     }
 }
 
@@ -166,66 +168,41 @@ static inline void mm_put(const cpu_mm_job *jb, int r, int64_t o, int nr, const 
         for (int i = 0; i < nr; i++) y[i] = v[i];
 }
 
-/* Several x (2..the driver's limit) through the table's gemv_nx: every x prepared into the thread's buffer, then
- * each pass of weight rows is loaded once for all of them (an expert's slice is otherwise re-read per x) — bitwise
- * gemv per x. Returns 0 (nothing written) when a buffer or the kernel is missing. */
-static int mm_gemv_nx(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1, int in) {
-    const tern_cpu_kern *k = c->k;
-    const tern_tensor *w = jb->w;
-    const int n = jb->n;
-    uint8_t *buf = mx_buf(c, ith, n, in);
-    if (!buf) return 0;
-    cpu_gx gx[TERN_CPU_DEC_NMAX];
-    cpu_wrow rows[8], base;
-    tern__cpu_wrow_at(w, jb->mat, o0, &base);
-    const int mode = tern__cpu_gx_mode(c, w);
-    for (int r = 0; r < n; r++) {
-        const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[r] : r) * jb->ldx;
-        if (!k->gemv_prep(&base, in, mode, x, buf + (size_t)r * CPU_GX_BYTES(in), &gx[r])) return 0;
-        tern__cpu_gemv_pf(w, &gx[r]);
-    }
-    const int np = tern__cpu_dec_np(k, &gx[0]);
-    float v[TERN_CPU_DEC_NMAX * 8];
-    size_t rb = 0, sb = 0;
-    const int lin = wrow_steps(w, &rb, &sb);
-    for (int64_t o = o0; o < o1; o += np) {
-        int nr = (int)TERN_MIN((int64_t)np, o1 - o);
-        wrow_pass(w, jb->mat, &base, o - o0, o, nr, lin, rb, sb, rows);
-        if (!k->gemv_nx(gx, n, rows, nr, v, 8))
-            for (int r = 0; r < n; r++) k->gemv(&gx[r], rows, nr, v + (size_t)r * 8);
-        for (int r = 0; r < n; r++) mm_put(jb, r, o, nr, v + (size_t)r * 8);
-    }
-    return 1;
-}
-
 /* A few rows of x (up to the decode driver's limit for the format, tern__cpu_dec_rows_for) through the ISA's fused
- * GEMV: several rows through mm_gemv_nx (each pass of weight rows loaded once for all of them) where the table has
- * gemv_nx, else each row of x prepared into the thread's buffer in turn, then the features [o0, o1) 4 weight rows at
- * a time. Each row of x
- * gets the kernel's result on it alone: the same bits at any n, as the decode driver's. Returns 0 when the kernel
- * table has no fused kernel for this format/shape or n is over the limit (the caller then runs the GEMMs or decodes
- * tiles). */
+ * GEMV, as the decode driver runs them: every row of x prepared into the thread's buffer (c->xbuf for one row, mxb for
+ * several), then each pass of weight rows loaded once for all of them — through the table's gemv_nx where it has one
+ * (an expert's slice is otherwise re-read per row), else gemv per row on rows still in L1. When the several-row buffer
+ * cannot be had, the rows go one at a time. Each row of x gets the kernel's result on it alone: the same bits at any
+ * n, as the decode driver's. Returns 0 when the kernel table has no fused kernel for this format/shape (known at the
+ * first row, before anything is written) or n is over the limit (the caller then runs the GEMMs or decodes tiles). */
 static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0, int64_t o1) {
     const tern_cpu_kern *k = c->k;
     const tern_tensor *w = jb->w;
-    int in = (int)w->shape[w->ndim - 1];
-    if (!c->fused || !k->gemv_prep || o0 >= o1 || jb->n < 1 || jb->n > tern__cpu_dec_rows_for(c, w)) return 0;
-    if (jb->n > 1 && tern__cpu_gemv_nx_on(k) && mm_gemv_nx(c, ith, jb, o0, o1, in)) return 1;
-    cpu_wrow rows[4], base;
-    cpu_gx gx;
+    const int in = (int)w->shape[w->ndim - 1], n = jb->n;
+    if (!c->fused || !k->gemv_prep || o0 >= o1 || n < 1 || n > tern__cpu_dec_rows_for(c, w)) return 0;
+    uint8_t *buf = n > 1 ? mx_buf(c, ith, n, in) : NULL;
+    const int nb = buf ? n : 1; /* rows of x per group */
+    if (!buf) buf = c->xbuf[ith];
+    const int mode = tern__cpu_gx_mode(c, w), nx = nb > 1 && tern__cpu_gemv_nx_on(k);
+    cpu_gx gx[TERN_CPU_DEC_NMAX];
+    cpu_wrow rows[8], base;
     tern__cpu_wrow_at(w, jb->mat, o0, &base);
     size_t rb = 0, sb = 0;
-    const int lin = wrow_steps(w, &rb, &sb);
-    for (int r = 0; r < jb->n; r++) {
-        const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[r] : r) * jb->ldx;
-        if (!k->gemv_prep(&base, in, tern__cpu_gx_mode(c, w), x, c->xbuf[ith], &gx)) return 0; /* the same answer for every row */
-        tern__cpu_gemv_pf(w, &gx);
-        float v[4];
-        for (int64_t o = o0; o < o1; o += 4) {
-            int nr = (int)TERN_MIN((int64_t)4, o1 - o);
-            wrow_pass(w, jb->mat, &base, o - o0, o, nr, lin, rb, sb, rows);
-            k->gemv(&gx, rows, nr, v);
-            mm_put(jb, r, o, nr, v);
+    const int lin = tern__cpu_wrow_steps(w, &rb, &sb);
+    float v[TERN_CPU_DEC_NMAX * 8];
+    for (int r0 = 0; r0 < n; r0 += nb) {
+        for (int i = 0; i < nb; i++) {
+            const float *x = jb->x + (size_t)(jb->xrow ? jb->xrow[r0 + i] : r0 + i) * jb->ldx;
+            if (!k->gemv_prep(&base, in, mode, x, buf + (size_t)i * CPU_GX_BYTES(in), &gx[i])) return 0;
+            tern__cpu_gemv_pf(w, &gx[i]);
+        }
+        const int np = tern__cpu_dec_np(k, &gx[0]);
+        for (int64_t o = o0; o < o1; o += np) {
+            int nr = (int)TERN_MIN((int64_t)np, o1 - o);
+            tern__cpu_wrow_pass(w, jb->mat, &base, o - o0, o, nr, lin, rb, sb, rows);
+            if (!nx || !k->gemv_nx(gx, nb, rows, nr, v, 8))
+                for (int i = 0; i < nb; i++) k->gemv(&gx[i], rows, nr, v + (size_t)i * 8);
+            for (int i = 0; i < nb; i++) mm_put(jb, r0 + i, o, nr, v + (size_t)i * 8);
         }
     }
     return 1;

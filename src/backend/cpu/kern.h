@@ -50,9 +50,10 @@ typedef struct cpu_wrow {
 
 /* x prepared once per call for the fused GEMV (kept in a per-thread buffer). */
 #define CPU_GX_MAX_IN 32768 /* longest row the fused GEMV takes; longer rows use decode + dot */
-#define CPU_GX_BUF (CPU_GX_MAX_IN * 4 + CPU_GX_MAX_IN / 32 * 4 + CPU_GX_MAX_IN + CPU_GX_MAX_IN / 4 * 4 + 256)
-/* what gemv_prep writes for a row of `in` inputs (the layout of CPU_GX_BUF over whole 128-input chunks), 64-byte rounded */
+/* What gemv_prep writes for a row of `in` inputs, over whole 128-input chunks r: x reordered (4r), Σx per group (r/8),
+ * the int8 kinds' d and rq (r), int8 x (r), plus 256 bytes; 64-byte rounded. */
 #define CPU_GX_BYTES(in) (((size_t)((in) + 127) / 128 * 128 * 49 / 8 + 256 + 63) / 64 * 64)
+#define CPU_GX_BUF CPU_GX_BYTES(CPU_GX_MAX_IN) /* one buffer for any row */
 enum { CPU_GX_BF16 = 1, CPU_GX_Q8, CPU_GX_Q4, CPU_GX_Q8_I8, CPU_GX_Q4_I8, CPU_GX_BF16R };
 /* gemv_prep's mode bits: the int8 mode (Q rows take x quantized per group, VNNI), the bf16 mode (BF16 rows take x
  * rounded to bf16, vdpbf16ps: CPU_GX_BF16R; the caller sets it only for BF16 weights not marked precise). */
