@@ -221,7 +221,7 @@ AI void k_q4(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { q4_
  * permute. */
 AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int BC) {
     const ptrdiff_t pfd = gx->pf_data;
-    pf_groups(gx, rw, NR, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+    pf_groups(gx, rw, NR);
     const int gs = gx->gs, in = gx->in;
     const __m512i map = lane_groups(4, gs);
     const int gsh = __builtin_ctz((unsigned)gs);
@@ -253,7 +253,7 @@ AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, con
  * 8i..8i+7 of the chunk, one weight group and one x group, so the sums share a scale. */
 AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const ptrdiff_t pfd = gx->pf_data;
-    pf_groups(gx, rw, NR, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+    pf_groups(gx, rw, NR);
     const int gs = gx->gs, in = gx->in;
     const __m512i map = lane_groups(8, gs), nib = _mm512_set1_epi8(0x0f);
     const int gsh = __builtin_ctz((unsigned)gs); /* c / gs without a division per chunk */
@@ -302,7 +302,7 @@ AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, 
     const int gsh = __builtin_ctz((unsigned)gs);
     float sc[CPU_MAX_GROUPS + 16];
     for (int r = 0; r < NR; r++) {
-        pf_groups(gx, rw + r, 1, (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+        pf_groups(gx, rw + r, 1);
         __m512 tot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         __m512 bs = _mm512_setzero_ps();
         for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
@@ -365,7 +365,7 @@ AI void k_q4i8s_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, 
     float ds[4][CPU_GX_MAX_IN / 32 + 16] __attribute__((aligned(64)));
     __m512 bs[4];
     for (int r = 0; r < NR; r++) {
-        pf_groups(gx, rw + r, 1, (size_t)(in / gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+        pf_groups(gx, rw + r, 1);
         bs[r] = _mm512_setzero_ps();
         for (int j0 = 0, ch = CPU_MAX_GROUPS * gs; j0 < in; j0 += ch) {
             int len = in - j0 < ch ? in - j0 : ch;

@@ -22,9 +22,10 @@
  * unchanged; bench/NOTES.md (j)); the demand loads then hit L2. */
 #define PF(p) _mm_prefetch((const char *)(p) + pfd, _MM_HINT_T1)
 
-/* Once per pass: prefetch the scales and biases (nb bytes per row) of the rows pf_sb ahead. */
-AI void pf_groups(const cpu_gx *gx, const cpu_wrow *rw, int NR, size_t nb) {
+/* Once per pass: prefetch the scales and biases of the rows pf_sb ahead (a row's: in / gs values of its sdtype). */
+AI void pf_groups(const cpu_gx *gx, const cpu_wrow *rw, int NR) {
     if (!gx->pf_sb) return;
+    const size_t nb = (size_t)(gx->in / gx->gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2); /* a row's scales */
     for (int r = 0; r < NR; r++)
         for (size_t o = 0; o < nb; o += 64) {
             _mm_prefetch((const char *)rw[r].scales + gx->pf_sb + o, _MM_HINT_T0);
@@ -136,7 +137,7 @@ AI __m512i q4i8_chunk(const uint8_t *src, const int8_t *xq, __m512i nib, __mmask
  * (NR·NX <= 8 there), so each x's sums are those of k_q4 on it alone, bitwise. */
 AI void q4_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const int NR, const int NX) {
     const ptrdiff_t pfd = gx[0].pf_data;
-    pf_groups(&gx[0], rw, NR, (size_t)(gx[0].in / gx[0].gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+    pf_groups(&gx[0], rw, NR);
     const int gs = gx[0].gs, in = gx[0].in;
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
@@ -191,7 +192,7 @@ AI void q4_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const i
  * takes several x (NR·NX <= 8 there) with each x's sums those of k_q8 on it alone. */
 AI void q8_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const int NR, const int NX) {
     const ptrdiff_t pfd = gx[0].pf_data;
-    pf_groups(&gx[0], rw, NR, (size_t)(gx[0].in / gx[0].gs) * (rw[0].sdtype == TERN_DT_F32 ? 4 : 2));
+    pf_groups(&gx[0], rw, NR);
     const int gs = gx[0].gs, in = gx[0].in;
     float sc[4][CPU_MAX_GROUPS + 16], bi[4][CPU_MAX_GROUPS + 16];
     __m512 tot[4][4], bs[4][4];

@@ -42,7 +42,7 @@ AI void q4i8_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const 
     const int gsh = __builtin_ctz((unsigned)gs), gpc = 128 >> gsh;
     float ds[4][CPU_GX_MAX_IN / 32 + 16] __attribute__((aligned(64)));
     __m512 bs[4], t[4][4];
-    pf_groups(&gx[0], w, 1, (size_t)(in / gs) * (w->sdtype == TERN_DT_F32 ? 4 : 2));
+    pf_groups(&gx[0], w, 1);
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++) {
         bs[j] = _mm512_setzero_ps();
