@@ -101,7 +101,7 @@ static void check_ops(tern_backend *be, const fmt *f, int in, const int *outs, i
 }
 
 static void fused_ops_on(tern_backend *be, const char *tag, int nth) {
-    /* out: not multiples of the 16-row chunk; in·out from below to above the pool threshold */
+    /* out: not multiples of the 64-row chunk; in·out from below to above the pool threshold */
     static const int outs_small[3] = {5, 3, 9}, outs_big[3] = {301, 37, 70}, outs_wide[3] = {64, 17, 130};
     for (size_t f = 0; f < TERN_ARRAY_LEN(fmts); f++)
         for (int int8 = 0; int8 < 2; int8++) {

@@ -117,6 +117,52 @@ TEST(attention_single_key_is_v) { /* pos 0: softmax over one key = that V row ex
     tern_backend_close(fast);
 }
 
+/* The tiled attention shares key tiles between rows of one sequence (row blocks) and aligns tiles to key
+ * positions: a row's output must be bitwise the same in the whole batch, alone, and in batches cut elsewhere —
+ * windows, GQA groups of 1/4/6/8, head dims 64-512, softcap, page sizes 5 and 16, a decode row of another slot
+ * in front, and a span row (bidirectional keys) inside the chunk. */
+static void rows_bitwise_on(tern_backend *be, const char *tag, int nth) {
+    static const int shp[][3] = {{32, 8, 64}, {8, 1, 256}, {6, 1, 128}, {4, 4, 64}, {8, 2, 512}};
+    static const int wins[] = {0, 7, 40};
+    unsigned long long seed = 500 + (unsigned)nth;
+    for (size_t h = 0; h < TERN_ARRAY_LEN(shp); h++)
+        for (size_t w = 0; w < TERN_ARRAY_LEN(wins); w++) {
+            const int nh = shp[h][0], nkv = shp[h][1], hd = shp[h][2], bs = (h + w) % 2 ? 5 : 16;
+            kt_cache c;
+            cache_make(&c, 2, 96, nkv, hd, bs, wins[w], seed);
+            cache_fill(be, &c, 0, 0, 71, seed + 1);
+            cache_fill(be, &c, 1, 0, 60, seed + 2);
+            enum { N = 1 + 47 };
+            int32_t pos[N], slot[N], vlo[N], vhi[N];
+            pos[0] = 70; slot[0] = 0;
+            for (int i = 1; i < N; i++) { pos[i] = 12 + i; slot[i] = 1; }
+            for (int i = 0; i < N; i++) { vlo[i] = pos[i]; vhi[i] = pos[i]; }
+            vlo[20] = 29; vhi[20] = 35; /* row 20 (pos 32) also sees 33..35, and 29..31 below its window */
+            const size_t rw = (size_t)nh * hd;
+            float *q = kt_randv(N * rw, seed + 3, 1.0f), *all = malloc(sizeof(float) * N * rw), *one = malloc(sizeof(float) * N * rw);
+            const float cap = w == 1 ? 20.0f : 0.0f, scale = 1.0f / sqrtf((float)hd);
+            for (int spans = 0; spans < 2; spans++) {
+                tern_rows rows = {N, pos, slot, pos, slot};
+                if (spans) { rows.vis_lo = rows.vis_lo_host = vlo; rows.vis_hi = rows.vis_hi_host = vhi; }
+                be->vt->attention(be, all, q, &rows, nh, &c.kv, scale, cap);
+                for (int cut = 1; cut <= 5; cut += 2) /* batches of 1, 3, 5 rows */
+                    for (int r = 0; r < N; r += cut) {
+                        const int n = TERN_MIN(cut, N - r);
+                        tern_rows sub = {n, pos + r, slot + r, pos + r, slot + r};
+                        if (spans) { sub.vis_lo = sub.vis_lo_host = vlo + r; sub.vis_hi = sub.vis_hi_host = vhi + r; }
+                        be->vt->attention(be, one + r * rw, q + r * rw, &sub, nh, &c.kv, scale, cap);
+                    }
+                CHECK(!memcmp(all, one, sizeof(float) * N * rw), "%s nh=%d nkv=%d d=%d win=%d bs=%d spans=%d: rows differ in a batch",
+                      tag, nh, nkv, hd, wins[w], bs, spans);
+            }
+            free(q); free(all); free(one);
+            cache_free(&c);
+            seed += 10;
+        }
+}
+
+TEST(attention_rows_bitwise_any_batch) { kt_each_cpu(rows_bitwise_on); }
+
 TEST(rope_rmsnorm_elementwise) {
     tern_backend *fast = kt_open_cpu("avx512", 2), *ref = kt_open_ref();
     int n = 5, nh = 3, d = 128, N = n * nh * d;
@@ -297,6 +343,7 @@ int main(void) {
     RUN(attention_grid);
     RUN(attention_avx2_and_scalar);
     RUN(attention_single_key_is_v);
+    RUN(attention_rows_bitwise_any_batch);
     RUN(rope_rmsnorm_elementwise);
     RUN(route_topk_ties_and_scale);
     RUN(moe_mlp_vs_ref_and_direct);

@@ -1,15 +1,19 @@
 /*
  * cpu_attn.c — paged attention for the fast CPU backend.
  *
- * Default (tiles): an item is (row, block of query heads of one KV head). The row's visible keys
- * (lo..pos, lo = pos-W+1 with a window; with bidirectional spans the union with the row's span
- * range, tern_key_range_of in ops.h) are cut into tiles of 32 in key order; per tile the ISA's 4x4
- * `dots` of cpu_glm.h give every (head, key) score with one key load serving four heads, then a
- * tile-wise online softmax in f32 (running max m, sum l, the output rescaled by exp(m_old - m_new)
- * when the max grows), then out += p·V through `pv`. Each sum's order is fixed by the ISA and the
- * row's own key stream, so a row's result does not depend on the thread count, the head blocking
- * or the other rows of the batch. llama3-1b bf16 at 2048 context (2 threads): decode 7.5-7.7 ->
- * 8.6-8.8 tok/s, prefill 68 -> 79-81 tok/s against the per-key walk (bench/NOTES.md (m)).
+ * Default (tiles): an item is (block of rows, block of query heads of one KV head), taken from an
+ * atomic counter (KV head major, the rows with most keys first). A block is up to R consecutive rows
+ * of one sequence at consecutive positions (a prefill chunk), so each key and value read from the
+ * cache serves every query of the block (up to TERN_TILE_HB). Keys go in tiles of 32 aligned to
+ * key positions (slot = key mod 32); per tile the ISA's 4x4 `dots` of cpu_glm.h give every
+ * (query, key) score, each query's mask keeps out what it does not see (row r: its causal window
+ * and span, tern_key_range_of), then a tile-wise online softmax (running max m, sum l, the output
+ * rescaled by exp(m_old - m_new) when the max grows; e^x through the ISA's tile_exp), then
+ * out += p·V through `pv`. A masked key weighs exactly 0 and the slots fix every sum's order, so a
+ * row's result does not depend on the thread count, the head or row blocking or the other rows of
+ * the batch (test_kern_ops attention_rows_bitwise_any_batch). llama3-1b shapes (32 / 8 heads, d 64)
+ * 512 rows at 2048 keys: ~175 -> ~55 ms on 2 threads (bench/NOTES.md (bh)); the per-row tiles before
+ * that took decode at 2048 context 7.5-7.7 -> 8.6-8.8 tok/s against the per-key walk (NOTES (m)).
  * TERN_CPU_ATTN=keys: the per-key walk (attn_task: items (row, head), one key at a time through the
  * kernel table's dot/axpy; also the fallback). Table entries < 0 are skipped, never read; keys
  * from the same step were written by kv_write before this runs, so every row of a prefill chunk
@@ -19,6 +23,8 @@
 #include "backend/cpu/glm_state.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,54 +49,118 @@ static const float *kv_vec(const tern_kv_layer *kv, const void *pool, int s, int
 /* TERN_CPU_ATTN=keys: the per-key walk instead of the tiles (comparisons) */
 static int tern_attn_tiled = -1;
 
-/* ---- tiled: an item is (row, block of up to TERN_TILE_HB query heads of one KV head); its visible
- * keys go in tiles of TERN_TILE_K, in key order, through tern__tile_attend (glm_state.h: the GLM
- * latent attention's tile step, with V apart from K here and the softcap). */
+/* ---- tiled: an item is (block of rows, block of query heads of one KV head); its keys go in tiles of TERN_TILE_K
+ * through tern__tile_attend (glm_state.h: the GLM latent attention's tile step, with V apart from K here and the
+ * softcap). Tiles are aligned to key positions (tile j = keys [32j, 32j + 32), slot c = key mod 32), whatever the
+ * row sees: a key's slot, and so the order of every sum, is the same alone or shared. A block is up to R
+ * consecutive rows of one sequence at consecutive positions (no spans), so each key and value row read serves
+ * R x heads queries; each query's own mask (vis) keeps out the keys it does not see, which then change nothing —
+ * a row's result is bitwise the same in any block, batch or thread count. */
 typedef struct tile_ctx {
     attn_ctx a;
     const tern_glm_kern *gk;
-    int hb, nhb; /* heads per item, items per (row, KV head) */
+    int hb, nhb;      /* heads per item, head blocks per KV head */
+    int nblk;         /* row blocks: rows [blk[i], blk[i + 1]) */
+    const int *blk;
+    int64_t items;
+    atomic_llong next;
 } tile_ctx;
 
-static void tile_item(const tile_ctx *c, int r, int kvh, int h0, int nq) {
+#define TK TERN_TILE_K
+static const float zero_row[512]; /* the keys and values of absent slots (weight 0; head_dim <= 512) */
+
+/* Bits of slots [lo, hi] ∩ [B, B + TK) of the tile at B. */
+static inline uint32_t range_bits(int B, int lo, int hi) {
+    if (lo < B) lo = B;
+    if (hi > B + TK - 1) hi = B + TK - 1;
+    if (lo > hi) return 0;
+    const int n = hi - lo + 1;
+    return (n == 32 ? ~(uint32_t)0 : ((uint32_t)1 << n) - 1) << (lo - B);
+}
+
+static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
     const attn_ctx *a = &c->a;
     const tern_kv_layer *kv = a->kv;
-    const int d = kv->head_dim, s = a->rows->slot[r];
+    const int d = kv->head_dim, r0 = c->blk[blk], nr = c->blk[blk + 1] - r0, s = a->rows->slot[r0], nqt = nr * nq;
     tern_tile_acc t;
-    for (int i = 0; i < nq; i++) {
-        const size_t row = (size_t)r * a->nh + (size_t)h0 + i;
-        t.qp[i] = a->q + row * d;
-        t.op[i] = a->out + row * d;
-        memset(t.op[i], 0, (size_t)d * sizeof(float));
-        t.m[i] = -INFINITY;
-        t.l[i] = 0.0f;
+    tern_key_range kr[TERN_TILE_HB];
+    int first = INT32_MAX, last = -1;
+    for (int rr = 0; rr < nr; rr++) {
+        kr[rr] = tern_key_range_of(kv, a->rows, r0 + rr);
+        first = TERN_MIN(first, kr[rr].first);
+        last = TERN_MAX(last, kr[rr].last);
+        for (int i = 0; i < nq; i++) {
+            const size_t row = (size_t)(r0 + rr) * a->nh + (size_t)h0 + i;
+            t.qp[rr * nq + i] = a->q + row * d;
+            t.op[rr * nq + i] = a->out + row * d;
+            memset(t.op[rr * nq + i], 0, (size_t)d * sizeof(float));
+            t.m[rr * nq + i] = -INFINITY;
+            t.l[rr * nq + i] = 0.0f;
+        }
     }
-    tern_key_range kr = tern_key_range_of(kv, a->rows, r);
-    const float *kp[TERN_TILE_K], *vp[TERN_TILE_K];
-    int nk = 0;
-    for (int b = kr.first; b <= kr.last; b++) {
-        const float *kk = tern_key_visible(&kr, b) ? kv_vec(kv, kv->k, s, b, kvh) : NULL;
-        if (!kk) continue;
-        kp[nk] = kk;
-        vp[nk++] = kv_vec(kv, kv->v, s, b, kvh);
-        if (nk == TERN_TILE_K) { tern__tile_attend(c->gk, &t, nq, kp, vp, nk, d, d, a->scale, a->softcap); nk = 0; }
+    const float *kp[TK], *vp[TK];
+    uint32_t vis[TERN_TILE_HB], rvis[TERN_TILE_HB];
+    const int bs = kv->block_size;
+    const size_t tstride = (size_t)kv->n_head_kv * d; /* floats from one position of a page to the next */
+    for (int B = first >= 0 ? first - first % TK : 0; B <= last; B += TK) {
+        uint32_t any = 0;
+        for (int rr = 0; rr < nr; rr++) {
+            rvis[rr] = range_bits(B, kr[rr].lo, kr[rr].hi) | range_bits(B, kr[rr].vlo, kr[rr].vhi);
+            any |= rvis[rr];
+        }
+        uint32_t res = 0; /* resident slots among those */
+        for (int b = B + (any ? __builtin_ctz(any) : TK); b < B + TK && (any >> (b - B));) { /* a page at a time */
+            const int end = TERN_MIN(B + TK - 1, (b / bs + 1) * bs - 1);
+            const float *k0 = kv_vec(kv, kv->k, s, b, kvh), *v0 = k0 ? kv_vec(kv, kv->v, s, b, kvh) : NULL;
+            if (k0) res |= range_bits(B, b, end);
+            for (size_t o = 0; b <= end; b++, o += tstride) {
+                kp[b - B] = k0 ? k0 + o : zero_row;
+                vp[b - B] = k0 ? v0 + o : zero_row;
+            }
+        }
+        any &= res;
+        if (!any) continue;
+        const int nk = 32 - __builtin_clz(any); /* slots [0, nk): absent ones below the last read zeros */
+        for (int c0 = 0; c0 < nk; c0++)
+            if (!(any >> c0 & 1)) kp[c0] = vp[c0] = zero_row;
+        for (int rr = 0; rr < nr; rr++)
+            for (int i = 0; i < nq; i++) vis[rr * nq + i] = rvis[rr] & res;
+        tern__tile_attend(c->gk, &t, nqt, kp, vp, nk, d, d, a->scale, a->softcap, vis);
     }
-    if (nk) tern__tile_attend(c->gk, &t, nq, kp, vp, nk, d, d, a->scale, a->softcap);
-    for (int i = 0; i < nq; i++)
+    for (int i = 0; i < nqt; i++)
         if (t.l[i] > 0.0f) a->k->scal(t.op[i], 1.0f / t.l[i], d);
 }
 
 static void tile_task(void *arg, int ith, int nth) {
-    const tile_ctx *c = arg;
+    (void)ith; (void)nth;
+    tile_ctx *c = arg;
     const attn_ctx *a = &c->a;
-    const int nkv = a->kv->n_head_kv, G = a->nh / nkv;
-    int64_t lo_i, hi_i;
-    tern__cpu_split((int64_t)a->rows->n * nkv * c->nhb, 1, ith, nth, &lo_i, &hi_i);
-    for (int64_t it = lo_i; it < hi_i; it++) {
-        const int r = (int)(it / ((int64_t)nkv * c->nhb)), rem = (int)(it % ((int64_t)nkv * c->nhb));
-        const int kvh = rem / c->nhb, h0 = kvh * G + (rem % c->nhb) * c->hb;
-        tile_item(c, r, kvh, h0, TERN_MIN(c->hb, kvh * G + G - h0));
+    const int G = a->nh / a->kv->n_head_kv;
+    const int64_t per_kvh = (int64_t)c->nblk * c->nhb;
+    for (;;) { /* KV head major (a thread's next item reads the same head's keys), last blocks (most keys) first */
+        const int64_t it = atomic_fetch_add(&c->next, 1);
+        if (it >= c->items) return;
+        const int kvh = (int)(it / per_kvh);
+        const int64_t rem = it % per_kvh;
+        const int blk = c->nblk - 1 - (int)(rem / c->nhb), h0 = kvh * G + (int)(rem % c->nhb) * c->hb;
+        tile_item(c, blk, kvh, h0, TERN_MIN(c->hb, kvh * G + G - h0));
     }
+}
+
+/* Row blocks of up to R rows (one slot, consecutive positions, no span) into blk; returns their count. */
+static int row_blocks(const tern_rows *rows, int R, int *blk) {
+    int nb = 0;
+    for (int r = 0; r < rows->n;) {
+        int e = r + 1;
+        const int span = rows->vis_lo && rows->vis_lo[r] <= rows->vis_hi[r];
+        while (!span && e < rows->n && e - r < R && rows->slot[e] == rows->slot[r] && rows->pos[e] == rows->pos[r] + (e - r) &&
+               !(rows->vis_lo && rows->vis_lo[e] <= rows->vis_hi[e]))
+            e++;
+        blk[nb++] = r;
+        r = e;
+    }
+    blk[nb] = rows->n;
+    return nb;
 }
 
 /* per key: items (row, query head), one key at a time through the kernel table's dot/axpy */
@@ -145,12 +215,18 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
     /* one decode row of a tiny model: not worth waking the pool (same per-(row, head) results) */
     const int tiny = rows->pos_host && rows->n * nh <= 4 && (int64_t)rows->pos_host[0] * kv->head_dim < 16384;
     tern_glm_state *g = tern_attn_tiled ? tern__glm_state(be) : NULL;
-    if (g && nh % kv->n_head_kv == 0) { /* tiled; heads of a KV group in blocks that still give every thread work
-                                          * (the blocking never changes a row's bits: batch == alone) */
+    if (g && nh % kv->n_head_kv == 0 && kv->head_dim <= 512 && tern__glm_reserve_blocks(g, rows->n)) {
+        /* tiled; heads of a KV group in blocks that still give every thread work, rows in blocks that fill a tile's
+         * TERN_TILE_HB queries (neither blocking changes a row's bits: batch == alone) */
         const int G = nh / kv->n_head_kv;
         int hb = TERN_MIN(G, TERN_TILE_HB);
         while (hb > 1 && (int64_t)rows->n * kv->n_head_kv * ((G + hb - 1) / hb) < c->nth) hb = (hb + 1) / 2;
-        tile_ctx tc = {a, g->gk, hb, (G + hb - 1) / hb};
+        int R = TERN_MIN(TERN_TILE_HB / hb, 8);
+        while (R > 1 && (int64_t)(rows->n + R - 1) / R * kv->n_head_kv * ((G + hb - 1) / hb) < 2 * c->nth) R /= 2;
+        tile_ctx tc = {a, g->gk, hb, (G + hb - 1) / hb, 0, g->rblk, 0, 0};
+        tc.nblk = row_blocks(rows, R, g->rblk);
+        tc.items = (int64_t)kv->n_head_kv * tc.nhb * tc.nblk;
+        atomic_init(&tc.next, 0);
         if (tiny) tile_task(&tc, 0, 1);
         else tern_pool_run(c->pool, tile_task, &tc);
         return;

@@ -17,6 +17,7 @@
 #include "ops/ops.h"
 
 #include <math.h>
+#include <stdint.h>
 
 extern const tern_glm_ops tern__cpu_glm_ops;
 extern const tern_glm_ops tern__cpu_glm_fast_ops;
@@ -52,7 +53,17 @@ typedef struct tern_glm_kern {
     void (*dots)(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo);
     /* o[i][0..n) += Σ_c p[i*ldp + c] · v[c][0..n) for i < no (1..4), c < nv (in c order). */
     void (*pv)(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n);
+    /* The tile's scores of nq queries, s[i*lds + c] (c < nk <= TERN_TILE_K): each = scale·s, then cap·tanh(s / cap)
+     * when cap > 0, for the slots c whose bit is set in vis[i]; the others become -inf (keys query i does not see).
+     * mx[i] = the largest of query i's (NaN scores ignored; -inf for none). */
+    void (*tile_max)(float *s, int lds, int nq, int nk, float scale, float cap, const uint32_t *vis, float *mx);
+    /* s[i*lds + c] = e^(s - m[i]) for c < nk (a score of -inf: exactly 0), l[i] += their sum (order fixed by the ISA). */
+    void (*tile_exp)(float *s, int lds, int nq, int nk, const float *m, float *l);
 } tern_glm_kern;
+
+/* The portable tile_max / tile_exp (glm_fast.c; expf and tanhf, sums in c order). */
+void tern__glm_tile_max_scalar(float *s, int lds, int nq, int nk, float scale, float cap, const uint32_t *vis, float *mx);
+void tern__glm_tile_exp_scalar(float *s, int lds, int nq, int nk, const float *m, float *l);
 
 extern const tern_glm_kern tern__glm_kern_scalar;
 extern const tern_glm_kern tern__glm_kern_avx2;

@@ -50,31 +50,27 @@ typedef struct att_ctx {
 } att_ctx;
 
 void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const float *const *kp, const float *const *vp,
-                       int nk, int d, int dv, float scale, float softcap) {
+                       int nk, int d, int dv, float scale, float softcap, const uint32_t *vis) {
     for (int i = 0; i < nq; i += 4)
         for (int c = 0; c < nk; c += 4)
             gk->dots(t->qp + i, TERN_MIN(4, nq - i), kp + c, TERN_MIN(4, nk - c), d, t->sc + i * TK + c, TK);
-    for (int i = 0; i < nq; i++) {
-        float *s = t->sc + i * TK, mx = t->m[i];
-        for (int c = 0; c < nk; c++) {
-            float v = s[c] * scale;
-            if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
-            s[c] = v;
-            if (v > mx) mx = v;
-        }
-        if (mx > t->m[i]) {
+    uint32_t all[TERN_TILE_HB];
+    if (!vis) {
+        for (int i = 0; i < nq; i++) all[i] = ~(uint32_t)0;
+        vis = all;
+    }
+    float mx[TERN_TILE_HB];
+    gk->tile_max(t->sc, TK, nq, nk, scale, softcap, vis, mx);
+    for (int i = 0; i < nq; i++)
+        if (mx[i] > t->m[i]) {
             if (t->l[i] > 0.0f) {
-                const float corr = expf(t->m[i] - mx);
+                const float corr = expf(t->m[i] - mx[i]);
                 for (int j = 0; j < dv; j++) t->op[i][j] *= corr;
                 t->l[i] *= corr;
             }
-            t->m[i] = mx;
+            t->m[i] = mx[i];
         }
-        for (int c = 0; c < nk; c++) {
-            s[c] = expf(s[c] - t->m[i]);
-            t->l[i] += s[c];
-        }
-    }
+    gk->tile_exp(t->sc, TK, nq, nk, t->m, t->l);
     for (int i = 0; i < nq; i += 4) gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TK, TK, vp, nk, dv);
 }
 
@@ -100,9 +96,9 @@ static void att_item(const att_ctx *a, int r, int h0, int h1) {
         if (i < 0) continue;
         kp[nk] = tern__glm_rec_f32(kv, kv->k, i, D, kbuf + (kv->dtype == TERN_DT_BF16 ? (size_t)nk * D : 0));
         nk++;
-        if (nk == TK) { tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f); nk = 0; }
+        if (nk == TK) { tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f, NULL); nk = 0; }
     }
-    if (nk) tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f); /* V = K[0:dv] */
+    if (nk) tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f, NULL); /* V = K[0:dv] */
     for (int i = 0; i < nq; i++)
         if (t.l[i] > 0.0f)
             for (int j = 0; j < a->dv; j++) t.op[i][j] /= t.l[i];

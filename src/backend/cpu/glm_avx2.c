@@ -109,4 +109,4 @@ static void pv_avx2(float *const *o, int no, const float *p, int ldp, const floa
         }
 }
 
-const tern_glm_kern tern__glm_kern_avx2 = {"avx2", dots_avx2, pv_avx2};
+const tern_glm_kern tern__glm_kern_avx2 = {"avx2", dots_avx2, pv_avx2, tern__glm_tile_max_scalar, tern__glm_tile_exp_scalar};

@@ -4,17 +4,44 @@
  * dots: up to 4×4 (query, key) pairs per call share their loads: per 16-float chunk, 4 + 4
  * loads feed 16 FMAs into 16 accumulators (24 of the 32 zmm registers). Every pair's sum is
  * the same sequence — one lane-wise FMA per chunk in t order (the tail chunk masked, zeros
- * add nothing), then _mm512_reduce_add_ps — whatever na/nb are, so a score does not depend
- * on which other heads or keys shared the call.
+ * add nothing), then the 16 lanes in one fixed tree (hsum; dots_4x4 reduces four accumulators
+ * at once with the same pairs) — whatever na/nb are, so a score does not depend on which
+ * other heads or keys shared the call.
  * pv: per 16-float chunk of the output, the (up to 4) output rows stay in registers while the
  * value rows stream by: o += p_c·v_c in c order per element.
+ * tile_max / tile_exp: the attention tiles' softmax 16 keys at a time (vmath_avx512.h vexp and
+ * vtanh for expf and the softcap's tanhf).
  * This file is compiled with AVX-512 flags (Makefile) and used only when cpuid says so.
  */
 #include "backend/cpu/cpu_glm.h"
+#include "backend/cpu/vmath_avx512.h"
 
 #include <immintrin.h>
 
 static inline __mmask16 tail_mask(int rem) { return (__mmask16)((1u << rem) - 1u); }
+
+/* Σ of 16 lanes as one fixed tree: the 256-bit halves, then the 128-bit halves, then lanes (0 + 2, 1 + 3), then
+ * those two — GCC's _mm512_reduce_add_ps order, spelled out so every sum here (dot1, dots_4x4's four-at-once
+ * form, the softmax's) is the same whatever the compiler. */
+static inline float hsum(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_shuffle_ps(b, b, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, _MM_SHUFFLE(0, 0, 0, 1))));
+}
+
+/* hsum of a, b, c, d at once (the same pairs at every level, fewer shuffles): into o[0..3]. */
+static inline void hsum4(__m512 a, __m512 b, __m512 c, __m512 d, float *o) {
+    /* level 1: [a.lo256 | b.lo256] + [a.hi256 | b.hi256] */
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    /* level 2: 128-bit blocks [a0 a1 b0 b1] [c0 c1 d0 d1] -> [a0 b0 c0 d0] + [a1 b1 c1 d1] */
+    __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    /* levels 3 and 4 inside each 128-bit block: (0 + 2, 1 + 3), then those two */
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(0, 0, 0, 1)));
+    _mm_storeu_ps(o, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u)));
+}
 
 /* 4 queries × 4 keys: 16 accumulators spelled out so they stay in registers */
 #define FMA4(i, va)                                                                                                \
@@ -42,11 +69,10 @@ static void dots_4x4(const float *const *a, const float *const *b, int len, floa
         STEP(LD);
 #undef LD
     }
-    float *o0 = out, *o1 = out + ldo, *o2 = out + 2 * ldo, *o3 = out + 3 * ldo;
-    o0[0] = _mm512_reduce_add_ps(c00); o0[1] = _mm512_reduce_add_ps(c01); o0[2] = _mm512_reduce_add_ps(c02); o0[3] = _mm512_reduce_add_ps(c03);
-    o1[0] = _mm512_reduce_add_ps(c10); o1[1] = _mm512_reduce_add_ps(c11); o1[2] = _mm512_reduce_add_ps(c12); o1[3] = _mm512_reduce_add_ps(c13);
-    o2[0] = _mm512_reduce_add_ps(c20); o2[1] = _mm512_reduce_add_ps(c21); o2[2] = _mm512_reduce_add_ps(c22); o2[3] = _mm512_reduce_add_ps(c23);
-    o3[0] = _mm512_reduce_add_ps(c30); o3[1] = _mm512_reduce_add_ps(c31); o3[2] = _mm512_reduce_add_ps(c32); o3[3] = _mm512_reduce_add_ps(c33);
+    hsum4(c00, c01, c02, c03, out);
+    hsum4(c10, c11, c12, c13, out + ldo);
+    hsum4(c20, c21, c22, c23, out + 2 * ldo);
+    hsum4(c30, c31, c32, c33, out + 3 * ldo);
 }
 
 /* one query × one key: the same per-pair sequence as dots_4x4 */
@@ -58,7 +84,7 @@ static float dot1(const float *a, const float *b, int len) {
         __mmask16 m = tail_mask(len - t);
         acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + t), _mm512_maskz_loadu_ps(m, b + t), acc);
     }
-    return _mm512_reduce_add_ps(acc);
+    return hsum(acc);
 }
 
 static void dots_avx512(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo) {
@@ -104,4 +130,55 @@ static void pv_avx512(float *const *o, int no, const float *p, int ldp, const fl
     }
 }
 
-const tern_glm_kern tern__glm_kern_avx512 = {"avx512", dots_avx512, pv_avx512};
+/* The tile's scores 16 at a time (the softcap through vtanh); each query's max as one lane-wise max then a
+ * reduction (NaN lanes ignored: the running max is the second operand). */
+static void tile_max_avx512(float *s, int lds, int nq, int nk, float scale, float cap, const uint32_t *vis, float *mx) {
+    const __m512 sc = _mm512_set1_ps(scale), cp = _mm512_set1_ps(cap), ninf = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < nq; i++) {
+        float *si = s + (size_t)i * lds;
+        __m512 m = ninf;
+        for (int c = 0; c < nk; c += 16) {
+            const __mmask16 ld = nk - c >= 16 ? (__mmask16)0xffff : tail_mask(nk - c), k = ld & (__mmask16)(vis[i] >> c);
+            __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(ld, si + c), sc);
+            if (cap > 0.0f) v = _mm512_mul_ps(cp, vtanh(_mm512_div_ps(v, cp)));
+            _mm512_mask_storeu_ps(si + c, ld, _mm512_mask_blend_ps(k, ninf, v));
+            m = _mm512_mask_max_ps(m, k, v, m);
+        }
+        mx[i] = _mm512_reduce_max_ps(m);
+    }
+}
+
+/* p = e^(s - m) through vexp (-inf scores: 0); per query the sum lane-wise over the tile's 16-key halves, then
+ * hsum. Two queries at a time: their exponentials are independent chains (one vexp is ~17 dependent operations). */
+static inline __m512 tile_p(float *si, int c, int nk, __m512 mv) {
+    const __mmask16 k = nk - c >= 16 ? (__mmask16)0xffff : tail_mask(nk - c);
+    const __m512 v = _mm512_maskz_loadu_ps(k, si + c);
+    const __m512 p = _mm512_maskz_mov_ps(_mm512_mask_cmp_ps_mask(k, v, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ),
+                                         vexp(_mm512_sub_ps(v, mv)));
+    _mm512_mask_storeu_ps(si + c, k, p);
+    return p;
+}
+static void tile_exp_avx512(float *s, int lds, int nq, int nk, const float *m, float *l) {
+    int i = 0;
+    for (; i + 2 <= nq; i += 2) {
+        float *s0 = s + (size_t)i * lds, *s1 = s0 + lds;
+        const __m512 m0 = _mm512_set1_ps(m[i]), m1 = _mm512_set1_ps(m[i + 1]);
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        for (int c = 0; c < nk; c += 16) {
+            const __m512 p0 = tile_p(s0, c, nk, m0), p1 = tile_p(s1, c, nk, m1);
+            a0 = _mm512_add_ps(a0, p0);
+            a1 = _mm512_add_ps(a1, p1);
+        }
+        l[i] += hsum(a0);
+        l[i + 1] += hsum(a1);
+    }
+    for (; i < nq; i++) {
+        float *s0 = s + (size_t)i * lds;
+        const __m512 m0 = _mm512_set1_ps(m[i]);
+        __m512 a0 = _mm512_setzero_ps();
+        for (int c = 0; c < nk; c += 16) a0 = _mm512_add_ps(a0, tile_p(s0, c, nk, m0));
+        l[i] += hsum(a0);
+    }
+}
+
+const tern_glm_kern tern__glm_kern_avx512 = {"avx512", dots_avx512, pv_avx512, tile_max_avx512, tile_exp_avx512};

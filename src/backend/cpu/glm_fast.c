@@ -42,7 +42,32 @@ static void pv_scalar(float *const *o, int no, const float *p, int ldp, const fl
         }
 }
 
-const tern_glm_kern tern__glm_kern_scalar = {"scalar", dots_scalar, pv_scalar};
+void tern__glm_tile_max_scalar(float *s, int lds, int nq, int nk, float scale, float cap, const uint32_t *vis, float *mx) {
+    for (int i = 0; i < nq; i++) {
+        float *si = s + (size_t)i * lds, m = -INFINITY;
+        for (int c = 0; c < nk; c++) {
+            if (!(vis[i] >> c & 1)) { si[c] = -INFINITY; continue; }
+            float v = si[c] * scale;
+            if (cap > 0.0f) v = cap * tanhf(v / cap);
+            si[c] = v;
+            if (v > m) m = v;
+        }
+        mx[i] = m;
+    }
+}
+
+void tern__glm_tile_exp_scalar(float *s, int lds, int nq, int nk, const float *m, float *l) {
+    for (int i = 0; i < nq; i++) {
+        float *si = s + (size_t)i * lds;
+        for (int c = 0; c < nk; c++) {
+            si[c] = si[c] == -INFINITY ? 0.0f : expf(si[c] - m[i]);
+            l[i] += si[c];
+        }
+    }
+}
+
+const tern_glm_kern tern__glm_kern_scalar = {"scalar", dots_scalar, pv_scalar, tern__glm_tile_max_scalar,
+                                             tern__glm_tile_exp_scalar};
 
 /* ---- scratch ---- */
 
@@ -53,6 +78,7 @@ void tern__cpu_glm_free(void *state) {
     tern_afree(g->cpos);
     tern_afree(g->key);
     free(g->gap);
+    free(g->rblk);
     tern_afree(g->rsg);
     free(g->rkeep);
     free(g);
@@ -95,6 +121,15 @@ int tern__glm_reserve_rows(tern_glm_state *g, int n) {
     if (!p) return 0;
     g->gap = p;
     g->gap_cap = n;
+    return 1;
+}
+
+int tern__glm_reserve_blocks(tern_glm_state *g, int n) {
+    if (n + 1 <= g->rblk_cap) return 1;
+    int *p = realloc(g->rblk, sizeof(int) * (size_t)(n + 1));
+    if (!p) return 0;
+    g->rblk = p;
+    g->rblk_cap = n + 1;
     return 1;
 }
 

@@ -24,6 +24,8 @@ typedef struct tern_glm_state {
     uint64_t *key;
     float *gap;                /* [gap_cap] per-row gaps (NaN: none) */
     int gap_cap;
+    int *rblk;                 /* [rblk_cap] the tiled attention's row blocks (cpu_attn.c): first row of each, then n */
+    int rblk_cap;
     /* route_group: per thread 2*route_e floats and route_e + route_g bytes */
     int route_e, route_g;
     float *rsg;
@@ -35,12 +37,15 @@ tern_glm_state *tern__glm_state(tern_backend *be);
 /* Grow the per-thread candidate buffers to `cap` keys / the per-row arrays to n rows; 0 on failure. */
 int tern__glm_reserve_keys(tern_glm_state *g, size_t cap);
 int tern__glm_reserve_rows(tern_glm_state *g, int n);
+int tern__glm_reserve_blocks(tern_glm_state *g, int n); /* rblk for n + 1 entries */
 
 /* One tile of flash-style attention for up to TERN_TILE_HB queries that share their keys (the GLM
  * latent attention's heads; cpu_attn.c's query heads of one KV head): scores q·k over d through
  * the ISA's 4x4 `dots`, times scale (then softcap when > 0), a tile-wise online softmax (running
  * max m, sum l; the output rescaled by exp(m_old - m_new) when the max grows), o += p·v over dv
- * through `pv`. The order of every sum is fixed by the ISA and the key stream. */
+ * through `pv`. The order of every sum is fixed by the ISA and the key stream. vis (NULL: every key) gives per
+ * query the tile's slots it sees (bit c: kp[c]); the others score -inf, weigh exactly 0 and so change nothing
+ * (fma(0, v, o) = o: o starts at +0 and never becomes -0), which lets queries of several rows share a tile. */
 #define TERN_TILE_K 32  /* keys per tile */
 #define TERN_TILE_HB 16 /* queries per tile */
 typedef struct tern_tile_acc {
@@ -50,7 +55,7 @@ typedef struct tern_tile_acc {
     float sc[TERN_TILE_HB * TERN_TILE_K];
 } tern_tile_acc;
 void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const float *const *kp, const float *const *vp,
-                       int nk, int d, int dv, float scale, float softcap);
+                       int nk, int d, int dv, float scale, float softcap, const uint32_t *vis);
 
 void tern__glm_dsa_topk(tern_backend *be, int32_t *sel, const float *q, const float *w, const tern_rows *rows, int nh,
                         const tern_kv_layer *kv, float scale, int k, float *min_gap);
