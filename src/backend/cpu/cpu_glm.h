@@ -51,8 +51,9 @@ typedef struct tern_glm_kern {
     const char *name;
     /* out[i*ldo + j] = Σ_t a[i][t]·b[j][t] for i < na, j < nb (1..4 each), t < len. */
     void (*dots)(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo);
-    /* o[i][0..n) += Σ_c p[i*ldp + c] · v[c][0..n) for i < no (1..4), c < nv (in c order). */
-    void (*pv)(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n);
+    /* o[i][0..n) = o[i]·corr[i] (corr NULL: as is), then += Σ_c p[i*ldp + c] · v[c][0..n) for i < no (1..4), c < nv
+     * (in c order). */
+    void (*pv)(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n, const float *corr);
     /* The tile's scores of nq queries, s[i*lds + c] (c < nk <= TERN_TILE_K): each = scale·s, then cap·tanh(s / cap)
      * when cap > 0, for the slots c whose bit is set in vis[i]; the others become -inf (keys query i does not see).
      * mx[i] = the largest of query i's (NaN scores ignored; -inf for none). */

@@ -59,19 +59,22 @@ void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const 
         for (int i = 0; i < nq; i++) all[i] = ~(uint32_t)0;
         vis = all;
     }
-    float mx[TERN_TILE_HB];
+    float mx[TERN_TILE_HB], corr[TERN_TILE_HB];
     gk->tile_max(t->sc, TK, nq, nk, scale, softcap, vis, mx);
-    for (int i = 0; i < nq; i++)
+    int any = 0;
+    for (int i = 0; i < nq; i++) {
+        corr[i] = 1.0f; /* the output's rescale, applied by pv as it loads o (x 1: the same bits) */
         if (mx[i] > t->m[i]) {
             if (t->l[i] > 0.0f) {
-                const float corr = expf(t->m[i] - mx[i]);
-                for (int j = 0; j < dv; j++) t->op[i][j] *= corr;
-                t->l[i] *= corr;
+                corr[i] = expf(t->m[i] - mx[i]);
+                t->l[i] *= corr[i];
+                any = 1;
             }
             t->m[i] = mx[i];
         }
+    }
     gk->tile_exp(t->sc, TK, nq, nk, t->m, t->l);
-    for (int i = 0; i < nq; i += 4) gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TK, TK, vp, nk, dv);
+    for (int i = 0; i < nq; i += 4) gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TK, TK, vp, nk, dv, any ? corr + i : NULL);
 }
 
 static void att_item(const att_ctx *a, int r, int h0, int h1) {

@@ -73,11 +73,16 @@ static void dots_avx2(const float *const *a, int na, const float *const *b, int 
 }
 
 /* 4 output rows × 16 floats per pass: 8 accumulators, 2 value loads + 4 broadcasts per key */
-static void pv_4x16(float *const *o, const float *p, int ldp, const float *const *v, int nv, int t) {
+static void pv_4x16(float *const *o, const float *p, int ldp, const float *const *v, int nv, int t, const float *corr) {
     __m256 a00 = _mm256_loadu_ps(o[0] + t), a01 = _mm256_loadu_ps(o[0] + t + 8);
     __m256 a10 = _mm256_loadu_ps(o[1] + t), a11 = _mm256_loadu_ps(o[1] + t + 8);
     __m256 a20 = _mm256_loadu_ps(o[2] + t), a21 = _mm256_loadu_ps(o[2] + t + 8);
     __m256 a30 = _mm256_loadu_ps(o[3] + t), a31 = _mm256_loadu_ps(o[3] + t + 8);
+    if (corr) {
+        __m256 c0 = _mm256_set1_ps(corr[0]), c1 = _mm256_set1_ps(corr[1]), c2 = _mm256_set1_ps(corr[2]), c3 = _mm256_set1_ps(corr[3]);
+        a00 = _mm256_mul_ps(a00, c0); a01 = _mm256_mul_ps(a01, c0); a10 = _mm256_mul_ps(a10, c1); a11 = _mm256_mul_ps(a11, c1);
+        a20 = _mm256_mul_ps(a20, c2); a21 = _mm256_mul_ps(a21, c2); a30 = _mm256_mul_ps(a30, c3); a31 = _mm256_mul_ps(a31, c3);
+    }
     for (int c = 0; c < nv; c++) {
         __m256 v0 = _mm256_loadu_ps(v[c] + t), v1 = _mm256_loadu_ps(v[c] + t + 8), pp;
         pp = _mm256_set1_ps(p[c]); a00 = _mm256_fmadd_ps(pp, v0, a00); a01 = _mm256_fmadd_ps(pp, v1, a01);
@@ -91,19 +96,20 @@ static void pv_4x16(float *const *o, const float *p, int ldp, const float *const
     _mm256_storeu_ps(o[3] + t, a30); _mm256_storeu_ps(o[3] + t + 8, a31);
 }
 
-static void pv_avx2(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n) {
+static void pv_avx2(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n, const float *corr) {
     int t = 0;
     if (no == 4)
-        for (; t + 16 <= n; t += 16) pv_4x16(o, p, ldp, v, nv, t);
+        for (; t + 16 <= n; t += 16) pv_4x16(o, p, ldp, v, nv, t, corr);
     for (; t + 8 <= n; t += 8) /* the rest: one row and 8 floats at a time, the same FMA sequence */
         for (int i = 0; i < no; i++) {
             __m256 acc = _mm256_loadu_ps(o[i] + t);
+            if (corr) acc = _mm256_mul_ps(acc, _mm256_set1_ps(corr[i]));
             for (int c = 0; c < nv; c++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[i * ldp + c]), _mm256_loadu_ps(v[c] + t), acc);
             _mm256_storeu_ps(o[i] + t, acc);
         }
     for (; t < n; t++) /* tail: one lane at a time */
         for (int i = 0; i < no; i++) {
-            float s = o[i][t];
+            float s = corr ? o[i][t] * corr[i] : o[i][t];
             for (int c = 0; c < nv; c++) s = __builtin_fmaf(p[i * ldp + c], v[c][t], s);
             o[i][t] = s;
         }

@@ -94,10 +94,13 @@ static void dots_avx512(const float *const *a, int na, const float *const *b, in
 }
 
 /* 4 output rows × 64 floats per pass: 16 accumulators, 4 value loads + 4 broadcasts per key */
-static void pv_4x64(float *const *o, const float *p, int ldp, const float *const *v, int nv, int t) {
+static void pv_4x64(float *const *o, const float *p, int ldp, const float *const *v, int nv, int t, const float *corr) {
     __m512 a[4][4];
     for (int i = 0; i < 4; i++)
-        for (int u = 0; u < 4; u++) a[i][u] = _mm512_loadu_ps(o[i] + t + 16 * u);
+        for (int u = 0; u < 4; u++) {
+            a[i][u] = _mm512_loadu_ps(o[i] + t + 16 * u);
+            if (corr) a[i][u] = _mm512_mul_ps(a[i][u], _mm512_set1_ps(corr[i]));
+        }
     for (int c = 0; c < nv; c++) {
         const float *vc = v[c] + t;
         __m512 v0 = _mm512_loadu_ps(vc), v1 = _mm512_loadu_ps(vc + 16), v2 = _mm512_loadu_ps(vc + 32),
@@ -115,14 +118,15 @@ static void pv_4x64(float *const *o, const float *p, int ldp, const float *const
         for (int u = 0; u < 4; u++) _mm512_storeu_ps(o[i] + t + 16 * u, a[i][u]);
 }
 
-static void pv_avx512(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n) {
+static void pv_avx512(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n, const float *corr) {
     int t = 0;
     if (no == 4)
-        for (; t + 64 <= n; t += 64) pv_4x64(o, p, ldp, v, nv, t);
+        for (; t + 64 <= n; t += 64) pv_4x64(o, p, ldp, v, nv, t, corr);
     for (; t < n; t += 16) { /* the rest: one row and 16 floats at a time, the same FMA sequence */
         __mmask16 m = n - t >= 16 ? (__mmask16)0xffff : tail_mask(n - t);
         for (int i = 0; i < no; i++) {
             __m512 acc = _mm512_maskz_loadu_ps(m, o[i] + t);
+            if (corr) acc = _mm512_mul_ps(acc, _mm512_set1_ps(corr[i]));
             for (int c = 0; c < nv; c++)
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(p[i * ldp + c]), _mm512_maskz_loadu_ps(m, v[c] + t), acc);
             _mm512_mask_storeu_ps(o[i] + t, m, acc);

@@ -33,10 +33,10 @@ static void dots_scalar(const float *const *a, int na, const float *const *b, in
         }
 }
 
-static void pv_scalar(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n) {
+static void pv_scalar(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n, const float *corr) {
     for (int i = 0; i < no; i++)
         for (int t = 0; t < n; t++) {
-            float s = o[i][t];
+            float s = corr ? o[i][t] * corr[i] : o[i][t];
             for (int c = 0; c < nv; c++) s += p[i * ldp + c] * v[c][t];
             o[i][t] = s;
         }
