@@ -260,6 +260,22 @@ static void run_case(const acase *c, unsigned long long seed) {
     CHECK(ex <= c->bound, "K %s V %s d=%d: error vs exact f32 KV %g > %g", kn, vn, d, ex, c->bound);
     printf("  K %-6s V %-6s d=%3d nh=%d nkv=%d W=%d: vs f32 KV %.2e, fast vs dequant ref %.1e\n", kn, vn, d, nh, nkv,
            c->window, ex, ef);
+    { /* a prefill chunk of slot 1 (its rows share key tiles) gives each row bitwise what the row alone gets */
+        enum { NC = T - 10 };
+        int32_t cp[NC], cs[NC];
+        for (int i = 0; i < NC; i++) { cp[i] = 10 + i; cs[i] = 1; }
+        const size_t rw = (size_t)nh * d;
+        float *cq = malloc(sizeof(float) * NC * rw), *ca = malloc(sizeof(float) * NC * rw), *c1 = malloc(sizeof(float) * NC * rw);
+        for (size_t i = 0; i < NC * rw; i++) cq[i] = 3.0f * test_randf(&s);
+        tern_rows cr = {NC, cp, cs, cp, cs};
+        FAST->vt->attention(FAST, ca, cq, &cr, nh, &F.v, scale, c->softcap);
+        for (int i = 0; i < NC; i++) {
+            tern_rows one = {1, cp + i, cs + i, cp + i, cs + i};
+            FAST->vt->attention(FAST, c1 + i * rw, cq + i * rw, &one, nh, &F.v, scale, c->softcap);
+        }
+        CHECK(!memcmp(ca, c1, sizeof(float) * NC * rw), "K %s V %s d=%d: a chunk's rows differ from each row alone", kn, vn, d);
+        free(cq); free(ca); free(c1);
+    }
     kvbuf_free(&R); kvbuf_free(&F); kvbuf_free(&D); kvbuf_free(&X);
     free(k); free(v); free(q); free(oR); free(oF); free(oF1); free(oD); free(oX);
 }

@@ -14,6 +14,8 @@
  * the batch (test_kern_ops attention_rows_bitwise_any_batch). llama3-1b shapes (32 / 8 heads, d 64)
  * 512 rows at 2048 keys: ~175 -> ~55 ms on 2 threads (bench/NOTES.md (bh)); the per-row tiles before
  * that took decode at 2048 context 7.5-7.7 -> 8.6-8.8 tok/s against the per-key walk (NOTES (m)).
+ * Compressed pages (F16 / BF16 / affine / TurboQuant) go through the same tiles, each record decoded once per tile
+ * for the whole block (llama3-1b q4 int8 pp1024 with 8-bit pages 124 -> 231 tok/s).
  * TERN_CPU_ATTN=keys: the per-key walk (attn_task: items (row, head), one key at a time through the
  * kernel table's dot/axpy; also the fallback). Table entries < 0 are skipped, never read; keys
  * from the same step were written by kv_write before this runs, so every row of a prefill chunk
@@ -21,6 +23,7 @@
  */
 #include "backend/cpu/cpu_impl.h"
 #include "backend/cpu/glm_state.h"
+#include "ops/kvq.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -56,6 +59,17 @@ static int tern_attn_tiled = -1;
  * consecutive rows of one sequence at consecutive positions (no spans), so each key and value row read serves
  * R x heads queries; each query's own mask (vis) keeps out the keys it does not see, which then change nothing —
  * a row's result is bitwise the same in any block, batch or thread count. */
+/* Compressed pages (kv->kf / kv->vf not F32, cpu_kvq.c's codecs): a tile's records are decoded once into f32 rows for
+ * every query of the item; TurboQuant keys are compared in the rotated space (queries rotated once: q·k̂ = Rq·ŷ) and
+ * TurboQuant values accumulated there and un-rotated once per query at the end (attention is linear in V). */
+#define TILE_QMAX_D 512 /* compressed pages: largest key / value width in the tiles (stack rows); wider: the per-key walk */
+typedef struct tile_fmt {
+    int q;             /* compressed pages */
+    int kt, vt;        /* TurboQuant keys / values */
+    int P, dk, dv;     /* rotated width; key and value widths in the tiles */
+    size_t kb, vb;     /* record bytes */
+} tile_fmt;
+
 typedef struct tile_ctx {
     attn_ctx a;
     const tern_glm_kern *gk;
@@ -64,6 +78,7 @@ typedef struct tile_ctx {
     const int *blk;
     int64_t items;
     atomic_llong next;
+    tile_fmt f;
 } tile_ctx;
 
 #define TK TERN_TILE_K
@@ -78,10 +93,36 @@ static inline uint32_t range_bits(int B, int lo, int hi) {
     return (n == 32 ? ~(uint32_t)0 : ((uint32_t)1 << n) - 1) << (lo - B);
 }
 
+static tile_fmt tile_fmt_of(const tern_kv_layer *kv) {
+    tile_fmt f = {0};
+    f.q = kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32;
+    f.kt = kv->kf.kind == TERN_KV_TURBO;
+    f.vt = kv->vf.kind == TERN_KV_TURBO;
+    f.P = f.kt || f.vt ? kv->rot_dim : kv->head_dim;
+    f.dk = f.kt ? f.P : kv->head_dim;
+    f.dv = f.vt ? f.P : kv->head_dim;
+    f.kb = f.q ? tern_kvq_vec_bytes(&kv->kf, kv->head_dim) : (size_t)kv->head_dim * sizeof(float);
+    f.vb = f.q ? tern_kvq_vec_bytes(&kv->vf, kv->head_dim) : (size_t)kv->head_dim * sizeof(float);
+    return f;
+}
+
+/* Record of (slot s, position p, KV head kvh) in a pool of rb-byte records; NULL when not resident. */
+static const uint8_t *rec_of(const tern_kv_layer *kv, const void *pool, size_t rb, int s, int p, int kvh) {
+    if (s < 0 || p < 0 || p / kv->block_size >= kv->max_blocks) return NULL;
+    int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
+    if (blk < 0) return NULL;
+    size_t tok = (size_t)blk * kv->block_size + (size_t)(p % kv->block_size);
+    return (const uint8_t *)pool + (tok * kv->n_head_kv + kvh) * rb;
+}
+
 static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
     const attn_ctx *a = &c->a;
     const tern_kv_layer *kv = a->kv;
+    const tile_fmt *f = &c->f;
     const int d = kv->head_dim, r0 = c->blk[blk], nr = c->blk[blk + 1] - r0, s = a->rows->slot[r0], nqt = nr * nq;
+    const int dk = f->dk, dv = f->dv;
+    float qrot[f->kt ? nqt * f->P : 1] __attribute__((aligned(64))), orot[f->vt ? nqt * f->P : 1] __attribute__((aligned(64)));
+    float kdec[f->q ? TK * dk : 1] __attribute__((aligned(64))), vdec[f->q ? TK * dv : 1] __attribute__((aligned(64)));
     tern_tile_acc t;
     tern_key_range kr[TERN_TILE_HB];
     int first = INT32_MAX, last = -1;
@@ -90,18 +131,24 @@ static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
         first = TERN_MIN(first, kr[rr].first);
         last = TERN_MAX(last, kr[rr].last);
         for (int i = 0; i < nq; i++) {
+            const int qi = rr * nq + i;
             const size_t row = (size_t)(r0 + rr) * a->nh + (size_t)h0 + i;
-            t.qp[rr * nq + i] = a->q + row * d;
-            t.op[rr * nq + i] = a->out + row * d;
-            memset(t.op[rr * nq + i], 0, (size_t)d * sizeof(float));
-            t.m[rr * nq + i] = -INFINITY;
-            t.l[rr * nq + i] = 0.0f;
+            t.qp[qi] = a->q + row * d;
+            if (f->kt) {
+                tern_kvq_rotate(kv->rot, f->P, t.qp[qi], d, qrot + (size_t)qi * f->P);
+                t.qp[qi] = qrot + (size_t)qi * f->P;
+            }
+            t.op[qi] = f->vt ? orot + (size_t)qi * f->P : a->out + row * d;
+            memset(t.op[qi], 0, (size_t)dv * sizeof(float));
+            t.m[qi] = -INFINITY;
+            t.l[qi] = 0.0f;
         }
     }
     const float *kp[TK], *vp[TK];
+    const uint8_t *kr8[TK], *vr8[TK];
     uint32_t vis[TERN_TILE_HB], rvis[TERN_TILE_HB];
     const int bs = kv->block_size;
-    const size_t tstride = (size_t)kv->n_head_kv * d; /* floats from one position of a page to the next */
+    const size_t kst = (size_t)kv->n_head_kv * f->kb, vst = (size_t)kv->n_head_kv * f->vb; /* bytes from one position of a page to the next */
     for (int B = first >= 0 ? first - first % TK : 0; B <= last; B += TK) {
         uint32_t any = 0;
         for (int rr = 0; rr < nr; rr++) {
@@ -111,24 +158,36 @@ static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
         uint32_t res = 0; /* resident slots among those */
         for (int b = B + (any ? __builtin_ctz(any) : TK); b < B + TK && (any >> (b - B));) { /* a page at a time */
             const int end = TERN_MIN(B + TK - 1, (b / bs + 1) * bs - 1);
-            const float *k0 = kv_vec(kv, kv->k, s, b, kvh), *v0 = k0 ? kv_vec(kv, kv->v, s, b, kvh) : NULL;
+            const uint8_t *k0 = rec_of(kv, kv->k, f->kb, s, b, kvh), *v0 = k0 ? rec_of(kv, kv->v, f->vb, s, b, kvh) : NULL;
             if (k0) res |= range_bits(B, b, end);
-            for (size_t o = 0; b <= end; b++, o += tstride) {
-                kp[b - B] = k0 ? k0 + o : zero_row;
-                vp[b - B] = k0 ? v0 + o : zero_row;
+            for (size_t ko = 0, vo = 0; b <= end; b++, ko += kst, vo += vst) {
+                kr8[b - B] = k0 ? k0 + ko : NULL;
+                vr8[b - B] = k0 ? v0 + vo : NULL;
             }
         }
         any &= res;
         if (!any) continue;
         const int nk = 32 - __builtin_clz(any); /* slots [0, nk): absent ones below the last read zeros */
-        for (int c0 = 0; c0 < nk; c0++)
-            if (!(any >> c0 & 1)) kp[c0] = vp[c0] = zero_row;
+        for (int c0 = 0; c0 < nk; c0++) {
+            if (!(any >> c0 & 1)) { kp[c0] = vp[c0] = zero_row; continue; }
+            if (!f->q) { kp[c0] = (const float *)kr8[c0]; vp[c0] = (const float *)vr8[c0]; continue; }
+            float *kx = kdec + (size_t)c0 * dk, *vx = vdec + (size_t)c0 * dv; /* decoded once for every query */
+            tern__cpu_kvq_decode(a->k, &kv->kf, d, f->P, kr8[c0], kx);
+            tern__cpu_kvq_decode(a->k, &kv->vf, d, f->P, vr8[c0], vx);
+            kp[c0] = kx;
+            vp[c0] = vx;
+        }
         for (int rr = 0; rr < nr; rr++)
             for (int i = 0; i < nq; i++) vis[rr * nq + i] = rvis[rr] & res;
-        tern__tile_attend(c->gk, &t, nqt, kp, vp, nk, d, d, a->scale, a->softcap, vis);
+        tern__tile_attend(c->gk, &t, nqt, kp, vp, nk, dk, dv, a->scale, a->softcap, vis);
     }
-    for (int i = 0; i < nqt; i++)
-        if (t.l[i] > 0.0f) a->k->scal(t.op[i], 1.0f / t.l[i], d);
+    for (int i = 0; i < nqt; i++) {
+        if (t.l[i] > 0.0f) a->k->scal(t.op[i], 1.0f / t.l[i], dv);
+        if (f->vt) {
+            const int rr = i / nq;
+            tern_kvq_unrotate(kv->rot, f->P, t.op[i], a->out + ((size_t)(r0 + rr) * a->nh + (size_t)h0 + i % nq) * d, d);
+        }
+    }
 }
 
 static void tile_task(void *arg, int ith, int nth) {
@@ -202,10 +261,6 @@ static void attn_task(void *arg, int ith, int nth) {
 
 void tern__cpu_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                          const tern_kv_layer *kv, float scale, float softcap) {
-    if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) { /* compressed pages: cpu_kvq.c */
-        tern__cpu_attention_q(be, out, q, rows, nh, kv, scale, softcap);
-        return;
-    }
     cpu_impl *c = be->impl;
     attn_ctx a = {c->k, out, q, rows, nh, kv, scale, softcap};
     if (tern_attn_tiled < 0) {
@@ -214,8 +269,9 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
     }
     /* one decode row of a tiny model: not worth waking the pool (same per-(row, head) results) */
     const int tiny = rows->pos_host && rows->n * nh <= 4 && (int64_t)rows->pos_host[0] * kv->head_dim < 16384;
+    const tile_fmt f = tile_fmt_of(kv);
     tern_glm_state *g = tern_attn_tiled ? tern__glm_state(be) : NULL;
-    if (g && nh % kv->n_head_kv == 0 && kv->head_dim <= 512 && tern__glm_reserve_blocks(g, rows->n)) {
+    if (g && nh % kv->n_head_kv == 0 && f.dk <= TILE_QMAX_D && f.dv <= TILE_QMAX_D && tern__glm_reserve_blocks(g, rows->n)) {
         /* tiled; heads of a KV group in blocks that still give every thread work, rows in blocks that fill a tile's
          * TERN_TILE_HB queries (neither blocking changes a row's bits: batch == alone) */
         const int G = nh / kv->n_head_kv;
@@ -223,12 +279,16 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
         while (hb > 1 && (int64_t)rows->n * kv->n_head_kv * ((G + hb - 1) / hb) < c->nth) hb = (hb + 1) / 2;
         int R = TERN_MIN(TERN_TILE_HB / hb, 8);
         while (R > 1 && (int64_t)(rows->n + R - 1) / R * kv->n_head_kv * ((G + hb - 1) / hb) < 2 * c->nth) R /= 2;
-        tile_ctx tc = {a, g->gk, hb, (G + hb - 1) / hb, 0, g->rblk, 0, 0};
+        tile_ctx tc = {a, g->gk, hb, (G + hb - 1) / hb, 0, g->rblk, 0, 0, f};
         tc.nblk = row_blocks(rows, R, g->rblk);
         tc.items = (int64_t)kv->n_head_kv * tc.nhb * tc.nblk;
         atomic_init(&tc.next, 0);
         if (tiny) tile_task(&tc, 0, 1);
         else tern_pool_run(c->pool, tile_task, &tc);
+        return;
+    }
+    if (f.q) { /* compressed pages: cpu_kvq.c's per-key walk */
+        tern__cpu_attention_q(be, out, q, rows, nh, kv, scale, softcap);
         return;
     }
     if (tiny) attn_task(&a, 0, 1);

@@ -143,6 +143,8 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
 void tern__cpu_kv_write_q(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v);
 void tern__cpu_attention_q(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                            const tern_kv_layer *kv, float scale, float softcap);
+/* One record of format f into x: d values, or P rotated-space values for TurboQuant. */
+void tern__cpu_kvq_decode(const tern_cpu_kern *k, const tern_kv_fmt *f, int d, int P, const uint8_t *rec, float *x);
 
 /* TERN_CPU_PROFILE=1 (cpu_prof.c): the vtable a backend gets (base itself when off), the table printed at
  * close, the flag the decode driver checks, and the driver's split of one call (seconds). */

@@ -5,7 +5,10 @@
  * kv_write: (row, kv head) pairs split over the pool, each encoded by tern_kvq_encode — the
  * reference encoder itself, so both CPU backends write identical bytes.
  *
- * attention: a work item is (row, kv head, a chunk of that head's query heads). Each key and
+ * attention: by default cpu_attn.c's tiles run on these pages too (a tile's records decoded once
+ * for every query of its row block, through tern__cpu_kvq_decode here). The per-key walk below
+ * remains for keys or values wider than the tiles take (> 512) and TERN_CPU_ATTN=keys: a work item
+ * is (row, kv head, a chunk of that head's query heads). Each key and
  * value record is decoded once per item into a small f32 buffer and used by every query head
  * of the chunk (GQA reuse), with the same online softmax as cpu_attn.c. TurboQuant keys are
  * never un-rotated: each query is rotated once (q·k̂ = Rq·ŷ), and for TurboQuant values the
@@ -107,7 +110,7 @@ static void dec_turbo(const tern_kv_fmt *f, int P, const uint8_t *rec, float *y)
 
 /* Decode a record into x: d values (P rotated-space values for TURBO). F16/BF16 use the ISA
  * table's weight-row decoder (F16C / shifts; the conversions are exact either way). */
-static void dec_rec(const tern_cpu_kern *k, const tern_kv_fmt *f, int d, int P, const uint8_t *rec, float *x) {
+void tern__cpu_kvq_decode(const tern_cpu_kern *k, const tern_kv_fmt *f, int d, int P, const uint8_t *rec, float *x) {
     switch (f->kind) {
     case TERN_KV_F16: case TERN_KV_BF16: {
         cpu_wrow w = {.data = rec, .dtype = f->kind == TERN_KV_F16 ? TERN_DT_F16 : TERN_DT_BF16};
@@ -165,7 +168,7 @@ static void attq_task(void *arg, int ith, int nth) {
         for (int b = kr.first; b <= kr.last; b++) {
             const uint8_t *krec = tern_key_visible(&kr, b) ? rec_at(kv, kv->k, a->kb, s, b, kvh) : NULL;
             if (!krec) continue;
-            dec_rec(k, &kv->kf, d, P, krec, kx);
+            tern__cpu_kvq_decode(k, &kv->kf, d, P, krec, kx);
             for (int j = 0; j < nhc; j++) {
                 float sc = k->dot(qh[j], kx, dk) * a->scale;
                 if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
@@ -180,7 +183,7 @@ static void attq_task(void *arg, int ith, int nth) {
                 p[j] = expf(sc - m[j]);
                 l[j] += p[j];
             }
-            dec_rec(k, &kv->vf, d, P, rec_at(kv, kv->v, a->vb, s, b, kvh), vx);
+            tern__cpu_kvq_decode(k, &kv->vf, d, P, rec_at(kv, kv->v, a->vb, s, b, kvh), vx);
             for (int j = 0; j < nhc; j++) k->axpy(oh[j], p[j], vx, dv);
         }
         for (int j = 0; j < nhc; j++) {
