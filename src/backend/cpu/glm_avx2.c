@@ -10,6 +10,8 @@
 #include "backend/cpu/cpu_glm.h"
 
 #include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -115,4 +117,83 @@ static void pv_avx2(float *const *o, int no, const float *p, int ldp, const floa
         }
 }
 
-const tern_glm_kern tern__glm_kern_avx2 = {"avx2", dots_avx2, pv_avx2, tern__glm_tile_max_scalar, tern__glm_tile_exp_scalar};
+/* e^z for 8 lanes: vmath_avx512.h's vexp in AVX2 (z clamped to [-87, 88]; n = round(z log2 e), r = z - n ln 2 in two
+ * parts, e^r by its Taylor series to r^8, 2^n built in the exponent field: n stays in [-126, 127]). */
+static inline __m256 vexp8(__m256 z) {
+    z = _mm256_max_ps(_mm256_min_ps(z, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), z);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
+    __m256 e = _mm256_set1_ps(1.0f / 40320.0f);
+    static const float ec[] = {1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
+    for (int i = 7; i >= 0; i--) e = _mm256_fmadd_ps(e, r, _mm256_set1_ps(ec[i]));
+    const __m256i pw = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(e, _mm256_castsi256_ps(pw));
+}
+
+/* lanes c..c+7 of a tile row: set where bit (c + i) of bits is set and c + i < nk */
+static inline __m256 lane_mask(uint32_t bits, int c, int nk) {
+    uint32_t b = bits >> c;
+    if (nk - c < 8) b &= (1u << (nk - c)) - 1u;
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)b), sel), sel));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    return _mm_cvtss_f32(s);
+}
+
+/* The tile's scores 8 at a time (with a softcap: the portable loop, tanhf); NaN scores ignored (the running max is
+ * the second operand of max). */
+static void tile_max_avx2(float *s, int lds, int nq, int nk, float scale, float cap, const uint32_t *vis, float *mx) {
+    if (cap > 0.0f) { tern__glm_tile_max_scalar(s, lds, nq, nk, scale, cap, vis, mx); return; }
+    const __m256 sc = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    for (int i = 0; i < nq; i++) {
+        float *si = s + (size_t)i * lds;
+        __m256 m = ninf;
+        for (int c = 0; c < nk; c += 8) {
+            const __m256i ld = tail_mask(nk - c < 8 ? nk - c : 8);
+            const __m256 v = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(si + c), sc), lane_mask(vis[i], c, nk));
+            _mm256_maskstore_ps(si + c, ld, v);
+            m = _mm256_max_ps(v, m);
+        }
+        mx[i] = hmax8(m);
+    }
+}
+
+/* p = e^(s - m) through vexp8 (-inf scores and lanes past nk: 0); per query the sum lane-wise over the tile's 8-key
+ * quarters, then hsum8. */
+static inline __m256 tile_p8(float *si, int c, int nk, __m256 mv) {
+    const __m256i ld = tail_mask(nk - c < 8 ? nk - c : 8);
+    const __m256 v = _mm256_loadu_ps(si + c); /* inside the tile's TERN_TILE_K floats */
+    const __m256 ok = _mm256_and_ps(_mm256_castsi256_ps(ld), _mm256_cmp_ps(v, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ));
+    const __m256 p = _mm256_and_ps(ok, vexp8(_mm256_sub_ps(v, mv)));
+    _mm256_maskstore_ps(si + c, ld, p);
+    return p;
+}
+static void tile_exp_avx2(float *s, int lds, int nq, int nk, const float *m, float *l) {
+    int i = 0;
+    for (; i + 2 <= nq; i += 2) {
+        float *s0 = s + (size_t)i * lds, *s1 = s0 + lds;
+        const __m256 m0 = _mm256_set1_ps(m[i]), m1 = _mm256_set1_ps(m[i + 1]);
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        for (int c = 0; c < nk; c += 8) {
+            a0 = _mm256_add_ps(a0, tile_p8(s0, c, nk, m0));
+            a1 = _mm256_add_ps(a1, tile_p8(s1, c, nk, m1));
+        }
+        l[i] += hsum8(a0);
+        l[i + 1] += hsum8(a1);
+    }
+    for (; i < nq; i++) {
+        float *s0 = s + (size_t)i * lds;
+        const __m256 m0 = _mm256_set1_ps(m[i]);
+        __m256 a0 = _mm256_setzero_ps();
+        for (int c = 0; c < nk; c += 8) a0 = _mm256_add_ps(a0, tile_p8(s0, c, nk, m0));
+        l[i] += hsum8(a0);
+    }
+}
+
+const tern_glm_kern tern__glm_kern_avx2 = {"avx2", dots_avx2, pv_avx2, tile_max_avx2, tile_exp_avx2};
