@@ -186,6 +186,17 @@ static void axpy(float *y, float a, const float *x, int n) {
     for (; t < n; t++) y[t] += a * x[t];
 }
 
+/* y = (x·s)·w per element, the scalar loop's two roundings in its order */
+static void norm_apply(float *y, const float *x, float s, const float *w, int n) {
+    const __m256 vs = _mm256_set1_ps(s);
+    int t = 0;
+    if (w)
+        for (; t + 8 <= n; t += 8) _mm256_storeu_ps(y + t, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + t), vs), _mm256_loadu_ps(w + t)));
+    else
+        for (; t + 8 <= n; t += 8) _mm256_storeu_ps(y + t, _mm256_mul_ps(_mm256_loadu_ps(x + t), vs));
+    for (; t < n; t++) y[t] = w ? x[t] * s * w[t] : x[t] * s;
+}
+
 static void scal(float *y, float a, int n) {
     __m256 va = _mm256_set1_ps(a);
     int t = 0;
@@ -253,6 +264,7 @@ const tern_cpu_kern tern__cpu_kern_avx2 = {
     .dot = dot,
     .axpy = axpy,
     .scal = scal,
+    .norm_apply = norm_apply,
     .readsum = readsum,
     .argmax = argmax,
     .gemm_nr = 16,

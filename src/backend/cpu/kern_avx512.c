@@ -229,6 +229,17 @@ static void axpy(float *y, float a, const float *x, int n) {
     }
 }
 
+/* y = (x·s)·w per element, the scalar loop's two roundings in its order */
+static void norm_apply(float *y, const float *x, float s, const float *w, int n) {
+    const __m512 vs = _mm512_set1_ps(s);
+    int t = 0;
+    if (w)
+        for (; t + 16 <= n; t += 16) _mm512_storeu_ps(y + t, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + t), vs), _mm512_loadu_ps(w + t)));
+    else
+        for (; t + 16 <= n; t += 16) _mm512_storeu_ps(y + t, _mm512_mul_ps(_mm512_loadu_ps(x + t), vs));
+    for (; t < n; t++) y[t] = w ? x[t] * s * w[t] : x[t] * s;
+}
+
 static void scal(float *y, float a, int n) {
     __m512 va = _mm512_set1_ps(a);
     int t = 0;
@@ -381,6 +392,7 @@ const tern_cpu_kern tern__cpu_kern_avx512 = {
     .dot = dot,
     .axpy = axpy,
     .scal = scal,
+    .norm_apply = norm_apply,
     .readsum = readsum,
     .argmax = argmax,
     .gemm_nr = 32,
