@@ -8,6 +8,7 @@
  * This file is compiled with AVX2/FMA flags (Makefile) and used only when cpuid says so.
  */
 #include "backend/cpu/cpu_glm.h"
+#include "backend/cpu/vmath.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -115,20 +116,6 @@ static void pv_avx2(float *const *o, int no, const float *p, int ldp, const floa
             for (int c = 0; c < nv; c++) s = __builtin_fmaf(p[i * ldp + c], v[c][t], s);
             o[i][t] = s;
         }
-}
-
-/* e^z for 8 lanes: vmath_avx512.h's vexp in AVX2 (z clamped to [-87, 88]; n = round(z log2 e), r = z - n ln 2 in two
- * parts, e^r by its Taylor series to r^8, 2^n built in the exponent field: n stays in [-126, 127]). */
-static inline __m256 vexp8(__m256 z) {
-    z = _mm256_max_ps(_mm256_min_ps(z, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), z);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
-    __m256 e = _mm256_set1_ps(1.0f / 40320.0f);
-    static const float ec[] = {1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
-    for (int i = 7; i >= 0; i--) e = _mm256_fmadd_ps(e, r, _mm256_set1_ps(ec[i]));
-    const __m256i pw = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(e, _mm256_castsi256_ps(pw));
 }
 
 /* lanes c..c+7 of a tile row: set where bit (c + i) of bits is set and c + i < nk */

@@ -9,12 +9,12 @@
  * other heads or keys shared the call.
  * pv: per 16-float chunk of the output, the (up to 4) output rows stay in registers while the
  * value rows stream by: o += p_c·v_c in c order per element.
- * tile_max / tile_exp: the attention tiles' softmax 16 keys at a time (vmath_avx512.h vexp and
+ * tile_max / tile_exp: the attention tiles' softmax 16 keys at a time (vmath.h vexp and
  * vtanh for expf and the softcap's tanhf).
  * This file is compiled with AVX-512 flags (Makefile) and used only when cpuid says so.
  */
 #include "backend/cpu/cpu_glm.h"
-#include "backend/cpu/vmath_avx512.h"
+#include "backend/cpu/vmath.h"
 
 #include <immintrin.h>
 

@@ -20,7 +20,7 @@
 #endif
 #include "backend/cpu/kern.h"
 
-#include "backend/cpu/vmath_avx512.h"
+#include "backend/cpu/vmath.h"
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
