@@ -42,11 +42,7 @@ typedef struct attn_ctx {
 } attn_ctx;
 
 static const float *kv_vec(const tern_kv_layer *kv, const void *pool, int s, int p, int kvh) {
-    if (s < 0 || p < 0 || p / kv->block_size >= kv->max_blocks) return NULL;
-    int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
-    if (blk < 0) return NULL;
-    size_t tok = (size_t)blk * kv->block_size + (size_t)(p % kv->block_size);
-    return (const float *)pool + (tok * kv->n_head_kv + kvh) * kv->head_dim;
+    return (const float *)tern__cpu_kv_rec(kv, pool, (size_t)kv->head_dim * sizeof(float), s, p, kvh);
 }
 
 /* TERN_CPU_ATTN=keys: the per-key walk instead of the tiles (comparisons) */
@@ -84,10 +80,10 @@ typedef struct tile_ctx {
 #define TK TERN_TILE_K
 static const float zero_row[512]; /* the keys and values of absent slots (weight 0; head_dim <= 512) */
 
-/* Bits of slots [lo, hi] ∩ [B, B + tk) of the tile at B. */
-static inline uint32_t range_bits(int B, int tk, int lo, int hi) {
+/* Bits of slots [lo, hi] ∩ [B, B + TK) of the tile at B. */
+static inline uint32_t range_bits(int B, int lo, int hi) {
     if (lo < B) lo = B;
-    if (hi > B + tk - 1) hi = B + tk - 1;
+    if (hi > B + TK - 1) hi = B + TK - 1;
     if (lo > hi) return 0;
     const int n = hi - lo + 1;
     return (n == 32 ? ~(uint32_t)0 : ((uint32_t)1 << n) - 1) << (lo - B);
@@ -104,15 +100,6 @@ static tile_fmt tile_fmt_of(const tern_kv_layer *kv) {
     f.kb = f.q ? tern_kvq_vec_bytes(&kv->kf, kv->head_dim) : (size_t)kv->head_dim * sizeof(float);
     f.vb = f.q ? tern_kvq_vec_bytes(&kv->vf, kv->head_dim) : (size_t)kv->head_dim * sizeof(float);
     return f;
-}
-
-/* Record of (slot s, position p, KV head kvh) in a pool of rb-byte records; NULL when not resident. */
-static const uint8_t *rec_of(const tern_kv_layer *kv, const void *pool, size_t rb, int s, int p, int kvh) {
-    if (s < 0 || p < 0 || p / kv->block_size >= kv->max_blocks) return NULL;
-    int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
-    if (blk < 0) return NULL;
-    size_t tok = (size_t)blk * kv->block_size + (size_t)(p % kv->block_size);
-    return (const uint8_t *)pool + (tok * kv->n_head_kv + kvh) * rb;
 }
 
 static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
@@ -146,21 +133,20 @@ static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
     }
     const float *kp[TK], *vp[TK];
     const uint8_t *kr8[TK], *vr8[TK];
-    const int tk = TK; /* 16-key tiles (K and V of a d-256 tile in L1) measured slower: NOTES (bh) */
     uint32_t vis[TERN_TILE_HB], rvis[TERN_TILE_HB];
     const int bs = kv->block_size;
     const size_t kst = (size_t)kv->n_head_kv * f->kb, vst = (size_t)kv->n_head_kv * f->vb; /* bytes from one position of a page to the next */
-    for (int B = first >= 0 ? first - first % tk : 0; B <= last; B += tk) {
+    for (int B = first >= 0 ? first - first % TK : 0; B <= last; B += TK) {
         uint32_t any = 0;
         for (int rr = 0; rr < nr; rr++) {
-            rvis[rr] = range_bits(B, tk, kr[rr].lo, kr[rr].hi) | range_bits(B, tk, kr[rr].vlo, kr[rr].vhi);
+            rvis[rr] = range_bits(B, kr[rr].lo, kr[rr].hi) | range_bits(B, kr[rr].vlo, kr[rr].vhi);
             any |= rvis[rr];
         }
         uint32_t res = 0; /* resident slots among those */
-        for (int b = B + (any ? __builtin_ctz(any) : tk); b < B + tk && (any >> (b - B));) { /* a page at a time */
-            const int end = TERN_MIN(B + tk - 1, (b / bs + 1) * bs - 1);
-            const uint8_t *k0 = rec_of(kv, kv->k, f->kb, s, b, kvh), *v0 = k0 ? rec_of(kv, kv->v, f->vb, s, b, kvh) : NULL;
-            if (k0) res |= range_bits(B, tk, b, end);
+        for (int b = B + (any ? __builtin_ctz(any) : TK); b < B + TK && (any >> (b - B));) { /* a page at a time */
+            const int end = TERN_MIN(B + TK - 1, (b / bs + 1) * bs - 1);
+            const uint8_t *k0 = tern__cpu_kv_rec(kv, kv->k, f->kb, s, b, kvh), *v0 = k0 ? tern__cpu_kv_rec(kv, kv->v, f->vb, s, b, kvh) : NULL;
+            if (k0) res |= range_bits(B, b, end);
             for (size_t ko = 0, vo = 0; b <= end; b++, ko += kst, vo += vst) {
                 kr8[b - B] = k0 ? k0 + ko : NULL;
                 vr8[b - B] = k0 ? v0 + vo : NULL;

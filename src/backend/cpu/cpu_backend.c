@@ -145,15 +145,14 @@ static void cpu_rope(tern_backend *be, float *x, int n, int nh, int d, const int
 static void cpu_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v) {
     if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) { tern__cpu_kv_write_q(be, kv, rows, k, v); return; }
     (void)be;
-    size_t hd = (size_t)kv->head_dim, nkv = (size_t)kv->n_head_kv;
-    for (int r = 0; r < rows->n; r++) {
-        int s = rows->slot[r], p = rows->pos[r];
-        if (s < 0 || p < 0 || p / kv->block_size >= kv->max_blocks) continue;
-        int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
-        if (blk < 0) continue;
-        size_t off = ((size_t)blk * kv->block_size + (size_t)(p % kv->block_size)) * nkv * hd;
-        memcpy((float *)kv->k + off, k + (size_t)r * nkv * hd, nkv * hd * sizeof(float));
-        memcpy((float *)kv->v + off, v + (size_t)r * nkv * hd, nkv * hd * sizeof(float));
+    const size_t hb = (size_t)kv->head_dim * sizeof(float);          /* a head's record */
+    const size_t n = (size_t)kv->n_head_kv * (size_t)kv->head_dim;   /* a position's floats */
+    for (int r = 0; r < rows->n; r++) { /* head 0's record: the position's heads follow it */
+        uint8_t *kd = tern__cpu_kv_rec(kv, kv->k, hb, rows->slot[r], rows->pos[r], 0);
+        uint8_t *vd = tern__cpu_kv_rec(kv, kv->v, hb, rows->slot[r], rows->pos[r], 0);
+        if (!kd) continue;
+        memcpy(kd, k + (size_t)r * n, n * sizeof(float));
+        memcpy(vd, v + (size_t)r * n, n * sizeof(float));
     }
 }
 

@@ -143,6 +143,15 @@ void tern__cpu_attention(tern_backend *be, float *out, const float *q, const ter
 void tern__cpu_kv_write_q(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, const float *k, const float *v);
 void tern__cpu_attention_q(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
                            const tern_kv_layer *kv, float scale, float softcap);
+/* The record of (slot s, position p, KV head kvh) in a paged pool of rb-byte records (a head's f32 row, or a
+ * compressed record); NULL when the position is not resident (slot or block out of range, block table entry < 0). */
+static inline uint8_t *tern__cpu_kv_rec(const tern_kv_layer *kv, const void *pool, size_t rb, int s, int p, int kvh) {
+    if (s < 0 || p < 0 || p / kv->block_size >= kv->max_blocks) return NULL;
+    const int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
+    if (blk < 0) return NULL;
+    const size_t tok = (size_t)blk * kv->block_size + (size_t)(p % kv->block_size);
+    return (uint8_t *)pool + (tok * kv->n_head_kv + kvh) * rb;
+}
 /* One record of format f into x: d values, or P rotated-space values for TurboQuant. */
 void tern__cpu_kvq_decode(const tern_cpu_kern *k, const tern_kv_fmt *f, int d, int P, const uint8_t *rec, float *x);
 

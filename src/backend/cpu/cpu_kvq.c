@@ -34,14 +34,6 @@ typedef struct kvw_ctx {
     size_t kb, vb;
 } kvw_ctx;
 
-static uint8_t *rec_at(const tern_kv_layer *kv, void *pool, size_t rb, int s, int p, int kvh) {
-    if (s < 0 || p < 0 || p / kv->block_size >= kv->max_blocks) return NULL;
-    int32_t blk = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size];
-    if (blk < 0) return NULL;
-    size_t tok = (size_t)blk * kv->block_size + (size_t)(p % kv->block_size);
-    return (uint8_t *)pool + (tok * kv->n_head_kv + kvh) * rb;
-}
-
 static void kvw_task(void *arg, int ith, int nth) {
     kvw_ctx *a = arg;
     const tern_kv_layer *kv = a->kv;
@@ -51,7 +43,7 @@ static void kvw_task(void *arg, int ith, int nth) {
     for (int64_t it = lo; it < hi; it++) {
         int r = (int)(it / kv->n_head_kv), h = (int)(it % kv->n_head_kv);
         int s = a->rows->slot[r], p = a->rows->pos[r];
-        uint8_t *kd = rec_at(kv, kv->k, a->kb, s, p, h), *vd = rec_at(kv, kv->v, a->vb, s, p, h);
+        uint8_t *kd = tern__cpu_kv_rec(kv, kv->k, a->kb, s, p, h), *vd = tern__cpu_kv_rec(kv, kv->v, a->vb, s, p, h);
         if (!kd || !vd) continue;
         tern_kvq_encode(&kv->kf, kv->head_dim, kv->rot, a->k + (size_t)it * kv->head_dim, kd, scratch);
         tern_kvq_encode(&kv->vf, kv->head_dim, kv->rot, a->v + (size_t)it * kv->head_dim, vd, scratch);
@@ -166,7 +158,7 @@ static void attq_task(void *arg, int ith, int nth) {
             l[j] = 0.0f;
         }
         for (int b = kr.first; b <= kr.last; b++) {
-            const uint8_t *krec = tern_key_visible(&kr, b) ? rec_at(kv, kv->k, a->kb, s, b, kvh) : NULL;
+            const uint8_t *krec = tern_key_visible(&kr, b) ? tern__cpu_kv_rec(kv, kv->k, a->kb, s, b, kvh) : NULL;
             if (!krec) continue;
             tern__cpu_kvq_decode(k, &kv->kf, d, P, krec, kx);
             for (int j = 0; j < nhc; j++) {
@@ -183,7 +175,7 @@ static void attq_task(void *arg, int ith, int nth) {
                 p[j] = expf(sc - m[j]);
                 l[j] += p[j];
             }
-            tern__cpu_kvq_decode(k, &kv->vf, d, P, rec_at(kv, kv->v, a->vb, s, b, kvh), vx);
+            tern__cpu_kvq_decode(k, &kv->vf, d, P, tern__cpu_kv_rec(kv, kv->v, a->vb, s, b, kvh), vx);
             for (int j = 0; j < nhc; j++) k->axpy(oh[j], p[j], vx, dv);
         }
         for (int j = 0; j < nhc; j++) {
