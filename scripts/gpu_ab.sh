@@ -862,6 +862,14 @@ if [[ " $SECTIONS " == *" 67 "* ]]; then
     op_test cuda_graph_ ops67
 fi
 
+# 68. session 49: TERN_CUDA_QMMA (qmma.cu: codes straight into mma.sync for 2..64 rows, op-tested since it was written,
+#     never timed) against the default q4 batch kernels (gemv_xr / qgemm_q4_wg): batch decode of llama3-8b q4 at 2 / 8 /
+#     32 / 64 sequences (128 + 128), and gemma4-12b q4 at 8 / 64
+if [[ " $SECTIONS " == *" 68 "* ]]; then
+    conc_ab "TERN_CUDA_QMMA=0;TERN_CUDA_QMMA=1" "llama3-8b:q4" 2,8,32,64
+    conc_ab "TERN_CUDA_QMMA=0;TERN_CUDA_QMMA=1" "gemma4-12b:q4" 8,64
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
