@@ -14,6 +14,7 @@
  * selections; and bit-identical results across thread counts and alone vs in a batch.
  */
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/cpu_glm.h"
 #include "runtime/kv.h"
 #include "test.h"
 #include "test_kern_util.h"
@@ -416,6 +417,59 @@ TEST(glm_fast_attention_grid) {
     CHECK(batch_ok, "attention of a row alone differs from the row in a batch");
 }
 
+/* dots_h / pv_h (16-bit keys and values read in place: BF16 / F16 KV pages, GLM's bf16 latent pages) against dots / pv
+ * on the rows widened to f32, bitwise, on every ISA table: every na / nb / no, lengths around the SIMD widths, f16
+ * subnormals, with and without the rescale */
+TEST(glm_kern_half_rows_bitwise) {
+    static const int lens[] = {1, 3, 8, 15, 16, 17, 20, 37, 64, 72, 100, 128, 200, 256, 512};
+    const tern_glm_kern *tab[3] = {&tern__glm_kern_scalar, &tern__glm_kern_avx2, &tern__glm_kern_avx512};
+    const char *isa[3] = {"scalar", "avx2", "avx512"};
+    enum { NV = 32, L = 512 };
+    float *a[4], *o0[4], *o1[4], *w[NV], p[4 * NV], corr[4] = {0.5f, 1.0f, 0.25f, 0.75f};
+    uint16_t *h[NV];
+    for (int i = 0; i < 4; i++) { a[i] = malloc(4 * L); o0[i] = malloc(4 * L); o1[i] = malloc(4 * L); }
+    for (int c = 0; c < NV; c++) { w[c] = malloc(4 * L); h[c] = malloc(2 * L); }
+    int bad = 0, cases = 0;
+    for (int ti = 0; ti < 3; ti++) {
+        if (ti > 0 && !kt_isa_ok(isa[ti])) continue;
+        const tern_glm_kern *k = tab[ti];
+        for (int bf = 0; bf < 2; bf++) {
+            for (int i = 0; i < 4; i++) fill(a[i], L, 1.0f);
+            for (int c = 0; c < NV; c++)
+                for (int t = 0; t < L; t++) {
+                    float x = test_randf(&g_seed) * (t % 23 == 5 ? 1e-6f : 2.0f); /* some f16 subnormals */
+                    h[c][t] = bf ? tern_f32_to_bf16(x) : tern_f32_to_f16(x);
+                    w[c][t] = bf ? tern_bf16_to_f32(h[c][t]) : tern_f16_to_f32(h[c][t]);
+                }
+            for (int i = 0; i < 4 * NV; i++) p[i] = test_randf(&g_seed) + 1.0f;
+            for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+                const int len = lens[li];
+                for (int na = 1; na <= 4; na++)
+                    for (int nb = 1; nb <= 4; nb++) {
+                        float r0[16], r1[16];
+                        k->dots((const float *const *)a, na, (const float *const *)w + 1, nb, len, r0, 4);
+                        k->dots_h((const float *const *)a, na, (const uint16_t *const *)h + 1, nb, len, r1, 4, bf);
+                        for (int i = 0; i < na; i++) bad += !bits_eq(r0 + 4 * i, r1 + 4 * i, 4 * (size_t)nb);
+                        cases++;
+                    }
+                for (int no = 1; no <= 4; no++)
+                    for (int nv = 1; nv <= NV; nv += 7)
+                        for (int cr = 0; cr < 2; cr++) {
+                            for (int i = 0; i < no; i++) { fill(o0[i], len, 1.0f); memcpy(o1[i], o0[i], 4 * (size_t)len); }
+                            k->pv(o0, no, p, NV, (const float *const *)w, nv, len, cr ? corr : NULL);
+                            k->pv_h(o1, no, p, NV, (const uint16_t *const *)h, nv, len, cr ? corr : NULL, bf);
+                            for (int i = 0; i < no; i++) bad += !bits_eq(o0[i], o1[i], 4 * (size_t)len);
+                            cases++;
+                        }
+            }
+        }
+        printf("  %s: %d cases\n", isa[ti], cases);
+    }
+    CHECK(bad == 0, "%d of %d 16-bit row cases differ from the widened f32 rows", bad, cases);
+    for (int i = 0; i < 4; i++) { free(a[i]); free(o0[i]); free(o1[i]); }
+    for (int c = 0; c < NV; c++) { free(w[c]); free(h[c]); }
+}
+
 /* one dsa_topk call on every backend; returns 1 when all selections (and gaps, if exact) agree */
 static int topk_all(const gview *v, const float *q, const float *w, const tern_rows *rows, int nh, int k, int exact,
                     double *gap_err, int *thr_ok) {
@@ -601,6 +655,7 @@ int main(void) {
         printf("  %s: kernels of isa %s\n", g_fast_name[b], tern_cpu_isa_name());
         unsetenv("TERN_CPU_ISA");
     }
+    RUN(glm_kern_half_rows_bitwise);
     RUN(glm_fast_attention_grid);
     RUN(glm_fast_topk_grid);
     RUN(glm_fast_light_ops);

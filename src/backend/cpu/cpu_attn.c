@@ -15,7 +15,9 @@
  * 512 rows at 2048 keys: ~175 -> ~55 ms on 2 threads (bench/NOTES.md (bh)); the per-row tiles before
  * that took decode at 2048 context 7.5-7.7 -> 8.6-8.8 tok/s against the per-key walk (NOTES (m)).
  * Compressed pages (F16 / BF16 / affine / TurboQuant) go through the same tiles, each record decoded once per tile
- * for the whole block (llama3-1b q4 int8 pp1024 with 8-bit pages 124 -> 231 tok/s).
+ * for the whole block (llama3-1b q4 int8 pp1024 with 8-bit pages 124 -> 231 tok/s); F16 / BF16 records are read in
+ * place (the ISA's dots_h / pv_h widen them as they load: bitwise the decoded path; decode at 4096 keys 23.5 -> 28-32
+ * tok/s, level with f32 pages).
  * TERN_CPU_ATTN=keys: the per-key walk (attn_task: items (row, head), one key at a time through the
  * kernel table's dot/axpy; also the fallback). Table entries < 0 are skipped, never read; keys
  * from the same step were written by kv_write before this runs, so every row of a prefill chunk
@@ -61,6 +63,7 @@ static int tern_attn_tiled = -1;
 #define TILE_QMAX_D 512 /* compressed pages: largest key / value width in the tiles (stack rows); wider: the per-key walk */
 typedef struct tile_fmt {
     int q;             /* compressed pages */
+    int kh, vh;        /* F16 / BF16 keys / values: read in place (TERN_TILE_F16 / BF16), not decoded */
     int kt, vt;        /* TurboQuant keys / values */
     int P, dk, dv;     /* rotated width; key and value widths in the tiles */
     size_t kb, vb;     /* record bytes */
@@ -79,6 +82,7 @@ typedef struct tile_ctx {
 
 #define TK TERN_TILE_K
 static const float zero_row[512]; /* the keys and values of absent slots (weight 0; head_dim <= 512) */
+static const uint16_t zero_h[512]; /* the same for 16-bit pages read in place */
 
 /* Bits of slots [lo, hi] ∩ [B, B + TK) of the tile at B. */
 static inline uint32_t range_bits(int B, int lo, int hi) {
@@ -93,6 +97,8 @@ static tile_fmt tile_fmt_of(const tern_kv_layer *kv) {
     tile_fmt f = {0};
     f.q = kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32;
     f.kt = kv->kf.kind == TERN_KV_TURBO;
+    f.kh = kv->kf.kind == TERN_KV_BF16 ? TERN_TILE_BF16 : kv->kf.kind == TERN_KV_F16 ? TERN_TILE_F16 : TERN_TILE_F32;
+    f.vh = kv->vf.kind == TERN_KV_BF16 ? TERN_TILE_BF16 : kv->vf.kind == TERN_KV_F16 ? TERN_TILE_F16 : TERN_TILE_F32;
     f.vt = kv->vf.kind == TERN_KV_TURBO;
     f.P = f.kt || f.vt ? kv->rot_dim : kv->head_dim;
     f.dk = f.kt ? f.P : kv->head_dim;
@@ -109,7 +115,7 @@ static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
     const int d = kv->head_dim, r0 = c->blk[blk], nr = c->blk[blk + 1] - r0, s = a->rows->slot[r0], nqt = nr * nq;
     const int dk = f->dk, dv = f->dv;
     float qrot[f->kt ? nqt * f->P : 1] __attribute__((aligned(64))), orot[f->vt ? nqt * f->P : 1] __attribute__((aligned(64)));
-    float kdec[f->q ? TK * dk : 1] __attribute__((aligned(64))), vdec[f->q ? TK * dv : 1] __attribute__((aligned(64)));
+    float kdec[f->q && !f->kh ? TK * dk : 1] __attribute__((aligned(64))), vdec[f->q && !f->vh ? TK * dv : 1] __attribute__((aligned(64)));
     tern_tile_acc t;
     tern_key_range kr[TERN_TILE_HB];
     int first = INT32_MAX, last = -1;
@@ -132,6 +138,8 @@ static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
         }
     }
     const float *kp[TK], *vp[TK];
+    const uint16_t *kh[TK], *vh[TK];
+    const tern_tile_rows ktr = {kp, kh, f->kh}, vtr = {vp, vh, f->vh};
     const uint8_t *kr8[TK], *vr8[TK];
     uint32_t vis[TERN_TILE_HB], rvis[TERN_TILE_HB];
     const int bs = kv->block_size;
@@ -165,17 +173,24 @@ static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
                     for (size_t o = 0; o < f->vb; o += 64) __builtin_prefetch(vr8[c0] + o, 0, 3);
                 }
         for (int c0 = 0; c0 < nk; c0++) {
-            if (!(any >> c0 & 1)) { kp[c0] = vp[c0] = zero_row; continue; }
+            if (!(any >> c0 & 1)) { kp[c0] = vp[c0] = zero_row; kh[c0] = vh[c0] = zero_h; continue; }
             if (!f->q) { kp[c0] = (const float *)kr8[c0]; vp[c0] = (const float *)vr8[c0]; continue; }
-            float *kx = kdec + (size_t)c0 * dk, *vx = vdec + (size_t)c0 * dv; /* decoded once for every query */
-            tern__cpu_kvq_decode(a->k, &kv->kf, d, f->P, kr8[c0], kx);
-            tern__cpu_kvq_decode(a->k, &kv->vf, d, f->P, vr8[c0], vx);
-            kp[c0] = kx;
-            vp[c0] = vx;
+            if (f->kh) kh[c0] = (const uint16_t *)kr8[c0];
+            else { /* decoded once for every query */
+                float *kx = kdec + (size_t)c0 * dk;
+                tern__cpu_kvq_decode(a->k, &kv->kf, d, f->P, kr8[c0], kx);
+                kp[c0] = kx;
+            }
+            if (f->vh) vh[c0] = (const uint16_t *)vr8[c0];
+            else {
+                float *vx = vdec + (size_t)c0 * dv;
+                tern__cpu_kvq_decode(a->k, &kv->vf, d, f->P, vr8[c0], vx);
+                vp[c0] = vx;
+            }
         }
         for (int rr = 0; rr < nr; rr++)
             for (int i = 0; i < nq; i++) vis[rr * nq + i] = rvis[rr] & res;
-        tern__tile_attend(c->gk, &t, nqt, kp, vp, nk, dk, dv, a->scale, a->softcap, vis);
+        tern__tile_attend(c->gk, &t, nqt, &ktr, &vtr, nk, dk, dv, a->scale, a->softcap, vis);
     }
     for (int i = 0; i < nqt; i++) {
         if (t.l[i] > 0.0f) a->k->scal(t.op[i], 1.0f / t.l[i], dv);

@@ -60,6 +60,11 @@ typedef struct tern_glm_kern {
     void (*tile_max)(float *s, int lds, int nq, int nk, float scale, float cap, const uint32_t *vis, float *mx);
     /* s[i*lds + c] = e^(s - m[i]) for c < nk (a score of -inf: exactly 0), l[i] += their sum (order fixed by the ISA). */
     void (*tile_exp)(float *s, int lds, int nq, int nk, const float *m, float *l);
+    /* dots and pv with the keys / values as 16-bit floats (bf: 1 bf16, 0 f16), widened to f32 as they are loaded:
+     * bitwise dots / pv on the widened rows (BF16 / F16 KV pages and GLM's bf16 latent pages read in place). */
+    void (*dots_h)(const float *const *a, int na, const uint16_t *const *b, int nb, int len, float *out, int ldo, int bf);
+    void (*pv_h)(float *const *o, int no, const float *p, int ldp, const uint16_t *const *v, int nv, int n,
+                 const float *corr, int bf);
 } tern_glm_kern;
 
 /* The portable tile_max / tile_exp (glm_fast.c; expf and tanhf, sums in c order). */

@@ -49,11 +49,14 @@ typedef struct att_ctx {
     atomic_llong next;
 } att_ctx;
 
-void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const float *const *kp, const float *const *vp,
+void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const tern_tile_rows *k, const tern_tile_rows *v,
                        int nk, int d, int dv, float scale, float softcap, const uint32_t *vis) {
     for (int i = 0; i < nq; i += 4)
-        for (int c = 0; c < nk; c += 4)
-            gk->dots(t->qp + i, TERN_MIN(4, nq - i), kp + c, TERN_MIN(4, nk - c), d, t->sc + i * TK + c, TK);
+        for (int c = 0; c < nk; c += 4) {
+            const int na = TERN_MIN(4, nq - i), nb = TERN_MIN(4, nk - c);
+            if (k->fmt == TERN_TILE_F32) gk->dots(t->qp + i, na, k->f + c, nb, d, t->sc + i * TK + c, TK);
+            else gk->dots_h(t->qp + i, na, k->h + c, nb, d, t->sc + i * TK + c, TK, k->fmt == TERN_TILE_BF16);
+        }
     uint32_t all[TERN_TILE_HB];
     if (!vis) {
         for (int i = 0; i < nq; i++) all[i] = ~(uint32_t)0;
@@ -74,7 +77,11 @@ void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const 
         }
     }
     gk->tile_exp(t->sc, TK, nq, nk, t->m, t->l);
-    for (int i = 0; i < nq; i += 4) gk->pv(t->op + i, TERN_MIN(4, nq - i), t->sc + i * TK, TK, vp, nk, dv, any ? corr + i : NULL);
+    for (int i = 0; i < nq; i += 4) {
+        const int no = TERN_MIN(4, nq - i);
+        if (v->fmt == TERN_TILE_F32) gk->pv(t->op + i, no, t->sc + i * TK, TK, v->f, nk, dv, any ? corr + i : NULL);
+        else gk->pv_h(t->op + i, no, t->sc + i * TK, TK, v->h, nk, dv, any ? corr + i : NULL, v->fmt == TERN_TILE_BF16);
+    }
 }
 
 static void att_item(const att_ctx *a, int r, int h0, int h1) {
@@ -91,17 +98,20 @@ static void att_item(const att_ctx *a, int r, int h0, int h1) {
     const int32_t *sr = a->sel ? a->sel + (size_t)r * a->k_sel : NULL;
     int cnt = sr ? a->k_sel : pos + 1, nk = 0;
     const float *kp[TK];
-    float kbuf[kv->dtype == TERN_DT_BF16 ? TK * D : 1]; /* bf16 pages: the tile decoded */
+    const uint16_t *kh[TK]; /* bf16 pages: the records read in place (dots_h / pv_h) */
+    const int bf = kv->dtype == TERN_DT_BF16;
+    const tern_tile_rows kr = {kp, kh, bf ? TERN_TILE_BF16 : TERN_TILE_F32}; /* V = K[0:dv] */
     for (int c = 0; c < cnt; c++) {
         int b = sr ? sr[c] : c;
         if (b < 0 || b > pos) continue;
         long i = tern__glm_rec(kv, s, b);
         if (i < 0) continue;
-        kp[nk] = tern__glm_rec_f32(kv, kv->k, i, D, kbuf + (kv->dtype == TERN_DT_BF16 ? (size_t)nk * D : 0));
+        if (bf) kh[nk] = (const uint16_t *)kv->k + (size_t)i * (size_t)D;
+        else kp[nk] = (const float *)kv->k + (size_t)i * (size_t)D;
         nk++;
-        if (nk == TK) { tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f, NULL); nk = 0; }
+        if (nk == TK) { tern__tile_attend(a->gk, &t, nq, &kr, &kr, nk, D, a->dv, a->scale, 0.0f, NULL); nk = 0; }
     }
-    if (nk) tern__tile_attend(a->gk, &t, nq, kp, kp, nk, D, a->dv, a->scale, 0.0f, NULL); /* V = K[0:dv] */
+    if (nk) tern__tile_attend(a->gk, &t, nq, &kr, &kr, nk, D, a->dv, a->scale, 0.0f, NULL);
     for (int i = 0; i < nq; i++)
         if (t.l[i] > 0.0f)
             for (int j = 0; j < a->dv; j++) t.op[i][j] /= t.l[i];

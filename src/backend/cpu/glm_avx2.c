@@ -26,40 +26,71 @@ static inline __m256i tail_mask(int rem) {
     return _mm256_loadu_si256((const __m256i *)(m + 8 - rem));
 }
 
+/* Key / value rows as f32, bf16 or f16 (dots_h / pv_h): 8 elements from p + t widened to f32 exactly (the tail's
+ * absent elements as zeros), so a sum over 16-bit rows is bitwise the same sum over their f32 copies. */
+enum { F32 = 0, BF16 = 1, F16 = 2 };
+#define AI static inline __attribute__((always_inline))
+AI __m256 widen(__m128i h, const int fmt) {
+    return fmt == BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+AI __m256 ldk(const void *p, int t, const int fmt) {
+    if (fmt == F32) return _mm256_loadu_ps((const float *)p + t);
+    return widen(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + t)), fmt);
+}
+AI __m256 ldk_m(__m256i m, int rem, const void *p, int t, const int fmt) {
+    if (fmt == F32) return _mm256_maskload_ps((const float *)p + t, m);
+    uint16_t h[8] = {0};
+    for (int i = 0; i < rem; i++) h[i] = ((const uint16_t *)p)[t + i];
+    return widen(_mm_loadu_si128((const __m128i *)h), fmt);
+}
+/* row j of the key / value pointers: bf's (f32) or bh's (16-bit) */
+AI const void *rowp(const float *const *bf, const uint16_t *const *bh, int j, const int fmt) {
+    return fmt == F32 ? (const void *)bf[j] : (const void *)bh[j];
+}
+/* element t of a row */
+AI float elt(const void *p, int t, const int fmt) {
+    if (fmt == F32) return ((const float *)p)[t];
+    return _mm256_cvtss_f32(widen(_mm_cvtsi32_si128(((const uint16_t *)p)[t]), fmt));
+}
+
 /* one query × one key: the per-pair sequence every path below follows */
-static float dot1(const float *a, const float *b, int len) {
+AI float dot1(const float *a, const void *b, int len, const int fmt) {
     __m256 acc = _mm256_setzero_ps();
     int t = 0;
-    for (; t + 8 <= len; t += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + t), _mm256_loadu_ps(b + t), acc);
+    for (; t + 8 <= len; t += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + t), ldk(b, t, fmt), acc);
     if (t < len) {
         __m256i m = tail_mask(len - t);
-        acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + t, m), _mm256_maskload_ps(b + t, m), acc);
+        acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + t, m), ldk_m(m, len - t, b, t, fmt), acc);
     }
     return hsum8(acc);
 }
 
 /* 4 queries × 2 keys: 8 accumulators spelled out so they stay in registers */
-#define STEP(LOAD)                                                                                                 \
+#define STEP(LA, LB)                                                                                               \
     do {                                                                                                           \
-        __m256 b0 = LOAD(b[0]), b1 = LOAD(b[1]), a0 = LOAD(a[0]), a1 = LOAD(a[1]);                                  \
+        __m256 b0 = LB(b0p), b1 = LB(b1p), a0 = LA(a[0]), a1 = LA(a[1]);                                          \
         c00 = _mm256_fmadd_ps(a0, b0, c00); c01 = _mm256_fmadd_ps(a0, b1, c01);                                     \
         c10 = _mm256_fmadd_ps(a1, b0, c10); c11 = _mm256_fmadd_ps(a1, b1, c11);                                     \
-        __m256 a2 = LOAD(a[2]), a3 = LOAD(a[3]);                                                                   \
+        __m256 a2 = LA(a[2]), a3 = LA(a[3]);                                                                       \
         c20 = _mm256_fmadd_ps(a2, b0, c20); c21 = _mm256_fmadd_ps(a2, b1, c21);                                     \
         c30 = _mm256_fmadd_ps(a3, b0, c30); c31 = _mm256_fmadd_ps(a3, b1, c31);                                     \
     } while (0)
 
-static void dots_4x2(const float *const *a, const float *const *b, int len, float *out, int ldo) {
+AI void dots_4x2(const float *const *a, const void *b0p, const void *b1p, int len, float *out, int ldo, const int fmt) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
     int t = 0;
-#define LD(p) _mm256_loadu_ps((p) + t)
-    for (; t + 8 <= len; t += 8) STEP(LD);
-#undef LD
+#define LA(p) _mm256_loadu_ps((p) + t)
+#define LB(p) ldk((p), t, fmt)
+    for (; t + 8 <= len; t += 8) STEP(LA, LB);
+#undef LA
+#undef LB
     if (t < len) {
         __m256i m = tail_mask(len - t);
-#define LD(p) _mm256_maskload_ps((p) + t, m)
-        STEP(LD);
-#undef LD
+#define LA(p) _mm256_maskload_ps((p) + t, m)
+#define LB(p) ldk_m(m, len - t, (p), t, fmt)
+        STEP(LA, LB);
+#undef LA
+#undef LB
     }
     out[0] = hsum8(c00); out[1] = hsum8(c01);
     out[ldo] = hsum8(c10); out[ldo + 1] = hsum8(c11);
@@ -67,16 +98,18 @@ static void dots_4x2(const float *const *a, const float *const *b, int len, floa
     out[3 * ldo] = hsum8(c30); out[3 * ldo + 1] = hsum8(c31);
 }
 
-static void dots_avx2(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo) {
+AI void dots_t(const float *const *a, int na, const float *const *bf, const uint16_t *const *bh, int nb, int len,
+            float *out, int ldo, const int fmt) {
     int j = 0;
     if (na == 4)
-        for (; j + 2 <= nb; j += 2) dots_4x2(a, b + j, len, out + j, ldo);
+        for (; j + 2 <= nb; j += 2) dots_4x2(a, rowp(bf, bh, j, fmt), rowp(bf, bh, j + 1, fmt), len, out + j, ldo, fmt);
     for (; j < nb; j++)
-        for (int i = 0; i < na; i++) out[i * ldo + j] = dot1(a[i], b[j], len);
+        for (int i = 0; i < na; i++) out[i * ldo + j] = dot1(a[i], rowp(bf, bh, j, fmt), len, fmt);
 }
 
 /* 4 output rows × 16 floats per pass: 8 accumulators, 2 value loads + 4 broadcasts per key */
-static void pv_4x16(float *const *o, const float *p, int ldp, const float *const *v, int nv, int t, const float *corr) {
+AI void pv_4x16(float *const *o, const float *p, int ldp, const float *const *vf, const uint16_t *const *vh, int nv, int t,
+                const float *corr, const int fmt) {
     __m256 a00 = _mm256_loadu_ps(o[0] + t), a01 = _mm256_loadu_ps(o[0] + t + 8);
     __m256 a10 = _mm256_loadu_ps(o[1] + t), a11 = _mm256_loadu_ps(o[1] + t + 8);
     __m256 a20 = _mm256_loadu_ps(o[2] + t), a21 = _mm256_loadu_ps(o[2] + t + 8);
@@ -87,7 +120,8 @@ static void pv_4x16(float *const *o, const float *p, int ldp, const float *const
         a20 = _mm256_mul_ps(a20, c2); a21 = _mm256_mul_ps(a21, c2); a30 = _mm256_mul_ps(a30, c3); a31 = _mm256_mul_ps(a31, c3);
     }
     for (int c = 0; c < nv; c++) {
-        __m256 v0 = _mm256_loadu_ps(v[c] + t), v1 = _mm256_loadu_ps(v[c] + t + 8), pp;
+        const void *vc = rowp(vf, vh, c, fmt);
+        __m256 v0 = ldk(vc, t, fmt), v1 = ldk(vc, t + 8, fmt), pp;
         pp = _mm256_set1_ps(p[c]); a00 = _mm256_fmadd_ps(pp, v0, a00); a01 = _mm256_fmadd_ps(pp, v1, a01);
         pp = _mm256_set1_ps(p[ldp + c]); a10 = _mm256_fmadd_ps(pp, v0, a10); a11 = _mm256_fmadd_ps(pp, v1, a11);
         pp = _mm256_set1_ps(p[2 * ldp + c]); a20 = _mm256_fmadd_ps(pp, v0, a20); a21 = _mm256_fmadd_ps(pp, v1, a21);
@@ -99,23 +133,41 @@ static void pv_4x16(float *const *o, const float *p, int ldp, const float *const
     _mm256_storeu_ps(o[3] + t, a30); _mm256_storeu_ps(o[3] + t + 8, a31);
 }
 
-static void pv_avx2(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n, const float *corr) {
+AI void pv_t(float *const *o, int no, const float *p, int ldp, const float *const *vf, const uint16_t *const *vh, int nv,
+             int n, const float *corr, const int fmt) {
     int t = 0;
     if (no == 4)
-        for (; t + 16 <= n; t += 16) pv_4x16(o, p, ldp, v, nv, t, corr);
+        for (; t + 16 <= n; t += 16) pv_4x16(o, p, ldp, vf, vh, nv, t, corr, fmt);
     for (; t + 8 <= n; t += 8) /* the rest: one row and 8 floats at a time, the same FMA sequence */
         for (int i = 0; i < no; i++) {
             __m256 acc = _mm256_loadu_ps(o[i] + t);
             if (corr) acc = _mm256_mul_ps(acc, _mm256_set1_ps(corr[i]));
-            for (int c = 0; c < nv; c++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[i * ldp + c]), _mm256_loadu_ps(v[c] + t), acc);
+            for (int c = 0; c < nv; c++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(p[i * ldp + c]), ldk(rowp(vf, vh, c, fmt), t, fmt), acc);
             _mm256_storeu_ps(o[i] + t, acc);
         }
     for (; t < n; t++) /* tail: one lane at a time */
         for (int i = 0; i < no; i++) {
             float s = corr ? o[i][t] * corr[i] : o[i][t];
-            for (int c = 0; c < nv; c++) s = __builtin_fmaf(p[i * ldp + c], v[c][t], s);
+            for (int c = 0; c < nv; c++) s = __builtin_fmaf(p[i * ldp + c], elt(rowp(vf, vh, c, fmt), t, fmt), s);
             o[i][t] = s;
         }
+}
+
+static void dots_avx2(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo) {
+    dots_t(a, na, b, NULL, nb, len, out, ldo, F32);
+}
+static void pv_avx2(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n, const float *corr) {
+    pv_t(o, no, p, ldp, v, NULL, nv, n, corr, F32);
+}
+static void dots_h_avx2(const float *const *a, int na, const uint16_t *const *b, int nb, int len, float *out, int ldo, int bf) {
+    if (bf) dots_t(a, na, NULL, b, nb, len, out, ldo, BF16);
+    else dots_t(a, na, NULL, b, nb, len, out, ldo, F16);
+}
+static void pv_h_avx2(float *const *o, int no, const float *p, int ldp, const uint16_t *const *v, int nv, int n,
+                      const float *corr, int bf) {
+    if (bf) pv_t(o, no, p, ldp, NULL, v, nv, n, corr, BF16);
+    else pv_t(o, no, p, ldp, NULL, v, nv, n, corr, F16);
 }
 
 /* lanes c..c+7 of a tile row: set where bit (c + i) of bits is set and c + i < nk */
@@ -183,4 +235,4 @@ static void tile_exp_avx2(float *s, int lds, int nq, int nk, const float *m, flo
     }
 }
 
-const tern_glm_kern tern__glm_kern_avx2 = {"avx2", dots_avx2, pv_avx2, tile_max_avx2, tile_exp_avx2};
+const tern_glm_kern tern__glm_kern_avx2 = {"avx2", dots_avx2, pv_avx2, tile_max_avx2, tile_exp_avx2, dots_h_avx2, pv_h_avx2};

@@ -9,6 +9,8 @@
  * other heads or keys shared the call.
  * pv: per 16-float chunk of the output, the (up to 4) output rows stay in registers while the
  * value rows stream by: o += p_c·v_c in c order per element.
+ * dots_h / pv_h: the same with the keys / values as bf16 or f16 rows, each 16 elements widened to f32 as they are
+ * loaded (exact), so the sums are bitwise those over the widened rows (16-bit KV pages read in place).
  * tile_max / tile_exp: the attention tiles' softmax 16 keys at a time (vmath.h vexp and
  * vtanh for expf and the softcap's tanhf).
  * This file is compiled with AVX-512 flags (Makefile) and used only when cpuid says so.
@@ -43,31 +45,55 @@ static inline void hsum4(__m512 a, __m512 b, __m512 c, __m512 d, float *o) {
     _mm_storeu_ps(o, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u)));
 }
 
+/* Key / value rows as f32, bf16 or f16 (dots_h / pv_h): 16 elements from p + t widened to f32 exactly, so a sum over
+ * 16-bit rows is bitwise the same sum over their f32 copies. Queries and outputs are always f32. */
+enum { F32 = 0, BF16 = 1, F16 = 2 };
+#define AI static inline __attribute__((always_inline))
+AI __m512 widen(__m256i h, const int fmt) {
+    return fmt == BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+AI __m512 ldk(const void *p, int t, const int fmt) {
+    if (fmt == F32) return _mm512_loadu_ps((const float *)p + t);
+    return widen(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + t)), fmt);
+}
+AI __m512 ldk_m(__mmask16 m, const void *p, int t, const int fmt) {
+    if (fmt == F32) return _mm512_maskz_loadu_ps(m, (const float *)p + t);
+    return widen(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + t), fmt);
+}
+/* row j of the key / value pointers: bf's (f32) or bh's (16-bit) */
+AI const void *rowp(const float *const *bf, const uint16_t *const *bh, int j, const int fmt) {
+    return fmt == F32 ? (const void *)bf[j] : (const void *)bh[j];
+}
+
 /* 4 queries × 4 keys: 16 accumulators spelled out so they stay in registers */
 #define FMA4(i, va)                                                                                                \
     c##i##0 = _mm512_fmadd_ps(va, b0, c##i##0); c##i##1 = _mm512_fmadd_ps(va, b1, c##i##1);                       \
     c##i##2 = _mm512_fmadd_ps(va, b2, c##i##2); c##i##3 = _mm512_fmadd_ps(va, b3, c##i##3)
-#define STEP(LOAD)                                                                                                 \
+#define STEP(LA, LB)                                                                                               \
     do {                                                                                                           \
-        __m512 b0 = LOAD(b[0]), b1 = LOAD(b[1]), b2 = LOAD(b[2]), b3 = LOAD(b[3]);                                  \
-        __m512 a0 = LOAD(a[0]), a1 = LOAD(a[1]);                                                                   \
+        __m512 b0 = LB(b[0]), b1 = LB(b[1]), b2 = LB(b[2]), b3 = LB(b[3]);                                          \
+        __m512 a0 = LA(a[0]), a1 = LA(a[1]);                                                                       \
         FMA4(0, a0); FMA4(1, a1);                                                                                  \
-        __m512 a2 = LOAD(a[2]), a3 = LOAD(a[3]);                                                                   \
+        __m512 a2 = LA(a[2]), a3 = LA(a[3]);                                                                       \
         FMA4(2, a2); FMA4(3, a3);                                                                                  \
     } while (0)
 
-static void dots_4x4(const float *const *a, const float *const *b, int len, float *out, int ldo) {
+AI void dots_4x4(const float *const *a, const void *const b[4], int len, float *out, int ldo, const int fmt) {
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
     __m512 c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00;
     int t = 0;
-#define LD(p) _mm512_loadu_ps((p) + t)
-    for (; t + 16 <= len; t += 16) STEP(LD);
-#undef LD
+#define LA(p) _mm512_loadu_ps((p) + t)
+#define LB(p) ldk((p), t, fmt)
+    for (; t + 16 <= len; t += 16) STEP(LA, LB);
+#undef LA
+#undef LB
     if (t < len) {
         __mmask16 m = tail_mask(len - t);
-#define LD(p) _mm512_maskz_loadu_ps(m, (p) + t)
-        STEP(LD);
-#undef LD
+#define LA(p) _mm512_maskz_loadu_ps(m, (p) + t)
+#define LB(p) ldk_m(m, (p), t, fmt)
+        STEP(LA, LB);
+#undef LA
+#undef LB
     }
     hsum4(c00, c01, c02, c03, out);
     hsum4(c10, c11, c12, c13, out + ldo);
@@ -76,25 +102,31 @@ static void dots_4x4(const float *const *a, const float *const *b, int len, floa
 }
 
 /* one query × one key: the same per-pair sequence as dots_4x4 */
-static float dot1(const float *a, const float *b, int len) {
+AI float dot1(const float *a, const void *b, int len, const int fmt) {
     __m512 acc = _mm512_setzero_ps();
     int t = 0;
-    for (; t + 16 <= len; t += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + t), _mm512_loadu_ps(b + t), acc);
+    for (; t + 16 <= len; t += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + t), ldk(b, t, fmt), acc);
     if (t < len) {
         __mmask16 m = tail_mask(len - t);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + t), _mm512_maskz_loadu_ps(m, b + t), acc);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + t), ldk_m(m, b, t, fmt), acc);
     }
     return hsum(acc);
 }
 
-static void dots_avx512(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo) {
-    if (na == 4 && nb == 4) { dots_4x4(a, b, len, out, ldo); return; }
+AI void dots_t(const float *const *a, int na, const float *const *bf, const uint16_t *const *bh, int nb, int len,
+            float *out, int ldo, const int fmt) {
+    if (na == 4 && nb == 4) {
+        const void *const b[4] = {rowp(bf, bh, 0, fmt), rowp(bf, bh, 1, fmt), rowp(bf, bh, 2, fmt), rowp(bf, bh, 3, fmt)};
+        dots_4x4(a, b, len, out, ldo, fmt);
+        return;
+    }
     for (int i = 0; i < na; i++)
-        for (int j = 0; j < nb; j++) out[i * ldo + j] = dot1(a[i], b[j], len);
+        for (int j = 0; j < nb; j++) out[i * ldo + j] = dot1(a[i], rowp(bf, bh, j, fmt), len, fmt);
 }
 
 /* 4 output rows × 64 floats per pass: 16 accumulators, 4 value loads + 4 broadcasts per key */
-static void pv_4x64(float *const *o, const float *p, int ldp, const float *const *v, int nv, int t, const float *corr) {
+AI void pv_4x64(float *const *o, const float *p, int ldp, const float *const *vf, const uint16_t *const *vh, int nv, int t,
+                const float *corr, const int fmt) {
     __m512 a[4][4];
     for (int i = 0; i < 4; i++)
         for (int u = 0; u < 4; u++) {
@@ -102,9 +134,8 @@ static void pv_4x64(float *const *o, const float *p, int ldp, const float *const
             if (corr) a[i][u] = _mm512_mul_ps(a[i][u], _mm512_set1_ps(corr[i]));
         }
     for (int c = 0; c < nv; c++) {
-        const float *vc = v[c] + t;
-        __m512 v0 = _mm512_loadu_ps(vc), v1 = _mm512_loadu_ps(vc + 16), v2 = _mm512_loadu_ps(vc + 32),
-               v3 = _mm512_loadu_ps(vc + 48);
+        const void *vc = rowp(vf, vh, c, fmt);
+        __m512 v0 = ldk(vc, t, fmt), v1 = ldk(vc, t + 16, fmt), v2 = ldk(vc, t + 32, fmt), v3 = ldk(vc, t + 48, fmt);
 #define ROW(i)                                                                                                     \
     do {                                                                                                           \
         __m512 pp = _mm512_set1_ps(p[(i) * ldp + c]);                                                              \
@@ -118,20 +149,36 @@ static void pv_4x64(float *const *o, const float *p, int ldp, const float *const
         for (int u = 0; u < 4; u++) _mm512_storeu_ps(o[i] + t + 16 * u, a[i][u]);
 }
 
-static void pv_avx512(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n, const float *corr) {
+AI void pv_t(float *const *o, int no, const float *p, int ldp, const float *const *vf, const uint16_t *const *vh, int nv,
+             int n, const float *corr, const int fmt) {
     int t = 0;
     if (no == 4)
-        for (; t + 64 <= n; t += 64) pv_4x64(o, p, ldp, v, nv, t, corr);
+        for (; t + 64 <= n; t += 64) pv_4x64(o, p, ldp, vf, vh, nv, t, corr, fmt);
     for (; t < n; t += 16) { /* the rest: one row and 16 floats at a time, the same FMA sequence */
         __mmask16 m = n - t >= 16 ? (__mmask16)0xffff : tail_mask(n - t);
         for (int i = 0; i < no; i++) {
             __m512 acc = _mm512_maskz_loadu_ps(m, o[i] + t);
             if (corr) acc = _mm512_mul_ps(acc, _mm512_set1_ps(corr[i]));
-            for (int c = 0; c < nv; c++)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(p[i * ldp + c]), _mm512_maskz_loadu_ps(m, v[c] + t), acc);
+            for (int c = 0; c < nv; c++) acc = _mm512_fmadd_ps(_mm512_set1_ps(p[i * ldp + c]), ldk_m(m, rowp(vf, vh, c, fmt), t, fmt), acc);
             _mm512_mask_storeu_ps(o[i] + t, m, acc);
         }
     }
+}
+
+static void dots_avx512(const float *const *a, int na, const float *const *b, int nb, int len, float *out, int ldo) {
+    dots_t(a, na, b, NULL, nb, len, out, ldo, F32);
+}
+static void pv_avx512(float *const *o, int no, const float *p, int ldp, const float *const *v, int nv, int n, const float *corr) {
+    pv_t(o, no, p, ldp, v, NULL, nv, n, corr, F32);
+}
+static void dots_h_avx512(const float *const *a, int na, const uint16_t *const *b, int nb, int len, float *out, int ldo, int bf) {
+    if (bf) dots_t(a, na, NULL, b, nb, len, out, ldo, BF16);
+    else dots_t(a, na, NULL, b, nb, len, out, ldo, F16);
+}
+static void pv_h_avx512(float *const *o, int no, const float *p, int ldp, const uint16_t *const *v, int nv, int n,
+                        const float *corr, int bf) {
+    if (bf) pv_t(o, no, p, ldp, NULL, v, nv, n, corr, BF16);
+    else pv_t(o, no, p, ldp, NULL, v, nv, n, corr, F16);
 }
 
 /* The tile's scores 16 at a time (the softcap through vtanh); each query's max as one lane-wise max then a
@@ -185,4 +232,5 @@ static void tile_exp_avx512(float *s, int lds, int nq, int nk, const float *m, f
     }
 }
 
-const tern_glm_kern tern__glm_kern_avx512 = {"avx512", dots_avx512, pv_avx512, tile_max_avx512, tile_exp_avx512};
+const tern_glm_kern tern__glm_kern_avx512 = {"avx512", dots_avx512, pv_avx512, tile_max_avx512, tile_exp_avx512, dots_h_avx512,
+                                             pv_h_avx512};

@@ -42,6 +42,28 @@ static void pv_scalar(float *const *o, int no, const float *p, int ldp, const fl
         }
 }
 
+/* 16-bit keys / values widened exactly, then the same sums as dots_scalar / pv_scalar */
+static inline float half_f32(uint16_t h, int bf) { return bf ? tern_bf16_to_f32(h) : tern_f16_to_f32(h); }
+
+static void dots_h_scalar(const float *const *a, int na, const uint16_t *const *b, int nb, int len, float *out, int ldo, int bf) {
+    for (int i = 0; i < na; i++)
+        for (int j = 0; j < nb; j++) {
+            float s = 0.0f;
+            for (int t = 0; t < len; t++) s += a[i][t] * half_f32(b[j][t], bf);
+            out[i * ldo + j] = s;
+        }
+}
+
+static void pv_h_scalar(float *const *o, int no, const float *p, int ldp, const uint16_t *const *v, int nv, int n,
+                        const float *corr, int bf) {
+    for (int i = 0; i < no; i++)
+        for (int t = 0; t < n; t++) {
+            float s = corr ? o[i][t] * corr[i] : o[i][t];
+            for (int c = 0; c < nv; c++) s += p[i * ldp + c] * half_f32(v[c][t], bf);
+            o[i][t] = s;
+        }
+}
+
 void tern__glm_tile_max_scalar(float *s, int lds, int nq, int nk, float scale, float cap, const uint32_t *vis, float *mx) {
     for (int i = 0; i < nq; i++) {
         float *si = s + (size_t)i * lds, m = -INFINITY;
@@ -67,7 +89,7 @@ void tern__glm_tile_exp_scalar(float *s, int lds, int nq, int nk, const float *m
 }
 
 const tern_glm_kern tern__glm_kern_scalar = {"scalar", dots_scalar, pv_scalar, tern__glm_tile_max_scalar,
-                                             tern__glm_tile_exp_scalar};
+                                             tern__glm_tile_exp_scalar, dots_h_scalar, pv_h_scalar};
 
 /* ---- scratch ---- */
 

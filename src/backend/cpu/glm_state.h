@@ -54,7 +54,14 @@ typedef struct tern_tile_acc {
     float m[TERN_TILE_HB], l[TERN_TILE_HB];
     float sc[TERN_TILE_HB * TERN_TILE_K];
 } tern_tile_acc;
-void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const float *const *kp, const float *const *vp,
+/* A tile's key (or value) rows: f[c] (f32) or, for 16-bit pages read in place, h[c] (bf16 / f16). */
+enum { TERN_TILE_F32 = 0, TERN_TILE_BF16 = 1, TERN_TILE_F16 = 2 };
+typedef struct tern_tile_rows {
+    const float *const *f;
+    const uint16_t *const *h;
+    int fmt;
+} tern_tile_rows;
+void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const tern_tile_rows *k, const tern_tile_rows *v,
                        int nk, int d, int dv, float scale, float softcap, const uint32_t *vis);
 
 void tern__glm_dsa_topk(tern_backend *be, int32_t *sel, const float *q, const float *w, const tern_rows *rows, int nh,
