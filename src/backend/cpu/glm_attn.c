@@ -51,8 +51,8 @@ typedef struct att_ctx {
 
 void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const tern_tile_rows *k, const tern_tile_rows *v,
                        int nk, int d, int dv, float scale, float softcap, const uint32_t *vis) {
-    for (int i = 0; i < nq; i += 4)
-        for (int c = 0; c < nk; c += 4) {
+    for (int c = 0; c < nk; c += 4) /* 4 keys stay in L1 while every query passes them (d 256: a tile's K is 32 KB) */
+        for (int i = 0; i < nq; i += 4) {
             const int na = TERN_MIN(4, nq - i), nb = TERN_MIN(4, nk - c);
             if (k->fmt == TERN_TILE_F32) gk->dots(t->qp + i, na, k->f + c, nb, d, t->sc + i * TK + c, TK);
             else gk->dots_h(t->qp + i, na, k->h + c, nb, d, t->sc + i * TK + c, TK, k->fmt == TERN_TILE_BF16);

@@ -47,7 +47,7 @@ int tern__glm_reserve_blocks(tern_glm_state *g, int n); /* rblk for n + 1 entrie
  * query the tile's slots it sees (bit c: kp[c]); the others score -inf, weigh exactly 0 and so change nothing
  * (fma(0, v, o) = o: o starts at +0 and never becomes -0), which lets queries of several rows share a tile. */
 #define TERN_TILE_K 32  /* keys per tile */
-#define TERN_TILE_HB 16 /* queries per tile */
+#define TERN_TILE_HB 32 /* queries per tile */
 typedef struct tern_tile_acc {
     const float *qp[TERN_TILE_HB];
     float *op[TERN_TILE_HB];
