@@ -59,7 +59,7 @@ void tern__tile_attend(const tern_glm_kern *gk, tern_tile_acc *t, int nq, const 
         }
     uint32_t all[TERN_TILE_HB];
     if (!vis) {
-        for (int i = 0; i < nq; i++) all[i] = ~(uint32_t)0;
+        for (int i = 0; i < TERN_TILE_HB; i++) all[i] = ~(uint32_t)0;
         vis = all;
     }
     float mx[TERN_TILE_HB], corr[TERN_TILE_HB];
