@@ -870,6 +870,14 @@ if [[ " $SECTIONS " == *" 68 "* ]]; then
     conc_ab "TERN_CUDA_QMMA=0;TERN_CUDA_QMMA=1" "gemma4-12b:q4" 8,64
 fi
 
+# 69. session 49: QMMA by default for 2..16 rows (TERN_CUDA_QMMA_N; section 68: gemma4-12b q4 +6.6 % at 8 sequences,
+#     -3.3 % at 64): the op tests, then off / default (2..16) / every n up to 64, batch decode at 2..32 sequences of the
+#     Gemma 4 q4 geometries and llama3-8b q8
+if [[ " $SECTIONS " == *" 69 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_qmma,cuda_qgemm,cuda_gemv_xr ops69
+    conc_ab "TERN_CUDA_QMMA=0;TERN_CUDA_QMMA=1;TERN_CUDA_QMMA_N=64" "${AB69_MODELS:-gemma4-12b:q4 gemma4-e4b:q4 gemma4-26b-a4b:q4 llama3-8b:q8}" 2,8,16,32
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

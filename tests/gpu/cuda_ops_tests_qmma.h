@@ -14,13 +14,15 @@
 #define TERN_CUDA_OPS_TESTS_QMMA_H
 
 #ifdef TERN_HAVE_CUDA
-extern int tern__cuda_qmma_mode, tern__cuda_gemv_xr, tern__cuda_qg4_on;
+extern int tern__cuda_qmma_mode, tern__cuda_qmma_maxn, tern__cuda_qmma_minn, tern__cuda_gemv_xr, tern__cuda_qg4_on;
 extern unsigned long long tern__cuda_qmma_calls;
 
 /* check one weight at one n in both compute modes through the new kernel */
 static void qmma_check(const hw *h, const char *nm, int n) {
-    const int keep = tern__cuda_qmma_mode;
+    const int keep = tern__cuda_qmma_mode, keep_n = tern__cuda_qmma_maxn;
     tern__cuda_qmma_mode = 2;
+    tern__cuda_qmma_maxn = 64; /* every n (the default row limits are the dispatch's choice) */
+    tern__cuda_qmma_minn = 1;
     tern_backend *be[2] = {g_gpu, g_gpu16};
     for (int m = 0; m < 2; m++) {
         if (!be[m]) continue;
@@ -46,6 +48,8 @@ static void qmma_check(const hw *h, const char *nm, int n) {
         }
     }
     tern__cuda_qmma_mode = keep;
+    tern__cuda_qmma_maxn = keep_n;
+    tern__cuda_qmma_minn = 2;
 }
 
 TEST(cuda_qmma_formats) {
@@ -84,8 +88,10 @@ TEST(cuda_qmma_shapes) {
 
 /* y rows of one x at n = 1, 33, 64: row 0 (and row 32) must have the same bits */
 TEST(cuda_qmma_batch_invariant) {
-    const int keep = tern__cuda_qmma_mode;
+    const int keep = tern__cuda_qmma_mode, keep_n = tern__cuda_qmma_maxn;
     tern__cuda_qmma_mode = 2;
+    tern__cuda_qmma_maxn = 64; /* every n (the default row limits are the dispatch's choice) */
+    tern__cuda_qmma_minn = 1;
     hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 300, 4096, 0);
     tern_backend *be[2] = {g_gpu, g_gpu16};
     for (int m = 0; m < 2; m++) {
@@ -115,6 +121,8 @@ TEST(cuda_qmma_batch_invariant) {
     }
     free_w(&h);
     tern__cuda_qmma_mode = keep;
+    tern__cuda_qmma_maxn = keep_n;
+    tern__cuda_qmma_minn = 2;
 }
 
 /* gemm.c: a bf16-mode prefill whose bf16 activation pair (n·in·4 bytes) exceeds half the GEMM

@@ -24,15 +24,23 @@
  * reduction); the split count never depends on n, and a column's arithmetic does not depend on
  * the other columns, so a row's result is the same bits for every n (batch invariant).
  *
- * Dispatch: TERN_CUDA_QMMA=1 (bf16 mode) / =2 (also the f32 mode, 3-part x); QMMA_DEFAULT below
- * is the value without the variable. Other formats and shapes return 0 (the older kernels).
+ * Dispatch: TERN_CUDA_QMMA=1 (bf16 mode) / =2 (also the f32 mode, 3-part x) / 0 (off); QMMA_DEFAULT below
+ * is the value without the variable; launches of one row or of more than TERN_CUDA_QMMA_N rows (default: Q4 32, Q8 8)
+ * decline (one row: gemv_mma.cu's walk; tests set tern__cuda_qmma_minn = 1).
+ * Other formats and shapes return 0 (the older kernels). In the matmul chain Q4 meets it only where
+ * tern__cuda_q4_rows declined (precise matrices: Gemma 4's q / k projections, the router); Q8 always.
+ * H200, session 49 (NOTES (bi)), batch decode 128 + 128, dec tok/s off -> on: gemma4-12b q4 at 2 / 8 / 16 / 32 / 64
+ * sequences +6.3 / +6.0 / +3.4 / +6.7 / -3.3 %, gemma4-e4b q4 +4 / +3.5 / +2.7 / +5 % (2..32), llama3-8b q4 a tie (its
+ * matrices all take q4_rows), llama3-8b q8 at 2 / 8 / 16 / 32 0 / +18 / -7 / -5 %: hence the row limits per width.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 
 #include <stdlib.h>
 
-#define QMMA_DEFAULT 0 /* off until measured on the H200; 1 = bf16 mode, 2 = both modes */
+#define QMMA_DEFAULT 1 /* 1 = bf16 mode, 2 = both modes */
+#define QMMA_N4 32     /* rows at most without TERN_CUDA_QMMA_N: Q4 (at 64 qgemm wins) */
+#define QMMA_N8 8      /* Q8 (at 16 and 32 the older kernels win) */
 #define QM_KT 128      /* inputs per K tile */
 #define QM_WARPS 8
 #define QM_BM (QM_WARPS * 16)
@@ -40,6 +48,10 @@
 
 extern "C" int tern__cuda_qmma_mode;             /* -1: read TERN_CUDA_QMMA on first use */
 int tern__cuda_qmma_mode = -1;
+extern "C" int tern__cuda_qmma_maxn;             /* -1: read TERN_CUDA_QMMA_N on first use; 0: per width */
+int tern__cuda_qmma_maxn = -1;
+extern "C" int tern__cuda_qmma_minn;             /* fewest rows it takes */
+int tern__cuda_qmma_minn = 2;
 extern "C" unsigned long long tern__cuda_qmma_calls; /* launches so far (tests check the path ran) */
 unsigned long long tern__cuda_qmma_calls = 0;
 
@@ -331,7 +343,9 @@ static int qm_mode(void) {
 extern "C" int tern__cuda_qmma(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     const int mode = qm_mode();
     const bool f32 = c->compute == TERN_COMPUTE_F32;
-    if (mode <= 0 || (f32 && mode < 2) || n < 1 || n > QM_MAXN) return 0;
+    if (tern__cuda_qmma_maxn < 0) tern__cuda_qmma_maxn = tern__cuda_env_int("TERN_CUDA_QMMA_N", 0);
+    const int maxn = tern__cuda_qmma_maxn > 0 ? tern__cuda_qmma_maxn : w->bits == 8 ? QMMA_N8 : QMMA_N4;
+    if (mode <= 0 || (f32 && mode < 2) || n < TERN_MAX(1, tern__cuda_qmma_minn) || n > QM_MAXN || n > maxn) return 0;
     if (w->dtype != TERN_DT_Q || (w->bits != 4 && w->bits != 8) || !w->scales || !w->biases) return 0;
     if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) return 0;
     if (w->in % QM_KT != 0 || w->in <= 0 || w->out < 1 || ((uintptr_t)x & 15)) return 0;
