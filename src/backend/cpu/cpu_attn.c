@@ -93,12 +93,17 @@ static inline uint32_t range_bits(int B, int lo, int hi) {
     return (n == 32 ? ~(uint32_t)0 : ((uint32_t)1 << n) - 1) << (lo - B);
 }
 
+/* TERN_TILE_BF16 / F16 for 16-bit pages (read in place), else TERN_TILE_F32 (f32 rows or decoded ones) */
+static int tile_rows_fmt(int kind) {
+    return kind == TERN_KV_BF16 ? TERN_TILE_BF16 : kind == TERN_KV_F16 ? TERN_TILE_F16 : TERN_TILE_F32;
+}
+
 static tile_fmt tile_fmt_of(const tern_kv_layer *kv) {
     tile_fmt f = {0};
     f.q = kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32;
     f.kt = kv->kf.kind == TERN_KV_TURBO;
-    f.kh = kv->kf.kind == TERN_KV_BF16 ? TERN_TILE_BF16 : kv->kf.kind == TERN_KV_F16 ? TERN_TILE_F16 : TERN_TILE_F32;
-    f.vh = kv->vf.kind == TERN_KV_BF16 ? TERN_TILE_BF16 : kv->vf.kind == TERN_KV_F16 ? TERN_TILE_F16 : TERN_TILE_F32;
+    f.kh = tile_rows_fmt(kv->kf.kind);
+    f.vh = tile_rows_fmt(kv->vf.kind);
     f.vt = kv->vf.kind == TERN_KV_TURBO;
     f.P = f.kt || f.vt ? kv->rot_dim : kv->head_dim;
     f.dk = f.kt ? f.P : kv->head_dim;
@@ -166,7 +171,8 @@ static void tile_item(const tile_ctx *c, int blk, int kvh, int h0, int nq) {
         if (f->q || nr == 1) /* the tile's records requested together before any is read: a decode row's tile serves a
                               * few queries and a compressed one is decoded record by record, so their misses otherwise
                               * come one after another (llama3-1b q4 int8 at 4096 keys: bf16 pages 15-18 -> 27-28 tok/s,
-                              * f32 27 -> 30-34; a prefill block's f32 tile: 3-5 % slower, so not there; NOTES (bh)) */
+                              * f32 27 -> 30-34; a prefill block's f32 tile: 3-5 % slower with 16-query tiles, +1.5 %
+                              * with 32, so not there; NOTES (bh), (bi)) */
             for (int c0 = 0; c0 < nk; c0++)
                 if (any >> c0 & 1) {
                     for (size_t o = 0; o < f->kb; o += 64) __builtin_prefetch(kr8[c0] + o, 0, 3);

@@ -92,9 +92,7 @@ static void norm_task(void *arg, int ith, int nth) {
         const float *xr = a->x + (size_t)r * a->d;
         float *yr = a->y + (size_t)r * a->d;
         float inv = 1.0f / sqrtf(a->k->dot(xr, xr, a->d) / (float)a->d + a->eps);
-        if (a->k->norm_apply) a->k->norm_apply(yr, xr, inv, a->w, a->d);
-        else if (a->w) for (int j = 0; j < a->d; j++) yr[j] = xr[j] * inv * a->w[j];
-        else for (int j = 0; j < a->d; j++) yr[j] = xr[j] * inv;
+        a->k->norm_apply(yr, xr, inv, a->w, a->d);
     }
 }
 

@@ -140,8 +140,8 @@ typedef struct tern_cpu_kern {
      * bitwise gemv(&gx[j], rows, nr)[i]; each weight row is loaded and unpacked once for all x (gemv_nx_avx512.c).
      * Returns 0, having written nothing, for a kind it does not take (the caller then runs gemv per x). */
     int (*gemv_nx)(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys);
-    /* (appended, optional) RMSNorm's scaling: y[j] = x[j]·s·w[j] (w NULL: x[j]·s), each element rounded as that
-     * expression is in C (y may be x). NULL: the caller's scalar loop. */
+    /* RMSNorm's scaling: y[j] = x[j]·s·w[j] (w NULL: x[j]·s), each element rounded as that expression is in C (y may
+     * be x). Every table has it. */
     void (*norm_apply)(float *y, const float *x, float s, const float *w, int n);
 } tern_cpu_kern;
 

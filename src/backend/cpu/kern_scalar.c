@@ -83,6 +83,12 @@ void tern__cpu_silu_mul_scalar(float *y, const float *g, const float *u, int64_t
     else for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i]));
 }
 
+/* RMSNorm's scaling, y = (x·s)·w in that order (the SIMD tables' tails are this loop) */
+static void norm_apply_scalar(float *y, const float *x, float s, const float *w, int n) {
+    if (w) for (int j = 0; j < n; j++) y[j] = x[j] * s * w[j];
+    else for (int j = 0; j < n; j++) y[j] = x[j] * s;
+}
+
 const tern_cpu_kern tern__cpu_kern_scalar = {
     .name = "scalar",
     .decode = tern__cpu_decode_scalar,
@@ -95,6 +101,7 @@ const tern_cpu_kern tern__cpu_kern_scalar = {
     .softcap = tern__cpu_softcap_scalar,
     .gelu_mul = tern__cpu_gelu_mul_scalar,
     .silu_mul = tern__cpu_silu_mul_scalar,
+    .norm_apply = norm_apply_scalar,
 };
 
 const tern_cpu_kern *tern__cpu_kern_pick(void) {
