@@ -17,12 +17,19 @@
 extern int tern__cuda_qmma_mode, tern__cuda_qmma_maxn, tern__cuda_qmma_minn, tern__cuda_gemv_xr, tern__cuda_qg4_on;
 extern unsigned long long tern__cuda_qmma_calls;
 
+/* qmma in both compute modes for every n of 1..64 (the default row limits are the dispatch's choice), and back */
+static int qmma_keep[3];
+static void qmma_force(void) {
+    qmma_keep[0] = tern__cuda_qmma_mode, qmma_keep[1] = tern__cuda_qmma_maxn, qmma_keep[2] = tern__cuda_qmma_minn;
+    tern__cuda_qmma_mode = 2, tern__cuda_qmma_maxn = 64, tern__cuda_qmma_minn = 1;
+}
+static void qmma_restore(void) {
+    tern__cuda_qmma_mode = qmma_keep[0], tern__cuda_qmma_maxn = qmma_keep[1], tern__cuda_qmma_minn = qmma_keep[2];
+}
+
 /* check one weight at one n in both compute modes through the new kernel */
 static void qmma_check(const hw *h, const char *nm, int n) {
-    const int keep = tern__cuda_qmma_mode, keep_n = tern__cuda_qmma_maxn;
-    tern__cuda_qmma_mode = 2;
-    tern__cuda_qmma_maxn = 64; /* every n (the default row limits are the dispatch's choice) */
-    tern__cuda_qmma_minn = 1;
+    qmma_force();
     tern_backend *be[2] = {g_gpu, g_gpu16};
     for (int m = 0; m < 2; m++) {
         if (!be[m]) continue;
@@ -47,9 +54,7 @@ static void qmma_check(const hw *h, const char *nm, int n) {
             CHECK(rp <= 1e-2, "%s n=%d plain rel %.3e", nm, n, rp);
         }
     }
-    tern__cuda_qmma_mode = keep;
-    tern__cuda_qmma_maxn = keep_n;
-    tern__cuda_qmma_minn = 2;
+    qmma_restore();
 }
 
 TEST(cuda_qmma_formats) {
@@ -88,10 +93,7 @@ TEST(cuda_qmma_shapes) {
 
 /* y rows of one x at n = 1, 33, 64: row 0 (and row 32) must have the same bits */
 TEST(cuda_qmma_batch_invariant) {
-    const int keep = tern__cuda_qmma_mode, keep_n = tern__cuda_qmma_maxn;
-    tern__cuda_qmma_mode = 2;
-    tern__cuda_qmma_maxn = 64; /* every n (the default row limits are the dispatch's choice) */
-    tern__cuda_qmma_minn = 1;
+    qmma_force();
     hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 300, 4096, 0);
     tern_backend *be[2] = {g_gpu, g_gpu16};
     for (int m = 0; m < 2; m++) {
@@ -120,9 +122,7 @@ TEST(cuda_qmma_batch_invariant) {
         free(x);
     }
     free_w(&h);
-    tern__cuda_qmma_mode = keep;
-    tern__cuda_qmma_maxn = keep_n;
-    tern__cuda_qmma_minn = 2;
+    qmma_restore();
 }
 
 /* gemm.c: a bf16-mode prefill whose bf16 activation pair (n·in·4 bytes) exceeds half the GEMM

@@ -336,17 +336,18 @@ extern "C" void tern__cuda_qmma_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
-static int qm_mode(void) {
+/* whether the settings (TERN_CUDA_QMMA, TERN_CUDA_QMMA_N, read on first use) take n rows of a `bits` matrix in this
+ * compute mode */
+static bool qm_takes(bool f32, int n, int bits) {
     if (tern__cuda_qmma_mode < 0) tern__cuda_qmma_mode = tern__cuda_env_int("TERN_CUDA_QMMA", QMMA_DEFAULT);
-    return tern__cuda_qmma_mode;
+    if (tern__cuda_qmma_maxn < 0) tern__cuda_qmma_maxn = tern__cuda_env_int("TERN_CUDA_QMMA_N", 0);
+    const int mode = tern__cuda_qmma_mode, maxn = tern__cuda_qmma_maxn > 0 ? tern__cuda_qmma_maxn : bits == 8 ? QMMA_N8 : QMMA_N4;
+    return mode > 0 && (!f32 || mode >= 2) && n >= TERN_MAX(1, tern__cuda_qmma_minn) && n <= TERN_MIN(QM_MAXN, maxn);
 }
 
 extern "C" int tern__cuda_qmma(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
-    const int mode = qm_mode();
     const bool f32 = c->compute == TERN_COMPUTE_F32;
-    if (tern__cuda_qmma_maxn < 0) tern__cuda_qmma_maxn = tern__cuda_env_int("TERN_CUDA_QMMA_N", 0);
-    const int maxn = tern__cuda_qmma_maxn > 0 ? tern__cuda_qmma_maxn : w->bits == 8 ? QMMA_N8 : QMMA_N4;
-    if (mode <= 0 || (f32 && mode < 2) || n < TERN_MAX(1, tern__cuda_qmma_minn) || n > QM_MAXN || n > maxn) return 0;
+    if (!qm_takes(f32, n, w->bits)) return 0;
     if (w->dtype != TERN_DT_Q || (w->bits != 4 && w->bits != 8) || !w->scales || !w->biases) return 0;
     if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) return 0;
     if (w->in % QM_KT != 0 || w->in <= 0 || w->out < 1 || ((uintptr_t)x & 15)) return 0;
