@@ -193,6 +193,20 @@ static void several_rows_on(tern_backend *be, const char *tag, int nth) {
 
 TEST(decode_several_rows) { kt_each_cpu(several_rows_on); }
 
+/* Q4 g64 int8 with x in the vector lanes (gemv_nx_avx512.c kx_rows, from TERN_CPU_KX x): rows of one group (half a
+ * chunk), a last block of 12 groups, two bias slices (65 and 130 groups), 8..16 x (lanes left empty) — every row
+ * bitwise the one-x kernel's on it alone. */
+static void x_lanes_on(tern_backend *be, const char *tag, int nth) {
+    static const int outs[3] = {37, 5, 19}, ins[] = {64, 320, 2816, 4160, 8320};
+    static const int nxs[] = {8, 11, 16};
+    tern__cpu_dec_rows_set(TERN_CPU_DEC_NMAX);
+    for (size_t i = 0; i < TERN_ARRAY_LEN(ins); i++)
+        for (size_t n = 0; n < TERN_ARRAY_LEN(nxs); n++)
+            several_rows(be, &fmts[2], ins[i], outs, 1, nxs[n], 9000 + 37 * i + 5 * n + (unsigned)nth, tag);
+    tern__cpu_dec_rows_set(-1);
+}
+TEST(decode_x_lanes) { kt_each_cpu(x_lanes_on); }
+
 /* Rows per kernel pass (tern__cpu_dec_nr_set, up to the table's gemv_nr: 8 for AVX-512): a
  * row's result does not depend on how many rows share the pass, so 1..8 rows per pass are
  * bitwise the default (the table's gemv_pass: 1 or 4 by kind), for every format (Q8_I8 runs 8
@@ -262,6 +276,7 @@ int main(void) {
     }
     RUN(decode_fused_ops_bitwise);
     RUN(decode_several_rows);
+    RUN(decode_x_lanes);
     RUN(decode_rows_per_pass);
     RUN(decode_declines);
     return test_done();

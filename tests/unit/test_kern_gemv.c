@@ -113,9 +113,11 @@ static unsigned qcode(const uint8_t *row, int bits, int t) {
     return bits == 8 ? row[t] : (row[t / 2] >> (4 * (t & 1))) & 15u;
 }
 
-/* The default Q4 int8 kernel (k_q4i8s) is k_q4i8r's sums reordered only in time: bitwise the same y, through the
- * backend's matmul (decode driver, 1 and 2 threads), for every group size (64: the masked broadcast path, 128: the
- * broadcast, 32: the permute), scale dtype, slices (in > 64·gs), half-chunk tails and row counts. */
+/* The former default Q4 int8 kernel (k_q4i8s, TERN_CPU_Q4_SEQ=4) is k_q4i8r's sums reordered only in time: bitwise
+ * the same y, through the backend's matmul (decode driver, 1 and 2 threads), for every group size (64: the masked
+ * broadcast path, 128: the broadcast, 32: the permute), scale dtype, slices (in > 64·gs), half-chunk tails and row
+ * counts. (The default since session 50, k_q4i8g, sums per group first: its own order, the one the several-x kernels
+ * share — test_kern_decode decode_several_rows / decode_x_lanes — within the int8 bound of gemv_int8_bound.) */
 TEST(q4i8_kernels_bitwise) {
     if (!kt_isa_ok("avx512")) { SKIP("q4i8_kernels_bitwise", "needs AVX-512"); return; }
     static const int gss[] = {32, 64, 128};
@@ -140,7 +142,7 @@ TEST(q4i8_kernels_bitwise) {
                     float *ya = calloc((size_t)out, sizeof *ya), *yb = calloc((size_t)out, sizeof *yb);
                     tern__cpu_q4_seq_set(3);
                     fast->vt->matmul(fast, ya, x, 1, &w.t);
-                    tern__cpu_q4_seq_set(1);
+                    tern__cpu_q4_seq_set(4);
                     fast->vt->matmul(fast, yb, x, 1, &w.t);
                     runs++;
                     if (memcmp(ya, yb, (size_t)out * sizeof *ya)) {
@@ -155,7 +157,7 @@ TEST(q4i8_kernels_bitwise) {
     }
     tern__cpu_q4_seq_set(-1);
     CHECK(runs > 100 && diff == 0, "%d of %d shapes differ", diff, runs);
-    printf("  q4 int8: k_q4i8s == k_q4i8r bitwise over %d shapes\n", runs);
+    printf("  q4 int8: k_q4i8s (former default) == k_q4i8r bitwise over %d shapes\n", runs);
 }
 
 /* Int8 mode: |y - y_exact| <= ½ Σ_g d_g Σ_{t∈g} |s_g|·|q_t - C| (C = 8 or 128), d_g = max_{t∈g}|x_t|/127 (plus f32
@@ -166,9 +168,10 @@ TEST(gemv_int8_bound) {
     tern_backend_cpu_set_int8(fast, 1);
     static const int gss[] = {32, 64, 128};
     double worst_rel = 0;
-    /* Q4 int8 (TERN_CPU_Q4_SEQ): 3 k_q4i8r (sessions 19-20), 2 k_q4i8r with the L2 prefetch, 1 k_q4i8s (default),
-     * 0 the 4-row kernel; 3, 2 and 1 give bitwise the same results (checked below and in q4i8_kernels_bitwise) */
-    for (int seq = 3; seq >= 0; seq--)
+    /* Q4 int8 (TERN_CPU_Q4_SEQ): 4 k_q4i8s (sessions 21-49), 3 k_q4i8r (sessions 19-20), 2 k_q4i8r with the L2
+     * prefetch, 1 k_q4i8g (default), 0 the 4-row kernel; 4, 3 and 2 give bitwise the same results (checked below and
+     * in q4i8_kernels_bitwise) */
+    for (int seq = 4; seq >= 0; seq--)
     for (int bits = 4; bits <= 8; bits += 4)
         for (size_t g = 0; g < TERN_ARRAY_LEN(gss); g++) {
             tern__cpu_q4_seq_set(seq);
@@ -182,10 +185,10 @@ TEST(gemv_int8_bound) {
             fast->vt->matmul(fast, y1, x, 1, &w.t);
             if (seq == 2 && bits == 4) { /* the prefetch hint changes the access order only */
                 float *y2 = calloc((size_t)out, sizeof *y2);
-                tern__cpu_q4_seq_set(1);
+                tern__cpu_q4_seq_set(4);
                 fast->vt->matmul(fast, y2, x, 1, &w.t);
                 tern__cpu_q4_seq_set(seq);
-                CHECK(!memcmp(y1, y2, (size_t)out * sizeof *y1), "q4 g%d: the L2-prefetch variant differs from the default", gs);
+                CHECK(!memcmp(y1, y2, (size_t)out * sizeof *y1), "q4 g%d: the L2-prefetch variant differs from k_q4i8s", gs);
                 free(y2);
             }
             size_t rb = tern_tensor_row_bytes(&w.t);

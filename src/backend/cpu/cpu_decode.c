@@ -128,18 +128,23 @@ int tern__cpu_gemv_nx_on(const tern_cpu_kern *k) { return nx_enabled(k); }
  * o0 + i for x r. A row's result is the kernel's on that x alone: the same bits for any n. */
 static void rows_gemv(const tern_cpu_kern *k, const cpu_gx *gx, int n, const tern_tensor *w, int64_t o0, int64_t o1,
                       float *v) {
-    enum { MAXR = 8 };
+    enum { MAXR = 16 };
     int np = dec_np(k, gx);
     cpu_wrow rows[MAXR], base;
     tern__cpu_wrow_at(w, 0, o0, &base);
     size_t rb = 0, sb = 0;
     const int lin = tern__cpu_wrow_steps(w, &rb, &sb);
     const int nx = n > 1 && nx_enabled(k);
+    const int np1 = np; /* gemv's rows per call */
+    if (nx && gx->kind > 0 && gx->kind <= CPU_GX_BF16R && k->gemv_nx_pass[gx->kind])
+        np = TERN_MIN(k->gemv_nx_pass[gx->kind], MAXR);
     for (int64_t o = o0; o < o1; o += np) {
         int nr = (int)TERN_MIN((int64_t)np, o1 - o);
         tern__cpu_wrow_pass(w, 0, &base, o - o0, o, nr, lin, rb, sb, rows);
         if (!nx || !k->gemv_nx(gx, n, rows, nr, v + (o - o0), CHUNK))
-            for (int r = 0; r < n; r++) k->gemv(&gx[r], rows, nr, v + (size_t)r * CHUNK + (o - o0));
+            for (int i = 0; i < nr; i += np1)
+                for (int r = 0; r < n; r++)
+                    k->gemv(&gx[r], rows + i, TERN_MIN(np1, nr - i), v + (size_t)r * CHUNK + (o - o0) + i);
     }
 }
 

@@ -132,6 +132,8 @@ static int prep(const cpu_wrow *w, int in, int mode, const float *x, void *buf, 
     gx->xq = xq;
     gx->xd = xd;
     gx->rq = rq;
+    static _Atomic unsigned long long gen_next = 1; /* 64 bits: no wrap-around in practice */
+    gx->gen = atomic_fetch_add(&gen_next, 1);
     return 1;
 }
 
@@ -345,7 +347,7 @@ AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, 
 static void k_q4i8r(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 1); }
 static void k_q4i8r_l2(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) { k_q4i8r_t(gx, rw, y, NR, 0); }
 
-/* Q4_I8, the default (session 21): k_q4i8r's sums in its order — bitwise its results — with fewer instructions and
+/* Q4_I8, the default from session 21 to 49 (TERN_CPU_Q4_SEQ=4 now, for A/B): k_q4i8r's sums in its order — bitwise its results — with fewer instructions and
  * loads per 64 code bytes and less per-row latency (bench/NOTES.md (ah)):
  * - the scales of all NR rows first (ds[r] = s·d for every group, bs[r] = the bias and centring terms, grp_i8 per
  *   slice as before), so a row's loop never waits on its own scale stores; each row is then one loop over its
@@ -432,6 +434,25 @@ static void k_q4i8s(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR
     else k_q4i8r(gx, rw, y, NR); /* not an MLX group size: the former kernel */
 }
 
+/* Q4_I8, the default since session 50: q4g_nx's two parts (gemv_avx512.h) with one x — the scales of all NR rows
+ * first, then each row's codes (as k_q4i8s did: no row waits on its own scale stores) — in the order the several-x
+ * kernels share (a row's sums per group as one int32, f32 per 16 groups). Per 64 code bytes ~9 vector ops where
+ * k_q4i8s spends ~11 (the converts and scale FMAs per chunk become ~2.6 in-lane shuffles and adds). bench_seq's
+ * token of llama3-1b GEMVs against k_q4i8s, paired: 1.00x with the scales row by row, 1.23x (median, quartiles
+ * 1.22-1.27) with them first (NOTES (bj)). Groups other than 32 / 64 / 128 keep k_q4i8r. */
+AI void k_q4i8g_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int GS) {
+    float ds[4][CPU_GX_MAX_IN / 32 + 16] __attribute__((aligned(64)));
+    __m512 bs[4];
+    for (int r = 0; r < NR; r++) q4g_scales(gx, rw + r, 1, GS, &ds[r], &bs[r]);
+    for (int r = 0; r < NR; r++) q4g_dots(gx, rw + r, y + r, 1, 1, GS, &ds[r], &bs[r]);
+}
+static void k_q4i8g(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
+    if (gx->gs == 64) k_q4i8g_t(gx, rw, y, NR, 64);
+    else if (gx->gs == 128) k_q4i8g_t(gx, rw, y, NR, 128);
+    else if (gx->gs == 32) k_q4i8g_t(gx, rw, y, NR, 32);
+    else k_q4i8r(gx, rw, y, NR);
+}
+
 #define KCASE(K, fn) \
     case K: \
         if (nr == 4) fn(gx, rows, y, 4); \
@@ -442,13 +463,13 @@ static void k_q4i8s(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR
 
 #define Q8I8(n) (bc ? k_q8i8(gx, rows, y, n, 1) : k_q8i8(gx, rows, y, n, 0))
 
-static _Atomic int q4_seq = -1; /* 1 k_q4i8s (default), 0 k_q4i8, 2 k_q4i8r with the L2 prefetch, 3 k_q4i8r */
+static _Atomic int q4_seq = -1; /* 1 k_q4i8g (default), 0 k_q4i8, 2 k_q4i8r with the L2 prefetch, 3 k_q4i8r, 4 k_q4i8s */
 void tern__cpu_q4_seq_set(int on) { q4_seq = on < 0 ? -1 : on; }
 static int q4_seq_on(void) {
     int v = q4_seq;
     if (v < 0) {
         const char *e = getenv("TERN_CPU_Q4_SEQ");
-        v = e && *e >= '0' && *e <= '3' ? *e - '0' : 1;
+        v = e && *e >= '0' && *e <= '4' ? *e - '0' : 1;
         q4_seq = v;
     }
     return v;
@@ -477,7 +498,8 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
         switch (q4_seq_on()) {
         case 2: k_q4i8r_l2(gx, rows, y, nr); break;
         case 3: k_q4i8r(gx, rows, y, nr); break;
-        default: k_q4i8s(gx, rows, y, nr); break;
+        case 4: k_q4i8s(gx, rows, y, nr); break;
+        default: k_q4i8g(gx, rows, y, nr); break;
         }
         return;
     }

@@ -130,6 +130,107 @@ AI __m512i q4i8_chunk(const uint8_t *src, const int8_t *xq, __m512i nib, __mmask
     return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi, _mm512_loadu_si512(xq + 64));
 }
 
+/* Q4_I8's order (session 50; bench/NOTES.md (bj)): per row and x, Σ q·xq of each weight group as one exact int32,
+ * then f32 only per block of 16 groups: A = fma(cvt(sums), s·d, A), lane l of A accumulating group 16b + perm[l]
+ * of every block b (perm: where the in-lane reduction below leaves each group), and y = red_pair(A, bs) with bs the
+ * bias terms of grp_i8. Every Q4_I8 kernel of the default path computes exactly this — one x (q4g_nx with NX 1),
+ * several x sharing each row's unpacking (q4g_nx), and the x-in-lanes kernel of gemv_nx_avx512.c, which holds one
+ * row's 16 A chains as 16 vectors and reduces them in perm's pairing — so a row gives the same bits alone or in
+ * any batch. */
+static const int q4g_perm[3][16] = { /* lane -> group of a block, for GS 32, 64, 128 (test_kern_gemv checks them) */
+    {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15},
+    {0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15},
+    {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15},
+};
+AI const int *q4g_perm_of(int gs) { return q4g_perm[gs == 32 ? 0 : gs == 64 ? 1 : 2]; }
+
+/* lane-pair sums within 128-bit blocks (a's and b's interleaved), and across blocks (a's two pairs, then b's) */
+AI __m512i q4g_hadd(__m512i a, __m512i b) { return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b)); }
+AI __m512i q4g_bsum(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The GS / 8 chunk sums of a block of 16 groups (q4i8_chunk's: GS 32 four groups a chunk, 64 two, 128 one) -> lane l
+ * = Σ of group perm[l]: in-lane shuffles and adds only (a vpermt2d tree was slower), exact in int32. */
+AI __m512i q4g_red(__m512i *a, const int GS) {
+    if (GS == 32) return q4g_hadd(q4g_hadd(a[0], a[1]), q4g_hadd(a[2], a[3]));
+    __m512i t[8], p[4];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < GS / 16; i++) t[i] = q4g_hadd(a[2 * i], a[2 * i + 1]);
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < GS / 32; i++) p[i] = q4g_hadd(t[2 * i], t[2 * i + 1]);
+    if (GS == 64) return q4g_bsum(p[0], p[1]);
+    return q4g_bsum(q4g_bsum(p[0], p[1]), q4g_bsum(p[2], p[3]));
+}
+
+/* q4g_nx's first part: grp_i8's ds = s·d per group (16 zeros after) and bias sums bs for NX x on row w. */
+AI void q4g_scales(const cpu_gx *gx, const cpu_wrow *w, const int NX, const int GS, float (*ds)[CPU_GX_MAX_IN / 32 + 16],
+                   __m512 *bs) {
+    const int in = gx[0].in;
+    pf_groups(&gx[0], w, 1);
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) bs[j] = _mm512_setzero_ps();
+    for (int j0 = 0, ch = CPU_MAX_GROUPS * GS; j0 < in; j0 += ch) { /* grp_i8's slices, its sums per x */
+        const int g0 = j0 / GS;
+        float *dsj[4];
+        __m512 sl[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) dsj[j] = ds[j] + g0;
+        grp_i8_nx(w, g0, (in - j0 < ch ? in - j0 : ch) / GS, gx, NX, dsj, sl);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) bs[j] = _mm512_add_ps(bs[j], sl[j]);
+    }
+}
+
+/* q4g_nx's second part: the codes of row w against NX x, given ds and bs; y[j·ys] */
+AI void q4g_dots(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
+                 float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
+    const ptrdiff_t pfd = gx[0].pf_data;
+    const int in = gx[0].in, ng = in / GS, nb = (ng + 15) / 16, cpb = GS / 8;
+    const __m512i nib = _mm512_set1_epi8(0x0f), perm = _mm512_loadu_si512(q4g_perm_of(GS));
+    __m512 A[4];
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) A[j] = _mm512_setzero_ps();
+    const uint8_t *src = w->data;
+    for (int b = 0, c0 = 0; b < nb; b++, c0 += 16 * GS, src += 64 * cpb) {
+        __m512i a[4][16];
+        const int whole = c0 + 16 * GS <= in;
+        _Pragma("GCC unroll 16")
+        for (int u = 0; u < cpb; u++) {
+            const int c = c0 + 128 * u;
+            if (!whole && c >= in) { /* past the row's end in its last block: no groups */
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NX; j++) a[j][u] = _mm512_setzero_si512();
+                continue;
+            }
+            _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
+            __m512i raw = _mm512_maskz_loadu_epi8(whole || in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1,
+                                                  src + 64 * u);
+            PIN(raw);
+            const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NX; j++) {
+                const int8_t *xq = gx[j].xq + c;
+                a[j][u] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi,
+                                              _mm512_loadu_si512(xq + 64));
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++)
+            A[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4g_red(a[j], GS)), _mm512_permutexvar_ps(perm, _mm512_loadu_ps(ds[j] + 16 * b)), A[j]);
+    }
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) y[(size_t)j * ys] = red_pair(A[j], bs[j]);
+}
+
+/* Q4_I8 in the order above, one row, NX (1-4) x sharing each chunk's load and unpacking; GS 32, 64 or 128. */
+AI void q4g_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS) {
+    float ds[4][CPU_GX_MAX_IN / 32 + 16] __attribute__((aligned(64)));
+    __m512 bs[4];
+    q4g_scales(gx, w, NX, GS, ds, bs);
+    q4g_dots(gx, w, y, ys, NX, GS, ds, bs);
+}
+
 /* Exact Q4: per group a 16-entry table of s·q + b (rounded as the reference decoder does), per 32 inputs one
  * byte-to-dword widen, one shift and two vpermps lookups feeding FMAs against x in q4 order (16 even inputs, then 16
  * odd ones). NR (1-4) rows, NX (1-4) x: per group and row the table once, its two lookups per 32 weights once, then

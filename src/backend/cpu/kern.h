@@ -71,6 +71,8 @@ typedef struct cpu_gx {
      * offset in a row a few passes ahead, rows being contiguous), and once per pass the
      * scales/biases at + pf_sb (0: none). Only the access order changes, never the sums. */
     ptrdiff_t pf_data, pf_sb;
+    unsigned long long gen; /* int8 kinds: gemv_prep's serial number for this x (never 0), so a kernel may cache what it derives
+                   * from a set of x (gemv_nx_avx512.c); 0: not set */
 } cpu_gx;
 
 typedef struct tern_cpu_kern {
@@ -140,6 +142,9 @@ typedef struct tern_cpu_kern {
      * bitwise gemv(&gx[j], rows, nr)[i]; each weight row is loaded and unpacked once for all x (gemv_nx_avx512.c).
      * Returns 0, having written nothing, for a kind it does not take (the caller then runs gemv per x). */
     int (*gemv_nx)(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys);
+    /* (appended, optional) rows per gemv_nx call the decode driver passes for several x, per cpu_gx kind (0: as for one
+     * x, gemv_pass; at most 16): the x-in-lanes Q4_I8 kernel reuses each group's x vectors across the call's rows. */
+    unsigned char gemv_nx_pass[CPU_GX_BF16R + 1];
     /* RMSNorm's scaling: y[j] = x[j]·s·w[j] (w NULL: x[j]·s), each element rounded as that expression is in C (y may
      * be x). Every table has it. */
     void (*norm_apply)(float *y, const float *x, float s, const float *w, int n);

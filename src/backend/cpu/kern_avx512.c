@@ -386,6 +386,7 @@ const tern_cpu_kern tern__cpu_kern_avx512 = {
      * its rows one at a time inside the call (k_q4i8r, 4 chains a row), the exact Q kinds keep 4 (one row per
      * call lost there: one accumulator chain a row) */
     .gemv_pass = {[CPU_GX_Q8_I8] = 1},
+    .gemv_nx_pass = {[CPU_GX_Q4_I8] = 16},
     .name = "avx512",
     .decode = decode,
     .mk = mk,
