@@ -438,13 +438,13 @@ static void k_q4i8s(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR
  * first, then each row's codes (as k_q4i8s did: no row waits on its own scale stores) — in the order the several-x
  * kernels share (a row's sums per group as one int32, f32 per 16 groups). Per 64 code bytes ~9 vector ops where
  * k_q4i8s spends ~11 (the converts and scale FMAs per chunk become ~2.6 in-lane shuffles and adds). bench_seq's
- * token of llama3-1b GEMVs against k_q4i8s, paired: 1.00x with the scales row by row, 1.23x (median, quartiles
- * 1.22-1.27) with them first (NOTES (bj)). Groups other than 32 / 64 / 128 keep k_q4i8r. */
+ * token of llama3-1b GEMVs against k_q4i8s, paired: 1.00x with the scales row by row, 1.13-1.26x (medians of four
+ * runs) with them first and q4g_dots_stream's loop (NOTES (bj)). Groups other than 32 / 64 / 128 keep k_q4i8r. */
 AI void k_q4i8g_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int GS) {
     float ds[4][CPU_GX_MAX_IN / 32 + 16] __attribute__((aligned(64)));
     __m512 bs[4];
     for (int r = 0; r < NR; r++) q4g_scales(gx, rw + r, 1, GS, &ds[r], &bs[r]);
-    for (int r = 0; r < NR; r++) q4g_dots(gx, rw + r, y + r, 1, 1, GS, &ds[r], &bs[r]);
+    for (int r = 0; r < NR; r++) q4g_dots_stream(gx, rw + r, y + r, 1, 1, GS, &ds[r], &bs[r]);
 }
 static void k_q4i8g(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     if (gx->gs == 64) k_q4i8g_t(gx, rw, y, NR, 64);
@@ -475,8 +475,10 @@ static int q4_seq_on(void) {
     return v;
 }
 
-/* nr 1..8 (the table's gemv_nr): Q8_I8 takes up to 8 rows per pass, the other kinds 4 */
+/* nr >= 1 (the driver passes up to the table's gemv_nr, 8; gemv_nx's one-x case up to 16): Q8_I8 takes up to 8 rows
+ * per pass, the other kinds 4 */
 static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
+    for (; nr > 8; rows += 8, y += 8, nr -= 8) gemv(gx, rows, 8, y); /* rows are independent */
     if (gx->kind == CPU_GX_Q8_I8) {
         int bc = gx->gs % 64 == 0;
         switch (nr) {
@@ -490,7 +492,7 @@ static void gemv(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y) {
         default: Q8I8(1); return;
         }
     }
-    if (nr > 4) { /* rows are independent: two calls give the same results */
+    while (nr > 4) { /* rows are independent: separate calls give the same results */
         gemv(gx, rows, 4, y);
         rows += 4, y += 4, nr -= 4;
     }

@@ -182,9 +182,78 @@ AI void q4g_scales(const cpu_gx *gx, const cpu_wrow *w, const int NX, const int 
     }
 }
 
+/* One block of 16 groups (GS / 8 chunks from input c0, code bytes at src) of NX x into A: WHOLE (compile-time) when the
+ * block lies inside the row, else chunks past the row's end count as zero and a last half chunk is masked. */
+AI void q4g_block(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, const int GS, const int WHOLE, __m512 *A,
+                  float (*ds)[CPU_GX_MAX_IN / 32 + 16], int b, __m512i perm) {
+    const ptrdiff_t pfd = gx[0].pf_data;
+    const int in = gx[0].in, cpb = GS / 8;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    __m512i st[4][5]; /* 3-4 x: q4g_red's tree reduced as the chunks come (a binary counter: few live vectors; holding
+                       * all chunks of 4 x took 32 registers: 4 x 17.4 -> 16.4 ns a row and x hot) */
+    __m512i ch[2][16]; /* 1-2 x: all chunks, then q4g_red */
+    _Pragma("GCC unroll 16")
+    for (int u = 0; u < cpb; u++) {
+        const int c = c0 + 128 * u;
+        __m512i v[4];
+        if (!WHOLE && c >= in) {
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NX; j++) v[j] = _mm512_setzero_si512();
+        } else {
+            _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
+            __m512i raw = WHOLE ? _mm512_maskz_loadu_epi8(~(__mmask64)0, src + 64 * u)
+                                : _mm512_maskz_loadu_epi8(in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1,
+                                                          src + 64 * u);
+            PIN(raw);
+            const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NX; j++) {
+                const int8_t *xq = gx[j].xq + c;
+                v[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi,
+                                           _mm512_loadu_si512(xq + 64));
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) {
+            if (NX <= 2) {
+                ch[j][u] = v[j];
+                continue;
+            }
+            int lvl = 0;
+            _Pragma("GCC unroll 5")
+            for (int m = u; m & 1; m >>= 1, lvl++) /* levels 1-2 pair lanes in blocks, 3-4 blocks (q4g_red) */
+                v[j] = lvl < 2 ? q4g_hadd(st[j][lvl], v[j]) : q4g_bsum(st[j][lvl], v[j]);
+            st[j][lvl] = v[j];
+        }
+    }
+    const int top = GS == 32 ? 2 : GS == 64 ? 3 : 4;
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++)
+        A[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(NX <= 2 ? q4g_red(ch[j], GS) : st[j][top]),
+                               _mm512_permutexvar_ps(perm, _mm512_loadu_ps(ds[j] + 16 * b)), A[j]);
+}
+
 /* q4g_nx's second part: the codes of row w against NX x, given ds and bs; y[j·ys] */
 AI void q4g_dots(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
-                 float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
+                        float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
+    const int in = gx[0].in, nw = in / (16 * GS), nb = (in / GS + 15) / 16; /* whole blocks, all blocks */
+    const __m512i perm = _mm512_loadu_si512(q4g_perm_of(GS));
+    __m512 A[4];
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) A[j] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b < nw; b++) q4g_block(gx, w->data + (size_t)b * 8 * GS, b * 16 * GS, NX, GS, 1, A, ds, b, perm);
+    if (b < nb) q4g_block(gx, w->data + (size_t)b * 8 * GS, b * 16 * GS, NX, GS, 0, A, ds, b, perm);
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) y[(size_t)j * ys] = red_pair(A[j], bs[j]);
+}
+
+/* q4g_dots as one loop over each block's chunks with the row-end test inside it, the same sums: slower from L1/L2
+ * (hot, in 2048 ~32 vs ~23 ns a row) but faster from memory, where the one-x kernel runs — bench_seq's token of
+ * llama3-1b GEMVs against k_q4i8s, paired: 1.13-1.26x with this loop, 1.03-1.07x with q4g_dots (NOTES (bj)). Used for
+ * one x (k_q4i8g). */
+AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
+                        float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
     const ptrdiff_t pfd = gx[0].pf_data;
     const int in = gx[0].in, ng = in / GS, nb = (ng + 15) / 16, cpb = GS / 8;
     const __m512i nib = _mm512_set1_epi8(0x0f), perm = _mm512_loadu_si512(q4g_perm_of(GS));

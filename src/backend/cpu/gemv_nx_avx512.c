@@ -246,10 +246,18 @@ static int kx_run(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float 
     default: call(1); break; \
     }
 
+/* Q4_I8: rows in pairs, both rows' scales before either's codes (no row waits on its own scale stores; as k_q4i8g) */
+AI void q4i8_pair(const cpu_gx *gx, const cpu_wrow *rows, int nr, float *y, size_t ys, const int NX, const int GS) {
+    float ds[2][4][CPU_GX_MAX_IN / 32 + 16] __attribute__((aligned(64)));
+    __m512 bs[2][4];
+    for (int r = 0; r < nr; r++) q4g_scales(gx, rows + r, NX, GS, ds[r], bs[r]);
+    for (int r = 0; r < nr; r++) q4g_dots(gx, rows + r, y + r, ys, NX, GS, ds[r], bs[r]);
+}
 static void q4i8_rows(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
-    for (int r = 0; r < nr; r++) {
-#define Q4I8(n) (gx->gs == 64 ? q4g_nx(gx, rows + r, y + r, ys, n, 64) \
-                 : gx->gs == 128 ? q4g_nx(gx, rows + r, y + r, ys, n, 128) : q4g_nx(gx, rows + r, y + r, ys, n, 32))
+    for (int r = 0; r < nr; r += 2) {
+        const int n2 = nr - r < 2 ? 1 : 2;
+#define Q4I8(n) (gx->gs == 64 ? q4i8_pair(gx, rows + r, n2, y + r, ys, n, 64) \
+                 : gx->gs == 128 ? q4i8_pair(gx, rows + r, n2, y + r, ys, n, 128) : q4i8_pair(gx, rows + r, n2, y + r, ys, n, 32))
         NX_SWITCH(nx, Q4I8)
 #undef Q4I8
     }
