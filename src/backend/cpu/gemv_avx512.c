@@ -296,7 +296,7 @@ AI void k_q4i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
  * +17-24 % faster, paired, 1 and 2 threads (bench_layout, NOTES (ae)); only the access order changes, not the sums.
  * In the model +9 % (bench_seq, 120 pairs; `tern bench` could not resolve it on this box). 8 chains gained nothing.
  * TERN_CPU_Q4_SEQ=0 or tern__cpu_q4_seq_set(0): k_q4i8 (4 rows per pass; its sum order differs); 2: the L2 (T1)
- * prefetch of sessions 19-20; 3: this kernel (bitwise the same results as 2 and the default k_q4i8s, for A/B). */
+ * prefetch of sessions 19-20; 3: this kernel (bitwise the same results as 2 and as k_q4i8s, 4, for A/B). */
 AI void k_q4i8r_t(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, const int T0) {
     const ptrdiff_t pfd = gx->pf_data;
     const int gs = gx->gs, in = gx->in;

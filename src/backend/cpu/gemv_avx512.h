@@ -1,7 +1,7 @@
 /*
  * gemv_avx512.h — the helpers shared by the AVX-512 fused GEMV kernels of one x (gemv_avx512.c) and of several
  * (gemv_nx_avx512.c): prefetch, the group scales and biases as f32, the int8 kinds' per-row scale terms, the
- * 128-input Q4_I8 chunk, the paired reduction, the exact Q4 and Q8 kernels for 1-4 rows and 1-4 x (q4_nx, q8_nx:
+ * 128-input Q4_I8 chunk, the paired reduction, Q4_I8's group-sum order (q4g_*: one x and several), the exact Q4 and Q8 kernels for 1-4 rows and 1-4 x (q4_nx, q8_nx:
  * k_q4 and k_q8 are their one-x cases) and the bf16 mode's (bf16r_nx; k_bf16r its one-x case). Internal to src/backend/cpu; include only from *_avx512.c files.
  */
 #ifndef TERN_CPU_GEMV_AVX512_H

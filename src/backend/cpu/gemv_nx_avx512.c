@@ -5,8 +5,11 @@
  * (gemv_avx512.c) repeats the load and the unpacking for each.
  *
  * Per 64 bytes of Q4 codes (128 inputs) the one-x Q4_I8 kernel spends ~9 vector ops: load, two
- * nibble masks and a shift, two vpdpbusd, a convert and the scale FMAs; here the first four are
- * shared. Exact Q4 shares the widen, the shift and the two table lookups (4 of 6 ops per 32
+ * nibble masks and a shift, two vpdpbusd and ~2.6 in-lane shuffles and adds of its per-group sums
+ * (q4g_*, gemv_avx512.h); here the first four are shared (q4g_block, 2-4 x a pass). From 12 x
+ * (TERN_CPU_KX) group-64 rows put x in the vector lanes instead (kx_rows below): per 4 codes of a
+ * row one broadcast and one vpdpbusd serve 16 x, and the scale work is per group and row, not per
+ * chunk and x — 16 sequences of llama3-1b ~1.5x (NOTES (bj)). Exact Q4 shares the widen, the shift and the two table lookups (4 of 6 ops per 32
  * weights), exact Q8 the widen and the convert (2 of 3 per 16); both then bind on f32 x loads,
  * so they take two rows at once with each x loaded into a register once for both (q4_nx, q8_nx
  * in gemv_avx512.h). The bf16 mode's BF16R shares each row's load across the x. Measured in the
@@ -24,7 +27,7 @@
  *     rows but no gain in the model, slower at 8 sequences. Per x the two 64-byte f32 x loads
  *     per 32 weights bind it, and they are not shared.
  *
- * Accumulators: Q4_I8 and BF16R 4 chains per x, exact Q4 2 and Q8 3 per row and x (two rows at
+ * Accumulators: Q4_I8 one per x (3-4 x: its block's sums reduced as the chunks come), BF16R 4 chains per x, exact Q4 2 and Q8 3 per row and x (two rows at
  * once), so x go through in blocks of at most 4 to stay within the 32 registers; a row is
  * re-read from L1 for the next block.
  */
@@ -34,7 +37,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-/* Q4_I8 with x in the vector lanes (GS 64; nx >= kx_min(), default 10): lane j of every vector is x j, so one
+/* Q4_I8 with x in the vector lanes (GS 64; nx >= kx_min(), default 12): lane j of every vector is x j, so one
  * vpdpbusd multiplies 4 codes of one row, broadcast, by 4 inputs of 16 x at once (64 products), against 2 of them
  * per 128 products plus a convert and two scale FMAs per x and chunk in q4g_nx. The codes are unpacked once per row
  * and group into a 64-byte buffer; x is transposed once per set of x (kx_prep: int8 x as [position][x] dwords, d,
@@ -212,13 +215,13 @@ static void kx_rows(const kx_cache *k, const cpu_gx *gx, int nx, const cpu_wrow 
     for (int j = 0; j < nx; j++) _mm512_mask_storeu_ps(y + (size_t)j * ys, km, _mm512_load_ps(yo[j]));
 }
 
-/* TERN_CPU_KX: the fewest x that take kx_rows (0: never); default 10 */
+/* TERN_CPU_KX: the fewest x that take kx_rows (0: never); default 12 */
 static _Atomic int kx_min_v = -1;
 static int kx_min(void) {
     int v = kx_min_v;
     if (v < 0) {
         const char *e = getenv("TERN_CPU_KX");
-        v = e && *e ? atoi(e) : 10;
+        v = e && *e ? atoi(e) : 12;
         kx_min_v = v = v < 0 ? 0 : v;
     }
     return v;
