@@ -47,7 +47,7 @@
 enum { KX_GS = 64, KX_R = 16, KX_X = 16 };
 typedef struct kx_cache {
     unsigned long long gen0, gen1; /* gemv_prep serials of the first and last x; 0: empty */
-    int nx, in, p;
+    int nx, in;
     __m512i xq[CPU_GX_MAX_IN / 4]; /* [dword position][x], over whole 128-input chunks */
     __m512 xd[CPU_GX_MAX_IN / KX_GS + 16], gsum[CPU_GX_MAX_IN / KX_GS + 16], rq[CPU_GX_MAX_IN / KX_GS + 16];
 } kx_cache;
@@ -86,9 +86,8 @@ AI void kx_tr16(const float *in, size_t ld, float (*out)[16]) {
     }
 }
 
-/* The thread's transposed copy of these nx x for P rows a vector (lane l holds x l / P: nx <= 16 / P), made if it is
- * not the one it holds; NULL without memory. */
-static const kx_cache *kx_prep(const cpu_gx *gx, int nx, int P) {
+/* The thread's transposed copy of these nx (<= 16) x, made if it is not the one it holds; NULL without memory. */
+static const kx_cache *kx_prep(const cpu_gx *gx, int nx) {
     kx_cache *k = kx_tls;
     if (!k) {
         if (posix_memalign((void **)&k, 64, sizeof *k)) return NULL;
@@ -96,179 +95,124 @@ static const kx_cache *kx_prep(const cpu_gx *gx, int nx, int P) {
         kx_tls = k;
     }
     const int in = gx[0].in, ng = in / KX_GS, ngp = (ng + 15) / 16 * 16;
-    if (k->gen0 == gx[0].gen && k->gen1 == gx[nx - 1].gen && k->nx == nx && k->in == in && k->p == P) return k;
+    if (k->gen0 == gx[0].gen && k->gen1 == gx[nx - 1].gen && k->nx == nx && k->in == in) return k;
     k->gen0 = 0; /* invalid while rebuilt */
     float t[16][16] __attribute__((aligned(64)));
     for (int p = 0; p < (in + 127) / 128 * 32; p += 16) { /* 16 dwords of each x -> 16 positions of all x (whole chunks) */
         for (int j = 0; j < 16; j++)
-            _mm512_store_si512(t[j], j / P < nx ? _mm512_loadu_si512(gx[j / P].xq + 4 * p) : _mm512_setzero_si512());
+            _mm512_store_si512(t[j], j < nx ? _mm512_loadu_si512(gx[j].xq + 4 * p) : _mm512_setzero_si512());
         kx_tr16(&t[0][0], 16, (float (*)[16])&k->xq[p]);
     }
     for (int g = 0; g < ngp; g += 16) {
         const __mmask16 m = ng - g >= 16 ? 0xffff : (__mmask16)((1u << (ng - g)) - 1);
         for (int f = 0; f < 3; f++) {
             for (int j = 0; j < 16; j++) {
-                const float *v = j / P >= nx ? NULL : f == 0 ? gx[j / P].xd : f == 1 ? gx[j / P].gsum : gx[j / P].rq;
+                const float *v = j >= nx ? NULL : f == 0 ? gx[j].xd : f == 1 ? gx[j].gsum : gx[j].rq;
                 _mm512_store_ps(t[j], v ? _mm512_maskz_loadu_ps(m, v + g) : _mm512_setzero_ps());
             }
             kx_tr16(&t[0][0], 16, (float (*)[16])(f == 0 ? &k->xd[g] : f == 1 ? &k->gsum[g] : &k->rq[g]));
         }
     }
-    k->nx = nx, k->in = in, k->p = P, k->gen1 = gx[nx - 1].gen, k->gen0 = gx[0].gen;
+    k->nx = nx, k->in = in, k->gen1 = gx[nx - 1].gen, k->gen0 = gx[0].gen;
     return k;
 }
 
-/* A per-lane value of rows r0 .. r0 + P - 1 for group g: P 1 a broadcast, P 2 row r0 in even lanes, r0 + 1 in odd */
-AI __m512 kx_rowv(const float (*v)[CPU_GX_MAX_IN / KX_GS + 16], int r0, int g, const int P) {
-    if (P == 1) return _mm512_set1_ps(v[r0][g]);
-    return _mm512_mask_blend_ps(0xaaaa, _mm512_set1_ps(v[r0][g]), _mm512_set1_ps(v[r0 + 1][g]));
-}
-
-/* nr (<= 16) rows, nx (<= 16 / P) x through the cache k: y[j·ys + r]. A vector holds P rows (P 2: lanes 2j and 2j + 1
- * are x j on rows r0 and r0 + 1, so 5-8 x still fill the lanes). */
-AI void kx_rows_t(const kx_cache *k, const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys, const int P) {
+/* nr (<= 16) rows, nx (<= 16) x through the cache k: y[j·ys + r] */
+static void kx_rows(const kx_cache *k, const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
     /* codes prefetched into L2 one call's rows (16) ahead: the driver's distance (gx->pf_data, a few 4-row passes)
      * lands inside a 16-row call. llama3-1b q4 int8, 16 sequences, per matmul_glu 2.64 -> 1.84-1.94 ms (NOTES (bj)) */
     const ptrdiff_t pfd = nr > 1 ? (rows[1].data - rows[0].data) * KX_R : 0;
-    const int in = k->in, ng = in / KX_GS, ngp = (ng + 15) / 16 * 16, nv = (nr + P - 1) / P;
+    const int in = k->in, ng = in / KX_GS, ngp = (ng + 15) / 16 * 16;
     const __m512i nib = _mm512_set1_epi8(0x0f);
     const int *perm = q4g_perm_of(KX_GS);
     float sc[KX_R][CPU_GX_MAX_IN / KX_GS + 16] __attribute__((aligned(64)));
-    float bi[KX_R][CPU_GX_MAX_IN / KX_GS + 16] __attribute__((aligned(64)));
     __m512 A[KX_R][16];
-    float yt[16][16] __attribute__((aligned(64))); /* [vector][lane] */
-    const cpu_wrow *rw[KX_R];
-    for (int r = 0; r < nv * P; r++) rw[r] = &rows[r < nr ? r : nr - 1]; /* an odd last row pairs with itself */
-    for (int r = 0; r < nv * P; r++) { /* the rows' scales and biases as f32 */
-        if (r < nr) pf_groups(gx, rw[r], 1);
-        for (int g = 0; g < ngp; g += 16) {
-            const __mmask16 m = g >= ng ? 0 : ng - g >= 16 ? 0xffff : (__mmask16)((1u << (ng - g)) - 1);
-            __m512 sv, bv;
-            grp_sb(rw[r], g, m, &sv, &bv);
-            _mm512_store_ps(sc[r] + g, sv);
-            _mm512_store_ps(bi[r] + g, bv);
-        }
-    }
-    for (int v = 0; v < nv; v++) { /* bias terms: grp_i8's chains, slice by slice, reduced at once (lanes past a slice:
-                                     * fma(0, 0, ·), as grp_i8's masked lanes) */
+    float yt[16][16] __attribute__((aligned(64))); /* [row][x], then transposed */
+    /* per row: its scales as f32 (bias terms too: grp_i8's chains, slice by slice, reduced at once) */
+    for (int r = 0; r < nr; r++) {
+        pf_groups(gx, &rows[r], 1);
         __m512 B[16], Bs[16];
         _Pragma("GCC unroll 16")
-        for (int c = 0; c < 16; c++) B[c] = A[v][c] = _mm512_setzero_ps();
+        for (int c = 0; c < 16; c++) B[c] = A[r][c] = _mm512_setzero_ps();
         for (int g0 = 0; g0 < ng; g0 += CPU_MAX_GROUPS) {
             const int ge = g0 + CPU_MAX_GROUPS < ng ? g0 + CPU_MAX_GROUPS : ng;
             _Pragma("GCC unroll 16")
             for (int c = 0; c < 16; c++) Bs[c] = _mm512_setzero_ps();
             for (int g = g0; g < ge; g += 16) {
+                const __mmask16 m = ge - g >= 16 ? 0xffff : (__mmask16)((1u << (ge - g)) - 1);
+                __m512 sv, bv;
+                grp_sb(&rows[r], g, m, &sv, &bv);
+                _mm512_store_ps(sc[r] + g, sv);
+                float bb[16] __attribute__((aligned(64)));
+                _mm512_store_ps(bb, bv);
                 _Pragma("GCC unroll 16")
-                for (int c = 0; c < 16; c++) {
-                    const int in_slice = g + c < ge; /* past the slice: zeros, as grp_i8's masked loads */
-                    const __m512 bb = in_slice ? kx_rowv(bi, v * P, g + c, P) : _mm512_setzero_ps();
-                    const __m512 ss = in_slice ? kx_rowv(sc, v * P, g + c, P) : _mm512_setzero_ps();
-                    Bs[c] = _mm512_fmadd_ps(bb, k->gsum[g + c], Bs[c]);
-                    Bs[c] = _mm512_fmadd_ps(ss, k->rq[g + c], Bs[c]);
+                for (int c = 0; c < 16; c++) { /* lanes past the slice: fma(0, 0, ·), as grp_i8's masked lanes */
+                    Bs[c] = _mm512_fmadd_ps(_mm512_set1_ps(bb[c]), k->gsum[g + c], Bs[c]);
+                    Bs[c] = _mm512_fmadd_ps(_mm512_set1_ps(sc[r][g + c]), k->rq[g + c], Bs[c]);
                 }
             }
             _Pragma("GCC unroll 16")
             for (int c = 0; c < 16; c++) B[c] = _mm512_add_ps(B[c], Bs[c]);
         }
-        __m512 Q[8];
+        __m512 P[8];
         _Pragma("GCC unroll 8")
-        for (int l = 0; l < 8; l++) Q[l] = _mm512_add_ps(B[l], B[l + 8]);
+        for (int l = 0; l < 8; l++) P[l] = _mm512_add_ps(B[l], B[l + 8]);
         _Pragma("GCC unroll 4")
-        for (int l = 0; l < 4; l++) Q[l] = _mm512_add_ps(Q[l], Q[l + 4]);
-        Q[0] = _mm512_add_ps(Q[0], Q[2]), Q[1] = _mm512_add_ps(Q[1], Q[3]);
-        _mm512_store_ps(yt[v], _mm512_add_ps(Q[0], Q[1])); /* reduce(bs) */
+        for (int l = 0; l < 4; l++) P[l] = _mm512_add_ps(P[l], P[l + 4]);
+        P[0] = _mm512_add_ps(P[0], P[2]), P[1] = _mm512_add_ps(P[1], P[3]);
+        _mm512_store_ps(yt[r], _mm512_add_ps(P[0], P[1])); /* reduce(bs), per x */
     }
-    const __m512i lo2 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi2 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     for (int g = 0; g < ng; g++) {
         const int c = g & 15, pl = (g >> 1) * 32 + (g & 1) * 8; /* the group's first low-nibble dword position */
-        uint8_t ub[KX_R][64] __attribute__((aligned(64))); /* per vector: P 1 the row's 16 dwords, P 2 two rows' alternating */
-        for (int v = 0; v < nv; v++) { /* low nibbles, then high: the order of the x positions pl.., pl + 16.. */
-            __m512i u[2];
-            for (int p = 0; p < P; p++) {
-                const uint8_t *src = rw[v * P + p]->data + (size_t)g * 32;
-                if (!(g & 1)) _mm_prefetch((const char *)src + pfd, _MM_HINT_T1);
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)src);
-                u[p] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), nib);
-            }
-            if (P == 1) _mm512_store_si512(ub[v], u[0]);
-            else {
-                _mm512_store_si512(ub[2 * v], _mm512_permutex2var_epi32(u[0], lo2, u[1]));
-                _mm512_store_si512(ub[2 * v + 1], _mm512_permutex2var_epi32(u[0], hi2, u[1]));
-            }
+        uint8_t ub[KX_R][64] __attribute__((aligned(64)));
+        for (int r = 0; r < nr; r++) { /* low nibbles, then high: the order of the x positions pl.., pl + 16.. */
+            if (!(g & 1)) _mm_prefetch((const char *)rows[r].data + (size_t)g * 32 + pfd, _MM_HINT_T1);
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(rows[r].data + (size_t)g * 32));
+            _mm512_store_si512(ub[r], _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), nib));
         }
         __m512i X[16];
         _Pragma("GCC unroll 8")
         for (int t = 0; t < 8; t++) X[t] = k->xq[pl + t], X[8 + t] = k->xq[pl + 16 + t];
         const __m512 xd = k->xd[g];
-        for (int v0 = 0; v0 < nv; v0 += 4) {
+        for (int r0 = 0; r0 < nr; r0 += 4) {
             __m512i a0[4], a1[4];
             const uint8_t *u[4];
             _Pragma("GCC unroll 4")
-            for (int i = 0; i < 4; i++) a0[i] = a1[i] = _mm512_setzero_si512(), u[i] = ub[P * (v0 + i < nv ? v0 + i : v0)];
+            for (int i = 0; i < 4; i++) a0[i] = a1[i] = _mm512_setzero_si512(), u[i] = ub[r0 + i < nr ? r0 + i : r0];
             _Pragma("GCC unroll 8")
             for (int t = 0; t < 16; t += 2) {
                 _Pragma("GCC unroll 4")
                 for (int i = 0; i < 4; i++) {
-                    const __m512i w0 = P == 1 ? _mm512_set1_epi32(*(const int32_t *)(u[i] + 4 * t))
-                                              : _mm512_set1_epi64(*(const long long *)(u[i] + 8 * t));
-                    const __m512i w1 = P == 1 ? _mm512_set1_epi32(*(const int32_t *)(u[i] + 4 * t + 4))
-                                              : _mm512_set1_epi64(*(const long long *)(u[i] + 8 * t + 8));
-                    a0[i] = _mm512_dpbusd_epi32(a0[i], w0, X[t]);
-                    a1[i] = _mm512_dpbusd_epi32(a1[i], w1, X[t + 1]);
+                    a0[i] = _mm512_dpbusd_epi32(a0[i], _mm512_set1_epi32(*(const int32_t *)(u[i] + 4 * t)), X[t]);
+                    a1[i] = _mm512_dpbusd_epi32(a1[i], _mm512_set1_epi32(*(const int32_t *)(u[i] + 4 * t + 4)), X[t + 1]);
                 }
             }
-            for (int i = 0; i < 4 && v0 + i < nv; i++) {
-                __m512 *ar = &A[v0 + i][c];
-                const __m512 ds = _mm512_mul_ps(kx_rowv(sc, (v0 + i) * P, g, P), xd);
+            for (int i = 0; i < 4 && r0 + i < nr; i++) {
+                __m512 *ar = &A[r0 + i][c];
+                const __m512 ds = _mm512_mul_ps(_mm512_set1_ps(sc[r0 + i][g]), xd);
                 *ar = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0[i], a1[i])), ds, *ar);
             }
         }
     }
     const __m512 z = _mm512_setzero_ps();
-    for (int v = 0; v < 16; v++) {
-        if (v >= nv) {
-            _mm512_store_ps(yt[v], z);
+    for (int r = 0; r < KX_R; r++) {
+        if (r >= nr) {
+            _mm512_store_ps(yt[r], z);
             continue;
         }
-        for (int g = ng; g < ngp; g++) A[v][g & 15] = _mm512_fmadd_ps(z, z, A[v][g & 15]); /* the last block's empty lanes */
-        __m512 Q[8];
+        for (int g = ng; g < ngp; g++) A[r][g & 15] = _mm512_fmadd_ps(z, z, A[r][g & 15]); /* the last block's empty lanes */
+        __m512 P[8];
         _Pragma("GCC unroll 8")
-        for (int l = 0; l < 8; l++) Q[l] = _mm512_add_ps(A[v][perm[l]], A[v][perm[l + 8]]);
+        for (int l = 0; l < 8; l++) P[l] = _mm512_add_ps(A[r][perm[l]], A[r][perm[l + 8]]);
         _Pragma("GCC unroll 4")
-        for (int l = 0; l < 4; l++) Q[l] = _mm512_add_ps(Q[l], Q[l + 4]);
-        Q[0] = _mm512_add_ps(Q[0], Q[2]), Q[1] = _mm512_add_ps(Q[1], Q[3]);
-        _mm512_store_ps(yt[v], _mm512_add_ps(_mm512_add_ps(Q[0], Q[1]), _mm512_load_ps(yt[v])));
-    }
-    if (P == 2) { /* lane 2j + p of vector v: x j, row 2v + p */
-        for (int v = 0; v < nv; v++)
-            for (int l = 0; l < 16; l++)
-                if (l / 2 < nx && 2 * v + l % 2 < nr) y[(size_t)(l / 2) * ys + 2 * v + l % 2] = yt[v][l];
-        return;
+        for (int l = 0; l < 4; l++) P[l] = _mm512_add_ps(P[l], P[l + 4]);
+        P[0] = _mm512_add_ps(P[0], P[2]), P[1] = _mm512_add_ps(P[1], P[3]);
+        _mm512_store_ps(yt[r], _mm512_add_ps(_mm512_add_ps(P[0], P[1]), _mm512_load_ps(yt[r])));
     }
     float yo[16][16] __attribute__((aligned(64)));
     kx_tr16(&yt[0][0], 16, yo);
     const __mmask16 km = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
     for (int j = 0; j < nx; j++) _mm512_mask_storeu_ps(y + (size_t)j * ys, km, _mm512_load_ps(yo[j]));
-}
-static void kx_rows1(const kx_cache *k, const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
-    kx_rows_t(k, gx, nx, rows, nr, y, ys, 1);
-}
-static void kx_rows2(const kx_cache *k, const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
-    kx_rows_t(k, gx, nx, rows, nr, y, ys, 2);
-}
-
-/* TERN_CPU_KX2: the fewest x (up to 8) that take kx_rows two rows a vector (0: never); default 5 */
-static _Atomic int kx2_min_v = -1;
-static int kx2_min(void) {
-    int v = kx2_min_v;
-    if (v < 0) {
-        const char *e = getenv("TERN_CPU_KX2");
-        v = e && *e ? atoi(e) : 5;
-        kx2_min_v = v = v < 0 ? 0 : v;
-    }
-    return v;
 }
 
 /* TERN_CPU_KX: the fewest x that take kx_rows (0: never); default 12 */
@@ -283,23 +227,15 @@ static int kx_min(void) {
     return v;
 }
 
-/* Q4_I8 g64 through kx_rows: 5-8 x two rows a vector, from kx_min() x (12) one row a vector in blocks of up to 16 x;
- * rows of up to 16 a call. 0 when it does not take the call. */
+/* Q4_I8 g64 through kx_rows, x in blocks of up to 16 and rows of up to 16; 0 when it does not take the call */
 static int kx_run(const cpu_gx *gx, int nx, const cpu_wrow *rows, int nr, float *y, size_t ys) {
-    const int lo = kx_min(), lo2 = kx2_min();
-    if (gx->gs != KX_GS || !gx->gen) return 0;
-    if (lo2 && nx >= lo2 && nx <= 8 && (!lo || nx < lo)) {
-        const kx_cache *k = kx_prep(gx, nx, 2);
-        if (!k) return 0;
-        for (int r = 0; r < nr; r += KX_R) kx_rows2(k, gx, nx, rows + r, nr - r < KX_R ? nr - r : KX_R, y + r, ys);
-        return 1;
-    }
-    if (!lo || nx < lo) return 0;
+    const int lo = kx_min();
+    if (!lo || nx < lo || gx->gs != KX_GS || !gx->gen) return 0;
     for (int j = 0; j < nx; j += KX_X) {
         const int n = nx - j < KX_X ? nx - j : KX_X;
-        const kx_cache *k = kx_prep(gx + j, n, 1);
+        const kx_cache *k = kx_prep(gx + j, n);
         if (!k) return 0; /* only on the first block: the buffer, once there, stays */
-        for (int r = 0; r < nr; r += KX_R) kx_rows1(k, gx + j, n, rows + r, nr - r < KX_R ? nr - r : KX_R, y + (size_t)j * ys + r, ys);
+        for (int r = 0; r < nr; r += KX_R) kx_rows(k, gx + j, n, rows + r, nr - r < KX_R ? nr - r : KX_R, y + (size_t)j * ys + r, ys);
     }
     return 1;
 }
