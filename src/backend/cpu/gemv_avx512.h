@@ -251,7 +251,8 @@ AI void q4g_dots(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
 /* q4g_dots as one loop over each block's chunks with the row-end test inside it, the same sums: slower from L1/L2
  * (hot, in 2048 ~32 vs ~23 ns a row) but faster from memory, where the one-x kernel runs — bench_seq's token of
  * llama3-1b GEMVs against k_q4i8s, paired: 1.13-1.26x with this loop, 1.03-1.07x with q4g_dots (NOTES (bj)). Used for
- * one x (k_q4i8g). */
+ * one x (k_q4i8g). Fragile, not understood: q4g_dots with q4g_block's row-end test on for every block, the same loop on
+ * paper, measured 0.95x — keep this function's shape when touching it, and re-run bench_seq. */
 AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
                         float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
     const ptrdiff_t pfd = gx[0].pf_data;
