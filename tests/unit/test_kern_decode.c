@@ -194,7 +194,7 @@ static void several_rows_on(tern_backend *be, const char *tag, int nth) {
 TEST(decode_several_rows) { kt_each_cpu(several_rows_on); }
 
 /* Q4 g64 int8 with x in the vector lanes (gemv_nx_avx512.c kx_rows, from TERN_CPU_KX x): rows of one group (half a
- * chunk), a last block of 12 groups, two bias slices (65 and 130 groups), 12..16 x (lanes left empty; 8 x: q4g_nx)
+ * chunk), a last block of 12 groups, two bias slices (65 and 130 groups), 12..16 x (lanes left empty; 8 x: q4i8_rows)
  * — every row bitwise the one-x kernel's on it alone. */
 static void x_lanes_on(tern_backend *be, const char *tag, int nth) {
     static const int outs[3] = {37, 5, 19}, ins[] = {64, 320, 2816, 4160, 8320};

@@ -434,7 +434,7 @@ static void k_q4i8s(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR
     else k_q4i8r(gx, rw, y, NR); /* not an MLX group size: the former kernel */
 }
 
-/* Q4_I8, the default since session 50: q4g_nx's two parts (gemv_avx512.h) with one x — the scales of all NR rows
+/* Q4_I8, the default since session 50: q4g_scales and q4g_dots_stream (gemv_avx512.h) with one x — the scales of all NR rows
  * first, then each row's codes (as k_q4i8s did: no row waits on its own scale stores) — in the order the several-x
  * kernels share (a row's sums per group as one int32, f32 per 16 groups). Per 64 code bytes ~9 vector ops where
  * k_q4i8s spends ~11 (the converts and scale FMAs per chunk become ~2.6 in-lane shuffles and adds). bench_seq's

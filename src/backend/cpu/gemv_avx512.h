@@ -133,11 +133,13 @@ AI __m512i q4i8_chunk(const uint8_t *src, const int8_t *xq, __m512i nib, __mmask
 /* Q4_I8's order (session 50; bench/NOTES.md (bj)): per row and x, Σ q·xq of each weight group as one exact int32,
  * then f32 only per block of 16 groups: A = fma(cvt(sums), s·d, A), lane l of A accumulating group 16b + perm[l]
  * of every block b (perm: where the in-lane reduction below leaves each group), and y = red_pair(A, bs) with bs the
- * bias terms of grp_i8. Every Q4_I8 kernel of the default path computes exactly this — one x (q4g_nx with NX 1),
- * several x sharing each row's unpacking (q4g_nx), and the x-in-lanes kernel of gemv_nx_avx512.c, which holds one
+ * bias terms of grp_i8. Every Q4_I8 kernel of the default path computes exactly this — one x (q4g_scales and
+ * q4g_dots_stream: k_q4i8g), 1-4 x sharing each row's unpacking (q4g_scales and q4g_dots: gemv_nx_avx512.c
+ * q4i8_rows), and the x-in-lanes kernel of gemv_nx_avx512.c, which holds one
  * row's 16 A chains as 16 vectors and reduces them in perm's pairing — so a row gives the same bits alone or in
  * any batch. */
-static const int q4g_perm[3][16] = { /* lane -> group of a block, for GS 32, 64, 128 (test_kern_gemv checks them) */
+static const int q4g_perm[3][16] = { /* lane -> group of a block, for GS 32, 64, 128 (a wrong entry pairs a group with
+                                       * another's scale: test_kern_gemv gemv_int8_bound and decode_x_lanes fail) */
     {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15},
     {0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15},
     {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15},
@@ -163,7 +165,7 @@ AI __m512i q4g_red(__m512i *a, const int GS) {
     return q4g_bsum(q4g_bsum(p[0], p[1]), q4g_bsum(p[2], p[3]));
 }
 
-/* q4g_nx's first part: grp_i8's ds = s·d per group (16 zeros after) and bias sums bs for NX x on row w. */
+/* Q4_I8 in this order, part one: grp_i8's ds = s·d per group (16 zeros after) and bias sums bs for NX x on row w. */
 AI void q4g_scales(const cpu_gx *gx, const cpu_wrow *w, const int NX, const int GS, float (*ds)[CPU_GX_MAX_IN / 32 + 16],
                    __m512 *bs) {
     const int in = gx[0].in;
@@ -233,7 +235,7 @@ AI void q4g_block(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, co
                                _mm512_permutexvar_ps(perm, _mm512_loadu_ps(ds[j] + 16 * b)), A[j]);
 }
 
-/* q4g_nx's second part: the codes of row w against NX x, given ds and bs; y[j·ys] */
+/* Part two: the codes of row w against NX x, given ds and bs; y[j·ys] */
 AI void q4g_dots(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
                         float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
     const int in = gx[0].in, nw = in / (16 * GS), nb = (in / GS + 15) / 16; /* whole blocks, all blocks */
@@ -252,7 +254,9 @@ AI void q4g_dots(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
  * (hot, in 2048 ~32 vs ~23 ns a row) but faster from memory, where the one-x kernel runs — bench_seq's token of
  * llama3-1b GEMVs against k_q4i8s, paired: 1.13-1.26x with this loop, 1.03-1.07x with q4g_dots (NOTES (bj)). Used for
  * one x (k_q4i8g). Fragile, not understood: q4g_dots with q4g_block's row-end test on for every block, the same loop on
- * paper, measured 0.95x — keep this function's shape when touching it, and re-run bench_seq. */
+ * paper, measured 0.95x, and so did its chunk body shared with q4g_block through one inline helper (0.94-0.98x; with
+ * the shared rows-pass only, 1.06x) — hence the repeated chunk body: keep this function's shape when touching it,
+ * and re-run bench_seq. */
 AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
                         float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
     const ptrdiff_t pfd = gx[0].pf_data;
@@ -291,14 +295,6 @@ AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys
     }
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++) y[(size_t)j * ys] = red_pair(A[j], bs[j]);
-}
-
-/* Q4_I8 in the order above, one row, NX (1-4) x sharing each chunk's load and unpacking; GS 32, 64 or 128. */
-AI void q4g_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS) {
-    float ds[4][CPU_GX_MAX_IN / 32 + 16] __attribute__((aligned(64)));
-    __m512 bs[4];
-    q4g_scales(gx, w, NX, GS, ds, bs);
-    q4g_dots(gx, w, y, ys, NX, GS, ds, bs);
 }
 
 /* Exact Q4: per group a 16-entry table of s·q + b (rounded as the reference decoder does), per 32 inputs one

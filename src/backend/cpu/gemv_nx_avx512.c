@@ -39,10 +39,10 @@
 
 /* Q4_I8 with x in the vector lanes (GS 64; nx >= kx_min(), default 12): lane j of every vector is x j, so one
  * vpdpbusd multiplies 4 codes of one row, broadcast, by 4 inputs of 16 x at once (64 products), against 2 of them
- * per 128 products plus a convert and two scale FMAs per x and chunk in q4g_nx. The codes are unpacked once per row
+ * per 128 products plus ~2.6 reduction ops per x and chunk in q4i8_rows (q4g_dots). The codes are unpacked once per row
  * and group into a 64-byte buffer; x is transposed once per set of x (kx_prep: int8 x as [position][x] dwords, d,
  * Σx and rq as [group][x]) and kept per thread, keyed by the x's gemv_prep serial numbers. Per row and x the sums
- * are q4g_nx's, bitwise: the same int32 per group, the same FMA into chain c = g % 16 (A[r][c], one vector a chain
+ * are q4g_dots's, bitwise: the same int32 per group, the same FMA into chain c = g % 16 (A[r][c], one vector a chain
  * with x in lanes), grp_i8's bias chains, and red_pair's tree over the chains in q4g_perm's pairing. */
 enum { KX_GS = 64, KX_R = 16, KX_X = 16 };
 typedef struct kx_cache {

@@ -71,8 +71,8 @@ typedef struct cpu_gx {
      * offset in a row a few passes ahead, rows being contiguous), and once per pass the
      * scales/biases at + pf_sb (0: none). Only the access order changes, never the sums. */
     ptrdiff_t pf_data, pf_sb;
-    unsigned long long gen; /* int8 kinds: gemv_prep's serial number for this x (never 0), so a kernel may cache what it derives
-                   * from a set of x (gemv_nx_avx512.c); 0: not set */
+    unsigned long long gen; /* int8 kinds: gemv_prep's serial number for this x (never 0), so a kernel may cache what it
+                             * derives from a set of x (gemv_nx_avx512.c); 0: not set */
 } cpu_gx;
 
 typedef struct tern_cpu_kern {
