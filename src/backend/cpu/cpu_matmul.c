@@ -18,14 +18,16 @@
  *   - n > 8 without a GEMM in the ISA table (scalar, or TERN_CPU_GEMM=0): tiles of 32 rows ×
  *     512 inputs (64 KB, L2), decoded once per call and reused by all n activation rows.
  * Prefill (n > 8) on AVX2/AVX-512 runs the blocked GEMM instead (mm_gemm; kernels in
- * gemm_avx512.c / gemm_avx2.c). The thread's features are cut into chunks whose y block
- * (rows × chunk) stays in L2; per chunk and block of GEMM_KC inputs it packs up to nb rows of
- * x (its xbuf, blocks of gemm_mr rows, input-major); then for each strip of gemm_nr weight
- * rows it decodes the strip once into f32, packed input-major (its tbuf: 2 × nr·KC floats =
- * 64 KB), and runs the mr × nr outer-product microkernel over all packed rows, which also
- * prefetches the next strip's weight bytes (a miss per row and strip otherwise). Each weight
- * byte is decoded once per nb (≈190) activation rows; y gets one block of inputs at a time
- * (stored on the first block unless the job accumulates, then added). TERN_CPU_GEMM=0 keeps
+ * gemm_avx512.c / gemm_avx2.c). Per block of up to GEMM_XROWS (512) rows of x and block of GEMM_KC inputs it packs
+ * the rows once (the thread's grown mx buffer, blocks of gemm_mr rows, input-major); then for each strip of gemm_nr
+ * weight rows of the thread's features it decodes the strip once into f32 (bf16 pairs in the bf16 mode), packed
+ * input-major (its tbuf: 2 × nr·KC floats = 64 KB), and runs the mr × nr outer-product microkernel over all packed
+ * rows, which also prefetches the next strip's weight bytes (a miss per row and strip otherwise) and, from the second
+ * block of inputs on, the y lines it is about to add to. Each weight byte is decoded once per 512 activation rows
+ * (the CPU's prefill chunk), x packed once per block; y gets one block of inputs at a time (stored on the first block
+ * unless the job accumulates, then added) — y leaves the cache between blocks, which the prefetch hides (until
+ * session 51 the features went in chunks whose y stayed in L2, and x was packed again for every chunk: llama3-1b
+ * pp512 +15-40 %, bench/NOTES.md (bk)). TERN_CPU_GEMM=0 keeps
  * the tile path (before/after benchmarks). Measured: bench/NOTES.md (2026-11-30, prefill).
  * Threads split the output features (weight rows), so each thread streams its own slice of
  * the weight and writes disjoint columns of y.
@@ -145,9 +147,9 @@ void tern__cpu_gemv_pf(const tern_tensor *w, cpu_gx *gx) {
     gx->pf_sb = w->dtype != TERN_DT_Q ? 0 : (ptrdiff_t)(ahead * (w->shape[w->ndim - 1] / w->group_size) * (int64_t)tern_dtype_size(w->sdtype));
 }
 
-/* The thread's buffer for n prepared x of `in` inputs (grown on demand; NULL if it cannot be). */
-static void *mx_buf(const cpu_impl *c, int ith, int n, int in) {
-    size_t need = (size_t)n * CPU_GX_BYTES(in);
+/* The thread's grown buffer of at least `need` bytes (shared by mm_gemv's several x and mm_gemm's packed x, never
+ * both in one call; NULL if it cannot grow). */
+static void *mx_bytes(const cpu_impl *c, int ith, size_t need) {
     if (c->mxcap[ith] < need) {
         void *p = tern_aalloc(need);
         if (!p) return NULL;
@@ -157,6 +159,9 @@ static void *mx_buf(const cpu_impl *c, int ith, int n, int in) {
     }
     return c->mxb[ith];
 }
+
+/* The thread's buffer for n prepared x of `in` inputs. */
+static void *mx_buf(const cpu_impl *c, int ith, int n, int in) { return mx_bytes(c, ith, (size_t)n * CPU_GX_BYTES(in)); }
 
 /* y row r of the job gets v[i] for features o..o+nr (stored, or added times yscale[r]) */
 static inline void mm_put(const cpu_mm_job *jb, int r, int64_t o, int nr, const float *v) {
@@ -211,7 +216,8 @@ static int mm_gemv(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
 /* ---- blocked GEMM (n > 8) ---- */
 
 #define GEMM_KC 256 /* inputs per block: a 32-row strip is 32 KB of f32 (L1), nb·KC of x fits L2 */
-#define GEMM_YBLOCK (256 << 10) /* bytes of y one thread revisits per block of inputs (L2) */
+#define GEMM_XROWS 512 /* x rows per block: packed once per block of inputs for every strip (512 KB, L2) */
+#define GEMM_XMIN 96   /* fewer rows use the xbuf */
 _Static_assert(2 * 32 * GEMM_KC <= CPU_RT_MAX * CPU_CH, "tbuf holds a decoded strip and its packed copy");
 
 static int gemm_enabled(void) {
@@ -279,40 +285,37 @@ static int mm_gemm(const cpu_impl *c, int ith, const cpu_mm_job *jb, int64_t o0,
     void (*mk)(int, const float *, int, const float *, float *const *, const float *, int, int, const uint8_t *const *, int) =
         bf ? k->gemm_bf16_mk : k->gemm_mk;
     float *tmp = c->tbuf[ith], *wp = tmp + (size_t)NR * GEMM_KC; /* both within CPU_RT_MAX·CPU_CH */
-    float *xp = c->xbuf[ith];
-    int nb = (int)(CPU_GX_BUF / sizeof(float) / (size_t)xw) / MR * MR;
+    /* x of up to GEMM_XROWS rows per block in the thread's grown buffer (the xbuf's ~190 rows if it cannot grow) */
+    int nb = n <= GEMM_XROWS ? n : GEMM_XROWS / MR * MR;
+    float *xp = nb > GEMM_XMIN ? mx_bytes(c, ith, (size_t)nb * (size_t)xw * sizeof(float)) : NULL;
+    if (!xp) xp = c->xbuf[ith], nb = (int)(CPU_GX_BUF / sizeof(float) / (size_t)xw) / MR * MR;
     float *yp[16], ys[16];
     const uint8_t *pf[GEMM_PF_CAP];
     cpu_wrow rows[32];
     for (int r0 = 0; r0 < n; r0 += nb) {
-        int nbk = TERN_MIN(nb, n - r0);
-        /* chunks of features whose y block (nbk × nc) stays in L2 across the input blocks */
-        int64_t nc = TERN_MAX((int64_t)NR, (int64_t)(GEMM_YBLOCK / sizeof(float) / (size_t)nbk) / NR * NR);
-        for (int64_t c0 = o0; c0 < o1; c0 += nc) {
-            int64_t c1 = TERN_MIN(o1, c0 + nc);
-            for (int t0 = 0; t0 < in; t0 += kc) {
-                int len = TERN_MIN(kc, in - t0), add = jb->accum || t0 > 0;
-                gemm_pack_x(k, bf, jb, r0, nbk, t0, len, xp);
-                for (int64_t s0 = c0; s0 < c1; s0 += NR) {
-                    int ns = (int)TERN_MIN((int64_t)NR, c1 - s0);
-                    for (int i = 0; i < ns; i++) tern__cpu_wrow_at(w, jb->mat, s0 + i, &rows[i]);
-                    pack(rows, ns, t0, len, tmp, kc, wp, k->decode);
-                    /* prefetch the next strip: the following one, else the chunk's first of the next inputs */
-                    int np = 0, nblk = (nbk + MR - 1) / MR, per;
-                    if (s0 + NR < c1) np = gemm_pf_list(w, jb->mat, s0 + NR, (int)TERN_MIN((int64_t)NR, c1 - s0 - NR), t0, len, pf);
-                    else if (t0 + kc < in)
-                        np = gemm_pf_list(w, jb->mat, c0, (int)TERN_MIN((int64_t)NR, c1 - c0), t0 + kc, TERN_MIN(kc, in - t0 - kc), pf);
-                    per = TERN_MIN((np + nblk - 1) / nblk, (len + 7) / 8);
-                    for (int b0 = 0, p0 = 0; b0 < nbk; b0 += MR, p0 += per) {
-                        int mr = TERN_MIN(MR, nbk - b0), npf = TERN_MAX(0, TERN_MIN(per, np - p0));
-                        for (int r = 0; r < mr; r++) {
-                            int rr = r0 + b0 + r;
-                            yp[r] = jb->y + (size_t)(jb->yrow ? jb->yrow[rr] : rr) * jb->ldy + s0;
-                            ys[r] = jb->yscale ? jb->yscale[rr] : 1.0f;
-                        }
-                        mk(len, xp + (size_t)b0 * (bf ? len / 2 : len), mr, wp, yp, jb->accum && jb->yscale ? ys : NULL, add,
-                           ns, pf + TERN_MIN(p0, np), npf);
+        int nbk = TERN_MIN(nb, n - r0), nblk = (nbk + MR - 1) / MR;
+        for (int t0 = 0; t0 < in; t0 += kc) {
+            int len = TERN_MIN(kc, in - t0), add = jb->accum || t0 > 0;
+            gemm_pack_x(k, bf, jb, r0, nbk, t0, len, xp); /* once per block of rows and inputs */
+            for (int64_t s0 = o0; s0 < o1; s0 += NR) {
+                int ns = (int)TERN_MIN((int64_t)NR, o1 - s0);
+                for (int i = 0; i < ns; i++) tern__cpu_wrow_at(w, jb->mat, s0 + i, &rows[i]);
+                pack(rows, ns, t0, len, tmp, kc, wp, k->decode);
+                /* prefetch the next strip: the following one, else the first of the next inputs */
+                int np = 0, per;
+                if (s0 + NR < o1) np = gemm_pf_list(w, jb->mat, s0 + NR, (int)TERN_MIN((int64_t)NR, o1 - s0 - NR), t0, len, pf);
+                else if (t0 + kc < in)
+                    np = gemm_pf_list(w, jb->mat, o0, (int)TERN_MIN((int64_t)NR, o1 - o0), t0 + kc, TERN_MIN(kc, in - t0 - kc), pf);
+                per = TERN_MIN((np + nblk - 1) / nblk, (len + 7) / 8);
+                for (int b0 = 0, p0 = 0; b0 < nbk; b0 += MR, p0 += per) {
+                    int mr = TERN_MIN(MR, nbk - b0), npf = TERN_MAX(0, TERN_MIN(per, np - p0));
+                    for (int r = 0; r < mr; r++) {
+                        int rr = r0 + b0 + r;
+                        yp[r] = jb->y + (size_t)(jb->yrow ? jb->yrow[rr] : rr) * jb->ldy + s0;
+                        ys[r] = jb->yscale ? jb->yscale[rr] : 1.0f;
                     }
+                    mk(len, xp + (size_t)b0 * (bf ? len / 2 : len), mr, wp, yp, jb->accum && jb->yscale ? ys : NULL, add,
+                       ns, pf + TERN_MIN(p0, np), npf);
                 }
             }
         }

@@ -98,6 +98,8 @@ static inline __attribute__((always_inline)) void mk_t(int len, const float *xp,
     __m256 c0[MR], c1[MR];
 #pragma GCC unroll 6
     for (int r = 0; r < M; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+    if (add) /* y's line, last touched a block of inputs ago (gemm_avx512.c's mk_t) */
+        for (int r = 0; r < M; r++) _mm_prefetch((const char *)yp[r], _MM_HINT_T0);
     for (int t0 = 0; t0 < len; t0 += 8) {
         if (npf > 0) { _mm_prefetch((const char *)*pf++, _MM_HINT_T1); npf--; }
         int t1 = t0 + 8 < len ? t0 + 8 : len;
