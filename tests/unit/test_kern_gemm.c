@@ -48,8 +48,8 @@ static void grid(const char *isa) {
 TEST(gemm_grid_avx2) { grid("avx2"); }
 TEST(gemm_grid_avx512) { grid("avx512"); }
 
-/* More rows than one packed x block (~190), more features than one y chunk, experts with
- * padded matrix strides, one thread and three (uneven feature split). */
+/* More rows than one packed x block (512: e5, 1100 rows in blocks of 504 and a short last one), features over
+ * several strips, experts with padded matrix strides, one thread and three (uneven feature split). */
 static void big(const char *isa) {
     for (int nth = 1; nth <= 3; nth += 2) {
         tern_backend *fast = kt_open_cpu(isa, nth), *ref = kt_open_ref();
@@ -57,7 +57,9 @@ static void big(const char *isa) {
         double e2 = check(fast, ref, TERN_DT_BF16, 0, 0, 1, 333, 1031, 200, 0, 32);
         double e3 = check(fast, ref, TERN_DT_Q, 8, 32, 3, 45, 96, 19, 5, 33);
         double e4 = check(fast, ref, TERN_DT_F32, 0, 0, 2, 40, 70, 27, 3, 34);
-        CHECK(e1 <= TOL && e2 <= TOL && e3 <= TOL && e4 <= TOL, "%s nth=%d errs %.3g %.3g %.3g %.3g", isa, nth, e1, e2, e3, e4);
+        double e5 = check(fast, ref, TERN_DT_BF16, 0, 0, 1, 70, 600, 1100, 0, 35);
+        CHECK(e1 <= TOL && e2 <= TOL && e3 <= TOL && e4 <= TOL && e5 <= TOL, "%s nth=%d errs %.3g %.3g %.3g %.3g %.3g", isa,
+              nth, e1, e2, e3, e4, e5);
         tern_backend_close(fast);
         tern_backend_close(ref);
     }
@@ -155,8 +157,9 @@ TEST(gemm_bf16_mode) {
         CHECK(!rounded, "a precise weight took the bf16 GEMM");
         double e4 = bf16_case(fast, ref, TERN_DT_F32, 0, 2, 40, 70, 27, 3, 303, &rounded);
         double e5 = bf16_case(fast, ref, TERN_DT_BF16, 0, 1, 70, 256, 8, 0, 304, &rounded);
-        CHECK(e1 <= TOL && e2 <= TOL && e3 <= TOL && e4 <= TOL && e5 <= TOL, "bf16 mode %dt: %.3g %.3g %.3g %.3g %.3g",
-              nth, e1, e2, e3, e4, e5);
+        double e6 = bf16_case(fast, ref, TERN_DT_BF16, 0, 1, 70, 600, 1100, 0, 305, &rounded); /* 3 blocks of x rows */
+        CHECK(e1 <= TOL && e2 <= TOL && e3 <= TOL && e4 <= TOL && e5 <= TOL && e6 <= TOL,
+              "bf16 mode %dt: %.3g %.3g %.3g %.3g %.3g %.3g", nth, e1, e2, e3, e4, e5, e6);
         /* routed experts in the bf16 mode: x rounded in gate/up and in down; vs the exact result */
         int E = 4, H = 96, I = 160, k = 2;
         kt_weight g, u, d;
