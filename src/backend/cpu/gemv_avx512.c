@@ -141,13 +141,21 @@ static int prep(const cpu_wrow *w, int in, int mode, const float *x, void *buf, 
 
 
 /* BF16 rows one after another, whatever NR: each thread then reads its slice of the weight as
- * one sequential stream, which the hardware prefetcher follows as it does the bandwidth probe,
- * so no software prefetch (pf_data is not used here). Reading 4 rows at once (4 streams a row
- * apart) with a 1 KB or passes-ahead prefetch streamed ~20 % slower inside the model, and the
- * prefetch cost more than it gained on one stream (bench/NOTES.md (ab)). Per row 8 accumulators
- * over 128 inputs; the sum order depends only on `in`, so a row's result does not depend on NR. */
+ * one sequential stream. Reading 4 rows at once (4 streams a row apart) with a 1 KB or passes-ahead
+ * prefetch streamed ~20 % slower inside the model (bench/NOTES.md (ab)). The stream is the software
+ * prefetch's alone: every line prefetched into L1 2 KB ahead and read by a masked load (all lanes) —
+ * on this project's Zen CPUs masked loads do not train the hardware prefetcher, and a stream fed only
+ * by software prefetch reads ~1.2x faster than plain loads with or without one (a 1 GiB streaming
+ * probe; without the prefetch masked loads read at ~0.4x). bench_seq's token of llama3-1b bf16 GEMVs
+ * 1.07-1.12x (NOTES (bk)); the same is why Q4_I8's q4g_dots_stream and Q8_I8 stream faster. Per row 8
+ * accumulators over 128 inputs; the sum order depends only on `in`, so a row's result does not depend
+ * on NR. */
+#define SW_STREAM 2048 /* bytes ahead of a masked-load stream (PF_T0) */
+#define PF_T0(p) _mm_prefetch((const char *)(p) + SW_STREAM, _MM_HINT_T0)
 AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+    __mmask64 all = ~(__mmask64)0;
+    __asm__("" : "+k"(all)); /* kept a mask: GCC turns a constant all-ones masked load into a plain one */
     const float *xp = gx->xp;
     const int in = gx->in;
     for (int r = 0; r < NR; r++) {
@@ -159,7 +167,8 @@ AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
         for (; t + 128 <= in; t += 128) {
             _Pragma("GCC unroll 4")
             for (int u = 0; u < 4; u++) {
-                __m512i v = _mm512_loadu_si512(p + t + 32 * u);
+                PF_T0(p + t + 32 * u);
+                __m512i v = _mm512_maskz_loadu_epi8(all, p + t + 32 * u);
                 PIN(v);
                 a[2 * u] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_loadu_ps(xp + t + 32 * u), a[2 * u]);
                 a[2 * u + 1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hm)), _mm512_loadu_ps(xp + t + 32 * u + 16),
@@ -239,8 +248,8 @@ AI void k_q8i8(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR, con
             __m512i xq = _mm512_loadu_si512(gx->xq + j0 + c);
             /* the codes through a masked load (the row's bytes only; all 64 but in a last half chunk): the same sums,
              * and the token's GEMVs stream 1.05-1.13x faster than with a plain load folded into the vpdpbusd
-             * (bench_seq --fmt q8 --int8, paired; not understood, as q4g_dots_stream's; a plain load kept in a
-             * register does not do it; NOTES (bk)) */
+             * (bench_seq --fmt q8 --int8, paired; a plain load kept in a register does not do it): masked loads leave
+             * the stream to the software prefetch (k_bf16's comment; NOTES (bk)) */
             const __mmask64 ld = len - c >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (len - c)) - 1;
             _Pragma("GCC unroll 8")
             for (int r = 0; r < NR; r++) {
