@@ -23,7 +23,7 @@
  *         tokens through tern_generate, timed as tern bench does (GB/s from tok's bytes).
  * GB/s counts weight bytes (+ Q scales/biases) per token × --tokens. Geometry: --dims
  * H,KV,I,L,V (default llama3-1b 2048,512,8192,16,128256); --fmt bf16|q8|q4 (group 64, BF16
- * scales), --int8, --threads N, --pairs P, --only tok,one,.. (a subset), --gap-us U (default
+ * scales), --int8, --bf16 (the bf16 mode), --threads N, --pairs P, --only tok,one,.. (a subset), --gap-us U (default
  * 100). --cfg NR:PF:X4,..: A/B inside one process — rows per GEMV call (0: the kernel table's
  * default; tern__cpu_dec_nr_set), prefetch bytes (-1: default; tern__cpu_gemv_pf_set), the
  * former 4-row BF16 kernel (1 on, 0 off, -1 TERN_CPU_BF16_X4; tern__cpu_bf16_x4_set); an optional 4th field
@@ -163,7 +163,7 @@ static void s21_set(int m) {
 }
 
 int main(int argc, char **argv) {
-    int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, gap_us = 100;
+    int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, bf16 = 0, gap_us = 100;
     int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0}, ntok = 1;
     const char *preset = NULL;
     for (int i = 1; i < argc; i++) {
@@ -175,6 +175,7 @@ int main(int argc, char **argv) {
             else if (!strcmp(v, "q4")) { fdt = TERN_DT_Q; fbits = 4; }
         }
         else if (!strcmp(a, "--int8")) int8 = 1;
+        else if (!strcmp(a, "--bf16")) bf16 = 1;
         else if (!strcmp(a, "--model") && v) { preset = argv[++i]; }
         else if (!strcmp(a, "--tokens") && v) ntok = atoi(argv[++i]);
         else if (!strcmp(a, "--cfg") && v) { /* NR:PF,NR:PF,..: rows per pass (0: 4) and prefetch bytes (-1: default) */
@@ -210,6 +211,7 @@ int main(int argc, char **argv) {
     tern_error err = {0};
     if (tern_backend_cpu_open(&be, &o, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     tern_backend_cpu_set_int8(be, int8);
+    tern_backend_cpu_set_bf16(be, bf16);
     layer *ly = calloc((size_t)L, sizeof *ly);
     tern_tensor head;
     for (int l = 0; l < L; l++) {

@@ -150,8 +150,6 @@ static int prep(const cpu_wrow *w, int in, int mode, const float *x, void *buf, 
  * 1.07-1.12x (NOTES (bk)); the same is why Q4_I8's q4g_dots_stream and Q8_I8 stream faster. Per row 8
  * accumulators over 128 inputs; the sum order depends only on `in`, so a row's result does not depend
  * on NR. */
-#define SW_STREAM 2048 /* bytes ahead of a masked-load stream (PF_T0) */
-#define PF_T0(p) _mm_prefetch((const char *)(p) + SW_STREAM, _MM_HINT_T0)
 AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
     __mmask64 all = ~(__mmask64)0;

@@ -22,6 +22,13 @@
  * unchanged; bench/NOTES.md (j)); the demand loads then hit L2. */
 #define PF(p) _mm_prefetch((const char *)(p) + pfd, _MM_HINT_T1)
 
+/* A stream read by masked loads, which on this project's Zen CPUs do not train the hardware prefetcher: its lines are
+ * prefetched into L1 SW_STREAM bytes ahead, and that stream reads ~1.2x faster than plain loads (k_bf16's comment in
+ * gemv_avx512.c; bench/NOTES.md (bk)). The mask stays a register (an asm barrier): GCC turns a constant all-ones
+ * masked load into a plain one. */
+#define SW_STREAM 2048
+#define PF_T0(p) _mm_prefetch((const char *)(p) + SW_STREAM, _MM_HINT_T0)
+
 /* Once per pass: prefetch the scales and biases of the rows pf_sb ahead (a row's: in / gs values of its sdtype). */
 AI void pf_groups(const cpu_gx *gx, const cpu_wrow *rw, int NR) {
     if (!gx->pf_sb) return;
@@ -417,11 +424,14 @@ AI void q8_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const i
  * k_bf16), gemv_nx_avx512.c takes several x, each with k_bf16r's sums on it alone. With several x the codes are
  * prefetched pf_data ahead (prep: 4 KB, a 2048-input row): a row is then consumed slowly enough that demand misses
  * stalled it — rows from DRAM, one thread, ns per row per x at 4 / 8 x: 41 / 36 -> 31-33 / 25-29 (1-8 KB ahead); one
- * x is a pure stream the hardware prefetcher follows. */
+ * x, SW_STREAM ahead. The codes come through a masked load (SW_STREAM's note): bench_seq --bf16 token 1.07x (NOTES
+ * (bk)). */
 AI void bf16r_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX) {
     const int in = gx[0].in;
-    const ptrdiff_t pfd = gx[0].pf_data;
+    const ptrdiff_t pfd = NX > 1 ? gx[0].pf_data : SW_STREAM; /* one x: PF_T0's stream */
     const uint16_t *p = (const uint16_t *)w->data;
+    __mmask64 all = ~(__mmask64)0;
+    __asm__("" : "+k"(all)); /* a masked load (SW_STREAM) */
     __m512 a[4][4];
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++) {
@@ -432,8 +442,8 @@ AI void bf16r_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
     for (; t + 128 <= in; t += 128) {
         _Pragma("GCC unroll 4")
         for (int u = 0; u < 4; u++) {
-            if (NX > 1) _mm_prefetch((const char *)(p + t + 32 * u) + pfd, _MM_HINT_T0);
-            __m512i v = _mm512_loadu_si512(p + t + 32 * u);
+            _mm_prefetch((const char *)(p + t + 32 * u) + pfd, _MM_HINT_T0);
+            __m512i v = _mm512_maskz_loadu_epi8(all, p + t + 32 * u);
             PIN(v);
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NX; j++)
