@@ -424,8 +424,8 @@ AI void q8_nx(const cpu_gx *gx, const cpu_wrow *rw, float *y, size_t ys, const i
  * k_bf16), gemv_nx_avx512.c takes several x, each with k_bf16r's sums on it alone. With several x the codes are
  * prefetched pf_data ahead (prep: 4 KB, a 2048-input row): a row is then consumed slowly enough that demand misses
  * stalled it — rows from DRAM, one thread, ns per row per x at 4 / 8 x: 41 / 36 -> 31-33 / 25-29 (1-8 KB ahead); one
- * x, SW_STREAM ahead. The codes come through a masked load (SW_STREAM's note): bench_seq --bf16 token 1.07x (NOTES
- * (bk)). */
+ * x, SW_STREAM ahead, the codes through a masked load (SW_STREAM's note): bench_seq --bf16 token 1.07x (NOTES (bk));
+ * several x keep plain loads (masked ones in q4g_block's 2-4 x read a tie or slower). */
 AI void bf16r_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX) {
     const int in = gx[0].in;
     const ptrdiff_t pfd = NX > 1 ? gx[0].pf_data : SW_STREAM; /* one x: PF_T0's stream */
@@ -443,7 +443,7 @@ AI void bf16r_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
         _Pragma("GCC unroll 4")
         for (int u = 0; u < 4; u++) {
             _mm_prefetch((const char *)(p + t + 32 * u) + pfd, _MM_HINT_T0);
-            __m512i v = _mm512_maskz_loadu_epi8(all, p + t + 32 * u);
+            __m512i v = NX == 1 ? _mm512_maskz_loadu_epi8(all, p + t + 32 * u) : _mm512_loadu_si512(p + t + 32 * u);
             PIN(v);
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NX; j++)
