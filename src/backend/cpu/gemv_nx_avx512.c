@@ -34,6 +34,7 @@
 #include "backend/cpu/gemv_avx512.h"
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -52,6 +53,10 @@ typedef struct kx_cache {
     __m512 xd[CPU_GX_MAX_IN / KX_GS + 16], gsum[CPU_GX_MAX_IN / KX_GS + 16], rq[CPU_GX_MAX_IN / KX_GS + 16];
 } kx_cache;
 static __thread kx_cache *kx_tls; /* one per thread, allocated on its first several-x call (~0.6 MB) */
+static pthread_key_t kx_key;        /* frees it when the thread ends (a closed backend's pool threads) */
+static pthread_once_t kx_once = PTHREAD_ONCE_INIT;
+static int kx_key_ok;
+static void kx_key_make(void) { kx_key_ok = pthread_key_create(&kx_key, free) == 0; }
 
 /* 16x16 f32 transpose: out[i][r] = in[r·ld + i] */
 AI void kx_tr16(const float *in, size_t ld, float (*out)[16]) {
@@ -90,7 +95,12 @@ AI void kx_tr16(const float *in, size_t ld, float (*out)[16]) {
 static const kx_cache *kx_prep(const cpu_gx *gx, int nx) {
     kx_cache *k = kx_tls;
     if (!k) {
-        if (posix_memalign((void **)&k, 64, sizeof *k)) return NULL;
+        pthread_once(&kx_once, kx_key_make);
+        if (!kx_key_ok || posix_memalign((void **)&k, 64, sizeof *k)) return NULL;
+        if (pthread_setspecific(kx_key, k)) {
+            free(k);
+            return NULL;
+        }
         k->gen0 = 0;
         kx_tls = k;
     }
