@@ -23,7 +23,8 @@
  *         tokens through tern_generate, timed as tern bench does (GB/s from tok's bytes).
  * GB/s counts weight bytes (+ Q scales/biases) per token × --tokens. Geometry: --dims
  * H,KV,I,L,V (default llama3-1b 2048,512,8192,16,128256); --fmt bf16|q8|q4 (group 64, BF16
- * scales), --int8, --bf16 (the bf16 mode), --threads N, --pairs P, --only tok,one,.. (a subset), --gap-us U (default
+ * scales), --int8, --bf16 (the bf16 mode), --nx N (tok only: N rows of x a call, a decode step of N sequences; GB/s
+ * still counts the weights once a step), --threads N, --pairs P, --only tok,one,.. (a subset), --gap-us U (default
  * 100). --cfg NR:PF:X4,..: A/B inside one process — rows per GEMV call (0: the kernel table's
  * default; tern__cpu_dec_nr_set), prefetch bytes (-1: default; tern__cpu_gemv_pf_set), the
  * former 4-row BF16 kernel (1 on, 0 off, -1 TERN_CPU_BF16_X4; tern__cpu_bf16_x4_set); an optional 4th field
@@ -163,7 +164,7 @@ static void s21_set(int m) {
 }
 
 int main(int argc, char **argv) {
-    int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, bf16 = 0, gap_us = 100;
+    int H = 2048, KV = 512, I = 8192, L = 16, V = 128256, nth = 0, pairs = 5, int8 = 0, bf16 = 0, nx = 1, gap_us = 100;
     int want[NVAR] = {1, 1, 1, 1, 1, 0, 1, 0, 0}, ntok = 1;
     const char *preset = NULL;
     for (int i = 1; i < argc; i++) {
@@ -176,6 +177,7 @@ int main(int argc, char **argv) {
         }
         else if (!strcmp(a, "--int8")) int8 = 1;
         else if (!strcmp(a, "--bf16")) bf16 = 1;
+        else if (!strcmp(a, "--nx") && v) nx = atoi(argv[++i]);
         else if (!strcmp(a, "--model") && v) { preset = argv[++i]; }
         else if (!strcmp(a, "--tokens") && v) ntok = atoi(argv[++i]);
         else if (!strcmp(a, "--cfg") && v) { /* NR:PF,NR:PF,..: rows per pass (0: 4) and prefetch bytes (-1: default) */
@@ -206,6 +208,7 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "bench_seq: unknown argument %s\n", a); return 2; }
     }
     if (pairs < 1 || pairs > 64) pairs = 5;
+    if (nx < 1 || nx > 16) nx = 1;
     tern_backend_opts o = {.n_threads = nth};
     tern_backend *be = NULL;
     tern_error err = {0};
@@ -241,12 +244,14 @@ int main(int argc, char **argv) {
     tern_membw *bw = tern_membw_open(0);
     tern_pool *rpool = tern_pool_create(nth);
     rd_job rj = {.k = tern__cpu_kern_pick()};
-    float *x = tern_aalloc(sizeof(float) * (size_t)I), *yq = tern_aalloc(sizeof(float) * (size_t)H * 3);
-    float *yk = yq + H, *yv = yk + H, *ym = tern_aalloc(sizeof(float) * (size_t)I), *res = tern_aalloc(sizeof(float) * (size_t)H);
-    float *logits = tern_aalloc(sizeof(float) * (size_t)V), *gbuf = tern_aalloc(sizeof(float) * 4096);
+    const size_t N = (size_t)nx; /* rows of x per call (--nx: a decode step of nx sequences) */
+    float *x = tern_aalloc(sizeof(float) * (size_t)I * N), *yq = tern_aalloc(sizeof(float) * (size_t)H * 3 * N);
+    float *yk = yq + H * N, *yv = yk + H * N, *ym = tern_aalloc(sizeof(float) * (size_t)I * N);
+    float *res = tern_aalloc(sizeof(float) * (size_t)H * N);
+    float *logits = tern_aalloc(sizeof(float) * (size_t)V * N), *gbuf = tern_aalloc(sizeof(float) * 4096);
     if (!bw || !x || !yq || !ym || !res || !logits || !gbuf) { fprintf(stderr, "bench_seq: out of memory\n"); return 1; }
-    for (int i = 0; i < I; i++) x[i] = (float)(i % 17) * 0.1f - 0.8f;
-    memset(res, 0, sizeof(float) * (size_t)H);
+    for (size_t i = 0; i < (size_t)I * N; i++) x[i] = (float)(i % 17) * 0.1f - 0.8f + 0.01f * (float)(i / (size_t)I);
+    memset(res, 0, sizeof(float) * (size_t)H * N);
     memset(gbuf, 0, sizeof(float) * 4096);
     size_t vb[NVAR] = {0};
     for (int l = 0; l < L; l++) {
@@ -307,15 +312,15 @@ int main(int argc, char **argv) {
                     const tern_tensor *w3[3] = {&ly[l].q, &ly[l].k, &ly[l].v};
                     float *y3[3] = {yq, yk, yv};
                     gap(gbuf, gu);
-                    be->vt->matmul_n(be, 3, y3, x, 1, w3);
+                    be->vt->matmul_n(be, 3, y3, x, nx, w3);
                     gap(gbuf, gu);
-                    be->vt->matmul_add(be, res, x, 1, &ly[l].o);
+                    be->vt->matmul_add(be, res, x, nx, &ly[l].o);
                     gap(gbuf, gu);
-                    be->vt->matmul_glu(be, ym, x, 1, &ly[l].g, &ly[l].u, TERN_ACT_SILU);
-                    be->vt->matmul_add(be, res, x, 1, &ly[l].d); /* x: its first H of I inputs stand in */
+                    be->vt->matmul_glu(be, ym, x, nx, &ly[l].g, &ly[l].u, TERN_ACT_SILU);
+                    be->vt->matmul_add(be, res, x, nx, &ly[l].d); /* x: its first H of I inputs stand in */
                 }
                 gap(gbuf, gu);
-                be->vt->matmul(be, logits, x, 1, &head);
+                be->vt->matmul(be, logits, x, nx, &head);
             } else if (vi == V_MLP) {
                 for (int l = 0; l < L; l++) be->vt->matmul_glu(be, ym, x, 1, &ly[l].g, &ly[l].u, TERN_ACT_SILU);
             } else if (vi == V_ONE) {
