@@ -152,8 +152,7 @@ static int prep(const cpu_wrow *w, int in, int mode, const float *x, void *buf, 
  * on NR. */
 AI void k_bf16(const cpu_gx *gx, const cpu_wrow *rw, float *y, const int NR) {
     const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
-    __mmask64 all = ~(__mmask64)0;
-    __asm__("" : "+k"(all)); /* kept a mask: GCC turns a constant all-ones masked load into a plain one */
+    const __mmask64 all = sw_stream_mask();
     const float *xp = gx->xp;
     const int in = gx->in;
     for (int r = 0; r < NR; r++) {

@@ -28,6 +28,12 @@
  * masked load into a plain one. */
 #define SW_STREAM 2048
 #define PF_T0(p) _mm_prefetch((const char *)(p) + SW_STREAM, _MM_HINT_T0)
+/* The all-lanes mask of such a load, as a register GCC cannot see through */
+static inline __attribute__((always_inline)) __mmask64 sw_stream_mask(void) {
+    __mmask64 all = ~(__mmask64)0;
+    __asm__("" : "+k"(all));
+    return all;
+}
 
 /* Once per pass: prefetch the scales and biases of the rows pf_sb ahead (a row's: in / gs values of its sdtype). */
 AI void pf_groups(const cpu_gx *gx, const cpu_wrow *rw, int NR) {
@@ -260,10 +266,12 @@ AI void q4g_dots(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
 /* q4g_dots as one loop over each block's chunks with the row-end test inside it, the same sums: slower from L1/L2
  * (hot, in 2048 ~32 vs ~23 ns a row) but faster from memory, where the one-x kernel runs — bench_seq's token of
  * llama3-1b GEMVs against k_q4i8s, paired: 1.13-1.26x with this loop, 1.03-1.07x with q4g_dots (NOTES (bj)). Used for
- * one x (k_q4i8g). Fragile, not understood: q4g_dots with q4g_block's row-end test on for every block, the same loop on
- * paper, measured 0.95x, and so did its chunk body shared with q4g_block through one inline helper (0.94-0.98x; with
- * the shared rows-pass only, 1.06x) — hence the repeated chunk body: keep this function's shape when touching it,
- * and re-run bench_seq. */
+ * one x (k_q4i8g). Part of the reason is its load: the mask is computed per chunk, so it stays a masked load, which
+ * leaves the stream to the prefetch into L1 (SW_STREAM's note; q4g_block's WHOLE path has a constant mask, which GCC
+ * turns into a plain load; NOTES (bk)). Not all of it: q4g_dots with q4g_block's row-end test on for every block, also
+ * runtime-masked, measured 0.95x, and so did its chunk body shared with q4g_block through one inline helper
+ * (0.94-0.98x; with the shared rows-pass only, 1.06x) — hence the repeated chunk body: keep this function's shape when
+ * touching it, and re-run bench_seq. */
 AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
                         float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
     const ptrdiff_t pfd = gx[0].pf_data;
@@ -430,8 +438,7 @@ AI void bf16r_nx(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
     const int in = gx[0].in;
     const ptrdiff_t pfd = NX > 1 ? gx[0].pf_data : SW_STREAM; /* one x: PF_T0's stream */
     const uint16_t *p = (const uint16_t *)w->data;
-    __mmask64 all = ~(__mmask64)0;
-    __asm__("" : "+k"(all)); /* a masked load (SW_STREAM) */
+    const __mmask64 all = sw_stream_mask();
     __m512 a[4][4];
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++) {

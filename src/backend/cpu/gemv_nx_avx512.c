@@ -52,8 +52,9 @@ typedef struct kx_cache {
     __m512i xq[CPU_GX_MAX_IN / 4]; /* [dword position][x], over whole 128-input chunks */
     __m512 xd[CPU_GX_MAX_IN / KX_GS + 16], gsum[CPU_GX_MAX_IN / KX_GS + 16], rq[CPU_GX_MAX_IN / KX_GS + 16];
 } kx_cache;
-static __thread kx_cache *kx_tls; /* one per thread, allocated on its first several-x call (~0.6 MB) */
-static pthread_key_t kx_key;        /* frees it when the thread ends (a closed backend's pool threads) */
+/* one per thread (~0.6 MB), allocated on its first several-x call and held by a thread key, whose destructor frees it
+ * when the thread ends (a closed backend's pool threads) */
+static pthread_key_t kx_key;
 static pthread_once_t kx_once = PTHREAD_ONCE_INIT;
 static int kx_key_ok;
 static void kx_key_make(void) { kx_key_ok = pthread_key_create(&kx_key, free) == 0; }
@@ -93,16 +94,16 @@ AI void kx_tr16(const float *in, size_t ld, float (*out)[16]) {
 
 /* The thread's transposed copy of these nx (<= 16) x, made if it is not the one it holds; NULL without memory. */
 static const kx_cache *kx_prep(const cpu_gx *gx, int nx) {
-    kx_cache *k = kx_tls;
+    pthread_once(&kx_once, kx_key_make);
+    if (!kx_key_ok) return NULL;
+    kx_cache *k = pthread_getspecific(kx_key);
     if (!k) {
-        pthread_once(&kx_once, kx_key_make);
-        if (!kx_key_ok || posix_memalign((void **)&k, 64, sizeof *k)) return NULL;
+        if (posix_memalign((void **)&k, 64, sizeof *k)) return NULL;
         if (pthread_setspecific(kx_key, k)) {
             free(k);
             return NULL;
         }
         k->gen0 = 0;
-        kx_tls = k;
     }
     const int in = gx[0].in, ng = in / KX_GS, ngp = (ng + 15) / 16 * 16;
     if (k->gen0 == gx[0].gen && k->gen1 == gx[nx - 1].gen && k->nx == nx && k->in == in) return k;
