@@ -263,6 +263,39 @@ AI void q4g_dots(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
     for (int j = 0; j < NX; j++) y[(size_t)j * ys] = red_pair(A[j], bs[j]);
 }
 
+/* q4g_dots_stream's last block when it is partial: its first NCH chunks (the last may be part of a chunk), the rest zero
+ * at compile time so the reduction tree folds them away (a row of 1536 inputs in groups of 64 ends in 4 of a block's 8
+ * chunks; of 256 in 2). The same int32 group sums, so the same bits. */
+AI void q4g_tail(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, const int GS, const int NCH, __m512 *A,
+                 float (*ds)[CPU_GX_MAX_IN / 32 + 16], int b, __m512i perm) {
+    const ptrdiff_t pfd = gx[0].pf_data;
+    const int in = gx[0].in, cpb = GS / 8;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    __m512i a[4][16];
+    _Pragma("GCC unroll 16")
+    for (int u = 0; u < cpb; u++) {
+        const int c = c0 + 128 * u;
+        if (u >= NCH) {
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NX; j++) a[j][u] = _mm512_setzero_si512();
+            continue;
+        }
+        _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
+        __m512i raw = _mm512_maskz_loadu_epi8(in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1, src + 64 * u);
+        PIN(raw);
+        const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NX; j++) {
+            const int8_t *xq = gx[j].xq + c;
+            a[j][u] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi,
+                                          _mm512_loadu_si512(xq + 64));
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++)
+        A[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4g_red(a[j], GS)), _mm512_permutexvar_ps(perm, _mm512_loadu_ps(ds[j] + 16 * b)), A[j]);
+}
+
 /* q4g_dots as one loop over each block's chunks with the row-end test inside it, the same sums: slower from L1/L2
  * (hot, in 2048 ~32 vs ~23 ns a row) but faster from memory, where the one-x kernel runs — bench_seq's token of
  * llama3-1b GEMVs against k_q4i8s, paired: 1.13-1.26x with this loop, 1.03-1.07x with q4g_dots (NOTES (bj)). Used for
@@ -271,27 +304,28 @@ AI void q4g_dots(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
  * turns into a plain load; NOTES (bk)). Not all of it: q4g_dots with q4g_block's row-end test on for every block, also
  * runtime-masked, measured 0.95x, and so did its chunk body shared with q4g_block through one inline helper
  * (0.94-0.98x; with the shared rows-pass only, 1.06x) — hence the repeated chunk body: keep this function's shape when
- * touching it, and re-run bench_seq. */
+ * touching it, and re-run bench_seq. Session 52 (NOTES (bl)): the whole blocks in a loop of their own and a partial
+ * last block through q4g_tail, bitwise the same — with the row-end mask still computed per chunk from a flag the
+ * compiler cannot see, 1.03-1.04x from memory (bench_seq, llama3-1b, 10 pairs; 1.02 at 1536 inputs) and 1.13-1.16x
+ * hot on rows of 256 inputs; with the mask a constant register (sw_stream_mask, as k_bf16) the same loop ran 1.07-1.23x
+ * faster hot and 0.90-0.97x from memory. */
 AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
                         float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
     const ptrdiff_t pfd = gx[0].pf_data;
-    const int in = gx[0].in, ng = in / GS, nb = (ng + 15) / 16, cpb = GS / 8;
+    const int in = gx[0].in, nw = in / (16 * GS), cpb = GS / 8;
     const __m512i nib = _mm512_set1_epi8(0x0f), perm = _mm512_loadu_si512(q4g_perm_of(GS));
     __m512 A[4];
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++) A[j] = _mm512_setzero_ps();
     const uint8_t *src = w->data;
-    for (int b = 0, c0 = 0; b < nb; b++, c0 += 16 * GS, src += 64 * cpb) {
+    int b = 0, c0 = 0;
+    for (; b < nw; b++, c0 += 16 * GS, src += 64 * cpb) {
         __m512i a[4][16];
-        const int whole = c0 + 16 * GS <= in;
+        int whole = 1;
+        __asm__("" : "+r"(whole)); /* the row-end mask stays computed per chunk (see above) */
         _Pragma("GCC unroll 16")
         for (int u = 0; u < cpb; u++) {
             const int c = c0 + 128 * u;
-            if (!whole && c >= in) { /* past the row's end in its last block: no groups */
-                _Pragma("GCC unroll 4")
-                for (int j = 0; j < NX; j++) a[j][u] = _mm512_setzero_si512();
-                continue;
-            }
             _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
             __m512i raw = _mm512_maskz_loadu_epi8(whole || in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1,
                                                   src + 64 * u);
@@ -307,6 +341,18 @@ AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NX; j++)
             A[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4g_red(a[j], GS)), _mm512_permutexvar_ps(perm, _mm512_loadu_ps(ds[j] + 16 * b)), A[j]);
+    }
+    if (c0 < in) {
+        const int nch = (in - c0 + 127) / 128; /* 1 .. cpb - 1 */
+#define Q4G_TAIL(N) \
+    case N: \
+        if (N < cpb) q4g_tail(gx, src, c0, NX, GS, N, A, ds, b, perm); \
+        break;
+        switch (nch) {
+            Q4G_TAIL(1) Q4G_TAIL(2) Q4G_TAIL(3) Q4G_TAIL(4) Q4G_TAIL(5) Q4G_TAIL(6) Q4G_TAIL(7) Q4G_TAIL(8)
+            Q4G_TAIL(9) Q4G_TAIL(10) Q4G_TAIL(11) Q4G_TAIL(12) Q4G_TAIL(13) Q4G_TAIL(14) Q4G_TAIL(15)
+        }
+#undef Q4G_TAIL
     }
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++) y[(size_t)j * ys] = red_pair(A[j], bs[j]);
