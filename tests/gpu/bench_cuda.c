@@ -714,6 +714,163 @@ static void bench_pdl_smem(void) {
     g->vt->free(g, x); g->vt->free(g, y); g->vt->free(g, sink);
 }
 
+/* `bench_cuda --persist` (persist_probe.cu): a chain of dependent one-row BF16 GEMVs in a llama3-8b layer's shapes
+ * (q|k|v 6144x4096, o 4096x4096, gate|up 28672x4096, down 4096x14336; x of each = y of the one before), 8 layers, as
+ * a graph of the production matmuls (gemv1 under PDL), as a graph of the probe's GEMV launched per op (with and
+ * without the first lines into L2 before pdl_wait), and as one persistent launch of the same GEMV with a grid
+ * barrier between ops (with and without the next op's first lines into L2 before each barrier). Every weight is its
+ * own copy, so no op reads another's bytes from L2. µs a chain, a op, and TB/s against the stream-add ceiling. */
+int tern__cuda_persist_probe(tern__cuda *c, const void *const *w, const float *const *x, float *const *y,
+                             const int *out, const int *in, int n, int mode, void *scratch);
+static void bench_persist(void) {
+    enum { L = 8, N = 4 * L, YMAX = 28672 };
+    static const int sh[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    tern__cuda *c = (tern__cuda *)g->impl;
+    tern_tensor t, w[N];
+    const void *wd[N];
+    const float *xs[N];
+    float *ys[N + 1];
+    int out[N], in[N], nw = 0;
+    double bytes = 0;
+    const size_t hb = (size_t)28672 * 4096 * 2;
+    uint8_t *hd = malloc(hb);
+    uint16_t h1[1];
+    if (!hd) return;
+    fill_weight(hd, hb, TERN_DT_BF16);
+    for (int i = 0; i < N; i++) {
+        out[i] = sh[i % 4][0];
+        in[i] = sh[i % 4][1];
+        bench_tensor(&t, TERN_DT_BF16, 0, 0, out[i], in[i]);
+        if (upload_copies(&w[i], 1, &t, hd, h1, h1, 0, 1) != 1) break;
+        wd[i] = w[i].data;
+        bytes += (double)out[i] * in[i] * 2;
+        nw++;
+    }
+    free(hd);
+    for (int i = 0; i <= N; i++) ys[i] = i ? g->vt->alloc(g, YMAX * 4) : dev_random(YMAX * 4);
+    void *scratch = g->vt->alloc(g, (size_t)N * 64 + 64);
+    int ok = nw == N && scratch;
+    for (int i = 0; ok && i <= N; i++) ok = ys[i] != NULL;
+    if (!ok) {
+        printf("persist: setup failed\n");
+        goto done;
+    }
+    {
+        float *z = calloc(YMAX, 4);
+        for (int i = 1; z && i <= N; i++) g->vt->upload(g, ys[i], z, YMAX * 4);
+        free(z);
+    }
+    for (int i = 0; i < N; i++) xs[i] = ys[i];
+    if (tern__cuda_persist_probe(c, wd, xs, ys + 1, out, in, N, -1, scratch) != 0) {
+        printf("persist: the persistent grid cannot be resident\n");
+        goto done;
+    }
+    /* the first two ops both ways (their values stay finite): y1, y2 of the production chain against the persistent one */
+    {
+        float *a = malloc(2 * YMAX * 4), *b = malloc(2 * YMAX * 4);
+        g->vt->matmul(g, ys[1], ys[0], 1, &w[0]);
+        g->vt->matmul(g, ys[2], ys[1], 1, &w[1]);
+        g->vt->sync(g);
+        g->vt->download(g, a, ys[1], (size_t)out[0] * 4);
+        g->vt->download(g, a + YMAX, ys[2], (size_t)out[1] * 4);
+        tern__cuda_persist_probe(c, wd, xs, ys + 1, out, in, 2, -1, scratch);
+        tern__cuda_persist_probe(c, wd, xs, ys + 1, out, in, 2, 2, scratch);
+        g->vt->sync(g);
+        g->vt->download(g, b, ys[1], (size_t)out[0] * 4);
+        g->vt->download(g, b + YMAX, ys[2], (size_t)out[1] * 4);
+        for (int k = 0; k < 2; k++) {
+            double d2 = 0, r2 = 0;
+            for (int i = 0; i < out[k]; i++) {
+                double d = (double)a[k * YMAX + i] - b[k * YMAX + i];
+                d2 += d * d;
+                r2 += (double)a[k * YMAX + i] * a[k * YMAX + i];
+            }
+            printf("persist: op %d, persistent vs production: rel L2 %.2e\n", k, sqrt(d2 / (r2 > 0 ? r2 : 1)));
+        }
+        free(a);
+        free(b);
+        tern__cuda_persist_probe(c, wd, xs, ys + 1, out, in, N, -1, scratch);
+    }
+    static const char *nm[5] = {"production matmul (gemv1, PDL)", "probe GEMV a launch per op", "probe GEMV a launch + L2 first lines",
+                                "persistent, grid barrier", "persistent + next op's lines to L2"};
+    for (int rep = 0; rep < 2; rep++)
+        for (int v = 0; v < 5; v++) {
+            double us = -1.0;
+            if (tern__cuda_probe_graph(c, 0, 0) == 0.0) {
+                int rc = 0;
+                if (v == 0)
+                    for (int i = 0; i < N; i++) g->vt->matmul(g, ys[i + 1], ys[i], 1, &w[i]);
+                else rc = tern__cuda_persist_probe(c, wd, xs, ys + 1, out, in, N, v - 1, scratch);
+                us = tern__cuda_probe_graph(c, 1, 20);
+                if (rc) us = -1.0;
+            }
+            const double tbs = us > 0 ? bytes / us / 1e6 : 0;
+            printf("persist %-40s %9.1f us a chain %7.2f us an op %6.2f TB/s %5.1f%% of stream-add\n", nm[v], us,
+                   us / N, tbs, ceiling_gbs > 0 ? 100.0 * tbs * 1000 / ceiling_gbs : 0.0);
+            printf("csv,persist,%s,%d,%.2f,%.3f\n", nm[v], rep, us, tbs);
+            fflush(stdout);
+        }
+    /* the production matmuls per shape: 32 launches of one shape (bf16, then MLX q4 g64), each its own copy, on a
+     * backend in the plain bf16 mode (the GPU default: Q4 takes the XP1 walk there) */
+    tern_backend *keep = g, *gb = open_mode(TERN_COMPUTE_BF16);
+    if (!gb) goto done;
+    g = gb;
+    c = (tern__cuda *)g->impl;
+    for (int q = 0; q < 2; q++)
+        for (int k = -1; k < 4; k++) {
+            tern_tensor wq[N];
+            int nq = 0;
+            double qb = 0;
+            if (q) { /* the layer's Q4 copies */
+                const int mo = 28672, mi = 14336;
+                uint8_t *hq = malloc((size_t)mo * 4096 / 2 > (size_t)4096 * mi / 2 ? (size_t)mo * 4096 / 2 : (size_t)4096 * mi / 2);
+                uint16_t *hs = malloc((size_t)mo * (mi / 64) * 2), *hbq = malloc((size_t)mo * (mi / 64) * 2);
+                if (!hq || !hs || !hbq) { free(hq); free(hs); free(hbq); break; }
+                fill_weight(hq, (size_t)mo * 4096 / 2, TERN_DT_Q);
+                for (int i = 0; i < N; i++) {
+                    const int s4 = k < 0 ? i % 4 : k;
+                    bench_tensor(&t, TERN_DT_Q, 4, 64, sh[s4][0], sh[s4][1]);
+                    if (upload_copies(&wq[i], 1, &t, hq, hs, hbq, (size_t)sh[s4][0] * (sh[s4][1] / 64) * 2, 1) != 1) break;
+                    qb += (double)sh[s4][0] * sh[s4][1] / 2 + (double)sh[s4][0] * (sh[s4][1] / 64) * 4;
+                    nq++;
+                }
+                free(hq); free(hs); free(hbq);
+            } else {
+                if (k < 0) continue; /* the bf16 layer chain ran above */
+                uint8_t *hd2 = malloc((size_t)sh[k][0] * sh[k][1] * 2);
+                if (!hd2) break;
+                fill_weight(hd2, (size_t)sh[k][0] * sh[k][1] * 2, TERN_DT_BF16);
+                for (int i = 0; i < N; i++) {
+                    bench_tensor(&t, TERN_DT_BF16, 0, 0, sh[k][0], sh[k][1]);
+                    if (upload_copies(&wq[i], 1, &t, hd2, h1, h1, 0, 1) != 1) break;
+                    qb += (double)sh[k][0] * sh[k][1] * 2;
+                    nq++;
+                }
+                free(hd2);
+            }
+            double us = -1.0;
+            if (nq == N && tern__cuda_probe_graph(c, 0, 0) == 0.0) {
+                for (int i = 0; i < N; i++) g->vt->matmul(g, ys[i + 1], ys[i], 1, &wq[i]);
+                us = tern__cuda_probe_graph(c, 1, 20);
+            }
+            const double tbs = us > 0 ? qb / us / 1e6 : 0;
+            char name[64];
+            if (k < 0) snprintf(name, sizeof name, "%s layer chain", q ? "q4" : "bf16");
+            else snprintf(name, sizeof name, "%s %dx%d x32", q ? "q4" : "bf16", sh[k][0], sh[k][1]);
+            printf("persist production %-28s %9.1f us %7.2f us an op %6.2f TB/s %5.1f%% of stream-add\n", name, us, us / N,
+                   tbs, ceiling_gbs > 0 ? 100.0 * tbs * 1000 / ceiling_gbs : 0.0);
+            printf("csv,persist-prod,%s,%.2f,%.3f\n", name, us, tbs);
+            fflush(stdout);
+            for (int i = 0; i < nq; i++) g->vt->free_weight(g, &wq[i]);
+        }
+    g = keep;
+    tern_backend_close(gb);
+done:
+    for (int i = 0; i < nw; i++) g->vt->free_weight(g, &w[i]);
+    for (int i = 0; i <= N; i++) g->vt->free(g, ys[i]);
+    g->vt->free(g, scratch);
+}
+
 /* `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b geometry (H 2816, I 704, E 128, top-8, MLX q4 g64,
  * bf16 scales) for n = 1, 2, 4, 8: moe_mma.cu's tensor-core pairs ("mma"; "mma-late": its down kernel
  * loads after its wait) and TERN_CUDA_MOE_MMA=0 ("gemv": the CUDA-core expert GEMVs). Routes: 64
@@ -914,6 +1071,12 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && !strcmp(argv[1], "--moe")) { /* moe_mlp at the gemma4-26b-a4b shapes: moe_mma.cu vs the GEMVs */
         bench_moe();
+        tern_backend_close(g);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--persist")) { /* persist_probe.cu: a GEMV chain a launch per op vs one persistent kernel */
+        bench_stream();
+        bench_persist();
         tern_backend_close(g);
         return 0;
     }
