@@ -263,15 +263,15 @@ AI void q4g_dots(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const
     for (int j = 0; j < NX; j++) y[(size_t)j * ys] = red_pair(A[j], bs[j]);
 }
 
-/* q4g_dots_stream's last block when it is partial: its first NCH chunks (the last may be part of a chunk), the rest zero
- * at compile time so the reduction tree folds them away (a row of 1536 inputs in groups of 64 ends in 4 of a block's 8
- * chunks; of 256 in 2). The same int32 group sums, so the same bits. */
-AI void q4g_tail(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, const int GS, const int NCH, __m512 *A,
-                 float (*ds)[CPU_GX_MAX_IN / 32 + 16], int b, __m512i perm) {
+/* q4g_dots_stream's chunks of one block (GS / 8 of them from input c0, code bytes at src) into a[j][u] for NX x: the
+ * first NCH (compile-time) loaded — the last may be part of a chunk, its mask computed per chunk from `whole`, a flag
+ * the compiler cannot see through (see q4g_dots_stream) — and the rest zero at compile time, so that q4g_red folds them
+ * away (a row of 1536 inputs in groups of 64 ends in 4 of a block's 8 chunks; of 256 in 2). */
+AI void q4g_chunks(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, const int GS, const int NCH, int whole,
+                   __m512i (*a)[16]) {
     const ptrdiff_t pfd = gx[0].pf_data;
     const int in = gx[0].in, cpb = GS / 8;
     const __m512i nib = _mm512_set1_epi8(0x0f);
-    __m512i a[4][16];
     _Pragma("GCC unroll 16")
     for (int u = 0; u < cpb; u++) {
         const int c = c0 + 128 * u;
@@ -281,7 +281,8 @@ AI void q4g_tail(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, con
             continue;
         }
         _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
-        __m512i raw = _mm512_maskz_loadu_epi8(in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1, src + 64 * u);
+        __m512i raw = _mm512_maskz_loadu_epi8(whole || in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1,
+                                              src + 64 * u);
         PIN(raw);
         const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
         _Pragma("GCC unroll 4")
@@ -291,9 +292,22 @@ AI void q4g_tail(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, con
                                           _mm512_loadu_si512(xq + 64));
         }
     }
+}
+
+/* a block's chunk sums into A (lane l: group 16b + perm[l]) */
+AI void q4g_fold(__m512i (*a)[16], const int NX, const int GS, __m512 *A, float (*ds)[CPU_GX_MAX_IN / 32 + 16], int b,
+                 __m512i perm) {
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++)
         A[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4g_red(a[j], GS)), _mm512_permutexvar_ps(perm, _mm512_loadu_ps(ds[j] + 16 * b)), A[j]);
+}
+
+/* q4g_dots_stream's last block when it is partial: its first NCH chunks */
+AI void q4g_tail(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, const int GS, const int NCH, __m512 *A,
+                 float (*ds)[CPU_GX_MAX_IN / 32 + 16], int b, __m512i perm) {
+    __m512i a[4][16];
+    q4g_chunks(gx, src, c0, NX, GS, NCH, 0, a);
+    q4g_fold(a, NX, GS, A, ds, b, perm);
 }
 
 /* q4g_dots as one loop over each block's chunks with the row-end test inside it, the same sums: slower from L1/L2
@@ -311,9 +325,8 @@ AI void q4g_tail(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, con
  * faster hot and 0.90-0.97x from memory. */
 AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
                         float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
-    const ptrdiff_t pfd = gx[0].pf_data;
     const int in = gx[0].in, nw = in / (16 * GS), cpb = GS / 8;
-    const __m512i nib = _mm512_set1_epi8(0x0f), perm = _mm512_loadu_si512(q4g_perm_of(GS));
+    const __m512i perm = _mm512_loadu_si512(q4g_perm_of(GS));
     __m512 A[4];
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NX; j++) A[j] = _mm512_setzero_ps();
@@ -323,24 +336,8 @@ AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys
         __m512i a[4][16];
         int whole = 1;
         __asm__("" : "+r"(whole)); /* the row-end mask stays computed per chunk (see above) */
-        _Pragma("GCC unroll 16")
-        for (int u = 0; u < cpb; u++) {
-            const int c = c0 + 128 * u;
-            _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
-            __m512i raw = _mm512_maskz_loadu_epi8(whole || in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1,
-                                                  src + 64 * u);
-            PIN(raw);
-            const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NX; j++) {
-                const int8_t *xq = gx[j].xq + c;
-                a[j][u] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi,
-                                              _mm512_loadu_si512(xq + 64));
-            }
-        }
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NX; j++)
-            A[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4g_red(a[j], GS)), _mm512_permutexvar_ps(perm, _mm512_loadu_ps(ds[j] + 16 * b)), A[j]);
+        q4g_chunks(gx, src, c0, NX, GS, GS / 8, whole, a);
+        q4g_fold(a, NX, GS, A, ds, b, perm);
     }
     if (c0 < in) {
         const int nch = (in - c0 + 127) / 128; /* 1 .. cpb - 1 */
