@@ -320,7 +320,7 @@ AI void q4g_tail(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, con
  * (0.94-0.98x; with the shared rows-pass only, 1.06x) — hence the repeated chunk body: keep this function's shape when
  * touching it, and re-run bench_seq. Session 52 (NOTES (bl)): the whole blocks in a loop of their own and a partial
  * last block through q4g_tail, bitwise the same — with the row-end mask still computed per chunk from a flag the
- * compiler cannot see, 1.03-1.04x from memory (bench_seq, llama3-1b, 10 pairs; 1.02 at 1536 inputs) and 1.13-1.16x
+ * compiler cannot see, 1.01-1.04x from memory (bench_seq, llama3-1b, 10-12 pairs; 1.02 at 1536 inputs) and 1.11-1.16x
  * hot on rows of 256 inputs; with the mask a constant register (sw_stream_mask, as k_bf16) the same loop ran 1.07-1.23x
  * faster hot and 0.90-0.97x from memory. */
 AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
