@@ -197,13 +197,29 @@ AI void q4g_scales(const cpu_gx *gx, const cpu_wrow *w, const int NX, const int 
     }
 }
 
+/* One 128-input chunk of NX x (64 code bytes at p, inputs from c; ld: the bytes to load, a mask the caller forms, see
+ * q4g_dots_stream): v[j] lane i = Σ of q·xq over inputs 8i..8i+7 of x j (int32, exact); the line pfd ahead prefetched
+ * into L1. The low and high nibbles are unpacked once for every x (q4i8_chunk is the one-x form without the prefetch). */
+AI void q4g_chunk(const cpu_gx *gx, const uint8_t *p, int c, __mmask64 ld, ptrdiff_t pfd, const int NX, __m512i *v) {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    _mm_prefetch((const char *)p + pfd, _MM_HINT_T0);
+    __m512i raw = _mm512_maskz_loadu_epi8(ld, p);
+    PIN(raw);
+    const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NX; j++) {
+        const int8_t *xq = gx[j].xq + c;
+        v[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi,
+                                   _mm512_loadu_si512(xq + 64));
+    }
+}
+
 /* One block of 16 groups (GS / 8 chunks from input c0, code bytes at src) of NX x into A: WHOLE (compile-time) when the
  * block lies inside the row, else chunks past the row's end count as zero and a last half chunk is masked. */
 AI void q4g_block(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, const int GS, const int WHOLE, __m512 *A,
                   float (*ds)[CPU_GX_MAX_IN / 32 + 16], int b, __m512i perm) {
     const ptrdiff_t pfd = gx[0].pf_data;
     const int in = gx[0].in, cpb = GS / 8;
-    const __m512i nib = _mm512_set1_epi8(0x0f);
     __m512i st[4][5]; /* 3-4 x: q4g_red's tree reduced as the chunks come (a binary counter: few live vectors; holding
                        * all chunks of 4 x took 32 registers: 4 x 17.4 -> 16.4 ns a row and x hot) */
     __m512i ch[2][16]; /* 1-2 x: all chunks, then q4g_red */
@@ -215,18 +231,8 @@ AI void q4g_block(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, co
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NX; j++) v[j] = _mm512_setzero_si512();
         } else {
-            _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
-            __m512i raw = WHOLE ? _mm512_maskz_loadu_epi8(~(__mmask64)0, src + 64 * u)
-                                : _mm512_maskz_loadu_epi8(in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1,
-                                                          src + 64 * u);
-            PIN(raw);
-            const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NX; j++) {
-                const int8_t *xq = gx[j].xq + c;
-                v[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi,
-                                           _mm512_loadu_si512(xq + 64));
-            }
+            q4g_chunk(gx, src + 64 * u, c, WHOLE || in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1,
+                      pfd, NX, v);
         }
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NX; j++) {
@@ -271,7 +277,6 @@ AI void q4g_chunks(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, c
                    __m512i (*a)[16]) {
     const ptrdiff_t pfd = gx[0].pf_data;
     const int in = gx[0].in, cpb = GS / 8;
-    const __m512i nib = _mm512_set1_epi8(0x0f);
     _Pragma("GCC unroll 16")
     for (int u = 0; u < cpb; u++) {
         const int c = c0 + 128 * u;
@@ -280,17 +285,11 @@ AI void q4g_chunks(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, c
             for (int j = 0; j < NX; j++) a[j][u] = _mm512_setzero_si512();
             continue;
         }
-        _mm_prefetch((const char *)src + 64 * u + pfd, _MM_HINT_T0);
-        __m512i raw = _mm512_maskz_loadu_epi8(whole || in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1,
-                                              src + 64 * u);
-        PIN(raw);
-        const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+        __m512i v[4];
+        q4g_chunk(gx, src + 64 * u, c, whole || in - c >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << ((in - c) / 2)) - 1, pfd,
+                  NX, v);
         _Pragma("GCC unroll 4")
-        for (int j = 0; j < NX; j++) {
-            const int8_t *xq = gx[j].xq + c;
-            a[j][u] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi,
-                                          _mm512_loadu_si512(xq + 64));
-        }
+        for (int j = 0; j < NX; j++) a[j][u] = v[j];
     }
 }
 
@@ -316,13 +315,15 @@ AI void q4g_tail(const cpu_gx *gx, const uint8_t *src, int c0, const int NX, con
  * one x (k_q4i8g). Part of the reason is its load: the mask is computed per chunk, so it stays a masked load, which
  * leaves the stream to the prefetch into L1 (SW_STREAM's note; q4g_block's WHOLE path has a constant mask, which GCC
  * turns into a plain load; NOTES (bk)). Not all of it: q4g_dots with q4g_block's row-end test on for every block, also
- * runtime-masked, measured 0.95x, and so did its chunk body shared with q4g_block through one inline helper
- * (0.94-0.98x; with the shared rows-pass only, 1.06x) — hence the repeated chunk body: keep this function's shape when
- * touching it, and re-run bench_seq. Session 52 (NOTES (bl)): the whole blocks in a loop of their own and a partial
+ * runtime-masked, measured 0.95x, and so did its chunk body shared with q4g_block through one inline helper in session
+ * 50 (0.94-0.98x; with the shared rows-pass only, 1.06x): the codegen is fragile — re-run bench_seq after touching
+ * this function. Session 52 (NOTES (bl)): the whole blocks in a loop of their own and a partial
  * last block through q4g_tail, bitwise the same — with the row-end mask still computed per chunk from a flag the
  * compiler cannot see, 1.01-1.04x from memory (bench_seq, llama3-1b, 10-12 pairs; 1.02 at 1536 inputs) and 1.11-1.16x
  * hot on rows of 256 inputs; with the mask a constant register (sw_stream_mask, as k_bf16) the same loop ran 1.07-1.23x
- * faster hot and 0.90-0.97x from memory. */
+ * faster hot and 0.90-0.97x from memory. In its review the chunk body became one helper with q4g_block's (q4g_chunk;
+ * the mask as an argument): the one-x token 1.038 / 1.05x against the session's loop (bench_seq, 12 pairs each order),
+ * 2 / 4 x 44.6-48.0 vs 36.5-43.7 / 27.2-29.1 vs 27.7-30.1 GB/s (bench_seq --nx, four alternated runs). */
 AI void q4g_dots_stream(const cpu_gx *gx, const cpu_wrow *w, float *y, size_t ys, const int NX, const int GS,
                         float (*ds)[CPU_GX_MAX_IN / 32 + 16], const __m512 *bs) {
     const int in = gx[0].in, nw = in / (16 * GS), cpb = GS / 8;
