@@ -165,6 +165,56 @@ TEST(cuda_gemv_mma_pp_bits) {
     tern__cuda_gemv_mma_xp1 = keep_xp;
 }
 
+/* TERN_MM_KW (gemv_mma.cu mm_kw_go): the K slices as warps of one block, summed in shared memory, must give the
+ * split-K launch's bits for every mode (plain, q|k|v, gate/up silu and gelu, residual add), every Q4 group size,
+ * chunks per slice as planned and pinned (1: eight slices at in 4096, TW = 1; 3: idle warps at 3 slices), rows that
+ * are not multiples of a row block, walks of several row blocks, a short last chunk (3840) and slices that do not
+ * divide the warps (2560: 5 chunks); 14336 (too much table) and 384 (one slice) stay on the split-K kernel */
+TEST(cuda_gemv_mma_kw_bits) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_kw_bits", "not built"); return; }
+    extern int tern__cuda_mm_kw;
+    extern unsigned long long tern__cuda_mm_kw_calls;
+    const int keep = tern__cuda_mm_kw, keep_xp = tern__cuda_gemv_mma_xp1, keep_j = tern__cuda_mm_j;
+    tern__cuda_gemv_mma_xp1 = 1; /* XP1 in every compute mode (the walk KW serves) */
+    static const int gss[] = {64, 32, 128};
+    static const int shapes[][2] = {{1037, 4096}, {20000, 4096}, {777, 3840}, {4099, 2560}, {500, 6144}, {64, 14336},
+                                    {300, 384}};
+    static const int js[] = {0, 1, 3};
+    const unsigned long long calls0 = tern__cuda_mm_kw_calls;
+    for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
+    for (size_t f = 0; f < TERN_ARRAY_LEN(gss); f++)
+        for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            if (jj && (f || s > 2)) continue; /* pinned J: g64 on the first shapes */
+            tern__cuda_mm_j = js[jj];
+            const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
+            hw h[3];
+            tern_tensor t[3];
+            char nm[64];
+            mm_three_open(g, 4, gss[f], TERN_DT_BF16, out, o2, in, h, t, nm);
+            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[2][5];
+            void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
+            for (int v = 0; v < 2; v++) { /* split K, then KW */
+                tern__cuda_mm_kw = v;
+                mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
+            }
+            static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
+            for (int k = 0; k < 5; k++) {
+                CHECK(same_bits(res[0][k], res[1][k], k == 1 ? tot : out), "%s %dx%d J %d %s: KW != split K", nm, out, in,
+                      js[jj], what[k]);
+                for (int v = 0; v < 2; v++) free(res[v][k]);
+            }
+            mm_three_close(g, h, t);
+            g->vt->free(g, xd); g->vt->free(g, yd);
+            free(x); free(r);
+        }
+    printf("  kw launches: %llu\n", tern__cuda_mm_kw_calls - calls0);
+    CHECK(tern__cuda_mm_kw_calls > calls0 + 100, "KW ran %llu times", tern__cuda_mm_kw_calls - calls0);
+    tern__cuda_mm_kw = keep;
+    tern__cuda_gemv_mma_xp1 = keep_xp;
+    tern__cuda_mm_j = keep_j;
+}
+
 /* TERN_CUDA_GEMV_FOLD (Q4: pairs left at 128 + nibble, 128 folded into the bias): not the same bits,
  * so against cpu-ref; its error is printed next to the default's and bounded by 1e-4 (the model
  * parity bound per row; the default kernel stays within 1e-5). */
@@ -566,6 +616,7 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_xp1_rounded);
     RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_pp_bits);
+    RUN(cuda_gemv_mma_kw_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);
     RUN(cuda_gemv_xr);

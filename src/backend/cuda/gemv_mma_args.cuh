@@ -18,7 +18,8 @@ struct MmArgs {
     float *y[3];
     int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2]; pair = out[0] (outputs) */
     int in, ng, mode, ks;     /* ng groups per row, ks K slices (blockIdx.y) of J·S steps */
-    int J;                    /* chunks of S steps per K slice (1..MM_JMAX; mm_chunks) */
+    int J;                    /* chunks of S steps per K slice (1..MM_JMAX; mm_chunks); KW: staged, the whole K */
+    int kw, jw;               /* KW (gemv_mma.cu): K slices as warps of a block, and their chunks each */
     int rblocks;              /* row blocks (128 rows; pair: 64 outputs); gridDim.x <= rblocks walk them */
     const float *x;
     const float *nw; /* pre-norm (ops.h norm_matmul, xn != NULL): x staged as rmsnorm(x)·nw; the */
@@ -185,6 +186,32 @@ __device__ __forceinline__ void mm_finish(const MmArgs &a, float acc0, float acc
             if (live0) pp[unit0] = acc0;
             if (live1) pp[unit1] = acc1;
         }
+    }
+}
+
+/* KW (gemv_mma.cu mm_kw_plan): the K slices of a row block are warps kw·TW + tw of one block instead of blocks. A
+ * warp's sums of its slice (its 4 lanes t of a row reduced as mm_finish does) go to red[warp][16 rows]; after a
+ * barrier thread i < TW·16 (pair: TW·8) sums its row's slices in slice order from 0 — mm_sum_slices' order, so the
+ * same bits as the split-K launch of the same slices — and stores. warp < 0: an idle warp, the barrier only. The
+ * caller alternates two buffers (the next row block's writes cannot overtake this one's reads: one barrier between) */
+__device__ __forceinline__ void mm_finish_kw(const MmArgs &a, float acc0, float acc1, bool pair, int t, int g, int warp,
+                                             float *red, int rbk, int TW) {
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+    if (warp >= 0 && t == 0) { red[warp * 16 + g] = acc0; red[warp * 16 + g + 8] = acc1; }
+    __syncthreads();
+    const int i = threadIdx.x, per = pair ? 8 : 16;
+    if (i < TW * per) {
+        const int tw = i / per, rr = i % per;
+        float v = 0.f, up = 0.f;
+        for (int k = 0; k < a.kw; k++) {
+            v += red[(k * TW + tw) * 16 + rr];
+            if (pair) up += red[(k * TW + tw) * 16 + rr + 8];
+        }
+        const int unit = (rbk * TW + tw) * per + rr;
+        if (unit < a.rows) mm_store(a, unit, v, up);
     }
 }
 
