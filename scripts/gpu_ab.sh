@@ -888,7 +888,7 @@ if [[ " $SECTIONS " == *" 70 "* ]]; then
     timeout 90 build/bench_cuda --persist > "$OUT/persist70.txt" 2>&1
     grep 'persist production q4' "$OUT/persist70.txt" | tr -s ' ' | tee -a "$S"
     [ "${AB_OPS:-1}" = 1 ] && on_checks TERN_MM_KW bf16 "llama3 gemma4_e2b_like"
-    b1_sets "TERN_MM_KW=0;TERN_MM_KW=1" "llama3-8b --quant q4;gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4"
+    b1_sets "TERN_MM_KW=0;TERN_MM_KW=1;TERN_MM_KW=1 TERN_MM_KW_MAXKS=4" "llama3-8b --quant q4;gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

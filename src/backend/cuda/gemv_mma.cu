@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
-    /* KW (mm_kw_plan): the K slices are warps of one block — warp = kw·TW + tw: slice kw (a.kw of them, a.jw
+    /* KW (mm_kw_go): the K slices are warps of one block — warp = kw·TW + tw: slice kw (a.kw of them, a.jw
      * chunks each) of tile tw of the row block's TW = 8 / a.kw tiles; the table holds the whole K (a.J chunks) */
     const int TW = KW ? MM_WARPS / a.kw : MM_WARPS, kw = KW ? warp / TW : 0, tw = KW ? warp % TW : warp;
     /* this warp's K slice: steps st0 .. st0 + ns - 1 in nch chunks of S (the last may be shorter); tb0: its first
@@ -607,17 +607,22 @@ extern "C" int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const te
  * memory, no counters, fences or last-block tail (session 52's probe: that tail is 1.5–2.2 µs of a launch). The
  * same slices summed in the same order: the same bits as the split-K launch (op test cuda_gemv_mma_kw_bits). Each
  * block stages x for the whole K (a.J chunks, up to TERN_MM_KW_SMEM bytes of table, default 100 KB: in <= 6144 at
- * g64), not for one slice. */
+ * g64), not for one slice: a launch stages `slices` times the table a split-K one does (4096x4096: 8 slices, a block
+ * stages 64 KB of table for 32 KB of weights), which may eat the gain — TERN_MM_KW_MAXKS=N (default 8) keeps launches
+ * of more than N slices on split K. */
 extern "C" int tern__cuda_mm_kw;
 int tern__cuda_mm_kw = -1;
 extern "C" unsigned long long tern__cuda_mm_kw_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_mm_kw_calls = 0;
 static bool mm_kw_go(tern__cuda *c, MmArgs &a, int gb, int occ, bool f16) {
     static long cap = -1;
+    static int maxks = -1;
     if (tern__cuda_mm_kw < 0) tern__cuda_mm_kw = tern__cuda_env_int("TERN_MM_KW", 0) != 0;
     if (cap < 0) cap = tern__cuda_env_int("TERN_MM_KW_SMEM", 100 << 10);
+    if (maxks < 0) maxks = tern__cuda_env_int("TERN_MM_KW_MAXKS", MM_WARPS); /* fewest tiles a block: each block stages the
+                                                                                * whole K for TW = 8 / slices tiles */
     mm_env();
-    if (!tern__cuda_mm_kw || f16 || occ != 2 || a.ks < 2 || a.ks > MM_WARPS || !mm_xp1(c) || mm_i8(c) ||
+    if (!tern__cuda_mm_kw || f16 || occ != 2 || a.ks < 2 || a.ks > MM_WARPS || a.ks > maxks || !mm_xp1(c) || mm_i8(c) ||
         tern__cuda_gemv_mma_pp == 0 || (gb != 16 && gb != 32 && gb != 64))
         return false;
     const int S = gb == 16 ? 2 : 4, nct = (a.in / 128 + S - 1) / S; /* mm_steps(4, gs, true); 128 inputs a step */

@@ -189,7 +189,7 @@ __device__ __forceinline__ void mm_finish(const MmArgs &a, float acc0, float acc
     }
 }
 
-/* KW (gemv_mma.cu mm_kw_plan): the K slices of a row block are warps kw·TW + tw of one block instead of blocks. A
+/* KW (gemv_mma.cu mm_kw_go): the K slices of a row block are warps kw·TW + tw of one block instead of blocks. A
  * warp's sums of its slice (its 4 lanes t of a row reduced as mm_finish does) go to red[warp][16 rows]; after a
  * barrier thread i < TW·16 (pair: TW·8) sums its row's slices in slice order from 0 — mm_sum_slices' order, so the
  * same bits as the split-K launch of the same slices — and stores. warp < 0: an idle warp, the barrier only. The
