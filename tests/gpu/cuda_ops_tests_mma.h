@@ -165,11 +165,11 @@ TEST(cuda_gemv_mma_pp_bits) {
     tern__cuda_gemv_mma_xp1 = keep_xp;
 }
 
-/* TERN_MM_KW (gemv_mma.cu mm_kw_go): the K slices as warps of one block, summed in shared memory, must give the
- * split-K launch's bits for every mode (plain, q|k|v, gate/up silu and gelu, residual add), every Q4 group size,
- * chunks per slice as planned and pinned (1: eight slices at in 4096, TW = 1; 3: idle warps at 3 slices), rows that
- * are not multiples of a row block, walks of several row blocks, a short last chunk (3840) and slices that do not
- * divide the warps (2560: 5 chunks); 14336 (too much table) and 384 (one slice) stay on the split-K kernel */
+/* TERN_MM_KW (gemv_mma.cu mm_kw_go): the K slices as warps of one block, summed in shared memory, on the compact B
+ * table, must give the split-K launch's bits for every mode (plain, q|k|v, gate/up silu and gelu, residual add), every
+ * Q4 group size, chunks per slice as planned and pinned (1: eight slices at in 4096, TW = 1; 3: idle warps at 3
+ * slices), rows that are not multiples of a row block, walks of several row blocks, a short last chunk (3840), slices
+ * that do not divide the warps (2560: 5 chunks; 14336: 7 slices, an idle warp); 384 (one slice) stays on split K */
 TEST(cuda_gemv_mma_kw_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_kw_bits", "not built"); return; }

@@ -48,6 +48,8 @@
 #include <stdlib.h>
 #include <type_traits>
 
+#define MM_KW_TBL 48 /* KW: the compact table's first entry (uint2 units; a zero block of 32 at 8..39, see the kernel) */
+
 /* Step = 64 bytes of each of the warp's 16 rows (lane t: bytes 16t..16t+15, one 128-bit load per
  * row); a K slice = S steps. A step holds GPS scale groups (GB bytes each; GB = 128: a group spans two
  * steps); group γ of the step uses MMA columns 3γ..3γ+2 (its three x parts) and only the k-slots of
@@ -73,10 +75,12 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     using WT = typename std::conditional<Q8X, MmWn<8>, typename MmWord<BITS>::T>::type;
     using SV = typename SVec<GPS>::T;
     extern __shared__ uint2 mm_sm[];
-    uint2 *tbl = mm_sm;                           /* [J·S][8 MMAs][NT][32 lanes] B fragments */
+    /* [J·S][8 MMAs][NT][32 lanes] B fragments; KW: the compact table [J·S][8 MMAs][4 t] (mm_stage's CT) after a zero
+     * block of 32 entries at byte 64 (its reads fall in the other 16 banks than the table's: no conflicts) */
+    uint2 *tbl = KW ? mm_sm + MM_KW_TBL : mm_sm;
     __shared__ float kw_red[KW ? 2 : 1][KW ? MM_WARPS * 16 : 1]; /* KW: the warps' sums of a row block, two buffers */
     /* [J·S][GPS] Σx per group and step (XI8: B tables of 4 MMAs per step, then d, e, 1/d: mm_stage_i8) */
-    float *xs = (float *)(mm_sm + a.J * S * (XI8 ? 4 : 8 * NT) * 32);
+    float *xs = (float *)(tbl + a.J * S * (KW ? 32 : (XI8 ? 4 : 8 * NT) * 32));
     __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
@@ -146,7 +150,9 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    const float dsc = mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3>(a, tbl, xs, KW ? 0 : st0, KW ? nst : ns); /* Q8X: D's scale */
+    const float dsc = mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3, KW>(a, tbl, xs, KW ? 0 : st0, KW ? nst : ns); /* Q8X: D's scale */
+    if constexpr (KW)
+        if (threadIdx.x < 32) mm_sm[8 + threadIdx.x] = make_uint2(0u, 0u); /* the zero block */
     const uint32_t magic = Q8X ? a.magic + 0x21002100u : a.magic; /* Q8X: the f16 pair (1024, 1024) */
     __syncthreads();
 
@@ -187,7 +193,10 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
                 const uint32_t wc[4] = {cur.w1[sl].x, cur.w1[sl].y, cur.w1[sl].z, cur.w1[sl].w};
                 if (more && sl < nsn) load_step(nxt, nch_, sl);
                 if constexpr (XI8) mm_mmas_i8(di, wa, wc, tl, ch * S + sl);
-                else mm_mmas1<FOLD>(d, wa, wc, tl, tb0 + ch * S + sl, a.magic);
+                else if constexpr (KW) { /* the lane's g feeds column (step in the chunk)·GPS + its t's group */
+                    const int col = sl * GPS + (GPS == 1 ? 0 : t * 16 / GB);
+                    mm_mmas_c<FOLD>(d, wa, wc, g == col ? tbl + (tb0 + ch * S + sl) * 32 + t : mm_sm + 8 + t, a.magic);
+                } else mm_mmas1<FOLD>(d, wa, wc, tl, tb0 + ch * S + sl, a.magic);
                 }
             }
             if constexpr (XI8) {
@@ -606,10 +615,11 @@ extern "C" int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const te
  * TW = 8 / slices tiles, and the block sums the slices through shared memory (mm_finish_kw) — no partials in global
  * memory, no counters, fences or last-block tail (session 52's probe: that tail is 1.5–2.2 µs of a launch). The
  * same slices summed in the same order: the same bits as the split-K launch (op test cuda_gemv_mma_kw_bits). Each
- * block stages x for the whole K (a.J chunks, up to TERN_MM_KW_SMEM bytes of table, default 100 KB: in <= 6144 at
- * g64), not for one slice: a launch stages `slices` times the table a split-K one does (4096x4096: 8 slices, a block
- * stages 64 KB of table for 32 KB of weights), which may eat the gain — TERN_MM_KW_MAXKS=N (default 8) keeps launches
- * of more than N slices on split K. */
+ * block stages x for the whole K, not for one slice, so KW stages a compact table (mm_stage's CT: only the nonzero
+ * pair of each (step, MMA, t), 256 bytes a step of 128 inputs instead of 2 KB — 8 KB at in 4096, 28 KB at 14336; the
+ * lanes whose g is not the column read a zero block, mm_mmas_c): a launch still writes `slices` / 8 of the table a
+ * split-K one does, and reads x once a block (TERN_MM_KW_SMEM caps the bytes, default 100 KB; TERN_MM_KW_MAXKS=N,
+ * default 8, keeps launches of more than N slices on split K). */
 extern "C" int tern__cuda_mm_kw;
 int tern__cuda_mm_kw = -1;
 extern "C" unsigned long long tern__cuda_mm_kw_calls; /* launches (tests check the path ran) */
@@ -626,7 +636,8 @@ static bool mm_kw_go(tern__cuda *c, MmArgs &a, int gb, int occ, bool f16) {
         tern__cuda_gemv_mma_pp == 0 || (gb != 16 && gb != 32 && gb != 64))
         return false;
     const int S = gb == 16 ? 2 : 4, nct = (a.in / 128 + S - 1) / S; /* mm_steps(4, gs, true); 128 inputs a step */
-    const size_t smem = (size_t)nct * (4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float));
+    /* the zero block and the compact table (32 entries a step), Σx (S·GPS <= 8 floats a chunk, 16 allotted) */
+    const size_t smem = MM_KW_TBL * sizeof(uint2) + (size_t)nct * (S * 32 * sizeof(uint2) + 16 * sizeof(float));
     if ((long)smem > cap) return false;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const int TW = MM_WARPS / a.ks, tiles = pair ? (a.rows + 7) / 8 : (a.rows + 15) / 16;

@@ -225,7 +225,7 @@ template <int S, int GB> __device__ __forceinline__ int mm_slice_groups(const Mm
 
 /* XP: 3 the exact three-part split, 1 one bf16 column (XP1), 8 int8 (XI8). Returns the D scale of Q8X's staging
  * (mm_stage_q8x), else 1 */
-template <int BITS, int GB, int S, int XP>
+template <int BITS, int GB, int S, int XP, bool CT = false>
 __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *xs, int st0, int ns) {
     constexpr int CPS = mm_cps<BITS, XP == 1>(); /* inputs per step */
     constexpr bool Q8X = BITS == 8 && XP == 1;
@@ -245,7 +245,7 @@ __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *
         auto nx = [&](float xv, size_t k) { return rms_scale(xp(xv, k), inv, a.nw != nullptr, a.nw ? a.nw[k] : 0.0f); };
         if constexpr (XP == 8) mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns, nx);
         else if constexpr (Q8X) dsc = mm_stage_q8x<GB, S>(tbl, xs, a.x, st0, ns, nx);
-        else mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, nx);
+        else mm_stage<BITS, GB, S, false, XP, decltype(nx), CT>(tbl, xs, a.x, st0, ns, a.in, nx);
         if (blockIdx.x == 0)
             for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x) {
                 a.xn[k] = nx(a.x[k], (size_t)k);
@@ -256,7 +256,7 @@ __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *
     } else if constexpr (Q8X) {
         dsc = mm_stage_q8x<GB, S>(tbl, xs, a.x, st0, ns);
     } else {
-        mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in);
+        mm_stage<BITS, GB, S, false, XP, MmAsIs, CT>(tbl, xs, a.x, st0, ns, a.in);
     }
     return dsc;
 }
