@@ -881,14 +881,15 @@ fi
 # 70. session 53 (written with no GPU to be had): TERN_MM_KW (gemv_mma.cu mm_kw_go: a split-K Q4 walk's 2..8 K slices as
 #     warps of one block, summed in shared memory — no partials, counters or last-block tail; the same bits). Its op
 #     test first (bitwise against split K), the GEMV chains both ways (bench_cuda --persist: "q4 sk" / "q4 kw" lines),
-#     greedy ids / parity with it on, then batch-1 q4 of the presets it serves, interleaved. Make it the default
-#     (gemv_mma.cu) only if it wins here.
+#     greedy ids / parity with it on, then batch-1 q4 of the presets it serves, interleaved; TERN_MM_CT=1 (its compact
+#     x table on the split-K walk, "q4 ct" chains) tells the table's share. Make either the default (gemv_mma.cu) only
+#     if it wins here.
 if [[ " $SECTIONS " == *" 70 "* ]]; then
     op_test cuda_gemv_mma_kw_bits,cuda_gemv_mma_pp,cuda_norm_matmul,cuda_fused ops70
     timeout 90 build/bench_cuda --persist > "$OUT/persist70.txt" 2>&1
     grep 'persist production q4' "$OUT/persist70.txt" | tr -s ' ' | tee -a "$S"
     [ "${AB_OPS:-1}" = 1 ] && on_checks TERN_MM_KW bf16 "llama3 gemma4_e2b_like"
-    b1_sets "TERN_MM_KW=0;TERN_MM_KW=1;TERN_MM_KW=1 TERN_MM_KW_MAXKS=4" "llama3-8b --quant q4;gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4"
+    b1_sets "TERN_MM_KW=0;TERN_MM_KW=1;TERN_MM_KW=1 TERN_MM_KW_MAXKS=4;TERN_MM_CT=1" "llama3-8b --quant q4;gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

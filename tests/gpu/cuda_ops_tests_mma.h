@@ -169,13 +169,14 @@ TEST(cuda_gemv_mma_pp_bits) {
  * table, must give the split-K launch's bits for every mode (plain, q|k|v, gate/up silu and gelu, residual add), every
  * Q4 group size, chunks per slice as planned and pinned (1: eight slices at in 4096, TW = 1; 3: idle warps at 3
  * slices), rows that are not multiples of a row block, walks of several row blocks, a short last chunk (3840), slices
- * that do not divide the warps (2560: 5 chunks; 14336: 7 slices, an idle warp); 384 (one slice) stays on split K */
+ * that do not divide the warps (2560: 5 chunks; 14336: 7 slices, an idle warp); 384 (one slice) stays on split K.
+ * The compact table alone on the split-K walk (TERN_MM_CT) too. */
 TEST(cuda_gemv_mma_kw_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_kw_bits", "not built"); return; }
-    extern int tern__cuda_mm_kw;
+    extern int tern__cuda_mm_kw, tern__cuda_mm_ct;
     extern unsigned long long tern__cuda_mm_kw_calls;
-    const int keep = tern__cuda_mm_kw, keep_xp = tern__cuda_gemv_mma_xp1, keep_j = tern__cuda_mm_j;
+    const int keep = tern__cuda_mm_kw, keep_ct = tern__cuda_mm_ct, keep_xp = tern__cuda_gemv_mma_xp1, keep_j = tern__cuda_mm_j;
     tern__cuda_gemv_mma_xp1 = 1; /* XP1 in every compute mode (the walk KW serves) */
     static const int gss[] = {64, 32, 128};
     static const int shapes[][2] = {{1037, 4096}, {20000, 4096}, {777, 3840}, {4099, 2560}, {500, 6144}, {64, 14336},
@@ -192,17 +193,19 @@ TEST(cuda_gemv_mma_kw_bits) {
             tern_tensor t[3];
             char nm[64];
             mm_three_open(g, 4, gss[f], TERN_DT_BF16, out, o2, in, h, t, nm);
-            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[2][5];
+            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[3][5];
             void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
-            for (int v = 0; v < 2; v++) { /* split K, then KW */
-                tern__cuda_mm_kw = v;
+            for (int v = 0; v < 3; v++) { /* split K, split K on the compact table, KW */
+                tern__cuda_mm_kw = v == 2;
+                tern__cuda_mm_ct = v == 1;
                 mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
             }
             static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
             for (int k = 0; k < 5; k++) {
-                CHECK(same_bits(res[0][k], res[1][k], k == 1 ? tot : out), "%s %dx%d J %d %s: KW != split K", nm, out, in,
-                      js[jj], what[k]);
-                for (int v = 0; v < 2; v++) free(res[v][k]);
+                for (int v = 1; v < 3; v++)
+                    CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d J %d %s: %s != split K", nm, out,
+                          in, js[jj], what[k], v == 1 ? "the compact table" : "KW");
+                for (int v = 0; v < 3; v++) free(res[v][k]);
             }
             mm_three_close(g, h, t);
             g->vt->free(g, xd); g->vt->free(g, yd);
@@ -211,6 +214,7 @@ TEST(cuda_gemv_mma_kw_bits) {
     printf("  kw launches: %llu\n", tern__cuda_mm_kw_calls - calls0);
     CHECK(tern__cuda_mm_kw_calls > calls0 + 100, "KW ran %llu times", tern__cuda_mm_kw_calls - calls0);
     tern__cuda_mm_kw = keep;
+    tern__cuda_mm_ct = keep_ct;
     tern__cuda_gemv_mma_xp1 = keep_xp;
     tern__cuda_mm_j = keep_j;
 }

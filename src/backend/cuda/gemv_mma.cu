@@ -58,10 +58,11 @@
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
 template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, bool XI8 = false, int MINB = 2,
-          bool ROPE = false, bool KW = false>
+          bool ROPE = false, bool KW = false, bool CT = KW>
 __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     static_assert(!XI8 || XP1, "the int8 walk is XP1's with another MMA and fold");
     static_assert(!KW || (XP1 && PP && FOLD && !XI8 && BITS == 4 && !ROPE), "KW: the plain bf16 mode's Q4 walk");
+    static_assert(!CT || (XP1 && !XI8 && BITS == 4), "the compact table: XP1's Q4 walk");
     constexpr bool WIDE = BITS != 4 && BITS != 8; /* Q2 / Q3 / Q5 / Q6: XP1's walk, GB as Q4's (gs / 2) */
     constexpr bool Q8X = BITS == 8 && XP1;        /* Q8 on XP1's walk (f16 MMAs, mm_stage_q8x), GB as Q4's */
     constexpr bool NEWW = WIDE || Q8X;            /* walks on mm_decode_w / mm_mmas_w */
@@ -75,12 +76,12 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     using WT = typename std::conditional<Q8X, MmWn<8>, typename MmWord<BITS>::T>::type;
     using SV = typename SVec<GPS>::T;
     extern __shared__ uint2 mm_sm[];
-    /* [J·S][8 MMAs][NT][32 lanes] B fragments; KW: the compact table [J·S][8 MMAs][4 t] (mm_stage's CT) after a zero
-     * block of 32 entries at byte 64 (its reads fall in the other 16 banks than the table's: no conflicts) */
-    uint2 *tbl = KW ? mm_sm + MM_KW_TBL : mm_sm;
+    /* [J·S][8 MMAs][NT][32 lanes] B fragments; CT (KW, TERN_MM_CT): the compact table [J·S][8 MMAs][4 t] (mm_stage's
+     * CT) after a zero block of 32 entries at byte 64 (its reads fall in the other 16 banks than the table's) */
+    uint2 *tbl = CT ? mm_sm + MM_KW_TBL : mm_sm;
     __shared__ float kw_red[KW ? 2 : 1][KW ? MM_WARPS * 16 : 1]; /* KW: the warps' sums of a row block, two buffers */
     /* [J·S][GPS] Σx per group and step (XI8: B tables of 4 MMAs per step, then d, e, 1/d: mm_stage_i8) */
-    float *xs = (float *)(tbl + a.J * S * (KW ? 32 : (XI8 ? 4 : 8 * NT) * 32));
+    float *xs = (float *)(tbl + a.J * S * (CT ? 32 : (XI8 ? 4 : 8 * NT) * 32));
     __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
@@ -150,8 +151,8 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    const float dsc = mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3, KW>(a, tbl, xs, KW ? 0 : st0, KW ? nst : ns); /* Q8X: D's scale */
-    if constexpr (KW)
+    const float dsc = mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3, CT>(a, tbl, xs, KW ? 0 : st0, KW ? nst : ns); /* Q8X: D's scale */
+    if constexpr (CT)
         if (threadIdx.x < 32) mm_sm[8 + threadIdx.x] = make_uint2(0u, 0u); /* the zero block */
     const uint32_t magic = Q8X ? a.magic + 0x21002100u : a.magic; /* Q8X: the f16 pair (1024, 1024) */
     __syncthreads();
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
                 const uint32_t wc[4] = {cur.w1[sl].x, cur.w1[sl].y, cur.w1[sl].z, cur.w1[sl].w};
                 if (more && sl < nsn) load_step(nxt, nch_, sl);
                 if constexpr (XI8) mm_mmas_i8(di, wa, wc, tl, ch * S + sl);
-                else if constexpr (KW) { /* the lane's g feeds column (step in the chunk)·GPS + its t's group */
+                else if constexpr (CT) { /* the lane's g feeds column (step in the chunk)·GPS + its t's group */
                     const int col = sl * GPS + (GPS == 1 ? 0 : t * 16 / GB);
                     mm_mmas_c<FOLD>(d, wa, wc, g == col ? tbl + (tb0 + ch * S + sl) * 32 + t : mm_sm + 8 + t, a.magic);
                 } else mm_mmas1<FOLD>(d, wa, wc, tl, tb0 + ch * S + sl, a.magic);
@@ -342,6 +343,17 @@ static void mm_env(void) { /* TERN_CUDA_GEMV_PP / _FOLD, read once */
     }
 }
 
+/* TERN_MM_CT (default 0 until measured: session 53, no GPU; 1 on; tests set tern__cuda_mm_ct): the split-K XP1 walk
+ * (two register sets, BF16 scales) stages and reads KW's compact x table (mm_stage CT / mm_mmas_c: 1/8 of the bytes
+ * a block stages, 64 bytes a warp's B load instead of 256) — same B fragments, same bits. Apart from KW so that an
+ * A/B can tell the table's share from the in-block sum's. The mm_launch's smem (the full table's) over-allots it. */
+extern "C" int tern__cuda_mm_ct;
+int tern__cuda_mm_ct = -1;
+static bool mm_ct(void) {
+    if (tern__cuda_mm_ct < 0) tern__cuda_mm_ct = tern__cuda_env_int("TERN_MM_CT", 0) != 0;
+    return tern__cuda_mm_ct;
+}
+
 template <int BITS, int GB>
 static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16, int occ) {
     cudaStream_t st = c->stream;
@@ -373,6 +385,8 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
         }
         if (xp1) {
             if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true>, grid, 256, smem, a);
+            else if (tern__cuda_gemv_mma_pp > 0 && mm_ct())
+                tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true, false, 2, false, false, true>, grid, 256, smem, a);
             else if (tern__cuda_gemv_mma_pp > 0) tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true>, grid, 256, smem, a);
             else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true, true>, grid, 256, smem, a);
             return;
