@@ -885,11 +885,13 @@ fi
 #     x table on the split-K walk, "q4 ct" chains) tells the table's share. Make either the default (gemv_mma.cu) only
 #     if it wins here.
 if [[ " $SECTIONS " == *" 70 "* ]]; then
-    op_test cuda_gemv_mma_kw_bits,cuda_gemv_mma_pp,cuda_norm_matmul,cuda_fused ops70
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_gemv_mma_kw_bits,cuda_gemv_mma_pp,cuda_norm_matmul,cuda_fused ops70
     timeout 90 build/bench_cuda --persist > "$OUT/persist70.txt" 2>&1
     grep 'persist production q4' "$OUT/persist70.txt" | tr -s ' ' | tee -a "$S"
     [ "${AB_OPS:-1}" = 1 ] && on_checks TERN_MM_KW bf16 "llama3 gemma4_e2b_like"
-    b1_sets "TERN_MM_KW=0;TERN_MM_KW=1;TERN_MM_KW=1 TERN_MM_KW_MAXKS=4;TERN_MM_CT=1" "llama3-8b --quant q4;gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4"
+    # one device call (10 minutes) holds ~12 of these runs: AB70_SETS / AB70_MODELS pick the rest in a second call
+    # (e.g. AB70_MODELS="gemma4-12b --quant q4;gemma4-26b-a4b --quant q4" AB_OPS=0, or the sets with TERN_MM_KW_MAXKS=4)
+    b1_sets "${AB70_SETS:-TERN_MM_KW=0;TERN_MM_KW=1;TERN_MM_CT=1}" "${AB70_MODELS:-llama3-8b --quant q4;gemma4-e4b --quant q4}"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
