@@ -374,11 +374,10 @@ __device__ __forceinline__ float mm_stage_q8x(uint2 *tbl, float *xs, const float
     return ldexpf(1.0f, ex);
 }
 
-/* the MMAs of step sl (of the slice) of a warp's 16 rows: per word pair i and half h, one MMA per
- * column tile nt into d[nt·4 ..] against the staged table tl ([step][8 MMAs][NT][lane]) */
-template <bool FOLD, int NT>
-__device__ __forceinline__ void mm_mmas(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
-                                        uint32_t magic) {
+/* the MMAs of one step of a warp's 16 rows: per word pair i and half h (fragment m = 2i + h), one MMA per column tile
+ * nt into d[nt·4 ..] with B fragment b[(m·NT + nt)·STRIDE] */
+template <bool FOLD, int NT, int STRIDE>
+__device__ __forceinline__ void mm_mmas_at(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *b, uint32_t magic) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         uint32_t ra[4], rc[4];
@@ -388,10 +387,17 @@ __device__ __forceinline__ void mm_mmas(float *d, const uint32_t *wa, const uint
         for (int h = 0; h < 2; h++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const uint2 bv = tl[((sl * 8 + 2 * i + h) * NT + nt) * 32];
+                const uint2 bv = b[((2 * i + h) * NT + nt) * STRIDE];
                 mm_mma(d + 4 * nt, ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
             }
     }
+}
+
+/* the MMAs of step sl (of the slice) against the staged table tl ([step][8 MMAs][NT][lane], tl = the table + lane) */
+template <bool FOLD, int NT>
+__device__ __forceinline__ void mm_mmas(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
+                                        uint32_t magic) {
+    mm_mmas_at<FOLD, NT, 32>(d, wa, wc, tl + (size_t)sl * 8 * NT * 32, magic);
 }
 
 /* step sl of a warp's 16 rows (lane: rows g and g+8, words wa and wc, the step's packed scales and
@@ -440,17 +446,7 @@ __device__ __forceinline__ void mm_mmas1(float *d, const uint32_t *wa, const uin
  * (same bits as mm_mmas1: the same B fragments) */
 template <bool FOLD>
 __device__ __forceinline__ void mm_mmas_c(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *b, uint32_t magic) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        uint32_t ra[4], rc[4];
-        mm_decode<FOLD>(wa[i], magic, ra);
-        mm_decode<FOLD>(wc[i], magic, rc);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint2 bv = b[(2 * i + h) * 4];
-            mm_mma(d, ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
-        }
-    }
+    mm_mmas_at<FOLD, 1, 4>(d, wa, wc, b, magic);
 }
 
 /* XP1, Q2 / Q3 / Q5 / Q6 / Q8X: the 8 MMAs of step sl of a warp's 16 rows (lane words wa: row g, wc: row g+8)
