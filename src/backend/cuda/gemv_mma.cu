@@ -346,7 +346,8 @@ static void mm_env(void) { /* TERN_CUDA_GEMV_PP / _FOLD, read once */
 /* TERN_MM_CT (default 0 until measured: session 53, no GPU; 1 on; tests set tern__cuda_mm_ct): the split-K XP1 walk
  * (two register sets, BF16 scales) stages and reads KW's compact x table (mm_stage CT / mm_mmas_c: 1/8 of the bytes
  * a block stages, 64 bytes a warp's B load instead of 256) — same B fragments, same bits. Apart from KW so that an
- * A/B can tell the table's share from the in-block sum's. The mm_launch's smem (the full table's) over-allots it. */
+ * A/B can tell the table's share from the in-block sum's. Also the q|k|v rope instances (op test cuda_norm_qkv_rope_kv
+ * runs it with its early prologue). The mm_launch's smem (the full table's) over-allots it. */
 extern "C" int tern__cuda_mm_ct;
 int tern__cuda_mm_ct = -1;
 static bool mm_ct(void) {
@@ -728,7 +729,11 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
         if (w0->bits != 4 || f16 || occ != 2 || a.ks < 2 || !mm_xp1(c) || mm_i8(c) || tern__cuda_gemv_mma_pp == 0) return 0;
         a.rope = *rope;
         cudaSetDevice(c->device);
-        if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true>, grid, 256, smem, a);
+        if (mm_ct()) { /* TERN_MM_CT: on the compact x table */
+            if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true, false, true>, grid, 256, smem, a);
+            else if (gb == 32) tern_launch(c->stream, gemv_mma_kernel<4, 32, false, true, true, true, false, 2, true, false, true>, grid, 256, smem, a);
+            else tern_launch(c->stream, gemv_mma_kernel<4, 64, false, true, true, true, false, 2, true, false, true>, grid, 256, smem, a);
+        } else if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true>, grid, 256, smem, a);
         else if (gb == 32) tern_launch(c->stream, gemv_mma_kernel<4, 32, false, true, true, true, false, 2, true>, grid, 256, smem, a);
         else tern_launch(c->stream, gemv_mma_kernel<4, 64, false, true, true, true, false, 2, true>, grid, 256, smem, a);
         tern__cuda_check(c, "gemv_mma rope");
