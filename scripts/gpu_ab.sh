@@ -885,7 +885,7 @@ fi
 #     x table on the split-K walk, "q4 ct" chains) tells the table's share. Make either the default (gemv_mma.cu) only
 #     if it wins here.
 if [[ " $SECTIONS " == *" 70 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_gemv_mma_kw_bits,cuda_gemv_mma_pp,cuda_norm_matmul,cuda_fused ops70
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_gemv_mma_kw_bits,cuda_gemv_mma_pp,cuda_norm_matmul,cuda_norm_qkv,cuda_fused ops70
     timeout 90 build/bench_cuda --persist > "$OUT/persist70.txt" 2>&1
     grep 'persist production q4' "$OUT/persist70.txt" | tr -s ' ' | tee -a "$S"
     [ "${AB_OPS:-1}" = 1 ] && on_checks TERN_MM_KW bf16 "llama3 gemma4_e2b_like"
