@@ -43,13 +43,7 @@ static void ctx_free(void *p) {
     free(c);
 }
 
-static void event(tern_jw *out, const char *name, tern_jw *v) {
-    size_t n;
-    char *j = tern_jw_take(v, &n);
-    if (!j) { out->oom = 1; return; }
-    srv_sse_data(out, name, j, n);
-    free(j);
-}
+static void event(tern_jw *out, const char *name, tern_jw *v) { srv_sse_value(out, name, v); }
 
 static const char *stop_reason(const srv_result *r) {
     return r->end == SRV_END_LENGTH ? "max_tokens" : r->end == SRV_END_STOP_STRING ? "stop_sequence"

@@ -96,20 +96,24 @@ enum MHD_Result srv_reply_jw(srv_req *r, int status, tern_jw *w) {
 
 static int http_status(const srv_error *e) { return e->http == 499 ? 400 : e->http ? e->http : 500; }
 
+void srv_jw_openai_error(tern_jw *w, const srv_error *e) {
+    tern_jw_obj(w);
+    tern_jw_key(w, "error");
+    tern_jw_obj(w);
+    tern_jw_kstr(w, "message", e->msg);
+    tern_jw_kstr(w, "type", e->type ? e->type : e->http >= 500 ? "server_error" : "invalid_request_error");
+    if (e->param[0]) tern_jw_kstr(w, "param", e->param);
+    else tern_jw_knull(w, "param");
+    if (e->code) tern_jw_kstr(w, "code", e->code);
+    else tern_jw_knull(w, "code");
+    tern_jw_end(w);
+    tern_jw_end(w);
+}
+
 enum MHD_Result srv_reply_openai_error(srv_req *r, const srv_error *e) {
     tern_jw w;
     tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_key(&w, "error");
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "message", e->msg);
-    tern_jw_kstr(&w, "type", e->type ? e->type : "invalid_request_error");
-    if (e->param[0]) tern_jw_kstr(&w, "param", e->param);
-    else tern_jw_knull(&w, "param");
-    if (e->code) tern_jw_kstr(&w, "code", e->code);
-    else tern_jw_knull(&w, "code");
-    tern_jw_end(&w);
-    tern_jw_end(&w);
+    srv_jw_openai_error(&w, e);
     return srv_reply_jw(r, http_status(e), &w);
 }
 

@@ -97,13 +97,7 @@ static void chunk_head(chat_ctx *c, tern_jw *w) {
 }
 
 /* Serialize the value in `v` as one SSE data event onto out. */
-static void flush_event(tern_jw *v, tern_jw *out) {
-    size_t n;
-    char *j = tern_jw_take(v, &n);
-    if (!j) { out->oom = 1; return; }
-    srv_sse_data(out, NULL, j, n);
-    free(j);
-}
+static void flush_event(tern_jw *v, tern_jw *out) { srv_sse_value(out, NULL, v); }
 
 static void s_start(void *ctx, tern_jw *out) {
     chat_ctx *c = ctx;
@@ -186,20 +180,8 @@ static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
 }
 
 static void s_error(void *ctx, const srv_error *e, tern_jw *out) {
-    tern_jw w;
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_key(&w, "error");
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "message", e->msg);
-    tern_jw_kstr(&w, "type", e->http >= 500 ? "server_error" : "invalid_request_error");
-    tern_jw_knull(&w, "param");
-    tern_jw_knull(&w, "code");
-    tern_jw_end(&w);
-    tern_jw_end(&w);
-    flush_event(&w, out);
-    tern_jw_text(out, "data: [DONE]\n\n", 14);
     (void)ctx;
+    srv_sse_openai_error(out, e);
 }
 
 /* "tool_calls": [...] for calls [lo, hi) of job j; stream: with "index". */

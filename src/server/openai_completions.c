@@ -83,14 +83,6 @@ static void choice(cmpl_ctx *c, tern_jw *w, const char *text, size_t len, const 
     tern_jw_end(w);
 }
 
-static void emit(tern_jw *v, tern_jw *out) {
-    size_t n;
-    char *j = tern_jw_take(v, &n);
-    if (!j) { out->oom = 1; return; }
-    srv_sse_data(out, NULL, j, n);
-    free(j);
-}
-
 static void s_start(void *ctx, tern_jw *out) { (void)ctx; (void)out; }
 
 static void s_piece(void *ctx, const srv_piece *p, tern_jw *out) {
@@ -116,23 +108,14 @@ static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
     tern_jw_end(&w);
     if (c->include_usage) srv_write_usage(&w, r);
     tern_jw_end(&w);
-    emit(&w, out);
+    srv_sse_value(out, NULL, &w);
     tern_jw_text(out, "data: [DONE]\n\n", 14);
 }
 
+/* the same error event as a chat stream's (param and code null, as OpenAI's) */
 static void s_error(void *ctx, const srv_error *e, tern_jw *out) {
-    tern_jw w;
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_key(&w, "error");
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "message", e->msg);
-    tern_jw_kstr(&w, "type", e->http >= 500 ? "server_error" : "invalid_request_error");
-    tern_jw_end(&w);
-    tern_jw_end(&w);
-    emit(&w, out);
-    tern_jw_text(out, "data: [DONE]\n\n", 14);
     (void)ctx;
+    srv_sse_openai_error(out, e);
 }
 
 static const srv_stream_fmt k_cmpl_stream = {s_start, s_piece, s_end, s_error, free};

@@ -382,11 +382,7 @@ static void ev_begin(resp_ctx *c, tern_jw *w, const char *type) {
 
 static void ev_end(tern_jw *w, const char *type, tern_jw *out) {
     tern_jw_end(w);
-    size_t n;
-    char *j = tern_jw_take(w, &n);
-    if (!j) { out->oom = 1; return; }
-    srv_sse_data(out, type, j, n);
-    free(j);
+    srv_sse_value(out, type, w);
 }
 
 static void item_event(resp_ctx *c, const char *type, int kind, int call, int done, tern_jw *out) {

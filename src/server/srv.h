@@ -266,6 +266,10 @@ void srv_sse_data(tern_jw *out, const char *event, const char *json, size_t n);
  * JSON value, end. For the per-token events. */
 void srv_sse_begin(tern_jw *out, const char *event);
 void srv_sse_end(tern_jw *out);
+/* srv_sse_data of the finished value in v (taken: v is left empty); out->oom when it cannot be */
+void srv_sse_value(tern_jw *out, const char *event, tern_jw *v);
+/* An OpenAI stream's error event (srv_jw_openai_error's value, as a reply's body has it) and the final [DONE] */
+void srv_sse_openai_error(tern_jw *out, const srv_error *e);
 
 /* ---- HTTP helpers (http.c) ---- */
 struct srv_req {
@@ -281,6 +285,8 @@ struct srv_req {
 enum MHD_Result srv_reply(srv_req *r, int status, const char *ctype, const char *body, size_t len);
 enum MHD_Result srv_reply_jw(srv_req *r, int status, tern_jw *w);   /* consumes w */
 enum MHD_Result srv_reply_openai_error(srv_req *r, const srv_error *e);
+/* The OpenAI error value {"error": {message, type, param, code}} of e (the reply's body, a stream's error event) */
+void srv_jw_openai_error(tern_jw *w, const srv_error *e);
 enum MHD_Result srv_reply_anthropic_error(srv_req *r, const srv_error *e);
 /* Anthropic's error object {"type":"error","error":{"type":T,"message":...}} with T from the HTTP status (401
  * authentication_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error, 503 overloaded_error, other

@@ -101,6 +101,22 @@ void srv_sse_begin(tern_jw *out, const char *event) {
 
 void srv_sse_end(tern_jw *out) { tern_jw_text(out, "\n\n", 2); }
 
+void srv_sse_value(tern_jw *out, const char *event, tern_jw *v) {
+    size_t n;
+    char *j = tern_jw_take(v, &n);
+    if (!j) { out->oom = 1; return; }
+    srv_sse_data(out, event, j, n);
+    free(j);
+}
+
+void srv_sse_openai_error(tern_jw *out, const srv_error *e) {
+    tern_jw w;
+    tern_jw_init(&w);
+    srv_jw_openai_error(&w, e);
+    srv_sse_value(out, NULL, &w);
+    tern_jw_text(out, "data: [DONE]\n\n", 14);
+}
+
 /* ---- the stream writer ---- */
 
 static void kick_shard(wshard *w) {

@@ -142,8 +142,43 @@ TEST(params_rejected_with_field_name) {
     }
 }
 
+/* The SSE helpers (sse.c): a value framed as one data event (named or not, the writer left empty), and an OpenAI
+ * stream's error event — {"error": {message, type, param, code}} as a reply's body has it, then [DONE], for chat
+ * and completions alike */
+TEST(sse_value_and_openai_error) {
+    tern_jw out, v;
+    tern_jw_init(&out);
+    tern_jw_init(&v);
+    tern_jw_obj(&v);
+    tern_jw_kint(&v, "a", 1);
+    tern_jw_end(&v);
+    srv_sse_value(&out, NULL, &v);
+    tern_jw_init(&v);
+    tern_jw_arr(&v);
+    tern_jw_end(&v);
+    srv_sse_value(&out, "ping", &v);
+    srv_error e = {0};
+    srv_fail(&e, 503, "", "the server is shutting down");
+    srv_sse_openai_error(&out, &e);
+    char *s = tern_jw_take(&out, NULL);
+    const char *want = "data: {\"a\":1}\n\n"
+                       "event: ping\ndata: []\n\n"
+                       "data: {\"error\":{\"message\":\"the server is shutting down\",\"type\":\"server_error\","
+                       "\"param\":null,\"code\":null}}\n\n"
+                       "data: [DONE]\n\n";
+    CHECK(s && !strcmp(s, want), "got [%s]", s ? s : "(null)");
+    free(s);
+    srv_fail(&e, 400, "x", "bad x");
+    tern_jw_init(&out);
+    srv_sse_openai_error(&out, &e);
+    s = tern_jw_take(&out, NULL);
+    CHECK(s && strstr(s, "\"type\":\"invalid_request_error\",\"param\":\"x\",\"code\":null"), "got [%s]", s ? s : "(null)");
+    free(s);
+}
+
 int main(void) {
     RUN(writer_nesting_and_commas);
+    RUN(sse_value_and_openai_error);
     RUN(writer_string_escaping_and_utf8_repair);
     RUN(python_repr_floats);
     RUN(utf8_complete_prefix);
