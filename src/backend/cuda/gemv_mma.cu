@@ -355,6 +355,15 @@ static bool mm_ct(void) {
     return tern__cuda_mm_ct;
 }
 
+/* the plain bf16 mode's Q4 walk with BF16 scales (XP1, FOLD, two register sets, two blocks an SM) for gb bytes a group,
+ * with the rope epilogue (ROPE), the slices as warps (KW) or on the compact table (CT) as asked */
+using MmKernel = void (*)(MmArgs);
+template <bool ROPE, bool KW, bool CT> static MmKernel mm_xp1_kernel(int gb) {
+    return gb == 16   ? gemv_mma_kernel<4, 16, false, true, true, true, false, 2, ROPE, KW, CT>
+           : gb == 32 ? gemv_mma_kernel<4, 32, false, true, true, true, false, 2, ROPE, KW, CT>
+                      : gemv_mma_kernel<4, 64, false, true, true, true, false, 2, ROPE, KW, CT>;
+}
+
 template <int BITS, int GB>
 static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16, int occ) {
     cudaStream_t st = c->stream;
@@ -650,7 +659,7 @@ static bool mm_kw_go(tern__cuda *c, MmArgs &a, int gb, int occ, bool f16) {
     if (!tern__cuda_mm_kw || f16 || occ != 2 || a.ks < 2 || a.ks > MM_WARPS || a.ks > maxks || !mm_xp1(c) || mm_i8(c) ||
         tern__cuda_gemv_mma_pp == 0 || (gb != 16 && gb != 32 && gb != 64))
         return false;
-    const int S = gb == 16 ? 2 : 4, nct = (a.in / 128 + S - 1) / S; /* mm_steps(4, gs, true); 128 inputs a step */
+    const int S = mm_steps(4, 2 * gb, true), nct = (a.in / mm_cps(4, true) + S - 1) / S; /* the kernel's S; chunks of K */
     /* the zero block and the compact table (32 entries a step), Σx (S·GPS <= 8 floats a chunk, 16 allotted) */
     const size_t smem = MM_KW_TBL * sizeof(uint2) + (size_t)nct * (S * 32 * sizeof(uint2) + 16 * sizeof(float));
     if ((long)smem > cap) return false;
@@ -662,18 +671,14 @@ static bool mm_kw_go(tern__cuda *c, MmArgs &a, int gb, int occ, bool f16) {
     a.ks = 1;
     a.rblocks = (tiles + TW - 1) / TW;
     const dim3 grid((unsigned)mm_grid_x(c, a.rblocks, 1, occ), 1);
-    auto go = [&](auto k) {
-        static size_t set[16][3]; /* per device (the attribute is the context's) and GB */
-        size_t &have = set[c->device & 15][gb == 16 ? 0 : gb == 32 ? 1 : 2];
-        if (smem > 48 * 1024 && smem > have) {
-            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            have = smem;
-        }
-        tern_launch(c->stream, k, grid, 256, smem, a);
-    };
-    if (gb == 16) go(gemv_mma_kernel<4, 16, false, true, true, true, false, 2, false, true>);
-    else if (gb == 32) go(gemv_mma_kernel<4, 32, false, true, true, true, false, 2, false, true>);
-    else go(gemv_mma_kernel<4, 64, false, true, true, true, false, 2, false, true>);
+    const MmKernel k = mm_xp1_kernel<false, true, true>(gb);
+    static size_t set[16][3]; /* per device (the attribute is the context's) and GB */
+    size_t &have = set[c->device & 15][gb == 16 ? 0 : gb == 32 ? 1 : 2];
+    if (smem > 48 * 1024 && smem > have) {
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        have = smem;
+    }
+    tern_launch(c->stream, k, grid, 256, smem, a);
     tern__cuda_check(c, "gemv_mma kw");
     tern__cuda_gemv_mma_calls++;
     tern__cuda_mm_kw_calls++;
@@ -729,13 +734,9 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
         if (w0->bits != 4 || f16 || occ != 2 || a.ks < 2 || !mm_xp1(c) || mm_i8(c) || tern__cuda_gemv_mma_pp == 0) return 0;
         a.rope = *rope;
         cudaSetDevice(c->device);
-        if (mm_ct()) { /* TERN_MM_CT: on the compact x table */
-            if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true, false, true>, grid, 256, smem, a);
-            else if (gb == 32) tern_launch(c->stream, gemv_mma_kernel<4, 32, false, true, true, true, false, 2, true, false, true>, grid, 256, smem, a);
-            else tern_launch(c->stream, gemv_mma_kernel<4, 64, false, true, true, true, false, 2, true, false, true>, grid, 256, smem, a);
-        } else if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true>, grid, 256, smem, a);
-        else if (gb == 32) tern_launch(c->stream, gemv_mma_kernel<4, 32, false, true, true, true, false, 2, true>, grid, 256, smem, a);
-        else tern_launch(c->stream, gemv_mma_kernel<4, 64, false, true, true, true, false, 2, true>, grid, 256, smem, a);
+        /* TERN_MM_CT: on the compact x table */
+        tern_launch(c->stream, mm_ct() ? mm_xp1_kernel<true, false, true>(gb) : mm_xp1_kernel<true, false, false>(gb), grid, 256,
+                    smem, a);
         tern__cuda_check(c, "gemv_mma rope");
         tern__cuda_gemv_mma_calls++;
         return 1;

@@ -74,6 +74,15 @@ template <bool F16S> __device__ __forceinline__ float mm_scale(uint32_t u) {
 
 /* weight words are read once: no L1 allocation (plain __ldg and an L2::128B prefetch hint measured
  * the same on the H200) */
+/* a warp tile's row sums: each lane's acc0 (row g) and acc1 (row g+8, or a pair's up row) summed over the 4 lanes t of
+ * the row, in a fixed order (every lane gets the sums) */
+__device__ __forceinline__ void mm_row_sums(float &acc0, float &acc1) {
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+}
+
 __device__ __forceinline__ uint4 mm_ld4(const uint8_t *p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"

@@ -168,10 +168,7 @@ __device__ __forceinline__ void mm_reduce_rope(const MmArgs &a, const RopePage &
  * stores (one K slice) or leaves its slice's partials in pp */
 __device__ __forceinline__ void mm_finish(const MmArgs &a, float acc0, float acc1, int unit0, int unit1, bool live0,
                                           bool live1, bool pair, int t, float *pp) {
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+    mm_row_sums(acc0, acc1);
     if (t == 0) {
         if (a.ks == 1) {
             if (pair) {
@@ -196,10 +193,7 @@ __device__ __forceinline__ void mm_finish(const MmArgs &a, float acc0, float acc
  * caller alternates two buffers (the next row block's writes cannot overtake this one's reads: one barrier between) */
 __device__ __forceinline__ void mm_finish_kw(const MmArgs &a, float acc0, float acc1, bool pair, int t, int g, int warp,
                                              float *red, int rbk, int TW) {
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+    mm_row_sums(acc0, acc1);
     if (warp >= 0 && t == 0) { red[warp * 16 + g] = acc0; red[warp * 16 + g + 8] = acc1; }
     __syncthreads();
     const int i = threadIdx.x, per = pair ? 8 : 16;

@@ -127,10 +127,7 @@ template <int GB, bool F16S> __global__ void __launch_bounds__(256, 3) moe_mma_k
         const uint32_t wc[4] = {wv1[sl].x, wv1[sl].y, wv1[sl].z, wv1[sl].w};
         mm_step<GPS, F16S, false>(acc0, acc1, wa, wc, cs0[sl], cb0[sl], cs1[sl], cb1[sl], tl, xs, sl, a.magic, t);
     }
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+    mm_row_sums(acc0, acc1);
 
     const int units = a.pair ? 2 * a.out : a.out; /* partial floats per (pair, slice) */
     float *pp = a.part + ((size_t)p * a.ks + sb) * units;
