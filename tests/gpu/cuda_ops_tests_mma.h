@@ -169,7 +169,8 @@ TEST(cuda_gemv_mma_pp_bits) {
  * table, must give the split-K launch's bits for every mode (plain, q|k|v, gate/up silu and gelu, residual add), every
  * Q4 group size, chunks per slice as planned and pinned (1: eight slices at in 4096, TW = 1; 3: idle warps at 3
  * slices), rows that are not multiples of a row block, walks of several row blocks, a short last chunk (3840), slices
- * that do not divide the warps (2560: 5 chunks; 14336: 7 slices, an idle warp); 384 (one slice) stays on split K.
+ * that do not divide the warps (2560: 5 slices, three idle warps; 4096x14336: 7, one idle). Shapes that plan one slice
+ * (384 at g64) or more than 8 (6144 with 500 rows, 14336 with 64, most of g32) stay on split K: KW must decline them.
  * The compact table alone on the split-K walk (TERN_MM_CT) too. */
 TEST(cuda_gemv_mma_kw_bits) {
     tern_backend *g = g_gpu;
@@ -180,7 +181,7 @@ TEST(cuda_gemv_mma_kw_bits) {
     tern__cuda_gemv_mma_xp1 = 1; /* XP1 in every compute mode (the walk KW serves) */
     static const int gss[] = {64, 32, 128};
     static const int shapes[][2] = {{1037, 4096}, {20000, 4096}, {777, 3840}, {4099, 2560}, {500, 6144}, {64, 14336},
-                                    {300, 384}};
+                                    {4096, 14336}, {300, 384}};
     static const int js[] = {0, 1, 3};
     const unsigned long long calls0 = tern__cuda_mm_kw_calls;
     for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
@@ -212,7 +213,9 @@ TEST(cuda_gemv_mma_kw_bits) {
             free(x); free(r);
         }
     printf("  kw launches: %llu\n", tern__cuda_mm_kw_calls - calls0);
-    CHECK(tern__cuda_mm_kw_calls > calls0 + 100, "KW ran %llu times", tern__cuda_mm_kw_calls - calls0);
+    /* mm_plan's geometry replayed for 132 SMs (session 53, NOTES (bm)) gives 92 KW launches here; the bound leaves room
+     * for another SM count moving a few plans */
+    CHECK(tern__cuda_mm_kw_calls > calls0 + 50, "KW ran %llu times", tern__cuda_mm_kw_calls - calls0);
     tern__cuda_mm_kw = keep;
     tern__cuda_mm_ct = keep_ct;
     tern__cuda_gemv_mma_xp1 = keep_xp;
