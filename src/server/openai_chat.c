@@ -176,7 +176,7 @@ static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
         tern_jw_end(&w);
         flush_event(&w, out);
     }
-    tern_jw_text(out, "data: [DONE]\n\n", 14);
+    srv_sse_done(out);
 }
 
 static void s_error(void *ctx, const srv_error *e, tern_jw *out) {

@@ -109,7 +109,7 @@ static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
     if (c->include_usage) srv_write_usage(&w, r);
     tern_jw_end(&w);
     srv_sse_value(out, NULL, &w);
-    tern_jw_text(out, "data: [DONE]\n\n", 14);
+    srv_sse_done(out);
 }
 
 /* the same error event as a chat stream's (param and code null, as OpenAI's) */

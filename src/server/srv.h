@@ -270,6 +270,8 @@ void srv_sse_end(tern_jw *out);
 void srv_sse_value(tern_jw *out, const char *event, tern_jw *v);
 /* An OpenAI stream's error event (srv_jw_openai_error's value, as a reply's body has it) and the final [DONE] */
 void srv_sse_openai_error(tern_jw *out, const srv_error *e);
+/* An OpenAI stream's last event: data: [DONE] */
+void srv_sse_done(tern_jw *out);
 
 /* ---- HTTP helpers (http.c) ---- */
 struct srv_req {

@@ -114,8 +114,10 @@ void srv_sse_openai_error(tern_jw *out, const srv_error *e) {
     tern_jw_init(&w);
     srv_jw_openai_error(&w, e);
     srv_sse_value(out, NULL, &w);
-    tern_jw_text(out, "data: [DONE]\n\n", 14);
+    srv_sse_done(out);
 }
+
+void srv_sse_done(tern_jw *out) { tern_jw_text(out, "data: [DONE]\n\n", 14); }
 
 /* ---- the stream writer ---- */
 
