@@ -121,10 +121,42 @@ static void mm_five_ops(tern_backend *g, const tern_tensor *t, int out, int tot,
     res[4] = from_gpu(g, yd, out);
 }
 
+/* One Q4 shape's five ops (mm_five_ops) under nv (<= 4) settings — set(v) before each — every result the bits of setting 0's;
+ * vname[v] names setting v in a failure, ctx the caller's loop position */
+static void mm_five_same(tern_backend *g, int gs, tern_dtype sdt, int out, int in, int nv, void (*set)(int),
+                         const char *const *vname, const char *ctx) {
+    static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
+    const int o2 = out / 3 + 1, tot = 2 * out + o2;
+    hw h[3];
+    tern_tensor t[3];
+    char nm[64];
+    mm_three_open(g, 4, gs, sdt, out, o2, in, h, t, nm);
+    float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[4][5];
+    void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
+    for (int v = 0; v < nv; v++) {
+        set(v);
+        mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
+    }
+    for (int k = 0; k < 5; k++) {
+        for (int v = 1; v < nv; v++)
+            CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s %s: %s != %s", nm, out, in, ctx, what[k],
+                  vname[v], vname[0]);
+        for (int v = 0; v < nv; v++) free(res[v][k]);
+    }
+    mm_three_close(g, h, t);
+    g->vt->free(g, xd); g->vt->free(g, yd);
+    free(x); free(r);
+}
+
 /* TERN_CUDA_GEMV_PP (two register sets for the walk, Q4), TERN_CUDA_PDL (programmatic dependent
  * launch) do the same arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual
  * results must be the same bits as the plain one-set walk, walking several row blocks or not, split
  * K or not */
+static void pp_set(int v) { /* 0 plain, 1 two sets, 2 programmatic launch */
+    tern__cuda_gemv_mma_pp = v == 1;
+    tern__cuda_pdl_on = v == 2;
+}
+
 TEST(cuda_gemv_mma_pp_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_pp_bits", "not built"); return; }
@@ -132,33 +164,12 @@ TEST(cuda_gemv_mma_pp_bits) {
     static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
                                                           {32, TERN_DT_BF16}};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}};
+    static const char *const vn[3] = {"plain launch", "two-set walk", "programmatic launch"};
     for (int xp = 0; xp < 2; xp++) /* the exact kernel, then XP1 */
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
-            const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
-            hw h[3];
-            tern_tensor t[3];
-            char nm[64];
-            mm_three_open(g, 4, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
-            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[3][5];
-            const int nv = 3;
-            void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
             tern__cuda_gemv_mma_xp1 = xp;
-            for (int v = 0; v < nv; v++) { /* 0 plain, 1 two sets, 2 programmatic launch */
-                tern__cuda_gemv_mma_pp = v == 1;
-                tern__cuda_pdl_on = v == 2;
-                mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
-            }
-            static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
-            for (int k = 0; k < 5; k++) {
-                for (int v = 1; v < nv; v++)
-                    CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s xp1 %d: %s != plain launch", nm,
-                          out, in, what[k], xp, v == 1 ? "two-set walk" : "programmatic launch");
-                for (int v = 0; v < nv; v++) free(res[v][k]);
-            }
-            mm_three_close(g, h, t);
-            g->vt->free(g, xd); g->vt->free(g, yd);
-            free(x); free(r);
+            mm_five_same(g, F[f].gs, F[f].sdt, shapes[s][0], shapes[s][1], 3, pp_set, vn, xp ? "xp1 1" : "xp1 0");
         }
     tern__cuda_gemv_mma_pp = keep;
     tern__cuda_pdl_on = keep_pdl;
@@ -172,45 +183,32 @@ TEST(cuda_gemv_mma_pp_bits) {
  * that do not divide the warps (2560: 5 slices, three idle warps; 4096x14336: 7, one idle). Shapes that plan one slice
  * (384 at g64) or more than 8 (6144 with 500 rows, 14336 with 64, most of g32) stay on split K: KW must decline them.
  * The compact table alone on the split-K walk (TERN_MM_CT) too. */
+extern int tern__cuda_mm_kw, tern__cuda_mm_ct;
+extern unsigned long long tern__cuda_mm_kw_calls;
+static void kw_set(int v) { /* 0 split K, 1 split K on the compact table, 2 KW */
+    tern__cuda_mm_kw = v == 2;
+    tern__cuda_mm_ct = v == 1;
+}
+
 TEST(cuda_gemv_mma_kw_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_kw_bits", "not built"); return; }
-    extern int tern__cuda_mm_kw, tern__cuda_mm_ct;
-    extern unsigned long long tern__cuda_mm_kw_calls;
     const int keep = tern__cuda_mm_kw, keep_ct = tern__cuda_mm_ct, keep_xp = tern__cuda_gemv_mma_xp1, keep_j = tern__cuda_mm_j;
     tern__cuda_gemv_mma_xp1 = 1; /* XP1 in every compute mode (the walk KW serves) */
     static const int gss[] = {64, 32, 128};
     static const int shapes[][2] = {{1037, 4096}, {20000, 4096}, {777, 3840}, {4099, 2560}, {500, 6144}, {64, 14336},
                                     {4096, 14336}, {300, 384}};
     static const int js[] = {0, 1, 3};
+    static const char *const vn[3] = {"split K", "the compact table", "KW"};
     const unsigned long long calls0 = tern__cuda_mm_kw_calls;
     for (size_t jj = 0; jj < TERN_ARRAY_LEN(js); jj++)
     for (size_t f = 0; f < TERN_ARRAY_LEN(gss); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
             if (jj && (f || s > 2)) continue; /* pinned J: g64 on the first shapes */
             tern__cuda_mm_j = js[jj];
-            const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
-            hw h[3];
-            tern_tensor t[3];
-            char nm[64];
-            mm_three_open(g, 4, gss[f], TERN_DT_BF16, out, o2, in, h, t, nm);
-            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[3][5];
-            void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
-            for (int v = 0; v < 3; v++) { /* split K, split K on the compact table, KW */
-                tern__cuda_mm_kw = v == 2;
-                tern__cuda_mm_ct = v == 1;
-                mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
-            }
-            static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
-            for (int k = 0; k < 5; k++) {
-                for (int v = 1; v < 3; v++)
-                    CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d J %d %s: %s != split K", nm, out,
-                          in, js[jj], what[k], v == 1 ? "the compact table" : "KW");
-                for (int v = 0; v < 3; v++) free(res[v][k]);
-            }
-            mm_three_close(g, h, t);
-            g->vt->free(g, xd); g->vt->free(g, yd);
-            free(x); free(r);
+            char ctx[16];
+            snprintf(ctx, sizeof ctx, "J %d", js[jj]);
+            mm_five_same(g, gss[f], TERN_DT_BF16, shapes[s][0], shapes[s][1], 3, kw_set, vn, ctx);
         }
     printf("  kw launches: %llu\n", tern__cuda_mm_kw_calls - calls0);
     /* mm_plan's geometry replayed for 132 SMs (session 53, NOTES (bm)) gives 92 KW launches here; the bound leaves room
