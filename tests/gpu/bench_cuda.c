@@ -848,29 +848,19 @@ static void bench_persist(void) {
                 }
                 free(hd2);
             }
-            /* q4: with the K slices as blocks (split K), then as warps of one block (TERN_MM_KW, gemv_mma.cu), alternated */
-            /* (and split K on KW's compact table, TERN_MM_CT: "q4 ct") */
-            extern int tern__cuda_mm_kw, tern__cuda_mm_ct;
-            const int keep_kw = tern__cuda_mm_kw, keep_ct = tern__cuda_mm_ct;
-            for (int v = 0; v < (q ? 6 : 1); v++) {
-                if (q) tern__cuda_mm_kw = v % 3 == 1, tern__cuda_mm_ct = v % 3 == 2;
-                double us = -1.0;
-                if (nq == N && tern__cuda_probe_graph(c, 0, 0) == 0.0) {
-                    for (int i = 0; i < N; i++) g->vt->matmul(g, ys[i + 1], ys[i], 1, &wq[i]);
-                    us = tern__cuda_probe_graph(c, 1, 20);
-                }
-                const double tbs = us > 0 ? qb / us / 1e6 : 0;
-                char name[64];
-                const char *vn = !q ? "" : v % 3 == 1 ? " kw" : v % 3 == 2 ? " ct" : " sk";
-                if (k < 0) snprintf(name, sizeof name, "%s%s layer chain", q ? "q4" : "bf16", vn);
-                else snprintf(name, sizeof name, "%s%s %dx%d x32", q ? "q4" : "bf16", vn, sh[k][0], sh[k][1]);
-                printf("persist production %-28s %9.1f us %7.2f us an op %6.2f TB/s %5.1f%% of stream-add\n", name, us,
-                       us / N, tbs, ceiling_gbs > 0 ? 100.0 * tbs * 1000 / ceiling_gbs : 0.0);
-                printf("csv,persist-prod,%s,%.2f,%.3f\n", name, us, tbs);
-                fflush(stdout);
+            double us = -1.0;
+            if (nq == N && tern__cuda_probe_graph(c, 0, 0) == 0.0) {
+                for (int i = 0; i < N; i++) g->vt->matmul(g, ys[i + 1], ys[i], 1, &wq[i]);
+                us = tern__cuda_probe_graph(c, 1, 20);
             }
-            tern__cuda_mm_kw = keep_kw;
-            tern__cuda_mm_ct = keep_ct;
+            const double tbs = us > 0 ? qb / us / 1e6 : 0;
+            char name[64];
+            if (k < 0) snprintf(name, sizeof name, "%s layer chain", q ? "q4" : "bf16");
+            else snprintf(name, sizeof name, "%s %dx%d x32", q ? "q4" : "bf16", sh[k][0], sh[k][1]);
+            printf("persist production %-28s %9.1f us %7.2f us an op %6.2f TB/s %5.1f%% of stream-add\n", name, us, us / N,
+                   tbs, ceiling_gbs > 0 ? 100.0 * tbs * 1000 / ceiling_gbs : 0.0);
+            printf("csv,persist-prod,%s,%.2f,%.3f\n", name, us, tbs);
+            fflush(stdout);
             for (int i = 0; i < nq; i++) g->vt->free_weight(g, &wq[i]);
         }
     g = keep;

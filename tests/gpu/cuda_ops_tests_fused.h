@@ -610,9 +610,9 @@ TEST(cuda_norm_rope_kv) {
 TEST(cuda_norm_qkv_rope_kv) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_qkv_rope_kv) { SKIP("cuda_norm_qkv_rope_kv", "not built"); return; }
-    extern int tern__cuda_qkv_rope, tern__cuda_g1_early, tern__cuda_gemv_mma_xp1, tern__cuda_g1_xb, tern__cuda_mm_ct;
+    extern int tern__cuda_qkv_rope, tern__cuda_g1_early, tern__cuda_gemv_mma_xp1, tern__cuda_g1_xb;
     const int keep = tern__cuda_qkv_rope, keep_early = tern__cuda_g1_early, keep_xp1 = tern__cuda_gemv_mma_xp1,
-              keep_xb = tern__cuda_g1_xb, keep_ct = tern__cuda_mm_ct;
+              keep_xb = tern__cuda_g1_xb;
     tern__cuda_qkv_rope = 3;
     tern__cuda_gemv_mma_xp1 = 1;
     /* q4: whether the Q4 GEMV serves the case (split K, heads inside its 128-row blocks) */
@@ -630,7 +630,6 @@ TEST(cuda_norm_qkv_rope_kv) {
                     const size_t pool = (size_t)mb * bs * nkv * d, pool_b = pool * (f ? 2 : 4);
                     const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d;
                     tern__cuda_g1_early = early ? 7 : 0;
-                    tern__cuda_mm_ct = early; /* q4: the compact x table (TERN_MM_CT) with the early prologue */
                     tern__cuda_g1_xb = (int)(f + early) & 1; /* TERN_CUDA_G1_XB both ways */
                     hw h[3];
                     tern_tensor t[3];
@@ -716,7 +715,6 @@ TEST(cuda_norm_qkv_rope_kv) {
     tern__cuda_g1_xb = keep_xb;
     tern__cuda_g1_early = keep_early;
     tern__cuda_gemv_mma_xp1 = keep_xp1;
-    tern__cuda_mm_ct = keep_ct;
 }
 
 /* the elementwise family's 4-wide kernel (aligned arrays, n % 4 == 0) against its scalar kernel (the same arrays

@@ -48,8 +48,6 @@
 #include <stdlib.h>
 #include <type_traits>
 
-#define MM_KW_TBL 48 /* KW: the compact table's first entry (uint2 units; a zero block of 32 at 8..39, see the kernel) */
-
 /* Step = 64 bytes of each of the warp's 16 rows (lane t: bytes 16t..16t+15, one 128-bit load per
  * row); a K slice = S steps. A step holds GPS scale groups (GB bytes each; GB = 128: a group spans two
  * steps); group γ of the step uses MMA columns 3γ..3γ+2 (its three x parts) and only the k-slots of
@@ -58,11 +56,9 @@
  * + gridDim.x, ...: the loads of the next row block are issued as soon as a step's words and scales
  * are in registers, so every warp keeps a row block's bytes in flight while it multiplies. */
 template <int BITS, int GB, bool F16S, bool PP, bool FOLD, bool XP1 = false, bool XI8 = false, int MINB = 2,
-          bool ROPE = false, bool KW = false, bool CT = KW>
+          bool ROPE = false>
 __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     static_assert(!XI8 || XP1, "the int8 walk is XP1's with another MMA and fold");
-    static_assert(!KW || (XP1 && PP && FOLD && !XI8 && BITS == 4 && !ROPE), "KW: the plain bf16 mode's Q4 walk");
-    static_assert(!CT || (XP1 && !XI8 && BITS == 4), "the compact table: XP1's Q4 walk");
     constexpr bool WIDE = BITS != 4 && BITS != 8; /* Q2 / Q3 / Q5 / Q6: XP1's walk, GB as Q4's (gs / 2) */
     constexpr bool Q8X = BITS == 8 && XP1;        /* Q8 on XP1's walk (f16 MMAs, mm_stage_q8x), GB as Q4's */
     constexpr bool NEWW = WIDE || Q8X;            /* walks on mm_decode_w / mm_mmas_w */
@@ -76,23 +72,14 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     using WT = typename std::conditional<Q8X, MmWn<8>, typename MmWord<BITS>::T>::type;
     using SV = typename SVec<GPS>::T;
     extern __shared__ uint2 mm_sm[];
-    /* [J·S][8 MMAs][NT][32 lanes] B fragments; CT (KW, TERN_MM_CT): the compact table [J·S][8 MMAs][4 t] (mm_stage's
-     * CT) after a zero block of 32 entries at byte 64 (its reads fall in the other 16 banks than the table's) */
-    uint2 *tbl = CT ? mm_sm + MM_KW_TBL : mm_sm;
-    __shared__ float kw_red[KW ? 2 : 1][KW ? MM_WARPS * 16 : 1]; /* KW: the warps' sums of a row block, two buffers */
+    uint2 *tbl = mm_sm;                           /* [J·S][8 MMAs][NT][32 lanes] B fragments */
     /* [J·S][GPS] Σx per group and step (XI8: B tables of 4 MMAs per step, then d, e, 1/d: mm_stage_i8) */
-    float *xs = (float *)(tbl + a.J * S * (CT ? 32 : (XI8 ? 4 : 8 * NT) * 32));
+    float *xs = (float *)(mm_sm + a.J * S * (XI8 ? 4 : 8 * NT) * 32);
     __shared__ int mine[MM_MINE], nmine;          /* row blocks this block reduces (split K) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
-    /* KW (mm_kw_go): the K slices are warps of one block — warp = kw·TW + tw: slice kw (a.kw of them, a.jw
-     * chunks each) of tile tw of the row block's TW = 8 / a.kw tiles; the table holds the whole K (a.J chunks) */
-    const int TW = KW ? MM_WARPS / a.kw : MM_WARPS, kw = KW ? warp / TW : 0, tw = KW ? warp % TW : warp;
-    /* this warp's K slice: steps st0 .. st0 + ns - 1 in nch chunks of S (the last may be shorter); tb0: its first
-     * step's place in the staged table (KW: the table starts at step 0, else at the block's slice) */
-    const int nst = a.in / CPS, st0 = KW ? kw * a.jw * S : blockIdx.y * S * a.J;
-    const int ns = min(S * (KW ? a.jw : a.J), nst - st0), nch = (ns + S - 1) / S, tb0 = KW ? st0 : 0;
-    const bool kw_idle = KW && kw >= a.kw; /* warps past a.kw · TW: only the barriers of the reduction */
+    /* this block's K slice: steps st0 .. st0 + ns - 1 in nch chunks of S (the last may be shorter) */
+    const int nst = a.in / CPS, st0 = blockIdx.y * S * a.J, ns = min(S * a.J, nst - st0), nch = (ns + S - 1) / S;
     const size_t rb = (size_t)a.in * BITS / 8;
 
     /* a row block's words and scales in registers; PP: two sets, the next row block loads into the
@@ -128,18 +115,18 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
         }
     };
     int rbk = blockIdx.x;
-    mm_rows(a, rbk * TW + tw, g, t, rb, pair, r, LB);
+    mm_rows(a, rbk * MM_WARPS + warp, g, t, rb, pair, r, LB);
 #pragma unroll
     for (int i = 0; i < S; i++)
-        if (i < ns && !kw_idle) load_step(A, 0, i);
+        if (i < ns) load_step(A, 0, i);
     /* TERN_CUDA_GEMV_L2PF: item n of the walk (chunk n % nch of row block blockIdx.x + (n / nch)·gridDim.x)
      * into L2, one 128-byte line per lane (16 rows x 256 bytes per warp) */
     const int nitems = (a.rblocks - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * nch;
     auto l2_item = [&](int n) {
         const int half = lane >> 4;
-        if (kw_idle || n >= nitems || half * 128 >= S * SB) return; /* S·SB <= 128: one 128-byte line per row and chunk */
+        if (n >= nitems || half * 128 >= S * SB) return; /* S·SB <= 128: one 128-byte line per row and chunk */
         MmRows p;
-        mm_rows(a, (blockIdx.x + (n / nch) * gridDim.x) * TW + tw, lane & 7, 0, rb, pair, p);
+        mm_rows(a, (blockIdx.x + (n / nch) * gridDim.x) * MM_WARPS + warp, lane & 7, 0, rb, pair, p);
         const uint8_t *q = ((lane >> 3) & 1 ? p.w1 : p.w0) + (size_t)(st0 + (n % nch) * S) * SB + half * 128;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
     };
@@ -151,9 +138,7 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
      * finished and flushed */
     pdl_wait();
 
-    const float dsc = mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3, CT>(a, tbl, xs, KW ? 0 : st0, KW ? nst : ns); /* Q8X: D's scale */
-    if constexpr (CT)
-        if (threadIdx.x < 32) mm_sm[8 + threadIdx.x] = make_uint2(0u, 0u); /* the zero block */
+    const float dsc = mm_stage_x<BITS, GB, S, XI8 ? 8 : XP1 ? 1 : 3>(a, tbl, xs, st0, ns); /* Q8X: D's scale */
     const uint32_t magic = Q8X ? a.magic + 0x21002100u : a.magic; /* Q8X: the f16 pair (1024, 1024) */
     __syncthreads();
 
@@ -165,15 +150,14 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
      * run on over a row block's chunks, in step order, and are stored after its last chunk */
     int ch = 0;
     float acc0 = 0.0f, acc1 = 0.0f;
-    int par = 0; /* KW: the reduction buffer of this row block */
     auto block = [&](MmSet &cur, MmSet &nxt) -> bool {
-        const int unit0 = r.unit0, unit1 = r.unit1, rbk0 = rbk;
+        const int unit0 = r.unit0, unit1 = r.unit1;
         const bool live0 = r.live0, live1 = r.live1;
         const bool last = ch + 1 == nch;
         const int nrbk = last ? rbk + gridDim.x : rbk, nch_ = last ? 0 : ch + 1;
         const int nsc = min(S, ns - ch * S), nsn = min(S, ns - nch_ * S); /* steps of this and the next chunk */
         const bool more = nrbk < a.rblocks;
-        if (more && last) mm_rows(a, nrbk * TW + tw, g, t, rb, pair, r, LB);
+        if (more && last) mm_rows(a, nrbk * MM_WARPS + warp, g, t, rb, pair, r, LB);
         if constexpr (XP1) { /* one tile for the chunk, folded once */
             const uint32_t q0 = cur.q[0], q1 = cur.q[1], q2 = cur.q[2], q3 = cur.q[3];
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -187,24 +171,21 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
                 if constexpr (NEWW) {
                     const WT wa = cur.w0[sl], wc = cur.w1[sl];
                     if (more && sl < nsn) load_step(nxt, nch_, sl);
-                    mm_mmas_w<BITS>(d, wa.v, wc.v, tl, tb0 + ch * S + sl, magic);
+                    mm_mmas_w<BITS>(d, wa.v, wc.v, tl, ch * S + sl, magic);
                     continue;
                 } else {
                 const uint32_t wa[4] = {cur.w0[sl].x, cur.w0[sl].y, cur.w0[sl].z, cur.w0[sl].w};
                 const uint32_t wc[4] = {cur.w1[sl].x, cur.w1[sl].y, cur.w1[sl].z, cur.w1[sl].w};
                 if (more && sl < nsn) load_step(nxt, nch_, sl);
                 if constexpr (XI8) mm_mmas_i8(di, wa, wc, tl, ch * S + sl);
-                else if constexpr (CT) { /* the lane's g feeds column (step in the chunk)·GPS + its t's group */
-                    const int col = sl * GPS + (GPS == 1 ? 0 : t * 16 / GB);
-                    mm_mmas_c<FOLD>(d, wa, wc, g == col ? tbl + (tb0 + ch * S + sl) * 32 + t : mm_sm + 8 + t, a.magic);
-                } else mm_mmas1<FOLD>(d, wa, wc, tl, tb0 + ch * S + sl, a.magic);
+                else mm_mmas1<FOLD>(d, wa, wc, tl, ch * S + sl, a.magic);
                 }
             }
             if constexpr (XI8) {
                 const int ng = mm_slice_groups<S, GB>(a);
                 mm_fold_i8<GPS, S, F16S>(acc0, acc1, di, q0, q1, q2, q3, xs, xs + ng, xs + 2 * ng, ch * S, nsc, t);
             } else {
-                mm_fold1<GPS, S, F16S, FOLD, Q8X ? 1024 : 128, Q8X>(acc0, acc1, d, q0, q1, q2, q3, xs, tb0 + ch * S, nsc, t, dsc);
+                mm_fold1<GPS, S, F16S, FOLD, Q8X ? 1024 : 128, Q8X>(acc0, acc1, d, q0, q1, q2, q3, xs, ch * S, nsc, t, dsc);
             }
         } else {
 #pragma unroll
@@ -223,19 +204,10 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
         ch = nch_;
         rbk = nrbk;
         if (!last) return more;
-        if constexpr (KW) mm_finish_kw(a, acc0, acc1, pair, t, g, warp, kw_red[par], rbk0, TW);
-        else mm_finish(a, acc0, acc1, unit0, unit1, live0, live1, pair, t, pp);
-        par ^= 1;
+        mm_finish(a, acc0, acc1, unit0, unit1, live0, live1, pair, t, pp);
         acc0 = acc1 = 0.0f;
         return more;
     };
-    if constexpr (KW) {
-        if (kw_idle) { /* only the reductions' barriers, for every row block this block walks */
-            for (int q = blockIdx.x; q < a.rblocks; q += gridDim.x, par ^= 1)
-                mm_finish_kw(a, 0.f, 0.f, pair, t, g, -1, kw_red[par], q, TW);
-            return;
-        }
-    }
     if constexpr (PP) {
         while (block(A, B) && block(B, A)) {}
     } else {
@@ -343,27 +315,6 @@ static void mm_env(void) { /* TERN_CUDA_GEMV_PP / _FOLD, read once */
     }
 }
 
-/* TERN_MM_CT (default 0 until measured: session 53, no GPU; 1 on; tests set tern__cuda_mm_ct): the split-K XP1 walk
- * (two register sets, BF16 scales) stages and reads KW's compact x table (mm_stage CT / mm_mmas_c: 1/8 of the bytes
- * a block stages, 64 bytes a warp's B load instead of 256) — same B fragments, same bits. Apart from KW so that an
- * A/B can tell the table's share from the in-block sum's. Also the q|k|v rope instances (op test cuda_norm_qkv_rope_kv
- * runs it with its early prologue). The mm_launch's smem (the full table's) over-allots it. */
-extern "C" int tern__cuda_mm_ct;
-int tern__cuda_mm_ct = -1;
-static bool mm_ct(void) {
-    if (tern__cuda_mm_ct < 0) tern__cuda_mm_ct = tern__cuda_env_int("TERN_MM_CT", 0) != 0;
-    return tern__cuda_mm_ct;
-}
-
-/* the plain bf16 mode's Q4 walk with BF16 scales (XP1, FOLD, two register sets, two blocks an SM) for gb bytes a group,
- * with the rope epilogue (ROPE), the slices as warps (KW) or on the compact table (CT) as asked */
-using MmKernel = void (*)(MmArgs);
-template <bool ROPE, bool KW, bool CT> static MmKernel mm_xp1_kernel(int gb) {
-    return gb == 16   ? gemv_mma_kernel<4, 16, false, true, true, true, false, 2, ROPE, KW, CT>
-           : gb == 32 ? gemv_mma_kernel<4, 32, false, true, true, true, false, 2, ROPE, KW, CT>
-                      : gemv_mma_kernel<4, 64, false, true, true, true, false, 2, ROPE, KW, CT>;
-}
-
 template <int BITS, int GB>
 static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16, int occ) {
     cudaStream_t st = c->stream;
@@ -395,8 +346,6 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
         }
         if (xp1) {
             if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true>, grid, 256, smem, a);
-            else if (tern__cuda_gemv_mma_pp > 0 && mm_ct())
-                tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true, false, 2, false, false, true>, grid, 256, smem, a);
             else if (tern__cuda_gemv_mma_pp > 0) tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true>, grid, 256, smem, a);
             else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true, true>, grid, 256, smem, a);
             return;
@@ -632,59 +581,6 @@ extern "C" int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const te
     return mm_launch(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, rope);
 }
 
-/* TERN_MM_KW (default 0 until measured: written in session 53, when no GPU could be had — see docs/STATUS.md; 1 on;
- * tests set tern__cuda_mm_kw): a split-K launch of the plain bf16 mode's Q4 walk (XP1,
- * two register sets, two blocks an SM, BF16 scales) whose 2..8 K slices (mm_plan's, unchanged) all fit one block's
- * staged table runs them as warps of one block instead: warp kw·TW + tw takes slice kw of tile tw of a row block of
- * TW = 8 / slices tiles, and the block sums the slices through shared memory (mm_finish_kw) — no partials in global
- * memory, no counters, fences or last-block tail (session 52's probe: that tail is 1.5–2.2 µs of a launch). The
- * same slices summed in the same order: the same bits as the split-K launch (op test cuda_gemv_mma_kw_bits). Each
- * block stages x for the whole K, not for one slice, so KW stages a compact table (mm_stage's CT: only the nonzero
- * pair of each (step, MMA, t), 256 bytes a step of 128 inputs instead of 2 KB — 8 KB at in 4096, 28 KB at 14336; the
- * lanes whose g is not the column read a zero block, mm_mmas_c): a launch still writes `slices` / 8 of the table a
- * split-K one does, and reads x once a block (TERN_MM_KW_SMEM caps the bytes, default 100 KB; TERN_MM_KW_MAXKS=N,
- * default 8, keeps launches of more than N slices on split K). */
-extern "C" int tern__cuda_mm_kw;
-int tern__cuda_mm_kw = -1;
-extern "C" unsigned long long tern__cuda_mm_kw_calls; /* launches (tests check the path ran) */
-unsigned long long tern__cuda_mm_kw_calls = 0;
-static bool mm_kw_go(tern__cuda *c, MmArgs &a, int gb, int occ, bool f16) {
-    static long cap = -1;
-    static int maxks = -1;
-    if (tern__cuda_mm_kw < 0) tern__cuda_mm_kw = tern__cuda_env_int("TERN_MM_KW", 0) != 0;
-    if (cap < 0) cap = tern__cuda_env_int("TERN_MM_KW_SMEM", 100 << 10);
-    if (maxks < 0) maxks = tern__cuda_env_int("TERN_MM_KW_MAXKS", MM_WARPS); /* fewest tiles a block: each block stages the
-                                                                                * whole K for TW = 8 / slices tiles */
-    mm_env();
-    if (!tern__cuda_mm_kw || f16 || occ != 2 || a.ks < 2 || a.ks > MM_WARPS || a.ks > maxks || !mm_xp1(c) || mm_i8(c) ||
-        tern__cuda_gemv_mma_pp == 0 || (gb != 16 && gb != 32 && gb != 64))
-        return false;
-    const int S = mm_steps(4, 2 * gb, true), nct = (a.in / mm_cps(4, true) + S - 1) / S; /* the kernel's S; chunks of K */
-    /* the zero block and the compact table (32 entries a step), Σx (S·GPS <= 8 floats a chunk, 16 allotted) */
-    const size_t smem = MM_KW_TBL * sizeof(uint2) + (size_t)nct * (S * 32 * sizeof(uint2) + 16 * sizeof(float));
-    if ((long)smem > cap) return false;
-    const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
-    const int TW = MM_WARPS / a.ks, tiles = pair ? (a.rows + 7) / 8 : (a.rows + 15) / 16;
-    a.kw = a.ks;
-    a.jw = a.J;
-    a.J = nct;
-    a.ks = 1;
-    a.rblocks = (tiles + TW - 1) / TW;
-    const dim3 grid((unsigned)mm_grid_x(c, a.rblocks, 1, occ), 1);
-    const MmKernel k = mm_xp1_kernel<false, true, true>(gb);
-    static size_t set[16][3]; /* per device (the attribute is the context's) and GB */
-    size_t &have = set[c->device & 15][gb == 16 ? 0 : gb == 32 ? 1 : 2];
-    if (smem > 48 * 1024 && smem > have) {
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        have = smem;
-    }
-    tern_launch(c->stream, k, grid, 256, smem, a);
-    tern__cuda_check(c, "gemv_mma kw");
-    tern__cuda_gemv_mma_calls++;
-    tern__cuda_mm_kw_calls++;
-    return true;
-}
-
 extern "C" int tern__cuda_gemv_rmsu; /* TERN_CUDA_GEMV_RMSU, read once (tests set it): see mm_launch */
 int tern__cuda_gemv_rmsu = -1;
 
@@ -734,15 +630,14 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
         if (w0->bits != 4 || f16 || occ != 2 || a.ks < 2 || !mm_xp1(c) || mm_i8(c) || tern__cuda_gemv_mma_pp == 0) return 0;
         a.rope = *rope;
         cudaSetDevice(c->device);
-        /* TERN_MM_CT: on the compact x table */
-        tern_launch(c->stream, mm_ct() ? mm_xp1_kernel<true, false, true>(gb) : mm_xp1_kernel<true, false, false>(gb), grid, 256,
-                    smem, a);
+        if (gb == 16) tern_launch(c->stream, gemv_mma_kernel<4, 16, false, true, true, true, false, 2, true>, grid, 256, smem, a);
+        else if (gb == 32) tern_launch(c->stream, gemv_mma_kernel<4, 32, false, true, true, true, false, 2, true>, grid, 256, smem, a);
+        else tern_launch(c->stream, gemv_mma_kernel<4, 64, false, true, true, true, false, 2, true>, grid, 256, smem, a);
         tern__cuda_check(c, "gemv_mma rope");
         tern__cuda_gemv_mma_calls++;
         return 1;
     }
     cudaSetDevice(c->device);
-    if (mm_kw_go(c, a, gb, occ, f16)) return 1;
     if (w0->bits != 4 && w0->bits != 8) { /* the kernels' GB: Q4's bytes per group, gs / 2 */
         const int g4 = gs / 2;
 #define MM_WIDE(B)                                                                                                     \

@@ -267,13 +267,9 @@ struct MmAsIs { /* mm_stage's default: x staged as it is */
 /* XP = 1 (Q4, the plain bf16 mode: gemv_mma.cu's XP1): x rounded to bf16, one column per (step of the
  * chunk of S, group), so a chunk's S·GPS <= 8 groups share one MMA tile and are folded once per chunk
  * (mm_fold1): column c = (sl % S)·GPS + γ */
-/* CT (XP1 only; gemv_mma.cu's KW walk): the compact table — per (step, MMA, t') only the pair of the one column lane t'
- * feeds, at [step][MMA][t'] (32 entries a step, not 256): the reader takes it where its g' is that column and a zero
- * block otherwise (mm_mmas_c) */
-template <int BITS, int GB, int S, bool TAIL = false, int XP = 3, class TF = MmAsIs, bool CT = false>
+template <int BITS, int GB, int S, bool TAIL = false, int XP = 3, class TF = MmAsIs>
 __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, int st0, int ns, int nin,
                                          TF nx = TF{}) {
-    static_assert(!CT || XP == 1, "the compact table: XP1");
     /* nx(x[k], k): the value staged for input k (gemv_mma.cu: the pre-norm, and the residual add before it) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     static_assert(XP == 3 || (XP == 1 && BITS != 8 && S * GPS <= 8), "one x part: not Q8, a chunk's groups in 8 columns");
@@ -306,10 +302,6 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
             const __nv_bfloat162 ha = __floats2bfloat162_rn(v0, v1), hb = __floats2bfloat162_rn(v2, v3);
             /* the group's place in the chunk (a double step's lane pieces: 256 · (its place in the chunk) + 64 tt +
              * 32 (odd step) codes into it; groups of 2·GB codes) */
-            if constexpr (CT) {
-                tbl[sm * 4 + tt] = make_uint2(*(const uint32_t *)&ha, *(const uint32_t *)&hb);
-                continue;
-            }
             const int col = mm_ds<BITS>() ? (((sl % S) >> 1) * 256 + tt * 64 + (sl & 1) * 32) / (2 * GB) : (sl % S) * GPS + gt;
 #pragma unroll
             for (int gg = 0; gg < 8; gg++)
@@ -383,10 +375,11 @@ __device__ __forceinline__ float mm_stage_q8x(uint2 *tbl, float *xs, const float
     return ldexpf(1.0f, ex);
 }
 
-/* the MMAs of one step of a warp's 16 rows: per word pair i and half h (fragment m = 2i + h), one MMA per column tile
- * nt into d[nt·4 ..] with B fragment b[(m·NT + nt)·STRIDE] */
-template <bool FOLD, int NT, int STRIDE>
-__device__ __forceinline__ void mm_mmas_at(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *b, uint32_t magic) {
+/* the MMAs of step sl (of the slice) of a warp's 16 rows: per word pair i and half h, one MMA per
+ * column tile nt into d[nt·4 ..] against the staged table tl ([step][8 MMAs][NT][lane]) */
+template <bool FOLD, int NT>
+__device__ __forceinline__ void mm_mmas(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
+                                        uint32_t magic) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         uint32_t ra[4], rc[4];
@@ -396,17 +389,10 @@ __device__ __forceinline__ void mm_mmas_at(float *d, const uint32_t *wa, const u
         for (int h = 0; h < 2; h++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const uint2 bv = b[((2 * i + h) * NT + nt) * STRIDE];
+                const uint2 bv = tl[((sl * 8 + 2 * i + h) * NT + nt) * 32];
                 mm_mma(d + 4 * nt, ra[2 * h], rc[2 * h], ra[2 * h + 1], rc[2 * h + 1], bv.x, bv.y);
             }
     }
-}
-
-/* the MMAs of step sl (of the slice) against the staged table tl ([step][8 MMAs][NT][lane], tl = the table + lane) */
-template <bool FOLD, int NT>
-__device__ __forceinline__ void mm_mmas(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
-                                        uint32_t magic) {
-    mm_mmas_at<FOLD, NT, 32>(d, wa, wc, tl + (size_t)sl * 8 * NT * 32, magic);
 }
 
 /* step sl of a warp's 16 rows (lane: rows g and g+8, words wa and wc, the step's packed scales and
@@ -448,14 +434,6 @@ template <bool FOLD>
 __device__ __forceinline__ void mm_mmas1(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *tl, int sl,
                                          uint32_t magic) {
     mm_mmas<FOLD, 1>(d, wa, wc, tl, sl, magic);
-}
-
-/* XP1 on the compact table (mm_stage's CT): the MMAs of one step, B fragment m at b[4·m] — b is the step's entries of
- * the lane's t (the table + 32·step + t) where the lane's g is the column its t feeds at this step, else a zero block
- * (same bits as mm_mmas1: the same B fragments) */
-template <bool FOLD>
-__device__ __forceinline__ void mm_mmas_c(float *d, const uint32_t *wa, const uint32_t *wc, const uint2 *b, uint32_t magic) {
-    mm_mmas_at<FOLD, 1, 4>(d, wa, wc, b, magic);
 }
 
 /* XP1, Q2 / Q3 / Q5 / Q6 / Q8X: the 8 MMAs of step sl of a warp's 16 rows (lane words wa: row g, wc: row g+8)

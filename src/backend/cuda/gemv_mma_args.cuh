@@ -18,8 +18,7 @@ struct MmArgs {
     float *y[3];
     int out[3], nm, rows; /* rows: plain/RES = out[0]+out[1]+out[2]; pair = out[0] (outputs) */
     int in, ng, mode, ks;     /* ng groups per row, ks K slices (blockIdx.y) of J·S steps */
-    int J;                    /* chunks of S steps per K slice (1..MM_JMAX; mm_chunks); KW: staged, the whole K */
-    int kw, jw;               /* KW (gemv_mma.cu): K slices as warps of a block, and their chunks each */
+    int J;                    /* chunks of S steps per K slice (1..MM_JMAX; mm_chunks) */
     int rblocks;              /* row blocks (128 rows; pair: 64 outputs); gridDim.x <= rblocks walk them */
     const float *x;
     const float *nw; /* pre-norm (ops.h norm_matmul, xn != NULL): x staged as rmsnorm(x)·nw; the */
@@ -186,29 +185,6 @@ __device__ __forceinline__ void mm_finish(const MmArgs &a, float acc0, float acc
     }
 }
 
-/* KW (gemv_mma.cu mm_kw_go): the K slices of a row block are warps kw·TW + tw of one block instead of blocks. A
- * warp's sums of its slice (its 4 lanes t of a row reduced as mm_finish does) go to red[warp][16 rows]; after a
- * barrier thread i < TW·16 (pair: TW·8) sums its row's slices in slice order from 0 — mm_sum_slices' order, so the
- * same bits as the split-K launch of the same slices — and stores. warp < 0: an idle warp, the barrier only. The
- * caller alternates two buffers (the next row block's writes cannot overtake this one's reads: one barrier between) */
-__device__ __forceinline__ void mm_finish_kw(const MmArgs &a, float acc0, float acc1, bool pair, int t, int g, int warp,
-                                             float *red, int rbk, int TW) {
-    mm_row_sums(acc0, acc1);
-    if (warp >= 0 && t == 0) { red[warp * 16 + g] = acc0; red[warp * 16 + g + 8] = acc1; }
-    __syncthreads();
-    const int i = threadIdx.x, per = pair ? 8 : 16;
-    if (i < TW * per) {
-        const int tw = i / per, rr = i % per;
-        float v = 0.f, up = 0.f;
-        for (int k = 0; k < a.kw; k++) {
-            v += red[(k * TW + tw) * 16 + rr];
-            if (pair) up += red[(k * TW + tw) * 16 + rr + 8];
-        }
-        const int unit = (rbk * TW + tw) * per + rr;
-        if (unit < a.rows) mm_store(a, unit, v, up);
-    }
-}
-
 /* stage x for the block's K slice (gemv_mma.cuh mm_stage), or its rmsnorm (every block sums the whole
  * row: bitwise norm.cu's), or first the residual add x' = (x + rmsnorm(h)·w)·s (norm_matmul's res:
  * rmsnorm_add's expression); blocks of blockIdx.x 0 write their slice of xn (and x'). No barrier. */
@@ -219,7 +195,7 @@ template <int S, int GB> __device__ __forceinline__ int mm_slice_groups(const Mm
 
 /* XP: 3 the exact three-part split, 1 one bf16 column (XP1), 8 int8 (XI8). Returns the D scale of Q8X's staging
  * (mm_stage_q8x), else 1 */
-template <int BITS, int GB, int S, int XP, bool CT = false>
+template <int BITS, int GB, int S, int XP>
 __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *xs, int st0, int ns) {
     constexpr int CPS = mm_cps<BITS, XP == 1>(); /* inputs per step */
     constexpr bool Q8X = BITS == 8 && XP == 1;
@@ -239,7 +215,7 @@ __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *
         auto nx = [&](float xv, size_t k) { return rms_scale(xp(xv, k), inv, a.nw != nullptr, a.nw ? a.nw[k] : 0.0f); };
         if constexpr (XP == 8) mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns, nx);
         else if constexpr (Q8X) dsc = mm_stage_q8x<GB, S>(tbl, xs, a.x, st0, ns, nx);
-        else mm_stage<BITS, GB, S, false, XP, decltype(nx), CT>(tbl, xs, a.x, st0, ns, a.in, nx);
+        else mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, nx);
         if (blockIdx.x == 0)
             for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x) {
                 a.xn[k] = nx(a.x[k], (size_t)k);
@@ -250,7 +226,7 @@ __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *
     } else if constexpr (Q8X) {
         dsc = mm_stage_q8x<GB, S>(tbl, xs, a.x, st0, ns);
     } else {
-        mm_stage<BITS, GB, S, false, XP, MmAsIs, CT>(tbl, xs, a.x, st0, ns, a.in);
+        mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in);
     }
     return dsc;
 }
