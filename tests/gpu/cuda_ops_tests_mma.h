@@ -212,6 +212,24 @@ static double mm_q_rel(tern_backend *g, int bits, int gs, tern_dtype sdt, int ou
     return rel;
 }
 
+/* TERN_CUDA_GEMV_MMA_MIN: a matrix under the bound goes to gemv1 (the walk does not run; the result still within the
+ * CUDA-core path's bound of cpu-ref), one over it keeps the walk */
+TEST(cuda_gemv_mma_min) {
+    extern int tern__cuda_gemv_mma_min;
+    const int keep = tern__cuda_gemv_mma_min;
+    tern__cuda_gemv_mma_min = 512; /* KB of codes: 256x2560 q4 is 320 KB, 2048x2560 2.5 MB */
+    hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 256, 2560, 0);
+    unsigned long long calls = tern__cuda_gemv_mma_calls;
+    double rel = check_matmul(g_gpu, &h, 1, -1);
+    CHECK(tern__cuda_gemv_mma_calls == calls, "256x2560 q4 under TERN_CUDA_GEMV_MMA_MIN ran the walk");
+    CHECK(rel < 1e-4, "256x2560 q4 on gemv1: rel %.3g", rel);
+    free_w(&h);
+    char nm[64];
+    rel = mm_q_rel(g_gpu, 4, 64, TERN_DT_BF16, 2048, 2560, nm, sizeof nm); /* checks that the walk ran */
+    CHECK(rel < 1e-4, "%s 2048x2560 over the bound: rel %.3g", nm, rel);
+    tern__cuda_gemv_mma_min = keep;
+}
+
 /* The XP1 walks' x is the bf16-rounded row: x not exact in bf16 goes in, the reference gets it rounded (g_x_bf16 =
  * 2), and the two agree as closely as with bf16-exact x (Σx of the rounded values: FOLD's 128·s·Σx must cancel the
  * MMAs' 128s — with the f32 row's Σx this was ~4e-2 at Q4, ~1.6e-1 at Q2) */
@@ -576,6 +594,7 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_wide);
     RUN(cuda_gemv_mma_xp1_rounded);
     RUN(cuda_gemv_mma_fold);
+    RUN(cuda_gemv_mma_min);
     RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);

@@ -372,6 +372,12 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
  * k-slots, so twice the MMAs and B loads per byte) — bench/NOTES.md (i). */
 extern "C" int tern__cuda_gemv_mma_on;
 int tern__cuda_gemv_mma_on = -1;
+/* TERN_CUDA_GEMV_MMA_MIN=KB (default 0: off; tests set tern__cuda_gemv_mma_min): a call whose matrices hold fewer code
+ * bytes than that stays on gemv1's CUDA-core decode — the walk's fixed cost (~4.5 µs a launch, NOTES (bl)) against
+ * gemv1's ~1.8 µs, for the small matrices where the walk's instruction savings cannot pay it back (gemma4-e4b's PLE
+ * gate and projection, 0.37 MB each, 7.2 and 4.8 µs on the walk; NOTES (bn)). An A/B switch until measured. */
+extern "C" int tern__cuda_gemv_mma_min;
+int tern__cuda_gemv_mma_min = -1;
 extern "C" unsigned long long tern__cuda_gemv_mma_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_gemv_mma_calls = 0;
 
@@ -493,6 +499,8 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
             return 0;
         rows += w[i]->out;
     }
+    if (tern__cuda_gemv_mma_min < 0) tern__cuda_gemv_mma_min = tern__cuda_env_int("TERN_CUDA_GEMV_MMA_MIN", 0);
+    if ((size_t)rows * w0->in * w0->bits / 8 < (size_t)tern__cuda_gemv_mma_min << 10) return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (pair && (k != 2 || w[1]->out != w0->out)) return 0;
     if (pair) rows = w0->out; /* gate = matrix 0, up = matrix 1 */
