@@ -296,7 +296,7 @@ extern "C" int tern__cuda_g1_xb;
 int tern__cuda_g1_xb = -1;
 template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 16 || KIND == 17; }
 template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 17; } /* BF16 / F16 weights */
-template <int KIND> constexpr bool g1_has_mv() { return KIND == 16 || KIND == 17; }
+template <int KIND> constexpr bool g1_has_mv() { return KIND == 16 || KIND == 17 || KIND == 4; } /* Q4: see matmul_act_mul */
 
 /* the launch at U chunks a lane a round (grid: persistent, capped at the resident blocks of that instance) */
 template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false>
@@ -317,7 +317,7 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     const long ntask = pair ? a.rows : (a.rows + G1_R - 1) / G1_R;
     const size_t smem = (size_t)a.in * sizeof(float);
     if constexpr (g1_has_mv<KIND>())
-        if (a.mv) { /* matmul_act_mul: BF16 / F16, the early instance only (the same bits) */
+        if (a.mv) { /* matmul_act_mul: BF16 / F16 / Q4, the early instance only (the same bits) */
             g1_run<KIND, G1_U, true, false, true>(c, a, ntask, smem);
             return;
         }
@@ -503,13 +503,17 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
 
 /* ops.h matmul_act_mul for one row (Gemma 4's per-layer input gate): y = act(x'·wᵀ)·v, x' = x or, with res,
  * norm_matmul's residual prologue (x' written to res->x_out; its rmsnorm at eps) without a pre-norm, in one gemv1
- * launch (the MV epilogue) — BF16 / F16 weights; bitwise rmsnorm_add + the matmul + the elementwise act·v. Else 0 (the
- * caller runs the separate ops). */
+ * launch (the MV epilogue) — BF16 / F16 weights, and Q4 where the tensor-core GEMV does not take the matrix (it has no
+ * such epilogue; TERN_CUDA_GEMV_MMA_MIN sends small ones here: gemma4-e4b's 0.37 MB gate, which otherwise costs
+ * rmsnorm_add + the walk + an elementwise launch); bitwise rmsnorm_add + the matmul + the elementwise act·v. Else 0
+ * (the caller runs the separate ops). */
 extern "C" int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int act,
                                          const float *v, const tern_norm_res *res, float eps) {
     const int kind = kind_of(w);
-    if (n != 1 || (kind != 16 && kind != 17) || !tern__cuda_g1_fits(&w, 1, x) || y == x || (const float *)y == v)
+    if (n != 1 || (kind != 16 && kind != 17 && kind != 4) || !tern__cuda_g1_fits(&w, 1, x) || y == x ||
+        (const float *)y == v)
         return 0;
+    if (kind == 4 && tern__cuda_gemv_mma_serves(c, &w, 1, x, G1_PLAIN)) return 0;
     if (res && !g1_res_ok(res, x)) return 0;
     const int e[1] = {0};
     cudaSetDevice(c->device);
