@@ -43,8 +43,6 @@ static void ctx_free(void *p) {
     free(c);
 }
 
-static void event(tern_jw *out, const char *name, tern_jw *v) { srv_sse_value(out, name, v); }
-
 static const char *stop_reason(const srv_result *r) {
     return r->end == SRV_END_LENGTH ? "max_tokens" : r->end == SRV_END_STOP_STRING ? "stop_sequence"
            : r->n_calls > 0 ? "tool_use" : "end_turn";
@@ -74,7 +72,7 @@ static void block_stop(msg_ctx *c, tern_jw *out) {
     tern_jw_kstr(&w, "type", "content_block_stop");
     tern_jw_kint(&w, "index", c->n_blocks - 1);
     tern_jw_end(&w);
-    event(out, "content_block_stop", &w);
+    srv_sse_value(out, "content_block_stop", &w);
     c->block = 0;
 }
 
@@ -86,7 +84,7 @@ static void ping(msg_ctx *c, tern_jw *out) {
     tern_jw_obj(&w);
     tern_jw_kstr(&w, "type", "ping");
     tern_jw_end(&w);
-    event(out, "ping", &w);
+    srv_sse_value(out, "ping", &w);
 }
 
 /* Open a thinking (1) or text (2) block unless it is the open one. */
@@ -105,7 +103,7 @@ static void block_open(msg_ctx *c, int kind, tern_jw *out) {
     else tern_jw_kstr(&w, "text", "");
     tern_jw_end(&w);
     tern_jw_end(&w);
-    event(out, "content_block_start", &w);
+    srv_sse_value(out, "content_block_start", &w);
     c->block = kind;
     ping(c, out);
 }
@@ -124,7 +122,7 @@ static void block_delta(msg_ctx *c, int kind, const char *t, size_t n, tern_jw *
     tern_jw_kstrn(&w, kind == 1 ? "thinking" : "text", t, n);
     tern_jw_end(&w);
     tern_jw_end(&w);
-    event(out, "content_block_delta", &w);
+    srv_sse_value(out, "content_block_delta", &w);
 }
 
 static void stream_call(msg_ctx *c, int i, tern_jw *out) {
@@ -138,7 +136,7 @@ static void stream_call(msg_ctx *c, int i, tern_jw *out) {
     tern_jw_key(&w, "content_block");
     tool_use(c->job, i, &w, 1);
     tern_jw_end(&w);
-    event(out, "content_block_start", &w);
+    srv_sse_value(out, "content_block_start", &w);
     ping(c, out);
     c->block = 3;
     tern_jw_init(&w);
@@ -151,7 +149,7 @@ static void stream_call(msg_ctx *c, int i, tern_jw *out) {
     tern_jw_kstr(&w, "partial_json", tc && tc->arguments ? tc->arguments : "{}");
     tern_jw_end(&w);
     tern_jw_end(&w);
-    event(out, "content_block_delta", &w);
+    srv_sse_value(out, "content_block_delta", &w);
     block_stop(c, out);
 }
 
@@ -186,7 +184,7 @@ static void s_start(void *ctx, tern_jw *out) {
     tern_jw_end(&w);
     tern_jw_end(&w);
     tern_jw_end(&w);
-    event(out, "message_start", &w);
+    srv_sse_value(out, "message_start", &w);
 }
 
 static void s_piece(void *ctx, const srv_piece *p, tern_jw *out) {
@@ -214,13 +212,13 @@ static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
     tern_jw_kint(&w, "output_tokens", r->n_generated);
     tern_jw_end(&w);
     tern_jw_end(&w);
-    event(out, "message_delta", &w);
+    srv_sse_value(out, "message_delta", &w);
 
     tern_jw_init(&w);
     tern_jw_obj(&w);
     tern_jw_kstr(&w, "type", "message_stop");
     tern_jw_end(&w);
-    event(out, "message_stop", &w);
+    srv_sse_value(out, "message_stop", &w);
 }
 
 static void s_error(void *ctx, const srv_error *e, tern_jw *out) {
@@ -228,7 +226,7 @@ static void s_error(void *ctx, const srv_error *e, tern_jw *out) {
     tern_jw w;
     tern_jw_init(&w);
     srv_write_anthropic_error(&w, e); /* the same type names as a reply's (a 429 mid-stream is rate_limit_error) */
-    event(out, "error", &w);
+    srv_sse_value(out, "error", &w);
 }
 
 static const srv_stream_fmt k_msg_stream = {s_start, s_piece, s_end, s_error, ctx_free};

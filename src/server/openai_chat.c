@@ -96,9 +96,6 @@ static void chunk_head(chat_ctx *c, tern_jw *w) {
     tern_jw_arr(w);
 }
 
-/* Serialize the value in `v` as one SSE data event onto out. */
-static void flush_event(tern_jw *v, tern_jw *out) { srv_sse_value(out, NULL, v); }
-
 static void s_start(void *ctx, tern_jw *out) {
     chat_ctx *c = ctx;
     tern_jw w;
@@ -116,7 +113,7 @@ static void s_start(void *ctx, tern_jw *out) {
     tern_jw_end(&w);
     tern_jw_end(&w);
     tern_jw_end(&w);
-    flush_event(&w, out);
+    srv_sse_value(out, NULL, &w);
 }
 
 static void s_piece(void *ctx, const srv_piece *p, tern_jw *out) {
@@ -167,14 +164,14 @@ static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
     tern_jw_end(&w);
     tern_jw_end(&w);
     tern_jw_end(&w);
-    flush_event(&w, out);
+    srv_sse_value(out, NULL, &w);
     if (c->include_usage) {
         tern_jw_init(&w);
         chunk_head(c, &w);
         tern_jw_end(&w);
         srv_write_usage(&w, r);
         tern_jw_end(&w);
-        flush_event(&w, out);
+        srv_sse_value(out, NULL, &w);
     }
     srv_sse_done(out);
 }

@@ -112,7 +112,7 @@ static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
     srv_sse_done(out);
 }
 
-/* the same error event as a chat stream's (param and code null, as OpenAI's) */
+/* the same error event as a chat stream's (srv_jw_openai_error's value, then [DONE]) */
 static void s_error(void *ctx, const srv_error *e, tern_jw *out) {
     (void)ctx;
     srv_sse_openai_error(out, e);

@@ -121,42 +121,10 @@ static void mm_five_ops(tern_backend *g, const tern_tensor *t, int out, int tot,
     res[4] = from_gpu(g, yd, out);
 }
 
-/* One Q4 shape's five ops (mm_five_ops) under nv (<= 4) settings — set(v) before each — every result the bits of setting 0's;
- * vname[v] names setting v in a failure, ctx the caller's loop position */
-static void mm_five_same(tern_backend *g, int gs, tern_dtype sdt, int out, int in, int nv, void (*set)(int),
-                         const char *const *vname, const char *ctx) {
-    static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
-    const int o2 = out / 3 + 1, tot = 2 * out + o2;
-    hw h[3];
-    tern_tensor t[3];
-    char nm[64];
-    mm_three_open(g, 4, gs, sdt, out, o2, in, h, t, nm);
-    float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[4][5];
-    void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
-    for (int v = 0; v < nv; v++) {
-        set(v);
-        mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
-    }
-    for (int k = 0; k < 5; k++) {
-        for (int v = 1; v < nv; v++)
-            CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s %s: %s != %s", nm, out, in, ctx, what[k],
-                  vname[v], vname[0]);
-        for (int v = 0; v < nv; v++) free(res[v][k]);
-    }
-    mm_three_close(g, h, t);
-    g->vt->free(g, xd); g->vt->free(g, yd);
-    free(x); free(r);
-}
-
 /* TERN_CUDA_GEMV_PP (two register sets for the walk, Q4), TERN_CUDA_PDL (programmatic dependent
  * launch) do the same arithmetic in the same order: plain, q|k|v, gate/up (silu, gelu) and residual
  * results must be the same bits as the plain one-set walk, walking several row blocks or not, split
  * K or not */
-static void pp_set(int v) { /* 0 plain, 1 two sets, 2 programmatic launch */
-    tern__cuda_gemv_mma_pp = v == 1;
-    tern__cuda_pdl_on = v == 2;
-}
-
 TEST(cuda_gemv_mma_pp_bits) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add) { SKIP("cuda_gemv_mma_pp_bits", "not built"); return; }
@@ -164,12 +132,33 @@ TEST(cuda_gemv_mma_pp_bits) {
     static const struct { int gs; tern_dtype sdt; } F[] = {{64, TERN_DT_BF16}, {32, TERN_DT_F16}, {128, TERN_DT_BF16},
                                                           {32, TERN_DT_BF16}};
     static const int shapes[][2] = {{300, 384}, {1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}};
-    static const char *const vn[3] = {"plain launch", "two-set walk", "programmatic launch"};
     for (int xp = 0; xp < 2; xp++) /* the exact kernel, then XP1 */
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
+            const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2;
+            hw h[3];
+            tern_tensor t[3];
+            char nm[64];
+            mm_three_open(g, 4, F[f].gs, F[f].sdt, out, o2, in, h, t, nm);
+            float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *res[3][5];
+            const int nv = 3;
+            void *xd = to_gpu(x, (size_t)in * 4), *yd = nan_buf(g, tot);
             tern__cuda_gemv_mma_xp1 = xp;
-            mm_five_same(g, F[f].gs, F[f].sdt, shapes[s][0], shapes[s][1], 3, pp_set, vn, xp ? "xp1 1" : "xp1 0");
+            for (int v = 0; v < nv; v++) { /* 0 plain, 1 two sets, 2 programmatic launch */
+                tern__cuda_gemv_mma_pp = v == 1;
+                tern__cuda_pdl_on = v == 2;
+                mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
+            }
+            static const char *what[5] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add"};
+            for (int k = 0; k < 5; k++) {
+                for (int v = 1; v < nv; v++)
+                    CHECK(same_bits(res[0][k], res[v][k], k == 1 ? tot : out), "%s %dx%d %s xp1 %d: %s != plain launch", nm,
+                          out, in, what[k], xp, v == 1 ? "two-set walk" : "programmatic launch");
+                for (int v = 0; v < nv; v++) free(res[v][k]);
+            }
+            mm_three_close(g, h, t);
+            g->vt->free(g, xd); g->vt->free(g, yd);
+            free(x); free(r);
         }
     tern__cuda_gemv_mma_pp = keep;
     tern__cuda_pdl_on = keep_pdl;

@@ -296,7 +296,9 @@ extern "C" int tern__cuda_g1_xb;
 int tern__cuda_g1_xb = -1;
 template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 16 || KIND == 17; }
 template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 17; } /* BF16 / F16 weights */
-template <int KIND> constexpr bool g1_has_mv() { return KIND == 16 || KIND == 17 || KIND == 4; } /* Q4: see matmul_act_mul */
+/* the kinds with an MV instance (matmul_act_mul): BF16 / F16, and Q4 where the tensor-core GEMV declines it */
+constexpr bool g1_mv_kind(int kind) { return kind == 16 || kind == 17 || kind == 4; }
+template <int KIND> constexpr bool g1_has_mv() { return g1_mv_kind(KIND); }
 
 /* the launch at U chunks a lane a round (grid: persistent, capped at the resident blocks of that instance) */
 template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false>
@@ -510,9 +512,7 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
 extern "C" int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int act,
                                          const float *v, const tern_norm_res *res, float eps) {
     const int kind = kind_of(w);
-    if (n != 1 || (kind != 16 && kind != 17 && kind != 4) || !tern__cuda_g1_fits(&w, 1, x) || y == x ||
-        (const float *)y == v)
-        return 0;
+    if (n != 1 || !g1_mv_kind(kind) || !tern__cuda_g1_fits(&w, 1, x) || y == x || (const float *)y == v) return 0;
     if (kind == 4 && tern__cuda_gemv_mma_serves(c, &w, 1, x, G1_PLAIN)) return 0;
     if (res && !g1_res_ok(res, x)) return 0;
     const int e[1] = {0};
