@@ -128,7 +128,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-71}"  # 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-72}"  # 71 (TERN_CUDA_GEMV_MMA_MIN) written in session 54, folded into 72; 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -886,6 +886,19 @@ if [[ " $SECTIONS " == *" 71 "* ]]; then
     [ "${AB_OPS:-1}" = 1 ] && op_test cuda_gemv_mma,cuda_matmul_act_mul,cuda_norm_matmul,cuda_norm_qkv,cuda_fused ops71
     b1_sets "${AB71_SETS:-TERN_CUDA_GEMV_MMA_MIN=0;TERN_CUDA_GEMV_MMA_MIN=512;TERN_CUDA_GEMV_MMA_MIN=8192}" \
         "${AB71_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4;llama3-8b --quant q4}"
+fi
+
+# 72. session 55: TERN_CUDA_MM_TAIL (gemv_mma.cu mm_tail: the Q4 walk's last block runs the post-norm rmsnorm_add of
+#     Gemma 4's o / down / per-layer projection — ops.h matmul_norm_add — instead of a one-block launch after it:
+#     126 a gemma4-e4b q4 step, 4.35 µs each serialized on an H100, NOTES (bn)). Op test (bitwise the two launches),
+#     cuda parity and greedy ids with it on (on_checks: must say "same"), then b1 of gemma4-e4b / gemma4-12b q4 with
+#     the tail off / on, each with TERN_CUDA_GEMV_MMA_MIN 0 and 8192 (section 71's), interleaved (llama3-8b has neither
+#     post-norms nor a matrix under 8 MB).
+if [[ " $SECTIONS " == *" 72 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_matmul_norm_add,cuda_gemv_mma_min,cuda_matmul_act_mul ops72
+    [ "${AB_PARITY:-1}" = 1 ] && on_checks TERN_CUDA_MM_TAIL bf16 "gemma4_dense_q4g64 gemma4_e2b_like gemma4_unified"
+    b1_sets "${AB72_SETS:-TERN_CUDA_MM_TAIL=0;TERN_CUDA_MM_TAIL=1;TERN_CUDA_MM_TAIL=0 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=1 TERN_CUDA_GEMV_MMA_MIN=8192}" \
+        "${AB72_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4}"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

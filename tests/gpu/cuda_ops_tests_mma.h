@@ -219,6 +219,68 @@ TEST(cuda_gemv_mma_min) {
     tern__cuda_gemv_mma_min = keep;
 }
 
+/* matmul_norm_add (TERN_CUDA_MM_TAIL=1): y = W·x on the walk, then its last block's rmsnorm_add of y into r — y and r
+ * bitwise matmul + rmsnorm_add, on the exact and the XP1 walk, one K slice and split K, shapes of gemma4-e4b's o /
+ * down / per-layer projection and gemma4-12b's o, with and without the norm weight and the scalar; consecutive calls
+ * (the finish count resets); with the switch off, for BF16 weights and for two rows it declines. */
+TEST(cuda_matmul_norm_add) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->matmul_norm_add) { SKIP("cuda_matmul_norm_add", "not built"); return; }
+    extern int tern__cuda_mm_tail;
+    const int keep = tern__cuda_mm_tail, keep_xp1 = tern__cuda_gemv_mma_xp1;
+    static const int shp[][2] = {{2560, 2048}, {2560, 10240}, {2560, 256}, {3840, 4096}, {640, 1024}};
+    for (int xp1 = 0; xp1 < 2; xp1++)
+        for (size_t si = 0; si < TERN_ARRAY_LEN(shp); si++)
+            for (int mode = 0; mode < 4; mode++) { /* bit 0: the norm weight, bit 1: the scalar */
+                const int d = shp[si][0], in = shp[si][1];
+                tern__cuda_gemv_mma_xp1 = xp1;
+                tern__cuda_mm_tail = 1;
+                hw h = make_w(TERN_DT_Q, 4, si & 1 ? 32 : 64, TERN_DT_BF16, 1, d, in, 0);
+                tern_tensor t = h.t;
+                tern_error err = {0};
+                CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
+                float *x = rnd(in, 1.0f), *r = rnd(d, 3.0f), *nw = rnd(d, 1.0f), sc = 0.37f;
+                void *xd = to_gpu(x, (size_t)in * 4), *ra = to_gpu(r, (size_t)d * 4), *rb = to_gpu(r, (size_t)d * 4);
+                void *nwd = to_gpu(nw, (size_t)d * 4), *sd = to_gpu(&sc, 4);
+                float *ya = nan_buf(g, d), *yb = nan_buf(g, d);
+                const float *pw = mode & 1 ? nwd : NULL, *ps = mode & 2 ? sd : NULL;
+                const unsigned long long calls = tern__cuda_gemv_mma_calls;
+                CHECK(g->vt->matmul_norm_add(g, ya, xd, 1, &t, ra, pw, ps, 1e-6f) == 1, "%dx%d mode %d: declined", d, in, mode);
+                CHECK(tern__cuda_gemv_mma_calls == calls + 1, "%dx%d: the walk did not run", d, in);
+                tern__cuda_mm_tail = 0;
+                CHECK(g->vt->matmul_norm_add(g, yb, xd, 1, &t, rb, pw, ps, 1e-6f) == 0, "TERN_CUDA_MM_TAIL=0 should decline");
+                g->vt->matmul(g, yb, xd, 1, &t);
+                CHECK(g->vt->rmsnorm_add(g, rb, yb, 1, d, pw, 1e-6f, ps) == 1, "rmsnorm_add refused");
+                float *y1 = from_gpu(g, ya, d), *y2 = from_gpu(g, yb, d), *r1 = from_gpu(g, ra, d), *r2 = from_gpu(g, rb, d);
+                CHECK(same_bits(y1, y2, d), "%dx%d xp1 %d mode %d: y differs from the matmul", d, in, xp1, mode);
+                CHECK(same_bits(r1, r2, d), "%dx%d xp1 %d mode %d: r differs from rmsnorm_add", d, in, xp1, mode);
+                CHECK(g->vt->matmul_norm_add(g, ya, xd, 2, &t, ra, pw, ps, 1e-6f) == 0, "two rows should decline");
+                free(y1); free(y2); free(r1); free(r2);
+                g->vt->free_weight(g, &t);
+                free_w(&h);
+                void *bufs[] = {xd, ra, rb, nwd, sd, ya, yb};
+                for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+                free(x); free(r); free(nw);
+            }
+    { /* BF16 weights (gemv1's) decline */
+        tern__cuda_mm_tail = 1;
+        hw h = make_w(TERN_DT_BF16, 0, 0, 0, 1, 256, 512, 0);
+        tern_tensor t = h.t;
+        tern_error err = {0};
+        CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
+        float *x = rnd(512, 1.0f);
+        void *xd = to_gpu(x, 512 * 4), *rd = to_gpu(x, 256 * 4);
+        float *y = nan_buf(g, 256);
+        CHECK(g->vt->matmul_norm_add(g, y, xd, 1, &t, rd, NULL, NULL, 1e-6f) == 0, "bf16 should decline");
+        g->vt->free_weight(g, &t);
+        free_w(&h);
+        g->vt->free(g, xd); g->vt->free(g, rd); g->vt->free(g, y);
+        free(x);
+    }
+    tern__cuda_mm_tail = keep;
+    tern__cuda_gemv_mma_xp1 = keep_xp1;
+}
+
 /* The XP1 walks' x is the bf16-rounded row: x not exact in bf16 goes in, the reference gets it rounded (g_x_bf16 =
  * 2), and the two agree as closely as with bf16-exact x (Σx of the rounded values: FOLD's 128·s·Σx must cancel the
  * MMAs' 128s — with the f32 row's Σx this was ~4e-2 at Q4, ~1.6e-1 at Q2) */
@@ -584,6 +646,7 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_xp1_rounded);
     RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_min);
+    RUN(cuda_matmul_norm_add);
     RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);

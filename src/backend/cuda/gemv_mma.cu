@@ -213,10 +213,12 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     } else {
         while (block(A, A)) {}
     }
-    if (a.ks == 1) return;
-
-    if constexpr (ROPE) mm_reduce_rope(a, pg, units, mine, &nmine); /* q|k|v: the launch guarantees split K */
-    else mm_reduce_slices(a, pair, units, mine, &nmine);
+    if (a.ks > 1) {
+        if constexpr (ROPE) mm_reduce_rope(a, pg, units, mine, &nmine); /* q|k|v: the launch guarantees split K */
+        else mm_reduce_slices(a, pair, units, mine, &nmine);
+    }
+    if constexpr (!ROPE)
+        if (a.tx) mm_tail(a); /* matmul_norm_add */
 }
 
 /* TERN_CUDA_GEMV_PP: the two-register-set walk for Q4 (same bits): 2 (default) XP1 / XI8 only (H200,
@@ -382,8 +384,9 @@ extern "C" unsigned long long tern__cuda_gemv_mma_calls; /* launches (tests chec
 unsigned long long tern__cuda_gemv_mma_calls = 0;
 
 extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
-    if (!c->mm_cnt && cudaMalloc((void **)&c->mm_cnt, MM_CNT * sizeof(int)) == cudaSuccess)
-        cudaMemsetAsync(c->mm_cnt, 0, MM_CNT * sizeof(int), c->stream); /* ordered before our kernels */
+    /* the row-block counters, then mm_tail's count at MM_CNT */
+    if (!c->mm_cnt && cudaMalloc((void **)&c->mm_cnt, (MM_CNT + 1) * sizeof(int)) == cudaSuccess)
+        cudaMemsetAsync(c->mm_cnt, 0, (MM_CNT + 1) * sizeof(int), c->stream); /* ordered before our kernels */
     cudaGetLastError();
 }
 
@@ -569,13 +572,35 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
 }
 
 /* as tern__cuda_gemv_mma; xn != NULL: x staged as rmsnorm(x)·nw (written to xn as well); res: of x' (the
- * residual add, written to res->x_out) */
+ * residual add, written to res->x_out); tail: matmul_norm_add's rmsnorm_add of the output (MmArgs tx) */
+struct MmTailArg {
+    float *x;
+    const float *w, *s;
+    float eps;
+};
 static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
-                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope);
+                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope,
+                     const MmTailArg *tail = nullptr);
 extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                         int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                         const tern_norm_res *res) {
     return mm_launch(c, y, w, e, k, x, mode, nw, xn, eps, res, NULL);
+}
+
+/* ops.h matmul_norm_add for one row: y = W·x on the walk (one matrix it serves), then its last block's rmsnorm_add of y
+ * into r (mm_tail) — instead of a one-block rmsnorm_add launch after it (gemma4-e4b q4: 126 a step, 4.35 µs each
+ * serialized on an H100, 12 % of the step; NOTES (bn)). TERN_CUDA_MM_TAIL (default 0 until timed; 1 on; tests set
+ * tern__cuda_mm_tail). 0: not served, nothing launched. */
+extern "C" int tern__cuda_mm_tail;
+int tern__cuda_mm_tail = -1;
+extern "C" int tern__cuda_gemv_mma_tail(tern__cuda *c, float *y, const tern__cuda_w *w, const float *x, float *r,
+                                        const float *nw, const float *s, float eps) {
+    if (tern__cuda_mm_tail < 0) tern__cuda_mm_tail = tern__cuda_env_int("TERN_CUDA_MM_TAIL", 0) != 0;
+    if (!tern__cuda_mm_tail || !r || r == y || (const float *)r == x || w->out <= 0) return 0;
+    if (!tern__cuda_gemv_mma_serves(c, &w, 1, x, G1_PLAIN)) return 0;
+    const int e[1] = {0};
+    const MmTailArg t = {r, nw, s, eps};
+    return mm_launch(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, 0.0f, NULL, NULL, &t);
 }
 
 /* q|k|v with rope_kv_write in the split-K epilogue (mm_reduce_rope): only the XP1 walk with BF16 scales and two
@@ -593,13 +618,21 @@ extern "C" int tern__cuda_gemv_rmsu; /* TERN_CUDA_GEMV_RMSU, read once (tests se
 int tern__cuda_gemv_rmsu = -1;
 
 static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
-                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope) {
+                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope,
+                     const MmTailArg *tail) {
     MmArgs a;
     if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, 1, &a)) return 0;
     if (a.rows <= 0) return 1;
     const tern__cuda_w *w0 = w[0];
     const int gs = w0->group_size, rblocks = a.rblocks, J = a.J;
     set_norm_args(a, nw, xn, eps, res);
+    if (tail) {
+        a.tx = tail->x;
+        a.tw = tail->w;
+        a.ts = tail->s;
+        a.teps = tail->eps;
+        a.tcnt = c->mm_cnt + MM_CNT;
+    }
     /* TERN_CUDA_GEMV_L2PF=N (default 3): before its pdl_wait, every warp prefetches into L2 the next N
      * items (row block, chunk) of its walk beyond the one its registers load, so a launch that starts
      * while the previous kernel drains (programmatic dependent launch) has its whole first row block

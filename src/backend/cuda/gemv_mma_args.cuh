@@ -32,6 +32,12 @@ struct MmArgs {
     int rmsu;       /* > 1: the pre-norm's sums load 8 elements a virtual thread at once (TERN_CUDA_GEMV_RMSU) */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
     tern__cuda_rope_kv rope; /* ROPE instances only (appended): rope_kv_write in the split-K epilogue */
+    /* tx != NULL (appended; one matrix, plain mode: ops.h matmul_norm_add): once every output is stored, the last
+     * block to finish runs rmsnorm_add on the output — tx = (tx + rmsnorm(y)·tw)·(ts ? ts[0] : 1) at teps (mm_tail) */
+    float *tx;
+    const float *tw, *ts;
+    float teps;
+    int *tcnt; /* the blocks that finished (the last resets it) */
 };
 
 /* the final value of one output unit (row of the concatenated matrices, or a pair output) of x row xr
@@ -161,6 +167,29 @@ __device__ __forceinline__ void mm_reduce_rope(const MmArgs &a, const RopePage &
         __syncthreads();
         if (threadIdx.x == 0) a.cnt[q] = 0;
     }
+}
+
+/* matmul_norm_add's tail (tx set): every block, once its stores (and split-K sums) are out, counts itself; the last
+ * one runs rmsnorm_add over the whole output row y[0] — block_rms_inv's sum (rmsnorm's order for any block size)
+ * and rmsnorm_add's element (rms_scale, res_add), so bitwise the separate rmsnorm_add launch — and resets the count
+ * for the next launch (or graph replay). Outputs of other blocks are read through L2 (__ldcg). */
+__device__ __forceinline__ void mm_tail(const MmArgs &a) {
+    __shared__ int last;
+    __shared__ float red[32];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.tcnt, 1) == (int)(gridDim.x * gridDim.y) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float *h = a.y[0];
+    const int d = a.rows;
+    const float inv = block_rms_inv<8>([&](int j) { return __ldcg(h + j); }, d, a.teps, red);
+    const bool hw = a.tw != nullptr, hs = a.ts != nullptr;
+    const float sc = hs ? a.ts[0] : 1.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        a.tx[j] = res_add(a.tx[j], rms_scale(__ldcg(h + j), inv, hw, hw ? a.tw[j] : 0.0f), hs, sc);
+    if (threadIdx.x == 0) *a.tcnt = 0;
 }
 
 /* a warp tile's sums of one row block are complete: reduce over the 4 lanes t of a row, then lane t = 0
