@@ -222,12 +222,13 @@ TEST(cuda_gemv_mma_min) {
 /* matmul_norm_add (TERN_CUDA_MM_TAIL=1): y = W·x on the walk, then its last block's rmsnorm_add of y into r — y and r
  * bitwise matmul + rmsnorm_add, on the exact and the XP1 walk, one K slice and split K, shapes of gemma4-e4b's o /
  * down / per-layer projection and gemma4-12b's o, with and without the norm weight and the scalar; consecutive calls
- * (the finish count resets); with the switch off, for BF16 weights and for two rows it declines. */
+ * (the finish count resets), also under TERN_CUDA_GEMV_MMA_MIN; with the switch off, for BF16 weights and for two
+ * rows it declines. */
 TEST(cuda_matmul_norm_add) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_norm_add) { SKIP("cuda_matmul_norm_add", "not built"); return; }
-    extern int tern__cuda_mm_tail;
-    const int keep = tern__cuda_mm_tail, keep_xp1 = tern__cuda_gemv_mma_xp1;
+    extern int tern__cuda_mm_tail, tern__cuda_gemv_mma_min;
+    const int keep = tern__cuda_mm_tail, keep_xp1 = tern__cuda_gemv_mma_xp1, keep_min = tern__cuda_gemv_mma_min;
     static const int shp[][2] = {{2560, 2048}, {2560, 10240}, {2560, 256}, {3840, 4096}, {640, 1024}};
     for (int xp1 = 0; xp1 < 2; xp1++)
         for (size_t si = 0; si < TERN_ARRAY_LEN(shp); si++)
@@ -235,6 +236,7 @@ TEST(cuda_matmul_norm_add) {
                 const int d = shp[si][0], in = shp[si][1];
                 tern__cuda_gemv_mma_xp1 = xp1;
                 tern__cuda_mm_tail = 1;
+                tern__cuda_gemv_mma_min = mode == 3 ? 1 << 20 : keep_min; /* MIN does not apply to matmul_norm_add */
                 hw h = make_w(TERN_DT_Q, 4, si & 1 ? 32 : 64, TERN_DT_BF16, 1, d, in, 0);
                 tern_tensor t = h.t;
                 tern_error err = {0};
@@ -248,6 +250,7 @@ TEST(cuda_matmul_norm_add) {
                 CHECK(g->vt->matmul_norm_add(g, ya, xd, 1, &t, ra, pw, ps, 1e-6f) == 1, "%dx%d mode %d: declined", d, in, mode);
                 CHECK(tern__cuda_gemv_mma_calls == calls + 1, "%dx%d: the walk did not run", d, in);
                 tern__cuda_mm_tail = 0;
+                tern__cuda_gemv_mma_min = keep_min; /* the reference matmul on the walk */
                 CHECK(g->vt->matmul_norm_add(g, yb, xd, 1, &t, rb, pw, ps, 1e-6f) == 0, "TERN_CUDA_MM_TAIL=0 should decline");
                 g->vt->matmul(g, yb, xd, 1, &t);
                 CHECK(g->vt->rmsnorm_add(g, rb, yb, 1, d, pw, 1e-6f, ps) == 1, "rmsnorm_add refused");
@@ -279,6 +282,7 @@ TEST(cuda_matmul_norm_add) {
     }
     tern__cuda_mm_tail = keep;
     tern__cuda_gemv_mma_xp1 = keep_xp1;
+    tern__cuda_gemv_mma_min = keep_min;
 }
 
 /* The XP1 walks' x is the bf16-rounded row: x not exact in bf16 goes in, the reference gets it rounded (g_x_bf16 =

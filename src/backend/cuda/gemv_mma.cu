@@ -481,8 +481,8 @@ static int mm_balance(const tern__cuda *c, int J, int ks1, int rblocks, int occ,
 
 /* The launch geometry of matrices w[0..k) for x in this mode: output units' rows (pair: outputs), row
  * blocks, K slices and their chunks (J·S steps; mm_chunks: a function of `in`, the format and, for
- * small matrices, the row count — see there for what stays bitwise). Returns 0 for every case this
- * kernel declines. */
+ * small matrices, the row count — see there for what stays bitwise). walk: as tern__cuda_mm_args'. Returns 0 for
+ * every case this kernel declines. */
 static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, const float *x, int mode, int walk,
                    int *rows_out, int *rblocks_out, int *ks_out, int *j_out) {
     if (tern__cuda_gemv_mma_on < 0) tern__cuda_gemv_mma_on = tern__cuda_env_int("TERN_CUDA_GEMV_MMA", 1);
@@ -503,7 +503,9 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
         rows += w[i]->out;
     }
     if (tern__cuda_gemv_mma_min < 0) tern__cuda_gemv_mma_min = tern__cuda_env_int("TERN_CUDA_GEMV_MMA_MIN", 0);
-    if ((size_t)rows * w0->in * w0->bits / 8 < (size_t)tern__cuda_gemv_mma_min << 10) return 0;
+    /* MIN bounds the one-row walk only (walk 1): not gemv_xr's rows (walk 0), nor matmul_norm_add (walk 2), whose tail
+     * saves a launch */
+    if (walk == 1 && (size_t)rows * w0->in * w0->bits / 8 < (size_t)tern__cuda_gemv_mma_min << 10) return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (pair && (k != 2 || w[1]->out != w0->out)) return 0;
     if (pair) rows = w0->out; /* gate = matrix 0, up = matrix 1 */
@@ -597,7 +599,8 @@ extern "C" int tern__cuda_gemv_mma_tail(tern__cuda *c, float *y, const tern__cud
                                         const float *nw, const float *s, float eps) {
     if (tern__cuda_mm_tail < 0) tern__cuda_mm_tail = tern__cuda_env_int("TERN_CUDA_MM_TAIL", 0) != 0;
     if (!tern__cuda_mm_tail || !r || r == y || (const float *)r == x || w->out <= 0) return 0;
-    if (!tern__cuda_gemv_mma_serves(c, &w, 1, x, G1_PLAIN)) return 0;
+    int rows, rblocks, ks, J;
+    if (!mm_plan(c, &w, 1, x, G1_PLAIN, 2, &rows, &rblocks, &ks, &J)) return 0; /* TERN_CUDA_GEMV_MMA_MIN not applied */
     const int e[1] = {0};
     const MmTailArg t = {r, nw, s, eps};
     return mm_launch(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, 0.0f, NULL, NULL, &t);
@@ -621,7 +624,7 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
                      int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope,
                      const MmTailArg *tail) {
     MmArgs a;
-    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, 1, &a)) return 0;
+    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, tail ? 2 : 1, &a)) return 0;
     if (a.rows <= 0) return 1;
     const tern__cuda_w *w0 = w[0];
     const int gs = w0->group_size, rblocks = a.rblocks, J = a.J;
