@@ -892,12 +892,12 @@ fi
 #     Gemma 4's o / down / per-layer projection — ops.h matmul_norm_add — instead of a one-block launch after it:
 #     126 a gemma4-e4b q4 step, 4.35 µs each serialized on an H100, NOTES (bn)). Op test (bitwise the two launches),
 #     cuda parity and greedy ids with it on (on_checks: must say "same"), then b1 of gemma4-e4b / gemma4-12b q4 with
-#     the tail off / on, each with TERN_CUDA_GEMV_MMA_MIN 0 and 8192 (section 71's), interleaved (llama3-8b has neither
-#     post-norms nor a matrix under 8 MB).
+#     the tail off / on, each with TERN_CUDA_GEMV_MMA_MIN 0 and 8192 (section 71's; TAIL=2: the tail's projections on
+#     the walk even under MIN), interleaved (llama3-8b has neither post-norms nor a matrix under 8 MB).
 if [[ " $SECTIONS " == *" 72 "* ]]; then
     [ "${AB_OPS:-1}" = 1 ] && op_test cuda_matmul_norm_add,cuda_gemv_mma_min,cuda_matmul_act_mul ops72
     [ "${AB_PARITY:-1}" = 1 ] && on_checks TERN_CUDA_MM_TAIL bf16 "gemma4_dense_q4g64 gemma4_e2b_like gemma4_unified"
-    b1_sets "${AB72_SETS:-TERN_CUDA_MM_TAIL=0;TERN_CUDA_MM_TAIL=1;TERN_CUDA_MM_TAIL=0 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=1 TERN_CUDA_GEMV_MMA_MIN=8192}" \
+    b1_sets "${AB72_SETS:-TERN_CUDA_MM_TAIL=0;TERN_CUDA_MM_TAIL=1;TERN_CUDA_MM_TAIL=0 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=1 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=2 TERN_CUDA_GEMV_MMA_MIN=8192}" \
         "${AB72_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4}"
 fi
 

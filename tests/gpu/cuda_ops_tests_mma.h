@@ -222,8 +222,8 @@ TEST(cuda_gemv_mma_min) {
 /* matmul_norm_add (TERN_CUDA_MM_TAIL=1): y = W·x on the walk, then its last block's rmsnorm_add of y into r — y and r
  * bitwise matmul + rmsnorm_add, on the exact and the XP1 walk, one K slice and split K, shapes of gemma4-e4b's o /
  * down / per-layer projection and gemma4-12b's o, with and without the norm weight and the scalar; consecutive calls
- * (the finish count resets), also under TERN_CUDA_GEMV_MMA_MIN; with the switch off, for BF16 weights and for two
- * rows it declines. */
+ * (the finish count resets), also under TERN_CUDA_GEMV_MMA_MIN with TERN_CUDA_MM_TAIL=2; with the switch off (or 1
+ * under MIN), for BF16 weights and for two rows it declines. */
 TEST(cuda_matmul_norm_add) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_norm_add) { SKIP("cuda_matmul_norm_add", "not built"); return; }
@@ -235,8 +235,8 @@ TEST(cuda_matmul_norm_add) {
             for (int mode = 0; mode < 4; mode++) { /* bit 0: the norm weight, bit 1: the scalar */
                 const int d = shp[si][0], in = shp[si][1];
                 tern__cuda_gemv_mma_xp1 = xp1;
-                tern__cuda_mm_tail = 1;
-                tern__cuda_gemv_mma_min = mode == 3 ? 1 << 20 : keep_min; /* MIN does not apply to matmul_norm_add */
+                tern__cuda_mm_tail = mode == 3 ? 2 : 1;
+                tern__cuda_gemv_mma_min = mode == 3 ? 1 << 20 : keep_min; /* TERN_CUDA_MM_TAIL=2: MIN not applied */
                 hw h = make_w(TERN_DT_Q, 4, si & 1 ? 32 : 64, TERN_DT_BF16, 1, d, in, 0);
                 tern_tensor t = h.t;
                 tern_error err = {0};
@@ -258,6 +258,12 @@ TEST(cuda_matmul_norm_add) {
                 CHECK(same_bits(y1, y2, d), "%dx%d xp1 %d mode %d: y differs from the matmul", d, in, xp1, mode);
                 CHECK(same_bits(r1, r2, d), "%dx%d xp1 %d mode %d: r differs from rmsnorm_add", d, in, xp1, mode);
                 CHECK(g->vt->matmul_norm_add(g, ya, xd, 2, &t, ra, pw, ps, 1e-6f) == 0, "two rows should decline");
+                if (mode == 3) { /* TERN_CUDA_MM_TAIL=1 under MIN: gemv1's matrix, declined */
+                    tern__cuda_mm_tail = 1;
+                    tern__cuda_gemv_mma_min = 1 << 20;
+                    CHECK(g->vt->matmul_norm_add(g, ya, xd, 1, &t, ra, pw, ps, 1e-6f) == 0, "tail 1 under MIN should decline");
+                    tern__cuda_gemv_mma_min = keep_min;
+                }
                 free(y1); free(y2); free(r1); free(r2);
                 g->vt->free_weight(g, &t);
                 free_w(&h);

@@ -579,6 +579,7 @@ struct MmTailArg {
     float *x;
     const float *w, *s;
     float eps;
+    int walk; /* mm_plan's: 2 when TERN_CUDA_GEMV_MMA_MIN is not applied */
 };
 static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
                      int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope,
@@ -591,18 +592,20 @@ extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const te
 
 /* ops.h matmul_norm_add for one row: y = W·x on the walk (one matrix it serves), then its last block's rmsnorm_add of y
  * into r (mm_tail) — instead of a one-block rmsnorm_add launch after it (gemma4-e4b q4: 126 a step, 4.35 µs each
- * serialized on an H100, 12 % of the step; NOTES (bn)). TERN_CUDA_MM_TAIL (default 0 until timed; 1 on; tests set
- * tern__cuda_mm_tail). 0: not served, nothing launched. */
+ * serialized on an H100, 12 % of the step; NOTES (bn)). TERN_CUDA_MM_TAIL (default 0 until timed; tests set
+ * tern__cuda_mm_tail): 1 where the one-row walk serves the matrix (TERN_CUDA_GEMV_MMA_MIN sends small ones to gemv1,
+ * whose add the next pre-norm GEMV on gemv1 folds in for free), 2 also under MIN (the walk's ~2.7 µs more fixed cost
+ * against a launch saved where the consumer is a walk: gemma4-e4b's o before gate|up). 0: not served. */
 extern "C" int tern__cuda_mm_tail;
 int tern__cuda_mm_tail = -1;
 extern "C" int tern__cuda_gemv_mma_tail(tern__cuda *c, float *y, const tern__cuda_w *w, const float *x, float *r,
                                         const float *nw, const float *s, float eps) {
-    if (tern__cuda_mm_tail < 0) tern__cuda_mm_tail = tern__cuda_env_int("TERN_CUDA_MM_TAIL", 0) != 0;
-    if (!tern__cuda_mm_tail || !r || r == y || (const float *)r == x || w->out <= 0) return 0;
+    if (tern__cuda_mm_tail < 0) tern__cuda_mm_tail = tern__cuda_env_int("TERN_CUDA_MM_TAIL", 0);
+    if (tern__cuda_mm_tail <= 0 || !r || r == y || (const float *)r == x || w->out <= 0) return 0;
+    const int walk = tern__cuda_mm_tail >= 2 ? 2 : 1, e[1] = {0};
     int rows, rblocks, ks, J;
-    if (!mm_plan(c, &w, 1, x, G1_PLAIN, 2, &rows, &rblocks, &ks, &J)) return 0; /* TERN_CUDA_GEMV_MMA_MIN not applied */
-    const int e[1] = {0};
-    const MmTailArg t = {r, nw, s, eps};
+    if (!mm_plan(c, &w, 1, x, G1_PLAIN, walk, &rows, &rblocks, &ks, &J)) return 0;
+    const MmTailArg t = {r, nw, s, eps, walk};
     return mm_launch(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, 0.0f, NULL, NULL, &t);
 }
 
@@ -624,7 +627,7 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
                      int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope,
                      const MmTailArg *tail) {
     MmArgs a;
-    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, tail ? 2 : 1, &a)) return 0;
+    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, tail ? tail->walk : 1, &a)) return 0;
     if (a.rows <= 0) return 1;
     const tern__cuda_w *w0 = w[0];
     const int gs = w0->group_size, rblocks = a.rblocks, J = a.J;
