@@ -896,7 +896,7 @@ fi
 #     the walk even under MIN), interleaved (llama3-8b has neither post-norms nor a matrix under 8 MB).
 if [[ " $SECTIONS " == *" 72 "* ]]; then
     [ "${AB_OPS:-1}" = 1 ] && op_test cuda_matmul_norm_add,cuda_gemv_mma_min,cuda_matmul_act_mul ops72
-    [ "${AB_PARITY:-1}" = 1 ] && on_checks TERN_CUDA_MM_TAIL bf16 "gemma4_dense_q4g64 gemma4_e2b_like gemma4_unified"
+    [ "${AB_PARITY:-1}" = 1 ] && on_checks TERN_CUDA_MM_TAIL bf16 gemma4_dense_q4g64 # hidden 64: o and down on the walk
     b1_sets "${AB72_SETS:-TERN_CUDA_MM_TAIL=0;TERN_CUDA_MM_TAIL=1;TERN_CUDA_MM_TAIL=0 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=1 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=2 TERN_CUDA_GEMV_MMA_MIN=8192}" \
         "${AB72_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4}"
 fi
