@@ -183,12 +183,32 @@ __device__ __forceinline__ void mm_tail(const MmArgs &a) {
     if (!last) return;
     __threadfence();
     const float *h = a.y[0];
-    const int d = a.rows;
-    const float inv = block_rms_inv<8>([&](int j) { return __ldcg(h + j); }, d, a.teps, red);
+    const int d = a.rows, T = blockDim.x;
     const bool hw = a.tw != nullptr, hs = a.ts != nullptr;
+    constexpr int TE = 16; /* elements a thread holds: rows up to 16·T loaded in one round before any store (a loop
+                            * of load-then-store waited a round trip per element: tx may alias h) */
+    float hv[TE], xv[TE], wv[TE];
+    if (d <= TE * T) {
+#pragma unroll
+        for (int i = 0; i < TE; i++) {
+            const int j = threadIdx.x + i * T;
+            hv[i] = j < d ? __ldcg(h + j) : 0.0f;
+            xv[i] = j < d ? a.tx[j] : 0.0f;
+            wv[i] = j < d && hw ? a.tw[j] : 0.0f;
+        }
+    }
     const float sc = hs ? a.ts[0] : 1.0f;
-    for (int j = threadIdx.x; j < d; j += blockDim.x)
-        a.tx[j] = res_add(a.tx[j], rms_scale(__ldcg(h + j), inv, hw, hw ? a.tw[j] : 0.0f), hs, sc);
+    const float inv = block_rms_inv<8>([&](int j) { return __ldcg(h + j); }, d, a.teps, red);
+    if (d <= TE * T) {
+#pragma unroll
+        for (int i = 0; i < TE; i++) {
+            const int j = threadIdx.x + i * T;
+            if (j < d) a.tx[j] = res_add(xv[i], rms_scale(hv[i], inv, hw, wv[i]), hs, sc);
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += T)
+            a.tx[j] = res_add(a.tx[j], rms_scale(__ldcg(h + j), inv, hw, hw ? a.tw[j] : 0.0f), hs, sc);
+    }
     if (threadIdx.x == 0) *a.tcnt = 0;
 }
 
