@@ -267,9 +267,13 @@ struct MmAsIs { /* mm_stage's default: x staged as it is */
 /* XP = 1 (Q4, the plain bf16 mode: gemv_mma.cu's XP1): x rounded to bf16, one column per (step of the
  * chunk of S, group), so a chunk's S·GPS <= 8 groups share one MMA tile and are folded once per chunk
  * (mm_fold1): column c = (sl % S)·GPS + γ */
+/* rot (gemv_mma.cu's TERN_CUDA_MM_ROT, A/B): a thread's 8 stores of an entry row go in the order gg = (k + m) & 7, so
+ * that one store instruction of a warp (8 MMAs m x 4 lanes tt) hits 16 distinct 8-byte slots of a 128-byte row (two
+ * wavefronts) instead of 4 (the same gg of every m: 8-way bank conflicts, ncu: 71 % of the stores' wavefronts); the
+ * same table */
 template <int BITS, int GB, int S, bool TAIL = false, int XP = 3, class TF = MmAsIs>
 __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, int st0, int ns, int nin,
-                                         TF nx = TF{}) {
+                                         TF nx = TF{}, bool rot = false) {
     /* nx(x[k], k): the value staged for input k (gemv_mma.cu: the pre-norm, and the residual add before it) */
     constexpr int GPS = GB >= 64 ? 1 : 64 / GB;   /* groups per step */
     static_assert(XP == 3 || (XP == 1 && BITS != 8 && S * GPS <= 8), "one x part: not Q8, a chunk's groups in 8 columns");
@@ -304,9 +308,11 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
              * 32 (odd step) codes into it; groups of 2·GB codes) */
             const int col = mm_ds<BITS>() ? (((sl % S) >> 1) * 256 + tt * 64 + (sl & 1) * 32) / (2 * GB) : (sl % S) * GPS + gt;
 #pragma unroll
-            for (int gg = 0; gg < 8; gg++)
+            for (int k = 0; k < 8; k++) {
+                const int gg = rot ? (k + m) & 7 : k;
                 tbl[sm * 32 + gg * 4 + tt] = gg == col ? make_uint2(*(const uint32_t *)&ha, *(const uint32_t *)&hb)
                                                        : make_uint2(0u, 0u);
+            }
             continue;
         }
         uint32_t pa[3], pb[3];
@@ -315,8 +321,8 @@ __device__ __forceinline__ void mm_stage(uint2 *tbl, float *xs, const float *x, 
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int gg = 0; gg < 8; gg++) {
-                const int c = nt * 8 + gg, p = c % 3;
+            for (int k = 0; k < 8; k++) {
+                const int gg = rot ? (k + m) & 7 : k, c = nt * 8 + gg, p = c % 3;
                 const bool on = c < NCOL && c / 3 == gt;
                 tbl[(sm * NT + nt) * 32 + gg * 4 + tt] =
                     on ? make_uint2(p == 0 ? pa[0] : p == 1 ? pa[1] : pa[2], p == 0 ? pb[0] : p == 1 ? pb[1] : pb[2])

@@ -38,6 +38,7 @@ struct MmArgs {
     const float *tw, *ts;
     float teps;
     int *tcnt; /* the blocks that finished (the last resets it) */
+    int rot;   /* mm_stage's rotated table stores (TERN_CUDA_MM_ROT) */
 };
 
 /* the final value of one output unit (row of the concatenated matrices, or a pair output) of x row xr
@@ -264,7 +265,7 @@ __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *
         auto nx = [&](float xv, size_t k) { return rms_scale(xp(xv, k), inv, a.nw != nullptr, a.nw ? a.nw[k] : 0.0f); };
         if constexpr (XP == 8) mm_stage_i8<GB, S>(tbl, xs, xs + ng, xs + 2 * ng, xs + 3 * ng, a.x, st0, ns, nx);
         else if constexpr (Q8X) dsc = mm_stage_q8x<GB, S>(tbl, xs, a.x, st0, ns, nx);
-        else mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, nx);
+        else mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, nx, a.rot);
         if (blockIdx.x == 0)
             for (int k = st0 * CPS + threadIdx.x; k < min(a.in, (st0 + ns) * CPS); k += blockDim.x) {
                 a.xn[k] = nx(a.x[k], (size_t)k);
@@ -275,7 +276,7 @@ __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *
     } else if constexpr (Q8X) {
         dsc = mm_stage_q8x<GB, S>(tbl, xs, a.x, st0, ns);
     } else {
-        mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in);
+        mm_stage<BITS, GB, S, false, XP>(tbl, xs, a.x, st0, ns, a.in, MmAsIs{}, a.rot);
     }
     return dsc;
 }
