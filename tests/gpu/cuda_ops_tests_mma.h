@@ -219,6 +219,48 @@ TEST(cuda_gemv_mma_min) {
     tern__cuda_gemv_mma_min = keep;
 }
 
+/* TERN_CUDA_MM_ROT (mm_stage's table stores in a rotated order): the same table, so y bitwise the unrotated walk's —
+ * the exact and the XP1 walk, groups 32 / 64 / 128, one slice and split K, with the pre-norm */
+TEST(cuda_gemv_mma_rot) {
+    tern_backend *g = g_gpu;
+    extern int tern__cuda_mm_rot;
+    const int keep = tern__cuda_mm_rot, keep_xp1 = tern__cuda_gemv_mma_xp1;
+    static const int gss[] = {32, 64, 128}, shp[][2] = {{1037, 4096}, {2560, 256}, {640, 10240}};
+    for (int xp1 = 0; xp1 < 2; xp1++)
+        for (size_t gi = 0; gi < TERN_ARRAY_LEN(gss); gi++)
+            for (size_t si = 0; si < TERN_ARRAY_LEN(shp); si++) {
+                const int out = shp[si][0], in = shp[si][1];
+                tern__cuda_gemv_mma_xp1 = xp1;
+                hw h = make_w(TERN_DT_Q, 4, gss[gi], TERN_DT_BF16, 1, out, in, 0);
+                tern_tensor t = h.t;
+                tern_error err = {0};
+                CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
+                float *x = rnd(in, 1.0f), *nw = rnd(in, 1.0f);
+                void *xd = to_gpu(x, (size_t)in * 4), *nwd = to_gpu(nw, (size_t)in * 4);
+                float *y[2], *xn = nan_buf(g, in);
+                for (int r = 0; r < 2; r++) {
+                    tern__cuda_mm_rot = r;
+                    y[r] = nan_buf(g, out);
+                    float *const ys[1] = {y[r]};
+                    const tern_tensor *const ws[1] = {&t};
+                    const unsigned long long calls = tern__cuda_gemv_mma_calls;
+                    if (si == 1) CHECK(g->vt->norm_matmul(g, xn, xd, nwd, 1e-6f, 1, 1, ys, ws, -1, NULL) == 1, "norm_matmul refused");
+                    else g->vt->matmul(g, y[r], xd, 1, &t);
+                    CHECK(tern__cuda_gemv_mma_calls == calls + 1, "q4 g%d %dx%d: the walk did not run", gss[gi], out, in);
+                }
+                float *a0 = from_gpu(g, y[0], out), *a1 = from_gpu(g, y[1], out);
+                CHECK(same_bits(a0, a1, out), "q4 g%d %dx%d xp1 %d: rotated stores changed y", gss[gi], out, in, xp1);
+                free(a0); free(a1);
+                g->vt->free_weight(g, &t);
+                free_w(&h);
+                void *bufs[] = {xd, nwd, xn, y[0], y[1]};
+                for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+                free(x); free(nw);
+            }
+    tern__cuda_mm_rot = keep;
+    tern__cuda_gemv_mma_xp1 = keep_xp1;
+}
+
 /* matmul_norm_add (TERN_CUDA_MM_TAIL=1): y = W·x on the walk, then its last block's rmsnorm_add of y into r — y and r
  * bitwise matmul + rmsnorm_add, on the exact and the XP1 walk, one K slice and split K, shapes of gemma4-e4b's o /
  * down / per-layer projection and gemma4-12b's o, with and without the norm weight and the scalar; consecutive calls
@@ -657,6 +699,7 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_min);
     RUN(cuda_matmul_norm_add);
+    RUN(cuda_gemv_mma_rot);
     RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);

@@ -620,6 +620,8 @@ extern "C" int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const te
     return mm_launch(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, rope);
 }
 
+extern "C" int tern__cuda_mm_rot; /* TERN_CUDA_MM_ROT, read once (tests set it): see mm_launch */
+int tern__cuda_mm_rot = -1;
 extern "C" int tern__cuda_gemv_rmsu; /* TERN_CUDA_GEMV_RMSU, read once (tests set it): see mm_launch */
 int tern__cuda_gemv_rmsu = -1;
 
@@ -659,11 +661,11 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
      * 354.7 / 352.8, gemma4-12b 199.2 / 200.4 → 206.2 / 206.4 */
     if (tern__cuda_gemv_rmsu < 0) tern__cuda_gemv_rmsu = tern__cuda_env_int("TERN_CUDA_GEMV_RMSU", 1) != 0;
     a.rmsu = tern__cuda_gemv_rmsu ? 8 : 1;
-    /* TERN_CUDA_MM_ROT (default 1; 0 off, A/B): the staged table's stores in mm_stage's rotated order (bank conflicts:
-     * ncu put 71 % of a gemma4-e4b gate|up launch's shared-store wavefronts in them, NOTES (bo)); the same table */
-    static int rot = -1;
-    if (rot < 0) rot = tern__cuda_env_int("TERN_CUDA_MM_ROT", 1) != 0;
-    a.rot = rot;
+    /* TERN_CUDA_MM_ROT (default 0 until timed; 1 on): the staged table's stores in mm_stage's rotated order (bank
+     * conflicts: ncu put 71 % of a gemma4-e4b gate|up launch's shared-store wavefronts in them, NOTES (bo)); the same
+     * table, so the same bits */
+    if (tern__cuda_mm_rot < 0) tern__cuda_mm_rot = tern__cuda_env_int("TERN_CUDA_MM_ROT", 0) != 0;
+    a.rot = tern__cuda_mm_rot;
     /* TERN_CUDA_GEMV_XSM (session 35: the slice's normalised x formed once into shared memory, the B table, Σx and
      * block 0's writes reading it there instead of reloading x from global memory) lost and was removed: b1 q4
      * llama3-8b 351.3 / 352.3 → 333.5 / 334.6, gemma4-12b 204.7 / 206.2 → 196.9 / 197.2 (NOTES (au)) */
