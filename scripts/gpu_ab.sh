@@ -128,7 +128,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-72}"  # 71 (TERN_CUDA_GEMV_MMA_MIN) written in session 54, folded into 72; 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-73}"  # 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -899,6 +899,22 @@ if [[ " $SECTIONS " == *" 72 "* ]]; then
     [ "${AB_PARITY:-1}" = 1 ] && on_checks TERN_CUDA_MM_TAIL bf16 gemma4_dense_q4g64 # hidden 64: o and down on the walk
     b1_sets "${AB72_SETS:-TERN_CUDA_MM_TAIL=0;TERN_CUDA_MM_TAIL=1;TERN_CUDA_MM_TAIL=0 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=1 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=2 TERN_CUDA_GEMV_MMA_MIN=8192}" \
         "${AB72_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4}"
+fi
+
+# 73. session 55 (written after its last device call): the batched-load mm_tail (TERN_CUDA_MM_TAIL=1; its first form
+#     lost 8 %, NOTES (bo)) and TERN_CUDA_MM_ROT=1 (mm_stage's table stores without bank conflicts; the same bits). Op
+#     tests, b1 of gemma4-e4b / gemma4-12b q4 (default / TAIL 1 / ROT 1, interleaved), then the per-instruction SASS
+#     counts of e4b's gate|up walk (the fifth one-row walk of the step) as CSV: which of its ~810 instructions a chunk to cut.
+if [[ " $SECTIONS " == *" 73 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_matmul_norm_add,cuda_gemv_mma_rot,cuda_gemv_mma_xp1,cuda_gemv_mma_pp_bits ops73
+    b1_sets "${AB73_SETS:-TERN_CUDA_MM_TAIL=0;TERN_CUDA_MM_TAIL=1;TERN_CUDA_MM_ROT=1}" \
+        "${AB73_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4}"
+    NCU=/usr/local/cuda/bin/ncu
+    timeout 120 $NCU --graph-profiling node -k regex:gemv_mma_kernel --launch-skip 4 --launch-count 1 --section SourceCounters \
+        --section WarpStateStats --section InstructionStats -o "$OUT/gu" $T bench --random gemma4-e4b --quant q4 --device cuda \
+        --prompt 16 --gen 2 --reps 1 --warmup 0 > "$OUT/gu_log.txt" 2>&1
+    timeout 60 $NCU --import "$OUT/gu.ncu-rep" --page source --csv --print-source sass > "$OUT/gu_sass.csv" 2> "$OUT/gu_sass_err.txt"
+    say "gate|up SASS counts: $(wc -l < "$OUT/gu_sass.csv") lines (gu_sass.csv in the archive)"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
