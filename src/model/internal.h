@@ -240,15 +240,6 @@ static inline void tern__attention_o(tern_model *m, float *y, float *att, float 
     op->matmul(m->be, o, att, rows->n, wo);
     tern_allreduce_add(m->be, y, o, (size_t)rows->n * wo->shape[0]);
 }
-/* o = wo·attention(q) (the attention's output through att): one backend op when it can, else the two */
-static inline void tern__attention_matmul(tern_model *m, float *o, float *att, const float *q, const tern_rows *rows,
-                                          int nh, const tern_kv_layer *kv, float scale, float softcap,
-                                          const tern_tensor *wo) {
-    const tern_backend_vt *op = m->be->vt;
-    if (op->attention_o && op->attention_o(m->be, o, att, q, rows, nh, kv, scale, softcap, wo, 0)) return;
-    op->attention(m->be, att, q, rows, nh, kv, scale, softcap);
-    op->matmul(m->be, o, att, rows->n, wo);
-}
 /* x = (x + rmsnorm(h)·w) · (s ? s[0] : 1): the post-norm residual add (and Gemma 4's layer scalar) in
  * one launch when the backend can; h is scratch afterwards */
 static inline void tern__rmsnorm_add(tern_model *m, float *x, float *h, int rows, int d, const float *w, float eps,
@@ -280,7 +271,8 @@ static inline void tern__matmul_post(tern_model *m, float *y, const float *x, in
     }
     op->matmul(m->be, y, x, n, w);
 }
-/* tern__attention_matmul with the output projection through tern__matmul_post (p: the post-attention norm's add) */
+/* o = wo·attention(q) (the attention's output through att): one backend op when it can (p stays pending then), else
+ * the attention and the projection through tern__matmul_post (p: the post-attention norm's add) */
 static inline void tern__attention_matmul_post(tern_model *m, float *o, float *att, const float *q, const tern_rows *rows,
                                                int nh, const tern_kv_layer *kv, float scale, float softcap,
                                                const tern_tensor *wo, float *r, tern_pending_res *p, float eps) {

@@ -602,11 +602,9 @@ extern "C" int tern__cuda_gemv_mma_tail(tern__cuda *c, float *y, const tern__cud
                                         const float *nw, const float *s, float eps) {
     if (tern__cuda_mm_tail < 0) tern__cuda_mm_tail = tern__cuda_env_int("TERN_CUDA_MM_TAIL", 0);
     if (tern__cuda_mm_tail <= 0 || !r || r == y || (const float *)r == x || w->out <= 0) return 0;
-    const int walk = tern__cuda_mm_tail >= 2 ? 2 : 1, e[1] = {0};
-    int rows, rblocks, ks, J;
-    if (!mm_plan(c, &w, 1, x, G1_PLAIN, walk, &rows, &rblocks, &ks, &J)) return 0;
-    const MmTailArg t = {r, nw, s, eps, walk};
-    return mm_launch(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, 0.0f, NULL, NULL, &t);
+    const int e[1] = {0};
+    const MmTailArg t = {r, nw, s, eps, tern__cuda_mm_tail >= 2 ? 2 : 1};
+    return mm_launch(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, 0.0f, NULL, NULL, &t); /* 0 where mm_plan declines */
 }
 
 /* q|k|v with rope_kv_write in the split-K epilogue (mm_reduce_rope): only the XP1 walk with BF16 scales and two

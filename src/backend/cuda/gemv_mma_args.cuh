@@ -187,7 +187,7 @@ __device__ __forceinline__ void mm_tail(const MmArgs &a) {
     const int d = a.rows, T = blockDim.x;
     const bool hw = a.tw != nullptr, hs = a.ts != nullptr;
     constexpr int TE = 16; /* elements a thread holds: rows up to 16·T loaded in one round before any store (a loop
-                            * of load-then-store waited a round trip per element: tx may alias h) */
+                            * of load-then-store waited a round trip per element: the compiler cannot tell tx from h) */
     float hv[TE], xv[TE], wv[TE];
     if (d <= TE * T) {
 #pragma unroll
@@ -200,15 +200,15 @@ __device__ __forceinline__ void mm_tail(const MmArgs &a) {
     }
     const float sc = hs ? a.ts[0] : 1.0f;
     const float inv = block_rms_inv<8>([&](int j) { return __ldcg(h + j); }, d, a.teps, red);
+    auto put = [&](int j, float hj, float xj, float wj) { a.tx[j] = res_add(xj, rms_scale(hj, inv, hw, wj), hs, sc); };
     if (d <= TE * T) {
 #pragma unroll
         for (int i = 0; i < TE; i++) {
             const int j = threadIdx.x + i * T;
-            if (j < d) a.tx[j] = res_add(xv[i], rms_scale(hv[i], inv, hw, wv[i]), hs, sc);
+            if (j < d) put(j, hv[i], xv[i], wv[i]);
         }
     } else {
-        for (int j = threadIdx.x; j < d; j += T)
-            a.tx[j] = res_add(a.tx[j], rms_scale(__ldcg(h + j), inv, hw, hw ? a.tw[j] : 0.0f), hs, sc);
+        for (int j = threadIdx.x; j < d; j += T) put(j, __ldcg(h + j), a.tx[j], hw ? a.tw[j] : 0.0f);
     }
     if (threadIdx.x == 0) *a.tcnt = 0;
 }
