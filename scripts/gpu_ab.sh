@@ -128,7 +128,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-73}"  # 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-75}"  # 74 ran in session 56 (NOTES (bp): acq_rel counting won, clusters lost); 73 ran in session 56 (NOTES (bp): ROT won, now the default; TAIL lost again); 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -915,6 +915,34 @@ if [[ " $SECTIONS " == *" 73 "* ]]; then
         --prompt 16 --gen 2 --reps 1 --warmup 0 > "$OUT/gu_log.txt" 2>&1
     timeout 60 $NCU --import "$OUT/gu.ncu-rep" --page source --csv --print-source sass > "$OUT/gu_sass.csv" 2> "$OUT/gu_sass_err.txt"
     say "gate|up SASS counts: $(wc -l < "$OUT/gu_sass.csv") lines (gu_sass.csv in the archive)"
+fi
+
+# 74. session 56: split K's hand-off (TERN_CUDA_MM_SYNC: 0 SC fences by every thread, 1 acq_rel counting, 2 clusters
+#     of the slice blocks summing through distributed shared memory; ncu put ~20 % of e4b gate|up's warp samples in
+#     the fences, barriers and sums, NOTES (bp)); TAIL with 1 (its counter had the same fences). Op tests, then b1 q4.
+if [[ " $SECTIONS " == *" 74 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_gemv_mma_sync,cuda_gemv_mma_rot,cuda_matmul_norm_add,cuda_gemv_mma,cuda_gemv_xr ops74
+    b1_sets "${AB74_SETS:-TERN_CUDA_MM_SYNC=0;TERN_CUDA_MM_SYNC=1;TERN_CUDA_MM_SYNC=2;TERN_CUDA_MM_SYNC=2 TERN_CUDA_MM_TAIL=1}" \
+        "${AB74_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4;llama3-8b --quant q4}"
+fi
+
+# 75. session 56: acq_rel split-K counting everywhere (split_k.cuh: gemv_mma / gemv_xr, which section 74 timed, and
+#     now moe_mma and attn_decode's last-block merges) and the removals (MIN, TAIL, clusters), against the tree before
+#     them (build/base/tern-core: GPU_PACK_BASE=<HEAD's tern-core> gpu_check.sh pack; ROT on there too). Every op test
+#     and cuda parity, then b1 q4 at 512 (and 8192: attn_decode's splits), and the MoE gemma4-26b-a4b (moe_mma).
+if [[ " $SECTIONS " == *" 75 "* ]]; then
+    if [ "${AB_OPS:-1}" = 1 ]; then
+        timeout 300 build/test_cuda_ops > "$OUT/ops75_ops.txt" 2>&1
+        say "all op tests: $(grep -c '^PASS' "$OUT/ops75_ops.txt") passed, $(grep -c '^FAIL' "$OUT/ops75_ops.txt") failed, $(tail -1 "$OUT/ops75_ops.txt")"
+        grep -E '^FAIL|check failed' "$OUT/ops75_ops.txt" | head -5 | tee -a "$S"
+        for comp in f32 bf16; do
+            TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 build/tests/test_parity_core > "$OUT/parity75_$comp.log" 2>&1
+            say "parity $comp: $(grep -c '^PASS' "$OUT/parity75_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity75_$comp.log") failed"
+        done
+    fi
+    b1_sets "BIN=build/base/tern-core TERN_CUDA_MM_ROT=1;TERN_CUDA_MM_ROT=1" \
+        "${AB75_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4;llama3-8b --quant q4;gemma4-26b-a4b --quant q4}"
+    b1_sets "BIN=build/base/tern-core TERN_CUDA_MM_ROT=1;TERN_CUDA_MM_ROT=1" "llama3-8b --quant q4;gemma4-12b --quant q4" 8192
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

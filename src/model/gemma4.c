@@ -249,21 +249,15 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             tern__norm_rope_q(m, kvl, &rows, g->q, nH, D, inv, ms, L->q_norm, eps);
         }
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
-        /* x += rmsnorm(o)·w: in the projection's last block where the backend can, else folded below (pending); a
-         * tensor-parallel group sums the ranks' heads first */
-        pend = (tern_pending_res){g->o, L->post_attn_norm, NULL, 1};
-        tern__attention_matmul_post(m, g->o, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap, &L->wo,
-                                    op->allreduce_sum ? NULL : x, &pend, eps);
-        tern_allreduce_sum(be, g->o, (size_t)n * H);
+        tern__attention_matmul(m, g->o, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap, &L->wo);
+        tern_allreduce_sum(be, g->o, (size_t)n * H); /* tensor parallel: sum the ranks' heads */
+        pend = (tern_pending_res){g->o, L->post_attn_norm, NULL, 1}; /* x += rmsnorm(o)·w, folded below */
 
         /* (b) feed-forward: dense MLP, and in MoE layers the routed experts beside it */
-        /* the post-FFN norm's add (with the layer scalar when no per-layer input follows), in the down projection where
-         * the backend can; MoE layers add the experts' branch first */
-        tern_pending_res post = {g->o, L->post_ff_norm, P > 0 ? NULL : L->layer_scalar, !lc->moe};
         {   /* down(gelu(rmsnorm(x)·gate)·up) */
             const tern_tensor *const ws[3] = {&L->gate, &L->up, &L->down};
             tern__pending_mlp(m, &x, &xo, &pend, g->xn, L->pre_ff_norm, eps, n, H, g->o, g->g, g->u, ws,
-                              TERN_ACT_GELU_TANH, post.on && !op->allreduce_sum ? &post : NULL);
+                              TERN_ACT_GELU_TANH);
         }
         tern_allreduce_sum(be, g->o, (size_t)n * H);
         if (lc->moe) {
@@ -291,12 +285,12 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
                 op->copy_cols(be, g->pt, g->ple, n, P, N * P, l * P);
                 pl = g->pt;
             }
-            pend = lc->moe ? (tern_pending_res){g->o, L->post_ff_norm, NULL, 1} : post;
+            pend = (tern_pending_res){g->o, L->post_ff_norm, NULL, 1};
             tern__pending_matmul_act_mul(m, &x, &xo, &pend, n, H, eps, g->pg, &L->ple_gate, TERN_ACT_GELU_TANH, pl);
+            op->matmul(be, g->o, g->pg, n, &L->ple_proj);
             pend = (tern_pending_res){g->o, L->post_ple_norm, L->layer_scalar, 1};
-            tern__matmul_post(m, g->o, g->pg, n, &L->ple_proj, x, &pend, eps);
         } else {
-            pend = lc->moe ? (tern_pending_res){g->o, L->post_ff_norm, L->layer_scalar, 1} : post;
+            pend = (tern_pending_res){g->o, L->post_ff_norm, L->layer_scalar, 1};
         }
     }
     tern__pending_flush(m, x, &pend, n, H, eps);

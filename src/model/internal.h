@@ -240,6 +240,15 @@ static inline void tern__attention_o(tern_model *m, float *y, float *att, float 
     op->matmul(m->be, o, att, rows->n, wo);
     tern_allreduce_add(m->be, y, o, (size_t)rows->n * wo->shape[0]);
 }
+/* o = wo·attention(q) (the attention's output through att): one backend op when it can, else the two */
+static inline void tern__attention_matmul(tern_model *m, float *o, float *att, const float *q, const tern_rows *rows,
+                                          int nh, const tern_kv_layer *kv, float scale, float softcap,
+                                          const tern_tensor *wo) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->attention_o && op->attention_o(m->be, o, att, q, rows, nh, kv, scale, softcap, wo, 0)) return;
+    op->attention(m->be, att, q, rows, nh, kv, scale, softcap);
+    op->matmul(m->be, o, att, rows->n, wo);
+}
 /* x = (x + rmsnorm(h)·w) · (s ? s[0] : 1): the post-norm residual add (and Gemma 4's layer scalar) in
  * one launch when the backend can; h is scratch afterwards */
 static inline void tern__rmsnorm_add(tern_model *m, float *x, float *h, int rows, int d, const float *w, float eps,
@@ -257,30 +266,6 @@ typedef struct tern_pending_res {
     const float *w, *s;
     int on;
 } tern_pending_res;
-
-/* y = x·wᵀ with the post-norm add p (p->h == y, held for the residual stream r) done right after it where the backend
- * can (ops.h matmul_norm_add: the producing GEMV's last block normalises; p is consumed), else the plain matmul, p left
- * pending for the next pre-norm op to fold in. r NULL (a tensor-parallel group, whose partial y is summed first):
- * the plain matmul. Either way r holds the same bits once p is consumed. */
-static inline void tern__matmul_post(tern_model *m, float *y, const float *x, int n, const tern_tensor *w, float *r,
-                                     tern_pending_res *p, float eps) {
-    const tern_backend_vt *op = m->be->vt;
-    if (r && p->on && p->h == y && op->matmul_norm_add && op->matmul_norm_add(m->be, y, x, n, w, r, p->w, p->s, eps)) {
-        p->on = 0;
-        return;
-    }
-    op->matmul(m->be, y, x, n, w);
-}
-/* o = wo·attention(q) (the attention's output through att): one backend op when it can (p stays pending then), else
- * the attention and the projection through tern__matmul_post (p: the post-attention norm's add) */
-static inline void tern__attention_matmul_post(tern_model *m, float *o, float *att, const float *q, const tern_rows *rows,
-                                               int nh, const tern_kv_layer *kv, float scale, float softcap,
-                                               const tern_tensor *wo, float *r, tern_pending_res *p, float eps) {
-    const tern_backend_vt *op = m->be->vt;
-    if (op->attention_o && op->attention_o(m->be, o, att, q, rows, nh, kv, scale, softcap, wo, 0)) return;
-    op->attention(m->be, att, q, rows, nh, kv, scale, softcap);
-    tern__matmul_post(m, o, att, rows->n, wo, r, p, eps);
-}
 
 /* The residual stream *x (rows n of d) gets the pending add, then the pre-norm op runs on rmsnorm(*x)·nw:
  * act < 0: y[0..k) = xn·W_iᵀ (k = 1: the plain matmul); act >= 0: y[0] = act(xn·w[0]ᵀ) ⊙ (xn·w[1]ᵀ)
@@ -348,11 +333,10 @@ static inline int tern__norm_mlp(tern_model *m, float *xn, const float *x, const
 /* tern__pending_norm_op's glu (act >= 0) followed by the down projection y = h·w[2]ᵀ (h [n, I]: the glu product;
  * tmp: the unfused glu's scratch): many rows try the whole MLP as one op (ops.h norm_mlp), with the pending add
  * folded in where the backend can (then x' lands in *xo and the pointers swap, as in tern__pending_norm_op), else
- * after the add; one-row steps keep norm_matmul's fold. post (optional): the post-norm add of y that follows, done in
- * the down projection where the backend can (tern__matmul_post: post->on = 0 then), else left pending. */
+ * after the add; one-row steps keep norm_matmul's fold. */
 static inline void tern__pending_mlp(tern_model *m, float **x, float **xo, tern_pending_res *p, float *xn,
                                      const float *nw, float eps, int n, int d, float *y, float *h, float *tmp,
-                                     const tern_tensor *const *w, int act, tern_pending_res *post) {
+                                     const tern_tensor *const *w, int act) {
     if (m->be->vt->norm_mlp && n > 1) {
         if (p->on && *xo) {
             const tern_norm_res r = {*xo, p->h, p->w, p->s};
@@ -366,8 +350,7 @@ static inline void tern__pending_mlp(tern_model *m, float **x, float **xo, tern_
     }
     float *const ys[1] = {h};
     tern__pending_norm_op(m, x, xo, p, xn, nw, eps, n, d, 2, ys, w, act, tmp);
-    if (post) tern__matmul_post(m, y, h, n, w[2], *x, post, eps);
-    else m->be->vt->matmul(m->be, y, h, n, w[2]);
+    m->be->vt->matmul(m->be, y, h, n, w[2]);
 }
 /* per-head q = rmsnorm(q)·qw, k = rmsnorm(k)·kw, v = rmsnorm(v), then rope + kv_write (Gemma 4): one launch
  * when the backend can (ops.h norm_rope_kv_write), else rmsnorm_n + rope_kv_write; bitwise the same */

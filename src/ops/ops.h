@@ -437,14 +437,6 @@ typedef struct tern_backend_vt {
      * tern__pending_matmul_act_mul runs those ops). Gemma 4's per-layer input gate; CUDA: one row, BF16 / F16. */
     int (*matmul_act_mul)(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int act,
                           const float *v, const tern_norm_res *res, float eps);
-    /* A projection with its post-norm residual add after it (appended; optional): y[n, w.out] = x·wᵀ, then
-     * r[i] = (r[i] + rmsnorm(y[i])·nw)·(s ? s[0] : 1) for each row i (nw may be NULL; r [n, w.out], neither x nor y):
-     * bitwise matmul + rmsnorm_add(r, y, ...); y is scratch afterwards, as h is after the model's unfused
-     * tern__rmsnorm_add (CUDA leaves the product there). 0 = not done, nothing written (the
-     * model keeps the add pending for the next pre-norm op: src/model/internal.h tern__matmul_post). Gemma 4's o,
-     * down and per-layer projections; CUDA: one row on the Q4 tensor-core GEMV, whose last block normalises. */
-    int (*matmul_norm_add)(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, float *r,
-                           const float *nw, const float *s, float eps);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -454,13 +454,13 @@ TEST(cuda_norm_matmul_res) {
 /* matmul_act_mul (Gemma 4's per-layer input gate: the post-norm residual add, the gate's matmul and gelu·ple in one
  * launch) vs rmsnorm_add + matmul + gelu_tanh_mul / silu_mul: x' and y bitwise, without res, with res (with and
  * without the post-norm weight and the scalar), BF16 and F16 weights, widths 384, 2560 and 4096, both
- * gemv1 grids; Q4 g64 the same with TERN_CUDA_GEMV_MMA_MIN keeping it off the tensor-core GEMV (gemv1 serves the
- * separate matmul too); Q4 that the tensor-core GEMV takes, and several rows, decline. */
+ * gemv1 grids; Q4 g64 the same with TERN_CUDA_GEMV_MMA=0 keeping it off the tensor-core GEMV (gemv1 serves the
+ * separate matmul too: its Q4 instance runs for the shapes the walk declines); Q4 that the tensor-core GEMV takes, and several rows, decline. */
 TEST(cuda_matmul_act_mul) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_act_mul) { SKIP("cuda_matmul_act_mul", "not built"); return; }
-    extern int tern__cuda_g1_grid, tern__cuda_g1_xb, tern__cuda_gemv_mma_min;
-    const int keep_grid = tern__cuda_g1_grid, keep_xb = tern__cuda_g1_xb, keep_min = tern__cuda_gemv_mma_min;
+    extern int tern__cuda_g1_grid, tern__cuda_g1_xb, tern__cuda_gemv_mma_on;
+    const int keep_grid = tern__cuda_g1_grid, keep_xb = tern__cuda_g1_xb, keep_on = tern__cuda_gemv_mma_on;
     static const int ins[] = {384, 2560, 4096};
     static const tern_dtype dts[] = {TERN_DT_BF16, TERN_DT_F16, TERN_DT_Q};
     for (size_t f = 0; f < TERN_ARRAY_LEN(dts); f++)
@@ -469,7 +469,7 @@ TEST(cuda_matmul_act_mul) {
                 const int in = ins[si], out = 256 + 2 * (int)si, act = mode & 1 ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
                 tern__cuda_g1_grid = (int)(f + mode) & 1;
                 tern__cuda_g1_xb = (int)(si + (mode >> 1)) & 1; /* the prologue's loads batched or not (TERN_CUDA_G1_XB) */
-                tern__cuda_gemv_mma_min = dts[f] == TERN_DT_Q ? 1 << 20 : keep_min;
+                tern__cuda_gemv_mma_on = dts[f] == TERN_DT_Q ? 0 : keep_on;
                 hw h = dts[f] == TERN_DT_Q ? make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, out, in, 0)
                                            : make_w(dts[f], 0, 0, 0, 1, out, in, 0);
                 tern_tensor t = h.t;
@@ -507,7 +507,7 @@ TEST(cuda_matmul_act_mul) {
                 for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
                 free(x); free(hh); free(wp); free(v);
             }
-    tern__cuda_gemv_mma_min = keep_min;
+    tern__cuda_gemv_mma_on = keep_on;
     { /* Q4 that the tensor-core GEMV takes declines (it has no such epilogue) */
         hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 256, 2560, 0);
         tern_tensor t = h.t;

@@ -201,136 +201,61 @@ static double mm_q_rel(tern_backend *g, int bits, int gs, tern_dtype sdt, int ou
     return rel;
 }
 
-/* TERN_CUDA_GEMV_MMA_MIN: a matrix under the bound goes to gemv1 (the walk does not run; the result still within the
- * CUDA-core path's bound of cpu-ref), one over it keeps the walk */
-TEST(cuda_gemv_mma_min) {
-    extern int tern__cuda_gemv_mma_min;
-    const int keep = tern__cuda_gemv_mma_min;
-    tern__cuda_gemv_mma_min = 512; /* KB of codes: 256x2560 q4 is 320 KB, 2048x2560 2.5 MB */
-    hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 256, 2560, 0);
-    unsigned long long calls = tern__cuda_gemv_mma_calls;
-    double rel = check_matmul(g_gpu, &h, 1, -1);
-    CHECK(tern__cuda_gemv_mma_calls == calls, "256x2560 q4 under TERN_CUDA_GEMV_MMA_MIN ran the walk");
-    CHECK(rel < 1e-4, "256x2560 q4 on gemv1: rel %.3g", rel);
-    free_w(&h);
-    char nm[64];
-    rel = mm_q_rel(g_gpu, 4, 64, TERN_DT_BF16, 2048, 2560, nm, sizeof nm); /* checks that the walk ran */
-    CHECK(rel < 1e-4, "%s 2048x2560 over the bound: rel %.3g", nm, rel);
-    tern__cuda_gemv_mma_min = keep;
-}
-
-/* TERN_CUDA_MM_ROT (mm_stage's table stores in a rotated order): the same table, so y bitwise the unrotated walk's —
- * the exact and the XP1 walk, groups 32 / 64 / 128, one slice and split K, with the pre-norm */
-TEST(cuda_gemv_mma_rot) {
+/* y bitwise the same for every value 0 .. nv-1 of a walk switch that must not change the sums (*knob, restored after):
+ * the exact and the XP1 walk, groups 32 / 64 / 128, one slice, split K with few and many (> 8) slices, with the
+ * pre-norm, a gate|up pair (matmul_glu) and three rows (gemv_xr) */
+static void mm_knob_bits(int *knob, int nv, const char *what) {
     tern_backend *g = g_gpu;
-    extern int tern__cuda_mm_rot;
-    const int keep = tern__cuda_mm_rot, keep_xp1 = tern__cuda_gemv_mma_xp1;
-    static const int gss[] = {32, 64, 128}, shp[][2] = {{1037, 4096}, {2560, 256}, {640, 10240}};
+    const int keep = *knob, keep_xp1 = tern__cuda_gemv_mma_xp1;
+    static const int gss[] = {32, 64, 128}, shp[][2] = {{1037, 4096}, {2560, 256}, {640, 10240}, {2048, 2560}};
     for (int xp1 = 0; xp1 < 2; xp1++)
         for (size_t gi = 0; gi < TERN_ARRAY_LEN(gss); gi++)
             for (size_t si = 0; si < TERN_ARRAY_LEN(shp); si++) {
-                const int out = shp[si][0], in = shp[si][1];
+                const int out = shp[si][0], in = shp[si][1], pair = si == 3, n = si == 0 ? 3 : 1;
                 tern__cuda_gemv_mma_xp1 = xp1;
                 hw h = make_w(TERN_DT_Q, 4, gss[gi], TERN_DT_BF16, 1, out, in, 0);
-                tern_tensor t = h.t;
+                hw h2 = make_w(TERN_DT_Q, 4, gss[gi], TERN_DT_BF16, 1, out, in, 0);
+                tern_tensor t = h.t, t2 = h2.t;
                 tern_error err = {0};
                 CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
-                float *x = rnd(in, 1.0f), *nw = rnd(in, 1.0f);
-                void *xd = to_gpu(x, (size_t)in * 4), *nwd = to_gpu(nw, (size_t)in * 4);
-                float *y[2], *xn = nan_buf(g, in);
-                for (int r = 0; r < 2; r++) {
-                    tern__cuda_mm_rot = r;
-                    y[r] = nan_buf(g, out);
+                CHECK(g->vt->upload_weight(g, &t2, &err) == TERN_OK, "upload %s", err.msg);
+                float *x = rnd((size_t)n * in, 1.0f), *nw = rnd(in, 1.0f);
+                void *xd = to_gpu(x, (size_t)n * in * 4), *nwd = to_gpu(nw, (size_t)in * 4);
+                float *y[3] = {NULL, NULL, NULL}, *xn = nan_buf(g, in);
+                for (int r = 0; r < nv; r++) {
+                    *knob = r;
+                    y[r] = nan_buf(g, (size_t)n * out);
                     float *const ys[1] = {y[r]};
                     const tern_tensor *const ws[1] = {&t};
                     const unsigned long long calls = tern__cuda_gemv_mma_calls;
                     if (si == 1) CHECK(g->vt->norm_matmul(g, xn, xd, nwd, 1e-6f, 1, 1, ys, ws, -1, NULL) == 1, "norm_matmul refused");
-                    else g->vt->matmul(g, y[r], xd, 1, &t);
-                    CHECK(tern__cuda_gemv_mma_calls == calls + 1, "q4 g%d %dx%d: the walk did not run", gss[gi], out, in);
+                    else if (pair) CHECK(g->vt->matmul_glu(g, y[r], xd, 1, &t, &t2, TERN_ACT_GELU_TANH) == 1, "matmul_glu refused");
+                    else g->vt->matmul(g, y[r], xd, n, &t);
+                    if (n == 1) CHECK(tern__cuda_gemv_mma_calls == calls + 1, "q4 g%d %dx%d: the walk did not run", gss[gi], out, in);
                 }
-                float *a0 = from_gpu(g, y[0], out), *a1 = from_gpu(g, y[1], out);
-                CHECK(same_bits(a0, a1, out), "q4 g%d %dx%d xp1 %d: rotated stores changed y", gss[gi], out, in, xp1);
-                free(a0); free(a1);
+                float *a0 = from_gpu(g, y[0], (size_t)n * out);
+                for (int r = 1; r < nv; r++) {
+                    float *ar = from_gpu(g, y[r], (size_t)n * out);
+                    CHECK(same_bits(a0, ar, (size_t)n * out), "%s %d: q4 g%d %dx%d n %d xp1 %d changed y", what, r, gss[gi], out, in, n, xp1);
+                    free(ar);
+                }
+                free(a0);
                 g->vt->free_weight(g, &t);
+                g->vt->free_weight(g, &t2);
                 free_w(&h);
-                void *bufs[] = {xd, nwd, xn, y[0], y[1]};
+                free_w(&h2);
+                void *bufs[] = {xd, nwd, xn, y[0], y[1], y[2]};
                 for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
                 free(x); free(nw);
             }
-    tern__cuda_mm_rot = keep;
+    *knob = keep;
     tern__cuda_gemv_mma_xp1 = keep_xp1;
 }
 
-/* matmul_norm_add (TERN_CUDA_MM_TAIL=1): y = W·x on the walk, then its last block's rmsnorm_add of y into r — y and r
- * bitwise matmul + rmsnorm_add, on the exact and the XP1 walk, one K slice and split K, shapes of gemma4-e4b's o /
- * down / per-layer projection and gemma4-12b's o, with and without the norm weight and the scalar; consecutive calls
- * (the finish count resets), also under TERN_CUDA_GEMV_MMA_MIN with TERN_CUDA_MM_TAIL=2; with the switch off (or 1
- * under MIN), for BF16 weights and for two rows it declines. */
-TEST(cuda_matmul_norm_add) {
-    tern_backend *g = g_gpu;
-    if (!g->vt->matmul_norm_add) { SKIP("cuda_matmul_norm_add", "not built"); return; }
-    extern int tern__cuda_mm_tail, tern__cuda_gemv_mma_min;
-    const int keep = tern__cuda_mm_tail, keep_xp1 = tern__cuda_gemv_mma_xp1, keep_min = tern__cuda_gemv_mma_min;
-    static const int shp[][2] = {{2560, 2048}, {2560, 10240}, {2560, 256}, {3840, 4096}, {640, 1024}};
-    for (int xp1 = 0; xp1 < 2; xp1++)
-        for (size_t si = 0; si < TERN_ARRAY_LEN(shp); si++)
-            for (int mode = 0; mode < 4; mode++) { /* bit 0: the norm weight, bit 1: the scalar */
-                const int d = shp[si][0], in = shp[si][1];
-                tern__cuda_gemv_mma_xp1 = xp1;
-                tern__cuda_mm_tail = mode == 3 ? 2 : 1;
-                tern__cuda_gemv_mma_min = mode == 3 ? 1 << 20 : keep_min; /* TERN_CUDA_MM_TAIL=2: MIN not applied */
-                hw h = make_w(TERN_DT_Q, 4, si & 1 ? 32 : 64, TERN_DT_BF16, 1, d, in, 0);
-                tern_tensor t = h.t;
-                tern_error err = {0};
-                CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
-                float *x = rnd(in, 1.0f), *r = rnd(d, 3.0f), *nw = rnd(d, 1.0f), sc = 0.37f;
-                void *xd = to_gpu(x, (size_t)in * 4), *ra = to_gpu(r, (size_t)d * 4), *rb = to_gpu(r, (size_t)d * 4);
-                void *nwd = to_gpu(nw, (size_t)d * 4), *sd = to_gpu(&sc, 4);
-                float *ya = nan_buf(g, d), *yb = nan_buf(g, d);
-                const float *pw = mode & 1 ? nwd : NULL, *ps = mode & 2 ? sd : NULL;
-                const unsigned long long calls = tern__cuda_gemv_mma_calls;
-                CHECK(g->vt->matmul_norm_add(g, ya, xd, 1, &t, ra, pw, ps, 1e-6f) == 1, "%dx%d mode %d: declined", d, in, mode);
-                CHECK(tern__cuda_gemv_mma_calls == calls + 1, "%dx%d: the walk did not run", d, in);
-                tern__cuda_mm_tail = 0;
-                tern__cuda_gemv_mma_min = keep_min; /* the reference matmul on the walk */
-                CHECK(g->vt->matmul_norm_add(g, yb, xd, 1, &t, rb, pw, ps, 1e-6f) == 0, "TERN_CUDA_MM_TAIL=0 should decline");
-                g->vt->matmul(g, yb, xd, 1, &t);
-                CHECK(g->vt->rmsnorm_add(g, rb, yb, 1, d, pw, 1e-6f, ps) == 1, "rmsnorm_add refused");
-                float *y1 = from_gpu(g, ya, d), *y2 = from_gpu(g, yb, d), *r1 = from_gpu(g, ra, d), *r2 = from_gpu(g, rb, d);
-                CHECK(same_bits(y1, y2, d), "%dx%d xp1 %d mode %d: y differs from the matmul", d, in, xp1, mode);
-                CHECK(same_bits(r1, r2, d), "%dx%d xp1 %d mode %d: r differs from rmsnorm_add", d, in, xp1, mode);
-                CHECK(g->vt->matmul_norm_add(g, ya, xd, 2, &t, ra, pw, ps, 1e-6f) == 0, "two rows should decline");
-                if (mode == 3) { /* TERN_CUDA_MM_TAIL=1 under MIN: gemv1's matrix, declined */
-                    tern__cuda_mm_tail = 1;
-                    tern__cuda_gemv_mma_min = 1 << 20;
-                    CHECK(g->vt->matmul_norm_add(g, ya, xd, 1, &t, ra, pw, ps, 1e-6f) == 0, "tail 1 under MIN should decline");
-                    tern__cuda_gemv_mma_min = keep_min;
-                }
-                free(y1); free(y2); free(r1); free(r2);
-                g->vt->free_weight(g, &t);
-                free_w(&h);
-                void *bufs[] = {xd, ra, rb, nwd, sd, ya, yb};
-                for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
-                free(x); free(r); free(nw);
-            }
-    { /* BF16 weights (gemv1's) decline */
-        tern__cuda_mm_tail = 1;
-        hw h = make_w(TERN_DT_BF16, 0, 0, 0, 1, 256, 512, 0);
-        tern_tensor t = h.t;
-        tern_error err = {0};
-        CHECK(g->vt->upload_weight(g, &t, &err) == TERN_OK, "upload %s", err.msg);
-        float *x = rnd(512, 1.0f);
-        void *xd = to_gpu(x, 512 * 4), *rd = to_gpu(x, 256 * 4);
-        float *y = nan_buf(g, 256);
-        CHECK(g->vt->matmul_norm_add(g, y, xd, 1, &t, rd, NULL, NULL, 1e-6f) == 0, "bf16 should decline");
-        g->vt->free_weight(g, &t);
-        free_w(&h);
-        g->vt->free(g, xd); g->vt->free(g, rd); g->vt->free(g, y);
-        free(x);
-    }
-    tern__cuda_mm_tail = keep;
-    tern__cuda_gemv_mma_xp1 = keep_xp1;
-    tern__cuda_gemv_mma_min = keep_min;
+/* TERN_CUDA_MM_ROT (mm_stage's table stores in a rotated order): the same table, so the same bits */
+TEST(cuda_gemv_mma_rot) {
+    extern int tern__cuda_mm_rot;
+    mm_knob_bits(&tern__cuda_mm_rot, 2, "rot");
 }
 
 /* The XP1 walks' x is the bf16-rounded row: x not exact in bf16 goes in, the reference gets it rounded (g_x_bf16 =
@@ -697,8 +622,6 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_wide);
     RUN(cuda_gemv_mma_xp1_rounded);
     RUN(cuda_gemv_mma_fold);
-    RUN(cuda_gemv_mma_min);
-    RUN(cuda_matmul_norm_add);
     RUN(cuda_gemv_mma_rot);
     RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);

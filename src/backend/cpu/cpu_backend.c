@@ -239,8 +239,6 @@ static int cpu_norm_matmul(tern_backend *be, float *xn, const float *x, const fl
                            float *const *y, const tern_tensor *const *w, int act, const tern_norm_res *res);
 static int cpu_matmul_act_mul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int act,
                               const float *v, const tern_norm_res *res, float eps);
-static int cpu_matmul_norm_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, float *r,
-                               const float *nw, const float *s, float eps);
 
 /* The sample op: a greedy row with neither bias nor penalties (the decode loop's usual case) takes the kernel
  * table's argmax, the same answer as the sampler's chain (kern.h; one vector pass over the vocabulary instead
@@ -299,7 +297,6 @@ static const tern_backend_vt cpu_vt = {
     .matmul_add = tern__cpu_matmul_add,
     .norm_matmul = cpu_norm_matmul, /* tests only (TERN_CPU_NORM_RES=1) */
     .matmul_act_mul = cpu_matmul_act_mul, /* tests only (TERN_CPU_NORM_RES=1) */
-    .matmul_norm_add = cpu_matmul_norm_add, /* tests only (TERN_CPU_NORM_RES=1) */
     .norm_qkv_rope_kv = tern__cpu_norm_qkv_rope_kv, /* one decode row: rope and cache writes inside the q|k|v run (cpu_decode.c) */
 };
 
@@ -347,19 +344,6 @@ static int cpu_matmul_act_mul(tern_backend *be, float *y, const float *x, int n,
     be->vt->matmul(be, y, res->x_out, n, w);
     if (act == TERN_ACT_SILU) cpu_silu_mul(be, y, y, v, cy);
     else cpu_gelu_tanh_mul(be, y, y, v, cy);
-    return 1;
-}
-
-/* TERN_CPU_NORM_RES=1 (tests only, as cpu_norm_matmul): ops.h matmul_norm_add by composition, so that gemma4.c's
- * post-norm adds done in the producing projection (tern__matmul_post) run in the CPU parity tests: the matmul, then
- * cpu_res_fold in place on r (the unfused tern__rmsnorm_add's ops; y normalised in place, scratch afterwards). */
-static int cpu_matmul_norm_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, float *r,
-                               const float *nw, const float *s, float eps) {
-    static _Atomic int on_cache = -1;
-    if (!tern__cpu_switch(&on_cache, "TERN_CPU_NORM_RES", 0) || !r) return 0;
-    be->vt->matmul(be, y, x, n, w);
-    const tern_norm_res res = {r, y, nw, s};
-    cpu_res_fold(be, &res, r, n, (int)w->shape[w->ndim - 2], eps);
     return 1;
 }
 

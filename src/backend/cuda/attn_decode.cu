@@ -303,7 +303,6 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     extern __shared__ float smd[];           /* [region][chmax ints]: region = scores [GM][chmax], then
                                                 [8 warps][GM][D], then the merge's (M, L) */
     __shared__ float sml[GM][2];
-    __shared__ int last;
     const int D = a.D, LPK = D / EPL, KPW = 32 / LPK, KPB = AD_WARPS * KPW, STEP = KPB * U;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kg = lane / LPK, li = lane % LPK;
     const int g = blockIdx.x / a.hs, hb0 = (blockIdx.x % a.hs) * a.GB, z = blockIdx.y, r = blockIdx.z;
@@ -487,7 +486,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     }
     if (nact == 1) return;
     /* the last split block of (r, g) merges, in split order (the scores region is free again) */
-    ad_last_merge<GM>(a, a.cnt + (size_t)r * gridDim.x + blockIdx.x, r, head0, G, D, nact, nrow, mlo, smd, sml, last);
+    ad_last_merge<GM>(a, a.cnt + (size_t)r * gridDim.x + blockIdx.x, r, head0, G, D, nact, nrow, mlo, smd, sml);
 }
 
 #define AD_SMEM_MAX (160 << 10)

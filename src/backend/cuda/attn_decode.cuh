@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/split_k.cuh"
 
 #include <math.h>
 #include <type_traits>
@@ -82,17 +83,11 @@ template <class ML, class PUT> __device__ __forceinline__ float ad_split_weights
  * calls it): the last of the pair's nact splits to arrive (counter *cnt, reset by that block) merges the splits'
  * partials — tern__cuda_attn_merge's layout: [z][row·nh + head][D] sums over a.part (nrow = a.n·a.nh), then the
  * (M, L) pairs from mlo = a.splits·nrow·D — in split order into a.out: out = Σ_z part_z·c_z / Σ_z L_z·c_z
- * (ad_split_weights). ms: nact·GM·2 floats of shared memory the block no longer needs; sml [GM][2]; last: a
- * shared int. */
+ * (ad_split_weights). ms: nact·GM·2 floats of shared memory the block no longer needs; sml [GM][2]. */
 template <int GM>
 __device__ __forceinline__ void ad_last_merge(const AdArgs &a, int *cnt, int r, size_t head0, int G, int D, int nact,
-                                              size_t nrow, size_t mlo, float *ms, float (*sml)[2], int &last) {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == nact - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+                                              size_t nrow, size_t mlo, float *ms, float (*sml)[2]) {
+    if (!tern_block_last(cnt, nact)) return;
     for (int idx = threadIdx.x; idx < nact * G; idx += blockDim.x) {
         const int zz = idx / G, h = idx % G;
         const size_t o = mlo + ((size_t)zz * nrow + (size_t)r * a.nh + head0 + h) * 2;

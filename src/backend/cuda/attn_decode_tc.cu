@@ -392,7 +392,6 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
     if constexpr (SPLIT) {
         if (nact > 1) { /* the block's warps merged in warp order relative to its own M, into the partials */
             __shared__ float sm2[8][2];
-            __shared__ int last;
             const size_t nrow = (size_t)a.n * a.nh, mlo = (size_t)a.splits * nrow * D, z = blockIdx.z;
             if (threadIdx.x < G) {
                 const int h = threadIdx.x;
@@ -416,7 +415,7 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
                     a.part[mlo + (z * nrow + rh) * 2 + 1] = sm2[h][1];
                 }
             }
-            ad_last_merge<8>(a, a.cnt + (size_t)r * gridDim.x + g, r, head0, G, D, nact, nrow, mlo, red, sm2, last);
+            ad_last_merge<8>(a, a.cnt + (size_t)r * gridDim.x + g, r, head0, G, D, nact, nrow, mlo, red, sm2);
             return;
         }
     }

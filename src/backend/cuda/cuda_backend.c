@@ -543,13 +543,6 @@ static int be_matmul_act_mul(tern_backend *be, float *y, const float *x, int n, 
     if (!wviews(&w, 1, &wv, &pv)) return 0;
     return tern__cuda_matmul_act_mul(C(be), y, x, n, pv, act, v, res, eps);
 }
-static int be_matmul_norm_add(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, float *r,
-                              const float *nw, const float *s, float eps) {
-    tern__cuda_w wv;
-    const tern__cuda_w *pv;
-    if (n != 1 || !wviews(&w, 1, &wv, &pv)) return 0;
-    return tern__cuda_gemv_mma_tail(C(be), y, pv, x, r, nw, s, eps);
-}
 static int be_norm_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                                  float *v, int nh, const float *inv_freq, float mscale, const float *qw, const float *kw,
                                  float eps) {
@@ -702,7 +695,6 @@ static const tern_backend_vt k_cuda_vt = {
     .norm_qkv_attention_o = be_norm_qkv_attention_o,
     .norm_mlp = be_norm_mlp,
     .matmul_act_mul = be_matmul_act_mul,
-    .matmul_norm_add = be_matmul_norm_add,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
     .reserve_rows = be_reserve_rows,

@@ -306,9 +306,6 @@ int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, const float
                            float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res);
 int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int act,
                               const float *v, const tern_norm_res *res, float eps); /* gemv1.cu: ops.h matmul_act_mul */
-/* ops.h matmul_norm_add for one row on the Q4 tensor-core GEMV (gemv_mma.cu); 0: not served */
-int tern__cuda_gemv_mma_tail(tern__cuda *c, float *y, const tern__cuda_w *w, const float *x, float *r, const float *nw,
-                             const float *s, float eps);
 int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                   float *k, float *v, int nh, const float *inv_freq, float mscale, const float *qw,
                                   const float *kw, float eps); /* fused.cu: head norms + rope_kv_write */

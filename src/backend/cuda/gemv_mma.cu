@@ -29,7 +29,7 @@
  * sums, and the next chunk's (or row block's) loads are issued as soon as a step's words are in registers.
  * Slices (blockIdx.y, a function of `in` only, so fused and separate calls give the same bits) are
  * summed by the last slice block of a row block in fixed order (counter per row block, reset by that
- * block; one fence per block): deterministic and graph-capturable. Modes as gemv.cu's gemv1: up to three matrices sharing `in` (q|k|v),
+ * block; acq_rel counts, split_k.cuh): deterministic and graph-capturable. Modes as gemv.cu's gemv1: up to three matrices sharing `in` (q|k|v),
  * act(gate)·up, y += W·x. A probe kernel at the end times the load pattern alone (bench_cuda).
  * Per compute mode (Q4): f32 / bf16x2 the exact split above; plain bf16 XP1 (x rounded to bf16, one MMA
  * column per group, a chunk's 4 steps in one tile folded once, FOLD's bias, two register sets: PP);
@@ -217,8 +217,6 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
         if constexpr (ROPE) mm_reduce_rope(a, pg, units, mine, &nmine); /* q|k|v: the launch guarantees split K */
         else mm_reduce_slices(a, pair, units, mine, &nmine);
     }
-    if constexpr (!ROPE)
-        if (a.tx) mm_tail(a); /* matmul_norm_add */
 }
 
 /* TERN_CUDA_GEMV_PP: the two-register-set walk for Q4 (same bits): 2 (default) XP1 / XI8 only (H200,
@@ -317,56 +315,56 @@ static void mm_env(void) { /* TERN_CUDA_GEMV_PP / _FOLD, read once */
     }
 }
 
+typedef void (*MmKernel)(MmArgs);
+
 template <int BITS, int GB>
-static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16, int occ) {
-    cudaStream_t st = c->stream;
+static MmKernel mm_pick(const tern__cuda *c, bool f16, int occ) {
     mm_env();
     const bool plain = c->compute == TERN_COMPUTE_BF16 && !tern__cuda_bf16_split_all(c); /* the plain bf16 mode */
     const bool fold = tern__cuda_gemv_mma_fold == 1 || (tern__cuda_gemv_mma_fold == 2 && plain);
     const bool xp1 = mm_xp1(c);
     if constexpr (BITS == 8) {
         if (mm_q8x(c, 8)) { /* Q8X: XP1 + FOLD, GB as Q4's (this GB is Q8's bytes a group) */
-            if (f16) tern_launch(st, gemv_mma_kernel<8, GB / 2, true, false, true, true>, grid, 256, smem, a);
-            else tern_launch(st, gemv_mma_kernel<8, GB / 2, false, true, true, true>, grid, 256, smem, a);
-            return;
+            if (f16) return gemv_mma_kernel<8, GB / 2, true, false, true, true>;
+            else return gemv_mma_kernel<8, GB / 2, false, true, true, true>;
         }
     }
     if constexpr (BITS != 4 && BITS != 8) { /* Q2 / Q3 / Q5 / Q6: XP1 + FOLD only (mm_plan), PP with BF16 scales */
-        if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true>, grid, 256, smem, a);
-        else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true>, grid, 256, smem, a);
-        return;
+        if (f16) return gemv_mma_kernel<BITS, GB, true, false, true, true>;
+        else return gemv_mma_kernel<BITS, GB, false, true, true, true>;
     }
     if constexpr (BITS == 4) {
         if (mm_i8(c)) { /* the int8 mode (--compute int8): XP1's walk with int8 x and u8·s8 MMAs */
-            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true, true>, grid, 256, smem, a);
-            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true, true>, grid, 256, smem, a);
-            return;
+            if (f16) return gemv_mma_kernel<BITS, GB, true, false, true, true, true>;
+            else return gemv_mma_kernel<BITS, GB, false, true, true, true, true>;
         }
         if (occ == 3) { /* 24 warps per SM, one register set (XP1, BF16 scales) */
-            tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true, true, false, 3>, grid, 256, smem, a);
-            return;
+            return gemv_mma_kernel<BITS, GB, false, false, true, true, false, 3>;
         }
         if (xp1) {
-            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true, true>, grid, 256, smem, a);
-            else if (tern__cuda_gemv_mma_pp > 0) tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, true, true>, grid, 256, smem, a);
-            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true, true>, grid, 256, smem, a);
-            return;
+            if (f16) return gemv_mma_kernel<BITS, GB, true, false, true, true>;
+            else if (tern__cuda_gemv_mma_pp > 0) return gemv_mma_kernel<BITS, GB, false, true, true, true>;
+            else return gemv_mma_kernel<BITS, GB, false, false, true, true>;
         }
         if (fold) {
-            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, true>, grid, 256, smem, a);
-            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, true>, grid, 256, smem, a);
-            return;
+            if (f16) return gemv_mma_kernel<BITS, GB, true, false, true>;
+            else return gemv_mma_kernel<BITS, GB, false, false, true>;
         }
         if (tern__cuda_gemv_mma_pp == 1) {
-            if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, true, false>, grid, 256, smem, a);
-            else tern_launch(st, gemv_mma_kernel<BITS, GB, false, true, false>, grid, 256, smem, a);
-            return;
+            if (f16) return gemv_mma_kernel<BITS, GB, true, true, false>;
+            else return gemv_mma_kernel<BITS, GB, false, true, false>;
         }
     }
     if constexpr (BITS == 4 || BITS == 8) {
-        if (f16) tern_launch(st, gemv_mma_kernel<BITS, GB, true, false, false>, grid, 256, smem, a);
-        else tern_launch(st, gemv_mma_kernel<BITS, GB, false, false, false>, grid, 256, smem, a);
+        if (f16) return gemv_mma_kernel<BITS, GB, true, false, false>;
+        else return gemv_mma_kernel<BITS, GB, false, false, false>;
     }
+    return nullptr;
+}
+
+template <int BITS, int GB>
+static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, bool f16, int occ) {
+    if (MmKernel k = mm_pick<BITS, GB>(c, f16, occ)) tern_launch(c->stream, k, grid, 256, smem, a);
 }
 
 /* TERN_CUDA_GEMV_MMA: 1 (default) Q4 only, 2 Q4 and Q8, 0 gemv.cu's kernels for both. Q8 stays on
@@ -374,19 +372,14 @@ static void mm_go(const tern__cuda *c, dim3 grid, size_t smem, const MmArgs &a, 
  * k-slots, so twice the MMAs and B loads per byte) — bench/NOTES.md (i). */
 extern "C" int tern__cuda_gemv_mma_on;
 int tern__cuda_gemv_mma_on = -1;
-/* TERN_CUDA_GEMV_MMA_MIN=KB (default 0: off; tests set tern__cuda_gemv_mma_min): a call whose matrices hold fewer code
- * bytes than that stays on gemv1's CUDA-core decode — the walk's fixed cost (~4.5 µs a launch, NOTES (bl)) against
- * gemv1's ~1.8 µs, for the small matrices where the walk's instruction savings cannot pay it back (gemma4-e4b's PLE
- * gate and projection, 0.37 MB each, 7.2 and 4.8 µs on the walk; NOTES (bn)). An A/B switch until measured. */
-extern "C" int tern__cuda_gemv_mma_min;
-int tern__cuda_gemv_mma_min = -1;
+/* TERN_CUDA_GEMV_MMA_MIN (small calls on gemv1's CUDA-core decode instead of the walk) lost at 512 KB and 8 MB and
+ * was removed: H100, b1 q4 tok/s gemma4-e4b 265.8 → 262.6 / 251.3, gemma4-12b 176.2 → 166.5 (NOTES (bo)) */
 extern "C" unsigned long long tern__cuda_gemv_mma_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_gemv_mma_calls = 0;
 
 extern "C" void tern__cuda_gemv_mma_init(tern__cuda *c) {
-    /* the row-block counters, then mm_tail's count at MM_CNT */
-    if (!c->mm_cnt && cudaMalloc((void **)&c->mm_cnt, (MM_CNT + 1) * sizeof(int)) == cudaSuccess)
-        cudaMemsetAsync(c->mm_cnt, 0, (MM_CNT + 1) * sizeof(int), c->stream); /* ordered before our kernels */
+    if (!c->mm_cnt && cudaMalloc((void **)&c->mm_cnt, MM_CNT * sizeof(int)) == cudaSuccess)
+        cudaMemsetAsync(c->mm_cnt, 0, MM_CNT * sizeof(int), c->stream); /* ordered before our kernels */
     cudaGetLastError();
 }
 
@@ -502,10 +495,6 @@ static int mm_plan(const tern__cuda *c, const tern__cuda_w *const *w, int k, con
             return 0;
         rows += w[i]->out;
     }
-    if (tern__cuda_gemv_mma_min < 0) tern__cuda_gemv_mma_min = tern__cuda_env_int("TERN_CUDA_GEMV_MMA_MIN", 0);
-    /* MIN bounds the one-row walk only (walk 1): not gemv_xr's rows (walk 0), nor matmul_norm_add (walk 2), whose tail
-     * saves a launch */
-    if (walk == 1 && (size_t)rows * w0->in * w0->bits / 8 < (size_t)tern__cuda_gemv_mma_min << 10) return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (pair && (k != 2 || w[1]->out != w0->out)) return 0;
     if (pair) rows = w0->out; /* gate = matrix 0, up = matrix 1 */
@@ -574,37 +563,13 @@ extern "C" int tern__cuda_gemv_mma(tern__cuda *c, float *const *y, const tern__c
 }
 
 /* as tern__cuda_gemv_mma; xn != NULL: x staged as rmsnorm(x)·nw (written to xn as well); res: of x' (the
- * residual add, written to res->x_out); tail: matmul_norm_add's rmsnorm_add of the output (MmArgs tx) */
-struct MmTailArg {
-    float *x;
-    const float *w, *s;
-    float eps;
-    int walk; /* mm_plan's: 2 when TERN_CUDA_GEMV_MMA_MIN is not applied */
-};
+ * residual add, written to res->x_out) */
 static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
-                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope,
-                     const MmTailArg *tail = nullptr);
+                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope);
 extern "C" int tern__cuda_gemv_mma_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                         int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                         const tern_norm_res *res) {
     return mm_launch(c, y, w, e, k, x, mode, nw, xn, eps, res, NULL);
-}
-
-/* ops.h matmul_norm_add for one row: y = W·x on the walk (one matrix it serves), then its last block's rmsnorm_add of y
- * into r (mm_tail) — instead of a one-block rmsnorm_add launch after it (gemma4-e4b q4: 126 a step, 4.35 µs each
- * serialized on an H100, 12 % of the step; NOTES (bn)). TERN_CUDA_MM_TAIL (default 0 until timed; tests set
- * tern__cuda_mm_tail): 1 where the one-row walk serves the matrix (TERN_CUDA_GEMV_MMA_MIN sends small ones to gemv1,
- * whose add the next pre-norm GEMV on gemv1 folds in for free), 2 also under MIN (the walk's ~2.7 µs more fixed cost
- * against a launch saved where the consumer is a walk: gemma4-e4b's o before gate|up). 0: not served. */
-extern "C" int tern__cuda_mm_tail;
-int tern__cuda_mm_tail = -1;
-extern "C" int tern__cuda_gemv_mma_tail(tern__cuda *c, float *y, const tern__cuda_w *w, const float *x, float *r,
-                                        const float *nw, const float *s, float eps) {
-    if (tern__cuda_mm_tail < 0) tern__cuda_mm_tail = tern__cuda_env_int("TERN_CUDA_MM_TAIL", 0);
-    if (tern__cuda_mm_tail <= 0 || !r || r == y || (const float *)r == x || w->out <= 0) return 0;
-    const int e[1] = {0};
-    const MmTailArg t = {r, nw, s, eps, tern__cuda_mm_tail >= 2 ? 2 : 1};
-    return mm_launch(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, 0.0f, NULL, NULL, &t); /* 0 where mm_plan declines */
 }
 
 /* q|k|v with rope_kv_write in the split-K epilogue (mm_reduce_rope): only the XP1 walk with BF16 scales and two
@@ -624,21 +589,13 @@ extern "C" int tern__cuda_gemv_rmsu; /* TERN_CUDA_GEMV_RMSU, read once (tests se
 int tern__cuda_gemv_rmsu = -1;
 
 static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k, const float *x,
-                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope,
-                     const MmTailArg *tail) {
+                     int mode, const float *nw, float *xn, float eps, const tern_norm_res *res, const tern__cuda_rope_kv *rope) {
     MmArgs a;
-    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, tail ? tail->walk : 1, &a)) return 0;
+    if (!tern__cuda_mm_args(c, y, w, e, k, x, mode, 1, &a)) return 0;
     if (a.rows <= 0) return 1;
     const tern__cuda_w *w0 = w[0];
     const int gs = w0->group_size, rblocks = a.rblocks, J = a.J;
     set_norm_args(a, nw, xn, eps, res);
-    if (tail) {
-        a.tx = tail->x;
-        a.tw = tail->w;
-        a.ts = tail->s;
-        a.teps = tail->eps;
-        a.tcnt = c->mm_cnt + MM_CNT;
-    }
     /* TERN_CUDA_GEMV_L2PF=N (default 3): before its pdl_wait, every warp prefetches into L2 the next N
      * items (row block, chunk) of its walk beyond the one its registers load, so a launch that starts
      * while the previous kernel drains (programmatic dependent launch) has its whole first row block
@@ -659,10 +616,11 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
      * 354.7 / 352.8, gemma4-12b 199.2 / 200.4 → 206.2 / 206.4 */
     if (tern__cuda_gemv_rmsu < 0) tern__cuda_gemv_rmsu = tern__cuda_env_int("TERN_CUDA_GEMV_RMSU", 1) != 0;
     a.rmsu = tern__cuda_gemv_rmsu ? 8 : 1;
-    /* TERN_CUDA_MM_ROT (default 0 until timed; 1 on): the staged table's stores in mm_stage's rotated order (bank
-     * conflicts: ncu put 71 % of a gemma4-e4b gate|up launch's shared-store wavefronts in them, NOTES (bo)); the same
-     * table, so the same bits */
-    if (tern__cuda_mm_rot < 0) tern__cuda_mm_rot = tern__cuda_env_int("TERN_CUDA_MM_ROT", 0) != 0;
+    /* TERN_CUDA_MM_ROT (default 1; 0 off): the staged table's stores in mm_stage's rotated order (bank conflicts: ncu
+     * put 71 % of a gemma4-e4b gate|up launch's shared-store wavefronts in them, NOTES (bo)); the same table, so the
+     * same bits. H100, session 56 (NOTES (bp)), b1 q4 tok/s off / on: gemma4-e4b 267.2 / 268.4 → 270.8 / 271.5,
+     * gemma4-12b 182.4 / 182.5 → 184.5 / 184.2 */
+    if (tern__cuda_mm_rot < 0) tern__cuda_mm_rot = tern__cuda_env_int("TERN_CUDA_MM_ROT", 1) != 0;
     a.rot = tern__cuda_mm_rot;
     /* TERN_CUDA_GEMV_XSM (session 35: the slice's normalised x formed once into shared memory, the B table, Σx and
      * block 0's writes reading it there instead of reloading x from global memory) lost and was removed: b1 q4

@@ -8,6 +8,7 @@
 #define TERN_GEMV_MMA_ARGS_CUH
 
 #include "backend/cuda/rope_kv.cuh"
+#include "backend/cuda/split_k.cuh"
 
 #define MM_WARPS 8
 #define MM_MINE 64   /* row blocks one block may walk (split K: it may have to reduce each) */
@@ -32,13 +33,7 @@ struct MmArgs {
     int rmsu;       /* > 1: the pre-norm's sums load 8 elements a virtual thread at once (TERN_CUDA_GEMV_RMSU) */
     uint32_t magic; /* 0x43004300: the bf16 pair (128, 128), see mm_decode */
     tern__cuda_rope_kv rope; /* ROPE instances only (appended): rope_kv_write in the split-K epilogue */
-    /* tx != NULL (appended; one matrix, plain mode: ops.h matmul_norm_add): once every output is stored, the last
-     * block to finish runs rmsnorm_add on the output — tx = (tx + rmsnorm(y)·tw)·(ts ? ts[0] : 1) at teps (mm_tail) */
-    float *tx;
-    const float *tw, *ts;
-    float teps;
-    int *tcnt; /* the blocks that finished (the last resets it) */
-    int rot;   /* mm_stage's rotated table stores (TERN_CUDA_MM_ROT) */
+    int rot; /* mm_stage's rotated table stores (TERN_CUDA_MM_ROT) */
 };
 
 /* the final value of one output unit (row of the concatenated matrices, or a pair output) of x row xr
@@ -113,16 +108,13 @@ __device__ __forceinline__ void mm_sum_slices(const MmArgs &a, int u, bool pair,
     mm_store(a, u, v, up, xr);
 }
 
-/* split K: the block's partials are out (one fence); the last slice block of a row block sums its
- * slices in order */
+/* split K: the block's partials are out; the last slice block of a row block sums its slices in order */
 __device__ __forceinline__ void mm_claim(const MmArgs &a, int *mine, int *nmine) { /* the row blocks this block sums */
-    __threadfence();
     if (threadIdx.x == 0) *nmine = 0;
-    __syncthreads();
+    __syncthreads(); /* tern_arrive: the block's partial stores before the counts */
     for (int q = blockIdx.x + threadIdx.x * gridDim.x; q < a.rblocks; q += blockDim.x * gridDim.x)
-        if (atomicAdd(a.cnt + q, 1) == a.ks - 1) mine[atomicAdd(nmine, 1)] = q;
+        if (tern_arrive(a.cnt + q) == a.ks - 1) mine[atomicAdd(nmine, 1)] = q;
     __syncthreads();
-    __threadfence();
 }
 __device__ __forceinline__ void mm_reduce_slices(const MmArgs &a, bool pair, int units, int *mine, int *nmine) {
     mm_claim(a, mine, nmine);
@@ -168,49 +160,6 @@ __device__ __forceinline__ void mm_reduce_rope(const MmArgs &a, const RopePage &
         __syncthreads();
         if (threadIdx.x == 0) a.cnt[q] = 0;
     }
-}
-
-/* matmul_norm_add's tail (tx set): every block, once its stores (and split-K sums) are out, counts itself; the last
- * one runs rmsnorm_add over the whole output row y[0] — block_rms_inv's sum (rmsnorm's order for any block size)
- * and rmsnorm_add's element (rms_scale, res_add), so bitwise the separate rmsnorm_add launch — and resets the count
- * for the next launch (or graph replay). Outputs of other blocks are read through L2 (__ldcg). */
-__device__ __forceinline__ void mm_tail(const MmArgs &a) {
-    __shared__ int last;
-    __shared__ float red[32];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.tcnt, 1) == (int)(gridDim.x * gridDim.y) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float *h = a.y[0];
-    const int d = a.rows, T = blockDim.x;
-    const bool hw = a.tw != nullptr, hs = a.ts != nullptr;
-    constexpr int TE = 16; /* elements a thread holds: rows up to 16·T loaded in one round before any store (a loop
-                            * of load-then-store waited a round trip per element: the compiler cannot tell tx from h) */
-    float hv[TE], xv[TE], wv[TE];
-    if (d <= TE * T) {
-#pragma unroll
-        for (int i = 0; i < TE; i++) {
-            const int j = threadIdx.x + i * T;
-            hv[i] = j < d ? __ldcg(h + j) : 0.0f;
-            xv[i] = j < d ? a.tx[j] : 0.0f;
-            wv[i] = j < d && hw ? a.tw[j] : 0.0f;
-        }
-    }
-    const float sc = hs ? a.ts[0] : 1.0f;
-    const float inv = block_rms_inv<8>([&](int j) { return __ldcg(h + j); }, d, a.teps, red);
-    auto put = [&](int j, float hj, float xj, float wj) { a.tx[j] = res_add(xj, rms_scale(hj, inv, hw, wj), hs, sc); };
-    if (d <= TE * T) {
-#pragma unroll
-        for (int i = 0; i < TE; i++) {
-            const int j = threadIdx.x + i * T;
-            if (j < d) put(j, hv[i], xv[i], wv[i]);
-        }
-    } else {
-        for (int j = threadIdx.x; j < d; j += T) put(j, __ldcg(h + j), a.tx[j], hw ? a.tw[j] : 0.0f);
-    }
-    if (threadIdx.x == 0) *a.tcnt = 0;
 }
 
 /* a warp tile's sums of one row block are complete: reduce over the 4 lanes t of a row, then lane t = 0

@@ -72,7 +72,6 @@ __device__ __forceinline__ void xr_stage(const XrArgs &A, uint2 *tbl, float *xs,
 template <int GPC, int NT>
 __device__ __forceinline__ void xr_epilogue(const XrArgs &A, const MmRows &r, float (*acc)[4], bool pair) {
     const MmArgs &a = A.m;
-    __shared__ int last;
     const int t = threadIdx.x & 3;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -116,12 +115,7 @@ __device__ __forceinline__ void xr_epilogue(const XrArgs &A, const MmRows &r, fl
     if (a.ks == 1) return;
 
     /* split K: the last slice block of this row block sums the slices in order */
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.cnt + blockIdx.x, 1) == a.ks - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!tern_block_last(a.cnt + blockIdx.x, a.ks)) return;
     const int per = pair ? 64 : 128, u0 = blockIdx.x * per;
     for (int i = threadIdx.x; i < per * A.n; i += blockDim.x) {
         const int xr = i / per, u = u0 + i % per;

@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemv_mma.cuh"
+#include "backend/cuda/split_k.cuh"
 
 #include <stdlib.h>
 
@@ -75,7 +76,6 @@ template <int GB, bool F16S> __global__ void __launch_bounds__(256, 3) moe_mma_k
     extern __shared__ uint2 mo_sm[];
     uint2 *tbl = mo_sm;                             /* [S][8 MMAs][NT][32 lanes] B fragments */
     float *xs = (float *)(mo_sm + S * 8 * NT * 32); /* [S][GPS] Σx */
-    __shared__ int last;
     /* programmatic dependent launch (cuda_common.cuh): gate/up waits for its inputs (idx, x) BEFORE it
      * lets the down kernel start, so down's blocks may read idx (complete by then: the grid that wrote
      * it has finished, read from L2) and issue their weight loads before they wait for h */
@@ -145,12 +145,7 @@ template <int GB, bool F16S> __global__ void __launch_bounds__(256, 3) moe_mma_k
     /* the last block of the counter's group sums the partials in fixed order */
     const int grp = a.pair ? p : p / a.k, need = a.pair ? a.ks : a.ks * a.k;
     int *cnt = a.cnt + (size_t)grp * a.rblocks + blockIdx.x;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == need - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!tern_block_last(cnt, need)) return;
     /* the partials of one output sit `units` floats apart (slice s, or pair j and slice s: f = j·ks + s);
      * MO_BUF of them are loaded before any is added (one L2 round trip per MO_BUF, not per term), the
      * sum keeps the f order. Down: the pairs' weights (0 / skip for dead ids) staged once per block */
