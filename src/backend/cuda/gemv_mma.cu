@@ -317,6 +317,7 @@ static void mm_env(void) { /* TERN_CUDA_GEMV_PP / _FOLD, read once */
 
 typedef void (*MmKernel)(MmArgs);
 
+/* the walk's instance for this format, compute mode and occupancy (nullptr: none) */
 template <int BITS, int GB>
 static MmKernel mm_pick(const tern__cuda *c, bool f16, int occ) {
     mm_env();
@@ -338,9 +339,7 @@ static MmKernel mm_pick(const tern__cuda *c, bool f16, int occ) {
             if (f16) return gemv_mma_kernel<BITS, GB, true, false, true, true, true>;
             else return gemv_mma_kernel<BITS, GB, false, true, true, true, true>;
         }
-        if (occ == 3) { /* 24 warps per SM, one register set (XP1, BF16 scales) */
-            return gemv_mma_kernel<BITS, GB, false, false, true, true, false, 3>;
-        }
+        if (occ == 3) return gemv_mma_kernel<BITS, GB, false, false, true, true, false, 3>; /* 24 warps an SM, one register set (XP1, BF16 scales) */
         if (xp1) {
             if (f16) return gemv_mma_kernel<BITS, GB, true, false, true, true>;
             else if (tern__cuda_gemv_mma_pp > 0) return gemv_mma_kernel<BITS, GB, false, true, true, true>;
