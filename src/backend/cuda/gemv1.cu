@@ -453,7 +453,8 @@ extern "C" int tern__cuda_matmul_add(tern__cuda *c, float *y, const float *x, in
  * batch-1 decode at 512, with NORM_ROPE: bf16 (gemv1) e4b 210.2 → 215.0 tok/s, gemma4-12b 128.3 → 128.1
  * (even); q4 (gemv_mma, where every K-slice block forms the whole x') gemma4-12b 158.5 → 144.1, so the
  * default folds it into gemv1 only. TERN_CUDA_NORM_RES=0: never (rmsnorm_add as its own launch), =1:
- * gemv_mma too. Op test cuda_norm_matmul_res (both kernels), parity 18/18. */
+ * gemv_mma too. Op test cuda_norm_matmul_res (both kernels), parity 18/18. H100, session 56 (NOTES (bp)), after RMSU
+ * and the fence-free split-K hand-off, 2 → 1 still lost: b1 q4 gemma4-e4b 280.6 → 275.9, gemma4-12b 190.5 → 182.6. */
 int tern__cuda_norm_res = -1; /* -1 unread, 0 off, 1 both kernels, 2 gemv1 only; tests set it */
 static int tern__cuda_norm_res_on(void) {
     if (tern__cuda_norm_res < 0) {
