@@ -128,7 +128,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-76}"  # 75 ran in session 56 (NOTES (bp): +3-5.6 % b1 q4 against the tree before); 74 ran in session 56 (NOTES (bp): acq_rel counting won, clusters lost); 73 ran in session 56 (NOTES (bp): ROT won, now the default; TAIL lost again); 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-77}"  # 76 ran in session 56 (NOTES (bp): NORM_RES=1 lost again); 75 ran in session 56 (NOTES (bp): +3-5.6 % b1 q4 against the tree before); 74 ran in session 56 (NOTES (bp): acq_rel counting won, clusters lost); 73 ran in session 56 (NOTES (bp): ROT won, now the default; TAIL lost again); 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -951,6 +951,15 @@ fi
 if [[ " $SECTIONS " == *" 76 "* ]]; then
     b1_sets "TERN_CUDA_NORM_RES=2;TERN_CUDA_NORM_RES=1" \
         "${AB76_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4}"
+fi
+
+# 77. session 56 (written after its last device call): TERN_MM_HALF=1 (the two-a-SM Q4 walk gridded for one block an
+#     SM: the next kernel's blocks start under PDL in the free half and put their first loads in flight; same bits).
+#     Op test, then b1 q4 default / HALF (make it the default only if e4b, 12b and llama3-8b gain).
+if [[ " $SECTIONS " == *" 77 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_gemv_mma_half,cuda_gemv_mma_rot ops77
+    b1_sets "TERN_MM_HALF=0;TERN_MM_HALF=1" \
+        "${AB77_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4;llama3-8b --quant q4;gemma4-26b-a4b --quant q4}"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

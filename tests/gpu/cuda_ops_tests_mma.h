@@ -203,11 +203,12 @@ static double mm_q_rel(tern_backend *g, int bits, int gs, tern_dtype sdt, int ou
 
 /* y bitwise the same for every value 0 .. nv-1 of a walk switch that must not change the sums (*knob, restored after):
  * the exact and the XP1 walk, groups 32 / 64 / 128, one slice, split K with few and many (> 8) slices, with the
- * pre-norm, a gate|up pair (matmul_glu) and three rows (gemv_xr) */
+ * pre-norm, a gate|up pair (matmul_glu), three rows (gemv_xr) and a matrix whose grid walks (more row blocks than
+ * blocks) */
 static void mm_knob_bits(int *knob, int nv, const char *what) {
     tern_backend *g = g_gpu;
     const int keep = *knob, keep_xp1 = tern__cuda_gemv_mma_xp1;
-    static const int gss[] = {32, 64, 128}, shp[][2] = {{1037, 4096}, {2560, 256}, {640, 10240}, {2048, 2560}};
+    static const int gss[] = {32, 64, 128}, shp[][2] = {{1037, 4096}, {2560, 256}, {640, 10240}, {2048, 2560}, {10240, 2560}};
     for (int xp1 = 0; xp1 < 2; xp1++)
         for (size_t gi = 0; gi < TERN_ARRAY_LEN(gss); gi++)
             for (size_t si = 0; si < TERN_ARRAY_LEN(shp); si++) {
@@ -256,6 +257,12 @@ static void mm_knob_bits(int *knob, int nv, const char *what) {
 TEST(cuda_gemv_mma_rot) {
     extern int tern__cuda_mm_rot;
     mm_knob_bits(&tern__cuda_mm_rot, 2, "rot");
+}
+
+/* TERN_MM_HALF (the walk gridded for one block an SM, each walking more row blocks): the same bits */
+TEST(cuda_gemv_mma_half) {
+    extern int tern__cuda_mm_half;
+    mm_knob_bits(&tern__cuda_mm_half, 2, "half");
 }
 
 /* The XP1 walks' x is the bf16-rounded row: x not exact in bf16 goes in, the reference gets it rounded (g_x_bf16 =
@@ -623,6 +630,7 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_xp1_rounded);
     RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_rot);
+    RUN(cuda_gemv_mma_half);
     RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);
