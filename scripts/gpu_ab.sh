@@ -914,7 +914,7 @@ if [[ " $SECTIONS " == *" 73 "* ]]; then
         --section WarpStateStats --section InstructionStats -o "$OUT/gu" $T bench --random gemma4-e4b --quant q4 --device cuda \
         --prompt 16 --gen 2 --reps 1 --warmup 0 > "$OUT/gu_log.txt" 2>&1
     timeout 60 $NCU --import "$OUT/gu.ncu-rep" --page source --csv --print-source sass > "$OUT/gu_sass.csv" 2> "$OUT/gu_sass_err.txt"
-    say "gate|up SASS counts: $(wc -l < "$OUT/gu_sass.csv") lines (gu_sass.csv in the archive)"
+    say "gate|up SASS counts: $(wc -l < "$OUT/gu_sass.csv") lines (gu_sass.csv in the archive: scripts/ncu_sass.py summarizes it)"
 fi
 
 # 74. session 56: split K's hand-off (TERN_CUDA_MM_SYNC: 0 SC fences by every thread, 1 acq_rel counting, 2 clusters
