@@ -455,7 +455,8 @@ TEST(cuda_norm_matmul_res) {
  * launch) vs rmsnorm_add + matmul + gelu_tanh_mul / silu_mul: x' and y bitwise, without res, with res (with and
  * without the post-norm weight and the scalar), BF16 and F16 weights, widths 384, 2560 and 4096, both
  * gemv1 grids; Q4 g64 the same with TERN_CUDA_GEMV_MMA=0 keeping it off the tensor-core GEMV (gemv1 serves the
- * separate matmul too: its Q4 instance runs for the shapes the walk declines); Q4 that the tensor-core GEMV takes, and several rows, decline. */
+ * separate matmul too: its Q4 instance runs for the shapes the walk declines); Q4 that the tensor-core GEMV takes,
+ * and several rows, decline. */
 TEST(cuda_matmul_act_mul) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_act_mul) { SKIP("cuda_matmul_act_mul", "not built"); return; }

@@ -213,10 +213,10 @@ __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(MmArgs a) {
     } else {
         while (block(A, A)) {}
     }
-    if (a.ks > 1) {
-        if constexpr (ROPE) mm_reduce_rope(a, pg, units, mine, &nmine); /* q|k|v: the launch guarantees split K */
-        else mm_reduce_slices(a, pair, units, mine, &nmine);
-    }
+    if (a.ks == 1) return;
+
+    if constexpr (ROPE) mm_reduce_rope(a, pg, units, mine, &nmine); /* q|k|v: the launch guarantees split K */
+    else mm_reduce_slices(a, pair, units, mine, &nmine);
 }
 
 /* TERN_CUDA_GEMV_PP: the two-register-set walk for Q4 (same bits): 2 (default) XP1 / XI8 only (H200,

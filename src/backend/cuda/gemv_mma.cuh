@@ -267,7 +267,7 @@ struct MmAsIs { /* mm_stage's default: x staged as it is */
 /* XP = 1 (Q4, the plain bf16 mode: gemv_mma.cu's XP1): x rounded to bf16, one column per (step of the
  * chunk of S, group), so a chunk's S·GPS <= 8 groups share one MMA tile and are folded once per chunk
  * (mm_fold1): column c = (sl % S)·GPS + γ */
-/* rot (gemv_mma.cu's TERN_CUDA_MM_ROT, A/B): a thread's 8 stores of an entry row go in the order gg = (k + m) & 7, so
+/* rot (gemv_mma.cu's TERN_CUDA_MM_ROT, on by default): a thread's 8 stores of an entry row go in the order gg = (k + m) & 7, so
  * that one store instruction of a warp (8 MMAs m x 4 lanes tt) hits 16 distinct 8-byte slots of a 128-byte row (two
  * wavefronts) instead of 4 (the same gg of every m: 8-way bank conflicts, ncu: 71 % of the stores' wavefronts); the
  * same table */

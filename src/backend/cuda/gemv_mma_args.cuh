@@ -233,8 +233,7 @@ __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *
 /* gemv_mma.cu's launch plan and the arguments both walks share (matrices w[0..k) with expert indices e,
  * outputs y, rows, row blocks, K slices, chunks per slice, partials, counters) into *a: 0 when the
  * format or shape is not served (gemv_xr.cu plans its several-row launches with it: walk 0, one block per
- * row block and slice; walk 1: gemv_mma.cu's persistent walk, whose J mm_balance may change; walk 2: that walk for
- * matmul_norm_add under TERN_CUDA_MM_TAIL=2, TERN_CUDA_GEMV_MMA_MIN not applied) */
+ * row block and slice; walk 1: gemv_mma.cu's persistent walk, whose J mm_balance may change) */
 int tern__cuda_mm_args(const tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                        const float *x, int mode, int walk, MmArgs *a);
 
