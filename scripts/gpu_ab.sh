@@ -25,7 +25,7 @@
 # (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
 # default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM), 25 (the long-context class) and 26
 # (TERN_CUDA_CARVE) ran in session 19. 56 and 57 (TERN_CUDA_GEMV_XRW) ran in session 39 (NOTES (ay)): default on. 58-61 (TERN_CUDA_AD_R1, _R1_512) ran in session 40
-# (NOTES (az)): default on; 62 (TERN_CUDA_AD_R1_LONG, _R1_PF) ran in session 41 (NOTES (ba)): both lost, removed; 63 (TERN_CUDA_SKIP, a probe) and 64 ran there too; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. 65 (TERN_ASYNC in the scheduler) ran in session 42 (NOTES (bb)); so did 66 (TERN_CUDA_DOWN_SPLIT: the down projection as S K-slices + one kernel adding them and staging the next pre-norm), which tied / lost and was removed. Keep this script as the template for the next switches: make one the default only
+# (NOTES (az)): default on; 62 (TERN_CUDA_AD_R1_LONG, _R1_PF) ran in session 41 (NOTES (ba)): both lost, removed; 63 (TERN_CUDA_SKIP, a probe) and 64 ran there too; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. 65 (TERN_ASYNC in the scheduler) ran in session 42 (NOTES (bb)); so did 66 (TERN_CUDA_DOWN_SPLIT: the down projection as S K-slices + one kernel adding them and staging the next pre-norm), which tied / lost and was removed. 77 (TERN_MM_HALF) ran in session 57 (NOTES (bq)): lost 10-23 %, removed. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -128,7 +128,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-77}"  # 76 ran in session 56 (NOTES (bp): NORM_RES=1 lost again); 75 ran in session 56 (NOTES (bp): +3-5.6 % b1 q4 against the tree before); 74 ran in session 56 (NOTES (bp): acq_rel counting won, clusters lost); 73 ran in session 56 (NOTES (bp): ROT won, now the default; TAIL lost again); 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-78}"  # 77 ran in session 57 (NOTES (bq): TERN_MM_HALF lost, removed); 76 ran in session 56 (NOTES (bp): NORM_RES=1 lost again); 75 ran in session 56 (NOTES (bp): +3-5.6 % b1 q4 against the tree before); 74 ran in session 56 (NOTES (bp): acq_rel counting won, clusters lost); 73 ran in session 56 (NOTES (bp): ROT won, now the default; TAIL lost again); 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -953,13 +953,27 @@ if [[ " $SECTIONS " == *" 76 "* ]]; then
         "${AB76_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4}"
 fi
 
-# 77. session 56 (written after its last device call): TERN_MM_HALF=1 (the two-a-SM Q4 walk gridded for one block an
-#     SM: the next kernel's blocks start under PDL in the free half and put their first loads in flight; same bits).
-#     Op test, then b1 q4 default / HALF (make it the default only if e4b, 12b and llama3-8b gain).
-if [[ " $SECTIONS " == *" 77 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_gemv_mma_half,cuda_gemv_mma_rot ops77
-    b1_sets "TERN_MM_HALF=0;TERN_MM_HALF=1" \
-        "${AB77_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4;llama3-8b --quant q4;gemma4-26b-a4b --quant q4}"
+# 78. session 57: where llama3-8b's Q4 walks spend their time on an H100 (the steady state of long walks, where e4b's
+#     section-73 profile was mostly prologue): the load patterns alone (bench_cuda --pattern), the walk per llama3-8b
+#     shape (BENCH_GEMV1=q4), then per walk of layer 0 (q|k|v, o, gate|up, down: the first four one-row walks of a
+#     decode step) ncu's per-instruction SASS counters (wN_sass.csv: scripts/ncu_sass.py) and its details page.
+if [[ " $SECTIONS " == *" 78 "* ]]; then
+    timeout 120 build/bench_cuda --pattern > "$OUT/pattern78.txt" 2>&1
+    grep '^csv' "$OUT/pattern78.txt" | cut -d, -f2- | tee -a "$S"
+    TERN_CUDA_GEMV_XP1=1 BENCH_GEMV1=q4 timeout 120 build/bench_cuda > "$OUT/gemv78.txt" 2>&1
+    grep '^csv' "$OUT/gemv78.txt" | cut -d, -f2- | tee -a "$S"
+    NCU=/usr/local/cuda/bin/ncu
+    for k in 0 1 2 3; do
+        timeout 150 $NCU --graph-profiling node -k regex:gemv_mma_kernel --launch-skip $k --launch-count 1 \
+            --section SourceCounters --section WarpStateStats --section InstructionStats --section SpeedOfLight \
+            --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis -o "$OUT/w$k" $T bench \
+            --random llama3-8b --quant q4 --device cuda --prompt 16 --gen 2 --reps 1 --warmup 0 > "$OUT/w${k}_log.txt" 2>&1
+        timeout 60 $NCU --import "$OUT/w$k.ncu-rep" --page source --csv --print-source sass > "$OUT/w${k}_sass.csv" 2>/dev/null
+        timeout 60 $NCU --import "$OUT/w$k.ncu-rep" --page details > "$OUT/w${k}_details.txt" 2>&1
+        say "walk $k: $(grep -E 'Grid Size|Duration|Registers Per|DRAM Throughput|Achieved Occupancy' "$OUT/w${k}_details.txt" | tr -s ' ' | tr '\n' ';')"
+        python3 scripts/ncu_sass.py "$OUT/w${k}_sass.csv" --top 8 2>&1 | head -40 >> "$S"
+        rm -f "$OUT/w$k.ncu-rep"
+    done
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -255,12 +255,6 @@ TEST(cuda_gemv_mma_rot) {
     mm_knob_bits(&tern__cuda_mm_rot, "rot");
 }
 
-/* TERN_MM_HALF (the walk gridded for one block an SM, each walking more row blocks): the same bits */
-TEST(cuda_gemv_mma_half) {
-    extern int tern__cuda_mm_half;
-    mm_knob_bits(&tern__cuda_mm_half, "half");
-}
-
 /* The XP1 walks' x is the bf16-rounded row: x not exact in bf16 goes in, the reference gets it rounded (g_x_bf16 =
  * 2), and the two agree as closely as with bf16-exact x (Σx of the rounded values: FOLD's 128·s·Σx must cancel the
  * MMAs' 128s — with the f32 row's Σx this was ~4e-2 at Q4, ~1.6e-1 at Q2) */
@@ -626,7 +620,6 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_xp1_rounded);
     RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_rot);
-    RUN(cuda_gemv_mma_half);
     RUN(cuda_gemv_mma_pp_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);

@@ -582,8 +582,6 @@ extern "C" int tern__cuda_gemv_mma_rope(tern__cuda *c, float *const *y, const te
     return mm_launch(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, rope);
 }
 
-extern "C" int tern__cuda_mm_half; /* TERN_MM_HALF, read once (tests set it): see mm_launch */
-int tern__cuda_mm_half = -1;
 extern "C" int tern__cuda_mm_rot; /* TERN_CUDA_MM_ROT, read once (tests set it): see mm_launch */
 int tern__cuda_mm_rot = -1;
 extern "C" int tern__cuda_gemv_rmsu; /* TERN_CUDA_GEMV_RMSU, read once (tests set it): see mm_launch */
@@ -635,13 +633,7 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
     const size_t smem = (size_t)J * (4 * 8 * 32 * sizeof(uint2) + 4 * 4 * sizeof(float)); /* B table (S·NT <= 4) + Σx, per chunk */
     const bool f16 = w0->sdtype == TERN_DT_F16;
     const int occ = mm_walk_occ(c, w0, a.rows, a.mode); /* blocks per SM: the grid and mm_go's launch bounds */
-    /* TERN_MM_HALF (default 0 until timed; 1 on; tests set tern__cuda_mm_half): the two-a-SM walk gridded for one
-     * block an SM, each walking twice the row blocks, so that half of every SM's registers stay free and the next
-     * kernel's blocks start under PDL while this one streams, their first weight loads (before pdl_wait) in flight:
-     * ncu put 14 % of a gemma4-e4b gate|up warp's samples on a launch's first loads (NOTES (bp)). Same bits (which
-     * block walks a row block changes no sum; J is planned at two a SM either way). */
-    if (tern__cuda_mm_half < 0) tern__cuda_mm_half = tern__cuda_env_int("TERN_MM_HALF", 0) != 0;
-    const dim3 grid((unsigned)mm_grid_x(c, rblocks, a.ks, occ == 2 && tern__cuda_mm_half ? 1 : occ), (unsigned)a.ks);
+    const dim3 grid((unsigned)mm_grid_x(c, rblocks, a.ks, occ), (unsigned)a.ks);
     if (rope) { /* mm_go's XP1 + PP instance with the rope epilogue, or not served */
         mm_env();
         if (w0->bits != 4 || f16 || occ != 2 || a.ks < 2 || !mm_xp1(c) || mm_i8(c) || tern__cuda_gemv_mma_pp == 0) return 0;
