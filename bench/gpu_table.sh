@@ -34,6 +34,7 @@ for spec in ${GPU_TABLE:-llama3-8b:bf16 llama3-8b:q4 gemma4-e4b:bf16 gemma4-e4b:
         --prompt 128 --gen 128 --system 16 --requests 2 > "$clog" 2>&1
     echo "[$(( $(date +%s) - t0 ))s] concurrency $spec exit $?"
     # csv,conc,model,device,C,prompt,gen,out_tps,dec_tps,...
-    awk -F, -v m="$m" -v q="$q" -v c="$C" '/^csv,conc,/ { printf "batch,%s,%s,%s,%s,,%s,,\n", m, q, c, $5, $9 }' "$clog" >> "$T"
+    # (..., bw, floor_tps, dec_over_floor: the last three fields)
+    awk -F, -v m="$m" -v q="$q" -v c="$C" '/^csv,conc,/ { printf "batch,%s,%s,%s,%s,,%s,%s,%s\n", m, q, c, $5, $9, $(NF-1), $NF }' "$clog" >> "$T"
 done
-column -s, -t < "$T"
+if command -v column > /dev/null; then column -s, -t < "$T"; else tr , '\t' < "$T"; fi
