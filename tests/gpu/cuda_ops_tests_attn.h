@@ -534,6 +534,55 @@ TEST(cuda_moe_mlp) {
     }
 }
 
+/* TERN_CUDA_EXPERT_PF (gemv_kernel's one-row expert terms prefetched into L2 ahead, the ids and weights held in lanes):
+ * the MoE MLP's output bitwise the same with it off, one term ahead and every term at once */
+TEST(cuda_moe_expert_pf) {
+    extern int tern__cuda_expert_pf;
+    const int keep = tern__cuda_expert_pf;
+    static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } F[] = {
+        {TERN_DT_BF16, 0, 0, 0}, {TERN_DT_Q, 8, 32, TERN_DT_F16}, {TERN_DT_F32, 0, 0, 0}, {TERN_DT_Q, 4, 64, TERN_DT_BF16}};
+    const int H = 256, I = 704, E = 16, k = 8;
+    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++) {
+        hw fused = make_w(F[f].dt, F[f].bits, F[f].gs, F[f].sdt, E, 2 * I, H, 0);
+        hw down = make_w(F[f].dt, F[f].bits, F[f].gs, F[f].sdt, E, H, I, 0);
+        tern_tensor gr, ur, gg, ug, dg = down.t;
+        split_fused(&fused, &gr, &ur, I);
+        gg = gr;
+        ug = ur;
+        tern_error err = {0};
+        int ok = !g_gpu->vt->upload_weight(g_gpu, &gg, &err) && !g_gpu->vt->upload_weight(g_gpu, &ug, &err) &&
+                 !g_gpu->vt->upload_weight(g_gpu, &dg, &err);
+        CHECK(ok, "upload: %s", err.msg);
+        for (int n = 1; ok && n <= 3; n += 2) {
+            float *x = rnd((size_t)n * H, 1.0f), *lg = rnd((size_t)n * E, 2.0f), *wts = malloc(n * k * sizeof *wts);
+            int32_t *idx = malloc(n * k * sizeof *idx);
+            g_ref->vt->route_topk(g_ref, idx, wts, lg, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, NULL);
+            idx[1] = -1; /* a dead term: skipped alike */
+            void *xd = to_gpu(x, (size_t)n * H * 4), *id = to_gpu(idx, n * k * 4), *wd = to_gpu(wts, n * k * 4);
+            float *out[3] = {0};
+            static const int PF[3] = {0, 1, 32};
+            for (int v = 0; v < 3; v++) {
+                tern__cuda_expert_pf = PF[v];
+                void *yd = nan_buf(g_gpu, (size_t)n * H), *sd = nan_buf(g_gpu, (size_t)n * k * 2 * I);
+                g_gpu->vt->moe_mlp(g_gpu, yd, xd, n, H, id, wd, k, &gg, &ug, &dg, TERN_ACT_SILU, sd);
+                out[v] = from_gpu(g_gpu, yd, (size_t)n * H);
+                g_gpu->vt->free(g_gpu, yd); g_gpu->vt->free(g_gpu, sd);
+            }
+            char nm[64];
+            fmt_name(&fused.t, nm, sizeof nm);
+            for (int v = 1; v < 3; v++)
+                CHECK(!memcmp(out[0], out[v], (size_t)n * H * sizeof(float)), "%s n %d pf %d: not bitwise pf 0", nm, n, PF[v]);
+            printf("  moe expert pf %-16s n=%d bitwise\n", nm, n);
+            for (int v = 0; v < 3; v++) free(out[v]);
+            g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);
+            free(x); free(lg); free(wts); free(idx);
+        }
+        g_gpu->vt->free_weight(g_gpu, &gg); g_gpu->vt->free_weight(g_gpu, &ug); g_gpu->vt->free_weight(g_gpu, &dg);
+        free_w(&fused); free_w(&down);
+    }
+    tern__cuda_expert_pf = keep;
+}
+
 #include "ops/kvq.h"
 
 /* Bidirectional spans (tern_rows.vis_lo/vis_hi): slot 0 prefills its last P rows cut into
