@@ -983,7 +983,8 @@ fi
 #     down kernel's time at 0 / 8 (ncu). Make 8 (or the best) the default only if 26b-a4b bf16 gains.
 if [[ " $SECTIONS " == *" 81 "* ]]; then
     [ "${AB_OPS:-1}" = 1 ] && op_test cuda_moe_expert_pf,cuda_moe_mlp,cuda_moe_mma ops81
-    b1_sets "TERN_CUDA_EXPERT_PF=0;TERN_CUDA_EXPERT_PF=2;TERN_CUDA_EXPERT_PF=8" \
+    B81=""; [ -x build/base/tern-core ] && B81="BIN=build/base/tern-core TERN_CUDA_MM_ROT=1;" # the tree before (GPU_PACK_BASE)
+    b1_sets "${B81}TERN_CUDA_EXPERT_PF=0;TERN_CUDA_EXPERT_PF=2;TERN_CUDA_EXPERT_PF=8" \
         "${AB81_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-26b-a4b --quant q4}"
     for v in 0 8; do
         TERN_CUDA_EXPERT_PF=$v timeout 120 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none \
