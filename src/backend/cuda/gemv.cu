@@ -74,12 +74,12 @@ template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(G
     for (int r = 0; r < R; r++) orow[r] = o0 + r < a.out ? o0 + r : (active ? o0 : 0); /* clamp: recompute */
 
     const int terms = a.idx ? a.ksum : 1;
-    /* TERN_CUDA_EXPERT_PF (epf > 0; one activation row, k <= 32 terms: the one-row MoE down projection): lane j holds
+    /* TERN_CUDA_EXPERT_PF (epf > 0; one activation row, 1 < k <= 32 terms: the one-row MoE down projection): lane j holds
      * term j's expert id and router weight, loaded together, and each term's rows (the lane's chunks) go into L2 epf
      * terms before the term is multiplied. Without it a warp walks its k terms one after another, each behind a
      * dependent id load and its own round trips to DRAM (gemma4-26b-a4b bf16: the experts' down 17.9 µs for 32 MB
      * on an H100, NOTES (bq)). The same loads and arithmetic: the same bits. */
-    const bool epf = NX == 1 && a.idx && a.epf > 0 && a.ksum <= 32;
+    const bool epf = NX == 1 && a.idx && a.epf > 0 && a.ksum > 1 && a.ksum <= 32;
     int lid = -1;
     float lwt = 1.0f;
     if (epf && lane < a.ksum) {
