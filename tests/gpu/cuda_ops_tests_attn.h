@@ -538,6 +538,7 @@ TEST(cuda_moe_mlp) {
  * the MoE MLP's output bitwise the same with it off, one term ahead and every term at once */
 TEST(cuda_moe_expert_pf) {
     extern int tern__cuda_expert_pf;
+    extern unsigned long long tern__cuda_expert_pf_calls;
     const int keep = tern__cuda_expert_pf;
     static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } F[] = {
         {TERN_DT_BF16, 0, 0, 0}, {TERN_DT_Q, 8, 32, TERN_DT_F16}, {TERN_DT_F32, 0, 0, 0}, {TERN_DT_Q, 4, 64, TERN_DT_BF16}};
@@ -561,6 +562,7 @@ TEST(cuda_moe_expert_pf) {
             void *xd = to_gpu(x, (size_t)n * H * 4), *id = to_gpu(idx, n * k * 4), *wd = to_gpu(wts, n * k * 4);
             float *out[3] = {0};
             static const int PF[3] = {0, 1, 32};
+            const unsigned long long calls0 = tern__cuda_expert_pf_calls;
             for (int v = 0; v < 3; v++) {
                 tern__cuda_expert_pf = PF[v];
                 void *yd = nan_buf(g_gpu, (size_t)n * H), *sd = nan_buf(g_gpu, (size_t)n * k * 2 * I);
@@ -572,6 +574,9 @@ TEST(cuda_moe_expert_pf) {
             fmt_name(&fused.t, nm, sizeof nm);
             for (int v = 1; v < 3; v++)
                 CHECK(!memcmp(out[0], out[v], (size_t)n * H * sizeof(float)), "%s n %d pf %d: not bitwise pf 0", nm, n, PF[v]);
+            if (F[f].dt == TERN_DT_BF16) /* bf16 experts' down takes gemv_expert (Q4 takes moe_mma) */
+                CHECK(tern__cuda_expert_pf_calls == calls0 + 2, "%s n %d: %llu prefetching launches, want 2", nm, n,
+                      tern__cuda_expert_pf_calls - calls0);
             printf("  moe expert pf %-16s n=%d bitwise\n", nm, n);
             for (int v = 0; v < 3; v++) free(out[v]);
             g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);

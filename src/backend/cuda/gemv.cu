@@ -433,6 +433,8 @@ extern "C" void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, 
  * row prefetches each term's rows into L2 that many terms ahead (see the kernel). Read once; tests set it */
 extern "C" int tern__cuda_expert_pf;
 int tern__cuda_expert_pf = -1;
+extern "C" unsigned long long tern__cuda_expert_pf_calls; /* launches that prefetched (tests check the path ran) */
+unsigned long long tern__cuda_expert_pf_calls = 0;
 
 extern "C" void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, const float *x, int xdiv, int np,
                                        const int32_t *idx, const float *wts, int ksum, const tern__cuda_w *w,
@@ -459,6 +461,7 @@ extern "C" void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, con
         a.n = 1;
         a.epf = tern__cuda_expert_pf;
         launch(c, a, w, np - p0 < step ? np - p0 : step, 1);
+        if (a.epf > 0 && ksum > 1 && ksum <= 32) tern__cuda_expert_pf_calls++;
     }
 }
 
