@@ -50,7 +50,7 @@ struct GemvArgs {
     int ystride;
     int n;                 /* dense: activation rows (<= NX) */
     int br, ncs;           /* block FP8: rows per scale block, scale columns per matrix row block */
-    int epf;               /* expert mode, NX = 1, ksum <= 32: > 0 the terms' rows into L2 epf terms ahead (below) */
+    int epf;               /* expert mode, NX = 1, 1 < ksum <= 32: > 0 the terms' rows into L2 epf terms ahead (below) */
 };
 
 template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(GemvArgs a) {
