@@ -25,7 +25,7 @@
 # (TERN_CUDA_AD_LEAN, TERN_CUDA_AD_CHMIN=64) was written after session 18's last call and ran in session 19 (LEAN won:
 # default; CHMIN=64 tied); 24 (TCS's early copies, one block per SM), 25 (the long-context class) and 26
 # (TERN_CUDA_CARVE) ran in session 19. 56 and 57 (TERN_CUDA_GEMV_XRW) ran in session 39 (NOTES (ay)): default on. 58-61 (TERN_CUDA_AD_R1, _R1_512) ran in session 40
-# (NOTES (az)): default on; 62 (TERN_CUDA_AD_R1_LONG, _R1_PF) ran in session 41 (NOTES (ba)): both lost, removed; 63 (TERN_CUDA_SKIP, a probe) and 64 ran there too; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. 65 (TERN_ASYNC in the scheduler) ran in session 42 (NOTES (bb)); so did 66 (TERN_CUDA_DOWN_SPLIT: the down projection as S K-slices + one kernel adding them and staging the next pre-norm), which tied / lost and was removed. 77 (TERN_MM_HALF) ran in session 57 (NOTES (bq)): lost 10-23 %, removed. Keep this script as the template for the next switches: make one the default only
+# (NOTES (az)): default on; 62 (TERN_CUDA_AD_R1_LONG, _R1_PF) ran in session 41 (NOTES (ba)): both lost, removed; 63 (TERN_CUDA_SKIP, a probe) and 64 ran there too; 58's TERN_CUDA_AD_SKIP (no decode attention at all, a measurement) was removed after. 65 (TERN_ASYNC in the scheduler) ran in session 42 (NOTES (bb)); so did 66 (TERN_CUDA_DOWN_SPLIT: the down projection as S K-slices + one kernel adding them and staging the next pre-norm), which tied / lost and was removed. 71-74 (TERN_CUDA_GEMV_MMA_MIN, TERN_CUDA_MM_TAIL, TERN_CUDA_MM_SYNC; 73's SASS capture is 78's with AB78_MODEL) ran in sessions 55-56 (NOTES (bo), (bp)) and were removed with their switches; 77 (TERN_MM_HALF) ran in session 57 (NOTES (bq)): lost 10-23 %, removed. Keep this script as the template for the next switches: make one the default only
 # when it wins here and in the model runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -878,54 +878,6 @@ if [[ " $SECTIONS " == *" 69 "* ]]; then
     conc_ab "TERN_CUDA_QMMA=0;TERN_CUDA_QMMA=1;TERN_CUDA_QMMA_N=64" "${AB69_MODELS:-gemma4-12b:q4 gemma4-e4b:q4 gemma4-26b-a4b:q4 llama3-8b:q8}" 2,8,16,32
 fi
 
-# 71. session 54 (written after its last device call): TERN_CUDA_GEMV_MMA_MIN (gemv_mma.cu mm_plan: one-row Q calls of
-#     fewer code bytes stay on gemv1; there matmul_act_mul takes Gemma 4's Q4 per-layer input gate as one launch).
-#     Op tests, then b1 of gemma4-e4b q4 (its PLE gate / projection 320 KB, o 2.9 MB, q|k|v 4.3 MB) and gemma4-12b /
-#     llama3-8b q4 (no matrix under 8 MB: the control) at 0 / 512 / 8192 KB, interleaved. Default only if it wins.
-if [[ " $SECTIONS " == *" 71 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_gemv_mma,cuda_matmul_act_mul,cuda_norm_matmul,cuda_norm_qkv,cuda_fused ops71
-    b1_sets "${AB71_SETS:-TERN_CUDA_GEMV_MMA_MIN=0;TERN_CUDA_GEMV_MMA_MIN=512;TERN_CUDA_GEMV_MMA_MIN=8192}" \
-        "${AB71_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4;llama3-8b --quant q4}"
-fi
-
-# 72. session 55: TERN_CUDA_MM_TAIL (gemv_mma.cu mm_tail: the Q4 walk's last block runs the post-norm rmsnorm_add of
-#     Gemma 4's o / down / per-layer projection — ops.h matmul_norm_add — instead of a one-block launch after it:
-#     126 a gemma4-e4b q4 step, 4.35 µs each serialized on an H100, NOTES (bn)). Op test (bitwise the two launches),
-#     cuda parity and greedy ids with it on (on_checks: must say "same"), then b1 of gemma4-e4b / gemma4-12b q4 with
-#     the tail off / on, each with TERN_CUDA_GEMV_MMA_MIN 0 and 8192 (section 71's; TAIL=2: the tail's projections on
-#     the walk even under MIN), interleaved (llama3-8b has neither post-norms nor a matrix under 8 MB).
-if [[ " $SECTIONS " == *" 72 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_matmul_norm_add,cuda_gemv_mma_min,cuda_matmul_act_mul ops72
-    [ "${AB_PARITY:-1}" = 1 ] && on_checks TERN_CUDA_MM_TAIL bf16 gemma4_dense_q4g64 # hidden 64: o and down on the walk
-    b1_sets "${AB72_SETS:-TERN_CUDA_MM_TAIL=0;TERN_CUDA_MM_TAIL=1;TERN_CUDA_MM_TAIL=0 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=1 TERN_CUDA_GEMV_MMA_MIN=8192;TERN_CUDA_MM_TAIL=2 TERN_CUDA_GEMV_MMA_MIN=8192}" \
-        "${AB72_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4}"
-fi
-
-# 73. session 55 (written after its last device call): the batched-load mm_tail (TERN_CUDA_MM_TAIL=1; its first form
-#     lost 8 %, NOTES (bo)) and TERN_CUDA_MM_ROT=1 (mm_stage's table stores without bank conflicts; the same bits). Op
-#     tests, b1 of gemma4-e4b / gemma4-12b q4 (default / TAIL 1 / ROT 1, interleaved), then the per-instruction SASS
-#     counts of e4b's gate|up walk (the fifth one-row walk of the step) as CSV: which of its ~810 instructions a chunk to cut.
-if [[ " $SECTIONS " == *" 73 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_matmul_norm_add,cuda_gemv_mma_rot,cuda_gemv_mma_xp1,cuda_gemv_mma_pp_bits ops73
-    b1_sets "${AB73_SETS:-TERN_CUDA_MM_TAIL=0;TERN_CUDA_MM_TAIL=1;TERN_CUDA_MM_ROT=1}" \
-        "${AB73_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4}"
-    NCU=/usr/local/cuda/bin/ncu
-    timeout 120 $NCU --graph-profiling node -k regex:gemv_mma_kernel --launch-skip 4 --launch-count 1 --section SourceCounters \
-        --section WarpStateStats --section InstructionStats -o "$OUT/gu" $T bench --random gemma4-e4b --quant q4 --device cuda \
-        --prompt 16 --gen 2 --reps 1 --warmup 0 > "$OUT/gu_log.txt" 2>&1
-    timeout 60 $NCU --import "$OUT/gu.ncu-rep" --page source --csv --print-source sass > "$OUT/gu_sass.csv" 2> "$OUT/gu_sass_err.txt"
-    say "gate|up SASS counts: $(wc -l < "$OUT/gu_sass.csv") lines (gu_sass.csv in the archive: scripts/ncu_sass.py summarizes it)"
-fi
-
-# 74. session 56: split K's hand-off (TERN_CUDA_MM_SYNC: 0 SC fences by every thread, 1 acq_rel counting, 2 clusters
-#     of the slice blocks summing through distributed shared memory; ncu put ~20 % of e4b gate|up's warp samples in
-#     the fences, barriers and sums, NOTES (bp)); TAIL with 1 (its counter had the same fences). Op tests, then b1 q4.
-if [[ " $SECTIONS " == *" 74 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_gemv_mma_sync,cuda_gemv_mma_rot,cuda_matmul_norm_add,cuda_gemv_mma,cuda_gemv_xr ops74
-    b1_sets "${AB74_SETS:-TERN_CUDA_MM_SYNC=0;TERN_CUDA_MM_SYNC=1;TERN_CUDA_MM_SYNC=2;TERN_CUDA_MM_SYNC=2 TERN_CUDA_MM_TAIL=1}" \
-        "${AB74_MODELS:-gemma4-e4b --quant q4;gemma4-12b --quant q4;llama3-8b --quant q4}"
-fi
-
 # 75. session 56: acq_rel split-K counting everywhere (split_k.cuh: gemv_mma / gemv_xr, which section 74 timed, and
 #     now moe_mma and attn_decode's last-block merges) and the removals (MIN, TAIL, clusters), against the tree before
 #     them (build/base/tern-core: GPU_PACK_BASE=<HEAD's tern-core> gpu_check.sh pack; ROT on there too). Every op test
@@ -957,6 +909,7 @@ fi
 #     section-73 profile was mostly prologue): the load patterns alone (bench_cuda --pattern), the walk per llama3-8b
 #     shape (BENCH_GEMV1=q4), then per walk of layer 0 (q|k|v, o, gate|up, down: the first four one-row walks of a
 #     decode step) ncu's per-instruction SASS counters (wN_sass.csv: scripts/ncu_sass.py) and its details page.
+#     AB78_MODEL=M profiles another model's first four walks (the removed section 73 did gemma4-e4b's gate|up).
 if [[ " $SECTIONS " == *" 78 "* ]]; then
     timeout 120 build/bench_cuda --pattern > "$OUT/pattern78.txt" 2>&1
     grep '^csv' "$OUT/pattern78.txt" | cut -d, -f2- | tee -a "$S"
@@ -967,7 +920,7 @@ if [[ " $SECTIONS " == *" 78 "* ]]; then
         timeout 150 $NCU --graph-profiling node -k regex:gemv_mma_kernel --launch-skip $k --launch-count 1 \
             --section SourceCounters --section WarpStateStats --section InstructionStats --section SpeedOfLight \
             --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis -o "$OUT/w$k" $T bench \
-            --random llama3-8b --quant q4 --device cuda --prompt 16 --gen 2 --reps 1 --warmup 0 > "$OUT/w${k}_log.txt" 2>&1
+            --random "${AB78_MODEL:-llama3-8b}" --quant q4 --device cuda --prompt 16 --gen 2 --reps 1 --warmup 0 > "$OUT/w${k}_log.txt" 2>&1
         timeout 60 $NCU --import "$OUT/w$k.ncu-rep" --page source --csv --print-source sass > "$OUT/w${k}_sass.csv" 2>/dev/null
         timeout 60 $NCU --import "$OUT/w$k.ncu-rep" --page details > "$OUT/w${k}_details.txt" 2>&1
         say "walk $k: $(grep -E 'Grid Size|Duration|Registers Per|DRAM Throughput|Achieved Occupancy' "$OUT/w${k}_details.txt" | tr -s ' ' | tr '\n' ';')"

@@ -5,9 +5,9 @@
 #ifndef TERN_SPLIT_K_CUH
 #define TERN_SPLIT_K_CUH
 
-/* Split-K hand-offs (the last block to finish a group sums the others' partials). tern_arrive: one arrival at a
- * counter as an acq_rel RMW at gpu scope; returns the count before it. Call it after a block barrier that follows the
- * block's partial stores, and read the partials after a block barrier that follows the last arrival: under the PTX
+/* tern_arrive: one arrival at a counter as an acq_rel RMW at gpu scope; returns the count before it. Call it after a
+ * block barrier that follows the block's partial stores, and read the partials after a block barrier that follows the
+ * last arrival: under the PTX
  * memory model the barrier orders every thread's stores before the arriving thread's release (cumulative), and the
  * last arrival's acquire, then the barrier, orders the block's loads after every other block's stores — no fences.
  * Sequentially consistent fences in every thread around a plain atomicAdd (the form before) held ~9 % of a gemma4-e4b
