@@ -128,7 +128,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-81 82}"  # 80 (mm_ld4 with an L2::256B hint) ran in session 57 (NOTES (bq)): lost 1.5-4 %, removed; 79 (the first chunk's scales packed after the staging, TERN_CUDA_GEMV_L2D) ran in session 57 (NOTES (bq)): both lost, removed; 78 ran in session 57 (NOTES (bq): ncu of llama3-8b's walks); 77 ran in session 57 (NOTES (bq): TERN_MM_HALF lost, removed); 76 ran in session 56 (NOTES (bp): NORM_RES=1 lost again); 75 ran in session 56 (NOTES (bp): +3-5.6 % b1 q4 against the tree before); 74 ran in session 56 (NOTES (bp): acq_rel counting won, clusters lost); 73 ran in session 56 (NOTES (bp): ROT won, now the default; TAIL lost again); 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-78}"  # 81 (EXPERT_PF, removed), 82 (QG4_MAX_N=64 lost) and 83 (NORM_ROUTE won) ran in session 58 (NOTES (br)); 80 (mm_ld4 with an L2::256B hint) ran in session 57 (NOTES (bq)): lost 1.5-4 %, removed; 79 (the first chunk's scales packed after the staging, TERN_CUDA_GEMV_L2D) ran in session 57 (NOTES (bq)): both lost, removed; 78 ran in session 57 (NOTES (bq): ncu of llama3-8b's walks); 77 ran in session 57 (NOTES (bq): TERN_MM_HALF lost, removed); 76 ran in session 56 (NOTES (bp): NORM_RES=1 lost again); 75 ran in session 56 (NOTES (bp): +3-5.6 % b1 q4 against the tree before); 74 ran in session 56 (NOTES (bp): acq_rel counting won, clusters lost); 73 ran in session 56 (NOTES (bp): ROT won, now the default; TAIL lost again); 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -929,30 +929,51 @@ if [[ " $SECTIONS " == *" 78 "* ]]; then
     done
 fi
 
-# 81. session 57 (written after its last device call): TERN_CUDA_EXPERT_PF (gemv.cu gemv_kernel's one-row expert mode:
-#     the k expert ids and weights loaded together into lanes, each term's rows prefetched into L2 PF terms ahead; the
-#     same bits; NOTES (bq) 8: gemma4-26b-a4b bf16's experts' down ran 17.9 µs for 32 MB, its k terms one after another).
-#     Op tests, then b1 of gemma4-26b-a4b bf16 at PF 0 / 2 / 8 (the q4 model's experts take moe_mma: a control), and the
-#     down kernel's time at 0 / 8 (ncu). Make 8 (or the best) the default only if 26b-a4b bf16 gains.
-if [[ " $SECTIONS " == *" 81 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_moe_expert_pf,cuda_moe_mlp,cuda_moe_mma ops81
-    B81=""; [ -x build/base/tern-core ] && B81="BIN=build/base/tern-core TERN_CUDA_MM_ROT=1;" # the tree before (GPU_PACK_BASE)
-    b1_sets "${B81}TERN_CUDA_EXPERT_PF=0;TERN_CUDA_EXPERT_PF=2;TERN_CUDA_EXPERT_PF=8" \
-        "${AB81_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-26b-a4b --quant q4}"
-    for v in 0 8; do
-        TERN_CUDA_EXPERT_PF=$v timeout 120 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none \
-            --clock-control none -k regex:gemv_kernel --metrics gpu__time_duration.sum --csv --print-units base $T bench \
-            --random gemma4-26b-a4b --device cuda --prompt 64 --gen 2 --reps 1 --warmup 0 > "$OUT/ncu81_$v.csv" 2>&1
-        say "experts' down PF $v (ncu, µs): $(grep gemv_kernel "$OUT/ncu81_$v.csv" | tail -30 | awk -F'","' '{print $NF}' |
-            tr -d '"' | awk '{s += $1; n++} END {if (n) printf "%.2f over %d launches", s / n / 1000, n}')"
-    done
-fi
-
-# 82. session 57 (queued, no code): batch-128 decode of Q4 ran slower than bf16's on the H100 (llama3-8b 12143 vs
+# 82. session 57 (queued, no code; ran in session 58, NOTES (br): 64 lost 41 % at 128 sequences): batch-128 decode of Q4 ran slower than bf16's on the H100 (llama3-8b 12143 vs
 #     15320 dec tok/s, gemma4-12b 5634 vs 7445; 64 rows: 11707, 5274 — NOTES (bq) 4): 65..128 rows of Q4 on qgemm_q4's
 #     wgmma kernel (TERN_CUDA_QG4_MAX_N=128, the default) against dequantize + cuBLASLt above 64 rows (=64).
 if [[ " $SECTIONS " == *" 82 "* ]]; then
     conc_ab "TERN_CUDA_QG4_MAX_N=128;TERN_CUDA_QG4_MAX_N=64" "llama3-8b:q4 gemma4-12b:q4" 64,128
+fi
+
+# 83. session 58: TERN_CUDA_NORM_ROUTE (moe.cu norm_route_kernel: Gemma 4's MoE block head for one row — the three
+#     norms, the router's logits over f32 x and the top-k — one launch instead of rmsnorm_n + the router GEMV +
+#     route_kernel, ~14 µs of a 26b-a4b layer serialized, NOTES (bq) 8). Op tests, parity + greedy ids with it on,
+#     b1 of gemma4-26b-a4b bf16 / q4 off / on, the fused kernel's time (ncu). Ran in session 58 (NOTES (br)): the first
+#     form lost 3.5 %, the second won 0.4-1.3 % (default since); EXPERT_PF (section 81, removed) lost at 2 and 8.
+if [[ " $SECTIONS " == *" 83 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_norm_route_topk,cuda_route_topk ops83
+    [ "${AB_OPS:-1}" = 1 ] && on_checks TERN_CUDA_NORM_ROUTE bf16 "gemma4_moe_like gemma4_moe_mixed"
+    b1_sets "${AB83_SETS:-TERN_CUDA_NORM_ROUTE=0;TERN_CUDA_NORM_ROUTE=1}" \
+        "${AB83_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-26b-a4b --quant q4}"
+    for v in 0 1; do
+        TERN_CUDA_NORM_ROUTE=$v timeout 120 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none \
+            --clock-control none -k regex:'norm_route|rmsnorm_n|route_kernel' --metrics gpu__time_duration.sum --csv \
+            --print-units base $T bench --random gemma4-26b-a4b --device cuda --prompt 64 --gen 2 --reps 1 --warmup 0 \
+            > "$OUT/ncu83_$v.csv" 2>&1
+        say "NORM_ROUTE $v (ncu, µs each, the last step's launches): $(grep -E 'norm_route|rmsnorm_n|route_kernel' \
+            "$OUT/ncu83_$v.csv" | tail -60 | awk -F'","' '{n = $5; sub(/[<(].*/, "", n); gsub(/[",]/, "", $NF); t[n] += $NF; c[n]++}
+            END {for (k in t) printf "%s %.2f x%d  ", k, t[k] / c[k] / 1000, c[k]}')"
+    done
+fi
+
+# 84. session 58: TERN_CUDA_MOE_DOWN1 (moe.cu moe_down1_kernel: the pair path's BF16 / F16 experts' down projection,
+#     a term a warp with every chunk load of a term in flight; gemv_kernel's expert mode walked a warp's k terms one
+#     after another: gemma4-26b-a4b bf16's down 17.9 µs for 32 MB, NOTES (bq) 8). Op tests, parity + greedy ids with
+#     it on, b1 of gemma4-26b-a4b bf16 off / on (q4's experts take moe_mma), the down kernels' times (ncu).
+if [[ " $SECTIONS " == *" 84 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_moe_down1,cuda_moe_mlp ops84
+    [ "${AB_OPS:-1}" = 1 ] && on_checks TERN_CUDA_MOE_DOWN1 bf16 "gemma4_moe_like gemma4_moe_mixed"
+    b1_sets "TERN_CUDA_MOE_DOWN1=0;TERN_CUDA_MOE_DOWN1=1" "${AB84_MODELS:-gemma4-26b-a4b --quant bf16}"
+    for v in 0 1; do
+        TERN_CUDA_MOE_DOWN1=$v timeout 120 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none \
+            --clock-control none -k regex:'moe_down1|gemv_kernel' --metrics gpu__time_duration.sum --csv \
+            --print-units base $T bench --random gemma4-26b-a4b --device cuda --prompt 64 --gen 2 --reps 1 --warmup 0 \
+            > "$OUT/ncu84_$v.csv" 2>&1
+        say "MOE_DOWN1 $v (ncu, µs each, the last step's launches): $(grep -E 'moe_down1|gemv_kernel' \
+            "$OUT/ncu84_$v.csv" | tail -30 | awk -F'","' '{n = $5; sub(/[<(].*/, "", n); gsub(/[",]/, "", $NF); t[n] += $NF; c[n]++}
+            END {for (k in t) printf "%s %.2f x%d  ", k, t[k] / c[k] / 1000, c[k]}')"
+    done
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -263,13 +263,12 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         if (lc->moe) {
             int E = c->n_expert, K = c->n_expert_used;
             /* the dense branch's post-norm, the router's input norm0(r)·scale·H^-1/2 (into m2, free until the
-             * experts write it) and the experts' pre-norm: one launch where the backend has rmsnorm_n */
+             * experts write it) and the experts' pre-norm, the router and the top-k: one launch where the backend
+             * serves norm_route_topk */
             float *ny[3] = {g->o, g->m2, g->x2};
             const float *nx[3] = {g->o, x, x}, *nw[3] = {L->post_ff1_norm, L->router_scale, L->pre_ff2_norm};
-            const int nr[3] = {n, n, n};
-            tern__rmsnorm_n(m, 3, ny, nx, nr, H, nw, eps);
-            op->matmul(be, g->lg, g->m2, n, &L->router);
-            op->route_topk(be, g->idx, g->wts, g->lg, n, E, K, TERN_ROUTE_SOFTMAX_TOPK, L->per_expert_scale);
+            tern__norm_route_topk(m, n, H, ny, nx, nw, eps, &L->router, g->lg, g->idx, g->wts, E, K,
+                                  TERN_ROUTE_SOFTMAX_TOPK, L->per_expert_scale);
             tern__moe_mlp(m, l, g->m2, g->x2, n, H, g->idx, g->wts, K, &L->egate, &L->eup, &L->edown,
                         TERN_ACT_GELU_TANH, g->moe_scratch);
             tern_allreduce_sum(be, g->m2, (size_t)n * H); /* expert parallel: each rank ran its experts */

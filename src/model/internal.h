@@ -206,6 +206,20 @@ static inline void tern__rmsnorm_n(tern_model *m, int k, float *const *y, const 
     if (op->rmsnorm_n && op->rmsnorm_n(m->be, k, y, x, rows, d, w, eps)) return;
     for (int i = 0; i < k; i++) op->rmsnorm(m->be, y[i], x[i], rows[i], d, w[i], eps);
 }
+/* A MoE block's head: three RMSNorms of n rows (rmsnorm_n), the router's logits of y[1] and the top-k — ops.h
+ * norm_route_topk where the backend serves it (one launch), else those three ops */
+static inline void tern__norm_route_topk(tern_model *m, int n, int d, float *const *y, const float *const *x,
+                                         const float *const *w, float eps, const tern_tensor *router, float *logits,
+                                         int32_t *idx, float *wts, int E, int k, int mode, const float *pes) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->norm_route_topk &&
+        op->norm_route_topk(m->be, n, d, y, x, w, eps, router, logits, idx, wts, E, k, mode, pes))
+        return;
+    const int nr[3] = {n, n, n};
+    tern__rmsnorm_n(m, 3, y, x, nr, d, w, eps);
+    op->matmul(m->be, logits, y[1], n, router);
+    op->route_topk(m->be, idx, wts, logits, n, E, k, mode, pes);
+}
 /* y = act(a) ⊙ b over cnt elements, act TERN_ACT_SILU or TERN_ACT_GELU_TANH */
 static inline void tern__act_mul(tern_model *m, float *y, const float *a, const float *b, size_t cnt, int act) {
     if (act == TERN_ACT_SILU) m->be->vt->silu_mul(m->be, y, a, b, cnt);

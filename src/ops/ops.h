@@ -437,6 +437,14 @@ typedef struct tern_backend_vt {
      * tern__pending_matmul_act_mul runs those ops). Gemma 4's per-layer input gate; CUDA: one row, BF16 / F16. */
     int (*matmul_act_mul)(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int act,
                           const float *v, const tern_norm_res *res, float eps);
+    /* A MoE block's head (appended; optional): rmsnorm_n(3, y, x, rows n each, d, w, eps) bitwise, then
+     * logits[n, E] = y[1]·routerᵀ in f32 (x not rounded: the router is precise; within f32 rounding of matmul, another
+     * summation order) and route_topk(idx, wts, logits, n, E, k, mode, per_expert_scale) over those logits. 0 = not
+     * done, nothing written (src/model/internal.h tern__norm_route_topk runs the three ops). Gemma 4's MoE layers;
+     * CUDA: one row, one launch. */
+    int (*norm_route_topk)(tern_backend *be, int n, int d, float *const *y, const float *const *x,
+                           const float *const *w, float eps, const tern_tensor *router, float *logits, int32_t *idx,
+                           float *wts, int E, int k, int mode, const float *per_expert_scale);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

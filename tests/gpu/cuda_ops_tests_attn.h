@@ -534,58 +534,145 @@ TEST(cuda_moe_mlp) {
     }
 }
 
-/* TERN_CUDA_EXPERT_PF (gemv_kernel's one-row expert terms prefetched into L2 ahead, the ids and weights held in lanes):
- * the MoE MLP's output bitwise the same with it off, one term ahead and every term at once */
-TEST(cuda_moe_expert_pf) {
-    extern int tern__cuda_expert_pf;
-    extern unsigned long long tern__cuda_expert_pf_calls;
-    const int keep = tern__cuda_expert_pf;
-    static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } F[] = {
-        {TERN_DT_BF16, 0, 0, 0}, {TERN_DT_Q, 8, 32, TERN_DT_F16}, {TERN_DT_F32, 0, 0, 0}, {TERN_DT_Q, 4, 64, TERN_DT_BF16}};
-    const int H = 256, I = 704, E = 16, k = 8;
+/* TERN_CUDA_MOE_DOWN1 (moe.cu moe_down1_kernel: the pair path's BF16 / F16 down projection, a term a warp) against
+ * the CPU reference and against gemv_kernel's expert mode: output rows not a multiple of 4, I of one round (704) and
+ * of two (1600), k 8 and 11 (a warp with two terms), a dead term (-1: skipped alike, GPU forms compared) */
+TEST(cuda_moe_down1) {
+    extern int tern__cuda_moe_down1;
+    extern unsigned long long tern__cuda_moe_down1_calls;
+    const int keep = tern__cuda_moe_down1;
+    static const struct { tern_dtype dt; int I, k; } F[] = {
+        {TERN_DT_BF16, 704, 8}, {TERN_DT_F16, 704, 11}, {TERN_DT_BF16, 1600, 8}};
+    const int H = 302, E = 16;
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++) {
-        hw fused = make_w(F[f].dt, F[f].bits, F[f].gs, F[f].sdt, E, 2 * I, H, 0);
-        hw down = make_w(F[f].dt, F[f].bits, F[f].gs, F[f].sdt, E, H, I, 0);
-        tern_tensor gr, ur, gg, ug, dg = down.t;
+        const int I = F[f].I, k = F[f].k;
+        hw fused = make_w(F[f].dt, 0, 0, 0, E, 2 * I, H, 0), down = make_w(F[f].dt, 0, 0, 0, E, H, I, 0);
+        tern_tensor gr, ur, gg, ug, dr = down.t, dg = down.t;
         split_fused(&fused, &gr, &ur, I);
         gg = gr;
         ug = ur;
         tern_error err = {0};
         int ok = !g_gpu->vt->upload_weight(g_gpu, &gg, &err) && !g_gpu->vt->upload_weight(g_gpu, &ug, &err) &&
-                 !g_gpu->vt->upload_weight(g_gpu, &dg, &err);
+                 !g_gpu->vt->upload_weight(g_gpu, &dg, &err) && !g_ref->vt->upload_weight(g_ref, &gr, &err) &&
+                 !g_ref->vt->upload_weight(g_ref, &ur, &err) && !g_ref->vt->upload_weight(g_ref, &dr, &err);
         CHECK(ok, "upload: %s", err.msg);
-        for (int n = 1; ok && n <= 3; n += 2) {
-            float *x = rnd((size_t)n * H, 1.0f), *lg = rnd((size_t)n * E, 2.0f), *wts = malloc(n * k * sizeof *wts);
-            int32_t *idx = malloc(n * k * sizeof *idx);
-            g_ref->vt->route_topk(g_ref, idx, wts, lg, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, NULL);
-            idx[1] = -1; /* a dead term: skipped alike */
-            void *xd = to_gpu(x, (size_t)n * H * 4), *id = to_gpu(idx, n * k * 4), *wd = to_gpu(wts, n * k * 4);
-            float *out[3] = {0};
-            static const int PF[3] = {0, 1, 32};
-            const unsigned long long calls0 = tern__cuda_expert_pf_calls;
-            for (int v = 0; v < 3; v++) {
-                tern__cuda_expert_pf = PF[v];
-                void *yd = nan_buf(g_gpu, (size_t)n * H), *sd = nan_buf(g_gpu, (size_t)n * k * 2 * I);
-                g_gpu->vt->moe_mlp(g_gpu, yd, xd, n, H, id, wd, k, &gg, &ug, &dg, TERN_ACT_SILU, sd);
-                out[v] = from_gpu(g_gpu, yd, (size_t)n * H);
-                g_gpu->vt->free(g_gpu, yd); g_gpu->vt->free(g_gpu, sd);
+        for (int n = 1; ok && n <= 3; n += 2)
+            for (int dead = 0; dead < 2; dead++) {
+                float *x = rnd((size_t)n * H, 1.0f), *lg = rnd((size_t)n * E, 2.0f), *wts = malloc(n * k * sizeof *wts);
+                int32_t *idx = malloc(n * k * sizeof *idx);
+                g_ref->vt->route_topk(g_ref, idx, wts, lg, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, NULL);
+                float *yr = malloc((size_t)n * H * sizeof *yr), *scr = malloc((size_t)n * k * 2 * I * sizeof *scr);
+                if (!dead) g_ref->vt->moe_mlp(g_ref, yr, x, n, H, idx, wts, k, &gr, &ur, &dr, TERN_ACT_GELU_TANH, scr);
+                else idx[1] = -1;
+                void *xd = to_gpu(x, (size_t)n * H * 4), *id = to_gpu(idx, n * k * 4), *wd = to_gpu(wts, n * k * 4);
+                float *yg[2];
+                unsigned long long c0 = 0;
+                for (int v = 0; v < 2; v++) {
+                    tern__cuda_moe_down1 = v;
+                    c0 = tern__cuda_moe_down1_calls;
+                    void *yd = nan_buf(g_gpu, (size_t)n * H), *sd = nan_buf(g_gpu, (size_t)n * k * 2 * I);
+                    g_gpu->vt->moe_mlp(g_gpu, yd, xd, n, H, id, wd, k, &gg, &ug, &dg, TERN_ACT_GELU_TANH, sd);
+                    yg[v] = from_gpu(g_gpu, yd, (size_t)n * H);
+                    g_gpu->vt->free(g_gpu, yd); g_gpu->vt->free(g_gpu, sd);
+                }
+                char nm[64];
+                fmt_name(&down.t, nm, sizeof nm);
+                if (n == 1) CHECK(tern__cuda_moe_down1_calls == c0 + 1, "%s: moe_down1 did not run", nm);
+                const double rv = rel_or_nan(yg[1], yg[0], (size_t)n * H);
+                const double rr = dead ? 0.0 : rel_or_nan(yg[1], yr, (size_t)n * H);
+                CHECK(rv <= 1e-6 && rr <= 1e-5, "%s I %d k %d n %d dead %d: rel %.2e to gemv_kernel, %.2e to cpu-ref", nm,
+                      I, k, n, dead, rv, rr);
+                printf("  moe_down1 %-14s I %-4d k %-2d n %d dead %d: rel %.1e to gemv_kernel, %.1e to cpu-ref\n", nm,
+                       I, k, n, dead, rv, rr);
+                g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);
+                free(x); free(lg); free(wts); free(idx); free(yr); free(scr); free(yg[0]); free(yg[1]);
             }
-            char nm[64];
-            fmt_name(&fused.t, nm, sizeof nm);
-            for (int v = 1; v < 3; v++)
-                CHECK(!memcmp(out[0], out[v], (size_t)n * H * sizeof(float)), "%s n %d pf %d: not bitwise pf 0", nm, n, PF[v]);
-            if (F[f].dt == TERN_DT_BF16) /* bf16 experts' down takes gemv_expert (Q4 takes moe_mma) */
-                CHECK(tern__cuda_expert_pf_calls == calls0 + 2, "%s n %d: %llu prefetching launches, want 2", nm, n,
-                      tern__cuda_expert_pf_calls - calls0);
-            printf("  moe expert pf %-16s n=%d bitwise\n", nm, n);
-            for (int v = 0; v < 3; v++) free(out[v]);
-            g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);
-            free(x); free(lg); free(wts); free(idx);
-        }
         g_gpu->vt->free_weight(g_gpu, &gg); g_gpu->vt->free_weight(g_gpu, &ug); g_gpu->vt->free_weight(g_gpu, &dg);
         free_w(&fused); free_w(&down);
     }
-    tern__cuda_expert_pf = keep;
+    tern__cuda_moe_down1 = keep;
+}
+
+/* ops.h norm_route_topk (moe.cu, one launch) against the three ops it stands for (rmsnorm_n, the router matmul,
+ * route_topk): the norms bitwise, the logits within f32 rounding, the same experts; twice in a row bitwise (the
+ * arrival counter back at zero); more than one row declined */
+TEST(cuda_norm_route_topk) {
+    extern int tern__cuda_norm_route;
+    extern unsigned long long tern__cuda_norm_route_calls;
+    const int keep = tern__cuda_norm_route;
+    static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; int d, E, k; } F[] = {
+        {TERN_DT_BF16, 0, 0, 0, 2816, 128, 8},         {TERN_DT_Q, 4, 64, TERN_DT_BF16, 2816, 128, 8},
+        {TERN_DT_Q, 8, 32, TERN_DT_F16, 1536, 203, 4}, {TERN_DT_F32, 0, 0, 0, 512, 64, 6},
+        {TERN_DT_Q, 4, 128, TERN_DT_F32, 1024, 256, 8}};
+    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++) {
+        const int d = F[f].d, E = F[f].E, k = F[f].k;
+        hw r = make_w(F[f].dt, F[f].bits, F[f].gs, F[f].sdt, 1, E, d, 0);
+        tern_tensor rt = r.t;
+        rt.precise = 1;
+        tern_error err = {0};
+        const int up_ok = !g_gpu->vt->upload_weight(g_gpu, &rt, &err);
+        CHECK(up_ok, "upload: %s", err.msg);
+        if (!up_ok) { free_w(&r); continue; }
+        float *o = rnd(d, 2.0f), *x = rnd(d, 3.0f), *pes = rnd(E, 1.0f), *w[3];
+        void *xd = to_gpu(x, d * 4), *pd = to_gpu(pes, E * 4), *wd[3];
+        for (int i = 0; i < 3; i++) {
+            w[i] = rnd(d, 1.0f);
+            for (int j = 0; j < d; j++) w[i][j] += 1.0f;
+            wd[i] = to_gpu(w[i], d * 4);
+        }
+        float *got[3][6] = {{0}}; /* run v: o, y1, y2, logits, wts, idx (as bits) */
+        for (int v = 0; v < 3; v++) {
+            tern__cuda_norm_route = v > 0;
+            void *od = to_gpu(o, d * 4), *y1 = nan_buf(g_gpu, d), *y2 = nan_buf(g_gpu, d), *lg = nan_buf(g_gpu, E),
+                 *wt = nan_buf(g_gpu, k), *id = nan_buf(g_gpu, k);
+            float *ys[3] = {od, y1, y2};
+            const float *xs[3] = {od, xd, xd}, *ws[3] = {wd[0], wd[1], wd[2]};
+            const unsigned long long c0 = tern__cuda_norm_route_calls;
+            int done = g_gpu->vt->norm_route_topk(g_gpu, 1, d, ys, xs, ws, 1e-6f, &rt, lg, id, wt, E, k,
+                                                  TERN_ROUTE_SOFTMAX_TOPK, pd);
+            CHECK(done == (v > 0) && tern__cuda_norm_route_calls == c0 + (v > 0), "case %zu run %d: served %d", f, v,
+                  done);
+            if (!done) {
+                const int nr[3] = {1, 1, 1};
+                g_gpu->vt->rmsnorm_n(g_gpu, 3, ys, xs, nr, d, ws, 1e-6f);
+                g_gpu->vt->matmul(g_gpu, lg, y1, 1, &rt);
+                g_gpu->vt->route_topk(g_gpu, id, wt, lg, 1, E, k, TERN_ROUTE_SOFTMAX_TOPK, pd);
+            }
+            got[v][0] = from_gpu(g_gpu, od, d);
+            got[v][1] = from_gpu(g_gpu, y1, d);
+            got[v][2] = from_gpu(g_gpu, y2, d);
+            got[v][3] = from_gpu(g_gpu, lg, E);
+            got[v][4] = from_gpu(g_gpu, wt, k);
+            got[v][5] = from_gpu(g_gpu, id, k);
+            void *fr[] = {od, y1, y2, lg, wt, id};
+            for (int i = 0; i < 6; i++) g_gpu->vt->free(g_gpu, fr[i]);
+        }
+        char nm[64];
+        fmt_name(&r.t, nm, sizeof nm);
+        for (int i = 0; i < 3; i++)
+            CHECK(!memcmp(got[0][i], got[1][i], d * 4), "%s: norm %d not bitwise rmsnorm_n", nm, i);
+        const double rl = rel_or_nan(got[1][3], got[0][3], E), rw = rel_or_nan(got[1][4], got[0][4], k);
+        const int same = !memcmp(got[0][5], got[1][5], k * 4);
+        CHECK(rl <= 1e-5 && rw <= 1e-5 && same, "%s E %d k %d: logits rel %.2e, wts rel %.2e, ids %s", nm, E, k, rl, rw,
+              same ? "same" : "differ");
+        for (int i = 0; i < 6; i++)
+            CHECK(!memcmp(got[1][i], got[2][i], (i < 3 ? d : i == 3 ? E : k) * 4), "%s: run 2 differs in %d", nm, i);
+        {   /* more than one row: declined, nothing launched */
+            float *ys[3] = {NULL, NULL, NULL};
+            const float *xs[3] = {NULL, NULL, NULL}, *ws[3] = {NULL, NULL, NULL};
+            CHECK(!g_gpu->vt->norm_route_topk(g_gpu, 2, d, ys, xs, ws, 1e-6f, &rt, NULL, NULL, NULL, E, k,
+                                              TERN_ROUTE_SOFTMAX_TOPK, NULL), "%s: two rows served", nm);
+        }
+        printf("  norm_route_topk %-16s d %d E %d k %d: norms bitwise, logits rel %.1e, ids same\n", nm, d, E, k, rl);
+        for (int v = 0; v < 3; v++)
+            for (int i = 0; i < 6; i++) free(got[v][i]);
+        for (int i = 0; i < 3; i++) { g_gpu->vt->free(g_gpu, wd[i]); free(w[i]); }
+        g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, pd);
+        free(o); free(x); free(pes);
+        g_gpu->vt->free_weight(g_gpu, &rt);
+        free_w(&r);
+    }
+    tern__cuda_norm_route = keep;
 }
 
 #include "ops/kvq.h"

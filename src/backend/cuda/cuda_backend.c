@@ -363,6 +363,13 @@ static int be_rmsnorm_n(tern_backend *be, int k, float *const *y, const float *c
     tern__cuda_rmsnorm_n(C(be), k, y, x, rows, d, w, eps);
     return 1;
 }
+static int be_norm_route_topk(tern_backend *be, int n, int d, float *const *y, const float *const *x,
+                              const float *const *w, float eps, const tern_tensor *router, float *logits,
+                              int32_t *idx, float *wts, int E, int k, int mode, const float *pes) {
+    tern__cuda_w v;
+    tern__cuda_wview(router, &v);
+    return tern__cuda_norm_route_topk(C(be), n, d, y, x, w, eps, &v, logits, idx, wts, E, k, mode, pes);
+}
 static double be_copy_rate(tern_backend *be, size_t bytes) {
     tern__cuda *c = C(be);
     void *a = NULL, *b = NULL;
@@ -695,6 +702,7 @@ static const tern_backend_vt k_cuda_vt = {
     .norm_qkv_attention_o = be_norm_qkv_attention_o,
     .norm_mlp = be_norm_mlp,
     .matmul_act_mul = be_matmul_act_mul,
+    .norm_route_topk = be_norm_route_topk,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
     .reserve_rows = be_reserve_rows,

@@ -336,6 +336,10 @@ const int32_t *tern__cuda_moe_remap(tern__cuda *c, const int32_t *idx, const int
 /* moe.cu */
 void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, const float *logits, int n, int E, int k,
                            int mode, const float *per_expert_scale);
+/* moe.cu: ops.h norm_route_topk for one row in one launch (BF16 / F32 / Q4 / Q8 routers, E <= 256); 0 = declined */
+int tern__cuda_norm_route_topk(tern__cuda *c, int n, int d, float *const *y, const float *const *x,
+                               const float *const *w, float eps, const tern__cuda_w *r, float *logits, int32_t *idx,
+                               float *wts, int E, int k, int mode, const float *pes);
 void tern__cuda_moe_mlp(tern__cuda *c, float *y, const float *x, int n, int H, const int32_t *idx,
                         const float *wts, int k, const tern__cuda_w *gate, const tern__cuda_w *up,
                         const tern__cuda_w *down, int act, float *scratch);

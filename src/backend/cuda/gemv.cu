@@ -50,7 +50,6 @@ struct GemvArgs {
     int ystride;
     int n;                 /* dense: activation rows (<= NX) */
     int br, ncs;           /* block FP8: rows per scale block, scale columns per matrix row block */
-    int epf;               /* expert mode, NX = 1, 1 < ksum <= 32: > 0 the terms' rows into L2 epf terms ahead (below) */
 };
 
 template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(GemvArgs a) {
@@ -74,39 +73,15 @@ template <int KIND, int NX> __global__ void __launch_bounds__(128) gemv_kernel(G
     for (int r = 0; r < R; r++) orow[r] = o0 + r < a.out ? o0 + r : (active ? o0 : 0); /* clamp: recompute */
 
     const int terms = a.idx ? a.ksum : 1;
-    /* TERN_CUDA_EXPERT_PF (epf > 0; one activation row, 1 < k <= 32 terms: the one-row MoE down projection): lane j holds
-     * term j's expert id and router weight, loaded together, and each term's rows (the lane's chunks) go into L2 epf
-     * terms before the term is multiplied. Without it a warp walks its k terms one after another, each behind a
-     * dependent id load and its own round trips to DRAM (gemma4-26b-a4b bf16: the experts' down 17.9 µs for 32 MB
-     * on an H100, NOTES (bq)). The same loads and arithmetic: the same bits. */
-    const bool epf = NX == 1 && a.idx && a.epf > 0 && a.ksum > 1 && a.ksum <= 32;
-    int lid = -1;
-    float lwt = 1.0f;
-    if (epf && lane < a.ksum) {
-        lid = a.idx[p * a.ksum + lane];
-        if (a.wts) lwt = a.wts[p * a.ksum + lane];
-    }
-    auto pf_term = [&](int j) { /* term j's rows of this warp into L2 */
-        const int e = __shfl_sync(0xffffffffu, lid, j);
-        if (e < 0 || e >= a.nmat) return;
-        const uint8_t *m = a.data + (size_t)e * a.mat_bytes;
-        for (int c = lane; c < nch; c += 32)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(m + (size_t)orow[r] * rb + (size_t)c * (K::WORDS * 4)));
-    };
-    if (epf)
-        for (int j = 0; j < terms && j < a.epf; j++) pf_term(j);
     for (int j = 0; j < terms; j++) {
         int e = a.e;
         float coef = 1.0f;
         const float *xb = a.x;
         if (a.idx) {
             const int pair = p * a.ksum + j;
-            if (epf && j + a.epf < terms) pf_term(j + a.epf);
-            e = epf ? __shfl_sync(0xffffffffu, lid, j) : a.idx[pair];
+            e = a.idx[pair];
             if (e < 0 || e >= a.nmat) continue;
-            if (a.wts) coef = epf ? __shfl_sync(0xffffffffu, lwt, j) : a.wts[pair];
+            if (a.wts) coef = a.wts[pair];
             xb = a.x + (size_t)(pair / a.xdiv) * a.xstride;
         }
         const uint8_t *mat = a.data + (size_t)e * a.mat_bytes;
@@ -429,21 +404,10 @@ extern "C" void tern__cuda_gemv(tern__cuda *c, float *y, const float *x, int n, 
     }
 }
 
-/* TERN_CUDA_EXPERT_PF (default 0 = off until timed on a GPU; 1..32): gemv_kernel's expert mode with one activation
- * row prefetches each term's rows into L2 that many terms ahead (see the kernel). Read once; tests set it */
-extern "C" int tern__cuda_expert_pf;
-int tern__cuda_expert_pf = -1;
-extern "C" unsigned long long tern__cuda_expert_pf_calls; /* launches that prefetched (tests check the path ran) */
-unsigned long long tern__cuda_expert_pf_calls = 0;
-
 extern "C" void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, const float *x, int xdiv, int np,
                                        const int32_t *idx, const float *wts, int ksum, const tern__cuda_w *w,
                                        int nmat, int xstride) {
     if (np <= 0) return;
-    if (tern__cuda_expert_pf < 0) {
-        const int v = tern__cuda_env_int("TERN_CUDA_EXPERT_PF", 0);
-        tern__cuda_expert_pf = v < 0 ? 0 : v > 32 ? 32 : v;
-    }
     if (ksum < 1) ksum = 1;
     if (xdiv < 1) xdiv = 1;
     const int step = 65535 / xdiv * xdiv; /* grid.y limit; chunks start on a token boundary */
@@ -459,9 +423,7 @@ extern "C" void tern__cuda_gemv_expert(tern__cuda *c, float *y, int ystride, con
         a.y = y + (size_t)p0 * ystride;
         a.ystride = ystride;
         a.n = 1;
-        a.epf = tern__cuda_expert_pf;
         launch(c, a, w, np - p0 < step ? np - p0 : step, 1);
-        if (a.epf > 0 && ksum > 1 && ksum <= 32) tern__cuda_expert_pf_calls++;
     }
 }
 
