@@ -128,7 +128,7 @@ on_checks() {
         done
     done
 }
-SECTIONS="${AB_SECTIONS:-78}"  # 81 (EXPERT_PF, removed), 82 (QG4_MAX_N=64 lost) and 83 (NORM_ROUTE won) ran in session 58 (NOTES (br)); 80 (mm_ld4 with an L2::256B hint) ran in session 57 (NOTES (bq)): lost 1.5-4 %, removed; 79 (the first chunk's scales packed after the staging, TERN_CUDA_GEMV_L2D) ran in session 57 (NOTES (bq)): both lost, removed; 78 ran in session 57 (NOTES (bq): ncu of llama3-8b's walks); 77 ran in session 57 (NOTES (bq): TERN_MM_HALF lost, removed); 76 ran in session 56 (NOTES (bp): NORM_RES=1 lost again); 75 ran in session 56 (NOTES (bp): +3-5.6 % b1 q4 against the tree before); 74 ran in session 56 (NOTES (bp): acq_rel counting won, clusters lost); 73 ran in session 56 (NOTES (bp): ROT won, now the default; TAIL lost again); 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
+SECTIONS="${AB_SECTIONS:-85}"  # 81 (EXPERT_PF, removed), 82 (QG4_MAX_N=64 lost), 83 (NORM_ROUTE won) and 84 (MOE_DOWN1 won) ran in session 58 (NOTES (br)); 80 (mm_ld4 with an L2::256B hint) ran in session 57 (NOTES (bq)): lost 1.5-4 %, removed; 79 (the first chunk's scales packed after the staging, TERN_CUDA_GEMV_L2D) ran in session 57 (NOTES (bq)): both lost, removed; 78 ran in session 57 (NOTES (bq): ncu of llama3-8b's walks); 77 ran in session 57 (NOTES (bq): TERN_MM_HALF lost, removed); 76 ran in session 56 (NOTES (bp): NORM_RES=1 lost again); 75 ran in session 56 (NOTES (bp): +3-5.6 % b1 q4 against the tree before); 74 ran in session 56 (NOTES (bp): acq_rel counting won, clusters lost); 73 ran in session 56 (NOTES (bp): ROT won, now the default; TAIL lost again); 71-72 ran in session 55 (NOTES (bo): MIN and the first mm_tail lost); 70 (TERN_MM_KW, TERN_MM_CT) ran in session 54 (NOTES (bn)): both lost and were removed; 49-50 ran in session 36 (NOTES (av): NRK_HOIST won, ROPE_HOIST tied and was removed); 46-48 ran in session 35 (NOTES (au): XSM lost, G1_XB won, the planner's J and OCC stay); 45 ran in session 35 (NOTES (au): RMSU won); 44: session 28 (wgemm.cu; its parts ran in calls 1-5, NOTES (ao): lost, opt-in); 41-43 ran in session 27 (NOTES (an): QKV_ONE and ATT_O won, defaults now); 38-40 ran in session 26 (NOTES (am): MLP from 32 rows and AD_TC_ST auto won; SGEMM stays), 41 written after its last call; 37 (session 25, TERN_LT_PICK globally) not run: 38's per-shape sweep answers it; 36 ran in session 25 (NOTES (al): 8192-row chunks won, now the default), 35 in session 24 (NOTES (ak)), 34 in session 23 (NOTES (aj)), 31-33 in sessions 21-22 (NOTES (af), (ai)), 1-3 ran in session 12 (NOTES (u)), 4-6 in session 13 (NOTES (v)), 7-11 in session 14 (NOTES (w)), 12-13 in session 15 (NOTES (x)), 14-16 in session 16 (NOTES (y)), old 17-18 in session 17 (NOTES (z)), 17-21 in session 18 (NOTES (aa)), 27-29 (+ the removed 30) in session 20 (NOTES (ad))
 
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 # 2. decode attention: a row's splits as one thread-block cluster merged in shared memory
@@ -957,7 +957,7 @@ if [[ " $SECTIONS " == *" 83 "* ]]; then
     done
 fi
 
-# 84. session 58: TERN_CUDA_MOE_DOWN1 (moe.cu moe_down1_kernel: the pair path's BF16 / F16 experts' down projection,
+# 84. session 58 (ran in session 58, NOTES (br): +4.4 %, default since): TERN_CUDA_MOE_DOWN1 (moe.cu moe_down1_kernel: the pair path's BF16 / F16 experts' down projection,
 #     a term a warp with every chunk load of a term in flight; gemv_kernel's expert mode walked a warp's k terms one
 #     after another: gemma4-26b-a4b bf16's down 17.9 µs for 32 MB, NOTES (bq) 8). Op tests, parity + greedy ids with
 #     it on, b1 of gemma4-26b-a4b bf16 off / on (q4's experts take moe_mma), the down kernels' times (ncu).
@@ -973,6 +973,21 @@ if [[ " $SECTIONS " == *" 84 "* ]]; then
         say "MOE_DOWN1 $v (ncu, µs each, the last step's launches): $(grep -E 'moe_down1|gemv_kernel' \
             "$OUT/ncu84_$v.csv" | tail -30 | awk -F'","' '{n = $5; sub(/[<(].*/, "", n); gsub(/[",]/, "", $NF); t[n] += $NF; c[n]++}
             END {for (k in t) printf "%s %.2f x%d  ", k, t[k] / c[k] / 1000, c[k]}')"
+    done
+fi
+
+# 85. session 58: moe_down1_kernel's rows a block, TERN_CUDA_MOE_DOWN1_R 2 / 4 (default) / 8 (registers 62 / 111 /
+#     168: 4 / 2 / 1 blocks an SM; 4 ran 16.0 µs for 32 MB in section 84, ~0.69 of the copy rate): b1 of
+#     gemma4-26b-a4b bf16, and the kernel's time for each (ncu).
+if [[ " $SECTIONS " == *" 85 "* ]]; then
+    b1_sets "TERN_CUDA_MOE_DOWN1_R=4;TERN_CUDA_MOE_DOWN1_R=2;TERN_CUDA_MOE_DOWN1_R=8" "${AB85_MODELS:-gemma4-26b-a4b --quant bf16}"
+    for v in 2 4 8; do
+        TERN_CUDA_MOE_DOWN1_R=$v timeout 120 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none \
+            --clock-control none -k regex:moe_down1 --metrics gpu__time_duration.sum --csv \
+            --print-units base $T bench --random gemma4-26b-a4b --device cuda --prompt 64 --gen 2 --reps 1 --warmup 0 \
+            > "$OUT/ncu85_$v.csv" 2>&1
+        say "MOE_DOWN1_R $v (ncu, µs each): $(grep moe_down1 "$OUT/ncu85_$v.csv" | tail -30 |
+            awk -F'","' '{gsub(/[",]/, "", $NF); s += $NF; n++} END {if (n) printf "%.2f x%d", s / n / 1000, n}')"
     done
 fi
 

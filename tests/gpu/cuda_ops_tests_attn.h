@@ -536,16 +536,19 @@ TEST(cuda_moe_mlp) {
 
 /* TERN_CUDA_MOE_DOWN1 (moe.cu moe_down1_kernel: the pair path's BF16 / F16 down projection, a term a warp) against
  * the CPU reference and against gemv_kernel's expert mode: output rows not a multiple of 4, I of one round (704) and
- * of two (1600), k 8 and 11 (a warp with two terms), a dead term (-1: skipped alike, GPU forms compared) */
+ * of two (1600), k 8 and 11 (a warp with two terms), a dead term (-1: skipped alike, GPU forms compared), blocks of
+ * R = 2, 4 and 8 rows */
 TEST(cuda_moe_down1) {
     extern int tern__cuda_moe_down1;
     extern unsigned long long tern__cuda_moe_down1_calls;
-    const int keep = tern__cuda_moe_down1;
-    static const struct { tern_dtype dt; int I, k; } F[] = {
-        {TERN_DT_BF16, 704, 8}, {TERN_DT_F16, 704, 11}, {TERN_DT_BF16, 1600, 8}};
+    extern int tern__cuda_moe_down1_r;
+    const int keep = tern__cuda_moe_down1, keep_r = tern__cuda_moe_down1_r;
+    static const struct { tern_dtype dt; int I, k, R; } F[] = {
+        {TERN_DT_BF16, 704, 8, 4}, {TERN_DT_F16, 704, 11, 2}, {TERN_DT_BF16, 1600, 8, 8}, {TERN_DT_BF16, 704, 8, 2}};
     const int H = 302, E = 16;
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++) {
         const int I = F[f].I, k = F[f].k;
+        tern__cuda_moe_down1_r = F[f].R;
         hw fused = make_w(F[f].dt, 0, 0, 0, E, 2 * I, H, 0), down = make_w(F[f].dt, 0, 0, 0, E, H, I, 0);
         tern_tensor gr, ur, gg, ug, dr = down.t, dg = down.t;
         split_fused(&fused, &gr, &ur, I);
@@ -582,8 +585,8 @@ TEST(cuda_moe_down1) {
                 const double rr = dead ? 0.0 : rel_or_nan(yg[1], yr, (size_t)n * H);
                 CHECK(rv <= 1e-6 && rr <= 1e-5, "%s I %d k %d n %d dead %d: rel %.2e to gemv_kernel, %.2e to cpu-ref", nm,
                       I, k, n, dead, rv, rr);
-                printf("  moe_down1 %-14s I %-4d k %-2d n %d dead %d: rel %.1e to gemv_kernel, %.1e to cpu-ref\n", nm,
-                       I, k, n, dead, rv, rr);
+                printf("  moe_down1 %-14s I %-4d k %-2d R %d n %d dead %d: rel %.1e to gemv_kernel, %.1e to cpu-ref\n",
+                       nm, I, k, F[f].R, n, dead, rv, rr);
                 g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);
                 free(x); free(lg); free(wts); free(idx); free(yr); free(scr); free(yg[0]); free(yg[1]);
             }
@@ -591,6 +594,7 @@ TEST(cuda_moe_down1) {
         free_w(&fused); free_w(&down);
     }
     tern__cuda_moe_down1 = keep;
+    tern__cuda_moe_down1_r = keep_r;
 }
 
 /* ops.h norm_route_topk (moe.cu, one launch) against the three ops it stands for (rmsnorm_n, the router matmul,
