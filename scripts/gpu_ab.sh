@@ -981,7 +981,7 @@ fi
 #     gemma4-26b-a4b bf16, and the kernel's time for each (ncu).
 if [[ " $SECTIONS " == *" 85 "* ]]; then
     b1_sets "TERN_CUDA_MOE_DOWN1_R=4;TERN_CUDA_MOE_DOWN1_R=2;TERN_CUDA_MOE_DOWN1_R=8" "${AB85_MODELS:-gemma4-26b-a4b --quant bf16}"
-    for v in 2 4 8; do
+    [ "${AB85_NCU:-1}" = 1 ] && for v in 2 4 8; do
         TERN_CUDA_MOE_DOWN1_R=$v timeout 120 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none \
             --clock-control none -k regex:moe_down1 --metrics gpu__time_duration.sum --csv \
             --print-units base $T bench --random gemma4-26b-a4b --device cuda --prompt 64 --gen 2 --reps 1 --warmup 0 \

@@ -303,8 +303,8 @@ extern "C" int tern__cuda_norm_route_topk(tern__cuda *c, int n, int d, float *co
         kind = r->bits;
     else return 0;
     if ((uintptr_t)r->data & 15) return 0;
-    for (int i = 0; i < 3; i++)
-        if (!y[i] || !x[i] || y[i] == x[1] || ((uintptr_t)x[i] & 15)) return 0;
+    for (int i = 0; i < 3; i++) /* float4 loads and stores */
+        if (!y[i] || !x[i] || y[i] == x[1] || (((uintptr_t)x[i] | (uintptr_t)y[i] | (uintptr_t)w[i]) & 15)) return 0;
     cudaSetDevice(c->device);
     NormRouteArgs a = {};
     for (int i = 0; i < 3; i++) { a.y[i] = y[i]; a.x[i] = x[i]; a.w[i] = w[i]; }
