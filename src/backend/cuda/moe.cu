@@ -370,14 +370,15 @@ extern "C" void tern__cuda_moe_act(tern__cuda *c, float *h, int np, int I, int a
 }
 
 /* The experts' down projection of the pair path, y[t] = Σ_j wts[t·k + j] · down_{e_j} · h[t·k + j], for BF16 / F16
- * experts (TERN_CUDA_MOE_DOWN1): a block of 8 warps owns R (4; 2 or 8 by TERN_CUDA_MOE_DOWN1_R) output rows of one
+ * experts (TERN_CUDA_MOE_DOWN1): a block of 8 warps owns R (2; 4 or 8 by TERN_CUDA_MOE_DOWN1_R) output rows of one
  * token; warp w takes terms w, w + 8,
  * ... and issues every chunk load of its R rows for up to 3 rounds of 32 chunks (I <= 768 in one go) before any math,
  * the term's partial sums meet in shared memory and R threads add them in term order with the router weights. Why:
  * gemv_kernel's expert mode walks a warp's k terms one after another, each a dependent id load and two rounds of
  * loads (gemma4-26b-a4b bf16: 17.9 us for 32 MB, ~0.59 of the copy rate, NOTES (bq) 8); here a term is one round
  * trip and the k terms run in parallel warps. Another summation order than gemv_kernel (op test cuda_moe_down1).
- * H100 (NOTES (br)): the down kernel 18.8 -> 16.0 us (ncu), gemma4-26b-a4b bf16 b1 234.2 -> 244.5 tok/s. */
+ * H100 (NOTES (br)): the down kernel 18.8 -> 16.0 us (ncu, R 4), gemma4-26b-a4b bf16 b1 234.2 -> 244.5 tok/s (R 4),
+ * 247.1 (R 2). */
 struct MoeDown1Args {
     const uint8_t *data;
     size_t mat_bytes, row_bytes;
@@ -459,7 +460,8 @@ template <int F16, int R> __global__ void __launch_bounds__(256, R == 2 ? 4 : R 
 
 /* TERN_CUDA_MOE_DOWN1 (read once; tests set it): 1 (the default since session 58: gemma4-26b-a4b bf16 b1 +4.4 % on an
  * H100, NOTES (br)) runs the pair path's BF16 / F16 down projection on moe_down1_kernel; 0 on gemv_kernel's expert
- * mode. TERN_CUDA_MOE_DOWN1_R (read once; tests set it): output rows a block, 2 / 4 (default) / 8 */
+ * mode. TERN_CUDA_MOE_DOWN1_R (read once; tests set it): output rows a block, 2 (default since session 58: 62 registers,
+ * 4 blocks an SM; b1 +0.7 % over 4, 8 −1.1 %) / 4 / 8 */
 extern "C" int tern__cuda_moe_down1;
 int tern__cuda_moe_down1 = -1;
 extern "C" unsigned long long tern__cuda_moe_down1_calls; /* launches (tests check the path ran) */
@@ -480,14 +482,14 @@ static int moe_down1(tern__cuda *c, float *y, int ystride, const float *x, int x
     a.nmat = w->nmat; a.out = w->out; a.in = w->in; a.k = k;
     a.xstride = xstride; a.ystride = ystride;
     a.idx = idx; a.wts = wts; a.x = x; a.y = y;
-    if (!tern__cuda_moe_down1_r) tern__cuda_moe_down1_r = tern__cuda_env_int("TERN_CUDA_MOE_DOWN1_R", 4);
-    const int rr = tern__cuda_moe_down1_r, R = rr == 2 || rr == 8 ? rr : 4;
+    if (!tern__cuda_moe_down1_r) tern__cuda_moe_down1_r = tern__cuda_env_int("TERN_CUDA_MOE_DOWN1_R", 2);
+    const int rr = tern__cuda_moe_down1_r, R = rr == 4 || rr == 8 ? rr : 2;
     const dim3 grid((unsigned)((w->out + R - 1) / R), (unsigned)n);
 #define D1_GO(F, RR) tern_launch(c->stream, moe_down1_kernel<F, RR>, grid, 256, 0, a)
     const int f16 = w->dtype == TERN_DT_F16;
-    if (R == 2) f16 ? D1_GO(1, 2) : D1_GO(0, 2);
+    if (R == 4) f16 ? D1_GO(1, 4) : D1_GO(0, 4);
     else if (R == 8) f16 ? D1_GO(1, 8) : D1_GO(0, 8);
-    else f16 ? D1_GO(1, 4) : D1_GO(0, 4);
+    else f16 ? D1_GO(1, 2) : D1_GO(0, 2);
 #undef D1_GO
     tern__cuda_moe_down1_calls++;
     tern__cuda_check(c, "moe_down1");
