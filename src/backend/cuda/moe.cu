@@ -471,8 +471,9 @@ int tern__cuda_moe_down1_r = 0;
 static int moe_down1(tern__cuda *c, float *y, int ystride, const float *x, int xstride, int n, const int32_t *idx,
                      const float *wts, int k, const tern__cuda_w *w) {
     if (tern__cuda_moe_down1 < 0) tern__cuda_moe_down1 = tern__cuda_env_int("TERN_CUDA_MOE_DOWN1", 1) != 0;
+    /* up to 8 tokens: gemma4-26b-a4b bf16 batch decode (H100, NOTES (br) 8) at 8 sequences +1.1 %, at 16 −1.0 % */
     if (!tern__cuda_moe_down1 || (w->dtype != TERN_DT_BF16 && w->dtype != TERN_DT_F16) || k < 1 || k > 32 ||
-        w->in % 8 || n < 1 || n > 65535 || ((uintptr_t)w->data & 15) || ((uintptr_t)x & 15) || xstride % 4 ||
+        w->in % 8 || n < 1 || n > 8 || ((uintptr_t)w->data & 15) || ((uintptr_t)x & 15) || xstride % 4 ||
         (w->mat_bytes & 15))
         return 0;
     MoeDown1Args a = {};
