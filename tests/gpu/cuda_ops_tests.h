@@ -365,7 +365,6 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_attention_mat);
     RUN(cuda_route_topk);
     RUN(cuda_moe_mlp);
-    RUN(cuda_moe_down1);
     RUN(cuda_norm_route_topk);
     RUN(cuda_graph_replay);
     RUN(cuda_graph_launch_halves);

@@ -534,69 +534,6 @@ TEST(cuda_moe_mlp) {
     }
 }
 
-/* TERN_CUDA_MOE_DOWN1 (moe.cu moe_down1_kernel: the pair path's BF16 / F16 down projection, a term a warp) against
- * the CPU reference and against gemv_kernel's expert mode: output rows not a multiple of 4, I of one round (704) and
- * of two (1600), k 8 and 11 (a warp with two terms), a dead term (-1: skipped alike, GPU forms compared), blocks of
- * R = 2, 4 and 8 rows */
-TEST(cuda_moe_down1) {
-    extern int tern__cuda_moe_down1;
-    extern unsigned long long tern__cuda_moe_down1_calls;
-    extern int tern__cuda_moe_down1_r;
-    const int keep = tern__cuda_moe_down1, keep_r = tern__cuda_moe_down1_r;
-    static const struct { tern_dtype dt; int I, k, R; } F[] = {
-        {TERN_DT_BF16, 704, 8, 4}, {TERN_DT_F16, 704, 11, 2}, {TERN_DT_BF16, 1600, 8, 8}, {TERN_DT_BF16, 704, 8, 2}};
-    const int H = 302, E = 16;
-    for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++) {
-        const int I = F[f].I, k = F[f].k;
-        tern__cuda_moe_down1_r = F[f].R;
-        hw fused = make_w(F[f].dt, 0, 0, 0, E, 2 * I, H, 0), down = make_w(F[f].dt, 0, 0, 0, E, H, I, 0);
-        tern_tensor gr, ur, gg, ug, dr = down.t, dg = down.t;
-        split_fused(&fused, &gr, &ur, I);
-        gg = gr;
-        ug = ur;
-        tern_error err = {0};
-        int ok = !g_gpu->vt->upload_weight(g_gpu, &gg, &err) && !g_gpu->vt->upload_weight(g_gpu, &ug, &err) &&
-                 !g_gpu->vt->upload_weight(g_gpu, &dg, &err) && !g_ref->vt->upload_weight(g_ref, &gr, &err) &&
-                 !g_ref->vt->upload_weight(g_ref, &ur, &err) && !g_ref->vt->upload_weight(g_ref, &dr, &err);
-        CHECK(ok, "upload: %s", err.msg);
-        for (int n = 1; ok && n <= 3; n += 2)
-            for (int dead = 0; dead < 2; dead++) {
-                float *x = rnd((size_t)n * H, 1.0f), *lg = rnd((size_t)n * E, 2.0f), *wts = malloc(n * k * sizeof *wts);
-                int32_t *idx = malloc(n * k * sizeof *idx);
-                g_ref->vt->route_topk(g_ref, idx, wts, lg, n, E, k, TERN_ROUTE_SOFTMAX_TOPK, NULL);
-                float *yr = malloc((size_t)n * H * sizeof *yr), *scr = malloc((size_t)n * k * 2 * I * sizeof *scr);
-                if (!dead) g_ref->vt->moe_mlp(g_ref, yr, x, n, H, idx, wts, k, &gr, &ur, &dr, TERN_ACT_GELU_TANH, scr);
-                else idx[1] = -1;
-                void *xd = to_gpu(x, (size_t)n * H * 4), *id = to_gpu(idx, n * k * 4), *wd = to_gpu(wts, n * k * 4);
-                float *yg[2];
-                unsigned long long c0 = 0;
-                for (int v = 0; v < 2; v++) {
-                    tern__cuda_moe_down1 = v;
-                    c0 = tern__cuda_moe_down1_calls;
-                    void *yd = nan_buf(g_gpu, (size_t)n * H), *sd = nan_buf(g_gpu, (size_t)n * k * 2 * I);
-                    g_gpu->vt->moe_mlp(g_gpu, yd, xd, n, H, id, wd, k, &gg, &ug, &dg, TERN_ACT_GELU_TANH, sd);
-                    yg[v] = from_gpu(g_gpu, yd, (size_t)n * H);
-                    g_gpu->vt->free(g_gpu, yd); g_gpu->vt->free(g_gpu, sd);
-                }
-                char nm[64];
-                fmt_name(&down.t, nm, sizeof nm);
-                if (n == 1) CHECK(tern__cuda_moe_down1_calls == c0 + 1, "%s: moe_down1 did not run", nm);
-                const double rv = rel_or_nan(yg[1], yg[0], (size_t)n * H);
-                const double rr = dead ? 0.0 : rel_or_nan(yg[1], yr, (size_t)n * H);
-                CHECK(rv <= 1e-6 && rr <= 1e-5, "%s I %d k %d n %d dead %d: rel %.2e to gemv_kernel, %.2e to cpu-ref", nm,
-                      I, k, n, dead, rv, rr);
-                printf("  moe_down1 %-14s I %-4d k %-2d R %d n %d dead %d: rel %.1e to gemv_kernel, %.1e to cpu-ref\n",
-                       nm, I, k, F[f].R, n, dead, rv, rr);
-                g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);
-                free(x); free(lg); free(wts); free(idx); free(yr); free(scr); free(yg[0]); free(yg[1]);
-            }
-        g_gpu->vt->free_weight(g_gpu, &gg); g_gpu->vt->free_weight(g_gpu, &ug); g_gpu->vt->free_weight(g_gpu, &dg);
-        free_w(&fused); free_w(&down);
-    }
-    tern__cuda_moe_down1 = keep;
-    tern__cuda_moe_down1_r = keep_r;
-}
-
 /* ops.h norm_route_topk (moe.cu, one launch) against the three ops it stands for (rmsnorm_n, the router matmul,
  * route_topk): the norms bitwise, the logits within f32 rounding, the same experts; twice in a row bitwise (the
  * arrival counter back at zero); more than one row declined */

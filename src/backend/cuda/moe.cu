@@ -116,6 +116,10 @@ __global__ void route_kernel(int32_t *idx, float *wts, const float *logits, int 
  * one by one, the old form; tests set it): route_kernel's picks kept in registers (see there) */
 extern "C" int tern__cuda_route_lanes;
 int tern__cuda_route_lanes = -1;
+static int route_lanes(void) {
+    if (tern__cuda_route_lanes < 0) tern__cuda_route_lanes = tern__cuda_env_int("TERN_CUDA_ROUTE_LANES", 1) != 0;
+    return tern__cuda_route_lanes;
+}
 
 extern "C" void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, const float *logits, int n, int E,
                                       int k, int mode, const float *per_expert_scale) {
@@ -125,8 +129,7 @@ extern "C" void tern__cuda_route_topk(tern__cuda *c, int32_t *idx, float *wts, c
         return;
     }
     cudaSetDevice(c->device);
-    if (tern__cuda_route_lanes < 0) tern__cuda_route_lanes = tern__cuda_env_int("TERN_CUDA_ROUTE_LANES", 1) != 0;
-    const int ln = tern__cuda_route_lanes;
+    const int ln = route_lanes();
     const unsigned g = (unsigned)((n + 3) / 4);
     if (E <= 128) tern_launch(c->stream, route_kernel<4>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale, ln);
     else if (E <= 256) tern_launch(c->stream, route_kernel<8>, g, 128, 0, idx, wts, logits, n, E, k, per_expert_scale, ln);
@@ -159,6 +162,24 @@ struct NormRouteArgs {
     const float *pes;
     int *cnt;
 };
+/* 8 BF16 (F16) weights of a 16-byte chunk times x0, x1 in element order, fmaf into acc */
+template <int F16> __device__ __forceinline__ float dot8(uint4 v, float4 x0, float4 x1, float acc) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float lo, hi;
+        if constexpr (F16) {
+            const float2 f = __half22float2(*(const __half2 *)&w[q]);
+            lo = f.x; hi = f.y;
+        } else {
+            lo = __uint_as_float(w[q] << 16); hi = __uint_as_float(w[q] & 0xffff0000u);
+        }
+        acc = fmaf(lo, xv[2 * q], acc);
+        acc = fmaf(hi, xv[2 * q + 1], acc);
+    }
+    return acc;
+}
 /* A lane's router chunks c = c0 + 32u (u < U): loads (issued together) and their sum into acc */
 template <int KIND> struct NrK {
     static constexpr int EPC = KIND == 0 ? 8 : KIND == 1 ? 4 : KIND == 4 ? 32 : 16; /* elements a 16-byte chunk */
@@ -188,20 +209,21 @@ __device__ __forceinline__ float nr_acc(const uint4 *v, const float *s, const fl
         const int c = c0 + 32 * u;
         if (c >= nch) break;
         const float *xc = xs + (size_t)c * EPC;
-        const uint32_t wd[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        if constexpr (KIND == 0) {
+            acc = dot8<0>(v[u], ((const float4 *)xc)[0], ((const float4 *)xc)[1], acc);
+        } else {
+            const uint32_t wd[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            if constexpr (KIND == 0) {
-                acc = fmaf(__uint_as_float(wd[q] << 16), xc[2 * q], acc);
-                acc = fmaf(__uint_as_float(wd[q] & 0xffff0000u), xc[2 * q + 1], acc);
-            } else if constexpr (KIND == 1) {
-                acc = fmaf(__uint_as_float(wd[q]), xc[q], acc);
-            } else {
-                constexpr int B = KIND, PW = 32 / B; /* codes a word */
+            for (int q = 0; q < 4; q++) {
+                if constexpr (KIND == 1) {
+                    acc = fmaf(__uint_as_float(wd[q]), xc[q], acc);
+                } else {
+                    constexpr int B = KIND, PW = 32 / B; /* codes a word */
 #pragma unroll
-                for (int t = 0; t < PW; t++) {
-                    const float wq = fmaf(s[u], (float)((wd[q] >> (B * t)) & ((1u << B) - 1u)), b[u]);
-                    acc = fmaf(wq, xc[q * PW + t], acc);
+                    for (int t = 0; t < PW; t++) {
+                        const float wq = fmaf(s[u], (float)((wd[q] >> (B * t)) & ((1u << B) - 1u)), b[u]);
+                        acc = fmaf(wq, xc[q * PW + t], acc);
+                    }
                 }
             }
         }
@@ -309,8 +331,7 @@ extern "C" int tern__cuda_norm_route_topk(tern__cuda *c, int n, int d, float *co
     NormRouteArgs a = {};
     for (int i = 0; i < 3; i++) { a.y[i] = y[i]; a.x[i] = x[i]; a.w[i] = w[i]; }
     a.d = d; a.E = E; a.k = k; a.eps = eps;
-    if (tern__cuda_route_lanes < 0) tern__cuda_route_lanes = tern__cuda_env_int("TERN_CUDA_ROUTE_LANES", 1) != 0;
-    a.lanes = tern__cuda_route_lanes;
+    a.lanes = route_lanes();
     a.r = make_wdesc(r);
     a.logits = logits; a.idx = idx; a.wts = wts; a.pes = pes;
     a.cnt = c->mm_cnt + TERN_CUDA_MM_CNT - 1; /* the pool's last: every user leaves its counters at zero, and none runs
@@ -387,23 +408,6 @@ struct MoeDown1Args {
     const float *wts, *x;
     float *y;
 };
-template <int F16> __device__ __forceinline__ float dot8(uint4 v, float4 x0, float4 x1, float acc) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        float lo, hi;
-        if constexpr (F16) {
-            const float2 f = __half22float2(*(const __half2 *)&w[q]);
-            lo = f.x; hi = f.y;
-        } else {
-            lo = __uint_as_float(w[q] << 16); hi = __uint_as_float(w[q] & 0xffff0000u);
-        }
-        acc = fmaf(lo, xv[2 * q], acc);
-        acc = fmaf(hi, xv[2 * q + 1], acc);
-    }
-    return acc;
-}
 template <int F16, int R> __global__ void __launch_bounds__(256, R == 2 ? 4 : R == 4 ? 2 : 1) moe_down1_kernel(MoeDown1Args a) {
     constexpr int MR = 3;
     __shared__ float part[32][R];
