@@ -991,6 +991,30 @@ if [[ " $SECTIONS " == *" 85 "* ]]; then
     done
 fi
 
+# 86. session 59: Gemma 4 MoE layers' last post-norm add (o += rmsnorm(m2)·w, the experts onto the dense branch) folded
+#     into the next layer's q|k|v prologue (tern_norm_res h2; gemv1's EARLY instances under __launch_bounds__(256, 2)).
+#     A probe in this session (an uncommitted gemma4.c leaving that rmsnorm_add out) read gemma4-26b-a4b bf16 b1
+#     247.2 -> 254.0 tok/s: the launch cost ~3.7 us a layer. Op tests, parity, greedy ids against the base binary, b1 of
+#     the models whose gemv1 instances the bound touches, the base (GPU_PACK_BASE: the tree before) against this one.
+if [[ " $SECTIONS " == *" 86 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_norm_matmul_res,cuda_matmul_act_mul,cuda_norm_matmul,cuda_norm_qkv_rope_kv,cuda_moe_mlp ops86
+    for comp in f32 bf16; do
+        TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$comp timeout 120 build/tests/test_parity_core > "$OUT/parity86_$comp.log" 2>&1
+        say "parity $comp: $(grep -c '^PASS' "$OUT/parity86_$comp.log") passed, $(grep -c '^FAIL' "$OUT/parity86_$comp.log") failed"
+    done
+    for m in gemma4_moe_like gemma4_moe_mixed gemma4_dense; do
+        for comp in f32 bf16; do
+            a=$(timeout 30 build/base/tern-core generate tests/parity/fixtures/$m --ids 2,17,99,45,20,12 --max-tokens 40 \
+                --temperature 0 --ignore-eos --print-ids --device cuda --compute $comp 2>/dev/null | head -1)
+            b=$(timeout 30 $T generate tests/parity/fixtures/$m --ids 2,17,99,45,20,12 --max-tokens 40 \
+                --temperature 0 --ignore-eos --print-ids --device cuda --compute $comp 2>/dev/null | head -1)
+            say "greedy $m $comp base vs new: $([ -n "$a" ] && [ "$a" = "$b" ] && echo same || echo DIFFERENT)"
+        done
+    done
+    b1_sets "${AB86_SETS:-BIN=build/base/tern-core;TERN_CUDA_G1_CPA=2;TERN_CUDA_G1_CPA=1}" \
+        "${AB86_MODELS:-gemma4-26b-a4b --quant bf16;llama3-8b --quant bf16;gemma4-12b --quant bf16;gemma4-e4b --quant bf16}"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

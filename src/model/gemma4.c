@@ -260,6 +260,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
                               TERN_ACT_GELU_TANH);
         }
         tern_allreduce_sum(be, g->o, (size_t)n * H);
+        float *h2 = NULL; /* the experts' output, its post-norm add onto o still to come (pending) */
         if (lc->moe) {
             int E = c->n_expert, K = c->n_expert_used;
             /* the dense branch's post-norm, the router's input norm0(r)·scale·H^-1/2 (into m2, free until the
@@ -272,7 +273,10 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             tern__moe_mlp(m, l, g->m2, g->x2, n, H, g->idx, g->wts, K, &L->egate, &L->eup, &L->edown,
                         TERN_ACT_GELU_TANH, g->moe_scratch);
             tern_allreduce_sum(be, g->m2, (size_t)n * H); /* expert parallel: each rank ran its experts */
-            tern__rmsnorm_add(m, g->o, g->m2, n, H, L->post_ff2_norm, eps, NULL);
+            /* o += rmsnorm(m2)·w: folded with the layer's last post-norm add into the next pre-norm op where the
+             * backend can (tern_pending_res h2; CUDA: the next q|k|v's prologue), a launch fewer a layer */
+            if (P > 0) tern__rmsnorm_add(m, g->o, g->m2, n, H, L->post_ff2_norm, eps, NULL);
+            else h2 = g->m2;
         }
         /* the layer scalar (h *= layer_scalar) rides on the layer's last residual add, which the next
          * layer's q|k|v folds in (pending) */
@@ -289,7 +293,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             op->matmul(be, g->o, g->pg, n, &L->ple_proj);
             pend = (tern_pending_res){g->o, L->post_ple_norm, L->layer_scalar, 1};
         } else {
-            pend = (tern_pending_res){g->o, L->post_ff_norm, L->layer_scalar, 1};
+            pend = (tern_pending_res){g->o, L->post_ff_norm, L->layer_scalar, 1, h2, L->post_ff2_norm};
         }
     }
     tern__pending_flush(m, x, &pend, n, H, eps);

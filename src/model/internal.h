@@ -279,7 +279,14 @@ typedef struct tern_pending_res {
     float *h;
     const float *w, *s;
     int on;
+    float *h2;        /* NULL, or an inner add h = h + rmsnorm(h2)·w2 first (ops.h tern_norm_res h2) */
+    const float *w2;
 } tern_pending_res;
+/* the pending add run as rmsnorm_add launches: the inner one (h2) first, then x's */
+static inline void tern__pending_add(tern_model *m, float *x, const tern_pending_res *p, int n, int d, float eps) {
+    if (p->h2) tern__rmsnorm_add(m, p->h, p->h2, n, d, p->w2, eps, NULL);
+    tern__rmsnorm_add(m, x, p->h, n, d, p->w, eps, p->s);
+}
 
 /* The residual stream *x (rows n of d) gets the pending add, then the pre-norm op runs on rmsnorm(*x)·nw:
  * act < 0: y[0..k) = xn·W_iᵀ (k = 1: the plain matmul); act >= 0: y[0] = act(xn·w[0]ᵀ) ⊙ (xn·w[1]ᵀ)
@@ -298,13 +305,13 @@ static inline void tern__pending_norm_op(tern_model *m, float **x, float **xo, t
                                          const tern_tensor *const *w, int act, float *tmp) {
     const tern_backend_vt *op = m->be->vt;
     if (p->on) {
-        const tern_norm_res r = {*xo, p->h, p->w, p->s};
+        const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
         if (*xo && op->norm_matmul && op->norm_matmul(m->be, xn, *x, nw, eps, n, k, y, w, act, &r)) {
             tern__pending_taken(x, xo, p);
             return;
         }
         p->on = 0;
-        tern__rmsnorm_add(m, *x, p->h, n, d, p->w, eps, p->s);
+        tern__pending_add(m, *x, p, n, d, eps);
     }
     if (act >= 0) tern__norm_matmul_glu(m, xn, *x, nw, eps, n, y[0], tmp, w[0], w[1], act);
     else if (k == 3) tern__norm_matmul_qkv(m, xn, *x, nw, eps, n, y[0], y[1], y[2], w[0], w[1], w[2]);
@@ -312,7 +319,7 @@ static inline void tern__pending_norm_op(tern_model *m, float **x, float **xo, t
 }
 /* the pending add, now (before anything other than a pre-norm op reads x) */
 static inline void tern__pending_flush(tern_model *m, float *x, tern_pending_res *p, int n, int d, float eps) {
-    if (p->on) tern__rmsnorm_add(m, x, p->h, n, d, p->w, eps, p->s);
+    if (p->on) tern__pending_add(m, x, p, n, d, eps);
     p->on = 0;
 }
 /* y = act(x'·wᵀ) ⊙ v where x' is the residual stream *x after the pending add (Gemma 4's per-layer input gate): one
@@ -323,7 +330,7 @@ static inline void tern__pending_matmul_act_mul(tern_model *m, float **x, float 
                                                 float eps, float *y, const tern_tensor *w, int act, const float *v) {
     const tern_backend_vt *op = m->be->vt;
     if (op->matmul_act_mul && p->on && *xo) {
-        const tern_norm_res r = {*xo, p->h, p->w, p->s};
+        const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
         if (op->matmul_act_mul(m->be, y, *x, n, w, act, v, &r, eps)) {
             tern__pending_taken(x, xo, p);
             return;
@@ -353,7 +360,7 @@ static inline void tern__pending_mlp(tern_model *m, float **x, float **xo, tern_
                                      const tern_tensor *const *w, int act) {
     if (m->be->vt->norm_mlp && n > 1) {
         if (p->on && *xo) {
-            const tern_norm_res r = {*xo, p->h, p->w, p->s};
+            const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
             if (m->be->vt->norm_mlp(m->be, xn, *x, nw, eps, n, y, 0, w, act, &r)) {
                 tern__pending_taken(x, xo, p);
                 return;

@@ -188,6 +188,12 @@ typedef struct tern_norm_res {
     const float *h;   /* [n, d] */
     const float *w;   /* [d] or NULL */
     const float *s;   /* device scalar or NULL */
+    /* (appended) h2 != NULL: an inner post-norm add first, h' = h + rmsnorm(h2)·w2 (rmsnorm_add without a scalar; w2
+     * may be NULL), and x' is taken of h' — bitwise rmsnorm_add(h, h2, w2) then rmsnorm_add(x, h, w, s); h and h2 are
+     * scratch afterwards. Gemma 4's MoE layers: the experts' post-norm add onto the dense branch's output. A backend
+     * that does not serve h2 declines the op (0), as for any res it does not take. */
+    const float *h2;  /* [n, d] or NULL */
+    const float *w2;  /* [d] or NULL */
 } tern_norm_res;
 
 typedef struct tern_backend_vt {

@@ -220,9 +220,10 @@ TEST(cuda_norm_matmul) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul", "not built"); return; }
     static const int outs[3] = {300, 77, 64}, ins[] = {128, 384, 4096};
-    extern int tern__cuda_qmma_mode, tern__cuda_g1_grid, tern__cuda_g1_early, tern__cuda_gemv_rmsu, tern__cuda_g1_xb;
+    extern int tern__cuda_qmma_mode, tern__cuda_g1_grid, tern__cuda_g1_early, tern__cuda_gemv_rmsu, tern__cuda_g1_xb,
+        tern__cuda_g1_cpa;
     const int keep_qmma = tern__cuda_qmma_mode, keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early,
-              keep_rmsu = tern__cuda_gemv_rmsu, keep_xb = tern__cuda_g1_xb;
+              keep_rmsu = tern__cuda_gemv_rmsu, keep_xb = tern__cuda_g1_xb, keep_cpa = tern__cuda_g1_cpa;
     tern__cuda_qmma_mode = 0;
     int fused = 0, declined = 0;
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
@@ -233,6 +234,7 @@ TEST(cuda_norm_matmul) {
                 tern__cuda_g1_early = (int)(f + s) & 1 ? 7 : 0; /* and the early first round (TERN_CUDA_G1_EARLY) */
                 tern__cuda_gemv_rmsu = (int)(f + s + wmode) & 1; /* gemv_mma's pre-norm sums both ways (TERN_CUDA_GEMV_RMSU) */
                 tern__cuda_g1_xb = (int)(s + wmode) & 1; /* gemv1's prologue loads batched or not (TERN_CUDA_G1_XB) */
+                tern__cuda_g1_cpa = ((int)(f + wmode) & 1) * 2; /* or by cp.async (TERN_CUDA_G1_CPA) */
                 hw h[3];
                 tern_tensor t[3];
                 tern_error err = {0};
@@ -285,6 +287,7 @@ TEST(cuda_norm_matmul) {
     tern__cuda_g1_xb = keep_xb;
     tern__cuda_g1_grid = keep_grid;
     tern__cuda_g1_early = keep_early;
+    tern__cuda_g1_cpa = keep_cpa;
 }
 
 /* rmsnorm_n (one launch over up to three tensors) vs one rmsnorm per tensor: bitwise, in place as
@@ -387,21 +390,22 @@ TEST(cuda_rmsnorm_n) {
  * rmsnorm_add (x += rmsnorm(h)·w, ·s) + rmsnorm + the op; with and without the post-norm weight and the
  * scalar; both gemv1 grids; BF16 and Q8 (gemv1) and Q4 (gemv_mma.cu, every K-slice block forming the
  * whole x', its pre-norm sums both ways: TERN_CUDA_GEMV_RMSU), widths 384 / 4096 / 5376 (Gemma 4 12B's
- * hidden size: 11 registers per rmsnorm thread). */
+ * hidden size: 11 registers per rmsnorm thread). With the inner add (res h2, mode bit 2: h += rmsnorm(h2)·w2 first,
+ * Gemma 4's MoE layers) gemv1 matches rmsnorm_add(h, h2, w2) + the above, and gemv_mma (Q4) declines. */
 extern int tern__cuda_norm_res;
 TEST(cuda_norm_matmul_res) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_matmul) { SKIP("cuda_norm_matmul_res", "not built"); return; }
-    extern int tern__cuda_g1_grid, tern__cuda_gemv_rmsu, tern__cuda_g1_xb;
+    extern int tern__cuda_g1_grid, tern__cuda_gemv_rmsu, tern__cuda_g1_xb, tern__cuda_g1_cpa;
     const int keep = tern__cuda_norm_res, keep_grid = tern__cuda_g1_grid, keep_rmsu = tern__cuda_gemv_rmsu,
-              keep_xb = tern__cuda_g1_xb;
+              keep_xb = tern__cuda_g1_xb, keep_cpa = tern__cuda_g1_cpa;
     tern__cuda_norm_res = 1;
     static const int ins[] = {384, 4096, 5376};
     static const struct { tern_dtype dt; int bits, gs; tern_dtype sdt; } F[] = {
         {TERN_DT_BF16, 0, 0, 0}, {TERN_DT_Q, 8, 64, TERN_DT_BF16}, {TERN_DT_Q, 4, 64, TERN_DT_BF16}};
     for (size_t f = 0; f < TERN_ARRAY_LEN(F); f++)
         for (size_t si = 0; si < TERN_ARRAY_LEN(ins); si++)
-            for (int mode = 0; mode < 4; mode++) { /* bit 0: post-norm weight, bit 1: scalar */
+            for (int mode = 0; mode < 8; mode++) { /* bit 0: post-norm weight, bit 1: scalar, bit 2: inner add h2 */
                 const int in = ins[si], out = 300;
                 tern__cuda_g1_grid = mode & 1;
                 tern__cuda_gemv_rmsu = (int)((mode >> 1) ^ si) & 1; /* gemv_mma's pre-norm sums both ways */
@@ -418,17 +422,27 @@ TEST(cuda_norm_matmul_res) {
                 void *xd = to_gpu(x, (size_t)in * 4), *hd = to_gpu(hh, (size_t)in * 4), *xbd = to_gpu(x, (size_t)in * 4);
                 void *hbd = to_gpu(hh, (size_t)in * 4), *wpd = to_gpu(wp, (size_t)in * 4), *wnd = to_gpu(wn, (size_t)in * 4);
                 void *sd = to_gpu(&sc, 4);
+                float *h2 = rnd(in, 7.0f), *w2 = rnd(in, 1.2f);
+                void *h2d = to_gpu(h2, (size_t)in * 4), *h2bd = to_gpu(h2, (size_t)in * 4), *w2d = to_gpu(w2, (size_t)in * 4);
                 float *xo = nan_buf(g, in), *xna = nan_buf(g, in), *xnb = nan_buf(g, in), *ya = nan_buf(g, out), *yb = nan_buf(g, out);
                 const float *pw = (mode & 1) ? wpd : NULL, *ps = (mode & 2) ? sd : NULL;
-                const tern_norm_res r = {xo, hd, pw, ps};
+                const int inner = mode >> 2 & 1;
+                tern__cuda_g1_cpa = inner ? 1 : (int)((mode ^ si ^ f) & 1) * 2; /* gemv1's prologue by cp.async or not */
+                /* the inner add runs on the cpa prologue only: BF16 weights whose regions (row, h, w2, x, w, nw) fit 100 KB */
+                const int regions = 4 + (mode & 1) * 2, fits = F[f].dt == TERN_DT_BF16 && regions * in * 4 <= 100 * 1024;
+                const tern_norm_res r = {xo, hd, pw, ps, inner ? h2d : NULL, inner && (mode & 1) ? w2d : NULL};
                 const tern_tensor *ws[2] = {&t[0], &t[1]};
                 float *ysa[1] = {ya};
                 char nm[64];
                 fmt_name(&h[0].t, nm, sizeof nm);
                 const int ok = g->vt->norm_matmul(g, xna, xd, wnd, 1e-6f, 1, 2, ysa, ws, TERN_ACT_GELU_TANH, &r);
-                {
+                if (inner && !fits) {
+                    CHECK(!ok, "%s in %d mode %d: the inner add should decline here", nm, in, mode);
+                } else {
                     CHECK(ok, "%s in %d mode %d: declined", nm, in, mode);
-                    /* the separate ops: x += rmsnorm(h)·w (·s) in place, then rmsnorm, then gate|up */
+                    /* the separate ops: (h += rmsnorm(h2)·w2,) x += rmsnorm(h)·w (·s) in place, then rmsnorm, then gate|up */
+                    if (inner)
+                        CHECK(g->vt->rmsnorm_add(g, hbd, h2bd, 1, in, r.w2, 1e-6f, NULL) == 1, "rmsnorm_add refused");
                     CHECK(g->vt->rmsnorm_add(g, xbd, hbd, 1, in, pw, 1e-6f, ps) == 1, "rmsnorm_add refused");
                     g->vt->rmsnorm(g, xnb, xbd, 1, in, wnd, 1e-6f);
                     CHECK(g->vt->matmul_glu(g, yb, xnb, 1, &t[0], &t[1], TERN_ACT_GELU_TANH) == 1, "matmul_glu refused");
@@ -441,14 +455,15 @@ TEST(cuda_norm_matmul_res) {
                     free(a1); free(b1); free(a2); free(b2); free(a3); free(b3); free(x0);
                 }
                 for (int i = 0; i < 2; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
-                void *bufs[] = {xd, hd, xbd, hbd, wpd, wnd, sd, xo, xna, xnb, ya, yb};
+                void *bufs[] = {xd, hd, xbd, hbd, wpd, wnd, sd, xo, xna, xnb, ya, yb, h2d, h2bd, w2d};
                 for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
-                free(x); free(hh); free(wp); free(wn);
+                free(x); free(hh); free(wp); free(wn); free(h2); free(w2);
             }
     tern__cuda_norm_res = keep;
     tern__cuda_gemv_rmsu = keep_rmsu;
     tern__cuda_g1_xb = keep_xb;
     tern__cuda_g1_grid = keep_grid;
+    tern__cuda_g1_cpa = keep_cpa;
 }
 
 /* matmul_act_mul (Gemma 4's per-layer input gate: the post-norm residual add, the gate's matmul and gelu·ple in one
@@ -460,8 +475,9 @@ TEST(cuda_norm_matmul_res) {
 TEST(cuda_matmul_act_mul) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_act_mul) { SKIP("cuda_matmul_act_mul", "not built"); return; }
-    extern int tern__cuda_g1_grid, tern__cuda_g1_xb, tern__cuda_gemv_mma_on;
-    const int keep_grid = tern__cuda_g1_grid, keep_xb = tern__cuda_g1_xb, keep_on = tern__cuda_gemv_mma_on;
+    extern int tern__cuda_g1_grid, tern__cuda_g1_xb, tern__cuda_gemv_mma_on, tern__cuda_g1_cpa;
+    const int keep_grid = tern__cuda_g1_grid, keep_xb = tern__cuda_g1_xb, keep_on = tern__cuda_gemv_mma_on,
+              keep_cpa = tern__cuda_g1_cpa;
     static const int ins[] = {384, 2560, 4096};
     static const tern_dtype dts[] = {TERN_DT_BF16, TERN_DT_F16, TERN_DT_Q};
     for (size_t f = 0; f < TERN_ARRAY_LEN(dts); f++)
@@ -470,6 +486,7 @@ TEST(cuda_matmul_act_mul) {
                 const int in = ins[si], out = 256 + 2 * (int)si, act = mode & 1 ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
                 tern__cuda_g1_grid = (int)(f + mode) & 1;
                 tern__cuda_g1_xb = (int)(si + (mode >> 1)) & 1; /* the prologue's loads batched or not (TERN_CUDA_G1_XB) */
+                tern__cuda_g1_cpa = ((int)(f + si + mode) & 1) * 2; /* or by cp.async (TERN_CUDA_G1_CPA; no act·mul instance) */
                 tern__cuda_gemv_mma_on = dts[f] == TERN_DT_Q ? 0 : keep_on;
                 hw h = dts[f] == TERN_DT_Q ? make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, out, in, 0)
                                            : make_w(dts[f], 0, 0, 0, 1, out, in, 0);
@@ -509,6 +526,7 @@ TEST(cuda_matmul_act_mul) {
                 free(x); free(hh); free(wp); free(v);
             }
     tern__cuda_gemv_mma_on = keep_on;
+    tern__cuda_g1_cpa = keep_cpa;
     { /* Q4 that the tensor-core GEMV takes declines (it has no such epilogue) */
         hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 256, 2560, 0);
         tern_tensor t = h.t;
@@ -615,9 +633,9 @@ TEST(cuda_norm_rope_kv) {
 TEST(cuda_norm_qkv_rope_kv) {
     tern_backend *g = g_gpu;
     if (!g->vt->norm_qkv_rope_kv) { SKIP("cuda_norm_qkv_rope_kv", "not built"); return; }
-    extern int tern__cuda_qkv_rope, tern__cuda_g1_early, tern__cuda_gemv_mma_xp1, tern__cuda_g1_xb;
+    extern int tern__cuda_qkv_rope, tern__cuda_g1_early, tern__cuda_gemv_mma_xp1, tern__cuda_g1_xb, tern__cuda_g1_cpa;
     const int keep = tern__cuda_qkv_rope, keep_early = tern__cuda_g1_early, keep_xp1 = tern__cuda_gemv_mma_xp1,
-              keep_xb = tern__cuda_g1_xb;
+              keep_xb = tern__cuda_g1_xb, keep_cpa = tern__cuda_g1_cpa;
     tern__cuda_qkv_rope = 3;
     tern__cuda_gemv_mma_xp1 = 1;
     /* q4: whether the Q4 GEMV serves the case (split K, heads inside its 128-row blocks) */
@@ -636,6 +654,7 @@ TEST(cuda_norm_qkv_rope_kv) {
                     const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d;
                     tern__cuda_g1_early = early ? 7 : 0;
                     tern__cuda_g1_xb = (int)(f + early) & 1; /* TERN_CUDA_G1_XB both ways */
+                    tern__cuda_g1_cpa = early ? 2 * (int)(f & 1) : 0; /* the cp.async prologue (TERN_CUDA_G1_CPA) */
                     hw h[3];
                     tern_tensor t[3];
                     tern_error err = {0};
@@ -720,6 +739,7 @@ TEST(cuda_norm_qkv_rope_kv) {
     tern__cuda_g1_xb = keep_xb;
     tern__cuda_g1_early = keep_early;
     tern__cuda_gemv_mma_xp1 = keep_xp1;
+    tern__cuda_g1_cpa = keep_cpa;
 }
 
 /* the elementwise family's 4-wide kernel (aligned arrays, n % 4 == 0) against its scalar kernel (the same arrays

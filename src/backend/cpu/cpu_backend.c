@@ -301,10 +301,16 @@ static const tern_backend_vt cpu_vt = {
 };
 
 /* The residual fold of the test hooks below, by this backend's own ops: res->x_out = (x·1 + rmsnorm(h)·w)·s with h
- * normalised in place (scratch afterwards, as the model's tern__rmsnorm_add leaves it) */
+ * normalised in place (scratch afterwards, as the model's tern__rmsnorm_add leaves it); with h2, first h += rmsnorm(h2)·w2
+ * (h2 normalised in place) */
 static void cpu_res_fold(tern_backend *be, const tern_norm_res *res, const float *x, int n, int d, float eps) {
     const size_t cnt = (size_t)n * (size_t)d;
     float *h = (float *)res->h;
+    if (res->h2) {
+        float *h2 = (float *)res->h2;
+        cpu_rmsnorm(be, h2, h2, n, d, res->w2, eps);
+        cpu_add(be, h, h, h2, cnt);
+    }
     cpu_scale(be, res->x_out, x, 1.0f, cnt);
     cpu_rmsnorm(be, h, h, n, d, res->w, eps);
     cpu_add(be, res->x_out, res->x_out, h, cnt);

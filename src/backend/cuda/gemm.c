@@ -619,7 +619,7 @@ int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *n
     if (on < 0) on = tern__cuda_env_int("TERN_CUDA_MLP_BF16", 1) != 0;
     if (from < 0) from = tern__cuda_env_int("TERN_CUDA_MLP_MIN", 32);
     const tern__cuda_w *gate = w[0], *up = w[1], *down = w[2];
-    if (!on || n < from || xn == x || (res && (!res_n_on() || add)) || !gemm_glu_ok(c, n, gate, up, act) || !plain_gemm_ok(c, down, n) ||
+    if (!on || n < from || xn == x || (res && (!res_n_on() || add || res->h2)) || !gemm_glu_ok(c, n, gate, up, act) || !plain_gemm_ok(c, down, n) ||
         down->in != gate->out || ((uintptr_t)y & 15))
         return 0;
     const int I = gate->out, in = gate->in, out = down->out;
@@ -685,7 +685,7 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
                          float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res) {
     if (tern__cuda_norm_gemm_on < 0) tern__cuda_norm_gemm_on = tern__cuda_env_int("TERN_CUDA_NORM_GEMM", 2);
     if (!tern__cuda_norm_gemm_on || n < (tern__cuda_norm_gemm_on == 1 ? 2 : NORM_GEMM_ROWS) || xn == x) return 0;
-    if (res && !res_n_on()) return 0;
+    if (res && (!res_n_on() || res->h2)) return 0; /* h2: its inner add as rmsnorm_add launches (the model's) */
     if (mode == G1_PLAIN && gemm_norm_split(c, xn, x, nw, eps, n, k, y, w, res)) return 1;
     const int pair = mode == G1_SILU || mode == G1_GELU, in = w[0]->in;
     const int act = mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;

@@ -7,6 +7,7 @@
  */
 #include "backend/cuda/gemv_chunk.cuh"
 #include "backend/cuda/rope_kv.cuh"
+#include "backend/cuda/mma.cuh"
 
 #include <stdlib.h>
 /* ---- one activation row, every chunked format: gemv1_kernel ----
@@ -19,6 +20,7 @@
  * to three matrices sharing `in` and the format (q|k|v in one launch); pair modes give a warp
  * row o of matrix 0 and of matrix 1 and write act(g)·u (gate/up); RES adds the old y[o]. */
 #define G1_MAX_IN 16384 /* floats of x staged (64 KB of shared memory) */
+#define G1_CPA_SMEM (100 * 1024) /* bytes of shared memory the cpa prologue's regions may take (its launch attribute) */
 
 struct Gemv1Args {
     const uint8_t *data[3], *scales[3], *biases[3];
@@ -43,9 +45,34 @@ struct Gemv1Args {
     /* MV instances (ops.h matmul_act_mul, plain mode): y[o] = act(acc)·mv[o], act mact (appended) */
     const float *mv;
     int mact;
+    /* the residual prologue's inner add (tern_norm_res h2): rh' = rh + rmsnorm(rh2)·rw2 first (appended; cpa only) */
+    const float *rh2, *rw2;
+    /* cpa (TERN_CUDA_G1_CPA): the prologue's vectors come into shared memory by cp.async, all in flight at once (the
+     * weights' before pdl_wait), each in a region of its own (g1_regions), and its norms run there */
+    int cpa;
 };
 
+/* The cpa prologue's shared-memory regions, in units of `in` floats: 0 the row being formed (h2, h or x, then h', x',
+ * xn in place), then h and w2 (inner add), x and the post-norm weight (res), the pre-norm weight (nrm); a missing
+ * vector takes no region (its index stays 0). Returns the count. */
+struct G1Regions { int h, w2, x, rw, nw; };
+__host__ __device__ __forceinline__ int g1_regions(const Gemv1Args &a, G1Regions &r) {
+    int n = 1;
+    r.h = a.rh2 ? n++ : 0;
+    r.w2 = a.rh2 && a.rw2 ? n++ : 0;
+    r.x = a.rh ? n++ : 0;
+    r.rw = a.rh && a.rw ? n++ : 0;
+    r.nw = a.nrm && a.nw ? n++ : 0;
+    return n;
+}
+
 __device__ __forceinline__ int g1swz(int f, int c4) { return f ^ ((f >> 3) & (c4 - 1)); }
+
+/* n4 float4s of src into dst (gemv1's swizzled layout) by cp.async, the block's threads in turn; not waited for */
+__device__ __forceinline__ void g1_copy(float4 *dst, const float *src, int n4, int c4) {
+#pragma unroll 1
+    for (int f = threadIdx.x; f < n4; f += 256) mma_cp16_ord(dst + g1swz(f, c4), (const float4 *)src + f);
+}
 
 /* f = threadIdx.x, + 256, ... < n in rounds of U a thread: the round's loads ld(f) are issued together, then
  * st(f, value) for each (U = 1: one dependent L2 round trip per element, the prologue loops as they were) */
@@ -74,8 +101,8 @@ __device__ __forceinline__ int g1_rope_row(const tern__cuda_rope_kv &p, int t, i
     return t < qk ? (t / half) * p.d + t % half + r * half : (p.nh + p.nkv) * p.d + 2 * (t - qk) + r;
 }
 
-template <int KIND, int R, int U, bool EARLY = false, bool ROPE = false, bool MV = false>
-__global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
+template <int KIND, int R, int U, bool EARLY, bool ROPE, bool MV, bool CPA>
+__device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
     static_assert(!ROPE || R == 2, "a rope task is one pair of rows");
     static_assert(!(ROPE && MV), "one epilogue");
     if constexpr (EARLY) pdl_trigger(); /* the wait follows the first task's first round of weight loads */
@@ -109,6 +136,14 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
     float s[U][R], b[U][R];
     RopePage pg{};
     if constexpr (ROPE) pg = rope_page(a.rope); /* the host's step data: EARLY, before pdl_wait */
+    G1Regions cr{};
+    if constexpr (CPA) { /* the weights' regions (model constants): their copies fly before pdl_wait */
+        g1_regions(a, cr);
+        const int n4 = nch * C4;
+        if (cr.w2) g1_copy(xs1 + cr.w2 * n4, a.rw2, n4, C4);
+        if (cr.rw) g1_copy(xs1 + cr.rw * n4, a.rw, n4, C4);
+        if (cr.nw) g1_copy(xs1 + cr.nw * n4, a.nw, n4, C4);
+    }
     if constexpr (EARLY) {
         const int task = blockIdx.x * 8 + warp;
         if (task < ntask) {
@@ -130,7 +165,14 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
         }
         pdl_wait();
     }
-    {
+    if constexpr (CPA) { /* the activations' copies (the weights' went before pdl_wait), then every region lands */
+        const int n4 = nch * C4;
+        g1_copy(xs1, a.rh2 ? a.rh2 : a.rh ? a.rh : a.x, n4, C4);
+        if (a.rh2) g1_copy(xs1 + cr.h * n4, a.rh, n4, C4);
+        if (a.rh) g1_copy(xs1 + cr.x * n4, a.x, n4, C4);
+        mma_cp_commit_ord();
+        mma_cp_wait_ord<0>();
+    } else {
         const float4 *x4 = (const float4 *)(a.rh ? a.rh : a.x);
         auto ld = [&](int f) { return __ldg(x4 + f); };
         auto st = [&](int f, const float4 &v) { xs1[g1swz(f, C4)] = v; };
@@ -142,6 +184,20 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
         }
     }
     __syncthreads();
+    /* cpa: region r's float4 f (swizzled as the row) */
+    auto reg4 = [&](int r, int f) { return xs1[r * nch * C4 + g1swz(f, C4)]; };
+    if (CPA && a.rh2) { /* h' = h + rmsnorm(h2)·w2 in place of h2, bitwise rmsnorm_add's without a scalar */
+        const float inv = block_rms_inv(xat, a.in, a.eps, red);
+        const bool hw = a.rw2 != nullptr;
+        for (int f = threadIdx.x; f < nch * C4; f += 256) {
+            const float4 g = xs1[g1swz(f, C4)], h = reg4(cr.h, f), w = hw ? reg4(cr.w2, f) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xs1[g1swz(f, C4)] = make_float4(res_add(h.x, rms_scale(g.x, inv, hw, w.x), false, 1.0f),
+                                            res_add(h.y, rms_scale(g.y, inv, hw, w.y), false, 1.0f),
+                                            res_add(h.z, rms_scale(g.z, inv, hw, w.z), false, 1.0f),
+                                            res_add(h.w, rms_scale(g.w, inv, hw, w.w), false, 1.0f));
+        }
+        __syncthreads();
+    }
     if (a.rh) { /* x' = (x + rmsnorm(h)·w)·s in place of h, bitwise rmsnorm_add's (norm.cu rms_row) */
         const float inv = block_rms_inv(xat, a.in, a.eps, red), sc = a.rs ? a.rs[0] : 1.0f;
         const bool hw = a.rw != nullptr, hs = a.rs != nullptr;
@@ -156,7 +212,11 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
             xs1[g1swz(f, C4)] = v;
             if (blockIdx.x == 0) ((float4 *)a.rxo)[f] = v;
         };
-        rounds(ld, st);
+        if constexpr (CPA)
+            for (int f = threadIdx.x; f < nch * C4; f += 256)
+                st(f, XW{reg4(cr.x, f), a.rw ? reg4(cr.rw, f) : make_float4(0.f, 0.f, 0.f, 0.f)});
+        else
+            rounds(ld, st);
         __syncthreads();
     }
     if (a.nrm) { /* rmsnorm in place, bitwise norm.cu's: (x·inv)·w per element */
@@ -170,7 +230,10 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
             xs1[g1swz(f, C4)] = v;
             if (blockIdx.x == 0) ((float4 *)a.xn)[f] = v;
         };
-        rounds(ld, st);
+        if constexpr (CPA)
+            for (int f = threadIdx.x; f < nch * C4; f += 256) st(f, hw ? reg4(cr.nw, f) : make_float4(0.f, 0.f, 0.f, 0.f));
+        else
+            rounds(ld, st);
         __syncthreads();
     }
     bool pre = EARLY; /* wd / s / b hold this warp's first round */
@@ -244,6 +307,18 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
     }
 }
 
+/* The kernels: gemv1_kernel (its instances compiled as before the cpa prologue: the same registers; a (256, 1) bound
+ * alone moved its early ones from 128 to 168) and gemv1_cpa_kernel, the early plain / residual / pair instance with the
+ * cpa prologue (118 registers; bounded to two blocks an SM, as gemv1_kernel's early instances run). One body. */
+template <int KIND, int R, int U, bool EARLY = false, bool ROPE = false, bool MV = false>
+__global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
+    gemv1_body<KIND, R, U, EARLY, ROPE, MV, false>(a);
+}
+template <int KIND, int R, int U, bool ROPE, bool MV>
+__global__ void __launch_bounds__(256, 2) gemv1_cpa_kernel(Gemv1Args a) {
+    gemv1_body<KIND, R, U, true, ROPE, MV, true>(a);
+}
+
 /* TERN_CUDA_G1_GRID (read once; tests set it): 1 persistent grid (default), 0 one block per 8 warp
  * tasks. H200, llama3-8b bf16 batch-1 decode (NOTES (s)): with the fused pre-norm 205 -> 215 tok/s;
  * either alone +0.5 % / -0.5 % (the norm in every one of 1792 blocks' prologue cost what it saved) */
@@ -259,15 +334,19 @@ int tern__cuda_g1_grid = -1;
  * than warps over the whole grid in contiguous ranges tied. Removed. */
 #define G1_R 2
 #define G1_U 4
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA> void (*g1_kernel())(Gemv1Args) { /* the kernel of an instance */
+    if constexpr (CPA) return gemv1_cpa_kernel<KIND, G1_R, U, ROPE, MV>;
+    else return gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>;
+}
 
 /* resident blocks per SM of gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV> with `smem` bytes (occupancy query, cached per
  * size) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV> static int g1_blocks_per_sm(size_t smem) {
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA = false> static int g1_blocks_per_sm(size_t smem) {
     static int nb;
     static size_t nb_smem = (size_t)-1;
     if (nb_smem != smem) {
         int v = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, 256, smem) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA>(), 256, smem) != cudaSuccess ||
             v < 1) {
             cudaGetLastError();
             v = 1;
@@ -294,6 +373,31 @@ int tern__cuda_g1_early = -1;
  * gemma4-26b-a4b 255.4 / 256.5 → 259.5 / 259.7, llama3-8b 222.3 / 222.8 → 222.3 / 222.2 */
 extern "C" int tern__cuda_g1_xb;
 int tern__cuda_g1_xb = -1;
+/* TERN_CUDA_G1_CPA (read once; tests set it): the cpa prologue (gemv1_cpa_kernel: the early instances of BF16 / F16
+ * weights, every mode and epilogue): the prologue's vectors (the row, and by mode the residual's h and x, the post-norm
+ * and pre-norm weights, the inner add's h2 and w2) come into shared memory by cp.async, all in flight together (the
+ * weights' before pdl_wait), and the norms run there — one round trip where the register staging takes one a vector
+ * (x; then x and the post-norm weight; then the pre-norm weight). 2 (default since session 59): every launch it can take
+ * (its regions within G1_CPA_SMEM), 1: only the launches with the inner add (tern_norm_res h2, which only this prologue
+ * serves), 0: none (h2 declined). The same operations on the same values, so the same bits (op tests cuda_norm_matmul,
+ * _res, cuda_matmul_act_mul, cuda_norm_qkv_rope_kv). H100, session 59 (NOTES (bs)), b1 bf16 at 512 against the tree
+ * before, plain / residual / pair instances only: gemma4-26b-a4b 245.2 -> 253.3 tok/s (0.637 -> 0.659; with =1, the
+ * h2 fold alone, 248.2), gemma4-e4b +2.0 %, gemma4-12b +1.2 %, llama3-8b +0.2 % (its q|k|v is the rope instance). */
+extern "C" int tern__cuda_g1_cpa;
+int tern__cuda_g1_cpa = -1;
+static int g1_cpa_mode() {
+    if (tern__cuda_g1_cpa < 0) tern__cuda_g1_cpa = tern__cuda_env_int("TERN_CUDA_G1_CPA", 2);
+    return tern__cuda_g1_cpa;
+}
+/* Does a launch with these arguments (a.in, the norm and residual fields set) run the cpa prologue? kind: kind_of the
+ * weights */
+static bool g1_cpa_pick(const Gemv1Args &a, int kind) {
+    const int mode = g1_cpa_mode();
+    G1Regions cr;
+    if (!mode || (kind != 16 && kind != 17) || (mode == 1 && !a.rh2)) return false;
+    return (size_t)g1_regions(a, cr) * (size_t)a.in * sizeof(float) <= G1_CPA_SMEM;
+}
+template <int KIND> constexpr bool g1_has_cpa() { return KIND == 16 || KIND == 17; }
 template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 16 || KIND == 17; }
 template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 17; } /* BF16 / F16 weights */
 /* the kinds with an MV instance (matmul_act_mul): BF16 / F16, and Q4 where the tensor-core GEMV declines it */
@@ -301,14 +405,14 @@ constexpr bool g1_mv_kind(int kind) { return kind == 16 || kind == 17 || kind ==
 template <int KIND> constexpr bool g1_has_mv() { return g1_mv_kind(KIND); }
 
 /* the launch at U chunks a lane a round (grid: persistent, capped at the resident blocks of that instance) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false>
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false>
 static void g1_run(const tern__cuda *c, const Gemv1Args &a, long ntask, size_t smem) {
     long blocks = (ntask + 7) / 8;
     if (tern__cuda_g1_grid) {
-        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
+        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV, CPA>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
         if (blocks > slots) blocks = slots;
     }
-    tern_launch(c->stream, gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, (unsigned)blocks, 256, smem, a);
+    tern_launch(c->stream, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA>(), (unsigned)blocks, 256, smem, a);
 }
 
 template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, bool rope = false) {
@@ -317,7 +421,15 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const bool early = tern__cuda_g1_early & (a.mode == G1_RES ? 2 : pair ? 4 : 1);
     const long ntask = pair ? a.rows : (a.rows + G1_R - 1) / G1_R;
-    const size_t smem = (size_t)a.in * sizeof(float);
+    G1Regions cr;
+    const size_t smem = (size_t)a.in * sizeof(float) * (a.cpa ? g1_regions(a, cr) : 1); /* cpa: a region a vector */
+    if constexpr (g1_has_cpa<KIND>())
+        if (a.cpa) { /* g1_cpa_pick: the early instances of every mode and epilogue */
+            if (a.mv) g1_run<KIND, G1_U, true, false, true, true>(c, a, ntask, smem);
+            else if (rope) g1_run<KIND, G1_U, true, true, false, true>(c, a, ntask, smem);
+            else g1_run<KIND, G1_U, true, false, false, true>(c, a, ntask, smem);
+            return;
+        }
     if constexpr (g1_has_mv<KIND>())
         if (a.mv) { /* matmul_act_mul: BF16 / F16 / Q4, the early instance only (the same bits) */
             g1_run<KIND, G1_U, true, false, true>(c, a, ntask, smem);
@@ -337,9 +449,9 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     g1_run<KIND, G1_U, false, false>(c, a, ntask, smem);
 }
 
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false> static void g1_allow1() {
-    cudaFuncSetAttribute(gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)(G1_MAX_IN * sizeof(float)));
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false> static void g1_allow1() {
+    cudaFuncSetAttribute(g1_kernel<KIND, U, EARLY, ROPE, MV, CPA>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         CPA ? G1_CPA_SMEM : (int)(G1_MAX_IN * sizeof(float)));
 }
 template <int KIND> static void g1_allow() {
     g1_allow1<KIND, G1_U, false, false>();
@@ -349,6 +461,11 @@ template <int KIND> static void g1_allow() {
         g1_allow1<KIND, G1_U, true, true>();
     }
     if constexpr (g1_has_mv<KIND>()) g1_allow1<KIND, G1_U, true, false, true>();
+    if constexpr (g1_has_cpa<KIND>()) {
+        g1_allow1<KIND, G1_U, true, false, false, true>();
+        g1_allow1<KIND, G1_U, true, true, false, true>();
+        g1_allow1<KIND, G1_U, true, false, true, true>();
+    }
 }
 
 /* TERN_CUDA_GEMV1=0 in the environment keeps the older n = 1 kernels (for comparisons). */
@@ -392,7 +509,13 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
     a.mv = mv;
     a.mact = mact;
     set_norm_args(a, nw, xn, eps, res);
+    if (res) {
+        a.rh2 = res->h2;
+        a.rw2 = res->w2;
+    }
     a.nrm = xn != NULL;
+    a.in = w[0]->in;
+    a.cpa = g1_cpa_pick(a, kind_of(w[0]));
     if (tern__cuda_g1_xb < 0) tern__cuda_g1_xb = tern__cuda_env_int("TERN_CUDA_G1_XB", 1) != 0;
     a.xb = tern__cuda_g1_xb;
     const tern__cuda_w *w0 = w[0];
@@ -466,9 +589,15 @@ static int tern__cuda_norm_res_on(void) {
 
 /* gemv1's residual prologue can take res for the row x: the fold is on, x' goes to a buffer of its own (neither x nor
  * h), and x', h and w are 16-byte aligned */
-static bool g1_res_ok(const tern_norm_res *res, const float *x) {
+static bool g1_res_ok(const tern_norm_res *res, const float *x, const tern__cuda_w *w, const float *nw, bool nrm) {
+    if (res->h2) { /* the inner add: the cpa prologue only */
+        Gemv1Args a = {};
+        a.rh2 = res->h2; a.rw2 = res->w2; a.rh = res->h; a.rw = res->w; a.nw = nw; a.nrm = nrm; a.in = w->in;
+        if (!g1_cpa_pick(a, kind_of(w))) return false;
+    }
     return tern__cuda_norm_res_on() && res->x_out && res->x_out != x && (const float *)res->x_out != res->h &&
-           !(((uintptr_t)res->x_out | (uintptr_t)res->h | (uintptr_t)res->w) & 15);
+           (const float *)res->x_out != res->h2 && res->h2 != res->h &&
+           !(((uintptr_t)res->x_out | (uintptr_t)res->h | (uintptr_t)res->w | (uintptr_t)res->h2 | (uintptr_t)res->w2) & 15);
 }
 
 /* TERN_CUDA_MM_NORM=0: formats of gemv_mma.cu (Q4) run rmsnorm as its own launch (A/B) */
@@ -490,12 +619,12 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15) || (pair && (k != 2 || w[0]->out != w[1]->out)))
         return 0;
-    if (res && !g1_res_ok(res, x)) return 0;
+    if (res && !g1_res_ok(res, x, w[0], nw, true)) return 0;
     if (mode != G1_PLAIN && !pair) return 0;
     const int e[3] = {0, 0, 0};
     float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL};
     if (tern__cuda_gemv_mma_serves(c, w, k, x, mode)) { /* Q4: its tensor-core GEMV stages the norm */
-        if (!tern__cuda_mm_norm_on() || (res && tern__cuda_norm_res_on() != 1)) return 0;
+        if (!tern__cuda_mm_norm_on() || (res && (tern__cuda_norm_res_on() != 1 || res->h2))) return 0;
         return tern__cuda_gemv_mma_norm(c, ys, w, e, k, x, mode, nw, xn, eps, res);
     }
     if ((k == 1 && !pair) ? !tern__cuda_gemv_row_g1(w[0], x) : !tern__cuda_g1_fits(w, k, x)) return 0;
@@ -515,7 +644,7 @@ extern "C" int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x
     const int kind = kind_of(w);
     if (n != 1 || !g1_mv_kind(kind) || !tern__cuda_g1_fits(&w, 1, x) || y == x || (const float *)y == v) return 0;
     if (kind == 4 && tern__cuda_gemv_mma_serves(c, &w, 1, x, G1_PLAIN)) return 0;
-    if (res && !g1_res_ok(res, x)) return 0;
+    if (res && !g1_res_ok(res, x, w, NULL, false)) return 0;
     const int e[1] = {0};
     cudaSetDevice(c->device);
     g1_launch_norm(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, eps, res, nullptr, v, act);
