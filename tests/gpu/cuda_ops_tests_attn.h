@@ -525,6 +525,18 @@ TEST(cuda_moe_mlp) {
             char nm[64];
             printf("  err moe %-16s n=%-3d %.2e\n", fmt_name(&fused.t, nm, sizeof nm), n, rel);
             CHECK(rel <= 1e-5, "%s n %d rel %.2e", nm, n, rel);
+            { /* moe_gateup's x staging by cp.async or by the load loop (TERN_CUDA_MOE_GU_CPA): the same bits */
+                extern int tern__cuda_moe_gu_cpa;
+                const int keep = tern__cuda_moe_gu_cpa;
+                tern__cuda_moe_gu_cpa = keep == 0;
+                void *y2 = nan_buf(g_gpu, (size_t)n * H);
+                g_gpu->vt->moe_mlp(g_gpu, y2, xd, n, H, id, wd, k, &gg, &ug, &dg, F[f].act, sd);
+                float *yb = from_gpu(g_gpu, y2, (size_t)n * H);
+                CHECK(!memcmp(yb, yg, (size_t)n * H * sizeof *yb), "%s n %d: the two x stagings differ", nm, n);
+                tern__cuda_moe_gu_cpa = keep;
+                g_gpu->vt->free(g_gpu, y2);
+                free(yb);
+            }
             g_gpu->vt->free(g_gpu, xd); g_gpu->vt->free(g_gpu, id); g_gpu->vt->free(g_gpu, wd);
             g_gpu->vt->free(g_gpu, yd); g_gpu->vt->free(g_gpu, sd);
             free(x); free(lg); free(wts); free(idx); free(yr); free(scr); free(yg);
