@@ -1033,6 +1033,18 @@ if [[ " $SECTIONS " == *" 88 "* ]]; then
     b1_sets "TERN_CUDA_MOE_GU_CPA=0;TERN_CUDA_MOE_GU_CPA=1" "${AB88_MODELS:-gemma4-26b-a4b --quant bf16}"
 fi
 
+# 89. session 59, written after its last call (not yet run on a GPU): ops.h rmsnorm_add2 (norm.cu rmsnorm_add2_kernel:
+#     Gemma 4 MoE layers' two pending post-norm adds — the experts' onto the dense branch, then the layer's last — in one
+#     launch where no pre-norm GEMV folds them: Q4 decode (gemv_mma declines res), prefill, the step's last flush).
+#     `TERN_CUDA_NORM_ADD2=0` runs the two rmsnorm_add launches. Op test cuda_rmsnorm_add2 (bitwise the two), parity, b1 of
+#     gemma4-26b-a4b q4 (each layer: one launch fewer) and bf16 (a control: only the last flush), and its prefill.
+if [[ " $SECTIONS " == *" 89 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_rmsnorm_add2,cuda_fused_rmsnorm_add ops89
+    [ "${AB_OPS:-1}" = 1 ] && on_checks TERN_CUDA_NORM_ADD2 bf16 "gemma4_moe_like gemma4_moe_mixed"
+    b1_sets "TERN_CUDA_NORM_ADD2=0;TERN_CUDA_NORM_ADD2=1" "${AB89_MODELS:-gemma4-26b-a4b --quant q4;gemma4-26b-a4b --quant bf16}"
+    b1_sets "TERN_CUDA_NORM_ADD2=0;TERN_CUDA_NORM_ADD2=1" "gemma4-26b-a4b --quant q4" 2048
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

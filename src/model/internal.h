@@ -282,8 +282,11 @@ typedef struct tern_pending_res {
     float *h2;        /* NULL, or an inner add h = h + rmsnorm(h2)·w2 first (ops.h tern_norm_res h2) */
     const float *w2;
 } tern_pending_res;
-/* the pending add run as rmsnorm_add launches: the inner one (h2) first, then x's */
+/* the pending add run as rmsnorm_add launches: the inner one (h2) first, then x's — one launch where the backend
+ * serves ops.h rmsnorm_add2 (bitwise the two) */
 static inline void tern__pending_add(tern_model *m, float *x, const tern_pending_res *p, int n, int d, float eps) {
+    const tern_backend_vt *op = m->be->vt;
+    if (p->h2 && op->rmsnorm_add2 && op->rmsnorm_add2(m->be, x, p->h, p->h2, n, d, p->w, p->w2, eps, p->s)) return;
     if (p->h2) tern__rmsnorm_add(m, p->h, p->h2, n, d, p->w2, eps, NULL);
     tern__rmsnorm_add(m, x, p->h, n, d, p->w, eps, p->s);
 }

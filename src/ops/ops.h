@@ -451,6 +451,13 @@ typedef struct tern_backend_vt {
     int (*norm_route_topk)(tern_backend *be, int n, int d, float *const *y, const float *const *x,
                            const float *const *w, float eps, const tern_tensor *router, float *logits, int32_t *idx,
                            float *wts, int E, int k, int mode, const float *per_expert_scale);
+    /* Two post-norm residual adds (appended; optional): h = h + rmsnorm(h2)·w2, then x = (x + rmsnorm(h)·w)·(s ? s[0] :
+     * 1), for rows r < rows of d (w, w2 may be NULL): bitwise rmsnorm_add(h, h2, w2, NULL) then rmsnorm_add(x, h, w, s).
+     * h holds h' afterwards, h2 is scratch. 0 = not done (src/model/internal.h tern__pending_add runs the two). Gemma 4's
+     * MoE layers: the experts' post-norm add onto the dense branch, then the layer's last one, where no pre-norm op
+     * folds them (tern_norm_res h2) — Q4 decode, prefill. */
+    int (*rmsnorm_add2)(tern_backend *be, float *x, float *h, const float *h2, int rows, int d, const float *w,
+                        const float *w2, float eps, const float *s);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -184,6 +184,42 @@ TEST(cuda_fused_rope_kv_write) {
     free(kh); free(q); free(k); free(v); free(inv); free(ha); free(hb);
 }
 
+/* rmsnorm_add2 (Gemma 4 MoE layers' two post-norm adds in one launch) vs rmsnorm_add(h, h2, w2) then rmsnorm_add(x, h,
+ * w, s): x and h' bitwise, h2 untouched; with and without w, w2 and the scalar; one row and 300 (rmsnorm_add's many-row
+ * block sizes: two rows a SM and more), at d 96 / 2816 / 5376 / 9000 (the strided walk) */
+TEST(cuda_rmsnorm_add2) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->rmsnorm_add2 || !g->vt->rmsnorm_add) { SKIP("cuda_rmsnorm_add2", "not built"); return; }
+    static const int ds[] = {96, 2816, 5376, 9000}, rs[] = {1, 300};
+    int ran = 0;
+    for (size_t i = 0; i < TERN_ARRAY_LEN(ds); i++)
+        for (size_t ri = 0; ri < TERN_ARRAY_LEN(rs); ri++)
+            for (int mode = 0; mode < 8; mode++) { /* bit 0: w, bit 1: w2, bit 2: the scalar */
+                const int d = ds[i], rows = rs[ri];
+                if (rows > 1 && d == 9000 && mode) continue;
+                const size_t cnt = (size_t)rows * d;
+                float *x = rnd(cnt, 3.0f), *h = rnd(cnt, 20.0f), *h2 = rnd(cnt, 7.0f), *w = rnd((size_t)d, 1.0f),
+                      *w2 = rnd((size_t)d, 1.3f), sc = 0.37f;
+                void *xa = to_gpu(x, cnt * 4), *xb = to_gpu(x, cnt * 4), *ha = to_gpu(h, cnt * 4), *hb = to_gpu(h, cnt * 4);
+                void *h2a = to_gpu(h2, cnt * 4), *h2b = to_gpu(h2, cnt * 4);
+                void *wd = to_gpu(w, (size_t)d * 4), *w2d = to_gpu(w2, (size_t)d * 4), *sd = to_gpu(&sc, 4);
+                const float *wp = (mode & 1) ? wd : NULL, *w2p = (mode & 2) ? w2d : NULL, *sp = (mode & 4) ? sd : NULL;
+                CHECK(g->vt->rmsnorm_add2(g, xa, ha, h2a, rows, d, wp, w2p, 1e-6f, sp) == 1, "rmsnorm_add2 refused d %d", d);
+                CHECK(g->vt->rmsnorm_add(g, hb, h2b, rows, d, w2p, 1e-6f, NULL) == 1, "rmsnorm_add refused");
+                CHECK(g->vt->rmsnorm_add(g, xb, hb, rows, d, wp, 1e-6f, sp) == 1, "rmsnorm_add refused");
+                float *a = from_gpu(g, xa, cnt), *b = from_gpu(g, xb, cnt), *ah = from_gpu(g, ha, cnt),
+                      *bh = from_gpu(g, hb, cnt), *h2o = from_gpu(g, h2a, cnt);
+                CHECK(same_bits(a, b, cnt), "rmsnorm_add2 d %d rows %d mode %d: x differs from two rmsnorm_adds", d, rows, mode);
+                CHECK(same_bits(ah, bh, cnt), "rmsnorm_add2 d %d rows %d mode %d: h differs", d, rows, mode);
+                CHECK(same_bits(h2o, h2, cnt), "rmsnorm_add2 d %d rows %d: h2 was written", d, rows);
+                void *bufs[] = {xa, xb, ha, hb, h2a, h2b, wd, w2d, sd};
+                for (size_t k = 0; k < TERN_ARRAY_LEN(bufs); k++) g->vt->free(g, bufs[k]);
+                free(x); free(h); free(h2); free(w); free(w2); free(a); free(b); free(ah); free(bh); free(h2o);
+                ran++;
+            }
+    printf("  rmsnorm_add2: %d cases bitwise\n", ran);
+}
+
 /* rmsnorm_add vs rmsnorm + add (+ scale_dev): bitwise, with and without w and the scalar, at the
  * norm's three block sizes (d < 256, < 1024, >= 1024) */
 TEST(cuda_fused_rmsnorm_add) {
@@ -789,6 +825,7 @@ static void cuda_fused_tests(void) {
     RUN(cuda_rmsnorm_n);
     RUN(cuda_norm_matmul);
     RUN(cuda_fused_rmsnorm_add);
+    RUN(cuda_rmsnorm_add2);
     RUN(cuda_gemv1_batch_invariant);
     RUN(cuda_fused_matmuls);
     RUN(cuda_fused_rope_kv_write);

@@ -398,6 +398,14 @@ static double be_copy_rate(tern_backend *be, size_t bytes) {
     cudaGetLastError();
     return best;
 }
+static int be_rmsnorm_add2(tern_backend *be, float *x, float *h, const float *h2, int rows, int d, const float *w,
+                           const float *w2, float eps, const float *s) {
+    static int on = -1; /* TERN_CUDA_NORM_ADD2=0: two rmsnorm_add launches (A/B) */
+    if (on < 0) on = tern__cuda_env_int("TERN_CUDA_NORM_ADD2", 1) != 0;
+    if (!on) return 0;
+    tern__cuda_rmsnorm_add2(C(be), x, h, h2, rows, d, w, w2, eps, s);
+    return 1;
+}
 static int be_rmsnorm_add(tern_backend *be, float *x, const float *h, int rows, int d, const float *w, float eps,
                           const float *s) {
     static int on = -1; /* TERN_CUDA_NORM_ADD=0: the separate ops (A/B) */
@@ -703,6 +711,7 @@ static const tern_backend_vt k_cuda_vt = {
     .norm_mlp = be_norm_mlp,
     .matmul_act_mul = be_matmul_act_mul,
     .norm_route_topk = be_norm_route_topk,
+    .rmsnorm_add2 = be_rmsnorm_add2,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
     .reserve_rows = be_reserve_rows,

@@ -247,6 +247,9 @@ void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *co
                           const float *const *w, float eps); /* k <= 3 tensors, one launch */
 void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps,
                             const float *s);
+/* norm.cu: ops.h rmsnorm_add2 (h += rmsnorm(h2)·w2, then x = (x + rmsnorm(h)·w)·s, one launch; bitwise the two) */
+void tern__cuda_rmsnorm_add2(tern__cuda *c, float *x, float *h, const float *h2, int rows, int d, const float *w,
+                             const float *w2, float eps, const float *s);
 void tern__cuda_rope(tern__cuda *c, float *x, int n, int nh, int d, const int32_t *pos, const float *inv_freq,
                      float mscale);
 enum { TERN__EW_ADD, TERN__EW_MUL, TERN__EW_SCALE, TERN__EW_SCALE_DEV, TERN__EW_GELU, TERN__EW_SILU,

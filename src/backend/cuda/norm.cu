@@ -135,6 +135,18 @@ __global__ void RMS_BOUNDS(VPT, EV) rmsnorm_res_bf16_kernel(float *xo, const flo
     rms_row<false, VPT, EV>(y + o, xo + o, d, nw, eps, NULL, yb + o, yl ? yl + o : nullptr);
 }
 
+/* ops.h rmsnorm_add2: h = h + rmsnorm(h2)·w2, then x = (x + rmsnorm(h)·w)·s — the two rmsnorm_add launches' rms_row in
+ * one (the second pass reads back what this block wrote, every element by the thread that wrote it, as above): bitwise */
+template <int VPT, int EV>
+__global__ void RMS_BOUNDS(VPT, EV) rmsnorm_add2_kernel(float *x, float *h, const float *h2, int d, const float *w,
+                                                        const float *w2, float eps, const float *s) {
+    pdl_start();
+    const size_t o = (size_t)blockIdx.x * d;
+    rms_row<true, VPT, EV>(h + o, h2 + o, d, w2, eps, NULL);
+    __syncthreads();
+    rms_row<true, VPT, EV>(x + o, h + o, d, w, eps, s);
+}
+
 /* rmsnorm_n: up to three tensors of rows of one width in one launch, a block per row as rmsnorm_kernel
  * (the same rms_row: bitwise the separate launches) */
 struct RmsN {
@@ -219,6 +231,20 @@ extern "C" void tern__cuda_rmsnorm_res_bf16(tern__cuda *c, float *xo, const floa
     rms_launch<false>(c, rows, d,
                       RmsResGo{c, rows, d, xo, x, h, hw, s, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, nw, eps});
     tern__cuda_check(c, "rmsnorm_res_bf16");
+}
+
+struct RmsAdd2Go {
+    tern__cuda *c; int rows, d; float *x, *h; const float *h2, *w, *w2; float eps; const float *s;
+    template <int VPT, int EV> void run(int threads) const {
+        tern_launch(c->stream, rmsnorm_add2_kernel<VPT, EV>, rows, threads, 0, x, h, h2, d, w, w2, eps, s);
+    }
+};
+extern "C" void tern__cuda_rmsnorm_add2(tern__cuda *c, float *x, float *h, const float *h2, int rows, int d,
+                                        const float *w, const float *w2, float eps, const float *s) {
+    if (rows <= 0 || d <= 0) return;
+    cudaSetDevice(c->device);
+    rms_launch<true>(c, rows, d, RmsAdd2Go{c, rows, d, x, h, h2, w, w2, eps, s}); /* rmsnorm_add's block sizes */
+    tern__cuda_check(c, "rmsnorm_add2");
 }
 
 extern "C" void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *const *x, const int *rows,
