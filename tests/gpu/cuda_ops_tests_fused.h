@@ -464,8 +464,8 @@ TEST(cuda_norm_matmul_res) {
                 const float *pw = (mode & 1) ? wpd : NULL, *ps = (mode & 2) ? sd : NULL;
                 const int inner = mode >> 2 & 1;
                 tern__cuda_g1_cpa = inner ? 1 : (int)((mode ^ si ^ f) & 1) * 2; /* gemv1's prologue by cp.async or not */
-                /* the inner add runs on the cpa prologue only: BF16 weights whose regions (row, h, w2, x, w, nw) fit 100 KB */
-                const int regions = 4 + (mode & 1) * 2, fits = F[f].dt == TERN_DT_BF16 && regions * in * 4 <= 100 * 1024;
+                /* the inner add runs on the cpa prologue only: BF16 weights whose regions (row, h, w2, x, w, nw) fit 96 KB */
+                const int regions = 4 + (mode & 1) * 2, fits = F[f].dt == TERN_DT_BF16 && regions * in * 4 <= 96 * 1024;
                 const tern_norm_res r = {xo, hd, pw, ps, inner ? h2d : NULL, inner && (mode & 1) ? w2d : NULL};
                 const tern_tensor *ws[2] = {&t[0], &t[1]};
                 float *ysa[1] = {ya};

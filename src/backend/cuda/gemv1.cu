@@ -1,6 +1,7 @@
 /*
  * gemv1.cu — one activation row through every chunked weight format (gemv1_kernel: x staged once per
- * block, q|k|v, act(gate)·up and residual modes; the fused decode ops of ops.h), and the fused MoE
+ * block, q|k|v, act(gate)·up and residual modes; the fused decode ops of ops.h; gemv1_cpa_kernel: the same body
+ * whose prologue brings every vector it reads into shared memory by cp.async in one round trip), and the fused MoE
  * gate/up/act of routed pairs (moe_gateup_kernel). Both run gemv.cu's per-chunk f32 operations
  * (gemv_chunk.cuh) in the same order, so their rows are bitwise those of the multi-row and expert
  * kernels. Split out of gemv.cu; the design notes of each kernel sit above it.
@@ -20,7 +21,7 @@
  * to three matrices sharing `in` and the format (q|k|v in one launch); pair modes give a warp
  * row o of matrix 0 and of matrix 1 and write act(g)·u (gate/up); RES adds the old y[o]. */
 #define G1_MAX_IN 16384 /* floats of x staged (64 KB of shared memory) */
-#define G1_CPA_SMEM (100 * 1024) /* bytes of shared memory the cpa prologue's regions may take (its launch attribute) */
+#define G1_CPA_SMEM (96 * 1024) /* bytes of shared memory the cpa prologue's regions may take (its launch attribute; under the 99 KB a block of sm_86 / sm_120 parts allows) */
 
 struct Gemv1Args {
     const uint8_t *data[3], *scales[3], *biases[3];
