@@ -273,10 +273,9 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
             tern__moe_mlp(m, l, g->m2, g->x2, n, H, g->idx, g->wts, K, &L->egate, &L->eup, &L->edown,
                         TERN_ACT_GELU_TANH, g->moe_scratch);
             tern_allreduce_sum(be, g->m2, (size_t)n * H); /* expert parallel: each rank ran its experts */
-            /* o += rmsnorm(m2)·w: folded with the layer's last post-norm add into the next pre-norm op where the
-             * backend can (tern_pending_res h2; CUDA: the next q|k|v's prologue), a launch fewer a layer */
-            if (P > 0) tern__rmsnorm_add(m, g->o, g->m2, n, H, L->post_ff2_norm, eps, NULL);
-            else h2 = g->m2;
+            /* o += rmsnorm(m2)·w: folded with the post-FFN add into the next op that takes the pending add where the
+             * backend can (tern_pending_res h2; CUDA: that GEMV's prologue), a launch fewer a layer */
+            h2 = g->m2;
         }
         /* the layer scalar (h *= layer_scalar) rides on the layer's last residual add, which the next
          * layer's q|k|v folds in (pending) */
@@ -288,7 +287,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
                 op->copy_cols(be, g->pt, g->ple, n, P, N * P, l * P);
                 pl = g->pt;
             }
-            pend = (tern_pending_res){g->o, L->post_ff_norm, NULL, 1};
+            pend = (tern_pending_res){g->o, L->post_ff_norm, NULL, 1, h2, L->post_ff2_norm};
             tern__pending_matmul_act_mul(m, &x, &xo, &pend, n, H, eps, g->pg, &L->ple_gate, TERN_ACT_GELU_TANH, pl);
             op->matmul(be, g->o, g->pg, n, &L->ple_proj);
             pend = (tern_pending_res){g->o, L->post_ple_norm, L->layer_scalar, 1};

@@ -309,8 +309,9 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
 }
 
 /* The kernels: gemv1_kernel (its instances compiled as before the cpa prologue: the same registers; a (256, 1) bound
- * alone moved its early ones from 128 to 168) and gemv1_cpa_kernel, the early plain / residual / pair instance with the
- * cpa prologue (118 registers; bounded to two blocks an SM, as gemv1_kernel's early instances run). One body. */
+ * alone moved its early ones from 128 to 168) and gemv1_cpa_kernel, the early instances (plain / residual / pair, rope,
+ * act·mul) with the cpa prologue (116-124 registers; bounded to two blocks an SM, as gemv1_kernel's early instances
+ * run). One body. */
 template <int KIND, int R, int U, bool EARLY = false, bool ROPE = false, bool MV = false>
 __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
     gemv1_body<KIND, R, U, EARLY, ROPE, MV, false>(a);
@@ -390,15 +391,16 @@ static int g1_cpa_mode() {
     if (tern__cuda_g1_cpa < 0) tern__cuda_g1_cpa = tern__cuda_env_int("TERN_CUDA_G1_CPA", 2);
     return tern__cuda_g1_cpa;
 }
+constexpr bool g1_cpa_kind(int kind) { return kind == 16 || kind == 17; } /* BF16 / F16 weights */
 /* Does a launch with these arguments (a.in, the norm and residual fields set) run the cpa prologue? kind: kind_of the
  * weights */
 static bool g1_cpa_pick(const Gemv1Args &a, int kind) {
     const int mode = g1_cpa_mode();
     G1Regions cr;
-    if (!mode || (kind != 16 && kind != 17) || (mode == 1 && !a.rh2)) return false;
+    if (!mode || !g1_cpa_kind(kind) || (mode == 1 && !a.rh2)) return false;
     return (size_t)g1_regions(a, cr) * (size_t)a.in * sizeof(float) <= G1_CPA_SMEM;
 }
-template <int KIND> constexpr bool g1_has_cpa() { return KIND == 16 || KIND == 17; }
+template <int KIND> constexpr bool g1_has_cpa() { return g1_cpa_kind(KIND); }
 template <int KIND> constexpr bool g1_has_early() { return KIND == 8 || KIND == 16 || KIND == 17; }
 template <int KIND> constexpr bool g1_has_rope() { return KIND == 16 || KIND == 17; } /* BF16 / F16 weights */
 /* the kinds with an MV instance (matmul_act_mul): BF16 / F16, and Q4 where the tensor-core GEMV declines it */
@@ -469,6 +471,20 @@ template <int KIND> static void g1_allow() {
     }
 }
 
+/* The prologue's fields of a launch over weights like w0 (pre-norm nw / xn, residual res with its inner add) and
+ * whether it takes the cpa prologue */
+static void g1_prologue_args(Gemv1Args &a, const tern__cuda_w *w0, const float *nw, float *xn, float eps,
+                             const tern_norm_res *res) {
+    set_norm_args(a, nw, xn, eps, res);
+    if (res) {
+        a.rh2 = res->h2;
+        a.rw2 = res->w2;
+    }
+    a.nrm = xn != NULL;
+    a.in = w0->in;
+    a.cpa = g1_cpa_pick(a, kind_of(w0));
+}
+
 /* TERN_CUDA_GEMV1=0 in the environment keeps the older n = 1 kernels (for comparisons). */
 extern "C" int tern__cuda_gemv1_on;
 int tern__cuda_gemv1_on = -1;
@@ -509,22 +525,14 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
     if (rope) a.rope = *rope;
     a.mv = mv;
     a.mact = mact;
-    set_norm_args(a, nw, xn, eps, res);
-    if (res) {
-        a.rh2 = res->h2;
-        a.rw2 = res->w2;
-    }
-    a.nrm = xn != NULL;
-    a.in = w[0]->in;
-    a.cpa = g1_cpa_pick(a, kind_of(w[0]));
+    g1_prologue_args(a, w[0], nw, xn, eps, res);
     if (tern__cuda_g1_xb < 0) tern__cuda_g1_xb = tern__cuda_env_int("TERN_CUDA_G1_XB", 1) != 0;
     a.xb = tern__cuda_g1_xb;
     const tern__cuda_w *w0 = w[0];
     a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
     a.nm = k;
     if (mode == G1_SILU || mode == G1_GELU) a.rows = w0->out;
-    a.in = w0->in;
-    a.gs = w0->group_size;
+    a.gs = w0->group_size; /* a.in: g1_prologue_args */
     a.gs_shift = w0->group_size == 32 ? 5 : w0->group_size == 64 ? 6 : 7;
     a.sdtype = w0->sdtype;
     a.br = w0->dtype == TERN_DT_F8_E4M3 ? w0->blk_rows : 0;
@@ -590,11 +598,11 @@ static int tern__cuda_norm_res_on(void) {
 
 /* gemv1's residual prologue can take res for the row x: the fold is on, x' goes to a buffer of its own (neither x nor
  * h), and x', h and w are 16-byte aligned */
-static bool g1_res_ok(const tern_norm_res *res, const float *x, const tern__cuda_w *w, const float *nw, bool nrm) {
-    if (res->h2) { /* the inner add: the cpa prologue only */
+static bool g1_res_ok(const tern_norm_res *res, const float *x, const tern__cuda_w *w, const float *nw, float *xn) {
+    if (res->h2) { /* the inner add: the cpa prologue only (the launch's own choice) */
         Gemv1Args a = {};
-        a.rh2 = res->h2; a.rw2 = res->w2; a.rh = res->h; a.rw = res->w; a.nw = nw; a.nrm = nrm; a.in = w->in;
-        if (!g1_cpa_pick(a, kind_of(w))) return false;
+        g1_prologue_args(a, w, nw, xn, 0.0f, res);
+        if (!a.cpa) return false;
     }
     return tern__cuda_norm_res_on() && res->x_out && res->x_out != x && (const float *)res->x_out != res->h &&
            (const float *)res->x_out != res->h2 && res->h2 != res->h &&
@@ -620,7 +628,7 @@ extern "C" int tern__cuda_norm_matmul(tern__cuda *c, float *xn, const float *x, 
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15) || (pair && (k != 2 || w[0]->out != w[1]->out)))
         return 0;
-    if (res && !g1_res_ok(res, x, w[0], nw, true)) return 0;
+    if (res && !g1_res_ok(res, x, w[0], nw, xn)) return 0;
     if (mode != G1_PLAIN && !pair) return 0;
     const int e[3] = {0, 0, 0};
     float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL};
@@ -645,7 +653,7 @@ extern "C" int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x
     const int kind = kind_of(w);
     if (n != 1 || !g1_mv_kind(kind) || !tern__cuda_g1_fits(&w, 1, x) || y == x || (const float *)y == v) return 0;
     if (kind == 4 && tern__cuda_gemv_mma_serves(c, &w, 1, x, G1_PLAIN)) return 0;
-    if (res && !g1_res_ok(res, x, w, NULL, false)) return 0;
+    if (res && !g1_res_ok(res, x, w, NULL, NULL)) return 0;
     const int e[1] = {0};
     cudaSetDevice(c->device);
     g1_launch_norm(c, &y, &w, e, 1, x, G1_PLAIN, NULL, NULL, eps, res, nullptr, v, act);
