@@ -1039,7 +1039,7 @@ fi
 #     `TERN_CUDA_NORM_ADD2=0` runs the two rmsnorm_add launches. Op test cuda_rmsnorm_add2 (bitwise the two), parity, b1 of
 #     gemma4-26b-a4b q4 (each layer: one launch fewer) and bf16 (a control: only the last flush), and its prefill.
 if [[ " $SECTIONS " == *" 89 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_rmsnorm_add2,cuda_fused_rmsnorm_add ops89
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_rmsnorm_add2,cuda_fused_rmsnorm_add,cuda_norm_matmul_res,cuda_matmul_act_mul ops89
     [ "${AB_OPS:-1}" = 1 ] && on_checks TERN_CUDA_NORM_ADD2 bf16 "gemma4_moe_like gemma4_moe_mixed"
     b1_sets "TERN_CUDA_NORM_ADD2=0;TERN_CUDA_NORM_ADD2=1" "${AB89_MODELS:-gemma4-26b-a4b --quant q4;gemma4-26b-a4b --quant bf16}"
     b1_sets "TERN_CUDA_NORM_ADD2=0;TERN_CUDA_NORM_ADD2=1" "gemma4-26b-a4b --quant q4" 2048
