@@ -1045,6 +1045,113 @@ if [[ " $SECTIONS " == *" 89 "* ]]; then
     b1_sets "TERN_CUDA_NORM_ADD2=0;TERN_CUDA_NORM_ADD2=1" "gemma4-26b-a4b --quant q4" 2048
 fi
 
+# 90. session 60: where Gemma 4's b1 step at 8k loses (e4b 0.621, 26b-a4b 0.632 of the floor; 0.69 / 0.66 at 512): the
+#     one-row decode attention alone on their shapes (bench_cuda --attn-dec1 CTX 1 bf16 1 NH NKV D; K and V of the
+#     keys once / time, so the GB/s column is the copy-rate ratio's numerator) under each kernel choice: default, R1
+#     forced (TERN_CUDA_AD_R1=2), the long class's TCS off / forced, the head split off
+attn_shape() { # attn_shape "NH NKV D" "settings;..." KEYS...
+    local sh=$1 sets k v
+    IFS=';' read -ra sets <<< "$2"
+    shift 2
+    for k in "$@"; do
+        for v in "${sets[@]}"; do
+            say "attn-dec1 [$sh] $k keys [$v]: $(env $v timeout 60 build/bench_cuda --attn-dec1 $k 1 bf16 1 $sh | grep '^csv' | cut -d, -f3,4)"
+        done
+    done
+}
+#     First run (session 60, H100): every choice ~70 µs for 33.5 MB at 8192 keys (0.48 TB/s). Then TERN_CUDA_AD_TCS512
+#     (attn_decode_tc.cu's D 512 split, merged by tern__cuda_attn_merge): op test, the kernel alone, b1 at 8192 / 512.
+if [[ " $SECTIONS " == *" 90 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_tcs512,cuda_attention_decode_tcs,cuda_attention_decode_tc ops90
+    A90="TERN_CUDA_AD_TCS512=0;TERN_CUDA_AD_TCS512=1;TERN_CUDA_AD_TCS512=2"
+    attn_shape "16 2 512" "$A90" 512 2048 8192
+    attn_shape "8 2 512" "$A90" 512 8192
+    attn_shape "16 2 512" "TERN_CUDA_AD_TCS_CH=128;TERN_CUDA_AD_TCS_CH=256" 8192
+    b1_sets "TERN_CUDA_AD_TCS512=0;TERN_CUDA_AD_TCS512=1" "${AB90_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-e4b --quant bf16}" 8192
+    b1_sets "TERN_CUDA_AD_TCS512=0;TERN_CUDA_AD_TCS512=2" "${AB90_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-e4b --quant bf16}"
+fi
+
+# 91. session 60: which attention kernels a long-context b1 step runs (ncu -k on the attention and merge kernels only: the
+#     rest run unprofiled), gemma4-26b-a4b and gemma4-e4b bf16 at 8192, the last decode step's launches (name, grid,
+#     µs); and the kernel-alone case split into its launches
+ncu_last() { # ncu_last CSV N: the last N profiled launches (name, grid, µs)
+    python3 - "$1" "$2" <<'PY' 2>&1 | tee -a "$S"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+if head is None:
+    print("no ncu table in", sys.argv[1]); sys.exit(0)
+ks = [(r[4], r[8], float(r[14].replace(",", "")) / 1000) for r in rows[head + 1:] if len(r) > 14]
+for name, grid, us in ks[-int(sys.argv[2]):]:
+    print("%8.2f us  %-14s %s" % (us, grid, name[:110]))
+PY
+}
+if [[ " $SECTIONS " == *" 91 "* ]]; then
+    NCU=/usr/local/cuda/bin/ncu
+    for m in gemma4-26b-a4b gemma4-e4b; do
+        for v in 0 1; do
+            say "ncu attention kernels, $m bf16 at 8192, TERN_CUDA_AD_TCS512=$v (the last decode step's):"
+            TERN_CUDA_AD_TCS512=$v timeout 240 $NCU --graph-profiling node --cache-control none --clock-control none \
+                -k regex:'attn|merge' --metrics gpu__time_duration.sum --csv --print-units base \
+                $T bench --random $m --quant bf16 --device cuda --prompt 8192 --gen 3 --reps 1 --warmup 0 \
+                > "$OUT/ncu_attn_${m}_$v.csv" 2>&1
+            ncu_last "$OUT/ncu_attn_${m}_$v.csv" "${AB91_N:-16}"
+        done
+    done
+    for sh in "16 2 512" "8 2 512"; do
+        say "ncu bench_cuda --attn-dec1 8192 1 bf16 1 $sh (TCS512=1):"
+        timeout 120 $NCU --cache-control none --clock-control none -k regex:'attn|merge' --launch-skip 100 --launch-count 4 \
+            --metrics gpu__time_duration.sum --csv --print-units base build/bench_cuda --attn-dec1 8192 1 bf16 1 $sh \
+            > "$OUT/ncu_attn1_${sh// /_}.csv" 2>&1
+        ncu_last "$OUT/ncu_attn1_${sh// /_}.csv" 4
+    done
+fi
+
+# 92. session 60: attn_merge_kernel a block per (row, 64 outputs) (was a block per row: 15 µs for one row of 16 heads × 512
+#     over 33 splits, serialized); the whole op-test program (every split-K attention merges through it); the kernel
+#     alone; b1 at 8192 of the Gemma 4 models against the session-59 tern-core (BIN=build/base/tern-core) and, for
+#     gemma4-26b-a4b (whose b1 barely moved with TCS512 although its attention kernels went 73 → 39 µs serialized),
+#     diagnostics: PDL off, and the head split off (a much slower kernel: is the step sensitive to it at all?)
+if [[ " $SECTIONS " == *" 92 "* ]]; then
+    if [ "${AB_OPS:-1}" = 1 ]; then
+        timeout 400 build/test_cuda_ops > "$OUT/ops92_all.txt" 2>&1
+        say "op tests (all): $(grep -c '^PASS' "$OUT/ops92_all.txt") passed, $(grep -c '^FAIL' "$OUT/ops92_all.txt") failed"
+        grep -E '^FAIL|check failed' "$OUT/ops92_all.txt" | head -5 | tee -a "$S"
+    fi
+    attn_shape "16 2 512" "TERN_CUDA_AD_TCS512=1" 8192
+    attn_shape "8 2 512" "TERN_CUDA_AD_TCS512=1" 8192
+    attn_shape "16 1 512" "TERN_CUDA_AD_TCS512=0;TERN_CUDA_AD_TCS512=1" 8192
+    b1_sets "${AB92_SETS:-BIN=build/base/tern-core;X=0}" \
+        "${AB92_MODELS:-gemma4-e4b --quant bf16;gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16}" 8192
+    AB_REPS=1 b1_sets "TERN_CUDA_AD_TCS512=0 TERN_CUDA_AD_HSPLIT=0;TERN_CUDA_AD_TCS512=0 TERN_CUDA_PDL=0;TERN_CUDA_PDL=0" \
+        "gemma4-26b-a4b --quant bf16" 8192
+fi
+
+# 93. session 60 (section 92 could not start): attn_decode_r1.cu with several clusters a (row, kv head)
+#     (TERN_CUDA_AD_R1_NC=8, committed as 1: the clusters' sums merged by tern__cuda_attn_merge) and in long steps
+#     (TERN_CUDA_AD_R1_LONG=1) against TCS512 / TCS; attn_merge_kernel a block per (row, 64 outputs). The whole
+#     op-test program; the kernels alone; b1 at 8192 against the session-59 tern-core (BIN=build/base/tern-core), and at
+#     512 (where NC stays 1: only the merge and nothing else changed)
+if [[ " $SECTIONS " == *" 93 "* ]]; then
+    if [ "${AB_OPS:-1}" = 1 ]; then
+        timeout 300 build/test_cuda_ops > "$OUT/ops93_all.txt" 2>&1
+        say "op tests (all): $(grep -c '^PASS' "$OUT/ops93_all.txt") passed, $(grep -c '^FAIL' "$OUT/ops93_all.txt") failed"
+        grep -E '^FAIL|check failed' "$OUT/ops93_all.txt" | head -5 | tee -a "$S"
+    fi
+    A93="TERN_CUDA_AD_TCS512=1;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_NC=8;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_NC=16"
+    attn_shape "16 2 512" "$A93" 8192
+    attn_shape "8 2 512" "$A93" 8192
+    attn_shape "16 1 512" "TERN_CUDA_AD_TCS512=1" 8192
+    attn_shape "16 8 256" "TERN_CUDA_AD_R1_NC=1;TERN_CUDA_AD_R1_NC=8" 1024
+    attn_shape "32 8 128" "TERN_CUDA_AD_R1_NC=1;TERN_CUDA_AD_R1_NC=8" 2048
+    attn_shape "32 8 128" "X=0;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_NC=8" 8192
+    b1_sets "BIN=build/base/tern-core;X=0;TERN_CUDA_AD_R1_NC=8;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_NC=8" \
+        "${AB93_MODELS:-gemma4-e4b --quant bf16;gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16}" 8192
+    b1_sets "BIN=build/base/tern-core;X=0;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_NC=8" "llama3-8b --quant bf16" 8192
+    AB_REPS=1 b1_sets "BIN=build/base/tern-core;X=0" \
+        "gemma4-e4b --quant bf16;gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16;llama3-8b --quant bf16"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -225,7 +225,7 @@ TEST(cuda_attention_decode_1p) {
 }
 
 /* The tensor-core decode attention's cases (attn_decode_tc.cu, one pass and split over the keys): head dims 64 /
- * 128 / 256 (and 512, one pass only), 1..8 heads per KV head, sliding windows, softcaps, a block not resident inside the visible keys
+ * 128 / 256 / 512, 1..8 heads per KV head, sliding windows, softcaps, a block not resident inside the visible keys
  * (hole), lengths of 1, 2, 3, multiples of the 16-key chunk and not, keys past every warp's first chunk and past
  * one record tile (1024 keys) */
 typedef struct { int nh, nkv, d, window; float cap; int bs, hole; int lens[3]; } ad_tc_case;
@@ -236,7 +236,7 @@ static const ad_tc_case AD_TC_CASES[] = {
     {12, 4, 128, 0, 30.0f, 16, 0, {1100, 33, 1}}, {10, 2, 256, 40, 0.0f, 8, 1, {300, 64, 5}},
     {12, 2, 64, 0, 0.0f, 16, 1, {48, 200, 16}}, {7, 1, 256, 0, 0.0f, 16, 1, {95, 31, 160}},
     {32, 8, 128, 0, 0.0f, 16, 1, {513, 17, 2}}, {2, 1, 128, 0, 0.0f, 16, 0, {3000, 2100, 640}},
-    /* D 512 (two blocks per row and group of at most 8 heads, one per half of the outputs; unsplit only) */
+    /* D 512 (two blocks per row and group of at most 8 heads, one per half of the outputs) */
     {8, 2, 512, 0, 0.0f, 16, 1, {300, 37, 129}}, {16, 2, 512, 0, 30.0f, 16, 0, {200, 17, 1}},
     {4, 4, 512, 40, 0.0f, 8, 1, {95, 31, 1100}}, {8, 1, 512, 0, 0.0f, 16, 0, {1100, 64, 3}},
     {16, 1, 512, 0, 0.0f, 16, 1, {300, 37, 129}}, {32, 2, 512, 50, 20.0f, 16, 0, {200, 17, 1}}, /* 8-head groups */
@@ -294,7 +294,7 @@ TEST(cuda_attention_decode_tcs) {
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
             for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
                 const ad_tc_case *k = &AD_TC_CASES[c];
-                if (k->d == 512) continue; /* not split */
+                if (k->d == 512) continue; /* split by TERN_CUDA_AD_TCS512: cuda_attention_decode_tcs512 */
                 const unsigned long long calls = tern__cuda_attn_decode_tc_calls;
                 tern__cuda_ad_tcs_ch = ch;
                 const double rel = ad_tc_case_run(k, pg);
@@ -312,6 +312,61 @@ TEST(cuda_attention_decode_tcs) {
     g_attn_bf16 = keep_bf;
 }
 
+/* attn_decode_tc.cu's D 512 split over the keys (TERN_CUDA_AD_TCS512; forced here for plans of a few rows): the D 512
+ * cases of AD_TC_CASES (groups of 4, 8 and 16 heads, windows, softcaps, holes, 1100 keys) over splits of at least 16
+ * and of 64 keys, both halves of the outputs written as partials and merged by tern__cuda_attn_merge, within 1e-5 of the
+ * CPU over BF16 and F16 pages; then each case's first slot as one row whose last key is written right before the
+ * attention (g_attn_late: the BF16 EARLY instance issues its first copies before pdl_wait), twice: the same bits */
+TEST(cuda_attention_decode_tcs512) {
+    extern unsigned long long tern__cuda_attn_decode_tcs512_calls;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_tcs512, tern__cuda_ad_tcs_ch;
+    const int keep = tern__cuda_ad_mode, keep_s = tern__cuda_ad_tcs512, keep_ch = tern__cuda_ad_tcs_ch, keep_bf = g_attn_bf16;
+    tern__cuda_ad_mode = 1;
+    tern__cuda_ad_tcs512 = 2;
+    for (int ch = 16; ch <= 64; ch *= 4)
+        for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
+            for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
+                const ad_tc_case *k = &AD_TC_CASES[c];
+                if (k->d != 512) continue;
+                tern__cuda_ad_tcs_ch = ch;
+                unsigned long long calls = tern__cuda_attn_decode_tcs512_calls;
+                const double rel = ad_tc_case_run(k, pg);
+                printf("  err attention decode tcs512 case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rel);
+                CHECK(rel <= 1e-5, "case %zu pages %d ch %d: rel %.2e", c, pg, ch, rel);
+                int keys = 0; /* a plan over at most ch keys has one split: another kernel serves it */
+                for (int i = 0; i < 3; i++) keys = k->lens[i] > keys ? k->lens[i] : keys;
+                if (k->window > 0 && k->window < keys) keys = k->window;
+                CHECK(keys <= ch || tern__cuda_attn_decode_tcs512_calls > calls,
+                      "case %zu pages %d ch %d: the split D 512 kernel did not run", c, pg, ch);
+                /* one late row, twice */
+                float *o[2] = {NULL, NULL};
+                double rl[2];
+                const uint64_t seed = g_seed;
+                g_attn_bf16 = pg;
+                g_attn_late = 1;
+                for (int i = 0; i < 2; i++) {
+                    g_seed = seed;
+                    g_attn_keep = &o[i];
+                    calls = tern__cuda_attn_decode_tcs512_calls;
+                    rl[i] = attn_case(k->nh, k->nkv, k->d, k->window, k->cap, k->bs, 1, k->lens, 0, 1);
+                    g_attn_keep = NULL;
+                    const int k0 = k->window > 0 && k->window < k->lens[0] ? k->window : k->lens[0];
+                    CHECK(k0 <= ch || tern__cuda_attn_decode_tcs512_calls > calls, "late case %zu: the kernel did not run", c);
+                }
+                g_attn_late = 0;
+                printf("  err attention decode tcs512 late case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rl[0]);
+                CHECK(rl[0] <= 1e-5 && rl[1] <= 1e-5, "late case %zu pages %d ch %d: rel %.2e", c, pg, ch, rl[0]);
+                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], (size_t)k->nh * k->d * sizeof(float)),
+                      "late case %zu pages %d ch %d: two runs differ", c, pg, ch);
+                free(o[0]);
+                free(o[1]);
+            }
+    tern__cuda_ad_mode = keep;
+    tern__cuda_ad_tcs512 = keep_s;
+    tern__cuda_ad_tcs_ch = keep_ch;
+    g_attn_bf16 = keep_bf;
+}
+
 /* attn_decode_r1.cu (TERN_CUDA_AD_R1; forced here for any plan, D 512 with TERN_CUDA_AD_R1_512): AD_TC_CASES of G <= 8
  * (D 64 / 128 / 256 / 512) with three decode rows (one per slot), within 1e-5 of the CPU over BF16 and F16 pages,
  * blocks of 4 and 8 warps in clusters of up to 16 blocks, and in up to 3 / 5 (several chunks a warp); then each case's
@@ -320,15 +375,17 @@ TEST(cuda_attention_decode_tcs) {
  * the same bits (a fixed merge order) */
 TEST(cuda_attention_decode_r1) {
     extern unsigned long long tern__cuda_attn_decode_r1_calls;
-    extern int tern__cuda_ad_mode, tern__cuda_ad_r1, tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_512;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_r1, tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_512,
+        tern__cuda_ad_r1_nc;
     const int keep = tern__cuda_ad_mode, keep_r1 = tern__cuda_ad_r1, keep_w = tern__cuda_ad_r1_w, keep_bf = g_attn_bf16,
-              keep_s = tern__cuda_ad_r1_smax, keep_512 = tern__cuda_ad_r1_512;
-    /* warps a block, blocks a (row, kv head) at most */
-    static const int SHAPE[4][2] = {{4, 16}, {8, 16}, {4, 3}, {8, 5}};
+              keep_s = tern__cuda_ad_r1_smax, keep_512 = tern__cuda_ad_r1_512, keep_nc = tern__cuda_ad_r1_nc;
+    /* warps a block, blocks a cluster at most, clusters a (row, kv head) at most (TERN_CUDA_AD_R1_NC: past one, the
+     * clusters' sums merged by tern__cuda_attn_merge — the long cases run several with 3 or 5 blocks a cluster) */
+    static const int SHAPE[5][3] = {{4, 16, 8}, {8, 16, 8}, {4, 3, 8}, {8, 5, 1}, {8, 2, 128}};
     tern__cuda_ad_mode = 1;
     tern__cuda_ad_r1 = 2;
     tern__cuda_ad_r1_512 = 1;
-    for (int sh = 0; sh < 4; sh++)
+    for (int sh = 0; sh < 5; sh++)
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
             for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
                 const ad_tc_case *k = &AD_TC_CASES[c];
@@ -336,6 +393,7 @@ TEST(cuda_attention_decode_r1) {
                 if (k->nh / k->nkv > 8) continue; /* served by the split kernels */
                 tern__cuda_ad_r1_w = w;
                 tern__cuda_ad_r1_smax = SHAPE[sh][1];
+                tern__cuda_ad_r1_nc = SHAPE[sh][2];
                 unsigned long long calls = tern__cuda_attn_decode_r1_calls;
                 double rel = ad_tc_case_run(k, pg);
                 printf("  err attention decode r1 case %zu %s w %d s %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w, SHAPE[sh][1],
@@ -370,6 +428,7 @@ TEST(cuda_attention_decode_r1) {
     tern__cuda_ad_r1_w = keep_w;
     tern__cuda_ad_r1_smax = keep_s;
     tern__cuda_ad_r1_512 = keep_512;
+    tern__cuda_ad_r1_nc = keep_nc;
     g_attn_bf16 = keep_bf;
 }
 

@@ -170,6 +170,22 @@ static int ad_tcs(void) {
     return tern__cuda_ad_tcs;
 }
 
+/* TERN_CUDA_AD_TCS512 (session 60; default 1; 0 off; 2 any launch of at most AD_CLROWS rows, tests and A/Bs): Gemma 4's
+ * global layers (D 512) in a long-context step (ad_long) on the tensor-core kernel split over the keys — two blocks per
+ * (row, group of at most 8 heads), one a half of the outputs, as the unsplit D 512 form, times ~one block an SM's worth
+ * of splits, merged by tern__cuda_attn_merge over many blocks. Before, every kernel these layers could take ran one row
+ * over 8192 keys of 2 kv heads (33.5 MB) in ~70 µs on an H100 (0.48 TB/s; bench/NOTES.md (bt)): the split kernel and
+ * r1 hold too little in flight per block for so few (kv head, split) pairs, and a last-block merge of that many
+ * partials is itself ~20 µs. -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_tcs512;
+int tern__cuda_ad_tcs512 = -1;
+static int ad_tcs512(void) {
+    if (tern__cuda_ad_tcs512 < 0) tern__cuda_ad_tcs512 = tern__cuda_env_int("TERN_CUDA_AD_TCS512", 1);
+    return tern__cuda_ad_tcs512;
+}
+extern "C" unsigned long long tern__cuda_attn_decode_tcs512_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_attn_decode_tcs512_calls = 0;
+
 /* TERN_CUDA_AD_TCS_EARLY (default 1; 0 off; session 19): TCS's one-row launches over BF16 pages issue the first
  * tile's records and copies before pdl_wait, as AD_EARLY does here (attn_decode_tc.cu). -1 until read (tests set it) */
 extern "C" int tern__cuda_ad_tcs_early;
@@ -200,6 +216,16 @@ int tern__cuda_ad_r1 = -1;
 static int ad_r1(void) {
     if (tern__cuda_ad_r1 < 0) tern__cuda_ad_r1 = tern__cuda_env_int("TERN_CUDA_AD_R1", 1);
     return tern__cuda_ad_r1;
+}
+
+/* TERN_CUDA_AD_R1_LONG (session 60; default 0; 1 on): attn_decode_r1.cu takes the launches it serves in long-context
+ * steps too (before the split tensor-core kernels TCS / TCS512), with its clusters past one (TERN_CUDA_AD_R1_NC).
+ * -1 until read (tests set it) */
+extern "C" int tern__cuda_ad_r1_long;
+int tern__cuda_ad_r1_long = -1;
+static int ad_r1_long(void) {
+    if (tern__cuda_ad_r1_long < 0) tern__cuda_ad_r1_long = tern__cuda_env_int("TERN_CUDA_AD_R1_LONG", 0) != 0;
+    return tern__cuda_ad_r1_long;
 }
 
 /* TERN_CUDA_AD_R1_512 (session 40; default 1; 0 off): D 512 (Gemma 4's global layers) on attn_decode_r1.cu as well,
@@ -606,9 +632,33 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
         }
     }
     const bool early = n == 1 && kind == TERN_KV_BF16 && ad_early();
+    if (d == 512 && (G <= 8 || (G % 8 == 0 && G <= 32)) && kind != TERN_KV_F32 && n <= AD_CLROWS && ad_tcs512() &&
+        (ad_tcs512() == 2 || (ad_long(rows, kv) && !(ad_r1_long() && ad_r1() && ad_r1_512() && G <= 8)))) {
+        /* a few rows over Gemma 4's global layers, split over the keys (TERN_CUDA_AD_TCS512): the walk's blocks (two a
+         * group of at most 8 heads) times splits of >= tcs_ch keys fill about one block an SM */
+        const int hsg = G > 8 ? G / 8 : 1;
+        ad_tcs(); /* reads TERN_CUDA_AD_TCS_CH */
+        const long per = 2L * n * nkv * hsg, ch = tern__cuda_ad_tcs_ch;
+        long sp = (keys + ch - 1) / ch, cap = (c->n_sm > 0 ? c->n_sm : 132) / per;
+        if (sp > cap) sp = cap;
+        if (sp > TERN_CUDA_MERGE_MAX) sp = TERN_CUDA_MERGE_MAX;
+        if (sp >= 2 && (size_t)sp * n * nh * (d + 2) <= TERN_CUDA_PART_FLOATS) {
+            AdArgs t = {};
+            ad_args_fill(&t, c, out, q, rows, nh, kv, scale, softcap);
+            t.hs = hsg;
+            t.G = t.GB = G / hsg;
+            t.splits = (int)sp;
+            t.chmin = (int)ch;
+            if (tern__cuda_attn_decode_tc(c, t, kind, true, early && ad_tcs_early())) {
+                tern__cuda_attn_decode_tcs512_calls++;
+                tern__cuda_attn_decode_calls++;
+                return 1;
+            }
+        }
+    }
     if (ad_r1() && kind != TERN_KV_F32 && (d == 64 || d == 128 || d == 256 || (d == 512 && ad_r1_512())) && G <= 8 &&
         (ad_r1() == 2 || (ad_tc() < 2 && ad_tcs() < 2 && ad_1p() < 2 && n <= AD_CLROWS &&
-                          !ad_long(rows, kv) && !ad_tc_takes(c, (long)n * nkv, keys)))) {
+                          (!ad_long(rows, kv) || ad_r1_long()) && !ad_tc_takes(c, (long)n * nkv, keys)))) {
         AdArgs a = {};
         ad_args_fill(&a, c, out, q, rows, nh, kv, scale, softcap);
         if (tern__cuda_attn_decode_r1(c, a, kind, keys, early)) {

@@ -32,11 +32,14 @@
  * with no source bytes) scored −inf. At the end the W warps' (M, L, O) merge in shared memory in warp
  * order (ad_split_weights), as attn_decode1p.cu. A row's arithmetic does not depend on the other rows.
  * Served: BF16 / F16 pages, D 64 / 128 / 256, G <= 8, any length, windows, softcap; others return 0.
- * D 512 (Gemma 4's global layers; unsplit only): O's 64 n-tiles would take 256 registers, so two blocks share a (kv
+ * D 512 (Gemma 4's global layers): O's 64 n-tiles would take 256 registers, so two blocks share a (kv
  * head, row), each scoring every key over all 512 dimensions and summing p·v over its half of them (TcShape::DS; the
  * V tiles hold that half only; 4 warps × 2 stages of 25 KB, one block an SM). K is read twice (the second mostly
  * from L2); before, these layers took attn_decode.cu's CUDA-core kernel at every batch size. Groups of 16 or more
- * heads (gemma4-12b's 16 per global kv head) run as a.hs groups of 8, each its own pair of blocks.
+ * heads (gemma4-12b's 16 per global kv head) run as a.hs groups of 8, each its own pair of blocks. Split over the keys
+ * (one row or a few in a long step, TERN_CUDA_AD_TCS512, session 60): each half writes its outputs as partials (and
+ * half 0 the (M, L) pairs; an empty split M = -inf), and tern__cuda_attn_merge, launched right after, merges them over
+ * many blocks — a last-split merge of ~33 splits × 8 heads × 256 outputs in one block would take longer than the walk.
  *
  * Split over the keys (SPLIT: a third grid dimension, TERN_CUDA_AD_TCS; the default for one row or a few in
  * long-context steps since session 19): each block walks a share of the row's keys and the last split merges the
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
     constexpr int W = SH::W, S = SH::S, RS = SH::RS, TILE = SH::TILE, RD = SH::RD, DS = SH::DS, DV = SH::DV;
     constexpr int RSV = SH::RSV, STAGE = SH::STAGE;
     constexpr int NK = D / 16, NT = DV / 8;                /* k-steps of Q·K^T, n-tiles of O */
-    static_assert(DS == 1 || (!SPLIT && !EARLY && !ROPE), "D 512: the unsplit plain instance only");
+    static_assert(DS == 1 || !ROPE, "D 512: no rope instance");
     constexpr int CPR = D / 8, KPI = CPR <= 32 ? 32 / CPR : 1, NI = TC_CK / KPI; /* a copy round: KPI rows of CPR 16-byte pieces */
     extern __shared__ __align__(16) unsigned char tc_smem[];
     int *recs = (int *)(tc_smem + SH::RING + SH::QB);
@@ -156,7 +159,17 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
         int chunk = max(a.chmin, (nk + (int)gridDim.z - 1) / (int)gridDim.z);
         chunk = (chunk + TC_CK - 1) / TC_CK * TC_CK;
         nact = nk > 0 ? (nk + chunk - 1) / chunk : 1;
-        if ((int)blockIdx.z >= nact) return;
+        if ((int)blockIdx.z >= nact) {
+            if constexpr (DS > 1) { /* tern__cuda_attn_merge reads every split's (M, L): an empty split's M is -inf */
+                if (EARLY) pdl_wait(); /* c->part may still be read by the kernel before */
+                if (dh == 0 && (int)threadIdx.x < G) {
+                    const size_t nrow = (size_t)a.n * a.nh, rh = (size_t)r * a.nh + head0 + threadIdx.x;
+                    a.part[(size_t)a.splits * nrow * D + ((size_t)blockIdx.z * nrow + rh) * 2] = -INFINITY;
+                    a.part[(size_t)a.splits * nrow * D + ((size_t)blockIdx.z * nrow + rh) * 2 + 1] = 0.0f;
+                }
+            }
+            return;
+        }
         s0 = (int)blockIdx.z * chunk;
         s1 = min(nk, s0 + chunk);
     }
@@ -390,7 +403,7 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
     }
     __syncthreads();
     if constexpr (SPLIT) {
-        if (nact > 1) { /* the block's warps merged in warp order relative to its own M, into the partials */
+        if (nact > 1 || DS > 1) { /* the block's warps merged in warp order relative to its own M, into the partials */
             __shared__ float sm2[8][2];
             const size_t nrow = (size_t)a.n * a.nh, mlo = (size_t)a.splits * nrow * D, z = blockIdx.z;
             if (threadIdx.x < G) {
@@ -403,19 +416,21 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
                                              [&](int w, float c) { cw[w][h] = c; }, W);
             }
             __syncthreads();
-            for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-                const int h = idx / D, i = idx % D;
+            for (int idx = threadIdx.x; idx < G * DV; idx += blockDim.x) { /* D 512: this block's half of the outputs */
+                const int h = idx / DV, i = idx % DV;
                 float v = 0.0f;
 #pragma unroll
                 for (int w = 0; w < W; w++) v += red[(w * 8 + h) * RD + i] * cw[w][h];
                 const size_t rh = (size_t)r * a.nh + head0 + h;
-                a.part[(z * nrow + rh) * D + i] = v;
-                if (i == 0) {
+                a.part[(z * nrow + rh) * D + dh * DV + i] = v;
+                if (i == 0 && dh == 0) {
                     a.part[mlo + (z * nrow + rh) * 2] = sm2[h][0];
                     a.part[mlo + (z * nrow + rh) * 2 + 1] = sm2[h][1];
                 }
             }
-            ad_last_merge<8>(a, a.cnt + (size_t)r * gridDim.x + g, r, head0, G, D, nact, nrow, mlo, red, sm2);
+            /* D 512: tern__cuda_attn_merge, launched after, merges the splits over many blocks (one block's merge of
+             * 33 splits × 8 heads × 256 outputs would take longer than the walk) */
+            if constexpr (DS == 1) ad_last_merge<8>(a, a.cnt + (size_t)r * gridDim.x + g, r, head0, G, D, nact, nrow, mlo, red, sm2);
             return;
         }
     }
@@ -463,6 +478,8 @@ void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
     tc_attr<__nv_bfloat16, 128, tc_stages(128), false, false, 0, true>(); tc_attr<__half, 128, tc_stages(128), false, false, 0, true>();
     tc_attr<__nv_bfloat16, 128, 2, false, false, 2, true>(); tc_attr<__half, 128, 2, false, false, 2, true>();
     tc_attr<__nv_bfloat16, 512, tc_stages(512)>(); tc_attr<__half, 512, tc_stages(512)>();
+    tc_attr<__nv_bfloat16, 512, tc_stages(512), true>(); tc_attr<__half, 512, tc_stages(512), true>();
+    tc_attr<__nv_bfloat16, 512, tc_stages(512), true, true>();
     cudaGetLastError();
 }
 
@@ -485,6 +502,7 @@ template <typename T> static void tc_go(tern__cuda *c, dim3 grid, int st, bool e
     if (grid.z > 1) { /* splits (the default stages) */
         if (a.D == 64) tc_split_go<T, 64>(c, grid, early, a);
         else if (a.D == 128) tc_split_go<T, 128>(c, grid, early, a);
+        else if (a.D == 512) tc_split_go<T, 512>(c, grid, early, a);
         else tc_split_go<T, 256>(c, grid, early, a);
     } else if (a.D == 64) tc_launch<T, 64, tc_stages(64)>(c, grid, a);
     else if (a.D == 128 && st == 2) tc_launch<T, 128, 2>(c, grid, a);
@@ -530,7 +548,7 @@ int tern__cuda_attn_decode_tc_rope(tern__cuda *c, const AdArgs &a, int kind) {
 }
 
 int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool split, bool early) {
-    if (!tc_served(a, kind, a.q) || (a.D != 64 && a.D != 128 && a.D != 256 && (a.D != 512 || split))) return 0;
+    if (!tc_served(a, kind, a.q) || (a.D != 64 && a.D != 128 && a.D != 256 && a.D != 512)) return 0;
     const int st = tc_shape(c, a, split);
     const size_t smem = a.D == 64    ? TcShape<64, tc_stages(64)>::SMEM
                         : a.D == 512 ? TcShape<512, tc_stages(512)>::SMEM
@@ -542,12 +560,14 @@ int tern__cuda_attn_decode_tc(tern__cuda *c, const AdArgs &a, int kind, bool spl
     if (smem > c->smem_optin) return 0;
     cudaSetDevice(c->device);
     if (split && (a.splits < 2 || a.splits > 65535 || a.chmin < 1 || (long)a.n * a.nkv > (1L << 16))) return 0;
+    if (split && a.D == 512 && a.splits > TERN_CUDA_MERGE_MAX) return 0; /* merged by tern__cuda_attn_merge */
     if (a.D != 512 && a.hs != 1) return 0;
     const dim3 grid((unsigned)(a.nkv * (a.D == 512 ? TcShape<512, tc_stages(512)>::DS * a.hs : 1)), (unsigned)a.n,
                     split ? (unsigned)a.splits : 1u);
     if (kind == TERN_KV_BF16) tc_go<__nv_bfloat16>(c, grid, st, split && early && a.n == 1, a);
     else tc_go<__half>(c, grid, st, false, a);
     tern__cuda_check(c, "attention decode (tensor cores)");
+    if (split && a.D == 512) tern__cuda_attn_merge(c, a.out, a.n * a.nh, 512, a.splits, "attention decode (tensor cores) merge");
     tern__cuda_attn_decode_tc_calls++;
     return 1;
 }

@@ -265,6 +265,7 @@ void tern__cuda_attn_init(tern__cuda *c); /* at open: shared-memory limit */
 /* split-K planning and merge shared by the attention kernels (attention.cu) */
 void tern__cuda_attn_plan(tern__cuda *c, const tern_rows *rows, const tern_kv_layer *kv, int n, int nh, int d, int T,
                           int qvmax, int HB, int hsplit, int span, int *R_out, int *splits_out);
+#define TERN_CUDA_MERGE_MAX 128 /* splits tern__cuda_attn_merge takes: every caller caps its split count at or below it */
 void tern__cuda_attn_merge(tern__cuda *c, float *out, int nrow, int d, int splits, const char *what);
 int tern__cuda_split_count(const tern__cuda *c, long blocks, int full, int want, long keys, long min_keys, int cap,
                            int n, int nh, int d);
