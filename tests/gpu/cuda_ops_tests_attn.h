@@ -250,6 +250,32 @@ static double ad_tc_case_run(const ad_tc_case *k, int pg) {
     return rel;
 }
 
+/* case k's first slot over pages pg as one row whose last key is written right before the attention (g_attn_late), twice
+ * from the same seed: the worse rel error against the CPU; *same: both runs gave the same bits; *ran: `calls` moved in
+ * both runs (the kernel under test ran) */
+static double ad_late_twice(const ad_tc_case *k, int pg, const unsigned long long *calls, int *ran, int *same) {
+    float *o[2] = {NULL, NULL};
+    double rel = 0.0;
+    const uint64_t seed = g_seed;
+    g_attn_bf16 = pg;
+    g_attn_late = 1;
+    *ran = 1;
+    for (int i = 0; i < 2; i++) {
+        g_seed = seed;
+        g_attn_keep = &o[i];
+        const unsigned long long c0 = *calls;
+        const double r = attn_case(k->nh, k->nkv, k->d, k->window, k->cap, k->bs, 1, k->lens, 0, 1);
+        g_attn_keep = NULL;
+        rel = r > rel || r != r ? r : rel;
+        *ran &= *calls > c0;
+    }
+    g_attn_late = 0;
+    *same = o[0] && o[1] && !memcmp(o[0], o[1], (size_t)k->nh * k->d * sizeof(float));
+    free(o[0]);
+    free(o[1]);
+    return rel;
+}
+
 /* attn_decode_tc.cu (TERN_CUDA_AD_TC; forced here for any plan): AD_TC_CASES within 1e-5 of the CPU (its hi/lo
  * split of q and p keeps near-f32 sums: the Python emulation of its fragments gives ~3e-6 over BF16 pages, ~2e-7
  * over F16), BF16 and F16 pages; the D 128 cases also in every block shape TERN_CUDA_AD_TC_ST names (1 the built-in 4
@@ -338,28 +364,13 @@ TEST(cuda_attention_decode_tcs512) {
                 if (k->window > 0 && k->window < keys) keys = k->window;
                 CHECK(keys <= ch || tern__cuda_attn_decode_tcs512_calls > calls,
                       "case %zu pages %d ch %d: the split D 512 kernel did not run", c, pg, ch);
-                /* one late row, twice */
-                float *o[2] = {NULL, NULL};
-                double rl[2];
-                const uint64_t seed = g_seed;
-                g_attn_bf16 = pg;
-                g_attn_late = 1;
-                for (int i = 0; i < 2; i++) {
-                    g_seed = seed;
-                    g_attn_keep = &o[i];
-                    calls = tern__cuda_attn_decode_tcs512_calls;
-                    rl[i] = attn_case(k->nh, k->nkv, k->d, k->window, k->cap, k->bs, 1, k->lens, 0, 1);
-                    g_attn_keep = NULL;
-                    const int k0 = k->window > 0 && k->window < k->lens[0] ? k->window : k->lens[0];
-                    CHECK(k0 <= ch || tern__cuda_attn_decode_tcs512_calls > calls, "late case %zu: the kernel did not run", c);
-                }
-                g_attn_late = 0;
-                printf("  err attention decode tcs512 late case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rl[0]);
-                CHECK(rl[0] <= 1e-5 && rl[1] <= 1e-5, "late case %zu pages %d ch %d: rel %.2e", c, pg, ch, rl[0]);
-                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], (size_t)k->nh * k->d * sizeof(float)),
-                      "late case %zu pages %d ch %d: two runs differ", c, pg, ch);
-                free(o[0]);
-                free(o[1]);
+                int ran, same;
+                const double rl = ad_late_twice(k, pg, &tern__cuda_attn_decode_tcs512_calls, &ran, &same);
+                const int k0 = k->window > 0 && k->window < k->lens[0] ? k->window : k->lens[0];
+                printf("  err attention decode tcs512 late case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rl);
+                CHECK(rl <= 1e-5, "late case %zu pages %d ch %d: rel %.2e", c, pg, ch, rl);
+                CHECK(k0 <= ch || ran, "late case %zu pages %d ch %d: the kernel did not run", c, pg, ch);
+                CHECK(same, "late case %zu pages %d ch %d: two runs differ", c, pg, ch);
             }
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_tcs512 = keep_s;
@@ -400,28 +411,13 @@ TEST(cuda_attention_decode_r1) {
                        rel);
                 CHECK(rel <= 1e-5, "case %zu pages %d w %d: rel %.2e", c, pg, w, rel);
                 CHECK(tern__cuda_attn_decode_r1_calls > calls, "case %zu pages %d w %d: the r1 kernel did not run", c, pg, w);
-                /* one late row, twice */
-                float *o[2] = {NULL, NULL};
-                double r1[2];
-                const uint64_t seed = g_seed;
-                g_attn_bf16 = pg;
-                g_attn_late = 1;
-                for (int i = 0; i < 2; i++) {
-                    g_seed = seed;
-                    g_attn_keep = &o[i];
-                    calls = tern__cuda_attn_decode_r1_calls;
-                    r1[i] = attn_case(k->nh, k->nkv, k->d, k->window, k->cap, k->bs, 1, k->lens, 0, 1);
-                    g_attn_keep = NULL;
-                    CHECK(tern__cuda_attn_decode_r1_calls > calls, "late case %zu: the r1 kernel did not run", c);
-                }
-                g_attn_late = 0;
+                int ran, same;
+                const double rl = ad_late_twice(k, pg, &tern__cuda_attn_decode_r1_calls, &ran, &same);
                 printf("  err attention decode r1 late case %zu %s w %d s %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", w,
-                       SHAPE[sh][1], r1[0]);
-                CHECK(r1[0] <= 1e-5 && r1[1] <= 1e-5, "late case %zu pages %d w %d: rel %.2e", c, pg, w, r1[0]);
-                CHECK(o[0] && o[1] && !memcmp(o[0], o[1], (size_t)k->nh * k->d * sizeof(float)),
-                      "late case %zu pages %d w %d: two runs differ", c, pg, w);
-                free(o[0]);
-                free(o[1]);
+                       SHAPE[sh][1], rl);
+                CHECK(rl <= 1e-5, "late case %zu pages %d w %d: rel %.2e", c, pg, w, rl);
+                CHECK(ran, "late case %zu pages %d w %d: the r1 kernel did not run", c, pg, w);
+                CHECK(same, "late case %zu pages %d w %d: two runs differ", c, pg, w);
             }
     tern__cuda_ad_mode = keep;
     tern__cuda_ad_r1 = keep_r1;
