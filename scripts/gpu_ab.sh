@@ -1128,7 +1128,7 @@ if [[ " $SECTIONS " == *" 92 "* ]]; then
 fi
 
 # 93. session 60 (section 92 could not start): attn_decode_r1.cu with several clusters a (row, kv head)
-#     (TERN_CUDA_AD_R1_NC=8, committed as 1: the clusters' sums merged by tern__cuda_attn_merge) and in long steps
+#     (TERN_CUDA_AD_R1_NC=8, committed as 1, lost and removed after: the clusters' sums merged by tern__cuda_attn_merge) and in long steps
 #     (TERN_CUDA_AD_R1_LONG=1) against TCS512 / TCS; attn_merge_kernel a block per (row, 64 outputs). The whole
 #     op-test program; the kernels alone; b1 at 8192 against the session-59 tern-core (BIN=build/base/tern-core), and at
 #     512 (where NC stays 1: only the merge and nothing else changed)
@@ -1150,6 +1150,16 @@ if [[ " $SECTIONS " == *" 93 "* ]]; then
     b1_sets "BIN=build/base/tern-core;X=0;TERN_CUDA_AD_R1_LONG=1 TERN_CUDA_AD_R1_NC=8" "llama3-8b --quant bf16" 8192
     AB_REPS=1 b1_sets "BIN=build/base/tern-core;X=0" \
         "gemma4-e4b --quant bf16;gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16;llama3-8b --quant bf16"
+fi
+
+# 94. session 60, after 93 (r1's several clusters, TERN_CUDA_AD_R1_NC / _LONG, lost everywhere and were removed): the
+#     decode-attention op tests again, and r1 with 8 warps (TERN_CUDA_AD_R1_W=8) for the sliding layers of a long step
+#     (1024-key windows of gemma4-26b-a4b / 12b: two chunks a walker at 4 warps, one at 8)
+if [[ " $SECTIONS " == *" 94 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_r1,cuda_attention_decode_tcs512,cuda_attention_decode_tcs,cuda_attention_decode_tc ops94
+    attn_shape "16 8 256" "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" 1024
+    attn_shape "8 2 256" "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" 512
+    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" "gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16;gemma4-e4b --quant bf16" 8192
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -218,16 +218,6 @@ static int ad_r1(void) {
     return tern__cuda_ad_r1;
 }
 
-/* TERN_CUDA_AD_R1_LONG (session 60; default 0; 1 on): attn_decode_r1.cu takes the launches it serves in long-context
- * steps too (before the split tensor-core kernels TCS / TCS512), with its clusters past one (TERN_CUDA_AD_R1_NC).
- * -1 until read (tests set it) */
-extern "C" int tern__cuda_ad_r1_long;
-int tern__cuda_ad_r1_long = -1;
-static int ad_r1_long(void) {
-    if (tern__cuda_ad_r1_long < 0) tern__cuda_ad_r1_long = tern__cuda_env_int("TERN_CUDA_AD_R1_LONG", 0) != 0;
-    return tern__cuda_ad_r1_long;
-}
-
 /* TERN_CUDA_AD_R1_512 (session 40; default 1; 0 off): D 512 (Gemma 4's global layers) on attn_decode_r1.cu as well,
  * groups of 4 warps a chunk. H200 (NOTES (az)), b1 off -> on, three reps: gemma4-e4b q4 283.4 / 282.1 / 283.0 -> 286.5 /
  * 285.6 / 286.9, gemma4-26b-a4b q4 297.5 / 300.4 / 298.5 -> 300.8 / 298.6 / 301.2. -1 until read (tests set it) */
@@ -633,7 +623,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     }
     const bool early = n == 1 && kind == TERN_KV_BF16 && ad_early();
     if (d == 512 && (G <= 8 || (G % 8 == 0 && G <= 32)) && kind != TERN_KV_F32 && n <= AD_CLROWS && ad_tcs512() &&
-        (ad_tcs512() == 2 || (ad_long(rows, kv) && !(ad_r1_long() && ad_r1() && ad_r1_512() && G <= 8)))) {
+        (ad_tcs512() == 2 || ad_long(rows, kv))) {
         /* a few rows over Gemma 4's global layers, split over the keys (TERN_CUDA_AD_TCS512): the walk's blocks (two a
          * group of at most 8 heads) times splits of >= tcs_ch keys fill about one block an SM */
         const int hsg = G > 8 ? G / 8 : 1;
@@ -658,7 +648,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     }
     if (ad_r1() && kind != TERN_KV_F32 && (d == 64 || d == 128 || d == 256 || (d == 512 && ad_r1_512())) && G <= 8 &&
         (ad_r1() == 2 || (ad_tc() < 2 && ad_tcs() < 2 && ad_1p() < 2 && n <= AD_CLROWS &&
-                          (!ad_long(rows, kv) || ad_r1_long()) && !ad_tc_takes(c, (long)n * nkv, keys)))) {
+                          !ad_long(rows, kv) && !ad_tc_takes(c, (long)n * nkv, keys)))) {
         AdArgs a = {};
         ad_args_fill(&a, c, out, q, rows, nh, kv, scale, softcap);
         if (tern__cuda_attn_decode_r1(c, a, kind, keys, early)) {

@@ -52,23 +52,6 @@ namespace cg = cooperative_groups;
 extern "C" unsigned long long tern__cuda_attn_decode_r1_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_r1_calls = 0;
 
-/* output i of head hd of row r from a (cluster's or block's) merged sum v, maximum M and total L: the output itself, or
- * with NC clusters a (row, kv head) cluster cid's partial in tern__cuda_attn_merge's layout (its (M, L) with i = 0) */
-template <int D>
-__device__ __forceinline__ void r1_put(const AdArgs &a, int NC, int cid, int r, size_t hd, int i, float v, float M, float L) {
-    const size_t rh = (size_t)r * a.nh + hd;
-    if (NC == 1) {
-        a.out[rh * D + i] = L > 0.0f ? v / L : 0.0f;
-        return;
-    }
-    const size_t nrow = (size_t)a.n * a.nh;
-    a.part[((size_t)cid * nrow + rh) * D + i] = v;
-    if (i == 0) {
-        a.part[(size_t)NC * nrow * D + ((size_t)cid * nrow + rh) * 2] = M;
-        a.part[(size_t)NC * nrow * D + ((size_t)cid * nrow + rh) * 2 + 1] = L;
-    }
-}
-
 template <typename T, int D, int W, bool EARLY>
 __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     constexpr int DS = D > 128 ? D / 128 : 1, DH = D / DS, WP = W / DS; /* D 256 / 512: 2 / 4 warps a chunk */
@@ -83,14 +66,11 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     if (!EARLY) pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int pw = warp / DS, hf = warp % DS; /* the warp's group (its chunks) and part of the dimensions */
-    /* a.splits > 1: that many clusters of S blocks each a (row, kv head) (TERN_CUDA_AD_R1_NC), block zb of them rank z
-     * of cluster cid */
-    const int NC = a.splits > 1 ? a.splits : 1, zb = blockIdx.y, S = (int)gridDim.y / NC, z = zb % S, cid = zb / S;
-    const int kvh = blockIdx.x, r = blockIdx.z, G = a.G;
+    const int kvh = blockIdx.x, z = blockIdx.y, S = gridDim.y, r = blockIdx.z, G = a.G;
     const size_t head0 = (size_t)kvh * G;
     const int pos = a.pos[r];
     const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-    const int len = pos >= 0 ? pos - lo + 1 : 0, nch = (len + 15) >> 4, step = (int)gridDim.y * WP;
+    const int len = pos >= 0 ? pos - lo + 1 : 0, nch = (len + 15) >> 4, step = S * WP;
     const int32_t *btrow = ad_btrow(a, r);
     const size_t kvs = (size_t)a.nkv * D;
     const T *kb = (const T *)a.kp + (size_t)kvh * D + hf * DH + t * DL;
@@ -127,7 +107,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             get_v(v);
         }
     };
-    int c = zb * WP + pw; /* this warp's first chunk */
+    int c = z * WP + pw; /* this warp's first chunk */
     if (c < nch) {
         load_k(c);
         load_v(c);
@@ -242,7 +222,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
 #pragma unroll
         for (int w = 0; w < WP; w++) M = fmaxf(M, wml[w][h][0]);
         if (S == 1) {
-            r1_put<D>(a, NC, cid, r, head0 + h, i, v, M, L);
+            a.out[((size_t)r * a.nh + head0 + h) * D + i] = L > 0.0f ? v / L : 0.0f;
         } else {
             red[0][h][i] = v;
             if (i == 0) {
@@ -280,21 +260,16 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
                 v += pz[zz] * cz;
                 L += mz[zz].y * cz;
             }
-        r1_put<D>(a, NC, cid, r, head0 + h, i, v, M, L);
+        a.out[((size_t)r * a.nh + head0 + h) * D + i] = L > 0.0f ? v / L : 0.0f;
     }
     cl.sync(); /* the other blocks' reads of this block's shared memory are done */
 }
 
 /* TERN_CUDA_AD_R1_W: warps a block (4 or 8, default 4); TERN_CUDA_AD_R1_SMAX: blocks a (row, kv head) at most
- * (1..16, default 16); TERN_CUDA_AD_R1_NC: clusters a (row, kv head) at most (1..TERN_CUDA_MERGE_MAX; see
- * tern__cuda_attn_decode_r1). -1 until read (tests set them) */
-extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_nc;
-int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1, tern__cuda_ad_r1_nc = -1;
-static int r1_env(void) { /* reads the settings once; returns W */
-    if (tern__cuda_ad_r1_nc < 0) {
-        const int v = tern__cuda_env_int("TERN_CUDA_AD_R1_NC", 1);
-        tern__cuda_ad_r1_nc = v < 1 ? 1 : v > TERN_CUDA_MERGE_MAX ? TERN_CUDA_MERGE_MAX : v;
-    }
+ * (1..16, default 16). -1 until read (tests set them) */
+extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax;
+int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1;
+static int r1_env(void) { /* reads both settings once; returns W */
     if (tern__cuda_ad_r1_w < 0) tern__cuda_ad_r1_w = tern__cuda_env_int("TERN_CUDA_AD_R1_W", 4) == 8 ? 8 : 4;
     if (tern__cuda_ad_r1_smax < 0) {
         const int v = tern__cuda_env_int("TERN_CUDA_AD_R1_SMAX", R1_SMAX);
@@ -325,41 +300,25 @@ template <typename T, bool E> static void (*r1_pick(int D, int W))(AdArgs) {
     return attn_dec_r1_kernel<T, 512, 8, E>;
 }
 
-/* attn_decode.cuh. Blocks a (row, kv head): one a chunk walker's chunk (16 keys) — S of them, at most SMAX, one cluster
- * merged through distributed shared memory — and, past that, NC clusters (TERN_CUDA_AD_R1_NC, session 60; default 1 until timed)
- * as long as the launch stays within about two blocks an SM: each cluster's merged sums go to the partials and
- * tern__cuda_attn_merge, launched right after, merges the clusters. At short contexts (512 keys: 16 blocks of 2 chunk
- * walkers) NC is 1 and nothing changes; one row over 8192 keys of gemma4-26b-a4b's global layers (2 kv heads, D 512)
- * runs 4 clusters a kv head instead of one, whose 16 blocks each walked 512 keys one chunk after another (74 µs). */
-int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a0, int kind, long keys, bool early) {
-    if ((a0.D != 64 && a0.D != 128 && a0.D != 256 && a0.D != 512) || a0.G > 8 || a0.hs != 1 ||
-        (kind != TERN_KV_BF16 && kind != TERN_KV_F16) || ((uintptr_t)a0.q & 15) || a0.n <= 0)
+/* attn_decode.cuh */
+int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long keys, bool early) {
+    if ((a.D != 64 && a.D != 128 && a.D != 256 && a.D != 512) || a.G > 8 || a.hs != 1 ||
+        (kind != TERN_KV_BF16 && kind != TERN_KV_F16) || ((uintptr_t)a.q & 15) || a.n <= 0)
         return 0;
-    AdArgs a = a0;
     const int w = r1_env(), W = a.D == 512 ? 8 : w; /* D 512: two groups of 4 warps */
     const long chunks = (keys + 15) / 16, wp = a.D > 128 ? W / (a.D / 128) : W; /* chunk walkers a block */
-    long S = (chunks + wp - 1) / wp, NC = 1;
-    S = S < 1 ? 1 : S;
-    const long pairs = (long)a.n * a.nkv, cap = 2L * (c->n_sm > 0 ? c->n_sm : 132) / pairs; /* blocks a pair */
-    if (S > tern__cuda_ad_r1_smax && tern__cuda_ad_r1_nc > 1 && cap > tern__cuda_ad_r1_smax) {
-        const long want = S < cap ? S : cap; /* blocks a pair: NC clusters of at most SMAX */
-        NC = (want + tern__cuda_ad_r1_smax - 1) / tern__cuda_ad_r1_smax;
-        if (NC > tern__cuda_ad_r1_nc) NC = tern__cuda_ad_r1_nc;
-        if (NC > 1 && (size_t)NC * a.n * a.nh * (a.D + 2) > TERN_CUDA_PART_FLOATS) NC = 1;
-    }
-    S = S > tern__cuda_ad_r1_smax ? tern__cuda_ad_r1_smax : S;
-    a.splits = (int)NC;
+    long S = (chunks + wp - 1) / wp;
+    S = S < 1 ? 1 : S > tern__cuda_ad_r1_smax ? tern__cuda_ad_r1_smax : S;
     using B16 = __nv_bfloat16;
     void (*k)(AdArgs) = r1_pick<__half, false>(a.D, W); /* F16 pages: not EARLY */
     if (kind == TERN_KV_BF16) k = early ? r1_pick<B16, true>(a.D, W) : r1_pick<B16, false>(a.D, W);
     cudaSetDevice(c->device);
-    const dim3 grid((unsigned)a.nkv, (unsigned)(S * NC), (unsigned)a.n);
+    const dim3 grid((unsigned)a.nkv, (unsigned)S, (unsigned)a.n);
     if (tern_launch_cluster(c->stream, k, grid, dim3(32 * W), 0, S > 1 ? (int)S : 0, a) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
     tern__cuda_check(c, "attention decode r1");
-    if (NC > 1) tern__cuda_attn_merge(c, a.out, a.n * a.nh, a.D, (int)NC, "attention decode r1 merge");
     tern__cuda_attn_decode_r1_calls++;
     return 1;
 }
