@@ -1159,7 +1159,8 @@ if [[ " $SECTIONS " == *" 94 "* ]]; then
     [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_r1,cuda_attention_decode_tcs512,cuda_attention_decode_tcs,cuda_attention_decode_tc ops94
     attn_shape "16 8 256" "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" 1024
     attn_shape "8 2 256" "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" 512
-    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" "gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16;gemma4-e4b --quant bf16" 8192
+    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" \
+        "${AB94_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16;gemma4-e4b --quant bf16}" 8192
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
