@@ -698,8 +698,9 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     /* batch decode whose pairs fill the GPU (2: any launch, tests): the one-pass kernels, tensor cores first */
     const long pairs = (long)n * nkv;
     const bool lng = ad_long(rows, kv);
-    if (hs == 1 && (ad_tcs() == 2 || (lng && !ad_tc_takes(c, pairs, keys)))) {
-        /* split over the keys: ~2 blocks per SM, each over >= tcs_ch keys, at most 128 splits */
+    if (hs == 1 && d != 512 && (ad_tcs() == 2 || (lng && !ad_tc_takes(c, pairs, keys)))) {
+        /* split over the keys: ~2 blocks per SM, each over >= tcs_ch keys, at most 128 splits (D 512: TCS512 above, whose
+         * blocks are two a pair and one an SM) */
         const long ch = tern__cuda_ad_tcs_ch, cap = ad_two_per_sm(c) / pairs;
         long sp = (keys + ch - 1) / ch;
         if (sp > cap) sp = cap;
