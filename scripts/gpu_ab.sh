@@ -1163,6 +1163,17 @@ if [[ " $SECTIONS " == *" 94 "* ]]; then
         "${AB94_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16;gemma4-e4b --quant bf16}" 8192
 fi
 
+# 95. session 60, written after its last call (not yet run): TCS512's splits over 1 / 2 / 3 waves of one block an SM
+#     (TERN_CUDA_AD_TCS512_WAVES; more splits, shorter walks, a merge over more partials), the kernel alone at 8192 and
+#     32768 keys and b1 at 8192; and the whole attention side of a long b1 step as it stands (section 91's ncu listing).
+if [[ " $SECTIONS " == *" 95 "* ]]; then
+    A95="TERN_CUDA_AD_TCS512_WAVES=1;TERN_CUDA_AD_TCS512_WAVES=2;TERN_CUDA_AD_TCS512_WAVES=3"
+    attn_shape "16 2 512" "$A95" 8192 32768
+    attn_shape "16 1 512" "$A95" 8192
+    b1_sets "TERN_CUDA_AD_TCS512_WAVES=1;TERN_CUDA_AD_TCS512_WAVES=2" \
+        "${AB95_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-e4b --quant bf16;gemma4-12b --quant bf16}" 8192
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -183,6 +183,17 @@ static int ad_tcs512(void) {
     if (tern__cuda_ad_tcs512 < 0) tern__cuda_ad_tcs512 = tern__cuda_env_int("TERN_CUDA_AD_TCS512", 1);
     return tern__cuda_ad_tcs512;
 }
+/* TERN_CUDA_AD_TCS512_WAVES (1..4, default 1; session 60, written after its last call, not yet timed): TCS512's splits
+ * fill that many waves of one block an SM (2: twice the splits, each over half the keys, a merge over twice the
+ * partials). -1 until read */
+static int ad_tcs512_waves(void) {
+    static int v = -1;
+    if (v < 0) {
+        v = tern__cuda_env_int("TERN_CUDA_AD_TCS512_WAVES", 1);
+        v = v < 1 ? 1 : v > 4 ? 4 : v;
+    }
+    return v;
+}
 extern "C" unsigned long long tern__cuda_attn_decode_tcs512_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_tcs512_calls = 0;
 
@@ -629,7 +640,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
         const int hsg = G > 8 ? G / 8 : 1;
         ad_tcs(); /* reads TERN_CUDA_AD_TCS_CH */
         const long per = 2L * n * nkv * hsg, ch = tern__cuda_ad_tcs_ch;
-        long sp = (keys + ch - 1) / ch, cap = (c->n_sm > 0 ? c->n_sm : 132) / per;
+        long sp = (keys + ch - 1) / ch, cap = (long)ad_tcs512_waves() * (c->n_sm > 0 ? c->n_sm : 132) / per;
         if (sp > cap) sp = cap;
         if (sp > TERN_CUDA_MERGE_MAX) sp = TERN_CUDA_MERGE_MAX;
         if (sp >= 2 && (size_t)sp * n * nh * (d + 2) <= TERN_CUDA_PART_FLOATS) {
