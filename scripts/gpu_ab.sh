@@ -1062,7 +1062,7 @@ attn_shape() { # attn_shape "NH NKV D" "settings;..." KEYS...
 #     First run (session 60, H100): every choice ~70 µs for 33.5 MB at 8192 keys (0.48 TB/s). Then TERN_CUDA_AD_TCS512
 #     (attn_decode_tc.cu's D 512 split, merged by tern__cuda_attn_merge): op test, the kernel alone, b1 at 8192 / 512.
 if [[ " $SECTIONS " == *" 90 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_tcs512,cuda_attention_decode_tcs,cuda_attention_decode_tc ops90
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_tcs,cuda_attention_decode_tc ops90
     A90="TERN_CUDA_AD_TCS512=0;TERN_CUDA_AD_TCS512=1;TERN_CUDA_AD_TCS512=2"
     attn_shape "16 2 512" "$A90" 512 2048 8192
     attn_shape "8 2 512" "$A90" 512 8192
@@ -1156,7 +1156,7 @@ fi
 #     decode-attention op tests again, and r1 with 8 warps (TERN_CUDA_AD_R1_W=8) for the sliding layers of a long step
 #     (1024-key windows of gemma4-26b-a4b / 12b: two chunks a walker at 4 warps, one at 8)
 if [[ " $SECTIONS " == *" 94 "* ]]; then
-    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_r1,cuda_attention_decode_tcs512,cuda_attention_decode_tcs,cuda_attention_decode_tc ops94
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_r1,cuda_attention_decode_tcs,cuda_attention_decode_tc ops94
     attn_shape "16 8 256" "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" 1024
     attn_shape "8 2 256" "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" 512
     AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_W=4;TERN_CUDA_AD_R1_W=8" \
@@ -1167,6 +1167,7 @@ fi
 #     (TERN_CUDA_AD_TCS512_WAVES; more splits, shorter walks, a merge over more partials), the kernel alone at 8192 and
 #     32768 keys and b1 at 8192; and the whole attention side of a long b1 step as it stands (section 91's ncu listing).
 if [[ " $SECTIONS " == *" 95 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_tcs,cuda_attention_decode_tc,cuda_attention_decode_r1 ops95
     A95="TERN_CUDA_AD_TCS512_WAVES=1;TERN_CUDA_AD_TCS512_WAVES=2;TERN_CUDA_AD_TCS512_WAVES=3"
     attn_shape "16 2 512" "$A95" 8192 32768
     attn_shape "16 1 512" "$A95" 8192

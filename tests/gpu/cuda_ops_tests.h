@@ -358,7 +358,6 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_attention_decode_1p);
     RUN(cuda_attention_decode_tc);
     RUN(cuda_attention_decode_tcs);
-    RUN(cuda_attention_decode_tcs512);
     RUN(cuda_attention_decode_r1);
     RUN(cuda_attention_decode_early_bits);
     RUN(cuda_attention_spans);

@@ -250,6 +250,13 @@ static double ad_tc_case_run(const ad_tc_case *k, int pg) {
     return rel;
 }
 
+/* the most keys a row of case k sees (its longest slot, bounded by the window) */
+static int ad_case_keys(const ad_tc_case *k) {
+    int keys = 0;
+    for (int i = 0; i < 3; i++) keys = k->lens[i] > keys ? k->lens[i] : keys;
+    return k->window > 0 && k->window < keys ? k->window : keys;
+}
+
 /* case k's first slot over pages pg as one row whose last key is written right before the attention (g_attn_late), twice
  * from the same seed: the worse rel error against the CPU; *same: both runs gave the same bits; *ran: `calls` moved in
  * both runs (the kernel under test ran) */
@@ -307,74 +314,47 @@ TEST(cuda_attention_decode_tc) {
     g_attn_bf16 = keep_bf;
 }
 
-/* attn_decode_tc.cu split over the keys (TERN_CUDA_AD_TCS; forced here for any plan): AD_TC_CASES with the keys
- * of each (row, kv head) spread over splits of at least 16 and of 64 keys (the default), merged by the last
- * split, within 1e-5 of the CPU, BF16 and F16 pages (rows with fewer keys than one split included) */
+/* attn_decode_tc.cu split over the keys (TERN_CUDA_AD_TCS, and TERN_CUDA_AD_TCS512 for D 512; forced here for any plan
+ * of a few rows): AD_TC_CASES with the keys of each (row, kv head) spread over splits of at least 16 and of 64 keys (the
+ * default), within 1e-5 of the CPU, BF16 and F16 pages (rows with fewer keys than one split included). D <= 256: the
+ * last split merges; D 512: both halves of the outputs go to the partials and tern__cuda_attn_merge merges them, and
+ * each case's first slot also runs as one row whose last key is written right before the attention (g_attn_late: the
+ * BF16 EARLY instance issues its first copies before pdl_wait), twice: the same bits */
 TEST(cuda_attention_decode_tcs) {
-    extern unsigned long long tern__cuda_attn_decode_tc_calls;
-    extern int tern__cuda_ad_mode, tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch;
-    const int keep = tern__cuda_ad_mode, keep_s = tern__cuda_ad_tcs, keep_ch = tern__cuda_ad_tcs_ch, keep_bf = g_attn_bf16;
+    extern unsigned long long tern__cuda_attn_decode_tc_calls, tern__cuda_attn_decode_tcs512_calls;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch, tern__cuda_ad_tcs512;
+    const int keep = tern__cuda_ad_mode, keep_s = tern__cuda_ad_tcs, keep_ch = tern__cuda_ad_tcs_ch, keep_bf = g_attn_bf16,
+              keep_512 = tern__cuda_ad_tcs512;
     tern__cuda_ad_mode = 1;
     tern__cuda_ad_tcs = 2;
-    for (int ch = 16; ch <= 64; ch *= 4)
-        for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
-            for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
-                const ad_tc_case *k = &AD_TC_CASES[c];
-                if (k->d == 512) continue; /* split by TERN_CUDA_AD_TCS512: cuda_attention_decode_tcs512 */
-                const unsigned long long calls = tern__cuda_attn_decode_tc_calls;
-                tern__cuda_ad_tcs_ch = ch;
-                const double rel = ad_tc_case_run(k, pg);
-                printf("  err attention decode tcs case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rel);
-                CHECK(rel <= 1e-5, "case %zu pages %d ch %d: rel %.2e", c, pg, ch, rel);
-                int keys = 0; /* a plan over at most ch keys has one split: another kernel serves it */
-                for (int i = 0; i < 3; i++) keys = k->lens[i] > keys ? k->lens[i] : keys;
-                if (k->window > 0 && k->window < keys) keys = k->window;
-                CHECK(keys <= ch || tern__cuda_attn_decode_tc_calls > calls,
-                      "case %zu pages %d ch %d: the split tensor-core kernel did not run", c, pg, ch);
-            }
-    tern__cuda_ad_mode = keep;
-    tern__cuda_ad_tcs = keep_s;
-    tern__cuda_ad_tcs_ch = keep_ch;
-    g_attn_bf16 = keep_bf;
-}
-
-/* attn_decode_tc.cu's D 512 split over the keys (TERN_CUDA_AD_TCS512; forced here for plans of a few rows): the D 512
- * cases of AD_TC_CASES (groups of 4, 8 and 16 heads, windows, softcaps, holes, 1100 keys) over splits of at least 16
- * and of 64 keys, both halves of the outputs written as partials and merged by tern__cuda_attn_merge, within 1e-5 of the
- * CPU over BF16 and F16 pages; then each case's first slot as one row whose last key is written right before the
- * attention (g_attn_late: the BF16 EARLY instance issues its first copies before pdl_wait), twice: the same bits */
-TEST(cuda_attention_decode_tcs512) {
-    extern unsigned long long tern__cuda_attn_decode_tcs512_calls;
-    extern int tern__cuda_ad_mode, tern__cuda_ad_tcs512, tern__cuda_ad_tcs_ch;
-    const int keep = tern__cuda_ad_mode, keep_s = tern__cuda_ad_tcs512, keep_ch = tern__cuda_ad_tcs_ch, keep_bf = g_attn_bf16;
-    tern__cuda_ad_mode = 1;
     tern__cuda_ad_tcs512 = 2;
     for (int ch = 16; ch <= 64; ch *= 4)
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
             for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
                 const ad_tc_case *k = &AD_TC_CASES[c];
-                if (k->d != 512) continue;
+                const int d512 = k->d == 512;
+                const unsigned long long *cnt = d512 ? &tern__cuda_attn_decode_tcs512_calls : &tern__cuda_attn_decode_tc_calls;
+                const unsigned long long calls = *cnt;
                 tern__cuda_ad_tcs_ch = ch;
-                unsigned long long calls = tern__cuda_attn_decode_tcs512_calls;
                 const double rel = ad_tc_case_run(k, pg);
-                printf("  err attention decode tcs512 case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rel);
+                printf("  err attention decode tcs case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rel);
                 CHECK(rel <= 1e-5, "case %zu pages %d ch %d: rel %.2e", c, pg, ch, rel);
-                int keys = 0; /* a plan over at most ch keys has one split: another kernel serves it */
-                for (int i = 0; i < 3; i++) keys = k->lens[i] > keys ? k->lens[i] : keys;
-                if (k->window > 0 && k->window < keys) keys = k->window;
-                CHECK(keys <= ch || tern__cuda_attn_decode_tcs512_calls > calls,
-                      "case %zu pages %d ch %d: the split D 512 kernel did not run", c, pg, ch);
+                /* a plan over at most ch keys has one split: another kernel serves it */
+                CHECK(ad_case_keys(k) <= ch || *cnt > calls, "case %zu pages %d ch %d: the split tensor-core kernel did not run",
+                      c, pg, ch);
+                if (!d512) continue;
                 int ran, same;
-                const double rl = ad_late_twice(k, pg, &tern__cuda_attn_decode_tcs512_calls, &ran, &same);
+                const double rl = ad_late_twice(k, pg, cnt, &ran, &same);
                 const int k0 = k->window > 0 && k->window < k->lens[0] ? k->window : k->lens[0];
-                printf("  err attention decode tcs512 late case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rl);
+                printf("  err attention decode tcs late case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rl);
                 CHECK(rl <= 1e-5, "late case %zu pages %d ch %d: rel %.2e", c, pg, ch, rl);
                 CHECK(k0 <= ch || ran, "late case %zu pages %d ch %d: the kernel did not run", c, pg, ch);
                 CHECK(same, "late case %zu pages %d ch %d: two runs differ", c, pg, ch);
             }
     tern__cuda_ad_mode = keep;
-    tern__cuda_ad_tcs512 = keep_s;
+    tern__cuda_ad_tcs = keep_s;
     tern__cuda_ad_tcs_ch = keep_ch;
+    tern__cuda_ad_tcs512 = keep_512;
     g_attn_bf16 = keep_bf;
 }
 
