@@ -1173,6 +1173,17 @@ if [[ " $SECTIONS " == *" 95 "* ]]; then
     attn_shape "16 1 512" "$A95" 8192
     b1_sets "TERN_CUDA_AD_TCS512_WAVES=1;TERN_CUDA_AD_TCS512_WAVES=2" \
         "${AB95_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-e4b --quant bf16;gemma4-12b --quant bf16}" 8192
+    # prefill against another build (GPU_PACK_BASE: build/base/tern-core) — attn_merge_kernel's grid changed in session 60
+    if [ -x build/base/tern-core ]; then
+        for rep in 1 2; do
+            for m in "llama3-8b --quant bf16" "gemma4-26b-a4b --quant bf16"; do
+                for bin in build/base/tern-core $T; do
+                    timeout 90 $bin bench --random $m --device cuda --prompt 2048 --gen 1 --reps 1 > "$OUT/pp95.txt" 2>&1
+                    say "pp2048 $m [$bin] rep $rep: $(grep '^csv,' "$OUT/pp95.txt" | cut -d, -f6 | tail -1)"
+                done
+            done
+        done
+    fi
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
