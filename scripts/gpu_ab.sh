@@ -1173,6 +1173,14 @@ if [[ " $SECTIONS " == *" 95 "* ]]; then
     attn_shape "16 1 512" "$A95" 8192
     b1_sets "TERN_CUDA_AD_TCS512_WAVES=1;TERN_CUDA_AD_TCS512_WAVES=2" \
         "${AB95_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-e4b --quant bf16;gemma4-12b --quant bf16}" 8192
+    # a few sequences at 8k: TCS512 up to 16 rows (TERN_CUDA_AD_TCS512_ROWS) against the split kernel above 4
+    for rep in 1 2; do
+        for v in 4 16; do
+            TERN_CUDA_AD_TCS512_ROWS=$v timeout 150 build/concurrency --random gemma4-26b-a4b --device cuda --compute bf16 \
+                --conc 8 --prompt 8192 --gen 64 --no-prefix > "$OUT/conc95.txt" 2>&1
+            say "concurrency 8 at 8192 gemma4-26b-a4b bf16 TCS512_ROWS=$v rep $rep: $(grep '^csv,conc' "$OUT/conc95.txt" | cut -d, -f5,9,16 | tail -1)"
+        done
+    done
     # prefill against another build (GPU_PACK_BASE: build/base/tern-core) — attn_merge_kernel's grid changed in session 60
     if [ -x build/base/tern-core ]; then
         for rep in 1 2; do

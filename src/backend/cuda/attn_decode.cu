@@ -194,6 +194,17 @@ static int ad_tcs512_waves(void) {
     }
     return v;
 }
+/* TERN_CUDA_AD_TCS512_ROWS (1..64, default 4 = AD_CLROWS; session 60, written after its last call, not yet timed):
+ * launches of at most that many rows take TCS512 (a batch of 8 sequences at 8k otherwise runs the split kernel at D
+ * 512 until its pairs reach AD_TC_MIN). -1 until read */
+static int ad_tcs512_rows(void) {
+    static int v = -1;
+    if (v < 0) {
+        v = tern__cuda_env_int("TERN_CUDA_AD_TCS512_ROWS", AD_CLROWS);
+        v = v < 1 ? 1 : v > 64 ? 64 : v;
+    }
+    return v;
+}
 extern "C" unsigned long long tern__cuda_attn_decode_tcs512_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_tcs512_calls = 0;
 
@@ -633,7 +644,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
         }
     }
     const bool early = n == 1 && kind == TERN_KV_BF16 && ad_early();
-    if (d == 512 && (G <= 8 || (G % 8 == 0 && G <= 32)) && kind != TERN_KV_F32 && n <= AD_CLROWS && ad_tcs512() &&
+    if (d == 512 && (G <= 8 || (G % 8 == 0 && G <= 32)) && kind != TERN_KV_F32 && n <= ad_tcs512_rows() && ad_tcs512() &&
         (ad_tcs512() == 2 || ad_long(rows, kv))) {
         /* a few rows over Gemma 4's global layers, split over the keys (TERN_CUDA_AD_TCS512): the walk's blocks (two a
          * group of at most 8 heads) times splits of >= tcs_ch keys fill about one block an SM */
