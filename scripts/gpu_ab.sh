@@ -768,17 +768,19 @@ fi
 #     batch-1 decode off / on (2 and 4 warps: 2 was removed after), and with no decode attention at all
 #     (TERN_CUDA_AD_SKIP=1, a temporary measurement switch, removed after this ran: wrong outputs, the bound on what a
 #     faster attention can give)
-# attn1 "settings;settings" KEYS...: the one-row kernel alone (bench_cuda --attn-dec1, llama3-8b heads), µs per setting
-attn1() {
-    local sets k v
-    IFS=';' read -ra sets <<< "$1"
-    shift
+# attn_shape "NH NKV D" "settings;settings" KEYS...: the one-row kernel alone (bench_cuda --attn-dec1 KEYS 1 bf16 1 NH NKV
+# D), µs and GB/s per setting; attn1 "settings;..." KEYS...: the same with llama3-8b's heads
+attn_shape() {
+    local sh=$1 sets k v
+    IFS=';' read -ra sets <<< "$2"
+    shift 2
     for k in "$@"; do
         for v in "${sets[@]}"; do
-            say "attn-dec1 $k keys 1 row [$v]: $(env $v timeout 60 build/bench_cuda --attn-dec1 $k 1 bf16 1 | grep '^csv' | cut -d, -f3)"
+            say "attn-dec1 [$sh] $k keys [$v]: $(env $v timeout 60 build/bench_cuda --attn-dec1 $k 1 bf16 1 $sh | grep '^csv' | cut -d, -f3,4)"
         done
     done
 }
+attn1() { attn_shape "32 8 128" "$@"; }
 if [[ " $SECTIONS " == *" 58 "* ]]; then
     op_test cuda_attention_decode_r1,cuda_attention_decode_early_bits,cuda_attention_prefill_decode ops58
     attn1 "TERN_CUDA_AD_R1=0;TERN_CUDA_AD_R1=1;TERN_CUDA_AD_R1=1 TERN_CUDA_AD_R1_W=4" 512 2048
@@ -1049,16 +1051,6 @@ fi
 #     one-row decode attention alone on their shapes (bench_cuda --attn-dec1 CTX 1 bf16 1 NH NKV D; K and V of the
 #     keys once / time, so the GB/s column is the copy-rate ratio's numerator) under each kernel choice: default, R1
 #     forced (TERN_CUDA_AD_R1=2), the long class's TCS off / forced, the head split off
-attn_shape() { # attn_shape "NH NKV D" "settings;..." KEYS...
-    local sh=$1 sets k v
-    IFS=';' read -ra sets <<< "$2"
-    shift 2
-    for k in "$@"; do
-        for v in "${sets[@]}"; do
-            say "attn-dec1 [$sh] $k keys [$v]: $(env $v timeout 60 build/bench_cuda --attn-dec1 $k 1 bf16 1 $sh | grep '^csv' | cut -d, -f3,4)"
-        done
-    done
-}
 #     First run (session 60, H100): every choice ~70 µs for 33.5 MB at 8192 keys (0.48 TB/s). Then TERN_CUDA_AD_TCS512
 #     (attn_decode_tc.cu's D 512 split, merged by tern__cuda_attn_merge): op test, the kernel alone, b1 at 8192 / 512.
 if [[ " $SECTIONS " == *" 90 "* ]]; then

@@ -65,6 +65,16 @@ static int ad_cluster(void) {
     return tern__cuda_ad_cluster < 2 ? 0 : tern__cuda_ad_cluster > AD_CLMAX ? AD_CLMAX : tern__cuda_ad_cluster;
 }
 
+/* *v once: the integer environment setting `name` (default dflt) clamped to [lo, hi]; a value >= 0 already there (a test
+ * set it) stays */
+static int ad_env(int *v, const char *name, int dflt, int lo, int hi) {
+    if (*v < 0) {
+        const int x = tern__cuda_env_int(name, dflt);
+        *v = x < lo ? lo : x > hi ? hi : x;
+    }
+    return *v;
+}
+
 /* TERN_CUDA_ATTN_DEC: 0 off, else on; -1 until read (tests set it) */
 extern "C" int tern__cuda_ad_mode;
 int tern__cuda_ad_mode = -1;
@@ -100,11 +110,7 @@ static int ad_early(void) {
  * 4 would split each pair in two, merged by the last block) */
 static int ad_want(void) {
     static int v = -1;
-    if (v < 0) {
-        v = tern__cuda_env_int("TERN_CUDA_AD_WANT", 2);
-        v = v < 1 ? 1 : v > 16 ? 16 : v;
-    }
-    return v;
+    return ad_env(&v, "TERN_CUDA_AD_WANT", 2, 1, 16);
 }
 
 /* TERN_CUDA_AD_1P=1 (opt-in, session 15, untimed): launches whose (row, kv head) pairs fill two blocks per SM
@@ -163,12 +169,9 @@ extern "C" int tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch;
 int tern__cuda_ad_tcs = -1, tern__cuda_ad_tcs_ch = -1;
 static int ad_tcs(void) {
     if (tern__cuda_ad_tcs < 0) tern__cuda_ad_tcs = tern__cuda_env_int("TERN_CUDA_AD_TCS", 1);
-    if (tern__cuda_ad_tcs_ch < 0) {
-        const int v = tern__cuda_env_int("TERN_CUDA_AD_TCS_CH", 64);
-        tern__cuda_ad_tcs_ch = v < 16 ? 16 : v > 4096 ? 4096 : v;
-    }
     return tern__cuda_ad_tcs;
 }
+static int ad_tcs_ch(void) { return ad_env(&tern__cuda_ad_tcs_ch, "TERN_CUDA_AD_TCS_CH", 64, 16, 4096); }
 
 /* TERN_CUDA_AD_TCS512 (session 60; default 1; 0 off; 2 any launch of at most AD_CLROWS rows, tests and A/Bs): Gemma 4's
  * global layers (D 512) in a long-context step (ad_long) on the tensor-core kernel split over the keys — two blocks per
@@ -188,22 +191,14 @@ static int ad_tcs512(void) {
  * partials). -1 until read */
 static int ad_tcs512_waves(void) {
     static int v = -1;
-    if (v < 0) {
-        v = tern__cuda_env_int("TERN_CUDA_AD_TCS512_WAVES", 1);
-        v = v < 1 ? 1 : v > 4 ? 4 : v;
-    }
-    return v;
+    return ad_env(&v, "TERN_CUDA_AD_TCS512_WAVES", 1, 1, 4);
 }
 /* TERN_CUDA_AD_TCS512_ROWS (1..64, default 4 = AD_CLROWS; session 60, written after its last call, not yet timed):
  * launches of at most that many rows take TCS512 (a batch of 8 sequences at 8k otherwise runs the split kernel at D
  * 512 until its pairs reach AD_TC_MIN). -1 until read */
 static int ad_tcs512_rows(void) {
     static int v = -1;
-    if (v < 0) {
-        v = tern__cuda_env_int("TERN_CUDA_AD_TCS512_ROWS", AD_CLROWS);
-        v = v < 1 ? 1 : v > 64 ? 64 : v;
-    }
-    return v;
+    return ad_env(&v, "TERN_CUDA_AD_TCS512_ROWS", AD_CLROWS, 1, 64);
 }
 extern "C" unsigned long long tern__cuda_attn_decode_tcs512_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_tcs512_calls = 0;
@@ -260,13 +255,7 @@ static int ad_mode(void) {
 /* shortest split (keys): TERN_CUDA_AD_CHMIN=N (16..1024) for A/Bs, read once; tests may set it */
 extern "C" int tern__cuda_ad_chmin;
 int tern__cuda_ad_chmin = -1;
-static int ad_chmin(void) {
-    if (tern__cuda_ad_chmin < 0) {
-        const int v = tern__cuda_env_int("TERN_CUDA_AD_CHMIN", 32);
-        tern__cuda_ad_chmin = v < 16 ? 16 : v > 1024 ? 1024 : v;
-    }
-    return tern__cuda_ad_chmin;
-}
+static int ad_chmin(void) { return ad_env(&tern__cuda_ad_chmin, "TERN_CUDA_AD_CHMIN", 32, 16, 1024); }
 
 
 /* The merge of a cluster's splits (a.cl blocks along y, rank = split z), the same arithmetic in the same
@@ -649,8 +638,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
         /* a few rows over Gemma 4's global layers, split over the keys (TERN_CUDA_AD_TCS512): the walk's blocks (two a
          * group of at most 8 heads) times splits of >= tcs_ch keys fill about one block an SM */
         const int hsg = G > 8 ? G / 8 : 1;
-        ad_tcs(); /* reads TERN_CUDA_AD_TCS_CH */
-        const long per = 2L * n * nkv * hsg, ch = tern__cuda_ad_tcs_ch;
+        const long per = 2L * n * nkv * hsg, ch = ad_tcs_ch();
         long sp = (keys + ch - 1) / ch, cap = (long)ad_tcs512_waves() * (c->n_sm > 0 ? c->n_sm : 132) / per;
         if (sp > cap) sp = cap;
         if (sp > TERN_CUDA_MERGE_MAX) sp = TERN_CUDA_MERGE_MAX;
@@ -723,7 +711,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
     if (hs == 1 && d != 512 && (ad_tcs() == 2 || (lng && !ad_tc_takes(c, pairs, keys)))) {
         /* split over the keys: ~2 blocks per SM, each over >= tcs_ch keys, at most 128 splits (D 512: TCS512 above, whose
          * blocks are two a pair and one an SM) */
-        const long ch = tern__cuda_ad_tcs_ch, cap = ad_two_per_sm(c) / pairs;
+        const long ch = ad_tcs_ch(), cap = ad_two_per_sm(c) / pairs;
         long sp = (keys + ch - 1) / ch;
         if (sp > cap) sp = cap;
         if (sp > 128) sp = 128;
