@@ -1158,6 +1158,7 @@ fi
 # 95. session 60, written after its last call (not yet run): TCS512's splits over 1 / 2 / 3 waves of one block an SM
 #     (TERN_CUDA_AD_TCS512_WAVES; more splits, shorter walks, a merge over more partials), the kernel alone at 8192 and
 #     32768 keys and b1 at 8192; and the whole attention side of a long b1 step as it stands (section 91's ncu listing).
+#     Ran in session 61 (NOTES (bu)): one wave won and TERN_CUDA_AD_TCS512_WAVES was removed; TCS512_ROWS default 8.
 if [[ " $SECTIONS " == *" 95 "* ]]; then
     [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_tcs,cuda_attention_decode_tc,cuda_attention_decode_r1 ops95
     A95="TERN_CUDA_AD_TCS512_WAVES=1;TERN_CUDA_AD_TCS512_WAVES=2;TERN_CUDA_AD_TCS512_WAVES=3"
@@ -1185,6 +1186,38 @@ if [[ " $SECTIONS " == *" 95 "* ]]; then
         done
     fi
 fi
+
+# 96. session 61: where r1 spends a sliding layer of gemma4-26b-a4b / 12b at 8k (16 / 8 heads, D 256, 1024-key window;
+#     ~11 µs eager for 8.4 MB): blocks a cluster (TERN_CUDA_AD_R1_SMAX), warps a block, clusters spread over SMs
+#     (TERN_CUDA_CLUSTER_SPREAD) against llama3-8b's D 128; ncu's sections (occupancy, cluster launch, warp stalls,
+#     memory) of one launch; records a chunk ahead (TERN_CUDA_AD_R1_AHEAD) alone and in b1 at 8k / 512. Ran once (NOTES
+#     (bu)); TERN_CUDA_CLUSTER_SPREAD (a cluster scheduling policy switch) tied and was removed after.
+if [[ " $SECTIONS " == *" 96 "* ]]; then
+    NCU=/usr/local/cuda/bin/ncu
+    A96="TERN_CUDA_AD_R1_SMAX=16;TERN_CUDA_AD_R1_SMAX=8;TERN_CUDA_AD_R1_SMAX=4;TERN_CUDA_AD_R1_W=8"
+    A96="$A96;TERN_CUDA_CLUSTER_SPREAD=1;TERN_CUDA_CLUSTER_SPREAD=1 TERN_CUDA_AD_R1_W=8"
+    attn_shape "16 8 256" "$A96" 1024 256
+    attn_shape "32 8 128" "TERN_CUDA_AD_R1_SMAX=16;TERN_CUDA_AD_R1_SMAX=8" 1024
+    # the next chunk's records a chunk ahead (TERN_CUDA_AD_R1_AHEAD, written this session; bitwise the same)
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_r1 ops96
+    A96B="TERN_CUDA_AD_R1_AHEAD=0;TERN_CUDA_AD_R1_AHEAD=1"
+    attn_shape "16 8 256" "$A96B" 1024 512
+    attn_shape "32 8 128" "$A96B" 512 2048
+    A96B="$A96B;TERN_CUDA_AD_R1_AHEAD=1 TERN_CUDA_CLUSTER_SPREAD=1"
+    AB_REPS=2 b1_sets "$A96B" "${AB96_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16}" 8192
+    AB_REPS=1 b1_sets "$A96B" "llama3-8b --quant bf16;gemma4-e4b --quant bf16" 512
+    for sh in "16 8 256" "32 8 128"; do
+        say "ncu sections, bench_cuda --attn-dec1 1024 1 bf16 1 $sh (r1):"
+        timeout 150 $NCU --cache-control none --clock-control none -k regex:attn_dec_r1 --launch-skip 20 --launch-count 1 \
+            --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis build/bench_cuda --attn-dec1 1024 1 bf16 1 $sh \
+            > "$OUT/ncu96_${sh// /_}.txt" 2>&1
+        grep -E '^ +[A-Z][A-Za-z /().%-]+ +[a-zA-Z/%]* +[0-9.,]+$' "$OUT/ncu96_${sh// /_}.txt" | tr -s ' ' | head -80 | tee -a "$S"
+    done
+fi
+
+# 97. session 61: r1 without a cluster (TERN_CUDA_AD_R1_LB: the last block of a (row, kv head) merged the blocks'
+#     partials) lost everywhere (NOTES (bu)) and was removed with its section.
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are

@@ -186,19 +186,13 @@ static int ad_tcs512(void) {
     if (tern__cuda_ad_tcs512 < 0) tern__cuda_ad_tcs512 = tern__cuda_env_int("TERN_CUDA_AD_TCS512", 1);
     return tern__cuda_ad_tcs512;
 }
-/* TERN_CUDA_AD_TCS512_WAVES (1..4, default 1; session 60, written after its last call, not yet timed): TCS512's splits
- * fill that many waves of one block an SM (2: twice the splits, each over half the keys, a merge over twice the
- * partials). -1 until read */
-static int ad_tcs512_waves(void) {
-    static int v = -1;
-    return ad_env(&v, "TERN_CUDA_AD_TCS512_WAVES", 1, 1, 4);
-}
-/* TERN_CUDA_AD_TCS512_ROWS (1..64, default 4 = AD_CLROWS; session 60, written after its last call, not yet timed):
- * launches of at most that many rows take TCS512 (a batch of 8 sequences at 8k otherwise runs the split kernel at D
- * 512 until its pairs reach AD_TC_MIN). -1 until read */
+/* TERN_CUDA_AD_TCS512_ROWS (1..64, default 8; session 61): launches of at most that many rows take TCS512 (above, a
+ * batch at 8k runs the split kernel at D 512 until its pairs reach AD_TC_MIN). H100, 8 sequences of gemma4-26b-a4b bf16
+ * at 8192 (bench/NOTES.md (bu)): 4 (AD_CLROWS, before) 482.5 → 16 529.2 tok/s. Its splits fill one wave of one block an
+ * SM: two waves (twice the splits over half the keys each) lost, b1 26b-a4b at 8k 238.8 → 233.6. -1 until read */
 static int ad_tcs512_rows(void) {
     static int v = -1;
-    return ad_env(&v, "TERN_CUDA_AD_TCS512_ROWS", AD_CLROWS, 1, 64);
+    return ad_env(&v, "TERN_CUDA_AD_TCS512_ROWS", 8, 1, 64);
 }
 extern "C" unsigned long long tern__cuda_attn_decode_tcs512_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_tcs512_calls = 0;
@@ -251,7 +245,6 @@ static int ad_mode(void) {
 }
 
 #define AD_WARPS 8
-#define AD_CNT 65536 /* (row, kv head) counters */
 /* shortest split (keys): TERN_CUDA_AD_CHMIN=N (16..1024) for A/Bs, read once; tests may set it */
 extern "C" int tern__cuda_ad_chmin;
 int tern__cuda_ad_chmin = -1;
@@ -639,7 +632,7 @@ static int attn_decode_run(tern__cuda *c, float *out, const float *q, const tern
          * group of at most 8 heads) times splits of >= tcs_ch keys fill about one block an SM */
         const int hsg = G > 8 ? G / 8 : 1;
         const long per = 2L * n * nkv * hsg, ch = ad_tcs_ch();
-        long sp = (keys + ch - 1) / ch, cap = (long)ad_tcs512_waves() * (c->n_sm > 0 ? c->n_sm : 132) / per;
+        long sp = (keys + ch - 1) / ch, cap = (c->n_sm > 0 ? c->n_sm : 132) / per;
         if (sp > cap) sp = cap;
         if (sp > TERN_CUDA_MERGE_MAX) sp = TERN_CUDA_MERGE_MAX;
         if (sp >= 2 && (size_t)sp * n * nh * (d + 2) <= TERN_CUDA_PART_FLOATS) {

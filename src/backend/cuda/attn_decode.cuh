@@ -16,6 +16,8 @@
 #include <math.h>
 #include <type_traits>
 
+#define AD_CNT 65536 /* (row, kv head) counters (c->ad_cnt; zero between launches) */
+
 struct AdArgs {
     float *out, *part;
     __nv_bfloat16 *outb; /* non-null: ad_warp_merge writes the output here in bf16 instead of out (attention_o) */
@@ -28,6 +30,7 @@ struct AdArgs {
     int region; /* floats before the record table in shared memory */
     int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
     int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
+    int ahead;  /* attn_decode_r1.cu: the next chunk's records looked up a chunk early (TERN_CUDA_AD_R1_AHEAD) */
     float scale, softcap;
     /* attn_decode_tc.cu's ROPE instances (tern__cuda_attn_decode_rope): q, k, v unroped in the rows of one GEMM's
      * output (rsrc [n][rld]: nh q heads, nkv k heads, nkv v heads), roped with rinv / rmscale in the kernel */

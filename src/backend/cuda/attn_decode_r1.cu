@@ -86,31 +86,42 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             kw[j][4 * i] = x.x; kw[j][4 * i + 1] = x.y; kw[j][4 * i + 2] = x.z; kw[j][4 * i + 3] = x.w;
         }
     };
-    auto get_v = [&](int v) {
+    auto get_v = [&](int v, uint32_t (*dst)[VW]) {
 #pragma unroll
         for (int i = 0; i < VW / 4; i++) {
             const uint4 x = vrec[v] >= 0 ? __ldcg((const uint4 *)(vb + (size_t)vrec[v] * kvs) + i) : make_uint4(0, 0, 0, 0);
-            vw[v][4 * i] = x.x; vw[v][4 * i + 1] = x.y; vw[v][4 * i + 2] = x.z; vw[v][4 * i + 3] = x.w;
+            dst[v][4 * i] = x.x; dst[v][4 * i + 1] = x.y; dst[v][4 * i + 2] = x.z; dst[v][4 * i + 3] = x.w;
         }
     };
-    auto load_k = [&](int cc) {
+    /* AHEAD (a.ahead): the next chunk's records (a block-table load each, 16-key blocks) are looked up one chunk early,
+     * so that its K / V loads go out without that round trip in front of them */
+    const bool ahead = a.ahead != 0;
+    int nkrec[2], nvrec[4];
+    auto look_ahead = [&](int cc) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) nkrec[j] = rec_of(16 * cc + 8 * j + g);
+#pragma unroll
+        for (int v = 0; v < 4; v++) nvrec[v] = rec_of(16 * cc + 8 * (v >> 1) + 2 * t + (v & 1));
+    };
+    auto load_k = [&](int cc, bool nx) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            krec[j] = rec_of(16 * cc + 8 * j + g);
+            krec[j] = nx ? nkrec[j] : rec_of(16 * cc + 8 * j + g);
             get_k(j);
         }
     };
-    auto load_v = [&](int cc) {
+    auto load_v = [&](int cc, bool nx, uint32_t (*dst)[VW]) {
 #pragma unroll
         for (int v = 0; v < 4; v++) {
-            vrec[v] = rec_of(16 * cc + 8 * (v >> 1) + 2 * t + (v & 1));
-            get_v(v);
+            vrec[v] = nx ? nvrec[v] : rec_of(16 * cc + 8 * (v >> 1) + 2 * t + (v & 1));
+            get_v(v, dst);
         }
     };
     int c = z * WP + pw; /* this warp's first chunk */
     if (c < nch) {
-        load_k(c);
-        load_v(c);
+        load_k(c, false);
+        load_v(c, false, vw);
+        if (ahead) look_ahead(c + step);
     }
     if constexpr (EARLY) {
         /* pos, the block table and the keys before pos were written before this step; key pos (and q) by the
@@ -123,7 +134,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
                 if (16 * c + 8 * j + g == ip) get_k(j);
 #pragma unroll
             for (int v = 0; v < 4; v++)
-                if (16 * c + 8 * (v >> 1) + 2 * t + (v & 1) == ip) get_v(v);
+                if (16 * c + 8 * (v >> 1) + 2 * t + (v & 1) == ip) get_v(v, vw);
         }
     }
     /* q of head g (rows g: hi, g + 8: lo), the lane's dimensions t·DL + 4kk .. +3 per k-step */
@@ -151,7 +162,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             for (int kk = 1; kk < NK; kk++) TcH<T>::mma(sc[j], qf[kk], kw[j][2 * kk], kw[j][2 * kk + 1]);
         }
         const int cn = c + step;
-        if (cn < nch) load_k(cn); /* the next chunk's K, in flight during the softmax and P·V */
+        if (cn < nch) load_k(cn, ahead); /* the next chunk's K, in flight during the softmax and P·V */
         float s[4];               /* keys 2t, 2t+1, 8+2t, 9+2t of head g: V rows v = 0..3 */
 #pragma unroll
         for (int v = 0; v < 4; v++) s[v] = sc[v >> 1][v & 1] + sc[v >> 1][2 + (v & 1)];
@@ -195,7 +206,10 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             o[n][0] *= al; o[n][1] *= al; o[n][2] *= al; o[n][3] *= al;
             TcH<T>::mma(o[n], pa, __byte_perm(vw[0][n >> 1], vw[1][n >> 1], sel), __byte_perm(vw[2][n >> 1], vw[3][n >> 1], sel));
         }
-        if (cn < nch) load_v(cn);
+        if (cn < nch) {
+            load_v(cn, ahead, vw);
+            if (ahead) look_ahead(cn + step);
+        }
         c = cn;
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -267,9 +281,11 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
 
 /* TERN_CUDA_AD_R1_W: warps a block (4 or 8, default 4); TERN_CUDA_AD_R1_SMAX: blocks a (row, kv head) at most
  * (1..16, default 16). -1 until read (tests set them) */
-extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax;
-int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1;
-static int r1_env(void) { /* reads both settings once; returns W */
+extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_ahead;
+int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1, tern__cuda_ad_r1_ahead = -1;
+static int r1_env(void) { /* reads the settings once (TERN_CUDA_AD_R1_AHEAD=0: records as each chunk's loads go out);
+                           * returns W */
+    if (tern__cuda_ad_r1_ahead < 0) tern__cuda_ad_r1_ahead = tern__cuda_env_int("TERN_CUDA_AD_R1_AHEAD", 1) != 0;
     if (tern__cuda_ad_r1_w < 0) tern__cuda_ad_r1_w = tern__cuda_env_int("TERN_CUDA_AD_R1_W", 4) == 8 ? 8 : 4;
     if (tern__cuda_ad_r1_smax < 0) {
         const int v = tern__cuda_env_int("TERN_CUDA_AD_R1_SMAX", R1_SMAX);
@@ -306,6 +322,8 @@ int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long key
         (kind != TERN_KV_BF16 && kind != TERN_KV_F16) || ((uintptr_t)a.q & 15) || a.n <= 0)
         return 0;
     const int w = r1_env(), W = a.D == 512 ? 8 : w; /* D 512: two groups of 4 warps */
+    AdArgs b = a;
+    b.ahead = tern__cuda_ad_r1_ahead;
     const long chunks = (keys + 15) / 16, wp = a.D > 128 ? W / (a.D / 128) : W; /* chunk walkers a block */
     long S = (chunks + wp - 1) / wp;
     S = S < 1 ? 1 : S > tern__cuda_ad_r1_smax ? tern__cuda_ad_r1_smax : S;
@@ -314,7 +332,7 @@ int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long key
     if (kind == TERN_KV_BF16) k = early ? r1_pick<B16, true>(a.D, W) : r1_pick<B16, false>(a.D, W);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)a.nkv, (unsigned)S, (unsigned)a.n);
-    if (tern_launch_cluster(c->stream, k, grid, dim3(32 * W), 0, S > 1 ? (int)S : 0, a) != cudaSuccess) {
+    if (tern_launch_cluster(c->stream, k, grid, dim3(32 * W), 0, S > 1 ? (int)S : 0, b) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
