@@ -1219,6 +1219,23 @@ fi
 # 97. session 61: r1 without a cluster (TERN_CUDA_AD_R1_LB: the last block of a (row, kv head) merged the blocks'
 #     partials) lost everywhere (NOTES (bu)) and was removed with its section.
 
+# 98. session 61: TERN_CUDA_AD_R1_AHEAD=2 (the next chunk's V loaded with its K into a second set of registers) against 1
+#     (records a chunk ahead, the default): the kernel alone, b1 at 8k / 512, 4 sequences at 8k (r1's few-row launches).
+#     Ran once (NOTES (bu)): 2 tied (202 -> 227 registers) and was removed; AHEAD=0 stays as the switch's off value.
+if [[ " $SECTIONS " == *" 98 "* ]]; then
+    [ "${AB_OPS:-1}" = 1 ] && op_test cuda_attention_decode_r1 ops98
+    A98="TERN_CUDA_AD_R1_AHEAD=1;TERN_CUDA_AD_R1_AHEAD=2"
+    attn_shape "16 8 256" "$A98" 1024 256
+    attn_shape "32 8 128" "$A98" 512 2048
+    b1_sets "$A98" "${AB98_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16}" 8192
+    AB_REPS=1 b1_sets "$A98" "llama3-8b --quant bf16;gemma4-e4b --quant bf16;gemma4-26b-a4b --quant bf16" 512
+    for v in 0 1 2; do
+        TERN_CUDA_AD_R1_AHEAD=$v timeout 150 build/concurrency --random gemma4-26b-a4b --device cuda --compute bf16 \
+            --conc 4 --prompt 8192 --gen 64 --no-prefix > "$OUT/conc98.txt" 2>&1
+        say "concurrency 4 at 8192 gemma4-26b-a4b bf16 TERN_CUDA_AD_R1_AHEAD=$v: $(grep '^csv,conc' "$OUT/conc98.txt" | cut -d, -f5,9,16 | tail -1)"
+    done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -173,7 +173,7 @@ static int ad_tcs(void) {
 }
 static int ad_tcs_ch(void) { return ad_env(&tern__cuda_ad_tcs_ch, "TERN_CUDA_AD_TCS_CH", 64, 16, 4096); }
 
-/* TERN_CUDA_AD_TCS512 (session 60; default 1; 0 off; 2 any launch of at most AD_CLROWS rows, tests and A/Bs): Gemma 4's
+/* TERN_CUDA_AD_TCS512 (session 60; default 1; 0 off; 2 any launch of at most TCS512_ROWS rows, tests and A/Bs): Gemma 4's
  * global layers (D 512) in a long-context step (ad_long) on the tensor-core kernel split over the keys — two blocks per
  * (row, group of at most 8 heads), one a half of the outputs, as the unsplit D 512 form, times ~one block an SM's worth
  * of splits, merged by tern__cuda_attn_merge over many blocks. Before, every kernel these layers could take ran one row
