@@ -1236,6 +1236,48 @@ if [[ " $SECTIONS " == *" 98 "* ]]; then
     done
 fi
 
+# 99. session 61, written after its last call (not yet run): where r1's ~2200 instructions a warp go at a sliding layer
+#     of gemma4-26b-a4b / 12b (16 / 8 heads, D 256, 1024 keys; section 96): ncu's source counters of one launch, SASS
+#     instructions executed and warp-stall samples summed by opcode and listed for the 40 hottest instructions
+#     (AB99_SHAPE / AB99_KEYS: another shape)
+if [[ " $SECTIONS " == *" 99 "* ]]; then
+    NCU=/usr/local/cuda/bin/ncu
+    sh99=${AB99_SHAPE:-16 8 256}
+    timeout 200 $NCU --cache-control none --clock-control none -k regex:attn_dec_r1 --launch-skip 20 --launch-count 1 \
+        --section SourceCounters --section WarpStateStats -f -o "$OUT/ncu99" \
+        build/bench_cuda --attn-dec1 "${AB99_KEYS:-1024}" 1 bf16 1 $sh99 > "$OUT/ncu99_run.txt" 2>&1
+    $NCU -i "$OUT/ncu99.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu99_sass.csv" 2>&1
+    say "ncu source counters, r1 [$sh99] at ${AB99_KEYS:-1024} keys:"
+    python3 - "$OUT/ncu99_sass.csv" <<'PY' 2>&1 | tee -a "$S"
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1])))
+hi = next((i for i, r in enumerate(rows) if any("Source" == c for c in r)), None)
+if hi is None:
+    print("no source table"); sys.exit(0)
+h = rows[hi]
+def col(*keys):
+    return next((i for i, c in enumerate(h) if all(k in c for k in keys)), None)
+cs, ce, cw = col("Source"), col("Instructions Executed"), col("Warp Stall Sampling (All")
+num = lambda r, i: float(r[i].replace(",", "")) if i is not None and i < len(r) and r[i].strip() not in ("", "-") else 0.0
+ins = [(r[cs].strip(), num(r, ce), num(r, cw)) for r in rows[hi + 1:] if cs is not None and len(r) > cs]
+tot_e = sum(e for _, e, _ in ins) or 1.0
+tot_w = sum(w for _, _, w in ins) or 1.0
+by = collections.defaultdict(lambda: [0.0, 0.0])
+for src, e, w in ins:
+    op = src.split()[0] if src else "?"
+    if op.startswith("@"):
+        op = src.split()[1] if len(src.split()) > 1 else op
+    op = op.split(".")[0]
+    by[op][0] += e; by[op][1] += w
+print("executed %.0f warp-instructions, %.0f stall samples" % (tot_e, tot_w))
+for op, (e, w) in sorted(by.items(), key=lambda kv: -kv[1][1])[:20]:
+    print("  %-10s %5.1f %% of instructions  %5.1f %% of stall samples" % (op, 100 * e / tot_e, 100 * w / tot_w))
+print("hottest instructions (stall samples):")
+for idx, (src, e, w) in sorted(enumerate(ins), key=lambda t: -t[1][2])[:40]:
+    print("  #%-5d %5.1f %%  %-70s exec %.0f" % (idx, 100 * w / tot_w, src[:70], e))
+PY
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
