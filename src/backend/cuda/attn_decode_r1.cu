@@ -37,6 +37,14 @@
  * Served: BF16 / F16 pages, D 64 / 128 / 256 / 512, G = nh / nkv <= 8, any window, softcap; others return 0 (the
  * caller's kernels run). S <= 16 (a non-portable cluster size, allowed at open; TERN_CUDA_AD_R1_SMAX), W = 4 or 8
  * warps (TERN_CUDA_AD_R1_W). H200 (bench/NOTES.md (az)): b1 llama3-8b bf16 222.9 -> 230.7, q4 353 -> 369 tok/s.
+ * TR (TERN_CUDA_AD_R1_TR=1, G <= 4; session 61, written after its last call, not yet run on a GPU): the products
+ * transposed, so that hi and lo of up to 4 heads fill the 8 columns instead of 16 rows of which G·2 carry heads. Scores
+ * S^T = K·Q^T: A = the same K loads (rows keys g, g + 8; the k-slots on the same dimensions as above), B = Q^T (column g
+ * = hi (g even) or lo (g odd) of head g >> 1); lane (g, t) gets head t's scores of keys g, g + 8 as c0 + c1, c2 + c3;
+ * the chunk's maximum over the lanes of one t. (P·V)^T = V^T·P^T: A = the same V loads paired by one byte permute
+ * (rows: dimensions g·D/8 + mt and + D/16 + mt of m-tile mt), B = P^T gathered by 4 shuffles (key k of head h sits in
+ * lane 4·(k mod 8) + h). Per 16 keys at D 128: 16 mmas instead of 32, 32 accumulators instead of 64. The fragment
+ * mapping was checked by a lane-level emulation against a reference softmax (exact to 1e-15) before any GPU run.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -52,16 +60,18 @@ namespace cg = cooperative_groups;
 extern "C" unsigned long long tern__cuda_attn_decode_r1_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_r1_calls = 0;
 
-template <typename T, int D, int W, bool EARLY>
+template <typename T, int D, int W, bool EARLY, bool TR>
 __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     constexpr int DS = D > 128 ? D / 128 : 1, DH = D / DS, WP = W / DS; /* D 256 / 512: 2 / 4 warps a chunk */
     constexpr int NK = DH / 16, NT = DH / 8; /* k-steps of Q·K^T, n-tiles of P·V */
+    constexpr int NM = DH / 16;              /* TR: m-tiles of (P·V)^T */
     constexpr int DL = DH / 4, KW = DH / 8;  /* a lane's K elements of a key, as 32-bit words */
     constexpr int DV = DH / 8, VW = DH / 16; /* a lane's V elements of a key, as words */
     static_assert(DS <= 4 && W % DS == 0, "warp groups");
     __shared__ float red[WP][8][D];          /* the warps' Σ p·v, then (slot 0) the block's merged sums */
     __shared__ float wml[WP][8][2], bml[8][2];
-    __shared__ float xs[DS > 1 ? 2 : 1][DS > 1 ? W : 1][32][4]; /* DS > 1: the parts' partial scores, by chunk parity */
+    /* DS > 1: the parts' partial scores, by chunk parity */
+    __shared__ float xs[DS > 1 ? 2 : 1][DS > 1 ? W : 1][32][TR ? 2 : 4];
     pdl_trigger();
     if (!EARLY) pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -137,9 +147,22 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
                 if (16 * c + 8 * (v >> 1) + 2 * t + (v & 1) == ip) get_v(v, vw);
         }
     }
-    /* q of head g (rows g: hi, g + 8: lo), the lane's dimensions t·DL + 4kk .. +3 per k-step */
-    uint32_t qf[NK][4];
-    {
+    /* q of head g (rows g: hi, g + 8: lo), the lane's dimensions t·DL + 4kk .. +3 per k-step. TR: the B fragment of
+     * Q^T instead, column g = hi (g even) or lo (g odd) of head g >> 1, the same dimensions per k-slot */
+    uint32_t qf[TR ? 1 : NK][4], qb[TR ? NK : 1][2];
+    if constexpr (TR) {
+        const int hq = g >> 1;
+        const float4 *qp = (const float4 *)(a.q + ((size_t)r * a.nh + head0 + hq) * D + hf * DH + t * DL);
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            const float4 x = hq < G ? __ldcg(qp + kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            uint32_t h0, l0, h1, l1;
+            tc_split<T>(x.x, x.y, h0, l0);
+            tc_split<T>(x.z, x.w, h1, l1);
+            qb[kk][0] = g & 1 ? l0 : h0;
+            qb[kk][1] = g & 1 ? l1 : h1;
+        }
+    } else {
         const float4 *qp = (const float4 *)(a.q + ((size_t)r * a.nh + head0 + g) * D + hf * DH + t * DL);
 #pragma unroll
         for (int kk = 0; kk < NK; kk++) {
@@ -148,81 +171,172 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             tc_split<T>(x.z, x.w, qf[kk][2], qf[kk][3]);
         }
     }
-    float o[NT][4], m = -INFINITY, l = 0.0f;
+    constexpr int NO = TR ? NM : NT;
+    float o[NO][4], m = -INFINITY, l = 0.0f;
 #pragma unroll
-    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     const float scale = a.scale, cap = a.softcap;
     int par = 0; /* DS > 1: the chunk's parity (xs buffer) */
     while (c < nch) {
-        float sc[2][4];
+        if constexpr (TR) {
+            /* S^T = K·Q^T: rows keys g, g + 8 (the K rows already loaded), columns hi / lo of heads 0..3; lane (g, t)
+             * gets head t's partial scores of keys g and g + 8 as c0 + c1, c2 + c3 */
+            float sc[4];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            TcH<T>::mma_z(sc[j], qf[0], kw[j][0], kw[j][1]);
+            for (int kk = 0; kk < NK; kk++) {
+                const uint32_t ka[4] = {kw[0][2 * kk], kw[1][2 * kk], kw[0][2 * kk + 1], kw[1][2 * kk + 1]};
+                if (kk == 0) TcH<T>::mma_z(sc, ka, qb[0][0], qb[0][1]);
+                else TcH<T>::mma(sc, ka, qb[kk][0], qb[kk][1]);
+            }
+            const bool ok0 = krec[0] >= 0, ok1 = krec[1] >= 0; /* this chunk's keys g, g + 8 */
+            const int cn = c + step;
+            if (cn < nch) load_k(cn, ahead);
+            float s[2] = {sc[0] + sc[1], sc[2] + sc[3]};
+            if constexpr (DS > 1) { /* as below, two scores a lane */
+                xs[par][warp][lane][0] = s[0];
+                xs[par][warp][lane][1] = s[1];
+                asm volatile("bar.sync %0, %1;" ::"r"(1 + pw), "r"(32 * DS) : "memory");
 #pragma unroll
-            for (int kk = 1; kk < NK; kk++) TcH<T>::mma(sc[j], qf[kk], kw[j][2 * kk], kw[j][2 * kk + 1]);
-        }
-        const int cn = c + step;
-        if (cn < nch) load_k(cn, ahead); /* the next chunk's K, in flight during the softmax and P·V */
-        float s[4];               /* keys 2t, 2t+1, 8+2t, 9+2t of head g: V rows v = 0..3 */
+                for (int v = 0; v < 2; v++) {
+                    float x = xs[par][pw * DS][lane][v];
 #pragma unroll
-        for (int v = 0; v < 4; v++) s[v] = sc[v >> 1][v & 1] + sc[v >> 1][2 + (v & 1)];
-        if constexpr (DS > 1) {
-            /* the group's DS parts of each dot product through shared memory (one named barrier a group and chunk;
-             * buffers by parity, so a warp cannot overwrite what another has yet to read), summed in part order in
-             * every warp of the group: the same scores in all */
+                    for (int h = 1; h < DS; h++) x += xs[par][pw * DS + h][lane][v];
+                    s[v] = x;
+                }
+                par ^= 1;
+            }
 #pragma unroll
-            for (int v = 0; v < 4; v++) xs[par][warp][lane][v] = s[v];
-            asm volatile("bar.sync %0, %1;" ::"r"(1 + pw), "r"(32 * DS) : "memory");
+            for (int v = 0; v < 2; v++) {
+                float x = s[v] * scale;
+                if (cap > 0.0f) x = cap * tanhf(x / cap);
+                s[v] = (v ? ok1 : ok0) ? x : -INFINITY;
+            }
+            float cm = fmaxf(s[0], s[1]); /* head t's maximum over the chunk: lanes of the same t */
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 4));
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
+            const float mn = fmaxf(m, cm), al = m == -INFINITY ? 0.0f : expf(m - mn);
+            float p[2];
+#pragma unroll
+            for (int v = 0; v < 2; v++) p[v] = s[v] == -INFINITY ? 0.0f : expf(s[v] - mn);
+            l = l * al + (p[0] + p[1]);
+            m = mn;
+            /* P^T as the B fragment: column g = hi / lo of head g >> 1, k-slots 2t, 2t + 1, 2t + 8, 2t + 9 = keys
+             * (the V rows v = 0..3), from the lanes holding them (key k of head h: lane 4·(k mod 8) + h, p[k >= 8]) */
+            const int src = 8 * t + (g >> 1);
+            const float u0 = __shfl_sync(0xffffffffu, p[0], src), u1 = __shfl_sync(0xffffffffu, p[0], src + 4);
+            const float u2 = __shfl_sync(0xffffffffu, p[1], src), u3 = __shfl_sync(0xffffffffu, p[1], src + 4);
+            uint32_t h0, l0, h1, l1;
+            tc_split<T>(u0, u1, h0, l0);
+            tc_split<T>(u2, u3, h1, l1);
+            const uint32_t b0 = g & 1 ? l0 : h0, b1 = g & 1 ? l1 : h1;
+            /* (P·V)^T += V^T·P^T: m-tile mt's rows are dimensions g·DV + mt and g·DV + NM + mt of the lane's V
+             * loads */
+#pragma unroll
+            for (int mt = 0; mt < NM; mt++) {
+                const unsigned sel = mt & 1 ? 0x7632u : 0x5410u;
+                const int e0 = mt >> 1, e1 = (NM + mt) >> 1;
+                const uint32_t va[4] = {__byte_perm(vw[0][e0], vw[1][e0], sel), __byte_perm(vw[0][e1], vw[1][e1], sel),
+                                        __byte_perm(vw[2][e0], vw[3][e0], sel), __byte_perm(vw[2][e1], vw[3][e1], sel)};
+                o[mt][0] *= al; o[mt][1] *= al; o[mt][2] *= al; o[mt][3] *= al;
+                TcH<T>::mma(o[mt], va, b0, b1);
+            }
+            if (cn < nch) {
+                load_v(cn, ahead, vw);
+                if (ahead) look_ahead(cn + step);
+            }
+            c = cn;
+            continue;
+        } else {
+            float sc[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                TcH<T>::mma_z(sc[j], qf[0], kw[j][0], kw[j][1]);
+#pragma unroll
+                for (int kk = 1; kk < NK; kk++) TcH<T>::mma(sc[j], qf[kk], kw[j][2 * kk], kw[j][2 * kk + 1]);
+            }
+            const int cn = c + step;
+            if (cn < nch) load_k(cn, ahead); /* the next chunk's K, in flight during the softmax and P·V */
+            float s[4];               /* keys 2t, 2t+1, 8+2t, 9+2t of head g: V rows v = 0..3 */
+#pragma unroll
+            for (int v = 0; v < 4; v++) s[v] = sc[v >> 1][v & 1] + sc[v >> 1][2 + (v & 1)];
+            if constexpr (DS > 1) {
+                /* the group's DS parts of each dot product through shared memory (one named barrier a group and chunk;
+                 * buffers by parity, so a warp cannot overwrite what another has yet to read), summed in part order in
+                 * every warp of the group: the same scores in all */
+#pragma unroll
+                for (int v = 0; v < 4; v++) xs[par][warp][lane][v] = s[v];
+                asm volatile("bar.sync %0, %1;" ::"r"(1 + pw), "r"(32 * DS) : "memory");
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    float x = xs[par][pw * DS][lane][v];
+#pragma unroll
+                    for (int h = 1; h < DS; h++) x += xs[par][pw * DS + h][lane][v];
+                    s[v] = x;
+                }
+                par ^= 1;
+            }
 #pragma unroll
             for (int v = 0; v < 4; v++) {
-                float x = xs[par][pw * DS][lane][v];
-#pragma unroll
-                for (int h = 1; h < DS; h++) x += xs[par][pw * DS + h][lane][v];
-                s[v] = x;
+                float x = s[v] * scale;
+                if (cap > 0.0f) x = cap * tanhf(x / cap);
+                s[v] = vrec[v] >= 0 ? x : -INFINITY;
             }
-            par ^= 1;
-        }
+            float cm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
+            const float mn = fmaxf(m, cm), al = m == -INFINITY ? 0.0f : expf(m - mn);
+            float p[4];
 #pragma unroll
-        for (int v = 0; v < 4; v++) {
-            float x = s[v] * scale;
-            if (cap > 0.0f) x = cap * tanhf(x / cap);
-            s[v] = vrec[v] >= 0 ? x : -INFINITY;
-        }
-        float cm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
-        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
-        const float mn = fmaxf(m, cm), al = m == -INFINITY ? 0.0f : expf(m - mn);
-        float p[4];
+            for (int v = 0; v < 4; v++) p[v] = s[v] == -INFINITY ? 0.0f : expf(s[v] - mn);
+            l = l * al + ((p[0] + p[1]) + (p[2] + p[3]));
+            m = mn;
+            uint32_t pa[4];
+            tc_split<T>(p[0], p[1], pa[0], pa[1]);
+            tc_split<T>(p[2], p[3], pa[2], pa[3]);
 #pragma unroll
-        for (int v = 0; v < 4; v++) p[v] = s[v] == -INFINITY ? 0.0f : expf(s[v] - mn);
-        l = l * al + ((p[0] + p[1]) + (p[2] + p[3]));
-        m = mn;
-        uint32_t pa[4];
-        tc_split<T>(p[0], p[1], pa[0], pa[1]);
-        tc_split<T>(p[2], p[3], pa[2], pa[3]);
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            const unsigned sel = n & 1 ? 0x7632u : 0x5410u;
-            o[n][0] *= al; o[n][1] *= al; o[n][2] *= al; o[n][3] *= al;
-            TcH<T>::mma(o[n], pa, __byte_perm(vw[0][n >> 1], vw[1][n >> 1], sel), __byte_perm(vw[2][n >> 1], vw[3][n >> 1], sel));
+            for (int n = 0; n < NT; n++) {
+                const unsigned sel = n & 1 ? 0x7632u : 0x5410u;
+                o[n][0] *= al; o[n][1] *= al; o[n][2] *= al; o[n][3] *= al;
+                TcH<T>::mma(o[n], pa, __byte_perm(vw[0][n >> 1], vw[1][n >> 1], sel),
+                            __byte_perm(vw[2][n >> 1], vw[3][n >> 1], sel));
+            }
+            if (cn < nch) {
+                load_v(cn, ahead, vw);
+                if (ahead) look_ahead(cn + step);
+            }
+            c = cn;
         }
-        if (cn < nch) {
-            load_v(cn, ahead, vw);
-            if (ahead) look_ahead(cn + step);
-        }
-        c = cn;
     }
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (g < G) {
+    if constexpr (TR) {
+        /* head t: its keys' l over the lanes of the same t; outputs c0 + c1 (dimension g·DV + mt), c2 + c3 (+ NM) */
+        l += __shfl_xor_sync(0xffffffffu, l, 4);
+        l += __shfl_xor_sync(0xffffffffu, l, 8);
+        l += __shfl_xor_sync(0xffffffffu, l, 16);
+        if (t < G) {
 #pragma unroll
-        for (int n = 0; n < NT; n++) {
-            red[pw][g][hf * DH + 2 * t * DV + n] = o[n][0] + o[n][2];
-            red[pw][g][hf * DH + (2 * t + 1) * DV + n] = o[n][1] + o[n][3];
+            for (int mt = 0; mt < NM; mt++) {
+                red[pw][t][hf * DH + g * DV + mt] = o[mt][0] + o[mt][1];
+                red[pw][t][hf * DH + g * DV + NM + mt] = o[mt][2] + o[mt][3];
+            }
+            if (g == 0 && hf == 0) {
+                wml[pw][t][0] = m;
+                wml[pw][t][1] = l;
+            }
         }
-        if (t == 0 && hf == 0) {
-            wml[pw][g][0] = m;
-            wml[pw][g][1] = l;
+    } else {
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (g < G) {
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                red[pw][g][hf * DH + 2 * t * DV + n] = o[n][0] + o[n][2];
+                red[pw][g][hf * DH + (2 * t + 1) * DV + n] = o[n][1] + o[n][3];
+            }
+            if (t == 0 && hf == 0) {
+                wml[pw][g][0] = m;
+                wml[pw][g][1] = l;
+            }
         }
     }
     __syncthreads();
@@ -281,11 +395,12 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
 
 /* TERN_CUDA_AD_R1_W: warps a block (4 or 8, default 4); TERN_CUDA_AD_R1_SMAX: blocks a (row, kv head) at most
  * (1..16, default 16). -1 until read (tests set them) */
-extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_ahead;
-int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1, tern__cuda_ad_r1_ahead = -1;
-static int r1_env(void) { /* reads the settings once (TERN_CUDA_AD_R1_AHEAD=0: records as each chunk's loads go out);
-                           * returns W */
+extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_ahead, tern__cuda_ad_r1_tr;
+int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1, tern__cuda_ad_r1_ahead = -1, tern__cuda_ad_r1_tr = -1;
+static int r1_env(void) { /* reads the settings once (TERN_CUDA_AD_R1_AHEAD=0: records as each chunk's loads go out;
+                           * TERN_CUDA_AD_R1_TR=1: the transposed form for G <= 4); returns W */
     if (tern__cuda_ad_r1_ahead < 0) tern__cuda_ad_r1_ahead = tern__cuda_env_int("TERN_CUDA_AD_R1_AHEAD", 1) != 0;
+    if (tern__cuda_ad_r1_tr < 0) tern__cuda_ad_r1_tr = tern__cuda_env_int("TERN_CUDA_AD_R1_TR", 0) != 0;
     if (tern__cuda_ad_r1_w < 0) tern__cuda_ad_r1_w = tern__cuda_env_int("TERN_CUDA_AD_R1_W", 4) == 8 ? 8 : 4;
     if (tern__cuda_ad_r1_smax < 0) {
         const int v = tern__cuda_env_int("TERN_CUDA_AD_R1_SMAX", R1_SMAX);
@@ -294,8 +409,9 @@ static int r1_env(void) { /* reads the settings once (TERN_CUDA_AD_R1_AHEAD=0: r
     return tern__cuda_ad_r1_w;
 }
 
-template <typename T, bool E> static void r1_attr(void) {
-#define R1_A(D, W) cudaFuncSetAttribute(attn_dec_r1_kernel<T, D, W, E>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
+template <typename T, bool E, bool TR> static void r1_attr(void) {
+#define R1_A(D, W)                                                                                                     \
+    cudaFuncSetAttribute(attn_dec_r1_kernel<T, D, W, E, TR>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
     R1_A(64, 4); R1_A(64, 8); R1_A(128, 4); R1_A(128, 8); R1_A(256, 4); R1_A(256, 8); R1_A(512, 8);
 #undef R1_A
 }
@@ -303,17 +419,23 @@ template <typename T, bool E> static void r1_attr(void) {
 /* attn_decode.cuh: at open (tern__cuda_attn_decode_init) */
 void tern__cuda_attn_decode_r1_init(tern__cuda *c) {
     (void)c;
-    r1_attr<__nv_bfloat16, false>();
-    r1_attr<__nv_bfloat16, true>();
-    r1_attr<__half, false>();
+    r1_attr<__nv_bfloat16, false, false>();
+    r1_attr<__nv_bfloat16, true, false>();
+    r1_attr<__half, false, false>();
+    r1_attr<__nv_bfloat16, false, true>();
+    r1_attr<__nv_bfloat16, true, true>();
+    r1_attr<__half, false, true>();
     cudaGetLastError();
 }
 
-template <typename T, bool E> static void (*r1_pick(int D, int W))(AdArgs) {
-    if (D == 64) return W == 8 ? attn_dec_r1_kernel<T, 64, 8, E> : attn_dec_r1_kernel<T, 64, 4, E>;
-    if (D == 128) return W == 8 ? attn_dec_r1_kernel<T, 128, 8, E> : attn_dec_r1_kernel<T, 128, 4, E>;
-    if (D == 256) return W == 8 ? attn_dec_r1_kernel<T, 256, 8, E> : attn_dec_r1_kernel<T, 256, 4, E>;
-    return attn_dec_r1_kernel<T, 512, 8, E>;
+template <typename T, bool E, bool TR> static void (*r1_pick_of(int D, int W))(AdArgs) {
+    if (D == 64) return W == 8 ? attn_dec_r1_kernel<T, 64, 8, E, TR> : attn_dec_r1_kernel<T, 64, 4, E, TR>;
+    if (D == 128) return W == 8 ? attn_dec_r1_kernel<T, 128, 8, E, TR> : attn_dec_r1_kernel<T, 128, 4, E, TR>;
+    if (D == 256) return W == 8 ? attn_dec_r1_kernel<T, 256, 8, E, TR> : attn_dec_r1_kernel<T, 256, 4, E, TR>;
+    return attn_dec_r1_kernel<T, 512, 8, E, TR>;
+}
+template <typename T, bool E> static void (*r1_pick(int D, int W, bool tr))(AdArgs) {
+    return tr ? r1_pick_of<T, E, true>(D, W) : r1_pick_of<T, E, false>(D, W);
 }
 
 /* attn_decode.cuh */
@@ -328,8 +450,9 @@ int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long key
     long S = (chunks + wp - 1) / wp;
     S = S < 1 ? 1 : S > tern__cuda_ad_r1_smax ? tern__cuda_ad_r1_smax : S;
     using B16 = __nv_bfloat16;
-    void (*k)(AdArgs) = r1_pick<__half, false>(a.D, W); /* F16 pages: not EARLY */
-    if (kind == TERN_KV_BF16) k = early ? r1_pick<B16, true>(a.D, W) : r1_pick<B16, false>(a.D, W);
+    const bool tr = tern__cuda_ad_r1_tr && a.G <= 4;
+    void (*k)(AdArgs) = r1_pick<__half, false>(a.D, W, tr); /* F16 pages: not EARLY */
+    if (kind == TERN_KV_BF16) k = early ? r1_pick<B16, true>(a.D, W, tr) : r1_pick<B16, false>(a.D, W, tr);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)a.nkv, (unsigned)S, (unsigned)a.n);
     if (tern_launch_cluster(c->stream, k, grid, dim3(32 * W), 0, S > 1 ? (int)S : 0, b) != cudaSuccess) {
