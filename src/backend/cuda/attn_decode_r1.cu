@@ -44,7 +44,7 @@
  * the chunk's maximum over the lanes of one t. (P·V)^T = V^T·P^T: A = the same V loads paired by one byte permute
  * (rows: dimensions g·D/8 + mt and + D/16 + mt of m-tile mt), B = P^T gathered by 4 shuffles (key k of head h sits in
  * lane 4·(k mod 8) + h). Per 16 keys at D 128: 16 mmas instead of 32, 32 accumulators instead of 64. The fragment
- * mapping was checked by a lane-level emulation against a reference softmax (exact to 1e-15) before any GPU run.
+ * mapping is checked by a lane-level emulation against a reference softmax (scripts/r1t_emulate.py, exact to 1e-15).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
