@@ -60,6 +60,33 @@ namespace cg = cooperative_groups;
 extern "C" unsigned long long tern__cuda_attn_decode_r1_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_attn_decode_r1_calls = 0;
 
+/* A chunk's NV scores a lane: with DS > 1 the group's DS parts of each dot product through shared memory xp (xs[par]:
+ * one named barrier a group and chunk; buffers by parity, so a warp cannot overwrite what another has yet to read),
+ * summed in part order in every warp of the group (the same scores in all); then scaled, softcapped, and -inf where
+ * ok[v] is false */
+template <int DS, int NV, int XN>
+__device__ __forceinline__ void r1_scores(float *s, float (*xp)[32][XN], int warp, int lane, int pw, float scale, float cap,
+                                          const bool *ok) {
+    if constexpr (DS > 1) {
+#pragma unroll
+        for (int v = 0; v < NV; v++) xp[warp][lane][v] = s[v];
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + pw), "r"(32 * DS) : "memory");
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            float x = xp[pw * DS][lane][v];
+#pragma unroll
+            for (int h = 1; h < DS; h++) x += xp[pw * DS + h][lane][v];
+            s[v] = x;
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        float x = s[v] * scale;
+        if (cap > 0.0f) x = cap * tanhf(x / cap);
+        s[v] = ok[v] ? x : -INFINITY;
+    }
+}
+
 template <typename T, int D, int W, bool EARLY, bool TR>
 __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     constexpr int DS = D > 128 ? D / 128 : 1, DH = D / DS, WP = W / DS; /* D 256 / 512: 2 / 4 warps a chunk */
@@ -188,29 +215,12 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
                 if (kk == 0) TcH<T>::mma_z(sc, ka, qb[0][0], qb[0][1]);
                 else TcH<T>::mma(sc, ka, qb[kk][0], qb[kk][1]);
             }
-            const bool ok0 = krec[0] >= 0, ok1 = krec[1] >= 0; /* this chunk's keys g, g + 8 */
+            const bool ok[2] = {krec[0] >= 0, krec[1] >= 0}; /* this chunk's keys g, g + 8 */
             const int cn = c + step;
             if (cn < nch) load_k(cn, ahead);
             float s[2] = {sc[0] + sc[1], sc[2] + sc[3]};
-            if constexpr (DS > 1) { /* as below, two scores a lane */
-                xs[par][warp][lane][0] = s[0];
-                xs[par][warp][lane][1] = s[1];
-                asm volatile("bar.sync %0, %1;" ::"r"(1 + pw), "r"(32 * DS) : "memory");
-#pragma unroll
-                for (int v = 0; v < 2; v++) {
-                    float x = xs[par][pw * DS][lane][v];
-#pragma unroll
-                    for (int h = 1; h < DS; h++) x += xs[par][pw * DS + h][lane][v];
-                    s[v] = x;
-                }
-                par ^= 1;
-            }
-#pragma unroll
-            for (int v = 0; v < 2; v++) {
-                float x = s[v] * scale;
-                if (cap > 0.0f) x = cap * tanhf(x / cap);
-                s[v] = (v ? ok1 : ok0) ? x : -INFINITY;
-            }
+            r1_scores<DS, 2>(s, xs[par], warp, lane, pw, scale, cap, ok);
+            if (DS > 1) par ^= 1;
             float cm = fmaxf(s[0], s[1]); /* head t's maximum over the chunk: lanes of the same t */
             cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 4));
             cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
@@ -260,28 +270,9 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             float s[4];               /* keys 2t, 2t+1, 8+2t, 9+2t of head g: V rows v = 0..3 */
 #pragma unroll
             for (int v = 0; v < 4; v++) s[v] = sc[v >> 1][v & 1] + sc[v >> 1][2 + (v & 1)];
-            if constexpr (DS > 1) {
-                /* the group's DS parts of each dot product through shared memory (one named barrier a group and chunk;
-                 * buffers by parity, so a warp cannot overwrite what another has yet to read), summed in part order in
-                 * every warp of the group: the same scores in all */
-#pragma unroll
-                for (int v = 0; v < 4; v++) xs[par][warp][lane][v] = s[v];
-                asm volatile("bar.sync %0, %1;" ::"r"(1 + pw), "r"(32 * DS) : "memory");
-#pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    float x = xs[par][pw * DS][lane][v];
-#pragma unroll
-                    for (int h = 1; h < DS; h++) x += xs[par][pw * DS + h][lane][v];
-                    s[v] = x;
-                }
-                par ^= 1;
-            }
-#pragma unroll
-            for (int v = 0; v < 4; v++) {
-                float x = s[v] * scale;
-                if (cap > 0.0f) x = cap * tanhf(x / cap);
-                s[v] = vrec[v] >= 0 ? x : -INFINITY;
-            }
+            const bool ok[4] = {vrec[0] >= 0, vrec[1] >= 0, vrec[2] >= 0, vrec[3] >= 0};
+            r1_scores<DS, 4>(s, xs[par], warp, lane, pw, scale, cap, ok);
+            if (DS > 1) par ^= 1;
             float cm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
             cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
             cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
