@@ -1287,7 +1287,7 @@ if [[ " $SECTIONS " == *" 100 "* ]]; then
         say "r1 op test failed: section 100 stops here"
     else
         A100="TERN_CUDA_AD_R1_TR=0;TERN_CUDA_AD_R1_TR=1"
-        attn_shape "16 8 256" "$A100" 1024 256
+        attn_shape "16 8 256" "$A100;TERN_CUDA_AD_R1_TR=1 TERN_CUDA_AD_R1_W=8" 1024 256
         attn_shape "32 8 128" "$A100" 512 2048
         attn_shape "8 2 256" "$A100" 512
         attn_shape "8 2 512" "$A100" 512
