@@ -369,7 +369,8 @@ TEST(cuda_attention_decode_r1) {
     extern int tern__cuda_ad_mode, tern__cuda_ad_r1, tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_512,
         tern__cuda_ad_r1_ahead, tern__cuda_ad_r1_tr;
     const int keep = tern__cuda_ad_mode, keep_r1 = tern__cuda_ad_r1, keep_w = tern__cuda_ad_r1_w, keep_bf = g_attn_bf16,
-              keep_s = tern__cuda_ad_r1_smax, keep_512 = tern__cuda_ad_r1_512, keep_ah = tern__cuda_ad_r1_ahead, keep_tr = tern__cuda_ad_r1_tr;
+              keep_s = tern__cuda_ad_r1_smax, keep_512 = tern__cuda_ad_r1_512, keep_ah = tern__cuda_ad_r1_ahead,
+              keep_tr = tern__cuda_ad_r1_tr;
     /* warps a block, blocks a (row, kv head) at most, TERN_CUDA_AD_R1_AHEAD (0: records as each chunk's loads go out,
      * 1: a chunk ahead), TERN_CUDA_AD_R1_TR (the transposed form for G <= 4) */
     static const int SHAPE[9][4] = {{4, 16, 1, 0}, {8, 16, 1, 0}, {4, 3, 1, 0}, {8, 5, 1, 0}, {4, 3, 0, 0},

@@ -123,11 +123,11 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             kw[j][4 * i] = x.x; kw[j][4 * i + 1] = x.y; kw[j][4 * i + 2] = x.z; kw[j][4 * i + 3] = x.w;
         }
     };
-    auto get_v = [&](int v, uint32_t (*dst)[VW]) {
+    auto get_v = [&](int v) {
 #pragma unroll
         for (int i = 0; i < VW / 4; i++) {
             const uint4 x = vrec[v] >= 0 ? __ldcg((const uint4 *)(vb + (size_t)vrec[v] * kvs) + i) : make_uint4(0, 0, 0, 0);
-            dst[v][4 * i] = x.x; dst[v][4 * i + 1] = x.y; dst[v][4 * i + 2] = x.z; dst[v][4 * i + 3] = x.w;
+            vw[v][4 * i] = x.x; vw[v][4 * i + 1] = x.y; vw[v][4 * i + 2] = x.z; vw[v][4 * i + 3] = x.w;
         }
     };
     /* AHEAD (a.ahead): the next chunk's records (a block-table load each, 16-key blocks) are looked up one chunk early,
@@ -147,17 +147,17 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             get_k(j);
         }
     };
-    auto load_v = [&](int cc, bool nx, uint32_t (*dst)[VW]) {
+    auto load_v = [&](int cc, bool nx) {
 #pragma unroll
         for (int v = 0; v < 4; v++) {
             vrec[v] = nx ? nvrec[v] : rec_of(16 * cc + 8 * (v >> 1) + 2 * t + (v & 1));
-            get_v(v, dst);
+            get_v(v);
         }
     };
     int c = z * WP + pw; /* this warp's first chunk */
     if (c < nch) {
         load_k(c, false);
-        load_v(c, false, vw);
+        load_v(c, false);
         if (ahead) look_ahead(c + step);
     }
     if constexpr (EARLY) {
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
                 if (16 * c + 8 * j + g == ip) get_k(j);
 #pragma unroll
             for (int v = 0; v < 4; v++)
-                if (16 * c + 8 * (v >> 1) + 2 * t + (v & 1) == ip) get_v(v, vw);
+                if (16 * c + 8 * (v >> 1) + 2 * t + (v & 1) == ip) get_v(v);
         }
     }
     /* q of head g (rows g: hi, g + 8: lo), the lane's dimensions t·DL + 4kk .. +3 per k-step. TR: the B fragment of
@@ -205,6 +205,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     const float scale = a.scale, cap = a.softcap;
     int par = 0; /* DS > 1: the chunk's parity (xs buffer) */
     while (c < nch) {
+        const int cn = c + step; /* this warp's next chunk */
         if constexpr (TR) {
             /* S^T = K·Q^T: rows keys g, g + 8 (the K rows already loaded), columns hi / lo of heads 0..3; lane (g, t)
              * gets head t's partial scores of keys g and g + 8 as c0 + c1, c2 + c3 */
@@ -216,11 +217,9 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
                 else TcH<T>::mma(sc, ka, qb[kk][0], qb[kk][1]);
             }
             const bool ok[2] = {krec[0] >= 0, krec[1] >= 0}; /* this chunk's keys g, g + 8 */
-            const int cn = c + step;
             if (cn < nch) load_k(cn, ahead);
             float s[2] = {sc[0] + sc[1], sc[2] + sc[3]};
             r1_scores<DS, 2>(s, xs[par], warp, lane, pw, scale, cap, ok);
-            if (DS > 1) par ^= 1;
             float cm = fmaxf(s[0], s[1]); /* head t's maximum over the chunk: lanes of the same t */
             cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 4));
             cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
@@ -251,12 +250,6 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
                 o[mt][0] *= al; o[mt][1] *= al; o[mt][2] *= al; o[mt][3] *= al;
                 TcH<T>::mma(o[mt], va, b0, b1);
             }
-            if (cn < nch) {
-                load_v(cn, ahead, vw);
-                if (ahead) look_ahead(cn + step);
-            }
-            c = cn;
-            continue;
         } else {
             float sc[2][4];
 #pragma unroll
@@ -265,14 +258,12 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
 #pragma unroll
                 for (int kk = 1; kk < NK; kk++) TcH<T>::mma(sc[j], qf[kk], kw[j][2 * kk], kw[j][2 * kk + 1]);
             }
-            const int cn = c + step;
             if (cn < nch) load_k(cn, ahead); /* the next chunk's K, in flight during the softmax and P·V */
             float s[4];               /* keys 2t, 2t+1, 8+2t, 9+2t of head g: V rows v = 0..3 */
 #pragma unroll
             for (int v = 0; v < 4; v++) s[v] = sc[v >> 1][v & 1] + sc[v >> 1][2 + (v & 1)];
             const bool ok[4] = {vrec[0] >= 0, vrec[1] >= 0, vrec[2] >= 0, vrec[3] >= 0};
             r1_scores<DS, 4>(s, xs[par], warp, lane, pw, scale, cap, ok);
-            if (DS > 1) par ^= 1;
             float cm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
             cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
             cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
@@ -292,12 +283,13 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
                 TcH<T>::mma(o[n], pa, __byte_perm(vw[0][n >> 1], vw[1][n >> 1], sel),
                             __byte_perm(vw[2][n >> 1], vw[3][n >> 1], sel));
             }
-            if (cn < nch) {
-                load_v(cn, ahead, vw);
-                if (ahead) look_ahead(cn + step);
-            }
-            c = cn;
         }
+        if (cn < nch) { /* its V after P·V (the registers were in use) */
+            load_v(cn, ahead);
+            if (ahead) look_ahead(cn + step);
+        }
+        if (DS > 1) par ^= 1;
+        c = cn;
     }
     if constexpr (TR) {
         /* head t: its keys' l over the lanes of the same t; outputs c0 + c1 (dimension g·DV + mt), c2 + c3 (+ NM) */
