@@ -1302,6 +1302,28 @@ if [[ " $SECTIONS " == *" 100 "* ]]; then
     fi
 fi
 
+# 101. session 62: section 100 with the session's ad_rec (the KV block index as a multiply and a shift instead of a
+#      division by the runtime block size, every decode-attention kernel) against the tree before it (build/base/tern-core:
+#      `GPU_PACK_BASE=<7c859d0's tern-core> gpu_check.sh pack`); the decode / prefill attention op tests first (they stop
+#      the section on a failure), then r1's kernel alone TR 0 / 1, b1 at 8k and 512 for base / TR 0 / TR 1, parity and
+#      greedy ids with TR on (AB101_MODELS, AB101_FIXTURES)
+if [[ " $SECTIONS " == *" 101 "* ]]; then
+    op_test cuda_attention_decode,cuda_attention_prefill ops101
+    if grep -q '^FAIL' "$OUT/ops101_ops.txt" || ! grep -q '^PASS' "$OUT/ops101_ops.txt"; then
+        say "attention op tests failed: section 101 stops here"
+    else
+        A101="TERN_CUDA_AD_R1_TR=0;TERN_CUDA_AD_R1_TR=1"
+        attn_shape "16 8 256" "$A101" 1024 256
+        attn_shape "8 2 256" "$A101" 512
+        attn_shape "32 8 128" "$A101" 512
+        B101="BIN=build/base/tern-core;$A101"
+        [ -x build/base/tern-core ] || B101="$A101"
+        b1_sets "$B101" "${AB101_MODELS:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16}" 8192
+        AB_REPS=1 b1_sets "$B101" "llama3-8b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant q4" 512
+        on_checks TERN_CUDA_AD_R1_TR bf16 "${AB101_FIXTURES:-gemma4_moe_like llama3}"
+    fi
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -582,6 +582,7 @@ static void ad_args_fill(AdArgs *a, tern__cuda *c, float *out, const float *q, c
     a->D = kv->head_dim;
     a->max_blocks = kv->max_blocks;
     a->bs = kv->block_size;
+    tern__cuda_divisor(a->bs, &a->bmul, &a->bshift);
     a->window = kv->window;
     a->scale = scale;
     a->softcap = softcap;

@@ -31,6 +31,8 @@ struct AdArgs {
     int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
     int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
     int ahead;  /* attn_decode_r1.cu: the next chunk's records looked up a chunk early (TERN_CUDA_AD_R1_AHEAD) */
+    unsigned bmul; /* k / bs = (umulhi(k, bmul) + k) >> bshift (tern__cuda_divisor; ad_args_fill) */
+    int bshift;
     float scale, softcap;
     /* attn_decode_tc.cu's ROPE instances (tern__cuda_attn_decode_rope): q, k, v unroped in the rows of one GEMM's
      * output (rsrc [n][rld]: nh q heads, nkv k heads, nkv v heads), roped with rinv / rmscale in the kernel */
@@ -120,8 +122,9 @@ __device__ __forceinline__ void ad_last_merge(const AdArgs &a, int *cnt, int r, 
 __device__ __forceinline__ const int32_t *ad_btrow(const AdArgs &a, int r) { return a.bt + (size_t)a.slot[r] * a.max_blocks; }
 /* key k's record (token slot in the pool) from the row's block table btrow, -1 where its block is not resident */
 __device__ __forceinline__ int ad_rec(const AdArgs &a, const int32_t *btrow, int k) {
-    const int bi = k / a.bs, blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
-    return blk < 0 ? -1 : blk * a.bs + k % a.bs;
+    const int bi = (int)((__umulhi((unsigned)k, a.bmul) + (unsigned)k) >> a.bshift); /* k / bs (k >= 0) */
+    const int blk = bi < a.max_blocks ? __ldg(btrow + bi) : -1;
+    return blk < 0 ? -1 : blk * a.bs + (k - bi * a.bs);
 }
 /* recs[i] = ad_rec of key k0 + i, i < nk (threads of the block in turn) */
 __device__ __forceinline__ void ad_records(int *recs, const AdArgs &a, const int32_t *btrow, int k0, int nk) {

@@ -57,7 +57,7 @@ struct FaArgs {
     const float *kp, *vp;
     const int32_t *btrow; /* block-table row of the run's slot */
     int max_blocks, bs, window;
-    unsigned bmul; /* kpos / bs = (umulhi(kpos, bmul) + kpos) >> bshift (fa_divisor) */
+    unsigned bmul; /* kpos / bs = (umulhi(kpos, bmul) + kpos) >> bshift (tern__cuda_divisor) */
     int bshift;
     float scale, softcap;
     int splits;
@@ -532,15 +532,6 @@ extern "C" void tern__cuda_attn_prefill_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
-/* kpos / bs = (umulhi(kpos, mul) + kpos) >> shift for every 0 <= kpos < 2^31 (mul = 1 for powers of two;
- * checked against the division for bs 1..5000), so the kernel divides by no runtime value */
-static void fa_divisor(int bs, unsigned *mul, int *shift) {
-    int l = 0;
-    while ((1 << l) < bs) l++;
-    *shift = l;
-    *mul = (unsigned)(((1ull << 32) * ((1ull << l) - (unsigned long long)bs)) / (unsigned long long)bs + 1);
-}
-
 /* rows: consecutive rows of one slot with host copies (attention.cu checks); 1 = done */
 extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q, const tern_rows *rows, int nh,
                                        const tern_kv_layer *kv, float scale, float softcap) {
@@ -579,7 +570,7 @@ extern "C" int tern__cuda_attn_prefill(tern__cuda *c, float *out, const float *q
     a.btrow = kv->block_table + (size_t)slot * kv->max_blocks;
     a.max_blocks = kv->max_blocks;
     a.bs = kv->block_size;
-    fa_divisor(a.bs, &a.bmul, &a.bshift);
+    tern__cuda_divisor(a.bs, &a.bmul, &a.bshift);
     a.window = kv->window;
     a.scale = scale;
     a.softcap = softcap;

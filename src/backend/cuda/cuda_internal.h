@@ -327,6 +327,16 @@ static inline int tern__cuda_rope_pages(const tern_kv_layer *kv) {
            kv->head_dim % 2 == 0;
 }
 
+/* k / d = (umulhi(k, mul) + k) >> shift for every 0 <= k < 2^31 (mul = 1 for powers of two; checked against the
+ * division for d 1..5000): the KV block size as a multiply and a shift, so that kernels divide by no runtime value */
+static inline void tern__cuda_divisor(int d, unsigned *mul, int *shift) {
+    int l = 0;
+    if (d < 1) d = 1;
+    while ((1 << l) < d) l++;
+    *shift = l;
+    *mul = (unsigned)(((1ull << 32) * ((1ull << l) - (unsigned long long)d)) / (unsigned long long)d + 1);
+}
+
 /* prof.c: the vtable a backend gets at open — `base` itself, or (TERN_CUDA_FUSED=0) a copy
  * without the fused ops, or (TERN_CUDA_PROFILE=1) a copy whose ops time themselves with
  * events in eager mode (no graphs); the per-op table is printed by tern__cuda_prof_report at
