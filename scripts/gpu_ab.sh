@@ -1313,7 +1313,7 @@ if [[ " $SECTIONS " == *" 101 "* ]]; then
         say "attention op tests failed: section 101 stops here"
     else
         A101="TERN_CUDA_AD_R1_TR=0;TERN_CUDA_AD_R1_TR=1"
-        attn_shape "16 8 256" "$A101" 1024 256
+        attn_shape "16 8 256" "$A101;TERN_CUDA_AD_R1_TR=1 TERN_CUDA_AD_R1_SMAX=8" 1024 256
         attn_shape "8 2 256" "$A101" 512
         attn_shape "32 8 128" "$A101" 512
         B101="BIN=build/base/tern-core;$A101"
