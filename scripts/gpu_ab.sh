@@ -1324,6 +1324,24 @@ if [[ " $SECTIONS " == *" 101 "* ]]; then
     fi
 fi
 
+# 102. session 62, after 101 (r1's TR form won: default on): a few sequences at 8k with TR 0 / 1 (gemma4-26b-a4b, 4),
+#      and TCS512 up to 4 / 8 rows (TERN_CUDA_AD_TCS512_ROWS; 8 won on 26b-a4b at 8 sequences, section 95) on gemma4-e4b /
+#      12b at 8 sequences and 8k (AB102_CONC); with 99 before it: r1's ncu source counters with TR on
+if [[ " $SECTIONS " == *" 102 "* ]]; then
+    for v in 0 1; do
+        TERN_CUDA_AD_R1_TR=$v timeout 150 build/concurrency --random gemma4-26b-a4b --device cuda --compute bf16 \
+            --conc 4 --prompt 8192 --gen 64 --no-prefix > "$OUT/conc102.txt" 2>&1
+        say "concurrency 4 at 8192 gemma4-26b-a4b bf16 TERN_CUDA_AD_R1_TR=$v: $(grep '^csv,conc' "$OUT/conc102.txt" | cut -d, -f5,9,16 | tail -1)"
+    done
+    for m in gemma4-e4b gemma4-12b; do
+        for v in 4 8; do
+            TERN_CUDA_AD_TCS512_ROWS=$v timeout 150 build/concurrency --random $m --device cuda --compute bf16 \
+                --conc "${AB102_CONC:-8}" --prompt 8192 --gen 64 --no-prefix > "$OUT/conc102.txt" 2>&1
+            say "concurrency ${AB102_CONC:-8} at 8192 $m bf16 TCS512_ROWS=$v: $(grep '^csv,conc' "$OUT/conc102.txt" | cut -d, -f5,9,16 | tail -1)"
+        done
+    done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

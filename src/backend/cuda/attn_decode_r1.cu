@@ -37,7 +37,7 @@
  * Served: BF16 / F16 pages, D 64 / 128 / 256 / 512, G = nh / nkv <= 8, any window, softcap; others return 0 (the
  * caller's kernels run). S <= 16 (a non-portable cluster size, allowed at open; TERN_CUDA_AD_R1_SMAX), W = 4 or 8
  * warps (TERN_CUDA_AD_R1_W). H200 (bench/NOTES.md (az)): b1 llama3-8b bf16 222.9 -> 230.7, q4 353 -> 369 tok/s.
- * TR (TERN_CUDA_AD_R1_TR=1, G <= 4; session 61, written after its last call, not yet run on a GPU): the products
+ * TR (TERN_CUDA_AD_R1_TR, default 1, G <= 4; session 61, measured in session 62, bench/NOTES.md (bv)): the products
  * transposed, so that hi and lo of up to 4 heads fill the 8 columns instead of 16 rows of which G·2 carry heads. Scores
  * S^T = K·Q^T: A = the same K loads (rows keys g, g + 8; the k-slots on the same dimensions as above), B = Q^T (column g
  * = hi (g even) or lo (g odd) of head g >> 1); lane (g, t) gets head t's scores of keys g, g + 8 as c0 + c1, c2 + c3;
@@ -45,6 +45,8 @@
  * (rows: dimensions g·D/8 + mt and + D/16 + mt of m-tile mt), B = P^T gathered by 4 shuffles (key k of head h sits in
  * lane 4·(k mod 8) + h). Per 16 keys at D 128: 16 mmas instead of 32, 32 accumulators instead of 64. The fragment
  * mapping is checked by a lane-level emulation against a reference softmax (scripts/r1t_emulate.py, exact to 1e-15).
+ * H100: the kernel alone 32 / 8 x 128 at 512 keys 9.17 -> 7.86 us, 16 / 8 x 256 at 1024 10.88 -> 10.56; b1 llama3-8b q4
+ * +1.2 %, bf16 +0.8 %, gemma4-e4b +0.9 %, 26b-a4b at 8k +0.3 %, 12b at 8k -0.2 % (TERN_CUDA_AD_R1_TR=0: the first form).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -381,9 +383,9 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
 extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_ahead, tern__cuda_ad_r1_tr;
 int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1, tern__cuda_ad_r1_ahead = -1, tern__cuda_ad_r1_tr = -1;
 static int r1_env(void) { /* reads the settings once (TERN_CUDA_AD_R1_AHEAD=0: records as each chunk's loads go out;
-                           * TERN_CUDA_AD_R1_TR=1: the transposed form for G <= 4); returns W */
+                           * TERN_CUDA_AD_R1_TR=0: the first form for G <= 4 too); returns W */
     if (tern__cuda_ad_r1_ahead < 0) tern__cuda_ad_r1_ahead = tern__cuda_env_int("TERN_CUDA_AD_R1_AHEAD", 1) != 0;
-    if (tern__cuda_ad_r1_tr < 0) tern__cuda_ad_r1_tr = tern__cuda_env_int("TERN_CUDA_AD_R1_TR", 0) != 0;
+    if (tern__cuda_ad_r1_tr < 0) tern__cuda_ad_r1_tr = tern__cuda_env_int("TERN_CUDA_AD_R1_TR", 1) != 0;
     if (tern__cuda_ad_r1_w < 0) tern__cuda_ad_r1_w = tern__cuda_env_int("TERN_CUDA_AD_R1_W", 4) == 8 ? 8 : 4;
     if (tern__cuda_ad_r1_smax < 0) {
         const int v = tern__cuda_env_int("TERN_CUDA_AD_R1_SMAX", R1_SMAX);
