@@ -1326,7 +1326,8 @@ fi
 
 # 102. session 62, after 101 (r1's TR form won: default on): a few sequences at 8k with TR 0 / 1 (gemma4-26b-a4b, 4),
 #      and TCS512 up to 4 / 8 rows (TERN_CUDA_AD_TCS512_ROWS; 8 won on 26b-a4b at 8 sequences, section 95) on gemma4-e4b /
-#      12b at 8 sequences and 8k (AB102_CONC); with 99 before it: r1's ncu source counters with TR on
+#      12b at 8 sequences and 8k (AB102_CONC); the q4 b1 figures at 512 (AB102_Q4); with 99 before it: r1's ncu source
+#      counters with TR on
 if [[ " $SECTIONS " == *" 102 "* ]]; then
     for v in 0 1; do
         TERN_CUDA_AD_R1_TR=$v timeout 150 build/concurrency --random gemma4-26b-a4b --device cuda --compute bf16 \
@@ -1340,6 +1341,8 @@ if [[ " $SECTIONS " == *" 102 "* ]]; then
             say "concurrency ${AB102_CONC:-8} at 8192 $m bf16 TCS512_ROWS=$v: $(grep '^csv,conc' "$OUT/conc102.txt" | cut -d, -f5,9,16 | tail -1)"
         done
     done
+    # the q4 b1 figures with this tree (last taken in session 57): one rep each at 512
+    AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_TR=1" "${AB102_Q4:-gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4}" 512
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
