@@ -1345,6 +1345,27 @@ if [[ " $SECTIONS " == *" 102 "* ]]; then
     AB_REPS=1 b1_sets "TERN_CUDA_AD_R1_TR=1" "${AB102_Q4:-gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4}" 512
 fi
 
+# 103. session 62, written after section 99 (ncu of r1 at the sliding layers' shape: the two cluster barriers' waits and
+#      fences ~29 % of the stall samples, the last one — blocks waiting for the others' remote reads — 17 %):
+#      TERN_CUDA_AD_R1_PUSH=1, the blocks write the cluster merge's inputs into their owners' shared memory, so the merge
+#      reads only local memory and needs no barrier after it; against PUSH=0 and the tree before (build/base/tern-core)
+if [[ " $SECTIONS " == *" 103 "* ]]; then
+    op_test cuda_attention_decode_r1 ops103
+    if grep -q '^FAIL' "$OUT/ops103_ops.txt" || ! grep -q '^PASS' "$OUT/ops103_ops.txt"; then
+        say "r1 op test failed: section 103 stops here"
+    else
+        A103="TERN_CUDA_AD_R1_PUSH=0;TERN_CUDA_AD_R1_PUSH=1"
+        attn_shape "16 8 256" "$A103" 1024 256
+        attn_shape "32 8 128" "$A103" 512
+        attn_shape "8 2 256" "$A103" 512
+        B103="BIN=build/base/tern-core;$A103"
+        [ -x build/base/tern-core ] || B103="$A103"
+        b1_sets "$B103" "${AB103_MODELS:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16}" 8192
+        AB_REPS=1 b1_sets "$B103" "llama3-8b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant q4" 512
+        on_checks TERN_CUDA_AD_R1_PUSH bf16 "${AB103_FIXTURES:-gemma4_moe_like llama3}"
+    fi
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
