@@ -1349,6 +1349,8 @@ fi
 #      fences ~29 % of the stall samples, the last one — blocks waiting for the others' remote reads — 17 %):
 #      TERN_CUDA_AD_R1_PUSH=1, the blocks write the cluster merge's inputs into their owners' shared memory, so the merge
 #      reads only local memory and needs no barrier after it; against PUSH=0 and the tree before (build/base/tern-core)
+#      Ran in session 62 (NOTES (bv)): the kernel alone 2-3 % faster, but the build with it 0.3-1.4 % slower in b1 even
+#      with PUSH=0 (more static shared memory, another register allocation) — removed with its switch; kept as a record.
 if [[ " $SECTIONS " == *" 103 "* ]]; then
     op_test cuda_attention_decode_r1 ops103
     if grep -q '^FAIL' "$OUT/ops103_ops.txt" || ! grep -q '^PASS' "$OUT/ops103_ops.txt"; then

@@ -367,20 +367,18 @@ TEST(cuda_attention_decode_tcs) {
 TEST(cuda_attention_decode_r1) {
     extern unsigned long long tern__cuda_attn_decode_r1_calls;
     extern int tern__cuda_ad_mode, tern__cuda_ad_r1, tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_512,
-        tern__cuda_ad_r1_ahead, tern__cuda_ad_r1_tr, tern__cuda_ad_r1_push;
+        tern__cuda_ad_r1_ahead, tern__cuda_ad_r1_tr;
     const int keep = tern__cuda_ad_mode, keep_r1 = tern__cuda_ad_r1, keep_w = tern__cuda_ad_r1_w, keep_bf = g_attn_bf16,
               keep_s = tern__cuda_ad_r1_smax, keep_512 = tern__cuda_ad_r1_512, keep_ah = tern__cuda_ad_r1_ahead,
-              keep_tr = tern__cuda_ad_r1_tr, keep_push = tern__cuda_ad_r1_push;
+              keep_tr = tern__cuda_ad_r1_tr;
     /* warps a block, blocks a (row, kv head) at most, TERN_CUDA_AD_R1_AHEAD (0: records as each chunk's loads go out,
-     * 1: a chunk ahead), TERN_CUDA_AD_R1_TR (the transposed form for G <= 4), TERN_CUDA_AD_R1_PUSH (the cluster merge's
-     * inputs written into their owner blocks) */
-    static const int SHAPE[13][5] = {{4, 16, 1, 0, 0}, {8, 16, 1, 0, 0}, {4, 3, 1, 0, 0}, {8, 5, 1, 0, 0}, {4, 3, 0, 0, 0},
-                                     {8, 5, 0, 0, 0},  {4, 16, 1, 1, 0}, {8, 5, 1, 1, 0}, {4, 3, 0, 1, 0}, {4, 16, 1, 1, 1},
-                                     {8, 16, 1, 0, 1}, {4, 3, 1, 0, 1},  {8, 5, 0, 1, 1}};
+     * 1: a chunk ahead), TERN_CUDA_AD_R1_TR (the transposed form for G <= 4) */
+    static const int SHAPE[9][4] = {{4, 16, 1, 0}, {8, 16, 1, 0}, {4, 3, 1, 0}, {8, 5, 1, 0}, {4, 3, 0, 0},
+                                    {8, 5, 0, 0},  {4, 16, 1, 1}, {8, 5, 1, 1}, {4, 3, 0, 1}};
     tern__cuda_ad_mode = 1;
     tern__cuda_ad_r1 = 2;
     tern__cuda_ad_r1_512 = 1;
-    for (int sh = 0; sh < 13; sh++)
+    for (int sh = 0; sh < 9; sh++)
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
             for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
                 const ad_tc_case *k = &AD_TC_CASES[c];
@@ -390,11 +388,10 @@ TEST(cuda_attention_decode_r1) {
                 tern__cuda_ad_r1_smax = SHAPE[sh][1];
                 tern__cuda_ad_r1_ahead = SHAPE[sh][2];
                 tern__cuda_ad_r1_tr = SHAPE[sh][3];
-                tern__cuda_ad_r1_push = SHAPE[sh][4];
                 unsigned long long calls = tern__cuda_attn_decode_r1_calls;
                 double rel = ad_tc_case_run(k, pg);
-                printf("  err attention decode r1 case %zu %s w %d s %d ahead %d tr %d push %d: %.2e\n", c,
-                       pg == 1 ? "bf16" : "f16", w, SHAPE[sh][1], SHAPE[sh][2], SHAPE[sh][3], SHAPE[sh][4], rel);
+                printf("  err attention decode r1 case %zu %s w %d s %d ahead %d tr %d: %.2e\n", c, pg == 1 ? "bf16" : "f16",
+                       w, SHAPE[sh][1], SHAPE[sh][2], SHAPE[sh][3], rel);
                 CHECK(rel <= 1e-5, "case %zu pages %d w %d: rel %.2e", c, pg, w, rel);
                 CHECK(tern__cuda_attn_decode_r1_calls > calls, "case %zu pages %d w %d: the r1 kernel did not run", c, pg, w);
                 int ran, same;
@@ -412,7 +409,6 @@ TEST(cuda_attention_decode_r1) {
     tern__cuda_ad_r1_512 = keep_512;
     tern__cuda_ad_r1_ahead = keep_ah;
     tern__cuda_ad_r1_tr = keep_tr;
-    tern__cuda_ad_r1_push = keep_push;
     g_attn_bf16 = keep_bf;
 }
 

@@ -31,7 +31,6 @@ struct AdArgs {
     int vpre;   /* V rows of a one-round warp load with its K rows (TERN_CUDA_AD_VPRE=0: after the scores) */
     int cl;     /* > 1: the splits (gridDim.y = cl) are one thread-block cluster, merged in shared memory */
     int ahead;  /* attn_decode_r1.cu: the next chunk's records looked up a chunk early (TERN_CUDA_AD_R1_AHEAD) */
-    int push;   /* attn_decode_r1.cu: the cluster merge's inputs written into their owner blocks (TERN_CUDA_AD_R1_PUSH) */
     unsigned bmul; /* k / bs = (umulhi(k, bmul) + k) >> bshift (tern__cuda_divisor; ad_args_fill) */
     int bshift;
     float scale, softcap;

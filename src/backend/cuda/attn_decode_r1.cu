@@ -101,16 +101,6 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     __shared__ float wml[WP][8][2], bml[8][2];
     /* DS > 1: the parts' partial scores, by chunk parity */
     __shared__ float xs[DS > 1 ? 2 : 1][DS > 1 ? W : 1][32][TR ? 2 : 4];
-    /* PUSH (a.push): the cluster merge's inputs written into their owner blocks' buffers (pzs: [block][its share], pml:
-     * [block][head] (M, L)) instead of read from every block, where the static shared memory allows */
-    constexpr size_t R1_SMEM = sizeof(float) * ((size_t)WP * 8 * D + WP * 16 + 16 + (DS > 1 ? 2 * W * 32 * (TR ? 2 : 4) : 32 * 4));
-    constexpr bool PUSHOK = D <= 256 && R1_SMEM + sizeof(float) * (8 * D + R1_SMAX) + sizeof(float2) * 8 * R1_SMAX <= 48 * 1024;
-    __shared__ float pzs[PUSHOK ? 8 * D + R1_SMAX : 1];
-    __shared__ float2 pml[PUSHOK ? 8 * R1_SMAX : 1];
-    const bool push = PUSHOK && a.push && gridDim.y > 1;
-    /* every block of the cluster must have started before another writes into its shared memory: an arrive now, its
-     * wait before the first remote write (long since complete by then) */
-    if (push) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     pdl_trigger();
     if (!EARLY) pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -335,10 +325,7 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
         }
     }
     __syncthreads();
-    const int tot = G * D, per = (tot + S - 1) / S; /* S > 1: block z writes outputs [z·per, (z + 1)·per) */
-    if (push) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-    /* the block's warps merged (warp order), in place into warp 0's slots (PUSH: into the owner block's pzs); one
-     * block: the outputs */
+    /* the block's warps merged (warp order), in place into warp 0's slots; one block: the outputs */
     for (int idx = threadIdx.x; idx < G * D; idx += 32 * W) {
         const int h = idx / D, i = idx % D;
         float v = 0.0f;
@@ -349,9 +336,6 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
         for (int w = 0; w < WP; w++) M = fmaxf(M, wml[w][h][0]);
         if (S == 1) {
             a.out[((size_t)r * a.nh + head0 + h) * D + i] = L > 0.0f ? v / L : 0.0f;
-        } else if (push) {
-            const int ow = idx / per;
-            cg::this_cluster().map_shared_rank(pzs, ow)[z * per + idx - ow * per] = v;
         } else {
             red[0][h][i] = v;
             if (i == 0) {
@@ -363,21 +347,8 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     if (S == 1) return;
     /* the cluster's blocks: block z writes its share of the G·D outputs from every block's merged sums */
     cg::cluster_group cl = cg::this_cluster();
-    if (push) { /* each head's (M, L) to every block (the merge loop's arithmetic), then one barrier; all reads local */
-        for (int t = threadIdx.x; t < S * G; t += 32 * W) {
-            const int zz = t / G, h = t % G;
-            auto ml = [&](int w) { return make_float2(wml[w][h][0], wml[w][h][1]); };
-            const float L = ad_split_weights(ml, [&](int, float) {}, WP);
-            float M = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < WP; w++) M = fmaxf(M, wml[w][h][0]);
-            cl.map_shared_rank(pml, zz)[z * 8 + h] = make_float2(M, L);
-        }
-        cl.sync();
-    } else {
-        cl.sync();
-    }
-    const int i0 = z * per, i1 = min(tot, i0 + per);
+    cl.sync();
+    const int tot = G * D, per = (tot + S - 1) / S, i0 = z * per, i1 = min(tot, i0 + per);
     for (int idx = i0 + (int)threadIdx.x; idx < i1; idx += 32 * W) {
         const int h = idx / D, i = idx % D;
         /* every block's (M, L) and sum first, all remote loads in flight at once; then ad_split_weights' arithmetic
@@ -387,14 +358,9 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
 #pragma unroll
         for (int zz = 0; zz < R1_SMAX; zz++)
             if (zz < S) {
-                if (push) {
-                    mz[zz] = pml[zz * 8 + h];
-                    pz[zz] = pzs[zz * per + idx - i0];
-                } else {
-                    const float *b = cl.map_shared_rank(&bml[0][0], zz);
-                    mz[zz] = make_float2(b[2 * h], b[2 * h + 1]);
-                    pz[zz] = cl.map_shared_rank(&red[0][0][0], zz)[h * D + i];
-                }
+                const float *b = cl.map_shared_rank(&bml[0][0], zz);
+                mz[zz] = make_float2(b[2 * h], b[2 * h + 1]);
+                pz[zz] = cl.map_shared_rank(&red[0][0][0], zz)[h * D + i];
             }
         float M = -INFINITY, L = 0.0f, v = 0.0f;
 #pragma unroll
@@ -409,19 +375,17 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
             }
         a.out[((size_t)r * a.nh + head0 + h) * D + i] = L > 0.0f ? v / L : 0.0f;
     }
-    if (!push) cl.sync(); /* the other blocks' reads of this block's shared memory are done (PUSH: none after the barrier) */
+    cl.sync(); /* the other blocks' reads of this block's shared memory are done */
 }
 
 /* TERN_CUDA_AD_R1_W: warps a block (4 or 8, default 4); TERN_CUDA_AD_R1_SMAX: blocks a (row, kv head) at most
  * (1..16, default 16). -1 until read (tests set them) */
-extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_ahead, tern__cuda_ad_r1_tr, tern__cuda_ad_r1_push;
-int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1, tern__cuda_ad_r1_ahead = -1, tern__cuda_ad_r1_tr = -1,
-    tern__cuda_ad_r1_push = -1;
+extern "C" int tern__cuda_ad_r1_w, tern__cuda_ad_r1_smax, tern__cuda_ad_r1_ahead, tern__cuda_ad_r1_tr;
+int tern__cuda_ad_r1_w = -1, tern__cuda_ad_r1_smax = -1, tern__cuda_ad_r1_ahead = -1, tern__cuda_ad_r1_tr = -1;
 static int r1_env(void) { /* reads the settings once (TERN_CUDA_AD_R1_AHEAD=0: records as each chunk's loads go out;
                            * TERN_CUDA_AD_R1_TR=0: the first form for G <= 4 too); returns W */
     if (tern__cuda_ad_r1_ahead < 0) tern__cuda_ad_r1_ahead = tern__cuda_env_int("TERN_CUDA_AD_R1_AHEAD", 1) != 0;
     if (tern__cuda_ad_r1_tr < 0) tern__cuda_ad_r1_tr = tern__cuda_env_int("TERN_CUDA_AD_R1_TR", 1) != 0;
-    if (tern__cuda_ad_r1_push < 0) tern__cuda_ad_r1_push = tern__cuda_env_int("TERN_CUDA_AD_R1_PUSH", 0) != 0;
     if (tern__cuda_ad_r1_w < 0) tern__cuda_ad_r1_w = tern__cuda_env_int("TERN_CUDA_AD_R1_W", 4) == 8 ? 8 : 4;
     if (tern__cuda_ad_r1_smax < 0) {
         const int v = tern__cuda_env_int("TERN_CUDA_AD_R1_SMAX", R1_SMAX);
@@ -467,7 +431,6 @@ int tern__cuda_attn_decode_r1(tern__cuda *c, const AdArgs &a, int kind, long key
     const int w = r1_env(), W = a.D == 512 ? 8 : w; /* D 512: two groups of 4 warps */
     AdArgs b = a;
     b.ahead = tern__cuda_ad_r1_ahead;
-    b.push = tern__cuda_ad_r1_push;
     const long chunks = (keys + 15) / 16, wp = a.D > 128 ? W / (a.D / 128) : W; /* chunk walkers a block */
     long S = (chunks + wp - 1) / wp;
     S = S < 1 ? 1 : S > tern__cuda_ad_r1_smax ? tern__cuda_ad_r1_smax : S;
