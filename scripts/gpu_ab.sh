@@ -1306,22 +1306,29 @@ fi
 #      division by the runtime block size, every decode-attention kernel) against the tree before it (build/base/tern-core:
 #      `GPU_PACK_BASE=<7c859d0's tern-core> gpu_check.sh pack`); the decode / prefill attention op tests first (they stop
 #      the section on a failure), then r1's kernel alone TR 0 / 1, b1 at 8k and 512 for base / TR 0 / TR 1, parity and
-#      greedy ids with TR on (AB101_MODELS, AB101_FIXTURES)
-if [[ " $SECTIONS " == *" 101 "* ]]; then
-    op_test cuda_attention_decode,cuda_attention_prefill ops101
-    if grep -q '^FAIL' "$OUT/ops101_ops.txt" || ! grep -q '^PASS' "$OUT/ops101_ops.txt"; then
-        say "attention op tests failed: section 101 stops here"
-    else
-        A101="TERN_CUDA_AD_R1_TR=0;TERN_CUDA_AD_R1_TR=1"
-        attn_shape "16 8 256" "$A101;TERN_CUDA_AD_R1_TR=1 TERN_CUDA_AD_R1_SMAX=8" 1024 256
-        attn_shape "8 2 256" "$A101" 512
-        attn_shape "32 8 128" "$A101" 512
-        B101="BIN=build/base/tern-core;$A101"
-        [ -x build/base/tern-core ] || B101="$A101"
-        b1_sets "$B101" "${AB101_MODELS:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16}" 8192
-        AB_REPS=1 b1_sets "$B101" "llama3-8b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant q4" 512
-        on_checks TERN_CUDA_AD_R1_TR bf16 "${AB101_FIXTURES:-gemma4_moe_like llama3}"
+#      greedy ids with TR on (r1_ab below: AB_R1_MODELS, AB_R1_FIXTURES)
+# r1_ab VAR OPS TAG [SET]: a default-off r1 switch VAR against VAR=0 and the tree before (build/base/tern-core when
+# carried) — the op tests OPS first (a failure stops it), then the kernel alone at the sliding layers' shapes (SET: one
+# more setting at 16 / 8 x 256), b1 at 8k (AB_R1_MODELS) and 512, parity and greedy ids with VAR on (AB_R1_FIXTURES)
+r1_ab() {
+    local var=$1 a b
+    op_test "$2" "$3"
+    if grep -q '^FAIL' "$OUT/$3_ops.txt" || ! grep -q '^PASS' "$OUT/$3_ops.txt"; then
+        say "$2 op tests failed: $var not timed"
+        return
     fi
+    a="$var=0;$var=1"
+    attn_shape "16 8 256" "$a${4:+;$4}" 1024 256
+    attn_shape "8 2 256" "$a" 512
+    attn_shape "32 8 128" "$a" 512
+    b="BIN=build/base/tern-core;$a"
+    [ -x build/base/tern-core ] || b="$a"
+    b1_sets "$b" "${AB_R1_MODELS:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16}" 8192
+    AB_REPS=1 b1_sets "$b" "llama3-8b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant q4" 512
+    on_checks "$var" bf16 "${AB_R1_FIXTURES:-gemma4_moe_like llama3}"
+}
+if [[ " $SECTIONS " == *" 101 "* ]]; then
+    r1_ab TERN_CUDA_AD_R1_TR cuda_attention_decode,cuda_attention_prefill ops101 "TERN_CUDA_AD_R1_TR=1 TERN_CUDA_AD_R1_SMAX=8"
 fi
 
 # 102. session 62, after 101 (r1's TR form won: default on): a few sequences at 8k with TR 0 / 1 (gemma4-26b-a4b, 4),
@@ -1352,20 +1359,7 @@ fi
 #      Ran in session 62 (NOTES (bv)): the kernel alone 2-3 % faster, but the build with it 0.3-1.4 % slower in b1 even
 #      with PUSH=0 (more static shared memory, another register allocation) — removed with its switch; kept as a record.
 if [[ " $SECTIONS " == *" 103 "* ]]; then
-    op_test cuda_attention_decode_r1 ops103
-    if grep -q '^FAIL' "$OUT/ops103_ops.txt" || ! grep -q '^PASS' "$OUT/ops103_ops.txt"; then
-        say "r1 op test failed: section 103 stops here"
-    else
-        A103="TERN_CUDA_AD_R1_PUSH=0;TERN_CUDA_AD_R1_PUSH=1"
-        attn_shape "16 8 256" "$A103" 1024 256
-        attn_shape "32 8 128" "$A103" 512
-        attn_shape "8 2 256" "$A103" 512
-        B103="BIN=build/base/tern-core;$A103"
-        [ -x build/base/tern-core ] || B103="$A103"
-        b1_sets "$B103" "${AB103_MODELS:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16}" 8192
-        AB_REPS=1 b1_sets "$B103" "llama3-8b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant q4" 512
-        on_checks TERN_CUDA_AD_R1_PUSH bf16 "${AB103_FIXTURES:-gemma4_moe_like llama3}"
-    fi
+    r1_ab TERN_CUDA_AD_R1_PUSH cuda_attention_decode_r1 ops103
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
