@@ -1236,7 +1236,7 @@ if [[ " $SECTIONS " == *" 98 "* ]]; then
     done
 fi
 
-# 99. session 61, written after its last call (not yet run): where r1's ~2200 instructions a warp go at a sliding layer
+# 99. session 61, written after its last call (ran in session 62 with TR on, NOTES (bv)): where r1's ~2200 instructions a warp go at a sliding layer
 #     of gemma4-26b-a4b / 12b (16 / 8 heads, D 256, 1024 keys; section 96): ncu's source counters of one launch, SASS
 #     instructions executed and warp-stall samples summed by opcode and listed for the 40 hottest instructions
 #     (AB99_SHAPE / AB99_KEYS: another shape)
@@ -1278,29 +1278,10 @@ for idx, (src, e, w) in sorted(enumerate(ins), key=lambda t: -t[1][2])[:40]:
 PY
 fi
 
-# 100. session 61, written after its last call (not yet run): r1's transposed form for G <= 4 (TERN_CUDA_AD_R1_TR=1:
-#      S^T = K·Q^T and (P·V)^T = V^T·P^T, hi / lo of up to 4 heads in the 8 columns; half the mmas and accumulators) —
-#      the op test first (its TR shapes), then the kernel alone, b1 at 8k / 512 and 4 sequences at 8k against TR=0
-if [[ " $SECTIONS " == *" 100 "* ]]; then
-    op_test cuda_attention_decode_r1 ops100
-    if grep -q '^FAIL' "$OUT/ops100_ops.txt"; then
-        say "r1 op test failed: section 100 stops here"
-    else
-        A100="TERN_CUDA_AD_R1_TR=0;TERN_CUDA_AD_R1_TR=1"
-        attn_shape "16 8 256" "$A100;TERN_CUDA_AD_R1_TR=1 TERN_CUDA_AD_R1_W=8" 1024 256
-        attn_shape "32 8 128" "$A100" 512 2048
-        attn_shape "8 2 256" "$A100" 512
-        attn_shape "8 2 512" "$A100" 512
-        b1_sets "$A100" "${AB100_MODELS:-gemma4-26b-a4b --quant bf16;gemma4-12b --quant bf16}" 8192
-        AB_REPS=1 b1_sets "$A100" "llama3-8b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant q4" 512
-        for v in 0 1; do
-            TERN_CUDA_AD_R1_TR=$v timeout 150 build/concurrency --random gemma4-26b-a4b --device cuda --compute bf16 \
-                --conc 4 --prompt 8192 --gen 64 --no-prefix > "$OUT/conc100.txt" 2>&1
-            say "concurrency 4 at 8192 gemma4-26b-a4b bf16 TERN_CUDA_AD_R1_TR=$v: $(grep '^csv,conc' "$OUT/conc100.txt" | cut -d, -f5,9,16 | tail -1)"
-        done
-        on_checks TERN_CUDA_AD_R1_TR bf16 "${AB100_FIXTURES:-gemma4_moe_like llama3}"
-    fi
-fi
+# 100. session 61, written after its last call: r1's transposed form for G <= 4 (TERN_CUDA_AD_R1_TR=1: S^T = K·Q^T and
+#      (P·V)^T = V^T·P^T, hi / lo of up to 4 heads in the 8 columns; half the mmas and accumulators). Ran in session 62 as
+#      section 101 (r1_ab, with a base build beside) and 102's first loop (4 sequences at 8k); NOTES (bv): TR won and is
+#      the default. Its copy of r1_ab's body was removed.
 
 # 101. session 62: section 100 with the session's ad_rec (the KV block index as a multiply and a shift instead of a
 #      division by the runtime block size, every decode-attention kernel) against the tree before it (build/base/tern-core:

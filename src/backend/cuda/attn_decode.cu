@@ -188,8 +188,9 @@ static int ad_tcs512(void) {
 }
 /* TERN_CUDA_AD_TCS512_ROWS (1..64, default 8; session 61): launches of at most that many rows take TCS512 (above, a
  * batch at 8k runs the split kernel at D 512 until its pairs reach AD_TC_MIN). H100, 8 sequences of gemma4-26b-a4b bf16
- * at 8192 (bench/NOTES.md (bu)): 4 (AD_CLROWS, before) 482.5 → 16 529.2 tok/s. Its splits fill one wave of one block an
- * SM: two waves (twice the splits over half the keys each) lost, b1 26b-a4b at 8k 238.8 → 233.6. -1 until read */
+ * at 8192 (bench/NOTES.md (bu)): 4 (AD_CLROWS, before) 482.5 → 16 529.2 tok/s; 4 → 8 at 8 sequences (NOTES (bv)):
+ * gemma4-e4b 791 → 865, 12b 429 → 494. Its splits fill one wave of one block an SM: two waves (twice the splits over
+ * half the keys each) lost, b1 26b-a4b at 8k 238.8 → 233.6. -1 until read */
 static int ad_tcs512_rows(void) {
     static int v = -1;
     return ad_env(&v, "TERN_CUDA_AD_TCS512_ROWS", 8, 1, 64);
