@@ -1343,6 +1343,21 @@ if [[ " $SECTIONS " == *" 103 "* ]]; then
     r1_ab TERN_CUDA_AD_R1_PUSH cuda_attention_decode_r1 ops103
 fi
 
+# 104. session 63: o's weights into L2 while a one-row attention runs (TERN_CUDA_L2PF_O=MB, l2pf.cu; default 0 until
+#      this wins): the op test cuda_l2pf (bitwise, eager and replayed; it stops the section on a failure), then b1 for
+#      0 / 8 / 16 / 32 MB in mode 1 (a prefetch.global.L2 a line) and 16 MB in mode 2 (bulk, the TMA unit) — llama3-8b bf16
+#      and q4 at 512, gemma4-12b bf16 at 8192 (AB104_MODELS / AB104_SETS override)
+if [[ " $SECTIONS " == *" 104 "* ]]; then
+    op_test cuda_l2pf ops104
+    if grep -q '^FAIL' "$OUT/ops104_ops.txt" || ! grep -q '^PASS' "$OUT/ops104_ops.txt"; then
+        say "cuda_l2pf failed: not timed"
+    else
+        A104="${AB104_SETS:-TERN_CUDA_L2PF_O=0;TERN_CUDA_L2PF_O=8;TERN_CUDA_L2PF_O=16;TERN_CUDA_L2PF_O=32;TERN_CUDA_L2PF_O=16 TERN_CUDA_L2PF_MODE=2}"
+        b1_sets "$A104" "${AB104_MODELS:-llama3-8b --quant bf16;llama3-8b --quant q4}" 512
+        [ -n "${AB104_LONG:-gemma4-12b --quant bf16}" ] && b1_sets "$A104" "${AB104_LONG:-gemma4-12b --quant bf16}" 8192
+    fi
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -423,7 +423,7 @@ typedef struct tern_backend_vt {
      * backend may hand the attention's output to the projection in its own format and leave att unwritten (scratch).
      * 0 = not done, nothing written (src/model/internal.h tern__attention_o runs the two ops). CUDA: many rows in the
      * plain bf16 mode, the batch decode attention writing the GEMM's bf16 input (one f32 write and one conversion
-     * launch fewer). */
+     * launch fewer); one row (TERN_CUDA_L2PF_O) may ask L2 for wo's first bytes before returning 0 (nothing written). */
     int (*attention_o)(tern_backend *be, float *y, float *att, const float *q, const tern_rows *rows, int nh,
                        const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo, int add);
     /* norm_qkv_rope_kv then attention_o with add = 1, as one op (appended; optional): the KV cache is written as

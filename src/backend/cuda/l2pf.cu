@@ -1,0 +1,80 @@
+/*
+ * l2pf.cu — weights into L2 while a latency-bound kernel runs (TERN_CUDA_L2PF_O, session 63).
+ *
+ * Why: in a one-row decode step the attention kernels read little (one row's K / V) and stall on latency, so DRAM is
+ * nearly idle for their 5–25 µs, and the o projection that follows then streams its weights at the copy rate. A
+ * kernel launched just before the attention asks L2 for the first bytes of o's weights (codes, then scales and biases):
+ * the o GEMV then finds those lines in L2 and DRAM has that much less to stream after the attention. (The weights are
+ * constants of the model, so nothing waits for the kernel before them; the launch only rides the stream's order.)
+ *
+ * The kernel: pdl_trigger at once (the attention's blocks launch under it), the prefetches, then pdl_wait, so its end
+ * still implies the previous kernel's and the attention's own pdl_wait keeps its meaning. Modes (TERN_CUDA_L2PF_MODE):
+ * 1 `prefetch.global.L2` a 128-byte line a thread, grid-stride; 2 `cp.async.bulk.prefetch.L2` (the TMA unit), one bulk
+ * request of up to 64 KB a thread; 3 as 1 with the evict_last priority. Nothing is written: no result can change.
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
+
+extern "C" unsigned long long tern__cuda_l2pf_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_l2pf_calls = 0;
+
+#define L2PF_RANGES 3
+struct L2pfArgs {
+    const char *p[L2PF_RANGES];
+    unsigned long long n[L2PF_RANGES]; /* bytes of each range (a multiple of 16 in mode 2) */
+    int mode;
+};
+
+__global__ void __launch_bounds__(256) l2pf_kernel(L2pfArgs a) {
+    pdl_trigger();
+    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (size_t)gridDim.x * blockDim.x;
+#pragma unroll
+    for (int i = 0; i < L2PF_RANGES; i++) {
+        const char *p = a.p[i];
+        const size_t n = a.n[i];
+        if (a.mode == 2) {
+            for (size_t off = t << 16; off < n; off += nt << 16) {
+                const size_t len = n - off < (1u << 16) ? n - off : (1u << 16);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"((unsigned)len) : "memory");
+            }
+        } else if (a.mode == 3) {
+            for (size_t off = t << 7; off < n; off += nt << 7)
+                asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p + off));
+        } else {
+            for (size_t off = t << 7; off < n; off += nt << 7) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+        }
+    }
+    pdl_wait();
+}
+
+static int l2pf_env(const char *name, int dflt, int lo, int hi) {
+    int v = tern__cuda_env_int(name, dflt);
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* at most `budget` bytes of matrix 0 of w into L2 on the backend's stream: codes, scales and biases in proportion (the
+ * GEMVs walk the rows in order, so the same leading rows of each); TERN_CUDA_L2PF_MODE above, _BLOCKS the grid */
+extern "C" int tern__cuda_l2pf_mode; /* -1 until read (tests set it) */
+int tern__cuda_l2pf_mode = -1;
+extern "C" void tern__cuda_l2pf_w(tern__cuda *c, const tern__cuda_w *w, size_t budget) {
+    static int blocks = -1;
+    if (tern__cuda_l2pf_mode < 0) tern__cuda_l2pf_mode = l2pf_env("TERN_CUDA_L2PF_MODE", 1, 1, 3);
+    if (blocks < 0) blocks = l2pf_env("TERN_CUDA_L2PF_BLOCKS", 32, 1, 1024);
+    const int mode = tern__cuda_l2pf_mode;
+    if (!c || !w || !w->data || !w->mat_bytes || !budget) return;
+    L2pfArgs a = {};
+    a.mode = mode;
+    const void *ps[L2PF_RANGES] = {w->data, w->scales, w->biases};
+    const size_t ns[L2PF_RANGES] = {w->mat_bytes, w->scales ? w->mat_bytes_s : 0, w->biases ? w->mat_bytes_s : 0};
+    const size_t total = ns[0] + ns[1] + ns[2];
+    const double f = total > budget ? (double)budget / (double)total : 1.0;
+    for (int i = 0; i < L2PF_RANGES; i++) {
+        if (!ps[i] || !ns[i]) continue;
+        a.p[i] = (const char *)ps[i];
+        a.n[i] = (unsigned long long)((size_t)((double)ns[i] * f) & ~(size_t)127);
+    }
+    cudaSetDevice(c->device);
+    tern_launch(c->stream, l2pf_kernel, dim3((unsigned)blocks), dim3(256), 0, a);
+    tern__cuda_check(c, "l2pf");
+    tern__cuda_l2pf_calls++;
+}
