@@ -1343,19 +1343,32 @@ if [[ " $SECTIONS " == *" 103 "* ]]; then
     r1_ab TERN_CUDA_AD_R1_PUSH cuda_attention_decode_r1 ops103
 fi
 
-# 104. session 63: o's weights into L2 while a one-row attention runs (TERN_CUDA_L2PF_O=MB, l2pf.cu; default 0 until
-#      this wins): the op test cuda_l2pf (bitwise, eager and replayed; it stops the section on a failure), then b1 for
-#      0 / 8 / 16 / 32 MB in mode 1 (a prefetch.global.L2 a line) and 16 MB in mode 2 (bulk, the TMA unit) — llama3-8b bf16
-#      and q4 at 512, gemma4-12b bf16 at 8192 (AB104_MODELS / AB104_SETS override)
+# 104. session 63: weights into L2 while latency-bound kernels run (l2pf.cu; both default 0 until this wins):
+#      TERN_CUDA_L2PF_O=MB (o's weights before a one-row attention) and TERN_CUDA_L2PF_NEXT=MB (ops.h prefetch: the
+#      models hint down before the glu and the next layer's q|k|v — or Gemma 4's per-layer gate / projection — before
+#      down). The op test cuda_l2pf (bitwise, eager and replayed; it stops the section on a failure), then b1 for each
+#      setting (AB104_SETS), llama3-8b bf16 / q4 and gemma4-e4b q4 at 512 (AB104_MODELS), gemma4-12b bf16 at 8192
+#      (AB104_LONG); AB_REPS reps (default 1 here)
 if [[ " $SECTIONS " == *" 104 "* ]]; then
     op_test cuda_l2pf ops104
     if grep -q '^FAIL' "$OUT/ops104_ops.txt" || ! grep -q '^PASS' "$OUT/ops104_ops.txt"; then
         say "cuda_l2pf failed: not timed"
     else
-        A104="${AB104_SETS:-TERN_CUDA_L2PF_O=0;TERN_CUDA_L2PF_O=8;TERN_CUDA_L2PF_O=16;TERN_CUDA_L2PF_O=32;TERN_CUDA_L2PF_O=16 TERN_CUDA_L2PF_MODE=2}"
-        b1_sets "$A104" "${AB104_MODELS:-llama3-8b --quant bf16;llama3-8b --quant q4}" 512
-        [ -n "${AB104_LONG:-gemma4-12b --quant bf16}" ] && b1_sets "$A104" "${AB104_LONG:-gemma4-12b --quant bf16}" 8192
+        A104="${AB104_SETS:-TERN_CUDA_L2PF_O=0;TERN_CUDA_L2PF_O=16;TERN_CUDA_L2PF_O=32;TERN_CUDA_L2PF_NEXT=16;TERN_CUDA_L2PF_O=16 TERN_CUDA_L2PF_NEXT=16;TERN_CUDA_L2PF_O=16 TERN_CUDA_L2PF_MODE=2;TERN_CUDA_L2PF_O=16 TERN_CUDA_L2PF_BLOCKS=132}"
+        AB_REPS=${AB_REPS:-1} b1_sets "$A104" "${AB104_MODELS:-llama3-8b --quant bf16;llama3-8b --quant q4;gemma4-e4b --quant q4}" 512
+        [ -n "${AB104_LONG-gemma4-12b --quant bf16}" ] && AB_REPS=${AB_REPS:-1} b1_sets "$A104" "${AB104_LONG:-gemma4-12b --quant bf16}" 8192
     fi
+fi
+
+# 105. session 63: is a GEMV fed from L2 faster, and does asking L2 for the next launch's weights help a chain?
+#      `bench_cuda --persist`'s production chains (32 one-row GEMVs, each weight its own copy; bf16 per shape, q4 per shape
+#      and the q4 llama3-8b layer chain): as they are, BENCH_PERSIST_SAME=1 (every launch on copy 0: L2-resident where it
+#      fits) and BENCH_PERSIST_L2PF=MB (before launch i, l2pf.cu asks for up to MB of launch i + 1's weights)
+if [[ " $SECTIONS " == *" 105 "* ]]; then
+    for e in BENCH_PERSIST_NONE=1 BENCH_PERSIST_SAME=1 ${AB105_PF:-BENCH_PERSIST_L2PF=16}; do
+        env $e timeout 150 build/bench_cuda --persist > "$OUT/persist105_$e.txt" 2>&1
+        say "persist [$e]:"; grep '^persist production' "$OUT/persist105_$e.txt" | tr -s ' ' | tee -a "$S"
+    done
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

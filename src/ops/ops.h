@@ -458,6 +458,10 @@ typedef struct tern_backend_vt {
      * folds them (tern_norm_res h2) — Q4 decode, prefill. */
     int (*rmsnorm_add2)(tern_backend *be, float *x, float *h, const float *h2, int rows, int d, const float *w,
                         const float *w2, float eps, const float *s);
+    /* A hint (appended; optional): the uploaded weights w[0..k) (k <= 3) are read soon, after the ops launched next
+     * (src/model/internal.h tern__prefetch: one-row steps). The backend may start bringing them closer; nothing is
+     * written and no result may change. CUDA: l2pf.cu asks L2 for up to TERN_CUDA_L2PF_NEXT MB of them (0: nothing). */
+    void (*prefetch)(tern_backend *be, const tern_tensor *const *w, int k);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -7,6 +7,10 @@
  * the o GEMV then finds those lines in L2 and DRAM has that much less to stream after the attention. (The weights are
  * constants of the model, so nothing waits for the kernel before them; the launch only rides the stream's order.)
  *
+ * TERN_CUDA_L2PF_NEXT=MB (ops.h prefetch): the models hint the weights of the GEMV after next (llama / Gemma 4: down
+ * before the glu, the next layer's q|k|v or Gemma 4's per-layer gate / projection before down), for the one-row walks
+ * that stream below the copy rate (Q4: instruction-latency bound with loads from DRAM in flight, NOTES (bo)).
+ *
  * The kernel: pdl_trigger at once (the attention's blocks launch under it), the prefetches, then pdl_wait, so its end
  * still implies the previous kernel's and the attention's own pdl_wait keeps its meaning. Modes (TERN_CUDA_L2PF_MODE):
  * 1 `prefetch.global.L2` a 128-byte line a thread, grid-stride; 2 `cp.async.bulk.prefetch.L2` (the TMA unit), one bulk
@@ -18,7 +22,7 @@
 extern "C" unsigned long long tern__cuda_l2pf_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_l2pf_calls = 0;
 
-#define L2PF_RANGES 3
+#define L2PF_RANGES 9 /* three matrices' codes, scales and biases */
 struct L2pfArgs {
     const char *p[L2PF_RANGES];
     unsigned long long n[L2PF_RANGES]; /* bytes of each range (a multiple of 16 in mode 2) */
@@ -27,7 +31,8 @@ struct L2pfArgs {
 
 __global__ void __launch_bounds__(256) l2pf_kernel(L2pfArgs a) {
     pdl_trigger();
-    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (size_t)gridDim.x * blockDim.x;
+    /* consecutive lines (bulk pieces) on consecutive blocks: a short range still spreads over every block's SM */
+    const size_t t = (size_t)threadIdx.x * gridDim.x + blockIdx.x, nt = (size_t)gridDim.x * blockDim.x;
 #pragma unroll
     for (int i = 0; i < L2PF_RANGES; i++) {
         const char *p = a.p[i];
@@ -52,21 +57,29 @@ static int l2pf_env(const char *name, int dflt, int lo, int hi) {
     return v < lo ? lo : v > hi ? hi : v;
 }
 
-/* at most `budget` bytes of matrix 0 of w into L2 on the backend's stream: codes, scales and biases in proportion (the
- * GEMVs walk the rows in order, so the same leading rows of each); TERN_CUDA_L2PF_MODE above, _BLOCKS the grid */
+/* at most `budget` bytes of matrix 0 of each w[0..k) (k <= 3) into L2 on the backend's stream: codes, scales and biases
+ * in proportion (the GEMVs walk the rows in order, so the same leading rows of each); TERN_CUDA_L2PF_MODE above,
+ * _BLOCKS the grid */
 extern "C" int tern__cuda_l2pf_mode; /* -1 until read (tests set it) */
 int tern__cuda_l2pf_mode = -1;
-extern "C" void tern__cuda_l2pf_w(tern__cuda *c, const tern__cuda_w *w, size_t budget) {
+extern "C" void tern__cuda_l2pf_ws(tern__cuda *c, const tern__cuda_w *const *w, int k, size_t budget) {
     static int blocks = -1;
     if (tern__cuda_l2pf_mode < 0) tern__cuda_l2pf_mode = l2pf_env("TERN_CUDA_L2PF_MODE", 1, 1, 3);
     if (blocks < 0) blocks = l2pf_env("TERN_CUDA_L2PF_BLOCKS", 32, 1, 1024);
-    const int mode = tern__cuda_l2pf_mode;
-    if (!c || !w || !w->data || !w->mat_bytes || !budget) return;
+    if (!c || !w || k <= 0 || k > L2PF_RANGES / 3 || !budget) return;
     L2pfArgs a = {};
-    a.mode = mode;
-    const void *ps[L2PF_RANGES] = {w->data, w->scales, w->biases};
-    const size_t ns[L2PF_RANGES] = {w->mat_bytes, w->scales ? w->mat_bytes_s : 0, w->biases ? w->mat_bytes_s : 0};
-    const size_t total = ns[0] + ns[1] + ns[2];
+    a.mode = tern__cuda_l2pf_mode;
+    const void *ps[L2PF_RANGES] = {};
+    size_t ns[L2PF_RANGES] = {}, total = 0;
+    for (int j = 0; j < k; j++) {
+        if (!w[j] || !w[j]->data) continue;
+        ps[3 * j] = w[j]->data, ps[3 * j + 1] = w[j]->scales, ps[3 * j + 2] = w[j]->biases;
+        ns[3 * j] = w[j]->mat_bytes;
+        ns[3 * j + 1] = w[j]->scales ? w[j]->mat_bytes_s : 0;
+        ns[3 * j + 2] = w[j]->biases ? w[j]->mat_bytes_s : 0;
+        total += ns[3 * j] + ns[3 * j + 1] + ns[3 * j + 2];
+    }
+    if (!total) return;
     const double f = total > budget ? (double)budget / (double)total : 1.0;
     for (int i = 0; i < L2PF_RANGES; i++) {
         if (!ps[i] || !ns[i]) continue;
@@ -77,4 +90,25 @@ extern "C" void tern__cuda_l2pf_w(tern__cuda *c, const tern__cuda_w *w, size_t b
     tern_launch(c->stream, l2pf_kernel, dim3((unsigned)blocks), dim3(256), 0, a);
     tern__cuda_check(c, "l2pf");
     tern__cuda_l2pf_calls++;
+}
+extern "C" void tern__cuda_l2pf_w(tern__cuda *c, const tern__cuda_w *w, size_t budget) {
+    const tern__cuda_w *const ws[1] = {w};
+    tern__cuda_l2pf_ws(c, ws, 1, budget);
+}
+
+/* the same for tern_tensors (ops.h prefetch; bench_cuda's probes, which see no tern__cuda_w) */
+extern "C" void tern__cuda_l2pf_tensors(tern__cuda *c, const tern_tensor *const *t, int k, size_t budget) {
+    tern__cuda_w w[3];
+    const tern__cuda_w *pw[3] = {};
+    if (!t || k <= 0 || k > 3) return;
+    for (int j = 0; j < k; j++)
+        if (t[j] && t[j]->data && t[j]->ndim >= 2) {
+            tern__cuda_wview(t[j], &w[j]);
+            pw[j] = &w[j];
+        }
+    tern__cuda_l2pf_ws(c, pw, k, budget);
+}
+extern "C" void tern__cuda_l2pf_tensor(tern__cuda *c, const tern_tensor *t, size_t budget) {
+    const tern_tensor *const ts[1] = {t};
+    tern__cuda_l2pf_tensors(c, ts, 1, budget);
 }
