@@ -24,29 +24,46 @@ static void gstep_run(const gstep *s, int32_t *pos_host, int32_t *slot_host, flo
     g->vt->download(g, out, s->o, sizeof(float) * (size_t)s->nh * s->d);
 }
 
+/* the step's buffers: 4 heads / 2 kv heads of 64, H 128, a Q4 q projection, an F32 paged cache of 160 keys (block
+ * table reversed when rev), x, and pos / slot holding *p / *sl; the host arrays gstep_close frees */
+typedef struct gstep_host { hw w; float *kh, *vh, *xh; } gstep_host;
+static void gstep_open(gstep *s, gstep_host *h, int rev, const int32_t *p, const int32_t *sl) {
+    const int nh = 4, nkv = 2, d = 64, H = 128, bs = 16, ctx = 160, mb = ctx / bs;
+    *s = (gstep){0};
+    s->nh = nh;
+    s->d = d;
+    s->H = H;
+    h->w = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, nh * d, H, 0);
+    tern_error err = {0};
+    s->w = h->w.t;
+    CHECK(g_gpu->vt->upload_weight(g_gpu, &s->w, &err) == TERN_OK, "upload: %s", err.msg);
+    size_t tok = (size_t)nkv * d, pool = (size_t)mb * bs * tok;
+    h->kh = rnd(pool, 1.0f), h->vh = rnd(pool, 1.0f), h->xh = rnd(H, 1.0f);
+    int32_t bt[10];
+    for (int i = 0; i < mb; i++) bt[i] = rev ? mb - 1 - i : i;
+    s->kv = (tern_kv_layer){TERN_DT_F32, nkv, d, bs, 0, to_gpu(h->kh, pool * 4), to_gpu(h->vh, pool * 4),
+                            to_gpu(bt, sizeof bt), mb};
+    s->x = to_gpu(h->xh, H * 4);
+    s->xn = g_gpu->vt->alloc(g_gpu, H * 4);
+    s->q = g_gpu->vt->alloc(g_gpu, (size_t)nh * d * 4);
+    s->o = g_gpu->vt->alloc(g_gpu, (size_t)nh * d * 4);
+    s->pos = to_gpu(p, 4);
+    s->slot = to_gpu(sl, 4);
+}
+static void gstep_close(gstep *s, gstep_host *h) {
+    g_gpu->vt->free_weight(g_gpu, &s->w);
+    void *bufs[] = {s->kv.k, s->kv.v, (void *)s->kv.block_table, s->x, s->xn, s->q, s->o, s->pos, s->slot};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g_gpu->vt->free(g_gpu, bufs[i]);
+    free_w(&h->w);
+    free(h->kh); free(h->vh); free(h->xh);
+}
+
 TEST(cuda_graph_replay) {
     if (!g_gpu->vt->graph_begin) { SKIP("cuda_graph_replay", "backend has no graphs"); return; }
-    const int nh = 4, nkv = 2, d = 64, H = 128, bs = 16, ctx = 160, mb = ctx / bs;
-    gstep s = {0};
-    s.nh = nh;
-    s.d = d;
-    s.H = H;
-    hw w = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, nh * d, H, 0);
-    tern_error err = {0};
-    s.w = w.t;
-    CHECK(g_gpu->vt->upload_weight(g_gpu, &s.w, &err) == TERN_OK, "upload: %s", err.msg);
-    size_t tok = (size_t)nkv * d, pool = (size_t)mb * bs * tok;
-    float *kh = rnd(pool, 1.0f), *vh = rnd(pool, 1.0f), *xh = rnd(H, 1.0f);
-    int32_t bt[10];
-    for (int i = 0; i < mb; i++) bt[i] = mb - 1 - i;
-    s.kv = (tern_kv_layer){TERN_DT_F32, nkv, d, bs, 0, to_gpu(kh, pool * 4), to_gpu(vh, pool * 4), to_gpu(bt, sizeof bt), mb};
-    s.x = to_gpu(xh, H * 4);
-    s.xn = g_gpu->vt->alloc(g_gpu, H * 4);
-    s.q = g_gpu->vt->alloc(g_gpu, (size_t)nh * d * 4);
-    s.o = g_gpu->vt->alloc(g_gpu, (size_t)nh * d * 4);
+    gstep s;
+    gstep_host hs;
     int32_t p = 20, sl = 0;
-    s.pos = to_gpu(&p, 4);
-    s.slot = to_gpu(&sl, 4);
+    gstep_open(&s, &hs, 1, &p, &sl);
     float eager[256], replay[256];
     size_t ob = sizeof replay;
     /* record at position 20 (nothing runs), then replay at 150 and 3 */
@@ -73,11 +90,7 @@ TEST(cuda_graph_replay) {
     CHECK(g_gpu->vt->graph_replay(g_gpu, 44, replay, ob) == 0, "refused graph replayed");
     g_gpu->vt->graph_reset(g_gpu);
     CHECK(g_gpu->vt->graph_replay(g_gpu, 42, replay, ob) == 0, "graph survived reset");
-    g_gpu->vt->free_weight(g_gpu, &s.w);
-    void *bufs[] = {s.kv.k, s.kv.v, (void *)s.kv.block_table, s.x, s.xn, s.q, s.o, s.pos, s.slot};
-    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g_gpu->vt->free(g_gpu, bufs[i]);
-    free_w(&w);
-    free(kh); free(vh); free(xh);
+    gstep_close(&s, &hs);
 }
 
 /* graph_launch into two staging halves: one graph (x += 1; download x) queued twice without waiting, the later half
@@ -115,31 +128,16 @@ TEST(cuda_l2pf) {
     extern int tern__cuda_l2pf_o, tern__cuda_l2pf_mode;
     extern unsigned long long tern__cuda_l2pf_calls;
     if (!vt->attention_o || !vt->graph_begin) { SKIP("cuda_l2pf", "no attention_o / graphs"); return; }
-    const int nh = 4, nkv = 2, d = 64, H = 128, bs = 16, ctx = 160, mb = ctx / bs;
-    gstep s = {0};
-    s.nh = nh;
-    s.d = d;
-    s.H = H;
-    hw w = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, nh * d, H, 0);
+    const int nh = 4, d = 64, H = 128;
+    gstep s;
+    gstep_host hs;
+    int32_t p = 77, sl = 0;
+    gstep_open(&s, &hs, 0, &p, &sl);
     hw wo = make_w(TERN_DT_BF16, 0, 0, 0, 1, H, nh * d, 0);
     tern_error err = {0};
-    s.w = w.t;
     tern_tensor two = wo.t;
-    CHECK(vt->upload_weight(g_gpu, &s.w, &err) == TERN_OK && vt->upload_weight(g_gpu, &two, &err) == TERN_OK, "upload: %s",
-          err.msg);
-    size_t tok = (size_t)nkv * d, pool = (size_t)mb * bs * tok;
-    float *kh = rnd(pool, 1.0f), *vh = rnd(pool, 1.0f), *xh = rnd(H, 1.0f);
-    int32_t bt[10];
-    for (int i = 0; i < mb; i++) bt[i] = i;
-    s.kv = (tern_kv_layer){TERN_DT_F32, nkv, d, bs, 0, to_gpu(kh, pool * 4), to_gpu(vh, pool * 4), to_gpu(bt, sizeof bt), mb};
-    s.x = to_gpu(xh, H * 4);
-    s.xn = vt->alloc(g_gpu, H * 4);
-    s.q = vt->alloc(g_gpu, (size_t)nh * d * 4);
-    s.o = vt->alloc(g_gpu, (size_t)nh * d * 4);
+    CHECK(vt->upload_weight(g_gpu, &two, &err) == TERN_OK, "upload: %s", err.msg);
     float *y = vt->alloc(g_gpu, (size_t)H * 4);
-    int32_t p = 77, sl = 0;
-    s.pos = to_gpu(&p, 4);
-    s.slot = to_gpu(&sl, 4);
     tern_rows rows = {1, s.pos, s.slot, &p, &sl};
     float base[2][128], got[128]; /* eager, replayed (a recording may plan the attention's splits otherwise) */
     const int keep_o = tern__cuda_l2pf_o, keep_m = tern__cuda_l2pf_mode;
@@ -172,11 +170,8 @@ TEST(cuda_l2pf) {
     tern__cuda_l2pf_o = keep_o;
     tern__cuda_l2pf_mode = keep_m;
     vt->graph_reset(g_gpu);
-    vt->free_weight(g_gpu, &s.w);
     vt->free_weight(g_gpu, &two);
-    void *bufs[] = {s.kv.k, s.kv.v, (void *)s.kv.block_table, s.x, s.xn, s.q, s.o, s.pos, s.slot, y};
-    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) vt->free(g_gpu, bufs[i]);
-    free_w(&w);
+    vt->free(g_gpu, y);
     free_w(&wo);
-    free(kh); free(vh); free(xh);
+    gstep_close(&s, &hs);
 }
