@@ -1343,32 +1343,25 @@ if [[ " $SECTIONS " == *" 103 "* ]]; then
     r1_ab TERN_CUDA_AD_R1_PUSH cuda_attention_decode_r1 ops103
 fi
 
-# 104. session 63: weights into L2 while latency-bound kernels run (l2pf.cu; both default 0 until this wins):
-#      TERN_CUDA_L2PF_O=MB (o's weights before a one-row attention) and TERN_CUDA_L2PF_NEXT=MB (ops.h prefetch: the
-#      models hint down before the glu and the next layer's q|k|v — or Gemma 4's per-layer gate / projection — before
-#      down). The op test cuda_l2pf (bitwise, eager and replayed; it stops the section on a failure), then b1 for each
-#      setting (AB104_SETS), llama3-8b bf16 / q4 and gemma4-e4b q4 at 512 (AB104_MODELS), gemma4-12b bf16 at 8192
-#      (AB104_LONG); AB_REPS reps (default 1 here)
-if [[ " $SECTIONS " == *" 104 "* ]]; then
-    op_test cuda_l2pf ops104
-    if grep -q '^FAIL' "$OUT/ops104_ops.txt" || ! grep -q '^PASS' "$OUT/ops104_ops.txt"; then
-        say "cuda_l2pf failed: not timed"
-    else
-        A104="${AB104_SETS:-TERN_CUDA_L2PF_O=0;TERN_CUDA_L2PF_O=16;TERN_CUDA_L2PF_O=32;TERN_CUDA_L2PF_NEXT=16;TERN_CUDA_L2PF_O=16 TERN_CUDA_L2PF_NEXT=16;TERN_CUDA_L2PF_O=16 TERN_CUDA_L2PF_MODE=2;TERN_CUDA_L2PF_O=16 TERN_CUDA_L2PF_BLOCKS=132}"
-        AB_REPS=${AB_REPS:-1} b1_sets "$A104" "${AB104_MODELS:-llama3-8b --quant bf16;llama3-8b --quant q4;gemma4-e4b --quant q4}" 512
-        [ -n "${AB104_LONG-gemma4-12b --quant bf16}" ] && AB_REPS=${AB_REPS:-1} b1_sets "$A104" "${AB104_LONG:-gemma4-12b --quant bf16}" 8192
-    fi
-fi
-
-# 105. session 63: is a GEMV fed from L2 faster, and does asking L2 for the next launch's weights help a chain?
-#      `bench_cuda --persist`'s production chains (32 one-row GEMVs, each weight its own copy; bf16 per shape, q4 per shape
-#      and the q4 llama3-8b layer chain): as they are, BENCH_PERSIST_SAME=1 (every launch on copy 0: L2-resident where it
-#      fits) and BENCH_PERSIST_L2PF=MB (before launch i, l2pf.cu asks for up to MB of launch i + 1's weights)
+# 104. session 63: weights into L2 by a small kernel while latency-bound ones run (TERN_CUDA_L2PF_O: o's before a
+#      one-row attention; TERN_CUDA_L2PF_NEXT via an ops.h prefetch hint: down before the glu, the next q|k|v before
+#      down). Ran in session 63 (NOTES (bw)): lost everywhere (llama3-8b bf16 183.2 -> 176.2 at 16 MB, 162.8 at 32;
+#      q4 347.3 -> 335.5, NEXT 309.6; gemma4-12b at 8k 104.7 -> 101.5) — removed with l2pf.cu; kept as a record.
+# 105. session 63: is a GEMV fed from L2 faster? `bench_cuda --persist`'s production chains as they are and with
+#      BENCH_PERSIST_SAME=1 (every launch on copy 0: L2-resident where it fits). Ran in session 63 (NOTES (bw)).
 if [[ " $SECTIONS " == *" 105 "* ]]; then
-    for e in BENCH_PERSIST_NONE=1 BENCH_PERSIST_SAME=1 ${AB105_PF:-BENCH_PERSIST_L2PF=16}; do
+    for e in BENCH_PERSIST_NONE=1 BENCH_PERSIST_SAME=1; do
         env $e timeout 150 build/bench_cuda --persist > "$OUT/persist105_$e.txt" 2>&1
         say "persist [$e]:"; grep '^persist production' "$OUT/persist105_$e.txt" | tr -s ' ' | tee -a "$S"
     done
+fi
+
+# 106. session 63: the b1 table on whatever card comes (the H200's when one is lent): every model in bf16 and q4 at 512
+#      with the Q4 walk's own L2 prefetch (TERN_CUDA_GEMV_L2PF) 3 (default) and 0 (session 52's chain on an H100: 0 was
+#      1.5 % faster), one rep; the bf16 models at 8192, AB_REPS reps (default 2)
+if [[ " $SECTIONS " == *" 106 "* ]]; then
+    AB_REPS=1 b1_sets "TERN_CUDA_GEMV_L2PF=3;TERN_CUDA_GEMV_L2PF=0" "${AB106_512:-llama3-8b --quant q4;gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4;llama3-8b --quant bf16;gemma4-e4b --quant bf16;gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16}" 512
+    b1_sets "TERN_CUDA_GEMV_L2PF=3" "${AB106_8K:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant bf16}" 8192
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -254,15 +254,10 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         pend = (tern_pending_res){g->o, L->post_attn_norm, NULL, 1}; /* x += rmsnorm(o)·w, folded below */
 
         /* (b) feed-forward: dense MLP, and in MoE layers the routed experts beside it */
-        {   /* down(gelu(rmsnorm(x)·gate)·up); the weights after down hinted to the backend (tern__prefetch): the per-layer
-             * input gate, or the next layer's q|k|v (none before the experts) */
+        {   /* down(gelu(rmsnorm(x)·gate)·up) */
             const tern_tensor *const ws[3] = {&L->gate, &L->up, &L->down};
-            const g4_layer *Ln = l + 1 < N ? &g->L[l + 1] : NULL;
-            const tern_tensor *const nx[3] = {P > 0 ? &L->ple_gate : Ln ? &Ln->wq : NULL,
-                                              P > 0 || !Ln || Ln->wk.ndim == 0 ? NULL : &Ln->wk,
-                                              P > 0 || !Ln || Ln->wv.ndim == 0 ? NULL : &Ln->wv};
             tern__pending_mlp(m, &x, &xo, &pend, g->xn, L->pre_ff_norm, eps, n, H, g->o, g->g, g->u, ws,
-                              TERN_ACT_GELU_TANH, lc->moe ? NULL : nx);
+                              TERN_ACT_GELU_TANH);
         }
         tern_allreduce_sum(be, g->o, (size_t)n * H);
         float *h2 = NULL; /* the experts' output, its post-norm add onto o still to come (pending) */
@@ -293,9 +288,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
                 pl = g->pt;
             }
             pend = (tern_pending_res){g->o, L->post_ff_norm, NULL, 1, h2, L->post_ff2_norm};
-            tern__prefetch(m, n, &L->ple_proj, NULL, NULL);
             tern__pending_matmul_act_mul(m, &x, &xo, &pend, n, H, eps, g->pg, &L->ple_gate, TERN_ACT_GELU_TANH, pl);
-            if (l + 1 < N) tern__prefetch(m, n, &g->L[l + 1].wq, &g->L[l + 1].wk, &g->L[l + 1].wv);
             op->matmul(be, g->o, g->pg, n, &L->ple_proj);
             pend = (tern_pending_res){g->o, L->post_ple_norm, L->layer_scalar, 1};
         } else {

@@ -242,13 +242,6 @@ static inline int tern__matmul_add(tern_model *m, float *y, const float *x, int 
     const tern_backend_vt *op = m->be->vt;
     return !op->allreduce_sum && op->matmul_add && op->matmul_add(m->be, y, x, n, w);
 }
-/* a hint for one-row steps (ops.h prefetch): w[0..k) are read after the ops launched next; the backend may bring them
- * closer meanwhile (CUDA: into L2, TERN_CUDA_L2PF_NEXT). Nothing is written; NULL entries are skipped. */
-static inline void tern__prefetch(tern_model *m, int n, const tern_tensor *w0, const tern_tensor *w1,
-                                  const tern_tensor *w2) {
-    const tern_tensor *const w[3] = {w0, w1, w2};
-    if (n == 1 && m->be->vt->prefetch) m->be->vt->prefetch(m->be, w, 3);
-}
 /* y += wo·attention(q) (the attention's output through att): one backend op when it can (ops.h attention_o), else
  * the attention, then matmul_add, or matmul and the tensor-parallel residual add */
 static inline void tern__attention_o(tern_model *m, float *y, float *att, float *o, const float *q, const tern_rows *rows,
@@ -364,11 +357,10 @@ static inline int tern__norm_mlp(tern_model *m, float *xn, const float *x, const
 /* tern__pending_norm_op's glu (act >= 0) followed by the down projection y = h·w[2]ᵀ (h [n, I]: the glu product;
  * tmp: the unfused glu's scratch): many rows try the whole MLP as one op (ops.h norm_mlp), with the pending add
  * folded in where the backend can (then x' lands in *xo and the pointers swap, as in tern__pending_norm_op), else
- * after the add; one-row steps keep norm_matmul's fold (and hint down before the glu and `next` before down:
- * tern__prefetch). */
+ * after the add; one-row steps keep norm_matmul's fold. */
 static inline void tern__pending_mlp(tern_model *m, float **x, float **xo, tern_pending_res *p, float *xn,
                                      const float *nw, float eps, int n, int d, float *y, float *h, float *tmp,
-                                     const tern_tensor *const *w, int act, const tern_tensor *const *next) {
+                                     const tern_tensor *const *w, int act) {
     if (m->be->vt->norm_mlp && n > 1) {
         if (p->on && *xo) {
             const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
@@ -381,9 +373,7 @@ static inline void tern__pending_mlp(tern_model *m, float **x, float **xo, tern_
         if (tern__norm_mlp(m, xn, *x, nw, eps, n, y, 0, w, act)) return;
     }
     float *const ys[1] = {h};
-    tern__prefetch(m, n, w[2], NULL, NULL); /* down, while the glu runs */
     tern__pending_norm_op(m, x, xo, p, xn, nw, eps, n, d, 2, ys, w, act, tmp);
-    if (next) tern__prefetch(m, n, next[0], next[1], next[2]); /* the weights after down (next: NULL for none) */
     m->be->vt->matmul(m->be, y, h, n, w[2]);
 }
 /* per-head q = rmsnorm(q)·qw, k = rmsnorm(k)·kw, v = rmsnorm(v), then rope + kv_write (Gemma 4): one launch

@@ -158,10 +158,8 @@ static tern_status ll_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         const tern_tensor *const mw[3] = {&L->gate, &L->up, &L->down};
         if (tern__norm_mlp(m, g->xn, g->x, L->post_norm, eps, n, g->x, 1, mw, TERN_ACT_SILU))
             continue; /* x += down(silu(rmsnorm(x)·gate)·up) in one op */
-        tern__prefetch(m, n, &L->down, NULL, NULL); /* a hint: down, then the next layer's q|k|v (one-row steps) */
         tern__norm_matmul_glu(m, g->xn, g->x, L->post_norm, eps, n, g->g, g->u, &L->gate, &L->up,
                               TERN_ACT_SILU); /* silu(rmsnorm(x)·gate)·up */
-        if (l + 1 < N) tern__prefetch(m, n, &g->L[l + 1].wq, &g->L[l + 1].wk, &g->L[l + 1].wv);
         if (!tern__matmul_add(m, g->x, g->g, n, &L->down)) { /* x += down(...) */
             op->matmul(be, g->o, g->g, n, &L->down);
             tern_allreduce_add(be, g->x, g->o, (size_t)n * H);

@@ -423,7 +423,7 @@ typedef struct tern_backend_vt {
      * backend may hand the attention's output to the projection in its own format and leave att unwritten (scratch).
      * 0 = not done, nothing written (src/model/internal.h tern__attention_o runs the two ops). CUDA: many rows in the
      * plain bf16 mode, the batch decode attention writing the GEMM's bf16 input (one f32 write and one conversion
-     * launch fewer); one row (TERN_CUDA_L2PF_O) may ask L2 for wo's first bytes before returning 0 (nothing written). */
+     * launch fewer). */
     int (*attention_o)(tern_backend *be, float *y, float *att, const float *q, const tern_rows *rows, int nh,
                        const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo, int add);
     /* norm_qkv_rope_kv then attention_o with add = 1, as one op (appended; optional): the KV cache is written as
@@ -458,10 +458,6 @@ typedef struct tern_backend_vt {
      * folds them (tern_norm_res h2) — Q4 decode, prefill. */
     int (*rmsnorm_add2)(tern_backend *be, float *x, float *h, const float *h2, int rows, int d, const float *w,
                         const float *w2, float eps, const float *s);
-    /* A hint (appended; optional): the uploaded weights w[0..k) (k <= 3) are read soon, after the ops launched next
-     * (src/model/internal.h tern__prefetch: one-row steps). The backend may start bringing them closer; nothing is
-     * written and no result may change. CUDA: l2pf.cu asks L2 for up to TERN_CUDA_L2PF_NEXT MB of them (0: nothing). */
-    void (*prefetch)(tern_backend *be, const tern_tensor *const *w, int k);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

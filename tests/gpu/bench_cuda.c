@@ -677,7 +677,6 @@ static void bench_pattern(int rows, int rb) {
  * Whether a kernel in another shared-memory configuration breaks PDL's overlap (TERN_CUDA_AD_TCS, NOTES (aa)) */
 void tern__cuda_pdl_probe(tern__cuda *c, int blocks, int smem, int carve, int *sink);
 double tern__cuda_probe_graph(tern__cuda *c, int phase, int reps);
-void tern__cuda_l2pf_tensor(tern__cuda *c, const tern_tensor *t, size_t budget); /* l2pf.cu */
 static void bench_pdl_smem(void) {
     tern__cuda *c = (tern__cuda *)g->impl;
     tern_tensor t, w;
@@ -850,16 +849,12 @@ static void bench_persist(void) {
                 free(hd2);
             }
             double us = -1.0;
-            /* BENCH_PERSIST_SAME=1: every launch on copy 0 (its weights from L2 where they fit: the walk fed from L2);
-             * BENCH_PERSIST_L2PF=MB: before launch i, l2pf.cu asks L2 for up to MB of launch i + 1's weights */
-            const char *se = getenv("BENCH_PERSIST_SAME"), *pe = getenv("BENCH_PERSIST_L2PF");
+            /* BENCH_PERSIST_SAME=1: every launch on copy 0 (its weights from L2 where they fit: the GEMV fed from L2;
+             * session 63 (NOTES (bw)): the Q4 layer chain 16.6 -> 8.0 us an op, bf16 4096x4096 12.4 -> 7.4) */
+            const char *se = getenv("BENCH_PERSIST_SAME");
             const int same = se && atoi(se) > 0;
-            const size_t pf = pe && atoi(pe) > 0 ? (size_t)atoi(pe) << 20 : 0;
             if (nq == N && tern__cuda_probe_graph(c, 0, 0) == 0.0) {
-                for (int i = 0; i < N; i++) {
-                    if (pf && !same && i + 1 < N) tern__cuda_l2pf_tensor(c, &wq[i + 1], pf);
-                    g->vt->matmul(g, ys[i + 1], ys[i], 1, &wq[same ? 0 : i]);
-                }
+                for (int i = 0; i < N; i++) g->vt->matmul(g, ys[i + 1], ys[i], 1, &wq[same ? 0 : i]);
                 us = tern__cuda_probe_graph(c, 1, 20);
             }
             const double tbs = us > 0 ? qb / us / 1e6 : 0;

@@ -368,7 +368,6 @@ static int cuda_ops_run_all(void) {
     RUN(cuda_norm_route_topk);
     RUN(cuda_graph_replay);
     RUN(cuda_graph_launch_halves);
-    RUN(cuda_l2pf);
     cuda_glm_tests();
     cuda_fp8_tests();
     cuda_kvq_tests();

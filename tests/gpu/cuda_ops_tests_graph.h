@@ -24,46 +24,29 @@ static void gstep_run(const gstep *s, int32_t *pos_host, int32_t *slot_host, flo
     g->vt->download(g, out, s->o, sizeof(float) * (size_t)s->nh * s->d);
 }
 
-/* the step's buffers: 4 heads / 2 kv heads of 64, H 128, a Q4 q projection, an F32 paged cache of 160 keys (block
- * table reversed when rev), x, and pos / slot holding *p / *sl; the host arrays gstep_close frees */
-typedef struct gstep_host { hw w; float *kh, *vh, *xh; } gstep_host;
-static void gstep_open(gstep *s, gstep_host *h, int rev, const int32_t *p, const int32_t *sl) {
-    const int nh = 4, nkv = 2, d = 64, H = 128, bs = 16, ctx = 160, mb = ctx / bs;
-    *s = (gstep){0};
-    s->nh = nh;
-    s->d = d;
-    s->H = H;
-    h->w = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, nh * d, H, 0);
-    tern_error err = {0};
-    s->w = h->w.t;
-    CHECK(g_gpu->vt->upload_weight(g_gpu, &s->w, &err) == TERN_OK, "upload: %s", err.msg);
-    size_t tok = (size_t)nkv * d, pool = (size_t)mb * bs * tok;
-    h->kh = rnd(pool, 1.0f), h->vh = rnd(pool, 1.0f), h->xh = rnd(H, 1.0f);
-    int32_t bt[10];
-    for (int i = 0; i < mb; i++) bt[i] = rev ? mb - 1 - i : i;
-    s->kv = (tern_kv_layer){TERN_DT_F32, nkv, d, bs, 0, to_gpu(h->kh, pool * 4), to_gpu(h->vh, pool * 4),
-                            to_gpu(bt, sizeof bt), mb};
-    s->x = to_gpu(h->xh, H * 4);
-    s->xn = g_gpu->vt->alloc(g_gpu, H * 4);
-    s->q = g_gpu->vt->alloc(g_gpu, (size_t)nh * d * 4);
-    s->o = g_gpu->vt->alloc(g_gpu, (size_t)nh * d * 4);
-    s->pos = to_gpu(p, 4);
-    s->slot = to_gpu(sl, 4);
-}
-static void gstep_close(gstep *s, gstep_host *h) {
-    g_gpu->vt->free_weight(g_gpu, &s->w);
-    void *bufs[] = {s->kv.k, s->kv.v, (void *)s->kv.block_table, s->x, s->xn, s->q, s->o, s->pos, s->slot};
-    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g_gpu->vt->free(g_gpu, bufs[i]);
-    free_w(&h->w);
-    free(h->kh); free(h->vh); free(h->xh);
-}
-
 TEST(cuda_graph_replay) {
     if (!g_gpu->vt->graph_begin) { SKIP("cuda_graph_replay", "backend has no graphs"); return; }
-    gstep s;
-    gstep_host hs;
+    const int nh = 4, nkv = 2, d = 64, H = 128, bs = 16, ctx = 160, mb = ctx / bs;
+    gstep s = {0};
+    s.nh = nh;
+    s.d = d;
+    s.H = H;
+    hw w = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, nh * d, H, 0);
+    tern_error err = {0};
+    s.w = w.t;
+    CHECK(g_gpu->vt->upload_weight(g_gpu, &s.w, &err) == TERN_OK, "upload: %s", err.msg);
+    size_t tok = (size_t)nkv * d, pool = (size_t)mb * bs * tok;
+    float *kh = rnd(pool, 1.0f), *vh = rnd(pool, 1.0f), *xh = rnd(H, 1.0f);
+    int32_t bt[10];
+    for (int i = 0; i < mb; i++) bt[i] = mb - 1 - i;
+    s.kv = (tern_kv_layer){TERN_DT_F32, nkv, d, bs, 0, to_gpu(kh, pool * 4), to_gpu(vh, pool * 4), to_gpu(bt, sizeof bt), mb};
+    s.x = to_gpu(xh, H * 4);
+    s.xn = g_gpu->vt->alloc(g_gpu, H * 4);
+    s.q = g_gpu->vt->alloc(g_gpu, (size_t)nh * d * 4);
+    s.o = g_gpu->vt->alloc(g_gpu, (size_t)nh * d * 4);
     int32_t p = 20, sl = 0;
-    gstep_open(&s, &hs, 1, &p, &sl);
+    s.pos = to_gpu(&p, 4);
+    s.slot = to_gpu(&sl, 4);
     float eager[256], replay[256];
     size_t ob = sizeof replay;
     /* record at position 20 (nothing runs), then replay at 150 and 3 */
@@ -90,7 +73,11 @@ TEST(cuda_graph_replay) {
     CHECK(g_gpu->vt->graph_replay(g_gpu, 44, replay, ob) == 0, "refused graph replayed");
     g_gpu->vt->graph_reset(g_gpu);
     CHECK(g_gpu->vt->graph_replay(g_gpu, 42, replay, ob) == 0, "graph survived reset");
-    gstep_close(&s, &hs);
+    g_gpu->vt->free_weight(g_gpu, &s.w);
+    void *bufs[] = {s.kv.k, s.kv.v, (void *)s.kv.block_table, s.x, s.xn, s.q, s.o, s.pos, s.slot};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g_gpu->vt->free(g_gpu, bufs[i]);
+    free_w(&w);
+    free(kh); free(vh); free(xh);
 }
 
 /* graph_launch into two staging halves: one graph (x += 1; download x) queued twice without waiting, the later half
@@ -119,59 +106,4 @@ TEST(cuda_graph_launch_halves) {
     vt->graph_reset(g_gpu);
     vt->free(g_gpu, x);
     vt->free(g_gpu, u);
-}
-
-/* TERN_CUDA_L2PF_O (l2pf.cu): one row's attention_o declines (0) after asking L2 for wo's first bytes — in every mode,
- * eagerly and inside a recorded graph, the step's output stays bitwise the step without it, and the kernel ran */
-TEST(cuda_l2pf) {
-    const tern_backend_vt *vt = g_gpu->vt;
-    extern int tern__cuda_l2pf_o, tern__cuda_l2pf_mode;
-    extern unsigned long long tern__cuda_l2pf_calls;
-    if (!vt->attention_o || !vt->graph_begin) { SKIP("cuda_l2pf", "no attention_o / graphs"); return; }
-    const int nh = 4, d = 64, H = 128;
-    gstep s;
-    gstep_host hs;
-    int32_t p = 77, sl = 0;
-    gstep_open(&s, &hs, 0, &p, &sl);
-    hw wo = make_w(TERN_DT_BF16, 0, 0, 0, 1, H, nh * d, 0);
-    tern_error err = {0};
-    tern_tensor two = wo.t;
-    CHECK(vt->upload_weight(g_gpu, &two, &err) == TERN_OK, "upload: %s", err.msg);
-    float *y = vt->alloc(g_gpu, (size_t)H * 4);
-    tern_rows rows = {1, s.pos, s.slot, &p, &sl};
-    float base[2][128], got[128]; /* eager, replayed (a recording may plan the attention's splits otherwise) */
-    const int keep_o = tern__cuda_l2pf_o, keep_m = tern__cuda_l2pf_mode;
-    for (int mode = 0; mode <= 3; mode++) {
-        tern__cuda_l2pf_o = mode ? 1 : 0;
-        tern__cuda_l2pf_mode = mode ? mode : 1;
-        for (int graph = 0; graph < 2; graph++) {
-            const unsigned long long before = tern__cuda_l2pf_calls;
-            const uint64_t key = 777 + (uint64_t)mode;
-            if (graph) CHECK(vt->graph_begin(g_gpu, key, got, sizeof got) == 1, "graph_begin mode %d", mode);
-            vt->rmsnorm(g_gpu, s.xn, s.x, 1, H, NULL, 1e-6f);
-            vt->matmul(g_gpu, s.q, s.xn, 1, &s.w);
-            CHECK(vt->attention_o(g_gpu, y, s.o, s.q, &rows, nh, &s.kv, 0.125f, 0.0f, &two, 0) == 0,
-                  "one row's attention_o must decline");
-            vt->attention(g_gpu, s.o, s.q, &rows, nh, &s.kv, 0.125f, 0.0f);
-            vt->matmul(g_gpu, y, s.o, 1, &two);
-            vt->download(g_gpu, got, y, sizeof got);
-            if (graph) {
-                CHECK(vt->graph_end(g_gpu, 1) == 1, "graph_end mode %d", mode);
-                for (int j = 0; j < H; j++) got[j] = NAN;
-                CHECK(vt->graph_replay(g_gpu, key, got, sizeof got) == 1, "replay mode %d", mode);
-            }
-            if (!mode) memcpy(base[graph], got, sizeof got);
-            CHECK(tern__cuda_l2pf_calls - before == (mode ? 1u : 0u), "mode %d graph %d: %llu prefetch launches", mode,
-                  graph, tern__cuda_l2pf_calls - before);
-            if (mode) CHECK(memcmp(got, base[graph], sizeof got) == 0, "mode %d graph %d: output differs", mode, graph);
-        }
-    }
-    printf("  l2pf: modes 1-3 eager and replayed bitwise the step without it\n");
-    tern__cuda_l2pf_o = keep_o;
-    tern__cuda_l2pf_mode = keep_m;
-    vt->graph_reset(g_gpu);
-    vt->free_weight(g_gpu, &two);
-    vt->free(g_gpu, y);
-    free_w(&wo);
-    gstep_close(&s, &hs);
 }

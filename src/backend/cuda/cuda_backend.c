@@ -428,33 +428,10 @@ static void be_attention(tern_backend *be, float *out, const float *q, const ter
     if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) tern__cuda_attention_q(C(be), out, q, rows, nh, kv, scale, softcap);
     else tern__cuda_attention(C(be), out, q, rows, nh, kv, scale, softcap);
 }
-/* TERN_CUDA_L2PF_O=MB (session 63; 0 off): one decode row's attention is preceded by l2pf.cu's kernel asking L2 for up
- * to MB of the o projection's weights (the attention leaves DRAM nearly idle; the o GEMV then finds them there) */
-int tern__cuda_l2pf_o = -1;
-/* ops.h prefetch: TERN_CUDA_L2PF_NEXT=MB (session 63; 0 off) of w[0..k) asked into L2 by l2pf.cu's kernel */
-int tern__cuda_l2pf_next = -1;
-static void be_prefetch(tern_backend *be, const tern_tensor *const *w, int k) {
-    if (tern__cuda_l2pf_next < 0) {
-        const int mb = tern__cuda_env_int("TERN_CUDA_L2PF_NEXT", 0);
-        tern__cuda_l2pf_next = mb < 0 ? 0 : mb > 256 ? 256 : mb;
-    }
-    if (tern__cuda_l2pf_next > 0) tern__cuda_l2pf_tensors(C(be), w, k, (size_t)tern__cuda_l2pf_next << 20);
-}
 static int be_attention_o(tern_backend *be, float *y, float *att, const float *q, const tern_rows *rows, int nh,
                           const tern_kv_layer *kv, float scale, float softcap, const tern_tensor *wo, int add) {
     tern__cuda_w v;
-    if (wo->ndim != 2) return 0;
-    if (rows->n < 2) {
-        if (tern__cuda_l2pf_o < 0) {
-            const int mb = tern__cuda_env_int("TERN_CUDA_L2PF_O", 0);
-            tern__cuda_l2pf_o = mb < 0 ? 0 : mb > 256 ? 256 : mb;
-        }
-        if (tern__cuda_l2pf_o > 0 && rows->n == 1) {
-            tern__cuda_wview(wo, &v);
-            tern__cuda_l2pf_w(C(be), &v, (size_t)tern__cuda_l2pf_o << 20);
-        }
-        return 0; /* a prefetch writes nothing: the attention and the o GEMV run as separate ops */
-    }
+    if (wo->ndim != 2 || rows->n < 2) return 0;
     tern__cuda_wview(wo, &v);
     if (!tern__cuda_attn_o_begin(C(be), y, att, rows->n, nh * kv->head_dim, &v)) return 0;
     be_attention(be, att, q, rows, nh, kv, scale, softcap);
@@ -738,7 +715,6 @@ static const tern_backend_vt k_cuda_vt = {
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
     .reserve_rows = be_reserve_rows,
-    .prefetch = be_prefetch,
 };
 
 /* The prefill GEMM scratch for forwards of `rows` rows: 256 MB (TERN_CUDA_GEMM_SCRATCH_MB) a 2048 rows, at least

@@ -204,10 +204,6 @@ int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const te
 /* ops.h attention_o around the backend's attention: _begin (1 when the projection will run as gemm_add's GEMM; it sets
  * c->att_f32 / att_n to the attention's output), the attention, then _end (the staging when the attention wrote f32, y += w·att,
  * or y = w·att when !add: gemm_rows's plain GEMM; 1 when done). TERN_CUDA_ATT_O=0: never */
-/* l2pf.cu: at most `budget` bytes of matrix 0 of w (codes, scales, biases in proportion) asked into L2 by a kernel on the
- * stream that ends with the kernel before it (TERN_CUDA_L2PF_O: o's weights before a one-row attention) */
-void tern__cuda_l2pf_w(tern__cuda *c, const tern__cuda_w *w, size_t budget);
-void tern__cuda_l2pf_tensors(tern__cuda *c, const tern_tensor *const *t, int k, size_t budget); /* k <= 3 (ops.h prefetch) */
 int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, int in_att, const tern__cuda_w *w);
 int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add);
 void tern__cuda_attn_o_cancel(tern__cuda *c); /* the handoff dropped without an attention (attn_o_end does it too) */
