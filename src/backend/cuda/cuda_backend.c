@@ -809,6 +809,13 @@ tern_status tern_backend_cuda_open(tern_backend **out, const tern_backend_opts *
     c->compute = be->compute;
     c->n_sm = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
+    {
+        int mclk = 0, bus = 0; /* kHz, bits; DDR: two transfers a clock */
+        if (cudaDeviceGetAttribute(&mclk, cudaDevAttrMemoryClockRate, dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&bus, cudaDevAttrGlobalMemoryBusWidth, dev) == cudaSuccess)
+            c->mem_peak = 2.0 * mclk * 1e3 * bus / 8.0;
+        cudaGetLastError();
+    }
     const char *what = "cudaSetDevice";
     if ((e = cudaSetDevice(dev)) != cudaSuccess) goto fail;
     what = "cudaStreamCreate";

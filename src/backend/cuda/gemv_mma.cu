@@ -601,11 +601,15 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
      * on the way, not one chunk per warp. H200, session 13 (NOTES (v)), µs 0 / 3: 14336x4096 17.1 /
      * 16.1, 4096x14336 18.4 / 17.3, lm head 124.2 / 122.9; b1 q4 tok/s llama3-8b 311.8 / 313.5 / 313.3 /
      * 312.4 → 316.1 / 315.4 / 313.8 / 313.9, gemma4-12b 191.5 / 190.9 / 191.4 / 191.4 → 194.2 / 194.1 /
-     * 194.0 / 192.5 (8 and 16 lose on the head) */
+     * 194.0 / 192.5 (8 and 16 lose on the head). The default is 0 where the memory's peak rate is under 4 TB/s (an
+     * H100: session 63, NOTES (bw), b1 q4 3 / 0, two reps: llama3-8b 346.4 / 347.0 → 353.7 / 354.2, gemma4-12b 197.9 /
+     * 197.7 → 202.5 / 202.8, gemma4-e4b 286.9 / 286.8 → 285.6 / 285.4, 26b-a4b 307.2 → 307.8; session 52's chain
+     * −1.5 %), 3 above (the H200 figures above) */
     static int l2pf = -1;
     if (l2pf < 0) {
-        l2pf = tern__cuda_env_int("TERN_CUDA_GEMV_L2PF", 3);
-        if (l2pf < 0 || l2pf > 64) l2pf = 3;
+        const int dflt = c->mem_peak > 0 && c->mem_peak < 4e12 ? 0 : 3;
+        l2pf = tern__cuda_env_int("TERN_CUDA_GEMV_L2PF", dflt);
+        if (l2pf < 0 || l2pf > 64) l2pf = dflt;
     }
     a.l2pf = l2pf;
     /* TERN_CUDA_GEMV_RMSU (default 1 on, 0 off): the pre-norm's sum of squares (block_rms_inv over x in global
