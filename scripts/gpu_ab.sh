@@ -1364,6 +1364,15 @@ if [[ " $SECTIONS " == *" 106 "* ]]; then
     b1_sets "TERN_CUDA_GEMV_L2PF=3" "${AB106_8K:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant bf16}" 8192
 fi
 
+# 107. session 63, written after its last call: TERN_CUDA_GEMV_L2PF's per-device default (0 under 4 TB/s peak memory,
+#      3 above; c->mem_peak from the device attributes) — the default must time as the explicit value for that card:
+#      b1 q4 at 512 with the variable unset, =0 and =3, two reps (AB107_MODELS)
+if [[ " $SECTIONS " == *" 107 "* ]]; then
+    nvidia-smi --query-gpu=name,clocks.max.mem --format=csv,noheader | tee -a "$S"
+    b1_sets "TERN_CUDA_GEMV_L2PF_UNSET=1;TERN_CUDA_GEMV_L2PF=0;TERN_CUDA_GEMV_L2PF=3" \
+        "${AB107_MODELS:-llama3-8b --quant q4;gemma4-12b --quant q4}" 512
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
