@@ -1338,10 +1338,8 @@ fi
 #      TERN_CUDA_AD_R1_PUSH=1, the blocks write the cluster merge's inputs into their owners' shared memory, so the merge
 #      reads only local memory and needs no barrier after it; against PUSH=0 and the tree before (build/base/tern-core)
 #      Ran in session 62 (NOTES (bv)): the kernel alone 2-3 % faster, but the build with it 0.3-1.4 % slower in b1 even
-#      with PUSH=0 (more static shared memory, another register allocation) — removed with its switch; kept as a record.
-if [[ " $SECTIONS " == *" 103 "* ]]; then
-    r1_ab TERN_CUDA_AD_R1_PUSH cuda_attention_decode_r1 ops103
-fi
+#      with PUSH=0 (more static shared memory, another register allocation) — removed with its switch; kept as a record
+#      (`r1_ab TERN_CUDA_AD_R1_PUSH cuda_attention_decode_r1 ops103` ran it).
 
 # 104. session 63: weights into L2 by a small kernel while latency-bound ones run (TERN_CUDA_L2PF_O: o's before a
 #      one-row attention; TERN_CUDA_L2PF_NEXT via an ops.h prefetch hint: down before the glu, the next q|k|v before
@@ -1357,8 +1355,9 @@ if [[ " $SECTIONS " == *" 105 "* ]]; then
 fi
 
 # 106. session 63: the b1 table on whatever card comes (the H200's when one is lent): every model in bf16 and q4 at 512
-#      with the Q4 walk's own L2 prefetch (TERN_CUDA_GEMV_L2PF) 3 (default) and 0 (session 52's chain on an H100: 0 was
-#      1.5 % faster), one rep; the bf16 models at 8192, AB_REPS reps (default 2)
+#      with the Q4 walk's own L2 prefetch (TERN_CUDA_GEMV_L2PF) 3 and 0 (session 52's chain on an H100: 0 was 1.5 %
+#      faster; since this section ran the default follows the card, section 107), one rep; the bf16 models at 8192,
+#      AB_REPS reps (default 2)
 if [[ " $SECTIONS " == *" 106 "* ]]; then
     AB_REPS=1 b1_sets "TERN_CUDA_GEMV_L2PF=3;TERN_CUDA_GEMV_L2PF=0" "${AB106_512:-llama3-8b --quant q4;gemma4-e4b --quant q4;gemma4-12b --quant q4;gemma4-26b-a4b --quant q4;llama3-8b --quant bf16;gemma4-e4b --quant bf16;gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16}" 512
     b1_sets "TERN_CUDA_GEMV_L2PF=3" "${AB106_8K:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant bf16}" 8192

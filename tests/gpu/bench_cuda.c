@@ -812,6 +812,10 @@ static void bench_persist(void) {
         }
     /* the production matmuls per shape: 32 launches of one shape (bf16, then MLX q4 g64), each its own copy, on a
      * backend in the plain bf16 mode (the GPU default: Q4 takes the XP1 walk there) */
+    /* BENCH_PERSIST_SAME=1: every launch on copy 0 (its weights from L2 where they fit: the GEMV fed from L2; session
+     * 63 (NOTES (bw)): the Q4 layer chain 16.6 -> 8.0 us an op, bf16 4096x4096 12.4 -> 7.4) */
+    const char *se = getenv("BENCH_PERSIST_SAME");
+    const int same = se && atoi(se) > 0;
     tern_backend *keep = g, *gb = open_mode(TERN_COMPUTE_BF16);
     if (!gb) goto done;
     g = gb;
@@ -849,10 +853,6 @@ static void bench_persist(void) {
                 free(hd2);
             }
             double us = -1.0;
-            /* BENCH_PERSIST_SAME=1: every launch on copy 0 (its weights from L2 where they fit: the GEMV fed from L2;
-             * session 63 (NOTES (bw)): the Q4 layer chain 16.6 -> 8.0 us an op, bf16 4096x4096 12.4 -> 7.4) */
-            const char *se = getenv("BENCH_PERSIST_SAME");
-            const int same = se && atoi(se) > 0;
             if (nq == N && tern__cuda_probe_graph(c, 0, 0) == 0.0) {
                 for (int i = 0; i < N; i++) g->vt->matmul(g, ys[i + 1], ys[i], 1, &wq[same ? 0 : i]);
                 us = tern__cuda_probe_graph(c, 1, 20);

@@ -48,8 +48,9 @@ typedef struct tern__cuda {
                                   * of gemm_scratch (the o GEMM's staged input) instead of f32 there */
     int att_n, att_bf16_done;    /* ... and whether it did */
     int n_sm;
-    double mem_peak;             /* the device memory's peak rate, bytes/s (clock x bus width; 0 unknown): a few
-                                  * defaults differ between H100 (3.35 TB/s) and H200 (4.8 TB/s) parts */
+    double mem_peak;             /* the device memory's peak rate, bytes/s (clock x bus width; 0 unknown): the Q4
+                                  * walk's L2 prefetch default (gemv_mma.cu) differs between H100 (3.35 TB/s) and
+                                  * H200 (4.8 TB/s) parts */
     size_t smem_optin;           /* max dynamic shared memory per block */
     cudaError_t sticky;          /* first asynchronous error seen (reported by sync/download) */
     /* small uploads go through a pinned ring and return at once (graph.c) */
