@@ -86,7 +86,8 @@ b1_sets() {
     done
 }
 # conc_ab "settings;settings" "models" CONC: batch decode (build/concurrency, bf16 compute, 128 + 128) of each
-# model at the concurrencies CONC for every setting (a space-separated list of VAR=value), interleaved, AB_REPS reps
+# model at the concurrencies CONC for every setting (a space-separated list of VAR=value; a word BIN=path runs
+# that concurrency binary instead, e.g. build/base/concurrency from GPU_PACK_BASE_CONC), interleaved, AB_REPS reps
 # (default 2; AB_CONC overrides CONC); one line each: concurrency and steady decode tok/s
 conc_ab() {
     local sets rep v m tag
@@ -95,7 +96,9 @@ conc_ab() {
         for v in "${sets[@]}"; do
             for m in $2; do
                 tag=$(printf '%s_%s' "$m" "$v" | tr -c 'a-zA-Z0-9.' '_')
-                env $v timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc "${AB_CONC:-$3}" \
+                local bin=build/concurrency e="" w # a word BIN=path runs that concurrency instead (another tree's build)
+                for w in $v; do case $w in BIN=*) bin=${w#BIN=} ;; *) e="$e $w" ;; esac; done
+                env $e timeout 100 $bin --random $m --device cuda --compute bf16 --conc "${AB_CONC:-$3}" \
                     --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/conc_${tag}_$rep.txt" 2>&1
                 say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/conc_${tag}_$rep.txt" | cut -d, -f5,9,16 | tr '\n' ' ')"
             done
@@ -1370,6 +1373,48 @@ if [[ " $SECTIONS " == *" 107 "* ]]; then
     nvidia-smi --query-gpu=name,clocks.max.mem --format=csv,noheader | tee -a "$S"
     b1_sets "TERN_CUDA_GEMV_L2PF_UNSET=1;TERN_CUDA_GEMV_L2PF=0;TERN_CUDA_GEMV_L2PF=3" \
         "${AB107_MODELS:-llama3-8b --quant q4;gemma4-12b --quant q4}" 512
+fi
+
+# 108. session 64 (ran, NOTES (bx)): attn_decode_tc.cu's q staging at D > 128 with every thread's loads in flight
+#      (tc_stage_q) against the tree before: the kernel alone 16 / 1 × 512 at 8192 keys 22.0 → 21.3 µs, b1 bf16 at
+#      8192 gemma4-12b +0.3 %, 26b-a4b and e4b ties. Its body is 109's with the copies' change.
+# 109. session 64: attn_decode_tc.cu's copies addressed by one IMAD.WIDE.U32 a key (the lane's piece of token 0 +
+#      rec · the pool's bytes a token) instead of 64-bit offsets with clamps per copy (ncu, 16 / 1 × 512: ~36
+#      instructions a key, more than the chunk's mmas), with 108's q staging, against the tree before (build/base):
+#      op tests (stops on a failure), the kernel alone at 8192 keys (D 512 shapes and llama3-8b's 32 / 8 × 128), b1
+#      bf16 at 8192 (AB109_MODELS) and 512 (AB109_512), AB_REPS reps, then batch decode 128 + 128 of the unsplit
+#      instances against build/base/concurrency (GPU_PACK_BASE_CONC; AB109_CONC models, "" skips; AB109_N
+#      concurrency, default 64). Also attn_decode_r1.cu's K / V addresses the same way (a record times the bytes a token,
+#      unsigned): build/alt/tern-core (GPU_PACK_ALT) is the tree with the attn_decode_tc.cu change alone
+if [[ " $SECTIONS " == *" 109 "* ]]; then
+    nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee -a "$S"
+    f=0
+    for t in cuda_attention_decode_tcs cuda_attention_decode_tc cuda_attention_decode_early_bits cuda_attention_decode_r1; do
+        op_test $t ${t#cuda_}
+        grep -q '^FAIL' "$OUT/${t#cuda_}_ops.txt" && f=1
+        grep -q '^PASS' "$OUT/${t#cuda_}_ops.txt" || f=1
+    done
+    if [ $f = 0 ]; then
+        if [ -x build/bench_cuda ] && [ -n "${AB109_KERNEL-x}" ]; then
+            for sh in "8192 16 1 512" "8192 16 2 512" "8192 8 2 512" "8192 32 8 128" "1024 16 8 256" "512 32 8 128"; do
+                for rep in 1 2; do
+                    say "attn-dec1 1 row [$sh] rep $rep: $(timeout 60 build/bench_cuda --attn-dec1 ${sh%% *} 1 bf16 1 ${sh#* } | grep '^csv' | tail -1)"
+                done
+            done
+        fi
+        B=build/base/tern-core A="BIN=build/alt/tern-core;"
+        [ -x $B ] || B=$T
+        [ -x build/alt/tern-core ] || A=""
+        [ -n "${AB109_MODELS-x}" ] &&
+            b1_sets "BIN=$B;${A}X=1" "${AB109_MODELS:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16;llama3-8b --quant bf16}" 8192
+        [ -n "${AB109_512-x}" ] &&
+            b1_sets "BIN=$B;${A}X=1" "${AB109_512:-llama3-8b --quant bf16;gemma4-e4b --quant bf16}" 512
+        if [ -n "${AB109_CONC-x}" ] && [ -x build/base/concurrency ]; then
+            conc_ab "BIN=build/base/concurrency;X=1" "${AB109_CONC:-llama3-8b:bf16 gemma4-12b:bf16}" "${AB109_N:-64}"
+        fi
+    else
+        say "109: an op test failed, no timings"
+    fi
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -22,7 +22,8 @@
 #   GPU_PACK_BASE=FILE bash scripts/gpu_check.sh pack  # also FILE (another tree's tern-core: an A/B against the committed
 #                                         # binary, gpu_ab.sh b1e's BIN=build/base/tern-core) as build/base/tern-core,
 #                                         # stripped and executable (the shared code packs to almost nothing);
-#                                         # GPU_PACK_ALT=FILE likewise as build/alt/tern-core (a third build)
+#                                         # GPU_PACK_ALT=FILE likewise as build/alt/tern-core (a third build);
+#                                         # GPU_PACK_BASE_CONC=FILE: the base tree's concurrency as build/base/concurrency
 #   GPU_PREBUILT=build/gpu_prebuilt/bin.tar.xz bash scripts/gpu_check.sh   # device, carry
 #       [".gpudeps", "build/gpu_prebuilt"]: unpacks into build/ and skips both builds
 set -u
@@ -45,6 +46,10 @@ if [ "${1:-}" = pack ]; then
     if [ -n "${GPU_PACK_BASE:-}" ]; then
         mkdir -p "$P/stage/build/base" && strip -o "$P/stage/build/base/tern-core" "$GPU_PACK_BASE" &&
             chmod +x "$P/stage/build/base/tern-core" || { echo "pack: cannot add $GPU_PACK_BASE"; exit 1; }
+    fi
+    if [ -n "${GPU_PACK_BASE_CONC:-}" ]; then # the same tree's build/concurrency (gpu_ab.sh conc_ab's BIN=build/base/concurrency)
+        mkdir -p "$P/stage/build/base" && strip -o "$P/stage/build/base/concurrency" "$GPU_PACK_BASE_CONC" &&
+            chmod +x "$P/stage/build/base/concurrency" || { echo "pack: cannot add $GPU_PACK_BASE_CONC"; exit 1; }
     fi
     if [ -n "${GPU_PACK_ALT:-}" ]; then # a third tern-core (build/alt/tern-core): two steps of a change against the base
         mkdir -p "$P/stage/build/alt" && strip -o "$P/stage/build/alt/tern-core" "$GPU_PACK_ALT" &&

@@ -111,9 +111,11 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
     const int len = pos >= 0 ? pos - lo + 1 : 0, nch = (len + 15) >> 4, step = S * WP;
     const int32_t *btrow = ad_btrow(a, r);
-    const size_t kvs = (size_t)a.nkv * D;
-    const T *kb = (const T *)a.kp + (size_t)kvh * D + hf * DH + t * DL;
-    const T *vb = (const T *)a.vp + (size_t)kvh * D + hf * DH + g * DV;
+    /* a key's rows: the lane's piece of token 0 + rec · the pool's bytes a token, one IMAD.WIDE.U32 (rec >= 0 where
+     * loaded); a signed 64-bit product took a sign extension and three multiplies a record */
+    const uint32_t rowb = (uint32_t)((size_t)a.nkv * D * sizeof(T));
+    const char *kb = (const char *)((const T *)a.kp + (size_t)kvh * D + hf * DH + t * DL);
+    const char *vb = (const char *)((const T *)a.vp + (size_t)kvh * D + hf * DH + g * DV);
     uint32_t kw[2][KW], vw[4][VW];
     int krec[2], vrec[4];
     /* chunk cc's keys: K rows 16cc + 8j + g (j = n-tile), V rows 16cc + 8(v >> 1) + 2t + (v & 1) */
@@ -121,14 +123,14 @@ __global__ void __launch_bounds__(32 * W) attn_dec_r1_kernel(AdArgs a) {
     auto get_k = [&](int j) {
 #pragma unroll
         for (int i = 0; i < KW / 4; i++) {
-            const uint4 x = krec[j] >= 0 ? __ldcg((const uint4 *)(kb + (size_t)krec[j] * kvs) + i) : make_uint4(0, 0, 0, 0);
+            const uint4 x = krec[j] >= 0 ? __ldcg((const uint4 *)(kb + (size_t)(uint32_t)krec[j] * rowb) + i) : make_uint4(0, 0, 0, 0);
             kw[j][4 * i] = x.x; kw[j][4 * i + 1] = x.y; kw[j][4 * i + 2] = x.z; kw[j][4 * i + 3] = x.w;
         }
     };
     auto get_v = [&](int v) {
 #pragma unroll
         for (int i = 0; i < VW / 4; i++) {
-            const uint4 x = vrec[v] >= 0 ? __ldcg((const uint4 *)(vb + (size_t)vrec[v] * kvs) + i) : make_uint4(0, 0, 0, 0);
+            const uint4 x = vrec[v] >= 0 ? __ldcg((const uint4 *)(vb + (size_t)(uint32_t)vrec[v] * rowb) + i) : make_uint4(0, 0, 0, 0);
             vw[v][4 * i] = x.x; vw[v][4 * i + 1] = x.y; vw[v][4 * i + 2] = x.z; vw[v][4 * i + 3] = x.w;
         }
     };

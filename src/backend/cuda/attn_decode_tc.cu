@@ -79,6 +79,29 @@ template <int D, int S_, int W_ = 0> struct TcShape {
     static_assert(S >= 2, "ring");
 };
 
+/* q of G <= 8 heads (D > 128) as rows hi 0..7 / lo 8..15 of shared memory (row stride D + 8), by the block's NTH
+ * threads: every thread's loads go out before the first split (a loop of one load, split and store per pass kept a
+ * dependent L2 round trip a pass: 16 passes at D 512, ~1/3 of TCS512's one-row time, NOTES (bx)) */
+template <typename T, int D, int NTH>
+__device__ __forceinline__ void tc_stage_q(const float *qrow, int G, uint32_t *qw) {
+    constexpr int RS = D + 8, N = 8 * (D / 2), IT = (N + NTH - 1) / NTH;
+    float2 x[IT];
+#pragma unroll
+    for (int k = 0; k < IT; k++) {
+        const int i = (int)threadIdx.x + k * NTH, h = i / (D / 2), e = i % (D / 2) * 2;
+        x[k] = i < N && h < G ? __ldg((const float2 *)(qrow + (size_t)h * D + e)) : make_float2(0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < IT; k++) {
+        const int i = (int)threadIdx.x + k * NTH, h = i / (D / 2), e = i % (D / 2) * 2;
+        if (N % NTH != 0 && i >= N) break;
+        uint32_t hi, lw;
+        tc_split<T>(x[k].x, x[k].y, hi, lw);
+        qw[(h * RS + e) / 2] = hi;
+        qw[((8 + h) * RS + e) / 2] = lw;
+    }
+}
+
 /* q of the block's G heads as the A fragments of the k-steps (D <= 128: registers qf) or as rows hi 0..7 / lo 8..15
  * in shared memory after the rings (D 256, read by ldmatrix) — for the EARLY instances, after their pdl_wait. The
  * other instances keep the same lines inline in the kernel: called from there (as a function or a lambda) ptxas
@@ -87,7 +110,7 @@ template <int D, int S_, int W_ = 0> struct TcShape {
 template <typename T, int D, int S_>
 __device__ __forceinline__ void tc_load_q(const float *qrow, int G, int gq, int tq, uint32_t (*qf)[4], unsigned char *smem) {
     using SH = TcShape<D, S_>;
-    constexpr int NK = D / 16, RS = SH::RS;
+    constexpr int NK = D / 16;
     if constexpr (!SH::QS) {
 #pragma unroll
         for (int kk = 0; kk < NK; kk++) {
@@ -100,15 +123,7 @@ __device__ __forceinline__ void tc_load_q(const float *qrow, int G, int gq, int 
             tc_split<T>(x1.x, x1.y, qf[kk][2], qf[kk][3]);
         }
     } else {
-        uint32_t *qw = (uint32_t *)(smem + SH::RING);
-        for (int i = threadIdx.x; i < 8 * (D / 2); i += blockDim.x) {
-            const int h = i / (D / 2), e = i % (D / 2) * 2;
-            const float2 x = h < G ? __ldg((const float2 *)(qrow + (size_t)h * D + e)) : make_float2(0.0f, 0.0f);
-            uint32_t hi, lw;
-            tc_split<T>(x.x, x.y, hi, lw);
-            qw[(h * RS + e) / 2] = hi;
-            qw[((8 + h) * RS + e) / 2] = lw;
-        }
+        tc_stage_q<T, D, 32 * SH::W>(qrow, G, (uint32_t *)(smem + SH::RING));
     }
 }
 
@@ -246,15 +261,7 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
                 tc_split<T>(x1.x, x1.y, qf[kk][2], qf[kk][3]);
             }
         } else {
-            uint32_t *qw = (uint32_t *)(tc_smem + SH::RING);
-            for (int i = threadIdx.x; i < 8 * (D / 2); i += blockDim.x) {
-                const int h = i / (D / 2), e = i % (D / 2) * 2;
-                const float2 x = h < G ? __ldg((const float2 *)(qrow + (size_t)h * D + e)) : make_float2(0.0f, 0.0f);
-                uint32_t hi, lw;
-                tc_split<T>(x.x, x.y, hi, lw);
-                qw[(h * RS + e) / 2] = hi;
-                qw[((8 + h) * RS + e) / 2] = lw;
-            }
+            tc_stage_q<T, D, 32 * W>(qrow, G, (uint32_t *)(tc_smem + SH::RING));
         }
     }
 
@@ -265,6 +272,12 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
     const T *kb = (const T *)a.kp + (size_t)g * D, *vb = (const T *)a.vp + (size_t)g * D;
     const uint32_t ring = mma_smem_u32(tc_smem) + (uint32_t)(warp * S * STAGE * 2);
     const int ck = lane / CPR, cc = lane % CPR; /* this lane's row of a copy round and its 16-byte piece */
+    /* the copies' sources: the lane's piece of token 0, plus one IMAD.WIDE.U32 a key (rec · the pool's bytes a token;
+     * a key not resident copies no bytes from token 0's address). The 64-bit offset arithmetic with its clamps per
+     * copy took ~36 instructions a key at D 512 — more than the chunk's mmas (ncu, NOTES (bx)) */
+    const uint32_t rowb = (uint32_t)(kvs * sizeof(T));
+    const char *kl = (const char *)kb + (DS == 1 ? cc : lane) * 16;
+    const char *vl = (const char *)vb + (DS == 1 ? cc : lane) * 16 + (DS > 1 ? dh * DV * sizeof(T) : 0);
     /* ldmatrix row addresses (bytes within a tile): K (B, plain): matrices (keys 0-7 | 8-15) × (d 0-7 |
      * 8-15) in the order b0, b1 of n-tile 0, b0, b1 of n-tile 1; V (B, .trans): (keys 0-7 | 8-15) × d 0-7,
      * then × d 8-15: b0, b1 of d-tile 2np, then of 2np + 1; Q (A): rows 0-15 at k 0, then at k 8 */
@@ -290,23 +303,21 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>
                     for (int i = 0; i < NI; i++) {
                         const int key = i * KPI + ck, idx = c0 + key;
                         const int rec = idx < tn ? recs[idx] : -1;
-                        const size_t off = rec >= 0 ? (size_t)rec * kvs + cc * 8 : 0;
+                        const size_t o = (size_t)(uint32_t)max(rec, 0) * rowb;
                         const uint32_t d = st + (uint32_t)((key * RS + cc * 8) * 2);
-                        tc_cp16(d, kb + off, rec >= 0);
-                        tc_cp16(d + TILE * 2, vb + off, rec >= 0);
+                        tc_cp16(d, kl + o, rec >= 0);
+                        tc_cp16(d + TILE * 2, vl + o, rec >= 0);
                     }
                 } else { /* a key's K row is CPR / 32 pieces a lane, its V half one */
                     static_assert(CPR % 32 == 0 && DV / 8 == 32, "D 512: 64 K pieces and 32 V pieces a key");
 #pragma unroll
                     for (int key = 0; key < TC_CK; key++) {
                         const int idx = c0 + key, rec = idx < tn ? recs[idx] : -1;
-                        const size_t off = rec >= 0 ? (size_t)rec * kvs + lane * 8 : 0;
+                        const size_t o = (size_t)(uint32_t)max(rec, 0) * rowb;
 #pragma unroll
                         for (int p = 0; p < CPR / 32; p++)
-                            tc_cp16(st + (uint32_t)((key * RS + p * 256 + lane * 8) * 2), kb + off + (rec >= 0 ? p * 256 : 0),
-                                    rec >= 0);
-                        tc_cp16(st + (uint32_t)((TILE + key * RSV + lane * 8) * 2), vb + off + (rec >= 0 ? dh * DV : 0),
-                                rec >= 0);
+                            tc_cp16(st + (uint32_t)((key * RS + p * 256 + lane * 8) * 2), kl + o + p * 256 * (int)sizeof(T), rec >= 0);
+                        tc_cp16(st + (uint32_t)((TILE + key * RSV + lane * 8) * 2), vl + o, rec >= 0);
                     }
                 }
             }
