@@ -1417,6 +1417,39 @@ if [[ " $SECTIONS " == *" 109 "* ]]; then
     fi
 fi
 
+# 110. session 64: attn_decode_tc.cu's lazy rescale (TC_TAU: the online softmax's reference max moves only when a
+#      chunk's passes it by more than 8 nats, so O's D/8·4 multiplies a lane are skipped past the first chunks; other
+#      bits, within the op tests' bounds) against the tree before (build/base), and TERN_CUDA_AD_TCS_EARLY=0 on the base
+#      (ncu: ~10 % of TCS512's stall samples wait for q behind the early copies): op tests, parity, the kernel alone,
+#      b1 bf16 at 8192 (AB110_MODELS), batch decode at 64 (AB110_CONC, one rep; "" skips)
+if [[ " $SECTIONS " == *" 110 "* ]]; then
+    nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee -a "$S"
+    f=0
+    for t in cuda_attention_decode_tcs cuda_attention_decode_tc cuda_attention_decode_early_bits; do
+        op_test $t ${t#cuda_}
+        grep -q '^FAIL' "$OUT/${t#cuda_}_ops.txt" && f=1
+        grep -q '^PASS' "$OUT/${t#cuda_}_ops.txt" || f=1
+    done
+    for c in f32 bf16; do
+        TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$c timeout 120 build/tests/test_parity_core > "$OUT/parity110_$c.log" 2>&1
+        say "parity $c: $(grep -c '^PASS' "$OUT/parity110_$c.log") passed, $(grep -c '^FAIL' "$OUT/parity110_$c.log") failed"
+    done
+    if [ $f = 0 ]; then
+        for sh in "8192 16 1 512" "8192 32 8 128"; do
+            say "attn-dec1 1 row [$sh]: $(timeout 60 build/bench_cuda --attn-dec1 ${sh%% *} 1 bf16 1 ${sh#* } | grep '^csv' | tail -1)"
+        done
+        B=build/base/tern-core
+        [ -x $B ] || B=$T
+        [ -n "${AB110_MODELS-x}" ] && b1_sets "BIN=$B;BIN=$B TERN_CUDA_AD_TCS_EARLY=0;X=1" \
+            "${AB110_MODELS:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16}" 8192
+        if [ -n "${AB110_CONC-x}" ] && [ -x build/base/concurrency ]; then
+            AB_REPS=1 conc_ab "BIN=build/base/concurrency;X=1" "${AB110_CONC:-gemma4-12b:bf16 llama3-8b:bf16}" 64
+        fi
+    else
+        say "110: an op test failed, no timings"
+    fi
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
