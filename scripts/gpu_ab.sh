@@ -112,6 +112,16 @@ op_test() {
     say "$1 op test: $(grep -c '^PASS' "$OUT/$2_ops.txt") passed, $(grep -c '^FAIL' "$OUT/$2_ops.txt") failed"
     grep -E '^FAIL|check failed' "$OUT/$2_ops.txt" | head -5 | tee -a "$S"
 }
+# ops_ok NAME...: op_test each NAME (tag: NAME without its cuda_ prefix); fails unless every one ran and passed
+ops_ok() {
+    local t f=0
+    for t in "$@"; do
+        op_test $t ${t#cuda_}
+        grep -q '^FAIL' "$OUT/${t#cuda_}_ops.txt" && f=1
+        grep -q '^PASS' "$OUT/${t#cuda_}_ops.txt" || f=1
+    done
+    return $f
+}
 # on_checks VAR COMPUTE "fixtures": with VAR=1, model parity on cuda (f32, bf16), then greedy ids of each
 # fixture (kv-quant off and 8, in COMPUTE) with VAR=0 and VAR=1 — a switch that keeps bits must say "same"
 on_checks() {
@@ -1389,11 +1399,7 @@ fi
 if [[ " $SECTIONS " == *" 109 "* ]]; then
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee -a "$S"
     f=0
-    for t in cuda_attention_decode_tcs cuda_attention_decode_tc cuda_attention_decode_early_bits cuda_attention_decode_r1; do
-        op_test $t ${t#cuda_}
-        grep -q '^FAIL' "$OUT/${t#cuda_}_ops.txt" && f=1
-        grep -q '^PASS' "$OUT/${t#cuda_}_ops.txt" || f=1
-    done
+    ops_ok cuda_attention_decode_tcs cuda_attention_decode_tc cuda_attention_decode_early_bits cuda_attention_decode_r1 || f=1
     if [ $f = 0 ]; then
         if [ -x build/bench_cuda ] && [ -n "${AB109_KERNEL-x}" ]; then
             for sh in "8192 16 1 512" "8192 16 2 512" "8192 8 2 512" "8192 32 8 128" "1024 16 8 256" "512 32 8 128"; do
@@ -1425,11 +1431,7 @@ fi
 if [[ " $SECTIONS " == *" 110 "* ]]; then
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee -a "$S"
     f=0
-    for t in cuda_attention_decode_tcs cuda_attention_decode_tc cuda_attention_decode_early_bits; do
-        op_test $t ${t#cuda_}
-        grep -q '^FAIL' "$OUT/${t#cuda_}_ops.txt" && f=1
-        grep -q '^PASS' "$OUT/${t#cuda_}_ops.txt" || f=1
-    done
+    ops_ok cuda_attention_decode_tcs cuda_attention_decode_tc cuda_attention_decode_early_bits || f=1
     for c in f32 bf16; do
         TERN_TEST_DEVICE=cuda TERN_TEST_COMPUTE=$c timeout 120 build/tests/test_parity_core > "$OUT/parity110_$c.log" 2>&1
         say "parity $c: $(grep -c '^PASS' "$OUT/parity110_$c.log") passed, $(grep -c '^FAIL' "$OUT/parity110_$c.log") failed"
