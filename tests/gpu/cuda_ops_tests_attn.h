@@ -322,26 +322,22 @@ TEST(cuda_attention_decode_tc) {
  * BF16 EARLY instance issues its first copies before pdl_wait), twice: the same bits */
 TEST(cuda_attention_decode_tcs) {
     extern unsigned long long tern__cuda_attn_decode_tc_calls, tern__cuda_attn_decode_tcs512_calls;
-    extern int tern__cuda_ad_mode, tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch, tern__cuda_ad_tcs512, tern__cuda_ad_tcs512_pair;
+    extern int tern__cuda_ad_mode, tern__cuda_ad_tcs, tern__cuda_ad_tcs_ch, tern__cuda_ad_tcs512;
     const int keep = tern__cuda_ad_mode, keep_s = tern__cuda_ad_tcs, keep_ch = tern__cuda_ad_tcs_ch, keep_bf = g_attn_bf16,
-              keep_512 = tern__cuda_ad_tcs512, keep_pr = tern__cuda_ad_tcs512_pair;
+              keep_512 = tern__cuda_ad_tcs512;
     tern__cuda_ad_mode = 1;
     tern__cuda_ad_tcs = 2;
     tern__cuda_ad_tcs512 = 2;
-    /* pr: TERN_CUDA_AD_TCS512_PAIR (D 512 over BF16 pages: 8 warps as 4 pairs), its cases only */
-    for (int pr = 0; pr <= 1; pr++)
     for (int ch = 16; ch <= 64; ch *= 4)
         for (int pg = 1; pg <= 2; pg++) /* BF16, F16 pages */
             for (size_t c = 0; c < TERN_ARRAY_LEN(AD_TC_CASES); c++) {
                 const ad_tc_case *k = &AD_TC_CASES[c];
                 const int d512 = k->d == 512;
-                if (pr && (!d512 || pg != 1)) continue;
-                tern__cuda_ad_tcs512_pair = pr;
                 const unsigned long long *cnt = d512 ? &tern__cuda_attn_decode_tcs512_calls : &tern__cuda_attn_decode_tc_calls;
                 const unsigned long long calls = *cnt;
                 tern__cuda_ad_tcs_ch = ch;
                 const double rel = ad_tc_case_run(k, pg);
-                printf("  err attention decode tcs case %zu %s ch %d pair %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, pr, rel);
+                printf("  err attention decode tcs case %zu %s ch %d: %.2e\n", c, pg == 1 ? "bf16" : "f16", ch, rel);
                 CHECK(rel <= 1e-5, "case %zu pages %d ch %d: rel %.2e", c, pg, ch, rel);
                 /* a plan over at most ch keys has one split: another kernel serves it */
                 CHECK(ad_case_keys(k) <= ch || *cnt > calls, "case %zu pages %d ch %d: the split tensor-core kernel did not run",
@@ -359,7 +355,6 @@ TEST(cuda_attention_decode_tcs) {
     tern__cuda_ad_tcs = keep_s;
     tern__cuda_ad_tcs_ch = keep_ch;
     tern__cuda_ad_tcs512 = keep_512;
-    tern__cuda_ad_tcs512_pair = keep_pr;
     g_attn_bf16 = keep_bf;
 }
 

@@ -41,8 +41,6 @@
  * (one row or a few in a long step, TERN_CUDA_AD_TCS512, session 60): each half writes its outputs as partials (and
  * half 0 the (M, L) pairs; an empty split M = -inf), and tern__cuda_attn_merge, launched right after, merges them over
  * many blocks — a last-split merge of ~33 splits × 8 heads × 256 outputs in one block would take longer than the walk.
- * TERN_CUDA_AD_TCS512_PAIR (opt-in, session 64): those launches over BF16 pages as 8 warps in pairs that share a walker's
- * ring, each warp half of the copies, k-steps and outputs (P = 2 below; tc_split_go).
  *
  * Split over the keys (SPLIT: a third grid dimension, TERN_CUDA_AD_TCS; the default for one row or a few in
  * long-context steps since session 19): each block walks a share of the row's keys and the last split merges the
@@ -68,20 +66,18 @@ constexpr int tc_stages(int D) { return D == 64 ? 4 : D == 128 ? 3 : 2; }
 /* W warps, S ring stages per warp; rows padded by 8 elements (ldmatrix without bank conflicts); the
  * dynamic shared memory: the rings (reused by the merge), Q's fragments (D 256), the records; B: blocks
  * per SM that fit the H200's 228 KB (1 KB reserved per block, ~0.5 KB static) */
-template <int D, int S_, int W_ = 0, int P_ = 1> struct TcShape {
+template <int D, int S_, int W_ = 0> struct TcShape {
     static constexpr int W = W_ ? W_ : D == 256 ? 3 : 4, S = S_;
-    static constexpr int P = P_, NW = W / P_; /* warps a walker (a ring and its chunks), walkers */
     static constexpr bool QS = D > 128;
     static constexpr int DS = D > 256 ? 2 : 1, DV = D / DS; /* D 512: a block per half of the output dimensions */
     static constexpr int RS = D + 8, TILE = TC_CK * RS;     /* a K tile: elements */
     static constexpr int RSV = DV + 8, TILEV = TC_CK * RSV; /* a V tile (DV of the D columns) */
     static constexpr int STAGE = TILE + TILEV;              /* a ring stage: K then V */
     static constexpr int RD = DV + 4;                       /* the merge's row stride (floats) */
-    static constexpr size_t RING = (size_t)NW * S * STAGE * 2, QB = QS ? 16 * RS * 2 : 0;
+    static constexpr size_t RING = (size_t)W * S * STAGE * 2, QB = QS ? 16 * RS * 2 : 0;
     static constexpr size_t SMEM = RING + QB + TC_KEYS * 4;
     static constexpr int B = (int)((228u << 10) / (SMEM + 1536)) < 1 ? 1 : (int)((228u << 10) / (SMEM + 1536));
-    static_assert((size_t)NW * 8 * RD * 4 <= RING, "merge region");
-    static_assert(P == 1 || (P == 2 && W % 2 == 0 && D == 512 && S == 2), "pairs: D 512, two stages");
+    static_assert((size_t)W * 8 * RD * 4 <= RING, "merge region");
     static_assert(S >= 2, "ring");
 };
 
@@ -113,7 +109,7 @@ __device__ __forceinline__ void tc_stage_q(const float *qrow, int G, uint32_t *q
  * other instances keep the same lines inline in the kernel: called from there (as a function or a lambda) ptxas
  * reorders their prologue (34–1479 of 1536–2976 instructions differ by cubin compare), and the one-pass form is the
  * timed batch-decode default (docs/STATUS.md lesson 15) */
-template <typename T, int D, int S_, int NTH = 32 * TcShape<D, S_>::W>
+template <typename T, int D, int S_>
 __device__ __forceinline__ void tc_load_q(const float *qrow, int G, int gq, int tq, uint32_t (*qf)[4], unsigned char *smem) {
     using SH = TcShape<D, S_>;
     constexpr int NK = D / 16;
@@ -129,7 +125,7 @@ __device__ __forceinline__ void tc_load_q(const float *qrow, int G, int gq, int 
             tc_split<T>(x1.x, x1.y, qf[kk][2], qf[kk][3]);
         }
     } else {
-        tc_stage_q<T, D, NTH>(qrow, G, (uint32_t *)(smem + SH::RING));
+        tc_stage_q<T, D, 32 * SH::W>(qrow, G, (uint32_t *)(smem + SH::RING));
     }
 }
 
@@ -152,14 +148,13 @@ __device__ __forceinline__ void tc_rot(float &x0, float &x1, float co, float s, 
  * as it loads them — a lane's A fragments hold elements e and e + D/2 of a head (k-steps kk and kk + NK/2), so the
  * pairs rotate in registers; the row's cos / sin are computed once a block into shared memory. The same bits as rope_kv_rows + the plain instance. A block reads only its own row's
  * keys, so the rows must be of distinct sequences (the caller checks). */
-template <typename T, int D, int S_, bool SPLIT, bool EARLY = false, int W_ = 0, bool ROPE = false, int P_ = 1>
-__global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_, W_, P_>::B) attn_dec_tc_kernel(AdArgs a) {
-    using SH = TcShape<D, S_, W_, P_>;
+template <typename T, int D, int S_, bool SPLIT, bool EARLY = false, int W_ = 0, bool ROPE = false>
+__global__ void __launch_bounds__(32 * TcShape<D, S_, W_>::W, TcShape<D, S_, W_>::B) attn_dec_tc_kernel(AdArgs a) {
+    using SH = TcShape<D, S_, W_>;
     constexpr int W = SH::W, S = SH::S, RS = SH::RS, TILE = SH::TILE, RD = SH::RD, DS = SH::DS, DV = SH::DV;
-    constexpr int RSV = SH::RSV, STAGE = SH::STAGE, P = SH::P, NW = SH::NW;
-    constexpr int NK = D / 16, NT = DV / 8, NTP = NT / P;  /* k-steps of Q·K^T, n-tiles of O (a warp's: NTP) */
+    constexpr int RSV = SH::RSV, STAGE = SH::STAGE;
+    constexpr int NK = D / 16, NT = DV / 8;                /* k-steps of Q·K^T, n-tiles of O */
     static_assert(DS == 1 || !ROPE, "D 512: no rope instance");
-    static_assert(P == 1 || (SPLIT && DS > 1), "pairs (TERN_CUDA_AD_TCS512_PAIR): the D 512 split instances");
     constexpr int CPR = D / 8, KPI = CPR <= 32 ? 32 / CPR : 1, NI = TC_CK / KPI; /* a copy round: KPI rows of CPR 16-byte pieces */
     extern __shared__ __align__(16) unsigned char tc_smem[];
     int *recs = (int *)(tc_smem + SH::RING + SH::QB);
@@ -167,7 +162,6 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
     pdl_trigger();
     if (!EARLY) pdl_wait(); /* EARLY: after the first tile's records and copies (below) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    const int wk = warp / P, hf = warp % P; /* the warp's walker (its ring and chunks) and its part of the pair */
     /* DS 2 (D 512): blocks 2gb and 2gb + 1 score every key over all D and each sums p·v over its half (dh) of the
      * output dimensions: O's fragments stay at D 256's 128 registers; K is read by both. A kv head's group larger than
      * 8 heads is a.hs groups of G = 8 (gb = g·hs + the group) */
@@ -273,12 +267,12 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
         }
     }
 
-    float o[NTP][4], m = -INFINITY, l = 0.0f;
+    float o[NT][4], m = -INFINITY, l = 0.0f;
 #pragma unroll
-    for (int n = 0; n < NTP; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     const size_t kvs = (size_t)a.nkv * D;
     const T *kb = (const T *)a.kp + (size_t)g * D, *vb = (const T *)a.vp + (size_t)g * D;
-    const uint32_t ring = mma_smem_u32(tc_smem) + (uint32_t)(wk * S * STAGE * 2);
+    const uint32_t ring = mma_smem_u32(tc_smem) + (uint32_t)(warp * S * STAGE * 2);
     const int ck = lane / CPR, cc = lane % CPR; /* this lane's row of a copy round and its 16-byte piece */
     /* the copies' sources: the lane's piece of token 0, plus one IMAD.WIDE.U32 a key (rec · the pool's bytes a token;
      * a key not resident copies no bytes from token 0's address). The 64-bit offset arithmetic with its clamps per
@@ -300,12 +294,11 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
         ad_records(recs, a, btrow, lo + t0, tn);
         __syncthreads();
         const int nch = (tn + TC_CK - 1) / TC_CK;
-        const int nj = wk < nch ? (nch - wk + NW - 1) / NW : 0; /* this walker's chunks wk, wk + NW, ... */
-        /* the walker's j-th chunk into stage j % S (one commit group per j, empty past nj; pairs: each warp copies
-         * half of the chunk's keys) */
+        const int nj = warp < nch ? (nch - warp + W - 1) / W : 0; /* this warp's chunks warp, warp + W, ... */
+        /* the warp's j-th chunk into stage j % S (one commit group per j, empty past nj) */
         auto issue = [&](int j) {
             if (j < nj) {
-                const int c0 = (wk + j * NW) * TC_CK;
+                const int c0 = (warp + j * W) * TC_CK;
                 const uint32_t st = ring + (uint32_t)(j % S * STAGE * 2);
                 if constexpr (DS == 1) {
 #pragma unroll
@@ -320,8 +313,8 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
                 } else { /* a key's K row is CPR / 32 pieces a lane, its V half one */
                     static_assert(CPR % 32 == 0 && DV / 8 == 32, "D 512: 64 K pieces and 32 V pieces a key");
 #pragma unroll
-                    for (int kq = 0; kq < TC_CK / P; kq++) {
-                        const int key = kq + hf * (TC_CK / P), idx = c0 + key, rec = idx < tn ? recs[idx] : -1;
+                    for (int key = 0; key < TC_CK; key++) {
+                        const int idx = c0 + key, rec = idx < tn ? recs[idx] : -1;
                         const size_t o = (size_t)(uint32_t)max(rec, 0) * rowb;
 #pragma unroll
                         for (int p = 0; p < CPR / 32; p++)
@@ -339,36 +332,27 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
              * kernel (the one that writes q and key pos) may still run; the chunk holding key pos and q wait
              * for it (the copies are cp.async.cg: through L2) */
             const int cpos = (nk - 1 - t0) / TC_CK;
-            while (jp < S - 1 && wk + jp * NW != cpos) issue(jp++);
+            while (jp < S - 1 && warp + jp * W != cpos) issue(jp++);
             pdl_wait();
-            tc_load_q<T, D, S, 32 * W>(qrow, G, gq, tq, qf, tc_smem);
+            tc_load_q<T, D, S>(qrow, G, gq, tq, qf, tc_smem);
             if constexpr (SH::QS) __syncthreads(); /* q's rows in shared memory, before the first ldmatrix */
         }
         for (int j = jp; j < S - 1; j++) issue(j);
-        /* pairs: the walker's two warps meet at a named barrier (1 + wk, 64 threads) */
-        auto pair_sync = [&]() { asm volatile("bar.sync %0, 64;" ::"r"(1 + wk) : "memory"); };
         for (int j = 0; j < nj; j++) { /* warp-uniform bounds (mma, shuffles) */
-            if constexpr (P == 1) {
-                issue(j + S - 1);
-                mma_cp_wait_ord<S - 1>(); /* this lane's copies of chunk j have landed */
-                __syncwarp();             /* ... and every lane's */
-            } else { /* both warps' copies of chunk j have landed, and both are done with chunk j - 1's stage */
-                mma_cp_wait_ord<0>();
-                pair_sync();
-                issue(j + 1);
-            }
+            issue(j + S - 1);
+            mma_cp_wait_ord<S - 1>(); /* this lane's copies of chunk j have landed */
+            __syncwarp();             /* ... and every lane's */
             const uint32_t sk = ring + (uint32_t)(j % S * STAGE * 2), sv = sk + TILE * 2;
             /* S = Q·K^T: two 8-key n-tiles, even and odd k-steps in separate accumulators */
             float sc[2][2][4];
 #pragma unroll
-            for (int k2 = 0; k2 < NK / P; k2++) { /* pairs: warp hf scores over the k-steps of its half of D */
-                const int kk = k2 + hf * (NK / P);
+            for (int kk = 0; kk < NK; kk++) {
                 uint32_t b[4], qt[4];
                 mma_ldsm_x4(b, sk + ka + kk * 32);
                 const uint32_t *af = qt;
                 if constexpr (SH::QS) mma_ldsm_x4(qt, qs + qa + kk * 32);
                 else af = qf[kk];
-                if (k2 < 2) {
+                if (kk < 2) {
                     TcH<T>::mma_z(sc[kk & 1][0], af, b[0], b[1]);
                     TcH<T>::mma_z(sc[kk & 1][1], af, b[2], b[3]);
                 } else {
@@ -378,31 +362,13 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
             }
             /* head gq's scores of keys 8·(e >> 1) + 2tq + (e & 1): hi (c0, c1) + lo (c2, c3) */
             float s[4], p[4];
-            const int cbase = (wk + j * NW) * TC_CK;
+            const int cbase = (warp + j * W) * TC_CK;
             float cm = -INFINITY;
-            float sp[4]; /* pairs: the scores' sums over each warp's k-steps, then the two halves' in part order */
-            if constexpr (P > 1) { /* by chunk parity: a warp writes parity j & 1 again only after the partner's reads */
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int nt = e >> 1, ci = e & 1;
-                    sp[e] = (sc[0][nt][ci] + sc[1][nt][ci]) + (sc[0][nt][2 + ci] + sc[1][nt][2 + ci]);
-                }
-                __shared__ __align__(16) float xsx[NW][2][P][32][4];
-                *(float4 *)xsx[wk][j & 1][hf][lane] = make_float4(sp[0], sp[1], sp[2], sp[3]);
-                pair_sync();
-                const float4 h0 = *(const float4 *)xsx[wk][j & 1][0][lane], h1 = *(const float4 *)xsx[wk][j & 1][1][lane];
-                sp[0] = h0.x + h1.x; sp[1] = h0.y + h1.y; sp[2] = h0.z + h1.z; sp[3] = h0.w + h1.w;
-            }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int nt = e >> 1, ci = e & 1, idx = cbase + nt * 8 + 2 * tq + ci;
-                float v;
-                if constexpr (P == 1) {
-                    const float hi = sc[0][nt][ci] + sc[1][nt][ci], lw = sc[0][nt][2 + ci] + sc[1][nt][2 + ci];
-                    v = (hi + lw) * scale;
-                } else {
-                    v = sp[e] * scale;
-                }
+                const float hi = sc[0][nt][ci] + sc[1][nt][ci], lw = sc[0][nt][2 + ci] + sc[1][nt][2 + ci];
+                float v = (hi + lw) * scale;
                 if (cap > 0.0f) v = cap * tanhf(v / cap);
                 s[e] = idx < tn && recs[idx] >= 0 ? v : -INFINITY;
                 cm = fmaxf(cm, s[e]);
@@ -426,18 +392,18 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
             tc_split<T>(p[2], p[3], pa[2], pa[3]);
             if (__any_sync(0xffffffffu, f != 1.0f)) {
 #pragma unroll
-                for (int n = 0; n < NTP; n++) {
+                for (int n = 0; n < NT; n++) {
                     o[n][0] *= f; o[n][1] *= f; o[n][2] *= f; o[n][3] *= f;
                 }
             }
 #pragma unroll
-            for (int np = 0; np < NTP / 2; np++) { /* pairs: warp hf sums p·v over its half of the block's DV */
+            for (int np = 0; np < NT / 2; np++) {
                 uint32_t b[4];
-                mma_ldsm_x4_t(b, sv + va + (np + hf * (NTP / 2)) * 32);
+                mma_ldsm_x4_t(b, sv + va + np * 32);
                 TcH<T>::mma(o[2 * np], pa, b[0], b[1]);
                 TcH<T>::mma(o[2 * np + 1], pa, b[2], b[3]);
             }
-            if constexpr (P == 1) __syncwarp(); /* every lane's reads of stage j % S are done before issue(j + S) refills it */
+            __syncwarp(); /* every lane's reads of stage j % S are done before issue(j + S) refills it */
         }
     }
     if (EARLY && s0 >= s1) pdl_wait(); /* no keys (pos < 0): nothing was issued, but the writes below wait */
@@ -446,11 +412,11 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     __syncthreads(); /* every warp is done with its ring: it becomes the merge region [W][8][RD] */
     float *red = (float *)tc_smem;
-    if (gq < G) { /* per walker; pairs: each warp its half of the outputs */
-        float *rp = red + (wk * 8 + gq) * RD + hf * (DV / P) + 2 * tq;
+    if (gq < G) {
+        float *rp = red + (warp * 8 + gq) * RD + 2 * tq;
 #pragma unroll
-        for (int n = 0; n < NTP; n++) *(float2 *)(rp + n * 8) = make_float2(o[n][0] + o[n][2], o[n][1] + o[n][3]);
-        if (tq == 0 && hf == 0) { wm[wk][gq] = m; wl[wk][gq] = l; }
+        for (int n = 0; n < NT; n++) *(float2 *)(rp + n * 8) = make_float2(o[n][0] + o[n][2], o[n][1] + o[n][3]);
+        if (tq == 0) { wm[warp][gq] = m; wl[warp][gq] = l; }
     }
     __syncthreads();
     if constexpr (SPLIT) {
@@ -461,17 +427,17 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
                 const int h = threadIdx.x;
                 float M = -INFINITY;
 #pragma unroll
-                for (int w = 0; w < NW; w++) M = fmaxf(M, wm[w][h]);
+                for (int w = 0; w < W; w++) M = fmaxf(M, wm[w][h]);
                 sm2[h][0] = M;
                 sm2[h][1] = ad_split_weights([&](int w) { return make_float2(wm[w][h], wl[w][h]); },
-                                             [&](int w, float c) { cw[w][h] = c; }, NW);
+                                             [&](int w, float c) { cw[w][h] = c; }, W);
             }
             __syncthreads();
             for (int idx = threadIdx.x; idx < G * DV; idx += blockDim.x) { /* D 512: this block's half of the outputs */
                 const int h = idx / DV, i = idx % DV;
                 float v = 0.0f;
 #pragma unroll
-                for (int w = 0; w < NW; w++) v += red[(w * 8 + h) * RD + i] * cw[w][h];
+                for (int w = 0; w < W; w++) v += red[(w * 8 + h) * RD + i] * cw[w][h];
                 const size_t rh = (size_t)r * a.nh + head0 + h;
                 a.part[(z * nrow + rh) * D + dh * DV + i] = v;
                 if (i == 0 && dh == 0) {
@@ -485,15 +451,15 @@ __global__ void __launch_bounds__(32 * TcShape<D, S_, W_, P_>::W, TcShape<D, S_,
             return;
         }
     }
-    ad_warp_merge<NW, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; }, DV,
+    ad_warp_merge<W, 8>(a, r, head0, D, wm, wl, cw, sl, [&](int w, int h, int i) { return red[(w * 8 + h) * RD + i]; }, DV,
                         dh * DV);
 }
 
-template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0, bool ROPE = false, int P = 1>
+template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0, bool ROPE = false>
 static void tc_attr(void) {
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W, ROPE, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)TcShape<D, S, W, P>::SMEM);
-    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W, ROPE, P>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)TcShape<D, S, W>::SMEM);
+    cudaFuncSetAttribute(attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W, ROPE>, cudaFuncAttributePreferredSharedMemoryCarveout,
                          (int)cudaSharedmemCarveoutMaxShared);
 }
 
@@ -531,34 +497,16 @@ void tern__cuda_attn_decode_tc_init(tern__cuda *c) {
     tc_attr<__nv_bfloat16, 512, tc_stages(512)>(); tc_attr<__half, 512, tc_stages(512)>();
     tc_attr<__nv_bfloat16, 512, tc_stages(512), true>(); tc_attr<__half, 512, tc_stages(512), true>();
     tc_attr<__nv_bfloat16, 512, tc_stages(512), true, true>();
-    tc_attr<__nv_bfloat16, 512, 2, true, false, 8, false, 2>(); tc_attr<__nv_bfloat16, 512, 2, true, true, 8, false, 2>();
     cudaGetLastError();
 }
 
-template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0, bool ROPE = false, int P = 1>
+template <typename T, int D, int S, bool SPLIT = false, bool EARLY = false, int W = 0, bool ROPE = false>
 static void tc_launch(tern__cuda *c, dim3 grid, const AdArgs &a) {
-    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W, ROPE, P>, grid, 32 * TcShape<D, S, W, P>::W,
-                TcShape<D, S, W, P>::SMEM, a);
+    tern_launch(c->stream, attn_dec_tc_kernel<T, D, S, SPLIT, EARLY, W, ROPE>, grid, 32 * TcShape<D, S, W>::W,
+                TcShape<D, S, W>::SMEM, a);
 }
-/* TERN_CUDA_AD_TCS512_PAIR (read once; tests set it; default 0, written in session 64 after its last device call, not
- * yet run on a GPU): the D 512 split launches over BF16 pages run 8 warps a block as 4 pairs, each pair one walker
- * (one ring, the chunks of a 4-warp block's warp): a warp copies half of a chunk's keys, scores over half of D's
- * k-steps, the two halves' sums meet through shared memory (by chunk parity, a named barrier a pair), and each warp
- * sums p·v over half of the block's outputs (O: 64 registers). Why: ncu put TCS512's 4 warps an SM at one a scheduler,
- * 5.5 cycles an issued instruction, ~800 instructions a chunk (NOTES (bx)); a pair halves each warp's share with
- * two warps a scheduler. Other bits (the scores' halves summed apart): op test cuda_attention_decode_tcs runs it. */
-extern "C" int tern__cuda_ad_tcs512_pair;
-int tern__cuda_ad_tcs512_pair = -1;
 /* the split instances, EARLY ones over BF16 pages only */
 template <typename T, int D> static void tc_split_go(tern__cuda *c, dim3 grid, bool early, const AdArgs &a) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value && D == 512) {
-        if (tern__cuda_ad_tcs512_pair < 0) tern__cuda_ad_tcs512_pair = tern__cuda_env_int("TERN_CUDA_AD_TCS512_PAIR", 0) != 0;
-        if (tern__cuda_ad_tcs512_pair) {
-            if (early) tc_launch<T, 512, 2, true, true, 8, false, 2>(c, grid, a);
-            else tc_launch<T, 512, 2, true, false, 8, false, 2>(c, grid, a);
-            return;
-        }
-    }
     if constexpr (std::is_same<T, __nv_bfloat16>::value) {
         if (early) {
             tc_launch<T, D, tc_stages(D), true, true>(c, grid, a);
