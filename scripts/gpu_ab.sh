@@ -1376,7 +1376,7 @@ if [[ " $SECTIONS " == *" 106 "* ]]; then
     b1_sets "TERN_CUDA_GEMV_L2PF=3" "${AB106_8K:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16;gemma4-e4b --quant bf16;llama3-8b --quant bf16}" 8192
 fi
 
-# 107. session 63, written after its last call: TERN_CUDA_GEMV_L2PF's per-device default (0 under 4 TB/s peak memory,
+# 107. session 63, written after its last call (ran in session 64, NOTES (bx): unset = 0 on the H100, as designed): TERN_CUDA_GEMV_L2PF's per-device default (0 under 4 TB/s peak memory,
 #      3 above; c->mem_peak from the device attributes) — the default must time as the explicit value for that card:
 #      b1 q4 at 512 with the variable unset, =0 and =3, two reps (AB107_MODELS)
 if [[ " $SECTIONS " == *" 107 "* ]]; then
@@ -1388,7 +1388,7 @@ fi
 # 108. session 64 (ran, NOTES (bx)): attn_decode_tc.cu's q staging at D > 128 with every thread's loads in flight
 #      (tc_stage_q) against the tree before: the kernel alone 16 / 1 × 512 at 8192 keys 22.0 → 21.3 µs, b1 bf16 at
 #      8192 gemma4-12b +0.3 %, 26b-a4b and e4b ties. Its body is 109's with the copies' change.
-# 109. session 64: attn_decode_tc.cu's copies addressed by one IMAD.WIDE.U32 a key (the lane's piece of token 0 +
+# 109. session 64 (ran, NOTES (bx): kept): attn_decode_tc.cu's copies addressed by one IMAD.WIDE.U32 a key (the lane's piece of token 0 +
 #      rec · the pool's bytes a token) instead of 64-bit offsets with clamps per copy (ncu, 16 / 1 × 512: ~36
 #      instructions a key, more than the chunk's mmas), with 108's q staging, against the tree before (build/base):
 #      op tests (stops on a failure), the kernel alone at 8192 keys (D 512 shapes and llama3-8b's 32 / 8 × 128), b1
@@ -1423,7 +1423,7 @@ if [[ " $SECTIONS " == *" 109 "* ]]; then
     fi
 fi
 
-# 110. session 64: attn_decode_tc.cu's lazy rescale (TC_TAU: the online softmax's reference max moves only when a
+# 110. session 64 (ran, NOTES (bx): the lazy rescale kept, TCS_EARLY=0 lost): attn_decode_tc.cu's lazy rescale (TC_TAU: the online softmax's reference max moves only when a
 #      chunk's passes it by more than 8 nats, so O's D/8·4 multiplies a lane are skipped past the first chunks; other
 #      bits, within the op tests' bounds) against the tree before (build/base), and TERN_CUDA_AD_TCS_EARLY=0 on the base
 #      (ncu: ~10 % of TCS512's stall samples wait for q behind the early copies): op tests, parity, the kernel alone,
