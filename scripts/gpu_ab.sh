@@ -1455,6 +1455,30 @@ fi
 # 111. session 64 (ran, NOTES (bx); removed): TERN_CUDA_AD_TCS512_PAIR (TCS512 as 4 pairs of warps) — op test passed,
 #      the kernel alone 22.1 → 25.8 µs, b1 bf16 at 8192 gemma4-12b −1.6 %, 26b-a4b −1.5 %; the switch and its code are gone.
 
+# 112. session 64, not yet run: a b1 step's kernels as they run inside the graph, overlapped by PDL (ncu serialises them:
+#      NOTES (bx) 6) — `nsys profile --cuda-graph-trace=node` of tern-core bench, its kernel trace through
+#      scripts/ncu_step.py (each kernel's exposed time: how far it extended the step). Needs nsys on the device
+#      (skipped with a message otherwise). AB112_MODELS: "spec@prompt;..." (default gemma4-12b bf16 at 8192, llama3-8b
+#      bf16 and q4 at 512)
+if [[ " $SECTIONS " == *" 112 "* ]]; then
+    NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+    if [ -z "$NSYS" ]; then
+        say "112: no nsys on this machine"
+    else
+        IFS=';' read -ra ms <<< "${AB112_MODELS:-gemma4-12b --quant bf16@8192;llama3-8b --quant bf16@512;llama3-8b --quant q4@512}"
+        for m in "${ms[@]}"; do
+            tag=$(printf '%s' "${m%@*}_${m#*@}" | tr -c 'a-zA-Z0-9.' '_')
+            timeout 200 "$NSYS" profile -t cuda --cuda-graph-trace=node --force-overwrite true -o "$OUT/nsys_$tag" \
+                $T bench --random ${m%@*} --device cuda --prompt ${m#*@} --gen 8 --reps 1 --warmup 0 > "$OUT/nsys_$tag.log" 2>&1
+            timeout 200 "$NSYS" stats -r cuda_gpu_trace -f csv -o "$OUT/nsys_$tag" "$OUT/nsys_$tag.nsys-rep" >> "$OUT/nsys_$tag.log" 2>&1
+            say "nsys ${m%@*} at ${m#*@} (in-graph step):"
+            python3 scripts/ncu_step.py "$OUT/nsys_${tag}_cuda_gpu_trace.csv" 2>&1 | head -${AB_NCU_ROWS:-16} | tee -a "$S"
+            rm -f "$OUT/nsys_$tag.nsys-rep" "$OUT/nsys_$tag.sqlite"
+            xz -f "$OUT/nsys_${tag}_cuda_gpu_trace.csv" 2>/dev/null
+        done
+    fi
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
