@@ -1459,22 +1459,35 @@ fi
 #      NOTES (bx) 6) — `nsys profile --cuda-graph-trace=node` of tern-core bench, its kernel trace through
 #      scripts/ncu_step.py (each kernel's exposed time: how far it extended the step). Needs nsys on the device
 #      (skipped with a message otherwise). AB112_MODELS: "spec@prompt;..." (default gemma4-12b bf16 at 8192, llama3-8b
-#      bf16 and q4 at 512)
+#      bf16 and q4 at 512); AB112_CONC: "model:quant ..." decoded by build/concurrency at 64 sequences (128 + 32; default
+#      gemma4-12b:bf16, "" none)
 if [[ " $SECTIONS " == *" 112 "* ]]; then
     NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+    # nsys_one TAG TITLE CMD...: CMD under nsys, its kernel trace through ncu_step.py into the summary, the trace kept (xz)
+    nsys_one() {
+        local tag=$1 title=$2
+        shift 2
+        timeout 200 "$NSYS" profile -t cuda --cuda-graph-trace=node --force-overwrite true -o "$OUT/nsys_$tag" "$@" \
+            > "$OUT/nsys_$tag.log" 2>&1
+        timeout 200 "$NSYS" stats -r cuda_gpu_trace -f csv -o "$OUT/nsys_$tag" "$OUT/nsys_$tag.nsys-rep" >> "$OUT/nsys_$tag.log" 2>&1
+        local f
+        f=$(ls "$OUT"/nsys_"$tag"*gpu_trace*.csv 2>/dev/null | head -1) # nsys names it PREFIX_cuda_gpu_trace.csv
+        say "$title (in-graph step):"
+        python3 scripts/ncu_step.py "${f:-$OUT/nsys_${tag}_cuda_gpu_trace.csv}" 2>&1 | head -${AB_NCU_ROWS:-16} | tee -a "$S"
+        rm -f "$OUT/nsys_$tag.nsys-rep" "$OUT/nsys_$tag.sqlite"
+        [ -n "$f" ] && xz -f "$f"
+    }
     if [ -z "$NSYS" ]; then
         say "112: no nsys on this machine"
     else
         IFS=';' read -ra ms <<< "${AB112_MODELS:-gemma4-12b --quant bf16@8192;llama3-8b --quant bf16@512;llama3-8b --quant q4@512}"
         for m in "${ms[@]}"; do
-            tag=$(printf '%s' "${m%@*}_${m#*@}" | tr -c 'a-zA-Z0-9.' '_')
-            timeout 200 "$NSYS" profile -t cuda --cuda-graph-trace=node --force-overwrite true -o "$OUT/nsys_$tag" \
-                $T bench --random ${m%@*} --device cuda --prompt ${m#*@} --gen 8 --reps 1 --warmup 0 > "$OUT/nsys_$tag.log" 2>&1
-            timeout 200 "$NSYS" stats -r cuda_gpu_trace -f csv -o "$OUT/nsys_$tag" "$OUT/nsys_$tag.nsys-rep" >> "$OUT/nsys_$tag.log" 2>&1
-            say "nsys ${m%@*} at ${m#*@} (in-graph step):"
-            python3 scripts/ncu_step.py "$OUT/nsys_${tag}_cuda_gpu_trace.csv" 2>&1 | head -${AB_NCU_ROWS:-16} | tee -a "$S"
-            rm -f "$OUT/nsys_$tag.nsys-rep" "$OUT/nsys_$tag.sqlite"
-            xz -f "$OUT/nsys_${tag}_cuda_gpu_trace.csv" 2>/dev/null
+            nsys_one "$(printf '%s' "${m%@*}_${m#*@}" | tr -c 'a-zA-Z0-9.' '_')" "nsys ${m%@*} at ${m#*@}" \
+                $T bench --random ${m%@*} --device cuda --prompt ${m#*@} --gen 8 --reps 1 --warmup 0
+        done
+        for m in ${AB112_CONC-gemma4-12b:bf16}; do
+            nsys_one "$(printf 'conc64_%s' "$m" | tr -c 'a-zA-Z0-9.' '_')" "nsys $m at 64 sequences" \
+                build/concurrency --random $m --device cuda --compute bf16 --conc 64 --prompt 128 --gen 32 --requests 1 --system 16
         done
     fi
 fi
