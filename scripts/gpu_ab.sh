@@ -64,11 +64,18 @@ b1_ab() {
 }
 # q4_b1 VAR "values": batch-1 decode of llama3-8b and gemma4-12b q4
 q4_b1() { b1_ab "$1" "$2" "llama3-8b --quant q4;gemma4-12b --quant q4"; }
-# b1e "VAR=V ..." PROMPT "spec": one batch-1 decode (prompt + 64) with those settings: "tok/s,tg/floor"
+# bin_env DEFAULT "words": a setting's words split into _bin (the path of a word BIN=path — another tree's build, carried
+# beside — else DEFAULT) and _env (the other words, VAR=value settings for env)
+bin_env() {
+    local w
+    _bin=$1 _env=""
+    for w in $2; do case $w in BIN=*) _bin=${w#BIN=} ;; *) _env="$_env $w" ;; esac; done
+}
+# b1e "VAR=V ..." PROMPT "spec": one batch-1 decode (prompt + 64) with those settings (BIN=path: that tern-core):
+# "tok/s,tg/floor"
 b1e() {
-    local bin=$T e="" w # a word BIN=path runs that tern-core instead (a build of another tree, carried beside)
-    for w in $1; do case $w in BIN=*) bin=${w#BIN=} ;; *) e="$e $w" ;; esac; done
-    env $e timeout 90 $bin bench --random $3 --device cuda --prompt $2 --gen 64 --reps 1 > "$OUT/b1e.txt" 2>&1
+    bin_env $T "$1"
+    env $_env timeout 90 $_bin bench --random $3 --device cuda --prompt $2 --gen 64 --reps 1 > "$OUT/b1e.txt" 2>&1
     grep '^csv,' "$OUT/b1e.txt" | cut -d, -f7,10 | tail -1
 }
 # b1_sets "settings;settings" "spec;spec" [PROMPT]: batch-1 decode (PROMPT + 64, default 512) of each model spec for
@@ -96,9 +103,8 @@ conc_ab() {
         for v in "${sets[@]}"; do
             for m in $2; do
                 tag=$(printf '%s_%s' "$m" "$v" | tr -c 'a-zA-Z0-9.' '_')
-                local bin=build/concurrency e="" w # a word BIN=path runs that concurrency instead (another tree's build)
-                for w in $v; do case $w in BIN=*) bin=${w#BIN=} ;; *) e="$e $w" ;; esac; done
-                env $e timeout 100 $bin --random $m --device cuda --compute bf16 --conc "${AB_CONC:-$3}" \
+                bin_env build/concurrency "$v" # a word BIN=path runs that concurrency instead
+                env $_env timeout 100 $_bin --random $m --device cuda --compute bf16 --conc "${AB_CONC:-$3}" \
                     --prompt 128 --gen 128 --requests 2 --system 16 > "$OUT/conc_${tag}_$rep.txt" 2>&1
                 say "concurrency $m $v rep $rep: $(grep '^csv,conc' "$OUT/conc_${tag}_$rep.txt" | cut -d, -f5,9,16 | tr '\n' ' ')"
             done
@@ -1398,9 +1404,7 @@ fi
 #      unsigned): build/alt/tern-core (GPU_PACK_ALT) is the tree with the attn_decode_tc.cu change alone
 if [[ " $SECTIONS " == *" 109 "* ]]; then
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee -a "$S"
-    f=0
-    ops_ok cuda_attention_decode_tcs cuda_attention_decode_tc cuda_attention_decode_early_bits cuda_attention_decode_r1 || f=1
-    if [ $f = 0 ]; then
+    if ops_ok cuda_attention_decode_tcs cuda_attention_decode_tc cuda_attention_decode_early_bits cuda_attention_decode_r1; then
         if [ -x build/bench_cuda ] && [ -n "${AB109_KERNEL-x}" ]; then
             for sh in "8192 16 1 512" "8192 16 2 512" "8192 8 2 512" "8192 32 8 128" "1024 16 8 256" "512 32 8 128"; do
                 for rep in 1 2; do

@@ -105,10 +105,11 @@ __device__ __forceinline__ void tc_stage_q(const float *qrow, int G, uint32_t *q
 }
 
 /* q of the block's G heads as the A fragments of the k-steps (D <= 128: registers qf) or as rows hi 0..7 / lo 8..15
- * in shared memory after the rings (D 256, read by ldmatrix) — for the EARLY instances, after their pdl_wait. The
- * other instances keep the same lines inline in the kernel: called from there (as a function or a lambda) ptxas
- * reorders their prologue (34–1479 of 1536–2976 instructions differ by cubin compare), and the one-pass form is the
- * timed batch-decode default (docs/STATUS.md lesson 15) */
+ * in shared memory after the rings (D 256 / 512, read by ldmatrix) — for the EARLY instances, after their pdl_wait. The
+ * other instances keep the register form's lines inline in the kernel: called from there (as a function or a lambda)
+ * ptxas reorders their prologue (34–1479 of 1536–2976 instructions differ by cubin compare), and the one-pass form is
+ * the timed batch-decode default (docs/STATUS.md lesson 15); the shared-memory form is tc_stage_q for every instance
+ * since session 64 (timed with it) */
 template <typename T, int D, int S_>
 __device__ __forceinline__ void tc_load_q(const float *qrow, int G, int gq, int tq, uint32_t (*qf)[4], unsigned char *smem) {
     using SH = TcShape<D, S_>;
