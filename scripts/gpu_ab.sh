@@ -1463,7 +1463,7 @@ fi
 #      NOTES (bx) 6) — `nsys profile --cuda-graph-trace=node` of tern-core bench, its kernel trace through
 #      scripts/ncu_step.py (each kernel's exposed time: how far it extended the step). Needs nsys on the device
 #      (skipped with a message otherwise). AB112_MODELS: "spec@prompt;..." (default gemma4-12b bf16 at 8192, llama3-8b
-#      bf16 and q4 at 512); AB112_CONC: "model:quant ..." decoded by build/concurrency at 64 sequences (128 + 32; default
+#      bf16 and q4 at 512, gemma4-12b q4 at 512); AB112_CONC: "model:quant ..." decoded by build/concurrency at 64 sequences (128 + 32; default
 #      gemma4-12b:bf16, "" none)
 if [[ " $SECTIONS " == *" 112 "* ]]; then
     NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
@@ -1484,7 +1484,7 @@ if [[ " $SECTIONS " == *" 112 "* ]]; then
     if [ -z "$NSYS" ]; then
         say "112: no nsys on this machine"
     else
-        IFS=';' read -ra ms <<< "${AB112_MODELS:-gemma4-12b --quant bf16@8192;llama3-8b --quant bf16@512;llama3-8b --quant q4@512}"
+        IFS=';' read -ra ms <<< "${AB112_MODELS:-gemma4-12b --quant bf16@8192;llama3-8b --quant bf16@512;llama3-8b --quant q4@512;gemma4-12b --quant q4@512}"
         for m in "${ms[@]}"; do
             nsys_one "$(printf '%s' "${m%@*}_${m#*@}" | tr -c 'a-zA-Z0-9.' '_')" "nsys ${m%@*} at ${m#*@}" \
                 $T bench --random ${m%@*} --device cuda --prompt ${m#*@} --gen 8 --reps 1 --warmup 0
@@ -1493,6 +1493,27 @@ if [[ " $SECTIONS " == *" 112 "* ]]; then
             nsys_one "$(printf 'conc64_%s' "$m" | tr -c 'a-zA-Z0-9.' '_')" "nsys $m at 64 sequences" \
                 build/concurrency --random $m --device cuda --compute bf16 --conc 64 --prompt 128 --gen 32 --requests 1 --system 16
         done
+    fi
+fi
+
+# 113. session 65, not yet run: TERN_CUDA_G1_HN (ops.h norm_qkv_norm_rope_kv: Gemma 4's head norms, rope and cache
+#      stores in the one-row q|k|v GEMV's epilogue, each head by the warp that finished its last task — one launch
+#      fewer a layer; default 0 until timed). Op tests (the fused op bitwise against norm_matmul + norm_rope_kv_write),
+#      the ids digest of a random-weight Gemma 4 (one sequence, so every step takes the op) with it off and on, then b1
+#      bf16 off / on at 8192 (AB113_LONG) and 512 (AB113_SHORT)
+if [[ " $SECTIONS " == *" 113 "* ]]; then
+    if ops_ok cuda_norm_qkv_norm_rope_kv cuda_norm_rope_kv cuda_norm_qkv_rope_kv; then
+        for m in ${AB113_DIGEST-gemma4-e4b gemma4-12b}; do
+            dg() { env "$@" timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc 1 --prompt 32 \
+                     --gen 32 --requests 2 --system 16 2>&1 | grep 'ids digest' | head -1; }
+            say "digest $m TERN_CUDA_G1_HN=0 / 1: $(dg TERN_CUDA_G1_HN=0) / $(dg TERN_CUDA_G1_HN=1)"
+        done
+        [ -n "${AB113_LONG-x}" ] && b1_sets "TERN_CUDA_G1_HN=0;TERN_CUDA_G1_HN=1" \
+            "${AB113_LONG:-gemma4-12b --quant bf16;gemma4-26b-a4b --quant bf16}" 8192
+        [ -n "${AB113_SHORT-x}" ] && b1_sets "TERN_CUDA_G1_HN=0;TERN_CUDA_G1_HN=1" \
+            "${AB113_SHORT:-gemma4-12b --quant bf16;gemma4-e4b --quant bf16;gemma4-26b-a4b --quant bf16}" 512
+    else
+        say "113: an op test failed, no timings"
     fi
 fi
 

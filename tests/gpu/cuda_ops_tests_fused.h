@@ -778,6 +778,133 @@ TEST(cuda_norm_qkv_rope_kv) {
     tern__cuda_g1_cpa = keep_cpa;
 }
 
+/* norm_qkv_norm_rope_kv (Gemma 4's q|k|v GEMV whose epilogue runs the head norms, rope and cache stores on each head
+ * as its last task ends, TERN_CUDA_G1_HN) vs what the model runs otherwise, norm_matmul (with the same res) then
+ * norm_rope_kv_write: x', xn, q, k, v and both pools bitwise. BF16 / F16 weights, head dims 256 / 512 (up to 16 kv heads,
+ * Gemma 4 12B's 16 / 8 × 256 and 16 / 1 × 512 included), F32 / BF16 / F16 pages, without res, with res (weight and
+ * scalar, the inner add), both gemv1 grids, a resident and a non-resident position; every case reuses the head
+ * counters of the one before (a counter left non-zero would lose a head). Declines: the switch off, Q4 weights, d 128,
+ * two rows. */
+TEST(cuda_norm_qkv_norm_rope_kv) {
+    tern_backend *g = g_gpu;
+    if (!g->vt->norm_qkv_norm_rope_kv) { SKIP("cuda_norm_qkv_norm_rope_kv", "not built"); return; }
+    extern int tern__cuda_g1_hn, tern__cuda_g1_grid;
+    const int keep = tern__cuda_g1_hn, keep_grid = tern__cuda_g1_grid, keep_nr = tern__cuda_norm_rope, keep_res = tern__cuda_norm_res;
+    tern__cuda_norm_rope = 1;
+    tern__cuda_norm_res = 2;
+    static const struct { int nh, nkv, d, in; tern_dtype wdt; int want; } C[] = {
+        {8, 2, 256, 2560, TERN_DT_BF16, 1}, {16, 8, 256, 3840, TERN_DT_BF16, 1}, {16, 1, 512, 3840, TERN_DT_BF16, 1},
+        {4, 2, 512, 384, TERN_DT_F16, 1},   {2, 16, 256, 512, TERN_DT_F16, 1},   {8, 4, 128, 512, TERN_DT_BF16, 0},
+        {8, 2, 256, 512, TERN_DT_Q, 0}};
+    static const int kinds[] = {TERN_KV_F32, TERN_KV_BF16, TERN_KV_F16};
+    static const char *kname[] = {"f32", "bf16", "f16"};
+    int ran = 0;
+    for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++)
+        for (size_t f = 0; f < TERN_ARRAY_LEN(kinds); f++)
+            for (int mode = 0; mode < 4; mode++) { /* 0 no res, 1 res (w, s), 2 res + inner add, 3 no res, other grid */
+                const int nh = C[ci].nh, nkv = C[ci].nkv, d = C[ci].d, in = C[ci].in, bs = 16, mb = 8;
+                const size_t pool = (size_t)mb * bs * nkv * d, pool_b = pool * (f ? 2 : 4), nq = (size_t)nh * d, nk = (size_t)nkv * d;
+                tern__cuda_g1_grid = mode != 3;
+                hw h[3];
+                tern_tensor t[3];
+                tern_error err = {0};
+                for (int i = 0; i < 3; i++) {
+                    h[i] = C[ci].wdt == TERN_DT_Q ? make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, i ? (int)nk : (int)nq, in, 0)
+                                                  : make_w(C[ci].wdt, 0, 0, 0, 1, i ? (int)nk : (int)nq, in, 0);
+                    t[i] = h[i].t;
+                    CHECK(g->vt->upload_weight(g, &t[i], &err) == TERN_OK, "upload %s", err.msg);
+                }
+                const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+                float *x = rnd(in, 3.0f), *nw = rnd(in, 1.5f), *kh = rnd(pool, 1.0f), *inv = rnd(d / 2, 0.5f);
+                float *hh = rnd(in, 20.0f), *wp = rnd(in, 1.0f), *h2 = rnd(in, 7.0f), *w2 = rnd(in, 1.2f), sc = 0.37f;
+                float *qw = rnd(d, 1.0f), *kw = rnd(d, 1.0f);
+                inv[3] = 0.0f; /* identity pair */
+                int32_t bt[8], slot[1] = {0};
+                for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
+                bt[1] = -1; /* not resident: never written */
+                void *nwd = to_gpu(nw, (size_t)in * 4), *btd = to_gpu(bt, sizeof bt), *sd = to_gpu(slot, sizeof slot);
+                void *invd = to_gpu(inv, (size_t)d / 2 * 4), *qwd = to_gpu(qw, (size_t)d * 4), *kwd = to_gpu(kw, (size_t)d * 4);
+                void *wpd = to_gpu(wp, (size_t)in * 4), *w2d = to_gpu(w2, (size_t)in * 4), *scd = to_gpu(&sc, 4);
+                uint8_t *ha = malloc(pool * 4), *hb = malloc(pool * 4);
+                for (int pi = 0; pi < 2; pi++) {
+                    int32_t pos[1] = {pi ? bs + 3 : 5 * bs + 7}; /* block 1 is not resident */
+                    void *pd = to_gpu(pos, sizeof pos);
+                    tern_kv_layer kv[2];
+                    float *xd[2], *hd[2], *h2d[2], *xo[2], *xn[2], *q[2], *k[2], *v[2];
+                    tern_norm_res r[2];
+                    for (int i = 0; i < 2; i++) {
+                        kv[i] = (tern_kv_layer){f ? TERN_DT_Q : TERN_DT_F32, nkv, d, bs, 0, to_gpu(kh, pool_b), to_gpu(kh, pool_b),
+                                                btd, mb};
+                        kv[i].kf.kind = kv[i].vf.kind = kinds[f];
+                        xd[i] = to_gpu(x, (size_t)in * 4);
+                        hd[i] = to_gpu(hh, (size_t)in * 4);
+                        h2d[i] = to_gpu(h2, (size_t)in * 4);
+                        xo[i] = nan_buf(g, in);
+                        xn[i] = nan_buf(g, in);
+                        q[i] = nan_buf(g, nq);
+                        k[i] = nan_buf(g, nk);
+                        v[i] = nan_buf(g, nk);
+                        r[i] = (tern_norm_res){xo[i], hd[i], wpd, mode == 1 ? scd : NULL, mode == 2 ? h2d[i] : NULL,
+                                               mode == 2 ? w2d : NULL};
+                    }
+                    const tern_norm_res *rp[2] = {mode == 1 || mode == 2 ? &r[0] : NULL, mode == 1 || mode == 2 ? &r[1] : NULL};
+                    tern_rows rows = {1, pd, sd, pos, slot};
+                    char nm[112];
+                    snprintf(nm, sizeof nm, "%s h%d/%d d%d in%d %s pages mode %d pos %d",
+                             C[ci].wdt == TERN_DT_BF16 ? "bf16" : C[ci].wdt == TERN_DT_F16 ? "f16" : "q4", nh, nkv, d, in,
+                             kname[f], mode, pos[0]);
+                    tern__cuda_g1_hn = 0;
+                    CHECK(!g->vt->norm_qkv_norm_rope_kv(g, xn[0], xd[0], nwd, 1e-6f, rp[0], q[0], k[0], v[0], ws, &kv[0], &rows,
+                                                        nh, invd, 1.25f, qwd, kwd),
+                          "%s: ran with TERN_CUDA_G1_HN=0", nm);
+                    tern__cuda_g1_hn = 1;
+                    const int ok = g->vt->norm_qkv_norm_rope_kv(g, xn[0], xd[0], nwd, 1e-6f, rp[0], q[0], k[0], v[0], ws, &kv[0],
+                                                                &rows, nh, invd, 1.25f, qwd, kwd);
+                    CHECK(ok == C[ci].want, "%s: norm_qkv_norm_rope_kv %s", nm, C[ci].want ? "refused" : "should refuse");
+                    if (ok) {
+                        float *ys[3] = {q[1], k[1], v[1]};
+                        CHECK(g->vt->norm_matmul(g, xn[1], xd[1], nwd, 1e-6f, 1, 3, ys, ws, -1, rp[1]) == 1, "%s: norm_matmul refused", nm);
+                        CHECK(g->vt->norm_rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f, qwd, kwd, 1e-6f) == 1,
+                              "%s: norm_rope_kv_write refused", nm);
+                        const struct { void *a, *b; size_t bytes; const char *what; } cmp[] = {
+                            {xn[0], xn[1], (size_t)in * 4, "xn"}, {q[0], q[1], nq * 4, "q"}, {k[0], k[1], nk * 4, "k"},
+                            {v[0], v[1], nk * 4, "v"}, {kv[0].k, kv[1].k, pool_b, "k pool"}, {kv[0].v, kv[1].v, pool_b, "v pool"},
+                            {xo[0], xo[1], rp[0] ? (size_t)in * 4 : 0, "x'"}, {xd[0], xd[1], (size_t)in * 4, "x"}};
+                        for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
+                            if (!cmp[i].bytes) continue;
+                            g->vt->download(g, ha, cmp[i].a, cmp[i].bytes);
+                            g->vt->download(g, hb, cmp[i].b, cmp[i].bytes);
+                            CHECK(!memcmp(ha, hb, cmp[i].bytes), "norm_qkv_norm_rope_kv %s: %s differs", nm, cmp[i].what);
+                        }
+                        ran++;
+                    }
+                    if (ci == 0 && f == 0 && mode == 0 && pi == 0) { /* two rows decline */
+                        tern_rows r2 = rows;
+                        r2.n = 2;
+                        CHECK(!g->vt->norm_qkv_norm_rope_kv(g, xn[0], xd[0], nwd, 1e-6f, NULL, q[0], k[0], v[0], ws, &kv[0], &r2, nh,
+                                                            invd, 1.25f, qwd, kwd),
+                              "two rows must decline");
+                    }
+                    for (int i = 0; i < 2; i++) {
+                        void *b[] = {kv[i].k, kv[i].v, xd[i], hd[i], h2d[i], xo[i], xn[i], q[i], k[i], v[i]};
+                        for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+                    }
+                    g->vt->free(g, pd);
+                }
+                void *b[] = {nwd, btd, sd, invd, qwd, kwd, wpd, w2d, scd};
+                for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+                for (int i = 0; i < 3; i++) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); }
+                free(x); free(nw); free(kh); free(inv); free(hh); free(wp); free(h2); free(w2); free(qw); free(kw);
+                free(ha); free(hb);
+            }
+    printf("  norm_qkv_norm_rope_kv: %d fused cases\n", ran);
+    CHECK(ran == 5 * 3 * 4 * 2, "norm_qkv_norm_rope_kv ran %d cases, want 120", ran);
+    tern__cuda_g1_hn = keep;
+    tern__cuda_g1_grid = keep_grid;
+    tern__cuda_norm_rope = keep_nr;
+    tern__cuda_norm_res = keep_res;
+}
+
 /* the elementwise family's 4-wide kernel (aligned arrays, n % 4 == 0) against its scalar kernel (the same arrays
  * one float further on: misaligned), every op, bitwise */
 TEST(cuda_ew_vector) {
@@ -818,6 +945,7 @@ TEST(cuda_ew_vector) {
 static void cuda_fused_tests(void) {
     RUN(cuda_ew_vector);
     RUN(cuda_norm_qkv_rope_kv);
+    RUN(cuda_norm_qkv_norm_rope_kv);
     RUN(cuda_norm_rope_kv);
     RUN(cuda_matmul_act_mul);
     RUN(cuda_norm_matmul_res);

@@ -8,6 +8,7 @@
  */
 #include "backend/cuda/gemv_chunk.cuh"
 #include "backend/cuda/rope_kv.cuh"
+#include "backend/cuda/nrk.cuh"
 #include "backend/cuda/mma.cuh"
 
 #include <stdlib.h>
@@ -21,6 +22,7 @@
  * to three matrices sharing `in` and the format (q|k|v in one launch); pair modes give a warp
  * row o of matrix 0 and of matrix 1 and write act(g)·u (gate/up); RES adds the old y[o]. */
 #define G1_MAX_IN 16384 /* floats of x staged (64 KB of shared memory) */
+#define G1_HCNT 1024 /* HN head counters (q heads + kv heads of a launch) */
 #define G1_CPA_SMEM (96 * 1024) /* bytes of shared memory the cpa prologue's regions may take (its launch attribute; under the 99 KB a block of sm_86 / sm_120 parts allows) */
 
 struct Gemv1Args {
@@ -51,6 +53,13 @@ struct Gemv1Args {
     /* cpa (TERN_CUDA_G1_CPA): the prologue's vectors come into shared memory by cp.async, all in flight at once (the
      * weights' before pdl_wait), each in a region of its own (g1_regions), and its norms run there */
     int cpa;
+    /* HN instances (ops.h norm_qkv_norm_rope_kv; appended): Gemma 4's head norms, rope and cache stores after q|k|v
+     * (nrk.cuh), each head by the warp that finished its last task; hcnt: a counter a head (q heads, then kv heads: a
+     * kv head's k and v rows count together), zero between launches; hkind: the pages' kind (rope_page_put's) */
+    NrkArgs hn;
+    void *hkpool, *hvpool;
+    int *hcnt;
+    int hkind, hshift; /* hshift: log2 of the head dim */
 };
 
 /* The cpa prologue's shared-memory regions, in units of `in` floats: 0 the row being formed (h2, h or x, then h', x',
@@ -102,10 +111,54 @@ __device__ __forceinline__ int g1_rope_row(const tern__cuda_rope_kv &p, int t, i
     return t < qk ? (t / half) * p.d + t % half + r * half : (p.nh + p.nkv) * p.d + 2 * (t - qk) + r;
 }
 
-template <int KIND, int R, int U, bool EARLY, bool ROPE, bool MV, bool CPA>
+/* HN instances: row g of the task order is row (g + out[0]) mod rows of q|k|v — k's and v's rows first, so their heads,
+ * whose epilogue also stores the pages, are done while q's rows still run */
+__device__ __forceinline__ int g1_hn_row(const Gemv1Args &a, int g) {
+    g += a.out[0];
+    return g >= a.rows ? g - a.rows : g;
+}
+
+/* head h of an HN launch by the calling warp (g1_hn_end); not inlined: the task loop keeps its registers and the
+ * head's ~60 values spill nowhere but around this call, which runs once a head */
+template <int NS> __device__ __noinline__ void g1_hn_head(const Gemv1Args &a, int h) {
+    __threadfence();
+    auto ld = [](const float *p) { return __ldcg(p); };
+    auto kput = [&](size_t i, float x) { rope_page_put(a.hkpool, i, x, a.hkind); };
+    auto vput = [&](size_t i, float x) { rope_page_put(a.hvpool, i, x, a.hkind); };
+    nrk_warp_head<NS, true>(a.hn, 0, h, ld, kput, vput);
+}
+
+/* The HN epilogue of a task (R = 2 rows of matrix m: 0 q, 1 k, 2 v; never across a head, whose d rows are even): lane 0
+ * stores the rows as the plain mode does and counts the task on its head (release: the stores fenced before the count);
+ * the warp whose count completes a head (q: d / 2 tasks, kv: d, k's and v's) resets the counter and runs
+ * norm_rope_kv_write's warp form on it (nrk.cuh; acquire: a fence, then the head's rows read past L1, where other SMs
+ * wrote them) — so the launch is bitwise norm_matmul then norm_rope_kv_write. */
+template <int R>
+__device__ __forceinline__ void g1_hn_end(const Gemv1Args &a, int m, const int (&orow)[R], const bool (&live)[R],
+                                          const float (&acc)[R]) {
+    static_assert(R == 2, "a head's tasks are pairs of rows");
+    int h = -1;
+    if ((threadIdx.x & 31) == 0 && live[0]) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (live[r]) a.y[m][orow[r]] = acc[r];
+        h = (orow[0] >> a.hshift) + (m ? a.hn.nh : 0);
+        const int need = (m ? 2 : 1) << (a.hshift - 1);
+        __threadfence();
+        if (atomicAdd(a.hcnt + h, 1) == need - 1) a.hcnt[h] = 0;
+        else h = -1;
+    }
+    h = __shfl_sync(0xffffffffu, h, 0);
+    if (h >= 0) {
+        if (a.hshift == 8) g1_hn_head<8>(a, h);
+        else g1_hn_head<16>(a, h);
+    }
+}
+
+template <int KIND, int R, int U, bool EARLY, bool ROPE, bool MV, bool CPA, bool HN = false>
 __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
     static_assert(!ROPE || R == 2, "a rope task is one pair of rows");
-    static_assert(!(ROPE && MV), "one epilogue");
+    static_assert(!(ROPE && MV) && !(HN && (ROPE || MV)), "one epilogue");
     if constexpr (EARLY) pdl_trigger(); /* the wait follows the first task's first round of weight loads */
     else pdl_start();
     using K = Kind<KIND>;
@@ -155,6 +208,7 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
             for (int r = 0; r < R; r++) {
                 int g = pair ? g0 : ROPE ? g1_rope_row(a.rope, task, r) : g0 + r, m = pair ? r : 0;
                 if (g >= a.rows) g = 0;
+                if constexpr (HN) g = g1_hn_row(a, g);
                 if (!pair)
                     while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
                 mrow[r] = m;
@@ -249,6 +303,7 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
             else g = pair ? g0 : g0 + r;
             live[r] = g < a.rows;
             if (!live[r]) g = 0; /* clamp: recompute row 0, never written */
+            if constexpr (HN) g = g1_hn_row(a, g);
             if (!pair)
                 while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
             mrow[r] = m;
@@ -285,6 +340,10 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
         }
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+        if constexpr (HN) {
+            g1_hn_end<R>(a, mrow[0], orow, live, acc);
+            continue;
+        }
         if (lane) continue;
         if constexpr (ROPE) {
             rope_kv_put(a.rope, a.y, pg, mrow[0] < 2 ? rope_rot_at(pg.pos, rf) : RopeRot{}, mrow[0], orow[0], orow[1], acc[0],
@@ -320,6 +379,11 @@ template <int KIND, int R, int U, bool ROPE, bool MV>
 __global__ void __launch_bounds__(256, 2) gemv1_cpa_kernel(Gemv1Args a) {
     gemv1_body<KIND, R, U, true, ROPE, MV, true>(a);
 }
+/* the HN instance (a cpa one): its argument a grid constant, which g1_hn_head reads in place */
+template <int KIND, int R, int U>
+__global__ void __launch_bounds__(256, 2) gemv1_hn_kernel(const __grid_constant__ Gemv1Args a) {
+    gemv1_body<KIND, R, U, true, false, false, true, true>(a);
+}
 
 /* TERN_CUDA_G1_GRID (read once; tests set it): 1 persistent grid (default), 0 one block per 8 warp
  * tasks. H200, llama3-8b bf16 batch-1 decode (NOTES (s)): with the fused pre-norm 205 -> 215 tok/s;
@@ -336,19 +400,21 @@ int tern__cuda_g1_grid = -1;
  * than warps over the whole grid in contiguous ranges tied. Removed. */
 #define G1_R 2
 #define G1_U 4
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA> void (*g1_kernel())(Gemv1Args) { /* the kernel of an instance */
-    if constexpr (CPA) return gemv1_cpa_kernel<KIND, G1_R, U, ROPE, MV>;
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA, bool HN = false> void (*g1_kernel())(Gemv1Args) { /* the kernel of an instance */
+    static_assert(!HN || CPA, "HN: the cpa instance only");
+    if constexpr (HN) return gemv1_hn_kernel<KIND, G1_R, U>;
+    else if constexpr (CPA) return gemv1_cpa_kernel<KIND, G1_R, U, ROPE, MV>;
     else return gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>;
 }
 
 /* resident blocks per SM of gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV> with `smem` bytes (occupancy query, cached per
  * size) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA = false> static int g1_blocks_per_sm(size_t smem) {
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA = false, bool HN = false> static int g1_blocks_per_sm(size_t smem) {
     static int nb;
     static size_t nb_smem = (size_t)-1;
     if (nb_smem != smem) {
         int v = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA>(), 256, smem) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA, HN>(), 256, smem) != cudaSuccess ||
             v < 1) {
             cudaGetLastError();
             v = 1;
@@ -408,14 +474,14 @@ constexpr bool g1_mv_kind(int kind) { return kind == 16 || kind == 17 || kind ==
 template <int KIND> constexpr bool g1_has_mv() { return g1_mv_kind(KIND); }
 
 /* the launch at U chunks a lane a round (grid: persistent, capped at the resident blocks of that instance) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false>
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false, bool HN = false>
 static void g1_run(const tern__cuda *c, const Gemv1Args &a, long ntask, size_t smem) {
     long blocks = (ntask + 7) / 8;
     if (tern__cuda_g1_grid) {
-        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV, CPA>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
+        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV, CPA, HN>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
         if (blocks > slots) blocks = slots;
     }
-    tern_launch(c->stream, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA>(), (unsigned)blocks, 256, smem, a);
+    tern_launch(c->stream, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA, HN>(), (unsigned)blocks, 256, smem, a);
 }
 
 template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, bool rope = false) {
@@ -429,6 +495,7 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     if constexpr (g1_has_cpa<KIND>())
         if (a.cpa) { /* g1_cpa_pick: the early instances of every mode and epilogue */
             if (a.mv) g1_run<KIND, G1_U, true, false, true, true>(c, a, ntask, smem);
+            else if (a.hcnt) g1_run<KIND, G1_U, true, false, false, true, true>(c, a, ntask, smem);
             else if (rope) g1_run<KIND, G1_U, true, true, false, true>(c, a, ntask, smem);
             else g1_run<KIND, G1_U, true, false, false, true>(c, a, ntask, smem);
             return;
@@ -452,8 +519,8 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     g1_run<KIND, G1_U, false, false>(c, a, ntask, smem);
 }
 
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false> static void g1_allow1() {
-    cudaFuncSetAttribute(g1_kernel<KIND, U, EARLY, ROPE, MV, CPA>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false, bool HN = false> static void g1_allow1() {
+    cudaFuncSetAttribute(g1_kernel<KIND, U, EARLY, ROPE, MV, CPA, HN>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                          CPA ? G1_CPA_SMEM : (int)(G1_MAX_IN * sizeof(float)));
 }
 template <int KIND> static void g1_allow() {
@@ -468,6 +535,7 @@ template <int KIND> static void g1_allow() {
         g1_allow1<KIND, G1_U, true, false, false, true>();
         g1_allow1<KIND, G1_U, true, true, false, true>();
         g1_allow1<KIND, G1_U, true, false, true, true>();
+        g1_allow1<KIND, G1_U, true, false, false, true, true>();
     }
 }
 
@@ -507,9 +575,17 @@ bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
     return true;
 }
 
+/* the HN fields of a launch (g1_hn_end) */
+struct G1Hn {
+    NrkArgs hn;
+    void *kpool, *vpool;
+    int *cnt;
+    int kind, shift;
+};
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                            const float *x, int mode, const float *nw, float *xn, float eps, const tern_norm_res *res,
-                           const tern__cuda_rope_kv *rope = nullptr, const float *mv = nullptr, int mact = 0);
+                           const tern__cuda_rope_kv *rope = nullptr, const float *mv = nullptr, int mact = 0,
+                           const G1Hn *hn = nullptr);
 void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                           const float *x, int mode) {
     g1_launch_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f, NULL);
@@ -520,9 +596,17 @@ void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *co
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                       int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                       const tern_norm_res *res, const tern__cuda_rope_kv *rope, const float *mv,
-                                      int mact) {
+                                      int mact, const G1Hn *hn) {
     Gemv1Args a = {};
     if (rope) a.rope = *rope;
+    if (hn) {
+        a.hn = hn->hn;
+        a.hkpool = hn->kpool;
+        a.hvpool = hn->vpool;
+        a.hcnt = hn->cnt;
+        a.hkind = hn->kind;
+        a.hshift = hn->shift;
+    }
     a.mv = mv;
     a.mact = mact;
     g1_prologue_args(a, w[0], nw, xn, eps, res);
@@ -685,6 +769,47 @@ extern "C" int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float
     const int e[3] = {0, 0, 0};
     cudaSetDevice(c->device);
     g1_launch_norm(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, &r);
+    return 1;
+}
+
+/* ops.h norm_qkv_norm_rope_kv for one row (Gemma 4's attention input): norm_matmul's q|k|v launch (the cpa prologue,
+ * with res's post-norm add where given) whose epilogue runs norm_rope_kv_write's warp form on each head as its last
+ * task ends (g1_hn_end) — BF16 / F16 weights, head dims 256 / 512, F32 / BF16 / F16 pages; bitwise norm_matmul then
+ * norm_rope_kv_write. Else 0 (the caller runs the two). TERN_CUDA_G1_HN (read once; tests set it): 1 on, 0 off (the
+ * default until timed: one launch fewer a layer, a kernel boundary's drain against a longer GEMV tail). */
+extern "C" int tern__cuda_g1_hn;
+int tern__cuda_g1_hn = -1;
+extern "C" int tern__cuda_norm_qkv_norm_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps,
+                                                const tern_norm_res *res, float *const *y, const tern__cuda_w *const *w,
+                                                const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                                                const float *inv_freq, float mscale, const float *qw, const float *kw) {
+    if (tern__cuda_g1_hn < 0) tern__cuda_g1_hn = tern__cuda_env_int("TERN_CUDA_G1_HN", 0) != 0;
+    const int kind = kv->kf.kind, d = kv->head_dim, nkv = kv->n_head_kv, wk = kind_of(w[0]);
+    if (!tern__cuda_g1_hn || !c->g1_cnt || rows->n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15))
+        return 0;
+    if ((d != 256 && d != 512) || nh <= 0 || nkv <= 0 || nh + nkv > G1_HCNT || !tern__cuda_rope_pages(kv) ||
+        w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d)
+        return 0;
+    if ((wk != 16 && wk != 17) || !tern__cuda_g1_fits(w, 3, x) || (res && !g1_res_ok(res, x, w[0], nw, xn))) return 0;
+    {   /* the HN instance is a cpa one */
+        Gemv1Args t = {};
+        g1_prologue_args(t, w[0], nw, xn, eps, res);
+        if (!t.cpa) return 0;
+    }
+    G1Hn h = {};
+    h.hn.q = y[0]; h.hn.k = y[1]; h.hn.v = y[2]; h.hn.qw = qw; h.hn.kw = kw; h.hn.inv_freq = inv_freq;
+    h.hn.pos = rows->pos; h.hn.slot = rows->slot; h.hn.bt = kv->block_table;
+    h.hn.n = 1; h.hn.nh = nh; h.hn.nkv = nkv; h.hn.d = d;
+    h.hn.max_blocks = kv->max_blocks; h.hn.bs = kv->block_size;
+    h.hn.eps = eps; h.hn.mscale = mscale;
+    h.kpool = kv->k;
+    h.vpool = kv->v;
+    h.cnt = c->g1_cnt;
+    h.kind = kind == TERN_KV_F32 ? 0 : kind == TERN_KV_BF16 ? 1 : 2;
+    h.shift = d == 256 ? 8 : 9;
+    const int e[3] = {0, 0, 0};
+    cudaSetDevice(c->device);
+    g1_launch_norm(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, res, nullptr, nullptr, 0, &h);
     return 1;
 }
 
@@ -908,7 +1033,10 @@ extern "C" int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const
     return 1;
 }
 
-void tern__cuda_gemv1_init(void) { /* shared-memory limits of the big instances, at backend open */
+void tern__cuda_gemv1_init(tern__cuda *c) { /* shared-memory limits of the big instances and the HN counters, at backend open */
+    if (!c->g1_cnt && cudaMalloc((void **)&c->g1_cnt, G1_HCNT * sizeof(int)) == cudaSuccess)
+        cudaMemsetAsync(c->g1_cnt, 0, G1_HCNT * sizeof(int), c->stream); /* ordered before our kernels */
+    cudaGetLastError();
     g1_allow<2>(); g1_allow<3>(); g1_allow<4>(); g1_allow<5>(); g1_allow<6>(); g1_allow<8>();
     g1_allow<9>(); g1_allow<16>(); g1_allow<17>(); g1_allow<32>();
     gu_allow<2>(); gu_allow<3>(); gu_allow<4>(); gu_allow<5>(); gu_allow<6>(); gu_allow<8>();
