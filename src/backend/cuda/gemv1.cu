@@ -9,6 +9,7 @@
 #include "backend/cuda/gemv_chunk.cuh"
 #include "backend/cuda/rope_kv.cuh"
 #include "backend/cuda/nrk.cuh"
+#include "backend/cuda/split_k.cuh"
 #include "backend/cuda/mma.cuh"
 
 #include <stdlib.h>
@@ -111,31 +112,29 @@ __device__ __forceinline__ int g1_rope_row(const tern__cuda_rope_kv &p, int t, i
     return t < qk ? (t / half) * p.d + t % half + r * half : (p.nh + p.nkv) * p.d + 2 * (t - qk) + r;
 }
 
-/* HN instances: row g of the task order is row (g + out[0]) mod rows of q|k|v — k's and v's rows first, so their heads,
- * whose epilogue also stores the pages, are done while q's rows still run */
-__device__ __forceinline__ int g1_hn_row(const Gemv1Args &a, int g) {
-    g += a.out[0];
-    return g >= a.rows ? g - a.rows : g;
-}
-
-/* head h of an HN launch by the calling warp (g1_hn_end); not inlined: the task loop keeps its registers and the
- * head's ~60 values spill nowhere but around this call, which runs once a head */
+/* head h of an HN launch by the calling warp, once its tasks are done (g1_hn_end); not inlined: the task loop keeps its
+ * registers and the head's ~60 values spill nowhere but around this call, which runs once a head */
 template <int NS> __device__ __noinline__ void g1_hn_head(const Gemv1Args &a, int h) {
-    __threadfence();
     auto ld = [](const float *p) { return __ldcg(p); };
     auto kput = [&](size_t i, float x) { rope_page_put(a.hkpool, i, x, a.hkind); };
     auto vput = [&](size_t i, float x) { rope_page_put(a.hvpool, i, x, a.hkind); };
     nrk_warp_head<NS, true>(a.hn, 0, h, ld, kput, vput);
 }
+__device__ __forceinline__ void g1_hn_run(const Gemv1Args &a, int h) {
+    __syncwarp(); /* orders lane 0's acquire (g1_hn_end) before every lane's loads */
+    if (a.hshift == 8) g1_hn_head<8>(a, h);
+    else g1_hn_head<16>(a, h);
+}
 
-/* The HN epilogue of a task (R = 2 rows of matrix m: 0 q, 1 k, 2 v; never across a head, whose d rows are even): lane 0
- * stores the rows as the plain mode does and counts the task on its head (release: the stores fenced before the count);
- * the warp whose count completes a head (q: d / 2 tasks, kv: d, k's and v's) resets the counter and runs
- * norm_rope_kv_write's warp form on it (nrk.cuh; acquire: a fence, then the head's rows read past L1, where other SMs
- * wrote them) — so the launch is bitwise norm_matmul then norm_rope_kv_write. */
+/* The HN end of a task (R = 2 rows of matrix m: 0 q, 1 k, 2 v; never across a head, whose d rows are even): lane 0
+ * stores the rows as the plain mode does and counts the task on its head with an acq_rel arrival (split_k.cuh: its
+ * release orders the stores before the count, no fence); returns, in every lane, the head this task completed (q: d / 2
+ * tasks, kv: d, k's and v's; its counter reset) or -1. The warp runs norm_rope_kv_write's warp form on that head
+ * (g1_hn_run, nrk.cuh: the rows read past L1, where other SMs wrote them) after its last task, so a head's work never
+ * delays a task — the launch is bitwise norm_matmul then norm_rope_kv_write. */
 template <int R>
-__device__ __forceinline__ void g1_hn_end(const Gemv1Args &a, int m, const int (&orow)[R], const bool (&live)[R],
-                                          const float (&acc)[R]) {
+__device__ __forceinline__ int g1_hn_end(const Gemv1Args &a, int m, const int (&orow)[R], const bool (&live)[R],
+                                         const float (&acc)[R]) {
     static_assert(R == 2, "a head's tasks are pairs of rows");
     int h = -1;
     if ((threadIdx.x & 31) == 0 && live[0]) {
@@ -143,16 +142,10 @@ __device__ __forceinline__ void g1_hn_end(const Gemv1Args &a, int m, const int (
         for (int r = 0; r < R; r++)
             if (live[r]) a.y[m][orow[r]] = acc[r];
         h = (orow[0] >> a.hshift) + (m ? a.hn.nh : 0);
-        const int need = (m ? 2 : 1) << (a.hshift - 1);
-        __threadfence();
-        if (atomicAdd(a.hcnt + h, 1) == need - 1) a.hcnt[h] = 0;
+        if (tern_arrive(a.hcnt + h) == ((m ? 2 : 1) << (a.hshift - 1)) - 1) a.hcnt[h] = 0;
         else h = -1;
     }
-    h = __shfl_sync(0xffffffffu, h, 0);
-    if (h >= 0) {
-        if (a.hshift == 8) g1_hn_head<8>(a, h);
-        else g1_hn_head<16>(a, h);
-    }
+    return __shfl_sync(0xffffffffu, h, 0);
 }
 
 template <int KIND, int R, int U, bool EARLY, bool ROPE, bool MV, bool CPA, bool HN = false>
@@ -208,7 +201,6 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
             for (int r = 0; r < R; r++) {
                 int g = pair ? g0 : ROPE ? g1_rope_row(a.rope, task, r) : g0 + r, m = pair ? r : 0;
                 if (g >= a.rows) g = 0;
-                if constexpr (HN) g = g1_hn_row(a, g);
                 if (!pair)
                     while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
                 mrow[r] = m;
@@ -292,6 +284,7 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
         __syncthreads();
     }
     bool pre = EARLY; /* wd / s / b hold this warp's first round */
+    int hpend = 0; /* HN: up to two heads completed by this warp's tasks, not yet run (16 bits each, head + 1) */
     for (int task = blockIdx.x * 8 + warp; task < ntask; task += gridDim.x * 8) {
         const int g0 = task * (pair ? 1 : R);
         int mrow[R], orow[R];
@@ -303,7 +296,6 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
             else g = pair ? g0 : g0 + r;
             live[r] = g < a.rows;
             if (!live[r]) g = 0; /* clamp: recompute row 0, never written */
-            if constexpr (HN) g = g1_hn_row(a, g);
             if (!pair)
                 while (m < a.nm - 1 && g >= a.out[m]) g -= a.out[m++];
             mrow[r] = m;
@@ -340,8 +332,13 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
         }
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
-        if constexpr (HN) {
-            g1_hn_end<R>(a, mrow[0], orow, live, acc);
+        if constexpr (HN) { /* the heads this warp completed, run after its last task (a third, if any, at once) */
+            const int h = g1_hn_end<R>(a, mrow[0], orow, live, acc);
+            if (h >= 0) {
+                if (!(hpend & 0xffff)) hpend |= h + 1;
+                else if (!(hpend >> 16)) hpend |= (h + 1) << 16;
+                else g1_hn_run(a, h);
+            }
             continue;
         }
         if (lane) continue;
@@ -364,6 +361,10 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
             else
                 *yp = a.mode == G1_RES ? *yp + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
         }
+    }
+    if constexpr (HN) {
+        if (hpend & 0xffff) g1_hn_run(a, (hpend & 0xffff) - 1);
+        if (hpend >> 16) g1_hn_run(a, (hpend >> 16) - 1);
     }
 }
 
