@@ -1459,7 +1459,7 @@ fi
 # 111. session 64 (ran, NOTES (bx); removed): TERN_CUDA_AD_TCS512_PAIR (TCS512 as 4 pairs of warps) — op test passed,
 #      the kernel alone 22.1 → 25.8 µs, b1 bf16 at 8192 gemma4-12b −1.6 %, 26b-a4b −1.5 %; the switch and its code are gone.
 
-# 112. session 64, not yet run: a b1 step's kernels as they run inside the graph, overlapped by PDL (ncu serialises them:
+# 112. session 64 (session 65: the device has no nsys — "112: no nsys on this machine"; NOTES (by)): a b1 step's kernels as they run inside the graph, overlapped by PDL (ncu serialises them:
 #      NOTES (bx) 6) — `nsys profile --cuda-graph-trace=node` of tern-core bench, its kernel trace through
 #      scripts/ncu_step.py (each kernel's exposed time: how far it extended the step). Needs nsys on the device
 #      (skipped with a message otherwise). AB112_MODELS: "spec@prompt;..." (default gemma4-12b bf16 at 8192, llama3-8b
@@ -1515,6 +1515,22 @@ if [[ " $SECTIONS " == *" 113 "* ]]; then
     else
         say "113: an op test failed, no timings"
     fi
+fi
+
+# 114. session 65, not yet run: where a batch-64 decode step goes (the device has no nsys: ncu, serialized, so use the
+#      shares) — build/concurrency at 64 sequences (128 + 8) under ncu --graph-profiling node, the last step's kernels
+#      through scripts/ncu_step.py (AB114_MODELS: "model:quant ...", default gemma4-12b:bf16, 0.69-0.70 of its floor
+#      against llama3-8b's 0.79)
+if [[ " $SECTIONS " == *" 114 "* ]]; then
+    for m in ${AB114_MODELS:-gemma4-12b:bf16}; do
+        tag=$(printf '%s' "$m" | tr -c 'a-zA-Z0-9.' '_')
+        timeout 240 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none \
+            --metrics gpu__time_duration.sum --csv --print-units base build/concurrency --random $m --device cuda \
+            --compute bf16 --conc 64 --prompt 128 --gen 8 --requests 1 --system 16 > "$OUT/ncu114_$tag.csv" 2> "$OUT/ncu114_$tag.err"
+        say "ncu $m at 64 sequences (serialized, one step):"
+        python3 scripts/ncu_step.py "$OUT/ncu114_$tag.csv" --seq 24 2>&1 | head -${AB_NCU_ROWS:-48} | tee -a "$S"
+        xz -f "$OUT/ncu114_$tag.csv"
+    done
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

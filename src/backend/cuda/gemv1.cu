@@ -26,6 +26,16 @@
 #define G1_HCNT 1024 /* HN head counters (q heads + kv heads of a launch) */
 #define G1_CPA_SMEM (96 * 1024) /* bytes of shared memory the cpa prologue's regions may take (its launch attribute; under the 99 KB a block of sm_86 / sm_120 parts allows) */
 
+/* HN instances: Gemma 4's head norms, rope and cache stores after q|k|v (nrk.cuh), each head by the warp that finished
+ * its last task; cnt: a counter a head (q heads, then kv heads: a kv head's k and v rows count together), zero between
+ * launches; kind: the pages' (rope_page_put's); shift: log2 of the head dim */
+struct G1Hn {
+    NrkArgs nrk;
+    void *kpool, *vpool;
+    int *cnt;
+    int kind, shift;
+};
+
 struct Gemv1Args {
     const uint8_t *data[3], *scales[3], *biases[3];
     float *y[3];
@@ -54,13 +64,7 @@ struct Gemv1Args {
     /* cpa (TERN_CUDA_G1_CPA): the prologue's vectors come into shared memory by cp.async, all in flight at once (the
      * weights' before pdl_wait), each in a region of its own (g1_regions), and its norms run there */
     int cpa;
-    /* HN instances (ops.h norm_qkv_norm_rope_kv; appended): Gemma 4's head norms, rope and cache stores after q|k|v
-     * (nrk.cuh), each head by the warp that finished its last task; hcnt: a counter a head (q heads, then kv heads: a
-     * kv head's k and v rows count together), zero between launches; hkind: the pages' kind (rope_page_put's) */
-    NrkArgs hn;
-    void *hkpool, *hvpool;
-    int *hcnt;
-    int hkind, hshift; /* hshift: log2 of the head dim */
+    G1Hn hn; /* HN instances (ops.h norm_qkv_norm_rope_kv; appended) */
 };
 
 /* The cpa prologue's shared-memory regions, in units of `in` floats: 0 the row being formed (h2, h or x, then h', x',
@@ -116,13 +120,13 @@ __device__ __forceinline__ int g1_rope_row(const tern__cuda_rope_kv &p, int t, i
  * registers and the head's ~60 values spill nowhere but around this call, which runs once a head */
 template <int NS> __device__ __noinline__ void g1_hn_head(const Gemv1Args &a, int h) {
     auto ld = [](const float *p) { return __ldcg(p); };
-    auto kput = [&](size_t i, float x) { rope_page_put(a.hkpool, i, x, a.hkind); };
-    auto vput = [&](size_t i, float x) { rope_page_put(a.hvpool, i, x, a.hkind); };
-    nrk_warp_head<NS, true>(a.hn, 0, h, ld, kput, vput);
+    auto kput = [&](size_t i, float x) { rope_page_put(a.hn.kpool, i, x, a.hn.kind); };
+    auto vput = [&](size_t i, float x) { rope_page_put(a.hn.vpool, i, x, a.hn.kind); };
+    nrk_warp_head<NS, true>(a.hn.nrk, 0, h, ld, kput, vput);
 }
 __device__ __forceinline__ void g1_hn_run(const Gemv1Args &a, int h) {
     __syncwarp(); /* orders lane 0's acquire (g1_hn_end) before every lane's loads */
-    if (a.hshift == 8) g1_hn_head<8>(a, h);
+    if (a.hn.shift == 8) g1_hn_head<8>(a, h);
     else g1_hn_head<16>(a, h);
 }
 
@@ -141,8 +145,8 @@ __device__ __forceinline__ int g1_hn_end(const Gemv1Args &a, int m, const int (&
 #pragma unroll
         for (int r = 0; r < R; r++)
             if (live[r]) a.y[m][orow[r]] = acc[r];
-        h = (orow[0] >> a.hshift) + (m ? a.hn.nh : 0);
-        if (tern_arrive(a.hcnt + h) == ((m ? 2 : 1) << (a.hshift - 1)) - 1) a.hcnt[h] = 0;
+        h = (orow[0] >> a.hn.shift) + (m ? a.hn.nrk.nh : 0);
+        if (tern_arrive(a.hn.cnt + h) == ((m ? 2 : 1) << (a.hn.shift - 1)) - 1) a.hn.cnt[h] = 0;
         else h = -1;
     }
     return __shfl_sync(0xffffffffu, h, 0);
@@ -496,7 +500,7 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     if constexpr (g1_has_cpa<KIND>())
         if (a.cpa) { /* g1_cpa_pick: the early instances of every mode and epilogue */
             if (a.mv) g1_run<KIND, G1_U, true, false, true, true>(c, a, ntask, smem);
-            else if (a.hcnt) g1_run<KIND, G1_U, true, false, false, true, true>(c, a, ntask, smem);
+            else if (a.hn.cnt) g1_run<KIND, G1_U, true, false, false, true, true>(c, a, ntask, smem);
             else if (rope) g1_run<KIND, G1_U, true, true, false, true>(c, a, ntask, smem);
             else g1_run<KIND, G1_U, true, false, false, true>(c, a, ntask, smem);
             return;
@@ -576,13 +580,6 @@ bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
     return true;
 }
 
-/* the HN fields of a launch (g1_hn_end) */
-struct G1Hn {
-    NrkArgs hn;
-    void *kpool, *vpool;
-    int *cnt;
-    int kind, shift;
-};
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                            const float *x, int mode, const float *nw, float *xn, float eps, const tern_norm_res *res,
                            const tern__cuda_rope_kv *rope = nullptr, const float *mv = nullptr, int mact = 0,
@@ -600,14 +597,7 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
                                       int mact, const G1Hn *hn) {
     Gemv1Args a = {};
     if (rope) a.rope = *rope;
-    if (hn) {
-        a.hn = hn->hn;
-        a.hkpool = hn->kpool;
-        a.hvpool = hn->vpool;
-        a.hcnt = hn->cnt;
-        a.hkind = hn->kind;
-        a.hshift = hn->shift;
-    }
+    if (hn) a.hn = *hn;
     a.mv = mv;
     a.mact = mact;
     g1_prologue_args(a, w[0], nw, xn, eps, res);
@@ -798,11 +788,12 @@ extern "C" int tern__cuda_norm_qkv_norm_rope_kv(tern__cuda *c, float *xn, const 
         if (!t.cpa) return 0;
     }
     G1Hn h = {};
-    h.hn.q = y[0]; h.hn.k = y[1]; h.hn.v = y[2]; h.hn.qw = qw; h.hn.kw = kw; h.hn.inv_freq = inv_freq;
-    h.hn.pos = rows->pos; h.hn.slot = rows->slot; h.hn.bt = kv->block_table;
-    h.hn.n = 1; h.hn.nh = nh; h.hn.nkv = nkv; h.hn.d = d;
-    h.hn.max_blocks = kv->max_blocks; h.hn.bs = kv->block_size;
-    h.hn.eps = eps; h.hn.mscale = mscale;
+    NrkArgs &n = h.nrk;
+    n.q = y[0]; n.k = y[1]; n.v = y[2]; n.qw = qw; n.kw = kw; n.inv_freq = inv_freq;
+    n.pos = rows->pos; n.slot = rows->slot; n.bt = kv->block_table;
+    n.n = 1; n.nh = nh; n.nkv = nkv; n.d = d;
+    n.max_blocks = kv->max_blocks; n.bs = kv->block_size;
+    n.eps = eps; n.mscale = mscale;
     h.kpool = kv->k;
     h.vpool = kv->v;
     h.cnt = c->g1_cnt;
