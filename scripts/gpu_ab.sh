@@ -1496,7 +1496,8 @@ if [[ " $SECTIONS " == *" 112 "* ]]; then
     fi
 fi
 
-# 113. session 65, not yet run: TERN_CUDA_G1_HN (ops.h norm_qkv_norm_rope_kv: Gemma 4's head norms, rope and cache
+# 113. session 65 (its first form ran: correct, −7 % — NOTES (by); the second form, an acq_rel count and the heads run
+#      after a warp's last task, not yet run): TERN_CUDA_G1_HN (ops.h norm_qkv_norm_rope_kv: Gemma 4's head norms, rope and cache
 #      stores in the one-row q|k|v GEMV's epilogue, each head by the warp that finished its last task — one launch
 #      fewer a layer; default 0 until timed). Op tests (the fused op bitwise against norm_matmul + norm_rope_kv_write),
 #      the ids digest of a random-weight Gemma 4 (one sequence, so every step takes the op) with it off and on, then b1
