@@ -145,8 +145,8 @@ template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T
 template <typename T, int NS, bool HOIST> __global__ void norm_rope_kv_warp(NrkArgs a, T *kpool, T *vpool) {
     pdl_start();
     const long task = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (task >= (long)a.n * (a.nh + a.nkv)) return;
     const int nt = a.nh + a.nkv;
+    if (task >= (long)a.n * nt) return;
     nrk_warp_head<NS, HOIST>(
         a, (int)(task / nt), (int)(task % nt), [](const float *p) { return *p; },
         [&](size_t i, float x) { kv_put(kpool + i, x); }, [&](size_t i, float x) { kv_put(vpool + i, x); });
@@ -169,12 +169,7 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
                                              const float *qw, const float *kw, float eps) {
     const int kind = kv->kf.kind;
     if ((k && !tern__cuda_rope_pages(kv)) || kv->head_dim > 4096 || (!k && v)) return 0;
-    NrkArgs a = {};
-    a.q = q; a.k = k; a.v = v; a.qw = qw; a.kw = kw; a.inv_freq = inv_freq;
-    a.pos = rows->pos; a.slot = rows->slot; a.bt = kv->block_table;
-    a.n = rows->n; a.nh = nh; a.nkv = k ? kv->n_head_kv : 0; a.d = kv->head_dim; /* k NULL: q heads only */
-    a.max_blocks = kv->max_blocks; a.bs = kv->block_size;
-    a.eps = eps; a.mscale = mscale;
+    const NrkArgs a = nrk_args(kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps); /* k NULL: q heads only */
     const long blocks = (long)a.n * (nh + a.nkv);
     if (blocks <= 0) return 1;
     cudaSetDevice(c->device);

@@ -753,7 +753,7 @@ extern "C" int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float
         return 0;
     if (!tern__cuda_rope_pages(kv) || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d) return 0;
     const tern__cuda_rope_kv r = {inv_freq, rows->pos, rows->slot, kv->block_table, kv->k, kv->v, mscale, nh, nkv, d,
-                                  kv->max_blocks, kv->block_size, kind == TERN_KV_F32 ? 0 : kind == TERN_KV_BF16 ? 1 : 2};
+                                  kv->max_blocks, kv->block_size, rope_page_kind(kind)};
     if (tern__cuda_gemv_mma_serves(c, w, 3, x, G1_PLAIN))
         return (tern__cuda_qkv_rope & 2) && tern__cuda_mm_norm_on() && tern__cuda_gemv_mma_rope(c, y, w, x, nw, xn, eps, &r);
     if (!(tern__cuda_qkv_rope & 1) || (wk != 16 && wk != 17) || !tern__cuda_g1_fits(w, 3, x)) return 0;
@@ -788,16 +788,11 @@ extern "C" int tern__cuda_norm_qkv_norm_rope_kv(tern__cuda *c, float *xn, const 
         if (!t.cpa) return 0;
     }
     G1Hn h = {};
-    NrkArgs &n = h.nrk;
-    n.q = y[0]; n.k = y[1]; n.v = y[2]; n.qw = qw; n.kw = kw; n.inv_freq = inv_freq;
-    n.pos = rows->pos; n.slot = rows->slot; n.bt = kv->block_table;
-    n.n = 1; n.nh = nh; n.nkv = nkv; n.d = d;
-    n.max_blocks = kv->max_blocks; n.bs = kv->block_size;
-    n.eps = eps; n.mscale = mscale;
+    h.nrk = nrk_args(kv, rows, y[0], y[1], y[2], nh, inv_freq, mscale, qw, kw, eps);
     h.kpool = kv->k;
     h.vpool = kv->v;
     h.cnt = c->g1_cnt;
-    h.kind = kind == TERN_KV_F32 ? 0 : kind == TERN_KV_BF16 ? 1 : 2;
+    h.kind = rope_page_kind(kind);
     h.shift = d == 256 ? 8 : 9;
     const int e[3] = {0, 0, 0};
     cudaSetDevice(c->device);

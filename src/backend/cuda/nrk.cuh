@@ -18,6 +18,18 @@ struct NrkArgs {
     float eps, mscale;
 };
 
+/* the arguments of norm_rope_kv_write's launch (or of the q|k|v epilogue that runs it): k NULL means q heads only */
+static inline NrkArgs nrk_args(const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k, float *v, int nh,
+                               const float *inv_freq, float mscale, const float *qw, const float *kw, float eps) {
+    NrkArgs a = {};
+    a.q = q; a.k = k; a.v = v; a.qw = qw; a.kw = kw; a.inv_freq = inv_freq;
+    a.pos = rows->pos; a.slot = rows->slot; a.bt = kv->block_table;
+    a.n = rows->n; a.nh = nh; a.nkv = k ? kv->n_head_kv : 0; a.d = kv->head_dim;
+    a.max_blocks = kv->max_blocks; a.bs = kv->block_size;
+    a.eps = eps; a.mscale = mscale;
+    return a;
+}
+
 /* row r, head h (q heads first, then kv heads) of width d: its row in q or k, its norm weight, its position,
  * and (kv heads whose block is resident) where its page entries start */
 struct NrkHead {
