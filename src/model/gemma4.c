@@ -233,21 +233,20 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
 
         /* (a) attention */
         int qkv = lc->kv_src == l && !lc->k_eq_v; /* q, k, v projections in one call */
-        const tern_tensor *const ws[3] = {&L->wq, &L->wk, &L->wv};
-        if (qkv) { /* the previous layer's last post-norm add folds in here when the backend can; then q, k, v's
-                    * per-head norms (v without weight), rope q, k; cache k, v */
-            tern__pending_qkv_norm_rope_kv(m, &x, &xo, &pend, g->xn, L->in_norm, eps, n, H, g->q, g->k, g->v, ws, kvl,
-                                           &rows, nH, inv, ms, L->q_norm, L->k_norm);
-        } else {
-            float *const ys[1] = {g->q};
-            tern__pending_norm_op(m, &x, &xo, &pend, g->xn, L->in_norm, eps, n, H, 1, ys, ws, -1, NULL);
-            if (lc->kv_src == l) { /* V = raw K projection (xn stays for k) */
+        {   /* the previous layer's last post-norm add folds in here when the backend can */
+            float *const ys[3] = {g->q, g->k, g->v};
+            const tern_tensor *const ws[3] = {&L->wq, &L->wk, &L->wv};
+            tern__pending_norm_op(m, &x, &xo, &pend, g->xn, L->in_norm, eps, n, H, qkv ? 3 : 1, ys, ws, -1, NULL);
+        } /* xn stays for k when k is its own matmul */
+        if (lc->kv_src == l) {
+            if (lc->k_eq_v) { /* V = raw K projection */
                 op->matmul(be, g->k, g->xn, n, &L->wk);
                 op->scale(be, g->v, g->k, 1.0f, (size_t)n * nKV * D);
-                tern__norm_rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, inv, ms, L->q_norm, L->k_norm, eps);
-            } else { /* KV-shared: q's head norms and rope only */
-                tern__norm_rope_q(m, kvl, &rows, g->q, nH, D, inv, ms, L->q_norm, eps);
             }
+            /* per-head norms of q, k and v (v without weight), rope q, k; cache k, v */
+            tern__norm_rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, inv, ms, L->q_norm, L->k_norm, eps);
+        } else { /* KV-shared: q's head norms and rope only */
+            tern__norm_rope_q(m, kvl, &rows, g->q, nH, D, inv, ms, L->q_norm, eps);
         }
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
         tern__attention_matmul(m, g->o, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap, &L->wo);

@@ -394,32 +394,6 @@ static inline void tern__norm_rope_kv_write(tern_model *m, const tern_kv_layer *
     tern__rmsnorm_n(m, 3, ny, nx, nr, d, nw, eps);
     tern__rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale);
 }
-/* Gemma 4's attention input: q|k|v = xn·{w}ᵀ with xn = rmsnorm(x')·nw (x' = *x after the pending post-norm add, folded
- * in where the backend can, as in tern__pending_norm_op), then the head norms, rope and cache stores
- * (tern__norm_rope_kv_write): one backend op where it can (ops.h norm_qkv_norm_rope_kv), else those two steps; either
- * way the same bits */
-static inline void tern__pending_qkv_norm_rope_kv(tern_model *m, float **x, float **xo, tern_pending_res *p, float *xn,
-                                                  const float *nw, float eps, int n, int d, float *q, float *k, float *v,
-                                                  const tern_tensor *const *w, const tern_kv_layer *kv,
-                                                  const tern_rows *rows, int nh, const float *inv_freq, float mscale,
-                                                  const float *qw, const float *kw) {
-    const tern_backend_vt *op = m->be->vt;
-    if (op->norm_qkv_norm_rope_kv) {
-        if (p->on && *xo) {
-            const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
-            if (op->norm_qkv_norm_rope_kv(m->be, xn, *x, nw, eps, &r, q, k, v, w, kv, rows, nh, inv_freq, mscale, qw, kw)) {
-                tern__pending_taken(x, xo, p);
-                return;
-            }
-        } else if (!p->on &&
-                   op->norm_qkv_norm_rope_kv(m->be, xn, *x, nw, eps, NULL, q, k, v, w, kv, rows, nh, inv_freq, mscale, qw, kw)) {
-            return;
-        }
-    }
-    float *const ys[3] = {q, k, v};
-    tern__pending_norm_op(m, x, xo, p, xn, nw, eps, n, d, 3, ys, w, -1, NULL);
-    tern__norm_rope_kv_write(m, kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
-}
 /* per head of d: q = rope(rmsnorm(q)·qw), nothing stored (a KV-shared layer's query, Gemma 4): ops.h norm_rope_kv_write
  * with k = v = NULL where the backend can, else rmsnorm + rope; bitwise the same */
 static inline void tern__norm_rope_q(tern_model *m, const tern_kv_layer *kv, const tern_rows *rows, float *q, int nh,

@@ -458,14 +458,6 @@ typedef struct tern_backend_vt {
      * folds them (tern_norm_res h2) — Q4 decode, prefill. */
     int (*rmsnorm_add2)(tern_backend *be, float *x, float *h, const float *h2, int rows, int d, const float *w,
                         const float *w2, float eps, const float *s);
-    /* Gemma 4's q|k|v with its head norms (appended; optional): norm_matmul(xn, x, nw, eps, rows->n, 3, {q, k, v}, w,
-     * -1, res), then norm_rope_kv_write(kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps): bitwise those two ops.
-     * 0 = not done, nothing written (src/model/internal.h tern__pending_qkv_norm_rope_kv runs them). CUDA: one decode
-     * row over BF16 / F16 weights, head dims 256 / 512, the head norms in the GEMV's epilogue (TERN_CUDA_G1_HN). */
-    int (*norm_qkv_norm_rope_kv)(tern_backend *be, float *xn, const float *x, const float *nw, float eps,
-                                 const tern_norm_res *res, float *q, float *k, float *v, const tern_tensor *const *w,
-                                 const tern_kv_layer *kv, const tern_rows *rows, int nh, const float *inv_freq,
-                                 float mscale, const float *qw, const float *kw);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

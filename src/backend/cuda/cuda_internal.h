@@ -73,7 +73,6 @@ typedef struct tern__cuda {
     size_t moe_idx_cap;
     int *mm_cnt;                 /* gemv_mma.cu: split-K counters per row block (zero between launches) */
     int *ad_cnt;                 /* attn_decode.cu: split counters per (row, kv head) (zero between launches) */
-    int *g1_cnt;                 /* gemv1.cu: the HN epilogue's counters per head (zero between launches) */
     /* upload_side (cuda_backend.c): another thread's copies, on their own stream through two pinned
      * staging buffers; created by that thread on first use */
     cudaStream_t side_stream;
@@ -321,11 +320,6 @@ int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const 
 int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                                 const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                                 const float *inv_freq, float mscale);
-/* ops.h norm_qkv_norm_rope_kv, one row (gemv1.cu): 1 when it ran */
-int tern__cuda_norm_qkv_norm_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps,
-                                     const tern_norm_res *res, float *const *y, const tern__cuda_w *const *w,
-                                     const tern_kv_layer *kv, const tern_rows *rows, int nh, const float *inv_freq,
-                                     float mscale, const float *qw, const float *kw);
 int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                              const float *v, int nh, const int32_t *pos, const float *inv_freq, float mscale);
 /* the KV pages the rope + cache-store kernels serve (rope_kv_write and the launches that fold it in): F32 / BF16 / F16,

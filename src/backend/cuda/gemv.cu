@@ -297,7 +297,7 @@ extern "C" void tern__cuda_gemv_init(tern__cuda *c) {
     (void)c;
     allow_smem<2>(); allow_smem<3>(); allow_smem<4>(); allow_smem<5>(); allow_smem<6>(); allow_smem<8>();
     allow_smem<9>(); allow_smem<16>(); allow_smem<17>(); allow_smem<32>();
-    tern__cuda_gemv1_init(c);
+    tern__cuda_gemv1_init();
     tern__cuda_qmma_init(c);
     tern__cuda_gemv_mma_init(c);
     tern__cuda_gemv_xr_init(c);

@@ -8,8 +8,6 @@
  */
 #include "backend/cuda/gemv_chunk.cuh"
 #include "backend/cuda/rope_kv.cuh"
-#include "backend/cuda/nrk.cuh"
-#include "backend/cuda/split_k.cuh"
 #include "backend/cuda/mma.cuh"
 
 #include <stdlib.h>
@@ -23,18 +21,7 @@
  * to three matrices sharing `in` and the format (q|k|v in one launch); pair modes give a warp
  * row o of matrix 0 and of matrix 1 and write act(g)·u (gate/up); RES adds the old y[o]. */
 #define G1_MAX_IN 16384 /* floats of x staged (64 KB of shared memory) */
-#define G1_HCNT 1024 /* HN head counters (q heads + kv heads of a launch) */
 #define G1_CPA_SMEM (96 * 1024) /* bytes of shared memory the cpa prologue's regions may take (its launch attribute; under the 99 KB a block of sm_86 / sm_120 parts allows) */
-
-/* HN instances: Gemma 4's head norms, rope and cache stores after q|k|v (nrk.cuh), each head by the warp that finished
- * its last task; cnt: a counter a head (q heads, then kv heads: a kv head's k and v rows count together), zero between
- * launches; kind: the pages' (rope_page_put's); shift: log2 of the head dim */
-struct G1Hn {
-    NrkArgs nrk;
-    void *kpool, *vpool;
-    int *cnt;
-    int kind, shift;
-};
 
 struct Gemv1Args {
     const uint8_t *data[3], *scales[3], *biases[3];
@@ -64,7 +51,6 @@ struct Gemv1Args {
     /* cpa (TERN_CUDA_G1_CPA): the prologue's vectors come into shared memory by cp.async, all in flight at once (the
      * weights' before pdl_wait), each in a region of its own (g1_regions), and its norms run there */
     int cpa;
-    G1Hn hn; /* HN instances (ops.h norm_qkv_norm_rope_kv; appended) */
 };
 
 /* The cpa prologue's shared-memory regions, in units of `in` floats: 0 the row being formed (h2, h or x, then h', x',
@@ -116,46 +102,10 @@ __device__ __forceinline__ int g1_rope_row(const tern__cuda_rope_kv &p, int t, i
     return t < qk ? (t / half) * p.d + t % half + r * half : (p.nh + p.nkv) * p.d + 2 * (t - qk) + r;
 }
 
-/* head h of an HN launch by the calling warp, once its tasks are done (g1_hn_end); not inlined: the task loop keeps its
- * registers and the head's ~60 values spill nowhere but around this call, which runs once a head */
-template <int NS> __device__ __noinline__ void g1_hn_head(const Gemv1Args &a, int h) {
-    auto ld = [](const float *p) { return __ldcg(p); };
-    auto kput = [&](size_t i, float x) { rope_page_put(a.hn.kpool, i, x, a.hn.kind); };
-    auto vput = [&](size_t i, float x) { rope_page_put(a.hn.vpool, i, x, a.hn.kind); };
-    nrk_warp_head<NS, true>(a.hn.nrk, 0, h, ld, kput, vput);
-}
-__device__ __forceinline__ void g1_hn_run(const Gemv1Args &a, int h) {
-    __syncwarp(); /* orders lane 0's acquire (g1_hn_end) before every lane's loads */
-    if (a.hn.shift == 8) g1_hn_head<8>(a, h);
-    else g1_hn_head<16>(a, h);
-}
-
-/* The HN end of a task (R = 2 rows of matrix m: 0 q, 1 k, 2 v; never across a head, whose d rows are even): lane 0
- * stores the rows as the plain mode does and counts the task on its head with an acq_rel arrival (split_k.cuh: its
- * release orders the stores before the count, no fence); returns, in every lane, the head this task completed (q: d / 2
- * tasks, kv: d, k's and v's; its counter reset) or -1. The warp runs norm_rope_kv_write's warp form on that head
- * (g1_hn_run, nrk.cuh: the rows read past L1, where other SMs wrote them) after its last task, so a head's work never
- * delays a task — the launch is bitwise norm_matmul then norm_rope_kv_write. */
-template <int R>
-__device__ __forceinline__ int g1_hn_end(const Gemv1Args &a, int m, const int (&orow)[R], const bool (&live)[R],
-                                         const float (&acc)[R]) {
-    static_assert(R == 2, "a head's tasks are pairs of rows");
-    int h = -1;
-    if ((threadIdx.x & 31) == 0 && live[0]) {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (live[r]) a.y[m][orow[r]] = acc[r];
-        h = (orow[0] >> a.hn.shift) + (m ? a.hn.nrk.nh : 0);
-        if (tern_arrive(a.hn.cnt + h) == ((m ? 2 : 1) << (a.hn.shift - 1)) - 1) a.hn.cnt[h] = 0;
-        else h = -1;
-    }
-    return __shfl_sync(0xffffffffu, h, 0);
-}
-
-template <int KIND, int R, int U, bool EARLY, bool ROPE, bool MV, bool CPA, bool HN = false>
+template <int KIND, int R, int U, bool EARLY, bool ROPE, bool MV, bool CPA>
 __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
     static_assert(!ROPE || R == 2, "a rope task is one pair of rows");
-    static_assert(!(ROPE && MV) && !(HN && (ROPE || MV)), "one epilogue");
+    static_assert(!(ROPE && MV), "one epilogue");
     if constexpr (EARLY) pdl_trigger(); /* the wait follows the first task's first round of weight loads */
     else pdl_start();
     using K = Kind<KIND>;
@@ -288,7 +238,6 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
         __syncthreads();
     }
     bool pre = EARLY; /* wd / s / b hold this warp's first round */
-    int hpend = 0; /* HN: up to two heads completed by this warp's tasks, not yet run (16 bits each, head + 1) */
     for (int task = blockIdx.x * 8 + warp; task < ntask; task += gridDim.x * 8) {
         const int g0 = task * (pair ? 1 : R);
         int mrow[R], orow[R];
@@ -336,15 +285,6 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
         }
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
-        if constexpr (HN) { /* the heads this warp completed, run after its last task (a third, if any, at once) */
-            const int h = g1_hn_end<R>(a, mrow[0], orow, live, acc);
-            if (h >= 0) {
-                if (!(hpend & 0xffff)) hpend |= h + 1;
-                else if (!(hpend >> 16)) hpend |= (h + 1) << 16;
-                else g1_hn_run(a, h);
-            }
-            continue;
-        }
         if (lane) continue;
         if constexpr (ROPE) {
             rope_kv_put(a.rope, a.y, pg, mrow[0] < 2 ? rope_rot_at(pg.pos, rf) : RopeRot{}, mrow[0], orow[0], orow[1], acc[0],
@@ -366,10 +306,6 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
                 *yp = a.mode == G1_RES ? *yp + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
         }
     }
-    if constexpr (HN) {
-        if (hpend & 0xffff) g1_hn_run(a, (hpend & 0xffff) - 1);
-        if (hpend >> 16) g1_hn_run(a, (hpend >> 16) - 1);
-    }
 }
 
 /* The kernels: gemv1_kernel (its instances compiled as before the cpa prologue: the same registers; a (256, 1) bound
@@ -383,11 +319,6 @@ __global__ void __launch_bounds__(256) gemv1_kernel(Gemv1Args a) {
 template <int KIND, int R, int U, bool ROPE, bool MV>
 __global__ void __launch_bounds__(256, 2) gemv1_cpa_kernel(Gemv1Args a) {
     gemv1_body<KIND, R, U, true, ROPE, MV, true>(a);
-}
-/* the HN instance (a cpa one): its argument a grid constant, which g1_hn_head reads in place */
-template <int KIND, int R, int U>
-__global__ void __launch_bounds__(256, 2) gemv1_hn_kernel(const __grid_constant__ Gemv1Args a) {
-    gemv1_body<KIND, R, U, true, false, false, true, true>(a);
 }
 
 /* TERN_CUDA_G1_GRID (read once; tests set it): 1 persistent grid (default), 0 one block per 8 warp
@@ -405,21 +336,19 @@ int tern__cuda_g1_grid = -1;
  * than warps over the whole grid in contiguous ranges tied. Removed. */
 #define G1_R 2
 #define G1_U 4
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA, bool HN = false> void (*g1_kernel())(Gemv1Args) { /* the kernel of an instance */
-    static_assert(!HN || CPA, "HN: the cpa instance only");
-    if constexpr (HN) return gemv1_hn_kernel<KIND, G1_R, U>;
-    else if constexpr (CPA) return gemv1_cpa_kernel<KIND, G1_R, U, ROPE, MV>;
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA> void (*g1_kernel())(Gemv1Args) { /* the kernel of an instance */
+    if constexpr (CPA) return gemv1_cpa_kernel<KIND, G1_R, U, ROPE, MV>;
     else return gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV>;
 }
 
 /* resident blocks per SM of gemv1_kernel<KIND, G1_R, U, EARLY, ROPE, MV> with `smem` bytes (occupancy query, cached per
  * size) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA = false, bool HN = false> static int g1_blocks_per_sm(size_t smem) {
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV, bool CPA = false> static int g1_blocks_per_sm(size_t smem) {
     static int nb;
     static size_t nb_smem = (size_t)-1;
     if (nb_smem != smem) {
         int v = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA, HN>(), 256, smem) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA>(), 256, smem) != cudaSuccess ||
             v < 1) {
             cudaGetLastError();
             v = 1;
@@ -479,14 +408,14 @@ constexpr bool g1_mv_kind(int kind) { return kind == 16 || kind == 17 || kind ==
 template <int KIND> constexpr bool g1_has_mv() { return g1_mv_kind(KIND); }
 
 /* the launch at U chunks a lane a round (grid: persistent, capped at the resident blocks of that instance) */
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false, bool HN = false>
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false>
 static void g1_run(const tern__cuda *c, const Gemv1Args &a, long ntask, size_t smem) {
     long blocks = (ntask + 7) / 8;
     if (tern__cuda_g1_grid) {
-        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV, CPA, HN>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
+        const long slots = (long)g1_blocks_per_sm<KIND, U, EARLY, ROPE, MV, CPA>(smem) * (c->n_sm > 0 ? c->n_sm : 132);
         if (blocks > slots) blocks = slots;
     }
-    tern_launch(c->stream, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA, HN>(), (unsigned)blocks, 256, smem, a);
+    tern_launch(c->stream, g1_kernel<KIND, U, EARLY, ROPE, MV, CPA>(), (unsigned)blocks, 256, smem, a);
 }
 
 template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, bool rope = false) {
@@ -500,7 +429,6 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     if constexpr (g1_has_cpa<KIND>())
         if (a.cpa) { /* g1_cpa_pick: the early instances of every mode and epilogue */
             if (a.mv) g1_run<KIND, G1_U, true, false, true, true>(c, a, ntask, smem);
-            else if (a.hn.cnt) g1_run<KIND, G1_U, true, false, false, true, true>(c, a, ntask, smem);
             else if (rope) g1_run<KIND, G1_U, true, true, false, true>(c, a, ntask, smem);
             else g1_run<KIND, G1_U, true, false, false, true>(c, a, ntask, smem);
             return;
@@ -524,8 +452,8 @@ template <int KIND> static void g1_go(const tern__cuda *c, const Gemv1Args &a, b
     g1_run<KIND, G1_U, false, false>(c, a, ntask, smem);
 }
 
-template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false, bool HN = false> static void g1_allow1() {
-    cudaFuncSetAttribute(g1_kernel<KIND, U, EARLY, ROPE, MV, CPA, HN>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <int KIND, int U, bool EARLY, bool ROPE, bool MV = false, bool CPA = false> static void g1_allow1() {
+    cudaFuncSetAttribute(g1_kernel<KIND, U, EARLY, ROPE, MV, CPA>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                          CPA ? G1_CPA_SMEM : (int)(G1_MAX_IN * sizeof(float)));
 }
 template <int KIND> static void g1_allow() {
@@ -540,7 +468,6 @@ template <int KIND> static void g1_allow() {
         g1_allow1<KIND, G1_U, true, false, false, true>();
         g1_allow1<KIND, G1_U, true, true, false, true>();
         g1_allow1<KIND, G1_U, true, false, true, true>();
-        g1_allow1<KIND, G1_U, true, false, false, true, true>();
     }
 }
 
@@ -582,8 +509,7 @@ bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x) {
 
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                            const float *x, int mode, const float *nw, float *xn, float eps, const tern_norm_res *res,
-                           const tern__cuda_rope_kv *rope = nullptr, const float *mv = nullptr, int mact = 0,
-                           const G1Hn *hn = nullptr);
+                           const tern__cuda_rope_kv *rope = nullptr, const float *mv = nullptr, int mact = 0);
 void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                           const float *x, int mode) {
     g1_launch_norm(c, y, w, e, k, x, mode, NULL, NULL, 0.0f, NULL);
@@ -594,10 +520,9 @@ void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *co
 static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e,
                                       int k, const float *x, int mode, const float *nw, float *xn, float eps,
                                       const tern_norm_res *res, const tern__cuda_rope_kv *rope, const float *mv,
-                                      int mact, const G1Hn *hn) {
+                                      int mact) {
     Gemv1Args a = {};
     if (rope) a.rope = *rope;
-    if (hn) a.hn = *hn;
     a.mv = mv;
     a.mact = mact;
     g1_prologue_args(a, w[0], nw, xn, eps, res);
@@ -753,50 +678,13 @@ extern "C" int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float
         return 0;
     if (!tern__cuda_rope_pages(kv) || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d) return 0;
     const tern__cuda_rope_kv r = {inv_freq, rows->pos, rows->slot, kv->block_table, kv->k, kv->v, mscale, nh, nkv, d,
-                                  kv->max_blocks, kv->block_size, rope_page_kind(kind)};
+                                  kv->max_blocks, kv->block_size, kind == TERN_KV_F32 ? 0 : kind == TERN_KV_BF16 ? 1 : 2};
     if (tern__cuda_gemv_mma_serves(c, w, 3, x, G1_PLAIN))
         return (tern__cuda_qkv_rope & 2) && tern__cuda_mm_norm_on() && tern__cuda_gemv_mma_rope(c, y, w, x, nw, xn, eps, &r);
     if (!(tern__cuda_qkv_rope & 1) || (wk != 16 && wk != 17) || !tern__cuda_g1_fits(w, 3, x)) return 0;
     const int e[3] = {0, 0, 0};
     cudaSetDevice(c->device);
     g1_launch_norm(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, NULL, &r);
-    return 1;
-}
-
-/* ops.h norm_qkv_norm_rope_kv for one row (Gemma 4's attention input): norm_matmul's q|k|v launch (the cpa prologue,
- * with res's post-norm add where given) whose epilogue runs norm_rope_kv_write's warp form on each head as its last
- * task ends (g1_hn_end) — BF16 / F16 weights, head dims 256 / 512, F32 / BF16 / F16 pages; bitwise norm_matmul then
- * norm_rope_kv_write. Else 0 (the caller runs the two). TERN_CUDA_G1_HN (read once; tests set it): 1 on, 0 off (the
- * default until timed: one launch fewer a layer, a kernel boundary's drain against a longer GEMV tail). */
-extern "C" int tern__cuda_g1_hn;
-int tern__cuda_g1_hn = -1;
-extern "C" int tern__cuda_norm_qkv_norm_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps,
-                                                const tern_norm_res *res, float *const *y, const tern__cuda_w *const *w,
-                                                const tern_kv_layer *kv, const tern_rows *rows, int nh,
-                                                const float *inv_freq, float mscale, const float *qw, const float *kw) {
-    if (tern__cuda_g1_hn < 0) tern__cuda_g1_hn = tern__cuda_env_int("TERN_CUDA_G1_HN", 0) != 0;
-    const int kind = kv->kf.kind, d = kv->head_dim, nkv = kv->n_head_kv, wk = kind_of(w[0]);
-    if (!tern__cuda_g1_hn || !c->g1_cnt || rows->n != 1 || xn == x || ((uintptr_t)xn & 15) || ((uintptr_t)nw & 15))
-        return 0;
-    if ((d != 256 && d != 512) || nh <= 0 || nkv <= 0 || nh + nkv > G1_HCNT || !tern__cuda_rope_pages(kv) ||
-        w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d)
-        return 0;
-    if ((wk != 16 && wk != 17) || !tern__cuda_g1_fits(w, 3, x) || (res && !g1_res_ok(res, x, w[0], nw, xn))) return 0;
-    {   /* the HN instance is a cpa one */
-        Gemv1Args t = {};
-        g1_prologue_args(t, w[0], nw, xn, eps, res);
-        if (!t.cpa) return 0;
-    }
-    G1Hn h = {};
-    h.nrk = nrk_args(kv, rows, y[0], y[1], y[2], nh, inv_freq, mscale, qw, kw, eps);
-    h.kpool = kv->k;
-    h.vpool = kv->v;
-    h.cnt = c->g1_cnt;
-    h.kind = rope_page_kind(kind);
-    h.shift = d == 256 ? 8 : 9;
-    const int e[3] = {0, 0, 0};
-    cudaSetDevice(c->device);
-    g1_launch_norm(c, y, w, e, 3, x, G1_PLAIN, nw, xn, eps, res, nullptr, nullptr, 0, &h);
     return 1;
 }
 
@@ -1020,10 +908,7 @@ extern "C" int tern__cuda_moe_gateup(tern__cuda *c, float *h, int hstride, const
     return 1;
 }
 
-void tern__cuda_gemv1_init(tern__cuda *c) { /* shared-memory limits of the big instances and the HN counters, at backend open */
-    if (!c->g1_cnt && cudaMalloc((void **)&c->g1_cnt, G1_HCNT * sizeof(int)) == cudaSuccess)
-        cudaMemsetAsync(c->g1_cnt, 0, G1_HCNT * sizeof(int), c->stream); /* ordered before our kernels */
-    cudaGetLastError();
+void tern__cuda_gemv1_init(void) { /* shared-memory limits of the big instances, at backend open */
     g1_allow<2>(); g1_allow<3>(); g1_allow<4>(); g1_allow<5>(); g1_allow<6>(); g1_allow<8>();
     g1_allow<9>(); g1_allow<16>(); g1_allow<17>(); g1_allow<32>();
     gu_allow<2>(); gu_allow<3>(); gu_allow<4>(); gu_allow<5>(); gu_allow<6>(); gu_allow<8>();

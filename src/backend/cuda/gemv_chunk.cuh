@@ -159,4 +159,4 @@ bool tern__cuda_g1_fits(const tern__cuda_w *const *w, int k, const float *x);
 bool tern__cuda_gemv_row_g1(const tern__cuda_w *w, const float *x); /* gemv.cu: one row of w (past gemv_mma) via gemv1 */
 void tern__cuda_g1_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                           const float *x, int mode);
-void tern__cuda_gemv1_init(tern__cuda *c);
+void tern__cuda_gemv1_init(void);

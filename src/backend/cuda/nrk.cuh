@@ -1,9 +1,9 @@
 /*
  * nrk.cuh — Gemma 4's head norms + rope + cache stores for one (row, head) (ops.h norm_rope_kv_write): the arguments,
- * the head's place in q / k and the pages, one rope pair, and the whole head by one warp (nrk_warp_head). Shared by
- * fused.cu (its own launch: a block or a warp per head) and gemv1.cu (the same warp work as the q|k|v GEMV's epilogue,
- * run by the warp that finished a head's last rows: ops.h norm_qkv_norm_rope_kv). One arithmetic, so the fused op is
- * bitwise the separate launches. Include after cuda_internal.h, cuda_common.cuh and kvq_common.cuh.
+ * the head's place in q / k and the pages, one rope pair, and the whole head by one warp (nrk_warp_head), for
+ * fused.cu's launch (a block or a warp per head). Kept apart so another kernel can run the same warp work in its
+ * epilogue (session 65's q|k|v GEMV epilogue did, and lost 6-7 %: NOTES (bz)). Include after cuda_internal.h,
+ * cuda_common.cuh and kvq_common.cuh.
  */
 #ifndef TERN_NRK_CUH
 #define TERN_NRK_CUH
@@ -18,7 +18,7 @@ struct NrkArgs {
     float eps, mscale;
 };
 
-/* the arguments of norm_rope_kv_write's launch (or of the q|k|v epilogue that runs it): k NULL means q heads only */
+/* the arguments of norm_rope_kv_write's launch: k NULL means q heads only */
 static inline NrkArgs nrk_args(const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k, float *v, int nh,
                                const float *inv_freq, float mscale, const float *qw, const float *kw, float eps) {
     NrkArgs a = {};

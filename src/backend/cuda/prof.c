@@ -128,7 +128,7 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
                   g_vt.norm_matmul = NULL, g_vt.rmsnorm_n = NULL, g_vt.norm_rope_kv_write = NULL,
                   g_vt.norm_qkv_rope_kv = NULL, g_vt.norm_mlp = NULL, g_vt.attention_o = NULL,
                   g_vt.norm_qkv_attention_o = NULL, g_vt.matmul_act_mul = NULL, g_vt.norm_route_topk = NULL,
-                  g_vt.rmsnorm_add2 = NULL, g_vt.norm_qkv_norm_rope_kv = NULL;
+                  g_vt.rmsnorm_add2 = NULL;
     if (prof) {
         for (int i = 0; i < PROF_EV; i++)
             if (cudaEventCreate(&g_ev[i]) != cudaSuccess) return cudaGetLastError(), base;
@@ -139,7 +139,6 @@ const tern_backend_vt *tern__cuda_vt_select(const tern_backend_vt *base) {
         g_vt.matmul_act_mul = NULL; /* the matmul and the act·v as the two profiled ops */
         g_vt.norm_route_topk = NULL; /* the norms, the router and the top-k as their own profiled ops */
         g_vt.rmsnorm_add2 = NULL;    /* its two rmsnorm_adds as profiled ops */
-        g_vt.norm_qkv_norm_rope_kv = NULL; /* norm_matmul and norm_rope_kv_write as the two profiled ops */
 #define SET(nm) g_vt.nm = g_vt.nm ? p_##nm : NULL
         SET(rmsnorm); SET(rope); SET(kv_write); SET(attention); SET(add); SET(mul); SET(scale); SET(scale_dev);
         SET(gelu_tanh_mul); SET(silu_mul); SET(softcap); SET(add_bias); SET(copy_cols); SET(embed);

@@ -11,8 +11,6 @@
 
 #include "backend/cuda/kvq_common.cuh"
 
-/* rope_page_put's kind of a page kind (F32 / BF16 / F16: tern__cuda_rope_pages) */
-static inline int rope_page_kind(int kv_kind) { return kv_kind == TERN_KV_F32 ? 0 : kv_kind == TERN_KV_BF16 ? 1 : 2; }
 __device__ __forceinline__ void rope_page_put(void *pool, size_t i, float x, int kind) { /* fused.cu kv_put */
     if (kind == 0) ((float *)pool)[i] = x;
     else ((uint16_t *)pool)[i] = (uint16_t)(kind == 1 ? kvq_f32_to_bf16(x) : kvq_f32_to_f16(x));
