@@ -1516,6 +1516,21 @@ if [[ " $SECTIONS " == *" 114 "* ]]; then
     done
 fi
 
+# 115. session 66: attn_decode.cu's and attn_decode1p.cu's K / V rows addressed by one mul.wide.u32 a key (the record
+#      times the elements a token; was a signed 64-bit product) — attn_decode_tc.cu's and r1's change of session 64 for
+#      the batch kernels (attn_decode.cu serves steps whose (row, kv head) pairs do not fill two blocks an SM: llama3-8b
+#      to ~32 sequences). Op tests, then batch decode against build/base/concurrency (GPU_PACK_BASE_CONC: the tree before)
+#      at AB115_CONC (default 8,32,64) for AB115_MODELS (default llama3-8b gemma4-12b), ids digests base / new
+if [[ " $SECTIONS " == *" 115 "* ]]; then
+    if ops_ok cuda_attention_decode_1p cuda_attention_decode_cluster_bits cuda_attention_decode_early_bits \
+        cuda_attention_decode_rope_bits cuda_attention_prefill_decode; then
+        conc_ab "BIN=build/base/concurrency;TERN_AB=new" "${AB115_MODELS:-llama3-8b gemma4-12b}" "${AB115_CONC:-8,32,64}"
+        for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+    else
+        say "115: an op test failed, no timings"
+    fi
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

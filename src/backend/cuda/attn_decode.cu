@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
     if (!live && a.cl <= 1) return;
     /* a cluster's blocks past the live splits stay for the merge: no keys, (M, L) = (-inf, 0), sums 0 */
     const int k0 = live ? lo + z * chunk : lo + len, k1 = live ? min(lo + len, k0 + chunk) : k0, nk = k1 - k0;
-    const size_t kvs = (size_t)a.nkv * D;
+    const unsigned kvs = (unsigned)(a.nkv * D); /* elements a token (mul_wide: rec >= 0 where loaded) */
     const T *kp = (const T *)a.kp + (size_t)g * D + li * EPL, *vp = (const T *)a.vp + (size_t)g * D + li * EPL;
     float *s = smd;
     int *recs = (int *)(smd + a.region); /* record (token slot in the pool) of each key, -1 if not resident */
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
         for (int u = 0; u < U; u++) {
             const int i = base + u * KPB + kg - k0;
             rc[u] = i < nk ? recs[i] : -1;
-            if (rc[u] >= 0) ad_load<T, EPL>(d[u], src + (size_t)rc[u] * kvs);
+            if (rc[u] >= 0) ad_load<T, EPL>(d[u], src + mul_wide(rc[u], kvs));
             else ad_zero<T, EPL>(d[u]);
         }
     };
@@ -392,8 +392,8 @@ __global__ void __launch_bounds__(32 * AD_WARPS, 2) attn_dec_kernel(AdArgs a) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (b0 + u * KPB + kg != pos || b0 >= k1) continue;
-            if (rr[u] >= 0) ad_load<T, EPL, true>(kr[u], kp + (size_t)rr[u] * kvs);
-            if (one && rn[u] >= 0) ad_load<T, EPL, true>(kn[u], vp + (size_t)rn[u] * kvs);
+            if (rr[u] >= 0) ad_load<T, EPL, true>(kr[u], kp + mul_wide(rr[u], kvs));
+            if (one && rn[u] >= 0) ad_load<T, EPL, true>(kn[u], vp + mul_wide(rn[u], kvs));
         }
     }
     for (int base = b0; base < k1; base += STEP) {

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(AdArgs a) 
         }
     }
 
-    const size_t kvs = (size_t)a.nkv * D;
+    const unsigned kvs = (unsigned)(a.nkv * D); /* elements a token (mul_wide: rec >= 0 where loaded) */
     const T *kp = (const T *)a.kp + (size_t)g * D + li * EPL, *vp = (const T *)a.vp + (size_t)g * D + li * EPL;
     AdRow<T, EPL> kc[U], vc[U], kn[U], vn[U];
     int rc[U], rn[U];
@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(32 * A1_WARPS, 2) attn_dec1p_kernel(AdArgs a) 
             const int i = c * CK + u * KPW + kg;
             rd[u] = i < tn ? recs[i] : -1;
             if (rd[u] >= 0) {
-                ad_load<T, EPL>(kd[u], kp + (size_t)rd[u] * kvs);
-                ad_load<T, EPL>(vd[u], vp + (size_t)rd[u] * kvs);
+                ad_load<T, EPL>(kd[u], kp + mul_wide(rd[u], kvs));
+                ad_load<T, EPL>(vd[u], vp + mul_wide(rd[u], kvs));
             }
         }
     };

@@ -65,12 +65,6 @@ struct FaArgs {
     int voff; /* first V / output column of this pass (head dims above 256 run in passes of DV) */
 };
 
-__device__ __forceinline__ unsigned long long mul_wide(unsigned a, unsigned b) {
-    unsigned long long r;
-    asm("mul.wide.u32 %0, %1, %2;\n" : "=l"(r) : "r"(a), "r"(b));
-    return r;
-}
-
 /* 2^x (one MUFU op; -inf -> 0) */
 __device__ __forceinline__ float ex2(float x) {
     float y;

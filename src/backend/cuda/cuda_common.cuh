@@ -87,6 +87,13 @@ static inline unsigned tern_grid256(size_t n, unsigned cap) {
     return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
 }
 
+/* a * b as one 32 x 32 -> 64-bit multiply (a paged cache's record times its elements a token: both fit 32 bits, and
+ * a signed 64-bit product costs a sign extension and three multiplies) */
+__device__ __forceinline__ unsigned long long mul_wide(unsigned a, unsigned b) {
+    unsigned long long r;
+    asm("mul.wide.u32 %0, %1, %2;\n" : "=l"(r) : "r"(a), "r"(b));
+    return r;
+}
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
