@@ -1531,6 +1531,47 @@ if [[ " $SECTIONS " == *" 115 "* ]]; then
     fi
 fi
 
+# 116. session 66: what bounds the batch Q4 GEMM (qgemm_q4_wg.cu at 17..128 rows; llama3-8b q4 at 64 sequences runs at
+#      ~0.36 of its floor) — ncu's speed-of-light section and the L2 / DRAM bytes of every launch whose name matches
+#      AB116_KERNELS (default qg4w) in a 64-sequence decode (AB116_MODEL default llama3-8b:q4), averaged per name and
+#      grid. The hypothesis: each 128-row block reads its 64 rows of x (bf16) for every K tile — twice the bytes of the
+#      tile's weights — so L2, not DRAM, is the wall
+if [[ " $SECTIONS " == *" 116 "* ]]; then
+    m=${AB116_MODEL:-llama3-8b:q4}
+    timeout 300 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none \
+        --kernel-name "regex:${AB116_KERNELS:-qg4w}" --section SpeedOfLight --metrics lts__t_bytes.sum,dram__bytes_read.sum \
+        --csv --print-units base build/concurrency --random $m --device cuda --compute bf16 --conc 64 --prompt 128 \
+        --gen 4 --requests 2 --no-prefix > "$OUT/ncu116.csv" 2> "$OUT/ncu116.err"
+    say "116: ncu speed of light, $m at 64 sequences, kernels ${AB116_KERNELS:-qg4w}:"
+    python3 - "$OUT/ncu116.csv" <<'PY' 2>&1 | head -40 | tee -a "$S"
+import collections, csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+if head is None:
+    print("no ncu table"); sys.exit(0)
+h = {c: j for j, c in enumerate(rows[head])}
+per = collections.defaultdict(dict)
+for r in rows[head + 1:]:
+    if len(r) < len(h): continue
+    k = (r[h["ID"]], r[h["Kernel Name"]][:60], r[h["Grid Size"]], r[h["Block Size"]])
+    try: per[k][r[h["Metric Name"]]] = float(r[h["Metric Value"]].replace(",", ""))
+    except ValueError: pass
+agg = collections.defaultdict(list)
+for (i, name, grid, blk), m in per.items(): agg[(name, grid, blk)].append(m)
+want = ["Duration", "DRAM Throughput", "L2 Cache Throughput", "L1/TEX Cache Throughput", "Compute (SM) Throughput",
+        "lts__t_bytes.sum", "dram__bytes_read.sum"]
+print("%-48s %-14s %5s %8s %6s %6s %6s %6s %8s %8s" % ("kernel", "grid", "calls", "us", "DRAM%", "L2%", "L1%", "SM%",
+      "L2 MB", "DRAM MB"))
+for (name, grid, blk), ms in sorted(agg.items(), key=lambda kv: -sum(m.get("Duration", 0) for m in kv[1])):
+    avg = {w: sum(m.get(w, 0) for m in ms) / len(ms) for w in want}
+    print("%-48s %-14s %5d %8.2f %6.1f %6.1f %6.1f %6.1f %8.2f %8.2f" % (name[:48], grid, len(ms), avg["Duration"] / 1000,
+          avg["DRAM Throughput"], avg["L2 Cache Throughput"], avg["L1/TEX Cache Throughput"],
+          avg["Compute (SM) Throughput"], avg["lts__t_bytes.sum"] / 1e6, avg["dram__bytes_read.sum"] / 1e6))
+PY
+    tail -3 "$OUT/ncu116.err" | tee -a "$S"
+    xz -f "$OUT/ncu116.csv"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
