@@ -260,6 +260,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
     int S = base < target ? (int)((target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
+    const bool cl = nt >= 4 && !pair && tern__cuda_qg4w_cl(); /* the split summed in clusters of <= 8 blocks */
+    if (cl && S > 8) S = 8;
     if (S > a.nkt / st) S = a.nkt / st;
     if (S < 1) S = 1;
     while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
@@ -269,7 +271,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.direct = S == 1 && (!pair || wgp);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) */
+    const int wl = nt < 4 ? 0 : tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp, cl); /* qgemm_q4_wg.cu */
+    if (!wl) { /* TERN_CUDA_QG4_WG off, or no sm_90a image: this file's mma.sync kernel */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
                     (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
@@ -279,7 +282,7 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
     }
     tern__cuda_check(c, "qgemm_q4");
-    if (!a.direct) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
+    if (!a.direct && wl != 2) qg4_reduce_run(c, a, S, "qgemm_q4 reduce"); /* 2: summed in the clusters */
     tern__cuda_qg4_calls++;
     return 1;
 }

@@ -27,6 +27,11 @@
  * Order per tile: wait for the tile's copies, fence.proxy.async (cp.async writes are generic-proxy, wgmma
  * reads through the async proxy), barrier, refill the slot of the previous tile (its wgmmas were waited
  * for), decode the 8 A fragments, wgmma.fence, 8 wgmmas, commit, wait.
+ *
+ * CL (TERN_CUDA_QG4_CL, opt-in, session 66, not yet timed): a split K's S <= 8 blocks of a row block are one
+ * thread-block cluster, summed through distributed shared memory (qw_cluster_sum) instead of partials in global
+ * memory and a qg4_reduce launch. At 64 rows the split writes and re-reads ~27 MB of f32 partials a llama3-8b
+ * layer (q|k|v, o and down at S 6-9) beside 123 MB of weights, and adds three launches.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -35,14 +40,21 @@
 #include "backend/cuda/qgemm_q4.cuh"
 #include "backend/cuda/wgmma.cuh"
 
+#include <cooperative_groups.h>
+
 #define QW_ST 4
+#define QW_CL_MAX 8 /* CL: the blocks of one cluster (the portable size) */
+
+namespace cg = cooperative_groups;
 
 extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
-extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
-unsigned long long tern__cuda_qg4w_calls = 0;
+extern "C" int tern__cuda_qg4_cl;
+int tern__cuda_qg4_cl = -1; /* -1 unread (TERN_CUDA_QG4_CL, default 0); tests set it */
+extern "C" unsigned long long tern__cuda_qg4w_calls, tern__cuda_qg4w_cl_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_qg4w_calls = 0, tern__cuda_qg4w_cl_calls = 0;
 
 /* x [n][in] f32 -> bf16, every 128 inputs in the k-step order above: output chunk c (8 positions) of a tile
  * is step j = c / 2, slots 8·(c & 1)..+7, i.e. inputs base + {0, 4, 32, 36, 64, 68, 96, 100} with base =
@@ -66,9 +78,50 @@ template <int NT> struct QwGeo {
     static constexpr int BN = NT * 8, XH = BN * 128, WB = QG_BM * 64, STG = 2 * XH + WB;
 };
 
+/* CL: the end of a block whose K slice is rank r of its cluster's S (gridDim.y = S <= QW_CL_MAX). Every block leaves
+ * its 128 x BN sums in its drained ring; after a cluster barrier block r sums rows [r·per, r·per + per) of all S
+ * tiles in split order from 0.0f — qg4_reduce's order, so the same bits as the partials path with the same S —
+ * into y (+= for G1_RES), rows fastest so the [n][out] stores coalesce; a second barrier keeps every tile until
+ * its readers are done. Not the pair form (its act needs gate and up sums from different blocks). */
+template <int NT>
+__device__ __forceinline__ void qw_cluster_sum(const Q4Args &a, const float *__restrict__ acc, uint8_t *sm, int mi,
+                                               int out, int rowb, int n0, int warp, int g, int t) {
+    constexpr int BN = NT * 8, PLD = BN + 1; /* odd stride: the rows-fastest reads hit 32 banks */
+    float *const P = (float *)sm;
+    __syncthreads(); /* every warp is done with the ring (its wgmmas were waited for) */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) P[(warp * 16 + g + (i >> 1) * 8) * PLD + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync(); /* every block's tile is in its shared memory */
+    const int S = (int)gridDim.y, rank = (int)cl.block_rank();
+    const float *rp[QW_CL_MAX];
+#pragma unroll
+    for (int s = 0; s < QW_CL_MAX; s++) rp[s] = cl.map_shared_rank(P, s < S ? s : 0);
+    const int per = (QG_BM + S - 1) / S, r0 = rank * per, nr = min(QG_BM, r0 + per) - r0;
+    float *const y = a.m[mi].y;
+    const bool add = a.mode == G1_RES;
+    for (int e = threadIdx.x; e < nr * BN; e += blockDim.x) {
+        const int rl = r0 + e % nr, c = e / nr, row = rowb + rl, col = n0 + c;
+        float p[QW_CL_MAX];
+#pragma unroll
+        for (int s = 0; s < QW_CL_MAX; s++) p[s] = s < S ? rp[s][rl * PLD + c] : 0.0f; /* all in flight */
+        float v = 0.0f;
+#pragma unroll
+        for (int s = 0; s < QW_CL_MAX; s++)
+            if (s < S) v += p[s];
+        if (row < out && col < a.n) {
+            float *q = y + (size_t)col * out + row;
+            *q = add ? *q + v : v;
+        }
+    }
+    cl.sync(); /* no block leaves while another reads its tile */
+}
+
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
  * rows, so a block with the whole K (direct) finishes y = act(gate)·up itself through shared memory */
-template <int NT, bool PAIR = false>
+template <int NT, bool PAIR = false, bool CL = false>
 __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
@@ -171,7 +224,8 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     };
     q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
 
-    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
+    if constexpr (CL) qw_cluster_sum<NT>(a, acc, sm, mi, out, rowb, n0, warp, g, t);
+    else qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
     (void)a;
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
@@ -191,6 +245,12 @@ bool tern__cuda_qg4w_pair(void) {
     return qw_on() && tern__cuda_qg4_wgpair;
 }
 
+/* qgemm_q4.cuh */
+bool tern__cuda_qg4w_cl(void) {
+    if (tern__cuda_qg4_cl < 0) tern__cuda_qg4_cl = tern__cuda_env_int("TERN_CUDA_QG4_CL", 0) != 0;
+    return qw_on() && tern__cuda_qg4_cl;
+}
+
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
  * sm_90a image is there for this GPU */
 void tern__cuda_qg4w_init(void) {
@@ -198,21 +258,31 @@ void tern__cuda_qg4w_init(void) {
     tern__cuda_qg4w_ok = cudaFuncSetAttribute(qg4w_kernel<8>, at, (int)qw_smem<8>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<4>, at, (int)qw_smem<4>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess;
+                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<8, false, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<4, false, true>, at, (int)qw_smem<4>()) == cudaSuccess;
     cudaGetLastError();
 }
 
 /* qgemm_q4.cuh */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
-                           bool pair) {
+                           bool pair, bool cl) {
     if (!qw_on() || (nt != 4 && nt != 8)) return 0;
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                 x, chunks);
+    tern__cuda_qg4w_calls++;
+    if (cl && !pair && grid.y > 1 && grid.y <= QW_CL_MAX) { /* no room for a cluster: the split's partials below */
+        const cudaError_t e = nt == 8 ? tern_launch_cluster(c->stream, qg4w_kernel<8, false, true>, grid, dim3(256),
+                                                            qw_smem<8>(), (int)grid.y, a)
+                                      : tern_launch_cluster(c->stream, qg4w_kernel<4, false, true>, grid, dim3(256),
+                                                            qw_smem<4>(), (int)grid.y, a);
+        if (e == cudaSuccess) return tern__cuda_qg4w_cl_calls++, 2;
+        cudaGetLastError();
+    }
     if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
     else if (pair) tern_launch(c->stream, qg4w_kernel<4, true>, grid, 256, qw_smem<4>(), a);
     else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8>, grid, 256, qw_smem<8>(), a);
     else tern_launch(c->stream, qg4w_kernel<4>, grid, 256, qw_smem<4>(), a);
-    tern__cuda_qg4w_calls++;
     return 1;
 }
