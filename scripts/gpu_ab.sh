@@ -1572,15 +1572,16 @@ PY
     xz -f "$OUT/ncu116.csv"
 fi
 
-# 117. session 66, not yet run: TERN_CUDA_QG4_CL (qgemm_q4_wg.cu: the 17..128-row Q4 GEMM's split K, at most 8 blocks,
+# 117. session 66, not yet run: TERN_CUDA_QG4_CL (qgemm_q4_wg.cu at 17..128 rows and qgemm_q4.cu's mma.sync kernel at
+#      5..16: the Q4 GEMM's split K, at most 8 blocks,
 #      summed inside a thread-block cluster through distributed shared memory — no f32 partials in global memory, no
 #      qg4_reduce launch; at 64 rows llama3-8b's q|k|v, o and down split 6-9 ways). The op test (tolerance everywhere,
 #      bits equal to the partials path where the split already has <= 8 slices), then batch decode off / on
-#      (AB117_MODELS default llama3-8b:q4 gemma4-12b:q4, AB117_CONC default 32,64,128) and the ids digests (down
+#      (AB117_MODELS default llama3-8b:q4 gemma4-12b:q4, AB117_CONC default 8,32,64) and the ids digests (down
 #      at 64 rows splits 9 ways off and 8 on: other bits there, so a digest may differ)
 if [[ " $SECTIONS " == *" 117 "* ]]; then
-    if ops_ok cuda_qgemm_q4_wg; then
-        conc_ab "TERN_CUDA_QG4_CL=0;TERN_CUDA_QG4_CL=1" "${AB117_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB117_CONC:-32,64,128}"
+    if ops_ok cuda_qgemm_q4_wg cuda_qgemm_q4; then
+        conc_ab "TERN_CUDA_QG4_CL=0;TERN_CUDA_QG4_CL=1" "${AB117_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB117_CONC:-8,32,64}"
         for f in "$OUT"/conc_*QG4_CL*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
     else
         say "117: the op test failed, no timings"

@@ -49,8 +49,8 @@ int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: 
  * an A/B (gpu_ab.sh section 14). -1 until read (tests set it) */
 extern "C" int tern__cuda_qg4_st;
 int tern__cuda_qg4_st = -1;
-extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
-unsigned long long tern__cuda_qg4_calls = 0;
+extern "C" unsigned long long tern__cuda_qg4_calls, tern__cuda_qg4_cl_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_qg4_calls = 0, tern__cuda_qg4_cl_calls = 0;
 
 /* x [n][in] f32 -> bf16 with every 8 inputs stored as the pairs (0,4) (1,5) (2,6) (3,7) */
 __global__ void q4_stage_x(uint4 *xb, const float4 *x, size_t chunks) {
@@ -69,7 +69,7 @@ __global__ void q4_stage_x(uint4 *xb, const float4 *x, size_t chunks) {
 /* NT: column tiles of 8 x rows per block; each warp: 16 weight rows over all NT tiles (32-row warp tiles over
  * half the columns, each shared x fragment feeding two MMAs, lost on the H200: llama3-8b q4 decode at 32 / 64
  * sequences 6068 / 8492 → 5032 / 7790 tok/s) */
-template <int NT, int ST = Q4_ST>
+template <int NT, int ST = Q4_ST, bool CL = false>
 __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     constexpr int BN = NT * 8, WCH = QG_BM * 4, XCH = BN * 16, STG = WCH + XCH; /* 16-byte chunks */
     extern __shared__ uint4 sm[]; /* [ST][W chunks | x chunks] */
@@ -135,8 +135,9 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
         }
     };
     q4_ring<ST, false>(nkt, load_w, load_x, load_sb, tile);
-    /* direct: y (y += for G1_RES); else this slice's partials */
-    qw_store<NT, false>(a, &acc[0][0], nullptr, mi, out, rowb, rowb + warp * 16, n0, warp, g, t);
+    /* direct: y (y += for G1_RES); CL: the cluster's slices summed into y; else this slice's partials */
+    if constexpr (CL) qw_cluster_sum<NT>(a, &acc[0][0], (uint8_t *)sm, mi, out, rowb, n0, warp, g, t);
+    else qw_store<NT, false>(a, &acc[0][0], nullptr, mi, out, rowb, rowb + warp * 16, n0, warp, g, t);
 }
 
 /* the S slices of the partials summed in slice order into the outputs: matrix i's block of a slice
@@ -171,8 +172,8 @@ static void qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char *wh
 static size_t q4_smem(int nt, int st = Q4_ST) { return (size_t)st * (QG_BM * 4 + nt * 8 * 16) * 16; }
 
 /* at open (gemv.cu's init, the device current): shared-memory limits of the instances */
-template <int NT, int ST = Q4_ST> static void q4_attr() {
-    cudaFuncSetAttribute(qg4_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT, ST));
+template <int NT, int ST = Q4_ST, bool CL = false> static void q4_attr() {
+    cudaFuncSetAttribute(qg4_kernel<NT, ST, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT, ST));
 }
 extern "C" int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16; /* qgemm.cu */
 extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
@@ -183,7 +184,7 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     tern__cuda_qg4_max_n = tern__cuda_env_int("TERN_CUDA_QG4_MAX_N", tern__cuda_qg4_max_n);
     tern__cuda_qgemm_max_n_q = tern__cuda_env_int("TERN_CUDA_QGEMM_MAX_N_Q", tern__cuda_qgemm_max_n_q);
     tern__cuda_qgemm_max_n_bf16 = tern__cuda_env_int("TERN_CUDA_QGEMM_MAX_N_BF16", tern__cuda_qgemm_max_n_bf16);
-    q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
+    q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>(); q4_attr<2, Q4_ST, true>();
     tern__cuda_qg4w_init();
     cudaGetLastError();
 }
@@ -260,7 +261,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
     int S = base < target ? (int)((target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
-    const bool cl = nt >= 4 && !pair && tern__cuda_qg4w_cl(); /* the split summed in clusters of <= 8 blocks */
+    /* TERN_CUDA_QG4_CL: the split summed in clusters of <= 8 blocks (both kernels; not the six-stage instance) */
+    const bool cl = !pair && (nt >= 4 || st == Q4_ST) && tern__cuda_qg4w_cl();
     if (cl && S > 8) S = 8;
     if (S > a.nkt / st) S = a.nkt / st;
     if (S < 1) S = 1;
@@ -271,12 +273,18 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.direct = S == 1 && (!pair || wgp);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    const int wl = nt < 4 ? 0 : tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp, cl); /* qgemm_q4_wg.cu */
+    int wl = nt < 4 ? 0 : tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp, cl); /* qgemm_q4_wg.cu */
     if (!wl) { /* TERN_CUDA_QG4_WG off, or no sm_90a image: this file's mma.sync kernel */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
                     (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
-        if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
+        if (cl && nt == 2 && S > 1 && S <= QW_CL_MAX) {
+            if (tern_launch_cluster(c->stream, qg4_kernel<2, Q4_ST, true>, grid, dim3(256), q4_smem(2), S, a) == cudaSuccess)
+                wl = 2, tern__cuda_qg4_cl_calls++;
+            else cudaGetLastError(); /* no room for a cluster: the partials below */
+        }
+        if (wl == 2) {
+        } else if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
         else if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
         else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);

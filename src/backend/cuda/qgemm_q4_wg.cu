@@ -40,12 +40,7 @@
 #include "backend/cuda/qgemm_q4.cuh"
 #include "backend/cuda/wgmma.cuh"
 
-#include <cooperative_groups.h>
-
 #define QW_ST 4
-#define QW_CL_MAX 8 /* CL: the blocks of one cluster (the portable size) */
-
-namespace cg = cooperative_groups;
 
 extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
@@ -77,47 +72,6 @@ __global__ void q4w_stage_x(uint4 *xb, const float *x, size_t chunks) {
 template <int NT> struct QwGeo {
     static constexpr int BN = NT * 8, XH = BN * 128, WB = QG_BM * 64, STG = 2 * XH + WB;
 };
-
-/* CL: the end of a block whose K slice is rank r of its cluster's S (gridDim.y = S <= QW_CL_MAX). Every block leaves
- * its 128 x BN sums in its drained ring; after a cluster barrier block r sums rows [r·per, r·per + per) of all S
- * tiles in split order from 0.0f — qg4_reduce's order, so the same bits as the partials path with the same S —
- * into y (+= for G1_RES), rows fastest so the [n][out] stores coalesce; a second barrier keeps every tile until
- * its readers are done. Not the pair form (its act needs gate and up sums from different blocks). */
-template <int NT>
-__device__ __forceinline__ void qw_cluster_sum(const Q4Args &a, const float *__restrict__ acc, uint8_t *sm, int mi,
-                                               int out, int rowb, int n0, int warp, int g, int t) {
-    constexpr int BN = NT * 8, PLD = BN + 1; /* odd stride: the rows-fastest reads hit 32 banks */
-    float *const P = (float *)sm;
-    __syncthreads(); /* every warp is done with the ring (its wgmmas were waited for) */
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) P[(warp * 16 + g + (i >> 1) * 8) * PLD + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync(); /* every block's tile is in its shared memory */
-    const int S = (int)gridDim.y, rank = (int)cl.block_rank();
-    const float *rp[QW_CL_MAX];
-#pragma unroll
-    for (int s = 0; s < QW_CL_MAX; s++) rp[s] = cl.map_shared_rank(P, s < S ? s : 0);
-    const int per = (QG_BM + S - 1) / S, r0 = rank * per, nr = min(QG_BM, r0 + per) - r0;
-    float *const y = a.m[mi].y;
-    const bool add = a.mode == G1_RES;
-    for (int e = threadIdx.x; e < nr * BN; e += blockDim.x) {
-        const int rl = r0 + e % nr, c = e / nr, row = rowb + rl, col = n0 + c;
-        float p[QW_CL_MAX];
-#pragma unroll
-        for (int s = 0; s < QW_CL_MAX; s++) p[s] = s < S ? rp[s][rl * PLD + c] : 0.0f; /* all in flight */
-        float v = 0.0f;
-#pragma unroll
-        for (int s = 0; s < QW_CL_MAX; s++)
-            if (s < S) v += p[s];
-        if (row < out && col < a.n) {
-            float *q = y + (size_t)col * out + row;
-            *q = add ? *q + v : v;
-        }
-    }
-    cl.sync(); /* no block leaves while another reads its tile */
-}
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
  * rows, so a block with the whole K (direct) finishes y = act(gate)·up itself through shared memory */
@@ -248,7 +202,7 @@ bool tern__cuda_qg4w_pair(void) {
 /* qgemm_q4.cuh */
 bool tern__cuda_qg4w_cl(void) {
     if (tern__cuda_qg4_cl < 0) tern__cuda_qg4_cl = tern__cuda_env_int("TERN_CUDA_QG4_CL", 0) != 0;
-    return qw_on() && tern__cuda_qg4_cl;
+    return tern__cuda_qg4_cl; /* a GPU without clusters refuses the launch: the partials */
 }
 
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
