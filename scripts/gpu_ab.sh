@@ -1570,6 +1570,31 @@ for (name, grid, blk), ms in sorted(agg.items(), key=lambda kv: -sum(m.get("Dura
 PY
     tail -3 "$OUT/ncu116.err" | tee -a "$S"
     xz -f "$OUT/ncu116.csv"
+    # the same launches' stall, pipe and memory detail (four launches past the first 40: decode steps), every metric of
+    # the first one printed; the whole CSV comes back in the archive
+    timeout 200 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none \
+        --kernel-name "regex:${AB116_KERNELS:-qg4w}" --launch-skip 40 --launch-count 4 --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy --csv --print-units base \
+        build/concurrency --random $m --device cuda --compute bf16 --conc 64 --prompt 128 --gen 4 --requests 2 \
+        --no-prefix > "$OUT/ncu116d.csv" 2> "$OUT/ncu116d.err"
+    say "116: detail of one launch:"
+    python3 - "$OUT/ncu116d.csv" <<'PY' 2>&1 | head -70 | tee -a "$S"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+if head is None:
+    print("no ncu table"); sys.exit(0)
+h = {c: j for j, c in enumerate(rows[head])}
+first = None
+for r in rows[head + 1:]:
+    if len(r) < len(h): continue
+    if first is None:
+        first = r[h["ID"]]
+        print(r[h["Kernel Name"]][:80], r[h["Grid Size"]])
+    if r[h["ID"]] != first: break
+    print("  %-28s %-58s %s %s" % (r[h["Section Name"]][:28], r[h["Metric Name"]][:58], r[h["Metric Value"]], r[h["Metric Unit"]]))
+PY
+    xz -f "$OUT/ncu116d.csv"
 fi
 
 # 117. session 66, not yet run: TERN_CUDA_QG4_CL (qgemm_q4_wg.cu at 17..128 rows and qgemm_q4.cu's mma.sync kernel at
