@@ -1603,10 +1603,13 @@ fi
 #      qg4_reduce launch; at 64 rows llama3-8b's q|k|v, o and down split 6-9 ways). The op test (tolerance everywhere,
 #      bits equal to the partials path where the split already has <= 8 slices), then batch decode off / on
 #      (AB117_MODELS default llama3-8b:q4 gemma4-12b:q4, AB117_CONC default 8,32,64) and the ids digests (down
-#      at 64 rows splits 9 ways off and 8 on: other bits there, so a digest may differ)
+#      at 64 rows splits 9 ways off and 8 on: other bits there, so a digest may differ); also TERN_CUDA_QG4_MUL=1 (the
+#      split aimed at one block an SM instead of two: half the slices, partials and blocks) as a probe of what the
+#      split costs. AB117_SETS overrides the settings
 if [[ " $SECTIONS " == *" 117 "* ]]; then
     if ops_ok cuda_qgemm_q4_wg cuda_qgemm_q4; then
-        conc_ab "TERN_CUDA_QG4_CL=0;TERN_CUDA_QG4_CL=1" "${AB117_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB117_CONC:-8,32,64}"
+        conc_ab "${AB117_SETS:-TERN_CUDA_QG4_CL=0;TERN_CUDA_QG4_CL=1;TERN_CUDA_QG4_MUL=1}" \
+            "${AB117_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB117_CONC:-8,32,64}"
         for f in "$OUT"/conc_*QG4_CL*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
     else
         say "117: the op test failed, no timings"

@@ -184,6 +184,9 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     tern__cuda_qg4_max_n = tern__cuda_env_int("TERN_CUDA_QG4_MAX_N", tern__cuda_qg4_max_n);
     tern__cuda_qgemm_max_n_q = tern__cuda_env_int("TERN_CUDA_QGEMM_MAX_N_Q", tern__cuda_qgemm_max_n_q);
     tern__cuda_qgemm_max_n_bf16 = tern__cuda_env_int("TERN_CUDA_QGEMM_MAX_N_BF16", tern__cuda_qgemm_max_n_bf16);
+    /* TERN_CUDA_QG4_MUL=M (session 66, an A/B knob): the K split aims at M blocks an SM instead of the kernel's
+     * occupancy (fewer slices: fewer partials and blocks) */
+    tern__cuda_qg4_mul = tern__cuda_env_int("TERN_CUDA_QG4_MUL", tern__cuda_qg4_mul);
     q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>(); q4_attr<2, Q4_ST, true>();
     tern__cuda_qg4w_init();
     cudaGetLastError();
