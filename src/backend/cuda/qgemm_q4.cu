@@ -192,6 +192,15 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     cudaGetLastError();
 }
 
+/* TERN_CUDA_QG4_CL on 16-row tiles: the S blocks of a row block's split as one cluster summing into y; 1 when the
+ * launch went out, 0 when it did not (no room for a cluster: the error cleared, the caller writes partials) */
+static int qg4_cl_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int S) {
+    if (tern_launch_cluster(c->stream, qg4_kernel<2, Q4_ST, true>, grid, dim3(256), q4_smem(2), S, a) != cudaSuccess)
+        return cudaGetLastError(), 0;
+    tern__cuda_qg4_cl_calls++;
+    return 1;
+}
+
 /* a.m[0..k) for matrix e of each stack w[i] (scales and biases where it has them) writing y[i]: its first row
  * block of QG_BM rows after the previous matrices' (mb0) and its [n][out] block after theirs in a slice of
  * partials (poff). Returns the row blocks; *rows = Σ out */
@@ -281,13 +290,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
                     (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
-        if (cl && nt == 2 && S > 1 && S <= QW_CL_MAX) {
-            if (tern_launch_cluster(c->stream, qg4_kernel<2, Q4_ST, true>, grid, dim3(256), q4_smem(2), S, a) == cudaSuccess)
-                wl = 2, tern__cuda_qg4_cl_calls++;
-            else cudaGetLastError(); /* no room for a cluster: the partials below */
-        }
-        if (wl == 2) {
-        } else if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
+        if (cl && nt == 2 && S > 1 && S <= QW_CL_MAX && qg4_cl_launch(c, a, grid, S)) wl = 2;
+        else if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
         else if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
         else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
