@@ -1500,6 +1500,16 @@ fi
 #      epilogue) lost 6-7 % in both forms (b1 bf16 gemma4-12b at 8192 102.7 -> 96.9, e4b at 512 223.8 -> 208.0 on an
 #      H100) and its gemma4-12b ids digest differed — NOTES (bz)
 
+# ncu_conc64 SECONDS MODEL GEN FILE NCU-ARGS...: build/concurrency (bf16 compute, 64 sequences of 128 + GEN, no prefix
+# part) under ncu (graph nodes, no cache flush, no clock lock, CSV in base units) into $OUT/FILE.csv, stderr FILE.err
+ncu_conc64() {
+    local to=$1 m=$2 gen=$3 f=$4
+    shift 4
+    timeout "$to" /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none "$@" --csv \
+        --print-units base build/concurrency --random "$m" --device cuda --compute bf16 --conc 64 --prompt 128 \
+        --gen "$gen" --requests 2 --no-prefix > "$OUT/$f.csv" 2> "$OUT/$f.err"
+}
+
 # 114. session 65-66: where a batch-64 decode step goes (the device has no nsys: ncu, serialized, so use the
 #      shares) — build/concurrency at 64 sequences (128 + 8) under ncu --graph-profiling node, the last step's kernels
 #      through scripts/ncu_step.py (AB114_MODELS: "model:quant ...", default gemma4-12b:bf16, 0.69-0.70 of its floor
@@ -1507,9 +1517,7 @@ fi
 if [[ " $SECTIONS " == *" 114 "* ]]; then
     for m in ${AB114_MODELS:-gemma4-12b:bf16}; do
         tag=$(printf '%s' "$m" | tr -c 'a-zA-Z0-9.' '_')
-        timeout 240 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none \
-            --metrics gpu__time_duration.sum --csv --print-units base build/concurrency --random $m --device cuda \
-            --compute bf16 --conc 64 --prompt 128 --gen 8 --requests 2 --no-prefix > "$OUT/ncu114_$tag.csv" 2> "$OUT/ncu114_$tag.err"
+        ncu_conc64 240 $m 8 ncu114_$tag --metrics gpu__time_duration.sum
         say "ncu $m at 64 sequences (serialized, one step):"
         python3 scripts/ncu_step.py "$OUT/ncu114_$tag.csv" --seq 24 2>&1 | head -${AB_NCU_ROWS:-48} | tee -a "$S"
         xz -f "$OUT/ncu114_$tag.csv"
@@ -1538,10 +1546,8 @@ fi
 #      tile's weights — so L2, not DRAM, is the wall
 if [[ " $SECTIONS " == *" 116 "* ]]; then
     m=${AB116_MODEL:-llama3-8b:q4}
-    timeout 300 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none \
-        --kernel-name "regex:${AB116_KERNELS:-qg4w}" --section SpeedOfLight --metrics lts__t_bytes.sum,dram__bytes_read.sum \
-        --csv --print-units base build/concurrency --random $m --device cuda --compute bf16 --conc 64 --prompt 128 \
-        --gen 4 --requests 2 --no-prefix > "$OUT/ncu116.csv" 2> "$OUT/ncu116.err"
+    ncu_conc64 300 $m 4 ncu116 --kernel-name "regex:${AB116_KERNELS:-qg4w}" --section SpeedOfLight \
+        --metrics lts__t_bytes.sum,dram__bytes_read.sum
     say "116: ncu speed of light, $m at 64 sequences, kernels ${AB116_KERNELS:-qg4w}:"
     python3 - "$OUT/ncu116.csv" <<'PY' 2>&1 | head -40 | tee -a "$S"
 import collections, csv, sys
@@ -1572,11 +1578,8 @@ PY
     xz -f "$OUT/ncu116.csv"
     # the same launches' stall, pipe and memory detail (four launches past the first 40: decode steps), every metric of
     # the first one printed; the whole CSV comes back in the archive
-    timeout 200 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none \
-        --kernel-name "regex:${AB116_KERNELS:-qg4w}" --launch-skip 40 --launch-count 4 --section WarpStateStats \
-        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy --csv --print-units base \
-        build/concurrency --random $m --device cuda --compute bf16 --conc 64 --prompt 128 --gen 4 --requests 2 \
-        --no-prefix > "$OUT/ncu116d.csv" 2> "$OUT/ncu116d.err"
+    ncu_conc64 200 $m 4 ncu116d --kernel-name "regex:${AB116_KERNELS:-qg4w}" --launch-skip 40 --launch-count 4 \
+        --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy
     say "116: detail of one launch:"
     python3 - "$OUT/ncu116d.csv" <<'PY' 2>&1 | head -70 | tee -a "$S"
 import csv, sys

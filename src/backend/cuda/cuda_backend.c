@@ -551,10 +551,6 @@ static int be_matmul_add(tern_backend *be, float *y, const float *x, int n, cons
  * launches, then rope_kv_write). H200, session 11, batch-1 bf16 decode at 512: gemma4-12b 125.5 → 128.3
  * tok/s, e4b 207.2 → 210.2 (op test cuda_norm_rope_kv bitwise, parity 18/18); tests set it */
 int tern__cuda_norm_rope = -1;
-static int norm_rope_on(void) {
-    if (tern__cuda_norm_rope < 0) tern__cuda_norm_rope = tern__cuda_env_int("TERN_CUDA_NORM_ROPE", 1) != 0;
-    return tern__cuda_norm_rope;
-}
 static int be_matmul_act_mul(tern_backend *be, float *y, const float *x, int n, const tern_tensor *w, int act,
                              const float *v, const tern_norm_res *res, float eps) {
     tern__cuda_w wv;
@@ -565,7 +561,8 @@ static int be_matmul_act_mul(tern_backend *be, float *y, const float *x, int n, 
 static int be_norm_rope_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                                  float *v, int nh, const float *inv_freq, float mscale, const float *qw, const float *kw,
                                  float eps) {
-    return norm_rope_on() && tern__cuda_norm_rope_kv_write(C(be), kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
+    if (tern__cuda_norm_rope < 0) tern__cuda_norm_rope = tern__cuda_env_int("TERN_CUDA_NORM_ROPE", 1) != 0;
+    return tern__cuda_norm_rope && tern__cuda_norm_rope_kv_write(C(be), kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
 }
 static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps, float *q, float *k,
                                float *v, const tern_tensor *const *w, const tern_kv_layer *kv, const tern_rows *rows,

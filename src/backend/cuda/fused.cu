@@ -20,7 +20,6 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kvq_common.cuh"
-#include "backend/cuda/nrk.cuh"
 
 /* f(T{}) for the page element type of an F32 / BF16 / F16 kind (one dispatch for both launchers) */
 template <class F> static void by_page_kind(int kind, F &&f) {
@@ -114,6 +113,57 @@ extern "C" int tern__cuda_rope_kv_rows(tern__cuda *c, const tern_kv_layer *kv, c
     return rope_launch(c, kv, rows, rows->pos, q, k, v, src, ld, nh, inv_freq, mscale);
 }
 
+/* Gemma 4's head norms + rope + cache stores: blocks [n][nh + nkv]; q head blocks norm + rope q, kv head
+ * blocks norm + rope k, norm v, and store both. Shared: d floats. */
+struct NrkArgs {
+    float *q, *k, *v;
+    const float *qw, *kw, *inv_freq;
+    const int32_t *pos, *slot, *bt;
+    int n, nh, nkv, d, max_blocks, bs;
+    float eps, mscale;
+};
+
+/* row r, head h (q heads first, then kv heads) of width d: its row in q or k, its norm weight, its position,
+ * and (kv heads whose block is resident) where its page entries start */
+struct NrkHead {
+    float *x;
+    const float *w;
+    int p;
+    bool isk, store;
+    size_t dst;
+};
+__device__ __forceinline__ NrkHead nrk_head(const NrkArgs &a, int r, int h, int d) {
+    NrkHead o;
+    o.isk = h >= a.nh;
+    o.x = o.isk ? a.k + ((size_t)r * a.nkv + (h - a.nh)) * d : a.q + ((size_t)r * a.nh + h) * d;
+    o.w = o.isk ? a.kw : a.qw;
+    o.p = a.pos[r];
+    o.dst = 0;
+    o.store = false;
+    if (o.isk && o.p >= 0 && o.p / a.bs < a.max_blocks) {
+        const int blk = a.bt[(size_t)a.slot[r] * a.max_blocks + o.p / a.bs];
+        o.store = blk >= 0;
+        o.dst = ((size_t)blk * a.bs + o.p % a.bs) * a.nkv * d + (size_t)(h - a.nh) * d;
+    }
+    return o;
+}
+
+/* the normed pair (i, i + half) at frequency f = inv_freq[i]: rope_kv_kernel's arithmetic, stored to the row and (k
+ * heads) the page */
+template <typename T>
+__device__ __forceinline__ void nrk_pair(const NrkArgs &a, const NrkHead &hd, T *kpool, int i, int half, float x0, float x1,
+                                         float f) {
+    rope_pair(x0, x1, hd.p, f);
+    x0 *= a.mscale;
+    x1 *= a.mscale;
+    hd.x[i] = x0;
+    hd.x[i + half] = x1;
+    if (hd.store) {
+        kv_put(kpool + hd.dst + i, x0);
+        kv_put(kpool + hd.dst + i + half, x1);
+    }
+}
+
 template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T *vpool) {
     pdl_start();
     extern __shared__ float xs[];
@@ -129,8 +179,7 @@ template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T
         __syncthreads();
     };
     norm(hd.x, hd.w);
-    for (int i = threadIdx.x; i < half; i += blockDim.x)
-        nrk_pair(a, hd, [&](size_t e, float x) { kv_put(kpool + e, x); }, i, half, xs[i], xs[i + half], a.inv_freq[i]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) nrk_pair(a, hd, kpool, i, half, xs[i], xs[i + half], a.inv_freq[i]);
     if (!hd.isk) return;
     __syncthreads(); /* xs is reused for v */
     float *vr = a.v + ((size_t)r * a.nkv + (h - a.nh)) * d;
@@ -141,15 +190,70 @@ template <typename T> __global__ void norm_rope_kv_kernel(NrkArgs a, T *kpool, T
     }
 }
 
-/* The warp form (nrk.cuh nrk_warp_head): a warp per (row, head), head dims 256 and 512 */
+/* The same op with one warp per (row, head), for head dims 256 and 512 (NS = d / 32 slots a lane): the block
+ * form above spends a block, three barriers and a shared-memory round trip on 1-2 KB (H200, session 22,
+ * gemma4-26b-a4b 2048-row prefill chunk: 165 us a sliding layer, ~0.6 TB/s). Lane l holds the elements
+ * j = 32s + l, so a rope pair (i, i + d/2) sits in one lane (slots s and s + NS/2), and the sum of squares
+ * replays block_rms_inv's order: virtual thread v = 32w + l of tern_rms_threads(d) sums its elements
+ * v, v + vt, ... (slots w, w + vt/32, ...) by fmaf, each virtual warp's partial is a warp_sum (the xor
+ * butterfly leaves lane 0's bits in every lane), and the vt/32 partials go through one more warp_sum with
+ * lane t holding partial t, as rms_inv_finish does. Bitwise the block form. */
+template <int NS> __device__ __forceinline__ float warp_rms_inv(const float (&x)[NS], int d, float eps) {
+    constexpr int VW = (NS * 32 >= 1024 ? 512 : NS * 32 >= 256 ? 256 : 128) / 32; /* tern_rms_threads(d) / 32 */
+    const int lane = threadIdx.x & 31;
+    float part = 0.0f;
+#pragma unroll
+    for (int w = 0; w < VW; w++) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int s = w; s < NS; s += VW) ss = fmaf(x[s], x[s], ss);
+        ss = warp_sum(ss);
+        if (lane == w) part = ss;
+    }
+    part = warp_sum(part);
+    return 1.0f / sqrtf(part / (float)d + eps);
+}
+
 template <typename T, int NS, bool HOIST> __global__ void norm_rope_kv_warp(NrkArgs a, T *kpool, T *vpool) {
     pdl_start();
+    constexpr int d = NS * 32, half = d / 2, HS = NS / 2;
+    const int lane = threadIdx.x & 31, nt = a.nh + a.nkv;
     const long task = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int nt = a.nh + a.nkv;
     if (task >= (long)a.n * nt) return;
-    nrk_warp_head<NS, HOIST>(
-        a, (int)(task / nt), (int)(task % nt), [](const float *p) { return *p; },
-        [&](size_t i, float x) { kv_put(kpool + i, x); }, [&](size_t i, float x) { kv_put(vpool + i, x); });
+    const int r = (int)(task / nt), h = (int)(task % nt);
+    const NrkHead hd = nrk_head(a, r, h, d);
+    const float *w = hd.w;
+    auto vrow = [&]() { return a.v + ((size_t)r * a.nkv + (h - a.nh)) * d; };
+    float xv[NS], wv[NS], fv[HS], vv[NS];
+#pragma unroll
+    for (int s = 0; s < NS; s++) xv[s] = hd.x[32 * s + lane];
+    if constexpr (HOIST) { /* every load of the head issued now, before any store (TERN_CUDA_NRK_HOIST) */
+#pragma unroll
+        for (int s = 0; s < NS; s++) wv[s] = w ? w[32 * s + lane] : 0.0f;
+#pragma unroll
+        for (int s = 0; s < HS; s++) fv[s] = a.inv_freq[32 * s + lane];
+        if (hd.isk)
+#pragma unroll
+            for (int s = 0; s < NS; s++) vv[s] = vrow()[32 * s + lane];
+    }
+    float inv = warp_rms_inv<NS>(xv, d, a.eps);
+#pragma unroll
+    for (int s = 0; s < NS; s++) xv[s] = rms_scale(xv[s], inv, w != nullptr, HOIST ? wv[s] : w ? w[32 * s + lane] : 0.0f);
+#pragma unroll
+    for (int s = 0; s < HS; s++)
+        nrk_pair(a, hd, kpool, 32 * s + lane, half, xv[s], xv[s + HS], HOIST ? fv[s] : a.inv_freq[32 * s + lane]);
+    if (!hd.isk) return;
+    float *vr = vrow();
+    if constexpr (!HOIST)
+#pragma unroll
+        for (int s = 0; s < NS; s++) vv[s] = vr[32 * s + lane];
+    inv = warp_rms_inv<NS>(vv, d, a.eps);
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        const float v = rms_scale(vv[s], inv, false, 0.0f);
+        vr[32 * s + lane] = v;
+        if (hd.store) kv_put(vpool + hd.dst + 32 * s + lane, v);
+    }
 }
 
 /* TERN_CUDA_NRK_WARP=0: the block form for every head dim (A/B) */
@@ -169,7 +273,12 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
                                              const float *qw, const float *kw, float eps) {
     const int kind = kv->kf.kind;
     if ((k && !tern__cuda_rope_pages(kv)) || kv->head_dim > 4096 || (!k && v)) return 0;
-    const NrkArgs a = nrk_args(kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps); /* k NULL: q heads only */
+    NrkArgs a = {};
+    a.q = q; a.k = k; a.v = v; a.qw = qw; a.kw = kw; a.inv_freq = inv_freq;
+    a.pos = rows->pos; a.slot = rows->slot; a.bt = kv->block_table;
+    a.n = rows->n; a.nh = nh; a.nkv = k ? kv->n_head_kv : 0; a.d = kv->head_dim; /* k NULL: q heads only */
+    a.max_blocks = kv->max_blocks; a.bs = kv->block_size;
+    a.eps = eps; a.mscale = mscale;
     const long blocks = (long)a.n * (nh + a.nkv);
     if (blocks <= 0) return 1;
     cudaSetDevice(c->device);

@@ -49,6 +49,11 @@ int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: 
  * an A/B (gpu_ab.sh section 14). -1 until read (tests set it) */
 extern "C" int tern__cuda_qg4_st;
 int tern__cuda_qg4_st = -1;
+/* TERN_CUDA_QG4_CL (session 66, default 0): both kernels' split K (at most 8 slices) summed inside a thread-block
+ * cluster (qgemm_q4.cuh qw_cluster_sum) instead of partials + qg4_reduce; a GPU without clusters refuses the launch
+ * and takes the partials. -1 until read (tests set it) */
+extern "C" int tern__cuda_qg4_cl;
+int tern__cuda_qg4_cl = -1;
 extern "C" unsigned long long tern__cuda_qg4_calls, tern__cuda_qg4_cl_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4_calls = 0, tern__cuda_qg4_cl_calls = 0;
 
@@ -229,6 +234,7 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
                                   int n, int mode, int e) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
     if (tern__cuda_qg4_st < 0) tern__cuda_qg4_st = tern__cuda_env_int("TERN_CUDA_QG4_ST", Q4_ST);
+    if (tern__cuda_qg4_cl < 0) tern__cuda_qg4_cl = tern__cuda_env_int("TERN_CUDA_QG4_CL", 0) != 0;
     if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
     if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || ((uintptr_t)x & 15)) return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
@@ -274,7 +280,7 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     int S = base < target ? (int)((target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
     /* TERN_CUDA_QG4_CL: the split summed in clusters of <= 8 blocks (both kernels; not the six-stage instance) */
-    const bool cl = !pair && (nt >= 4 || st == Q4_ST) && tern__cuda_qg4w_cl();
+    const bool cl = tern__cuda_qg4_cl && !pair && (nt >= 4 || st == Q4_ST);
     if (cl && S > 8) S = 8;
     if (S > a.nkt / st) S = a.nkt / st;
     if (S < 1) S = 1;

@@ -184,14 +184,11 @@ __device__ __forceinline__ void qw_cluster_sum(const Q4Args &a, const float *__r
 
 /* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8) or 32 (nt 4), x staged in its
  * own order; 1 when launched, 0 when not available (no sm_90a image for this GPU, TERN_CUDA_QG4_WG=0); pair:
- * the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up together); cl (the plan of
- * tern__cuda_qg4w_cl, not a pair, 2 <= grid.y <= 8): the split K summed inside clusters, 2 when that ran (y
- * written: no qg4_reduce), else 1 (the partials written as without cl) */
+ * the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up together); cl (TERN_CUDA_QG4_CL,
+ * not a pair, 2 <= grid.y <= 8): the split K summed inside clusters, 2 when that ran (y written: no qg4_reduce),
+ * else 1 (the partials written as without cl) */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
                            bool pair, bool cl = false);
-/* TERN_CUDA_QG4_CL on (default off): either kernel's split K of at most 8 blocks summed in the cluster (the caller
- * caps its split at 8) */
-bool tern__cuda_qg4w_cl(void);
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);

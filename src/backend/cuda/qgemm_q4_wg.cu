@@ -46,8 +46,6 @@ extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
-extern "C" int tern__cuda_qg4_cl;
-int tern__cuda_qg4_cl = -1; /* -1 unread (TERN_CUDA_QG4_CL, default 0); tests set it */
 extern "C" unsigned long long tern__cuda_qg4w_calls, tern__cuda_qg4w_cl_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0, tern__cuda_qg4w_cl_calls = 0;
 
@@ -197,12 +195,6 @@ static bool qw_on(void) {
 bool tern__cuda_qg4w_pair(void) {
     if (tern__cuda_qg4_wgpair < 0) tern__cuda_qg4_wgpair = tern__cuda_env_int("TERN_CUDA_QG4_WGPAIR", 1) != 0;
     return qw_on() && tern__cuda_qg4_wgpair;
-}
-
-/* qgemm_q4.cuh */
-bool tern__cuda_qg4w_cl(void) {
-    if (tern__cuda_qg4_cl < 0) tern__cuda_qg4_cl = tern__cuda_env_int("TERN_CUDA_QG4_CL", 0) != 0;
-    return tern__cuda_qg4_cl; /* a GPU without clusters refuses the launch: the partials */
 }
 
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
