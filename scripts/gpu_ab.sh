@@ -1548,55 +1548,52 @@ if [[ " $SECTIONS " == *" 116 "* ]]; then
     m=${AB116_MODEL:-llama3-8b:q4}
     ncu_conc64 300 $m 4 ncu116 --kernel-name "regex:${AB116_KERNELS:-qg4w}" --section SpeedOfLight \
         --metrics lts__t_bytes.sum,dram__bytes_read.sum
-    say "116: ncu speed of light, $m at 64 sequences, kernels ${AB116_KERNELS:-qg4w}:"
-    python3 - "$OUT/ncu116.csv" <<'PY' 2>&1 | head -40 | tee -a "$S"
-import collections, csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-head = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
-if head is None:
-    print("no ncu table"); sys.exit(0)
-h = {c: j for j, c in enumerate(rows[head])}
-per = collections.defaultdict(dict)
-for r in rows[head + 1:]:
-    if len(r) < len(h): continue
-    k = (r[h["ID"]], r[h["Kernel Name"]][:60], r[h["Grid Size"]], r[h["Block Size"]])
-    try: per[k][r[h["Metric Name"]]] = float(r[h["Metric Value"]].replace(",", ""))
-    except ValueError: pass
-agg = collections.defaultdict(list)
-for (i, name, grid, blk), m in per.items(): agg[(name, grid, blk)].append(m)
-want = ["Duration", "DRAM Throughput", "L2 Cache Throughput", "L1/TEX Cache Throughput", "Compute (SM) Throughput",
-        "lts__t_bytes.sum", "dram__bytes_read.sum"]
-print("%-48s %-14s %5s %8s %6s %6s %6s %6s %8s %8s" % ("kernel", "grid", "calls", "us", "DRAM%", "L2%", "L1%", "SM%",
-      "L2 MB", "DRAM MB"))
-for (name, grid, blk), ms in sorted(agg.items(), key=lambda kv: -sum(m.get("Duration", 0) for m in kv[1])):
-    avg = {w: sum(m.get(w, 0) for m in ms) / len(ms) for w in want}
-    print("%-48s %-14s %5d %8.2f %6.1f %6.1f %6.1f %6.1f %8.2f %8.2f" % (name[:48], grid, len(ms), avg["Duration"] / 1000,
-          avg["DRAM Throughput"], avg["L2 Cache Throughput"], avg["L1/TEX Cache Throughput"],
-          avg["Compute (SM) Throughput"], avg["lts__t_bytes.sum"] / 1e6, avg["dram__bytes_read.sum"] / 1e6))
-PY
-    tail -3 "$OUT/ncu116.err" | tee -a "$S"
-    xz -f "$OUT/ncu116.csv"
-    # the same launches' stall, pipe and memory detail (four launches past the first 40: decode steps), every metric of
-    # the first one printed; the whole CSV comes back in the archive
+    # the same launches' stall, pipe and memory detail (four launches past the first 40: decode steps)
     ncu_conc64 200 $m 4 ncu116d --kernel-name "regex:${AB116_KERNELS:-qg4w}" --launch-skip 40 --launch-count 4 \
         --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy
-    say "116: detail of one launch:"
-    python3 - "$OUT/ncu116d.csv" <<'PY' 2>&1 | head -70 | tee -a "$S"
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-head = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
-if head is None:
-    print("no ncu table"); sys.exit(0)
-h = {c: j for j, c in enumerate(rows[head])}
-first = None
-for r in rows[head + 1:]:
-    if len(r) < len(h): continue
-    if first is None:
-        first = r[h["ID"]]
-        print(r[h["Kernel Name"]][:80], r[h["Grid Size"]])
-    if r[h["ID"]] != first: break
-    print("  %-28s %-58s %s %s" % (r[h["Section Name"]][:28], r[h["Metric Name"]][:58], r[h["Metric Value"]], r[h["Metric Unit"]]))
+    say "116: ncu speed of light, $m at 64 sequences, kernels ${AB116_KERNELS:-qg4w}; then every metric of one launch:"
+    python3 - "$OUT/ncu116.csv" "$OUT/ncu116d.csv" <<'PY' 2>&1 | head -110 | tee -a "$S"
+import collections, csv, sys
+
+def table(path):  # (column index by name, data rows) of an ncu CSV, or None
+    rows = list(csv.reader(open(path)))
+    head = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+    if head is None:
+        print("no ncu table in", path); return None
+    h = {c: j for j, c in enumerate(rows[head])}
+    return h, [r for r in rows[head + 1:] if len(r) >= len(h)]
+
+t = table(sys.argv[1])
+if t:
+    h, rows = t
+    per = collections.defaultdict(dict)
+    for r in rows:
+        k = (r[h["ID"]], r[h["Kernel Name"]][:60], r[h["Grid Size"]], r[h["Block Size"]])
+        try: per[k][r[h["Metric Name"]]] = float(r[h["Metric Value"]].replace(",", ""))
+        except ValueError: pass
+    agg = collections.defaultdict(list)
+    for (i, name, grid, blk), m in per.items(): agg[(name, grid, blk)].append(m)
+    want = ["Duration", "DRAM Throughput", "L2 Cache Throughput", "L1/TEX Cache Throughput", "Compute (SM) Throughput",
+            "lts__t_bytes.sum", "dram__bytes_read.sum"]
+    print("%-48s %-14s %5s %8s %6s %6s %6s %6s %8s %8s" % ("kernel", "grid", "calls", "us", "DRAM%", "L2%", "L1%", "SM%",
+          "L2 MB", "DRAM MB"))
+    for (name, grid, blk), ms in sorted(agg.items(), key=lambda kv: -sum(m.get("Duration", 0) for m in kv[1]))[:30]:
+        avg = {w: sum(m.get(w, 0) for m in ms) / len(ms) for w in want}
+        print("%-48s %-14s %5d %8.2f %6.1f %6.1f %6.1f %6.1f %8.2f %8.2f" % (name[:48], grid, len(ms),
+              avg["Duration"] / 1000, avg["DRAM Throughput"], avg["L2 Cache Throughput"], avg["L1/TEX Cache Throughput"],
+              avg["Compute (SM) Throughput"], avg["lts__t_bytes.sum"] / 1e6, avg["dram__bytes_read.sum"] / 1e6))
+t = table(sys.argv[2])
+if t:
+    h, rows = t
+    first = rows[0][h["ID"]] if rows else None
+    if rows: print(rows[0][h["Kernel Name"]][:80], rows[0][h["Grid Size"]])
+    for r in rows:
+        if r[h["ID"]] != first: break
+        print("  %-28s %-58s %s %s" % (r[h["Section Name"]][:28], r[h["Metric Name"]][:58], r[h["Metric Value"]],
+              r[h["Metric Unit"]]))
 PY
+    tail -3 "$OUT/ncu116.err" "$OUT/ncu116d.err" | tee -a "$S"
+    xz -f "$OUT/ncu116.csv"
     xz -f "$OUT/ncu116d.csv"
 fi
 
