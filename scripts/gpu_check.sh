@@ -32,8 +32,8 @@ PACK_BINS="build/test_cuda_ops build/bench_cuda build/tern-core build/tests/test
 build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core build/tests/test_model_tp_offload_core \
 build/tests/test_runtime_experts_core build/bench_experts build/tests/test_sample_device"
 [ "${2:-}" = small ] && PACK_BINS="build/tern-core build/concurrency" # next to a peer's binaries (64 MiB carry)
-# `pack ab`: what gpu_ab.sh's A/B sections need (op tests, parity, tern-core, concurrency), ~13 MB beside a peer's
-[ "${2:-}" = ab ] && PACK_BINS="build/tern-core build/concurrency build/test_cuda_ops build/tests/test_parity_core"
+# `pack ab`: what gpu_ab.sh's A/B sections need (op tests, parity, tern-core, concurrency, bench_cuda), ~16 MB beside a peer's
+[ "${2:-}" = ab ] && PACK_BINS="build/tern-core build/concurrency build/test_cuda_ops build/tests/test_parity_core build/bench_cuda"
 # `pack serve`: the full tern (serve) and the HTTP load generator for scripts/gpu_glm5_serve.sh (carry .gpudeps too)
 [ "${2:-}" = serve ] && PACK_BINS="build/tern build/load build/tern-core build/concurrency"
 if [ "${1:-}" = pack ]; then
