@@ -1618,21 +1618,21 @@ fi
 
 # 118. session 67, not yet run: TERN_CUDA_GEMV_BR (gemv_br.cu: the one-row Q4 g64 walk with its weights fed through
 #      per-warp rings of bulk copies in shared memory, two chunks in flight a warp without registers, 16 warps a
-#      block sharing one x table). The op test (the same bits as the PP walk in the five ops and the pre-normed
+#      block sharing one x table; =2: 8 warps, two blocks an SM, as the walk). The op test (the same bits as the PP walk in the five ops and the pre-normed
 #      q|k|v / gate-up), the walk's kernel times off / on (bench_cuda BENCH_GEMV1=q4), the ids digests of a batch-1
 #      decode off / on (AB118_DIGEST, default llama3-8b:q4 gemma4-e4b:q4: must be the same), then b1 off / on
 #      (AB118_MODELS, default llama3-8b, gemma4-e4b and gemma4-12b q4; 12b's K 3840 layers stay on the walk)
 if [[ " $SECTIONS " == *" 118 "* ]]; then
     if ops_ok cuda_gemv_br_bits; then
-        q4_gemv TERN_CUDA_GEMV_BR "0 1"
+        q4_gemv TERN_CUDA_GEMV_BR "0 1 2"
         for m in ${AB118_DIGEST:-llama3-8b:q4 gemma4-e4b:q4}; do
             d0=$(TERN_CUDA_GEMV_BR=0 timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc 1 \
                 --prompt 128 --gen 64 --requests 2 --no-prefix 2>&1 | grep 'ids digest' | head -1)
-            d1=$(TERN_CUDA_GEMV_BR=1 timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc 1 \
+            d1=$(TERN_CUDA_GEMV_BR=${AB118_DBR:-1} timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc 1 \
                 --prompt 128 --gen 64 --requests 2 --no-prefix 2>&1 | grep 'ids digest' | head -1)
-            say "118 digest $m BR 0 / 1: $d0 / $d1 ($([ -n "$d0" ] && [ "$d0" = "$d1" ] && echo same || echo DIFFERENT))"
+            say "118 digest $m BR 0 / ${AB118_DBR:-1}: $d0 / $d1 ($([ -n "$d0" ] && [ "$d0" = "$d1" ] && echo same || echo DIFFERENT))"
         done
-        b1_sets "TERN_CUDA_GEMV_BR=0;TERN_CUDA_GEMV_BR=1" \
+        b1_sets "${AB118_SETS:-TERN_CUDA_GEMV_BR=0;TERN_CUDA_GEMV_BR=1;TERN_CUDA_GEMV_BR=2}" \
             "${AB118_MODELS:-llama3-8b --quant q4;gemma4-e4b --quant q4;gemma4-12b --quant q4}"
     else
         say "118: the op test failed, no timings"

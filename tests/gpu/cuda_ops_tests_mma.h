@@ -165,8 +165,8 @@ TEST(cuda_gemv_mma_pp_bits) {
     tern__cuda_gemv_mma_xp1 = keep_xp;
 }
 
-/* TERN_CUDA_GEMV_BR (gemv_br.cu: the XP1 walk through per-warp rings of bulk copies, two walkers of 8 warps a
- * block) does the walk's arithmetic over the same K slices: the five one-row ops and the pre-normed q|k|v and
+/* TERN_CUDA_GEMV_BR (gemv_br.cu: the XP1 walk through per-warp rings of bulk copies; 1: two walkers of 8 warps a
+ * block, 2: one) does the walk's arithmetic over the same K slices: the five one-row ops and the pre-normed q|k|v and
  * gate/up (norm_matmul) must be the same bits as the PP walk's, walking several row blocks or not, split K or not;
  * in = 384 is not served (not whole 512-input chunks) and must still run the walk */
 extern unsigned long long tern__cuda_gemv_br_calls;
@@ -187,10 +187,10 @@ TEST(cuda_gemv_br_bits) {
         tern_tensor t[3];
         char nm[64];
         mm_three_open(g, 4, 64, TERN_DT_BF16, out, o2, in, h, t, nm);
-        float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *nw = rnd(in, 1.0f), *res[2][7];
+        float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *nw = rnd(in, 1.0f), *res[3][7];
         void *xd = to_gpu(x, (size_t)in * 4), *nwd = to_gpu(nw, (size_t)in * 4), *xn = nan_buf(g, in),
              *yd = nan_buf(g, tot);
-        for (int v = 0; v < 2; v++) { /* 0 the walk, 1 the ring */
+        for (int v = 0; v < 3; v++) { /* 0 the walk, 1 the ring in 16-warp blocks, 2 in 8-warp blocks */
             tern__cuda_gemv_br = v;
             const unsigned long long calls = tern__cuda_gemv_br_calls;
             mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
@@ -205,10 +205,10 @@ TEST(cuda_gemv_br_bits) {
         }
         static const char *what[7] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add", "norm q|k|v", "norm glu"};
         for (int k = 0; k < 7; k++) {
-            CHECK(same_bits(res[0][k], res[1][k], k == 1 || k == 5 ? tot : out), "%s %dx%d %s: ring != walk", nm, out, in,
-                  what[k]);
-            free(res[0][k]);
-            free(res[1][k]);
+            for (int v = 1; v < 3; v++)
+                CHECK(same_bits(res[0][k], res[v][k], k == 1 || k == 5 ? tot : out), "%s %dx%d %s: ring (BR %d) != walk", nm,
+                      out, in, what[k], v);
+            for (int v = 0; v < 3; v++) free(res[v][k]);
         }
         mm_three_close(g, h, t);
         g->vt->free(g, xd); g->vt->free(g, nwd); g->vt->free(g, xn); g->vt->free(g, yd);

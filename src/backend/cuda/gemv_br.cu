@@ -9,9 +9,10 @@
  * 256 bytes) in flight, issued step by step during the current chunk's math; 16 warps an SM. The removed
  * gemv_ring.cu held more in flight through per-lane cp.async, but with one block of 8 warps an SM it was bound by
  * issue latency (7.3 cycles between a warp's instructions). Here:
- *   - a block is 16 warps (one an SM), two walkers of 8 warps (v = warp / 8) sharing the slice's staged x table;
- *     walker v walks the row blocks blockIdx.x + (2k + v)·gridDim.x, so the block as a whole walks the row blocks
- *     mm_reduce_slices expects of it (blockIdx.x + k·gridDim.x);
+ *   - a block is W walkers of 8 warps (v = warp / 8) sharing the slice's staged x table — W = 2 (BR=1): 16 warps,
+ *     one block an SM; W = 1 (BR=2): 8 warps, two blocks an SM as the walk; walker v walks the row blocks
+ *     blockIdx.x + (Wk + v)·gridDim.x, so the block as a whole walks the row blocks mm_reduce_slices expects of it
+ *     (blockIdx.x + k·gridDim.x);
  *   - a warp's chunk (16 rows × 256 bytes of codes, their 8 scales and 8 biases a row) is one warp instruction of
  *     bulk copies (cp.async.bulk, counted on the slot's mbarrier): lanes 0..15 copy row lane's codes (odd rows
  *     rotated by 64 bytes, so the 8 lanes of a quarter warp read disjoint banks), lanes 16..31 its scales and biases;
@@ -30,7 +31,6 @@
 #include "backend/cuda/gemv_mma_args.cuh"
 #include "backend/cuda/mma.cuh"
 
-#define BR_WARPS 16
 #define BR_S 4                           /* steps (64 bytes of a row) a chunk: the walk's S at q4 g64 */
 #define BR_CODES (16 * 64 * BR_S)        /* a chunk's codes: 16 rows × 256 bytes */
 #define BR_SLOT (BR_CODES + 2 * 16 * 16) /* + 16 rows × 8 scales, then 8 biases (BF16) */
@@ -38,22 +38,24 @@
 extern "C" unsigned long long tern__cuda_gemv_br_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_gemv_br_calls = 0;
 
-__global__ void __launch_bounds__(BR_WARPS * 32, 1) gemv_br_kernel(MmArgs a) {
-    constexpr int S = BR_S, GPS = 2, GB = 32;
+/* W walkers of 8 warps a block (W = 2: one block of 16 warps an SM; W = 1: two blocks of 8, each its own table) */
+template <int W>
+__global__ void __launch_bounds__(W * 256, 2 / W) gemv_br_kernel(MmArgs a) {
+    constexpr int S = BR_S, GPS = 2, GB = 32, NW = 8 * W;
     pdl_trigger();
     extern __shared__ __align__(16) uint8_t br_sm[];
-    __shared__ __align__(8) uint64_t bars[BR_WARPS][2];
+    __shared__ __align__(8) uint64_t bars[NW][2];
     __shared__ int mine[MM_MINE], nmine;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int v = warp >> 3, wv = warp & 7;
     uint8_t *ring = br_sm + (size_t)warp * 2 * BR_SLOT;
-    uint2 *tbl = (uint2 *)(br_sm + (size_t)BR_WARPS * 2 * BR_SLOT); /* [J·S][8 MMAs][32 lanes] */
+    uint2 *tbl = (uint2 *)(br_sm + (size_t)NW * 2 * BR_SLOT); /* [J·S][8 MMAs][32 lanes] */
     float *xs = (float *)(tbl + a.J * S * 8 * 32);                  /* [J·S][GPS] Σx */
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const int st0 = blockIdx.y * S * a.J, nch = min(S * a.J, a.in / 128 - st0) / S; /* whole chunks (launch) */
     const size_t rb = (size_t)a.in / 2;
     const uint32_t bar0 = mma_smem_u32(&bars[warp][0]), ring0 = mma_smem_u32(ring);
-    auto rblock = [&](int n) { return (int)blockIdx.x + (2 * (n / nch) + v) * (int)gridDim.x; }; /* unit n's */
+    auto rblock = [&](int n) { return (int)blockIdx.x + (W * (n / nch) + v) * (int)gridDim.x; }; /* unit n's */
     if (lane == 0) {
         mb_init(bar0, 1);
         mb_init(bar0 + 8, 1);
@@ -131,29 +133,32 @@ __global__ void __launch_bounds__(BR_WARPS * 32, 1) gemv_br_kernel(MmArgs a) {
     mm_reduce_slices(a, pair, units, mine, &nmine);
 }
 
-/* TERN_CUDA_GEMV_BR (default 0; 1 on, read once; tests set it) */
+/* TERN_CUDA_GEMV_BR (default 0; read once; tests set it): 1 blocks of two walkers (16 warps, one an SM), 2 blocks of
+ * one walker (8 warps, two an SM, each staging its own x table) */
 extern "C" int tern__cuda_gemv_br;
 int tern__cuda_gemv_br = -1;
 
 /* Launch the ring walk for the plan in a (gemv_mma.cu's mm_launch: its arguments and the walk's grid.x for two
  * blocks of 8 warps an SM); 0 when switched off or not served (the caller runs the walk) */
 int tern__cuda_gemv_br_launch(tern__cuda *c, const MmArgs &a, int walk_gx) {
-    if (tern__cuda_gemv_br < 0) tern__cuda_gemv_br = tern__cuda_env_int("TERN_CUDA_GEMV_BR", 0) != 0;
-    if (!tern__cuda_gemv_br || a.in % 512 || a.ng % 8) return 0;
+    if (tern__cuda_gemv_br < 0) tern__cuda_gemv_br = tern__cuda_env_int("TERN_CUDA_GEMV_BR", 0);
+    const int wk = tern__cuda_gemv_br == 1 ? 2 : tern__cuda_gemv_br == 2 ? 1 : 0; /* walkers a block */
+    if (!wk || a.in % 512 || a.ng % 8) return 0;
     for (int i = 0; i < a.nm; i++)
         if (((uintptr_t)a.data[i] | (uintptr_t)a.scales[i] | (uintptr_t)a.biases[i]) & 15) return 0;
-    int gx = (walk_gx + 1) / 2;
+    int gx = (walk_gx + wk - 1) / wk;
     if ((a.rblocks + gx - 1) / gx > MM_MINE) gx = (a.rblocks + MM_MINE - 1) / MM_MINE;
-    const size_t smem = (size_t)BR_WARPS * 2 * BR_SLOT + (size_t)a.J * BR_S * (8 * 32 * sizeof(uint2) + 2 * sizeof(float));
-    static size_t attr = 0;
-    if (smem > attr) {
-        if (cudaFuncSetAttribute(gemv_br_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+    const size_t smem = (size_t)wk * 8 * 2 * BR_SLOT + (size_t)a.J * BR_S * (8 * 32 * sizeof(uint2) + 2 * sizeof(float));
+    static size_t attr[3];
+    void (*k)(MmArgs) = wk == 2 ? gemv_br_kernel<2> : gemv_br_kernel<1>;
+    if (smem > attr[wk]) {
+        if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
-        attr = smem;
+        attr[wk] = smem;
     }
-    tern_launch(c->stream, gemv_br_kernel, dim3((unsigned)gx, (unsigned)a.ks), BR_WARPS * 32, smem, a);
+    tern_launch(c->stream, k, dim3((unsigned)gx, (unsigned)a.ks), wk * 256, smem, a);
     tern__cuda_check(c, "gemv_br");
     tern__cuda_gemv_br_calls++;
     return 1;
