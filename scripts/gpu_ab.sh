@@ -1597,46 +1597,17 @@ PY
     xz -f "$OUT/ncu116d.csv"
 fi
 
-# 117. session 66, not yet run: TERN_CUDA_QG4_CL (qgemm_q4_wg.cu at 17..128 rows and qgemm_q4.cu's mma.sync kernel at
-#      5..16: the Q4 GEMM's split K, at most 8 blocks,
-#      summed inside a thread-block cluster through distributed shared memory — no f32 partials in global memory, no
-#      qg4_reduce launch; at 64 rows llama3-8b's q|k|v, o and down split 6-9 ways). The op test (tolerance everywhere,
-#      bits equal to the partials path where the split already has <= 8 slices), then batch decode off / on
-#      (AB117_MODELS default llama3-8b:q4 gemma4-12b:q4, AB117_CONC default 8,32,64) and the ids digests (down
-#      at 64 rows splits 9 ways off and 8 on: other bits there, so a digest may differ); also TERN_CUDA_QG4_MUL=1 (the
-#      split aimed at one block an SM instead of two: half the slices, partials and blocks) as a probe of what the
-#      split costs. AB117_SETS overrides the settings
-if [[ " $SECTIONS " == *" 117 "* ]]; then
-    if ops_ok cuda_qgemm_q4_wg cuda_qgemm_q4; then
-        conc_ab "${AB117_SETS:-TERN_CUDA_QG4_CL=0;TERN_CUDA_QG4_CL=1;TERN_CUDA_QG4_MUL=1}" \
-            "${AB117_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB117_CONC:-8,32,64}"
-        for f in "$OUT"/conc_*QG4_CL*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
-    else
-        say "117: the op test failed, no timings"
-    fi
-fi
-
-# 118. session 67, not yet run: TERN_CUDA_GEMV_BR (gemv_br.cu: the one-row Q4 g64 walk with its weights fed through
-#      per-warp rings of bulk copies in shared memory, two chunks in flight a warp without registers, 16 warps a
-#      block sharing one x table; =2: 8 warps, two blocks an SM, as the walk). The op test (the same bits as the PP walk in the five ops and the pre-normed
-#      q|k|v / gate-up), the walk's kernel times off / on (bench_cuda BENCH_GEMV1=q4), the ids digests of a batch-1
-#      decode off / on (AB118_DIGEST, default llama3-8b:q4 gemma4-e4b:q4: must be the same), then b1 off / on
-#      (AB118_MODELS, default llama3-8b, gemma4-e4b and gemma4-12b q4; 12b's K 3840 layers stay on the walk)
-if [[ " $SECTIONS " == *" 118 "* ]]; then
-    if ops_ok cuda_gemv_br_bits; then
-        q4_gemv TERN_CUDA_GEMV_BR "0 1 2"
-        for m in ${AB118_DIGEST:-llama3-8b:q4 gemma4-e4b:q4}; do
-            d0=$(TERN_CUDA_GEMV_BR=0 timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc 1 \
-                --prompt 128 --gen 64 --requests 2 --no-prefix 2>&1 | grep 'ids digest' | head -1)
-            d1=$(TERN_CUDA_GEMV_BR=${AB118_DBR:-1} timeout 100 build/concurrency --random $m --device cuda --compute bf16 --conc 1 \
-                --prompt 128 --gen 64 --requests 2 --no-prefix 2>&1 | grep 'ids digest' | head -1)
-            say "118 digest $m BR 0 / ${AB118_DBR:-1}: $d0 / $d1 ($([ -n "$d0" ] && [ "$d0" = "$d1" ] && echo same || echo DIFFERENT))"
-        done
-        b1_sets "${AB118_SETS:-TERN_CUDA_GEMV_BR=0;TERN_CUDA_GEMV_BR=1;TERN_CUDA_GEMV_BR=2}" \
-            "${AB118_MODELS:-llama3-8b --quant q4;gemma4-e4b --quant q4;gemma4-12b --quant q4}"
-    else
-        say "118: the op test failed, no timings"
-    fi
+# 117 (TERN_CUDA_QG4_CL, the batch Q4 GEMM's split K summed in clusters) and 118 (TERN_CUDA_GEMV_BR, the one-row Q4
+#      walk through per-warp bulk-copy rings) ran in session 67 (NOTES (ca)): both lost (CL −19 to −37 %, BR −5 to
+#      −14 %) and were removed with their code and op tests.
+# 119. session 67, not yet run: TERN_CUDA_QG4_WAVE=1 (the batch Q4 GEMM's K split rounded down to one wave: ncu put
+#      llama3-8b's down and q|k|v at 64 rows at 288 blocks for 264 slots, "a partial wave of 24"; session 15 lost with
+#      the same rule on qgemm_q4.cu's older kernel, 8652 → 8492 at 64). Batch decode off / on (AB119_MODELS default
+#      llama3-8b:q4 gemma4-12b:q4, AB119_CONC default 8,32,64) with ids digests (other slices: other bits, a digest may
+#      differ)
+if [[ " $SECTIONS " == *" 119 "* ]]; then
+    conc_ab "TERN_CUDA_QG4_WAVE=0;TERN_CUDA_QG4_WAVE=1" "${AB119_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB119_CONC:-8,32,64}"
+    for f in "$OUT"/conc_*QG4_WAVE*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

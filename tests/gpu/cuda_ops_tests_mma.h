@@ -165,61 +165,6 @@ TEST(cuda_gemv_mma_pp_bits) {
     tern__cuda_gemv_mma_xp1 = keep_xp;
 }
 
-/* TERN_CUDA_GEMV_BR (gemv_br.cu: the XP1 walk through per-warp rings of bulk copies; 1: two walkers of 8 warps a
- * block, 2: one) does the walk's arithmetic over the same K slices: the five one-row ops and the pre-normed q|k|v and
- * gate/up (norm_matmul) must be the same bits as the PP walk's, walking several row blocks or not, split K or not;
- * in = 384 is not served (not whole 512-input chunks) and must still run the walk */
-extern unsigned long long tern__cuda_gemv_br_calls;
-extern int tern__cuda_gemv_br;
-TEST(cuda_gemv_br_bits) {
-    tern_backend *g = g_gpu;
-    if (!g->vt->matmul_n || !g->vt->matmul_glu || !g->vt->matmul_add || !g->vt->norm_matmul) {
-        SKIP("cuda_gemv_br_bits", "not built");
-        return;
-    }
-    const int keep = tern__cuda_gemv_br, keep_xp = tern__cuda_gemv_mma_xp1, keep_pp = tern__cuda_gemv_mma_pp;
-    tern__cuda_gemv_mma_xp1 = 1; /* XP1 in this backend's mode too */
-    tern__cuda_gemv_mma_pp = 2;
-    static const int shapes[][2] = {{1037, 4096}, {64, 14336}, {20000, 4096}, {40000, 512}, {300, 384}};
-    for (size_t s = 0; s < TERN_ARRAY_LEN(shapes); s++) {
-        const int out = shapes[s][0], in = shapes[s][1], o2 = out / 3 + 1, tot = 2 * out + o2, served = in % 512 == 0;
-        hw h[3];
-        tern_tensor t[3];
-        char nm[64];
-        mm_three_open(g, 4, 64, TERN_DT_BF16, out, o2, in, h, t, nm);
-        float *x = rnd(in, 1.0f), *r = rnd(out, 1.0f), *nw = rnd(in, 1.0f), *res[3][7];
-        void *xd = to_gpu(x, (size_t)in * 4), *nwd = to_gpu(nw, (size_t)in * 4), *xn = nan_buf(g, in),
-             *yd = nan_buf(g, tot);
-        for (int v = 0; v < 3; v++) { /* 0 the walk, 1 the ring in 16-warp blocks, 2 in 8-warp blocks */
-            tern__cuda_gemv_br = v;
-            const unsigned long long calls = tern__cuda_gemv_br_calls;
-            mm_five_ops(g, t, out, tot, xd, yd, r, nm, res[v]);
-            float *ys[3] = {(float *)yd, (float *)yd + out, (float *)yd + 2 * out};
-            const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
-            CHECK(g->vt->norm_matmul(g, xn, xd, nwd, 1e-6f, 1, 3, ys, ws, -1, NULL) == 1, "%s norm q|k|v refused", nm);
-            res[v][5] = from_gpu(g, yd, tot);
-            CHECK(g->vt->norm_matmul(g, xn, xd, nwd, 1e-6f, 1, 2, ys, ws, 1, NULL) == 1, "%s norm glu refused", nm);
-            res[v][6] = from_gpu(g, yd, out);
-            const unsigned long long ran = tern__cuda_gemv_br_calls - calls;
-            printf("  br %s %dx%d BR %d: %llu ring launches of 7 ops\n", nm, out, in, v, ran);
-            CHECK(v == 0 || !served ? ran == 0 : ran > 0, "%s %dx%d BR %d: %llu ring launches", nm, out, in, v, ran);
-        }
-        static const char *what[7] = {"matmul", "q|k|v", "glu silu", "glu gelu", "matmul_add", "norm q|k|v", "norm glu"};
-        for (int k = 0; k < 7; k++) {
-            for (int v = 1; v < 3; v++)
-                CHECK(same_bits(res[0][k], res[v][k], k == 1 || k == 5 ? tot : out), "%s %dx%d %s: ring (BR %d) != walk", nm,
-                      out, in, what[k], v);
-            for (int v = 0; v < 3; v++) free(res[v][k]);
-        }
-        mm_three_close(g, h, t);
-        g->vt->free(g, xd); g->vt->free(g, nwd); g->vt->free(g, xn); g->vt->free(g, yd);
-        free(x); free(r); free(nw);
-    }
-    tern__cuda_gemv_br = keep;
-    tern__cuda_gemv_mma_xp1 = keep_xp;
-    tern__cuda_gemv_mma_pp = keep_pp;
-}
-
 /* TERN_CUDA_GEMV_FOLD (Q4: pairs left at 128 + nibble, 128 folded into the bias): not the same bits,
  * so against cpu-ref; its error is printed next to the default's and bounded by 1e-4 (the model
  * parity bound per row; the default kernel stays within 1e-5). */
@@ -676,7 +621,6 @@ static void cuda_mma_tests(void) {
     RUN(cuda_gemv_mma_fold);
     RUN(cuda_gemv_mma_rot);
     RUN(cuda_gemv_mma_pp_bits);
-    RUN(cuda_gemv_br_bits);
     RUN(cuda_gemv_mma);
     RUN(cuda_gemv_mma_glu_walk);
     RUN(cuda_gemv_xr);

@@ -200,50 +200,6 @@ static void q4_fused_sweep(tern_backend *g, const int *ns, size_t nn, const char
         }
 }
 
-/* TERN_CUDA_QG4_CL for the Q4 g64 cases {out, in, n} of bs: y = W·x and y += W·x with the switch off and on; the
- * cluster form (counter `calls`) ran both times on, and the bits equal the partials path for the first count - 1 cases
- * (splits of <= 8 slices: the same S either way; the last case's split is capped, so other bits) */
-static void q4_cl_bits(tern_backend *g, const int (*bs)[3], size_t count, const char *what,
-                       const unsigned long long *calls) {
-    extern int tern__cuda_qg4_cl;
-    const int keep_cl = tern__cuda_qg4_cl;
-    for (size_t i = 0; i < count; i++) {
-        hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, bs[i][0], bs[i][1], 0);
-        const int out = bs[i][0], in = bs[i][1], n = bs[i][2];
-        tern_tensor tg = h.t;
-        tern_error err = {0};
-        CHECK(!g->vt->upload_weight(g, &tg, &err), "upload");
-        float *x = bf16_exact(rnd((size_t)n * in, 1.0f), (size_t)n * in), *yr = rnd((size_t)n * out, 1.0f);
-        void *xd = to_gpu(x, (size_t)n * in * 4);
-        float *o[2][2];
-        unsigned long long ran = 0;
-        for (int cl = 0; cl < 2; cl++) {
-            tern__cuda_qg4_cl = cl;
-            const unsigned long long c0 = *calls;
-            void *yd = nan_buf(g, (size_t)n * out), *ya = to_gpu(yr, (size_t)n * out * 4);
-            g_gpu->vt->sync(g_gpu);
-            g->vt->matmul(g, yd, xd, n, &tg);
-            g->vt->matmul_add(g, ya, xd, n, &tg);
-            o[cl][0] = from_gpu(g, yd, (size_t)n * out);
-            o[cl][1] = from_gpu(g, ya, (size_t)n * out);
-            if (cl) ran = *calls - c0;
-            g->vt->free(g, yd); g->vt->free(g, ya);
-        }
-        CHECK(ran == 2, "%s %dx%d n=%d: the cluster form ran %llu of 2 times", what, out, in, n, ran);
-        if (i + 1 < count)
-            for (int k = 0; k < 2; k++)
-                CHECK(!memcmp(o[0][k], o[1][k], (size_t)n * out * 4), "%s %dx%d n=%d %s: bits differ from the partials "
-                      "path", what, out, in, n, k ? "y += W·x" : "y = W·x");
-        printf("  %s %dx%d n=%d: ran %llu, %s\n", what, out, in, n, ran, i + 1 < count ? "bitwise" : "other split");
-        for (int cl = 0; cl < 2; cl++) { free(o[cl][0]); free(o[cl][1]); }
-        g->vt->free_weight(g, &tg);
-        g->vt->free(g, xd);
-        free(x); free(yr);
-        free_w(&h);
-    }
-    tern__cuda_qg4_cl = keep_cl;
-}
-
 TEST(cuda_qgemm_q4) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg;
     extern unsigned long long tern__cuda_qg4_calls;
@@ -276,18 +232,6 @@ TEST(cuda_qgemm_q4) {
             }
         tern__cuda_qg4_st = keep_st;
     }
-    { /* TERN_CUDA_QG4_CL on the mma.sync kernel's 16-row tiles (n <= 16): as cuda_qgemm_q4_wg's CL part */
-        extern int tern__cuda_qg4_cl;
-        extern unsigned long long tern__cuda_qg4_cl_calls;
-        const int keep_cl = tern__cuda_qg4_cl;
-        tern__cuda_qg4_cl = 1;
-        static const int ncl[] = {5, 9, 16};
-        q4_plain_sweep(g, ncl, TERN_ARRAY_LEN(ncl), "qg4 cl", &tern__cuda_qg4_calls);
-        q4_fused_sweep(g, ncl, 2, "qg4 cl", &tern__cuda_qg4_calls);
-        static const int bs[][3] = {{1037, 4096, 9}, {4099, 2048, 16}, {1037, 4096, 5}, {64, 14336, 5}};
-        q4_cl_bits(g, bs, TERN_ARRAY_LEN(bs), "qg4 cl", &tern__cuda_qg4_cl_calls);
-        tern__cuda_qg4_cl = keep_cl;
-    }
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_qg4_on = keep;
     tern__cuda_gemv_xr = keep_xr;
@@ -318,21 +262,6 @@ TEST(cuda_qgemm_q4_wg) {
         q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? "qg4 wgmma pair" : "qg4 wgmma", &tern__cuda_qg4w_calls);
     }
     tern__cuda_qg4_wgpair = keep_pair;
-    { /* TERN_CUDA_QG4_CL: the split K (at most 8 blocks) summed inside clusters — within the bound everywhere, the
-       * cluster form ran where K was split, and the same bits as the partials + qg4_reduce path wherever that split
-       * has <= 8 slices already (then both take the same S) */
-        extern int tern__cuda_qg4_cl;
-        extern unsigned long long tern__cuda_qg4w_cl_calls;
-        const int keep_cl = tern__cuda_qg4_cl;
-        tern__cuda_qg4_cl = 1;
-        q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4 wgmma cl", &tern__cuda_qg4w_calls);
-        tern__cuda_qg4_wgpair = 0; /* act(gate)·up split over K keeps its partials (the act needs both sums) */
-        q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), "qg4 wgmma cl", &tern__cuda_qg4w_calls);
-        tern__cuda_qg4_wgpair = keep_pair;
-        static const int bs[][3] = {{1037, 4096, 64}, {4099, 2048, 64}, {1037, 4096, 33}, {64, 14336, 100}};
-        q4_cl_bits(g, bs, TERN_ARRAY_LEN(bs), "qg4 wgmma cl", &tern__cuda_qg4w_cl_calls);
-        tern__cuda_qg4_cl = keep_cl;
-    }
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_gemv_xr = keep_xr;

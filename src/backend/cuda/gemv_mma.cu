@@ -651,14 +651,6 @@ static int mm_launch(tern__cuda *c, float *const *y, const tern__cuda_w *const *
         return 1;
     }
     cudaSetDevice(c->device);
-    /* TERN_CUDA_GEMV_BR (gemv_br.cu, opt-in): the PP walk's launches of Q4 g64 through per-warp bulk-copy rings */
-    if (w0->bits == 4 && gb == 32 && !f16 && occ == 2 && mm_xp1(c) && !mm_i8(c)) {
-        mm_env();
-        if (tern__cuda_gemv_mma_pp > 0 && tern__cuda_gemv_br_launch(c, a, (int)grid.x)) {
-            tern__cuda_gemv_mma_calls++;
-            return 1;
-        }
-    }
     if (w0->bits != 4 && w0->bits != 8) { /* the kernels' GB: Q4's bytes per group, gs / 2 */
         const int g4 = gs / 2;
 #define MM_WIDE(B)                                                                                                     \

@@ -237,8 +237,4 @@ __device__ __forceinline__ float mm_stage_x(const MmArgs &a, uint2 *tbl, float *
 int tern__cuda_mm_args(const tern__cuda *c, float *const *y, const tern__cuda_w *const *w, const int *e, int k,
                        const float *x, int mode, int walk, MmArgs *a);
 
-/* gemv_br.cu: the XP1 walk through per-warp rings of bulk copies (TERN_CUDA_GEMV_BR) for mm_launch's plan a and
- * its grid.x; 0 when off or not served */
-int tern__cuda_gemv_br_launch(tern__cuda *c, const MmArgs &a, int walk_gx);
-
 #endif

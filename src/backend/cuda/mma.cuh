@@ -2,7 +2,7 @@
  * mma.cuh — the sm_80+ tensor-core building blocks the tiled kernels share: shared-memory
  * addresses, ldmatrix (plain and transposed), 16-byte cp.async with zero fill, its group
  * commit/wait (and "memory"-ordered variants for lane-private rings), and mma.sync m16n8k16 bf16 -> f32
- * (accumulating, or from zero; the same over f16); mbarrier phases and 1-D bulk copies (sm_90). Users: sgemm.cu, attn_prefill.cu, attn_decode_tc.cu;
+ * (accumulating, or from zero; the same over f16). Users: sgemm.cu, attn_prefill.cu, attn_decode_tc.cu;
  * the ordered copies gemv_mma.cu's load probes. (qgemm_frag.cuh keeps its own non-volatile mma16816:
  * qgemm/moe_gemm were timed so.)
  *
@@ -50,33 +50,6 @@ __device__ __forceinline__ void mma_cp4_ord(void *dst, const void *src) {
 __device__ __forceinline__ void mma_cp_commit_ord() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void mma_cp_wait_ord() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* mbarrier phases (sm_90: wgemm.cu's TMA ring, gemv_br.cu's per-warp bulk-copy ring): init with an arrival count,
- * one arrival that also expects `bytes` of async copies, a plain arrival, a wait for the phase of this parity; and
- * one 1-D bulk copy global -> shared (16-byte aligned, a multiple of 16 bytes) counted on barrier bar */
-__device__ __forceinline__ void mb_init(uint32_t a, unsigned cnt) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(cnt) : "memory");
-}
-__device__ __forceinline__ void mb_expect(uint32_t a, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(uint32_t a) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mb_wait(uint32_t a, unsigned parity) {
-    uint32_t ok;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok)
-                     : "r"(a), "r"(parity)
-                     : "memory");
-    } while (!ok);
-}
-__device__ __forceinline__ void mb_bulk(uint32_t dst, const void *src, unsigned bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
 }
 
 /* mma_TY: c[4] += a (16x16 TY, row) · b (16x8 TY, col), f32 accumulators; mma_TY_z: d = a · b (from zero).

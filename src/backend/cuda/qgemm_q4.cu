@@ -40,22 +40,18 @@
 #define Q4_MAXN 128  /* rows served; above, dequantize + cuBLASLt is faster (H200, 14336x4096 at 256 rows:
                       * 122 vs 168 µs) */
 
-extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul;
+extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul, tern__cuda_qg4_wave;
 int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); tests set it */
 int tern__cuda_qg4_max_n = Q4_MAXN;
 int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
+int tern__cuda_qg4_wave = 0;           /* 1: the split rounded down to one wave (TERN_CUDA_QG4_WAVE) */
 /* TERN_CUDA_QG4_ST=6: six stages instead of four for up to 16 rows (NT = 2: 74 KB a block, 3 per SM), where
  * the kernel is bandwidth-bound at ~0.5 of the floor; written in session 15 after its last device call, for
  * an A/B (gpu_ab.sh section 14). -1 until read (tests set it) */
 extern "C" int tern__cuda_qg4_st;
 int tern__cuda_qg4_st = -1;
-/* TERN_CUDA_QG4_CL (session 66, default 0): both kernels' split K (at most 8 slices) summed inside a thread-block
- * cluster (qgemm_q4.cuh qw_cluster_sum) instead of partials + qg4_reduce; a GPU without clusters refuses the launch
- * and takes the partials. -1 until read (tests set it) */
-extern "C" int tern__cuda_qg4_cl;
-int tern__cuda_qg4_cl = -1;
-extern "C" unsigned long long tern__cuda_qg4_calls, tern__cuda_qg4_cl_calls; /* launches (tests check the path ran) */
-unsigned long long tern__cuda_qg4_calls = 0, tern__cuda_qg4_cl_calls = 0;
+extern "C" unsigned long long tern__cuda_qg4_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_qg4_calls = 0;
 
 /* x [n][in] f32 -> bf16 with every 8 inputs stored as the pairs (0,4) (1,5) (2,6) (3,7) */
 __global__ void q4_stage_x(uint4 *xb, const float4 *x, size_t chunks) {
@@ -74,7 +70,7 @@ __global__ void q4_stage_x(uint4 *xb, const float4 *x, size_t chunks) {
 /* NT: column tiles of 8 x rows per block; each warp: 16 weight rows over all NT tiles (32-row warp tiles over
  * half the columns, each shared x fragment feeding two MMAs, lost on the H200: llama3-8b q4 decode at 32 / 64
  * sequences 6068 / 8492 → 5032 / 7790 tok/s) */
-template <int NT, int ST = Q4_ST, bool CL = false>
+template <int NT, int ST = Q4_ST>
 __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
     constexpr int BN = NT * 8, WCH = QG_BM * 4, XCH = BN * 16, STG = WCH + XCH; /* 16-byte chunks */
     extern __shared__ uint4 sm[]; /* [ST][W chunks | x chunks] */
@@ -140,9 +136,8 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
         }
     };
     q4_ring<ST, false>(nkt, load_w, load_x, load_sb, tile);
-    /* direct: y (y += for G1_RES); CL: the cluster's slices summed into y; else this slice's partials */
-    if constexpr (CL) qw_cluster_sum<NT>(a, &acc[0][0], (uint8_t *)sm, mi, out, rowb, n0, warp, g, t);
-    else qw_store<NT, false>(a, &acc[0][0], nullptr, mi, out, rowb, rowb + warp * 16, n0, warp, g, t);
+    /* direct: y (y += for G1_RES); else this slice's partials */
+    qw_store<NT, false>(a, &acc[0][0], nullptr, mi, out, rowb, rowb + warp * 16, n0, warp, g, t);
 }
 
 /* the S slices of the partials summed in slice order into the outputs: matrix i's block of a slice
@@ -177,8 +172,8 @@ static void qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char *wh
 static size_t q4_smem(int nt, int st = Q4_ST) { return (size_t)st * (QG_BM * 4 + nt * 8 * 16) * 16; }
 
 /* at open (gemv.cu's init, the device current): shared-memory limits of the instances */
-template <int NT, int ST = Q4_ST, bool CL = false> static void q4_attr() {
-    cudaFuncSetAttribute(qg4_kernel<NT, ST, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT, ST));
+template <int NT, int ST = Q4_ST> static void q4_attr() {
+    cudaFuncSetAttribute(qg4_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q4_smem(NT, ST));
 }
 extern "C" int tern__cuda_qgemm_max_n_q, tern__cuda_qgemm_max_n_bf16; /* qgemm.cu */
 extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
@@ -192,18 +187,12 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     /* TERN_CUDA_QG4_MUL=M (session 66, an A/B knob): the K split aims at M blocks an SM instead of the kernel's
      * occupancy (fewer slices: fewer partials and blocks) */
     tern__cuda_qg4_mul = tern__cuda_env_int("TERN_CUDA_QG4_MUL", tern__cuda_qg4_mul);
-    q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>(); q4_attr<2, Q4_ST, true>();
+    /* TERN_CUDA_QG4_WAVE=1 (session 67, an A/B knob): the split's slices rounded down to fit one wave (ncu of a
+     * 64-sequence llama3-8b q4 step on an H100, NOTES (ca): down and q|k|v at 288 blocks for 264 slots) */
+    tern__cuda_qg4_wave = tern__cuda_env_int("TERN_CUDA_QG4_WAVE", tern__cuda_qg4_wave);
+    q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
     tern__cuda_qg4w_init();
     cudaGetLastError();
-}
-
-/* TERN_CUDA_QG4_CL on 16-row tiles: the S blocks of a row block's split as one cluster summing into y; 1 when the
- * launch went out, 0 when it did not (no room for a cluster: the error cleared, the caller writes partials) */
-static int qg4_cl_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int S) {
-    if (tern_launch_cluster(c->stream, qg4_kernel<2, Q4_ST, true>, grid, dim3(256), q4_smem(2), S, a) != cudaSuccess)
-        return cudaGetLastError(), 0;
-    tern__cuda_qg4_cl_calls++;
-    return 1;
 }
 
 /* a.m[0..k) for matrix e of each stack w[i] (scales and biases where it has them) writing y[i]: its first row
@@ -234,7 +223,6 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
                                   int n, int mode, int e) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
     if (tern__cuda_qg4_st < 0) tern__cuda_qg4_st = tern__cuda_env_int("TERN_CUDA_QG4_ST", Q4_ST);
-    if (tern__cuda_qg4_cl < 0) tern__cuda_qg4_cl = tern__cuda_env_int("TERN_CUDA_QG4_CL", 0) != 0;
     if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
     if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || ((uintptr_t)x & 15)) return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
@@ -277,11 +265,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
     const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
-    int S = base < target ? (int)((target + base - 1) / base) : 1;
+    int S = base < target ? (int)(tern__cuda_qg4_wave ? target / base : (target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
-    /* TERN_CUDA_QG4_CL: the split summed in clusters of <= 8 blocks (both kernels; not the six-stage instance) */
-    const bool cl = tern__cuda_qg4_cl && !pair && (nt >= 4 || st == Q4_ST);
-    if (cl && S > 8) S = 8;
     if (S > a.nkt / st) S = a.nkt / st;
     if (S < 1) S = 1;
     while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
@@ -291,19 +276,17 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.direct = S == 1 && (!pair || wgp);
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    int wl = nt < 4 ? 0 : tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp, cl); /* qgemm_q4_wg.cu */
-    if (!wl) { /* TERN_CUDA_QG4_WG off, or no sm_90a image: this file's mma.sync kernel */
+    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
                     (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
-        if (cl && nt == 2 && S > 1 && S <= QW_CL_MAX && qg4_cl_launch(c, a, grid, S)) wl = 2;
-        else if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
+        if (nt == 2 && st == 6) tern_launch(c->stream, qg4_kernel<2, 6>, grid, 256, q4_smem(2, 6), a);
         else if (nt == 2) tern_launch(c->stream, qg4_kernel<2>, grid, 256, q4_smem(2), a);
         else if (nt == 4) tern_launch(c->stream, qg4_kernel<4>, grid, 256, q4_smem(4), a);
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
     }
     tern__cuda_check(c, "qgemm_q4");
-    if (!a.direct && wl != 2) qg4_reduce_run(c, a, S, "qgemm_q4 reduce"); /* 2: summed in the clusters */
+    if (!a.direct) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
     tern__cuda_qg4_calls++;
     return 1;
 }

@@ -12,10 +12,6 @@
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/qgemm_frag.cuh"
 
-#include <cooperative_groups.h>
-
-#define QW_CL_MAX 8 /* TERN_CUDA_QG4_CL: the blocks of one cluster (the portable size) */
-
 struct Q4Mat {
     const uint8_t *w;           /* packed codes, rb bytes per row */
     const uint16_t *s, *b;      /* bf16 scales, biases [out][ng] */
@@ -140,55 +136,11 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
         }
 }
 
-/* CL (TERN_CUDA_QG4_CL): the end of a block (of either kernel: qw_store's accumulators) whose K slice is rank r of
- * its cluster's S (gridDim.y = S <= QW_CL_MAX). Every block leaves its 128 x BN sums in its drained ring (sm, at
- * the same offset in every block); after a cluster barrier block r sums rows [r·per, r·per + per) of all S
- * tiles in split order from 0.0f — qg4_reduce's order, so the same bits as the partials path with the same S —
- * into y (+= for G1_RES), rows fastest so the [n][out] stores coalesce; a second barrier keeps every tile until
- * its readers are done. Not the pair form (its act needs gate and up sums from different blocks). */
-template <int NT>
-__device__ __forceinline__ void qw_cluster_sum(const Q4Args &a, const float *__restrict__ acc, uint8_t *sm, int mi,
-                                               int out, int rowb, int n0, int warp, int g, int t) {
-    constexpr int BN = NT * 8, PLD = BN + 1; /* odd stride: the rows-fastest reads hit 32 banks */
-    float *const P = (float *)sm;
-    __syncthreads(); /* every warp is done with the ring (its wgmmas were waited for) */
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) P[(warp * 16 + g + (i >> 1) * 8) * PLD + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
-    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    cl.sync(); /* every block's tile is in its shared memory */
-    const int S = (int)gridDim.y, rank = (int)cl.block_rank();
-    const float *rp[QW_CL_MAX];
-#pragma unroll
-    for (int s = 0; s < QW_CL_MAX; s++) rp[s] = cl.map_shared_rank(P, s < S ? s : 0);
-    const int per = (QG_BM + S - 1) / S, r0 = rank * per, nr = min(QG_BM, r0 + per) - r0;
-    float *const y = a.m[mi].y;
-    const bool add = a.mode == G1_RES;
-    for (int e = threadIdx.x; e < nr * BN; e += blockDim.x) {
-        const int rl = r0 + e % nr, c = e / nr, row = rowb + rl, col = n0 + c;
-        float p[QW_CL_MAX];
-#pragma unroll
-        for (int s = 0; s < QW_CL_MAX; s++) p[s] = s < S ? rp[s][rl * PLD + c] : 0.0f; /* all in flight */
-        float v = 0.0f;
-#pragma unroll
-        for (int s = 0; s < QW_CL_MAX; s++)
-            if (s < S) v += p[s];
-        if (row < out && col < a.n) {
-            float *q = y + (size_t)col * out + row;
-            *q = add ? *q + v : v;
-        }
-    }
-    cl.sync(); /* no block leaves while another reads its tile */
-}
-
 /* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8) or 32 (nt 4), x staged in its
  * own order; 1 when launched, 0 when not available (no sm_90a image for this GPU, TERN_CUDA_QG4_WG=0); pair:
- * the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up together); cl (TERN_CUDA_QG4_CL,
- * not a pair, 2 <= grid.y <= 8): the split K summed inside clusters, 2 when that ran (y written: no qg4_reduce),
- * else 1 (the partials written as without cl) */
+ * the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up together) */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
-                           bool pair, bool cl = false);
+                           bool pair);
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);

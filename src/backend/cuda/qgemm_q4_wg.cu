@@ -27,11 +27,6 @@
  * Order per tile: wait for the tile's copies, fence.proxy.async (cp.async writes are generic-proxy, wgmma
  * reads through the async proxy), barrier, refill the slot of the previous tile (its wgmmas were waited
  * for), decode the 8 A fragments, wgmma.fence, 8 wgmmas, commit, wait.
- *
- * CL (TERN_CUDA_QG4_CL, opt-in, session 66, not yet timed): a split K's S <= 8 blocks of a row block are one
- * thread-block cluster, summed through distributed shared memory (qw_cluster_sum) instead of partials in global
- * memory and a qg4_reduce launch. At 64 rows the split writes and re-reads ~27 MB of f32 partials a llama3-8b
- * layer (q|k|v, o and down at S 6-9) beside 123 MB of weights, and adds three launches.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -46,8 +41,8 @@ extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
-extern "C" unsigned long long tern__cuda_qg4w_calls, tern__cuda_qg4w_cl_calls; /* launches (tests check the path ran) */
-unsigned long long tern__cuda_qg4w_calls = 0, tern__cuda_qg4w_cl_calls = 0;
+extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_qg4w_calls = 0;
 
 /* x [n][in] f32 -> bf16, every 128 inputs in the k-step order above: output chunk c (8 positions) of a tile
  * is step j = c / 2, slots 8·(c & 1)..+7, i.e. inputs base + {0, 4, 32, 36, 64, 68, 96, 100} with base =
@@ -73,7 +68,7 @@ template <int NT> struct QwGeo {
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
  * rows, so a block with the whole K (direct) finishes y = act(gate)·up itself through shared memory */
-template <int NT, bool PAIR = false, bool CL = false>
+template <int NT, bool PAIR = false>
 __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
@@ -176,8 +171,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     };
     q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
 
-    if constexpr (CL) qw_cluster_sum<NT>(a, acc, sm, mi, out, rowb, n0, warp, g, t);
-    else qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
+    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
     (void)a;
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
@@ -204,31 +198,21 @@ void tern__cuda_qg4w_init(void) {
     tern__cuda_qg4w_ok = cudaFuncSetAttribute(qg4w_kernel<8>, at, (int)qw_smem<8>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<4>, at, (int)qw_smem<4>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<8, false, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, false, true>, at, (int)qw_smem<4>()) == cudaSuccess;
+                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess;
     cudaGetLastError();
 }
 
 /* qgemm_q4.cuh */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
-                           bool pair, bool cl) {
+                           bool pair) {
     if (!qw_on() || (nt != 4 && nt != 8)) return 0;
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                 x, chunks);
-    tern__cuda_qg4w_calls++;
-    if (cl && !pair && grid.y > 1 && grid.y <= QW_CL_MAX) { /* no room for a cluster: the split's partials below */
-        const cudaError_t e = nt == 8 ? tern_launch_cluster(c->stream, qg4w_kernel<8, false, true>, grid, dim3(256),
-                                                            qw_smem<8>(), (int)grid.y, a)
-                                      : tern_launch_cluster(c->stream, qg4w_kernel<4, false, true>, grid, dim3(256),
-                                                            qw_smem<4>(), (int)grid.y, a);
-        if (e == cudaSuccess) return tern__cuda_qg4w_cl_calls++, 2;
-        cudaGetLastError();
-    }
     if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
     else if (pair) tern_launch(c->stream, qg4w_kernel<4, true>, grid, 256, qw_smem<4>(), a);
     else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8>, grid, 256, qw_smem<8>(), a);
     else tern_launch(c->stream, qg4w_kernel<4>, grid, 256, qw_smem<4>(), a);
+    tern__cuda_qg4w_calls++;
     return 1;
 }

@@ -67,6 +67,24 @@ template <int NB> struct WgGeo {
     static_assert(NB * WG_PLD * 4 <= RING, "the [row][feature] tile reuses the ring");
 };
 
+__device__ __forceinline__ void mb_init(uint32_t a, unsigned cnt) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(cnt) : "memory");
+}
+__device__ __forceinline__ void mb_expect(uint32_t a, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint32_t a) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint32_t a, unsigned parity) {
+    uint32_t ok;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!ok);
+}
 /* box (c0 inputs, c1 rows) of map m into shared memory at dst, counted on barrier bar */
 __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
@@ -115,7 +133,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             if (flags & WG_BULK) {
                 const size_t blk = (size_t)blockIdx.x * gridDim.y + blockIdx.y, off = (blk * (size_t)nkt / gridDim.y + i) *
                                                                                         (size_t)G::WB;
-                mb_bulk(dst, wraw + off, (unsigned)G::WB, bar);
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                             "l"(wraw + off), "r"((unsigned)G::WB), "r"(bar)
+                             : "memory");
             } else {
                 tma_2d(dst, &tw, kin(i), f0, bar);
             }
