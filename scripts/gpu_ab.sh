@@ -1543,7 +1543,8 @@ fi
 #      ~0.36 of its floor) — ncu's speed-of-light section and the L2 / DRAM bytes of every launch whose name matches
 #      AB116_KERNELS (default qg4w) in a 64-sequence decode (AB116_MODEL default llama3-8b:q4), averaged per name and
 #      grid. The hypothesis: each 128-row block reads its 64 rows of x (bf16) for every K tile — twice the bytes of the
-#      tile's weights — so L2, not DRAM, is the wall
+#      tile's weights — so L2, not DRAM, is the wall. Session 67 ran its detail pass by hand (NOTES (ca) 3: neither
+#      wall: every one at 25-45 %, 25 % occupancy, latency-bound; L2 3-4x DRAM bytes)
 if [[ " $SECTIONS " == *" 116 "* ]]; then
     m=${AB116_MODEL:-llama3-8b:q4}
     ncu_conc64 300 $m 4 ncu116 --kernel-name "regex:${AB116_KERNELS:-qg4w}" --section SpeedOfLight \
