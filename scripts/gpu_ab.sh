@@ -1562,7 +1562,8 @@ def table(path):  # (column index by name, data rows) of an ncu CSV, or None
     if head is None:
         print("no ncu table in", path); return None
     h = {c: j for j, c in enumerate(rows[head])}
-    return h, [r for r in rows[head + 1:] if len(r) >= len(h)]
+    # metric rows end at their value (shorter than the header, whose last columns are the rules'); rule rows have none
+    return h, [r for r in rows[head + 1:] if len(r) > h["Metric Value"] and r[h["Metric Name"]]]
 
 t = table(sys.argv[1])
 if t:
