@@ -1602,7 +1602,9 @@ fi
 # 117 (TERN_CUDA_QG4_CL, the batch Q4 GEMM's split K summed in clusters) and 118 (TERN_CUDA_GEMV_BR, the one-row Q4
 #      walk through per-warp bulk-copy rings) ran in session 67 (NOTES (ca)): both lost (CL −19 to −37 %, BR −5 to
 #      −14 %) and were removed with their code and op tests.
-# 119. session 67, not yet run: TERN_CUDA_QG4_WAVE=1 (the batch Q4 GEMM's K split rounded down to one wave: ncu put
+# 119 ran in session 68 on an H100 (NOTES (cb)): WAVE won at 32 sequences (+3-4.5 %), lost at 8 (-7-11 %), tied at
+#      64: TERN_CUDA_QG4_WAVE=2 (the 17-32-row tile only) is the default. 115 ran there too: a tie, digests the same.
+# 119. session 67: TERN_CUDA_QG4_WAVE=1 (the batch Q4 GEMM's K split rounded down to one wave: ncu put
 #      llama3-8b's down and q|k|v at 64 rows at 288 blocks for 264 slots, "a partial wave of 24"; session 15 lost with
 #      the same rule on qgemm_q4.cu's older kernel, 8652 → 8492 at 64). Batch decode off / on (AB119_MODELS default
 #      llama3-8b:q4 gemma4-12b:q4, AB119_CONC default 8,32,64) with ids digests (other slices: other bits, a digest may
@@ -1610,6 +1612,32 @@ fi
 if [[ " $SECTIONS " == *" 119 "* ]]; then
     conc_ab "TERN_CUDA_QG4_WAVE=0;TERN_CUDA_QG4_WAVE=1" "${AB119_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB119_CONC:-8,32,64}"
     for f in "$OUT"/conc_*QG4_WAVE*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+fi
+
+# 120. session 68: the Gemma 4 batch decode's pre-norm launches (ncu of gemma4-12b bf16 at 64 sequences, section 114,
+#      NOTES (cb)): gemm.c gemm_norm_split's merged form (precise q / k up to 256 rows: one kernel writes xn and the
+#      bf16 pair, the plain v on its high half; was rmsnorm + three conversions) and the post-norm adds folded into the
+#      pre-norm kernels at batch steps (gemma4.c's second residual buffer for up to 256 rows, TERN_CUDA_NORM_RES_N
+#      default 1). Op tests, then batch decode against build/base/concurrency (GPU_PACK_BASE_CONC: the tree before) for
+#      default 1); and ops.h norm_qkv_norm_rope_kv (TERN_CUDA_G4_QKV, default 1: joined q|k|v as one split GEMM, the
+#      head norms + rope + cache stores reading its rows). Op tests, then batch decode: build/base/concurrency
+#      (GPU_PACK_BASE_CONC: the tree before), G4_QKV=0 (the first two alone: bitwise, digests as base) and the default,
+#      for AB120_MODELS (default gemma4-12b, bf16) at AB120_CONC (default 8,32,64); then b1 of gemma4-12b bf16 at 512
+#      base / new (GPU_PACK_BASE: the tree before; the joined weights must not cost the one-row path)
+if [[ " $SECTIONS " == *" 120 "* ]]; then
+    if ops_ok cuda_qkv_nrk cuda_norm_gemm_split cuda_norm_gemm_res cuda_norm_mlp cuda_norm_rope_kv; then
+        conc_ab "BIN=build/base/concurrency;TERN_CUDA_G4_QKV=0;TERN_AB=new" "${AB120_MODELS:-gemma4-12b}" "${AB120_CONC:-8,32,64}"
+        for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+        if [ -x build/base/tern-core ]; then
+            for rep in 1 2; do
+                for b in build/base/tern-core $T; do
+                    say "b1 gemma4-12b bf16 512 $b rep $rep: $(b1e "BIN=$b" 512 gemma4-12b)"
+                done
+            done
+        fi
+    else
+        say "120: an op test failed, no timings"
+    fi
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -20,9 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* rows of the second residual buffer: steps of at most this many rows may fold the post-norm adds into
- * the next pre-norm GEMV (ops.h norm_matmul res; the CUDA backend folds one-row steps) */
-#define G4_XR_ROWS 8
+/* rows of the second residual buffer (at most the batch): steps of at most this many rows may fold the
+ * post-norm adds into the next pre-norm op (ops.h norm_matmul / norm_mlp res; the CUDA backend folds one-row
+ * steps into its GEMVs and batch decode steps into the pre-norm kernel of its GEMMs); longer prefill chunks run
+ * rmsnorm_add launches */
+#define G4_XR_ROWS 256
 
 typedef struct g4_layer {
     float *in_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [H] */
@@ -45,7 +47,8 @@ typedef struct g4 {
     float mscale_full, mscale_sliding;
     /* scratch [max_batch, ...] */
     float *x, *xn, *o, *q, *k, *v, *att, *g, *u, *x2, *m2, *lg, *wts, *moe_scratch;
-    float *xr; /* [G4_XR_ROWS, H]: the other residual buffer when a post-norm add is folded into a GEMV */
+    float *xr; /* [xr_rows, H]: the other residual buffer when a post-norm add is folded into a pre-norm op */
+    int xr_rows;
     int32_t *idx;
     float *ple, *pa, *pg, *pt;
     tern_out_head out;
@@ -76,7 +79,10 @@ static tern_status load_layer(tern_model *m, tern_weights *ws, int l, g4_layer *
         VEC(L->k_norm, D, "layers.%d.self_attn.k_norm", l);
         MAT(L->wk, (int64_t)nKV * D, H, "layers.%d.self_attn.k_proj", l);
         L->wk.precise = 1;
-        if (!lc->k_eq_v) MAT(L->wv, (int64_t)nKV * D, H, "layers.%d.self_attn.v_proj", l);
+        if (!lc->k_eq_v) {
+            MAT(L->wv, (int64_t)nKV * D, H, "layers.%d.self_attn.v_proj", l);
+            tern__join_weights(m, (tern_tensor *const[]){&L->wq, &L->wk, &L->wv}, 3); /* norm_qkv_norm_rope_kv (CUDA) */
+        }
     } else {
         /* checkpoints keep K/V projections of KV-shared layers; they are unused */
         tern_weights_ignore(ws, NAME(n, "layers.%d.self_attn.k_", l));
@@ -166,7 +172,8 @@ static tern_status g4_load(tern_model *m, tern_weights *ws, tern_error *err) {
     if ((s = tern__out_head_init(m, &g->out, err))) return s;
 #define SCR(p, cnt) if (!((p) = TERN_ALLOC_F(m, (size_t)(cnt), err))) return TERN_ENOMEM
     SCR(g->x, (size_t)B * H); SCR(g->xn, (size_t)B * H); SCR(g->o, (size_t)B * H);
-    SCR(g->xr, (size_t)G4_XR_ROWS * H);
+    g->xr_rows = B < G4_XR_ROWS ? B : G4_XR_ROWS;
+    SCR(g->xr, (size_t)g->xr_rows * H);
     SCR(g->q, (size_t)B * Dmax); SCR(g->att, (size_t)B * Dmax);
     SCR(g->k, (size_t)B * KVDmax); SCR(g->v, (size_t)B * KVDmax);
     SCR(g->g, (size_t)B * Imax); SCR(g->u, (size_t)B * Imax);
@@ -206,7 +213,7 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
     float es = (float)c->embed_scale;
     if (be->compute == TERN_COMPUTE_BF16) es = tern_bf16_to_f32(tern_f32_to_bf16(es));
     /* the residual stream: x, or xr after a post-norm add was folded into a GEMV (they swap then) */
-    float *x = g->x, *xo = n <= G4_XR_ROWS ? g->xr : NULL;
+    float *x = g->x, *xo = n <= g->xr_rows ? g->xr : NULL;
     tern_pending_res pend = {0};
     if (b->tokens) op->embed(be, x, m->d_tokens, n, &g->embed, es);
     else op->scale(be, x, m->d_embd, 1.0f, (size_t)n * H);
@@ -233,20 +240,23 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
 
         /* (a) attention */
         int qkv = lc->kv_src == l && !lc->k_eq_v; /* q, k, v projections in one call */
-        {   /* the previous layer's last post-norm add folds in here when the backend can */
-            float *const ys[3] = {g->q, g->k, g->v};
-            const tern_tensor *const ws[3] = {&L->wq, &L->wk, &L->wv};
+        float *const ys[3] = {g->q, g->k, g->v};
+        const tern_tensor *const ws[3] = {&L->wq, &L->wk, &L->wv};
+        /* many rows: the projections, head norms, rope and cache stores in one op where the backend has it */
+        int in_done = qkv && tern__pending_qkv_nrk(m, &x, &xo, &pend, g->xn, L->in_norm, eps, ys, ws, kvl, &rows, nH,
+                                                   inv, ms, L->q_norm, L->k_norm);
+        if (!in_done) { /* else the previous layer's last post-norm add folds in here when the backend can */
             tern__pending_norm_op(m, &x, &xo, &pend, g->xn, L->in_norm, eps, n, H, qkv ? 3 : 1, ys, ws, -1, NULL);
-        } /* xn stays for k when k is its own matmul */
-        if (lc->kv_src == l) {
-            if (lc->k_eq_v) { /* V = raw K projection */
-                op->matmul(be, g->k, g->xn, n, &L->wk);
-                op->scale(be, g->v, g->k, 1.0f, (size_t)n * nKV * D);
+            if (lc->kv_src == l) { /* xn stays for k when k is its own matmul */
+                if (lc->k_eq_v) { /* V = raw K projection */
+                    op->matmul(be, g->k, g->xn, n, &L->wk);
+                    op->scale(be, g->v, g->k, 1.0f, (size_t)n * nKV * D);
+                }
+                /* per-head norms of q, k and v (v without weight), rope q, k; cache k, v */
+                tern__norm_rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, inv, ms, L->q_norm, L->k_norm, eps);
+            } else { /* KV-shared: q's head norms and rope only */
+                tern__norm_rope_q(m, kvl, &rows, g->q, nH, D, inv, ms, L->q_norm, eps);
             }
-            /* per-head norms of q, k and v (v without weight), rope q, k; cache k, v */
-            tern__norm_rope_kv_write(m, kvl, &rows, g->q, g->k, g->v, nH, inv, ms, L->q_norm, L->k_norm, eps);
-        } else { /* KV-shared: q's head norms and rope only */
-            tern__norm_rope_q(m, kvl, &rows, g->q, nH, D, inv, ms, L->q_norm, eps);
         }
         float scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)D);
         tern__attention_matmul(m, g->o, g->att, g->q, &rows, nH, kvl, scale, (float)c->attn_logit_softcap, &L->wo);

@@ -320,6 +320,29 @@ static inline void tern__pending_norm_op(tern_model *m, float **x, float **xo, t
     else if (k == 3) tern__norm_matmul_qkv(m, xn, *x, nw, eps, n, y[0], y[1], y[2], w[0], w[1], w[2]);
     else tern__norm_matmul(m, xn, *x, nw, eps, n, y[0], w[0]);
 }
+/* Gemma 4's attention input in one backend op (ops.h norm_qkv_norm_rope_kv: the pre-normed q|k|v, their head norms,
+ * rope and the cache stores), the pending add folded in where the backend can (x' lands in *xo and the pointers swap,
+ * as in tern__pending_norm_op), else run first. 0 when the backend does not serve it: the caller runs
+ * tern__pending_norm_op and norm_rope_kv_write (the pending add may have been consumed by then: p->on says). */
+static inline int tern__pending_qkv_nrk(tern_model *m, float **x, float **xo, tern_pending_res *p, float *xn,
+                                        const float *nw, float eps, float *const *y, const tern_tensor *const *w,
+                                        const tern_kv_layer *kv, const tern_rows *rows, int nh, const float *inv_freq,
+                                        float mscale, const float *qw, const float *kw) {
+    const tern_backend_vt *op = m->be->vt;
+    if (!op->norm_qkv_norm_rope_kv || rows->n < 2) return 0;
+    if (p->on && *xo) {
+        const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
+        if (op->norm_qkv_norm_rope_kv(m->be, xn, *x, nw, eps, y, w, kv, rows, nh, inv_freq, mscale, qw, kw, &r)) {
+            tern__pending_taken(x, xo, p);
+            return 1;
+        }
+    }
+    if (p->on) {
+        p->on = 0;
+        tern__pending_add(m, *x, p, rows->n, (int)w[0]->shape[w[0]->ndim - 1], eps);
+    }
+    return op->norm_qkv_norm_rope_kv(m->be, xn, *x, nw, eps, y, w, kv, rows, nh, inv_freq, mscale, qw, kw, NULL);
+}
 /* the pending add, now (before anything other than a pre-norm op reads x) */
 static inline void tern__pending_flush(tern_model *m, float *x, tern_pending_res *p, int n, int d, float eps) {
     if (p->on) tern__pending_add(m, x, p, n, d, eps);

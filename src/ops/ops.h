@@ -458,6 +458,15 @@ typedef struct tern_backend_vt {
      * folds them (tern_norm_res h2) — Q4 decode, prefill. */
     int (*rmsnorm_add2)(tern_backend *be, float *x, float *h, const float *h2, int rows, int d, const float *w,
                         const float *w2, float eps, const float *s);
+    /* Gemma 4's attention input (appended; optional): norm_matmul(xn, x, nw, eps, rows->n, 3, {q, k, v}, w, -1, res)
+     * (res: the pending post-norm add, x' to res->x_out, as there), then norm_rope_kv_write(kv, rows, q, k, v, nh,
+     * inv_freq, mscale, qw, kw, eps): q, k, v and the cache as those ops leave them, within the bf16 mode's bound (not
+     * bitwise: the backend may run the three projections as one GEMM). 0 = not done, x and the cache untouched
+     * (src/model/gemma4.c runs the two ops). CUDA: decode steps of many rows in the bf16 mode over joined q|k|v. */
+    int (*norm_qkv_norm_rope_kv)(tern_backend *be, float *xn, const float *x, const float *nw, float eps,
+                                 float *const *y, const tern_tensor *const *w, const tern_kv_layer *kv,
+                                 const tern_rows *rows, int nh, const float *inv_freq, float mscale, const float *qw,
+                                 const float *kw, const tern_norm_res *res);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -303,7 +303,7 @@ TEST(cuda_norm_gemm) {
 /* norm_matmul for many rows with precise weights (gemm.c gemm_norm_split: one kernel writes rmsnorm(x)·w and
  * its bf16 pair, then the split GEMMs on the pair and the plain ones on its high half) against rmsnorm + the
  * separate matmuls: xn and y bitwise. q|k|v with q and k precise, q alone, and bf16x2 (every weight split)
- * at 300 rows; 200 rows (the merged GEMM's range) declines. */
+ * at 300 rows (the two-GEMM form) and at 200 and 64 rows (the merged GEMM's range); 8 rows (the GEMVs') declines. */
 TEST(cuda_norm_gemm_split) {
     tern_backend *g = g_gpu16;
     if (!g || !g->vt->norm_matmul) { SKIP("cuda_norm_gemm_split", "no bf16-mode backend or norm_matmul"); return; }
@@ -313,7 +313,8 @@ TEST(cuda_norm_gemm_split) {
     bt_w w[3];
     int ok = bt_make(&w[0], O[0], H) && bt_make(&w[1], O[1], H) && bt_make(&w[2], O[2], H);
     CHECK(ok, "upload");
-    static const struct { int n, k, all, served; } C[] = {{300, 3, 0, 1}, {300, 1, 0, 1}, {300, 3, 1, 1}, {200, 3, 0, 0}};
+    static const struct { int n, k, all, served; } C[] = {{300, 3, 0, 1}, {300, 1, 0, 1}, {300, 3, 1, 1}, {200, 3, 0, 1},
+                                                                 {64, 3, 0, 1},  {64, 1, 0, 1},  {64, 3, 1, 1},  {8, 3, 0, 0}};
     for (size_t t = 0; ok && t < TERN_ARRAY_LEN(C); t++) {
         const int n = C[t].n, k = C[t].k;
         tern__cuda_bf16_split = C[t].all;
@@ -421,6 +422,132 @@ static void kv_pages_same(tern_backend *g, const tern_kv_layer *kv, size_t pool,
         CHECK(!memcmp(pa, pb, pool * 2), "n %d d %d: the %s pages differ", n, d, p ? "V" : "K");
     }
     free(pa); free(pb);
+}
+
+/* Gemma 4's attention input for many rows (ops.h norm_qkv_norm_rope_kv, gemm.c tern__cuda_gemm_qkv_nrk): joined
+ * q|k|v with q and k precise (the split GEMM over [xh | xl], v on xh), the head norms + rope + cache stores from the
+ * GEMM's rows, against norm_matmul + norm_rope_kv_write on the same backend: xn (and with res x') bitwise, q / k / v
+ * within 1e-4 (the same exact bf16 products summed in another order), the BF16 K / V pages within 1e-3; d 256 and
+ * 512, rows of one sequence over a block table with a hole, 16 / 64 / 100 rows, with and without the residual
+ * prologue (x left as is); 8 and 129 rows and TERN_CUDA_G4_QKV=0 refused. */
+TEST(cuda_qkv_nrk) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_qkv_norm_rope_kv || !g->vt->join_weights || !g->vt->norm_rope_kv_write) {
+        SKIP("cuda_qkv_nrk", "no bf16-mode backend");
+        return;
+    }
+    extern int tern__cuda_qkv_one_on, tern__cuda_g4_qkv, tern__cuda_norm_res_n;
+    const int keep = tern__cuda_qkv_one_on, keep_ng = tern__cuda_norm_gemm_on, keep_g4 = tern__cuda_g4_qkv,
+              keep_res = tern__cuda_norm_res_n;
+    tern__cuda_bf16_split = 0;
+    tern__cuda_qkv_one_on = 1; /* join_weights */
+    tern__cuda_norm_gemm_on = 1;
+    tern__cuda_g4_qkv = 1;
+    tern__cuda_norm_res_n = 1;
+    const int H = 512, nh = 4, nkv = 2, bs = 16, mb = 8;
+    for (int di = 0; di < 2; di++) {
+        const int d = di ? 512 : 256;
+        const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d, pool = (size_t)mb * bs * nkv * d;
+        hw h[3];
+        tern_tensor t[3];
+        CHECK(qkv_make(g, h, t, (int)nq, (int)nk, H), "upload / join_weights");
+        t[0].precise = t[1].precise = 1;
+        const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+        float *kh = rnd(pool, 1.0f), *inv = rnd(d / 2, 0.5f), *nw = rnd(H, 1.5f), *qw = rnd(d, 1.0f), *kw = rnd(d, 1.0f);
+        float *rw = rnd(H, 1.0f), sc = 0.75f;
+        uint16_t *khb = malloc(pool * 2);
+        for (size_t i = 0; i < pool; i++) khb[i] = tern_f32_to_bf16(kh[i]);
+        int32_t bt[8];
+        for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
+        bt[1] = -1; /* not resident: those rows write no cache */
+        void *btd = to_gpu(bt, sizeof bt), *invd = to_gpu(inv, (size_t)d / 2 * 4), *nwd = to_gpu(nw, (size_t)H * 4),
+             *qwd = to_gpu(qw, (size_t)d * 4), *kwd = to_gpu(kw, (size_t)d * 4), *rwd = to_gpu(rw, (size_t)H * 4),
+             *scd = to_gpu(&sc, 4);
+        uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
+        float *fa = malloc(pool * 4), *fb = malloc(pool * 4);
+        static const int ns[] = {16, 64, 100, 8, 129};
+        for (size_t ni = 0; ni < TERN_ARRAY_LEN(ns) * 2; ni++) {
+            const int n = ns[ni / 2], with_res = ni % 2, served = n > 8 && n <= 128;
+            int32_t *pos = malloc((size_t)n * 4), *slot = calloc((size_t)n, 4);
+            for (int r = 0; r < n; r++) pos[r] = 3 + r % (mb * bs - 3);
+            float *x = rnd((size_t)n * H, 2.0f), *hh = rnd((size_t)n * H, 1.5f);
+            void *xd = to_gpu(x, (size_t)n * H * 4), *hd = to_gpu(hh, (size_t)n * H * 4), *pd = to_gpu(pos, (size_t)n * 4),
+                 *sd = to_gpu(slot, (size_t)n * 4);
+            float *xp = to_gpu(x, (size_t)n * H * 4), *xo = nan_buf(g, (size_t)n * H);
+            if (with_res) CHECK(g->vt->rmsnorm_add(g, xp, hd, n, H, rwd, 1e-6f, scd) == 1, "rmsnorm_add refused");
+            const tern_norm_res res = {xo, hd, rwd, scd};
+            tern_rows rows = {n, pd, sd, pos, slot};
+            tern_kv_layer kv[2];
+            float *xn[2], *q[2], *k[2], *v[2];
+            for (int i = 0; i < 2; i++) {
+                kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(khb, pool * 2), to_gpu(khb, pool * 2), btd, mb};
+                kv[i].kf.kind = kv[i].vf.kind = TERN_KV_BF16;
+                xn[i] = nan_buf(g, (size_t)n * H);
+                q[i] = nan_buf(g, (size_t)n * nq);
+                k[i] = nan_buf(g, (size_t)n * nk);
+                v[i] = nan_buf(g, (size_t)n * nk);
+            }
+            float *ya[3] = {q[0], k[0], v[0]}, *yb[3] = {q[1], k[1], v[1]};
+            const int r = g->vt->norm_qkv_norm_rope_kv(g, xn[0], xd, nwd, 1e-6f, ya, ws, &kv[0], &rows, nh, invd, 1.25f, qwd,
+                                                       kwd, with_res ? &res : NULL);
+            CHECK(r == served, "d %d n %d res %d: returned %d", d, n, with_res, r);
+            if (r == 1) {
+                CHECK(g->vt->norm_matmul(g, xn[1], xp, nwd, 1e-6f, n, 3, yb, ws, -1, NULL) == 1, "norm_matmul refused");
+                CHECK(g->vt->norm_rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f, qwd, kwd, 1e-6f) == 1,
+                      "norm_rope_kv_write refused");
+                const struct { float *a, *b; size_t len; const char *what; } cmp[] = {
+                    {q[0], q[1], (size_t)n * nq, "q"}, {k[0], k[1], (size_t)n * nk, "k"}, {v[0], v[1], (size_t)n * nk, "v"}};
+                for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
+                    float *a = from_gpu(g, cmp[i].a, cmp[i].len), *b = from_gpu(g, cmp[i].b, cmp[i].len);
+                    double dm;
+                    const double rel = bt_diff(a, b, cmp[i].len, &dm);
+                    printf("  err qkv_nrk d=%d n=%d res=%d %s vs the two ops %.2e (max %.2e)\n", d, n, with_res, cmp[i].what, rel, dm);
+                    CHECK(rel <= 1e-4, "d %d n %d res %d %s: rel %.3e", d, n, with_res, cmp[i].what, rel);
+                    free(a); free(b);
+                }
+                const size_t cnt = (size_t)n * H;
+                float *na = from_gpu(g, xn[0], cnt), *nb = from_gpu(g, xn[1], cnt), *x_h = from_gpu(g, xd, cnt);
+                CHECK(!memcmp(na, nb, cnt * 4), "d %d n %d res %d: xn differs", d, n, with_res);
+                CHECK(!memcmp(x_h, x, cnt * 4), "d %d n %d res %d: x was written", d, n, with_res);
+                if (with_res) {
+                    float *oa = from_gpu(g, xo, cnt), *ob = from_gpu(g, xp, cnt);
+                    CHECK(!memcmp(oa, ob, cnt * 4), "d %d n %d: x' differs from rmsnorm_add", d, n);
+                    free(oa); free(ob);
+                }
+                free(na); free(nb); free(x_h);
+                for (int p = 0; p < 2; p++) { /* the K then the V pages */
+                    g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
+                    g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
+                    for (size_t i = 0; i < pool; i++) { fa[i] = tern_bf16_to_f32(pa[i]); fb[i] = tern_bf16_to_f32(pb[i]); }
+                    double dm;
+                    const double rel = bt_diff(fa, fb, pool, &dm);
+                    CHECK(rel <= 1e-3, "d %d n %d res %d %s pages: rel %.3e", d, n, with_res, p ? "v" : "k", rel);
+                }
+                if (ni == 2) { /* off: refused */
+                    tern__cuda_g4_qkv = 0;
+                    CHECK(g->vt->norm_qkv_norm_rope_kv(g, xn[0], xd, nwd, 1e-6f, ya, ws, &kv[0], &rows, nh, invd, 1.25f,
+                                                       qwd, kwd, NULL) == 0, "off: should refuse");
+                    tern__cuda_g4_qkv = 1;
+                }
+            }
+            for (int i = 0; i < 2; i++) {
+                void *b[] = {kv[i].k, kv[i].v, xn[i], q[i], k[i], v[i]};
+                for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+            }
+            void *b[] = {xd, hd, pd, sd, xp, xo};
+            for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+            free(pos); free(slot); free(x); free(hh);
+        }
+        void *b[] = {btd, invd, nwd, qwd, kwd, rwd, scd};
+        for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+        qkv_free(g, h, t);
+        free(kh); free(khb); free(inv); free(nw); free(qw); free(kw); free(rw); free(pa); free(pb); free(fa); free(fb);
+    }
+    tern__cuda_bf16_split = 1;
+    tern__cuda_qkv_one_on = keep;
+    tern__cuda_norm_gemm_on = keep_ng;
+    tern__cuda_g4_qkv = keep_g4;
+    tern__cuda_norm_res_n = keep_res;
 }
 
 /* q|k|v as one matrix for many rows (TERN_CUDA_QKV_ONE, forced here): join_weights puts k and v right after q, then
@@ -680,7 +807,7 @@ TEST(cuda_attention_decode_rope_bits) {
 
 /* the residual prologue for many rows (gemm.c norm_stage, TERN_CUDA_NORM_RES_N): norm_matmul (q|k|v with q
  * precise: the split form; gate|up SiLU) and norm_mlp with res against the same ops without it on x' =
- * rmsnorm_add(x, h): x', xn and y bitwise (the same GEMMs on the same bytes); x left as is. 300 rows. */
+ * rmsnorm_add(x, h): x', xn and y bitwise (the same GEMMs on the same bytes); x left as is. 300 and 64 rows. */
 extern int tern__cuda_norm_res_n;
 TEST(cuda_norm_gemm_res) {
     tern_backend *g = g_gpu16;
@@ -692,54 +819,57 @@ TEST(cuda_norm_gemm_res) {
     tern__cuda_norm_res_n = 1;
     tern__cuda_norm_gemm_on = 1;
     tern__cuda_bf16_split = 0;
-    const int H = 512, I = 384, n = 300;
+    const int H = 512, I = 384;
     bt_w w[6]; /* q 256, k 128, v 128, gate, up, down */
     int ok = bt_make(&w[0], 256, H) && bt_make(&w[1], 128, H) && bt_make(&w[2], 128, H) && bt_make(&w[3], I, H) &&
              bt_make(&w[4], I, H) && bt_make(&w[5], H, I);
     CHECK(ok, "upload");
     w[0].g.precise = 1;
-    const size_t cnt = (size_t)n * H;
-    float *hx = rnd(cnt, 2.0f), *hh = rnd(cnt, 1.5f), *hw = rnd(H, 1.0f), *hn = rnd(H, 1.0f), sc = 0.8f;
-    void *x = to_gpu(hx, cnt * 4), *h = to_gpu(hh, cnt * 4), *wd = to_gpu(hw, H * 4), *nwd = to_gpu(hn, H * 4),
-         *sd = to_gpu(&sc, 4);
-    float *xp = to_gpu(hx, cnt * 4); /* x' the separate way */
-    CHECK(g->vt->rmsnorm_add(g, xp, h, n, H, wd, 1e-6f, sd) == 1, "rmsnorm_add refused");
-    const size_t ycnt = (size_t)n * 512;
-    for (int op = 0; ok && op < 3; op++) { /* 0 q|k|v, 1 gate|up, 2 the MLP */
-        float *xo = nan_buf(g, cnt), *xna = nan_buf(g, cnt), *xnb = nan_buf(g, cnt);
-        float *ya = nan_buf(g, ycnt), *yb = nan_buf(g, ycnt);
-        float *ysa[3] = {ya, ya + (size_t)n * 256, ya + (size_t)n * 384}, *ysb[3] = {yb, yb + (size_t)n * 256, yb + (size_t)n * 384};
-        const tern_tensor *wq[3] = {&w[0].g, &w[1].g, &w[2].g}, *wm[3] = {&w[3].g, &w[4].g, &w[5].g};
-        const tern_norm_res r = {xo, h, wd, sd};
-        int ra, rb;
-        size_t yc;
-        if (op == 0) {
-            ra = g->vt->norm_matmul(g, xna, x, nwd, 1e-6f, n, 3, ysa, wq, -1, &r);
-            rb = g->vt->norm_matmul(g, xnb, xp, nwd, 1e-6f, n, 3, ysb, wq, -1, NULL);
-            yc = ycnt;
-        } else if (op == 1) {
-            ra = g->vt->norm_matmul(g, xna, x, nwd, 1e-6f, n, 2, ysa, wm, TERN_ACT_SILU, &r);
-            rb = g->vt->norm_matmul(g, xnb, xp, nwd, 1e-6f, n, 2, ysb, wm, TERN_ACT_SILU, NULL);
-            yc = (size_t)n * I;
-        } else {
-            ra = g->vt->norm_mlp(g, xna, x, nwd, 1e-6f, n, ya, 0, wm, TERN_ACT_GELU_TANH, &r);
-            rb = g->vt->norm_mlp(g, xnb, xp, nwd, 1e-6f, n, yb, 0, wm, TERN_ACT_GELU_TANH, NULL);
-            yc = cnt;
+    for (int ni = 0; ok && ni < 2; ni++) { /* the two-GEMM split form, then the merged one (batch decode) */
+        const int n = ni ? 64 : 300;
+        const size_t cnt = (size_t)n * H;
+        float *hx = rnd(cnt, 2.0f), *hh = rnd(cnt, 1.5f), *hw = rnd(H, 1.0f), *hn = rnd(H, 1.0f), sc = 0.8f;
+        void *x = to_gpu(hx, cnt * 4), *h = to_gpu(hh, cnt * 4), *wd = to_gpu(hw, H * 4), *nwd = to_gpu(hn, H * 4),
+             *sd = to_gpu(&sc, 4);
+        float *xp = to_gpu(hx, cnt * 4); /* x' the separate way */
+        CHECK(g->vt->rmsnorm_add(g, xp, h, n, H, wd, 1e-6f, sd) == 1, "rmsnorm_add refused");
+        const size_t ycnt = (size_t)n * 512;
+        for (int op = 0; ok && op < 3; op++) { /* 0 q|k|v, 1 gate|up, 2 the MLP */
+            float *xo = nan_buf(g, cnt), *xna = nan_buf(g, cnt), *xnb = nan_buf(g, cnt);
+            float *ya = nan_buf(g, ycnt), *yb = nan_buf(g, ycnt);
+            float *ysa[3] = {ya, ya + (size_t)n * 256, ya + (size_t)n * 384}, *ysb[3] = {yb, yb + (size_t)n * 256, yb + (size_t)n * 384};
+            const tern_tensor *wq[3] = {&w[0].g, &w[1].g, &w[2].g}, *wm[3] = {&w[3].g, &w[4].g, &w[5].g};
+            const tern_norm_res r = {xo, h, wd, sd};
+            int ra, rb;
+            size_t yc;
+            if (op == 0) {
+                ra = g->vt->norm_matmul(g, xna, x, nwd, 1e-6f, n, 3, ysa, wq, -1, &r);
+                rb = g->vt->norm_matmul(g, xnb, xp, nwd, 1e-6f, n, 3, ysb, wq, -1, NULL);
+                yc = ycnt;
+            } else if (op == 1) {
+                ra = g->vt->norm_matmul(g, xna, x, nwd, 1e-6f, n, 2, ysa, wm, TERN_ACT_SILU, &r);
+                rb = g->vt->norm_matmul(g, xnb, xp, nwd, 1e-6f, n, 2, ysb, wm, TERN_ACT_SILU, NULL);
+                yc = (size_t)n * I;
+            } else {
+                ra = g->vt->norm_mlp(g, xna, x, nwd, 1e-6f, n, ya, 0, wm, TERN_ACT_GELU_TANH, &r);
+                rb = g->vt->norm_mlp(g, xnb, xp, nwd, 1e-6f, n, yb, 0, wm, TERN_ACT_GELU_TANH, NULL);
+                yc = cnt;
+            }
+            CHECK(ra == 1 && rb == 1, "n %d op %d: returned %d / %d", n, op, ra, rb);
+            float *a = from_gpu(g, xo, cnt), *b = from_gpu(g, xp, cnt), *na = from_gpu(g, xna, cnt), *nb = from_gpu(g, xnb, cnt);
+            float *ya_h = from_gpu(g, ya, yc), *yb_h = from_gpu(g, yb, yc), *x_h = from_gpu(g, x, cnt);
+            CHECK(!memcmp(a, b, cnt * 4), "n %d op %d: x' differs from rmsnorm_add", n, op);
+            CHECK(!memcmp(na, nb, cnt * 4), "n %d op %d: xn differs", n, op);
+            CHECK(!memcmp(ya_h, yb_h, yc * 4), "n %d op %d: y differs", n, op);
+            CHECK(!memcmp(x_h, hx, cnt * 4), "n %d op %d: x was written", n, op);
+            free(a); free(b); free(na); free(nb); free(ya_h); free(yb_h); free(x_h);
+            void *bufs[] = {xo, xna, xnb, ya, yb};
+            for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
         }
-        CHECK(ra == 1 && rb == 1, "op %d: returned %d / %d", op, ra, rb);
-        float *a = from_gpu(g, xo, cnt), *b = from_gpu(g, xp, cnt), *na = from_gpu(g, xna, cnt), *nb = from_gpu(g, xnb, cnt);
-        float *ya_h = from_gpu(g, ya, yc), *yb_h = from_gpu(g, yb, yc), *x_h = from_gpu(g, x, cnt);
-        CHECK(!memcmp(a, b, cnt * 4), "op %d: x' differs from rmsnorm_add", op);
-        CHECK(!memcmp(na, nb, cnt * 4), "op %d: xn differs", op);
-        CHECK(!memcmp(ya_h, yb_h, yc * 4), "op %d: y differs", op);
-        CHECK(!memcmp(x_h, hx, cnt * 4), "op %d: x was written", op);
-        free(a); free(b); free(na); free(nb); free(ya_h); free(yb_h); free(x_h);
-        void *bufs[] = {xo, xna, xnb, ya, yb};
+        void *bufs[] = {x, h, wd, nwd, sd, xp};
         for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        free(hx); free(hh); free(hw); free(hn);
     }
-    void *bufs[] = {x, h, wd, nwd, sd, xp};
-    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
-    free(hx); free(hh); free(hw); free(hn);
     for (int i = 0; i < 6; i++) bt_free(&w[i]);
     tern__cuda_bf16_split = 1;
     tern__cuda_norm_res_n = keep;
@@ -885,6 +1015,7 @@ static void cuda_batch_tests(void) {
     RUN(cuda_norm_gemm_res);
     RUN(cuda_norm_mlp);
     RUN(cuda_qkv_one);
+    RUN(cuda_qkv_nrk);
     RUN(cuda_attention_o);
     RUN(cuda_qkv_attention_o);
     RUN(cuda_attention_decode_rope_bits);

@@ -574,6 +574,16 @@ static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     if (rows->n > 1) return tern__cuda_gemm_qkv_rope(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
     return tern__cuda_norm_qkv_rope_kv(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
 }
+/* ops.h norm_qkv_norm_rope_kv: many rows only (gemm.c tern__cuda_gemm_qkv_nrk) */
+static int be_norm_qkv_norm_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps,
+                                    float *const *y, const tern_tensor *const *w, const tern_kv_layer *kv,
+                                    const tern_rows *rows, int nh, const float *inv_freq, float mscale, const float *qw,
+                                    const float *kw, const tern_norm_res *res) {
+    tern__cuda_w wv[3];
+    const tern__cuda_w *pv[3];
+    return rows->n > 1 && wviews(w, 3, wv, pv) &&
+           tern__cuda_gemm_qkv_nrk(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale, qw, kw, res);
+}
 /* ops.h norm_qkv_attention_o: the q|k|v GEMM over joined weights (gemm.c), then the batch decode attention roping q
  * and k and writing the cache itself (attn_decode.cu tern__cuda_attn_decode_rope: one rope_kv_rows launch fewer a
  * layer), then the o GEMM on the attention's bf16 output (attention_o). Where the attention cannot take the rope, or its
@@ -712,6 +722,7 @@ static const tern_backend_vt k_cuda_vt = {
     .matmul_act_mul = be_matmul_act_mul,
     .norm_route_topk = be_norm_route_topk,
     .rmsnorm_add2 = be_rmsnorm_add2,
+    .norm_qkv_norm_rope_kv = be_norm_qkv_norm_rope_kv,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
     .reserve_rows = be_reserve_rows,

@@ -316,6 +316,16 @@ int tern__cuda_matmul_act_mul(tern__cuda *c, float *y, const float *x, int n, co
 int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
                                   float *k, float *v, int nh, const float *inv_freq, float mscale, const float *qw,
                                   const float *kw, float eps); /* fused.cu: head norms + rope_kv_write */
+/* fused.cu: the same over q|k|v read from one GEMM's rows (ld a row; + the element lo on for the kinds in lo_mask:
+ * 1 q, 2 k, 4 v), written to q, k, v; 0 = not served, nothing written */
+int tern__cuda_nrk_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src, long ld,
+                        long lo, int lo_mask, float *q, float *k, float *v, int nh, const float *inv_freq, float mscale,
+                        const float *qw, const float *kw, float eps);
+/* gemm.c: ops.h norm_qkv_norm_rope_kv for many rows (joined q|k|v, one GEMM, nrk_rows); 0 = not served */
+int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
+                            const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                            const float *inv_freq, float mscale, const float *qw, const float *kw,
+                            const tern_norm_res *res);
 /* gemv1.cu: ops.h norm_qkv_rope_kv for one row (BF16 / F16 weights on gemv1, Q4 on gemv_mma; TERN_CUDA_QKV_ROPE); 0 = not served */
 int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                                 const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,

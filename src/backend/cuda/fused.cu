@@ -121,6 +121,12 @@ struct NrkArgs {
     const int32_t *pos, *slot, *bt;
     int n, nh, nkv, d, max_blocks, bs;
     float eps, mscale;
+    /* the warp form's SRC instances: q|k|v read from the rows of one GEMM's output (ld floats a row; a head's
+     * elements at src + r·ld + its column) plus, for the kinds whose bit in lo_mask is set (1 q, 2 k, 4 v), the
+     * element lo floats on (the split GEMM's W·xl half); q, k, v above are then only written */
+    const float *src;
+    long ld, lo;
+    int lo_mask;
 };
 
 /* row r, head h (q heads first, then kv heads) of width d: its row in q or k, its norm weight, its position,
@@ -214,7 +220,15 @@ template <int NS> __device__ __forceinline__ float warp_rms_inv(const float (&x)
     return 1.0f / sqrtf(part / (float)d + eps);
 }
 
-template <typename T, int NS, bool HOIST> __global__ void norm_rope_kv_warp(NrkArgs a, T *kpool, T *vpool) {
+/* element j of head column col (q heads from 0, k heads from nh·d, v heads from (nh + nkv)·d) of row r in the SRC
+ * form: the GEMM's element, plus its lo half where the kind's bit is set (one f32 add: the bits gemm.c's
+ * elementwise sum of the two halves writes) */
+__device__ __forceinline__ float nrk_src(const NrkArgs &a, int r, long col, int bit, int j) {
+    const float *p = a.src + (size_t)r * a.ld + col + j;
+    return (a.lo_mask & bit) ? p[0] + p[a.lo] : p[0];
+}
+
+template <typename T, int NS, bool HOIST, bool SRC = false> __global__ void norm_rope_kv_warp(NrkArgs a, T *kpool, T *vpool) {
     pdl_start();
     constexpr int d = NS * 32, half = d / 2, HS = NS / 2;
     const int lane = threadIdx.x & 31, nt = a.nh + a.nkv;
@@ -224,9 +238,11 @@ template <typename T, int NS, bool HOIST> __global__ void norm_rope_kv_warp(NrkA
     const NrkHead hd = nrk_head(a, r, h, d);
     const float *w = hd.w;
     auto vrow = [&]() { return a.v + ((size_t)r * a.nkv + (h - a.nh)) * d; };
+    const long vcol = (long)(a.nh + a.nkv + (h - a.nh)) * d; /* SRC: a kv head's v column */
+    auto vload = [&](int j) { return SRC ? nrk_src(a, r, vcol, 4, j) : vrow()[j]; };
     float xv[NS], wv[NS], fv[HS], vv[NS];
 #pragma unroll
-    for (int s = 0; s < NS; s++) xv[s] = hd.x[32 * s + lane];
+    for (int s = 0; s < NS; s++) xv[s] = SRC ? nrk_src(a, r, (long)h * d, hd.isk ? 2 : 1, 32 * s + lane) : hd.x[32 * s + lane];
     if constexpr (HOIST) { /* every load of the head issued now, before any store (TERN_CUDA_NRK_HOIST) */
 #pragma unroll
         for (int s = 0; s < NS; s++) wv[s] = w ? w[32 * s + lane] : 0.0f;
@@ -234,7 +250,7 @@ template <typename T, int NS, bool HOIST> __global__ void norm_rope_kv_warp(NrkA
         for (int s = 0; s < HS; s++) fv[s] = a.inv_freq[32 * s + lane];
         if (hd.isk)
 #pragma unroll
-            for (int s = 0; s < NS; s++) vv[s] = vrow()[32 * s + lane];
+            for (int s = 0; s < NS; s++) vv[s] = vload(32 * s + lane);
     }
     float inv = warp_rms_inv<NS>(xv, d, a.eps);
 #pragma unroll
@@ -246,7 +262,7 @@ template <typename T, int NS, bool HOIST> __global__ void norm_rope_kv_warp(NrkA
     float *vr = vrow();
     if constexpr (!HOIST)
 #pragma unroll
-        for (int s = 0; s < NS; s++) vv[s] = vr[32 * s + lane];
+        for (int s = 0; s < NS; s++) vv[s] = vload(32 * s + lane);
     inv = warp_rms_inv<NS>(vv, d, a.eps);
 #pragma unroll
     for (int s = 0; s < NS; s++) {
@@ -268,17 +284,23 @@ int tern__cuda_nrk_warp = -1;
 extern "C" int tern__cuda_nrk_hoist;
 int tern__cuda_nrk_hoist = -1;
 
-extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
-                                             float *k, float *v, int nh, const float *inv_freq, float mscale,
-                                             const float *qw, const float *kw, float eps) {
-    const int kind = kv->kf.kind;
-    if ((k && !tern__cuda_rope_pages(kv)) || kv->head_dim > 4096 || (!k && v)) return 0;
+static NrkArgs nrk_args(const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k, float *v, int nh,
+                        const float *inv_freq, float mscale, const float *qw, const float *kw, float eps) {
     NrkArgs a = {};
     a.q = q; a.k = k; a.v = v; a.qw = qw; a.kw = kw; a.inv_freq = inv_freq;
     a.pos = rows->pos; a.slot = rows->slot; a.bt = kv->block_table;
     a.n = rows->n; a.nh = nh; a.nkv = k ? kv->n_head_kv : 0; a.d = kv->head_dim; /* k NULL: q heads only */
     a.max_blocks = kv->max_blocks; a.bs = kv->block_size;
     a.eps = eps; a.mscale = mscale;
+    return a;
+}
+
+extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q,
+                                             float *k, float *v, int nh, const float *inv_freq, float mscale,
+                                             const float *qw, const float *kw, float eps) {
+    const int kind = kv->kf.kind;
+    if ((k && !tern__cuda_rope_pages(kv)) || kv->head_dim > 4096 || (!k && v)) return 0;
+    const NrkArgs a = nrk_args(kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
     const long blocks = (long)a.n * (nh + a.nkv);
     if (blocks <= 0) return 1;
     cudaSetDevice(c->device);
@@ -301,5 +323,31 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
         }
     });
     tern__cuda_check(c, "norm_rope_kv_write");
+    return 1;
+}
+
+/* norm_rope_kv_write over q|k|v read from the rows of one GEMM's output (gemm.c tern__cuda_gemm_qkv_nrk): row r's
+ * q|k|v at src + r·ld, plus the element lo floats on for the kinds in lo_mask (1 q, 2 k, 4 v: the split GEMM's
+ * W·xl half); q, k and v written as the in-place op writes them. The warp form with its hoisted loads (head dims
+ * 256 / 512, decode rows <= 128) over pages norm_rope_kv_write serves with k; else 0, nothing written. */
+extern "C" int tern__cuda_nrk_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src,
+                                   long ld, long lo, int lo_mask, float *q, float *k, float *v, int nh,
+                                   const float *inv_freq, float mscale, const float *qw, const float *kw, float eps) {
+    const int d = kv->head_dim;
+    if (!q || !k || !v || !tern__cuda_rope_pages(kv) || (d != 256 && d != 512) || rows->n > 128 || rows->n < 1)
+        return 0;
+    NrkArgs a = nrk_args(kv, rows, q, k, v, nh, inv_freq, mscale, qw, kw, eps);
+    a.src = src;
+    a.ld = ld;
+    a.lo = lo;
+    a.lo_mask = lo_mask;
+    const unsigned wgrid = (unsigned)(((long)a.n * (nh + a.nkv) + 7) / 8);
+    cudaSetDevice(c->device);
+    by_page_kind(kv->kf.kind, [&](auto tag) {
+        using T = decltype(tag);
+        void (*kern)(NrkArgs, T *, T *) = d == 256 ? norm_rope_kv_warp<T, 8, true, true> : norm_rope_kv_warp<T, 16, true, true>;
+        tern_launch(c->stream, kern, wgrid, 256, 0, a, (T *)kv->k, (T *)kv->v);
+    });
+    tern__cuda_check(c, "nrk_rows");
     return 1;
 }

@@ -588,12 +588,13 @@ static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__c
 /* ---- the pre-norm of the many-row fused ops, with norm_matmul's residual prologue (res) ----
  * res != NULL: x' = (x + rmsnorm(h)·w)·s to res->x_out and the pre-norm of x' in one launch (norm.cu
  * rmsnorm_res_bf16: bitwise rmsnorm_add + rmsnorm_bf16), instead of the model's rmsnorm_add in place and then the
- * pre-norm: one launch and one read of the rows fewer, twice a Gemma 4 layer. Opt-in (TERN_CUDA_NORM_RES_N=1): op
- * test cuda_norm_gemm_res passes (H200, session 24), but gemma4-26b-a4b prefill moved by no more than noise
- * (bench/NOTES.md (ak)). */
-int tern__cuda_norm_res_n = -1; /* -1 unread (TERN_CUDA_NORM_RES_N, default 0); tests set 1 */
+ * pre-norm: one launch and one read of the rows fewer, twice a Gemma 4 layer. Op test cuda_norm_gemm_res passes
+ * (H200, session 24); gemma4-26b-a4b prefill moved by no more than noise (bench/NOTES.md (ak)), but batch decode
+ * ran the two launches per layer besides each GEMM (ncu of gemma4-12b at 64 sequences, NOTES (cb)) once gemma4.c
+ * kept the second residual buffer for batch steps too: default on since session 68 (TERN_CUDA_NORM_RES_N=0 off). */
+int tern__cuda_norm_res_n = -1; /* -1 unread (TERN_CUDA_NORM_RES_N, default 1); tests set it */
 static int res_n_on(void) {
-    if (tern__cuda_norm_res_n < 0) tern__cuda_norm_res_n = tern__cuda_env_int("TERN_CUDA_NORM_RES_N", 0) != 0;
+    if (tern__cuda_norm_res_n < 0) tern__cuda_norm_res_n = tern__cuda_env_int("TERN_CUDA_NORM_RES_N", 1) != 0;
     return tern__cuda_norm_res_n;
 }
 static void norm_stage(tern__cuda *c, float *xn, void *xh, void *xl, const float *x, int n, int in, const float *nw,
@@ -650,34 +651,46 @@ int tern__cuda_norm_gemm_on = -1; /* -1 unread, 0 never, 1 from 2 rows, 2 from N
  * or every GEMM splits x (bf16x2): rmsnorm, then each matmul staging x again (a bf16 pair for the split
  * ones, bf16 for the plain ones) cost three conversion passes over the same rows. Here one kernel writes
  * xn and the pair [xh | xl] as gemm_rows stages it (xh = bf16(xn) is also the plain stage), then each
- * weight's GEMMs as gemm_rows' two-GEMM form runs them (W·xh, then += W·xl; the plain ones W·xh): bitwise
- * rmsnorm + the separate matmuls (the same GEMMs on the same bytes at the same scratch offsets). Taken
- * only where every one of those matmuls reaches that form in one chunk (BF16 weights, more rows than the
- * merged GEMM takes); 0 otherwise. */
+ * weight's GEMMs as gemm_rows runs them: bitwise rmsnorm + the separate matmuls (the same GEMMs on the same
+ * bytes at the same scratch offsets). Two forms, as gemm_rows picks: up to tern__cuda_gemm_merge_max() rows
+ * the merged one ([xh | xl] unpadded, one GEMM of 2n columns into the scratch after the pair, y = the sum of
+ * its halves; batch decode: gemma4-12b's sliding q|k|v at 64 sequences ran rmsnorm + three conversions, ncu
+ * NOTES (cb)), above it the two-GEMM one (W·xh, then += W·xl). The plain ones W·xh. Taken only where every one
+ * of those matmuls reaches that form in one chunk (BF16 weights, more rows than the GEMVs and qgemm.cu take,
+ * and for plain weights not sgemm.cu's range); 0 otherwise. */
 static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                            float *const *y, const tern__cuda_w *const *w, const tern_norm_res *res) {
-    if (c->compute != TERN_COMPUTE_BF16 || k < 1 || k > 3 || n <= tern__cuda_gemm_merge_max() ||
-        n <= tern__cuda_qgemm_max_n_bf16)
-        return 0;
-    const int in = w[0]->in, all = tern__cuda_bf16_split_all(c);
+    if (c->compute != TERN_COMPUTE_BF16 || k < 1 || k > 3 || n <= 8 || n <= tern__cuda_qgemm_max_n_bf16) return 0;
+    const int in = w[0]->in, all = tern__cuda_bf16_split_all(c), merged = n <= tern__cuda_gemm_merge_max();
+    const size_t avail = c->gemm_scratch_bytes, xraw = (size_t)n * in * 2;
+    const size_t xbytes = merged ? xraw : (xraw + 255) & ~(size_t)255;
     int any = 0;
     for (int i = 0; i < k; i++) {
         if (w[i]->dtype != TERN_DT_BF16 || w[i]->nmat > 1 || w[i]->in != in || w[i]->out < 1) return 0;
-        any |= all || w[i]->precise;
+        const int split = all || w[i]->precise;
+        any |= split;
+        if (merged && split && 2 * xraw + (size_t)2 * n * w[i]->out * sizeof(float) + 512 > avail) return 0;
+        if (merged && !split && n <= 64 && tern__cuda_sgemm_level() >= 2) return 0; /* tern__cuda_gemm's sgemm.cu */
     }
-    if (!any || in <= 0) return 0;
-    const size_t xbytes = ((size_t)n * in * 2 + 255) & ~(size_t)255, avail = c->gemm_scratch_bytes;
+    if (!any || in <= 0 || (merged && xraw % 16)) return 0;
     const size_t chunk = (avail / 2 - 1024) / ((size_t)in * 4); /* tern__cuda_gemm's rows a chunk */
     if ((size_t)n > chunk || 2 * xbytes >= avail / 2) return 0;
     cudaSetDevice(c->device);
     uint8_t *xh = (uint8_t *)c->gemm_scratch, *xl = xh + xbytes;
+    float *cs = (float *)(xh + ((2 * xbytes + 255) & ~(size_t)255)); /* the merged GEMM's [W·xh | W·xl] */
     norm_stage(c, xn, xh, xl, x, n, in, nw, eps, res);
     const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
     for (int i = 0; i < k; i++) {
         const int out = w[i]->out, split = all || w[i]->precise;
-        if (lt_gemm(c, y[i], out, w[i]->data, xh, out, n, in, CUDA_R_16BF, tc, 0.0f) != TERN_OK ||
-            (split && lt_gemm(c, y[i], out, w[i]->data, xl, out, n, in, CUDA_R_16BF, tc, 1.0f) != TERN_OK))
-            return 0; /* the caller redoes every output with the separate ops (xn is rmsnorm's already) */
+        tern_status st;
+        if (merged && split) {
+            st = lt_gemm(c, cs, out, w[i]->data, xh, out, 2 * n, in, CUDA_R_16BF, tc, 0.0f);
+            if (!st) tern__cuda_ew(c, TERN__EW_ADD, y[i], cs, cs + (size_t)n * out, 0, (size_t)n * out);
+        } else {
+            st = lt_gemm(c, y[i], out, w[i]->data, xh, out, n, in, CUDA_R_16BF, tc, 0.0f);
+            if (!st && split) st = lt_gemm(c, y[i], out, w[i]->data, xl, out, n, in, CUDA_R_16BF, tc, 1.0f);
+        }
+        if (st != TERN_OK) return 0; /* the caller redoes every output with the separate ops (xn is rmsnorm's already) */
     }
     return 1;
 }
@@ -745,6 +758,48 @@ int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const flo
     const float *cs = tern__cuda_qkv_one_gemm(c, xn, x, nw, eps, w, kv, rows, nh, NULL);
     const int M = w[0]->out + w[1]->out + w[2]->out;
     return cs && tern__cuda_rope_kv_rows(c, kv, rows, cs, M, y[0], y[1], y[2], nh, inv_freq, mscale);
+}
+
+/* ---- Gemma 4's attention input for many rows (ops.h norm_qkv_norm_rope_kv; TERN_CUDA_G4_QKV, default 1) ----
+ * The separate ops ran q, k and v as three GEMMs of 64-128 columns over 2048-4096 rows each — cuBLASLt's grids
+ * for those fill the SMs once and stream the weight at ~1.6 TB/s (ncu of gemma4-12b bf16 at 64 sequences, NOTES
+ * (cb): 16.5 + 12.0 + 11.4 µs a sliding layer for 63 MB) — plus an elementwise sum for each precise one. Here
+ * the pre-norm kernel writes xn and the bf16 pair (with the pending post-norm add folded in, as norm_matmul's
+ * res), one GEMM runs over the joined [q | k | v] (join_weights) on [xh | xl] (2n columns) when any weight is
+ * precise, else on xh, and nrk_rows norms, ropes and stores from its rows, adding the W·xl half for the precise
+ * ones (bf16x2: all). Numerics: the separate ops' products and sums, in another GEMM's summation order (the bf16
+ * mode's bound, not bitwise). Decode steps (9..128 rows), head dims 256 / 512. */
+int tern__cuda_g4_qkv = -1; /* -1 until read (tests set it) */
+int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
+                            const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                            const float *inv_freq, float mscale, const float *qw, const float *kw,
+                            const tern_norm_res *res) {
+    if (tern__cuda_g4_qkv < 0) tern__cuda_g4_qkv = tern__cuda_env_int("TERN_CUDA_G4_QKV", 1) != 0;
+    const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv;
+    if (!tern__cuda_g4_qkv || c->compute != TERN_COMPUTE_BF16 || n <= 8 || n <= tern__cuda_qgemm_max_n_bf16 ||
+        n > 128 || xn == x || ((uintptr_t)xn & 15) || (res && (!res_n_on() || res->h2)))
+        return 0;
+    if (w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d || (d != 256 && d != 512) ||
+        !tern__cuda_rope_pages(kv))
+        return 0;
+    const int all = tern__cuda_bf16_split_all(c);
+    int mask = 0;
+    for (int i = 0; i < 3; i++) { /* BF16, adjacent rows (joined) */
+        if (w[i]->dtype != TERN_DT_BF16 || w[i]->nmat > 1 || w[i]->in != in || in % 8 ||
+            (i && (const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->out * in * 2))
+            return 0;
+        if (all || w[i]->precise) mask |= 1 << i;
+    }
+    const int M = w[0]->out + w[1]->out + w[2]->out, cols = mask ? 2 * n : n;
+    const size_t xraw = (size_t)n * in * 2, xb = ((mask ? 2 * xraw : xraw) + 255) & ~(size_t)255;
+    if (xb + (size_t)cols * M * sizeof(float) > c->gemm_scratch_bytes) return 0;
+    cudaSetDevice(c->device);
+    uint8_t *xh = (uint8_t *)c->gemm_scratch;
+    float *cs = (float *)(xh + xb);
+    norm_stage(c, xn, xh, mask ? xh + xraw : NULL, x, n, in, nw, eps, res);
+    if (lt_gemm(c, cs, M, w[0]->data, xh, M, cols, in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 0.0f) != TERN_OK) return 0;
+    return tern__cuda_nrk_rows(c, kv, rows, cs, M, (long)n * M, mask, y[0], y[1], y[2], nh, inv_freq, mscale, qw, kw,
+                               eps);
 }
 
 /* y += w·x for x staged in bf16 at the start of gemm_scratch (gemm_add, attention_o) */

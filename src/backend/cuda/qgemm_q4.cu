@@ -44,7 +44,7 @@ extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul, tern
 int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); tests set it */
 int tern__cuda_qg4_max_n = Q4_MAXN;
 int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
-int tern__cuda_qg4_wave = 0;           /* 1: the split rounded down to one wave (TERN_CUDA_QG4_WAVE) */
+int tern__cuda_qg4_wave = 2; /* the split rounded down to one wave (TERN_CUDA_QG4_WAVE): 0 never, 1 always, 2 at 17-32 rows */
 /* TERN_CUDA_QG4_ST=6: six stages instead of four for up to 16 rows (NT = 2: 74 KB a block, 3 per SM), where
  * the kernel is bandwidth-bound at ~0.5 of the floor; written in session 15 after its last device call, for
  * an A/B (gpu_ab.sh section 14). -1 until read (tests set it) */
@@ -187,8 +187,11 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     /* TERN_CUDA_QG4_MUL=M (session 66, an A/B knob): the K split aims at M blocks an SM instead of the kernel's
      * occupancy (fewer slices: fewer partials and blocks) */
     tern__cuda_qg4_mul = tern__cuda_env_int("TERN_CUDA_QG4_MUL", tern__cuda_qg4_mul);
-    /* TERN_CUDA_QG4_WAVE=1 (session 67, an A/B knob): the split's slices rounded down to fit one wave (ncu of a
-     * 64-sequence llama3-8b q4 step on an H100, NOTES (ca): down and q|k|v at 288 blocks for 264 slots) */
+    /* TERN_CUDA_QG4_WAVE (session 67): the split's slices rounded down to fit one wave (ncu of a 64-sequence
+     * llama3-8b q4 step on an H100, NOTES (ca): down and q|k|v at 288 blocks for 264 slots). H100, session 68
+     * (NOTES (cb)), dec tok/s off → on at 8 / 32 / 64 sequences: llama3-8b q4 2258 / 6929 / 11623 → 2009 / 7239 /
+     * 11781, gemma4-12b q4 1093 / 3234 / 5291 → 1022 / 3325 / 5276: 2 (default) takes it for the 4-fragment tile
+     * (17-32 rows) only */
     tern__cuda_qg4_wave = tern__cuda_env_int("TERN_CUDA_QG4_WAVE", tern__cuda_qg4_wave);
     q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
     tern__cuda_qg4w_init();
@@ -265,7 +268,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
     const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
-    int S = base < target ? (int)(tern__cuda_qg4_wave ? target / base : (target + base - 1) / base) : 1;
+    const bool wave = tern__cuda_qg4_wave == 1 || (tern__cuda_qg4_wave == 2 && nt == 4);
+    int S = base < target ? (int)(wave ? target / base : (target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
     if (S > a.nkt / st) S = a.nkt / st;
     if (S < 1) S = 1;
