@@ -322,8 +322,9 @@ static inline void tern__pending_norm_op(tern_model *m, float **x, float **xo, t
 }
 /* Gemma 4's attention input in one backend op (ops.h norm_qkv_norm_rope_kv: the pre-normed q|k|v, their head norms,
  * rope and the cache stores), the pending add folded in where the backend can (x' lands in *xo and the pointers swap,
- * as in tern__pending_norm_op), else run first. 0 when the backend does not serve it: the caller runs
- * tern__pending_norm_op and norm_rope_kv_write (the pending add may have been consumed by then: p->on says). */
+ * as in tern__pending_norm_op), else (an inner add h2 the pre-norm ops never fold) run first. 0 when the backend does
+ * not serve it: the caller runs tern__pending_norm_op and norm_rope_kv_write (the pending add may have been consumed
+ * by then: p->on says). */
 static inline int tern__pending_qkv_nrk(tern_model *m, float **x, float **xo, tern_pending_res *p, float *xn,
                                         const float *nw, float eps, float *const *y, const tern_tensor *const *w,
                                         const tern_kv_layer *kv, const tern_rows *rows, int nh, const float *inv_freq,
@@ -337,7 +338,8 @@ static inline int tern__pending_qkv_nrk(tern_model *m, float **x, float **xo, te
             return 1;
         }
     }
-    if (p->on) {
+    if (p->on && !p->h2) return 0; /* refused with the plain fold: tern__pending_norm_op may still fold it */
+    if (p->on) { /* an inner add (MoE layers), which the pre-norm ops do not fold: run it, then try without */
         p->on = 0;
         tern__pending_add(m, *x, p, rows->n, (int)w[0]->shape[w[0]->ndim - 1], eps);
     }
