@@ -1621,12 +1621,15 @@ fi
 #      default 1). Op tests, then batch decode against build/base/concurrency (GPU_PACK_BASE_CONC: the tree before) for
 #      default 1); and ops.h norm_qkv_norm_rope_kv (TERN_CUDA_G4_QKV, default 1: joined q|k|v as one split GEMM, the
 #      head norms + rope + cache stores reading its rows). Op tests, then batch decode: build/base/concurrency
-#      (GPU_PACK_BASE_CONC: the tree before), G4_QKV=0 (the first two alone: bitwise, digests as base) and the default,
-#      for AB120_MODELS (default gemma4-12b, bf16) at AB120_CONC (default 8,32,64); then b1 of gemma4-12b bf16 at 512
+#      (GPU_PACK_BASE_CONC: the tree before), G4_QKV=0 (the first two alone: bitwise, digests as base), 1 (sliding
+#      layers' q|k|v only) and the default 3 (the full layers' q|k with V = K too), for AB120_MODELS (default gemma4-12b,
+#      bf16) at AB120_CONC (default 32,64: 8 rows take none of these paths); then b1 of gemma4-12b bf16 at 512
 #      base / new (GPU_PACK_BASE: the tree before; the joined weights must not cost the one-row path)
 if [[ " $SECTIONS " == *" 120 "* ]]; then
+    op_test cuda_qkv_nrk_keqv qkv_nrk_keqv # the full layers' form (G4_QKV bit 1): reported, not a gate
     if ops_ok cuda_qkv_nrk cuda_norm_gemm_split cuda_norm_gemm_res cuda_norm_mlp cuda_norm_rope_kv; then
-        conc_ab "BIN=build/base/concurrency;TERN_CUDA_G4_QKV=0;TERN_AB=new" "${AB120_MODELS:-gemma4-12b}" "${AB120_CONC:-8,32,64}"
+        conc_ab "BIN=build/base/concurrency;TERN_CUDA_G4_QKV=0;TERN_CUDA_G4_QKV=1;TERN_AB=new" "${AB120_MODELS:-gemma4-12b}" \
+            "${AB120_CONC:-32,64}"
         for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
         if [ -x build/base/tern-core ]; then
             for rep in 1 2; do

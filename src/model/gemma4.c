@@ -79,10 +79,9 @@ static tern_status load_layer(tern_model *m, tern_weights *ws, int l, g4_layer *
         VEC(L->k_norm, D, "layers.%d.self_attn.k_norm", l);
         MAT(L->wk, (int64_t)nKV * D, H, "layers.%d.self_attn.k_proj", l);
         L->wk.precise = 1;
-        if (!lc->k_eq_v) {
-            MAT(L->wv, (int64_t)nKV * D, H, "layers.%d.self_attn.v_proj", l);
-            tern__join_weights(m, (tern_tensor *const[]){&L->wq, &L->wk, &L->wv}, 3); /* norm_qkv_norm_rope_kv (CUDA) */
-        }
+        if (!lc->k_eq_v) MAT(L->wv, (int64_t)nKV * D, H, "layers.%d.self_attn.v_proj", l);
+        /* q|k|v (or q|k) in one allocation: norm_qkv_norm_rope_kv's one GEMM (CUDA, many rows) */
+        tern__join_weights(m, (tern_tensor *const[]){&L->wq, &L->wk, &L->wv}, lc->k_eq_v ? 2 : 3);
     } else {
         /* checkpoints keep K/V projections of KV-shared layers; they are unused */
         tern_weights_ignore(ws, NAME(n, "layers.%d.self_attn.k_", l));
@@ -241,10 +240,12 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         /* (a) attention */
         int qkv = lc->kv_src == l && !lc->k_eq_v; /* q, k, v projections in one call */
         float *const ys[3] = {g->q, g->k, g->v};
-        const tern_tensor *const ws[3] = {&L->wq, &L->wk, &L->wv};
-        /* many rows: the projections, head norms, rope and cache stores in one op where the backend has it */
-        int in_done = qkv && tern__pending_qkv_nrk(m, &x, &xo, &pend, g->xn, L->in_norm, eps, ys, ws, kvl, &rows, nH,
-                                                   inv, ms, L->q_norm, L->k_norm);
+        const tern_tensor *const ws[3] = {&L->wq, &L->wk, &L->wv}, *const ws_kv[3] = {&L->wq, &L->wk, NULL};
+        /* many rows: the projections, head norms, rope and cache stores in one op where the backend has it (V = K:
+         * the op's w[2] NULL) */
+        int in_done = lc->kv_src == l && tern__pending_qkv_nrk(m, &x, &xo, &pend, g->xn, L->in_norm, eps, ys,
+                                                               qkv ? ws : ws_kv, kvl, &rows, nH, inv, ms, L->q_norm,
+                                                               L->k_norm);
         if (!in_done) { /* else the previous layer's last post-norm add folds in here when the backend can */
             tern__pending_norm_op(m, &x, &xo, &pend, g->xn, L->in_norm, eps, n, H, qkv ? 3 : 1, ys, ws, -1, NULL);
             if (lc->kv_src == l) { /* xn stays for k when k is its own matmul */

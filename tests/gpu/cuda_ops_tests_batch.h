@@ -400,19 +400,22 @@ TEST(cuda_norm_mlp) {
 
 /* q [nq, H], k and v [nk, H] BF16 weights uploaded and joined (ops.h join_weights: one allocation, q the owner);
  * 1 when all of it worked. Free with qkv_free. */
-static int qkv_make(tern_backend *g, hw *h, tern_tensor *t, int nq, int nk, int H) {
+/* q [nq, H], then cnt - 1 matrices [nk, H] (k, v), uploaded and joined */
+static int qkv_make_n(tern_backend *g, hw *h, tern_tensor *t, int nq, int nk, int H, int cnt) {
     tern_error err = {0};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < cnt; i++) {
         h[i] = make_w(TERN_DT_BF16, 0, 0, 0, 1, i ? nk : nq, H, 0);
         t[i] = h[i].t;
         if (g->vt->upload_weight(g, &t[i], &err) != TERN_OK) return 0;
     }
-    tern_tensor *tj[3] = {&t[0], &t[1], &t[2]};
-    return g->vt->join_weights(g, tj, 3) == 1;
+    tern_tensor *tj[3] = {&t[0], &t[1], cnt > 2 ? &t[2] : NULL};
+    return g->vt->join_weights(g, tj, cnt) == 1;
 }
-static void qkv_free(tern_backend *g, hw *h, tern_tensor *t) {
-    for (int i = 2; i >= 0; i--) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); } /* q, the owner, last */
+static int qkv_make(tern_backend *g, hw *h, tern_tensor *t, int nq, int nk, int H) { return qkv_make_n(g, h, t, nq, nk, H, 3); }
+static void qkv_free_n(tern_backend *g, hw *h, tern_tensor *t, int cnt) {
+    for (int i = cnt - 1; i >= 0; i--) { g->vt->free_weight(g, &t[i]); free_w(&h[i]); } /* q, the owner, last */
 }
+static void qkv_free(tern_backend *g, hw *h, tern_tensor *t) { qkv_free_n(g, h, t, 3); }
 /* the K and V pages (16-bit, pool elements each) of kv[0] and kv[1] bit for bit */
 static void kv_pages_same(tern_backend *g, const tern_kv_layer *kv, size_t pool, int n, int d) {
     uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
@@ -430,19 +433,15 @@ static void kv_pages_same(tern_backend *g, const tern_kv_layer *kv, size_t pool,
  * within 1e-4 (the same exact bf16 products summed in another order), the BF16 K / V pages within 1e-3; d 256 and
  * 512, rows of one sequence over a block table with a hole, 16 / 64 / 100 rows, with and without the residual
  * prologue (x left as is); 8 and 129 rows and TERN_CUDA_G4_QKV=0 refused. */
-TEST(cuda_qkv_nrk) {
-    tern_backend *g = g_gpu16;
-    if (!g || !g->vt->norm_qkv_norm_rope_kv || !g->vt->join_weights || !g->vt->norm_rope_kv_write) {
-        SKIP("cuda_qkv_nrk", "no bf16-mode backend");
-        return;
-    }
+static void qkv_nrk_case(tern_backend *g, int keqv) {
+    const int nw3 = keqv ? 2 : 3; /* matrices: q|k|v, or q|k with V = K */
     extern int tern__cuda_qkv_one_on, tern__cuda_g4_qkv, tern__cuda_norm_res_n;
     const int keep = tern__cuda_qkv_one_on, keep_ng = tern__cuda_norm_gemm_on, keep_g4 = tern__cuda_g4_qkv,
               keep_res = tern__cuda_norm_res_n;
     tern__cuda_bf16_split = 0;
     tern__cuda_qkv_one_on = 1; /* join_weights */
     tern__cuda_norm_gemm_on = 1;
-    tern__cuda_g4_qkv = 1;
+    tern__cuda_g4_qkv = keqv ? 2 : 1;
     tern__cuda_norm_res_n = 1;
     const int H = 512, nh = 4, nkv = 2, bs = 16, mb = 8;
     for (int di = 0; di < 2; di++) {
@@ -450,9 +449,9 @@ TEST(cuda_qkv_nrk) {
         const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d, pool = (size_t)mb * bs * nkv * d;
         hw h[3];
         tern_tensor t[3];
-        CHECK(qkv_make(g, h, t, (int)nq, (int)nk, H), "upload / join_weights");
+        CHECK(qkv_make_n(g, h, t, (int)nq, (int)nk, H, nw3), "upload / join_weights");
         t[0].precise = t[1].precise = 1;
-        const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+        const tern_tensor *ws[3] = {&t[0], &t[1], keqv ? NULL : &t[2]};
         float *kh = rnd(pool, 1.0f), *inv = rnd(d / 2, 0.5f), *nw = rnd(H, 1.5f), *qw = rnd(d, 1.0f), *kw = rnd(d, 1.0f);
         float *rw = rnd(H, 1.0f), sc = 0.75f;
         uint16_t *khb = malloc(pool * 2);
@@ -490,9 +489,10 @@ TEST(cuda_qkv_nrk) {
             float *ya[3] = {q[0], k[0], v[0]}, *yb[3] = {q[1], k[1], v[1]};
             const int r = g->vt->norm_qkv_norm_rope_kv(g, xn[0], xd, nwd, 1e-6f, ya, ws, &kv[0], &rows, nh, invd, 1.25f, qwd,
                                                        kwd, with_res ? &res : NULL);
-            CHECK(r == served, "d %d n %d res %d: returned %d", d, n, with_res, r);
+            CHECK(r == served, "keqv %d d %d n %d res %d: returned %d", keqv, d, n, with_res, r);
             if (r == 1) {
-                CHECK(g->vt->norm_matmul(g, xn[1], xp, nwd, 1e-6f, n, 3, yb, ws, -1, NULL) == 1, "norm_matmul refused");
+                CHECK(g->vt->norm_matmul(g, xn[1], xp, nwd, 1e-6f, n, nw3, yb, ws, -1, NULL) == 1, "norm_matmul refused");
+                if (keqv) g->vt->scale(g, v[1], k[1], 1.0f, (size_t)n * nk); /* gemma4.c: V = the raw K */
                 CHECK(g->vt->norm_rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f, qwd, kwd, 1e-6f) == 1,
                       "norm_rope_kv_write refused");
                 const struct { float *a, *b; size_t len; const char *what; } cmp[] = {
@@ -501,7 +501,7 @@ TEST(cuda_qkv_nrk) {
                     float *a = from_gpu(g, cmp[i].a, cmp[i].len), *b = from_gpu(g, cmp[i].b, cmp[i].len);
                     double dm;
                     const double rel = bt_diff(a, b, cmp[i].len, &dm);
-                    printf("  err qkv_nrk d=%d n=%d res=%d %s vs the two ops %.2e (max %.2e)\n", d, n, with_res, cmp[i].what, rel, dm);
+                    printf("  err qkv_nrk%s d=%d n=%d res=%d %s vs the two ops %.2e (max %.2e)\n", keqv ? " (v = k)" : "", d, n, with_res, cmp[i].what, rel, dm);
                     CHECK(rel <= 1e-4, "d %d n %d res %d %s: rel %.3e", d, n, with_res, cmp[i].what, rel);
                     free(a); free(b);
                 }
@@ -527,7 +527,7 @@ TEST(cuda_qkv_nrk) {
                     tern__cuda_g4_qkv = 0;
                     CHECK(g->vt->norm_qkv_norm_rope_kv(g, xn[0], xd, nwd, 1e-6f, ya, ws, &kv[0], &rows, nh, invd, 1.25f,
                                                        qwd, kwd, NULL) == 0, "off: should refuse");
-                    tern__cuda_g4_qkv = 1;
+                    tern__cuda_g4_qkv = keqv ? 2 : 1;
                 }
             }
             for (int i = 0; i < 2; i++) {
@@ -540,7 +540,7 @@ TEST(cuda_qkv_nrk) {
         }
         void *b[] = {btd, invd, nwd, qwd, kwd, rwd, scd};
         for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
-        qkv_free(g, h, t);
+        qkv_free_n(g, h, t, nw3);
         free(kh); free(khb); free(inv); free(nw); free(qw); free(kw); free(rw); free(pa); free(pb); free(fa); free(fb);
     }
     tern__cuda_bf16_split = 1;
@@ -548,6 +548,25 @@ TEST(cuda_qkv_nrk) {
     tern__cuda_norm_gemm_on = keep_ng;
     tern__cuda_g4_qkv = keep_g4;
     tern__cuda_norm_res_n = keep_res;
+}
+
+TEST(cuda_qkv_nrk) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_qkv_norm_rope_kv || !g->vt->join_weights || !g->vt->norm_rope_kv_write) {
+        SKIP("cuda_qkv_nrk", "no bf16-mode backend");
+        return;
+    }
+    qkv_nrk_case(g, 0);
+}
+/* the same with attention_k_eq_v (Gemma 4's full layers): q|k joined, w[2] NULL, V = the raw K projection; the
+ * reference copies k to v before norm_rope_kv_write as gemma4.c does */
+TEST(cuda_qkv_nrk_keqv) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_qkv_norm_rope_kv || !g->vt->join_weights || !g->vt->norm_rope_kv_write) {
+        SKIP("cuda_qkv_nrk_keqv", "no bf16-mode backend");
+        return;
+    }
+    qkv_nrk_case(g, 1);
 }
 
 /* q|k|v as one matrix for many rows (TERN_CUDA_QKV_ONE, forced here): join_weights puts k and v right after q, then
@@ -1016,6 +1035,7 @@ static void cuda_batch_tests(void) {
     RUN(cuda_norm_mlp);
     RUN(cuda_qkv_one);
     RUN(cuda_qkv_nrk);
+    RUN(cuda_qkv_nrk_keqv);
     RUN(cuda_attention_o);
     RUN(cuda_qkv_attention_o);
     RUN(cuda_attention_decode_rope_bits);

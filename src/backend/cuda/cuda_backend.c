@@ -574,14 +574,14 @@ static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     if (rows->n > 1) return tern__cuda_gemm_qkv_rope(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
     return tern__cuda_norm_qkv_rope_kv(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
 }
-/* ops.h norm_qkv_norm_rope_kv: many rows only (gemm.c tern__cuda_gemm_qkv_nrk) */
+/* ops.h norm_qkv_norm_rope_kv: many rows only (gemm.c tern__cuda_gemm_qkv_nrk); w[2] NULL: V = K */
 static int be_norm_qkv_norm_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps,
                                     float *const *y, const tern_tensor *const *w, const tern_kv_layer *kv,
                                     const tern_rows *rows, int nh, const float *inv_freq, float mscale, const float *qw,
                                     const float *kw, const tern_norm_res *res) {
     tern__cuda_w wv[3];
-    const tern__cuda_w *pv[3];
-    return rows->n > 1 && wviews(w, 3, wv, pv) &&
+    const tern__cuda_w *pv[3] = {NULL, NULL, NULL};
+    return rows->n > 1 && wviews(w, w[2] ? 3 : 2, wv, pv) &&
            tern__cuda_gemm_qkv_nrk(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale, qw, kw, res);
 }
 /* ops.h norm_qkv_attention_o: the q|k|v GEMM over joined weights (gemm.c), then the batch decode attention roping q

@@ -317,11 +317,12 @@ int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const 
                                   float *k, float *v, int nh, const float *inv_freq, float mscale, const float *qw,
                                   const float *kw, float eps); /* fused.cu: head norms + rope_kv_write */
 /* fused.cu: the same over q|k|v read from one GEMM's rows (ld a row; + the element lo on for the kinds in lo_mask:
- * 1 q, 2 k, 4 v), written to q, k, v; 0 = not served, nothing written */
+ * 1 q, 2 k, 4 v; v_from_k: rows of q|k, v = the raw k), written to q, k, v; 0 = not served, nothing written */
 int tern__cuda_nrk_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src, long ld,
-                        long lo, int lo_mask, float *q, float *k, float *v, int nh, const float *inv_freq, float mscale,
-                        const float *qw, const float *kw, float eps);
-/* gemm.c: ops.h norm_qkv_norm_rope_kv for many rows (joined q|k|v, one GEMM, nrk_rows); 0 = not served */
+                        long lo, int lo_mask, int v_from_k, float *q, float *k, float *v, int nh, const float *inv_freq,
+                        float mscale, const float *qw, const float *kw, float eps);
+/* gemm.c: ops.h norm_qkv_norm_rope_kv for many rows (joined q|k|v or q|k with w[2] NULL, one GEMM, nrk_rows); 0 = not
+ * served */
 int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                             const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                             const float *inv_freq, float mscale, const float *qw, const float *kw,

@@ -127,6 +127,7 @@ struct NrkArgs {
     const float *src;
     long ld, lo;
     int lo_mask;
+    int v_from_k; /* SRC: V is the raw K projection (Gemma 4's attention_k_eq_v): v heads read k's columns */
 };
 
 /* row r, head h (q heads first, then kv heads) of width d: its row in q or k, its norm weight, its position,
@@ -238,7 +239,7 @@ template <typename T, int NS, bool HOIST, bool SRC = false> __global__ void norm
     const NrkHead hd = nrk_head(a, r, h, d);
     const float *w = hd.w;
     auto vrow = [&]() { return a.v + ((size_t)r * a.nkv + (h - a.nh)) * d; };
-    const long vcol = (long)(a.nh + a.nkv + (h - a.nh)) * d; /* SRC: a kv head's v column */
+    const long vcol = (long)(a.v_from_k ? h : a.nh + a.nkv + (h - a.nh)) * d; /* SRC: a kv head's v column */
     auto vload = [&](int j) { return SRC ? nrk_src(a, r, vcol, 4, j) : vrow()[j]; };
     float xv[NS], wv[NS], fv[HS], vv[NS];
 #pragma unroll
@@ -328,10 +329,11 @@ extern "C" int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer 
 
 /* norm_rope_kv_write over q|k|v read from the rows of one GEMM's output (gemm.c tern__cuda_gemm_qkv_nrk): row r's
  * q|k|v at src + r·ld, plus the element lo floats on for the kinds in lo_mask (1 q, 2 k, 4 v: the split GEMM's
- * W·xl half); q, k and v written as the in-place op writes them. The warp form with its hoisted loads (head dims
+ * W·xl half); v_from_k: the rows hold q|k only and v is the raw k (set bit 4 with bit 2 then); q, k and v written as
+ * the in-place op writes them. The warp form with its hoisted loads (head dims
  * 256 / 512, decode rows <= 128) over pages norm_rope_kv_write serves with k; else 0, nothing written. */
 extern "C" int tern__cuda_nrk_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src,
-                                   long ld, long lo, int lo_mask, float *q, float *k, float *v, int nh,
+                                   long ld, long lo, int lo_mask, int v_from_k, float *q, float *k, float *v, int nh,
                                    const float *inv_freq, float mscale, const float *qw, const float *kw, float eps) {
     const int d = kv->head_dim;
     if (!q || !k || !v || !tern__cuda_rope_pages(kv) || (d != 256 && d != 512) || rows->n > 128 || rows->n < 1)
@@ -341,6 +343,7 @@ extern "C" int tern__cuda_nrk_rows(tern__cuda *c, const tern_kv_layer *kv, const
     a.ld = ld;
     a.lo = lo;
     a.lo_mask = lo_mask;
+    a.v_from_k = v_from_k;
     const unsigned wgrid = (unsigned)(((long)a.n * (nh + a.nkv) + 7) / 8);
     cudaSetDevice(c->device);
     by_page_kind(kv->kf.kind, [&](auto tag) {

@@ -767,30 +767,34 @@ int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const flo
  * the pre-norm kernel writes xn and the bf16 pair (with the pending post-norm add folded in, as norm_matmul's
  * res), one GEMM runs over the joined [q | k | v] (join_weights) on [xh | xl] (2n columns) when any weight is
  * precise, else on xh, and nrk_rows norms, ropes and stores from its rows, adding the W·xl half for the precise
- * ones (bf16x2: all). Numerics: the separate ops' products and sums, in another GEMM's summation order (the bf16
- * mode's bound, not bitwise). Decode steps (9..128 rows), head dims 256 / 512. */
-int tern__cuda_g4_qkv = -1; /* -1 until read (tests set it) */
+ * ones (bf16x2: all). Full layers (attention_k_eq_v: w[2] NULL) the same over joined q|k, v read from k's columns.
+ * Numerics: the separate ops' products and sums, in another GEMM's summation order (the bf16 mode's bound, not
+ * bitwise). Decode steps (9..128 rows), head dims 256 / 512. TERN_CUDA_G4_QKV: bit 0 q|k|v, bit 1 q|k (3 both, 0
+ * off). */
+int tern__cuda_g4_qkv = -1; /* -1 until read: bit 0 q|k|v, bit 1 q|k with V = K (tests set it) */
 int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                             const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                             const float *inv_freq, float mscale, const float *qw, const float *kw,
                             const tern_norm_res *res) {
-    if (tern__cuda_g4_qkv < 0) tern__cuda_g4_qkv = tern__cuda_env_int("TERN_CUDA_G4_QKV", 1) != 0;
-    const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv;
-    if (!tern__cuda_g4_qkv || c->compute != TERN_COMPUTE_BF16 || n <= 8 || n <= tern__cuda_qgemm_max_n_bf16 ||
-        n > 128 || xn == x || ((uintptr_t)xn & 15) || (res && (!res_n_on() || res->h2)))
+    if (tern__cuda_g4_qkv < 0) tern__cuda_g4_qkv = tern__cuda_env_int("TERN_CUDA_G4_QKV", 3) & 3;
+    const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv, k = w[2] ? 3 : 2;
+    if (!(tern__cuda_g4_qkv & (k == 3 ? 1 : 2)) || c->compute != TERN_COMPUTE_BF16 || n <= 8 ||
+        n <= tern__cuda_qgemm_max_n_bf16 || n > 128 || xn == x || ((uintptr_t)xn & 15) || (res && (!res_n_on() || res->h2)))
         return 0;
-    if (w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d || (d != 256 && d != 512) ||
+    if (w[0]->out != nh * d || w[1]->out != nkv * d || (k == 3 && w[2]->out != nkv * d) || (d != 256 && d != 512) ||
         !tern__cuda_rope_pages(kv))
         return 0;
     const int all = tern__cuda_bf16_split_all(c);
-    int mask = 0;
-    for (int i = 0; i < 3; i++) { /* BF16, adjacent rows (joined) */
+    int mask = 0, M = 0;
+    for (int i = 0; i < k; i++) { /* BF16, adjacent rows (joined) */
         if (w[i]->dtype != TERN_DT_BF16 || w[i]->nmat > 1 || w[i]->in != in || in % 8 ||
             (i && (const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->out * in * 2))
             return 0;
         if (all || w[i]->precise) mask |= 1 << i;
+        M += w[i]->out;
     }
-    const int M = w[0]->out + w[1]->out + w[2]->out, cols = mask ? 2 * n : n;
+    if (k == 2 && (mask & 2)) mask |= 4; /* v = the raw k: its sum as k's */
+    const int cols = mask ? 2 * n : n;
     const size_t xraw = (size_t)n * in * 2, xb = ((mask ? 2 * xraw : xraw) + 255) & ~(size_t)255;
     if (xb + (size_t)cols * M * sizeof(float) > c->gemm_scratch_bytes) return 0;
     cudaSetDevice(c->device);
@@ -798,8 +802,8 @@ int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const floa
     float *cs = (float *)(xh + xb);
     norm_stage(c, xn, xh, mask ? xh + xraw : NULL, x, n, in, nw, eps, res);
     if (lt_gemm(c, cs, M, w[0]->data, xh, M, cols, in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 0.0f) != TERN_OK) return 0;
-    return tern__cuda_nrk_rows(c, kv, rows, cs, M, (long)n * M, mask, y[0], y[1], y[2], nh, inv_freq, mscale, qw, kw,
-                               eps);
+    return tern__cuda_nrk_rows(c, kv, rows, cs, M, (long)n * M, mask, k == 2, y[0], y[1], y[2], nh, inv_freq, mscale,
+                               qw, kw, eps);
 }
 
 /* y += w·x for x staged in bf16 at the start of gemm_scratch (gemm_add, attention_o) */
