@@ -1618,8 +1618,7 @@ fi
 #      NOTES (cb)): gemm.c gemm_norm_split's merged form (precise q / k up to 256 rows: one kernel writes xn and the
 #      bf16 pair, the plain v on its high half; was rmsnorm + three conversions) and the post-norm adds folded into the
 #      pre-norm kernels at batch steps (gemma4.c's second residual buffer for up to 256 rows, TERN_CUDA_NORM_RES_N
-#      default 1). Op tests, then batch decode against build/base/concurrency (GPU_PACK_BASE_CONC: the tree before) for
-#      default 1); and ops.h norm_qkv_norm_rope_kv (TERN_CUDA_G4_QKV, default 1: joined q|k|v as one split GEMM, the
+#      default 1); and ops.h norm_qkv_norm_rope_kv (TERN_CUDA_G4_QKV, default 3: joined q|k|v as one split GEMM, the
 #      head norms + rope + cache stores reading its rows). Op tests, then batch decode: build/base/concurrency
 #      (GPU_PACK_BASE_CONC: the tree before), G4_QKV=0 (the first two alone: bitwise, digests as base), 1 (sliding
 #      layers' q|k|v only) and the default 3 (the full layers' q|k with V = K too), for AB120_MODELS (default gemma4-12b,
