@@ -1627,7 +1627,7 @@ fi
 if [[ " $SECTIONS " == *" 120 "* ]]; then
     op_test cuda_qkv_nrk_keqv qkv_nrk_keqv # the full layers' form (G4_QKV bit 1)
     # timed even when an op test fails (the device is scarce): the summary says so first
-    ops_ok cuda_qkv_nrk cuda_norm_gemm_split cuda_norm_gemm_res cuda_norm_mlp cuda_norm_rope_kv || say "120: AN OP TEST FAILED"
+    ops_ok ${AB120_OPS:-cuda_qkv_nrk cuda_norm_gemm_split cuda_norm_gemm_res cuda_norm_mlp cuda_norm_rope_kv} || say "120: AN OP TEST FAILED"
     conc_ab "${AB120_SETS:-BIN=build/base/concurrency;TERN_CUDA_G4_QKV=0;TERN_CUDA_G4_QKV=1;TERN_AB=new}" "${AB120_MODELS:-gemma4-12b}" \
         "${AB120_CONC:-32,64}"
     for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
