@@ -1614,30 +1614,28 @@ if [[ " $SECTIONS " == *" 119 "* ]]; then
     for f in "$OUT"/conc_*QG4_WAVE*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
 fi
 
-# 120. session 68: the Gemma 4 batch decode's pre-norm launches (ncu of gemma4-12b bf16 at 64 sequences, section 114,
-#      NOTES (cb)): gemm.c gemm_norm_split's merged form (precise q / k up to 256 rows: one kernel writes xn and the
-#      bf16 pair, the plain v on its high half; was rmsnorm + three conversions) and the post-norm adds folded into the
-#      pre-norm kernels at batch steps (gemma4.c's second residual buffer for up to 256 rows, TERN_CUDA_NORM_RES_N
-#      default 1); and ops.h norm_qkv_norm_rope_kv (TERN_CUDA_G4_QKV, default 3: joined q|k|v as one split GEMM, the
-#      head norms + rope + cache stores reading its rows). Op tests, then batch decode: build/base/concurrency
-#      (GPU_PACK_BASE_CONC: the tree before), G4_QKV=0 (the first two alone: bitwise, digests as base), 1 (sliding
-#      layers' q|k|v only) and the default 3 (the full layers' q|k with V = K too), for AB120_MODELS (default gemma4-12b,
-#      bf16) at AB120_CONC (default 32,64: 8 rows take none of these paths); then b1 of gemma4-12b bf16 at 512
-#      base / new (GPU_PACK_BASE: the tree before; the joined weights must not cost the one-row path)
+# 120. session 68, written without a GPU run (the device refused every start after the first two calls): the Gemma 4
+#      batch decode's pre-norm and q|k|v launches (ncu of gemma4-12b bf16 at 64 sequences, section 114, NOTES (cb)).
+#      Three opt-in switches: TERN_CUDA_SPLIT_MERGED=1 (gemm.c gemm_norm_split's merged form: precise q / k up to 256
+#      rows after one pre-norm kernel that writes xn and the bf16 pair, the plain v on its high half; was rmsnorm +
+#      three conversions; bitwise), TERN_CUDA_NORM_RES_N=1 (the post-norm adds folded into the pre-norm kernels, now
+#      also at batch steps: gemma4.c's second residual buffer holds 256 rows; bitwise) and TERN_CUDA_G4_QKV (ops.h
+#      norm_qkv_norm_rope_kv: q|k|v joined at load as one split GEMM, nrk_rows norming / roping / storing from its rows;
+#      bit 0 sliding layers, bit 1 full layers' q|k with V = K; the bf16 bound). Op tests (timed even if one fails: the
+#      summary says so), then batch decode at AB120_CONC (default 32,64: 8 rows take none of these paths) for
+#      AB120_MODELS (default gemma4-12b, bf16) over AB120_SETS (default: all off; the two bitwise ones — digests must
+#      match all-off; + G4_QKV=1; + G4_QKV=3), then b1 of gemma4-12b bf16 at 512 with TERN_CUDA_QKV_ONE=0 (no joined
+#      weights) and the default (joined: must not cost the one-row path). Make each default where it wins.
 if [[ " $SECTIONS " == *" 120 "* ]]; then
     op_test cuda_qkv_nrk_keqv qkv_nrk_keqv # the full layers' form (G4_QKV bit 1)
-    # timed even when an op test fails (the device is scarce): the summary says so first
     ops_ok ${AB120_OPS:-cuda_qkv_nrk cuda_norm_gemm_split cuda_norm_gemm_res cuda_norm_mlp cuda_norm_rope_kv} || say "120: AN OP TEST FAILED"
-    conc_ab "${AB120_SETS:-BIN=build/base/concurrency;TERN_CUDA_G4_QKV=0;TERN_CUDA_G4_QKV=1;TERN_AB=new}" "${AB120_MODELS:-gemma4-12b}" \
-        "${AB120_CONC:-32,64}"
+    on="TERN_CUDA_NORM_RES_N=1 TERN_CUDA_SPLIT_MERGED=1"
+    conc_ab "${AB120_SETS:-TERN_CUDA_NORM_RES_N=0;$on;$on TERN_CUDA_G4_QKV=1;$on TERN_CUDA_G4_QKV=3}" \
+        "${AB120_MODELS:-gemma4-12b}" "${AB120_CONC:-32,64}"
     for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
-    if [ -x build/base/tern-core ]; then
-        for rep in $(seq "${AB120_B1_REPS:-2}"); do
-            for b in build/base/tern-core $T; do
-                say "b1 gemma4-12b bf16 512 $b rep $rep: $(b1e "BIN=$b" 512 gemma4-12b)"
-            done
-        done
-    fi
+    for rep in $(seq "${AB120_B1_REPS:-2}"); do
+        for v in 0 1; do say "b1 gemma4-12b bf16 512 TERN_CUDA_QKV_ONE=$v rep $rep: $(b1e "TERN_CUDA_QKV_ONE=$v" 512 gemma4-12b)"; done
+    done
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

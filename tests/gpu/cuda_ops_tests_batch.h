@@ -304,11 +304,13 @@ TEST(cuda_norm_gemm) {
  * its bf16 pair, then the split GEMMs on the pair and the plain ones on its high half) against rmsnorm + the
  * separate matmuls: xn and y bitwise. q|k|v with q and k precise, q alone, and bf16x2 (every weight split)
  * at 300 rows (the two-GEMM form) and at 200 and 64 rows (the merged GEMM's range); 8 rows (the GEMVs') declines. */
+extern int tern__cuda_split_merged;
 TEST(cuda_norm_gemm_split) {
     tern_backend *g = g_gpu16;
     if (!g || !g->vt->norm_matmul) { SKIP("cuda_norm_gemm_split", "no bf16-mode backend or norm_matmul"); return; }
-    const int keep = tern__cuda_norm_gemm_on;
+    const int keep = tern__cuda_norm_gemm_on, keep_m = tern__cuda_split_merged;
     tern__cuda_norm_gemm_on = 1;
+    tern__cuda_split_merged = 1;
     const int H = 512, O[3] = {256, 128, 128};
     bt_w w[3];
     int ok = bt_make(&w[0], O[0], H) && bt_make(&w[1], O[1], H) && bt_make(&w[2], O[2], H);
@@ -348,6 +350,7 @@ TEST(cuda_norm_gemm_split) {
     for (int i = 0; i < 3; i++) bt_free(&w[i]);
     tern__cuda_bf16_split = 1;
     tern__cuda_norm_gemm_on = keep;
+    tern__cuda_split_merged = keep_m;
 }
 
 /* norm_mlp for many rows (gemm.c tern__cuda_gemm_mlp: the gate / up products and their glu in bf16) against
@@ -437,12 +440,13 @@ static void qkv_nrk_case(tern_backend *g, int keqv) {
     const int nw3 = keqv ? 2 : 3; /* matrices: q|k|v, or q|k with V = K */
     extern int tern__cuda_qkv_one_on, tern__cuda_g4_qkv, tern__cuda_norm_res_n;
     const int keep = tern__cuda_qkv_one_on, keep_ng = tern__cuda_norm_gemm_on, keep_g4 = tern__cuda_g4_qkv,
-              keep_res = tern__cuda_norm_res_n;
+              keep_res = tern__cuda_norm_res_n, keep_m = tern__cuda_split_merged;
     tern__cuda_bf16_split = 0;
     tern__cuda_qkv_one_on = 1; /* join_weights */
     tern__cuda_norm_gemm_on = 1;
     tern__cuda_g4_qkv = keqv ? 2 : 1;
     tern__cuda_norm_res_n = 1;
+    tern__cuda_split_merged = 1; /* the reference's norm_matmul over precise q / k at these rows */
     const int H = 512, nh = 4, nkv = 2, bs = 16, mb = 8;
     for (int di = 0; di < 2; di++) {
         const int d = di ? 512 : 256;
@@ -548,6 +552,7 @@ static void qkv_nrk_case(tern_backend *g, int keqv) {
     tern__cuda_norm_gemm_on = keep_ng;
     tern__cuda_g4_qkv = keep_g4;
     tern__cuda_norm_res_n = keep_res;
+    tern__cuda_split_merged = keep_m;
 }
 
 TEST(cuda_qkv_nrk) {
@@ -834,9 +839,10 @@ TEST(cuda_norm_gemm_res) {
         SKIP("cuda_norm_gemm_res", "no bf16-mode backend or fused ops");
         return;
     }
-    const int keep = tern__cuda_norm_res_n, keep_ng = tern__cuda_norm_gemm_on;
+    const int keep = tern__cuda_norm_res_n, keep_ng = tern__cuda_norm_gemm_on, keep_m = tern__cuda_split_merged;
     tern__cuda_norm_res_n = 1;
     tern__cuda_norm_gemm_on = 1;
+    tern__cuda_split_merged = 1;
     tern__cuda_bf16_split = 0;
     const int H = 512, I = 384;
     bt_w w[6]; /* q 256, k 128, v 128, gate, up, down */
@@ -893,6 +899,7 @@ TEST(cuda_norm_gemm_res) {
     tern__cuda_bf16_split = 1;
     tern__cuda_norm_res_n = keep;
     tern__cuda_norm_gemm_on = keep_ng;
+    tern__cuda_split_merged = keep_m;
 }
 
 /* ops.h attention_o (gemm.c attn_o_begin / _end around the attention): the batch decode attention on tensor cores
