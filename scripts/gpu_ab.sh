@@ -1627,7 +1627,6 @@ fi
 #      match all-off; + G4_QKV=1; + G4_QKV=3), then b1 of gemma4-12b bf16 at 512 with TERN_CUDA_QKV_ONE=0 (no joined
 #      weights) and the default (joined: must not cost the one-row path). Make each default where it wins.
 if [[ " $SECTIONS " == *" 120 "* ]]; then
-    op_test cuda_qkv_nrk_keqv qkv_nrk_keqv # the full layers' form (G4_QKV bit 1)
     ops_ok ${AB120_OPS:-cuda_qkv_nrk cuda_norm_gemm_split cuda_norm_gemm_res cuda_norm_mlp cuda_norm_rope_kv} || say "120: AN OP TEST FAILED"
     on="TERN_CUDA_NORM_RES_N=1 TERN_CUDA_SPLIT_MERGED=1"
     conc_ab "${AB120_SETS:-TERN_CUDA_NORM_RES_N=0;$on;$on TERN_CUDA_G4_QKV=1;$on TERN_CUDA_G4_QKV=3}" \

@@ -430,6 +430,58 @@ static void kv_pages_same(tern_backend *g, const tern_kv_layer *kv, size_t pool,
     free(pa); free(pb);
 }
 
+/* for an A/B of two paths: two BF16-paged layers over one block table (pages from khb, mb·bs·nkv·d elements each)
+ * and NaN-filled xn [n, H], q [n, nq], k and v [n, nkv·d] for each */
+static void qkv_pair_make(tern_backend *g, tern_kv_layer *kv, float **xn, float **q, float **k, float **v, int n, int H,
+                          int nkv, int d, int bs, int mb, const uint16_t *khb, void *btd, size_t nq) {
+    const size_t nk = (size_t)nkv * d, pool = (size_t)mb * bs * nk;
+    for (int i = 0; i < 2; i++) {
+        kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(khb, pool * 2), to_gpu(khb, pool * 2), btd, mb};
+        kv[i].kf.kind = kv[i].vf.kind = TERN_KV_BF16;
+        xn[i] = nan_buf(g, (size_t)n * H);
+        q[i] = nan_buf(g, (size_t)n * nq);
+        k[i] = nan_buf(g, (size_t)n * nk);
+        v[i] = nan_buf(g, (size_t)n * nk);
+    }
+}
+static void qkv_pair_free(tern_backend *g, tern_kv_layer *kv, float **xn, float **q, float **k, float **v) {
+    for (int i = 0; i < 2; i++) {
+        void *b[] = {kv[i].k, kv[i].v, xn[i], q[i], k[i], v[i]};
+        for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+    }
+}
+
+/* q / k / v of path 0 against path 1 (nq, nk elements): within 1e-4 rel L2 (the same exact products summed in
+ * another order), printed under label */
+static void qkv_pair_near(tern_backend *g, float **q, float **k, float **v, size_t nq, size_t nk, const char *label) {
+    const struct { float *a, *b; size_t len; const char *what; } cmp[] = {
+        {q[0], q[1], nq, "q"}, {k[0], k[1], nk, "k"}, {v[0], v[1], nk, "v"}};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
+        float *a = from_gpu(g, cmp[i].a, cmp[i].len), *b = from_gpu(g, cmp[i].b, cmp[i].len);
+        double dm;
+        const double rel = bt_diff(a, b, cmp[i].len, &dm);
+        printf("  err %s %s vs the separate ops %.2e (max %.2e)\n", label, cmp[i].what, rel, dm);
+        CHECK(rel <= 1e-4, "%s %s: rel %.3e", label, cmp[i].what, rel);
+        free(a); free(b);
+    }
+}
+
+/* the BF16 K then V pages (pool elements each) of kv[0] against kv[1]: within 1e-3 rel L2, printed under label */
+static void kv_pages_near(tern_backend *g, const tern_kv_layer *kv, size_t pool, const char *label) {
+    uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
+    float *fa = malloc(pool * 4), *fb = malloc(pool * 4);
+    for (int p = 0; p < 2; p++) {
+        g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
+        g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
+        for (size_t i = 0; i < pool; i++) { fa[i] = tern_bf16_to_f32(pa[i]); fb[i] = tern_bf16_to_f32(pb[i]); }
+        double dm;
+        const double rel = bt_diff(fa, fb, pool, &dm);
+        printf("  err %s %s pages %.2e (max %.2e)\n", label, p ? "v" : "k", rel, dm);
+        CHECK(rel <= 1e-3, "%s %s pages: rel %.3e", label, p ? "v" : "k", rel);
+    }
+    free(pa); free(pb); free(fa); free(fb);
+}
+
 /* Gemma 4's attention input for many rows (ops.h norm_qkv_norm_rope_kv, gemm.c tern__cuda_gemm_qkv_nrk): joined
  * q|k|v with q and k precise (the split GEMM over [xh | xl], v on xh), the head norms + rope + cache stores from the
  * GEMM's rows, against norm_matmul + norm_rope_kv_write on the same backend: xn (and with res x') bitwise, q / k / v
@@ -466,8 +518,6 @@ static void qkv_nrk_case(tern_backend *g, int keqv) {
         void *btd = to_gpu(bt, sizeof bt), *invd = to_gpu(inv, (size_t)d / 2 * 4), *nwd = to_gpu(nw, (size_t)H * 4),
              *qwd = to_gpu(qw, (size_t)d * 4), *kwd = to_gpu(kw, (size_t)d * 4), *rwd = to_gpu(rw, (size_t)H * 4),
              *scd = to_gpu(&sc, 4);
-        uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
-        float *fa = malloc(pool * 4), *fb = malloc(pool * 4);
         static const int ns[] = {16, 64, 100, 8, 129};
         for (size_t ni = 0; ni < TERN_ARRAY_LEN(ns) * 2; ni++) {
             const int n = ns[ni / 2], with_res = ni % 2, served = n > 8 && n <= 128;
@@ -482,14 +532,7 @@ static void qkv_nrk_case(tern_backend *g, int keqv) {
             tern_rows rows = {n, pd, sd, pos, slot};
             tern_kv_layer kv[2];
             float *xn[2], *q[2], *k[2], *v[2];
-            for (int i = 0; i < 2; i++) {
-                kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(khb, pool * 2), to_gpu(khb, pool * 2), btd, mb};
-                kv[i].kf.kind = kv[i].vf.kind = TERN_KV_BF16;
-                xn[i] = nan_buf(g, (size_t)n * H);
-                q[i] = nan_buf(g, (size_t)n * nq);
-                k[i] = nan_buf(g, (size_t)n * nk);
-                v[i] = nan_buf(g, (size_t)n * nk);
-            }
+            qkv_pair_make(g, kv, xn, q, k, v, n, H, nkv, d, bs, mb, khb, btd, nq);
             float *ya[3] = {q[0], k[0], v[0]}, *yb[3] = {q[1], k[1], v[1]};
             const int r = g->vt->norm_qkv_norm_rope_kv(g, xn[0], xd, nwd, 1e-6f, ya, ws, &kv[0], &rows, nh, invd, 1.25f, qwd,
                                                        kwd, with_res ? &res : NULL);
@@ -499,16 +542,9 @@ static void qkv_nrk_case(tern_backend *g, int keqv) {
                 if (keqv) g->vt->scale(g, v[1], k[1], 1.0f, (size_t)n * nk); /* gemma4.c: V = the raw K */
                 CHECK(g->vt->norm_rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f, qwd, kwd, 1e-6f) == 1,
                       "norm_rope_kv_write refused");
-                const struct { float *a, *b; size_t len; const char *what; } cmp[] = {
-                    {q[0], q[1], (size_t)n * nq, "q"}, {k[0], k[1], (size_t)n * nk, "k"}, {v[0], v[1], (size_t)n * nk, "v"}};
-                for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
-                    float *a = from_gpu(g, cmp[i].a, cmp[i].len), *b = from_gpu(g, cmp[i].b, cmp[i].len);
-                    double dm;
-                    const double rel = bt_diff(a, b, cmp[i].len, &dm);
-                    printf("  err qkv_nrk%s d=%d n=%d res=%d %s vs the two ops %.2e (max %.2e)\n", keqv ? " (v = k)" : "", d, n, with_res, cmp[i].what, rel, dm);
-                    CHECK(rel <= 1e-4, "d %d n %d res %d %s: rel %.3e", d, n, with_res, cmp[i].what, rel);
-                    free(a); free(b);
-                }
+                char label[96];
+                snprintf(label, sizeof label, "qkv_nrk%s d=%d n=%d res=%d", keqv ? " (v = k)" : "", d, n, with_res);
+                qkv_pair_near(g, q, k, v, (size_t)n * nq, (size_t)n * nk, label);
                 const size_t cnt = (size_t)n * H;
                 float *na = from_gpu(g, xn[0], cnt), *nb = from_gpu(g, xn[1], cnt), *x_h = from_gpu(g, xd, cnt);
                 CHECK(!memcmp(na, nb, cnt * 4), "d %d n %d res %d: xn differs", d, n, with_res);
@@ -519,14 +555,7 @@ static void qkv_nrk_case(tern_backend *g, int keqv) {
                     free(oa); free(ob);
                 }
                 free(na); free(nb); free(x_h);
-                for (int p = 0; p < 2; p++) { /* the K then the V pages */
-                    g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
-                    g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
-                    for (size_t i = 0; i < pool; i++) { fa[i] = tern_bf16_to_f32(pa[i]); fb[i] = tern_bf16_to_f32(pb[i]); }
-                    double dm;
-                    const double rel = bt_diff(fa, fb, pool, &dm);
-                    CHECK(rel <= 1e-3, "d %d n %d res %d %s pages: rel %.3e", d, n, with_res, p ? "v" : "k", rel);
-                }
+                kv_pages_near(g, kv, pool, label);
                 if (ni == 2) { /* off: refused */
                     tern__cuda_g4_qkv = 0;
                     CHECK(g->vt->norm_qkv_norm_rope_kv(g, xn[0], xd, nwd, 1e-6f, ya, ws, &kv[0], &rows, nh, invd, 1.25f,
@@ -534,10 +563,7 @@ static void qkv_nrk_case(tern_backend *g, int keqv) {
                     tern__cuda_g4_qkv = keqv ? 2 : 1;
                 }
             }
-            for (int i = 0; i < 2; i++) {
-                void *b[] = {kv[i].k, kv[i].v, xn[i], q[i], k[i], v[i]};
-                for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
-            }
+            qkv_pair_free(g, kv, xn, q, k, v);
             void *b[] = {xd, hd, pd, sd, xp, xo};
             for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
             free(pos); free(slot); free(x); free(hh);
@@ -545,7 +571,7 @@ static void qkv_nrk_case(tern_backend *g, int keqv) {
         void *b[] = {btd, invd, nwd, qwd, kwd, rwd, scd};
         for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
         qkv_free_n(g, h, t, nw3);
-        free(kh); free(khb); free(inv); free(nw); free(qw); free(kw); free(rw); free(pa); free(pb); free(fa); free(fb);
+        free(kh); free(khb); free(inv); free(nw); free(qw); free(kw); free(rw);
     }
     tern__cuda_bf16_split = 1;
     tern__cuda_qkv_one_on = keep;
@@ -555,6 +581,8 @@ static void qkv_nrk_case(tern_backend *g, int keqv) {
     tern__cuda_split_merged = keep_m;
 }
 
+/* both forms: q|k|v, then attention_k_eq_v (Gemma 4's full layers: q|k joined, w[2] NULL, V = the raw K projection;
+ * the reference copies k to v before norm_rope_kv_write as gemma4.c does) */
 TEST(cuda_qkv_nrk) {
     tern_backend *g = g_gpu16;
     if (!g || !g->vt->norm_qkv_norm_rope_kv || !g->vt->join_weights || !g->vt->norm_rope_kv_write) {
@@ -562,15 +590,6 @@ TEST(cuda_qkv_nrk) {
         return;
     }
     qkv_nrk_case(g, 0);
-}
-/* the same with attention_k_eq_v (Gemma 4's full layers): q|k joined, w[2] NULL, V = the raw K projection; the
- * reference copies k to v before norm_rope_kv_write as gemma4.c does */
-TEST(cuda_qkv_nrk_keqv) {
-    tern_backend *g = g_gpu16;
-    if (!g || !g->vt->norm_qkv_norm_rope_kv || !g->vt->join_weights || !g->vt->norm_rope_kv_write) {
-        SKIP("cuda_qkv_nrk_keqv", "no bf16-mode backend");
-        return;
-    }
     qkv_nrk_case(g, 1);
 }
 
@@ -604,8 +623,6 @@ TEST(cuda_qkv_one) {
     for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
     bt[1] = -1; /* not resident: those rows write no cache */
     void *btd = to_gpu(bt, sizeof bt), *invd = to_gpu(inv, (size_t)d / 2 * 4), *nwd = to_gpu(nw, (size_t)H * 4);
-    uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
-    float *fa = malloc(pool * 4), *fb = malloc(pool * 4);
     for (size_t ni = 0; ni < TERN_ARRAY_LEN(ns); ni++) {
         const int n = ns[ni];
         int32_t *pos = malloc((size_t)n * 4), *slot = calloc((size_t)n, 4);
@@ -615,51 +632,26 @@ TEST(cuda_qkv_one) {
         tern_rows rows = {n, pd, sd, pos, slot};
         tern_kv_layer kv[2];
         float *xn[2], *q[2], *k[2], *v[2];
-        for (int i = 0; i < 2; i++) {
-            kv[i] = (tern_kv_layer){TERN_DT_Q, nkv, d, bs, 0, to_gpu(khb, pool * 2), to_gpu(khb, pool * 2), btd, mb};
-            kv[i].kf.kind = kv[i].vf.kind = TERN_KV_BF16;
-            xn[i] = nan_buf(g, (size_t)n * H);
-            q[i] = nan_buf(g, (size_t)n * nq);
-            k[i] = nan_buf(g, (size_t)n * nk);
-            v[i] = nan_buf(g, (size_t)n * nk);
-        }
+        qkv_pair_make(g, kv, xn, q, k, v, n, H, nkv, d, bs, mb, khb, btd, nq);
         CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows, nh, invd, 1.25f) == 1,
               "n %d: norm_qkv_rope_kv refused", n);
         float *ys[3] = {q[1], k[1], v[1]};
         CHECK(g->vt->norm_matmul(g, xn[1], xd, nwd, 1e-6f, n, 3, ys, ws, -1, NULL) == 1, "n %d: norm_matmul refused", n);
         CHECK(g->vt->rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f) == 1, "rope_kv_write refused");
-        const struct { float *a, *b; size_t len; const char *what; } cmp[] = {
-            {q[0], q[1], (size_t)n * nq, "q"}, {k[0], k[1], (size_t)n * nk, "k"}, {v[0], v[1], (size_t)n * nk, "v"}};
-        for (size_t i = 0; i < TERN_ARRAY_LEN(cmp); i++) {
-            float *a = from_gpu(g, cmp[i].a, cmp[i].len), *b = from_gpu(g, cmp[i].b, cmp[i].len);
-            double dm;
-            const double rel = bt_diff(a, b, cmp[i].len, &dm);
-            printf("  err qkv_one n=%d %s vs norm_matmul + rope_kv_write %.2e (max %.2e)\n", n, cmp[i].what, rel, dm);
-            CHECK(rel <= 1e-4, "n %d %s: rel %.3e", n, cmp[i].what, rel);
-            free(a); free(b);
-        }
+        char label[64];
+        snprintf(label, sizeof label, "qkv_one n=%d", n);
+        qkv_pair_near(g, q, k, v, (size_t)n * nq, (size_t)n * nk, label);
         float *na = from_gpu(g, xn[0], (size_t)n * H), *nb = from_gpu(g, xn[1], (size_t)n * H);
         CHECK(!memcmp(na, nb, (size_t)n * H * 4), "n %d: xn differs", n);
         free(na); free(nb);
-        for (int p = 0; p < 2; p++) { /* the K then the V pages */
-            g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
-            g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
-            for (size_t i = 0; i < pool; i++) { fa[i] = tern_bf16_to_f32(pa[i]); fb[i] = tern_bf16_to_f32(pb[i]); }
-            double dm;
-            const double rel = bt_diff(fa, fb, pool, &dm);
-            printf("  err qkv_one n=%d %s pages %.2e (max %.2e)\n", n, p ? "v" : "k", rel, dm);
-            CHECK(rel <= 1e-3, "n %d %s pages: rel %.3e", n, p ? "v" : "k", rel);
-        }
+        kv_pages_near(g, kv, pool, label);
         if (ni == 0) { /* off: refused, the caller runs the separate ops */
             tern__cuda_qkv_one_on = 0;
             CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows, nh, invd, 1.25f) == 0,
                   "off: should refuse");
             tern__cuda_qkv_one_on = 1;
         }
-        for (int i = 0; i < 2; i++) {
-            void *b[] = {kv[i].k, kv[i].v, xn[i], q[i], k[i], v[i]};
-            for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
-        }
+        qkv_pair_free(g, kv, xn, q, k, v);
         void *b[] = {xd, pd, sd};
         for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
         free(pos); free(slot); free(x);
@@ -667,7 +659,7 @@ TEST(cuda_qkv_one) {
     void *b[] = {btd, invd, nwd};
     for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
     qkv_free(g, h, t);
-    free(kh); free(khb); free(inv); free(nw); free(pa); free(pb); free(fa); free(fb);
+    free(kh); free(khb); free(inv); free(nw);
     tern__cuda_qkv_one_on = keep;
     tern__cuda_norm_gemm_on = keep_ng;
     tern__cuda_qkv_one_min = keep_min;
@@ -1042,7 +1034,6 @@ static void cuda_batch_tests(void) {
     RUN(cuda_norm_mlp);
     RUN(cuda_qkv_one);
     RUN(cuda_qkv_nrk);
-    RUN(cuda_qkv_nrk_keqv);
     RUN(cuda_attention_o);
     RUN(cuda_qkv_attention_o);
     RUN(cuda_attention_decode_rope_bits);

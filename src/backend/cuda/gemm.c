@@ -775,7 +775,7 @@ int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const flo
  * ones (bf16x2: all). Full layers (attention_k_eq_v: w[2] NULL) the same over joined q|k, v read from k's columns.
  * Numerics: the separate ops' products and sums, in another GEMM's summation order (the bf16 mode's bound, not
  * bitwise). Decode steps (9..128 rows), head dims 256 / 512. TERN_CUDA_G4_QKV: bit 0 q|k|v, bit 1 q|k (3 both;
- * default 0: written in session 68 without a GPU run — op tests cuda_qkv_nrk / _keqv and gpu_ab.sh section 120 first). */
+ * default 0: written in session 68 without a GPU run — op test cuda_qkv_nrk and gpu_ab.sh section 120 first). */
 int tern__cuda_g4_qkv = -1; /* -1 until read: bit 0 q|k|v, bit 1 q|k with V = K (tests set it) */
 int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                             const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
