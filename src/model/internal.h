@@ -291,6 +291,10 @@ static inline void tern__pending_add(tern_model *m, float *x, const tern_pending
     tern__rmsnorm_add(m, x, p->h, n, d, p->w, eps, p->s);
 }
 
+/* the pending add as the residual prologue of a fused op (ops.h tern_norm_res), x' written to xo */
+static inline tern_norm_res tern__pending_res(const tern_pending_res *p, float *xo) {
+    return (tern_norm_res){xo, p->h, p->w, p->s, p->h2, p->w2};
+}
 /* The residual stream *x (rows n of d) gets the pending add, then the pre-norm op runs on rmsnorm(*x)·nw:
  * act < 0: y[0..k) = xn·W_iᵀ (k = 1: the plain matmul); act >= 0: y[0] = act(xn·w[0]ᵀ) ⊙ (xn·w[1]ᵀ)
  * (tmp: scratch of the unfused glu). When the backend folds the add in, x' lands in *xo and the two
@@ -308,7 +312,7 @@ static inline void tern__pending_norm_op(tern_model *m, float **x, float **xo, t
                                          const tern_tensor *const *w, int act, float *tmp) {
     const tern_backend_vt *op = m->be->vt;
     if (p->on) {
-        const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
+        const tern_norm_res r = tern__pending_res(p, *xo);
         if (*xo && op->norm_matmul && op->norm_matmul(m->be, xn, *x, nw, eps, n, k, y, w, act, &r)) {
             tern__pending_taken(x, xo, p);
             return;
@@ -332,7 +336,7 @@ static inline int tern__pending_qkv_nrk(tern_model *m, float **x, float **xo, te
     const tern_backend_vt *op = m->be->vt;
     if (!op->norm_qkv_norm_rope_kv || rows->n < 2) return 0;
     if (p->on && *xo) {
-        const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
+        const tern_norm_res r = tern__pending_res(p, *xo);
         if (op->norm_qkv_norm_rope_kv(m->be, xn, *x, nw, eps, y, w, kv, rows, nh, inv_freq, mscale, qw, kw, &r)) {
             tern__pending_taken(x, xo, p);
             return 1;
@@ -358,7 +362,7 @@ static inline void tern__pending_matmul_act_mul(tern_model *m, float **x, float 
                                                 float eps, float *y, const tern_tensor *w, int act, const float *v) {
     const tern_backend_vt *op = m->be->vt;
     if (op->matmul_act_mul && p->on && *xo) {
-        const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
+        const tern_norm_res r = tern__pending_res(p, *xo);
         if (op->matmul_act_mul(m->be, y, *x, n, w, act, v, &r, eps)) {
             tern__pending_taken(x, xo, p);
             return;
@@ -388,7 +392,7 @@ static inline void tern__pending_mlp(tern_model *m, float **x, float **xo, tern_
                                      const tern_tensor *const *w, int act) {
     if (m->be->vt->norm_mlp && n > 1) {
         if (p->on && *xo) {
-            const tern_norm_res r = {*xo, p->h, p->w, p->s, p->h2, p->w2};
+            const tern_norm_res r = tern__pending_res(p, *xo);
             if (m->be->vt->norm_mlp(m->be, xn, *x, nw, eps, n, y, 0, w, act, &r)) {
                 tern__pending_taken(x, xo, p);
                 return;

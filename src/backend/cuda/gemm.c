@@ -716,6 +716,15 @@ int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *
     return pair ? gemm_glu_run(c, y[0], n, xb, w[0], w[1], act) : gemm_n_run(c, k, y, n, w);
 }
 
+/* 1 when the k BF16 matrices' rows are back to back in one allocation (join_weights), w[0] first: one [Σ out, in]
+ * matrix for a single GEMM */
+static int joined_rows(const tern__cuda_w *const *w, int k) {
+    for (int i = 1; i < k; i++)
+        if ((const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->out * w[i - 1]->in * 2)
+            return 0;
+    return 1;
+}
+
 /* ---- q|k|v as one matrix for many rows (TERN_CUDA_QKV_ONE, default on since session 27: +2.5 % / +4.6 % at 64 / 128 sequences) --
  * bench_cuda --ltsweep (NOTES (am)) timed llama3-8b's q|k|v as one 6144x4096 cuBLASLt GEMM at 17.7 µs for 64 rows,
  * against 24.3 on sgemm.cu (the default) and 22.6 as the q GEMM + the k|v strided batch. The weights are joined at
@@ -741,10 +750,9 @@ const float *tern__cuda_qkv_one_gemm(tern__cuda *c, float *xn, const float *x, c
     const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv;
     if (!tern__cuda_qkv_one() || n < 2 || n < qkv_one_min() || xn == x || ((uintptr_t)xn & 15)) return NULL;
     if (!tern__cuda_rope_pages(kv) || w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d) return NULL;
-    for (int i = 0; i < 3; i++) /* plain bf16 GEMMs over BF16 weights, adjacent rows */
-        if (!plain_gemm_ok(c, w[i], n) || w[i]->nmat > 1 || w[i]->in != in ||
-            (i && (const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->out * in * 2))
-            return NULL;
+    for (int i = 0; i < 3; i++) /* plain bf16 GEMMs over BF16 weights */
+        if (!plain_gemm_ok(c, w[i], n) || w[i]->nmat > 1 || w[i]->in != in) return NULL;
+    if (!joined_rows(w, 3)) return NULL;
     const int M = w[0]->out + w[1]->out + w[2]->out;
     const size_t cb = (size_t)n * M * sizeof(float), xb = staged_bytes(c, n, in, cb);
     if (!xb) return NULL;
@@ -791,10 +799,9 @@ int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const floa
         return 0;
     const int all = tern__cuda_bf16_split_all(c);
     int mask = 0, M = 0;
-    for (int i = 0; i < k; i++) { /* BF16, adjacent rows (joined) */
-        if (w[i]->dtype != TERN_DT_BF16 || w[i]->nmat > 1 || w[i]->in != in || in % 8 ||
-            (i && (const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->out * in * 2))
-            return 0;
+    if (!joined_rows(w, k)) return 0;
+    for (int i = 0; i < k; i++) { /* BF16 */
+        if (w[i]->dtype != TERN_DT_BF16 || w[i]->nmat > 1 || w[i]->in != in || in % 8) return 0;
         if (all || w[i]->precise) mask |= 1 << i;
         M += w[i]->out;
     }

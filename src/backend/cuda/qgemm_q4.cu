@@ -262,9 +262,9 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.ng = w0->in >> a.gs_shift;
     a.nkt = w0->in / QG_KB;
     /* split K until the grid fills the SMs at the kernel's occupancy, at least `st` (its stages) tiles a
-     * block. Keeping the grid within one wave instead (ncu flagged q|k|v at 64 rows: 288 blocks for 264 slots)
-     * lost on the H200: llama3-8b q4 decode at 8 / 16 / 64 sequences 2102 / 3884 / 8652 → 1752 / 3317 / 8492
-     * tok/s (the memory-bound row counts want the blocks) */
+     * block; rounded down to one wave instead for 17-32 rows (TERN_CUDA_QG4_WAVE, at init). One wave for every
+     * row count lost on the H200 in session 15: llama3-8b q4 decode at 8 / 16 / 64 sequences 2102 / 3884 / 8652 →
+     * 1752 / 3317 / 8492 tok/s (the memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8);
     const long base = (long)mb * nb;
     const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
