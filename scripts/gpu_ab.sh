@@ -1637,6 +1637,15 @@ if [[ " $SECTIONS " == *" 120 "* ]]; then
     done
 fi
 
+# 121. session 69: section 120's three switches on the other Gemma 4 geometries (e4b: head dims 256 / 512, KV shared
+#      layers; 26b-a4b: MoE, k_eq_v full layers) — batch decode at AB121_CONC (default 32,64) for AB121_MODELS (default
+#      gemma4-e4b gemma4-26b-a4b, bf16), all off against AB121_ON (default all three on), ids digests
+if [[ " $SECTIONS " == *" 121 "* ]]; then
+    conc_ab "TERN_CUDA_NORM_RES_N=0;${AB121_ON:-TERN_CUDA_NORM_RES_N=1 TERN_CUDA_SPLIT_MERGED=1 TERN_CUDA_G4_QKV=3}" \
+        "${AB121_MODELS:-gemma4-e4b gemma4-26b-a4b}" "${AB121_CONC:-32,64}"
+    for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
