@@ -1646,6 +1646,15 @@ if [[ " $SECTIONS " == *" 121 "* ]]; then
     for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
 fi
 
+# 122. session 69: the new defaults (NORM_RES_N, SPLIT_MERGED on, G4_QKV=3) against all three off, batch decode of
+#      AB122_MODELS (default gemma4-12b) at AB122_CONC (default 32,64), ids digests (the defaults must give section 120's
+#      G4_QKV=3 digests)
+if [[ " $SECTIONS " == *" 122 "* ]]; then
+    conc_ab "TERN_AB=default;TERN_CUDA_NORM_RES_N=0 TERN_CUDA_SPLIT_MERGED=0 TERN_CUDA_G4_QKV=0" \
+        "${AB122_MODELS:-gemma4-12b}" "${AB122_CONC:-32,64}"
+    for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

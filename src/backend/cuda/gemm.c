@@ -591,11 +591,12 @@ static int gemm_glu_run(tern__cuda *c, float *y, int n, size_t xb, const tern__c
  * pre-norm: one launch and one read of the rows fewer, twice a Gemma 4 layer. Op test cuda_norm_gemm_res passes
  * (H200, session 24); gemma4-26b-a4b prefill moved by no more than noise (bench/NOTES.md (ak)), but batch decode
  * runs the two launches per layer beside each GEMM (ncu of gemma4-12b at 64 sequences, NOTES (cb)); since session 68
- * gemma4.c keeps the second residual buffer for batch steps (256 rows) too, so TERN_CUDA_NORM_RES_N=1 now folds them
- * in batch decode — not yet timed there (gpu_ab.sh section 120), so still opt-in. */
-int tern__cuda_norm_res_n = -1; /* -1 unread (TERN_CUDA_NORM_RES_N, default 0); tests set it */
+ * gemma4.c keeps the second residual buffer for batch steps (256 rows) too, so the adds fold in batch decode as well.
+ * Default since session 69 (H100, gpu_ab.sh section 120, NOTES (cc): with SPLIT_MERGED, gemma4-12b bf16 at 64
+ * sequences 4741 / 4731 → 4830 / 4763 dec tok/s, the same ids); TERN_CUDA_NORM_RES_N=0 off. */
+int tern__cuda_norm_res_n = -1; /* -1 unread (TERN_CUDA_NORM_RES_N, default 1); tests set it */
 static int res_n_on(void) {
-    if (tern__cuda_norm_res_n < 0) tern__cuda_norm_res_n = tern__cuda_env_int("TERN_CUDA_NORM_RES_N", 0) != 0;
+    if (tern__cuda_norm_res_n < 0) tern__cuda_norm_res_n = tern__cuda_env_int("TERN_CUDA_NORM_RES_N", 1) != 0;
     return tern__cuda_norm_res_n;
 }
 static void norm_stage(tern__cuda *c, float *xn, void *xh, void *xl, const float *x, int n, int in, const float *nw,
@@ -656,14 +657,14 @@ int tern__cuda_norm_gemm_on = -1; /* -1 unread, 0 never, 1 from 2 rows, 2 from N
  * bytes at the same scratch offsets). Two forms, as gemm_rows picks: up to tern__cuda_gemm_merge_max() rows
  * the merged one ([xh | xl] unpadded, one GEMM of 2n columns into the scratch after the pair, y = the sum of
  * its halves; batch decode: gemma4-12b's sliding q|k|v at 64 sequences ran rmsnorm + three conversions, ncu
- * NOTES (cb); written in session 68 without a GPU run: opt-in TERN_CUDA_SPLIT_MERGED=1, gpu_ab.sh section 120),
+ * NOTES (cb); TERN_CUDA_SPLIT_MERGED, default 1 since session 69 with NORM_RES_N, NOTES (cc); 0 off),
  * above it the two-GEMM one (W·xh, then += W·xl). The plain ones W·xh. Taken only where every one of those
  * matmuls reaches that form in one chunk (BF16 weights, more rows than the GEMVs and qgemm.cu take, and for plain
  * weights not sgemm.cu's range); 0 otherwise. */
-int tern__cuda_split_merged = -1; /* TERN_CUDA_SPLIT_MERGED (default 0 until timed on a GPU); tests set 1 */
+int tern__cuda_split_merged = -1; /* TERN_CUDA_SPLIT_MERGED (default 1); tests set it */
 static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                            float *const *y, const tern__cuda_w *const *w, const tern_norm_res *res) {
-    if (tern__cuda_split_merged < 0) tern__cuda_split_merged = tern__cuda_env_int("TERN_CUDA_SPLIT_MERGED", 0) != 0;
+    if (tern__cuda_split_merged < 0) tern__cuda_split_merged = tern__cuda_env_int("TERN_CUDA_SPLIT_MERGED", 1) != 0;
     if (c->compute != TERN_COMPUTE_BF16 || k < 1 || k > 3 || n <= 8 || n <= tern__cuda_qgemm_max_n_bf16) return 0;
     const int in = w[0]->in, all = tern__cuda_bf16_split_all(c), merged = n <= tern__cuda_gemm_merge_max();
     if (merged && !tern__cuda_split_merged) return 0;
@@ -773,7 +774,7 @@ int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const flo
     return cs && tern__cuda_rope_kv_rows(c, kv, rows, cs, M, y[0], y[1], y[2], nh, inv_freq, mscale);
 }
 
-/* ---- Gemma 4's attention input for many rows (ops.h norm_qkv_norm_rope_kv; TERN_CUDA_G4_QKV, opt-in) ----
+/* ---- Gemma 4's attention input for many rows (ops.h norm_qkv_norm_rope_kv; TERN_CUDA_G4_QKV) ----
  * The separate ops ran q, k and v as three GEMMs of 64-128 columns over 2048-4096 rows each — cuBLASLt's grids
  * for those fill the SMs once and stream the weight at ~1.6 TB/s (ncu of gemma4-12b bf16 at 64 sequences, NOTES
  * (cb): 16.5 + 12.0 + 11.4 µs a sliding layer for 63 MB) — plus an elementwise sum for each precise one. Here
@@ -782,14 +783,16 @@ int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const flo
  * precise, else on xh, and nrk_rows norms, ropes and stores from its rows, adding the W·xl half for the precise
  * ones (bf16x2: all). Full layers (attention_k_eq_v: w[2] NULL) the same over joined q|k, v read from k's columns.
  * Numerics: the separate ops' products and sums, in another GEMM's summation order (the bf16 mode's bound, not
- * bitwise). Decode steps (9..128 rows), head dims 256 / 512. TERN_CUDA_G4_QKV: bit 0 q|k|v, bit 1 q|k (3 both;
- * default 0: written in session 68 without a GPU run — op test cuda_qkv_nrk and gpu_ab.sh section 120 first). */
+ * bitwise). Decode steps (9..128 rows), head dims 256 / 512. TERN_CUDA_G4_QKV: bit 0 q|k|v, bit 1 q|k (default 3,
+ * both; 0 off). H100, session 69 (gpu_ab.sh sections 120 / 121, NOTES (cc)), on top of NORM_RES_N + SPLIT_MERGED, dec
+ * tok/s at 64 sequences: gemma4-12b bf16 4830 / 4763 → 5010 / 5011 (0.735), gemma4-e4b 9175 → 9655–9734 (all three
+ * against none), gemma4-26b-a4b 2917–2933 → 2986; b1 unchanged by the joined weights (107.0 / 107.1 tok/s). */
 int tern__cuda_g4_qkv = -1; /* -1 until read: bit 0 q|k|v, bit 1 q|k with V = K (tests set it) */
 int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                             const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                             const float *inv_freq, float mscale, const float *qw, const float *kw,
                             const tern_norm_res *res) {
-    if (tern__cuda_g4_qkv < 0) tern__cuda_g4_qkv = tern__cuda_env_int("TERN_CUDA_G4_QKV", 0) & 3;
+    if (tern__cuda_g4_qkv < 0) tern__cuda_g4_qkv = tern__cuda_env_int("TERN_CUDA_G4_QKV", 3) & 3;
     const int n = rows->n, in = w[0]->in, d = kv->head_dim, nkv = kv->n_head_kv, k = w[2] ? 3 : 2;
     if (!(tern__cuda_g4_qkv & (k == 3 ? 1 : 2)) || c->compute != TERN_COMPUTE_BF16 || n <= 8 ||
         n <= tern__cuda_qgemm_max_n_bf16 || n > 128 || xn == x || ((uintptr_t)xn & 15) || (res && (!res_n_on() || res->h2)))
