@@ -542,17 +542,23 @@ if [[ " $SECTIONS " == *" 37 "* ]]; then
     conc_ab "TERN_LT_PICK=0;TERN_LT_PICK=1;TERN_LT_PICK=2;TERN_LT_PICK=3" llama3-8b 64,128
 fi
 
+# ltsweep_sum FILE "n ...": bench_cuda --ltsweep at those rows into $OUT/FILE.txt; per shape and n the heuristic's first
+# answer and the fastest into the summary (what a per-shape pin would take)
+ltsweep_sum() {
+    timeout 240 build/bench_cuda --ltsweep $2 > "$OUT/$1.txt" 2>&1
+    say "ltsweep rc $?: $(grep -c '^ltsweep' "$OUT/$1.txt") lines; per shape and n: first answer, then the fastest"
+    grep '^ltsweep' "$OUT/$1.txt" | awk '{ k = $0; sub(/ +#.*/, "", k); us = $0; sub(/.*# *[0-9]+ +/, "", us); us += 0;
+        if (!(k in first)) { first[k] = $0; order[++nk] = k }
+        if (!(k in best) || us < bu[k]) { best[k] = $0; bu[k] = us } }
+        END { for (i = 1; i <= nk; i++) { print "  " first[order[i]]; print "  " best[order[i]] } }' | tee -a "$S"
+}
+
 # 38. bf16 batch decode, written in session 26: (a) every cuBLASLt heuristic answer for llama3-8b's decode GEMMs at
 #     32 / 64 / 128 rows (bench_cuda --ltsweep; the fastest per shape, its rank and configuration, into the summary:
 #     what a per-shape rule would pin), (b) the MLP's bf16 form (norm_mlp: gate|up in bf16 rows, the act kernel, down
 #     reading h) from 9 rows instead of 65 (TERN_CUDA_MLP_MIN), at 16 / 32 / 64 sequences.
 if [[ " $SECTIONS " == *" 38 "* ]]; then
-    timeout 240 build/bench_cuda --ltsweep ${AB_SWEEP_N:-32 64 128} > "$OUT/ltsweep.txt" 2>&1
-    say "ltsweep rc $?: $(grep -c '^ltsweep' "$OUT/ltsweep.txt") lines; per shape and n: first answer, then the fastest"
-    grep '^ltsweep' "$OUT/ltsweep.txt" | awk '{ k = $0; sub(/ +#.*/, "", k); us = $0; sub(/.*# *[0-9]+ +/, "", us); us += 0;
-        if (!(k in first)) { first[k] = $0; order[++nk] = k }
-        if (!(k in best) || us < bu[k]) { best[k] = $0; bu[k] = us } }
-        END { for (i = 1; i <= nk; i++) { print "  " first[order[i]]; print "  " best[order[i]] } }' | tee -a "$S"
+    ltsweep_sum ltsweep "${AB_SWEEP_N:-32 64 128}"
     conc_ab "TERN_CUDA_MLP_MIN=65;TERN_CUDA_MLP_MIN=9" llama3-8b 16,32,64
 fi
 
@@ -1653,6 +1659,15 @@ if [[ " $SECTIONS " == *" 122 "* ]]; then
     conc_ab "TERN_AB=default;TERN_CUDA_NORM_RES_N=0 TERN_CUDA_SPLIT_MERGED=0 TERN_CUDA_G4_QKV=0" \
         "${AB122_MODELS:-gemma4-12b}" "${AB122_CONC:-32,64}"
     for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+fi
+
+# 123. session 69: every cuBLASLt heuristic answer for gemma4-12b's batch-decode GEMMs (BENCH_LT_SET=g12: o, down,
+#      joined q|k|v, gate|up in bf16 rows) at AB123_N (default 64 128: q|k|v runs at 2n columns) — ncu with section
+#      120's switches on put q|k|v (29 µs for 63 MB) and o (15 µs for 31 MB) at ~2.1 TB/s against gate|up's 2.6
+if [[ " $SECTIONS " == *" 123 "* ]]; then
+    export BENCH_LT_SET=g12
+    ltsweep_sum ltsweep_g12 "${AB123_N:-64 128}"
+    unset BENCH_LT_SET
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -9,7 +9,8 @@
  * (60 MB) cannot serve them. Attention decode: bytes = K + V of the context read once.
  * Timing: warm-up, then many asynchronous launches between two sync()s on the host clock.
  * `bench_cuda --qmma`: the MLX Q matmul of qmma.cu vs the older kernels (n = 1..64), then stop.
- * `bench_cuda --ltsweep [n ...]`: every cuBLASLt heuristic answer for llama3-8b's batch-decode GEMMs, then stop.
+ * `bench_cuda --ltsweep [n ...]`: every cuBLASLt heuristic answer for llama3-8b's batch-decode GEMMs (BENCH_LT_SET=g12:
+ * gemma4-12b's), then stop.
  * `bench_cuda --ltsearch [n ...]`: every cuBLASLt configuration for those GEMMs at n rows, timed, with TERN_LT_PIN entries.
  * `bench_cuda --wgemm [n ...]`: wgemm.cu against cuBLASLt for those GEMMs (µs as graphs, output difference).
  * `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b shapes, moe_mma.cu vs the GEMV pairs, then stop.
@@ -554,19 +555,27 @@ void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, i
                          float beta, double bytes);
 static void bench_ltsweep(int argc, char **argv) {
     tern__cuda *c = (tern__cuda *)g->impl;
-    enum { NSH = 8 };
-    static const struct { const char *name; int m, k, nb, c16; float beta; } sh[NSH] = {
+    typedef struct { const char *name; int m, k, nb, c16; float beta; } Shape;
+    static const Shape llama[] = {
         {"o 4096x4096 +=", 4096, 4096, 0, 0, 1.0f},       {"down 4096x14336 +=", 4096, 14336, 0, 0, 1.0f},
         {"q 4096x4096", 4096, 4096, 0, 0, 0.0f},          {"k|v 2x1024x4096", 1024, 4096, 2, 0, 0.0f},
         {"gate|up 2x14336x4096 f32", 14336, 4096, 2, 0, 0.0f}, {"gate|up 2x14336x4096 bf16", 14336, 4096, 2, 1, 0.0f},
         {"q|k|v 6144x4096 (one matrix)", 6144, 4096, 0, 0, 0.0f}, {"head 128256x4096", 128256, 4096, 0, 0, 0.0f}};
+    /* BENCH_LT_SET=g12: gemma4-12b's sliding layer in the bf16 mode (o and down with beta 0: both outputs are normed
+     * before the residual add; q|k|v joined, run at 2n columns when q / k are precise) */
+    static const Shape g12[] = {
+        {"o 3840x4096", 3840, 4096, 0, 0, 0.0f}, {"down 3840x15360", 3840, 15360, 0, 0, 0.0f},
+        {"q|k|v 8192x3840 (one matrix)", 8192, 3840, 0, 0, 0.0f}, {"gate|up 2x15360x3840 bf16", 15360, 3840, 2, 1, 0.0f}};
+    const char *set = getenv("BENCH_LT_SET");
+    const int is_g12 = set && !strcmp(set, "g12"), NSH = is_g12 ? 4 : 8;
+    const Shape *sh = is_g12 ? g12 : llama;
     int ns[16], nn = 0;
     for (int i = 2; i < argc && nn < 16; i++)
         if (atoi(argv[i]) > 0) ns[nn++] = atoi(argv[i]);
     if (!nn) { ns[0] = 32; ns[1] = 64; ns[2] = 128; nn = 3; }
     int nmax = 0;
     for (int i = 0; i < nn; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
-    void *x = dev_random((size_t)nmax * 14336 * 2), *y = g->vt->alloc(g, (size_t)nmax * 128256 * 4);
+    void *x = dev_random((size_t)nmax * 15360 * 2), *y = g->vt->alloc(g, (size_t)nmax * 128256 * 4);
     for (int s = 0; s < NSH && x && y; s++) {
         const int nb = sh[s].nb ? sh[s].nb : 1;
         const size_t wb = (size_t)sh[s].m * sh[s].k * 2 * nb;
