@@ -1670,6 +1670,15 @@ if [[ " $SECTIONS " == *" 123 "* ]]; then
     unset BENCH_LT_SET
 fi
 
+# 124. session 69: batch decode over any settings — AB124_SETS (";"-separated env words, e.g. a TERN_LT_PIN entry that
+#      section 123 found faster alone: "TERN_AB=default;TERN_LT_PIN=8192,128,3840,..."), AB124_MODELS (default
+#      gemma4-12b), AB124_CONC (default 64); ids digests. A GEMM picked faster alone ran slower in the model before
+#      (session 30, NOTES (aq)): pin only what wins here
+if [[ " $SECTIONS " == *" 124 "* ]]; then
+    conc_ab "${AB124_SETS:-TERN_AB=default}" "${AB124_MODELS:-gemma4-12b}" "${AB124_CONC:-64}"
+    for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
