@@ -143,7 +143,7 @@ build/tests/test_%_core: tests/unit/test_%.c build/libtern_core.a
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) $(CORE_CFLAGS) -DTERN_CORE_ONLY -Itests $< build/libtern_core.a -o $@ $(CORE_LDFLAGS) $(CORE_LIBS)
 core: build/tern-core build/tests/test_parity_core build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core \
-      build/tests/test_model_tp_offload_core build/tests/test_runtime_experts_core
+      build/tests/test_model_tp_offload_core build/tests/test_runtime_experts_core build/tests/test_model_g4_batch_core
 .PHONY: core
 
 # `make bench-glm`: build/bench_glm_gpu (GLM-5 per layer + latent attention, cpu or cuda) from the

@@ -1652,10 +1652,14 @@ if [[ " $SECTIONS " == *" 121 "* ]]; then
     for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
 fi
 
-# 122. session 69: the new defaults (NORM_RES_N, SPLIT_MERGED on, G4_QKV=3) against all three off, batch decode of
+# 122. session 69: test_model_g4_batch on the GPU (the joined path against the separate ops and cpu f32 at the real head
+#      dims, 16 / 64 rows), then the new defaults (NORM_RES_N, SPLIT_MERGED on, G4_QKV=3) against all three off, batch decode of
 #      AB122_MODELS (default gemma4-12b) at AB122_CONC (default 32,64), ids digests (the defaults must give section 120's
 #      G4_QKV=3 digests)
 if [[ " $SECTIONS " == *" 122 "* ]]; then
+    TERN_TEST_DEVICE=cuda timeout 120 build/tests/test_model_g4_batch_core > "$OUT/g4_batch.log" 2>&1
+    say "test_model_g4_batch on cuda: $(grep -cE '^PASS' "$OUT/g4_batch.log") passed, $(grep -cE '^FAIL' "$OUT/g4_batch.log") failed"
+    grep -E '^FAIL|check failed|rows, bf16' "$OUT/g4_batch.log" | tee -a "$S"
     conc_ab "TERN_AB=default;TERN_CUDA_NORM_RES_N=0 TERN_CUDA_SPLIT_MERGED=0 TERN_CUDA_G4_QKV=0" \
         "${AB122_MODELS:-gemma4-12b}" "${AB122_CONC:-32,64}"
     for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done

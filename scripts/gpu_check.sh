@@ -30,10 +30,11 @@ set -u
 cd "$(dirname "$0")/.."
 PACK_BINS="build/test_cuda_ops build/bench_cuda build/tern-core build/tests/test_parity_core build/concurrency \
 build/tests/test_model_tp_core build/tests/test_model_tp_vocab_core build/tests/test_model_tp_offload_core \
-build/tests/test_runtime_experts_core build/bench_experts build/tests/test_sample_device"
+build/tests/test_runtime_experts_core build/bench_experts build/tests/test_sample_device build/tests/test_model_g4_batch_core"
 [ "${2:-}" = small ] && PACK_BINS="build/tern-core build/concurrency" # next to a peer's binaries (64 MiB carry)
 # `pack ab`: what gpu_ab.sh's A/B sections need (op tests, parity, tern-core, concurrency, bench_cuda), ~16 MB beside a peer's
-[ "${2:-}" = ab ] && PACK_BINS="build/tern-core build/concurrency build/test_cuda_ops build/tests/test_parity_core build/bench_cuda"
+[ "${2:-}" = ab ] && PACK_BINS="build/tern-core build/concurrency build/test_cuda_ops build/tests/test_parity_core build/bench_cuda \
+build/tests/test_model_g4_batch_core"
 # `pack serve`: the full tern (serve) and the HTTP load generator for scripts/gpu_glm5_serve.sh (carry .gpudeps too)
 [ "${2:-}" = serve ] && PACK_BINS="build/tern build/load build/tern-core build/concurrency"
 if [ "${1:-}" = pack ]; then
@@ -140,6 +141,10 @@ if [ -d .gpudeps/root ]; then
         TERN_TEST_DEVICE=cuda timeout 120 ./build/tests/test_runtime_experts_core > "$OUT/experts.log" 2>&1
         stamp "expert offload on cuda: $(grep -c '^PASS' "$OUT/experts.log") passed, $(grep -c '^FAIL' "$OUT/experts.log") failed"
         grep -E '^FAIL|check failed' "$OUT/experts.log" | head -8 >> "$S"
+        # Gemma 4 batch decode at the real head dims (16 / 64 rows): norm_qkv_norm_rope_kv on and off against cpu f32
+        TERN_TEST_DEVICE=cuda timeout 120 ./build/tests/test_model_g4_batch_core > "$OUT/g4_batch.log" 2>&1
+        stamp "gemma4 batch decode on cuda: $(grep -c '^PASS' "$OUT/g4_batch.log") passed, $(grep -c '^FAIL' "$OUT/g4_batch.log") failed"
+        grep -E '^FAIL|check failed|rows, bf16' "$OUT/g4_batch.log" | head -8 >> "$S"
         # compressed KV pages end to end: greedy ids on cuda vs cpu for every --kv-quant kind
         F=tests/parity/fixtures
         gen40() { timeout 30 ./build/tern-core generate "$F/$1" --ids 2,17,99,45,20,12 --max-tokens 40 --temperature 0 \

@@ -788,6 +788,7 @@ int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const flo
  * tok/s at 64 sequences: gemma4-12b bf16 4830 / 4763 → 5010 / 5011 (0.735), gemma4-e4b 9175 → 9655–9734 (all three
  * against none), gemma4-26b-a4b 2917–2933 → 2986; b1 unchanged by the joined weights (107.0 / 107.1 tok/s). */
 int tern__cuda_g4_qkv = -1; /* -1 until read: bit 0 q|k|v, bit 1 q|k with V = K (tests set it) */
+unsigned long long tern__cuda_qkv_nrk_calls; /* calls served (tests check that the path ran) */
 int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                             const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                             const float *inv_freq, float mscale, const float *qw, const float *kw,
@@ -817,8 +818,10 @@ int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const floa
     float *cs = (float *)(xh + xb);
     norm_stage(c, xn, xh, mask ? xh + xraw : NULL, x, n, in, nw, eps, res);
     if (lt_gemm(c, cs, M, w[0]->data, xh, M, cols, in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 0.0f) != TERN_OK) return 0;
-    return tern__cuda_nrk_rows(c, kv, rows, cs, M, (long)n * M, mask, k == 2, y[0], y[1], y[2], nh, inv_freq, mscale,
-                               qw, kw, eps);
+    const int ok = tern__cuda_nrk_rows(c, kv, rows, cs, M, (long)n * M, mask, k == 2, y[0], y[1], y[2], nh, inv_freq,
+                                       mscale, qw, kw, eps);
+    tern__cuda_qkv_nrk_calls += ok != 0;
+    return ok;
 }
 
 /* y += w·x for x staged in bf16 at the start of gemm_scratch (gemm_add, attention_o) */
