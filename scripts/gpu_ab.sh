@@ -1683,6 +1683,19 @@ if [[ " $SECTIONS " == *" 124 "* ]]; then
     for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
 fi
 
+# 125. session 69, written after the device budget ran out: TERN_CUDA_PLE_N=1 (ops.h ple_block: Gemma 4's per-layer input
+#      block at batch steps in four launches instead of seven — rmsnorm_add_bf16, the gate GEMM, act_mul_bf16 reading the
+#      slice in place, the projection GEMM; bitwise the separate ops). Op test cuda_ple_block, test_model_g4_batch with it
+#      on, then batch decode off / on for AB125_MODELS (default gemma4-e4b) at AB125_CONC (default 32,64): the ids
+#      digests must be equal. Make it the default if it wins.
+if [[ " $SECTIONS " == *" 125 "* ]]; then
+    ops_ok cuda_ple_block || say "125: THE OP TEST FAILED"
+    TERN_CUDA_PLE_N=1 TERN_TEST_DEVICE=cuda timeout 120 build/tests/test_model_g4_batch_core > "$OUT/g4_batch_ple.log" 2>&1
+    say "test_model_g4_batch with PLE_N=1: $(grep -cE '^PASS' "$OUT/g4_batch_ple.log") passed, $(grep -cE '^FAIL' "$OUT/g4_batch_ple.log") failed"
+    conc_ab "TERN_CUDA_PLE_N=0;TERN_CUDA_PLE_N=1" "${AB125_MODELS:-gemma4-e4b}" "${AB125_CONC:-32,64}"
+    for f in "$OUT"/conc_*PLE_N*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

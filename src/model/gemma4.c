@@ -293,14 +293,10 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         if (P > 0) {
             /* (c) per-layer input gate: pg = gelu(W_g·h) ⊙ ple[l] after h += norm(mlp) (one launch where the backend
              * folds the add and the gate's product in, ops.h matmul_act_mul) */
-            const float *pl = g->ple + (size_t)l * P; /* one row (decode): this layer's slice is contiguous */
-            if (n > 1) {
-                op->copy_cols(be, g->pt, g->ple, n, P, N * P, l * P);
-                pl = g->pt;
-            }
             pend = (tern_pending_res){g->o, L->post_ff_norm, NULL, 1, h2, L->post_ff2_norm};
-            tern__pending_matmul_act_mul(m, &x, &xo, &pend, n, H, eps, g->pg, &L->ple_gate, TERN_ACT_GELU_TANH, pl);
-            op->matmul(be, g->o, g->pg, n, &L->ple_proj);
+            /* this layer's slice of ple: row r at ple + r·N·P + l·P (one row: contiguous) */
+            tern__pending_ple(m, &x, &xo, &pend, n, H, eps, g->o, g->pg, g->pt, &L->ple_gate, &L->ple_proj,
+                              TERN_ACT_GELU_TANH, g->ple + (size_t)l * P, (long)N * P);
             pend = (tern_pending_res){g->o, L->post_ple_norm, L->layer_scalar, 1};
         } else {
             pend = (tern_pending_res){g->o, L->post_ff_norm, L->layer_scalar, 1, h2, L->post_ff2_norm};

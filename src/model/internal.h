@@ -373,6 +373,30 @@ static inline void tern__pending_matmul_act_mul(tern_model *m, float **x, float 
     op->matmul(m->be, y, *x, n, w);
     tern__act_mul(m, y, y, v, (size_t)n * (size_t)w->shape[w->ndim - 2], act);
 }
+/* Gemma 4's per-layer input block: y = (act(x'·wgᵀ) ⊙ v)·wpᵀ, x' the residual stream *x after the pending add, v the
+ * layer's column slice of the per-layer inputs (row r at v + r·ldv; pt [n, wg.out]: scratch for its copy, pg [n,
+ * wg.out]: the gate's): many rows in one backend op where it can (ops.h ple_block, the add folded in: x' lands in *xo
+ * and the pointers swap), else the gate (tern__pending_matmul_act_mul, on a copy of the slice when n > 1) and the
+ * projection. Either way *x and y hold the same bits afterwards. */
+static inline void tern__pending_ple(tern_model *m, float **x, float **xo, tern_pending_res *p, int n, int d, float eps,
+                                     float *y, float *pg, float *pt, const tern_tensor *wg, const tern_tensor *wp, int act,
+                                     const float *v, long ldv) {
+    const tern_backend_vt *op = m->be->vt;
+    if (op->ple_block && n > 1 && p->on && *xo) {
+        const tern_norm_res r = tern__pending_res(p, *xo);
+        if (op->ple_block(m->be, y, pg, *x, n, wg, wp, act, v, ldv, &r, eps)) {
+            tern__pending_taken(x, xo, p);
+            return;
+        }
+    }
+    const int P = (int)wg->shape[wg->ndim - 2];
+    if (n > 1) { /* the slice's rows made contiguous */
+        op->copy_cols(m->be, pt, v, n, P, (int)ldv, 0);
+        v = pt;
+    }
+    tern__pending_matmul_act_mul(m, x, xo, p, n, d, eps, pg, wg, act, v);
+    op->matmul(m->be, y, pg, n, wp);
+}
 /* The MLP in one backend op where the backend runs it whole (ops.h norm_mlp; many rows only): y = glu(rmsnorm(x)·nw)
  * ·w[2]ᵀ (add = 0) or y += that (add = 1; y may be x: the pre-norm reads x before anything writes y), w = {gate, up,
  * down}. Returns 1 when done, 0 when the caller runs tern__norm_matmul_glu + the down matmul (never taken with add in

@@ -469,6 +469,14 @@ typedef struct tern_backend_vt {
                                  float *const *y, const tern_tensor *const *w, const tern_kv_layer *kv,
                                  const tern_rows *rows, int nh, const float *inv_freq, float mscale, const float *qw,
                                  const float *kw, const tern_norm_res *res);
+    /* Gemma 4's per-layer input block for many rows (appended; optional): x' = x, or with res the post-norm residual
+     * add x' = (x + rmsnorm(res->h)·res->w)·s written to res->x_out (x left as is), then pg = act(x'·wgᵀ) ⊙ v (row r of v
+     * at v + r·ldv: a column slice of the per-layer inputs) and y = pg·wpᵀ ([n, wp.out]); pg [n, wg.out] is scratch
+     * the backend may leave unwritten. Bitwise what src/model/internal.h tern__pending_ple runs otherwise
+     * (rmsnorm_add, copy_cols, matmul, gelu_tanh_mul / silu_mul, matmul). 0 = not done, nothing written but res->x_out.
+     * CUDA: 9..128 rows in the plain bf16 mode (TERN_CUDA_PLE_N). */
+    int (*ple_block)(tern_backend *be, float *y, float *pg, const float *x, int n, const tern_tensor *wg,
+                     const tern_tensor *wp, int act, const float *v, long ldv, const tern_norm_res *res, float eps);
 } tern_backend_vt;
 
 /* ---- GLM-5 ops (appended; src/backend/cpu/cpu_glm.c is the scalar spec) ----

@@ -894,6 +894,91 @@ TEST(cuda_norm_gemm_res) {
     tern__cuda_split_merged = keep_m;
 }
 
+/* ops.h ple_block (gemm.c tern__cuda_ple_block, TERN_CUDA_PLE_N): Gemma 4's per-layer input block for many rows against
+ * the ops src/model/internal.h tern__pending_ple runs otherwise — rmsnorm_add in place, copy_cols of the layer's slice
+ * (v at column P of rows 3·P wide), matmul, gelu_tanh_mul / silu_mul, matmul: x' and y bitwise, x left as is; with the
+ * residual add (with and without its scalar) and without it (x' = x); 16, 64 and 100 rows. Refused: 8 rows, the
+ * switch off, the inner add h2. */
+extern int tern__cuda_ple_n, tern__cuda_sgemm_on;
+extern unsigned long long tern__cuda_ple_calls;
+TEST(cuda_ple_block) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->ple_block || !g->vt->copy_cols) {
+        SKIP("cuda_ple_block", "no bf16-mode backend or ple_block");
+        return;
+    }
+    const int keep = tern__cuda_ple_n, keep_sg = tern__cuda_sgemm_on;
+    tern__cuda_ple_n = 1;
+    tern__cuda_sgemm_on = 1; /* sgemm.cu's default: the separate matmuls take cuBLASLt */
+    tern__cuda_bf16_split = 0;
+    const int H = 512, P = 64, L = 3;
+    bt_w w[2]; /* gate [P, H], projection [H, P] */
+    const int ok = bt_make(&w[0], P, H) && bt_make(&w[1], H, P);
+    CHECK(ok, "upload");
+    const unsigned long long calls0 = tern__cuda_ple_calls;
+    int served = 0;
+    for (int ni = 0; ok && ni < 3; ni++) {
+        const int n = ni == 0 ? 16 : ni == 1 ? 64 : 100;
+        const size_t cnt = (size_t)n * H, pc = (size_t)n * P;
+        float *hx = rnd(cnt, 2.0f), *hh = rnd(cnt, 1.5f), *hw = rnd(H, 1.0f), *hp = rnd((size_t)n * L * P, 1.0f), sc = 0.8f;
+        void *x = to_gpu(hx, cnt * 4), *h = to_gpu(hh, cnt * 4), *wd = to_gpu(hw, H * 4), *sd = to_gpu(&sc, 4),
+             *ple = to_gpu(hp, (size_t)n * L * P * 4);
+        for (int mode = 0; mode < 4; mode++) { /* 0 res with the scalar, 1 res without, 2 no res, 3 res + SiLU */
+            const int act = mode == 3 ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
+            float *xo = nan_buf(g, cnt), *ya = nan_buf(g, cnt), *yb = nan_buf(g, cnt), *pga = nan_buf(g, pc),
+                  *pgb = nan_buf(g, pc), *pt = nan_buf(g, pc);
+            float *xp = to_gpu(hx, cnt * 4); /* x' the separate way */
+            const tern_norm_res r = {xo, h, wd, mode == 1 ? NULL : sd};
+            const int ra = g->vt->ple_block(g, ya, pga, x, n, &w[0].g, &w[1].g, act, (const float *)ple + P, (long)L * P,
+                                            mode == 2 ? NULL : &r, 1e-6f);
+            if (mode != 2) CHECK(g->vt->rmsnorm_add(g, xp, h, n, H, wd, 1e-6f, mode == 1 ? NULL : sd) == 1, "rmsnorm_add");
+            g->vt->copy_cols(g, pt, ple, n, P, L * P, P);
+            g->vt->matmul(g, pgb, xp, n, &w[0].g);
+            if (act == TERN_ACT_SILU) g->vt->silu_mul(g, pgb, pgb, pt, pc);
+            else g->vt->gelu_tanh_mul(g, pgb, pgb, pt, pc);
+            g->vt->matmul(g, yb, pgb, n, &w[1].g);
+            CHECK(ra == 1, "n %d mode %d: not served", n, mode);
+            served += ra == 1;
+            float *a = from_gpu(g, ya, cnt), *b = from_gpu(g, yb, cnt), *x_h = from_gpu(g, x, cnt);
+            double dm;
+            const double d = bt_diff(a, b, cnt, &dm);
+            CHECK(!memcmp(a, b, cnt * 4), "n %d mode %d: y differs from the separate ops (rel %.3e, max %.3e)", n, mode, d, dm);
+            CHECK(!memcmp(x_h, hx, cnt * 4), "n %d mode %d: x was written", n, mode);
+            if (mode != 2) {
+                float *xa = from_gpu(g, xo, cnt), *xb = from_gpu(g, xp, cnt);
+                CHECK(!memcmp(xa, xb, cnt * 4), "n %d mode %d: x' differs from rmsnorm_add", n, mode);
+                free(xa); free(xb);
+            }
+            free(a); free(b); free(x_h);
+            void *bufs[] = {xo, ya, yb, pga, pgb, pt, xp};
+            for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        }
+        if (n == 16) { /* refusals */
+            float *y = nan_buf(g, cnt), *pg = nan_buf(g, pc), *xo = nan_buf(g, cnt);
+            const tern_norm_res r = {xo, h, wd, sd}, r2 = {xo, h, wd, sd, h, wd};
+            CHECK(g->vt->ple_block(g, y, pg, x, 8, &w[0].g, &w[1].g, TERN_ACT_GELU_TANH, (const float *)ple, L * P, &r,
+                                   1e-6f) == 0, "8 rows served");
+            CHECK(g->vt->ple_block(g, y, pg, x, n, &w[0].g, &w[1].g, TERN_ACT_GELU_TANH, (const float *)ple, L * P, &r2,
+                                   1e-6f) == 0, "the inner add served");
+            tern__cuda_ple_n = 0;
+            CHECK(g->vt->ple_block(g, y, pg, x, n, &w[0].g, &w[1].g, TERN_ACT_GELU_TANH, (const float *)ple, L * P, &r,
+                                   1e-6f) == 0, "served with TERN_CUDA_PLE_N=0");
+            tern__cuda_ple_n = 1;
+            void *bufs[] = {y, pg, xo};
+            for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        }
+        void *bufs[] = {x, h, wd, sd, ple};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        free(hx); free(hh); free(hw); free(hp);
+    }
+    CHECK(tern__cuda_ple_calls - calls0 == (unsigned long long)served, "calls %llu for %d served",
+          tern__cuda_ple_calls - calls0, served);
+    for (int i = 0; i < 2; i++) bt_free(&w[i]);
+    tern__cuda_bf16_split = 1;
+    tern__cuda_ple_n = keep;
+    tern__cuda_sgemm_on = keep_sg;
+}
+
 /* ops.h attention_o (gemm.c attn_o_begin / _end around the attention): the batch decode attention on tensor cores
  * (TERN_CUDA_AD_TC forced) writes the o GEMM's bf16 input itself. Against attention + matmul_add on the same backend:
  * y bitwise (the same bf16 values into the same GEMM), and att left unwritten (NaN) — the handoff happened; the same
@@ -1031,6 +1116,7 @@ TEST(cuda_wgemm) {
 static void cuda_batch_tests(void) {
     RUN(cuda_wgemm);
     RUN(cuda_norm_gemm_res);
+    RUN(cuda_ple_block);
     RUN(cuda_norm_mlp);
     RUN(cuda_qkv_one);
     RUN(cuda_qkv_nrk);

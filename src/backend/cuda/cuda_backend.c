@@ -574,6 +574,15 @@ static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     if (rows->n > 1) return tern__cuda_gemm_qkv_rope(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
     return tern__cuda_norm_qkv_rope_kv(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
 }
+/* ops.h ple_block: many rows (gemm.c tern__cuda_ple_block) */
+static int be_ple_block(tern_backend *be, float *y, float *pg, const float *x, int n, const tern_tensor *wg,
+                        const tern_tensor *wp, int act, const float *v, long ldv, const tern_norm_res *res, float eps) {
+    if (n < 2) return 0;
+    tern__cuda_w g, p;
+    tern__cuda_wview(wg, &g);
+    tern__cuda_wview(wp, &p);
+    return tern__cuda_ple_block(C(be), y, pg, x, n, &g, &p, act, v, ldv, res, eps);
+}
 /* ops.h norm_qkv_norm_rope_kv: many rows only (gemm.c tern__cuda_gemm_qkv_nrk); w[2] NULL: V = K */
 static int be_norm_qkv_norm_rope_kv(tern_backend *be, float *xn, const float *x, const float *nw, float eps,
                                     float *const *y, const tern_tensor *const *w, const tern_kv_layer *kv,
@@ -723,6 +732,7 @@ static const tern_backend_vt k_cuda_vt = {
     .norm_route_topk = be_norm_route_topk,
     .rmsnorm_add2 = be_rmsnorm_add2,
     .norm_qkv_norm_rope_kv = be_norm_qkv_norm_rope_kv,
+    .ple_block = be_ple_block,
     .copy_rate = be_copy_rate,
     .upload_side = be_upload_side,
     .reserve_rows = be_reserve_rows,

@@ -246,6 +246,10 @@ void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void *yl, const 
 void tern__cuda_rmsnorm_res_bf16(tern__cuda *c, float *xo, const float *x, const float *h, const float *hw,
                                  const float *s, float *y, void *yb, void *yl, int rows, int d, const float *nw,
                                  float eps);
+/* xo = (x + rmsnorm(h)·hw)·(s ? s[0] : 1) and yb = bf16(xo): rmsnorm_add's bits, out of place, with the staged x of the
+ * GEMM that reads xo (ops.h ple_block) */
+void tern__cuda_rmsnorm_add_bf16(tern__cuda *c, float *xo, const float *x, const float *h, const float *hw,
+                                 const float *s, void *yb, int rows, int d, float eps);
 void tern__cuda_rmsnorm_n(tern__cuda *c, int k, float *const *y, const float *const *x, const int *rows, int d,
                           const float *const *w, float eps); /* k <= 3 tensors, one launch */
 void tern__cuda_rmsnorm_add(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps,
@@ -258,6 +262,10 @@ void tern__cuda_rope(tern__cuda *c, float *x, int n, int nh, int d, const int32_
 enum { TERN__EW_ADD, TERN__EW_MUL, TERN__EW_SCALE, TERN__EW_SCALE_DEV, TERN__EW_GELU, TERN__EW_SILU,
        TERN__EW_SOFTCAP };
 void tern__cuda_ew(tern__cuda *c, int op, float *y, const float *a, const float *b, float s, size_t n);
+/* y[r][j] = act(a[r][j])·v[r·ldv + j] (op TERN__EW_GELU / _SILU: gelu_tanh_mul's / silu_mul's element) and yb = bf16(y)
+ * ([n][w]; ops.h ple_block) */
+void tern__cuda_act_mul_bf16(tern__cuda *c, int op, float *y, const float *a, const float *v, long ldv, void *yb, int n,
+                             int w);
 void tern__cuda_add_bias(tern__cuda *c, float *y, const float *bias, int n, int d);
 void tern__cuda_copy_cols(tern__cuda *c, float *dst, const float *src, int n, int w, int ss, int off);
 
@@ -321,6 +329,9 @@ int tern__cuda_norm_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const 
 int tern__cuda_nrk_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src, long ld,
                         long lo, int lo_mask, int v_from_k, float *q, float *k, float *v, int nh, const float *inv_freq,
                         float mscale, const float *qw, const float *kw, float eps);
+/* gemm.c: ops.h ple_block for 9..128 rows in the plain bf16 mode (TERN_CUDA_PLE_N); 0 = not served */
+int tern__cuda_ple_block(tern__cuda *c, float *y, float *pg, const float *x, int n, const tern__cuda_w *wg,
+                         const tern__cuda_w *wp, int act, const float *v, long ldv, const tern_norm_res *res, float eps);
 /* gemm.c: ops.h norm_qkv_norm_rope_kv for many rows (joined q|k|v or q|k with w[2] NULL, one GEMM, nrk_rows); 0 = not
  * served */
 int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,

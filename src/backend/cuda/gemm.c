@@ -824,6 +824,47 @@ int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const floa
     return ok;
 }
 
+/* ---- Gemma 4's per-layer input block for many rows (ops.h ple_block; TERN_CUDA_PLE_N, opt-in) ----
+ * The separate ops (src/model/internal.h tern__pending_ple) run seven launches a layer at a batch step: copy_cols of
+ * the layer's slice of the per-layer inputs, rmsnorm_add (the post-FFN norm's add), the gate GEMM's x staging and the
+ * GEMM, gelu·slice, the projection's staging and its GEMM. Here four: rmsnorm_add_bf16 (x' out of place and staged
+ * in bf16: x' = x staged alone without res), the same cuBLASLt GEMM gemm_rows' plain form runs, act_mul_bf16 (the
+ * product reading the slice in place, staged for the projection) and the projection's GEMM. Each step computes the
+ * separate op's values (rms_row, f32_to_bf16's rounding, ew_one, lt_gemm with the same shape and so the same cached
+ * algorithm), so the same bits where the separate matmuls would take gemm_rows: BF16 weights not precise, more rows
+ * than qgemm.cu takes, x fits gemm_rows' scratch in one chunk, not sgemm.cu (its level 2 takes one matrix up to 64
+ * rows). Written in session 69 without a GPU run (op test cuda_ple_block, gpu_ab.sh section 125): e4b's batch steps
+ * run ~15 launches a layer, and at 64 sequences it sits at 0.51 of its floor. */
+int tern__cuda_ple_n = -1; /* -1 unread (TERN_CUDA_PLE_N, default 0); tests set it */
+unsigned long long tern__cuda_ple_calls; /* calls served (tests) */
+static int ple_fits(const tern__cuda *c, const tern__cuda_w *w, int n) { /* tern__cuda_gemm's one-chunk gemm_rows */
+    const size_t cap = c->gemm_scratch_bytes / 2 - 1024, xbytes = ((size_t)n * w->in * 2 + 255) & ~(size_t)255;
+    size_t rows = cap / ((size_t)w->in * 4);
+    if (rows > 16) rows &= ~(size_t)15;
+    return plain_rows(c, w, n) && w->nmat <= 1 && (size_t)n <= rows && xbytes < c->gemm_scratch_bytes / 2 &&
+           !(tern__cuda_sgemm_level() >= 2 && n <= 64);
+}
+int tern__cuda_ple_block(tern__cuda *c, float *y, float *pg, const float *x, int n, const tern__cuda_w *wg,
+                         const tern__cuda_w *wp, int act, const float *v, long ldv, const tern_norm_res *res, float eps) {
+    if (tern__cuda_ple_n < 0) tern__cuda_ple_n = tern__cuda_env_int("TERN_CUDA_PLE_N", 0) != 0;
+    if (!tern__cuda_ple_n || n > 128 || (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH) || !y || !pg || !v)
+        return 0;
+    if ((res && (res->h2 || !res->x_out || !res->h)) || wp->in != wg->out || ldv < wg->out)
+        return 0; /* the MoE layers' inner add (h2): not served */
+    if (!ple_fits(c, wg, n) || !ple_fits(c, wp, n)) return 0;
+    const int in = wg->in, P = wg->out, H = wp->out;
+    const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
+    void *xs = c->gemm_scratch;
+    cudaSetDevice(c->device);
+    if (res) tern__cuda_rmsnorm_add_bf16(c, res->x_out, x, res->h, res->w, res->s, xs, n, in, eps);
+    else tern__cuda_f32_to_bf16(c, xs, NULL, x, (size_t)n * in);
+    if (lt_gemm(c, pg, P, wg->data, xs, P, n, in, CUDA_R_16BF, tc, 0.0f) != TERN_OK) return 0;
+    tern__cuda_act_mul_bf16(c, act == TERN_ACT_SILU ? TERN__EW_SILU : TERN__EW_GELU, pg, pg, v, ldv, xs, n, P);
+    if (lt_gemm(c, y, H, wp->data, xs, H, n, P, CUDA_R_16BF, tc, 0.0f) != TERN_OK) return 0;
+    tern__cuda_ple_calls++;
+    return 1;
+}
+
 /* y += w·x for x staged in bf16 at the start of gemm_scratch (gemm_add, attention_o) */
 static int add_staged(tern__cuda *c, float *y, int n, const tern__cuda_w *w) {
     if (tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, G1_RES)) return 1;

@@ -48,7 +48,7 @@ template <bool ADD, int VPT = 1, int EV = RMS_V>
 __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const float *w, float eps, const float *s,
                                         __nv_bfloat16 *yb = nullptr, __nv_bfloat16 *yl = nullptr,
                                         const float *y0 = nullptr) {
-    /* yb: also bf16(y) (not ADD); yl: also bf16(y - bf16(y)), the pair's low half (f32_to_bf16_kernel's); y0 (ADD):
+    /* yb: also bf16(y) (ADD too); yl: also bf16(y - bf16(y)), the pair's low half (f32_to_bf16_kernel's; not ADD); y0 (ADD):
      * the residual's old values come from y0 instead of yr (out of place) */
     const float *yo = y0 ? y0 : yr;
     __shared__ float red[32];
@@ -57,7 +57,9 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
     auto put = [&](int j, float xj, float wj, float yj, float inv) {
         const float v = rms_scale(xj, inv, w != nullptr, wj);
         if constexpr (ADD) {
-            yr[j] = res_add(yj, v, s != nullptr, s ? s[0] : 1.0f);
+            const float r = res_add(yj, v, s != nullptr, s ? s[0] : 1.0f);
+            yr[j] = r;
+            if (yb) yb[j] = __float2bfloat16_rn(r); /* rmsnorm_add_bf16: the staged x of the GEMM that reads it */
         } else {
             yr[j] = v;
             if (yb) {
@@ -233,6 +235,30 @@ extern "C" void tern__cuda_rmsnorm_res_bf16(tern__cuda *c, float *xo, const floa
     tern__cuda_check(c, "rmsnorm_res_bf16");
 }
 
+/* ops.h ple_block's residual prologue (gemm.c tern__cuda_ple_block): xo = (x + rmsnorm(h)·hw)·s as rmsnorm_add (the same
+ * rms_row, out of place), and bf16(xo) — f32_to_bf16's rounding — as the GEMM's staged x: one launch for rmsnorm_add
+ * in place + the matmul's staging */
+template <int VPT, int EV>
+__global__ void RMS_BOUNDS(VPT, EV) rmsnorm_add_bf16_kernel(float *xo, const float *x, const float *h, const float *hw,
+                                                            const float *s, __nv_bfloat16 *yb, int d, float eps) {
+    pdl_start();
+    const size_t o = (size_t)blockIdx.x * d;
+    rms_row<true, VPT, EV>(xo + o, h + o, d, hw, eps, s, yb + o, nullptr, x + o);
+}
+struct RmsAddBfGo {
+    tern__cuda *c; int rows, d; float *xo; const float *x, *h, *hw, *s; __nv_bfloat16 *yb; float eps;
+    template <int VPT, int EV> void run(int threads) const {
+        tern_launch(c->stream, rmsnorm_add_bf16_kernel<VPT, EV>, rows, threads, 0, xo, x, h, hw, s, yb, d, eps);
+    }
+};
+extern "C" void tern__cuda_rmsnorm_add_bf16(tern__cuda *c, float *xo, const float *x, const float *h, const float *hw,
+                                            const float *s, void *yb, int rows, int d, float eps) {
+    if (rows <= 0 || d <= 0) return;
+    cudaSetDevice(c->device);
+    rms_launch<false>(c, rows, d, RmsAddBfGo{c, rows, d, xo, x, h, hw, s, (__nv_bfloat16 *)yb, eps});
+    tern__cuda_check(c, "rmsnorm_add_bf16");
+}
+
 struct RmsAdd2Go {
     tern__cuda *c; int rows, d; float *x, *h; const float *h2, *w, *w2; float eps; const float *s;
     template <int VPT, int EV> void run(int threads) const {
@@ -351,6 +377,30 @@ extern "C" void tern__cuda_ew(tern__cuda *c, int op, float *y, const float *a, c
     else
         tern_launch(c->stream, ew_kernel, nblocks(n, 256), 256, 0, op, y, a, b, s, n);
     tern__cuda_check(c, "elementwise");
+}
+
+/* ops.h ple_block's gate product (gemm.c tern__cuda_ple_block): y[r][j] = act(a[r][j]) · v[r·ldv + j] by ew_one — the
+ * element gelu_tanh_mul / silu_mul computes — also written as bf16 (f32_to_bf16's rounding) for the next GEMM: the
+ * copy_cols of v, the elementwise launch and that GEMM's staging in one launch */
+__global__ void act_mul_bf16_kernel(int op, float *y, const float *a, const float *v, long ldv, __nv_bfloat16 *yb, int n,
+                                    int w) {
+    pdl_start();
+    const size_t total = (size_t)n * w;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / w, j = i % w;
+        const float val = ew_one(op, a[i], true, v[r * ldv + j], 0.0f, 0.0f);
+        y[i] = val;
+        yb[i] = __float2bfloat16_rn(val);
+    }
+}
+
+extern "C" void tern__cuda_act_mul_bf16(tern__cuda *c, int op, float *y, const float *a, const float *v, long ldv,
+                                        void *yb, int n, int w) {
+    const size_t total = (size_t)n * w;
+    if (!total) return;
+    cudaSetDevice(c->device);
+    tern_launch(c->stream, act_mul_bf16_kernel, nblocks(total, 256), 256, 0, op, y, a, v, ldv, (__nv_bfloat16 *)yb, n, w);
+    tern__cuda_check(c, "act_mul_bf16");
 }
 
 __global__ void add_bias_kernel(float *y, const float *bias, int n, int d) {
