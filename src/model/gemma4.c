@@ -291,8 +291,9 @@ static tern_status g4_forward(tern_model *m, const tern_batch *b, tern_kv *kv, c
         /* the layer scalar (h *= layer_scalar) rides on the layer's last residual add, which the next
          * layer's q|k|v folds in (pending) */
         if (P > 0) {
-            /* (c) per-layer input gate: pg = gelu(W_g·h) ⊙ ple[l] after h += norm(mlp) (one launch where the backend
-             * folds the add and the gate's product in, ops.h matmul_act_mul) */
+            /* (c) per-layer input gate: pg = gelu(W_g·h) ⊙ ple[l] after h += norm(mlp), then o = W_proj·pg (one row:
+             * the add and the gate's product in one launch where the backend can, ops.h matmul_act_mul; many rows: the
+             * whole block in one op, ops.h ple_block) */
             pend = (tern_pending_res){g->o, L->post_ff_norm, NULL, 1, h2, L->post_ff2_norm};
             /* this layer's slice of ple: row r at ple + r·N·P + l·P (one row: contiguous) */
             tern__pending_ple(m, &x, &xo, &pend, n, H, eps, g->o, g->pg, g->pt, &L->ple_gate, &L->ple_proj,
