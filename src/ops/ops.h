@@ -463,8 +463,8 @@ typedef struct tern_backend_vt {
      * inv_freq, mscale, qw, kw, eps): q, k, v and the cache as those ops leave them, within the bf16 mode's bound (not
      * bitwise: the backend may run the three projections as one GEMM). 0 = not done, x and the cache untouched
      * (src/model/gemma4.c runs the two ops). w[2] NULL (attention_k_eq_v): q|k only and v = the raw k projection (y[2]
- * gets it, then its norm, as gemma4.c's copy does). CUDA: decode steps of many rows in the bf16 mode over joined
- * weights. */
+     * gets it, then its norm, as gemma4.c's copy does). CUDA: decode steps of many rows in the bf16 mode over joined
+     * weights. */
     int (*norm_qkv_norm_rope_kv)(tern_backend *be, float *xn, const float *x, const float *nw, float eps,
                                  float *const *y, const tern_tensor *const *w, const tern_kv_layer *kv,
                                  const tern_rows *rows, int nh, const float *inv_freq, float mscale, const float *qw,

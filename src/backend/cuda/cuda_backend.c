@@ -574,10 +574,9 @@ static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     if (rows->n > 1) return tern__cuda_gemm_qkv_rope(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
     return tern__cuda_norm_qkv_rope_kv(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
 }
-/* ops.h ple_block: many rows (gemm.c tern__cuda_ple_block) */
+/* ops.h ple_block: many rows (gemm.c tern__cuda_ple_block declines the rest) */
 static int be_ple_block(tern_backend *be, float *y, float *pg, const float *x, int n, const tern_tensor *wg,
                         const tern_tensor *wp, int act, const float *v, long ldv, const tern_norm_res *res, float eps) {
-    if (n < 2) return 0;
     tern__cuda_w g, p;
     tern__cuda_wview(wg, &g);
     tern__cuda_wview(wp, &p);

@@ -416,16 +416,25 @@ static int plain_rows(const tern__cuda *c, const tern__cuda_w *w, int n) {
 
 static size_t stage_x(tern__cuda *c, const float *x, int n, int in, size_t extra);
 
+/* 1 when tern__cuda_gemm hands n rows times w to sgemm.cu (TERN_CUDA_SGEMM=2: one matrix up to 64 rows) */
+static int gemm_skinny(const tern__cuda *c, const tern__cuda_w *w, int n) {
+    return w->nmat <= 1 && tern__cuda_sgemm_level() >= 2 && plain_rows(c, w, n) && n <= 64;
+}
+/* rows of one tern__cuda_gemm chunk (one gemm_rows call) for `in` inputs; 0: not even one */
+static size_t gemm_chunk_rows(const tern__cuda *c, int in) {
+    size_t rows = (c->gemm_scratch_bytes / 2 - 1024) / ((size_t)in * 4);
+    if (rows > 16) rows &= ~(size_t)15;
+    return rows;
+}
+
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e) {
     if (c->compute != TERN_COMPUTE_BF16 || w->dtype == TERN_DT_F32 || n <= 0 || w->in <= 0)
         return gemm_rows(c, y, x, n, w, e);
-    if (e == 0 && w->nmat <= 1 && tern__cuda_sgemm_level() >= 2 && plain_rows(c, w, n) && n <= 64 &&
-        stage_x(c, x, n, w->in, 0) && tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, G1_PLAIN))
+    if (e == 0 && gemm_skinny(c, w, n) && stage_x(c, x, n, w->in, 0) &&
+        tern__cuda_sgemm(c, 1, &y, c->gemm_scratch, n, &w, G1_PLAIN))
         return TERN_OK; /* skinny: sgemm.cu (TERN_CUDA_SGEMM=2, up to 64 rows) */
-    const size_t per_row = (size_t)w->in * 4, cap = c->gemm_scratch_bytes / 2 - 1024;
-    size_t rows = cap / per_row;
+    const size_t rows = gemm_chunk_rows(c, w->in);
     if (rows < 1) return TERN_ENOMEM;
-    if (rows > 16) rows &= ~(size_t)15;
     for (int r0 = 0; r0 < n; r0 += (int)rows) {
         const int m = n - r0 < (int)rows ? n - r0 : (int)rows;
         tern_status st = gemm_rows(c, y + (size_t)r0 * w->out, x + (size_t)r0 * w->in, m, w, e);
@@ -838,11 +847,9 @@ int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const floa
 int tern__cuda_ple_n = -1; /* -1 unread (TERN_CUDA_PLE_N, default 0); tests set it */
 unsigned long long tern__cuda_ple_calls; /* calls served (tests) */
 static int ple_fits(const tern__cuda *c, const tern__cuda_w *w, int n) { /* tern__cuda_gemm's one-chunk gemm_rows */
-    const size_t cap = c->gemm_scratch_bytes / 2 - 1024, xbytes = ((size_t)n * w->in * 2 + 255) & ~(size_t)255;
-    size_t rows = cap / ((size_t)w->in * 4);
-    if (rows > 16) rows &= ~(size_t)15;
-    return plain_rows(c, w, n) && w->nmat <= 1 && (size_t)n <= rows && xbytes < c->gemm_scratch_bytes / 2 &&
-           !(tern__cuda_sgemm_level() >= 2 && n <= 64);
+    const size_t xbytes = ((size_t)n * w->in * 2 + 255) & ~(size_t)255; /* gemm_rows' plain staging */
+    return plain_rows(c, w, n) && w->nmat <= 1 && (size_t)n <= gemm_chunk_rows(c, w->in) &&
+           xbytes < c->gemm_scratch_bytes / 2 && !gemm_skinny(c, w, n);
 }
 int tern__cuda_ple_block(tern__cuda *c, float *y, float *pg, const float *x, int n, const tern__cuda_w *wg,
                          const tern__cuda_w *wp, int act, const float *v, long ldv, const tern_norm_res *res, float eps) {
