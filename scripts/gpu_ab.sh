@@ -128,6 +128,20 @@ ops_ok() {
     done
     return $f
 }
+# say_digests GLOB: the greedy ids digests of each concurrency log $OUT/GLOB (rep 1) into the summary
+say_digests() {
+    local f
+    for f in "$OUT"/$1; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+}
+# g4_batch NAME [VAR=value ...]: tests/unit/test_model_g4_batch on the GPU (with the settings given) into $OUT/NAME.log;
+# counts and its bf16 lines into the summary
+g4_batch() {
+    local log="$OUT/$1.log"
+    shift
+    env "$@" TERN_TEST_DEVICE=cuda timeout 120 build/tests/test_model_g4_batch_core > "$log" 2>&1
+    say "test_model_g4_batch $*: $(grep -c '^PASS' "$log") passed, $(grep -c '^FAIL' "$log") failed"
+    grep -E '^FAIL|check failed|rows, bf16' "$log" | tee -a "$S"
+}
 # on_checks VAR COMPUTE "fixtures": with VAR=1, model parity on cuda (f32, bf16), then greedy ids of each
 # fixture (kv-quant off and 8, in COMPUTE) with VAR=0 and VAR=1 — a switch that keeps bits must say "same"
 on_checks() {
@@ -1539,7 +1553,7 @@ if [[ " $SECTIONS " == *" 115 "* ]]; then
     if ops_ok cuda_attention_decode_1p cuda_attention_decode_cluster_bits cuda_attention_decode_early_bits \
         cuda_attention_decode_rope_bits cuda_attention_prefill_decode; then
         conc_ab "BIN=build/base/concurrency;TERN_AB=new" "${AB115_MODELS:-llama3-8b gemma4-12b}" "${AB115_CONC:-8,32,64}"
-        for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+        say_digests "conc_*_1.txt"
     else
         say "115: an op test failed, no timings"
     fi
@@ -1617,7 +1631,7 @@ fi
 #      differ)
 if [[ " $SECTIONS " == *" 119 "* ]]; then
     conc_ab "TERN_CUDA_QG4_WAVE=0;TERN_CUDA_QG4_WAVE=1" "${AB119_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB119_CONC:-8,32,64}"
-    for f in "$OUT"/conc_*QG4_WAVE*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+    say_digests "conc_*QG4_WAVE*_1.txt"
 fi
 
 # 120. session 68, written without a GPU run (the device refused every start after the first two calls): the Gemma 4
@@ -1637,7 +1651,7 @@ if [[ " $SECTIONS " == *" 120 "* ]]; then
     on="TERN_CUDA_NORM_RES_N=1 TERN_CUDA_SPLIT_MERGED=1"
     conc_ab "${AB120_SETS:-TERN_CUDA_NORM_RES_N=0;$on;$on TERN_CUDA_G4_QKV=1;$on TERN_CUDA_G4_QKV=3}" \
         "${AB120_MODELS:-gemma4-12b}" "${AB120_CONC:-32,64}"
-    for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+    say_digests "conc_*_1.txt"
     for rep in $(seq "${AB120_B1_REPS:-2}"); do
         for v in 0 1; do say "b1 gemma4-12b bf16 512 TERN_CUDA_QKV_ONE=$v rep $rep: $(b1e "TERN_CUDA_QKV_ONE=$v" 512 gemma4-12b)"; done
     done
@@ -1649,7 +1663,7 @@ fi
 if [[ " $SECTIONS " == *" 121 "* ]]; then
     conc_ab "TERN_CUDA_NORM_RES_N=0;${AB121_ON:-TERN_CUDA_NORM_RES_N=1 TERN_CUDA_SPLIT_MERGED=1 TERN_CUDA_G4_QKV=3}" \
         "${AB121_MODELS:-gemma4-e4b gemma4-26b-a4b}" "${AB121_CONC:-32,64}"
-    for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+    say_digests "conc_*_1.txt"
 fi
 
 # 122. session 69: test_model_g4_batch on the GPU (the joined path against the separate ops and cpu f32 at the real head
@@ -1657,12 +1671,10 @@ fi
 #      AB122_MODELS (default gemma4-12b) at AB122_CONC (default 32,64), ids digests (the defaults must give section 120's
 #      G4_QKV=3 digests)
 if [[ " $SECTIONS " == *" 122 "* ]]; then
-    TERN_TEST_DEVICE=cuda timeout 120 build/tests/test_model_g4_batch_core > "$OUT/g4_batch.log" 2>&1
-    say "test_model_g4_batch on cuda: $(grep -cE '^PASS' "$OUT/g4_batch.log") passed, $(grep -cE '^FAIL' "$OUT/g4_batch.log") failed"
-    grep -E '^FAIL|check failed|rows, bf16' "$OUT/g4_batch.log" | tee -a "$S"
+    g4_batch g4_batch
     conc_ab "TERN_AB=default;TERN_CUDA_NORM_RES_N=0 TERN_CUDA_SPLIT_MERGED=0 TERN_CUDA_G4_QKV=0" \
         "${AB122_MODELS:-gemma4-12b}" "${AB122_CONC:-32,64}"
-    for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+    say_digests "conc_*_1.txt"
 fi
 
 # 123. session 69: every cuBLASLt heuristic answer for gemma4-12b's batch-decode GEMMs (BENCH_LT_SET=g12: o, down,
@@ -1680,7 +1692,7 @@ fi
 #      (session 30, NOTES (aq)): pin only what wins here
 if [[ " $SECTIONS " == *" 124 "* ]]; then
     conc_ab "${AB124_SETS:-TERN_AB=default}" "${AB124_MODELS:-gemma4-12b}" "${AB124_CONC:-64}"
-    for f in "$OUT"/conc_*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+    say_digests "conc_*_1.txt"
 fi
 
 # 125. session 69, written after the device budget ran out: TERN_CUDA_PLE_N=1 (ops.h ple_block: Gemma 4's per-layer input
@@ -1690,10 +1702,9 @@ fi
 #      digests must be equal. Make it the default if it wins.
 if [[ " $SECTIONS " == *" 125 "* ]]; then
     ops_ok cuda_ple_block || say "125: THE OP TEST FAILED"
-    TERN_CUDA_PLE_N=1 TERN_TEST_DEVICE=cuda timeout 120 build/tests/test_model_g4_batch_core > "$OUT/g4_batch_ple.log" 2>&1
-    say "test_model_g4_batch with PLE_N=1: $(grep -cE '^PASS' "$OUT/g4_batch_ple.log") passed, $(grep -cE '^FAIL' "$OUT/g4_batch_ple.log") failed"
+    g4_batch g4_batch_ple TERN_CUDA_PLE_N=1
     conc_ab "TERN_CUDA_PLE_N=0;TERN_CUDA_PLE_N=1" "${AB125_MODELS:-gemma4-e4b}" "${AB125_CONC:-32,64}"
-    for f in "$OUT"/conc_*PLE_N*_1.txt; do say "$(basename "$f"): $(grep 'ids digest' "$f" | tr '\n' ' ')"; done
+    say_digests "conc_*PLE_N*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
