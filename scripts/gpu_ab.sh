@@ -1707,6 +1707,26 @@ if [[ " $SECTIONS " == *" 125 "* ]]; then
     say_digests "conc_*PLE_N*_1.txt"
 fi
 
+# 126. session 70: a model's batch-decode GEMMs by heuristic rank (gemm.c TERN_LT_RANK) — bench_cuda --ltsweep over
+#      AB126_SET (BENCH_LT_SET: e4b, the default, or g12) at AB126_N (default 64 128), each shape's fastest answer kept
+#      where it beats the first by 3 % or more, then batch decode of AB126_MODELS (default gemma4-e4b) at AB126_CONC
+#      (default 64) with the default answers and with those ranks; ids digests (other answers: other sums, the bf16 bound)
+if [[ " $SECTIONS " == *" 126 "* ]]; then
+    export BENCH_LT_SET=${AB126_SET:-e4b}
+    ltsweep_sum ltsweep_126 "${AB126_N:-64 128}"
+    unset BENCH_LT_SET
+    rank=$(grep '^ltsweep.* rank ' "$OUT/ltsweep_126.txt" | awk '{ us = -1; for (i = 1; i < NF; i++) if ($i ~ /^#[0-9]+$/) us = $(i + 1) + 0;
+        r = $NF; k = r; sub(/,[0-9]+$/, "", k); if (us <= 0) next
+        if (!(k in first)) { first[k] = us; order[++nk] = k }
+        if (!(k in bu) || us < bu[k]) { bu[k] = us; br[k] = r } }
+        END { for (i = 1; i <= nk; i++) { k = order[i]; if (bu[k] < 0.97 * first[k]) printf "%s%s", (o++ ? "/" : ""), br[k] } }')
+    say "126: TERN_LT_RANK=${rank:-(none: no answer 3 % faster than the first)}"
+    if [ -n "$rank" ]; then
+        conc_ab "TERN_AB=default;TERN_LT_RANK=$rank" "${AB126_MODELS:-gemma4-e4b}" "${AB126_CONC:-64}"
+        say_digests "conc_*_1.txt"
+    fi
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -10,7 +10,7 @@
  * Timing: warm-up, then many asynchronous launches between two sync()s on the host clock.
  * `bench_cuda --qmma`: the MLX Q matmul of qmma.cu vs the older kernels (n = 1..64), then stop.
  * `bench_cuda --ltsweep [n ...]`: every cuBLASLt heuristic answer for llama3-8b's batch-decode GEMMs (BENCH_LT_SET=g12:
- * gemma4-12b's), then stop.
+ * gemma4-12b's, e4b: gemma4-e4b's), then stop.
  * `bench_cuda --ltsearch [n ...]`: every cuBLASLt configuration for those GEMMs at n rows, timed, with TERN_LT_PIN entries.
  * `bench_cuda --wgemm [n ...]`: wgemm.cu against cuBLASLt for those GEMMs (µs as graphs, output difference).
  * `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b shapes, moe_mma.cu vs the GEMV pairs, then stop.
@@ -566,9 +566,18 @@ static void bench_ltsweep(int argc, char **argv) {
     static const Shape g12[] = {
         {"o 3840x4096", 3840, 4096, 0, 0, 0.0f}, {"down 3840x15360", 3840, 15360, 0, 0, 0.0f},
         {"q|k|v 8192x3840 (one matrix)", 8192, 3840, 0, 0, 0.0f}, {"gate|up 2x15360x3840 bf16", 15360, 3840, 2, 1, 0.0f}};
+    /* BENCH_LT_SET=e4b: gemma4-e4b's batch-decode GEMMs (session 70 ncu at 64 sequences: q|k|v and the KV-shared
+     * layers' q at 1.2-1.5 TB/s, the per-layer input gate on 32 CTAs at 7.5 us) */
+    static const Shape e4b[] = {
+        {"o 2560x2048", 2560, 2048, 0, 0, 0.0f},          {"o global 2560x4096", 2560, 4096, 0, 0, 0.0f},
+        {"down 2560x10240", 2560, 10240, 0, 0, 0.0f},     {"q|k|v 3072x2560 (one matrix)", 3072, 2560, 0, 0, 0.0f},
+        {"q|k|v global 6144x2560", 6144, 2560, 0, 0, 0.0f}, {"q shared 2048x2560", 2048, 2560, 0, 0, 0.0f},
+        {"ple gate 256x2560", 256, 2560, 0, 0, 0.0f},     {"ple proj 2560x256", 2560, 256, 0, 0, 0.0f},
+        {"gate|up 2x10240x2560 bf16", 10240, 2560, 2, 1, 0.0f}};
     const char *set = getenv("BENCH_LT_SET");
-    const int is_g12 = set && !strcmp(set, "g12"), NSH = is_g12 ? 4 : 8;
-    const Shape *sh = is_g12 ? g12 : llama;
+    const int is_g12 = set && !strcmp(set, "g12"), is_e4b = set && !strcmp(set, "e4b");
+    const int NSH = is_g12 ? 4 : is_e4b ? 9 : 8;
+    const Shape *sh = is_g12 ? g12 : is_e4b ? e4b : llama;
     int ns[16], nn = 0;
     for (int i = 2; i < argc && nn < 16; i++)
         if (atoi(argv[i]) > 0) ns[nn++] = atoi(argv[i]);

@@ -62,6 +62,79 @@ static int lt_pick(void) {
     return v;
 }
 
+/* TERN_LT_RANK="m,n,k,r;..." (or '/' between entries; read once): GEMMs of exactly m x n x k (bf16 A, f32 compute; any batch count) take
+ * the heuristic's answer r (0..15, or its last) instead of its first. The answers are fixed for one cuBLASLt and
+ * GPU, so unlike tuning (lt_tune) every process runs the same algorithm, hence the same bits. bench_cuda --ltsweep
+ * prints each answer's entry; gpu_ab.sh section 126 turns a sweep's winners into this list. -1: no entry */
+#define LT_RANK_MAX 16
+#define LT_RANK_ENTRIES 64
+static int lt_rank(int m, int n, int k) {
+    static int nr = -1, ent[LT_RANK_ENTRIES][4];
+    if (nr < 0) {
+        nr = 0;
+        for (const char *s = getenv("TERN_LT_RANK"); s && *s && nr < LT_RANK_ENTRIES;) {
+            int *v = ent[nr];
+            if (sscanf(s, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) == 4 && v[3] >= 0 && v[3] < LT_RANK_MAX) nr++;
+            s = strpbrk(s, ";/");
+            if (s) s++;
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        if (ent[i][0] == m && ent[i][1] == n && ent[i][2] == k) return ent[i][3];
+    return -1;
+}
+
+/* Preferred answers (TERN_LT_PREFER, default 1; 0 off). For the skinny GEMMs of batch decode with a long K (down) the
+ * heuristic's first answer splits K over a third of a wave where an answer it also offers, without the split and one
+ * wave wide, streams the weights faster: for 64..128 rows, when the first answer splits K, the first unsplit answer of
+ * 0.85..1 waves is taken (none offered: the first, as before). A few shapes name their answer by configuration (tile,
+ * split-K, custom option, cluster shape: sm_90 nvjet). Both are matched among the heuristic's answers, so a cuBLASLt
+ * or GPU that offers other answers keeps the first, and every process picks the same (the same bits).
+ * H100, session 70 (NOTES (cd), bench_cuda --ltsweep, cold weights): down at 64 / 128 rows, first -> taken: gemma4-12b
+ * 49.9 / 53.4 -> 46.2 / 47.9 us, llama3-8b 46.9 / 52.1 -> 43.5 / 45.0; gemma4-12b's gate|up (named) 89.5 / 93.9 ->
+ * 86.7 / 89.6; gemma4-e4b's down is offered no unsplit answer. In the models, off / on interleaved on one card:
+ * gemma4-12b bf16 at 64 / 128 sequences 5082-5135 / 8127-8144 -> 5220-5239 / 8293-8318 dec tok/s, llama3-8b bf16
+ * 9113-9156 / 15675-15698 -> 9402-9433 / 16048-16082; gemma4-e4b and 26b-a4b at 64 unchanged (same ids digests). */
+typedef struct lt_pref { int m, n, k, nb; unsigned tile, splitk, custom, cluster; } lt_pref;
+static const lt_pref k_lt_prefs[] = {
+    {15360, 64, 3840, 2, 134, 1, 0, 3}, {15360, 128, 3840, 2, 21, 1, 3, 7}, /* gemma4-12b gate|up */
+};
+static int lt_prefer_on(void) {
+    static int on = -1;
+    if (on < 0) on = tern__cuda_env_int("TERN_LT_PREFER", 1) != 0;
+    return on;
+}
+static const lt_pref *lt_prefer(int m, int n, int k, int nb) {
+    for (size_t i = 0; i < sizeof k_lt_prefs / sizeof *k_lt_prefs; i++) {
+        const lt_pref *p = &k_lt_prefs[i];
+        if (p->m == m && p->n == n && p->k == k && p->nb == nb) return p;
+    }
+    return NULL;
+}
+static unsigned lt_cfg(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t at) {
+    size_t got = 0;
+    if (at == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) { /* 16 bits wide: the call wants the exact size */
+        uint16_t v = 0;
+        return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : ~0u;
+    }
+    uint32_t v = 0;
+    return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : ~0u;
+}
+/* the answer named by p, or (p NULL) the rule's, else the first */
+static int lt_prefer_pick(const cublasLtMatmulHeuristicResult_t *hs, int got, const lt_pref *p) {
+    if (!p && lt_cfg(&hs[0].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1) return 0;
+    for (int i = 0; i < got; i++) {
+        const cublasLtMatmulAlgo_t *a = &hs[i].algo;
+        const unsigned sk = lt_cfg(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+        if (p ? lt_cfg(a, CUBLASLT_ALGO_CONFIG_TILE_ID) == p->tile && sk == p->splitk &&
+                    lt_cfg(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION) == p->custom &&
+                    lt_cfg(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) == p->cluster
+              : sk == 1 && hs[i].wavesCount >= 0.85f && hs[i].wavesCount <= 1.0f)
+            return i;
+    }
+    return 0;
+}
+
 static int lt_cache_on(void) {
     static int v = -1;
     if (v < 0) v = tern__cuda_env_int("TERN_LT_CACHE", 1) != 0;
@@ -253,7 +326,7 @@ static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc
     tern_status st = TERN_EDEVICE;
     size_t ws = TERN_CUDA_LT_WS_BYTES;
     float alpha = 1.0f;
-    cublasLtMatmulHeuristicResult_t hs[LT_PICK_MAX], h;
+    cublasLtMatmulHeuristicResult_t hs[LT_RANK_MAX], h;
     int got = 0;
     if (cty == CUDA_R_32F && nb == 0 && !an && ab == CUDA_R_16BF && ct == CUBLAS_COMPUTE_32F && ldb == k &&
         (beta == 0.0f || beta == 1.0f) && tern__cuda_wgemm(c, (float *)y, ldc, a, bm, m, n, k, beta != 0.0f))
@@ -271,14 +344,21 @@ static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc
         if (!pinned) {
             if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto done;
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-            const int tune = ent && !lt_pick() && beta == 0.0f && nb == 0 && !an && ab == CUDA_R_16BF &&
-                             ct == CUBLAS_COMPUTE_32F && lt_tune_on(m, k);
-            const int pick = lt_pick(); /* 0: one answer asked for, as always (tuning: all of them) */
-            if (cublasLtMatmulAlgoGetHeuristic(c->lt, d.op, d.la, d.lb, d.lc, d.lc, pref, tune ? LT_PICK_MAX : pick + 1,
-                                               hs, &got) != CUBLAS_STATUS_SUCCESS ||
+            const int bf = ab == CUDA_R_16BF && ct == CUBLAS_COMPUTE_32F && !an;
+            const int rank = bf ? lt_rank(m, n, k) : -1;
+            const int tune = ent && bf && rank < 0 && !lt_pick() && beta == 0.0f && nb == 0 && lt_tune_on(m, k);
+            const int pf_on = bf && rank < 0 && !lt_pick() && lt_prefer_on() && n >= 64 && n <= 128;
+            const lt_pref *pf = pf_on ? lt_prefer(m, n, k, nb) : NULL;
+            /* 0: one answer asked for, as always (tuning: all of them) */
+            const int pick = rank >= 0 ? rank : lt_pick();
+            if (cublasLtMatmulAlgoGetHeuristic(c->lt, d.op, d.la, d.lb, d.lc, d.lc, pref,
+                                               tune ? LT_PICK_MAX : pf_on ? LT_RANK_MAX : pick + 1, hs, &got) !=
+                    CUBLAS_STATUS_SUCCESS ||
                 got < 1)
                 goto done;
-            h = hs[tune ? lt_tune(c, &d, hs, got, a, bm, y, ws, m, n, k) : pick < got ? pick : got - 1];
+            h = hs[tune ? lt_tune(c, &d, hs, got, a, bm, y, ws, m, n, k)
+                   : pf_on ? lt_prefer_pick(hs, got, pf)
+                        : pick < got ? pick : got - 1];
         }
         if (ent) {
             ent->key = key;
@@ -833,7 +913,7 @@ int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const floa
     return ok;
 }
 
-/* ---- Gemma 4's per-layer input block for many rows (ops.h ple_block; TERN_CUDA_PLE_N, opt-in) ----
+/* ---- Gemma 4's per-layer input block for many rows (ops.h ple_block; TERN_CUDA_PLE_N, default on) ----
  * The separate ops (src/model/internal.h tern__pending_ple) run seven launches a layer at a batch step: copy_cols of
  * the layer's slice of the per-layer inputs, rmsnorm_add (the post-FFN norm's add), the gate GEMM's x staging and the
  * GEMM, gelu·slice, the projection's staging and its GEMM. Here four: rmsnorm_add_bf16 (x' out of place and staged
@@ -842,9 +922,10 @@ int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const floa
  * separate op's values (rms_row, f32_to_bf16's rounding, ew_one, lt_gemm with the same shape and so the same cached
  * algorithm), so the same bits where the separate matmuls would take gemm_rows: BF16 weights not precise, more rows
  * than qgemm.cu takes, x fits gemm_rows' scratch in one chunk, not sgemm.cu (its level 2 takes one matrix up to 64
- * rows). Written in session 69 without a GPU run (op test cuda_ple_block, gpu_ab.sh section 125): e4b's batch steps
- * run ~15 launches a layer, and at 64 sequences it sits at 0.51 of its floor. */
-int tern__cuda_ple_n = -1; /* -1 unread (TERN_CUDA_PLE_N, default 0); tests set it */
+ * rows). Written in session 69 (op test cuda_ple_block, gpu_ab.sh section 125): e4b's batch steps ran ~15 launches a
+ * layer. H100, session 70 (NOTES (cd)): e4b bf16 at 32 / 64 sequences 5233 / 9979 -> 5356 / 10185 dec tok/s, the ids
+ * digests equal; default since. TERN_CUDA_PLE_N=0: the separate ops. */
+int tern__cuda_ple_n = -1; /* -1 unread (TERN_CUDA_PLE_N, default 1); tests set it */
 unsigned long long tern__cuda_ple_calls; /* calls served (tests) */
 static int ple_fits(const tern__cuda *c, const tern__cuda_w *w, int n) { /* tern__cuda_gemm's one-chunk gemm_rows */
     const size_t xbytes = ((size_t)n * w->in * 2 + 255) & ~(size_t)255; /* gemm_rows' plain staging */
@@ -853,7 +934,7 @@ static int ple_fits(const tern__cuda *c, const tern__cuda_w *w, int n) { /* tern
 }
 int tern__cuda_ple_block(tern__cuda *c, float *y, float *pg, const float *x, int n, const tern__cuda_w *wg,
                          const tern__cuda_w *wp, int act, const float *v, long ldv, const tern_norm_res *res, float eps) {
-    if (tern__cuda_ple_n < 0) tern__cuda_ple_n = tern__cuda_env_int("TERN_CUDA_PLE_N", 0) != 0;
+    if (tern__cuda_ple_n < 0) tern__cuda_ple_n = tern__cuda_env_int("TERN_CUDA_PLE_N", 1) != 0;
     if (!tern__cuda_ple_n || n > 128 || (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH) || !y || !pg || !v)
         return 0;
     if ((res && (res->h2 || !res->x_out || !res->h)) || wp->in != wg->out || ldv < wg->out)

@@ -6,7 +6,8 @@
  * this asks for up to 16 answers and times each on the same operands: the weight rotates over `copies` copies
  * (the L2 stays cold, as in a decode step), launches are timed in a row between two events. One line per answer:
  * its rank, µs, GB/s of the caller's byte count, and the configuration that names it (algorithm id, tile, stages,
- * split-K and its reduction, swizzle, custom option, cluster shape) — what a per-shape rule in gemm.c would pin.
+ * split-K and its reduction, swizzle, custom option, cluster shape) and its TERN_LT_RANK entry (gemm.c: that shape
+ * takes answer r), what a per-shape rule would pin.
  * tern__cuda_lt_search (bench_cuda --ltsearch) goes past the heuristic: every configuration cuBLASLt accepts, with
  * the TERN_LT_PIN entry that selects it (H200, session 27: only algorithm 21 is configurable on sm_90, and it beats
  * the heuristic's nvjet answers only on the head; NOTES (an)). Diagnostic only: no engine path calls them.
@@ -92,12 +93,12 @@ void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, i
             continue;
         }
         printf("ltsweep %-28s n=%-4d #%-2d %8.1f us %7.1f GB/s  algo %u tile %u stages %u splitk %u red %u swz %u "
-               "custom %u cluster %u waves %.2f\n",
+               "custom %u cluster %u waves %.2f rank %d,%d,%d,%d\n",
                name, n, i, us, bytes / us * 1e-3, cfg_u(al, CUBLASLT_ALGO_CONFIG_ID),
                cfg_u(al, CUBLASLT_ALGO_CONFIG_TILE_ID), cfg_u(al, CUBLASLT_ALGO_CONFIG_STAGES_ID),
                cfg_u(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), cfg_u(al, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
                cfg_u(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING), cfg_u(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
-               cfg_u(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), hs[i].wavesCount);
+               cfg_u(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), hs[i].wavesCount, m, n, k, i);
         fflush(stdout);
     }
 done:
