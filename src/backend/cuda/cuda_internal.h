@@ -80,7 +80,7 @@ typedef struct tern__cuda {
     cudaEvent_t side_ev[2];
     int side_state;              /* 0 not opened, 1 open, -1 could not be opened (synchronous copies) */
     struct tern__cuda_lt_cache *lt_cache; /* gemm.c: cuBLASLt algorithm per GEMM shape (made on first use) */
-    cudaStream_t tune_stream;    /* gemm.c lt_tune: timing runs while `stream` is being recorded (made on first use) */
+    cudaStream_t tune_stream;    /* lt_gemm.c lt_tune: timing runs while `stream` is being recorded (made on first use) */
     void *blas;                  /* moe_blas.cu: a cuBLAS handle on `stream` (made on first use) */
 } tern__cuda;
 
@@ -177,14 +177,14 @@ const float *tern__cuda_plain_x(tern__cuda *c, const tern__cuda_w *w, int n, con
 tern_status tern__cuda_gemm(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w, int e);
 int tern__cuda_gemm_merge_max(void); /* gemm.c: rows up to which BF16 weights take one [xh | xl] GEMM */
 int tern__cuda_bf16_split_all(const tern__cuda *c); /* gemm.c: 1 bf16x2 (every GEMM splits x), 0 bf16 (precise weights only) */
-/* gemm.c: cuBLASLt C_b (m x n, ld ldc, f32) = A_bᵀ·B_b with A_b (k x m, ld k), B_b (k x n, ld ldb) of
+/* lt_gemm.c: cuBLASLt C_b (m x n, ld ldc, f32) = A_bᵀ·B_b with A_b (k x m, ld k), B_b (k x n, ld ldb) of
  * type ab; nb = 0 one GEMM (strides unused), nb >= 1 a strided batch (A_b at a + b·sa, B_b at
  * bm + b·sb, C_b at y + b·sc, element offsets); beta 0 or 1; TERN_EDEVICE when no algorithm */
 tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, const void *a, long long sa,
                                const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
                                cublasComputeType_t ct, float beta);
-void tern__cuda_lt_cache_free(tern__cuda *c); /* gemm.c: at close (accepts none made) */
-/* gemm.c: the same for bf16 A and B with C of type cty; an = 1: C_b = A_b·B_b with A_b (m x k, ld m) */
+void tern__cuda_lt_cache_free(tern__cuda *c); /* lt_gemm.c: at close (accepts none made) */
+/* lt_gemm.c: the same for bf16 A and B with C of type cty; an = 1: C_b = A_b·B_b with A_b (m x k, ld m) */
 tern_status tern__cuda_lt_gemm_x(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a, int an,
                                  long long sa, const void *bm, int ldb, long long sb, int m, int n, int k, int nb,
                                  float beta);
@@ -236,7 +236,7 @@ void tern__cuda_qmma_init(tern__cuda *c); /* at open (from tern__cuda_gemv_init)
 
 /* norm.cu (norm, rope, elementwise, embed) */
 void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, int n, const tern__cuda_w *w, float scale);
-/* norm.cu: read `bytes` from p through L2 on stream s, keeping nothing (gemm.c lt_tune: each timed run from HBM) */
+/* norm.cu: read `bytes` from p through L2 on stream s, keeping nothing (lt_gemm.c lt_tune: each timed run from HBM) */
 void tern__cuda_l2_evict(tern__cuda *c, cudaStream_t s, const void *p, size_t bytes);
 void tern__cuda_rmsnorm(tern__cuda *c, float *y, const float *x, int rows, int d, const float *w, float eps);
 void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void *yl, const float *x, int rows, int d, const float *w,

@@ -1,5 +1,5 @@
 /*
- * gemm.h — what gemm.c shares with the backend's other C files only (cuda_backend.c, lt_sweep.c): the cuBLASLt
+ * gemm.h — what gemm.c and lt_gemm.c share with the backend's other C files only (cuda_backend.c, lt_sweep.c): the cuBLASLt
  * descriptors, the one-GEMM q|k|v path, and fused.cu's launcher that path calls. Kept out of cuda_internal.h so
  * that the .cu files do not rebuild for them.
  */
@@ -15,6 +15,12 @@ tern_status tern__cuda_lt_desc_make(tern__cuda_lt_desc *d, cudaDataType_t cty, i
                                     long long sa, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
                                     cublasComputeType_t ct);
 void tern__cuda_lt_desc_free(tern__cuda_lt_desc *d);
+/* lt_gemm.c: C_b (m x n, ld ldc, type cty) = op(A_b)·B_b — op(A) = Aᵀ with A_b (k x m, ld k), or (an = 1) A with A_b
+ * (m x k, ld m) — B_b (k x n, ld ldb); nb = 0 one GEMM, nb >= 1 a strided batch (strides sa, sb, sc in elements);
+ * beta 0 or 1; the algorithm chosen once per shape (lt_gemm.c's top comment) */
+tern_status tern__cuda_lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a,
+                                 int an, long long sa, const void *bm, int ldb, long long sb, int m, int n, int k, int nb,
+                                 cudaDataType_t ab, cublasComputeType_t ct, float beta);
 
 /* lt_sweep.c (bench_cuda --ltsweep): every answer of cuBLASLt's heuristic (up to 16) for the bf16 GEMM C (m x n, f32,
  * or bf16 when c_bf16, ld ldc) = A_bᵀ·B (A in `copies` copies a_step bytes apart: the L2 stays cold), a strided batch

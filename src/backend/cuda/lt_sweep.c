@@ -6,7 +6,7 @@
  * this asks for up to 16 answers and times each on the same operands: the weight rotates over `copies` copies
  * (the L2 stays cold, as in a decode step), launches are timed in a row between two events. One line per answer:
  * its rank, µs, GB/s of the caller's byte count, and the configuration that names it (algorithm id, tile, stages,
- * split-K and its reduction, swizzle, custom option, cluster shape) and its TERN_LT_RANK entry (gemm.c: that shape
+ * split-K and its reduction, swizzle, custom option, cluster shape) and its TERN_LT_RANK entry (lt_gemm.c: that shape
  * takes answer r), what a per-shape rule would pin.
  * tern__cuda_lt_search (bench_cuda --ltsearch) goes past the heuristic: every configuration cuBLASLt accepts, with
  * the TERN_LT_PIN entry that selects it (H200, session 27: only algorithm 21 is configurable on sm_90, and it beats

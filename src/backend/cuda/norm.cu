@@ -434,7 +434,7 @@ extern "C" void tern__cuda_copy_cols(tern__cuda *c, float *dst, const float *src
 }
 
 /* Reads `bytes` (a multiple of 16) from p through L2 without keeping the values (volatile loads; nothing is written):
- * evicts what a GEMM timed by gemm.c lt_tune left in L2, so each timed run streams its weights from HBM as in the
+ * evicts what a GEMM timed by lt_gemm.c lt_tune left in L2, so each timed run streams its weights from HBM as in the
  * model, where the layers between two calls of one shape evict them. On `s` (lt_tune's stream). */
 __global__ void l2_evict_kernel(const uint4 *p, size_t n) {
     pdl_start();
