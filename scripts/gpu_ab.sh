@@ -1708,7 +1708,7 @@ if [[ " $SECTIONS " == *" 125 "* ]]; then
 fi
 
 # 126. session 70: a model's batch-decode GEMMs by heuristic rank (lt_gemm.c TERN_LT_RANK) — bench_cuda --ltsweep over
-#      AB126_SET (BENCH_LT_SET: e4b, the default, or g12) at AB126_N (default 64 128), each shape's fastest answer kept
+#      AB126_SET (BENCH_LT_SET: e4b, the default, g12, g31, a4b, or llama) at AB126_N (default 64 128), each shape's fastest answer kept
 #      where it beats the first by 3 % or more, then batch decode of AB126_MODELS (default gemma4-e4b) at AB126_CONC
 #      (default 64) with the default answers and with those ranks; ids digests (other answers: other sums, the bf16 bound)
 if [[ " $SECTIONS " == *" 126 "* ]]; then

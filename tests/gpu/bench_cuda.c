@@ -10,7 +10,7 @@
  * Timing: warm-up, then many asynchronous launches between two sync()s on the host clock.
  * `bench_cuda --qmma`: the MLX Q matmul of qmma.cu vs the older kernels (n = 1..64), then stop.
  * `bench_cuda --ltsweep [n ...]`: every cuBLASLt heuristic answer for llama3-8b's batch-decode GEMMs (BENCH_LT_SET=g12:
- * gemma4-12b's, e4b: gemma4-e4b's), then stop.
+ * gemma4-12b's, e4b / g31 / a4b: gemma4-e4b's, gemma4-31b's, gemma4-26b-a4b's dense parts), then stop.
  * `bench_cuda --ltsearch [n ...]`: every cuBLASLt configuration for those GEMMs at n rows, timed, with TERN_LT_PIN entries.
  * `bench_cuda --wgemm [n ...]`: wgemm.cu against cuBLASLt for those GEMMs (µs as graphs, output difference).
  * `bench_cuda --moe`: moe_mlp at the gemma4-26b-a4b shapes, moe_mma.cu vs the GEMV pairs, then stop.
@@ -574,17 +574,26 @@ static void bench_ltsweep(int argc, char **argv) {
         {"q|k|v global 6144x2560", 6144, 2560, 0, 0, 0.0f}, {"q shared 2048x2560", 2048, 2560, 0, 0, 0.0f},
         {"ple gate 256x2560", 256, 2560, 0, 0, 0.0f},     {"ple proj 2560x256", 2560, 256, 0, 0, 0.0f},
         {"gate|up 2x10240x2560 bf16", 10240, 2560, 2, 1, 0.0f}};
+    /* BENCH_LT_SET=g31: gemma4-31b's sliding layer; a4b: gemma4-26b-a4b's dense parts (attention, the shared MLP) */
+    static const Shape g31[] = {
+        {"o 5376x8192", 5376, 8192, 0, 0, 0.0f}, {"down 5376x21504", 5376, 21504, 0, 0, 0.0f},
+        {"q|k|v 16384x5376 (one matrix)", 16384, 5376, 0, 0, 0.0f},
+        {"gate|up 2x21504x5376 bf16", 21504, 5376, 2, 1, 0.0f}};
+    static const Shape a4b[] = {
+        {"o 2816x4096", 2816, 4096, 0, 0, 0.0f}, {"q|k|v 8192x2816 (one matrix)", 8192, 2816, 0, 0, 0.0f},
+        {"down 2816x2112", 2816, 2112, 0, 0, 0.0f}, {"gate|up 2x2112x2816 bf16", 2112, 2816, 2, 1, 0.0f}};
     const char *set = getenv("BENCH_LT_SET");
     const int is_g12 = set && !strcmp(set, "g12"), is_e4b = set && !strcmp(set, "e4b");
-    const int NSH = is_g12 ? 4 : is_e4b ? 9 : 8;
-    const Shape *sh = is_g12 ? g12 : is_e4b ? e4b : llama;
+    const int is_g31 = set && !strcmp(set, "g31"), is_a4b = set && !strcmp(set, "a4b");
+    const int NSH = is_g12 || is_g31 || is_a4b ? 4 : is_e4b ? 9 : 8;
+    const Shape *sh = is_g12 ? g12 : is_e4b ? e4b : is_g31 ? g31 : is_a4b ? a4b : llama;
     int ns[16], nn = 0;
     for (int i = 2; i < argc && nn < 16; i++)
         if (atoi(argv[i]) > 0) ns[nn++] = atoi(argv[i]);
     if (!nn) { ns[0] = 32; ns[1] = 64; ns[2] = 128; nn = 3; }
     int nmax = 0;
     for (int i = 0; i < nn; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
-    void *x = dev_random((size_t)nmax * 15360 * 2), *y = g->vt->alloc(g, (size_t)nmax * 128256 * 4);
+    void *x = dev_random((size_t)nmax * 21504 * 2), *y = g->vt->alloc(g, (size_t)nmax * 128256 * 4);
     for (int s = 0; s < NSH && x && y; s++) {
         const int nb = sh[s].nb ? sh[s].nb : 1;
         const size_t wb = (size_t)sh[s].m * sh[s].k * 2 * nb;
