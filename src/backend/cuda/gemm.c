@@ -573,7 +573,7 @@ int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const floa
  * than qgemm.cu takes, x fits gemm_rows' scratch in one chunk, not sgemm.cu (its level 2 takes one matrix up to 64
  * rows). Written in session 69 (op test cuda_ple_block, gpu_ab.sh section 125): e4b's batch steps ran ~15 launches a
  * layer. H100, session 70 (NOTES (cd)): e4b bf16 at 32 / 64 sequences 5233 / 9979 -> 5356 / 10185 dec tok/s, the ids
- * digests equal; default since. TERN_CUDA_PLE_N=0: the separate ops; =2 (opt-in, unrun): up to 64 rows the GEMMs and the
+ * digests equal; default since. TERN_CUDA_PLE_N=0: the separate ops; =2 (opt-in, unrun): up to 128 rows the GEMMs and the
  * product run as ple_mma.cu's two kernels (other sums: the bf16 bound, not these bits). */
 int tern__cuda_ple_n = -1; /* -1 unread (TERN_CUDA_PLE_N, default 1); tests set it */
 unsigned long long tern__cuda_ple_calls; /* calls served (tests) */

@@ -11,14 +11,15 @@
  * ple_gate_kernel: a block of 4 warps owns BM = 32 gate rows and a range of K (the K split S puts ~one block on every
  * SM: e4b's 8 row tiles x 16 ranges of 160 inputs); its weight tile (loaded before pdl_wait: weights) and the staged x
  * rows of that range (bf16, zero-padded to 64 rows) land in shared memory by cp.async, warp w multiplies x rows
- * 16w..16w+15 by the 32 rows (mma.sync m16n8k16, f32) and stores its f32 partial to c->part. The last block of a row
- * tile (split_k.cuh's hand-off; the counter reset for the next launch) sums the S partials in range order —
- * deterministic — and writes act(g)·v (gelu_tanh_mul's / silu_mul's element) rounded to bf16: the projection's input.
- * ple_proj_kernel: a block owns 16 projection rows and the whole K (the gate's width, ≤ 256); warp w multiplies
- * x rows 16w..16w+15 and writes y (f32) from its fragments.
+ * 16w..16w+15 of its column tile by the 32 rows (mma.sync m16n8k16, f32) and stores its f32 partial to c->part. The
+ * last block of a row tile (split_k.cuh's hand-off; the counter reset for the next launch) sums the S partials in
+ * range order — deterministic — and writes act(g)·v (gelu_tanh_mul's / silu_mul's element) rounded to bf16: the
+ * projection's input. ple_proj_kernel: a block owns 16 projection rows and the whole K (the gate's width, ≤ 256);
+ * warp w multiplies x rows 16w..16w+15 of its column tile and writes y (f32) from its fragments.
  * Numerics: the plain bf16 mode's (bf16 x and weights, f32 sums), in another order than cuBLASLt's, so not the bits of
- * TERN_CUDA_PLE_N=1 (op test cuda_ple_mma: within the bf16 bound of the separate ops). 1..64 rows, BF16 weights, the
- * gate's width a multiple of 16 up to 256, inputs a multiple of 16; anything else declines (the caller's GEMMs run).
+ * TERN_CUDA_PLE_N=1 (op test cuda_ple_mma: within the bf16 bound of the separate ops). 1..128 rows (64-row column
+ * tiles over grid.z, each with its own partials and counters), BF16 weights, the gate's width a multiple of 16 up to
+ * 256, inputs a multiple of 16; anything else declines (the caller's GEMMs run).
  * Written in session 70 after the device budget ran out: unrun.
  */
 #include "backend/cuda/cuda_internal.h"
@@ -26,7 +27,8 @@
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/split_k.cuh"
 
-#define PM_NP 64      /* x rows a block holds (zero-padded) */
+#define PM_NP 64      /* x rows a block holds (zero-padded); grid.z: 64-row column tiles, up to PM_NCT */
+#define PM_NCT 2
 #define PM_BM 32      /* gate rows a block */
 #define PM_PM 16      /* projection rows a block */
 #define PM_KS 192     /* inputs a gate block holds at most */
@@ -45,6 +47,7 @@ struct PleArgs {
     long ldv;
     int *cnt;
     int n, in, P, H, S, units, op;   /* units: K in steps of 16 */
+    int tiles;                       /* gate row tiles (grid.x of the gate kernel) */
 };
 
 /* acc[mi][nt] += A (rows 16mi.. of the tile at a, ld lda) · B (x rows xr0..xr0+15 at b, ld ldb) over one k16 step ks */
@@ -64,18 +67,21 @@ __device__ __forceinline__ void pm_step(float (*acc)[2][4], int nm, uint32_t a, 
 __global__ void __launch_bounds__(128) ple_gate_kernel(PleArgs a) {
     __shared__ __align__(16) __nv_bfloat16 sw[PM_BM * PM_LDG], sx[PM_NP * PM_LDG];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int tile = blockIdx.x, s = blockIdx.y, r0 = tile * PM_BM;
+    const int tile = blockIdx.x, s = blockIdx.y, r0 = tile * PM_BM, j0 = blockIdx.z * PM_NP;
+    const int nr = min(PM_NP, a.n - j0); /* x rows of this column tile */
     const int u0 = (int)((long)s * a.units / a.S), u1 = (int)((long)(s + 1) * a.units / a.S);
     const int k0 = u0 * 16, cpr = (u1 - u0) * 2; /* 16-byte chunks a row */
     pdl_trigger();
     for (int i = tid; i < PM_BM * cpr; i += 128) { /* the weights do not depend on the previous kernel */
         const int r = i / cpr, ch = i % cpr, o = r0 + r;
-        mma_cp16(mma_smem_u32(sw + r * PM_LDG + ch * 8), a.wg + (size_t)(o < a.P ? o : 0) * a.in + k0 + ch * 8, o < a.P);
+        mma_cp16(mma_smem_u32(sw + r * PM_LDG + ch * 8), a.wg + (size_t)(o < a.P ? o : 0) * a.in + k0 + ch * 8,
+                 o < a.P);
     }
     pdl_wait();
     for (int i = tid; i < PM_NP * cpr; i += 128) {
         const int r = i / cpr, ch = i % cpr;
-        mma_cp16(mma_smem_u32(sx + r * PM_LDG + ch * 8), a.x + (size_t)(r < a.n ? r : 0) * a.in + k0 + ch * 8, r < a.n);
+        mma_cp16(mma_smem_u32(sx + r * PM_LDG + ch * 8), a.x + (size_t)(j0 + (r < nr ? r : 0)) * a.in + k0 + ch * 8,
+                 r < nr);
     }
     mma_cp_commit();
     mma_cp_wait<0>();
@@ -84,7 +90,7 @@ __global__ void __launch_bounds__(128) ple_gate_kernel(PleArgs a) {
     const uint32_t wa = mma_smem_u32(sw), xa = mma_smem_u32(sx + 16 * warp * PM_LDG);
     for (int ks = 0; ks < u1 - u0; ks++) pm_step(acc, 2, wa, PM_LDG, xa, PM_LDG, ks, lane);
     /* fragment (mi, nt): c0 gate row 16mi + gq, x row 16w + 8nt + 2tq; c1 the next x row; c2 / c3 gate row + 8 */
-    float *pp = a.part + (size_t)s * PM_NP * a.P;
+    float *pp = a.part + ((size_t)s * PM_NCT * PM_NP + j0) * a.P; /* [S][PM_NCT·64 rows][P] */
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -92,24 +98,25 @@ __global__ void __launch_bounds__(128) ple_gate_kernel(PleArgs a) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int o = r0 + 16 * mi + gq + (e >> 1) * 8, j = 16 * warp + 8 * nt + 2 * tq + (e & 1);
-                if (o < a.P && j < a.n) pp[(size_t)j * a.P + o] = acc[mi][nt][e];
+                if (o < a.P && j < nr) pp[(size_t)j * a.P + o] = acc[mi][nt][e];
             }
-    if (!tern_block_last(a.cnt + tile, a.S)) return;
-    for (int i = tid; i < a.n * PM_BM; i += 128) {
-        const int j = i / PM_BM, o = r0 + i % PM_BM;
+    int *const cnt = a.cnt + blockIdx.z * a.tiles + tile;
+    if (!tern_block_last(cnt, a.S)) return;
+    for (int i = tid; i < nr * PM_BM; i += 128) {
+        const int j = j0 + i / PM_BM, o = r0 + i % PM_BM;
         if (o >= a.P) continue;
         float g = 0.0f;
-        for (int t = 0; t < a.S; t++) g += __ldcg(a.part + ((size_t)t * PM_NP + j) * a.P + o);
+        for (int t = 0; t < a.S; t++) g += __ldcg(a.part + ((size_t)t * PM_NCT * PM_NP + j) * a.P + o);
         const float vv = a.v[(size_t)j * a.ldv + o];
         a.pb[(size_t)j * a.P + o] = __float2bfloat16_rn(a.op == TERN__EW_SILU ? silu(g) * vv : gelu_tanh(g) * vv);
     }
-    if (tid == 0) a.cnt[tile] = 0; /* zero for the next launch (split_k.cuh's pool contract) */
+    if (tid == 0) *cnt = 0; /* zero for the next launch (split_k.cuh's pool contract) */
 }
 
 __global__ void __launch_bounds__(128) ple_proj_kernel(PleArgs a) {
     __shared__ __align__(16) __nv_bfloat16 sw[PM_PM * PM_LDP], sx[PM_NP * PM_LDP];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int r0 = blockIdx.x * PM_PM, cpr = a.P / 8;
+    const int r0 = blockIdx.x * PM_PM, cpr = a.P / 8, j0 = blockIdx.y * PM_NP, nr = min(PM_NP, a.n - j0);
     pdl_trigger();
     for (int i = tid; i < PM_PM * cpr; i += 128) {
         const int r = i / cpr, ch = i % cpr, o = r0 + r;
@@ -118,7 +125,7 @@ __global__ void __launch_bounds__(128) ple_proj_kernel(PleArgs a) {
     pdl_wait();
     for (int i = tid; i < PM_NP * cpr; i += 128) {
         const int r = i / cpr, ch = i % cpr;
-        mma_cp16(mma_smem_u32(sx + r * PM_LDP + ch * 8), a.pb + (size_t)(r < a.n ? r : 0) * a.P + ch * 8, r < a.n);
+        mma_cp16(mma_smem_u32(sx + r * PM_LDP + ch * 8), a.pb + (size_t)(j0 + (r < nr ? r : 0)) * a.P + ch * 8, r < nr);
     }
     mma_cp_commit();
     mma_cp_wait<0>();
@@ -131,7 +138,7 @@ __global__ void __launch_bounds__(128) ple_proj_kernel(PleArgs a) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int o = r0 + gq + (e >> 1) * 8, j = 16 * warp + 8 * nt + 2 * tq + (e & 1);
-            if (o < a.H && j < a.n) a.y[(size_t)j * a.H + o] = acc[0][nt][e];
+            if (o < a.H && j < nr) a.y[(size_t)(j0 + j) * a.H + o] = acc[0][nt][e];
         }
 }
 
@@ -140,21 +147,22 @@ __global__ void __launch_bounds__(128) ple_proj_kernel(PleArgs a) {
 extern "C" int tern__cuda_ple_mma(tern__cuda *c, float *y, const void *xb, void *pb, int n, const tern__cuda_w *wg,
                                   const tern__cuda_w *wp, int op, const float *v, long ldv) {
     const int in = wg->in, P = wg->out, H = wp->out;
-    if (n < 1 || n > PM_NP || !c->mm_cnt || wg->dtype != TERN_DT_BF16 || wp->dtype != TERN_DT_BF16 || wg->nmat > 1 ||
-        wp->nmat > 1 || in % 16 || P % 16 || P > PM_PMAX || wp->in != P || H < 1 || ((uintptr_t)xb & 15) ||
-        ((uintptr_t)pb & 15) || ((uintptr_t)wg->data & 15) || ((uintptr_t)wp->data & 15))
+    if (n < 1 || n > PM_NP * PM_NCT || !c->mm_cnt || wg->dtype != TERN_DT_BF16 || wp->dtype != TERN_DT_BF16 ||
+        wg->nmat > 1 || wp->nmat > 1 || in % 16 || P % 16 || P > PM_PMAX || wp->in != P || H < 1 ||
+        ((uintptr_t)xb & 15) || ((uintptr_t)pb & 15) || ((uintptr_t)wg->data & 15) || ((uintptr_t)wp->data & 15))
         return 0;
-    const int tiles = (P + PM_BM - 1) / PM_BM, units = in / 16;
-    int S = (c->n_sm + tiles - 1) / tiles; /* about one block an SM */
+    const int tiles = (P + PM_BM - 1) / PM_BM, units = in / 16, nct = (n + PM_NP - 1) / PM_NP;
+    int S = (c->n_sm + tiles * nct - 1) / (tiles * nct); /* about one block an SM */
     const int smin = (units * 16 + PM_KS - 1) / PM_KS;
     if (S < smin) S = smin;
     if (S > units) S = units;
-    if (S > 64 || (size_t)S * PM_NP * P > TERN_CUDA_PART_FLOATS || tiles > TERN_CUDA_MM_CNT - 1) return 0;
+    if (S > 64 || (size_t)S * PM_NCT * PM_NP * P > TERN_CUDA_PART_FLOATS || tiles * PM_NCT > TERN_CUDA_MM_CNT - 1)
+        return 0;
     PleArgs a = {(const __nv_bfloat16 *)wg->data, (const __nv_bfloat16 *)wp->data, (const __nv_bfloat16 *)xb,
-                 (__nv_bfloat16 *)pb, y, c->part, v, ldv, c->mm_cnt, n, in, P, H, S, units, op};
+                 (__nv_bfloat16 *)pb, y, c->part, v, ldv, c->mm_cnt, n, in, P, H, S, units, op, tiles};
     cudaSetDevice(c->device);
-    tern_launch(c->stream, ple_gate_kernel, dim3((unsigned)tiles, (unsigned)S), 128, 0, a);
-    tern_launch(c->stream, ple_proj_kernel, (unsigned)((H + PM_PM - 1) / PM_PM), 128, 0, a);
+    tern_launch(c->stream, ple_gate_kernel, dim3((unsigned)tiles, (unsigned)S, (unsigned)nct), 128, 0, a);
+    tern_launch(c->stream, ple_proj_kernel, dim3((unsigned)((H + PM_PM - 1) / PM_PM), (unsigned)nct), 128, 0, a);
     tern__cuda_check(c, "ple_mma");
     tern__cuda_ple_mma_calls++;
     return 1;
