@@ -1728,15 +1728,16 @@ if [[ " $SECTIONS " == *" 126 "* ]]; then
 fi
 
 # 127. session 70, written after the device budget ran out: TERN_CUDA_PLE_N=2 (ple_mma.cu: Gemma 4's per-layer input
-#      gate as a split-K tensor-core kernel with act·slice in its last block, the projection as a second; up to 64 rows;
+#      gate as a split-K tensor-core kernel with act·slice in its last block, the projection as a second; up to 128 rows;
 #      other sums than cuBLASLt's, so the bf16 bound, not bits). Op tests cuda_ple_mma and cuda_ple_block,
-#      test_model_g4_batch with it, then batch decode of AB127_MODELS (default gemma4-e4b) at AB127_CONC (default 32,64),
-#      PLE_N=1 against 2. ncu of e4b at 64 put the gate at 7.4 µs (32 CTAs), act_mul 3.1, the projection ~7 a layer.
+#      test_model_g4_batch with it, then batch decode of AB127_MODELS (default gemma4-e4b) at AB127_CONC (default
+#      32,64,128), PLE_N=1 against 2. ncu of e4b at 64 put the gate at 7.4 µs (32 CTAs), act_mul 3.1, the projection ~7
+#      a layer.
 if [[ " $SECTIONS " == *" 127 "* ]]; then
     ops_ok cuda_ple_mma cuda_ple_block || say "127: AN OP TEST FAILED"
     grep '^err ple_mma' "$OUT/ple_mma_ops.txt" | tail -4 | tee -a "$S"
     g4_batch g4_batch_ple2 TERN_CUDA_PLE_N=2
-    conc_ab "TERN_CUDA_PLE_N=1;TERN_CUDA_PLE_N=2" "${AB127_MODELS:-gemma4-e4b}" "${AB127_CONC:-32,64}"
+    conc_ab "TERN_CUDA_PLE_N=1;TERN_CUDA_PLE_N=2" "${AB127_MODELS:-gemma4-e4b}" "${AB127_CONC:-32,64,128}"
     say_digests "conc_*PLE_N*_1.txt"
 fi
 
