@@ -1741,6 +1741,52 @@ if [[ " $SECTIONS " == *" 127 "* ]]; then
     say_digests "conc_*PLE_N*_1.txt"
 fi
 
+# 128. session 70, unrun: where the batch Q4 GEMM's warps wait, instruction by instruction — ncu's SourceCounters
+#      (warp-state samples per SASS instruction; the build has -lineinfo) for one qg4w launch of a 64-sequence decode
+#      step (AB128_MODEL, default llama3-8b:q4; AB128_KERNELS, default qg4w), saved as a report, then its source page
+#      as CSV; the summary lists the 40 instructions with the most stall samples and the stall reasons' totals.
+#      Session 67 found it latency-bound (~9 cycles between a warp's instructions, 25 % occupancy): this says which
+#      waits (the ring's barrier, cp.async, wgmma.wait, the decode's dependences) to attack
+if [[ " $SECTIONS " == *" 128 "* ]]; then
+    m=${AB128_MODEL:-llama3-8b:q4}
+    timeout 240 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none \
+        --kernel-name "regex:${AB128_KERNELS:-qg4w}" --launch-skip 40 --launch-count 1 --section SourceCounters \
+        --section WarpStateStats --import-source yes -f -o "$OUT/ncu128" build/concurrency --random "$m" --device cuda \
+        --compute bf16 --conc 64 --prompt 128 --gen 4 --requests 2 --no-prefix > "$OUT/ncu128.log" 2>&1
+    say "128: ncu rc $? ($m, ${AB128_KERNELS:-qg4w}, one launch)"
+    timeout 120 /usr/local/cuda/bin/ncu -i "$OUT/ncu128.ncu-rep" --page source --csv --print-source sass \
+        > "$OUT/ncu128_sass.csv" 2> "$OUT/ncu128_sass.err"
+    timeout 60 /usr/local/cuda/bin/ncu -i "$OUT/ncu128.ncu-rep" --page details --csv > "$OUT/ncu128_details.csv" 2>&1
+    python3 - "$OUT/ncu128_sass.csv" <<'PY' 2>&1 | head -70 | tee -a "$S"
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if r]
+head = next((i for i, r in enumerate(rows) if any("Source" == c.strip() or "Address" in c for c in r)), None)
+if head is None:
+    print("no source table; first lines:"); [print("  ", ",".join(r)[:160]) for r in rows[:8]]; sys.exit()
+h = [c.strip() for c in rows[head]]
+def col(*keys):
+    for k in keys:
+        for j, c in enumerate(h):
+            if k.lower() in c.lower(): return j
+    return None
+src, samp = col("Source"), col("Warp Stall Sampling (All", "Sampling Data (All", "Stall Sampling")
+print("columns:", len(h), "| source", h[src] if src is not None else None, "| samples", h[samp] if samp is not None else None)
+if samp is None: print("  ", " | ".join(h)[:600]); sys.exit()
+def num(v):
+    try: return float(v.replace(",", ""))
+    except ValueError: return 0.0
+body = [r for r in rows[head + 1:] if len(r) > max(src, samp)]
+tot = sum(num(r[samp]) for r in body) or 1.0
+print("instructions %d, stall samples %d" % (len(body), tot))
+for r in sorted(body, key=lambda r: -num(r[samp]))[:40]:
+    print("%6.2f%%  %s" % (100 * num(r[samp]) / tot, r[src].strip()[:110]))
+# the per-reason columns (names with "stall_" or "Stall"), summed over the kernel
+reasons = [(j, c) for j, c in enumerate(h) if ("stall" in c.lower() and j != samp)]
+agg = sorted(((sum(num(r[j]) for r in body), c) for j, c in reasons), reverse=True)[:12]
+for v, c in agg: print("  reason %-60s %10.0f" % (c[:60], v))
+PY
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
