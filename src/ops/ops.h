@@ -474,7 +474,8 @@ typedef struct tern_backend_vt {
      * at v + r·ldv: a column slice of the per-layer inputs) and y = pg·wpᵀ ([n, wp.out]); pg [n, wg.out] is scratch
      * the backend may leave unwritten. Bitwise what src/model/internal.h tern__pending_ple runs otherwise
      * (rmsnorm_add, copy_cols, matmul, gelu_tanh_mul / silu_mul, matmul). 0 = not done, nothing written but res->x_out.
-     * CUDA: 9..128 rows in the plain bf16 mode (TERN_CUDA_PLE_N). */
+     * CUDA: 9..128 rows in the plain bf16 mode (TERN_CUDA_PLE_N; its opt-in =2 runs kernels of its own with other
+     * sums: the bf16 bound instead of these bits). */
     int (*ple_block)(tern_backend *be, float *y, float *pg, const float *x, int n, const tern_tensor *wg,
                      const tern_tensor *wp, int act, const float *v, long ldv, const tern_norm_res *res, float eps);
 } tern_backend_vt;

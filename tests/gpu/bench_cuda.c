@@ -582,11 +582,16 @@ static void bench_ltsweep(int argc, char **argv) {
     static const Shape a4b[] = {
         {"o 2816x4096", 2816, 4096, 0, 0, 0.0f}, {"q|k|v 8192x2816 (one matrix)", 8192, 2816, 0, 0, 0.0f},
         {"down 2816x2112", 2816, 2112, 0, 0, 0.0f}, {"gate|up 2x2112x2816 bf16", 2112, 2816, 2, 1, 0.0f}};
+#define LT_SET(v) {#v, v, (int)(sizeof v / sizeof *v)}
+    static const struct { const char *name; const Shape *sh; int n; } sets[] = {
+        LT_SET(llama), LT_SET(g12), LT_SET(e4b), LT_SET(g31), LT_SET(a4b)};
+#undef LT_SET
     const char *set = getenv("BENCH_LT_SET");
-    const int is_g12 = set && !strcmp(set, "g12"), is_e4b = set && !strcmp(set, "e4b");
-    const int is_g31 = set && !strcmp(set, "g31"), is_a4b = set && !strcmp(set, "a4b");
-    const int NSH = is_g12 || is_g31 || is_a4b ? 4 : is_e4b ? 9 : 8;
-    const Shape *sh = is_g12 ? g12 : is_e4b ? e4b : is_g31 ? g31 : is_a4b ? a4b : llama;
+    int si = 0; /* unset or unknown: llama3-8b's */
+    for (int i = 1; set && i < (int)(sizeof sets / sizeof *sets); i++)
+        if (!strcmp(set, sets[i].name)) si = i;
+    const Shape *sh = sets[si].sh;
+    const int NSH = sets[si].n;
     int ns[16], nn = 0;
     for (int i = 2; i < argc && nn < 16; i++)
         if (atoi(argv[i]) > 0) ns[nn++] = atoi(argv[i]);

@@ -901,6 +901,24 @@ TEST(cuda_norm_gemm_res) {
  * switch off, the inner add h2. */
 extern int tern__cuda_ple_n, tern__cuda_sgemm_on;
 extern unsigned long long tern__cuda_ple_calls;
+/* one ple_block case's inputs, host copies kept: x and the pending add's h [n, H], h's norm weight, the scalar 0.8 and
+ * the per-layer inputs [n, L·P] (cuda_ple_block, cuda_ple_mma) */
+typedef struct ple_in {
+    float *hx, *hh, *hw, *hp, sc;
+    void *x, *h, *wd, *sd, *ple;
+} ple_in;
+static void ple_in_make(ple_in *p, int n, int H, int P, int L) {
+    const size_t cnt = (size_t)n * H;
+    p->hx = rnd(cnt, 2.0f), p->hh = rnd(cnt, 1.5f), p->hw = rnd(H, 1.0f), p->hp = rnd((size_t)n * L * P, 1.0f);
+    p->sc = 0.8f;
+    p->x = to_gpu(p->hx, cnt * 4), p->h = to_gpu(p->hh, cnt * 4), p->wd = to_gpu(p->hw, H * 4);
+    p->sd = to_gpu(&p->sc, 4), p->ple = to_gpu(p->hp, (size_t)n * L * P * 4);
+}
+static void ple_in_free(tern_backend *g, ple_in *p) {
+    void *bufs[] = {p->x, p->h, p->wd, p->sd, p->ple};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+    free(p->hx); free(p->hh); free(p->hw); free(p->hp);
+}
 TEST(cuda_ple_block) {
     tern_backend *g = g_gpu16;
     if (!g || !g->vt->ple_block || !g->vt->copy_cols) {
@@ -920,9 +938,10 @@ TEST(cuda_ple_block) {
     for (int ni = 0; ok && ni < 3; ni++) {
         const int n = ni == 0 ? 16 : ni == 1 ? 64 : 100;
         const size_t cnt = (size_t)n * H, pc = (size_t)n * P;
-        float *hx = rnd(cnt, 2.0f), *hh = rnd(cnt, 1.5f), *hw = rnd(H, 1.0f), *hp = rnd((size_t)n * L * P, 1.0f), sc = 0.8f;
-        void *x = to_gpu(hx, cnt * 4), *h = to_gpu(hh, cnt * 4), *wd = to_gpu(hw, H * 4), *sd = to_gpu(&sc, 4),
-             *ple = to_gpu(hp, (size_t)n * L * P * 4);
+        ple_in in;
+        ple_in_make(&in, n, H, P, L);
+        const float *hx = in.hx;
+        void *x = in.x, *h = in.h, *wd = in.wd, *sd = in.sd, *ple = in.ple;
         for (int mode = 0; mode < 4; mode++) { /* 0 res with the scalar, 1 res without, 2 no res, 3 res + SiLU */
             const int act = mode == 3 ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
             float *xo = nan_buf(g, cnt), *ya = nan_buf(g, cnt), *yb = nan_buf(g, cnt), *pga = nan_buf(g, pc),
@@ -967,9 +986,7 @@ TEST(cuda_ple_block) {
             void *bufs[] = {y, pg, xo};
             for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
         }
-        void *bufs[] = {x, h, wd, sd, ple};
-        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
-        free(hx); free(hh); free(hw); free(hp);
+        ple_in_free(g, &in);
     }
     CHECK(tern__cuda_ple_calls - calls0 == (unsigned long long)served, "calls %llu for %d served",
           tern__cuda_ple_calls - calls0, served);
@@ -1002,10 +1019,9 @@ TEST(cuda_ple_mma) {
         for (int ni = 0; ok && ni < 5; ni++) {
             const int n = ni == 0 ? 16 : ni == 1 ? 40 : ni == 2 ? 64 : ni == 3 ? 100 : 128;
             const size_t cnt = (size_t)n * H, pc = (size_t)n * P;
-            float *hx = rnd(cnt, 2.0f), *hh = rnd(cnt, 1.5f), *hw = rnd(H, 1.0f), *hp = rnd((size_t)n * L * P, 1.0f),
-                  sc = 0.8f;
-            void *x = to_gpu(hx, cnt * 4), *h = to_gpu(hh, cnt * 4), *wd = to_gpu(hw, H * 4), *sd = to_gpu(&sc, 4),
-                 *ple = to_gpu(hp, (size_t)n * L * P * 4);
+            ple_in in;
+            ple_in_make(&in, n, H, P, L);
+            void *x = in.x, *h = in.h, *wd = in.wd, *sd = in.sd, *ple = in.ple;
             for (int mode = 0; mode < 2; mode++) { /* 0: GELU with the add and its scalar, 1: SiLU without the add */
                 const int act = mode ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;
                 float *xa = nan_buf(g, cnt), *xb = nan_buf(g, cnt), *ya = nan_buf(g, cnt), *yb = nan_buf(g, cnt),
@@ -1037,9 +1053,7 @@ TEST(cuda_ple_mma) {
                 void *bufs[] = {xa, xb, ya, yb, pa, pb};
                 for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
             }
-            void *bufs[] = {x, h, wd, sd, ple};
-            for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
-            free(hx); free(hh); free(hw); free(hp);
+            ple_in_free(g, &in);
         }
         for (int i = 0; i < 2; i++) bt_free(&w[i]);
     }

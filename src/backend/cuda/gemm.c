@@ -296,15 +296,14 @@ static int gate_up_gemm(tern__cuda *c, void *cs, cudaDataType_t cty, int ldc, lo
     const tern__cuda_w *w0 = gate_first ? gate : up, *w1 = gate_first ? up : gate;
     const long long sa = gap_of(w0->data, w1->data, 2);
     const void *xb = c->gemm_scratch;
-    const cublasComputeType_t tc = CUBLAS_COMPUTE_32F;
     tern_status st;
     if (sa) {
-        st = tern__cuda_lt_gemm_t(c, cs, cty, ldc, second, w0->data, 0, sa, xb, in, 0, I, n, in, 2, CUDA_R_16BF, tc, 0.0f);
+        st = tern__cuda_lt_gemm_x(c, cs, cty, ldc, second, w0->data, 0, sa, xb, in, 0, I, n, in, 2, 0.0f);
     } else {
-        st = tern__cuda_lt_gemm_t(c, cs, cty, ldc, 0, w0->data, 0, 0, xb, in, 0, I, n, in, 0, CUDA_R_16BF, tc, 0.0f);
+        st = tern__cuda_lt_gemm_x(c, cs, cty, ldc, 0, w0->data, 0, 0, xb, in, 0, I, n, in, 0, 0.0f);
         if (!st)
-            st = tern__cuda_lt_gemm_t(c, (uint8_t *)cs + (size_t)second * es, cty, ldc, 0, w1->data, 0, 0, xb, in, 0, I, n, in, 0,
-                           CUDA_R_16BF, tc, 0.0f);
+            st = tern__cuda_lt_gemm_x(c, (uint8_t *)cs + (size_t)second * es, cty, ldc, 0, w1->data, 0, 0, xb, in, 0,
+                                      I, n, in, 0, 0.0f);
     }
     return st ? -1 : gate_first;
 }
@@ -374,8 +373,8 @@ int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *n
     const int gate_first = gate_up_gemm(c, gu, CUDA_R_16BF, 2 * I, I, n, gate, up);
     if (gate_first < 0) return 0; /* the caller redoes it with the separate ops (xn is rmsnorm's already) */
     tern__cuda_glu_bf16(c, h, gu, n, I, act, gate_first ? 0 : I);
-    return tern__cuda_lt_gemm_t(c, y, CUDA_R_32F, out, 0, down->data, 0, 0, h, I, 0, out, n, I, 0, CUDA_R_16BF,
-                     CUBLAS_COMPUTE_32F, add ? 1.0f : 0.0f) == TERN_OK;
+    return tern__cuda_lt_gemm_x(c, y, CUDA_R_32F, out, 0, down->data, 0, 0, h, I, 0, out, n, I, 0, add ? 1.0f : 0.0f) ==
+           TERN_OK;
 }
 
 /* ops.h norm_matmul for n > 1 rows on this path (q|k|v: mode G1_PLAIN, k = 3 or 2; gate|up: G1_SILU /

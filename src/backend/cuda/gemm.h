@@ -15,12 +15,6 @@ tern_status tern__cuda_lt_desc_make(tern__cuda_lt_desc *d, cudaDataType_t cty, i
                                     long long sa, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
                                     cublasComputeType_t ct);
 void tern__cuda_lt_desc_free(tern__cuda_lt_desc *d);
-/* lt_gemm.c: C_b (m x n, ld ldc, type cty) = op(A_b)·B_b — op(A) = Aᵀ with A_b (k x m, ld k), or (an = 1) A with A_b
- * (m x k, ld m) — B_b (k x n, ld ldb); nb = 0 one GEMM, nb >= 1 a strided batch (strides sa, sb, sc in elements);
- * beta 0 or 1; the algorithm chosen once per shape (lt_gemm.c's top comment) */
-tern_status tern__cuda_lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a,
-                                 int an, long long sa, const void *bm, int ldb, long long sb, int m, int n, int k, int nb,
-                                 cudaDataType_t ab, cublasComputeType_t ct, float beta);
 
 /* lt_sweep.c (bench_cuda --ltsweep): every answer of cuBLASLt's heuristic (up to 16) for the bf16 GEMM C (m x n, f32,
  * or bf16 when c_bf16, ld ldc) = A_bᵀ·B (A in `copies` copies a_step bytes apart: the L2 stays cold), a strided batch
@@ -36,6 +30,9 @@ void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, i
  * stages,splitk,red;..." makes gemm.c's GEMMs of exactly those m, n, k (bf16 A) take that configuration instead of the
  * heuristic's first answer (bench_cuda --ltsearch prints the entries) */
 #define TERN_CUDA_LT_CFG 8
+/* lt_gemm.c: one configuration attribute of an algorithm (the cluster shape read at its 16 bits), 9999 when the call
+ * fails (lt_sweep.c prints it; lt_gemm.c's preferences match on it) */
+unsigned tern__cuda_lt_cfg(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t at);
 int tern__cuda_lt_algo_make(tern__cuda *c, const tern__cuda_lt_desc *d, cudaDataType_t cty,
                             const unsigned cfg[TERN_CUDA_LT_CFG], cublasLtMatmulAlgo_t *al);
 /* lt_sweep.c (bench_cuda --ltsearch): every configuration cuBLASLt accepts for the plain GEMM C (m x n, ld ldc) =

@@ -7,7 +7,7 @@
  * answer r, for every shape or per shape), the lm-head-sized GEMMs' timed pick (TERN_LT_TUNE), the batch-decode
  * preference for an unsplit one-wave answer over a split-K first one (TERN_LT_PREFER), else the heuristic's first
  * answer. All but the timed pick give the same algorithm in every process, so the same bits. Moved out of gemm.c in
- * session 70 unchanged (gemm.c keeps the paths that call it).
+ * session 70 unchanged (gemm.c keeps the paths that call it, through tern__cuda_lt_gemm / _x).
  */
 #include "backend/cuda/gemm.h"
 
@@ -88,24 +88,25 @@ static const lt_pref *lt_prefer(int m, int n, int k, int nb) {
     }
     return NULL;
 }
-static unsigned lt_cfg(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t at) {
+/* gemm.h */
+unsigned tern__cuda_lt_cfg(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t at) {
     size_t got = 0;
     if (at == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) { /* 16 bits wide: the call wants the exact size */
         uint16_t v = 0;
-        return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : ~0u;
+        return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : 9999u;
     }
     uint32_t v = 0;
-    return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : ~0u;
+    return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : 9999u;
 }
 /* the answer named by p, or (p NULL) the rule's, else the first */
 static int lt_prefer_pick(const cublasLtMatmulHeuristicResult_t *hs, int got, const lt_pref *p) {
-    if (!p && lt_cfg(&hs[0].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1) return 0;
+    if (!p && tern__cuda_lt_cfg(&hs[0].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1) return 0;
     for (int i = 0; i < got; i++) {
         const cublasLtMatmulAlgo_t *a = &hs[i].algo;
-        const unsigned sk = lt_cfg(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-        if (p ? lt_cfg(a, CUBLASLT_ALGO_CONFIG_TILE_ID) == p->tile && sk == p->splitk &&
-                    lt_cfg(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION) == p->custom &&
-                    lt_cfg(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) == p->cluster
+        const unsigned sk = tern__cuda_lt_cfg(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+        if (p ? tern__cuda_lt_cfg(a, CUBLASLT_ALGO_CONFIG_TILE_ID) == p->tile && sk == p->splitk &&
+                    tern__cuda_lt_cfg(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION) == p->custom &&
+                    tern__cuda_lt_cfg(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) == p->cluster
               : sk == 1 && hs[i].wavesCount >= 0.85f && hs[i].wavesCount <= 1.0f)
             return i;
     }
@@ -295,7 +296,7 @@ static int lt_pin(int m, int n, int k, unsigned cfg[TERN_CUDA_LT_CFG]) {
  * m) — and B_b (k x n, ld ldb), C of type cty (f32, or bf16: the f32 accumulators rounded once). nb = 0: one
  * plain GEMM; nb >= 1: a strided batch of nb (A_b at a + b·sa, B_b at bm + b·sb, C_b at y + b·sc, element
  * offsets). beta 0 or 1. */
-tern_status tern__cuda_lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a, int an,
+static tern_status lt_gemm_t(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a, int an,
                              long long sa, const void *bm, int ldb, long long sb, int m, int n, int k, int nb,
                              cudaDataType_t ab, cublasComputeType_t ct, float beta) {
     tern__cuda_lt_desc d;
@@ -356,13 +357,13 @@ done:
 tern_status tern__cuda_lt_gemm(tern__cuda *c, float *y, int ldc, long long sc, const void *a, long long sa,
                                const void *bm, int ldb, long long sb, int m, int n, int k, int nb, cudaDataType_t ab,
                                cublasComputeType_t ct, float beta) {
-    return tern__cuda_lt_gemm_t(c, y, CUDA_R_32F, ldc, sc, a, 0, sa, bm, ldb, sb, m, n, k, nb, ab, ct, beta);
+    return lt_gemm_t(c, y, CUDA_R_32F, ldc, sc, a, 0, sa, bm, ldb, sb, m, n, k, nb, ab, ct, beta);
 }
 
 /* the general form (attn_mat.cu): bf16 A and B, f32 accumulation, C of type cty */
 tern_status tern__cuda_lt_gemm_x(tern__cuda *c, void *y, cudaDataType_t cty, int ldc, long long sc, const void *a, int an,
                                  long long sa, const void *bm, int ldb, long long sb, int m, int n, int k, int nb,
                                  float beta) {
-    return tern__cuda_lt_gemm_t(c, y, cty, ldc, sc, a, an, sa, bm, ldb, sb, m, n, k, nb, CUDA_R_16BF, CUBLAS_COMPUTE_32F, beta);
+    return lt_gemm_t(c, y, cty, ldc, sc, a, an, sa, bm, ldb, sb, m, n, k, nb, CUDA_R_16BF, CUBLAS_COMPUTE_32F, beta);
 }
 

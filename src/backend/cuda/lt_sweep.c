@@ -22,17 +22,6 @@
 
 #define SWEEP_MAX 16
 
-/* one configuration attribute (32 bits wide, the cluster shape 16: the call wants the exact size) */
-static unsigned cfg_u(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t at) {
-    size_t got = 0;
-    if (at == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) {
-        uint16_t v = 0;
-        return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : 9999u;
-    }
-    uint32_t v = 0;
-    return cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got) == CUBLAS_STATUS_SUCCESS ? v : 9999u;
-}
-
 /* timed launches over `copies` weight copies: four passes, at least 40 */
 static int sweep_reps(int copies) { return copies * 4 < 40 ? 40 : copies * 4; }
 
@@ -92,13 +81,16 @@ void tern__cuda_lt_sweep(tern__cuda *c, const char *name, void *y, int c_bf16, i
             printf("ltsweep %-28s n=%-4d #%-2d failed\n", name, n, i);
             continue;
         }
+        static const cublasLtMatmulAlgoConfigAttributes_t at[8] = {
+            CUBLASLT_ALGO_CONFIG_ID,            CUBLASLT_ALGO_CONFIG_TILE_ID,       CUBLASLT_ALGO_CONFIG_STAGES_ID,
+            CUBLASLT_ALGO_CONFIG_SPLITK_NUM,    CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+            CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,  CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+        unsigned v[8];
+        for (int j = 0; j < 8; j++) v[j] = tern__cuda_lt_cfg(al, at[j]);
         printf("ltsweep %-28s n=%-4d #%-2d %8.1f us %7.1f GB/s  algo %u tile %u stages %u splitk %u red %u swz %u "
                "custom %u cluster %u waves %.2f rank %d,%d,%d,%d\n",
-               name, n, i, us, bytes / us * 1e-3, cfg_u(al, CUBLASLT_ALGO_CONFIG_ID),
-               cfg_u(al, CUBLASLT_ALGO_CONFIG_TILE_ID), cfg_u(al, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-               cfg_u(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), cfg_u(al, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-               cfg_u(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING), cfg_u(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
-               cfg_u(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), hs[i].wavesCount, m, n, k, i);
+               name, n, i, us, bytes / us * 1e-3, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], hs[i].wavesCount, m,
+               n, k, i);
         fflush(stdout);
     }
 done:

@@ -1,7 +1,7 @@
 /*
  * wgemm.cu — the plain bf16 GEMM of a decode batch, y [n][m] (+)= X [n][k] · W [m][k]ᵀ for 17..128 rows, on the
  * Tensor Memory Accelerator and Hopper's warpgroup MMA (sm_90a only: built for that target alone; elsewhere, or
- * with TERN_CUDA_WGEMM=0, cuBLASLt runs it). lt_gemm.c's tern__cuda_lt_gemm_t hands it every f32-output, one-matrix GEMM of
+ * with TERN_CUDA_WGEMM=0, cuBLASLt runs it). lt_gemm.c's lt_gemm_t hands it every f32-output, one-matrix GEMM of
  * BF16 weights it can take. Opt-in: on the H200 it is correct but slower than cuBLASLt at every shape (session 28,
  * bench/NOTES.md (ao): at 64 rows down 44.7 vs 35.7 µs, o 20.4 vs 11.2, head 325 vs 278), and probes put the loss in
  * the weights' TMA stream itself (no X copies, no MMAs: down still 39.8 µs) — the next step is a weight layout read by
