@@ -64,6 +64,17 @@ __device__ __forceinline__ void pm_step(float (*acc)[2][4], int nm, uint32_t a, 
     }
 }
 
+/* rows x cpr 16-byte chunks into shared [rows][lds]: row r from src + (r0 + r)·ldg, rows from `valid` on zero-filled
+ * (nothing read) */
+__device__ __forceinline__ void pm_load(__nv_bfloat16 *dst, int lds, const __nv_bfloat16 *src, size_t ldg, int r0,
+                                        int valid, int rows, int cpr) {
+    for (int i = threadIdx.x; i < rows * cpr; i += blockDim.x) {
+        const int r = i / cpr, ch = i % cpr;
+        const bool ok = r < valid;
+        mma_cp16(mma_smem_u32(dst + r * lds + ch * 8), src + (size_t)(r0 + (ok ? r : 0)) * ldg + ch * 8, ok);
+    }
+}
+
 __global__ void __launch_bounds__(128) ple_gate_kernel(PleArgs a) {
     __shared__ __align__(16) __nv_bfloat16 sw[PM_BM * PM_LDG], sx[PM_NP * PM_LDG];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -72,17 +83,9 @@ __global__ void __launch_bounds__(128) ple_gate_kernel(PleArgs a) {
     const int u0 = (int)((long)s * a.units / a.S), u1 = (int)((long)(s + 1) * a.units / a.S);
     const int k0 = u0 * 16, cpr = (u1 - u0) * 2; /* 16-byte chunks a row */
     pdl_trigger();
-    for (int i = tid; i < PM_BM * cpr; i += 128) { /* the weights do not depend on the previous kernel */
-        const int r = i / cpr, ch = i % cpr, o = r0 + r;
-        mma_cp16(mma_smem_u32(sw + r * PM_LDG + ch * 8), a.wg + (size_t)(o < a.P ? o : 0) * a.in + k0 + ch * 8,
-                 o < a.P);
-    }
+    pm_load(sw, PM_LDG, a.wg + k0, a.in, r0, a.P - r0, PM_BM, cpr); /* weights: not the previous kernel's */
     pdl_wait();
-    for (int i = tid; i < PM_NP * cpr; i += 128) {
-        const int r = i / cpr, ch = i % cpr;
-        mma_cp16(mma_smem_u32(sx + r * PM_LDG + ch * 8), a.x + (size_t)(j0 + (r < nr ? r : 0)) * a.in + k0 + ch * 8,
-                 r < nr);
-    }
+    pm_load(sx, PM_LDG, a.x + k0, a.in, j0, nr, PM_NP, cpr);
     mma_cp_commit();
     mma_cp_wait<0>();
     __syncthreads();
@@ -118,15 +121,9 @@ __global__ void __launch_bounds__(128) ple_proj_kernel(PleArgs a) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int r0 = blockIdx.x * PM_PM, cpr = a.P / 8, j0 = blockIdx.y * PM_NP, nr = min(PM_NP, a.n - j0);
     pdl_trigger();
-    for (int i = tid; i < PM_PM * cpr; i += 128) {
-        const int r = i / cpr, ch = i % cpr, o = r0 + r;
-        mma_cp16(mma_smem_u32(sw + r * PM_LDP + ch * 8), a.wp + (size_t)(o < a.H ? o : 0) * a.P + ch * 8, o < a.H);
-    }
+    pm_load(sw, PM_LDP, a.wp, a.P, r0, a.H - r0, PM_PM, cpr);
     pdl_wait();
-    for (int i = tid; i < PM_NP * cpr; i += 128) {
-        const int r = i / cpr, ch = i % cpr;
-        mma_cp16(mma_smem_u32(sx + r * PM_LDP + ch * 8), a.pb + (size_t)(j0 + (r < nr ? r : 0)) * a.P + ch * 8, r < nr);
-    }
+    pm_load(sx, PM_LDP, a.pb, a.P, j0, nr, PM_NP, cpr);
     mma_cp_commit();
     mma_cp_wait<0>();
     __syncthreads();
