@@ -1000,8 +1000,9 @@ TEST(cuda_ple_block) {
  * cuBLASLt path (TERN_CUDA_PLE_N=1) on the same backend: y within 1e-3 rel L2 (other sums, the same bf16 inputs; the
  * largest difference printed as an "err ple_mma" line), x' bitwise (the same prologue), tern__cuda_ple_mma_calls
  * counting the served calls (every row count ple_block serves, up to 128: two 64-row column tiles). A toy shape (512
- * inputs, gate 64) and gemma4-e4b's (2560, 256: 16 K ranges of 160), 16 / 40 / 64 / 100 / 128 rows, GELU with the post-norm add and scalar, SiLU without the add;
- * every call reuses the split counters, so a counter left non-zero would show as a wrong sum in the next */
+ * inputs, gate 64) and gemma4-e4b's (2560, 256: 16 K ranges of 160), 16 / 40 / 64 / 100 / 128 rows, GELU with the
+ * post-norm add and scalar, SiLU without the add; every call reuses the split counters, so a counter left non-zero
+ * would show as a wrong sum in the next */
 TEST(cuda_ple_mma) {
     tern_backend *g = g_gpu16;
     if (!g || !g->vt->ple_block) { SKIP("cuda_ple_mma", "no bf16-mode backend or ple_block"); return; }
