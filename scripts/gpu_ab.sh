@@ -1727,21 +1727,11 @@ if [[ " $SECTIONS " == *" 126 "* ]]; then
     fi
 fi
 
-# 127. session 70, written after the device budget ran out: TERN_CUDA_PLE_N=2 (ple_mma.cu: Gemma 4's per-layer input
-#      gate as a split-K tensor-core kernel with act·slice in its last block, the projection as a second; up to 128 rows;
-#      other sums than cuBLASLt's, so the bf16 bound, not bits). Op tests cuda_ple_mma and cuda_ple_block,
-#      test_model_g4_batch with it, then batch decode of AB127_MODELS (default gemma4-e4b) at AB127_CONC (default
-#      32,64,128), PLE_N=1 against 2. ncu of e4b at 64 put the gate at 7.4 µs (32 CTAs), act_mul 3.1, the projection ~7
-#      a layer.
-if [[ " $SECTIONS " == *" 127 "* ]]; then
-    ops_ok cuda_ple_mma cuda_ple_block || say "127: AN OP TEST FAILED"
-    grep '^err ple_mma' "$OUT/ple_mma_ops.txt" | tail -4 | tee -a "$S"
-    g4_batch g4_batch_ple2 TERN_CUDA_PLE_N=2
-    conc_ab "TERN_CUDA_PLE_N=1;TERN_CUDA_PLE_N=2" "${AB127_MODELS:-gemma4-e4b}" "${AB127_CONC:-32,64,128}"
-    say_digests "conc_*PLE_N*_1.txt"
-fi
+# 127. session 70 (ran in session 71, NOTES (ce); removed): TERN_CUDA_PLE_N=2 (ple_mma.cu, Gemma 4's per-layer input
+#      gate as a split-K tensor-core kernel and the projection as a second) — op tests passed, e4b at 32 / 64 / 128
+#      sequences 5286 / 10147 / 15554 -> 5148 / 9194 / 13817 dec tok/s
 
-# 128. session 70, unrun: where the batch Q4 GEMM's warps wait, instruction by instruction — ncu's SourceCounters
+# 128. session 70 (ran in session 71, NOTES (ce)): where the batch Q4 GEMM's warps wait, instruction by instruction — ncu's SourceCounters
 #      (warp-state samples per SASS instruction; the build has -lineinfo) for one qg4w launch of a 64-sequence decode
 #      step (AB128_MODEL, default llama3-8b:q4; AB128_KERNELS, default qg4w), saved as a report, then its source page
 #      as CSV; the summary lists the 40 instructions with the most stall samples and the stall reasons' totals.
@@ -1785,6 +1775,24 @@ reasons = [(j, c) for j, c in enumerate(h) if ("stall" in c.lower() and j != sam
 agg = sorted(((sum(num(r[j]) for r in body), c) for j, c in reasons), reverse=True)[:12]
 for v, c in agg: print("  reason %-60s %10.0f" % (c[:60], v))
 PY
+fi
+
+# 129. session 71 (ran, NOTES (ce); removed): TERN_CUDA_QG4_LATE=1 (qgemm_q4_wg.cu: a tile's scales and biases paired
+#      in tile() instead of right after their loads) — the stalls moved elsewhere (section 128 with it: long_sb 998 ->
+#      632 samples, the same total), llama3-8b q4 / gemma4-12b q4 at 32 / 64 / 128 sequences within ±1 %
+
+# 130. session 71: the batch Q4 GEMMs' decode with its and-or as one LOP3 (qgemm_q4.cuh q4_deq: 0x43004300 from the
+#      kernel arguments, Q4Args.magic; the same bits). Op tests cuda_qgemm_q4 / _wg, the kernels alone (bench_cuda --xr),
+#      then batch decode of AB130_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB130_CONC (default 32,64,128) against
+#      the tree before it (pack with GPU_PACK_BASE_CONC=<that tree's build/concurrency>): ids digests equal
+if [[ " $SECTIONS " == *" 130 "* ]]; then
+    ops_ok cuda_qgemm_q4 cuda_qgemm_q4_wg || say "130: AN OP TEST FAILED"
+    timeout 100 build/bench_cuda --xr > "$OUT/magic_bench.txt" 2>&1
+    say "bench --xr: $(grep '^bmm' "$OUT/magic_bench.txt" | grep -E 'n=(8|16|32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+    [ -x build/base/concurrency ] || say "130: no build/base/concurrency (GPU_PACK_BASE_CONC)"
+    conc_ab "TERN_AB=base BIN=build/base/concurrency;TERN_AB=magic" "${AB130_MODELS:-llama3-8b:q4 gemma4-12b:q4}" \
+        "${AB130_CONC:-32,64,128}"
+    say_digests "conc_*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -332,10 +332,6 @@ int tern__cuda_nrk_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows 
 /* gemm.c: ops.h ple_block for 9..128 rows in the plain bf16 mode (TERN_CUDA_PLE_N); 0 = not served */
 int tern__cuda_ple_block(tern__cuda *c, float *y, float *pg, const float *x, int n, const tern__cuda_w *wg,
                          const tern__cuda_w *wp, int act, const float *v, long ldv, const tern_norm_res *res, float eps);
-/* ple_mma.cu (TERN_CUDA_PLE_N=2): y [n][wp.out] = (act(xb·wgᵀ) ⊙ v)·wpᵀ for 1..128 rows of staged bf16 x, act = op
- * (TERN__EW_GELU / _SILU), pb scratch for n·wg.out bf16; 1 = launched, 0 = not served (nothing written) */
-int tern__cuda_ple_mma(tern__cuda *c, float *y, const void *xb, void *pb, int n, const tern__cuda_w *wg,
-                       const tern__cuda_w *wp, int op, const float *v, long ldv);
 /* gemm.c: ops.h norm_qkv_norm_rope_kv for many rows (joined q|k|v or q|k with w[2] NULL, one GEMM, nrk_rows); 0 = not
  * served */
 int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,

@@ -572,8 +572,8 @@ int tern__cuda_gemm_qkv_nrk(tern__cuda *c, float *xn, const float *x, const floa
  * than qgemm.cu takes, x fits gemm_rows' scratch in one chunk, not sgemm.cu (its level 2 takes one matrix up to 64
  * rows). Written in session 69 (op test cuda_ple_block, gpu_ab.sh section 125): e4b's batch steps ran ~15 launches a
  * layer. H100, session 70 (NOTES (cd)): e4b bf16 at 32 / 64 sequences 5233 / 9979 -> 5356 / 10185 dec tok/s, the ids
- * digests equal; default since. TERN_CUDA_PLE_N=0: the separate ops; =2 (opt-in, unrun): up to 128 rows the GEMMs and the
- * product run as ple_mma.cu's two kernels (other sums: the bf16 bound, not these bits). */
+ * digests equal; default since. TERN_CUDA_PLE_N=0: the separate ops. Session 71 (NOTES (ce)): the gate as a split-K
+ * tensor-core kernel of our own and the projection as a second (=2) lost 9 % at 64 sequences and was removed. */
 int tern__cuda_ple_n = -1; /* -1 unread (TERN_CUDA_PLE_N, default 1); tests set it */
 unsigned long long tern__cuda_ple_calls; /* calls served (tests) */
 static int ple_fits(const tern__cuda *c, const tern__cuda_w *w, int n) { /* tern__cuda_gemm's one-chunk gemm_rows */
@@ -596,11 +596,6 @@ int tern__cuda_ple_block(tern__cuda *c, float *y, float *pg, const float *x, int
     if (res) tern__cuda_rmsnorm_add_bf16(c, res->x_out, x, res->h, res->w, res->s, xs, n, in, eps);
     else tern__cuda_f32_to_bf16(c, xs, NULL, x, (size_t)n * in);
     const int op = act == TERN_ACT_SILU ? TERN__EW_SILU : TERN__EW_GELU;
-    if (tern__cuda_ple_n == 2 && /* ple_mma.cu: the two GEMMs and the product in two launches of our own */
-        tern__cuda_ple_mma(c, y, xs, (char *)xs + (((size_t)n * in * 2 + 255) & ~(size_t)255), n, wg, wp, op, v, ldv)) {
-        tern__cuda_ple_calls++;
-        return 1;
-    }
     if (lt_gemm(c, pg, P, wg->data, xs, P, n, in, CUDA_R_16BF, tc, 0.0f) != TERN_OK) return 0;
     tern__cuda_act_mul_bf16(c, op, pg, pg, v, ldv, xs, n, P);
     if (lt_gemm(c, y, H, wp->data, xs, H, n, P, CUDA_R_16BF, tc, 0.0f) != TERN_OK) return 0;

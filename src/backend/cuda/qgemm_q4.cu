@@ -117,15 +117,17 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
         const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
         const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
         const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
+        /* the 8-column form (3 blocks an SM, 80 registers) keeps the immediate: the register spilled there */
+        const uint32_t mg = NT == 2 ? 0x43004300u : a.magic;
 #pragma unroll
         for (int sp = 0; sp < 4; sp++) {
             const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
             const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
             uint32_t a0[4], a1[4];
-            a0[0] = q4_deq(w0, 0, sa, ba); a0[1] = q4_deq(w1, 0, sb, bb);
-            a0[2] = q4_deq(w0, 1, sa, ba); a0[3] = q4_deq(w1, 1, sb, bb);
-            a1[0] = q4_deq(w0, 2, sa, ba); a1[1] = q4_deq(w1, 2, sb, bb);
-            a1[2] = q4_deq(w0, 3, sa, ba); a1[3] = q4_deq(w1, 3, sb, bb);
+            a0[0] = q4_deq(w0, 0, sa, ba, mg); a0[1] = q4_deq(w1, 0, sb, bb, mg);
+            a0[2] = q4_deq(w0, 1, sa, ba, mg); a0[3] = q4_deq(w1, 1, sb, bb, mg);
+            a1[0] = q4_deq(w0, 2, sa, ba, mg); a1[1] = q4_deq(w1, 2, sb, bb, mg);
+            a1[2] = q4_deq(w0, 3, sa, ba, mg); a1[3] = q4_deq(w1, 3, sb, bb, mg);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int r = nt * 8 + g;
@@ -251,6 +253,7 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     const bool wgp = pair && nt == 8 && tern__cuda_qg4w_pair();
     if (wgp) mb = (w0->out + 63) / 64;
     a.x = (const uint4 *)c->gemm_scratch;
+    a.magic = 0x43004300u;
     a.part = c->part;
     a.rb = (size_t)w0->in / 2;
     a.slice = (size_t)n * rows;

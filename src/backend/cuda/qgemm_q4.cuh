@@ -25,12 +25,17 @@ struct Q4Args {
     float *part;                /* partials [S][slice] unless direct */
     size_t rb, slice;
     int k, mode, direct, in, n, ng, gs_shift, kt_per, nkt;
+    uint32_t magic;             /* 0x43004300, see q4_deq */
 };
 
-/* codes i and i+4 of word w as bf16 s·q + b (sb2: (s, s), bb2: (b, b)) */
-__device__ __forceinline__ uint32_t q4_deq(uint32_t w, int i, __nv_bfloat162 sb2, __nv_bfloat162 bb2) {
-    uint32_t p = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
-    const __nv_bfloat162 q = __hsub2(*(__nv_bfloat162 *)&p, __floats2bfloat162_rn(128.0f, 128.0f));
+/* codes i and i+4 of word w as bf16 s·q + b (sb2: (s, s), bb2: (b, b)). The and-or is one LOP3 only with its
+ * second constant in a register: magic (0x43004300, the bf16 pair (128, 128)) comes from the kernel arguments so
+ * the compiler cannot fold it back into an immediate (gemv_mma.cuh's mm_decode; two immediates are two LOP3s, one
+ * more instruction in every pair's chain: ncu of qg4w, session 71) */
+__device__ __forceinline__ uint32_t q4_deq(uint32_t w, int i, __nv_bfloat162 sb2, __nv_bfloat162 bb2, uint32_t magic) {
+    uint32_t p;
+    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(p) : "r"(w >> (4 * i)), "r"(magic)); /* (a & b) | c */
+    const __nv_bfloat162 q = __hsub2(*(__nv_bfloat162 *)&p, *(const __nv_bfloat162 *)&magic);
     const __nv_bfloat162 v = __hfma2(q, sb2, bb2);
     return bf2_bits(v);
 }

@@ -153,10 +153,10 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
             const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                af[2 * sp + h][0] = q4_deq(w0, 2 * h, sa, ba);
-                af[2 * sp + h][1] = q4_deq(w1, 2 * h, sb, bb);
-                af[2 * sp + h][2] = q4_deq(w0, 2 * h + 1, sa, ba);
-                af[2 * sp + h][3] = q4_deq(w1, 2 * h + 1, sb, bb);
+                af[2 * sp + h][0] = q4_deq(w0, 2 * h, sa, ba, a.magic);
+                af[2 * sp + h][1] = q4_deq(w1, 2 * h, sb, bb, a.magic);
+                af[2 * sp + h][2] = q4_deq(w0, 2 * h + 1, sa, ba, a.magic);
+                af[2 * sp + h][3] = q4_deq(w1, 2 * h + 1, sb, bb, a.magic);
             }
         };
 #pragma unroll
