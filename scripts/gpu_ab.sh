@@ -1795,6 +1795,24 @@ if [[ " $SECTIONS " == *" 130 "* ]]; then
     say_digests "conc_*_1.txt"
 fi
 
+# 131. session 71: TERN_CUDA_QG4_PIPE=1 (qgemm_q4_wg.cu q4_ring_pipe: tile k's wgmmas run while the warps decode tile
+#      k + 1 into a second A buffer; one block an SM, 6 stages, the split K aimed at one block an SM) with section 130's
+#      one-LOP3 decode: op tests cuda_qgemm_q4 / _wg (both rings), the kernels alone both ways, then batch decode of
+#      AB131_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB131_CONC (default 32,64,128): the tree before (base, as
+#      section 130), PIPE=0, PIPE=1. base and PIPE=0 have equal ids digests; PIPE=1's K split differs (other sums)
+if [[ " $SECTIONS " == *" 131 "* ]]; then
+    ops_ok cuda_qgemm_q4 cuda_qgemm_q4_wg || say "131: AN OP TEST FAILED"
+    grep 'err .*pipe' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -2 | tee -a "$S"
+    for v in 0 1; do
+        TERN_CUDA_QG4_PIPE=$v timeout 100 build/bench_cuda --xr > "$OUT/pipe_bench_$v.txt" 2>&1
+        say "PIPE=$v: $(grep '^bmm' "$OUT/pipe_bench_$v.txt" | grep -E 'n=(32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+    done
+    sets="TERN_CUDA_QG4_PIPE=0;TERN_CUDA_QG4_PIPE=1"
+    [ -x build/base/concurrency ] && sets="TERN_AB=base BIN=build/base/concurrency;$sets"
+    conc_ab "$sets" "${AB131_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB131_CONC:-32,64,128}"
+    say_digests "conc_*_1.txt"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -239,7 +239,7 @@ TEST(cuda_qgemm_q4) {
 }
 
 /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles),
- * plain and fused, against the same bf16-rounded reference as the mma.sync kernel */
+ * plain and fused, against the same bf16-rounded reference as the mma.sync kernel; both rings (TERN_CUDA_QG4_PIPE) */
 TEST(cuda_qgemm_q4_wg) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
     extern unsigned long long tern__cuda_qg4w_calls;
@@ -252,15 +252,21 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_qg4_wg = 1;
     tern__cuda_gemv_xr = 0;
     tern__cuda_bf16_split = 0;
+    extern int tern__cuda_qg4_wgpair, tern__cuda_qg4_pipe;
+    const int keep_pair = tern__cuda_qg4_wgpair, keep_pipe = tern__cuda_qg4_pipe;
     static const int ns[] = {17, 32, 33, 64, 65, 100, 128};
-    q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4 wgmma", &tern__cuda_qg4w_calls);
-    extern int tern__cuda_qg4_wgpair;
-    const int keep_pair = tern__cuda_qg4_wgpair;
     static const int nf[] = {29, 61, 93, 125};
-    for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
-        tern__cuda_qg4_wgpair = pair;
-        q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? "qg4 wgmma pair" : "qg4 wgmma", &tern__cuda_qg4w_calls);
+    for (int pipe = 0; pipe < 2; pipe++) { /* TERN_CUDA_QG4_PIPE: the decode of a tile beside the previous one's wgmmas */
+        tern__cuda_qg4_pipe = pipe;
+        q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), pipe ? "qg4 wgmma pipe" : "qg4 wgmma", &tern__cuda_qg4w_calls);
+        for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
+            tern__cuda_qg4_wgpair = pair;
+            q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? (pipe ? "qg4 wgmma pair pipe" : "qg4 wgmma pair")
+                                                            : (pipe ? "qg4 wgmma pipe" : "qg4 wgmma"),
+                           &tern__cuda_qg4w_calls);
+        }
     }
+    tern__cuda_qg4_pipe = keep_pipe;
     tern__cuda_qg4_wgpair = keep_pair;
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;

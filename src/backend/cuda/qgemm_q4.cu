@@ -244,7 +244,7 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     if (xbytes > c->gemm_scratch_bytes || ((const uint8_t *)x + (size_t)n * w0->in * 4 > scr &&
                                                   (const uint8_t *)x < scr + c->gemm_scratch_bytes))
         return 0; /* x itself in the scratch */
-    const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8, minb = nt == 2 ? 3 : 2;
+    const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8, minb = nt == 2 ? 3 : tern__cuda_qg4w_pipe() ? 1 : 2;
     Q4Args a = {};
     size_t rows;
     int mb = q4_mats(a, y, w, k, n, e, &rows);

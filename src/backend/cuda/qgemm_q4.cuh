@@ -149,6 +149,8 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);
+/* qgemm_q4_wg.cu: TERN_CUDA_QG4_PIPE on and the wgmma kernel available — its launches hold one block an SM */
+bool tern__cuda_qg4w_pipe(void);
 void tern__cuda_qg4w_init(void);
 
 #endif
