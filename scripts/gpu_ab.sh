@@ -1781,7 +1781,7 @@ fi
 #      in tile() instead of right after their loads) — the stalls moved elsewhere (section 128 with it: long_sb 998 ->
 #      632 samples, the same total), llama3-8b q4 / gemma4-12b q4 at 32 / 64 / 128 sequences within ±1 %
 
-# 130. session 71: the batch Q4 GEMMs' decode with its and-or as one LOP3 (qgemm_q4.cuh q4_deq: 0x43004300 from the
+# 130. session 71 (ran as part of 131, NOTES (ce): +1.3–2.9 %, kept): the batch Q4 GEMMs' decode with its and-or as one LOP3 (qgemm_q4.cuh q4_deq: 0x43004300 from the
 #      kernel arguments, Q4Args.magic; the same bits). Op tests cuda_qgemm_q4 / _wg, the kernels alone (bench_cuda --xr),
 #      then batch decode of AB130_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB130_CONC (default 32,64,128) against
 #      the tree before it (pack with GPU_PACK_BASE_CONC=<that tree's build/concurrency>): ids digests equal
@@ -1795,7 +1795,7 @@ if [[ " $SECTIONS " == *" 130 "* ]]; then
     say_digests "conc_*_1.txt"
 fi
 
-# 131. session 71: TERN_CUDA_QG4_PIPE=1 (qgemm_q4_wg.cu q4_ring_pipe: tile k's wgmmas run while the warps decode tile
+# 131. session 71 (ran, NOTES (ce): PIPE=1 −3 to −12 % in the models, opt-in): TERN_CUDA_QG4_PIPE=1 (qgemm_q4_wg.cu q4_ring_pipe: tile k's wgmmas run while the warps decode tile
 #      k + 1 into a second A buffer; one block an SM, 6 stages, the split K aimed at one block an SM) with section 130's
 #      one-LOP3 decode: op tests cuda_qgemm_q4 / _wg (both rings), the kernels alone both ways, then batch decode of
 #      AB131_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB131_CONC (default 32,64,128): the tree before (base, as
