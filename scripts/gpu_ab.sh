@@ -1813,6 +1813,17 @@ if [[ " $SECTIONS " == *" 131 "* ]]; then
     say_digests "conc_*_1.txt"
 fi
 
+# 132. session 71, written after the device budget ran out: TERN_CUDA_Q4_NORM=1 (gemm.c q4_norm_gemm: norm_matmul for
+#      many Q4 rows with the pre-norm writing the batch Q4 GEMM's staged bf16 x itself, norm.cu rmsnorm_q4s — one
+#      q4w_stage_x launch fewer for q|k|v and for gate|up a layer; bitwise). Op test cuda_q4_norm, then batch decode of
+#      AB132_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB132_CONC (default 32,64,128), 0 against 1: ids digests equal
+if [[ " $SECTIONS " == *" 132 "* ]]; then
+    ops_ok cuda_q4_norm || say "132: AN OP TEST FAILED"
+    grep 'err q4_norm' "$OUT/q4_norm_ops.txt" | grep -c 'same bits, y same bits' | sed 's/^/132: bitwise cases /' | tee -a "$S"
+    conc_ab "TERN_CUDA_Q4_NORM=0;TERN_CUDA_Q4_NORM=1" "${AB132_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB132_CONC:-32,64,128}"
+    say_digests "conc_*Q4_NORM*_1.txt"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -300,6 +300,89 @@ TEST(cuda_norm_gemm) {
     tern__cuda_norm_gemm_on = keep;
 }
 
+/* norm_matmul for many rows of Q4 (gemm.c q4_norm_gemm, TERN_CUDA_Q4_NORM: rmsnorm writes xn and the batch Q4 GEMM's
+ * staged bf16 x, norm.cu rmsnorm_q4s; qgemm_q4.cu skips q4w_stage_x) against the separate ops — rmsnorm_add in place
+ * (with res), rmsnorm, matmul_n / matmul_glu: x', xn and y bitwise. Q4 g64 with BF16 scales, q|k|v and gate|up
+ * (SiLU), with and without the residual prologue, 24 / 64 / 100 rows (32- and 64-row column tiles, split and direct);
+ * off (TERN_CUDA_Q4_NORM=0) it declines. */
+extern int tern__cuda_q4_norm, tern__cuda_norm_res_n, tern__cuda_qg4w_ok;
+extern unsigned long long tern__cuda_qg4w_calls;
+TEST(cuda_q4_norm) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_matmul || !g->vt->rmsnorm_add) { SKIP("cuda_q4_norm", "no bf16-mode backend or norm_matmul"); return; }
+    if (!tern__cuda_qg4w_ok) { SKIP("cuda_q4_norm", "no sm_90a image for this GPU"); return; }
+    const int keep = tern__cuda_q4_norm, keep_ng = tern__cuda_norm_gemm_on, keep_rn = tern__cuda_norm_res_n;
+    tern__cuda_norm_gemm_on = 1;
+    tern__cuda_norm_res_n = 1;
+    tern__cuda_bf16_split = 0;
+    const int H = 512, O[5] = {256, 128, 128, 384, 384}; /* q, k, v, gate, up */
+    hw hq[5];
+    tern_tensor t[5];
+    tern_error err = {0};
+    int ok = 1;
+    for (int i = 0; i < 5; i++) {
+        hq[i] = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, O[i], H, 0);
+        t[i] = hq[i].t;
+        ok = ok && !g->vt->upload_weight(g, &t[i], &err);
+    }
+    CHECK(ok, "upload");
+    static const int NS[] = {24, 64, 100};
+    for (size_t ni = 0; ok && ni < TERN_ARRAY_LEN(NS); ni++) {
+        const int n = NS[ni];
+        const size_t cnt = (size_t)n * H, tot = (size_t)n * 512;
+        float *hx = rnd(cnt, 2.0f), *hh = rnd(cnt, 1.5f), *hw_ = rnd(H, 1.0f), *hn = rnd(H, 1.0f), sc = 0.8f;
+        void *x = to_gpu(hx, cnt * 4), *h = to_gpu(hh, cnt * 4), *wd = to_gpu(hw_, H * 4), *nwd = to_gpu(hn, H * 4),
+             *sd = to_gpu(&sc, 4);
+        for (int op = 0; op < 2; op++)
+            for (int rs = 0; rs < 2; rs++) {
+                const tern_tensor *ws[3] = {op ? &t[3] : &t[0], op ? &t[4] : &t[1], &t[2]};
+                const int k = op ? 2 : 3, act = op ? TERN_ACT_SILU : -1;
+                float *xo = nan_buf(g, cnt), *xp = to_gpu(hx, cnt * 4), *xna = nan_buf(g, cnt), *xnb = nan_buf(g, cnt);
+                float *ya = nan_buf(g, tot), *yb = nan_buf(g, tot);
+                float *ysa[3] = {ya, ya + (size_t)n * 256, ya + (size_t)n * 384}, *ysb[3] = {yb, yb + (size_t)n * 256, yb + (size_t)n * 384};
+                const tern_norm_res r = {xo, h, wd, sd};
+                tern__cuda_q4_norm = 0;
+                CHECK(g->vt->norm_matmul(g, xna, x, nwd, 1e-6f, n, k, ysa, ws, act, rs ? &r : NULL) == 0,
+                      "n %d op %d res %d: served with TERN_CUDA_Q4_NORM=0", n, op, rs);
+                tern__cuda_q4_norm = 1;
+                const unsigned long long c0 = tern__cuda_qg4w_calls;
+                const int ra = g->vt->norm_matmul(g, xna, x, nwd, 1e-6f, n, k, ysa, ws, act, rs ? &r : NULL);
+                CHECK(ra == 1 && tern__cuda_qg4w_calls > c0, "n %d op %d res %d: not served (%d)", n, op, rs, ra);
+                tern__cuda_q4_norm = 0;
+                if (rs) CHECK(g->vt->rmsnorm_add(g, xp, h, n, H, wd, 1e-6f, sd) == 1, "rmsnorm_add refused");
+                g->vt->rmsnorm(g, xnb, xp, n, H, nwd, 1e-6f);
+                if (op) CHECK(g->vt->matmul_glu(g, yb, xnb, n, ws[0], ws[1], TERN_ACT_SILU) == 1, "matmul_glu refused");
+                else CHECK(g->vt->matmul_n(g, 3, ysb, xnb, n, ws) == 1, "matmul_n refused");
+                const size_t yc = op ? (size_t)n * 384 : tot;
+                float *a = from_gpu(g, ya, yc), *b = from_gpu(g, yb, yc), *na = from_gpu(g, xna, cnt), *nb = from_gpu(g, xnb, cnt);
+                const int ysame = !memcmp(a, b, yc * 4), nsame = !memcmp(na, nb, cnt * 4);
+                CHECK(nsame, "n %d op %d res %d: xn differs", n, op, rs);
+                CHECK(ysame, "n %d op %d res %d: y differs (rel %.3e)", n, op, rs, test_rel_l2(a, b, yc));
+                if (rs) {
+                    float *pa = from_gpu(g, xo, cnt), *pb = from_gpu(g, xp, cnt);
+                    CHECK(!memcmp(pa, pb, cnt * 4), "n %d op %d: x' differs from rmsnorm_add", n, op);
+                    free(pa); free(pb);
+                }
+                printf("  err q4_norm n=%d op %d res %d: xn %s, y %s\n", n, op, rs, nsame ? "same bits" : "DIFF",
+                       ysame ? "same bits" : "DIFF");
+                free(a); free(b); free(na); free(nb);
+                void *bufs[] = {xo, xp, xna, xnb, ya, yb};
+                for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+            }
+        void *bufs[] = {x, h, wd, nwd, sd};
+        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
+        free(hx); free(hh); free(hw_); free(hn);
+    }
+    for (int i = 0; i < 5; i++) {
+        g->vt->free_weight(g, &t[i]);
+        free_w(&hq[i]);
+    }
+    tern__cuda_bf16_split = 1;
+    tern__cuda_q4_norm = keep;
+    tern__cuda_norm_gemm_on = keep_ng;
+    tern__cuda_norm_res_n = keep_rn;
+}
+
 /* norm_matmul for many rows with precise weights (gemm.c gemm_norm_split: one kernel writes rmsnorm(x)·w and
  * its bf16 pair, then the split GEMMs on the pair and the plain ones on its high half) against rmsnorm + the
  * separate matmuls: xn and y bitwise. q|k|v with q and k precise, q alone, and bf16x2 (every weight split)
@@ -1141,6 +1224,7 @@ static void cuda_batch_tests(void) {
     RUN(cuda_qkv_attention_o);
     RUN(cuda_attention_decode_rope_bits);
     RUN(cuda_norm_gemm_split);
+    RUN(cuda_q4_norm);
     RUN(cuda_batch_fused);
     RUN(cuda_norm_gemm);
     RUN(cuda_sgemm);

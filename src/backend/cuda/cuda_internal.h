@@ -228,6 +228,9 @@ int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const
                        int mode, int e);
 int tern__cuda_q4_rows(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n,
                        int mode, int e);
+/* tern__cuda_qg4_run's form for x staged already in gemm_scratch in the wgmma kernel's order (norm.cu
+ * tern__cuda_rmsnorm_q4s): run 0 — 1 when it would run (nothing launched), run 1 — the GEMMs */
+int tern__cuda_qg4_staged(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n, int mode, int run);
 void tern__cuda_qg4_init(tern__cuda *c);
 /* qmma.cu: MLX Q bits 4/8 for n = 1..64 on tensor cores with the codes fed unconverted (bf16 mode with
  * TERN_CUDA_QMMA=1, also the f32 mode with =2); returns 1 when it handled the call, else 0 */
@@ -246,6 +249,10 @@ void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void *yl, const 
 void tern__cuda_rmsnorm_res_bf16(tern__cuda *c, float *xo, const float *x, const float *h, const float *hw,
                                  const float *s, float *y, void *yb, void *yl, int rows, int d, const float *nw,
                                  float eps);
+/* rmsnorm_bf16 (res NULL) or rmsnorm_res_bf16 (x' to res->x_out) with yb in the batch Q4 GEMM's staged order
+ * (qgemm_q4_wg.cu q4w_stage_x's bytes of y; d a multiple of 128), no pair */
+void tern__cuda_rmsnorm_q4s(tern__cuda *c, float *y, void *yb, const float *x, int rows, int d, const float *w,
+                            float eps, const tern_norm_res *res);
 /* xo = (x + rmsnorm(h)·hw)·(s ? s[0] : 1) and yb = bf16(xo): rmsnorm_add's bits, out of place, with the staged x of the
  * GEMM that reads xo (ops.h ple_block) */
 void tern__cuda_rmsnorm_add_bf16(tern__cuda *c, float *xo, const float *x, const float *h, const float *hw,

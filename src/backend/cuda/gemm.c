@@ -437,11 +437,41 @@ static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float
     }
     return 1;
 }
+/* ---- ops.h norm_matmul for many rows of Q4 (the batch Q4 GEMM on wgmma, qgemm_q4_wg.cu; TERN_CUDA_Q4_NORM) ----
+ * The pre-norm writes xn and, instead of leaving q4w_stage_x to convert xn again before each GEMM, the bf16 bytes
+ * that kernel would write (norm.cu rmsnorm_q4s: the same values, rounding and order), so q|k|v and gate|up lose a
+ * launch and a read of the rows each; with res, norm_matmul's residual prologue in the same launch as the other
+ * many-row paths (rmsnorm_res_bf16's). Bitwise the separate ops. Taken only where tern__cuda_qg4_staged says the
+ * wgmma kernel takes every matrix (17..128 rows, BF16 scales, K a multiple of 128), so nothing declines after the
+ * norm ran. ncu of llama3-8b q4 at 64 sequences (session 71, NOTES (ce)): q4w_stage_x 2.6 µs a launch, four a layer.
+ * Written in session 71 after the device budget ran out: opt-in (1) until timed. */
+int tern__cuda_q4_norm = -1; /* -1 unread (TERN_CUDA_Q4_NORM, default 0); tests set it */
+static int in_scratch(const tern__cuda *c, const void *p, size_t bytes) { /* [p, p + bytes) meets gemm_scratch */
+    const uint8_t *s = (const uint8_t *)c->gemm_scratch, *q = (const uint8_t *)p;
+    return q && q < s + c->gemm_scratch_bytes && q + bytes > s;
+}
+static int q4_norm_gemm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
+                        float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res) {
+    if (tern__cuda_q4_norm < 0) tern__cuda_q4_norm = tern__cuda_env_int("TERN_CUDA_Q4_NORM", 0) != 0;
+    const int pair = mode == G1_SILU || mode == G1_GELU;
+    if (!tern__cuda_q4_norm || w[0]->dtype != TERN_DT_Q || (pair ? k != 2 : mode != G1_PLAIN) || ((uintptr_t)xn & 15))
+        return 0;
+    const size_t rb = (size_t)n * w[0]->in * sizeof(float);
+    if (in_scratch(c, x, rb) || in_scratch(c, xn, rb) || (res && (in_scratch(c, res->h, rb) || in_scratch(c, res->x_out, rb))))
+        return 0; /* the staged x overwrites the scratch while the norm reads them */
+    float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL}; /* a pair writes y[0] */
+    if (!tern__cuda_qg4_staged(c, ys, w, k, n, mode, 0)) return 0;
+    cudaSetDevice(c->device);
+    tern__cuda_rmsnorm_q4s(c, xn, c->gemm_scratch, x, n, w[0]->in, nw, eps, res);
+    return tern__cuda_qg4_staged(c, ys, w, k, n, mode, 1);
+}
+
 int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                          float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res) {
     if (tern__cuda_norm_gemm_on < 0) tern__cuda_norm_gemm_on = tern__cuda_env_int("TERN_CUDA_NORM_GEMM", 2);
     if (!tern__cuda_norm_gemm_on || n < (tern__cuda_norm_gemm_on == 1 ? 2 : NORM_GEMM_ROWS) || xn == x) return 0;
     if (res && (!res_n_on() || res->h2)) return 0; /* h2: its inner add as rmsnorm_add launches (the model's) */
+    if (q4_norm_gemm(c, xn, x, nw, eps, n, k, y, w, mode, res)) return 1;
     if (mode == G1_PLAIN && gemm_norm_split(c, xn, x, nw, eps, n, k, y, w, res)) return 1;
     const int pair = mode == G1_SILU || mode == G1_GELU, in = w[0]->in;
     const int act = mode == G1_SILU ? TERN_ACT_SILU : TERN_ACT_GELU_TANH;

@@ -44,12 +44,18 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
 #define RMS_V 16
 /* ADD: y = (y + x·inv·w) · (s ? s[0] : 1) (rmsnorm_add), with explicit rounding so that no FMA
  * contraction makes it differ from rmsnorm + add + scale_dev */
-template <bool ADD, int VPT = 1, int EV = RMS_V>
+/* element j of a row (a multiple of 128 wide) in the batch Q4 GEMM's staged order (qgemm_q4_wg.cu q4w_stage_x: 16-byte
+ * chunk c of a 128-input tile holds inputs 8·(c >> 2) + (c & 3) + {0, 4, 32, 36, 64, 68, 96, 100}) */
+__device__ __forceinline__ int q4s_pos(int j) {
+    return (j & ~127) | ((j >> 3) & 3) << 5 | (j & 3) << 3 | ((j >> 5) & 3) << 1 | ((j >> 2) & 1);
+}
+
+template <bool ADD, int VPT = 1, int EV = RMS_V, bool PERM = false>
 __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const float *w, float eps, const float *s,
                                         __nv_bfloat16 *yb = nullptr, __nv_bfloat16 *yl = nullptr,
                                         const float *y0 = nullptr) {
     /* yb: also bf16(y) (ADD too); yl: also bf16(y - bf16(y)), the pair's low half (f32_to_bf16_kernel's; not ADD); y0 (ADD):
-     * the residual's old values come from y0 instead of yr (out of place) */
+     * the residual's old values come from y0 instead of yr (out of place); PERM (not ADD): yb in q4s_pos order */
     const float *yo = y0 ? y0 : yr;
     __shared__ float red[32];
     const int T = blockDim.x, vt = T * VPT; /* vt = tern_rms_threads(d): the launcher's */
@@ -64,7 +70,7 @@ __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const
             yr[j] = v;
             if (yb) {
                 const __nv_bfloat16 h = __float2bfloat16_rn(v); /* = f32_to_bf16_kernel's rounding */
-                yb[j] = h;
+                yb[PERM ? q4s_pos(j) : j] = h;
                 if (yl) yl[j] = __float2bfloat16_rn(__fsub_rn(v, __bfloat162float(h))); /* no FMA with v's product */
             }
         }
@@ -115,18 +121,18 @@ __global__ void RMS_BOUNDS(VPT, EV) rmsnorm_kernel(float *y, const float *x, int
 
 /* rmsnorm + the bf16 copy the plain-mode GEMMs stage (gemm.c), or the split GEMMs' bf16 pair (yl != NULL):
  * all from one value per element */
-template <int VPT, int EV>
+template <int VPT, int EV, bool PERM = false>
 __global__ void RMS_BOUNDS(VPT, EV) rmsnorm_bf16_kernel(float *y, __nv_bfloat16 *yb, __nv_bfloat16 *yl, const float *x, int d, const float *w,
                                     float eps) {
     pdl_start();
     const size_t o = (size_t)blockIdx.x * d;
-    rms_row<false, VPT, EV>(y + o, x + o, d, w, eps, NULL, yb + o, yl ? yl + o : nullptr);
+    rms_row<false, VPT, EV, PERM>(y + o, x + o, d, w, eps, NULL, yb + o, yl ? yl + o : nullptr);
 }
 
 /* norm_matmul's residual prologue for many rows (gemm.c, TERN_CUDA_NORM_RES_N): xo = (x + rmsnorm(h)·hw)·s as
  * rmsnorm_add, then y = rmsnorm(xo)·nw with its bf16 copy (and pair) as rmsnorm_bf16 — one launch, bitwise the two.
  * The second row pass reads back what this block wrote (every element by the thread that wrote it) */
-template <int VPT, int EV>
+template <int VPT, int EV, bool PERM = false>
 __global__ void RMS_BOUNDS(VPT, EV) rmsnorm_res_bf16_kernel(float *xo, const float *x, const float *h, const float *hw,
                                                             const float *s, float *y, __nv_bfloat16 *yb,
                                                             __nv_bfloat16 *yl, int d, const float *nw, float eps) {
@@ -134,7 +140,7 @@ __global__ void RMS_BOUNDS(VPT, EV) rmsnorm_res_bf16_kernel(float *xo, const flo
     const size_t o = (size_t)blockIdx.x * d;
     rms_row<true, VPT, EV>(xo + o, h + o, d, hw, eps, s, nullptr, nullptr, x + o);
     __syncthreads();
-    rms_row<false, VPT, EV>(y + o, xo + o, d, nw, eps, NULL, yb + o, yl ? yl + o : nullptr);
+    rms_row<false, VPT, EV, PERM>(y + o, xo + o, d, nw, eps, NULL, yb + o, yl ? yl + o : nullptr);
 }
 
 /* ops.h rmsnorm_add2: h = h + rmsnorm(h2)·w2, then x = (x + rmsnorm(h)·w)·s — the two rmsnorm_add launches' rms_row in
@@ -197,10 +203,10 @@ template <bool ADD> struct RmsGo {
         tern_launch(c->stream, rmsnorm_kernel<ADD, VPT, EV>, rows, threads, 0, y, x, d, w, eps, s);
     }
 };
-struct RmsBf16Go {
+template <bool PERM = false> struct RmsBf16Go {
     tern__cuda *c; int rows, d; float *y; __nv_bfloat16 *yb, *yl; const float *x, *w; float eps;
     template <int VPT, int EV> void run(int threads) const {
-        tern_launch(c->stream, rmsnorm_bf16_kernel<VPT, EV>, rows, threads, 0, y, yb, yl, x, d, w, eps);
+        tern_launch(c->stream, rmsnorm_bf16_kernel<VPT, EV, PERM>, rows, threads, 0, y, yb, yl, x, d, w, eps);
     }
 };
 struct RmsNGo {
@@ -214,15 +220,16 @@ extern "C" void tern__cuda_rmsnorm_bf16(tern__cuda *c, float *y, void *yb, void 
                                         const float *w, float eps) {
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
-    rms_launch<false>(c, rows, d, RmsBf16Go{c, rows, d, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, x, w, eps});
+    rms_launch<false>(c, rows, d, RmsBf16Go<>{c, rows, d, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, x, w, eps});
     tern__cuda_check(c, "rmsnorm_bf16");
 }
 
-struct RmsResGo {
+template <bool PERM = false> struct RmsResGo {
     tern__cuda *c; int rows, d; float *xo; const float *x, *h, *hw, *s; float *y; __nv_bfloat16 *yb, *yl;
     const float *nw; float eps;
     template <int VPT, int EV> void run(int threads) const {
-        tern_launch(c->stream, rmsnorm_res_bf16_kernel<VPT, EV>, rows, threads, 0, xo, x, h, hw, s, y, yb, yl, d, nw, eps);
+        tern_launch(c->stream, rmsnorm_res_bf16_kernel<VPT, EV, PERM>, rows, threads, 0, xo, x, h, hw, s, y, yb, yl, d, nw,
+                    eps);
     }
 };
 extern "C" void tern__cuda_rmsnorm_res_bf16(tern__cuda *c, float *xo, const float *x, const float *h, const float *hw,
@@ -231,8 +238,22 @@ extern "C" void tern__cuda_rmsnorm_res_bf16(tern__cuda *c, float *xo, const floa
     if (rows <= 0 || d <= 0) return;
     cudaSetDevice(c->device);
     rms_launch<false>(c, rows, d,
-                      RmsResGo{c, rows, d, xo, x, h, hw, s, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, nw, eps});
+                      RmsResGo<>{c, rows, d, xo, x, h, hw, s, y, (__nv_bfloat16 *)yb, (__nv_bfloat16 *)yl, nw, eps});
     tern__cuda_check(c, "rmsnorm_res_bf16");
+}
+
+/* cuda_internal.h: rmsnorm_bf16 (or, with res, rmsnorm_res_bf16) with the bf16 copy in the batch Q4 GEMM's staged
+ * order (q4s_pos; d a multiple of 128): gemm.c's norm_matmul for Q4 rows (TERN_CUDA_Q4_NORM) — y and the bytes
+ * q4w_stage_x would make of it, from the same f32 values with the same rounding */
+extern "C" void tern__cuda_rmsnorm_q4s(tern__cuda *c, float *y, void *yb, const float *x, int rows, int d,
+                                       const float *w, float eps, const tern_norm_res *res) {
+    if (rows <= 0 || d <= 0) return;
+    cudaSetDevice(c->device);
+    if (res)
+        rms_launch<false>(c, rows, d, RmsResGo<true>{c, rows, d, res->x_out, x, res->h, res->w, res->s, y,
+                                                      (__nv_bfloat16 *)yb, nullptr, w, eps});
+    else rms_launch<false>(c, rows, d, RmsBf16Go<true>{c, rows, d, y, (__nv_bfloat16 *)yb, nullptr, x, w, eps});
+    tern__cuda_check(c, "rmsnorm_q4s");
 }
 
 /* ops.h ple_block's residual prologue (gemm.c tern__cuda_ple_block): xo = (x + rmsnorm(h)·hw)·s as rmsnorm_add (the same

@@ -223,13 +223,17 @@ static int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int
 
 /* y[i] (op) W_i·x for n rows of x and matrices w[0..k) (k <= 3, matrix e of each stack) sharing in and
  * the format; mode G1_PLAIN, G1_RES (y += W·x) or a pair (G1_SILU / G1_GELU: y[0] = act(W_0·x)·W_1·x).
- * 1 when it ran, 0 when not served (the caller runs its other paths). */
-extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x,
-                                  int n, int mode, int e) {
+ * 1 when it ran, 0 when not served (the caller runs its other paths). how: Q4_RUN (x in f32, staged here),
+ * Q4_STAGED_OK (launch nothing: 1 where Q4_STAGED would run), Q4_STAGED (x already in gemm_scratch in the wgmma
+ * kernel's order, q4w_stage_x's bytes: norm.cu's rmsnorm_q4s; x unused) */
+enum { Q4_RUN, Q4_STAGED_OK, Q4_STAGED };
+static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n, int mode,
+                  int e, int how) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
     if (tern__cuda_qg4_st < 0) tern__cuda_qg4_st = tern__cuda_env_int("TERN_CUDA_QG4_ST", Q4_ST);
     if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
-    if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || ((uintptr_t)x & 15)) return 0;
+    if (c->compute != TERN_COMPUTE_BF16 || tern__cuda_bf16_split_all(c) || c->i8 || (how == Q4_RUN && ((uintptr_t)x & 15)))
+        return 0;
     const bool pair = mode == G1_SILU || mode == G1_GELU;
     if (pair && (k != 2 || w[0]->out != w[1]->out)) return 0;
     const tern__cuda_w *w0 = w[0];
@@ -241,10 +245,11 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
             return 0;
     const size_t xbytes = (size_t)n * w0->in * 2;
     const uint8_t *scr = (const uint8_t *)c->gemm_scratch;
-    if (xbytes > c->gemm_scratch_bytes || ((const uint8_t *)x + (size_t)n * w0->in * 4 > scr &&
-                                                  (const uint8_t *)x < scr + c->gemm_scratch_bytes))
+    if (xbytes > c->gemm_scratch_bytes || (how == Q4_RUN && (const uint8_t *)x + (size_t)n * w0->in * 4 > scr &&
+                                           (const uint8_t *)x < scr + c->gemm_scratch_bytes))
         return 0; /* x itself in the scratch */
     const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8, minb = nt == 2 ? 3 : tern__cuda_qg4w_pipe() ? 1 : 2;
+    if (how != Q4_RUN && (nt < 4 || !tern__cuda_qg4w_on())) return 0; /* the staged order is the wgmma kernel's */
     Q4Args a = {};
     size_t rows;
     int mb = q4_mats(a, y, w, k, n, e, &rows);
@@ -281,9 +286,11 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     a.kt_per = (a.nkt + S - 1) / S;
     S = (a.nkt + a.kt_per - 1) / a.kt_per;
     a.direct = S == 1 && (!pair || wgp);
+    if (how == Q4_STAGED_OK) return 1;
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, x, xbytes, wgp)) { /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG) */
+    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, how == Q4_STAGED ? NULL : x, xbytes, wgp)) {
+        /* (above: qgemm_q4_wg.cu, TERN_CUDA_QG4_WG; here the mma.sync kernel) */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
                     (uint4 *)c->gemm_scratch, (const float4 *)x, chunks);
@@ -296,6 +303,17 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
     if (!a.direct) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
     tern__cuda_qg4_calls++;
     return 1;
+}
+
+extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x,
+                                  int n, int mode, int e) {
+    return qg4_go(c, y, w, k, x, n, mode, e, Q4_RUN);
+}
+
+/* cuda_internal.h: the pre-normed form (gemm.c's norm_matmul for many rows with TERN_CUDA_Q4_NORM) */
+extern "C" int tern__cuda_qg4_staged(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n,
+                                     int mode, int run) {
+    return qg4_go(c, y, w, k, NULL, n, mode, 0, run ? Q4_STAGED : Q4_STAGED_OK);
 }
 
 /* cuda_internal.h: the several-row Q4 kernels in their order — gemv_xr.cu for the rows it serves (2..4 by

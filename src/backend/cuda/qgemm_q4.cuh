@@ -142,13 +142,16 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
 }
 
 /* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8) or 32 (nt 4), x staged in its
- * own order; 1 when launched, 0 when not available (no sm_90a image for this GPU, TERN_CUDA_QG4_WG=0); pair:
- * the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up together) */
+ * own order (x NULL: staged already, in gemm_scratch); 1 when launched, 0 when not available (no sm_90a image for
+ * this GPU, TERN_CUDA_QG4_WG=0); pair: the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up
+ * together) */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
                            bool pair);
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);
+/* the wgmma kernel will run (TERN_CUDA_QG4_WG on, the image loaded) */
+bool tern__cuda_qg4w_on(void);
 /* qgemm_q4_wg.cu: TERN_CUDA_QG4_PIPE on and the wgmma kernel available — its launches hold one block an SM */
 bool tern__cuda_qg4w_pipe(void);
 void tern__cuda_qg4w_init(void);

@@ -265,6 +265,9 @@ static bool qw_on(void) {
 }
 
 /* qgemm_q4.cuh */
+bool tern__cuda_qg4w_on(void) { return qw_on(); }
+
+/* qgemm_q4.cuh */
 bool tern__cuda_qg4w_pipe(void) {
     if (tern__cuda_qg4_pipe < 0) tern__cuda_qg4_pipe = tern__cuda_env_int("TERN_CUDA_QG4_PIPE", 0) != 0;
     return qw_on() && tern__cuda_qg4_pipe;
@@ -303,8 +306,9 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
                            bool pair) {
     if (!qw_on() || (nt != 4 && nt != 8)) return 0;
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
-    tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
-                x, chunks);
+    if (x) /* else norm.cu's rmsnorm_q4s wrote these bytes */
+        tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
+                    x, chunks);
     if (tern__cuda_qg4w_pipe()) qw_go<true>(c->stream, a, grid, nt, pair);
     else qw_go<false>(c->stream, a, grid, nt, pair);
     tern__cuda_qg4w_calls++;
