@@ -1824,6 +1824,16 @@ if [[ " $SECTIONS " == *" 132 "* ]]; then
     say_digests "conc_*Q4_NORM*_1.txt"
 fi
 
+# 133. session 71, written after the device budget ran out: TERN_CUDA_QG4_PIPE=2 (q4_ring_pipe only for launches whose
+#      row x column tiles fill half the SMs without a split — the gate|up-sized ones that won alone in section 131;
+#      the others keep the 2-block ring). Op test (PIPE 0 / 1 / 2), then batch decode of AB133_MODELS (default
+#      llama3-8b:q4 gemma4-12b:q4) at AB133_CONC (default 32,64,128), PIPE 0 against 2
+if [[ " $SECTIONS " == *" 133 "* ]]; then
+    ops_ok cuda_qgemm_q4_wg || say "133: AN OP TEST FAILED"
+    conc_ab "TERN_CUDA_QG4_PIPE=0;TERN_CUDA_QG4_PIPE=2" "${AB133_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB133_CONC:-32,64,128}"
+    say_digests "conc_*PIPE*_1.txt"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

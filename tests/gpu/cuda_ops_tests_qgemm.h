@@ -256,9 +256,10 @@ TEST(cuda_qgemm_q4_wg) {
     const int keep_pair = tern__cuda_qg4_wgpair, keep_pipe = tern__cuda_qg4_pipe;
     static const int ns[] = {17, 32, 33, 64, 65, 100, 128};
     static const int nf[] = {29, 61, 93, 125};
-    for (int pipe = 0; pipe < 2; pipe++) { /* TERN_CUDA_QG4_PIPE: the decode of a tile beside the previous one's wgmmas */
+    for (int pipe = 0; pipe < 3; pipe++) { /* TERN_CUDA_QG4_PIPE: the decode of a tile beside the previous one's wgmmas */
         tern__cuda_qg4_pipe = pipe;
-        q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), pipe ? "qg4 wgmma pipe" : "qg4 wgmma", &tern__cuda_qg4w_calls);
+        q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), pipe == 1 ? "qg4 wgmma pipe" : pipe ? "qg4 wgmma pipe2" : "qg4 wgmma",
+                       &tern__cuda_qg4w_calls);
         for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
             tern__cuda_qg4_wgpair = pair;
             q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? (pipe ? "qg4 wgmma pair pipe" : "qg4 wgmma pair")

@@ -248,7 +248,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     if (xbytes > c->gemm_scratch_bytes || (how == Q4_RUN && (const uint8_t *)x + (size_t)n * w0->in * 4 > scr &&
                                            (const uint8_t *)x < scr + c->gemm_scratch_bytes))
         return 0; /* x itself in the scratch */
-    const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8, minb = nt == 2 ? 3 : tern__cuda_qg4w_pipe() ? 1 : 2;
+    const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8;
     if (how != Q4_RUN && (nt < 4 || !tern__cuda_qg4w_on())) return 0; /* the staged order is the wgmma kernel's */
     Q4Args a = {};
     size_t rows;
@@ -273,9 +273,14 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
      * block; rounded down to one wave instead for 17-32 rows (TERN_CUDA_QG4_WAVE, at init). One wave for every
      * row count lost on the H200 in session 15: llama3-8b q4 decode at 8 / 16 / 64 sequences 2102 / 3884 / 8652 →
      * 1752 / 3317 / 8492 tok/s (the memory-bound row counts want the blocks) */
-    const int nb = (n + nt * 8 - 1) / (nt * 8);
+    const int nb = (n + nt * 8 - 1) / (nt * 8), nsm = c->n_sm > 0 ? c->n_sm : 132;
     const long base = (long)mb * nb;
-    const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * (c->n_sm > 0 ? c->n_sm : 132);
+    /* TERN_CUDA_QG4_PIPE (qgemm_q4_wg.cu): 1 every wgmma launch, 2 those whose row and column tiles fill half the
+     * SMs without a split (gate|up-sized: the 1-block-an-SM ring won there alone, NOTES (ce)) */
+    const int pmode = nt >= 4 ? tern__cuda_qg4w_pipe() : 0;
+    const bool pipe = pmode == 1 || (pmode == 2 && 2 * base >= nsm);
+    const int minb = nt == 2 ? 3 : pipe ? 1 : 2;
+    const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * nsm;
     const bool wave = tern__cuda_qg4_wave == 1 || (tern__cuda_qg4_wave == 2 && nt == 4);
     int S = base < target ? (int)(wave ? target / base : (target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
@@ -289,7 +294,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     if (how == Q4_STAGED_OK) return 1;
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, how == Q4_STAGED ? NULL : x, xbytes, wgp)) {
+    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, how == Q4_STAGED ? NULL : x, xbytes, wgp, pipe)) {
         /* (above: qgemm_q4_wg.cu, TERN_CUDA_QG4_WG; here the mma.sync kernel) */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,

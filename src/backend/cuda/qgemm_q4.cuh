@@ -146,14 +146,15 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
  * this GPU, TERN_CUDA_QG4_WG=0); pair: the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up
  * together) */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
-                           bool pair);
+                           bool pair, bool pipe);
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);
 /* the wgmma kernel will run (TERN_CUDA_QG4_WG on, the image loaded) */
 bool tern__cuda_qg4w_on(void);
-/* qgemm_q4_wg.cu: TERN_CUDA_QG4_PIPE on and the wgmma kernel available — its launches hold one block an SM */
-bool tern__cuda_qg4w_pipe(void);
+/* qgemm_q4_wg.cu: TERN_CUDA_QG4_PIPE (0 off, 1 every launch, 2 launches of many tiles) where the wgmma kernel is
+ * available, else 0; pipe launches (tern__cuda_qg4w_launch's pipe) hold one block an SM */
+int tern__cuda_qg4w_pipe(void);
 void tern__cuda_qg4w_init(void);
 
 #endif

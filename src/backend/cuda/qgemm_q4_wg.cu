@@ -43,7 +43,7 @@ int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); test
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
 extern "C" int tern__cuda_qg4_pipe;
-int tern__cuda_qg4_pipe = -1; /* -1 unread (TERN_CUDA_QG4_PIPE, default 0 until measured); tests set it */
+int tern__cuda_qg4_pipe = -1; /* -1 unread (TERN_CUDA_QG4_PIPE: 0 default, 1 always, 2 big launches); tests set it */
 extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0;
 
@@ -268,9 +268,9 @@ static bool qw_on(void) {
 bool tern__cuda_qg4w_on(void) { return qw_on(); }
 
 /* qgemm_q4.cuh */
-bool tern__cuda_qg4w_pipe(void) {
-    if (tern__cuda_qg4_pipe < 0) tern__cuda_qg4_pipe = tern__cuda_env_int("TERN_CUDA_QG4_PIPE", 0) != 0;
-    return qw_on() && tern__cuda_qg4_pipe;
+int tern__cuda_qg4w_pipe(void) {
+    if (tern__cuda_qg4_pipe < 0) tern__cuda_qg4_pipe = tern__cuda_env_int("TERN_CUDA_QG4_PIPE", 0);
+    return qw_on() && tern__cuda_qg4_pipe >= 1 && tern__cuda_qg4_pipe <= 2 ? tern__cuda_qg4_pipe : 0;
 }
 
 /* qgemm_q4.cuh */
@@ -303,13 +303,13 @@ void tern__cuda_qg4w_init(void) {
 
 /* qgemm_q4.cuh */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
-                           bool pair) {
+                           bool pair, bool pipe) {
     if (!qw_on() || (nt != 4 && nt != 8)) return 0;
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     if (x) /* else norm.cu's rmsnorm_q4s wrote these bytes */
         tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                     x, chunks);
-    if (tern__cuda_qg4w_pipe()) qw_go<true>(c->stream, a, grid, nt, pair);
+    if (pipe) qw_go<true>(c->stream, a, grid, nt, pair);
     else qw_go<false>(c->stream, a, grid, nt, pair);
     tern__cuda_qg4w_calls++;
     return 1;
