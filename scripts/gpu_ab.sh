@@ -1834,6 +1834,19 @@ if [[ " $SECTIONS " == *" 133 "* ]]; then
     say_digests "conc_*PIPE*_1.txt"
 fi
 
+# 134. session 71, written after the device budget ran out: TERN_CUDA_Q4_QKV=1 (gemm.c tern__cuda_q4_qkv_rope: norm_qkv_rope_kv
+#      for many Q4 rows — section 132's staged pre-norm, and the q|k|v GEMM's K slices summed inside the rope and cache
+#      stores, fused.cu rope_kv_parts, instead of qg4_reduce + rope_kv_write; bitwise). Op test cuda_q4_qkv_rope, then
+#      batch decode of AB134_MODELS (default llama3-8b:q4) at AB134_CONC (default 32,64,128): off, Q4_QKV, and Q4_QKV with
+#      Q4_NORM (the MLP's pre-norm too); ids digests equal
+if [[ " $SECTIONS " == *" 134 "* ]]; then
+    ops_ok cuda_q4_qkv_rope || say "134: AN OP TEST FAILED"
+    grep 'err q4_qkv_rope' "$OUT/q4_qkv_rope_ops.txt" | head -6 | tee -a "$S"
+    conc_ab "TERN_CUDA_Q4_QKV=0;TERN_CUDA_Q4_QKV=1;TERN_CUDA_Q4_QKV=1 TERN_CUDA_Q4_NORM=1" "${AB134_MODELS:-llama3-8b:q4}" \
+        "${AB134_CONC:-32,64,128}"
+    say_digests "conc_*Q4_QKV*_1.txt"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

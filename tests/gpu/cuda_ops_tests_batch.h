@@ -749,6 +749,106 @@ TEST(cuda_qkv_one) {
     tern__cuda_bf16_split = 1;
 }
 
+/* 1 when the n floats at device pointers a and b have the same bits */
+static int gpu_same(tern_backend *g, const float *a, const float *b, size_t n) {
+    float *ha = from_gpu(g, a, n), *hb = from_gpu(g, b, n);
+    const int same = !memcmp(ha, hb, n * 4);
+    free(ha); free(hb);
+    return same;
+}
+
+/* norm_qkv_rope_kv for many rows of Q4 (gemm.c tern__cuda_q4_qkv_rope, TERN_CUDA_Q4_QKV: the pre-norm writes the
+ * batch Q4 GEMM's staged x, the GEMM leaves its K slices, fused.cu rope_kv_parts sums them into the rope and cache
+ * stores) against rmsnorm + matmul_n + rope_kv_write on the same backend: xn, q, k, v and the BF16 K / V pages
+ * bitwise. Q4 g64 (BF16 scales), rows of one sequence over a block table with a hole; hidden 2048 (the GEMM splits K:
+ * the parts path) and 512 (no split: y written, then rope_kv_write), 24 / 64 / 100 rows; off: refused */
+TEST(cuda_q4_qkv_rope) {
+    tern_backend *g = g_gpu16;
+    if (!g || !g->vt->norm_qkv_rope_kv || !g->vt->rope_kv_write) { SKIP("cuda_q4_qkv_rope", "no bf16-mode backend"); return; }
+    if (!tern__cuda_qg4w_ok) { SKIP("cuda_q4_qkv_rope", "no sm_90a image for this GPU"); return; }
+    extern int tern__cuda_q4_qkv;
+    const int keep = tern__cuda_q4_qkv;
+    tern__cuda_bf16_split = 0;
+    const int nh = 8, nkv = 2, d = 64, bs = 16, mb = 8;
+    const size_t nq = (size_t)nh * d, nk = (size_t)nkv * d, pool = (size_t)mb * bs * nkv * d;
+    float *kh = rnd(pool, 1.0f), *inv = rnd(d / 2, 0.5f);
+    uint16_t *khb = malloc(pool * 2); /* the pages' first contents: valid bf16 */
+    for (size_t i = 0; i < pool; i++) khb[i] = tern_f32_to_bf16(kh[i]);
+    int32_t bt[8];
+    for (int i = 0; i < mb; i++) bt[i] = (i * 3) % mb;
+    bt[1] = -1; /* not resident: those rows write no cache */
+    void *btd = to_gpu(bt, sizeof bt), *invd = to_gpu(inv, (size_t)d / 2 * 4);
+    for (int hi = 0; hi < 2; hi++) {
+        const int H = hi ? 512 : 2048;
+        hw h[3];
+        tern_tensor t[3];
+        tern_error err = {0};
+        int ok = 1;
+        for (int i = 0; i < 3; i++) {
+            h[i] = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, i ? (int)nk : (int)nq, H, 0);
+            t[i] = h[i].t;
+            ok = ok && !g->vt->upload_weight(g, &t[i], &err);
+        }
+        CHECK(ok, "upload");
+        const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
+        float *nw = rnd(H, 1.5f);
+        void *nwd = to_gpu(nw, (size_t)H * 4);
+        static const int ns[] = {24, 64, 100};
+        for (size_t ni = 0; ok && ni < TERN_ARRAY_LEN(ns); ni++) {
+            const int n = ns[ni];
+            int32_t *pos = malloc((size_t)n * 4), *slot = calloc((size_t)n, 4);
+            for (int r = 0; r < n; r++) pos[r] = 3 + r % (mb * bs - 3); /* wraps over the table, hole included */
+            float *x = rnd((size_t)n * H, 2.0f);
+            void *xd = to_gpu(x, (size_t)n * H * 4), *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
+            tern_rows rows = {n, pd, sd, pos, slot};
+            tern_kv_layer kv[2];
+            float *xn[2], *q[2], *k[2], *v[2];
+            qkv_pair_make(g, kv, xn, q, k, v, n, H, nkv, d, bs, mb, khb, btd, nq);
+            tern__cuda_q4_qkv = 0;
+            CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows, nh, invd, 1.25f) == 0,
+                  "H %d n %d: served with TERN_CUDA_Q4_QKV=0", H, n);
+            tern__cuda_q4_qkv = 1;
+            const unsigned long long c0 = tern__cuda_qg4w_calls;
+            CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows, nh, invd, 1.25f) == 1 &&
+                      tern__cuda_qg4w_calls > c0,
+                  "H %d n %d: not served", H, n);
+            tern__cuda_q4_qkv = 0;
+            float *ys[3] = {q[1], k[1], v[1]};
+            g->vt->rmsnorm(g, xn[1], xd, n, H, nwd, 1e-6f);
+            CHECK(g->vt->matmul_n(g, 3, ys, xn[1], n, ws) == 1, "matmul_n refused");
+            CHECK(g->vt->rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f) == 1, "rope_kv_write refused");
+            const int sn = gpu_same(g, xn[0], xn[1], (size_t)n * H), sq = gpu_same(g, q[0], q[1], (size_t)n * nq),
+                      sk = gpu_same(g, k[0], k[1], (size_t)n * nk), sv = gpu_same(g, v[0], v[1], (size_t)n * nk);
+            uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
+            int sp = 1;
+            for (int p = 0; p < 2; p++) {
+                g->vt->download(g, pa, p ? kv[0].v : kv[0].k, pool * 2);
+                g->vt->download(g, pb, p ? kv[1].v : kv[1].k, pool * 2);
+                sp &= !memcmp(pa, pb, pool * 2);
+            }
+            free(pa); free(pb);
+            printf("  err q4_qkv_rope H %d n=%d: xn %s, q %s, k %s, v %s, pages %s\n", H, n, sn ? "same" : "DIFF",
+                   sq ? "same" : "DIFF", sk ? "same" : "DIFF", sv ? "same" : "DIFF", sp ? "same" : "DIFF");
+            CHECK(sn && sq && sk && sv && sp, "H %d n %d: not bitwise the separate ops", H, n);
+            qkv_pair_free(g, kv, xn, q, k, v);
+            void *b[] = {xd, pd, sd};
+            for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+            free(pos); free(slot); free(x);
+        }
+        g->vt->free(g, nwd);
+        free(nw);
+        for (int i = 0; i < 3; i++) {
+            g->vt->free_weight(g, &t[i]);
+            free_w(&h[i]);
+        }
+    }
+    void *b[] = {btd, invd};
+    for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+    free(kh); free(khb); free(inv);
+    tern__cuda_q4_qkv = keep;
+    tern__cuda_bf16_split = 1;
+}
+
 /* ops.h norm_qkv_attention_o (cuda_backend.c: the joined q|k|v GEMM, then the batch decode attention roping q and k and
  * writing the cache itself, attn_decode_tc.cu's ROPE instances) against norm_qkv_rope_kv + attention_o on the same
  * backend: y, xn and the K / V pages bitwise. Rows of distinct sequences over a block-table permutation: BF16 pages at
@@ -1225,6 +1325,7 @@ static void cuda_batch_tests(void) {
     RUN(cuda_attention_decode_rope_bits);
     RUN(cuda_norm_gemm_split);
     RUN(cuda_q4_norm);
+    RUN(cuda_q4_qkv_rope);
     RUN(cuda_batch_fused);
     RUN(cuda_norm_gemm);
     RUN(cuda_sgemm);

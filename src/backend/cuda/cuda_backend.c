@@ -571,7 +571,9 @@ static int be_norm_qkv_rope_kv(tern_backend *be, float *xn, const float *x, cons
     const tern__cuda_w *pv[3];
     float *const y[3] = {q, k, v};
     if (!wviews(w, 3, wv, pv)) return 0;
-    if (rows->n > 1) return tern__cuda_gemm_qkv_rope(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
+    if (rows->n > 1)
+        return tern__cuda_gemm_qkv_rope(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale) ||
+               tern__cuda_q4_qkv_rope(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
     return tern__cuda_norm_qkv_rope_kv(C(be), xn, x, nw, eps, y, pv, kv, rows, nh, inv_freq, mscale);
 }
 /* ops.h ple_block: many rows (gemm.c tern__cuda_ple_block declines the rest) */

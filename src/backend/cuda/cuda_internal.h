@@ -229,8 +229,16 @@ int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cuda_w *const
 int tern__cuda_q4_rows(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n,
                        int mode, int e);
 /* tern__cuda_qg4_run's form for x staged already in gemm_scratch in the wgmma kernel's order (norm.cu
- * tern__cuda_rmsnorm_q4s): run 0 — 1 when it would run (nothing launched), run 1 — the GEMMs */
-int tern__cuda_qg4_staged(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n, int mode, int run);
+ * tern__cuda_rmsnorm_q4s): run 0 — 1 when it would run (nothing launched), run 1 — the GEMMs; parts != NULL (run 1):
+ * no reduce — *parts K slices of the partials left in c->part for the caller (tern__cuda_rope_kv_parts), 0 when y
+ * was written directly */
+int tern__cuda_qg4_staged(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n, int mode, int run,
+                          int *parts);
+/* fused.cu: rope_kv_write over q|k|v summed from S slices of the batch Q4 GEMM's partials (slice floats each: the q,
+ * k, v blocks [n][out] back to back), q / k / v written: bitwise qg4_reduce + rope_kv_write; 0 when not served */
+int tern__cuda_rope_kv_parts(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *part,
+                             size_t slice, int S, float *q, float *k, float *v, int nh, const float *inv_freq,
+                             float mscale);
 void tern__cuda_qg4_init(tern__cuda *c);
 /* qmma.cu: MLX Q bits 4/8 for n = 1..64 on tensor cores with the codes fed unconverted (bf16 mode with
  * TERN_CUDA_QMMA=1, also the f32 mode with =2); returns 1 when it handled the call, else 0 */

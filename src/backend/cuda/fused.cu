@@ -28,14 +28,21 @@ template <class F> static void by_page_kind(int kind, F &&f) {
     else f(__half{});
 }
 
-/* ROWS = false: q and k roped in place, v read from v (rope_kv_write). ROWS = true: q|k|v read from the rows of one
- * GEMM's output (src [n][ld]: nh q heads, nkv k heads, nkv v heads of d; gemm.c tern__cuda_gemm_qkv_rope), roped q and
- * k written to q and k, v copied to vout; both store k and v into the cache with the same arithmetic */
-template <typename T, bool ROWS>
+/* SRC 0: q and k roped in place, v read from v (rope_kv_write). SRC 1: q|k|v read from the rows of one GEMM's
+ * output (src [n][ld]: nh q heads, nkv k heads, nkv v heads of d; gemm.c tern__cuda_gemm_qkv_rope). SRC 2: q, k, v
+ * summed from the S K-slices of the batch Q4 GEMM's partials (src: slices of ld floats, each the q [n][nh·d], k and v
+ * [n][nkv·d] blocks back to back) in qgemm_q4.cu qg4_reduce's order (gemm.c tern__cuda_q4_qkv_rope). SRC 1 and 2 write
+ * roped q and k to q and k and v to vout; all store k and v into the cache with the same arithmetic */
+__device__ __forceinline__ float part_sum(const float *p, size_t slice, int S, size_t e) {
+    float v = 0.0f; /* qg4_reduce's sum: from 0, slice by slice */
+    for (int j = 0; j < S; j++) v += p[(size_t)j * slice + e];
+    return v;
+}
+template <typename T, int SRC>
 __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh, int nkv, int d,
                                const int32_t *pos, const int32_t *slot, const float *inv_freq, float mscale,
-                               T *kpool, T *vpool, const int32_t *bt, int max_blocks, int bs, const float *src, int ld,
-                               float *vout) {
+                               T *kpool, T *vpool, const int32_t *bt, int max_blocks, int bs, const float *src, long ld,
+                               float *vout, int S) {
     pdl_start();
     const int half = d / 2, nt = nh + nkv;
     const size_t total = (size_t)n * nt * half;
@@ -45,9 +52,16 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh
         const int r = (int)(rh / nt), h = (int)(rh % nt);
         const bool isk = h >= nh;
         float *o = isk ? k + ((size_t)r * nkv + (h - nh)) * d : q + ((size_t)r * nh + h) * d;
-        const float *x = ROWS ? src + (size_t)r * ld + (size_t)h * d : o; /* q heads then k heads: head h at h·d */
         const float f = inv_freq[i];
-        float x0 = x[i], x1 = x[i + half];
+        float x0, x1;
+        if constexpr (SRC == 2) {
+            const size_t e = isk ? (size_t)n * nh * d + ((size_t)r * nkv + (h - nh)) * d : ((size_t)r * nh + h) * d;
+            x0 = part_sum(src, ld, S, e + i);
+            x1 = part_sum(src, ld, S, e + i + half);
+        } else {
+            const float *x = SRC ? src + (size_t)r * ld + (size_t)h * d : o; /* q heads then k heads: head h at h·d */
+            x0 = x[i], x1 = x[i + half];
+        }
         rope_pair(x0, x1, pos[r], f);
         x0 *= mscale;
         x1 *= mscale;
@@ -55,10 +69,18 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh
         o[i + half] = x1;
         if (!isk) continue;
         const size_t within = (size_t)(h - nh) * d;
-        const float *vr = ROWS ? src + (size_t)r * ld + (size_t)(nh + nkv) * d + within : v + (size_t)r * nkv * d + within;
-        if constexpr (ROWS) {
-            vout[(size_t)r * nkv * d + within + i] = vr[i];
-            vout[(size_t)r * nkv * d + within + i + half] = vr[i + half];
+        float v0, v1;
+        if constexpr (SRC == 2) {
+            const size_t e = (size_t)n * (nh + nkv) * d + (size_t)r * nkv * d + within;
+            v0 = part_sum(src, ld, S, e + i);
+            v1 = part_sum(src, ld, S, e + i + half);
+        } else {
+            const float *vr = SRC ? src + (size_t)r * ld + (size_t)(nh + nkv) * d + within : v + (size_t)r * nkv * d + within;
+            v0 = vr[i], v1 = vr[i + half];
+        }
+        if constexpr (SRC != 0) {
+            vout[(size_t)r * nkv * d + within + i] = v0;
+            vout[(size_t)r * nkv * d + within + i + half] = v1;
         }
         const int p = pos[r], sl = slot[r];
         if (p < 0 || p / bs >= max_blocks) continue;
@@ -67,18 +89,20 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh
         const size_t dst = ((size_t)blk * bs + p % bs) * nkv * d + within;
         kv_put(kpool + dst + i, x0);
         kv_put(kpool + dst + i + half, x1);
-        kv_put(vpool + dst + i, vr[i]);
-        kv_put(vpool + dst + i + half, vr[i + half]);
+        kv_put(vpool + dst + i, v0);
+        kv_put(vpool + dst + i + half, v1);
     }
 }
 
 /* TERN_CUDA_ROPE_HOIST (session 36: a k thread's v, slot and block-table loads issued before its q / k stores, two
  * dependent trips instead of three) tied on llama3-8b q4 b1 (353.4 vs 354.4 tok/s, four interleaved reps; NOTES (av))
  * and was removed */
-/* one rope_kv_kernel launch (a thread per rotated pair, 256 a block): in place (src NULL: q, k roped in place, v read)
- * or from the rows of src (ld floats each; q, k, v written). 0 when the pages are a kind it does not serve */
+/* one rope_kv_kernel launch (a thread per rotated pair, 256 a block): in place (src NULL: q, k roped in place, v read),
+ * from the rows of src (S 0: ld floats each) or from the sum of S slices of ld floats at src (q, k, v written). 0 when
+ * the pages are a kind it does not serve */
 static int rope_launch(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const int32_t *pos, float *q,
-                       float *k, float *v, const float *src, int ld, int nh, const float *inv_freq, float mscale) {
+                       float *k, float *v, const float *src, long ld, int nh, const float *inv_freq, float mscale,
+                       int S = 0) {
     const int kind = kv->kf.kind, n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
     if (!tern__cuda_rope_pages(kv)) return 0;
     const size_t total = (size_t)n * (nh + nkv) * (d / 2);
@@ -88,16 +112,20 @@ static int rope_launch(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *
     const unsigned grid = (unsigned)(b > 65535 * 8 ? 65535 * 8 : b);
     by_page_kind(kind, [&](auto tag) {
         using T = decltype(tag);
-        if (src)
-            tern_launch(c->stream, rope_kv_kernel<T, true>, grid, 256, 0, q, k, (const float *)nullptr, n, nh, nkv, d, pos,
+        if (src && S)
+            tern_launch(c->stream, rope_kv_kernel<T, 2>, grid, 256, 0, q, k, (const float *)nullptr, n, nh, nkv, d, pos,
                         rows->slot, inv_freq, mscale, (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks,
-                        kv->block_size, src, ld, v);
+                        kv->block_size, src, ld, v, S);
+        else if (src)
+            tern_launch(c->stream, rope_kv_kernel<T, 1>, grid, 256, 0, q, k, (const float *)nullptr, n, nh, nkv, d, pos,
+                        rows->slot, inv_freq, mscale, (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks,
+                        kv->block_size, src, ld, v, 0);
         else
-            tern_launch(c->stream, rope_kv_kernel<T, false>, grid, 256, 0, q, k, (const float *)v, n, nh, nkv, d, pos,
+            tern_launch(c->stream, rope_kv_kernel<T, 0>, grid, 256, 0, q, k, (const float *)v, n, nh, nkv, d, pos,
                         rows->slot, inv_freq, mscale, (T *)kv->k, (T *)kv->v, kv->block_table, kv->max_blocks,
-                        kv->block_size, (const float *)nullptr, 0, (float *)nullptr);
+                        kv->block_size, (const float *)nullptr, 0L, (float *)nullptr, 0);
     });
-    tern__cuda_check(c, src ? "rope_kv_rows" : "rope_kv_write");
+    tern__cuda_check(c, src ? (S ? "rope_kv_parts" : "rope_kv_rows") : "rope_kv_write");
     return 1;
 }
 
@@ -111,6 +139,14 @@ extern "C" int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, 
 extern "C" int tern__cuda_rope_kv_rows(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *src,
                                        int ld, float *q, float *k, float *v, int nh, const float *inv_freq, float mscale) {
     return rope_launch(c, kv, rows, rows->pos, q, k, v, src, ld, nh, inv_freq, mscale);
+}
+
+/* rope_kv_write over q|k|v summed from the S K-slices (slice floats each) of the batch Q4 GEMM's partials at part
+ * (gemm.c tern__cuda_q4_qkv_rope; qg4_reduce's sums, then rope_kv_write's arithmetic: bitwise the two) */
+extern "C" int tern__cuda_rope_kv_parts(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *part,
+                                        size_t slice, int S, float *q, float *k, float *v, int nh, const float *inv_freq,
+                                        float mscale) {
+    return S >= 1 && rope_launch(c, kv, rows, rows->pos, q, k, v, part, (long)slice, nh, inv_freq, mscale, S);
 }
 
 /* Gemma 4's head norms + rope + cache stores: blocks [n][nh + nkv]; q head blocks norm + rope q, kv head

@@ -450,20 +450,49 @@ static int in_scratch(const tern__cuda *c, const void *p, size_t bytes) { /* [p,
     const uint8_t *s = (const uint8_t *)c->gemm_scratch, *q = (const uint8_t *)p;
     return q && q < s + c->gemm_scratch_bytes && q + bytes > s;
 }
+/* the pre-norm may write the staged x: xn aligned, and no row it reads or writes in gemm_scratch */
+static int q4_norm_fits(const tern__cuda *c, const float *xn, const float *x, int n, int in, const tern_norm_res *res) {
+    const size_t rb = (size_t)n * in * sizeof(float);
+    return !((uintptr_t)xn & 15) && !in_scratch(c, x, rb) && !in_scratch(c, xn, rb) &&
+           !(res && (in_scratch(c, res->h, rb) || in_scratch(c, res->x_out, rb)));
+}
 static int q4_norm_gemm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                         float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res) {
     if (tern__cuda_q4_norm < 0) tern__cuda_q4_norm = tern__cuda_env_int("TERN_CUDA_Q4_NORM", 0) != 0;
     const int pair = mode == G1_SILU || mode == G1_GELU;
-    if (!tern__cuda_q4_norm || w[0]->dtype != TERN_DT_Q || (pair ? k != 2 : mode != G1_PLAIN) || ((uintptr_t)xn & 15))
+    if (!tern__cuda_q4_norm || w[0]->dtype != TERN_DT_Q || (pair ? k != 2 : mode != G1_PLAIN) ||
+        !q4_norm_fits(c, xn, x, n, w[0]->in, res))
         return 0;
-    const size_t rb = (size_t)n * w[0]->in * sizeof(float);
-    if (in_scratch(c, x, rb) || in_scratch(c, xn, rb) || (res && (in_scratch(c, res->h, rb) || in_scratch(c, res->x_out, rb))))
-        return 0; /* the staged x overwrites the scratch while the norm reads them */
     float *ys[3] = {y[0], pair ? y[0] : k > 1 ? y[1] : NULL, k > 2 ? y[2] : NULL}; /* a pair writes y[0] */
-    if (!tern__cuda_qg4_staged(c, ys, w, k, n, mode, 0)) return 0;
+    if (!tern__cuda_qg4_staged(c, ys, w, k, n, mode, 0, NULL)) return 0;
     cudaSetDevice(c->device);
     tern__cuda_rmsnorm_q4s(c, xn, c->gemm_scratch, x, n, w[0]->in, nw, eps, res);
-    return tern__cuda_qg4_staged(c, ys, w, k, n, mode, 1);
+    return tern__cuda_qg4_staged(c, ys, w, k, n, mode, 1, NULL);
+}
+
+/* ---- ops.h norm_qkv_rope_kv for many rows of Q4 (TERN_CUDA_Q4_QKV; gemm.h) ----
+ * q4_norm_gemm's pre-norm and q|k|v GEMM, with the GEMM's split-K sum folded into the rope: the K slices stay in
+ * c->part and fused.cu's rope_kv_parts sums them in qg4_reduce's order before roping and storing — one launch and a
+ * write and read of q|k|v fewer than qg4_reduce + rope_kv_write, whose bits it keeps (a launch that needed no split
+ * wrote y: rope_kv_write then). ncu of llama3-8b q4 at 64 sequences (NOTES (ce)): that reduce 5.46 µs a layer, the
+ * two stagings before q|k|v 2.6. Written in session 71 after the device budget ran out: opt-in until timed. */
+int tern__cuda_q4_qkv = -1; /* -1 unread (TERN_CUDA_Q4_QKV, default 0); tests set it */
+int tern__cuda_q4_qkv_rope(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
+                           const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                           const float *inv_freq, float mscale) {
+    if (tern__cuda_q4_qkv < 0) tern__cuda_q4_qkv = tern__cuda_env_int("TERN_CUDA_Q4_QKV", 0) != 0;
+    const int n = rows->n, d = kv->head_dim, nkv = kv->n_head_kv;
+    if (!tern__cuda_q4_qkv || n < 2 || xn == x || w[0]->dtype != TERN_DT_Q || !tern__cuda_rope_pages(kv) ||
+        w[0]->out != nh * d || w[1]->out != nkv * d || w[2]->out != nkv * d || !q4_norm_fits(c, xn, x, n, w[0]->in, NULL) ||
+        !tern__cuda_qg4_staged(c, y, w, 3, n, G1_PLAIN, 0, NULL))
+        return 0;
+    cudaSetDevice(c->device);
+    tern__cuda_rmsnorm_q4s(c, xn, c->gemm_scratch, x, n, w[0]->in, nw, eps, NULL);
+    int S = 0;
+    if (!tern__cuda_qg4_staged(c, y, w, 3, n, G1_PLAIN, 1, &S)) return 0; /* not reached: checked above */
+    if (!S) return tern__cuda_rope_kv_write(c, kv, rows, y[0], y[1], y[2], nh, rows->pos, inv_freq, mscale);
+    const size_t slice = (size_t)n * (w[0]->out + w[1]->out + w[2]->out);
+    return tern__cuda_rope_kv_parts(c, kv, rows, c->part, slice, S, y[0], y[1], y[2], nh, inv_freq, mscale);
 }
 
 int tern__cuda_gemm_norm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,

@@ -56,6 +56,12 @@ int tern__cuda_qkv_one(void);
 int tern__cuda_gemm_qkv_rope(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
                              const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
                              const float *inv_freq, float mscale);
+/* norm_qkv_rope_kv for 2..128 rows of Q4 (TERN_CUDA_Q4_QKV, opt-in): the pre-norm writing the batch Q4 GEMM's staged x,
+ * the q|k|v GEMM leaving its K slices, fused.cu's rope_kv_parts summing them into the rope and cache stores; bitwise
+ * rmsnorm + matmul_n + rope_kv_write. 1 when done, 0 when not served (nothing written) */
+int tern__cuda_q4_qkv_rope(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, float *const *y,
+                           const tern__cuda_w *const *w, const tern_kv_layer *kv, const tern_rows *rows, int nh,
+                           const float *inv_freq, float mscale);
 /* its first half: xn and the GEMM; returns C (rows of w[0..2]'s Σ out floats, in gemm_scratch after the staged x, whose
  * bytes go to *xbytes when not NULL) or NULL when not served (nothing written) */
 const float *tern__cuda_qkv_one_gemm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps,

@@ -225,10 +225,12 @@ static int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int
  * the format; mode G1_PLAIN, G1_RES (y += W·x) or a pair (G1_SILU / G1_GELU: y[0] = act(W_0·x)·W_1·x).
  * 1 when it ran, 0 when not served (the caller runs its other paths). how: Q4_RUN (x in f32, staged here),
  * Q4_STAGED_OK (launch nothing: 1 where Q4_STAGED would run), Q4_STAGED (x already in gemm_scratch in the wgmma
- * kernel's order, q4w_stage_x's bytes: norm.cu's rmsnorm_q4s; x unused) */
+ * kernel's order, q4w_stage_x's bytes: norm.cu's rmsnorm_q4s; x unused). parts (Q4_STAGED): the caller sums the K
+ * slices itself — *parts = their count S in c->part (slices of n·Σout floats, matrix i's [n][out] block at n·Σ
+ * the outs before it), 0 when the launch wrote y (one slice) */
 enum { Q4_RUN, Q4_STAGED_OK, Q4_STAGED };
 static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n, int mode,
-                  int e, int how) {
+                  int e, int how, int *parts = nullptr) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
     if (tern__cuda_qg4_st < 0) tern__cuda_qg4_st = tern__cuda_env_int("TERN_CUDA_QG4_ST", Q4_ST);
     if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
@@ -305,7 +307,8 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
         else tern_launch(c->stream, qg4_kernel<8>, grid, 256, q4_smem(8), a);
     }
     tern__cuda_check(c, "qgemm_q4");
-    if (!a.direct) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
+    if (parts) *parts = a.direct ? 0 : S;
+    else if (!a.direct) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
     tern__cuda_qg4_calls++;
     return 1;
 }
@@ -317,8 +320,8 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
 
 /* cuda_internal.h: the pre-normed form (gemm.c's norm_matmul for many rows with TERN_CUDA_Q4_NORM) */
 extern "C" int tern__cuda_qg4_staged(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n,
-                                     int mode, int run) {
-    return qg4_go(c, y, w, k, NULL, n, mode, 0, run ? Q4_STAGED : Q4_STAGED_OK);
+                                     int mode, int run, int *parts) {
+    return qg4_go(c, y, w, k, NULL, n, mode, 0, run ? Q4_STAGED : Q4_STAGED_OK, run ? parts : nullptr);
 }
 
 /* cuda_internal.h: the several-row Q4 kernels in their order — gemv_xr.cu for the rows it serves (2..4 by
