@@ -515,6 +515,27 @@ static void kv_pages_same(tern_backend *g, const tern_kv_layer *kv, size_t pool,
 
 /* for an A/B of two paths: two BF16-paged layers over one block table (pages from khb, mb·bs·nkv·d elements each)
  * and NaN-filled xn [n, H], q [n, nq], k and v [n, nkv·d] for each */
+/* one case's rows: n rows of one sequence (slot 0) at positions 3.. wrapping over mb blocks of bs (the tables' hole
+ * included), x [n][H] random, all on the GPU too */
+typedef struct qkv_rows_in {
+    int32_t *pos, *slot;
+    float *x;
+    void *xd, *pd, *sd;
+    tern_rows rows;
+} qkv_rows_in;
+static void qkv_rows_make(qkv_rows_in *in, int n, int H, int mb, int bs) {
+    in->pos = malloc((size_t)n * 4), in->slot = calloc((size_t)n, 4);
+    for (int r = 0; r < n; r++) in->pos[r] = 3 + r % (mb * bs - 3);
+    in->x = rnd((size_t)n * H, 2.0f);
+    in->xd = to_gpu(in->x, (size_t)n * H * 4), in->pd = to_gpu(in->pos, (size_t)n * 4), in->sd = to_gpu(in->slot, (size_t)n * 4);
+    in->rows = (tern_rows){n, in->pd, in->sd, in->pos, in->slot};
+}
+static void qkv_rows_free(tern_backend *g, qkv_rows_in *in) {
+    void *b[] = {in->xd, in->pd, in->sd};
+    for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
+    free(in->pos); free(in->slot); free(in->x);
+}
+
 static void qkv_pair_make(tern_backend *g, tern_kv_layer *kv, float **xn, float **q, float **k, float **v, int n, int H,
                           int nkv, int d, int bs, int mb, const uint16_t *khb, void *btd, size_t nq) {
     const size_t nk = (size_t)nkv * d, pool = (size_t)mb * bs * nk;
@@ -708,11 +729,10 @@ TEST(cuda_qkv_one) {
     void *btd = to_gpu(bt, sizeof bt), *invd = to_gpu(inv, (size_t)d / 2 * 4), *nwd = to_gpu(nw, (size_t)H * 4);
     for (size_t ni = 0; ni < TERN_ARRAY_LEN(ns); ni++) {
         const int n = ns[ni];
-        int32_t *pos = malloc((size_t)n * 4), *slot = calloc((size_t)n, 4);
-        for (int r = 0; r < n; r++) pos[r] = 3 + r % (mb * bs - 3); /* wraps over the table, hole included */
-        float *x = rnd((size_t)n * H, 2.0f);
-        void *xd = to_gpu(x, (size_t)n * H * 4), *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
-        tern_rows rows = {n, pd, sd, pos, slot};
+        qkv_rows_in in;
+        qkv_rows_make(&in, n, H, mb, bs);
+        void *xd = in.xd;
+        tern_rows rows = in.rows;
         tern_kv_layer kv[2];
         float *xn[2], *q[2], *k[2], *v[2];
         qkv_pair_make(g, kv, xn, q, k, v, n, H, nkv, d, bs, mb, khb, btd, nq);
@@ -735,9 +755,7 @@ TEST(cuda_qkv_one) {
             tern__cuda_qkv_one_on = 1;
         }
         qkv_pair_free(g, kv, xn, q, k, v);
-        void *b[] = {xd, pd, sd};
-        for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
-        free(pos); free(slot); free(x);
+        qkv_rows_free(g, &in);
     }
     void *b[] = {btd, invd, nwd};
     for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
@@ -796,27 +814,24 @@ TEST(cuda_q4_qkv_rope) {
         static const int ns[] = {24, 64, 100};
         for (size_t ni = 0; ok && ni < TERN_ARRAY_LEN(ns); ni++) {
             const int n = ns[ni];
-            int32_t *pos = malloc((size_t)n * 4), *slot = calloc((size_t)n, 4);
-            for (int r = 0; r < n; r++) pos[r] = 3 + r % (mb * bs - 3); /* wraps over the table, hole included */
-            float *x = rnd((size_t)n * H, 2.0f);
-            void *xd = to_gpu(x, (size_t)n * H * 4), *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
-            tern_rows rows = {n, pd, sd, pos, slot};
-            tern_kv_layer kv[2];
+            qkv_rows_in in;
+            qkv_rows_make(&in, n, H, mb, bs);
             float *xn[2], *q[2], *k[2], *v[2];
+            tern_kv_layer kv[2];
             qkv_pair_make(g, kv, xn, q, k, v, n, H, nkv, d, bs, mb, khb, btd, nq);
             tern__cuda_q4_qkv = 0;
-            CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows, nh, invd, 1.25f) == 0,
+            CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], in.xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &in.rows, nh, invd, 1.25f) == 0,
                   "H %d n %d: served with TERN_CUDA_Q4_QKV=0", H, n);
             tern__cuda_q4_qkv = 1;
             const unsigned long long c0 = tern__cuda_qg4w_calls;
-            CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &rows, nh, invd, 1.25f) == 1 &&
+            CHECK(g->vt->norm_qkv_rope_kv(g, xn[0], in.xd, nwd, 1e-6f, q[0], k[0], v[0], ws, &kv[0], &in.rows, nh, invd, 1.25f) == 1 &&
                       tern__cuda_qg4w_calls > c0,
                   "H %d n %d: not served", H, n);
             tern__cuda_q4_qkv = 0;
             float *ys[3] = {q[1], k[1], v[1]};
-            g->vt->rmsnorm(g, xn[1], xd, n, H, nwd, 1e-6f);
+            g->vt->rmsnorm(g, xn[1], in.xd, n, H, nwd, 1e-6f);
             CHECK(g->vt->matmul_n(g, 3, ys, xn[1], n, ws) == 1, "matmul_n refused");
-            CHECK(g->vt->rope_kv_write(g, &kv[1], &rows, q[1], k[1], v[1], nh, invd, 1.25f) == 1, "rope_kv_write refused");
+            CHECK(g->vt->rope_kv_write(g, &kv[1], &in.rows, q[1], k[1], v[1], nh, invd, 1.25f) == 1, "rope_kv_write refused");
             const int sn = gpu_same(g, xn[0], xn[1], (size_t)n * H), sq = gpu_same(g, q[0], q[1], (size_t)n * nq),
                       sk = gpu_same(g, k[0], k[1], (size_t)n * nk), sv = gpu_same(g, v[0], v[1], (size_t)n * nk);
             uint16_t *pa = malloc(pool * 2), *pb = malloc(pool * 2);
@@ -831,9 +846,7 @@ TEST(cuda_q4_qkv_rope) {
                    sq ? "same" : "DIFF", sk ? "same" : "DIFF", sv ? "same" : "DIFF", sp ? "same" : "DIFF");
             CHECK(sn && sq && sk && sv && sp, "H %d n %d: not bitwise the separate ops", H, n);
             qkv_pair_free(g, kv, xn, q, k, v);
-            void *b[] = {xd, pd, sd};
-            for (size_t j = 0; j < TERN_ARRAY_LEN(b); j++) g->vt->free(g, b[j]);
-            free(pos); free(slot); free(x);
+            qkv_rows_free(g, &in);
         }
         g->vt->free(g, nwd);
         free(nw);
