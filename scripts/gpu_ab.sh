@@ -1847,6 +1847,16 @@ if [[ " $SECTIONS " == *" 134 "* ]]; then
     say_digests "conc_*Q4_QKV*_1.txt"
 fi
 
+# 135. session 71, written after the device budget ran out: TERN_CUDA_QG4_RED=1 (qg4_reduce's slice loads batched 8 at a
+#      time before their adds, cuda_common.cuh part_sum; the same adds in the same order). Op test cuda_qgemm_q4_wg (its
+#      PIPE=1 pass runs RED=1), then batch decode of AB135_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB135_CONC
+#      (default 32,64,128), 0 against 1: ids digests equal
+if [[ " $SECTIONS " == *" 135 "* ]]; then
+    ops_ok cuda_qgemm_q4_wg || say "135: AN OP TEST FAILED"
+    conc_ab "TERN_CUDA_QG4_RED=0;TERN_CUDA_QG4_RED=1" "${AB135_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB135_CONC:-32,64,128}"
+    say_digests "conc_*QG4_RED*_1.txt"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

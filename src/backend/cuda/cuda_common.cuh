@@ -307,4 +307,26 @@ __device__ __forceinline__ float welem(const WDesc &w, int e, int r, int j) {
     return fmaf(s, (float)q, b);
 }
 
+/* Σ_k p[k·slice] over k < S, from 0 in slice order: a split-K sum (qgemm_q4.cu qg4_reduce, fused.cu rope_kv_parts).
+ * BATCH (qg4_reduce with TERN_CUDA_QG4_RED=1; rope_kv_parts): the loads of up to 8 slices issued before their adds —
+ * the plain loop's compiled form waits one L2 round trip a slice (S = 5-9 at 64 rows: ncu of llama3-8b q4 at 64
+ * sequences put those reduces at 4.95-5.46 µs for 8-9 MB, NOTES (ce)); the same adds in the same order */
+template <bool BATCH> __device__ __forceinline__ float part_sum(const float *p, size_t slice, int S) {
+    float v = 0.0f;
+    int k = 0;
+    if constexpr (BATCH) {
+        float t[8];
+        for (; k < S; k += 8) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) t[j] = k + j < S ? p[(size_t)(k + j) * slice] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (k + j < S) v += t[j]; /* skipped, not + 0.0f: a -0.0 sum keeps its sign */
+        }
+    } else {
+        for (; k < S; k++) v += p[(size_t)k * slice];
+    }
+    return v;
+}
+
 #endif

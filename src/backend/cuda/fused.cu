@@ -33,11 +33,6 @@ template <class F> static void by_page_kind(int kind, F &&f) {
  * summed from the S K-slices of the batch Q4 GEMM's partials (src: slices of ld floats, each the q [n][nh·d], k and v
  * [n][nkv·d] blocks back to back) in qgemm_q4.cu qg4_reduce's order (gemm.c tern__cuda_q4_qkv_rope). SRC 1 and 2 write
  * roped q and k to q and k and v to vout; all store k and v into the cache with the same arithmetic */
-__device__ __forceinline__ float part_sum(const float *p, size_t slice, int S, size_t e) {
-    float v = 0.0f; /* qg4_reduce's sum: from 0, slice by slice */
-    for (int j = 0; j < S; j++) v += p[(size_t)j * slice + e];
-    return v;
-}
 template <typename T, int SRC>
 __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh, int nkv, int d,
                                const int32_t *pos, const int32_t *slot, const float *inv_freq, float mscale,
@@ -56,8 +51,8 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh
         float x0, x1;
         if constexpr (SRC == 2) {
             const size_t e = isk ? (size_t)n * nh * d + ((size_t)r * nkv + (h - nh)) * d : ((size_t)r * nh + h) * d;
-            x0 = part_sum(src, ld, S, e + i);
-            x1 = part_sum(src, ld, S, e + i + half);
+            x0 = part_sum<true>(src + e + i, ld, S);
+            x1 = part_sum<true>(src + e + i + half, ld, S);
         } else {
             const float *x = SRC ? src + (size_t)r * ld + (size_t)h * d : o; /* q heads then k heads: head h at h·d */
             x0 = x[i], x1 = x[i + half];
@@ -72,8 +67,8 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int n, int nh
         float v0, v1;
         if constexpr (SRC == 2) {
             const size_t e = (size_t)n * (nh + nkv) * d + (size_t)r * nkv * d + within;
-            v0 = part_sum(src, ld, S, e + i);
-            v1 = part_sum(src, ld, S, e + i + half);
+            v0 = part_sum<true>(src + e + i, ld, S);
+            v1 = part_sum<true>(src + e + i + half, ld, S);
         } else {
             const float *vr = SRC ? src + (size_t)r * ld + (size_t)(nh + nkv) * d + within : v + (size_t)r * nkv * d + within;
             v0 = vr[i], v1 = vr[i + half];

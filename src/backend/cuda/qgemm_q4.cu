@@ -144,16 +144,14 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
 
 /* the S slices of the partials summed in slice order into the outputs: matrix i's block of a slice
  * to y_i (+= for G1_RES), or for a pair act(Σ gate)·Σ up into y_0 */
-__global__ void qg4_reduce(Q4Args a, int S) {
+template <bool BATCH = false> __global__ void qg4_reduce(Q4Args a, int S) {
     pdl_start();
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const size_t m = pair ? a.m[1].poff : a.slice;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m; i += (size_t)gridDim.x * blockDim.x) {
-        float v = 0.0f;
-        for (int k = 0; k < S; k++) v += a.part[(size_t)k * a.slice + i];
+        const float v = part_sum<BATCH>(a.part + i, a.slice, S);
         if (pair) {
-            float u = 0.0f;
-            for (int k = 0; k < S; k++) u += a.part[(size_t)k * a.slice + m + i];
+            const float u = part_sum<BATCH>(a.part + m + i, a.slice, S);
             a.m[0].y[i] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
             continue;
         }
@@ -164,10 +162,14 @@ __global__ void qg4_reduce(Q4Args a, int S) {
 }
 
 /* qg4_reduce over S slices; what: the label of the launch check */
+extern "C" int tern__cuda_qg4_red;
+int tern__cuda_qg4_red = -1; /* -1 unread (TERN_CUDA_QG4_RED, default 0 until timed); tests set it */
 static void qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char *what) {
+    if (tern__cuda_qg4_red < 0) tern__cuda_qg4_red = tern__cuda_env_int("TERN_CUDA_QG4_RED", 0) != 0;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;
-    tern_launch(c->stream, qg4_reduce, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
+    if (tern__cuda_qg4_red) tern_launch(c->stream, qg4_reduce<true>, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
+    else tern_launch(c->stream, qg4_reduce<false>, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
     tern__cuda_check(c, what);
 }
 
