@@ -1857,6 +1857,16 @@ if [[ " $SECTIONS " == *" 135 "* ]]; then
     say_digests "conc_*QG4_RED*_1.txt"
 fi
 
+# 136. session 71: sections 132, 134 and 135's bitwise switches together against the defaults, one pass — batch decode
+#      of AB136_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB136_CONC (default 32,64,128), after the three op tests;
+#      ids digests equal (PIPE=2 is not in it: its split differs)
+if [[ " $SECTIONS " == *" 136 "* ]]; then
+    ops_ok cuda_q4_norm cuda_q4_qkv_rope cuda_qgemm_q4_wg || say "136: AN OP TEST FAILED"
+    conc_ab "TERN_AB=default;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1" \
+        "${AB136_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB136_CONC:-32,64,128}"
+    say_digests "conc_*_1.txt"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
