@@ -128,6 +128,13 @@ ops_ok() {
     done
     return $f
 }
+# ops_ab N "TESTS" "settings;settings" "models" CONC GLOB: a section's usual body — the op tests TESTS (ops_ok; a failure
+# named in the summary as section N's), conc_ab of the settings over the models at CONC, the ids digests of $OUT/GLOB
+ops_ab() {
+    ops_ok $2 || say "$1: AN OP TEST FAILED"
+    conc_ab "$3" "$4" "$5"
+    say_digests "$6"
+}
 # say_digests GLOB: the greedy ids digests of each concurrency log $OUT/GLOB (rep 1) into the summary
 say_digests() {
     local f
@@ -1818,10 +1825,9 @@ fi
 #      q4w_stage_x launch fewer for q|k|v and for gate|up a layer; bitwise). Op test cuda_q4_norm, then batch decode of
 #      AB132_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB132_CONC (default 32,64,128), 0 against 1: ids digests equal
 if [[ " $SECTIONS " == *" 132 "* ]]; then
-    ops_ok cuda_q4_norm || say "132: AN OP TEST FAILED"
+    ops_ab 132 cuda_q4_norm "TERN_CUDA_Q4_NORM=0;TERN_CUDA_Q4_NORM=1" "${AB132_MODELS:-llama3-8b:q4 gemma4-12b:q4}" \
+        "${AB132_CONC:-32,64,128}" "conc_*Q4_NORM*_1.txt"
     grep 'err q4_norm' "$OUT/q4_norm_ops.txt" | grep -c 'same bits, y same bits' | sed 's/^/132: bitwise cases /' | tee -a "$S"
-    conc_ab "TERN_CUDA_Q4_NORM=0;TERN_CUDA_Q4_NORM=1" "${AB132_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB132_CONC:-32,64,128}"
-    say_digests "conc_*Q4_NORM*_1.txt"
 fi
 
 # 133. session 71, written after the device budget ran out: TERN_CUDA_QG4_PIPE=2 (q4_ring_pipe only for launches whose
@@ -1829,9 +1835,8 @@ fi
 #      the others keep the 2-block ring). Op test (PIPE 0 / 1 / 2), then batch decode of AB133_MODELS (default
 #      llama3-8b:q4 gemma4-12b:q4) at AB133_CONC (default 32,64,128), PIPE 0 against 2
 if [[ " $SECTIONS " == *" 133 "* ]]; then
-    ops_ok cuda_qgemm_q4_wg || say "133: AN OP TEST FAILED"
-    conc_ab "TERN_CUDA_QG4_PIPE=0;TERN_CUDA_QG4_PIPE=2" "${AB133_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB133_CONC:-32,64,128}"
-    say_digests "conc_*PIPE*_1.txt"
+    ops_ab 133 cuda_qgemm_q4_wg "TERN_CUDA_QG4_PIPE=0;TERN_CUDA_QG4_PIPE=2" "${AB133_MODELS:-llama3-8b:q4 gemma4-12b:q4}" \
+        "${AB133_CONC:-32,64,128}" "conc_*PIPE*_1.txt"
 fi
 
 # 134. session 71, written after the device budget ran out: TERN_CUDA_Q4_QKV=1 (gemm.c tern__cuda_q4_qkv_rope: norm_qkv_rope_kv
@@ -1840,11 +1845,9 @@ fi
 #      batch decode of AB134_MODELS (default llama3-8b:q4) at AB134_CONC (default 32,64,128): off, Q4_QKV, and Q4_QKV with
 #      Q4_NORM (the MLP's pre-norm too); ids digests equal
 if [[ " $SECTIONS " == *" 134 "* ]]; then
-    ops_ok cuda_q4_qkv_rope || say "134: AN OP TEST FAILED"
+    ops_ab 134 cuda_q4_qkv_rope "TERN_CUDA_Q4_QKV=0;TERN_CUDA_Q4_QKV=1;TERN_CUDA_Q4_QKV=1 TERN_CUDA_Q4_NORM=1" \
+        "${AB134_MODELS:-llama3-8b:q4}" "${AB134_CONC:-32,64,128}" "conc_*Q4_QKV*_1.txt"
     grep 'err q4_qkv_rope' "$OUT/q4_qkv_rope_ops.txt" | head -6 | tee -a "$S"
-    conc_ab "TERN_CUDA_Q4_QKV=0;TERN_CUDA_Q4_QKV=1;TERN_CUDA_Q4_QKV=1 TERN_CUDA_Q4_NORM=1" "${AB134_MODELS:-llama3-8b:q4}" \
-        "${AB134_CONC:-32,64,128}"
-    say_digests "conc_*Q4_QKV*_1.txt"
 fi
 
 # 135. session 71, written after the device budget ran out: TERN_CUDA_QG4_RED=1 (qg4_reduce's slice loads batched 8 at a
@@ -1852,19 +1855,17 @@ fi
 #      PIPE=1 pass runs RED=1), then batch decode of AB135_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB135_CONC
 #      (default 32,64,128), 0 against 1: ids digests equal
 if [[ " $SECTIONS " == *" 135 "* ]]; then
-    ops_ok cuda_qgemm_q4_wg || say "135: AN OP TEST FAILED"
-    conc_ab "TERN_CUDA_QG4_RED=0;TERN_CUDA_QG4_RED=1" "${AB135_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB135_CONC:-32,64,128}"
-    say_digests "conc_*QG4_RED*_1.txt"
+    ops_ab 135 cuda_qgemm_q4_wg "TERN_CUDA_QG4_RED=0;TERN_CUDA_QG4_RED=1" "${AB135_MODELS:-llama3-8b:q4 gemma4-12b:q4}" \
+        "${AB135_CONC:-32,64,128}" "conc_*QG4_RED*_1.txt"
 fi
 
 # 136. session 71: sections 132, 134 and 135's bitwise switches together against the defaults, one pass — batch decode
 #      of AB136_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB136_CONC (default 32,64,128), after the three op tests;
 #      ids digests equal (PIPE=2 is not in it: its split differs)
 if [[ " $SECTIONS " == *" 136 "* ]]; then
-    ops_ok cuda_q4_norm cuda_q4_qkv_rope cuda_qgemm_q4_wg || say "136: AN OP TEST FAILED"
-    conc_ab "TERN_AB=default;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1" \
-        "${AB136_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB136_CONC:-32,64,128}"
-    say_digests "conc_*_1.txt"
+    ops_ab 136 "cuda_q4_norm cuda_q4_qkv_rope cuda_qgemm_q4_wg" \
+        "TERN_AB=default;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1" \
+        "${AB136_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB136_CONC:-32,64,128}" "conc_*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -359,6 +359,11 @@ int tern__cuda_norm_qkv_rope_kv(tern__cuda *c, float *xn, const float *x, const 
                                 const float *inv_freq, float mscale);
 int tern__cuda_rope_kv_write(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, float *q, float *k,
                              const float *v, int nh, const int32_t *pos, const float *inv_freq, float mscale);
+/* 1 when [p, p + bytes) meets gemm_scratch (p NULL: 0) — a kernel that writes the scratch must not read such rows */
+static inline int tern__cuda_in_scratch(const tern__cuda *c, const void *p, size_t bytes) {
+    const uint8_t *s = (const uint8_t *)c->gemm_scratch, *q = (const uint8_t *)p;
+    return q && q < s + c->gemm_scratch_bytes && q + bytes > s;
+}
 /* the KV pages the rope + cache-store kernels serve (rope_kv_write and the launches that fold it in): F32 / BF16 / F16,
  * K and V of one kind, not latent, an even head dim */
 static inline int tern__cuda_rope_pages(const tern_kv_layer *kv) {

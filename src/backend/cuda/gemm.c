@@ -446,15 +446,11 @@ static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float
  * norm ran. ncu of llama3-8b q4 at 64 sequences (session 71, NOTES (ce)): q4w_stage_x 2.6 µs a launch, four a layer.
  * Written in session 71 after the device budget ran out: opt-in (1) until timed. */
 int tern__cuda_q4_norm = -1; /* -1 unread (TERN_CUDA_Q4_NORM, default 0); tests set it */
-static int in_scratch(const tern__cuda *c, const void *p, size_t bytes) { /* [p, p + bytes) meets gemm_scratch */
-    const uint8_t *s = (const uint8_t *)c->gemm_scratch, *q = (const uint8_t *)p;
-    return q && q < s + c->gemm_scratch_bytes && q + bytes > s;
-}
 /* the pre-norm may write the staged x: xn aligned, and no row it reads or writes in gemm_scratch */
 static int q4_norm_fits(const tern__cuda *c, const float *xn, const float *x, int n, int in, const tern_norm_res *res) {
     const size_t rb = (size_t)n * in * sizeof(float);
-    return !((uintptr_t)xn & 15) && !in_scratch(c, x, rb) && !in_scratch(c, xn, rb) &&
-           !(res && (in_scratch(c, res->h, rb) || in_scratch(c, res->x_out, rb)));
+    return !((uintptr_t)xn & 15) && !tern__cuda_in_scratch(c, x, rb) && !tern__cuda_in_scratch(c, xn, rb) &&
+           !(res && (tern__cuda_in_scratch(c, res->h, rb) || tern__cuda_in_scratch(c, res->x_out, rb)));
 }
 static int q4_norm_gemm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                         float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res) {

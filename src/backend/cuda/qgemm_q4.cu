@@ -248,9 +248,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
             w[i]->out < 1 || e >= w[i]->nmat)
             return 0;
     const size_t xbytes = (size_t)n * w0->in * 2;
-    const uint8_t *scr = (const uint8_t *)c->gemm_scratch;
-    if (xbytes > c->gemm_scratch_bytes || (how == Q4_RUN && (const uint8_t *)x + (size_t)n * w0->in * 4 > scr &&
-                                           (const uint8_t *)x < scr + c->gemm_scratch_bytes))
+    if (xbytes > c->gemm_scratch_bytes || (how == Q4_RUN && tern__cuda_in_scratch(c, x, (size_t)n * w0->in * 4)))
         return 0; /* x itself in the scratch */
     const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8;
     if (how != Q4_RUN && (nt < 4 || !tern__cuda_qg4w_on())) return 0; /* the staged order is the wgmma kernel's */

@@ -59,8 +59,8 @@ __device__ __forceinline__ void q4_sb(uint32_t *d, const Q4Args &a, const uint16
  * tiles requested before pdl_wait (they do not depend on the previous kernel), then their x; per tile: wait for
  * its copies (PROXY: fence.proxy.async, for wgmma's reads of cp.async data), barrier (tile kt landed for all,
  * every warp is done with tile kt - 1), refill tile kt - 1's slot with tile kt + ST - 1, tile(u) on slot u. */
-template <int ST, bool PROXY, class LW, class LX, class LS, class TILE>
-__device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_sb, TILE tile) {
+template <int ST, class LW, class LX, class LS>
+__device__ __forceinline__ void q4_ring_start(int nkt, LW load_w, LX load_x, LS load_sb) { /* the first ST - 1 tiles */
     pdl_trigger();
 #pragma unroll
     for (int u = 0; u < ST - 1; u++)
@@ -71,6 +71,10 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
         if (u < nkt) load_x(u, u);
         mma_cp_commit();
     }
+}
+template <int ST, bool PROXY, class LW, class LX, class LS, class TILE>
+__device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_sb, TILE tile) {
+    q4_ring_start<ST>(nkt, load_w, load_x, load_sb);
     for (int base = 0; base < nkt; base += ST) {
 #pragma unroll
         for (int u = 0; u < ST; u++) {

@@ -79,16 +79,7 @@ template <int NT> struct QwGeo {
 template <int ST, class LW, class LX, class LS, class DEC, class MMA>
 __device__ __forceinline__ void q4_ring_pipe(int nkt, LW load_w, LX load_x, LS load_sb, DEC decode, MMA mma) {
     static_assert(ST % 2 == 0 && ST >= 4, "q4_ring_pipe: an even number of stages");
-    pdl_trigger();
-#pragma unroll
-    for (int u = 0; u < ST - 1; u++)
-        if (u < nkt) { load_w(u, u); load_sb(u, u); }
-    pdl_wait();
-#pragma unroll
-    for (int u = 0; u < ST - 1; u++) {
-        if (u < nkt) load_x(u, u);
-        mma_cp_commit();
-    }
+    q4_ring_start<ST>(nkt, load_w, load_x, load_sb);
     mma_cp_wait<ST - 2>(); /* tile 0 */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
