@@ -307,6 +307,13 @@ __device__ __forceinline__ float welem(const WDesc &w, int e, int r, int j) {
     return fmaf(s, (float)q, b);
 }
 
+/* element j of a row (a multiple of 128 wide) in the batch Q4 GEMM's staged order (qgemm_q4_wg.cu q4w_stage_x: 16-byte
+ * chunk c of a 128-input tile holds inputs 8·(c >> 2) + (c & 3) + {0, 4, 32, 36, 64, 68, 96, 100}); norm.cu's
+ * rmsnorm_q4s and the Q4 pair's staged h (qgemm_q4.cuh Q4Args.hs) write there */
+__device__ __forceinline__ int q4s_pos(int j) {
+    return (j & ~127) | ((j >> 3) & 3) << 5 | (j & 3) << 3 | ((j >> 5) & 3) << 1 | ((j >> 2) & 1);
+}
+
 /* Σ_k p[k·slice] over k < S, from 0 in slice order: a split-K sum (qgemm_q4.cu qg4_reduce, fused.cu rope_kv_parts).
  * BATCH (qg4_reduce with TERN_CUDA_QG4_RED=1; rope_kv_parts): the loads of up to 8 slices issued before their adds —
  * the plain loop's compiled form waits one L2 round trip a slice (S = 5-9 at 64 rows: ncu of llama3-8b q4 at 64

@@ -353,8 +353,11 @@ static void norm_stage(tern__cuda *c, float *xn, void *xh, void *xl, const float
  * the products and h fit gemm_scratch; TERN_CUDA_MLP_BF16=0 never. H200, session 26 (bench/NOTES.md (am)), llama3-8b
  * bf16 batch decode 128 + 128, from 65 → 9 rows: 64 sequences 10799 / 10808 → 11000 / 10826 dec tok/s, 32: 5787 /
  * 5773 → 5861 / 5821, 16: 3088 / 3103 → 3072 / 3096 (a tie; hence 32). */
+static int q4_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
+                  const tern__cuda_w *const *w, int act, const tern_norm_res *res);
 int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
                         const tern__cuda_w *const *w, int act, const tern_norm_res *res) {
+    if (q4_mlp(c, xn, x, nw, eps, n, y, add, w, act, res)) return 1;
     static int on = -1, from = -1;
     if (on < 0) on = tern__cuda_env_int("TERN_CUDA_MLP_BF16", 1) != 0;
     if (from < 0) from = tern__cuda_env_int("TERN_CUDA_MLP_MIN", 32);
@@ -464,6 +467,35 @@ static int q4_norm_gemm(tern__cuda *c, float *xn, const float *x, const float *n
     cudaSetDevice(c->device);
     tern__cuda_rmsnorm_q4s(c, xn, c->gemm_scratch, x, n, w[0]->in, nw, eps, res);
     return tern__cuda_qg4_staged(c, ys, w, k, n, mode, 1, NULL);
+}
+
+/* ---- ops.h norm_mlp for many rows of Q4 (TERN_CUDA_Q4_MLP) ----
+ * q4_norm_gemm's staged pre-norm and gate|up, whose act(gate)·up lands as bf16 in the staged order (Q4Args.hs) after
+ * the staged x in gemm_scratch, and down reading it there: no f32 h written and read back, no q4w_stage_x before down
+ * (ncu of llama3-8b q4 at 64 sequences, NOTES (ce): 2.6-3.4 µs a staging, the pair writing 3.7 MB of f32 h). Bitwise
+ * the separate ops (q4w_stage_x rounds h to bf16 the same way). Taken only where the wgmma kernel takes all three GEMMs
+ * and h fits beside x; with res as norm_matmul's prologue (declined with add or h2, as the bf16 form does). Written in
+ * session 72: opt-in (1) until timed. */
+int tern__cuda_q4_mlp = -1; /* -1 unread (TERN_CUDA_Q4_MLP, default 0); tests set it */
+static int q4_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
+                  const tern__cuda_w *const *w, int act, const tern_norm_res *res) {
+    if (tern__cuda_q4_mlp < 0) tern__cuda_q4_mlp = tern__cuda_env_int("TERN_CUDA_Q4_MLP", 0) != 0;
+    if (!tern__cuda_q4_mlp || n < 2 || xn == x || w[0]->dtype != TERN_DT_Q || w[2]->dtype != TERN_DT_Q ||
+        (res && (!res_n_on() || add || res->h2)) || w[2]->in != w[0]->out || ((uintptr_t)y & 15) ||
+        (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH) || !q4_norm_fits(c, xn, x, n, w[0]->in, res) ||
+        tern__cuda_in_scratch(c, y, (size_t)n * w[2]->out * sizeof(float)))
+        return 0;
+    const int mode = act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
+    uint8_t *xs = (uint8_t *)c->gemm_scratch, *hs = xs + (((size_t)n * w[0]->in * 2 + 255) & ~(size_t)255);
+    float *yg[2] = {y, y}; /* the pair writes hs, not y */
+    float *yd[1] = {y};
+    if (!tern__cuda_qg4_staged_at(c, yg, w, 2, n, mode, 0, xs, hs) ||
+        !tern__cuda_qg4_staged_at(c, yd, w + 2, 1, n, add ? G1_RES : G1_PLAIN, 0, hs, NULL))
+        return 0;
+    cudaSetDevice(c->device);
+    tern__cuda_rmsnorm_q4s(c, xn, xs, x, n, w[0]->in, nw, eps, res);
+    return tern__cuda_qg4_staged_at(c, yg, w, 2, n, mode, 1, xs, hs) &&
+           tern__cuda_qg4_staged_at(c, yd, w + 2, 1, n, add ? G1_RES : G1_PLAIN, 1, hs, NULL);
 }
 
 /* ---- ops.h norm_qkv_rope_kv for many rows of Q4 (TERN_CUDA_Q4_QKV; gemm.h) ----

@@ -44,12 +44,6 @@ extern "C" void tern__cuda_embed(tern__cuda *c, float *y, const int32_t *ids, in
 #define RMS_V 16
 /* ADD: y = (y + x·inv·w) · (s ? s[0] : 1) (rmsnorm_add), with explicit rounding so that no FMA
  * contraction makes it differ from rmsnorm + add + scale_dev */
-/* element j of a row (a multiple of 128 wide) in the batch Q4 GEMM's staged order (qgemm_q4_wg.cu q4w_stage_x: 16-byte
- * chunk c of a 128-input tile holds inputs 8·(c >> 2) + (c & 3) + {0, 4, 32, 36, 64, 68, 96, 100}) */
-__device__ __forceinline__ int q4s_pos(int j) {
-    return (j & ~127) | ((j >> 3) & 3) << 5 | (j & 3) << 3 | ((j >> 5) & 3) << 1 | ((j >> 2) & 1);
-}
-
 template <bool ADD, int VPT = 1, int EV = RMS_V, bool PERM = false>
 __device__ __forceinline__ void rms_row(float *yr, const float *xr, int d, const float *w, float eps, const float *s,
                                         __nv_bfloat16 *yb = nullptr, __nv_bfloat16 *yl = nullptr,

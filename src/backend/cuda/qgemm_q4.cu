@@ -152,7 +152,9 @@ template <bool BATCH = false> __global__ void qg4_reduce(Q4Args a, int S) {
         const float v = part_sum<BATCH>(a.part + i, a.slice, S);
         if (pair) {
             const float u = part_sum<BATCH>(a.part + m + i, a.slice, S);
-            a.m[0].y[i] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
+            const float h = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
+            if (a.hs) q4_pair_out(a, a.m[0].out, (int)(i % a.m[0].out), (int)(i / a.m[0].out), h);
+            else a.m[0].y[i] = h;
             continue;
         }
         const int mi = a.k > 2 && i >= a.m[2].poff ? 2 : a.k > 1 && i >= a.m[1].poff ? 1 : 0;
@@ -232,7 +234,7 @@ static int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int
  * the outs before it), 0 when the launch wrote y (one slice) */
 enum { Q4_RUN, Q4_STAGED_OK, Q4_STAGED };
 static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n, int mode,
-                  int e, int how, int *parts = nullptr) {
+                  int e, int how, int *parts = nullptr, const void *xs = nullptr, void *hs = nullptr) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
     if (tern__cuda_qg4_st < 0) tern__cuda_qg4_st = tern__cuda_env_int("TERN_CUDA_QG4_ST", Q4_ST);
     if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
@@ -250,6 +252,17 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     const size_t xbytes = (size_t)n * w0->in * 2;
     if (xbytes > c->gemm_scratch_bytes || (how == Q4_RUN && tern__cuda_in_scratch(c, x, (size_t)n * w0->in * 4)))
         return 0; /* x itself in the scratch */
+    /* xs: the staged x elsewhere in the scratch; hs: a pair's staged h there, apart from x */
+    const uint8_t *const scr = (const uint8_t *)c->gemm_scratch, *const xp = xs ? (const uint8_t *)xs : scr;
+    if (xs && (how == Q4_RUN || xp < scr || (size_t)(xp - scr) + xbytes > c->gemm_scratch_bytes || ((uintptr_t)xp & 15)))
+        return 0;
+    if (hs) {
+        const uint8_t *hp = (const uint8_t *)hs;
+        const size_t hb = (size_t)n * w0->out * 2;
+        if (!pair || how == Q4_RUN || w0->out % QG_KB || hp < scr || (size_t)(hp - scr) + hb > c->gemm_scratch_bytes ||
+            (hp < xp + xbytes && xp < hp + hb))
+            return 0;
+    }
     const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8;
     if (how != Q4_RUN && (nt < 4 || !tern__cuda_qg4w_on())) return 0; /* the staged order is the wgmma kernel's */
     Q4Args a = {};
@@ -259,7 +272,8 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
      * SMs (at 32-row tiles, memory-bound, the split wins: 32 sequences 6252 vs 5450 tok/s) */
     const bool wgp = pair && nt == 8 && tern__cuda_qg4w_pair();
     if (wgp) mb = (w0->out + 63) / 64;
-    a.x = (const uint4 *)c->gemm_scratch;
+    a.x = (const uint4 *)xp;
+    a.hs = (uint16_t *)hs;
     a.magic = 0x43004300u;
     a.part = c->part;
     a.rb = (size_t)w0->in / 2;
@@ -322,6 +336,12 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
 extern "C" int tern__cuda_qg4_staged(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n,
                                      int mode, int run, int *parts) {
     return qg4_go(c, y, w, k, NULL, n, mode, 0, run ? Q4_STAGED : Q4_STAGED_OK, run ? parts : nullptr);
+}
+
+/* cuda_internal.h: the staged form with x at xs and a pair's output staged at hs (gemm.c's Q4 norm_mlp) */
+extern "C" int tern__cuda_qg4_staged_at(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n,
+                                        int mode, int run, const void *xs, void *hs) {
+    return qg4_go(c, y, w, k, NULL, n, mode, 0, run ? Q4_STAGED : Q4_STAGED_OK, nullptr, xs, hs);
 }
 
 /* cuda_internal.h: the several-row Q4 kernels in their order — gemv_xr.cu for the rows it serves (2..4 by

@@ -26,7 +26,15 @@ struct Q4Args {
     size_t rb, slice;
     int k, mode, direct, in, n, ng, gs_shift, kt_per, nkt;
     uint32_t magic;             /* 0x43004300, see q4_deq */
+    uint16_t *hs;               /* a pair's act(gate)·up as bf16 [n][out] in the staged order (q4s_pos) for the next
+                                 * Q4 GEMM's x instead of y in f32 (gemm.c's Q4 norm_mlp); NULL: y */
 };
+
+/* a pair's output v of row `row` (< out) and column col: y in f32, or its bf16 in the staged order (a.hs) */
+__device__ __forceinline__ void q4_pair_out(const Q4Args &a, int out, int row, int col, float v) {
+    if (a.hs) a.hs[(size_t)col * out + q4s_pos(row)] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    else a.m[0].y[(size_t)col * out + row] = v;
+}
 
 /* codes i and i+4 of word w as bf16 s·q + b (sb2: (s, s), bb2: (b, b)). The and-or is one LOP3 only with its
  * second constant in a register: magic (0x43004300, the bf16 pair (128, 128)) comes from the kernel arguments so
@@ -126,7 +134,7 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
                         const int rl = warp * 16 + g + (i >> 1) * 8, row = rowb + rl, col = n0 + nt * 8 + 2 * t + (i & 1);
                         const float v = acc[nt * 4 + i], u = ups[rl * (BN + 1) + nt * 8 + 2 * t + (i & 1)];
                         if (row < out && col < a.n)
-                            a.m[0].y[(size_t)col * out + row] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
+                            q4_pair_out(a, out, row, col, (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u);
                     }
             return;
         }
