@@ -1871,10 +1871,12 @@ fi
 # 137. session 72: TERN_CUDA_Q4_MLP=1 (gemm.c q4_mlp: norm_mlp for many Q4 rows — the staged pre-norm, gate|up writing
 #      act(gate)·up as bf16 in the staged order (Q4Args.hs) and down reading it: no f32 h, no q4w_stage_x before down;
 #      bitwise). Op test cuda_q4_mlp, then batch decode of AB137_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB137_CONC
-#      (default 32,64,128): the defaults, section 136's three switches, and those with Q4_MLP; ids digests equal
+#      (default 32,64,128): the defaults, section 136's three switches, and those with Q4_MLP and TERN_CUDA_Q4_ATT_O (the
+#      batch decode attention writing o's staged bf16 x, attn_decode.cuh AdArgs.outq; op test cuda_attention_o's Q4
+#      pass); ids digests equal
 if [[ " $SECTIONS " == *" 137 "* ]]; then
-    ops_ab 137 "cuda_q4_mlp cuda_q4_norm cuda_q4_qkv_rope" \
-        "TERN_AB=default;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1 TERN_CUDA_Q4_MLP=1" \
+    ops_ab 137 "cuda_q4_mlp cuda_q4_norm cuda_q4_qkv_rope cuda_attention_o" \
+        "TERN_AB=default;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1 TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1" \
         "${AB137_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB137_CONC:-32,64,128}" "conc_*_1.txt"
 fi
 

@@ -1282,62 +1282,68 @@ TEST(cuda_attention_o) {
     tern__cuda_ad_tc = 2;
     tern__cuda_bf16_split = 0;
     const int nh = 8, nkv = 2, d = 128, H = 256, bs = 16, mb = 16, S = 64;
-    const size_t tok = (size_t)nkv * d, pool = (size_t)S * mb * bs * tok, in = (size_t)nh * d;
-    tern_error err = {0};
-    hw hwo = make_w(TERN_DT_BF16, 0, 0, 0, 1, H, (int)in, 0);
-    tern_tensor wo = hwo.t;
-    CHECK(g->vt->upload_weight(g, &wo, &err) == TERN_OK, "upload %s", err.msg);
-    float *kf = rnd(pool, 1.0f);
-    uint16_t *kb = malloc(pool * 2);
-    for (size_t i = 0; i < pool; i++) kb[i] = tern_f32_to_bf16(kf[i]);
-    int32_t *bt = malloc((size_t)S * mb * 4);
-    for (int i = 0; i < S * mb; i++) bt[i] = (i * 7) % (S * mb); /* 7 is prime to S·mb: a permutation */
-    tern_kv_layer kv = {TERN_DT_Q, nkv, d, bs, 0, to_gpu(kb, pool * 2), to_gpu(kb, pool * 2),
-                       to_gpu(bt, (size_t)S * mb * 4), mb};
-    kv.kf.kind = kv.vf.kind = TERN_KV_BF16;
-    static const struct { int n, prefill; } C[] = {{24, 0}, {64, 0}, {40, 1}};
-    for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++) {
-        const int n = C[ci].n;
-        int32_t *pos = malloc((size_t)n * 4), *slot = malloc((size_t)n * 4);
-        for (int r = 0; r < n; r++) {
-            pos[r] = C[ci].prefill ? 60 + r : 30 + (r * 37) % (mb * bs - 30);
-            slot[r] = C[ci].prefill ? 3 : r;
+    extern int tern__cuda_q4_att_o;
+    const int keep_q4 = tern__cuda_q4_att_o;
+    for (int wq = 0; wq < 2; wq++) { /* the o projection in BF16, then in Q4 g64 (TERN_CUDA_Q4_ATT_O) */
+        tern__cuda_q4_att_o = wq;
+        const size_t tok = (size_t)nkv * d, pool = (size_t)S * mb * bs * tok, in = (size_t)nh * d;
+        tern_error err = {0};
+        hw hwo = wq ? make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, H, (int)in, 0) : make_w(TERN_DT_BF16, 0, 0, 0, 1, H, (int)in, 0);
+        tern_tensor wo = hwo.t;
+        CHECK(g->vt->upload_weight(g, &wo, &err) == TERN_OK, "upload %s", err.msg);
+        float *kf = rnd(pool, 1.0f);
+        uint16_t *kb = malloc(pool * 2);
+        for (size_t i = 0; i < pool; i++) kb[i] = tern_f32_to_bf16(kf[i]);
+        int32_t *bt = malloc((size_t)S * mb * 4);
+        for (int i = 0; i < S * mb; i++) bt[i] = (i * 7) % (S * mb); /* 7 is prime to S·mb: a permutation */
+        tern_kv_layer kv = {TERN_DT_Q, nkv, d, bs, 0, to_gpu(kb, pool * 2), to_gpu(kb, pool * 2),
+                           to_gpu(bt, (size_t)S * mb * 4), mb};
+        kv.kf.kind = kv.vf.kind = TERN_KV_BF16;
+        static const struct { int n, prefill; } C[] = {{24, 0}, {64, 0}, {40, 1}};
+        for (size_t ci = 0; ci < TERN_ARRAY_LEN(C); ci++) {
+            const int n = C[ci].n;
+            int32_t *pos = malloc((size_t)n * 4), *slot = malloc((size_t)n * 4);
+            for (int r = 0; r < n; r++) {
+                pos[r] = C[ci].prefill ? 60 + r : 30 + (r * 37) % (mb * bs - 30);
+                slot[r] = C[ci].prefill ? 3 : r;
+            }
+            float *q = rnd((size_t)n * in, 1.0f), *y0 = rnd((size_t)n * H, 1.0f);
+            void *qd = to_gpu(q, (size_t)n * in * 4), *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
+            void *ya = to_gpu(y0, (size_t)n * H * 4), *yb = to_gpu(y0, (size_t)n * H * 4);
+            float *att[2] = {nan_buf(g, (size_t)n * in), nan_buf(g, (size_t)n * in)};
+            float *oa = nan_buf(g, (size_t)n * H), *ob = nan_buf(g, (size_t)n * H), *att2 = nan_buf(g, (size_t)n * in);
+            tern_rows rows = {n, pd, sd, pos, slot};
+            const float scale = 1.0f / sqrtf((float)d);
+            g->vt->attention(g, att[0], qd, &rows, nh, &kv, scale, 0.0f);
+            CHECK(g->vt->matmul_add(g, ya, att[0], n, &wo) == 1, "n %d: matmul_add refused", n);
+            CHECK(g->vt->attention_o(g, yb, att[1], qd, &rows, nh, &kv, scale, 0.0f, &wo, 1) == 1, "n %d: attention_o refused", n);
+            g->vt->matmul(g, oa, att[0], n, &wo); /* add = 0 */
+            CHECK(g->vt->attention_o(g, ob, att2, qd, &rows, nh, &kv, scale, 0.0f, &wo, 0) == 1, "n %d: attention_o (add 0) refused", n);
+            {
+                float *p = from_gpu(g, oa, (size_t)n * H), *r = from_gpu(g, ob, (size_t)n * H);
+                CHECK(!memcmp(p, r, (size_t)n * H * 4), "n %d: o differs (add 0)", n);
+                free(p); free(r);
+            }
+            float *a = from_gpu(g, ya, (size_t)n * H), *b = from_gpu(g, yb, (size_t)n * H), *ab = from_gpu(g, att[1], (size_t)n * in);
+            double dm;
+            const double rel = bt_diff(a, b, (size_t)n * H, &dm);
+            printf("  err attention_o %s n=%d %s vs attention + matmul_add %.2e (max %.2e)\n", wq ? "q4" : "bf16", n,
+                   C[ci].prefill ? "prefill" : "decode", rel, dm);
+            CHECK(!memcmp(a, b, (size_t)n * H * 4), "n %d: y differs (rel %.2e)", n, rel);
+            CHECK(C[ci].prefill ? !isnan(ab[0]) : isnan(ab[0]) && isnan(ab[(size_t)n * in - 1]),
+                  "n %d: att %s", n, C[ci].prefill ? "not written (prefill)" : "written: the bf16 handoff did not happen");
+            free(a); free(b); free(ab);
+            void *fb[] = {qd, pd, sd, ya, yb, att[0], att[1], oa, ob, att2};
+            for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
+            free(pos); free(slot); free(q); free(y0);
         }
-        float *q = rnd((size_t)n * in, 1.0f), *y0 = rnd((size_t)n * H, 1.0f);
-        void *qd = to_gpu(q, (size_t)n * in * 4), *pd = to_gpu(pos, (size_t)n * 4), *sd = to_gpu(slot, (size_t)n * 4);
-        void *ya = to_gpu(y0, (size_t)n * H * 4), *yb = to_gpu(y0, (size_t)n * H * 4);
-        float *att[2] = {nan_buf(g, (size_t)n * in), nan_buf(g, (size_t)n * in)};
-        float *oa = nan_buf(g, (size_t)n * H), *ob = nan_buf(g, (size_t)n * H), *att2 = nan_buf(g, (size_t)n * in);
-        tern_rows rows = {n, pd, sd, pos, slot};
-        const float scale = 1.0f / sqrtf((float)d);
-        g->vt->attention(g, att[0], qd, &rows, nh, &kv, scale, 0.0f);
-        CHECK(g->vt->matmul_add(g, ya, att[0], n, &wo) == 1, "n %d: matmul_add refused", n);
-        CHECK(g->vt->attention_o(g, yb, att[1], qd, &rows, nh, &kv, scale, 0.0f, &wo, 1) == 1, "n %d: attention_o refused", n);
-        g->vt->matmul(g, oa, att[0], n, &wo); /* add = 0 */
-        CHECK(g->vt->attention_o(g, ob, att2, qd, &rows, nh, &kv, scale, 0.0f, &wo, 0) == 1, "n %d: attention_o (add 0) refused", n);
-        {
-            float *p = from_gpu(g, oa, (size_t)n * H), *r = from_gpu(g, ob, (size_t)n * H);
-            CHECK(!memcmp(p, r, (size_t)n * H * 4), "n %d: o differs (add 0)", n);
-            free(p); free(r);
-        }
-        float *a = from_gpu(g, ya, (size_t)n * H), *b = from_gpu(g, yb, (size_t)n * H), *ab = from_gpu(g, att[1], (size_t)n * in);
-        double dm;
-        const double rel = bt_diff(a, b, (size_t)n * H, &dm);
-        printf("  err attention_o n=%d %s vs attention + matmul_add %.2e (max %.2e)\n", n, C[ci].prefill ? "prefill" : "decode",
-               rel, dm);
-        CHECK(!memcmp(a, b, (size_t)n * H * 4), "n %d: y differs (rel %.2e)", n, rel);
-        CHECK(C[ci].prefill ? !isnan(ab[0]) : isnan(ab[0]) && isnan(ab[(size_t)n * in - 1]),
-              "n %d: att %s", n, C[ci].prefill ? "not written (prefill)" : "written: the bf16 handoff did not happen");
-        free(a); free(b); free(ab);
-        void *fb[] = {qd, pd, sd, ya, yb, att[0], att[1], oa, ob, att2};
+        void *fb[] = {kv.k, kv.v, (void *)kv.block_table};
         for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
-        free(pos); free(slot); free(q); free(y0);
+        g->vt->free_weight(g, &wo);
+        free_w(&hwo);
+        free(kf); free(kb); free(bt);
     }
-    void *fb[] = {kv.k, kv.v, (void *)kv.block_table};
-    for (size_t j = 0; j < TERN_ARRAY_LEN(fb); j++) g->vt->free(g, fb[j]);
-    g->vt->free_weight(g, &wo);
-    free_w(&hwo);
-    free(kf); free(kb); free(bt);
+    tern__cuda_q4_att_o = keep_q4;
     tern__cuda_ad_mode = keep_mode;
     tern__cuda_ad_tc = keep_tc;
     tern__cuda_bf16_split = 1;

@@ -598,6 +598,7 @@ static bool ad_long(const tern_rows *rows, const tern_kv_layer *kv) {
  * staged input) when out is the attention output attention_o announced; 1 when it ran */
 static int ad_tc_unsplit(tern__cuda *c, AdArgs t, float *out, int kind) {
     t.outb = out == c->att_f32 && t.n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
+    t.outq = c->att_q4s;
     if (!tern__cuda_attn_decode_tc(c, t, kind)) return 0;
     c->att_bf16_done = t.outb != NULL;
     tern__cuda_attn_decode_calls++;
@@ -756,6 +757,7 @@ extern "C" int tern__cuda_attn_decode_rope(tern__cuda *c, float *out, const tern
     AdArgs a = {};
     ad_args_fill(&a, c, out, NULL, rows, nh, kv, scale, softcap);
     a.outb = out == c->att_f32 && n == c->att_n ? (__nv_bfloat16 *)c->gemm_scratch : NULL;
+    a.outq = c->att_q4s;
     a.rsrc = src;
     a.rld = ld;
     a.rinv = inv_freq;

@@ -21,6 +21,7 @@
 struct AdArgs {
     float *out, *part;
     __nv_bfloat16 *outb; /* non-null: ad_warp_merge writes the output here in bf16 instead of out (attention_o) */
+    int outq;            /* outb's rows in the batch Q4 GEMM's staged order (q4s_pos: a Q4 o projection) */
     const float *q;
     const void *kp, *vp;
     const int32_t *pos, *slot, *bt;
@@ -155,7 +156,8 @@ __device__ __forceinline__ void ad_warp_merge(const AdArgs &a, int r, size_t hea
         for (int w = 0; w < NW; w++) v += red(w, h, i) * cw[w][h];
         const size_t at = ((size_t)r * a.nh + head0 + h) * D + d0 + i;
         const float o = sl[h] > 0.0f ? v / sl[h] : 0.0f;
-        if (a.outb) a.outb[at] = __float2bfloat16(o);
+        if (a.outb)
+            a.outb[a.outq ? (size_t)r * a.nh * D + q4s_pos((int)((head0 + h) * D + d0 + i)) : at] = __float2bfloat16(o);
         else a.out[at] = o;
     }
 }

@@ -47,6 +47,7 @@ typedef struct tern__cuda {
                                   * of exactly the att_n rows at att_f32 may write its output as bf16 at the start
                                   * of gemm_scratch (the o GEMM's staged input) instead of f32 there */
     int att_n, att_bf16_done;    /* ... and whether it did */
+    int att_q4s;                 /* ... in the batch Q4 GEMM's staged order (q4s_pos; a Q4 o projection) */
     int n_sm;
     double mem_peak;             /* the device memory's peak rate, bytes/s (clock x bus width; 0 unknown): the Q4
                                   * walk's L2 prefetch default (gemv_mma.cu) differs between H100 (3.35 TB/s) and
@@ -204,9 +205,10 @@ int tern__cuda_gemm_n(tern__cuda *c, int k, float *const *y, const float *x, int
 int tern__cuda_gemm_glu(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *gate,
                         const tern__cuda_w *up, int act);
 int tern__cuda_gemm_add(tern__cuda *c, float *y, const float *x, int n, const tern__cuda_w *w);
-/* ops.h attention_o around the backend's attention: _begin (1 when the projection will run as gemm_add's GEMM; it sets
- * c->att_f32 / att_n to the attention's output), the attention, then _end (the staging when the attention wrote f32, y += w·att,
- * or y = w·att when !add: gemm_rows's plain GEMM; 1 when done). TERN_CUDA_ATT_O=0: never */
+/* ops.h attention_o around the backend's attention: _begin (1 when the projection will run as gemm_add's GEMM, or for
+ * Q4 as the batch Q4 GEMM on the staged x (TERN_CUDA_Q4_ATT_O); it sets c->att_f32 / att_n to the attention's output),
+ * the attention, then _end (the staging when the attention wrote f32, y += w·att, or y = w·att when !add: gemm_rows's
+ * plain GEMM; 1 when done). TERN_CUDA_ATT_O=0: never */
 int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, int in_att, const tern__cuda_w *w);
 int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add);
 void tern__cuda_attn_o_cancel(tern__cuda *c); /* the handoff dropped without an attention (attn_o_end does it too) */

@@ -707,25 +707,46 @@ static int att_o_on(void) {
     return v;
 }
 
+/* TERN_CUDA_Q4_ATT_O (session 72, opt-in until timed): the same handoff for a Q4 o projection that the batch Q4 GEMM on
+ * wgmma takes (17..128 rows): the attention writes its bf16 output in that kernel's staged order (attn_decode.cuh
+ * ad_warp_merge, AdArgs.outq), so no q4w_stage_x runs before o (ncu of llama3-8b q4 at 64 sequences, NOTES (ce):
+ * 2.6-3.4 µs a staging); where the attention wrote f32, the usual Q4 route stages it. Bitwise either way. */
+int tern__cuda_q4_att_o = -1; /* -1 unread (TERN_CUDA_Q4_ATT_O, default 0); tests set it */
+static int q4_att_o(tern__cuda *c, float *y, int n, const tern__cuda_w *w) {
+    if (tern__cuda_q4_att_o < 0) tern__cuda_q4_att_o = tern__cuda_env_int("TERN_CUDA_Q4_ATT_O", 0) != 0;
+    float *ys[1] = {y};
+    return tern__cuda_q4_att_o && w->dtype == TERN_DT_Q && !tern__cuda_in_scratch(c, y, (size_t)n * w->out * 4) &&
+           tern__cuda_qg4_staged_at(c, ys, &w, 1, n, G1_RES, 0, c->gemm_scratch, NULL);
+}
+
 int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, int in_att, const tern__cuda_w *w) {
-    if (!att_o_on() || n <= 0 || in_att != w->in || !plain_gemm_ok(c, w, n) || ((uintptr_t)y & 15) ||
-        !staged_bytes(c, n, w->in, 0))
-        return 0;
+    if (!att_o_on() || n <= 0 || in_att != w->in || ((uintptr_t)y & 15)) return 0;
+    const int q4 = q4_att_o(c, y, n, w);
+    if (!q4 && (!plain_gemm_ok(c, w, n) || !staged_bytes(c, n, w->in, 0))) return 0;
+    if (q4 && tern__cuda_in_scratch(c, att, (size_t)n * in_att * 4)) return 0;
     c->att_f32 = att;
     c->att_n = n;
     c->att_bf16_done = 0;
+    c->att_q4s = q4;
     return 1;
 }
 
 void tern__cuda_attn_o_cancel(tern__cuda *c) {
     c->att_f32 = NULL;
     c->att_bf16_done = 0;
+    c->att_q4s = 0;
 }
 
 int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w, int add) {
-    const int staged = c->att_bf16_done;
+    const int staged = c->att_bf16_done, q4 = c->att_q4s;
     tern__cuda_attn_o_cancel(c);
     cudaSetDevice(c->device);
+    if (q4) {
+        float *ys[1] = {y};
+        const int mode = add ? G1_RES : G1_PLAIN;
+        return staged ? tern__cuda_qg4_staged_at(c, ys, &w, 1, n, mode, 1, c->gemm_scratch, NULL)
+                      : tern__cuda_q4_rows(c, ys, &w, 1, att, n, mode, 0);
+    }
     if (!staged && !stage_x(c, att, n, w->in, 0)) return 0;
     if (add) return add_staged(c, y, n, w);
     return lt_gemm(c, y, w->out, w->data, c->gemm_scratch, w->out, n, w->in, CUDA_R_16BF, CUBLAS_COMPUTE_32F, 0.0f) ==
