@@ -1869,15 +1869,17 @@ if [[ " $SECTIONS " == *" 136 "* ]]; then
 fi
 
 # 137. session 72: TERN_CUDA_Q4_MLP=1 (gemm.c q4_mlp: norm_mlp for many Q4 rows — the staged pre-norm, gate|up writing
-#      act(gate)·up as bf16 in the staged order (Q4Args.hs) and down reading it: no f32 h, no q4w_stage_x before down;
-#      bitwise). Op test cuda_q4_mlp, then batch decode of AB137_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB137_CONC
-#      (default 32,64,128): the defaults, section 136's three switches, and those with Q4_MLP and TERN_CUDA_Q4_ATT_O (the
-#      batch decode attention writing o's staged bf16 x, attn_decode.cuh AdArgs.outq; op test cuda_attention_o's Q4
-#      pass); ids digests equal
+#      act(gate)·up as bf16 in the staged order (Q4Args.hs) and down reading it: no f32 h, no q4w_stage_x before down),
+#      TERN_CUDA_Q4_ATT_O=1 (the batch decode attention writing o's staged bf16 x, attn_decode.cuh AdArgs.outq) and
+#      TERN_CUDA_QG4_LB=1 (the split K of plain / y += W·x launches summed by the tile's last slice block, qgemm_q4.cuh
+#      qw_store; no qg4_reduce); all bitwise. Op tests, then batch decode of AB137_MODELS (default llama3-8b:q4) at
+#      AB137_CONC (default 32,64,128): the defaults, section 136's three switches (N+Q+R), N+Q+R with MLP and ATT_O, and
+#      those with LB; ids digests equal
 if [[ " $SECTIONS " == *" 137 "* ]]; then
-    ops_ab 137 "cuda_q4_mlp cuda_q4_norm cuda_q4_qkv_rope cuda_attention_o" \
-        "TERN_AB=default;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1 TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1" \
-        "${AB137_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB137_CONC:-32,64,128}" "conc_*_1.txt"
+    nqr="TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1"
+    ops_ab 137 "cuda_q4_mlp cuda_q4_norm cuda_q4_qkv_rope cuda_attention_o cuda_qg4_lb" \
+        "TERN_AB=default;$nqr;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1 TERN_CUDA_QG4_LB=1" \
+        "${AB137_MODELS:-llama3-8b:q4}" "${AB137_CONC:-32,64,128}" "conc_*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -163,6 +163,15 @@ template <bool BATCH = false> __global__ void qg4_reduce(Q4Args a, int S) {
     }
 }
 
+/* TERN_CUDA_QG4_LB (session 72, opt-in until timed): the split K of a plain or y += W·x launch summed by the last of a
+ * tile's slice blocks to arrive (qgemm_q4.cuh qw_store; split_k.cuh's hand-off, c->mm_cnt's counters) instead of a
+ * qg4_reduce launch — bitwise (the same adds in slice order). ncu of llama3-8b q4 at 64 sequences (NOTES (ce)): three
+ * reduces a layer at 4.95-5.46 µs. Pairs and the callers that take the partials (TERN_CUDA_Q4_QKV) keep the reduce */
+extern "C" int tern__cuda_qg4_lb;
+int tern__cuda_qg4_lb = -1; /* -1 unread (TERN_CUDA_QG4_LB, default 0); tests set it */
+extern "C" unsigned long long tern__cuda_qg4_lb_calls; /* launches that summed their split that way (tests) */
+unsigned long long tern__cuda_qg4_lb_calls = 0;
+
 /* qg4_reduce over S slices; what: the label of the launch check */
 extern "C" int tern__cuda_qg4_red;
 int tern__cuda_qg4_red = -1; /* -1 unread (TERN_CUDA_QG4_RED, default 0 until timed); tests set it */
@@ -307,6 +316,10 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     a.kt_per = (a.nkt + S - 1) / S;
     S = (a.nkt + a.kt_per - 1) / a.kt_per;
     a.direct = S == 1 && (!pair || wgp);
+    if (tern__cuda_qg4_lb < 0) tern__cuda_qg4_lb = tern__cuda_env_int("TERN_CUDA_QG4_LB", 0) != 0;
+    const bool lb = tern__cuda_qg4_lb && !a.direct && !pair && !parts && c->mm_cnt &&
+                    (long)mb * nb < TERN_CUDA_MM_CNT - 1;
+    a.cnt = lb ? c->mm_cnt : nullptr;
     if (how == Q4_STAGED_OK) return 1;
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
@@ -322,7 +335,8 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     }
     tern__cuda_check(c, "qgemm_q4");
     if (parts) *parts = a.direct ? 0 : S;
-    else if (!a.direct) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
+    else if (!a.direct && !lb) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
+    tern__cuda_qg4_lb_calls += lb;
     tern__cuda_qg4_calls++;
     return 1;
 }

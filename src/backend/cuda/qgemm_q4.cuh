@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/qgemm_frag.cuh"
+#include "backend/cuda/split_k.cuh"
 
 struct Q4Mat {
     const uint8_t *w;           /* packed codes, rb bytes per row */
@@ -28,6 +29,8 @@ struct Q4Args {
     uint32_t magic;             /* 0x43004300, see q4_deq */
     uint16_t *hs;               /* a pair's act(gate)·up as bf16 [n][out] in the staged order (q4s_pos) for the next
                                  * Q4 GEMM's x instead of y in f32 (gemm.c's Q4 norm_mlp); NULL: y */
+    int *cnt;                   /* split K, not a pair (TERN_CUDA_QG4_LB): a counter a (row block, column tile),
+                                 * zero between launches (c->mm_cnt); the last slice block to arrive sums the tile */
 };
 
 /* a pair's output v of row `row` (< out) and column col: y in f32, or its bf16 in the staged order (a.hs) */
@@ -151,6 +154,44 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
                 *p = add ? *p + acc[nt * 4 + i] : acc[nt * 4 + i];
             }
         }
+    if (a.direct || !a.cnt) return;
+    /* TERN_CUDA_QG4_LB: the last of the tile's gridDim.y slice blocks sums the slices in slice order from 0 (qg4_reduce's
+     * part_sum: the same adds) and writes y (+= for G1_RES) — no qg4_reduce launch. Each slice's loads are issued
+     * together before their adds (one L2 round trip a slice). The counter goes back to zero for the next launch (which
+     * touches it only after its pdl_wait, i.e. after this grid) */
+    int *const cnt = a.cnt + blockIdx.z * gridDim.x + blockIdx.x;
+    if (!tern_block_last(cnt, (int)gridDim.y)) return;
+    if (threadIdx.x == 0) *cnt = 0;
+    const float *const p0 = a.part + a.m[mi].poff;
+    constexpr int HN = NT > 4 ? 4 : NT; /* 8-column tiles summed together (registers: NT 8 is at its 128) */
+#pragma unroll
+    for (int h0 = 0; h0 < NT; h0 += HN) {
+        uint32_t off[HN * 4]; /* [n][out] offsets; ~0u: outside the matrix */
+#pragma unroll
+        for (int nt = 0; nt < HN; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = wr + g + (i >> 1) * 8, col = n0 + (h0 + nt) * 8 + 2 * t + (i & 1);
+                off[nt * 4 + i] = row < out && col < a.n ? (uint32_t)col * (uint32_t)out + (uint32_t)row : ~0u;
+            }
+        float v[HN * 4];
+#pragma unroll
+        for (int e = 0; e < HN * 4; e++) v[e] = 0.0f;
+        for (int s = 0; s < (int)gridDim.y; s++) {
+            const float *const ps = p0 + (size_t)s * a.slice;
+            float l[HN * 4];
+#pragma unroll
+            for (int e = 0; e < HN * 4; e++) l[e] = off[e] != ~0u ? __ldcg(ps + off[e]) : 0.0f;
+#pragma unroll
+            for (int e = 0; e < HN * 4; e++) v[e] += l[e];
+        }
+#pragma unroll
+        for (int e = 0; e < HN * 4; e++)
+            if (off[e] != ~0u) {
+                float *p = a.m[mi].y + off[e];
+                *p = a.mode == G1_RES ? *p + v[e] : v[e];
+            }
+    }
 }
 
 /* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8) or 32 (nt 4), x staged in its
