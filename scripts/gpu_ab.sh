@@ -1874,11 +1874,11 @@ fi
 #      TERN_CUDA_QG4_LB=1 (the split K of plain / y += W·x launches summed by the tile's last slice block, qgemm_q4.cuh
 #      qw_store; no qg4_reduce); all bitwise. Op tests, then batch decode of AB137_MODELS (default llama3-8b:q4) at
 #      AB137_CONC (default 32,64,128): the defaults, section 136's three switches (N+Q+R), N+Q+R with MLP and ATT_O, and
-#      those with LB; ids digests equal
+#      those with LB (AB137_SETS: other sets); ids digests equal
 if [[ " $SECTIONS " == *" 137 "* ]]; then
     nqr="TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1"
     ops_ab 137 "cuda_q4_mlp cuda_q4_norm cuda_q4_qkv_rope cuda_attention_o cuda_qg4_lb" \
-        "TERN_AB=default;$nqr;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1 TERN_CUDA_QG4_LB=1" \
+        "${AB137_SETS:-TERN_AB=default;$nqr;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1 TERN_CUDA_QG4_LB=1}" \
         "${AB137_MODELS:-llama3-8b:q4}" "${AB137_CONC:-32,64,128}" "conc_*_1.txt"
 fi
 
