@@ -1877,7 +1877,7 @@ fi
 #      those with LB (AB137_SETS: other sets); ids digests equal
 if [[ " $SECTIONS " == *" 137 "* ]]; then
     nqr="TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1"
-    ops_ab 137 "cuda_q4_mlp cuda_q4_norm cuda_q4_qkv_rope cuda_attention_o cuda_qg4_lb" \
+    ops_ab 137 "cuda_q4_mlp cuda_q4_norm cuda_q4_qkv_rope cuda_attention_o cuda_qg4_lb cuda_qgemm_q4_wg" \
         "${AB137_SETS:-TERN_AB=default;$nqr;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1 TERN_CUDA_QG4_LB=1}" \
         "${AB137_MODELS:-llama3-8b:q4}" "${AB137_CONC:-32,64,128}" "conc_*_1.txt"
 fi

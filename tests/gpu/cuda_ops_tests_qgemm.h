@@ -301,7 +301,8 @@ TEST(cuda_qg4_lb) {
 }
 
 /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles),
- * plain and fused, against the same bf16-rounded reference as the mma.sync kernel; both rings (TERN_CUDA_QG4_PIPE) */
+ * plain and fused, against the same bf16-rounded reference as the mma.sync kernel; both rings (TERN_CUDA_QG4_PIPE), with
+ * TERN_CUDA_QG4_RED and TERN_CUDA_QG4_LB in the PIPE 1 / 2 passes */
 TEST(cuda_qgemm_q4_wg) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
     extern unsigned long long tern__cuda_qg4w_calls;
@@ -318,11 +319,12 @@ TEST(cuda_qgemm_q4_wg) {
     const int keep_pair = tern__cuda_qg4_wgpair, keep_pipe = tern__cuda_qg4_pipe;
     static const int ns[] = {17, 32, 33, 64, 65, 100, 128};
     static const int nf[] = {29, 61, 93, 125};
-    extern int tern__cuda_qg4_red;
-    const int keep_red = tern__cuda_qg4_red;
+    extern int tern__cuda_qg4_red, tern__cuda_qg4_lb;
+    const int keep_red = tern__cuda_qg4_red, keep_lb = tern__cuda_qg4_lb;
     for (int pipe = 0; pipe < 3; pipe++) { /* TERN_CUDA_QG4_PIPE: the decode of a tile beside the previous one's wgmmas */
         tern__cuda_qg4_pipe = pipe;
         tern__cuda_qg4_red = pipe == 1; /* TERN_CUDA_QG4_RED (the split sums' loads batched) with the first pipe pass */
+        tern__cuda_qg4_lb = pipe == 2;  /* TERN_CUDA_QG4_LB (the tile's last slice block sums the split) with the second */
         q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), pipe == 1 ? "qg4 wgmma pipe" : pipe ? "qg4 wgmma pipe2" : "qg4 wgmma",
                        &tern__cuda_qg4w_calls);
         for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
@@ -334,6 +336,7 @@ TEST(cuda_qgemm_q4_wg) {
     }
     tern__cuda_qg4_pipe = keep_pipe;
     tern__cuda_qg4_red = keep_red;
+    tern__cuda_qg4_lb = keep_lb;
     tern__cuda_qg4_wgpair = keep_pair;
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
