@@ -239,8 +239,9 @@ TEST(cuda_qgemm_q4) {
 }
 
 /* TERN_CUDA_QG4_LB (qgemm_q4.cuh qw_store: the last slice block of a tile sums the split K) against qg4_reduce: y = W·x,
- * y += W·x and q|k|v (matmul_n, three matrices in one grid) bitwise, Q4 g64, on the mma.sync kernel (5, 13 rows) and
- * the wgmma one (24, 64, 100 rows); the hand-off must have run (tern__cuda_qg4_lb_calls) */
+ * y += W·x, q|k|v (matmul_n, three matrices in one grid) and silu(gate)·up (matmul_glu: the split pair, and at 64 /
+ * 100 rows WGPAIR's blocks) bitwise, Q4 g64, on the mma.sync kernel (5, 13 rows) and the wgmma one (24, 64, 100 rows);
+ * the hand-off must have run (tern__cuda_qg4_lb_calls) */
 TEST(cuda_qg4_lb) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_lb;
     extern unsigned long long tern__cuda_qg4_lb_calls;
@@ -266,7 +267,7 @@ TEST(cuda_qg4_lb) {
     static const int NS[] = {5, 13, 24, 64, 100};
     for (size_t ni = 0; ok && ni < TERN_ARRAY_LEN(NS); ni++) {
         const int n = NS[ni];
-        const size_t cnt = (size_t)n * H, tot = (size_t)n * 1536;
+        const size_t cnt = (size_t)n * H, tot = (size_t)n * (1536 + 256);
         float *hx = rnd(cnt, 1.0f), *hy = rnd(tot, 1.0f);
         void *x = to_gpu(hx, cnt * 4);
         float *y[2];
@@ -280,6 +281,8 @@ TEST(cuda_qg4_lb) {
             g->vt->matmul(g, y2, x, n, ws[1]);
             CHECK(g->vt->matmul_n(g, 3, ys, x, n, ws) == 1, "n %d: matmul_n refused", n);
             CHECK(g->vt->matmul_add(g, y[lb], x, n, ws[0]) == 1, "n %d: matmul_add refused", n);
+            CHECK(g->vt->matmul_glu(g, y[lb] + (size_t)n * 1536, x, n, ws[1], ws[2], TERN_ACT_SILU) == 1,
+                  "n %d: matmul_glu refused", n);
         }
         float *a = from_gpu(g, y[0], tot), *b = from_gpu(g, y[1], tot);
         const int same = !memcmp(a, b, tot * 4);

@@ -163,10 +163,11 @@ template <bool BATCH = false> __global__ void qg4_reduce(Q4Args a, int S) {
     }
 }
 
-/* TERN_CUDA_QG4_LB (session 72, opt-in until timed): the split K of a plain or y += W·x launch summed by the last of a
- * tile's slice blocks to arrive (qgemm_q4.cuh qw_store; split_k.cuh's hand-off, c->mm_cnt's counters) instead of a
- * qg4_reduce launch — bitwise (the same adds in slice order). ncu of llama3-8b q4 at 64 sequences (NOTES (ce)): three
- * reduces a layer at 4.95-5.46 µs. Pairs and the callers that take the partials (TERN_CUDA_Q4_QKV) keep the reduce */
+/* TERN_CUDA_QG4_LB (session 72, opt-in until timed): a split launch's K slices (and a split pair's gate and up halves)
+ * summed by the last of a tile's slice blocks to arrive (qgemm_q4.cuh qw_store; split_k.cuh's hand-off, c->mm_cnt's
+ * counters) instead of a qg4_reduce launch — bitwise (the same adds in slice order, act(Σ gate)·Σ up). ncu of
+ * llama3-8b q4 at 64 sequences (NOTES (ce)): three reduces a layer at 4.95-5.46 µs; at 17..32 rows the gate|up pair is
+ * always reduced. The callers that take the partials (TERN_CUDA_Q4_QKV) keep them */
 extern "C" int tern__cuda_qg4_lb;
 int tern__cuda_qg4_lb = -1; /* -1 unread (TERN_CUDA_QG4_LB, default 0); tests set it */
 extern "C" unsigned long long tern__cuda_qg4_lb_calls; /* launches that summed their split that way (tests) */
@@ -317,7 +318,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     S = (a.nkt + a.kt_per - 1) / a.kt_per;
     a.direct = S == 1 && (!pair || wgp);
     if (tern__cuda_qg4_lb < 0) tern__cuda_qg4_lb = tern__cuda_env_int("TERN_CUDA_QG4_LB", 0) != 0;
-    const bool lb = tern__cuda_qg4_lb && !a.direct && !pair && !parts && c->mm_cnt &&
+    const bool lb = tern__cuda_qg4_lb && !a.direct && !parts && c->mm_cnt &&
                     (long)mb * nb < TERN_CUDA_MM_CNT - 1;
     a.cnt = lb ? c->mm_cnt : nullptr;
     if (how == Q4_STAGED_OK) return 1;

@@ -107,6 +107,19 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
     mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 }
 
+/* TERN_CUDA_QG4_LB's [n][out] offsets of a thread's C elements over C 8-column tiles (element 4·nt + i: row r0 + 8·(i >> 1),
+ * column c0 + 8·nt + (i & 1)); ~0u outside the matrix */
+template <int C>
+__device__ __forceinline__ void q4_lb_offsets(uint32_t *off, int n, int out, int r0, int c0) {
+#pragma unroll
+    for (int nt = 0; nt < C; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = r0 + (i >> 1) * 8, col = c0 + nt * 8 + (i & 1);
+            off[nt * 4 + i] = row < out && col < n ? (uint32_t)col * (uint32_t)out + (uint32_t)row : ~0u;
+        }
+}
+
 /* The end of a block of 8 warps (qgemm_q4.cu, qgemm_q4_wg.cu; warp w's accumulators = mma.sync's C of rows
  * wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (4..7) hand
  * their accumulators to the gate warps through shared memory (sm: the drained ring) and y = act(gate)·up; else
@@ -155,25 +168,53 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
             }
         }
     if (a.direct || !a.cnt) return;
-    /* TERN_CUDA_QG4_LB: the last of the tile's gridDim.y slice blocks sums the slices in slice order from 0 (qg4_reduce's
-     * part_sum: the same adds) and writes y (+= for G1_RES) — no qg4_reduce launch. Each slice's loads are issued
+    /* TERN_CUDA_QG4_LB: the last of the tile's slice blocks to arrive sums the slices in slice order from 0 (qg4_reduce's
+     * part_sum: the same adds) and writes y (+= for G1_RES; a pair: act(Σ gate)·Σ up to y or the staged hs) — no
+     * qg4_reduce launch. A split pair's gate row block i and up row block i (grid.x i + m[1].mb0) share counter i (2 ×
+     * gridDim.y arrivals); PAIR's blocks hold both halves (its gate warps sum both). Each slice's loads are issued
      * together before their adds (one L2 round trip a slice). The counter goes back to zero for the next launch (which
      * touches it only after its pdl_wait, i.e. after this grid) */
-    int *const cnt = a.cnt + blockIdx.z * gridDim.x + blockIdx.x;
-    if (!tern_block_last(cnt, (int)gridDim.y)) return;
+    const bool pr = a.mode == G1_SILU || a.mode == G1_GELU, split_pr = pr && !PAIR;
+    const int tile = split_pr && mi == 1 ? (int)blockIdx.x - a.m[1].mb0 : (int)blockIdx.x;
+    int *const cnt = a.cnt + blockIdx.z * gridDim.x + tile;
+    if (!tern_block_last(cnt, (int)gridDim.y * (split_pr ? 2 : 1))) return;
     if (threadIdx.x == 0) *cnt = 0;
-    const float *const p0 = a.part + a.m[mi].poff;
+    if (PAIR && warp >= 4) return; /* the gate warps' rows are the up warps' */
     constexpr int HN = NT > 4 ? 4 : NT; /* 8-column tiles summed together (registers: NT 8 is at its 128) */
+    constexpr int HP = 1; /* ... for a pair (two sums an element; 2 spilled in the NT 8 instances) */
+    if (pr) {
+        const float *const pg = a.part + a.m[0].poff, *const pu = a.part + a.m[1].poff;
+#pragma unroll
+        for (int h0 = 0; h0 < NT; h0 += HP) {
+            uint32_t off[HP * 4];
+            q4_lb_offsets<HP>(off, a.n, out, wr + g, n0 + h0 * 8 + 2 * t);
+            float vg[HP * 4], vu[HP * 4];
+#pragma unroll
+            for (int e = 0; e < HP * 4; e++) vg[e] = vu[e] = 0.0f;
+            for (int s = 0; s < (int)gridDim.y; s++) {
+                const size_t so = (size_t)s * a.slice;
+                float lg[HP * 4], lu[HP * 4];
+#pragma unroll
+                for (int e = 0; e < HP * 4; e++) {
+                    lg[e] = off[e] != ~0u ? __ldcg(pg + so + off[e]) : 0.0f;
+                    lu[e] = off[e] != ~0u ? __ldcg(pu + so + off[e]) : 0.0f;
+                }
+#pragma unroll
+                for (int e = 0; e < HP * 4; e++) vg[e] += lg[e], vu[e] += lu[e];
+            }
+#pragma unroll
+            for (int e = 0; e < HP * 4; e++)
+                if (off[e] != ~0u) /* the element's row and column as q4_lb_offsets formed them */
+                    q4_pair_out(a, out, wr + g + ((e & 3) >> 1) * 8, n0 + (h0 + (e >> 2)) * 8 + 2 * t + (e & 1),
+                                (a.mode == G1_SILU ? silu(vg[e]) : gelu_tanh(vg[e])) * vu[e]);
+        }
+        return;
+    }
+    const float *const p0 = a.part + a.m[mi].poff;
 #pragma unroll
     for (int h0 = 0; h0 < NT; h0 += HN) {
-        uint32_t off[HN * 4]; /* [n][out] offsets; ~0u: outside the matrix */
-#pragma unroll
-        for (int nt = 0; nt < HN; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int row = wr + g + (i >> 1) * 8, col = n0 + (h0 + nt) * 8 + 2 * t + (i & 1);
-                off[nt * 4 + i] = row < out && col < a.n ? (uint32_t)col * (uint32_t)out + (uint32_t)row : ~0u;
-            }
+        uint32_t off[HN * 4];
+        q4_lb_offsets<HN>(off, a.n, out, wr + g, n0 + h0 * 8 + 2 * t);
         float v[HN * 4];
 #pragma unroll
         for (int e = 0; e < HN * 4; e++) v[e] = 0.0f;
