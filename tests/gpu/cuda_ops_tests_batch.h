@@ -318,13 +318,7 @@ TEST(cuda_q4_norm) {
     const int H = 512, O[5] = {256, 128, 128, 384, 384}; /* q, k, v, gate, up */
     hw hq[5];
     tern_tensor t[5];
-    tern_error err = {0};
-    int ok = 1;
-    for (int i = 0; i < 5; i++) {
-        hq[i] = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, O[i], H, 0);
-        t[i] = hq[i].t;
-        ok = ok && !g->vt->upload_weight(g, &t[i], &err);
-    }
+    const int ok = q4w_make(g, hq, t, 5, O, H);
     CHECK(ok, "upload");
     static const int NS[] = {24, 64, 100};
     for (size_t ni = 0; ok && ni < TERN_ARRAY_LEN(NS); ni++) {
@@ -373,10 +367,7 @@ TEST(cuda_q4_norm) {
         for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
         free(hx); free(hh); free(hw_); free(hn);
     }
-    for (int i = 0; i < 5; i++) {
-        g->vt->free_weight(g, &t[i]);
-        free_w(&hq[i]);
-    }
+    q4w_free(g, hq, t, 5);
     tern__cuda_bf16_split = 1;
     tern__cuda_q4_norm = keep;
     tern__cuda_norm_gemm_on = keep_ng;
@@ -396,16 +387,10 @@ TEST(cuda_q4_mlp) {
     const int keep = tern__cuda_q4_mlp, keep_rn = tern__cuda_norm_res_n;
     tern__cuda_norm_res_n = 1;
     tern__cuda_bf16_split = 0;
-    const int H = 512, I = 384, O[3] = {I, I, H}, IN[3] = {H, H, I}; /* gate, up, down */
+    const int H = 512, I = 384, O[3] = {I, I, H}; /* gate, up [I, H]; down [H, I] */
     hw hq[3];
     tern_tensor t[3];
-    tern_error err = {0};
-    int ok = 1;
-    for (int i = 0; i < 3; i++) {
-        hq[i] = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, O[i], IN[i], 0);
-        t[i] = hq[i].t;
-        ok = ok && !g->vt->upload_weight(g, &t[i], &err);
-    }
+    const int ok = q4w_make(g, hq, t, 2, O, H) & q4w_make(g, hq + 2, t + 2, 1, O + 2, I);
     CHECK(ok, "upload");
     const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
     static const int NS[] = {24, 64, 100};
@@ -457,10 +442,7 @@ TEST(cuda_q4_mlp) {
         for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
         free(hx); free(hh); free(hw_); free(hn); free(hy);
     }
-    for (int i = 0; i < 3; i++) {
-        g->vt->free_weight(g, &t[i]);
-        free_w(&hq[i]);
-    }
+    q4w_free(g, hq, t, 3);
     tern__cuda_bf16_split = 1;
     tern__cuda_q4_mlp = keep;
     tern__cuda_norm_res_n = keep_rn;

@@ -255,13 +255,7 @@ TEST(cuda_qg4_lb) {
     const int H = 4096, O[3] = {1024, 256, 256};
     hw hq[3];
     tern_tensor t[3];
-    tern_error err = {0};
-    int ok = 1;
-    for (int i = 0; i < 3; i++) {
-        hq[i] = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, O[i], H, 0);
-        t[i] = hq[i].t;
-        ok = ok && !g->vt->upload_weight(g, &t[i], &err);
-    }
+    const int ok = q4w_make(g, hq, t, 3, O, H);
     CHECK(ok, "upload");
     const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
     static const int NS[] = {5, 13, 24, 64, 100};
@@ -293,10 +287,7 @@ TEST(cuda_qg4_lb) {
         g->vt->free(g, x); g->vt->free(g, y[0]); g->vt->free(g, y[1]);
         free(hx); free(hy);
     }
-    for (int i = 0; i < 3; i++) {
-        g->vt->free_weight(g, &t[i]);
-        free_w(&hq[i]);
-    }
+    q4w_free(g, hq, t, 3);
     tern__cuda_qg4_lb = keep_lb;
     tern__cuda_qg4_on = keep;
     tern__cuda_gemv_xr = keep_xr;

@@ -485,17 +485,17 @@ static int q4_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, flo
         (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH) || !q4_norm_fits(c, xn, x, n, w[0]->in, res) ||
         tern__cuda_in_scratch(c, y, (size_t)n * w[2]->out * sizeof(float)))
         return 0;
-    const int mode = act == TERN_ACT_SILU ? G1_SILU : G1_GELU;
+    const int mode = act == TERN_ACT_SILU ? G1_SILU : G1_GELU, dmode = add ? G1_RES : G1_PLAIN;
     uint8_t *xs = (uint8_t *)c->gemm_scratch, *hs = xs + (((size_t)n * w[0]->in * 2 + 255) & ~(size_t)255);
     float *yg[2] = {y, y}; /* the pair writes hs, not y */
     float *yd[1] = {y};
     if (!tern__cuda_qg4_staged_at(c, yg, w, 2, n, mode, 0, xs, hs) ||
-        !tern__cuda_qg4_staged_at(c, yd, w + 2, 1, n, add ? G1_RES : G1_PLAIN, 0, hs, NULL))
+        !tern__cuda_qg4_staged_at(c, yd, w + 2, 1, n, dmode, 0, hs, NULL))
         return 0;
     cudaSetDevice(c->device);
     tern__cuda_rmsnorm_q4s(c, xn, xs, x, n, w[0]->in, nw, eps, res);
     return tern__cuda_qg4_staged_at(c, yg, w, 2, n, mode, 1, xs, hs) &&
-           tern__cuda_qg4_staged_at(c, yd, w + 2, 1, n, add ? G1_RES : G1_PLAIN, 1, hs, NULL);
+           tern__cuda_qg4_staged_at(c, yd, w + 2, 1, n, dmode, 1, hs, NULL);
 }
 
 /* ---- ops.h norm_qkv_rope_kv for many rows of Q4 (TERN_CUDA_Q4_QKV; gemm.h) ----
@@ -712,18 +712,18 @@ static int att_o_on(void) {
  * ad_warp_merge, AdArgs.outq), so no q4w_stage_x runs before o (ncu of llama3-8b q4 at 64 sequences, NOTES (ce):
  * 2.6-3.4 µs a staging); where the attention wrote f32, the usual Q4 route stages it. Bitwise either way. */
 int tern__cuda_q4_att_o = -1; /* -1 unread (TERN_CUDA_Q4_ATT_O, default 0); tests set it */
-static int q4_att_o(tern__cuda *c, float *y, int n, const tern__cuda_w *w) {
+static int q4_att_o(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w) {
     if (tern__cuda_q4_att_o < 0) tern__cuda_q4_att_o = tern__cuda_env_int("TERN_CUDA_Q4_ATT_O", 0) != 0;
     float *ys[1] = {y};
     return tern__cuda_q4_att_o && w->dtype == TERN_DT_Q && !tern__cuda_in_scratch(c, y, (size_t)n * w->out * 4) &&
+           !tern__cuda_in_scratch(c, att, (size_t)n * w->in * 4) &&
            tern__cuda_qg4_staged_at(c, ys, &w, 1, n, G1_RES, 0, c->gemm_scratch, NULL);
 }
 
 int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, int in_att, const tern__cuda_w *w) {
     if (!att_o_on() || n <= 0 || in_att != w->in || ((uintptr_t)y & 15)) return 0;
-    const int q4 = q4_att_o(c, y, n, w);
+    const int q4 = q4_att_o(c, y, att, n, w);
     if (!q4 && (!plain_gemm_ok(c, w, n) || !staged_bytes(c, n, w->in, 0))) return 0;
-    if (q4 && tern__cuda_in_scratch(c, att, (size_t)n * in_att * 4)) return 0;
     c->att_f32 = att;
     c->att_n = n;
     c->att_bf16_done = 0;

@@ -29,8 +29,9 @@ struct Q4Args {
     uint32_t magic;             /* 0x43004300, see q4_deq */
     uint16_t *hs;               /* a pair's act(gate)·up as bf16 [n][out] in the staged order (q4s_pos) for the next
                                  * Q4 GEMM's x instead of y in f32 (gemm.c's Q4 norm_mlp); NULL: y */
-    int *cnt;                   /* split K, not a pair (TERN_CUDA_QG4_LB): a counter a (row block, column tile),
-                                 * zero between launches (c->mm_cnt); the last slice block to arrive sums the tile */
+    int *cnt;                   /* a split launch (TERN_CUDA_QG4_LB): a counter a (row block, column tile; a split
+                                 * pair's gate and up blocks share one), zero between launches (c->mm_cnt); the last
+                                 * slice block to arrive sums the tile */
 };
 
 /* a pair's output v of row `row` (< out) and column col: y in f32, or its bf16 in the staged order (a.hs) */
