@@ -1802,25 +1802,10 @@ if [[ " $SECTIONS " == *" 130 "* ]]; then
     say_digests "conc_*_1.txt"
 fi
 
-# 131. session 71 (ran, NOTES (ce): PIPE=1 −3 to −12 % in the models, opt-in): TERN_CUDA_QG4_PIPE=1 (qgemm_q4_wg.cu q4_ring_pipe: tile k's wgmmas run while the warps decode tile
-#      k + 1 into a second A buffer; one block an SM, 6 stages, the split K aimed at one block an SM) with section 130's
-#      one-LOP3 decode: op tests cuda_qgemm_q4 / _wg (both rings), the kernels alone both ways, then batch decode of
-#      AB131_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB131_CONC (default 32,64,128): the tree before (base, as
-#      section 130), PIPE=0, PIPE=1. base and PIPE=0 have equal ids digests; PIPE=1's K split differs (other sums)
-if [[ " $SECTIONS " == *" 131 "* ]]; then
-    ops_ok cuda_qgemm_q4 cuda_qgemm_q4_wg || say "131: AN OP TEST FAILED"
-    grep 'err .*pipe' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -2 | tee -a "$S"
-    for v in 0 1; do
-        TERN_CUDA_QG4_PIPE=$v timeout 100 build/bench_cuda --xr > "$OUT/pipe_bench_$v.txt" 2>&1
-        say "PIPE=$v: $(grep '^bmm' "$OUT/pipe_bench_$v.txt" | grep -E 'n=(32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
-    done
-    sets="TERN_CUDA_QG4_PIPE=0;TERN_CUDA_QG4_PIPE=1"
-    [ -x build/base/concurrency ] && sets="TERN_AB=base BIN=build/base/concurrency;$sets"
-    conc_ab "$sets" "${AB131_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB131_CONC:-32,64,128}"
-    say_digests "conc_*_1.txt"
-fi
+# 131, 133, 135, 136, 137 (sessions 71-72: TERN_CUDA_QG4_PIPE, _QG4_RED, _QG4_LB, _Q4_MLP and their sets) ran in session 73
+#      on an H100, lost and were removed with their switches (NOTES (cg)).
 
-# 132. session 71, written after the device budget ran out: TERN_CUDA_Q4_NORM=1 (gemm.c q4_norm_gemm: norm_matmul for
+# 132. session 71 (ran in session 73: a win with TERN_CUDA_Q4_ATT_O, both default now, NOTES (cg)): TERN_CUDA_Q4_NORM=1 (gemm.c q4_norm_gemm: norm_matmul for
 #      many Q4 rows with the pre-norm writing the batch Q4 GEMM's staged bf16 x itself, norm.cu rmsnorm_q4s — one
 #      q4w_stage_x launch fewer for q|k|v and for gate|up a layer; bitwise). Op test cuda_q4_norm, then batch decode of
 #      AB132_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB132_CONC (default 32,64,128), 0 against 1: ids digests equal
@@ -1830,16 +1815,7 @@ if [[ " $SECTIONS " == *" 132 "* ]]; then
     grep 'err q4_norm' "$OUT/q4_norm_ops.txt" | grep -c 'same bits, y same bits' | sed 's/^/132: bitwise cases /' | tee -a "$S"
 fi
 
-# 133. session 71, written after the device budget ran out: TERN_CUDA_QG4_PIPE=2 (q4_ring_pipe only for launches whose
-#      row x column tiles fill half the SMs without a split — the gate|up-sized ones that won alone in section 131;
-#      the others keep the 2-block ring). Op test (PIPE 0 / 1 / 2), then batch decode of AB133_MODELS (default
-#      llama3-8b:q4 gemma4-12b:q4) at AB133_CONC (default 32,64,128), PIPE 0 against 2
-if [[ " $SECTIONS " == *" 133 "* ]]; then
-    ops_ab 133 cuda_qgemm_q4_wg "TERN_CUDA_QG4_PIPE=0;TERN_CUDA_QG4_PIPE=2" "${AB133_MODELS:-llama3-8b:q4 gemma4-12b:q4}" \
-        "${AB133_CONC:-32,64,128}" "conc_*PIPE*_1.txt"
-fi
-
-# 134. session 71, written after the device budget ran out: TERN_CUDA_Q4_QKV=1 (gemm.c tern__cuda_q4_qkv_rope: norm_qkv_rope_kv
+# 134. session 71 (ran in session 73: mixed, -1.3 to +0.8 %, opt-in; NOTES (cg)): TERN_CUDA_Q4_QKV=1 (gemm.c tern__cuda_q4_qkv_rope: norm_qkv_rope_kv
 #      for many Q4 rows — section 132's staged pre-norm, and the q|k|v GEMM's K slices summed inside the rope and cache
 #      stores, fused.cu rope_kv_parts, instead of qg4_reduce + rope_kv_write; bitwise). Op test cuda_q4_qkv_rope, then
 #      batch decode of AB134_MODELS (default llama3-8b:q4) at AB134_CONC (default 32,64,128): off, Q4_QKV, and Q4_QKV with
@@ -1850,36 +1826,12 @@ if [[ " $SECTIONS " == *" 134 "* ]]; then
     grep 'err q4_qkv_rope' "$OUT/q4_qkv_rope_ops.txt" | head -6 | tee -a "$S"
 fi
 
-# 135. session 71, written after the device budget ran out: TERN_CUDA_QG4_RED=1 (qg4_reduce's slice loads batched 8 at a
-#      time before their adds, cuda_common.cuh part_sum; the same adds in the same order). Op test cuda_qgemm_q4_wg (its
-#      PIPE=1 pass runs RED=1), then batch decode of AB135_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB135_CONC
-#      (default 32,64,128), 0 against 1: ids digests equal
-if [[ " $SECTIONS " == *" 135 "* ]]; then
-    ops_ab 135 cuda_qgemm_q4_wg "TERN_CUDA_QG4_RED=0;TERN_CUDA_QG4_RED=1" "${AB135_MODELS:-llama3-8b:q4 gemma4-12b:q4}" \
-        "${AB135_CONC:-32,64,128}" "conc_*QG4_RED*_1.txt"
-fi
-
-# 136. session 71: sections 132, 134 and 135's bitwise switches together against the defaults, one pass — batch decode
-#      of AB136_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB136_CONC (default 32,64,128), after the three op tests;
-#      ids digests equal (PIPE=2 is not in it: its split differs)
-if [[ " $SECTIONS " == *" 136 "* ]]; then
-    ops_ab 136 "cuda_q4_norm cuda_q4_qkv_rope cuda_qgemm_q4_wg" \
-        "TERN_AB=default;TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1" \
-        "${AB136_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB136_CONC:-32,64,128}" "conc_*_1.txt"
-fi
-
-# 137. session 72: TERN_CUDA_Q4_MLP=1 (gemm.c q4_mlp: norm_mlp for many Q4 rows — the staged pre-norm, gate|up writing
-#      act(gate)·up as bf16 in the staged order (Q4Args.hs) and down reading it: no f32 h, no q4w_stage_x before down),
-#      TERN_CUDA_Q4_ATT_O=1 (the batch decode attention writing o's staged bf16 x, attn_decode.cuh AdArgs.outq) and
-#      TERN_CUDA_QG4_LB=1 (the split K of plain / y += W·x launches summed by the tile's last slice block, qgemm_q4.cuh
-#      qw_store; no qg4_reduce); all bitwise. Op tests, then batch decode of AB137_MODELS (default llama3-8b:q4) at
-#      AB137_CONC (default 32,64,128): the defaults, section 136's three switches (N+Q+R), N+Q+R with MLP and ATT_O, and
-#      those with LB (AB137_SETS: other sets); ids digests equal
-if [[ " $SECTIONS " == *" 137 "* ]]; then
-    nqr="TERN_CUDA_Q4_NORM=1 TERN_CUDA_Q4_QKV=1 TERN_CUDA_QG4_RED=1"
-    ops_ab 137 "cuda_q4_mlp cuda_q4_norm cuda_q4_qkv_rope cuda_attention_o cuda_qg4_lb cuda_qgemm_q4_wg" \
-        "${AB137_SETS:-TERN_AB=default;$nqr;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1;$nqr TERN_CUDA_Q4_MLP=1 TERN_CUDA_Q4_ATT_O=1 TERN_CUDA_QG4_LB=1}" \
-        "${AB137_MODELS:-llama3-8b:q4}" "${AB137_CONC:-32,64,128}" "conc_*_1.txt"
+# 138. session 73: TERN_CUDA_Q4_QKV=1 on the new defaults (Q4_NORM and Q4_ATT_O on) — its one mixed result again, with
+#      two reps: op tests cuda_q4_qkv_rope / cuda_q4_norm / cuda_attention_o, then batch decode of AB138_MODELS (default
+#      llama3-8b:q4 gemma4-12b:q4) at AB138_CONC (default 32,64,128), off against on; ids digests equal
+if [[ " $SECTIONS " == *" 138 "* ]]; then
+    ops_ab 138 "cuda_q4_qkv_rope cuda_q4_norm cuda_attention_o" "${AB138_SETS:-TERN_AB=default;TERN_CUDA_Q4_QKV=1}" \
+        "${AB138_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB138_CONC:-32,64,128}" "conc_*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

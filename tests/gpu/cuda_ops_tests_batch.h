@@ -374,80 +374,6 @@ TEST(cuda_q4_norm) {
     tern__cuda_norm_res_n = keep_rn;
 }
 
-/* norm_mlp for many rows of Q4 (gemm.c q4_mlp, TERN_CUDA_Q4_MLP: the staged pre-norm, gate|up writing act(gate)·up as
- * the down GEMM's staged bf16 x, down reading it) against the separate ops — rmsnorm_add in place (with res), rmsnorm,
- * matmul_glu, matmul_add / matmul: x', xn and y bitwise. Q4 g64 with BF16 scales, SiLU and GELU, y = and y +=, with and
- * without the residual prologue, 24 / 64 / 100 rows (32- and 64-row column tiles; the pair split and reduced at 24,
- * direct at 64); off (TERN_CUDA_Q4_MLP=0) it declines. */
-extern int tern__cuda_q4_mlp;
-TEST(cuda_q4_mlp) {
-    tern_backend *g = g_gpu16;
-    if (!g || !g->vt->norm_mlp || !g->vt->rmsnorm_add) { SKIP("cuda_q4_mlp", "no bf16-mode backend or norm_mlp"); return; }
-    if (!tern__cuda_qg4w_ok) { SKIP("cuda_q4_mlp", "no sm_90a image for this GPU"); return; }
-    const int keep = tern__cuda_q4_mlp, keep_rn = tern__cuda_norm_res_n;
-    tern__cuda_norm_res_n = 1;
-    tern__cuda_bf16_split = 0;
-    const int H = 512, I = 384, O[3] = {I, I, H}; /* gate, up [I, H]; down [H, I] */
-    hw hq[3];
-    tern_tensor t[3];
-    const int ok = q4w_make(g, hq, t, 2, O, H) & q4w_make(g, hq + 2, t + 2, 1, O + 2, I);
-    CHECK(ok, "upload");
-    const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
-    static const int NS[] = {24, 64, 100};
-    /* (act, add, res): res only with add 0 (the op declines both) */
-    static const int CASES[][3] = {{TERN_ACT_SILU, 1, 0}, {TERN_ACT_SILU, 0, 1}, {TERN_ACT_GELU_TANH, 0, 0},
-                                   {TERN_ACT_GELU_TANH, 0, 1}};
-    for (size_t ni = 0; ok && ni < TERN_ARRAY_LEN(NS); ni++) {
-        const int n = NS[ni];
-        const size_t cnt = (size_t)n * H;
-        float *hx = rnd(cnt, 2.0f), *hh = rnd(cnt, 1.5f), *hw_ = rnd(H, 1.0f), *hn = rnd(H, 1.0f), *hy = rnd(cnt, 1.0f);
-        float sc = 0.8f;
-        void *x = to_gpu(hx, cnt * 4), *h = to_gpu(hh, cnt * 4), *wd = to_gpu(hw_, H * 4), *nwd = to_gpu(hn, H * 4),
-             *sd = to_gpu(&sc, 4);
-        for (size_t ci = 0; ci < TERN_ARRAY_LEN(CASES); ci++) {
-            const int act = CASES[ci][0], add = CASES[ci][1], rs = CASES[ci][2];
-            float *xo = nan_buf(g, cnt), *xp = to_gpu(hx, cnt * 4), *xna = nan_buf(g, cnt), *xnb = nan_buf(g, cnt);
-            float *ya = to_gpu(hy, cnt * 4), *yb = to_gpu(hy, cnt * 4), *hb = nan_buf(g, (size_t)n * I);
-            const tern_norm_res r = {xo, h, wd, sd};
-            tern__cuda_q4_mlp = 0;
-            CHECK(g->vt->norm_mlp(g, xna, x, nwd, 1e-6f, n, ya, add, ws, act, rs ? &r : NULL) == 0,
-                  "n %d act %d add %d res %d: served with TERN_CUDA_Q4_MLP=0", n, act, add, rs);
-            tern__cuda_q4_mlp = 1;
-            const unsigned long long c0 = tern__cuda_qg4w_calls;
-            const int ra = g->vt->norm_mlp(g, xna, x, nwd, 1e-6f, n, ya, add, ws, act, rs ? &r : NULL);
-            CHECK(ra == 1 && tern__cuda_qg4w_calls >= c0 + 2, "n %d act %d add %d res %d: not served (%d)", n, act, add,
-                  rs, ra);
-            tern__cuda_q4_mlp = 0;
-            if (rs) CHECK(g->vt->rmsnorm_add(g, xp, h, n, H, wd, 1e-6f, sd) == 1, "rmsnorm_add refused");
-            g->vt->rmsnorm(g, xnb, xp, n, H, nwd, 1e-6f);
-            CHECK(g->vt->matmul_glu(g, hb, xnb, n, ws[0], ws[1], act) == 1, "matmul_glu refused");
-            if (add) CHECK(g->vt->matmul_add(g, yb, hb, n, ws[2]) == 1, "matmul_add refused");
-            else g->vt->matmul(g, yb, hb, n, ws[2]);
-            float *a = from_gpu(g, ya, cnt), *b = from_gpu(g, yb, cnt), *na = from_gpu(g, xna, cnt), *nb = from_gpu(g, xnb, cnt);
-            const int ysame = !memcmp(a, b, cnt * 4), nsame = !memcmp(na, nb, cnt * 4);
-            CHECK(nsame, "n %d act %d add %d res %d: xn differs", n, act, add, rs);
-            CHECK(ysame, "n %d act %d add %d res %d: y differs (rel %.3e)", n, act, add, rs, test_rel_l2(a, b, cnt));
-            if (rs) {
-                float *pa = from_gpu(g, xo, cnt), *pb = from_gpu(g, xp, cnt);
-                CHECK(!memcmp(pa, pb, cnt * 4), "n %d act %d: x' differs from rmsnorm_add", n, act);
-                free(pa); free(pb);
-            }
-            printf("  err q4_mlp n=%d act %d add %d res %d: xn %s, y %s\n", n, act, add, rs, nsame ? "same bits" : "DIFF",
-                   ysame ? "same bits" : "DIFF");
-            free(a); free(b); free(na); free(nb);
-            void *bufs[] = {xo, xp, xna, xnb, ya, yb, hb};
-            for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
-        }
-        void *bufs[] = {x, h, wd, nwd, sd};
-        for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) g->vt->free(g, bufs[i]);
-        free(hx); free(hh); free(hw_); free(hn); free(hy);
-    }
-    q4w_free(g, hq, t, 3);
-    tern__cuda_bf16_split = 1;
-    tern__cuda_q4_mlp = keep;
-    tern__cuda_norm_res_n = keep_rn;
-}
-
 /* norm_matmul for many rows with precise weights (gemm.c gemm_norm_split: one kernel writes rmsnorm(x)·w and
  * its bf16 pair, then the split GEMMs on the pair and the plain ones on its high half) against rmsnorm + the
  * separate matmuls: xn and y bitwise. q|k|v with q and k precise, q alone, and bf16x2 (every weight split)
@@ -1402,7 +1328,6 @@ static void cuda_batch_tests(void) {
     RUN(cuda_attention_decode_rope_bits);
     RUN(cuda_norm_gemm_split);
     RUN(cuda_q4_norm);
-    RUN(cuda_q4_mlp);
     RUN(cuda_q4_qkv_rope);
     RUN(cuda_batch_fused);
     RUN(cuda_norm_gemm);

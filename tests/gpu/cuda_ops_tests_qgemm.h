@@ -238,65 +238,8 @@ TEST(cuda_qgemm_q4) {
     tern__cuda_bf16_split = keep_split;
 }
 
-/* TERN_CUDA_QG4_LB (qgemm_q4.cuh qw_store: the last slice block of a tile sums the split K) against qg4_reduce: y = W·x,
- * y += W·x, q|k|v (matmul_n, three matrices in one grid) and silu(gate)·up (matmul_glu: the split pair, and at 64 /
- * 100 rows WGPAIR's blocks) bitwise, Q4 g64, on the mma.sync kernel (5, 13 rows) and the wgmma one (24, 64, 100 rows);
- * the hand-off must have run (tern__cuda_qg4_lb_calls) */
-TEST(cuda_qg4_lb) {
-    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_lb;
-    extern unsigned long long tern__cuda_qg4_lb_calls;
-    tern_backend *g = g_gpu16;
-    if (!g || !g->vt->matmul_n || !g->vt->matmul_add) { SKIP("cuda_qg4_lb", "no bf16-mode backend"); return; }
-    const int keep = tern__cuda_qg4_on, keep_xr = tern__cuda_gemv_xr, keep_lb = tern__cuda_qg4_lb;
-    const int keep_split = tern__cuda_bf16_split;
-    tern__cuda_qg4_on = 1;
-    tern__cuda_gemv_xr = 0;
-    tern__cuda_bf16_split = 0;
-    const int H = 4096, O[3] = {1024, 256, 256};
-    hw hq[3];
-    tern_tensor t[3];
-    const int ok = q4w_make(g, hq, t, 3, O, H);
-    CHECK(ok, "upload");
-    const tern_tensor *ws[3] = {&t[0], &t[1], &t[2]};
-    static const int NS[] = {5, 13, 24, 64, 100};
-    for (size_t ni = 0; ok && ni < TERN_ARRAY_LEN(NS); ni++) {
-        const int n = NS[ni];
-        const size_t cnt = (size_t)n * H, tot = (size_t)n * (1536 + 256);
-        float *hx = rnd(cnt, 1.0f), *hy = rnd(tot, 1.0f);
-        void *x = to_gpu(hx, cnt * 4);
-        float *y[2];
-        const unsigned long long c0 = tern__cuda_qg4_lb_calls;
-        for (int lb = 0; lb < 2; lb++) {
-            tern__cuda_qg4_lb = lb;
-            y[lb] = to_gpu(hy, tot * 4);
-            float *ys[3] = {y[lb], y[lb] + (size_t)n * 1024, y[lb] + (size_t)n * 1280};
-            float *y2 = y[lb] + (size_t)n * 1024; /* y = W·x on matrix 0 into the q|k|v rows' k block, then += */
-            CHECK(g->vt->matmul_add(g, y[lb], x, n, ws[0]) == 1, "n %d: matmul_add refused", n);
-            g->vt->matmul(g, y2, x, n, ws[1]);
-            CHECK(g->vt->matmul_n(g, 3, ys, x, n, ws) == 1, "n %d: matmul_n refused", n);
-            CHECK(g->vt->matmul_add(g, y[lb], x, n, ws[0]) == 1, "n %d: matmul_add refused", n);
-            CHECK(g->vt->matmul_glu(g, y[lb] + (size_t)n * 1536, x, n, ws[1], ws[2], TERN_ACT_SILU) == 1,
-                  "n %d: matmul_glu refused", n);
-        }
-        float *a = from_gpu(g, y[0], tot), *b = from_gpu(g, y[1], tot);
-        const int same = !memcmp(a, b, tot * 4);
-        printf("  err qg4_lb n=%d: %s (%llu hand-offs)\n", n, same ? "same bits" : "DIFF", tern__cuda_qg4_lb_calls - c0);
-        CHECK(same, "n %d: LB differs from qg4_reduce (rel %.3e)", n, test_rel_l2(a, b, tot));
-        CHECK(tern__cuda_qg4_lb_calls > c0, "n %d: no launch summed its split K in the kernel", n);
-        free(a); free(b);
-        g->vt->free(g, x); g->vt->free(g, y[0]); g->vt->free(g, y[1]);
-        free(hx); free(hy);
-    }
-    q4w_free(g, hq, t, 3);
-    tern__cuda_qg4_lb = keep_lb;
-    tern__cuda_qg4_on = keep;
-    tern__cuda_gemv_xr = keep_xr;
-    tern__cuda_bf16_split = keep_split;
-}
-
 /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles),
- * plain and fused, against the same bf16-rounded reference as the mma.sync kernel; both rings (TERN_CUDA_QG4_PIPE), with
- * TERN_CUDA_QG4_RED and TERN_CUDA_QG4_LB in the PIPE 1 / 2 passes */
+ * plain and fused, against the same bf16-rounded reference as the mma.sync kernel */
 TEST(cuda_qgemm_q4_wg) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
     extern unsigned long long tern__cuda_qg4w_calls;
@@ -309,28 +252,15 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_qg4_wg = 1;
     tern__cuda_gemv_xr = 0;
     tern__cuda_bf16_split = 0;
-    extern int tern__cuda_qg4_wgpair, tern__cuda_qg4_pipe;
-    const int keep_pair = tern__cuda_qg4_wgpair, keep_pipe = tern__cuda_qg4_pipe;
     static const int ns[] = {17, 32, 33, 64, 65, 100, 128};
+    q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4 wgmma", &tern__cuda_qg4w_calls);
+    extern int tern__cuda_qg4_wgpair;
+    const int keep_pair = tern__cuda_qg4_wgpair;
     static const int nf[] = {29, 61, 93, 125};
-    extern int tern__cuda_qg4_red, tern__cuda_qg4_lb;
-    const int keep_red = tern__cuda_qg4_red, keep_lb = tern__cuda_qg4_lb;
-    for (int pipe = 0; pipe < 3; pipe++) { /* TERN_CUDA_QG4_PIPE: the decode of a tile beside the previous one's wgmmas */
-        tern__cuda_qg4_pipe = pipe;
-        tern__cuda_qg4_red = pipe == 1; /* TERN_CUDA_QG4_RED (the split sums' loads batched) with the first pipe pass */
-        tern__cuda_qg4_lb = pipe == 2;  /* TERN_CUDA_QG4_LB (the tile's last slice block sums the split) with the second */
-        q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), pipe == 1 ? "qg4 wgmma pipe" : pipe ? "qg4 wgmma pipe2" : "qg4 wgmma",
-                       &tern__cuda_qg4w_calls);
-        for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
-            tern__cuda_qg4_wgpair = pair;
-            q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? (pipe ? "qg4 wgmma pair pipe" : "qg4 wgmma pair")
-                                                            : (pipe ? "qg4 wgmma pipe" : "qg4 wgmma"),
-                           &tern__cuda_qg4w_calls);
-        }
+    for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
+        tern__cuda_qg4_wgpair = pair;
+        q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? "qg4 wgmma pair" : "qg4 wgmma", &tern__cuda_qg4w_calls);
     }
-    tern__cuda_qg4_pipe = keep_pipe;
-    tern__cuda_qg4_red = keep_red;
-    tern__cuda_qg4_lb = keep_lb;
     tern__cuda_qg4_wgpair = keep_pair;
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
@@ -341,7 +271,6 @@ TEST(cuda_qgemm_q4_wg) {
 static void cuda_qgemm_tests(void) {
     RUN(cuda_qgemm_q4);
     RUN(cuda_qgemm_q4_wg);
-    RUN(cuda_qg4_lb);
     RUN(cuda_qgemm_formats);
     RUN(cuda_qgemm_shapes);
     RUN(cuda_qgemm_expert_stack);

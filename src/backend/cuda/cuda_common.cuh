@@ -315,10 +315,10 @@ __device__ __forceinline__ int q4s_pos(int j) {
 }
 
 /* Σ_k p[k·slice] over k < S, from 0 in slice order: a split-K sum (qgemm_q4.cu qg4_reduce, fused.cu rope_kv_parts).
- * BATCH (qg4_reduce with TERN_CUDA_QG4_RED=1; rope_kv_parts): the loads of up to 8 slices issued before their adds —
- * the plain loop's compiled form waits one L2 round trip a slice (S = 5-9 at 64 rows: ncu of llama3-8b q4 at 64
- * sequences put those reduces at 4.95-5.46 µs for 8-9 MB, NOTES (ce)); the same adds in the same order */
-template <bool BATCH> __device__ __forceinline__ float part_sum(const float *p, size_t slice, int S) {
+ * BATCH (rope_kv_parts): the loads of up to 8 slices issued before their adds — the plain loop's compiled form waits
+ * one L2 round trip a slice (S = 5-9 at 64 rows, NOTES (ce)); the same adds in the same order. In qg4_reduce
+ * (session 72's TERN_CUDA_QG4_RED) it lost on the H100: -2.5 / -0.6 % at 32 / 64 sequences of llama3-8b q4 (NOTES (cg)) */
+template <bool BATCH = false> __device__ __forceinline__ float part_sum(const float *p, size_t slice, int S) {
     float v = 0.0f;
     int k = 0;
     if constexpr (BATCH) {

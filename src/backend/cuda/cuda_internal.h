@@ -236,11 +236,6 @@ int tern__cuda_q4_rows(tern__cuda *c, float *const *y, const tern__cuda_w *const
  * was written directly */
 int tern__cuda_qg4_staged(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n, int mode, int run,
                           int *parts);
-/* tern__cuda_qg4_staged with the staged x at xs (in gemm_scratch, 16-byte aligned) and, for a pair (G1_SILU /
- * G1_GELU), act(gate)·up written as bf16 at hs in the staged order for the next Q4 GEMM's x (gate's out a multiple of
- * 128; apart from x in gemm_scratch) instead of y; hs NULL: y as usual. 0 when not served (nothing launched) */
-int tern__cuda_qg4_staged_at(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n, int mode,
-                             int run, const void *xs, void *hs);
 /* fused.cu: rope_kv_write over q|k|v summed from S slices of the batch Q4 GEMM's partials (slice floats each: the q,
  * k, v blocks [n][out] back to back), q / k / v written: bitwise qg4_reduce + rope_kv_write; 0 when not served */
 int tern__cuda_rope_kv_parts(tern__cuda *c, const tern_kv_layer *kv, const tern_rows *rows, const float *part,

@@ -353,11 +353,8 @@ static void norm_stage(tern__cuda *c, float *xn, void *xh, void *xl, const float
  * the products and h fit gemm_scratch; TERN_CUDA_MLP_BF16=0 never. H200, session 26 (bench/NOTES.md (am)), llama3-8b
  * bf16 batch decode 128 + 128, from 65 → 9 rows: 64 sequences 10799 / 10808 → 11000 / 10826 dec tok/s, 32: 5787 /
  * 5773 → 5861 / 5821, 16: 3088 / 3103 → 3072 / 3096 (a tie; hence 32). */
-static int q4_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
-                  const tern__cuda_w *const *w, int act, const tern_norm_res *res);
 int tern__cuda_gemm_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
                         const tern__cuda_w *const *w, int act, const tern_norm_res *res) {
-    if (q4_mlp(c, xn, x, nw, eps, n, y, add, w, act, res)) return 1;
     static int on = -1, from = -1;
     if (on < 0) on = tern__cuda_env_int("TERN_CUDA_MLP_BF16", 1) != 0;
     if (from < 0) from = tern__cuda_env_int("TERN_CUDA_MLP_MIN", 32);
@@ -447,8 +444,9 @@ static int gemm_norm_split(tern__cuda *c, float *xn, const float *x, const float
  * many-row paths (rmsnorm_res_bf16's). Bitwise the separate ops. Taken only where tern__cuda_qg4_staged says the
  * wgmma kernel takes every matrix (17..128 rows, BF16 scales, K a multiple of 128), so nothing declines after the
  * norm ran. ncu of llama3-8b q4 at 64 sequences (session 71, NOTES (ce)): q4w_stage_x 2.6 µs a launch, four a layer.
- * Written in session 71 after the device budget ran out: opt-in (1) until timed. */
-int tern__cuda_q4_norm = -1; /* -1 unread (TERN_CUDA_Q4_NORM, default 0); tests set it */
+ * Default since session 73 (H100, with TERN_CUDA_Q4_ATT_O; NOTES (cg)): llama3-8b q4 at 32 / 64 / 128 sequences
+ * +0.7 / +2.2 / +1.0 %, gemma4-12b q4 +0.2 / +0.8 / +0.7 %, ids digests equal; `TERN_CUDA_Q4_NORM=0` off. */
+int tern__cuda_q4_norm = -1; /* -1 unread (TERN_CUDA_Q4_NORM, default 1); tests set it */
 /* the pre-norm may write the staged x: xn aligned, and no row it reads or writes in gemm_scratch */
 static int q4_norm_fits(const tern__cuda *c, const float *xn, const float *x, int n, int in, const tern_norm_res *res) {
     const size_t rb = (size_t)n * in * sizeof(float);
@@ -457,7 +455,7 @@ static int q4_norm_fits(const tern__cuda *c, const float *xn, const float *x, in
 }
 static int q4_norm_gemm(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, int k,
                         float *const *y, const tern__cuda_w *const *w, int mode, const tern_norm_res *res) {
-    if (tern__cuda_q4_norm < 0) tern__cuda_q4_norm = tern__cuda_env_int("TERN_CUDA_Q4_NORM", 0) != 0;
+    if (tern__cuda_q4_norm < 0) tern__cuda_q4_norm = tern__cuda_env_int("TERN_CUDA_Q4_NORM", 1) != 0;
     const int pair = mode == G1_SILU || mode == G1_GELU;
     if (!tern__cuda_q4_norm || w[0]->dtype != TERN_DT_Q || (pair ? k != 2 : mode != G1_PLAIN) ||
         !q4_norm_fits(c, xn, x, n, w[0]->in, res))
@@ -467,35 +465,6 @@ static int q4_norm_gemm(tern__cuda *c, float *xn, const float *x, const float *n
     cudaSetDevice(c->device);
     tern__cuda_rmsnorm_q4s(c, xn, c->gemm_scratch, x, n, w[0]->in, nw, eps, res);
     return tern__cuda_qg4_staged(c, ys, w, k, n, mode, 1, NULL);
-}
-
-/* ---- ops.h norm_mlp for many rows of Q4 (TERN_CUDA_Q4_MLP) ----
- * q4_norm_gemm's staged pre-norm and gate|up, whose act(gate)·up lands as bf16 in the staged order (Q4Args.hs) after
- * the staged x in gemm_scratch, and down reading it there: no f32 h written and read back, no q4w_stage_x before down
- * (ncu of llama3-8b q4 at 64 sequences, NOTES (ce): 2.6-3.4 µs a staging, the pair writing 3.7 MB of f32 h). Bitwise
- * the separate ops (q4w_stage_x rounds h to bf16 the same way). Taken only where the wgmma kernel takes all three GEMMs
- * and h fits beside x; with res as norm_matmul's prologue (declined with add or h2, as the bf16 form does). Written in
- * session 72: opt-in (1) until timed. */
-int tern__cuda_q4_mlp = -1; /* -1 unread (TERN_CUDA_Q4_MLP, default 0); tests set it */
-static int q4_mlp(tern__cuda *c, float *xn, const float *x, const float *nw, float eps, int n, float *y, int add,
-                  const tern__cuda_w *const *w, int act, const tern_norm_res *res) {
-    if (tern__cuda_q4_mlp < 0) tern__cuda_q4_mlp = tern__cuda_env_int("TERN_CUDA_Q4_MLP", 0) != 0;
-    if (!tern__cuda_q4_mlp || n < 2 || xn == x || w[0]->dtype != TERN_DT_Q || w[2]->dtype != TERN_DT_Q ||
-        (res && (!res_n_on() || add || res->h2)) || w[2]->in != w[0]->out || ((uintptr_t)y & 15) ||
-        (act != TERN_ACT_SILU && act != TERN_ACT_GELU_TANH) || !q4_norm_fits(c, xn, x, n, w[0]->in, res) ||
-        tern__cuda_in_scratch(c, y, (size_t)n * w[2]->out * sizeof(float)))
-        return 0;
-    const int mode = act == TERN_ACT_SILU ? G1_SILU : G1_GELU, dmode = add ? G1_RES : G1_PLAIN;
-    uint8_t *xs = (uint8_t *)c->gemm_scratch, *hs = xs + (((size_t)n * w[0]->in * 2 + 255) & ~(size_t)255);
-    float *yg[2] = {y, y}; /* the pair writes hs, not y */
-    float *yd[1] = {y};
-    if (!tern__cuda_qg4_staged_at(c, yg, w, 2, n, mode, 0, xs, hs) ||
-        !tern__cuda_qg4_staged_at(c, yd, w + 2, 1, n, dmode, 0, hs, NULL))
-        return 0;
-    cudaSetDevice(c->device);
-    tern__cuda_rmsnorm_q4s(c, xn, xs, x, n, w[0]->in, nw, eps, res);
-    return tern__cuda_qg4_staged_at(c, yg, w, 2, n, mode, 1, xs, hs) &&
-           tern__cuda_qg4_staged_at(c, yd, w + 2, 1, n, dmode, 1, hs, NULL);
 }
 
 /* ---- ops.h norm_qkv_rope_kv for many rows of Q4 (TERN_CUDA_Q4_QKV; gemm.h) ----
@@ -707,17 +676,18 @@ static int att_o_on(void) {
     return v;
 }
 
-/* TERN_CUDA_Q4_ATT_O (session 72, opt-in until timed): the same handoff for a Q4 o projection that the batch Q4 GEMM on
- * wgmma takes (17..128 rows): the attention writes its bf16 output in that kernel's staged order (attn_decode.cuh
- * ad_warp_merge, AdArgs.outq), so no q4w_stage_x runs before o (ncu of llama3-8b q4 at 64 sequences, NOTES (ce):
- * 2.6-3.4 µs a staging); where the attention wrote f32, the usual Q4 route stages it. Bitwise either way. */
-int tern__cuda_q4_att_o = -1; /* -1 unread (TERN_CUDA_Q4_ATT_O, default 0); tests set it */
+/* TERN_CUDA_Q4_ATT_O (session 72; default since session 73, `=0` off): the same handoff for a Q4 o projection that
+ * the batch Q4 GEMM on wgmma takes (17..128 rows): the attention writes its bf16 output in that kernel's staged order
+ * (attn_decode.cuh ad_warp_merge, AdArgs.outq), so no q4w_stage_x runs before o (ncu of llama3-8b q4 at 64
+ * sequences, NOTES (ce): 2.6-3.4 µs a staging); where the attention wrote f32, the usual Q4 route stages it. Bitwise
+ * either way. H100 (NOTES (cg)): llama3-8b q4 at 32 / 64 sequences +0.3 / +0.7 % alone, more with TERN_CUDA_Q4_NORM. */
+int tern__cuda_q4_att_o = -1; /* -1 unread (TERN_CUDA_Q4_ATT_O, default 1); tests set it */
 static int q4_att_o(tern__cuda *c, float *y, const float *att, int n, const tern__cuda_w *w) {
-    if (tern__cuda_q4_att_o < 0) tern__cuda_q4_att_o = tern__cuda_env_int("TERN_CUDA_Q4_ATT_O", 0) != 0;
+    if (tern__cuda_q4_att_o < 0) tern__cuda_q4_att_o = tern__cuda_env_int("TERN_CUDA_Q4_ATT_O", 1) != 0;
     float *ys[1] = {y};
     return tern__cuda_q4_att_o && w->dtype == TERN_DT_Q && !tern__cuda_in_scratch(c, y, (size_t)n * w->out * 4) &&
            !tern__cuda_in_scratch(c, att, (size_t)n * w->in * 4) &&
-           tern__cuda_qg4_staged_at(c, ys, &w, 1, n, G1_RES, 0, c->gemm_scratch, NULL);
+           tern__cuda_qg4_staged(c, ys, &w, 1, n, G1_RES, 0, NULL);
 }
 
 int tern__cuda_attn_o_begin(tern__cuda *c, float *y, const float *att, int n, int in_att, const tern__cuda_w *w) {
@@ -744,7 +714,7 @@ int tern__cuda_attn_o_end(tern__cuda *c, float *y, const float *att, int n, cons
     if (q4) {
         float *ys[1] = {y};
         const int mode = add ? G1_RES : G1_PLAIN;
-        return staged ? tern__cuda_qg4_staged_at(c, ys, &w, 1, n, mode, 1, c->gemm_scratch, NULL)
+        return staged ? tern__cuda_qg4_staged(c, ys, &w, 1, n, mode, 1, NULL)
                       : tern__cuda_q4_rows(c, ys, &w, 1, att, n, mode, 0);
     }
     if (!staged && !stage_x(c, att, n, w->in, 0)) return 0;

@@ -144,17 +144,14 @@ __global__ void __launch_bounds__(256, NT == 2 ? 3 : 2) qg4_kernel(Q4Args a) {
 
 /* the S slices of the partials summed in slice order into the outputs: matrix i's block of a slice
  * to y_i (+= for G1_RES), or for a pair act(Σ gate)·Σ up into y_0 */
-template <bool BATCH = false> __global__ void qg4_reduce(Q4Args a, int S) {
+__global__ void qg4_reduce(Q4Args a, int S) {
     pdl_start();
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const size_t m = pair ? a.m[1].poff : a.slice;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m; i += (size_t)gridDim.x * blockDim.x) {
-        const float v = part_sum<BATCH>(a.part + i, a.slice, S);
+        const float v = part_sum(a.part + i, a.slice, S);
         if (pair) {
-            const float u = part_sum<BATCH>(a.part + m + i, a.slice, S);
-            const float h = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
-            if (a.hs) q4_pair_out(a, a.m[0].out, (int)(i % a.m[0].out), (int)(i / a.m[0].out), h);
-            else a.m[0].y[i] = h;
+            a.m[0].y[i] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * part_sum(a.part + m + i, a.slice, S);
             continue;
         }
         const int mi = a.k > 2 && i >= a.m[2].poff ? 2 : a.k > 1 && i >= a.m[1].poff ? 1 : 0;
@@ -163,25 +160,14 @@ template <bool BATCH = false> __global__ void qg4_reduce(Q4Args a, int S) {
     }
 }
 
-/* TERN_CUDA_QG4_LB (session 72, opt-in until timed): a split launch's K slices (and a split pair's gate and up halves)
- * summed by the last of a tile's slice blocks to arrive (qgemm_q4.cuh qw_store; split_k.cuh's hand-off, c->mm_cnt's
- * counters) instead of a qg4_reduce launch — bitwise (the same adds in slice order, act(Σ gate)·Σ up). ncu of
- * llama3-8b q4 at 64 sequences (NOTES (ce)): three reduces a layer at 4.95-5.46 µs; at 17..32 rows the gate|up pair is
- * always reduced. The callers that take the partials (TERN_CUDA_Q4_QKV) keep them */
-extern "C" int tern__cuda_qg4_lb;
-int tern__cuda_qg4_lb = -1; /* -1 unread (TERN_CUDA_QG4_LB, default 0); tests set it */
-extern "C" unsigned long long tern__cuda_qg4_lb_calls; /* launches that summed their split that way (tests) */
-unsigned long long tern__cuda_qg4_lb_calls = 0;
-
-/* qg4_reduce over S slices; what: the label of the launch check */
-extern "C" int tern__cuda_qg4_red;
-int tern__cuda_qg4_red = -1; /* -1 unread (TERN_CUDA_QG4_RED, default 0 until timed); tests set it */
+/* qg4_reduce over S slices; what: the label of the launch check. Lost and removed in session 73 (H100, NOTES (cg)):
+ * TERN_CUDA_QG4_RED (the slices' loads issued 8 at a time: llama3-8b q4 at 32 / 64 sequences -2.5 / -0.6 %) and
+ * TERN_CUDA_QG4_LB (the tile's last slice block summing the split inside the GEMM instead of this launch: -24 % at 64;
+ * that block's S serial L2 round trips sit on the end of every split launch) */
 static void qg4_reduce_run(tern__cuda *c, const Q4Args &a, int S, const char *what) {
-    if (tern__cuda_qg4_red < 0) tern__cuda_qg4_red = tern__cuda_env_int("TERN_CUDA_QG4_RED", 0) != 0;
     const bool pair = a.mode == G1_SILU || a.mode == G1_GELU;
     const size_t m = pair ? a.m[1].poff : a.slice, rb = (m + 255) / 256;
-    if (tern__cuda_qg4_red) tern_launch(c->stream, qg4_reduce<true>, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
-    else tern_launch(c->stream, qg4_reduce<false>, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
+    tern_launch(c->stream, qg4_reduce, (unsigned)(rb < 4096 ? rb : 4096), 256, 0, a, S);
     tern__cuda_check(c, what);
 }
 
@@ -244,7 +230,7 @@ static int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int
  * the outs before it), 0 when the launch wrote y (one slice) */
 enum { Q4_RUN, Q4_STAGED_OK, Q4_STAGED };
 static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, const float *x, int n, int mode,
-                  int e, int how, int *parts = nullptr, const void *xs = nullptr, void *hs = nullptr) {
+                  int e, int how, int *parts = nullptr) {
     if (tern__cuda_qg4_on < 0) tern__cuda_qg4_on = tern__cuda_env_int("TERN_CUDA_QG4", 1) != 0;
     if (tern__cuda_qg4_st < 0) tern__cuda_qg4_st = tern__cuda_env_int("TERN_CUDA_QG4_ST", Q4_ST);
     if (!tern__cuda_qg4_on || n < 2 || n > tern__cuda_qg4_max_n || k < 1 || k > 3) return 0;
@@ -262,17 +248,6 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     const size_t xbytes = (size_t)n * w0->in * 2;
     if (xbytes > c->gemm_scratch_bytes || (how == Q4_RUN && tern__cuda_in_scratch(c, x, (size_t)n * w0->in * 4)))
         return 0; /* x itself in the scratch */
-    /* xs: the staged x elsewhere in the scratch; hs: a pair's staged h there, apart from x */
-    const uint8_t *const scr = (const uint8_t *)c->gemm_scratch, *const xp = xs ? (const uint8_t *)xs : scr;
-    if (xs && (how == Q4_RUN || xp < scr || (size_t)(xp - scr) + xbytes > c->gemm_scratch_bytes || ((uintptr_t)xp & 15)))
-        return 0;
-    if (hs) {
-        const uint8_t *hp = (const uint8_t *)hs;
-        const size_t hb = (size_t)n * w0->out * 2;
-        if (!pair || how == Q4_RUN || w0->out % QG_KB || hp < scr || (size_t)(hp - scr) + hb > c->gemm_scratch_bytes ||
-            (hp < xp + xbytes && xp < hp + hb))
-            return 0;
-    }
     const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8;
     if (how != Q4_RUN && (nt < 4 || !tern__cuda_qg4w_on())) return 0; /* the staged order is the wgmma kernel's */
     Q4Args a = {};
@@ -282,8 +257,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
      * SMs (at 32-row tiles, memory-bound, the split wins: 32 sequences 6252 vs 5450 tok/s) */
     const bool wgp = pair && nt == 8 && tern__cuda_qg4w_pair();
     if (wgp) mb = (w0->out + 63) / 64;
-    a.x = (const uint4 *)xp;
-    a.hs = (uint16_t *)hs;
+    a.x = (const uint4 *)c->gemm_scratch;
     a.magic = 0x43004300u;
     a.part = c->part;
     a.rb = (size_t)w0->in / 2;
@@ -301,11 +275,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
      * 1752 / 3317 / 8492 tok/s (the memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8), nsm = c->n_sm > 0 ? c->n_sm : 132;
     const long base = (long)mb * nb;
-    /* TERN_CUDA_QG4_PIPE (qgemm_q4_wg.cu): 1 every wgmma launch, 2 those whose row and column tiles fill half the
-     * SMs without a split (gate|up-sized: the 1-block-an-SM ring won there alone, NOTES (ce)) */
-    const int pmode = nt >= 4 ? tern__cuda_qg4w_pipe() : 0;
-    const bool pipe = pmode == 1 || (pmode == 2 && 2 * base >= nsm);
-    const int minb = nt == 2 ? 3 : pipe ? 1 : 2;
+    const int minb = nt == 2 ? 3 : 2;
     const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * nsm;
     const bool wave = tern__cuda_qg4_wave == 1 || (tern__cuda_qg4_wave == 2 && nt == 4);
     int S = base < target ? (int)(wave ? target / base : (target + base - 1) / base) : 1;
@@ -317,14 +287,10 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     a.kt_per = (a.nkt + S - 1) / S;
     S = (a.nkt + a.kt_per - 1) / a.kt_per;
     a.direct = S == 1 && (!pair || wgp);
-    if (tern__cuda_qg4_lb < 0) tern__cuda_qg4_lb = tern__cuda_env_int("TERN_CUDA_QG4_LB", 0) != 0;
-    const bool lb = tern__cuda_qg4_lb && !a.direct && !parts && c->mm_cnt &&
-                    (long)mb * nb < TERN_CUDA_MM_CNT - 1;
-    a.cnt = lb ? c->mm_cnt : nullptr;
     if (how == Q4_STAGED_OK) return 1;
     cudaSetDevice(c->device);
     const dim3 grid((unsigned)mb, (unsigned)S, (unsigned)nb);
-    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, how == Q4_STAGED ? NULL : x, xbytes, wgp, pipe)) {
+    if (nt < 4 || !tern__cuda_qg4w_launch(c, a, grid, nt, how == Q4_STAGED ? NULL : x, xbytes, wgp)) {
         /* (above: qgemm_q4_wg.cu, TERN_CUDA_QG4_WG; here the mma.sync kernel) */
         const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
         tern_launch(c->stream, q4_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0,
@@ -336,8 +302,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     }
     tern__cuda_check(c, "qgemm_q4");
     if (parts) *parts = a.direct ? 0 : S;
-    else if (!a.direct && !lb) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
-    tern__cuda_qg4_lb_calls += lb;
+    else if (!a.direct) qg4_reduce_run(c, a, S, "qgemm_q4 reduce");
     tern__cuda_qg4_calls++;
     return 1;
 }
@@ -351,12 +316,6 @@ extern "C" int tern__cuda_qg4_run(tern__cuda *c, float *const *y, const tern__cu
 extern "C" int tern__cuda_qg4_staged(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n,
                                      int mode, int run, int *parts) {
     return qg4_go(c, y, w, k, NULL, n, mode, 0, run ? Q4_STAGED : Q4_STAGED_OK, run ? parts : nullptr);
-}
-
-/* cuda_internal.h: the staged form with x at xs and a pair's output staged at hs (gemm.c's Q4 norm_mlp) */
-extern "C" int tern__cuda_qg4_staged_at(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, int k, int n,
-                                        int mode, int run, const void *xs, void *hs) {
-    return qg4_go(c, y, w, k, NULL, n, mode, 0, run ? Q4_STAGED : Q4_STAGED_OK, nullptr, xs, hs);
 }
 
 /* cuda_internal.h: the several-row Q4 kernels in their order — gemv_xr.cu for the rows it serves (2..4 by

@@ -11,7 +11,6 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/qgemm_frag.cuh"
-#include "backend/cuda/split_k.cuh"
 
 struct Q4Mat {
     const uint8_t *w;           /* packed codes, rb bytes per row */
@@ -27,18 +26,7 @@ struct Q4Args {
     size_t rb, slice;
     int k, mode, direct, in, n, ng, gs_shift, kt_per, nkt;
     uint32_t magic;             /* 0x43004300, see q4_deq */
-    uint16_t *hs;               /* a pair's act(gate)·up as bf16 [n][out] in the staged order (q4s_pos) for the next
-                                 * Q4 GEMM's x instead of y in f32 (gemm.c's Q4 norm_mlp); NULL: y */
-    int *cnt;                   /* a split launch (TERN_CUDA_QG4_LB): a counter a (row block, column tile; a split
-                                 * pair's gate and up blocks share one), zero between launches (c->mm_cnt); the last
-                                 * slice block to arrive sums the tile */
 };
-
-/* a pair's output v of row `row` (< out) and column col: y in f32, or its bf16 in the staged order (a.hs) */
-__device__ __forceinline__ void q4_pair_out(const Q4Args &a, int out, int row, int col, float v) {
-    if (a.hs) a.hs[(size_t)col * out + q4s_pos(row)] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    else a.m[0].y[(size_t)col * out + row] = v;
-}
 
 /* codes i and i+4 of word w as bf16 s·q + b (sb2: (s, s), bb2: (b, b)). The and-or is one LOP3 only with its
  * second constant in a register: magic (0x43004300, the bf16 pair (128, 128)) comes from the kernel arguments so
@@ -108,19 +96,6 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
     mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 }
 
-/* TERN_CUDA_QG4_LB's [n][out] offsets of a thread's C elements over C 8-column tiles (element 4·nt + i: row r0 + 8·(i >> 1),
- * column c0 + 8·nt + (i & 1)); ~0u outside the matrix */
-template <int C>
-__device__ __forceinline__ void q4_lb_offsets(uint32_t *off, int n, int out, int r0, int c0) {
-#pragma unroll
-    for (int nt = 0; nt < C; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int row = r0 + (i >> 1) * 8, col = c0 + nt * 8 + (i & 1);
-            off[nt * 4 + i] = row < out && col < n ? (uint32_t)col * (uint32_t)out + (uint32_t)row : ~0u;
-        }
-}
-
 /* The end of a block of 8 warps (qgemm_q4.cu, qgemm_q4_wg.cu; warp w's accumulators = mma.sync's C of rows
  * wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (4..7) hand
  * their accumulators to the gate warps through shared memory (sm: the drained ring) and y = act(gate)·up; else
@@ -151,7 +126,7 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
                         const int rl = warp * 16 + g + (i >> 1) * 8, row = rowb + rl, col = n0 + nt * 8 + 2 * t + (i & 1);
                         const float v = acc[nt * 4 + i], u = ups[rl * (BN + 1) + nt * 8 + 2 * t + (i & 1)];
                         if (row < out && col < a.n)
-                            q4_pair_out(a, out, row, col, (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u);
+                            a.m[0].y[(size_t)col * out + row] = (a.mode == G1_SILU ? silu(v) : gelu_tanh(v)) * u;
                     }
             return;
         }
@@ -168,72 +143,6 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
                 *p = add ? *p + acc[nt * 4 + i] : acc[nt * 4 + i];
             }
         }
-    if (a.direct || !a.cnt) return;
-    /* TERN_CUDA_QG4_LB: the last of the tile's slice blocks to arrive sums the slices in slice order from 0 (qg4_reduce's
-     * part_sum: the same adds) and writes y (+= for G1_RES; a pair: act(Σ gate)·Σ up to y or the staged hs) — no
-     * qg4_reduce launch. A split pair's gate row block i and up row block i (grid.x i + m[1].mb0) share counter i (2 ×
-     * gridDim.y arrivals); PAIR's blocks hold both halves (its gate warps sum both). Each slice's loads are issued
-     * together before their adds (one L2 round trip a slice). The counter goes back to zero for the next launch (which
-     * touches it only after its pdl_wait, i.e. after this grid) */
-    const bool pr = a.mode == G1_SILU || a.mode == G1_GELU, split_pr = pr && !PAIR;
-    const int tile = split_pr && mi == 1 ? (int)blockIdx.x - a.m[1].mb0 : (int)blockIdx.x;
-    int *const cnt = a.cnt + blockIdx.z * gridDim.x + tile;
-    if (!tern_block_last(cnt, (int)gridDim.y * (split_pr ? 2 : 1))) return;
-    if (threadIdx.x == 0) *cnt = 0;
-    if (PAIR && warp >= 4) return; /* the gate warps' rows are the up warps' */
-    constexpr int HN = NT > 4 ? 4 : NT; /* 8-column tiles summed together (registers: NT 8 is at its 128) */
-    constexpr int HP = 1; /* ... for a pair (two sums an element; 2 spilled in the NT 8 instances) */
-    if (pr) {
-        const float *const pg = a.part + a.m[0].poff, *const pu = a.part + a.m[1].poff;
-#pragma unroll
-        for (int h0 = 0; h0 < NT; h0 += HP) {
-            uint32_t off[HP * 4];
-            q4_lb_offsets<HP>(off, a.n, out, wr + g, n0 + h0 * 8 + 2 * t);
-            float vg[HP * 4], vu[HP * 4];
-#pragma unroll
-            for (int e = 0; e < HP * 4; e++) vg[e] = vu[e] = 0.0f;
-            for (int s = 0; s < (int)gridDim.y; s++) {
-                const size_t so = (size_t)s * a.slice;
-                float lg[HP * 4], lu[HP * 4];
-#pragma unroll
-                for (int e = 0; e < HP * 4; e++) {
-                    lg[e] = off[e] != ~0u ? __ldcg(pg + so + off[e]) : 0.0f;
-                    lu[e] = off[e] != ~0u ? __ldcg(pu + so + off[e]) : 0.0f;
-                }
-#pragma unroll
-                for (int e = 0; e < HP * 4; e++) vg[e] += lg[e], vu[e] += lu[e];
-            }
-#pragma unroll
-            for (int e = 0; e < HP * 4; e++)
-                if (off[e] != ~0u) /* the element's row and column as q4_lb_offsets formed them */
-                    q4_pair_out(a, out, wr + g + ((e & 3) >> 1) * 8, n0 + (h0 + (e >> 2)) * 8 + 2 * t + (e & 1),
-                                (a.mode == G1_SILU ? silu(vg[e]) : gelu_tanh(vg[e])) * vu[e]);
-        }
-        return;
-    }
-    const float *const p0 = a.part + a.m[mi].poff;
-#pragma unroll
-    for (int h0 = 0; h0 < NT; h0 += HN) {
-        uint32_t off[HN * 4];
-        q4_lb_offsets<HN>(off, a.n, out, wr + g, n0 + h0 * 8 + 2 * t);
-        float v[HN * 4];
-#pragma unroll
-        for (int e = 0; e < HN * 4; e++) v[e] = 0.0f;
-        for (int s = 0; s < (int)gridDim.y; s++) {
-            const float *const ps = p0 + (size_t)s * a.slice;
-            float l[HN * 4];
-#pragma unroll
-            for (int e = 0; e < HN * 4; e++) l[e] = off[e] != ~0u ? __ldcg(ps + off[e]) : 0.0f;
-#pragma unroll
-            for (int e = 0; e < HN * 4; e++) v[e] += l[e];
-        }
-#pragma unroll
-        for (int e = 0; e < HN * 4; e++)
-            if (off[e] != ~0u) {
-                float *p = a.m[mi].y + off[e];
-                *p = a.mode == G1_RES ? *p + v[e] : v[e];
-            }
-    }
 }
 
 /* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8) or 32 (nt 4), x staged in its
@@ -241,15 +150,12 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
  * this GPU, TERN_CUDA_QG4_WG=0); pair: the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up
  * together) */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
-                           bool pair, bool pipe);
+                           bool pair);
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
  * TERN_CUDA_QG4_WGPAIR on, the image loaded (the caller served only K in multiples of 128) */
 bool tern__cuda_qg4w_pair(void);
 /* the wgmma kernel will run (TERN_CUDA_QG4_WG on, the image loaded) */
 bool tern__cuda_qg4w_on(void);
-/* qgemm_q4_wg.cu: TERN_CUDA_QG4_PIPE (0 off, 1 every launch, 2 launches of many tiles) where the wgmma kernel is
- * available, else 0; pipe launches (tern__cuda_qg4w_launch's pipe) hold one block an SM */
-int tern__cuda_qg4w_pipe(void);
 void tern__cuda_qg4w_init(void);
 
 #endif

@@ -36,14 +36,11 @@
 #include "backend/cuda/wgmma.cuh"
 
 #define QW_ST 4
-#define QWP_ST 6 /* TERN_CUDA_QG4_PIPE's stages (one block an SM: the shared memory of two) */
 
 extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
-extern "C" int tern__cuda_qg4_pipe;
-int tern__cuda_qg4_pipe = -1; /* -1 unread (TERN_CUDA_QG4_PIPE: 0 default, 1 always, 2 big launches); tests set it */
 extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0;
 
@@ -71,48 +68,8 @@ template <int NT> struct QwGeo {
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
  * rows, so a block with the whole K (direct) finishes y = act(gate)·up itself through shared memory */
-/* PIPE's ring (TERN_CUDA_QG4_PIPE): q4_ring's copies and stages, but tile kt's wgmmas run while the warps decode
- * tile kt + 1 into the other A buffer. Per tile: issue tile kt's wgmmas (A buffer kt & 1), wait for tile kt + 1's
- * copies, fence.proxy.async, barrier (tile kt + 1 landed for all; every warp waited for tile kt - 1's wgmmas before
- * it), refill tile kt - 1's slot with tile kt + ST - 1, decode tile kt + 1, wait for tile kt's wgmmas. ST even: the
- * buffer of tile base + u is u & 1, known at compile time */
-template <int ST, class LW, class LX, class LS, class DEC, class MMA>
-__device__ __forceinline__ void q4_ring_pipe(int nkt, LW load_w, LX load_x, LS load_sb, DEC decode, MMA mma) {
-    static_assert(ST % 2 == 0 && ST >= 4, "q4_ring_pipe: an even number of stages");
-    q4_ring_start<ST>(nkt, load_w, load_x, load_sb);
-    mma_cp_wait<ST - 2>(); /* tile 0 */
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    if (nkt > 0) decode(0, 0);
-    for (int base = 0; base < nkt; base += ST) {
-#pragma unroll
-        for (int u = 0; u < ST; u++) {
-            const int kt = base + u; /* uniform over the block */
-            if (kt >= nkt) break;
-            mma(u, u & 1);
-            if (kt + 1 < nkt) {
-                mma_cp_wait<ST - 3>(); /* tile kt + 1: ST - 3 younger groups may still fly */
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                __syncthreads();
-                const int un = (u + ST - 1) % ST; /* tile kt - 1's slot (tile -1's: never filled) */
-                if (kt + ST - 1 < nkt) {
-                    load_w(kt + ST - 1, un);
-                    load_x(kt + ST - 1, un);
-                    load_sb(kt + ST - 1, un);
-                }
-                mma_cp_commit();
-                decode((u + 1) % ST, (u + 1) & 1);
-            }
-            qw_wait(); /* tile kt's wgmmas: its A buffer and x slot free */
-        }
-    }
-    mma_cp_wait<0>();
-}
-
-/* PIPE (TERN_CUDA_QG4_PIPE): q4_ring_pipe with two A buffers, QWP_ST stages, one 256-thread block an SM (its ~150
- * registers), the scales' four halves kept as loaded (joined at the decode, two tiles or more later) */
-template <int NT, bool PAIR = false, bool PIPE = false>
-__global__ void __launch_bounds__(256, PIPE ? 1 : 2) qg4w_kernel(Q4Args a) {
+template <int NT, bool PAIR = false>
+__global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
     constexpr int BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, XCH = BN * 16;
@@ -131,8 +88,7 @@ __global__ void __launch_bounds__(256, PIPE ? 1 : 2) qg4w_kernel(Q4Args a) {
     const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
     const int ra = min(wr + g, out - 1), rbw = min(wr + g + 8, out - 1);
 
-    constexpr int ST = PIPE ? QWP_ST : QW_ST;
-    uint32_t sbr[ST][PIPE ? 4 : 2];
+    uint32_t sbr[QW_ST][2];
     /* The ring's copies from addresses formed once per block, advanced per tile: W chunk j of a thread (c = tid +
      * 256j: row c / 4, 16-byte column c % 4) from wp[j] + 64·kt to its slot's 2·XH + 16c; x chunk j (row r = tid / 16
      * + 16j, 16-byte column ch = tid % 16) from xb + xo[j] + 16·kt to its slot's xd + 2048j (K-major, 128-byte
@@ -177,13 +133,8 @@ __global__ void __launch_bounds__(256, PIPE ? 1 : 2) qg4w_kernel(Q4Args a) {
     };
     auto load_sb = [&](int kt, int u) {
         const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-        if constexpr (PIPE) { /* nothing waits on these until the tile's decode */
-            sbr[u][0] = __ldg(sca + gc), sbr[u][1] = __ldg(bia + gc);
-            sbr[u][2] = __ldg(scb + gc), sbr[u][3] = __ldg(bib + gc);
-        } else {
-            sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
-            sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
-        }
+        sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
+        sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
     };
 
     float acc[NT * 4];
@@ -194,14 +145,8 @@ __global__ void __launch_bounds__(256, PIPE ? 1 : 2) qg4w_kernel(Q4Args a) {
     auto decode_to = [&](int u, uint32_t (*af)[4]) {
         const uint4 *ws = (const uint4 *)(sm + u * STG + 2 * XH);
         const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
-        __nv_bfloat162 sa, ba, sb, bb;
-        if constexpr (PIPE) {
-            sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][1], false);
-            sb = q4_dup(sbr[u][2], false), bb = q4_dup(sbr[u][3], false);
-        } else {
-            sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
-            sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
-        }
+        const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
+        const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
 #pragma unroll
         for (int sp = 0; sp < 4; sp++) { /* k-steps 2sp, 2sp + 1 from word sp of the lane's two rows */
             const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
@@ -223,21 +168,18 @@ __global__ void __launch_bounds__(256, PIPE ? 1 : 2) qg4w_kernel(Q4Args a) {
         for (int j = 0; j < 8; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + (j >> 2) * XH + (j & 3) * 32));
         qw_commit();
     };
-    if constexpr (PIPE) {
-        uint32_t af[2][8][4];
-        q4_ring_pipe<ST>(nkt, load_w, load_x, load_sb, [&](int u, int b) { decode_to(u, af[b]); },
-                         [&](int u, int b) { mma_from(u, af[b]); });
-    } else {
-        auto tile = [&](int u) {
-            uint32_t af[8][4];
-            decode_to(u, af);
-            /* one commit group per tile: two (the second half's decode overlapping the first half's wgmmas) lost
-             * on the H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
-            mma_from(u, af);
-            qw_wait(); /* before the next tile's barrier: its refill overwrites this slot */
-        };
-        q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
-    }
+    auto tile = [&](int u) {
+        uint32_t af[8][4];
+        decode_to(u, af);
+        /* one commit group per tile: two (the second half's decode overlapping the first half's wgmmas) lost on the
+         * H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
+        mma_from(u, af);
+        qw_wait(); /* before the next tile's barrier: its refill overwrites this slot */
+    };
+    /* Decoding tile k + 1 into a second A buffer while tile k's wgmmas run (TERN_CUDA_QG4_PIPE, one block an SM,
+     * 6 stages) won on big shapes alone (14336x4096 at 64 rows 42.2 → 39.0 µs) but lost in every model, also where
+     * taken only for launches that fill the SMs unsplit: removed in session 73 (NOTES (ce), (cg)) */
+    q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
 
     qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
@@ -246,9 +188,7 @@ __global__ void __launch_bounds__(256, PIPE ? 1 : 2) qg4w_kernel(Q4Args a) {
 #endif
 }
 
-template <int NT, bool PIPE = false> static size_t qw_smem() {
-    return (size_t)(PIPE ? QWP_ST : QW_ST) * QwGeo<NT>::STG + 1024;
-}
+template <int NT> static size_t qw_smem() { return (size_t)QW_ST * QwGeo<NT>::STG + 1024; }
 
 static bool qw_on(void) {
     if (tern__cuda_qg4_wg < 0) tern__cuda_qg4_wg = tern__cuda_env_int("TERN_CUDA_QG4_WG", 1) != 0;
@@ -259,49 +199,34 @@ static bool qw_on(void) {
 bool tern__cuda_qg4w_on(void) { return qw_on(); }
 
 /* qgemm_q4.cuh */
-int tern__cuda_qg4w_pipe(void) {
-    if (tern__cuda_qg4_pipe < 0) tern__cuda_qg4_pipe = tern__cuda_env_int("TERN_CUDA_QG4_PIPE", 0);
-    return qw_on() && tern__cuda_qg4_pipe >= 1 && tern__cuda_qg4_pipe <= 2 ? tern__cuda_qg4_pipe : 0;
-}
-
-/* qgemm_q4.cuh */
 bool tern__cuda_qg4w_pair(void) {
     if (tern__cuda_qg4_wgpair < 0) tern__cuda_qg4_wgpair = tern__cuda_env_int("TERN_CUDA_QG4_WGPAIR", 1) != 0;
     return qw_on() && tern__cuda_qg4_wgpair;
-}
-
-template <bool PIPE> static bool qw_attr(cudaFuncAttribute at) {
-    return cudaFuncSetAttribute(qg4w_kernel<8, false, PIPE>, at, (int)qw_smem<8, PIPE>()) == cudaSuccess &&
-           cudaFuncSetAttribute(qg4w_kernel<4, false, PIPE>, at, (int)qw_smem<4, PIPE>()) == cudaSuccess &&
-           cudaFuncSetAttribute(qg4w_kernel<8, true, PIPE>, at, (int)qw_smem<8, PIPE>()) == cudaSuccess &&
-           cudaFuncSetAttribute(qg4w_kernel<4, true, PIPE>, at, (int)qw_smem<4, PIPE>()) == cudaSuccess;
-}
-
-template <bool PIPE> static void qw_go(cudaStream_t s, const Q4Args &a, dim3 grid, int nt, bool pair) {
-    if (pair && nt == 8) tern_launch(s, qg4w_kernel<8, true, PIPE>, grid, 256, qw_smem<8, PIPE>(), a);
-    else if (pair) tern_launch(s, qg4w_kernel<4, true, PIPE>, grid, 256, qw_smem<4, PIPE>(), a);
-    else if (nt == 8) tern_launch(s, qg4w_kernel<8, false, PIPE>, grid, 256, qw_smem<8, PIPE>(), a);
-    else tern_launch(s, qg4w_kernel<4, false, PIPE>, grid, 256, qw_smem<4, PIPE>(), a);
 }
 
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
  * sm_90a image is there for this GPU */
 void tern__cuda_qg4w_init(void) {
     const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    tern__cuda_qg4w_ok = qw_attr<false>(at) && qw_attr<true>(at);
+    tern__cuda_qg4w_ok = cudaFuncSetAttribute(qg4w_kernel<8>, at, (int)qw_smem<8>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<4>, at, (int)qw_smem<4>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
+                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess;
     cudaGetLastError();
 }
 
 /* qgemm_q4.cuh */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
-                           bool pair, bool pipe) {
+                           bool pair) {
     if (!qw_on() || (nt != 4 && nt != 8)) return 0;
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     if (x) /* else norm.cu's rmsnorm_q4s wrote these bytes */
         tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                     x, chunks);
-    if (pipe) qw_go<true>(c->stream, a, grid, nt, pair);
-    else qw_go<false>(c->stream, a, grid, nt, pair);
+    if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
+    else if (pair) tern_launch(c->stream, qg4w_kernel<4, true>, grid, 256, qw_smem<4>(), a);
+    else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8>, grid, 256, qw_smem<8>(), a);
+    else tern_launch(c->stream, qg4w_kernel<4>, grid, 256, qw_smem<4>(), a);
     tern__cuda_qg4w_calls++;
     return 1;
 }
