@@ -1527,14 +1527,15 @@ fi
 #      epilogue) lost 6-7 % in both forms (b1 bf16 gemma4-12b at 8192 102.7 -> 96.9, e4b at 512 223.8 -> 208.0 on an
 #      H100) and its gemma4-12b ids digest differed — NOTES (bz)
 
-# ncu_conc64 SECONDS MODEL GEN FILE NCU-ARGS...: build/concurrency (bf16 compute, 64 sequences of 128 + GEN, no prefix
-# part) under ncu (graph nodes, no cache flush, no clock lock, CSV in base units) into $OUT/FILE.csv, stderr FILE.err
+# ncu_conc64 SECONDS MODEL GEN FILE NCU-ARGS...: build/concurrency (bf16 compute, 64 sequences — NCU_CONC: another
+# count — of 128 + GEN, no prefix part) under ncu (graph nodes, no cache flush, no clock lock, CSV in base units) into
+# $OUT/FILE.csv, stderr FILE.err
 ncu_conc64() {
     local to=$1 m=$2 gen=$3 f=$4
     shift 4
     timeout "$to" /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none "$@" --csv \
-        --print-units base build/concurrency --random "$m" --device cuda --compute bf16 --conc 64 --prompt 128 \
-        --gen "$gen" --requests 2 --no-prefix > "$OUT/$f.csv" 2> "$OUT/$f.err"
+        --print-units base build/concurrency --random "$m" --device cuda --compute bf16 --conc "${NCU_CONC:-64}" \
+        --prompt 128 --gen "$gen" --requests 2 --no-prefix > "$OUT/$f.csv" 2> "$OUT/$f.err"
 }
 
 # 114. session 65-66: where a batch-64 decode step goes (the device has no nsys: ncu, serialized, so use the
@@ -1832,6 +1833,22 @@ fi
 if [[ " $SECTIONS " == *" 138 "* ]]; then
     ops_ab 138 "cuda_q4_qkv_rope cuda_q4_norm cuda_attention_o" "${AB138_SETS:-TERN_AB=default;TERN_CUDA_Q4_QKV=1}" \
         "${AB138_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB138_CONC:-32,64,128}" "conc_*_1.txt"
+fi
+
+# 139. session 73: why 128 sequences of llama3-8b q4 barely beat 64 (11.9k against 11.5k dec tok/s on an H100: the step
+#      takes ~1.9x as long for 2x the rows, 0.23 of the floor against 0.35) — one step's kernels at 64 and at 128
+#      sequences under ncu (serialized; compare the shares and each kernel's 64 → 128 growth: the Q4 GEMMs' second
+#      column tile re-decodes every weight tile, attention doubles with the KV). AB139_MODELS (default llama3-8b:q4)
+if [[ " $SECTIONS " == *" 139 "* ]]; then
+    for m in ${AB139_MODELS:-llama3-8b:q4}; do
+        for c in 64 128; do
+            tag=$(printf '%s_%s' "$m" "$c" | tr -c 'a-zA-Z0-9.' '_')
+            NCU_CONC=$c ncu_conc64 300 $m 8 ncu139_$tag --metrics gpu__time_duration.sum
+            say "ncu $m at $c sequences (serialized, one step):"
+            python3 scripts/ncu_step.py "$OUT/ncu139_$tag.csv" --seq 24 2>&1 | head -${AB_NCU_ROWS:-40} | tee -a "$S"
+            xz -f "$OUT/ncu139_$tag.csv"
+        done
+    done
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
