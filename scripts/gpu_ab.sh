@@ -1851,6 +1851,24 @@ if [[ " $SECTIONS " == *" 139 "* ]]; then
     done
 fi
 
+# 140. session 73 (unrun): TERN_CUDA_QG4_N128=1 (qgemm_q4_wg.cu: 65..128 rows as one 128-column wgmma tile, m64n128k16,
+#      every weight tile decoded once for the batch instead of once a 64-column tile; one block an SM, 168 / 191
+#      registers). Op test cuda_qgemm_q4_wg (its n128 pass), the kernels alone (bench_cuda --xr, n = 128) both ways,
+#      then batch decode of AB140_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB140_CONC (default 96,128), 0 against
+#      1 — the split K differs, so the ids digests may too (compare tok/s; greedy ids of a fixture in the bf16 mode stay
+#      within its bound)
+if [[ " $SECTIONS " == *" 140 "* ]]; then
+    ops_ok cuda_qgemm_q4_wg || say "140: AN OP TEST FAILED"
+    grep 'err .*n128' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -2 | tee -a "$S"
+    for v in 0 1; do
+        TERN_CUDA_QG4_N128=$v timeout 100 build/bench_cuda --xr > "$OUT/n128_bench_$v.txt" 2>&1
+        say "N128=$v: $(grep '^bmm' "$OUT/n128_bench_$v.txt" | grep -E 'n=128 qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+    done
+    conc_ab "TERN_CUDA_QG4_N128=0;TERN_CUDA_QG4_N128=1" "${AB140_MODELS:-llama3-8b:q4 gemma4-12b:q4}" \
+        "${AB140_CONC:-96,128}"
+    say_digests "conc_*N128*_1.txt"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
