@@ -238,6 +238,24 @@ TEST(cuda_qgemm_q4) {
     tern__cuda_bf16_split = keep_split;
 }
 
+/* the wgmma kernel's sweeps: plain at each n of ns, then the fused forms at each of nf with act(gate)·up as split
+ * gate / up blocks and as TERN_CUDA_QG4_WGPAIR's blocks; tag ends the kernel's name in the messages, calls counts its
+ * launches */
+static void q4_wg_sweeps(tern_backend *g, const int *ns, size_t nn, const int *nf, size_t nnf, const char *tag,
+                         const unsigned long long *calls) {
+    extern int tern__cuda_qg4_wgpair;
+    const int keep_pair = tern__cuda_qg4_wgpair;
+    char what[48];
+    snprintf(what, sizeof what, "qg4 wgmma%s", tag);
+    q4_plain_sweep(g, ns, nn, what, calls);
+    for (int pair = 0; pair < 2; pair++) {
+        tern__cuda_qg4_wgpair = pair;
+        snprintf(what, sizeof what, "qg4 wgmma%s%s", pair ? " pair" : "", tag);
+        q4_fused_sweep(g, nf, nnf, what, calls);
+    }
+    tern__cuda_qg4_wgpair = keep_pair;
+}
+
 /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles; 128 with
  * TERN_CUDA_QG4_N128), plain and fused, against the same bf16-rounded reference as the mma.sync kernel */
 TEST(cuda_qgemm_q4_wg) {
@@ -252,16 +270,8 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_qg4_wg = 1;
     tern__cuda_gemv_xr = 0;
     tern__cuda_bf16_split = 0;
-    static const int ns[] = {17, 32, 33, 64, 65, 100, 128};
-    q4_plain_sweep(g, ns, TERN_ARRAY_LEN(ns), "qg4 wgmma", &tern__cuda_qg4w_calls);
-    extern int tern__cuda_qg4_wgpair;
-    const int keep_pair = tern__cuda_qg4_wgpair;
-    static const int nf[] = {29, 61, 93, 125};
-    for (int pair = 0; pair < 2; pair++) { /* act(gate)·up: split gate / up blocks, then TERN_CUDA_QG4_WGPAIR */
-        tern__cuda_qg4_wgpair = pair;
-        q4_fused_sweep(g, nf, TERN_ARRAY_LEN(nf), pair ? "qg4 wgmma pair" : "qg4 wgmma", &tern__cuda_qg4w_calls);
-    }
-    tern__cuda_qg4_wgpair = keep_pair;
+    static const int ns[] = {17, 32, 33, 64, 65, 100, 128}, nf[] = {29, 61, 93, 125};
+    q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), "", &tern__cuda_qg4w_calls);
     /* TERN_CUDA_QG4_N128: 65..128 rows as one 128-column tile (its own split K: the same tolerance) */
     extern int tern__cuda_qg4_n128, tern__cuda_qg4w_n128_ok;
     extern unsigned long long tern__cuda_qg4w_n128_calls;
@@ -271,13 +281,7 @@ TEST(cuda_qgemm_q4_wg) {
     } else {
         static const int n1[] = {65, 100, 128}, f1[] = {93, 125};
         tern__cuda_qg4_n128 = 1;
-        q4_plain_sweep(g, n1, TERN_ARRAY_LEN(n1), "qg4 wgmma n128", &tern__cuda_qg4w_n128_calls);
-        for (int pair = 0; pair < 2; pair++) {
-            tern__cuda_qg4_wgpair = pair;
-            q4_fused_sweep(g, f1, TERN_ARRAY_LEN(f1), pair ? "qg4 wgmma pair n128" : "qg4 wgmma n128",
-                           &tern__cuda_qg4w_n128_calls);
-        }
-        tern__cuda_qg4_wgpair = keep_pair;
+        q4_wg_sweeps(g, n1, TERN_ARRAY_LEN(n1), f1, TERN_ARRAY_LEN(f1), " n128", &tern__cuda_qg4w_n128_calls);
     }
     tern__cuda_qg4_n128 = keep_n128;
     tern__cuda_qg4_on = keep;

@@ -309,7 +309,7 @@ __device__ __forceinline__ float welem(const WDesc &w, int e, int r, int j) {
 
 /* element j of a row (a multiple of 128 wide) in the batch Q4 GEMM's staged order (qgemm_q4_wg.cu q4w_stage_x: 16-byte
  * chunk c of a 128-input tile holds inputs 8·(c >> 2) + (c & 3) + {0, 4, 32, 36, 64, 68, 96, 100}); norm.cu's
- * rmsnorm_q4s and the Q4 pair's staged h (qgemm_q4.cuh Q4Args.hs) write there */
+ * rmsnorm_q4s and the batch decode attention for a Q4 o projection (attn_decode.cuh AdArgs.outq) write there */
 __device__ __forceinline__ int q4s_pos(int j) {
     return (j & ~127) | ((j >> 3) & 3) << 5 | (j & 3) << 3 | ((j >> 5) & 3) << 1 | ((j >> 2) & 1);
 }

@@ -59,8 +59,8 @@ __device__ __forceinline__ void q4_sb(uint32_t *d, const Q4Args &a, const uint16
  * tiles requested before pdl_wait (they do not depend on the previous kernel), then their x; per tile: wait for
  * its copies (PROXY: fence.proxy.async, for wgmma's reads of cp.async data), barrier (tile kt landed for all,
  * every warp is done with tile kt - 1), refill tile kt - 1's slot with tile kt + ST - 1, tile(u) on slot u. */
-template <int ST, class LW, class LX, class LS>
-__device__ __forceinline__ void q4_ring_start(int nkt, LW load_w, LX load_x, LS load_sb) { /* the first ST - 1 tiles */
+template <int ST, bool PROXY, class LW, class LX, class LS, class TILE>
+__device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_sb, TILE tile) {
     pdl_trigger();
 #pragma unroll
     for (int u = 0; u < ST - 1; u++)
@@ -71,10 +71,6 @@ __device__ __forceinline__ void q4_ring_start(int nkt, LW load_w, LX load_x, LS 
         if (u < nkt) load_x(u, u);
         mma_cp_commit();
     }
-}
-template <int ST, bool PROXY, class LW, class LX, class LS, class TILE>
-__device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_sb, TILE tile) {
-    q4_ring_start<ST>(nkt, load_w, load_x, load_sb);
     for (int base = 0; base < nkt; base += ST) {
 #pragma unroll
         for (int u = 0; u < ST; u++) {
@@ -146,10 +142,9 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
 }
 
 /* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8), 32 (nt 4) or 128 (nt 16, where
- * tern__cuda_qg4w_n128), x staged in its
- * own order (x NULL: staged already, in gemm_scratch); 1 when launched, 0 when not available (no sm_90a image for
- * this GPU, TERN_CUDA_QG4_WG=0); pair: the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up
- * together) */
+ * tern__cuda_qg4w_n128), x staged in its own order (x NULL: staged already, in gemm_scratch); 1 when launched, 0 when
+ * not available (no sm_90a image for this GPU, TERN_CUDA_QG4_WG=0); pair: the plan of tern__cuda_qg4w_pair (grid.x
+ * over 64-row blocks of gate and up together) */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
                            bool pair);
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and

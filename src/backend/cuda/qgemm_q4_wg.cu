@@ -147,14 +147,14 @@ __global__ void __launch_bounds__(256, NT > 8 ? 1 : 2) qg4w_kernel(Q4Args a) {
 #pragma unroll
     for (int i = 0; i < NT * 4; i++) acc[i] = 0.0f;
 
-    /* tile u's 8 A fragments (k-steps 0..7) of the warp's 16 rows from slot u's weights and scales */
-    auto decode_to = [&](int u, uint32_t (*af)[4]) {
-        const uint4 *ws = (const uint4 *)(sm + u * STG + 2 * XH);
+    auto tile = [&](int u) {
+        const uint8_t *st = sm + u * STG;
+        const uint4 *ws = (const uint4 *)(st + 2 * XH);
         const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
         const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
         const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
-#pragma unroll
-        for (int sp = 0; sp < 4; sp++) { /* k-steps 2sp, 2sp + 1 from word sp of the lane's two rows */
+        uint32_t af[8][4];
+        auto decode = [&](int sp) { /* k-steps 2sp, 2sp + 1 from word sp of the lane's two rows */
             const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
             const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
 #pragma unroll
@@ -164,22 +164,15 @@ __global__ void __launch_bounds__(256, NT > 8 ? 1 : 2) qg4w_kernel(Q4Args a) {
                 af[2 * sp + h][2] = q4_deq(w0, 2 * h + 1, sa, ba, a.magic);
                 af[2 * sp + h][3] = q4_deq(w1, 2 * h + 1, sb, bb, a.magic);
             }
-        }
-    };
-    /* tile u's 8 wgmmas over slot u's x, one commit group */
-    auto mma_from = [&](int u, uint32_t (*af)[4]) {
-        const uint32_t xs = mma_smem_u32(sm + u * STG);
-        qw_fence();
+        };
+#pragma unroll
+        for (int sp = 0; sp < 4; sp++) decode(sp);
+        const uint32_t xs = mma_smem_u32(st);
+        qw_fence(); /* one commit group per tile: two (the second half's decode overlapping the first half's
+                     * wgmmas) lost on the H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
 #pragma unroll
         for (int j = 0; j < 8; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + (j >> 2) * XH + (j & 3) * 32));
         qw_commit();
-    };
-    auto tile = [&](int u) {
-        uint32_t af[8][4];
-        decode_to(u, af);
-        /* one commit group per tile: two (the second half's decode overlapping the first half's wgmmas) lost on the
-         * H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
-        mma_from(u, af);
         qw_wait(); /* before the next tile's barrier: its refill overwrites this slot */
     };
     /* Decoding tile k + 1 into a second A buffer while tile k's wgmmas run (TERN_CUDA_QG4_PIPE, one block an SM,
