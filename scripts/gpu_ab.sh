@@ -1835,7 +1835,8 @@ if [[ " $SECTIONS " == *" 138 "* ]]; then
         "${AB138_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB138_CONC:-32,64,128}" "conc_*_1.txt"
 fi
 
-# 139. session 73: why 128 sequences of llama3-8b q4 barely beat 64 (11.9k against 11.5k dec tok/s on an H100: the step
+# 139. session 73 (ran in session 74 on an H200, NOTES (ch); the 128-sequence step is the widest one since
+#      ncu_step.py picks the last step of the whole batch): why 128 sequences of llama3-8b q4 barely beat 64 (11.9k against 11.5k dec tok/s on an H100: the step
 #      takes ~1.9x as long for 2x the rows, 0.23 of the floor against 0.35) — one step's kernels at 64 and at 128
 #      sequences under ncu (serialized; compare the shares and each kernel's 64 → 128 growth: the Q4 GEMMs' second
 #      column tile re-decodes every weight tile, attention doubles with the KV). AB139_MODELS (default llama3-8b:q4)
@@ -1851,22 +1852,22 @@ if [[ " $SECTIONS " == *" 139 "* ]]; then
     done
 fi
 
-# 140. session 73 (unrun): TERN_CUDA_QG4_N128=1 (qgemm_q4_wg.cu: 65..128 rows as one 128-column wgmma tile, m64n128k16,
-#      every weight tile decoded once for the batch instead of once a 64-column tile; one block an SM, 168 / 191
-#      registers). Op test cuda_qgemm_q4_wg (its n128 pass), the kernels alone (bench_cuda --xr, n = 128) both ways,
-#      then batch decode of AB140_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB140_CONC (default 96,128), 0 against
-#      1 — the split K differs, so the ids digests may too (compare tok/s; greedy ids of a fixture in the bf16 mode stay
-#      within its bound)
-if [[ " $SECTIONS " == *" 140 "* ]]; then
-    ops_ok cuda_qgemm_q4_wg || say "140: AN OP TEST FAILED"
-    grep 'err .*n128' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -2 | tee -a "$S"
-    for v in 0 1; do
-        TERN_CUDA_QG4_N128=$v timeout 100 build/bench_cuda --xr > "$OUT/n128_bench_$v.txt" 2>&1
-        say "N128=$v: $(grep '^bmm' "$OUT/n128_bench_$v.txt" | grep -E 'n=128 qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+# 140. (session 73's TERN_CUDA_QG4_N128, 65..128 rows as one 128-column wgmma tile) ran in session 74 on an H200 and
+#      lost: kernel alone at n = 128 4096x14336 66.3 → 71.8 µs, llama3-8b q4 at 96 / 128 sequences −7 / −1.5 %,
+#      gemma4-12b −10 / −5 % (NOTES (ch)); removed with its op-test pass.
+
+# 141. session 74 (unrun): what a 64-column tile's chain in qg4w costs without each part — TERN_CUDA_QG4_PROBE (timing
+#      only, outputs wrong; the plain 64-column instance alone, so n = 33..128 rows outside the gate|up pair): 1 no
+#      decode (raw words as A), 2 no wgmma, 3 neither. bench_cuda --xr's qg4 rows at n = 64 and 128 for each value.
+#      At 64 and 128 rows the kernel runs at ~27 % of the tensor cores' bf16 rate and its time doubles with the
+#      columns (NOTES (ch)): if 1 ≈ 0, the wgmma chain (issue, the per-tile wait, the barrier) bounds it; if 2 ≈ 0, the
+#      decode and the copies do
+if [[ " $SECTIONS " == *" 141 "* ]]; then
+    ops_ok cuda_qgemm_q4_wg || say "141: AN OP TEST FAILED" # the tree after N128's removal, first run
+    for v in 0 1 2 3 0; do
+        TERN_CUDA_QG4_PROBE=$v timeout 100 build/bench_cuda --xr > "$OUT/probe_bench_$v.txt" 2>&1
+        say "PROBE=$v: $(grep '^bmm' "$OUT/probe_bench_$v.txt" | grep -E 'n=(64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
     done
-    conc_ab "TERN_CUDA_QG4_N128=0;TERN_CUDA_QG4_N128=1" "${AB140_MODELS:-llama3-8b:q4 gemma4-12b:q4}" \
-        "${AB140_CONC:-96,128}"
-    say_digests "conc_*N128*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -4,7 +4,8 @@
 Input: the CSV of `ncu [--graph-profiling node] --metrics gpu__time_duration.sum --csv --print-units base
 tern-core bench ...` (plain or .xz).
   python3 scripts/ncu_step.py ncu_q4.csv.xz                   # the last decode step (run --gen 3 or more):
-      a decode step ends with the sampling kernel; the step between the last two is summed
+      a decode step ends with the sampling kernel; the last step of the widest sampling grid (the whole batch) is
+      summed
   python3 scripts/ncu_step.py ncu_26b.csv --from embed_kernel # every kernel from the first whose name matches
       (a prefill: `--prompt 2048 --gen 1 --warmup 0`, from its first embedding lookup)
   python3 scripts/ncu_step.py ncu_26b.csv --seq 30            # also the last step's first 30 kernels in launch
@@ -50,7 +51,12 @@ def main(path, start=None, seq=0):
         ends = [i for i, k in enumerate(ks) if "sample" in k[0]]
         if len(ends) < 2:
             sys.exit("fewer than two sampling kernels: run more than one decode step")
-        step = ks[ends[-2] + 1:ends[-1] + 1]
+        # the last step of the full batch: a run's last steps can hold fewer rows (requests that started late
+        # finish late), so take the last step whose sampling kernel has the widest grid (one block a row)
+        width = [int(re.match(r"\(?(\d*)", ks[e][1]).group(1) or 0) for e in ends]
+        w = max(width[1:])
+        j = max(i for i in range(1, len(ends)) if width[i] == w)
+        step = ks[ends[j - 1] + 1:ends[j] + 1]
     tot = sum(k[2] for k in step)
     agg = collections.OrderedDict()
     front, idle, expo = None, 0.0, []  # nsys: the step's end so far, idle time, each kernel's exposed µs

@@ -27,6 +27,25 @@ static void bt_free(bt_w *w) {
     free_w(&w->h);
 }
 
+/* cnt Q4 g64 matrices (BF16 scales) [out[i], in] made into h[i] and uploaded to g as t[i]; 1 when every upload worked
+ * (after a failure the rest are made, not uploaded). Free with q4w_free */
+static int q4w_make(tern_backend *g, hw *h, tern_tensor *t, int cnt, const int *out, int in) {
+    tern_error err = {0};
+    int ok = 1;
+    for (int i = 0; i < cnt; i++) {
+        h[i] = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, out[i], in, 0);
+        t[i] = h[i].t;
+        ok = ok && !g->vt->upload_weight(g, &t[i], &err);
+    }
+    return ok;
+}
+static void q4w_free(tern_backend *g, hw *h, tern_tensor *t, int cnt) {
+    for (int i = 0; i < cnt; i++) {
+        g->vt->free_weight(g, &t[i]);
+        free_w(&h[i]);
+    }
+}
+
 /* rel L2 of a vs b and the largest |a - b| */
 static double bt_diff(const float *a, const float *b, size_t n, double *dmax) {
     *dmax = 0.0;

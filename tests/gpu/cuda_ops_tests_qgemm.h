@@ -256,8 +256,8 @@ static void q4_wg_sweeps(tern_backend *g, const int *ns, size_t nn, const int *n
     tern__cuda_qg4_wgpair = keep_pair;
 }
 
-/* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles; 128 with
- * TERN_CUDA_QG4_N128), plain and fused, against the same bf16-rounded reference as the mma.sync kernel */
+/* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles),
+ * plain and fused, against the same bf16-rounded reference as the mma.sync kernel */
 TEST(cuda_qgemm_q4_wg) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
     extern unsigned long long tern__cuda_qg4w_calls;
@@ -272,18 +272,6 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_bf16_split = 0;
     static const int ns[] = {17, 32, 33, 64, 65, 100, 128}, nf[] = {29, 61, 93, 125};
     q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), "", &tern__cuda_qg4w_calls);
-    /* TERN_CUDA_QG4_N128: 65..128 rows as one 128-column tile (its own split K: the same tolerance) */
-    extern int tern__cuda_qg4_n128, tern__cuda_qg4w_n128_ok;
-    extern unsigned long long tern__cuda_qg4w_n128_calls;
-    const int keep_n128 = tern__cuda_qg4_n128;
-    if (!tern__cuda_qg4w_n128_ok) {
-        SKIP("cuda_qgemm_q4_wg n128", "this GPU did not grant the 128-column instances' shared memory");
-    } else {
-        static const int n1[] = {65, 100, 128}, f1[] = {93, 125};
-        tern__cuda_qg4_n128 = 1;
-        q4_wg_sweeps(g, n1, TERN_ARRAY_LEN(n1), f1, TERN_ARRAY_LEN(f1), " n128", &tern__cuda_qg4w_n128_calls);
-    }
-    tern__cuda_qg4_n128 = keep_n128;
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_gemv_xr = keep_xr;

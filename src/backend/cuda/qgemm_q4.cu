@@ -248,14 +248,14 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     const size_t xbytes = (size_t)n * w0->in * 2;
     if (xbytes > c->gemm_scratch_bytes || (how == Q4_RUN && tern__cuda_in_scratch(c, x, (size_t)n * w0->in * 4)))
         return 0; /* x itself in the scratch */
-    const int nt = n <= 16 ? 2 : n <= 32 ? 4 : n <= 64 || !tern__cuda_qg4w_n128() ? 8 : 16; /* 16: wgmma only */
+    const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8;
     if (how != Q4_RUN && (nt < 4 || !tern__cuda_qg4w_on())) return 0; /* the staged order is the wgmma kernel's */
     Q4Args a = {};
     size_t rows;
     int mb = q4_mats(a, y, w, k, n, e, &rows);
     /* wgp: the wgmma kernel's pair form, a block per 64 rows of gate and of up, the whole K when that fills the
      * SMs (at 32-row tiles, memory-bound, the split wins: 32 sequences 6252 vs 5450 tok/s) */
-    const bool wgp = pair && nt >= 8 && tern__cuda_qg4w_pair();
+    const bool wgp = pair && nt == 8 && tern__cuda_qg4w_pair();
     if (wgp) mb = (w0->out + 63) / 64;
     a.x = (const uint4 *)c->gemm_scratch;
     a.magic = 0x43004300u;
@@ -275,7 +275,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
      * 1752 / 3317 / 8492 tok/s (the memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8), nsm = c->n_sm > 0 ? c->n_sm : 132;
     const long base = (long)mb * nb;
-    const int minb = nt == 2 ? 3 : nt == 16 ? 1 : 2; /* the blocks an SM holds */
+    const int minb = nt == 2 ? 3 : 2;
     const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * nsm;
     const bool wave = tern__cuda_qg4_wave == 1 || (tern__cuda_qg4_wave == 2 && nt == 4);
     int S = base < target ? (int)(wave ? target / base : (target + base - 1) / base) : 1;

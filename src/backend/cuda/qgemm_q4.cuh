@@ -141,10 +141,10 @@ __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restric
         }
 }
 
-/* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8), 32 (nt 4) or 128 (nt 16, where
- * tern__cuda_qg4w_n128), x staged in its own order (x NULL: staged already, in gemm_scratch); 1 when launched, 0 when
- * not available (no sm_90a image for this GPU, TERN_CUDA_QG4_WG=0); pair: the plan of tern__cuda_qg4w_pair (grid.x
- * over 64-row blocks of gate and up together) */
+/* qgemm_q4_wg.cu (sm_90a): the wgmma kernel for 64-row column tiles (nt 8) or 32 (nt 4), x staged in its
+ * own order (x NULL: staged already, in gemm_scratch); 1 when launched, 0 when not available (no sm_90a image for
+ * this GPU, TERN_CUDA_QG4_WG=0); pair: the plan of tern__cuda_qg4w_pair (grid.x over 64-row blocks of gate and up
+ * together) */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
                            bool pair);
 /* the pair form (gate and up rows in one block, act(gate)·up in its epilogue) will run: TERN_CUDA_QG4_WG and
@@ -152,8 +152,6 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
 bool tern__cuda_qg4w_pair(void);
 /* the wgmma kernel will run (TERN_CUDA_QG4_WG on, the image loaded) */
 bool tern__cuda_qg4w_on(void);
-/* TERN_CUDA_QG4_N128 (opt-in): 65..128 rows as one 128-column tile of the wgmma kernel (nt 16), available */
-bool tern__cuda_qg4w_n128(void);
 void tern__cuda_qg4w_init(void);
 
 #endif

@@ -41,13 +41,10 @@ extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
-extern "C" int tern__cuda_qg4_n128, tern__cuda_qg4w_n128_ok;
-int tern__cuda_qg4_n128 = -1;    /* -1 unread (TERN_CUDA_QG4_N128, default 0); tests set it */
-int tern__cuda_qg4w_n128_ok = 0; /* the 128-column instances' shared memory was granted (set at init) */
+extern "C" int tern__cuda_qg4w_probe;
+int tern__cuda_qg4w_probe = -1; /* -1 unread (TERN_CUDA_QG4_PROBE, default 0: off); see qg4w_kernel's PROBE */
 extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0;
-extern "C" unsigned long long tern__cuda_qg4w_n128_calls; /* ... of the 128-column instances */
-unsigned long long tern__cuda_qg4w_n128_calls = 0;
 
 /* x [n][in] f32 -> bf16, every 128 inputs in the k-step order above: output chunk c (8 positions) of a tile
  * is step j = c / 2, slots 8·(c & 1)..+7, i.e. inputs base + {0, 4, 32, 36, 64, 68, 96, 100} with base =
@@ -73,9 +70,11 @@ template <int NT> struct QwGeo {
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
  * rows, so a block with the whole K (direct) finishes y = act(gate)·up itself through shared memory */
-/* NT 16 (TERN_CUDA_QG4_N128): one 128-column tile, 40 KB a stage, one block an SM (64 accumulators a thread) */
-template <int NT, bool PAIR = false>
-__global__ void __launch_bounds__(256, NT > 8 ? 1 : 2) qg4w_kernel(Q4Args a) {
+/* PROBE (TERN_CUDA_QG4_PROBE, timing only: the outputs are wrong; the plain 64-column instance alone): 1 leaves the
+ * decode out (the A fragments are the raw words xor'd with the scales, so their loads stay), 2 the wgmmas (the
+ * fragments xor'd into the accumulators), 3 both — what a tile's chain costs without each part */
+template <int NT, bool PAIR = false, int PROBE = 0>
+__global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
     constexpr int BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, XCH = BN * 16;
@@ -159,6 +158,13 @@ __global__ void __launch_bounds__(256, NT > 8 ? 1 : 2) qg4w_kernel(Q4Args a) {
             const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
+                if constexpr (PROBE & 1) {
+                    af[2 * sp + h][0] = w0 ^ sbr[u][h];
+                    af[2 * sp + h][1] = w1 ^ sbr[u][h];
+                    af[2 * sp + h][2] = w0 ^ sbr[u][1 - h];
+                    af[2 * sp + h][3] = w1 ^ sbr[u][1 - h];
+                    continue;
+                }
                 af[2 * sp + h][0] = q4_deq(w0, 2 * h, sa, ba, a.magic);
                 af[2 * sp + h][1] = q4_deq(w1, 2 * h, sb, bb, a.magic);
                 af[2 * sp + h][2] = q4_deq(w0, 2 * h + 1, sa, ba, a.magic);
@@ -167,6 +173,11 @@ __global__ void __launch_bounds__(256, NT > 8 ? 1 : 2) qg4w_kernel(Q4Args a) {
         };
 #pragma unroll
         for (int sp = 0; sp < 4; sp++) decode(sp);
+        if constexpr (PROBE & 2) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j % (NT * 4)] += __uint_as_float((af[j][0] ^ af[j][1] ^ af[j][2] ^ af[j][3]) & 0x3fffffffu);
+            return;
+        }
         const uint32_t xs = mma_smem_u32(st);
         qw_fence(); /* one commit group per tile: two (the second half's decode overlapping the first half's
                      * wgmmas) lost on the H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
@@ -203,45 +214,37 @@ bool tern__cuda_qg4w_pair(void) {
     return qw_on() && tern__cuda_qg4_wgpair;
 }
 
-/* qgemm_q4.cuh: TERN_CUDA_QG4_N128 (session 73, opt-in until timed): 65..128 rows as one 128-column tile (NT 16)
- * instead of two 64-column tiles — every weight tile copied and decoded once for the whole batch instead of once a
- * column tile (at 128 sequences of llama3-8b q4 the step takes ~1.9× the 64-sequence one, 0.23 of the floor; the
- * kernel alone 4096x4096 at 64 / 128 rows 14.8 / 27.8 µs, NOTES (ce)). The cost: 40 KB a stage, so one block (8
- * warps) an SM where NT 8 keeps two. The split K differs from NT 8's (other partial sums: not bitwise) */
-bool tern__cuda_qg4w_n128(void) {
-    if (tern__cuda_qg4_n128 < 0) tern__cuda_qg4_n128 = tern__cuda_env_int("TERN_CUDA_QG4_N128", 0) != 0;
-    return tern__cuda_qg4_n128 && qw_on() && tern__cuda_qg4w_n128_ok;
-}
-
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
- * sm_90a image is there for this GPU (the 128-column ones': that this GPU grants their ~161 KB) */
+ * sm_90a image is there for this GPU */
 void tern__cuda_qg4w_init(void) {
     const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
     tern__cuda_qg4w_ok = cudaFuncSetAttribute(qg4w_kernel<8>, at, (int)qw_smem<8>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<4>, at, (int)qw_smem<4>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
                          cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess;
-    tern__cuda_qg4w_n128_ok = tern__cuda_qg4w_ok &&
-                              cudaFuncSetAttribute(qg4w_kernel<16>, at, (int)qw_smem<16>()) == cudaSuccess &&
-                              cudaFuncSetAttribute(qg4w_kernel<16, true>, at, (int)qw_smem<16>()) == cudaSuccess;
+    cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
+    cudaFuncSetAttribute(qg4w_kernel<8, false, 2>, at, (int)qw_smem<8>());
+    cudaFuncSetAttribute(qg4w_kernel<8, false, 3>, at, (int)qw_smem<8>());
     cudaGetLastError();
 }
 
 /* qgemm_q4.cuh */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
                            bool pair) {
-    if (!qw_on() || (nt != 4 && nt != 8 && !(nt == 16 && tern__cuda_qg4w_n128_ok))) return 0;
+    if (!qw_on() || (nt != 4 && nt != 8)) return 0;
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     if (x) /* else norm.cu's rmsnorm_q4s wrote these bytes */
         tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                     x, chunks);
-    if (pair && nt == 16) tern_launch(c->stream, qg4w_kernel<16, true>, grid, 256, qw_smem<16>(), a);
-    else if (nt == 16) tern_launch(c->stream, qg4w_kernel<16>, grid, 256, qw_smem<16>(), a);
+    if (tern__cuda_qg4w_probe < 0) tern__cuda_qg4w_probe = tern__cuda_env_int("TERN_CUDA_QG4_PROBE", 0) & 3;
+    const int pr = !pair && nt == 8 ? tern__cuda_qg4w_probe : 0;
+    if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
+    else if (pr == 2) tern_launch(c->stream, qg4w_kernel<8, false, 2>, grid, 256, qw_smem<8>(), a);
+    else if (pr == 3) tern_launch(c->stream, qg4w_kernel<8, false, 3>, grid, 256, qw_smem<8>(), a);
     else if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
     else if (pair) tern_launch(c->stream, qg4w_kernel<4, true>, grid, 256, qw_smem<4>(), a);
     else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8>, grid, 256, qw_smem<8>(), a);
     else tern_launch(c->stream, qg4w_kernel<4>, grid, 256, qw_smem<4>(), a);
     tern__cuda_qg4w_calls++;
-    tern__cuda_qg4w_n128_calls += nt == 16;
     return 1;
 }
