@@ -1863,11 +1863,26 @@ fi
 #      columns (NOTES (ch)): if 1 ≈ 0, the wgmma chain (issue, the per-tile wait, the barrier) bounds it; if 2 ≈ 0, the
 #      decode and the copies do
 if [[ " $SECTIONS " == *" 141 "* ]]; then
-    ops_ok cuda_qgemm_q4_wg || say "141: AN OP TEST FAILED" # the tree after N128's removal, first run
+    ops_ok cuda_qgemm_q4_wg || say "141: AN OP TEST FAILED" # the tree after N128's removal (+ its occ3 pass), first run
+    grep 'err .*occ3' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -2 | tee -a "$S"
     for v in 0 1 2 3 0; do
         TERN_CUDA_QG4_PROBE=$v timeout 100 build/bench_cuda --xr > "$OUT/probe_bench_$v.txt" 2>&1
         say "PROBE=$v: $(grep '^bmm' "$OUT/probe_bench_$v.txt" | grep -E 'n=(64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
     done
+fi
+
+# 142. session 74 (unrun): TERN_CUDA_QG4_OCC=3 — the batch Q4 GEMM (qg4w) at three blocks an SM (24 warps, 80
+#      registers, a 3-stage ring; the 64-column tiles decoded and multiplied in two halves; small spills at 64 columns:
+#      4 / 16 bytes plain, 24 / 92 pair) with the split K aimed at 3 blocks an SM. The kernels alone at n = 32 / 64 /
+#      128 both ways, then batch decode of AB142_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB142_CONC (default
+#      32,64,128), 2 against 3 (another split K: digests may differ). Run 141 first (its op test covers OCC 3)
+if [[ " $SECTIONS " == *" 142 "* ]]; then
+    for v in 2 3; do
+        TERN_CUDA_QG4_OCC=$v timeout 100 build/bench_cuda --xr > "$OUT/occ_bench_$v.txt" 2>&1
+        say "OCC=$v: $(grep '^bmm' "$OUT/occ_bench_$v.txt" | grep -E 'n=(32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+    done
+    conc_ab "TERN_CUDA_QG4_OCC=2;TERN_CUDA_QG4_OCC=3" "${AB142_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB142_CONC:-32,64,128}"
+    say_digests "conc_*OCC*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

@@ -257,7 +257,8 @@ static void q4_wg_sweeps(tern_backend *g, const int *ns, size_t nn, const int *n
 }
 
 /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles),
- * plain and fused, against the same bf16-rounded reference as the mma.sync kernel */
+ * plain and fused, against the same bf16-rounded reference as the mma.sync kernel; again at three blocks an SM
+ * (TERN_CUDA_QG4_OCC=3) */
 TEST(cuda_qgemm_q4_wg) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
     extern unsigned long long tern__cuda_qg4w_calls;
@@ -272,6 +273,17 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_bf16_split = 0;
     static const int ns[] = {17, 32, 33, 64, 65, 100, 128}, nf[] = {29, 61, 93, 125};
     q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), "", &tern__cuda_qg4w_calls);
+    /* TERN_CUDA_QG4_OCC=3: three blocks an SM, a 3-stage ring, the 64-column tiles in two halves (its own split K:
+     * the same tolerance) */
+    extern int tern__cuda_qg4w_occ, tern__cuda_qg4w_occ3_ok;
+    const int keep_occ = tern__cuda_qg4w_occ;
+    if (!tern__cuda_qg4w_occ3_ok) {
+        SKIP("cuda_qgemm_q4_wg occ3", "this GPU did not grant the three-block instances' shared memory");
+    } else {
+        tern__cuda_qg4w_occ = 3;
+        q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), " occ3", &tern__cuda_qg4w_calls);
+    }
+    tern__cuda_qg4w_occ = keep_occ;
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_gemv_xr = keep_xr;

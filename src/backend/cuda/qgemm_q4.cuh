@@ -152,6 +152,8 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
 bool tern__cuda_qg4w_pair(void);
 /* the wgmma kernel will run (TERN_CUDA_QG4_WG on, the image loaded) */
 bool tern__cuda_qg4w_on(void);
+/* blocks an SM the wgmma kernel runs at: 2, or 3 with TERN_CUDA_QG4_OCC=3 (opt-in) */
+int tern__cuda_qg4w_blocks(void);
 void tern__cuda_qg4w_init(void);
 
 #endif

@@ -41,7 +41,9 @@ extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
-extern "C" int tern__cuda_qg4w_probe;
+extern "C" int tern__cuda_qg4w_probe, tern__cuda_qg4w_occ, tern__cuda_qg4w_occ3_ok;
+int tern__cuda_qg4w_occ = -1;     /* -1 unread (TERN_CUDA_QG4_OCC: 2 default, 3 the OCC 3 instances); tests set it */
+int tern__cuda_qg4w_occ3_ok = 0;  /* the OCC 3 instances' shared memory was granted (set at init) */
 int tern__cuda_qg4w_probe = -1; /* -1 unread (TERN_CUDA_QG4_PROBE, default 0: off); see qg4w_kernel's PROBE */
 extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0;
@@ -73,10 +75,15 @@ template <int NT> struct QwGeo {
 /* PROBE (TERN_CUDA_QG4_PROBE, timing only: the outputs are wrong; the plain 64-column instance alone): 1 leaves the
  * decode out (the A fragments are the raw words xor'd with the scales, so their loads stay), 2 the wgmmas (the
  * fragments xor'd into the accumulators), 3 both — what a tile's chain costs without each part */
-template <int NT, bool PAIR = false, int PROBE = 0>
-__global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
+/* OCC 3 (TERN_CUDA_QG4_OCC=3): three blocks an SM (24 warps, 80 registers a thread) with a 3-stage ring; the
+ * 64-column instances decode and multiply a tile in two halves of 4 k-steps (16 fragment registers, a wgmma wait
+ * after each half) to fit */
+template <int NT, bool PAIR = false, int PROBE = 0, int OCC = 2>
+__global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
+    constexpr int ST = OCC == 3 ? 3 : QW_ST;
+    constexpr bool HALF = OCC == 3 && NT == 8;
     constexpr int BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, XCH = BN * 16;
     extern __shared__ __align__(16) uint8_t qw_raw[];
     const uint32_t raw = mma_smem_u32(qw_raw), pad = (1024u - (raw & 1023u)) & 1023u;
@@ -93,7 +100,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
     const int ra = min(wr + g, out - 1), rbw = min(wr + g + 8, out - 1);
 
-    uint32_t sbr[QW_ST][2];
+    uint32_t sbr[ST][2];
     /* The ring's copies from addresses formed once per block, advanced per tile: W chunk j of a thread (c = tid +
      * 256j: row c / 4, 16-byte column c % 4) from wp[j] + 64·kt to its slot's 2·XH + 16c; x chunk j (row r = tid / 16
      * + 16j, 16-byte column ch = tid % 16) from xb + xo[j] + 16·kt to its slot's xd + 2048j (K-major, 128-byte
@@ -136,10 +143,16 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
             if (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)
                 mma_cp16(xd + u * STG + j * 2048, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
     };
+    const uint32_t oa = (uint32_t)ra * (uint32_t)a.ng, ob = (uint32_t)rbw * (uint32_t)a.ng;
     auto load_sb = [&](int kt, int u) {
         const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-        sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
-        sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
+        if constexpr (OCC == 3) { /* 32-bit offsets from the warp-uniform bases: 6 registers fewer */
+            sbr[u][0] = (uint32_t)__ldg(Sc + (oa + gc)) | (uint32_t)__ldg(Bi + (oa + gc)) << 16;
+            sbr[u][1] = (uint32_t)__ldg(Sc + (ob + gc)) | (uint32_t)__ldg(Bi + (ob + gc)) << 16;
+        } else {
+            sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
+            sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
+        }
     };
 
     float acc[NT * 4];
@@ -149,9 +162,35 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     auto tile = [&](int u) {
         const uint8_t *st = sm + u * STG;
         const uint4 *ws = (const uint4 *)(st + 2 * XH);
-        const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
         const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
         const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
+        if constexpr (HALF) { /* k-steps 4hf..4hf + 3 (words 2hf, 2hf + 1), then their 4 wgmmas, waited for */
+            const uint32_t xs = mma_smem_u32(st);
+            const uint2 *w2 = (const uint2 *)ws;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const uint2 ha = w2[((warp * 16 + g) * 4 + t) * 2 + hf], hb = w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf];
+                uint32_t af[4][4];
+#pragma unroll
+                for (int s2 = 0; s2 < 2; s2++) {
+                    const uint32_t w0 = s2 == 0 ? ha.x : ha.y, w1 = s2 == 0 ? hb.x : hb.y;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        af[2 * s2 + h][0] = q4_deq(w0, 2 * h, sa, ba, a.magic);
+                        af[2 * s2 + h][1] = q4_deq(w1, 2 * h, sb, bb, a.magic);
+                        af[2 * s2 + h][2] = q4_deq(w0, 2 * h + 1, sa, ba, a.magic);
+                        af[2 * s2 + h][3] = q4_deq(w1, 2 * h + 1, sb, bb, a.magic);
+                    }
+                }
+                qw_fence();
+#pragma unroll
+                for (int j = 0; j < 4; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + hf * XH + j * 32));
+                qw_commit();
+                qw_wait(); /* the next half's fragments may take these registers */
+            }
+            return;
+        }
+        const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
         uint32_t af[8][4];
         auto decode = [&](int sp) { /* k-steps 2sp, 2sp + 1 from word sp of the lane's two rows */
             const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
@@ -189,7 +228,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     /* Decoding tile k + 1 into a second A buffer while tile k's wgmmas run (TERN_CUDA_QG4_PIPE, one block an SM,
      * 6 stages) won on big shapes alone (14336x4096 at 64 rows 42.2 → 39.0 µs) but lost in every model, also where
      * taken only for launches that fill the SMs unsplit: removed in session 73 (NOTES (ce), (cg)) */
-    q4_ring<QW_ST, true>(nkt, load_w, load_x, load_sb, tile);
+    q4_ring<ST, true>(nkt, load_w, load_x, load_sb, tile);
 
     qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
@@ -198,7 +237,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #endif
 }
 
-template <int NT> static size_t qw_smem() { return (size_t)QW_ST * QwGeo<NT>::STG + 1024; }
+template <int NT, int ST = QW_ST> static size_t qw_smem() { return (size_t)ST * QwGeo<NT>::STG + 1024; }
 
 static bool qw_on(void) {
     if (tern__cuda_qg4_wg < 0) tern__cuda_qg4_wg = tern__cuda_env_int("TERN_CUDA_QG4_WG", 1) != 0;
@@ -214,6 +253,16 @@ bool tern__cuda_qg4w_pair(void) {
     return qw_on() && tern__cuda_qg4_wgpair;
 }
 
+/* qgemm_q4.cuh: TERN_CUDA_QG4_OCC (session 74, opt-in until timed): 3 runs the wgmma kernel at three blocks an SM
+ * (qg4w_kernel's OCC 3: 24 warps instead of 16, a 3-stage ring, 80 registers). The kernel's warps mostly wait (ncu,
+ * NOTES (ce): a warp issues ~1 instruction in 10 cycles, the SM's issue slots ~35 % busy, its tensor cores ~27 %),
+ * so more of them in flight may hide the chain a tile waits on. The split K targets 3 blocks an SM (other partial
+ * sums: not bitwise the default) */
+int tern__cuda_qg4w_blocks(void) {
+    if (tern__cuda_qg4w_occ < 0) tern__cuda_qg4w_occ = tern__cuda_env_int("TERN_CUDA_QG4_OCC", 2);
+    return tern__cuda_qg4w_occ == 3 && tern__cuda_qg4w_occ3_ok && qw_on() ? 3 : 2;
+}
+
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
  * sm_90a image is there for this GPU */
 void tern__cuda_qg4w_init(void) {
@@ -225,6 +274,10 @@ void tern__cuda_qg4w_init(void) {
     cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 2>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 3>, at, (int)qw_smem<8>());
+    tern__cuda_qg4w_occ3_ok = cudaFuncSetAttribute(qg4w_kernel<8, false, 0, 3>, at, (int)qw_smem<8, 3>()) == cudaSuccess &&
+                              cudaFuncSetAttribute(qg4w_kernel<4, false, 0, 3>, at, (int)qw_smem<4, 3>()) == cudaSuccess &&
+                              cudaFuncSetAttribute(qg4w_kernel<8, true, 0, 3>, at, (int)qw_smem<8, 3>()) == cudaSuccess &&
+                              cudaFuncSetAttribute(qg4w_kernel<4, true, 0, 3>, at, (int)qw_smem<4, 3>()) == cudaSuccess;
     cudaGetLastError();
 }
 
@@ -238,7 +291,12 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
                     x, chunks);
     if (tern__cuda_qg4w_probe < 0) tern__cuda_qg4w_probe = tern__cuda_env_int("TERN_CUDA_QG4_PROBE", 0) & 3;
     const int pr = !pair && nt == 8 ? tern__cuda_qg4w_probe : 0;
-    if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
+    if (tern__cuda_qg4w_blocks() == 3) {
+        if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true, 0, 3>, grid, 256, qw_smem<8, 3>(), a);
+        else if (pair) tern_launch(c->stream, qg4w_kernel<4, true, 0, 3>, grid, 256, qw_smem<4, 3>(), a);
+        else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8, false, 0, 3>, grid, 256, qw_smem<8, 3>(), a);
+        else tern_launch(c->stream, qg4w_kernel<4, false, 0, 3>, grid, 256, qw_smem<4, 3>(), a);
+    } else if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
     else if (pr == 2) tern_launch(c->stream, qg4w_kernel<8, false, 2>, grid, 256, qw_smem<8>(), a);
     else if (pr == 3) tern_launch(c->stream, qg4w_kernel<8, false, 3>, grid, 256, qw_smem<8>(), a);
     else if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
