@@ -6,9 +6,10 @@
 #   at batch 8, 32, 64, 128 with 128-token prompts and 128 new tokens (build/concurrency, the
 #   llama-batched-bench setting), for each MODEL:QUANT of GPU_TABLE (default: llama3-8b, gemma4-e4b,
 #   gemma4-12b, gemma4-26b-a4b in bf16 and q4) in compute mode GPU_TABLE_COMPUTE (default bf16).
-# Writes $OUT/table.csv (kind,model,quant,compute,size,pp_tps,tg_tps,floor_tps,tg_over_floor) and
-# logs; prints the table. Each model runs under its own timeout; split GPU_TABLE over two calls
-# when the list is long (a bf16 model is synthesized in host memory first: ~20 s for 8B).
+# Writes $OUT/table.csv (kind,model,quant,compute,size,pp_tps,tg_tps,floor_tps,tg_over_floor) and the runs'
+# logs (packed into table_logs.tar.xz at the end); prints the table. Each model runs under its own timeout; split
+# GPU_TABLE over two calls when the list is long (a bf16 model is synthesized in host memory first: ~20 s for 8B;
+# on an H200 in session 74 four models took 200-245 s a call).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-build/gpu_table}"
@@ -38,3 +39,9 @@ for spec in ${GPU_TABLE:-llama3-8b:bf16 llama3-8b:q4 gemma4-e4b:bf16 gemma4-e4b:
     awk -F, -v m="$m" -v q="$q" -v c="$C" '/^csv,conc,/ { printf "batch,%s,%s,%s,%s,,%s,%s,%s\n", m, q, c, $5, $9, $(NF-1), $NF }' "$clog" >> "$T"
 done
 if command -v column > /dev/null; then column -s, -t < "$T"; else tr , '\t' < "$T"; fi
+# Only 8 files come back from a device call: the per-model logs go into one archive (GPU_TABLE_PACK=0 keeps them
+# loose); table.csv and *.log files the caller redirects into stay as they are
+if [ "${GPU_TABLE_PACK:-1}" != 0 ]; then
+    ( cd "$OUT" && ls bench_*.log conc_*.log 2> /dev/null > .table_files && [ -s .table_files ] &&
+        tar cJf table_logs.tar.xz -T .table_files && xargs rm -f < .table_files; rm -f .table_files )
+fi
