@@ -1863,8 +1863,8 @@ fi
 #      columns (NOTES (ch)): if 1 ≈ 0, the wgmma chain (issue, the per-tile wait, the barrier) bounds it; if 2 ≈ 0, the
 #      decode and the copies do
 if [[ " $SECTIONS " == *" 141 "* ]]; then
-    ops_ok cuda_qgemm_q4_wg || say "141: AN OP TEST FAILED" # the tree after N128's removal (+ its occ3 pass), first run
-    grep 'err .*occ3' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -2 | tee -a "$S"
+    ops_ok cuda_qgemm_q4_wg || say "141: AN OP TEST FAILED" # the tree after N128's removal (+ occ3 / asy), first run
+    grep -E 'err .*(occ3|asy)' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -3 | tee -a "$S"
     for v in 0 1 2 3 0; do
         TERN_CUDA_QG4_PROBE=$v timeout 100 build/bench_cuda --xr > "$OUT/probe_bench_$v.txt" 2>&1
         say "PROBE=$v: $(grep '^bmm' "$OUT/probe_bench_$v.txt" | grep -E 'n=(64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
@@ -1883,6 +1883,21 @@ if [[ " $SECTIONS " == *" 142 "* ]]; then
     done
     conc_ab "TERN_CUDA_QG4_OCC=2;TERN_CUDA_QG4_OCC=3" "${AB142_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB142_CONC:-32,64,128}"
     say_digests "conc_*OCC*_1.txt"
+fi
+
+# 143. session 74 (unrun): TERN_CUDA_QG4_ASY=1 — the batch Q4 GEMM (qg4w) with each tile in two halves whose wgmmas
+#      stay in flight while the warp decodes the next half (wait_group 1; two 16-register fragment sets, 128
+#      registers, two blocks an SM as the default; the ring two tiles ahead instead of three, since a tile's x is read
+#      until the next one starts). The same sums in the same order as the default (ids digests should match). Kernels
+#      alone (n = 32 / 64 / 128), then batch decode of AB143_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB143_CONC
+#      (default 32,64,128), 0 against 1. Run 141 first (its op test covers ASY)
+if [[ " $SECTIONS " == *" 143 "* ]]; then
+    for v in 0 1; do
+        TERN_CUDA_QG4_ASY=$v timeout 100 build/bench_cuda --xr > "$OUT/asy_bench_$v.txt" 2>&1
+        say "ASY=$v: $(grep '^bmm' "$OUT/asy_bench_$v.txt" | grep -E 'n=(32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+    done
+    conc_ab "TERN_CUDA_QG4_ASY=0;TERN_CUDA_QG4_ASY=1" "${AB143_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB143_CONC:-32,64,128}"
+    say_digests "conc_*ASY*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

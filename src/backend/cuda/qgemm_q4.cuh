@@ -58,16 +58,19 @@ __device__ __forceinline__ void q4_sb(uint32_t *d, const Q4Args &a, const uint16
 /* The ring both kernels walk over a block's nkt tiles in ST stages: the weights and scales of the first ST - 1
  * tiles requested before pdl_wait (they do not depend on the previous kernel), then their x; per tile: wait for
  * its copies (PROXY: fence.proxy.async, for wgmma's reads of cp.async data), barrier (tile kt landed for all,
- * every warp is done with tile kt - 1), refill tile kt - 1's slot with tile kt + ST - 1, tile(u) on slot u. */
-template <int ST, bool PROXY, class LW, class LX, class LS, class TILE>
+ * every warp is done with tile kt - 1), refill tile kt - 1's slot with tile kt + ST - 1, tile(u) on slot u.
+ * LAG 2 (qgemm_q4_wg.cu's ASY: a tile's wgmmas still read its x while the next tile runs): ST - 2 tiles ahead, the
+ * slot of tile kt - 2 refilled with tile kt + ST - 2 */
+template <int ST, bool PROXY, int LAG = 1, class LW, class LX, class LS, class TILE>
 __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_sb, TILE tile) {
+    constexpr int D = ST - LAG; /* tiles in flight ahead of the current one */
     pdl_trigger();
 #pragma unroll
-    for (int u = 0; u < ST - 1; u++)
+    for (int u = 0; u < D; u++)
         if (u < nkt) { load_w(u, u); load_sb(u, u); }
     pdl_wait(); /* x is the previous kernel's (the staging kernel) */
 #pragma unroll
-    for (int u = 0; u < ST - 1; u++) {
+    for (int u = 0; u < D; u++) {
         if (u < nkt) load_x(u, u);
         mma_cp_commit();
     }
@@ -76,14 +79,14 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
         for (int u = 0; u < ST; u++) {
             const int kt = base + u; /* uniform over the block */
             if (kt >= nkt) break;
-            mma_cp_wait<ST - 2>();
+            mma_cp_wait<D - 1>();
             if constexpr (PROXY) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncthreads();
-            const int un = (u + ST - 1) % ST;
-            if (kt + ST - 1 < nkt) {
-                load_w(kt + ST - 1, un);
-                load_x(kt + ST - 1, un);
-                load_sb(kt + ST - 1, un);
+            const int un = (u + D) % ST;
+            if (kt + D < nkt) {
+                load_w(kt + D, un);
+                load_x(kt + D, un);
+                load_sb(kt + D, un);
             }
             mma_cp_commit();
             tile(u);

@@ -44,6 +44,8 @@ int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set
 extern "C" int tern__cuda_qg4w_probe, tern__cuda_qg4w_occ, tern__cuda_qg4w_occ3_ok;
 int tern__cuda_qg4w_occ = -1;     /* -1 unread (TERN_CUDA_QG4_OCC: 2 default, 3 the OCC 3 instances); tests set it */
 int tern__cuda_qg4w_occ3_ok = 0;  /* the OCC 3 instances' shared memory was granted (set at init) */
+extern "C" int tern__cuda_qg4w_asy;
+int tern__cuda_qg4w_asy = -1; /* -1 unread (TERN_CUDA_QG4_ASY, default 0); tests set it */
 int tern__cuda_qg4w_probe = -1; /* -1 unread (TERN_CUDA_QG4_PROBE, default 0: off); see qg4w_kernel's PROBE */
 extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0;
@@ -78,7 +80,12 @@ template <int NT> struct QwGeo {
 /* OCC 3 (TERN_CUDA_QG4_OCC=3): three blocks an SM (24 warps, 80 registers a thread) with a 3-stage ring; the
  * 64-column instances decode and multiply a tile in two halves of 4 k-steps (16 fragment registers, a wgmma wait
  * after each half) to fit */
-template <int NT, bool PAIR = false, int PROBE = 0, int OCC = 2>
+/* ASY (TERN_CUDA_QG4_ASY=1): a tile in two halves of 4 k-steps, each half's fragments in their own registers
+ * (afA, afB: the 32 of the default), and a half's wgmmas left in flight while the warp decodes the next half — the
+ * wait before decoding into a set is for the group that last read it (wait_group 1), so the tensor cores work
+ * across the tile's barrier; the ring refills the slot of tile kt - 2 (its x is read until tile kt starts), two
+ * tiles ahead */
+template <int NT, bool PAIR = false, int PROBE = 0, int OCC = 2, bool ASY = false>
 __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
@@ -158,19 +165,26 @@ __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
     float acc[NT * 4];
 #pragma unroll
     for (int i = 0; i < NT * 4; i++) acc[i] = 0.0f;
+    uint32_t afA[4][4] = {}, afB[4][4] = {}; /* ASY's two half-tile fragment sets */
 
     auto tile = [&](int u) {
         const uint8_t *st = sm + u * STG;
         const uint4 *ws = (const uint4 *)(st + 2 * XH);
         const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
         const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
-        if constexpr (HALF) { /* k-steps 4hf..4hf + 3 (words 2hf, 2hf + 1), then their 4 wgmmas, waited for */
+        if constexpr (HALF || ASY) { /* k-steps 4hf..4hf + 3 (words 2hf, 2hf + 1), then their 4 wgmmas */
             const uint32_t xs = mma_smem_u32(st);
             const uint2 *w2 = (const uint2 *)ws;
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const uint2 ha = w2[((warp * 16 + g) * 4 + t) * 2 + hf], hb = w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf];
-                uint32_t af[4][4];
+                uint32_t hfr[4][4];
+                uint32_t(&af)[4][4] = ASY ? (hf ? afB : afA) : hfr;
+                if constexpr (ASY) {
+                    qw_wait1(); /* this set's last reader: the previous tile's group of this half */
+#pragma unroll
+                    for (int i = 0; i < 16; i++) qw_keep(af[i >> 2][i & 3]);
+                }
 #pragma unroll
                 for (int s2 = 0; s2 < 2; s2++) {
                     const uint32_t w0 = s2 == 0 ? ha.x : ha.y, w1 = s2 == 0 ? hb.x : hb.y;
@@ -186,7 +200,7 @@ __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
 #pragma unroll
                 for (int j = 0; j < 4; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + hf * XH + j * 32));
                 qw_commit();
-                qw_wait(); /* the next half's fragments may take these registers */
+                if constexpr (!ASY) qw_wait(); /* the next half's fragments may take these registers */
             }
             return;
         }
@@ -228,7 +242,12 @@ __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
     /* Decoding tile k + 1 into a second A buffer while tile k's wgmmas run (TERN_CUDA_QG4_PIPE, one block an SM,
      * 6 stages) won on big shapes alone (14336x4096 at 64 rows 42.2 → 39.0 µs) but lost in every model, also where
      * taken only for launches that fill the SMs unsplit: removed in session 73 (NOTES (ce), (cg)) */
-    q4_ring<ST, true>(nkt, load_w, load_x, load_sb, tile);
+    q4_ring<ST, true, ASY ? 2 : 1>(nkt, load_w, load_x, load_sb, tile);
+    if constexpr (ASY) {
+        qw_wait();
+#pragma unroll
+        for (int i = 0; i < NT * 4; i++) qw_keep(acc[i]);
+    }
 
     qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
@@ -274,6 +293,10 @@ void tern__cuda_qg4w_init(void) {
     cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 2>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 3>, at, (int)qw_smem<8>());
+    cudaFuncSetAttribute(qg4w_kernel<8, false, 0, 2, true>, at, (int)qw_smem<8>());
+    cudaFuncSetAttribute(qg4w_kernel<4, false, 0, 2, true>, at, (int)qw_smem<4>());
+    cudaFuncSetAttribute(qg4w_kernel<8, true, 0, 2, true>, at, (int)qw_smem<8>());
+    cudaFuncSetAttribute(qg4w_kernel<4, true, 0, 2, true>, at, (int)qw_smem<4>());
     tern__cuda_qg4w_occ3_ok = cudaFuncSetAttribute(qg4w_kernel<8, false, 0, 3>, at, (int)qw_smem<8, 3>()) == cudaSuccess &&
                               cudaFuncSetAttribute(qg4w_kernel<4, false, 0, 3>, at, (int)qw_smem<4, 3>()) == cudaSuccess &&
                               cudaFuncSetAttribute(qg4w_kernel<8, true, 0, 3>, at, (int)qw_smem<8, 3>()) == cudaSuccess &&
@@ -290,12 +313,18 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
         tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                     x, chunks);
     if (tern__cuda_qg4w_probe < 0) tern__cuda_qg4w_probe = tern__cuda_env_int("TERN_CUDA_QG4_PROBE", 0) & 3;
+    if (tern__cuda_qg4w_asy < 0) tern__cuda_qg4w_asy = tern__cuda_env_int("TERN_CUDA_QG4_ASY", 0) != 0;
     const int pr = !pair && nt == 8 ? tern__cuda_qg4w_probe : 0;
     if (tern__cuda_qg4w_blocks() == 3) {
         if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true, 0, 3>, grid, 256, qw_smem<8, 3>(), a);
         else if (pair) tern_launch(c->stream, qg4w_kernel<4, true, 0, 3>, grid, 256, qw_smem<4, 3>(), a);
         else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8, false, 0, 3>, grid, 256, qw_smem<8, 3>(), a);
         else tern_launch(c->stream, qg4w_kernel<4, false, 0, 3>, grid, 256, qw_smem<4, 3>(), a);
+    } else if (tern__cuda_qg4w_asy > 0) {
+        if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true, 0, 2, true>, grid, 256, qw_smem<8>(), a);
+        else if (pair) tern_launch(c->stream, qg4w_kernel<4, true, 0, 2, true>, grid, 256, qw_smem<4>(), a);
+        else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8, false, 0, 2, true>, grid, 256, qw_smem<8>(), a);
+        else tern_launch(c->stream, qg4w_kernel<4, false, 0, 2, true>, grid, 256, qw_smem<4>(), a);
     } else if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
     else if (pr == 2) tern_launch(c->stream, qg4w_kernel<8, false, 2>, grid, 256, qw_smem<8>(), a);
     else if (pr == 3) tern_launch(c->stream, qg4w_kernel<8, false, 3>, grid, 256, qw_smem<8>(), a);

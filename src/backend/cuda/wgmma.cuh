@@ -22,6 +22,11 @@ __device__ __forceinline__ uint64_t qw_desc(uint32_t saddr) {
 __device__ __forceinline__ void qw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void qw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void qw_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* all but the newest commit group done (qgemm_q4_wg.cu's ASY: one group stays in flight) */
+__device__ __forceinline__ void qw_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+/* an operand register kept live (and in place) up to here: after a wait, the fragments a wgmma read in flight */
+__device__ __forceinline__ void qw_keep(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void qw_keep(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 
 /* d[4·N/8] += A (64x16 bf16 from registers, a warp's 16 rows) · B (16xN from shared memory, descriptor) */
 template <int NT> __device__ __forceinline__ void qw_mma(float *d, const uint32_t *a, uint64_t desc);
