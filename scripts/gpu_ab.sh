@@ -1876,13 +1876,19 @@ fi
 #      4 / 16 bytes plain, 24 / 92 pair) with the split K aimed at 3 blocks an SM. The kernels alone at n = 32 / 64 /
 #      128 both ways, then batch decode of AB142_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB142_CONC (default
 #      32,64,128), 2 against 3 (another split K: digests may differ). Run 141 first (its op test covers OCC 3)
-if [[ " $SECTIONS " == *" 142 "* ]]; then
-    for v in 2 3; do
-        TERN_CUDA_QG4_OCC=$v timeout 100 build/bench_cuda --xr > "$OUT/occ_bench_$v.txt" 2>&1
-        say "OCC=$v: $(grep '^bmm' "$OUT/occ_bench_$v.txt" | grep -E 'n=(32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
+# qg4_switch VAR "a b" MODELS CONC: the batch Q4 GEMMs alone (bench_cuda --xr, n = 32 / 64 / 128) for VAR=a and b,
+# then batch decode of MODELS at CONC a against b, and the ids digests
+qg4_switch() {
+    local v
+    for v in $2; do
+        env "$1=$v" timeout 100 build/bench_cuda --xr > "$OUT/xr_${1}_$v.txt" 2>&1
+        say "$1=$v: $(grep '^bmm' "$OUT/xr_${1}_$v.txt" | grep -E 'n=(32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
     done
-    conc_ab "TERN_CUDA_QG4_OCC=2;TERN_CUDA_QG4_OCC=3" "${AB142_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB142_CONC:-32,64,128}"
-    say_digests "conc_*OCC*_1.txt"
+    conc_ab "$1=${2% *};$1=${2#* }" "$3" "$4"
+    say_digests "conc_*${1}*_1.txt"
+}
+if [[ " $SECTIONS " == *" 142 "* ]]; then
+    qg4_switch TERN_CUDA_QG4_OCC "2 3" "${AB142_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB142_CONC:-32,64,128}"
 fi
 
 # 143. session 74 (unrun): TERN_CUDA_QG4_ASY=1 — the batch Q4 GEMM (qg4w) with each tile in two halves whose wgmmas
@@ -1892,12 +1898,7 @@ fi
 #      alone (n = 32 / 64 / 128), then batch decode of AB143_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB143_CONC
 #      (default 32,64,128), 0 against 1. Run 141 first (its op test covers ASY)
 if [[ " $SECTIONS " == *" 143 "* ]]; then
-    for v in 0 1; do
-        TERN_CUDA_QG4_ASY=$v timeout 100 build/bench_cuda --xr > "$OUT/asy_bench_$v.txt" 2>&1
-        say "ASY=$v: $(grep '^bmm' "$OUT/asy_bench_$v.txt" | grep -E 'n=(32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
-    done
-    conc_ab "TERN_CUDA_QG4_ASY=0;TERN_CUDA_QG4_ASY=1" "${AB143_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB143_CONC:-32,64,128}"
-    say_digests "conc_*ASY*_1.txt"
+    qg4_switch TERN_CUDA_QG4_ASY "0 1" "${AB143_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB143_CONC:-32,64,128}"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
