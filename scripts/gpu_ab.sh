@@ -1901,6 +1901,23 @@ if [[ " $SECTIONS " == *" 143 "* ]]; then
     qg4_switch TERN_CUDA_QG4_ASY "0 1" "${AB143_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB143_CONC:-32,64,128}"
 fi
 
+# 144. session 74: where a batch-1 decode step goes on this card — ncu (serialized: use the shares) of one b1 step of
+#      each of AB144_MODELS (default "gemma4-e4b gemma4-26b-a4b", bf16: 0.607 / 0.570 of the floor on an H200 against
+#      0.70 / 0.67 on an H100, NOTES (ch)); tern-core bench --prompt 64 --gen 4, the last step's kernels by
+#      ncu_step.py. Compare with the H100 figures in NOTES (bq) / (bs) to see which launches grow relative to the bytes
+#      (the fixed costs) on an H200
+if [[ " $SECTIONS " == *" 144 "* ]]; then
+    for m in ${AB144_MODELS:-gemma4-e4b gemma4-26b-a4b}; do
+        tag=$(printf '%s' "$m" | tr -c 'a-zA-Z0-9.' '_')
+        timeout 240 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none \
+            --metrics gpu__time_duration.sum --csv --print-units base $T bench --random $m --device cuda --prompt 64 \
+            --gen 4 --reps 1 --warmup 0 > "$OUT/ncu144_$tag.csv" 2> "$OUT/ncu144_$tag.err"
+        say "ncu $m b1 (serialized, one step):"
+        python3 scripts/ncu_step.py "$OUT/ncu144_$tag.csv" --seq 40 2>&1 | head -${AB_NCU_ROWS:-64} | tee -a "$S"
+        xz -f "$OUT/ncu144_$tag.csv"
+    done
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
