@@ -1902,12 +1902,13 @@ if [[ " $SECTIONS " == *" 143 "* ]]; then
 fi
 
 # 144. session 74: where a batch-1 decode step goes on this card — ncu (serialized: use the shares) of one b1 step of
-#      each of AB144_MODELS (default "gemma4-e4b gemma4-26b-a4b", bf16: 0.607 / 0.570 of the floor on an H200 against
-#      0.70 / 0.67 on an H100, NOTES (ch)); tern-core bench --prompt 64 --gen 4, the last step's kernels by
+#      each of AB144_MODELS (default "gemma4-e4b gemma4-26b-a4b llama3-8b", bf16: 0.607 / 0.570 / 0.839 of the floor
+#      on an H200 against 0.70 / 0.67 / 0.92 on an H100, NOTES (ch); llama3-8b's step exceeds its floor by ~21 µs a
+#      layer there against ~14 on an H100); tern-core bench --prompt 64 --gen 4, the last step's kernels by
 #      ncu_step.py. Compare with the H100 figures in NOTES (bq) / (bs) to see which launches grow relative to the bytes
 #      (the fixed costs) on an H200
 if [[ " $SECTIONS " == *" 144 "* ]]; then
-    for m in ${AB144_MODELS:-gemma4-e4b gemma4-26b-a4b}; do
+    for m in ${AB144_MODELS:-gemma4-e4b gemma4-26b-a4b llama3-8b}; do
         tag=$(printf '%s' "$m" | tr -c 'a-zA-Z0-9.' '_')
         timeout 240 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none \
             --metrics gpu__time_duration.sum --csv --print-units base $T bench --random $m --device cuda --prompt 64 \
