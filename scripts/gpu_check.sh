@@ -38,6 +38,13 @@ build/tests/test_model_g4_batch_core"
 # `pack serve`: the full tern (serve) and the HTTP load generator for scripts/gpu_glm5_serve.sh (carry .gpudeps too)
 [ "${2:-}" = serve ] && PACK_BINS="build/tern build/load build/tern-core build/concurrency"
 if [ "${1:-}" = pack ]; then
+    # a fresh checkout: the Debian headers (scripts/setup.sh) and .gpudeps/ (the device's copies of those libraries,
+    # scripts/gpu_deps.sh) first, before minutes of nvcc end in a missing header
+    if [ ! -f /usr/include/cjson/cJSON.h ]; then echo "pack: no cJSON headers: run scripts/setup.sh first"; exit 1; fi
+    if [ ! -d .gpudeps/root ]; then
+        echo "pack: no .gpudeps/ (the libraries the device lacks): running scripts/gpu_deps.sh"
+        bash scripts/gpu_deps.sh > /dev/null 2>&1 && [ -d .gpudeps/root ] || { echo "pack: scripts/gpu_deps.sh failed"; exit 1; }
+    fi
     T="gpu-test core build/concurrency build/bench_experts build/tests/test_sample_device"
     [ "${2:-}" = serve ] && T="build/tern build/load core build/concurrency"
     make -j"$(nproc)" $T > /dev/null || { echo "pack: build failed"; exit 1; }
