@@ -1919,6 +1919,20 @@ if [[ " $SECTIONS " == *" 144 "* ]]; then
     done
 fi
 
+# 145. session 74: the small Gemma 4 geometries' q4 batch decode — on the H200 gemma4-e4b q4 at 64 sequences ran 9574
+#      dec tok/s (0.118 of its floor) against 11296 for bf16 (NOTES (ch) 2): its Q4 GEMMs have K = 2560 (20 tiles of
+#      128), so the split K stops at nkt / 4 = 5 slices and a block walks 4 tiles. A/B of the batch Q4 kernels against
+#      the dequantize + cuBLASLt path they replaced (TERN_CUDA_QG4=0) on AB145_MODELS (default gemma4-e4b:q4
+#      gemma4-26b-a4b:q4) at AB145_CONC (default 32,64,128), then ncu of one e4b q4 step at 64 sequences (section
+#      114's form). No new code: what to build next for small-K shapes
+if [[ " $SECTIONS " == *" 145 "* ]]; then
+    conc_ab "TERN_CUDA_QG4=1;TERN_CUDA_QG4=0" "${AB145_MODELS:-gemma4-e4b:q4 gemma4-26b-a4b:q4}" "${AB145_CONC:-32,64,128}"
+    ncu_conc64 240 gemma4-e4b:q4 8 ncu145_e4b_q4 --metrics gpu__time_duration.sum
+    say "ncu gemma4-e4b:q4 at 64 sequences (serialized, one step):"
+    python3 scripts/ncu_step.py "$OUT/ncu145_e4b_q4.csv" --seq 30 2>&1 | head -${AB_NCU_ROWS:-48} | tee -a "$S"
+    xz -f "$OUT/ncu145_e4b_q4.csv"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then
