@@ -1924,9 +1924,11 @@ fi
 #      128), so the split K stops at nkt / 4 = 5 slices and a block walks 4 tiles. A/B of the batch Q4 kernels against
 #      the dequantize + cuBLASLt path they replaced (TERN_CUDA_QG4=0) on AB145_MODELS (default gemma4-e4b:q4
 #      gemma4-26b-a4b:q4) at AB145_CONC (default 32,64,128), then ncu of one e4b q4 step at 64 sequences (section
-#      114's form). No new code: what to build next for small-K shapes
+#      114's form); and TERN_CUDA_QG4_MINT=2 (the split down to 2 tiles a block: 10 slices at K = 2560; other
+#      partial sums). What to build next for small-K shapes
 if [[ " $SECTIONS " == *" 145 "* ]]; then
-    conc_ab "TERN_CUDA_QG4=1;TERN_CUDA_QG4=0" "${AB145_MODELS:-gemma4-e4b:q4 gemma4-26b-a4b:q4}" "${AB145_CONC:-32,64,128}"
+    conc_ab "TERN_CUDA_QG4=1;TERN_CUDA_QG4=0;TERN_CUDA_QG4_MINT=2" "${AB145_MODELS:-gemma4-e4b:q4 gemma4-26b-a4b:q4}" \
+        "${AB145_CONC:-32,64,128}"
     ncu_conc64 240 gemma4-e4b:q4 8 ncu145_e4b_q4 --metrics gpu__time_duration.sum
     say "ncu gemma4-e4b:q4 at 64 sequences (serialized, one step):"
     python3 scripts/ncu_step.py "$OUT/ncu145_e4b_q4.csv" --seq 30 2>&1 | head -${AB_NCU_ROWS:-48} | tee -a "$S"

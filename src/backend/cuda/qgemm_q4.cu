@@ -45,6 +45,12 @@ int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); 
 int tern__cuda_qg4_max_n = Q4_MAXN;
 int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
 int tern__cuda_qg4_wave = 2; /* the split rounded down to one wave (TERN_CUDA_QG4_WAVE): 0 never, 1 always, 2 at 17-32 rows */
+/* TERN_CUDA_QG4_MINT (session 74, opt-in until timed): the fewest K tiles a block of the split walks (default the ring's
+ * 4 stages). Gemma 4 E4B's matrices have K = 2560 (20 tiles), so the split stops at 5 slices and its launches at 64
+ * rows fill 100-120 of the 264 block slots (e4b q4 at 64 sequences ran 0.12 of its floor on an H200, slower than its
+ * bf16, NOTES (ch)); 2 lets it reach 10. Other slices, so other partial sums */
+extern "C" int tern__cuda_qg4_mint;
+int tern__cuda_qg4_mint = Q4_ST;
 /* TERN_CUDA_QG4_ST=6: six stages instead of four for up to 16 rows (NT = 2: 74 KB a block, 3 per SM), where
  * the kernel is bandwidth-bound at ~0.5 of the floor; written in session 15 after its last device call, for
  * an A/B (gpu_ab.sh section 14). -1 until read (tests set it) */
@@ -195,6 +201,8 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
      * 11781, gemma4-12b q4 1093 / 3234 / 5291 → 1022 / 3325 / 5276: 2 (default) takes it for the 4-fragment tile
      * (17-32 rows) only */
     tern__cuda_qg4_wave = tern__cuda_env_int("TERN_CUDA_QG4_WAVE", tern__cuda_qg4_wave);
+    tern__cuda_qg4_mint = tern__cuda_env_int("TERN_CUDA_QG4_MINT", tern__cuda_qg4_mint);
+    if (tern__cuda_qg4_mint < 1) tern__cuda_qg4_mint = 1;
     q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
     tern__cuda_qg4w_init();
     cudaGetLastError();
@@ -280,7 +288,8 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     const bool wave = tern__cuda_qg4_wave == 1 || (tern__cuda_qg4_wave == 2 && nt == 4);
     int S = base < target ? (int)(wave ? target / base : (target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
-    if (S > a.nkt / st) S = a.nkt / st;
+    const int mint = tern__cuda_qg4_mint < st ? tern__cuda_qg4_mint : st; /* fewest tiles a block walks */
+    if (S > a.nkt / mint) S = a.nkt / mint;
     if (S < 1) S = 1;
     while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
     if ((size_t)S * a.slice > TERN_CUDA_PART_FLOATS && (pair || S > 1)) return 0;
