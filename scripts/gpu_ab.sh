@@ -111,10 +111,10 @@ conc_ab() {
         done
     done
 }
-# op_test NAME TAG: the op test NAME alone (build/test_cuda_ops, 150 s at most) into $OUT/TAG_ops.txt, its pass /
-# fail count and first failed checks in the summary
+# op_test NAME TAG: the op test NAME alone (build/test_cuda_ops, AB_OP_TIMEOUT s at most, default 150) into
+# $OUT/TAG_ops.txt, its pass / fail count and first failed checks in the summary
 op_test() {
-    TERN_TEST_ONLY=$1 timeout 150 build/test_cuda_ops > "$OUT/$2_ops.txt" 2>&1
+    TERN_TEST_ONLY=$1 timeout "${AB_OP_TIMEOUT:-150}" build/test_cuda_ops > "$OUT/$2_ops.txt" 2>&1
     say "$1 op test: $(grep -c '^PASS' "$OUT/$2_ops.txt") passed, $(grep -c '^FAIL' "$OUT/$2_ops.txt") failed"
     grep -E '^FAIL|check failed' "$OUT/$2_ops.txt" | head -5 | tee -a "$S"
 }
@@ -1863,7 +1863,7 @@ fi
 #      columns (NOTES (ch)): if 1 ≈ 0, the wgmma chain (issue, the per-tile wait, the barrier) bounds it; if 2 ≈ 0, the
 #      decode and the copies do
 if [[ " $SECTIONS " == *" 141 "* ]]; then
-    ops_ok cuda_qgemm_q4_wg || say "141: AN OP TEST FAILED" # the tree after N128's removal (+ occ3 / asy), first run
+    AB_OP_TIMEOUT=300 ops_ok cuda_qgemm_q4_wg || say "141: AN OP TEST FAILED" # after N128's removal, + occ3 / asy / mint1
     grep -E 'err .*(occ3|asy)' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -3 | tee -a "$S"
     for v in 0 1 2 3 0; do
         TERN_CUDA_QG4_PROBE=$v timeout 100 build/bench_cuda --xr > "$OUT/probe_bench_$v.txt" 2>&1
