@@ -36,6 +36,8 @@
 #include "backend/cuda/wgmma.cuh"
 
 #define QW_ST 4
+/* the ring's stages of an instance: QW_ST, 3 at three blocks an SM (OCC 3) */
+__host__ __device__ constexpr int qw_st(int occ) { return occ == 3 ? 3 : QW_ST; }
 
 extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
@@ -89,7 +91,7 @@ template <int NT, bool PAIR = false, int PROBE = 0, int OCC = 2, bool ASY = fals
 __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
-    constexpr int ST = OCC == 3 ? 3 : QW_ST;
+    constexpr int ST = qw_st(OCC);
     constexpr bool HALF = OCC == 3 && NT == 8;
     constexpr int BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, XCH = BN * 16;
     extern __shared__ __align__(16) uint8_t qw_raw[];
@@ -256,7 +258,22 @@ __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
 #endif
 }
 
-template <int NT, int ST = QW_ST> static size_t qw_smem() { return (size_t)ST * QwGeo<NT>::STG + 1024; }
+template <int NT, int OCC = 2> static size_t qw_smem() { return (size_t)qw_st(OCC) * QwGeo<NT>::STG + 1024; }
+
+/* the four instances (64- / 32-column tiles, plain / pair) of a variant (OCC, ASY): their shared-memory limits set
+ * (true when all four were granted), and the launch of the one that serves nt / pair */
+template <int OCC, bool ASY> static bool qw_attr(cudaFuncAttribute at) {
+    return cudaFuncSetAttribute(qg4w_kernel<8, false, 0, OCC, ASY>, at, (int)qw_smem<8, OCC>()) == cudaSuccess &&
+           cudaFuncSetAttribute(qg4w_kernel<4, false, 0, OCC, ASY>, at, (int)qw_smem<4, OCC>()) == cudaSuccess &&
+           cudaFuncSetAttribute(qg4w_kernel<8, true, 0, OCC, ASY>, at, (int)qw_smem<8, OCC>()) == cudaSuccess &&
+           cudaFuncSetAttribute(qg4w_kernel<4, true, 0, OCC, ASY>, at, (int)qw_smem<4, OCC>()) == cudaSuccess;
+}
+template <int OCC, bool ASY> static void qw_go(cudaStream_t s, const Q4Args &a, dim3 grid, int nt, bool pair) {
+    if (pair && nt == 8) tern_launch(s, qg4w_kernel<8, true, 0, OCC, ASY>, grid, 256, qw_smem<8, OCC>(), a);
+    else if (pair) tern_launch(s, qg4w_kernel<4, true, 0, OCC, ASY>, grid, 256, qw_smem<4, OCC>(), a);
+    else if (nt == 8) tern_launch(s, qg4w_kernel<8, false, 0, OCC, ASY>, grid, 256, qw_smem<8, OCC>(), a);
+    else tern_launch(s, qg4w_kernel<4, false, 0, OCC, ASY>, grid, 256, qw_smem<4, OCC>(), a);
+}
 
 static bool qw_on(void) {
     if (tern__cuda_qg4_wg < 0) tern__cuda_qg4_wg = tern__cuda_env_int("TERN_CUDA_QG4_WG", 1) != 0;
@@ -286,21 +303,12 @@ int tern__cuda_qg4w_blocks(void) {
  * sm_90a image is there for this GPU */
 void tern__cuda_qg4w_init(void) {
     const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    tern__cuda_qg4w_ok = cudaFuncSetAttribute(qg4w_kernel<8>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4>, at, (int)qw_smem<4>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess &&
-                         cudaFuncSetAttribute(qg4w_kernel<4, true>, at, (int)qw_smem<4>()) == cudaSuccess;
+    tern__cuda_qg4w_ok = qw_attr<2, false>(at);
+    qw_attr<2, true>(at); /* ASY: the default's shared memory, granted with it */
     cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 2>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 3>, at, (int)qw_smem<8>());
-    cudaFuncSetAttribute(qg4w_kernel<8, false, 0, 2, true>, at, (int)qw_smem<8>());
-    cudaFuncSetAttribute(qg4w_kernel<4, false, 0, 2, true>, at, (int)qw_smem<4>());
-    cudaFuncSetAttribute(qg4w_kernel<8, true, 0, 2, true>, at, (int)qw_smem<8>());
-    cudaFuncSetAttribute(qg4w_kernel<4, true, 0, 2, true>, at, (int)qw_smem<4>());
-    tern__cuda_qg4w_occ3_ok = cudaFuncSetAttribute(qg4w_kernel<8, false, 0, 3>, at, (int)qw_smem<8, 3>()) == cudaSuccess &&
-                              cudaFuncSetAttribute(qg4w_kernel<4, false, 0, 3>, at, (int)qw_smem<4, 3>()) == cudaSuccess &&
-                              cudaFuncSetAttribute(qg4w_kernel<8, true, 0, 3>, at, (int)qw_smem<8, 3>()) == cudaSuccess &&
-                              cudaFuncSetAttribute(qg4w_kernel<4, true, 0, 3>, at, (int)qw_smem<4, 3>()) == cudaSuccess;
+    tern__cuda_qg4w_occ3_ok = qw_attr<3, false>(at);
     cudaGetLastError();
 }
 
@@ -315,23 +323,12 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
     if (tern__cuda_qg4w_probe < 0) tern__cuda_qg4w_probe = tern__cuda_env_int("TERN_CUDA_QG4_PROBE", 0) & 3;
     if (tern__cuda_qg4w_asy < 0) tern__cuda_qg4w_asy = tern__cuda_env_int("TERN_CUDA_QG4_ASY", 0) != 0;
     const int pr = !pair && nt == 8 ? tern__cuda_qg4w_probe : 0;
-    if (tern__cuda_qg4w_blocks() == 3) {
-        if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true, 0, 3>, grid, 256, qw_smem<8, 3>(), a);
-        else if (pair) tern_launch(c->stream, qg4w_kernel<4, true, 0, 3>, grid, 256, qw_smem<4, 3>(), a);
-        else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8, false, 0, 3>, grid, 256, qw_smem<8, 3>(), a);
-        else tern_launch(c->stream, qg4w_kernel<4, false, 0, 3>, grid, 256, qw_smem<4, 3>(), a);
-    } else if (tern__cuda_qg4w_asy > 0) {
-        if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true, 0, 2, true>, grid, 256, qw_smem<8>(), a);
-        else if (pair) tern_launch(c->stream, qg4w_kernel<4, true, 0, 2, true>, grid, 256, qw_smem<4>(), a);
-        else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8, false, 0, 2, true>, grid, 256, qw_smem<8>(), a);
-        else tern_launch(c->stream, qg4w_kernel<4, false, 0, 2, true>, grid, 256, qw_smem<4>(), a);
-    } else if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
+    if (tern__cuda_qg4w_blocks() == 3) qw_go<3, false>(c->stream, a, grid, nt, pair);
+    else if (tern__cuda_qg4w_asy > 0) qw_go<2, true>(c->stream, a, grid, nt, pair);
+    else if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
     else if (pr == 2) tern_launch(c->stream, qg4w_kernel<8, false, 2>, grid, 256, qw_smem<8>(), a);
     else if (pr == 3) tern_launch(c->stream, qg4w_kernel<8, false, 3>, grid, 256, qw_smem<8>(), a);
-    else if (pair && nt == 8) tern_launch(c->stream, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
-    else if (pair) tern_launch(c->stream, qg4w_kernel<4, true>, grid, 256, qw_smem<4>(), a);
-    else if (nt == 8) tern_launch(c->stream, qg4w_kernel<8>, grid, 256, qw_smem<8>(), a);
-    else tern_launch(c->stream, qg4w_kernel<4>, grid, 256, qw_smem<4>(), a);
+    else qw_go<2, false>(c->stream, a, grid, nt, pair);
     tern__cuda_qg4w_calls++;
     return 1;
 }
