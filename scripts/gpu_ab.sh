@@ -1935,6 +1935,13 @@ if [[ " $SECTIONS " == *" 145 "* ]]; then
     xz -f "$OUT/ncu145_e4b_q4.csv"
 fi
 
+# 146. session 75 (unrun): the exact paged-attention kernels (attention.cu attn_kernel, kvq_attn.cu kvq_attn_kernel)
+#      share their per-tile softmax / P·V, key range and stores through attn_tile.cuh (their f32 instruction sequences
+#      unchanged, registers the same, no spills; the address code differs): every cuda_attention* and cuda_kvq* op test
+if [[ " $SECTIONS " == *" 146 "* ]]; then
+    AB_OP_TIMEOUT=240 ops_ok cuda_attention cuda_kvq || say "146: AN OP TEST FAILED"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

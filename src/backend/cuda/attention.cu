@@ -24,6 +24,7 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attn_tile.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -77,25 +78,15 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
     extern __shared__ float sm[];
     const int QV = a.R * a.HB, d = a.d, T = a.T, tid = threadIdx.x, nt = blockDim.x;
     float *qs = sm, *acc = qs + QV * d, *Ks = acc + QV * d, *Vs = Ks + T * (d + 1), *S = Vs + T * d;
-    float *M = S + QV * T, *L = M + QV, *AL = L + QV;
-    int *qpos = (int *)(AL + QV), *qlo = qpos + QV, *qvlo = qlo + QV, *qvhi = qvlo + QV;
+    float *M = S + QV * T;                  /* then L, AL (AtQ) */
+    const AtQ q = {M, (int *)(M + 3 * QV), QV}; /* qpos, qlo, qvlo, qvhi */
     __shared__ int range[2];
 
     const int row0 = blockIdx.x * a.R;
     const int g = blockIdx.y / a.hsplit, h0 = (blockIdx.y % a.hsplit) * a.HB;
     const int slot = a.slot[row0];
     /* query vectors: qv = ri * HB + hi -> row row0 + ri, head g*G + h0 + hi */
-    for (int qv = tid; qv < QV; qv += nt) {
-        const int ri = qv / a.HB, hi = qv % a.HB, r = row0 + ri;
-        const bool ok = r < a.n && h0 + hi < a.G;
-        const int p = ok ? a.pos[r] : -1;
-        qpos[qv] = p;
-        qlo[qv] = a.window > 0 ? max(0, p - a.window + 1) : 0;
-        qvlo[qv] = ok && a.vlo ? max(0, a.vlo[r]) : 0;
-        qvhi[qv] = ok && a.vlo ? a.vhi[r] : -1;
-        M[qv] = -INFINITY;
-        L[qv] = 0.0f;
-    }
+    at_rows(a, q, QV, row0, h0, tid, nt);
     for (int idx = tid; idx < QV * d; idx += nt) {
         const int qv = idx / d, i = idx % d, ri = qv / a.HB, hi = qv % a.HB, r = row0 + ri;
         const bool ok = r < a.n && h0 + hi < a.G;
@@ -103,28 +94,7 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
         acc[idx] = 0.0f;
     }
     __syncthreads();
-    if (tid == 0) {
-        int lo = 0x7fffffff, hi = -1;
-        for (int qv = 0; qv < QV; qv++)
-            if (qpos[qv] >= 0) {
-                lo = min(lo, qlo[qv]);
-                hi = max(hi, qpos[qv]);
-                if (qvlo[qv] <= qvhi[qv]) {
-                    lo = min(lo, qvlo[qv]);
-                    hi = max(hi, qvhi[qv]);
-                }
-            }
-        if (hi >= 0 && a.splits > 1) {
-            const int len = hi - lo + 1;
-            int chunk = (len + a.splits - 1) / a.splits;
-            chunk = (chunk + T - 1) / T * T;
-            const int s0 = lo + blockIdx.z * chunk;
-            lo = s0;
-            hi = min(hi, s0 + chunk - 1);
-        }
-        range[0] = lo;
-        range[1] = hi;
-    }
+    if (tid == 0) at_range(a, q, QV, T, range);
     __syncthreads();
     const int lo = range[0], hi = range[1];
     const int d4 = d / 4, kvstride = a.nkv * d;
@@ -148,68 +118,13 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
             *(float4 *)(Vs + t * d + 4 * i4) = vv4;
         }
         __syncthreads();
-        for (int idx = tid; idx < QV * T; idx += nt) {
-            const int qv = idx / T, t = idx % T, kpos = kb + t, p = qpos[qv];
-            bool vis = p >= 0 && kpos <= hi && kpos / a.bs < a.max_blocks &&
-                       ((kpos <= p && kpos >= qlo[qv]) || (kpos >= qvlo[qv] && kpos <= qvhi[qv]));
-            float s = -INFINITY;
-            if (vis && btrow[kpos / a.bs] >= 0) {
-                const float *qr = qs + qv * d, *kr = Ks + t * (d + 1);
-                float dot = 0.0f;
-                for (int i = 0; i < d; i++) dot = fmaf(qr[i], kr[i], dot);
-                s = dot * a.scale;
-                if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
-            }
-            S[idx] = s;
-        }
-        __syncthreads();
-        for (int qv = tid >> 5; qv < QV; qv += nt >> 5) {
-            const int lane = tid & 31;
-            float m = -INFINITY;
-            for (int t = lane; t < T; t += 32) m = fmaxf(m, S[qv * T + t]);
-            m = warp_max(m);
-            const float mold = M[qv], mnew = fmaxf(mold, m);
-            float sum = 0.0f;
-            for (int t = lane; t < T; t += 32) {
-                const float s = S[qv * T + t];
-                const float pr = s == -INFINITY ? 0.0f : expf(s - mnew);
-                S[qv * T + t] = pr;
-                sum += pr;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                const float al = mnew == -INFINITY ? 1.0f : expf(mold - mnew);
-                AL[qv] = al;
-                L[qv] = L[qv] * al + sum;
-                M[qv] = mnew;
-            }
-        }
-        __syncthreads();
-        for (int idx = tid; idx < QV * d; idx += nt) {
-            const int qv = idx / d, i = idx % d;
-            const float *pr = S + qv * T;
-            float v = acc[idx] * AL[qv];
-            for (int t = 0; t < T; t++) v = fmaf(pr[t], Vs[t * d + i], v);
-            acc[idx] = v;
-        }
+        at_tile(a, q, QV, T, d, d, kb, hi, btrow, qs, Ks, Vs, S, acc, tid, nt);
     }
     __syncthreads();
     for (int idx = tid; idx < QV * d; idx += nt) {
         const int qv = idx / d, i = idx % d, ri = qv / a.HB, hi2 = qv % a.HB, r = row0 + ri;
         if (r >= a.n || h0 + hi2 >= a.G) continue;
-        const int head = g * a.G + h0 + hi2;
-        const size_t o = ((size_t)r * a.nh + head) * d + i;
-        if (a.splits == 1) {
-            a.out[o] = L[qv] > 0.0f ? acc[idx] / L[qv] : 0.0f;
-        } else {
-            const size_t nrow = (size_t)a.n * a.nh;
-            a.part[(size_t)blockIdx.z * nrow * d + o] = acc[idx];
-            if (i == 0) {
-                float *ml = a.part + (size_t)a.splits * nrow * d + ((size_t)blockIdx.z * nrow + (size_t)r * a.nh + head) * 2;
-                ml[0] = M[qv];
-                ml[1] = L[qv];
-            }
-        }
+        at_store(a, q, qv, i, r, g * a.G + h0 + hi2, acc[idx]);
     }
 }
 

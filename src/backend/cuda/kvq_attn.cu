@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kvq_common.cuh"
+#include "backend/cuda/attn_tile.cuh"
 
 #include <math.h>
 
@@ -103,8 +104,8 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
     extern __shared__ float sm[];
     const int QV = a.R * a.HB, d = a.d, dk = a.dk, dv = a.dv, T = a.T, tid = threadIdx.x, nt = blockDim.x;
     float *qs = sm, *acc = qs + QV * dk, *Ks = acc + QV * dv, *Vs = Ks + T * (dk + 1), *S = Vs + T * dv;
-    float *M = S + QV * T, *L = M + QV, *AL = L + QV, *cbk = AL + QV, *cbv = cbk + 16;
-    int *qpos = (int *)(cbv + 16), *qlo = qpos + QV, *qvlo = qlo + QV, *qvhi = qvlo + QV;
+    float *M = S + QV * T, *cbk = M + 3 * QV, *cbv = cbk + 16; /* M, L, AL (AtQ), the codebooks */
+    const AtQ q = {M, (int *)(cbv + 16), QV};                 /* qpos, qlo, qvlo, qvhi */
     __shared__ int range[2];
     const bool kt = a.kkind == TERN_KV_TURBO, vt = a.vkind == TERN_KV_TURBO;
 
@@ -115,17 +116,7 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
         cbk[tid] = kt && tid < (1 << a.kbits) ? k_kvq_cb[(1 << a.kbits) - 4 + tid] : 0.0f;
         cbv[tid] = vt && tid < (1 << a.vbits) ? k_kvq_cb[(1 << a.vbits) - 4 + tid] : 0.0f;
     }
-    for (int qv = tid; qv < QV; qv += nt) {
-        const int ri = qv / a.HB, hi = qv % a.HB, r = row0 + ri;
-        const bool ok = r < a.n && h0 + hi < a.G;
-        const int p = ok ? a.pos[r] : -1;
-        qpos[qv] = p;
-        qlo[qv] = a.window > 0 ? max(0, p - a.window + 1) : 0;
-        qvlo[qv] = ok && a.vlo ? max(0, a.vlo[r]) : 0;
-        qvhi[qv] = ok && a.vlo ? a.vhi[r] : -1;
-        M[qv] = -INFINITY;
-        L[qv] = 0.0f;
-    }
+    at_rows(a, q, QV, row0, h0, tid, nt);
     for (int idx = tid; idx < QV * dk; idx += nt) {
         const int qv = idx / dk, i = idx % dk, ri = qv / a.HB, hi = qv % a.HB, r = row0 + ri;
         const bool ok = r < a.n && h0 + hi < a.G && i < d;
@@ -139,28 +130,7 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
         for (int idx = tid; idx < QV * dk; idx += nt) qs[idx] = __fmul_rn(qs[idx], inv);
     }
     __syncthreads();
-    if (tid == 0) {
-        int lo = 0x7fffffff, hi = -1;
-        for (int qv = 0; qv < QV; qv++)
-            if (qpos[qv] >= 0) {
-                lo = min(lo, qlo[qv]);
-                hi = max(hi, qpos[qv]);
-                if (qvlo[qv] <= qvhi[qv]) {
-                    lo = min(lo, qvlo[qv]);
-                    hi = max(hi, qvhi[qv]);
-                }
-            }
-        if (hi >= 0 && a.splits > 1) {
-            const int len = hi - lo + 1;
-            int chunk = (len + a.splits - 1) / a.splits;
-            chunk = (chunk + T - 1) / T * T;
-            const int s0 = lo + blockIdx.z * chunk;
-            lo = s0;
-            hi = min(hi, s0 + chunk - 1);
-        }
-        range[0] = lo;
-        range[1] = hi;
-    }
+    if (tid == 0) at_range(a, q, QV, T, range);
     __syncthreads();
     const int lo = range[0], hi = range[1];
     const int chk = kt ? 8 : 4, chv = vt ? 8 : 4, nck = dk / chk, ncv = dv / chv;
@@ -185,50 +155,7 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
             for (int e = 0; e < ch; e++) dst[e] = x[e];
         }
         __syncthreads();
-        for (int idx = tid; idx < QV * T; idx += nt) {
-            const int qv = idx / T, t = idx % T, kpos = kb + t, p = qpos[qv];
-            bool vis = p >= 0 && kpos <= hi && kpos / a.bs < a.max_blocks &&
-                       ((kpos <= p && kpos >= qlo[qv]) || (kpos >= qvlo[qv] && kpos <= qvhi[qv]));
-            float s = -INFINITY;
-            if (vis && btrow[kpos / a.bs] >= 0) {
-                const float *qr = qs + qv * dk, *kr = Ks + t * (dk + 1);
-                float dot = 0.0f;
-                for (int i = 0; i < dk; i++) dot = fmaf(qr[i], kr[i], dot);
-                s = dot * a.scale;
-                if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
-            }
-            S[idx] = s;
-        }
-        __syncthreads();
-        for (int qv = tid >> 5; qv < QV; qv += nt >> 5) {
-            const int lane = tid & 31;
-            float m = -INFINITY;
-            for (int t = lane; t < T; t += 32) m = fmaxf(m, S[qv * T + t]);
-            m = warp_max(m);
-            const float mold = M[qv], mnew = fmaxf(mold, m);
-            float sum = 0.0f;
-            for (int t = lane; t < T; t += 32) {
-                const float s = S[qv * T + t];
-                const float pr = s == -INFINITY ? 0.0f : expf(s - mnew);
-                S[qv * T + t] = pr;
-                sum += pr;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                const float al = mnew == -INFINITY ? 1.0f : expf(mold - mnew);
-                AL[qv] = al;
-                L[qv] = L[qv] * al + sum;
-                M[qv] = mnew;
-            }
-        }
-        __syncthreads();
-        for (int idx = tid; idx < QV * dv; idx += nt) {
-            const int qv = idx / dv, i = idx % dv;
-            const float *pr = S + qv * T;
-            float v = acc[idx] * AL[qv];
-            for (int t = 0; t < T; t++) v = fmaf(pr[t], Vs[t * dv + i], v);
-            acc[idx] = v;
-        }
+        at_tile(a, q, QV, T, dk, dv, kb, hi, btrow, qs, Ks, Vs, S, acc, tid, nt);
     }
     __syncthreads();
     if (vt) kvq_fwht_block(acc, QV, dv, dv); /* Rᵀ: butterflies, then 1/√P and the signs below */
@@ -238,19 +165,7 @@ __global__ void __launch_bounds__(256) kvq_attn_kernel(QAttnArgs a) {
         if (r >= a.n || h0 + hi2 >= a.G) continue;
         float val = acc[qv * dv + i];
         if (vt) val = __fmul_rn(__fmul_rn(val, inv), a.rot[i]);
-        const int head = g * a.G + h0 + hi2;
-        const size_t o = ((size_t)r * a.nh + head) * d + i;
-        if (a.splits == 1) {
-            a.out[o] = L[qv] > 0.0f ? val / L[qv] : 0.0f;
-        } else {
-            const size_t nrow = (size_t)a.n * a.nh;
-            a.part[(size_t)blockIdx.z * nrow * d + o] = val;
-            if (i == 0) {
-                float *ml = a.part + (size_t)a.splits * nrow * d + ((size_t)blockIdx.z * nrow + (size_t)r * a.nh + head) * 2;
-                ml[0] = M[qv];
-                ml[1] = L[qv];
-            }
-        }
+        at_store(a, q, qv, i, r, g * a.G + h0 + hi2, val);
     }
 }
 
