@@ -1856,7 +1856,8 @@ fi
 #      lost: kernel alone at n = 128 4096x14336 66.3 → 71.8 µs, llama3-8b q4 at 96 / 128 sequences −7 / −1.5 %,
 #      gemma4-12b −10 / −5 % (NOTES (ch)); removed with its op-test pass.
 
-# 141. session 74 (unrun): what a 64-column tile's chain in qg4w costs without each part — TERN_CUDA_QG4_PROBE (timing
+# 141. session 74 (ran in session 75 on an H200, NOTES (ci): at 64 rows the copies and barriers alone ~65 % of the
+#      kernel, no decode ≈ full, no wgmmas −20 %): what a 64-column tile's chain in qg4w costs without each part — TERN_CUDA_QG4_PROBE (timing
 #      only, outputs wrong; the plain 64-column instance alone, so n = 33..128 rows outside the gate|up pair): 1 no
 #      decode (raw words as A), 2 no wgmma, 3 neither. bench_cuda --xr's qg4 rows at n = 64 and 128 for each value.
 #      At 64 and 128 rows the kernel runs at ~27 % of the tensor cores' bf16 rate and its time doubles with the
@@ -1871,7 +1872,7 @@ if [[ " $SECTIONS " == *" 141 "* ]]; then
     done
 fi
 
-# 142. session 74 (unrun): TERN_CUDA_QG4_OCC=3 — the batch Q4 GEMM (qg4w) at three blocks an SM (24 warps, 80
+# 142. session 74 (unrun still in session 75): TERN_CUDA_QG4_OCC=3 — the batch Q4 GEMM (qg4w) at three blocks an SM (24 warps, 80
 #      registers, a 3-stage ring; the 64-column tiles decoded and multiplied in two halves; small spills at 64 columns:
 #      4 / 16 bytes plain, 24 / 92 pair) with the split K aimed at 3 blocks an SM. The kernels alone at n = 32 / 64 /
 #      128 both ways, then batch decode of AB142_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB142_CONC (default
@@ -1891,7 +1892,8 @@ if [[ " $SECTIONS " == *" 142 "* ]]; then
     qg4_switch TERN_CUDA_QG4_OCC "2 3" "${AB142_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB142_CONC:-32,64,128}"
 fi
 
-# 143. session 74 (unrun): TERN_CUDA_QG4_ASY=1 — the batch Q4 GEMM (qg4w) with each tile in two halves whose wgmmas
+# 143. session 74 (ran in session 75 on an H200, NOTES (ci): won at 32 rows only — now the 32-column default; the
+#      64-column form lost 5–9 % and is no longer built, so =1 here now times only the 32-column tiles): TERN_CUDA_QG4_ASY=1 — the batch Q4 GEMM (qg4w) with each tile in two halves whose wgmmas
 #      stay in flight while the warp decodes the next half (wait_group 1; two 16-register fragment sets, 128
 #      registers, two blocks an SM as the default; the ring two tiles ahead instead of three, since a tile's x is read
 #      until the next one starts). The same sums in the same order as the default (ids digests should match). Kernels
@@ -1919,7 +1921,8 @@ if [[ " $SECTIONS " == *" 144 "* ]]; then
     done
 fi
 
-# 145. session 74: the small Gemma 4 geometries' q4 batch decode — on the H200 gemma4-e4b q4 at 64 sequences ran 9574
+# 145. session 74 (ran in session 75 on an H200 but its ncu, NOTES (ci): MINT=2 +3 % on e4b at 32 / 64, −3.6 % at 128 —
+#      now the rule at one column tile; QG4=0 0.55–0.89× the default): the small Gemma 4 geometries' q4 batch decode — on the H200 gemma4-e4b q4 at 64 sequences ran 9574
 #      dec tok/s (0.118 of its floor) against 11296 for bf16 (NOTES (ch) 2): its Q4 GEMMs have K = 2560 (20 tiles of
 #      128), so the split K stops at nkt / 4 = 5 slices and a block walks 4 tiles. A/B of the batch Q4 kernels against
 #      the dequantize + cuBLASLt path they replaced (TERN_CUDA_QG4=0) on AB145_MODELS (default gemma4-e4b:q4
@@ -1935,7 +1938,7 @@ if [[ " $SECTIONS " == *" 145 "* ]]; then
     xz -f "$OUT/ncu145_e4b_q4.csv"
 fi
 
-# 146. session 75 (unrun): the exact paged-attention kernels (attention.cu attn_kernel, kvq_attn.cu kvq_attn_kernel)
+# 146. session 75 (ran in session 75 on an H200: 12 + 3 passed): the exact paged-attention kernels (attention.cu attn_kernel, kvq_attn.cu kvq_attn_kernel)
 #      share their per-tile softmax / P·V, key range and stores through attn_tile.cuh (their f32 instruction sequences
 #      unchanged, registers the same, no spills; the address code differs): every cuda_attention* and cuda_kvq* op test
 if [[ " $SECTIONS " == *" 146 "* ]]; then

@@ -45,12 +45,15 @@ int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); 
 int tern__cuda_qg4_max_n = Q4_MAXN;
 int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
 int tern__cuda_qg4_wave = 2; /* the split rounded down to one wave (TERN_CUDA_QG4_WAVE): 0 never, 1 always, 2 at 17-32 rows */
-/* TERN_CUDA_QG4_MINT (session 74, opt-in until timed): the fewest K tiles a block of the split walks (default the ring's
- * 4 stages). Gemma 4 E4B's matrices have K = 2560 (20 tiles), so the split stops at 5 slices and its launches at 64
- * rows fill 100-120 of the 264 block slots (e4b q4 at 64 sequences ran 0.12 of its floor on an H200, slower than its
- * bf16, NOTES (ch)); 2 lets it reach 10. Other slices, so other partial sums */
+/* TERN_CUDA_QG4_MINT: the fewest K tiles a block of the split walks; default (0) 2 where a wgmma-sized launch has one
+ * column tile (17..64 rows), else the ring's stages (65..128 rows; the mma.sync kernel's 5..16). Gemma 4 E4B's matrices have K = 2560 (20 tiles), so at 4 the
+ * split stops at 5 slices and its launches at 64 rows fill 100-120 of the 264 block slots; 2 lets it reach 10. H200,
+ * session 75 (NOTES (ci)), MINT 4 → 2 for every launch: gemma4-e4b q4 at 32 / 64 / 128 sequences 5610 / 9472 / 12778
+ * → 5782 / 9777 / 12312 dec tok/s (+3.1 / +3.2 / −3.6 %, two reps alike), gemma4-26b-a4b a tie (2921 / 6198 / 7530 →
+ * 2921 / 6178 / 7555); llama3-8b's and gemma4-12b's launches at up to 64 rows split the same either way (their caps
+ * do not bind). Other slices, so other partial sums */
 extern "C" int tern__cuda_qg4_mint;
-int tern__cuda_qg4_mint = Q4_ST;
+int tern__cuda_qg4_mint = 0;
 /* TERN_CUDA_QG4_ST=6: six stages instead of four for up to 16 rows (NT = 2: 74 KB a block, 3 per SM), where
  * the kernel is bandwidth-bound at ~0.5 of the floor; written in session 15 after its last device call, for
  * an A/B (gpu_ab.sh section 14). -1 until read (tests set it) */
@@ -202,7 +205,7 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
      * (17-32 rows) only */
     tern__cuda_qg4_wave = tern__cuda_env_int("TERN_CUDA_QG4_WAVE", tern__cuda_qg4_wave);
     tern__cuda_qg4_mint = tern__cuda_env_int("TERN_CUDA_QG4_MINT", tern__cuda_qg4_mint);
-    if (tern__cuda_qg4_mint < 1) tern__cuda_qg4_mint = 1;
+    if (tern__cuda_qg4_mint < 0) tern__cuda_qg4_mint = 0; /* 0: the default rule */
     q4_attr<2>(); q4_attr<4>(); q4_attr<8>(); q4_attr<2, 6>();
     tern__cuda_qg4w_init();
     cudaGetLastError();
@@ -288,7 +291,8 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     const bool wave = tern__cuda_qg4_wave == 1 || (tern__cuda_qg4_wave == 2 && nt == 4);
     int S = base < target ? (int)(wave ? target / base : (target + base - 1) / base) : 1;
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
-    const int mint = tern__cuda_qg4_mint < st ? tern__cuda_qg4_mint : st; /* fewest tiles a block walks */
+    const int mset = tern__cuda_qg4_mint > 0 ? tern__cuda_qg4_mint : nb == 1 && nt >= 4 ? 2 : st;
+    const int mint = mset < st ? mset : st; /* fewest tiles a block walks */
     if (S > a.nkt / mint) S = a.nkt / mint;
     if (S < 1) S = 1;
     while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;

@@ -47,7 +47,7 @@ extern "C" int tern__cuda_qg4w_probe, tern__cuda_qg4w_occ, tern__cuda_qg4w_occ3_
 int tern__cuda_qg4w_occ = -1;     /* -1 unread (TERN_CUDA_QG4_OCC: 2 default, 3 the OCC 3 instances); tests set it */
 int tern__cuda_qg4w_occ3_ok = 0;  /* the OCC 3 instances' shared memory was granted (set at init) */
 extern "C" int tern__cuda_qg4w_asy;
-int tern__cuda_qg4w_asy = -1; /* -1 unread (TERN_CUDA_QG4_ASY, default 0); tests set it */
+int tern__cuda_qg4w_asy = -1; /* -1 unread (TERN_CUDA_QG4_ASY, default 1: the 32-column tiles); tests set it */
 int tern__cuda_qg4w_probe = -1; /* -1 unread (TERN_CUDA_QG4_PROBE, default 0: off); see qg4w_kernel's PROBE */
 extern "C" unsigned long long tern__cuda_qg4w_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4w_calls = 0;
@@ -82,11 +82,15 @@ template <int NT> struct QwGeo {
 /* OCC 3 (TERN_CUDA_QG4_OCC=3): three blocks an SM (24 warps, 80 registers a thread) with a 3-stage ring; the
  * 64-column instances decode and multiply a tile in two halves of 4 k-steps (16 fragment registers, a wgmma wait
  * after each half) to fit */
-/* ASY (TERN_CUDA_QG4_ASY=1): a tile in two halves of 4 k-steps, each half's fragments in their own registers
- * (afA, afB: the 32 of the default), and a half's wgmmas left in flight while the warp decodes the next half — the
- * wait before decoding into a set is for the group that last read it (wait_group 1), so the tensor cores work
- * across the tile's barrier; the ring refills the slot of tile kt - 2 (its x is read until tile kt starts), two
- * tiles ahead */
+/* ASY (TERN_CUDA_QG4_ASY, default on; the 32-column instances only): a tile in two halves of 4 k-steps, each half's
+ * fragments in their own registers (afA, afB: the 32 of the plain form), and a half's wgmmas left in flight while the
+ * warp decodes the next half — the wait before decoding into a set is for the group that last read it (wait_group
+ * 1), so the tensor cores work across the tile's barrier; the ring refills the slot of tile kt - 2 (its x is read
+ * until tile kt starts), two tiles ahead. The same k-steps into the same accumulators: the same sums. H200, session
+ * 75 (NOTES (ci)): kernels alone at n = 32 4096x4096 / 14336x4096 / 4096x14336 11.8 / 26.6 / 23.5 → 11.3 / 25.7 /
+ * 22.6 µs, llama3-8b q4 at 32 sequences 7940 / 7958 → 8087 / 8109 dec tok/s, gemma4-12b 3595 / 3586 → 3611 / 3609;
+ * the 64-column form lost (14336x4096 at n = 64 36.4 → 44.1 µs, llama3-8b at 64 / 128 sequences −8.5 / −7 %) and
+ * is not built */
 template <int NT, bool PAIR = false, int PROBE = 0, int OCC = 2, bool ASY = false>
 __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -260,18 +264,18 @@ __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
 
 template <int NT, int OCC = 2> static size_t qw_smem() { return (size_t)qw_st(OCC) * QwGeo<NT>::STG + 1024; }
 
-/* the four instances (64- / 32-column tiles, plain / pair) of a variant (OCC, ASY): their shared-memory limits set
- * (true when all four were granted), and the launch of the one that serves nt / pair */
+/* the four instances (64- / 32-column tiles, plain / pair) of a variant (OCC; ASY: the 32-column ones with ASY):
+ * their shared-memory limits set (true when all four were granted), and the launch of the one that serves nt / pair */
 template <int OCC, bool ASY> static bool qw_attr(cudaFuncAttribute at) {
-    return cudaFuncSetAttribute(qg4w_kernel<8, false, 0, OCC, ASY>, at, (int)qw_smem<8, OCC>()) == cudaSuccess &&
+    return cudaFuncSetAttribute(qg4w_kernel<8, false, 0, OCC>, at, (int)qw_smem<8, OCC>()) == cudaSuccess &&
            cudaFuncSetAttribute(qg4w_kernel<4, false, 0, OCC, ASY>, at, (int)qw_smem<4, OCC>()) == cudaSuccess &&
-           cudaFuncSetAttribute(qg4w_kernel<8, true, 0, OCC, ASY>, at, (int)qw_smem<8, OCC>()) == cudaSuccess &&
+           cudaFuncSetAttribute(qg4w_kernel<8, true, 0, OCC>, at, (int)qw_smem<8, OCC>()) == cudaSuccess &&
            cudaFuncSetAttribute(qg4w_kernel<4, true, 0, OCC, ASY>, at, (int)qw_smem<4, OCC>()) == cudaSuccess;
 }
 template <int OCC, bool ASY> static void qw_go(cudaStream_t s, const Q4Args &a, dim3 grid, int nt, bool pair) {
-    if (pair && nt == 8) tern_launch(s, qg4w_kernel<8, true, 0, OCC, ASY>, grid, 256, qw_smem<8, OCC>(), a);
+    if (pair && nt == 8) tern_launch(s, qg4w_kernel<8, true, 0, OCC>, grid, 256, qw_smem<8, OCC>(), a);
     else if (pair) tern_launch(s, qg4w_kernel<4, true, 0, OCC, ASY>, grid, 256, qw_smem<4, OCC>(), a);
-    else if (nt == 8) tern_launch(s, qg4w_kernel<8, false, 0, OCC, ASY>, grid, 256, qw_smem<8, OCC>(), a);
+    else if (nt == 8) tern_launch(s, qg4w_kernel<8, false, 0, OCC>, grid, 256, qw_smem<8, OCC>(), a);
     else tern_launch(s, qg4w_kernel<4, false, 0, OCC, ASY>, grid, 256, qw_smem<4, OCC>(), a);
 }
 
@@ -303,8 +307,8 @@ int tern__cuda_qg4w_blocks(void) {
  * sm_90a image is there for this GPU */
 void tern__cuda_qg4w_init(void) {
     const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    tern__cuda_qg4w_ok = qw_attr<2, false>(at);
-    qw_attr<2, true>(at); /* ASY: the default's shared memory, granted with it */
+    tern__cuda_qg4w_ok = qw_attr<2, true>(at);
+    qw_attr<2, false>(at); /* the 32-column instances without ASY (TERN_CUDA_QG4_ASY=0) */
     cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 2>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 3>, at, (int)qw_smem<8>());
@@ -321,13 +325,13 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
         tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
                     x, chunks);
     if (tern__cuda_qg4w_probe < 0) tern__cuda_qg4w_probe = tern__cuda_env_int("TERN_CUDA_QG4_PROBE", 0) & 3;
-    if (tern__cuda_qg4w_asy < 0) tern__cuda_qg4w_asy = tern__cuda_env_int("TERN_CUDA_QG4_ASY", 0) != 0;
+    if (tern__cuda_qg4w_asy < 0) tern__cuda_qg4w_asy = tern__cuda_env_int("TERN_CUDA_QG4_ASY", 1) != 0;
     const int pr = !pair && nt == 8 ? tern__cuda_qg4w_probe : 0;
     if (tern__cuda_qg4w_blocks() == 3) qw_go<3, false>(c->stream, a, grid, nt, pair);
-    else if (tern__cuda_qg4w_asy > 0) qw_go<2, true>(c->stream, a, grid, nt, pair);
     else if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
     else if (pr == 2) tern_launch(c->stream, qg4w_kernel<8, false, 2>, grid, 256, qw_smem<8>(), a);
     else if (pr == 3) tern_launch(c->stream, qg4w_kernel<8, false, 3>, grid, 256, qw_smem<8>(), a);
+    else if (tern__cuda_qg4w_asy > 0) qw_go<2, true>(c->stream, a, grid, nt, pair);
     else qw_go<2, false>(c->stream, a, grid, nt, pair);
     tern__cuda_qg4w_calls++;
     return 1;
