@@ -1945,6 +1945,18 @@ if [[ " $SECTIONS " == *" 146 "* ]]; then
     AB_OP_TIMEOUT=240 ops_ok cuda_attention cuda_kvq || say "146: AN OP TEST FAILED"
 fi
 
+# 147. session 75 (unrun): TERN_CUDA_QG4_WG4=1 — the batch Q4 GEMM's 64-column tiles (33..128 rows) in blocks of four
+#      warpgroups (512 threads, one block an SM, 256 W rows; pair 128 gate + 128 up) sharing each x tile: section
+#      141's probe put ~65 % of the 64-row kernel in the copies and barriers, and a two-warpgroup block copies 16 KB of
+#      x per 8 KB of codes; this halves the x bytes. Op test first (its wg4 pass), then the kernels alone (n = 32 / 64 /
+#      128) and batch decode of AB147_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB147_CONC (default 64,128), 0
+#      against 1 (another split K: digests may differ)
+if [[ " $SECTIONS " == *" 147 "* ]]; then
+    AB_OP_TIMEOUT=300 ops_ok cuda_qgemm_q4_wg || say "147: AN OP TEST FAILED"
+    grep -E 'err .*wg4' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -2 | tee -a "$S"
+    qg4_switch TERN_CUDA_QG4_WG4 "0 1" "${AB147_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB147_CONC:-64,128}"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -258,8 +258,8 @@ static void q4_wg_sweeps(tern_backend *g, const int *ns, size_t nn, const int *n
 
 /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles),
  * plain and fused, against the same bf16-rounded reference as the mma.sync kernel; again at three blocks an SM
- * (TERN_CUDA_QG4_OCC=3), with the 32-column tiles' half-tile wgmmas waited for at once (TERN_CUDA_QG4_ASY=0) and
- * with the K split down to one tile a block (TERN_CUDA_QG4_MINT=1) */
+ * (TERN_CUDA_QG4_OCC=3), with the 32-column tiles' half-tile wgmmas waited for at once (TERN_CUDA_QG4_ASY=0), with
+ * four warpgroups a block (TERN_CUDA_QG4_WG4=1) and with the K split down to one tile a block (TERN_CUDA_QG4_MINT=1) */
 TEST(cuda_qgemm_q4_wg) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
     extern unsigned long long tern__cuda_qg4w_calls;
@@ -292,6 +292,17 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_qg4w_asy = 0;
     q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), " asy0", &tern__cuda_qg4w_calls);
     tern__cuda_qg4w_asy = keep_asy;
+    /* TERN_CUDA_QG4_WG4=1: the 64-column tiles in blocks of four warpgroups (256 W rows, pair 128 + 128; its own
+     * split K) */
+    extern int tern__cuda_qg4w_wg4, tern__cuda_qg4w_wg4_ok;
+    const int keep_wg4 = tern__cuda_qg4w_wg4;
+    if (!tern__cuda_qg4w_wg4_ok) {
+        SKIP("cuda_qgemm_q4_wg wg4", "this GPU did not grant the four-warpgroup instances' shared memory");
+    } else {
+        tern__cuda_qg4w_wg4 = 1;
+        q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), " wg4", &tern__cuda_qg4w_calls);
+    }
+    tern__cuda_qg4w_wg4 = keep_wg4;
     /* TERN_CUDA_QG4_MINT=1: the split down to one K tile a block (the ring's prologue then holds fewer tiles than
      * its stages) */
     extern int tern__cuda_qg4_mint;

@@ -95,29 +95,29 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
     mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 }
 
-/* The end of a block of 8 warps (qgemm_q4.cu, qgemm_q4_wg.cu; warp w's accumulators = mma.sync's C of rows
- * wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (4..7) hand
+/* The end of a block of NW warps (qgemm_q4.cu, qgemm_q4_wg.cu: 8, or 16 with TERN_CUDA_QG4_WG4; warp w's accumulators = mma.sync's C of rows
+ * wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (HW..NW - 1) hand
  * their accumulators to the gate warps through shared memory (sm: the drained ring) and y = act(gate)·up; else
  * y (+= for G1_RES) when direct, or this K slice's partials. acc is __restrict__: without it the stores through
  * generic pointers could alias it, and calling this moved qgemm_q4_wg.cu's registers everywhere (session 16);
  * with it the callers' instruction counts and registers stay and only 9–33 words after their main loops
  * differ from the inline copies they had (session 17). PAIR needs sm (the mma.sync kernel passes none) */
-template <int NT, bool PAIR>
+template <int NT, bool PAIR, int NW = 8>
 __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restrict__ acc, uint8_t *sm, int mi, int out, int rowb,
                                          int wr, int n0, int warp, int g, int t) {
-    constexpr int BN = NT * 8;
+    constexpr int BN = NT * 8, HW = NW / 2; /* NW warps, the up half from HW */
     if constexpr (PAIR) {
         if (a.direct) {
-            float *const ups = (float *)sm; /* [64 rows][BN + 1] */
+            float *const ups = (float *)sm; /* [16·HW rows][BN + 1] */
             __syncthreads(); /* every warp is done with the ring */
-            if (warp >= 4)
+            if (warp >= HW)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        ups[((warp & 3) * 16 + g + (i >> 1) * 8) * (BN + 1) + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
+                        ups[((warp & (HW - 1)) * 16 + g + (i >> 1) * 8) * (BN + 1) + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
             __syncthreads();
-            if (warp < 4)
+            if (warp < HW)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -157,6 +157,9 @@ bool tern__cuda_qg4w_pair(void);
 bool tern__cuda_qg4w_on(void);
 /* blocks an SM the wgmma kernel runs at: 2, or 3 with TERN_CUDA_QG4_OCC=3 (opt-in) */
 int tern__cuda_qg4w_blocks(void);
+/* the 64-column tiles run in blocks of four warpgroups, 256 W rows (pair: 128 of gate, 128 of up), one block an
+ * SM (TERN_CUDA_QG4_WG4=1, opt-in): the planner then counts row blocks of 256 (pair 128) */
+bool tern__cuda_qg4w_wg4_on(void);
 void tern__cuda_qg4w_init(void);
 
 #endif

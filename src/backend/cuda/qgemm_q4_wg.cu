@@ -46,6 +46,9 @@ int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set
 extern "C" int tern__cuda_qg4w_probe, tern__cuda_qg4w_occ, tern__cuda_qg4w_occ3_ok;
 int tern__cuda_qg4w_occ = -1;     /* -1 unread (TERN_CUDA_QG4_OCC: 2 default, 3 the OCC 3 instances); tests set it */
 int tern__cuda_qg4w_occ3_ok = 0;  /* the OCC 3 instances' shared memory was granted (set at init) */
+extern "C" int tern__cuda_qg4w_wg4, tern__cuda_qg4w_wg4_ok;
+int tern__cuda_qg4w_wg4 = -1;   /* -1 unread (TERN_CUDA_QG4_WG4, default 0); tests set it */
+int tern__cuda_qg4w_wg4_ok = 0; /* the WG 4 instances' shared memory was granted (set at init) */
 extern "C" int tern__cuda_qg4w_asy;
 int tern__cuda_qg4w_asy = -1; /* -1 unread (TERN_CUDA_QG4_ASY, default 1: the 32-column tiles); tests set it */
 int tern__cuda_qg4w_probe = -1; /* -1 unread (TERN_CUDA_QG4_PROBE, default 0: off); see qg4w_kernel's PROBE */
@@ -69,9 +72,9 @@ __global__ void q4w_stage_x(uint4 *xb, const float *x, size_t chunks) {
     }
 }
 
-/* stage bytes: x (two K halves of BN rows × 128 bytes) then W (128 rows × 64 bytes); a multiple of 1024 */
-template <int NT> struct QwGeo {
-    static constexpr int BN = NT * 8, XH = BN * 128, WB = QG_BM * 64, STG = 2 * XH + WB;
+/* stage bytes: x (two K halves of BN rows × 128 bytes) then W (BM = 64·WG rows × 64 bytes); a multiple of 1024 */
+template <int NT, int WG = 2> struct QwGeo {
+    static constexpr int BN = NT * 8, XH = BN * 128, BM = 64 * WG, WB = BM * 64, STG = 2 * XH + WB;
 };
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
@@ -91,10 +94,16 @@ template <int NT> struct QwGeo {
  * 22.6 µs, llama3-8b q4 at 32 sequences 7940 / 7958 → 8087 / 8109 dec tok/s, gemma4-12b 3595 / 3586 → 3611 / 3609;
  * the 64-column form lost (14336x4096 at n = 64 36.4 → 44.1 µs, llama3-8b at 64 / 128 sequences −8.5 / −7 %) and
  * is not built */
-template <int NT, bool PAIR = false, int PROBE = 0, int OCC = 2, bool ASY = false>
-__global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
+/* WG 4 (TERN_CUDA_QG4_WG4=1, the 64-column instances): four warpgroups a block (512 threads, one block an SM, the
+ * same 16 warps an SM), 256 W rows (pair: 128 of gate and the same 128 of up) sharing each x tile — per W tile's
+ * 8 KB of codes a 64-column block copies 16 KB of x, and at 64 rows the copies and barriers alone take ~65 % of the
+ * kernel (TERN_CUDA_QG4_PROBE=3, NOTES (ci)): four warpgroups halve the x bytes per weight */
+template <int NT, bool PAIR = false, int PROBE = 0, int OCC = 2, bool ASY = false, int WG = 2>
+__global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Geo = QwGeo<NT>;
+    using Geo = QwGeo<NT, WG>;
+    constexpr int NTH = 128 * WG, NW = 4 * WG, HW = NW / 2, PR = 16 * HW, BM = Geo::BM;
+    constexpr int HWS = WG == 4 ? 3 : 2; /* HW = 1 << HWS; PR: a pair block's rows of each matrix */
     constexpr int ST = qw_st(OCC);
     constexpr bool HALF = OCC == 3 && NT == 8;
     constexpr int BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, XCH = BN * 16;
@@ -102,14 +111,14 @@ __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
     const uint32_t raw = mma_smem_u32(qw_raw), pad = (1024u - (raw & 1023u)) & 1023u;
     uint8_t *const sm = qw_raw + pad; /* 1024-aligned: the swizzle repeats from the stage bases */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int mi = PAIR ? warp >> 2
+    const int mi = PAIR ? warp >> HWS
                  : a.k > 2 && (int)blockIdx.x >= a.m[2].mb0 ? 2 : a.k > 1 && (int)blockIdx.x >= a.m[1].mb0 ? 1 : 0;
     const uint8_t *const W = a.m[mi].w;
     const uint16_t *const Sc = a.m[mi].s, *const Bi = a.m[mi].b;
     const int out = a.m[mi].out;
     /* wr: this warp's first row in its matrix */
-    const int rowb = PAIR ? (int)blockIdx.x * 64 : ((int)blockIdx.x - a.m[mi].mb0) * QG_BM, n0 = blockIdx.z * BN;
-    const int wr = rowb + (PAIR ? warp & 3 : warp) * 16;
+    const int rowb = PAIR ? (int)blockIdx.x * PR : ((int)blockIdx.x - a.m[mi].mb0) * BM, n0 = blockIdx.z * BN;
+    const int wr = rowb + (PAIR ? warp & (HW - 1) : warp) * 16;
     const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
     const int ra = min(wr + g, out - 1), rbw = min(wr + g + 8, out - 1);
 
@@ -121,7 +130,7 @@ __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
      * kt)·128 + 32t) >> gs_shift of rows ra and rbw. H200, session 17 (NOTES (z)): the per-tile form recomputed
      * each copy's clamped 64-bit address (~135 of ~340 instructions a warp issued per tile); llama3-8b q4 decode
      * at 64 / 128 sequences 11273 / 12126 → 11575 / 12325 tok/s */
-    constexpr int XJ = (XCH + 255) / 256;
+    constexpr int XJ = (XCH + NTH - 1) / NTH;
     const uint8_t *wp[2];
     uint32_t wok = 0, xok = 0, xo[XJ];
     const uint4 *xb = a.x + (size_t)kt0 * (QG_KB / 8) + (threadIdx.x & 15);
@@ -132,29 +141,29 @@ __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
     {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            const int c = threadIdx.x + j * 256, r = c >> 2, row = PAIR ? rowb + (r & 63) : rowb + r;
-            const uint8_t *Wr = PAIR ? a.m[r >> 6].w : W;
+            const int c = threadIdx.x + j * NTH, r = c >> 2, row = PAIR ? rowb + (r & (PR - 1)) : rowb + r;
+            const uint8_t *Wr = PAIR ? a.m[r >> (HWS + 4)].w : W;
             wp[j] = Wr + (size_t)min(row, out - 1) * a.rb + (size_t)kt0 * (QG_KB / 2) + (c & 3) * 16;
             wok |= (uint32_t)(row < out) << j;
         }
         const int r0 = threadIdx.x >> 4, ch = threadIdx.x & 15, cc = ch & 7;
 #pragma unroll
         for (int j = 0; j < XJ; j++) {
-            const int r = r0 + 16 * j;
+            const int r = r0 + NTH / 16 * j;
             xo[j] = (uint32_t)min(n0 + r, a.n - 1) * (uint32_t)(a.in / 8);
-            xok |= (uint32_t)(n0 + r < a.n && (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)) << j;
+            xok |= (uint32_t)(n0 + r < a.n && (XCH % NTH == 0 || threadIdx.x + j * NTH < XCH)) << j;
         }
         xd = smb + (ch >> 3) * XH + (r0 >> 3) * 1024 + (r0 & 7) * 128 + ((cc ^ (r0 & 7)) << 4);
     }
     auto load_w = [&](int kt, int u) {
 #pragma unroll
-        for (int j = 0; j < 2; j++) mma_cp16(wd + u * STG + j * 4096, wp[j] + (size_t)kt * (QG_KB / 2), wok >> j & 1);
+        for (int j = 0; j < 2; j++) mma_cp16(wd + u * STG + j * NTH * 16, wp[j] + (size_t)kt * (QG_KB / 2), wok >> j & 1);
     };
     auto load_x = [&](int kt, int u) {
 #pragma unroll
         for (int j = 0; j < XJ; j++)
-            if (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)
-                mma_cp16(xd + u * STG + j * 2048, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
+            if (XCH % NTH == 0 || threadIdx.x + j * NTH < XCH)
+                mma_cp16(xd + u * STG + j * NTH * 8, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
     };
     const uint32_t oa = (uint32_t)ra * (uint32_t)a.ng, ob = (uint32_t)rbw * (uint32_t)a.ng;
     auto load_sb = [&](int kt, int u) {
@@ -255,14 +264,14 @@ __global__ void __launch_bounds__(256, OCC) qg4w_kernel(Q4Args a) {
         for (int i = 0; i < NT * 4; i++) qw_keep(acc[i]);
     }
 
-    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
+    qw_store<NT, PAIR, NW>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
     (void)a;
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
 #endif
 }
 
-template <int NT, int OCC = 2> static size_t qw_smem() { return (size_t)qw_st(OCC) * QwGeo<NT>::STG + 1024; }
+template <int NT, int OCC = 2, int WG = 2> static size_t qw_smem() { return (size_t)qw_st(OCC) * QwGeo<NT, WG>::STG + 1024; }
 
 /* the four instances (64- / 32-column tiles, plain / pair) of a variant (OCC; ASY: the 32-column ones with ASY):
  * their shared-memory limits set (true when all four were granted), and the launch of the one that serves nt / pair */
@@ -303,6 +312,12 @@ int tern__cuda_qg4w_blocks(void) {
     return tern__cuda_qg4w_occ == 3 && tern__cuda_qg4w_occ3_ok && qw_on() ? 3 : 2;
 }
 
+/* qgemm_q4.cuh: the 64-column tiles in blocks of four warpgroups (TERN_CUDA_QG4_WG4=1, opt-in; not with OCC 3) */
+bool tern__cuda_qg4w_wg4_on(void) {
+    if (tern__cuda_qg4w_wg4 < 0) tern__cuda_qg4w_wg4 = tern__cuda_env_int("TERN_CUDA_QG4_WG4", 0) != 0;
+    return tern__cuda_qg4w_wg4 > 0 && tern__cuda_qg4w_wg4_ok && tern__cuda_qg4w_blocks() == 2;
+}
+
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
  * sm_90a image is there for this GPU */
 void tern__cuda_qg4w_init(void) {
@@ -313,6 +328,10 @@ void tern__cuda_qg4w_init(void) {
     cudaFuncSetAttribute(qg4w_kernel<8, false, 2>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 3>, at, (int)qw_smem<8>());
     tern__cuda_qg4w_occ3_ok = qw_attr<3, false>(at);
+    tern__cuda_qg4w_wg4_ok = cudaFuncSetAttribute(qg4w_kernel<8, false, 0, 2, false, 4>, at, (int)qw_smem<8, 2, 4>()) ==
+                                 cudaSuccess &&
+                             cudaFuncSetAttribute(qg4w_kernel<8, true, 0, 2, false, 4>, at, (int)qw_smem<8, 2, 4>()) ==
+                                 cudaSuccess;
     cudaGetLastError();
 }
 
@@ -328,6 +347,9 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
     if (tern__cuda_qg4w_asy < 0) tern__cuda_qg4w_asy = tern__cuda_env_int("TERN_CUDA_QG4_ASY", 1) != 0;
     const int pr = !pair && nt == 8 ? tern__cuda_qg4w_probe : 0;
     if (tern__cuda_qg4w_blocks() == 3) qw_go<3, false>(c->stream, a, grid, nt, pair);
+    else if (nt == 8 && tern__cuda_qg4w_wg4_on()) /* the planner gave 256-row (pair: 128 + 128) blocks */
+        tern_launch(c->stream, pair ? qg4w_kernel<8, true, 0, 2, false, 4> : qg4w_kernel<8, false, 0, 2, false, 4>, grid,
+                    512, qw_smem<8, 2, 4>(), a);
     else if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
     else if (pr == 2) tern_launch(c->stream, qg4w_kernel<8, false, 2>, grid, 256, qw_smem<8>(), a);
     else if (pr == 3) tern_launch(c->stream, qg4w_kernel<8, false, 3>, grid, 256, qw_smem<8>(), a);
