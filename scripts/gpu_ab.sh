@@ -1938,11 +1938,13 @@ if [[ " $SECTIONS " == *" 145 "* ]]; then
     xz -f "$OUT/ncu145_e4b_q4.csv"
 fi
 
-# 146. session 75 (ran in session 75 on an H200: 12 + 3 passed): the exact paged-attention kernels (attention.cu attn_kernel, kvq_attn.cu kvq_attn_kernel)
-#      share their per-tile softmax / P·V, key range and stores through attn_tile.cuh (their f32 instruction sequences
-#      unchanged, registers the same, no spills; the address code differs): every cuda_attention* and cuda_kvq* op test
+# 146. session 75 (ran in session 75 on an H200: 12 + 3 passed; glm_attn.cu's at_softmax added after, unrun): the exact
+#      paged-attention kernels (attention.cu attn_kernel, kvq_attn.cu kvq_attn_kernel) share their per-tile softmax /
+#      P·V, key range and stores through attn_tile.cuh, and glm_attn.cu's latent kernel its softmax step (their f32
+#      instruction sequences unchanged, registers the same or fewer, no spills; the address code differs): every
+#      cuda_attention*, cuda_kvq* and cuda_glm_latent* op test
 if [[ " $SECTIONS " == *" 146 "* ]]; then
-    AB_OP_TIMEOUT=240 ops_ok cuda_attention cuda_kvq || say "146: AN OP TEST FAILED"
+    AB_OP_TIMEOUT=240 ops_ok cuda_attention cuda_kvq cuda_glm_latent || say "146: AN OP TEST FAILED"
 fi
 
 # 147. session 75 (unrun): TERN_CUDA_QG4_WG4=1 — the batch Q4 GEMM's 64-column tiles (33..128 rows) in blocks of four

@@ -7,7 +7,8 @@
  *
  * The pieces, in the order a kernel calls them: at_rows (each query vector's position, window start and span),
  * at_range (the block's key range, its split's piece of it), at_tile (scores, softmax step, P·V of one loaded
- * tile), at_store (outputs or split partials). Args is either kernel's argument struct (the fields named here
+ * tile; its softmax step at_softmax, which glm_attn.cu shares too), at_store (outputs or split partials). Args is
+ * either kernel's argument struct (the fields named here
  * are common to both). Every function is forceinline: the kernels' code is what it was before they moved here.
  */
 #ifndef TERN_CUDA_ATTN_TILE_CUH
@@ -72,6 +73,32 @@ __device__ __forceinline__ void at_range(const Args &a, const AtQ &q, int QV, in
     range[1] = hi;
 }
 
+/* the online softmax step of one tile for QV query vectors (a warp each): S [QV][T] scores -> probabilities
+ * e^{s - M'}, M' = max(M, the tile's), AL = e^{M - M'}, L = L·AL + Σ (also glm_attn.cu's latent kernel) */
+__device__ __forceinline__ void at_softmax(float *S, float *M, float *L, float *AL, int QV, int T, int tid, int nt) {
+    for (int qv = tid >> 5; qv < QV; qv += nt >> 5) {
+        const int lane = tid & 31;
+        float m = -INFINITY;
+        for (int t = lane; t < T; t += 32) m = fmaxf(m, S[qv * T + t]);
+        m = warp_max(m);
+        const float mold = M[qv], mnew = fmaxf(mold, m);
+        float sum = 0.0f;
+        for (int t = lane; t < T; t += 32) {
+            const float s = S[qv * T + t];
+            const float pr = s == -INFINITY ? 0.0f : expf(s - mnew);
+            S[qv * T + t] = pr;
+            sum += pr;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            const float al = mnew == -INFINITY ? 1.0f : expf(mold - mnew);
+            AL[qv] = al;
+            L[qv] = L[qv] * al + sum;
+            M[qv] = mnew;
+        }
+    }
+}
+
 /* one loaded tile (keys kb .. kb + T - 1, K rows dk + 1 floats apart, V rows dv): scores (scaled, softcapped,
  * -inf where not visible), the online softmax step, acc = acc·AL + P·V. Starts and ends at a barrier */
 template <class Args>
@@ -93,27 +120,7 @@ __device__ __forceinline__ void at_tile(const Args &a, const AtQ &q, int QV, int
         S[idx] = s;
     }
     __syncthreads();
-    for (int qv = tid >> 5; qv < QV; qv += nt >> 5) {
-        const int lane = tid & 31;
-        float m = -INFINITY;
-        for (int t = lane; t < T; t += 32) m = fmaxf(m, S[qv * T + t]);
-        m = warp_max(m);
-        const float mold = q.M()[qv], mnew = fmaxf(mold, m);
-        float sum = 0.0f;
-        for (int t = lane; t < T; t += 32) {
-            const float s = S[qv * T + t];
-            const float pr = s == -INFINITY ? 0.0f : expf(s - mnew);
-            S[qv * T + t] = pr;
-            sum += pr;
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) {
-            const float al = mnew == -INFINITY ? 1.0f : expf(mold - mnew);
-            q.AL()[qv] = al;
-            q.L()[qv] = q.L()[qv] * al + sum;
-            q.M()[qv] = mnew;
-        }
-    }
+    at_softmax(S, q.M(), q.L(), q.AL(), QV, T, tid, nt);
     __syncthreads();
     for (int idx = tid; idx < QV * dv; idx += nt) {
         const int qv = idx / dv, i = idx % dv;

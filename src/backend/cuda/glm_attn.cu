@@ -29,6 +29,7 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attn_tile.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -166,27 +167,7 @@ __global__ void __launch_bounds__(256) latent_attn_kernel(LatArgs a) {
             S[i] = s;
         }
         __syncthreads();
-        for (int h = tid >> 5; h < HB; h += nt >> 5) {
-            const int lane = tid & 31;
-            float m = -INFINITY;
-            for (int t = lane; t < T; t += 32) m = fmaxf(m, S[h * T + t]);
-            m = warp_max(m);
-            const float mold = M[h], mnew = fmaxf(mold, m);
-            float sum = 0.0f;
-            for (int t = lane; t < T; t += 32) {
-                const float s = S[h * T + t];
-                const float pr = s == -INFINITY ? 0.0f : expf(s - mnew);
-                S[h * T + t] = pr;
-                sum += pr;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                const float al = mnew == -INFINITY ? 1.0f : expf(mold - mnew);
-                AL[h] = al;
-                L[h] = L[h] * al + sum;
-                M[h] = mnew;
-            }
-        }
+        at_softmax(S, M, L, AL, HB, T, tid, nt);
         __syncthreads();
         for (int i = tid; i < HB * dv; i += nt) {
             const int h = i / dv, j = i % dv;
