@@ -237,9 +237,20 @@ static void ref_kv_write(tern_backend *be, const tern_kv_layer *kv, const tern_r
     }
 }
 
-/* Attention over the dequantized cache: the spec for compressed pages. */
-static void ref_attention_q(float *out, const float *q, const tern_rows *rows, int nh, const tern_kv_layer *kv,
-                            float scale, float softcap) {
+/* Row kvh of position p of slot s in pool (format f) as floats: the f32 record itself, or decoded into x (scratch:
+ * TURBO's); NULL if not resident */
+static const float *kv_row(const tern_kv_layer *kv, void *pool, const tern_kv_fmt *f, int s, int p, int kvh, float *x,
+                           float *scratch) {
+    const uint8_t *rec = kv_rec(kv, pool, f, s, p, kvh);
+    if (!rec || f->kind == TERN_KV_F32) return (const float *)rec;
+    tern_kvq_decode(f, kv->head_dim, kv->rot, rec, x, scratch);
+    return x;
+}
+
+/* Attention over the (dequantized) cache: the spec every backend's attention is held to, f32 and compressed pages */
+static void ref_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
+                          const tern_kv_layer *kv, float scale, float softcap) {
+    (void)be;
     int d = kv->head_dim, group = nh / kv->n_head_kv;
     float x[TERN_KVQ_MAX_ROT], scratch[TERN_KVQ_MAX_ROT];
     for (int r = 0; r < rows->n; r++) {
@@ -254,57 +265,7 @@ static void ref_attention_q(float *out, const float *q, const tern_rows *rows, i
             int kvh = h / group;
             float m = -INFINITY;
             for (int b = lo; b <= a; b++) {
-                const uint8_t *kp = tern_key_visible(&kr, b) ? kv_rec(kv, kv->k, &kv->kf, s, b, kvh) : NULL;
-                if (!kp) { sc[b - lo] = -INFINITY; continue; }
-                tern_kvq_decode(&kv->kf, d, kv->rot, kp, x, scratch);
-                float dot = 0.0f;
-                for (int i = 0; i < d; i++) dot += qv[i] * x[i];
-                dot *= scale;
-                if (softcap > 0.0f) dot = softcap * tanhf(dot / softcap);
-                sc[b - lo] = dot;
-                if (dot > m) m = dot;
-            }
-            float sum = 0.0f;
-            for (int b = lo; b <= a; b++) {
-                sc[b - lo] = sc[b - lo] == -INFINITY ? 0.0f : expf(sc[b - lo] - m);
-                sum += sc[b - lo];
-            }
-            for (int i = 0; i < d; i++) o[i] = 0.0f;
-            for (int b = lo; b <= a; b++) {
-                if (sc[b - lo] == 0.0f) continue;
-                const uint8_t *vr = kv_rec(kv, kv->v, &kv->vf, s, b, kvh);
-                if (!vr) continue;
-                tern_kvq_decode(&kv->vf, d, kv->rot, vr, x, scratch);
-                for (int i = 0; i < d; i++) o[i] += sc[b - lo] * x[i];
-            }
-            if (sum > 0.0f)
-                for (int i = 0; i < d; i++) o[i] /= sum;
-        }
-        free(sc);
-    }
-}
-
-static void ref_attention(tern_backend *be, float *out, const float *q, const tern_rows *rows, int nh,
-                          const tern_kv_layer *kv, float scale, float softcap) {
-    (void)be;
-    if (kv->kf.kind != TERN_KV_F32 || kv->vf.kind != TERN_KV_F32) {
-        ref_attention_q(out, q, rows, nh, kv, scale, softcap);
-        return;
-    }
-    int d = kv->head_dim, group = nh / kv->n_head_kv;
-    for (int r = 0; r < rows->n; r++) {
-        int s = rows->slot[r];
-        tern_key_range kr = tern_key_range_of(kv, rows, r);
-        int lo = kr.first, a = kr.last, nk = a - lo + 1;
-        float *sc = malloc((size_t)(nk > 0 ? nk : 1) * sizeof *sc);
-        for (int h = 0; h < nh; h++) {
-            const float *qv = q + ((size_t)r * nh + h) * d;
-            float *o = out + ((size_t)r * nh + h) * d;
-            if (!sc) { fill_nan(o, (size_t)d); continue; }
-            int kvh = h / group;
-            float m = -INFINITY;
-            for (int b = lo; b <= a; b++) {
-                const float *kk = tern_key_visible(&kr, b) ? kv_at(kv, kv->k, s, b, kvh) : NULL;
+                const float *kk = tern_key_visible(&kr, b) ? kv_row(kv, kv->k, &kv->kf, s, b, kvh, x, scratch) : NULL;
                 if (!kk) { sc[b - lo] = -INFINITY; continue; }
                 float dot = 0.0f;
                 for (int i = 0; i < d; i++) dot += qv[i] * kk[i];
@@ -321,7 +282,7 @@ static void ref_attention(tern_backend *be, float *out, const float *q, const te
             for (int i = 0; i < d; i++) o[i] = 0.0f;
             for (int b = lo; b <= a; b++) {
                 if (sc[b - lo] == 0.0f) continue;
-                const float *vv = kv_at(kv, kv->v, s, b, kvh);
+                const float *vv = kv_row(kv, kv->v, &kv->vf, s, b, kvh, x, scratch);
                 if (!vv) continue;
                 for (int i = 0; i < d; i++) o[i] += sc[b - lo] * vv[i];
             }
