@@ -96,15 +96,20 @@ static void chunk_head(chat_ctx *c, tern_jw *w) {
     tern_jw_arr(w);
 }
 
+/* a chunk's head up to its one choice's open "delta" object */
+static void chunk_delta(chat_ctx *c, tern_jw *w) {
+    chunk_head(c, w);
+    tern_jw_obj(w);
+    tern_jw_kint(w, "index", 0);
+    tern_jw_key(w, "delta");
+    tern_jw_obj(w);
+}
+
 static void s_start(void *ctx, tern_jw *out) {
     chat_ctx *c = ctx;
     tern_jw w;
     tern_jw_init(&w);
-    chunk_head(c, &w);
-    tern_jw_obj(&w);
-    tern_jw_kint(&w, "index", 0);
-    tern_jw_key(&w, "delta");
-    tern_jw_obj(&w);
+    chunk_delta(c, &w);
     tern_jw_kstr(&w, "role", "assistant");
     tern_jw_kstr(&w, "content", "");
     tern_jw_end(&w);
@@ -121,11 +126,7 @@ static void s_piece(void *ctx, const srv_piece *p, tern_jw *out) {
     if (!p->len && !p->reasoning_len && p->call_hi == p->call_lo && !(c->logprobs && p->n_toks)) return;
     tern_jw *w = out;                            /* per token: written in place, no copies */
     srv_sse_begin(out, NULL);
-    chunk_head(c, w);
-    tern_jw_obj(w);
-    tern_jw_kint(w, "index", 0);
-    tern_jw_key(w, "delta");
-    tern_jw_obj(w);
+    chunk_delta(c, w);
     if (p->len || !p->reasoning_len) tern_jw_kstrn(w, "content", p->text, p->len);
     if (p->reasoning_len) {
         tern_jw_kstrn(w, "reasoning_content", p->reasoning, p->reasoning_len);
@@ -153,11 +154,7 @@ static void s_end(void *ctx, const srv_result *r, tern_jw *out) {
     chat_ctx *c = ctx;
     tern_jw w;
     tern_jw_init(&w);
-    chunk_head(c, &w);
-    tern_jw_obj(&w);
-    tern_jw_kint(&w, "index", 0);
-    tern_jw_key(&w, "delta");
-    tern_jw_obj(&w);
+    chunk_delta(c, &w);
     tern_jw_end(&w);
     tern_jw_knull(&w, "logprobs");
     tern_jw_kstr(&w, "finish_reason", srv_finish_str_r(r));
