@@ -87,16 +87,21 @@ static void ping(msg_ctx *c, tern_jw *out) {
     srv_sse_value(out, "ping", &w);
 }
 
+/* a content-block event's head: {"type": type, "index": index, key: (the caller writes it, then closes) */
+static void event_head(tern_jw *w, const char *type, int index, const char *key) {
+    tern_jw_init(w);
+    tern_jw_obj(w);
+    tern_jw_kstr(w, "type", type);
+    tern_jw_kint(w, "index", index);
+    tern_jw_key(w, key);
+}
+
 /* Open a thinking (1) or text (2) block unless it is the open one. */
 static void block_open(msg_ctx *c, int kind, tern_jw *out) {
     if (c->block == kind) return;
     block_stop(c, out);
     tern_jw w;
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "content_block_start");
-    tern_jw_kint(&w, "index", c->n_blocks++);
-    tern_jw_key(&w, "content_block");
+    event_head(&w, "content_block_start", c->n_blocks++, "content_block");
     tern_jw_obj(&w);
     tern_jw_kstr(&w, "type", kind == 1 ? "thinking" : "text");
     if (kind == 1) { tern_jw_kstr(&w, "thinking", ""); tern_jw_kstr(&w, "signature", ""); }
@@ -112,11 +117,7 @@ static void block_delta(msg_ctx *c, int kind, const char *t, size_t n, tern_jw *
     if (!n) return;
     block_open(c, kind, out);
     tern_jw w;
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "content_block_delta");
-    tern_jw_kint(&w, "index", c->n_blocks - 1);
-    tern_jw_key(&w, "delta");
+    event_head(&w, "content_block_delta", c->n_blocks - 1, "delta");
     tern_jw_obj(&w);
     tern_jw_kstr(&w, "type", kind == 1 ? "thinking_delta" : "text_delta");
     tern_jw_kstrn(&w, kind == 1 ? "thinking" : "text", t, n);
@@ -129,21 +130,13 @@ static void stream_call(msg_ctx *c, int i, tern_jw *out) {
     block_stop(c, out);
     const tern_tool_call *tc = srv_job_call(c->job, i, NULL);
     tern_jw w;
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "content_block_start");
-    tern_jw_kint(&w, "index", c->n_blocks++);
-    tern_jw_key(&w, "content_block");
+    event_head(&w, "content_block_start", c->n_blocks++, "content_block");
     tool_use(c->job, i, &w, 1);
     tern_jw_end(&w);
     srv_sse_value(out, "content_block_start", &w);
     ping(c, out);
     c->block = 3;
-    tern_jw_init(&w);
-    tern_jw_obj(&w);
-    tern_jw_kstr(&w, "type", "content_block_delta");
-    tern_jw_kint(&w, "index", c->n_blocks - 1);
-    tern_jw_key(&w, "delta");
+    event_head(&w, "content_block_delta", c->n_blocks - 1, "delta");
     tern_jw_obj(&w);
     tern_jw_kstr(&w, "type", "input_json_delta");
     tern_jw_kstr(&w, "partial_json", tc && tc->arguments ? tc->arguments : "{}");
