@@ -142,17 +142,7 @@ static int char_spans(const char *s, size_t n, bool (*pred)(int32_t), tk_spans *
     for (size_t i = 0; i < n;) {
         int32_t cp;
         size_t l = (size_t)tk_utf8_next(s + i, n - i, &cp);
-        if (pred(cp)) {
-            if (m->n + 2 > m->cap) {
-                size_t cap = m->cap ? m->cap * 2 : 32;
-                size_t *v = realloc(m->v, cap * sizeof *v);
-                if (!v) return -1;
-                m->v = v;
-                m->cap = cap;
-            }
-            m->v[m->n++] = i;
-            m->v[m->n++] = i + l;
-        }
+        if (pred(cp) && tk_spans_push(m, i, i + l)) return -1;
         i += l;
     }
     return 0;

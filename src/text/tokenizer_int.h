@@ -64,6 +64,8 @@ void tk_pattern_free(tk_pattern *p);
  * match is skipped). *m holds pairs (start, end); returns the number of pairs or -1. */
 typedef struct tk_spans { size_t *v; size_t n, cap; } tk_spans;
 long tk_pattern_find_all(const tk_pattern *p, const char *s, size_t n, tk_spans *m);
+/* append the span [s, e) (grows m); -1 when out of memory */
+int tk_spans_push(tk_spans *m, size_t s, size_t e);
 void tk_spans_free(tk_spans *m);
 
 /* Split behaviors (HF SplitDelimiterBehavior). */

@@ -248,7 +248,7 @@ void tk_pattern_free(tk_pattern *p) {
     memset(p, 0, sizeof *p);
 }
 
-static int spans_push(tk_spans *m, size_t s, size_t e) {
+int tk_spans_push(tk_spans *m, size_t s, size_t e) {
     if (m->n + 2 > m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 32;
         size_t *v = realloc(m->v, cap * sizeof *v);
@@ -282,7 +282,7 @@ long tk_pattern_find_all(const tk_pattern *p, const char *s, size_t n, tk_spans 
             const char *h = memmem(s + i, n - i, p->lit, p->lit_len);
             if (!h) break;
             size_t st = (size_t)(h - s);
-            if (spans_push(m, st, st + p->lit_len)) return -1;
+            if (tk_spans_push(m, st, st + p->lit_len)) return -1;
             i = st + p->lit_len;
         }
         return (long)(m->n / 2);
@@ -302,7 +302,7 @@ long tk_pattern_find_all(const tk_pattern *p, const char *s, size_t n, tk_spans 
             pos = me + char_len_at(s, n, me);
             continue;
         }
-        if (spans_push(m, ms, me)) { pcre2_match_data_free(md); return -1; }
+        if (tk_spans_push(m, ms, me)) { pcre2_match_data_free(md); return -1; }
         pos = me;
         last_end = me;
         have_last = true;
