@@ -15,6 +15,7 @@
  * equals the host tables, on a model with full and sliding groups.
  */
 #include "runtime_util.h"
+#include "kv_models.h"
 #include "base/file.h"
 #include "io/demo.h"
 #include "io/kv_config.h"
@@ -26,29 +27,7 @@ static tern_backend *BE;
 static tern_kv_fmt *FMT;        /* page formats of the kind under test (NULL = f32) */
 static const char *KIND = "off";
 
-typedef struct mdl { const char *name; tern_model *m; int V; uint64_t id; } mdl;
 
-static float *fwd(mdl *M, tern_kv *kv, int slot, const int32_t *t, int n, int pos0, float *logits) {
-    int32_t pos[128], sl[128];
-    uint8_t want[128] = {0};
-    tern_error err = {0};
-    for (int i = 0; i < n; i++) { pos[i] = pos0 + i; sl[i] = slot; }
-    want[n - 1] = 1;
-    if (tern_kv_reserve(kv, slot, pos0 + n, &err)) { printf("  reserve: %s\n", err.msg); return NULL; }
-    tern_batch b = {.n = n, .tokens = t, .pos = pos, .slot = sl, .want = want};
-    if (tern_model_forward(M->m, &b, kv, logits, &err)) { printf("  forward: %s\n", err.msg); return NULL; }
-    return logits;
-}
-
-/* prefill in chunks of 16 rows with trims, like the scheduler */
-static int prefill(mdl *M, tern_kv *kv, int slot, const int32_t *t, int n, float *logits) {
-    for (int p = 0; p < n; p += 16) {
-        int k = TERN_MIN(16, n - p);
-        if (!fwd(M, kv, slot, t + p, k, p, logits)) return -1;
-        tern_kv_trim(kv, slot, p + k);
-    }
-    return 0;
-}
 
 static tern_kv *open_kv_fmt(mdl *M, int slots, int bs, const tern_kv_fmt *fmt) {
     tern_kv_opts ko = {.n_slots = slots, .max_ctx = 128, .block_size = bs, .formats = fmt};
@@ -177,31 +156,14 @@ out:
     free(la); free(lb); free(tmp);
 }
 
-static int load(mdl *M, const char *name, const char *dir) {
-    tern_error err = {0};
-    M->name = name;
-    if (tern_model_load(&M->m, dir, BE, NULL, &err)) { printf("  %s: %s\n", name, err.msg); return -1; }
-    M->V = tern_model_cfg(M->m)->n_vocab;
-    M->id = tern_kv_config_id(tern_model_cfg(M->m)) ^ tern_kv_weights_id(dir);
-    return 0;
-}
 
 TEST(rollback_and_persist) {
-    char tmp[] = "/tmp/tern_kvo_XXXXXX", dir[4096];
+    char tmp[] = "/tmp/tern_kvo_XXXXXX";
     const char *pre = getenv("TERN_CACHE");
     if (!pre || !*pre) { if (!mkdtemp(tmp)) { CHECK(0, "mkdtemp"); return; } setenv("TERN_CACHE", tmp, 1); }
     tern_error err = {0};
     mdl ms[5] = {0};
-    int nm = 0;
-    if (!load(&ms[nm], "llama-tiny", rt_model_dir())) nm++;
-    if (!tern_model_path_resolve("demo", dir, sizeof dir, &err) && !load(&ms[nm], "demo", dir)) nm++;
-    const char *fx[] = {"gemma4_dense", "gemma4_e2b_like", "gemma4_moe_like"};
-    for (int i = 0; i < 3; i++) {
-        char p[256];
-        snprintf(p, sizeof p, "tests/parity/fixtures/%s", fx[i]);
-        if (access(p, F_OK)) { printf("SKIP: fixture %s absent\n", fx[i]); continue; }
-        if (!load(&ms[nm], fx[i], p)) nm++;
-    }
+    const int nm = kvm_load_all(ms, BE);
     CHECK(nm >= 2, "models loaded: %d", nm);
     /* every page kind: f32 at two block sizes, the compressed kinds at 16 */
     const char *kinds[] = {"off", "8", "4", "turbo", "turbo:3,2"};
@@ -256,7 +218,7 @@ TEST(sync_mirrors_changed_rows) {
     const char *fx = "tests/parity/fixtures/gemma4_e2b_like";
     if (access(fx, F_OK)) { SKIP("sync_mirrors_changed_rows", "fixture gemma4_e2b_like absent"); return; }
     mdl M = {0};
-    if (load(&M, "gemma4_e2b_like", fx)) { CHECK(0, "load %s", fx); return; }
+    if (kvm_load(&M, BE, "gemma4_e2b_like", fx)) { CHECK(0, "load %s", fx); return; }
     tern_kv_opts ko = {.n_slots = 6, .max_ctx = 128, .block_size = 4};
     tern_kv *kv = NULL;
     tern_error err = {0};

@@ -10,6 +10,7 @@
  * Llama and the demo).
  */
 #include "runtime_util.h"
+#include "kv_models.h"
 #include "io/demo.h"
 #include "io/kv_config.h"
 #include "ops/kvq.h"
@@ -129,28 +130,7 @@ TEST(sizing_and_backend_check) {
 
 /* ---- the runtime's guarantees with every kind ---- */
 
-typedef struct mdl { const char *name; tern_model *m; int V; uint64_t id; } mdl;
 
-static float *fwd(mdl *M, tern_kv *kv, int slot, const int32_t *t, int n, int pos0, float *logits) {
-    int32_t pos[64], sl[64];
-    uint8_t want[64] = {0};
-    tern_error err = {0};
-    for (int i = 0; i < n; i++) { pos[i] = pos0 + i; sl[i] = slot; }
-    want[n - 1] = 1;
-    if (tern_kv_reserve(kv, slot, pos0 + n, &err)) { printf("  reserve: %s\n", err.msg); return NULL; }
-    tern_batch b = {.n = n, .tokens = t, .pos = pos, .slot = sl, .want = want};
-    if (tern_model_forward(M->m, &b, kv, logits, &err)) { printf("  forward: %s\n", err.msg); return NULL; }
-    return logits;
-}
-
-static int prefill(mdl *M, tern_kv *kv, int slot, const int32_t *t, int n, float *logits) {
-    for (int p = 0; p < n; p += 16) {
-        int k = TERN_MIN(16, n - p);
-        if (!fwd(M, kv, slot, t + p, k, p, logits)) return -1;
-        tern_kv_trim(kv, slot, p + k);
-    }
-    return 0;
-}
 
 static double rel(const float *a, const float *b, int n) {
     double d = 0, r = 0;
@@ -218,31 +198,14 @@ out:
     free(ref); free(got); free(tmp);
 }
 
-static int load(mdl *M, const char *name, const char *dir) {
-    tern_error err = {0};
-    M->name = name;
-    if (tern_model_load(&M->m, dir, BE, NULL, &err)) { printf("  %s: %s\n", name, err.msg); return -1; }
-    M->V = tern_model_cfg(M->m)->n_vocab;
-    M->id = tern_kv_config_id(tern_model_cfg(M->m)) ^ tern_kv_weights_id(dir);
-    return 0;
-}
 
 TEST(every_kind_keeps_runtime_guarantees) {
-    char tmp[] = "/tmp/tern_kvq_XXXXXX", dir[4096];
+    char tmp[] = "/tmp/tern_kvq_XXXXXX";
     const char *pre = getenv("TERN_CACHE");
     if (!pre || !*pre) { if (!mkdtemp(tmp)) { CHECK(0, "mkdtemp"); return; } setenv("TERN_CACHE", tmp, 1); }
     tern_error err = {0};
     mdl ms[5] = {0};
-    int nm = 0;
-    if (!load(&ms[nm], "llama-tiny", rt_model_dir())) nm++;
-    if (!tern_model_path_resolve("demo", dir, sizeof dir, &err) && !load(&ms[nm], "demo", dir)) nm++;
-    const char *fx[] = {"gemma4_dense", "gemma4_e2b_like", "gemma4_moe_like"};
-    for (int i = 0; i < 3; i++) {
-        char p[256];
-        snprintf(p, sizeof p, "tests/parity/fixtures/%s", fx[i]);
-        if (access(p, F_OK)) { printf("  (fixture %s absent)\n", fx[i]); continue; }
-        if (!load(&ms[nm], fx[i], p)) nm++;
-    }
+    const int nm = kvm_load_all(ms, BE);
     CHECK(nm >= 2, "models loaded: %d", nm);
     const char *specs[] = {"f16", "bf16", "8", "4:32", "turbo:4,3", "turbo:3,2"};
     for (int i = 0; i < nm; i++) {
