@@ -288,7 +288,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
      * 1752 / 3317 / 8492 tok/s (the memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8), nsm = c->n_sm > 0 ? c->n_sm : 132;
     const long base = (long)mb * nb;
-    const int minb = nt == 2 ? 3 : wg4 ? 1 : tern__cuda_qg4w_on() ? tern__cuda_qg4w_blocks() : 2; /* blocks an SM */
+    const int minb = nt == 2 ? 3 : wg4 ? 1 : tern__cuda_qg4w_blocks(); /* blocks an SM (2 off the wgmma kernel) */
     const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * nsm;
     const bool wave = tern__cuda_qg4_wave == 1 || (tern__cuda_qg4_wave == 2 && nt == 4);
     int S = base < target ? (int)(wave ? target / base : (target + base - 1) / base) : 1;

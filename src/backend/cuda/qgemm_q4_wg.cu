@@ -187,6 +187,16 @@ __global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Arg
         const uint4 *ws = (const uint4 *)(st + 2 * XH);
         const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
         const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
+        /* k-steps 2·(word) + h, h = 0, 1, into f[h] from a word of each of the lane's two rows */
+        auto deq2 = [&](uint32_t(*f)[4], uint32_t w0, uint32_t w1) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                f[h][0] = q4_deq(w0, 2 * h, sa, ba, a.magic);
+                f[h][1] = q4_deq(w1, 2 * h, sb, bb, a.magic);
+                f[h][2] = q4_deq(w0, 2 * h + 1, sa, ba, a.magic);
+                f[h][3] = q4_deq(w1, 2 * h + 1, sb, bb, a.magic);
+            }
+        };
         if constexpr (HALF || ASY) { /* k-steps 4hf..4hf + 3 (words 2hf, 2hf + 1), then their 4 wgmmas */
             const uint32_t xs = mma_smem_u32(st);
             const uint2 *w2 = (const uint2 *)ws;
@@ -200,17 +210,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Arg
 #pragma unroll
                     for (int i = 0; i < 16; i++) qw_keep(af[i >> 2][i & 3]);
                 }
-#pragma unroll
-                for (int s2 = 0; s2 < 2; s2++) {
-                    const uint32_t w0 = s2 == 0 ? ha.x : ha.y, w1 = s2 == 0 ? hb.x : hb.y;
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        af[2 * s2 + h][0] = q4_deq(w0, 2 * h, sa, ba, a.magic);
-                        af[2 * s2 + h][1] = q4_deq(w1, 2 * h, sb, bb, a.magic);
-                        af[2 * s2 + h][2] = q4_deq(w0, 2 * h + 1, sa, ba, a.magic);
-                        af[2 * s2 + h][3] = q4_deq(w1, 2 * h + 1, sb, bb, a.magic);
-                    }
-                }
+                deq2(af, ha.x, hb.x);
+                deq2(af + 2, ha.y, hb.y);
                 qw_fence();
 #pragma unroll
                 for (int j = 0; j < 4; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + hf * XH + j * 32));
@@ -224,19 +225,16 @@ __global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Arg
         auto decode = [&](int sp) { /* k-steps 2sp, 2sp + 1 from word sp of the lane's two rows */
             const uint32_t w0 = sp == 0 ? wa.x : sp == 1 ? wa.y : sp == 2 ? wa.z : wa.w;
             const uint32_t w1 = sp == 0 ? wb.x : sp == 1 ? wb.y : sp == 2 ? wb.z : wb.w;
+            if constexpr (PROBE & 1) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                if constexpr (PROBE & 1) {
+                for (int h = 0; h < 2; h++) {
                     af[2 * sp + h][0] = w0 ^ sbr[u][h];
                     af[2 * sp + h][1] = w1 ^ sbr[u][h];
                     af[2 * sp + h][2] = w0 ^ sbr[u][1 - h];
                     af[2 * sp + h][3] = w1 ^ sbr[u][1 - h];
-                    continue;
                 }
-                af[2 * sp + h][0] = q4_deq(w0, 2 * h, sa, ba, a.magic);
-                af[2 * sp + h][1] = q4_deq(w1, 2 * h, sb, bb, a.magic);
-                af[2 * sp + h][2] = q4_deq(w0, 2 * h + 1, sa, ba, a.magic);
-                af[2 * sp + h][3] = q4_deq(w1, 2 * h + 1, sb, bb, a.magic);
+            } else {
+                deq2(af + 2 * sp, w0, w1);
             }
         };
 #pragma unroll
@@ -273,17 +271,16 @@ __global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Arg
 
 template <int NT, int OCC = 2, int WG = 2> static size_t qw_smem() { return (size_t)qw_st(OCC) * QwGeo<NT, WG>::STG + 1024; }
 
-/* the four instances (64- / 32-column tiles, plain / pair) of a variant (OCC; ASY: the 32-column ones with ASY):
- * their shared-memory limits set (true when all four were granted), and the launch of the one that serves nt / pair */
+/* the three instances (64-column plain / pair, 32-column plain: the pair form is planned at 64-column tiles only,
+ * qgemm_q4.cu's wgp) of a variant (OCC; ASY: the 32-column one with ASY): their shared-memory limits set (true when
+ * all three were granted), and the launch of the one that serves nt / pair */
 template <int OCC, bool ASY> static bool qw_attr(cudaFuncAttribute at) {
     return cudaFuncSetAttribute(qg4w_kernel<8, false, 0, OCC>, at, (int)qw_smem<8, OCC>()) == cudaSuccess &&
            cudaFuncSetAttribute(qg4w_kernel<4, false, 0, OCC, ASY>, at, (int)qw_smem<4, OCC>()) == cudaSuccess &&
-           cudaFuncSetAttribute(qg4w_kernel<8, true, 0, OCC>, at, (int)qw_smem<8, OCC>()) == cudaSuccess &&
-           cudaFuncSetAttribute(qg4w_kernel<4, true, 0, OCC, ASY>, at, (int)qw_smem<4, OCC>()) == cudaSuccess;
+           cudaFuncSetAttribute(qg4w_kernel<8, true, 0, OCC>, at, (int)qw_smem<8, OCC>()) == cudaSuccess;
 }
 template <int OCC, bool ASY> static void qw_go(cudaStream_t s, const Q4Args &a, dim3 grid, int nt, bool pair) {
-    if (pair && nt == 8) tern_launch(s, qg4w_kernel<8, true, 0, OCC>, grid, 256, qw_smem<8, OCC>(), a);
-    else if (pair) tern_launch(s, qg4w_kernel<4, true, 0, OCC, ASY>, grid, 256, qw_smem<4, OCC>(), a);
+    if (pair) tern_launch(s, qg4w_kernel<8, true, 0, OCC>, grid, 256, qw_smem<8, OCC>(), a);
     else if (nt == 8) tern_launch(s, qg4w_kernel<8, false, 0, OCC>, grid, 256, qw_smem<8, OCC>(), a);
     else tern_launch(s, qg4w_kernel<4, false, 0, OCC, ASY>, grid, 256, qw_smem<4, OCC>(), a);
 }
@@ -338,7 +335,7 @@ void tern__cuda_qg4w_init(void) {
 /* qgemm_q4.cuh */
 int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, const float *x, size_t xbytes,
                            bool pair) {
-    if (!qw_on() || (nt != 4 && nt != 8)) return 0;
+    if (!qw_on() || (nt != 4 && nt != 8) || (pair && nt != 8)) return 0;
     const size_t chunks = xbytes / 16, blocks = (chunks + 255) / 256;
     if (x) /* else norm.cu's rmsnorm_q4s wrote these bytes */
         tern_launch(c->stream, q4w_stage_x, (unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, (uint4 *)c->gemm_scratch,
