@@ -256,6 +256,24 @@ static void q4_wg_sweeps(tern_backend *g, const int *ns, size_t nn, const int *n
     tern__cuda_qg4_wgpair = keep_pair;
 }
 
+/* the row counts the wgmma kernel's sweeps take: plain, and fused */
+static const int q4w_ns[] = {17, 32, 33, 64, 65, 100, 128}, q4w_nf[] = {29, 61, 93, 125};
+
+/* the wgmma kernel's sweeps again with *flag = v, then *flag as it was; skipped (why) where ok is 0 */
+static void q4_wg_pass(tern_backend *g, int *flag, int v, int ok, const char *tag, const char *why) {
+    extern unsigned long long tern__cuda_qg4w_calls;
+    if (!ok) {
+        char name[64];
+        snprintf(name, sizeof name, "cuda_qgemm_q4_wg%s", tag);
+        SKIP(name, why);
+        return;
+    }
+    const int keep = *flag;
+    *flag = v;
+    q4_wg_sweeps(g, q4w_ns, TERN_ARRAY_LEN(q4w_ns), q4w_nf, TERN_ARRAY_LEN(q4w_nf), tag, &tern__cuda_qg4w_calls);
+    *flag = keep;
+}
+
 /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles),
  * plain and fused, against the same bf16-rounded reference as the mma.sync kernel; again at three blocks an SM
  * (TERN_CUDA_QG4_OCC=3), with the 32-column tiles' half-tile wgmmas waited for at once (TERN_CUDA_QG4_ASY=0), with
@@ -263,6 +281,8 @@ static void q4_wg_sweeps(tern_backend *g, const int *ns, size_t nn, const int *n
 TEST(cuda_qgemm_q4_wg) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
     extern unsigned long long tern__cuda_qg4w_calls;
+    extern int tern__cuda_qg4w_occ, tern__cuda_qg4w_occ3_ok, tern__cuda_qg4w_asy, tern__cuda_qg4w_wg4,
+        tern__cuda_qg4w_wg4_ok, tern__cuda_qg4_mint;
     tern_backend *g = g_gpu16;
     if (!g) { SKIP("cuda_qgemm_q4_wg", "no bf16-mode backend"); return; }
     if (!tern__cuda_qg4w_ok) { SKIP("cuda_qgemm_q4_wg", "no sm_90a image for this GPU"); return; }
@@ -272,44 +292,21 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_qg4_wg = 1;
     tern__cuda_gemv_xr = 0;
     tern__cuda_bf16_split = 0;
-    static const int ns[] = {17, 32, 33, 64, 65, 100, 128}, nf[] = {29, 61, 93, 125};
-    q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), "", &tern__cuda_qg4w_calls);
+    q4_wg_sweeps(g, q4w_ns, TERN_ARRAY_LEN(q4w_ns), q4w_nf, TERN_ARRAY_LEN(q4w_nf), "", &tern__cuda_qg4w_calls);
     /* TERN_CUDA_QG4_OCC=3: three blocks an SM, a 3-stage ring, the 64-column tiles in two halves (its own split K:
      * the same tolerance) */
-    extern int tern__cuda_qg4w_occ, tern__cuda_qg4w_occ3_ok;
-    const int keep_occ = tern__cuda_qg4w_occ;
-    if (!tern__cuda_qg4w_occ3_ok) {
-        SKIP("cuda_qgemm_q4_wg occ3", "this GPU did not grant the three-block instances' shared memory");
-    } else {
-        tern__cuda_qg4w_occ = 3;
-        q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), " occ3", &tern__cuda_qg4w_calls);
-    }
-    tern__cuda_qg4w_occ = keep_occ;
+    q4_wg_pass(g, &tern__cuda_qg4w_occ, 3, tern__cuda_qg4w_occ3_ok, " occ3",
+               "this GPU did not grant the three-block instances' shared memory");
     /* TERN_CUDA_QG4_ASY=0: the 32-column tiles without their half tiles' wgmmas in flight (the default since session
      * 75; the same sums either way: the same k-step order into the same accumulators) */
-    extern int tern__cuda_qg4w_asy;
-    const int keep_asy = tern__cuda_qg4w_asy;
-    tern__cuda_qg4w_asy = 0;
-    q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), " asy0", &tern__cuda_qg4w_calls);
-    tern__cuda_qg4w_asy = keep_asy;
+    q4_wg_pass(g, &tern__cuda_qg4w_asy, 0, 1, " asy0", NULL);
     /* TERN_CUDA_QG4_WG4=1: the 64-column tiles in blocks of four warpgroups (256 W rows, pair 128 + 128; its own
      * split K) */
-    extern int tern__cuda_qg4w_wg4, tern__cuda_qg4w_wg4_ok;
-    const int keep_wg4 = tern__cuda_qg4w_wg4;
-    if (!tern__cuda_qg4w_wg4_ok) {
-        SKIP("cuda_qgemm_q4_wg wg4", "this GPU did not grant the four-warpgroup instances' shared memory");
-    } else {
-        tern__cuda_qg4w_wg4 = 1;
-        q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), " wg4", &tern__cuda_qg4w_calls);
-    }
-    tern__cuda_qg4w_wg4 = keep_wg4;
+    q4_wg_pass(g, &tern__cuda_qg4w_wg4, 1, tern__cuda_qg4w_wg4_ok, " wg4",
+               "this GPU did not grant the four-warpgroup instances' shared memory");
     /* TERN_CUDA_QG4_MINT=1: the split down to one K tile a block (the ring's prologue then holds fewer tiles than
      * its stages) */
-    extern int tern__cuda_qg4_mint;
-    const int keep_mint = tern__cuda_qg4_mint;
-    tern__cuda_qg4_mint = 1;
-    q4_wg_sweeps(g, ns, TERN_ARRAY_LEN(ns), nf, TERN_ARRAY_LEN(nf), " mint1", &tern__cuda_qg4w_calls);
-    tern__cuda_qg4_mint = keep_mint;
+    q4_wg_pass(g, &tern__cuda_qg4_mint, 1, 1, " mint1", NULL);
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_gemv_xr = keep_xr;
