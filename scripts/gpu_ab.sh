@@ -1827,7 +1827,7 @@ if [[ " $SECTIONS " == *" 134 "* ]]; then
     grep 'err q4_qkv_rope' "$OUT/q4_qkv_rope_ops.txt" | head -6 | tee -a "$S"
 fi
 
-# 138. session 73: TERN_CUDA_Q4_QKV=1 on the new defaults (Q4_NORM and Q4_ATT_O on) — its one mixed result again, with
+# 138. session 73 (ran in session 76 on an H100: a tie, −0.7 to +0.4 %, NOTES (cj); opt-in): TERN_CUDA_Q4_QKV=1 on the new defaults (Q4_NORM and Q4_ATT_O on) — its one mixed result again, with
 #      two reps: op tests cuda_q4_qkv_rope / cuda_q4_norm / cuda_attention_o, then batch decode of AB138_MODELS (default
 #      llama3-8b:q4 gemma4-12b:q4) at AB138_CONC (default 32,64,128), off against on; ids digests equal
 if [[ " $SECTIONS " == *" 138 "* ]]; then
@@ -1872,7 +1872,7 @@ if [[ " $SECTIONS " == *" 141 "* ]]; then
     done
 fi
 
-# 142. session 74 (unrun still in session 75): TERN_CUDA_QG4_OCC=3 — the batch Q4 GEMM (qg4w) at three blocks an SM (24 warps, 80
+# 142. session 74 (ran in session 76 on an H100: −10 to −15 %, removed — the switch now does nothing; NOTES (cj)): TERN_CUDA_QG4_OCC=3 — the batch Q4 GEMM (qg4w) at three blocks an SM (24 warps, 80
 #      registers, a 3-stage ring; the 64-column tiles decoded and multiplied in two halves; small spills at 64 columns:
 #      4 / 16 bytes plain, 24 / 92 pair) with the split K aimed at 3 blocks an SM. The kernels alone at n = 32 / 64 /
 #      128 both ways, then batch decode of AB142_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB142_CONC (default
@@ -1947,7 +1947,7 @@ if [[ " $SECTIONS " == *" 146 "* ]]; then
     AB_OP_TIMEOUT=240 ops_ok cuda_attention cuda_kvq cuda_glm_latent || say "146: AN OP TEST FAILED"
 fi
 
-# 147. session 75 (unrun): TERN_CUDA_QG4_WG4=1 — the batch Q4 GEMM's 64-column tiles (33..128 rows) in blocks of four
+# 147. session 75 (ran in session 76 on an H100: −10 / −3 % at 64 / 128, removed — the switch now does nothing; NOTES (cj)): TERN_CUDA_QG4_WG4=1 — the batch Q4 GEMM's 64-column tiles (33..128 rows) in blocks of four
 #      warpgroups (512 threads, one block an SM, 256 W rows; pair 128 gate + 128 up) sharing each x tile: section
 #      141's probe put ~65 % of the 64-row kernel in the copies and barriers, and a two-warpgroup block copies 16 KB of
 #      x per 8 KB of codes; this halves the x bytes. Op test first (its wg4 pass), then the kernels alone (n = 32 / 64 /
@@ -1957,6 +1957,19 @@ if [[ " $SECTIONS " == *" 147 "* ]]; then
     AB_OP_TIMEOUT=300 ops_ok cuda_qgemm_q4_wg || say "147: AN OP TEST FAILED"
     grep -E 'err .*wg4' "$OUT/qgemm_q4_wg_ops.txt" | sort -k8 -g | tail -2 | tee -a "$S"
     qg4_switch TERN_CUDA_QG4_WG4 "0 1" "${AB147_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB147_CONC:-64,128}"
+fi
+
+# 148. session 76: the K split by waves (cuda_internal.h tern__cuda_split_waves) — ncu of a gemma4-e4b q4 64-sequence
+#      step on an H100 (NOTES (cj)): its precise q / k on qgemm.cu (one block an SM) ran 160 blocks on 132 SMs, its
+#      down projection 280 blocks on 264 slots, each a nearly empty second wave. Op tests (cuda_qgemm_shapes with
+#      TERN_QGEMM_WAVE's pass, cuda_qgemm_q4_wg with its wave3 pass), then batch decode of AB148_MODELS (default
+#      gemma4-e4b:q4 gemma4-26b-a4b:q4) at AB148_CONC (default 32,64): default, TERN_QGEMM_WAVE=1, and that with
+#      TERN_CUDA_QG4_WAVE=3 (other splits: digests may differ)
+if [[ " $SECTIONS " == *" 148 "* ]]; then
+    AB_OP_TIMEOUT=300 ops_ok cuda_qgemm_shapes cuda_qgemm_q4_wg || say "148: AN OP TEST FAILED"
+    conc_ab "${AB148_SETS:-TERN_AB=default;TERN_QGEMM_WAVE=1;TERN_QGEMM_WAVE=1 TERN_CUDA_QG4_WAVE=3}" \
+        "${AB148_MODELS:-gemma4-e4b:q4 gemma4-26b-a4b:q4}" "${AB148_CONC:-32,64}"
+    say_digests "conc_*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);

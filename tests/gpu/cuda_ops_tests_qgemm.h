@@ -45,17 +45,23 @@ TEST(cuda_qgemm_shapes) {
         {TERN_DT_Q, 3, 32, 1, 256},
     };
     static const int NS[] = {2, 5, 16, 33, 64, 100};
-    for (size_t s = 0; s < TERN_ARRAY_LEN(S); s++) {
-        hw h = make_w(S[s].dt, S[s].bits, S[s].gs, TERN_DT_BF16, 1, S[s].out, S[s].in, 0);
-        char nm[64];
-        fmt_name(&h.t, nm, sizeof nm);
-        for (size_t i = 0; i < TERN_ARRAY_LEN(NS); i++) {
-            double rel = check_matmul(g_gpu16, &h, NS[i], -1);
-            printf("  err %-16s %dx%d n=%-4d bf16q %.2e\n", nm, S[s].out, S[s].in, NS[i], rel);
-            CHECK(rel <= 1e-4, "%s %dx%d n=%d rel %.3e", nm, S[s].out, S[s].in, NS[i], rel);
+    extern int tern__cuda_qgemm_wave;
+    const int keep_wave = tern__cuda_qgemm_wave;
+    for (int wave = 0; wave < 2; wave++) { /* the fill rule's split, then TERN_QGEMM_WAVE's */
+        tern__cuda_qgemm_wave = wave;
+        for (size_t s = 0; s < TERN_ARRAY_LEN(S); s++) {
+            hw h = make_w(S[s].dt, S[s].bits, S[s].gs, TERN_DT_BF16, 1, S[s].out, S[s].in, 0);
+            char nm[64];
+            fmt_name(&h.t, nm, sizeof nm);
+            for (size_t i = 0; i < TERN_ARRAY_LEN(NS); i++) {
+                double rel = check_matmul(g_gpu16, &h, NS[i], -1);
+                printf("  err %-16s %dx%d n=%-4d wave %d bf16q %.2e\n", nm, S[s].out, S[s].in, NS[i], wave, rel);
+                CHECK(rel <= 1e-4, "%s %dx%d n=%d wave %d rel %.3e", nm, S[s].out, S[s].in, NS[i], wave, rel);
+            }
+            free_w(&h);
         }
-        free_w(&h);
     }
+    tern__cuda_qgemm_wave = keep_wave;
 }
 
 TEST(cuda_qgemm_expert_stack) {
@@ -275,14 +281,13 @@ static void q4_wg_pass(tern_backend *g, int *flag, int v, int ok, const char *ta
 }
 
 /* qgemm_q4_wg.cu (TERN_CUDA_QG4_WG; sm_90a): the wgmma kernel at 17..128 rows (32- and 64-row column tiles),
- * plain and fused, against the same bf16-rounded reference as the mma.sync kernel; again at three blocks an SM
- * (TERN_CUDA_QG4_OCC=3), with the 32-column tiles' half-tile wgmmas waited for at once (TERN_CUDA_QG4_ASY=0), with
- * four warpgroups a block (TERN_CUDA_QG4_WG4=1) and with the K split down to one tile a block (TERN_CUDA_QG4_MINT=1) */
+ * plain and fused, against the same bf16-rounded reference as the mma.sync kernel; again with the 32-column tiles'
+ * half-tile wgmmas waited for at once (TERN_CUDA_QG4_ASY=0), with the K split down to one tile a block
+ * (TERN_CUDA_QG4_MINT=1) and with the split by waves (TERN_CUDA_QG4_WAVE=3) */
 TEST(cuda_qgemm_q4_wg) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
     extern unsigned long long tern__cuda_qg4w_calls;
-    extern int tern__cuda_qg4w_occ, tern__cuda_qg4w_occ3_ok, tern__cuda_qg4w_asy, tern__cuda_qg4w_wg4,
-        tern__cuda_qg4w_wg4_ok, tern__cuda_qg4_mint;
+    extern int tern__cuda_qg4w_asy, tern__cuda_qg4_mint, tern__cuda_qg4_wave;
     tern_backend *g = g_gpu16;
     if (!g) { SKIP("cuda_qgemm_q4_wg", "no bf16-mode backend"); return; }
     if (!tern__cuda_qg4w_ok) { SKIP("cuda_qgemm_q4_wg", "no sm_90a image for this GPU"); return; }
@@ -293,20 +298,15 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_gemv_xr = 0;
     tern__cuda_bf16_split = 0;
     q4_wg_sweeps(g, q4w_ns, TERN_ARRAY_LEN(q4w_ns), q4w_nf, TERN_ARRAY_LEN(q4w_nf), "", &tern__cuda_qg4w_calls);
-    /* TERN_CUDA_QG4_OCC=3: three blocks an SM, a 3-stage ring, the 64-column tiles in two halves (its own split K:
-     * the same tolerance) */
-    q4_wg_pass(g, &tern__cuda_qg4w_occ, 3, tern__cuda_qg4w_occ3_ok, " occ3",
-               "this GPU did not grant the three-block instances' shared memory");
     /* TERN_CUDA_QG4_ASY=0: the 32-column tiles without their half tiles' wgmmas in flight (the default since session
      * 75; the same sums either way: the same k-step order into the same accumulators) */
     q4_wg_pass(g, &tern__cuda_qg4w_asy, 0, 1, " asy0", NULL);
-    /* TERN_CUDA_QG4_WG4=1: the 64-column tiles in blocks of four warpgroups (256 W rows, pair 128 + 128; its own
-     * split K) */
-    q4_wg_pass(g, &tern__cuda_qg4w_wg4, 1, tern__cuda_qg4w_wg4_ok, " wg4",
-               "this GPU did not grant the four-warpgroup instances' shared memory");
     /* TERN_CUDA_QG4_MINT=1: the split down to one K tile a block (the ring's prologue then holds fewer tiles than
      * its stages) */
     q4_wg_pass(g, &tern__cuda_qg4_mint, 1, 1, " mint1", NULL);
+    /* TERN_CUDA_QG4_WAVE=3: the split by waves (tern__cuda_split_waves: fewer slices where the fill rule overshoots
+     * a wave) */
+    q4_wg_pass(g, &tern__cuda_qg4_wave, 3, 1, " wave3", NULL);
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_gemv_xr = keep_xr;

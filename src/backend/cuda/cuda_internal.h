@@ -384,6 +384,26 @@ static inline void tern__cuda_divisor(int d, unsigned *mul, int *shift) {
     *mul = (unsigned)(((1ull << 32) * ((1ull << l) - (unsigned long long)d)) / (unsigned long long)d + 1);
 }
 
+/* The K split of a split-K grid by waves: `base` tiles, `nk` K steps, `slots` blocks resident at once (occupancy ×
+ * SMs); among 1..smax slices (each walking ceil(nk / S) steps, S itself rounded to what those steps give) the one
+ * with the fewest waves × (steps a block + c0), c0 a block's fixed cost in steps (prologue, epilogue); ties to fewer
+ * slices (fewer partials). The fill rules before it (split until the grid covers the slots once or twice) leave a
+ * second, nearly empty wave where the slices overshoot: gemma4-e4b's down projection at 64 rows took 280 blocks for
+ * 264 slots, its precise q / k (qgemm.cu, one block an SM) 160 for 132 (ncu, NOTES (cj)) */
+static inline int tern__cuda_split_waves(long base, long slots, int nk, int smax, int c0) {
+    int best = 1;
+    long best_cost = -1;
+    if (base < 1) base = 1;
+    if (slots < 1) slots = 1;
+    for (int s = 1; s <= smax && s <= nk; s++) {
+        const int per = (nk + s - 1) / s, S = (nk + per - 1) / per;
+        if (S != s) continue; /* the same steps a block as a smaller s: counted there */
+        const long waves = (base * S + slots - 1) / slots, cost = waves * (per + c0);
+        if (best_cost < 0 || cost < best_cost) best = S, best_cost = cost;
+    }
+    return best;
+}
+
 /* prof.c: the vtable a backend gets at open — `base` itself, or (TERN_CUDA_FUSED=0) a copy
  * without the fused ops, or (TERN_CUDA_PROFILE=1) a copy whose ops time themselves with
  * events in eager mode (no graphs); the per-op table is printed by tern__cuda_prof_report at

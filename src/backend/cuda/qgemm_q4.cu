@@ -44,7 +44,8 @@ extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul, tern
 int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); tests set it */
 int tern__cuda_qg4_max_n = Q4_MAXN;
 int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
-int tern__cuda_qg4_wave = 2; /* the split rounded down to one wave (TERN_CUDA_QG4_WAVE): 0 never, 1 always, 2 at 17-32 rows */
+int tern__cuda_qg4_wave = 2; /* the split rounded down to one wave (TERN_CUDA_QG4_WAVE): 0 never, 1 always, 2 at 17-32 rows;
+                              * 3 (session 76, an A/B) every launch but the direct pair by tern__cuda_split_waves */
 /* TERN_CUDA_QG4_MINT: the fewest K tiles a block of the split walks; default (0) 2 where a wgmma-sized launch has one
  * column tile (17..64 rows), else the ring's stages (65..128 rows; the mma.sync kernel's 5..16). Gemma 4 E4B's matrices have K = 2560 (20 tiles), so at 4 the
  * split stops at 5 slices and its launches at 64 rows fill 100-120 of the 264 block slots; 2 lets it reach 10. H200,
@@ -212,10 +213,9 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
 }
 
 /* a.m[0..k) for matrix e of each stack w[i] (scales and biases where it has them) writing y[i]: its first row
- * block of bm (QG_BM; 256 with TERN_CUDA_QG4_WG4) rows after the previous matrices' (mb0) and its [n][out] block after theirs in a slice of
- * partials (poff). Returns the row blocks; *rows = Σ out */
-static int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int k, int n, int e, size_t *rows,
-                   int bm = QG_BM) {
+ * block of QG_BM rows after the previous matrices' (mb0) and its [n][out] block after theirs in a slice of partials
+ * (poff). Returns the row blocks; *rows = Σ out */
+static int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int k, int n, int e, size_t *rows) {
     int mb = 0;
     *rows = 0;
     for (int i = 0; i < k; i++) {
@@ -227,7 +227,7 @@ static int q4_mats(Q4Args &a, float *const *y, const tern__cuda_w *const *w, int
         m.out = w[i]->out;
         m.mb0 = mb;
         m.poff = (size_t)n * *rows;
-        mb += (m.out + bm - 1) / bm;
+        mb += (m.out + QG_BM - 1) / QG_BM;
         *rows += (size_t)m.out;
     }
     return mb;
@@ -264,12 +264,11 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     if (how != Q4_RUN && (nt < 4 || !tern__cuda_qg4w_on())) return 0; /* the staged order is the wgmma kernel's */
     Q4Args a = {};
     size_t rows;
-    const bool wg4 = nt == 8 && tern__cuda_qg4w_wg4_on(); /* 256-row blocks, one an SM (qgemm_q4_wg.cu's WG 4) */
-    int mb = q4_mats(a, y, w, k, n, e, &rows, wg4 ? 2 * QG_BM : QG_BM);
+    int mb = q4_mats(a, y, w, k, n, e, &rows);
     /* wgp: the wgmma kernel's pair form, a block per 64 rows of gate and of up, the whole K when that fills the
      * SMs (at 32-row tiles, memory-bound, the split wins: 32 sequences 6252 vs 5450 tok/s) */
     const bool wgp = pair && nt == 8 && tern__cuda_qg4w_pair();
-    if (wgp) mb = wg4 ? (w0->out + 127) / 128 : (w0->out + 63) / 64;
+    if (wgp) mb = (w0->out + 63) / 64;
     a.x = (const uint4 *)c->gemm_scratch;
     a.magic = 0x43004300u;
     a.part = c->part;
@@ -288,7 +287,7 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
      * 1752 / 3317 / 8492 tok/s (the memory-bound row counts want the blocks) */
     const int nb = (n + nt * 8 - 1) / (nt * 8), nsm = c->n_sm > 0 ? c->n_sm : 132;
     const long base = (long)mb * nb;
-    const int minb = nt == 2 ? 3 : wg4 ? 1 : tern__cuda_qg4w_blocks(); /* blocks an SM (2 off the wgmma kernel) */
+    const int minb = nt == 2 ? 3 : 2; /* blocks an SM */
     const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * nsm;
     const bool wave = tern__cuda_qg4_wave == 1 || (tern__cuda_qg4_wave == 2 && nt == 4);
     int S = base < target ? (int)(wave ? target / base : (target + base - 1) / base) : 1;
@@ -298,6 +297,8 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     if (S > a.nkt / mint) S = a.nkt / mint;
     if (S < 1) S = 1;
     while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
+    if (tern__cuda_qg4_wave == 3 && !wgp) /* by waves (tern__cuda_split_waves), at most the slices above */
+        S = tern__cuda_split_waves(base, (long)minb * nsm, a.nkt, S, 1);
     if ((size_t)S * a.slice > TERN_CUDA_PART_FLOATS && (pair || S > 1)) return 0;
     a.kt_per = (a.nkt + S - 1) / S;
     S = (a.nkt + a.kt_per - 1) / a.kt_per;

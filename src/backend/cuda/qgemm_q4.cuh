@@ -95,17 +95,17 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
     mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 }
 
-/* The end of a block of NW warps (qgemm_q4.cu, qgemm_q4_wg.cu: 8, or 16 with TERN_CUDA_QG4_WG4; warp w's accumulators = mma.sync's C of rows
+/* The end of a block of NW = 8 warps (qgemm_q4.cu, qgemm_q4_wg.cu; warp w's accumulators = mma.sync's C of rows
  * wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (HW..NW - 1) hand
  * their accumulators to the gate warps through shared memory (sm: the drained ring) and y = act(gate)·up; else
  * y (+= for G1_RES) when direct, or this K slice's partials. acc is __restrict__: without it the stores through
  * generic pointers could alias it, and calling this moved qgemm_q4_wg.cu's registers everywhere (session 16);
  * with it the callers' instruction counts and registers stay and only 9–33 words after their main loops
  * differ from the inline copies they had (session 17). PAIR needs sm (the mma.sync kernel passes none) */
-template <int NT, bool PAIR, int NW = 8>
+template <int NT, bool PAIR>
 __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restrict__ acc, uint8_t *sm, int mi, int out, int rowb,
                                          int wr, int n0, int warp, int g, int t) {
-    constexpr int BN = NT * 8, HW = NW / 2; /* NW warps, the up half from HW */
+    constexpr int BN = NT * 8, NW = 8, HW = NW / 2; /* the up half of the warps from HW */
     if constexpr (PAIR) {
         if (a.direct) {
             float *const ups = (float *)sm; /* [16·HW rows][BN + 1] */
@@ -155,11 +155,6 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
 bool tern__cuda_qg4w_pair(void);
 /* the wgmma kernel will run (TERN_CUDA_QG4_WG on, the image loaded) */
 bool tern__cuda_qg4w_on(void);
-/* blocks an SM the wgmma kernel runs at: 2, or 3 with TERN_CUDA_QG4_OCC=3 (opt-in) */
-int tern__cuda_qg4w_blocks(void);
-/* the 64-column tiles run in blocks of four warpgroups, 256 W rows (pair: 128 of gate, 128 of up), one block an
- * SM (TERN_CUDA_QG4_WG4=1, opt-in): the planner then counts row blocks of 256 (pair 128) */
-bool tern__cuda_qg4w_wg4_on(void);
 void tern__cuda_qg4w_init(void);
 
 #endif

@@ -36,19 +36,12 @@
 #include "backend/cuda/wgmma.cuh"
 
 #define QW_ST 4
-/* the ring's stages of an instance: QW_ST, 3 at three blocks an SM (OCC 3) */
-__host__ __device__ constexpr int qw_st(int occ) { return occ == 3 ? 3 : QW_ST; }
 
 extern "C" int tern__cuda_qg4_wg, tern__cuda_qg4_wgpair, tern__cuda_qg4w_ok;
 int tern__cuda_qg4_wg = -1;     /* -1 unread (TERN_CUDA_QG4_WG, default 1); tests set it */
 int tern__cuda_qg4_wgpair = -1; /* -1 unread (TERN_CUDA_QG4_WGPAIR, default 1); tests set it */
 int tern__cuda_qg4w_ok = 0; /* the sm_90a image loaded on the device opened (set at init) */
-extern "C" int tern__cuda_qg4w_probe, tern__cuda_qg4w_occ, tern__cuda_qg4w_occ3_ok;
-int tern__cuda_qg4w_occ = -1;     /* -1 unread (TERN_CUDA_QG4_OCC: 2 default, 3 the OCC 3 instances); tests set it */
-int tern__cuda_qg4w_occ3_ok = 0;  /* the OCC 3 instances' shared memory was granted (set at init) */
-extern "C" int tern__cuda_qg4w_wg4, tern__cuda_qg4w_wg4_ok;
-int tern__cuda_qg4w_wg4 = -1;   /* -1 unread (TERN_CUDA_QG4_WG4, default 0); tests set it */
-int tern__cuda_qg4w_wg4_ok = 0; /* the WG 4 instances' shared memory was granted (set at init) */
+extern "C" int tern__cuda_qg4w_probe;
 extern "C" int tern__cuda_qg4w_asy;
 int tern__cuda_qg4w_asy = -1; /* -1 unread (TERN_CUDA_QG4_ASY, default 1: the 32-column tiles); tests set it */
 int tern__cuda_qg4w_probe = -1; /* -1 unread (TERN_CUDA_QG4_PROBE, default 0: off); see qg4w_kernel's PROBE */
@@ -72,9 +65,9 @@ __global__ void q4w_stage_x(uint4 *xb, const float *x, size_t chunks) {
     }
 }
 
-/* stage bytes: x (two K halves of BN rows × 128 bytes) then W (BM = 64·WG rows × 64 bytes); a multiple of 1024 */
-template <int NT, int WG = 2> struct QwGeo {
-    static constexpr int BN = NT * 8, XH = BN * 128, BM = 64 * WG, WB = BM * 64, STG = 2 * XH + WB;
+/* stage bytes: x (two K halves of BN rows × 128 bytes) then W (BM = 128 rows × 64 bytes); a multiple of 1024 */
+template <int NT> struct QwGeo {
+    static constexpr int BN = NT * 8, XH = BN * 128, BM = 128, WB = BM * 64, STG = 2 * XH + WB;
 };
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
@@ -82,9 +75,6 @@ template <int NT, int WG = 2> struct QwGeo {
 /* PROBE (TERN_CUDA_QG4_PROBE, timing only: the outputs are wrong; the plain 64-column instance alone): 1 leaves the
  * decode out (the A fragments are the raw words xor'd with the scales, so their loads stay), 2 the wgmmas (the
  * fragments xor'd into the accumulators), 3 both — what a tile's chain costs without each part */
-/* OCC 3 (TERN_CUDA_QG4_OCC=3): three blocks an SM (24 warps, 80 registers a thread) with a 3-stage ring; the
- * 64-column instances decode and multiply a tile in two halves of 4 k-steps (16 fragment registers, a wgmma wait
- * after each half) to fit */
 /* ASY (TERN_CUDA_QG4_ASY, default on; the 32-column instances only): a tile in two halves of 4 k-steps, each half's
  * fragments in their own registers (afA, afB: the 32 of the plain form), and a half's wgmmas left in flight while the
  * warp decodes the next half — the wait before decoding into a set is for the group that last read it (wait_group
@@ -94,24 +84,23 @@ template <int NT, int WG = 2> struct QwGeo {
  * 22.6 µs, llama3-8b q4 at 32 sequences 7940 / 7958 → 8087 / 8109 dec tok/s, gemma4-12b 3595 / 3586 → 3611 / 3609;
  * the 64-column form lost (14336x4096 at n = 64 36.4 → 44.1 µs, llama3-8b at 64 / 128 sequences −8.5 / −7 %) and
  * is not built */
-/* WG 4 (TERN_CUDA_QG4_WG4=1, the 64-column instances): four warpgroups a block (512 threads, one block an SM, the
- * same 16 warps an SM), 256 W rows (pair: 128 of gate and the same 128 of up) sharing each x tile — per W tile's
- * 8 KB of codes a 64-column block copies 16 KB of x, and at 64 rows the copies and barriers alone take ~65 % of the
- * kernel (TERN_CUDA_QG4_PROBE=3, NOTES (ci)): four warpgroups halve the x bytes per weight */
-template <int NT, bool PAIR = false, int PROBE = 0, int OCC = 2, bool ASY = false, int WG = 2>
-__global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Args a) {
+/* Removed after their timings (H100, session 76, NOTES (cj)): OCC 3 (TERN_CUDA_QG4_OCC=3: three blocks an SM, a
+ * 3-stage ring, 80 registers; llama3-8b q4 at 32 / 64 / 128 sequences −10 / −15 / −10 %) and WG 4
+ * (TERN_CUDA_QG4_WG4=1: the 64-column tiles in blocks of four warpgroups sharing each x tile, half the x bytes a
+ * weight; −10 / −3 % at 64 / 128) — the x copies are not what bounds the kernel, and fewer, wider blocks an SM leave
+ * fewer independent tile chains */
+template <int NT, bool PAIR = false, int PROBE = 0, bool ASY = false>
+__global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Geo = QwGeo<NT, WG>;
-    constexpr int NTH = 128 * WG, NW = 4 * WG, HW = NW / 2, PR = 16 * HW, BM = Geo::BM;
-    constexpr int HWS = WG == 4 ? 3 : 2; /* HW = 1 << HWS; PR: a pair block's rows of each matrix */
-    constexpr int ST = qw_st(OCC);
-    constexpr bool HALF = OCC == 3 && NT == 8;
+    using Geo = QwGeo<NT>;
+    constexpr int NTH = 256, HW = 4, PR = 64, BM = Geo::BM; /* HW: warps a half; PR: a pair block's rows of each matrix */
+    constexpr int ST = QW_ST;
     constexpr int BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, XCH = BN * 16;
     extern __shared__ __align__(16) uint8_t qw_raw[];
     const uint32_t raw = mma_smem_u32(qw_raw), pad = (1024u - (raw & 1023u)) & 1023u;
     uint8_t *const sm = qw_raw + pad; /* 1024-aligned: the swizzle repeats from the stage bases */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int mi = PAIR ? warp >> HWS
+    const int mi = PAIR ? warp >> 2
                  : a.k > 2 && (int)blockIdx.x >= a.m[2].mb0 ? 2 : a.k > 1 && (int)blockIdx.x >= a.m[1].mb0 ? 1 : 0;
     const uint8_t *const W = a.m[mi].w;
     const uint16_t *const Sc = a.m[mi].s, *const Bi = a.m[mi].b;
@@ -142,7 +131,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Arg
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const int c = threadIdx.x + j * NTH, r = c >> 2, row = PAIR ? rowb + (r & (PR - 1)) : rowb + r;
-            const uint8_t *Wr = PAIR ? a.m[r >> (HWS + 4)].w : W;
+            const uint8_t *Wr = PAIR ? a.m[r >> 6].w : W;
             wp[j] = Wr + (size_t)min(row, out - 1) * a.rb + (size_t)kt0 * (QG_KB / 2) + (c & 3) * 16;
             wok |= (uint32_t)(row < out) << j;
         }
@@ -165,16 +154,10 @@ __global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Arg
             if (XCH % NTH == 0 || threadIdx.x + j * NTH < XCH)
                 mma_cp16(xd + u * STG + j * NTH * 8, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
     };
-    const uint32_t oa = (uint32_t)ra * (uint32_t)a.ng, ob = (uint32_t)rbw * (uint32_t)a.ng;
     auto load_sb = [&](int kt, int u) {
         const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-        if constexpr (OCC == 3) { /* 32-bit offsets from the warp-uniform bases: 6 registers fewer */
-            sbr[u][0] = (uint32_t)__ldg(Sc + (oa + gc)) | (uint32_t)__ldg(Bi + (oa + gc)) << 16;
-            sbr[u][1] = (uint32_t)__ldg(Sc + (ob + gc)) | (uint32_t)__ldg(Bi + (ob + gc)) << 16;
-        } else {
-            sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
-            sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
-        }
+        sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
+        sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
     };
 
     float acc[NT * 4];
@@ -197,26 +180,22 @@ __global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Arg
                 f[h][3] = q4_deq(w1, 2 * h + 1, sb, bb, a.magic);
             }
         };
-        if constexpr (HALF || ASY) { /* k-steps 4hf..4hf + 3 (words 2hf, 2hf + 1), then their 4 wgmmas */
+        if constexpr (ASY) { /* k-steps 4hf..4hf + 3 (words 2hf, 2hf + 1), then their 4 wgmmas */
             const uint32_t xs = mma_smem_u32(st);
             const uint2 *w2 = (const uint2 *)ws;
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const uint2 ha = w2[((warp * 16 + g) * 4 + t) * 2 + hf], hb = w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf];
-                uint32_t hfr[4][4];
-                uint32_t(&af)[4][4] = ASY ? (hf ? afB : afA) : hfr;
-                if constexpr (ASY) {
-                    qw_wait1(); /* this set's last reader: the previous tile's group of this half */
+                uint32_t(&af)[4][4] = hf ? afB : afA;
+                qw_wait1(); /* this set's last reader: the previous tile's group of this half */
 #pragma unroll
-                    for (int i = 0; i < 16; i++) qw_keep(af[i >> 2][i & 3]);
-                }
+                for (int i = 0; i < 16; i++) qw_keep(af[i >> 2][i & 3]);
                 deq2(af, ha.x, hb.x);
                 deq2(af + 2, ha.y, hb.y);
                 qw_fence();
 #pragma unroll
                 for (int j = 0; j < 4; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + hf * XH + j * 32));
                 qw_commit();
-                if constexpr (!ASY) qw_wait(); /* the next half's fragments may take these registers */
             }
             return;
         }
@@ -262,27 +241,27 @@ __global__ void __launch_bounds__(128 * WG, WG == 4 ? 1 : OCC) qg4w_kernel(Q4Arg
         for (int i = 0; i < NT * 4; i++) qw_keep(acc[i]);
     }
 
-    qw_store<NT, PAIR, NW>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
+    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
     (void)a;
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
 #endif
 }
 
-template <int NT, int OCC = 2, int WG = 2> static size_t qw_smem() { return (size_t)qw_st(OCC) * QwGeo<NT, WG>::STG + 1024; }
+template <int NT> static size_t qw_smem() { return (size_t)QW_ST * QwGeo<NT>::STG + 1024; }
 
 /* the three instances (64-column plain / pair, 32-column plain: the pair form is planned at 64-column tiles only,
- * qgemm_q4.cu's wgp) of a variant (OCC; ASY: the 32-column one with ASY): their shared-memory limits set (true when
- * all three were granted), and the launch of the one that serves nt / pair */
-template <int OCC, bool ASY> static bool qw_attr(cudaFuncAttribute at) {
-    return cudaFuncSetAttribute(qg4w_kernel<8, false, 0, OCC>, at, (int)qw_smem<8, OCC>()) == cudaSuccess &&
-           cudaFuncSetAttribute(qg4w_kernel<4, false, 0, OCC, ASY>, at, (int)qw_smem<4, OCC>()) == cudaSuccess &&
-           cudaFuncSetAttribute(qg4w_kernel<8, true, 0, OCC>, at, (int)qw_smem<8, OCC>()) == cudaSuccess;
+ * qgemm_q4.cu's wgp) with or without the 32-column one's ASY: their shared-memory limits set (true when all three
+ * were granted), and the launch of the one that serves nt / pair */
+template <bool ASY> static bool qw_attr(cudaFuncAttribute at) {
+    return cudaFuncSetAttribute(qg4w_kernel<8, false>, at, (int)qw_smem<8>()) == cudaSuccess &&
+           cudaFuncSetAttribute(qg4w_kernel<4, false, 0, ASY>, at, (int)qw_smem<4>()) == cudaSuccess &&
+           cudaFuncSetAttribute(qg4w_kernel<8, true>, at, (int)qw_smem<8>()) == cudaSuccess;
 }
-template <int OCC, bool ASY> static void qw_go(cudaStream_t s, const Q4Args &a, dim3 grid, int nt, bool pair) {
-    if (pair) tern_launch(s, qg4w_kernel<8, true, 0, OCC>, grid, 256, qw_smem<8, OCC>(), a);
-    else if (nt == 8) tern_launch(s, qg4w_kernel<8, false, 0, OCC>, grid, 256, qw_smem<8, OCC>(), a);
-    else tern_launch(s, qg4w_kernel<4, false, 0, OCC, ASY>, grid, 256, qw_smem<4, OCC>(), a);
+template <bool ASY> static void qw_go(cudaStream_t s, const Q4Args &a, dim3 grid, int nt, bool pair) {
+    if (pair) tern_launch(s, qg4w_kernel<8, true>, grid, 256, qw_smem<8>(), a);
+    else if (nt == 8) tern_launch(s, qg4w_kernel<8, false>, grid, 256, qw_smem<8>(), a);
+    else tern_launch(s, qg4w_kernel<4, false, 0, ASY>, grid, 256, qw_smem<4>(), a);
 }
 
 static bool qw_on(void) {
@@ -299,36 +278,15 @@ bool tern__cuda_qg4w_pair(void) {
     return qw_on() && tern__cuda_qg4_wgpair;
 }
 
-/* qgemm_q4.cuh: TERN_CUDA_QG4_OCC (session 74, opt-in until timed): 3 runs the wgmma kernel at three blocks an SM
- * (qg4w_kernel's OCC 3: 24 warps instead of 16, a 3-stage ring, 80 registers). The kernel's warps mostly wait (ncu,
- * NOTES (ce): a warp issues ~1 instruction in 10 cycles, the SM's issue slots ~35 % busy, its tensor cores ~27 %),
- * so more of them in flight may hide the chain a tile waits on. The split K targets 3 blocks an SM (other partial
- * sums: not bitwise the default) */
-int tern__cuda_qg4w_blocks(void) {
-    if (tern__cuda_qg4w_occ < 0) tern__cuda_qg4w_occ = tern__cuda_env_int("TERN_CUDA_QG4_OCC", 2);
-    return tern__cuda_qg4w_occ == 3 && tern__cuda_qg4w_occ3_ok && qw_on() ? 3 : 2;
-}
-
-/* qgemm_q4.cuh: the 64-column tiles in blocks of four warpgroups (TERN_CUDA_QG4_WG4=1, opt-in; not with OCC 3) */
-bool tern__cuda_qg4w_wg4_on(void) {
-    if (tern__cuda_qg4w_wg4 < 0) tern__cuda_qg4w_wg4 = tern__cuda_env_int("TERN_CUDA_QG4_WG4", 0) != 0;
-    return tern__cuda_qg4w_wg4 > 0 && tern__cuda_qg4w_wg4_ok && tern__cuda_qg4w_blocks() == 2;
-}
-
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
  * sm_90a image is there for this GPU */
 void tern__cuda_qg4w_init(void) {
     const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    tern__cuda_qg4w_ok = qw_attr<2, true>(at);
-    qw_attr<2, false>(at); /* the 32-column instances without ASY (TERN_CUDA_QG4_ASY=0) */
+    tern__cuda_qg4w_ok = qw_attr<true>(at);
+    qw_attr<false>(at); /* the 32-column instance without ASY (TERN_CUDA_QG4_ASY=0) */
     cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 2>, at, (int)qw_smem<8>());
     cudaFuncSetAttribute(qg4w_kernel<8, false, 3>, at, (int)qw_smem<8>());
-    tern__cuda_qg4w_occ3_ok = qw_attr<3, false>(at);
-    tern__cuda_qg4w_wg4_ok = cudaFuncSetAttribute(qg4w_kernel<8, false, 0, 2, false, 4>, at, (int)qw_smem<8, 2, 4>()) ==
-                                 cudaSuccess &&
-                             cudaFuncSetAttribute(qg4w_kernel<8, true, 0, 2, false, 4>, at, (int)qw_smem<8, 2, 4>()) ==
-                                 cudaSuccess;
     cudaGetLastError();
 }
 
@@ -343,15 +301,11 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
     if (tern__cuda_qg4w_probe < 0) tern__cuda_qg4w_probe = tern__cuda_env_int("TERN_CUDA_QG4_PROBE", 0) & 3;
     if (tern__cuda_qg4w_asy < 0) tern__cuda_qg4w_asy = tern__cuda_env_int("TERN_CUDA_QG4_ASY", 1) != 0;
     const int pr = !pair && nt == 8 ? tern__cuda_qg4w_probe : 0;
-    if (tern__cuda_qg4w_blocks() == 3) qw_go<3, false>(c->stream, a, grid, nt, pair);
-    else if (nt == 8 && tern__cuda_qg4w_wg4_on()) /* the planner gave 256-row (pair: 128 + 128) blocks */
-        tern_launch(c->stream, pair ? qg4w_kernel<8, true, 0, 2, false, 4> : qg4w_kernel<8, false, 0, 2, false, 4>, grid,
-                    512, qw_smem<8, 2, 4>(), a);
-    else if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
+    if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
     else if (pr == 2) tern_launch(c->stream, qg4w_kernel<8, false, 2>, grid, 256, qw_smem<8>(), a);
     else if (pr == 3) tern_launch(c->stream, qg4w_kernel<8, false, 3>, grid, 256, qw_smem<8>(), a);
-    else if (tern__cuda_qg4w_asy > 0) qw_go<2, true>(c->stream, a, grid, nt, pair);
-    else qw_go<2, false>(c->stream, a, grid, nt, pair);
+    else if (tern__cuda_qg4w_asy > 0) qw_go<true>(c->stream, a, grid, nt, pair);
+    else qw_go<false>(c->stream, a, grid, nt, pair);
     tern__cuda_qg4w_calls++;
     return 1;
 }
