@@ -1959,7 +1959,8 @@ if [[ " $SECTIONS " == *" 147 "* ]]; then
     qg4_switch TERN_CUDA_QG4_WG4 "0 1" "${AB147_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB147_CONC:-64,128}"
 fi
 
-# 148. session 76: the K split by waves (cuda_internal.h tern__cuda_split_waves) — ncu of a gemma4-e4b q4 64-sequence
+# 148. session 76 (its model A/B ran in session 76 on an H100 at 64 sequences: e4b / 26b-a4b q4 +2.5 / +2.4 % with both, NOTES
+#      (cj); TERN_QGEMM_WAVE now default 1 — pass TERN_QGEMM_WAVE=0 for the rule before): the K split by waves (cuda_internal.h tern__cuda_split_waves) — ncu of a gemma4-e4b q4 64-sequence
 #      step on an H100 (NOTES (cj)): its precise q / k on qgemm.cu (one block an SM) ran 160 blocks on 132 SMs, its
 #      down projection 280 blocks on 264 slots, each a nearly empty second wave. Op tests (cuda_qgemm_shapes with
 #      TERN_QGEMM_WAVE's pass, cuda_qgemm_q4_wg with its wave3 pass), then batch decode of AB148_MODELS (default

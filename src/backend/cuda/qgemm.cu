@@ -40,9 +40,11 @@ int tern__cuda_qgemm_max_n_bf16 = 8; /* H200: cuBLASLt wins from n = 16 (34.0 vs
 /* K is split until the grid has about split_mul x SM-count blocks (bench_cuda sweeps it) */
 extern "C" int tern__cuda_qgemm_split_mul;
 int tern__cuda_qgemm_split_mul = 2;
-/* TERN_QGEMM_WAVE=1 (session 76, an A/B): the 17..64-row instance (one block an SM) splits K by
- * tern__cuda_split_waves instead — Gemma 4's precise q / k of Q weights at 64 rows ran 160 blocks of 2 K blocks on
- * 132 SMs (gemma4-e4b q, 20 µs; ncu, NOTES (cj)) where 112 of 3 fill one wave. -1 unread; tests set it */
+/* TERN_QGEMM_WAVE (session 76, default 1; 0: the fill rule alone): the 17..64-row instance (one block an SM) splits K
+ * by tern__cuda_split_waves — Gemma 4's precise q / k of Q weights at 64 rows ran 160 blocks of 2 K blocks on 132 SMs
+ * (gemma4-e4b q, 20 µs; ncu, NOTES (cj)) where 112 of 3 fill one wave. H100, session 76, with TERN_CUDA_QG4_WAVE=3,
+ * one rep each at 64 sequences: gemma4-e4b q4 9503 → 9744 dec tok/s (+2.5 %), gemma4-26b-a4b q4 6085 → 6232 (+2.4 %),
+ * the ids digests equal. -1 unread; tests set it */
 extern "C" int tern__cuda_qgemm_wave;
 int tern__cuda_qgemm_wave = -1;
 
@@ -269,7 +271,7 @@ extern "C" int tern__cuda_qgemm(tern__cuda *c, float *y, const float *x, int n, 
     if (S > a.nkb / 2) S = a.nkb / 2;
     while (S > 1 && (size_t)S * n * w->out > TERN_CUDA_PART_FLOATS) S--;
     if (S < 1) S = 1;
-    if (tern__cuda_qgemm_wave < 0) tern__cuda_qgemm_wave = tern__cuda_env_int("TERN_QGEMM_WAVE", 0) != 0;
+    if (tern__cuda_qgemm_wave < 0) tern__cuda_qgemm_wave = tern__cuda_env_int("TERN_QGEMM_WAVE", 1) != 0;
     if (tern__cuda_qgemm_wave && nt == 8) /* one block an SM (208 registers): by waves, at most the slices above */
         S = tern__cuda_split_waves(base, c->n_sm > 0 ? c->n_sm : 132, a.nkb, S, 1);
     a.kb_per = (a.nkb + S - 1) / S;
