@@ -1973,6 +1973,17 @@ if [[ " $SECTIONS " == *" 148 "* ]]; then
     say_digests "conc_*_1.txt"
 fi
 
+# 149. session 76 (unrun): TERN_CUDA_G1_EPF=1 — gemv1's residual (o, down, the PLE projection) and act·mul (the PLE
+#      gate) epilogues take their operand (the old y[o], mv[o]) as each task starts instead of after its sums: one
+#      dependent L2 trip off every task's tail, the same bits. ncu of a gemma4-e4b b1 bf16 step (NOTES (cj) 8): six
+#      small launches a layer carry ~35 µs of fixed cost. Op tests (cuda_fused_matmuls' grid-3 pass, cuda_matmul_act_mul),
+#      then b1 at 512 of AB149_MODELS (default gemma4-e4b; gemma4-26b-a4b; llama3-8b; gemma4-12b, bf16), 0 against 1,
+#      AB_REPS reps (default 2)
+if [[ " $SECTIONS " == *" 149 "* ]]; then
+    ops_ok cuda_fused_matmuls cuda_matmul_act_mul || say "149: AN OP TEST FAILED"
+    b1_sets "TERN_CUDA_G1_EPF=0;TERN_CUDA_G1_EPF=1" "${AB149_MODELS:-gemma4-e4b;gemma4-26b-a4b;llama3-8b;gemma4-12b}"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -57,11 +57,12 @@ TEST(cuda_fused_matmuls) {
     const int keep_qmma = tern__cuda_qmma_mode;
     tern__cuda_qmma_mode = 0;
     /* gemv1.cu: both grids (a block per 8 tasks, and TERN_CUDA_G1_GRID's persistent one) give these bits, and so
-     * does the persistent grid with TERN_CUDA_G1_EARLY (grid 2: the first round loaded before pdl_wait) */
-    extern int tern__cuda_g1_grid, tern__cuda_g1_early;
-    const int keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early;
-#define G1_MODE(m) (tern__cuda_g1_grid = (m) > 0, tern__cuda_g1_early = (m) == 2 ? 7 : 0)
-    for (int grid = 0; grid < 3; grid++)
+     * does the persistent grid with TERN_CUDA_G1_EARLY (grid 2: the first round loaded before pdl_wait) and with
+     * TERN_CUDA_G1_EPF too (grid 3: the residual's old y read as each task starts) */
+    extern int tern__cuda_g1_grid, tern__cuda_g1_early, tern__cuda_g1_epf;
+    const int keep_grid = tern__cuda_g1_grid, keep_early = tern__cuda_g1_early, keep_epf = tern__cuda_g1_epf;
+#define G1_MODE(m) (tern__cuda_g1_grid = (m) > 0, tern__cuda_g1_early = (m) >= 2 ? 7 : 0, tern__cuda_g1_epf = (m) == 3)
+    for (int grid = 0; grid < 4; grid++)
     for (size_t f = 0; f < TERN_ARRAY_LEN(k_fused_fmt); f++)
         for (size_t s = 0; s < TERN_ARRAY_LEN(ins); s++) {
             G1_MODE(grid);
@@ -126,6 +127,7 @@ TEST(cuda_fused_matmuls) {
 #undef G1_MODE
     tern__cuda_g1_grid = keep_grid;
     tern__cuda_g1_early = keep_early;
+    tern__cuda_g1_epf = keep_epf;
     tern__cuda_qmma_mode = keep_qmma;
 }
 
@@ -511,9 +513,9 @@ TEST(cuda_norm_matmul_res) {
 TEST(cuda_matmul_act_mul) {
     tern_backend *g = g_gpu;
     if (!g->vt->matmul_act_mul) { SKIP("cuda_matmul_act_mul", "not built"); return; }
-    extern int tern__cuda_g1_grid, tern__cuda_g1_xb, tern__cuda_gemv_mma_on, tern__cuda_g1_cpa;
+    extern int tern__cuda_g1_grid, tern__cuda_g1_xb, tern__cuda_gemv_mma_on, tern__cuda_g1_cpa, tern__cuda_g1_epf;
     const int keep_grid = tern__cuda_g1_grid, keep_xb = tern__cuda_g1_xb, keep_on = tern__cuda_gemv_mma_on,
-              keep_cpa = tern__cuda_g1_cpa;
+              keep_cpa = tern__cuda_g1_cpa, keep_epf = tern__cuda_g1_epf;
     static const int ins[] = {384, 2560, 4096};
     static const tern_dtype dts[] = {TERN_DT_BF16, TERN_DT_F16, TERN_DT_Q};
     for (size_t f = 0; f < TERN_ARRAY_LEN(dts); f++)
@@ -523,6 +525,7 @@ TEST(cuda_matmul_act_mul) {
                 tern__cuda_g1_grid = (int)(f + mode) & 1;
                 tern__cuda_g1_xb = (int)(si + (mode >> 1)) & 1; /* the prologue's loads batched or not (TERN_CUDA_G1_XB) */
                 tern__cuda_g1_cpa = ((int)(f + si + mode) & 1) * 2; /* or by cp.async (TERN_CUDA_G1_CPA; no act·mul instance) */
+                tern__cuda_g1_epf = (int)(si + mode) & 1; /* mv[o] read as the task starts or at its end (TERN_CUDA_G1_EPF) */
                 tern__cuda_gemv_mma_on = dts[f] == TERN_DT_Q ? 0 : keep_on;
                 hw h = dts[f] == TERN_DT_Q ? make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, out, in, 0)
                                            : make_w(dts[f], 0, 0, 0, 1, out, in, 0);
@@ -563,6 +566,7 @@ TEST(cuda_matmul_act_mul) {
             }
     tern__cuda_gemv_mma_on = keep_on;
     tern__cuda_g1_cpa = keep_cpa;
+    tern__cuda_g1_epf = keep_epf;
     { /* Q4 that the tensor-core GEMV takes declines (it has no such epilogue) */
         hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, 256, 2560, 0);
         tern_tensor t = h.t;

@@ -51,6 +51,9 @@ struct Gemv1Args {
     /* cpa (TERN_CUDA_G1_CPA): the prologue's vectors come into shared memory by cp.async, all in flight at once (the
      * weights' before pdl_wait), each in a region of its own (g1_regions), and its norms run there */
     int cpa;
+    /* TERN_CUDA_G1_EPF (appended): the epilogue's operand — RES's old y[o], MV's mv[o] — loaded by lane 0 when its task
+     * starts instead of after the task's sums (one dependent L2 round trip off every task's tail) */
+    int epf;
 };
 
 /* The cpa prologue's shared-memory regions, in units of `in` floats: 0 the row being formed (h2, h or x, then h', x',
@@ -260,6 +263,12 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
         float rf = 0.0f; /* ROPE: the q / k pair's inv_freq, loaded while the task's weights arrive */
         if constexpr (ROPE)
             if (mrow[0] < 2) rf = a.rope.inv_freq[orow[0] % a.rope.d];
+        float ev[R]; /* EPF: the epilogue's operand of each row, loaded now (the same value it would read at the end) */
+        if constexpr (!ROPE)
+            if (a.epf && lane == 0 && !pair)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    ev[r] = !live[r] ? 0.0f : MV ? a.mv[orow[r]] : a.mode == G1_RES ? a.y[mrow[r]][orow[r]] : 0.0f;
         auto sp = [&](int r) { return a.scales[mrow[r]]; };
         auto bp = [&](int r) { return a.biases[mrow[r]]; };
         float acc[R];
@@ -301,9 +310,9 @@ __device__ __forceinline__ void gemv1_body(const Gemv1Args &a) {
             if (!live[r]) break;
             float *yp = a.y[mrow[r]] + orow[r];
             if constexpr (MV) /* as ew_kernel's gelu / silu with b: act(x)·b */
-                *yp = (a.mact == TERN_ACT_SILU ? silu(acc[r]) : gelu_tanh(acc[r])) * a.mv[orow[r]];
+                *yp = (a.mact == TERN_ACT_SILU ? silu(acc[r]) : gelu_tanh(acc[r])) * (a.epf ? ev[r] : a.mv[orow[r]]);
             else
-                *yp = a.mode == G1_RES ? *yp + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
+                *yp = a.mode == G1_RES ? (a.epf ? ev[r] : *yp) + acc[r] : acc[r]; /* as ew_kernel's add: y + o */
         }
     }
 }
@@ -375,6 +384,13 @@ int tern__cuda_g1_early = -1;
  * gemma4-26b-a4b 255.4 / 256.5 → 259.5 / 259.7, llama3-8b 222.3 / 222.8 → 222.3 / 222.2 */
 extern "C" int tern__cuda_g1_xb;
 int tern__cuda_g1_xb = -1;
+/* TERN_CUDA_G1_EPF (session 76, opt-in until timed; tests set it): the residual's old y[o] (o, down, the PLE projection)
+ * and act·mul's mv[o] (the PLE gate) loaded by lane 0 as its task starts, not after the task's sums — the same values
+ * and operations, so the same bits. Why: ncu of a gemma4-e4b b1 bf16 step (H100, NOTES (cj) 8) puts ~35 µs a layer of
+ * fixed cost in six small launches; each task of these ends in one more dependent L2 round trip (session 41's rope
+ * step data read early moved llama3-8b bf16 b1 0.838 → 0.847) */
+extern "C" int tern__cuda_g1_epf;
+int tern__cuda_g1_epf = -1;
 /* TERN_CUDA_G1_CPA (read once; tests set it): the cpa prologue (gemv1_cpa_kernel: the early instances of BF16 / F16
  * weights, every mode and epilogue): the prologue's vectors (the row, and by mode the residual's h and x, the post-norm
  * and pre-norm weights, the inner add's h2 and w2) come into shared memory by cp.async, all in flight together (the
@@ -528,6 +544,8 @@ static void g1_launch_norm(tern__cuda *c, float *const *y, const tern__cuda_w *c
     g1_prologue_args(a, w[0], nw, xn, eps, res);
     if (tern__cuda_g1_xb < 0) tern__cuda_g1_xb = tern__cuda_env_int("TERN_CUDA_G1_XB", 1) != 0;
     a.xb = tern__cuda_g1_xb;
+    if (tern__cuda_g1_epf < 0) tern__cuda_g1_epf = tern__cuda_env_int("TERN_CUDA_G1_EPF", 0) != 0;
+    a.epf = tern__cuda_g1_epf;
     const tern__cuda_w *w0 = w[0];
     a.rows = mat_ptrs(a.data, a.scales, a.biases, a.y, a.out, y, w, e, k);
     a.nm = k;
