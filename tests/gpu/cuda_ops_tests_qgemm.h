@@ -47,19 +47,19 @@ TEST(cuda_qgemm_shapes) {
     static const int NS[] = {2, 5, 16, 33, 64, 100};
     extern int tern__cuda_qgemm_wave;
     const int keep_wave = tern__cuda_qgemm_wave;
-    for (int wave = 0; wave < 2; wave++) { /* the fill rule's split, then TERN_QGEMM_WAVE's */
-        tern__cuda_qgemm_wave = wave;
-        for (size_t s = 0; s < TERN_ARRAY_LEN(S); s++) {
-            hw h = make_w(S[s].dt, S[s].bits, S[s].gs, TERN_DT_BF16, 1, S[s].out, S[s].in, 0);
-            char nm[64];
-            fmt_name(&h.t, nm, sizeof nm);
+    for (size_t s = 0; s < TERN_ARRAY_LEN(S); s++) {
+        hw h = make_w(S[s].dt, S[s].bits, S[s].gs, TERN_DT_BF16, 1, S[s].out, S[s].in, 0);
+        char nm[64];
+        fmt_name(&h.t, nm, sizeof nm);
+        for (int wave = 0; wave < 2; wave++) { /* the fill rule's split, then TERN_QGEMM_WAVE's */
+            tern__cuda_qgemm_wave = wave;
             for (size_t i = 0; i < TERN_ARRAY_LEN(NS); i++) {
                 double rel = check_matmul(g_gpu16, &h, NS[i], -1);
                 printf("  err %-16s %dx%d n=%-4d wave %d bf16q %.2e\n", nm, S[s].out, S[s].in, NS[i], wave, rel);
                 CHECK(rel <= 1e-4, "%s %dx%d n=%d wave %d rel %.3e", nm, S[s].out, S[s].in, NS[i], wave, rel);
             }
-            free_w(&h);
         }
+        free_w(&h);
     }
     tern__cuda_qgemm_wave = keep_wave;
 }

@@ -95,8 +95,8 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
     mma_cp_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
 }
 
-/* The end of a block of NW = 8 warps (qgemm_q4.cu, qgemm_q4_wg.cu; warp w's accumulators = mma.sync's C of rows
- * wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (HW..NW - 1) hand
+/* The end of a block of 8 warps (qgemm_q4.cu, qgemm_q4_wg.cu; warp w's accumulators = mma.sync's C of rows
+ * wr + g (+ 8) over NT 8-column tiles from column n0). PAIR with the whole K (direct): the up warps (4..7) hand
  * their accumulators to the gate warps through shared memory (sm: the drained ring) and y = act(gate)·up; else
  * y (+= for G1_RES) when direct, or this K slice's partials. acc is __restrict__: without it the stores through
  * generic pointers could alias it, and calling this moved qgemm_q4_wg.cu's registers everywhere (session 16);
@@ -105,19 +105,19 @@ __device__ __forceinline__ void q4_ring(int nkt, LW load_w, LX load_x, LS load_s
 template <int NT, bool PAIR>
 __device__ __forceinline__ void qw_store(const Q4Args &a, const float *__restrict__ acc, uint8_t *sm, int mi, int out, int rowb,
                                          int wr, int n0, int warp, int g, int t) {
-    constexpr int BN = NT * 8, NW = 8, HW = NW / 2; /* the up half of the warps from HW */
+    constexpr int BN = NT * 8;
     if constexpr (PAIR) {
         if (a.direct) {
-            float *const ups = (float *)sm; /* [16·HW rows][BN + 1] */
+            float *const ups = (float *)sm; /* [64 rows][BN + 1] */
             __syncthreads(); /* every warp is done with the ring */
-            if (warp >= HW)
+            if (warp >= 4)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        ups[((warp & (HW - 1)) * 16 + g + (i >> 1) * 8) * (BN + 1) + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
+                        ups[((warp & 3) * 16 + g + (i >> 1) * 8) * (BN + 1) + nt * 8 + 2 * t + (i & 1)] = acc[nt * 4 + i];
             __syncthreads();
-            if (warp < HW)
+            if (warp < 4)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll

@@ -65,9 +65,9 @@ __global__ void q4w_stage_x(uint4 *xb, const float *x, size_t chunks) {
     }
 }
 
-/* stage bytes: x (two K halves of BN rows × 128 bytes) then W (BM = 128 rows × 64 bytes); a multiple of 1024 */
+/* stage bytes: x (two K halves of BN rows × 128 bytes) then W (128 rows × 64 bytes); a multiple of 1024 */
 template <int NT> struct QwGeo {
-    static constexpr int BN = NT * 8, XH = BN * 128, BM = 128, WB = BM * 64, STG = 2 * XH + WB;
+    static constexpr int BN = NT * 8, XH = BN * 128, WB = QG_BM * 64, STG = 2 * XH + WB;
 };
 
 /* PAIR (act(gate)·up, TERN_CUDA_QG4_WGPAIR): warpgroup 0 takes 64 gate rows and warpgroup 1 the same 64 up
@@ -93,7 +93,6 @@ template <int NT, bool PAIR = false, int PROBE = 0, bool ASY = false>
 __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
-    constexpr int NTH = 256, HW = 4, PR = 64, BM = Geo::BM; /* HW: warps a half; PR: a pair block's rows of each matrix */
     constexpr int ST = QW_ST;
     constexpr int BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, XCH = BN * 16;
     extern __shared__ __align__(16) uint8_t qw_raw[];
@@ -106,8 +105,8 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     const uint16_t *const Sc = a.m[mi].s, *const Bi = a.m[mi].b;
     const int out = a.m[mi].out;
     /* wr: this warp's first row in its matrix */
-    const int rowb = PAIR ? (int)blockIdx.x * PR : ((int)blockIdx.x - a.m[mi].mb0) * BM, n0 = blockIdx.z * BN;
-    const int wr = rowb + (PAIR ? warp & (HW - 1) : warp) * 16;
+    const int rowb = PAIR ? (int)blockIdx.x * 64 : ((int)blockIdx.x - a.m[mi].mb0) * QG_BM, n0 = blockIdx.z * BN;
+    const int wr = rowb + (PAIR ? warp & 3 : warp) * 16;
     const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
     const int ra = min(wr + g, out - 1), rbw = min(wr + g + 8, out - 1);
 
@@ -119,7 +118,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
      * kt)·128 + 32t) >> gs_shift of rows ra and rbw. H200, session 17 (NOTES (z)): the per-tile form recomputed
      * each copy's clamped 64-bit address (~135 of ~340 instructions a warp issued per tile); llama3-8b q4 decode
      * at 64 / 128 sequences 11273 / 12126 → 11575 / 12325 tok/s */
-    constexpr int XJ = (XCH + NTH - 1) / NTH;
+    constexpr int XJ = (XCH + 255) / 256;
     const uint8_t *wp[2];
     uint32_t wok = 0, xok = 0, xo[XJ];
     const uint4 *xb = a.x + (size_t)kt0 * (QG_KB / 8) + (threadIdx.x & 15);
@@ -130,7 +129,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            const int c = threadIdx.x + j * NTH, r = c >> 2, row = PAIR ? rowb + (r & (PR - 1)) : rowb + r;
+            const int c = threadIdx.x + j * 256, r = c >> 2, row = PAIR ? rowb + (r & 63) : rowb + r;
             const uint8_t *Wr = PAIR ? a.m[r >> 6].w : W;
             wp[j] = Wr + (size_t)min(row, out - 1) * a.rb + (size_t)kt0 * (QG_KB / 2) + (c & 3) * 16;
             wok |= (uint32_t)(row < out) << j;
@@ -138,21 +137,21 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
         const int r0 = threadIdx.x >> 4, ch = threadIdx.x & 15, cc = ch & 7;
 #pragma unroll
         for (int j = 0; j < XJ; j++) {
-            const int r = r0 + NTH / 16 * j;
+            const int r = r0 + 16 * j;
             xo[j] = (uint32_t)min(n0 + r, a.n - 1) * (uint32_t)(a.in / 8);
-            xok |= (uint32_t)(n0 + r < a.n && (XCH % NTH == 0 || threadIdx.x + j * NTH < XCH)) << j;
+            xok |= (uint32_t)(n0 + r < a.n && (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)) << j;
         }
         xd = smb + (ch >> 3) * XH + (r0 >> 3) * 1024 + (r0 & 7) * 128 + ((cc ^ (r0 & 7)) << 4);
     }
     auto load_w = [&](int kt, int u) {
 #pragma unroll
-        for (int j = 0; j < 2; j++) mma_cp16(wd + u * STG + j * NTH * 16, wp[j] + (size_t)kt * (QG_KB / 2), wok >> j & 1);
+        for (int j = 0; j < 2; j++) mma_cp16(wd + u * STG + j * 4096, wp[j] + (size_t)kt * (QG_KB / 2), wok >> j & 1);
     };
     auto load_x = [&](int kt, int u) {
 #pragma unroll
         for (int j = 0; j < XJ; j++)
-            if (XCH % NTH == 0 || threadIdx.x + j * NTH < XCH)
-                mma_cp16(xd + u * STG + j * NTH * 8, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
+            if (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)
+                mma_cp16(xd + u * STG + j * 2048, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
     };
     auto load_sb = [&](int kt, int u) {
         const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
