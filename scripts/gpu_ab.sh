@@ -1984,6 +1984,18 @@ if [[ " $SECTIONS " == *" 149 "* ]]; then
     b1_sets "TERN_CUDA_G1_EPF=0;TERN_CUDA_G1_EPF=1" "${AB149_MODELS:-gemma4-e4b;gemma4-26b-a4b;llama3-8b;gemma4-12b}"
 fi
 
+# 150. session 77 (unrun): TERN_CUDA_QG4_TMA=1 — the batch Q4 GEMM's tiles (qg4w's: same decode, same wgmmas, the same
+#      bits) sent by the Tensor Memory Accelerator into a 4-stage ring of mbarriers, each warp waiting on its stage alone
+#      and freeing it by one arrival; thread 0 refills a stage once all 8 warps freed it: no block barrier and no
+#      per-thread copy instructions in the walk (section 141: at 64 rows qg4w's copies and barriers alone ~65 % of it).
+#      Op test cuda_qgemm_q4_tma (sweeps + bitwise against qg4w), the kernels alone (bench_cuda --xr, n = 32 / 64 / 128)
+#      0 / 1, then batch decode of AB150_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB150_CONC (default 32,64,128)
+if [[ " $SECTIONS " == *" 150 "* ]]; then
+    AB_OP_TIMEOUT=${AB_OP_TIMEOUT:-200} ops_ok cuda_qgemm_q4_tma || say "150: AN OP TEST FAILED"
+    grep -E '^(FAIL|  bits)' "$OUT/qgemm_q4_tma_ops.txt" | grep -v ' 0 of ' | head -5 | tee -a "$S"
+    qg4_switch TERN_CUDA_QG4_TMA "0 1" "${AB150_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB150_CONC:-32,64,128}"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

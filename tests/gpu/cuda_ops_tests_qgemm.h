@@ -313,9 +313,75 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_bf16_split = keep_split;
 }
 
+/* y = W·x through the batch Q4 GEMM with TERN_CUDA_QG4_TMA at v, into host memory (NULL when not served) */
+static float *q4_tma_y(tern_backend *g, tern_tensor *t, void *xd, int n, int v) {
+    extern int tern__cuda_qg4_tma;
+    const int out = (int)t->shape[0], keep = tern__cuda_qg4_tma;
+    tern__cuda_qg4_tma = v;
+    void *yd = nan_buf(g, (size_t)n * out);
+    g->vt->matmul(g, yd, xd, n, t);
+    float *y = from_gpu(g, yd, (size_t)n * out);
+    g->vt->free(g, yd);
+    tern__cuda_qg4_tma = keep;
+    return y;
+}
+
+/* qgemm_q4_wg.cu's TMA form (TERN_CUDA_QG4_TMA=1: the stages sent by the Tensor Memory Accelerator, each warp waiting
+ * on its stage's barrier alone): the wgmma kernel's sweeps with it (plain at 17..128 rows, the fused forms, the pair
+ * blocks), again with the split down to one K tile a block (fewer tiles than stages), and bitwise qg4w's outputs on
+ * the plain shapes (the same tiles, decode and wgmmas in the same order) */
+TEST(cuda_qgemm_q4_tma) {
+    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok, tern__cuda_qg4t_ok;
+    extern int tern__cuda_qg4_tma, tern__cuda_qg4_mint;
+    extern unsigned long long tern__cuda_qg4t_calls;
+    tern_backend *g = g_gpu16;
+    if (!g) { SKIP("cuda_qgemm_q4_tma", "no bf16-mode backend"); return; }
+    if (!tern__cuda_qg4w_ok || !tern__cuda_qg4t_ok) { SKIP("cuda_qgemm_q4_tma", "no sm_90a image or TMA encoder"); return; }
+    const int keep = tern__cuda_qg4_on, keep_xr = tern__cuda_gemv_xr, keep_split = tern__cuda_bf16_split;
+    const int keep_wg = tern__cuda_qg4_wg, keep_tma = tern__cuda_qg4_tma;
+    tern__cuda_qg4_on = 1;
+    tern__cuda_qg4_wg = 1;
+    tern__cuda_gemv_xr = 0;
+    tern__cuda_bf16_split = 0;
+    q4_wg_pass(g, &tern__cuda_qg4_tma, 1, 1, " tma", NULL);
+    tern__cuda_qg4_tma = 1;
+    q4_wg_pass(g, &tern__cuda_qg4_mint, 1, 1, " tma mint1", NULL);
+    tern__cuda_qg4_tma = keep_tma;
+    static const int nb[] = {17, 33, 64, 100, 128};
+    for (size_t s = 0; s < TERN_ARRAY_LEN(q4_shapes); s++) {
+        hw h = make_w(TERN_DT_Q, 4, 64, TERN_DT_BF16, 1, q4_shapes[s][0], q4_shapes[s][1], 0);
+        tern_tensor t = h.t;
+        tern_error err = {0};
+        if (g->vt->upload_weight(g, &t, &err)) { CHECK(0, "upload: %s", err.msg); free_w(&h); continue; }
+        const int out = q4_shapes[s][0], in = q4_shapes[s][1];
+        for (size_t k = 0; k < TERN_ARRAY_LEN(nb); k++) {
+            const int n = nb[k];
+            float *x = bf16_exact(rnd((size_t)n * in, 1.0f), (size_t)n * in);
+            void *xd = to_gpu(x, (size_t)n * in * 4);
+            if (g != g_gpu) g_gpu->vt->sync(g_gpu);
+            const unsigned long long c0 = tern__cuda_qg4t_calls;
+            float *y0 = q4_tma_y(g, &t, xd, n, 0), *y1 = q4_tma_y(g, &t, xd, n, 1);
+            size_t bad = 0;
+            for (size_t i = 0; i < (size_t)n * out; i++) bad += memcmp(&y0[i], &y1[i], 4) != 0;
+            printf("  bits q4/g64 %dx%d n=%d tma vs qg4w: %zu of %zu differ\n", out, in, n, bad, (size_t)n * out);
+            CHECK(bad == 0, "%dx%d n=%d: tma differs from qg4w in %zu outputs", out, in, n, bad);
+            CHECK(tern__cuda_qg4t_calls > c0, "%dx%d n=%d: the TMA form did not run", out, in, n);
+            free(y0); free(y1); free(x);
+            g->vt->free(g, xd);
+        }
+        g->vt->free_weight(g, &t);
+        free_w(&h);
+    }
+    tern__cuda_qg4_on = keep;
+    tern__cuda_qg4_wg = keep_wg;
+    tern__cuda_gemv_xr = keep_xr;
+    tern__cuda_bf16_split = keep_split;
+}
+
 static void cuda_qgemm_tests(void) {
     RUN(cuda_qgemm_q4);
     RUN(cuda_qgemm_q4_wg);
+    RUN(cuda_qgemm_q4_tma);
     RUN(cuda_qgemm_formats);
     RUN(cuda_qgemm_shapes);
     RUN(cuda_qgemm_expert_stack);

@@ -34,6 +34,9 @@
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/qgemm_q4.cuh"
 #include "backend/cuda/wgmma.cuh"
+#include "backend/cuda/tma.cuh"
+
+#include <string.h>
 
 #define QW_ST 4
 
@@ -89,6 +92,49 @@ template <int NT> struct QwGeo {
  * (TERN_CUDA_QG4_WG4=1: the 64-column tiles in blocks of four warpgroups sharing each x tile, half the x bytes a
  * weight; −10 / −3 % at 64 / 128) — the x copies are not what bounds the kernel, and fewer, wider blocks an SM leave
  * fewer independent tile chains */
+/* a lane's two rows' scales and biases of a tile as bf16 pairs (s, s), (b, b), and the decode's magic */
+struct QwDeq {
+    __nv_bfloat162 sa, ba, sb, bb;
+    uint32_t magic;
+};
+__device__ __forceinline__ QwDeq qw_deq_of(const uint32_t *sb, uint32_t magic) {
+    return QwDeq{q4_dup(sb[0], false), q4_dup(sb[0], true), q4_dup(sb[1], false), q4_dup(sb[1], true), magic};
+}
+/* k-steps 2·(word) + h, h = 0, 1, into f[h] from a word of each of the lane's two rows */
+__device__ __forceinline__ void qw_deq2(uint32_t (*f)[4], uint32_t w0, uint32_t w1, const QwDeq &d) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        f[h][0] = q4_deq(w0, 2 * h, d.sa, d.ba, d.magic);
+        f[h][1] = q4_deq(w1, 2 * h, d.sb, d.bb, d.magic);
+        f[h][2] = q4_deq(w0, 2 * h + 1, d.sa, d.ba, d.magic);
+        f[h][3] = q4_deq(w1, 2 * h + 1, d.sb, d.bb, d.magic);
+    }
+}
+/* One K tile of a stage at st (x: two K halves of XH bytes, then W: 128 rows × 64 bytes) into acc: the warp's 8 A
+ * fragments decoded from its rows 16·warp + g (+ 8), 8 wgmmas on one commit group, waited for (the stage may be
+ * refilled after this returns). sb: the lane's (s | b << 16) of its two rows for this tile */
+template <int NT>
+__device__ __forceinline__ void qw_tile(float *acc, const uint8_t *st, const uint32_t *sb, int warp, int g,
+                                        uint32_t magic) {
+    constexpr int XH = QwGeo<NT>::XH;
+    const int t = threadIdx.x & 3;
+    const uint4 *ws = (const uint4 *)(st + 2 * XH);
+    const QwDeq dq = qw_deq_of(sb, magic);
+    const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
+    uint32_t af[8][4];
+    qw_deq2(af + 0, wa.x, wb.x, dq);
+    qw_deq2(af + 2, wa.y, wb.y, dq);
+    qw_deq2(af + 4, wa.z, wb.z, dq);
+    qw_deq2(af + 6, wa.w, wb.w, dq);
+    const uint32_t xs = mma_smem_u32(st);
+    qw_fence(); /* one commit group per tile: two (the second half's decode overlapping the first half's
+                 * wgmmas) lost on the H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
+#pragma unroll
+    for (int j = 0; j < 8; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + (j >> 2) * XH + (j & 3) * 32));
+    qw_commit();
+    qw_wait(); /* before the next tile's barrier: its refill overwrites this slot */
+}
+
 template <int NT, bool PAIR = false, int PROBE = 0, bool ASY = false>
 __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -167,18 +213,12 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     auto tile = [&](int u) {
         const uint8_t *st = sm + u * STG;
         const uint4 *ws = (const uint4 *)(st + 2 * XH);
-        const __nv_bfloat162 sa = q4_dup(sbr[u][0], false), ba = q4_dup(sbr[u][0], true);
-        const __nv_bfloat162 sb = q4_dup(sbr[u][1], false), bb = q4_dup(sbr[u][1], true);
-        /* k-steps 2·(word) + h, h = 0, 1, into f[h] from a word of each of the lane's two rows */
-        auto deq2 = [&](uint32_t(*f)[4], uint32_t w0, uint32_t w1) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                f[h][0] = q4_deq(w0, 2 * h, sa, ba, a.magic);
-                f[h][1] = q4_deq(w1, 2 * h, sb, bb, a.magic);
-                f[h][2] = q4_deq(w0, 2 * h + 1, sa, ba, a.magic);
-                f[h][3] = q4_deq(w1, 2 * h + 1, sb, bb, a.magic);
-            }
-        };
+        if constexpr (!ASY && PROBE == 0) { /* the plain tile: qw_tile */
+            qw_tile<NT>(acc, st, sbr[u], warp, g, a.magic);
+            return;
+        }
+        const QwDeq dq = qw_deq_of(sbr[u], a.magic);
+        auto deq2 = [&](uint32_t(*f)[4], uint32_t w0, uint32_t w1) { qw_deq2(f, w0, w1, dq); };
         if constexpr (ASY) { /* k-steps 4hf..4hf + 3 (words 2hf, 2hf + 1), then their 4 wgmmas */
             const uint32_t xs = mma_smem_u32(st);
             const uint2 *w2 = (const uint2 *)ws;
@@ -222,13 +262,12 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
             for (int j = 0; j < 8; j++) acc[j % (NT * 4)] += __uint_as_float((af[j][0] ^ af[j][1] ^ af[j][2] ^ af[j][3]) & 0x3fffffffu);
             return;
         }
-        const uint32_t xs = mma_smem_u32(st);
-        qw_fence(); /* one commit group per tile: two (the second half's decode overlapping the first half's
-                     * wgmmas) lost on the H200, llama3-8b q4 at 64 / 128 sequences 9971 / 10881 → 9895 / 10778 */
+        const uint32_t xs = mma_smem_u32(st); /* PROBE 1: the raw words as A */
+        qw_fence();
 #pragma unroll
         for (int j = 0; j < 8; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + (j >> 2) * XH + (j & 3) * 32));
         qw_commit();
-        qw_wait(); /* before the next tile's barrier: its refill overwrites this slot */
+        qw_wait();
     };
     /* Decoding tile k + 1 into a second A buffer while tile k's wgmmas run (TERN_CUDA_QG4_PIPE, one block an SM,
      * 6 stages) won on big shapes alone (14336x4096 at 64 rows 42.2 → 39.0 µs) but lost in every model, also where
@@ -246,6 +285,122 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
 #endif
 }
+
+/* ---- TMA (TERN_CUDA_QG4_TMA, opt-in; session 77): the same tiles with no block barrier in the walk ----
+ * Why: at 64 rows qg4w's copies and barriers alone take ~65 % of it (section 141's probe, NOTES (ci)); fewer x bytes
+ * (WG 4) and more blocks (OCC 3) both lost (NOTES (cj)): what bounds it is each block's serial tile chain — every
+ * tile waits for its cp.async group, meets the whole block at a barrier, then every thread forms and issues the next
+ * copies. Here the stage's copies are two Tensor Memory Accelerator boxes of x (the two K halves, BN rows × 128 bytes
+ * with the 128-byte swizzle: exactly the layout the other loader writes, so the wgmma descriptors are qg4w's) and two
+ * of W (64 rows × 64 bytes each: rows 0..63 and 64..127 of the block, or the gate and up rows of the pair form),
+ * counted on the stage's full barrier; each warp waits on that barrier alone, runs qg4w's tile (qw_tile: the same
+ * decode, the same 8 wgmmas, so the same sums in the same order: bitwise qg4w), and frees the stage with one arrival
+ * on its empty barrier. Thread 0 refills: after its own tile kt it waits for tile kt - 1's stage to be freed by all 8
+ * warps and sends tile kt - 1 + ST into it (ST - 1 tiles in flight ahead, as qg4w's ring; a warp may run up to ST - 1
+ * tiles ahead of the slowest). The weights' boxes of the first ST tiles go out before pdl_wait, x's after; the
+ * scales are each lane's loads, ST tiles ahead (a register ring, as qg4w's). Rows past out / n read as zeros (TMA
+ * fills them) and are not stored. Same grid, split, partials and epilogue as qg4w. */
+struct Q4Maps {
+    CUtensorMap w[3], x; /* W of each matrix (uint8 rows of rb bytes, 64 x 64 boxes), x (bf16 [n][in], 64 x BN boxes) */
+};
+template <int NT, bool PAIR = false>
+__global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4Maps tm, Q4Args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Geo = QwGeo<NT>;
+    constexpr int ST = QW_ST, BN = Geo::BN, XH = Geo::XH, STG = Geo::STG;
+    extern __shared__ __align__(16) uint8_t qw_raw[];
+    const uint32_t raw = mma_smem_u32(qw_raw), pad = (1024u - (raw & 1023u)) & 1023u;
+    uint8_t *const sm = qw_raw + pad; /* 1024-aligned: the swizzle repeats from the stage bases */
+    const uint32_t smb = raw + pad, full = smb + ST * STG, empty = full + 8 * ST;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int mi = PAIR ? warp >> 2
+                 : a.k > 2 && (int)blockIdx.x >= a.m[2].mb0 ? 2 : a.k > 1 && (int)blockIdx.x >= a.m[1].mb0 ? 1 : 0;
+    const uint16_t *const Sc = a.m[mi].s, *const Bi = a.m[mi].b;
+    const int out = a.m[mi].out;
+    const int rowb = PAIR ? (int)blockIdx.x * 64 : ((int)blockIdx.x - a.m[mi].mb0) * QG_BM, n0 = blockIdx.z * BN;
+    const int wr = rowb + (PAIR ? warp & 3 : warp) * 16;
+    const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
+    const int ra = min(wr + g, out - 1), rbw = min(wr + g + 8, out - 1);
+    /* the W boxes: block rows 0..63 and 64..127 (plain: matrix mi's rows rowb.., rowb + 64..; pair: gate's and up's
+     * rows rowb..) */
+    const int m0 = PAIR ? 0 : mi;
+    const CUtensorMap *const wm0 = &tm.w[m0], *const wm1 = &tm.w[PAIR ? 1 : m0];
+    const int r1 = PAIR ? rowb : rowb + 64;
+    const bool prod = threadIdx.x == 0;
+    if (prod) {
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)wm0) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)wm1) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tm.x) : "memory");
+#pragma unroll
+        for (int i = 0; i < ST; i++) {
+            mb_init(full + 8 * i, 1);
+            mb_init(empty + 8 * i, 8); /* one arrival a warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    pdl_trigger();
+    auto issue_w = [&](int kt, int u) { /* the stage's bytes announced here, W's boxes sent */
+        const uint32_t bar = full + 8 * u, d = smb + u * STG + 2 * XH;
+        const int c0 = (kt0 + kt) * (QG_KB / 2);
+        mb_expect(bar, STG);
+        tma_2d(d, wm0, c0, rowb, bar);
+        tma_2d(d + 4096, wm1, c0, r1, bar);
+    };
+    auto issue_x = [&](int kt, int u) {
+        const uint32_t bar = full + 8 * u, d = smb + u * STG;
+        const int c0 = (kt0 + kt) * QG_KB;
+        tma_2d(d, &tm.x, c0, n0, bar);
+        tma_2d(d + XH, &tm.x, c0 + 64, n0, bar);
+    };
+    const uint16_t *sca = Sc + (size_t)ra * a.ng, *bia = Bi + (size_t)ra * a.ng, *scb = Sc + (size_t)rbw * a.ng,
+                   *bib = Bi + (size_t)rbw * a.ng;
+    uint32_t sbr[ST][2];
+    auto load_sb = [&](int kt, int u) {
+        const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
+        sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
+        sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
+    };
+    const int pre = nkt < ST ? nkt : ST;
+#pragma unroll
+    for (int u = 0; u < ST; u++)
+        if (u < pre) load_sb(u, u);
+    if (prod)
+        for (int u = 0; u < pre; u++) issue_w(u, u); /* the weights depend on no kernel before */
+    pdl_wait();                                      /* x is the previous kernel's (the staging kernel) */
+    if (prod)
+        for (int u = 0; u < pre; u++) issue_x(u, u);
+
+    float acc[NT * 4];
+#pragma unroll
+    for (int i = 0; i < NT * 4; i++) acc[i] = 0.0f;
+    for (int base = 0; base < nkt; base += ST) {
+#pragma unroll
+        for (int u = 0; u < ST; u++) {
+            const int kt = base + u; /* uniform over the block */
+            if (kt >= nkt) break;
+            mb_wait(full + 8 * u, (unsigned)(kt / ST) & 1u);
+            qw_tile<NT>(acc, sm + u * STG, sbr[u], warp, g, a.magic);
+            __syncwarp();
+            if (lane == 0) mb_arrive(empty + 8 * u); /* this warp is done with the stage (its wgmmas waited for) */
+            if (kt + ST < nkt) load_sb(kt + ST, u);
+            const int kn = kt - 1 + ST; /* into the stage of tile kt - 1 */
+            if (prod && kt >= 1 && kn < nkt) {
+                const int up = (u + ST - 1) % ST;
+                mb_wait(empty + 8 * up, (unsigned)((kt - 1) / ST) & 1u);
+                issue_w(kn, up);
+                issue_x(kn, up);
+            }
+        }
+    }
+    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
+#else
+    (void)tm;
+    (void)a;
+    __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
+#endif
+}
+template <int NT> static size_t qt_smem() { return (size_t)QW_ST * QwGeo<NT>::STG + 16 * QW_ST + 1024; }
 
 template <int NT> static size_t qw_smem() { return (size_t)QW_ST * QwGeo<NT>::STG + 1024; }
 
@@ -277,10 +432,51 @@ bool tern__cuda_qg4w_pair(void) {
     return qw_on() && tern__cuda_qg4_wgpair;
 }
 
+/* TERN_CUDA_QG4_TMA (read once; tests set it): 1 the launches qg4w serves run qg4t_kernel instead (where its instances
+ * opened and the maps encode); 0 (default) qg4w. TERN_CUDA_QG4_TMA_L2: the W maps' L2 promotion (0 none, 1 64 B, 2
+ * 128 B, 3 256 B; default 3) */
+extern "C" int tern__cuda_qg4_tma;
+int tern__cuda_qg4_tma = -1;
+extern "C" unsigned long long tern__cuda_qg4t_calls; /* launches (tests check the path ran) */
+unsigned long long tern__cuda_qg4t_calls = 0;
+extern "C" int tern__cuda_qg4t_ok;
+int tern__cuda_qg4t_ok = 0; /* qg4t's instances opened and the encoder is there (set at init) */
+
+/* the maps of a's matrices and of the staged x (c->gemm_scratch, bf16 [n][in]) for column tiles of 8·nt rows */
+static bool qt_maps(Q4Maps &m, const Q4Args &a, const void *xs, int nt) {
+    static int l2 = -1;
+    if (l2 < 0) l2 = tern__cuda_env_int("TERN_CUDA_QG4_TMA_L2", 3) & 3;
+    memset(&m, 0, sizeof m);
+    for (int i = 0; i < a.k; i++)
+        if (!tern__cuda_tmap_2d(&m.w[i], a.m[i].w, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.rb, (uint64_t)a.m[i].out, a.rb, 64,
+                                64, CU_TENSOR_MAP_SWIZZLE_NONE, l2))
+            return false;
+    return tern__cuda_tmap_2d(&m.x, xs, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (uint64_t)a.in, (uint64_t)a.n,
+                              (uint64_t)a.in * 2, 64, (uint32_t)(nt * 8), CU_TENSOR_MAP_SWIZZLE_128B, 3);
+}
+
+/* the TMA form of the launch qw_go would make; false (nothing launched) where it cannot run */
+static bool qt_go(cudaStream_t s, const Q4Args &a, const void *xs, dim3 grid, int nt, bool pair) {
+    if (tern__cuda_qg4_tma < 0) tern__cuda_qg4_tma = tern__cuda_env_int("TERN_CUDA_QG4_TMA", 0) != 0;
+    if (!tern__cuda_qg4_tma || !tern__cuda_qg4t_ok || (a.rb & 15) || ((uintptr_t)xs & 15)) return false;
+    for (int i = 0; i < a.k; i++)
+        if ((uintptr_t)a.m[i].w & 15) return false;
+    Q4Maps m;
+    if (!qt_maps(m, a, xs, nt)) return false;
+    if (pair) tern_launch(s, qg4t_kernel<8, true>, grid, 256, qt_smem<8>(), m, a);
+    else if (nt == 8) tern_launch(s, qg4t_kernel<8, false>, grid, 256, qt_smem<8>(), m, a);
+    else tern_launch(s, qg4t_kernel<4, false>, grid, 256, qt_smem<4>(), m, a);
+    tern__cuda_qg4t_calls++;
+    return true;
+}
+
 /* qgemm_q4.cuh: at open (qgemm_q4.cu's init): the instances' shared-memory limits; their success says the
  * sm_90a image is there for this GPU */
 void tern__cuda_qg4w_init(void) {
     const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    tern__cuda_qg4t_ok = tern__cuda_tmap_ok() && cudaFuncSetAttribute(qg4t_kernel<8, false>, at, (int)qt_smem<8>()) == cudaSuccess &&
+            cudaFuncSetAttribute(qg4t_kernel<8, true>, at, (int)qt_smem<8>()) == cudaSuccess &&
+            cudaFuncSetAttribute(qg4t_kernel<4, false>, at, (int)qt_smem<4>()) == cudaSuccess;
     tern__cuda_qg4w_ok = qw_attr<true>(at);
     qw_attr<false>(at); /* the 32-column instance without ASY (TERN_CUDA_QG4_ASY=0) */
     cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
@@ -303,7 +499,8 @@ int tern__cuda_qg4w_launch(tern__cuda *c, const Q4Args &a, dim3 grid, int nt, co
     if (pr == 1) tern_launch(c->stream, qg4w_kernel<8, false, 1>, grid, 256, qw_smem<8>(), a);
     else if (pr == 2) tern_launch(c->stream, qg4w_kernel<8, false, 2>, grid, 256, qw_smem<8>(), a);
     else if (pr == 3) tern_launch(c->stream, qg4w_kernel<8, false, 3>, grid, 256, qw_smem<8>(), a);
-    else if (tern__cuda_qg4w_asy > 0) qw_go<true>(c->stream, a, grid, nt, pair);
+    else if (qt_go(c->stream, a, c->gemm_scratch, grid, nt, pair)) { /* TERN_CUDA_QG4_TMA */
+    } else if (tern__cuda_qg4w_asy > 0) qw_go<true>(c->stream, a, grid, nt, pair);
     else qw_go<false>(c->stream, a, grid, nt, pair);
     tern__cuda_qg4w_calls++;
     return 1;

@@ -31,6 +31,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/wgmma.cuh"
+#include "backend/cuda/tma.cuh"
 
 #include <cooperative_groups.h>
 #include <cuda.h>
@@ -66,32 +67,6 @@ template <int NB> struct WgGeo {
     static constexpr size_t SMEM = (size_t)RING + 16 * ST + 1024; /* + barriers + alignment */
     static_assert(NB * WG_PLD * 4 <= RING, "the [row][feature] tile reuses the ring");
 };
-
-__device__ __forceinline__ void mb_init(uint32_t a, unsigned cnt) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(cnt) : "memory");
-}
-__device__ __forceinline__ void mb_expect(uint32_t a, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(uint32_t a) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mb_wait(uint32_t a, unsigned parity) {
-    uint32_t ok;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok)
-                     : "r"(a), "r"(parity)
-                     : "memory");
-    } while (!ok);
-}
-/* box (c0 inputs, c1 rows) of map m into shared memory at dst, counted on barrier bar */
-__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];\n" ::"r"(dst),
-                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
 
 template <int NB>
 __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -252,19 +227,28 @@ static PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void) {
     return fn;
 }
 
-/* rows x k bf16, row stride k: boxes of 64 inputs x box_rows rows, 128-byte swizzle, zeros outside */
-static bool wg_map(CUtensorMap *t, const void *base, int k, int rows, int box_rows) {
+/* tma.cuh */
+bool tern__cuda_tmap_ok(void) { return wg_encoder() != NULL; }
+
+/* tma.cuh */
+bool tern__cuda_tmap_2d(CUtensorMap *t, const void *base, CUtensorMapDataType dt, uint64_t d0, uint64_t rows,
+                        uint64_t stride, uint32_t b0, uint32_t b1, CUtensorMapSwizzle sw, int l2) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = wg_encoder();
     if (!enc) return false;
-    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)k * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, es[2] = {1, 1};
-    static int l2p = -1; /* TERN_CUDA_WGEMM_L2P: 0 none, 1 64 B, 2 128 B, 3 256 B (default) */
-    if (l2p < 0) l2p = tern__cuda_env_int("TERN_CUDA_WGEMM_L2P", 3) & 3;
+    const cuuint64_t dim[2] = {(cuuint64_t)d0, (cuuint64_t)rows}, st[1] = {(cuuint64_t)stride};
+    const cuuint32_t box[2] = {b0, b1}, es[2] = {1, 1};
     static const CUtensorMapL2promotion P[4] = {CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
                                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B};
-    return enc(t, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dim, stride, box, es,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, P[l2p], CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-           CUDA_SUCCESS;
+    return enc(t, dt, 2, (void *)base, dim, st, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw, P[l2 & 3],
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* rows x k bf16, row stride k: boxes of 64 inputs x box_rows rows, 128-byte swizzle, zeros outside */
+static bool wg_map(CUtensorMap *t, const void *base, int k, int rows, int box_rows) {
+    static int l2p = -1; /* TERN_CUDA_WGEMM_L2P: 0 none, 1 64 B, 2 128 B, 3 256 B (default) */
+    if (l2p < 0) l2p = tern__cuda_env_int("TERN_CUDA_WGEMM_L2P", 3) & 3;
+    return tern__cuda_tmap_2d(t, base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (uint64_t)k, (uint64_t)rows, (uint64_t)k * 2,
+                              64, (uint32_t)box_rows, CU_TENSOR_MAP_SWIZZLE_128B, l2p);
 }
 
 /* per device: 1 the instances' shared-memory limits are set (the sm_90a image loaded), -1 they failed */
