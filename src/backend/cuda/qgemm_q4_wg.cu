@@ -380,6 +380,7 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
             const int kt = base + u; /* uniform over the block */
             if (kt >= nkt) break;
             mb_wait(full + 8 * u, (unsigned)(kt / ST) & 1u);
+            __syncwarp(); /* converged for the wgmmas' .aligned forms */
             qw_tile<NT>(acc, sm + u * STG, sbr[u], warp, g, a.magic);
             __syncwarp();
             if (lane == 0) mb_arrive(empty + 8 * u); /* this warp is done with the stage (its wgmmas waited for) */
@@ -391,6 +392,7 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
                 issue_w(kn, up);
                 issue_x(kn, up);
             }
+            __syncwarp(); /* warp 0 together again after thread 0's refill */
         }
     }
     qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
