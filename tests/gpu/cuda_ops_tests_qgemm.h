@@ -327,9 +327,9 @@ static float *q4_tma_y(tern_backend *g, tern_tensor *t, void *xd, int n, int v) 
 }
 
 /* qgemm_q4_wg.cu's TMA form (TERN_CUDA_QG4_TMA=1: the stages sent by the Tensor Memory Accelerator, each warp waiting
- * on its stage's barrier alone): the wgmma kernel's sweeps with it (plain at 17..128 rows, the fused forms, the pair
- * blocks), again with the split down to one K tile a block (fewer tiles than stages), and bitwise qg4w's outputs on
- * the plain shapes (the same tiles, decode and wgmmas in the same order) */
+ * on its stage's barrier alone; =2 with ASY's half tiles): the wgmma kernel's sweeps with each (plain at 17..128 rows,
+ * the fused forms, the pair blocks), again with the split down to one K tile a block (fewer tiles than stages), and
+ * bitwise qg4w's outputs on the plain shapes (the same tiles, decode and wgmmas in the same order) */
 TEST(cuda_qgemm_q4_tma) {
     extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok, tern__cuda_qg4t_ok;
     extern int tern__cuda_qg4_tma, tern__cuda_qg4_mint;
@@ -344,6 +344,7 @@ TEST(cuda_qgemm_q4_tma) {
     tern__cuda_gemv_xr = 0;
     tern__cuda_bf16_split = 0;
     q4_wg_pass(g, &tern__cuda_qg4_tma, 1, 1, " tma", NULL);
+    q4_wg_pass(g, &tern__cuda_qg4_tma, 2, 1, " tma2", NULL);
     tern__cuda_qg4_tma = 1;
     q4_wg_pass(g, &tern__cuda_qg4_mint, 1, 1, " tma mint1", NULL);
     tern__cuda_qg4_tma = keep_tma;
@@ -360,13 +361,17 @@ TEST(cuda_qgemm_q4_tma) {
             void *xd = to_gpu(x, (size_t)n * in * 4);
             if (g != g_gpu) g_gpu->vt->sync(g_gpu);
             const unsigned long long c0 = tern__cuda_qg4t_calls;
-            float *y0 = q4_tma_y(g, &t, xd, n, 0), *y1 = q4_tma_y(g, &t, xd, n, 1);
-            size_t bad = 0;
-            for (size_t i = 0; i < (size_t)n * out; i++) bad += memcmp(&y0[i], &y1[i], 4) != 0;
-            printf("  bits q4/g64 %dx%d n=%d tma vs qg4w: %zu of %zu differ\n", out, in, n, bad, (size_t)n * out);
-            CHECK(bad == 0, "%dx%d n=%d: tma differs from qg4w in %zu outputs", out, in, n, bad);
-            CHECK(tern__cuda_qg4t_calls > c0, "%dx%d n=%d: the TMA form did not run", out, in, n);
-            free(y0); free(y1); free(x);
+            float *y0 = q4_tma_y(g, &t, xd, n, 0);
+            for (int v = 1; v <= 2; v++) {
+                float *y1 = q4_tma_y(g, &t, xd, n, v);
+                size_t bad = 0;
+                for (size_t i = 0; i < (size_t)n * out; i++) bad += memcmp(&y0[i], &y1[i], 4) != 0;
+                printf("  bits q4/g64 %dx%d n=%d tma %d vs qg4w: %zu of %zu differ\n", out, in, n, v, bad, (size_t)n * out);
+                CHECK(bad == 0, "%dx%d n=%d: tma %d differs from qg4w in %zu outputs", out, in, n, v, bad);
+                free(y1);
+            }
+            CHECK(tern__cuda_qg4t_calls >= c0 + 2, "%dx%d n=%d: the TMA form did not run", out, in, n);
+            free(y0); free(x);
             g->vt->free(g, xd);
         }
         g->vt->free_weight(g, &t);

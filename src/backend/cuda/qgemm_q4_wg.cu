@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 struct Q4Maps {
     CUtensorMap w[3], x; /* W of each matrix (uint8 rows of rb bytes, 64 x 64 boxes), x (bf16 [n][in], 64 x BN boxes) */
 };
-template <int NT, bool PAIR = false>
+template <int NT, bool PAIR = false, bool ASY = false>
 __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4Maps tm, Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QwGeo<NT>;
@@ -374,6 +374,8 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
     float acc[NT * 4];
 #pragma unroll
     for (int i = 0; i < NT * 4; i++) acc[i] = 0.0f;
+    uint32_t afA[4][4] = {}, afB[4][4] = {}; /* ASY's two half-tile fragment sets */
+    constexpr int LAG = ASY ? 2 : 1;         /* thread 0 refills the stage of tile kt - LAG after its tile kt */
     for (int base = 0; base < nkt; base += ST) {
 #pragma unroll
         for (int u = 0; u < ST; u++) {
@@ -381,19 +383,49 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
             if (kt >= nkt) break;
             mb_wait(full + 8 * u, (unsigned)(kt / ST) & 1u);
             __syncwarp(); /* converged for the wgmmas' .aligned forms */
-            qw_tile<NT>(acc, sm + u * STG, sbr[u], warp, g, a.magic);
-            __syncwarp();
-            if (lane == 0) mb_arrive(empty + 8 * u); /* this warp is done with the stage (its wgmmas waited for) */
+            if constexpr (ASY) { /* qg4w's ASY halves: tile kt - 1's stage freed once its second half is waited for */
+                const uint8_t *st = sm + u * STG;
+                const uint2 *w2 = (const uint2 *)(st + 2 * XH);
+                const uint32_t xs = mma_smem_u32(st);
+                const QwDeq dq = qw_deq_of(sbr[u], a.magic);
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const uint2 ha = w2[((warp * 16 + g) * 4 + t) * 2 + hf], hb = w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf];
+                    uint32_t(&af)[4][4] = hf ? afB : afA;
+                    qw_wait1(); /* every group but the newest: this set's last reader (tile kt - 1's half hf) done */
+                    if (hf == 1 && kt >= 1) {
+                        __syncwarp();
+                        if (lane == 0) mb_arrive(empty + 8 * ((u + ST - 1) % ST));
+                    }
+#pragma unroll
+                    for (int i = 0; i < 16; i++) qw_keep(af[i >> 2][i & 3]);
+                    qw_deq2(af, ha.x, hb.x, dq);
+                    qw_deq2(af + 2, ha.y, hb.y, dq);
+                    qw_fence();
+#pragma unroll
+                    for (int j = 0; j < 4; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + hf * XH + j * 32));
+                    qw_commit();
+                }
+            } else {
+                qw_tile<NT>(acc, sm + u * STG, sbr[u], warp, g, a.magic);
+                __syncwarp();
+                if (lane == 0) mb_arrive(empty + 8 * u); /* this warp is done with the stage (its wgmmas waited for) */
+            }
             if (kt + ST < nkt) load_sb(kt + ST, u);
-            const int kn = kt - 1 + ST; /* into the stage of tile kt - 1 */
-            if (prod && kt >= 1 && kn < nkt) {
-                const int up = (u + ST - 1) % ST;
-                mb_wait(empty + 8 * up, (unsigned)((kt - 1) / ST) & 1u);
+            const int kn = kt - LAG + ST; /* into the stage of tile kt - LAG */
+            if (prod && kt >= LAG && kn < nkt) {
+                const int up = (u + ST - LAG) % ST;
+                mb_wait(empty + 8 * up, (unsigned)((kt - LAG) / ST) & 1u);
                 issue_w(kn, up);
                 issue_x(kn, up);
             }
             __syncwarp(); /* warp 0 together again after thread 0's refill */
         }
+    }
+    if constexpr (ASY) {
+        qw_wait();
+#pragma unroll
+        for (int i = 0; i < NT * 4; i++) qw_keep(acc[i]);
     }
     qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
@@ -435,7 +467,9 @@ bool tern__cuda_qg4w_pair(void) {
 }
 
 /* TERN_CUDA_QG4_TMA (read once; tests set it): 1 the launches qg4w serves run qg4t_kernel instead (where its instances
- * opened and the maps encode); 0 (default) qg4w. TERN_CUDA_QG4_TMA_L2: the W maps' L2 promotion (0 none, 1 64 B, 2
+ * opened and the maps encode); 2 the same with ASY's half tiles for the plain launches (a half's wgmmas in flight while
+ * the warp decodes the next; a stage freed one tile later, so thread 0 refills the stage of tile kt - 2); 0 (default)
+ * qg4w. TERN_CUDA_QG4_TMA_L2: the W maps' L2 promotion (0 none, 1 64 B, 2
  * 128 B, 3 256 B; default 3) */
 extern "C" int tern__cuda_qg4_tma;
 int tern__cuda_qg4_tma = -1;
@@ -459,14 +493,17 @@ static bool qt_maps(Q4Maps &m, const Q4Args &a, const void *xs, int nt) {
 
 /* the TMA form of the launch qw_go would make; false (nothing launched) where it cannot run */
 static bool qt_go(cudaStream_t s, const Q4Args &a, const void *xs, dim3 grid, int nt, bool pair) {
-    if (tern__cuda_qg4_tma < 0) tern__cuda_qg4_tma = tern__cuda_env_int("TERN_CUDA_QG4_TMA", 0) != 0;
+    if (tern__cuda_qg4_tma < 0) tern__cuda_qg4_tma = tern__cuda_env_int("TERN_CUDA_QG4_TMA", 0);
     if (!tern__cuda_qg4_tma || !tern__cuda_qg4t_ok || (a.rb & 15) || ((uintptr_t)xs & 15)) return false;
     for (int i = 0; i < a.k; i++)
         if ((uintptr_t)a.m[i].w & 15) return false;
     Q4Maps m;
     if (!qt_maps(m, a, xs, nt)) return false;
+    const bool asy = tern__cuda_qg4_tma == 2;
     if (pair) tern_launch(s, qg4t_kernel<8, true>, grid, 256, qt_smem<8>(), m, a);
+    else if (nt == 8 && asy) tern_launch(s, qg4t_kernel<8, false, true>, grid, 256, qt_smem<8>(), m, a);
     else if (nt == 8) tern_launch(s, qg4t_kernel<8, false>, grid, 256, qt_smem<8>(), m, a);
+    else if (asy) tern_launch(s, qg4t_kernel<4, false, true>, grid, 256, qt_smem<4>(), m, a);
     else tern_launch(s, qg4t_kernel<4, false>, grid, 256, qt_smem<4>(), m, a);
     tern__cuda_qg4t_calls++;
     return true;
@@ -478,7 +515,9 @@ void tern__cuda_qg4w_init(void) {
     const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
     tern__cuda_qg4t_ok = tern__cuda_tmap_ok() && cudaFuncSetAttribute(qg4t_kernel<8, false>, at, (int)qt_smem<8>()) == cudaSuccess &&
             cudaFuncSetAttribute(qg4t_kernel<8, true>, at, (int)qt_smem<8>()) == cudaSuccess &&
-            cudaFuncSetAttribute(qg4t_kernel<4, false>, at, (int)qt_smem<4>()) == cudaSuccess;
+            cudaFuncSetAttribute(qg4t_kernel<4, false>, at, (int)qt_smem<4>()) == cudaSuccess &&
+            cudaFuncSetAttribute(qg4t_kernel<8, false, true>, at, (int)qt_smem<8>()) == cudaSuccess &&
+            cudaFuncSetAttribute(qg4t_kernel<4, false, true>, at, (int)qt_smem<4>()) == cudaSuccess;
     tern__cuda_qg4w_ok = qw_attr<true>(at);
     qw_attr<false>(at); /* the 32-column instance without ASY (TERN_CUDA_QG4_ASY=0) */
     cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
