@@ -110,6 +110,32 @@ __device__ __forceinline__ void qw_deq2(uint32_t (*f)[4], uint32_t w0, uint32_t 
         f[h][3] = q4_deq(w1, 2 * h + 1, d.sb, d.bb, d.magic);
     }
 }
+/* ASY's half tile (k-steps 4hf..4hf + 3 from the lane's words ha, hb of its two rows; xh: x's K half hf): wait for the
+ * group that last read the fragment set af (every group but the newest), decode into it, 4 wgmmas, one commit group */
+template <int NT>
+__device__ __forceinline__ void qw_half(float *acc, uint32_t (&af)[4][4], uint2 ha, uint2 hb, const QwDeq &dq,
+                                        uint32_t xh) {
+    qw_wait1();
+#pragma unroll
+    for (int i = 0; i < 16; i++) qw_keep(af[i >> 2][i & 3]);
+    qw_deq2(af, ha.x, hb.x, dq);
+    qw_deq2(af + 2, ha.y, hb.y, dq);
+    qw_fence();
+#pragma unroll
+    for (int j = 0; j < 4; j++) qw_mma<NT>(acc, af[j], qw_desc(xh + j * 32));
+    qw_commit();
+}
+/* the walk's end: ASY's last groups waited for (the accumulators kept in place up to here), then qw_store */
+template <int NT, bool PAIR, bool ASY>
+__device__ __forceinline__ void qw_finish(const Q4Args &a, float *acc, uint8_t *sm, int mi, int out, int rowb, int wr,
+                                          int n0, int warp, int g, int t) {
+    if constexpr (ASY) {
+        qw_wait();
+#pragma unroll
+        for (int i = 0; i < NT * 4; i++) qw_keep(acc[i]);
+    }
+    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
+}
 /* One K tile of a stage at st (x: two K halves of XH bytes, then W: 128 rows × 64 bytes) into acc: the warp's 8 A
  * fragments decoded from its rows 16·warp + g (+ 8), 8 wgmmas on one commit group, waited for (the stage may be
  * refilled after this returns). sb: the lane's (s | b << 16) of its two rows for this tile */
@@ -223,19 +249,9 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
             const uint32_t xs = mma_smem_u32(st);
             const uint2 *w2 = (const uint2 *)ws;
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const uint2 ha = w2[((warp * 16 + g) * 4 + t) * 2 + hf], hb = w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf];
-                uint32_t(&af)[4][4] = hf ? afB : afA;
-                qw_wait1(); /* this set's last reader: the previous tile's group of this half */
-#pragma unroll
-                for (int i = 0; i < 16; i++) qw_keep(af[i >> 2][i & 3]);
-                deq2(af, ha.x, hb.x);
-                deq2(af + 2, ha.y, hb.y);
-                qw_fence();
-#pragma unroll
-                for (int j = 0; j < 4; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + hf * XH + j * 32));
-                qw_commit();
-            }
+            for (int hf = 0; hf < 2; hf++)
+                qw_half<NT>(acc, hf ? afB : afA, w2[((warp * 16 + g) * 4 + t) * 2 + hf],
+                            w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf], dq, xs + hf * XH);
             return;
         }
         const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
@@ -273,13 +289,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
      * 6 stages) won on big shapes alone (14336x4096 at 64 rows 42.2 → 39.0 µs) but lost in every model, also where
      * taken only for launches that fill the SMs unsplit: removed in session 73 (NOTES (ce), (cg)) */
     q4_ring<ST, true, ASY ? 2 : 1>(nkt, load_w, load_x, load_sb, tile);
-    if constexpr (ASY) {
-        qw_wait();
-#pragma unroll
-        for (int i = 0; i < NT * 4; i++) qw_keep(acc[i]);
-    }
-
-    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
+    qw_finish<NT, PAIR, ASY>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
     (void)a;
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
@@ -389,22 +399,12 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
                 const uint32_t xs = mma_smem_u32(st);
                 const QwDeq dq = qw_deq_of(sbr[u], a.magic);
 #pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const uint2 ha = w2[((warp * 16 + g) * 4 + t) * 2 + hf], hb = w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf];
-                    uint32_t(&af)[4][4] = hf ? afB : afA;
-                    qw_wait1(); /* every group but the newest: this set's last reader (tile kt - 1's half hf) done */
-                    if (hf == 1 && kt >= 1) {
-                        __syncwarp();
-                        if (lane == 0) mb_arrive(empty + 8 * ((u + ST - 1) % ST));
-                    }
-#pragma unroll
-                    for (int i = 0; i < 16; i++) qw_keep(af[i >> 2][i & 3]);
-                    qw_deq2(af, ha.x, hb.x, dq);
-                    qw_deq2(af + 2, ha.y, hb.y, dq);
-                    qw_fence();
-#pragma unroll
-                    for (int j = 0; j < 4; j++) qw_mma<NT>(acc, af[j], qw_desc(xs + hf * XH + j * 32));
-                    qw_commit();
+                for (int hf = 0; hf < 2; hf++)
+                    qw_half<NT>(acc, hf ? afB : afA, w2[((warp * 16 + g) * 4 + t) * 2 + hf],
+                                w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf], dq, xs + hf * XH);
+                if (kt >= 1) { /* the second half's wait: tile kt - 1's groups are done */
+                    __syncwarp();
+                    if (lane == 0) mb_arrive(empty + 8 * ((u + ST - 1) % ST));
                 }
             } else {
                 qw_tile<NT>(acc, sm + u * STG, sbr[u], warp, g, a.magic);
@@ -422,12 +422,7 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
             __syncwarp(); /* warp 0 together again after thread 0's refill */
         }
     }
-    if constexpr (ASY) {
-        qw_wait();
-#pragma unroll
-        for (int i = 0; i < NT * 4; i++) qw_keep(acc[i]);
-    }
-    qw_store<NT, PAIR>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
+    qw_finish<NT, PAIR, ASY>(a, acc, sm, mi, out, rowb, wr, n0, warp, g, t);
 #else
     (void)tm;
     (void)a;
