@@ -327,7 +327,7 @@ static float *q4_tma_y(tern_backend *g, tern_tensor *t, void *xd, int n, int v) 
 }
 
 /* qgemm_q4_wg.cu's TMA form (TERN_CUDA_QG4_TMA=1: the stages sent by the Tensor Memory Accelerator, each warp waiting
- * on its stage's barrier alone; =2 with ASY's half tiles): the wgmma kernel's sweeps with each (plain at 17..128 rows,
+ * on its stage's barrier alone; =2 with ASY's half tiles; =3 four warpgroups over 256 rows): the wgmma kernel's sweeps with each (plain at 17..128 rows,
  * the fused forms, the pair blocks), again with the split down to one K tile a block (fewer tiles than stages), and
  * bitwise qg4w's outputs on the plain shapes (the same tiles, decode and wgmmas in the same order) */
 TEST(cuda_qgemm_q4_tma) {
@@ -345,6 +345,7 @@ TEST(cuda_qgemm_q4_tma) {
     tern__cuda_bf16_split = 0;
     q4_wg_pass(g, &tern__cuda_qg4_tma, 1, 1, " tma", NULL);
     q4_wg_pass(g, &tern__cuda_qg4_tma, 2, 1, " tma2", NULL);
+    q4_wg_pass(g, &tern__cuda_qg4_tma, 3, 1, " tma3", NULL);
     tern__cuda_qg4_tma = 1;
     q4_wg_pass(g, &tern__cuda_qg4_mint, 1, 1, " tma mint1", NULL);
     tern__cuda_qg4_tma = keep_tma;
@@ -362,7 +363,7 @@ TEST(cuda_qgemm_q4_tma) {
             if (g != g_gpu) g_gpu->vt->sync(g_gpu);
             const unsigned long long c0 = tern__cuda_qg4t_calls;
             float *y0 = q4_tma_y(g, &t, xd, n, 0);
-            for (int v = 1; v <= 2; v++) {
+            for (int v = 1; v <= 3; v++) {
                 float *y1 = q4_tma_y(g, &t, xd, n, v);
                 size_t bad = 0;
                 for (size_t i = 0; i < (size_t)n * out; i++) bad += memcmp(&y0[i], &y1[i], 4) != 0;
@@ -370,7 +371,7 @@ TEST(cuda_qgemm_q4_tma) {
                 CHECK(bad == 0, "%dx%d n=%d: tma %d differs from qg4w in %zu outputs", out, in, n, v, bad);
                 free(y1);
             }
-            CHECK(tern__cuda_qg4t_calls >= c0 + 2, "%dx%d n=%d: the TMA form did not run", out, in, n);
+            CHECK(tern__cuda_qg4t_calls >= c0 + 3, "%dx%d n=%d: the TMA form did not run", out, in, n);
             free(y0); free(x);
             g->vt->free(g, xd);
         }

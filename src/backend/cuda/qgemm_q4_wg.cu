@@ -313,11 +313,20 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 struct Q4Maps {
     CUtensorMap w[3], x; /* W of each matrix (uint8 rows of rb bytes, 64 x 64 boxes), x (bf16 [n][in], 64 x BN boxes) */
 };
-template <int NT, bool PAIR = false, bool ASY = false>
-__global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4Maps tm, Q4Args a) {
+/* WG 4 (TERN_CUDA_QG4_TMA=3, plain launches): one block an SM of four consumer warpgroups over 256 weight rows sharing
+ * each x tile (half the x bytes a weight; the launcher re-plans the row blocks), a deeper ring (6 stages at 64 columns,
+ * 8 at 32), every warpgroup still waiting on the stages alone — session 76's WG 4 lost with the block barrier a tile */
+template <int NT, int WG> struct QtGeo {
+    static constexpr int BN = NT * 8, XH = BN * 128, BM = 64 * WG, WB = BM * 64, STG = 2 * XH + WB;
+    static constexpr int ST = WG == 2 ? QW_ST : NT == 8 ? 6 : 8;
+    static constexpr size_t SMEM = (size_t)ST * STG + 16 * ST + 1024;
+};
+template <int NT, bool PAIR = false, bool ASY = false, int WG = 2>
+__global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 1) qg4t_kernel(const __grid_constant__ Q4Maps tm, Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Geo = QwGeo<NT>;
-    constexpr int ST = QW_ST, BN = Geo::BN, XH = Geo::XH, STG = Geo::STG;
+    using Geo = QtGeo<NT, WG>;
+    static_assert(WG == 2 || (!PAIR && !ASY), "four warpgroups: the plain form only");
+    constexpr int ST = Geo::ST, BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, BM = Geo::BM, NW = 4 * WG;
     extern __shared__ __align__(16) uint8_t qw_raw[];
     const uint32_t raw = mma_smem_u32(qw_raw), pad = (1024u - (raw & 1023u)) & 1023u;
     uint8_t *const sm = qw_raw + pad; /* 1024-aligned: the swizzle repeats from the stage bases */
@@ -327,15 +336,13 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
                  : a.k > 2 && (int)blockIdx.x >= a.m[2].mb0 ? 2 : a.k > 1 && (int)blockIdx.x >= a.m[1].mb0 ? 1 : 0;
     const uint16_t *const Sc = a.m[mi].s, *const Bi = a.m[mi].b;
     const int out = a.m[mi].out;
-    const int rowb = PAIR ? (int)blockIdx.x * 64 : ((int)blockIdx.x - a.m[mi].mb0) * QG_BM, n0 = blockIdx.z * BN;
+    const int rowb = PAIR ? (int)blockIdx.x * 64 : ((int)blockIdx.x - a.m[mi].mb0) * BM, n0 = blockIdx.z * BN;
     const int wr = rowb + (PAIR ? warp & 3 : warp) * 16;
     const int kt0 = blockIdx.y * a.kt_per, nkt = min(a.kt_per, a.nkt - kt0);
     const int ra = min(wr + g, out - 1), rbw = min(wr + g + 8, out - 1);
-    /* the W boxes: block rows 0..63 and 64..127 (plain: matrix mi's rows rowb.., rowb + 64..; pair: gate's and up's
-     * rows rowb..) */
+    /* the W boxes: block rows 64i..64i + 63 (plain: matrix mi's rows rowb + 64i..; pair: gate's and up's rows rowb..) */
     const int m0 = PAIR ? 0 : mi;
     const CUtensorMap *const wm0 = &tm.w[m0], *const wm1 = &tm.w[PAIR ? 1 : m0];
-    const int r1 = PAIR ? rowb : rowb + 64;
     const bool prod = threadIdx.x == 0;
     if (prod) {
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)wm0) : "memory");
@@ -344,7 +351,7 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
 #pragma unroll
         for (int i = 0; i < ST; i++) {
             mb_init(full + 8 * i, 1);
-            mb_init(empty + 8 * i, 8); /* one arrival a warp */
+            mb_init(empty + 8 * i, NW); /* one arrival a warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -354,8 +361,13 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
         const uint32_t bar = full + 8 * u, d = smb + u * STG + 2 * XH;
         const int c0 = (kt0 + kt) * (QG_KB / 2);
         mb_expect(bar, STG);
-        tma_2d(d, wm0, c0, rowb, bar);
-        tma_2d(d + 4096, wm1, c0, r1, bar);
+        if constexpr (PAIR) {
+            tma_2d(d, wm0, c0, rowb, bar);
+            tma_2d(d + 4096, wm1, c0, rowb, bar);
+        } else {
+#pragma unroll
+            for (int i = 0; i < WG; i++) tma_2d(d + 4096 * i, wm0, c0, rowb + 64 * i, bar);
+        }
     };
     auto issue_x = [&](int kt, int u) {
         const uint32_t bar = full + 8 * u, d = smb + u * STG;
@@ -429,7 +441,7 @@ __global__ void __launch_bounds__(256, 2) qg4t_kernel(const __grid_constant__ Q4
     __trap(); /* not reached: the launcher runs this only where the sm_90a image loaded */
 #endif
 }
-template <int NT> static size_t qt_smem() { return (size_t)QW_ST * QwGeo<NT>::STG + 16 * QW_ST + 1024; }
+template <int NT> static size_t qt_smem() { return QtGeo<NT, 2>::SMEM; }
 
 template <int NT> static size_t qw_smem() { return (size_t)QW_ST * QwGeo<NT>::STG + 1024; }
 
@@ -463,8 +475,9 @@ bool tern__cuda_qg4w_pair(void) {
 
 /* TERN_CUDA_QG4_TMA (read once; tests set it): 1 the launches qg4w serves run qg4t_kernel instead (where its instances
  * opened and the maps encode); 2 the same with ASY's half tiles for the plain launches (a half's wgmmas in flight while
- * the warp decodes the next; a stage freed one tile later, so thread 0 refills the stage of tile kt - 2); 0 (default)
- * qg4w. TERN_CUDA_QG4_TMA_L2: the W maps' L2 promotion (0 none, 1 64 B, 2
+ * the warp decodes the next; a stage freed one tile later, so thread 0 refills the stage of tile kt - 2); 3 four
+ * warpgroups a block over 256 rows sharing each x tile, one block an SM, a 6- / 8-stage ring (plain launches; the pair
+ * form as 1); 0 (default) qg4w. TERN_CUDA_QG4_TMA_L2: the W maps' L2 promotion (0 none, 1 64 B, 2
  * 128 B, 3 256 B; default 3) */
 extern "C" int tern__cuda_qg4_tma;
 int tern__cuda_qg4_tma = -1;
@@ -495,6 +508,19 @@ static bool qt_go(cudaStream_t s, const Q4Args &a, const void *xs, dim3 grid, in
     Q4Maps m;
     if (!qt_maps(m, a, xs, nt)) return false;
     const bool asy = tern__cuda_qg4_tma == 2;
+    if (tern__cuda_qg4_tma == 3 && !pair) { /* four warpgroups: 256-row blocks, one an SM (the same K split) */
+        Q4Args b = a;
+        int mb = 0;
+        for (int i = 0; i < a.k; i++) {
+            b.m[i].mb0 = mb;
+            mb += (a.m[i].out + 255) / 256;
+        }
+        const dim3 g4((unsigned)mb, grid.y, grid.z);
+        if (nt == 8) tern_launch(s, qg4t_kernel<8, false, false, 4>, g4, 512, QtGeo<8, 4>::SMEM, m, b);
+        else tern_launch(s, qg4t_kernel<4, false, false, 4>, g4, 512, QtGeo<4, 4>::SMEM, m, b);
+        tern__cuda_qg4t_calls++;
+        return true;
+    }
     if (pair) tern_launch(s, qg4t_kernel<8, true>, grid, 256, qt_smem<8>(), m, a);
     else if (nt == 8 && asy) tern_launch(s, qg4t_kernel<8, false, true>, grid, 256, qt_smem<8>(), m, a);
     else if (nt == 8) tern_launch(s, qg4t_kernel<8, false>, grid, 256, qt_smem<8>(), m, a);
@@ -512,7 +538,9 @@ void tern__cuda_qg4w_init(void) {
             cudaFuncSetAttribute(qg4t_kernel<8, true>, at, (int)qt_smem<8>()) == cudaSuccess &&
             cudaFuncSetAttribute(qg4t_kernel<4, false>, at, (int)qt_smem<4>()) == cudaSuccess &&
             cudaFuncSetAttribute(qg4t_kernel<8, false, true>, at, (int)qt_smem<8>()) == cudaSuccess &&
-            cudaFuncSetAttribute(qg4t_kernel<4, false, true>, at, (int)qt_smem<4>()) == cudaSuccess;
+            cudaFuncSetAttribute(qg4t_kernel<4, false, true>, at, (int)qt_smem<4>()) == cudaSuccess &&
+            cudaFuncSetAttribute(qg4t_kernel<8, false, false, 4>, at, (int)QtGeo<8, 4>::SMEM) == cudaSuccess &&
+            cudaFuncSetAttribute(qg4t_kernel<4, false, false, 4>, at, (int)QtGeo<4, 4>::SMEM) == cudaSuccess;
     tern__cuda_qg4w_ok = qw_attr<true>(at);
     qw_attr<false>(at); /* the 32-column instance without ASY (TERN_CUDA_QG4_ASY=0) */
     cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
