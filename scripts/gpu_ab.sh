@@ -1992,7 +1992,7 @@ fi
 #      0 / 1 / 2 / 3 (=2: ASY's half tiles; =3: four warpgroups over 256 rows, one block an SM), then batch decode of AB150_MODELS (default llama3-8b:q4 gemma4-12b:q4) at
 #      AB150_CONC (default 32,64,128), 0 against AB150_V (default 1)
 if [[ " $SECTIONS " == *" 150 "* ]]; then
-    AB_OP_TIMEOUT=${AB_OP_TIMEOUT:-200} ops_ok cuda_qgemm_q4_tma || say "150: AN OP TEST FAILED"
+    AB_OP_TIMEOUT=${AB_OP_TIMEOUT:-300} ops_ok cuda_qgemm_q4_tma || say "150: AN OP TEST FAILED"
     grep -E '^(FAIL|  bits)' "$OUT/qgemm_q4_tma_ops.txt" | grep -v ' 0 of ' | head -5 | tee -a "$S"
     for v in 0 1 2 3; do
         TERN_CUDA_QG4_TMA=$v timeout 100 build/bench_cuda --xr > "$OUT/xr_tma_$v.txt" 2>&1
