@@ -1989,8 +1989,8 @@ fi
 #      and freeing it by one arrival; thread 0 refills a stage once all 8 warps freed it: no block barrier and no
 #      per-thread copy instructions in the walk (section 141: at 64 rows qg4w's copies and barriers alone ~65 % of it).
 #      Op test cuda_qgemm_q4_tma (sweeps + bitwise against qg4w), the kernels alone (bench_cuda --xr, n = 32 / 64 / 128)
-#      0 / 1 / 2 / 3 (=2: ASY's half tiles; =3: four warpgroups over 256 rows, one block an SM), then batch decode of AB150_MODELS (default llama3-8b:q4 gemma4-12b:q4) at
-#      AB150_CONC (default 32,64,128), 0 against AB150_V (default 1)
+#      0 / 1 / 2 / 3 (=2: ASY's half tiles; =3: four warpgroups over 256 rows, one block an SM), then batch decode of
+#      AB150_MODELS (default llama3-8b:q4) at AB150_CONC (default 32,64,128) for AB150_SETS (default TMA 0, 1, 2, 3)
 if [[ " $SECTIONS " == *" 150 "* ]]; then
     AB_OP_TIMEOUT=${AB_OP_TIMEOUT:-300} ops_ok cuda_qgemm_q4_tma || say "150: AN OP TEST FAILED"
     grep -E '^(FAIL|  bits)' "$OUT/qgemm_q4_tma_ops.txt" | grep -v ' 0 of ' | head -5 | tee -a "$S"
@@ -1998,7 +1998,8 @@ if [[ " $SECTIONS " == *" 150 "* ]]; then
         TERN_CUDA_QG4_TMA=$v timeout 100 build/bench_cuda --xr > "$OUT/xr_tma_$v.txt" 2>&1
         say "TERN_CUDA_QG4_TMA=$v: $(grep '^bmm' "$OUT/xr_tma_$v.txt" | grep -E 'n=(32|64|128) qg4' | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ';')"
     done
-    conc_ab "TERN_CUDA_QG4_TMA=0;TERN_CUDA_QG4_TMA=${AB150_V:-1}" "${AB150_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB150_CONC:-32,64,128}"
+    conc_ab "${AB150_SETS:-TERN_CUDA_QG4_TMA=0;TERN_CUDA_QG4_TMA=1;TERN_CUDA_QG4_TMA=2;TERN_CUDA_QG4_TMA=3}" \
+        "${AB150_MODELS:-llama3-8b:q4}" "${AB150_CONC:-32,64,128}"
     say_digests "conc_*TERN_CUDA_QG4_TMA*_1.txt"
 fi
 
