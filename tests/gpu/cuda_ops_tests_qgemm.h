@@ -285,16 +285,17 @@ static void q4_wg_pass(tern_backend *g, int *flag, int v, int ok, const char *ta
  * half-tile wgmmas waited for at once (TERN_CUDA_QG4_ASY=0), with the K split down to one tile a block
  * (TERN_CUDA_QG4_MINT=1) and with the split by waves (TERN_CUDA_QG4_WAVE=3) */
 TEST(cuda_qgemm_q4_wg) {
-    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok;
+    extern int tern__cuda_qg4_on, tern__cuda_gemv_xr, tern__cuda_qg4_wg, tern__cuda_qg4w_ok, tern__cuda_qg4_tma;
     extern unsigned long long tern__cuda_qg4w_calls;
     extern int tern__cuda_qg4w_asy, tern__cuda_qg4_mint, tern__cuda_qg4_wave;
     tern_backend *g = g_gpu16;
     if (!g) { SKIP("cuda_qgemm_q4_wg", "no bf16-mode backend"); return; }
     if (!tern__cuda_qg4w_ok) { SKIP("cuda_qgemm_q4_wg", "no sm_90a image for this GPU"); return; }
     const int keep = tern__cuda_qg4_on, keep_xr = tern__cuda_gemv_xr, keep_split = tern__cuda_bf16_split;
-    const int keep_wg = tern__cuda_qg4_wg;
+    const int keep_wg = tern__cuda_qg4_wg, keep_tma = tern__cuda_qg4_tma;
     tern__cuda_qg4_on = 1;
     tern__cuda_qg4_wg = 1;
+    tern__cuda_qg4_tma = 0; /* qg4w itself (cuda_qgemm_q4_tma tests the TMA form, the default at K >= 3072) */
     tern__cuda_gemv_xr = 0;
     tern__cuda_bf16_split = 0;
     q4_wg_sweeps(g, q4w_ns, TERN_ARRAY_LEN(q4w_ns), q4w_nf, TERN_ARRAY_LEN(q4w_nf), "", &tern__cuda_qg4w_calls);
@@ -309,6 +310,7 @@ TEST(cuda_qgemm_q4_wg) {
     q4_wg_pass(g, &tern__cuda_qg4_wave, 3, 1, " wave3", NULL);
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
+    tern__cuda_qg4_tma = keep_tma;
     tern__cuda_gemv_xr = keep_xr;
     tern__cuda_bf16_split = keep_split;
 }
@@ -346,6 +348,7 @@ TEST(cuda_qgemm_q4_tma) {
     q4_wg_pass(g, &tern__cuda_qg4_tma, 1, 1, " tma", NULL);
     q4_wg_pass(g, &tern__cuda_qg4_tma, 2, 1, " tma2", NULL);
     q4_wg_pass(g, &tern__cuda_qg4_tma, 3, 1, " tma3", NULL);
+    q4_wg_pass(g, &tern__cuda_qg4_tma, 4, 1, " tma default", NULL); /* 1 at K >= 3072, qg4w below */
     tern__cuda_qg4_tma = 1;
     q4_wg_pass(g, &tern__cuda_qg4_mint, 1, 1, " tma mint1", NULL);
     tern__cuda_qg4_tma = keep_tma;

@@ -473,14 +473,21 @@ bool tern__cuda_qg4w_pair(void) {
     return qw_on() && tern__cuda_qg4_wgpair;
 }
 
-/* TERN_CUDA_QG4_TMA (read once; tests set it): 1 the launches qg4w serves run qg4t_kernel instead (where its instances
- * opened and the maps encode); 2 the same with ASY's half tiles for the plain launches (a half's wgmmas in flight while
+/* TERN_CUDA_QG4_TMA (read once; tests set it): 4 (the default since session 77) = 1 for launches of K >= QT_MIN_IN
+ * inputs, 0 below; 1 the launches qg4w serves run qg4t_kernel instead (where its instances opened and the maps
+ * encode); 2 the same with ASY's half tiles for the plain launches (a half's wgmmas in flight while
  * the warp decodes the next; a stage freed one tile later, so thread 0 refills the stage of tile kt - 2); 3 four
  * warpgroups a block over 256 rows sharing each x tile, one block an SM, a 6- / 8-stage ring (plain launches; the pair
  * form as 1); 0 (default) qg4w. TERN_CUDA_QG4_TMA_L2: the W maps' L2 promotion (0 none, 1 64 B, 2
  * 128 B, 3 256 B; default 3) */
 extern "C" int tern__cuda_qg4_tma;
 int tern__cuda_qg4_tma = -1;
+/* The default's K floor. H100, session 77 (bench/NOTES.md (ck)), qg4w → TMA 1 at 32 / 64 / 128 sequences, dec tok/s:
+ * llama3-8b q4 (K 4096 / 14336) 7653 / 12105 / 12179 → 8083 / 12754 / 12962 (+5.6 / +5.4 / +6.4 %), gemma4-12b q4
+ * (K 3840 / 15360) 3435 / 5535 / 5737 → 3547 / 5647 / 5700 (+3.3 / +2.0 / −0.6 %), gemma4-26b-a4b q4 (K 2816) a tie,
+ * gemma4-e4b q4 (K 2560; its q|k|v at 64 rows split to two tiles a block) 5890 / 9711 / 11896 → 5684 / 9702 / 11647 (−3.5 /
+ * −0.1 / −2.1 %): the short walks keep qg4w (e4b's down, K 10240, takes TMA under this rule: not measured alone) */
+#define QT_MIN_IN 3072
 extern "C" unsigned long long tern__cuda_qg4t_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4t_calls = 0;
 extern "C" int tern__cuda_qg4t_ok;
@@ -501,14 +508,15 @@ static bool qt_maps(Q4Maps &m, const Q4Args &a, const void *xs, int nt) {
 
 /* the TMA form of the launch qw_go would make; false (nothing launched) where it cannot run */
 static bool qt_go(cudaStream_t s, const Q4Args &a, const void *xs, dim3 grid, int nt, bool pair) {
-    if (tern__cuda_qg4_tma < 0) tern__cuda_qg4_tma = tern__cuda_env_int("TERN_CUDA_QG4_TMA", 0);
-    if (!tern__cuda_qg4_tma || !tern__cuda_qg4t_ok || (a.rb & 15) || ((uintptr_t)xs & 15)) return false;
+    if (tern__cuda_qg4_tma < 0) tern__cuda_qg4_tma = tern__cuda_env_int("TERN_CUDA_QG4_TMA", 4);
+    const int mode = tern__cuda_qg4_tma == 4 ? (a.in >= QT_MIN_IN ? 1 : 0) : tern__cuda_qg4_tma;
+    if (mode < 1 || mode > 3 || !tern__cuda_qg4t_ok || (a.rb & 15) || ((uintptr_t)xs & 15)) return false;
     for (int i = 0; i < a.k; i++)
         if ((uintptr_t)a.m[i].w & 15) return false;
     Q4Maps m;
     if (!qt_maps(m, a, xs, nt)) return false;
-    const bool asy = tern__cuda_qg4_tma == 2;
-    if (tern__cuda_qg4_tma == 3 && !pair) { /* four warpgroups: 256-row blocks, one an SM (the same K split) */
+    const bool asy = mode == 2;
+    if (mode == 3 && !pair) { /* four warpgroups: 256-row blocks, one an SM (the same K split) */
         Q4Args b = a;
         int mb = 0;
         for (int i = 0; i < a.k; i++) {
