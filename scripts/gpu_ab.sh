@@ -1984,7 +1984,8 @@ if [[ " $SECTIONS " == *" 149 "* ]]; then
     b1_sets "TERN_CUDA_G1_EPF=0;TERN_CUDA_G1_EPF=1" "${AB149_MODELS:-gemma4-e4b;gemma4-26b-a4b;llama3-8b;gemma4-12b}"
 fi
 
-# 150. session 77 (unrun): TERN_CUDA_QG4_TMA=1 — the batch Q4 GEMM's tiles (qg4w's: same decode, same wgmmas, the same
+# 150. session 77 (ran on an H100 in session 77, NOTES (ck): TMA 1 +5.4–6.4 % on llama3-8b q4, now the default from K
+#      3072 — rerun it with AB150_SETS="TERN_CUDA_QG4_TMA=0;TERN_AB=default" to time the default rule): TERN_CUDA_QG4_TMA=1 — the batch Q4 GEMM's tiles (qg4w's: same decode, same wgmmas, the same
 #      bits) sent by the Tensor Memory Accelerator into a 4-stage ring of mbarriers, each warp waiting on its stage alone
 #      and freeing it by one arrival; thread 0 refills a stage once all 8 warps freed it: no block barrier and no
 #      per-thread copy instructions in the walk (section 141: at 64 rows qg4w's copies and barriers alone ~65 % of it).
@@ -2001,6 +2002,15 @@ if [[ " $SECTIONS " == *" 150 "* ]]; then
     conc_ab "${AB150_SETS:-TERN_CUDA_QG4_TMA=0;TERN_CUDA_QG4_TMA=1;TERN_CUDA_QG4_TMA=2;TERN_CUDA_QG4_TMA=3}" \
         "${AB150_MODELS:-llama3-8b:q4}" "${AB150_CONC:-32,64,128}"
     say_digests "conc_*TERN_CUDA_QG4_TMA*_1.txt"
+fi
+
+# 151. session 77 (unrun): TERN_CUDA_QG4_TMA_LR=1 — the TMA form's refills by the last warp to free a stage (a counter a
+#      stage in shared memory; that warp sends the stage's next tile at once, ST tiles ahead) instead of thread 0 waiting
+#      after its own tile for the stage before it. Op test cuda_qgemm_q4_tma (its lr pass and bitwise), kernels alone
+#      0 / 1, then batch decode of AB151_MODELS (default llama3-8b:q4 gemma4-12b:q4) at AB151_CONC (default 32,64,128)
+if [[ " $SECTIONS " == *" 151 "* ]]; then
+    AB_OP_TIMEOUT=${AB_OP_TIMEOUT:-300} ops_ok cuda_qgemm_q4_tma || say "151: AN OP TEST FAILED"
+    qg4_switch TERN_CUDA_QG4_TMA_LR "0 1" "${AB151_MODELS:-llama3-8b:q4 gemma4-12b:q4}" "${AB151_CONC:-32,64,128}"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
