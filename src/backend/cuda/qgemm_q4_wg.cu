@@ -505,7 +505,7 @@ int tern__cuda_qg4_tma = -1;
  * llama3-8b q4 (K 4096 / 14336) 7653 / 12105 / 12179 → 8083 / 12754 / 12962 (+5.6 / +5.4 / +6.4 %), gemma4-12b q4
  * (K 3840 / 15360) 3435 / 5535 / 5737 → 3547 / 5647 / 5700 (+3.3 / +2.0 / −0.6 %), gemma4-26b-a4b q4 (K 2816) a tie,
  * gemma4-e4b q4 (K 2560; its q|k|v at 64 rows split to two tiles a block) 5890 / 9711 / 11896 → 5684 / 9702 / 11647 (−3.5 /
- * −0.1 / −2.1 %): the short walks keep qg4w (e4b's down, K 10240, and the K-4096 o of e4b's global layers and of 26b-a4b take TMA
+ * −0.1 / −2.1 %): the short walks keep qg4w (e4b's down, K 10240, and the o of K >= 4096 in e4b's global layers and 26b-a4b take TMA
  * under this rule: not measured alone) */
 #define QT_MIN_IN 3072
 extern "C" int tern__cuda_qg4_tma_lr;
