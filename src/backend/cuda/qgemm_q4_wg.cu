@@ -92,6 +92,19 @@ template <int NT> struct QwGeo {
  * (TERN_CUDA_QG4_WG4=1: the 64-column tiles in blocks of four warpgroups sharing each x tile, half the x bytes a
  * weight; −10 / −3 % at 64 / 128) — the x copies are not what bounds the kernel, and fewer, wider blocks an SM leave
  * fewer independent tile chains */
+/* A lane's scale and bias rows ra, rb (qgemm_q4.cuh q4_sb's loads with the row pointers formed once per block, not
+ * per tile) and their (s | b << 16) of K tile kt (absolute) */
+struct QwSb {
+    const uint16_t *sa, *ba, *sb, *bb;
+};
+__device__ __forceinline__ QwSb qw_sb(const Q4Args &a, const uint16_t *Sc, const uint16_t *Bi, int ra, int rb) {
+    return QwSb{Sc + (size_t)ra * a.ng, Bi + (size_t)ra * a.ng, Sc + (size_t)rb * a.ng, Bi + (size_t)rb * a.ng};
+}
+__device__ __forceinline__ void qw_sb_load(uint32_t *d, const QwSb &r, const Q4Args &a, int kt, int t) {
+    const int gc = (kt * QG_KB + 32 * t) >> a.gs_shift;
+    d[0] = (uint32_t)__ldg(r.sa + gc) | (uint32_t)__ldg(r.ba + gc) << 16;
+    d[1] = (uint32_t)__ldg(r.sb + gc) | (uint32_t)__ldg(r.bb + gc) << 16;
+}
 /* a lane's two rows' scales and biases of a tile as bf16 pairs (s, s), (b, b), and the decode's magic */
 struct QwDeq {
     __nv_bfloat162 sa, ba, sb, bb;
@@ -196,8 +209,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
     const uint4 *xb = a.x + (size_t)kt0 * (QG_KB / 8) + (threadIdx.x & 15);
     const uint32_t smb = mma_smem_u32(sm), wd = smb + 2 * XH + threadIdx.x * 16;
     uint32_t xd;
-    const uint16_t *sca = Sc + (size_t)ra * a.ng, *bia = Bi + (size_t)ra * a.ng, *scb = Sc + (size_t)rbw * a.ng,
-                   *bib = Bi + (size_t)rbw * a.ng;
+    const QwSb sr = qw_sb(a, Sc, Bi, ra, rbw);
     {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -225,11 +237,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
             if (XCH % 256 == 0 || threadIdx.x + j * 256 < XCH)
                 mma_cp16(xd + u * STG + j * 2048, xb + xo[j] + (size_t)kt * (QG_KB / 8), xok >> j & 1);
     };
-    auto load_sb = [&](int kt, int u) {
-        const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-        sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
-        sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
-    };
+    auto load_sb = [&](int kt, int u) { qw_sb_load(sbr[u], sr, a, kt0 + kt, t); };
 
     float acc[NT * 4];
 #pragma unroll
@@ -380,14 +388,9 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 1) qg4t_kernel(const _
         tma_2d(d, &tm.x, c0, n0, bar);
         tma_2d(d + XH, &tm.x, c0 + 64, n0, bar);
     };
-    const uint16_t *sca = Sc + (size_t)ra * a.ng, *bia = Bi + (size_t)ra * a.ng, *scb = Sc + (size_t)rbw * a.ng,
-                   *bib = Bi + (size_t)rbw * a.ng;
+    const QwSb sr = qw_sb(a, Sc, Bi, ra, rbw);
     uint32_t sbr[ST][2];
-    auto load_sb = [&](int kt, int u) {
-        const int gc = ((kt0 + kt) * QG_KB + 32 * t) >> a.gs_shift;
-        sbr[u][0] = (uint32_t)__ldg(sca + gc) | (uint32_t)__ldg(bia + gc) << 16;
-        sbr[u][1] = (uint32_t)__ldg(scb + gc) | (uint32_t)__ldg(bib + gc) << 16;
-    };
+    auto load_sb = [&](int kt, int u) { qw_sb_load(sbr[u], sr, a, kt0 + kt, t); };
     const int pre = nkt < ST ? nkt : ST;
 #pragma unroll
     for (int u = 0; u < ST; u++)
