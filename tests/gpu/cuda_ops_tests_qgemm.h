@@ -308,6 +308,7 @@ TEST(cuda_qgemm_q4_wg) {
     /* TERN_CUDA_QG4_WAVE=3: the split by waves (tern__cuda_split_waves: fewer slices where the fill rule overshoots
      * a wave) */
     q4_wg_pass(g, &tern__cuda_qg4_wave, 3, 1, " wave3", NULL);
+    q4_wg_pass(g, &tern__cuda_qg4_wave, 4, 1, " wave4", NULL);
     tern__cuda_qg4_on = keep;
     tern__cuda_qg4_wg = keep_wg;
     tern__cuda_qg4_tma = keep_tma;
@@ -315,25 +316,21 @@ TEST(cuda_qgemm_q4_wg) {
     tern__cuda_bf16_split = keep_split;
 }
 
-/* y = W·x through the batch Q4 GEMM with TERN_CUDA_QG4_TMA at v (v = 5: 1 with TERN_CUDA_QG4_TMA_LR), into host
- * memory */
+/* y = W·x through the batch Q4 GEMM with TERN_CUDA_QG4_TMA at v, into host memory */
 static float *q4_tma_y(tern_backend *g, tern_tensor *t, void *xd, int n, int v) {
-    extern int tern__cuda_qg4_tma, tern__cuda_qg4_tma_lr;
-    const int out = (int)t->shape[0], keep = tern__cuda_qg4_tma, keep_lr = tern__cuda_qg4_tma_lr;
-    tern__cuda_qg4_tma = v == 5 ? 1 : v;
-    tern__cuda_qg4_tma_lr = v == 5;
+    extern int tern__cuda_qg4_tma;
+    const int out = (int)t->shape[0], keep = tern__cuda_qg4_tma;
+    tern__cuda_qg4_tma = v;
     void *yd = nan_buf(g, (size_t)n * out);
     g->vt->matmul(g, yd, xd, n, t);
     float *y = from_gpu(g, yd, (size_t)n * out);
     g->vt->free(g, yd);
     tern__cuda_qg4_tma = keep;
-    tern__cuda_qg4_tma_lr = keep_lr;
     return y;
 }
 
 /* qgemm_q4_wg.cu's TMA form (TERN_CUDA_QG4_TMA=1: the stages sent by the Tensor Memory Accelerator, each warp waiting
- * on its stage's barrier alone; =2 with ASY's half tiles; =3 four warpgroups over 256 rows; 1 with TERN_CUDA_QG4_TMA_LR, the
- * refills by the last warp to free a stage): the wgmma kernel's sweeps with each (plain at 17..128 rows,
+ * on its stage's barrier alone; =2 with ASY's half tiles; =3 four warpgroups over 256 rows): the wgmma kernel's sweeps with each (plain at 17..128 rows,
  * the fused forms, the pair blocks), again with the split down to one K tile a block (fewer tiles than stages), and
  * bitwise qg4w's outputs on the plain shapes (the same tiles, decode and wgmmas in the same order) */
 TEST(cuda_qgemm_q4_tma) {
@@ -353,11 +350,6 @@ TEST(cuda_qgemm_q4_tma) {
     q4_wg_pass(g, &tern__cuda_qg4_tma, 2, 1, " tma2", NULL);
     q4_wg_pass(g, &tern__cuda_qg4_tma, 3, 1, " tma3", NULL);
     q4_wg_pass(g, &tern__cuda_qg4_tma, 4, 1, " tma default", NULL); /* 1 at K >= 3072, qg4w below */
-    extern int tern__cuda_qg4_tma_lr;
-    const int keep_lr = tern__cuda_qg4_tma_lr;
-    tern__cuda_qg4_tma_lr = 1; /* the refills by the last warp to free a stage */
-    q4_wg_pass(g, &tern__cuda_qg4_tma, 1, 1, " tma lr", NULL);
-    tern__cuda_qg4_tma_lr = keep_lr;
     tern__cuda_qg4_tma = 1;
     q4_wg_pass(g, &tern__cuda_qg4_mint, 1, 1, " tma mint1", NULL);
     tern__cuda_qg4_tma = keep_tma;
@@ -375,8 +367,7 @@ TEST(cuda_qgemm_q4_tma) {
             if (g != g_gpu) g_gpu->vt->sync(g_gpu);
             const unsigned long long c0 = tern__cuda_qg4t_calls;
             float *y0 = q4_tma_y(g, &t, xd, n, 0);
-            for (int v = 1; v <= 5; v++) {
-                if (v == 4) continue; /* 4: the default rule (1 or qg4w by K) */
+            for (int v = 1; v <= 3; v++) {
                 float *y1 = q4_tma_y(g, &t, xd, n, v);
                 size_t bad = 0;
                 for (size_t i = 0; i < (size_t)n * out; i++) bad += memcmp(&y0[i], &y1[i], 4) != 0;
@@ -384,7 +375,7 @@ TEST(cuda_qgemm_q4_tma) {
                 CHECK(bad == 0, "%dx%d n=%d: tma %d differs from qg4w in %zu outputs", out, in, n, v, bad);
                 free(y1);
             }
-            CHECK(tern__cuda_qg4t_calls >= c0 + 4, "%dx%d n=%d: the TMA form did not run", out, in, n);
+            CHECK(tern__cuda_qg4t_calls >= c0 + 3, "%dx%d n=%d: the TMA form did not run", out, in, n);
             free(y0); free(x);
             g->vt->free(g, xd);
         }

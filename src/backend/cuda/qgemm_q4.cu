@@ -44,8 +44,13 @@ extern "C" int tern__cuda_qg4_on, tern__cuda_qg4_max_n, tern__cuda_qg4_mul, tern
 int tern__cuda_qg4_on = -1;            /* -1 unread (TERN_CUDA_QG4, default 1); tests set it */
 int tern__cuda_qg4_max_n = Q4_MAXN;
 int tern__cuda_qg4_mul = 0;            /* blocks per SM the K split aims at; 0: the kernel's occupancy */
-int tern__cuda_qg4_wave = 2; /* the split rounded down to one wave (TERN_CUDA_QG4_WAVE): 0 never, 1 always, 2 at 17-32 rows;
-                              * 3 (session 76, an A/B) every launch but the direct pair by tern__cuda_split_waves */
+/* the K split's wave rule (TERN_CUDA_QG4_WAVE): 0 never rounded, 1 rounded down to one wave always, 2 that at 17-32 rows;
+ * 3 every launch but the direct pair by tern__cuda_split_waves; 4 (default since session 78) 3 from 17 rows (the wgmma
+ * tiles), 0's rule at 5-16 (one wave lost there: session 68 below). H100, 3 against 2 (TMA default, TERN_QGEMM_WAVE=1),
+ * dec tok/s at 32 / 64 sequences: llama3-8b q4 8041 / 12674 → 8085 / 13063 (+0.6 / +3.1 %), gemma4-12b q4 3498 / 5626 →
+ * 3497 / 5682 (0 / +1.0 %), ids digests equal (session 78, NOTES (cl)); e4b / 26b-a4b q4 at 64 +2.5 / +2.4 % with
+ * TERN_QGEMM_WAVE (session 76, NOTES (cj)) */
+int tern__cuda_qg4_wave = 4;
 /* TERN_CUDA_QG4_MINT: the fewest K tiles a block of the split walks; default (0) 2 where a wgmma-sized launch has one
  * column tile (17..64 rows), else the ring's stages (65..128 rows; the mma.sync kernel's 5..16). Gemma 4 E4B's matrices have K = 2560 (20 tiles), so at 4 the
  * split stops at 5 slices and its launches at 64 rows fill 100-120 of the 264 block slots; 2 lets it reach 10. H200,
@@ -202,8 +207,8 @@ extern "C" void tern__cuda_qg4_init(tern__cuda *c) {
     /* TERN_CUDA_QG4_WAVE (session 67): the split's slices rounded down to fit one wave (ncu of a 64-sequence
      * llama3-8b q4 step on an H100, NOTES (ca): down and q|k|v at 288 blocks for 264 slots). H100, session 68
      * (NOTES (cb)), dec tok/s off → on at 8 / 32 / 64 sequences: llama3-8b q4 2258 / 6929 / 11623 → 2009 / 7239 /
-     * 11781, gemma4-12b q4 1093 / 3234 / 5291 → 1022 / 3325 / 5276: 2 (default) takes it for the 4-fragment tile
-     * (17-32 rows) only */
+     * 11781, gemma4-12b q4 1093 / 3234 / 5291 → 1022 / 3325 / 5276: 2 takes it for the 4-fragment tile
+     * (17-32 rows) only; 4 (the default) splits the wgmma tiles by waves instead (above) */
     tern__cuda_qg4_wave = tern__cuda_env_int("TERN_CUDA_QG4_WAVE", tern__cuda_qg4_wave);
     tern__cuda_qg4_mint = tern__cuda_env_int("TERN_CUDA_QG4_MINT", tern__cuda_qg4_mint);
     if (tern__cuda_qg4_mint < 0) tern__cuda_qg4_mint = 0; /* 0: the default rule */
@@ -297,7 +302,8 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
     if (S > a.nkt / mint) S = a.nkt / mint;
     if (S < 1) S = 1;
     while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
-    if (tern__cuda_qg4_wave == 3 && !wgp) /* by waves (tern__cuda_split_waves), at most the slices above */
+    /* by waves (tern__cuda_split_waves), at most the slices above: 3 every launch, 4 the wgmma tiles (17+ rows) */
+    if ((tern__cuda_qg4_wave == 3 || (tern__cuda_qg4_wave == 4 && nt >= 4)) && !wgp)
         S = tern__cuda_split_waves(base, (long)minb * nsm, a.nkt, S, 1);
     if ((size_t)S * a.slice > TERN_CUDA_PART_FLOATS && (pair || S > 1)) return 0;
     a.kt_per = (a.nkt + S - 1) / S;

@@ -329,15 +329,11 @@ template <int NT, int WG> struct QtGeo {
     static constexpr int ST = WG == 2 ? QW_ST : NT == 8 ? 6 : 8;
     static constexpr size_t SMEM = (size_t)ST * STG + 16 * ST + 1024;
 };
-/* LR (TERN_CUDA_QG4_TMA_LR=1, the `1` forms): no thread waits to refill — each warp counts its release of a stage in a
- * shared-memory counter (monotonic: use k of slot u is done at 8·(k + 1)), and the warp whose count completes it sends
- * the stage's next tile (kt + ST, ST tiles ahead) at once; the empty barriers go unused */
-template <int NT, bool PAIR = false, bool ASY = false, int WG = 2, bool LR = false>
+template <int NT, bool PAIR = false, bool ASY = false, int WG = 2>
 __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 1) qg4t_kernel(const __grid_constant__ Q4Maps tm, Q4Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Geo = QtGeo<NT, WG>;
     static_assert(WG == 2 || (!PAIR && !ASY), "four warpgroups: the plain form only");
-    static_assert(!LR || (!ASY && WG == 2), "LR: the plain TMA form");
     constexpr int ST = Geo::ST, BN = Geo::BN, XH = Geo::XH, STG = Geo::STG, BM = Geo::BM, NW = 4 * WG;
     extern __shared__ __align__(16) uint8_t qw_raw[];
     const uint32_t raw = mma_smem_u32(qw_raw), pad = (1024u - (raw & 1023u)) & 1023u;
@@ -363,8 +359,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 1) qg4t_kernel(const _
 #pragma unroll
         for (int i = 0; i < ST; i++) {
             mb_init(full + 8 * i, 1);
-            if constexpr (LR) *(volatile unsigned *)(sm + ST * STG + 8 * ST + 8 * i) = 0u; /* LR's counters */
-            else mb_init(empty + 8 * i, NW); /* one arrival a warp */
+            mb_init(empty + 8 * i, NW); /* one arrival a warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -426,20 +421,6 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 1) qg4t_kernel(const _
                     __syncwarp();
                     if (lane == 0) mb_arrive(empty + 8 * ((u + ST - 1) % ST));
                 }
-            } else if constexpr (LR) {
-                qw_tile<NT>(acc, sm + u * STG, sbr[u], warp, g, a.magic);
-                __syncwarp(); /* the warp's reads of the stage are done (its wgmmas waited for) */
-                if (lane == 0) {
-                    unsigned *const cnt = (unsigned *)(sm + ST * STG + 8 * ST + 8 * u);
-                    __threadfence_block();
-                    const unsigned done = NW * (unsigned)(kt / ST + 1);
-                    if (atomicAdd(cnt, 1u) == done - 1 && kt + ST < nkt) { /* the last of the 8: refill it */
-                        __threadfence_block();
-                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                        issue_w(kt + ST, u);
-                        issue_x(kt + ST, u);
-                    }
-                }
             } else {
                 qw_tile<NT>(acc, sm + u * STG, sbr[u], warp, g, a.magic);
                 __syncwarp();
@@ -447,7 +428,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 1) qg4t_kernel(const _
             }
             if (kt + ST < nkt) load_sb(kt + ST, u);
             const int kn = kt - LAG + ST; /* into the stage of tile kt - LAG */
-            if (!LR && prod && kt >= LAG && kn < nkt) {
+            if (prod && kt >= LAG && kn < nkt) {
                 const int up = (u + ST - LAG) % ST;
                 mb_wait(empty + 8 * up, (unsigned)((kt - LAG) / ST) & 1u);
                 issue_w(kn, up);
@@ -511,8 +492,6 @@ int tern__cuda_qg4_tma = -1;
  * −0.1 / −2.1 %): the short walks keep qg4w (e4b's down, K 10240, and the o of K >= 4096 in e4b's global layers and 26b-a4b take TMA
  * under this rule: not measured alone) */
 #define QT_MIN_IN 3072
-extern "C" int tern__cuda_qg4_tma_lr;
-int tern__cuda_qg4_tma_lr = -1; /* -1 unread (TERN_CUDA_QG4_TMA_LR, default 0); tests set it */
 extern "C" unsigned long long tern__cuda_qg4t_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4t_calls = 0;
 extern "C" int tern__cuda_qg4t_ok;
@@ -554,14 +533,6 @@ static bool qt_go(cudaStream_t s, const Q4Args &a, const void *xs, dim3 grid, in
         tern__cuda_qg4t_calls++;
         return true;
     }
-    if (tern__cuda_qg4_tma_lr < 0) tern__cuda_qg4_tma_lr = tern__cuda_env_int("TERN_CUDA_QG4_TMA_LR", 0) != 0;
-    if (mode == 1 && tern__cuda_qg4_tma_lr) { /* the refills by the last warp to free a stage */
-        if (pair) tern_launch(s, qg4t_kernel<8, true, false, 2, true>, grid, 256, qt_smem<8>(), m, a);
-        else if (nt == 8) tern_launch(s, qg4t_kernel<8, false, false, 2, true>, grid, 256, qt_smem<8>(), m, a);
-        else tern_launch(s, qg4t_kernel<4, false, false, 2, true>, grid, 256, qt_smem<4>(), m, a);
-        tern__cuda_qg4t_calls++;
-        return true;
-    }
     if (pair) tern_launch(s, qg4t_kernel<8, true>, grid, 256, qt_smem<8>(), m, a);
     else if (nt == 8 && asy) tern_launch(s, qg4t_kernel<8, false, true>, grid, 256, qt_smem<8>(), m, a);
     else if (nt == 8) tern_launch(s, qg4t_kernel<8, false>, grid, 256, qt_smem<8>(), m, a);
@@ -581,10 +552,7 @@ void tern__cuda_qg4w_init(void) {
             cudaFuncSetAttribute(qg4t_kernel<8, false, true>, at, (int)qt_smem<8>()) == cudaSuccess &&
             cudaFuncSetAttribute(qg4t_kernel<4, false, true>, at, (int)qt_smem<4>()) == cudaSuccess &&
             cudaFuncSetAttribute(qg4t_kernel<8, false, false, 4>, at, (int)QtGeo<8, 4>::SMEM) == cudaSuccess &&
-            cudaFuncSetAttribute(qg4t_kernel<4, false, false, 4>, at, (int)QtGeo<4, 4>::SMEM) == cudaSuccess &&
-            cudaFuncSetAttribute(qg4t_kernel<8, true, false, 2, true>, at, (int)qt_smem<8>()) == cudaSuccess &&
-            cudaFuncSetAttribute(qg4t_kernel<8, false, false, 2, true>, at, (int)qt_smem<8>()) == cudaSuccess &&
-            cudaFuncSetAttribute(qg4t_kernel<4, false, false, 2, true>, at, (int)qt_smem<4>()) == cudaSuccess;
+            cudaFuncSetAttribute(qg4t_kernel<4, false, false, 4>, at, (int)QtGeo<4, 4>::SMEM) == cudaSuccess;
     tern__cuda_qg4w_ok = qw_attr<true>(at);
     qw_attr<false>(at); /* the 32-column instance without ASY (TERN_CUDA_QG4_ASY=0) */
     cudaFuncSetAttribute(qg4w_kernel<8, false, 1>, at, (int)qw_smem<8>());
