@@ -2011,11 +2011,11 @@ fi
 
 # 152. session 78: TERN_CUDA_QG4_WAVE=4 (now the default) — the batch Q4 GEMM's K split by waves (tern__cuda_split_waves)
 #      at 17+ rows, the ceiling rule at 5..16 (= 3 from 17 rows, = 2 below 17, whose one-wave rounding lost at 8
-#      sequences in session 68). Op tests cuda_qgemm_q4_wg (its wave3 / wave4 passes) and cuda_qgemm_q4_tma, then batch
+#      sequences in session 68). Op test cuda_qgemm_q4_wg (its wave3 / wave4 passes; no qg4t instance changed), then batch
 #      decode of AB152_MODELS (default gemma4-e4b:q4 gemma4-26b-a4b:q4 llama3-8b:q4) at AB152_CONC (default 32,64,128):
 #      TERN_CUDA_QG4_WAVE=2 (the rule before) against the default (other splits: digests may differ)
 if [[ " $SECTIONS " == *" 152 "* ]]; then
-    AB_OP_TIMEOUT=${AB_OP_TIMEOUT:-300} ops_ab 152 "cuda_qgemm_q4_wg cuda_qgemm_q4_tma" "${AB152_SETS:-TERN_CUDA_QG4_WAVE=2;TERN_AB=default}" \
+    AB_OP_TIMEOUT=${AB_OP_TIMEOUT:-300} ops_ab 152 "cuda_qgemm_q4_wg" "${AB152_SETS:-TERN_CUDA_QG4_WAVE=2;TERN_AB=default}" \
         "${AB152_MODELS:-gemma4-e4b:q4 gemma4-26b-a4b:q4 llama3-8b:q4}" "${AB152_CONC:-32,64,128}" "conc_*_1.txt"
 fi
 
