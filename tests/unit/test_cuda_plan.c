@@ -1,7 +1,8 @@
 /*
  * test_cuda_plan.c — the CUDA backend's host-side launch planning that needs no GPU: the K split by waves
  * (cuda_internal.h tern__cuda_split_waves, TERN_QGEMM_WAVE / TERN_CUDA_QG4_WAVE=3) on the shapes whose ncu profiles
- * motivated it (bench/NOTES.md (cj)) and on edge cases. Built without CUDA headers it prints one SKIP line.
+ * motivated it (bench/NOTES.md (cj)) and on edge cases, and the batch Q4 GEMM's whole K-split rule
+ * (tern__cuda_qg4_split) under each TERN_CUDA_QG4_WAVE. Built without CUDA headers it prints one SKIP line.
  */
 #include "test.h"
 
@@ -50,12 +51,55 @@ TEST(split_waves_edges) {
     /* degenerate arguments do not divide by zero */
     CHECK(tern__cuda_split_waves(0, 0, 4, 4, 1) >= 1, "zero base / slots");
 }
+
+/* the batch Q4 GEMM's slices on 132 SMs, 4 stages, the default mint, 32 MiB of partials */
+static int q4s(long mb, int n, int rows, int in, int wave, int wgp) {
+    const int nt = n <= 16 ? 2 : n <= 32 ? 4 : 8, nb = (n + nt * 8 - 1) / (nt * 8);
+    return tern__cuda_qg4_split(mb * nb, nt, nb, in / 128, (size_t)n * rows, wgp, 132, 0, wave, 4, 0, 8u << 20);
+}
+
+TEST(qg4_split_rules) {
+    /* 64 rows (ncu, NOTES (ca) / (cj)): the ceiling rule's second, nearly empty waves — llama3-8b q|k|v (48 row
+     * blocks, K 4096) 6 slices = 288 blocks for 264 slots, down (32, K 14336) 9 = 288, gemma4-e4b down (20, K 10240) 14
+     * = 280 — and the default (4) by waves: 5 (240), 8 (256), 12 (240) */
+    static const struct { long mb; int rows, in, s2, s4; const char *what; } r64[] = {
+        {48, 6144, 4096, 6, 5, "llama3-8b q|k|v"}, {32, 4096, 14336, 9, 8, "llama3-8b down"},
+        {20, 2560, 10240, 14, 12, "e4b down"},
+    };
+    for (size_t i = 0; i < sizeof r64 / sizeof r64[0]; i++) {
+        const int s2 = q4s(r64[i].mb, 64, r64[i].rows, r64[i].in, 2, 0);
+        const int s4 = q4s(r64[i].mb, 64, r64[i].rows, r64[i].in, 4, 0);
+        CHECK(s2 == r64[i].s2 && s4 == r64[i].s4, "%s at 64 rows: wave 2 S %d (want %d), 4 S %d (want %d)",
+              r64[i].what, s2, r64[i].s2, s4, r64[i].s4);
+        CHECK(s4 == q4s(r64[i].mb, 64, r64[i].rows, r64[i].in, 3, 0), "%s: 4 is 3 at 64 rows", r64[i].what);
+    }
+    /* 8 rows (the mma.sync kernel, 3 blocks an SM): 4 keeps the ceiling rule (one wave lost there, session 68) —
+     * e4b down 20 slices (400 blocks) where 3 would take 16 (320) */
+    CHECK(q4s(20, 8, 2560, 10240, 4, 0) == 20 && q4s(20, 8, 2560, 10240, 2, 0) == 20, "e4b down at 8 rows: the ceiling rule");
+    CHECK(q4s(20, 8, 2560, 10240, 3, 0) == 16, "e4b down at 8 rows, wave 3: S %d", q4s(20, 8, 2560, 10240, 3, 0));
+    /* 32 rows: 2 rounds down to one wave (264 / 48 = 5), 4 finds the same */
+    CHECK(q4s(48, 32, 6144, 4096, 2, 0) == 5 && q4s(48, 32, 6144, 4096, 4, 0) == 5, "llama3-8b q|k|v at 32 rows");
+    /* the direct gate|up pair keeps its rule (one block a 64-row tile, no split when that fills the SMs) */
+    CHECK(q4s(224, 64, 14336, 4096, 4, 1) == 1, "llama3-8b gate|up pair split");
+    /* the partials bound: a split whose slices overflow the buffer shrinks (to 1 here) */
+    CHECK(tern__cuda_qg4_split(20, 8, 1, 80, (size_t)8 << 20, 0, 132, 0, 4, 4, 0, 8u << 20) == 1, "partials bound");
+    /* never more slices than K tiles over the fewest a block walks (mint 2 at one column tile) */
+    for (int in = 128; in <= 16384; in += 128)
+        for (int wave = 0; wave <= 4; wave++) {
+            const int S = q4s(4, 64, 512, in, wave, 0);
+            if (S < 1 || (S > 1 && S > (in / 128) / 2)) {
+                CHECK(0, "K %d wave %d: S %d", in, wave, S);
+                return;
+            }
+        }
+}
 #endif
 
 int main(void) {
 #if TERN_HAVE_CUDA
     RUN(split_waves_profiled_shapes);
     RUN(split_waves_edges);
+    RUN(qg4_split_rules);
 #else
     SKIP("cuda_plan", "built without CUDA: nvcc was not found");
 #endif

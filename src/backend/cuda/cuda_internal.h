@@ -404,6 +404,30 @@ static inline int tern__cuda_split_waves(long base, long slots, int nk, int smax
     return best;
 }
 
+/* qgemm_q4.cu's K split of a batch Q4 launch (host planning, unit-tested without a GPU): `base` row × column tiles,
+ * `nt` fragments a column tile (2: 5..16 rows on the mma.sync kernel, 3 blocks an SM; 4 / 8: the wgmma tiles, 2 an
+ * SM), `nb` column tiles, `nkt` K tiles, `wgp` the direct gate|up pair (one block a 64-row tile, the whole K when that
+ * fills the SMs), `slice` partial floats a slice, `nsm` SMs; the switches: `mul` blocks an SM aimed at (0: the
+ * occupancy), `wave` (TERN_CUDA_QG4_WAVE: 0 ceiling, 1 rounded down to one wave, 2 that at 17..32 rows, 3 by waves
+ * (tern__cuda_split_waves) every launch, 4 that from 17 rows), `st` the ring's stages, `mint` the fewest K tiles a block
+ * walks (0: 2 at one wgmma column tile, else `st`). Returns the slices before the per-block rounding (the caller's
+ * kt_per = ceil(nkt / S)); one where the partials would not fit `part` floats and fewer slices do not either */
+static inline int tern__cuda_qg4_split(long base, int nt, int nb, int nkt, size_t slice, int wgp, int nsm, int mul,
+                                       int wave, int st, int mint, size_t part) {
+    const int minb = nt == 2 ? 3 : 2; /* blocks an SM */
+    const long target = (long)(wgp ? 1 : mul > 0 ? mul : minb) * nsm;
+    const int down = wave == 1 || (wave == 2 && nt == 4);
+    if (base < 1) base = 1;
+    int S = base < target ? (int)(down ? target / base : (target + base - 1) / base) : 1;
+    const int mset = mint > 0 ? mint : nb == 1 && nt >= 4 ? 2 : st;
+    const int mn = mset < st ? mset : st;
+    if (S > nkt / mn) S = nkt / mn;
+    if (S < 1) S = 1;
+    while (S > 1 && (size_t)S * slice > part) S--;
+    if ((wave == 3 || (wave == 4 && nt >= 4)) && !wgp) S = tern__cuda_split_waves(base, (long)minb * nsm, nkt, S, 1);
+    return S;
+}
+
 /* prof.c: the vtable a backend gets at open — `base` itself, or (TERN_CUDA_FUSED=0) a copy
  * without the fused ops, or (TERN_CUDA_PROFILE=1) a copy whose ops time themselves with
  * events in eager mode (no graphs); the per-op table is printed by tern__cuda_prof_report at

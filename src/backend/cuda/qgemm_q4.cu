@@ -290,21 +290,10 @@ static int qg4_go(tern__cuda *c, float *const *y, const tern__cuda_w *const *w, 
      * block; rounded down to one wave instead for 17-32 rows (TERN_CUDA_QG4_WAVE, at init). One wave for every
      * row count lost on the H200 in session 15: llama3-8b q4 decode at 8 / 16 / 64 sequences 2102 / 3884 / 8652 →
      * 1752 / 3317 / 8492 tok/s (the memory-bound row counts want the blocks) */
-    const int nb = (n + nt * 8 - 1) / (nt * 8), nsm = c->n_sm > 0 ? c->n_sm : 132;
-    const long base = (long)mb * nb;
-    const int minb = nt == 2 ? 3 : 2; /* blocks an SM */
-    const long target = (long)(wgp ? 1 : tern__cuda_qg4_mul > 0 ? tern__cuda_qg4_mul : minb) * nsm;
-    const bool wave = tern__cuda_qg4_wave == 1 || (tern__cuda_qg4_wave == 2 && nt == 4);
-    int S = base < target ? (int)(wave ? target / base : (target + base - 1) / base) : 1;
+    const int nb = (n + nt * 8 - 1) / (nt * 8);
     const int st = nt == 2 && tern__cuda_qg4_st == 6 ? 6 : Q4_ST;
-    const int mset = tern__cuda_qg4_mint > 0 ? tern__cuda_qg4_mint : nb == 1 && nt >= 4 ? 2 : st;
-    const int mint = mset < st ? mset : st; /* fewest tiles a block walks */
-    if (S > a.nkt / mint) S = a.nkt / mint;
-    if (S < 1) S = 1;
-    while (S > 1 && (size_t)S * a.slice > TERN_CUDA_PART_FLOATS) S--;
-    /* by waves (tern__cuda_split_waves), at most the slices above: 3 every launch, 4 the wgmma tiles (17+ rows) */
-    if ((tern__cuda_qg4_wave == 3 || (tern__cuda_qg4_wave == 4 && nt >= 4)) && !wgp)
-        S = tern__cuda_split_waves(base, (long)minb * nsm, a.nkt, S, 1);
+    int S = tern__cuda_qg4_split((long)mb * nb, nt, nb, a.nkt, a.slice, wgp, c->n_sm > 0 ? c->n_sm : 132,
+                                 tern__cuda_qg4_mul, tern__cuda_qg4_wave, st, tern__cuda_qg4_mint, TERN_CUDA_PART_FLOATS);
     if ((size_t)S * a.slice > TERN_CUDA_PART_FLOATS && (pair || S > 1)) return 0;
     a.kt_per = (a.nkt + S - 1) / S;
     S = (a.nkt + a.kt_per - 1) / a.kt_per;
