@@ -79,6 +79,8 @@ TEST(qg4_split_rules) {
     CHECK(q4s(20, 8, 2560, 10240, 3, 0) == 16, "e4b down at 8 rows, wave 3: S %d", q4s(20, 8, 2560, 10240, 3, 0));
     /* 32 rows: 2 rounds down to one wave (264 / 48 = 5), 4 finds the same */
     CHECK(q4s(48, 32, 6144, 4096, 2, 0) == 5 && q4s(48, 32, 6144, 4096, 4, 0) == 5, "llama3-8b q|k|v at 32 rows");
+    /* 128 rows (two 64-column tiles): llama3-8b q|k|v 3 slices (288 blocks, 1.09 waves) → 2 (192, one wave) */
+    CHECK(q4s(48, 128, 6144, 4096, 2, 0) == 3 && q4s(48, 128, 6144, 4096, 4, 0) == 2, "llama3-8b q|k|v at 128 rows");
     /* the direct gate|up pair keeps its rule (one block a 64-row tile, no split when that fills the SMs) */
     CHECK(q4s(224, 64, 14336, 4096, 4, 1) == 1, "llama3-8b gate|up pair split");
     /* the partials bound: a split whose slices overflow the buffer shrinks (to 1 here) */
