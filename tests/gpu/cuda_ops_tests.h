@@ -14,10 +14,12 @@
 #define TERN_CUDA_OPS_TESTS_H
 
 #include "backend/cpu/cpu.h"
+#include "base/pool.h"
 #include "ops/ops.h"
 #include "test.h"
 
 static tern_backend *g_ref, *g_gpu, *g_gpu16;
+static tern_pool *g_q4ref_pool; /* the host references' threads (cuda_ops_tests_qgemm.h q4_plain_ref): on first use */
 extern int tern__cuda_bf16_split; /* gemm.c: 1 all bf16-mode GEMMs split (bf16x2), 0 only precise weights (bf16) */
 static unsigned long long g_seed = 0x9e3779b97f4a7c15ULL;
 
@@ -401,6 +403,8 @@ static void cuda_ops_close(void) {
     tern_backend_close(g_gpu);
     tern_backend_close(g_gpu16);
     tern_backend_close(g_ref);
+    tern_pool_free(g_q4ref_pool);
+    g_q4ref_pool = NULL;
 }
 
 #endif
