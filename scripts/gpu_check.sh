@@ -105,6 +105,9 @@ unset TERN_TEST_ONLY # the model checks below always run whole
 p=$(grep -c '^PASS: ' "$OUT/test.log"); f=$(grep -c '^FAIL: ' "$OUT/test.log"); s=$(grep -c '^SKIP: ' "$OUT/test.log")
 stamp "op tests: $p passed, $f failed, $s skipped (exit $trc)"
 grep -E '^(FAIL|SKIP): |check failed' "$OUT/test.log" | head -30 | tee -a "$S"
+# the slowest op tests (those of 2 s or more print their time): where the call's minutes go
+stamp "slowest op tests: $(grep -E '^(PASS|FAIL): .*\([0-9.]+ s\)$' "$OUT/test.log" | sed -E 's/^[A-Z]+: ([^ ]+) \(([0-9.]+) s\)$/\2 \1/' |
+    sort -rn | head -6 | awk '{printf "%s %s s; ", $2, $1}')"
 # worst error per format family, for the report
 awk '/^  err /{k=$2" "$3" "$4; v=$NF+0; if(!(k in m)||v>m[k])m[k]=v} END{for(k in m)printf "  max err %-28s %.2e\n",k,m[k]}' \
     "$OUT/test.log" | sort | tee -a "$S" > /dev/null
