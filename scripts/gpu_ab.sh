@@ -115,7 +115,7 @@ conc_ab() {
 # $OUT/TAG_ops.txt, its pass / fail count and first failed checks in the summary
 op_test() {
     TERN_TEST_ONLY=$1 timeout "${AB_OP_TIMEOUT:-150}" build/test_cuda_ops > "$OUT/$2_ops.txt" 2>&1
-    say "$1 op test: $(grep -c '^PASS' "$OUT/$2_ops.txt") passed, $(grep -c '^FAIL' "$OUT/$2_ops.txt") failed"
+    say "$1 op test: $(grep -c '^PASS' "$OUT/$2_ops.txt") passed, $(grep -c '^FAIL' "$OUT/$2_ops.txt") failed$(grep -ohE '\([0-9.]+ s\)$' "$OUT/$2_ops.txt" | tr '\n' ' ' | sed 's/^./ &/')"
     grep -E '^FAIL|check failed' "$OUT/$2_ops.txt" | head -5 | tee -a "$S"
 }
 # ops_ok NAME...: op_test each NAME (tag: NAME without its cuda_ prefix); fails unless every one ran and passed
