@@ -2019,6 +2019,16 @@ if [[ " $SECTIONS " == *" 152 "* ]]; then
         "${AB152_MODELS:-gemma4-e4b:q4 gemma4-26b-a4b:q4 llama3-8b:q4}" "${AB152_CONC:-32,64,128}" "conc_*_1.txt"
 fi
 
+# 153. session 78: the TMA default's K floor (TERN_CUDA_QG4_TMA_MIN, default 3072) — session 78's one rep of 0 against
+#      the default gave gemma4-e4b q4 −0.6 / −0.1 / −1.2 % at 32 / 64 / 128 (its down, K 10240, and its global layers' o,
+#      K 4096, on TMA): TERN_CUDA_QG4_TMA_MIN=11000 (e4b wholly on qg4w; 26b-a4b's K-4096 o too) against the default on
+#      AB153_MODELS (default gemma4-e4b:q4 gemma4-26b-a4b:q4) at AB153_CONC (default 32,64,128), AB_REPS reps (2)
+if [[ " $SECTIONS " == *" 153 "* ]]; then
+    conc_ab "TERN_CUDA_QG4_TMA_MIN=11000;TERN_AB=default" "${AB153_MODELS:-gemma4-e4b:q4 gemma4-26b-a4b:q4}" \
+        "${AB153_CONC:-32,64,128}"
+    say_digests "conc_*TMA_MIN*_1.txt"
+fi
+
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
 # summary.txt and *.log (the caller's redirect, still open) stay as they are
 if [ "${AB_PACK:-1}" != 0 ]; then

@@ -481,7 +481,7 @@ bool tern__cuda_qg4w_pair(void) {
  * encode); 2 the same with ASY's half tiles for the plain launches (a half's wgmmas in flight while
  * the warp decodes the next; a stage freed one tile later, so thread 0 refills the stage of tile kt - 2); 3 four
  * warpgroups a block over 256 rows sharing each x tile, one block an SM, a 6- / 8-stage ring (plain launches; the pair
- * form as 1); 0 (default) qg4w. TERN_CUDA_QG4_TMA_L2: the W maps' L2 promotion (0 none, 1 64 B, 2
+ * form as 1); 0 qg4w. TERN_CUDA_QG4_TMA_MIN=K: the default's K floor (below); TERN_CUDA_QG4_TMA_L2: the W maps' L2 promotion (0 none, 1 64 B, 2
  * 128 B, 3 256 B; default 3) */
 extern "C" int tern__cuda_qg4_tma;
 int tern__cuda_qg4_tma = -1;
@@ -490,8 +490,11 @@ int tern__cuda_qg4_tma = -1;
  * (K 3840 / 15360) 3435 / 5535 / 5737 → 3547 / 5647 / 5700 (+3.3 / +2.0 / −0.6 %), gemma4-26b-a4b q4 (K 2816) a tie,
  * gemma4-e4b q4 (K 2560; its q|k|v at 64 rows split to two tiles a block) 5890 / 9711 / 11896 → 5684 / 9702 / 11647 (−3.5 /
  * −0.1 / −2.1 %): the short walks keep qg4w (e4b's down, K 10240, and the o of K >= 4096 in e4b's global layers and 26b-a4b take TMA
- * under this rule: not measured alone) */
+ * under this rule: not measured alone). The rule itself, session 78 (NOTES (cl)), 0 → default: llama3-8b +5.2 / +4.4 / +6.1 %,
+ * 12b +2.2 / +1.8 / −1.2 %, e4b −0.6 / −0.1 / −1.2 % (one rep; TERN_CUDA_QG4_TMA_MIN=11000 keeps e4b's down on qg4w for
+ * an A/B, gpu_ab.sh section 153) */
 #define QT_MIN_IN 3072
+static int qt_min_in = -1; /* TERN_CUDA_QG4_TMA_MIN (read once) */
 extern "C" unsigned long long tern__cuda_qg4t_calls; /* launches (tests check the path ran) */
 unsigned long long tern__cuda_qg4t_calls = 0;
 extern "C" int tern__cuda_qg4t_ok;
@@ -513,7 +516,11 @@ static bool qt_maps(Q4Maps &m, const Q4Args &a, const void *xs, int nt) {
 /* the TMA form of the launch qw_go would make; false (nothing launched) where it cannot run */
 static bool qt_go(cudaStream_t s, const Q4Args &a, const void *xs, dim3 grid, int nt, bool pair) {
     if (tern__cuda_qg4_tma < 0) tern__cuda_qg4_tma = tern__cuda_env_int("TERN_CUDA_QG4_TMA", 4);
-    const int mode = tern__cuda_qg4_tma == 4 ? (a.in >= QT_MIN_IN ? 1 : 0) : tern__cuda_qg4_tma;
+    if (qt_min_in < 0) {
+        qt_min_in = tern__cuda_env_int("TERN_CUDA_QG4_TMA_MIN", QT_MIN_IN);
+        if (qt_min_in < 0) qt_min_in = 0;
+    }
+    const int mode = tern__cuda_qg4_tma == 4 ? (a.in >= qt_min_in ? 1 : 0) : tern__cuda_qg4_tma;
     if (mode < 1 || mode > 3 || !tern__cuda_qg4t_ok || (a.rb & 15) || ((uintptr_t)xs & 15)) return false;
     for (int i = 0; i < a.k; i++)
         if ((uintptr_t)a.m[i].w & 15) return false;
