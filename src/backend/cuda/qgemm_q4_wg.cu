@@ -138,6 +138,19 @@ __device__ __forceinline__ void qw_half(float *acc, uint32_t (&af)[4][4], uint2 
     for (int j = 0; j < 4; j++) qw_mma<NT>(acc, af[j], qw_desc(xh + j * 32));
     qw_commit();
 }
+/* ASY's whole tile of a stage at st (x's two K halves, then W): its two half tiles on the fragment sets afA, afB */
+template <int NT>
+__device__ __forceinline__ void qw_tile_asy(float *acc, uint32_t (&afA)[4][4], uint32_t (&afB)[4][4], const uint8_t *st,
+                                            const uint32_t *sb, int warp, int g, int t, uint32_t magic) {
+    constexpr int XH = QwGeo<NT>::XH;
+    const uint2 *w2 = (const uint2 *)(st + 2 * XH);
+    const uint32_t xs = mma_smem_u32(st);
+    const QwDeq dq = qw_deq_of(sb, magic);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+        qw_half<NT>(acc, hf ? afB : afA, w2[((warp * 16 + g) * 4 + t) * 2 + hf], w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf],
+                    dq, xs + hf * XH);
+}
 /* the walk's end: ASY's last groups waited for (the accumulators kept in place up to here), then qw_store */
 template <int NT, bool PAIR, bool ASY>
 __device__ __forceinline__ void qw_finish(const Q4Args &a, float *acc, uint8_t *sm, int mi, int out, int rowb, int wr,
@@ -251,17 +264,12 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
             qw_tile<NT>(acc, st, sbr[u], warp, g, a.magic);
             return;
         }
-        const QwDeq dq = qw_deq_of(sbr[u], a.magic);
-        auto deq2 = [&](uint32_t(*f)[4], uint32_t w0, uint32_t w1) { qw_deq2(f, w0, w1, dq); };
         if constexpr (ASY) { /* k-steps 4hf..4hf + 3 (words 2hf, 2hf + 1), then their 4 wgmmas */
-            const uint32_t xs = mma_smem_u32(st);
-            const uint2 *w2 = (const uint2 *)ws;
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++)
-                qw_half<NT>(acc, hf ? afB : afA, w2[((warp * 16 + g) * 4 + t) * 2 + hf],
-                            w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf], dq, xs + hf * XH);
+            qw_tile_asy<NT>(acc, afA, afB, st, sbr[u], warp, g, t, a.magic);
             return;
         }
+        const QwDeq dq = qw_deq_of(sbr[u], a.magic);
+        auto deq2 = [&](uint32_t(*f)[4], uint32_t w0, uint32_t w1) { qw_deq2(f, w0, w1, dq); };
         const uint4 wa = ws[(warp * 16 + g) * 4 + t], wb = ws[(warp * 16 + g + 8) * 4 + t];
         uint32_t af[8][4];
         auto decode = [&](int sp) { /* k-steps 2sp, 2sp + 1 from word sp of the lane's two rows */
@@ -304,7 +312,7 @@ __global__ void __launch_bounds__(256, 2) qg4w_kernel(Q4Args a) {
 #endif
 }
 
-/* ---- TMA (TERN_CUDA_QG4_TMA, opt-in; session 77): the same tiles with no block barrier in the walk ----
+/* ---- TMA (TERN_CUDA_QG4_TMA; session 77, the default from K 3072): the same tiles with no block barrier in the walk ----
  * Why: at 64 rows qg4w's copies and barriers alone take ~65 % of it (section 141's probe, NOTES (ci)); fewer x bytes
  * (WG 4) and more blocks (OCC 3) both lost (NOTES (cj)): what bounds it is each block's serial tile chain — every
  * tile waits for its cp.async group, meets the whole block at a barrier, then every thread forms and issues the next
@@ -409,14 +417,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 1) qg4t_kernel(const _
             mb_wait(full + 8 * u, (unsigned)(kt / ST) & 1u);
             __syncwarp(); /* converged for the wgmmas' .aligned forms */
             if constexpr (ASY) { /* qg4w's ASY halves: tile kt - 1's stage freed once its second half is waited for */
-                const uint8_t *st = sm + u * STG;
-                const uint2 *w2 = (const uint2 *)(st + 2 * XH);
-                const uint32_t xs = mma_smem_u32(st);
-                const QwDeq dq = qw_deq_of(sbr[u], a.magic);
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++)
-                    qw_half<NT>(acc, hf ? afB : afA, w2[((warp * 16 + g) * 4 + t) * 2 + hf],
-                                w2[((warp * 16 + g + 8) * 4 + t) * 2 + hf], dq, xs + hf * XH);
+                qw_tile_asy<NT>(acc, afA, afB, sm + u * STG, sbr[u], warp, g, t, a.magic);
                 if (kt >= 1) { /* the second half's wait: tile kt - 1's groups are done */
                     __syncwarp();
                     if (lane == 0) mb_arrive(empty + 8 * ((u + ST - 1) % ST));
