@@ -2001,7 +2001,7 @@ if [[ " $SECTIONS " == *" 150 "* ]]; then
     done
     conc_ab "${AB150_SETS:-TERN_CUDA_QG4_TMA=0;TERN_CUDA_QG4_TMA=1;TERN_CUDA_QG4_TMA=2;TERN_CUDA_QG4_TMA=3}" \
         "${AB150_MODELS:-llama3-8b:q4}" "${AB150_CONC:-32,64,128}"
-    say_digests "conc_*TERN_CUDA_QG4_TMA*_1.txt"
+    say_digests "conc_*_1.txt" # every setting's (TERN_AB=default's too)
 fi
 
 # 151. (session 77's TERN_CUDA_QG4_TMA_LR=1, the TMA form's stages refilled by the last warp to free them through a
@@ -2026,7 +2026,7 @@ fi
 if [[ " $SECTIONS " == *" 153 "* ]]; then
     conc_ab "TERN_CUDA_QG4_TMA_MIN=11000;TERN_AB=default" "${AB153_MODELS:-gemma4-e4b:q4 gemma4-26b-a4b:q4}" \
         "${AB153_CONC:-32,64,128}"
-    say_digests "conc_*TMA_MIN*_1.txt"
+    say_digests "conc_*_1.txt"
 fi
 
 # Only 8 files come back from a device call: the per-run logs go into one archive (AB_PACK=0 keeps them loose);
