@@ -160,6 +160,28 @@ static int rt_on_event(void *ctx, const tern_event *ev) {
     return 0;
 }
 
+/* A greedy request (EOS ignored) of at most max_new tokens whose events land in c. */
+static inline tern_request rt_greedy(const int32_t *p, int n, int max_new, rt_col *c) {
+    tern_request r = tern_request_default();
+    r.prompt = p;
+    r.n_prompt = n;
+    r.max_tokens = max_new;
+    r.sampling.temperature = 0;
+    r.ignore_eos = 1;
+    r.on_event = rt_on_event;
+    r.ctx = c;
+    return r;
+}
+
+/* c ran to completion with the tokens ref gives the prompt alone (rt_ref_greedy). */
+static inline void rt_check_ref(rt_ref *ref, const rt_col *c, const int32_t *p, int n, int max_new, const char *what) {
+    int32_t exp[512];
+    int ne = max_new <= 512 ? rt_ref_greedy(ref, p, n, max_new, exp) : -1;
+    CHECK(c->done && c->last.kind == TERN_EV_DONE, "%s: not done (%s)", what, c->err_msg);
+    CHECK(ne >= 0 && c->n_tok == ne && !memcmp(c->toks, exp, sizeof(int32_t) * (size_t)ne),
+          "%s: tokens differ from the reference", what);
+}
+
 /* Deterministic prompt of n ids (not EOS) from a seed. */
 static void rt_prompt(int32_t *p, int n, unsigned long long seed) {
     for (int i = 0; i < n; i++) {

@@ -15,25 +15,6 @@
 
 static rt_ref REF;
 
-static tern_request greedy(const int32_t *p, int n, int max_new, rt_col *c) {
-    tern_request r = tern_request_default();
-    r.prompt = p;
-    r.n_prompt = n;
-    r.max_tokens = max_new;
-    r.sampling.temperature = 0;
-    r.ignore_eos = 1;
-    r.on_event = rt_on_event;
-    r.ctx = c;
-    return r;
-}
-
-static void check_ref(const rt_col *c, const int32_t *p, int n, int max_new, const char *what) {
-    int32_t exp[256];
-    int ne = rt_ref_greedy(&REF, p, n, max_new, exp);
-    CHECK(c->done && c->last.kind == TERN_EV_DONE, "%s: not done (%s)", what, c->err_msg);
-    CHECK(c->n_tok == ne && !memcmp(c->toks, exp, sizeof(int32_t) * (size_t)ne), "%s: tokens differ from the reference", what);
-}
-
 #define GB(blocks) ((double)(RT_BLOCK_BYTES * (blocks)) / 1073741824.0 * 1.0001)
 
 TEST(waits_instead_of_thrashing) {
@@ -45,7 +26,7 @@ TEST(waits_instead_of_thrashing) {
     tern_error err = {0};
     for (int i = 0; i < 3; i++) {
         rt_prompt(p[i], 70, 500 + (unsigned long long)i);
-        tern_request r = greedy(p[i], 70, 6, &c[i]);
+        tern_request r = rt_greedy(p[i], 70, 6, &c[i]);
         CHECK(tern_engine_submit(e, &r, NULL, &err) == TERN_OK, "submit %d: %s", i, err.msg);
     }
     tern_engine_step(e, &err);
@@ -53,7 +34,7 @@ TEST(waits_instead_of_thrashing) {
     tern_engine_get_stats(e, &st);
     CHECK(st.running == 1 && st.waiting == 2, "after one step: running %d waiting %d", st.running, st.waiting);
     rt_drain(e, 2000);
-    for (int i = 0; i < 3; i++) check_ref(&c[i], p[i], 70, 6, "queued");
+    for (int i = 0; i < 3; i++) rt_check_ref(&REF, &c[i], p[i], 70, 6, "queued");
     tern_engine_get_stats(e, &st);
     CHECK(st.preemptions == 0, "admission by aggregate KV: no preemption expected, got %lld", st.preemptions);
     CHECK(st.kv_blocks_used == 0, "blocks used %d", st.kv_blocks_used);
@@ -66,16 +47,16 @@ TEST(never_fits_and_clipping) {
     int32_t p[200];
     rt_prompt(p, 200, 9);
     rt_col big = {0}, clip = {0};
-    tern_request r = greedy(p, 140, 4, &big);          /* 9 blocks > 8 */
+    tern_request r = rt_greedy(p, 140, 4, &big);          /* 9 blocks > 8 */
     tern_error err = {0};
     CHECK(tern_engine_submit(e, &r, NULL, &err) == TERN_ENOMEM && strstr(err.msg, "KV blocks") && strstr(err.msg, "pool holds 8"),
           "never fits: %s", err.msg);
-    r = greedy(p, 100, 100, &clip);                    /* fits, but 200 tokens would not */
+    r = rt_greedy(p, 100, 100, &clip);                    /* fits, but 200 tokens would not */
     CHECK(tern_engine_submit(e, &r, NULL, &err) == TERN_OK, "clip submit: %s", err.msg);
     rt_drain(e, 2000);
     CHECK(clip.done && clip.finish == TERN_FINISH_LENGTH && clip.n_tok == 8 * 16 - 100, "clipped to the pool: %d tokens, finish %d",
           clip.n_tok, clip.finish);
-    check_ref(&clip, p, 100, 28, "clipped");
+    rt_check_ref(&REF, &clip, p, 100, 28, "clipped");
     tern_engine_close(e);
 }
 
@@ -104,10 +85,10 @@ TEST(memory_budget_sizing) {
         int32_t p[64];
         rt_prompt(p, 40, 3);
         rt_col c = {0};
-        tern_request r = greedy(p, 40, 8, &c);
+        tern_request r = rt_greedy(p, 40, 8, &c);
         tern_engine_submit(e, &r, NULL, &err);
         rt_drain(e, 500);
-        check_ref(&c, p, 40, 8, "budgeted engine");
+        rt_check_ref(&REF, &c, p, 40, 8, "budgeted engine");
         tern_engine_close(e);
     }
     o.memory_budget_gb = 200e3 / 1073741824.0;
@@ -346,7 +327,7 @@ TEST(sliding_prefill_together) {
     tern_error err = {0};
     for (int i = 0; i < N; i++) {
         memset(&ref[i], 0, sizeof ref[i]);
-        tern_request r = greedy(p[i], lens[i], GEN, &ref[i]);
+        tern_request r = rt_greedy(p[i], lens[i], GEN, &ref[i]);
         CHECK(tern_engine_submit(alone, &r, NULL, &err) == TERN_OK, "alone %d: %s", i, err.msg);
         rt_drain(alone, 2000);
         CHECK(ref[i].done && ref[i].n_tok == GEN, "alone %d: %d tokens (%s)", i, ref[i].n_tok, ref[i].err_msg);
@@ -364,7 +345,7 @@ TEST(sliding_prefill_together) {
         rt_col c[N];
         for (int i = 0; i < N; i++) {
             memset(&c[i], 0, sizeof c[i]);
-            tern_request r = greedy(p[i], lens[i], GEN, &c[i]);
+            tern_request r = rt_greedy(p[i], lens[i], GEN, &c[i]);
             CHECK(tern_engine_submit(e, &r, NULL, &err) == TERN_OK, "submit %d: %s", i, err.msg);
         }
         tern_engine_step(e, &err);

@@ -33,17 +33,7 @@ static void setup(void) {
     HAVE_MODEL = 1;
 }
 
-static tern_request greedy_req(int i, rt_col *c) {
-    tern_request r = tern_request_default();
-    r.prompt = P[i];
-    r.n_prompt = PLEN[i];
-    r.max_tokens = GEN;
-    r.sampling.temperature = 0;
-    r.ignore_eos = 1;
-    r.on_event = rt_on_event;
-    r.ctx = c;
-    return r;
-}
+static tern_request greedy_req(int i, rt_col *c) { return rt_greedy(P[i], PLEN[i], GEN, c); }
 
 static void check_same(const rt_col *c, int i) {
     CHECK(c->done && c->last.kind == TERN_EV_DONE, "request %d not done (kind %d, %s)", i, c->last.kind, c->err_msg);

@@ -25,16 +25,10 @@
 
 static const char *FX[] = {"tests/parity/fixtures/glm5_dsa", "tests/parity/fixtures/glm5_dsa_fp8"};
 
+/* rt_greedy with the top-20 logprobs the cold / hit comparisons read */
 static tern_request greedy(const int32_t *p, int n, int max_new, rt_col *c) {
-    tern_request r = tern_request_default();
-    r.prompt = p;
-    r.n_prompt = n;
-    r.max_tokens = max_new;
-    r.sampling.temperature = 0;
+    tern_request r = rt_greedy(p, n, max_new, c);
     r.sampling.n_logprobs = 20;
-    r.ignore_eos = 1;
-    r.on_event = rt_on_event;
-    r.ctx = c;
     return r;
 }
 

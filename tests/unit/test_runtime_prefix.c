@@ -16,26 +16,6 @@
 
 static rt_ref REF;
 
-static tern_request greedy(const int32_t *p, int n, int max_new, rt_col *c) {
-    tern_request r = tern_request_default();
-    r.prompt = p;
-    r.n_prompt = n;
-    r.max_tokens = max_new;
-    r.sampling.temperature = 0;
-    r.ignore_eos = 1;
-    r.on_event = rt_on_event;
-    r.ctx = c;
-    return r;
-}
-
-/* Run to completion and compare with the reference. */
-static void check_ref(const rt_col *c, const int32_t *p, int n, int max_new, const char *what) {
-    int32_t exp[64];
-    int ne = rt_ref_greedy(&REF, p, n, max_new, exp);
-    CHECK(c->done && c->last.kind == TERN_EV_DONE, "%s: not done (%s)", what, c->err_msg);
-    CHECK(c->n_tok == ne && !memcmp(c->toks, exp, sizeof(int32_t) * (size_t)ne), "%s: tokens differ from the reference", what);
-}
-
 TEST(kv_refcounts) {
     tern_model_config cfg;
     char json[600];
@@ -83,35 +63,35 @@ TEST(reuse_and_multiturn) {
     int32_t p[200];
     rt_prompt(p, 50, 77);
     rt_col a = {0}, b = {0};
-    tern_request r = greedy(p, 50, 12, &a);
+    tern_request r = rt_greedy(p, 50, 12, &a);
     tern_error err = {0};
     tern_engine_submit(e, &r, NULL, &err);
     rt_drain(e, 1000);
-    check_ref(&a, p, 50, 12, "first");
+    rt_check_ref(&REF, &a, p, 50, 12, "first");
     CHECK(a.last.n_cached == 0, "cold cache: n_cached %d", a.last.n_cached);
     tern_engine_stats st;
     tern_engine_get_stats(e, &st);
     CHECK(st.kv_blocks_cached == 3 && st.kv_blocks_used == 3, "blocks of 61 written tokens cached: %d (used %d)", st.kv_blocks_cached, st.kv_blocks_used);
-    r = greedy(p, 50, 12, &b);
+    r = rt_greedy(p, 50, 12, &b);
     tern_engine_submit(e, &r, NULL, &err);
     rt_drain(e, 1000);
-    check_ref(&b, p, 50, 12, "repeat");
+    rt_check_ref(&REF, &b, p, 50, 12, "repeat");
     CHECK(b.last.n_cached == 48, "repeat: n_cached %d (3 whole blocks)", b.last.n_cached);
     /* exactly two blocks: the last token is recomputed, so only one block is reused */
     rt_col c = {0};
-    r = greedy(p, 32, 4, &c);
+    r = rt_greedy(p, 32, 4, &c);
     tern_engine_submit(e, &r, NULL, &err);
     rt_drain(e, 1000);
-    check_ref(&c, p, 32, 4, "two blocks");
+    rt_check_ref(&REF, &c, p, 32, 4, "two blocks");
     CHECK(c.last.n_cached == 16, "two-block prompt: n_cached %d", c.last.n_cached);
     /* multi-turn: prompt + answer + a new turn reuses the answer's blocks too */
     memcpy(p + 50, a.toks, sizeof(int32_t) * 12);
     rt_prompt(p + 62, 20, 78);
     rt_col d = {0};
-    r = greedy(p, 82, 12, &d);
+    r = rt_greedy(p, 82, 12, &d);
     tern_engine_submit(e, &r, NULL, &err);
     rt_drain(e, 1000);
-    check_ref(&d, p, 82, 12, "multi-turn");
+    rt_check_ref(&REF, &d, p, 82, 12, "multi-turn");
     CHECK(d.last.n_cached == 48, "multi-turn: n_cached %d (61 tokens were written: 3 blocks)", d.last.n_cached);
     tern_engine_get_stats(e, &st);
     CHECK(st.cached_tokens == 48 + 16 + 48 && st.prefix_hit_rate > 0, "cached_tokens %lld", st.cached_tokens);
@@ -127,14 +107,14 @@ TEST(shared_concurrently) {
     for (int i = 1; i < 5; i++) { memcpy(p[i], p[0], sizeof(int32_t) * 40); rt_prompt(p[i] + 40, 20, 90 + (unsigned long long)i); }
     rt_col c[5] = {0};
     tern_error err = {0};
-    tern_request r = greedy(p[0], 60, 6, &c[0]);
+    tern_request r = rt_greedy(p[0], 60, 6, &c[0]);
     tern_engine_submit(e, &r, NULL, &err);
     rt_drain(e, 1000);
-    for (int i = 1; i < 5; i++) { r = greedy(p[i], 60, 10, &c[i]); tern_engine_submit(e, &r, NULL, &err); }
+    for (int i = 1; i < 5; i++) { r = rt_greedy(p[i], 60, 10, &c[i]); tern_engine_submit(e, &r, NULL, &err); }
     rt_drain(e, 1000);
-    check_ref(&c[0], p[0], 60, 6, "warm-up");
+    rt_check_ref(&REF, &c[0], p[0], 60, 6, "warm-up");
     for (int i = 1; i < 5; i++) {
-        check_ref(&c[i], p[i], 60, 10, "sharer");
+        rt_check_ref(&REF, &c[i], p[i], 60, 10, "sharer");
         CHECK(c[i].last.n_cached == 32, "sharer %d: n_cached %d", i, c[i].last.n_cached);
     }
     tern_engine_close(e);
@@ -152,12 +132,12 @@ TEST(eviction_under_pressure) {
     for (int i = 0; i < N; i++) {
         len[i] = 20 + 3 * i;
         rt_prompt(p[i], len[i], 200 + (unsigned long long)(i % 4));   /* some repeat earlier prefixes */
-        tern_request r = greedy(p[i], len[i], 8, &c[i]);
+        tern_request r = rt_greedy(p[i], len[i], 8, &c[i]);
         tern_engine_submit(e, &r, NULL, &err);
         if (i % 3 == 2) rt_drain(e, 2000);
     }
     rt_drain(e, 5000);
-    for (int i = 0; i < N; i++) check_ref(&c[i], p[i], len[i], 8, "pressure");
+    for (int i = 0; i < N; i++) rt_check_ref(&REF, &c[i], p[i], len[i], 8, "pressure");
     tern_engine_stats st;
     tern_engine_get_stats(e, &st);
     CHECK(st.kv_blocks_used == st.kv_blocks_cached && st.kv_blocks_cached <= 8, "used %d cached %d", st.kv_blocks_used, st.kv_blocks_cached);
@@ -190,7 +170,7 @@ static tern_engine *open_model(const char *model, double cache_gb) { return open
 
 static void run_one(tern_engine *e, const int32_t *p, int n, rt_col *c) {
     memset(c, 0, sizeof *c);
-    tern_request r = greedy(p, n, 8, c);
+    tern_request r = rt_greedy(p, n, 8, c);
     r.sampling.n_logprobs = 20;
     tern_error err = {0};
     if (tern_engine_submit(e, &r, NULL, &err)) { printf("  submit: %s\n", err.msg); return; }
@@ -234,7 +214,7 @@ static void sliding_case(const char *model, int vocab) {
     rt_col c3[3] = {0};
     tern_error err = {0};
     for (int i = 0; i < 3; i++) {
-        tern_request r = greedy(p[i + 1], len[i + 1], 8, &c3[i]);
+        tern_request r = rt_greedy(p[i + 1], len[i + 1], 8, &c3[i]);
         r.sampling.n_logprobs = 20;
         tern_engine_submit(warm, &r, NULL, &err);
     }
@@ -246,7 +226,7 @@ static void sliding_case(const char *model, int vocab) {
     rt_col k3[3] = {0};
     double max_cold = 0;
     for (int i = 0; i < 3; i++) {
-        tern_request r = greedy(p[i + 1], len[i + 1], 8, &k3[i]);
+        tern_request r = rt_greedy(p[i + 1], len[i + 1], 8, &k3[i]);
         r.sampling.n_logprobs = 20;
         tern_engine_submit(cold, &r, NULL, &err);
     }
