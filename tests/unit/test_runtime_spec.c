@@ -16,14 +16,7 @@
 #define NGEN 40
 
 static tern_request req(const int32_t *p, int n, int max_tokens, int k, rt_col *c) {
-    tern_request r = tern_request_default();
-    r.prompt = p;
-    r.n_prompt = n;
-    r.max_tokens = max_tokens;
-    r.sampling.temperature = 0;
-    r.ignore_eos = 1;
-    r.on_event = rt_on_event;
-    r.ctx = c;
+    tern_request r = rt_greedy(p, n, max_tokens, c);
     r.speculative_k = k;
     return r;
 }
