@@ -245,16 +245,9 @@ TEST(engine_kv_quant_option) {
         CHECK(!tern_engine_open(&e, &o, &err), "%s: %s", ok[i], err.msg);
         if (!e) continue;
         rt_col c = {0};
-        tern_request rq = tern_request_default();
         int32_t prompt[12];
         rt_prompt(prompt, 12, 5);
-        rq.prompt = prompt;
-        rq.n_prompt = 12;
-        rq.max_tokens = 8;
-        rq.sampling.temperature = 0;
-        rq.ignore_eos = 1;
-        rq.on_event = rt_on_event;
-        rq.ctx = &c;
+        tern_request rq = rt_greedy(prompt, 12, 8, &c);
         CHECK(!tern_engine_submit(e, &rq, NULL, &err), "submit: %s", err.msg);
         rt_drain(e, 100);
         CHECK(c.done && c.n_tok == 8, "%s: %d tokens (%s)", ok[i], c.n_tok, c.err_msg);
